@@ -1,0 +1,158 @@
+"""Cluster specification: GPU, node (fabric, sockets, NICs) and network tiers.
+
+Input fields carry human units in their names (``hbm_gb``, ``bandwidth_gb_per_s``,
+``latency_us``); the properties without a unit suffix in the name (``hbm_bytes``,
+``bandwidth_bytes_per_s``, ``latency_s``) are SI and are what the models use. Every
+catalog entry has a ``source``.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from ..units import GB, GBIT_PER_S, TB, TFLOPS, US
+
+_STRICT = ConfigDict(extra="forbid", frozen=True)
+
+
+class GPUSpec(BaseModel):
+    """One accelerator. ``peak_tflops``: dense peak per dtype (no sparsity);
+    ``max_gemm_fraction``: best measured GEMM throughput / peak (bf16), the ceiling of the
+    compute model."""
+
+    model_config = _STRICT
+    name: str
+    peak_tflops: dict[str, float]
+    hbm_gb: float = Field(gt=0)
+    hbm_bandwidth_tb_per_s: float = Field(gt=0)
+    sms: int = Field(gt=0)
+    max_gemm_fraction: float = Field(default=0.8, gt=0, le=1)
+    source: str
+
+    @property
+    def hbm_bytes(self) -> float:
+        return self.hbm_gb * GB
+
+    @property
+    def hbm_bandwidth_bytes_per_s(self) -> float:
+        return self.hbm_bandwidth_tb_per_s * TB
+
+    def peak_flops(self, dtype: str) -> float:
+        """Dense peak FLOP/s for ``dtype``. Raises KeyError naming the known dtypes."""
+        if dtype not in self.peak_tflops:
+            raise KeyError(f"{self.name} has no peak for {dtype}; known: {sorted(self.peak_tflops)}")
+        return self.peak_tflops[dtype] * TFLOPS
+
+
+class LinkSpec(BaseModel):
+    """A link class: per-GPU (or per-NIC) bandwidth in one direction and a per-step latency."""
+
+    model_config = _STRICT
+    name: str
+    bandwidth_gb_per_s: float = Field(gt=0)
+    latency_us: float = Field(ge=0)
+    source: str = ""
+
+    @property
+    def bandwidth_bytes_per_s(self) -> float:
+        return self.bandwidth_gb_per_s * GB
+
+    @property
+    def latency_s(self) -> float:
+        return self.latency_us * US
+
+
+class SocketSpec(BaseModel):
+    """A CPU socket (NUMA node): its local GPUs (indices within the node) and cores."""
+
+    model_config = _STRICT
+    gpus: list[int]
+    cores: int = Field(gt=0)
+
+
+class NICSpec(BaseModel):
+    """A compute NIC: line rate, the GPUs sharing its PCIe switch, its socket and rail.
+    In a rail-optimized fabric NIC k of every node connects to leaf (rail) ``rail``."""
+
+    model_config = _STRICT
+    name: str
+    rate_gbit_per_s: float = Field(gt=0)
+    gpus: list[int]
+    socket: int = Field(default=0, ge=0)
+    rail: int = Field(ge=0)
+
+    @property
+    def bandwidth_bytes_per_s(self) -> float:
+        return self.rate_gbit_per_s * GBIT_PER_S
+
+
+class NetworkTier(BaseModel):
+    """One inter-node tier (rail/leaf, spine...): hop latency and oversubscription ratio
+    (1 = non-blocking). ``nodes_per_domain``: nodes under one switch of this tier (0 = all)."""
+
+    model_config = _STRICT
+    name: str
+    latency_us: float = Field(ge=0)
+    oversubscription: float = Field(default=1.0, ge=1)
+    nodes_per_domain: int = Field(default=0, ge=0)
+
+    @property
+    def latency_s(self) -> float:
+        return self.latency_us * US
+
+
+class NodeSpec(BaseModel):
+    """A server: GPUs, the intra-node fabric, CPU sockets and NICs."""
+
+    model_config = _STRICT
+    name: str
+    gpus: int = Field(gt=0)
+    fabric: LinkSpec
+    pcie: LinkSpec
+    sockets: list[SocketSpec]
+    nics: list[NICSpec]
+    nvlink_domain_gpus: int = Field(default=0, ge=0)
+    source: str = ""
+
+    @model_validator(mode="after")
+    def _check(self):
+        seen = sorted(g for s in self.sockets for g in s.gpus)
+        if seen != list(range(self.gpus)):
+            raise ValueError(f"sockets must list each of the {self.gpus} GPUs once (got {seen})")
+        for nic in self.nics:
+            bad = [g for g in nic.gpus if not 0 <= g < self.gpus]
+            if bad:
+                raise ValueError(f"NIC {nic.name} lists GPUs {bad} outside 0..{self.gpus - 1}")
+            if nic.socket >= len(self.sockets):
+                raise ValueError(f"NIC {nic.name} socket {nic.socket} but only {len(self.sockets)} sockets")
+        return self
+
+    def socket_of(self, gpu: int) -> int:
+        return next(i for i, s in enumerate(self.sockets) if gpu in s.gpus)
+
+    def nic_of(self, gpu: int) -> Optional[int]:
+        """Index of the NIC sharing ``gpu``'s PCIe switch (first listed), else the first NIC
+        on its socket, else None when the node has no NIC."""
+        for i, nic in enumerate(self.nics):
+            if gpu in nic.gpus:
+                return i
+        sock = self.socket_of(gpu)
+        return next((i for i, n in enumerate(self.nics) if n.socket == sock), None)
+
+
+class ClusterSpec(BaseModel):
+    """``nodes`` identical nodes joined by ``network`` tiers (innermost first)."""
+
+    model_config = _STRICT
+    name: str = "custom"
+    gpu: GPUSpec
+    node: NodeSpec
+    nodes: int = Field(gt=0)
+    network: list[NetworkTier] = Field(default_factory=list)
+    source: str = ""
+
+    @property
+    def world(self) -> int:
+        return self.nodes * self.node.gpus

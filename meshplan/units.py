@@ -1,0 +1,42 @@
+"""Unit constants. Inside meshplan every quantity is SI (bytes, seconds, FLOP, bytes/s);
+these constants convert only at input and output.
+
+>>> 80 * GB / GiB
+74.50580596923828
+"""
+
+KB = 1e3
+MB = 1e6
+GB = 1e9
+TB = 1e12
+KiB = 2**10
+MiB = 2**20
+GiB = 2**30
+TiB = 2**40
+US = 1e-6
+MS = 1e-3
+GBIT_PER_S = 1e9 / 8  # bytes/s in one Gb/s
+TFLOPS = 1e12
+
+DTYPE_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
+
+
+def dtype_bytes(dtype: str) -> int:
+    """Bytes per element of ``dtype`` (one of :data:`DTYPE_BYTES`).
+
+    >>> dtype_bytes("bf16")
+    2
+    """
+    return DTYPE_BYTES[dtype]
+
+
+def human_bytes(n: float) -> str:
+    """Format bytes in binary units for printing.
+
+    >>> human_bytes(3 * GiB)
+    '3.00 GiB'
+    """
+    for unit, size in (("TiB", TiB), ("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
+        if abs(n) >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{n:.0f} B"
