@@ -1,0 +1,45 @@
+"""Mesh input: axis names and degrees in canonical or Megatron order, pipeline options
+and an optional explicit rank -> GPU permutation."""
+
+from __future__ import annotations
+
+from typing import Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class MeshSpec(BaseModel):
+    """Either ``names`` + ``shape`` (outermost first, as DeviceMesh) or ``order`` (a
+    Megatron string, fastest first, e.g. ``tp-cp-ep-dp-pp``) + ``degrees``. One degree may
+    be -1 (inferred exactly from the world size). ``ep`` and ``etp`` may appear among the
+    axes; they re-factor the dense block and do not multiply into the world size.
+
+    ``rank_to_gpu``: optional permutation, element r = global GPU index of rank r
+    (default: node-major, rank r on node r // gpus_per_node).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    names: Optional[list[str]] = None
+    shape: Optional[list[int]] = None
+    order: Optional[str] = None
+    degrees: Optional[dict[str, int]] = None
+    world: Optional[int] = Field(default=None, gt=0)
+    sequence_parallel: bool = False
+    virtual_stages: int = Field(default=1, gt=0)
+    layers_per_virtual_stage: Optional[int] = Field(default=None, gt=0)
+    pp_layer_split: Optional[list[int]] = None
+    pp_schedule: Literal["gpipe", "1f1b", "interleaved_1f1b", "zb_h1"] = "1f1b"
+    rank_to_gpu: Optional[list[int]] = None
+
+    @model_validator(mode="after")
+    def _check(self):
+        canonical = self.names is not None or self.shape is not None
+        megatron = self.order is not None or self.degrees is not None
+        if canonical == megatron:
+            raise ValueError("give either names + shape (outermost first) or order + degrees (Megatron, fastest first)")
+        if canonical and (self.names is None or self.shape is None or len(self.names) != len(self.shape)):
+            raise ValueError("names and shape must both be given, one degree per name")
+        if megatron and (self.order is None or self.degrees is None):
+            raise ValueError("order and degrees must both be given")
+        return self

@@ -1,0 +1,58 @@
+"""Training contract: batch, sequence, dtypes, optimizer, sharding, recompute, reserve."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+Dtype = Literal["fp32", "bf16", "fp16", "fp8"]
+
+
+class TrainingSpec(BaseModel):
+    """What one optimizer step must do and how state is kept.
+
+    ``global_batch``: sequences per optimizer step; ``seq_len``: tokens per sequence;
+    ``micro_batch``: sequences per data-parallel rank per forward pass.
+    ``sharding``: ``none`` (DDP), ``zero1`` (optimizer state and fp32 master sharded),
+    ``zero2`` (+ gradients), ``zero3`` (+ parameters: FSDP, ``reshard_after_forward``
+    chooses ZeRO-3 (true) or keeps gathered parameters from forward to backward (false)),
+    ``hsdp`` (zero3 within dp_shard, replicated over dp_replicate).
+    ``memory_reserve``: fraction of HBM kept free (allocator, NCCL, headroom).
+    ``vocab_pad_divisor``: Megatron's ``make-vocab-size-divisible-by`` (default 128).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    global_batch: int = Field(gt=0)
+    seq_len: int = Field(gt=0)
+    micro_batch: int = Field(default=1, gt=0)
+    param_dtype: Dtype = "bf16"
+    compute_dtype: Dtype = "bf16"
+    grad_dtype: Dtype = "fp32"
+    optimizer_dtype: Dtype = "fp32"
+    reduce_dtype: Dtype = "fp32"
+    master_weights: bool = True
+    optimizer: Literal["adam", "adamw", "sgd"] = "adam"
+    sharding: Literal["none", "zero1", "zero2", "zero3", "hsdp"] = "zero3"
+    reshard_after_forward: bool = True
+    recompute: Literal["none", "selective", "full"] = "selective"
+    flash_attention: bool = True
+    memory_reserve: float = Field(default=0.10, ge=0, lt=1)
+    vocab_pad_divisor: int = Field(default=128, gt=0)
+
+    @model_validator(mode="after")
+    def _check(self):
+        if self.micro_batch > self.global_batch:
+            raise ValueError(f"micro_batch {self.micro_batch} > global_batch {self.global_batch}")
+        return self
+
+    @property
+    def optimizer_states(self) -> int:
+        """Optimizer state tensors per parameter: Adam keeps two moments (Kingma & Ba 2015)."""
+        return 2 if self.optimizer in ("adam", "adamw") else 0
+
+    @property
+    def keeps_master(self) -> bool:
+        """An fp32 master copy exists when parameters are stored below fp32."""
+        return self.master_weights and self.param_dtype != "fp32"
