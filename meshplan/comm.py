@@ -1,0 +1,103 @@
+"""Alpha-beta cost of one collective, and nccl-tests' algbw/busbw convention.
+
+For a ring (or pairwise) algorithm over n ranks on a buffer of S bytes (S is the full
+buffer, as nccl-tests' ``size``):
+
+=============== ========== ===========================
+op              steps      bytes each rank sends
+=============== ========== ===========================
+all-reduce      2(n-1)     2(n-1)/n * S
+all-gather      n-1        (n-1)/n * S
+reduce-scatter  n-1        (n-1)/n * S
+all-to-all      n-1        (n-1)/n * S
+broadcast       n-1        S
+send/recv       1          S
+=============== ========== ===========================
+
+    t = base + steps * alpha_step + bytes_sent / (bandwidth * protocol_efficiency)
+
+minimised over NCCL's protocols LL, LL128 and Simple. ``base`` and ``alpha_step`` are
+NCCL's latency model (NVIDIA/nccl src/graph/tuning.cc, ring; see the catalog and
+../shared/reference/public-facts.md); protocol efficiencies: LL sends 4 data bytes per
+8-byte line (0.5), LL128 120 of 128 bytes (0.9375), Simple 1 (NCCL protocol definitions).
+``busbw = algbw * bytes_sent / S`` (nccl-tests doc/PERFORMANCE.md), ``algbw = S / t``.
+
+Handed case C12: n 8, S 14 GB, 50 GB/s per rank: all-reduce sends 24.5 GB, 0.49 s.
+
+>>> round(ring_time("all-reduce", 8, 14e9, 50e9, latency=NO_LATENCY), 4)
+0.49
+>>> busbw_factor("all-reduce", 8), busbw_factor("all-gather", 8)
+(1.75, 0.875)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+OPS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "broadcast", "send/recv")
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """One NCCL protocol: base latency and per-step latency (seconds) on NVLink and on the
+    network, and the fraction of link bandwidth it carries data at."""
+
+    name: str
+    base_s: float
+    step_nvlink_s: float
+    step_network_s: float
+    efficiency: float
+
+
+#: NCCL ring latencies (us) from src/graph/tuning.cc (public-facts.md); efficiencies from
+#: the LL (8-byte line, 4 data bytes) and LL128 (128-byte line, 120 data bytes) formats.
+NCCL_RING = (
+    Protocol("LL", 6.6e-6, 0.6e-6, 2.7e-6, 0.5),
+    Protocol("LL128", 14.0e-6, 1.9e-6, 4.0e-6, 120 / 128),
+    Protocol("Simple", 8.4e-6, 3.4e-6, 14.0e-6, 1.0),
+)
+NO_LATENCY = (Protocol("ideal", 0.0, 0.0, 0.0, 1.0),)
+
+
+def steps(op: str, n: int) -> int:
+    """Algorithm steps of ``op`` over ``n`` ranks (ring or pairwise)."""
+    if op not in OPS:
+        raise ValueError(f"unknown collective {op!r}; known: {OPS}")
+    if n <= 1:
+        return 0
+    return {"all-reduce": 2 * (n - 1), "send/recv": 1}.get(op, n - 1)
+
+
+def busbw_factor(op: str, n: int) -> float:
+    """bytes each rank sends / S: 2(n-1)/n all-reduce, (n-1)/n all-gather, reduce-scatter and
+    all-to-all, 1 broadcast and send/recv (nccl-tests doc/PERFORMANCE.md)."""
+    if op not in OPS:
+        raise ValueError(f"unknown collective {op!r}; known: {OPS}")
+    if op in ("broadcast", "send/recv"):
+        return 1.0
+    if n <= 1:
+        return 0.0
+    return (2.0 if op == "all-reduce" else 1.0) * (n - 1) / n
+
+
+def ring_time(op: str, n: int, size_bytes: float, bandwidth_bytes_per_s: float,
+              network: bool = False, latency=NCCL_RING) -> float:
+    """Seconds for ``op`` over ``n`` ranks on a ``size_bytes`` buffer, each rank sending at
+    ``bandwidth_bytes_per_s`` on its slowest link; ``network`` picks the per-step latency.
+    See the module docstring for the formula and sources. 0 for n <= 1."""
+    if n <= 1 or size_bytes <= 0:
+        return 0.0
+    sent = busbw_factor(op, n) * size_bytes
+    k = steps(op, n)
+    return min(p.base_s + k * (p.step_network_s if network else p.step_nvlink_s)
+               + sent / (bandwidth_bytes_per_s * p.efficiency) for p in latency)
+
+
+def algbw(size_bytes: float, time_s: float) -> float:
+    """nccl-tests algbw = S / t (bytes/s)."""
+    return size_bytes / time_s if time_s > 0 else 0.0
+
+
+def busbw(op: str, n: int, size_bytes: float, time_s: float) -> float:
+    """nccl-tests busbw = algbw * busbw_factor(op, n) (bytes/s)."""
+    return algbw(size_bytes, time_s) * busbw_factor(op, n)

@@ -1,0 +1,130 @@
+"""Read a TOML plan input with tables [model], [cluster], [training], [mesh].
+
+Keys are strict: an unknown key is an error naming the key and its table. Every error is a
+one-line :class:`~meshplan.errors.ConfigError`.
+
+[model]   ``catalog = "llama3-70b"`` (fields given beside it override the entry), or
+          ``hf_config = "path/config.json"`` (relative to the TOML file), or every field.
+[cluster] ``system = "dgx-h100"`` and ``nodes = 8`` (a catalog node with its GPU and
+          network), optionally ``gpu = "h200-sxm-141gb"`` to swap the GPU; or explicit
+          ``[cluster.gpu]``, ``[cluster.node]`` tables.
+[training], [mesh]  fields of :class:`TrainingSpec` and :class:`MeshSpec`.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from ..errors import ConfigError
+from .cluster import ClusterSpec
+from .mesh import MeshSpec
+from .model import ModelSpec
+from .training import TrainingSpec
+
+TABLES = ("model", "cluster", "training", "mesh")
+
+
+@dataclass(frozen=True)
+class Config:
+    """The four specs of one plan input; ``path`` is where it was read from (or None)."""
+
+    model: ModelSpec
+    cluster: ClusterSpec
+    training: TrainingSpec
+    mesh: MeshSpec
+    path: str | None = None
+
+
+def load_config(path: str | Path) -> Config:
+    """Read and validate a TOML config. Raises ConfigError (one line) on any problem."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError("config", f"no file {str(p)!r}; give the path of a TOML config (see examples/)")
+    try:
+        data = tomllib.loads(p.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError("config", f"{p}: not valid TOML ({e})") from None
+    return config_from_dict(data, base=p.parent, path=str(p))
+
+
+def config_from_dict(data: dict[str, Any], base: Path | None = None, path: str | None = None) -> Config:
+    """Validate an already-parsed config mapping (see :func:`load_config`)."""
+    unknown = set(data) - set(TABLES)
+    if unknown:
+        raise ConfigError(sorted(unknown)[0], f"unknown table; allowed tables are {list(TABLES)}")
+    for t in TABLES:
+        if t not in data:
+            raise ConfigError(t, f"missing table [{t}]; every config needs {['[' + x + ']' for x in TABLES]}")
+        if not isinstance(data[t], dict):
+            raise ConfigError(t, "must be a table")
+    return Config(model=_model(data["model"], base), cluster=_cluster(data["cluster"]),
+                  training=build(TrainingSpec, data["training"], "training"),
+                  mesh=build(MeshSpec, data["mesh"], "mesh"), path=path)
+
+
+def build(cls: type[BaseModel], values: dict, table: str) -> Any:
+    """``cls(**values)`` with pydantic errors turned into one-line ConfigErrors."""
+    try:
+        return cls(**values)
+    except ValidationError as e:
+        raise _one_line(e, cls, table) from None
+
+
+def _one_line(e: ValidationError, cls: type[BaseModel], table: str) -> ConfigError:
+    err = e.errors()[0]
+    loc = ".".join(str(x) for x in err["loc"])
+    field = f"{table}.{loc}" if loc else table
+    if err["type"] == "extra_forbidden":
+        return ConfigError(field, f"unknown key in [{table}]; allowed keys: {', '.join(cls.model_fields)}")
+    if err["type"] == "missing":
+        return ConfigError(field, f"required key missing in [{table}]")
+    msg = err["msg"].removeprefix("Value error, ")
+    got = err.get("input")
+    if err["type"] not in ("value_error",) and not isinstance(got, dict):
+        msg += f" (got {got!r})"
+    return ConfigError(field, msg)
+
+
+def _model(t: dict, base: Path | None) -> ModelSpec:
+    from .. import catalog
+
+    t = dict(t)
+    if "catalog" in t and "hf_config" in t:
+        raise ConfigError("model", "give either catalog or hf_config, not both")
+    if "catalog" in t:
+        entry = catalog.model(t.pop("catalog")).model_dump()
+        return build(ModelSpec, {**entry, **t}, "model")
+    if "hf_config" in t:
+        from .hf import model_from_hf_config
+
+        src = Path(t.pop("hf_config"))
+        src = src if src.is_absolute() or base is None else base / src
+        entry = model_from_hf_config(src).model_dump()
+        return build(ModelSpec, {**entry, **t}, "model")
+    return build(ModelSpec, t, "model")
+
+
+def _cluster(t: dict) -> ClusterSpec:
+    from .. import catalog
+
+    t = dict(t)
+    if "system" in t:
+        name = t.pop("system")
+        if "nodes" not in t:
+            raise ConfigError("cluster.nodes", "required with system; give the number of nodes")
+        gpu = t.pop("gpu", None)
+        cluster = catalog.system(name, t.pop("nodes"))
+        if gpu is not None:
+            cluster = cluster.model_copy(update={"gpu": catalog.gpu(gpu) if isinstance(gpu, str)
+                                                 else build(type(cluster.gpu), gpu, "cluster.gpu")})
+        if t:
+            raise ConfigError(f"cluster.{sorted(t)[0]}", "unknown key beside system; allowed: system, nodes, gpu")
+        return cluster
+    if isinstance(t.get("gpu"), str):
+        t["gpu"] = catalog.gpu(t["gpu"]).model_dump()
+    return build(ClusterSpec, t, "cluster")
