@@ -1,0 +1,30 @@
+# Both targets create their own virtual environment (.venv) and install what they need.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip install -q --disable-pip-version-check
+
+.PHONY: demo test bench clean
+
+$(VENV)/.base: pyproject.toml
+	python3 -m venv $(VENV)
+	$(PIP) -e .
+	touch $@
+
+$(VENV)/.test: $(VENV)/.base
+	$(PIP) torch==2.13.0 -e '.[test]'
+	touch $@
+
+## demo: plan the built-in example (the seed's 64-GPU mesh)
+demo: $(VENV)/.base
+	$(VENV)/bin/meshplan plan examples/seed-64gpu.toml
+
+## test: the whole test suite (CPU only; torch 2.13.0 CPU wheel)
+test: $(VENV)/.test
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q
+
+## bench: speed goals, printed as throughputs
+bench: $(VENV)/.base
+	$(PY) benchmarks/bench_plan.py
+
+clean:
+	rm -rf $(VENV)

@@ -1,0 +1,96 @@
+"""Command line: thin wrappers over :func:`meshplan.plan.build_plan` and the reports.
+
+Every malformed input ends with one line ``error: <field>: <message>`` on stderr and exit
+status 2; an infeasible mesh prints its reasons and exits 1.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+
+from .errors import ConfigError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="Design, check and validate parallel meshes for distributed training.")
+
+
+def _load(config: Path):
+    from .plan import build_plan
+    from .spec.config import load_config
+
+    return build_plan(load_config(config))
+
+
+def _check_rank(plan, rank: int) -> None:
+    if not 0 <= rank < plan.world:
+        raise ConfigError("--rank", f"{rank} outside 0..{plan.world - 1}")
+
+
+@app.command()
+def plan(config: Path = typer.Argument(..., help="TOML config with [model], [cluster], [training], [mesh]"),
+         json_path: Optional[Path] = typer.Option(None, "--json", help="write the whole plan (every group) as JSON"),
+         rank: int = typer.Option(0, "--rank", help="rank whose groups and placement are printed"),
+         force: bool = typer.Option(False, "--force", help="replace an existing --json file")):
+    """Plan one mesh: constraints, degrees, groups, placement, shapes, memory, collectives."""
+    from .report.text import print_plan
+
+    p = _load(config)
+    if p.mesh is not None:
+        _check_rank(p, rank)
+    print_plan(p, rank=rank, console=Console(width=160))
+    if json_path:
+        from .report.json_out import write_json
+
+        typer.echo(f"wrote {write_json(p, json_path, force=force)}")
+    raise typer.Exit(0 if p.feasible else 1)
+
+
+@app.command()
+def groups(config: Path = typer.Argument(..., help="TOML config"),
+           rank: int = typer.Option(0, "--rank", help="the rank whose start-up print is shown")):
+    """Print what RANK would print at start-up: its coordinates and every group's ranks."""
+    from .report.text import print_groups
+
+    p = _load(config)
+    if p.mesh is None:
+        for r in p.reasons:
+            typer.echo(f"infeasible: {r}", err=True)
+        raise typer.Exit(1)
+    _check_rank(p, rank)
+    print_groups(p, rank, Console(width=160))
+
+
+@app.command("catalog")
+def catalog_cmd(kind: str = typer.Argument("model", help="gpu, node, network or model")):
+    """List the built-in catalog entries of KIND with their sources."""
+    from . import catalog
+
+    for name in catalog.names(kind):
+        typer.echo(f"{name}: {catalog.entry(kind, name).get('source', '')}")
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    """Entry point: run the app, turning ConfigError into one line and exit 2."""
+    try:
+        app(args=argv, standalone_mode=False)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    except typer.Exit as e:
+        sys.exit(e.exit_code)
+    except Exception as e:  # click usage errors
+        import click
+
+        if isinstance(e, click.ClickException):
+            e.show()
+            sys.exit(e.exit_code)
+        raise
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Reports: readers of a :class:`~meshplan.plan.Plan` (JSON and terminal text)."""

@@ -1,0 +1,87 @@
+"""Versioned JSON form of a plan: every group of every axis, every rank's placement.
+
+Schema ``meshplan.plan/v1``: top-level keys ``schema``, ``meshplan_version``, ``input``
+(the four specs), ``world``, ``feasible``, ``reasons``, ``notes``, ``mesh``, ``groups``
+(axis -> list of rank lists), ``placement`` (per-rank arrays), ``flags``, ``shapes``,
+``memory``, ``constraints``, ``collectives``. Units are SI (bytes, seconds, bytes/s) and
+named in keys.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from .. import __version__
+from ..errors import ConfigError
+from ..plan import SCHEMA, Plan
+
+
+def plan_to_dict(plan: Plan) -> dict[str, Any]:
+    """The plan as plain JSON-able data (see the module docstring)."""
+    c = plan.config
+    out: dict[str, Any] = {
+        "schema": SCHEMA, "meshplan_version": __version__,
+        "input": {"model": c.model.model_dump(), "cluster": c.cluster.model_dump(),
+                  "training": c.training.model_dump(), "mesh": c.mesh.model_dump()},
+        "world": plan.world, "feasible": plan.feasible, "reasons": list(plan.reasons),
+        "notes": list(plan.notes), "constraints": _plain(plan.constraints),
+    }
+    mesh = plan.mesh
+    if mesh is None:
+        return out
+    out["mesh"] = {"names": list(mesh.layout.names), "shape": list(mesh.layout.shape),
+                   "megatron_order": mesh.megatron_order, "ep": mesh.ep, "etp": mesh.etp,
+                   "sequence_parallel": mesh.sequence_parallel, "derivation": list(plan.derivation),
+                   "stages": plan.stages, "virtual_stages": plan.vpp, "micro_batches": plan.micro_batches}
+    out["groups"] = {a: mesh.groups(a).tolist() for a in mesh.all_axes()}
+    p = plan.placement
+    out["placement"] = {k: getattr(p, k).tolist() for k in
+                        ("node", "local_gpu", "global_gpu", "socket", "core_first", "core_last", "nic", "rail")}
+    out["placement"]["nic_names"] = [n.name for n in c.cluster.node.nics]
+    out["flags"] = [_plain(f) for f in plan.flags]
+    out["shapes"] = {"gemms_forward": [dict(_plain(g), flops=g.flops) for g in plan.gemms],
+                     "attention": _plain(plan.attention)}
+    out["memory"] = [_plain(s) for s in plan.state]
+    out["collectives"] = {stage: [dict(_plain(r), algbw_bytes_per_s=r.algbw_bytes_per_s,
+                                       busbw_bytes_per_s=r.busbw_bytes_per_s) for r in rows]
+                          for stage, rows in plan.collectives.items()}
+    return out
+
+
+def _plain(x: Any) -> Any:
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):
+        return {f.name: _plain(getattr(x, f.name)) for f in dataclasses.fields(x) if not f.name.startswith("_")}
+    if isinstance(x, dict):
+        return {str(k): _plain(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_plain(v) for v in x]
+    if hasattr(x, "tolist"):
+        return x.tolist()
+    if hasattr(x, "model_dump"):
+        return x.model_dump()
+    if isinstance(x, float) and x == float("inf"):
+        return None
+    return x
+
+
+def write_json(plan: Plan, path: str | Path, force: bool = False) -> Path:
+    """Write the plan atomically (temp file + rename). Refuses to replace an existing file
+    unless ``force`` (ConfigError naming --json)."""
+    dest = Path(path)
+    if dest.exists() and not force:
+        raise ConfigError("--json", f"{dest} exists; choose another path or pass --force to replace it")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=dest.name, suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(plan_to_dict(plan), f, separators=(",", ":"))
+        os.replace(tmp, dest)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return dest

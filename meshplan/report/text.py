@@ -1,0 +1,177 @@
+"""Terminal report of a plan (rich). Summaries on screen; full lists go to the JSON.
+
+Collective columns follow nccl-tests: size (B), time (us), algbw (GB/s), busbw (GB/s).
+"""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from ..plan import Plan
+from ..units import GB, GiB, US, human_bytes
+
+MAX_LIST = 16
+
+
+def fmt_ranks(ranks) -> str:
+    """Rank list for printing: in full up to 16 entries, else an arithmetic summary.
+
+    >>> fmt_ranks([24, 25, 26, 27, 28, 29, 30, 31])
+    '24..31'
+    >>> fmt_ranks([5, 13, 21, 29, 37, 45, 53, 61])
+    '5,13,21,29,37,45,53,61'
+    >>> fmt_ranks(list(range(3, 3 + 8 * 128, 8)))
+    '3,11,...,1019 (128 ranks, stride 8)'
+    """
+    ranks = [int(r) for r in ranks]
+    n = len(ranks)
+    step = ranks[1] - ranks[0] if n > 1 else 1
+    arith = all(b - a == step for a, b in zip(ranks, ranks[1:]))
+    if arith and step == 1 and n > 2:
+        return f"{ranks[0]}..{ranks[-1]}"
+    if n <= MAX_LIST:
+        return ",".join(map(str, ranks))
+    if arith:
+        return f"{ranks[0]},{ranks[1]},...,{ranks[-1]} ({n} ranks, stride {step})"
+    return ",".join(map(str, ranks[:6])) + f",... ({n} ranks)"
+
+
+def print_plan(plan: Plan, rank: int = 0, console: Console | None = None) -> None:
+    """Print the whole plan for the point of view of ``rank``."""
+    con = console or Console()
+    _header(plan, con)
+    _constraints(plan, con)
+    if plan.mesh is None:
+        _verdict(plan, con)
+        return
+    _mesh(plan, con)
+    print_groups(plan, rank, con)
+    _placement(plan, rank, con)
+    if plan.gemms:
+        _shapes(plan, con)
+        _memory(plan, con)
+        _collectives(plan, con)
+    _verdict(plan, con)
+
+
+def _header(plan: Plan, con: Console) -> None:
+    c = plan.config
+    m, t, cl = c.model, c.training, c.cluster
+    con.rule(f"[bold]meshplan plan[/] {c.path or ''}")
+    con.print(f"model   {m.name}: {m.layers} layers, hidden {m.hidden}, ffn {m.ffn}{' gated' if m.gated_mlp else ''}, "
+              f"heads {m.q_heads}/{m.n_kv_heads} kv, head dim {m.d_head}, vocab {m.vocab}, "
+              f"{m.param_count() / 1e9:.2f} B params" + (f", {m.experts} experts top-{m.top_k}" if m.is_moe else ""))
+    con.print(f"cluster {cl.name}: {cl.nodes} nodes x {cl.node.gpus} {cl.gpu.name} "
+              f"({cl.gpu.hbm_bytes / GiB:.1f} GiB HBM), {len(cl.node.nics)} NIC(s)/node, world {plan.world}")
+    tokens = t.global_batch * t.seq_len
+    con.print(f"train   global batch {t.global_batch} x seq {t.seq_len} = {tokens:,} tokens/step, micro-batch "
+              f"{t.micro_batch}, sharding {t.sharding}, recompute {t.recompute}, params {t.param_dtype}, "
+              f"grads {t.grad_dtype}, reduce {t.reduce_dtype}, reserve {t.memory_reserve:.0%}")
+
+
+def _constraints(plan: Plan, con: Console) -> None:
+    cs = plan.constraints
+    if cs is None:
+        return
+    tab = Table(title="Constraints (before any mesh)", title_justify="left")
+    for col in ("kind", "constraint", "requires"):
+        tab.add_column(col)
+    for row in cs.rows:
+        tab.add_row(row.kind, row.text, row.requires)
+    con.print(tab)
+
+
+def _mesh(plan: Plan, con: Console) -> None:
+    mesh = plan.mesh
+    shape = " x ".join(f"{n} {d}" for n, d in zip(mesh.layout.names, mesh.layout.shape))
+    con.print(f"\n[bold]mesh[/] ({shape})  canonical {tuple(mesh.layout.names)}, Megatron order '{mesh.megatron_order}'"
+              + (f", ep {mesh.ep} x etp {mesh.etp}" if mesh.ep * mesh.etp > 1 else "")
+              + (", sequence parallel" if mesh.sequence_parallel else ""))
+    for line in plan.derivation:
+        con.print(f"  {line}")
+    cs = plan.constraints
+    for axis, why in (getattr(cs, "axes", None) or {}).items():
+        con.print(f"  axis {axis}: {why}")
+
+
+def print_groups(plan: Plan, rank: int, con: Console | None = None) -> None:
+    """What ``rank`` would print at start-up: coordinates and every group's ranks."""
+    con = con or Console()
+    mesh = plan.mesh
+    coords = mesh.layout.coords_of(rank)
+    con.print(f"\n[bold]rank {rank}[/] coordinates ("
+              + ", ".join(f"{n}={c}" for n, c in zip(mesh.layout.names, coords)) + ")")
+    tab = Table(title=f"Process groups (of rank {rank}; all groups in --json)", title_justify="left")
+    for col in ("axis", "size", "groups", f"group of rank {rank}", "first groups"):
+        tab.add_column(col)
+    for axis in mesh.all_axes():
+        g = mesh.groups(axis)
+        first = "; ".join(fmt_ranks(row) for row in g[:2]) + ("; ..." if len(g) > 2 else "")
+        tab.add_row(axis, str(g.shape[1]), str(g.shape[0]), fmt_ranks(mesh.group_of(rank, axis)), first)
+    con.print(tab)
+
+
+def _placement(plan: Plan, rank: int, con: Console) -> None:
+    from ..placement import rank_row
+
+    row = rank_row(plan.placement, rank)
+    con.print(f"placement of rank {rank}: " + ", ".join(f"{k} {v}" for k, v in row.items()))
+    for f in plan.flags:
+        style = {"error": "red", "warn": "yellow"}.get(f.severity, "dim")
+        con.print(f"  [{style}]{f.severity}[/] {f.axis}: {f.message}")
+
+
+def _shapes(plan: Plan, con: Console) -> None:
+    tab = Table(title=f"Local forward GEMMs per rank per micro-batch (M tokens = {plan.tokens_per_microbatch})",
+                title_justify="left")
+    for col in ("gemm", "M", "N", "K", "count", "GFLOP"):
+        tab.add_column(col, justify="right")
+    for g in plan.gemms:
+        tab.add_row(g.name, str(g.m), str(g.n), str(g.k), str(g.count), f"{g.flops / 1e9:.1f}")
+    con.print(tab)
+    a = plan.attention
+    con.print(f"attention per rank: batch {a.batch}, q heads {a.q_heads}, kv heads {a.kv_heads}, "
+              f"seq q {a.seq_q} x kv {a.seq_kv}, head dim {a.head_dim}, "
+              f"{a.flops() / 1e9:.1f} GFLOP forward (causal, half of the full QK^T and PV)")
+    for k, chunks in enumerate(plan.stages[:4]):
+        layers = [i for c in chunks for i in c]
+        extra = (" + embedding" if k == 0 else "") + (" + final norm, output" if k == len(plan.stages) - 1 else "")
+        con.print(f"stage {k}: layers {fmt_ranks(layers)}{extra}")
+    if len(plan.stages) > 4:
+        con.print(f"... {len(plan.stages)} stages in all")
+
+
+def _memory(plan: Plan, con: Console) -> None:
+    tab = Table(title="Persistent state per rank (bytes by kind; sharded over the axis named)", title_justify="left")
+    for col in ("stage", "params/rank", "kind", "bytes", "sharded over"):
+        tab.add_column(col)
+    for s in plan.state:
+        for k in s.kinds:
+            tab.add_row(str(s.stage), f"{s.params:,}", k.kind, human_bytes(k.bytes), f"{k.axis} ({k.divisor})")
+        tab.add_row(str(s.stage), "", "[bold]total[/]", human_bytes(s.total_bytes), "")
+    con.print(tab)
+
+
+def _collectives(plan: Plan, con: Console) -> None:
+    for stage, rows in plan.collectives.items():
+        tab = Table(title=f"Collectives, {stage} (time from the alpha-beta ring model on the path)", title_justify="left")
+        for col in ("axis", "phase", "op", "n", "size (B)", "dtype", "per mb", "per step", "path",
+                    "time (us)", "algbw (GB/s)", "busbw (GB/s)"):
+            tab.add_column(col, justify="right")
+        for r in rows:
+            tab.add_row(r.axis, r.phase, r.op, str(r.group_size), f"{r.size_bytes:,.0f}", r.dtype,
+                        str(r.per_microbatch), str(r.per_step), r.path.kind, f"{r.time_s / US:,.1f}",
+                        f"{r.algbw_bytes_per_s / GB:.1f}", f"{r.busbw_bytes_per_s / GB:.1f}")
+        con.print(tab)
+
+
+def _verdict(plan: Plan, con: Console) -> None:
+    for n in plan.notes:
+        con.print(f"[dim]note[/] {n}")
+    if plan.feasible:
+        con.print("[bold green]feasible[/]")
+    else:
+        con.print("[bold red]infeasible[/]")
+        for r in plan.reasons:
+            con.print(f"  - {r}")
