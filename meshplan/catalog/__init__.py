@@ -1,0 +1,111 @@
+"""Built-in catalog: GPUs, nodes, inter-node networks and models, as TOML data with sources.
+
+Each file holds tables keyed by name (``gpus.toml``, ``nodes.toml``, ``networks.toml``,
+``models.toml``); every entry has a ``source`` naming the public document its numbers come
+from. A node entry also names its ``gpu`` and its ``network``, so a system is node + gpu +
+network:
+
+>>> system("dgx-h100", nodes=8).world
+64
+>>> node("seed-8x8-2nic").nic_of(5)
+1
+>>> model("llama3-70b").param_count()
+70553706496
+
+Unknown names are a :class:`~meshplan.errors.ConfigError` listing the known ones.
+"""
+
+from __future__ import annotations
+
+import copy
+import tomllib
+from functools import lru_cache
+from importlib import resources
+from typing import Any, Optional
+
+from pydantic import BaseModel, ValidationError
+
+from ..errors import ConfigError
+from ..spec.cluster import ClusterSpec, GPUSpec, NetworkTier, NodeSpec
+from ..spec.model import ModelSpec
+
+KINDS = ("gpu", "node", "network", "model")
+_NODE_LINKS = ("gpu", "network")  # keys of a node entry that are not NodeSpec fields
+
+
+@lru_cache(maxsize=None)
+def _entries(kind: str) -> dict[str, dict[str, Any]]:
+    """Parsed ``<kind>s.toml`` (cached; callers must not mutate it)."""
+    if kind not in KINDS:
+        raise ConfigError("kind", f"unknown catalog kind '{kind}'; known: {', '.join(KINDS)}")
+    text = resources.files(__package__).joinpath(f"{kind}s.toml").read_text(encoding="utf-8")
+    return tomllib.loads(text)
+
+
+def names(kind: str) -> list[str]:
+    """Entry names of one catalog kind: ``"gpu"``, ``"node"``, ``"network"`` or ``"model"``.
+
+    >>> names("gpu")
+    ['a100-sxm-80gb', 'h100-sxm5-80gb', 'h200-sxm-141gb']
+    """
+    return sorted(_entries(kind))
+
+
+def entry(kind: str, name: str) -> dict[str, Any]:
+    """The raw table of entry ``name`` (a deep copy), with its ``source``."""
+    table = _entries(kind)
+    if name not in table:
+        raise ConfigError(kind, f"unknown {kind} '{name}'; known: {', '.join(sorted(table))}")
+    return copy.deepcopy(table[name])
+
+
+def _build(cls: type[BaseModel], kind: str, name: str, fields: dict[str, Any]):
+    try:
+        return cls(**fields)
+    except ValidationError as err:
+        first = err.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise ConfigError(f"{kind} '{name}'", f"catalog entry invalid at {where}: {first['msg']}") from None
+
+
+def gpu(name: str) -> GPUSpec:
+    """A catalog GPU, e.g. ``gpu("h100-sxm5-80gb").peak_flops("bf16")`` = 989.4e12."""
+    return _build(GPUSpec, "gpu", name, {"name": name, **entry("gpu", name)})
+
+
+def node(name: str) -> NodeSpec:
+    """A catalog node (without its GPU model; see :func:`system`)."""
+    fields = {k: v for k, v in entry("node", name).items() if k not in _NODE_LINKS}
+    return _build(NodeSpec, "node", name, {"name": name, **fields})
+
+
+def network(name: str) -> list[NetworkTier]:
+    """The tiers of a catalog network, innermost (rail/leaf) first."""
+    tiers = entry("network", name)["tiers"]
+    return [_build(NetworkTier, "network", name, t) for t in tiers]
+
+
+def model(name: str) -> ModelSpec:
+    """A catalog model, e.g. ``model("mixtral-8x7b").active_param_count()``."""
+    return _build(ModelSpec, "model", name, {"name": name, **entry("model", name)})
+
+
+def system(name: str, nodes: int, network_name: Optional[str] = None) -> ClusterSpec:
+    """``nodes`` catalog nodes ``name`` with their GPU and network (or ``network_name``).
+
+    >>> c = system("dgx-a100", nodes=4)
+    >>> (c.gpu.name, c.node.gpus, [t.name for t in c.network])
+    ('a100-sxm-80gb', 8, ['leaf', 'spine'])
+    """
+    if not isinstance(nodes, int) or nodes < 1:
+        raise ConfigError("nodes", f"must be a whole number of nodes, at least 1; got {nodes!r}")
+    raw = entry("node", name)
+    net = network_name or raw["network"]
+    return _build(ClusterSpec, "system", name, dict(
+        name=f"{nodes}x {name}",
+        gpu=gpu(raw["gpu"]),
+        node=node(name),
+        nodes=nodes,
+        network=network(net),
+        source=f"catalog: node {name}, gpu {raw['gpu']}, network {net} (see each entry's source)",
+    ))

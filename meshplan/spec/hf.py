@@ -1,0 +1,192 @@
+"""Import a Hugging Face ``config.json`` as a :class:`ModelSpec`.
+
+Supported ``model_type`` families and what each maps to (key names as in those families'
+config.json files and transformers' config classes):
+
+- ``llama``, ``mistral``, ``mixtral``, ``qwen2``, ``qwen3``, ``qwen3_moe``: RMSNorm, RoPE,
+  gated (SwiGLU) MLP of ``intermediate_size``; ``num_key_value_heads`` for GQA; ``head_dim``
+  when given. qwen2 adds q/k/v biases; qwen3 adds q/k norms; mixtral and qwen3_moe add routed
+  experts (``num_local_experts`` / ``num_experts``, ``num_experts_per_tok``; qwen3_moe experts
+  have width ``moe_intermediate_size`` and dense layers from ``mlp_only_layers`` and
+  ``decoder_sparse_step``). llama's ``attention_bias`` + ``mlp_bias`` give biases on every
+  linear layer.
+- ``gpt2``: ``n_layer``, ``n_embd``, ``n_head``, MLP ``n_inner`` (4 * n_embd when null),
+  LayerNorm, learned positions (``n_positions``), biases, tied embeddings.
+- ``gpt_neox``: LayerNorm, rotary, biases (``attention_bias``, default true), embeddings
+  untied unless ``tie_word_embeddings``. The parallel residual changes no parameter.
+
+Keys that set a size are required; flags missing from the file take their transformers
+default (``tie_word_embeddings`` false except gpt2, no biases except gpt2/gpt_neox/qwen2).
+
+>>> gpt2 = {"model_type": "gpt2", "n_layer": 12, "n_embd": 768, "n_head": 12,
+...         "n_positions": 1024, "vocab_size": 50257}
+>>> model_from_hf_config(gpt2).param_count()
+124439808
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Callable, Optional, Union
+
+from pydantic import ValidationError
+
+from ..errors import ConfigError
+from .model import ModelSpec
+
+
+class _Keys:
+    """Typed access to one config dict; a missing required key is a ConfigError."""
+
+    def __init__(self, cfg: dict[str, Any]):
+        self.cfg = cfg
+        self.model_type = cfg["model_type"]
+
+    def req(self, key: str) -> Any:
+        value = self.cfg.get(key)
+        if value is None:
+            raise ConfigError(key, f"missing from the {self.model_type} config.json; "
+                              f"it is required to size the model")
+        return value
+
+    def opt(self, key: str, default: Any) -> Any:
+        value = self.cfg.get(key)
+        return default if value is None else value
+
+
+def _rope_gated(k: _Keys, *, kv_default: bool = False) -> dict[str, Any]:
+    """Fields shared by the llama-like families. ``kv_default``: a missing
+    ``num_key_value_heads`` means one KV head per query head (LlamaConfig's rule); the
+    other families' config classes default it to a fixed size, so there it is required."""
+    heads = k.req("num_attention_heads")
+    kv = k.opt("num_key_value_heads", heads) if kv_default else k.req("num_key_value_heads")
+    return dict(
+        layers=k.req("num_hidden_layers"), hidden=k.req("hidden_size"),
+        ffn=k.req("intermediate_size"), gated_mlp=True, q_heads=heads, kv_heads=kv,
+        head_dim=k.opt("head_dim", None), vocab=k.req("vocab_size"),
+        tied_embeddings=bool(k.opt("tie_word_embeddings", False)), norm="rmsnorm",
+        position_embedding="rope", max_position=k.opt("max_position_embeddings", 0),
+    )
+
+
+def _all_or_no_bias(k: _Keys, attention: bool, mlp: bool) -> dict[str, Any]:
+    """ModelSpec has biases on every linear layer (linear_bias) or on q/k/v only (qkv_bias)."""
+    if attention != mlp:
+        raise ConfigError("attention_bias", f"{k.model_type}: attention_bias={attention} with "
+                          f"mlp_bias={mlp} is not representable (ModelSpec.linear_bias puts biases "
+                          f"on attention and MLP together)")
+    return {"linear_bias": attention}
+
+
+def _llama(k: _Keys) -> dict[str, Any]:
+    bias = _all_or_no_bias(k, bool(k.opt("attention_bias", False)), bool(k.opt("mlp_bias", False)))
+    return {**_rope_gated(k, kv_default=True), **bias}
+
+
+def _mistral(k: _Keys) -> dict[str, Any]:
+    return _rope_gated(k)
+
+
+def _mixtral(k: _Keys) -> dict[str, Any]:
+    return {**_rope_gated(k), "experts": k.req("num_local_experts"), "top_k": k.req("num_experts_per_tok")}
+
+
+def _qwen2(k: _Keys) -> dict[str, Any]:
+    return {**_rope_gated(k), "qkv_bias": True}
+
+
+def _qwen3(k: _Keys) -> dict[str, Any]:
+    bias = _all_or_no_bias(k, bool(k.opt("attention_bias", False)), False)
+    return {**_rope_gated(k), **bias, "qk_norm": True}
+
+
+def _qwen3_moe(k: _Keys) -> dict[str, Any]:
+    fields = _qwen3(k)
+    layers = fields["layers"]
+    step = k.opt("decoder_sparse_step", 1)
+    mlp_only = set(k.opt("mlp_only_layers", []))
+    # transformers Qwen3MoeDecoderLayer: sparse iff not in mlp_only_layers and (i + 1) % step == 0
+    dense = [i for i in range(layers) if i in mlp_only or (i + 1) % step]
+    if dense != list(range(len(dense))):
+        raise ConfigError("mlp_only_layers", f"dense layers {dense} (from mlp_only_layers and "
+                          f"decoder_sparse_step {step}) are not the first layers; ModelSpec only "
+                          f"has dense_layers (the first N layers dense)")
+    return {**fields, "experts": k.req("num_experts"), "top_k": k.req("num_experts_per_tok"),
+            "expert_ffn": k.req("moe_intermediate_size"), "dense_layers": len(dense)}
+
+
+def _gpt2(k: _Keys) -> dict[str, Any]:
+    hidden = k.req("n_embd")
+    return dict(
+        layers=k.req("n_layer"), hidden=hidden, ffn=k.opt("n_inner", 4 * hidden), gated_mlp=False,
+        q_heads=k.req("n_head"), vocab=k.req("vocab_size"),
+        tied_embeddings=bool(k.opt("tie_word_embeddings", True)), norm="layernorm",
+        linear_bias=True, position_embedding="learned", max_position=k.req("n_positions"),
+    )
+
+
+def _gpt_neox(k: _Keys) -> dict[str, Any]:
+    # GPT-NeoX MLP layers always carry biases; attention ones follow attention_bias.
+    bias = _all_or_no_bias(k, bool(k.opt("attention_bias", True)), True)
+    return dict(
+        layers=k.req("num_hidden_layers"), hidden=k.req("hidden_size"),
+        ffn=k.req("intermediate_size"), gated_mlp=False, q_heads=k.req("num_attention_heads"),
+        vocab=k.req("vocab_size"), tied_embeddings=bool(k.opt("tie_word_embeddings", False)),
+        norm="layernorm", position_embedding="rope",
+        max_position=k.opt("max_position_embeddings", 0), **bias,
+    )
+
+
+_FAMILIES: dict[str, Callable[[_Keys], dict[str, Any]]] = {
+    "gpt2": _gpt2, "gpt_neox": _gpt_neox, "llama": _llama, "mistral": _mistral,
+    "mixtral": _mixtral, "qwen2": _qwen2, "qwen3": _qwen3, "qwen3_moe": _qwen3_moe,
+}
+SUPPORTED_MODEL_TYPES = tuple(sorted(_FAMILIES))
+
+
+def _read(config: Union[dict, str, Path]) -> tuple[Any, Optional[Path]]:
+    """The parsed config and its file (None for a dict); a directory means its config.json."""
+    if isinstance(config, dict):
+        return config, None
+    path = Path(config)
+    if path.is_dir():
+        path = path / "config.json"
+    try:
+        return json.loads(path.read_text(encoding="utf-8")), path
+    except FileNotFoundError:
+        raise ConfigError("config", f"no such file {path}; give a config.json or its directory") from None
+    except json.JSONDecodeError as err:
+        raise ConfigError("config", f"{path} is not valid JSON ({err.msg} at line {err.lineno})") from None
+
+
+def model_from_hf_config(config: Union[dict, str, Path], name: Optional[str] = None) -> ModelSpec:
+    """A :class:`ModelSpec` from a Hugging Face config (dict, config.json, or its directory).
+
+    ``name`` defaults to the config's ``_name_or_path``, else the directory name of the file,
+    else ``hf-<model_type>``. Raises :class:`ConfigError` for an unsupported ``model_type``
+    (listing the supported ones), a missing required key (naming it), or an architecture
+    ModelSpec cannot represent.
+    """
+    cfg, path = _read(config)
+    origin = str(path) if path else "a config dict"
+    if not isinstance(cfg, dict):
+        raise ConfigError("config", f"{origin} holds a JSON {type(cfg).__name__}, not an object")
+    model_type = cfg.get("model_type")
+    if model_type is None:
+        raise ConfigError("model_type", f"missing from {origin}; supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
+    family = _FAMILIES.get(model_type)
+    if family is None:
+        raise ConfigError("model_type", f"unsupported model_type '{model_type}'; "
+                          f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
+    fields = family(_Keys(cfg))
+    if name is None:
+        name = cfg.get("_name_or_path") or (path.parent.name if path else "")
+    fields["name"] = name or f"hf-{model_type}"
+    fields["source"] = f"Hugging Face config.json (model_type {model_type}) from {origin}"
+    try:
+        return ModelSpec(**fields)
+    except ValidationError as err:
+        first = err.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "config"
+        raise ConfigError(where, f"{first['msg']} (imported from {origin})") from None

@@ -1,0 +1,137 @@
+"""The built-in catalog: every entry loads and names its source; parameter counts of the
+catalog models match hand-derived values; unknown names are one-line ConfigErrors."""
+
+import pytest
+
+from meshplan import catalog
+from meshplan.errors import ConfigError
+from meshplan.spec.cluster import ClusterSpec, GPUSpec, NodeSpec
+from meshplan.spec.model import ModelSpec
+
+LOADERS = {"gpu": catalog.gpu, "node": catalog.node, "network": catalog.network, "model": catalog.model}
+ENTRIES = [(kind, name) for kind in catalog.KINDS for name in catalog.names(kind)]
+
+
+def test_catalog_has_the_required_entries():
+    assert set(catalog.names("gpu")) >= {"h100-sxm5-80gb", "h200-sxm-141gb", "a100-sxm-80gb"}
+    assert set(catalog.names("node")) >= {"dgx-h100", "dgx-h200", "dgx-a100", "seed-8x8-2nic"}
+    assert set(catalog.names("model")) >= {
+        "llama3-8b", "llama3-70b", "llama3-405b", "gpt3-175b", "megatron-22b", "mixtral-8x7b"}
+
+
+@pytest.mark.parametrize("kind,name", ENTRIES)
+def test_every_entry_loads_and_names_a_source(kind, name):
+    obj = LOADERS[kind](name)
+    expected = {"gpu": GPUSpec, "node": NodeSpec, "model": ModelSpec}.get(kind)
+    if expected:
+        assert isinstance(obj, expected) and obj.name == name
+    else:
+        assert obj, "a network has at least one tier"
+    source = catalog.entry(kind, name)["source"]
+    assert isinstance(source, str) and len(source.strip()) > 20
+
+
+@pytest.mark.parametrize("name", catalog.names("node"))
+def test_every_node_makes_a_system(name):
+    raw = catalog.entry("node", name)
+    cluster = catalog.system(name, nodes=8)
+    assert isinstance(cluster, ClusterSpec)
+    assert cluster.gpu.name == raw["gpu"] and cluster.world == 8 * cluster.node.gpus
+    assert [t.name for t in cluster.network] == ["leaf", "spine"]
+    assert all(t.oversubscription == 1 and t.latency_us == 14.0 for t in cluster.network)
+    assert cluster.node.fabric.source and cluster.node.pcie.source
+
+
+def test_gpu_numbers_match_public_facts():
+    h100, h200, a100 = (catalog.gpu(n) for n in ("h100-sxm5-80gb", "h200-sxm-141gb", "a100-sxm-80gb"))
+    assert h100.peak_flops("bf16") == 989.4e12 and h100.peak_tflops["fp8"] == 1978.9
+    assert (h100.hbm_gb, h100.hbm_bandwidth_tb_per_s, h100.sms) == (80, 3.35, 132)
+    assert (h200.hbm_gb, h200.hbm_bandwidth_tb_per_s, h200.peak_tflops["bf16"]) == (141, 4.8, 989)
+    assert (a100.hbm_gb, a100.peak_tflops["bf16"], a100.sms) == (80, 312, 108)
+    assert "fp8" not in a100.peak_tflops
+    # max_gemm_fraction reproduces the measured best GEMM (stas00/ml-engineering)
+    assert h100.max_gemm_fraction * 989.4 == pytest.approx(794.5, abs=0.1)
+    assert a100.max_gemm_fraction * 312 == pytest.approx(271.2, abs=0.1)
+    assert h200.max_gemm_fraction == h100.max_gemm_fraction
+    assert "H100" in catalog.entry("gpu", "h200-sxm-141gb")["source"]
+
+
+def test_dgx_h100_pairs_nic_k_with_gpu_k_on_rail_k():
+    node = catalog.node("dgx-h100")
+    assert node.fabric.bandwidth_gb_per_s == 450 and node.fabric.latency_us == 3.4
+    assert [len(s.gpus) for s in node.sockets] == [4, 4] and node.sockets[0].cores == 56
+    for g in range(8):
+        nic = node.nics[node.nic_of(g)]
+        assert (nic.gpus, nic.rail, nic.socket, nic.rate_gbit_per_s) == ([g], g, g // 4, 400)
+        assert node.socket_of(g) == g // 4
+
+
+def test_dgx_a100_nics_share_pcie_switches_in_pairs():
+    node = catalog.node("dgx-a100")
+    assert node.fabric.bandwidth_gb_per_s == 300 and node.sockets[1].cores == 64
+    assert [n.gpus for n in node.nics] == [[0, 1], [0, 1], [2, 3], [2, 3], [4, 5], [4, 5], [6, 7], [6, 7]]
+    assert [n.rail for n in node.nics] == list(range(8))
+    assert all(n.rate_gbit_per_s == 200 for n in node.nics)
+
+
+def test_seed_node_has_two_nics_one_per_socket():
+    node = catalog.node("seed-8x8-2nic")
+    assert [(n.gpus, n.socket, n.rail) for n in node.nics] == [([0, 1, 2, 3], 0, 0), ([4, 5, 6, 7], 1, 1)]
+    assert [node.nic_of(g) for g in range(8)] == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert "gives no NIC rate" in catalog.entry("node", "seed-8x8-2nic")["source"]
+    assert catalog.system("seed-8x8-2nic", nodes=8).world == 64
+
+
+def test_llama3_70b_param_count_by_hand():
+    h, kv, ffn, vocab, layers = 8192, 8 * 128, 28672, 128256, 80
+    per_layer = h * (h + 2 * kv) + h * h + 3 * h * ffn + 2 * h  # qkv, o, gated MLP, 2 RMSNorms
+    expected = 2 * vocab * h + layers * per_layer + h  # untied embedding + output, final norm
+    assert expected == 70_553_706_496
+    assert catalog.model("llama3-70b").param_count() == expected
+
+
+@pytest.mark.parametrize("name,total,active", [
+    ("llama3-8b", 8.03e9, None),
+    ("llama3-405b", 405.85e9, None),
+    ("gpt3-175b", 174.6e9, None),  # with learned positions and biases, tied embedding
+    ("megatron-22b", 22.07e9, None),
+    ("mixtral-8x7b", 46.7e9, 12.9e9),  # Mixtral paper / model card: 46.7B total, 12.9B active
+])
+def test_model_param_counts(name, total, active):
+    spec = catalog.model(name)
+    assert spec.param_count() == pytest.approx(total, rel=2e-3)
+    assert spec.active_param_count() == pytest.approx(active or total, rel=2e-3)
+
+
+def test_exact_counts_of_other_models():
+    assert catalog.model("llama3-8b").param_count() == 8_030_261_248
+    assert catalog.model("llama3-405b").param_count() == 405_853_388_800
+    assert catalog.model("gpt3-175b").param_count() == 174_604_259_328
+    mixtral = catalog.model("mixtral-8x7b")
+    assert (mixtral.param_count(), mixtral.active_param_count()) == (46_702_792_704, 12_879_925_248)
+
+
+@pytest.mark.parametrize("kind", catalog.KINDS)
+def test_unknown_name_lists_the_known_ones_on_one_line(kind):
+    with pytest.raises(ConfigError) as info:
+        LOADERS[kind]("no-such-entry")
+    msg = str(info.value)
+    assert info.value.field == kind and "no-such-entry" in msg and "\n" not in msg
+    assert all(name in msg for name in catalog.names(kind))
+
+
+def test_unknown_kind_and_bad_system_requests():
+    with pytest.raises(ConfigError, match="known: gpu, node, network, model"):
+        catalog.names("tpus")
+    with pytest.raises(ConfigError, match="dgx-h100"):
+        catalog.system("dgx-b200", nodes=2)
+    with pytest.raises(ConfigError) as info:
+        catalog.system("dgx-h100", nodes=0)
+    assert info.value.field == "nodes"
+    with pytest.raises(ConfigError, match="superpod-ndr-su32"):
+        catalog.system("dgx-h100", nodes=2, network_name="fat-tree")
+
+
+def test_entry_returns_a_copy():
+    catalog.entry("gpu", "h100-sxm5-80gb")["peak_tflops"]["bf16"] = 1.0
+    assert catalog.gpu("h100-sxm5-80gb").peak_tflops["bf16"] == 989.4

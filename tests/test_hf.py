@@ -1,0 +1,168 @@
+"""Hugging Face config.json import: each supported family from a real-keyed fixture under
+tests/data/hf/<repo>/config.json, checked against hand-derived parameter counts."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from meshplan import catalog
+from meshplan.errors import ConfigError
+from meshplan.spec.hf import SUPPORTED_MODEL_TYPES, model_from_hf_config
+
+DATA = Path(__file__).parent / "data" / "hf"
+
+
+def load(repo: str) -> dict:
+    return json.loads((DATA / repo / "config.json").read_text())
+
+
+def test_llama3_8b_config_equals_the_catalog_entry():
+    spec = model_from_hf_config(DATA / "meta-llama-3-8b")
+    ref = catalog.model("llama3-8b")
+    assert spec.name == "meta-llama-3-8b"
+    assert spec.param_count() == ref.param_count() == 8_030_261_248
+    for field in ("layers", "hidden", "ffn", "q_heads", "n_kv_heads", "d_head", "vocab",
+                  "tied_embeddings", "norm", "gated_mlp", "linear_bias", "max_position"):
+        assert getattr(spec, field) == getattr(ref, field), field
+
+
+def test_dict_file_and_directory_give_the_same_spec():
+    by_dir = model_from_hf_config(DATA / "meta-llama-3-8b")
+    by_file = model_from_hf_config(str(DATA / "meta-llama-3-8b" / "config.json"))
+    by_dict = model_from_hf_config(load("meta-llama-3-8b"), name="meta-llama-3-8b")
+    assert by_dir.model_dump(exclude={"source"}) == by_file.model_dump(exclude={"source"})
+    assert by_dir.model_dump(exclude={"source"}) == by_dict.model_dump(exclude={"source"})
+    assert model_from_hf_config(load("meta-llama-3-8b")).name == "hf-llama"
+
+
+def test_mistral_7b():
+    # embedding + output 2*32000*4096, 32 x (attention 4096*6144 + 4096^2, MLP 3*4096*14336, 2 norms), final norm
+    assert model_from_hf_config(DATA / "mistral-7b-v0.1").param_count() == 7_241_732_096
+
+
+def test_mixtral_config_equals_the_catalog_entry():
+    spec = model_from_hf_config(DATA / "mixtral-8x7b-v0.1")
+    ref = catalog.model("mixtral-8x7b")
+    assert (spec.experts, spec.top_k, spec.moe_ffn, spec.dense_layers) == (8, 2, 14336, 0)
+    assert spec.param_count() == ref.param_count() == 46_702_792_704
+    assert spec.active_param_count() == ref.active_param_count() == 12_879_925_248
+
+
+def test_qwen2_qkv_bias_adds_q_plus_2kv_per_layer():
+    spec = model_from_hf_config(DATA / "qwen2-0.5b")
+    assert spec.qkv_bias and not spec.linear_bias and spec.tied_embeddings
+    q, kv = spec.q_heads * spec.d_head, spec.n_kv_heads * spec.d_head
+    assert (q, kv) == (896, 128)
+    without = spec.model_copy(update={"qkv_bias": False})
+    assert spec.param_count() - without.param_count() == spec.layers * (q + 2 * kv) == 24 * 1152
+    # 24 x (896*1152 + 1152 bias + 896^2 + 3*896*4864 + 2*896) + 151936*896 tied + 896
+    assert spec.param_count() == 494_032_768
+
+
+def test_qwen3_qk_norm_and_explicit_head_dim():
+    spec = model_from_hf_config(DATA / "qwen3-0.6b")
+    assert spec.qk_norm and spec.d_head == 128 and spec.q_heads * spec.d_head == 2048 != spec.hidden
+    without = spec.model_copy(update={"qk_norm": False})
+    assert spec.param_count() - without.param_count() == 28 * 2 * 128
+    # 28 x (1024*(2048+2*1024) + 2048*1024 + 256 + 3*1024*3072 + 2*1024) + 151936*1024 tied + 1024
+    assert spec.param_count() == 596_049_920
+    non_embedding = spec.param_count() - spec.vocab * spec.hidden
+    assert non_embedding == pytest.approx(0.44e9, rel=0.01)  # model card: 0.44B non-embedding
+
+
+def test_qwen3_moe():
+    spec = model_from_hf_config(DATA / "qwen3-30b-a3b")
+    assert (spec.experts, spec.top_k, spec.expert_ffn, spec.ffn, spec.dense_layers) == (128, 8, 768, 6144, 0)
+    assert spec.param_count() == 30_532_122_624  # model card: 30.5B total
+    assert spec.active_param_count() == pytest.approx(3.3e9, rel=0.02)  # 3.3B activated
+
+
+def test_qwen3_moe_leading_dense_layers_and_unsupported_pattern():
+    cfg = load("qwen3-30b-a3b")
+    assert model_from_hf_config({**cfg, "mlp_only_layers": [1, 0]}).dense_layers == 2
+    with pytest.raises(ConfigError) as info:
+        model_from_hf_config({**cfg, "mlp_only_layers": [5]})
+    assert info.value.field == "mlp_only_layers"
+    with pytest.raises(ConfigError, match="decoder_sparse_step 2"):
+        model_from_hf_config({**cfg, "decoder_sparse_step": 2})
+
+
+def test_gpt2_small():
+    spec = model_from_hf_config(DATA / "gpt2")
+    assert (spec.ffn, spec.gated_mlp, spec.norm, spec.position_embedding, spec.max_position) == (
+        3072, False, "layernorm", "learned", 1024)
+    assert spec.linear_bias and spec.tied_embeddings
+    assert spec.param_count() == 124_439_808  # the well-known GPT-2 small count
+    assert model_from_hf_config({**load("gpt2"), "n_inner": 2048}).ffn == 2048
+
+
+def test_gpt_neox_pythia_160m():
+    spec = model_from_hf_config(DATA / "pythia-160m")
+    assert spec.linear_bias and not spec.tied_embeddings and spec.position_embedding == "rope"
+    # Pythia (EleutherAI/pythia README): 162,322,944 total, 85,056,000 non-embedding parameters
+    assert spec.param_count() == 162_322_944
+    assert spec.param_count() - 2 * spec.vocab * spec.hidden == 85_056_000
+    tied = model_from_hf_config({**load("pythia-160m"), "tie_word_embeddings": True})
+    assert spec.param_count() - tied.param_count() == 50304 * 768
+
+
+def test_bias_flags_that_modelspec_cannot_express_are_errors():
+    llama = load("meta-llama-3-8b")
+    both = model_from_hf_config({**llama, "attention_bias": True, "mlp_bias": True})
+    assert both.linear_bias
+    with pytest.raises(ConfigError) as info:
+        model_from_hf_config({**llama, "attention_bias": True})
+    assert info.value.field == "attention_bias"
+    with pytest.raises(ConfigError, match="attention_bias"):
+        model_from_hf_config({**load("pythia-160m"), "attention_bias": False})
+
+
+def test_kv_heads_default_only_where_transformers_means_mha():
+    llama = {k: v for k, v in load("meta-llama-3-8b").items() if k != "num_key_value_heads"}
+    assert model_from_hf_config(llama).n_kv_heads == 32
+    mistral = {k: v for k, v in load("mistral-7b-v0.1").items() if k != "num_key_value_heads"}
+    with pytest.raises(ConfigError) as info:
+        model_from_hf_config(mistral)
+    assert info.value.field == "num_key_value_heads"
+
+
+def test_unknown_model_type_lists_the_supported_ones():
+    with pytest.raises(ConfigError) as info:
+        model_from_hf_config(DATA / "bert-base-uncased")
+    msg = str(info.value)
+    assert info.value.field == "model_type" and "'bert'" in msg and "\n" not in msg
+    assert all(t in msg for t in SUPPORTED_MODEL_TYPES)
+    with pytest.raises(ConfigError, match="model_type: missing"):
+        model_from_hf_config({"hidden_size": 8})
+
+
+@pytest.mark.parametrize("repo,key", [
+    ("meta-llama-3-8b", "hidden_size"), ("meta-llama-3-8b", "num_hidden_layers"),
+    ("meta-llama-3-8b", "intermediate_size"), ("meta-llama-3-8b", "vocab_size"),
+    ("meta-llama-3-8b", "num_attention_heads"), ("mixtral-8x7b-v0.1", "num_local_experts"),
+    ("qwen3-30b-a3b", "moe_intermediate_size"), ("gpt2", "n_embd"), ("gpt2", "n_positions"),
+    ("pythia-160m", "intermediate_size"),
+])
+def test_missing_required_key_is_named(repo, key):
+    cfg = {k: v for k, v in load(repo).items() if k != key}
+    with pytest.raises(ConfigError) as info:
+        model_from_hf_config(cfg)
+    assert info.value.field == key and key in str(info.value)
+
+
+def test_unreadable_inputs(tmp_path):
+    with pytest.raises(ConfigError, match="no such file"):
+        model_from_hf_config(tmp_path / "absent.json")
+    bad = tmp_path / "config.json"
+    bad.write_text("{not json")
+    with pytest.raises(ConfigError, match="not valid JSON"):
+        model_from_hf_config(tmp_path)
+    bad.write_text("[1, 2]")
+    with pytest.raises(ConfigError, match="not an object"):
+        model_from_hf_config(bad)
+
+
+def test_invalid_sizes_become_a_config_error():
+    with pytest.raises(ConfigError, match="kv_heads"):
+        model_from_hf_config({**load("mistral-7b-v0.1"), "num_key_value_heads": 5})
