@@ -44,7 +44,7 @@ class Layout:
             raise ConfigError("mesh", f"{len(self.names)} names but {len(self.shape)} degrees; give one degree per axis")
         _check_unique(self.names, "mesh.names")
         for n, d in zip(self.names, self.shape):
-            if not isinstance(d, (int, np.integer)) or d < 1:
+            if isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 1:
                 raise ConfigError(f"mesh.{n}", f"degree {d} must be an integer >= 1")
 
     @property
@@ -68,6 +68,15 @@ class Layout:
     def degree(self, name: str, default: int = 1) -> int:
         """Degree of axis ``name``, or ``default`` if the mesh has no such axis."""
         return self.shape[self.names.index(name)] if name in self.names else default
+
+    def axis_indices(self, axes) -> list[int]:
+        """Sorted mesh positions of ``axes`` (an iterable of names, not a bare string).
+        Raises ConfigError on an unknown or repeated name."""
+        if isinstance(axes, str):
+            raise ConfigError("axes", f"give a tuple of axis names, e.g. ({axes!r},), not a string")
+        axes = tuple(axes)
+        _check_unique(axes, "axes")
+        return sorted(self.index(a) for a in axes)
 
     def index(self, name: str) -> int:
         try:
@@ -103,7 +112,7 @@ class Layout:
         >>> Layout(("dp", "cp", "tp"), (2, 2, 2)).groups(("dp", "cp")).tolist()
         [[0, 2, 4, 6], [1, 3, 5, 7]]
         """
-        idx = sorted(self.index(a) for a in axes)
+        idx = self.axis_indices(axes)
         rest = [i for i in range(len(self.shape)) if i not in idx]
         size = prod(self.shape[i] for i in idx)
         return self.grid().transpose(rest + idx).reshape(-1, size)
@@ -111,14 +120,14 @@ class Layout:
     def group_of(self, rank: int, axes) -> list[int]:
         """The group of ``axes`` that contains ``rank``, as a rank list."""
         coords = list(self.coords_of(rank))
-        idx = sorted(self.index(a) for a in axes)
+        idx = self.axis_indices(axes)
         sub = self.grid()[tuple(slice(None) if i in idx else coords[i] for i in range(len(coords)))]
         return [int(r) for r in sub.reshape(-1)]
 
     def group_index(self, rank: int, axes) -> int:
         """Row of :meth:`groups` that holds ``rank``."""
         coords = self.coords_of(rank)
-        idx = {self.index(a) for a in axes}
+        idx = set(self.axis_indices(axes))
         lin = 0
         for i, (c, d) in enumerate(zip(coords, self.shape)):
             if i not in idx:
@@ -126,6 +135,8 @@ class Layout:
         return lin
 
     def _check_rank(self, rank: int) -> None:
+        if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)):
+            raise ConfigError("rank", f"{rank!r} is not an integer rank")
         if not 0 <= rank < self.world:
             raise ConfigError("rank", f"{rank} outside 0..{self.world - 1}")
 

@@ -185,3 +185,18 @@ def test_bad_coordinates_are_rejected(coords, words):
     with pytest.raises(ConfigError) as ei:
         Layout(("dp", "tp"), (2, 4)).rank_of(coords)
     check_config_error(ei, "coords", *words)
+
+
+def test_axes_misuse_is_config_error():
+    from meshplan.errors import ConfigError
+    from meshplan.layout import Layout
+
+    lay = Layout(("a", "b"), (2, 2))
+    with pytest.raises(ConfigError, match="axes: axis 'a' appears twice"):
+        lay.groups(("a", "a"))
+    with pytest.raises(ConfigError, match="not a string"):
+        lay.group_of(1, "ab")
+    with pytest.raises(ConfigError, match=r"mesh\.a"):
+        Layout(("a",), (True,))
+    with pytest.raises(ConfigError, match="not an integer rank"):
+        lay.coords_of(2.5)
