@@ -72,6 +72,8 @@ def test_dgx_a100_nics_share_pcie_switches_in_pairs():
     assert [n.gpus for n in node.nics] == [[0, 1], [0, 1], [2, 3], [2, 3], [4, 5], [4, 5], [6, 7], [6, 7]]
     assert [n.rail for n in node.nics] == list(range(8))
     assert all(n.rate_gbit_per_s == 200 for n in node.nics)
+    # each GPU of a pair takes its own NIC of the pair (round-robin), as NCCL does
+    assert [node.nic_of(g) for g in range(8)] == [0, 1, 2, 3, 4, 5, 6, 7]
 
 
 def test_seed_node_has_two_nics_one_per_socket():

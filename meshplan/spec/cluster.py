@@ -89,8 +89,9 @@ class NICSpec(BaseModel):
 
 
 class NetworkTier(BaseModel):
-    """One inter-node tier (rail/leaf, spine...): hop latency and oversubscription ratio
-    (1 = non-blocking). ``nodes_per_domain``: nodes under one switch of this tier (0 = all)."""
+    """One inter-node tier (rail/leaf, spine...): the per-step latency of an algorithm step
+    whose path reaches this tier (not an increment to add per tier: NCCL uses one network
+    figure per step), and the oversubscription ratio (1 = non-blocking). ``nodes_per_domain``: nodes under one switch of this tier (0 = all)."""
 
     model_config = _STRICT
     name: str
@@ -133,11 +134,14 @@ class NodeSpec(BaseModel):
         return next(i for i, s in enumerate(self.sockets) if gpu in s.gpus)
 
     def nic_of(self, gpu: int) -> Optional[int]:
-        """Index of the NIC sharing ``gpu``'s PCIe switch (first listed), else the first NIC
-        on its socket, else None when the node has no NIC."""
-        for i, nic in enumerate(self.nics):
-            if gpu in nic.gpus:
-                return i
+        """Index of the NIC ``gpu`` uses: one of the NICs under its PCIe switch; when several
+        GPUs share several NICs (DGX A100: GPUs 0-1 with mlx5_0 and mlx5_1) the i-th GPU of
+        the switch takes the i-th NIC (round-robin), as NCCL gives each GPU its own NIC.
+        Without such a NIC, the first NIC on its socket; None when the node has no NIC."""
+        cands = [i for i, nic in enumerate(self.nics) if gpu in nic.gpus]
+        if cands:
+            peers = sorted({g for i in cands for g in self.nics[i].gpus})
+            return cands[peers.index(gpu) % len(cands)]
         sock = self.socket_of(gpu)
         return next((i for i, n in enumerate(self.nics) if n.socket == sock), None)
 
