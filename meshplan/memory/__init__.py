@@ -1,0 +1,1 @@
+"""Memory model: persistent model state (:mod:`.state`) and activations (:mod:`.activations`)."""

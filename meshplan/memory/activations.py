@@ -1,0 +1,321 @@
+"""Activation bytes kept for the backward pass, per layer and per micro-batch, on one rank.
+
+Source: Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
+Models" (arXiv 2205.05198), section 4, Table 2: 16-bit activations, 1-byte dropout masks.
+For the GPT layer (multi-head attention, 4h GeLU MLP, dropout) with s tokens, micro-batch
+b, hidden h, a heads, tensor degree t:
+
+=========================== ===================================
+no parallelism              ``s b h (34 + 5 a s / h)``
+tensor parallel             ``s b h (10 + 24/t + 5 a s / (h t))``
+tensor + sequence parallel  ``s b h / t (34 + 5 a s / h)``
++ selective recompute       the ``5 a s / h`` term removed
+full recompute              ``2 s b h`` (``/ t`` with sequence parallel)
+=========================== ===================================
+
+The formula gives bytes (dtype sizes are inside the coefficients). :func:`table2_bytes`
+is the closed form; :func:`layer_terms` derives it tensor by tensor, generalised to GQA and
+gated MLPs, and reduces exactly to Table 2 for the GPT layer.
+
+Derivation per tensor (g KV heads, d head dim, f MLP width per gate; GPT: a d = h, g = a,
+f = 4h). [r] = held whole by every tp rank, divided by t only with sequence parallel
+(Megatron stores the sequence-sharded norm output and all-gathers it again in backward,
+Korthikanti 4.2.2); [sc] = score terms; [do] = only with dropout.
+
+Attention (Table 2: ``11 s b h + 5 a s^2 b``):
+  attention-norm input 2sbh [r]; QKV-projection input (norm output) 2sbh [r];
+  Q 2sb(ad)/t and K 2sb(gd)/t (kept by QK^T); softmax output 2as^2b/t [sc];
+  softmax-dropout mask as^2b/t [sc][do]; dropout output 2as^2b/t [sc][do] (without dropout
+  attention-over-V reuses the softmax output); V 2sb(gd)/t; context (output-projection
+  input) 2sb(ad)/t; residual-dropout mask sbh [r][do].
+  GPT: 2+2+1 = 5 sbh [r] + 8 sbh/t + 5 a s^2 b / t (the two norm inputs are Table 2's
+  ``4 s b h`` LayerNorm term, split between attention and MLP here).
+MLP (Table 2: ``19 s b h``):
+  MLP-norm input 2sbh [r]; w_in input 2sbh [r]; residual-dropout mask sbh [r][do];
+  non-gated: activation input 2sbf/t + activation output (w_out input) 2sbf/t = 4sbf/t
+  (16 sbh/t at f = 4h); gated, each op keeping its inputs: gate (SiLU input) 2sbf/t,
+  SiLU output 2sbf/t, up 2sbf/t, product (w_out input) 2sbf/t = 8sbf/t; gated with
+  ``fused_glu`` (Megatron's fused bias-SwiGLU keeps the 2f-wide fc1 output and recomputes
+  SiLU): 6sbf/t.
+Sum for GPT: [r] 10 sbh, split 24 sbh / t, scores 5 a s^2 b / t: Table 2.
+
+Further conventions:
+- KV heads: per-rank K and V hold ``g/t`` heads, or one head when t > g (KV heads
+  replicated, as :func:`meshplan.tpsplit.local_heads`).
+- Selective recompute (Korthikanti 5) removes the [sc] terms. Flash attention also removes
+  them: it keeps Q, K, V, the output and the fp32 softmax statistics (log-sum-exp, 4 bytes
+  per query row per head: ``4 a s b / t``, small) and regenerates dropout from the RNG
+  state; the statistics are counted. Full recompute keeps the layer input only.
+- Context parallel: every per-token tensor holds ``s / cp`` tokens. The score terms hold
+  ``(s / cp)`` query rows against all ``s`` keys (a non-fused ring keeps every step's
+  scores); Megatron-Core and torchtitan context parallel need a fused/flash kernel, where
+  the terms vanish.
+- Local sizes round up: ``ceil(s / cp)`` tokens, ``ceil(tokens / t)`` with sequence
+  parallel, ``ceil(f / t)`` MLP columns; heads must divide exactly.
+- Embedding, final norm, output layer and loss: :func:`embedding_terms`, :func:`head_terms`
+  (Korthikanti 4.3 and Megatron's vocab-parallel cross entropy).
+
+>>> gpt = LayerDims.gpt(s=2048, b=1, h=4096, a=32)
+>>> layer_bytes(gpt), layer_bytes(gpt, tp=8), layer_bytes(gpt, tp=8, sp=True)
+(956301312, 192937984, 119537664)
+>>> layer_bytes(gpt, tp=8, sp=True, recompute="selective"), layer_bytes(gpt, recompute="full")
+(35651584, 16777216)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from fractions import Fraction
+from math import ceil
+
+from ..errors import ConfigError
+from ..mesh import Mesh
+from ..spec.model import ModelSpec
+from ..spec.training import TrainingSpec
+from ..units import dtype_bytes
+
+RECOMPUTE = ("none", "selective", "full")
+
+
+@dataclass(frozen=True)
+class LayerDims:
+    """Global sizes of one transformer layer's activations: ``s`` tokens per sequence,
+    ``b`` micro-batch, ``h`` hidden, ``a`` query heads, ``g`` KV heads, ``d`` head dim,
+    ``f`` MLP width per gate, ``gated`` MLP, ``dropout`` (attention and residual)."""
+
+    s: int
+    b: int
+    h: int
+    a: int
+    g: int
+    d: int
+    f: int
+    gated: bool = False
+    dropout: bool = True
+
+    @classmethod
+    def gpt(cls, s: int, b: int, h: int, a: int, dropout: bool = True) -> "LayerDims":
+        """Korthikanti's GPT layer: MHA, 4h GeLU MLP, dropout."""
+        return cls(s=s, b=b, h=h, a=a, g=a, d=h // a, f=4 * h, gated=False, dropout=dropout)
+
+    @classmethod
+    def from_model(cls, model: ModelSpec, seq_len: int, micro_batch: int, *,
+                   dropout: bool = False, layer: int = 0) -> "LayerDims":
+        """Dims of dense layer ``layer`` of ``model``. ``dropout`` defaults to False (Llama-style
+        pretraining); pass True for GPT-style dropout. Raises ConfigError for an MoE layer:
+        routed-expert activations (top_k token copies, permutation buffers) are not modelled
+        here."""
+        if model.is_moe_layer(layer):
+            raise ConfigError("model.experts", f"layer {layer} is an MoE layer; expert MLP "
+                              "activations are not modelled by LayerDims (dense layers only)")
+        return cls(s=seq_len, b=micro_batch, h=model.hidden, a=model.q_heads, g=model.n_kv_heads,
+                   d=model.d_head, f=model.ffn, gated=model.gated_mlp, dropout=dropout)
+
+
+@dataclass(frozen=True)
+class Term:
+    """One stored tensor: ``size_bytes`` on one rank per micro-batch and its ``formula``."""
+
+    name: str
+    size_bytes: int
+    formula: str
+
+
+@dataclass(frozen=True)
+class _Local:
+    tok: int   # tokens per rank along the sequence: ceil(s / cp)
+    rtok: int  # tokens of an [r] tensor: ceil(tok / t) with sequence parallel, else tok
+    aq: int    # query heads per rank
+    akv: int   # KV heads per rank
+    f: int     # MLP columns per rank (per gate)
+    seq: str   # "s" or "(s/cp)" for formulas
+    r: str     # "/t" or "" for [r] formulas
+
+
+def _local(dims: LayerDims, tp: int, sp: bool, cp: int) -> _Local:
+    if dims.a % tp:
+        raise ConfigError("tp", f"q heads {dims.a} are not divisible by tp {tp}")
+    if dims.g % tp and tp % dims.g:
+        raise ConfigError("tp", f"kv heads {dims.g} vs tp {tp}: need g % tp == 0 or tp % g == 0")
+    tok = ceil(dims.s / cp)
+    return _Local(tok=tok, rtok=ceil(tok / tp) if sp else tok, aq=dims.a // tp,
+                  akv=dims.g // tp if tp <= dims.g else 1, f=ceil(dims.f / tp),
+                  seq="(s/cp)" if cp > 1 else "s", r="/t" if sp and tp > 1 else "")
+
+
+def _check_recompute(recompute: str) -> None:
+    if recompute not in RECOMPUTE:
+        raise ConfigError("training.recompute", f"{recompute!r} is not one of {RECOMPUTE}")
+
+
+def _attention_terms(dims: LayerDims, lc: _Local, recompute: str, flash: bool) -> list[Term]:
+    b, h, d, S, r = dims.b, dims.h, dims.d, lc.seq, lc.r
+    rows = lc.tok * b
+    out = [Term("attn norm input", 2 * lc.rtok * b * h, f"2*{S}*b*h{r}"),
+           Term("qkv input", 2 * lc.rtok * b * h, f"2*{S}*b*h{r}"),
+           Term("q", 2 * rows * lc.aq * d, f"2*{S}*b*a*d/t"),
+           Term("k", 2 * rows * lc.akv * d, f"2*{S}*b*g*d/t"),
+           Term("v", 2 * rows * lc.akv * d, f"2*{S}*b*g*d/t")]
+    if recompute != "selective" and not flash:
+        n = lc.aq * rows * dims.s
+        out.append(Term("softmax output", 2 * n, f"2*a*{S}*s*b/t"))
+        if dims.dropout:
+            out.append(Term("softmax dropout mask", n, f"a*{S}*s*b/t"))
+            out.append(Term("softmax dropout output", 2 * n, f"2*a*{S}*s*b/t"))
+    elif recompute != "selective":
+        out.append(Term("flash softmax statistics (fp32)", 4 * lc.aq * rows, f"4*a*{S}*b/t"))
+    out.append(Term("context (out-proj input)", 2 * rows * lc.aq * d, f"2*{S}*b*a*d/t"))
+    if dims.dropout:
+        out.append(Term("attn residual dropout mask", lc.rtok * b * h, f"{S}*b*h{r}"))
+    return out
+
+
+def _mlp_terms(dims: LayerDims, lc: _Local, fused_glu: bool) -> list[Term]:
+    b, h, S, r = dims.b, dims.h, lc.seq, lc.r
+    rows = lc.tok * b
+    out = [Term("mlp norm input", 2 * lc.rtok * b * h, f"2*{S}*b*h{r}"),
+           Term("w_in input", 2 * lc.rtok * b * h, f"2*{S}*b*h{r}")]
+    if not dims.gated:
+        out += [Term("activation input", 2 * rows * lc.f, f"2*{S}*b*f/t"),
+                Term("w_out input", 2 * rows * lc.f, f"2*{S}*b*f/t")]
+    elif fused_glu:
+        out += [Term("fc1 output (gate, up)", 4 * rows * lc.f, f"4*{S}*b*f/t"),
+                Term("w_out input", 2 * rows * lc.f, f"2*{S}*b*f/t")]
+    else:
+        out += [Term(n, 2 * rows * lc.f, f"2*{S}*b*f/t")
+                for n in ("gate", "silu output", "up", "w_out input")]
+    if dims.dropout:
+        out.append(Term("mlp residual dropout mask", lc.rtok * b * h, f"{S}*b*h{r}"))
+    return out
+
+
+def layer_terms(dims: LayerDims, *, tp: int = 1, sp: bool = False, cp: int = 1,
+                recompute: str = "none", flash: bool = False, fused_glu: bool = False) -> list[Term]:
+    """Stored tensors of one layer for one micro-batch on one rank (bytes), per the module
+    derivation. ``sp``: sequence parallel; ``recompute``: none, selective or full."""
+    _check_recompute(recompute)
+    lc = _local(dims, tp, sp, cp)
+    if recompute == "full":
+        return [Term("layer input (checkpoint)", 2 * lc.rtok * dims.b * dims.h,
+                     f"2*{lc.seq}*b*h{lc.r}")]
+    return _attention_terms(dims, lc, recompute, flash) + _mlp_terms(dims, lc, fused_glu)
+
+
+def layer_bytes(dims: LayerDims, **options) -> int:
+    """Sum of :func:`layer_terms` (bytes per layer per micro-batch on one rank)."""
+    return sum(t.size_bytes for t in layer_terms(dims, **options))
+
+
+def table2_bytes(s: int, b: int, h: int, a: int, t: int = 1, *, sp: bool = False,
+                 recompute: str = "none") -> float:
+    """Korthikanti et al. 2022 Table 2, closed form, bytes per layer (GPT layer).
+
+    >>> table2_bytes(2048, 1, 4096, 32, 8), table2_bytes(2048, 1, 4096, 32, 8, sp=True)
+    (192937984.0, 119537664.0)
+    """
+    _check_recompute(recompute)
+    sbh = Fraction(s * b * h)
+    if recompute == "full":
+        return float(2 * sbh / (t if sp else 1))
+    scores = 0 if recompute == "selective" else Fraction(5 * a * s, h)
+    if sp:
+        return float(sbh / t * (34 + scores))
+    return float(sbh * (10 + Fraction(24, t) + scores / t))
+
+
+def embedding_terms(dims: LayerDims, *, tp: int = 1, sp: bool = False, cp: int = 1) -> list[Term]:
+    """Stored by the input embedding (first stage), per micro-batch, bytes.
+
+    Token ids, int64, on every tp rank (the vocab-parallel lookup needs them):
+    ``8 s b`` (Megatron ``report_theoretical_memory`` counts the same ``8 s b``);
+    embedding-dropout mask ``s b h`` (/t with sequence parallel) when ``dims.dropout``
+    (Korthikanti 4.3). The embedding output is the first layer's input, counted there.
+    """
+    lc = _local(dims, tp, sp, cp)
+    out = [Term("token ids (int64)", 8 * lc.tok * dims.b, f"8*{lc.seq}*b")]
+    if dims.dropout:
+        out.append(Term("embedding dropout mask", lc.rtok * dims.b * dims.h, f"{lc.seq}*b*h{lc.r}"))
+    return out
+
+
+def head_terms(dims: LayerDims, padded_vocab: int, *, tp: int = 1, sp: bool = False, cp: int = 1,
+               logits_dtype: str = "fp32") -> list[Term]:
+    """Stored by the final norm, output layer and loss (last stage), per micro-batch, bytes.
+
+    Korthikanti 4.3: final-norm input ``2 s b h`` and output-layer input ``2 s b h`` (/t
+    with sequence parallel), logits ``4 s b V / t`` (Megatron's vocab-parallel cross
+    entropy keeps the fp32 softmax of its vocabulary shard for backward; ``logits_dtype``
+    "bf16" for a loss that keeps compute-dtype logits). The compute-dtype logits produced by
+    the output layer are transient once the loss holds its fp32 copy (timeline, not here).
+    Loss: target mask (bool, 1 B) and masked target index (int64, 8 B) saved for backward,
+    plus the fp32 per-token loss (4 B): ``13 s b`` on every tp rank. V is the padded vocab.
+    """
+    lc = _local(dims, tp, sp, cp)
+    rows, S, r = lc.tok * dims.b, lc.seq, lc.r
+    return [Term("final norm input", 2 * lc.rtok * dims.b * dims.h, f"2*{S}*b*h{r}"),
+            Term("output layer input", 2 * lc.rtok * dims.b * dims.h, f"2*{S}*b*h{r}"),
+            Term(f"logits ({logits_dtype})", dtype_bytes(logits_dtype) * rows * ceil(padded_vocab / tp),
+                 f"{dtype_bytes(logits_dtype)}*{S}*b*V/t"),
+            Term("loss (mask, target, per-token loss)", 13 * rows, f"13*{S}*b")]
+
+
+def layer_options(mesh: Mesh, training: TrainingSpec) -> dict:
+    """Keyword options of :func:`layer_terms` for a mesh and training contract."""
+    return dict(tp=mesh.degree("tp"), sp=mesh.sequence_parallel, cp=mesh.degree("cp"),
+                recompute=training.recompute, flash=training.flash_attention)
+
+
+# Pipeline building blocks ---------------------------------------------------------------
+
+def in_flight_microbatches(stage: int, pp: int, m: int) -> int:
+    """Micro-batches whose activations stage ``stage`` holds at its peak under 1F1B:
+    ``min(m, pp - stage)`` (Narayanan et al. SC'21 2.2.1; Korthikanti 4.3: the first stage
+    holds ``pp`` micro-batches of ``L / pp`` layers, i.e. ``L`` layers' worth).
+
+    >>> [in_flight_microbatches(k, 4, 8) for k in range(4)], in_flight_microbatches(0, 4, 2)
+    ([4, 3, 2, 1], 2)
+    """
+    return min(m, pp - stage)
+
+
+def interleaved_factor(pp: int, vpp: int) -> float:
+    """Korthikanti eq. 5 memory factor of the first stage under the interleaved schedule,
+    ``1 + (p - 1) / (p m)``, where the paper's m is the number of interleaving stages
+    (model chunks per rank, ``vpp``), not the number of micro-batches; Megatron's
+    ``report_theoretical_memory`` uses the virtual pipeline size there. It follows from
+    :func:`in_flight_chunks`: ``(vpp pp + pp - 1)`` chunks of ``L / (pp vpp)`` layers.
+
+    >>> interleaved_factor(4, 2)
+    1.375
+    """
+    return 1 + (pp - 1) / (pp * vpp)
+
+
+def in_flight_chunks(stage: int, pp: int, m: int, vpp: int = 1) -> int:
+    """Model-chunk forward passes stage ``stage`` holds at its peak: 1F1B
+    ``min(m, pp - stage)``; interleaved (Megatron-LM schedules, warm-up
+    ``2 (pp - stage - 1) + (vpp - 1) pp``, plus the first steady-state forward)
+    ``min(m vpp, 2 (pp - stage - 1) + (vpp - 1) pp + 1)``.
+
+    >>> in_flight_chunks(0, 4, 8, vpp=2), in_flight_chunks(3, 4, 8, vpp=2)
+    (11, 5)
+    """
+    if vpp == 1:
+        return in_flight_microbatches(stage, pp, m)
+    return min(m * vpp, 2 * (pp - stage - 1) + (vpp - 1) * pp + 1)
+
+
+def stage_layer_bytes(layer_bytes_: int, layers_per_chunk: int, stage: int, pp: int, m: int,
+                      vpp: int = 1) -> int:
+    """Transformer-layer activations held by stage ``stage`` at its peak, bytes:
+    ``layer_bytes x layers_per_chunk x in_flight_chunks``. Embedding, head and the working
+    set of a layer being recomputed are added by the timeline, not here.
+
+    Korthikanti's 22B model on the first (only) stage, 48 layers, tp 8, b 4 (section 6):
+
+    >>> from meshplan.units import GiB
+    >>> d = LayerDims.gpt(s=2048, b=4, h=6144, a=64)
+    >>> stage_layer_bytes(layer_bytes(d, tp=8), 48, 0, 1, 1) / GiB
+    59.25
+    """
+    return layer_bytes_ * layers_per_chunk * in_flight_chunks(stage, pp, m, vpp)

@@ -1,0 +1,349 @@
+"""Persistent model state per rank: parameters, gradients, fp32 master copy, optimizer state.
+
+Two accountings are kept apart and labelled:
+
+- **framework accounting** (:func:`state_bytes`, :func:`stage_state_bytes`): exact
+  per-rank element counts from the model's tensors (:meth:`ModelSpec.layer_tensors` and
+  friends, split by :func:`~meshplan.tpsplit.local_numel`) times the dtypes of the
+  :class:`TrainingSpec`;
+- **textbook accounting (ZeRO paper)** (:func:`zero_textbook_bytes`): Rajbhandari et al.
+  2020 (arXiv 1910.02054, section 5, Figure 1), ``(2 + 2 + K) psi`` with K = 12;
+- **Megatron's estimate** (:func:`megatron_estimate`): Megatron-LM
+  ``report_theoretical_memory`` (``megatron/training/theoretical_memory_usage.py``),
+  which divides everything by tp and leaves out the tied-output copy.
+
+Conventions (framework accounting):
+
+- Stage 0 holds the input embedding; the last stage holds the final norm and the output
+  layer. With tied embeddings and pp > 1 the last stage keeps its own copy of the output
+  weight (Megatron convention); with pp == 1 a tied output is counted once.
+- The vocabulary is padded: ``padded_vocab(model.vocab, training.vocab_pad_divisor, tp)``.
+- Dense tensors are split by tp, expert tensors by ep x etp (``local_numel``).
+- Which state is sharded over data parallelism: ``none`` nothing; ``zero1`` master and
+  optimizer; ``zero2`` + gradients; ``zero3`` and ``hsdp`` + parameters.
+- Dense state is sharded over the ``fsdp`` axis (dp_shard x cp, or dp x cp for a mesh with
+  a single ``dp`` axis; dp_replicate never shards). Expert state is sharded over ``efsdp``
+  = (dp_shard x cp x tp) / (ep x etp) (torchtitan ``ParallelDims``). Megatron-Core shards
+  expert optimizer state over expert-data-parallel = world / (etp x ep x pp), which is
+  dp_replicate x efsdp: the two agree when dp_replicate is 1; with dp_replicate > 1
+  meshplan treats dp_replicate as replicas of the sharded state for dense and expert
+  alike (Megatron's ``num_distributed_optimizer_instances``).
+- A shard of n elements over d ranks holds ``ceil(n / d)`` elements on the most loaded
+  rank, taken over the stage's flat buffer of each group (dense, expert), as Megatron's
+  distributed optimizer pads its contiguous buffer. (FSDP2 pads each tensor's dim 0
+  instead, which can add up to d - 1 rows per tensor; not modelled.)
+- Transient state (ZeRO-3 all-gathered parameters, reduce-scatter buffers) is not
+  persistent and belongs to the memory timeline, not here.
+
+Worked example (handed case C9: tiny GPT at tp 2, pp 2, dp 4, sharded optimizer):
+
+>>> from meshplan.spec.model import ModelSpec
+>>> from meshplan.spec.training import TrainingSpec
+>>> from meshplan.spec.mesh import MeshSpec
+>>> from meshplan.mesh import resolve_mesh
+>>> from meshplan.pipeline import stage_layers
+>>> tiny = ModelSpec(layers=4, hidden=16, ffn=64, gated_mlp=False, q_heads=4, vocab=32,
+...                  tied_embeddings=True, norm="layernorm")
+>>> mesh = resolve_mesh(MeshSpec(names=["pp", "dp", "tp"], shape=[2, 4, 2]), world=16)
+>>> train = TrainingSpec(global_batch=8, seq_len=16, sharding="zero1", vocab_pad_divisor=1)
+>>> [p.total for p in stage_params(tiny, mesh, train, stage_layers(4, 2))]
+[3456, 3488]
+>>> top = most_loaded(state_bytes(tiny, mesh, train, stage_layers(4, 2)))
+>>> top.stage, top.total_bytes, top.bytes_per_param("dense")
+(1, 31392, 9.0)
+>>> print("\\n".join(top.lines()))
+stage 1, framework accounting (explicit dtypes): 3488 params per rank
+  layers 3072, norms 160, embedding 0, output 256 (tied copy)
+  params dense: 3488 x 2 B = 6976 B (not sharded)
+  grads dense: 3488 x 4 B = 13952 B (not sharded)
+  master dense: ceil(3488 / fsdp 4) = 872 x 4 B = 3488 B
+  optimizer dense: ceil(3488 / fsdp 4) = 872 x 8 B = 6976 B
+  total 31392 B
+>>> megatron_estimate(tiny, mesh, train).size_bytes
+30600.0
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from math import ceil
+from typing import Optional, Union
+
+from ..errors import ConfigError
+from ..mesh import Mesh
+from ..spec.model import ModelSpec, Tensor
+from ..spec.training import TrainingSpec
+from ..tpsplit import local_numel, padded_vocab
+from ..units import dtype_bytes
+
+FRAMEWORK_LABEL = "framework accounting (explicit dtypes)"
+TEXTBOOK_LABEL = "textbook accounting (ZeRO paper)"
+MEGATRON_LABEL = "Megatron-LM report_theoretical_memory estimate (approximation)"
+
+#: State kinds sharded over data parallelism, per ``TrainingSpec.sharding``.
+SHARDED_KINDS = {
+    "none": (),
+    "zero1": ("master", "optimizer"),
+    "zero2": ("master", "optimizer", "grads"),
+    "zero3": ("master", "optimizer", "grads", "params"),
+    "hsdp": ("master", "optimizer", "grads", "params"),
+}
+#: Data-parallel axis that shards each parameter group.
+SHARD_AXIS = {"dense": "fsdp", "expert": "efsdp"}
+STATE_KINDS = ("params", "grads", "master", "optimizer")
+
+
+@dataclass(frozen=True)
+class StageParams:
+    """Parameters held by ONE rank of pipeline stage ``stage``, before data-parallel sharding.
+
+    Counts are elements: ``layer_params`` (transformer-layer weights other than norms, dense
+    and expert), ``norm_params`` (layer norms, qk-norms and the final norm, replicated over
+    tp), ``embedding_params`` (input and learned position embeddings, stage 0),
+    ``output_params`` (output layer on the last stage; ``tied_copy`` when it is the copy of
+    a tied embedding). ``expert_params`` is the part of ``layer_params`` split by ep x etp.
+    """
+
+    stage: int
+    layer_ids: tuple[int, ...]
+    layer_params: int
+    norm_params: int
+    embedding_params: int
+    output_params: int
+    expert_params: int
+    tied_copy: bool = False
+
+    @property
+    def total(self) -> int:
+        return self.layer_params + self.norm_params + self.embedding_params + self.output_params
+
+    @property
+    def dense(self) -> int:
+        return self.total - self.expert_params
+
+    def count(self, group: str) -> int:
+        """Elements of ``group`` ("dense" or "expert")."""
+        return self.expert_params if group == "expert" else self.dense
+
+
+def _is_norm(t: Tensor) -> bool:
+    return t.name.endswith("norm")
+
+
+def stage_params(model: ModelSpec, mesh: Mesh, training: TrainingSpec,
+                 stages: Union[list, str]) -> list[StageParams]:
+    """Exact parameters per rank for each stage of ``stages`` (``pipeline.stage_layers``:
+    ``stages[k][chunk] = [layer, ...]``). Raises ConfigError if ``stages`` is a reason."""
+    if isinstance(stages, str):
+        raise ConfigError("pipeline", stages)
+    tp, ep, etp = mesh.degree("tp"), mesh.degree("ep"), mesh.degree("etp")
+    pv = padded_vocab(model.vocab, training.vocab_pad_divisor, tp)
+    pp = len(stages)
+    out = []
+    for k, chunks in enumerate(stages):
+        ids = tuple(i for chunk in chunks for i in chunk)
+        counts = {"layer": 0, "norm": 0, "expert": 0, "embedding": 0, "output": 0}
+        for i in ids:
+            for t in model.layer_tensors(i):
+                n = local_numel(t, model, tp, ep, etp)
+                counts["norm" if _is_norm(t) else "layer"] += n
+                counts["expert"] += n if t.expert else 0
+        if k == 0:
+            counts["embedding"] = sum(local_numel(t, model, tp) for t in model.embedding_tensors(pv))
+        tied_copy = False
+        if k == pp - 1:
+            for t in model.head_tensors(pv):
+                if _is_norm(t):
+                    counts["norm"] += local_numel(t, model, tp)
+                elif not t.tied or pp > 1:
+                    counts["output"] += local_numel(t, model, tp)
+                    tied_copy = t.tied
+        out.append(StageParams(stage=k, layer_ids=ids, layer_params=counts["layer"],
+                               norm_params=counts["norm"], embedding_params=counts["embedding"],
+                               output_params=counts["output"], expert_params=counts["expert"],
+                               tied_copy=tied_copy))
+    return out
+
+
+@dataclass(frozen=True)
+class StateItem:
+    """One kind of state of one parameter group on one rank.
+
+    ``kind``: params, grads, master or optimizer; ``group``: dense or expert; ``numel``:
+    elements per rank before data-parallel sharding; ``axis``/``divisor``: the axis that
+    shards it and its degree ("" and 1 when not sharded); ``bytes_per_element``: dtype
+    bytes (optimizer: states x dtype bytes, 8 for Adam in fp32).
+    """
+
+    kind: str
+    group: str
+    numel: int
+    axis: str
+    divisor: int
+    bytes_per_element: int
+
+    @property
+    def count(self) -> int:
+        """Elements on the most loaded rank: ``ceil(numel / divisor)``."""
+        return ceil(self.numel / self.divisor)
+
+    @property
+    def size_bytes(self) -> int:
+        return self.count * self.bytes_per_element
+
+    def line(self) -> str:
+        if self.divisor == 1:
+            return (f"{self.kind} {self.group}: {self.numel} x {self.bytes_per_element} B = "
+                    f"{self.size_bytes} B (not sharded)")
+        return (f"{self.kind} {self.group}: ceil({self.numel} / {self.axis} {self.divisor}) = "
+                f"{self.count} x {self.bytes_per_element} B = {self.size_bytes} B")
+
+
+@dataclass(frozen=True)
+class StateBytes:
+    """Persistent state of one rank of stage ``stage``, item by item (bytes); ``params``:
+    the exact counts behind it (``params.total`` elements per rank before sharding)."""
+
+    stage: int
+    params: StageParams
+    items: tuple[StateItem, ...]
+    label: str = FRAMEWORK_LABEL
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(i.size_bytes for i in self.items)
+
+    def bytes_of(self, kind: Optional[str] = None, group: Optional[str] = None) -> int:
+        """Bytes of the items matching ``kind`` and ``group`` (None matches all)."""
+        return sum(i.size_bytes for i in self.items
+                   if kind in (None, i.kind) and group in (None, i.group))
+
+    def bytes_per_param(self, group: str) -> float:
+        """Bytes per parameter of ``group`` on this rank (state bytes / unsharded count)."""
+        n = self.params.count(group)
+        return self.bytes_of(group=group) / n if n else 0.0
+
+    def lines(self) -> list[str]:
+        """Printable derivation, one line per item."""
+        p = self.params
+        head = [f"stage {self.stage}, {self.label}: {p.total} params per rank",
+                f"  layers {p.layer_params}, norms {p.norm_params}, embedding {p.embedding_params}, "
+                f"output {p.output_params}{' (tied copy)' if p.tied_copy else ''}"
+                f"{f' (expert {p.expert_params} of the layers)' if p.expert_params else ''}"]
+        return head + ["  " + i.line() for i in self.items] + [f"  total {self.total_bytes} B"]
+
+
+def _bytes_per_element(kind: str, training: TrainingSpec) -> int:
+    if kind == "params":
+        return dtype_bytes(training.param_dtype)
+    if kind == "grads":
+        return dtype_bytes(training.grad_dtype)
+    if kind == "master":
+        return 4 if training.keeps_master else 0
+    return training.optimizer_states * dtype_bytes(training.optimizer_dtype)
+
+
+def stage_state_bytes(params: StageParams, mesh: Mesh, training: TrainingSpec) -> StateBytes:
+    """Bytes per rank of stage ``params.stage`` by kind and group (framework accounting).
+
+    Each item: ``ceil(numel / divisor) * bytes_per_element``; the divisor is the degree of
+    ``fsdp`` (dense) or ``efsdp`` (expert) for the kinds ``training.sharding`` shards,
+    else 1. Kinds with no bytes (no master copy, SGD without momentum) are left out.
+    """
+    sharded = SHARDED_KINDS[training.sharding]
+    items = []
+    for group in ("dense", "expert"):
+        numel = params.count(group)
+        if numel == 0:
+            continue
+        for kind in STATE_KINDS:
+            per = _bytes_per_element(kind, training)
+            if per == 0:
+                continue
+            axis = SHARD_AXIS[group] if kind in sharded else ""
+            divisor = mesh.degree(axis) if axis else 1
+            items.append(StateItem(kind, group, numel, axis if divisor > 1 else "", divisor, per))
+    return StateBytes(stage=params.stage, params=params, items=tuple(items))
+
+
+def state_bytes(model: ModelSpec, mesh: Mesh, training: TrainingSpec,
+                stages: Union[list, str]) -> list[StateBytes]:
+    """:func:`stage_state_bytes` of every stage of ``stages`` (``pipeline.stage_layers``),
+    one :class:`StateBytes` per stage. Raises ConfigError if ``stages`` is a reason."""
+    return [stage_state_bytes(p, mesh, training) for p in stage_params(model, mesh, training, stages)]
+
+
+def most_loaded(states: list[StateBytes]) -> StateBytes:
+    """The stage with the largest total bytes (the earliest stage on a tie)."""
+    return max(states, key=lambda s: (s.total_bytes, -s.stage))
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A labelled closed-form estimate: ``size_bytes`` per rank, ``params`` per rank (when
+    the formula gives one) and the ``formula`` with its numbers."""
+
+    label: str
+    size_bytes: float
+    formula: str
+    params: Optional[float] = None
+
+
+def zero_textbook_bytes(params: float, n: int, k: float = 12, *, stage: int) -> Estimate:
+    """Model-state bytes per rank, textbook accounting (ZeRO paper).
+
+    Rajbhandari et al. 2020 (arXiv 1910.02054), section 5 and Figure 1, psi parameters,
+    N ranks, K bytes of optimizer state per parameter (12 for mixed-precision Adam: fp32
+    master, momentum, variance), fp16 parameters (2 psi) and gradients (2 psi):
+    stage 0 (DDP) ``(2 + 2 + K) psi``; 1 ``4 psi + K psi / N``; 2 ``2 psi + (2 + K) psi / N``;
+    3 ``(2 + 2 + K) psi / N``.
+
+    >>> [zero_textbook_bytes(7.5e9, 64, stage=s).size_bytes / 1e9 for s in range(4)]
+    [120.0, 31.40625, 16.640625, 1.875]
+    """
+    forms = {
+        0: ((2 + 2 + k) * params, "(2 + 2 + K) psi"),
+        1: (4 * params + k * params / n, "4 psi + K psi / N"),
+        2: (2 * params + (2 + k) * params / n, "2 psi + (2 + K) psi / N"),
+        3: ((2 + 2 + k) * params / n, "(2 + 2 + K) psi / N"),
+    }
+    if stage not in forms:
+        raise ConfigError("stage", f"ZeRO stage {stage} is not one of 0 (DDP), 1, 2, 3")
+    value, form = forms[stage]
+    return Estimate(label=f"{TEXTBOOK_LABEL}, stage {stage}", size_bytes=value,
+                    formula=f"{form} with psi {params:g}, N {n}, K {k:g} = {value:g} B")
+
+
+def megatron_estimate(model: ModelSpec, mesh: Mesh, training: TrainingSpec) -> Estimate:
+    """Megatron-LM's ``compute_weight_and_optimizer_memory`` for the most loaded shard.
+
+    Reproduced from ``megatron/training/theoretical_memory_usage.py``: layer parameters
+    ``2h(f * g + n) + 2h * q * (1 + kv/a)`` (g = 3/2 gated, n = 2 LayerNorm / 1 RMSNorm,
+    q = a * head_dim, biases and qk-norms ignored; MoE layers use experts x expert width),
+    final norm ``n h``, embedding ``h V_padded``; most loaded shard
+    ``(block / pp + embedding) / tp`` (+ embedding / tp untied at pp 1); bytes per
+    parameter 18, or ``6 + 12 / dp`` with the distributed optimizer (any sharding other
+    than ``none`` here), dp = data-parallel degree without cp. It divides norms by tp,
+    ignores ep and leaves out the last stage's tied copy: an approximation, shown beside
+    the exact count. C9 tiny GPT: 3400 params, 30600 bytes (exact: 3488, 31392).
+    """
+    h, a = model.hidden, model.q_heads
+    tp, pp, dp = mesh.degree("tp"), mesh.degree("pp"), mesh.degree("dp")
+    pv = padded_vocab(model.vocab, training.vocab_pad_divisor, tp)
+    g = 1.5 if model.gated_mlp else 1.0
+    n = 2 if model.norm == "layernorm" else 1
+    q = model.d_head * a
+    attn = 2 * h * q * (1 + model.n_kv_heads / a)
+    dense = 2 * h * (model.ffn * g + n) + attn
+    shared = (model.shared_expert_ffn or model.moe_ffn) * model.shared_experts
+    moe = 2 * h * (model.moe_ffn * model.experts * g + shared * g + n) + attn
+    moe_layers = model.layers - model.dense_layers if model.is_moe else 0
+    block = dense * (model.layers - moe_layers) + moe * moe_layers + n * h
+    emb = h * pv
+    shard = (block / pp + emb) / tp
+    if not model.tied_embeddings and pp == 1:
+        shard += emb / tp
+    per = 18.0 if training.sharding == "none" else 6 + 12 / dp
+    return Estimate(label=MEGATRON_LABEL, size_bytes=shard * per, params=shard,
+                    formula=f"({block:.0f} / pp {pp} + {emb}) / tp {tp} = {shard:.0f} params "
+                            f"x {per:g} B = {shard * per:.0f} B")

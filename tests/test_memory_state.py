@@ -1,0 +1,172 @@
+"""Persistent-state memory (handed case C9): exact per-rank counts, sharding rules and the
+labelled textbook / Megatron estimates."""
+
+from math import prod
+
+import pytest
+
+from meshplan.errors import ConfigError
+from meshplan.memory.state import (MEGATRON_LABEL, TEXTBOOK_LABEL, StateItem, megatron_estimate,
+                                   most_loaded, stage_params, stage_state_bytes, state_bytes,
+                                   zero_textbook_bytes)
+from meshplan.mesh import resolve_mesh
+from meshplan.pipeline import stage_layers
+from meshplan.spec.mesh import MeshSpec
+from meshplan.spec.model import ModelSpec
+from meshplan.spec.training import TrainingSpec
+
+TINY = ModelSpec(layers=4, hidden=16, ffn=64, gated_mlp=False, q_heads=4, vocab=32,
+                 tied_embeddings=True, norm="layernorm")
+
+
+def mesh(names, shape):
+    world = prod(d for n, d in zip(names, shape) if n not in ("ep", "etp"))
+    m = resolve_mesh(MeshSpec(names=names, shape=shape), world=world)
+    assert m.feasible, m
+    return m
+
+
+def training(sharding, **kw):
+    return TrainingSpec(global_batch=64, seq_len=16, sharding=sharding, **kw)
+
+
+def tiny_states(sharding, dp=4, tp=2, pp=2):
+    m = mesh(["pp", "dp", "tp"], [pp, dp, tp])
+    t = training(sharding, vocab_pad_divisor=1)
+    return m, t, state_bytes(TINY, m, t, stage_layers(TINY.layers, pp))
+
+
+def test_tiny_gpt_params_per_stage():
+    m, t, _ = tiny_states("zero1")
+    s0, s1 = stage_params(TINY, m, t, stage_layers(4, 2))
+    assert (s0.total, s1.total) == (3456, 3488)
+    # stage 0: 2 layers x (1536 split + 64 norms) + embedding 32*16/2
+    assert (s0.layer_params, s0.norm_params, s0.embedding_params, s0.output_params) == (3072, 128, 256, 0)
+    # stage 1: 2 layers + final norm 32 (replicated) + its own copy of the tied output weight
+    assert (s1.layer_params, s1.norm_params, s1.embedding_params, s1.output_params) == (3072, 160, 0, 256)
+    assert s1.tied_copy and not s0.tied_copy
+    assert s0.expert_params == s1.expert_params == 0
+
+
+def test_tiny_gpt_most_loaded_zero1():
+    _, _, states = tiny_states("zero1")
+    top = most_loaded(states)
+    assert top.stage == 1
+    assert top.total_bytes == 31392 == 3488 * 9
+    assert top.bytes_per_param("dense") == 9.0
+    assert states[0].total_bytes == 3456 * 9
+
+
+def test_tied_output_not_counted_twice_at_pp1():
+    m = mesh(["dp", "tp"], [1, 2])
+    t = training("none", vocab_pad_divisor=1)
+    (s,) = stage_params(TINY, m, t, stage_layers(4, 1))
+    assert s.output_params == 0 and not s.tied_copy
+    assert s.total == 4 * 1600 + 256 + 32
+    untied = TINY.model_copy(update={"tied_embeddings": False})
+    (u,) = stage_params(untied, m, t, stage_layers(4, 1))
+    assert u.output_params == 256 and u.total == s.total + 256
+
+
+def test_padded_vocab_is_used():
+    m = mesh(["dp", "tp"], [1, 2])
+    t = training("none")  # divisor 128: vocab 32 -> 256
+    (s,) = stage_params(TINY, m, t, stage_layers(4, 1))
+    assert s.embedding_params == 256 * 16 // 2
+
+
+def test_unsharded_mixed_precision_adam_is_18_bytes_per_param():
+    _, _, states = tiny_states("none")
+    for s in states:
+        assert s.bytes_per_param("dense") == 18.0  # bf16 2 + fp32 grad 4 + master 4 + moments 8
+        assert {i.kind: i.bytes_per_element for i in s.items} == \
+            {"params": 2, "grads": 4, "master": 4, "optimizer": 8}
+        assert all(i.divisor == 1 and i.axis == "" for i in s.items)
+
+
+@pytest.mark.parametrize("dp", [1, 2, 4, 8, 16])
+def test_zero1_is_6_plus_12_over_d(dp):
+    _, _, states = tiny_states("zero1", dp=dp)
+    assert states[1].bytes_per_param("dense") == 6 + 12 / dp
+
+
+def test_sharding_levels():
+    kinds = {}
+    for sharding in ("none", "zero1", "zero2", "zero3"):
+        _, _, states = tiny_states(sharding)
+        kinds[sharding] = {i.kind for i in states[1].items if i.divisor == 4 and i.axis == "fsdp"}
+    assert kinds == {"none": set(), "zero1": {"master", "optimizer"},
+                     "zero2": {"master", "optimizer", "grads"},
+                     "zero3": {"master", "optimizer", "grads", "params"}}
+    _, _, states = tiny_states("zero3")
+    assert states[1].total_bytes == 3488 * 18 // 4
+
+
+def test_hsdp_shards_over_dp_shard_times_cp_only():
+    m = mesh(["dp_replicate", "dp_shard", "cp", "tp"], [2, 2, 2, 2])
+    t = training("hsdp", vocab_pad_divisor=1)
+    (s,) = state_bytes(TINY, m, t, stage_layers(4, 1))
+    assert {i.divisor for i in s.items} == {4}
+    assert {i.axis for i in s.items} == {"fsdp"}
+
+
+def test_dense_vs_expert_sharding():
+    moe = ModelSpec(layers=2, hidden=64, ffn=128, q_heads=4, vocab=256, experts=8, top_k=2,
+                    expert_ffn=32)
+    m = mesh(["dp", "cp", "tp", "ep"], [8, 2, 2, 4])
+    assert (m.world, m.degree("fsdp"), m.degree("efsdp")) == (32, 16, 8)
+    t = training("zero1")
+    (s,) = state_bytes(moe, m, t, stage_layers(2, 1))
+    assert s.params.expert_params == 2 * (8 * 64 * 32 * 3) // 4
+    assert s.bytes_per_param("dense") == 6.75   # sharded over dp*cp = 16
+    assert s.bytes_per_param("expert") == 7.5   # over world/(etp*ep*pp) = 8 = efsdp
+    axes = {(i.group, i.kind): (i.axis, i.divisor) for i in s.items}
+    assert axes[("dense", "optimizer")] == ("fsdp", 16)
+    assert axes[("expert", "master")] == ("efsdp", 8)
+    assert axes[("expert", "grads")] == ("", 1)
+
+
+def test_shard_count_rounds_up():
+    item = StateItem("master", "dense", 10, "fsdp", 4, 4)
+    assert (item.count, item.size_bytes) == (3, 12)
+
+
+def test_zero_textbook():
+    got = [zero_textbook_bytes(7.5e9, 64, 12, stage=s) for s in range(4)]
+    assert [g.size_bytes for g in got] == [120e9, 31.40625e9, 16.640625e9, 1.875e9]
+    assert round(got[1].size_bytes / 1e9, 1) == 31.4 and round(got[2].size_bytes / 1e9, 1) == 16.6
+    assert all(g.label.startswith(TEXTBOOK_LABEL) for g in got)
+    assert TEXTBOOK_LABEL == "textbook accounting (ZeRO paper)"
+    with pytest.raises(ConfigError):
+        zero_textbook_bytes(1, 1, stage=4)
+
+
+def test_megatron_estimate_is_labelled_beside_exact():
+    m, t, states = tiny_states("zero1")
+    est = megatron_estimate(TINY, m, t)
+    assert (est.params, est.size_bytes) == (3400, 30600)
+    assert est.label == MEGATRON_LABEL and "estimate" in est.label
+    assert most_loaded(states).total_bytes == 31392 != est.size_bytes
+    none = megatron_estimate(TINY, m, training("none", vocab_pad_divisor=1))
+    assert none.size_bytes == 3400 * 18
+
+
+def test_lines_show_the_derivation():
+    _, _, states = tiny_states("zero1")
+    text = "\n".join(states[1].lines())
+    assert "ceil(3488 / fsdp 4) = 872 x 8 B = 6976 B" in text
+    assert "tied copy" in text and "framework accounting" in text
+
+
+def test_reason_string_is_an_error():
+    m, t, _ = tiny_states("zero1")
+    with pytest.raises(ConfigError, match="pipeline"):
+        stage_params(TINY, m, t, stage_layers(4, 3))
+
+
+def test_state_bytes_single_stage_matches_all():
+    m, t, states = tiny_states("zero2")
+    params = stage_params(TINY, m, t, stage_layers(4, 2))
+    assert [stage_state_bytes(p, m, t) for p in params] == states
+    assert [(s.params.total, len(s.items), s.items[0].size_bytes) for s in states] == \
+        [(3456, 4, 3456 * 2), (3488, 4, 3488 * 2)]
