@@ -15,7 +15,7 @@ from rich.console import Console
 
 from .errors import ConfigError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True,
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Design, check and validate parallel meshes for distributed training.")
 
 
@@ -77,19 +77,10 @@ def catalog_cmd(kind: str = typer.Argument("model", help="gpu, node, network or 
 def main(argv: Optional[list[str]] = None) -> None:
     """Entry point: run the app, turning ConfigError into one line and exit 2."""
     try:
-        app(args=argv, standalone_mode=False)
+        app(args=argv)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
-    except typer.Exit as e:
-        sys.exit(e.exit_code)
-    except Exception as e:  # click usage errors
-        import click
-
-        if isinstance(e, click.ClickException):
-            e.show()
-            sys.exit(e.exit_code)
-        raise
 
 
 if __name__ == "__main__":

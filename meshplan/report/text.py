@@ -143,14 +143,23 @@ def _shapes(plan: Plan, con: Console) -> None:
 
 
 def _memory(plan: Plan, con: Console) -> None:
-    tab = Table(title="Persistent state per rank (bytes by kind; sharded over the axis named)", title_justify="left")
-    for col in ("stage", "params/rank", "kind", "bytes", "sharded over"):
-        tab.add_column(col)
-    for s in plan.state:
-        for k in s.kinds:
-            tab.add_row(str(s.stage), f"{s.params:,}", k.kind, human_bytes(k.bytes), f"{k.axis} ({k.divisor})")
-        tab.add_row(str(s.stage), "", "[bold]total[/]", human_bytes(s.total_bytes), "")
+    states = plan.state if len(plan.state) <= 4 else (plan.state[0], max(plan.state, key=lambda s: s.total_bytes),
+                                                       plan.state[-1])
+    tab = Table(title=f"Persistent state per rank ({states[0].label}; sharded over the axis named)",
+                title_justify="left")
+    for col in ("stage", "params/rank", "kind", "group", "elements/rank", "bytes/elem", "bytes", "sharded over"):
+        tab.add_column(col, justify="right")
+    for s in dict.fromkeys(states):
+        tab.add_row(str(s.stage), f"{s.params.total:,}", "", "", "", "", "", "")
+        for i in s.items:
+            tab.add_row("", "", i.kind, i.group, f"{i.count:,}", str(i.bytes_per_element), human_bytes(i.size_bytes),
+                        f"{i.axis} ({i.divisor})" if i.axis else "not sharded")
+        tab.add_row("", "", "[bold]total[/]", "", "", "", human_bytes(s.total_bytes), "")
     con.print(tab)
+    e = plan.constraints.estimate if plan.constraints else None
+    if e is not None:
+        con.print(f"first peak estimate (timeline comes later): {e.line()}; usable "
+                  f"{plan.constraints.usable_bytes / GiB:.1f} GiB")
 
 
 def _collectives(plan: Plan, con: Console) -> None:

@@ -1,0 +1,94 @@
+"""Build one inspectable plan from a config: mesh -> validity -> placement -> shapes ->
+memory -> constraints -> collectives. Pure: a :class:`Plan` is a value; reports read it.
+
+An infeasible mesh is a Plan with ``feasible = False`` and its reasons, never an exception;
+malformed input raises :class:`~meshplan.errors.ConfigError` before any of this runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from . import constraints as cons
+from .collectives import CollectiveRow, collective_table
+from .errors import ConfigError
+from .memory.state import StateBytes, state_bytes
+from .mesh import Infeasible, Mesh, resolve_mesh
+from .placement import Flag, Placement, place, placement_flags
+from .shapes import Attention, Gemm, attention_shape, layer_gemms, output_gemm
+from .spec.config import Config
+from .tpsplit import padded_vocab
+from .validity import check
+
+SCHEMA = "meshplan.plan/v1"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Everything meshplan derives for one mesh. Fields after ``reasons`` are None/empty
+    when the mesh could not be resolved."""
+
+    config: Config
+    world: int
+    feasible: bool
+    reasons: tuple[str, ...]
+    notes: tuple[str, ...] = ()
+    derivation: tuple[str, ...] = ()
+    mesh: Optional[Mesh] = None
+    stages: Optional[list] = None
+    vpp: int = 1
+    micro_batches: int = 0
+    placement: Optional[Placement] = None
+    flags: tuple[Flag, ...] = ()
+    gemms: tuple[Gemm, ...] = ()
+    attention: Optional[Attention] = None
+    state: tuple[StateBytes, ...] = ()
+    constraints: Optional[Any] = None
+    collectives: dict[str, list[CollectiveRow]] = field(default_factory=dict)
+
+    @property
+    def tokens_per_microbatch(self) -> int:
+        return self.config.training.micro_batch * self.config.training.seq_len // self.mesh.degree("cp")
+
+
+def build_plan(config: Config) -> Plan:
+    """The plan of ``config``'s mesh on its cluster. Raises ConfigError on bad input only."""
+    m, t, c = config.model, config.training, config.cluster
+    world = config.mesh.world or c.world
+    if world > c.world:
+        raise ConfigError("mesh.world", f"{world} ranks but the cluster has {c.world} GPUs "
+                          f"({c.nodes} nodes x {c.node.gpus}); use fewer ranks or more nodes")
+    mesh = resolve_mesh(config.mesh, world)
+    constraints = cons.constraints(m, t, c, world)
+    if isinstance(mesh, Infeasible):
+        return Plan(config, world, False, mesh.reasons, constraints=constraints)
+    v = check(m, t, mesh, config.mesh)
+    placement = place(c, world, config.mesh.rank_to_gpu)
+    flags = tuple(placement_flags(mesh, placement))
+    base = dict(config=config, world=world, notes=v.notes, derivation=mesh.derivation, mesh=mesh,
+                placement=placement, flags=flags, vpp=v.vpp, micro_batches=v.micro_batches)
+    if v.reasons:
+        return Plan(feasible=False, reasons=v.reasons, constraints=constraints, **base)
+    tp, cp = mesh.degree("tp"), mesh.degree("cp")
+    tokens = t.micro_batch * t.seq_len // cp
+    gemms = layer_gemms(m, tp, tokens, ep=mesh.ep, etp=mesh.etp)
+    gemms.append(output_gemm(m, tp, tokens, padded_vocab(m.vocab, t.vocab_pad_divisor, tp)))
+    state = tuple(state_bytes(m, mesh, t, v.stages))
+    annotated = cons.annotate_axes(constraints, m, t, c, mesh, v.stages, v.micro_batches)
+    reasons = cons.memory_reasons(annotated)
+    colls = _collectives(config, mesh, placement, v.stages, v.micro_batches)
+    return Plan(feasible=not reasons, reasons=tuple(reasons), stages=v.stages, gemms=tuple(gemms),
+                attention=attention_shape(m, tp, cp, t.micro_batch, t.seq_len), state=state,
+                constraints=annotated, collectives=colls, **base)
+
+
+def _collectives(config: Config, mesh: Mesh, placement, stages, micro) -> dict[str, list[CollectiveRow]]:
+    """Tables for the first and the last stage (the two roles that differ)."""
+    pp = len(stages)
+    out = {}
+    for k in sorted({0, pp - 1}):
+        layers = [i for chunk in stages[k] for i in chunk]
+        out[f"stage {k}"] = collective_table(config.model, config.training, mesh, config.cluster, placement,
+                                             layers, micro, first_stage=k == 0, last_stage=k == pp - 1)
+    return out
