@@ -1,0 +1,118 @@
+"""Every malformed input is a one-line ConfigError naming the field and the fix."""
+
+import copy
+import subprocess
+import sys
+
+import pytest
+
+from meshplan.errors import ConfigError
+from meshplan.plan import build_plan
+from meshplan.spec.config import config_from_dict, load_config
+
+BASE = {
+    "model": {"catalog": "llama3-8b"},
+    "cluster": {"system": "dgx-h100", "nodes": 1},
+    "training": {"global_batch": 8, "seq_len": 1024},
+    "mesh": {"names": ["dp_shard", "tp"], "shape": [4, 2]},
+}
+
+
+def with_(path, value):
+    d = copy.deepcopy(BASE)
+    *head, last = path.split(".")
+    t = d
+    for k in head:
+        t = t[k]
+    if value is None:
+        del t[last]
+    else:
+        t[last] = value
+    return d
+
+
+CASES = [
+    (with_("model.hiddn", 4096), "model.hiddn", "unknown key in [model]; allowed keys: name, layers, hidden"),
+    (with_("model.hidden", "wide"), "model.hidden", "Input should be a valid integer"),
+    (with_("model.layers", 0), "model.layers", "greater than 0"),
+    (with_("model.catalog", "llama9"), "model", "unknown model 'llama9'; known: gpt3-175b"),
+    (with_("training.recompute", "partial"), "training.recompute", "Input should be 'none', 'selective' or 'full'"),
+    (with_("training.global_batch", None), "training.global_batch", "required key missing in [training]"),
+    (with_("training.memory_reserve", 1.5), "training.memory_reserve", "less than 1"),
+    (with_("cluster.system", "dgx-z"), "node", "unknown node 'dgx-z'; known: dgx-a100"),
+    (with_("cluster.nodes", None), "cluster.nodes", "required with system"),
+    (with_("cluster.colour", "red"), "cluster.colour", "unknown key beside system"),
+    (with_("mesh.order", "tp-dp"), "mesh", "give either names + shape"),
+    (with_("mesh.shape", [4]), "mesh", "names and shape must both be given"),
+    (with_("extra", {}), "extra", "unknown table"),
+    (with_("mesh", None), "mesh", "missing table [mesh]"),
+]
+
+
+@pytest.mark.parametrize("data,field,text", CASES, ids=[c[1] + ":" + c[2][:20] for c in CASES])
+def test_config_error_names_field(data, field, text):
+    with pytest.raises(ConfigError) as e:
+        config_from_dict(data)
+    assert e.value.field == field
+    assert text in e.value.message
+    assert "\n" not in str(e.value)
+
+
+def test_world_larger_than_cluster():
+    d = with_("mesh.shape", [8, 2])
+    d["mesh"]["world"] = 16
+    with pytest.raises(ConfigError) as e:
+        build_plan(config_from_dict(d))
+    assert str(e.value) == ("mesh.world: 16 ranks but the cluster has 8 GPUs (1 nodes x 8); "
+                            "use fewer ranks or more nodes")
+    # without an explicit world, a product above the cluster is an infeasible result
+    assert build_plan(config_from_dict(with_("mesh.shape", [8, 2]))).reasons == ("dp_shard(8) * tp(2) = 16 != world(8)",)
+
+
+def test_bad_rank_to_gpu():
+    cfg = config_from_dict(with_("mesh.rank_to_gpu", [0, 1, 2, 3, 4, 5, 6, 6]))
+    with pytest.raises(ConfigError) as e:
+        build_plan(cfg)
+    assert e.value.field == "mesh.rank_to_gpu"
+
+
+def test_infeasible_is_a_result_not_an_error():
+    plan = build_plan(config_from_dict(with_("mesh.shape", [3, 2])))
+    assert not plan.feasible
+    assert plan.reasons == ("dp_shard(3) * tp(2) = 6 != world(8)",)
+    plan = build_plan(config_from_dict(with_("mesh.shape", [1, 8])))  # llama3-8b: 8 kv heads, 32 q: fine
+    assert plan.feasible, plan.reasons
+    bad = with_("mesh.shape", [1, 8])
+    bad["model"] = {"catalog": "llama3-8b", "q_heads": 12, "kv_heads": 4, "head_dim": 128}
+    plan = build_plan(config_from_dict(bad))
+    assert not plan.feasible and plan.reasons[0] == "q_heads 12 is not divisible by tp 8"
+
+
+def test_toml_and_file_errors(tmp_path):
+    with pytest.raises(ConfigError, match="no file"):
+        load_config(tmp_path / "nope.toml")
+    p = tmp_path / "bad.toml"
+    p.write_text("[model\nx=1")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(p)
+
+
+def test_hf_config_relative_path(tmp_path):
+    from tests.conftest import ROOT
+    src = ROOT / "tests" / "data" / "hf"
+    cfg_json = next(src.rglob("config.json"))
+    p = tmp_path / "c.toml"
+    p.write_text(f'[model]\nhf_config = "{cfg_json}"\n[cluster]\nsystem = "dgx-h100"\nnodes = 1\n'
+                 '[training]\nglobal_batch = 8\nseq_len = 512\n[mesh]\nnames = ["dp_shard"]\nshape = [8]\n')
+    assert load_config(p).model.layers > 0
+
+
+def test_cli_error_is_one_line_without_traceback(tmp_path):
+    p = tmp_path / "c.toml"
+    p.write_text('[model]\ncatalog = "llama3-8b"\nwidth = 3\n[cluster]\nsystem = "dgx-h100"\nnodes = 1\n'
+                 '[training]\nglobal_batch = 8\nseq_len = 512\n[mesh]\nnames = ["dp_shard"]\nshape = [8]\n')
+    r = subprocess.run([sys.executable, "-m", "meshplan.cli", "plan", str(p)], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 2
+    assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
+    assert r.stderr.startswith("error: model.width: unknown key in [model]")
