@@ -24,7 +24,7 @@ from math import ceil
 from .memory.activations import LayerDims, embedding_terms, head_terms, in_flight_chunks, layer_bytes
 from .memory.state import state_bytes
 from .mesh import Mesh, resolve_mesh
-from .pipeline import stage_layers
+from .pipeline import balanced_split, stage_layers
 from .spec.cluster import ClusterSpec
 from .spec.mesh import MeshSpec
 from .spec.model import ModelSpec
@@ -119,9 +119,9 @@ def _fits(model, training, world, usable, pp=1, cp=1, tp=1, sharding=None) -> tu
     """Whether a (pp, cp, tp) split with the rest as dp_shard fits; (fits, peak bytes)."""
     if world % (pp * cp * tp) or heads_reason(model, tp) or model.ffn % tp:
         return False, float("inf")
-    stages = stage_layers(model.layers, pp)
-    if isinstance(stages, str):
+    if pp > model.layers:
         return False, float("inf")
+    stages = stage_layers(model.layers, pp, split=balanced_split(model.layers, pp))
     t = training if sharding is None else training.model_copy(update={"sharding": sharding})
     mesh = _simple_mesh(world, pp, world // (pp * cp * tp), cp, tp, sp=tp > 1)
     dp = world // (pp * cp * tp)

@@ -57,3 +57,16 @@ def vpp_from_chunk(layers: int, pp: int, layers_per_chunk: int) -> Union[int, st
         return (f"{per_stage} layers per stage ({layers} / pp {pp}) are not a multiple of "
                 f"{layers_per_chunk} layers per virtual stage")
     return per_stage // layers_per_chunk
+
+
+def balanced_split(layers: int, pp: int) -> list[int]:
+    """Layers per stage as even as possible, the extra layers on the middle stages (the
+    first and last stages also hold the embedding and the output layer).
+
+    >>> balanced_split(126, 16)
+    [7, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 7]
+    """
+    base, extra = divmod(layers, pp)
+    order = sorted(range(pp), key=lambda k: (min(k, pp - 1 - k) == 0, k))
+    bonus = set(order[:extra])
+    return [base + (k in bonus) for k in range(pp)]

@@ -11,11 +11,11 @@ from rich.table import Table
 from ..plan import Plan
 from ..units import GB, GiB, US, human_bytes
 
-MAX_LIST = 16
+MAX_LIST = 8
 
 
 def fmt_ranks(ranks) -> str:
-    """Rank list for printing: in full up to 16 entries, else an arithmetic summary.
+    """Rank list for printing: in full up to 8 entries, else a summary (full lists in --json).
 
     >>> fmt_ranks([24, 25, 26, 27, 28, 29, 30, 31])
     '24..31'
@@ -23,6 +23,8 @@ def fmt_ranks(ranks) -> str:
     '5,13,21,29,37,45,53,61'
     >>> fmt_ranks(list(range(3, 3 + 8 * 128, 8)))
     '3,11,...,1019 (128 ranks, stride 8)'
+    >>> fmt_ranks([0, 1024, 2048, 3072, 4096, 5120, 6144, 7168, 8192])
+    '0,1024,...,8192 (9 ranks, stride 1024)'
     """
     ranks = [int(r) for r in ranks]
     n = len(ranks)
