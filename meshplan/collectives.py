@@ -117,7 +117,7 @@ def collective_table(model: ModelSpec, training: TrainingSpec, mesh: Mesh, clust
         path = axis_path(mesh, placement, cluster, axis)
         n = mesh.degree(axis)
         t = ring_time(op, n, size, path.bandwidth_bytes_per_s, network=path.kind == "network")
-        shown = mesh.axes_of(axis)[0] if axis in mesh.layout.names or len(mesh.axes_of(axis)) == 1 else axis
+        shown = mesh.display_name(axis)
         rows.append(CollectiveRow(shown, phase, op, n, mesh.world // n, tuple(mesh.group_of(0, axis)),
                                   float(size), dtype, per_mb, per_step if per_step is not None else per_mb * micro_batches,
                                   cadence, path, t))

@@ -104,6 +104,14 @@ class Mesh:
             return tuple(a for a in self.layout.names if a in DERIVED[name])
         raise ConfigError("axis", f"no axis {name!r}; axes are {self.all_axes()}")
 
+    def display_name(self, name: str) -> str:
+        """A derived axis that stands for a single mesh axis is shown by that axis's name
+        (``fsdp`` is ``dp_shard`` when the mesh has no cp)."""
+        if name in DERIVED and name not in self.layout.names:
+            axes = self.axes_of(name)
+            return axes[0] if len(axes) == 1 else name
+        return name
+
     def all_axes(self) -> list[str]:
         """Every axis with groups: mesh axes, derived axes present, expert axes."""
         out = list(self.layout.names)

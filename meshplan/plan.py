@@ -14,6 +14,7 @@ from . import constraints as cons
 from .collectives import CollectiveRow, collective_table
 from .errors import ConfigError
 from .memory.state import StateBytes, state_bytes
+from .layout import check_partition
 from .mesh import Infeasible, Mesh, resolve_mesh
 from .placement import Flag, Placement, place, placement_flags
 from .shapes import Attention, Gemm, attention_shape, layer_gemms, output_gemm
@@ -64,12 +65,13 @@ def build_plan(config: Config) -> Plan:
     if isinstance(mesh, Infeasible):
         return Plan(config, world, False, mesh.reasons, constraints=constraints)
     v = check(m, t, mesh, config.mesh)
+    partition = [f"axis {a}: {problem}" for a in mesh.all_axes() for problem in check_partition(mesh.groups(a), world)]
     placement = place(c, world, config.mesh.rank_to_gpu)
     flags = tuple(placement_flags(mesh, placement))
     base = dict(config=config, world=world, notes=v.notes, derivation=mesh.derivation, mesh=mesh,
                 placement=placement, flags=flags, vpp=v.vpp, micro_batches=v.micro_batches)
-    if v.reasons:
-        return Plan(feasible=False, reasons=v.reasons, constraints=constraints, **base)
+    if v.reasons or partition:
+        return Plan(feasible=False, reasons=v.reasons + tuple(partition), constraints=constraints, **base)
     tp, cp = mesh.degree("tp"), mesh.degree("cp")
     tokens = t.micro_batch * t.seq_len // cp
     gemms = layer_gemms(m, tp, tokens, ep=mesh.ep, etp=mesh.etp)

@@ -104,7 +104,8 @@ def print_groups(plan: Plan, rank: int, con: Console | None = None) -> None:
     coords = mesh.layout.coords_of(rank)
     con.print(f"\n[bold]rank {rank}[/] coordinates ("
               + ", ".join(f"{n}={c}" for n, c in zip(mesh.layout.names, coords)) + ")")
-    tab = Table(title=f"Process groups (of rank {rank}; all groups in --json)", title_justify="left")
+    tab = Table(title=f"Process groups (of rank {rank}; all groups in --json). Each axis's groups partition the "
+                      f"ranks; members are ordered by their coordinates, outermost axis first", title_justify="left")
     for col in ("axis", "size", "groups", f"group of rank {rank}", "first groups"):
         tab.add_column(col)
     for axis in mesh.all_axes():
