@@ -16,7 +16,7 @@ $(VENV)/.test: $(VENV)/.base
 
 ## demo: plan the built-in example (the seed's 64-GPU mesh)
 demo: $(VENV)/.base
-	$(VENV)/bin/meshplan plan examples/seed-64gpu.toml
+	$(VENV)/bin/meshplan plan examples/seed-64gpu.toml --rank 29
 
 ## test: the whole test suite (CPU only; torch 2.13.0 CPU wheel)
 test: $(VENV)/.test

@@ -93,6 +93,7 @@ def test_cli_plan_and_groups(tmp_path):
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert "dp_shard=3, tp=5" in r.stdout
+    assert "[(3,0)..(3,7)]" in r.stdout and "[(0,5)..(7,5)]" in r.stdout
     assert "24..31" in r.stdout and "5,13,21,29,37,45,53,61" in r.stdout
     r = subprocess.run([sys.executable, "-m", "meshplan.cli", "plan", cfg, "--json", str(tmp_path / "p.json")],
                        capture_output=True, text=True, timeout=60)

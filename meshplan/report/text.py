@@ -102,17 +102,24 @@ def print_groups(plan: Plan, rank: int, con: Console | None = None) -> None:
     con = con or Console()
     mesh = plan.mesh
     coords = mesh.layout.coords_of(rank)
-    con.print(f"\n[bold]rank {rank}[/] coordinates ("
+    con.print(f"\n[bold]rank {rank}[/] = coordinates {_c(coords)} ("
               + ", ".join(f"{n}={c}" for n, c in zip(mesh.layout.names, coords)) + ")")
     tab = Table(title=f"Process groups (of rank {rank}; all groups in --json). Each axis's groups partition the "
                       f"ranks; members are ordered by their coordinates, outermost axis first", title_justify="left")
-    for col in ("axis", "size", "groups", f"group of rank {rank}", "first groups"):
+    for col in ("axis", "size", "groups", f"group of rank {rank}", "as coordinates", "first groups"):
         tab.add_column(col)
     for axis in mesh.all_axes():
         g = mesh.groups(axis)
         first = "; ".join(fmt_ranks(row) for row in g[:2]) + ("; ..." if len(g) > 2 else "")
-        tab.add_row(axis, str(g.shape[1]), str(g.shape[0]), fmt_ranks(mesh.group_of(rank, axis)), first)
+        mine = mesh.group_of(rank, axis)
+        ends = [mesh.layout.coords_of(r) for r in (mine[0], mine[-1])]
+        coords = f"[{_c(ends[0])}..{_c(ends[1])}]" if len(mine) > 1 else f"[{_c(ends[0])}]"
+        tab.add_row(axis, str(g.shape[1]), str(g.shape[0]), fmt_ranks(mine), coords, first)
     con.print(tab)
+
+
+def _c(coords) -> str:
+    return "(" + ",".join(map(str, coords)) + ")"
 
 
 def _placement(plan: Plan, rank: int, con: Console) -> None:
@@ -133,6 +140,9 @@ def _shapes(plan: Plan, con: Console) -> None:
     for g in plan.gemms:
         tab.add_row(g.name, str(g.m), str(g.n), str(g.k), str(g.count), f"{g.flops / 1e9:.1f}")
     con.print(tab)
+    m, tp = plan.config.model, plan.mesh.degree("tp")
+    con.print(f"q projection: output width {m.q_heads * m.d_head} / tp {tp} = {m.q_heads * m.d_head // tp} "
+              f"output features per rank; MLP: ffn {m.ffn} / tp {tp} = {m.ffn // tp} per gate")
     a = plan.attention
     con.print(f"attention per rank: batch {a.batch}, q heads {a.q_heads}, kv heads {a.kv_heads}, "
               f"seq q {a.seq_q} x kv {a.seq_kv}, head dim {a.head_dim}, "
