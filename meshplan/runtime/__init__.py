@@ -1,0 +1,1 @@
+"""Runtime: running planned meshes for real (launchers, the emulated testbed, validation)."""

@@ -1,0 +1,490 @@
+"""Emulated multi-node cluster on one Linux machine: network namespaces, rails and rate limits.
+
+Layout for prefix ``P``, ``N`` nodes and ``K`` NICs per node::
+
+    mp-P-fabric   one bridge br<k> per rail, and the fabric end f<i>r<k> of every NIC's veth
+    mp-P-n<i>     lo and nic0..nic<K-1>; nic<k> has 10.77.<k>.<i+1>/24 on rail k's bridge
+
+Each veth end has a ``tc`` tbf qdisc at the link rate, so both directions of a NIC are
+limited. Nothing is created in the host namespace: a veth is made inside the fabric
+namespace with its peer created directly inside the node namespace, and only addresses
+inside these namespaces are used. IPv6 is off in every testbed namespace so that no
+autoconfiguration traffic moves the byte counters. The state is a JSON file (atomic write,
+status ``creating`` then ``up``) that :func:`load_testbed` reads. :func:`testbed_down` kills
+the processes inside and deletes every namespace named ``mp-<prefix>-fabric``/``-n<i>``, so
+it also removes what a crashed ``up`` left behind, then the state file. Needs root, iproute2.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Mapping, Optional, Sequence
+
+from ..errors import ConfigError
+
+CMD_TIMEOUT_S = 20.0
+MAX_NODES = 254          # the node is the last octet (i + 1) of 10.77.<rail>.<i+1>
+MAX_NICS = 32
+LATENCY_MS = 50          # tbf queue: the longest a packet may wait in the limiter
+_PREFIX_RE = re.compile(r"^[A-Za-z0-9_]{1,12}$")
+
+
+class TestbedError(RuntimeError):
+    """A testbed command failed, or the testbed is in a state that forbids the request."""
+
+    __test__ = False
+
+
+class TestbedUnavailable(TestbedError):
+    """This machine cannot host a testbed (not root, not Linux, no ``ip netns`` or ``tc``)."""
+
+
+@dataclass(frozen=True)
+class Testbed:
+    """A created testbed: names and addresses derive from these fields."""
+
+    prefix: str
+    nodes: int
+    nics_per_node: int
+    rate_mbit: float
+    burst_bytes: int
+    state_path: str
+    status: str = "up"
+
+    __test__ = False
+
+    @property
+    def fabric_ns(self) -> str:
+        """Namespace holding the rail bridges."""
+        return f"mp-{self.prefix}-fabric"
+
+    def node_ns(self, node: int) -> str:
+        """Namespace of emulated node ``node``."""
+        return f"mp-{self.prefix}-n{node}"
+
+    @staticmethod
+    def ifname(nic: int) -> str:
+        """Interface name of NIC ``nic`` inside a node namespace (for GLOO_SOCKET_IFNAME)."""
+        return f"nic{nic}"
+
+    def addr(self, node: int, nic: int) -> str:
+        """IPv4 address of ``node``'s NIC ``nic`` (on rail ``nic``)."""
+        return f"10.77.{nic}.{node + 1}"
+
+    @property
+    def master_addr(self) -> str:
+        """Address of node 0's nic0: torchrun's static ``--master-addr``."""
+        return self.addr(0, 0)
+
+    @property
+    def namespaces(self) -> list[str]:
+        """Every namespace of this testbed, nodes first."""
+        return [self.node_ns(i) for i in range(self.nodes)] + [self.fabric_ns]
+
+
+def _state_path(prefix: str, state_dir) -> Path:
+    """``<state_dir>/<prefix>.json``; the folder defaults to $MESHPLAN_TESTBED_DIR or /tmp/meshplan-testbed."""
+    return Path(state_dir or os.environ.get("MESHPLAN_TESTBED_DIR", "/tmp/meshplan-testbed")) / f"{prefix}.json"
+
+
+def _write_state(tb: Testbed) -> None:
+    """Write the state file atomically (temporary file in the same folder, then rename)."""
+    path = Path(tb.state_path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump({"version": 1, **asdict(tb)}, f, indent=1)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def load_testbed(prefix: str = "t", state_dir=None) -> Testbed:
+    """Read the testbed ``prefix`` from its state file (TestbedError when there is none)."""
+    _check_prefix(prefix)
+    path = _state_path(prefix, state_dir)
+    try:
+        data = json.loads(path.read_text())
+        data.pop("version", None)
+        return Testbed(**data)
+    except FileNotFoundError:
+        raise TestbedError(f"no testbed '{prefix}' ({path} missing); run `meshplan testbed up`") from None
+    except (ValueError, TypeError) as e:
+        raise TestbedError(f"{path} is not a testbed state file: {e}") from None
+
+
+def _run(argv: Sequence[str], *, check: bool = True, stdin: Optional[str] = None,
+         timeout: float = CMD_TIMEOUT_S) -> subprocess.CompletedProcess:
+    """Run one command with a timeout; TestbedError names the command and its stderr."""
+    try:
+        cp = subprocess.run(list(argv), input=stdin, capture_output=True, text=True, timeout=timeout)
+    except FileNotFoundError:
+        raise TestbedError(f"`{argv[0]}` not found (install iproute2)") from None
+    except subprocess.TimeoutExpired:
+        raise TestbedError(f"`{' '.join(argv)}` timed out after {timeout:g} s") from None
+    if check and cp.returncode != 0:
+        raise TestbedError(f"`{' '.join(argv)}` failed (rc {cp.returncode}): {cp.stderr.strip()}")
+    return cp
+
+
+def _batch(tool: str, ns: str, lines: Sequence[str]) -> None:
+    """Run ``ip``/``tc`` commands in one process inside namespace ``ns`` (stops at the first error)."""
+    if lines:
+        _run([tool, "-n", ns, "-batch", "-"], stdin="\n".join(lines) + "\n")
+
+
+def _check_prefix(prefix) -> None:
+    if not isinstance(prefix, str) or not _PREFIX_RE.match(prefix):
+        raise ConfigError("prefix", f"{prefix!r} must be 1-12 letters, digits or '_' (no '-': it "
+                                    "separates the prefix in namespace names); use e.g. 't'")
+
+
+def _check_int(name: str, value, hi: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= hi:
+        raise ConfigError(name, f"{value!r} must be an integer in 1..{hi}")
+
+
+def validate_args(prefix, nodes, nics_per_node, rate_mbit) -> None:
+    """Raise :class:`ConfigError` for a bad prefix, node count, NIC count or rate."""
+    _check_prefix(prefix)
+    _check_int("nodes", nodes, MAX_NODES)
+    _check_int("nics", nics_per_node, MAX_NICS)
+    if (isinstance(rate_mbit, bool) or not isinstance(rate_mbit, (int, float))
+            or not math.isfinite(rate_mbit) or not 0.1 <= rate_mbit <= 100_000):
+        raise ConfigError("rate_mbit", f"{rate_mbit!r} must be a number of Mbit/s in 0.1..100000")
+
+
+def testbed_available() -> tuple[bool, str]:
+    """``(True, "ok")`` when namespaces, veths, bridges and tbf work here, else ``(False, reason)``."""
+    if not sys.platform.startswith("linux"):
+        return False, f"needs Linux network namespaces (this is {sys.platform})"
+    if os.geteuid() != 0:
+        return False, "needs root for `ip netns` and `tc` (run as root)"
+    for tool in ("ip", "tc"):
+        if shutil.which(tool) is None:
+            return False, f"`{tool}` not found (install iproute2)"
+    probe = f"mp-probe{os.getpid()}"
+    try:
+        _run(["ip", "netns", "add", probe])
+        _batch("ip", probe, ["link add pb0 type bridge", "link add pv0 type veth peer name pv1"])
+        _batch("tc", probe, ["qdisc add dev pv0 root tbf rate 10mbit burst 32768 latency 50ms"])
+        return True, "ok"
+    except TestbedError as e:
+        return False, f"`ip netns`/veth/bridge/tbf probe failed: {e}"
+    finally:
+        _run(["ip", "netns", "del", probe], check=False)
+
+
+def _matching_netns(prefix: str) -> list[str]:
+    """Namespaces named like this prefix's (``mp-<prefix>-fabric``, ``mp-<prefix>-n<i>``)."""
+    pat = re.compile(rf"^mp-{re.escape(prefix)}-(fabric|n\d+)$")
+    names = [ln.split()[0] for ln in _run(["ip", "netns", "list"]).stdout.splitlines() if ln.strip()]
+    return [ns for ns in names if pat.match(ns)]
+
+
+def _tbf(dev: str, tb: Testbed) -> str:
+    return (f"qdisc add dev {dev} root tbf rate {tb.rate_mbit * 1000:.0f}kbit "
+            f"burst {tb.burst_bytes} latency {LATENCY_MS}ms")
+
+
+def _quiet_ns(ns: str) -> None:
+    """Bring up lo and switch IPv6 off (no autoconfiguration traffic on the counters)."""
+    _run(["ip", "-n", ns, "link", "set", "lo", "up"])
+    if os.path.isdir("/proc/sys/net/ipv6"):
+        cmd = ("echo 1 > /proc/sys/net/ipv6/conf/all/disable_ipv6 && "
+               "echo 1 > /proc/sys/net/ipv6/conf/default/disable_ipv6")
+        _run(["ip", "netns", "exec", ns, "sh", "-c", cmd])
+
+
+def _create(tb: Testbed) -> None:
+    """Namespaces, bridges, veths, addresses and tbf limits for ``tb``."""
+    for ns in tb.namespaces:
+        _run(["ip", "netns", "add", ns])
+        _quiet_ns(ns)
+    fabric, tc_fabric = [], []
+    for k in range(tb.nics_per_node):
+        # no multicast snooping: a snooping bridge sends IGMP reports on every rail at start-up
+        fabric += [f"link add br{k} type bridge mcast_snooping 0", f"link set br{k} up"]
+    for i in range(tb.nodes):
+        node, tc_node = [], []
+        for k in range(tb.nics_per_node):
+            end = f"f{i}r{k}"
+            fabric += [f"link add {end} type veth peer name {tb.ifname(k)} netns {tb.node_ns(i)}",
+                       f"link set {end} master br{k}", f"link set {end} up"]
+            node += [f"addr add {tb.addr(i, k)}/24 dev {tb.ifname(k)}", f"link set {tb.ifname(k)} up"]
+            tc_node.append(_tbf(tb.ifname(k), tb))
+            tc_fabric.append(_tbf(end, tb))
+        _batch("ip", tb.fabric_ns, fabric)
+        fabric = []
+        _batch("ip", tb.node_ns(i), node)
+        _batch("tc", tb.node_ns(i), tc_node)
+    _batch("ip", tb.fabric_ns, fabric)
+    _batch("tc", tb.fabric_ns, tc_fabric)
+
+
+def testbed_up(name_prefix: str, nodes: int, nics_per_node: int, rate_mbit: float, *,
+               state_dir=None) -> Testbed:
+    """Create the testbed; on any failure remove what was made and re-raise.
+
+    Refuses (TestbedError) when a testbed with this prefix, or leftovers of one, exist.
+    """
+    validate_args(name_prefix, nodes, nics_per_node, rate_mbit)
+    ok, why = testbed_available()
+    if not ok:
+        raise TestbedUnavailable(why)
+    path = _state_path(name_prefix, state_dir)
+    left = _matching_netns(name_prefix)
+    if path.exists() or left:
+        raise TestbedError(f"testbed '{name_prefix}' already exists ({path if path.exists() else left[0]});"
+                           f" run `meshplan testbed down --prefix {name_prefix}` first")
+    burst = max(32 * 1024, int(rate_mbit * 1e6 / 8 * 0.01))     # 10 ms of traffic, at least 32 KiB
+    tb = Testbed(name_prefix, nodes, nics_per_node, float(rate_mbit), burst, str(path), "creating")
+    try:
+        _write_state(tb)
+        _create(tb)
+        tb = Testbed(**{**asdict(tb), "status": "up"})
+        _write_state(tb)
+    except BaseException:
+        try:
+            testbed_down(name_prefix, state_dir=state_dir)
+        except Exception as e:   # the original error is the one to report
+            print(f"meshplan testbed: cleanup after a failed `up` also failed: {e}", file=sys.stderr)
+        raise
+    return tb
+
+
+def _kill_ns_processes(ns: str) -> None:
+    out = _run(["ip", "netns", "pids", ns], check=False).stdout
+    for pid in (int(p) for p in out.split() if p.isdigit()):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def testbed_down(prefix: str = "t", *, state_dir=None) -> list[str]:
+    """Remove testbed ``prefix``: its processes, namespaces and state file. Idempotent.
+
+    Returns the namespaces removed; TestbedError when one could not be removed.
+    """
+    _check_prefix(prefix)
+    path = _state_path(prefix, state_dir)
+    present = _matching_netns(prefix)
+    for ns in present:
+        _kill_ns_processes(ns)
+    for ns in present:
+        _run(["ip", "netns", "del", ns], check=False)
+    still = _matching_netns(prefix)
+    if still:
+        raise TestbedError(f"could not remove namespaces {still}; delete them with `ip netns del`")
+    path.unlink(missing_ok=True)
+    return present
+
+
+def read_counters(testbed: Testbed) -> dict[tuple[int, int], tuple[int, int]]:
+    """``{(node, nic): (tx_bytes, rx_bytes)}`` of every NIC, read inside each node namespace."""
+    counters = {}
+    for i in range(testbed.nodes):
+        links = json.loads(_run(["ip", "-n", testbed.node_ns(i), "-s", "-j", "link", "show"]).stdout)
+        stats = {link["ifname"]: link["stats64"] for link in links}
+        for k in range(testbed.nics_per_node):
+            s = stats.get(testbed.ifname(k))
+            if s is None:
+                raise TestbedError(f"{testbed.ifname(k)} missing in {testbed.node_ns(i)}")
+            counters[(i, k)] = (int(s["tx"]["bytes"]), int(s["rx"]["bytes"]))
+    return counters
+
+
+def counter_delta(before: Mapping, after: Mapping) -> dict[tuple[int, int], tuple[int, int]]:
+    """Per-NIC ``(tx, rx)`` bytes moved between two :func:`read_counters` readings."""
+    return {key: (after[key][0] - tx, after[key][1] - rx) for key, (tx, rx) in before.items()}
+
+
+def torchrun_argv(testbed: Testbed, node: int, nproc_per_node: int, script_argv: Sequence[str],
+                  master_port: int = 29500) -> list[str]:
+    """torchrun command for ``node`` with the static rendezvous at node 0's nic0.
+
+    The c10d rendezvous does not work across these namespaces. Set GLOO_SOCKET_IFNAME per
+    rank (``nic<k>`` from the placement) in the worker before ``init_process_group``.
+    """
+    return [sys.executable, "-m", "torch.distributed.run", f"--nnodes={testbed.nodes}",
+            f"--node-rank={node}", f"--nproc-per-node={nproc_per_node}",
+            f"--master-addr={testbed.master_addr}", f"--master-port={master_port}", *script_argv]
+
+
+@dataclass
+class NodeResult:
+    """One node's process. ``status``: ok, failed (non-zero exit), timeout (killed at the
+    deadline) or stopped (killed because another node failed)."""
+
+    node: int
+    argv: list[str]
+    status: str = "running"
+    returncode: Optional[int] = None
+    elapsed_s: float = 0.0
+    stdout_tail: str = ""
+    stderr_tail: str = ""
+    _popen: Optional[subprocess.Popen] = field(default=None, repr=False, compare=False)
+    _t0: float = field(default=0.0, repr=False, compare=False)
+
+
+@dataclass
+class LaunchResult:
+    """Outcome of :func:`launch_per_node`; ``message`` says who failed and how."""
+
+    ok: bool
+    timed_out: bool
+    failed_node: Optional[int]
+    message: str
+    results: list[NodeResult] = field(default_factory=list)
+
+
+def _group_alive(pgid: int) -> bool:
+    """True while a live (non-zombie) process is in process group ``pgid``."""
+    for entry in os.scandir("/proc"):
+        try:
+            stat = Path(entry.path, "stat").read_text() if entry.name.isdigit() else ""
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2:].split()      # state, ppid, pgrp, ...
+        if fields and int(fields[2]) == pgid and fields[0] != "Z":
+            return True
+    return False
+
+
+def _alive(r: NodeResult) -> bool:
+    r._popen.poll()                                        # reap the leader first
+    return _group_alive(r._popen.pid)
+
+
+def _stop_all(procs: Sequence[NodeResult], grace_s: float) -> list[int]:
+    """SIGTERM every live process group, SIGKILL after ``grace_s``; returns nodes that survived."""
+    alive = [r for r in procs if _alive(r)]
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+        for r in alive:
+            try:
+                os.killpg(r._popen.pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + wait_s
+        while alive and time.monotonic() < deadline:
+            time.sleep(0.02)
+            alive = [r for r in alive if _alive(r)]
+    return [r.node for r in alive]
+
+
+def _tail(path: Path, lines: int) -> str:
+    with open(path, "rb") as f:
+        f.seek(max(0, path.stat().st_size - 65536))
+        return "\n".join(f.read().decode(errors="replace").splitlines()[-lines:])
+
+
+def _start(tb: Testbed, node: int, argv: list[str], env: dict, cwd, logs: Path) -> NodeResult:
+    with open(logs / f"node{node}.out", "wb") as fo, open(logs / f"node{node}.err", "wb") as fe:
+        popen = subprocess.Popen(["ip", "netns", "exec", tb.node_ns(node), *argv], stdin=subprocess.DEVNULL,
+                                 stdout=fo, stderr=fe, env=env, cwd=cwd, start_new_session=True)
+    return NodeResult(node, argv, _popen=popen, _t0=time.monotonic())
+
+
+def _wait(procs: Sequence[NodeResult], timeout_s: float) -> Optional[NodeResult]:
+    """Poll until all exit (None), one fails (returned) or the deadline passes (None)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for r in procs:
+            rc = r._popen.poll()
+            if rc is not None and r.status == "running":
+                r.status, r.returncode, r.elapsed_s = ("ok" if rc == 0 else "failed"), rc, time.monotonic() - r._t0
+                if rc != 0:
+                    return r
+        if all(r.status != "running" for r in procs):
+            return None
+        time.sleep(0.02)
+    return None
+
+
+def _summary(procs: Sequence[NodeResult], failed: Optional[NodeResult], timeout_s: float, survivors) -> str:
+    hung = [r.node for r in procs if r.status == "timeout"]
+    if failed is not None:
+        msg = (f"node {failed.node} ({' '.join(failed.argv)[:120]}) exited with code {failed.returncode} after "
+               f"{failed.elapsed_s:.1f} s; other nodes stopped. Last stderr:\n{failed.stderr_tail or '(empty)'}")
+    elif hung:
+        msg = f"timeout after {timeout_s:g} s: nodes {hung} still running were killed"
+    else:
+        msg = f"all {len(procs)} nodes exited 0"
+    return msg + (f"; WARNING: process groups of nodes {survivors} survived SIGKILL" if survivors else "")
+
+
+def launch_per_node(testbed: Testbed, cmd_for_node: Callable[[int], Sequence[str]], timeout_s: float, *,
+                    env_for_node: Optional[Callable[[int], Mapping[str, str]]] = None, cwd=None,
+                    log_dir=None, grace_s: float = 2.0, tail_lines: int = 20) -> LaunchResult:
+    """Run ``cmd_for_node(i)`` inside each node namespace (``ip netns exec``), one process group each.
+
+    Waits up to ``timeout_s``; the first node to exit non-zero, or the deadline, stops every
+    other group (SIGTERM, SIGKILL after ``grace_s``). Every group is ended before returning,
+    even on an exception. Output goes to ``log_dir/node<i>.{out,err}`` (a temporary folder
+    when None); the last ``tail_lines`` lines are in the results.
+    """
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not 0 < timeout_s < math.inf:
+        raise ConfigError("timeout_s", f"{timeout_s!r} must be a positive number of seconds")
+    argvs = [[str(a) for a in cmd_for_node(i)] for i in range(testbed.nodes)]
+    envs = [{**os.environ, **(env_for_node(i) if env_for_node else {})} for i in range(testbed.nodes)]
+    procs: list[NodeResult] = []
+    with tempfile.TemporaryDirectory(prefix=f"mp-{testbed.prefix}-logs-") as tmp:
+        logs = Path(log_dir or tmp)
+        logs.mkdir(parents=True, exist_ok=True)
+        try:
+            for i in range(testbed.nodes):
+                procs.append(_start(testbed, i, argvs[i], envs[i], cwd, logs))
+            failed = _wait(procs, timeout_s)
+        finally:
+            survivors = _stop_all(procs, grace_s)
+        for r in procs:
+            if r.status == "running":
+                r.status = "stopped" if failed else "timeout"
+                r.returncode, r.elapsed_s = r._popen.poll(), time.monotonic() - r._t0
+            r.stdout_tail = _tail(logs / f"node{r.node}.out", tail_lines)
+            r.stderr_tail = _tail(logs / f"node{r.node}.err", tail_lines)
+    ok = all(r.status == "ok" for r in procs)
+    return LaunchResult(ok, any(r.status == "timeout" for r in procs), failed.node if failed else None,
+                        _summary(procs, failed, timeout_s, survivors), procs)
+
+
+def main_up(nodes: int, nics: int, rate_mbit: float, prefix: str = "t", state_dir=None,
+            echo: Callable[[str], None] = print) -> int:
+    """``meshplan testbed up``: ConfigError for bad input; 0 when up, 1 (message on stderr) otherwise."""
+    try:
+        tb = testbed_up(prefix, nodes, nics, rate_mbit, state_dir=state_dir)
+    except TestbedError as e:
+        print(f"error: testbed: {e}", file=sys.stderr)
+        return 1
+    echo(f"testbed '{tb.prefix}': {tb.nodes} nodes x {tb.nics_per_node} NICs at {tb.rate_mbit:g} Mbit/s "
+         f"(tbf burst {tb.burst_bytes} B), rail bridges in {tb.fabric_ns}; state {tb.state_path}")
+    for i in range(tb.nodes):
+        echo(f"  {tb.node_ns(i)}: " + ", ".join(f"nic{k}={tb.addr(i, k)}" for k in range(tb.nics_per_node)))
+    return 0
+
+
+def main_down(prefix: str = "t", state_dir=None, echo: Callable[[str], None] = print) -> int:
+    """``meshplan testbed down``: 0 when nothing of ``prefix`` is left, 1 otherwise."""
+    try:
+        removed = testbed_down(prefix, state_dir=state_dir)
+    except TestbedError as e:
+        print(f"error: testbed: {e}", file=sys.stderr)
+        return 1
+    echo(f"testbed '{prefix}': removed {len(removed)} namespaces" + (f" ({', '.join(removed)})" if removed else ""))
+    return 0
