@@ -74,6 +74,29 @@ def catalog_cmd(kind: str = typer.Argument("model", help="gpu, node, network or 
         typer.echo(f"{name}: {catalog.entry(kind, name).get('source', '')}")
 
 
+testbed_app = typer.Typer(no_args_is_help=True, help="Emulated multi-node cluster in network namespaces (root).")
+app.add_typer(testbed_app, name="testbed")
+
+
+@testbed_app.command("up")
+def testbed_up_cmd(nodes: int = typer.Option(2, help="emulated nodes (one network namespace each)"),
+                   nics: int = typer.Option(2, help="NICs per node (one rail bridge each)"),
+                   rate_mbit: float = typer.Option(200.0, help="tbf rate limit per NIC, Mbit/s"),
+                   prefix: str = typer.Option("t", help="name prefix of the namespaces")):
+    """Create one namespace per node, one rate-limited interface per NIC and a bridge per rail."""
+    from .runtime.testbed import main_up
+
+    raise typer.Exit(main_up(nodes, nics, rate_mbit, prefix=prefix))
+
+
+@testbed_app.command("down")
+def testbed_down_cmd(prefix: str = typer.Option("t", help="name prefix given to up")):
+    """Remove every namespace, interface, bridge and process of the testbed PREFIX."""
+    from .runtime.testbed import main_down
+
+    raise typer.Exit(main_down(prefix=prefix))
+
+
 def main(argv: Optional[list[str]] = None) -> None:
     """Entry point: run the app, turning ConfigError into one line and exit 2."""
     try:
