@@ -1,0 +1,196 @@
+"""Build torch's DeviceMesh from a meshplan :class:`~meshplan.mesh.Mesh`, check its groups,
+and split a :class:`~meshplan.runtime.model.Transformer` over it with torch's own APIs.
+
+- :func:`init_mesh`: ``init_device_mesh(device, layout.shape, mesh_dim_names=layout.names)``
+  plus one flattened dimension per derived axis (``dp``, ``fsdp``, ``loss``, ``batch``) that
+  spans more than one mesh axis.
+- :func:`check_groups`: this rank's group on every axis, DeviceMesh against meshplan.
+- :func:`parallelize`: DTensor tensor (and sequence) parallelism with
+  ``parallelize_module``, following torchtitan's Llama plan (models/llama3/infra/
+  parallelize.py ``apply_tp``), then FSDP2 ``fully_shard`` on every layer and on the root
+  over the ``fsdp`` axis, or HSDP over (dp_replicate, fsdp).
+
+TP plan (``tp > 1``), with SP / without SP:
+
+====================== ===================================== =============================
+module                 with sequence parallelism             without
+====================== ===================================== =============================
+embedding              Rowwise(in Replicate, out Shard(1))   Rowwise(in Replicate, out Replicate)
+attn_norm, mlp_norm,   SequenceParallel                      not split
+final_norm
+attention, mlp         PrepareModuleInput(Shard(1) -> Rep)   PrepareModuleInput(Rep -> Rep)
+wq, wk, wv, w_gate,    Colwise                               Colwise
+w_up
+wo, w_down             Rowwise(out Shard(1))                 Rowwise(out Replicate)
+output                 Colwise(in Shard(1), out Shard(-1))   Colwise(in Replicate, out Shard(-1))
+====================== ===================================== =============================
+
+The output layer keeps its logits sharded over the vocabulary (loss parallel: compute the
+loss under ``torch.distributed.tensor.parallel.loss_parallel()``) unless
+``loss_parallel=False``, where it all-gathers them (``out Replicate``).
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
+                                               SequenceParallel, parallelize_module)
+
+from ..errors import ConfigError
+from ..mesh import DERIVED, Mesh
+from ..spec.training import TrainingSpec
+
+TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def derived_axes(mesh: Mesh) -> list[str]:
+    """Derived axes that span more than one mesh axis (these get a flattened dimension)."""
+    return [d for d in DERIVED if d not in mesh.layout.names and len(mesh.axes_of(d)) > 1]
+
+
+def init_mesh(mesh: Mesh, device: str = "cpu") -> DeviceMesh:
+    """DeviceMesh of ``mesh`` on the current process group, with flattened derived axes.
+
+    On 8 ranks of ``names=(dp_shard, cp, tp), shape=(2, 2, 2)``, rank 5 gets
+    ``dm["tp"]`` = [4, 5], ``dm["cp"]`` = [5, 7], ``dm["fsdp"]`` (dp_shard x cp) = [1, 3, 5, 7].
+    """
+    lay = mesh.layout
+    dm = init_device_mesh(device, lay.shape, mesh_dim_names=lay.names)
+    for name in derived_axes(mesh):
+        dm[mesh.axes_of(name)]._flatten(name)
+    return dm
+
+
+def check_groups(device_mesh: DeviceMesh, mesh: Mesh) -> list[str]:
+    """Differences between DeviceMesh's groups and meshplan's rank lists for this rank; an
+    empty list when every mesh axis and every flattened derived axis agrees."""
+    rank = dist.get_rank()
+    out = []
+    for axis in list(mesh.layout.names) + derived_axes(mesh):
+        want = mesh.group_of(rank, axis)
+        try:
+            with warnings.catch_warnings():  # slicing a flattened dim from the root warns in 2.13; it works
+                warnings.simplefilter("ignore", UserWarning)
+                got = dist.get_process_group_ranks(device_mesh[axis].get_group())
+        except (KeyError, RuntimeError, ValueError) as e:
+            out.append(f"{axis}: DeviceMesh has no such dimension ({e})")
+            continue
+        if got != want:
+            out.append(f"{axis}: DeviceMesh group of rank {rank} is {got}, meshplan says {want}")
+    if device_mesh.mesh.flatten().tolist() != list(range(mesh.world)):
+        out.append(f"DeviceMesh ranks {device_mesh.mesh.flatten().tolist()[:8]}... are not 0..{mesh.world - 1}")
+    return out
+
+
+def _unsupported(mesh: Mesh, training: TrainingSpec) -> Optional[str]:
+    if mesh.degree("pp") > 1:
+        return "pp > 1: pipeline stages are not built by parallelize(); use torch.distributed.pipelining"
+    if mesh.degree("cp") > 1:
+        return "cp > 1: torch 2.13 has no CPU context-parallel strategy for causal attention"
+    if mesh.ep > 1 or mesh.etp > 1:
+        return "ep/etp > 1: the runtime model has no experts"
+    if training.sharding not in ("zero3", "hsdp"):
+        return (f"sharding {training.sharding!r}: only zero3 (FSDP2) and hsdp are built; DDP's reducer "
+                "calls the process group from C++, where no dispatch mode can record it")
+    return None
+
+
+def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, sequence_parallel: bool, loss_parallel: bool = True) -> None:
+    """Tensor (and sequence) parallelism, in place; see the module docstring's table."""
+    tp = tp_mesh.size()
+    spec = model.spec
+    if spec.q_heads % tp:
+        raise ConfigError("mesh.tp", f"q_heads {spec.q_heads} is not divisible by tp {tp}")
+    if model.kv_heads % tp:
+        raise ConfigError("mesh.tp", f"kv_heads {model.kv_heads} is not divisible by tp {tp}")
+    if model.vocab % tp:
+        raise ConfigError("model.vocab", f"vocab {model.vocab} is not divisible by tp {tp}; pad it")
+    if sequence_parallel and spec.position_embedding == "learned":
+        raise ConfigError("model.position_embedding", "learned positions with sequence parallelism are not built")
+    act = Shard(1) if sequence_parallel else Replicate()
+    root = {
+        "embedding": RowwiseParallel(input_layouts=Replicate(), output_layouts=act),
+        "output": ColwiseParallel(input_layouts=act, output_layouts=Shard(-1) if loss_parallel else Replicate(),
+                                  use_local_output=not loss_parallel),
+    }
+    if sequence_parallel:
+        root["final_norm"] = SequenceParallel()
+    parallelize_module(model, tp_mesh, root)
+    for block in model.layers.values():
+        plan = {
+            "attention": PrepareModuleInput(input_layouts=(act, None), desired_input_layouts=(Replicate(), None)),
+            "attention.wq": ColwiseParallel(),
+            "attention.wk": ColwiseParallel(),
+            "attention.wv": ColwiseParallel(),
+            "attention.wo": RowwiseParallel(output_layouts=act),
+            "mlp": PrepareModuleInput(input_layouts=(act,), desired_input_layouts=(Replicate(),)),
+            "mlp.w_up": ColwiseParallel(),
+            "mlp.w_down": RowwiseParallel(output_layouts=act),
+        }
+        if block.mlp.gated:
+            plan["mlp.w_gate"] = ColwiseParallel()
+        if sequence_parallel:
+            plan["attn_norm"] = SequenceParallel()
+            plan["mlp_norm"] = SequenceParallel()
+        parallelize_module(block, tp_mesh, plan)
+    if spec.tied_embeddings:  # both are Shard(0) over the vocabulary: tie the DTensors again
+        model.output.weight = model.embedding.weight
+
+
+def fsdp_mesh(device_mesh: DeviceMesh, mesh: Mesh, training: TrainingSpec) -> DeviceMesh:
+    """The mesh FSDP2 shards over: ``fsdp`` (1-D), or (dp_replicate, fsdp) for HSDP."""
+    shard = mesh.axes_of("fsdp")
+    shard_name = shard[0] if len(shard) == 1 else "fsdp"
+    if training.sharding == "hsdp" or mesh.degree("dp_replicate") > 1:
+        if "dp_replicate" not in mesh.layout.names:
+            raise ConfigError("mesh", "sharding 'hsdp' needs a dp_replicate axis")
+        return device_mesh["dp_replicate", shard_name]
+    return device_mesh[shard_name]
+
+
+def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, reshard_after_forward: bool = True,
+               mp_policy: Optional[MixedPrecisionPolicy] = None) -> None:
+    """FSDP2 ``fully_shard`` on every layer, then on the root (embedding, final norm and
+    output stay in the root's unit)."""
+    kw = dict(mesh=dp_mesh, reshard_after_forward=reshard_after_forward)
+    if mp_policy is not None:
+        kw["mp_policy"] = mp_policy
+    for block in model.layers.values():
+        fully_shard(block, **kw)
+    kw.pop("reshard_after_forward")  # root: FSDP2 default (keeps its parameters for backward)
+    fully_shard(model, **kw)
+
+
+def parallelize(model: nn.Module, device_mesh: DeviceMesh, mesh: Mesh, training: TrainingSpec,
+                loss_parallel: bool = True, mixed_precision: bool = False) -> nn.Module:
+    """Split ``model`` over ``device_mesh`` as ``mesh`` and ``training`` say, in place.
+
+    ``mixed_precision``: FSDP2 ``MixedPrecisionPolicy(param_dtype=compute_dtype,
+    reduce_dtype=reduce_dtype)`` from ``training``; off by default (fp32 on CPU).
+    Raises ConfigError for what this function does not build (pp, cp, ep, DDP, ZeRO-1/2).
+    """
+    why = _unsupported(mesh, training)
+    if why:
+        raise ConfigError("mesh", why)
+    tp = mesh.degree("tp")
+    if tp > 1:
+        apply_tp(model, device_mesh["tp"], mesh.sequence_parallel, loss_parallel)
+    if mesh.degree("fsdp") * mesh.degree("dp_replicate") > 1:
+        mp = None
+        if mixed_precision:
+            for key in ("compute_dtype", "reduce_dtype"):
+                if getattr(training, key) not in TORCH_DTYPES:
+                    raise ConfigError(f"training.{key}", f"{getattr(training, key)} has no FSDP2 mixed-precision "
+                                      f"dtype here; use one of {sorted(TORCH_DTYPES)}")
+            mp = MixedPrecisionPolicy(param_dtype=TORCH_DTYPES[training.compute_dtype],
+                                      reduce_dtype=TORCH_DTYPES[training.reduce_dtype])
+        apply_fsdp(model, fsdp_mesh(device_mesh, mesh, training), training.reshard_after_forward, mp)
+    return model

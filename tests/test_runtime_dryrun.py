@@ -1,0 +1,256 @@
+"""Dry runs of real torch model code (DTensor TP/SP, FSDP2, HSDP) on the fake process group:
+DeviceMesh groups against meshplan's rank lists, and every collective one rank issues in one
+step (op, group ranks, bytes, dtype, count) against a derivation by hand.
+
+Conventions of the hand derivations (torch 2.13, see meshplan/runtime/parallelize.py):
+- sizes are nccl-tests buffers: all-gather output, reduce-scatter input, all-reduce buffer;
+- TP activation buffer = b * s * h * bytes (with SP too: the gathered buffer);
+- FSDP units: each layer, then the root (embedding + final_norm + output); the root keeps
+  its parameters after forward (FSDP2's default for the root), so it is not gathered again
+  in backward; its buffer is the tp-local parameter count;
+- loss parallel: cross-entropy on vocabulary-sharded logits issues 3 all-reduces of b*s
+  fp32 values on tp (max, sum of exp, target logit).
+"""
+
+from collections import Counter
+
+import pytest
+
+pytest.importorskip("torch")
+
+from meshplan.errors import ConfigError  # noqa: E402
+from meshplan.mesh import resolve_mesh  # noqa: E402
+from meshplan.runtime.compare import tally_records  # noqa: E402
+from meshplan.runtime.dryrun import dry_run, fake_process_group  # noqa: E402
+from meshplan.runtime.model import Transformer, scale_model  # noqa: E402
+from meshplan.runtime.parallelize import check_groups, init_mesh, parallelize  # noqa: E402
+from meshplan.spec.mesh import MeshSpec  # noqa: E402
+from meshplan.spec.model import ModelSpec  # noqa: E402
+from meshplan.spec.training import TrainingSpec  # noqa: E402
+
+pytestmark = pytest.mark.timeout(60)
+
+# h 64, ffn 128 (SwiGLU), 4 q heads, 2 KV heads, head_dim 16, vocab 256, 2 layers
+TINY = ModelSpec(name="tiny", layers=2, hidden=64, ffn=128, q_heads=4, kv_heads=2, vocab=256)
+FP32 = dict(param_dtype="fp32", compute_dtype="fp32", reduce_dtype="fp32", recompute="none")
+
+
+def mesh_of(names, shape, sp=False):
+    from math import prod
+    return resolve_mesh(MeshSpec(names=list(names), shape=list(shape), sequence_parallel=sp), world=prod(shape))
+
+
+def tally(run, phase=None):
+    """(phase, op, group, size_bytes, dtype) -> count."""
+    return Counter((r.phase, r.op, r.group, r.size_bytes, r.dtype) for r in run.records
+                   if phase is None or r.phase == phase)
+
+
+def test_tp2_dp_shard4_no_sp():
+    # rank 3 of (dp_shard 4, tp 2): tp group [2, 3], dp_shard group [1, 3, 5, 7]
+    tr = TrainingSpec(global_batch=8, seq_len=16, micro_batch=1, **FP32)
+    run = dry_run(TINY, tr, mesh_of(("dp_shard", "tp"), (4, 2)), rank=3)
+    assert run.group_differences == [] and run.notes == []
+    tp, dp = (2, 3), (1, 3, 5, 7)
+    act = 1 * 16 * 64 * 4  # b*s*h fp32 = 4096
+    # per layer on one tp rank: norms 2*64 + wq 64*64/2 + wk, wv 64*32/2 each + wo 64*64/2
+    # + w_gate, w_up, w_down 64*128/2 each = 128 + 2048 + 2*1024 + 2048 + 3*4096 = 18560
+    layer = 18560 * 4
+    root = (256 * 64 // 2 * 2 + 64) * 4  # embedding and output split over vocab, final_norm: 16448
+    assert tally(run) == Counter({
+        # embedding all-reduce + 2 per layer (after wo, after w_down)
+        ("forward", "all-reduce", tp, act, "fp32"): 1 + 2 * 2,
+        ("forward", "all-gather", dp, root, "fp32"): 1,
+        ("forward", "all-gather", dp, layer, "fp32"): 2,
+        ("loss", "all-reduce", tp, 1 * 16 * 4, "fp32"): 3,
+        # 2 per layer (input grads of wq/wk/wv and w_gate/w_up) + the output layer's input grad
+        ("backward", "all-reduce", tp, act, "fp32"): 2 * 2 + 1,
+        ("backward", "all-gather", dp, layer, "fp32"): 2,  # layers resharded after forward
+        ("backward", "reduce-scatter", dp, layer, "fp32"): 2,
+        ("backward", "reduce-scatter", dp, root, "fp32"): 1,
+    })
+    by_axis = tally_records(run.records, mesh_of(("dp_shard", "tp"), (4, 2)), 3)
+    assert by_axis[("tp", "forward", "all-reduce", act, "fp32")] == 5
+    assert by_axis[("dp_shard", "backward", "reduce-scatter", layer, "fp32")] == 2
+
+
+def test_tp4_sp_dp_shard2():
+    # rank 5 of (dp_shard 2, tp 4): tp [4..7], dp_shard [1, 5]; vocab padded 256 -> 512
+    # (128 * tp 4); KV heads copied 2 -> 4 (one per tp rank)
+    tr = TrainingSpec(global_batch=8, seq_len=16, micro_batch=1, **FP32)
+    run = dry_run(TINY, tr, mesh_of(("dp_shard", "tp"), (2, 4), sp=True), rank=5)
+    assert run.group_differences == []
+    assert run.notes == ["vocab 256 -> 512 rows", "KV heads copied 2 -> 4 for tp 4"]
+    tp, dp = (4, 5, 6, 7), (1, 5)
+    act = 16 * 64 * 4
+    # per layer per tp rank: norms 128 + wq 1024 + wk, wv (4 heads * 16) * 64 / 4 = 1024 each
+    # + wo 1024 + 3 * 64 * 128 / 4 = 6144 -> 10368
+    layer = 10368 * 4
+    root = (512 * 64 // 4 * 2 + 64) * 4
+    assert tally(run) == Counter({
+        ("forward", "reduce-scatter", tp, act, "fp32"): 1 + 2 * 2,  # embedding out + wo, w_down
+        ("forward", "all-gather", tp, act, "fp32"): 2 * 2 + 1,  # attention, mlp in + output layer in
+        ("forward", "all-gather", dp, root, "fp32"): 1,
+        ("forward", "all-gather", dp, layer, "fp32"): 2,
+        ("loss", "all-reduce", tp, 16 * 4, "fp32"): 3,
+        ("backward", "all-gather", tp, act, "fp32"): 2 * 2 + 1,  # + the embedding's output grad
+        ("backward", "reduce-scatter", tp, act, "fp32"): 2 * 2 + 1,  # + the output layer's input grad
+        # SequenceParallel norms: replicated weights, sharded inputs -> weight grad all-reduce
+        ("backward", "all-reduce", tp, 64 * 4, "fp32"): 2 * 2 + 1,
+        ("backward", "all-gather", dp, layer, "fp32"): 2,
+        ("backward", "reduce-scatter", dp, layer, "fp32"): 2,
+        ("backward", "reduce-scatter", dp, root, "fp32"): 1,
+    })
+
+
+def test_hsdp_2x2_tp2_sp():
+    # rank 6 = (dp_replicate 1, dp_shard 1, tp 0): tp [6, 7], dp_shard [4, 6], dp_replicate [2, 6]
+    tr = TrainingSpec(global_batch=8, seq_len=16, micro_batch=2, sharding="hsdp", **FP32)
+    mesh = mesh_of(("dp_replicate", "dp_shard", "tp"), (2, 2, 2), sp=True)
+    run = dry_run(TINY, tr, mesh, rank=6)
+    assert run.group_differences == []
+    tp, shard, rep = (6, 7), (4, 6), (2, 6)
+    act = 2 * 16 * 64 * 4
+    layer, root = 18560, 16448  # tp-local elements, as in test_tp2_dp_shard4_no_sp
+    t = tally(run)
+    assert t[("backward", "all-reduce", rep, layer // 2 * 4, "fp32")] == 2  # shard of each layer
+    assert t[("backward", "all-reduce", rep, root // 2 * 4, "fp32")] == 1
+    assert t[("backward", "reduce-scatter", shard, layer * 4, "fp32")] == 2
+    assert t[("forward", "all-gather", shard, layer * 4, "fp32")] == 2
+    assert t[("backward", "all-gather", shard, layer * 4, "fp32")] == 2
+    assert t[("forward", "all-gather", tp, act, "fp32")] == 5
+    assert t[("backward", "all-reduce", tp, 64 * 4, "fp32")] == 5
+    assert t[("loss", "all-reduce", tp, 2 * 16 * 4, "fp32")] == 3
+    assert sum(t.values()) == 39
+
+
+def test_hsdp_every_rank_groups_and_counts():
+    # all 8 ranks: DeviceMesh groups equal meshplan's, and every rank issues the same sequence
+    # of ops and sizes on its own groups
+    tr = TrainingSpec(global_batch=8, seq_len=16, micro_batch=2, sharding="hsdp", **FP32)
+    mesh = mesh_of(("dp_replicate", "dp_shard", "tp"), (2, 2, 2), sp=True)
+    shapes = set()
+    for rank in range(8):
+        run = dry_run(TINY, tr, mesh, rank=rank, optimizer_step=False)
+        assert run.group_differences == []
+        for r in run.records:
+            assert rank in r.group
+            assert list(r.group) in [mesh.group_of(rank, a) for a in ("tp", "dp_shard", "dp_replicate")]
+        shapes.add(tuple((r.phase, r.op, r.size_bytes, len(r.group)) for r in run.records))
+    assert len(shapes) == 1
+
+
+def test_64_ranks_h8192_bf16():
+    # seed mesh (dp_shard 8, tp 8) with SP at hidden 8192 (Llama-3-70B widths), one layer,
+    # FSDP2 MixedPrecisionPolicy(param bf16, reduce fp32); rank 29 = (3, 5)
+    model = ModelSpec(layers=1, hidden=8192, ffn=28672, q_heads=64, kv_heads=8, head_dim=128, vocab=1024)
+    tr = TrainingSpec(global_batch=64, seq_len=64, micro_batch=1, param_dtype="fp32", compute_dtype="bf16")
+    run = dry_run(model, tr, mesh_of(("dp_shard", "tp"), (8, 8), sp=True), rank=29, mixed_precision=True)
+    assert run.group_differences == []
+    tp, dp = tuple(range(24, 32)), (5, 13, 21, 29, 37, 45, 53, 61)
+    act = 64 * 8192 * 2
+    # per tp rank: wq, wo 8192*8192/8; wk, wv 8192*1024/8; 3 MLP 8192*28672/8; norms 2*8192
+    layer = 2 * 8388608 + 2 * 1048576 + 3 * 29360128 + 16384  # 106971136
+    root = 2 * 1024 * 8192 // 8 + 8192  # 2105344
+    assert tally(run) == Counter({
+        ("forward", "all-gather", dp, root * 2, "bf16"): 1,
+        ("forward", "all-gather", dp, layer * 2, "bf16"): 1,
+        ("forward", "reduce-scatter", tp, act, "bf16"): 3,
+        ("forward", "all-gather", tp, act, "bf16"): 3,
+        ("loss", "all-reduce", tp, 64 * 4, "fp32"): 3,
+        ("backward", "all-gather", dp, layer * 2, "bf16"): 1,
+        ("backward", "all-gather", tp, act, "bf16"): 3,
+        ("backward", "reduce-scatter", tp, act, "bf16"): 3,
+        ("backward", "all-reduce", tp, 8192 * 2, "bf16"): 3,  # norm weight grads, in param dtype
+        ("backward", "reduce-scatter", dp, layer * 4, "fp32"): 1,
+        ("backward", "reduce-scatter", dp, root * 4, "fp32"): 1,
+    })
+
+
+def test_fsdp_only_no_reshard_layernorm():
+    # dp_shard 8, non-gated MLP, LayerNorm (weight + bias), reshard_after_forward false
+    model = TINY.model_copy(update=dict(gated_mlp=False, norm="layernorm", kv_heads=4))
+    tr = TrainingSpec(global_batch=16, seq_len=16, micro_batch=2, reshard_after_forward=False, **FP32)
+    run = dry_run(model, tr, mesh_of(("dp_shard",), (8,)), rank=1)
+    dp = tuple(range(8))
+    layer = 2 * 128 + 4 * 64 * 64 + 2 * 64 * 128  # 33024
+    root = 2 * 256 * 64 + 128  # 32896
+    assert tally(run) == Counter({
+        ("forward", "all-gather", dp, root * 4, "fp32"): 1,
+        ("forward", "all-gather", dp, layer * 4, "fp32"): 2,
+        ("backward", "reduce-scatter", dp, layer * 4, "fp32"): 2,
+        ("backward", "reduce-scatter", dp, root * 4, "fp32"): 1,
+    })
+
+
+def test_full_recompute_replays_all_but_the_last_collective_of_a_layer():
+    # non-reentrant checkpoint stops recomputing once the saved tensors are rebuilt, so the
+    # layer's last reduce-scatter (after w_down) is not replayed: +2 all-gathers, +1 RS per layer
+    tr = TrainingSpec(global_batch=8, seq_len=16, micro_batch=1, **dict(FP32, recompute="full"))
+    run = dry_run(TINY, tr, mesh_of(("dp_shard", "tp"), (4, 2), sp=True), rank=3)
+    t = tally(run, "backward")
+    act = 16 * 64 * 4
+    assert t[("backward", "all-gather", (2, 3), act, "fp32")] == 5 + 2 * 2
+    assert t[("backward", "reduce-scatter", (2, 3), act, "fp32")] == 5 + 1 * 2
+    assert t[("backward", "all-gather", (1, 3, 5, 7), 18560 * 4, "fp32")] == 2  # no extra FSDP gather
+
+
+def test_loss_not_parallel_gathers_logits():
+    tr = TrainingSpec(global_batch=8, seq_len=16, micro_batch=1, **FP32)
+    run = dry_run(TINY, tr, mesh_of(("dp_shard", "tp"), (4, 2)), rank=0, loss_parallel=False)
+    t = tally(run)
+    assert t[("forward", "all-gather", (0, 1), 16 * 256 * 4, "fp32")] == 1  # b*s*V logits
+    assert not [k for k in t if k[0] == "loss"]
+
+
+@pytest.mark.filterwarnings("ignore:Slicing a flattened dim")
+def test_large_mesh_groups_and_a_wrong_order_is_caught():
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = mesh_of(("pp", "dp_replicate", "dp_shard", "cp", "tp"), (2, 2, 4, 4, 16))
+    with fake_process_group(1024, rank=777):
+        dm = init_mesh(mesh)
+        assert check_groups(dm, mesh) == []
+        assert dist.get_process_group_ranks(dm["fsdp"].get_group()) == mesh.group_of(777, "fsdp")
+    small = mesh_of(("dp_shard", "tp"), (4, 2))
+    with fake_process_group(8, rank=3):
+        swapped = init_device_mesh("cpu", (2, 4), mesh_dim_names=("tp", "dp_shard"))
+        diffs = check_groups(swapped, small)
+    # rank 3 sits at (tp 0, dp_shard 3) of the swapped mesh
+    assert diffs == ["dp_shard: DeviceMesh group of rank 3 is [0, 1, 2, 3], meshplan says [1, 3, 5, 7]",
+                     "tp: DeviceMesh group of rank 3 is [3, 7], meshplan says [2, 3]"]
+
+
+def test_refusals_are_config_errors():
+    import torch
+
+    tr = TrainingSpec(global_batch=8, seq_len=16, **FP32)
+    with fake_process_group(8):
+        with torch.device("meta"):
+            model = Transformer(TINY.model_copy(update=dict(q_heads=6, kv_heads=2, head_dim=16)), tp=8)
+        mesh = mesh_of(("dp_shard", "tp"), (1, 8))
+        with pytest.raises(ConfigError, match="q_heads 6 is not divisible by tp 8"):
+            parallelize(model, init_mesh(mesh), mesh, tr)
+        mesh = mesh_of(("dp_shard", "cp", "tp"), (2, 2, 2))
+        with pytest.raises(ConfigError, match="cp > 1"):
+            parallelize(Transformer(TINY), init_mesh(mesh), mesh, tr)
+    with pytest.raises(ConfigError, match="sharding 'zero1'"):
+        dry_run(TINY, tr.model_copy(update=dict(sharding="zero1")), mesh_of(("dp_shard",), (8,)))
+
+
+def test_scaled_model_matches_param_count():
+    from meshplan import catalog
+
+    s = scale_model(catalog.model("llama3-8b"), layers=2, hidden_div=16, vocab=512)
+    m = Transformer(s.spec)
+    assert sum(p.numel() for p in m.parameters()) == s.spec.param_count()
+    assert "layers 32 -> 2" in s.note and "vocab" in s.note
+
+
+def test_tied_embeddings_gathered_once():
+    # tied output layer: one (vocab/tp, h) weight in the root unit -> 256*64/2 + final_norm 64
+    tr = TrainingSpec(global_batch=8, seq_len=16, micro_batch=1, **FP32)
+    tied = TINY.model_copy(update=dict(tied_embeddings=True))
+    run = dry_run(tied, tr, mesh_of(("dp_shard", "tp"), (4, 2), sp=True), rank=3)
+    assert tally(run)[("forward", "all-gather", (1, 3, 5, 7), (256 * 64 // 2 + 64) * 4, "fp32")] == 1
