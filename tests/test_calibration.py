@@ -1,0 +1,211 @@
+"""Calibration from nccl-tests: text and -J JSON parsing, the alpha-beta fit, the TOML file
+and applying it to a cluster.
+
+The sample files under tests/data/nccl/ were written by :func:`nccl_tests_text` (and the
+matching JSON) from alpha = 20 us, beta = 40 GB/s for an all-reduce over 8 nodes x 1 GPU,
+in the layout of NVIDIA/nccl-tests src/util.cu (format strings copied: "%12li  %12li  %8s
+ %6s  %6s" preamble, getFloatStr widths 7/6/6, JSON version 2 keys).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from meshplan.calibration import (BenchRow, apply_calibration, calibration_toml, fit_alpha_beta,
+                                  load_calibration, parse_nccl_tests_json, parse_nccl_tests_text,
+                                  read_nccl_tests)
+from meshplan.catalog import system
+from meshplan.comm import busbw_factor
+from meshplan.errors import ConfigError
+
+DATA = Path(__file__).parent / "data" / "nccl"
+TXT = DATA / "all_reduce_perf_8nodes-x1gpu.txt"
+JSON = DATA / "all_reduce_perf_8nodes-x1gpu.json"
+
+
+def float_str(value: float, width: int) -> str:
+    """nccl-tests getFloatStr: 2 decimals while they fit, then 1, then 0, then %e."""
+    power, val = 0, 1
+    while value >= val:
+        power, val = power + 1, val * 10
+    if power < width - 2:
+        return f"{value:{width}.2f}"
+    if power < width - 1:
+        return f"{value:{width}.1f}"
+    if power < width + 1:
+        return f"{value:{width}.0f}"
+    return f"{value:{width}.1e}"
+
+
+def nccl_tests_rows(op, n, sizes, alpha_s, beta_bytes_per_s):
+    """(size, time s, algbw B/s, busbw B/s) from t = alpha + busbw_factor * size / beta."""
+    out = []
+    for s in sizes:
+        t = alpha_s + busbw_factor(op, n) * s / beta_bytes_per_s
+        out.append((s, t, s / t, s / t * busbw_factor(op, n)))
+    return out
+
+
+#: nccl-tests' column header: "# %10s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %6s  %7s  %6s  %6s  %6s %*s"
+HEAD = "# " + "  ".join("{:>%d}" % w for w in (10, 12, 8, 6, 6, 7, 6, 6, 6, 7, 6, 6, 6)) + " "
+
+
+def nccl_tests_text(program, hosts, sizes, alpha_s, beta_bytes_per_s, cmd=""):
+    """nccl-tests stdout for one process per host (one GPU each)."""
+    op = {"all_reduce_perf": "all-reduce", "all_gather_perf": "all-gather"}[program]
+    redop = "sum" if op == "all-reduce" else "none"
+    lines = ([f"$ {cmd}"] if cmd else []) + [
+        "# nccl-tests version 2.17.6 nccl-headers=22703 nccl-library=22703",
+        f"# Collective test starting: {program}",
+        f"# nThread 1 nGpus 1 minBytes {sizes[0]} maxBytes {sizes[-1]} step: 2(factor) warmup iters: 5 "
+        "iters: 20 agg iters: 1 validation: 1 graph: 0 unalign: 0", "#", "# Using devices"]
+    lines += [f"#  Rank {r:2d} Group {0:2d} Pid {41233 + 17 * r:6d} on {h:>10s} device {0:2d} [0000:18:00] "
+              "NVIDIA H100 80GB HBM3" for r, h in enumerate(hosts)]
+    lines += ["#", f"# {'':>10s}  {'':>12s}  {'':>8s}  {'':>6s}  {'':>6s}           out-of-place"
+                   "                       in-place          ",
+              HEAD.format("size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong", "time",
+                          "algbw", "busbw", "#wrong"),
+              HEAD.format("(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)",
+                          "(GB/s)", "")]
+    rows = nccl_tests_rows(op, len(hosts), sizes, alpha_s, beta_bytes_per_s)
+    for s, t, a, b in rows:
+        body = f"  {float_str(t * 1e6, 7)}  {float_str(a / 1e9, 6)}  {float_str(b / 1e9, 6)}  {0:6g}"
+        lines.append(f"{s:12d}  {s // 4:12d}  {'float':>8s}  {redop:>6s}  {-1:6d}" + body + body)
+    avg = sum(b for *_, b in rows) / len(rows) / 1e9
+    lines += [f"# {'Out of bounds values':<20s} : 0 OK", f"# {'Avg bus bandwidth':<20s} : {avg:g} ", "#",
+              f"# Collective test concluded: {program}", ""]
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- parsing
+
+
+def test_text_sample_rows():
+    rows = read_nccl_tests(TXT)
+    assert len(rows) == 62  # 31 sizes, out-of-place and in-place
+    first, last = rows[0], rows[-1]
+    assert (first.op, first.n_ranks, first.size_bytes, first.in_place) == ("all-reduce", 8, 8, False)
+    assert first.time_s == pytest.approx(20.0e-6)  # printed "  20.00"
+    assert rows[1].in_place and rows[1].size_bytes == 8
+    assert last.size_bytes == 8 * 2**30
+    # 8 GiB: 20 us + 1.75 * 8589934592 / 40e9 s = 375,829.9 us, printed "%7.0f" -> 375830
+    assert last.time_s == pytest.approx(375830e-6)
+    assert last.algbw_bytes_per_s == pytest.approx(22.86e9) and last.busbw_bytes_per_s == pytest.approx(40.00e9)
+
+
+def test_json_sample_matches_text():
+    js, tx = read_nccl_tests(JSON), read_nccl_tests(TXT)
+    assert len(js) == len(tx) == 62
+    assert {(r.op, r.n_ranks) for r in js} == {("all-reduce", 8)}  # 8 devices x nthreads 1 x ngpus 1
+    for a, b in zip(js, tx):
+        assert a.size_bytes == b.size_bytes and a.in_place == b.in_place
+        assert a.time_s == pytest.approx(b.time_s, rel=2e-3, abs=6e-9)  # text rounds to 0.01 us
+
+
+@pytest.mark.parametrize("path", [TXT, JSON])
+def test_fit_recovers_alpha_beta(path):
+    fit = fit_alpha_beta(read_nccl_tests(path), "nic")
+    assert fit.latency_s == pytest.approx(20e-6, rel=0.01)
+    assert fit.bandwidth_bytes_per_s == pytest.approx(40e9, rel=0.01)
+    assert fit.rms_residual < 1e-3 and fit.points == 62 and not fit.clamped
+    assert fit.predict(2**30) == pytest.approx(20e-6 + 1.75 * 2**30 / 40e9, rel=0.01)
+
+
+def test_fit_all_gather_16_ranks_synthesized():
+    hosts = [f"gpu{k}" for k in range(16)]
+    text = nccl_tests_text("all_gather_perf", hosts, [2**k for k in range(10, 31)], 35e-6, 360e9)
+    rows = parse_nccl_tests_text(text)
+    assert rows[0].op == "all-gather" and rows[0].n_ranks == 16
+    fit = fit_alpha_beta(rows, "nvlink")
+    assert fit.latency_s == pytest.approx(35e-6, rel=0.01)
+    assert fit.bandwidth_bytes_per_s == pytest.approx(360e9, rel=0.01)
+
+
+def test_negative_alpha_is_clamped():
+    rows = [BenchRow("all-reduce", 2, s, s / 10e9 - 1e-6, 0, 0) for s in (2**20, 2**24, 2**28)]
+    fit = fit_alpha_beta(rows, "pcie")
+    assert fit.clamped and fit.latency_s == 0.0
+    assert fit.bandwidth_bytes_per_s == pytest.approx(10e9, rel=0.01)
+
+
+@pytest.mark.parametrize("rows, words", [
+    ([BenchRow("all-reduce", 8, 8, 1e-5, 0, 0)], "measure at least two sizes"),
+    ([BenchRow("all-reduce", 8, 8, 2e-5, 0, 0), BenchRow("all-reduce", 8, 16, 1e-5, 0, 0)], "does not grow"),
+    ([BenchRow("all-reduce", 8, 8, 2e-5, 0, 0), BenchRow("all-gather", 8, 16, 3e-5, 0, 0)], "one (op, ranks)"),
+])
+def test_fit_errors(rows, words):
+    with pytest.raises(ConfigError) as err:
+        fit_alpha_beta(rows, "nic")
+    assert words in str(err.value)
+    with pytest.raises(ConfigError, match="unknown link class 'ib'"):
+        fit_alpha_beta(rows, "ib")
+
+
+def test_text_errors():
+    text = TXT.read_text()
+    lines = text.splitlines()
+    assert lines[19].split()[0] == "16"
+    lines[19] = "          16             4     float     sum      -1"
+    with pytest.raises(ConfigError, match=r"^short.txt:20: 5 fields for 13 columns"):
+        parse_nccl_tests_text("\n".join(lines), source="short.txt")
+    with pytest.raises(ConfigError, match="pass op="):
+        parse_nccl_tests_text(text.replace("# Collective test starting: all_reduce_perf", "#"))
+    with pytest.raises(ConfigError, match="busbw/algbw = 1.750 but all-reduce over 4 ranks gives 1.500"):
+        parse_nccl_tests_text(text, n_ranks=4)
+    with pytest.raises(ConfigError, match="not one meshplan models"):
+        parse_nccl_tests_text(text.replace("all_reduce_perf", "hypercube_perf"))
+
+
+def test_json_errors():
+    with pytest.raises(ConfigError, match=r"bad.json:1: invalid JSON"):
+        parse_nccl_tests_json("{", source="bad.json")
+    with pytest.raises(ConfigError, match=r"results\[0\].out_of_place: needs numeric"):
+        parse_nccl_tests_json('{"args": ["all_reduce_perf"], "config": {"devices": [1, 2]}, '
+                              '"results": [{"size": 8, "out_of_place": {"time": "x"}}]}')
+
+
+# --------------------------------------------------------------------------- file + apply
+
+
+def test_toml_round_trip_and_apply(tmp_path):
+    fit = fit_alpha_beta(read_nccl_tests(TXT), "nic")
+    nv = fit_alpha_beta([BenchRow("all-reduce", 8, s, 15e-6 + 1.75 * s / 370e9, 0, 0) for s in (8, 2**20, 2**30)],
+                        "nvlink")
+    path = tmp_path / "calib.toml"
+    path.write_text(calibration_toml([fit, nv], "nccl-tests all_reduce_perf 2026-03-02, 8 nodes x 1 GPU"))
+    calib = load_calibration(path)
+    assert set(calib) == {"nic", "nvlink"}
+    nic = calib["nic"]
+    assert nic.latency_us == pytest.approx(20.0, rel=0.01) and nic.bandwidth_gb_per_s == pytest.approx(40.0, rel=0.01)
+    assert (nic.op, nic.ranks, nic.points) == ("all-reduce", 8, 62)
+    assert nic.step_latency_us == pytest.approx(20.0 / 14, rel=0.01)  # ring all-reduce over 8: 2(8-1) steps
+
+    base = system("dgx-h100", nodes=2)
+    new = apply_calibration(base, calib)
+    assert new is not base and base.node.fabric.bandwidth_gb_per_s == 450.0  # the input is unchanged
+    assert new.node.fabric.bandwidth_gb_per_s == pytest.approx(370.0, rel=1e-3)
+    assert new.node.fabric.latency_us == pytest.approx(15.0 / 14, rel=1e-3)
+    assert new.node.pcie == base.node.pcie
+    assert [n.rate_gbit_per_s for n in new.node.nics] == [pytest.approx(320.0, rel=0.01)] * 8  # 40 GB/s x 8
+    assert [t.latency_us for t in new.network] == [pytest.approx(20.0 / 14, rel=0.01)] * len(base.network)
+    assert [n.name for n in new.node.nics] == [n.name for n in base.node.nics]
+    assert "calibrated" in new.node.fabric.source and "nccl-tests" in new.source
+
+
+@pytest.mark.parametrize("text, where", [
+    ("[link.ib]\nlatency_us = 1\nbandwidth_gb_per_s = 1\nsource = 'x'\n", "c.toml: link.ib"),
+    ("[link.nic]\nlatency_us = 1\nbandwidth_gb_per_s = 0\nsource = 'x'\n", "c.toml: link.nic.bandwidth_gb_per_s"),
+    ("[link.nic]\nlatency_us = 1\nbandwidth_gb_per_s = 1\nsource = 'x'\nspeed = 3\n", "c.toml: link.nic.speed"),
+    ("[link.nic]\nlatency_us = 1\nbandwidth_gb_per_s = 1\n", "c.toml: link.nic.source"),
+    ("[link.nic]\nlatency_us = 1\nbandwidth_gb_per_s = 1\nsource = 'x'\nop = 'allreduce'\n", "c.toml: link.nic.op"),
+    ("[nic]\nlatency_us = 1\n", "c.toml"),
+    ("[link.nic\n", "c.toml"),
+])
+def test_calibration_file_errors(tmp_path, text, where):
+    path = tmp_path / "c.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as err:
+        load_calibration(path)
+    assert err.value.field == where and "\n" not in str(err.value)
