@@ -127,7 +127,7 @@ class StageParams:
 
 
 def _is_norm(t: Tensor) -> bool:
-    return t.name.endswith("norm")
+    return "norm" in t.name  # attn_norm, mlp_norm, q_norm, final_norm and their biases
 
 
 def stage_params(model: ModelSpec, mesh: Mesh, training: TrainingSpec,

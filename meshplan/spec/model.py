@@ -85,55 +85,56 @@ class ModelSpec(BaseModel):
         return self.is_moe and layer >= self.dense_layers
 
     def layer_tensors(self, layer: int) -> list["Tensor"]:
-        """Weights of transformer layer ``layer``, with their tensor-parallel split."""
+        """Weights of transformer layer ``layer`` as torch modules hold them (one Tensor per
+        parameter, ``rows`` = dim 0 of the (out, in) weight), with their tensor-parallel split."""
         h, d = self.hidden, self.d_head
         q, kv = self.q_heads * d, self.n_kv_heads * d
-        mult = 2 if self.gated_mlp else 1
-        norm_n = 2 * h if self.norm == "layernorm" else h
-        out = [
-            Tensor("attn_norm", norm_n, "replicated"),
-            Tensor("wq", h * q + (q if self.qkv_bias or self.linear_bias else 0), "column"),
-            Tensor("wk", h * kv + (kv if self.qkv_bias or self.linear_bias else 0), "kv_column"),
-            Tensor("wv", h * kv + (kv if self.qkv_bias or self.linear_bias else 0), "kv_column"),
-            Tensor("wo", q * h, "row"),
-            Tensor("mlp_norm", norm_n, "replicated"),
-        ]
+        norm = [Tensor("weight", h, "replicated", rows=h)] + (
+            [Tensor("bias", h, "replicated", rows=h)] if self.norm == "layernorm" else [])
+        qkv_bias = self.qkv_bias or self.linear_bias
+        out = [t.renamed("attn_norm") for t in norm]
+        out += [Tensor("wq", h * q, "column", rows=q), Tensor("wk", h * kv, "kv_column", rows=kv),
+                Tensor("wv", h * kv, "kv_column", rows=kv)]
+        if qkv_bias:
+            out += [Tensor("wq_bias", q, "column", rows=q), Tensor("wk_bias", kv, "kv_column", rows=kv),
+                    Tensor("wv_bias", kv, "kv_column", rows=kv)]
+        out.append(Tensor("wo", q * h, "row", rows=h))
         if self.linear_bias:
-            out.append(Tensor("wo_bias", h, "replicated"))
+            out.append(Tensor("wo_bias", h, "replicated", rows=h))
         if self.qk_norm:
-            out.append(Tensor("qk_norm", 2 * d, "replicated"))
+            out += [Tensor("q_norm", d, "replicated", rows=d), Tensor("k_norm", d, "replicated", rows=d)]
+        out += [t.renamed("mlp_norm") for t in norm]
         if self.is_moe_layer(layer):
-            f = self.moe_ffn
-            out.append(Tensor("router", h * self.experts, "replicated"))
-            out.append(Tensor("experts_w_in", self.experts * h * f * mult, "expert_column", expert=True))
-            out.append(Tensor("experts_w_out", self.experts * f * h, "expert_row", expert=True))
-            if self.shared_experts:
-                sf = (self.shared_expert_ffn or f) * self.shared_experts
-                out.append(Tensor("shared_w_in", h * sf * mult, "column"))
-                out.append(Tensor("shared_w_out", sf * h, "row"))
-        else:
-            fb = self.ffn if self.linear_bias else 0
-            out.append(Tensor("w_in", h * self.ffn * mult + fb * mult, "column"))
-            out.append(Tensor("w_out", self.ffn * h, "row"))
-            if self.linear_bias:
-                out.append(Tensor("w_out_bias", h, "replicated"))
+            return out + self._moe_tensors()
+        return out + _mlp("", h, self.ffn, self.gated_mlp, self.linear_bias, "column", "row")
+
+    def _moe_tensors(self) -> list["Tensor"]:
+        h, e, f = self.hidden, self.experts, self.moe_ffn
+        out = [Tensor("router", h * e, "replicated", rows=e)]
+        names = ("experts_w_gate", "experts_w_up") if self.gated_mlp else ("experts_w_up",)
+        out += [Tensor(n, e * h * f, "expert_column", expert=True, rows=e) for n in names]
+        out.append(Tensor("experts_w_down", e * f * h, "expert_row", expert=True, rows=e))
+        if self.shared_experts:
+            sf = (self.shared_expert_ffn or f) * self.shared_experts
+            out += _mlp("shared_", h, sf, self.gated_mlp, False, "column", "row")
         return out
 
     def embedding_tensors(self, padded_vocab: int) -> list["Tensor"]:
         """Input embedding (vocab-parallel) and learned positions (replicated)."""
-        out = [Tensor("embedding", padded_vocab * self.hidden, "vocab")]
+        out = [Tensor("embedding", padded_vocab * self.hidden, "vocab", rows=padded_vocab)]
         if self.position_embedding == "learned":
-            out.append(Tensor("position_embedding", self.max_position * self.hidden, "replicated"))
+            out.append(Tensor("position_embedding", self.max_position * self.hidden, "replicated",
+                              rows=self.max_position))
         return out
 
     def head_tensors(self, padded_vocab: int) -> list["Tensor"]:
         """Final norm and output layer; a tied output layer is a copy of the embedding
         (``tied_copy``) that the last pipeline stage keeps when pp > 1, as Megatron does."""
-        norm_n = 2 * self.hidden if self.norm == "layernorm" else self.hidden
-        return [
-            Tensor("final_norm", norm_n, "replicated"),
-            Tensor("output", padded_vocab * self.hidden, "vocab", tied=self.tied_embeddings),
-        ]
+        h = self.hidden
+        norm = [Tensor("final_norm", h, "replicated", rows=h)]
+        if self.norm == "layernorm":
+            norm.append(Tensor("final_norm_bias", h, "replicated", rows=h))
+        return norm + [Tensor("output", padded_vocab * h, "vocab", tied=self.tied_embeddings, rows=padded_vocab)]
 
     def param_count(self, padded_vocab: Optional[int] = None) -> int:
         """Total parameters (one copy of a tied embedding). ``padded_vocab`` defaults to vocab.
@@ -163,6 +164,18 @@ class ModelSpec(BaseModel):
 Split = Literal["replicated", "column", "kv_column", "row", "vocab", "expert_column", "expert_row"]
 
 
+def _mlp(prefix: str, h: int, f: int, gated: bool, bias: bool, col: str, row: str) -> list["Tensor"]:
+    """MLP weights: w_gate and w_up (f, h) column-parallel, w_down (h, f) row-parallel."""
+    ups = ("w_gate", "w_up") if gated else ("w_up",)
+    out = [Tensor(prefix + n, f * h, col, rows=f) for n in ups]
+    if bias:
+        out += [Tensor(prefix + n + "_bias", f, col, rows=f) for n in ups]
+    out.append(Tensor(prefix + "w_down", h * f, row, rows=h))
+    if bias:
+        out.append(Tensor(prefix + "w_down_bias", h, "replicated", rows=h))
+    return out
+
+
 @dataclass(frozen=True)
 class Tensor:
     """One weight: ``numel`` elements, split by tensor parallelism as ``split``:
@@ -173,7 +186,9 @@ class Tensor:
     - ``vocab``: divided by tp over the padded vocabulary;
     - ``expert_*``: divided by ep (experts) and etp (within an expert);
     - ``replicated``: every tp rank holds all of it (norms, router, biases after a row split).
-    ``tied``: the output layer shares the embedding's weight.
+    ``tied``: the output layer shares the embedding's weight. ``rows``: dim 0 of the full
+    weight as torch holds it ((out, in) for Linear; experts (E, ...)), which FSDP2 shards and
+    pads (0 = unknown, treated as numel).
     """
 
     name: str
@@ -181,3 +196,9 @@ class Tensor:
     split: Split
     expert: bool = False
     tied: bool = False
+    rows: int = 0
+
+    def renamed(self, prefix: str) -> "Tensor":
+        """A norm parameter named after its module: ``attn_norm`` (weight), ``attn_norm_bias``."""
+        name = prefix if self.name == "weight" else f"{prefix}_{self.name}"
+        return Tensor(name, self.numel, self.split, self.expert, self.tied, self.rows)
