@@ -1,19 +1,31 @@
 """First collective table: per group kind and phase, the collective each rank issues, its
-payload, count per micro-batch and per step, dtype, and an alpha-beta time on the link
-class the group crosses (:func:`meshplan.comm.ring_time`).
+payload, count per micro-batch and per step, dtype, what waits on it, and an alpha-beta time
+on the link class the group crosses (:func:`meshplan.comm.ring_time`).
 
-Conventions (stated so a row lines up with what a framework issues):
-- ``size_bytes`` is the full buffer S as nccl-tests prints it (the gathered output of an
-  all-gather, the input of a reduce-scatter).
-- TP without SP: 2 all-reduces per layer forward (after attention and MLP), 2 in backward
-  (Megatron-LM, Shoeybi et al. 2019, Fig. 3). With SP: each becomes an all-gather plus a
-  reduce-scatter (Korthikanti et al. 2022, section 4.2.2). Full recompute repeats the
-  forward collectives in backward.
-- FSDP2/ZeRO-3: one all-gather per layer in forward and, with reshard_after_forward, again
-  in backward; one reduce-scatter of gradients per layer; all per micro-batch (FSDP2's
-  default: gradients are reduced every micro-batch). ZeRO-1/2 (Megatron distributed
-  optimizer): one gradient reduce-scatter and one parameter all-gather per step. DDP: one
-  gradient all-reduce per step. HSDP adds an all-reduce over dp_replicate of the shard.
+Conventions, matched op by op against what torch 2.13 issues for DTensor TP/SP and FSDP2
+(``meshplan.runtime.dryrun``; torchtitan's Llama plan):
+- ``size_bytes`` is the full buffer S as nccl-tests prints it (all-gather output,
+  reduce-scatter input, all-reduce buffer).
+- TP without SP: forward all-reduce after the vocab-parallel embedding (first stage) and after
+  wo and w_down of every layer; backward all-reduce of the input gradient of wq/wk/wv and
+  w_gate/w_up of every layer and of the output layer (last stage) (Megatron-LM, Shoeybi et al.
+  2019, Fig. 3). With SP each becomes an all-gather (before column-parallel GEMMs) and a
+  reduce-scatter (after row-parallel GEMMs), in forward and mirrored in backward (Korthikanti
+  et al. 2022, 4.2.2); the replicated norm weights get their gradients all-reduced over tp in
+  backward (one per norm parameter, h elements in compute dtype).
+- Loss parallel (last stage, tp > 1): three all-reduces of b*s fp32 values (max, sum of
+  exponentials, target logit); without it, one all-gather of the b*s*V logits.
+- Full recompute: torch's non-reentrant checkpoint replays each layer's forward up to its last
+  saved tensor, so it repeats every forward TP collective except the last one of the layer.
+- FSDP2 (zero3, hsdp): one unit per transformer layer and a root unit (embedding, final norm,
+  output on the stages that hold them). Each unit is all-gathered in forward, again in
+  backward when ``reshard_after_forward`` (never for the root, which FSDP2 keeps gathered),
+  and its gradients reduce-scattered in backward, every micro-batch. FSDP2 pads dim 0 of each
+  parameter to a multiple of the shard degree (:func:`~meshplan.tpsplit.fsdp_padded_numel`).
+  HSDP all-reduces each unit's gradient shard over dp_replicate. Expert weights form their
+  own unit over efsdp (torchtitan).
+- ZeRO-1/2 (Megatron distributed optimizer): one gradient reduce-scatter and one parameter
+  all-gather per step, as one bucket per stage. DDP (none): one gradient all-reduce per step.
 - CP: all-gather of the local K and V per layer forward, reduce-scatter of dK, dV backward.
 - PP: one send/recv of the activation per micro-batch per chunk boundary in forward and one
   of its gradient in backward; with SP the sent tensor is split over tp.
@@ -22,6 +34,7 @@ Conventions (stated so a row lines up with what a framework issues):
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
@@ -31,22 +44,25 @@ from .mesh import Mesh
 from .spec.cluster import ClusterSpec
 from .spec.model import ModelSpec
 from .spec.training import TrainingSpec
-from .tpsplit import local_heads, local_numel, padded_vocab
+from .tpsplit import fsdp_padded_numel, local_heads, local_numel, padded_vocab
 from .units import dtype_bytes
 
 
 @dataclass(frozen=True)
 class Path:
-    """Link class a group's collective crosses and the bandwidth each rank gets on it."""
+    """Link class a group's collective crosses, the bandwidth each rank gets on it (bytes/s)
+    and the per-step latency scale against NCCL's defaults (1 = NCCL's constants)."""
 
     kind: str  # "local" | "nvlink" | "network"
     bandwidth_bytes_per_s: float
     note: str
+    latency_scale: float = 1.0
 
 
 @dataclass(frozen=True)
 class CollectiveRow:
-    """One collective kind on one axis in one phase (see the module docstring)."""
+    """One collective kind on one axis in one phase (see the module docstring).
+    ``waits``: what compute waits on it; ``depth``: how many compute ops wait on it."""
 
     axis: str
     phase: str
@@ -61,6 +77,8 @@ class CollectiveRow:
     cadence: str
     path: Path
     time_s: float
+    waits: str = ""
+    depth: int = 0
 
     @property
     def algbw_bytes_per_s(self) -> float:
@@ -77,115 +95,177 @@ def axis_path(mesh: Mesh, placement, cluster: ClusterSpec, axis: str) -> Path:
     Inside one node (or NVLink domain): the fabric's per-GPU bandwidth. Across nodes: on
     each node, every group with members there sends its ring traffic out through its
     members' affine NICs; per-rank bandwidth = min(fabric, NIC bandwidth of the NICs used on
-    the node / groups leaving the node), taken at the most loaded node.
+    the node / groups leaving the node), taken at node 0.
     """
     groups = mesh.groups(axis)
     if groups.shape[1] == 1:
         return Path("local", float("inf"), "no peers")
     node = placement.node[groups]
-    domain = cluster.node.nvlink_domain_gpus
-    span_key = placement.global_gpu[groups] // domain if domain else node
-    fabric = cluster.node.fabric.bandwidth_bytes_per_s
-    if (span_key == span_key[:, :1]).all():
-        return Path("nvlink", fabric, cluster.node.fabric.name)
+    fabric = cluster.node.fabric
+    if (placement.domain[groups] == placement.domain[groups][:, :1]).all():
+        return Path("nvlink", fabric.bandwidth_bytes_per_s, fabric.name, fabric.latency_s / 3.4e-6)
     nics = cluster.node.nics
+    tier = cluster.network[0].latency_s / 14e-6 if cluster.network else 1.0
     if not nics:
-        return Path("network", cluster.node.pcie.bandwidth_bytes_per_s, "no NIC in catalog: PCIe bound")
+        return Path("network", cluster.node.pcie.bandwidth_bytes_per_s, "no NIC in catalog: PCIe bound", tier)
     n0 = int(node[0, 0])
-    on_node = [g for g in range(groups.shape[0]) if (node[g] == n0).any()]
-    used = sorted({int(placement.nic[r]) for g in on_node for r in groups[g] if placement.node[r] == n0})
-    nic_bw = sum(nics[i].bandwidth_bytes_per_s for i in used if i >= 0)
-    bw = min(fabric, nic_bw / len(on_node))
+    on_node = np.flatnonzero((node == n0).any(axis=1))
+    members = groups[on_node][node[on_node] == n0]
+    used = sorted({int(i) for i in placement.nic[members] if i >= 0})
+    nic_bw = sum(nics[i].bandwidth_bytes_per_s for i in used)
+    bw = min(fabric.bandwidth_bytes_per_s, nic_bw / len(on_node))
     rails = np.unique(placement.rail[groups[0]])
     return Path("network", bw, f"{len(on_node)} group(s) per node share NIC(s) "
-                f"{','.join(nics[i].name for i in used)}; rails {rails.tolist()}")
+                f"{','.join(nics[i].name for i in used)}; rails {rails.tolist()}", tier)
 
 
 def collective_table(model: ModelSpec, training: TrainingSpec, mesh: Mesh, cluster: ClusterSpec,
                      placement, stage_layers: list[int], micro_batches: int,
-                     first_stage: bool = True, last_stage: bool = True) -> list[CollectiveRow]:
+                     first_stage: bool = True, last_stage: bool = True,
+                     loss_parallel: bool = True) -> list[CollectiveRow]:
     """Rows for one pipeline stage holding ``stage_layers`` (layer indices)."""
     rows: list[CollectiveRow] = []
-    tp, cp = mesh.degree("tp"), mesh.degree("cp")
-    b, s, h = training.micro_batch, training.seq_len // cp, model.hidden
-    act = dtype_bytes(training.compute_dtype)
-    nl = len(stage_layers)
+    paths: dict[str, Path] = {}
 
-    def add(axis, phase, op, size, dtype, per_mb, cadence, per_step=None):
-        if mesh.degree(axis) <= 1 or size <= 0 or (per_mb == 0 and not per_step):
-            return
-        path = axis_path(mesh, placement, cluster, axis)
+    def add(axis, phase, op, size, dtype, per_mb, cadence, waits="", depth=1, per_step=None):
         n = mesh.degree(axis)
-        t = ring_time(op, n, size, path.bandwidth_bytes_per_s, network=path.kind == "network")
-        shown = mesh.display_name(axis)
-        rows.append(CollectiveRow(shown, phase, op, n, mesh.world // n, tuple(mesh.group_of(0, axis)),
-                                  float(size), dtype, per_mb, per_step if per_step is not None else per_mb * micro_batches,
-                                  cadence, path, t))
+        if n <= 1 or size <= 0 or (per_mb == 0 and not per_step):
+            return
+        path = paths.setdefault(axis, axis_path(mesh, placement, cluster, axis))
+        t = ring_time(op, n, size, path.bandwidth_bytes_per_s, network=path.kind == "network",
+                      latency_scale=path.latency_scale)
+        rows.append(CollectiveRow(mesh.display_name(axis), phase, op, n, mesh.world // n,
+                                  tuple(mesh.group_of(0, axis)), float(size), dtype, per_mb,
+                                  per_step if per_step is not None else per_mb * micro_batches,
+                                  cadence, path, t, waits, depth))
 
-    _tp_rows(add, mesh, training, b * s * h * act, nl, first_stage, last_stage)
-    if cp > 1:
-        _, kv_l, _ = local_heads(model, tp)
-        kv_full = 2 * b * training.seq_len * kv_l * model.d_head * act
-        add("cp", "forward", "all-gather", kv_full, training.compute_dtype, nl, "every layer (K and V)")
-        add("cp", "backward", "reduce-scatter", kv_full, training.compute_dtype, nl, "every layer (dK and dV)")
-    _dp_rows(add, model, training, mesh, stage_layers, first_stage, last_stage, micro_batches)
-    pp = mesh.degree("pp")
-    if pp > 1:
-        sent = b * s * h * act / (tp if mesh.sequence_parallel else 1)
-        chunks = 1  # per chunk boundary; interleaved stages add one per extra chunk
-        add("pp", "forward", "send/recv", sent, training.compute_dtype, chunks, "every micro-batch")
-        add("pp", "backward", "send/recv", sent, training.compute_dtype, chunks, "every micro-batch")
-    if mesh.ep > 1:
-        moe = sum(model.is_moe_layer(i) for i in stage_layers)
-        a2a = b * s * model.top_k * h * act
-        add("ep", "forward", "all-to-all", a2a, training.compute_dtype, 2 * moe, "every MoE layer (dispatch, combine)")
-        add("ep", "backward", "all-to-all", a2a, training.compute_dtype, 2 * moe, "every MoE layer")
+    ctx = _Ctx(model, training, mesh, stage_layers, first_stage, last_stage)
+    _tp_rows(add, ctx, loss_parallel)
+    _cp_rows(add, ctx)
+    _dp_rows(add, ctx)
+    _pp_ep_rows(add, ctx)
     return rows
 
 
-def _tp_rows(add, mesh, training, act_bytes, nl, first, last):
-    rec = 2 if training.recompute == "full" else 0
-    if mesh.sequence_parallel:
-        add("tp", "forward", "all-gather", act_bytes, training.compute_dtype, 2 * nl + last, "every layer (SP)")
-        add("tp", "forward", "reduce-scatter", act_bytes, training.compute_dtype, 2 * nl + first, "every layer (SP)")
-        add("tp", "backward", "all-gather", act_bytes, training.compute_dtype, (2 + rec) * nl, "every layer (SP)")
-        add("tp", "backward", "reduce-scatter", act_bytes, training.compute_dtype, (2 + rec) * nl + last,
-            "every layer (SP)")
+@dataclass(frozen=True)
+class _Ctx:
+    model: ModelSpec
+    training: TrainingSpec
+    mesh: Mesh
+    layers: list[int]
+    first: bool
+    last: bool
+
+    @property
+    def act_bytes(self) -> int:
+        """TP activation buffer b * s/cp * h in compute dtype."""
+        t = self.training
+        return t.micro_batch * (t.seq_len // self.mesh.degree("cp")) * self.model.hidden * dtype_bytes(t.compute_dtype)
+
+
+def _tp_rows(add, c: _Ctx, loss_parallel: bool) -> None:
+    nl, first, last, dt = len(c.layers), int(c.first), int(c.last), c.training.compute_dtype
+    full = c.training.recompute == "full"
+    act = c.act_bytes
+    if c.mesh.sequence_parallel:
+        add("tp", "forward", "all-gather", act, dt, 2 * nl + last, "every layer (SP)", "next column-parallel GEMM")
+        add("tp", "forward", "reduce-scatter", act, dt, 2 * nl + first, "every layer (SP)", "residual add")
+        add("tp", "backward", "all-gather", act, dt, (4 if full else 2) * nl + first, "every layer (SP)",
+            "next weight-gradient GEMM")
+        add("tp", "backward", "reduce-scatter", act, dt, (3 if full else 2) * nl + last, "every layer (SP)",
+            "previous layer's backward")
+        per_norm = 2 if c.model.norm == "layernorm" else 1
+        add("tp", "backward", "all-reduce", c.model.hidden * dtype_bytes(dt), dt, per_norm * (2 * nl + last),
+            "every norm (SP weight gradients)", "optimizer step", depth=0)
     else:
-        add("tp", "forward", "all-reduce", act_bytes, training.compute_dtype, 2 * nl + first, "every layer")
-        add("tp", "backward", "all-reduce", act_bytes, training.compute_dtype, (2 + rec) * nl + last,
-            "every layer")
+        add("tp", "forward", "all-reduce", act, dt, 2 * nl + first, "every layer", "next layer's GEMMs")
+        add("tp", "backward", "all-reduce", act, dt, (3 if full else 2) * nl + last, "every layer",
+            "previous layer's backward")
+    if not c.last:
+        return
+    b, s = c.training.micro_batch, c.training.seq_len // c.mesh.degree("cp")
+    if loss_parallel:
+        add("tp", "loss", "all-reduce", b * s * 4, "fp32", 3, "every micro-batch (vocab-parallel loss)", "loss")
+    else:
+        v = padded_vocab(c.model.vocab, c.training.vocab_pad_divisor, c.mesh.degree("tp"))
+        add("tp", "forward", "all-gather", b * s * v * dtype_bytes(dt), dt, 1, "every micro-batch (logits)", "loss")
 
 
-def _dp_rows(add, model, training, mesh, stage_layers, first, last, micro):
+def _cp_rows(add, c: _Ctx) -> None:
+    if c.mesh.degree("cp") <= 1:
+        return
+    t = c.training
+    _, kv_l, _ = local_heads(c.model, c.mesh.degree("tp"))
+    kv_full = 2 * t.micro_batch * t.seq_len * kv_l * c.model.d_head * dtype_bytes(t.compute_dtype)
+    nl = len(c.layers)
+    add("cp", "forward", "all-gather", kv_full, t.compute_dtype, nl, "every layer (K and V)", "attention")
+    add("cp", "backward", "reduce-scatter", kv_full, t.compute_dtype, nl, "every layer (dK and dV)",
+        "previous layer's backward")
+
+
+def _units(c: _Ctx, shards: dict[str, int]) -> list[tuple[str, str, int]]:
+    """FSDP units of the stage as (label, axis, unsharded elements per rank incl. padding)."""
+    m, mesh, t = c.model, c.mesh, c.training
     tp, ep, etp = mesh.degree("tp"), mesh.ep, mesh.etp
-    v = padded_vocab(model.vocab, training.vocab_pad_divisor, tp)
-    dense = sum(local_numel(t, model, tp) for i in stage_layers for t in model.layer_tensors(i) if not t.expert)
-    expert = sum(local_numel(t, model, tp, ep, etp) for i in stage_layers for t in model.layer_tensors(i) if t.expert)
-    root = (sum(local_numel(t, model, tp) for t in model.embedding_tensors(v)) if first else 0)
-    root += sum(local_numel(t, model, tp) for t in model.head_tensors(v)
-                if last and (not t.tied or mesh.degree("pp") > 1 or not first))
-    nl = max(len(stage_layers), 1)
-    ag, rs = dtype_bytes(training.compute_dtype), dtype_bytes(training.reduce_dtype)
-    shard = "fsdp" if training.sharding != "none" else "loss"
-    for params, axis, label in ((dense / nl, shard, "per layer"), (root, shard, "root (embedding/output)"),
-                                (expert / nl, "efsdp", "per MoE layer")):
-        if not params:
-            continue
-        n_units = nl if label != "root (embedding/output)" else 1
-        if training.sharding in ("zero3", "hsdp"):
-            back = n_units if training.reshard_after_forward else 0
-            add(axis, "forward", "all-gather", params * ag, training.compute_dtype, n_units, label)
-            add(axis, "backward", "all-gather", params * ag, training.compute_dtype, back, label)
-            add(axis, "backward", "reduce-scatter", params * rs, training.reduce_dtype, n_units, label)
+    pad = t.sharding in ("zero3", "hsdp")
+
+    def size(tensors, axis):
+        if pad:
+            return sum(fsdp_padded_numel(x, m, shards[axis], tp, ep, etp) for x in tensors)
+        return sum(local_numel(x, m, tp, ep, etp) for x in tensors)
+
+    out = []
+    for i in c.layers:
+        ts = m.layer_tensors(i)
+        out.append(("layer", "fsdp", size([x for x in ts if not x.expert], "fsdp")))
+        if any(x.expert for x in ts):
+            out.append(("experts", "efsdp", size([x for x in ts if x.expert], "efsdp")))
+    v = padded_vocab(m.vocab, t.vocab_pad_divisor, tp)
+    root = (m.embedding_tensors(v) if c.first else []) + [
+        x for x in (m.head_tensors(v) if c.last else []) if not (x.tied and c.first)]
+    out.append(("root (embedding/norm/output)", "fsdp", size(root, "fsdp")))
+    return [u for u in out if u[2] > 0]
+
+
+def _dp_rows(add, c: _Ctx) -> None:
+    t, mesh = c.training, c.mesh
+    shards = {"fsdp": mesh.degree("fsdp"), "efsdp": mesh.degree("efsdp")}
+    ag, rs = t.compute_dtype, t.reduce_dtype
+    if t.sharding in ("zero3", "hsdp"):
+        for (label, axis, numel), n in Counter(_units(c, shards)).items():
+            root = label.startswith("root")
+            back = 0 if root or not t.reshard_after_forward else n
+            cadence = f"per {label}" if root else f"every {label}"
+            add(axis, "forward", "all-gather", numel * dtype_bytes(ag), ag, n, cadence, f"the {label}'s GEMMs", 7)
+            add(axis, "backward", "all-gather", numel * dtype_bytes(ag), ag, back, cadence, f"the {label}'s backward", 7)
+            add(axis, "backward", "reduce-scatter", numel * dtype_bytes(rs), rs, n, cadence, "optimizer step")
             if "dp_replicate" in mesh.layout.names:
-                add("dp_replicate", "backward", "all-reduce", params * rs / mesh.degree(axis),
-                    training.reduce_dtype, n_units, label + " (HSDP replicas)")
-        elif training.sharding in ("zero1", "zero2"):
-            add(axis, "step", "reduce-scatter", params * n_units * rs, training.reduce_dtype, 0, "once per step",
+                add("dp_replicate", "backward", "all-reduce", numel // shards[axis] * dtype_bytes(rs), rs, n,
+                    cadence + " (HSDP replicas)", "optimizer step")
+        return
+    by_axis = Counter()
+    for _, axis, numel in _units(c, shards):
+        by_axis[axis] += numel
+    for axis, numel in by_axis.items():
+        if t.sharding in ("zero1", "zero2"):
+            add(axis, "step", "reduce-scatter", numel * dtype_bytes(rs), rs, 0, "once per step", "optimizer step",
                 per_step=1)
-            add(axis, "step", "all-gather", params * n_units * dtype_bytes(training.param_dtype),
-                training.param_dtype, 0, "once per step (updated params)", per_step=1)
+            add(axis, "step", "all-gather", numel * dtype_bytes(t.param_dtype), t.param_dtype, 0,
+                "once per step (updated params)", "next step's forward", per_step=1)
         else:
-            add(axis, "step", "all-reduce", params * n_units * rs, training.reduce_dtype, 0, "once per step (DDP)",
-                per_step=1)
+            add("loss" if axis == "fsdp" else axis, "step", "all-reduce", numel * dtype_bytes(rs), rs, 0,
+                "once per step (DDP)", "optimizer step", per_step=1)
+
+
+def _pp_ep_rows(add, c: _Ctx) -> None:
+    t, mesh, m = c.training, c.mesh, c.model
+    dt = t.compute_dtype
+    if mesh.degree("pp") > 1:
+        sent = c.act_bytes / (mesh.degree("tp") if mesh.sequence_parallel else 1)
+        add("pp", "forward", "send/recv", sent, dt, 1, "every micro-batch", "next stage's forward")
+        add("pp", "backward", "send/recv", sent, dt, 1, "every micro-batch", "previous stage's backward")
+    if mesh.ep > 1:
+        moe = sum(m.is_moe_layer(i) for i in c.layers)
+        a2a = c.act_bytes * m.top_k
+        add("ep", "forward", "all-to-all", a2a, dt, 2 * moe, "every MoE layer (dispatch, combine)", "expert GEMMs")
+        add("ep", "backward", "all-to-all", a2a, dt, 2 * moe, "every MoE layer", "expert GEMMs")

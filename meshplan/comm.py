@@ -81,15 +81,16 @@ def busbw_factor(op: str, n: int) -> float:
 
 
 def ring_time(op: str, n: int, size_bytes: float, bandwidth_bytes_per_s: float,
-              network: bool = False, latency=NCCL_RING) -> float:
+              network: bool = False, latency=NCCL_RING, latency_scale: float = 1.0) -> float:
     """Seconds for ``op`` over ``n`` ranks on a ``size_bytes`` buffer, each rank sending at
-    ``bandwidth_bytes_per_s`` on its slowest link; ``network`` picks the per-step latency.
+    ``bandwidth_bytes_per_s`` on its slowest link; ``network`` picks the per-step latency,
+    ``latency_scale`` scales it (a calibrated link's per-step latency / NCCL's Simple value).
     See the module docstring for the formula and sources. 0 for n <= 1."""
     if n <= 1 or size_bytes <= 0:
         return 0.0
     sent = busbw_factor(op, n) * size_bytes
     k = steps(op, n)
-    return min(p.base_s + k * (p.step_network_s if network else p.step_nvlink_s)
+    return min(p.base_s + k * latency_scale * (p.step_network_s if network else p.step_nvlink_s)
                + sent / (bandwidth_bytes_per_s * p.efficiency) for p in latency)
 
 

@@ -69,3 +69,34 @@ def local_numel(t: Tensor, model: ModelSpec, tp: int, ep: int = 1, etp: int = 1)
     if t.split in ("expert_column", "expert_row"):
         return t.numel // (ep * etp)
     raise ValueError(f"unknown split {t.split!r}")
+
+
+def local_rows(t: Tensor, model: ModelSpec, tp: int, ep: int = 1) -> int:
+    """Dim-0 rows of weight ``t`` on one rank (torch (out, in) layout): column, vocab and
+    K/V splits cut dim 0 over tp; row splits cut dim 1; experts (E, ...) cut E over ep."""
+    rows = t.rows or t.numel
+    if t.split in ("column", "vocab"):
+        return rows // tp
+    if t.split == "kv_column":
+        _, local_kv, _ = local_heads(model, tp)
+        return rows * local_kv // model.n_kv_heads
+    if t.split in ("expert_column", "expert_row"):
+        return rows // ep
+    return rows
+
+
+def fsdp_padded_numel(t: Tensor, model: ModelSpec, shards: int, tp: int, ep: int = 1, etp: int = 1) -> int:
+    """Elements of ``t``'s unsharded FSDP2 buffer on one rank: FSDP2 shards dim 0 and pads
+    it to a multiple of the shard degree (torch ``fully_shard``: ``Shard(0)`` with padding),
+    so the all-gather output is ``ceil(rows / shards) * shards * (numel / rows)``.
+
+    >>> from meshplan.spec.model import Tensor, ModelSpec
+    >>> m = ModelSpec(layers=1, hidden=64, ffn=128, q_heads=4, vocab=256)
+    >>> fsdp_padded_numel(Tensor("wq", 64 * 64, "column", rows=64), m, shards=3, tp=2)
+    2112
+    """
+    n = local_numel(t, model, tp, ep, etp)
+    rows = local_rows(t, model, tp, ep)
+    if rows == 0:
+        return 0
+    return -(-rows // shards) * shards * (n // rows)

@@ -16,6 +16,8 @@ class MeshSpec(BaseModel):
 
     ``rank_to_gpu``: optional permutation, element r = global GPU index of rank r
     (default: node-major, rank r on node r // gpus_per_node).
+    ``loss_parallel``: cross-entropy on vocabulary-sharded logits (torchtitan's default with
+    tp > 1; Megatron's vocab-parallel cross entropy) instead of gathering the logits.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -31,6 +33,7 @@ class MeshSpec(BaseModel):
     pp_layer_split: Optional[list[int]] = None
     pp_schedule: Literal["gpipe", "1f1b", "interleaved_1f1b", "zb_h1"] = "1f1b"
     rank_to_gpu: Optional[list[int]] = None
+    loss_parallel: bool = True
 
     @model_validator(mode="after")
     def _check(self):
