@@ -1,0 +1,49 @@
+"""Development reference for the compute model: Korthikanti et al. 2022 (arXiv 2205.05198),
+22B GPT on one DGX A100 (tp 8, micro-batch 4, seq 2048, Tables 3-5), published times beside
+meshplan's prediction. Nothing is fitted to these numbers; other published runs check the
+model later. Run: .venv/bin/python benchmarks/compute_22b_reference.py
+"""
+
+from meshplan.compute import korthikanti_model_flops
+from meshplan.plan import build_plan
+from meshplan.spec.config import config_from_dict
+from meshplan.steptime import chunk_costs, step_time, workload_of
+from meshplan.rank_timeline import ChunkCosts, CommTimes, Overlap, backward_unit, forward_unit
+
+PUBLISHED = {  # (recompute, sequence parallel): (layer forward ms, layer backward ms, step s)
+    ("none", False): (7.7, 11.9, None),
+    ("none", True): (7.2, 11.8, None),
+    ("full", False): (7.7, 19.5, 1.42),
+    ("selective", False): (7.7, 13.2, None),
+    ("selective", True): (7.2, 13.1, 1.10),
+}
+
+
+def main() -> None:
+    print("22B, 1x DGX A100, tp 8, b 4, s 2048, no flash attention, GPT dropout; published (Korthikanti 2022) "
+          "vs predicted")
+    print(f"{'recompute':10s} {'sp':5s} {'fwd pub':>8s} {'fwd pred':>9s} {'bwd pub':>8s} {'bwd pred':>9s} "
+          f"{'step pub':>9s} {'step pred':>10s} {'MFU pred':>9s}")
+    for (rec, sp), (pf, pb, ps) in PUBLISHED.items():
+        cfg = config_from_dict({
+            "model": {"catalog": "megatron-22b"}, "cluster": {"system": "dgx-a100", "nodes": 1},
+            "training": {"global_batch": 4, "seq_len": 2048, "micro_batch": 4, "recompute": rec,
+                         "flash_attention": False, "sharding": "none", "param_dtype": "bf16"},
+            "mesh": {"names": ["tp"], "shape": [8], "sequence_parallel": sp}})
+        plan = build_plan(cfg)
+        w = workload_of(plan, dropout=True)
+        ch = chunk_costs(plan, w)[0][0]
+        one = ChunkCosts(ch.layers[:1], ch.moe[:1])
+        comm = CommTimes.from_rows(plan.collectives["stage 0"])
+        f = forward_unit(one, comm, w, Overlap()).duration_s * 1e3
+        b = backward_unit("B", one, comm, w, Overlap()).duration_s * 1e3
+        st = step_time(plan, dropout=True)
+        print(f"{rec:10s} {str(sp):5s} {pf:8.1f} {f:9.2f} {pb:8.1f} {b:9.2f} "
+              f"{(f'{ps:.2f}' if ps else '-'):>9s} {st.step_s:10.3f} {st.mfu:9.1%}")
+    kor = korthikanti_model_flops(4, 2048, 48, 6144, 51200)
+    print(f"published MFU 41.5% / HFU 43.7% at 1.10 s use 72 B s L h^2 (1 + s/6h + V/12hL) = {kor / 1e15:.4f} PFLOP "
+          f"(full attention); meshplan's MFU counts the causal half.")
+
+
+if __name__ == "__main__":
+    main()

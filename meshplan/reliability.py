@@ -1,0 +1,332 @@
+"""Reliability of a mesh: failure domains, interruptions, checkpoint size and write time,
+the optimal checkpoint interval, expected goodput, restart cost, and whether a restart on
+fewer nodes rebuilds a valid mesh.
+
+Sources and conventions:
+
+- **Failure rate.** Default per-GPU rate from the Llama 3 paper (Grattafiori et al. 2024,
+  arXiv 2407.21783, section 3.3.4): 419 unexpected interruptions in a 54-day snapshot on
+  up to 16,384 H100 GPUs, i.e. ``419 / (54 * 16384) = 4.74e-4`` per GPU-day. Each
+  interruption stops the whole synchronous job, so the job's rate is ``rate * gpus``
+  (independent failures) and its MTBF ``1 / (rate * gpus)``. The denominator assumes all
+  16,384 GPUs for all 54 days (fewer would mean a higher per-GPU rate); the count includes
+  every unexpected cause (GPU, HBM, network, host, software), as a job experiences them.
+- **Checkpoint.** Persistent state without gradients: parameters, fp32 master copy and
+  optimizer moments (:mod:`meshplan.memory.state`), plus data-loader and RNG state (small,
+  not counted). Per rank: the most loaded rank. In total: every distinct shard once (a
+  replicated copy is written by one rank, as DCP deduplicates): ``tp x shards`` pieces of
+  the dense state of each stage, ``ep x etp x shards`` of the expert state (norms, held
+  whole by every tp rank, are counted tp times: small). Write time at a stated storage
+  bandwidth: ``max(total / aggregate bandwidth, per rank / per-rank bandwidth)``.
+- **Interval.** Young (1974), "A first order approximation to the optimum checkpoint
+  interval", CACM 17(9): ``tau = sqrt(2 C M)``; Daly (2006), "A higher order estimate of
+  the optimum checkpoint interval for restart dumps", FGCS 22(3):
+  ``tau = sqrt(2 C M) (1 + sqrt(C / 2M) / 3 + (C / 2M) / 9) - C`` for C < 2M, else M.
+- **Goodput** (Daly 2006's model with exponential failures, failures also during restart
+  and checkpoint): wall time per unit of work ``M e^{R/M} (e^{(tau + C)/M} - 1) / tau``;
+  goodput is its inverse. Restart cost ``R`` = a stated overhead (detection, rescheduling,
+  process and NCCL start-up) + reading the checkpoint at the stated read bandwidth.
+
+>>> round(DEFAULT_RATE_PER_GPU_DAY, 7), round(interruptions_per_day(16384), 2)
+(0.0004736, 7.76)
+>>> round(young_interval_s(60, 3600)), round(daly_interval_s(60, 3600))
+(657, 618)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from math import ceil, exp, sqrt
+from typing import Optional
+
+from .spec.cluster import ClusterSpec
+
+#: Llama 3 (arXiv 2407.21783, section 3.3.4): unexpected interruptions, days, GPUs.
+LLAMA3_UNEXPECTED, LLAMA3_DAYS, LLAMA3_GPUS = 419, 54, 16384
+DEFAULT_RATE_PER_GPU_DAY = LLAMA3_UNEXPECTED / (LLAMA3_DAYS * LLAMA3_GPUS)
+DAY_S = 86400.0
+CHECKPOINT_KINDS = ("params", "master", "optimizer")
+
+
+def interruptions_per_day(gpus: int, rate_per_gpu_day: float = DEFAULT_RATE_PER_GPU_DAY) -> float:
+    """Expected job interruptions per day on ``gpus`` GPUs: ``rate * gpus``."""
+    return rate_per_gpu_day * gpus
+
+
+def mtbf_s(gpus: int, rate_per_gpu_day: float = DEFAULT_RATE_PER_GPU_DAY) -> float:
+    """Mean time between job interruptions, seconds: ``86400 / (rate * gpus)``.
+
+    >>> round(mtbf_s(16384) / 3600, 2)
+    3.09
+    """
+    return DAY_S / interruptions_per_day(gpus, rate_per_gpu_day)
+
+
+@dataclass(frozen=True)
+class FailureDomain:
+    """``count`` domains of ``gpus_each`` GPUs; one failure stops the whole job."""
+
+    name: str
+    count: int
+    gpus_each: int
+    note: str = ""
+
+
+def failure_domains(cluster: ClusterSpec, world: int) -> list[FailureDomain]:
+    """GPU, node and each network tier with a domain size (``nodes_per_domain``: a leaf or
+    rack switch) holding the job's ``world`` ranks (node-major placement).
+
+    >>> from meshplan import catalog
+    >>> [(d.name, d.count, d.gpus_each) for d in failure_domains(catalog.system("dgx-h100", 8), 64)][:2]
+    [('gpu', 64, 1), ('node', 8, 8)]
+    """
+    g = cluster.node.gpus
+    nodes = ceil(world / g)
+    out = [FailureDomain("gpu", world, 1, "GPU, HBM or its NVLink port"),
+           FailureDomain("node", nodes, g, "host, PCIe, NIC, NVSwitch or power of one server")]
+    for tier in cluster.network:
+        if tier.nodes_per_domain:
+            out.append(FailureDomain(tier.name, ceil(nodes / tier.nodes_per_domain), tier.nodes_per_domain * g,
+                                     f"switch of tier {tier.name} ({tier.nodes_per_domain} nodes)"))
+    return out
+
+
+@dataclass(frozen=True)
+class CheckpointSize:
+    """``per_rank_bytes``: the most loaded rank; ``total_bytes``: distinct shards once."""
+
+    per_rank_bytes: float
+    total_bytes: float
+
+
+def checkpoint_size(states, mesh) -> CheckpointSize:
+    """Checkpoint bytes from :func:`meshplan.memory.state.state_bytes` (one StateBytes per
+    stage) of ``mesh``: kinds params, master and optimizer (module docstring)."""
+    tp, ep, etp = mesh.degree("tp"), mesh.degree("ep"), mesh.degree("etp")
+    per_rank, total = 0.0, 0.0
+    for st in states:
+        items = [i for i in st.items if i.kind in CHECKPOINT_KINDS]
+        per_rank = max(per_rank, sum(i.size_bytes for i in items))
+        total += sum(i.size_bytes * (ep * etp if i.group == "expert" else tp) * i.divisor for i in items)
+    return CheckpointSize(per_rank, total)
+
+
+def write_time_s(size: CheckpointSize, bandwidth_bytes_per_s: float,
+                 per_rank_bandwidth_bytes_per_s: Optional[float] = None) -> float:
+    """Seconds to write (or read) the checkpoint: total bytes / aggregate storage bandwidth,
+    or the most loaded rank's bytes / its own bandwidth when that is slower.
+
+    >>> write_time_s(CheckpointSize(2e9, 1e12), 50e9, 1e9)
+    20.0
+    """
+    t = size.total_bytes / bandwidth_bytes_per_s
+    if per_rank_bandwidth_bytes_per_s:
+        t = max(t, size.per_rank_bytes / per_rank_bandwidth_bytes_per_s)
+    return t
+
+
+def young_interval_s(checkpoint_s: float, mtbf: float) -> float:
+    """Young (1974): ``sqrt(2 C M)``, seconds of work between checkpoints."""
+    return sqrt(2.0 * checkpoint_s * mtbf)
+
+
+def daly_interval_s(checkpoint_s: float, mtbf: float) -> float:
+    """Daly (2006) higher-order optimum: ``sqrt(2CM)(1 + sqrt(C/2M)/3 + (C/2M)/9) - C`` for
+    ``C < 2M``, else ``M``."""
+    c, m = checkpoint_s, mtbf
+    if c >= 2 * m:
+        return m
+    x = c / (2 * m)
+    return sqrt(2 * c * m) * (1 + sqrt(x) / 3 + x / 9) - c
+
+
+def goodput(interval_s: float, checkpoint_s: float, restart_s: float, mtbf: float) -> float:
+    """Fraction of wall time spent on useful work (Daly 2006 exponential model):
+    ``tau / (M e^{R/M} (e^{(tau + C)/M} - 1))``.
+
+    >>> round(goodput(600, 60, 300, 36000), 4)
+    0.8933
+    """
+    t, c, r, m = interval_s, checkpoint_s, restart_s, mtbf
+    return t / (m * exp(r / m) * (exp((t + c) / m) - 1.0))
+
+
+@dataclass(frozen=True)
+class Reliability:
+    """The reliability account of one mesh (all seconds, bytes)."""
+
+    gpus: int
+    rate_per_gpu_day: float
+    domains: tuple[FailureDomain, ...]
+    checkpoint: CheckpointSize
+    write_s: float
+    read_s: float
+    restart_overhead_s: float
+
+    @property
+    def mtbf_s(self) -> float:
+        return mtbf_s(self.gpus, self.rate_per_gpu_day)
+
+    @property
+    def restart_s(self) -> float:
+        """Restart cost R: stated overhead + checkpoint read."""
+        return self.restart_overhead_s + self.read_s
+
+    @property
+    def interval_s(self) -> float:
+        return daly_interval_s(self.write_s, self.mtbf_s)
+
+    @property
+    def goodput(self) -> float:
+        return goodput(self.interval_s, self.write_s, self.restart_s, self.mtbf_s)
+
+    def lines(self) -> list[str]:
+        m, c = self.mtbf_s, self.write_s
+        return [f"{self.gpus} GPUs x {self.rate_per_gpu_day:.3g} interruptions per GPU-day = "
+                f"{interruptions_per_day(self.gpus, self.rate_per_gpu_day):.3g} per day; MTBF {m / 3600:.2f} h "
+                f"(default rate: Llama 3, arXiv 2407.21783 3.3.4, 419 / (54 d x 16384))",
+                "failure domains: " + "; ".join(f"{d.name} {d.count} x {d.gpus_each} GPU" for d in self.domains),
+                f"checkpoint {self.checkpoint.total_bytes / 1e9:.1f} GB total, {self.checkpoint.per_rank_bytes / 1e9:.2f} "
+                f"GB on the most loaded rank; write {c:.1f} s, read {self.read_s:.1f} s",
+                f"interval: Young sqrt(2 C M) = {young_interval_s(c, m) / 60:.1f} min, Daly = {self.interval_s / 60:.1f} min",
+                f"restart cost R = {self.restart_overhead_s:.0f} s overhead + {self.read_s:.1f} s read = {self.restart_s:.1f} s; "
+                f"expected goodput {self.goodput:.1%} (Daly 2006 model)"]
+
+
+def reliability(plan, *, write_bandwidth_bytes_per_s: float, read_bandwidth_bytes_per_s: float,
+                restart_overhead_s: float, rate_per_gpu_day: float = DEFAULT_RATE_PER_GPU_DAY,
+                per_rank_bandwidth_bytes_per_s: Optional[float] = None) -> Reliability:
+    """Reliability account of a plan. Storage bandwidths and the restart overhead are
+    stated by the caller: there is no default for them."""
+    size = checkpoint_size(plan.state, plan.mesh)
+    return Reliability(plan.world, rate_per_gpu_day, tuple(failure_domains(plan.config.cluster, plan.world)), size,
+                       write_time_s(size, write_bandwidth_bytes_per_s, per_rank_bandwidth_bytes_per_s),
+                       write_time_s(size, read_bandwidth_bytes_per_s, per_rank_bandwidth_bytes_per_s),
+                       restart_overhead_s)
+
+
+@dataclass(frozen=True)
+class Restart:
+    """Result of :func:`restart_on_fewer_nodes`. ``names``/``shape``: the new mesh
+    (outermost first) for a MeshSpec; ``changed``: axes whose degree changed; ``reasons``:
+    why no valid mesh exists (empty when feasible); ``notes``: what the restart implies."""
+
+    feasible: bool
+    old_world: int
+    new_world: int
+    names: tuple[str, ...]
+    old_shape: tuple[int, ...]
+    shape: tuple[int, ...]
+    changed: tuple[str, ...]
+    micro_batches: tuple[int, int]
+    batch_contract: bool
+    reshard: bool
+    dataloader_ok: bool
+    reasons: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+
+    def lines(self) -> list[str]:
+        old = " x ".join(f"{n} {d}" for n, d in zip(self.names, self.old_shape))
+        new = " x ".join(f"{n} {d}" for n, d in zip(self.names, self.shape))
+        head = [f"restart: world {self.old_world} -> {self.new_world}; mesh {old} -> {new}"
+                + (f" (changed: {', '.join(self.changed)})" if self.changed else " (unchanged)")]
+        return head + [f"infeasible: {r}" for r in self.reasons] + [f"- {n}" for n in self.notes]
+
+
+def _new_dp(names, shape, new_dp: int) -> Optional[dict]:
+    """Shrink dp_replicate first (replicas hold identical shards: no resharding), then
+    dp_shard (or dp). None if no degree assignment gives ``new_dp``."""
+    deg = dict(zip(names, shape))
+    rep, shard_axis = deg.get("dp_replicate", 1), "dp_shard" if "dp_shard" in deg else "dp"
+    shard = deg.get(shard_axis, 1)
+    if "dp_replicate" in deg and new_dp % shard == 0:
+        return {**deg, "dp_replicate": new_dp // shard}
+    if shard_axis in deg and new_dp % rep == 0:
+        return {**deg, shard_axis: new_dp // rep}
+    if shard_axis in deg:
+        return {**deg, shard_axis: new_dp, **({"dp_replicate": 1} if "dp_replicate" in deg else {})}
+    if "dp_replicate" in deg:
+        return {**deg, "dp_replicate": new_dp}
+    return None
+
+
+def restart_on_fewer_nodes(mesh, lost_nodes: int, *, gpus_per_node: int, global_batch: int, micro_batch: int,
+                           spare_nodes: int = 0, interleaved: bool = False,
+                           dataloader_state: str = "per_rank") -> Restart:
+    """Can the job restart on ``lost_nodes`` fewer nodes (after using ``spare_nodes``)?
+    tp, pp, cp, ep and etp keep their degrees (they fix the model's split and the
+    checkpoint's tensor layout); dp_replicate shrinks first, then dp_shard (or dp).
+    ``dataloader_state``: "per_rank" (saved per dp rank, e.g. a StatefulDataLoader) or
+    "global" (a global consumed-samples counter, as Megatron-LM keeps).
+
+    >>> from meshplan.mesh import resolve_mesh
+    >>> from meshplan.spec.mesh import MeshSpec
+    >>> m = resolve_mesh(MeshSpec(names=["dp_replicate", "dp_shard", "tp"], shape=[4, 2, 8]), world=64)
+    >>> r = restart_on_fewer_nodes(m, 2, gpus_per_node=8, global_batch=480, micro_batch=1)
+    >>> r.shape, r.changed, r.micro_batches, r.batch_contract, r.reshard
+    ((3, 2, 8), ('dp_replicate',), (60, 80), True, False)
+    >>> restart_on_fewer_nodes(m, 2, gpus_per_node=8, global_batch=512, micro_batch=1).batch_contract
+    False
+    """
+    names, shape = mesh.layout.names, mesh.layout.shape
+    world, lost = mesh.world, max(0, lost_nodes - spare_nodes)
+    new_world = world - lost * gpus_per_node
+    fixed = mesh.degree("tp") * mesh.degree("pp") * mesh.degree("cp")
+    old_dp = mesh.dp
+    old_m = global_batch // (micro_batch * old_dp)
+    notes = []
+    if lost == 0:
+        notes.append(f"{lost_nodes} lost node(s) replaced by spares: same mesh, same checkpoint layout")
+        return Restart(True, world, world, names, shape, shape, (), (old_m, old_m), True, False, True, (), tuple(notes))
+    bad = lambda why: Restart(False, world, new_world, names, shape, shape, (), (old_m, 0), False, False, False, (why,))
+    if new_world <= 0 or new_world % fixed:
+        return bad(f"{new_world} GPUs left are not a multiple of tp {mesh.degree('tp')} x pp {mesh.degree('pp')} "
+                   f"x cp {mesh.degree('cp')} = {fixed}")
+    deg = _new_dp(names, shape, new_world // fixed)
+    if deg is None:
+        return bad("the mesh has no data-parallel axis to shrink")
+    new_shape = tuple(deg[n] for n in names)
+    changed = tuple(n for n, a, b in zip(names, shape, new_shape) if a != b)
+    new_dp = new_world // fixed
+    reasons = []
+    block = deg.get("dp_shard", deg.get("dp", 1)) * mesh.degree("cp") * mesh.degree("tp")
+    if mesh.ep * mesh.etp > 1 and block % (mesh.ep * mesh.etp):
+        reasons.append(f"ep {mesh.ep} x etp {mesh.etp} does not divide the new dense block {block}")
+    contract, new_m, batch_notes = _batch(global_batch, micro_batch, new_dp, interleaved, mesh.degree("pp"))
+    reshard, dl_ok, ckpt_notes = _state_notes(changed, old_dp, new_dp, dataloader_state)
+    return Restart(not reasons, world, new_world, names, shape, new_shape, changed, (old_m, new_m), contract,
+                   reshard, dl_ok, tuple(reasons), tuple(batch_notes + ckpt_notes))
+
+
+def _batch(global_batch: int, micro_batch: int, dp: int, interleaved: bool, pp: int):
+    """(contract holds, micro-batches per step, notes) at data-parallel degree ``dp``."""
+    if global_batch % (micro_batch * dp):
+        m = global_batch / (micro_batch * dp)
+        fits = [b for b in range(1, micro_batch + 1) if global_batch % (b * dp) == 0]
+        return False, m, [f"global batch {global_batch} / (micro_batch {micro_batch} x dp {dp}) = {m:.2f}: not "
+                          f"whole micro-batches; the contract holds only with micro_batch in {fits or 'none'} or a "
+                          f"different global batch (which changes the optimisation)"]
+    m = global_batch // (micro_batch * dp)
+    if interleaved and m % pp:
+        return False, m, [f"interleaved 1F1B needs micro-batches {m} divisible by pp {pp}"]
+    return True, m, [f"global batch {global_batch} = micro_batch {micro_batch} x dp {dp} x {m} micro-batches"]
+
+
+def _state_notes(changed, old_dp: int, new_dp: int, dataloader_state: str):
+    """(checkpoint reshards, data-loader state loads, notes)."""
+    reshard = any(n != "dp_replicate" for n in changed)
+    notes = ["checkpoint: " + ("sharded state changes layout; DCP (torch.distributed.checkpoint) and Megatron "
+                               "dist-checkpointing reshard it on load" if reshard else
+                               "replicas hold identical shards: load without resharding")]
+    ok = dataloader_state == "global" or new_dp == old_dp
+    if dataloader_state == "global":
+        notes.append("data loader: a global consumed-samples counter rebuilds each rank's position")
+    elif ok:
+        notes.append("data loader: per-rank state loads unchanged (same dp)")
+    else:
+        notes.append(f"data loader: per-rank state saved at dp {old_dp} cannot be resharded to dp {new_dp}: loading "
+                     f"it must raise, never drop or repeat samples; restart from a global sample index")
+    if "dp_shard" in changed or "dp" in changed:
+        notes.append("sharded state per rank grows by the shard ratio; rebuild the plan with the new mesh to "
+                     "recheck memory")
+    return reshard, ok, notes

@@ -1,0 +1,135 @@
+"""Reliability: failure rate from Llama 3, Young/Daly intervals, Daly goodput, checkpoint
+size from the persistent state, failure domains, and restarting on fewer nodes."""
+
+from math import exp, prod, sqrt
+
+import pytest
+
+from meshplan import catalog
+from meshplan.memory.state import state_bytes
+from meshplan.mesh import resolve_mesh
+from meshplan.pipeline import stage_layers
+from meshplan.plan import build_plan
+from meshplan.reliability import (DEFAULT_RATE_PER_GPU_DAY, CheckpointSize, checkpoint_size, daly_interval_s,
+                                  failure_domains, goodput, interruptions_per_day, mtbf_s, reliability,
+                                  restart_on_fewer_nodes, write_time_s, young_interval_s)
+from meshplan.spec.config import load_config
+from meshplan.spec.mesh import MeshSpec
+from meshplan.spec.model import ModelSpec
+from meshplan.spec.training import TrainingSpec
+
+
+def test_llama3_rate():
+    """arXiv 2407.21783 3.3.4: 419 unexpected interruptions, 54 days, 16,384 GPUs."""
+    assert DEFAULT_RATE_PER_GPU_DAY == 419 / (54 * 16384)
+    assert interruptions_per_day(16384) == pytest.approx(419 / 54)  # 7.76 a day
+    assert mtbf_s(16384) == pytest.approx(54 * 86400 / 419)  # 3.09 h
+    assert interruptions_per_day(64) == pytest.approx(64 * 419 / (54 * 16384))
+    assert mtbf_s(64, rate_per_gpu_day=0.01) == pytest.approx(86400 / 0.64)
+
+
+def test_young_and_daly():
+    c, m = 60.0, 3600.0
+    assert young_interval_s(c, m) == pytest.approx(sqrt(2 * 60 * 3600))  # 657.3 s
+    x = c / (2 * m)
+    assert daly_interval_s(c, m) == pytest.approx(sqrt(2 * c * m) * (1 + sqrt(x) / 3 + x / 9) - c)  # 617.9 s
+    assert daly_interval_s(8000, 3600) == 3600  # C >= 2M: the interval is M
+    assert daly_interval_s(1e-3, 1e6) == pytest.approx(young_interval_s(1e-3, 1e6), rel=1e-3)
+
+
+def test_goodput_hand_value_and_optimum():
+    t, c, r, m = 600.0, 60.0, 300.0, 36000.0
+    assert goodput(t, c, r, m) == pytest.approx(t / (m * exp(r / m) * (exp((t + c) / m) - 1)))  # 0.8933
+    assert goodput(t, c, r, m) == pytest.approx(0.8933, abs=1e-4)
+    best = daly_interval_s(c, m)
+    for other in (best / 3, best / 1.5, best * 1.5, best * 3):
+        assert goodput(best, c, r, m) >= goodput(other, c, r, m)
+    assert goodput(600.0, 0.0, 0.0, 1e12) == pytest.approx(1.0, abs=1e-6)  # no cost, no failures
+
+
+def test_checkpoint_size_c9_tiny_gpt():
+    """C9 tiny GPT, tp 2, pp 2, dp 4, zero1. Per rank (stage 1): params 3488 x 2 B + master
+    ceil(3488/4) x 4 B + Adam ceil(3488/4) x 8 B = 6976 + 3488 + 6976 = 17440 B (gradients
+    not saved). Total: each shard once: tp x fsdp pieces per stage =
+    stage 0 (3456 x 2) x 2 + (864 x 12) x 2 x 4 = 96768; stage 1 13952 + 83712 = 97664."""
+    tiny = ModelSpec(layers=4, hidden=16, ffn=64, gated_mlp=False, q_heads=4, vocab=32,
+                     tied_embeddings=True, norm="layernorm")
+    mesh = resolve_mesh(MeshSpec(names=["pp", "dp", "tp"], shape=[2, 4, 2]), world=16)
+    train = TrainingSpec(global_batch=8, seq_len=16, sharding="zero1", vocab_pad_divisor=1)
+    size = checkpoint_size(state_bytes(tiny, mesh, train, stage_layers(4, 2)), mesh)
+    assert size.per_rank_bytes == 17440
+    assert size.total_bytes == 96768 + 97664
+    assert size.total_bytes == (3456 + 3488) * 2 * (2 + 4 + 8)  # = every tp rank's params x 14 B
+
+
+def test_write_time():
+    s = CheckpointSize(per_rank_bytes=2e9, total_bytes=1e12)
+    assert write_time_s(s, 100e9) == 10.0
+    assert write_time_s(s, 100e9, per_rank_bandwidth_bytes_per_s=0.1e9) == 20.0
+
+
+def test_failure_domains_with_leaf_switches():
+    cluster = catalog.system("dgx-h100", 64)
+    doms = {d.name: (d.count, d.gpus_each) for d in failure_domains(cluster, 512)}
+    assert doms["gpu"] == (512, 1) and doms["node"] == (64, 8)
+    leaf = [d for d in cluster.network if d.nodes_per_domain]
+    if leaf:
+        n = leaf[0].nodes_per_domain
+        assert doms[leaf[0].name] == (-(-64 // n), n * 8)
+
+
+def test_reliability_of_the_seed_plan(seed_path):
+    plan = build_plan(load_config(seed_path))
+    r = reliability(plan, write_bandwidth_bytes_per_s=50e9, read_bandwidth_bytes_per_s=100e9,
+                    restart_overhead_s=600)
+    assert r.checkpoint.total_bytes == pytest.approx(plan.config.model.param_count(128256) * (4 + 8), rel=0.01)
+    assert r.write_s == pytest.approx(r.checkpoint.total_bytes / 50e9)
+    assert r.restart_s == pytest.approx(600 + r.checkpoint.total_bytes / 100e9)
+    assert r.interval_s == pytest.approx(daly_interval_s(r.write_s, r.mtbf_s))
+    assert 0.9 < r.goodput < 1
+    text = "\n".join(r.lines())
+    assert "2407.21783" in text and "Daly" in text and "Young" in text
+
+
+def _mesh(names, shape):
+    return resolve_mesh(MeshSpec(names=names, shape=shape), world=prod(shape))
+
+
+def test_restart_seed_mesh_loses_a_node():
+    """Seed (dp_shard 8, tp 8), one node lost: 56 GPUs -> dp_shard 7; 512 / 7 is no whole
+    number of micro-batches: the global batch contract breaks; the shards change (DCP
+    reshards); per-rank data-loader state cannot be resharded."""
+    r = restart_on_fewer_nodes(_mesh(["dp_shard", "tp"], [8, 8]), 1, gpus_per_node=8, global_batch=512,
+                               micro_batch=1)
+    assert r.feasible and r.new_world == 56 and r.shape == (7, 8) and r.changed == ("dp_shard",)
+    assert not r.batch_contract and r.reshard and not r.dataloader_ok
+    text = "\n".join(r.lines())
+    assert "DCP" in text and "cannot be resharded" in text and "micro_batch" in text
+    g = restart_on_fewer_nodes(_mesh(["dp_shard", "tp"], [8, 8]), 4, gpus_per_node=8, global_batch=512,
+                               micro_batch=1, dataloader_state="global")
+    assert g.shape == (4, 8) and g.batch_contract and g.micro_batches == (64, 128) and g.dataloader_ok
+
+
+def test_restart_hsdp_drops_replicas_without_resharding():
+    r = restart_on_fewer_nodes(_mesh(["dp_replicate", "dp_shard", "tp"], [4, 2, 8]), 2, gpus_per_node=8,
+                               global_batch=480, micro_batch=1)
+    assert r.shape == (3, 2, 8) and r.changed == ("dp_replicate",) and not r.reshard
+    assert r.micro_batches == (60, 80) and r.batch_contract
+
+
+def test_restart_with_spares_and_impossible_restarts():
+    m = _mesh(["pp", "dp_shard", "tp"], [2, 4, 8])
+    same = restart_on_fewer_nodes(m, 1, gpus_per_node=8, global_batch=64, micro_batch=1, spare_nodes=1)
+    assert same.shape == (2, 4, 8) and not same.changed and not same.reshard
+    # 64 - 8 = 56 GPUs are not a multiple of pp 2 x tp 8 x cp 1 = 16
+    bad = restart_on_fewer_nodes(m, 1, gpus_per_node=8, global_batch=64, micro_batch=1)
+    assert not bad.feasible and "multiple of tp 8 x pp 2" in bad.reasons[0]
+    ok = restart_on_fewer_nodes(m, 2, gpus_per_node=8, global_batch=64, micro_batch=1, interleaved=True)
+    assert ok.shape == (2, 3, 8) and not ok.batch_contract  # 64 / 3 is not whole
+
+
+def test_restart_expert_mesh_must_still_divide():
+    m = resolve_mesh(MeshSpec(names=["dp_shard", "tp", "ep"], shape=[4, 2, 8]), world=8)
+    r = restart_on_fewer_nodes(m, 1, gpus_per_node=2, global_batch=64, micro_batch=1)
+    assert r.names == ("dp_shard", "tp") and r.shape == (3, 2)  # the dense mesh; ep re-factors its block
+    assert not r.feasible and "ep 8" in r.reasons[0]  # 3 x 2 = 6 ranks cannot hold ep 8
