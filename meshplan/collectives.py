@@ -266,6 +266,6 @@ def _pp_ep_rows(add, c: _Ctx) -> None:
         add("pp", "backward", "send/recv", sent, dt, 1, "every micro-batch", "previous stage's backward")
     if mesh.ep > 1:
         moe = sum(m.is_moe_layer(i) for i in c.layers)
-        a2a = c.act_bytes * m.top_k
+        a2a = c.act_bytes * m.top_k * mesh.etp // mesh.degree("tp")  # distinct tokens per rank (see shapes)
         add("ep", "forward", "all-to-all", a2a, dt, 2 * moe, "every MoE layer (dispatch, combine)", "expert GEMMs")
         add("ep", "backward", "all-to-all", a2a, dt, 2 * moe, "every MoE layer", "expert GEMMs")

@@ -65,8 +65,10 @@ def layer_gemms(model: ModelSpec, tp: int, tokens: int, layer: int = -1,
     """Forward GEMMs of one transformer layer on one rank for ``tokens`` local tokens.
 
     ``layer`` selects dense or MoE (-1: the last layer). MoE experts assume balanced
-    routing: each local expert sees ``tokens * ep * top_k / experts`` tokens (the ep group
-    exchanges tokens by all-to-all).
+    routing. When etp < tp the tp ranks split their (identical) tokens tp/etp ways before
+    dispatch (torchtitan's token-split sequence parallel for experts), so each rank routes
+    ``tokens * etp / tp`` distinct tokens and each local expert sees
+    ``tokens * etp / tp * ep * top_k / experts`` tokens after the all-to-all.
     """
     h, d = model.hidden, model.d_head
     q_l, kv_l, _ = local_heads(model, tp)
@@ -74,7 +76,7 @@ def layer_gemms(model: ModelSpec, tp: int, tokens: int, layer: int = -1,
            Gemm("wv", tokens, kv_l * d, h), Gemm("wo", tokens, h, q_l * d)]
     layer = model.layers - 1 if layer < 0 else layer
     if model.is_moe_layer(layer):
-        per_expert = max(1, tokens * ep * model.top_k // model.experts)
+        per_expert = max(1, tokens * etp // tp * ep * model.top_k // model.experts)
         f, n_local = model.moe_ffn // etp, model.experts // ep
         out.append(Gemm("router", tokens, model.experts, h))
         if model.gated_mlp:
