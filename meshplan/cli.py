@@ -65,6 +65,31 @@ def groups(config: Path = typer.Argument(..., help="TOML config"),
     print_groups(p, rank, Console(width=160))
 
 
+@app.command()
+def memory(config: Path = typer.Argument(..., help="TOML config (an optional [memory] table sets the timeline parameters)"),
+           out: Path = typer.Option(Path("."), "--out", help="folder for the PNG plot(s)"),
+           all_stages: bool = typer.Option(False, "--all-stages", help="every pipeline stage, not only the most loaded"),
+           force: bool = typer.Option(False, "--force", help="replace existing PNG files")):
+    """Memory timeline of one training step: peak, headroom, events by kind, and a PNG per stage shown."""
+    from .report.memory import print_memory
+    from .report.memory_plot import write_png
+
+    p = _load(config)
+    if not p.timelines:
+        for r in p.reasons:
+            typer.echo(f"infeasible: {r}", err=True)
+        raise typer.Exit(1)
+    shown = p.timelines if all_stages else (p.timeline,)
+    paths = [out / f"{config.stem}_memory_stage{tl.stage}.png" for tl in shown]
+    taken = [str(x) for x in paths if x.exists()]
+    if taken and not force:
+        raise ConfigError("--out", f"{taken[0]} exists; choose another folder or pass --force to replace it")
+    print_memory(p, Console(width=160), all_stages=all_stages)
+    for tl, path in zip(shown, paths):
+        typer.echo(f"wrote {write_png(tl, path, name=config.name, force=force)}")
+    raise typer.Exit(0 if p.feasible else 1)
+
+
 @app.command("catalog")
 def catalog_cmd(kind: str = typer.Argument("model", help="gpu, node, network or model")):
     """List the built-in catalog entries of KIND with their sources."""

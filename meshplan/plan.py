@@ -1,5 +1,8 @@
 """Build one inspectable plan from a config: mesh -> validity -> placement -> shapes ->
-memory -> constraints -> collectives. Pure: a :class:`Plan` is a value; reports read it.
+memory -> constraints -> collectives -> memory timeline. Pure: a :class:`Plan` is a value;
+reports read it. Memory feasibility comes from the per-stage timeline peak
+(:mod:`meshplan.memory.timeline`); the constraints' first estimate only sizes the
+pre-mesh capacity rows.
 
 An infeasible mesh is a Plan with ``feasible = False`` and its reasons, never an exception;
 malformed input raises :class:`~meshplan.errors.ConfigError` before any of this runs.
@@ -7,13 +10,14 @@ malformed input raises :class:`~meshplan.errors.ConfigError` before any of this 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
 from . import constraints as cons
 from .collectives import CollectiveRow, collective_table
 from .errors import ConfigError
 from .memory.state import StateBytes, state_bytes
+from .memory.timeline import Timeline, memory_timelines, most_loaded
 from .layout import check_partition
 from .mesh import Infeasible, Mesh, resolve_mesh
 from .placement import Flag, Placement, place, placement_flags
@@ -47,6 +51,12 @@ class Plan:
     state: tuple[StateBytes, ...] = ()
     constraints: Optional[Any] = None
     collectives: dict[str, list[CollectiveRow]] = field(default_factory=dict)
+    timelines: tuple[Timeline, ...] = ()
+
+    @property
+    def timeline(self) -> Optional[Timeline]:
+        """The memory timeline of the most loaded stage (None without timelines)."""
+        return most_loaded(self.timelines) if self.timelines else None
 
     @property
     def tokens_per_microbatch(self) -> int:
@@ -78,11 +88,26 @@ def build_plan(config: Config) -> Plan:
     gemms.append(output_gemm(m, tp, tokens, padded_vocab(m.vocab, t.vocab_pad_divisor, tp)))
     state = tuple(state_bytes(m, mesh, t, v.stages))
     annotated = cons.annotate_axes(constraints, m, t, c, mesh, v.stages, v.micro_batches)
-    reasons = cons.memory_reasons(annotated)
     colls = _collectives(config, mesh, placement, v.stages, v.micro_batches)
-    return Plan(feasible=not reasons, reasons=tuple(reasons), stages=v.stages, gemms=tuple(gemms),
+    plan = Plan(feasible=True, reasons=(), stages=v.stages, gemms=tuple(gemms),
                 attention=attention_shape(m, tp, cp, t.micro_batch, t.seq_len), state=state,
                 constraints=annotated, collectives=colls, **base)
+    timelines = memory_timelines(plan)
+    reasons = memory_reasons(timelines)
+    return replace(plan, feasible=not reasons, reasons=reasons, timelines=timelines)
+
+
+def memory_reasons(timelines: tuple[Timeline, ...]) -> tuple[str, ...]:
+    """The most loaded stage's reason when its peak exceeds usable memory, and how many
+    stages do."""
+    over = [tl for tl in timelines if not tl.fits]
+    if not over:
+        return ()
+    reasons = [most_loaded(over).reason()]
+    if len(over) > 1:
+        reasons.append(f"{len(over)} of {len(timelines)} stages exceed usable memory: stages "
+                       + ", ".join(str(tl.stage) for tl in over[:16]) + (" ..." if len(over) > 16 else ""))
+    return tuple(reasons)
 
 
 def _collectives(config: Config, mesh: Mesh, placement, stages, micro) -> dict[str, list[CollectiveRow]]:

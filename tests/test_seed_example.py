@@ -63,7 +63,7 @@ def test_feasibility_and_axis_annotation(plan8, plan4):
     assert plan8.constraints.unforced == ()
     assert plan8.micro_batches == 64
     assert not plan4.feasible  # the tensor-4 alternative needs another axis or more memory
-    assert "first peak estimate" in plan4.reasons[0]
+    assert "GiB usable (74.5 GiB - 10% reserve)" in plan4.reasons[0]
 
 
 def test_persistent_state_fsdp2(plan8):

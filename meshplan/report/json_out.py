@@ -3,8 +3,9 @@
 Schema ``meshplan.plan/v1``: top-level keys ``schema``, ``meshplan_version``, ``input``
 (the four specs), ``world``, ``feasible``, ``reasons``, ``notes``, ``mesh``, ``groups``
 (axis -> list of rank lists), ``placement`` (per-rank arrays), ``flags``, ``shapes``,
-``memory``, ``constraints``, ``collectives``. Units are SI (bytes, seconds, bytes/s) and
-named in keys.
+``memory``, ``memory_timeline`` (per stage: peak bytes, when, bytes per kind at the peak and
+their maxima, headroom), ``constraints``, ``collectives``; ``input`` also holds the
+``[memory]`` parameters. Units are SI (bytes, seconds, bytes/s) and named in keys.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
     out: dict[str, Any] = {
         "schema": SCHEMA, "meshplan_version": __version__,
         "input": {"model": c.model.model_dump(), "cluster": c.cluster.model_dump(),
-                  "training": c.training.model_dump(), "mesh": c.mesh.model_dump()},
+                  "training": c.training.model_dump(), "mesh": c.mesh.model_dump(),
+                  "memory": c.memory.model_dump()},
         "world": plan.world, "feasible": plan.feasible, "reasons": list(plan.reasons),
         "notes": list(plan.notes), "constraints": _plain(plan.constraints),
     }
@@ -47,10 +49,21 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
     out["shapes"] = {"gemms_forward": [dict(_plain(g), flops=g.flops) for g in plan.gemms],
                      "attention": _plain(plan.attention)}
     out["memory"] = [_plain(s) for s in plan.state]
+    out["memory_timeline"] = [_timeline(tl) for tl in plan.timelines]
     out["collectives"] = {stage: [dict(_plain(r), algbw_bytes_per_s=r.algbw_bytes_per_s,
                                        busbw_bytes_per_s=r.busbw_bytes_per_s) for r in rows]
                           for stage, rows in plan.collectives.items()}
     return out
+
+
+def _timeline(tl) -> dict[str, Any]:
+    """Summary of one stage's memory timeline (the events: ``meshplan memory``)."""
+    p = tl.peak
+    return {"stage": tl.stage, "schedule": tl.schedule, "n_events": tl.n_events, "peak_bytes": p.total_bytes,
+            "peak_t_index": p.t_index, "peak_phase": p.phase, "peak_layer": p.layer, "peak_microbatch": p.microbatch,
+            "peak_where": p.where(), "peak_event": p.label, "peak_by_kind_bytes": dict(p.by_kind),
+            "max_by_kind_bytes": dict(tl.max_by_kind), "usable_bytes": tl.usable_bytes, "hbm_bytes": tl.hbm_bytes,
+            "headroom_bytes": tl.headroom_bytes, "fits": tl.fits}
 
 
 def _plain(x: Any) -> Any:

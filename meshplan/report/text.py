@@ -171,8 +171,11 @@ def _memory(plan: Plan, con: Console) -> None:
     con.print(tab)
     e = plan.constraints.estimate if plan.constraints else None
     if e is not None:
-        con.print(f"first peak estimate (timeline comes later): {e.line()}; usable "
-                  f"{plan.constraints.usable_bytes / GiB:.1f} GiB")
+        con.print(f"[dim]first estimate (constraints, before the timeline): {e.line()}[/]")
+    if plan.timelines:
+        from .memory import timeline_table
+
+        con.print(timeline_table(plan))
 
 
 def _collectives(plan: Plan, con: Console) -> None:

@@ -9,12 +9,14 @@ one-line :class:`~meshplan.errors.ConfigError`.
           network), optionally ``gpu = "h200-sxm-141gb"`` to swap the GPU; or explicit
           ``[cluster.gpu]``, ``[cluster.node]`` tables.
 [training], [mesh]  fields of :class:`TrainingSpec` and :class:`MeshSpec`.
+[memory]  optional: fields of :class:`~meshplan.spec.memory.MemoryOptions` (timeline
+          parameters: prefetch, buckets, NCCL buffers, workspace, fragmentation).
 """
 
 from __future__ import annotations
 
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -22,22 +24,26 @@ from pydantic import BaseModel, ValidationError
 
 from ..errors import ConfigError
 from .cluster import ClusterSpec
+from .memory import MemoryOptions
 from .mesh import MeshSpec
 from .model import ModelSpec
 from .training import TrainingSpec
 
 TABLES = ("model", "cluster", "training", "mesh")
+OPTIONAL_TABLES = ("memory",)
 
 
 @dataclass(frozen=True)
 class Config:
-    """The four specs of one plan input; ``path`` is where it was read from (or None)."""
+    """The four specs of one plan input; ``path`` is where it was read from (or None);
+    ``memory``: the optional [memory] table (defaults when absent)."""
 
     model: ModelSpec
     cluster: ClusterSpec
     training: TrainingSpec
     mesh: MeshSpec
     path: str | None = None
+    memory: MemoryOptions = field(default_factory=MemoryOptions)
 
 
 def load_config(path: str | Path) -> Config:
@@ -54,9 +60,11 @@ def load_config(path: str | Path) -> Config:
 
 def config_from_dict(data: dict[str, Any], base: Path | None = None, path: str | None = None) -> Config:
     """Validate an already-parsed config mapping (see :func:`load_config`)."""
-    unknown = set(data) - set(TABLES)
+    unknown = set(data) - set(TABLES) - set(OPTIONAL_TABLES)
     if unknown:
-        raise ConfigError(sorted(unknown)[0], f"unknown table; allowed tables are {list(TABLES)}")
+        raise ConfigError(sorted(unknown)[0], f"unknown table; allowed tables are {list(TABLES + OPTIONAL_TABLES)}")
+    if not isinstance(data.get("memory", {}), dict):
+        raise ConfigError("memory", "must be a table")
     for t in TABLES:
         if t not in data:
             raise ConfigError(t, f"missing table [{t}]; every config needs {['[' + x + ']' for x in TABLES]}")
@@ -64,7 +72,8 @@ def config_from_dict(data: dict[str, Any], base: Path | None = None, path: str |
             raise ConfigError(t, "must be a table")
     return Config(model=_model(data["model"], base), cluster=_cluster(data["cluster"]),
                   training=build(TrainingSpec, data["training"], "training"),
-                  mesh=build(MeshSpec, data["mesh"], "mesh"), path=path)
+                  mesh=build(MeshSpec, data["mesh"], "mesh"), path=path,
+                  memory=build(MemoryOptions, data.get("memory", {}), "memory"))
 
 
 def build(cls: type[BaseModel], values: dict, table: str) -> Any:

@@ -1,0 +1,322 @@
+"""Per-rank memory timeline of one training step: events, running totals by kind, the
+peak (when, what dominates it) and the headroom against HBM and the reserve.
+
+One timeline per pipeline stage (the distinct rank roles: every rank of a stage holds the
+same bytes up to ``ceil`` padding). Events follow the planned schedule
+(:mod:`meshplan.memory.schedule`): init (persistent state, NCCL buffers, workspace), the
+forward and backward passes of every model chunk for every micro-batch, the optimizer
+step. What each pass allocates and frees is in :mod:`meshplan.memory.passes`; the sizes and
+their sources are in :mod:`meshplan.memory.sizes`; the stated parameters are
+:class:`~meshplan.spec.memory.MemoryOptions` (config table ``[memory]``).
+
+Kinds (:data:`KINDS`): ``params``, ``master``, ``optimizer``, ``grads`` (persistent state,
+:func:`~meshplan.memory.state.state_bytes`, by sharding axis), ``comm_buffers`` (NCCL,
+outside PyTorch's allocator), ``workspace`` (cuBLAS), ``fragmentation`` (allowance),
+``gathered_params`` (FSDP all-gathers), ``grad_buffers`` (unsharded gradients,
+reduce-scatter inputs, buckets), ``activations`` (saved for backward and recomputed),
+``temporaries`` (working sets, logits, optimizer-step temporaries).
+
+Storage is run-length: a pass is built once per distinct shape (first backward, last
+backward, already-gathered units...) and repeated, so 80 layers x 64 micro-batches stay a
+few hundred passes; :meth:`Timeline.events` expands them on demand. The timeline is the
+steady state (second step on): optimizer state exists from the start; FSDP's sharded
+gradients appear at their first reduce-scatter and are freed at ``zero_grad``.
+
+Compare with PyTorch's trackers via :func:`tracker_to_kinds` and :data:`COMPARISON_GROUPS`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterator, Optional
+
+import numpy as np
+
+from ..units import GiB
+from .passes import PassBuilder
+from .schedule import stage_ops
+from .sizes import stage_sizes
+
+KINDS = ("params", "master", "optimizer", "grads", "comm_buffers", "workspace", "fragmentation",
+         "gathered_params", "grad_buffers", "activations", "temporaries")
+_K = {k: i for i, k in enumerate(KINDS)}
+#: Kinds PyTorch's caching allocator (and so MemTracker) never sees.
+UNTRACKED_KINDS = ("comm_buffers", "fragmentation")
+#: Coarse groups for comparing with a tracker: params, grads, optimizer, activations, temporaries.
+COMPARISON_GROUPS = {"params": ("params", "master", "gathered_params"), "grads": ("grads", "grad_buffers"),
+                     "optimizer": ("optimizer",), "activations": ("activations",),
+                     "temporaries": ("temporaries", "workspace")}
+#: PyTorch tracker categories per meshplan kind: FSDPMemTracker (``_FSDPRefType``) and
+#: MemTracker (``_MemRefType``), torch/distributed/_tools. FSDP2 keeps fp32 sharded
+#: parameters, so ``master`` has no category there.
+TRACKER_CATEGORIES = {"params": ("Sharded Param", "Parameter", "Buffer"),
+                      "gathered_params": ("Unsharded Param", "All Gather"),
+                      "grads": ("Sharded Grad", "Gradient"), "grad_buffers": ("Unsharded Grad", "Reduce Scatter"),
+                      "optimizer": ("OptState", "Optstate"), "activations": ("Activation", "Inputs"),
+                      "temporaries": ("Temp",)}
+
+
+def tracker_to_kinds(categories: dict[str, float]) -> dict[str, float]:
+    """A tracker's bytes per category (e.g. FSDPMemTracker's peak snapshot summed over
+    devices) as bytes per meshplan kind; unknown categories go to ``other``.
+
+    >>> tracker_to_kinds({"Sharded Param": 10, "All Gather": 2, "Unsharded Param": 4, "Temp": 1, "Other": 3})
+    {'params': 10, 'gathered_params': 6, 'temporaries': 1, 'other': 3}
+    """
+    where = {c: k for k, cats in TRACKER_CATEGORIES.items() for c in cats}
+    out: dict[str, float] = {}
+    for cat, n in categories.items():
+        k = where.get(cat, "other")
+        out[k] = out.get(k, 0) + n
+    return out
+
+
+@dataclass(frozen=True)
+class MemoryEvent:
+    """One allocation (``delta_bytes`` > 0) or free (< 0) of ``kind`` on one rank."""
+
+    t_index: int
+    phase: str
+    layer: Optional[int]
+    microbatch: Optional[int]
+    kind: str
+    delta_bytes: int
+    label: str
+
+
+@dataclass(frozen=True)
+class Pass:
+    """One pass of the schedule: its phase (init, forward, backward, step), chunk,
+    micro-batch, the template of its events and the index of its first event."""
+
+    phase: str
+    chunk: int
+    microbatch: Optional[int]
+    template: int
+    first_event: int
+
+
+@dataclass(frozen=True)
+class Peak:
+    """The largest running total: ``total_bytes`` at event ``t_index`` and the bytes per
+    kind there (``by_kind``)."""
+
+    total_bytes: int
+    t_index: int
+    phase: str
+    layer: Optional[int]
+    microbatch: Optional[int]
+    label: str
+    by_kind: dict
+
+    def where(self) -> str:
+        """``backward of layer 0 (micro-batch 7)``, ``forward of the head``, ..."""
+        if self.phase in ("init", "step"):
+            return "the optimizer step" if self.phase == "step" else "init"
+        if self.layer is not None:
+            what = f"layer {self.layer}"
+        else:
+            first = self.label.split(":")[0].split(" ")[0]
+            what = f"the {first}" if first in ("head", "embedding") else "the chunk boundary"
+        return f"{self.phase} of {what} (micro-batch {self.microbatch})"
+
+    def dominant(self, n: int = 3) -> list[tuple[str, int]]:
+        """The ``n`` largest kinds at the peak, largest first."""
+        return sorted(((k, v) for k, v in self.by_kind.items() if v), key=lambda kv: -kv[1])[:n]
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """Memory of one rank of pipeline stage ``stage`` over one training step."""
+
+    stage: int
+    schedule: str
+    micro_batches: int
+    passes: tuple[Pass, ...]
+    templates: tuple[tuple, ...]
+    hbm_bytes: float
+    reserve: float
+    peak: Peak
+    max_by_kind: dict
+    n_events: int
+    title: str = ""
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def usable_bytes(self) -> float:
+        """HBM x (1 - reserve)."""
+        return self.hbm_bytes * (1 - self.reserve)
+
+    @property
+    def headroom_bytes(self) -> float:
+        """Usable bytes left at the peak (negative: does not fit)."""
+        return self.usable_bytes - self.peak.total_bytes
+
+    @property
+    def fits(self) -> bool:
+        return self.headroom_bytes >= 0
+
+    def reason(self) -> Optional[str]:
+        """Why the stage does not fit, or None."""
+        if self.fits:
+            return None
+        return (f"peak {self.peak.total_bytes / GiB:.1f} GiB at {self.peak.where()} on stage {self.stage} > "
+                f"{self.usable_bytes / GiB:.1f} GiB usable ({self.hbm_bytes / GiB:.1f} GiB - {self.reserve:.0%} reserve)")
+
+    def summary(self) -> str:
+        """One line: peak, when, what dominates it, headroom."""
+        p = self.peak
+        dom = ", ".join(f"{k} {v / GiB:.2f}" for k, v in p.dominant())
+        return (f"stage {self.stage}: peak {p.total_bytes / GiB:.2f} GiB at {p.where()}, event {p.t_index} of "
+                f"{self.n_events}; dominated by {dom} GiB; headroom {self.headroom_bytes / GiB:.2f} GiB to "
+                f"{self.usable_bytes / GiB:.1f} GiB usable ({self.hbm_bytes / GiB:.1f} GiB HBM - {self.reserve:.0%})")
+
+    def by_group(self, by_kind: Optional[dict] = None) -> dict[str, int]:
+        """Bytes per :data:`COMPARISON_GROUPS` group (default: at the peak)."""
+        bk = self.peak.by_kind if by_kind is None else by_kind
+        return {g: sum(bk.get(k, 0) for k in ks) for g, ks in COMPARISON_GROUPS.items()}
+
+    def events(self) -> Iterator[MemoryEvent]:
+        """Every event in order (expanded from the run-length passes)."""
+        for p in self.passes:
+            for i, (layer, kind, delta, label) in enumerate(self.templates[p.template]):
+                yield MemoryEvent(p.first_event + i, p.phase, layer, p.microbatch, kind, delta, label)
+
+    def running(self) -> np.ndarray:
+        """Bytes per kind after each event: array (n_events, len(KINDS))."""
+        deltas = np.zeros((self.n_events, len(KINDS)))
+        for p in self.passes:
+            for i, (_, kind, delta, _) in enumerate(self.templates[p.template]):
+                deltas[p.first_event + i, _K[kind]] = delta
+        return np.cumsum(deltas, axis=0)
+
+    def window(self, t_index: int, before: int = 8, after: int = 3) -> list[MemoryEvent]:
+        """Events ``t_index - before .. t_index + after``."""
+        lo, hi = t_index - before, t_index + after
+        return [e for p in self.passes if p.first_event <= hi and p.first_event + len(self.templates[p.template]) > lo
+                for e in self._pass_events(p) if lo <= e.t_index <= hi]
+
+    def _pass_events(self, p: Pass) -> list[MemoryEvent]:
+        return [MemoryEvent(p.first_event + i, p.phase, layer, p.microbatch, kind, delta, label)
+                for i, (layer, kind, delta, label) in enumerate(self.templates[p.template])]
+
+
+def _template_stats(entries: tuple) -> tuple[np.ndarray, int, int, np.ndarray]:
+    """(net per kind, max prefix total, its offset, max prefix per kind) of one template."""
+    vec, kmax = np.zeros(len(KINDS), dtype=np.int64), np.zeros(len(KINDS), dtype=np.int64)
+    best, at, total = None, 0, 0
+    for i, (_, kind, delta, _) in enumerate(entries):
+        vec[_K[kind]] += delta
+        total += delta
+        kmax[_K[kind]] = max(kmax[_K[kind]], vec[_K[kind]])
+        if best is None or total > best:
+            best, at = total, i
+    return vec, (best if best is not None else 0), at, kmax
+
+
+def _scan(passes: list[Pass], templates: list[tuple]) -> tuple[int, int, np.ndarray, dict]:
+    """(peak pass index, offset in it, bytes per kind at the peak, max per kind)."""
+    stats = [_template_stats(t) for t in templates]
+    cur = np.zeros(len(KINDS), dtype=np.int64)
+    top, where, at_peak = None, (0, 0), cur.copy()
+    kmax = np.zeros(len(KINDS), dtype=np.int64)
+    for n, p in enumerate(passes):
+        vec, best, off, tk = stats[p.template]
+        kmax = np.maximum(kmax, cur + tk)
+        if templates[p.template] and (top is None or cur.sum() + best > top):
+            top, where, at_peak = cur.sum() + best, (n, off), cur.copy()
+        cur = cur + vec
+    n, off = where
+    for _, kind, delta, _ in templates[passes[n].template][:off + 1]:
+        at_peak[_K[kind]] += delta
+    return n, off, at_peak, {k: int(kmax[i]) for i, k in enumerate(KINDS)}
+
+
+def _backward_flags(ops) -> tuple[set, set]:
+    """Indices of the first and the last backward of each chunk in ``ops``."""
+    first, last, seen = set(), {}, set()
+    for i, (phase, chunk, _) in enumerate(ops):
+        if phase == "backward":
+            if chunk not in seen:
+                first.add(i)
+                seen.add(chunk)
+            last[chunk] = i
+    return first, set(last.values())
+
+
+def _build_passes(sizes, ops) -> tuple[list[Pass], list[tuple]]:
+    """Run-length passes: each distinct (phase, chunk, gathered units, first, last) built once."""
+    templates: list[tuple] = [sizes.init]
+    passes = [Pass("init", 0, None, 0, 0)]
+    cache: dict = {}
+    gathered: frozenset = frozenset()
+    first_b, last_b = _backward_flags(ops)
+    t = len(sizes.init)
+    for i, (phase, chunk, mb) in enumerate(ops):
+        keys = set(sizes.chunk_units(chunk))
+        g_in = frozenset(gathered & keys)
+        key = (phase, chunk, g_in, i in first_b, i in last_b)
+        if key not in cache:
+            b = PassBuilder(sizes, phase, chunk, g_in, first=i in first_b, last=i in last_b)
+            templates.append(b.build())
+            cache[key] = (len(templates) - 1, frozenset(b.gathered))
+        tid, g_out = cache[key]
+        gathered = (gathered - keys) | g_out
+        passes.append(Pass(phase, chunk, mb, tid, t))
+        t += len(templates[tid])
+    templates.append(sizes.step)
+    passes.append(Pass("step", 0, None, len(templates) - 1, t))
+    return passes, templates
+
+
+def memory_timeline(plan, stage: int) -> Timeline:
+    """Timeline of one rank of pipeline stage ``stage`` of a feasible-so-far ``plan``
+    (a :class:`~meshplan.plan.Plan` with its mesh, stages, state and collectives)."""
+    c = plan.config
+    t, opts = c.training, c.memory
+    order = {a: i for i, a in enumerate(plan.mesh.all_axes())}
+    axes = sorted({r.axis for rows in plan.collectives.values() for r in rows}, key=lambda a: order.get(a, 99))
+    sizes = stage_sizes(c.model, t, plan.mesh, plan.stages, plan.state[stage], opts, axes)
+    ops = stage_ops(c.mesh.pp_schedule, stage, len(plan.stages), plan.micro_batches, plan.vpp)
+    passes, templates = _build_passes(sizes, ops)
+    n, off, at_peak, kmax = _scan(passes, templates)
+    if opts.fragmentation_fraction:
+        frag = int(opts.fragmentation_fraction * int(at_peak.sum()))
+        templates[0] = templates[0] + ((None, "fragmentation", frag,
+                                        f"allocator allowance {opts.fragmentation_fraction:.0%} of the peak"),)
+        passes = [passes[0]] + [Pass(p.phase, p.chunk, p.microbatch, p.template, p.first_event + 1) for p in passes[1:]]
+        n, off, at_peak, kmax = _scan(passes, templates)
+    p = passes[n]
+    layer, kind, delta, label = templates[p.template][off]
+    peak = Peak(int(at_peak.sum()), p.first_event + off, p.phase, layer, p.microbatch, label,
+                {k: int(at_peak[i]) for i, k in enumerate(KINDS)})
+    n_events = passes[-1].first_event + len(templates[-1])
+    title = f"{c.model.name}, {' x '.join(f'{a} {d}' for a, d in zip(plan.mesh.layout.names, plan.mesh.layout.shape))}"
+    return Timeline(stage=stage, schedule=c.mesh.pp_schedule, micro_batches=plan.micro_batches, passes=tuple(passes),
+                    templates=tuple(templates), hbm_bytes=c.cluster.gpu.hbm_bytes, reserve=t.memory_reserve,
+                    peak=peak, max_by_kind=kmax, n_events=n_events, title=title,
+                    notes=_notes(plan, stage, sizes.fsdp))
+
+
+def _notes(plan, stage: int, fsdp: bool) -> tuple[str, ...]:
+    """Assumptions of this timeline that a reader should see beside its numbers."""
+    c, out = plan.config, []
+    if c.model.is_moe:
+        out.append("MoE layers: routed-expert activations estimated for balanced routing (sizes.py)")
+    if c.mesh.pp_schedule == "zb_h1" and stage > 0:
+        out.append("zb_h1 in 1F1B order: inputs of delayed weight-gradient passes not counted on this stage")
+    if fsdp and len(plan.stages) > 1 and c.memory.fsdp_reduce == "per_microbatch":
+        out.append("FSDP reduces every micro-batch; torch.distributed.pipelining defers it to the last one "
+                   "(set [memory] fsdp_reduce = \"after_last\" to model that)")
+    out.append("steady state (second step on); NCCL buffers are outside PyTorch's caching allocator")
+    return tuple(out)
+
+
+def memory_timelines(plan) -> tuple[Timeline, ...]:
+    """:func:`memory_timeline` of every stage."""
+    return tuple(memory_timeline(plan, k) for k in range(len(plan.stages)))
+
+
+def most_loaded(timelines) -> Timeline:
+    """The timeline with the highest peak (the earliest stage on a tie)."""
+    return max(timelines, key=lambda tl: (tl.peak.total_bytes, -tl.stage))

@@ -1,0 +1,268 @@
+"""Memory timeline (issue 3): hand-derived events of a tiny model, pipeline in-flight counts,
+FSDP prefetch and resharding, recompute, buckets, the peak and the infeasibility reason,
+the [memory] table, the seed example and the CLI.
+
+Tiny model T (every number below by hand): 2 layers, hidden 16, ffn 64 (GeLU, not gated),
+4 heads (head dim 4), vocab 128 (padded 128 at tp 1), RMSNorm, no biases, untied.
+Per layer: norms 16 + 16, q/k/v/o 4 x 256, w_in 1024, w_out 1024 = 3104 elements;
+embedding 128 x 16 = 2048; head: final norm 16 + output 2048 = 2064; stage total 10320.
+Training: seq 8, micro-batch 1, global batch 4, fp32 params (no master), bf16 compute,
+fp32 grads and reduce, Adam fp32, recompute none, flash attention, no dropout.
+Mesh dp_shard 2 (world 2): zero3 shards everything 2 ways -> 5160 elements per rank:
+params 5160 x 4 = 20640 B, grads 20640 B, optimizer 5160 x 8 = 41280 B.
+[memory]: NCCL 1000 B x 2 channels x 2 peers = 4000 B per communicator (one: dp_shard),
+workspace 500 B.
+"""
+
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from meshplan.memory.activations import in_flight_chunks
+from meshplan.memory.schedule import max_in_flight, stage_ops
+from meshplan.memory.timeline import KINDS, UNTRACKED_KINDS, memory_timeline, tracker_to_kinds
+from meshplan.plan import build_plan
+from meshplan.spec.config import config_from_dict
+from meshplan.units import GiB
+from meshplan.errors import ConfigError
+
+from tests.conftest import EXAMPLES
+
+TINY = dict(layers=2, hidden=16, ffn=64, gated_mlp=False, q_heads=4, vocab=128)
+MEM = dict(nccl_buffsize_bytes=1000, nccl_channels=2, nccl_peers=2, workspace_bytes=500)
+
+# Activations of T per micro-batch (Korthikanti Table 2 terms, s 8, b 1, h 16, a 4, f 64):
+# attention: norm input 2sbh 256, qkv input 256, q 256, k 256, v 256, flash softmax
+# statistics 4*a*s*b 128, context 256 = 1664; MLP: norm input 256, w_in input 256,
+# GeLU input 2sbf 1024, w_out input 1024 = 2560.
+LAYER = 1664 + 2560
+EMBED = 8 * 8              # token ids, int64
+HEAD = 256 + 256 + 4 * 8 * 128 + 13 * 8  # final norm in, output in, fp32 logits, loss
+BWD_TEMP = 2 * 8 * 16 + 2 * 8 * 64       # dX + widest intermediate gradient (GeLU input)
+DY = 2 * 8 * 16
+GATHER = {"embedding": 2048 * 2, "layer": 3104 * 2, "head": 2064 * 2}  # bf16 unsharded
+INIT = 20640 + 41280 + 4000 + 500        # params, optimizer, NCCL, workspace
+
+
+def plan_of(model=TINY, mesh=None, memory=MEM, system=None, **training):
+    t = {**dict(global_batch=4, seq_len=8, micro_batch=1, sharding="zero3", param_dtype="fp32",
+                recompute="none"), **training}
+    cfg = {"model": model, "cluster": system or {"system": "dgx-h100", "nodes": 1}, "training": t,
+           "mesh": mesh or dict(names=["dp_shard"], shape=[2], world=2), "memory": memory}
+    return build_plan(config_from_dict(cfg))
+
+
+def running(tl, kind=None):
+    r = tl.running()
+    return r.sum(axis=1) if kind is None else r[:, KINDS.index(kind)]
+
+
+def test_tiny_zero3_every_number_by_hand():
+    p = plan_of()
+    tl = p.timeline
+    assert p.micro_batches == 2 and len(p.timelines) == 1
+    # init: params, optimizer, one NCCL communicator, workspace (FSDP grads come later)
+    assert [(e[1], e[2]) for e in tl.templates[0]] == [("params", 20640), ("optimizer", 41280),
+                                                       ("comm_buffers", 4000), ("workspace", 500)]
+    # forward of micro-batch 0, prefetch 1: embedding gathered, layer 0 + prefetched layer 1
+    f0 = [(e[1], e[2]) for e in tl.templates[tl.passes[1].template]]
+    assert f0 == [("gathered_params", GATHER["embedding"]), ("activations", EMBED),
+                  ("gathered_params", GATHER["layer"]), ("gathered_params", GATHER["layer"]),
+                  ("activations", LAYER), ("gathered_params", -GATHER["layer"]),
+                  ("activations", LAYER), ("gathered_params", -GATHER["layer"]),
+                  ("gathered_params", GATHER["head"]), ("temporaries", 2 * 8 * 128),
+                  ("activations", HEAD), ("temporaries", -2 * 8 * 128)]
+    # peak: backward of layer 1 in micro-batch 1 (all sharded grads exist since micro-batch 0),
+    # when layer 1's unsharded bf16 gradient appears beside the head's fp32 reduce-scatter input
+    pk = tl.peak
+    assert (pk.phase, pk.layer, pk.microbatch) == ("backward", 1, 1)
+    assert pk.where() == "backward of layer 1 (micro-batch 1)"
+    by_hand = {"params": 20640, "master": 0, "optimizer": 41280, "grads": 20640, "comm_buffers": 4000,
+               "workspace": 500, "fragmentation": 0,
+               "gathered_params": GATHER["embedding"] + 2 * GATHER["layer"],  # root unit + layers 1, 0
+               "grad_buffers": 2064 * 4 + 3104 * 2,  # head RS input (fp32) in flight + layer 1 grad (bf16)
+               "activations": EMBED + 2 * LAYER,      # head's saved terms already freed
+               "temporaries": DY + BWD_TEMP}
+    assert pk.by_kind == by_hand
+    assert pk.total_bytes == sum(by_hand.values()) == 128084
+    # events: init 4, forward 12, first backward 38, forward 12, then 11 into the last backward
+    assert pk.t_index == 4 + 12 + 38 + 12 + 11 == 77
+    assert tl.n_events == 103
+    total = running(tl)
+    assert total.max() == pk.total_bytes and int(np.argmax(total)) == pk.t_index
+    assert total[-1] == INIT  # steady state: the step ends where it began
+    assert tl.max_by_kind["activations"] == EMBED + 2 * LAYER + HEAD
+    assert tl.max_by_kind["temporaries"] == 41280 // 2  # foreach Adam: one state-sized temporary
+
+
+def test_sharded_grads_appear_per_unit_at_first_reduce_and_go_at_zero_grad():
+    tl = plan_of().timeline
+    allocs = [(e.microbatch, e.delta_bytes) for e in tl.events() if e.kind == "grads" and e.delta_bytes > 0]
+    # head, layer 1, layer 0, embedding: each unit's share of the 20640 B (proportional to elements)
+    assert allocs == [(0, 2064 * 2), (0, 3104 * 2), (0, 3104 * 2), (0, 2048 * 2)]
+    frees = [e for e in tl.events() if e.kind == "grads" and e.delta_bytes < 0]
+    assert [(e.phase, e.delta_bytes) for e in frees] == [("step", -20640)]
+
+
+def test_prefetch_depth_sets_gathered_layers():
+    assert plan_of().timeline.max_by_kind["gathered_params"] == GATHER["embedding"] + 2 * GATHER["layer"]
+    none = plan_of(memory={**MEM, "prefetch_layers": 0}).timeline
+    assert none.max_by_kind["gathered_params"] == GATHER["embedding"] + GATHER["layer"]
+
+
+def test_reshard_after_forward_false_keeps_params_gathered_through_backward():
+    tl = plan_of(reshard_after_forward=False).timeline
+    gathered = running(tl, "gathered_params")
+    end_f0 = tl.passes[2].first_event - 1
+    assert gathered[end_f0] == GATHER["embedding"] + 2 * GATHER["layer"] + GATHER["head"]  # whole stage
+    b0 = [e for e in tl.events() if e.phase == "backward" and e.microbatch == 0 and e.kind == "gathered_params"]
+    assert all(e.delta_bytes < 0 for e in b0)  # backward gathers nothing again, only reshards
+    default = plan_of().timeline
+    assert sum(e.delta_bytes > 0 for e in default.events() if e.kind == "gathered_params" and e.phase == "backward") == 4
+
+
+def test_full_recompute_keeps_layer_inputs_and_one_working_set():
+    tl = plan_of(recompute="full").timeline
+    act = running(tl, "activations")
+    kept = 2 * 8 * 16  # layer input 2sbh
+    end_f0 = tl.passes[2].first_event - 1
+    assert act[end_f0] == EMBED + 2 * kept + HEAD
+    rework = [e for e in tl.events() if e.label == "layer 1 backward: recomputed activations"]
+    assert rework[0].delta_bytes == LAYER - kept
+    assert act[rework[0].t_index] == EMBED + 2 * kept + (LAYER - kept)  # head freed, one layer recomputed
+    in_layers = [act[e.t_index] for e in tl.events() if e.phase == "backward" and e.layer is not None]
+    assert max(in_layers) == EMBED + 2 * kept + (LAYER - kept)  # never two working sets at once
+
+
+def test_fragmentation_allowance_is_a_stated_fraction_of_the_peak():
+    tl = plan_of(memory={**MEM, "fragmentation_fraction": 0.1}).timeline
+    assert tl.peak.by_kind["fragmentation"] == int(0.1 * 128084)
+    assert tl.peak.total_bytes == 128084 + 12808 and tl.peak.t_index == 78  # one init event more
+
+
+def test_after_last_reduce_accumulates_unsharded_grads():
+    tl = plan_of(memory={**MEM, "fsdp_reduce": "after_last"}).timeline
+    end_b0 = tl.passes[3].first_event - 1
+    r = tl.running()[end_b0]
+    assert r[KINDS.index("grad_buffers")] == 10320 * 4  # every unit's unsharded fp32 accumulator
+    assert r[KINDS.index("gathered_params")] == 10320 * 2  # not resharded after backward
+    assert r[KINDS.index("grads")] == 0
+    assert {e.microbatch for e in tl.events() if e.kind == "grads" and e.delta_bytes > 0} == {1}
+
+
+def test_buckets_without_fsdp():
+    # zero1, grads fp32 reduced in bf16: a bucket of min(40M, 10320) elements x 2 B in the last backward
+    tl = plan_of(sharding="zero1", reduce_dtype="bf16").timeline
+    buckets = [e for e in tl.events() if e.kind == "grad_buffers" and e.delta_bytes > 0]
+    assert [(e.microbatch, e.delta_bytes) for e in buckets] == [(1, 10320 * 2)]
+    assert not any(e.kind == "gathered_params" for e in tl.events())
+    # reduced in the grads' own dtype: in place in Megatron's grad buffer, no bucket
+    assert not any(e.kind == "grad_buffers" for e in plan_of(sharding="zero1").timeline.events())
+    # zero2: one bucket in every backward
+    z2 = [e.microbatch for e in plan_of(sharding="zero2").timeline.events()
+          if e.kind == "grad_buffers" and e.delta_bytes > 0]
+    assert z2 == [0, 1]
+
+
+@pytest.mark.parametrize("pp,m", [(4, 8), (4, 2), (8, 16)])
+def test_1f1b_in_flight_per_stage(pp, m):
+    for k in range(pp):
+        assert max_in_flight(stage_ops("1f1b", k, pp, m)) == min(m, pp - k)
+        assert max_in_flight(stage_ops("zb_h1", k, pp, m)) == min(m, pp - k)
+        assert max_in_flight(stage_ops("gpipe", k, pp, m)) == m
+
+
+@pytest.mark.parametrize("pp,vpp,m", [(4, 2, 8), (4, 3, 4), (2, 2, 6), (8, 2, 16)])
+def test_interleaved_warmup_counts(pp, vpp, m):
+    for k in range(pp):
+        ops = stage_ops("interleaved_1f1b", k, pp, m, vpp)
+        assert max_in_flight(ops) == in_flight_chunks(k, pp, m, vpp)
+        assert sorted(o[1:] for o in ops if o[0] == "forward") == [(c, j) for c in range(vpp) for j in range(m)]
+        seen = set()
+        for phase, c, j in ops:  # every backward after its forward
+            assert phase == "forward" or (c, j) in seen
+            seen.add((c, j))
+
+
+def _pp_plan(schedule, vpp=1, layers=4, m=8):
+    mesh = dict(names=["pp", "dp_shard"], shape=[4, 1], world=4, pp_schedule=schedule, virtual_stages=vpp)
+    return plan_of(model={**TINY, "layers": layers}, mesh=mesh, sharding="zero1", global_batch=m)
+
+
+def test_pipeline_activations_follow_the_schedule():
+    p = _pp_plan("1f1b")  # p 4, m 8, one layer per stage
+    acts = [tl.max_by_kind["activations"] for tl in p.timelines]
+    assert acts == [4 * (EMBED + LAYER), 3 * LAYER, 2 * LAYER, 1 * (LAYER + HEAD)]  # min(m, p - k)
+    g = _pp_plan("gpipe")
+    assert [tl.max_by_kind["activations"] for tl in g.timelines][1:3] == [8 * LAYER, 8 * LAYER]
+    i = _pp_plan("interleaved_1f1b", vpp=2, layers=8)  # stages 1, 2 hold 9 and 7 one-layer chunks
+    assert [i.timelines[k].max_by_kind["activations"] for k in (1, 2)] == [9 * LAYER, 7 * LAYER]
+    # run-length: 2 m passes + init + step per stage, few distinct passes
+    assert all(len(tl.passes) == 2 * 8 + 2 and len(tl.templates) <= 8 for tl in p.timelines)
+
+
+def test_infeasible_reason_and_boundary():
+    gpu = {"name": "tiny", "peak_tflops": {"bf16": 1.0}, "hbm_gb": 128084 / 0.9 / 1e9 * 0.999,
+           "hbm_bandwidth_tb_per_s": 1.0, "sms": 1, "source": "test"}
+    small = plan_of(system={"system": "dgx-h100", "nodes": 1, "gpu": gpu})
+    assert not small.feasible and small.timeline.headroom_bytes < 0
+    assert small.reasons[0].startswith("peak 0.0 GiB at backward of layer 1 (micro-batch 1) on stage 0 > ")
+    fits = plan_of(system={"system": "dgx-h100", "nodes": 1, "gpu": {**gpu, "hbm_gb": 128084 / 0.9 / 1e9 * 1.001}})
+    assert fits.feasible
+    tp4 = build_plan(__import__("meshplan.spec.config", fromlist=["x"]).load_config(EXAMPLES / "seed-64gpu-tp4.toml"))
+    assert re.fullmatch(r"peak \d+\.\d GiB at backward of layer 79 \(micro-batch 1\) on stage 0 > 67\.1 GiB usable "
+                        r"\(74\.5 GiB - 10% reserve\)", tp4.reasons[0]), tp4.reasons
+
+
+def test_memory_table_is_optional_and_strict():
+    p = plan_of(memory={})
+    assert p.timeline.templates[0][2][2] == 4 * 2**20 * 16 * 2  # NCCL_BUFFSIZE 4 MiB x 16 channels x 2 peers
+    with pytest.raises(ConfigError, match="memory.prefetch"):
+        plan_of(memory={"prefetch": 2})
+    cfg = {"model": TINY, "cluster": {"system": "dgx-h100", "nodes": 1},
+           "training": dict(global_batch=4, seq_len=8), "mesh": dict(names=["dp_shard"], shape=[2], world=2)}
+    assert build_plan(config_from_dict(cfg)).timeline is not None
+
+
+def test_comparison_helpers():
+    tl = plan_of().timeline
+    groups = tl.by_group()
+    assert sum(groups.values()) + sum(tl.peak.by_kind[k] for k in UNTRACKED_KINDS) == tl.peak.total_bytes
+    assert groups["params"] == 20640 + GATHER["embedding"] + 2 * GATHER["layer"]
+    assert tracker_to_kinds({"Sharded Grad": 5, "Unsharded Grad": 1, "Reduce Scatter": 2, "OptState": 3}) == \
+        {"grads": 5, "grad_buffers": 3, "optimizer": 3}
+
+
+def test_seed_example_peak_and_headroom(capsys):
+    from meshplan.spec.config import load_config
+
+    p = build_plan(load_config(EXAMPLES / "seed-64gpu.toml"))
+    tl = p.timeline
+    # Llama-3-70B, tp 8 + SP, selective recompute, flash: per layer (s 8192, h 8192, t 8)
+    # [r] 4 x 2sh/t = 67108864, q 2*s*8*128 = 16777216, k + v 4194304, context 16777216,
+    # gated MLP 4 x 2*s*28672/8 = 234881024 -> 339738624 B. At the peak (backward of the last
+    # layer) all 80 layers, the token ids 8s and layer 79's recomputed flash statistics
+    # 4*(64/8)*s are live.
+    assert tl.peak.where() == "backward of layer 79 (micro-batch 1)"
+    assert tl.peak.by_kind["activations"] == 80 * 339738624 + 8 * 8192 + 4 * 8 * 8192
+    print(f"\nseed example: {tl.summary()}")
+    assert 40 * GiB < tl.peak.total_bytes < 48 * GiB and tl.headroom_bytes > 19 * GiB
+    assert len(tl.passes) == 2 * 64 + 2 and tl.n_events > 80_000  # run-length, expanded on demand
+
+
+def test_cli_memory_writes_png_once(tmp_path):
+    cmd = [sys.executable, "-m", "meshplan.cli", "memory", str(EXAMPLES / "seed-64gpu.toml"), "--out", str(tmp_path)]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "backward of layer 79 (micro-batch 1)" in r.stdout and "events around the peak" in r.stdout
+    png = tmp_path / "seed-64gpu_memory_stage0.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    again = subprocess.run(cmd, capture_output=True, text=True)
+    assert again.returncode == 2 and "exists" in again.stderr and "--force" in again.stderr
+    assert subprocess.run(cmd + ["--force"], capture_output=True, text=True).returncode == 0
+    plan = subprocess.run([sys.executable, "-m", "meshplan.cli", "plan", str(EXAMPLES / "seed-64gpu.toml")],
+                          capture_output=True, text=True)
+    assert "Memory timeline per rank" in plan.stdout and "headroom" in plan.stdout
