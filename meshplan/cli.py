@@ -19,11 +19,31 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                   help="Design, check and validate parallel meshes for distributed training.")
 
 
-def _load(config: Path):
+def _load(config: Path, topology: Optional[Path] = None, calibration: Optional[Path] = None):
+    """Plan of ``config``; ``topology`` (nvidia-smi topo -m text or NCCL topology XML) replaces
+    the node's sockets and NIC affinity, ``calibration`` (meshplan calibration TOML) the link
+    bandwidths and latencies."""
     from .plan import build_plan
     from .spec.config import load_config
 
-    return build_plan(load_config(config))
+    cfg = load_config(config)
+    if topology or calibration:
+        from dataclasses import replace
+
+        cluster = cfg.cluster
+        if topology:
+            from .topology import check_identity_nic_map, load_topology, node_from_topology
+
+            node = node_from_topology(load_topology(topology), cluster.node)
+            for w in check_identity_nic_map(node):
+                typer.echo(f"warning: {w}", err=True)
+            cluster = cluster.model_copy(update={"node": node})
+        if calibration:
+            from .calibration import apply_calibration, load_calibration
+
+            cluster = apply_calibration(cluster, load_calibration(calibration))
+        cfg = replace(cfg, cluster=cluster)
+    return build_plan(cfg)
 
 
 def _check_rank(plan, rank: int) -> None:
@@ -35,11 +55,13 @@ def _check_rank(plan, rank: int) -> None:
 def plan(config: Path = typer.Argument(..., help="TOML config with [model], [cluster], [training], [mesh]"),
          json_path: Optional[Path] = typer.Option(None, "--json", help="write the whole plan (every group) as JSON"),
          rank: int = typer.Option(0, "--rank", help="rank whose groups and placement are printed"),
-         force: bool = typer.Option(False, "--force", help="replace an existing --json file")):
+         force: bool = typer.Option(False, "--force", help="replace an existing --json file"),
+         topology: Optional[Path] = typer.Option(None, "--topology", help="nvidia-smi topo -m text or NCCL topology XML"),
+         calibration: Optional[Path] = typer.Option(None, "--calibration", help="calibration TOML (bench comm)")):
     """Plan one mesh: constraints, degrees, groups, placement, shapes, memory, collectives."""
     from .report.text import print_plan
 
-    p = _load(config)
+    p = _load(config, topology, calibration)
     if p.mesh is not None:
         _check_rank(p, rank)
     print_plan(p, rank=rank, console=Console(width=160))
@@ -88,6 +110,119 @@ def memory(config: Path = typer.Argument(..., help="TOML config (an optional [me
     for tl, path in zip(shown, paths):
         typer.echo(f"wrote {write_png(tl, path, name=config.name, force=force)}")
     raise typer.Exit(0 if p.feasible else 1)
+
+
+def _overlap(overlap_tp: bool, no_prefetch: bool):
+    from .rank_timeline import Overlap
+
+    return Overlap(tp=overlap_tp, fsdp_prefetch=not no_prefetch)
+
+
+@app.command()
+def step(config: Path = typer.Argument(..., help="TOML config"),
+         trace: Optional[Path] = typer.Option(None, "--trace", help="write the predicted timeline (Chrome/Perfetto JSON)"),
+         overlap_tp: bool = typer.Option(False, "--overlap-tp", help="assume TP communication overlaps compute"),
+         no_prefetch: bool = typer.Option(False, "--no-prefetch", help="no FSDP all-gather prefetch"),
+         gemm_table: Optional[Path] = typer.Option(None, "--gemm-table", help="measured GEMM times (meshplan bench gemm)"),
+         schedule: Optional[str] = typer.Option(None, "--schedule", help="gpipe, 1f1b, interleaved_1f1b or zb_h1"),
+         force: bool = typer.Option(False, "--force", help="replace an existing --trace file")):
+    """Scheduled rank timeline: step time, critical path, exposed communication, bubble, MFU."""
+    from .gemm import load_gemm_table
+    from .steptime import step_time
+
+    p = _load(config)
+    if p.mesh is None or p.stages is None:
+        for r in p.reasons:
+            typer.echo(f"infeasible: {r}", err=True)
+        raise typer.Exit(1)
+    st = step_time(p, _overlap(overlap_tp, no_prefetch), table=load_gemm_table(gemm_table) if gemm_table else None,
+                   schedule=schedule)
+    for line in st.lines():
+        typer.echo(line)
+    path = st.critical_path()
+    typer.echo(f"critical path ({len(path)} entries{', first 12 and last 6' if len(path) > 18 else ''}):")
+    for line in (path if len(path) <= 18 else path[:12] + ["..."] + path[-6:]):
+        typer.echo(f"  {line}")
+    if trace:
+        typer.echo(f"wrote {st.write_trace(trace, force=force)}")
+
+
+@app.command()
+def reliability(config: Path = typer.Argument(..., help="TOML config"),
+                write_gbps: float = typer.Option(..., "--write-gbps", help="aggregate checkpoint write bandwidth, GB/s"),
+                read_gbps: float = typer.Option(..., "--read-gbps", help="aggregate checkpoint read bandwidth, GB/s"),
+                restart_overhead_s: float = typer.Option(..., "--restart-overhead-s",
+                                                         help="detection + rescheduling + start-up, seconds"),
+                lost_nodes: int = typer.Option(1, "--lost-nodes", help="nodes lost in the restart scenario"),
+                spare_nodes: int = typer.Option(0, "--spare-nodes", help="spare nodes available")):
+    """Failure domains, interruptions per day, checkpoint size and interval, goodput, restart."""
+    from .reliability import reliability as rel, restart_on_fewer_nodes
+
+    p = _load(config)
+    if p.mesh is None or p.stages is None:
+        for r in p.reasons:
+            typer.echo(f"infeasible: {r}", err=True)
+        raise typer.Exit(1)
+    for name, v in (("--write-gbps", write_gbps), ("--read-gbps", read_gbps)):
+        if v <= 0:
+            raise ConfigError(name, f"{v} must be > 0 GB/s")
+    r = rel(p, write_bandwidth_bytes_per_s=write_gbps * 1e9, read_bandwidth_bytes_per_s=read_gbps * 1e9,
+            restart_overhead_s=restart_overhead_s)
+    for line in r.lines():
+        typer.echo(line)
+    t = p.config.training
+    rs = restart_on_fewer_nodes(p.mesh, lost_nodes, gpus_per_node=p.config.cluster.node.gpus,
+                                global_batch=t.global_batch, micro_batch=t.micro_batch, spare_nodes=spare_nodes,
+                                interleaved=p.vpp > 1)
+    for line in rs.lines():
+        typer.echo(line)
+
+
+@app.command("compare")
+def compare_cmd(config_a: Path = typer.Argument(..., help="TOML config of mesh A"),
+                config_b: Path = typer.Argument(..., help="TOML config of mesh B (same workload)"),
+                out: Path = typer.Option(Path("out/compare"), "--out", help="folder for the rejected mesh's evidence"),
+                force: bool = typer.Option(False, "--force", help="replace an existing evidence folder")):
+    """Compare two meshes of one workload side by side and keep the rejected one's evidence."""
+    from rich.table import Table
+
+    from .compare import compare, table_rows, write_evidence
+
+    a, b = _load(config_a), _load(config_b)
+    ca, cb = a.config, b.config
+    if (ca.model != cb.model or ca.training != cb.training) or ca.cluster.world != cb.cluster.world:
+        raise ConfigError("compare", "A and B must share [model], [training] and the cluster size; only [mesh] differs")
+    c = compare(a, b, names=(config_a.stem, config_b.stem))
+    tab = Table(title="compare", title_justify="left")
+    for col in ("quantity", c.a.name, c.b.name):
+        tab.add_column(col)
+    for row in table_rows(c):
+        tab.add_row(*row)
+    con = Console(width=160)
+    con.print(tab)
+    con.print(f"[bold]verdict:[/] {c.winner} (rejected: {c.rejected})")
+    for r in c.reasons:
+        con.print(f"  - {r}")
+    for path in write_evidence(c, out, force=force):
+        con.print(f"wrote {path}")
+
+
+@app.command("nccl-check")
+def nccl_check(config: Path = typer.Argument(..., help="TOML config whose placement is checked"),
+               log: Path = typer.Argument(..., help="NCCL_DEBUG=INFO output of the run")):
+    """Check that each communicator used the NICs and intra-node links the placement meant."""
+    from .nccl_log import check_against_placement, read_nccl_log
+    from .placement import rank_row
+
+    p = _load(config)
+    if p.placement is None:
+        raise typer.Exit(1)
+    expected = {r: rank_row(p.placement, r)["nic"] for r in range(p.world)}
+    diffs = check_against_placement(read_nccl_log(log), expected)
+    for d in diffs:
+        typer.echo(d)
+    typer.echo(f"{len(diffs)} difference(s) between the NCCL log and the placement")
+    raise typer.Exit(1 if diffs else 0)
 
 
 @app.command("catalog")

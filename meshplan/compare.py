@@ -1,0 +1,178 @@
+"""Side-by-side comparison of two meshes of one workload (the seed's tensor 8 against
+tensor 4): local GEMM shapes and their efficiency, peak memory, bytes per link, exposed
+communication, step time, and a verdict with its reasons. The rejected mesh and its
+evidence are written to an output folder.
+
+Verdict rule (stated, no hidden weights): a mesh that does not fit (infeasible plan or
+memory peak above usable HBM) loses to one that fits; between two that fit, the shorter
+predicted step wins when it is shorter by more than ``tie_fraction`` (default 2%, below the
+model's resolution); within that band, the lower peak memory wins (more headroom).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from .comm import busbw_factor
+from .errors import ConfigError
+from .gemm import gemm_efficiency
+from .units import GB, GiB, MS
+
+
+@dataclass(frozen=True)
+class Side:
+    """One mesh's numbers. ``link_bytes``: bytes one rank sends per step by link class
+    (stage 0's table: size x busbw factor x count); ``exposed_s``: exposed communication of
+    the critical stage by stream; ``gemms``: (name, M, N, K, efficiency)."""
+
+    name: str
+    plan: object
+    feasible: bool
+    reasons: tuple[str, ...]
+    step_s: Optional[float] = None
+    mfu: Optional[float] = None
+    peak_bytes: Optional[float] = None
+    usable_bytes: Optional[float] = None
+    gemms: tuple = ()
+    link_bytes: dict = field(default_factory=dict)
+    exposed_s: dict = field(default_factory=dict)
+    step: object = None
+
+    @property
+    def mesh_text(self) -> str:
+        m = self.plan.mesh
+        return " x ".join(f"{n} {d}" for n, d in zip(m.layout.names, m.layout.shape)) if m else "unresolved"
+
+
+@dataclass(frozen=True)
+class Comparison:
+    a: Side
+    b: Side
+    winner: str
+    rejected: str
+    reasons: tuple[str, ...]
+
+
+def side_of(name: str, plan, overlap=None) -> Side:
+    """Numbers of one plan; the step time only for a plan that resolved its stages."""
+    from .steptime import step_time
+    from .rank_timeline import Overlap
+
+    if plan.mesh is None or plan.stages is None:
+        return Side(name, plan, False, plan.reasons)
+    gpu, dt = plan.config.cluster.gpu, plan.config.training.compute_dtype
+    gemms = tuple((g.name, g.m, g.n, g.k, gemm_efficiency(gpu, g.m, g.n, g.k, dt)[0]) for g in plan.gemms)
+    links: dict[str, float] = {}
+    for r in plan.collectives.get("stage 0", []):
+        links[r.path.kind] = links.get(r.path.kind, 0.0) + r.size_bytes * busbw_factor(r.op, r.group_size) * r.per_step
+    tl = plan.timeline
+    st = step_time(plan, overlap or Overlap())
+    return Side(name, plan, plan.feasible, plan.reasons, st.step_s, st.mfu, tl.peak.total_bytes if tl else None,
+                tl.usable_bytes if tl else None, gemms, links, dict(st.exposed_s), st)
+
+
+def compare(plan_a, plan_b, names=("A", "B"), tie_fraction: float = 0.02, overlap=None) -> Comparison:
+    """Compare two plans of one workload (see the module docstring for the rule)."""
+    a, b = side_of(names[0], plan_a, overlap), side_of(names[1], plan_b, overlap)
+    why = []
+    if a.feasible != b.feasible:
+        win, lose = (a, b) if a.feasible else (b, a)
+        why.append(f"{lose.name} ({lose.mesh_text}) is infeasible: " + "; ".join(lose.reasons))
+    elif not a.feasible:
+        raise ConfigError("compare", "both meshes are infeasible: " + "; ".join(a.reasons + b.reasons))
+    else:
+        fast, slow = (a, b) if a.step_s <= b.step_s else (b, a)
+        gap = slow.step_s / fast.step_s - 1
+        if gap > tie_fraction:
+            win, lose = fast, slow
+            why.append(f"{fast.name} predicts a {gap:.1%} shorter step ({fast.step_s:.3f} s vs {slow.step_s:.3f} s)")
+        else:
+            win, lose = (a, b) if a.peak_bytes <= b.peak_bytes else (b, a)
+            why.append(f"step times within {tie_fraction:.0%} ({a.step_s:.3f} s vs {b.step_s:.3f} s): "
+                       f"{win.name} has more memory headroom")
+    why += _evidence_lines(a, b)
+    return Comparison(a, b, win.name, lose.name, tuple(why))
+
+
+def _evidence_lines(a: Side, b: Side) -> list[str]:
+    out = []
+    if a.gemms and b.gemms:
+        ea = {g[0]: g for g in a.gemms}
+        for name, m, n, k, eff in b.gemms:
+            if name in ea and name in ("wq", "w_up", "w_down", "wo"):
+                _, m2, n2, k2, e2 = ea[name]
+                out.append(f"{name}: {a.name} ({m2},{n2},{k2}) at {e2:.0%} of peak, {b.name} ({m},{n},{k}) at {eff:.0%}")
+    if a.peak_bytes and b.peak_bytes:
+        out.append(f"peak memory: {a.name} {a.peak_bytes / GiB:.1f} GiB, {b.name} {b.peak_bytes / GiB:.1f} GiB "
+                   f"(usable {a.usable_bytes / GiB:.1f} GiB)")
+    for kind in sorted(set(a.link_bytes) | set(b.link_bytes)):
+        out.append(f"{kind} bytes sent per rank per step: {a.name} {a.link_bytes.get(kind, 0) / GB:.1f} GB, "
+                   f"{b.name} {b.link_bytes.get(kind, 0) / GB:.1f} GB")
+    for s in (a, b):
+        if s.exposed_s:
+            ex = ", ".join(f"{k} {v / MS:.1f} ms" for k, v in sorted(s.exposed_s.items()) if v > 0)
+            out.append(f"exposed communication {s.name}: {ex or 'none'}")
+    return out
+
+
+def table_rows(c: Comparison) -> list[tuple[str, str, str]]:
+    """(quantity, A, B) rows for printing."""
+    def f(x, fmt):
+        return "-" if x is None else fmt(x)
+
+    rows = [("mesh", c.a.mesh_text, c.b.mesh_text),
+            ("feasible", str(c.a.feasible), str(c.b.feasible)),
+            ("step time (s)", f(c.a.step_s, "{:.3f}".format), f(c.b.step_s, "{:.3f}".format)),
+            ("MFU", f(c.a.mfu, "{:.1%}".format), f(c.b.mfu, "{:.1%}".format)),
+            ("peak memory (GiB)", f(c.a.peak_bytes, lambda x: f"{x / GiB:.1f}"),
+             f(c.b.peak_bytes, lambda x: f"{x / GiB:.1f}"))]
+    for kind in sorted(set(c.a.link_bytes) | set(c.b.link_bytes)):
+        rows.append((f"{kind} GB/rank/step", f"{c.a.link_bytes.get(kind, 0) / GB:.1f}",
+                     f"{c.b.link_bytes.get(kind, 0) / GB:.1f}"))
+    ga, gb = {g[0]: g for g in c.a.gemms}, {g[0]: g for g in c.b.gemms}
+    for name in ga:
+        if name in gb:
+            rows.append((f"{name} (M,N,K) eff", _g(ga[name]), _g(gb[name])))
+    return rows
+
+
+def _g(g) -> str:
+    return f"({g[1]},{g[2]},{g[3]}) {g[4]:.0%}"
+
+
+def write_evidence(c: Comparison, out_dir: str | Path, force: bool = False) -> list[Path]:
+    """Write the rejected mesh's plan, its predicted trace, and a summary of the comparison
+    to ``out_dir/rejected-<name>/``. Refuses to replace an existing folder unless ``force``."""
+    from .report.json_out import write_json
+
+    rejected = c.a if c.rejected == c.a.name else c.b
+    folder = Path(out_dir) / f"rejected-{rejected.name}"
+    if folder.exists() and not force:
+        raise ConfigError("--out", f"{folder} exists; choose another --out or pass --force")
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = [write_json(rejected.plan, folder / "plan.json", force=True)]
+    if rejected.step is not None:
+        paths.append(rejected.step.write_trace(folder / "predicted-trace.json", force=True))
+    summary = [f"# Rejected: {rejected.name} ({rejected.mesh_text})", "",
+               f"Chosen: {c.winner}. Rule: see meshplan.compare.", "", "| quantity | "
+               f"{c.a.name} | {c.b.name} |", "|---|---|---|"]
+    summary += [f"| {q} | {x} | {y} |" for q, x, y in table_rows(c)]
+    summary += ["", "## Reasons", ""] + [f"- {r}" for r in c.reasons]
+    paths.append(_atomic_text(folder / "summary.md", "\n".join(summary) + "\n"))
+    paths.append(_atomic_text(folder / "comparison.json", json.dumps(
+        {"winner": c.winner, "rejected": c.rejected, "reasons": list(c.reasons),
+         "table": [list(r) for r in table_rows(c)]}, indent=1)))
+    return paths
+
+
+def _atomic_text(path: Path, text: str) -> Path:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+    return path
