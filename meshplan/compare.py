@@ -83,6 +83,10 @@ def compare(plan_a, plan_b, names=("A", "B"), tie_fraction: float = 0.02, overla
     if a.feasible != b.feasible:
         win, lose = (a, b) if a.feasible else (b, a)
         why.append(f"{lose.name} ({lose.mesh_text}) is infeasible: " + "; ".join(lose.reasons))
+        if lose.step_s and win.step_s and lose.step_s < win.step_s:
+            why.append(f"{lose.name} would predict a {1 - lose.step_s / win.step_s:.0%} shorter step "
+                       f"({lose.step_s:.3f} s vs {win.step_s:.3f} s) if it fit: it needs another axis "
+                       f"(cp, pp) or more memory, not a larger tensor degree")
     elif not a.feasible:
         raise ConfigError("compare", "both meshes are infeasible: " + "; ".join(a.reasons + b.reasons))
     else:
@@ -90,7 +94,8 @@ def compare(plan_a, plan_b, names=("A", "B"), tie_fraction: float = 0.02, overla
         gap = slow.step_s / fast.step_s - 1
         if gap > tie_fraction:
             win, lose = fast, slow
-            why.append(f"{fast.name} predicts a {gap:.1%} shorter step ({fast.step_s:.3f} s vs {slow.step_s:.3f} s)")
+            why.append(f"{fast.name} predicts a {1 - fast.step_s / slow.step_s:.1%} shorter step "
+                       f"({fast.step_s:.3f} s vs {slow.step_s:.3f} s)")
         else:
             win, lose = (a, b) if a.peak_bytes <= b.peak_bytes else (b, a)
             why.append(f"step times within {tie_fraction:.0%} ({a.step_s:.3f} s vs {b.step_s:.3f} s): "
