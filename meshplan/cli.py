@@ -143,8 +143,28 @@ def step(config: Path = typer.Argument(..., help="TOML config"),
     typer.echo(f"critical path ({len(path)} entries{', first 12 and last 6' if len(path) > 18 else ''}):")
     for line in (path if len(path) <= 18 else path[:12] + ["..."] + path[-6:]):
         typer.echo(f"  {line}")
+    _print_links(p, st)
     if trace:
         typer.echo(f"wrote {st.write_trace(trace, force=force)}")
+
+
+def _print_links(p, st) -> None:
+    """Readiness of each collective kind, concurrency and the load on each physical edge."""
+    from .linkload import concurrency, edge_loads, timings
+
+    typer.echo("collectives on stage 0, first occurrence (ms from step start): ready, deadline, duration, slack")
+    for t in timings(st):
+        typer.echo(f"  {t.stream:13s} {t.phase:8s} {t.op:15s} {t.ready_s * 1e3:10.3f} {t.deadline_s * 1e3:10.3f} "
+                   f"{t.duration_s * 1e3:9.3f} {t.slack_s * 1e3:10.3f}")
+    for (a, b), sec in sorted(concurrency(st).items()):
+        typer.echo(f"concurrent: {a} and {b} overlap {sec * 1e3:.1f} ms per step (shared copy engines and links)")
+    typer.echo("edge load per step (busy = bytes / capacity; must fit the stage's compute time, and per layer "
+               "the layer's forward + backward time)")
+    for e in edge_loads(p, st):
+        verdict = "fits" if e.fits else "DOES NOT FIT"
+        typer.echo(f"  {e.edge:36s} {e.bytes_per_step / 1e9:10.1f} GB  busy {e.busy_s:8.3f} s of {e.interval_s:8.3f} s; "
+                   f"per layer {e.per_layer_bytes / e.capacity_bytes_per_s * 1e3:8.3f} of "
+                   f"{e.layer_interval_s * 1e3:8.3f} ms: {verdict}")
 
 
 @app.command()
