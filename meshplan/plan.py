@@ -117,5 +117,6 @@ def _collectives(config: Config, mesh: Mesh, placement, stages, micro) -> dict[s
     for k in sorted({0, pp - 1}):
         layers = [i for chunk in stages[k] for i in chunk]
         out[f"stage {k}"] = collective_table(config.model, config.training, mesh, config.cluster, placement,
-                                             layers, micro, first_stage=k == 0, last_stage=k == pp - 1)
+                                             layers, micro, first_stage=k == 0, last_stage=k == pp - 1,
+                                             loss_parallel=config.mesh.loss_parallel)
     return out
