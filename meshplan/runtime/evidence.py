@@ -1,0 +1,221 @@
+"""Compare one measured run with its plan and write the evidence: collectives per rank
+against the collective table, measured step/phase times against the step-time model,
+measured peak memory against the memory timeline; ``summary.md`` for a person.
+
+Collectives: each rank's recorded step (``rank<r>/collectives.json``) is tallied by
+(axis, phase, op, bytes, dtype) with :func:`~meshplan.runtime.compare.tally_records` and set
+against the table of ``stage 0`` counted per step (``per_step``: the recorded step is a
+whole step of ``micro_batches`` micro-batches). Every differing key of every rank is a
+difference; so is a DeviceMesh group that differs from the plan's rank list.
+
+Times: per rank the median of the timed steps; the slowest rank is the measurement (SPMD:
+every rank waits for the slowest at each collective). Predicted by
+:func:`meshplan.steptime.step_time` with the measured GEMM table: ``forward`` = the F units
+(embedding, layers, output layer and loss), ``backward`` = the B units, ``optimizer`` = the
+optimizer step. Relative error = measured / predicted - 1. Peak memory: the worker's
+measurement (method named in each row) against the most loaded stage's timeline peak.
+Times and memory gate the result only with a tolerance (``tolerance``); collectives and
+groups always do.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import statistics
+from collections import Counter
+from pathlib import Path
+from typing import Optional
+
+from ..units import MiB
+from .compare import differences, tally_records
+from .recorder import Collective
+from .worker import write_atomic, write_json
+
+
+def tally_table_per_step(rows) -> Counter:
+    """Table rows counted once per step (``per_step``), keyed like the recorded tally."""
+    out = Counter()
+    for r in rows:
+        size = int(r.size_bytes) if float(r.size_bytes).is_integer() else r.size_bytes
+        out[(r.axis, r.phase, r.op, size, r.dtype)] += r.per_step
+    return out
+
+
+def _load(folder: Path, rank: int, name: str) -> dict:
+    return json.loads((folder / f"rank{rank}" / name).read_text())
+
+
+def _records(data: dict) -> list[Collective]:
+    return [Collective(**{**r, "group": tuple(r["group"]), "in_shapes": tuple(map(tuple, r["in_shapes"])),
+                          "out_shapes": tuple(map(tuple, r["out_shapes"]))}) for r in data["records"]]
+
+
+def compare_collectives(plan, folder: Path) -> tuple[list[str], list[dict], dict]:
+    """(differences, CSV rows, per-rank group differences) of every rank."""
+    predicted = tally_table_per_step(plan.collectives["stage 0"])
+    by_line: dict[str, list[int]] = {}
+    tallies = {}
+    groups = {}
+    for r in range(plan.world):
+        tallies[r] = tally_records(_records(_load(folder, r, "collectives.json")), plan.mesh, r)
+        for line in differences(tallies[r], predicted):
+            by_line.setdefault(line, []).append(r)
+        g = _load(folder, r, "startup.json")["group_differences"]
+        if g:
+            groups[r] = g
+    diffs = [f"ranks {_ranks(rs)}: {line}" for line, rs in by_line.items()]
+    diffs += [f"rank {r} groups: {d}" for r, ds in groups.items() for d in ds]
+    keys = sorted(set(predicted) | {k for t in tallies.values() for k in t}, key=str)
+    rows = [dict(axis=k[0], phase=k[1], op=k[2], size_bytes=k[3], dtype=k[4], meshplan=predicted[k],
+                 **{f"rank{r}": tallies[r][k] for r in range(plan.world)}) for k in keys]
+    return diffs, rows, groups
+
+
+def _ranks(rs: list[int]) -> str:
+    rs = sorted(rs)
+    if len(rs) > 2 and rs == list(range(rs[0], rs[-1] + 1)):
+        return f"{rs[0]}-{rs[-1]}"
+    return ",".join(map(str, rs))
+
+
+def measured_times(plan, folder: Path) -> dict:
+    """Per quantity (step, forward, backward, optimizer): median over the timed steps of
+    each rank; ``max``/``min`` over ranks and the slowest rank."""
+    per_rank = {}
+    for r in range(plan.world):
+        steps = [s for s in _load(folder, r, "timings.json")["steps"] if s["kind"] == "measured"]
+        if not steps:
+            raise ValueError(f"rank {r} has no measured steps in timings.json")
+        med = lambda f: statistics.median(f(s) for s in steps)
+        per_rank[r] = {"step": med(lambda s: s["step_s"]),
+                       "forward": med(lambda s: s["phases_s"]["forward"] + s["phases_s"]["loss"]),
+                       "backward": med(lambda s: s["phases_s"]["backward"]),
+                       "optimizer": med(lambda s: s["phases_s"]["optimizer"])}
+    return {q: {"max": max(v[q] for v in per_rank.values()), "min": min(v[q] for v in per_rank.values()),
+                "slowest_rank": max(per_rank, key=lambda r: per_rank[r][q])} for q in per_rank[0]}
+
+
+def predicted_times(plan, table) -> tuple[Optional[dict], str]:
+    """Predicted seconds per quantity from :func:`meshplan.steptime.step_time`, or (None, why)."""
+    try:
+        from ..steptime import step_time
+
+        st = step_time(plan, table=table)
+    except Exception as e:  # the step-time model is optional here; say why it is missing
+        return None, f"no step-time prediction: {type(e).__name__}: {e}"
+    units = [e for e in st.pipeline.events if e.stage == 0 and e.stream == "compute"]
+    post = {e.name: e.dur_s for e in st.post_events if e.stage == 0}
+    pred = {"step": st.step_s, "forward": sum(e.dur_s for e in units if e.args.get("kind") == "F"),
+            "backward": sum(e.dur_s for e in units if e.args.get("kind") in ("B", "W")),
+            "optimizer": post.get("optimizer step", 0.0)}
+    return pred, "meshplan.steptime.step_time with the measured GEMM table; " + "; ".join(st.lines()[:3])
+
+
+def compare_world(plan, folder: Path, table, tolerance: Optional[float] = None) -> dict:
+    """The comparison of one world (see the module docstring)."""
+    diffs, coll_rows, groups = compare_collectives(plan, folder)
+    meas = measured_times(plan, folder)
+    pred, pred_note = predicted_times(plan, table)
+    rows = []
+    for q, m in meas.items():
+        p = pred[q] if pred else None
+        rows.append(dict(quantity=f"{q} time", unit="s", predicted=p, measured=m["max"], measured_min=m["min"],
+                         rank=m["slowest_rank"], error=(m["max"] / p - 1) if p else None,
+                         note="median of timed steps, slowest rank" + ("" if pred else "; not predicted")))
+    mem = [_load(folder, r, "memory.json") for r in range(plan.world)]
+    tl = plan.timeline
+    worst = max(range(plan.world), key=lambda r: mem[r]["peak_bytes"])
+    p_mem = tl.peak.total_bytes if tl is not None else None
+    rows.append(dict(quantity="peak memory", unit="B", predicted=p_mem, measured=mem[worst]["peak_bytes"],
+                     measured_min=min(m["peak_bytes"] for m in mem), rank=worst,
+                     error=(mem[worst]["peak_bytes"] / p_mem - 1) if p_mem else None,
+                     note=f"{mem[worst]['method']}; predicted: memory timeline peak at "
+                          + (tl.peak.where() if tl is not None else "n/a")))
+    if tl is not None and "by_category_bytes" in mem[worst]:
+        from ..memory.timeline import tracker_to_kinds
+
+        got = tracker_to_kinds(mem[worst]["by_category_bytes"])
+        want = tl.by_group()
+        for g, kinds in (("params", ("params", "master", "gathered_params")), ("grads", ("grads", "grad_buffers")),
+                         ("optimizer", ("optimizer",)), ("activations", ("activations",)),
+                         ("temporaries", ("temporaries", "workspace"))):
+            m = sum(got.get(k, 0) for k in kinds)
+            rows.append(dict(quantity=f"peak memory: {g}", unit="B", predicted=want.get(g), measured=m,
+                             measured_min=None, rank=worst, error=(m / want[g] - 1) if want.get(g) else None,
+                             note="at each side's own peak: tracker categories mapped by tracker_to_kinds"))
+    gated = []
+    if tolerance is not None:
+        for row in rows[:5]:
+            if row["error"] is not None and abs(row["error"]) > tolerance:
+                gated.append(f"{row['quantity']}: measured {row['measured']:.4g} {row['unit']} vs predicted "
+                             f"{row['predicted']:.4g} ({row['error']:+.0%}, tolerance {tolerance:.0%})")
+    n = len(_load(folder, 0, "collectives.json")["records"])
+    ok = not diffs and not gated
+    msg = (f"collectives match the plan exactly on all {plan.world} ranks ({n} per step on rank 0); groups match"
+           if not diffs else f"{len(diffs)} collective/group difference(s)")
+    if gated:
+        msg += f"; {len(gated)} quantity(ies) outside tolerance"
+    return {"ok": ok, "message": msg, "differences": diffs + gated, "collectives": coll_rows,
+            "predicted_vs_measured": rows, "prediction_note": pred_note, "group_differences": groups}
+
+
+def _csv(rows: list[dict]) -> str:
+    if not rows:
+        return ""
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=list(rows[0]))
+    w.writeheader()
+    w.writerows(rows)
+    return buf.getvalue()
+
+
+def write_world_evidence(folder: Path, result: dict) -> None:
+    """collectives.csv, predicted_vs_measured.{csv,json} and comparison.json (the world's
+    result with its comparison), each atomic."""
+    comp = result["comparison"]
+    write_atomic(folder / "collectives.csv", _csv(comp["collectives"]))
+    write_atomic(folder / "predicted_vs_measured.csv", _csv(comp["predicted_vs_measured"]))
+    write_json(folder / "predicted_vs_measured.json", comp["predicted_vs_measured"])
+    write_json(folder / "comparison.json", result)
+
+
+def _fmt(v, unit) -> str:
+    if v is None:
+        return "n/a"
+    return f"{v * 1e3:.2f} ms" if unit == "s" else f"{v / MiB:.2f} MiB"
+
+
+def write_summary(out: Path, config, opt, results: list[dict]) -> None:
+    """``summary.md``: per world what ran, whether it matched, each difference, the
+    predicted-against-measured table and, for a failed run, who failed and what was left."""
+    ok = all(r["ok"] for r in results)
+    lines = [f"# meshplan validate: {'PASSED' if ok else 'FAILED'}", "",
+             f"Config `{config.path}`, worlds {list(opt.worlds)}, {opt.steps} timed steps per world, "
+             f"wall-clock limit {opt.timeout_s:g} s per world.", ""]
+    for r in results:
+        lines += [f"## world {r['world']}: {'OK' if r['ok'] else 'FAILED'}", "", r["message"], ""]
+        lines += [f"- {n}" for n in r.get("notes", [])] + [""]
+        comp = r.get("comparison")
+        if comp:
+            lines += ["Differences:" if comp["differences"] else "No differences in collectives or groups.", ""]
+            lines += [f"- {d}" for d in comp["differences"]] + [""]
+            lines += ["| quantity | predicted | measured (slowest rank) | rank | error | note |", "|---|---|---|---|---|---|"]
+            for row in comp["predicted_vs_measured"]:
+                err = "n/a" if row["error"] is None else f"{row['error']:+.0%}"
+                lines.append(f"| {row['quantity']} | {_fmt(row['predicted'], row['unit'])} | "
+                             f"{_fmt(row['measured'], row['unit'])} | {row['rank']} | {err} | {row['note']} |")
+            lines += ["", comp["prediction_note"], ""]
+        fault = r.get("fault")
+        if fault:
+            lines += [f"Failed rank(s): {fault['failed_ranks']}. Nothing below is a result:", ""]
+            for rank, info in fault["ranks"].items():
+                st = info["status"] or {}
+                lines.append(f"- rank {rank}: state {st.get('state', 'none')}, last {st.get('phase', '-')} "
+                             f"(step {st.get('step', '-')}), files left: {', '.join(info['files']) or 'none'}"
+                             + (f"; error: {st['error']}" if st.get("error") else ""))
+            lines.append("")
+        lines += [f"Files: `world{r['world']}/` (plan.json, torchrun.log, rank<r>/, comparison.json"
+                  + (", collectives.csv, predicted_vs_measured.csv" if comp else "") + ")", ""]
+    write_atomic(out / "summary.md", "\n".join(lines))

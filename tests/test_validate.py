@@ -1,0 +1,231 @@
+"""`meshplan validate` on the real engine: torchrun + gloo on CPU, real collectives.
+
+Multi-process tests (marked ``slow``): staged worlds 2 and 4 of tensor 2 + SP x FSDP2 in one
+CLI call (the 4-rank world is tp 2 x dp_shard 2), 8-rank HSDP 2 x 2 x tp 2 + SP; in each,
+every rank's collectives must equal the plan's table exactly (count, group, bytes, dtype);
+a rank killed with SIGKILL and a rank that hangs are named within the limit and nothing is
+left running. Fast tests: mesh scaling, the torchrun failure parser, diagnosis from status
+files, the evidence-folder guard. About 2 minutes on 2 cores (8 ranks cost ~35 s, mostly
+start-up).
+"""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from meshplan.errors import ConfigError
+from meshplan.runtime.launch import RunOutcome, diagnose, parse_root_cause
+from meshplan.runtime.validate import MARKER, Options, prepare_out, scale_mesh
+from meshplan.spec.mesh import MeshSpec
+
+DATA = Path(__file__).parent / "data"
+TP_FSDP = DATA / "validate_llama8b_tp2sp_fsdp.toml"
+HSDP = DATA / "validate_llama8b_hsdp_tp2sp.toml"
+FAST = dict(layers=2, seq_len=32, vocab=512, steps=1)
+
+
+def _our_processes(marker: str) -> list[int]:
+    """Live processes whose command line mentions ``marker`` (the evidence folder)."""
+    out = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            try:
+                cmd = Path(entry.path, "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                state = Path(entry.path, "stat").read_text().rsplit(")", 1)[1].split()[0]
+            except OSError:
+                continue
+            if marker in cmd and state != "Z":
+                out.append(int(entry.name))
+    return out
+
+
+def _world(out: Path, w: int) -> dict:
+    return json.loads((out / f"world{w}" / "comparison.json").read_text())
+
+
+# Fast ---------------------------------------------------------------------------------------
+
+def test_scale_mesh_keeps_tp_and_resizes_the_outermost_data_axis():
+    spec = MeshSpec(names=["dp_replicate", "dp_shard", "tp"], shape=[2, 2, 2], sequence_parallel=True)
+    small, why = scale_mesh(spec, 8, 4)
+    assert small.shape == [1, 2, 2] and small.sequence_parallel and small.world == 4
+    assert why == "dp_replicate = 4 / (dp_shard 2 * tp 2) = 1 (config: dp_replicate 2)"
+    single, _ = scale_mesh(MeshSpec(names=["dp_replicate", "dp_shard", "tp"], shape=[1, 4, 2]), 8, 16)
+    assert single.shape == [1, 8, 2]  # dp_replicate 1: the first data axis of degree > 1 absorbs it
+    with pytest.raises(ConfigError, match="world 6 is not a multiple of dp_shard 2 \\* tp 2 = 4"):
+        scale_mesh(spec, 8, 6)
+    with pytest.raises(ConfigError, match="no data axis"):
+        scale_mesh(MeshSpec(names=["tp"], shape=[4]), 4, 8)
+
+
+def test_root_cause_parser_reads_torchrun_block():
+    log = ("Failures:\n[1]:\n  rank      : 0 (local_rank: 0)\n  exitcode  : -15 (pid: 1)\n"
+           "Root Cause (first observed failure):\n[0]:\n  time      : x\n  host      : localhost\n"
+           "  rank      : 3 (local_rank: 3)\n  exitcode  : -9 (pid: 2)  (SIGKILL)\n")
+    assert parse_root_cause(log) == (3, -9)
+    assert parse_root_cause("all fine") is None
+
+
+def _status(folder, rank, step, phase, state="running", error=""):
+    (folder / f"rank{rank}").mkdir(parents=True, exist_ok=True)
+    (folder / f"rank{rank}" / "status.json").write_text(json.dumps(
+        dict(rank=rank, pid=1, state=state, step=step, phase=phase, elapsed_s=1.0, error=error)))
+
+
+def test_diagnose_names_the_rank_behind_on_a_wall_clock_timeout(tmp_path):
+    for r in (0, 1, 3):
+        _status(tmp_path, r, 2, "forward")
+    _status(tmp_path, 2, 1, "optimizer")
+    (tmp_path / "torchrun.log").write_text("")
+    out = RunOutcome(4, [], None, True, 30.0, str(tmp_path / "torchrun.log"))
+    d = diagnose(out, tmp_path, 30, 60)
+    assert d["failed_ranks"] == [2]
+    assert "wall-clock limit of 30 s" in d["message"] and "last at optimizer of step 1" in d["message"]
+
+
+def test_diagnose_names_an_exception(tmp_path):
+    _status(tmp_path, 0, 0, "forward", "error", "RuntimeError: boom")
+    _status(tmp_path, 1, 0, "forward")
+    (tmp_path / "torchrun.log").write_text("")
+    d = diagnose(RunOutcome(2, [], 1, False, 3.0, str(tmp_path / "torchrun.log")), tmp_path, 30, 60)
+    assert d["failed_ranks"] == [0] and "boom" in d["message"]
+
+
+def test_out_folder_guard(tmp_path):
+    (tmp_path / "mine.txt").write_text("keep")
+    with pytest.raises(ConfigError, match="not empty"):
+        prepare_out(tmp_path, force=False)
+    with pytest.raises(ConfigError, match="not a meshplan validate folder"):
+        prepare_out(tmp_path, force=True)
+    assert (tmp_path / "mine.txt").exists()
+    ours = tmp_path / "ev"
+    ours.mkdir()
+    (ours / MARKER).write_text("{}")
+    prepare_out(ours, force=True)
+    assert list(ours.iterdir()) == []
+
+
+# Multi-process ------------------------------------------------------------------------------
+
+torch = pytest.importorskip("torch")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+def test_staged_worlds_2_4_tp2_sp_fsdp2_match_the_plan_exactly(tmp_path):
+    out = tmp_path / "ev"
+    cmd = [sys.executable, "-m", "meshplan.cli", "validate", str(TP_FSDP), "--worlds", "2,4", "--steps", "1",
+           "--seq-len", "32", "--out", str(out), "--timeout-s", "90"]
+    cp = subprocess.run(cmd, capture_output=True, text=True, timeout=140)
+    assert "dp_shard = 4 / (tp 2) = 2 (config: dp_shard 4)" in cp.stdout
+    top = json.loads((out / MARKER).read_text())
+    assert [w["world"] for w in top["worlds"]] == [2, 4]
+    # world 2 is tp 2 alone (dp_shard 1, no FSDP): the SequenceParallel norm weights keep
+    # Partial gradients after backward and AdamW reduces each one at every use (3 per
+    # weight, 5 weights) in the optimizer step; the table puts 5 all-reduces in backward,
+    # as FSDP2 makes them. validate must list exactly that (or pass once the table knows it).
+    w2 = _world(out, 2)["comparison"]
+    assert w2["ok"] or set(w2["differences"]) == {
+        "ranks 0,1: tp backward all-reduce 1024 B fp32: torch 0, meshplan 5",
+        "ranks 0,1: tp step all-reduce 1024 B fp32: torch 15, meshplan 0"}
+    assert cp.returncode == (0 if w2["ok"] else 1), cp.stdout + cp.stderr
+    for w in (2, 4):
+        comp = _world(out, w)
+        rows = comp["comparison"]["collectives"]
+        assert rows and all(row[f"rank{r}"] == row["rank0"] for row in rows for r in range(w))
+        assert {row["axis"] for row in rows} == ({"tp"} if w == 2 else {"tp", "dp_shard"})
+    comp = _world(out, 4)  # tp 2 + SP x dp_shard 2 (FSDP2): exact on every rank
+    assert comp["ok"] and comp["comparison"]["differences"] == []
+    assert all(row[f"rank{r}"] == row["meshplan"] for row in comp["comparison"]["collectives"] for r in range(4))
+    for w in (2, 4):
+        comp = _world(out, w)
+        for r in range(w):
+            assert (out / f"world{w}" / f"rank{r}" / "trace.json").stat().st_size > 10_000
+        table = {row["quantity"]: row for row in comp["comparison"]["predicted_vs_measured"]}
+        assert table["step time"]["measured"] > 0 and table["step time"]["predicted"] > 0
+        assert table["peak memory"]["measured"] > 0
+    start = json.loads((out / "world4" / "rank3" / "startup.json").read_text())
+    assert start["coordinates"] == {"dp_shard": 1, "tp": 1}
+    assert start["groups"] == {"dp_shard": [1, 3], "tp": [2, 3]} and start["group_differences"] == []
+    # hidden 4096 / 16 = 256 split over tp 2: wq is (q_heads 32 x head_dim 8) / 2 rows, then FSDP halves them
+    assert start["local_shapes"]["layers.0.attention.wq.weight"] == {
+        "local": [64, 256], "global": [256, 256], "placements": ["_S(0, 2)", "S(0)"]}
+    summary = (out / "summary.md").read_text()
+    assert summary.startswith("# meshplan validate: " + ("PASSED" if w2["ok"] else "FAILED"))
+    assert "| step time |" in summary and "## world 4: OK" in summary
+    assert _our_processes(str(out)) == []
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_8_ranks_hsdp_tp2_sp_match_the_plan_exactly(tmp_path):
+    from meshplan.runtime.validate import validate
+    from meshplan.spec.config import load_config
+
+    code, res = validate(load_config(HSDP), Options(worlds=(8,), timeout_s=100, **FAST), tmp_path / "ev",
+                         echo=lambda *_: None)
+    assert code == 0, res[0]["message"]
+    comp = res[0]["comparison"]
+    assert comp["differences"] == []
+    axes = {row["axis"] for row in comp["collectives"]}
+    assert axes == {"tp", "dp_shard", "dp_replicate"}
+    hsdp = [row for row in comp["collectives"] if row["axis"] == "dp_replicate"]
+    assert hsdp and all(row["op"] == "all-reduce" and row["phase"] == "backward" for row in hsdp)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(90)
+def test_killed_rank_is_named_and_nothing_is_left(tmp_path):
+    from meshplan.runtime.validate import validate
+    from meshplan.spec.config import load_config
+
+    out = tmp_path / "ev"
+    t0 = time.monotonic()
+    code, res = validate(load_config(TP_FSDP), Options(worlds=(4,), timeout_s=60, fail_rank=1, **FAST), out,
+                         echo=lambda *_: None)
+    assert code == 1 and time.monotonic() - t0 < 60
+    fault = res[0]["fault"]
+    assert fault["failed_ranks"] == [1] and "rank 1 died (exit code -9 (SIGKILL))" in res[0]["message"]
+    assert fault["ranks"][1]["files"] == ["startup.json", "collectives.json"]
+    assert not (out / "world4" / "predicted_vs_measured.csv").exists()
+    assert "FAILED" in (out / "summary.md").read_text().splitlines()[0]
+    assert _our_processes(str(out)) == []
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(90)
+def test_hung_rank_is_named_at_the_wall_clock_limit_and_killed(tmp_path):
+    from meshplan.runtime.validate import validate
+    from meshplan.spec.config import load_config
+
+    out = tmp_path / "ev"
+    t0 = time.monotonic()
+    # the process-group timeout (120 s) is longer than the wall-clock limit (25 s): the
+    # launcher must end the run itself and kill every process
+    code, res = validate(load_config(TP_FSDP), Options(worlds=(4,), timeout_s=25, pg_timeout_s=120, hang_rank=2,
+                                                       **FAST), out, echo=lambda *_: None)
+    took = time.monotonic() - t0
+    assert code == 1 and took < 25 + 20, took
+    assert res[0]["timed_out"] and res[0]["fault"]["failed_ranks"] == [2]
+    assert "wall-clock limit of 25 s" in res[0]["message"] and "rank(s) [2] hung" in res[0]["message"]
+    assert res[0]["leftover_pids"] == [] and _our_processes(str(out)) == []
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(90)
+def test_hung_rank_is_named_after_the_process_group_timeout(tmp_path):
+    from meshplan.runtime.validate import validate
+    from meshplan.spec.config import load_config
+
+    out = tmp_path / "ev"
+    code, res = validate(load_config(TP_FSDP), Options(worlds=(2,), timeout_s=60, pg_timeout_s=8, hang_rank=0,
+                                                       **FAST), out, echo=lambda *_: None)
+    assert code == 1 and not res[0]["timed_out"]
+    assert res[0]["fault"]["failed_ranks"] == [0]
+    assert "process-group timeout (8 s)" in res[0]["message"]
+    assert _our_processes(str(out)) == []
