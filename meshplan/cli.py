@@ -245,6 +245,32 @@ def nccl_check(config: Path = typer.Argument(..., help="TOML config whose placem
     raise typer.Exit(1 if diffs else 0)
 
 
+@app.command()
+def validate(config: Path = typer.Argument(..., help="TOML config; its mesh is scaled to each world size"),
+             worlds: str = typer.Option("2,4", "--worlds", help="world sizes run in this order, e.g. 2,4,8"),
+             layers: int = typer.Option(2, "--layers", help="layers of the scaled-down model"),
+             hidden_div: Optional[int] = typer.Option(None, "--hidden-div",
+                                                     help="divide hidden, head_dim, ffn by N (default: to <= 256)"),
+             seq_len: int = typer.Option(64, "--seq-len", help="tokens per sequence in the run"),
+             vocab: int = typer.Option(512, "--vocab", help="vocabulary of the scaled-down model"),
+             steps: int = typer.Option(3, "--steps", help="timed steps (after a recorded and a memory step)"),
+             out: Path = typer.Option(Path("validate-out"), "--out", help="evidence folder"),
+             timeout_s: float = typer.Option(120.0, "--timeout-s", help="wall-clock limit per world size"),
+             tolerance: Optional[float] = typer.Option(None, "--tolerance",
+                                                      help="fail when step time or peak memory is off by more"),
+             force: bool = typer.Option(False, "--force", help="replace an existing evidence folder")):
+    """Run the mesh for real (torchrun, gloo on CPU) and compare collectives, times and memory with the plan."""
+    from .runtime.validate import Options, main as validate_main
+
+    try:
+        sizes = tuple(int(w) for w in worlds.split(","))
+    except ValueError:
+        raise ConfigError("--worlds", f"{worlds!r}: give comma-separated integers, e.g. 2,4,8") from None
+    opt = Options(worlds=sizes, layers=layers, hidden_div=hidden_div, seq_len=seq_len, vocab=vocab, steps=steps,
+                  timeout_s=timeout_s, tolerance=tolerance)
+    raise typer.Exit(validate_main(str(config), opt, out, force))
+
+
 @app.command("catalog")
 def catalog_cmd(kind: str = typer.Argument("model", help="gpu, node, network or model")):
     """List the built-in catalog entries of KIND with their sources."""

@@ -3,5 +3,6 @@ collection skips them there (the tests skip through ``pytest.importorskip``)."""
 
 import importlib.util
 
-TORCH_MODULES = ["model.py", "parallelize.py", "recorder.py", "dryrun.py", "compare.py"]
+TORCH_MODULES = ["model.py", "parallelize.py", "recorder.py", "dryrun.py", "compare.py", "checkpoint.py",
+                 "worker.py", "evidence.py"]
 collect_ignore = [] if importlib.util.find_spec("torch") else TORCH_MODULES
