@@ -12,7 +12,10 @@ Times: per rank the median of the timed steps; the slowest rank is the measureme
 every rank waits for the slowest at each collective). Predicted by
 :func:`meshplan.steptime.step_time` with the measured GEMM table: ``forward`` = the F units
 (embedding, layers, output layer and loss), ``backward`` = the B units, ``optimizer`` = the
-optimizer step. Relative error = measured / predicted - 1. Peak memory: the worker's
+optimizer step. Relative error = measured / predicted - 1. Collective time: the table's
+alpha-beta time of every call of the step, summed as if none overlapped, against the
+``gloo:*`` events in each rank's profiled step (their count is the recorded count when the
+trace is complete); it separates communication-model error from compute-model error. Peak memory: the worker's
 measurement (method named in each row) against the most loaded stage's timeline peak.
 Times and memory gate the result only with a tolerance (``tolerance``); collectives and
 groups always do.
@@ -113,6 +116,32 @@ def predicted_times(plan, table) -> tuple[Optional[dict], str]:
     return pred, "meshplan.steptime.step_time with the measured GEMM table; " + "; ".join(st.lines()[:3])
 
 
+def trace_collective_s(path: Path) -> tuple[float, int]:
+    """(seconds, count) of gloo's collective events (``gloo:*``, on gloo's worker threads)
+    in one rank's profiled step: the time collectives were in flight, waits for peers
+    included; it may overlap compute. (0, 0) for a trace without them (NCCL)."""
+    events = json.loads(path.read_text()).get("traceEvents", [])
+    hits = [e for e in events if e.get("ph") == "X" and str(e.get("name", "")).startswith("gloo:")]
+    return sum(e.get("dur", 0) for e in hits) * 1e-6, len(hits)
+
+
+def _collective_rows(plan, folder: Path) -> list[dict]:
+    """Predicted total collective time of one step (table rows: time per call x calls per
+    step, as if none overlapped) against the gloo events of each rank's profiled step."""
+    rows = plan.collectives["stage 0"]
+    pred = sum(r.time_s * r.per_step for r in rows)
+    calls = sum(r.per_step for r in rows)
+    meas = {r: trace_collective_s(folder / f"rank{r}" / "trace.json") for r in range(plan.world)}
+    if not any(n for _, n in meas.values()):
+        return []
+    worst = max(meas, key=lambda r: meas[r][0])
+    return [dict(quantity="collective time (sum)", unit="s", predicted=pred, measured=meas[worst][0],
+                 measured_min=min(v[0] for v in meas.values()), rank=worst,
+                 error=(meas[worst][0] / pred - 1) if pred else None,
+                 note=f"predicted: {calls} table calls x alpha-beta time, none overlapped; measured: "
+                      f"{meas[worst][1]} gloo:* events of the profiled step (profiler on)")]
+
+
 def compare_world(plan, folder: Path, table, tolerance: Optional[float] = None) -> dict:
     """The comparison of one world (see the module docstring)."""
     diffs, coll_rows, groups = compare_collectives(plan, folder)
@@ -124,6 +153,8 @@ def compare_world(plan, folder: Path, table, tolerance: Optional[float] = None) 
         rows.append(dict(quantity=f"{q} time", unit="s", predicted=p, measured=m["max"], measured_min=m["min"],
                          rank=m["slowest_rank"], error=(m["max"] / p - 1) if p else None,
                          note="median of timed steps, slowest rank" + ("" if pred else "; not predicted")))
+    n_time = len(rows)
+    rows += _collective_rows(plan, folder)
     mem = [_load(folder, r, "memory.json") for r in range(plan.world)]
     tl = plan.timeline
     worst = max(range(plan.world), key=lambda r: mem[r]["peak_bytes"])
@@ -147,7 +178,7 @@ def compare_world(plan, folder: Path, table, tolerance: Optional[float] = None) 
                              note="at each side's own peak: tracker categories mapped by tracker_to_kinds"))
     gated = []
     if tolerance is not None:
-        for row in rows[:5]:
+        for row in rows[:n_time] + [r for r in rows if r["quantity"] == "peak memory"]:
             if row["error"] is not None and abs(row["error"]) > tolerance:
                 gated.append(f"{row['quantity']}: measured {row['measured']:.4g} {row['unit']} vs predicted "
                              f"{row['predicted']:.4g} ({row['error']:+.0%}, tolerance {tolerance:.0%})")
