@@ -17,8 +17,9 @@ For each world size W (staged: 2, then 4, then 8 ...):
    local GEMM shapes are timed in this process (one thread) into a GEMM table
    (:class:`meshplan.gemm.GemmTable`), divided by the core share, and the step-time model uses it.
 3. **Plan** (:func:`meshplan.plan.build_plan`) written as ``plan.json``.
-4. **Run** ``torchrun --standalone`` of :mod:`meshplan.runtime.worker` with a wall-clock
-   limit (:mod:`meshplan.runtime.launch`: nothing is left running, a failed or hung rank is
+4. **Run** ``torchrun --standalone`` of :mod:`meshplan.runtime.worker` (or, with
+   ``testbed``, one torchrun per node namespace: :mod:`meshplan.runtime.testbed_run`) with a
+   wall-clock limit (:mod:`meshplan.runtime.launch`: nothing is left running, a failed or hung rank is
    named).
 5. **Compare** (:mod:`meshplan.runtime.evidence`): collectives of every rank against the
    plan's table (count, group, bytes, dtype), step and phase times against
@@ -73,6 +74,7 @@ class Options:
     hang_rank: int = -1
     fault_step: int = 1
     tolerance: Optional[float] = None  # relative error allowed on step time and peak memory
+    testbed: Optional[str] = None  # prefix of a netns testbed to run across (meshplan.runtime.testbed_run)
 
 
 def scale_mesh(spec: MeshSpec, base_world: int, world: int) -> tuple[MeshSpec, str]:
@@ -160,7 +162,12 @@ def scale_config(config: Config, world: int, opt: Options) -> tuple[Config, list
     mb = min(t.micro_batch, 2)
     training = TrainingSpec(**{**t.model_dump(), **FP32, "seq_len": opt.seq_len, "micro_batch": mb,
                                "global_batch": mb * mesh.dp * opt.micro_batches, "recompute": recompute})
-    cluster, hw_why = cpu_cluster(world)
+    if opt.testbed:
+        from .testbed_run import testbed_cluster
+
+        cluster, hw_why = testbed_cluster(opt.testbed, world)
+    else:
+        cluster, hw_why = cpu_cluster(world)
     memory = config.memory.model_copy(update=dict(nccl_buffsize_bytes=0, workspace_bytes=0, optimizer_temp_states=0))
     notes = [scaled.note + (f" (hidden_div {div} chosen automatically)" if not opt.hidden_div else ""),
              "mesh: " + mesh_why,
@@ -240,7 +247,7 @@ def run_world(config: Config, world: int, opt: Options, out: Path, echo=print) -
     why = _unsupported(plan.mesh, cfg.training)
     if why:
         return {"world": world, "ok": False, "stage": "plan", "notes": notes, "message": f"not runnable here: {why}"}
-    share = min(1.0, cfg.cluster.node.sockets[0].cores / world)
+    share = min(1.0, len(os.sched_getaffinity(0)) / world)
     table, rows = measure_gemms(plan, share)
     write_json_atomic(folder / "gemm_table.json", {"device": "cpu", "torch": rows and _torch_version(), "rows": rows})
     pg_timeout = opt.pg_timeout_s or max(5.0, opt.timeout_s / 2)
@@ -248,10 +255,19 @@ def run_world(config: Config, world: int, opt: Options, out: Path, echo=print) -
             "--steps", str(opt.steps), "--pg-timeout-s", str(pg_timeout), "--fail-rank", str(opt.fail_rank),
             "--hang-rank", str(opt.hang_rank), "--fault-step", str(opt.fault_step)]
     echo(f"  torchrun: {world} ranks, limit {opt.timeout_s:g} s (process-group timeout {pg_timeout:g} s)")
-    outcome = run_torchrun(world, argv, folder / "torchrun.log", opt.timeout_s,
-                           env={"PYTHONPATH": _pythonpath()})
+    nic_bytes = None
+    if opt.testbed:
+        from .testbed_run import run_on_testbed
+
+        outcome, nic_bytes = run_on_testbed(opt.testbed, world, argv, folder, opt.timeout_s,
+                                            env={"PYTHONPATH": _pythonpath()})
+    else:
+        outcome = run_torchrun(world, argv, folder / "torchrun.log", opt.timeout_s,
+                               env={"PYTHONPATH": _pythonpath()})
     result = {"world": world, "notes": notes, "elapsed_s": round(outcome.elapsed_s, 2),
               "returncode": outcome.returncode, "timed_out": outcome.timed_out, "leftover_pids": outcome.leftover_pids}
+    if nic_bytes is not None:
+        result["nic_bytes"] = nic_bytes
     done = all((folder / f"rank{r}" / "status.json").exists() and
                json.loads((folder / f"rank{r}" / "status.json").read_text()).get("state") == "done"
                for r in range(world))

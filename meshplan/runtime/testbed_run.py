@@ -1,0 +1,76 @@
+"""``meshplan validate --testbed PREFIX``: run a world across the emulated nodes of a netns
+testbed (:mod:`meshplan.runtime.testbed`) instead of one machine's loopback.
+
+One torchrun per node namespace with the static rendezvous at node 0's nic0
+(:func:`~meshplan.runtime.testbed.torchrun_argv`; the c10d rendezvous does not cross these
+namespaces), ``W / nodes`` ranks per node, node-major as meshplan places ranks. Every rank
+uses ``nic0`` (``GLOO_SOCKET_IFNAME``): the testbed's rails are separate bridges with no
+spine between them, and gloo connects every pair of the world group, so a rank bound to
+another rail could not reach the others. Per-rank NIC choice from the placement is left for
+when the testbed routes between rails.
+
+The cluster the plan is made for: ``nodes`` testbed nodes of ``W / nodes`` ranks, each NIC
+at the testbed's tbf rate, loopback inside a node and one network tier (the rail bridge)
+with the loopback's per-step latency (not measured across namespaces yet); compute as on the
+CPU testbed, each rank getting ``cores / W`` of a core (all namespaces share the machine).
+Per-NIC byte counters are read before and after the run.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from ..errors import ConfigError
+from ..spec.cluster import ClusterSpec, NetworkTier, NICSpec
+from .launch import RunOutcome
+
+
+def testbed_cluster(prefix: str, world: int) -> tuple[ClusterSpec, str]:
+    """The cluster of ``world`` ranks on testbed ``prefix`` (see the module docstring)."""
+    from .testbed import load_testbed
+    from .validate import cpu_cluster
+
+    tb = load_testbed(prefix)
+    if world % tb.nodes:
+        raise ConfigError("--worlds", f"world {world} is not a multiple of the testbed's {tb.nodes} nodes")
+    per_node = world // tb.nodes
+    base, why = cpu_cluster(world)
+    nics = [NICSpec(name=tb.ifname(k), rate_gbit_per_s=tb.rate_mbit / 1000, rail=k, socket=0,
+                    gpus=[g for g in range(per_node) if g % tb.nics_per_node == k])
+            for k in range(tb.nics_per_node)]
+    node = base.node.model_copy(update=dict(
+        name=f"testbed-{prefix}", gpus=per_node, nics=nics,
+        sockets=[base.node.sockets[0].model_copy(update=dict(gpus=list(range(per_node))))]))
+    tier = NetworkTier(name="rail-bridge", latency_us=base.node.fabric.latency_us)
+    why += (f"; testbed '{prefix}': {tb.nodes} nodes x {per_node} ranks, {tb.nics_per_node} NIC(s) per node at "
+            f"{tb.rate_mbit:g} Mbit/s (tbf), every rank on nic0")
+    return ClusterSpec(name=f"testbed-{prefix}-{world}", gpu=base.gpu, node=node, nodes=tb.nodes, network=[tier],
+                       source=why), why
+
+
+def run_on_testbed(prefix: str, world: int, module_argv: list[str], folder: Path, timeout_s: float,
+                   env: dict) -> tuple[RunOutcome, dict]:
+    """Run the worker on every node of testbed ``prefix``; returns the outcome (with every
+    node's output joined into ``torchrun.log``) and the per-NIC byte counts it moved."""
+    from .testbed import counter_delta, launch_per_node, load_testbed, read_counters, torchrun_argv
+
+    tb = load_testbed(prefix)
+    per_node = world // tb.nodes
+    node_env = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "GLOO_SOCKET_IFNAME": tb.ifname(0), **env}
+    before = read_counters(tb)
+    t0 = time.monotonic()
+    res = launch_per_node(tb, lambda i: torchrun_argv(tb, i, per_node, ["-m", *module_argv]), timeout_s,
+                          env_for_node=lambda i: node_env, log_dir=folder / "logs", cwd=os.getcwd())
+    elapsed = time.monotonic() - t0
+    delta = counter_delta(before, read_counters(tb))
+    log = folder / "torchrun.log"
+    log.write_text("\n".join((folder / "logs" / f"node{r.node}.{s}").read_text(errors="replace")
+                             for r in res.results for s in ("out", "err")) + f"\n{res.message}\n")
+    failed = next((r for r in res.results if r.status == "failed"), None)
+    rc = 0 if res.ok else (failed.returncode if failed else 1)
+    outcome = RunOutcome(world, res.results[0].argv if res.results else [], None if res.timed_out else rc,
+                         res.timed_out, elapsed, str(log), [])
+    counters = {f"node{n} {tb.ifname(k)}": {"tx_bytes": tx, "rx_bytes": rx} for (n, k), (tx, rx) in delta.items()}
+    return outcome, counters
