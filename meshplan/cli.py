@@ -258,6 +258,8 @@ def validate(config: Path = typer.Argument(..., help="TOML config; its mesh is s
              timeout_s: float = typer.Option(120.0, "--timeout-s", help="wall-clock limit per world size"),
              tolerance: Optional[float] = typer.Option(None, "--tolerance",
                                                       help="fail when step time or peak memory is off by more"),
+             testbed: Optional[str] = typer.Option(None, "--testbed",
+                                                   help="prefix of a `meshplan testbed up` cluster to run across"),
              force: bool = typer.Option(False, "--force", help="replace an existing evidence folder")):
     """Run the mesh for real (torchrun, gloo on CPU) and compare collectives, times and memory with the plan."""
     from .runtime.validate import Options, main as validate_main
@@ -267,7 +269,7 @@ def validate(config: Path = typer.Argument(..., help="TOML config; its mesh is s
     except ValueError:
         raise ConfigError("--worlds", f"{worlds!r}: give comma-separated integers, e.g. 2,4,8") from None
     opt = Options(worlds=sizes, layers=layers, hidden_div=hidden_div, seq_len=seq_len, vocab=vocab, steps=steps,
-                  timeout_s=timeout_s, tolerance=tolerance)
+                  timeout_s=timeout_s, tolerance=tolerance, testbed=testbed)
     raise typer.Exit(validate_main(str(config), opt, out, force))
 
 
