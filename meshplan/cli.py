@@ -273,6 +273,34 @@ def validate(config: Path = typer.Argument(..., help="TOML config; its mesh is s
     raise typer.Exit(validate_main(str(config), opt, out, force))
 
 
+@app.command("place")
+def place_cmd(config: Path = typer.Argument(..., help="TOML config"),
+              choose: bool = typer.Option(False, "--choose", help="search the rank -> GPU permutation with the fewest weak-path bytes"),
+              bindings_path: Optional[Path] = typer.Option(None, "--bindings", help="write every rank's binding to this file"),
+              fmt: str = typer.Option("json", "--format", help="bindings file format: json (list) or sh (launcher)"),
+              force: bool = typer.Option(False, "--force", help="replace an existing --bindings file"),
+              ranks: Optional[list[int]] = typer.Option(None, "--rank", help="rank whose binding is printed (repeatable; default first, second, last)")):
+    """Placement per axis, decisions and warnings, per-rank bindings (CUDA_VISIBLE_DEVICES, NCCL_IB_HCA, numactl)."""
+    from .bindings import write_bindings
+    from .placement_choice import choose_placement, weights_from_plan
+    from .report.place_text import place_lines
+
+    p = _load(config)
+    if p.mesh is None:
+        for r in p.reasons:
+            typer.echo(f"infeasible: {r}", err=True)
+        raise typer.Exit(1)
+    shown = ranks or sorted({0, min(1, p.world - 1), p.world - 1})
+    for r in shown:
+        _check_rank(p, r)
+    c = choose_placement(p.mesh, p.config.cluster, weights_from_plan(p) or None,
+                         rank_to_gpu=p.config.mesh.rank_to_gpu, search=choose, source="collective table")
+    for line in place_lines(c, shown):
+        typer.echo(line)
+    if bindings_path:
+        typer.echo(f"wrote {write_bindings(bindings_path, c.placement, fmt=fmt, force=force)}")
+
+
 @app.command("catalog")
 def catalog_cmd(kind: str = typer.Argument("model", help="gpu, node, network or model")):
     """List the built-in catalog entries of KIND with their sources."""
