@@ -247,6 +247,7 @@ def write_summary(out: Path, config, opt, results: list[dict]) -> None:
                              f"(step {st.get('step', '-')}), files left: {', '.join(info['files']) or 'none'}"
                              + (f"; error: {st['error']}" if st.get("error") else ""))
             lines.append("")
-        lines += [f"Files: `world{r['world']}/` (plan.json, torchrun.log, rank<r>/, comparison.json"
+        lines += [f"Files: `world{r['world']}/` (plan.json, torchrun.log with every rank's start-up print, "
+                  "rank<r>/ (startup.json: coordinates, groups, local shapes; trace.json), comparison.json"
                   + (", collectives.csv, predicted_vs_measured.csv" if comp else "") + ")", ""]
     write_atomic(out / "summary.md", "\n".join(lines))

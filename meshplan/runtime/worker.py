@@ -187,7 +187,8 @@ class Runner:
         self._sync()
         t_step = time.perf_counter()
         for mb in range(self.micro):
-            tokens, labels = batch(self.training, self.mesh, self.rank, index, mb, self.vocab, self.seed)
+            tokens, labels = (t.to(self.device) for t in
+                              batch(self.training, self.mesh, self.rank, index, mb, self.vocab, self.seed))
             lp = contextlib.nullcontext()
             if self.loss_parallel:
                 from torch.distributed.tensor.parallel import loss_parallel
