@@ -38,37 +38,19 @@ SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b", "zb_h1")
 
 
 def stage_ops(schedule: str, stage: int, pp: int, m: int, vpp: int = 1) -> list[Op]:
-    """Passes of stage ``stage`` in execution order (see the module docstring)."""
+    """Passes of stage ``stage`` in execution order: :func:`meshplan.schedule.stage_order`
+    (the one implementation of every schedule), its F units as forward passes, its B units
+    as backward passes (ZB-H1's W units are folded into their B, see the module docstring)."""
+    from ..schedule import stage_order
+
     if schedule not in SCHEDULES:
         raise ConfigError("mesh.pp_schedule", f"{schedule!r} is not one of {SCHEDULES}")
-    if schedule == "gpipe":
-        fwd = [("forward", c, j) for j in range(m) for c in range(vpp)]
-        return fwd + [("backward", c, j) for j in range(m) for c in reversed(range(vpp))]
-    if vpp > 1:
-        return _interleaved(stage, pp, m, vpp)
-    warm = min(pp - stage - 1, m)
-    ops: list[Op] = [("forward", 0, j) for j in range(warm)]
-    for j in range(m - warm):
-        ops += [("forward", 0, warm + j), ("backward", 0, j)]
-    return ops + [("backward", 0, j) for j in range(m - warm, m)]
-
-
-def _virtual(i: int, pp: int, vpp: int, forward: bool) -> tuple[int, int]:
-    """(chunk, micro-batch) of the i-th forward or backward chunk pass (Megatron-LM
-    ``get_model_chunk_id`` and ``get_microbatch_id_in_model_chunk``)."""
-    within = i % (pp * vpp)
-    chunk = within // pp
-    return (chunk if forward else vpp - 1 - chunk), (i // (pp * vpp)) * pp + i % pp
-
-
-def _interleaved(stage: int, pp: int, m: int, vpp: int) -> list[Op]:
-    total = m * vpp
-    warm = min(total, 2 * (pp - stage - 1) + (vpp - 1) * pp)
-    ops: list[Op] = [("forward", *_virtual(i, pp, vpp, True)) for i in range(warm)]
-    for j in range(total - warm):
-        ops.append(("forward", *_virtual(warm + j, pp, vpp, True)))
-        ops.append(("backward", *_virtual(j, pp, vpp, False)))
-    return ops + [("backward", *_virtual(j, pp, vpp, False)) for j in range(total - warm, total)]
+    if schedule == "zb_h1" or (schedule == "1f1b" and vpp > 1):
+        schedule = "interleaved_1f1b" if vpp > 1 else "1f1b"
+    if vpp > 1 and schedule != "gpipe":
+        schedule = "interleaved_1f1b"
+    phase = {"F": "forward", "B": "backward"}
+    return [(phase[u.kind], u.chunk, u.mb) for u in stage_order(schedule, pp, m, vpp, stage) if u.kind in phase]
 
 
 def max_in_flight(ops: list[Op]) -> int:
