@@ -41,10 +41,20 @@ MEM = dict(nccl_buffsize_bytes=1000, nccl_channels=2, nccl_peers=2, workspace_by
 LAYER = 1664 + 2560
 EMBED = 8 * 8              # token ids, int64
 HEAD = 256 + 256 + 4 * 8 * 128 + 13 * 8  # final norm in, output in, fp32 logits, loss
-BWD_TEMP = 2 * 8 * 16 + 2 * 8 * 64       # dX + widest intermediate gradient (GeLU input)
 DY = 2 * 8 * 16
-GATHER = {"embedding": 2048 * 2, "layer": 3104 * 2, "head": 2064 * 2}  # bf16 unsharded
+# FSDP2 units: each layer, and the root (embedding + final norm + output, one unit at pp 1)
+GATHER = {"root": (2048 + 2064) * 2, "layer": 3104 * 2}  # bf16 unsharded: 8224, 6208
 INIT = 20640 + 41280 + 4000 + 500        # params, optimizer, NCCL, workspace
+# Backward of a layer, step by step (H = 2sbh = 256, F = 2sbf = 1024, Q = 2s*a*d = 256):
+# (working set, weight gradient bf16, activations freed)
+STEPS = [(1024, 1024 * 2, 1024),      # mlp w_out: dX of w_out F; w_down; its input F
+         (2048, 0, 1024),             # mlp activation (GeLU): 2F; the GeLU input F
+         (1024 + 256, 1024 * 2, 256),  # mlp w_in: F + H; w_up; its input H
+         (256, 16 * 2, 256),          # mlp norm: its dX H; mlp_norm weight; its input
+         (256, 256 * 2, 256),         # attention w_o: d(context) Q; wo; context
+         (1024, 0, 3 * 256 + 128),    # attention core: 2Q + 2KV; q, k, v, flash statistics
+         (1024, 3 * 256 * 2, 256),    # attention w_qkv: Q + 2KV + H; wq, wk, wv; their input
+         (256, 16 * 2, 256)]          # attn norm
 
 
 def plan_of(model=TINY, mesh=None, memory=MEM, system=None, **training):
@@ -67,30 +77,42 @@ def test_tiny_zero3_every_number_by_hand():
     # init: params, optimizer, one NCCL communicator, workspace (FSDP grads come later)
     assert [(e[1], e[2]) for e in tl.templates[0]] == [("params", 20640), ("optimizer", 41280),
                                                        ("comm_buffers", 4000), ("workspace", 500)]
-    # forward of micro-batch 0, prefetch 1: embedding gathered, layer 0 + prefetched layer 1
+    # forward of micro-batch 0 (FSDP2): each unit's all-gather output, then its copy-out; the
+    # output is kept until the next unit's copy-out, the last one until the model returns
+    # the logits (the root's post-forward); the root is not resharded after forward
+    r, lay = GATHER["root"], GATHER["layer"]
     f0 = [(e[1], e[2]) for e in tl.templates[tl.passes[1].template]]
-    assert f0 == [("gathered_params", GATHER["embedding"]), ("activations", EMBED),
-                  ("gathered_params", GATHER["layer"]), ("gathered_params", GATHER["layer"]),
-                  ("activations", LAYER), ("gathered_params", -GATHER["layer"]),
-                  ("activations", LAYER), ("gathered_params", -GATHER["layer"]),
-                  ("gathered_params", GATHER["head"]), ("temporaries", 2 * 8 * 128),
+    assert f0 == [("gathered_params", r), ("gathered_params", r), ("activations", EMBED),
+                  ("gathered_params", lay), ("gathered_params", lay), ("gathered_params", -r),
+                  ("activations", LAYER), ("gathered_params", -lay),
+                  ("gathered_params", lay), ("gathered_params", lay), ("gathered_params", -lay),
+                  ("activations", LAYER), ("gathered_params", -lay),
+                  ("temporaries", 2 * 8 * 128), ("gathered_params", -lay),
                   ("activations", HEAD), ("temporaries", -2 * 8 * 128)]
-    # peak: backward of layer 1 in micro-batch 1 (all sharded grads exist since micro-batch 0),
-    # when layer 1's unsharded bf16 gradient appears beside the head's fp32 reduce-scatter input
+    # backward of micro-batch 1, layer 1 (every sharded grad exists since micro-batch 0): after
+    # its last step layer 1's activations are freed and its bf16 gradients (6208) are all
+    # written; its fp32 reduce-scatter input (12416) is allocated before they are freed: the
+    # peak. Layer 0's all-gather output is prefetched, the root's head gradient (4128) waits
+    # for the root's reduce after the embedding.
     pk = tl.peak
     assert (pk.phase, pk.layer, pk.microbatch) == ("backward", 1, 1)
     assert pk.where() == "backward of layer 1 (micro-batch 1)"
+    assert pk.label == "layer 1: reduce-scatter input (reduce dtype)"
     by_hand = {"params": 20640, "master": 0, "optimizer": 41280, "grads": 20640, "comm_buffers": 4000,
                "workspace": 500, "fragmentation": 0,
-               "gathered_params": GATHER["embedding"] + 2 * GATHER["layer"],  # root unit + layers 1, 0
-               "grad_buffers": 2064 * 4 + 3104 * 2,  # head RS input (fp32) in flight + layer 1 grad (bf16)
-               "activations": EMBED + 2 * LAYER,      # head's saved terms already freed
-               "temporaries": DY + BWD_TEMP}
+               "gathered_params": r + 2 * lay,            # root + layer 1 + layer 0's all-gather output
+               "grad_buffers": 2064 * 2 + 3104 * 2 + 3104 * 4,  # root's head grad, layer 1 grad, its RS input
+               "activations": EMBED + LAYER,              # layer 0 and the token ids left
+               "temporaries": DY}
+    assert sum(st[1] for st in STEPS) == lay and sum(st[2] for st in STEPS) == LAYER
     assert pk.by_kind == by_hand
-    assert pk.total_bytes == sum(by_hand.values()) == 128084
-    # events: init 4, forward 12, first backward 38, forward 12, then 11 into the last backward
-    assert pk.t_index == 4 + 12 + 38 + 12 + 11 == 77
-    assert tl.n_events == 103
+    assert pk.total_bytes == sum(by_hand.values()) == 134996
+    # events: init 4, forward 17, first backward 93, forward 17, then 43 into the last
+    # backward: loss 2, prefetch 1, head 7, layer 1's copy-out, output freed, prefetch 3,
+    # steps 30 (a step: working set +/-, gradient, activations freed; no zero-byte events)
+    steps = sum(4 - (g == 0) for _, g, _ in STEPS)
+    assert steps == 30 and pk.t_index == 4 + 17 + 93 + 17 + 2 + 1 + 7 + 3 + steps == 174
+    assert tl.n_events == 4 + 17 + 93 + 17 + 90 + 3 == 224
     total = running(tl)
     assert total.max() == pk.total_bytes and int(np.argmax(total)) == pk.t_index
     assert total[-1] == INIT  # steady state: the step ends where it began
@@ -101,27 +123,42 @@ def test_tiny_zero3_every_number_by_hand():
 def test_sharded_grads_appear_per_unit_at_first_reduce_and_go_at_zero_grad():
     tl = plan_of().timeline
     allocs = [(e.microbatch, e.delta_bytes) for e in tl.events() if e.kind == "grads" and e.delta_bytes > 0]
-    # head, layer 1, layer 0, embedding: each unit's share of the 20640 B (proportional to elements)
-    assert allocs == [(0, 2064 * 2), (0, 3104 * 2), (0, 3104 * 2), (0, 2048 * 2)]
+    # layer 1, layer 0, then the root (reduced after the embedding's backward): each unit's
+    # share of the 20640 B (proportional to elements)
+    assert allocs == [(0, 3104 * 2), (0, 3104 * 2), (0, (2048 + 2064) * 2)]
     frees = [e for e in tl.events() if e.kind == "grads" and e.delta_bytes < 0]
     assert [(e.phase, e.delta_bytes) for e in frees] == [("step", -20640)]
 
 
+def gathered_at(tl, label, phase="backward"):
+    g = running(tl, "gathered_params")
+    return [int(g[e.t_index]) for e in tl.events() if e.label == label and e.phase == phase][0]
+
+
 def test_prefetch_depth_sets_gathered_layers():
-    assert plan_of().timeline.max_by_kind["gathered_params"] == GATHER["embedding"] + 2 * GATHER["layer"]
-    none = plan_of(memory={**MEM, "prefetch_layers": 0}).timeline
-    assert none.max_by_kind["gathered_params"] == GATHER["embedding"] + GATHER["layer"]
+    r, lay = GATHER["root"], GATHER["layer"]
+    # forward, FSDP2 implicit: at layer 0's copy-out the root's all-gather output is still held
+    assert plan_of().timeline.max_by_kind["gathered_params"] == 2 * r + 2 * lay
+    # explicit forward prefetch: every output freed after its copy-out, the next one issued
+    explicit = plan_of(memory={**MEM, "forward_prefetch_layers": 1}).timeline
+    assert explicit.max_by_kind["gathered_params"] == r + 2 * lay
+    # backward: layer 0's all-gather is issued before layer 1's backward (prefetch 1), or not
+    at = "layer 1 backward mlp w_out: working set (gradients of activations)"
+    assert gathered_at(plan_of().timeline, at) == r + 2 * lay
+    assert gathered_at(plan_of(memory={**MEM, "prefetch_layers": 0}).timeline, at) == r + lay
 
 
 def test_reshard_after_forward_false_keeps_params_gathered_through_backward():
     tl = plan_of(reshard_after_forward=False).timeline
     gathered = running(tl, "gathered_params")
     end_f0 = tl.passes[2].first_event - 1
-    assert gathered[end_f0] == GATHER["embedding"] + 2 * GATHER["layer"] + GATHER["head"]  # whole stage
+    assert gathered[end_f0] == GATHER["root"] + 2 * GATHER["layer"]  # whole stage
     b0 = [e for e in tl.events() if e.phase == "backward" and e.microbatch == 0 and e.kind == "gathered_params"]
     assert all(e.delta_bytes < 0 for e in b0)  # backward gathers nothing again, only reshards
     default = plan_of().timeline
-    assert sum(e.delta_bytes > 0 for e in default.events() if e.kind == "gathered_params" and e.phase == "backward") == 4
+    # default: each layer's all-gather output and copy-out, in both backward passes
+    assert sum(e.delta_bytes > 0 for e in default.events()
+               if e.kind == "gathered_params" and e.phase == "backward") == 8
 
 
 def test_full_recompute_keeps_layer_inputs_and_one_working_set():
@@ -139,8 +176,8 @@ def test_full_recompute_keeps_layer_inputs_and_one_working_set():
 
 def test_fragmentation_allowance_is_a_stated_fraction_of_the_peak():
     tl = plan_of(memory={**MEM, "fragmentation_fraction": 0.1}).timeline
-    assert tl.peak.by_kind["fragmentation"] == int(0.1 * 128084)
-    assert tl.peak.total_bytes == 128084 + 12808 and tl.peak.t_index == 78  # one init event more
+    assert tl.peak.by_kind["fragmentation"] == int(0.1 * 134996)
+    assert tl.peak.total_bytes == 134996 + 13499 and tl.peak.t_index == 175  # one init event more
 
 
 def test_after_last_reduce_accumulates_unsharded_grads():
@@ -205,12 +242,12 @@ def test_pipeline_activations_follow_the_schedule():
 
 
 def test_infeasible_reason_and_boundary():
-    gpu = {"name": "tiny", "peak_tflops": {"bf16": 1.0}, "hbm_gb": 128084 / 0.9 / 1e9 * 0.999,
+    gpu = {"name": "tiny", "peak_tflops": {"bf16": 1.0}, "hbm_gb": 134996 / 0.9 / 1e9 * 0.999,
            "hbm_bandwidth_tb_per_s": 1.0, "sms": 1, "source": "test"}
     small = plan_of(system={"system": "dgx-h100", "nodes": 1, "gpu": gpu})
     assert not small.feasible and small.timeline.headroom_bytes < 0
     assert small.reasons[0].startswith("peak 0.0 GiB at backward of layer 1 (micro-batch 1) on stage 0 > ")
-    fits = plan_of(system={"system": "dgx-h100", "nodes": 1, "gpu": {**gpu, "hbm_gb": 128084 / 0.9 / 1e9 * 1.001}})
+    fits = plan_of(system={"system": "dgx-h100", "nodes": 1, "gpu": {**gpu, "hbm_gb": 134996 / 0.9 / 1e9 * 1.001}})
     assert fits.feasible
     tp4 = build_plan(__import__("meshplan.spec.config", fromlist=["x"]).load_config(EXAMPLES / "seed-64gpu-tp4.toml"))
     assert re.fullmatch(r"peak \d+\.\d GiB at backward of layer 79 \(micro-batch 1\) on stage 0 > 67\.1 GiB usable "
@@ -231,7 +268,7 @@ def test_comparison_helpers():
     tl = plan_of().timeline
     groups = tl.by_group()
     assert sum(groups.values()) + sum(tl.peak.by_kind[k] for k in UNTRACKED_KINDS) == tl.peak.total_bytes
-    assert groups["params"] == 20640 + GATHER["embedding"] + 2 * GATHER["layer"]
+    assert groups["params"] == 20640 + GATHER["root"] + 2 * GATHER["layer"]
     assert tracker_to_kinds({"Sharded Grad": 5, "Unsharded Grad": 1, "Reduce Scatter": 2, "OptState": 3}) == \
         {"grads": 5, "grad_buffers": 3, "optimizer": 3}
 
@@ -243,11 +280,16 @@ def test_seed_example_peak_and_headroom(capsys):
     tl = p.timeline
     # Llama-3-70B, tp 8 + SP, selective recompute, flash: per layer (s 8192, h 8192, t 8)
     # [r] 4 x 2sh/t = 67108864, q 2*s*8*128 = 16777216, k + v 4194304, context 16777216,
-    # gated MLP 4 x 2*s*28672/8 = 234881024 -> 339738624 B. At the peak (backward of the last
-    # layer) all 80 layers, the token ids 8s and layer 79's recomputed flash statistics
-    # 4*(64/8)*s are live.
-    assert tl.peak.where() == "backward of layer 79 (micro-batch 1)"
-    assert tl.peak.by_kind["activations"] == 80 * 339738624 + 8 * 8192 + 4 * 8 * 8192
+    # gated MLP 4 x 2*s*28672/8 = 234881024 -> 339738624 B. The peak is in layer 78's
+    # backward (micro-batch 1), when its w_gate/w_up gradients are written while layer 79's
+    # fp32 reduce-scatter input is still in flight (one at a time, FSDP2): layers 0-77 and
+    # the token ids 8s are live, and of layer 78 all but what its w_out and activation steps
+    # freed (w_out input 2*s*28672/8; silu output and up, twice that), plus its recomputed
+    # flash statistics 4*(64/8)*s.
+    assert tl.peak.where() == "backward of layer 78 (micro-batch 1)"
+    assert tl.peak.label == "layer 78: unsharded gradient (mlp w_in) (compute dtype)"
+    f = 2 * 8192 * 28672 // 8
+    assert tl.peak.by_kind["activations"] == 78 * 339738624 + (339738624 - 3 * f + 4 * 8 * 8192) + 8 * 8192
     print(f"\nseed example: {tl.summary()}")
     assert 40 * GiB < tl.peak.total_bytes < 48 * GiB and tl.headroom_bytes > 19 * GiB
     assert len(tl.passes) == 2 * 64 + 2 and tl.n_events > 80_000  # run-length, expanded on demand
@@ -257,7 +299,7 @@ def test_cli_memory_writes_png_once(tmp_path):
     cmd = [sys.executable, "-m", "meshplan.cli", "memory", str(EXAMPLES / "seed-64gpu.toml"), "--out", str(tmp_path)]
     r = subprocess.run(cmd, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
-    assert "backward of layer 79 (micro-batch 1)" in r.stdout and "events around the peak" in r.stdout
+    assert "backward of layer 78 (micro-batch 1)" in r.stdout and "events around the peak" in r.stdout
     png = tmp_path / "seed-64gpu_memory_stage0.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     again = subprocess.run(cmd, capture_output=True, text=True)

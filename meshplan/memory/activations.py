@@ -54,6 +54,28 @@ Further conventions:
   parallel, ``ceil(f / t)`` MLP columns; heads must divide exactly.
 - Embedding, final norm, output layer and loss: :func:`embedding_terms`, :func:`head_terms`
   (Korthikanti 4.3 and Megatron's vocab-parallel cross entropy).
+- Activation dtype: ``LayerDims.act_bytes`` bytes per element replaces Table 2's 2 (16-bit)
+  in every term but the 1-byte dropout masks and the fp32 softmax statistics; 4 for an
+  fp32 model.
+
+Implementation variants (keyword options of :func:`layer_terms`, all off for Megatron-Core
+and Table 2; ``[memory]`` fields of :class:`~meshplan.spec.memory.MemoryOptions`), seen in
+torch's own accounting of a DTensor/FSDP2 Llama (:mod:`meshplan.runtime.memcheck`):
+
+- ``sp_gathered_input``: with sequence parallel, the QKV and MLP-in GEMMs (and the output
+  layer) keep their all-gathered input ``a s b h`` for backward instead of the
+  sequence-sharded norm output (DTensor ``SequenceParallel`` + ``ColwiseParallel``: the
+  all-gather output is the saved GEMM input; Megatron re-gathers in backward).
+- ``unfused_norm``: the norm runs as elementwise ops, so each norm also keeps its normalised
+  input ``x * rstd`` for the weight gradient, ``a s b h`` ([r]): torch's ``rms_norm`` on CPU
+  decomposes into ``x * rsqrt(mean(x^2) + eps)`` then ``* weight`` (CUDA runs
+  ``_fused_rms_norm``, which keeps the input and the fp32 statistics only). Its backward
+  working set is in :mod:`meshplan.memory.sizes`.
+- ``kv_expanded``: K and V reach the attention kernel repeated to the query heads (``repeat_kv``
+  / ``repeat_interleave`` before SDPA, torchtitan's Llama), so the kept K and V hold ``a/t``
+  heads instead of ``g/t``.
+- Not counted: the fp32 norm statistics ``4 s b`` per norm (1/h of its input) and the RoPE
+  tables (``s d`` elements, shared by every layer).
 
 >>> gpt = LayerDims.gpt(s=2048, b=1, h=4096, a=32)
 >>> layer_bytes(gpt), layer_bytes(gpt, tp=8), layer_bytes(gpt, tp=8, sp=True)
@@ -92,6 +114,7 @@ class LayerDims:
     f: int
     gated: bool = False
     dropout: bool = True
+    act_bytes: int = 2
 
     @classmethod
     def gpt(cls, s: int, b: int, h: int, a: int, dropout: bool = True) -> "LayerDims":
@@ -100,16 +123,17 @@ class LayerDims:
 
     @classmethod
     def from_model(cls, model: ModelSpec, seq_len: int, micro_batch: int, *,
-                   dropout: bool = False, layer: int = 0) -> "LayerDims":
+                   dropout: bool = False, layer: int = 0, act_bytes: int = 2) -> "LayerDims":
         """Dims of dense layer ``layer`` of ``model``. ``dropout`` defaults to False (Llama-style
-        pretraining); pass True for GPT-style dropout. Raises ConfigError for an MoE layer:
+        pretraining); pass True for GPT-style dropout. ``act_bytes``: bytes per activation
+        element (2: 16-bit, Table 2). Raises ConfigError for an MoE layer:
         routed-expert activations (top_k token copies, permutation buffers) are not modelled
         here."""
         if model.is_moe_layer(layer):
             raise ConfigError("model.experts", f"layer {layer} is an MoE layer; expert MLP "
                               "activations are not modelled by LayerDims (dense layers only)")
         return cls(s=seq_len, b=micro_batch, h=model.hidden, a=model.q_heads, g=model.n_kv_heads,
-                   d=model.d_head, f=model.ffn, gated=model.gated_mlp, dropout=dropout)
+                   d=model.d_head, f=model.ffn, gated=model.gated_mlp, dropout=dropout, act_bytes=act_bytes)
 
 
 @dataclass(frozen=True)
@@ -148,57 +172,76 @@ def _check_recompute(recompute: str) -> None:
         raise ConfigError("training.recompute", f"{recompute!r} is not one of {RECOMPUTE}")
 
 
-def _attention_terms(dims: LayerDims, lc: _Local, recompute: str, flash: bool) -> list[Term]:
-    b, h, d, S, r = dims.b, dims.h, dims.d, lc.seq, lc.r
+def _norm_and_gemm_input(dims: LayerDims, lc: _Local, norm: str, gemm: str, v: dict) -> list[Term]:
+    """A norm's kept input (+ its normalised input with ``unfused_norm``) and the input of
+    the GEMMs after it (the all-gathered one with ``sp_gathered_input``)."""
+    e, b, h, S, r = dims.act_bytes, dims.b, dims.h, lc.seq, lc.r
+    out = [Term(f"{norm} input", e * lc.rtok * b * h, f"{e}*{S}*b*h{r}")]
+    if v.get("unfused_norm"):
+        out.append(Term(f"{norm} normalised input (x*rstd)", e * lc.rtok * b * h, f"{e}*{S}*b*h{r}"))
+    if v.get("sp_gathered_input") and r:
+        return out + [Term(f"{gemm} input (all-gathered)", e * lc.tok * b * h, f"{e}*{S}*b*h")]
+    return out + [Term(f"{gemm} input", e * lc.rtok * b * h, f"{e}*{S}*b*h{r}")]
+
+
+def _attention_terms(dims: LayerDims, lc: _Local, recompute: str, flash: bool, v: dict) -> list[Term]:
+    e, b, d, S = dims.act_bytes, dims.b, dims.d, lc.seq
     rows = lc.tok * b
-    out = [Term("attn norm input", 2 * lc.rtok * b * h, f"2*{S}*b*h{r}"),
-           Term("qkv input", 2 * lc.rtok * b * h, f"2*{S}*b*h{r}"),
-           Term("q", 2 * rows * lc.aq * d, f"2*{S}*b*a*d/t"),
-           Term("k", 2 * rows * lc.akv * d, f"2*{S}*b*g*d/t"),
-           Term("v", 2 * rows * lc.akv * d, f"2*{S}*b*g*d/t")]
+    kv, g = (lc.aq, "a") if v.get("kv_expanded") else (lc.akv, "g")
+    out = _norm_and_gemm_input(dims, lc, "attn norm", "qkv", v) + [
+        Term("q", e * rows * lc.aq * d, f"{e}*{S}*b*a*d/t"),
+        Term("k", e * rows * kv * d, f"{e}*{S}*b*{g}*d/t"),
+        Term("v", e * rows * kv * d, f"{e}*{S}*b*{g}*d/t")]
     if recompute != "selective" and not flash:
         n = lc.aq * rows * dims.s
-        out.append(Term("softmax output", 2 * n, f"2*a*{S}*s*b/t"))
+        out.append(Term("softmax output", e * n, f"{e}*a*{S}*s*b/t"))
         if dims.dropout:
             out.append(Term("softmax dropout mask", n, f"a*{S}*s*b/t"))
-            out.append(Term("softmax dropout output", 2 * n, f"2*a*{S}*s*b/t"))
+            out.append(Term("softmax dropout output", e * n, f"{e}*a*{S}*s*b/t"))
     elif recompute != "selective":
         out.append(Term("flash softmax statistics (fp32)", 4 * lc.aq * rows, f"4*a*{S}*b/t"))
-    out.append(Term("context (out-proj input)", 2 * rows * lc.aq * d, f"2*{S}*b*a*d/t"))
+    out.append(Term("context (out-proj input)", e * rows * lc.aq * d, f"{e}*{S}*b*a*d/t"))
     if dims.dropout:
-        out.append(Term("attn residual dropout mask", lc.rtok * b * h, f"{S}*b*h{r}"))
+        out.append(Term("attn residual dropout mask", lc.rtok * b * dims.h, f"{S}*b*h{lc.r}"))
     return out
 
 
-def _mlp_terms(dims: LayerDims, lc: _Local, fused_glu: bool) -> list[Term]:
-    b, h, S, r = dims.b, dims.h, lc.seq, lc.r
+def _mlp_terms(dims: LayerDims, lc: _Local, fused_glu: bool, v: dict) -> list[Term]:
+    e, b, h, S, r = dims.act_bytes, dims.b, dims.h, lc.seq, lc.r
     rows = lc.tok * b
-    out = [Term("mlp norm input", 2 * lc.rtok * b * h, f"2*{S}*b*h{r}"),
-           Term("w_in input", 2 * lc.rtok * b * h, f"2*{S}*b*h{r}")]
+    out = _norm_and_gemm_input(dims, lc, "mlp norm", "w_in", v)
     if not dims.gated:
-        out += [Term("activation input", 2 * rows * lc.f, f"2*{S}*b*f/t"),
-                Term("w_out input", 2 * rows * lc.f, f"2*{S}*b*f/t")]
+        out += [Term("activation input", e * rows * lc.f, f"{e}*{S}*b*f/t"),
+                Term("w_out input", e * rows * lc.f, f"{e}*{S}*b*f/t")]
     elif fused_glu:
-        out += [Term("fc1 output (gate, up)", 4 * rows * lc.f, f"4*{S}*b*f/t"),
-                Term("w_out input", 2 * rows * lc.f, f"2*{S}*b*f/t")]
+        out += [Term("fc1 output (gate, up)", 2 * e * rows * lc.f, f"{2 * e}*{S}*b*f/t"),
+                Term("w_out input", e * rows * lc.f, f"{e}*{S}*b*f/t")]
     else:
-        out += [Term(n, 2 * rows * lc.f, f"2*{S}*b*f/t")
+        out += [Term(n, e * rows * lc.f, f"{e}*{S}*b*f/t")
                 for n in ("gate", "silu output", "up", "w_out input")]
     if dims.dropout:
         out.append(Term("mlp residual dropout mask", lc.rtok * b * h, f"{S}*b*h{r}"))
     return out
 
 
+#: Keyword options of :func:`layer_terms` that select an implementation variant (module docstring).
+VARIANTS = ("sp_gathered_input", "unfused_norm", "kv_expanded")
+
+
 def layer_terms(dims: LayerDims, *, tp: int = 1, sp: bool = False, cp: int = 1,
-                recompute: str = "none", flash: bool = False, fused_glu: bool = False) -> list[Term]:
+                recompute: str = "none", flash: bool = False, fused_glu: bool = False,
+                **variants: bool) -> list[Term]:
     """Stored tensors of one layer for one micro-batch on one rank (bytes), per the module
-    derivation. ``sp``: sequence parallel; ``recompute``: none, selective or full."""
+    derivation. ``sp``: sequence parallel; ``recompute``: none, selective or full;
+    ``variants``: :data:`VARIANTS` (module docstring)."""
     _check_recompute(recompute)
+    if set(variants) - set(VARIANTS):
+        raise TypeError(f"unknown layer_terms options {sorted(set(variants) - set(VARIANTS))}")
     lc = _local(dims, tp, sp, cp)
     if recompute == "full":
-        return [Term("layer input (checkpoint)", 2 * lc.rtok * dims.b * dims.h,
-                     f"2*{lc.seq}*b*h{lc.r}")]
-    return _attention_terms(dims, lc, recompute, flash) + _mlp_terms(dims, lc, fused_glu)
+        e = dims.act_bytes
+        return [Term("layer input (checkpoint)", e * lc.rtok * dims.b * dims.h, f"{e}*{lc.seq}*b*h{lc.r}")]
+    return _attention_terms(dims, lc, recompute, flash, variants) + _mlp_terms(dims, lc, fused_glu, variants)
 
 
 def layer_bytes(dims: LayerDims, **options) -> int:
@@ -239,7 +282,7 @@ def embedding_terms(dims: LayerDims, *, tp: int = 1, sp: bool = False, cp: int =
 
 
 def head_terms(dims: LayerDims, padded_vocab: int, *, tp: int = 1, sp: bool = False, cp: int = 1,
-               logits_dtype: str = "fp32") -> list[Term]:
+               logits_dtype: str = "fp32", **variants: bool) -> list[Term]:
     """Stored by the final norm, output layer and loss (last stage), per micro-batch, bytes.
 
     Korthikanti 4.3: final-norm input ``2 s b h`` and output-layer input ``2 s b h`` (/t
@@ -249,11 +292,11 @@ def head_terms(dims: LayerDims, padded_vocab: int, *, tp: int = 1, sp: bool = Fa
     the output layer are transient once the loss holds its fp32 copy (timeline, not here).
     Loss: target mask (bool, 1 B) and masked target index (int64, 8 B) saved for backward,
     plus the fp32 per-token loss (4 B): ``13 s b`` on every tp rank. V is the padded vocab.
+    ``variants``: ``sp_gathered_input`` and ``unfused_norm`` as in :func:`layer_terms`.
     """
     lc = _local(dims, tp, sp, cp)
-    rows, S, r = lc.tok * dims.b, lc.seq, lc.r
-    return [Term("final norm input", 2 * lc.rtok * dims.b * dims.h, f"2*{S}*b*h{r}"),
-            Term("output layer input", 2 * lc.rtok * dims.b * dims.h, f"2*{S}*b*h{r}"),
+    rows, S = lc.tok * dims.b, lc.seq
+    return _norm_and_gemm_input(dims, lc, "final norm", "output layer", variants) + [
             Term(f"logits ({logits_dtype})", dtype_bytes(logits_dtype) * rows * ceil(padded_vocab / tp),
                  f"{dtype_bytes(logits_dtype)}*{S}*b*V/t"),
             Term("loss (mask, target, per-token loss)", 13 * rows, f"13*{S}*b")]

@@ -8,25 +8,45 @@ timeline repeats it (run-length, not millions of events).
 
 Conventions (bytes on one rank; sizes from :mod:`meshplan.memory.sizes`):
 
-Forward of layer l: with FSDP (zero3/hsdp, shard degree > 1) all-gather l and the next
-``prefetch_layers`` units not yet gathered (``gathered_params``); the SP all-gather of the
-input (``temporaries``) while the layer runs; allocate the layer's saved activations
-(``activations``); reshard l after its forward when ``reshard_after_forward``. The stage's
-embedding and head are FSDP units too (FSDP2's root unit: never resharded after forward).
-The last stage's head keeps its saved terms and the logits of the loss; the compute-dtype
-logits are a transient (``temporaries``) when the loss keeps another dtype.
+FSDP units (zero3/hsdp, shard degree > 1) follow FSDP2 (torch ``fully_shard``,
+``_fsdp_param_group.py``): one unit per layer, and the chunk's root unit, which holds the
+embedding and the head (final norm, output) of the stage and is never resharded after
+forward; on a one-stage pipeline both are one unit (``root``), as
+:func:`meshplan.runtime.parallelize.apply_fsdp` wraps them and
+:mod:`meshplan.collectives` counts them. Unsharding a unit allocates its all-gather output
+and then copies it out into the unsharded parameters (``gathered_params``, twice the
+unit). In forward (FSDP2's implicit prefetch, ``wait_for_unshard``) the all-gather output
+is kept until the next unit's copy-out, and the last one until the end of the forward;
+with explicit forward prefetch (``forward_prefetch_layers`` > 0) and in backward it is
+freed right after its own copy-out, and the all-gathers of the next
+``forward_prefetch_layers`` / ``prefetch_layers`` units (backward: in reverse order, the
+first one issued by the root's pre-backward, before the head's backward) are issued at
+once.
 
-Backward of layer l (reverse order): gather l (+ prefetch); recompute (``activations``:
-full activations minus the kept ones, freed at the end of l); the backward working set
-(``temporaries``: dX, the widest intermediate gradient, the SP re-gathered input); the
-unsharded weight gradient (``grad_buffers``, compute dtype); free l's activations; then the
-reduce: reduce-scatter input in the reduce dtype (``grad_buffers``), freed when the next
-unit's reduce starts (one reduce-scatter in flight); the unit's sharded gradient
-(``grads``) is allocated at its first reduce of the step (FSDP2 sets grads to None at
-``zero_grad``). The inter-layer gradient dY (``temporaries``) lives through the pass.
-Without FSDP the gradients are persistent (Megatron's contiguous grad buffer) and a bucket
-(``grad_buffers``) exists during backward: every backward for zero2, the last backward of
-the chunk for none/zero1 when grads are reduced in another dtype (else in place: 0).
+Forward of layer l: unshard l; the SP all-gather of the input (``temporaries``) while the
+layer runs; allocate the layer's saved activations (``activations``); reshard l after its
+forward when ``reshard_after_forward``. The last stage's head keeps its saved terms and the
+logits of the loss; the compute-dtype logits are a transient (``temporaries``) when the
+loss keeps another dtype.
+
+Backward of the head: the loss's backward (its logits-sized temporaries, then the kept
+logits freed), which is when the root's pre-backward hook fires (prefetch); dY, the head's
+gradients, the output layer's input freed, the final norm's working set.
+
+Backward of layer l (reverse order): unshard l (+ prefetch); recompute (``activations``:
+full activations minus the kept ones); then its steps (:class:`BackStep`, autograd's
+order: MLP w_out, activation, w_in, norm, attention w_o, core, w_qkv, norm), each with its
+working set (``temporaries``), its weights' unsharded gradients (``grad_buffers``, compute
+dtype) and the saved tensors it frees; then the reduce: reduce-scatter input in the
+reduce dtype (``grad_buffers``), freed when the next unit's reduce starts (one
+reduce-scatter in flight, FSDP2's ``reduce_scatter_max_input_buffers`` = 1); the unit's sharded gradient (``grads``) is
+allocated at its first reduce of the step (FSDP2 sets grads to None at ``zero_grad``). The
+root's head gradients are written in the head's backward and wait for the root's reduce
+after the embedding's backward. The inter-layer gradient dY (``temporaries``) lives
+through the pass. Without FSDP the gradients are persistent (Megatron's contiguous grad
+buffer) and a bucket (``grad_buffers``) exists during backward: every backward for zero2,
+the last backward of the chunk for none/zero1 when grads are reduced in another dtype
+(else in place: 0).
 """
 
 from __future__ import annotations
@@ -39,15 +59,31 @@ UnitKey = Union[int, str]  # a layer index, "embedding" or "head"
 
 
 @dataclass(frozen=True)
+class BackStep:
+    """One step of a layer's backward, in autograd's order: while it runs it holds
+    ``work`` bytes of gradients of activations (``temporaries``); it writes the unsharded
+    gradients of its weights (``grads``, compute dtype, FSDP only); at its end it frees
+    ``frees`` bytes of the layer's activations (the saved tensors it consumed)."""
+
+    name: str
+    work: int
+    grads: int
+    frees: int
+
+
+@dataclass(frozen=True)
 class ActSizes:
     """Activation bytes of one layer for one micro-batch on one rank: ``saved`` (kept for
     backward under the recompute policy), ``rework`` (recomputed at the start of the
-    layer's backward, freed at its end), ``fwd_temp`` and ``bwd_temp`` (working sets)."""
+    layer's backward, freed by its steps), ``fwd_temp`` and ``bwd_temp`` (working sets;
+    ``bwd_temp`` the largest step's), ``steps`` the backward (:class:`BackStep`, whose
+    ``frees`` sum to ``saved + rework``; empty: one step with everything)."""
 
     saved: int
     rework: int
     fwd_temp: int
     bwd_temp: int
+    steps: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -55,7 +91,8 @@ class Unit:
     """One FSDP unit (a layer, the embedding or the head) of one stage, bytes per rank:
     ``gathered`` unsharded parameters in the compute dtype (0 when not FSDP-sharded),
     ``grad_unsharded`` autograd's weight gradient (compute dtype), ``reduce_input`` the
-    reduce-scatter input (reduce dtype), ``grads`` its share of the sharded gradient."""
+    reduce-scatter input (reduce dtype), ``grads`` its share of the sharded gradient;
+    ``early``: for the root, the part of ``grad_unsharded`` the head's backward writes."""
 
     name: str
     layer: Optional[int]
@@ -63,6 +100,7 @@ class Unit:
     grad_unsharded: int
     reduce_input: int
     grads: int
+    early: int = 0
 
 
 @dataclass(frozen=True)
@@ -75,13 +113,20 @@ class StageSizes:
     units: dict
     embedding_saved: int
     head_saved: int
+    head_loss_saved: int
+    head_output_saved: int
     logits_temp: int
     logits_grad_temp: int
+    logits_extra: int
+    loss_grad_extra: int
+    final_norm_work: int
+    embedding_grad_extra: int
     dy: int
     fsdp: bool
     reshard_after_forward: bool
     fsdp_reduce: str
     prefetch: int
+    forward_prefetch: int
     bucket: int
     bucket_every_backward: bool
     recompute: str
@@ -90,22 +135,24 @@ class StageSizes:
 
     def chunk_units(self, chunk: int) -> tuple[UnitKey, ...]:
         """FSDP units used by a pass of ``chunk``, in forward order."""
-        keys: list[UnitKey] = ["embedding"] if chunk == 0 and "embedding" in self.units else []
+        keys: list[UnitKey] = [k for k in ("root", "embedding") if chunk == 0 and k in self.units]
         keys += list(self.chunks[chunk])
         return tuple(keys + (["head"] if chunk == len(self.chunks) - 1 and "head" in self.units else []))
 
 
 class PassBuilder:
-    """Events of one pass. ``gathered``: units already gathered when it starts; ``first``
-    and ``last``: first and last backward of this chunk in the step. After :meth:`build`,
-    ``gathered`` holds the units still gathered when it ends."""
+    """Events of one pass. ``gathered``: units unsharded when it starts; ``first`` and
+    ``last``: first and last backward of this chunk in the step. After :meth:`build`,
+    ``gathered`` holds the units still unsharded when it ends."""
 
     def __init__(self, sizes: StageSizes, phase: str, chunk: int, gathered: frozenset,
                  first: bool = False, last: bool = False):
         self.sz, self.phase, self.chunk = sizes, phase, chunk
         self.gathered, self.first, self.last = set(gathered), first, last
         self.events: list[Entry] = []
-        self.in_flight: Optional[UnitKey] = None
+        self.in_flight: Optional[UnitKey] = None  # unit whose reduce-scatter input is held
+        self.issued: list[UnitKey] = []  # units whose all-gather output is held, oldest first
+        self.keys = sizes.chunk_units(chunk)
 
     def build(self) -> tuple[Entry, ...]:
         if self.phase == "forward":
@@ -119,15 +166,41 @@ class PassBuilder:
         if delta:
             self.events.append((layer, kind, int(delta), label))
 
-    def _gather(self, key: UnitKey) -> None:
+    def _sharded(self, key: UnitKey) -> Optional[Unit]:
         u = self.sz.units.get(key)
-        if self.sz.fsdp and u is not None and key not in self.gathered and u.gathered:
-            self._add(u.layer, "gathered_params", u.gathered, f"{u.name}: all-gather (unsharded, compute dtype)")
+        return u if self.sz.fsdp and u is not None and u.gathered else None
+
+    def _issue(self, key: UnitKey) -> None:
+        """All-gather of ``key`` issued: its output buffer exists."""
+        u = self._sharded(key)
+        if u is not None and key not in self.gathered and key not in self.issued:
+            self._add(u.layer, "gathered_params", u.gathered, f"{u.name}: all-gather output (compute dtype)")
+            self.issued.append(key)
+
+    def _free_output(self, key: UnitKey, why: str) -> None:
+        u = self.sz.units[key]
+        self.issued.remove(key)
+        self._add(u.layer, "gathered_params", -u.gathered, f"{u.name}: all-gather output freed {why}")
+
+    def _unshard(self, key: UnitKey, ahead: list, depth: int, keep_output: bool) -> None:
+        """FSDP2 pre-forward/pre-backward of ``key``: all-gather (unless prefetched), copy
+        out into the unsharded parameters, then prefetch ``depth`` units of ``ahead``.
+        ``keep_output``: the output stays until the next copy-out (forward, implicit)."""
+        u = self._sharded(key)
+        if u is not None and key not in self.gathered:
+            self._issue(key)
+            self._add(u.layer, "gathered_params", u.gathered, f"{u.name}: copy-out to unsharded parameters")
             self.gathered.add(key)
+            for older in [k for k in self.issued if k != key and k not in ahead]:
+                self._free_output(older, f"at {u.name}'s copy-out")
+            if not keep_output:
+                self._free_output(key, "after its copy-out")
+        for nxt in ahead[:depth]:
+            self._issue(nxt)
 
     def _release(self, key: UnitKey, why: str) -> None:
         u = self.sz.units.get(key)
-        if key in self.gathered:
+        if key in self.gathered and u is not None:
             self._add(u.layer, "gathered_params", -u.gathered, f"{u.name}: resharded {why}")
             self.gathered.discard(key)
 
@@ -135,89 +208,129 @@ class PassBuilder:
     def _reduce_now(self) -> bool:
         return self.sz.fsdp_reduce == "per_microbatch" or self.last
 
+    @property
+    def _head_here(self) -> bool:
+        return "head" in self.keys or "root" in self.keys
+
     # forward -----------------------------------------------------------------------
     def _forward(self) -> None:
-        sz, keys = self.sz, self.sz.chunk_units(self.chunk)
-        if "embedding" in keys:
-            self._gather("embedding")
+        sz, keys = self.sz, self.keys
+        depth, keep = sz.forward_prefetch, sz.forward_prefetch == 0
+        for key in (k for k in ("root", "embedding") if k in keys):
+            self._unshard(key, list(sz.chunks[self.chunk]), depth, keep)
             self._add(None, "activations", sz.embedding_saved, "embedding: token ids (+ dropout mask) saved")
         layers = sz.chunks[self.chunk]
         for i, layer in enumerate(layers):
-            for key in layers[i:i + 1 + sz.prefetch]:
-                self._gather(key)
+            self._unshard(layer, list(layers[i + 1:]) + [k for k in keys if k == "head"], depth, keep)
             a = sz.acts[layer]
             self._add(layer, "temporaries", a.fwd_temp, f"layer {layer} forward: SP all-gathered input")
             self._add(layer, "activations", a.saved, f"layer {layer}: saved activations (recompute {sz.recompute})")
             self._add(layer, "temporaries", -a.fwd_temp, f"layer {layer} forward: SP all-gathered input freed")
             if sz.reshard_after_forward:
                 self._release(layer, "after forward")
-        if "head" in keys:
+        if self._head_here:
+            self._unshard("head", [], depth, keep)
             self._head_forward()
+        self._free_outputs()
+
+    def _free_outputs(self) -> None:
+        """The root's post-forward: the last all-gather output kept is freed."""
+        for key in list(self.issued):
+            self._free_output(key, "at the root's post-forward")
 
     def _head_forward(self) -> None:
         sz = self.sz
-        self._gather("head")
-        self._add(None, "temporaries", sz.logits_temp, "head: logits in compute dtype")
+        self._add(None, "temporaries", sz.logits_temp, "head: logits in compute dtype (+ the loss's x - max)")
+        self._free_outputs()  # the model's forward returns the logits before the loss runs
+        self._add(None, "temporaries", sz.logits_extra, "loss forward: exp(x - max)")
+        self._add(None, "temporaries", -sz.logits_extra, "loss forward: exp(x - max) freed")
         self._add(None, "activations", sz.head_saved, "head: final norm and output inputs, logits and loss saved")
-        self._add(None, "temporaries", -sz.logits_temp, "head: compute-dtype logits freed")
+        self._add(None, "temporaries", -sz.logits_temp, "head: logits (and the loss's temporaries) freed")
 
     # backward ----------------------------------------------------------------------
     def _backward(self) -> None:
-        sz, keys = self.sz, self.sz.chunk_units(self.chunk)
+        sz, keys = self.sz, self.keys
         bucket = sz.bucket if (sz.bucket_every_backward or self.last) and not sz.fsdp else 0
         self._add(None, "grad_buffers", bucket, "gradient bucket (reduce dtype)")
-        if "head" in keys:
+        layers = sz.chunks[self.chunk]
+        order = list(reversed(layers))
+        if self._head_here:
+            self._loss_backward()  # the root's pre-backward hook fires on the logits' gradient
+            self._unshard("head" if "head" in keys else "root", order, sz.prefetch, False)
             self._head_backward()
         else:
             self._add(None, "temporaries", sz.dy, "output gradient dY received")
-        layers = sz.chunks[self.chunk]
-        for i in reversed(range(len(layers))):
-            for key in reversed(layers[max(0, i - sz.prefetch):i + 1]):
-                self._gather(key)
-            self._layer_backward(layers[i])
-        if "embedding" in keys:
+        for i, layer in enumerate(order):
+            self._unshard(layer, order[i + 1:], sz.prefetch, False)
+            self._layer_backward(layer)
+        for key in (k for k in ("embedding", "root") if k in keys):
             self._add(None, "activations", -sz.embedding_saved, "embedding: saved activations freed")
-            self._unit_grads("embedding")
+            self._add(None, "grad_buffers", sz.embedding_grad_extra,
+                      "embedding gradient over the whole vocabulary (DTensor), before its reduce-scatter over tp")
+            self._unit_grads(key, extra=sz.embedding_grad_extra)
         self._add(None, "temporaries", -sz.dy, "dY freed")
         self._flush()
         self._add(None, "grad_buffers", -bucket, "gradient bucket freed")
 
+    def _loss_backward(self) -> None:
+        sz = self.sz
+        self._add(None, "temporaries", sz.loss_grad_extra, "loss backward: nll and log-softmax gradients")
+        self._add(None, "temporaries", sz.logits_grad_temp, "head backward: logits gradient (compute dtype)")
+        self._add(None, "temporaries", -sz.loss_grad_extra, "loss backward: temporaries freed")
+        self._add(None, "activations", -sz.head_loss_saved, "loss backward: kept logits and loss terms freed")
+
     def _head_backward(self) -> None:
         sz = self.sz
-        self._gather("head")
-        self._add(None, "temporaries", sz.logits_grad_temp, "head backward: logits gradient (compute dtype)")
         self._add(None, "temporaries", sz.dy, "head backward: dY of the last layer")
+        if "root" in self.keys:
+            u = self.sz.units["root"]
+            self._grad_out("root", part=u.early, what=" (head)")
         self._add(None, "temporaries", -sz.logits_grad_temp, "head backward: logits gradient freed")
-        self._add(None, "activations", -sz.head_saved, "head: saved activations freed")
-        self._unit_grads("head")
+        self._add(None, "activations", -sz.head_output_saved, "output layer backward: its input freed")
+        self._add(None, "temporaries", sz.final_norm_work, "final norm backward: working set")
+        self._add(None, "temporaries", -sz.final_norm_work, "final norm backward: working set freed")
+        rest = sz.head_saved - sz.head_loss_saved - sz.head_output_saved
+        self._add(None, "activations", -rest, "final norm backward: its saved input freed")
+        if "root" not in self.keys:
+            self._unit_grads("head")
 
     def _layer_backward(self, layer: int) -> None:
         a = self.sz.acts[layer]
         self._add(layer, "activations", a.rework, f"layer {layer} backward: recomputed activations")
-        self._add(layer, "temporaries", a.bwd_temp, f"layer {layer} backward: working set (dX, widest gradient)")
-        self._grad_out(layer)
-        self._add(layer, "temporaries", -a.bwd_temp, f"layer {layer} backward: working set freed")
-        self._add(layer, "activations", -a.rework, f"layer {layer} backward: recomputed activations freed")
-        self._add(layer, "activations", -a.saved, f"layer {layer}: saved activations freed")
+        u = self.sz.units.get(layer)
+        steps = a.steps or (BackStep("", a.bwd_temp, u.grad_unsharded if u else 0, a.saved + a.rework),)
+        for i, st in enumerate(steps):
+            name = f"layer {layer} backward{' ' + st.name if st.name else ''}"
+            self._add(layer, "temporaries", st.work, f"{name}: working set (gradients of activations)")
+            self._grad_out(layer, part=st.grads, first_part=i == 0, what=f" ({st.name})" if st.name else "")
+            self._add(layer, "temporaries", -st.work, f"{name}: working set freed")
+            self._add(layer, "activations", -st.frees, f"{name}: saved activations freed")
         self._unit_grads(layer, produced=True)
 
-    def _grad_out(self, key: UnitKey) -> None:
-        """Autograd writes the unit's unsharded weight gradient (FSDP only)."""
-        u = self.sz.units.get(key)
-        if not self.sz.fsdp or u is None:
+    def _grad_out(self, key: UnitKey, part: Optional[int] = None, first_part: bool = True, what: str = "") -> None:
+        """Autograd writes ``part`` bytes (default: all) of the unit's unsharded weight
+        gradient (FSDP only). With ``fsdp_reduce = "after_last"`` the whole reduce-dtype
+        accumulator appears with the unit's first part in the first backward."""
+        u = self._sharded(key)
+        if u is None:
             return
         if self.sz.fsdp_reduce == "per_microbatch":
-            self._add(u.layer, "grad_buffers", u.grad_unsharded, f"{u.name}: unsharded gradient (compute dtype)")
-        elif self.first:
-            self._add(u.layer, "grad_buffers", u.reduce_input, f"{u.name}: unsharded gradient accumulator (reduce dtype)")
+            part = u.grad_unsharded if part is None else part
+            self._add(u.layer, "grad_buffers", part, f"{u.name}: unsharded gradient{what} (compute dtype)")
+        elif self.first and first_part:
+            self._add(u.layer, "grad_buffers", u.reduce_input,
+                      f"{u.name}: unsharded gradient accumulator (reduce dtype)")
 
-    def _unit_grads(self, key: UnitKey, produced: bool = False) -> None:
-        """Reduce of one unit after its backward, and its post-backward reshard."""
-        u = self.sz.units.get(key)
-        if not self.sz.fsdp or u is None:
+    def _unit_grads(self, key: UnitKey, produced: bool = False, extra: int = 0) -> None:
+        """Reduce of one unit after its backward, and its post-backward reshard; ``extra``:
+        a transient gradient buffer freed once the unit's own gradient is written."""
+        u = self._sharded(key)
+        if u is None:
             return
         if not produced:
-            self._grad_out(key)
+            self._grad_out(key, part=u.grad_unsharded - u.early, first_part=not u.early,
+                           what=" (embedding)" if u.early else "")
+        self._add(u.layer, "grad_buffers", -extra, "whole-vocabulary embedding gradient freed")
         if self._reduce_now:
             self._flush()
             self._add(u.layer, "grad_buffers", u.reduce_input, f"{u.name}: reduce-scatter input (reduce dtype)")

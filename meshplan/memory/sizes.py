@@ -3,16 +3,29 @@
 Activations per layer come from :func:`~meshplan.memory.activations.layer_terms`
 (Korthikanti et al. 2022 Table 2, generalised); embedding and head from
 :func:`embedding_terms` and :func:`head_terms`. Working sets (stated here, not in Table 2;
-a is the activation dtype size, 2 bytes):
+a is the activation dtype size; per rank H = ``a s b h`` with the full local sequence,
+Hr = H / t with SP, F = ``a s b f / t`` per gate, Q = ``a s b (a_q/t) d``, KV likewise):
 
-- forward, with sequence parallel and tp > 1: the all-gathered layer input ``a s b h``
-  (full local sequence) while the QKV and MLP-in GEMMs run;
-- backward: dX ``a s' b h`` (s' = s / tp with SP) beside the incoming dY (held by the pass),
-  the widest intermediate gradient (MLP: ``a s b f / t``, twice for a gated MLP), and with
-  SP the re-gathered input ``a s b h``. Flash-attention backward buffers are not counted;
+- forward, with sequence parallel and tp > 1: the all-gathered layer input H while the
+  QKV and MLP-in GEMMs run (none when ``sp_gathered_input``: then it is kept); with full
+  recompute the checkpointed forward keeps nothing, and its MLP holds H (+ Hr
+  ``unfused_norm``) + 3F (gated; 2F GeLU) at once;
+- backward of a dense layer, in autograd's order (:func:`backward_steps`; the incoming dY
+  ``Hr`` is held by the pass): mlp w_out (SP: the all-gathered dY H, + its dX F; writes
+  w_down's gradient, frees its input), activation (3F gated: d(w_out input), d(silu), d(up);
+  2F GeLU), w_in (max(2F + H, 3H): the two GEMMs' dX and their sum; w_gate, w_up), mlp norm
+  (:func:`norm_work`), attention w_o (SP H + Q), core (2Q + 2KV: d(context), dq, dk, dv;
+  q, k, v, statistics freed), w_qkv (max(Q + 2KV + H, 3H)), attn norm. Each step writes its
+  weights' unsharded gradients as it runs and frees the saved tensors it consumed, so the
+  layer's peak is at its first step, not with all its gradients and all its activations
+  at once. Measured against torch's FSDPMemTracker (:mod:`meshplan.runtime.memcheck`);
+  flash-attention and RoPE backward buffers are not counted; MoE layers keep one step
+  (dX Hr + the widest intermediate gradient + SP's re-gathered input);
 - recompute: the layer's activations without recompute minus those kept, at the start of
   its backward (full recompute: the whole layer's working set; selective without flash:
-  the attention scores; otherwise 0).
+  the attention scores; otherwise 0), freed by the steps with the rest;
+- the loss (``cross_entropy``), the final norm (:func:`norm_work`) and, with
+  ``embedding_grad_full_vocab``, the whole-vocabulary embedding gradient: :func:`head_sizes`.
 
 MoE layers (an estimate, balanced routing): attention and shared experts as a dense layer
 of width ``shared_experts x shared_expert_ffn``; routed experts keep, per token copy
@@ -21,7 +34,9 @@ of width ``shared_experts x shared_expert_ffn``; routed experts keep, per token 
 the fp32 router logits ``4 experts`` per token.
 
 FSDP units: every layer, plus the stage's embedding (stage 0) and head (final norm and
-output on the last stage, the output counted as in :mod:`meshplan.memory.state`).
+output on the last stage, the output counted as in :mod:`meshplan.memory.state`); on a
+stage that holds both in one chunk (pp 1) they are one unit, FSDP2's root (``root``;
+:mod:`meshplan.memory.passes`).
 Gathered bytes are the tp-local unsharded elements in the compute dtype (FSDP2
 ``MixedPrecisionPolicy(param_dtype)``); the reduce-scatter input is in the reduce dtype.
 The sharded gradients of :func:`~meshplan.memory.state.state_bytes` are split over the
@@ -39,8 +54,8 @@ from ..spec.model import ModelSpec
 from ..spec.training import TrainingSpec
 from ..tpsplit import local_numel, padded_vocab
 from ..units import dtype_bytes, human_bytes
-from .activations import LayerDims, embedding_terms, head_terms, layer_bytes, layer_options
-from .passes import ActSizes, StageSizes, Unit
+from .activations import LayerDims, embedding_terms, head_terms, layer_bytes, layer_options, layer_terms
+from .passes import ActSizes, BackStep, StageSizes, Unit
 from .state import StateBytes
 
 
@@ -58,13 +73,14 @@ def _tokens(training: TrainingSpec, mesh: Mesh) -> tuple[int, int]:
 def dense_dims(model: ModelSpec, training: TrainingSpec, dropout: bool) -> LayerDims:
     """Dims of a dense layer of ``model`` (``layer_terms`` input)."""
     return LayerDims(s=training.seq_len, b=training.micro_batch, h=model.hidden, a=model.q_heads,
-                     g=model.n_kv_heads, d=model.d_head, f=model.ffn, gated=model.gated_mlp, dropout=dropout)
+                     g=model.n_kv_heads, d=model.d_head, f=model.ffn, gated=model.gated_mlp, dropout=dropout,
+                     act_bytes=dtype_bytes(training.compute_dtype))
 
 
 def layer_act_sizes(model: ModelSpec, training: TrainingSpec, mesh: Mesh, opts: MemoryOptions,
                     moe: bool = False) -> ActSizes:
     """:class:`ActSizes` of a dense (or, ``moe``, an MoE) layer; see the module docstring."""
-    lo = layer_options(mesh, training)
+    lo = {**layer_options(mesh, training), **opts.variants}
     tp, a = lo["tp"], dtype_bytes(training.compute_dtype)
     tok, rtok = _tokens(training, mesh)
     h, gate = model.hidden, 2 if model.gated_mlp else 1
@@ -79,9 +95,74 @@ def layer_act_sizes(model: ModelSpec, training: TrainingSpec, mesh: Mesh, opts: 
     saved = layer_bytes(dims, **lo) + routed
     full = layer_bytes(dims, **{**lo, "recompute": "none"}) + routed_full
     sp = mesh.sequence_parallel and tp > 1
-    widest = max(widest, a * tok * ceil(dims.f / tp) * gate)
-    bwd = a * rtok * h + widest + (a * tok * h if sp else 0)
-    return ActSizes(saved=saved, rework=full - saved, fwd_temp=a * tok * h if sp else 0, bwd_temp=bwd)
+    gathered = a * tok * h if sp and not opts.sp_gathered_input else 0  # else a saved activation
+    if moe:
+        widest = max(widest, a * tok * ceil(dims.f / tp) * gate)
+        return ActSizes(saved=saved, rework=full - saved, fwd_temp=gathered, bwd_temp=a * rtok * h + widest + gathered)
+    steps = backward_steps(model, training, mesh, opts, dims, lo)
+    fwd = gathered
+    if training.recompute == "full":  # the checkpointed forward keeps nothing: its MLP's working set
+        fwd = max(fwd, a * tok * h + (a * rtok * h if opts.unfused_norm else 0)
+                  + (3 if model.gated_mlp else 2) * a * tok * ceil(dims.f / tp))
+    return ActSizes(saved=saved, rework=full - saved, fwd_temp=fwd, bwd_temp=max(st.work for st in steps),
+                    steps=steps)
+
+
+#: Backward steps of a dense layer, autograd's order, and the weights whose gradients each
+#: writes (tensor-name prefixes of :meth:`ModelSpec.layer_tensors`).
+STEP_WEIGHTS = {"mlp w_out": ("w_down",), "mlp activation": (), "mlp w_in": ("w_gate", "w_up"),
+                "mlp norm": ("mlp_norm",), "attention w_o": ("wo",), "attention core": ("q_norm", "k_norm"),
+                "attention w_qkv": ("wq", "wk", "wv"), "attn norm": ("attn_norm",)}
+#: Saved terms (:func:`~meshplan.memory.activations.layer_terms` names) each step frees;
+#: terms not listed (dropout masks, scores, statistics) go with the step whose input they are.
+STEP_TERMS = {"mlp w_out": ("w_out input", "mlp residual dropout mask"),
+              "mlp activation": ("silu output", "up", "activation input", "fc1 output (gate, up)"),
+              "mlp w_in": ("gate", "w_in input", "w_in input (all-gathered)"),
+              "mlp norm": ("mlp norm input", "mlp norm normalised input (x*rstd)"),
+              "attention w_o": ("context (out-proj input)", "attn residual dropout mask"),
+              "attention core": ("q", "k", "v", "softmax output", "softmax dropout mask",
+                                 "softmax dropout output", "flash softmax statistics (fp32)"),
+              "attention w_qkv": ("qkv input", "qkv input (all-gathered)"),
+              "attn norm": ("attn norm input", "attn norm normalised input (x*rstd)", "layer input (checkpoint)")}
+
+
+def norm_work(H: int, Hr: int, sp: bool, opts: MemoryOptions) -> int:
+    """Working set of a norm's backward beyond the incoming gradient: its input gradient
+    ``Hr`` (``4 Hr`` with ``unfused_norm``: torch's decomposed rms_norm backward holds the
+    gradients of ``x * rstd``, ``mean(x^2)``, ``x^2`` and the partial ``dX`` at once),
+    with SP after the reduce-scatter of the full-sequence ``dX`` (``H + Hr`` then)."""
+    own = (4 if opts.unfused_norm else 1) * Hr
+    return max(own + Hr, H + Hr) if sp else own
+
+
+def backward_steps(model: ModelSpec, training: TrainingSpec, mesh: Mesh, opts: MemoryOptions,
+                   dims, lo: dict) -> tuple:
+    """:class:`BackStep` of a dense layer (see the module docstring: working sets)."""
+    a, tp = dims.act_bytes, lo["tp"]
+    tok, rtok = _tokens(training, mesh)
+    sp = lo["sp"] and tp > 1
+    H, Hr, F = a * tok * dims.h, a * rtok * dims.h, a * tok * ceil(dims.f / tp)
+    aq = dims.a // tp
+    kv = aq if opts.kv_expanded else (dims.g // tp if tp <= dims.g else 1)
+    Q, KV = a * tok * aq * dims.d, a * tok * kv * dims.d
+    g = H if sp else 0  # the all-gathered output gradient of a row-parallel GEMM (SP)
+    work = {"mlp w_out": g + F, "mlp activation": (3 if dims.gated else 2) * F,
+            "mlp w_in": max(2 * F + H, 3 * H) if dims.gated else F + H,
+            "mlp norm": norm_work(H, Hr, sp, opts), "attention w_o": g + Q, "attention core": 2 * Q + 2 * KV,
+            "attention w_qkv": max(Q + 2 * KV + H, 3 * H), "attn norm": norm_work(H, Hr, sp, opts)}
+    full = {t.name: t.size_bytes for t in layer_terms(dims, **{**lo, "recompute": "none"})}
+    kept = {t.name: t.size_bytes for t in layer_terms(dims, **lo)}
+    comp = dtype_bytes(training.compute_dtype) if fsdp_active(training, mesh)["dense"] else 0
+    grads = dict.fromkeys(STEP_WEIGHTS, 0)
+    dense = next((i for i in range(model.layers) if not model.is_moe_layer(i)), None)
+    for t in model.layer_tensors(dense) if dense is not None else ():
+        step = next((k for k, ps in STEP_WEIGHTS.items() if any(t.name.startswith(p) for p in ps)), "attn norm")
+        grads[step] += local_numel(t, model, tp, mesh.ep, mesh.etp) * comp
+    frees = {k: sum(full.get(n, 0) for n in names) for k, names in STEP_TERMS.items()}
+    frees["attn norm"] += sum(full.values()) - sum(frees.values())  # anything unlisted: freed last
+    if "layer input (checkpoint)" in kept:
+        frees["attn norm"] += kept["layer input (checkpoint)"] - full.get("attn norm input", 0)
+    return tuple(BackStep(k, work[k], grads[k], frees[k]) for k in STEP_WEIGHTS)
 
 
 def _numel(tensors, model: ModelSpec, mesh: Mesh) -> dict[str, int]:
@@ -110,6 +191,9 @@ def _unit_numels(model: ModelSpec, training: TrainingSpec, mesh: Mesh, stages, k
     return out
 
 
+ROOT_NAME = "root (embedding, final norm, output)"
+
+
 def fsdp_active(training: TrainingSpec, mesh: Mesh) -> dict[str, bool]:
     """Whether each group's parameters are FSDP-sharded (gathered before use)."""
     on = training.sharding in ("zero3", "hsdp")
@@ -120,15 +204,20 @@ def units(model: ModelSpec, training: TrainingSpec, mesh: Mesh, stages, state: S
     """:class:`Unit` per unit key of stage ``state.stage`` (see the module docstring)."""
     numels = _unit_numels(model, training, mesh, stages, state.stage)
     active = fsdp_active(training, mesh)
+    head = {}
+    if "embedding" in numels and "head" in numels and len(stages[state.stage]) == 1:  # one FSDP2 root
+        emb, head = numels.pop("embedding"), numels.pop("head")
+        numels = {"root": {g: emb[g] + head[g] for g in emb}, **numels}
     comp, red = dtype_bytes(training.compute_dtype), dtype_bytes(training.reduce_dtype)
     shares = {g: _split(state.bytes_of("grads", g), [n[g] for n in numels.values()]) for g in ("dense", "expert")}
     out = {}
     for i, (key, n) in enumerate(numels.items()):
         gathered = sum(n[g] for g in n if active[g])
-        name = f"layer {key}" if isinstance(key, int) else key
+        name = f"layer {key}" if isinstance(key, int) else ROOT_NAME if key == "root" else key
+        early = sum(head[g] for g in head if active[g]) * comp if key == "root" else 0
         out[key] = Unit(name=name, layer=key if isinstance(key, int) else None, gathered=gathered * comp,
                         grad_unsharded=gathered * comp, reduce_input=gathered * red,
-                        grads=sum(shares[g][i] for g in shares))
+                        grads=sum(shares[g][i] for g in shares), early=early)
     return out
 
 
@@ -149,7 +238,10 @@ def _split(total: int, weights: list[int]) -> list[int]:
 
 
 def head_sizes(model: ModelSpec, training: TrainingSpec, mesh: Mesh, opts: MemoryOptions) -> dict[str, int]:
-    """Saved bytes of the embedding and the head, the logits transients and dY."""
+    """Saved bytes of the embedding and the head (and of the head's loss and output-layer
+    parts, freed as the backward passes them), the logits transients of ``cross_entropy``
+    (:class:`~meshplan.spec.memory.MemoryOptions`), dY, the final norm's backward working set
+    and the whole-vocabulary embedding gradient's excess over the rank's rows."""
     lo = layer_options(mesh, training)
     kw = dict(tp=lo["tp"], sp=lo["sp"], cp=lo["cp"])
     dims = dense_dims(model, training, opts.dropout)
@@ -157,10 +249,24 @@ def head_sizes(model: ModelSpec, training: TrainingSpec, mesh: Mesh, opts: Memor
     tok, rtok = _tokens(training, mesh)
     a = dtype_bytes(training.compute_dtype)
     logits = a * tok * ceil(pv / lo["tp"])
+    lf = dtype_bytes(opts.logits_dtype) * tok * ceil(pv / lo["tp"])  # one logits-sized tensor of the loss
+    torch_ce, parallel = opts.cross_entropy == "torch", lo["tp"] > 1
+    head = {t.name: t.size_bytes for t in head_terms(dims, pv, logits_dtype=opts.logits_dtype, **kw,
+                                                      sp_gathered_input=opts.sp_gathered_input,
+                                                      unfused_norm=opts.unfused_norm)}
     return {"embedding_saved": _total(embedding_terms(dims, **kw)),
-            "head_saved": _total(head_terms(dims, pv, logits_dtype=opts.logits_dtype, **kw)),
-            "logits_temp": logits if opts.logits_dtype != training.compute_dtype else 0,
-            "logits_grad_temp": logits, "dy": a * rtok * model.hidden}
+            "head_saved": sum(head.values()),
+            "head_loss_saved": sum(v for n, v in head.items() if n.startswith(("logits", "loss"))),
+            "head_output_saved": sum(v for n, v in head.items() if n.startswith("output layer input")),
+            "logits_temp": (logits + (lf if parallel else 0) if torch_ce
+                            else logits if opts.logits_dtype != training.compute_dtype else 0),
+            "logits_extra": lf if torch_ce and parallel else 0,
+            "loss_grad_extra": (2 if parallel else 1) * lf if torch_ce else 0,
+            "logits_grad_temp": logits, "dy": a * rtok * model.hidden,
+            "final_norm_work": norm_work(a * tok * model.hidden, a * rtok * model.hidden,
+                                         lo["sp"] and lo["tp"] > 1, opts),
+            "embedding_grad_extra": (a * model.hidden * (pv - ceil(pv / lo["tp"]))
+                                     if opts.embedding_grad_full_vocab and lo["tp"] > 1 else 0)}
 
 
 def init_entries(state: StateBytes, fsdp_grads: bool, comm_axes: list[str], opts: MemoryOptions) -> tuple:
@@ -208,8 +314,12 @@ def stage_sizes(model: ModelSpec, training: TrainingSpec, mesh: Mesh, stages, st
     return StageSizes(
         stage=k, chunks=tuple(tuple(c) for c in stages[k]), acts=acts, units=us,
         embedding_saved=hs["embedding_saved"] if k == 0 else 0, head_saved=hs["head_saved"],
-        logits_temp=hs["logits_temp"], logits_grad_temp=hs["logits_grad_temp"], dy=hs["dy"], fsdp=fsdp,
+        head_loss_saved=hs["head_loss_saved"], head_output_saved=hs["head_output_saved"],
+        logits_temp=hs["logits_temp"], logits_extra=hs["logits_extra"], loss_grad_extra=hs["loss_grad_extra"],
+        logits_grad_temp=hs["logits_grad_temp"], dy=hs["dy"], final_norm_work=hs["final_norm_work"],
+        embedding_grad_extra=hs["embedding_grad_extra"] if k == 0 and fsdp else 0, fsdp=fsdp,
         reshard_after_forward=training.reshard_after_forward, fsdp_reduce=opts.fsdp_reduce,
-        prefetch=opts.prefetch_layers, bucket=bucket, bucket_every_backward=training.sharding == "zero2",
+        prefetch=opts.prefetch_layers, forward_prefetch=opts.forward_prefetch_layers, bucket=bucket,
+        bucket_every_backward=training.sharding == "zero2",
         recompute=training.recompute, init=init_entries(state, fsdp, comm_axes, opts),
         step=step_entries(state, training, opts, fsdp_grads))

@@ -117,7 +117,8 @@ class Peak:
             what = f"layer {self.layer}"
         else:
             first = self.label.split(":")[0].split(" ")[0]
-            what = f"the {first}" if first in ("head", "embedding") else "the chunk boundary"
+            head = first in ("head", "loss", "output", "final")
+            what = "the head" if head else f"the {first}" if first in ("embedding", "root") else "the chunk boundary"
         return f"{self.phase} of {what} (micro-batch {self.microbatch})"
 
     def dominant(self, n: int = 3) -> list[tuple[str, int]]:

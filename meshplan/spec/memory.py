@@ -20,10 +20,15 @@ MiB = 2**20
 class MemoryOptions(BaseModel):
     """Stated parameters of :func:`meshplan.memory.timeline.memory_timeline`.
 
-    - ``prefetch_layers``: FSDP units all-gathered ahead of the one being computed, in
-      forward and in backward. Default 1: FSDP2's implicit prefetch (the next unit's
-      all-gather is issued before the current unit's compute; torch ``fully_shard`` docs,
-      ``set_modules_to_forward_prefetch`` for more). 0: no prefetch.
+    - ``prefetch_layers``: FSDP units all-gathered ahead of the one being computed in
+      backward. Default 1: FSDP2's implicit backward prefetch (``pre_backward`` issues the
+      next unit's all-gather before the current unit's backward; torch ``fully_shard``
+      docs, ``set_modules_to_backward_prefetch`` for more). 0: no prefetch.
+    - ``forward_prefetch_layers``: the same in forward. Default 0: FSDP2 has no implicit
+      forward prefetch; it keeps each unit's all-gather output until the next unit's
+      copy-out instead, so the next all-gather overlaps this copy-out
+      (``FSDPParamGroup.wait_for_unshard``). ``set_modules_to_forward_prefetch``: 1 or more
+      (each all-gather output is then freed right after its copy-out).
     - ``fsdp_reduce``: when FSDP (zero3/hsdp) reduce-scatters gradients. ``per_microbatch``
       (FSDP2's default, and what :mod:`meshplan.collectives` counts); ``after_last``:
       ``set_requires_gradient_sync(False)`` and ``set_reshard_after_backward(False)`` on all
@@ -52,11 +57,32 @@ class MemoryOptions(BaseModel):
     - ``logits_dtype``: logits the loss keeps for backward (Megatron's vocab-parallel cross
       entropy keeps the fp32 softmax); ``dropout``: attention and residual dropout (False
       for Llama-style pretraining, True for GPT as in Korthikanti Table 2).
+    - ``cross_entropy``: the loss's working set. ``megatron``: Megatron-Core's
+      ``vocab_parallel_cross_entropy`` works in place on the logits (a compute-dtype copy
+      only when ``logits_dtype`` differs) and its backward writes one logits gradient.
+      ``torch``: ``F.cross_entropy`` (``log_softmax`` + ``nll_loss``), out of place: in
+      forward the GEMM's logits live beside the kept log-softmax, and with tp > 1
+      (``loss_parallel()``, the decomposition in torch/distributed/tensor/parallel/loss.py)
+      also ``x - max`` and ``exp(x - max)``; in backward the nll gradient and the
+      log-softmax gradient (tp > 1: and ``exp`` of the log-softmax) are logits-sized.
+    - ``sp_gathered_input``, ``unfused_norm``, ``kv_expanded``: activation variants of
+      an implementation, all False for Megatron-Core (Korthikanti Table 2); True for what
+      torch keeps for a DTensor SP Llama (all-gathered GEMM inputs), for ``rms_norm`` on CPU
+      (decomposed: normalised input kept, four temporaries in backward) and for
+      ``repeat_kv`` before SDPA (torchtitan); see :mod:`meshplan.memory.activations`.
+    - ``embedding_grad_full_vocab``: with tp > 1 the vocabulary-parallel embedding's weight
+      gradient is first computed over the whole vocabulary on every rank, then
+      reduce-scattered to the rank's rows: DTensor has no row-sharded strategy for
+      ``embedding_dense_backward`` (torch/distributed/tensor/_ops/_embedding_ops.py, the
+      ``Partial`` strategies), so torch's ``RowwiseParallel`` embedding does this (a
+      transient ``V h`` in the compute dtype). False: Megatron's ``VocabParallelEmbedding``
+      writes only its rows.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     prefetch_layers: int = Field(default=1, ge=0)
+    forward_prefetch_layers: int = Field(default=0, ge=0)
     fsdp_reduce: Literal["per_microbatch", "after_last"] = "per_microbatch"
     grad_bucket_elements: Optional[int] = Field(default=None, gt=0)
     nccl_buffsize_bytes: int = Field(default=4 * MiB, ge=0)
@@ -67,6 +93,17 @@ class MemoryOptions(BaseModel):
     optimizer_temp_states: float = Field(default=1.0, ge=0)
     logits_dtype: Literal["fp32", "bf16", "fp16"] = "fp32"
     dropout: bool = False
+    cross_entropy: Literal["megatron", "torch"] = "megatron"
+    sp_gathered_input: bool = False
+    unfused_norm: bool = False
+    kv_expanded: bool = False
+    embedding_grad_full_vocab: bool = False
+
+    @property
+    def variants(self) -> dict[str, bool]:
+        """The activation variants as keyword options of ``layer_terms``."""
+        return {"sp_gathered_input": self.sp_gathered_input, "unfused_norm": self.unfused_norm,
+                "kv_expanded": self.kv_expanded}
 
     @property
     def comm_bytes_per_group(self) -> int:
