@@ -15,3 +15,8 @@ class ConfigError(ValueError):
         self.field = field
         self.message = message
         super().__init__(f"{field}: {message}")
+
+
+class CheckpointError(ConfigError):
+    """A checkpoint that cannot be loaded as asked: missing or incomplete, or holding state
+    that cannot be resharded to the new mesh (handed case C13). One line, as ConfigError."""
