@@ -333,6 +333,30 @@ def testbed_down_cmd(prefix: str = typer.Option("t", help="name prefix given to 
     raise typer.Exit(main_down(prefix=prefix))
 
 
+bench_app = typer.Typer(no_args_is_help=True, help="Measure this machine (or the testbed) for calibration.")
+app.add_typer(bench_app, name="bench")
+
+
+@bench_app.command("comm")
+def bench_comm_cmd(nproc: int = typer.Option(4, help="ranks (per node with --testbed)"),
+                   sizes: str = typer.Option("1K..64M", help="LO..HI doubling, or a comma list (K/M/G = 2^10/20/30)"),
+                   out: Path = typer.Option(Path("bench-comm"), help="folder for the nccl-tests text, pairs and calibration.toml"),
+                   testbed: Optional[str] = typer.Option(None, help="run on the netns testbed of this prefix"),
+                   iters: int = typer.Option(20, help="timed calls per size at most"),
+                   budget_s: float = typer.Option(0.2, help="seconds per size, which caps iters"),
+                   timeout_s: float = typer.Option(600.0, help="kill the run after this many seconds")):
+    """Collectives per link class in nccl-tests columns, alpha-beta fits, and a send/recv matrix."""
+    from .runtime.benchcomm import parse_sizes, run_bench
+
+    try:
+        fits = run_bench(nproc, parse_sizes(sizes), out, testbed=testbed, iters=iters, budget_s=budget_s,
+                         timeout_s=timeout_s, echo=typer.echo)
+    except RuntimeError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(1)
+    raise typer.Exit(0 if fits else 1)
+
+
 def main(argv: Optional[list[str]] = None) -> None:
     """Entry point: run the app, turning ConfigError into one line and exit 2."""
     try:
