@@ -357,6 +357,43 @@ def bench_comm_cmd(nproc: int = typer.Option(4, help="ranks (per node with --tes
     raise typer.Exit(0 if fits else 1)
 
 
+@bench_app.command("gemm")
+def bench_gemm(config: Path = typer.Argument(..., help="TOML config whose local GEMM shapes are timed"),
+               out: Path = typer.Option(Path("gemm.csv"), "--out", help="CSV table for --gemm-table"),
+               device: str = typer.Option("auto", "--device", help="cpu, cuda or auto (cuda when present)"),
+               dtype: Optional[str] = typer.Option(None, "--dtype", help="fp32, bf16 or fp16 (default: compute dtype "
+                                                   "on a GPU, fp32 on the CPU)"),
+               max_elements: Optional[int] = typer.Option(None, "--max-elements",
+                                                          help="scale M down so an operand has at most this many "
+                                                               "elements (default 2**22 on the CPU, none on a GPU)"),
+               force: bool = typer.Option(False, "--force", help="replace an existing --out file")):
+    """Time the plan's local GEMM shapes (forward and backward) and write the efficiency table."""
+    import torch
+
+    from .runtime.benchgemm import bench, write_table
+
+    p = _load(config)
+    if not p.gemms:
+        for r in p.reasons:
+            typer.echo(f"infeasible: {r}", err=True)
+        raise typer.Exit(1)
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device not in ("cpu", "cuda"):
+        raise ConfigError("--device", f"{device!r}; use cpu, cuda or auto")
+    dt = dtype or (p.config.training.compute_dtype if device == "cuda" else "fp32")
+    if dt not in ("fp32", "bf16", "fp16"):
+        raise ConfigError("--dtype", f"{dt!r}; use fp32, bf16 or fp16")
+    limit = max_elements if max_elements is not None else (2 ** 22 if device == "cpu" else None)
+    rows = bench(list(p.gemms), dtype=dt, device=device, max_elements=limit)
+    typer.echo(f"{'M':>7} {'N':>7} {'K':>7} {'dtype':>5} {'time (us)':>11} {'TFLOP/s':>8}  device")
+    for r in rows:
+        scaled = f" (run at M {r.scaled_m})" if r.scaled_m != r.gemm.m else ""
+        typer.echo(f"{r.gemm.m:7d} {r.gemm.n:7d} {r.gemm.k:7d} {r.dtype:>5} {r.seconds * 1e6:11.1f} "
+                   f"{r.tflops:8.2f}  {r.device}{scaled}")
+    typer.echo(f"wrote {write_table(rows, out, force=force)}")
+
+
 def main(argv: Optional[list[str]] = None) -> None:
     """Entry point: run the app, turning ConfigError into one line and exit 2."""
     try:
