@@ -227,6 +227,35 @@ def compare_cmd(config_a: Path = typer.Argument(..., help="TOML config of mesh A
         con.print(f"wrote {path}")
 
 
+@app.command("search")
+def search_cmd(config: Path = typer.Argument(..., help="TOML config: [model], [cluster], [training], optional "
+                                                      "[search]; a [mesh] table is ignored"),
+               top: Optional[int] = typer.Option(None, "--top", help="candidates ranked and shown (default: "
+                                                                    "[search] top, 10)"),
+               json_path: Optional[Path] = typer.Option(None, "--json", help="write the result as JSON"),
+               force: bool = typer.Option(False, "--force", help="replace an existing --json file")):
+    """Search every mesh of the workload: reject with reasons, rank by predicted step time."""
+    from dataclasses import replace
+
+    from .report.search import ProgressBar, print_search, write_search_json
+    from .search import search
+    from .spec.config import load_config
+
+    cfg = load_config(config, require_mesh=False)
+    if top is not None:
+        if top < 1:
+            raise ConfigError("--top", f"{top} must be >= 1")
+        cfg = replace(cfg, search=cfg.search.model_copy(update={"top": top}))
+    if json_path and json_path.exists() and not force:
+        raise ConfigError("--json", f"{json_path} exists; choose another path or pass --force to replace it")
+    with ProgressBar() as bar:
+        result = search(cfg, progress=bar)
+    print_search(result, Console(width=160))
+    if json_path:
+        typer.echo(f"wrote {write_search_json(result, json_path, force=force)}")
+    raise typer.Exit(0 if result.top else 1)
+
+
 @app.command("nccl-check")
 def nccl_check(config: Path = typer.Argument(..., help="TOML config whose placement is checked"),
                log: Path = typer.Argument(..., help="NCCL_DEBUG=INFO output of the run")):

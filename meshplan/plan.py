@@ -63,15 +63,21 @@ class Plan:
         return self.config.training.micro_batch * self.config.training.seq_len // self.mesh.degree("cp")
 
 
-def build_plan(config: Config) -> Plan:
-    """The plan of ``config``'s mesh on its cluster. Raises ConfigError on bad input only."""
+def build_plan(config: Config, constraints: Optional[cons.Constraints] = None) -> Plan:
+    """The plan of ``config``'s mesh on its cluster. Raises ConfigError on bad input only.
+    ``constraints``: :func:`meshplan.constraints.constraints` of the same model, training
+    and cluster when already computed (the search passes them; they do not depend on the
+    mesh)."""
     m, t, c = config.model, config.training, config.cluster
+    if config.mesh is None:
+        raise ConfigError("mesh", "missing table [mesh]; planning needs a mesh (meshplan search finds one)")
     world = config.mesh.world or c.world
     if world > c.world:
         raise ConfigError("mesh.world", f"{world} ranks but the cluster has {c.world} GPUs "
                           f"({c.nodes} nodes x {c.node.gpus}); use fewer ranks or more nodes")
     mesh = resolve_mesh(config.mesh, world)
-    constraints = cons.constraints(m, t, c, world)
+    if constraints is None:
+        constraints = cons.constraints(m, t, c, world)
     if isinstance(mesh, Infeasible):
         return Plan(config, world, False, mesh.reasons, constraints=constraints)
     v = check(m, t, mesh, config.mesh)

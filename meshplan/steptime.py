@@ -163,9 +163,9 @@ def _optimizer_s(plan, s: int) -> float:
     return nbytes / plan.config.cluster.gpu.hbm_bandwidth_bytes_per_s
 
 
-def _stage_end(plan, s, spec, res, units, comm: CommTimes, ov) -> tuple[float, list[Event], dict]:
-    """End of stage s after its last unit, with the step-end events and their exposure."""
-    mine = [e for e in res.events if e.stage == s and e.stream == "compute"]
+def _stage_end(plan, s, spec, mine, units, comm: CommTimes, ov) -> tuple[float, list[Event], dict]:
+    """End of stage s after its last unit (``mine``: its compute events), with the step-end
+    events and their exposure."""
     last = max(mine, key=lambda e: e.end_s)
     u = units[_key(spec, last)]
     t = last.end_s + u.tail_s
@@ -202,16 +202,19 @@ def step_time(plan, overlap: Overlap = Overlap(), *, dropout: bool = False, tabl
                         duration=lambda s, u: units[(s, u.chunk, u.kind, u.kind == _grad_kind(base) and u.mb == m - 1)].duration_s)
     res = simulate(spec)
     ends, post, exposed = [], [], []
+    by_stage: list[list[Event]] = [[] for _ in range(p)]
+    for e in res.events:
+        if e.stream == "compute":
+            by_stage[e.stage].append(e)
     for s in range(p):
-        end, ev, ex = _stage_end(plan, s, spec, res, units, comms[s], overlap)
+        end, ev, ex = _stage_end(plan, s, spec, by_stage[s], units, comms[s], overlap)
         ends.append(end)
         post += ev
-        for e in res.events:
-            if e.stage == s and e.stream == "compute":
-                for k, val in units[_key(spec, e)].exposed_s.items():
-                    ex[k] = ex.get(k, 0.0) + val
-                if e.args["via"] == "p2p":
-                    ex["pp"] = ex.get("pp", 0.0) + min(spec.p2p_s, e.args["wait_s"])
+        for e in by_stage[s]:
+            for k, val in units[_key(spec, e)].exposed_s.items():
+                ex[k] = ex.get(k, 0.0) + val
+            if e.args["via"] == "p2p":
+                ex["pp"] = ex.get("pp", 0.0) + min(spec.p2p_s, e.args["wait_s"])
         exposed.append(ex)
     crit = max(range(p), key=lambda s: ends[s])
     hw = sum(m * sum(sum(x.flops("hardware") for x in ch.layers)

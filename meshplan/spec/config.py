@@ -11,6 +11,11 @@ one-line :class:`~meshplan.errors.ConfigError`.
 [training], [mesh]  fields of :class:`TrainingSpec` and :class:`MeshSpec`.
 [memory]  optional: fields of :class:`~meshplan.spec.memory.MemoryOptions` (timeline
           parameters: prefetch, buckets, NCCL buffers, workspace, fragmentation).
+[search]  optional: fields of :class:`~meshplan.spec.search.SearchOptions` (what
+          ``meshplan search`` enumerates); ignored by every other command.
+
+``meshplan search`` reads configs without [mesh] (``require_mesh=False``); every other
+command needs it.
 """
 
 from __future__ import annotations
@@ -27,27 +32,31 @@ from .cluster import ClusterSpec
 from .memory import MemoryOptions
 from .mesh import MeshSpec
 from .model import ModelSpec
+from .search import SearchOptions
 from .training import TrainingSpec
 
 TABLES = ("model", "cluster", "training", "mesh")
-OPTIONAL_TABLES = ("memory",)
+OPTIONAL_TABLES = ("memory", "search")
 
 
 @dataclass(frozen=True)
 class Config:
     """The four specs of one plan input; ``path`` is where it was read from (or None);
-    ``memory``: the optional [memory] table (defaults when absent)."""
+    ``memory``, ``search``: the optional [memory] and [search] tables (defaults when absent);
+    ``mesh`` is None only for a config read with ``require_mesh=False``."""
 
     model: ModelSpec
     cluster: ClusterSpec
     training: TrainingSpec
-    mesh: MeshSpec
+    mesh: MeshSpec | None
     path: str | None = None
     memory: MemoryOptions = field(default_factory=MemoryOptions)
+    search: SearchOptions = field(default_factory=SearchOptions)
 
 
-def load_config(path: str | Path) -> Config:
-    """Read and validate a TOML config. Raises ConfigError (one line) on any problem."""
+def load_config(path: str | Path, require_mesh: bool = True) -> Config:
+    """Read and validate a TOML config. Raises ConfigError (one line) on any problem.
+    ``require_mesh=False`` accepts a config without [mesh] (``mesh`` is then None)."""
     p = Path(path)
     if not p.is_file():
         raise ConfigError("config", f"no file {str(p)!r}; give the path of a TOML config (see examples/)")
@@ -55,25 +64,30 @@ def load_config(path: str | Path) -> Config:
         data = tomllib.loads(p.read_text())
     except tomllib.TOMLDecodeError as e:
         raise ConfigError("config", f"{p}: not valid TOML ({e})") from None
-    return config_from_dict(data, base=p.parent, path=str(p))
+    return config_from_dict(data, base=p.parent, path=str(p), require_mesh=require_mesh)
 
 
-def config_from_dict(data: dict[str, Any], base: Path | None = None, path: str | None = None) -> Config:
+def config_from_dict(data: dict[str, Any], base: Path | None = None, path: str | None = None,
+                     require_mesh: bool = True) -> Config:
     """Validate an already-parsed config mapping (see :func:`load_config`)."""
     unknown = set(data) - set(TABLES) - set(OPTIONAL_TABLES)
     if unknown:
         raise ConfigError(sorted(unknown)[0], f"unknown table; allowed tables are {list(TABLES + OPTIONAL_TABLES)}")
-    if not isinstance(data.get("memory", {}), dict):
-        raise ConfigError("memory", "must be a table")
+    for t in OPTIONAL_TABLES:
+        if not isinstance(data.get(t, {}), dict):
+            raise ConfigError(t, "must be a table")
     for t in TABLES:
+        if t == "mesh" and not require_mesh and t not in data:
+            continue
         if t not in data:
             raise ConfigError(t, f"missing table [{t}]; every config needs {['[' + x + ']' for x in TABLES]}")
         if not isinstance(data[t], dict):
             raise ConfigError(t, "must be a table")
     return Config(model=_model(data["model"], base), cluster=_cluster(data["cluster"]),
                   training=build(TrainingSpec, data["training"], "training"),
-                  mesh=build(MeshSpec, data["mesh"], "mesh"), path=path,
-                  memory=build(MemoryOptions, data.get("memory", {}), "memory"))
+                  mesh=build(MeshSpec, data["mesh"], "mesh") if "mesh" in data else None, path=path,
+                  memory=build(MemoryOptions, data.get("memory", {}), "memory"),
+                  search=build(SearchOptions, data.get("search", {}), "search"))
 
 
 def build(cls: type[BaseModel], values: dict, table: str) -> Any:

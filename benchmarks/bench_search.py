@@ -1,0 +1,65 @@
+"""Speed goal (issue 5, item 4): ``meshplan search`` exhaustive for Llama-3-405B on 16,384
+H100 GPUs within 10 s on 2 cores.
+
+Prints, per config: candidates enumerated and valid, the wall time of each phase
+(enumerate + rules, the vectorised estimate, the exact ranking, planning candidates near
+the memory limit, the best rejected one), candidates per second (all candidates / total
+wall, and the vectorised phase alone), how many were planned exactly, and the ratio of the
+goal to the wall time (> 1 means the goal is met). Run on 2 cores:
+``taskset -c 0,1 .venv/bin/python benchmarks/bench_search.py``.
+
+Usage: ``bench_search.py [CONFIG ...] [--workers N] [--settle-s S]`` (default: the 405B example
+and the seed example; workers = CPUs this process may use).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from meshplan.search import search
+from meshplan.spec.config import load_config
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = [ROOT / "examples" / "llama3-405b_16384xh100_tp8-pp16-dp128.toml", ROOT / "examples" / "seed-64gpu.toml"]
+GOAL_S = 10.0
+
+
+def bench(path: Path, workers: int, settle_s: float | None) -> None:
+    cfg = load_config(path, require_mesh=False)
+    if settle_s is not None:
+        cfg = replace(cfg, search=cfg.search.model_copy(update={"settle_s": settle_s}))
+    t0 = time.perf_counter()
+    r = search(cfg, workers=workers)
+    wall = time.perf_counter() - t0
+    n, counts = len(r.candidates), r.counts()
+    valid = n - sum(v for k, v in counts.items() if k not in ("feasible", "undecided", "memory", "gemm"))
+    vector = r.timings.get("enumerate", 0) + r.timings.get("estimate", 0)
+    print(f"{path.name}: {n:,} candidates, {valid:,} pass the validity rules, {counts['feasible']:,} feasible, "
+          f"{counts['undecided']:,} undecided; {len(r.exact)} planned exactly; workers {workers}")
+    for phase, t in r.timings.items():
+        print(f"  {phase:16s} {t:8.2f} s")
+    print(f"  {'total':16s} {wall:8.2f} s   candidates/s {n / wall:,.0f} (vectorised phase: {n / vector:,.0f}/s)   "
+          f"goal {GOAL_S:g} s / wall = {GOAL_S / wall:.2f}")
+    for k, e in enumerate(r.top[:3], 1):
+        print(f"  #{k} {r.candidates.label(e.index)}: step {e.step_s:.3f} s, MFU {e.mfu:.1%}, "
+              f"peak {e.peak_bytes / 2**30:.1f} GiB")
+    print(f"  top proven exact: {r.proven}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("configs", nargs="*", type=Path, default=CONFIGS)
+    ap.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                    else os.cpu_count())
+    ap.add_argument("--settle-s", type=float, default=None, help="override [search] settle_s")
+    args = ap.parse_args()
+    for path in args.configs:
+        bench(path, args.workers, args.settle_s)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,172 @@
+"""Text and JSON reports of a :class:`~meshplan.search.SearchResult`.
+
+Text: the space searched (axis order and placement named), the top candidates (mesh,
+micro-batch, recompute, vpp, sharding, peak GiB, step s, MFU, tokens/s, goodput), the best
+rejected one with why, and the candidates per outcome. JSON (schema
+``meshplan.search/v1``): the same, SI units, with each top candidate's plan input so
+``meshplan plan`` can replay it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from .. import __version__
+from ..errors import ConfigError
+from ..search import Exact, SearchResult
+from ..search_space import RECOMPUTE, REASONS, SHARDING, candidate_config, max_tp
+from ..units import GiB
+
+SCHEMA = "meshplan.search/v1"
+
+
+def row(r: SearchResult, e: Exact) -> dict[str, Any]:
+    """One candidate as plain data (SI units)."""
+    c, i = r.candidates, e.index
+    degrees = {"pp": c.pp, "dp_replicate": c.dpr, "dp_shard": c.dps, "cp": c.cp, "tp": c.tp, "ep": c.ep,
+               "etp": c.etp}
+    return {"index": i, "mesh": {k: int(v[i]) for k, v in degrees.items()}, "micro_batch": int(c.mb[i]),
+            "recompute": RECOMPUTE[c.rc[i]], "virtual_stages": int(c.vpp[i]), "sharding": SHARDING[c.sh[i]],
+            "feasible": e.feasible, "reasons": list(e.reasons), "peak_bytes": e.peak_bytes, "step_s": e.step_s,
+            "mfu": e.mfu, "tokens_per_s": e.tokens_per_s, "goodput": e.goodput,
+            "gemm_efficiency": float(r.est.gemm[i]), "step_lower_bound_s": float(r.est.step_lo[i])}
+
+
+def search_to_dict(r: SearchResult) -> dict[str, Any]:
+    """The whole result as JSON-able data (see the module docstring)."""
+    cfg = r.config
+    top = []
+    for e in r.top:
+        d = row(r, e)
+        cc = candidate_config(cfg, r.candidates, e.index)
+        d["input"] = {"training": cc.training.model_dump(), "mesh": cc.mesh.model_dump()}
+        top.append(d)
+    return {"schema": SCHEMA, "meshplan_version": __version__, "candidates": len(r.candidates),
+            "options": cfg.search.model_dump(), "usable_bytes": r.usable_bytes, "proven": r.proven,
+            "below_threshold_kept": r.below_threshold_kept, "wall_s": r.wall_s, "timings_s": r.timings,
+            "planned_exactly": len(r.exact), "counts": r.counts(), "top": top,
+            "best_rejected": row(r, r.best_rejected) if r.best_rejected else None, "notes": list(r.notes)}
+
+
+def write_search_json(r: SearchResult, path: str | Path, force: bool = False) -> Path:
+    """Write :func:`search_to_dict` atomically; refuses to replace a file unless ``force``."""
+    dest = Path(path)
+    if dest.exists() and not force:
+        raise ConfigError("--json", f"{dest} exists; choose another path or pass --force to replace it")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=dest.name, suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(search_to_dict(r), f, indent=1)
+        os.replace(tmp, dest)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return dest
+
+
+def header_lines(r: SearchResult) -> list[str]:
+    """What was searched and how (printed before the table)."""
+    cfg, o = r.config, r.config.search
+    m, t, cl = cfg.model, cfg.training, cfg.cluster
+    return [f"{m.name} on {cl.world} GPUs ({cl.nodes} x {cl.node.gpus} {cl.gpu.name}); global batch "
+            f"{t.global_batch} x {t.seq_len} tokens; usable {r.usable_bytes / GiB:.1f} GiB per GPU",
+            "mesh order (pp, dp_replicate, dp_shard, cp, tp), tp innermost, ranks node-major; SP on when tp > 1; "
+            f"tp <= {max_tp(cfg)}; [mesh] of the config ignored",
+            f"{len(r.candidates):,} candidates: {sum(1 for _ in REASONS) - 2} validity rules, memory bounds, "
+            f"GEMM threshold {o.min_gemm_efficiency:.0%}; {len(r.exact)} planned exactly (build_plan + step_time) "
+            f"in {r.wall_s:.1f} s"]
+
+
+def print_search(r: SearchResult, console: Console, top: int | None = None) -> None:
+    """The report of the module docstring on ``console``."""
+    for line in header_lines(r):
+        console.print(line, highlight=False, markup=False)
+    shown = r.top[:top] if top else r.top
+    tab = Table(title=f"top {len(shown)} by predicted step time", title_justify="left")
+    for col in ("#", "mesh", "mb", "recompute", "vpp", "sharding", "peak GiB", "step s", "MFU", "tokens/s",
+                "goodput", "GEMM eff"):
+        tab.add_column(col, justify="right" if col not in ("mesh", "recompute", "sharding") else "left")
+    for k, e in enumerate(shown, 1):
+        d = row(r, e)
+        mesh = " x ".join(f"{a} {v}" for a, v in d["mesh"].items() if v > 1) or "1"
+        tab.add_row(str(k), mesh, str(d["micro_batch"]), d["recompute"], str(d["virtual_stages"]), d["sharding"],
+                    f"{e.peak_bytes / GiB:.1f}", f"{e.step_s:.3f}", f"{e.mfu:.1%}", f"{e.tokens_per_s:,.0f}",
+                    f"{e.goodput:.2%}" if e.goodput is not None else "-", f"{d['gemm_efficiency']:.1%}")
+    console.print(tab)
+    o = r.config.search
+    lines = [f"goodput (Daly, printed, not ranked): checkpoint write/read {o.checkpoint_write_gb_per_s:g}/"
+             f"{o.checkpoint_read_gb_per_s:g} GB/s, restart overhead {o.restart_overhead_s:g} s ([search] fields)"]
+    if r.proven:
+        lines.append("the top is exact: every candidate not planned has a step-time lower bound above the last "
+                     "one shown")
+    for line in lines + rejected_lines(r) + count_lines(r) + [f"note: {n}" for n in r.notes]:
+        console.print(line, highlight=False, markup=False)
+
+
+def rejected_lines(r: SearchResult) -> list[str]:
+    """The best rejected candidate and why."""
+    b = r.best_rejected
+    if b is None:
+        return ["best rejected: none rejected for memory or GEMM efficiency"]
+    why = "; ".join(b.reasons) if b.reasons else (
+        f"local GEMM efficiency {r.est.gemm[b.index]:.1%} < threshold {r.config.search.min_gemm_efficiency:.0%}")
+    out = [f"best rejected: {r.candidates.label(b.index)}: {why}"]
+    if b.step_s is not None and r.top:
+        out.append(f"  it would take {b.step_s:.3f} s per step ({(b.step_s / r.top[0].step_s - 1):+.1%} against "
+                   f"the top) if it were accepted; peak {b.peak_bytes / GiB:.1f} GiB")
+    return out
+
+
+def count_lines(r: SearchResult) -> list[str]:
+    """Candidates per outcome; they add up to the candidates searched."""
+    counts = r.counts()
+    out = [f"candidates per outcome ({sum(counts.values()):,} in all):",
+           f"  feasible: {counts['feasible']:,}"]
+    if counts["undecided"]:
+        out.append(f"  undecided (near the memory limit, not planned within settle_s): {counts['undecided']:,}")
+    for key, text in REASONS:
+        if counts[key]:
+            out.append(f"  rejected, {text}: {counts[key]:,}")
+    return out
+
+
+class ProgressBar:
+    """A rich progress bar on stderr for :func:`meshplan.search.search`'s ``progress``
+    callback, shown only once the search has run for ``after_s`` seconds (a search that
+    takes a moment prints none) and only on a terminal. Use as a context manager."""
+
+    def __init__(self, after_s: float = 0.5, console: Console | None = None):
+        import time
+
+        self.clock, self.after_s = time.perf_counter, after_s
+        self.console = console or Console(stderr=True)
+        self.t0, self.bar, self.tasks = self.clock(), None, {}
+
+    def __enter__(self) -> "ProgressBar":
+        self.t0 = self.clock()
+        return self
+
+    def __call__(self, label: str, done: int, total: int) -> None:
+        if self.bar is None:
+            if self.clock() - self.t0 < self.after_s or not self.console.is_terminal:
+                return
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self.bar = Progress(TextColumn("search: {task.description}"), BarColumn(), MofNCompleteColumn(),
+                                TimeElapsedColumn(), console=self.console, transient=True)
+            self.bar.start()
+        if label not in self.tasks:
+            self.tasks[label] = self.bar.add_task(label, total=total)
+        self.bar.update(self.tasks[label], completed=done, total=total)
+
+    def __exit__(self, *exc) -> None:
+        if self.bar is not None:
+            self.bar.stop()

@@ -1,0 +1,105 @@
+"""Search input: the optional ``[search]`` table of a config.
+
+Every field narrows or parameterises ``meshplan search`` (:mod:`meshplan.search`); each
+default is stated here with its source. Lists are the allowed values of one dimension of
+the search space; ``None`` (the key left out) means every value the model, the cluster and
+the training contract allow.
+
+>>> SearchOptions().top, SearchOptions().min_gemm_efficiency
+(10, 0.5)
+>>> SearchOptions(tp=[4, 8]).tp
+[4, 8]
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+Recompute = Literal["none", "selective", "full"]
+Sharding = Literal["zero1", "zero3", "hsdp"]
+
+#: Llama 3 paper (Grattafiori et al. 2024, arXiv 2407.21783, section 3.3.1): the Tectonic
+#: storage fabric of Llama 3 pre-training "supports a sustainable throughput of 2 TB/s".
+LLAMA3_STORAGE_GB_PER_S = 2000.0
+
+
+class SearchOptions(BaseModel):
+    """Fields of ``[search]`` (all optional).
+
+    - ``pp``, ``dp_replicate``, ``dp_shard``, ``cp``, ``tp``, ``ep``, ``etp``: allowed degrees
+      of each axis (default: every divisor of the world that fits the axis's rules).
+    - ``micro_batch``: allowed micro-batch sizes (default ``[1, 2, 4, 8]``; the training
+      contract's ``micro_batch`` is ignored, its ``global_batch`` and ``seq_len`` are kept).
+    - ``recompute``: allowed policies (default all three); ``sharding``: allowed among
+      ``zero1``, ``zero3`` (both with dp_replicate 1) and ``hsdp`` (dp_replicate > 1).
+    - ``vpp``: allowed virtual stages per rank; ``max_vpp``: the bound on them (default 8).
+      Searched: 1, and the divisors of layers / pp up to ``max_vpp`` when pp > 1.
+    - ``max_tp``: largest tp (default: GPUs per NVLink domain, so tp groups stay on NVLink).
+    - ``top``: candidates printed (default 10).
+    - ``min_gemm_efficiency``: the declared kernel-efficiency threshold: FLOP-weighted
+      efficiency of the step's local GEMMs by :func:`meshplan.gemm.gemm_model`, below which a
+      candidate is rejected unless no candidate at or above it fits (default 0.5, half the
+      dense peak: a stated choice; H100's measured ceiling is 0.803).
+    - ``exact_min``: candidates evaluated exactly (build_plan + step_time) before the bound
+      may stop the search (default 1); ``exact_max``: the most evaluated exactly for the
+      ranking (default 2000); reaching it is reported.
+    - ``memory_margin``: allowance on the vectorised memory bounds (default 0.01): a
+      candidate is rejected without a plan only when its lower bound exceeds usable memory
+      by more than this fraction, kept without one only when its upper bound stays this
+      fraction below it; anything nearer is planned exactly. The bounds mirror the memory
+      timeline's events (:mod:`meshplan.search_memory`); the margin absorbs a small change
+      there, and every exact plan is checked against them.
+    - ``settle_s``: seconds spent planning candidates near the memory limit that the
+      ranking did not need (their verdict changes only the counts; default 5); those left
+      when it runs out are counted as undecided.
+    - ``checkpoint_write_gb_per_s``, ``checkpoint_read_gb_per_s``: aggregate storage bandwidth
+      for the goodput column (default 2000 GB/s each: the Llama 3 paper's sustained Tectonic
+      throughput); ``restart_overhead_s``: detection, rescheduling and start-up per restart
+      (default 600 s: a stated assumption, no published figure). Goodput is printed, not
+      ranked: at a fixed world it changes only with the per-rank checkpoint size.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    pp: Optional[list[int]] = None
+    dp_replicate: Optional[list[int]] = None
+    dp_shard: Optional[list[int]] = None
+    cp: Optional[list[int]] = None
+    tp: Optional[list[int]] = None
+    ep: Optional[list[int]] = None
+    etp: Optional[list[int]] = None
+    micro_batch: list[int] = Field(default_factory=lambda: [1, 2, 4, 8])
+    recompute: list[Recompute] = Field(default_factory=lambda: ["none", "selective", "full"])
+    sharding: list[Sharding] = Field(default_factory=lambda: ["zero1", "zero3", "hsdp"])
+    vpp: Optional[list[int]] = None
+    max_vpp: int = Field(default=8, gt=0)
+    max_tp: Optional[int] = Field(default=None, gt=0)
+    top: int = Field(default=10, gt=0)
+    min_gemm_efficiency: float = Field(default=0.5, ge=0, le=1)
+    exact_min: int = Field(default=1, gt=0)
+    exact_max: int = Field(default=2000, gt=0)
+    memory_margin: float = Field(default=0.01, ge=0, lt=1)
+    settle_s: float = Field(default=5.0, ge=0)
+    checkpoint_write_gb_per_s: float = Field(default=LLAMA3_STORAGE_GB_PER_S, gt=0)
+    checkpoint_read_gb_per_s: float = Field(default=LLAMA3_STORAGE_GB_PER_S, gt=0)
+    restart_overhead_s: float = Field(default=600.0, ge=0)
+
+    @field_validator("pp", "dp_replicate", "dp_shard", "cp", "tp", "ep", "etp", "micro_batch", "vpp")
+    @classmethod
+    def _positive(cls, v):
+        if v is not None:
+            if not v:
+                raise ValueError("empty list: give at least one allowed value, or leave the key out")
+            bad = [x for x in v if x < 1]
+            if bad:
+                raise ValueError(f"degrees and sizes must be >= 1 (got {bad[0]})")
+        return v
+
+    @field_validator("recompute", "sharding")
+    @classmethod
+    def _nonempty(cls, v):
+        if not v:
+            raise ValueError("empty list: give at least one allowed value, or leave the key out")
+        return v

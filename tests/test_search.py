@@ -1,0 +1,213 @@
+"""``meshplan search`` against planning every candidate one by one (issue 5, item 4).
+
+For small worlds (8, 16 and 64 GPUs, a small Llama-style model on H100s with a reduced HBM
+so that memory binds) every candidate is planned with :func:`meshplan.plan.build_plan` and,
+when feasible, simulated with :func:`meshplan.steptime.step_time`; the search must give
+the same verdict for each (plus its GEMM-efficiency rule), the same top by step time, and
+rejection counts that add up.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from meshplan import constraints as cons
+from meshplan.errors import ConfigError
+from meshplan.plan import build_plan
+from meshplan.rank_timeline import Overlap
+from meshplan.search import search
+from meshplan.search_space import CODE, OK, REASONS, candidate_config
+from meshplan.spec.config import config_from_dict
+from meshplan.steptime import step_time
+
+SMALL = {"name": "small", "layers": 8, "hidden": 2048, "ffn": 5632, "q_heads": 16, "kv_heads": 4,
+         "head_dim": 128, "vocab": 32000}
+
+
+def gpu(hbm_gb: float) -> dict:
+    """H100 SXM numbers (catalog) with a smaller HBM, so that memory decides."""
+    return {"name": "h100-small-hbm", "peak_tflops": {"bf16": 989.4}, "hbm_gb": hbm_gb,
+            "hbm_bandwidth_tb_per_s": 3.35, "sms": 132, "max_gemm_fraction": 0.803, "source": "test"}
+
+
+#: A small MoE: one dense layer, then routed experts (ep, etp and the expert FSDP axis).
+MOE = {"name": "small-moe", "layers": 4, "hidden": 1024, "ffn": 2816, "q_heads": 8, "kv_heads": 4, "head_dim": 128,
+       "vocab": 32000, "experts": 4, "top_k": 2, "expert_ffn": 1408, "dense_layers": 1}
+
+
+def config(nodes: int, hbm_gb: float = 6.0, model=None, **search):
+    return config_from_dict({"model": model or SMALL, "cluster": {"system": "dgx-h100", "nodes": nodes,
+                                                                   "gpu": gpu(hbm_gb)},
+                             "training": {"global_batch": 64, "seq_len": 2048}, "search": {"settle_s": 600, **search}},
+                            require_mesh=False)
+
+
+CASES = {
+    "8": dict(nodes=1, micro_batch=[1, 2], top=8),
+    "8-moe": dict(nodes=1, hbm_gb=2.0, model=MOE, micro_batch=[1, 2], recompute=["selective"], top=5),
+    "16": dict(nodes=2, hbm_gb=4.0, micro_batch=[1, 4], recompute=["none", "full"], top=8),
+    "64": dict(nodes=8, hbm_gb=3.0, micro_batch=[1], recompute=["selective", "full"], cp=[1, 2], pp=[1, 2, 4, 8],
+             top=5),
+}
+
+#: How build_plan's first reason starts -> the search's rejection category.
+STARTS = (("ep(", "expert_block"), ("q_heads", "heads"), ("kv_heads", "heads"), ("expert_ffn", "expert_ffn"),
+          ("ffn", "ffn"), ("pp_layer_split", "layers"), ("experts", "experts"), ("seq_len", "seq_cp"),
+          ("sequence parallel", "seq_tp"), ("global_batch", "batch"), ("interleaved", "interleaved"),
+          ("peak", "memory"))
+
+
+def category(reason: str) -> str:
+    for start, key in STARTS:
+        if reason.startswith(start):
+            return key
+    if "layers do not divide" in reason or "layers per stage" in reason:
+        return "layers"
+    raise AssertionError(f"unclassified reason {reason!r}")
+
+
+def plan_all(cfg, result):
+    """Every candidate planned one by one, and simulated when feasible."""
+    cache, out = {}, []
+    for i in range(len(result.candidates)):
+        cc = candidate_config(cfg, result.candidates, i)
+        if cc.training not in cache:
+            cache[cc.training] = cons.constraints(cc.model, cc.training, cc.cluster, cc.cluster.world)
+        plan = build_plan(cc, cache[cc.training])
+        peak = max((tl.peak.total_bytes for tl in plan.timelines), default=None)
+        out.append((plan.feasible, plan.reasons, peak, step_time(plan, Overlap()).step_s if plan.feasible else None))
+    return out
+
+
+@pytest.fixture(scope="module", params=sorted(CASES), ids=[f"world{w}" for w in sorted(CASES)])
+def case(request):
+    kw = dict(CASES[request.param])
+    cfg = config(kw.pop("nodes"), kw.pop("hbm_gb", 6.0), **kw)
+    result = search(cfg, workers=1)
+    assert result.candidates.pp.size and cfg.cluster.world == int(request.param.split("-")[0])
+    return cfg, result, plan_all(cfg, result)
+
+
+def test_verdict_equals_build_plan_for_every_candidate(case):
+    cfg, r, plans = case
+    thr = cfg.search.min_gemm_efficiency
+    for i, (feasible, reasons, _, _) in enumerate(plans):
+        expected = feasible and (r.est.gemm[i] >= thr or r.below_threshold_kept)
+        assert (r.code[i] == OK) == expected, (r.candidates.label(i), reasons, REASONS[r.code[i]])
+        if not feasible:
+            assert REASONS[r.code[i]][0] == category(reasons[0]), (r.candidates.label(i), reasons)
+        elif not expected:
+            assert r.code[i] == CODE["gemm"]
+
+
+def test_some_of_each_outcome(case):
+    _, r, _ = case
+    counts = r.counts()
+    assert counts["feasible"] > 0 and counts["memory"] > 0
+
+
+def test_top_equals_exhaustive_exact_ranking(case):
+    _, r, plans = case
+    ranked = sorted((plans[i][3], i) for i in np.flatnonzero(r.code == OK))
+    want = ranked[:r.config.search.top]
+    assert [(e.step_s, e.index) for e in r.top] == want
+    assert r.proven and not [n for n in r.notes if "bound" in n]
+
+
+def test_step_time_lower_bound_never_exceeds_the_simulation(case):
+    _, r, plans = case
+    for i, (feasible, _, _, step) in enumerate(plans):
+        if feasible:
+            assert r.est.step_lo[i] <= step * (1 + 1e-9), r.candidates.label(i)
+
+
+def test_memory_bounds_hold_within_the_margin(case):
+    cfg, r, plans = case
+    m = cfg.search.memory_margin
+    for i, (_, _, peak, _) in enumerate(plans):
+        if peak is not None and np.isfinite(r.est.peak_lo[i]):
+            assert r.est.peak_lo[i] / (1 + m) <= peak <= r.est.peak_hi[i] * (1 + m), r.candidates.label(i)
+
+
+def test_rejection_counts_add_up(case):
+    _, r, plans = case
+    counts = r.counts()
+    assert sum(counts.values()) == len(r.candidates) == len(plans)
+    assert counts["feasible"] == sum(1 for i in range(len(plans)) if r.code[i] == OK)
+
+
+def test_below_threshold_candidates_kept_when_none_above_fits():
+    """With 2 GB of HBM only tp >= 2 fits (at most 59% GEMM efficiency); tp 1 reaches 75%."""
+    kept = search(config(1, hbm_gb=2.0, micro_batch=[1, 2], min_gemm_efficiency=0.65), workers=1)
+    assert kept.below_threshold_kept and kept.top
+    assert all(kept.est.gemm[e.index] < 0.65 for e in kept.top)
+    assert any("below-threshold candidates are kept" in n for n in kept.notes)
+    assert kept.counts()["gemm"] == 0
+    applied = search(config(1, hbm_gb=2.0, micro_batch=[1, 2], min_gemm_efficiency=0.5), workers=1)
+    assert not applied.below_threshold_kept and applied.counts()["gemm"] > 0
+    assert all(applied.est.gemm[e.index] >= 0.5 for e in applied.top)
+
+
+def test_two_workers_give_the_same_result():
+    one = search(config(1, micro_batch=[1], top=4), workers=1)
+    two = search(config(1, micro_batch=[1], top=4), workers=2)
+    assert [(e.index, e.step_s) for e in one.top] == [(e.index, e.step_s) for e in two.top]
+    assert one.counts() == two.counts()
+
+
+@pytest.mark.parametrize("table,field", [
+    ({"tpp": [1]}, "search.tpp"),
+    ({"tp": [0]}, "search.tp"),
+    ({"micro_batch": []}, "search.micro_batch"),
+    ({"top": 0}, "search.top"),
+    ({"recompute": ["some"]}, "search.recompute.0"),
+    ({"sharding": ["zero2"]}, "search.sharding.0"),
+    ({"min_gemm_efficiency": 1.5}, "search.min_gemm_efficiency"),
+    ({"memory_margin": -0.1}, "search.memory_margin"),
+])
+def test_search_table_errors_name_the_field(table, field):
+    with pytest.raises(ConfigError) as e:
+        config(1, **table)
+    assert e.value.field == field
+    assert "\n" not in str(e.value)
+
+
+def test_search_table_must_be_a_table():
+    with pytest.raises(ConfigError) as e:
+        config_from_dict({"model": SMALL, "cluster": {"system": "dgx-h100", "nodes": 1},
+                          "training": {"global_batch": 8, "seq_len": 64}, "search": 3}, require_mesh=False)
+    assert e.value.field == "search"
+
+
+def test_config_without_mesh_is_for_search_only():
+    cfg = config(1)
+    assert cfg.mesh is None
+    with pytest.raises(ConfigError) as e:
+        build_plan(cfg)
+    assert e.value.field == "mesh"
+    with pytest.raises(ConfigError) as e:
+        config_from_dict({"model": SMALL, "cluster": {"system": "dgx-h100", "nodes": 1},
+                          "training": {"global_batch": 8, "seq_len": 64}})
+    assert e.value.field == "mesh"
+
+
+def test_cli_search_writes_json_and_refuses_to_overwrite(tmp_path):
+    toml = tmp_path / "small.toml"
+    toml.write_text('[model]\ncatalog = "llama3-8b"\nlayers = 8\n[cluster]\nsystem = "dgx-h100"\nnodes = 1\n'
+                    '[training]\nglobal_batch = 16\nseq_len = 1024\n[search]\nmicro_batch = [1]\n'
+                    'recompute = ["selective"]\n[mesh]\nnames = ["tp"]\nshape = [8]\n')
+    out = tmp_path / "s.json"
+    cmd = [sys.executable, "-m", "meshplan.cli", "search", str(toml), "--top", "3", "--json", str(out)]
+    run = subprocess.run(cmd, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert "candidates per outcome" in run.stdout and "best rejected" in run.stdout
+    doc = json.loads(out.read_text())
+    assert doc["schema"] == "meshplan.search/v1" and len(doc["top"]) == 3
+    assert sum(doc["counts"].values()) == doc["candidates"]
+    again = subprocess.run(cmd, capture_output=True, text=True)
+    assert again.returncode == 2 and "error: --json" in again.stderr
