@@ -279,9 +279,16 @@ def restart_on_fewer_nodes(mesh, lost_nodes: int, *, gpus_per_node: int, global_
         notes.append(f"{lost_nodes} lost node(s) replaced by spares: same mesh, same checkpoint layout")
         return Restart(True, world, world, names, shape, shape, (), (old_m, old_m), True, False, True, (), tuple(notes))
     bad = lambda why: Restart(False, world, new_world, names, shape, shape, (), (old_m, 0), False, False, False, (why,))
-    if new_world <= 0 or new_world % fixed:
-        return bad(f"{new_world} GPUs left are not a multiple of tp {mesh.degree('tp')} x pp {mesh.degree('pp')} "
+    if new_world < fixed:
+        return bad(f"{new_world} GPUs left are fewer than tp {mesh.degree('tp')} x pp {mesh.degree('pp')} "
                    f"x cp {mesh.degree('cp')} = {fixed}")
+    if new_world % fixed:
+        idle = new_world % fixed
+        notes.append(f"{new_world} GPUs left are not a multiple of tp {mesh.degree('tp')} x pp {mesh.degree('pp')} "
+                     f"x cp {mesh.degree('cp')} = {fixed}: {idle} GPUs stay idle, the mesh uses {new_world - idle}")
+        new_world -= idle
+        bad = lambda why: Restart(False, world, new_world, names, shape, shape, (), (old_m, 0), False, False, False,
+                                  (why,), tuple(notes))
     deg = _new_dp(names, shape, new_world // fixed)
     if deg is None:
         return bad("the mesh has no data-parallel axis to shrink")
@@ -295,7 +302,7 @@ def restart_on_fewer_nodes(mesh, lost_nodes: int, *, gpus_per_node: int, global_
     contract, new_m, batch_notes = _batch(global_batch, micro_batch, new_dp, interleaved, mesh.degree("pp"))
     reshard, dl_ok, ckpt_notes = _state_notes(changed, old_dp, new_dp, dataloader_state)
     return Restart(not reasons, world, new_world, names, shape, new_shape, changed, (old_m, new_m), contract,
-                   reshard, dl_ok, tuple(reasons), tuple(batch_notes + ckpt_notes))
+                   reshard, dl_ok, tuple(reasons), tuple(notes + batch_notes + ckpt_notes))
 
 
 def _batch(global_batch: int, micro_batch: int, dp: int, interleaved: bool, pp: int):

@@ -121,9 +121,13 @@ def test_restart_with_spares_and_impossible_restarts():
     m = _mesh(["pp", "dp_shard", "tp"], [2, 4, 8])
     same = restart_on_fewer_nodes(m, 1, gpus_per_node=8, global_batch=64, micro_batch=1, spare_nodes=1)
     assert same.shape == (2, 4, 8) and not same.changed and not same.reshard
-    # 64 - 8 = 56 GPUs are not a multiple of pp 2 x tp 8 x cp 1 = 16
-    bad = restart_on_fewer_nodes(m, 1, gpus_per_node=8, global_batch=64, micro_batch=1)
-    assert not bad.feasible and "multiple of tp 8 x pp 2" in bad.reasons[0]
+    # 64 - 8 = 56 GPUs are not a multiple of pp 2 x tp 8 x cp 1 = 16: 8 stay idle, 48 are used
+    idle = restart_on_fewer_nodes(m, 1, gpus_per_node=8, global_batch=64, micro_batch=1)
+    assert idle.new_world == 48 and idle.shape == (2, 3, 8)
+    assert "8 GPUs stay idle, the mesh uses 48" in idle.notes[0]
+    # fewer GPUs than one model replica: no mesh
+    bad = restart_on_fewer_nodes(m, 7, gpus_per_node=8, global_batch=64, micro_batch=1)
+    assert not bad.feasible and "fewer than tp 8 x pp 2 x cp 1 = 16" in bad.reasons[0]
     ok = restart_on_fewer_nodes(m, 2, gpus_per_node=8, global_batch=64, micro_batch=1, interleaved=True)
     assert ok.shape == (2, 3, 8) and not ok.batch_contract  # 64 / 3 is not whole
 
