@@ -1,6 +1,7 @@
 """First collective table: per group kind and phase, the collective each rank issues, its
-payload, count per micro-batch and per step, dtype, what waits on it, and an alpha-beta time
-on the link class the group crosses (:func:`meshplan.comm.ring_time`).
+payload, count per micro-batch, per layer and per step, dtype, what waits on it, the NCCL
+algorithm (ring, tree, NVLS, hierarchical) and its alpha-beta time on the link class the group
+crosses (:func:`meshplan.comm.collective_time`).
 
 Conventions, matched op by op against what torch 2.13 issues for DTensor TP/SP and FSDP2
 (``meshplan.runtime.dryrun``; torchtitan's Llama plan):
@@ -41,7 +42,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .comm import busbw_factor, ring_time
+from .comm import busbw_factor, collective_time
 from .mesh import Mesh
 from .spec.cluster import ClusterSpec
 from .spec.model import ModelSpec
@@ -59,6 +60,7 @@ class Path:
     bandwidth_bytes_per_s: float
     note: str
     latency_scale: float = 1.0
+    nodes: int = 1
 
 
 @dataclass(frozen=True)
@@ -81,6 +83,8 @@ class CollectiveRow:
     time_s: float
     waits: str = ""
     depth: int = 0
+    algorithm: str = "ring"
+    per_layer: float = 0.0
 
     @property
     def algbw_bytes_per_s(self) -> float:
@@ -118,7 +122,8 @@ def axis_path(mesh: Mesh, placement, cluster: ClusterSpec, axis: str) -> Path:
     bw = min(fabric.bandwidth_bytes_per_s, nic_bw / len(on_node))
     rails = np.unique(placement.rail[groups[0]])
     return Path("network", bw, f"{len(on_node)} group(s) per node share NIC(s) "
-                f"{','.join(nics[i].name for i in used)}; rails {rails.tolist()}", tier)
+                f"{','.join(nics[i].name for i in used)}; rails {rails.tolist()}", tier,
+                len(np.unique(node[0])))
 
 
 def collective_table(model: ModelSpec, training: TrainingSpec, mesh: Mesh, cluster: ClusterSpec,
@@ -134,12 +139,13 @@ def collective_table(model: ModelSpec, training: TrainingSpec, mesh: Mesh, clust
         if n <= 1 or size <= 0 or (per_mb == 0 and not per_step):
             return
         path = paths.setdefault(axis, axis_path(mesh, placement, cluster, axis))
-        t = ring_time(op, n, size, path.bandwidth_bytes_per_s, network=path.kind == "network",
-                      latency_scale=path.latency_scale)
+        alg, t = collective_time(op, n, size, path.bandwidth_bytes_per_s, path.kind, nvls=cluster.node.fabric.nvls,
+                                 latency_scale=path.latency_scale, nodes=path.nodes,
+                                 intra_bandwidth_bytes_per_s=cluster.node.fabric.bandwidth_bytes_per_s)
         rows.append(CollectiveRow(mesh.display_name(axis), phase, op, n, mesh.world // n,
                                   tuple(mesh.group_of(0, axis)), float(size), dtype, per_mb,
                                   per_step if per_step is not None else per_mb * micro_batches,
-                                  cadence, path, t, waits, depth))
+                                  cadence, path, t, waits, depth, alg, per_mb / max(len(stage_layers), 1)))
 
     ctx = _Ctx(model, training, mesh, stage_layers, first_stage, last_stage)
     _tp_rows(add, ctx, loss_parallel)

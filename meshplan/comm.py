@@ -102,3 +102,73 @@ def algbw(size_bytes: float, time_s: float) -> float:
 def busbw(op: str, n: int, size_bytes: float, time_s: float) -> float:
     """nccl-tests busbw = algbw * busbw_factor(op, n) (bytes/s)."""
     return algbw(size_bytes, time_s) * busbw_factor(op, n)
+
+
+#: NCCL tree latencies (us) from src/graph/tuning.cc (public-facts.md), LL / LL128 / Simple.
+NCCL_TREE = (
+    Protocol("LL", 6.8e-6, 0.6e-6, 5.0e-6, 0.5),
+    Protocol("LL128", 14.0e-6, 1.25e-6, 8.5e-6, 120 / 128),
+    Protocol("Simple", 8.4e-6, 4.0e-6, 14.0e-6, 1.0),
+)
+#: NVLS all-reduce bus bandwidth over the NVLink per-direction rate: 480 GB/s busbw measured on
+#: 8x H200 with NVLink SHARP against the 450 GB/s link (togethercomputer/together-nccl-tests;
+#: stas00/ml-engineering network README; public-facts.md).
+NVLS_GAIN = 480 / 450
+
+
+def tree_time(n: int, size_bytes: float, bandwidth_bytes_per_s: float, network: bool = True,
+              latency_scale: float = 1.0) -> float:
+    """All-reduce on NCCL's double binary tree: ``2 ceil(log2 n)`` steps (reduce up, broadcast
+    down) at the tree latencies, the same bytes per rank as the ring (each tree carries half
+    the buffer both ways)."""
+    if n <= 1 or size_bytes <= 0:
+        return 0.0
+    depth = 2 * max(1, (n - 1).bit_length())
+    sent = busbw_factor("all-reduce", n) * size_bytes
+    return min(p.base_s + depth * latency_scale * (p.step_network_s if network else p.step_nvlink_s)
+               + sent / (bandwidth_bytes_per_s * p.efficiency) for p in NCCL_TREE)
+
+
+def collective_time(op: str, n: int, size_bytes: float, bandwidth_bytes_per_s: float, kind: str,
+                    nvls: bool = False, latency_scale: float = 1.0, nodes: int = 1,
+                    intra_bandwidth_bytes_per_s: float = 0.0) -> tuple[str, float]:
+    """(algorithm, seconds): the fastest of the algorithms NCCL can run for ``op`` on a path of
+    ``kind`` ("nvlink" inside a node or NVLink domain, "network" across ``nodes`` nodes):
+
+    - ``ring`` (:func:`ring_time`), every op;
+    - ``NVLS`` for all-reduce inside an NVSwitch domain with in-switch reduction (``nvls``):
+      the ring's bytes at ``NVLS_GAIN`` x the link rate, after the Simple base latency plus
+      two NVLink steps (an assumption: NCCL's NVLS latency is not in public-facts.md);
+    - ``tree`` for all-reduce across nodes (:func:`tree_time`): fewer latency steps;
+    - ``hierarchical`` across nodes with ``n / nodes`` > 1 ranks per node: reduce-scatter
+      inside the node (NVLink), the op across nodes on 1/g of the buffer, all-gather inside.
+
+    >>> collective_time("all-reduce", 8, 1 << 30, 450e9, "nvlink", nvls=True)[0]
+    'NVLS'
+    >>> collective_time("all-reduce", 64, 4096, 50e9, "network", nodes=64)[0]
+    'tree'
+    """
+    network = kind == "network"
+    best = ("ring", ring_time(op, n, size_bytes, bandwidth_bytes_per_s, network, latency_scale=latency_scale))
+    if n <= 1:
+        return best
+    options = []
+    if op == "all-reduce" and kind == "nvlink" and nvls:
+        sent = busbw_factor(op, n) * size_bytes
+        # latency assumed: the Simple ring base plus one NVLink step up to the switch and one down
+        lat = NCCL_RING[2].base_s + 2 * latency_scale * NCCL_RING[2].step_nvlink_s
+        options.append(("NVLS", lat + sent / (bandwidth_bytes_per_s * NVLS_GAIN)))
+    if op == "all-reduce" and network:
+        options.append(("tree", tree_time(n, size_bytes, bandwidth_bytes_per_s, True, latency_scale)))
+    g = n // max(nodes, 1)
+    if network and nodes > 1 and g > 1 and intra_bandwidth_bytes_per_s and op in ("all-reduce", "all-gather",
+                                                                                  "reduce-scatter"):
+        intra = intra_bandwidth_bytes_per_s
+        inter = ring_time(op, nodes, size_bytes / g, bandwidth_bytes_per_s / g, True, latency_scale=latency_scale)
+        local = {"all-reduce": ("reduce-scatter", "all-gather"), "all-gather": ("all-gather",),
+                 "reduce-scatter": ("reduce-scatter",)}[op]
+        options.append(("hierarchical", inter + sum(ring_time(o, g, size_bytes, intra) for o in local)))
+    for name, t in options:
+        if t < best[1]:
+            best = (name, t)
+    return best

@@ -40,3 +40,22 @@ def test_large_message_uses_simple_protocol_bandwidth():
 def test_unknown_op():
     with pytest.raises(ValueError, match="unknown collective"):
         steps("gather", 4)
+
+
+def test_algorithm_choice():
+    from meshplan.comm import NVLS_GAIN, collective_time, tree_time
+    # a 1 GiB all-reduce inside an NVLS-capable node: in-switch reduction beats the ring
+    alg, t = collective_time("all-reduce", 8, 2**30, 450e9, "nvlink", nvls=True)
+    assert alg == "NVLS"
+    assert t == pytest.approx(8.4e-6 + 2 * 3.4e-6 + 1.75 * 2**30 / (450e9 * NVLS_GAIN))
+    assert collective_time("all-reduce", 8, 2**30, 300e9, "nvlink", nvls=False)[0] == "ring"
+    # a 4 KiB all-reduce over 64 nodes: the tree's 2*log2(64) = 12 steps beat the ring's 126
+    alg, t = collective_time("all-reduce", 64, 4096, 50e9, "network", nodes=64)
+    assert alg == "tree" and t == pytest.approx(tree_time(64, 4096, 50e9))
+    assert t < ring_time("all-reduce", 64, 4096, 50e9, network=True)
+    # 16 ranks on 2 nodes, small all-gather: one network step plus 7 NVLink steps beat 15 network steps
+    assert collective_time("all-gather", 16, 65536, 50e9, "network", nodes=2,
+                           intra_bandwidth_bytes_per_s=450e9)[0] == "hierarchical"
+    # large all-gather with one rank per node: only the ring applies
+    assert collective_time("all-gather", 8, 2**30, 12.5e9, "network", nodes=8,
+                           intra_bandwidth_bytes_per_s=450e9)[0] == "ring"

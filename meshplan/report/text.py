@@ -180,14 +180,14 @@ def _memory(plan: Plan, con: Console) -> None:
 
 def _collectives(plan: Plan, con: Console) -> None:
     for stage, rows in plan.collectives.items():
-        tab = Table(title=f"Collectives, {stage} (time from the alpha-beta ring model on the path)", title_justify="left")
-        for col in ("axis", "phase", "op", "n", "size (B)", "dtype", "per mb", "per step", "path",
-                    "time (us)", "algbw (GB/s)", "busbw (GB/s)"):
+        tab = Table(title=f"Collectives, {stage} (alpha-beta time of the fastest NCCL algorithm on the path; what waits on each row: --json)", title_justify="left")
+        for col in ("axis", "phase", "op", "n", "size (B)", "dtype", "per layer", "per mb", "per step", "path",
+                    "alg", "time (us)", "algbw (GB/s)", "busbw (GB/s)"):
             tab.add_column(col, justify="right")
         for r in rows:
             tab.add_row(r.axis, r.phase, r.op, str(r.group_size), f"{r.size_bytes:,.0f}", r.dtype,
-                        str(r.per_microbatch), str(r.per_step), r.path.kind, f"{r.time_s / US:,.1f}",
-                        f"{r.algbw_bytes_per_s / GB:.1f}", f"{r.busbw_bytes_per_s / GB:.1f}")
+                        f"{r.per_layer:.2f}", str(r.per_microbatch), str(r.per_step), r.path.kind, r.algorithm,
+                        f"{r.time_s / US:,.1f}", f"{r.algbw_bytes_per_s / GB:.1f}", f"{r.busbw_bytes_per_s / GB:.1f}")
         con.print(tab)
 
 

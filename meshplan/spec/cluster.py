@@ -47,12 +47,14 @@ class GPUSpec(BaseModel):
 
 
 class LinkSpec(BaseModel):
-    """A link class: per-GPU (or per-NIC) bandwidth in one direction and a per-step latency."""
+    """A link class: per-GPU (or per-NIC) bandwidth in one direction and a per-step latency.
+    ``nvls``: the switch reduces in-network (NVLink SHARP, third-generation NVSwitch)."""
 
     model_config = _STRICT
     name: str
     bandwidth_gb_per_s: float = Field(gt=0)
     latency_us: float = Field(ge=0)
+    nvls: bool = False
     source: str = ""
 
     @property
