@@ -57,23 +57,34 @@ def _records(data: dict) -> list[Collective]:
 
 def compare_collectives(plan, folder: Path) -> tuple[list[str], list[dict], dict]:
     """(differences, CSV rows, per-rank group differences) of every rank."""
-    predicted = tally_table_per_step(plan.collectives["stage 0"])
+    tables = {k: tally_table_per_step(rows) for k, rows in plan.collectives.items()}
     by_line: dict[str, list[int]] = {}
     tallies = {}
     groups = {}
+    per_rank = {}
     for r in range(plan.world):
+        # each rank against its own pipeline stage's table ("stage 0" without pp; a middle
+        # stage of pp > 2 has no table of its own and is set against stage 0's)
+        per_rank[r] = tables.get(f"stage {_pp_coord(plan.mesh, r)}", tables["stage 0"])
         tallies[r] = tally_records(_records(_load(folder, r, "collectives.json")), plan.mesh, r)
-        for line in differences(tallies[r], predicted):
+        for line in differences(tallies[r], per_rank[r]):
             by_line.setdefault(line, []).append(r)
         g = _load(folder, r, "startup.json")["group_differences"]
         if g:
             groups[r] = g
     diffs = [f"ranks {_ranks(rs)}: {line}" for line, rs in by_line.items()]
     diffs += [f"rank {r} groups: {d}" for r, ds in groups.items() for d in ds]
-    keys = sorted(set(predicted) | {k for t in tallies.values() for k in t}, key=str)
-    rows = [dict(axis=k[0], phase=k[1], op=k[2], size_bytes=k[3], dtype=k[4], meshplan=predicted[k],
-                 **{f"rank{r}": tallies[r][k] for r in range(plan.world)}) for k in keys]
+    keys = sorted({k for t in per_rank.values() for k in t} | {k for t in tallies.values() for k in t}, key=str)
+    rows = [dict(axis=k[0], phase=k[1], op=k[2], size_bytes=k[3], dtype=k[4], meshplan=per_rank[0][k],
+                 **{f"rank{r}": tallies[r][k] for r in range(plan.world)},
+                 **({f"meshplan_rank{r}": per_rank[r][k] for r in range(plan.world)} if len(tables) > 1 else {}))
+            for k in keys]
     return diffs, rows, groups
+
+
+def _pp_coord(mesh, rank: int) -> int:
+    names = list(mesh.layout.names)
+    return mesh.layout.coords_of(rank)[names.index("pp")] if "pp" in names else 0
 
 
 def _ranks(rs: list[int]) -> str:

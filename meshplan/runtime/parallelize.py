@@ -90,8 +90,10 @@ def check_groups(device_mesh: DeviceMesh, mesh: Mesh) -> list[str]:
     return out
 
 
-def _unsupported(mesh: Mesh, training: TrainingSpec) -> Optional[str]:
-    if mesh.degree("pp") > 1:
+def _unsupported(mesh: Mesh, training: TrainingSpec, pipeline: bool = False) -> Optional[str]:
+    """Why the runtime cannot build ``mesh``; ``pipeline``: pp > 1 is built elsewhere
+    (:mod:`meshplan.runtime.pipelined`, which checks its own limits)."""
+    if mesh.degree("pp") > 1 and not pipeline:
         return "pp > 1: pipeline stages are not built by parallelize(); use torch.distributed.pipelining"
     if mesh.degree("cp") > 1:
         return "cp > 1: torch 2.13 has no CPU context-parallel strategy for causal attention"

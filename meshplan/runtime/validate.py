@@ -244,7 +244,11 @@ def run_world(config: Config, world: int, opt: Options, out: Path, echo=print) -
     if plan.mesh is None or not plan.feasible:
         return {"world": world, "ok": False, "stage": "plan", "notes": notes,
                 "message": "the scaled plan is infeasible: " + "; ".join(plan.reasons)}
-    why = _unsupported(plan.mesh, cfg.training)
+    why = _unsupported(plan.mesh, cfg.training, pipeline=True)
+    if not why and plan.mesh.degree("pp") > 1:
+        from .pipelined import unsupported
+
+        why = unsupported(plan.mesh, cfg.training, cfg.mesh.pp_schedule, cfg.model)
     if why:
         return {"world": world, "ok": False, "stage": "plan", "notes": notes, "message": f"not runnable here: {why}"}
     share = min(1.0, len(os.sched_getaffinity(0)) / world)

@@ -153,7 +153,9 @@ def print_startup(info: dict) -> None:
 def batch(training: TrainingSpec, mesh, rank: int, step: int, micro: int, vocab: int, seed: int):
     """Tokens and labels of one micro-batch: the same on every rank of a tp group (drawn from
     the rank's batch coordinate), different across data-parallel ranks."""
-    dp_index = mesh.layout.group_index(rank, mesh.axes_of("batch")) if mesh.dp > 1 else 0
+    # position of the rank inside its batch (data-parallel) group; Layout.group_index would give
+    # the group's row, which is equal across a dp group and differs across tp / pp peers
+    dp_index = mesh.group_of(rank, "batch").index(rank) if mesh.dp > 1 else 0
     gen = torch.Generator().manual_seed(seed * 1_000_003 + step * 1009 + micro * 101 + dp_index)
     shape = (training.micro_batch, training.seq_len)
     return torch.randint(0, vocab, shape, generator=gen), torch.randint(0, vocab, shape, generator=gen)
@@ -259,6 +261,8 @@ def memory_step(runner: Runner, index: int) -> tuple[dict, dict]:
     try:
         from torch.distributed.fsdp import FSDPModule
 
+        if getattr(runner, "memory_tracker_fails", ""):
+            raise RuntimeError(runner.memory_tracker_fails)
         if isinstance(runner.model, FSDPModule):
             from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
 
@@ -315,19 +319,25 @@ def run(args) -> None:
     dm = init_mesh(mesh, device)
     tp = mesh.degree("tp")
     vocab = padded_vocab(model_spec.vocab, training.vocab_pad_divisor, tp)
-    with torch.device("meta"):
-        model = Transformer(model_spec, vocab=vocab, tp=tp, recompute=training.recompute == "full")
-    parallelize(model, dm, mesh, training, loss_parallel=tp > 1)
-    model.to_empty(device=device)
-    model.init_weights(seed=args.seed)
+    if mesh.degree("pp") > 1:  # pipeline stages and schedule: meshplan.runtime.pipelined
+        from .pipelined import build_runner
+
+        model, runner = build_runner(plan, model_spec, training, mesh, dm, rank, vocab, args.seed, status, device)
+    else:
+        with torch.device("meta"):
+            model = Transformer(model_spec, vocab=vocab, tp=tp, recompute=training.recompute == "full")
+        parallelize(model, dm, mesh, training, loss_parallel=tp > 1)
+        model.to_empty(device=device)
+        model.init_weights(seed=args.seed)
     info = startup(rank, mesh, plan, dm, model)
     write_json(folder / "startup.json", info)
     print_startup(info)
-    runner = Runner(model, training, mesh, rank, vocab, args.seed, status, device)
+    if mesh.degree("pp") == 1:
+        runner = Runner(model, training, mesh, rank, vocab, args.seed, status, device)
     timings = []
     step = 0
     maybe_fault(args, rank, step)
-    with CollectiveRecorder() as rec:
+    with (runner.recorder() if hasattr(runner, "recorder") else CollectiveRecorder()) as rec:
         timings.append({**runner.step(step, rec), "kind": "recorded"})
     write_json(folder / "collectives.json", {"rank": rank, "step": step, "records": [r.__dict__ for r in rec.records]})
     step += 1

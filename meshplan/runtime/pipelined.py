@@ -1,0 +1,297 @@
+"""Pipeline parallelism in the runtime: the plan's stages as ``torch.distributed.pipelining``
+stages, run by the schedule the config names.
+
+- :class:`StageModule`: one chunk (virtual stage) of the runtime
+  :class:`~meshplan.runtime.model.Transformer`: the embedding on the first virtual stage, the
+  layers ``plan.stages[k][c]`` (module names as in the full model: ``layers.<i>...``), the final
+  norm and output layer on the last one. Chunk ``c`` of pipeline rank ``k`` is virtual stage
+  ``c * pp + k`` (Megatron's interleaved assignment, :func:`meshplan.pipeline.stage_layers`;
+  the order torch's looped interleaved schedule expects).
+- Each chunk gets FSDP2 where the mesh has a data-parallel shard axis (``fully_shard`` on every
+  layer, then on the chunk: the chunk's root unit holds the embedding / final norm / output
+  where present), then is wrapped in :class:`torch.distributed.pipelining.PipelineStage` on the
+  DeviceMesh's ``pp`` group, in static mode (input and output shapes given, no shape inference).
+  tp, cp, ep and tied embeddings with pp > 1 are refused (:func:`unsupported`).
+- :class:`PipelineRunner`: one step = ``schedule.step(tokens, target=labels, losses=...)``
+  (``mesh.pp_schedule``: gpipe -> ScheduleGPipe, 1f1b -> Schedule1F1B, interleaved_1f1b ->
+  ScheduleInterleaved1F1B) with the plan's micro-batch count; the loss function (cross entropy)
+  runs on the last stage inside the schedule, backward too; then AdamW.
+- :class:`PipelineRecorder`: the :class:`~meshplan.runtime.recorder.CollectiveRecorder` with the
+  pipeline's point-to-point ops named as meshplan names them: every ``send`` and ``recv`` (c10d
+  ``send``/``recv_``, also when issued through ``batch_isend_irecv``) becomes ``send/recv`` with
+  the tensor's bytes, phase ``forward`` for activations and ``backward`` for gradients (known
+  from the stage's ``get_{fwd,bwd}_{send,recv}_ops``, by buffer address). Other collectives
+  (FSDP) take the phase of the stage computation that issued them (``forward_one_chunk`` /
+  ``backward_one_chunk``); the ones after the last backward (FSDP's deferred gradient
+  reduce-scatter in ``_post_backward``) keep ``backward``. P2P outside those ops (torch 2.13's
+  warm-up vote of static mode: one int32 per stage boundary on the first step) is phase
+  ``schedule-setup``.
+
+The step's times: the whole schedule (forward, loss and backward interleaved across
+micro-batches) is reported as ``forward``; ``loss`` and ``backward`` are 0 (they cannot be
+separated on one rank without hooks in every micro-batch).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.profiler import record_function
+
+from ..errors import ConfigError
+from .model import Transformer, rope_cos_sin
+from .recorder import CollectiveRecorder
+
+SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B", "interleaved_1f1b": "ScheduleInterleaved1F1B"}
+
+
+def unsupported(mesh, training, schedule: str, model_spec=None) -> Optional[str]:
+    """Why this module cannot run ``mesh`` with pipeline ``schedule`` (None when it can)."""
+    if mesh.degree("pp") <= 1:
+        return "pp is 1: use parallelize()"
+    if schedule not in SCHEDULES:
+        return f"pp_schedule {schedule!r}: only {', '.join(SCHEDULES)} are built"
+    for axis in ("tp", "cp"):
+        if mesh.degree(axis) > 1:
+            return f"{axis} > 1 with pp > 1 is not built yet (pp x dp_shard / dp_replicate only)"
+    if mesh.ep > 1 or mesh.etp > 1:
+        return "ep/etp > 1: the runtime model has no experts"
+    if training.sharding not in ("zero3", "hsdp"):
+        return f"sharding {training.sharding!r}: only zero3 (FSDP2) and hsdp are built"
+    if model_spec is not None and model_spec.tied_embeddings:
+        return "tied embeddings with pp > 1 (embedding and output on different stages) are not built"
+    return None
+
+
+class StageModule(nn.Module):
+    """One virtual stage of ``full``: ``layers`` (indices), plus the embedding when ``first``
+    and the final norm and output layer when ``last``. Modules are ``full``'s own objects."""
+
+    def __init__(self, full: Transformer, layers: list[int], first: bool, last: bool):
+        super().__init__()
+        self.spec, self.vocab, self.kv_heads, self.recompute = full.spec, full.vocab, full.kv_heads, full.recompute
+        self.first, self.last = first, last
+        if first:
+            self.embedding = full.embedding
+            if full.spec.position_embedding == "learned":
+                self.position_embedding = full.position_embedding
+        self.layers = nn.ModuleDict({str(i): full.layers[str(i)] for i in layers})
+        if last:
+            self.final_norm = full.final_norm
+            self.output = full.output
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.first:
+            tokens = x
+            x = self.embedding(tokens)
+            if self.spec.position_embedding == "learned":
+                x = x + self.position_embedding(torch.arange(tokens.shape[1], device=tokens.device))
+        rope = None
+        if self.spec.position_embedding == "rope":
+            rope = rope_cos_sin(x.shape[1], self.spec.d_head, device=x.device, dtype=x.dtype)
+        for block in self.layers.values():
+            if self.recompute and torch.is_grad_enabled():
+                x = torch.utils.checkpoint.checkpoint(block, x, rope, use_reentrant=False)
+            else:
+                x = block(x, rope)
+        if self.last:
+            x = self.output(self.final_norm(x))
+        return x
+
+
+@torch.no_grad()
+def init_stage_weights(full: Transformer, seed: int = 0, std: float = 0.02) -> None:
+    """:meth:`Transformer.init_weights` for a model of which only some modules are
+    materialised (the others stay on ``meta``): every tensor is drawn in the full model's
+    order, so each stage holds the single-process model's values."""
+    gen = torch.Generator().manual_seed(seed)
+    for name, p in full.named_parameters():
+        if "norm" in name:
+            value = torch.full(p.shape, 1.0 if name.endswith("weight") else 0.0)
+        elif name.endswith("bias"):
+            value = torch.zeros(p.shape)
+        else:
+            value = torch.randn(p.shape, generator=gen) * std
+        if p.is_meta:
+            continue
+        if hasattr(p, "device_mesh"):
+            from torch.distributed.tensor import distribute_tensor
+
+            p.to_local().copy_(distribute_tensor(value, p.device_mesh, p.placements, src_data_rank=None).to_local())
+        else:
+            p.copy_(value)
+
+
+def build_stages(plan: dict, model_spec, training, mesh, dm, vocab: int, seed: int, device: str):
+    """(stage modules, PipelineStage objects, schedule) of this rank; weights initialised."""
+    from torch.distributed.pipelining import PipelineStage
+    from torch.distributed.pipelining import schedules as S
+
+    from .parallelize import apply_fsdp, fsdp_mesh
+
+    schedule = plan["input"]["mesh"]["pp_schedule"]
+    why = unsupported(mesh, training, schedule, model_spec)
+    if why:
+        raise ConfigError("mesh", why)
+    pp = mesh.degree("pp")
+    k = dm.get_local_rank("pp")
+    stages_layers = plan["mesh"]["stages"]
+    vpp = len(stages_layers[k])
+    n_virtual = pp * vpp
+    with torch.device("meta"):
+        full = Transformer(model_spec, vocab=vocab, tp=1, recompute=training.recompute == "full")
+    modules = []
+    for c, layers in enumerate(stages_layers[k]):
+        v = c * pp + k
+        modules.append(StageModule(full, layers, first=v == 0, last=v == n_virtual - 1))
+    shard = mesh.degree("fsdp") * mesh.degree("dp_replicate") > 1
+    for m in modules:
+        if shard:
+            apply_fsdp(m, fsdp_mesh(dm, mesh, training), training.reshard_after_forward)
+        m.to_empty(device=device)
+    init_stage_weights(full, seed)
+    b, s, h = training.micro_batch, training.seq_len, model_spec.hidden
+    # requires_grad: static mode derives the gradient buffers from these (none without it)
+    act = torch.empty(b, s, h, device="meta", requires_grad=True)
+    group = dm["pp"].get_group()
+    pstages = []
+    for c, m in enumerate(modules):
+        v = c * pp + k
+        inp = torch.empty(b, s, dtype=torch.long, device="meta") if v == 0 else act
+        out = torch.empty(b, s, vocab, device="meta", requires_grad=True) if v == n_virtual - 1 else act
+        pstages.append(PipelineStage(m, v, n_virtual, torch.device(device), input_args=(inp,), output_args=(out,),
+                                     group=group))
+    micro = plan["mesh"]["micro_batches"]
+    cls = getattr(S, SCHEDULES[schedule])
+    if schedule == "interleaved_1f1b":
+        sched = cls(pstages, micro, loss_fn=loss_fn)
+    else:
+        if len(pstages) != 1:
+            raise ConfigError("mesh.pp_schedule", f"{schedule} runs one stage per rank; vpp is {vpp}")
+        sched = cls(pstages[0], micro, loss_fn=loss_fn)
+    return modules, pstages, sched
+
+
+def loss_fn(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Cross entropy of one micro-batch (the schedule scales gradients by 1 / micro-batches)."""
+    return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
+
+
+class PipelineRecorder(CollectiveRecorder):
+    """:class:`CollectiveRecorder` that names P2P as meshplan does (see the module docstring).
+    ``p2p_phase``: buffer address -> phase, filled by :func:`instrument`."""
+
+    def __init__(self):
+        super().__init__()
+        self.p2p_phase: dict[int, str] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        n = len(self.records)
+        out = super().__torch_dispatch__(func, types, args, kwargs)
+        if len(self.records) > n and self.records[-1].op in ("send", "recv"):
+            rec = self.records[-1]
+            t = args[0][0] if isinstance(args[0], (list, tuple)) else args[0]
+            phase = self.p2p_phase.get(t.data_ptr(), "schedule-setup")
+            self.records[-1] = type(rec)(**{**rec.__dict__, "op": "send/recv", "phase": phase,
+                                            "torch_op": f"{rec.torch_op} ({rec.op})"})
+        return out
+
+
+def instrument(stage, runner: "PipelineRunner") -> None:
+    """Wrap ``stage``'s P2P op builders and compute entry points so the active recorder
+    (``runner.rec``) labels what follows."""
+    for name, phase in (("get_fwd_send_ops", "forward"), ("get_fwd_recv_ops", "forward"),
+                        ("get_bwd_send_ops", "backward"), ("get_bwd_recv_ops", "backward")):
+        orig = getattr(stage, name)
+
+        def wrapped(chunk_id, _orig=orig, _phase=phase):
+            ops = _orig(chunk_id)
+            if runner.rec is not None:
+                for op in ops:
+                    runner.rec.p2p_phase[op.tensor.data_ptr()] = _phase
+            return ops
+
+        setattr(stage, name, wrapped)
+    for name, phase in (("forward_one_chunk", "forward"), ("backward_one_chunk", "backward")):
+        orig = getattr(stage, name)
+
+        def entered(*a, _orig=orig, _phase=phase, **kw):
+            runner.set_phase(_phase)
+            with record_function(_phase):
+                return _orig(*a, **kw)
+
+        setattr(stage, name, entered)
+
+
+class PipelineRunner:
+    """The worker's Runner for pp > 1: one schedule step per training step."""
+
+    # the worker measures memory by the resident set instead (worker.memory_step)
+    memory_tracker_fails = ("not used with a pipeline schedule: under FSDPMemTracker's module hooks the last "
+                            "stage's backward fails (torch 2.13: 'Trying to backward through the graph a second time')")
+
+    def __init__(self, modules, pstages, sched, training, mesh, rank, vocab, seed, status, device, micro: int):
+        self.modules, self.pstages, self.sched = modules, pstages, sched
+        self.model = modules[0] if len(modules) == 1 else nn.ModuleList(modules)
+        self.training, self.mesh, self.rank = training, mesh, rank
+        self.vocab, self.seed, self.status, self.device = vocab, seed, status, device
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-4, foreach=False)
+        self.micro = micro
+        self.has_first = any(s.is_first for s in pstages)
+        self.has_last = any(s.is_last for s in pstages)
+        self.rec: Optional[PipelineRecorder] = None
+        self._index = 0
+        for s in pstages:
+            instrument(s, self)
+
+    def recorder(self) -> PipelineRecorder:
+        self.rec = PipelineRecorder()
+        return self.rec
+
+    def set_phase(self, phase: str) -> None:
+        self.status.set(self._index, phase)
+        if self.rec is not None:
+            self.rec.phase = phase
+
+    def step(self, index: int, rec=None) -> dict:
+        from .worker import batch
+
+        self._index = index
+        if rec is None:
+            self.rec = None
+        tokens, labels = zip(*(batch(self.training, self.mesh, self.rank, index, mb, self.vocab, self.seed)
+                               for mb in range(self.micro)))
+        tokens, labels = torch.cat(tokens).to(self.device), torch.cat(labels).to(self.device)
+        losses: list = []
+        t_step = time.perf_counter()
+        args = (tokens,) if self.has_first else ()
+        kw = dict(target=labels, losses=losses) if self.has_last else {}
+        with record_function("schedule"):
+            self.sched.step(*args, **kw)
+        t_sched = time.perf_counter() - t_step
+        self.set_phase("step")
+        self.status.set(index, "optimizer")
+        t0 = time.perf_counter()
+        with record_function("optimizer"):
+            self.opt.step()
+            self.opt.zero_grad()
+        t_opt = time.perf_counter() - t0
+        loss = sum(float(x.detach()) for x in losses) / len(losses) if losses else None
+        self.rec = None
+        return {"step": index, "step_s": time.perf_counter() - t_step,
+                "phases_s": {"forward": t_sched, "loss": 0.0, "backward": 0.0, "optimizer": t_opt},
+                "loss": loss, "micro_batches": self.micro, "pipeline_stages": [s.stage_index for s in self.pstages],
+                "note": "forward: the whole pipeline schedule (forward, loss, backward of every micro-batch)"}
+
+
+def build_runner(plan: dict, model_spec, training, mesh, dm, rank: int, vocab: int, seed: int, status, device: str):
+    """(model for start-up shapes, runner) of this rank for a pp > 1 plan."""
+    modules, pstages, sched = build_stages(plan, model_spec, training, mesh, dm, vocab, seed, device)
+    runner = PipelineRunner(modules, pstages, sched, training, mesh, rank, vocab, seed, status, device,
+                            plan["mesh"]["micro_batches"])
+    return runner.model, runner

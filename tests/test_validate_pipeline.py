@@ -1,0 +1,109 @@
+"""Pipeline parallelism on the real engine (meshplan.runtime.pipelined).
+
+Fast (one process, no process group): a model split into the plan's stages computes the full
+model's logits with the full model's initial weights. Multi-process (``slow``, ~25-35 s on 2
+cores): ``meshplan validate`` of pp 2 x dp_shard 2 with Schedule1F1B and 4 micro-batches on
+4 gloo ranks: the loss is finite on the last stage, the DeviceMesh groups equal the plan's,
+every rank's pipeline send/recv equals the plan's pp rows exactly (count, bytes, dtype,
+phase), and every other difference is the known, explained one listed in ``KNOWN``.
+"""
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from meshplan.runtime.validate import Options, validate  # noqa: E402
+from meshplan.spec.config import load_config  # noqa: E402
+from meshplan.spec.model import ModelSpec  # noqa: E402
+
+DATA = Path(__file__).parent / "data"
+PP_FSDP = DATA / "validate_llama8b_pp2_fsdp.toml"
+
+
+def test_stage_split_computes_the_full_models_logits():
+    from meshplan.pipeline import stage_layers
+    from meshplan.runtime.model import Transformer
+    from meshplan.runtime.pipelined import StageModule, init_stage_weights
+
+    spec = ModelSpec(layers=4, hidden=64, ffn=128, q_heads=4, kv_heads=2, vocab=100)
+    ref = Transformer(spec)
+    ref.init_weights(seed=3)
+    tokens = torch.randint(0, 100, (2, 8), generator=torch.Generator().manual_seed(0))
+    pp, vpp = 2, 2
+    layers = stage_layers(4, pp, vpp)
+    with torch.device("meta"):
+        full = Transformer(spec)
+    # rank 1 materialises only its own chunks: the values must still be the full model's
+    mods = {c * pp + k: StageModule(full, layers[k][c], first=c * pp + k == 0, last=c * pp + k == pp * vpp - 1)
+            for k in range(pp) for c in range(vpp)}
+    for v in (1, 3):
+        mods[v].to_empty(device="cpu")
+    init_stage_weights(full, seed=3)
+    assert torch.equal(mods[1].layers["1"].attention.wq.weight, ref.layers["1"].attention.wq.weight)
+    assert torch.equal(mods[3].output.weight, ref.output.weight)
+    for v in (0, 2):
+        mods[v].to_empty(device="cpu")
+    init_stage_weights(full, seed=3)
+    x = tokens
+    for v in range(pp * vpp):
+        x = mods[v](x)
+    assert torch.allclose(x, ref(tokens), atol=1e-6)
+    assert list(mods[0].state_dict()) [:1] == ["embedding.weight"] and "output.weight" in mods[3].state_dict()
+
+
+# The differences a pp 2 x dp_shard 2, 1F1B, 4 micro-batch run shows against meshplan's table
+# (model: 4 layers, hidden 256, vocab 512, micro-batch 1 x seq 32, fp32). Layer unit 3409920 B,
+# root units 524288 B (embedding, stage 0) and 525312 B (final norm + output, stage 1).
+# - schedule-setup: torch 2.13's static-mode warm-up vote, one int32 per stage boundary each
+#   way, on the first step only (not in the plan: not part of steady-state training);
+# - FSDP under a pipeline schedule: PipelineStage turns gradient sync off for every backward but
+#   the last (set_requires_gradient_sync / set_reshard_after_backward False) and reduce-scatters
+#   once per step in _post_backward; so the gradient reduce-scatter is once per unit per step,
+#   not per micro-batch; a unit left unsharded by a backward is not all-gathered again by the
+#   next forward (then resharded by reshard_after_forward), so the all-gathers follow the 1F1B
+#   order: stage 0 (F F B F B F B B) 2 forward + 3 backward per layer, stage 1 (F B F B ...) 1 + 4;
+#   the root unit (never resharded) is gathered once per step.
+KNOWN = sorted([
+    "ranks 0,1: dp_shard backward all-gather 3409920 B fp32: torch 6, meshplan 8",
+    "ranks 0-3: dp_shard backward reduce-scatter 3409920 B fp32: torch 2, meshplan 8",
+    "ranks 0,1: dp_shard backward reduce-scatter 524288 B fp32: torch 1, meshplan 4",
+    "ranks 0,1: dp_shard forward all-gather 3409920 B fp32: torch 4, meshplan 8",
+    "ranks 0,1: dp_shard forward all-gather 524288 B fp32: torch 1, meshplan 4",
+    "ranks 0-3: pp schedule-setup send/recv 4 B int32: torch 2, meshplan 0",
+    "ranks 2,3: dp_shard backward reduce-scatter 525312 B fp32: torch 1, meshplan 4",
+    "ranks 2,3: dp_shard forward all-gather 3409920 B fp32: torch 2, meshplan 8",
+    "ranks 2,3: dp_shard forward all-gather 525312 B fp32: torch 1, meshplan 4",
+])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_pp2_dp_shard2_1f1b_send_recv_match_the_plan(tmp_path):
+    out = tmp_path / "ev"
+    code, res = validate(load_config(PP_FSDP), Options(worlds=(4,), layers=4, seq_len=32, vocab=512, steps=1,
+                                                       micro_batches=4, timeout_s=90), out, echo=lambda *_: None)
+    r = res[0]
+    assert r.get("stage") == "compare", r["message"]
+    comp = r["comparison"]
+    plan = json.loads((out / "world4" / "plan.json").read_text())
+    assert plan["mesh"]["micro_batches"] == 4 and plan["mesh"]["stages"] == [[[0, 1]], [[2, 3]]]
+    for rank in range(4):
+        start = json.loads((out / "world4" / f"rank{rank}" / "startup.json").read_text())
+        assert start["group_differences"] == []
+        assert start["groups"] == {a: next(g for g in plan["groups"][a] if rank in g) for a in ("pp", "dp_shard")}
+        steps = json.loads((out / "world4" / f"rank{rank}" / "timings.json").read_text())["steps"]
+        last_stage = rank in (2, 3)
+        assert all((s["loss"] is not None and math.isfinite(s["loss"])) == last_stage for s in steps)
+        assert all(s["micro_batches"] == 4 for s in steps)
+    pp_rows = [row for row in comp["collectives"] if row["axis"] == "pp" and row["phase"] != "schedule-setup"]
+    assert {(row["phase"], row["op"], row["size_bytes"], row["dtype"]) for row in pp_rows} == {
+        ("forward", "send/recv", 1 * 32 * 256 * 4, "fp32"), ("backward", "send/recv", 1 * 32 * 256 * 4, "fp32")}
+    for row in pp_rows:  # one send (stage 0) or recv (stage 1) per micro-batch each way: 4 = the plan's per_step
+        assert [row[f"rank{k}"] for k in range(4)] == [row[f"meshplan_rank{k}"] for k in range(4)] == [4] * 4
+    assert sorted(comp["differences"]) == KNOWN
+    assert code == 1  # the FSDP counts above differ from the table until collectives.py models them
