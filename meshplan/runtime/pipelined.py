@@ -23,7 +23,8 @@ stages, run by the schedule the config names.
   from the stage's ``get_{fwd,bwd}_{send,recv}_ops``, by buffer address). Other collectives
   (FSDP) take the phase of the stage computation that issued them (``forward_one_chunk`` /
   ``backward_one_chunk``); the ones after the last backward (FSDP's deferred gradient
-  reduce-scatter in ``_post_backward``) keep ``backward``. P2P outside those ops (torch 2.13's
+  reduce-scatter in ``_post_backward``) keep ``backward``; those before the first stage
+  computation (the interleaved schedule's FSDP unshard of every chunk) are phase ``schedule``. P2P outside those ops (torch 2.13's
   warm-up vote of static mode: one int32 per stage boundary on the first step) is phase
   ``schedule-setup``.
 
@@ -268,6 +269,7 @@ class PipelineRunner:
                                for mb in range(self.micro)))
         tokens, labels = torch.cat(tokens).to(self.device), torch.cat(labels).to(self.device)
         losses: list = []
+        self.set_phase("schedule")  # what a schedule issues before its first stage computation (FSDP unshard)
         t_step = time.perf_counter()
         args = (tokens,) if self.has_first else ()
         kw = dict(target=labels, losses=losses) if self.has_last else {}
