@@ -339,6 +339,27 @@ def catalog_cmd(kind: str = typer.Argument("model", help="gpu, node, network or 
         typer.echo(f"{name}: {catalog.entry(kind, name).get('source', '')}")
 
 
+@app.command("validate-slice")
+def validate_slice(configs: list[Path] = typer.Argument(..., help="TOML configs of one workload, one mesh each"),
+                   testbed: str = typer.Option(..., "--testbed", help="prefix of a `meshplan testbed up` cluster"),
+                   world: int = typer.Option(8, "--world", help="ranks per mesh (nodes x ranks per node)"),
+                   layers: int = typer.Option(2, "--layers", help="layers of the scaled-down model"),
+                   hidden_div: int = typer.Option(64, "--hidden-div", help="divide hidden, head_dim, ffn by N"),
+                   seq_len: int = typer.Option(512, "--seq-len", help="tokens per sequence in the run"),
+                   vocab: int = typer.Option(128, "--vocab", help="vocabulary of the scaled-down model"),
+                   steps: int = typer.Option(3, "--steps", help="timed steps per mesh"),
+                   timeout_s: float = typer.Option(120.0, "--timeout-s", help="wall-clock limit per mesh"),
+                   out: Path = typer.Option(Path("slice-out"), "--out", help="evidence folder"),
+                   force: bool = typer.Option(False, "--force", help="replace an existing slice folder")):
+    """Run several meshes on the testbed; order measured step times against predicted; keep the rejected."""
+    from .runtime.slice import main as slice_main
+    from .runtime.validate import Options
+
+    opt = Options(worlds=(world,), layers=layers, hidden_div=hidden_div, seq_len=seq_len, vocab=vocab,
+                  steps=steps, timeout_s=timeout_s, testbed=testbed)
+    raise typer.Exit(slice_main([str(c) for c in configs], testbed, out, opt, force))
+
+
 testbed_app = typer.Typer(no_args_is_help=True, help="Emulated multi-node cluster in network namespaces (root).")
 app.add_typer(testbed_app, name="testbed")
 
