@@ -141,7 +141,8 @@ def collective_table(model: ModelSpec, training: TrainingSpec, mesh: Mesh, clust
         path = paths.setdefault(axis, axis_path(mesh, placement, cluster, axis))
         alg, t = collective_time(op, n, size, path.bandwidth_bytes_per_s, path.kind, nvls=cluster.node.fabric.nvls,
                                  latency_scale=path.latency_scale, nodes=path.nodes,
-                                 intra_bandwidth_bytes_per_s=cluster.node.fabric.bandwidth_bytes_per_s)
+                                 intra_bandwidth_bytes_per_s=cluster.node.fabric.bandwidth_bytes_per_s,
+                                 library=cluster.collective_library)
         rows.append(CollectiveRow(mesh.display_name(axis), phase, op, n, mesh.world // n,
                                   tuple(mesh.group_of(0, axis)), float(size), dtype, per_mb,
                                   per_step if per_step is not None else per_mb * micro_batches,

@@ -131,7 +131,7 @@ def tree_time(n: int, size_bytes: float, bandwidth_bytes_per_s: float, network: 
 
 def collective_time(op: str, n: int, size_bytes: float, bandwidth_bytes_per_s: float, kind: str,
                     nvls: bool = False, latency_scale: float = 1.0, nodes: int = 1,
-                    intra_bandwidth_bytes_per_s: float = 0.0) -> tuple[str, float]:
+                    intra_bandwidth_bytes_per_s: float = 0.0, library: str = "nccl") -> tuple[str, float]:
     """(algorithm, seconds): the fastest of the algorithms NCCL can run for ``op`` on a path of
     ``kind`` ("nvlink" inside a node or NVLink domain, "network" across ``nodes`` nodes):
 
@@ -150,7 +150,7 @@ def collective_time(op: str, n: int, size_bytes: float, bandwidth_bytes_per_s: f
     """
     network = kind == "network"
     best = ("ring", ring_time(op, n, size_bytes, bandwidth_bytes_per_s, network, latency_scale=latency_scale))
-    if n <= 1:
+    if n <= 1 or library != "nccl":  # gloo runs rings only
         return best
     options = []
     if op == "all-reduce" and kind == "nvlink" and nvls:

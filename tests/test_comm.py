@@ -59,3 +59,9 @@ def test_algorithm_choice():
     # large all-gather with one rank per node: only the ring applies
     assert collective_time("all-gather", 8, 2**30, 12.5e9, "network", nodes=8,
                            intra_bandwidth_bytes_per_s=450e9)[0] == "ring"
+
+
+def test_gloo_runs_rings_only():
+    from meshplan.comm import collective_time
+    assert collective_time("all-gather", 16, 65536, 50e9, "network", nodes=2, intra_bandwidth_bytes_per_s=450e9,
+                           library="gloo")[0] == "ring"

@@ -46,7 +46,8 @@ def testbed_cluster(prefix: str, world: int) -> tuple[ClusterSpec, str]:
     tier = NetworkTier(name="rail-bridge", latency_us=base.node.fabric.latency_us)
     why += (f"; testbed '{prefix}': {tb.nodes} nodes x {per_node} ranks, {tb.nics_per_node} NIC(s) per node at "
             f"{tb.rate_mbit:g} Mbit/s (tbf), every rank on nic0")
-    return ClusterSpec(name=f"testbed-{prefix}-{world}", gpu=base.gpu, node=node, nodes=tb.nodes, network=[tier],
+    return ClusterSpec(name=f"testbed-{prefix}-{world}", collective_library="gloo", gpu=base.gpu, node=node,
+                       nodes=tb.nodes, network=[tier],
                        source=why), why
 
 

@@ -141,7 +141,7 @@ def cpu_cluster(world: int, cores: Optional[int] = None) -> tuple[ClusterSpec, s
            f"core: {core['peak_fp32_tflops'] * share * 1e3:.1f} GFLOP/s fp32 peak, "
            f"{core['memory_bandwidth_gb_per_s'] * share:.2f} GB/s memory, loopback {lo['bandwidth_gb_per_s'] * share:.3f}"
            f" GB/s and {lo['latency_us']:g} us per step; {mem / world / 2**30:.2f} GiB of RAM per rank")
-    return ClusterSpec(name=f"cpu-testbed-{world}", gpu=gpu, node=node, nodes=1, network=[],
+    return ClusterSpec(name=f"cpu-testbed-{world}", collective_library="gloo", gpu=gpu, node=node, nodes=1, network=[],
                        source=why), why
 
 

@@ -8,7 +8,7 @@ catalog entry has a ``source``.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -149,7 +149,9 @@ class NodeSpec(BaseModel):
 
 
 class ClusterSpec(BaseModel):
-    """``nodes`` identical nodes joined by ``network`` tiers (innermost first)."""
+    """``nodes`` identical nodes joined by ``network`` tiers (innermost first).
+    ``collective_library``: NCCL chooses among ring, tree, NVLS and hierarchical algorithms;
+    gloo (the CPU testbed) runs rings only."""
 
     model_config = _STRICT
     name: str = "custom"
@@ -157,6 +159,7 @@ class ClusterSpec(BaseModel):
     node: NodeSpec
     nodes: int = Field(gt=0)
     network: list[NetworkTier] = Field(default_factory=list)
+    collective_library: Literal["nccl", "gloo"] = "nccl"
     source: str = ""
 
     @property
