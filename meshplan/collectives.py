@@ -30,8 +30,11 @@ Conventions, matched op by op against what torch 2.13 issues for DTensor TP/SP a
 - ZeRO-1/2 (Megatron distributed optimizer): one gradient reduce-scatter and one parameter
   all-gather per step, as one bucket per stage. DDP (none): one gradient all-reduce per step.
 - CP: all-gather of the local K and V per layer forward, reduce-scatter of dK, dV backward.
-- PP: one send/recv of the activation per micro-batch per chunk boundary in forward and one
-  of its gradient in backward; with SP the sent tensor is split over tp.
+- PP: per micro-batch, one send of the activation for every chunk that is not the model's
+  last and one receive for every chunk that is not its first (``2 vpp - first - last``), in
+  forward, and the same for gradients in backward; with SP the sent tensor is split over tp.
+  With pp > 1, FSDP2 inside ``torch.distributed.pipelining`` reduce-scatters each unit once
+  per step and gathers it when the schedule finds it sharded (:func:`_pipelined_gathers`).
 - EP: all-to-all dispatch and combine per MoE layer, forward and backward.
 """
 
@@ -129,8 +132,10 @@ def axis_path(mesh: Mesh, placement, cluster: ClusterSpec, axis: str) -> Path:
 def collective_table(model: ModelSpec, training: TrainingSpec, mesh: Mesh, cluster: ClusterSpec,
                      placement, stage_layers: list[int], micro_batches: int,
                      first_stage: bool = True, last_stage: bool = True,
-                     loss_parallel: bool = True) -> list[CollectiveRow]:
-    """Rows for one pipeline stage holding ``stage_layers`` (layer indices)."""
+                     loss_parallel: bool = True, stage: int = 0, vpp: int = 1,
+                     schedule: str = "1f1b") -> list[CollectiveRow]:
+    """Rows for pipeline stage ``stage`` holding ``stage_layers`` (layer indices) in ``vpp``
+    chunks, run under ``schedule`` with ``micro_batches`` micro-batches."""
     rows: list[CollectiveRow] = []
     paths: dict[str, Path] = {}
 
@@ -148,7 +153,7 @@ def collective_table(model: ModelSpec, training: TrainingSpec, mesh: Mesh, clust
                                   per_step if per_step is not None else per_mb * micro_batches,
                                   cadence, path, t, waits, depth, alg, per_mb / max(len(stage_layers), 1)))
 
-    ctx = _Ctx(model, training, mesh, stage_layers, first_stage, last_stage)
+    ctx = _Ctx(model, training, mesh, stage_layers, first_stage, last_stage, stage, vpp, schedule, micro_batches)
     _tp_rows(add, ctx, loss_parallel)
     _cp_rows(add, ctx)
     _dp_rows(add, ctx)
@@ -164,6 +169,10 @@ class _Ctx:
     layers: list[int]
     first: bool
     last: bool
+    stage: int = 0
+    vpp: int = 1
+    schedule: str = "1f1b"
+    micro: int = 1
 
     @property
     def act_bytes(self) -> int:
@@ -248,16 +257,23 @@ def _dp_rows(add, c: _Ctx) -> None:
     shards = {"fsdp": mesh.degree("fsdp"), "efsdp": mesh.degree("efsdp")}
     ag, rs = t.compute_dtype, t.reduce_dtype
     if t.sharding in ("zero3", "hsdp"):
+        pipelined = mesh.degree("pp") > 1
         for (label, axis, numel), n in Counter(_units(c, shards)).items():
             root = label.startswith("root")
-            back = 0 if root or not t.reshard_after_forward else n
             cadence = f"per {label}" if root else f"every {label}"
-            add(axis, "forward", "all-gather", numel * dtype_bytes(ag), ag, n, cadence, f"the {label}'s GEMMs", 7)
-            add(axis, "backward", "all-gather", numel * dtype_bytes(ag), ag, back, cadence, f"the {label}'s backward", 7)
-            add(axis, "backward", "reduce-scatter", numel * dtype_bytes(rs), rs, n, cadence, "optimizer step")
+            per_step = _pipelined_gathers(c, root) if pipelined else None
+            fwd = (0, per_step[0] * n) if pipelined else (n, None)
+            back = (0, per_step[1] * n) if pipelined else (0 if root or not t.reshard_after_forward else n, None)
+            red = (0, n) if pipelined else (n, None)
+            add(axis, "forward", "all-gather", numel * dtype_bytes(ag), ag, fwd[0], cadence, f"the {label}'s GEMMs", 7,
+                per_step=fwd[1])
+            add(axis, "backward", "all-gather", numel * dtype_bytes(ag), ag, back[0], cadence,
+                f"the {label}'s backward", 7, per_step=back[1])
+            add(axis, "backward", "reduce-scatter", numel * dtype_bytes(rs), rs, red[0], cadence, "optimizer step",
+                per_step=red[1])
             if "dp_replicate" in mesh.layout.names:
-                add("dp_replicate", "backward", "all-reduce", numel // shards[axis] * dtype_bytes(rs), rs, n,
-                    cadence + " (HSDP replicas)", "optimizer step")
+                add("dp_replicate", "backward", "all-reduce", numel // shards[axis] * dtype_bytes(rs), rs, red[0],
+                    cadence + " (HSDP replicas)", "optimizer step", per_step=red[1])
         return
     by_axis = Counter()
     for _, axis, numel in _units(c, shards):
@@ -273,13 +289,36 @@ def _dp_rows(add, c: _Ctx) -> None:
                 "once per step (DDP)", "optimizer step", per_step=1)
 
 
+def _pipelined_gathers(c: _Ctx, root: bool) -> tuple[int, int]:
+    """(forward, backward) all-gathers per step of one FSDP unit of a pipeline stage, as torch
+    ``PipelineStage`` runs FSDP2: gradient sync and reshard-after-backward are off for every
+    backward but the last, so a unit stays gathered after a backward, is resharded after a
+    forward (``reshard_after_forward``; never the root), and is gathered whenever a pass finds
+    it sharded. Walks the stage's order from :func:`meshplan.schedule.stage_order`."""
+    from .schedule import stage_order
+
+    reshard = c.training.reshard_after_forward and not root
+    order = [u for u in stage_order(c.schedule, c.mesh.degree("pp"), c.micro, c.vpp, c.stage)
+             if u.kind in "FB" and u.chunk == 0]  # chunk 0 stands for every chunk of the stage
+    sharded, counts = True, {"F": 0, "B": 0}
+    for u in order:
+        if sharded:
+            counts[u.kind] += 1
+        sharded = reshard if u.kind == "F" else False
+    return counts["F"], counts["B"]
+
+
 def _pp_ep_rows(add, c: _Ctx) -> None:
     t, mesh, m = c.training, c.mesh, c.model
     dt = t.compute_dtype
-    if mesh.degree("pp") > 1:
+    pp = mesh.degree("pp")
+    if pp > 1:
         sent = c.act_bytes / (mesh.degree("tp") if mesh.sequence_parallel else 1)
-        add("pp", "forward", "send/recv", sent, dt, 1, "every micro-batch", "next stage's forward")
-        add("pp", "backward", "send/recv", sent, dt, 1, "every micro-batch", "previous stage's backward")
+        # one send per chunk that is not the model's last, one receive per chunk that is not its first
+        n = 2 * c.vpp - (c.stage == 0) - (c.stage == pp - 1)
+        add("pp", "forward", "send/recv", sent, dt, n, "every micro-batch per chunk boundary", "next stage's forward")
+        add("pp", "backward", "send/recv", sent, dt, n, "every micro-batch per chunk boundary",
+            "previous stage's backward")
     if mesh.ep > 1:
         moe = sum(m.is_moe_layer(i) for i in c.layers)
         a2a = c.act_bytes * m.top_k * mesh.etp // mesh.degree("tp")  # distinct tokens per rank (see shapes)

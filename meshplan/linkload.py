@@ -129,7 +129,9 @@ def concurrency(st, stage: int = 0) -> dict[tuple[str, str], float]:
 
 def edge_loads(plan, st, stage: int = 0) -> list[EdgeLoad]:
     """Load on rank 0's NVLink, node 0's NICs and the rails' spine uplinks per step."""
-    rows = plan.collectives[f"stage {0 if stage == 0 else len(plan.stages) - 1}"]
+    from .plan import stage_table
+
+    rows = stage_table(plan, stage)
     compute_s = sum(e.end_s - e.start_s for e in st.trace_events(detail=True)
                     if e.stage == stage and e.stream == "compute" and "unit" in e.args)
     n_layers = sum(len(c) for c in plan.stages[stage])

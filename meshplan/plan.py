@@ -117,12 +117,21 @@ def memory_reasons(timelines: tuple[Timeline, ...]) -> tuple[str, ...]:
 
 
 def _collectives(config: Config, mesh: Mesh, placement, stages, micro) -> dict[str, list[CollectiveRow]]:
-    """Tables for the first and the last stage (the two roles that differ)."""
-    pp = len(stages)
+    """Tables for the first stage, one middle stage (pp > 2) and the last stage: the roles
+    that differ (middle stages hold no embedding or head and talk to two neighbours)."""
+    pp, vpp = len(stages), len(stages[0])
     out = {}
-    for k in sorted({0, pp - 1}):
+    for k in sorted({0, min(1, pp - 1), pp - 1} if pp > 2 else {0, pp - 1}):
         layers = [i for chunk in stages[k] for i in chunk]
         out[f"stage {k}"] = collective_table(config.model, config.training, mesh, config.cluster, placement,
                                              layers, micro, first_stage=k == 0, last_stage=k == pp - 1,
-                                             loss_parallel=config.mesh.loss_parallel)
+                                             loss_parallel=config.mesh.loss_parallel, stage=k, vpp=vpp,
+                                             schedule=config.mesh.pp_schedule)
     return out
+
+
+def stage_table(plan: "Plan", stage: int) -> list[CollectiveRow]:
+    """The collective table of pipeline stage ``stage`` (middle stages share stage 1's)."""
+    pp = len(plan.stages)
+    key = 0 if stage == 0 else pp - 1 if stage == pp - 1 else 1
+    return plan.collectives[f"stage {key}"]

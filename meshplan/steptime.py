@@ -193,7 +193,9 @@ def step_time(plan, overlap: Overlap = Overlap(), *, dropout: bool = False, tabl
                          + "; ".join(plan.reasons))
     cfg, w = plan.config, workload_of(plan, dropout)
     p, v, m = len(plan.stages), plan.vpp, plan.micro_batches
-    comms = [CommTimes.from_rows(plan.collectives[f"stage {0 if s < p - 1 else p - 1}"],
+    from .plan import stage_table
+
+    comms = [CommTimes.from_rows(stage_table(plan, s),
                                  sum(len(c) for c in plan.stages[s])) for s in range(p)]
     chunks = chunk_costs(plan, w, table)
     base = PipelineSpec(schedule or cfg.mesh.pp_schedule, p, m, v, p2p_s=max(c.p2p_s for c in comms))

@@ -57,30 +57,13 @@ def test_stage_split_computes_the_full_models_logits():
     assert list(mods[0].state_dict()) [:1] == ["embedding.weight"] and "output.weight" in mods[3].state_dict()
 
 
-# The differences a pp 2 x dp_shard 2, 1F1B, 4 micro-batch run shows against meshplan's table
-# (model: 4 layers, hidden 256, vocab 512, micro-batch 1 x seq 32, fp32). Layer unit 3409920 B,
-# root units 524288 B (embedding, stage 0) and 525312 B (final norm + output, stage 1).
-# - schedule-setup: torch 2.13's static-mode warm-up vote, one int32 per stage boundary each
-#   way, on the first step only (not in the plan: not part of steady-state training);
-# - FSDP under a pipeline schedule: PipelineStage turns gradient sync off for every backward but
-#   the last (set_requires_gradient_sync / set_reshard_after_backward False) and reduce-scatters
-#   once per step in _post_backward; so the gradient reduce-scatter is once per unit per step,
-#   not per micro-batch; a unit left unsharded by a backward is not all-gathered again by the
-#   next forward (then resharded by reshard_after_forward), so the all-gathers follow the 1F1B
-#   order: stage 0 (F F B F B F B B) 2 forward + 3 backward per layer, stage 1 (F B F B ...) 1 + 4;
-#   the root unit (never resharded) is gathered once per step.
-KNOWN = sorted([
-    "ranks 0,1: dp_shard backward all-gather 3409920 B fp32: torch 6, meshplan 8",
-    "ranks 0-3: dp_shard backward reduce-scatter 3409920 B fp32: torch 2, meshplan 8",
-    "ranks 0,1: dp_shard backward reduce-scatter 524288 B fp32: torch 1, meshplan 4",
-    "ranks 0,1: dp_shard forward all-gather 3409920 B fp32: torch 4, meshplan 8",
-    "ranks 0,1: dp_shard forward all-gather 524288 B fp32: torch 1, meshplan 4",
-    "ranks 0-3: pp schedule-setup send/recv 4 B int32: torch 2, meshplan 0",
-    "ranks 2,3: dp_shard backward reduce-scatter 525312 B fp32: torch 1, meshplan 4",
-    "ranks 2,3: dp_shard forward all-gather 3409920 B fp32: torch 2, meshplan 8",
-    "ranks 2,3: dp_shard forward all-gather 525312 B fp32: torch 1, meshplan 4",
-])
-
+# pp 2 x dp_shard 2, 1F1B, 4 micro-batches (model: 4 layers, hidden 256, vocab 512, micro-batch
+# 1 x seq 32, fp32). FSDP under a pipeline schedule: PipelineStage turns gradient sync off for
+# every backward but the last, so each unit is reduce-scattered once per step, and a unit left
+# unsharded by a backward is not gathered again by the next forward: the all-gathers follow the
+# 1F1B order (stage 0, F F B F B F B B: 2 forward + 3 backward per layer; stage 1: 1 + 4), the
+# root unit once per step. meshplan's table models this (collectives._pipelined_gathers). The
+# static-mode warm-up vote of the first step is set-up traffic, left out of the comparison.
 
 @pytest.mark.slow
 @pytest.mark.timeout(120)
@@ -106,17 +89,16 @@ def test_pp2_dp_shard2_1f1b_send_recv_match_the_plan(tmp_path):
         ("forward", "send/recv", 1 * 32 * 256 * 4, "fp32"), ("backward", "send/recv", 1 * 32 * 256 * 4, "fp32")}
     for row in pp_rows:  # one send (stage 0) or recv (stage 1) per micro-batch each way: 4 = the plan's per_step
         assert [row[f"rank{k}"] for k in range(4)] == [row[f"meshplan_rank{k}"] for k in range(4)] == [4] * 4
-    assert sorted(comp["differences"]) == KNOWN
-    assert code == 1  # the FSDP counts above differ from the table until collectives.py models them
+    assert comp["differences"] == []
+    assert code == 0
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(120)
-def test_interleaved_1f1b_runs_and_shows_the_tables_chunk_boundary_count(tmp_path):
+def test_interleaved_1f1b_runs_and_matches_the_chunk_boundary_count(tmp_path):
     """pp 2 x vpp 2 (4 virtual stages over 2 ranks) x dp_shard 2, 4 micro-batches: each rank
     touches 3 chunk boundaries (virtual stages 0|1, 1|2, 2|3), so it issues 3 sends/recvs per
-    micro-batch each way: 12 per step, where the table has one per micro-batch (4). The table's
-    count per micro-batch should be 2 * vpp - first - last (see meshplan.collectives)."""
+    micro-batch each way: 12 per step, the table's 2 * vpp - first - last per micro-batch."""
     cfg = load_config(PP_FSDP)
     cfg = dataclasses.replace(cfg, mesh=cfg.mesh.model_copy(update={"pp_schedule": "interleaved_1f1b",
                                                                      "virtual_stages": 2}))
@@ -134,6 +116,5 @@ def test_interleaved_1f1b_runs_and_shows_the_tables_chunk_boundary_count(tmp_pat
     pp = {row["phase"]: row for row in r["comparison"]["collectives"] if row["axis"] == "pp"}
     for phase in ("forward", "backward"):
         assert [pp[phase][f"rank{k}"] for k in range(4)] == [12] * 4
-        assert [pp[phase][f"meshplan_rank{k}"] for k in range(4)] == [4] * 4
-    assert "ranks 0-3: pp forward send/recv 32768 B fp32: torch 12, meshplan 4" in r["comparison"]["differences"]
-    assert code == 1
+        assert [pp[phase][f"meshplan_rank{k}"] for k in range(4)] == [12] * 4
+    assert not [d for d in r["comparison"]["differences"] if " pp " in d]
