@@ -55,9 +55,12 @@ def test_pipeline_with_virtual_stages():
     assert p.feasible, p.reasons
     assert p.stages[0] == [list(range(0, 10)), list(range(40, 50))]
     assert p.stages[3] == [list(range(30, 40)), list(range(70, 80))]
-    assert set(p.collectives) == {"stage 0", "stage 3"}
+    assert set(p.collectives) == {"stage 0", "stage 1", "stage 3"}  # first, a middle one, last
     send = next(r for r in p.collectives["stage 0"] if r.axis == "pp")
     assert send.size_bytes == 8192 * 8192 * 2 / 8  # b*s*h bf16 split over tp by SP
+    # per micro-batch: a send for each chunk but the model's last, a receive for each but its first
+    counts = {k: next(r for r in p.collectives[f"stage {k}"] if r.axis == "pp").per_microbatch for k in (0, 1, 3)}
+    assert counts == {0: 3, 1: 4, 3: 3}
     assert p.micro_batches == 256
 
 
