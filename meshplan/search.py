@@ -8,7 +8,8 @@ The config's ``[mesh]`` table is ignored (a config without one is accepted); ``[
    ``(pp, dp_replicate, dp_shard, cp, tp)`` in that canonical order (tp innermost,
    node-major placement), with ep/etp for MoE, micro-batch, recompute, virtual stages and
    sharding; the validity rules of :mod:`meshplan.validity` on all at once.
-2. **Vectorised estimate** (:mod:`meshplan.search_memory`, :mod:`meshplan.search_time`):
+2. **Vectorised estimate** (:mod:`meshplan.search_memory`, :mod:`meshplan.search_bounds`,
+   :mod:`meshplan.search_time`):
    exact persistent state, a lower and an upper bound on the memory-timeline peak, a lower
    bound on the step time, the efficiency of the local GEMMs, all as numpy arrays.
 3. **Memory**: a lower bound above usable memory rejects, an upper bound within it keeps;
@@ -18,7 +19,11 @@ The config's ``[mesh]`` table is ignored (a config without one is accepted); ``[
    rejected, unless no candidate at or above it fits: then the capacity constraint
    requires the narrow GEMMs and the below-threshold candidates are kept (and the result
    says so).
-5. **Rank by exact step time**, best-first: candidates are planned and simulated exactly
+5. **Tighten the bound near the top**: candidates whose step-time bound is within 10% of
+   the ``top``-th smallest get the pipeline schedule evaluated exactly on their unit
+   bounds (:mod:`meshplan.search_pipeline`), still a lower bound, usually within 0.1% of
+   the simulation.
+6. **Rank by exact step time**, best-first: candidates are planned and simulated exactly
    (``build_plan`` + ``step_time(plan, Overlap())``, what ``meshplan plan`` and ``meshplan
    step`` run) in increasing order of their step-time lower bound, until ``top`` feasible
    ones are known and the next candidate's lower bound exceeds the ``top``-th exact step
@@ -26,6 +31,11 @@ The config's ``[mesh]`` table is ignored (a config without one is accepted); ``[
    candidate of small worlds), no candidate left unplanned can enter the top: the top is
    the one an exhaustive exact evaluation gives. ``exact_max`` caps the planned
    candidates; reaching it is reported (the top is then not proven).
+7. **Settle the rest near the memory limit** within ``settle_s`` seconds (their verdict only
+   changes the counts); any left are counted as undecided, never as feasible or rejected.
+
+Ties in step time are broken by enumeration index, the same in the exhaustive check.
+Exact plans run on ``workers`` forked processes (default: the CPUs this process may use).
 
 Goodput (:mod:`meshplan.reliability`, storage bandwidths and restart overhead from
 ``[search]``) is printed for the top candidates, not ranked.
@@ -41,35 +51,16 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from . import constraints as cons
-from .plan import build_plan
-from .rank_timeline import Overlap
-from .reliability import reliability
 from .search_bounds import bounds
+from .search_exact import Exact, Planner, Pool
 from .search_memory import Tables, stage_layout, state
-from .search_space import CODE, OK, REASONS, Candidates, candidate_config, enumerate_candidates, first_reason
-from .search_time import TimeTables, gemm_efficiency, step_lower_bound
+from .search_space import CODE, OK, REASONS, Candidates, enumerate_candidates, first_reason
+from .search_pipeline import pipeline_bound
+from .search_time import TimeTables, gemm_efficiency, step_lower_bound, unit_bounds
 from .spec.config import Config
-from .steptime import step_time
 
 #: Relative slack on the step-time bound in the stopping rule (floating-point rounding).
 BOUND_SLACK = 1e-9
-
-
-@dataclass(frozen=True)
-class Exact:
-    """One candidate planned exactly: ``feasible`` and ``reasons`` from build_plan,
-    ``peak_bytes`` of the most loaded stage, and (when simulated) ``step_s``, ``mfu``,
-    ``tokens_per_s``, ``goodput``."""
-
-    index: int
-    feasible: bool
-    reasons: tuple[str, ...]
-    peak_bytes: float
-    step_s: Optional[float] = None
-    mfu: Optional[float] = None
-    tokens_per_s: Optional[float] = None
-    goodput: Optional[float] = None
 
 
 @dataclass
@@ -114,64 +105,25 @@ class SearchResult:
         return out
 
 
-class _Planner:
-    """Exact evaluation of candidates, with the constraints cached per training contract
-    (they do not depend on the mesh)."""
-
-    def __init__(self, cfg: Config, cands: Candidates):
-        self.cfg, self.cands = cfg, cands
-        self.constraints: dict = {}
-
-    def __call__(self, job: tuple[int, bool]) -> Exact:
-        i, simulate = job
-        cc = candidate_config(self.cfg, self.cands, i)
-        t = cc.training
-        if t not in self.constraints:
-            self.constraints[t] = cons.constraints(cc.model, t, cc.cluster, cc.cluster.world)
-        plan = build_plan(cc, self.constraints[t])
-        peak = max((tl.peak.total_bytes for tl in plan.timelines), default=float("nan"))
-        if not simulate or plan.stages is None:
-            return Exact(i, plan.feasible, plan.reasons, peak)
-        st = step_time(plan, Overlap())
-        o = self.cfg.search
-        good = reliability(plan, write_bandwidth_bytes_per_s=o.checkpoint_write_gb_per_s * 1e9,
-                           read_bandwidth_bytes_per_s=o.checkpoint_read_gb_per_s * 1e9,
-                           restart_overhead_s=o.restart_overhead_s).goodput if plan.feasible else None
-        return Exact(i, plan.feasible, plan.reasons, peak, st.step_s, st.mfu, st.tokens_per_s, good)
-
-
-_WORKER: Optional[_Planner] = None
-
-
-def _work(job):
-    return _WORKER(job)
-
-
-class _Pool:
-    """Runs planner jobs in order, on ``workers`` forked processes when > 1."""
-
-    def __init__(self, planner: _Planner, workers: int):
-        global _WORKER
-        self.planner, self.pool = planner, None
-        if workers > 1:
-            import multiprocessing as mp
-
-            _WORKER = planner
-            try:
-                self.pool = mp.get_context("fork").Pool(workers)
-            except (OSError, ValueError):
-                self.pool = None
-        self.workers = workers if self.pool else 1
-
-    def map(self, jobs: list) -> list[Exact]:
-        if self.pool is None or len(jobs) < 2:
-            return [self.planner(j) for j in jobs]
-        return self.pool.map(_work, jobs, chunksize=1)
-
-    def close(self):
-        if self.pool is not None:
-            self.pool.close()
-            self.pool.join()
+def refine(cfg: Config, c: Candidates, est: Estimates, idx: np.ndarray) -> None:
+    """Raise the step-time bound of candidates ``idx`` to the exact pipeline schedule of
+    their unit bounds (:mod:`meshplan.search_pipeline`), in place."""
+    if not len(idx):
+        return
+    tables = Tables(cfg)
+    tt = TimeTables(cfg, tables)
+    sub = c.take(idx)
+    micro = cfg.training.global_batch // (sub.mb * sub.dp)
+    for p in np.unique(sub.pp):
+        at = np.flatnonzero(sub.pp == p)
+        g = sub.take(at)
+        st = stage_layout(cfg, g, int(p))
+        u = unit_bounds(cfg, tt, g, st, state(cfg, tables, g, st))
+        for v, m in sorted({(int(g.vpp[j]), int(micro[at[j]])) for j in range(len(g))}):
+            sel = np.flatnonzero((g.vpp == v) & (micro[at] == m))
+            part = {k: a[sel] for k, a in u.items()}
+            i = idx[at[sel]]
+            est.step_lo[i] = np.maximum(est.step_lo[i], pipeline_bound(part, v, m))
 
 
 def estimate(cfg: Config, c: Candidates, code: np.ndarray) -> Estimates:
@@ -224,12 +176,15 @@ def search(cfg: Config, progress: Optional[Progress] = None, workers: Optional[i
     decided[valid & (est.peak_hi * (1 + margin) <= usable)] = BOUND
     above = est.gemm >= o.min_gemm_efficiency
     workers = workers or max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count())
-    pool = _Pool(_Planner(cfg, c), workers)
+    pool = Pool(Planner(cfg, c), workers)
     run = _Runner(pool, code, decided, progress, est, margin)
     notes = run.notes
     try:
         apply = _threshold_applies(valid & ~over & above, decided, est, run)
         eligible = np.flatnonzero((code == OK) & (above | (not apply)))
+        near_top = _near_top(est, eligible, o.top, o.refine_max)
+        refine(cfg, c, est, near_top)
+        clock("refine")
         top, proven = _rank(cfg, est, eligible, run)
         clock("rank")
         band = np.flatnonzero((code == OK) & (decided == 0))
@@ -269,7 +224,7 @@ class _Clock:
 class _Runner:
     """Plans candidates exactly through the pool and records the verdicts."""
 
-    def __init__(self, pool: _Pool, code: np.ndarray, decided: np.ndarray, progress: Optional[Progress],
+    def __init__(self, pool: Pool, code: np.ndarray, decided: np.ndarray, progress: Optional[Progress],
                  est: Estimates, margin: float):
         self.pool, self.code, self.decided, self.progress = pool, code, decided, progress
         self.est, self.margin = est, margin
@@ -328,6 +283,17 @@ def _threshold_applies(above_ok: np.ndarray, decided: np.ndarray, est: Estimates
                 run.exact[int(i)].feasible:
             return True
     return False
+
+
+def _near_top(est: Estimates, eligible: np.ndarray, top: int, most: int) -> np.ndarray:
+    """Candidates whose step-time bound is within 10% of the ``top``-th smallest: the
+    ones the ranking may plan, whose bound is worth tightening (at most ``most``)."""
+    if not len(eligible):
+        return eligible
+    lo = est.step_lo[eligible]
+    cut = np.sort(lo)[min(top, len(lo)) - 1] * 1.1
+    near = eligible[lo <= cut]
+    return near[np.argsort(est.step_lo[near], kind="stable")][:most]
 
 
 def _rank(cfg: Config, est: Estimates, eligible: np.ndarray, run: _Runner) -> tuple[list[Exact], bool]:

@@ -49,7 +49,7 @@ HEAD = ("embedding_saved", "head_saved", "head_loss_saved", "logits_temp", "logi
 
 def bounds(cfg: Config, tables: Tables, c: Candidates, st: Stages, s: dict) -> tuple[np.ndarray, np.ndarray]:
     """(lower, upper) bound of each stage's timeline peak, bytes (candidates, pp)."""
-    m, t, o = cfg.model, cfg.training, cfg.memory
+    t, o = cfg.training, cfg.memory
     col = lambda a: a[:, None]
     key = [c.tp, c.cp, c.mb, c.rc, c.ep, c.etp]
     fields = tuple(f"{p}{f}" for p in ("d_", "m_") for f in ACT)

@@ -123,9 +123,10 @@ def lookup(keys: list[np.ndarray], fn, fields: tuple[str, ...], dtype=np.int64) 
     for col in cols:  # mixed-radix code of each row (np.unique on rows is slow)
         span = int(col.max()) + 1 if col.size else 1
         code, radix = code + col * radix, radix * span
-    if radix >= 2**62:
-        raise ValueError("lookup keys too large to encode")
-    uniq, first, inv = np.unique(code, return_index=True, return_inverse=True)
+    if radix < 2**62:
+        _, first, inv = np.unique(code, return_index=True, return_inverse=True)
+    else:
+        _, first, inv = np.unique(np.stack(cols, axis=1), axis=0, return_index=True, return_inverse=True)
     inv = inv.reshape(-1)
     vals = [fn(*(int(col[j]) for col in cols)) for j in first]
     out = {}

@@ -3,7 +3,7 @@ efficiency of their local GEMMs, as numpy arrays.
 
 The bound uses the same numbers as :func:`meshplan.steptime.step_time`: op times from
 :func:`meshplan.compute.layer_cost` (one call per distinct (tp, cp, micro-batch,
-recompute, ep, etp)), collective times from :func:`meshplan.comm.ring_time` on the path
+recompute, ep, etp)), collective times from :func:`meshplan.comm.collective_time` on the path
 :func:`meshplan.collectives.axis_path` gives each axis (one call per distinct (stride,
 degree): with the canonical order and node-major placement an axis's groups are ranks
 ``r0 + i * stride``), with the sizes of :func:`meshplan.collectives.collective_table`.
@@ -27,8 +27,9 @@ It keeps only what the simulation (:mod:`meshplan.rank_timeline`, default
   gradient reduce-scatter issued after the last unit's first layer) and ``drain_k +`` stage
   0's end.
 
-Middle stages (every stage but the last) use stage 0's collective table, as
-:func:`~meshplan.steptime.step_time` does. Tests check ``bound <= step_time`` on every
+A middle stage's collectives are counted as its own table or stage 0's would count them,
+whichever is less, so the bound holds with either convention of
+:func:`~meshplan.steptime.step_time`. Tests check ``bound <= step_time`` on every
 feasible candidate of small worlds; the search ranks by the exact step time and uses the
 bound only to decide what it need not simulate.
 """
@@ -40,7 +41,7 @@ from functools import lru_cache
 import numpy as np
 
 from .collectives import axis_path
-from .comm import NCCL_RING
+from .comm import collective_time
 from .compute import Workload, embedding_cost, head_cost, layer_cost
 from .mesh import resolve_mesh
 from .placement import place
@@ -87,40 +88,33 @@ class TimeTables:
                    head_gemm_s=sum(o.seconds for o in gemms if o.block == "head"))
         return out
 
-    def _path(self, stride: int, degree: int) -> tuple[float, float, float]:
-        """(bandwidth bytes/s, network 0/1, latency scale) of an axis of ``degree`` ranks
-        ``stride`` apart, from :func:`~meshplan.collectives.axis_path` on a three-axis mesh
-        (outer, axis, inner) with the same groups."""
-        if degree <= 1:
-            return float("inf"), 0.0, 1.0
+    def _path(self, stride: int, degree: int):
+        """:func:`~meshplan.collectives.axis_path` of an axis of ``degree`` ranks ``stride``
+        apart, on a three-axis mesh (outer, axis, inner) with the same groups."""
         outer = self.world // (stride * degree)
         mesh = resolve_mesh(MeshSpec(names=["outer", "axis", "inner"], shape=[outer, degree, stride]), self.world)
-        p = axis_path(mesh, self.placement, self.cfg.cluster, "axis")
-        return p.bandwidth_bytes_per_s, float(p.kind == "network"), p.latency_scale
+        return axis_path(mesh, self.placement, self.cfg.cluster, "axis")
+
+    def coll(self, op: str, n: int, size: int, stride: int) -> float:
+        """Seconds of ``op`` over ``n`` ranks ``stride`` apart on a ``size``-byte buffer, as
+        :func:`meshplan.collectives.collective_table` times a row."""
+        if n <= 1 or size <= 0:
+            return 0.0
+        p, fabric = self.path(stride, n), self.cfg.cluster.node.fabric
+        extra = {"library": self.cfg.cluster.collective_library} if hasattr(self.cfg.cluster, "collective_library") else {}
+        return collective_time(op, n, size, p.bandwidth_bytes_per_s, p.kind, nvls=getattr(fabric, "nvls", False),
+                               latency_scale=p.latency_scale, nodes=getattr(p, "nodes", 1),
+                               intra_bandwidth_bytes_per_s=fabric.bandwidth_bytes_per_s, **extra)[1]
 
 
-def ring_times(op: str, n: np.ndarray, size: np.ndarray, path: dict) -> np.ndarray:
-    """:func:`meshplan.comm.ring_time` on arrays (0 where n <= 1 or size <= 0)."""
-    n = np.asarray(n, dtype=np.float64)
-    if op == "all-reduce":
-        factor, steps = 2 * (n - 1) / np.maximum(n, 1), 2 * (n - 1)
-    elif op == "send/recv":
-        factor, steps = np.ones_like(n), np.ones_like(n)
-    else:
-        factor, steps = (n - 1) / np.maximum(n, 1), n - 1
-    sent = factor * size
-    best = None
-    for p in NCCL_RING:
-        step = np.where(path["net"] > 0, p.step_network_s, p.step_nvlink_s)
-        t = p.base_s + steps * path["scale"] * step + sent / (path["bw"] * p.efficiency)
-        best = t if best is None else np.minimum(best, t)
-    return np.where((n <= 1) | (size <= 0), 0.0, best)
-
-
-def _paths(tt: TimeTables, stride: np.ndarray, degree: np.ndarray) -> dict:
-    """Path arrays (``bw``, ``net``, ``scale``) of axes given by stride and degree."""
-    return lookup([stride, degree], lambda s, d: dict(zip(("bw", "net", "scale"), tt.path(s, d))),
-                  ("bw", "net", "scale"), dtype=np.float64)
+def coll_times(tt: "TimeTables", op: str, n: np.ndarray, size: np.ndarray, stride: np.ndarray) -> np.ndarray:
+    """Seconds of one ``op`` per candidate: :func:`meshplan.comm.collective_time` (the
+    algorithm NCCL would pick, as the collective table times it) on the path of an axis of
+    ``n`` ranks ``stride`` apart, once per distinct (n, size, stride)."""
+    n, size = np.asarray(n, dtype=np.int64), np.asarray(size, dtype=np.int64)
+    stride = np.broadcast_to(np.asarray(stride, dtype=np.int64), n.shape)
+    out = lookup([n, size, stride], lambda k, b, st: {"t": tt.coll(op, k, b, st)}, ("t",), dtype=np.float64)["t"]
+    return np.where((n <= 1) | (size <= 0), 0.0, out)
 
 
 def comm_times(cfg: Config, tt: TimeTables, c: Candidates) -> dict[str, np.ndarray]:
@@ -130,28 +124,23 @@ def comm_times(cfg: Config, tt: TimeTables, c: Candidates) -> dict[str, np.ndarr
     cd, rd = dtype_bytes(t.compute_dtype), dtype_bytes(t.reduce_dtype)
     sp = c.tp > 1
     act = c.mb * (t.seq_len // c.cp) * m.hidden * cd
-    tp_path = _paths(tt, np.ones_like(c.tp), c.tp)
     kv_l = np.array([local_heads(m, int(x))[1] for x in c.tp])
     kv = 2 * c.mb * t.seq_len * kv_l * m.d_head * cd
-    cp_path = _paths(tt, c.tp, c.cp)
-    fs_path = _paths(tt, c.tp, c.fsdp)
-    out = {"tp_sp": np.where(sp, ring_times("all-gather", c.tp, act, tp_path), 0.0),
-           "tp_ar": np.where(sp, 0.0, ring_times("all-reduce", c.tp, act, tp_path)),
-           "loss": 3 * ring_times("all-reduce", c.tp, c.mb * (t.seq_len // c.cp) * 4, tp_path),
-           "cp_ag": ring_times("all-gather", c.cp, kv, cp_path),
-           "cp_rs": ring_times("reduce-scatter", c.cp, kv, cp_path),
-           "p2p": ring_times("send/recv", c.pp, act // np.where(sp, c.tp, 1),
-                             _paths(tt, c.dpr * c.dps * c.cp * c.tp, c.pp))}
+    one = np.ones_like(c.tp)
+    out = {"tp_sp": np.where(sp, coll_times(tt, "all-gather", c.tp, act, one), 0.0),
+           "tp_ar": np.where(sp, 0.0, coll_times(tt, "all-reduce", c.tp, act, one)),
+           "loss": 3 * coll_times(tt, "all-reduce", c.tp, c.mb * (t.seq_len // c.cp) * 4, one),
+           "cp_ag": coll_times(tt, "all-gather", c.cp, kv, c.tp),
+           "cp_rs": coll_times(tt, "reduce-scatter", c.cp, kv, c.tp),
+           "p2p": coll_times(tt, "send/recv", c.pp, act // np.where(sp, c.tp, 1), c.dpr * c.dps * c.cp * c.tp)}
     on = (c.sh == SHARDING.index("zero3")) | (c.sh == SHARDING.index("hsdp"))
     unit = _padded_unit(tt.tables, c)
-    out["fsdp_ag"] = np.where(on, ring_times("all-gather", c.fsdp, unit * cd, fs_path), 0.0)
-    out["fsdp_rs"] = np.where(on, ring_times("reduce-scatter", c.fsdp, unit * rd, fs_path), 0.0)
+    out["fsdp_ag"] = np.where(on, coll_times(tt, "all-gather", c.fsdp, unit * cd, c.tp), 0.0)
+    out["fsdp_rs"] = np.where(on, coll_times(tt, "reduce-scatter", c.fsdp, unit * rd, c.tp), 0.0)
     if m.is_moe:
-        a2a = act * m.top_k * c.etp // c.tp
-        out["ep"] = ring_times("all-to-all", c.ep, a2a, _paths(tt, c.etp, c.ep))
+        out["ep"] = coll_times(tt, "all-to-all", c.ep, act * m.top_k * c.etp // c.tp, c.etp)
     else:
         out["ep"] = np.zeros(len(c))
-    out["fs_path"] = fs_path
     return out
 
 
@@ -189,9 +178,12 @@ def chains(c: Candidates, o: dict, cm: dict, moe: bool) -> tuple[np.ndarray, np.
     return forward("f"), back + np.where(full, forward("br"), 0.0)
 
 
-def step_lower_bound(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: dict) -> np.ndarray:
-    """Lower bound of :func:`meshplan.steptime.step_time` per candidate, seconds; ``st``,
-    ``s``: :func:`~meshplan.search_memory.stage_layout` and ``state`` of the same group."""
+def unit_bounds(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: dict) -> dict[str, np.ndarray]:
+    """Per-stage lower bounds (candidates, pp), seconds: ``f_core``, ``b_core`` (one chunk's
+    layers, forward and backward), the embedding's and the head's extra time in their
+    chunk's units (``emb_f``, ``emb_b``, ``head_f``, ``head_b``), the p2p send ``p2p``
+    (candidates, 1), the last unit's ``tail`` beyond its duration and the stage's ``end``
+    (optimizer step, exposed ZeRO-1 all-gather); module docstring."""
     m = cfg.model
     col = lambda a: np.asarray(a)[:, None]
     cm = comm_times(cfg, tt, c)
@@ -201,9 +193,9 @@ def step_lower_bound(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: 
         om = layer_ops(cfg, tt, c, True)
         fm, bm = chains(c, om, cm, True)
         f0m, b0m = chains(c, om, {**cm, "ep": np.zeros(len(c))}, True)
-        # step_time gives every stage but the last stage 0's collective table: the EP
-        # all-to-alls exist there only when stage 0 holds MoE layers
-        ep_on = np.where(st.k < st.k.shape[1] - 1, st.n_moe[:, :1] > 0, st.n_moe > 0)
+        # a stage's collective table may be stage 0's (step_time's older convention for the
+        # middle stages) or its own: count the EP all-to-alls only when both hold MoE layers
+        ep_on = np.where(st.k < st.k.shape[1] - 1, (st.n_moe[:, :1] > 0) & (st.n_moe > 0), st.n_moe > 0)
         fm, bm = np.where(ep_on, col(fm), col(f0m)), np.where(ep_on, col(bm), col(b0m))
         has_d, has_m = (st.n - st.n_moe) > 0, st.n_moe > 0
         pick = lambda d, x: np.where(has_d & has_m, np.minimum(col(d), x), np.where(has_m, x, col(d)))
@@ -212,22 +204,31 @@ def step_lower_bound(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: 
         cf, cb = col(fd), col(bd)
     n = st.n_chunk
     ag, rs = col(cm["fsdp_ag"]), col(cm["fsdp_rs"])
-    f_core = np.maximum(ag + n * cf, n * ag + cf)
-    b_core = np.maximum(ag + n * cb, n * ag + np.maximum(n - 2, 0) * rs + cb)
     pre, post = col(cm["tp_sp"]), col(np.maximum(cm["tp_sp"], cm["tp_ar"]))
-    v = col(c.vpp)
-    emb_f, emb_b = st.first * (col(od["emb_f"]) + post), st.first * col(od["emb_bw"])
-    head_f = st.last * (pre + col(od["head_f"]) + col(cm["loss"]))
-    head_b = st.last * (col(od["head_b"]) + post)
-    busy = st.m * (v * (f_core + b_core) + emb_f + emb_b + head_f + head_b)
-    one = (v == 1)
-    f0 = f_core + emb_f + one * head_f       # chunk 0's forward unit on each stage
-    b0 = b_core + emb_b + one * head_b       # chunk 0's backward unit on each stage
-    p2p = col(cm["p2p"])
+    out = {"f_core": np.maximum(ag + n * cf, n * ag + cf),
+           "b_core": np.maximum(ag + n * cb, n * ag + np.maximum(n - 2, 0) * rs + cb),
+           "emb_f": st.first * (col(od["emb_f"]) + post), "emb_b": st.first * col(od["emb_bw"]),
+           "head_f": st.last * (pre + col(od["head_f"]) + col(cm["loss"])),
+           "head_b": st.last * (col(od["head_b"]) + post), "p2p": col(cm["p2p"])}
+    one = col(c.vpp) == 1
+    b0 = out["b_core"] + out["emb_b"] + one * out["head_b"]
+    out["end"], red = _stage_end(cfg, tt, c, st, s, cm)
+    out["tail"] = np.maximum(one * out["head_b"] + ag + cb + red - b0, 0.0)
+    return out
+
+
+def step_lower_bound(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: dict) -> np.ndarray:
+    """Lower bound of :func:`meshplan.steptime.step_time` per candidate, seconds; ``st``,
+    ``s``: :func:`~meshplan.search_memory.stage_layout` and ``state`` of the same group."""
+    u = unit_bounds(cfg, tt, c, st, s)
+    v = c.vpp[:, None]
+    one = v == 1
+    busy = st.m * (v * (u["f_core"] + u["b_core"]) + u["emb_f"] + u["emb_b"] + u["head_f"] + u["head_b"])
+    f0 = u["f_core"] + u["emb_f"] + one * u["head_f"]       # chunk 0's forward unit on each stage
+    b0 = u["b_core"] + u["emb_b"] + one * u["head_b"]       # chunk 0's backward unit on each stage
+    p2p, tail, end = u["p2p"], u["tail"], u["end"]
     fill = np.cumsum(f0 + p2p, axis=1) - (f0 + p2p)
     drain = np.cumsum(b0 + p2p, axis=1) - (b0 + p2p)
-    end, red = _stage_end(cfg, tt, c, st, s, cm)
-    tail = np.maximum(one * head_b + ag + cb + red - b0, 0.0)
     own = fill + busy + tail + end
     via0 = fill + busy + drain + tail[:, :1] + end[:, :1]
     out = np.maximum(own, via0).max(axis=1)
@@ -246,11 +247,12 @@ def _stage_end(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: dict, 
     t, gpu = cfg.training, cfg.cluster.gpu
     opt = (2 * s["total"] - s["grads"]) / gpu.hbm_bandwidth_bytes_per_s
     zero1 = (c.sh == SHARDING.index("zero1"))[:, None]
-    numel = np.where(st.last, s["dense_numel"], s["dense_numel"][:, :1])  # stage 0's table for the others
+    # the middle stages' table is stage 0's or their own: the smaller parameter count of the two
+    numel = np.where(st.last, s["dense_numel"], np.minimum(s["dense_numel"], s["dense_numel"][:, :1]))
     n = np.broadcast_to(c.fsdp[:, None], numel.shape).ravel()
-    path = {k: np.repeat(v, numel.shape[1]) for k, v in cm["fs_path"].items()}
-    gather = ring_times("all-gather", n, numel.ravel() * dtype_bytes(t.param_dtype), path).reshape(numel.shape)
-    red = ring_times("reduce-scatter", n, numel.ravel() * dtype_bytes(t.reduce_dtype), path).reshape(numel.shape)
+    stride = np.broadcast_to(c.tp[:, None], numel.shape).ravel()
+    gather = coll_times(tt, "all-gather", n, numel.ravel() * dtype_bytes(t.param_dtype), stride).reshape(numel.shape)
+    red = coll_times(tt, "reduce-scatter", n, numel.ravel() * dtype_bytes(t.reduce_dtype), stride).reshape(numel.shape)
     return opt + np.where(zero1, gather, 0.0), np.where(zero1, red, 0.0)
 
 

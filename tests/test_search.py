@@ -9,6 +9,7 @@ rejection counts that add up.
 
 from __future__ import annotations
 
+import copy
 import json
 import subprocess
 import sys
@@ -20,7 +21,7 @@ from meshplan import constraints as cons
 from meshplan.errors import ConfigError
 from meshplan.plan import build_plan
 from meshplan.rank_timeline import Overlap
-from meshplan.search import search
+from meshplan.search import refine, search
 from meshplan.search_space import CODE, OK, REASONS, candidate_config
 from meshplan.spec.config import config_from_dict
 from meshplan.steptime import step_time
@@ -124,6 +125,16 @@ def test_step_time_lower_bound_never_exceeds_the_simulation(case):
     for i, (feasible, _, _, step) in enumerate(plans):
         if feasible:
             assert r.est.step_lo[i] <= step * (1 + 1e-9), r.candidates.label(i)
+
+
+def test_pipeline_bound_never_exceeds_the_simulation(case):
+    """The tightened bound (exact schedule on unit bounds), applied to every candidate."""
+    cfg, r, plans = case
+    est = copy.deepcopy(r.est)
+    feasible = np.array([i for i, p in enumerate(plans) if p[0]])
+    refine(cfg, r.candidates, est, feasible)
+    for i in feasible:
+        assert r.est.step_lo[i] <= est.step_lo[i] <= plans[i][3] * (1 + 1e-9), r.candidates.label(i)
 
 
 def test_memory_bounds_hold_within_the_margin(case):

@@ -20,7 +20,8 @@ from rich.table import Table
 
 from .. import __version__
 from ..errors import ConfigError
-from ..search import Exact, SearchResult
+from ..search import SearchResult
+from ..search_exact import Exact
 from ..search_space import RECOMPUTE, REASONS, SHARDING, candidate_config, max_tp
 from ..units import GiB
 

@@ -44,7 +44,10 @@ class SearchOptions(BaseModel):
       dense peak: a stated choice; H100's measured ceiling is 0.803).
     - ``exact_min``: candidates evaluated exactly (build_plan + step_time) before the bound
       may stop the search (default 1); ``exact_max``: the most evaluated exactly for the
-      ranking (default 2000); reaching it is reported.
+      ranking (default 2000); reaching it is reported. ``refine_max``: candidates near the
+      top (step-time bound within 10% of the top's) whose bound is tightened by evaluating
+      the pipeline schedule exactly on their unit bounds (default 2000;
+      :mod:`meshplan.search_pipeline`).
     - ``memory_margin``: allowance on the vectorised memory bounds (default 0.01): a
       candidate is rejected without a plan only when its lower bound exceeds usable memory
       by more than this fraction, kept without one only when its upper bound stays this
@@ -80,8 +83,9 @@ class SearchOptions(BaseModel):
     min_gemm_efficiency: float = Field(default=0.5, ge=0, le=1)
     exact_min: int = Field(default=1, gt=0)
     exact_max: int = Field(default=2000, gt=0)
+    refine_max: int = Field(default=2000, ge=0)
     memory_margin: float = Field(default=0.01, ge=0, lt=1)
-    settle_s: float = Field(default=5.0, ge=0)
+    settle_s: float = Field(default=2.0, ge=0)
     checkpoint_write_gb_per_s: float = Field(default=LLAMA3_STORAGE_GB_PER_S, gt=0)
     checkpoint_read_gb_per_s: float = Field(default=LLAMA3_STORAGE_GB_PER_S, gt=0)
     restart_overhead_s: float = Field(default=600.0, ge=0)
