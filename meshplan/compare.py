@@ -12,14 +12,13 @@ model's resolution); within that band, the lower peak memory wins (more headroom
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
 from .comm import busbw_factor
 from .errors import ConfigError
+from .fileio import write_output
 from .gemm import gemm_efficiency
 from .units import GB, GiB, MS
 
@@ -176,8 +175,4 @@ def write_evidence(c: Comparison, out_dir: str | Path, force: bool = False) -> l
 
 
 def _atomic_text(path: Path, text: str) -> Path:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
-    return path
+    return write_output(path, text, force=True)

@@ -37,3 +37,27 @@ def write_text_atomic(path, text: str) -> Path:
 def write_json_atomic(path, doc: Any) -> Path:
     """``doc`` as indented, key-sorted JSON, written with :func:`write_text_atomic`."""
     return write_text_atomic(path, json.dumps(doc, indent=1, sort_keys=True) + "\n")
+
+
+def write_output(path, text: str, force: bool = False, field: str = "--out", mode: int = 0o644) -> Path:
+    """Write a user-facing output file: refuse (ConfigError naming ``field``) to replace an
+    existing file unless ``force``, create the folder, write atomically with ``mode``.
+
+    >>> import tempfile, pathlib
+    >>> p = pathlib.Path(tempfile.mkdtemp()) / "sub" / "x.json"
+    >>> write_output(p, "{}").read_text()
+    '{}'
+    >>> write_output(p, "{}")
+    Traceback (most recent call last):
+    ...
+    meshplan.errors.ConfigError: --out: ... exists; choose another path or pass --force to replace it
+    """
+    from .errors import ConfigError
+
+    dest = Path(path)
+    if dest.exists() and not force:
+        raise ConfigError(field, f"{dest} exists; choose another path or pass --force to replace it")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(dest, text)
+    os.chmod(dest, mode)
+    return dest

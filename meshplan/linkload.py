@@ -136,7 +136,7 @@ def edge_loads(plan, st, stage: int = 0) -> list[EdgeLoad]:
                     if e.stage == stage and e.stream == "compute" and "unit" in e.args)
     n_layers = sum(len(c) for c in plan.stages[stage])
     layer_s = compute_s / max(plan.micro_batches * n_layers, 1)
-    cluster, p, mesh = plan.config.cluster, plan.placement, plan.mesh
+    cluster = plan.config.cluster
     nv = sum(r.size_bytes * busbw_factor(r.op, r.group_size) * r.per_step for r in rows if r.path.kind == "nvlink")
     nv_layer = sum(r.size_bytes * busbw_factor(r.op, r.group_size) * r.per_microbatch / max(n_layers, 1)
                    for r in rows if r.path.kind == "nvlink" and r.per_microbatch)

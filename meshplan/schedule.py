@@ -43,13 +43,12 @@ Bubble (named): for the busiest stage, ``idle = step - busy``; ``bubble`` = idle
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
 from .errors import ConfigError
+from .fileio import write_output
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b", "zb_h1")
 
@@ -337,17 +336,4 @@ def write_trace(events, path: str | Path, meta: Optional[dict] = None, force: bo
     """Write :func:`trace_dict` atomically (temp file + rename); opens in Perfetto
     (ui.perfetto.dev) or chrome://tracing beside a PyTorch profiler trace. Refuses to
     replace an existing file unless ``force`` (ConfigError)."""
-    dest = Path(path)
-    if dest.exists() and not force:
-        raise ConfigError("--trace", f"{dest} exists; choose another path or pass --force to replace it")
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=dest.name, suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(trace_dict(events, meta), f, separators=(",", ":"))
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, dest)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return dest
+    return write_output(path, json.dumps(trace_dict(events, meta), separators=(",", ":")), force, "--trace")

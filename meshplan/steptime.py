@@ -21,10 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from .compute import Cost, Workload, embedding_cost, head_cost, layer_cost, sequence_model_flops, utilization
+from .compute import Cost, Workload, embedding_cost, head_cost, layer_cost, sequence_model_flops
 from .gemm import GemmTable
-from .schedule import Event, PipelineResult, PipelineSpec, Unit, simulate, write_trace
-from .rank_timeline import ChunkCosts, CommTimes, Overlap, UnitSim, backward_unit, forward_unit
+from .schedule import Event, PipelineResult, PipelineSpec, simulate, write_trace
+from .rank_timeline import ChunkCosts, CommTimes, Overlap, backward_unit, forward_unit
 
 
 def workload_of(plan, dropout: bool = False) -> Workload:

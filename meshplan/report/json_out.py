@@ -12,13 +12,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from .. import __version__
-from ..errors import ConfigError
+from ..fileio import write_output
 from ..plan import SCHEMA, Plan
 
 
@@ -85,16 +83,4 @@ def _plain(x: Any) -> Any:
 def write_json(plan: Plan, path: str | Path, force: bool = False) -> Path:
     """Write the plan atomically (temp file + rename). Refuses to replace an existing file
     unless ``force`` (ConfigError naming --json)."""
-    dest = Path(path)
-    if dest.exists() and not force:
-        raise ConfigError("--json", f"{dest} exists; choose another path or pass --force to replace it")
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=dest.name, suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(plan_to_dict(plan), f, separators=(",", ":"))
-        os.replace(tmp, dest)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return dest
+    return write_output(path, json.dumps(plan_to_dict(plan), separators=(",", ":")), force, "--json")

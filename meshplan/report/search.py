@@ -10,8 +10,6 @@ rejected one with why, and the candidates per outcome. JSON (schema
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 from .. import __version__
-from ..errors import ConfigError
+from ..fileio import write_output
 from ..search import SearchResult
 from ..search_exact import Exact
 from ..search_space import RECOMPUTE, REASONS, SHARDING, candidate_config, max_tp
@@ -58,19 +56,7 @@ def search_to_dict(r: SearchResult) -> dict[str, Any]:
 
 def write_search_json(r: SearchResult, path: str | Path, force: bool = False) -> Path:
     """Write :func:`search_to_dict` atomically; refuses to replace a file unless ``force``."""
-    dest = Path(path)
-    if dest.exists() and not force:
-        raise ConfigError("--json", f"{dest} exists; choose another path or pass --force to replace it")
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=dest.name, suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(search_to_dict(r), f, indent=1)
-        os.replace(tmp, dest)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return dest
+    return write_output(path, json.dumps(search_to_dict(r), indent=1), force, "--json")
 
 
 def header_lines(r: SearchResult) -> list[str]:

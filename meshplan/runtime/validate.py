@@ -39,7 +39,7 @@ import shutil
 import sys
 import time
 import tomllib
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from importlib import resources
 from math import prod
 from pathlib import Path
