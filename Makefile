@@ -25,6 +25,7 @@ test: $(VENV)/.test
 ## bench: speed goals, printed as throughputs
 bench: $(VENV)/.base
 	$(PY) benchmarks/bench_plan.py
+	$(PY) benchmarks/bench_search.py
 
 clean:
 	rm -rf $(VENV)
