@@ -15,7 +15,7 @@ from rich.console import Console
 
 from .errors import ConfigError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
                   help="Design, check and validate parallel meshes for distributed training.")
 
 
@@ -46,6 +46,14 @@ def _load(config: Path, topology: Optional[Path] = None, calibration: Optional[P
     return build_plan(cfg)
 
 
+def _console() -> Console:
+    """A console at least 160 columns wide (wider when the terminal or COLUMNS says so), so
+    the collective tables keep whole numbers."""
+    import shutil
+
+    return Console(width=max(160, shutil.get_terminal_size((160, 40)).columns))
+
+
 def _check_rank(plan, rank: int) -> None:
     if not 0 <= rank < plan.world:
         raise ConfigError("--rank", f"{rank} outside 0..{plan.world - 1}")
@@ -64,7 +72,7 @@ def plan(config: Path = typer.Argument(..., help="TOML config with [model], [clu
     p = _load(config, topology, calibration)
     if p.mesh is not None:
         _check_rank(p, rank)
-    print_plan(p, rank=rank, console=Console(width=160))
+    print_plan(p, rank=rank, console=_console())
     if json_path:
         from .report.json_out import write_json
 
@@ -84,7 +92,7 @@ def groups(config: Path = typer.Argument(..., help="TOML config"),
             typer.echo(f"infeasible: {r}", err=True)
         raise typer.Exit(1)
     _check_rank(p, rank)
-    print_groups(p, rank, Console(width=160))
+    print_groups(p, rank, _console())
 
 
 @app.command()
@@ -106,7 +114,7 @@ def memory(config: Path = typer.Argument(..., help="TOML config (an optional [me
     taken = [str(x) for x in paths if x.exists()]
     if taken and not force:
         raise ConfigError("--out", f"{taken[0]} exists; choose another folder or pass --force to replace it")
-    print_memory(p, Console(width=160), all_stages=all_stages)
+    print_memory(p, _console(), all_stages=all_stages)
     for tl, path in zip(shown, paths):
         typer.echo(f"wrote {write_png(tl, path, name=config.name, force=force)}")
     raise typer.Exit(0 if p.feasible else 1)
@@ -218,7 +226,7 @@ def compare_cmd(config_a: Path = typer.Argument(..., help="TOML config of mesh A
         tab.add_column(col)
     for row in table_rows(c):
         tab.add_row(*row)
-    con = Console(width=160)
+    con = _console()
     con.print(tab)
     con.print(f"[bold]verdict:[/] {c.winner} (rejected: {c.rejected})")
     for r in c.reasons:
@@ -250,7 +258,7 @@ def search_cmd(config: Path = typer.Argument(..., help="TOML config: [model], [c
         raise ConfigError("--json", f"{json_path} exists; choose another path or pass --force to replace it")
     with ProgressBar() as bar:
         result = search(cfg, progress=bar)
-    print_search(result, Console(width=160))
+    print_search(result, _console())
     if json_path:
         typer.echo(f"wrote {write_search_json(result, json_path, force=force)}")
     raise typer.Exit(0 if result.top else 1)
@@ -314,6 +322,8 @@ def place_cmd(config: Path = typer.Argument(..., help="TOML config"),
     from .placement_choice import choose_placement, weights_from_plan
     from .report.place_text import place_lines
 
+    if fmt not in ("json", "sh"):
+        raise ConfigError("--format", f"{fmt!r} is not one of json, sh")
     p = _load(config)
     if p.mesh is None:
         for r in p.reasons:
@@ -360,7 +370,7 @@ def validate_slice(configs: list[Path] = typer.Argument(..., help="TOML configs 
     raise typer.Exit(slice_main([str(c) for c in configs], testbed, out, opt, force))
 
 
-testbed_app = typer.Typer(no_args_is_help=True, help="Emulated multi-node cluster in network namespaces (root).")
+testbed_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="Emulated multi-node cluster in network namespaces (root).")
 app.add_typer(testbed_app, name="testbed")
 
 
@@ -383,7 +393,7 @@ def testbed_down_cmd(prefix: str = typer.Option("t", help="name prefix given to 
     raise typer.Exit(main_down(prefix=prefix))
 
 
-bench_app = typer.Typer(no_args_is_help=True, help="Measure this machine (or the testbed) for calibration.")
+bench_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="Measure this machine (or the testbed) for calibration.")
 app.add_typer(bench_app, name="bench")
 
 

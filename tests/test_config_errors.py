@@ -116,3 +116,23 @@ def test_cli_error_is_one_line_without_traceback(tmp_path):
     assert r.returncode == 2
     assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
     assert r.stderr.startswith("error: model.width: unknown key in [model]")
+
+
+@pytest.mark.parametrize("path,value,field", [
+    ("mesh.sequence_parallel", "yes", "mesh.sequence_parallel"),
+    ("mesh.shape", [4, "2"], "mesh.shape.1"),
+    ("training.seq_len", "1024", "training.seq_len"),
+])
+def test_strict_types(path, value, field):
+    with pytest.raises(ConfigError) as e:
+        config_from_dict(with_(path, value))
+    assert e.value.field == field
+
+
+def test_misspelled_required_key_is_named_as_unknown():
+    d = with_("training.global_batch", None)
+    d["training"]["global_bach"] = 8
+    with pytest.raises(ConfigError) as e:
+        config_from_dict(d)
+    assert e.value.field == "training.global_bach"
+    assert "unknown key in [training]" in e.value.message

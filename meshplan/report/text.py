@@ -195,7 +195,8 @@ def _verdict(plan: Plan, con: Console) -> None:
     for n in plan.notes:
         con.print(f"[dim]note[/] {n}")
     if plan.feasible:
-        con.print("[bold green]feasible[/]")
+        con.print("[bold green]feasible[/] (validity, groups and the memory peak); predicted step time, MFU, "
+                  "exposed communication and link load: meshplan step CONFIG")
     else:
         con.print("[bold red]infeasible[/]")
         for r in plan.reasons:

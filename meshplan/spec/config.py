@@ -99,7 +99,9 @@ def build(cls: type[BaseModel], values: dict, table: str) -> Any:
 
 
 def _one_line(e: ValidationError, cls: type[BaseModel], table: str) -> ConfigError:
-    err = e.errors()[0]
+    errs = e.errors()
+    # an unknown key explains a "missing" one (a misspelled required key): report it first
+    err = next((x for x in errs if x["type"] == "extra_forbidden"), errs[0])
     loc = ".".join(str(x) for x in err["loc"])
     field = f"{table}.{loc}" if loc else table
     if err["type"] == "extra_forbidden":

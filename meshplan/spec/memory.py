@@ -79,7 +79,7 @@ class MemoryOptions(BaseModel):
       writes only its rows.
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     prefetch_layers: int = Field(default=1, ge=0)
     forward_prefetch_layers: int = Field(default=0, ge=0)

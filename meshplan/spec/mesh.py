@@ -20,7 +20,7 @@ class MeshSpec(BaseModel):
     tp > 1; Megatron's vocab-parallel cross entropy) instead of gathering the logits.
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     names: Optional[list[str]] = None
     shape: Optional[list[int]] = None

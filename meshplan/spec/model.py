@@ -23,7 +23,7 @@ class ModelSpec(BaseModel):
     first ``dense_layers`` layers are dense.
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     name: str = "custom"
     layers: int = Field(gt=0)

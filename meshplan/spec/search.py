@@ -64,7 +64,7 @@ class SearchOptions(BaseModel):
       ranked: at a fixed world it changes only with the per-rank checkpoint size.
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     pp: Optional[list[int]] = None
     dp_replicate: Optional[list[int]] = None

@@ -22,7 +22,7 @@ class TrainingSpec(BaseModel):
     ``vocab_pad_divisor``: Megatron's ``make-vocab-size-divisible-by`` (default 128).
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     global_batch: int = Field(gt=0)
     seq_len: int = Field(gt=0)
