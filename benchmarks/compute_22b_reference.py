@@ -7,8 +7,7 @@ model later. Run: .venv/bin/python benchmarks/compute_22b_reference.py
 from meshplan.compute import korthikanti_model_flops
 from meshplan.plan import build_plan
 from meshplan.spec.config import config_from_dict
-from meshplan.steptime import chunk_costs, step_time, workload_of
-from meshplan.rank_timeline import ChunkCosts, CommTimes, Overlap, backward_unit, forward_unit
+from meshplan.steptime import layer_unit_times, step_time
 
 PUBLISHED = {  # (recompute, sequence parallel): (layer forward ms, layer backward ms, step s)
     ("none", False): (7.7, 11.9, None),
@@ -31,12 +30,7 @@ def main() -> None:
                          "flash_attention": False, "sharding": "none", "param_dtype": "bf16"},
             "mesh": {"names": ["tp"], "shape": [8], "sequence_parallel": sp}})
         plan = build_plan(cfg)
-        w = workload_of(plan, dropout=True)
-        ch = chunk_costs(plan, w)[0][0]
-        one = ChunkCosts(ch.layers[:1], ch.moe[:1])
-        comm = CommTimes.from_rows(plan.collectives["stage 0"])
-        f = forward_unit(one, comm, w, Overlap()).duration_s * 1e3
-        b = backward_unit("B", one, comm, w, Overlap()).duration_s * 1e3
+        f, b = (x * 1e3 for x in layer_unit_times(plan, dropout=True))
         st = step_time(plan, dropout=True)
         print(f"{rec:10s} {str(sp):5s} {pf:8.1f} {f:9.2f} {pb:8.1f} {b:9.2f} "
               f"{(f'{ps:.2f}' if ps else '-'):>9s} {st.step_s:10.3f} {st.mfu:9.1%}")

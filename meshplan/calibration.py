@@ -103,6 +103,20 @@ def _check_ranks(rows: list[BenchRow], where: str) -> list[BenchRow]:
     return rows
 
 
+def float_str(value: float, width: int) -> str:
+    """nccl-tests getFloatStr: 2 decimals while they fit in ``width``, then 1, then 0, then %e."""
+    power, val = 0, 1
+    while value >= val:
+        power, val = power + 1, val * 10
+    if power < width - 2:
+        return f"{value:{width}.2f}"
+    if power < width - 1:
+        return f"{value:{width}.1f}"
+    if power < width + 1:
+        return f"{value:{width}.0f}"
+    return f"{value:{width}.1e}"
+
+
 def parse_nccl_tests_text(text: str, source: str = "nccl-tests output", op: Optional[str] = None,
                           n_ranks: Optional[int] = None) -> list[BenchRow]:
     """Rows of nccl-tests text output (out-of-place, then in-place, per size). ``op`` and

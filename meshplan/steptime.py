@@ -228,3 +228,14 @@ def step_time(plan, overlap: Overlap = Overlap(), *, dropout: bool = False, tabl
     return StepTime(res, units, tuple(ends), tuple(post), exposed[crit],
                     sequence_model_flops(cfg.model, t.seq_len) * t.global_batch, hw, t.global_batch * t.seq_len,
                     plan.world, cfg.cluster.gpu.peak_flops(t.compute_dtype), ranks, notes)
+
+
+def layer_unit_times(plan, dropout: bool = False, overlap: Overlap = Overlap()) -> tuple[float, float]:
+    """(forward, backward) seconds of ONE layer of stage 0 for one micro-batch, with its
+    blocking collectives: the per-layer figures papers publish (Korthikanti et al. 2022,
+    Table 4)."""
+    w = workload_of(plan, dropout)
+    ch = chunk_costs(plan, w)[0][0]
+    one = ChunkCosts(ch.layers[:1], ch.moe[:1])
+    comm = CommTimes.from_rows(plan.collectives["stage 0"])
+    return forward_unit(one, comm, w, overlap).duration_s, backward_unit("B", one, comm, w, overlap).duration_s

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from meshplan.calibration import (BenchRow, apply_calibration, calibration_toml, fit_alpha_beta,
+from meshplan.calibration import (BenchRow, float_str, apply_calibration, calibration_toml, fit_alpha_beta,
                                   load_calibration, parse_nccl_tests_json, parse_nccl_tests_text,
                                   read_nccl_tests)
 from meshplan.catalog import system
@@ -25,18 +25,6 @@ TXT = DATA / "all_reduce_perf_8nodes-x1gpu.txt"
 JSON = DATA / "all_reduce_perf_8nodes-x1gpu.json"
 
 
-def float_str(value: float, width: int) -> str:
-    """nccl-tests getFloatStr: 2 decimals while they fit, then 1, then 0, then %e."""
-    power, val = 0, 1
-    while value >= val:
-        power, val = power + 1, val * 10
-    if power < width - 2:
-        return f"{value:{width}.2f}"
-    if power < width - 1:
-        return f"{value:{width}.1f}"
-    if power < width + 1:
-        return f"{value:{width}.0f}"
-    return f"{value:{width}.1e}"
 
 
 def nccl_tests_rows(op, n, sizes, alpha_s, beta_bytes_per_s):

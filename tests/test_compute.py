@@ -3,7 +3,6 @@ table, per-op FLOP of a layer with the named conventions, MFU/HFU, and the publi
 measurements as a loose development reference (no constant is fitted to them)."""
 
 import json
-from math import ceil
 
 import pytest
 
@@ -199,8 +198,7 @@ def predict_22b(recompute: str, sp: bool):
     configuration: tp 8, micro-batch 4, seq 2048, no flash attention, GPT dropout."""
     from meshplan.plan import build_plan
     from meshplan.spec.config import config_from_dict
-    from meshplan.steptime import chunk_costs, step_time, workload_of
-    from meshplan.rank_timeline import ChunkCosts, CommTimes, Overlap, backward_unit, forward_unit
+    from meshplan.steptime import layer_unit_times, step_time
 
     cfg = config_from_dict({
         "model": {"catalog": "megatron-22b"}, "cluster": {"system": "dgx-a100", "nodes": 1},
@@ -208,12 +206,7 @@ def predict_22b(recompute: str, sp: bool):
                      "flash_attention": False, "sharding": "none", "param_dtype": "bf16"},
         "mesh": {"names": ["tp"], "shape": [8], "sequence_parallel": sp}})
     plan = build_plan(cfg)
-    w = workload_of(plan, dropout=True)
-    ch = chunk_costs(plan, w)[0][0]
-    one = ChunkCosts(ch.layers[:1], ch.moe[:1])
-    comm = CommTimes.from_rows(plan.collectives["stage 0"])
-    f = forward_unit(one, comm, w, Overlap()).duration_s
-    b = backward_unit("B", one, comm, w, Overlap()).duration_s
+    f, b = layer_unit_times(plan, dropout=True)
     return f * 1e3, b * 1e3, step_time(plan, dropout=True).step_s
 
 

@@ -23,7 +23,7 @@ import pytest
 
 from meshplan.memory.activations import in_flight_chunks
 from meshplan.memory.schedule import max_in_flight, stage_ops
-from meshplan.memory.timeline import KINDS, UNTRACKED_KINDS, memory_timeline, tracker_to_kinds
+from meshplan.memory.timeline import KINDS, UNTRACKED_KINDS, tracker_to_kinds
 from meshplan.plan import build_plan
 from meshplan.spec.config import config_from_dict
 from meshplan.units import GiB

@@ -1,6 +1,5 @@
 """Plans across mesh kinds: each checks values derived by hand for that configuration."""
 
-import pytest
 
 from meshplan.plan import build_plan
 from meshplan.spec.config import config_from_dict

@@ -11,7 +11,6 @@ phase), and every other difference is the known, explained one listed in ``KNOWN
 import dataclasses
 import json
 import math
-import sys
 from pathlib import Path
 
 import pytest

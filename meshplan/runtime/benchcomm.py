@@ -42,7 +42,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Optional, Sequence
 
-from ..calibration import BenchRow, LinkFit, calibration_toml, fit_alpha_beta, parse_nccl_tests_text
+from ..calibration import BenchRow, LinkFit, calibration_toml, fit_alpha_beta, float_str, parse_nccl_tests_text
 from ..comm import busbw_factor
 from ..errors import ConfigError
 from ..fileio import write_json_atomic, write_text_atomic
@@ -101,18 +101,6 @@ def bench_groups(node_of_rank: Sequence[int]) -> list[tuple[str, tuple[int, ...]
 # --------------------------------------------------------------------------- nccl-tests text
 
 
-def float_str(value: float, width: int) -> str:
-    """nccl-tests getFloatStr: 2 decimals while they fit in ``width``, then 1, then 0, then %e."""
-    power, val = 0, 1
-    while value >= val:
-        power, val = power + 1, val * 10
-    if power < width - 2:
-        return f"{value:{width}.2f}"
-    if power < width - 1:
-        return f"{value:{width}.1f}"
-    if power < width + 1:
-        return f"{value:{width}.0f}"
-    return f"{value:{width}.1e}"
 
 
 _HEAD = "# " + "  ".join("{:>%d}" % w for w in (10, 12, 8, 6, 6, 7, 6, 6, 6))
