@@ -289,10 +289,21 @@ def group_locality(placement: Placement, groups: np.ndarray) -> GroupLocality:
     n_sockets = len(p.cluster.node.sockets)
     domains = _distinct(p.domain[g])
     rail = p.rail[g]
-    one_rail = _distinct(rail) == 1
+    rail_ok = (domains == 1) | (_distinct(rail) == 1)
+    for i in np.flatnonzero(~rail_ok):  # several members per node: the same rails on every node
+        rail_ok[i] = _same_rails_per_node(node[i], rail[i])
     return GroupLocality(groups=g, nodes=nodes, domains=domains, rails=_distinct(rail, ignore_negative=True),
                          per_node=_max_run(node), cross_socket=_distinct(node * n_sockets + p.socket[g]) > nodes,
-                         rail_ok=(domains == 1) | one_rail)
+                         rail_ok=rail_ok)
+
+
+def _same_rails_per_node(node_row: np.ndarray, rail_row: np.ndarray) -> bool:
+    """Whether every node of a group holds its members on the same rails: then each ring
+    channel (one per local position) crosses nodes on one rail (NCCL's rail-aligned rings)."""
+    per: dict[int, list[int]] = {}
+    for n, r in zip(node_row.tolist(), rail_row.tolist()):
+        per.setdefault(n, []).append(r)
+    return len({tuple(sorted(v)) for v in per.values()}) == 1
 
 
 def axis_locality(mesh: Mesh, placement: Placement) -> dict[str, GroupLocality]:
@@ -388,7 +399,7 @@ def _rail_flags(axis: str, loc: GroupLocality, mesh: Mesh, p: Placement, ex) -> 
     return [Flag(axis, "warn",
                  f"{axis} group of rank {r} = {_fmt_group(loc.groups[row])} uses rails "
                  f"{{{','.join(map(str, rails))}}}: {when} crosses rails ({int(bad.sum())} of "
-                 f"{loc.n_groups} groups); place members on the same local GPU index")]
+                 f"{loc.n_groups} groups); place members on the same local GPU indices on every node")]
 
 
 def _shard_flags(axis: str, loc: GroupLocality, mesh: Mesh, p: Placement, ex) -> list[Flag]:
