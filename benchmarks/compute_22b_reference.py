@@ -4,18 +4,12 @@ meshplan's prediction. Nothing is fitted to these numbers; other published runs 
 model later. Run: .venv/bin/python benchmarks/compute_22b_reference.py
 """
 
-from meshplan.compute import korthikanti_model_flops
+from meshplan.compute import KORTHIKANTI_22B_MEASURED, korthikanti_model_flops
 from meshplan.plan import build_plan
 from meshplan.spec.config import config_from_dict
 from meshplan.steptime import layer_unit_times, step_time
 
-PUBLISHED = {  # (recompute, sequence parallel): (layer forward ms, layer backward ms, step s)
-    ("none", False): (7.7, 11.9, None),
-    ("none", True): (7.2, 11.8, None),
-    ("full", False): (7.7, 19.5, 1.42),
-    ("selective", False): (7.7, 13.2, None),
-    ("selective", True): (7.2, 13.1, 1.10),
-}
+PUBLISHED = KORTHIKANTI_22B_MEASURED
 
 
 def main() -> None:

@@ -303,6 +303,19 @@ def sequence_model_flops(model: ModelSpec, seq_len: int) -> float:
     return total
 
 
+#: Published development reference (Korthikanti et al. 2022, arXiv 2205.05198, Tables 3-5; 22B
+#: model, one DGX A100, tp 8, micro-batch 4, seq 2048; ../shared/reference/public-facts.md):
+#: (recompute, sequence parallel) -> (layer forward ms, layer backward ms, step s or None).
+#: Printed beside predictions; no constant is fitted to it.
+KORTHIKANTI_22B_MEASURED = {  # (recompute, sequence parallel): (layer forward ms, layer backward ms, step s)
+    ("none", False): (7.7, 11.9, None),
+    ("none", True): (7.2, 11.8, None),
+    ("full", False): (7.7, 19.5, 1.42),
+    ("selective", False): (7.7, 13.2, None),
+    ("selective", True): (7.2, 13.1, 1.10),
+}
+
+
 def korthikanti_model_flops(batch: int, seq_len: int, layers: int, hidden: int, vocab: int) -> float:
     """Model FLOP per iteration of a GPT model (4h MLP, multi-head attention) in Korthikanti
     et al. 2022, appendix A: ``72 B s L h^2 (1 + s / (6 h) + V / (12 h L))``; it counts the

@@ -184,13 +184,7 @@ def test_workload_rejects_unknown_recompute():
 
 # Development reference: Korthikanti et al. 2022, 22B on one DGX A100 (public-facts.md) ------
 
-PUBLISHED_22B = {  # (recompute, sequence parallel): (layer forward ms, layer backward ms, step s)
-    ("none", False): (7.7, 11.9, None),
-    ("none", True): (7.2, 11.8, None),
-    ("full", False): (7.7, 19.5, 1.42),
-    ("selective", False): (7.7, 13.2, None),
-    ("selective", True): (7.2, 13.1, 1.10),
-}
+from meshplan.compute import KORTHIKANTI_22B_MEASURED as PUBLISHED_22B  # noqa: E402
 
 
 def predict_22b(recompute: str, sp: bool):

@@ -127,6 +127,16 @@ class Block(nn.Module):
         return x + self.mlp(self.mlp_norm(x))
 
 
+def initial_value(name: str, shape, gen: "torch.Generator", std: float = 0.02) -> "torch.Tensor":
+    """Initial full tensor of parameter ``name``: norm weights 1, norm and other biases 0,
+    weights N(0, std) drawn from ``gen`` (so drawing in parameter order reproduces a model)."""
+    if "norm" in name:
+        return torch.full(shape, 1.0 if name.endswith("weight") else 0.0)
+    if name.endswith("bias"):
+        return torch.zeros(shape)
+    return torch.randn(shape, generator=gen) * std
+
+
 class Transformer(nn.Module):
     """Decoder from ``spec``. ``vocab``: rows of the embedding and output layer (default
     ``spec.vocab``; pass meshplan's padded vocabulary to match the plan). ``tp``: the
@@ -178,12 +188,7 @@ class Transformer(nn.Module):
         communication)."""
         gen = torch.Generator().manual_seed(seed)
         for name, p in self.named_parameters():
-            if "norm" in name:
-                full = torch.full(p.shape, 1.0 if name.endswith("weight") else 0.0)
-            elif name.endswith("bias"):
-                full = torch.zeros(p.shape)
-            else:
-                full = torch.randn(p.shape, generator=gen) * std
+            full = initial_value(name, p.shape, gen, std)
             if hasattr(p, "device_mesh"):
                 from torch.distributed.tensor import distribute_tensor
 

@@ -44,7 +44,7 @@ from torch import nn
 from torch.profiler import record_function
 
 from ..errors import ConfigError
-from .model import Transformer, rope_cos_sin
+from .model import Transformer, initial_value, rope_cos_sin
 from .recorder import CollectiveRecorder
 
 SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B", "interleaved_1f1b": "ScheduleInterleaved1F1B"}
@@ -111,12 +111,7 @@ def init_stage_weights(full: Transformer, seed: int = 0, std: float = 0.02) -> N
     order, so each stage holds the single-process model's values."""
     gen = torch.Generator().manual_seed(seed)
     for name, p in full.named_parameters():
-        if "norm" in name:
-            value = torch.full(p.shape, 1.0 if name.endswith("weight") else 0.0)
-        elif name.endswith("bias"):
-            value = torch.zeros(p.shape)
-        else:
-            value = torch.randn(p.shape, generator=gen) * std
+        value = initial_value(name, p.shape, gen, std)
         if p.is_meta:
             continue
         if hasattr(p, "device_mesh"):
