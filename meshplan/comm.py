@@ -57,6 +57,10 @@ NCCL_RING = (
     Protocol("Simple", 8.4e-6, 3.4e-6, 14.0e-6, 1.0),
 )
 NO_LATENCY = (Protocol("ideal", 0.0, 0.0, 0.0, 1.0),)
+#: gloo (torch's CPU backend) has one protocol: each ring step costs the link's own latency
+#: (the per-step values 3.4 us / 14 us are the references ``latency_scale`` is taken against,
+#: so the scaled step equals the link's ``latency_us``), no base, full bandwidth.
+GLOO_RING = (Protocol("gloo", 0.0, 3.4e-6, 14.0e-6, 1.0),)
 
 
 def steps(op: str, n: int) -> int:
@@ -143,14 +147,19 @@ def collective_time(op: str, n: int, size_bytes: float, bandwidth_bytes_per_s: f
     - ``hierarchical`` across nodes with ``n / nodes`` > 1 ranks per node: reduce-scatter
       inside the node (NVLink), the op across nodes on 1/g of the buffer, all-gather inside.
 
+    ``library`` other than "nccl" (gloo): the ring only, with :data:`GLOO_RING`'s single protocol
+    (per step exactly the link's latency, full bandwidth).
+
     >>> collective_time("all-reduce", 8, 1 << 30, 450e9, "nvlink", nvls=True)[0]
     'NVLS'
     >>> collective_time("all-reduce", 64, 4096, 50e9, "network", nodes=64)[0]
     'tree'
     """
     network = kind == "network"
+    if library != "nccl":  # gloo runs rings only, with one protocol
+        return "ring", ring_time(op, n, size_bytes, bandwidth_bytes_per_s, network, GLOO_RING, latency_scale)
     best = ("ring", ring_time(op, n, size_bytes, bandwidth_bytes_per_s, network, latency_scale=latency_scale))
-    if n <= 1 or library != "nccl":  # gloo runs rings only
+    if n <= 1:
         return best
     options = []
     if op == "all-reduce" and kind == "nvlink" and nvls:

@@ -164,7 +164,15 @@ def _gemm_ops(gpu: GPUSpec, g: Gemm, block: str, w: Workload, table, model_scale
     return out
 
 
-def _flash_ops(gpu: GPUSpec, att: Attention, w: Workload, recompute: bool) -> list[Op]:
+def _flash_ops(gpu: GPUSpec, att: Attention, w: Workload, recompute: bool, table=None) -> list[Op]:
+    key = (att.batch, att.q_heads, att.kv_heads, att.seq_q, att.seq_kv, att.head_dim, w.dtype)
+    measured = getattr(table, "attention", {}).get(key) if table is not None else None
+    if measured is not None:  # a measured fused-attention call (GemmTable.attention)
+        fwd, note = att.flops(causal_half=True), f"measured ({getattr(table, 'path', '')})"
+        mk = lambda phase, t, model, hw, rec=False: Op("attention" + (" (recompute)" if rec else ""), "attn", phase,
+                                                       "attention", t, model, hw, recompute=rec, note=note)
+        out = [mk("forward", measured[0], fwd, fwd), mk("backward_input", measured[1], 2 * fwd, 2.5 * fwd)]
+        return out + ([mk("backward_input", measured[0], 0.0, fwd, True)] if recompute else [])
     peak = gpu.peak_flops(w.dtype)
     tiles = att.batch * att.q_heads * ceil(att.seq_q / 128)
     waves = ceil(tiles / gpu.sms)
@@ -246,7 +254,7 @@ def layer_cost(model: ModelSpec, gpu: GPUSpec, w: Workload, layer: int = -1,
         ops += _gemm_ops(gpu, g, "attn" if g.name in ("wq", "wk", "wv", "wo") else "mlp", w, table, scale)
     att = attention_shape(model, w.tp, w.cp, w.micro_batch, w.seq_len)
     selective = w.recompute == "selective"
-    ops += _flash_ops(gpu, att, w, selective) if w.flash else _score_ops(gpu, att, w, table, selective)
+    ops += _flash_ops(gpu, att, w, selective, table) if w.flash else _score_ops(gpu, att, w, table, selective)
     ops += _elementwise(model, gpu, w, gemms)
     if w.recompute == "full":
         ops += [replace(o, name=o.name + " (recompute)", phase="backward_input", model_flops=0.0, recompute=True)

@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import csv
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from math import ceil
 from pathlib import Path
 from typing import Optional
@@ -130,10 +130,14 @@ class Measurement:
 
 @dataclass(frozen=True)
 class GemmTable:
-    """Measured GEMM times keyed by (M, N, K, dtype); ``path`` it was read from."""
+    """Measured GEMM times keyed by (M, N, K, dtype); ``path`` it was read from.
+    ``attention``: measured fused attention, ``(batch, q_heads, kv_heads, seq_q, seq_kv,
+    head_dim, dtype) -> (forward_s, backward_s)`` (causal; backward = the input and weight
+    gradients of one call), used by :mod:`meshplan.compute` in place of the flash model."""
 
     entries: dict
     path: str = ""
+    attention: dict = field(default_factory=dict)
 
     def lookup(self, m: int, n: int, k: int, dtype: str) -> Optional[Measurement]:
         return self.entries.get((m, n, k, dtype))

@@ -65,3 +65,18 @@ def test_gloo_runs_rings_only():
     from meshplan.comm import collective_time
     assert collective_time("all-gather", 16, 65536, 50e9, "network", nodes=2, intra_bandwidth_bytes_per_s=450e9,
                            library="gloo")[0] == "ring"
+
+
+def test_gloo_ring_step_costs_the_link_latency_with_one_protocol():
+    """gloo has one protocol: each ring step costs the link's latency (cpu_testbed.toml:
+    225 us per step over loopback) and the bytes go at the full link rate. A 256 B all-reduce
+    over 2 ranks is 2 steps + 2 * (1/2) * 256 B / 0.5 GB/s = 450 us + 0.512 us; the
+    2-rank gloo measurement it was taken from is 0.45 ms. NCCL's LL protocol (0.6 us per step
+    at 0.5 efficiency) must not be applied to gloo."""
+    from meshplan.comm import collective_time
+
+    alg, t = collective_time("all-reduce", 2, 256, 0.5e9, "nvlink", latency_scale=225 / 3.4, library="gloo")
+    assert alg == "ring" and t == pytest.approx(2 * 225e-6 + 256 / 0.5e9, rel=1e-12)
+    # across a network tier (reference 14 us per step): all-gather over 4 ranks = 3 steps
+    _, t = collective_time("all-gather", 4, 4096, 1e9, "network", latency_scale=700 / 14, library="gloo")
+    assert t == pytest.approx(3 * 700e-6 + 0.75 * 4096 / 1e9, rel=1e-12)

@@ -214,3 +214,22 @@ def test_22b_development_reference_within_a_loose_band(key):
     assert b == pytest.approx(pb, rel=0.35)
     if pstep:
         assert step == pytest.approx(pstep, rel=0.35)
+
+
+def test_measured_attention_replaces_the_flash_model():
+    """A GemmTable.attention entry (seconds measured per call, forward and backward) is the
+    attention op's time; FLOP stay the model's (causal half, backward 2x / 2.5x executed)."""
+    from meshplan.gemm import GemmTable
+    from meshplan.shapes import attention_shape
+
+    w = Workload(seq_len=S, micro_batch=B, recompute="selective", flash=True)
+    att = attention_shape(GPT22B, 1, 1, B, S)
+    key = (att.batch, att.q_heads, att.kv_heads, att.seq_q, att.seq_kv, att.head_dim, w.dtype)
+    c = layer_cost(GPT22B, A100, w, table=GemmTable({}, "bench", attention={key: (0.003, 0.007)}))
+    ops = [(o.phase, o.seconds, o.recompute) for o in c.ops if o.kind == "attention"]
+    assert sorted(ops) == sorted([("forward", 0.003, False), ("backward_input", 0.007, False),
+                                  ("backward_input", 0.003, True)])
+    assert sum(o.model_flops for o in c.ops if o.kind == "attention") == pytest.approx(3 * att.flops(causal_half=True))
+    # a table without that shape leaves the flash model in place
+    other = layer_cost(GPT22B, A100, w, table=GemmTable({}, "bench", attention={(9,) * 6 + ("bf16",): (1.0, 1.0)}))
+    assert all(o.seconds != 1.0 for o in other.ops if o.kind == "attention")

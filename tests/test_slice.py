@@ -4,7 +4,8 @@ testbed, measured step times ordered against the predictions, rejected meshes ke
 The testbed run needs root and ``ip netns``/``tc``; it is skipped with the reason otherwise,
 unless MESHPLAN_REQUIRE_TESTBED=1 (CI), where an unavailable testbed fails. It runs the
 miniature of the seed's comparison on 2 nodes x 4 ranks at 25 Mbit/s: tensor 4 inside the
-node x data 2, tensor 4 across the nodes (axis order tp outermost), tensor 2 x data 4. What it
+node x data 2, tensor 4 across the nodes (axis order tp outermost), tensor 2 x data 4, all at
+one global batch of 4 sequences (data 2 runs 2 micro-batches, data 4 one). What it
 asserts is what is robust on 2 shared cores: tp across the nodes is predicted and measured
 last (its per-layer collectives cross the rate-limited link and move several times the bytes),
 every run's collectives match its plan, and the two other meshes are kept as one chosen and
@@ -80,6 +81,8 @@ def test_slice_on_2x4_testbed_puts_tp_across_nodes_last_and_keeps_the_rejected(t
     by = {r.name: r for r in res}
     assert all(r.ran and r.collectives_match for r in res), [(r.name, r.message) for r in res]
     assert by[ACROSS].tp_groups == [[0, 2, 4, 6], [1, 3, 5, 7]]
+    # one workload: 4 sequences per step for every mesh (dp 2 runs 2 micro-batches, dp 4 one)
+    assert {n: r.micro_batches for n, r in by.items()} == {"mini_2x4_tp4-dp2": 2, ACROSS: 2, "mini_2x4_tp2-dp4": 1}
     # tp across the rate-limited link: predicted and measured last
     assert by[ACROSS].predicted_rank == 3 and by[ACROSS].measured_rank == 3, printed
     assert sorted(r.measured_rank for r in res) == [1, 2, 3]
@@ -106,7 +109,7 @@ def test_slice_on_2x4_testbed_puts_tp_across_nodes_last_and_keeps_the_rejected(t
     tx = {r.name: r.nic_bytes["node0 nic0"]["tx_bytes"] for r in res}
     assert tx[ACROSS] > 2 * max(v for k, v in tx.items() if k != ACROSS), tx
     top = json.loads((out / "slice.json").read_text())
-    assert top["chosen"] == best.name and len(top["meshes"]) == 3
+    assert top["chosen"] == best.name and len(top["meshes"]) == 3 and top["global_batch"] == 4
     assert "| mesh | predicted ms | measured ms | error |" in (out / "summary.md").read_text()
     assert not T._matching_netns(prefix)
     print(f"slice test took {took:.0f} s")

@@ -147,6 +147,17 @@ def test_staged_worlds_2_4_tp2_sp_fsdp2_match_the_plan_exactly(tmp_path):
         table = {row["quantity"]: row for row in comp["comparison"]["predicted_vs_measured"]}
         assert table["step time"]["measured"] > 0 and table["step time"]["predicted"] > 0
         assert table["peak memory"]["measured"] > 0
+        # the in-run probe timed every collective kind of the table; the calibrated rows use them
+        spec = json.loads((out / f"world{w}" / "probe_spec.json").read_text())
+        probe = json.loads((out / f"world{w}" / "rank0" / "probe.json").read_text())
+        assert [(p["axis"], p["op"], p["size_bytes"]) for p in probe["rows"]] == [
+            (e["axis"], e["op"], e["size_bytes"]) for e in spec] and spec
+        assert all(p["time_s"] > 0 and p["iters"] >= 3 for p in probe["rows"])
+        assert table["step time (calibrated)"]["predicted"] > 0
+        assert table["step time (calibrated)"]["measured"] == table["step time"]["measured"]
+        # GEMMs and the causal attention were timed before the run, for the model
+        gemm = json.loads((out / f"world{w}" / "gemm_table.json").read_text())["rows"]
+        assert [g["op"] for g in gemm if "op" in g] == ["attention"] and len(gemm) > 1
     # the profiler trace holds every collective the recorder saw: one gloo:* event each
     n = len(json.loads((out / "world4" / "rank0" / "collectives.json").read_text())["records"])
     coll = {row["quantity"]: row for row in comp["comparison"]["predicted_vs_measured"]}["collective time (sum)"]

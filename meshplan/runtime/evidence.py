@@ -134,6 +134,28 @@ def predicted_times(plan, table) -> tuple[Optional[dict], str]:
     return pred, "meshplan.steptime.step_time with the measured GEMM table; " + "; ".join(st.lines()[:3])
 
 
+def calibrated_rows(plan, folder: Path, table, meas: dict) -> tuple[list[dict], str, object]:
+    """Rows ``<quantity> time (calibrated)``: the same step-time model with each collective's
+    time per call taken from the run's own probe (``rank0/probe.json``,
+    :mod:`meshplan.runtime.probe`) instead of alpha-beta; none without a probe. Returns
+    (rows, note, the calibrated plan or None)."""
+    path = folder / "rank0" / "probe.json"
+    if not path.exists():
+        return [], "no collective probe", None
+    from .probe import calibrated_plan
+
+    cplan, lines = calibrated_plan(plan, json.loads(path.read_text()))
+    pred, _ = predicted_times(cplan, table) if cplan is not None else (None, "")
+    note = "collective probe (seconds per call measured after the steps, every group of the axis at once): " + \
+        "; ".join(lines)
+    if pred is None:
+        return [], note, None
+    return [dict(quantity=f"{q} time (calibrated)", unit="s", predicted=pred[q], measured=m["max"],
+                 measured_min=m["min"], rank=m["slowest_rank"], error=(m["max"] / pred[q] - 1) if pred[q] else None,
+                 note="step-time model with each collective's time per call from this run's probe")
+            for q, m in meas.items()], note, cplan
+
+
 def trace_collective_s(path: Path) -> tuple[float, int]:
     """(seconds, count) of gloo's collective events (``gloo:*``, on gloo's worker threads)
     in one rank's profiled step: the time collectives were in flight, waits for peers
@@ -143,7 +165,7 @@ def trace_collective_s(path: Path) -> tuple[float, int]:
     return sum(e.get("dur", 0) for e in hits) * 1e-6, len(hits)
 
 
-def _collective_rows(plan, folder: Path) -> list[dict]:
+def _collective_rows(plan, folder: Path, label: str = "") -> list[dict]:
     """Predicted total collective time of one step (table rows: time per call x calls per
     step, as if none overlapped) against the gloo events of each rank's profiled step."""
     rows = plan.collectives["stage 0"]
@@ -153,7 +175,7 @@ def _collective_rows(plan, folder: Path) -> list[dict]:
     if not any(n for _, n in meas.values()):
         return []
     worst = max(meas, key=lambda r: meas[r][0])
-    return [dict(quantity="collective time (sum)", unit="s", predicted=pred, measured=meas[worst][0],
+    return [dict(quantity="collective time (sum)" + label, unit="s", predicted=pred, measured=meas[worst][0],
                  measured_min=min(v[0] for v in meas.values()), rank=worst,
                  error=(meas[worst][0] / pred - 1) if pred else None,
                  note=f"predicted: {calls} table calls x alpha-beta time, none overlapped; measured: "
@@ -171,8 +193,12 @@ def compare_world(plan, folder: Path, table, tolerance: Optional[float] = None) 
         rows.append(dict(quantity=f"{q} time", unit="s", predicted=p, measured=m["max"], measured_min=m["min"],
                          rank=m["slowest_rank"], error=(m["max"] / p - 1) if p else None,
                          note="median of timed steps, slowest rank" + ("" if pred else "; not predicted")))
+    cal_rows, cal_note, cplan = calibrated_rows(plan, folder, table, meas)
+    rows += cal_rows
     n_time = len(rows)
     rows += _collective_rows(plan, folder)
+    if cplan is not None:
+        rows += _collective_rows(cplan, folder, " (calibrated)")
     mem = [_load(folder, r, "memory.json") for r in range(plan.world)]
     tl = plan.timeline
     worst = max(range(plan.world), key=lambda r: mem[r]["peak_bytes"])
@@ -195,8 +221,9 @@ def compare_world(plan, folder: Path, table, tolerance: Optional[float] = None) 
                              measured_min=None, rank=worst, error=(m / want[g] - 1) if want.get(g) else None,
                              note="at each side's own peak: tracker categories mapped by tracker_to_kinds"))
     gated = []
-    if tolerance is not None:
-        for row in rows[:n_time] + [r for r in rows if r["quantity"] == "peak memory"]:
+    if tolerance is not None:  # the calibrated times when the run had a probe, else the pre-run ones
+        times = [r for r in rows[:n_time] if r["quantity"].endswith("(calibrated)")] or rows[:n_time]
+        for row in times + [r for r in rows if r["quantity"] == "peak memory"]:
             if row["error"] is not None and abs(row["error"]) > tolerance:
                 gated.append(f"{row['quantity']}: measured {row['measured']:.4g} {row['unit']} vs predicted "
                              f"{row['predicted']:.4g} ({row['error']:+.0%}, tolerance {tolerance:.0%})")
@@ -207,7 +234,8 @@ def compare_world(plan, folder: Path, table, tolerance: Optional[float] = None) 
     if gated:
         msg += f"; {len(gated)} quantity(ies) outside tolerance"
     return {"ok": ok, "message": msg, "differences": diffs + gated, "collectives": coll_rows,
-            "predicted_vs_measured": rows, "prediction_note": pred_note, "group_differences": groups}
+            "predicted_vs_measured": rows, "prediction_note": pred_note, "calibration_note": cal_note,
+            "group_differences": groups}
 
 
 def _csv(rows: list[dict]) -> str:

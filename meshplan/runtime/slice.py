@@ -10,6 +10,12 @@ namespace (ranks node-major: rank r on node ``r // (W / nodes)``) and compared. 
 axis order puts tp outermost (``names = ["tp", "dp_shard"]``) has its tp groups spanning the
 nodes; the worker builds the DeviceMesh from the same layout, so the placement is real.
 
+One workload: every mesh trains the same number of sequences per step (the global batch):
+``G = lcm(micro_batch x dp)`` over the scaled meshes, and a mesh of data degree ``dp`` runs
+``G / (micro_batch x dp)`` micro-batches (gradient accumulation), as a Megatron or torchtitan
+job keeps ``global_batch`` fixed when it trades data for tensor parallelism. Step times are
+then comparable: the same tokens, the same model, different meshes.
+
 Per mesh: predicted step time (:func:`meshplan.steptime.step_time` with the GEMM table
 measured before the run), measured step time (median of the timed steps, slowest rank),
 error = measured / predicted - 1, the rank of each among the meshes (1 = fastest). The
@@ -30,6 +36,7 @@ import statistics
 import sys
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from math import lcm
 from typing import Optional
 
 from ..errors import ConfigError
@@ -59,6 +66,7 @@ class MeshResult:
     nic_bytes: dict = field(default_factory=dict)
     rank_step_s: dict = field(default_factory=dict)
     folder: str = ""
+    micro_batches: int = 1
 
 
 def _ranks(values: dict[str, Optional[float]]) -> dict[str, Optional[int]]:
@@ -171,6 +179,20 @@ def prepare_slice_out(out: Path, force: bool) -> None:
     out.mkdir(parents=True, exist_ok=True)
 
 
+def common_batch(scaled: list, opt: Options) -> tuple[int, list[int]]:
+    """The slice's global batch in sequences, ``lcm(micro_batch x dp) x opt.micro_batches``
+    over the scaled configs, and the micro-batches each mesh runs to reach it.
+
+    >>> from types import SimpleNamespace as N
+    >>> cfg = lambda dp: N(training=N(micro_batch=1, global_batch=dp))
+    >>> common_batch([cfg(2), cfg(4)], Options(micro_batches=1))
+    (4, [2, 1])
+    """
+    per = [c.training.global_batch // opt.micro_batches for c in scaled]  # micro_batch x dp of each mesh
+    g = lcm(*per) * opt.micro_batches
+    return g, [g // p for p in per]
+
+
 def run_slice(configs: list[str], testbed: str, out: Path, opt: Optional[Options] = None, force: bool = False,
               echo=print) -> tuple[int, list[MeshResult]]:
     """Run every config on testbed ``testbed`` (see the module docstring); returns (exit code, results)."""
@@ -190,21 +212,23 @@ def run_slice(configs: list[str], testbed: str, out: Path, opt: Optional[Options
     tb = load_testbed(testbed)
     loaded = [load_config(c) for c in configs]
     scaled = [scale_config(c, world, opt)[0] for c in loaded]  # every mesh must scale before anything runs
+    batch, micro = common_batch(scaled, opt)
     prepare_slice_out(out, force)
     echo(f"slice: {len(configs)} meshes x {world} ranks on testbed '{testbed}' ({tb.nodes} nodes, "
          f"{tb.rate_mbit:g} Mbit/s); model: {opt.layers} layers, hidden / {opt.hidden_div}, seq {opt.seq_len}, "
-         f"vocab {opt.vocab}, {opt.steps} timed steps")
+         f"vocab {opt.vocab}, {opt.steps} timed steps; global batch {batch} sequences of {opt.seq_len} tokens "
+         "for every mesh")
     results, runs = [], {}
     per_node = world // tb.nodes
-    for name, path, cfg, sc in zip(names, configs, loaded, scaled):
+    for name, path, cfg, sc, k in zip(names, configs, loaded, scaled, micro):
         groups = [list(g) for g in tp_groups(sc, world)]
-        echo(f"mesh {name} ({path}): tp groups " + (", ".join(
+        echo(f"mesh {name} ({path}): {k} micro-batch(es) per step; tp groups " + (", ".join(
             f"{g} on node(s) {sorted({x // per_node for x in g})}" for g in groups) or "none"))
         runs[name] = out / "runs" / name
-        _, res = validate(cfg, opt, runs[name], echo=lambda s, n=name: echo(f"  {s}"))
+        _, res = validate(cfg, replace(opt, micro_batches=k), runs[name], echo=lambda s, n=name: echo(f"  {s}"))
         results.append(_result(name, str(path), res[0], runs[name], world))
         r = results[-1]
-        r.tp_groups = groups
+        r.tp_groups, r.micro_batches = groups, k
         echo(f"  step: predicted {_ms(r.predicted_s)} ms, measured {_ms(r.measured_s)} ms" if r.ran else
              f"  run failed: {r.message}")
     pr = _ranks({r.name: r.predicted_s for r in results})
@@ -225,18 +249,21 @@ def run_slice(configs: list[str], testbed: str, out: Path, opt: Optional[Options
     for ln in lines:
         echo(ln)
     echo(verdict)
-    _write(out, results, opt, testbed, tb, verdict, same, lines, best)
+    _write(out, results, opt, testbed, tb, verdict, same, lines, best, batch)
     return (0 if same else 1), results
 
 
-def _write(out: Path, results, opt, testbed, tb, verdict, same, lines, best) -> None:
+def _write(out: Path, results, opt, testbed, tb, verdict, same, lines, best, batch: int) -> None:
     from .worker import write_atomic
 
     doc = {"schema": "meshplan.slice/v1", "testbed": testbed, "nodes": tb.nodes, "rate_mbit": tb.rate_mbit,
+           "global_batch": batch,
            "options": {k: v for k, v in opt.__dict__.items()}, "order_matches": same, "verdict": verdict,
            "chosen": best.name if best else None, "meshes": [asdict(r) for r in results]}
     md = [f"# meshplan validate-slice: {'ORDER AS PREDICTED' if same else 'ORDER NOT AS PREDICTED'}", "",
-          f"Testbed '{testbed}': {tb.nodes} nodes, {tb.rate_mbit:g} Mbit/s per NIC (tbf). Step time: predicted by "
+          f"Testbed '{testbed}': {tb.nodes} nodes, {tb.rate_mbit:g} Mbit/s per NIC (tbf). Every mesh trains "
+          f"{batch} sequences of {opt.seq_len} tokens per step (micro-batches: " +
+          ", ".join(f"{r.name} {r.micro_batches}" for r in results) + "). Step time: predicted by "
           "meshplan.steptime.step_time for the testbed cluster with the GEMM table measured before each run; "
           "measured = median of the timed steps on the slowest rank; error = measured / predicted - 1; rank 1 = "
           "fastest.", "", *lines, "", verdict + ".", "",

@@ -14,8 +14,11 @@ For each world size W (staged: 2, then 4, then 8 ...):
    GEMM rate, memory bandwidth, gloo loopback bandwidth and latency), one node of W "GPUs"
    = ranks, each with ``min(1, cores / W)`` of a core; NCCL buffers and cuBLAS workspace are 0
    in the memory timeline (gloo and CPU BLAS allocate neither through torch). The plan's own
-   local GEMM shapes are timed in this process (one thread) into a GEMM table
-   (:class:`meshplan.gemm.GemmTable`), divided by the core share, and the step-time model uses it.
+   local GEMM shapes and its local causal attention (forward, backward) are timed in this
+   process (one thread) into a GEMM table (:class:`meshplan.gemm.GemmTable`), divided by the
+   core share, and the step-time model uses it. After the steps the worker times each of
+   the plan's collectives under the run's load (:mod:`meshplan.runtime.probe`); the
+   comparison adds the step-time model re-evaluated with those times ("calibrated" rows).
 3. **Plan** (:func:`meshplan.plan.build_plan`) written as ``plan.json``.
 4. **Run** ``torchrun --standalone`` of :mod:`meshplan.runtime.worker` (or, with
    ``testbed``, one torchrun per node namespace: :mod:`meshplan.runtime.testbed_run`) with a
@@ -39,7 +42,7 @@ import shutil
 import sys
 import time
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import resources
 from math import prod
 from pathlib import Path
@@ -75,6 +78,7 @@ class Options:
     fault_step: int = 1
     tolerance: Optional[float] = None  # relative error allowed on step time and peak memory
     testbed: Optional[str] = None  # prefix of a netns testbed to run across (meshplan.runtime.testbed_run)
+    probe: bool = True  # time the plan's collectives in the launch, after the steps (meshplan.runtime.probe)
 
 
 def scale_mesh(spec: MeshSpec, base_world: int, world: int) -> tuple[MeshSpec, str]:
@@ -213,6 +217,43 @@ def measure_gemms(plan, share: float, min_s: float = 0.02):
     return GemmTable(entries, "measured by meshplan validate"), rows
 
 
+def measure_attention(plan, share: float, min_s: float = 0.02) -> tuple[dict, list[dict]]:
+    """Time the plan's local causal attention as the runtime model runs it (K/V heads repeated
+    to the query heads, ``F.scaled_dot_product_attention(is_causal=True)``), forward and
+    forward + backward, one thread, fp32, in this process; seconds divided by ``share``.
+    Returns (``GemmTable.attention`` entries, rows for gemm_table.json)."""
+    import torch
+    import torch.nn.functional as F
+
+    from ..shapes import attention_shape
+
+    cfg, mesh = plan.config, plan.mesh
+    att = attention_shape(cfg.model, mesh.degree("tp"), mesh.degree("cp"), cfg.training.micro_batch,
+                          cfg.training.seq_len)
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+
+    def timed(fn) -> float:
+        fn()
+        reps, t0 = 0, time.perf_counter()
+        while reps < 3 or time.perf_counter() - t0 < min_s:
+            fn()
+            reps += 1
+        return (time.perf_counter() - t0) / reps / share
+
+    try:
+        q, k, v = (torch.randn(att.batch, att.q_heads, att.seq_q, att.head_dim, requires_grad=True) for _ in range(3))
+        fwd = timed(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True))
+        both = timed(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True).sum().backward())
+    finally:
+        torch.set_num_threads(old)
+    key = (att.batch, att.q_heads, att.kv_heads, att.seq_q, att.seq_kv, att.head_dim, "fp32")
+    bwd = max(both - fwd, 0.0)
+    return {key: (fwd, bwd)}, [dict(op="attention", batch=att.batch, q_heads=att.q_heads, kv_heads=att.kv_heads,
+                                    seq_q=att.seq_q, seq_kv=att.seq_kv, head_dim=att.head_dim, dtype="fp32",
+                                    forward_s=fwd, backward_s=bwd)]
+
+
 def prepare_out(out: Path, force: bool) -> None:
     """Refuse a non-empty ``out`` unless ``force`` and it is an evidence folder of ours."""
     if out.exists() and any(out.iterdir()):
@@ -253,11 +294,19 @@ def run_world(config: Config, world: int, opt: Options, out: Path, echo=print) -
         return {"world": world, "ok": False, "stage": "plan", "notes": notes, "message": f"not runnable here: {why}"}
     share = min(1.0, len(os.sched_getaffinity(0)) / world)
     table, rows = measure_gemms(plan, share)
+    if cfg.training.flash_attention and plan.mesh.degree("cp") == 1:
+        att, att_rows = measure_attention(plan, share)
+        table, rows = replace(table, attention=att), rows + att_rows
     write_json_atomic(folder / "gemm_table.json", {"device": "cpu", "torch": rows and _torch_version(), "rows": rows})
     pg_timeout = opt.pg_timeout_s or max(5.0, opt.timeout_s / 2)
     argv = ["meshplan.runtime.worker", "--plan-json", str(folder / "plan.json"), "--out", str(folder),
             "--steps", str(opt.steps), "--pg-timeout-s", str(pg_timeout), "--fail-rank", str(opt.fail_rank),
             "--hang-rank", str(opt.hang_rank), "--fault-step", str(opt.fault_step)]
+    if opt.probe:
+        from .probe import probe_spec
+
+        write_json_atomic(folder / "probe_spec.json", probe_spec(plan))
+        argv += ["--probe-spec", str(folder / "probe_spec.json")]
     echo(f"  torchrun: {world} ranks, limit {opt.timeout_s:g} s (process-group timeout {pg_timeout:g} s)")
     nic_bytes = None
     if opt.testbed:

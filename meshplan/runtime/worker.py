@@ -366,6 +366,11 @@ def run(args) -> None:
             os.unlink(tmp)
     write_json(folder / "timings.json", {"rank": rank, "device": device, "threads": torch.get_num_threads(),
                                          "steps": timings})
+    if args.probe_spec:  # the plan's collectives timed after the steps: meshplan.runtime.probe
+        from .probe import run_probe
+
+        status.set(step, "collective probe")
+        write_json(folder / "probe.json", run_probe(rank, json.loads(Path(args.probe_spec).read_text())))
     dist.barrier()
     status.set(step, "finished", state="done")
 
@@ -380,6 +385,8 @@ def parse_args(argv=None):
     ap.add_argument("--fail-rank", type=int, default=-1, help="test: this rank SIGKILLs itself")
     ap.add_argument("--hang-rank", type=int, default=-1, help="test: this rank sleeps forever")
     ap.add_argument("--fault-step", type=int, default=1, help="step at whose start the fault happens")
+    ap.add_argument("--probe-spec", default="",
+                    help="JSON list of collectives to time after the steps (meshplan.runtime.probe); empty: none")
     return ap.parse_args(argv)
 
 
