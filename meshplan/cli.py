@@ -379,7 +379,9 @@ def testbed_up_cmd(nodes: int = typer.Option(2, help="emulated nodes (one networ
                    nics: int = typer.Option(2, help="NICs per node (one rail bridge each)"),
                    rate_mbit: float = typer.Option(200.0, help="tbf rate limit per NIC, Mbit/s"),
                    prefix: str = typer.Option("t", help="name prefix of the namespaces")):
-    """Create one namespace per node, one rate-limited interface per NIC and a bridge per rail."""
+    """Create one namespace per node, one rate-limited interface per NIC (10.77.RAIL.NODE+1), a bridge
+    per rail and a spine between the rails (gateway 10.77.RAIL.254): traffic from a NIC's address leaves
+    by that NIC, to another rail through the spine."""
     from .runtime.testbed import main_up
 
     raise typer.Exit(main_up(nodes, nics, rate_mbit, prefix=prefix))

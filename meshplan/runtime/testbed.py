@@ -2,8 +2,12 @@
 
 Layout for prefix ``P``, ``N`` nodes and ``K`` NICs per node::
 
-    mp-P-fabric   one bridge br<k> per rail, and the fabric end f<i>r<k> of every NIC's veth
-    mp-P-n<i>     lo and nic0..nic<K-1>; nic<k> has 10.77.<k>.<i+1>/24 on rail k's bridge
+    mp-P-fabric   one bridge br<k> per rail, and the fabric end f<i>r<k> of every NIC's veth;
+                  also the spine router: br<k> holds rail k's gateway 10.77.<k>.254
+    mp-P-n<i>     lo and nic0..nic<K-1>; nic<k> has 10.77.<k>.<i+1>/24 on rail k's bridge;
+                  traffic from nic<k>'s address leaves by nic<k> (to another rail: via the spine)
+
+Routes: :mod:`meshplan.runtime.testbed_routes`.
 
 Each veth end has a ``tc`` tbf qdisc at the link rate, so both directions of a NIC are
 limited. Nothing is created in the host namespace: a veth is made inside the fabric
@@ -32,9 +36,10 @@ from pathlib import Path
 from typing import Callable, Mapping, Optional, Sequence
 
 from ..errors import ConfigError
+from .testbed_routes import add_spine
 
 CMD_TIMEOUT_S = 20.0
-MAX_NODES = 254          # the node is the last octet (i + 1) of 10.77.<rail>.<i+1>
+MAX_NODES = 253          # the node is the last octet (i + 1) of 10.77.<rail>.<i+1>; .254 is the spine
 MAX_NICS = 32
 LATENCY_MS = 50          # tbf queue: the longest a packet may wait in the limiter
 _PREFIX_RE = re.compile(r"^[A-Za-z0-9_]{1,12}$")
@@ -235,6 +240,7 @@ def _create(tb: Testbed) -> None:
         _batch("tc", tb.node_ns(i), tc_node)
     _batch("ip", tb.fabric_ns, fabric)
     _batch("tc", tb.fabric_ns, tc_fabric)
+    add_spine(tb, _batch, _run)
 
 
 def testbed_up(name_prefix: str, nodes: int, nics_per_node: int, rate_mbit: float, *,
@@ -473,7 +479,8 @@ def main_up(nodes: int, nics: int, rate_mbit: float, prefix: str = "t", state_di
         print(f"error: testbed: {e}", file=sys.stderr)
         return 1
     echo(f"testbed '{tb.prefix}': {tb.nodes} nodes x {tb.nics_per_node} NICs at {tb.rate_mbit:g} Mbit/s "
-         f"(tbf burst {tb.burst_bytes} B), rail bridges in {tb.fabric_ns}; state {tb.state_path}")
+         f"(tbf burst {tb.burst_bytes} B), rail bridges and the spine (10.77.<rail>.254) in {tb.fabric_ns}; "
+         f"state {tb.state_path}")
     for i in range(tb.nodes):
         echo(f"  {tb.node_ns(i)}: " + ", ".join(f"nic{k}={tb.addr(i, k)}" for k in range(tb.nics_per_node)))
     return 0
