@@ -3,16 +3,16 @@ testbed (:mod:`meshplan.runtime.testbed`) instead of one machine's loopback.
 
 One torchrun per node namespace with the static rendezvous at node 0's nic0
 (:func:`~meshplan.runtime.testbed.torchrun_argv`; the c10d rendezvous does not cross these
-namespaces), ``W / nodes`` ranks per node, node-major as meshplan places ranks. Every rank
-uses ``nic0`` (``GLOO_SOCKET_IFNAME``): the testbed's rails are separate bridges with no
-spine between them, and gloo connects every pair of the world group, so a rank bound to
-another rail could not reach the others. Per-rank NIC choice from the placement is left for
-when the testbed routes between rails.
+namespaces), ``W / nodes`` ranks per node, node-major as meshplan places ranks. Each rank
+uses the NIC its placement gives it (``GLOO_SOCKET_IFNAME`` set in the worker, connecting
+sockets bound to it: :mod:`meshplan.runtime.testbed_nics`); the testbed routes between
+rails through its spine (:mod:`meshplan.runtime.testbed_routes`).
 
-The cluster the plan is made for: ``nodes`` testbed nodes of ``W / nodes`` ranks, each NIC
-at the testbed's tbf rate, loopback inside a node and one network tier (the rail bridge)
-with the loopback's per-step latency (not measured across namespaces yet); compute as on the
-CPU testbed, each rank getting ``cores / W`` of a core (all namespaces share the machine).
+The cluster the plan is made for: ``nodes`` testbed nodes of ``W / nodes`` ranks, local
+rank ``g`` under NIC ``g mod K`` (``NICSpec.gpus``), each NIC at the testbed's tbf rate,
+loopback inside a node and one network tier (the rail bridge) with the loopback's per-step
+latency (not measured across namespaces yet); compute as on the CPU testbed, each rank
+getting ``cores / W`` of a core (all namespaces share the machine).
 Per-NIC byte counters are read before and after the run.
 """
 
@@ -30,6 +30,7 @@ from .launch import RunOutcome
 def testbed_cluster(prefix: str, world: int) -> tuple[ClusterSpec, str]:
     """The cluster of ``world`` ranks on testbed ``prefix`` (see the module docstring)."""
     from .testbed import load_testbed
+    from .testbed_nics import bind_shim
     from .validate import cpu_cluster
 
     tb = load_testbed(prefix)
@@ -45,7 +46,8 @@ def testbed_cluster(prefix: str, world: int) -> tuple[ClusterSpec, str]:
         sockets=[base.node.sockets[0].model_copy(update=dict(gpus=list(range(per_node))))]))
     tier = NetworkTier(name="rail-bridge", latency_us=base.node.fabric.latency_us)
     why += (f"; testbed '{prefix}': {tb.nodes} nodes x {per_node} ranks, {tb.nics_per_node} NIC(s) per node at "
-            f"{tb.rate_mbit:g} Mbit/s (tbf), every rank on nic0")
+            f"{tb.rate_mbit:g} Mbit/s (tbf), local rank g on nic<g mod {tb.nics_per_node}> from the placement; "
+            + bind_shim()[1])
     return ClusterSpec(name=f"testbed-{prefix}-{world}", collective_library="gloo", gpu=base.gpu, node=node,
                        nodes=tb.nodes, network=[tier],
                        source=why), why
@@ -56,14 +58,16 @@ def run_on_testbed(prefix: str, world: int, module_argv: list[str], folder: Path
     """Run the worker on every node of testbed ``prefix``; returns the outcome (with every
     node's output joined into ``torchrun.log``) and the per-NIC byte counts it moved."""
     from .testbed import counter_delta, launch_per_node, load_testbed, read_counters, torchrun_argv
+    from .testbed_nics import bind_shim, node_env
 
     tb = load_testbed(prefix)
     per_node = world // tb.nodes
-    node_env = {"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "GLOO_SOCKET_IFNAME": tb.ifname(0), **env}
+    shim, _ = bind_shim()
+    envs = [{"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **node_env(tb, i, shim), **env} for i in range(tb.nodes)]
     before = read_counters(tb)
     t0 = time.monotonic()
     res = launch_per_node(tb, lambda i: torchrun_argv(tb, i, per_node, ["-m", *module_argv]), timeout_s,
-                          env_for_node=lambda i: node_env, log_dir=folder / "logs", cwd=os.getcwd())
+                          env_for_node=envs.__getitem__, log_dir=folder / "logs", cwd=os.getcwd())
     elapsed = time.monotonic() - t0
     delta = counter_delta(before, read_counters(tb))
     log = folder / "torchrun.log"

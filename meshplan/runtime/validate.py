@@ -330,6 +330,10 @@ def run_world(config: Config, world: int, opt: Options, out: Path, echo=print) -
         write_json_atomic(folder / "comparison.json", result)
         return result
     comp = compare_world(plan, folder, table, opt.tolerance)
+    if opt.testbed:  # bytes per NIC over the steps against the plan (meshplan.runtime.testbed_nics)
+        from .testbed_nics import nic_rows
+
+        comp["predicted_vs_measured"] += nic_rows(plan, folder, nic_bytes)
     result.update(ok=comp["ok"], stage="compare", message=comp["message"], comparison=comp)
     write_world_evidence(folder, result)
     return result

@@ -142,6 +142,9 @@ def print_startup(info: dict) -> None:
     r = info["rank"]
     lines = [f"[rank {r}] coordinates " + ", ".join(f"{k}={v}" for k, v in info["coordinates"].items()),
              f"[rank {r}] groups " + "; ".join(f"{a} {g}" for a, g in info["groups"].items())]
+    if info.get("nic"):
+        lines.append(f"[rank {r}] nic {info['nic']['nic']} ({info['nic']['addr']}, rail {info['nic']['rail']}) "
+                     "from the placement: GLOO_SOCKET_IFNAME")
     for name, s in info["local_shapes"].items():
         if name.startswith("layers.") and not name.startswith("layers.0."):
             continue  # every layer has layer 0's shapes
@@ -312,6 +315,9 @@ def run(args) -> None:
     status.set(-1, "start-up")
     plan, model_spec, training, mesh = load_plan(Path(args.plan_json))
     torch.manual_seed(args.seed)
+    from .testbed_nics import apply_rank_nic, snapshot_nics
+
+    nic = apply_rank_nic(plan, rank)  # testbed only: GLOO_SOCKET_IFNAME from the placement, before any group
     device = _init(args.pg_timeout_s)
     world = dist.get_world_size()
     if world != mesh.world:
@@ -330,11 +336,14 @@ def run(args) -> None:
         model.to_empty(device=device)
         model.init_weights(seed=args.seed)
     info = startup(rank, mesh, plan, dm, model)
+    if nic:
+        info["nic"] = nic
     write_json(folder / "startup.json", info)
     print_startup(info)
     if mesh.degree("pp") == 1:
         runner = Runner(model, training, mesh, rank, vocab, args.seed, status, device)
     timings = []
+    nic_before = snapshot_nics(dist.barrier) if nic else None  # testbed: NIC counters around the steps
     step = 0
     maybe_fault(args, rank, step)
     with (runner.recorder() if hasattr(runner, "recorder") else CollectiveRecorder()) as rec:
@@ -354,6 +363,9 @@ def run(args) -> None:
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
     with profile(activities=acts, record_shapes=True) as prof:
         timings.append({**runner.step(step), "kind": "profiled"})
+    if nic:
+        write_json(folder / "nic_counters.json", {"rank": rank, "steps": len(timings), "before": nic_before,
+                                                  "after": snapshot_nics(dist.barrier)})
     status.set(step, "writing trace")
     fd, tmp = tempfile.mkstemp(dir=folder, prefix=".trace.", suffix=".json")
     os.close(fd)
