@@ -6,7 +6,8 @@ Collectives: each rank's recorded step (``rank<r>/collectives.json``) is tallied
 (axis, phase, op, bytes, dtype) with :func:`~meshplan.runtime.compare.tally_records` and set
 against the table of ``stage 0`` counted per step (``per_step``: the recorded step is a
 whole step of ``micro_batches`` micro-batches). Every differing key of every rank is a
-difference; so is a DeviceMesh group that differs from the plan's rank list.
+difference; so is a DeviceMesh group that differs from the plan's rank list, and a group
+whose members issued its collectives in different orders (:func:`order_differences`).
 
 Times: per rank the median of the timed steps; the slowest rank is the measurement (SPMD:
 every rank waits for the slowest at each collective). Predicted by
@@ -80,6 +81,8 @@ def compare_collectives(plan, folder: Path) -> tuple[list[str], list[dict], dict
         if g:
             groups[r] = g
     diffs = [f"ranks {_ranks(rs)}: {line}" for line, rs in by_line.items()]
+    diffs += ["order: " + d for d in order_differences(
+        {r: _records(_load(folder, r, "collectives.json")) for r in range(plan.world)})]
     diffs += [f"rank {r} groups: {d}" for r, ds in groups.items() for d in ds]
     keys = sorted({k for t in per_rank.values() for k in t} | {k for t in tallies.values() for k in t}, key=str)
     rows = [dict(axis=k[0], phase=k[1], op=k[2], size_bytes=k[3], dtype=k[4], meshplan=per_rank[0][k],
@@ -87,6 +90,40 @@ def compare_collectives(plan, folder: Path) -> tuple[list[str], list[dict], dict
                  **({f"meshplan_rank{r}": per_rank[r][k] for r in range(plan.world)} if len(tables) > 1 else {}))
             for k in keys]
     return diffs, rows, groups
+
+
+def order_differences(records: dict[int, list]) -> list[str]:
+    """Every member of a group must issue the group's collectives in the same order (a
+    backend pairs the k-th call of each member; a different order deadlocks or mixes data).
+    ``records``: rank -> its recorded :class:`~meshplan.runtime.recorder.Collective` list in
+    issue order. Point-to-point ops are left out (they pair sender and receiver, not a group).
+    Returns one line per member whose sequence differs from the group's lowest rank.
+
+    >>> from meshplan.runtime.recorder import Collective
+    >>> c = lambda op, n: Collective(op, op, (0, 1), n, "fp32", (), ())
+    >>> order_differences({0: [c("all-gather", 8), c("all-reduce", 4)], 1: [c("all-gather", 8), c("all-reduce", 4)]})
+    []
+    >>> order_differences({0: [c("all-gather", 8), c("all-reduce", 4)], 1: [c("all-reduce", 4), c("all-gather", 8)]})
+    ["group [0, 1]: rank 1's call 1 is all-reduce 4 B fp32, rank 0's is all-gather 8 B fp32"]
+    """
+    seqs: dict[tuple, dict[int, list]] = {}
+    for rank, recs in records.items():
+        for c in recs:
+            if c.op not in ("send", "recv", "send/recv"):
+                seqs.setdefault(tuple(c.group), {}).setdefault(rank, []).append((c.op, c.size_bytes, c.dtype))
+    out = []
+    name = lambda call: "nothing" if call is None else f"{call[0]} {call[1]} B {call[2]}"
+    for group, by in sorted(seqs.items()):
+        ref_rank = min(by)
+        ref = by[ref_rank]
+        for rank in sorted(set(group) & set(records)):
+            seq = by.get(rank, [])
+            if seq != ref:
+                k = next((i for i, (a, b) in enumerate(zip(seq, ref)) if a != b), min(len(seq), len(ref)))
+                at = lambda s: s[k] if k < len(s) else None
+                out.append(f"group {list(group)}: rank {rank}'s call {k + 1} is {name(at(seq))}, rank {ref_rank}'s is "
+                           f"{name(at(ref))}")
+    return out
 
 
 def _pp_coord(mesh, rank: int) -> int:
