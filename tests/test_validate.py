@@ -158,6 +158,15 @@ def test_staged_worlds_2_4_tp2_sp_fsdp2_match_the_plan_exactly(tmp_path):
         # GEMMs and the causal attention were timed before the run, for the model
         gemm = json.loads((out / f"world{w}" / "gemm_table.json").read_text())["rows"]
         assert [g["op"] for g in gemm if "op" in g] == ["attention"] and len(gemm) > 1
+        # the profiled step split into GEMM, attention, waits and the rest, measured and predicted
+        parts = {q.removeprefix("step part: "): row for q, row in table.items() if q.startswith("step part: ")}
+        assert list(parts) == ["GEMM kernels", "attention kernels", "waits on collectives", "the rest"]
+        slow = parts["the rest"]["rank"]
+        prof = [s["step_s"] for s in json.loads((out / f"world{w}" / f"rank{slow}" / "timings.json").read_text())[
+            "steps"] if s["kind"] == "profiled"][0]
+        assert sum(p["measured"] for p in parts.values()) == pytest.approx(prof)
+        assert parts["GEMM kernels"]["measured"] > 0 and parts["attention kernels"]["measured"] > 0
+        assert all(p["predicted"] >= 0 for k, p in parts.items() if k != "the rest")
     # the profiler trace holds every collective the recorder saw: one gloo:* event each
     n = len(json.loads((out / "world4" / "rank0" / "collectives.json").read_text())["records"])
     coll = {row["quantity"]: row for row in comp["comparison"]["predicted_vs_measured"]}["collective time (sum)"]

@@ -236,6 +236,12 @@ def compare_world(plan, folder: Path, table, tolerance: Optional[float] = None) 
     rows += _collective_rows(plan, folder)
     if cplan is not None:
         rows += _collective_rows(cplan, folder, " (calibrated)")
+    slow = meas["step"]["slowest_rank"]
+    prof = [s["step_s"] for s in _load(folder, slow, "timings.json")["steps"] if s["kind"] == "profiled"]
+    if prof:
+        from .breakdown import breakdown_rows
+
+        rows += breakdown_rows(cplan or plan, table, folder, slow, prof[0])
     mem = [_load(folder, r, "memory.json") for r in range(plan.world)]
     tl = plan.timeline
     worst = max(range(plan.world), key=lambda r: mem[r]["peak_bytes"])
