@@ -13,7 +13,9 @@ Conventions, matched op by op against what torch 2.13 issues for DTensor TP/SP a
   2019, Fig. 3). With SP each becomes an all-gather (before column-parallel GEMMs) and a
   reduce-scatter (after row-parallel GEMMs), in forward and mirrored in backward (Korthikanti
   et al. 2022, 4.2.2); the replicated norm weights get their gradients all-reduced over tp in
-  backward (one per norm parameter, h elements in compute dtype). Without FSDP to reduce them
+  backward (one per norm parameter, h elements in compute dtype; FSDP2 issues it in its gradient
+  reduction, so with pp > 1, where ``PipelineStage`` turns gradient sync off for every backward
+  but the last, once per step: measured, torch 2.13 gloo). Without FSDP to reduce them
   in backward, those gradients stay Partial DTensors and the optimizer reduces them at each
   use: AdamW reads each 3 times (measured with torch 2.13 on gloo, ``meshplan validate``).
 - Loss parallel (last stage, tp > 1): three all-reduces of b*s fp32 values (max, sum of
@@ -32,10 +34,23 @@ Conventions, matched op by op against what torch 2.13 issues for DTensor TP/SP a
 - CP: all-gather of the local K and V per layer forward, reduce-scatter of dK, dV backward.
 - PP: per micro-batch, one send of the activation for every chunk that is not the model's
   last and one receive for every chunk that is not its first (``2 vpp - first - last``), in
-  forward, and the same for gradients in backward; with SP the sent tensor is split over tp.
+  forward, and the same for gradients in backward. The tensor sent is the residual stream as
+  the TP plan leaves it between layers: a plain tensor (row-parallel outputs are local), so
+  with SP each tp rank sends its own sequence shard (b * s/tp * h) to its peer of the next
+  stage, and without SP every tp rank sends the whole (b, s, h) activation (no Megatron
+  scatter/gather across tp): measured with ``torch.distributed.pipelining`` 2.13.
   With pp > 1, FSDP2 inside ``torch.distributed.pipelining`` reduce-scatters each unit once
   per step and gathers it when the schedule finds it sharded (:func:`_pipelined_gathers`).
-- EP: all-to-all dispatch and combine per MoE layer, forward and backward.
+- EP: all-to-all dispatch and combine per MoE layer in forward, and their gradients in
+  backward; full recompute replays both (non-reentrant checkpoint: the combine's output is
+  saved by the gate multiply), so backward has 4 per MoE layer. Each rank dispatches a
+  fixed buffer of ``experts x C`` token rows, ``C = ceil(T * top_k / experts)`` for its
+  ``T = b*s/cp * etp/tp`` distinct tokens (:func:`meshplan.shapes.expert_capacity`, capacity
+  factor 1: overflowing copies dropped, empty slots padded), so the bytes are known before
+  routing; torch cannot size an all-to-all by the router's (data-dependent) counts without
+  an extra exchange of counts. Equal to ``T * top_k`` rows when experts divides it, the
+  balanced-routing size used before (runtime MoE: :mod:`meshplan.runtime.moe`, measured
+  with torch 2.13 on gloo).
 """
 
 from __future__ import annotations
@@ -47,6 +62,7 @@ import numpy as np
 
 from .comm import busbw_factor, collective_time
 from .mesh import Mesh
+from .shapes import expert_capacity
 from .spec.cluster import ClusterSpec
 from .spec.model import ModelSpec
 from .spec.training import TrainingSpec
@@ -195,9 +211,10 @@ def _tp_rows(add, c: _Ctx, loss_parallel: bool) -> None:
         per_norm = 2 if c.model.norm == "layernorm" else 1
         norms = per_norm * (2 * nl + last)
         fsdp = c.training.sharding in ("zero3", "hsdp") and c.mesh.degree("fsdp") > 1
-        if fsdp:
-            add("tp", "backward", "all-reduce", c.model.hidden * dtype_bytes(dt), dt, norms,
-                "every norm (SP weight gradients)", "optimizer step", depth=0)
+        if fsdp:  # under a pipeline schedule FSDP2 reduces (and so all-reduces these) once per step
+            pipelined = c.mesh.degree("pp") > 1
+            add("tp", "backward", "all-reduce", c.model.hidden * dtype_bytes(dt), dt, 0 if pipelined else norms,
+                "every norm (SP weight gradients)", "optimizer step", depth=0, per_step=norms if pipelined else None)
         else:  # Partial DTensor gradients, reduced by each of AdamW's 3 reads (measured, torch 2.13)
             add("tp", "step", "all-reduce", c.model.hidden * dtype_bytes(dt), dt, 0,
                 "every norm, 3 per optimizer step (SP weight gradients, no FSDP)", "optimizer step", depth=0,
@@ -321,6 +338,8 @@ def _pp_ep_rows(add, c: _Ctx) -> None:
             "previous stage's backward")
     if mesh.ep > 1:
         moe = sum(m.is_moe_layer(i) for i in c.layers)
-        a2a = c.act_bytes * m.top_k * mesh.etp // mesh.degree("tp")  # distinct tokens per rank (see shapes)
+        tokens = t.micro_batch * (t.seq_len // mesh.degree("cp")) * mesh.etp // mesh.degree("tp")  # see shapes
+        a2a = m.experts * expert_capacity(tokens, m.top_k, m.experts) * m.hidden * dtype_bytes(dt)
         add("ep", "forward", "all-to-all", a2a, dt, 2 * moe, "every MoE layer (dispatch, combine)", "expert GEMMs")
-        add("ep", "backward", "all-to-all", a2a, dt, 2 * moe, "every MoE layer", "expert GEMMs")
+        add("ep", "backward", "all-to-all", a2a, dt, (4 if t.recompute == "full" else 2) * moe, "every MoE layer",
+            "expert GEMMs")

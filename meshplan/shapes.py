@@ -21,6 +21,7 @@ Gemm(name='wq', m=8192, n=1024, k=8192, count=1)
 from __future__ import annotations
 
 from dataclasses import dataclass
+from math import ceil
 
 from .spec.model import ModelSpec
 from .tpsplit import local_heads
@@ -92,6 +93,18 @@ def layer_gemms(model: ModelSpec, tp: int, tokens: int, layer: int = -1,
         out.append(Gemm("w_gate", tokens, f, h))
     out += [Gemm("w_up", tokens, f, h), Gemm("w_down", tokens, h, f)]
     return out
+
+
+def expert_capacity(tokens: int, top_k: int, experts: int) -> int:
+    """Token copies one expert takes from the ``tokens`` tokens one rank routes: capacity
+    factor 1, ``ceil(tokens * top_k / experts)`` (Switch Transformer, Fedus et al. 2021,
+    eq. 4). The runtime MoE (:mod:`meshplan.runtime.moe`) drops copies beyond it and pads the
+    rest, so its dispatch buffer is always ``experts x capacity`` tokens.
+
+    >>> expert_capacity(64, 2, 8), expert_capacity(10, 2, 8)
+    (16, 3)
+    """
+    return ceil(tokens * top_k / experts)
 
 
 def output_gemm(model: ModelSpec, tp: int, tokens: int, padded_vocab: int) -> Gemm:
