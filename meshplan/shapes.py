@@ -97,8 +97,8 @@ def layer_gemms(model: ModelSpec, tp: int, tokens: int, layer: int = -1,
 
 def expert_capacity(tokens: int, top_k: int, experts: int) -> int:
     """Token copies one expert takes from the ``tokens`` tokens one rank routes: capacity
-    factor 1, ``ceil(tokens * top_k / experts)`` (Switch Transformer, Fedus et al. 2021,
-    eq. 4). The runtime MoE (:mod:`meshplan.runtime.moe`) drops copies beyond it and pads the
+    factor 1, ``ceil(tokens * top_k / experts)`` (expert capacity of the Switch
+    Transformer, Fedus et al. 2021, section 2.2, with top_k copies per token). The runtime MoE (:mod:`meshplan.runtime.moe`) drops copies beyond it and pads the
     rest, so its dispatch buffer is always ``experts x capacity`` tokens.
 
     >>> expert_capacity(64, 2, 8), expert_capacity(10, 2, 8)

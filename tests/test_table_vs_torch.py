@@ -74,3 +74,44 @@ def test_loss_not_parallel_matches():
     run = dry_run(TINY, training, mesh, rank=0, loss_parallel=False, optimizer_step=False)
     assert differences(tally_records(run.records, mesh, 0),
                        tally_table(table_for(TINY, training, mesh, loss_parallel=False))) == []
+
+
+# MoE with expert parallelism (meshplan.runtime.moe): router, capacity dispatch, experts over
+# ep with all-to-all, routed experts as their own FSDP2 unit over efsdp. Names and shapes
+# (dense axes, ep) are resolved as [mesh] names = [..., "ep"] would be.
+MOE = ModelSpec(name="tiny-moe", layers=2, hidden=64, ffn=128, q_heads=4, kv_heads=2, vocab=256,
+                experts=8, top_k=2, expert_ffn=32)
+MOE_CASES = {
+    # ep 4 inside dp_shard 16: efsdp 4 (experts sharded over ranks 0, 4, 8, 12 for rank 0)
+    "16 ranks dp_shard16 ep4 shared expert, 1 dense layer": (
+        MOE.model_copy(update=dict(shared_experts=1, shared_expert_ffn=48, dense_layers=1)),
+        ("dp_shard",), (16,), 4, FP32, {}, 6),
+    # 64 ranks, ep 8: 10 tokens x top_k 3 over 8 experts -> capacity ceil(30/8) = 4, so the
+    # dispatch buffer is 8 x 4 = 32 rows, not 30; full recompute replays dispatch and combine
+    "64 ranks dp_shard64 ep8 top_k3 uneven capacity full recompute": (
+        MOE.model_copy(update=dict(top_k=3)), ("dp_shard",), (64,), 8, dict(FP32, recompute="full"),
+        {"seq_len": 10, "global_batch": 64}, 45),
+    # ep 8 = dp_shard 8: efsdp 1, experts outside FSDP; the ep group is the dp_shard group
+    "8 ranks ep8 = dp_shard8 (efsdp 1)": (MOE, ("dp_shard",), (8,), 8, FP32, {}, 3),
+    "32 ranks HSDP 2x16 ep4 bf16 gathers": (MOE, ("dp_replicate", "dp_shard"), (2, 16), 4, MP,
+                                            {"sharding": "hsdp", "global_batch": 32}, 21),
+}
+
+
+@pytest.mark.parametrize("name", list(MOE_CASES))
+def test_moe_table_matches_torch(name):
+    model, names, shape, ep, dtypes, extra, rank = MOE_CASES[name]
+    training = TrainingSpec(**{"global_batch": prod(shape), "seq_len": 16, **dtypes, **extra})
+    mesh = resolve_mesh(MeshSpec(names=list(names) + ["ep"], shape=list(shape) + [ep]), world=prod(shape))
+    run = dry_run(model, training, mesh, rank=rank, mixed_precision=dtypes is MP, optimizer_step=False)
+    assert run.group_differences == []
+    recorded = tally_records(run.records, mesh, rank)
+    predicted = tally_table(table_for(model, training, mesh), mesh, rank)
+    assert differences(recorded, predicted) == []
+    a2a = [r for r in run.records if r.op == "all-to-all"]
+    moe_layers = model.layers - model.dense_layers
+    assert len(a2a) == (2 + (4 if training.recompute == "full" else 2)) * moe_layers  # forward + backward
+    assert {r.group for r in a2a} == {tuple(mesh.group_of(rank, "ep"))}
+    tokens = training.micro_batch * training.seq_len
+    rows = model.experts * -(-tokens * model.top_k // model.experts)
+    assert {r.size_bytes for r in a2a} == {rows * model.hidden * (2 if dtypes is MP else 4)}

@@ -101,6 +101,10 @@ def dry_run(model_spec: ModelSpec, training: TrainingSpec, mesh: Mesh, rank: int
         if model.kv_heads != model_spec.n_kv_heads:
             notes.append(f"KV heads copied {model_spec.n_kv_heads} -> {model.kv_heads} for tp {tp}")
         parallelize(model, dm, mesh, training, loss_parallel=loss_parallel, mixed_precision=mixed_precision)
+        if hasattr(model, "expert_mesh"):
+            from .moe import check_expert_groups
+
+            diffs += check_expert_groups(model.expert_mesh, mesh)
         with FakeTensorMode(allow_non_fake_inputs=True):
             model.to_empty(device="cpu")
             records = _step(model, training, loss_parallel and tp > 1, optimizer_step)

@@ -33,18 +33,15 @@ from pathlib import Path
 from typing import Optional
 
 from ..units import MiB
-from .compare import differences, tally_records
+from .compare import differences, tally_records, tally_table
 from .recorder import Collective
 from .worker import write_atomic, write_json
 
 
-def tally_table_per_step(rows) -> Counter:
-    """Table rows counted once per step (``per_step``), keyed like the recorded tally."""
-    out = Counter()
-    for r in rows:
-        size = int(r.size_bytes) if float(r.size_bytes).is_integer() else r.size_bytes
-        out[(r.axis, r.phase, r.op, size, r.dtype)] += r.per_step
-    return out
+def tally_table_per_step(rows, mesh=None) -> Counter:
+    """Table rows counted once per step (``per_step``), keyed like the recorded tally
+    (axes named by :func:`~meshplan.runtime.compare.canonical_axis` when ``mesh`` is given)."""
+    return tally_table(rows, mesh, per_step=True)
 
 
 def _load(folder: Path, rank: int, name: str) -> dict:
@@ -64,7 +61,7 @@ def _records(data: dict) -> list[Collective]:
 
 def compare_collectives(plan, folder: Path) -> tuple[list[str], list[dict], dict]:
     """(differences, CSV rows, per-rank group differences) of every rank."""
-    tables = {k: tally_table_per_step(rows) for k, rows in plan.collectives.items()}
+    tables = {k: tally_table_per_step(rows, plan.mesh) for k, rows in plan.collectives.items()}
     by_line: dict[str, list[int]] = {}
     tallies = {}
     groups = {}

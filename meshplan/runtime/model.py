@@ -20,8 +20,10 @@ When ``tp > kv_heads`` (and ``tp % kv_heads == 0``) the model is built with ``tp
 each real head copied ``tp / kv_heads`` times, which is the per-rank layout meshplan assumes
 (:func:`meshplan.tpsplit.local_heads`); the copies are independent parameters here.
 
-MoE layers, qk-norm and learned positions under sequence parallelism are not built: the
-constructor or :func:`~meshplan.runtime.parallelize.parallelize` says so.
+An MoE layer (``spec.is_moe_layer``) has ``layers.<i>.moe`` (router, routed experts as
+stacked weights, shared experts) in place of ``mlp``: :mod:`meshplan.runtime.moe`.
+qk-norm and learned positions under sequence parallelism are not built: the constructor or
+:func:`~meshplan.runtime.parallelize.parallelize` says so.
 
 >>> spec = ModelSpec(layers=2, hidden=64, ffn=128, q_heads=4, kv_heads=2, vocab=100)
 >>> m = Transformer(spec)
@@ -115,16 +117,21 @@ class MLP(nn.Module):
 class Block(nn.Module):
     """Pre-norm transformer layer: x + attention(attn_norm(x)), then x + mlp(mlp_norm(x))."""
 
-    def __init__(self, spec: ModelSpec, kv_heads: int):
+    def __init__(self, spec: ModelSpec, kv_heads: int, moe: bool = False):
         super().__init__()
         self.attn_norm = _norm(spec, spec.hidden)
         self.attention = Attention(spec, kv_heads)
         self.mlp_norm = _norm(spec, spec.hidden)
-        self.mlp = MLP(spec)
+        if moe:
+            from .moe import MoE
+
+            self.moe = MoE(spec)
+        else:
+            self.mlp = MLP(spec)
 
     def forward(self, x: torch.Tensor, rope: Optional[tuple] = None) -> torch.Tensor:
         x = x + self.attention(self.attn_norm(x), rope)
-        return x + self.mlp(self.mlp_norm(x))
+        return x + (self.moe if hasattr(self, "moe") else self.mlp)(self.mlp_norm(x))
 
 
 def initial_value(name: str, shape, gen: "torch.Generator", std: float = 0.02) -> "torch.Tensor":
@@ -147,8 +154,6 @@ class Transformer(nn.Module):
     def __init__(self, spec: ModelSpec, vocab: Optional[int] = None, tp: int = 1, recompute: bool = False):
         super().__init__()
         self.recompute = recompute
-        if spec.is_moe:
-            raise ConfigError("model.experts", "the runtime model has no MoE layers yet; use a dense model")
         if spec.qk_norm:
             raise ConfigError("model.qk_norm", "the runtime model has no qk-norm yet")
         self.spec = spec
@@ -157,7 +162,7 @@ class Transformer(nn.Module):
         self.embedding = nn.Embedding(self.vocab, spec.hidden)
         if spec.position_embedding == "learned":
             self.position_embedding = nn.Embedding(spec.max_position, spec.hidden)
-        self.layers = nn.ModuleDict({str(i): Block(spec, self.kv_heads) for i in range(spec.layers)})
+        self.layers = nn.ModuleDict({str(i): Block(spec, self.kv_heads, spec.is_moe_layer(i)) for i in range(spec.layers)})
         self.final_norm = _norm(spec, spec.hidden)
         self.output = nn.Linear(spec.hidden, self.vocab, bias=False)
         if spec.tied_embeddings:
@@ -185,10 +190,15 @@ class Transformer(nn.Module):
         tensors in a fixed order from ``seed``: every mesh gets the values of the
         single-process model. Call after ``to_empty``; on a sharded (DTensor) parameter each
         rank keeps its own slice (``distribute_tensor(..., src_data_rank=None)``, no
-        communication)."""
+        communication). Routed experts held under EP (``Experts.offset``) draw all
+        ``full_rows`` experts and keep their own rows."""
         gen = torch.Generator().manual_seed(seed)
         for name, p in self.named_parameters():
-            full = initial_value(name, p.shape, gen, std)
+            owner = self.get_submodule(name.rpartition(".")[0])
+            rows = getattr(owner, "full_rows", p.shape[0])
+            full = initial_value(name, (rows,) + tuple(p.shape[1:]), gen, std)
+            if rows != p.shape[0]:
+                full = full[owner.offset:owner.offset + p.shape[0]]
             if hasattr(p, "device_mesh"):
                 from torch.distributed.tensor import distribute_tensor
 

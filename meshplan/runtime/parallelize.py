@@ -9,6 +9,10 @@ and split a :class:`~meshplan.runtime.model.Transformer` over it with torch's ow
   ``parallelize_module``, following torchtitan's Llama plan (models/llama3/infra/
   parallelize.py ``apply_tp``), then FSDP2 ``fully_shard`` on every layer and on the root
   over the ``fsdp`` axis, or HSDP over (dp_replicate, fsdp).
+- MoE models (:mod:`meshplan.runtime.moe`): experts split over ``ep`` of the expert mesh
+  (all-to-all dispatch and combine); the routed experts of each layer are their own FSDP2
+  unit over ``efsdp`` (or HSDP over (dp_replicate, efsdp)), ignored by FSDP when that is
+  one rank; router and shared experts stay in the layer's unit.
 
 TP plan (``tp > 1``), with SP / without SP:
 
@@ -90,15 +94,20 @@ def check_groups(device_mesh: DeviceMesh, mesh: Mesh) -> list[str]:
     return out
 
 
-def _unsupported(mesh: Mesh, training: TrainingSpec, pipeline: bool = False) -> Optional[str]:
+def _unsupported(mesh: Mesh, training: TrainingSpec, pipeline: bool = False, moe: bool = False) -> Optional[str]:
     """Why the runtime cannot build ``mesh``; ``pipeline``: pp > 1 is built elsewhere
-    (:mod:`meshplan.runtime.pipelined`, which checks its own limits)."""
+    (:mod:`meshplan.runtime.pipelined`, which checks its own limits); ``moe``: the model
+    has MoE layers."""
     if mesh.degree("pp") > 1 and not pipeline:
         return "pp > 1: pipeline stages are not built by parallelize(); use torch.distributed.pipelining"
     if mesh.degree("cp") > 1:
         return "cp > 1: torch 2.13 has no CPU context-parallel strategy for causal attention"
-    if mesh.ep > 1 or mesh.etp > 1:
-        return "ep/etp > 1: the runtime model has no experts"
+    if mesh.etp > 1:
+        return "etp > 1: expert tensor parallelism is not built (experts are whole on each ep rank)"
+    if moe and mesh.degree("tp") > 1:
+        return "tp > 1 with MoE layers: tensor parallelism of the router and experts is not built"
+    if moe and mesh.degree("pp") > 1:
+        return "pp > 1 with MoE layers: the pipelined runner builds no experts"
     if training.sharding not in ("zero3", "hsdp"):
         return (f"sharding {training.sharding!r}: only zero3 (FSDP2) and hsdp are built; DDP's reducer "
                 "calls the process group from C++, where no dispatch mode can record it")
@@ -159,13 +168,21 @@ def fsdp_mesh(device_mesh: DeviceMesh, mesh: Mesh, training: TrainingSpec) -> De
 
 
 def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, reshard_after_forward: bool = True,
-               mp_policy: Optional[MixedPrecisionPolicy] = None) -> None:
+               mp_policy: Optional[MixedPrecisionPolicy] = None, expert_mesh: Optional[DeviceMesh] = None) -> None:
     """FSDP2 ``fully_shard`` on every layer, then on the root (embedding, final norm and
-    output stay in the root's unit)."""
+    output stay in the root's unit). ``expert_mesh``: the mesh the routed experts of an MoE
+    layer are sharded over as a unit of their own (FSDP ignores them when it is one rank)."""
     kw = dict(mesh=dp_mesh, reshard_after_forward=reshard_after_forward)
     if mp_policy is not None:
         kw["mp_policy"] = mp_policy
     for block in model.layers.values():
+        experts = block.moe.experts if hasattr(block, "moe") else None
+        if experts is not None and expert_mesh is not None and expert_mesh.size() > 1:
+            fully_shard(experts, **{**kw, "mesh": expert_mesh})
+        elif experts is not None:
+            kw_block = {**kw, "ignored_params": set(experts.parameters())}
+            fully_shard(block, **kw_block)
+            continue
         fully_shard(block, **kw)
     kw.pop("reshard_after_forward")  # root: FSDP2 default (keeps its parameters for backward)
     fully_shard(model, **kw)
@@ -177,14 +194,26 @@ def parallelize(model: nn.Module, device_mesh: DeviceMesh, mesh: Mesh, training:
 
     ``mixed_precision``: FSDP2 ``MixedPrecisionPolicy(param_dtype=compute_dtype,
     reduce_dtype=reduce_dtype)`` from ``training``; off by default (fp32 on CPU).
-    Raises ConfigError for what this function does not build (pp, cp, ep, DDP, ZeRO-1/2).
+    Raises ConfigError for what this function does not build (pp, cp, etp, tp or pp with
+    MoE layers, DDP, ZeRO-1/2).
     """
-    why = _unsupported(mesh, training)
+    moe = model.spec.is_moe
+    why = _unsupported(mesh, training, moe=moe)
     if why:
         raise ConfigError("mesh", why)
     tp = mesh.degree("tp")
     if tp > 1:
         apply_tp(model, device_mesh["tp"], mesh.sequence_parallel, loss_parallel)
+    expert_dp = None
+    if moe:
+        from .moe import apply_ep, init_expert_mesh
+
+        model.expert_mesh = edm = init_expert_mesh(mesh, device_mesh.device_type)
+        if mesh.ep > 1:
+            ranks = mesh.group_of(dist.get_rank(), "ep")
+            apply_ep(model, edm["ep"].get_group(), mesh.ep, ranks.index(dist.get_rank()))
+        hsdp = training.sharding == "hsdp" or mesh.degree("dp_replicate") > 1
+        expert_dp = edm["dp_replicate", "efsdp"] if hsdp and "dp_replicate" in edm.mesh_dim_names else edm["efsdp"]
     if mesh.degree("fsdp") * mesh.degree("dp_replicate") > 1:
         mp = None
         if mixed_precision:
@@ -194,5 +223,5 @@ def parallelize(model: nn.Module, device_mesh: DeviceMesh, mesh: Mesh, training:
                                       f"dtype here; use one of {sorted(TORCH_DTYPES)}")
             mp = MixedPrecisionPolicy(param_dtype=TORCH_DTYPES[training.compute_dtype],
                                       reduce_dtype=TORCH_DTYPES[training.reduce_dtype])
-        apply_fsdp(model, fsdp_mesh(device_mesh, mesh, training), training.reshard_after_forward, mp)
+        apply_fsdp(model, fsdp_mesh(device_mesh, mesh, training), training.reshard_after_forward, mp, expert_dp)
     return model

@@ -285,7 +285,7 @@ def run_world(config: Config, world: int, opt: Options, out: Path, echo=print) -
     if plan.mesh is None or not plan.feasible:
         return {"world": world, "ok": False, "stage": "plan", "notes": notes,
                 "message": "the scaled plan is infeasible: " + "; ".join(plan.reasons)}
-    why = _unsupported(plan.mesh, cfg.training, pipeline=True)
+    why = _unsupported(plan.mesh, cfg.training, pipeline=True, moe=cfg.model.is_moe)
     if not why and plan.mesh.degree("pp") > 1:
         from .pipelined import unsupported
 

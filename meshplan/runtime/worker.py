@@ -121,6 +121,10 @@ def load_plan(path: Path):
 def startup(rank: int, mesh, plan: dict, dm, model) -> dict:
     """This rank's coordinates, groups (DeviceMesh against meshplan and plan.json) and local shapes."""
     diffs = check_groups(dm, mesh)
+    if hasattr(model, "expert_mesh"):  # MoE: efsdp, ep, etp of the expert DeviceMesh
+        from .moe import check_expert_groups
+
+        diffs += check_expert_groups(model.expert_mesh, mesh)
     groups = {}
     for axis in mesh.all_axes():
         mine = mesh.group_of(rank, axis)
