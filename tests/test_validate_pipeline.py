@@ -5,7 +5,10 @@ model's logits with the full model's initial weights. Multi-process (``slow``, ~
 cores): ``meshplan validate`` of pp 2 x dp_shard 2 with Schedule1F1B and 4 micro-batches on
 4 gloo ranks: the loss is finite on the last stage, the DeviceMesh groups equal the plan's,
 every rank's pipeline send/recv equals the plan's pp rows exactly (count, bytes, dtype,
-phase), and every other difference is the known, explained one listed in ``KNOWN``.
+phase), and every other difference is the known, explained one listed in ``KNOWN``; peak
+memory comes from FSDPMemTracker. pp x tp + SP (8 ranks with dp_shard 2 under 1F1B, 4 ranks
+interleaved): every collective of every rank matches the plan, the last stage's first loss
+equals the single-process model's on the same micro-batches.
 """
 
 import dataclasses
@@ -83,6 +86,8 @@ def test_pp2_dp_shard2_1f1b_send_recv_match_the_plan(tmp_path):
         last_stage = rank in (2, 3)
         assert all((s["loss"] is not None and math.isfinite(s["loss"])) == last_stage for s in steps)
         assert all(s["micro_batches"] == 4 for s in steps)
+        mem = json.loads((out / "world4" / f"rank{rank}" / "memory.json").read_text())
+        assert mem["method"].startswith("FSDPMemTracker"), mem["method"]
     pp_rows = [row for row in comp["collectives"] if row["axis"] == "pp" and row["phase"] != "schedule-setup"]
     assert {(row["phase"], row["op"], row["size_bytes"], row["dtype"]) for row in pp_rows} == {
         ("forward", "send/recv", 1 * 32 * 256 * 4, "fp32"), ("backward", "send/recv", 1 * 32 * 256 * 4, "fp32")}
@@ -117,3 +122,108 @@ def test_interleaved_1f1b_runs_and_matches_the_chunk_boundary_count(tmp_path):
         assert [pp[phase][f"rank{k}"] for k in range(4)] == [12] * 4
         assert [pp[phase][f"meshplan_rank{k}"] for k in range(4)] == [12] * 4
     assert not [d for d in r["comparison"]["differences"] if " pp " in d]
+
+
+# pp 2 x tp 2 with sequence parallelism (torchtitan's order: TP on each stage module, then
+# FSDP2, then PipelineStage). Between stages runs the residual stream as the TP plan leaves it,
+# a plain tensor (row-parallel outputs are local): under SP each tp rank sends its own sequence
+# shard, 1 x 32/2 x 256 fp32 = 16384 B, to its peer of the other stage.
+PP_TP = DATA / "validate_llama8b_pp2_tp2_sp.toml"
+SHARD_BYTES = 1 * (32 // 2) * 256 * 4
+
+
+def _reference_loss(folder: Path, rank: int) -> float:
+    """Step 0's loss of ``rank`` (a last-stage rank) from the single-process model with the
+    same initial weights and the same micro-batches (worker.batch), mean over micro-batches."""
+    import torch.nn.functional as F
+
+    from meshplan.runtime.model import Transformer
+    from meshplan.runtime.worker import batch, load_plan
+    from meshplan.tpsplit import padded_vocab
+
+    plan, spec, training, mesh = load_plan(folder / "plan.json")
+    vocab = padded_vocab(spec.vocab, training.vocab_pad_divisor, mesh.degree("tp"))
+    ref = Transformer(spec, vocab=vocab)
+    ref.init_weights(seed=0)
+    with torch.no_grad():
+        losses = [F.cross_entropy(ref(t).flatten(0, 1), y.flatten()).item()
+                  for t, y in (batch(training, mesh, rank, 0, mb, vocab, 0) for mb in range(plan["mesh"]["micro_batches"]))]
+    return sum(losses) / len(losses)
+
+
+def _local_param_bytes(folder: Path, rank: int) -> int:
+    shapes = json.loads((folder / f"rank{rank}" / "startup.json").read_text())["local_shapes"]
+    return sum(math.prod(s["local"]) * 4 for s in shapes.values())
+
+
+def _rows(comp: dict, axis: str) -> dict:
+    return {(r["phase"], r["op"], r["size_bytes"]): r for r in comp["collectives"] if r["axis"] == axis}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_pp2_dp_shard2_tp2_sp_1f1b_matches_the_plan_exactly(tmp_path):
+    """8 ranks: pp 2 x dp_shard 2 x tp 2 + SP, 1F1B, 4 micro-batches, loss parallel."""
+    out = tmp_path / "ev"
+    code, res = validate(load_config(PP_TP), Options(worlds=(8,), layers=4, seq_len=32, vocab=512, steps=1,
+                                                     micro_batches=4, timeout_s=200), out, echo=lambda *_: None)
+    r = res[0]
+    assert r.get("stage") == "compare", r["message"]
+    comp, folder = r["comparison"], out / "world8"
+    plan = json.loads((folder / "plan.json").read_text())
+    assert plan["mesh"]["stages"] == [[[0, 1]], [[2, 3]]]
+    for rank in range(8):
+        start = json.loads((folder / f"rank{rank}" / "startup.json").read_text())
+        assert start["group_differences"] == []
+        assert start["groups"] == {a: next(g for g in plan["groups"][a] if rank in g) for a in ("pp", "dp_shard", "tp")}
+    assert comp["differences"] == []
+    pp = _rows(comp, "pp")
+    assert set(pp) == {("forward", "send/recv", SHARD_BYTES), ("backward", "send/recv", SHARD_BYTES)}
+    assert all([row[f"rank{k}"] for k in range(8)] == [4] * 8 for row in pp.values())
+    tp = _rows(comp, "tp")
+    # SP norm-weight gradients: all-reduced over tp once per step (FSDP2's reduction runs in
+    # the last backward only under PipelineStage): 2 layers x 2 norms, + the final norm
+    assert [tp["backward", "all-reduce", 256 * 4][f"rank{k}"] for k in range(8)] == [4] * 4 + [5] * 4
+    # loss parallel on the last stage: 3 all-reduces of b*s fp32 per micro-batch
+    assert [tp["loss", "all-reduce", 32 * 4][f"rank{k}"] for k in range(8)] == [0] * 4 + [12] * 4
+    for rank in range(8):
+        steps = json.loads((folder / f"rank{rank}" / "timings.json").read_text())["steps"]
+        assert all((s["loss"] is not None) == (rank >= 4) for s in steps)
+        mem = json.loads((folder / f"rank{rank}" / "memory.json").read_text())
+        assert mem["method"].startswith("FSDPMemTracker"), mem["method"]
+        assert mem["by_category_bytes"]["Sharded Param"] == _local_param_bytes(folder, rank)
+        assert mem["peak_bytes"] > 2 * mem["by_category_bytes"]["Sharded Param"]
+    for rank in (4, 7):  # dp_shard positions 0 and 1 of the last stage
+        loss = json.loads((folder / f"rank{rank}" / "timings.json").read_text())["steps"][0]["loss"]
+        assert loss == pytest.approx(_reference_loss(folder, rank), rel=1e-5)
+    assert code == 0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_pp2_tp2_sp_interleaved_1f1b_matches_the_plan_exactly(tmp_path):
+    """4 ranks: pp 2 x vpp 2 x tp 2 + SP, interleaved 1F1B, no data axis (no FSDP): each rank
+    sends its sequence shard across 3 chunk boundaries per micro-batch each way (12 per step);
+    the SP norm gradients stay Partial and AdamW reduces each at its 3 reads."""
+    cfg = load_config(PP_TP)
+    cfg = dataclasses.replace(cfg, mesh=cfg.mesh.model_copy(update={"pp_schedule": "interleaved_1f1b",
+                                                                     "virtual_stages": 2}))
+    out = tmp_path / "ev"
+    code, res = validate(cfg, Options(worlds=(4,), layers=4, seq_len=32, vocab=512, steps=1, micro_batches=4,
+                                      timeout_s=150), out, echo=lambda *_: None)
+    r = res[0]
+    assert r.get("stage") == "compare", r["message"]
+    comp, folder = r["comparison"], out / "world4"
+    assert json.loads((folder / "plan.json").read_text())["mesh"]["stages"] == [[[0], [2]], [[1], [3]]]
+    assert comp["differences"] == []
+    pp = _rows(comp, "pp")
+    assert set(pp) == {("forward", "send/recv", SHARD_BYTES), ("backward", "send/recv", SHARD_BYTES)}
+    assert all([row[f"rank{k}"] for k in range(4)] == [12] * 4 for row in pp.values())
+    assert [_rows(comp, "tp")["step", "all-reduce", 256 * 4][f"rank{k}"] for k in range(4)] == [12, 12, 15, 15]
+    for rank in range(4):
+        mem = json.loads((folder / f"rank{rank}" / "memory.json").read_text())
+        assert mem["method"].startswith("MemTracker"), mem["method"]
+        assert mem["by_category_bytes"]["Parameter"] == _local_param_bytes(folder, rank)
+    loss = json.loads((folder / "rank2" / "timings.json").read_text())["steps"][0]["loss"]
+    assert loss == pytest.approx(_reference_loss(folder, 2), rel=1e-5)
+    assert code == 0

@@ -115,7 +115,8 @@ def _unsupported(mesh: Mesh, training: TrainingSpec, pipeline: bool = False, moe
 
 
 def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, sequence_parallel: bool, loss_parallel: bool = True) -> None:
-    """Tensor (and sequence) parallelism, in place; see the module docstring's table."""
+    """Tensor (and sequence) parallelism, in place; see the module docstring's table. ``model``
+    may be a pipeline stage: embedding, final norm and output are split where it has them."""
     tp = tp_mesh.size()
     spec = model.spec
     if spec.q_heads % tp:
@@ -134,7 +135,8 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, sequence_parallel: bool, los
     }
     if sequence_parallel:
         root["final_norm"] = SequenceParallel()
-    parallelize_module(model, tp_mesh, root)
+    # a pipeline stage module (runtime.pipelined.StageModule) holds only some of the root modules
+    parallelize_module(model, tp_mesh, {k: v for k, v in root.items() if hasattr(model, k)})
     for block in model.layers.values():
         plan = {
             "attention": PrepareModuleInput(input_layouts=(act, None), desired_input_layouts=(Replicate(), None)),
@@ -152,7 +154,7 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, sequence_parallel: bool, los
             plan["attn_norm"] = SequenceParallel()
             plan["mlp_norm"] = SequenceParallel()
         parallelize_module(block, tp_mesh, plan)
-    if spec.tied_embeddings:  # both are Shard(0) over the vocabulary: tie the DTensors again
+    if spec.tied_embeddings and hasattr(model, "output") and hasattr(model, "embedding"):  # both Shard(0): tie again
         model.output.weight = model.embedding.weight
 
 

@@ -7,15 +7,30 @@ stages, run by the schedule the config names.
   norm and output layer on the last one. Chunk ``c`` of pipeline rank ``k`` is virtual stage
   ``c * pp + k`` (Megatron's interleaved assignment, :func:`meshplan.pipeline.stage_layers`;
   the order torch's looped interleaved schedule expects).
-- Each chunk gets FSDP2 where the mesh has a data-parallel shard axis (``fully_shard`` on every
-  layer, then on the chunk: the chunk's root unit holds the embedding / final norm / output
-  where present), then is wrapped in :class:`torch.distributed.pipelining.PipelineStage` on the
-  DeviceMesh's ``pp`` group, in static mode (input and output shapes given, no shape inference).
-  tp, cp, ep and tied embeddings with pp > 1 are refused (:func:`unsupported`).
+- Each chunk is parallelised in torchtitan's order (``torchtitan/models/llama3/infra/
+  parallelize.py`` then ``distributed/pipeline_parallel.py``): tensor (and sequence)
+  parallelism on the ``tp`` sub-mesh with :func:`~meshplan.runtime.parallelize.apply_tp` (the
+  embedding, final norm and output where the chunk has them; loss parallel on the last stage
+  as the plan's ``mesh.loss_parallel`` says), then FSDP2 where the mesh has a data-parallel
+  shard axis (``fully_shard`` on every layer, then on the chunk: the chunk's root unit holds
+  the embedding / final norm / output where present), then
+  :class:`torch.distributed.pipelining.PipelineStage` on the DeviceMesh's ``pp`` group, in
+  static mode (input and output shapes given, no shape inference).
+- What a stage sends: the residual stream as the TP plan leaves it between layers, a plain
+  tensor (row-parallel outputs and the embedding use ``use_local_output``), not a DTensor:
+  (micro_batch, seq, hidden), or under SP this tp rank's sequence shard
+  (micro_batch, seq / tp, hidden), sent to the peer with the same tp (and data) coordinates
+  in the next stage. The next stage's first ``SequenceParallel`` norm wraps it as
+  ``Shard(1)`` again. Gradients travel back the same way, same shapes.
+- cp, ep and tied embeddings with pp > 1 are refused (:func:`unsupported`).
 - :class:`PipelineRunner`: one step = ``schedule.step(tokens, target=labels, losses=...)``
   (``mesh.pp_schedule``: gpipe -> ScheduleGPipe, 1f1b -> Schedule1F1B, interleaved_1f1b ->
   ScheduleInterleaved1F1B) with the plan's micro-batch count; the loss function (cross entropy)
-  runs on the last stage inside the schedule, backward too; then AdamW.
+  runs on the last stage inside the schedule (under ``loss_parallel()`` when the logits are
+  vocabulary-sharded; its collectives are phase ``loss``), backward too; then AdamW.
+- Memory (:meth:`PipelineRunner.memory_tracker`): FSDPMemTracker / MemTracker work under a
+  schedule once each stage module's tracker entry is restarted before each micro-batch's
+  forward (MemTracker refuses a second forward of a root module, "multiple iterative calls").
 - :class:`PipelineRecorder`: the :class:`~meshplan.runtime.recorder.CollectiveRecorder` with the
   pipeline's point-to-point ops named as meshplan names them: every ``send`` and ``recv`` (c10d
   ``send``/``recv_``, also when issued through ``batch_isend_irecv``) becomes ``send/recv`` with
@@ -35,6 +50,7 @@ separated on one rank without hooks in every micro-batch).
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Optional
 
@@ -56,9 +72,8 @@ def unsupported(mesh, training, schedule: str, model_spec=None) -> Optional[str]
         return "pp is 1: use parallelize()"
     if schedule not in SCHEDULES:
         return f"pp_schedule {schedule!r}: only {', '.join(SCHEDULES)} are built"
-    for axis in ("tp", "cp"):
-        if mesh.degree(axis) > 1:
-            return f"{axis} > 1 with pp > 1 is not built yet (pp x dp_shard / dp_replicate only)"
+    if mesh.degree("cp") > 1:
+        return "cp > 1 with pp > 1 is not built (torch 2.13 has no CPU context-parallel causal attention)"
     if mesh.ep > 1 or mesh.etp > 1:
         return "ep/etp > 1: the runtime model has no experts"
     if training.sharding not in ("zero3", "hsdp"):
@@ -70,12 +85,15 @@ def unsupported(mesh, training, schedule: str, model_spec=None) -> Optional[str]
 
 class StageModule(nn.Module):
     """One virtual stage of ``full``: ``layers`` (indices), plus the embedding when ``first``
-    and the final norm and output layer when ``last``. Modules are ``full``'s own objects."""
+    and the final norm and output layer when ``last``. Modules are ``full``'s own objects.
+    ``seq_split``: how many pieces the received activation's sequence dimension is cut into
+    (tp under sequence parallelism, where a stage receives its (b, s/tp, h) shard); the
+    rotary tables are built for the whole sequence (``seq_split`` x the local length)."""
 
-    def __init__(self, full: Transformer, layers: list[int], first: bool, last: bool):
+    def __init__(self, full: Transformer, layers: list[int], first: bool, last: bool, seq_split: int = 1):
         super().__init__()
         self.spec, self.vocab, self.kv_heads, self.recompute = full.spec, full.vocab, full.kv_heads, full.recompute
-        self.first, self.last = first, last
+        self.first, self.last, self.seq_split = first, last, seq_split
         if first:
             self.embedding = full.embedding
             if full.spec.position_embedding == "learned":
@@ -86,6 +104,7 @@ class StageModule(nn.Module):
             self.output = full.output
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        seq = x.shape[1] * (1 if self.first else self.seq_split)
         if self.first:
             tokens = x
             x = self.embedding(tokens)
@@ -93,7 +112,7 @@ class StageModule(nn.Module):
                 x = x + self.position_embedding(torch.arange(tokens.shape[1], device=tokens.device))
         rope = None
         if self.spec.position_embedding == "rope":
-            rope = rope_cos_sin(x.shape[1], self.spec.d_head, device=x.device, dtype=x.dtype)
+            rope = rope_cos_sin(seq, self.spec.d_head, device=x.device, dtype=x.dtype)
         for block in self.layers.values():
             if self.recompute and torch.is_grad_enabled():
                 x = torch.utils.checkpoint.checkpoint(block, x, rope, use_reentrant=False)
@@ -127,7 +146,7 @@ def build_stages(plan: dict, model_spec, training, mesh, dm, vocab: int, seed: i
     from torch.distributed.pipelining import PipelineStage
     from torch.distributed.pipelining import schedules as S
 
-    from .parallelize import apply_fsdp, fsdp_mesh
+    from .parallelize import apply_fsdp, apply_tp, fsdp_mesh
 
     schedule = plan["input"]["mesh"]["pp_schedule"]
     why = unsupported(mesh, training, schedule, model_spec)
@@ -138,21 +157,27 @@ def build_stages(plan: dict, model_spec, training, mesh, dm, vocab: int, seed: i
     stages_layers = plan["mesh"]["stages"]
     vpp = len(stages_layers[k])
     n_virtual = pp * vpp
+    tp = mesh.degree("tp")
+    sp = tp > 1 and mesh.sequence_parallel
     with torch.device("meta"):
-        full = Transformer(model_spec, vocab=vocab, tp=1, recompute=training.recompute == "full")
+        full = Transformer(model_spec, vocab=vocab, tp=tp, recompute=training.recompute == "full")
     modules = []
     for c, layers in enumerate(stages_layers[k]):
         v = c * pp + k
-        modules.append(StageModule(full, layers, first=v == 0, last=v == n_virtual - 1))
+        modules.append(StageModule(full, layers, first=v == 0, last=v == n_virtual - 1, seq_split=tp if sp else 1))
     shard = mesh.degree("fsdp") * mesh.degree("dp_replicate") > 1
-    for m in modules:
+    for m in modules:  # torchtitan's order: TP on the stage, then FSDP2, then PipelineStage
+        if tp > 1:
+            apply_tp(m, dm["tp"], sp, loss_parallel(plan, mesh))
         if shard:
             apply_fsdp(m, fsdp_mesh(dm, mesh, training), training.reshard_after_forward)
         m.to_empty(device=device)
     init_stage_weights(full, seed)
     b, s, h = training.micro_batch, training.seq_len, model_spec.hidden
-    # requires_grad: static mode derives the gradient buffers from these (none without it)
-    act = torch.empty(b, s, h, device="meta", requires_grad=True)
+    # requires_grad: static mode derives the gradient buffers from these (none without it).
+    # Between stages runs the residual stream as apply_tp leaves it: a plain tensor (the
+    # row-parallel outputs use_local_output), under SP this rank's sequence shard (b, s/tp, h).
+    act = torch.empty(b, s // tp if sp else s, h, device="meta", requires_grad=True)
     group = dm["pp"].get_group()
     pstages = []
     for c, m in enumerate(modules):
@@ -163,18 +188,42 @@ def build_stages(plan: dict, model_spec, training, mesh, dm, vocab: int, seed: i
                                      group=group))
     micro = plan["mesh"]["micro_batches"]
     cls = getattr(S, SCHEDULES[schedule])
+    loss = StageLoss()
     if schedule == "interleaved_1f1b":
-        sched = cls(pstages, micro, loss_fn=loss_fn)
+        sched = cls(pstages, micro, loss_fn=loss)
     else:
         if len(pstages) != 1:
             raise ConfigError("mesh.pp_schedule", f"{schedule} runs one stage per rank; vpp is {vpp}")
-        sched = cls(pstages[0], micro, loss_fn=loss_fn)
+        sched = cls(pstages[0], micro, loss_fn=loss)
+    sched.meshplan_loss = loss
     return modules, pstages, sched
 
 
+def loss_parallel(plan: dict, mesh) -> bool:
+    """Whether the last stage keeps its logits sharded over the vocabulary (tp > 1 and the
+    plan's ``mesh.loss_parallel``, default true)."""
+    return mesh.degree("tp") > 1 and bool(plan["input"]["mesh"].get("loss_parallel", True))
+
+
 def loss_fn(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Cross entropy of one micro-batch (the schedule scales gradients by 1 / micro-batches)."""
+    """Cross entropy of one micro-batch (the schedule scales gradients by 1 / micro-batches).
+    ``logits`` (b, s, V), a DTensor sharded over V under loss parallel (the caller holds
+    ``torch.distributed.tensor.parallel.loss_parallel()``); ``labels`` (b, s) int64."""
     return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
+
+
+class StageLoss:
+    """:func:`loss_fn` as the schedule's ``loss_fn``; ``before`` (when set) runs first, so the
+    runner can label the loss's collectives (phase ``loss``, as the plan's table has them)."""
+
+    def __init__(self):
+        self.before = None
+
+    def __call__(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        if self.before is not None:
+            self.before()
+        with record_function("loss"):
+            return loss_fn(logits, labels)
 
 
 class PipelineRecorder(CollectiveRecorder):
@@ -217,6 +266,10 @@ def instrument(stage, runner: "PipelineRunner") -> None:
 
         def entered(*a, _orig=orig, _phase=phase, **kw):
             runner.set_phase(_phase)
+            if _phase == "forward" and runner.tracker is not None:
+                # MemTracker refuses a root module's second forward ("multiple iterative calls"); a
+                # schedule runs each stage module once per micro-batch: start its entry afresh
+                runner.tracker.memory_tracking.pop(stage.submod, None)
             with record_function(_phase):
                 return _orig(*a, **kw)
 
@@ -226,11 +279,9 @@ def instrument(stage, runner: "PipelineRunner") -> None:
 class PipelineRunner:
     """The worker's Runner for pp > 1: one schedule step per training step."""
 
-    # the worker measures memory by the resident set instead (worker.memory_step)
-    memory_tracker_fails = ("not used with a pipeline schedule: under FSDPMemTracker's module hooks the last "
-                            "stage's backward fails (torch 2.13: 'Trying to backward through the graph a second time')")
 
-    def __init__(self, modules, pstages, sched, training, mesh, rank, vocab, seed, status, device, micro: int):
+    def __init__(self, modules, pstages, sched, training, mesh, rank, vocab, seed, status, device, micro: int,
+                 loss_parallel_on: bool = False):
         self.modules, self.pstages, self.sched = modules, pstages, sched
         self.model = modules[0] if len(modules) == 1 else nn.ModuleList(modules)
         self.training, self.mesh, self.rank = training, mesh, rank
@@ -239,10 +290,30 @@ class PipelineRunner:
         self.micro = micro
         self.has_first = any(s.is_first for s in pstages)
         self.has_last = any(s.is_last for s in pstages)
+        self.loss_parallel = self.has_last and loss_parallel_on
         self.rec: Optional[PipelineRecorder] = None
+        self.tracker = None  # the MemTracker of memory_tracker(), while the worker uses it
         self._index = 0
         for s in pstages:
             instrument(s, self)
+        sched.meshplan_loss.before = lambda: self.set_phase("loss")
+
+    def memory_tracker(self):
+        """(tracker, name) for the worker's memory step: FSDPMemTracker on a single FSDP2
+        stage module, else MemTracker over every stage module and the optimizer. Each stage
+        module's tracker entry is restarted before each of its micro-batch forwards (see
+        :func:`instrument`), so the per-module snapshots are the last micro-batch's; the
+        peak snapshot covers the whole step."""
+        from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+        from torch.distributed._tools.mem_tracker import MemTracker
+        from torch.distributed.fsdp import FSDPModule
+
+        if isinstance(self.model, FSDPModule):
+            self.tracker, name = FSDPMemTracker(self.model, self.opt), "FSDPMemTracker"
+        else:
+            self.tracker, name = MemTracker(), "MemTracker"
+            self.tracker.track_external(self.model, self.opt)
+        return self.tracker, name
 
     def recorder(self) -> PipelineRecorder:
         self.rec = PipelineRecorder()
@@ -267,7 +338,12 @@ class PipelineRunner:
         t_step = time.perf_counter()
         args = (tokens,) if self.has_first else ()
         kw = dict(target=labels, losses=losses) if self.has_last else {}
-        with record_function("schedule"):
+        lp = contextlib.nullcontext()
+        if self.loss_parallel:  # the last stage's loss and its backward run inside the schedule
+            from torch.distributed.tensor.parallel import loss_parallel as lp_ctx
+
+            lp = lp_ctx()
+        with record_function("schedule"), lp:
             self.sched.step(*args, **kw)
         t_sched = time.perf_counter() - t_step
         self.set_phase("step")
@@ -277,6 +353,7 @@ class PipelineRunner:
             self.opt.step()
             self.opt.zero_grad()
         t_opt = time.perf_counter() - t0
+        losses = [x.to_local() if hasattr(x, "to_local") else x for x in losses]  # DTensor under loss parallel
         loss = sum(float(x.detach()) for x in losses) / len(losses) if losses else None
         self.rec = None
         return {"step": index, "step_s": time.perf_counter() - t_step,
@@ -289,5 +366,5 @@ def build_runner(plan: dict, model_spec, training, mesh, dm, rank: int, vocab: i
     """(model for start-up shapes, runner) of this rank for a pp > 1 plan."""
     modules, pstages, sched = build_stages(plan, model_spec, training, mesh, dm, vocab, seed, device)
     runner = PipelineRunner(modules, pstages, sched, training, mesh, rank, vocab, seed, status, device,
-                            plan["mesh"]["micro_batches"])
+                            plan["mesh"]["micro_batches"], loss_parallel(plan, mesh))
     return runner.model, runner

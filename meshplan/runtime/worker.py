@@ -21,8 +21,9 @@ and ``status.json``, rewritten at every phase (step, phase, state ``running`` / 
 ``done``). ``done`` is written last: a rank's other files count only when it is there.
 
 Peak memory: ``torch.cuda.max_memory_allocated`` on a GPU; on CPU FSDPMemTracker
-(``torch.distributed._tools``; MemTracker when the model has no FSDP) over one steady-state
-step, or the growth of the resident set (``/proc/self/statm`` sampled every millisecond) when the tracker fails;
+(``torch.distributed._tools``; MemTracker when the model has no FSDP; for pp > 1 the one
+``PipelineRunner.memory_tracker`` gives) over one steady-state step,
+or the growth of the resident set (``/proc/self/statm`` sampled every millisecond) when the tracker fails;
 ``memory.json`` names the method used.
 
 Faults for tests: ``--fail-rank R`` (R kills itself with SIGKILL at the start of step
@@ -268,9 +269,9 @@ def memory_step(runner: Runner, index: int) -> tuple[dict, dict]:
     try:
         from torch.distributed.fsdp import FSDPModule
 
-        if getattr(runner, "memory_tracker_fails", ""):
-            raise RuntimeError(runner.memory_tracker_fails)
-        if isinstance(runner.model, FSDPModule):
+        if hasattr(runner, "memory_tracker"):  # pipeline stages: runtime.pipelined builds it
+            tracker, name = runner.memory_tracker()
+        elif isinstance(runner.model, FSDPModule):
             from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
 
             tracker, name = FSDPMemTracker(runner.model, runner.opt), "FSDPMemTracker"
