@@ -80,3 +80,7 @@ def test_gloo_ring_step_costs_the_link_latency_with_one_protocol():
     # across a network tier (reference 14 us per step): all-gather over 4 ranks = 3 steps
     _, t = collective_time("all-gather", 4, 4096, 1e9, "network", latency_scale=700 / 14, library="gloo")
     assert t == pytest.approx(3 * 700e-6 + 0.75 * 4096 / 1e9, rel=1e-12)
+    # gloo runs reduce-scatter as an all-reduce of the full buffer: 6 steps and 2 * 3/4 * S
+    _, t = collective_time("reduce-scatter", 4, 4096, 1e9, "network", latency_scale=700 / 14, library="gloo")
+    assert t == pytest.approx(6 * 700e-6 + 1.5 * 4096 / 1e9, rel=1e-12)
+    assert collective_time("reduce-scatter", 4, 4096, 1e9, "network", latency_scale=700 / 14)[1] < t / 1.5
