@@ -172,7 +172,9 @@ def scale_config(config: Config, world: int, opt: Options) -> tuple[Config, list
         cluster, hw_why = testbed_cluster(opt.testbed, world)
     else:
         cluster, hw_why = cpu_cluster(world)
-    memory = config.memory.model_copy(update=dict(nccl_buffsize_bytes=0, workspace_bytes=0, optimizer_temp_states=0))
+    from .memcheck import TORCH_CPU_MEMORY
+
+    memory = config.memory.model_copy(update={**TORCH_CPU_MEMORY, "optimizer_temp_states": 0})
     notes = [scaled.note + (f" (hidden_div {div} chosen automatically)" if not opt.hidden_div else ""),
              "mesh: " + mesh_why,
              f"batch: micro_batch {t.micro_batch} -> {mb}, seq_len {t.seq_len} -> {opt.seq_len}, global_batch "
@@ -180,7 +182,10 @@ def scale_config(config: Config, world: int, opt: Options) -> tuple[Config, list
              "micro-batch(es)",
              f"dtypes: all fp32 (config: params {t.param_dtype}, compute {t.compute_dtype}, reduce {t.reduce_dtype})",
              hw_why, "memory timeline: NCCL buffers and cuBLAS workspace 0 (gloo, CPU); optimizer temporaries 0 "
-             "(the worker's AdamW is torch's CPU default, one parameter at a time, not foreach)"]
+             "(the worker's AdamW is torch's CPU default, one parameter at a time, not foreach); the runtime model's "
+             "torch variants (memcheck.TORCH_CPU_MEMORY: fp32 logits, torch cross entropy, no dropout, SP inputs "
+             "all-gathered and kept, rms_norm decomposed, K/V repeated before SDPA, embedding gradient over the "
+             "whole vocabulary)"]
     if recompute != t.recompute:
         notes.append("recompute 'selective' runs as none (the runtime model has no selective recompute)")
     cfg = Config(model=scaled.spec, cluster=cluster, training=training, mesh=mesh_spec, path=config.path,
