@@ -1,6 +1,7 @@
 """``meshplan bench comm`` (issue 6 item 3): a real 4-rank gloo run under torchrun with small
 sizes, read back with meshplan.calibration's nccl-tests parser, fitted, and applied to a
-cluster; plus the pure helpers (sizes, groups, nccl-tests text, fast domains).
+cluster; on the netns testbed 2 nodes x 1 NIC and 2 nodes x 2 NICs (each rank on its NIC); plus
+the pure helpers (sizes, groups, rank -> NIC, nccl-tests text, fast domains).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from meshplan.catalog import system
 from meshplan.comm import busbw_factor
 from meshplan.errors import ConfigError
 from meshplan.runtime import benchcomm as B
+from meshplan.runtime.testbed_nics import ADDRS_ENV, apply_local_nic
 
 OPS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all")
 needs_torch = pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")
@@ -32,6 +34,35 @@ def test_sizes_and_groups():
     assert B.bench_groups([0, 0, 0, 0]) == [("nvlink", (0, 1, 2, 3))]
     assert B.bench_groups([0, 1]) == [("nic", (0, 1))]
     assert B.bench_groups([0, 0, 1, 1, 2, 2]) == [("nvlink", (0, 1)), ("nic", (0, 2, 4))]
+    # testbed with 2 NICs per node: local rank i on nic<i mod 2>, one nic group per NIC
+    nics = [apply_local_nic({ADDRS_ENV: "nic0=a,nic1=b", "LOCAL_RANK": str(r % 3)})["nic"] for r in range(6)]
+    assert nics == ["nic0", "nic1", "nic0"] * 2
+    assert B.bench_groups([0, 0, 0, 1, 1, 1], nics) == [("nvlink", (0, 1, 2)), ("nic", (0, 3)), ("nic", (1, 4))]
+    assert B.bench_groups([0, 1], ["nic0", "nic0"]) == [("nic", (0, 1))]
+    assert apply_local_nic({}) is None                      # not on a testbed: nothing set
+
+
+def test_two_nics_get_their_own_files_and_the_slowest_goes_to_calibration(tmp_path):
+    raw = _raw("all-reduce", 4, [])
+    raw["ranks"] = [dict(r, node=r["rank"] // 2, nic=f"nic{r['rank'] % 2}",
+                         addr=f"10.77.{r['rank'] % 2}.{r['rank'] // 2 + 1}") for r in raw["ranks"]]
+    sizes = B.parse_sizes("64K..1M")
+    raw["collectives"] = [{"op": "all-reduce", "link": "nic", "ranks": [k, k + 2], "nic": f"nic{k}", "rows": [
+        {"size_bytes": s, "count": s // 4, "time_s": 1e-4 + s / (25e6 / (k + 1)), "iters": 5, "wrong": 0}
+        for s in sizes]} for k in (0, 1)]
+    raw["pairs"] = {"size_bytes": 10 ** 6, "iters": 3, "one_way_s": [[0 if i == j else 1e-3 if i // 2 == j // 2
+                                                                      else 4e-2 for j in range(4)] for i in range(4)]}
+    blocks, fits, notes = B.write_results(tmp_path, raw, "test")
+    assert sorted(p.name for p in tmp_path.glob("*_perf.*")) == ["all_reduce_perf.nic.nic0.txt",
+                                                                 "all_reduce_perf.nic.nic1.txt"]
+    text1 = (tmp_path / "all_reduce_perf.nic.nic1.txt").read_text()
+    assert "link class nic on nic1 of every node" in text1 and "[node 1 nic1]" in text1
+    assert [(f.link, f.n_ranks) for f in fits] == [("nic", 2)]
+    assert fits[0].bandwidth_bytes_per_s == pytest.approx(12.5e6, rel=0.01)      # nic1's, the slower
+    assert any("slowest of 2 NICs" in n and "nic1" in n for n in notes)
+    assert load_calibration(tmp_path / "calibration.toml")["nic"].bandwidth_gb_per_s == pytest.approx(0.0125, rel=0.01)
+    assert "# NIC of rank: 0 nic0 10.77.0.1, 1 nic1 10.77.1.1, 2 nic0 10.77.0.2, 3 nic1 10.77.1.2" in blocks[-1]
+    assert json.loads((tmp_path / "pairs.json").read_text())["nic_of_rank"] == ["nic0", "nic1", "nic0", "nic1"]
 
 
 def _raw(op, n, rows):
@@ -162,3 +193,38 @@ def test_testbed_two_nodes_show_the_throttled_link_in_pairs_and_fit(tmp_path):
     assert 0.5 * rate < by_link["nic"].bandwidth_bytes_per_s < 1.6 * rate               # sustained, past the burst
     calib = load_calibration(tmp_path / "out" / "calibration.toml")
     assert calib["nic"].bandwidth_gb_per_s * 8 == pytest.approx(RATE_MBIT / 1000, rel=0.6)
+
+
+@needs_torch
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_testbed_with_two_nics_measures_each_rail(tmp_path):
+    # 2 nodes x 2 NICs, 2 ranks per node: local rank i on nic<i>, so each NIC has its own nic
+    # group and carries its ranks' pairs (those to the other rail cross the spine)
+    from meshplan.runtime import testbed as T
+
+    ok, why = T.testbed_available()
+    if not ok:
+        pytest.skip(f"testbed unavailable here: {why}")
+    prefix, state, lines = f"bn{os.getpid() % 10**6}", tmp_path / "state", []
+    try:
+        tb = T.testbed_up(prefix, 2, 2, RATE_MBIT, state_dir=state)
+        before = T.read_counters(tb)
+        fits = B.run_bench(2, B.parse_sizes("16K..1M"), tmp_path / "out", testbed=prefix, iters=5, warmup=1,
+                           budget_s=0.1, timeout_s=120, testbed_state_dir=state, echo=lines.append)
+        moved = T.counter_delta(before, T.read_counters(tb))
+    finally:
+        T.testbed_down(prefix, state_dir=state)
+    out = tmp_path / "out"
+    pairs = json.loads((out / "pairs.json").read_text())
+    assert pairs["nic_of_rank"] == ["nic0", "nic1", "nic0", "nic1"]
+    assert "# NIC of rank: 0 nic0 10.77.0.1, 1 nic1 10.77.1.1, 2 nic0 10.77.0.2, 3 nic1 10.77.1.2" in "\n".join(lines)
+    # every NIC of both nodes sent and received at least its ranks' cross-node pairs (6 x 1 MiB each way)
+    assert all(tx > 4 * 2**20 and rx > 4 * 2**20 for tx, rx in moved.values()), moved
+    rate, bw = RATE_MBIT * 1e6 / 8, pairs["bandwidth_bytes_per_s"]
+    assert all(0.5 * rate < bw[i][j] < 1.6 * rate for i in (0, 1) for j in (2, 3)), bw   # same rail and across
+    for k in (0, 1):
+        text = (out / f"all_reduce_perf.nic.nic{k}.txt").read_text()
+        assert f"on nic{k} of every node" in text and "# Out of bounds values : 0 OK" in text
+    nic = {f.link: f for f in fits}["nic"]
+    assert nic.n_ranks == 2 and 0.5 * rate < nic.bandwidth_bytes_per_s < 1.6 * rate

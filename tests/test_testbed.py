@@ -18,6 +18,7 @@ import pytest
 
 from meshplan.errors import ConfigError
 from meshplan.runtime import testbed as T
+from meshplan.runtime.testbed_launch import launch_per_node, torchrun_argv
 
 AVAILABLE, WHY = T.testbed_available()
 if not AVAILABLE and os.environ.get("MESHPLAN_REQUIRE_TESTBED") == "1":
@@ -129,7 +130,7 @@ def test_names_and_addresses_derive_from_the_prefix():
     tb = T.Testbed("p", 3, 2, 100.0, 32768, "/nonexistent")
     assert tb.namespaces == ["mp-p-n0", "mp-p-n1", "mp-p-n2", "mp-p-fabric"]
     assert (tb.addr(2, 1), tb.master_addr, tb.ifname(1)) == ("10.77.1.3", "10.77.0.1", "nic1")
-    argv = T.torchrun_argv(tb, 1, 4, ["run.py"], master_port=29600)
+    argv = torchrun_argv(tb, 1, 4, ["run.py"], master_port=29600)
     assert "--node-rank=1" in argv and "--master-addr=10.77.0.1" in argv and argv[-1] == "run.py"
 
 
@@ -173,7 +174,7 @@ def test_transfer_runs_at_the_tbf_rate(bed):
     tb, _ = bed
     before = T.read_counters(tb)
     cmds = {0: [sys.executable, "-c", SEND_PY, tb.addr(1, 0)], 1: [sys.executable, "-c", RECV_PY, tb.addr(1, 0)]}
-    res = T.launch_per_node(tb, cmds.__getitem__, timeout_s=15)
+    res = launch_per_node(tb, cmds.__getitem__, timeout_s=15)
     assert res.ok, res.message
     got, mbit = res.results[1].stdout_tail.split()
     assert int(got) == NBYTES
@@ -188,7 +189,7 @@ def test_a_failing_node_is_reported_and_the_others_stopped(bed):
     tb, _ = bed
     cmds = {0: ["sh", "-c", "sleep 30 & sleep 30; wait"], 1: ["sh", "-c", "echo warming; echo boom >&2; exit 3"]}
     t0 = time.monotonic()
-    res = T.launch_per_node(tb, cmds.__getitem__, timeout_s=20, grace_s=1)
+    res = launch_per_node(tb, cmds.__getitem__, timeout_s=20, grace_s=1)
     assert time.monotonic() - t0 < 5
     assert not res.ok and not res.timed_out and res.failed_node == 1
     assert res.results[1].returncode == 3 and res.results[1].status == "failed"
@@ -202,7 +203,7 @@ def test_a_hanging_node_is_killed_at_the_timeout(bed):
     tb, _ = bed
     hang = ["sh", "-c", "trap '' TERM; sleep 30 & sleep 30; wait"]     # ignores SIGTERM: needs SIGKILL
     t0 = time.monotonic()
-    res = T.launch_per_node(tb, lambda i: hang if i == 1 else ["true"], timeout_s=1.0, grace_s=0.5)
+    res = launch_per_node(tb, lambda i: hang if i == 1 else ["true"], timeout_s=1.0, grace_s=0.5)
     assert time.monotonic() - t0 < 4
     assert res.timed_out and not res.ok and res.failed_node is None
     assert [r.status for r in res.results] == ["ok", "timeout"] and "timeout" in res.message

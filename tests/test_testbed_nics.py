@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from meshplan.runtime import testbed as T
+from meshplan.runtime.testbed_launch import launch_per_node
 from meshplan.runtime.testbed_nics import bind_shim, predict_nic_bytes
 from meshplan.runtime.testbed_routes import node_lines
 
@@ -91,7 +92,7 @@ def bed(tmp_path_factory):
 def _transfer(tb, dst: str, env: dict) -> dict:
     before = T.read_counters(tb)
     cmds = {0: [sys.executable, "-c", SEND_PY, dst], 1: [sys.executable, "-c", RECV_PY, dst]}
-    res = T.launch_per_node(tb, cmds.__getitem__, timeout_s=20, env_for_node=lambda i: env if i == 0 else {})
+    res = launch_per_node(tb, cmds.__getitem__, timeout_s=20, env_for_node=lambda i: env if i == 0 else {})
     assert res.ok, res.message
     assert int(res.results[1].stdout_tail.split()[-1]) == NBYTES
     return T.counter_delta(before, T.read_counters(tb))

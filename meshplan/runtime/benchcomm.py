@@ -19,7 +19,11 @@ rank 0 writes ``raw.json``; this module then writes, atomically, into ``--out``:
 
 Link classes (calibration's names): ``nvlink`` = the node's internal fabric (on a CPU
 machine: loopback TCP through gloo), ``nic`` = one rank per node across the testbed's
-rate-limited veth links.
+rate-limited veth links, one group per NIC. On a testbed with ``K`` NICs per node, local
+rank ``i`` uses NIC ``i mod K`` (:func:`meshplan.runtime.testbed_nics.apply_local_nic`, as
+``validate --testbed`` places ranks), so the ``nic`` groups and the pairs measure every rail
+(a pair on two rails crosses the spine); with several NICs each NIC's group has its own
+files (``all_reduce_perf.nic.nic1.txt``) and calibration.toml takes the slowest NIC's fit.
 
 >>> parse_sizes("1K..8K")
 [1024, 2048, 4096, 8192]
@@ -27,6 +31,8 @@ rate-limited veth links.
 (248, 992)
 >>> bench_groups([0, 0, 1, 1])
 [('nvlink', (0, 1)), ('nic', (0, 2))]
+>>> bench_groups([0, 0, 1, 1], nic_of_rank=["nic0", "nic1", "nic0", "nic1"])
+[('nvlink', (0, 1)), ('nic', (0, 2)), ('nic', (1, 3))]
 """
 
 from __future__ import annotations
@@ -85,17 +91,30 @@ def chunked(size_bytes: int, n: int) -> tuple[int, int]:
     return count, count * 4
 
 
-def bench_groups(node_of_rank: Sequence[int]) -> list[tuple[str, tuple[int, ...]]]:
-    """Groups measured: node 0's ranks (``nvlink``) when it has two or more, and the first
-    rank of every node (``nic``) when there are two or more nodes."""
+def bench_groups(node_of_rank: Sequence[int], nic_of_rank: Optional[Sequence] = None
+                 ) -> list[tuple[str, tuple[int, ...]]]:
+    """Groups measured: node 0's ranks (``nvlink``) when it has two or more, and for each
+    NIC (in order of first use; all one NIC when ``nic_of_rank`` is None) the first rank on
+    that NIC of every node (``nic``) when two or more nodes have one."""
     nodes = sorted(set(node_of_rank))
+    nics = list(nic_of_rank) if nic_of_rank is not None else [None] * len(node_of_rank)
     out = []
     local = tuple(r for r, nd in enumerate(node_of_rank) if nd == nodes[0])
     if len(local) > 1:
         out.append(("nvlink", local))
-    if len(nodes) > 1:
-        out.append(("nic", tuple(node_of_rank.index(nd) for nd in nodes)))
+    for nic in dict.fromkeys(nics):
+        on_nic = list(zip(node_of_rank, nics))
+        ranks = tuple(on_nic.index((nd, nic)) for nd in nodes if (nd, nic) in on_nic)
+        if len(ranks) > 1:
+            out.append(("nic", ranks))
     return out
+
+
+def file_tag(entry: dict, raw: dict) -> str:
+    """``<link>`` in the result file names, ``<link>.<nic>`` for a ``nic`` group when the run
+    measured several NICs (``all_reduce_perf.nic.nic1.txt``)."""
+    nics = {e.get("nic") for e in raw["collectives"] if e["link"] == entry["link"]}
+    return f"{entry['link']}.{entry['nic']}" if len(nics) > 1 and entry.get("nic") else entry["link"]
 
 
 # --------------------------------------------------------------------------- nccl-tests text
@@ -111,14 +130,16 @@ def nccl_tests_text(entry: dict, raw: dict) -> str:
     op, ranks, program = entry["op"], entry["ranks"], BENCH_OPS[entry["op"]]
     n, sizes = len(ranks), [r["size_bytes"] for r in entry["rows"]]
     redop = "sum" if op in ("all-reduce", "reduce-scatter") else "none"
-    lines = [f"# meshplan bench comm ({raw['backend']}, torch.distributed), link class {entry['link']}",
+    on = f" on {entry['nic']} of every node" if entry.get("nic") else ""
+    lines = [f"# meshplan bench comm ({raw['backend']}, torch.distributed), link class {entry['link']}{on}",
              f"# Collective test starting: {program}",
              f"# nThread 1 nGpus 1 minBytes {min(sizes)} maxBytes {max(sizes)} step: 2(factor) warmup iters: "
              f"{raw['warmup']} iters: {raw['iters']} agg iters: 1 validation: 1 graph: 0", "#", "# Using devices"]
     for i, r in enumerate(ranks):
         info = raw["ranks"][r]
+        where = f"node {info['node']}" + (f" {info['nic']}" if info.get("nic") else "")
         lines.append(f"#  Rank {i:2d} Group  0 Pid {info['pid']:6d} on {info['host']:>10s} device {r:2d} "
-                     f"[node {info['node']}] {info['device']} (global rank {r})")
+                     f"[{where}] {info['device']} (global rank {r})")
     lines += ["#", f"# {'':>10s}  {'':>12s}  {'':>8s}  {'':>6s}  {'':>6s}           measured",
               _HEAD.format("size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong"),
               _HEAD.format("(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "")]
@@ -182,8 +203,10 @@ def pairs_text(raw: dict) -> tuple[str, list[list[float]]]:
     bw = [[p["size_bytes"] / t if t > 0 else 0.0 for t in row] for row in p["one_way_s"]]
     lines = [f"# meshplan bench comm: send/recv ping-pong of {p['size_bytes']} B x {p['iters']}, one-way "
              f"bandwidth (GB/s), row rank -> column rank; backend {raw['backend']}",
-             "# node of rank: " + " ".join(str(x) for x in nodes),
-             "rank " + "".join(f"{j:>8d}" for j in range(n))]
+             "# node of rank: " + " ".join(str(x) for x in nodes)]
+    if any(r.get("nic") for r in raw["ranks"]):
+        lines.append("# NIC of rank: " + ", ".join(f"{r['rank']} {r['nic']} {r['addr']}" for r in raw["ranks"]))
+    lines.append("rank " + "".join(f"{j:>8d}" for j in range(n)))
     lines += [f"{i:4d} " + "".join(f"{bw[i][j] / 1e9:8.3f}" for j in range(n)) for i in range(n)]
     domains = fast_domains(bw)
     by_node = sorted([r for r in range(n) if nodes[r] == nd] for nd in sorted(set(nodes)))
@@ -237,29 +260,37 @@ def fit_link(rows: Sequence[BenchRow], link: str) -> tuple[LinkFit, str]:
 
 def write_results(out: Path, raw: dict, source: str) -> tuple[list[str], list[LinkFit], list[str]]:
     """Write the nccl-tests text files, pairs and calibration.toml from ``raw``; returns the
-    printed text blocks, the all-reduce fits (one per link class) and notes on fits that failed."""
-    blocks, fits, notes = [], [], []
+    printed text blocks, the all-reduce fits (one per link class: of several NICs' ``nic``
+    fits the slowest, since a collective over every rail waits for it) and notes on the fits."""
+    blocks, notes, by_link = [], [], {}
     for entry in raw["collectives"]:
         if not entry["rows"]:
             continue
-        text = nccl_tests_text(entry, raw)
-        write_text_atomic(out / f"{BENCH_OPS[entry['op']]}.{entry['link']}.txt", text)
+        text, name = nccl_tests_text(entry, raw), f"{BENCH_OPS[entry['op']]}.{file_tag(entry, raw)}.txt"
+        write_text_atomic(out / name, text)
         blocks.append(text)
-        rows = parse_nccl_tests_text(text, source=f"{BENCH_OPS[entry['op']]}.{entry['link']}.txt")
+        over = entry["link"] + (f" {entry['nic']}" if entry.get("nic") else "")
         try:
-            fit, used = fit_link(rows, entry["link"])
+            fit, used = fit_link(parse_nccl_tests_text(text, source=name), entry["link"])
         except ConfigError as err:
-            notes.append(f"{entry['op']} over {entry['link']}: no fit ({err})")
+            notes.append(f"{entry['op']} over {over}: no fit ({err})")
             continue
-        notes.append(f"{entry['op']:>14s} over {entry['link']:<6s} ({len(entry['ranks'])} ranks): alpha "
+        notes.append(f"{entry['op']:>14s} over {over:<6s} ({len(entry['ranks'])} ranks): alpha "
                      f"{fit.latency_s * 1e6:9.1f} us, beta {fit.bandwidth_bytes_per_s / 1e9:8.3f} GB/s bus bandwidth, "
                      f"rms residual {fit.rms_residual:.2f}, {used}")
         if entry["op"] == "all-reduce":
-            fits.append(fit)
+            by_link.setdefault(entry["link"], []).append((fit, over))
+    fits = []
+    for link, candidates in by_link.items():
+        fit, over = min(candidates, key=lambda c: c[0].bandwidth_bytes_per_s)
+        fits.append(fit)
+        if len(candidates) > 1:
+            notes.append(f"calibration.toml {link}: the slowest of {len(candidates)} NICs' all-reduce fits ({over})")
     text, bw = pairs_text(raw)
     write_text_atomic(out / "pairs.txt", text)
     write_json_atomic(out / "pairs.json", {"size_bytes": raw["pairs"]["size_bytes"], "bandwidth_bytes_per_s": bw,
-                                           "node_of_rank": [r["node"] for r in raw["ranks"]]})
+                                           "node_of_rank": [r["node"] for r in raw["ranks"]],
+                                           "nic_of_rank": [r.get("nic") for r in raw["ranks"]]})
     blocks.append(text)
     if fits:
         write_text_atomic(out / "calibration.toml", calibration_toml(fits, source))
@@ -303,17 +334,23 @@ def _run_local(nproc: int, wargs: list[str], out: Path, timeout_s: float) -> Non
         raise RuntimeError(f"bench comm workers {why}; see {out / 'bench.log'}:\n" + "\n".join(tail))
 
 
-def _run_testbed(prefix: str, nproc: int, wargs: list[str], out: Path, timeout_s: float, state_dir=None) -> None:
-    """One torchrun per node namespace of testbed ``prefix`` (static rendezvous at node 0 nic0,
-    gloo on nic0 of every node)."""
-    from .testbed import launch_per_node, load_testbed, torchrun_argv
+def _run_testbed(prefix: str, nproc: int, wargs: list[str], out: Path, timeout_s: float, state_dir=None) -> str:
+    """One torchrun per node namespace of testbed ``prefix`` (static rendezvous at node 0 nic0);
+    each worker picks its NIC from the node's addresses (local rank i on nic<i mod K>), its
+    connecting sockets bound there by the LD_PRELOAD library. Returns a note on the NICs."""
+    from .testbed import load_testbed
+    from .testbed_launch import launch_per_node, torchrun_argv
+    from .testbed_nics import bind_shim, node_env
 
     tb = load_testbed(prefix, state_dir)
-    env = {"OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": tb.ifname(0)}
+    shim, note = bind_shim()
+    envs = [{"OMP_NUM_THREADS": "1", **node_env(tb, i, shim)} for i in range(tb.nodes)]
     res = launch_per_node(tb, lambda i: torchrun_argv(tb, i, nproc, ["-m", *wargs]), timeout_s,
-                          env_for_node=lambda i: env, log_dir=out / "logs")
+                          env_for_node=envs.__getitem__, log_dir=out / "logs")
     if not res.ok:
         raise RuntimeError(f"bench comm on testbed '{prefix}': {res.message}")
+    return (f"testbed '{prefix}': {tb.nodes} nodes x {nproc} ranks, {tb.nics_per_node} NIC(s) per node, "
+            f"local rank i on nic<i mod {tb.nics_per_node}>; {note}")
 
 
 def run_bench(nproc: int, sizes: Sequence[int], out, *, testbed: Optional[str] = None, iters: int = 20,
@@ -339,7 +376,7 @@ def run_bench(nproc: int, sizes: Sequence[int], out, *, testbed: Optional[str] =
     if testbed is None:
         _run_local(nproc, wargs, out, timeout_s)
     else:
-        _run_testbed(testbed, nproc, wargs, out, timeout_s, testbed_state_dir)
+        echo(_run_testbed(testbed, nproc, wargs, out, timeout_s, testbed_state_dir))
     raw = json.loads((out / "raw.json").read_text(encoding="utf-8"))
     nodes = len({r["node"] for r in raw["ranks"]})
     source = (f"meshplan bench comm {time.strftime('%Y-%m-%d')}, {raw['world']} ranks on {nodes} node(s), "

@@ -20,9 +20,11 @@ slowest rank's warm-up call decides, so every rank runs the same count). After t
 calls one call on known values counts wrong elements (nccl-tests' ``#wrong``).
 
 Groups (:func:`meshplan.runtime.benchcomm.bench_groups`): the ranks of node 0 (link class
-``nvlink``, the node's fabric; on a CPU machine loopback TCP) and one rank per node
-(``nic``) when there are several nodes (netns testbed). Pairs: for every i < j in turn, a
-ping-pong of ``pair_size`` bytes; one-way time = fastest round trip / 2.
+``nvlink``, the node's fabric; on a CPU machine loopback TCP) and, when there are several
+nodes (netns testbed), for each NIC one rank per node on it (``nic``). On the testbed each
+rank first takes NIC ``LOCAL_RANK mod K`` (:func:`meshplan.runtime.testbed_nics.apply_local_nic`:
+``GLOO_SOCKET_IFNAME`` and the bound source address, before any process group). Pairs: for
+every i < j in turn, a ping-pong of ``pair_size`` bytes; one-way time = fastest round trip / 2.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ import torch.distributed as dist
 
 from ..fileio import write_json_atomic
 from .benchcomm import BENCH_OPS, bench_groups, chunked
+from .testbed_nics import apply_local_nic
 
 
 STATS = {"min": min, "median": statistics.median, "mean": statistics.fmean}
@@ -140,32 +143,35 @@ def time_pairs(size_bytes: int, iters: int, device) -> list[list[float]]:
     return times.cpu().tolist()
 
 
-def _ranks_info(device) -> list[dict]:
+def _ranks_info(device, nic) -> list[dict]:
     me = {"rank": dist.get_rank(), "host": socket.gethostname(), "pid": os.getpid(),
-          "node": int(os.environ.get("GROUP_RANK", 0)), "device": str(device)}
+          "node": int(os.environ.get("GROUP_RANK", 0)), "device": str(device),
+          "nic": nic["nic"] if nic else None, "addr": nic["addr"] if nic else None}
     got: list = [None] * dist.get_world_size()
     dist.all_gather_object(got, me)
     return got
 
 
-def run(args) -> dict:
-    """Measure every group and op, then the pairs; the raw result (rank 0 writes it)."""
+def run(args, nic=None) -> dict:
+    """Measure every group and op, then the pairs; the raw result (rank 0 writes it).
+    ``nic``: this rank's testbed NIC (:func:`apply_local_nic`), None elsewhere."""
     device = torch.device("cpu")
     if args.backend == "nccl":
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
         torch.cuda.set_device(device)
-    info = _ranks_info(device)
-    groups = bench_groups([r["node"] for r in info])
+    info = _ranks_info(device, nic)
+    groups = bench_groups([r["node"] for r in info], [r["nic"] for r in info])
     result = {"backend": args.backend, "world": dist.get_world_size(), "ranks": info, "collectives": [],
               "iters": args.iters, "warmup": args.warmup, "budget_s": args.budget_s}
     for link, ranks in groups:
         pg = dist.new_group(list(ranks)) if len(ranks) < dist.get_world_size() else dist.group.WORLD
         for op in args.ops:
-            rows = []
+            rows = [None]
             if dist.get_rank() in ranks:
-                rows = [time_collective(op, s, pg, ranks.index(dist.get_rank()), args, device) for s in args.sizes]
-            result["collectives"].append({"op": op, "link": link, "ranks": list(ranks), "rows": rows})
-            dist.barrier()
+                rows = [[time_collective(op, s, pg, ranks.index(dist.get_rank()), args, device) for s in args.sizes]]
+            dist.broadcast_object_list(rows, src=ranks[0])         # the group's rows, also to rank 0
+            result["collectives"].append({"op": op, "link": link, "ranks": list(ranks), "rows": rows[0],
+                                          "nic": info[ranks[0]]["nic"] if link == "nic" else None})
     result["pairs"] = {"size_bytes": args.pair_size, "iters": args.pair_iters,
                        "one_way_s": time_pairs(args.pair_size, args.pair_iters, device)}
     return result
@@ -189,9 +195,10 @@ def _args(argv=None):
 def main(argv=None) -> None:
     args = _args(argv)
     torch.set_num_threads(1)
+    nic = apply_local_nic()             # on a testbed: before any process group
     dist.init_process_group(args.backend, timeout=timedelta(seconds=args.timeout_s))
     try:
-        result = run(args)
+        result = run(args, nic)
         if dist.get_rank() == 0:
             write_json_atomic(args.out / "raw.json", result)
         dist.barrier()

@@ -5,9 +5,11 @@ the testbed run (:func:`node_env`) passes the node's NIC addresses in
 ``MESHPLAN_TESTBED_ADDRS`` (``nic0=10.77.0.2,nic1=10.77.1.2``) and each worker, before
 ``init_process_group``, calls :func:`apply_rank_nic`: its NIC is ``placement.nic[rank]``
 of the plan (``plan.json``; the testbed cluster's ``NICSpec.gpus`` put local rank ``g`` on
-NIC ``g mod K``), and it sets ``GLOO_SOCKET_IFNAME`` (gloo reads it each time a process
-group is created: ``ProcessGroupGloo``'s default device) and ``MESHPLAN_BIND_ADDR``. The
-rendezvous store stays at node 0's nic0.
+NIC ``g mod K``: :func:`local_nic`), and it sets ``GLOO_SOCKET_IFNAME`` (gloo reads it each
+time a process group is created: ``ProcessGroupGloo``'s default device) and
+``MESHPLAN_BIND_ADDR``. A worker without a plan (``meshplan bench comm --testbed``) calls
+:func:`apply_local_nic`, the same choice from ``LOCAL_RANK`` alone. The rendezvous store
+stays at node 0's nic0.
 
 **Binding the connecting side.** gloo binds the socket it *listens* on to the interface's
 address, but the socket it *connects* from is not bound (gloo ``transport/tcp``: socket,
@@ -113,6 +115,39 @@ def node_env(tb, node: int, shim: Optional[str]) -> dict[str, str]:
     return env
 
 
+def local_nic(local_rank: int, nics: int) -> int:
+    """NIC index of local rank ``local_rank`` on a node with ``nics`` NICs: ``local_rank mod
+    nics``, as the testbed cluster's ``NICSpec.gpus`` assign them.
+
+    >>> [local_nic(g, 2) for g in range(4)], [local_nic(g, 1) for g in range(3)]
+    ([0, 1, 0, 1], [0, 0, 0])
+    """
+    return local_rank % nics
+
+
+def _node_addrs(text: str) -> dict[str, str]:
+    """``nic0=10.77.0.2,nic1=10.77.1.2`` (:data:`ADDRS_ENV`, NIC order) -> ``{nic: address}``."""
+    return dict(kv.split("=", 1) for kv in text.split(","))
+
+
+def apply_local_nic(environ=os.environ) -> Optional[dict]:
+    """In a worker on the testbed without a plan: set ``GLOO_SOCKET_IFNAME`` and
+    ``MESHPLAN_BIND_ADDR`` to NIC :func:`local_nic` ``(LOCAL_RANK, K)`` of the node's
+    :data:`ADDRS_ENV`; returns ``{nic, addr}``, or None outside a testbed run.
+
+    >>> env = {ADDRS_ENV: "nic0=10.77.0.2,nic1=10.77.1.2", "LOCAL_RANK": "3"}
+    >>> apply_local_nic(env), env["GLOO_SOCKET_IFNAME"], env[BIND_ENV]
+    ({'nic': 'nic1', 'addr': '10.77.1.2'}, 'nic1', '10.77.1.2')
+    """
+    addrs = environ.get(ADDRS_ENV)
+    if not addrs:
+        return None
+    by_nic = list(_node_addrs(addrs).items())
+    name, addr = by_nic[local_nic(int(environ.get("LOCAL_RANK", 0)), len(by_nic))]
+    environ["GLOO_SOCKET_IFNAME"], environ[BIND_ENV] = name, addr
+    return {"nic": name, "addr": addr}
+
+
 def apply_rank_nic(plan: dict, rank: int, environ=os.environ) -> Optional[dict]:
     """In a worker on the testbed: set ``GLOO_SOCKET_IFNAME`` and ``MESHPLAN_BIND_ADDR`` to
     the NIC the plan's placement gives ``rank``; returns ``{nic, addr, rail}``, or None
@@ -127,7 +162,7 @@ def apply_rank_nic(plan: dict, rank: int, environ=os.environ) -> Optional[dict]:
         raise RuntimeError(f"rank {rank} runs as node {node} local rank {environ.get('LOCAL_RANK')} but the "
                            f"placement puts it on node {p['node'][rank]} GPU {p['local_gpu'][rank]}")
     name = p["nic_names"][p["nic"][rank]]
-    addr = dict(kv.split("=", 1) for kv in addrs.split(","))[name]
+    addr = _node_addrs(addrs)[name]
     environ["GLOO_SOCKET_IFNAME"], environ[BIND_ENV] = name, addr
     return {"nic": name, "addr": addr, "rail": p["rail"][rank]}
 

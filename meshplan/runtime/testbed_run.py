@@ -2,7 +2,7 @@
 testbed (:mod:`meshplan.runtime.testbed`) instead of one machine's loopback.
 
 One torchrun per node namespace with the static rendezvous at node 0's nic0
-(:func:`~meshplan.runtime.testbed.torchrun_argv`; the c10d rendezvous does not cross these
+(:func:`~meshplan.runtime.testbed_launch.torchrun_argv`; the c10d rendezvous does not cross these
 namespaces), ``W / nodes`` ranks per node, node-major as meshplan places ranks. Each rank
 uses the NIC its placement gives it (``GLOO_SOCKET_IFNAME`` set in the worker, connecting
 sockets bound to it: :mod:`meshplan.runtime.testbed_nics`); the testbed routes between
@@ -30,7 +30,7 @@ from .launch import RunOutcome
 def testbed_cluster(prefix: str, world: int) -> tuple[ClusterSpec, str]:
     """The cluster of ``world`` ranks on testbed ``prefix`` (see the module docstring)."""
     from .testbed import load_testbed
-    from .testbed_nics import bind_shim
+    from .testbed_nics import bind_shim, local_nic
     from .validate import cpu_cluster
 
     tb = load_testbed(prefix)
@@ -39,7 +39,7 @@ def testbed_cluster(prefix: str, world: int) -> tuple[ClusterSpec, str]:
     per_node = world // tb.nodes
     base, why = cpu_cluster(world)
     nics = [NICSpec(name=tb.ifname(k), rate_gbit_per_s=tb.rate_mbit / 1000, rail=k, socket=0,
-                    gpus=[g for g in range(per_node) if g % tb.nics_per_node == k])
+                    gpus=[g for g in range(per_node) if local_nic(g, tb.nics_per_node) == k])
             for k in range(tb.nics_per_node)]
     node = base.node.model_copy(update=dict(
         name=f"testbed-{prefix}", gpus=per_node, nics=nics,
@@ -57,7 +57,8 @@ def run_on_testbed(prefix: str, world: int, module_argv: list[str], folder: Path
                    env: dict) -> tuple[RunOutcome, dict]:
     """Run the worker on every node of testbed ``prefix``; returns the outcome (with every
     node's output joined into ``torchrun.log``) and the per-NIC byte counts it moved."""
-    from .testbed import counter_delta, launch_per_node, load_testbed, read_counters, torchrun_argv
+    from .testbed import counter_delta, load_testbed, read_counters
+    from .testbed_launch import launch_per_node, torchrun_argv
     from .testbed_nics import bind_shim, node_env
 
     tb = load_testbed(prefix)
