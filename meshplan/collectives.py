@@ -31,7 +31,15 @@ Conventions, matched op by op against what torch 2.13 issues for DTensor TP/SP a
   own unit over efsdp (torchtitan).
 - ZeRO-1/2 (Megatron distributed optimizer): one gradient reduce-scatter and one parameter
   all-gather per step, as one bucket per stage. DDP (none): one gradient all-reduce per step.
-- CP: all-gather of the local K and V per layer forward, reduce-scatter of dK, dV backward.
+- CP (all-gather CP, Llama 3, Dubey et al. 2024, 3.3.2; :mod:`meshplan.runtime.cp`): per
+  layer in forward one all-gather of the local K and V stacked in one buffer (full buffer
+  ``2 * b * s * kv_heads_local * d_head`` in compute dtype, K/V heads before the GQA repeat),
+  and its autograd backward, one reduce-scatter (sum) of dK and dV of the same size. Full
+  recompute replays the gather (the checkpoint replays a layer up to its last saved tensor,
+  which comes after the gather), so backward also has one all-gather per layer; the
+  reduce-scatter stays one per layer (only the replayed graph is differentiated). Measured
+  with torch 2.13 on the fake process group and gloo (``tests/test_table_vs_torch.py``,
+  ``tests/test_validate_cp.py``).
 - PP: per micro-batch, one send of the activation for every chunk that is not the model's
   last and one receive for every chunk that is not its first (``2 vpp - first - last``), in
   forward, and the same for gradients in backward. The tensor sent is the residual stream as
@@ -241,6 +249,9 @@ def _cp_rows(add, c: _Ctx) -> None:
     kv_full = 2 * t.micro_batch * t.seq_len * kv_l * c.model.d_head * dtype_bytes(t.compute_dtype)
     nl = len(c.layers)
     add("cp", "forward", "all-gather", kv_full, t.compute_dtype, nl, "every layer (K and V)", "attention")
+    if t.recompute == "full":  # the checkpoint's replay of the forward gathers K and V again
+        add("cp", "backward", "all-gather", kv_full, t.compute_dtype, nl, "every layer, recomputed (K and V)",
+            "recomputed attention")
     add("cp", "backward", "reduce-scatter", kv_full, t.compute_dtype, nl, "every layer (dK and dV)",
         "previous layer's backward")
 

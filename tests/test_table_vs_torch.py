@@ -115,3 +115,38 @@ def test_moe_table_matches_torch(name):
     tokens = training.micro_batch * training.seq_len
     rows = model.experts * -(-tokens * model.top_k // model.experts)
     assert {r.size_bytes for r in a2a} == {rows * model.hidden * (2 if dtypes is MP else 4)}
+
+
+# Context parallelism (meshplan.runtime.cp, Llama 3's all-gather CP): each rank holds seq/cp
+# tokens as 2 load-balanced chunks, gathers K and V (one stacked buffer) over cp in every
+# layer, and its backward reduce-scatters dK and dV; FSDP2 shards over fsdp = dp_shard x cp.
+CP_CASES = {
+    "16 ranks dp_shard4 x cp2 x tp2+SP": (TINY, ("dp_shard", "cp", "tp"), (4, 2, 2), True, FP32, {}, 11),
+    # tp 4 > kv_heads 2: one KV head copy per tp rank is gathered; full recompute replays the gather
+    "32 ranks dp_shard2 x cp4 x tp4+SP KV copies full recompute": (
+        TINY, ("dp_shard", "cp", "tp"), (2, 4, 4), True, dict(FP32, recompute="full"), {}, 21),
+    "64 ranks HSDP 2x4 x cp4 x tp2 h8192 bf16": (WIDE, ("dp_replicate", "dp_shard", "cp", "tp"), (2, 4, 4, 2), False,
+                                                MP, {"sharding": "hsdp", "global_batch": 64, "seq_len": 64}, 45),
+}
+
+
+@pytest.mark.parametrize("name", list(CP_CASES))
+def test_cp_table_matches_torch(name):
+    model, names, shape, sp, dtypes, extra, rank = CP_CASES[name]
+    training = TrainingSpec(**{"global_batch": 8, "seq_len": 16, **dtypes, **extra})
+    mesh = resolve_mesh(MeshSpec(names=list(names), shape=list(shape), sequence_parallel=sp), world=prod(shape))
+    run = dry_run(model, training, mesh, rank=rank, mixed_precision=dtypes is MP, optimizer_step=False)
+    assert run.group_differences == []
+    assert differences(tally_records(run.records, mesh, rank), tally_table(table_for(model, training, mesh))) == []
+    cp_group = tuple(mesh.group_of(rank, "cp"))
+    cp = [(r.phase, r.op) for r in run.records if r.group == cp_group]
+    full = training.recompute == "full"
+    assert sorted(cp) == sorted(([("forward", "all-gather"), ("backward", "reduce-scatter")]
+                                 + [("backward", "all-gather")] * full) * model.layers)
+    tp, cpn = mesh.degree("tp"), mesh.degree("cp")
+    kv_local = max(1, model.n_kv_heads // tp)
+    size = 2 * training.micro_batch * training.seq_len * kv_local * model.d_head * (2 if dtypes is MP else 4)
+    assert {r.size_bytes for r in run.records if r.group == cp_group} == {size}
+    # FSDP2 shards over dp_shard x cp: the layer unit's all-gather is over the fsdp group
+    fsdp = tuple(mesh.group_of(rank, "fsdp"))
+    assert len(fsdp) == mesh.degree("dp_shard") * cpn and any(r.group == fsdp for r in run.records)

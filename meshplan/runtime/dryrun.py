@@ -107,14 +107,15 @@ def dry_run(model_spec: ModelSpec, training: TrainingSpec, mesh: Mesh, rank: int
             diffs += check_expert_groups(model.expert_mesh, mesh)
         with FakeTensorMode(allow_non_fake_inputs=True):
             model.to_empty(device="cpu")
-            records = _step(model, training, loss_parallel and tp > 1, optimizer_step)
+            records = _step(model, training, loss_parallel and tp > 1, optimizer_step, mesh.degree("cp"))
     return DryRun(rank=rank, records=records, group_differences=diffs, notes=notes)
 
 
-def _step(model, training: TrainingSpec, loss_parallel: bool, optimizer_step: bool) -> list[Collective]:
+def _step(model, training: TrainingSpec, loss_parallel: bool, optimizer_step: bool, cp: int = 1) -> list[Collective]:
     """Forward, loss (fp32, on vocabulary-sharded logits under loss parallel), backward and
-    an AdamW step, each labelled as a phase of the recorder."""
-    b, s = training.micro_batch, training.seq_len
+    an AdamW step, each labelled as a phase of the recorder. ``cp``: the rank holds
+    ``seq_len / cp`` tokens of each sequence (:mod:`meshplan.runtime.cp`)."""
+    b, s = training.micro_batch, training.seq_len // cp
     tokens = torch.zeros(b, s, dtype=torch.long)
     labels = torch.zeros(b, s, dtype=torch.long)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=False) if optimizer_step else None

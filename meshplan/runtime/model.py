@@ -15,7 +15,9 @@ can be traced back to a row of the plan::
 meshplan's ``w_in`` is ``w_gate`` + ``w_up`` here and ``w_out`` is ``w_down``.
 
 Attention uses ``scaled_dot_product_attention`` (causal) and reshapes with ``-1`` heads, so
-the same code runs on a tensor-parallel shard holding ``q_heads / tp`` heads.
+the same code runs on a tensor-parallel shard holding ``q_heads / tp`` heads. Under context
+parallelism (:mod:`meshplan.runtime.cp`) it gathers K and V over cp and masks by global
+positions.
 When ``tp > kv_heads`` (and ``tp % kv_heads == 0``) the model is built with ``tp`` KV heads,
 each real head copied ``tp / kv_heads`` times, which is the per-rank layout meshplan assumes
 (:func:`meshplan.tpsplit.local_heads`); the copies are independent parameters here.
@@ -88,11 +90,17 @@ class Attention(nn.Module):
         v = self.wv(x).view(b, s, -1, self.head_dim)
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        cp = getattr(self, "context_parallel", None)  # runtime.cp: K/V of the whole sequence
+        if cp is not None:
+            k, v = cp.gather_kv(k, v)
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
         if self.q_per_kv > 1:
             k = k.repeat_interleave(self.q_per_kv, dim=1)
             v = v.repeat_interleave(self.q_per_kv, dim=1)
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        if cp is None:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=cp.mask(s, q.device))
         return self.wo(out.transpose(1, 2).reshape(b, s, -1))
 
 
@@ -169,14 +177,20 @@ class Transformer(nn.Module):
             self.output.weight = self.embedding.weight
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Logits (batch, seq, vocab) of ``tokens`` (batch, seq)."""
+        """Logits (batch, seq, vocab) of ``tokens`` (batch, seq). Under context parallelism
+        (:mod:`meshplan.runtime.cp`) ``tokens`` are this rank's ``seq`` tokens of a sequence of
+        ``seq * cp``, at the global positions ``context_parallel.positions(seq)``."""
         x = self.embedding(tokens)
         seq = tokens.shape[1]
+        cp = getattr(self, "context_parallel", None)  # runtime.cp: tokens are this rank's chunks
+        pos = cp.positions(seq).to(tokens.device) if cp is not None else torch.arange(seq, device=tokens.device)
         rope = None
         if self.spec.position_embedding == "rope":
-            rope = rope_cos_sin(seq, self.spec.d_head, device=tokens.device, dtype=x.dtype)
+            cos, sin = rope_cos_sin(seq * (cp.degree if cp else 1), self.spec.d_head, device=tokens.device,
+                                    dtype=x.dtype)
+            rope = (cos[pos], sin[pos]) if cp is not None else (cos, sin)
         else:
-            x = x + self.position_embedding(torch.arange(seq, device=tokens.device))
+            x = x + self.position_embedding(pos)
         for block in self.layers.values():
             if self.recompute and torch.is_grad_enabled():
                 x = checkpoint(block, x, rope, use_reentrant=False)

@@ -9,6 +9,9 @@ and split a :class:`~meshplan.runtime.model.Transformer` over it with torch's ow
   ``parallelize_module``, following torchtitan's Llama plan (models/llama3/infra/
   parallelize.py ``apply_tp``), then FSDP2 ``fully_shard`` on every layer and on the root
   over the ``fsdp`` axis, or HSDP over (dp_replicate, fsdp).
+- Context parallelism (``cp > 1``, :mod:`meshplan.runtime.cp`): K and V all-gathered over
+  cp in every attention layer (Llama 3's all-gather CP); FSDP2 shards over ``fsdp`` =
+  dp_shard x cp.
 - MoE models (:mod:`meshplan.runtime.moe`): experts split over ``ep`` of the expert mesh
   (all-to-all dispatch and combine); the routed experts of each layer are their own FSDP2
   unit over ``efsdp`` (or HSDP over (dp_replicate, efsdp)), ignored by FSDP when that is
@@ -100,8 +103,8 @@ def _unsupported(mesh: Mesh, training: TrainingSpec, pipeline: bool = False, moe
     has MoE layers."""
     if mesh.degree("pp") > 1 and not pipeline:
         return "pp > 1: pipeline stages are not built by parallelize(); use torch.distributed.pipelining"
-    if mesh.degree("cp") > 1:
-        return "cp > 1: torch 2.13 has no CPU context-parallel strategy for causal attention"
+    if moe and mesh.degree("cp") > 1:
+        return "cp > 1 with MoE layers: context parallelism is built for dense models only"
     if mesh.etp > 1:
         return "etp > 1: expert tensor parallelism is not built (experts are whole on each ep rank)"
     if moe and mesh.degree("tp") > 1:
@@ -196,14 +199,20 @@ def parallelize(model: nn.Module, device_mesh: DeviceMesh, mesh: Mesh, training:
 
     ``mixed_precision``: FSDP2 ``MixedPrecisionPolicy(param_dtype=compute_dtype,
     reduce_dtype=reduce_dtype)`` from ``training``; off by default (fp32 on CPU).
-    Raises ConfigError for what this function does not build (pp, cp, etp, tp or pp with
+    ``cp > 1``: all-gather K/V context parallelism (:mod:`meshplan.runtime.cp`); the model
+    then takes this rank's ``seq / cp`` tokens (:func:`meshplan.runtime.cp.shard_sequence`).
+    Raises ConfigError for what this function does not build (pp, etp, tp, pp or cp with
     MoE layers, DDP, ZeRO-1/2).
     """
     moe = model.spec.is_moe
     why = _unsupported(mesh, training, moe=moe)
     if why:
         raise ConfigError("mesh", why)
-    tp = mesh.degree("tp")
+    tp, cp = mesh.degree("tp"), mesh.degree("cp")
+    if cp > 1:  # all-gather K/V context parallelism (Llama 3): meshplan.runtime.cp
+        from .cp import apply_cp
+
+        apply_cp(model, device_mesh["cp"].get_group(), cp, mesh.group_of(dist.get_rank(), "cp").index(dist.get_rank()))
     if tp > 1:
         apply_tp(model, device_mesh["tp"], mesh.sequence_parallel, loss_parallel)
     expert_dp = None

@@ -73,7 +73,7 @@ def unsupported(mesh, training, schedule: str, model_spec=None) -> Optional[str]
     if schedule not in SCHEDULES:
         return f"pp_schedule {schedule!r}: only {', '.join(SCHEDULES)} are built"
     if mesh.degree("cp") > 1:
-        return "cp > 1 with pp > 1 is not built (torch 2.13 has no CPU context-parallel causal attention)"
+        return "cp > 1 with pp > 1 is not built (the pipeline stages run no context parallelism)"
     if mesh.ep > 1 or mesh.etp > 1:
         return "ep/etp > 1: the runtime model has no experts"
     if training.sharding not in ("zero3", "hsdp"):

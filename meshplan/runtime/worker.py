@@ -55,6 +55,7 @@ from ..spec.mesh import MeshSpec
 from ..spec.model import ModelSpec
 from ..spec.training import TrainingSpec
 from ..tpsplit import padded_vocab
+from .cp import rank_chunks
 from .launch import die_with_parent
 from .model import Transformer
 from .parallelize import check_groups, init_mesh, parallelize
@@ -159,8 +160,10 @@ def print_startup(info: dict) -> None:
 
 
 def batch(training: TrainingSpec, mesh, rank: int, step: int, micro: int, vocab: int, seed: int):
-    """Tokens and labels of one micro-batch: the same on every rank of a tp group (drawn from
-    the rank's batch coordinate), different across data-parallel ranks."""
+    """Tokens and labels (micro_batch, seq_len) of one micro-batch: the same on every rank of
+    a tp or cp group (drawn from the rank's batch coordinate, cp excluded), different across
+    data-parallel ranks; a cp rank then keeps its own chunks
+    (:func:`meshplan.runtime.cp.rank_chunks`)."""
     # position of the rank inside its batch (data-parallel) group; Layout.group_index would give
     # the group's row, which is equal across a dp group and differs across tp / pp peers
     dp_index = mesh.group_of(rank, "batch").index(rank) if mesh.dp > 1 else 0
@@ -197,8 +200,8 @@ class Runner:
         self._sync()
         t_step = time.perf_counter()
         for mb in range(self.micro):
-            tokens, labels = (t.to(self.device) for t in
-                              batch(self.training, self.mesh, self.rank, index, mb, self.vocab, self.seed))
+            tokens, labels = (t.to(self.device) for t in rank_chunks(  # cp: this rank's chunks (runtime.cp)
+                self.mesh, self.rank, *batch(self.training, self.mesh, self.rank, index, mb, self.vocab, self.seed)))
             lp = contextlib.nullcontext()
             if self.loss_parallel:
                 from torch.distributed.tensor.parallel import loss_parallel
