@@ -297,6 +297,9 @@ def validate(config: Path = typer.Argument(..., help="TOML config; its mesh is s
                                                       help="fail when step time or peak memory is off by more"),
              testbed: Optional[str] = typer.Option(None, "--testbed",
                                                    help="prefix of a `meshplan testbed up` cluster to run across"),
+             probe: bool = typer.Option(True, "--probe/--no-probe",
+                                        help="after the steps, time each of the plan's collectives under the run's "
+                                             "load and re-predict the step with those times (calibrated rows)"),
              force: bool = typer.Option(False, "--force", help="replace an existing evidence folder")):
     """Run the mesh for real (torchrun, gloo on CPU) and compare collectives, times and memory with the plan."""
     from .runtime.validate import Options, main as validate_main
@@ -306,7 +309,7 @@ def validate(config: Path = typer.Argument(..., help="TOML config; its mesh is s
     except ValueError:
         raise ConfigError("--worlds", f"{worlds!r}: give comma-separated integers, e.g. 2,4,8") from None
     opt = Options(worlds=sizes, layers=layers, hidden_div=hidden_div, seq_len=seq_len, vocab=vocab, steps=steps,
-                  timeout_s=timeout_s, tolerance=tolerance, testbed=testbed)
+                  timeout_s=timeout_s, tolerance=tolerance, testbed=testbed, probe=probe)
     raise typer.Exit(validate_main(str(config), opt, out, force))
 
 

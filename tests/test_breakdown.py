@@ -10,13 +10,14 @@ from meshplan.runtime.breakdown import PARTS, measured_parts
 
 
 def test_measured_parts_sum_the_named_ops_and_leave_the_rest(tmp_path):
-    ev = lambda name, dur, tid=1: {"ph": "X", "name": name, "dur": dur, "tid": tid, "ts": 0}
+    ev = lambda name, ts, dur, tid=1: {"ph": "X", "name": name, "dur": dur, "tid": tid, "ts": ts}
     trace = {"traceEvents": [
-        ev("aten::mm", 1000), ev("aten::addmm", 500), ev("aten::matmul", 1600),  # matmul wraps mm: not counted
-        ev("aten::scaled_dot_product_attention", 2100), ev("aten::_scaled_dot_product_flash_attention_for_cpu", 2000),
-        ev("aten::_scaled_dot_product_flash_attention_for_cpu_backward", 3000),
-        ev("_c10d_functional::wait_tensor", 4000), ev("gloo:all_reduce", 9000, tid=2),
-        {"ph": "i", "name": "aten::mm", "dur": 99999}]}
+        ev("aten::matmul", 0, 1600), ev("aten::mm", 0, 1000), ev("aten::addmm", 1000, 500),  # matmul: not counted
+        ev("aten::scaled_dot_product_attention", 2000, 2100),
+        ev("aten::_scaled_dot_product_flash_attention_for_cpu", 2000, 2000),
+        ev("aten::_scaled_dot_product_flash_attention_for_cpu_backward", 5000, 3000),
+        ev("_c10d_functional::wait_tensor", 9000, 4000), ev("gloo:all_reduce", 9000, 9000, tid=2),
+        {"ph": "i", "name": "aten::mm", "ts": 0, "dur": 99999}]}
     path = tmp_path / "trace.json"
     path.write_text(json.dumps(trace))
     got = measured_parts(path, 0.020)
@@ -24,3 +25,15 @@ def test_measured_parts_sum_the_named_ops_and_leave_the_rest(tmp_path):
     assert got["GEMM kernels"] == pytest.approx(1.5e-3) and got["attention kernels"] == pytest.approx(5e-3)
     assert got["waits on collectives"] == pytest.approx(4e-3)
     assert got["the rest"] == pytest.approx(0.020 - 1.5e-3 - 5e-3 - 4e-3)
+
+
+def test_nested_events_of_one_part_count_once(tmp_path):
+    """DTensor's aten::mm holds the local aten::mm it dispatches: both are in the trace, the
+    time is counted once (the union of the intervals)."""
+    ev = lambda name, ts, dur, tid=1: {"ph": "X", "name": name, "ts": ts, "dur": dur, "tid": tid}
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps({"traceEvents": [ev("aten::mm", 0, 1000), ev("aten::mm", 100, 800),
+                                                ev("aten::mm", 2000, 500), ev("aten::mm", 0, 300, tid=2)]}))
+    got = measured_parts(path, 0.01)
+    assert got["GEMM kernels"] == pytest.approx(1.5e-3)  # [0, 1000) and [2000, 2500); tid 2 inside the first
+    assert got["the rest"] == pytest.approx(0.01 - 1.5e-3)

@@ -47,11 +47,29 @@ def test_ranks_table_and_guards(tmp_path):
         run_slice([str(MINI[0])], "nope", tmp_path / "o")
     with pytest.raises(ConfigError, match="must differ"):
         run_slice([str(MINI[0]), str(MINI[0])], "nope", tmp_path / "o")
+    with pytest.raises(ConfigError, match="no testbed 'nope'"):
+        run_slice([str(MINI[0]), str(MINI[2])], "nope", tmp_path / "o")
+    assert not (tmp_path / "o").exists()
     (tmp_path / "o").mkdir()
     (tmp_path / "o" / "mine.txt").write_text("keep")
     with pytest.raises(ConfigError, match="not a meshplan validate-slice folder"):
         prepare_slice_out(tmp_path / "o", force=True)
     assert (tmp_path / "o" / "mine.txt").exists()
+
+
+def test_a_slice_is_one_workload(tmp_path, monkeypatch):
+    """Configs of different models (or training contracts, or cluster sizes) are refused
+    before anything runs: a slice orders meshes of one workload."""
+    monkeypatch.setenv("MESHPLAN_TESTBED_DIR", str(tmp_path / "state"))
+    (tmp_path / "state").mkdir()
+    other = tmp_path / "seed.toml"
+    other.write_text((ROOT / "examples" / "seed-64gpu.toml").read_text())
+    state = tmp_path / "state" / "fake.json"  # what `testbed up` writes; no namespace is needed to refuse
+    state.write_text(json.dumps({"prefix": "fake", "nodes": 2, "nics_per_node": 1, "rate_mbit": 25.0,
+                                 "burst_bytes": 32768, "state_path": str(state)}))
+    with pytest.raises(ConfigError, match="not one workload"):
+        run_slice([str(MINI[0]), str(other)], "fake", tmp_path / "o")
+    assert not (tmp_path / "o").exists()
 
 
 def test_example_placements():
@@ -63,7 +81,7 @@ def test_example_placements():
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(480)
 @pytest.mark.skipif(not AVAILABLE, reason=f"netns testbed unavailable here (needs root, ip netns, tc): {WHY}")
 def test_slice_on_2x4_testbed_puts_tp_across_nodes_last_and_keeps_the_rejected(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("MESHPLAN_TESTBED_DIR", str(tmp_path / "state"))
@@ -72,7 +90,7 @@ def test_slice_on_2x4_testbed_puts_tp_across_nodes_last_and_keeps_the_rejected(t
     t0 = time.monotonic()
     T.testbed_up(prefix, 2, 1, 25.0)
     try:
-        opt = Options(worlds=(8,), layers=2, hidden_div=64, seq_len=512, vocab=128, steps=2, timeout_s=100)
+        opt = Options(worlds=(8,), layers=2, hidden_div=64, seq_len=512, vocab=128, steps=2, timeout_s=150)
         code, res = run_slice([str(p) for p in MINI], prefix, out, opt)
     finally:
         T.testbed_down(prefix)

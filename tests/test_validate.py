@@ -111,6 +111,21 @@ def test_out_folder_guard(tmp_path):
     assert list(ours.iterdir()) == []
 
 
+def test_a_mesh_the_runtime_cannot_build_is_refused_before_anything_runs(tmp_path):
+    """MoE layers with tp > 1 are not built by the runtime: validate says so as a one-line
+    ConfigError (exit 2) before it creates the evidence folder or starts torchrun."""
+    from dataclasses import replace as dc_replace
+
+    from meshplan.runtime.validate import validate
+    from meshplan.spec.config import load_config
+
+    cfg = load_config(DATA / "validate_mixtral_ep2_fsdp.toml")
+    moe_tp = dc_replace(cfg, mesh=cfg.mesh.model_copy(update=dict(names=["dp_shard", "tp"], shape=[4, 2])))
+    with pytest.raises(ConfigError, match=r"mesh: world 4: the runtime cannot build this mesh: tp > 1 with MoE"):
+        validate(moe_tp, Options(worlds=(4,)), tmp_path / "ev")
+    assert not (tmp_path / "ev").exists()
+
+
 # Multi-process ------------------------------------------------------------------------------
 
 torch = pytest.importorskip("torch")
@@ -164,7 +179,9 @@ def test_staged_worlds_2_4_tp2_sp_fsdp2_match_the_plan_exactly(tmp_path):
         slow = parts["the rest"]["rank"]
         prof = [s["step_s"] for s in json.loads((out / f"world{w}" / f"rank{slow}" / "timings.json").read_text())[
             "steps"] if s["kind"] == "profiled"][0]
-        assert sum(p["measured"] for p in parts.values()) == pytest.approx(prof)
+        # the parts cover the step (they overlap where two threads ran different parts at once)
+        assert sum(p["measured"] for p in parts.values()) >= prof * (1 - 1e-9)
+        assert 0 <= parts["the rest"]["measured"] <= prof
         assert parts["GEMM kernels"]["measured"] > 0 and parts["attention kernels"]["measured"] > 0
         assert all(p["predicted"] >= 0 for k, p in parts.items() if k != "the rest")
     # the profiler trace holds every collective the recorder saw: one gloo:* event each
@@ -189,11 +206,14 @@ def test_8_ranks_hsdp_tp2_sp_match_the_plan_exactly(tmp_path):
     from meshplan.runtime.validate import validate
     from meshplan.spec.config import load_config
 
-    code, res = validate(load_config(HSDP), Options(worlds=(8,), timeout_s=100, **FAST), tmp_path / "ev",
+    code, res = validate(load_config(HSDP), Options(worlds=(8,), timeout_s=100, probe=False, **FAST), tmp_path / "ev",
                          echo=lambda *_: None)
     assert code == 0, res[0]["message"]
     comp = res[0]["comparison"]
     assert comp["differences"] == []
+    # without the probe (--no-probe): no probe files, no calibrated rows
+    assert not list((tmp_path / "ev").rglob("probe*.json"))
+    assert not [r for r in comp["predicted_vs_measured"] if "calibrated" in r["quantity"]]
     axes = {row["axis"] for row in comp["collectives"]}
     assert axes == {"tp", "dp_shard", "dp_replicate"}
     hsdp = [row for row in comp["collectives"] if row["axis"] == "dp_replicate"]

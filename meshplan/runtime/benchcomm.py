@@ -338,11 +338,11 @@ def _run_testbed(prefix: str, nproc: int, wargs: list[str], out: Path, timeout_s
     """One torchrun per node namespace of testbed ``prefix`` (static rendezvous at node 0 nic0);
     each worker picks its NIC from the node's addresses (local rank i on nic<i mod K>), its
     connecting sockets bound there by the LD_PRELOAD library. Returns a note on the NICs."""
-    from .testbed import load_testbed
+    from .testbed import require_testbed
     from .testbed_launch import launch_per_node, torchrun_argv
     from .testbed_nics import bind_shim, node_env
 
-    tb = load_testbed(prefix, state_dir)
+    tb = require_testbed(prefix, "--testbed", state_dir)
     shim, note = bind_shim()
     envs = [{"OMP_NUM_THREADS": "1", **node_env(tb, i, shim)} for i in range(tb.nodes)]
     res = launch_per_node(tb, lambda i: torchrun_argv(tb, i, nproc, ["-m", *wargs]), timeout_s,

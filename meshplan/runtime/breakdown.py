@@ -4,16 +4,19 @@ prediction, so that a step-time error can be traced to its part of the model.
 
 Measured (the rank's ``trace.json``, one profiled step, CPU op events of every thread):
 
-- ``GEMM kernels``: the summed durations of ``aten::mm``, ``aten::addmm``, ``aten::bmm`` and
-  ``aten::baddbmm`` (forward and backward; none of them nests another);
+- ``GEMM kernels``: the wall time covered by ``aten::mm``, ``aten::addmm``, ``aten::bmm`` and
+  ``aten::baddbmm`` events (forward and backward), nested or overlapping events counted once
+  (:func:`covered_s`: a DTensor op's event holds its local op's);
 - ``attention kernels``: the fused attention ops and their backward
   (``aten::_scaled_dot_product_*``, without the ``aten::scaled_dot_product_attention``
   wrapper that holds them);
 - ``waits on collectives``: ``_c10d_functional::wait_tensor`` (DTensor's TP/SP collectives
   and FSDP2's reduce-scatter wait there); FSDP2's all-gather waits run inside its
   ``FSDP::*`` annotations and are not in this figure, so it is a lower bound;
-- ``the rest``: the profiled step minus the three above (elementwise ops, framework and
-  Python time, the optimizer, FSDP2's own waits).
+- ``the rest``: the profiled step minus the time covered by any of the three above
+  (elementwise ops, framework and Python time, the optimizer, FSDP2's own waits). Parts
+  that ran at the same time on different threads overlap, so the four can sum to a little
+  more than the step.
 
 Predicted (:func:`meshplan.steptime.chunk_costs` for the rank's pipeline stage, every
 micro-batch, with the measured GEMM table): the ``gemm`` and ``attention`` ops of the layer,
@@ -34,14 +37,31 @@ WAIT_OPS = ("_c10d_functional::wait_tensor",)
 PARTS = ("GEMM kernels", "attention kernels", "waits on collectives", "the rest")
 
 
+def covered_s(events: list[dict]) -> float:
+    """Seconds of wall time covered by ``events`` (Chrome trace "X" events, microseconds),
+    counting once the time where events nest or overlap, on any thread: DTensor's
+    ``aten::mm`` holds the local ``aten::mm`` it dispatches, and both are in the trace.
+
+    >>> covered_s([{"ts": 0, "dur": 10}, {"ts": 2, "dur": 5}, {"ts": 12, "dur": 4}])
+    1.4e-05
+    """
+    total, end = 0.0, float("-inf")
+    for a, b in sorted((float(e.get("ts", 0)), float(e.get("ts", 0)) + e.get("dur", 0)) for e in events):
+        if b > end:
+            total += b - max(a, end)
+            end = b
+    return total * 1e-6
+
+
 def measured_parts(trace: Path, step_s: float) -> dict[str, float]:
     """Seconds per part of :data:`PARTS` in one rank's profiled step (module docstring)."""
     events = [e for e in json.loads(trace.read_text()).get("traceEvents", []) if e.get("ph") == "X"]
-    total = lambda pred: sum(e.get("dur", 0) for e in events if pred(str(e.get("name", "")))) * 1e-6
+    total = lambda pred: covered_s([e for e in events if pred(str(e.get("name", "")))])
+    named = lambda n: n in GEMM_OPS or n.startswith(ATTENTION_PREFIX) or n in WAIT_OPS
     gemm = total(lambda n: n in GEMM_OPS)
     att = total(lambda n: n.startswith(ATTENTION_PREFIX))
     wait = total(lambda n: n in WAIT_OPS)
-    return dict(zip(PARTS, (gemm, att, wait, step_s - gemm - att - wait)))
+    return dict(zip(PARTS, (gemm, att, wait, max(step_s - total(named), 0.0))))
 
 
 def predicted_parts(plan, table) -> Optional[dict[str, float]]:

@@ -197,7 +197,7 @@ def run_slice(configs: list[str], testbed: str, out: Path, opt: Optional[Options
               echo=print) -> tuple[int, list[MeshResult]]:
     """Run every config on testbed ``testbed`` (see the module docstring); returns (exit code, results)."""
     from ..spec.config import load_config
-    from .testbed import load_testbed
+    from .testbed import require_testbed
     from .validate import scale_config, validate
 
     opt = replace(opt or Options(**SLICE_DEFAULTS), testbed=testbed)
@@ -209,8 +209,12 @@ def run_slice(configs: list[str], testbed: str, out: Path, opt: Optional[Options
     names = [Path(c).stem for c in configs]
     if len(set(names)) != len(names):
         raise ConfigError("CONFIG", f"config file names must differ (they name the meshes): {names}")
-    tb = load_testbed(testbed)
+    tb = require_testbed(testbed)
     loaded = [load_config(c) for c in configs]
+    for name, c in zip(names[1:], loaded[1:]):  # one workload: only [mesh] differs (as `meshplan compare`)
+        if c.model != loaded[0].model or c.training != loaded[0].training or c.cluster.world != loaded[0].cluster.world:
+            raise ConfigError("CONFIG", f"{name} and {names[0]} are not one workload: a slice compares meshes, so "
+                              "[model], [training] and the cluster size must be the same; only [mesh] may differ")
     scaled = [scale_config(c, world, opt)[0] for c in loaded]  # every mesh must scale before anything runs
     batch, micro = common_batch(scaled, opt)
     prepare_slice_out(out, force)

@@ -133,6 +133,17 @@ def load_testbed(prefix: str = "t", state_dir=None) -> Testbed:
         raise TestbedError(f"{path} is not a testbed state file: {e}") from None
 
 
+def require_testbed(prefix: str, field: str = "--testbed", state_dir=None) -> Testbed:
+    """:func:`load_testbed` for a command that needs the testbed: a missing or unreadable
+    one is a ConfigError naming ``field`` (one line, exit 2), not a TestbedError."""
+    from ..errors import ConfigError
+
+    try:
+        return load_testbed(prefix, state_dir)
+    except TestbedError as e:
+        raise ConfigError(field, str(e)) from None
+
+
 def _run(argv: Sequence[str], *, check: bool = True, stdin: Optional[str] = None,
          timeout: float = CMD_TIMEOUT_S) -> subprocess.CompletedProcess:
     """Run one command with a timeout; TestbedError names the command and its stderr."""

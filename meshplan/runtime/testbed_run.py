@@ -29,11 +29,11 @@ from .launch import RunOutcome
 
 def testbed_cluster(prefix: str, world: int) -> tuple[ClusterSpec, str]:
     """The cluster of ``world`` ranks on testbed ``prefix`` (see the module docstring)."""
-    from .testbed import load_testbed
+    from .testbed import require_testbed
     from .testbed_nics import bind_shim, local_nic
     from .validate import cpu_cluster
 
-    tb = load_testbed(prefix)
+    tb = require_testbed(prefix)
     if world % tb.nodes:
         raise ConfigError("--worlds", f"world {world} is not a multiple of the testbed's {tb.nodes} nodes")
     per_node = world // tb.nodes

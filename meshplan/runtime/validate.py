@@ -224,8 +224,10 @@ def measure_gemms(plan, share: float, min_s: float = 0.02):
 
 def measure_attention(plan, share: float, min_s: float = 0.02) -> tuple[dict, list[dict]]:
     """Time the plan's local causal attention as the runtime model runs it (K/V heads repeated
-    to the query heads, ``F.scaled_dot_product_attention(is_causal=True)``), forward and
-    forward + backward, one thread, fp32, in this process; seconds divided by ``share``.
+    to the query heads, ``F.scaled_dot_product_attention(is_causal=True)``; with cp > 1 the
+    rank's ``seq / cp`` queries against all ``seq`` keys under its boolean mask,
+    :class:`meshplan.runtime.cp.ContextParallel`), forward and forward + backward, one
+    thread, fp32, in this process; seconds divided by ``share``.
     Returns (``GemmTable.attention`` entries, rows for gemm_table.json)."""
     import torch
     import torch.nn.functional as F
@@ -246,10 +248,18 @@ def measure_attention(plan, share: float, min_s: float = 0.02) -> tuple[dict, li
             reps += 1
         return (time.perf_counter() - t0) / reps / share
 
+    cp = mesh.degree("cp")
+    if cp > 1:  # CP: local queries against every key under cp rank 0's mask (runtime.cp; balanced ranks)
+        from .cp import ContextParallel
+
+        sdpa = dict(attn_mask=ContextParallel(None, cp, 0).mask(att.seq_q, "cpu"))
+    else:
+        sdpa = dict(is_causal=True)
     try:
-        q, k, v = (torch.randn(att.batch, att.q_heads, att.seq_q, att.head_dim, requires_grad=True) for _ in range(3))
-        fwd = timed(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True))
-        both = timed(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True).sum().backward())
+        q = torch.randn(att.batch, att.q_heads, att.seq_q, att.head_dim, requires_grad=True)
+        k, v = (torch.randn(att.batch, att.q_heads, att.seq_kv, att.head_dim, requires_grad=True) for _ in range(2))
+        fwd = timed(lambda: F.scaled_dot_product_attention(q, k, v, **sdpa))
+        both = timed(lambda: F.scaled_dot_product_attention(q, k, v, **sdpa).sum().backward())
     finally:
         torch.set_num_threads(old)
     key = (att.batch, att.q_heads, att.kv_heads, att.seq_q, att.seq_kv, att.head_dim, "fp32")
@@ -271,13 +281,26 @@ def prepare_out(out: Path, force: bool) -> None:
     out.mkdir(parents=True, exist_ok=True)
 
 
+def not_runnable(cfg: Config, mesh) -> Optional[str]:
+    """Why the runtime cannot build the scaled ``cfg``'s resolved ``mesh`` (None when it can):
+    :func:`meshplan.runtime.parallelize._unsupported`, and for pp > 1
+    :func:`meshplan.runtime.pipelined.unsupported`."""
+    from .parallelize import _unsupported
+
+    why = _unsupported(mesh, cfg.training, pipeline=True, moe=cfg.model.is_moe)
+    if not why and mesh.degree("pp") > 1:
+        from .pipelined import unsupported
+
+        why = unsupported(mesh, cfg.training, cfg.mesh.pp_schedule, cfg.model)
+    return why
+
+
 def run_world(config: Config, world: int, opt: Options, out: Path, echo=print) -> dict:
     """Scale, plan, run and compare one world size; returns its result dict."""
     from ..plan import build_plan
     from ..report.json_out import write_json
     from .evidence import compare_world, write_world_evidence
     from .launch import diagnose, run_torchrun
-    from .parallelize import _unsupported
     from .worker import write_json as write_json_atomic
 
     folder = out / f"world{world}"
@@ -290,16 +313,12 @@ def run_world(config: Config, world: int, opt: Options, out: Path, echo=print) -
     if plan.mesh is None or not plan.feasible:
         return {"world": world, "ok": False, "stage": "plan", "notes": notes,
                 "message": "the scaled plan is infeasible: " + "; ".join(plan.reasons)}
-    why = _unsupported(plan.mesh, cfg.training, pipeline=True, moe=cfg.model.is_moe)
-    if not why and plan.mesh.degree("pp") > 1:
-        from .pipelined import unsupported
-
-        why = unsupported(plan.mesh, cfg.training, cfg.mesh.pp_schedule, cfg.model)
+    why = not_runnable(cfg, plan.mesh)
     if why:
         return {"world": world, "ok": False, "stage": "plan", "notes": notes, "message": f"not runnable here: {why}"}
     share = min(1.0, len(os.sched_getaffinity(0)) / world)
     table, rows = measure_gemms(plan, share)
-    if cfg.training.flash_attention and plan.mesh.degree("cp") == 1:
+    if cfg.training.flash_attention:
         att, att_rows = measure_attention(plan, share)
         table, rows = replace(table, attention=att), rows + att_rows
     write_json_atomic(folder / "gemm_table.json", {"device": "cpu", "torch": rows and _torch_version(), "rows": rows})
@@ -366,8 +385,12 @@ def validate(config: Config, opt: Options, out: Path, force: bool = False, echo=
         raise ConfigError("--worlds", f"{list(opt.worlds)}: give positive world sizes, e.g. 2,4,8")
     if opt.timeout_s <= 0:
         raise ConfigError("--timeout-s", "must be positive")
-    for w in opt.worlds:  # every stage must scale before anything runs
-        scale_config(config, w, opt)
+    for w in opt.worlds:  # every stage must scale, and the runtime must build it, before anything runs
+        cfg, _ = scale_config(config, w, opt)
+        why = not_runnable(cfg, resolve_mesh(cfg.mesh, w))
+        if why:
+            raise ConfigError("mesh", f"world {w}: the runtime cannot build this mesh: {why}; validate a mesh "
+                              "without it (the plan itself does not need the runtime)")
     prepare_out(out, force)
     results = []
     for w in opt.worlds:

@@ -181,6 +181,7 @@ class Runner:
         self.opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=False)
         self.micro = max(1, training.global_batch // (training.micro_batch * mesh.dp))
         self.loss_parallel = mesh.degree("tp") > 1
+        self.tracker = None  # the memory step's MemTracker/FSDPMemTracker while it runs
 
     def _sync(self):
         if self.device == "cuda":
@@ -213,6 +214,8 @@ class Runner:
                     t0 = time.perf_counter()
                     with record_function(name):
                         if name == "forward":
+                            if mb and self.tracker is not None:  # MemTracker refuses a root module's second
+                                self.tracker.memory_tracking.pop(self.model, None)  # forward: restart its entry
                             logits = self.model(tokens)
                         elif name == "loss":
                             loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
@@ -283,8 +286,12 @@ def memory_step(runner: Runner, index: int) -> tuple[dict, dict]:
 
             tracker, name = MemTracker(), "MemTracker"
             tracker.track_external(runner.model, runner.opt)
-        with tracker:
-            t = runner.step(index)
+        runner.tracker = tracker
+        try:
+            with tracker:
+                t = runner.step(index)
+        finally:
+            runner.tracker = None
         peak = tracker.get_tracker_snapshot("peak")
         by_cat: dict[str, int] = {}
         for dev_stats in peak.values():
