@@ -294,7 +294,9 @@ def validate(config: Path = typer.Argument(..., help="TOML config; its mesh is s
              out: Path = typer.Option(Path("validate-out"), "--out", help="evidence folder"),
              timeout_s: float = typer.Option(120.0, "--timeout-s", help="wall-clock limit per world size"),
              tolerance: Optional[float] = typer.Option(None, "--tolerance",
-                                                      help="fail when step time or peak memory is off by more"),
+                                                      help="fail when step time (calibrated when probed) or peak "
+                                                           "memory is off by more than this fraction, e.g. 0.5; "
+                                                           "default: report them without failing"),
              testbed: Optional[str] = typer.Option(None, "--testbed",
                                                    help="prefix of a `meshplan testbed up` cluster to run across"),
              probe: bool = typer.Option(True, "--probe/--no-probe",

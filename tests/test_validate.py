@@ -197,6 +197,8 @@ def test_staged_worlds_2_4_tp2_sp_fsdp2_match_the_plan_exactly(tmp_path):
     summary = (out / "summary.md").read_text()
     assert summary.startswith("# meshplan validate: " + ("PASSED" if w2["ok"] else "FAILED"))
     assert "| step time |" in summary and "## world 4: OK" in summary
+    assert "times and memory are reported, not gated" in summary and "How to read the table:" in summary
+    assert "step time (calibrated): predicted" in cp.stdout and "peak memory: predicted" in cp.stdout
     assert _our_processes(str(out)) == []
 
 

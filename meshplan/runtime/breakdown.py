@@ -91,5 +91,5 @@ def breakdown_rows(plan, table, folder: Path, rank: int, step_s: float) -> list[
     meas = measured_parts(trace, step_s)
     return [dict(quantity=f"step part: {p}", unit="s", predicted=pred[p], measured=meas[p], measured_min=None,
                  rank=rank, error=(meas[p] / pred[p] - 1) if pred[p] else None,
-                 note=f"profiled step of rank {rank} ({step_s * 1e3:.1f} ms); see meshplan.runtime.breakdown")
+                 note=f"profiled step of rank {rank} ({step_s * 1e3:.1f} ms)")
             for p in PARTS]

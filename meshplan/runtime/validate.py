@@ -397,6 +397,11 @@ def validate(config: Config, opt: Options, out: Path, force: bool = False, echo=
         echo(f"world {w}:")
         results.append(run_world(config, w, opt, out, echo))
         echo(f"  {'OK' if results[-1]['ok'] else 'FAILED'}: {results[-1]['message']}")
+        for row in (results[-1].get("comparison") or {}).get("predicted_vs_measured", []):
+            if row["quantity"] in ("step time", "step time (calibrated)", "peak memory") and row["predicted"]:
+                unit = (1e3, "ms") if row["unit"] == "s" else (2.0 ** -20, "MiB")
+                echo(f"  {row['quantity']}: predicted {row['predicted'] * unit[0]:.1f} {unit[1]}, measured "
+                     f"{row['measured'] * unit[0]:.1f} {unit[1]} ({row['error']:+.0%})")
     ok = all(r["ok"] for r in results)
     write_summary(out, config, opt, results)
     write_json_atomic(out / MARKER, {"schema": "meshplan.validate/v1", "ok": ok, "config": config.path,
