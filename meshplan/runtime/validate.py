@@ -393,8 +393,12 @@ def validate(config: Config, opt: Options, out: Path, force: bool = False, echo=
                               "without it (the plan itself does not need the runtime)")
     prepare_out(out, force)
     results = []
+    cores = len(os.sched_getaffinity(0))
     for w in opt.worlds:
         echo(f"world {w}:")
+        if w > 4 * cores and not opt.testbed:
+            echo(f"  note: {w} ranks on {cores} cores ({w / cores:g} per core): every rank time-shares a core; "
+                 "start-up alone takes tens of seconds and step times are dominated by scheduling")
         results.append(run_world(config, w, opt, out, echo))
         echo(f"  {'OK' if results[-1]['ok'] else 'FAILED'}: {results[-1]['message']}")
         for row in (results[-1].get("comparison") or {}).get("predicted_vs_measured", []):
