@@ -42,7 +42,8 @@ def _reference_losses(plan_json: Path, world: int, steps: int = 2) -> list[list[
     import torch.nn.functional as F
 
     from meshplan.runtime.model import Transformer
-    from meshplan.runtime.worker import batch, load_plan
+    from meshplan.runtime.trainstep import batch
+    from meshplan.runtime.worker import load_plan
     from meshplan.tpsplit import padded_vocab
 
     _, spec, training, mesh = load_plan(plan_json)

@@ -138,7 +138,8 @@ def _reference_loss(folder: Path, rank: int) -> float:
     import torch.nn.functional as F
 
     from meshplan.runtime.model import Transformer
-    from meshplan.runtime.worker import batch, load_plan
+    from meshplan.runtime.trainstep import batch
+    from meshplan.runtime.worker import load_plan
     from meshplan.tpsplit import padded_vocab
 
     plan, spec, training, mesh = load_plan(folder / "plan.json")

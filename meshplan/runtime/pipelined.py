@@ -325,7 +325,7 @@ class PipelineRunner:
             self.rec.phase = phase
 
     def step(self, index: int, rec=None) -> dict:
-        from .worker import batch
+        from .trainstep import batch
 
         self._index = index
         if rec is None:
