@@ -27,6 +27,13 @@ def _load(config: Path, topology: Optional[Path] = None, calibration: Optional[P
     from .spec.config import load_config
 
     cfg = load_config(config)
+    if cfg.mesh is not None:
+        from .axes import axis_name_warnings, from_megatron_order
+
+        names, field = (cfg.mesh.names, "mesh.names") if cfg.mesh.names is not None else \
+            (from_megatron_order(cfg.mesh.order), "mesh.order")
+        for w in axis_name_warnings(names, field):
+            typer.echo(f"warning: {w}", err=True)
     if topology or calibration:
         from dataclasses import replace
 
@@ -134,7 +141,8 @@ def step(config: Path = typer.Argument(..., help="TOML config"),
          gemm_table: Optional[Path] = typer.Option(None, "--gemm-table", help="measured GEMM times (meshplan bench gemm)"),
          schedule: Optional[str] = typer.Option(None, "--schedule", help="gpipe, 1f1b, interleaved_1f1b or zb_h1"),
          force: bool = typer.Option(False, "--force", help="replace an existing --trace file")):
-    """Scheduled rank timeline: step time, critical path, exposed communication, bubble, MFU."""
+    """Scheduled rank timeline: step time, critical path, exposed communication, bubble, MFU; when the step is
+    network-bound, a verdict naming the communication and its cause."""
     from .gemm import load_gemm_table
     from .steptime import step_time
 
@@ -143,9 +151,15 @@ def step(config: Path = typer.Argument(..., help="TOML config"),
         for r in p.reasons:
             typer.echo(f"infeasible: {r}", err=True)
         raise typer.Exit(1)
-    st = step_time(p, _overlap(overlap_tp, no_prefetch), table=load_gemm_table(gemm_table) if gemm_table else None,
-                   schedule=schedule)
+    table = load_gemm_table(gemm_table) if gemm_table else None
+    st = step_time(p, _overlap(overlap_tp, no_prefetch), table=table, schedule=schedule)
     for line in st.lines():
+        typer.echo(line)
+    from .stepverdict import network_verdict, rebuilt_step
+
+    again = rebuilt_step(p, lambda alt: step_time(alt, _overlap(overlap_tp, no_prefetch), table=table,
+                                                  schedule=schedule))
+    for line in network_verdict(p, st, again):
         typer.echo(line)
     path = st.critical_path()
     typer.echo(f"critical path ({len(path)} entries{', first 12 and last 6' if len(path) > 18 else ''}):")
@@ -214,13 +228,17 @@ def compare_cmd(config_a: Path = typer.Argument(..., help="TOML config of mesh A
     """Compare two meshes of one workload side by side and keep the rejected one's evidence."""
     from rich.table import Table
 
-    from .compare import compare, table_rows, write_evidence
+    from .compare import compare, evidence_folder, table_rows, write_evidence
 
     a, b = _load(config_a), _load(config_b)
     ca, cb = a.config, b.config
     if (ca.model != cb.model or ca.training != cb.training) or ca.cluster.world != cb.cluster.world:
         raise ConfigError("compare", "A and B must share [model], [training] and the cluster size; only [mesh] differs")
-    c = compare(a, b, names=(config_a.stem, config_b.stem))
+    names = (config_a.stem, config_b.stem)
+    if names[0] == names[1] and config_a.resolve() != config_b.resolve():
+        names = (f"{names[0]}-A", f"{names[1]}-B")  # two files of one name: keep the sides apart
+    c = compare(a, b, names=names)
+    evidence_folder(c, out, force)  # refuse an existing folder before printing the report
     tab = Table(title="compare", title_justify="left")
     for col in ("quantity", c.a.name, c.b.name):
         tab.add_column(col)
@@ -228,7 +246,8 @@ def compare_cmd(config_a: Path = typer.Argument(..., help="TOML config of mesh A
         tab.add_row(*row)
     con = _console()
     con.print(tab)
-    con.print(f"[bold]verdict:[/] {c.winner} (rejected: {c.rejected})")
+    con.print("[bold]verdict:[/] identical meshes" if c.identical else
+              f"[bold]verdict:[/] {c.winner} (rejected: {c.rejected})")
     for r in c.reasons:
         con.print(f"  - {r}")
     for path in write_evidence(c, out, force=force):
@@ -303,7 +322,8 @@ def validate(config: Path = typer.Argument(..., help="TOML config; its mesh is s
                                         help="after the steps, time each of the plan's collectives under the run's "
                                              "load and re-predict the step with those times (calibrated rows)"),
              force: bool = typer.Option(False, "--force", help="replace an existing evidence folder")):
-    """Run the mesh for real (torchrun, gloo on CPU) and compare collectives, times and memory with the plan."""
+    """Run the mesh for real (torchrun: NCCL on the GPUs when CUDA is present, else gloo on CPU) and compare
+    collectives, times and memory with the plan."""
     from .runtime.validate import Options, main as validate_main
 
     try:

@@ -6,7 +6,8 @@ evidence are written to an output folder.
 Verdict rule (stated, no hidden weights): a mesh that does not fit (infeasible plan or
 memory peak above usable HBM) loses to one that fits; between two that fit, the shorter
 predicted step wins when it is shorter by more than ``tie_fraction`` (default 2%, below the
-model's resolution); within that band, the lower peak memory wins (more headroom).
+model's resolution); within that band, the lower peak memory wins (more headroom). Two
+configs of the same mesh are reported as identical: nothing is chosen or rejected.
 """
 
 from __future__ import annotations
@@ -50,11 +51,50 @@ class Side:
 
 @dataclass(frozen=True)
 class Comparison:
+    """``winner`` and ``rejected`` are "" when the two meshes are the same (``identical``);
+    ``rule``: the verdict rule in words."""
+
     a: Side
     b: Side
     winner: str
     rejected: str
     reasons: tuple[str, ...]
+    rule: str = ""
+    identical: bool = False
+
+
+def rule_text(tie_fraction: float = 0.02) -> str:
+    """The verdict rule in words (the module docstring's)."""
+    return (f"a mesh that does not fit (infeasible, or its memory peak above usable HBM) loses to one that fits; "
+            f"between two that fit, the shorter predicted step wins when it is shorter by more than "
+            f"{tie_fraction:.0%}; within {tie_fraction:.0%}, the lower peak memory (more headroom) wins")
+
+
+_SPELLING = {"names", "shape", "order", "degrees"}
+
+
+def same_mesh(plan_a, plan_b) -> bool:
+    """Whether two plans have the same mesh: equal [mesh] tables, or the same resolved
+    layout (names, degrees, ep, etp) spelled differently with every other [mesh] field equal.
+
+    >>> from meshplan.spec.config import config_from_dict
+    >>> from meshplan.plan import build_plan
+    >>> base = {"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 1},
+    ...         "training": {"global_batch": 8, "seq_len": 1024}}
+    >>> a = build_plan(config_from_dict({**base, "mesh": {"names": ["dp_shard", "tp"], "shape": [4, 2]}}))
+    >>> b = build_plan(config_from_dict({**base, "mesh": {"order": "tp-dp_shard", "degrees": {"tp": 2, "dp_shard": 4}}}))
+    >>> c = build_plan(config_from_dict({**base, "mesh": {"names": ["dp_shard", "tp"], "shape": [2, 4]}}))
+    >>> same_mesh(a, b), same_mesh(a, c)
+    (True, False)
+    """
+    ma, mb = plan_a.config.mesh, plan_b.config.mesh
+    if ma == mb:
+        return True
+    if plan_a.mesh is None or plan_b.mesh is None:
+        return False
+    la, lb = plan_a.mesh, plan_b.mesh
+    return ((la.layout.names, la.layout.shape, la.ep, la.etp) == (lb.layout.names, lb.layout.shape, lb.ep, lb.etp)
+            and ma.model_dump(exclude=_SPELLING) == mb.model_dump(exclude=_SPELLING))
 
 
 def side_of(name: str, plan, overlap=None) -> Side:
@@ -78,6 +118,11 @@ def side_of(name: str, plan, overlap=None) -> Side:
 def compare(plan_a, plan_b, names=("A", "B"), tie_fraction: float = 0.02, overlap=None) -> Comparison:
     """Compare two plans of one workload (see the module docstring for the rule)."""
     a, b = side_of(names[0], plan_a, overlap), side_of(names[1], plan_b, overlap)
+    rule = rule_text(tie_fraction)
+    if same_mesh(plan_a, plan_b):
+        what = f"{a.name} and {b.name} are" if a.name != b.name else f"both configs ({a.name}) are"
+        return Comparison(a, b, "", "", (f"{what} the same mesh ({a.mesh_text}): nothing to choose; "
+                                         f"give two meshes of the workload",), rule, identical=True)
     why = []
     if a.feasible != b.feasible:
         win, lose = (a, b) if a.feasible else (b, a)
@@ -100,7 +145,7 @@ def compare(plan_a, plan_b, names=("A", "B"), tie_fraction: float = 0.02, overla
             why.append(f"step times within {tie_fraction:.0%} ({a.step_s:.3f} s vs {b.step_s:.3f} s): "
                        f"{win.name} has more memory headroom")
     why += _evidence_lines(a, b)
-    return Comparison(a, b, win.name, lose.name, tuple(why))
+    return Comparison(a, b, win.name, lose.name, tuple(why), rule)
 
 
 def _evidence_lines(a: Side, b: Side) -> list[str]:
@@ -110,6 +155,8 @@ def _evidence_lines(a: Side, b: Side) -> list[str]:
         for name, m, n, k, eff in b.gemms:
             if name in ea and name in ("wq", "w_up", "w_down", "wo"):
                 _, m2, n2, k2, e2 = ea[name]
+                if f"{e2:.0%}" == f"{eff:.0%}":  # the same efficiency explains no difference
+                    continue
                 out.append(f"{name}: {a.name} ({m2},{n2},{k2}) at {e2:.0%} of peak, {b.name} ({m},{n},{k}) at {eff:.0%}")
     if a.peak_bytes and b.peak_bytes:
         out.append(f"peak memory: {a.name} {a.peak_bytes / GiB:.1f} GiB, {b.name} {b.peak_bytes / GiB:.1f} GiB "
@@ -149,21 +196,30 @@ def _g(g) -> str:
     return f"({g[1]},{g[2]},{g[3]}) {g[4]:.0%}"
 
 
+def evidence_folder(c: Comparison, out_dir: str | Path, force: bool = False) -> Path:
+    """``out_dir/rejected-<name>/``; ConfigError (``--out``) when it exists and not ``force``,
+    so the CLI can refuse before printing the report."""
+    folder = Path(out_dir) / f"rejected-{c.rejected}"
+    if not c.identical and folder.exists() and not force:
+        raise ConfigError("--out", f"{folder} exists; choose another --out or pass --force")
+    return folder
+
+
 def write_evidence(c: Comparison, out_dir: str | Path, force: bool = False) -> list[Path]:
     """Write the rejected mesh's plan, its predicted trace, and a summary of the comparison
     to ``out_dir/rejected-<name>/``. Refuses to replace an existing folder unless ``force``."""
     from .report.json_out import write_json
 
+    if c.identical:
+        return []
+    folder = evidence_folder(c, out_dir, force)
     rejected = c.a if c.rejected == c.a.name else c.b
-    folder = Path(out_dir) / f"rejected-{rejected.name}"
-    if folder.exists() and not force:
-        raise ConfigError("--out", f"{folder} exists; choose another --out or pass --force")
     folder.mkdir(parents=True, exist_ok=True)
     paths = [write_json(rejected.plan, folder / "plan.json", force=True)]
     if rejected.step is not None:
         paths.append(rejected.step.write_trace(folder / "predicted-trace.json", force=True))
     summary = [f"# Rejected: {rejected.name} ({rejected.mesh_text})", "",
-               f"Chosen: {c.winner}. Rule: see meshplan.compare.", "", "| quantity | "
+               f"Chosen: {c.winner}. Rule: {c.rule or rule_text()}.", "", "| quantity | "
                f"{c.a.name} | {c.b.name} |", "|---|---|---|"]
     summary += [f"| {q} | {x} | {y} |" for q, x, y in table_rows(c)]
     summary += ["", "## Reasons", ""] + [f"- {r}" for r in c.reasons]

@@ -158,12 +158,51 @@ def _groups(grid: np.ndarray, names, axes) -> np.ndarray:
     return grid.transpose(rest + idx).reshape(-1, size)
 
 
-def resolve_mesh(spec: MeshSpec, world: int) -> Union[Mesh, Infeasible]:
+#: Axes tried first when rescaling one axis to the world size: data axes, then the rest.
+_RESCALE_FIRST = ("dp_shard", "dp", "dp_replicate")
+
+
+def _world_fix(spec: MeshSpec, pairs, world: int, total: int, gpus_per_node: int) -> str:
+    """The fix of a product that is not the world size: one dense axis rescaled (a data axis
+    first) and where it helps, the number of nodes (or ``mesh.world``) that fits the product."""
+    dense = [(n, d) for n, d in pairs if n not in EXPERT_AXES]
+    order = sorted(range(len(dense)), key=lambda i: (dense[i][0] not in _RESCALE_FIRST, i))
+    fixes = []
+    for i in order:
+        name = dense[i][0]
+        rest = total // dense[i][1]
+        if world % rest == 0:
+            new = world // rest
+            others = " * ".join(f"{n} {d}" for n, d in dense if n != name) or "1"
+            if spec.names is not None:
+                shape = [new if n == name else d for n, d in pairs]
+                fixes.append(f"fix: shape {shape} ({name} = {world} / {others} = {new}; or -1 there to infer it)")
+            else:
+                fixes.append(f"fix: [mesh.degrees] {name} = {new} ({world} / {others}; or -1 to infer it)")
+            break
+    if not fixes:
+        fixes.append(f"fix: degrees whose product is {world} (no single axis can be rescaled to it)")
+    if spec.world is not None:
+        fixes.append(f"or mesh.world = {total}")
+    elif gpus_per_node and total % gpus_per_node == 0:
+        fixes.append(f"or cluster.nodes = {total // gpus_per_node} ({total} GPUs)")
+    elif total < world:
+        fixes.append(f"or mesh.world = {total} (use {total} of the {world} GPUs)")
+    return ", ".join(fixes)
+
+
+def resolve_mesh(spec: MeshSpec, world: int, gpus_per_node: int = 0) -> Union[Mesh, Infeasible]:
     """Resolve degrees against ``world`` ranks.
 
     Raises ConfigError for malformed degrees (0, below -1, two -1s, repeated names).
     Returns :class:`Infeasible` when the degrees cannot make ``world`` ranks: product
-    mismatch, -1 not dividing exactly, or an ep*etp that does not divide the dense block.
+    mismatch (with the fix: one axis rescaled, or the cluster resized when ``gpus_per_node``
+    is given), -1 not dividing exactly, or an ep*etp that does not divide the dense block.
+
+    >>> print(resolve_mesh(MeshSpec(names=["dp_shard", "tp"], shape=[8, 4]), 64, gpus_per_node=8).reasons[0])
+    ... # doctest: +NORMALIZE_WHITESPACE
+    dp_shard(8) * tp(4) = 32 != world(64); fix: shape [16, 4] (dp_shard = 64 / tp 4 = 16;
+    or -1 there to infer it), or cluster.nodes = 4 (32 GPUs)
     """
     world = spec.world or world
     if spec.names is not None:
@@ -197,7 +236,8 @@ def resolve_mesh(spec: MeshSpec, world: int) -> Union[Mesh, Infeasible]:
     total = prod(d for _, d in dense)
     if total != world:
         expr = " * ".join(f"{m}({d})" for m, d in dense)
-        return Infeasible((f"{expr} = {total} != world({world})",))
+        return Infeasible((f"{expr} = {total} != world({world}); " + _world_fix(spec, pairs, world, total,
+                                                                                gpus_per_node),))
     layout = Layout(tuple(n for n, _ in dense), tuple(d for _, d in dense))
     ep, etp = expert.get("ep", 1), expert.get("etp", 1)
     mesh = Mesh(layout=layout, ep=ep, etp=etp, sequence_parallel=spec.sequence_parallel)

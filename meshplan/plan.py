@@ -75,7 +75,7 @@ def build_plan(config: Config, constraints: Optional[cons.Constraints] = None) -
     if world > c.world:
         raise ConfigError("mesh.world", f"{world} ranks but the cluster has {c.world} GPUs "
                           f"({c.nodes} nodes x {c.node.gpus}); use fewer ranks or more nodes")
-    mesh = resolve_mesh(config.mesh, world)
+    mesh = resolve_mesh(config.mesh, world, gpus_per_node=c.node.gpus)
     if constraints is None:
         constraints = cons.constraints(m, t, c, world)
     if isinstance(mesh, Infeasible):

@@ -51,3 +51,57 @@ def test_both_feasible_faster_wins():
     assert c.winner == "A" and c.a.step_s < 0.6 * c.b.step_s
     assert c.reasons[0] == (f"A predicts a {1 - c.a.step_s / c.b.step_s:.1%} shorter step "
                             f"({c.a.step_s:.3f} s vs {c.b.step_s:.3f} s)")
+
+
+def test_reasons_list_only_differences(seed_pair):
+    """wq, wo, w_up, w_down run at 78% on both meshes: no GEMM line explains the verdict."""
+    c = compare(*seed_pair, names=("tp8", "tp4"))
+    rows = dict((q, (x, y)) for q, x, y in table_rows(c))
+    assert rows["wq (M,N,K) eff"][0].endswith(" 78%") and rows["wq (M,N,K) eff"][1].endswith(" 78%")
+    assert not [r for r in c.reasons if r.startswith(("wq:", "wo:", "w_up:", "w_down:"))]
+    # a GEMM whose efficiency differs is kept: llama3-8b at tp 2 against tp 8
+    from meshplan.spec.config import config_from_dict
+    base = {"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 2},
+            "training": {"global_batch": 64, "seq_len": 4096, "param_dtype": "fp32"}}
+    a = build_plan(config_from_dict({**base, "mesh": {"names": ["dp_shard", "tp"], "shape": [8, 2]}}))
+    b = build_plan(config_from_dict({**base, "mesh": {"names": ["dp_shard", "tp"], "shape": [2, 8]}}))
+    c = compare(a, b)
+    eff = [dict((g[0], f"{g[4]:.0%}") for g in s.gemms) for s in (c.a, c.b)]
+    assert (eff[0]["w_up"], eff[1]["w_up"]) == ("78%", "68%")
+    kept = [r for r in c.reasons if r.split(":")[0] in ("wq", "wo", "w_up", "w_down")]
+    assert all(eff[0][g] == eff[1][g] for g in ("wq", "wo", "w_down"))
+    assert kept == ["w_up: A (4096,7168,4096) at 78% of peak, B (4096,1792,4096) at 68%"]
+
+
+def test_same_mesh_is_identical_not_a_verdict(seed_pair, tmp_path):
+    c = compare(seed_pair[0], seed_pair[0], names=("seed-64gpu", "seed-64gpu"))
+    assert c.identical and (c.winner, c.rejected) == ("", "")
+    assert c.reasons == ("both configs (seed-64gpu) are the same mesh (dp_shard 8 x tp 8): nothing to choose; "
+                         "give two meshes of the workload",)
+    assert write_evidence(c, tmp_path) == [] and not list(tmp_path.iterdir())
+
+
+def test_summary_states_the_rule(seed_pair, tmp_path):
+    c = compare(*seed_pair, names=("tp8", "tp4"))
+    write_evidence(c, tmp_path)
+    text = (tmp_path / "rejected-tp4" / "summary.md").read_text()
+    assert ("Chosen: tp8. Rule: a mesh that does not fit (infeasible, or its memory peak above usable HBM) loses to "
+            "one that fits; between two that fit, the shorter predicted step wins when it is shorter by more than "
+            "2%; within 2%, the lower peak memory (more headroom) wins.") in text
+    assert "see meshplan.compare" not in text
+
+
+def test_cli_refuses_existing_out_before_the_report(tmp_path):
+    import subprocess
+    import sys
+
+    from tests.conftest import EXAMPLES
+    argv = [sys.executable, "-m", "meshplan.cli", "compare", str(EXAMPLES / "seed-64gpu.toml"),
+            str(EXAMPLES / "seed-64gpu-tp4.toml"), "--out", str(tmp_path)]
+    first = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert first.returncode == 0, first.stderr
+    assert "verdict: seed-64gpu (rejected: seed-64gpu-tp4)" in first.stdout
+    again = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert again.returncode == 2 and again.stdout == ""
+    assert again.stderr == (f"error: --out: {tmp_path / 'rejected-seed-64gpu-tp4'} exists; choose another --out or "
+                            "pass --force\n")

@@ -35,12 +35,14 @@ CASES = [
     (with_("model.hiddn", 4096), "model.hiddn", "unknown key in [model]; allowed keys: name, layers, hidden"),
     (with_("model.hidden", "wide"), "model.hidden", "Input should be a valid integer"),
     (with_("model.layers", 0), "model.layers", "greater than 0"),
-    (with_("model.catalog", "llama9"), "model", "unknown model 'llama9'; known: gpt3-175b"),
+    (with_("model.catalog", "llama9"), "model.catalog", "unknown model 'llama9'; known: gpt3-175b"),
     (with_("training.recompute", "partial"), "training.recompute", "Input should be 'none', 'selective' or 'full'"),
     (with_("training.global_batch", None), "training.global_batch", "required key missing in [training]"),
     (with_("training.memory_reserve", 1.5), "training.memory_reserve", "less than 1"),
-    (with_("cluster.system", "dgx-z"), "node", "unknown node 'dgx-z'; known: dgx-a100"),
+    (with_("cluster.system", "dgx-z"), "cluster.system", "unknown node 'dgx-z'; known: dgx-a100"),
     (with_("cluster.nodes", None), "cluster.nodes", "required with system"),
+    (with_("cluster.nodes", 0), "cluster.nodes", "must be a whole number of nodes, at least 1; got 0"),
+    (with_("cluster.gpu", "h900"), "cluster.gpu", "unknown gpu 'h900'; known: a100-sxm-80gb"),
     (with_("cluster.colour", "red"), "cluster.colour", "unknown key beside system"),
     (with_("mesh.order", "tp-dp"), "mesh", "give either names + shape"),
     (with_("mesh.shape", [4]), "mesh", "names and shape must both be given"),
@@ -66,7 +68,9 @@ def test_world_larger_than_cluster():
     assert str(e.value) == ("mesh.world: 16 ranks but the cluster has 8 GPUs (1 nodes x 8); "
                             "use fewer ranks or more nodes")
     # without an explicit world, a product above the cluster is an infeasible result
-    assert build_plan(config_from_dict(with_("mesh.shape", [8, 2]))).reasons == ("dp_shard(8) * tp(2) = 16 != world(8)",)
+    assert build_plan(config_from_dict(with_("mesh.shape", [8, 2]))).reasons == (
+        "dp_shard(8) * tp(2) = 16 != world(8); fix: shape [4, 2] (dp_shard = 8 / tp 2 = 4; or -1 there to infer it), "
+        "or cluster.nodes = 2 (16 GPUs)",)
 
 
 def test_bad_rank_to_gpu():
@@ -79,7 +83,8 @@ def test_bad_rank_to_gpu():
 def test_infeasible_is_a_result_not_an_error():
     plan = build_plan(config_from_dict(with_("mesh.shape", [3, 2])))
     assert not plan.feasible
-    assert plan.reasons == ("dp_shard(3) * tp(2) = 6 != world(8)",)
+    assert plan.reasons == ("dp_shard(3) * tp(2) = 6 != world(8); fix: shape [4, 2] (dp_shard = 8 / tp 2 = 4; "
+                            "or -1 there to infer it), or mesh.world = 6 (use 6 of the 8 GPUs)",)
     plan = build_plan(config_from_dict(with_("mesh.shape", [1, 8])))  # llama3-8b: 8 kv heads, 32 q: fine
     assert plan.feasible, plan.reasons
     bad = with_("mesh.shape", [1, 8])
@@ -136,3 +141,63 @@ def test_misspelled_required_key_is_named_as_unknown():
         config_from_dict(d)
     assert e.value.field == "training.global_bach"
     assert "unknown key in [training]" in e.value.message
+
+
+def test_world_mismatch_names_the_fix():
+    """The seed's mesh written shape [8, 4] on 64 GPUs: the reason gives the shape and the
+    cluster that fit, with their arithmetic."""
+    from tests.conftest import EXAMPLES
+    cfg = load_config(EXAMPLES / "seed-64gpu.toml")
+    bad = cfg.mesh.model_copy(update={"shape": [8, 4]})
+    from dataclasses import replace
+    plan = build_plan(replace(cfg, mesh=bad))
+    assert plan.reasons == ("dp_shard(8) * tp(4) = 32 != world(64); fix: shape [16, 4] (dp_shard = 64 / tp 4 = 16; "
+                            "or -1 there to infer it), or cluster.nodes = 4 (32 GPUs)",)
+    fixed = build_plan(replace(cfg, mesh=cfg.mesh.model_copy(update={"shape": [16, 4]})))
+    assert fixed.mesh is not None and fixed.world == 64
+    # Megatron spelling: the fix names [mesh.degrees]; no axis rescales to 3 x 5 = 15 of 8
+    d = with_("mesh", None)
+    d["mesh"] = {"order": "tp-dp_shard", "degrees": {"tp": 2, "dp_shard": 2}}
+    assert build_plan(config_from_dict(d)).reasons[0].endswith(
+        "fix: [mesh.degrees] dp_shard = 4 (8 / tp 2; or -1 to infer it), or mesh.world = 4 (use 4 of the 8 GPUs)")
+    assert "fix: degrees whose product is 8 (no single axis" in build_plan(
+        config_from_dict(with_("mesh.shape", [3, 5]))).reasons[0]
+
+
+def test_field_names_of_cluster_and_hf_config(tmp_path):
+    p = tmp_path / "c.toml"
+    p.write_text('[model]\nhf_config = "nope/config.json"\n[cluster]\nsystem = "dgx-h100"\nnodes = 1\n'
+                 '[training]\nglobal_batch = 8\nseq_len = 512\n[mesh]\nnames = ["dp_shard"]\nshape = [8]\n')
+    with pytest.raises(ConfigError) as e:
+        load_config(p)
+    assert str(e.value) == (f"model.hf_config: no such file {tmp_path / 'nope' / 'config.json'} (relative to the "
+                            "TOML file's folder); give a config.json or its directory")
+    (tmp_path / "nope").mkdir()
+    (tmp_path / "nope" / "config.json").write_text("{}")
+    with pytest.raises(ConfigError) as e:
+        load_config(p)
+    assert e.value.field == "model.hf_config" and e.value.message.startswith("model_type: missing from")
+    with pytest.raises(ConfigError) as e:
+        load_config(tmp_path)
+    assert str(e.value) == f"config: {str(tmp_path)!r} is a directory; give a TOML config file (it holds c.toml)"
+
+
+def test_mistyped_axis_warns_with_the_close_match(tmp_path):
+    """A user-named axis is allowed (README): one close to a known axis plans with a warning."""
+    from meshplan.axes import axis_name_warnings
+    assert axis_name_warnings(["dp_shard", "tq"]) == [
+        "mesh.names: 'tq' is not a standard axis; did you mean 'tp'? (planned as a user-named axis: rank math only, "
+        "no model semantics)"]
+    assert axis_name_warnings(["TP", "dp-shard", "cfg"], "mesh.order") == [
+        "mesh.order: 'TP' is not a standard axis; did you mean 'tp'? (planned as a user-named axis: rank math only, "
+        "no model semantics)",
+        "mesh.order: 'dp-shard' is not a standard axis; did you mean 'dp_shard'? (planned as a user-named axis: rank "
+        "math only, no model semantics)"]
+    p = tmp_path / "c.toml"
+    p.write_text('[model]\ncatalog = "llama3-8b"\n[cluster]\nsystem = "dgx-h100"\nnodes = 1\n'
+                 '[training]\nglobal_batch = 8\nseq_len = 512\n[mesh]\nnames = ["dp_shard", "tq"]\nshape = [4, 2]\n')
+    r = subprocess.run([sys.executable, "-m", "meshplan.cli", "groups", str(p), "--rank", "0"], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.startswith("warning: mesh.names: 'tq' is not a standard axis; did you mean 'tp'?")
+    assert r.stderr.count("\n") == 1

@@ -21,7 +21,8 @@ def mesh_of(world, **degrees):
 def test_c4_product_mismatch_is_infeasible_with_numbers():
     m = mesh_of(8, dp_shard=8, cp=8)
     assert isinstance(m, Infeasible)
-    assert m.reasons == ("dp_shard(8) * cp(8) = 64 != world(8)",)
+    assert m.reasons == ("dp_shard(8) * cp(8) = 64 != world(8); fix: shape [1, 8] (dp_shard = 8 / cp 8 = 1; "
+                         "or -1 there to infer it)",)
 
 
 def test_c4_minus_one_not_divisible_rejected():

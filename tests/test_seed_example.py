@@ -104,3 +104,58 @@ def test_cli_plan_and_groups(tmp_path):
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2
     assert r.stderr.strip() == "error: --rank: 64 outside 0..63"
+
+
+def test_step_verdict_names_fsdp_regather(plan8):
+    """`step` on the seed: 308 s and MFU 9.7% while `plan` says feasible; the verdict says the
+    step is network-bound on FSDP, with its bytes, link, cause and the knob that fits."""
+    from dataclasses import replace
+
+    from meshplan.comm import busbw_factor
+    from meshplan.stepverdict import network_verdict, rebuilt_step
+    from meshplan.steptime import step_time
+
+    st = step_time(plan8)
+    exposed = sum(st.exposed_s.values())
+    assert exposed > 0.5 * st.step_s and max(st.exposed_s, key=st.exposed_s.get) == "fsdp"
+    alt = build_plan(replace(plan8.config, training=plan8.config.training.model_copy(
+        update={"reshard_after_forward": False})))
+    alt_s = step_time(alt).step_s
+    lines = network_verdict(plan8, st, rebuilt_step(plan8, step_time))
+    assert len(lines) == 2
+    rows = [r for r in plan8.collectives["stage 0"] if r.axis == "dp_shard"]
+    sent = sum(r.size_bytes * busbw_factor(r.op, r.group_size) * r.per_step for r in rows)
+    assert lines[0].startswith(f"verdict: network-bound: {exposed:.1f} s of the {st.step_s:.1f} s step is exposed "
+                               f"communication, most on fsdp ({st.exposed_s['fsdp']:.1f} s): each rank sends "
+                               f"{sent / 1e9:,.0f} GB per step on it")
+    assert "over network (8 group(s) per node share NIC(s) nic0,nic1" in lines[0]
+    assert plan8.micro_batches == 64
+    assert ("64 micro-batches per step (global_batch 512 / (micro_batch 1 x dp 8))" in lines[1]
+            and "(training.reshard_after_forward = true)" in lines[1])
+    assert f"training.reshard_after_forward = false: step {alt_s:.1f} s, peak" in lines[1] and alt.feasible
+    assert alt_s < 0.5 * st.step_s
+    assert "training.micro_batch = 2: does not fit (peak 69.4 GiB > 67.1 GiB usable)" in lines[1]
+
+
+def test_step_cli_prints_verdict():
+    from tests.conftest import EXAMPLES
+    r = subprocess.run([sys.executable, "-m", "meshplan.cli", "step", str(EXAMPLES / "seed-64gpu.toml")],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    out = r.stdout.splitlines()
+    i = next(k for k, line in enumerate(out) if line.startswith("verdict: network-bound"))
+    assert out[i - 1].startswith("tokens/s") and out[i + 1].startswith("cause: FSDP re-gathers per micro-batch")
+
+
+def test_no_verdict_when_compute_bound():
+    """Llama-3-8B on one node (dp_shard 4 x tp 2): exposed communication is a small part of
+    the step, so `step` prints no network verdict."""
+    from meshplan.spec.config import config_from_dict
+    from meshplan.stepverdict import network_verdict
+    from meshplan.steptime import step_time
+    plan = build_plan(config_from_dict({"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 1},
+                                        "training": {"global_batch": 8, "seq_len": 1024},
+                                        "mesh": {"names": ["dp_shard", "tp"], "shape": [4, 2]}}))
+    st = step_time(plan)
+    assert sum(st.exposed_s.values()) < 0.5 * st.step_s
+    assert network_verdict(plan, st) == []

@@ -21,6 +21,7 @@ command needs it.
 from __future__ import annotations
 
 import tomllib
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -58,6 +59,10 @@ def load_config(path: str | Path, require_mesh: bool = True) -> Config:
     """Read and validate a TOML config. Raises ConfigError (one line) on any problem.
     ``require_mesh=False`` accepts a config without [mesh] (``mesh`` is then None)."""
     p = Path(path)
+    if p.is_dir():
+        held = sorted(x.name for x in p.glob("*.toml"))
+        inside = f" (it holds {', '.join(held[:3])}{' ...' if len(held) > 3 else ''})" if held else ""
+        raise ConfigError("config", f"{str(p)!r} is a directory; give a TOML config file{inside}")
     if not p.is_file():
         raise ConfigError("config", f"no file {str(p)!r}; give the path of a TOML config (see examples/)")
     try:
@@ -122,14 +127,20 @@ def _model(t: dict, base: Path | None) -> ModelSpec:
     if "catalog" in t and "hf_config" in t:
         raise ConfigError("model", "give either catalog or hf_config, not both")
     if "catalog" in t:
-        entry = catalog.model(t.pop("catalog")).model_dump()
+        with _as_field("model.catalog"):
+            entry = catalog.model(t.pop("catalog")).model_dump()
         return build(ModelSpec, {**entry, **t}, "model")
     if "hf_config" in t:
         from .hf import model_from_hf_config
 
-        src = Path(t.pop("hf_config"))
+        given = t.pop("hf_config")
+        if not isinstance(given, str):
+            raise ConfigError("model.hf_config", f"give a path string (got {given!r})")
+        src = Path(given)
         src = src if src.is_absolute() or base is None else base / src
-        entry = model_from_hf_config(src).model_dump()
+        where = "" if Path(given).is_absolute() or base is None else " (relative to the TOML file's folder)"
+        with _as_field("model.hf_config", where):
+            entry = model_from_hf_config(src).model_dump()
         return build(ModelSpec, {**entry, **t}, "model")
     return build(ModelSpec, t, "model")
 
@@ -142,14 +153,36 @@ def _cluster(t: dict) -> ClusterSpec:
         name = t.pop("system")
         if "nodes" not in t:
             raise ConfigError("cluster.nodes", "required with system; give the number of nodes")
-        gpu = t.pop("gpu", None)
-        cluster = catalog.system(name, t.pop("nodes"))
+        gpu, nodes = t.pop("gpu", None), t.pop("nodes")
+        if not isinstance(nodes, int) or isinstance(nodes, bool) or nodes < 1:
+            raise ConfigError("cluster.nodes", f"must be a whole number of nodes, at least 1; got {nodes!r}")
+        with _as_field("cluster.system"):
+            cluster = catalog.system(name, nodes)
         if gpu is not None:
-            cluster = cluster.model_copy(update={"gpu": catalog.gpu(gpu) if isinstance(gpu, str)
-                                                 else build(type(cluster.gpu), gpu, "cluster.gpu")})
+            with _as_field("cluster.gpu"):
+                cluster = cluster.model_copy(update={"gpu": catalog.gpu(gpu) if isinstance(gpu, str)
+                                                     else build(type(cluster.gpu), gpu, "cluster.gpu")})
         if t:
             raise ConfigError(f"cluster.{sorted(t)[0]}", "unknown key beside system; allowed: system, nodes, gpu")
         return cluster
     if isinstance(t.get("gpu"), str):
-        t["gpu"] = catalog.gpu(t["gpu"]).model_dump()
+        with _as_field("cluster.gpu"):
+            t["gpu"] = catalog.gpu(t["gpu"]).model_dump()
     return build(ClusterSpec, t, "cluster")
+
+
+@contextmanager
+def _as_field(field: str, where: str = ""):
+    """Re-raise a ConfigError from a catalog or file reader under the config's ``field``
+    (``cluster.system: unknown node ...``); a reader's own field (a key of the HF
+    config.json) stays in the message. ``where`` follows a missing file's path."""
+    try:
+        yield
+    except ConfigError as e:
+        if e.field.startswith(field):
+            raise
+        msg = e.message if e.field in ("config", "node", "gpu", "model", "network", "nodes", "system") \
+            else f"{e.field}: {e.message}"
+        if where and msg.startswith("no such file"):
+            msg = msg.replace(";", where + ";", 1)
+        raise ConfigError(field, msg) from None
