@@ -49,6 +49,13 @@ Conventions, matched op by op against what torch 2.13 issues for DTensor TP/SP a
   scatter/gather across tp): measured with ``torch.distributed.pipelining`` 2.13.
   With pp > 1, FSDP2 inside ``torch.distributed.pipelining`` reduce-scatters each unit once
   per step and gathers it when the schedule finds it sharded (:func:`_pipelined_gathers`).
+  With cp the activation is this rank's b * s/cp * h (its two chunks; /tp under SP).
+  Tied embeddings with pp > 1 (embedding on the first stage, its copy as the output layer on
+  the last): once per step, after the schedule, the two copies' gradients are all-reduced
+  (sum) over the embedding group, the first and last rank of a pp group (Megatron-LM
+  ``finalize_model_grads._allreduce_word_embedding_grads``); the buffer is the rank's local
+  gradient (:func:`_tied_grad_bytes`), since FSDP2 has already reduced it over the data axes
+  (``meshplan.runtime.pipelined_stage``, measured with torch 2.13 on gloo).
 - EP: all-to-all dispatch and combine per MoE layer in forward, and their gradients in
   backward; full recompute replays both (non-reentrant checkpoint: the combine's output is
   saved by the gate multiply), so backward has 4 per MoE layer. Each rank dispatches a
@@ -163,8 +170,8 @@ def collective_table(model: ModelSpec, training: TrainingSpec, mesh: Mesh, clust
     rows: list[CollectiveRow] = []
     paths: dict[str, Path] = {}
 
-    def add(axis, phase, op, size, dtype, per_mb, cadence, waits="", depth=1, per_step=None):
-        n = mesh.degree(axis)
+    def add(axis, phase, op, size, dtype, per_mb, cadence, waits="", depth=1, per_step=None, ranks=None):
+        n = mesh.degree(axis) if ranks is None else len(ranks)  # ranks: rank 0's group, a subset of axis's
         if n <= 1 or size <= 0 or (per_mb == 0 and not per_step):
             return
         path = paths.setdefault(axis, axis_path(mesh, placement, cluster, axis))
@@ -173,7 +180,7 @@ def collective_table(model: ModelSpec, training: TrainingSpec, mesh: Mesh, clust
                                  intra_bandwidth_bytes_per_s=cluster.node.fabric.bandwidth_bytes_per_s,
                                  library=cluster.collective_library)
         rows.append(CollectiveRow(mesh.display_name(axis), phase, op, n, mesh.world // n,
-                                  tuple(mesh.group_of(0, axis)), float(size), dtype, per_mb,
+                                  tuple(mesh.group_of(0, axis) if ranks is None else ranks), float(size), dtype, per_mb,
                                   per_step if per_step is not None else per_mb * micro_batches,
                                   cadence, path, t, waits, depth, alg, per_mb / max(len(stage_layers), 1)))
 
@@ -347,6 +354,11 @@ def _pp_ep_rows(add, c: _Ctx) -> None:
         add("pp", "forward", "send/recv", sent, dt, n, "every micro-batch per chunk boundary", "next stage's forward")
         add("pp", "backward", "send/recv", sent, dt, n, "every micro-batch per chunk boundary",
             "previous stage's backward")
+        if m.tied_embeddings and (c.first or c.last):  # the embedding group: first and last pp rank
+            pp0 = mesh.group_of(0, "pp")
+            add("pp", "step", "all-reduce", _tied_grad_bytes(c), t.param_dtype, 0,
+                "once per step (tied embedding gradients, first and last stage)", "optimizer step", depth=0,
+                per_step=1, ranks=(pp0[0], pp0[-1]))
     if mesh.ep > 1:
         moe = sum(m.is_moe_layer(i) for i in c.layers)
         tokens = t.micro_batch * (t.seq_len // mesh.degree("cp")) * mesh.etp // mesh.degree("tp")  # see shapes
@@ -354,3 +366,14 @@ def _pp_ep_rows(add, c: _Ctx) -> None:
         add("ep", "forward", "all-to-all", a2a, dt, 2 * moe, "every MoE layer (dispatch, combine)", "expert GEMMs")
         add("ep", "backward", "all-to-all", a2a, dt, (4 if t.recompute == "full" else 2) * moe, "every MoE layer",
             "expert GEMMs")
+
+
+def _tied_grad_bytes(c: _Ctx) -> int:
+    """Bytes of one rank's gradient of a tied embedding copy (padded vocab x hidden split
+    over tp, then dim 0 over fsdp under FSDP2: ``ceil(rows / fsdp)`` rows; a last shard of
+    uneven rows is smaller) in the parameter dtype, as FSDP2 leaves the reduced gradient."""
+    t, mesh = c.training, c.mesh
+    tp = mesh.degree("tp")
+    emb = c.model.embedding_tensors(padded_vocab(c.model.vocab, t.vocab_pad_divisor, tp))[0]
+    fsdp = mesh.degree("fsdp") if t.sharding in ("zero3", "hsdp") else 1
+    return fsdp_padded_numel(emb, c.model, fsdp, tp) // fsdp * dtype_bytes(t.param_dtype)

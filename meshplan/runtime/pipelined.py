@@ -22,7 +22,10 @@ stages, run by the schedule the config names.
   (micro_batch, seq / tp, hidden), sent to the peer with the same tp (and data) coordinates
   in the next stage. The next stage's first ``SequenceParallel`` norm wraps it as
   ``Shard(1)`` again. Gradients travel back the same way, same shapes.
-- cp, ep and tied embeddings with pp > 1 are refused (:func:`unsupported`).
+- Context parallelism, experts (EP) and tied embeddings on the stages:
+  :mod:`meshplan.runtime.pipelined_stage` (the first stage embeds this cp rank's chunks, the
+  activation between stages is (b, s/cp[/tp], h); the tied copies' gradients are all-reduced
+  over the embedding group after the schedule). :func:`unsupported` names what is refused.
 - :class:`PipelineRunner`: one step = ``schedule.step(tokens, target=labels, losses=...)``
   (``mesh.pp_schedule``: gpipe -> ScheduleGPipe, 1f1b -> Schedule1F1B, interleaved_1f1b ->
   ScheduleInterleaved1F1B) with the plan's micro-batch count; the loss function (cross entropy)
@@ -60,7 +63,8 @@ from torch import nn
 from torch.profiler import record_function
 
 from ..errors import ConfigError
-from .model import Transformer, initial_value, rope_cos_sin
+from .model import Transformer
+from .pipelined_stage import StageModule, init_stage_weights, parallelize_stage, tied_embedding_sync  # noqa: F401
 from .recorder import CollectiveRecorder
 
 SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B", "interleaved_1f1b": "ScheduleInterleaved1F1B"}
@@ -72,81 +76,21 @@ def unsupported(mesh, training, schedule: str, model_spec=None) -> Optional[str]
         return "pp is 1: use parallelize()"
     if schedule not in SCHEDULES:
         return f"pp_schedule {schedule!r}: only {', '.join(SCHEDULES)} are built"
-    if mesh.degree("cp") > 1:
-        return "cp > 1 with pp > 1 is not built (the pipeline stages run no context parallelism)"
     if mesh.ep > 1 or mesh.etp > 1:
         return "ep/etp > 1: the runtime model has no experts"
     if training.sharding not in ("zero3", "hsdp"):
         return f"sharding {training.sharding!r}: only zero3 (FSDP2) and hsdp are built"
-    if model_spec is not None and model_spec.tied_embeddings:
-        return "tied embeddings with pp > 1 (embedding and output on different stages) are not built"
+    if model_spec is not None and model_spec.tied_embeddings and mesh.degree("pp") > 2:
+        return ("tied embeddings with pp > 2: the embedding group (first and last stage) is no axis of the mesh, "
+                "so the comparison cannot name it; pp = 2 is built")
     return None
 
 
-class StageModule(nn.Module):
-    """One virtual stage of ``full``: ``layers`` (indices), plus the embedding when ``first``
-    and the final norm and output layer when ``last``. Modules are ``full``'s own objects.
-    ``seq_split``: how many pieces the received activation's sequence dimension is cut into
-    (tp under sequence parallelism, where a stage receives its (b, s/tp, h) shard); the
-    rotary tables are built for the whole sequence (``seq_split`` x the local length)."""
-
-    def __init__(self, full: Transformer, layers: list[int], first: bool, last: bool, seq_split: int = 1):
-        super().__init__()
-        self.spec, self.vocab, self.kv_heads, self.recompute = full.spec, full.vocab, full.kv_heads, full.recompute
-        self.first, self.last, self.seq_split = first, last, seq_split
-        if first:
-            self.embedding = full.embedding
-            if full.spec.position_embedding == "learned":
-                self.position_embedding = full.position_embedding
-        self.layers = nn.ModuleDict({str(i): full.layers[str(i)] for i in layers})
-        if last:
-            self.final_norm = full.final_norm
-            self.output = full.output
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        seq = x.shape[1] * (1 if self.first else self.seq_split)
-        if self.first:
-            tokens = x
-            x = self.embedding(tokens)
-            if self.spec.position_embedding == "learned":
-                x = x + self.position_embedding(torch.arange(tokens.shape[1], device=tokens.device))
-        rope = None
-        if self.spec.position_embedding == "rope":
-            rope = rope_cos_sin(seq, self.spec.d_head, device=x.device, dtype=x.dtype)
-        for block in self.layers.values():
-            if self.recompute and torch.is_grad_enabled():
-                x = torch.utils.checkpoint.checkpoint(block, x, rope, use_reentrant=False)
-            else:
-                x = block(x, rope)
-        if self.last:
-            x = self.output(self.final_norm(x))
-        return x
-
-
-@torch.no_grad()
-def init_stage_weights(full: Transformer, seed: int = 0, std: float = 0.02) -> None:
-    """:meth:`Transformer.init_weights` for a model of which only some modules are
-    materialised (the others stay on ``meta``): every tensor is drawn in the full model's
-    order, so each stage holds the single-process model's values."""
-    gen = torch.Generator().manual_seed(seed)
-    for name, p in full.named_parameters():
-        value = initial_value(name, p.shape, gen, std)
-        if p.is_meta:
-            continue
-        if hasattr(p, "device_mesh"):
-            from torch.distributed.tensor import distribute_tensor
-
-            p.to_local().copy_(distribute_tensor(value, p.device_mesh, p.placements, src_data_rank=None).to_local())
-        else:
-            p.copy_(value)
-
-
 def build_stages(plan: dict, model_spec, training, mesh, dm, vocab: int, seed: int, device: str):
-    """(stage modules, PipelineStage objects, schedule) of this rank; weights initialised."""
+    """(stage modules, PipelineStage objects, schedule, expert DeviceMesh or None) of this
+    rank; weights initialised."""
     from torch.distributed.pipelining import PipelineStage
     from torch.distributed.pipelining import schedules as S
-
-    from .parallelize import apply_fsdp, apply_tp, fsdp_mesh
 
     schedule = plan["input"]["mesh"]["pp_schedule"]
     why = unsupported(mesh, training, schedule, model_spec)
@@ -157,7 +101,7 @@ def build_stages(plan: dict, model_spec, training, mesh, dm, vocab: int, seed: i
     stages_layers = plan["mesh"]["stages"]
     vpp = len(stages_layers[k])
     n_virtual = pp * vpp
-    tp = mesh.degree("tp")
+    tp, cp = mesh.degree("tp"), mesh.degree("cp")
     sp = tp > 1 and mesh.sequence_parallel
     with torch.device("meta"):
         full = Transformer(model_spec, vocab=vocab, tp=tp, recompute=training.recompute == "full")
@@ -165,18 +109,14 @@ def build_stages(plan: dict, model_spec, training, mesh, dm, vocab: int, seed: i
     for c, layers in enumerate(stages_layers[k]):
         v = c * pp + k
         modules.append(StageModule(full, layers, first=v == 0, last=v == n_virtual - 1, seq_split=tp if sp else 1))
-    shard = mesh.degree("fsdp") * mesh.degree("dp_replicate") > 1
-    for m in modules:  # torchtitan's order: TP on the stage, then FSDP2, then PipelineStage
-        if tp > 1:
-            apply_tp(m, dm["tp"], sp, loss_parallel(plan, mesh))
-        if shard:
-            apply_fsdp(m, fsdp_mesh(dm, mesh, training), training.reshard_after_forward)
-        m.to_empty(device=device)
+    # torchtitan's order: cp, TP, EP on the stage, then FSDP2, then PipelineStage
+    expert_mesh = parallelize_stage(modules, mesh, training, dm, loss_parallel(plan, mesh), device)
     init_stage_weights(full, seed)
-    b, s, h = training.micro_batch, training.seq_len, model_spec.hidden
+    b, s, h = training.micro_batch, training.seq_len // cp, model_spec.hidden
     # requires_grad: static mode derives the gradient buffers from these (none without it).
     # Between stages runs the residual stream as apply_tp leaves it: a plain tensor (the
-    # row-parallel outputs use_local_output), under SP this rank's sequence shard (b, s/tp, h).
+    # row-parallel outputs use_local_output) of this cp rank's s/cp tokens, under SP this
+    # rank's sequence shard (b, s/cp/tp, h).
     act = torch.empty(b, s // tp if sp else s, h, device="meta", requires_grad=True)
     group = dm["pp"].get_group()
     pstages = []
@@ -196,7 +136,8 @@ def build_stages(plan: dict, model_spec, training, mesh, dm, vocab: int, seed: i
             raise ConfigError("mesh.pp_schedule", f"{schedule} runs one stage per rank; vpp is {vpp}")
         sched = cls(pstages[0], micro, loss_fn=loss)
     sched.meshplan_loss = loss
-    return modules, pstages, sched
+    sched.meshplan_tied = tied_embedding_sync(modules, mesh, dm)
+    return modules, pstages, sched, expert_mesh
 
 
 def loss_parallel(plan: dict, mesh) -> bool:
@@ -325,12 +266,14 @@ class PipelineRunner:
             self.rec.phase = phase
 
     def step(self, index: int, rec=None) -> dict:
+        from .cp import rank_chunks
         from .trainstep import batch
 
         self._index = index
         if rec is None:
             self.rec = None
-        tokens, labels = zip(*(batch(self.training, self.mesh, self.rank, index, mb, self.vocab, self.seed)
+        tokens, labels = zip(*(rank_chunks(self.mesh, self.rank,  # cp: this rank's chunks (runtime.cp)
+                                           *batch(self.training, self.mesh, self.rank, index, mb, self.vocab, self.seed))
                                for mb in range(self.micro)))
         tokens, labels = torch.cat(tokens).to(self.device), torch.cat(labels).to(self.device)
         losses: list = []
@@ -350,6 +293,8 @@ class PipelineRunner:
         self.status.set(index, "optimizer")
         t0 = time.perf_counter()
         with record_function("optimizer"):
+            if self.sched.meshplan_tied is not None:  # tied embedding: the two copies' gradients summed
+                self.sched.meshplan_tied()
             self.opt.step()
             self.opt.zero_grad()
         t_opt = time.perf_counter() - t0
@@ -364,7 +309,9 @@ class PipelineRunner:
 
 def build_runner(plan: dict, model_spec, training, mesh, dm, rank: int, vocab: int, seed: int, status, device: str):
     """(model for start-up shapes, runner) of this rank for a pp > 1 plan."""
-    modules, pstages, sched = build_stages(plan, model_spec, training, mesh, dm, vocab, seed, device)
+    modules, pstages, sched, expert_mesh = build_stages(plan, model_spec, training, mesh, dm, vocab, seed, device)
     runner = PipelineRunner(modules, pstages, sched, training, mesh, rank, vocab, seed, status, device,
                             plan["mesh"]["micro_batches"], loss_parallel(plan, mesh))
+    if expert_mesh is not None:  # the worker checks its groups at start-up
+        runner.model.expert_mesh = expert_mesh
     return runner.model, runner
