@@ -24,6 +24,25 @@ from meshplan.spec.config import load_config  # noqa: E402
 DATA = Path(__file__).parent / "data"
 
 
+def test_what_pipelines_still_refuse_is_named():
+    from meshplan.mesh import resolve_mesh
+    from meshplan.runtime.pipelined import unsupported
+    from meshplan.spec.mesh import MeshSpec
+    from meshplan.spec.model import ModelSpec
+    from meshplan.spec.training import TrainingSpec
+
+    training = TrainingSpec(global_batch=8, seq_len=16)
+    tied = ModelSpec(layers=4, hidden=64, ffn=128, q_heads=4, vocab=256, tied_embeddings=True)
+    moe = ModelSpec(layers=4, hidden=64, ffn=128, q_heads=4, vocab=256, experts=4, top_k=2, expert_ffn=32)
+    pp2 = resolve_mesh(MeshSpec(names=["pp", "dp_shard", "cp"], shape=[2, 2, 2]), world=8)
+    pp4 = resolve_mesh(MeshSpec(names=["pp", "dp_shard"], shape=[4, 2]), world=8)
+    pp2_tp = resolve_mesh(MeshSpec(names=["pp", "dp_shard", "tp"], shape=[2, 2, 2]), world=8)
+    assert unsupported(pp2, training, "1f1b", tied) is None
+    assert unsupported(pp4, training, "1f1b", tied).startswith("tied embeddings with pp > 2")
+    assert unsupported(pp4, training, "1f1b", moe) is None
+    assert unsupported(pp2_tp, training, "1f1b", moe).startswith("tp > 1 with MoE layers and pp > 1")
+
+
 def _reference_losses(folder: Path, steps: int = 2) -> dict[int, list[float]]:
     """Per last-stage rank, its loss in each of the first ``steps`` steps from the unsplit
     model: per micro-batch the rank's whole sequence through it, the per-token losses
@@ -147,5 +166,27 @@ def test_8_ranks_pp2_dp_shard2_tp2_sp_tied_embeddings_match_the_plan_and_the_ref
     records = json.loads((folder / "rank1" / "collectives.json").read_text())["records"]
     assert [r["group"] for r in records if r["phase"] == "step" and r["op"] == "all-reduce"
             and r["size_bytes"] == 131072] == [[1, 5]]
+    _check_losses(folder)
+    assert code == 0
+
+
+# MoE with pp 2: every stage module's MoE layers get EP (experts over ep 2, all-to-all
+# dispatch and combine) and the routed experts their own FSDP2 unit over efsdp of the expert
+# DeviceMesh (dp_shard 4 / ep 2 = 2), as parallelize() gives the unsplit model.
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_8_ranks_pp2_dp_shard4_ep2_moe_match_the_plan_and_the_reference(tmp_path):
+    code, comp, folder = _run(DATA / "validate_mixtral_pp2_ep2_fsdp.toml", 8, tmp_path)
+    rows = _check_exact(comp, folder, 8)
+    # 2 MoE layers per stage x 4 micro-batches x (dispatch, combine); capacity ceil(32 x 2 / 8) = 8
+    a2a = 8 * 8 * 256 * 4
+    assert [rows["ep", phase, "all-to-all", a2a][f"rank{k}"] for phase in ("forward", "backward")
+            for k in range(8)] == [16] * 16
+    assert {k[:3] for k in rows if k[0] == "efsdp"} == {("efsdp", "forward", "all-gather"),
+                                                      ("efsdp", "backward", "all-gather"),
+                                                      ("efsdp", "backward", "reduce-scatter")}
+    start = json.loads((folder / "rank5" / "startup.json").read_text())
+    assert start["groups"]["ep"] == [4, 5] and start["groups"]["efsdp"] == [5, 7]
     _check_losses(folder)
     assert code == 0

@@ -109,8 +109,6 @@ def _unsupported(mesh: Mesh, training: TrainingSpec, pipeline: bool = False, moe
         return "etp > 1: expert tensor parallelism is not built (experts are whole on each ep rank)"
     if moe and mesh.degree("tp") > 1:
         return "tp > 1 with MoE layers: tensor parallelism of the router and experts is not built"
-    if moe and mesh.degree("pp") > 1:
-        return "pp > 1 with MoE layers: the pipelined runner builds no experts"
     if training.sharding not in ("zero3", "hsdp"):
         return (f"sharding {training.sharding!r}: only zero3 (FSDP2) and hsdp are built; DDP's reducer "
                 "calls the process group from C++, where no dispatch mode can record it")

@@ -76,8 +76,10 @@ def unsupported(mesh, training, schedule: str, model_spec=None) -> Optional[str]
         return "pp is 1: use parallelize()"
     if schedule not in SCHEDULES:
         return f"pp_schedule {schedule!r}: only {', '.join(SCHEDULES)} are built"
-    if mesh.ep > 1 or mesh.etp > 1:
-        return "ep/etp > 1: the runtime model has no experts"
+    if mesh.etp > 1:
+        return "etp > 1: expert tensor parallelism is not built (experts are whole on each ep rank)"
+    if model_spec is not None and model_spec.is_moe and mesh.degree("tp") > 1:
+        return "tp > 1 with MoE layers and pp > 1: the stage modules' experts get no tensor parallelism here"
     if training.sharding not in ("zero3", "hsdp"):
         return f"sharding {training.sharding!r}: only zero3 (FSDP2) and hsdp are built"
     if model_spec is not None and model_spec.tied_embeddings and mesh.degree("pp") > 2:
