@@ -18,6 +18,14 @@ Conventions, matched op by op against what torch 2.13 issues for DTensor TP/SP a
   but the last, once per step: measured, torch 2.13 gloo). Without FSDP to reduce them
   in backward, those gradients stay Partial DTensors and the optimizer reduces them at each
   use: AdamW reads each 3 times (measured with torch 2.13 on gloo, ``meshplan validate``).
+- TP with MoE layers (etp 1, :func:`_tp_layer_ops`): attention and shared experts as above;
+  the tp ranks split the tokens for the routed experts (:mod:`meshplan.runtime.moe`), so
+  the routed path has no tp collective under SP (a rank routes its own sequence shard) and
+  without SP one all-gather of the b*s*h routed outputs (the replicated activation rebuilt
+  after combine) in forward and one of the input gradient in backward; no MLP collectives
+  without shared experts. The router weight, replicated over tp, gets a Partial gradient:
+  one all-reduce of experts*h elements per MoE layer, issued with the SP norms'. Measured
+  with torch 2.13 (fake process group and gloo, ``tests/test_validate_moe.py``).
 - Loss parallel (last stage, tp > 1): three all-reduces of b*s fp32 values (max, sum of
   exponentials, target logit); without it, one all-gather of the b*s*V logits.
 - Full recompute: torch's non-reentrant checkpoint replays each layer's forward up to its last
@@ -212,32 +220,70 @@ class _Ctx:
         return t.micro_batch * (t.seq_len // self.mesh.degree("cp")) * self.model.hidden * dtype_bytes(t.compute_dtype)
 
 
-def _tp_rows(add, c: _Ctx, loss_parallel: bool) -> None:
-    nl, first, last, dt = len(c.layers), int(c.first), int(c.last), c.training.compute_dtype
-    full = c.training.recompute == "full"
-    act = c.act_bytes
-    if c.mesh.sequence_parallel:
-        add("tp", "forward", "all-gather", act, dt, 2 * nl + last, "every layer (SP)", "next column-parallel GEMM")
-        add("tp", "forward", "reduce-scatter", act, dt, 2 * nl + first, "every layer (SP)", "residual add")
-        add("tp", "backward", "all-gather", act, dt, (4 if full else 2) * nl + first, "every layer (SP)",
-            "next weight-gradient GEMM")
-        add("tp", "backward", "reduce-scatter", act, dt, (3 if full else 2) * nl + last, "every layer (SP)",
-            "previous layer's backward")
-        per_norm = 2 if c.model.norm == "layernorm" else 1
-        norms = per_norm * (2 * nl + last)
-        fsdp = c.training.sharding in ("zero3", "hsdp") and c.mesh.degree("fsdp") > 1
-        if fsdp:  # under a pipeline schedule FSDP2 reduces (and so all-reduces these) once per step
-            pipelined = c.mesh.degree("pp") > 1
-            add("tp", "backward", "all-reduce", c.model.hidden * dtype_bytes(dt), dt, 0 if pipelined else norms,
-                "every norm (SP weight gradients)", "optimizer step", depth=0, per_step=norms if pipelined else None)
-        else:  # Partial DTensor gradients, reduced by each of AdamW's 3 reads (measured, torch 2.13)
-            add("tp", "step", "all-reduce", c.model.hidden * dtype_bytes(dt), dt, 0,
-                "every norm, 3 per optimizer step (SP weight gradients, no FSDP)", "optimizer step", depth=0,
-                per_step=3 * norms)
+def _tp_layer_ops(c: _Ctx, layer: int) -> tuple[list[str], list[str]]:
+    """(forward, backward) tp collectives of one layer, forward in issue order; ``+``: the
+    routed outputs' all-gather (no SP). Full recompute replays the forward up to the layer's
+    last saved tensor: all but its last collective, or all when the layer ends in the routed
+    experts (SP, no shared experts: the gate multiply saves the combine's output)."""
+    sp, m = c.mesh.sequence_parallel, c.model
+    part = ["all-gather", "reduce-scatter"] if sp else ["all-reduce"]
+    moe = m.is_moe_layer(layer)
+    fwd = part + (["all-gather+"] if moe and not sp else []) + (part if not moe or m.shared_experts else [])
+    mirror = {"all-gather": "reduce-scatter", "reduce-scatter": "all-gather", "all-reduce": "all-reduce",
+              "all-gather+": "all-gather"}
+    bwd = [mirror[o] for o in fwd]
+    if c.training.recompute == "full":
+        bwd += fwd if moe and sp and not m.shared_experts else fwd[:-1]
+    return [o.rstrip("+") for o in fwd], [o.rstrip("+") for o in bwd]
+
+
+def _replicated_grad_rows(add, c: _Ctx, size: int, count: int, cadence: str) -> None:
+    """All-reduce over tp of ``count`` Partial gradients of weights replicated over tp (SP
+    norms, an MoE router): in FSDP2's gradient reduction (once per step under a pipeline
+    schedule), else at each of AdamW's 3 reads (measured, torch 2.13)."""
+    dt = c.training.compute_dtype
+    if c.training.sharding in ("zero3", "hsdp") and c.mesh.degree("fsdp") > 1:
+        pipelined = c.mesh.degree("pp") > 1
+        add("tp", "backward", "all-reduce", size, dt, 0 if pipelined else count, cadence, "optimizer step", depth=0,
+            per_step=count if pipelined else None)
     else:
-        add("tp", "forward", "all-reduce", act, dt, 2 * nl + first, "every layer", "next layer's GEMMs")
-        add("tp", "backward", "all-reduce", act, dt, (3 if full else 2) * nl + last, "every layer",
+        add("tp", "step", "all-reduce", size, dt, 0, cadence + ", 3 per optimizer step (no FSDP)",
+            "optimizer step", depth=0, per_step=3 * count)
+
+
+def _tp_rows(add, c: _Ctx, loss_parallel: bool) -> None:
+    first, last, dt = int(c.first), int(c.last), c.training.compute_dtype
+    act = c.act_bytes
+    counts = Counter()
+    for i in c.layers:
+        fwd, bwd = _tp_layer_ops(c, i)
+        counts.update(("forward", o) for o in fwd)
+        counts.update(("backward", o) for o in bwd)
+    moe = sum(c.model.is_moe_layer(i) for i in c.layers)
+    if c.mesh.sequence_parallel:
+        add("tp", "forward", "all-gather", act, dt, counts["forward", "all-gather"] + last, "every layer (SP)",
+            "next column-parallel GEMM")
+        add("tp", "forward", "reduce-scatter", act, dt, counts["forward", "reduce-scatter"] + first,
+            "every layer (SP)", "residual add")
+        add("tp", "backward", "all-gather", act, dt, counts["backward", "all-gather"] + first, "every layer (SP)",
+            "next weight-gradient GEMM")
+        add("tp", "backward", "reduce-scatter", act, dt, counts["backward", "reduce-scatter"] + last,
+            "every layer (SP)", "previous layer's backward")
+        per_norm = 2 if c.model.norm == "layernorm" else 1
+        _replicated_grad_rows(add, c, c.model.hidden * dtype_bytes(dt), per_norm * (2 * len(c.layers) + last),
+                              "every norm (SP weight gradients)")
+    else:
+        add("tp", "forward", "all-reduce", act, dt, counts["forward", "all-reduce"] + first, "every layer",
+            "next layer's GEMMs")
+        add("tp", "backward", "all-reduce", act, dt, counts["backward", "all-reduce"] + last, "every layer",
             "previous layer's backward")
+        add("tp", "forward", "all-gather", act, dt, counts["forward", "all-gather"], "every MoE layer (routed "
+            "outputs of each rank's tokens)", "residual add")
+        add("tp", "backward", "all-gather", act, dt, counts["backward", "all-gather"], "every MoE layer (input "
+            "gradients of each rank's tokens)", "previous layer's backward")
+    if moe and c.mesh.degree("tp") > 1:  # each tp rank routes its own tokens through the replicated router
+        _replicated_grad_rows(add, c, c.model.experts * c.model.hidden * dtype_bytes(dt), moe,
+                              "every MoE layer (router weight gradient)")
     if not c.last:
         return
     b, s = c.training.micro_batch, c.training.seq_len // c.mesh.degree("cp")

@@ -69,7 +69,9 @@ def layer_gemms(model: ModelSpec, tp: int, tokens: int, layer: int = -1,
     routing. When etp < tp the tp ranks split their (identical) tokens tp/etp ways before
     dispatch (torchtitan's token-split sequence parallel for experts), so each rank routes
     ``tokens * etp / tp`` distinct tokens and each local expert sees
-    ``tokens * etp / tp * ep * top_k / experts`` tokens after the all-to-all.
+    ``tokens * etp / tp * ep * top_k / experts`` tokens after the all-to-all; the router
+    (replicated over tp) runs on those ``tokens * etp / tp`` tokens too
+    (:mod:`meshplan.runtime.moe`).
     """
     h, d = model.hidden, model.d_head
     q_l, kv_l, _ = local_heads(model, tp)
@@ -79,7 +81,7 @@ def layer_gemms(model: ModelSpec, tp: int, tokens: int, layer: int = -1,
     if model.is_moe_layer(layer):
         per_expert = max(1, tokens * etp // tp * ep * model.top_k // model.experts)
         f, n_local = model.moe_ffn // etp, model.experts // ep
-        out.append(Gemm("router", tokens, model.experts, h))
+        out.append(Gemm("router", max(1, tokens * etp // tp), model.experts, h))  # each rank's own tokens
         if model.gated_mlp:
             out.append(Gemm("expert_w_gate", per_expert, f, h, n_local))
         out += [Gemm("expert_w_up", per_expert, f, h, n_local), Gemm("expert_w_down", per_expert, h, f, n_local)]

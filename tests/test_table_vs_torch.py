@@ -150,3 +150,46 @@ def test_cp_table_matches_torch(name):
     # FSDP2 shards over dp_shard x cp: the layer unit's all-gather is over the fsdp group
     fsdp = tuple(mesh.group_of(rank, "fsdp"))
     assert len(fsdp) == mesh.degree("dp_shard") * cpn and any(r.group == fsdp for r in run.records)
+
+
+# Tensor parallelism with MoE layers (meshplan.runtime.moe.apply_moe_tp, etp 1): attention and
+# shared experts by DTensor TP/SP, the router replicated over tp (its gradient all-reduced over
+# tp), each tp rank routing its tp-th of the tokens: under SP its own sequence shard (no tp
+# collective around the routed experts), without SP a slice of the replicated tokens, the
+# routed outputs all-gathered over tp (and the input gradient in backward).
+MOE_TP_CASES = {
+    # ep 4 inside dp_shard 4 x tp 4: efsdp 4; 4 tokens per rank; shared experts under SP
+    "16 ranks dp_shard4 x tp4+SP ep4 shared expert": (
+        MOE.model_copy(update=dict(shared_experts=1, shared_expert_ffn=48)), ("dp_shard", "tp"), (4, 4), 4, True,
+        FP32, {}, 6),
+    # no SP: the routed outputs' all-gather; full recompute replays attention's all-reduce and
+    # the all-gather (not the shared experts' all-reduce, the layer's last); uneven capacity
+    "32 ranks dp_shard16 x tp2 ep8 shared expert top_k3 full recompute, 1 dense layer": (
+        MOE.model_copy(update=dict(shared_experts=1, shared_expert_ffn=48, dense_layers=1, top_k=3)),
+        ("dp_shard", "tp"), (16, 2), 8, False, dict(FP32, recompute="full"), {"seq_len": 10}, 21),
+    # ep 1: experts whole on every rank, FSDP2 over efsdp = dp_shard x tp = 16 ranks (gradient x tp)
+    "16 ranks dp_shard8 x tp2+SP no ep, full recompute": (MOE, ("dp_shard", "tp"), (8, 2), 1, True,
+                                                           dict(FP32, recompute="full"), {}, 9),
+    "64 ranks HSDP 2x8 x tp4 ep8 bf16": (MOE, ("dp_replicate", "dp_shard", "tp"), (2, 8, 4), 8, False, MP,
+                                         {"sharding": "hsdp", "global_batch": 16}, 45),
+}
+
+
+@pytest.mark.parametrize("name", list(MOE_TP_CASES))
+def test_moe_tp_table_matches_torch(name):
+    model, names, shape, ep, sp, dtypes, extra, rank = MOE_TP_CASES[name]
+    training = TrainingSpec(**{"global_batch": prod(shape), "seq_len": 16, **dtypes, **extra})
+    mesh = resolve_mesh(MeshSpec(names=list(names) + ["ep"], shape=list(shape) + [ep], sequence_parallel=sp),
+                        world=prod(shape))
+    run = dry_run(model, training, mesh, rank=rank, mixed_precision=dtypes is MP, optimizer_step=False)
+    assert run.group_differences == []
+    recorded = tally_records(run.records, mesh, rank)
+    assert differences(recorded, tally_table(table_for(model, training, mesh), mesh, rank)) == []
+    tp, nbytes = mesh.degree("tp"), 2 if dtypes is MP else 4
+    tokens = training.micro_batch * training.seq_len // tp  # routed by each rank
+    a2a = {r.size_bytes for r in run.records if r.op == "all-to-all"}
+    assert a2a == ({model.experts * -(-tokens * model.top_k // model.experts) * model.hidden * nbytes} if ep > 1
+                   else set())
+    router = [r for r in run.records if r.op == "all-reduce" and r.group == tuple(mesh.group_of(rank, "tp"))
+              and r.size_bytes == model.experts * model.hidden * nbytes]
+    assert len(router) == model.layers - model.dense_layers  # one router weight gradient per MoE layer

@@ -112,17 +112,18 @@ def test_out_folder_guard(tmp_path):
 
 
 def test_a_mesh_the_runtime_cannot_build_is_refused_before_anything_runs(tmp_path):
-    """MoE layers with tp > 1 are not built by the runtime: validate says so as a one-line
-    ConfigError (exit 2) before it creates the evidence folder or starts torchrun."""
+    """Expert tensor parallelism (etp > 1) is not built by the runtime: validate says so as a
+    one-line ConfigError (exit 2) before it creates the evidence folder or starts torchrun."""
     from dataclasses import replace as dc_replace
 
     from meshplan.runtime.validate import validate
     from meshplan.spec.config import load_config
 
     cfg = load_config(DATA / "validate_mixtral_ep2_fsdp.toml")
-    moe_tp = dc_replace(cfg, mesh=cfg.mesh.model_copy(update=dict(names=["dp_shard", "tp"], shape=[4, 2])))
-    with pytest.raises(ConfigError, match=r"mesh: world 4: the runtime cannot build this mesh: tp > 1 with MoE"):
-        validate(moe_tp, Options(worlds=(4,)), tmp_path / "ev")
+    etp = dict(names=["dp_shard", "ep", "etp"], shape=[8, 2, 2])
+    moe_etp = dc_replace(cfg, mesh=cfg.mesh.model_copy(update=etp))
+    with pytest.raises(ConfigError, match=r"mesh: world 4: the runtime cannot build this mesh: etp > 1"):
+        validate(moe_etp, Options(worlds=(4,)), tmp_path / "ev")
     assert not (tmp_path / "ev").exists()
 
 

@@ -21,27 +21,32 @@ from meshplan.spec.training import TrainingSpec
 torch = pytest.importorskip("torch")
 
 MOE_EP2 = Path(__file__).parent / "data" / "validate_mixtral_ep2_fsdp.toml"
+MOE_TP2_EP2 = Path(__file__).parent / "data" / "validate_mixtral_tp2sp_ep2_fsdp.toml"
 
 
-def test_runner_refuses_etp_and_moe_with_tp_by_name():
+def test_runner_refuses_etp_by_name_and_builds_moe_with_tp():
     from meshplan.runtime.parallelize import _unsupported
 
     training = TrainingSpec(global_batch=8, seq_len=16)
     etp = resolve_mesh(MeshSpec(names=["dp_shard", "ep", "etp"], shape=[4, 2, 2]), world=4)
     assert _unsupported(etp, training, moe=True).startswith("etp > 1:")
     tp = resolve_mesh(MeshSpec(names=["dp_shard", "tp", "ep"], shape=[2, 2, 2]), world=4)
-    assert _unsupported(tp, training, moe=True).startswith("tp > 1 with MoE layers")
+    assert _unsupported(tp, training, moe=True) is None
     assert _unsupported(tp, training, moe=False) is None
     ep = resolve_mesh(MeshSpec(names=["dp_shard", "ep"], shape=[4, 4]), world=4)
     assert _unsupported(ep, training, moe=True) is None
 
 
-def _reference_losses(plan_json: Path, world: int, steps: int = 2) -> list[list[float]]:
+def _reference_losses(plan_json: Path, world: int, steps: int = 2, token_split: int = 1) -> list[list[float]]:
     """Per step, each rank's loss from the unsplit model: every rank's micro-batch through it
-    separately, the mean loss backward, one AdamW step (the worker's settings) per step."""
+    separately, the mean loss backward, one AdamW step (the worker's settings) per step.
+    ``token_split``: the MoE layers route the sequence in that many pieces, each with its own
+    capacity, as tp ranks that split the tokens do (equal to the runtime's split for
+    micro-batch 1, with or without SP)."""
     import torch.nn.functional as F
 
     from meshplan.runtime.model import Transformer
+    from meshplan.runtime.moe import moe_layers
     from meshplan.runtime.trainstep import batch
     from meshplan.runtime.worker import load_plan
     from meshplan.tpsplit import padded_vocab
@@ -50,6 +55,8 @@ def _reference_losses(plan_json: Path, world: int, steps: int = 2) -> list[list[
     vocab = padded_vocab(spec.vocab, training.vocab_pad_divisor, 1)
     model = Transformer(spec, vocab=vocab)
     model.init_weights(seed=0)
+    for moe in moe_layers(model):
+        moe.forward = (lambda m: lambda x: torch.cat([type(m).forward(m, p) for p in x.chunk(token_split, 1)], 1))(moe)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=False)
     out = []
     for step in range(steps):
@@ -101,3 +108,102 @@ def test_4_ranks_ep2_dp_shard4_match_the_plan_exactly(tmp_path):
         got = [next(s["loss"] for s in json.loads((out / "world4" / f"rank{r}" / "timings.json").read_text())["steps"]
                     if s["kind"] == kind) for r in range(4)]
         assert got == pytest.approx(ref[step], rel=1e-5), (kind, got, ref[step])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_4_ranks_tp2_sp_ep2_dp_shard2_match_the_plan_exactly(tmp_path):
+    """tp 2 + SP x dp_shard 2 with ep 2 (the ep group is the tp group, efsdp the dp_shard
+    group): each tp rank routes its own sequence shard, so the MoE layers issue no tp
+    activation collective; the router's gradient is all-reduced over tp."""
+    from meshplan.runtime.validate import Options, validate
+    from meshplan.spec.config import load_config
+
+    out = tmp_path / "ev"
+    code, res = validate(load_config(MOE_TP2_EP2), Options(worlds=(4,), layers=2, seq_len=32, vocab=512, steps=1,
+                                                           timeout_s=200), out, echo=lambda *_: None)
+    assert code == 0, res[0]["message"]
+    comp = res[0]["comparison"]
+    assert comp["differences"] == [] and comp["group_differences"] == {}
+    rows = comp["collectives"]
+    assert all(row[f"rank{r}"] == row["meshplan"] for row in rows for r in range(4))
+    assert {row["axis"] for row in rows} == {"dp_shard", "tp", "ep"}
+    # 16 tokens per rank x top_k 2 over 8 experts: capacity 4, 8 x 4 rows x 256 x 4 B
+    a2a = {row["phase"]: row for row in rows if row["op"] == "all-to-all"}
+    assert a2a["forward"]["size_bytes"] == a2a["backward"]["size_bytes"] == 8 * 4 * 256 * 4
+    assert a2a["forward"]["meshplan"] == a2a["backward"]["meshplan"] == 4
+    tp = {(row["phase"], row["op"], row["size_bytes"]): row["meshplan"] for row in rows if row["axis"] == "tp"}
+    act = 32 * 256 * 4  # b * s * h fp32: only attention's gather/scatter, plus the output layer's
+    assert tp[("forward", "all-gather", act)] == tp[("forward", "reduce-scatter", act)] == 2 + 1
+    assert tp[("backward", "all-reduce", 8 * 256 * 4)] == 2  # router weight gradients
+    start = json.loads((out / "world4" / "rank1" / "startup.json").read_text())
+    assert start["groups"]["ep"] == [0, 1] == start["groups"]["tp"] and start["groups"]["efsdp"] == [1, 3]
+    ref = _reference_losses(out / "world4" / "plan.json", 4, token_split=2)
+    for step, kind in enumerate(("recorded", "memory")):
+        got = [next(s["loss"] for s in json.loads((out / "world4" / f"rank{r}" / "timings.json").read_text())["steps"]
+                    if s["kind"] == kind) for r in range(4)]
+        assert got == pytest.approx(ref[step], rel=1e-5), (kind, got, ref[step])
+
+
+def _grad_worker(rank: int, world: int, store_path: str, sp: bool, out: str) -> None:
+    """One gloo rank of tp 2 x ep 2 (no FSDP): one forward and backward of the runtime model;
+    writes each gradient's largest difference from the single-process model's (tokens
+    routed in 2 halves, as the tp ranks do)."""
+    import torch.distributed as dist
+    import torch.nn.functional as F
+
+    from meshplan.runtime.model import Transformer
+    from meshplan.runtime.moe import moe_layers
+    from meshplan.runtime.parallelize import init_mesh, parallelize
+    from meshplan.spec.model import ModelSpec
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank, world_size=world)
+    spec = ModelSpec(layers=1, hidden=32, ffn=64, q_heads=4, kv_heads=2, vocab=64, experts=4, top_k=2, expert_ffn=16)
+    training = TrainingSpec(global_batch=1, seq_len=16, recompute="none")
+    mesh = resolve_mesh(MeshSpec(names=["tp", "ep"], shape=[2, 2], sequence_parallel=sp), world=2)
+    tokens = torch.randint(0, 64, (1, 16), generator=torch.Generator().manual_seed(1))
+    ref = Transformer(spec)
+    ref.init_weights(seed=0)
+    for moe in moe_layers(ref):
+        moe.forward = (lambda m: lambda x: torch.cat([type(m).forward(m, p) for p in x.chunk(2, 1)], 1))(moe)
+    F.cross_entropy(ref(tokens).flatten(0, 1), tokens.flatten()).backward()
+    with torch.device("meta"):
+        model = Transformer(spec, tp=2)
+    parallelize(model, init_mesh(mesh), mesh, training, loss_parallel=False)
+    model.to_empty(device="cpu")
+    model.init_weights(seed=0)
+    F.cross_entropy(model(tokens).flatten(0, 1), tokens.flatten()).backward()
+    errors = {}
+    for name, p in model.named_parameters():
+        g = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad  # router: Partial over tp
+        want = ref.get_parameter(name).grad
+        owner = model.get_submodule(name.rpartition(".")[0])
+        if getattr(owner, "full_rows", want.shape[0]) != g.shape[0]:  # routed experts held here (EP)
+            want = want[owner.offset:owner.offset + g.shape[0]]
+        errors[name] = float((g - want).abs().max() / want.abs().max())
+    Path(out).with_suffix(f".{rank}.json").write_text(json.dumps(errors))
+    dist.destroy_process_group()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("sp", [True, False], ids=["sp", "no-sp"])
+def test_tp2_ep2_gradients_equal_the_single_process_model(tmp_path, sp):
+    """The losses after an AdamW step cannot see a gradient scale (Adam normalises it away):
+    every gradient of tp 2 x ep 2 (the router's summed over tp, the routed experts' scaled
+    by tp / ep) must equal the unsplit model's."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    procs = [ctx.Process(target=_grad_worker, args=(r, 2, str(tmp_path / "store"), sp, str(tmp_path / "err")))
+             for r in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(150)
+    assert [p.exitcode for p in procs] == [0, 0]
+    for r in range(2):
+        errors = json.loads((tmp_path / f"err.{r}.json").read_text())
+        assert any("router" in k for k in errors) and any("experts.w_up" in k for k in errors)
+        assert max(errors.values()) < 1e-5, errors

@@ -29,7 +29,7 @@ Hr = H / t with SP, F = ``a s b f / t`` per gate, Q = ``a s b (a_q/t) d``, KV li
 
 MoE layers (an estimate, balanced routing): attention and shared experts as a dense layer
 of width ``shared_experts x shared_expert_ffn``; routed experts keep, per token copy
-(top_k per token, tokens counted after SP), the expert MLP terms at width
+(top_k per token of the ``tokens * etp / tp`` each rank routes), the expert MLP terms at width
 ``expert_ffn / etp`` plus the dispatched input and the expert output (``2 a h`` each) and
 the fp32 router logits ``4 experts`` per token.
 
@@ -88,8 +88,9 @@ def layer_act_sizes(model: ModelSpec, training: TrainingSpec, mesh: Mesh, opts: 
     routed = routed_full = widest = 0
     if moe:
         dims = replace(dims, f=(model.shared_expert_ffn or model.moe_ffn) * model.shared_experts)
-        copies, width = rtok * model.top_k, ceil(model.moe_ffn / mesh.etp)
-        routed_full = copies * (a * width * (4 if model.gated_mlp else 2) + 2 * a * h) + 4 * rtok * model.experts
+        routed_tok = ceil(tok * mesh.etp / tp)  # tp ranks split the tokens (runtime.moe), with or without SP
+        copies, width = routed_tok * model.top_k, ceil(model.moe_ffn / mesh.etp)
+        routed_full = copies * (a * width * (4 if model.gated_mlp else 2) + 2 * a * h) + 4 * routed_tok * model.experts
         routed = routed_full if training.recompute != "full" else 0
         widest = a * copies * width * gate
     saved = layer_bytes(dims, **lo) + routed

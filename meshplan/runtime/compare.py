@@ -31,6 +31,8 @@ def axis_of(mesh: Mesh, rank: int, group: Iterable[int], op: str = "") -> str:
     the ep group, else the first in ``Mesh.all_axes()``); ``?[ranks]`` when none is."""
     group = list(group)
     hits = [axis for axis in mesh.all_axes() if mesh.group_of(rank, axis) == group]
+    if not hits and mesh.group_of(rank, "efsdp") == group:  # ep = etp = 1, tp > 1: experts over fsdp x tp
+        hits = ["efsdp"]
     if op == "all-to-all" and "ep" in hits:
         return "ep"
     return hits[0] if hits else f"?{group}"
@@ -39,7 +41,8 @@ def axis_of(mesh: Mesh, rank: int, group: Iterable[int], op: str = "") -> str:
 def canonical_axis(mesh: Mesh, rank: int, axis: str, op: str = "") -> str:
     """The name a table row's ``axis`` gets in the comparison: that of the recorded
     collective on the same group (:func:`axis_of`); ``axis`` itself when no axis of
-    ``Mesh.all_axes()`` has its group (efsdp when ep = etp = 1 and tp > 1)."""
+    ``Mesh.all_axes()`` has its group (efsdp when ep = etp = 1 and tp > 1, which
+    :func:`axis_of` names efsdp too)."""
     name = axis_of(mesh, rank, mesh.group_of(rank, axis), op)
     return axis if name.startswith("?") else name
 

@@ -26,6 +26,18 @@ on the ep group. Expert weights form their own
 FSDP2 unit over ``efsdp`` of the expert mesh (torchtitan), see
 :func:`meshplan.runtime.parallelize.parallelize`.
 
+TP with MoE layers (:func:`apply_moe_tp`, ``tp > 1``, ``etp = 1``): the experts stay whole on
+each ep rank and the tp ranks split the tokens instead (torchtitan's token-split sequence
+parallel for experts; :func:`meshplan.shapes.layer_gemms`): each tp rank routes, dispatches
+and combines only its ``T = b*s/tp`` tokens. Under SP those are its own sequence shard
+(b, s/tp, h), which is also the block's output layout, so the routed path has no tp
+collective; without SP it takes its tp-th of the replicated (b*s, h) tokens (a DTensor
+``Replicate -> Shard(0)``: a slice, whose backward all-gathers the input gradient) and
+all-gathers the routed outputs back to every tp rank (``Shard(0) -> Replicate``, whose
+backward is a slice). The router weight is replicated over tp (``SequenceParallel`` on the
+token dim), so its gradient, a sum over each rank's own tokens, is a Partial DTensor that
+FSDP2 all-reduces over tp; shared experts are split like the dense MLP (colwise, rowwise).
+
 >>> from meshplan.spec.model import ModelSpec
 >>> spec = ModelSpec(layers=1, hidden=16, ffn=32, q_heads=2, vocab=10, experts=4, top_k=2, expert_ffn=8)
 >>> moe = MoE(spec)
@@ -41,6 +53,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..errors import ConfigError
 from ..shapes import expert_capacity
 from ..spec.model import ModelSpec
 
@@ -102,28 +115,59 @@ class MoE(nn.Module):
             self.shared = SharedExperts(spec)
         self.ep_group = None  # set by apply_ep
         self.ep = 1
+        self.tp_mesh, self.sp, self.token_split = None, False, 1  # set by apply_moe_tp
 
     def capacity(self, tokens: int) -> int:
         """Token copies each expert takes from ``tokens`` tokens of this rank."""
         return expert_capacity(tokens, self.top_k, self.n_experts)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.tp_mesh is not None:
+            return self._tp_forward(x)
         b, s, h = x.shape
         t = x.reshape(b * s, h)
-        e, k, cap = self.n_experts, self.top_k, self.capacity(b * s)
+        out = self._routed(t)
+        if hasattr(self, "shared"):
+            out = out + self.shared(t)
+        return out.view(b, s, h)
+
+    def _routed(self, t: torch.Tensor) -> torch.Tensor:
+        """Routed experts' output (T, h) for this rank's tokens ``t`` (T, h)."""
+        h = t.shape[-1]
+        e, k, cap = self.n_experts, self.top_k, self.capacity(t.shape[0])
         gate, idx = torch.topk(self.router(t).float(), k, dim=-1)  # (T, k)
-        gate = gate.softmax(dim=-1).to(x.dtype)
+        gate = gate.softmax(dim=-1).to(t.dtype)
         flat = idx.reshape(-1)  # copy i*k + j: token i, its j-th expert
         pos = (F.one_hot(flat, e).cumsum(0) - 1).gather(1, flat[:, None]).squeeze(1)  # order within its expert
-        keep = (pos < cap).to(x.dtype)
+        keep = (pos < cap).to(t.dtype)
         slot = flat * cap + pos.clamp(max=cap - 1)  # a dropped copy adds 0 to a taken slot
         src = t.repeat_interleave(k, dim=0) * keep[:, None]
         buf = t.new_zeros(e * cap, h).index_add(0, slot, src)
         y = self._run_experts(buf, cap)  # (E * C, h), in this rank's slot order
-        out = (y[slot] * (gate.reshape(-1) * keep)[:, None]).view(b * s, k, h).sum(dim=1)
-        if hasattr(self, "shared"):
-            out = out + self.shared(t)
-        return out.view(b, s, h)
+        return (y[slot] * (gate.reshape(-1) * keep)[:, None]).view(-1, k, h).sum(dim=1)
+
+    def _tp_forward(self, x: torch.Tensor) -> torch.Tensor:
+        """tp > 1: route this rank's tp-th of the tokens (see the module docstring). ``x``:
+        under SP this rank's sequence shard (b, s/tp, h), else the replicated (b, s, h)."""
+        from torch.distributed.tensor import DTensor, Replicate, Shard
+
+        if isinstance(x, DTensor):  # SP: the SequenceParallel norm's Shard(1) output
+            x = x.to_local()
+        b, s, h = x.shape
+        if self.sp:
+            out = self._routed(x.reshape(b * s, h)).view(b, s, h)
+        else:
+            if (b * s) % self.token_split:
+                raise ConfigError("training.seq_len", f"micro_batch x seq_len = {b * s} tokens do not split over "
+                                  f"tp {self.token_split} for the experts")
+            mesh = self.tp_mesh
+            mine = DTensor.from_local(x.reshape(b * s, h), mesh, [Replicate()], run_check=False)
+            mine = mine.redistribute(mesh, [Shard(0)]).to_local()  # backward: all-gather of the input gradient
+            y = DTensor.from_local(self._routed(mine), mesh, [Shard(0)], run_check=False)
+            out = y.redistribute(mesh, [Replicate()]).to_local().view(b, s, h)  # all-gather; backward: a slice
+        if hasattr(self, "shared"):  # colwise/rowwise: all-gather + reduce-scatter (SP) or all-reduces
+            out = out + self.shared(x)
+        return out
 
     def _run_experts(self, buf: torch.Tensor, cap: int) -> torch.Tensor:
         e, h = self.n_experts, buf.shape[-1]
@@ -153,7 +197,9 @@ def apply_ep(model: nn.Module, ep_group, ep: int, ep_index: int) -> None:
     the ``ep`` ranks, and FSDP2 averages it over the expert data axis (efsdp, times
     dp_replicate), that is over ``dp / ep`` ranks; the experts' weights therefore scale
     their gradient by ``1/ep`` so it is the mean over all ``dp`` ranks, as for the dense
-    weights (no extra collective)."""
+    weights (no extra collective). Under TP (:func:`apply_moe_tp`) each token is routed by
+    one of the ``tp`` ranks that hold it and efsdp is ``fsdp * tp / ep``, so the scale is
+    ``tp / ep`` (``efsdp / fsdp`` in both cases)."""
     for moe in moe_layers(model):
         if moe.n_experts % ep:
             raise ValueError(f"experts {moe.n_experts} is not divisible by ep {ep}")
@@ -161,8 +207,37 @@ def apply_ep(model: nn.Module, ep_group, ep: int, ep_index: int) -> None:
         for name, p in list(ex.named_parameters(recurse=False)):
             setattr(ex, name, nn.Parameter(torch.empty((local,) + tuple(p.shape[1:]), device=p.device,
                                                        dtype=p.dtype)))
-        ex.offset, ex.grad_scale = ep_index * local, 1.0 / ep
         moe.ep_group, moe.ep = ep_group, ep
+        ex.offset, ex.grad_scale = ep_index * local, _grad_scale(moe)
+
+
+def _grad_scale(moe: "MoE") -> float:
+    """Gradient scale of the routed experts: ``token_split / ep`` (see :func:`apply_ep`)."""
+    return moe.token_split / moe.ep
+
+
+def apply_moe_tp(moe: "MoE", tp_mesh, sequence_parallel: bool) -> None:
+    """TP of one MoE layer with experts whole on each ep rank (etp = 1), in place: the
+    router replicated over ``tp_mesh`` as a ``SequenceParallel`` module on the token dim
+    (input this rank's own tokens, Shard(0); weight gradient Partial, all-reduced over tp by
+    FSDP2), the shared experts colwise/rowwise as the dense MLP, and :meth:`MoE.forward`
+    routing this rank's tp-th of the tokens (module docstring). The routed experts' gradient
+    scale becomes ``tp / ep`` (:func:`apply_ep`). Call on the meta-device model, before or
+    after :func:`apply_ep`."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
+                                                   SequenceParallel, parallelize_module)
+
+    act = Shard(1) if sequence_parallel else Replicate()
+    plan = {"router": SequenceParallel(sequence_dim=0, use_local_output=True)}
+    if hasattr(moe, "shared"):
+        plan.update({"shared": PrepareModuleInput(input_layouts=(act,), desired_input_layouts=(Replicate(),)),
+                     "shared.w_up": ColwiseParallel(), "shared.w_down": RowwiseParallel(output_layouts=act)})
+        if moe.shared.gated:
+            plan["shared.w_gate"] = ColwiseParallel()
+    parallelize_module(moe, tp_mesh, plan)
+    moe.tp_mesh, moe.sp, moe.token_split = tp_mesh, sequence_parallel, tp_mesh.size()
+    moe.experts.grad_scale = _grad_scale(moe)
 
 
 def expert_params(model: nn.Module) -> Optional[list]:

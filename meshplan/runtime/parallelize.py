@@ -15,7 +15,9 @@ and split a :class:`~meshplan.runtime.model.Transformer` over it with torch's ow
 - MoE models (:mod:`meshplan.runtime.moe`): experts split over ``ep`` of the expert mesh
   (all-to-all dispatch and combine); the routed experts of each layer are their own FSDP2
   unit over ``efsdp`` (or HSDP over (dp_replicate, efsdp)), ignored by FSDP when that is
-  one rank; router and shared experts stay in the layer's unit.
+  one rank; router and shared experts stay in the layer's unit. With ``tp > 1`` the tp
+  ranks split the tokens for the routed experts (:func:`meshplan.runtime.moe.apply_moe_tp`:
+  router replicated, shared experts colwise/rowwise).
 
 TP plan (``tp > 1``), with SP / without SP:
 
@@ -107,8 +109,6 @@ def _unsupported(mesh: Mesh, training: TrainingSpec, pipeline: bool = False, moe
         return "cp > 1 with MoE layers: context parallelism is built for dense models only"
     if mesh.etp > 1:
         return "etp > 1: expert tensor parallelism is not built (experts are whole on each ep rank)"
-    if moe and mesh.degree("tp") > 1:
-        return "tp > 1 with MoE layers: tensor parallelism of the router and experts is not built"
     if training.sharding not in ("zero3", "hsdp"):
         return (f"sharding {training.sharding!r}: only zero3 (FSDP2) and hsdp are built; DDP's reducer "
                 "calls the process group from C++, where no dispatch mode can record it")
@@ -145,12 +145,16 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, sequence_parallel: bool, los
             "attention.wk": ColwiseParallel(),
             "attention.wv": ColwiseParallel(),
             "attention.wo": RowwiseParallel(output_layouts=act),
-            "mlp": PrepareModuleInput(input_layouts=(act,), desired_input_layouts=(Replicate(),)),
-            "mlp.w_up": ColwiseParallel(),
-            "mlp.w_down": RowwiseParallel(output_layouts=act),
         }
-        if block.mlp.gated:
-            plan["mlp.w_gate"] = ColwiseParallel()
+        if hasattr(block, "moe"):  # router replicated, tokens split over tp, shared experts as the MLP
+            from .moe import apply_moe_tp
+
+            apply_moe_tp(block.moe, tp_mesh, sequence_parallel)
+        else:
+            plan.update({"mlp": PrepareModuleInput(input_layouts=(act,), desired_input_layouts=(Replicate(),)),
+                         "mlp.w_up": ColwiseParallel(), "mlp.w_down": RowwiseParallel(output_layouts=act)})
+            if block.mlp.gated:
+                plan["mlp.w_gate"] = ColwiseParallel()
         if sequence_parallel:
             plan["attn_norm"] = SequenceParallel()
             plan["mlp_norm"] = SequenceParallel()
@@ -199,8 +203,10 @@ def parallelize(model: nn.Module, device_mesh: DeviceMesh, mesh: Mesh, training:
     reduce_dtype=reduce_dtype)`` from ``training``; off by default (fp32 on CPU).
     ``cp > 1``: all-gather K/V context parallelism (:mod:`meshplan.runtime.cp`); the model
     then takes this rank's ``seq / cp`` tokens (:func:`meshplan.runtime.cp.shard_sequence`).
-    Raises ConfigError for what this function does not build (pp, etp, tp, pp or cp with
-    MoE layers, DDP, ZeRO-1/2).
+    MoE layers with ``tp > 1`` (etp 1): each tp rank routes its tp-th of the tokens
+    (:func:`meshplan.runtime.moe.apply_moe_tp`).
+    Raises ConfigError for what this function does not build (pp, etp, pp or cp with MoE
+    layers, DDP, ZeRO-1/2).
     """
     moe = model.spec.is_moe
     why = _unsupported(mesh, training, moe=moe)
@@ -233,4 +239,8 @@ def parallelize(model: nn.Module, device_mesh: DeviceMesh, mesh: Mesh, training:
             mp = MixedPrecisionPolicy(param_dtype=TORCH_DTYPES[training.compute_dtype],
                                       reduce_dtype=TORCH_DTYPES[training.reduce_dtype])
         apply_fsdp(model, fsdp_mesh(device_mesh, mesh, training), training.reshard_after_forward, mp, expert_dp)
+    elif expert_dp is not None and expert_dp.size() > 1:  # fsdp 1, efsdp = tp / ep > 1: experts alone
+        for block in model.layers.values():
+            if hasattr(block, "moe"):
+                fully_shard(block.moe.experts, mesh=expert_dp, reshard_after_forward=training.reshard_after_forward)
     return model
