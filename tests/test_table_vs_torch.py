@@ -193,3 +193,17 @@ def test_moe_tp_table_matches_torch(name):
     router = [r for r in run.records if r.op == "all-reduce" and r.group == tuple(mesh.group_of(rank, "tp"))
               and r.size_bytes == model.experts * model.hidden * nbytes]
     assert len(router) == model.layers - model.dense_layers  # one router weight gradient per MoE layer
+
+
+@pytest.mark.parametrize("sp", [True, False], ids=["sp", "no-sp"])
+def test_moe_tp_without_fsdp_matches_torch(sp):
+    """tp 4 with ep 2 and no data axis: fsdp 1, so the routed experts alone are FSDP2-sharded
+    over efsdp = tp / ep = 2, and the router's (and SP norms') Partial gradients are reduced
+    at each of AdamW's reads."""
+    model = MOE.model_copy(update=dict(kv_heads=4))
+    training = TrainingSpec(global_batch=1, seq_len=16, **FP32)
+    mesh = resolve_mesh(MeshSpec(names=["tp", "ep"], shape=[4, 2], sequence_parallel=sp), world=4)
+    run = dry_run(model, training, mesh, rank=1)
+    assert run.group_differences == []
+    assert differences(tally_records(run.records, mesh, 1), tally_table(table_for(model, training, mesh), mesh, 1)) == []
+    assert any(r.phase == "step" and r.size_bytes == model.experts * model.hidden * 4 for r in run.records)
