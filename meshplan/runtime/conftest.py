@@ -1,8 +1,9 @@
-"""The torch-based runtime modules cannot be imported without torch; pytest's doctest
-collection skips them there (the tests skip through ``pytest.importorskip``)."""
+"""The runtime package is meshplan's torch side: without torch, pytest's doctest collection
+skips all of its modules (the tests skip through ``pytest.importorskip``), instead of a list
+of the ones that import torch that would drift as modules are added."""
 
 import importlib.util
+from pathlib import Path
 
-TORCH_MODULES = ["model.py", "parallelize.py", "recorder.py", "dryrun.py", "compare.py", "checkpoint.py",
-                 "worker.py", "evidence.py", "memcheck.py", "benchcomm_worker.py"]
-collect_ignore = [] if importlib.util.find_spec("torch") else TORCH_MODULES
+collect_ignore = [] if importlib.util.find_spec("torch") else sorted(
+    p.name for p in Path(__file__).parent.glob("*.py") if p.name != "conftest.py")
