@@ -28,12 +28,14 @@ def test_measured_parts_sum_the_named_ops_and_leave_the_rest(tmp_path):
 
 
 def test_nested_events_of_one_part_count_once(tmp_path):
-    """DTensor's aten::mm holds the local aten::mm it dispatches: both are in the trace, the
-    time is counted once (the union of the intervals)."""
+    """DTensor's aten::mm holds the local aten::mm it dispatches (and, under SP, the
+    all-gather of its input): only the innermost event is the kernel; overlapping kernels on
+    two threads count once (the union of the intervals)."""
     ev = lambda name, ts, dur, tid=1: {"ph": "X", "name": name, "ts": ts, "dur": dur, "tid": tid}
     path = tmp_path / "trace.json"
     path.write_text(json.dumps({"traceEvents": [ev("aten::mm", 0, 1000), ev("aten::mm", 100, 800),
                                                 ev("aten::mm", 2000, 500), ev("aten::mm", 0, 300, tid=2)]}))
     got = measured_parts(path, 0.01)
-    assert got["GEMM kernels"] == pytest.approx(1.5e-3)  # [0, 1000) and [2000, 2500); tid 2 inside the first
-    assert got["the rest"] == pytest.approx(0.01 - 1.5e-3)
+    # leaves: [100, 900) (not its holder [0, 1000)), [2000, 2500), tid 2's [0, 300): union 900 + 500 us
+    assert got["GEMM kernels"] == pytest.approx(1.4e-3)
+    assert got["the rest"] == pytest.approx(0.01 - 1.4e-3)

@@ -4,10 +4,11 @@ prediction, so that a step-time error can be traced to its part of the model.
 
 Measured (the rank's ``trace.json``, one profiled step, CPU op events of every thread):
 
-- ``GEMM kernels``: the wall time covered by ``aten::mm``, ``aten::addmm``, ``aten::bmm`` and
-  ``aten::baddbmm`` events (forward and backward), nested or overlapping events counted once
-  (:func:`covered_s`: a DTensor op's event holds its local op's);
-- ``attention kernels``: the fused attention ops and their backward
+- ``GEMM kernels``: the wall time covered by the innermost ``aten::mm``, ``aten::addmm``,
+  ``aten::bmm`` and ``aten::baddbmm`` events (forward and backward; :func:`leaves`: a DTensor
+  op's event holds its redistribution and its local op's event, and only the latter is the
+  kernel), overlapping events counted once (:func:`covered_s`);
+- ``attention kernels``: the innermost fused attention ops and their backward
   (``aten::_scaled_dot_product_*``, without the ``aten::scaled_dot_product_attention``
   wrapper that holds them);
 - ``waits on collectives``: ``_c10d_functional::wait_tensor`` (DTensor's TP/SP collectives
@@ -53,10 +54,34 @@ def covered_s(events: list[dict]) -> float:
     return total * 1e-6
 
 
+def leaves(events: list[dict]) -> list[dict]:
+    """The events of ``events`` that hold no other of them on their thread: a DTensor op's
+    event holds its sharding propagation, any redistribution (a collective under SP) and the
+    local op's event; only the local op is the kernel.
+
+    >>> [e["name"] for e in leaves([{"name": "outer", "tid": 1, "ts": 0, "dur": 10},
+    ...                             {"name": "inner", "tid": 1, "ts": 4, "dur": 2},
+    ...                             {"name": "other thread", "tid": 2, "ts": 1, "dur": 2}])]
+    ['inner', 'other thread']
+    """
+    by_tid: dict = {}
+    for e in events:
+        by_tid.setdefault(e.get("tid"), []).append(e)
+    out = []
+    for evs in by_tid.values():
+        evs = sorted(evs, key=lambda e: (e.get("ts", 0), -e.get("dur", 0)))
+        for i, e in enumerate(evs):
+            end = e.get("ts", 0) + e.get("dur", 0)
+            inner = next((f for f in evs[i + 1:] if f.get("ts", 0) < end), None)
+            if inner is None or inner.get("ts", 0) + inner.get("dur", 0) > end:
+                out.append(e)
+    return out
+
+
 def measured_parts(trace: Path, step_s: float) -> dict[str, float]:
     """Seconds per part of :data:`PARTS` in one rank's profiled step (module docstring)."""
     events = [e for e in json.loads(trace.read_text()).get("traceEvents", []) if e.get("ph") == "X"]
-    total = lambda pred: covered_s([e for e in events if pred(str(e.get("name", "")))])
+    total = lambda pred: covered_s(leaves([e for e in events if pred(str(e.get("name", "")))]))
     named = lambda n: n in GEMM_OPS or n.startswith(ATTENTION_PREFIX) or n in WAIT_OPS
     gemm = total(lambda n: n in GEMM_OPS)
     att = total(lambda n: n.startswith(ATTENTION_PREFIX))
