@@ -57,6 +57,19 @@ def test_ranks_table_and_guards(tmp_path):
     assert (tmp_path / "o" / "mine.txt").exists()
 
 
+def test_parts_table_orders_meshes_by_measured_rank():
+    from meshplan.runtime.slice import parts_lines
+
+    a = MeshResult("a", "a.toml", True, "", 0.1, 0.2, measured_rank=2,
+                   parts={"GEMM kernels": [0.01, 0.003], "the rest": [0.002, 0.5]})
+    b = MeshResult("b", "b.toml", True, "", 0.1, 0.1, measured_rank=1,
+                   parts={"GEMM kernels": [0.02, 0.004], "the rest": [0.002, 0.4]})
+    assert parts_lines([a, b]) == [
+        "| mesh | GEMM kernels (pred / meas ms) | the rest (pred / meas ms) |", "|---|---|---|",
+        "| b | 20.0 / 4.0 | 2.0 / 400.0 |", "| a | 10.0 / 3.0 | 2.0 / 500.0 |"]
+    assert parts_lines([MeshResult("c", "c.toml", False, "failed")]) == []
+
+
 def test_a_slice_is_one_workload(tmp_path, monkeypatch):
     """Configs of different models (or training contracts, or cluster sizes) are refused
     before anything runs: a slice orders meshes of one workload."""
@@ -129,5 +142,10 @@ def test_slice_on_2x4_testbed_puts_tp_across_nodes_last_and_keeps_the_rejected(t
     top = json.loads((out / "slice.json").read_text())
     assert top["chosen"] == best.name and len(top["meshes"]) == 3 and top["global_batch"] == 4
     assert "| mesh | predicted ms | measured ms | error |" in (out / "summary.md").read_text()
+    # where the time went, per mesh: the waits on collectives of tp across the nodes dominate its step
+    assert all(set(r.parts) == {"GEMM kernels", "attention kernels", "waits on collectives", "the rest"} for r in res)
+    assert by[ACROSS].parts["waits on collectives"][1] > max(v[1] for k, v in by[ACROSS].parts.items()
+                                                           if k != "waits on collectives")
+    assert "Where the time went" in (out / "summary.md").read_text()
     assert not T._matching_netns(prefix)
     print(f"slice test took {took:.0f} s")

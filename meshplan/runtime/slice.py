@@ -67,6 +67,7 @@ class MeshResult:
     rank_step_s: dict = field(default_factory=dict)
     folder: str = ""
     micro_batches: int = 1
+    parts: dict = field(default_factory=dict)  # step part -> [predicted s, measured s] (runtime.breakdown)
 
 
 def _ranks(values: dict[str, Optional[float]]) -> dict[str, Optional[int]]:
@@ -108,6 +109,8 @@ def _result(name: str, config: str, res: dict, folder: Path, world: int) -> Mesh
         if mr.predicted_s and mr.measured_s is not None:
             mr.error = mr.measured_s / mr.predicted_s - 1
         mr.collectives_match = not comp.get("differences")
+    mr.parts = {q.removeprefix("step part: "): [r["predicted"], r["measured"]] for q, r in rows.items()
+                if q.startswith("step part: ")}
     return mr
 
 
@@ -124,6 +127,19 @@ def table_lines(results: list[MeshResult]) -> list[str]:
         coll = "-" if r.collectives_match is None else ("match" if r.collectives_match else "DIFFER")
         lines.append(f"| {r.name} | {_ms(r.predicted_s)} | {_ms(r.measured_s)} | {err} | {r.predicted_rank or '-'} | "
                      f"{r.measured_rank or '-'} | {coll} | {Path(r.folder).name} |")
+    return lines
+
+
+def parts_lines(results: list[MeshResult]) -> list[str]:
+    """Where each mesh's step went (:mod:`meshplan.runtime.breakdown`), predicted / measured ms,
+    as Markdown rows; none when no mesh has the split."""
+    names = next((list(r.parts) for r in results if r.parts), [])
+    if not names:
+        return []
+    lines = ["| mesh | " + " | ".join(f"{n} (pred / meas ms)" for n in names) + " |", "|---|" + "---|" * len(names)]
+    for r in sorted(results, key=lambda r: (r.measured_rank or 99, r.name)):
+        cells = [f"{_ms(r.parts[n][0])} / {_ms(r.parts[n][1])}" if n in r.parts else "-" for n in names]
+        lines.append(f"| {r.name} | " + " | ".join(cells) + " |")
     return lines
 
 
@@ -250,7 +266,7 @@ def run_slice(configs: list[str], testbed: str, out: Path, opt: Optional[Options
     verdict = (f"measured order {' < '.join(meas_order)} " + ("EQUALS" if same else "DIFFERS FROM") +
                f" the predicted order {' < '.join(pred_order)}")
     lines = table_lines(results)
-    for ln in lines:
+    for ln in lines + ([""] + parts_lines(results) if parts_lines(results) else []):
         echo(ln)
     echo(verdict)
     _write(out, results, opt, testbed, tb, verdict, same, lines, best, batch)
@@ -271,6 +287,9 @@ def _write(out: Path, results, opt, testbed, tb, verdict, same, lines, best, bat
           "meshplan.steptime.step_time for the testbed cluster with the GEMM table measured before each run; "
           "measured = median of the timed steps on the slowest rank; error = measured / predicted - 1; rank 1 = "
           "fastest.", "", *lines, "", verdict + ".", "",
+          *(["Where the time went (profiled step of each mesh's slowest rank: GEMM and attention kernels, waits "
+             "on collectives, and the rest, which the model does not time: framework and Python time, and time "
+             "descheduled while ranks share cores):", "", *parts_lines(results), ""] if parts_lines(results) else []),
           f"Chosen (measured fastest): {best.name if best else 'none (no mesh ran)'}; every other mesh is kept "
           "in rejected-<name>/ with its plan, measurements, per-NIC byte counters and summary.", ""]
     write_atomic(out / "summary.md", "\n".join(md))
