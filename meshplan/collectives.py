@@ -38,7 +38,8 @@ Conventions, matched op by op against what torch 2.13 issues for DTensor TP/SP a
   HSDP all-reduces each unit's gradient shard over dp_replicate. Expert weights form their
   own unit over efsdp (torchtitan).
 - ZeRO-1/2 (Megatron distributed optimizer): one gradient reduce-scatter and one parameter
-  all-gather per step, as one bucket per stage. DDP (none): one gradient all-reduce per step.
+  all-gather per step, as one bucket per stage. DDP (none): one backward all-reduce of all gradients
+  in the parameter dtype, torch 2.13's first step (:func:`meshplan.runtime.parallelize.apply_ddp`).
 - CP (all-gather CP, Llama 3, Dubey et al. 2024, 3.3.2; :mod:`meshplan.runtime.cp`): per
   layer in forward one all-gather of the local K and V stacked in one buffer (full buffer
   ``2 * b * s * kv_heads_local * d_head`` in compute dtype, K/V heads before the GQA repeat),
@@ -366,8 +367,8 @@ def _dp_rows(add, c: _Ctx) -> None:
             add(axis, "step", "all-gather", numel * dtype_bytes(t.param_dtype), t.param_dtype, 0,
                 "once per step (updated params)", "next step's forward", per_step=1)
         else:
-            add("loss" if axis == "fsdp" else axis, "step", "all-reduce", numel * dtype_bytes(rs), rs, 0,
-                "once per step (DDP)", "optimizer step", per_step=1)
+            add("loss" if axis == "fsdp" else axis, "backward", "all-reduce", numel * dtype_bytes(t.param_dtype),
+                t.param_dtype, 0, "once per step (DDP, one bucket)", "optimizer step", per_step=1)
 
 
 def _pipelined_gathers(c: _Ctx, root: bool) -> tuple[int, int]:

@@ -63,7 +63,7 @@ def comm_kind(row) -> str:
     or ``other`` (not understood: the caller reports it). Decided by phase, op and axis
     first, then by the cadence text (``K``/``dK`` for cp, ``norm``, ``logits``)."""
     c = row.cadence
-    if row.phase == "step":
+    if row.phase == "step" or "(DDP" in c:  # DDP's all-reduce: issued in backward, once per step
         return "step"
     if row.op == "send/recv":
         return "pp"

@@ -9,6 +9,8 @@ and split a :class:`~meshplan.runtime.model.Transformer` over it with torch's ow
   ``parallelize_module``, following torchtitan's Llama plan (models/llama3/infra/
   parallelize.py ``apply_tp``), then FSDP2 ``fully_shard`` on every layer and on the root
   over the ``fsdp`` axis, or HSDP over (dp_replicate, fsdp).
+- :func:`apply_ddp` (``sharding = "none"``, tp = cp = 1, dense): ``DistributedDataParallel``
+  over the ``dp`` axis, on the materialized model.
 - Context parallelism (``cp > 1``, :mod:`meshplan.runtime.cp`): K and V all-gathered over
   cp in every attention layer (Llama 3's all-gather CP); FSDP2 shards over ``fsdp`` =
   dp_shard x cp.
@@ -109,9 +111,17 @@ def _unsupported(mesh: Mesh, training: TrainingSpec, pipeline: bool = False, moe
         return "cp > 1 with MoE layers: context parallelism is built for dense models only"
     if mesh.etp > 1:
         return "etp > 1: expert tensor parallelism is not built (experts are whole on each ep rank)"
-    if training.sharding not in ("zero3", "hsdp"):
-        return (f"sharding {training.sharding!r}: only zero3 (FSDP2) and hsdp are built; DDP's reducer "
-                "calls the process group from C++, where no dispatch mode can record it")
+    if training.sharding == "none":  # DDP (apply_ddp): plain data parallelism only
+        if mesh.degree("tp") > 1:
+            return ("sharding 'none' with tp > 1: DDP over DTensor TP parameters leaves their gradients None "
+                    "(torch 2.13); use zero3 or hsdp (FSDP2 over the data axes, as torchtitan)")
+        if mesh.degree("cp") > 1:
+            return "sharding 'none' with cp > 1: DDP is built for plain data parallelism only (tp = cp = 1)"
+        if moe:
+            return "sharding 'none' with MoE layers: DDP is built for dense models only"
+    elif training.sharding not in ("zero3", "hsdp"):
+        return (f"sharding {training.sharding!r}: ZeRO-1/2 (a sharded optimizer) is not built; "
+                "use none (DDP), zero3 (FSDP2) or hsdp")
     return None
 
 
@@ -174,6 +184,36 @@ def fsdp_mesh(device_mesh: DeviceMesh, mesh: Mesh, training: TrainingSpec) -> De
     return device_mesh[shard_name]
 
 
+def apply_ddp(model: nn.Module, device_mesh: DeviceMesh, mesh: Mesh) -> nn.Module:
+    """``DistributedDataParallel`` over the data-parallel axis (``dp``: the mesh's dp,
+    dp_shard or dp_replicate axis, or their flattened dimension), torch's defaults (no comm
+    hook, ``find_unused_parameters=False``, 25 MiB buckets from the second step). Call it on
+    the materialized model (DDP broadcasts rank 0's parameters when built); returns the
+    wrapper, or ``model`` itself when dp is 1.
+
+    What DDP sends (torch 2.13; source ``torch/nn/parallel/distributed.py``): with
+    ``find_unused_parameters=False`` the first step's bucketing is one bucket of every
+    parameter (per dtype; ``_BucketCapacityConfig.compute_bucket_size_limits`` gives
+    ``[sys.maxsize]``), all-reduced once in the backward that syncs (the worker's Runner runs
+    every micro-batch but the last under ``no_sync``); the step after rebuilds buckets in
+    gradient-ready order, the first 1 MiB, then 25 MiB (two broadcasts of the bucket layout
+    in that forward). The validate worker records the first step, which the plan's table
+    models (:mod:`meshplan.collectives`). Measured on 4 gloo ranks, 1,967,360 fp32
+    parameters: step 0 one all-reduce of 7,869,440 B over [0, 1, 2, 3]; later steps two.
+
+    Recording: the reducer issues its all-reduces from C++, but through the dispatcher
+    (``c10d::allreduce_``) on the backward's thread, so
+    :class:`~meshplan.runtime.recorder.CollectiveRecorder` sees each bucket as sent, group,
+    bytes and dtype included (measured, torch 2.13, gloo); no comm hook replaces DDP's own.
+    """
+    axes = mesh.axes_of("dp")
+    if mesh.degree("dp") == 1:
+        return model
+    from torch.nn.parallel import DistributedDataParallel
+
+    return DistributedDataParallel(model, device_mesh=device_mesh[axes[0] if len(axes) == 1 else "dp"])
+
+
 def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, reshard_after_forward: bool = True,
                mp_policy: Optional[MixedPrecisionPolicy] = None, expert_mesh: Optional[DeviceMesh] = None) -> None:
     """FSDP2 ``fully_shard`` on every layer, then on the root (embedding, final norm and
@@ -205,8 +245,9 @@ def parallelize(model: nn.Module, device_mesh: DeviceMesh, mesh: Mesh, training:
     then takes this rank's ``seq / cp`` tokens (:func:`meshplan.runtime.cp.shard_sequence`).
     MoE layers with ``tp > 1`` (etp 1): each tp rank routes its tp-th of the tokens
     (:func:`meshplan.runtime.moe.apply_moe_tp`).
-    Raises ConfigError for what this function does not build (pp, etp, pp or cp with MoE
-    layers, DDP, ZeRO-1/2).
+    ``sharding = "none"``: nothing here; the worker wraps the materialized model with
+    :func:`apply_ddp`. Raises ConfigError for what this function does not build (pp, etp,
+    cp with MoE layers, ZeRO-1/2, DDP with tp, cp or MoE layers).
     """
     moe = model.spec.is_moe
     why = _unsupported(mesh, training, moe=moe)
@@ -229,7 +270,7 @@ def parallelize(model: nn.Module, device_mesh: DeviceMesh, mesh: Mesh, training:
             apply_ep(model, edm["ep"].get_group(), mesh.ep, ranks.index(dist.get_rank()))
         hsdp = training.sharding == "hsdp" or mesh.degree("dp_replicate") > 1
         expert_dp = edm["dp_replicate", "efsdp"] if hsdp and "dp_replicate" in edm.mesh_dim_names else edm["efsdp"]
-    if mesh.degree("fsdp") * mesh.degree("dp_replicate") > 1:
+    if training.sharding != "none" and mesh.degree("fsdp") * mesh.degree("dp_replicate") > 1:
         mp = None
         if mixed_precision:
             for key in ("compute_dtype", "reduce_dtype"):

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel
 from torch.profiler import record_function
 
 from ..spec.training import TrainingSpec
@@ -81,7 +82,10 @@ class Runner:
                 from torch.distributed.tensor.parallel import loss_parallel
 
                 lp = loss_parallel()
-            with lp:
+            sync = contextlib.nullcontext()
+            if mb < self.micro - 1 and isinstance(self.model, DistributedDataParallel):
+                sync = self.model.no_sync()  # DDP: gradients all-reduced in the last micro-batch's backward only
+            with sync, lp:
                 for name, label in (("forward", "forward"), ("loss", "loss"), ("backward", "backward")):
                     phase(name, label)
                     t0 = time.perf_counter()

@@ -187,6 +187,10 @@ def scale_config(config: Config, world: int, opt: Options) -> tuple[Config, list
              "whole vocabulary)"]
     if recompute != t.recompute:
         notes.append("recompute 'selective' runs as none (the runtime model has no selective recompute)")
+    if t.sharding == "none":
+        notes.append("DDP (sharding none): the recorded first step all-reduces every gradient as one bucket "
+                     "(torch 2.13, find_unused_parameters=False), as the table says; later steps send the "
+                     "rebuilt 1 MiB / 25 MiB buckets")
     cfg = Config(model=scaled.spec, cluster=cluster, training=training, mesh=mesh_spec, path=config.path,
                  memory=memory)
     return cfg, notes

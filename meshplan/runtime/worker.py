@@ -8,7 +8,8 @@
 2. the DeviceMesh of the plan (:func:`~meshplan.runtime.parallelize.init_mesh`), checked
    against meshplan's rank lists *and* against the rank lists written in ``plan.json``;
 3. the plan's model (already scaled by ``validate``; ``plan.json`` input.model), split with
-   :func:`~meshplan.runtime.parallelize.parallelize`, weights as the single-process model;
+   :func:`~meshplan.runtime.parallelize.parallelize`, weights as the single-process model
+   (``sharding = "none"``: then wrapped by DDP, :func:`~meshplan.runtime.parallelize.apply_ddp`);
 4. the start-up print: coordinates, every group, local shapes of every parameter;
 5. steps: step 0 under :class:`~meshplan.runtime.recorder.CollectiveRecorder` (the
    collectives compared with the plan), step 1 for memory (steady state: the optimizer
@@ -52,7 +53,7 @@ from ..spec.training import TrainingSpec
 from ..tpsplit import padded_vocab
 from .launch import die_with_parent
 from .model import Transformer
-from .parallelize import check_groups, init_mesh, parallelize
+from .parallelize import apply_ddp, check_groups, init_mesh, parallelize
 from .recorder import CollectiveRecorder
 from .trainstep import Runner, memory_step
 
@@ -195,8 +196,9 @@ def run(args) -> None:
         info["nic"] = nic
     write_json(folder / "startup.json", info)
     print_startup(info)
-    if mesh.degree("pp") == 1:
-        runner = Runner(model, training, mesh, rank, vocab, args.seed, status, device)
+    if mesh.degree("pp") == 1:  # sharding none: DDP over dp on the materialized model (parallelize.apply_ddp)
+        trained = apply_ddp(model, dm, mesh) if training.sharding == "none" else model
+        runner = Runner(trained, training, mesh, rank, vocab, args.seed, status, device)
     timings = []
     nic_before = snapshot_nics(dist.barrier) if nic else None  # testbed: NIC counters around the steps
     step = 0
