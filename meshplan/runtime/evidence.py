@@ -66,20 +66,20 @@ def compare_collectives(plan, folder: Path) -> tuple[list[str], list[dict], dict
     tallies = {}
     groups = {}
     per_rank = {}
+    records = {r: _records(_load(folder, r, "collectives.json")) for r in range(plan.world)}
     for r in range(plan.world):
         # each rank against its own pipeline stage's table (middle stages share stage 1's)
         k = _pp_coord(plan.mesh, r)
         pp = plan.mesh.degree("pp")
         per_rank[r] = tables[f"stage {0 if k == 0 else pp - 1 if k == pp - 1 else 1}"]
-        tallies[r] = tally_records(_records(_load(folder, r, "collectives.json")), plan.mesh, r)
+        tallies[r] = tally_records(records[r], plan.mesh, r)
         for line in differences(tallies[r], per_rank[r]):
             by_line.setdefault(line, []).append(r)
         g = _load(folder, r, "startup.json")["group_differences"]
         if g:
             groups[r] = g
     diffs = [f"ranks {_ranks(rs)}: {line}" for line, rs in by_line.items()]
-    diffs += ["order: " + d for d in order_differences(
-        {r: _records(_load(folder, r, "collectives.json")) for r in range(plan.world)})]
+    diffs += ["order: " + d for d in order_differences(records)]
     diffs += [f"rank {r} groups: {d}" for r, ds in groups.items() for d in ds]
     keys = sorted({k for t in per_rank.values() for k in t} | {k for t in tallies.values() for k in t}, key=str)
     rows = [dict(axis=k[0], phase=k[1], op=k[2], size_bytes=k[3], dtype=k[4], meshplan=per_rank[0][k],
@@ -201,7 +201,8 @@ def trace_collective_s(path: Path) -> tuple[float, int]:
 
 def _collective_rows(plan, folder: Path, label: str = "") -> list[dict]:
     """Predicted total collective time of one step (table rows: time per call x calls per
-    step, as if none overlapped) against the gloo events of each rank's profiled step."""
+    step, as if none overlapped) against the gloo events of each rank's profiled step.
+    ``label`` " (calibrated)": the rows' times are the probe's, not alpha-beta."""
     rows = plan.collectives["stage 0"]
     pred = sum(r.time_s * r.per_step for r in rows)
     calls = sum(r.per_step for r in rows)
@@ -212,7 +213,9 @@ def _collective_rows(plan, folder: Path, label: str = "") -> list[dict]:
     return [dict(quantity="collective time (sum)" + label, unit="s", predicted=pred, measured=meas[worst][0],
                  measured_min=min(v[0] for v in meas.values()), rank=worst,
                  error=(meas[worst][0] / pred - 1) if pred else None,
-                 note=f"predicted: {calls} table calls x alpha-beta time, none overlapped; measured: "
+                 note=f"predicted: {calls} table calls x {'the probe' + chr(39) + 's' if label else 'the alpha-beta'} "
+                      "time per call, "
+                      "none overlapped; measured: "
                       f"{meas[worst][1]} gloo:* events of the profiled step (profiler on)")]
 
 
