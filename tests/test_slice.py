@@ -24,6 +24,7 @@ import pytest
 
 from meshplan.errors import ConfigError
 from meshplan.runtime import testbed as T
+from tests.testbed_gate import AVAILABLE, WHY
 from meshplan.runtime.slice import MeshResult, _ranks, prepare_slice_out, run_slice, table_lines
 from meshplan.runtime.validate import Options
 
@@ -31,9 +32,6 @@ ROOT = Path(__file__).resolve().parents[1]
 MINI = [ROOT / "examples" / f"mini_2x4_{n}.toml" for n in ("tp4-dp2", "tp4-across-nodes", "tp2-dp4")]
 ACROSS = "mini_2x4_tp4-across-nodes"
 
-AVAILABLE, WHY = T.testbed_available()
-if not AVAILABLE and os.environ.get("MESHPLAN_REQUIRE_TESTBED") == "1":
-    raise RuntimeError(f"MESHPLAN_REQUIRE_TESTBED=1 but the testbed is unavailable: {WHY}")
 
 
 def test_ranks_table_and_guards(tmp_path):

@@ -18,12 +18,9 @@ import pytest
 
 from meshplan.errors import ConfigError
 from meshplan.runtime import testbed as T
+from tests.testbed_gate import needs_testbed
 from meshplan.runtime.testbed_launch import launch_per_node, torchrun_argv
 
-AVAILABLE, WHY = T.testbed_available()
-if not AVAILABLE and os.environ.get("MESHPLAN_REQUIRE_TESTBED") == "1":
-    raise RuntimeError(f"MESHPLAN_REQUIRE_TESTBED=1 but the testbed is unavailable: {WHY}")
-needs_testbed = pytest.mark.skipif(not AVAILABLE, reason=f"testbed unavailable here: {WHY}")
 
 PID = os.getpid() % 10**7
 RATE_MBIT = 50

@@ -9,22 +9,17 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
 from meshplan.runtime import testbed as T
+from tests.testbed_gate import needs_testbed
 from meshplan.runtime.testbed_launch import launch_per_node
 from meshplan.runtime.testbed_nics import bind_shim, predict_nic_bytes
 from meshplan.runtime.testbed_routes import node_lines
 
-AVAILABLE, WHY = T.testbed_available()
-if not AVAILABLE and os.environ.get("MESHPLAN_REQUIRE_TESTBED") == "1":
-    raise RuntimeError(f"MESHPLAN_REQUIRE_TESTBED=1 but the testbed is unavailable: {WHY}")
-needs_testbed = pytest.mark.skipif(not AVAILABLE, reason=f"testbed unavailable here: {WHY}")
 
 PID = os.getpid() % 10**6
 RATE_MBIT = 400          # high enough that the run is short; tbf burst 500 kB keeps GSO packets whole
