@@ -40,18 +40,24 @@ def test_what_pipelines_still_refuse_is_named():
     assert unsupported(pp2, training, "1f1b", tied) is None
     assert unsupported(pp4, training, "1f1b", tied).startswith("tied embeddings with pp > 2")
     assert unsupported(pp4, training, "1f1b", moe) is None
-    assert unsupported(pp2_tp, training, "1f1b", moe).startswith("tp > 1 with MoE layers and pp > 1")
+    assert unsupported(pp2_tp, training, "1f1b", moe) is None
+    # fsdp 1, efsdp = tp 4 / ep 2: expert FSDP2 units with no FSDP root on the stage
+    pp2_tp4 = resolve_mesh(MeshSpec(names=["pp", "tp", "ep"], shape=[2, 4, 2]), world=8)
+    assert unsupported(pp2_tp4, training, "1f1b", moe).startswith("MoE layers with fsdp 1 and efsdp")
 
 
-def _reference_losses(folder: Path, steps: int = 2) -> dict[int, list[float]]:
+def _reference_losses(folder: Path, steps: int = 2, token_split: int = 1) -> dict[int, list[float]]:
     """Per last-stage rank, its loss in each of the first ``steps`` steps from the unsplit
     model: per micro-batch the rank's whole sequence through it, the per-token losses
     averaged over the rank's own cp chunks, then the mean over micro-batches; backward of
-    the mean over last-stage ranks, one AdamW step (the worker's settings) per step."""
+    the mean over last-stage ranks, one AdamW step (the worker's settings) per step.
+    ``token_split``: the MoE layers route the sequence in that many pieces, each with its own
+    capacity, as tp ranks under SP route their own sequence shard (micro-batch 1, cp 1)."""
     import torch.nn.functional as F
 
     from meshplan.runtime.cp import chunk_positions
     from meshplan.runtime.model import Transformer
+    from meshplan.runtime.moe import moe_layers
     from meshplan.runtime.trainstep import batch
     from meshplan.runtime.worker import load_plan
     from meshplan.tpsplit import padded_vocab
@@ -61,6 +67,8 @@ def _reference_losses(folder: Path, steps: int = 2) -> dict[int, list[float]]:
     vocab = padded_vocab(spec.vocab, training.vocab_pad_divisor, tp)
     model = Transformer(spec, vocab=vocab, tp=tp)
     model.init_weights(seed=0)
+    for moe in moe_layers(model) if token_split > 1 else []:
+        moe.forward = (lambda m: lambda x: torch.cat([type(m).forward(m, p) for p in x.chunk(token_split, 1)], 1))(moe)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=False)
     last = [r for r in range(mesh.world) if mesh.layout.coords_of(r)[mesh.layout.names.index("pp")] == pp - 1]
     out = {r: [] for r in last}
@@ -100,8 +108,8 @@ def _check_exact(comp: dict, folder: Path, world: int) -> dict:
     return {(r["axis"], r["phase"], r["op"], r["size_bytes"]): r for r in comp["collectives"]}
 
 
-def _check_losses(folder: Path) -> None:
-    ref = _reference_losses(folder)
+def _check_losses(folder: Path, token_split: int = 1) -> None:
+    ref = _reference_losses(folder, token_split=token_split)
     for rank, want in ref.items():
         steps = json.loads((folder / f"rank{rank}" / "timings.json").read_text())["steps"]
         got = [next(s["loss"] for s in steps if s["kind"] == kind) for kind in ("recorded", "memory")]
@@ -189,4 +197,33 @@ def test_8_ranks_pp2_dp_shard4_ep2_moe_match_the_plan_and_the_reference(tmp_path
     start = json.loads((folder / "rank5" / "startup.json").read_text())
     assert start["groups"]["ep"] == [4, 5] and start["groups"]["efsdp"] == [5, 7]
     _check_losses(folder)
+    assert code == 0
+
+
+# MoE with pp 2 and tp 2 + SP: in each stage's MoE layers every tp rank routes its own
+# sequence shard through the replicated router (no tp activation collective in the MoE
+# block), the experts split over ep 2 (the ep group is the tp group) and sharded over efsdp =
+# dp_shard x tp / ep = 2; the router's gradient is all-reduced over tp.
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_8_ranks_pp2_dp_shard2_tp2_sp_ep2_moe_match_the_plan_and_the_reference(tmp_path):
+    code, comp, folder = _run(DATA / "validate_mixtral_pp2_tp2sp_ep2_fsdp.toml", 8, tmp_path)
+    rows = _check_exact(comp, folder, 8)
+    # 16 tokens per tp rank x top_k 2 over 8 experts: capacity 4, 8 x 4 rows x 256 x 4 B; 2 MoE
+    # layers per stage x 4 micro-batches x (dispatch, combine)
+    a2a = 8 * 4 * 256 * 4
+    assert [rows["ep", phase, "all-to-all", a2a][f"rank{k}"] for phase in ("forward", "backward")
+            for k in range(8)] == [16] * 16
+    shard = 1 * (32 // 2) * 256 * 4  # (b, s/tp, h) fp32
+    assert [rows["pp", "forward", "send/recv", shard][f"rank{k}"] for k in range(8)] == [4] * 8
+    router = rows["tp", "backward", "all-reduce", 8 * 256 * 4]  # 2 MoE layers per stage, once per step
+    assert [router[f"rank{k}"] for k in range(8)] == [2] * 8
+    # the routed experts (4 per rank, 3 x 896 x 256 fp32) are one FSDP2 unit over efsdp, whose
+    # group here is the dp_shard group
+    experts = 4 * 3 * 896 * 256 * 4
+    assert [rows["dp_shard", "backward", "reduce-scatter", experts][f"rank{k}"] for k in range(8)] == [2] * 8
+    start = json.loads((folder / "rank5" / "startup.json").read_text())
+    assert start["groups"]["ep"] == [4, 5] == start["groups"]["tp"] and start["groups"]["efsdp"] == [5, 7]
+    _check_losses(folder, token_split=2)
     assert code == 0

@@ -78,8 +78,11 @@ def unsupported(mesh, training, schedule: str, model_spec=None) -> Optional[str]
         return f"pp_schedule {schedule!r}: only {', '.join(SCHEDULES)} are built"
     if mesh.etp > 1:
         return "etp > 1: expert tensor parallelism is not built (experts are whole on each ep rank)"
-    if model_spec is not None and model_spec.is_moe and mesh.degree("tp") > 1:
-        return "tp > 1 with MoE layers and pp > 1: the stage modules' experts get no tensor parallelism here"
+    if (model_spec is not None and model_spec.is_moe and mesh.degree("fsdp") * mesh.degree("dp_replicate") == 1
+            and mesh.degree("efsdp") > 1):
+        return ("MoE layers with fsdp 1 and efsdp = tp / ep > 1 under pp: the routed experts would be FSDP2 units "
+                "without an FSDP root on the stage module, which the schedule does not hold back from "
+                "reduce-scattering and resharding every micro-batch (torch 2.13), unlike the plan's table")
     if training.sharding not in ("zero3", "hsdp"):
         return f"sharding {training.sharding!r}: only zero3 (FSDP2) and hsdp are built"
     if model_spec is not None and model_spec.tied_embeddings and mesh.degree("pp") > 2:
