@@ -74,17 +74,7 @@ def _reference_losses(plan_json: Path, world: int, steps: int = 2, token_split: 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_4_ranks_ep2_dp_shard4_match_the_plan_exactly(tmp_path):
-    from meshplan.runtime.validate import Options, validate
-    from meshplan.spec.config import load_config
-
-    out = tmp_path / "ev"
-    code, res = validate(load_config(MOE_EP2), Options(worlds=(4,), layers=2, seq_len=32, vocab=512, steps=1,
-                                                       timeout_s=200), out, echo=lambda *_: None)
-    assert code == 0, res[0]["message"]
-    comp = res[0]["comparison"]
-    assert comp["differences"] == [] and comp["group_differences"] == {}
-    rows = comp["collectives"]
-    assert all(row[f"rank{r}"] == row["meshplan"] for row in rows for r in range(4))
+    out, rows = _validated_exactly(MOE_EP2, tmp_path)
     assert {row["axis"] for row in rows} == {"dp_shard", "efsdp", "ep"}
     # hidden 4096 / 16 = 256, 32 tokens x top_k 2 over 8 experts: capacity 8 per expert, so
     # each dispatch and combine moves 8 experts x 8 rows x 256 x 4 B = 65536 B; 2 MoE layers
@@ -116,17 +106,7 @@ def test_4_ranks_tp2_sp_ep2_dp_shard2_match_the_plan_exactly(tmp_path):
     """tp 2 + SP x dp_shard 2 with ep 2 (the ep group is the tp group, efsdp the dp_shard
     group): each tp rank routes its own sequence shard, so the MoE layers issue no tp
     activation collective; the router's gradient is all-reduced over tp."""
-    from meshplan.runtime.validate import Options, validate
-    from meshplan.spec.config import load_config
-
-    out = tmp_path / "ev"
-    code, res = validate(load_config(MOE_TP2_EP2), Options(worlds=(4,), layers=2, seq_len=32, vocab=512, steps=1,
-                                                           timeout_s=200), out, echo=lambda *_: None)
-    assert code == 0, res[0]["message"]
-    comp = res[0]["comparison"]
-    assert comp["differences"] == [] and comp["group_differences"] == {}
-    rows = comp["collectives"]
-    assert all(row[f"rank{r}"] == row["meshplan"] for row in rows for r in range(4))
+    out, rows = _validated_exactly(MOE_TP2_EP2, tmp_path)
     assert {row["axis"] for row in rows} == {"dp_shard", "tp", "ep"}
     # 16 tokens per rank x top_k 2 over 8 experts: capacity 4, 8 x 4 rows x 256 x 4 B
     a2a = {row["phase"]: row for row in rows if row["op"] == "all-to-all"}
@@ -143,6 +123,24 @@ def test_4_ranks_tp2_sp_ep2_dp_shard2_match_the_plan_exactly(tmp_path):
         got = [next(s["loss"] for s in json.loads((out / "world4" / f"rank{r}" / "timings.json").read_text())["steps"]
                     if s["kind"] == kind) for r in range(4)]
         assert got == pytest.approx(ref[step], rel=1e-5), (kind, got, ref[step])
+
+
+def _validated_exactly(config: Path, tmp_path: Path) -> tuple[Path, list[dict]]:
+    """Run validate on 4 ranks (2 layers, seq 32, vocab 512, one timed step); assert it passed
+    with no collective or group difference and every rank's count equal to the plan's.
+    Returns (evidence folder, the collective rows)."""
+    from meshplan.runtime.validate import Options, validate
+    from meshplan.spec.config import load_config
+
+    out = tmp_path / "ev"
+    code, res = validate(load_config(config), Options(worlds=(4,), layers=2, seq_len=32, vocab=512, steps=1,
+                                                      timeout_s=200), out, echo=lambda *_: None)
+    assert code == 0, res[0]["message"]
+    comp = res[0]["comparison"]
+    assert comp["differences"] == [] and comp["group_differences"] == {}
+    rows = comp["collectives"]
+    assert all(row[f"rank{r}"] == row["meshplan"] for row in rows for r in range(4))
+    return out, rows
 
 
 def _grad_worker(rank: int, world: int, store_path: str, sp: bool, out: str) -> None:

@@ -30,7 +30,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Mapping, Optional, Sequence
@@ -105,18 +104,11 @@ def _state_path(prefix: str, state_dir) -> Path:
 
 def _write_state(tb: Testbed) -> None:
     """Write the state file atomically (temporary file in the same folder, then rename)."""
+    from ..fileio import write_text_atomic
+
     path = Path(tb.state_path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump({"version": 1, **asdict(tb)}, f, indent=1)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_text_atomic(path, json.dumps({"version": 1, **asdict(tb)}, indent=1))
 
 
 def load_testbed(prefix: str = "t", state_dir=None) -> Testbed:
