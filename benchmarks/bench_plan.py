@@ -19,7 +19,7 @@ from rich.console import Console
 from meshplan.plan import build_plan
 from meshplan.report.json_out import plan_to_dict
 from meshplan.report.text import print_plan
-from meshplan.spec.config import load_config
+from meshplan.config import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "examples" / "llama3-405b_16384xh100_tp8-pp16-dp128.toml"

@@ -20,8 +20,8 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from meshplan.search import search
-from meshplan.spec.config import load_config
+from meshplan.search.driver import search
+from meshplan.config import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = [ROOT / "examples" / "llama3-405b_16384xh100_tp8-pp16-dp128.toml", ROOT / "examples" / "seed-64gpu.toml"]

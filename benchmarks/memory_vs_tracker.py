@@ -1,6 +1,6 @@
 """Memory goal (issue 3): meshplan's timeline against PyTorch's own accounting.
 
-For each configuration of :data:`meshplan.runtime.memcheck.CASES` (dense and GQA, with and
+For each configuration of :data:`meshplan.runtime.validation.memcheck.CASES` (dense and GQA, with and
 without SP, FSDP and HSDP, recompute none and full, 8 to 64 ranks) one rank trains a small
 Llama on the fake process group under FSDPMemTracker; the table sets meshplan's prediction
 beside the tracker: the maximum of each kind over the step and the peak (``--at-peak``:
@@ -26,7 +26,7 @@ def main() -> int:
     args = ap.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     warnings.filterwarnings("ignore")
-    from meshplan.runtime.memcheck import CASES, compare, table
+    from meshplan.runtime.validation.memcheck import CASES, compare, table
 
     t0 = time.perf_counter()
     results = [compare(c.config(), c.name, fake=args.fake) for c in CASES]

@@ -13,7 +13,7 @@ from typing import Optional
 import typer
 from rich.console import Console
 
-from .errors import ConfigError
+from meshplan.errors import ConfigError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
                   help="Design, check and validate parallel meshes for distributed training.")
@@ -23,12 +23,12 @@ def _load(config: Path, topology: Optional[Path] = None, calibration: Optional[P
     """Plan of ``config``; ``topology`` (nvidia-smi topo -m text or NCCL topology XML) replaces
     the node's sockets and NIC affinity, ``calibration`` (meshplan calibration TOML) the link
     bandwidths and latencies."""
-    from .plan import build_plan
-    from .spec.config import load_config
+    from meshplan.plan import build_plan
+    from meshplan.config import load_config
 
     cfg = load_config(config)
     if cfg.mesh is not None:
-        from .axes import axis_name_warnings, from_megatron_order
+        from meshplan.mesh.axes import axis_name_warnings, from_megatron_order
 
         names, field = (cfg.mesh.names, "mesh.names") if cfg.mesh.names is not None else \
             (from_megatron_order(cfg.mesh.order), "mesh.order")
@@ -39,14 +39,14 @@ def _load(config: Path, topology: Optional[Path] = None, calibration: Optional[P
 
         cluster = cfg.cluster
         if topology:
-            from .topology import check_identity_nic_map, load_topology, node_from_topology
+            from meshplan.placement.topology import check_identity_nic_map, load_topology, node_from_topology
 
             node = node_from_topology(load_topology(topology), cluster.node)
             for w in check_identity_nic_map(node):
                 typer.echo(f"warning: {w}", err=True)
             cluster = cluster.model_copy(update={"node": node})
         if calibration:
-            from .calibration import apply_calibration, load_calibration
+            from meshplan.comm.calibration import apply_calibration, load_calibration
 
             cluster = apply_calibration(cluster, load_calibration(calibration))
         cfg = replace(cfg, cluster=cluster)
@@ -74,14 +74,14 @@ def plan(config: Path = typer.Argument(..., help="TOML config with [model], [clu
          topology: Optional[Path] = typer.Option(None, "--topology", help="nvidia-smi topo -m text or NCCL topology XML"),
          calibration: Optional[Path] = typer.Option(None, "--calibration", help="calibration TOML (bench comm)")):
     """Plan one mesh: constraints, degrees, groups, placement, shapes, memory, collectives."""
-    from .report.text import print_plan
+    from meshplan.report.text import print_plan
 
     p = _load(config, topology, calibration)
     if p.mesh is not None:
         _check_rank(p, rank)
     print_plan(p, rank=rank, console=_console())
     if json_path:
-        from .report.json_out import write_json
+        from meshplan.report.json_out import write_json
 
         typer.echo(f"wrote {write_json(p, json_path, force=force)}")
     raise typer.Exit(0 if p.feasible else 1)
@@ -91,7 +91,7 @@ def plan(config: Path = typer.Argument(..., help="TOML config with [model], [clu
 def groups(config: Path = typer.Argument(..., help="TOML config"),
            rank: int = typer.Option(0, "--rank", help="the rank whose start-up print is shown")):
     """Print what RANK would print at start-up: its coordinates and every group's ranks."""
-    from .report.text import print_groups
+    from meshplan.report.text import print_groups
 
     p = _load(config)
     if p.mesh is None:
@@ -108,8 +108,8 @@ def memory(config: Path = typer.Argument(..., help="TOML config (an optional [me
            all_stages: bool = typer.Option(False, "--all-stages", help="every pipeline stage, not only the most loaded"),
            force: bool = typer.Option(False, "--force", help="replace existing PNG files")):
     """Memory timeline of one training step: peak, headroom, events by kind, and a PNG per stage shown."""
-    from .report.memory import print_memory
-    from .report.memory_plot import write_png
+    from meshplan.report.memory import print_memory
+    from meshplan.report.memory_plot import write_png
 
     p = _load(config)
     if not p.timelines:
@@ -128,7 +128,7 @@ def memory(config: Path = typer.Argument(..., help="TOML config (an optional [me
 
 
 def _overlap(overlap_tp: bool, no_prefetch: bool):
-    from .rank_timeline import Overlap
+    from meshplan.schedule.rank_timeline import Overlap
 
     return Overlap(tp=overlap_tp, fsdp_prefetch=not no_prefetch)
 
@@ -143,8 +143,8 @@ def step(config: Path = typer.Argument(..., help="TOML config"),
          force: bool = typer.Option(False, "--force", help="replace an existing --trace file")):
     """Scheduled rank timeline: step time, critical path, exposed communication, bubble, MFU; when the step is
     network-bound, a verdict naming the communication and its cause."""
-    from .gemm import load_gemm_table
-    from .steptime import step_time
+    from meshplan.compute.gemm import load_gemm_table
+    from meshplan.schedule.steptime import step_time
 
     p = _load(config)
     if p.mesh is None or p.stages is None:
@@ -155,7 +155,7 @@ def step(config: Path = typer.Argument(..., help="TOML config"),
     st = step_time(p, _overlap(overlap_tp, no_prefetch), table=table, schedule=schedule)
     for line in st.lines():
         typer.echo(line)
-    from .stepverdict import network_verdict, rebuilt_step
+    from meshplan.schedule.verdict import network_verdict, rebuilt_step
 
     again = rebuilt_step(p, lambda alt: step_time(alt, _overlap(overlap_tp, no_prefetch), table=table,
                                                   schedule=schedule))
@@ -172,7 +172,7 @@ def step(config: Path = typer.Argument(..., help="TOML config"),
 
 def _print_links(p, st) -> None:
     """Readiness of each collective kind, concurrency and the load on each physical edge."""
-    from .linkload import concurrency, edge_loads, timings
+    from meshplan.schedule.linkload import concurrency, edge_loads, timings
 
     typer.echo("collectives on stage 0, first occurrence (ms from step start): ready, deadline, duration, slack")
     for t in timings(st):
@@ -198,7 +198,7 @@ def reliability(config: Path = typer.Argument(..., help="TOML config"),
                 lost_nodes: int = typer.Option(1, "--lost-nodes", help="nodes lost in the restart scenario"),
                 spare_nodes: int = typer.Option(0, "--spare-nodes", help="spare nodes available")):
     """Failure domains, interruptions per day, checkpoint size and interval, goodput, restart."""
-    from .reliability import reliability as rel, restart_on_fewer_nodes
+    from meshplan.reliability import reliability as rel, restart_on_fewer_nodes
 
     p = _load(config)
     if p.mesh is None or p.stages is None:
@@ -228,7 +228,7 @@ def compare_cmd(config_a: Path = typer.Argument(..., help="TOML config of mesh A
     """Compare two meshes of one workload side by side and keep the rejected one's evidence."""
     from rich.table import Table
 
-    from .compare import compare, evidence_folder, table_rows, write_evidence
+    from meshplan.compare import compare, evidence_folder, table_rows, write_evidence
 
     a, b = _load(config_a), _load(config_b)
     ca, cb = a.config, b.config
@@ -264,9 +264,9 @@ def search_cmd(config: Path = typer.Argument(..., help="TOML config: [model], [c
     """Search every mesh of the workload: reject with reasons, rank by predicted step time."""
     from dataclasses import replace
 
-    from .report.search import ProgressBar, print_search, write_search_json
-    from .search import search
-    from .spec.config import load_config
+    from meshplan.report.search import ProgressBar, print_search, write_search_json
+    from meshplan.search.driver import search
+    from meshplan.config import load_config
 
     cfg = load_config(config, require_mesh=False)
     if top is not None:
@@ -287,8 +287,8 @@ def search_cmd(config: Path = typer.Argument(..., help="TOML config: [model], [c
 def nccl_check(config: Path = typer.Argument(..., help="TOML config whose placement is checked"),
                log: Path = typer.Argument(..., help="NCCL_DEBUG=INFO output of the run")):
     """Check that each communicator used the NICs and intra-node links the placement meant."""
-    from .nccl_log import check_against_placement, read_nccl_log
-    from .placement import rank_row
+    from meshplan.comm.nccl_log import check_against_placement, read_nccl_log
+    from meshplan.placement.assign import rank_row
 
     p = _load(config)
     if p.placement is None:
@@ -324,7 +324,7 @@ def validate(config: Path = typer.Argument(..., help="TOML config; its mesh is s
              force: bool = typer.Option(False, "--force", help="replace an existing evidence folder")):
     """Run the mesh for real (torchrun: NCCL on the GPUs when CUDA is present, else gloo on CPU) and compare
     collectives, times and memory with the plan."""
-    from .runtime.validate import Options, main as validate_main
+    from meshplan.runtime.validation.validate import Options, main as validate_main
 
     try:
         sizes = tuple(int(w) for w in worlds.split(","))
@@ -343,9 +343,9 @@ def place_cmd(config: Path = typer.Argument(..., help="TOML config"),
               force: bool = typer.Option(False, "--force", help="replace an existing --bindings file"),
               ranks: Optional[list[int]] = typer.Option(None, "--rank", help="rank whose binding is printed (repeatable; default first, second, last)")):
     """Placement per axis, decisions and warnings, per-rank bindings (CUDA_VISIBLE_DEVICES, NCCL_IB_HCA, numactl)."""
-    from .bindings import write_bindings
-    from .placement_choice import choose_placement, weights_from_plan
-    from .report.place_text import place_lines
+    from meshplan.placement.bindings import write_bindings
+    from meshplan.placement.choice import choose_placement, weights_from_plan
+    from meshplan.report.place_text import place_lines
 
     if fmt not in ("json", "sh"):
         raise ConfigError("--format", f"{fmt!r} is not one of json, sh")
@@ -368,7 +368,7 @@ def place_cmd(config: Path = typer.Argument(..., help="TOML config"),
 @app.command("catalog")
 def catalog_cmd(kind: str = typer.Argument("model", help="gpu, node, network or model")):
     """List the built-in catalog entries of KIND with their sources."""
-    from . import catalog
+    from meshplan import catalog
 
     for name in catalog.names(kind):
         typer.echo(f"{name}: {catalog.entry(kind, name).get('source', '')}")
@@ -387,8 +387,8 @@ def validate_slice(configs: list[Path] = typer.Argument(..., help="TOML configs 
                    out: Path = typer.Option(Path("slice-out"), "--out", help="evidence folder"),
                    force: bool = typer.Option(False, "--force", help="replace an existing slice folder")):
     """Run several meshes on the testbed; order measured step times against predicted; keep the rejected."""
-    from .runtime.slice import main as slice_main
-    from .runtime.validate import Options
+    from meshplan.runtime.validation.slice import main as slice_main
+    from meshplan.runtime.validation.validate import Options
 
     opt = Options(worlds=(world,), layers=layers, hidden_div=hidden_div, seq_len=seq_len, vocab=vocab,
                   steps=steps, timeout_s=timeout_s, testbed=testbed)
@@ -407,7 +407,7 @@ def testbed_up_cmd(nodes: int = typer.Option(2, help="emulated nodes (one networ
     """Create one namespace per node, one rate-limited interface per NIC (10.77.RAIL.NODE+1), a bridge
     per rail and a spine between the rails (gateway 10.77.RAIL.254): traffic from a NIC's address leaves
     by that NIC, to another rail through the spine."""
-    from .runtime.testbed import main_up
+    from meshplan.runtime.testbed.netns import main_up
 
     raise typer.Exit(main_up(nodes, nics, rate_mbit, prefix=prefix))
 
@@ -415,7 +415,7 @@ def testbed_up_cmd(nodes: int = typer.Option(2, help="emulated nodes (one networ
 @testbed_app.command("down")
 def testbed_down_cmd(prefix: str = typer.Option("t", help="name prefix given to up")):
     """Remove every namespace, interface, bridge and process of the testbed PREFIX."""
-    from .runtime.testbed import main_down
+    from meshplan.runtime.testbed.netns import main_down
 
     raise typer.Exit(main_down(prefix=prefix))
 
@@ -433,7 +433,7 @@ def bench_comm_cmd(nproc: int = typer.Option(4, help="ranks (per node with --tes
                    budget_s: float = typer.Option(0.2, help="seconds per size, which caps iters"),
                    timeout_s: float = typer.Option(600.0, help="kill the run after this many seconds")):
     """Collectives per link class in nccl-tests columns, alpha-beta fits, and a send/recv matrix."""
-    from .runtime.benchcomm import parse_sizes, run_bench
+    from meshplan.runtime.bench.comm import parse_sizes, run_bench
 
     try:
         fits = run_bench(nproc, parse_sizes(sizes), out, testbed=testbed, iters=iters, budget_s=budget_s,
@@ -457,7 +457,7 @@ def bench_gemm(config: Path = typer.Argument(..., help="TOML config whose local 
     """Time the plan's local GEMM shapes (forward and backward) and write the efficiency table."""
     import torch
 
-    from .runtime.benchgemm import bench, write_table
+    from meshplan.runtime.bench.gemm import bench, write_table
 
     p = _load(config)
     if not p.gemms:

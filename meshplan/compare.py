@@ -17,11 +17,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from .comm import busbw_factor
-from .errors import ConfigError
-from .fileio import write_output
-from .gemm import gemm_efficiency
-from .units import GB, GiB, MS
+from meshplan.comm.alphabeta import busbw_factor
+from meshplan.errors import ConfigError
+from meshplan.fileio import write_output
+from meshplan.compute.gemm import gemm_efficiency
+from meshplan.units import GB, GiB, MS
 
 
 @dataclass(frozen=True)
@@ -77,7 +77,7 @@ def same_mesh(plan_a, plan_b) -> bool:
     """Whether two plans have the same mesh: equal [mesh] tables, or the same resolved
     layout (names, degrees, ep, etp) spelled differently with every other [mesh] field equal.
 
-    >>> from meshplan.spec.config import config_from_dict
+    >>> from meshplan.config import config_from_dict
     >>> from meshplan.plan import build_plan
     >>> base = {"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 1},
     ...         "training": {"global_batch": 8, "seq_len": 1024}}
@@ -99,8 +99,8 @@ def same_mesh(plan_a, plan_b) -> bool:
 
 def side_of(name: str, plan, overlap=None) -> Side:
     """Numbers of one plan; the step time only for a plan that resolved its stages."""
-    from .steptime import step_time
-    from .rank_timeline import Overlap
+    from meshplan.schedule.steptime import step_time
+    from meshplan.schedule.rank_timeline import Overlap
 
     if plan.mesh is None or plan.stages is None:
         return Side(name, plan, False, plan.reasons)
@@ -208,7 +208,7 @@ def evidence_folder(c: Comparison, out_dir: str | Path, force: bool = False) -> 
 def write_evidence(c: Comparison, out_dir: str | Path, force: bool = False) -> list[Path]:
     """Write the rejected mesh's plan, its predicted trace, and a summary of the comparison
     to ``out_dir/rejected-<name>/``. Refuses to replace an existing folder unless ``force``."""
-    from .report.json_out import write_json
+    from meshplan.report.json_out import write_json
 
     if c.identical:
         return []

@@ -2,7 +2,7 @@
 
 Malformed input is a :class:`ConfigError` with a one-line message naming the field and the
 fix. An infeasible mesh is never an exception: it is a result carrying reasons (see
-:class:`meshplan.validity.Reason`).
+:class:`meshplan.mesh.validity.Reason`).
 """
 
 from __future__ import annotations

@@ -52,7 +52,7 @@ def write_output(path, text: str, force: bool = False, field: str = "--out", mod
     ...
     meshplan.errors.ConfigError: --out: ... exists; choose another path or pass --force to replace it
     """
-    from .errors import ConfigError
+    from meshplan.errors import ConfigError
 
     dest = Path(path)
     if dest.exists() and not force:

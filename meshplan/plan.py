@@ -13,18 +13,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
-from . import constraints as cons
-from .collectives import CollectiveRow, collective_table
-from .errors import ConfigError
-from .memory.state import StateBytes, state_bytes
-from .memory.timeline import Timeline, memory_timelines, most_loaded
-from .layout import check_partition
-from .mesh import Infeasible, Mesh, resolve_mesh
-from .placement import Flag, Placement, place, placement_flags
-from .shapes import Attention, Gemm, attention_shape, layer_gemms, output_gemm
-from .spec.config import Config
-from .tpsplit import padded_vocab
-from .validity import check
+from meshplan.memory import constraints as cons
+from meshplan.comm.collectives import CollectiveRow, collective_table
+from meshplan.errors import ConfigError
+from meshplan.memory.state import StateBytes, state_bytes
+from meshplan.memory.timeline import Timeline, memory_timelines, most_loaded
+from meshplan.mesh.layout import check_partition
+from meshplan.mesh.resolve import Infeasible, Mesh, resolve_mesh
+from meshplan.placement.assign import Flag, Placement, place, placement_flags
+from meshplan.compute.shapes import Attention, Gemm, attention_shape, layer_gemms, output_gemm
+from meshplan.config import Config
+from meshplan.mesh.tpsplit import padded_vocab
+from meshplan.mesh.validity import check
 
 SCHEMA = "meshplan.plan/v1"
 
@@ -65,7 +65,7 @@ class Plan:
 
 def build_plan(config: Config, constraints: Optional[cons.Constraints] = None) -> Plan:
     """The plan of ``config``'s mesh on its cluster. Raises ConfigError on bad input only.
-    ``constraints``: :func:`meshplan.constraints.constraints` of the same model, training
+    ``constraints``: :func:`meshplan.memory.constraints.constraints` of the same model, training
     and cluster when already computed (the search passes them; they do not depend on the
     mesh)."""
     m, t, c = config.model, config.training, config.cluster

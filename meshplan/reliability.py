@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from math import ceil, exp, sqrt
 from typing import Optional
 
-from .spec.cluster import ClusterSpec
+from meshplan.spec.cluster import ClusterSpec
 
 #: Llama 3 (arXiv 2407.21783, section 3.3.4): unexpected interruptions, days, GPUs.
 LLAMA3_UNEXPECTED, LLAMA3_DAYS, LLAMA3_GPUS = 419, 54, 16384
@@ -259,7 +259,7 @@ def restart_on_fewer_nodes(mesh, lost_nodes: int, *, gpus_per_node: int, global_
     ``dataloader_state``: "per_rank" (saved per dp rank, e.g. a StatefulDataLoader) or
     "global" (a global consumed-samples counter, as Megatron-LM keeps).
 
-    >>> from meshplan.mesh import resolve_mesh
+    >>> from meshplan.mesh.resolve import resolve_mesh
     >>> from meshplan.spec.mesh import MeshSpec
     >>> m = resolve_mesh(MeshSpec(names=["dp_replicate", "dp_shard", "tp"], shape=[4, 2, 8]), world=64)
     >>> r = restart_on_fewer_nodes(m, 2, gpus_per_node=8, global_batch=480, micro_batch=1)

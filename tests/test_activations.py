@@ -128,7 +128,7 @@ def test_from_model_and_options():
 
 
 def test_layer_options_from_mesh_and_training():
-    from meshplan.mesh import resolve_mesh
+    from meshplan.mesh.resolve import resolve_mesh
     from meshplan.spec.mesh import MeshSpec
     from meshplan.spec.training import TrainingSpec
     m = resolve_mesh(MeshSpec(names=["dp", "cp", "tp"], shape=[2, 2, 2], sequence_parallel=True), 8)

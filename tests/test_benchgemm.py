@@ -5,9 +5,9 @@ import pytest
 pytest.importorskip("torch")
 
 from meshplan.errors import ConfigError  # noqa: E402
-from meshplan.gemm import gemm_time, load_gemm_table  # noqa: E402
-from meshplan.runtime.benchgemm import bench, write_table  # noqa: E402
-from meshplan.shapes import Gemm  # noqa: E402
+from meshplan.compute.gemm import gemm_time, load_gemm_table  # noqa: E402
+from meshplan.runtime.bench.gemm import bench, write_table  # noqa: E402
+from meshplan.compute.shapes import Gemm  # noqa: E402
 
 
 def test_table_round_trip_and_override(tmp_path):

@@ -1,4 +1,4 @@
-"""meshplan.runtime.breakdown: the profiled step split into parts, on a hand-made trace."""
+"""meshplan.runtime.validation.breakdown: the profiled step split into parts, on a hand-made trace."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from meshplan.runtime.breakdown import PARTS, measured_parts
+from meshplan.runtime.validation.breakdown import PARTS, measured_parts
 
 
 def test_measured_parts_sum_the_named_ops_and_leave_the_rest(tmp_path):

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from meshplan.calibration import (BenchRow, float_str, apply_calibration, calibration_toml, fit_alpha_beta,
+from meshplan.comm.calibration import (BenchRow, float_str, apply_calibration, calibration_toml, fit_alpha_beta,
                                   load_calibration, parse_nccl_tests_json, parse_nccl_tests_text,
                                   read_nccl_tests)
 from meshplan.catalog import system
-from meshplan.comm import busbw_factor
+from meshplan.comm.alphabeta import busbw_factor
 from meshplan.errors import ConfigError
 
 DATA = Path(__file__).parent / "data" / "nccl"

@@ -27,8 +27,8 @@ import torch.multiprocessing as mp  # noqa: E402
 
 from meshplan.errors import CheckpointError, ConfigError  # noqa: E402
 from meshplan.fileio import write_json_atomic  # noqa: E402
-from meshplan.mesh import resolve_mesh  # noqa: E402
-from meshplan.runtime import checkpoint as C  # noqa: E402
+from meshplan.mesh.resolve import resolve_mesh  # noqa: E402
+from meshplan.runtime.execution import checkpoint as C  # noqa: E402
 from meshplan.spec.mesh import MeshSpec  # noqa: E402
 from meshplan.spec.model import ModelSpec  # noqa: E402
 from meshplan.spec.training import TrainingSpec  # noqa: E402
@@ -131,8 +131,8 @@ def _init(rank, world, tmp, tag):
 
 
 def _build(names, shape, seed):
-    from meshplan.runtime.model import Transformer
-    from meshplan.runtime.parallelize import init_mesh, parallelize
+    from meshplan.runtime.execution.model import Transformer
+    from meshplan.runtime.execution.parallelize import init_mesh, parallelize
 
     mesh = _mesh(names, shape)
     dm = init_mesh(mesh)

@@ -15,7 +15,7 @@ def _help(cmd: str) -> str:
 
 def test_validate_help_names_both_backends():
     """The worker initialises NCCL when CUDA is present, gloo otherwise: the help says both."""
-    from meshplan.runtime import worker
+    from meshplan.runtime.execution import worker
     src = inspect.getsource(worker._init)
     assert src.index('init_process_group("nccl"') < src.index('init_process_group("gloo"')
     assert "torch.cuda.is_available()" in src

@@ -2,7 +2,7 @@
 
 import pytest
 
-from meshplan.comm import NCCL_RING, NO_LATENCY, busbw, busbw_factor, ring_time, steps
+from meshplan.comm.alphabeta import NCCL_RING, NO_LATENCY, busbw, busbw_factor, ring_time, steps
 
 
 def test_c12_ring_volumes_and_times():
@@ -43,7 +43,7 @@ def test_unknown_op():
 
 
 def test_algorithm_choice():
-    from meshplan.comm import NVLS_GAIN, collective_time, tree_time
+    from meshplan.comm.alphabeta import NVLS_GAIN, collective_time, tree_time
     # a 1 GiB all-reduce inside an NVLS-capable node: in-switch reduction beats the ring
     alg, t = collective_time("all-reduce", 8, 2**30, 450e9, "nvlink", nvls=True)
     assert alg == "NVLS"
@@ -62,7 +62,7 @@ def test_algorithm_choice():
 
 
 def test_gloo_runs_rings_only():
-    from meshplan.comm import collective_time
+    from meshplan.comm.alphabeta import collective_time
     assert collective_time("all-gather", 16, 65536, 50e9, "network", nodes=2, intra_bandwidth_bytes_per_s=450e9,
                            library="gloo")[0] == "ring"
 
@@ -73,7 +73,7 @@ def test_gloo_ring_step_costs_the_link_latency_with_one_protocol():
     over 2 ranks is 2 steps + 2 * (1/2) * 256 B / 0.5 GB/s = 450 us + 0.512 us; the
     2-rank gloo measurement it was taken from is 0.45 ms. NCCL's LL protocol (0.6 us per step
     at 0.5 efficiency) must not be applied to gloo."""
-    from meshplan.comm import collective_time
+    from meshplan.comm.alphabeta import collective_time
 
     alg, t = collective_time("all-reduce", 2, 256, 0.5e9, "nvlink", latency_scale=225 / 3.4, library="gloo")
     assert alg == "ring" and t == pytest.approx(2 * 225e-6 + 256 / 0.5e9, rel=1e-12)

@@ -7,7 +7,7 @@ import pytest
 from meshplan.compare import compare, table_rows, write_evidence
 from meshplan.errors import ConfigError
 from meshplan.plan import build_plan
-from meshplan.spec.config import load_config
+from meshplan.config import load_config
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +41,7 @@ def test_evidence_folder(seed_pair, tmp_path):
 
 
 def test_both_feasible_faster_wins():
-    from meshplan.spec.config import config_from_dict
+    from meshplan.config import config_from_dict
     base = {"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 2},
             "training": {"global_batch": 64, "seq_len": 4096, "param_dtype": "fp32"}}
     a = build_plan(config_from_dict({**base, "mesh": {"names": ["dp_shard", "tp"], "shape": [8, 2]}}))
@@ -60,7 +60,7 @@ def test_reasons_list_only_differences(seed_pair):
     assert rows["wq (M,N,K) eff"][0].endswith(" 78%") and rows["wq (M,N,K) eff"][1].endswith(" 78%")
     assert not [r for r in c.reasons if r.startswith(("wq:", "wo:", "w_up:", "w_down:"))]
     # a GEMM whose efficiency differs is kept: llama3-8b at tp 2 against tp 8
-    from meshplan.spec.config import config_from_dict
+    from meshplan.config import config_from_dict
     base = {"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 2},
             "training": {"global_batch": 64, "seq_len": 4096, "param_dtype": "fp32"}}
     a = build_plan(config_from_dict({**base, "mesh": {"names": ["dp_shard", "tp"], "shape": [8, 2]}}))

@@ -7,10 +7,10 @@ import json
 import pytest
 
 from meshplan import catalog
-from meshplan.compute import (Workload, embedding_cost, head_cost, korthikanti_model_flops, layer_cost,
+from meshplan.compute.ops import (Workload, embedding_cost, head_cost, korthikanti_model_flops, layer_cost,
                               sequence_model_flops, utilization)
 from meshplan.errors import ConfigError
-from meshplan.gemm import gemm_efficiency, gemm_model, gemm_time, load_gemm_table
+from meshplan.compute.gemm import gemm_efficiency, gemm_model, gemm_time, load_gemm_table
 
 H100 = catalog.gpu("h100-sxm5-80gb")
 A100 = catalog.gpu("a100-sxm-80gb")
@@ -184,15 +184,15 @@ def test_workload_rejects_unknown_recompute():
 
 # Development reference: Korthikanti et al. 2022, 22B on one DGX A100 (public-facts.md) ------
 
-from meshplan.compute import KORTHIKANTI_22B_MEASURED as PUBLISHED_22B  # noqa: E402
+from meshplan.compute.ops import KORTHIKANTI_22B_MEASURED as PUBLISHED_22B  # noqa: E402
 
 
 def predict_22b(recompute: str, sp: bool):
     """(layer forward ms, layer backward ms, step s) predicted for the published 22B
     configuration: tp 8, micro-batch 4, seq 2048, no flash attention, GPT dropout."""
     from meshplan.plan import build_plan
-    from meshplan.spec.config import config_from_dict
-    from meshplan.steptime import layer_unit_times, step_time
+    from meshplan.config import config_from_dict
+    from meshplan.schedule.steptime import layer_unit_times, step_time
 
     cfg = config_from_dict({
         "model": {"catalog": "megatron-22b"}, "cluster": {"system": "dgx-a100", "nodes": 1},
@@ -219,8 +219,8 @@ def test_22b_development_reference_within_a_loose_band(key):
 def test_measured_attention_replaces_the_flash_model():
     """A GemmTable.attention entry (seconds measured per call, forward and backward) is the
     attention op's time; FLOP stay the model's (causal half, backward 2x / 2.5x executed)."""
-    from meshplan.gemm import GemmTable
-    from meshplan.shapes import attention_shape
+    from meshplan.compute.gemm import GemmTable
+    from meshplan.compute.shapes import attention_shape
 
     w = Workload(seq_len=S, micro_batch=B, recompute="selective", flash=True)
     att = attention_shape(GPT22B, 1, 1, B, S)

@@ -8,7 +8,7 @@ import pytest
 
 from meshplan.errors import ConfigError
 from meshplan.plan import build_plan
-from meshplan.spec.config import config_from_dict, load_config
+from meshplan.config import config_from_dict, load_config
 
 BASE = {
     "model": {"catalog": "llama3-8b"},
@@ -184,7 +184,7 @@ def test_field_names_of_cluster_and_hf_config(tmp_path):
 
 def test_mistyped_axis_warns_with_the_close_match(tmp_path):
     """A user-named axis is allowed (README): one close to a known axis plans with a warning."""
-    from meshplan.axes import axis_name_warnings
+    from meshplan.mesh.axes import axis_name_warnings
     assert axis_name_warnings(["dp_shard", "tq"]) == [
         "mesh.names: 'tq' is not a standard axis; did you mean 'tp'? (planned as a user-named axis: rank math only, "
         "no model semantics)"]

@@ -29,7 +29,7 @@ fake_pg = pytest.importorskip(
 )
 from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
 
-from meshplan.layout import Layout, check_partition  # noqa: E402
+from meshplan.mesh.layout import Layout, check_partition  # noqa: E402
 
 # torch 2.13 warns that slicing a flattened axis from the root mesh will be deprecated.
 pytestmark = pytest.mark.filterwarnings("ignore:Slicing a flattened dim:UserWarning")

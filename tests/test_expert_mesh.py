@@ -2,8 +2,8 @@
 
 import pytest
 
-from meshplan.layout import check_partition
-from meshplan.mesh import Infeasible, resolve_mesh
+from meshplan.mesh.layout import check_partition
+from meshplan.mesh.resolve import Infeasible, resolve_mesh
 from meshplan.spec.mesh import MeshSpec
 
 NAMES = ["dp_replicate", "dp_shard", "cp", "tp", "ep"]

@@ -12,8 +12,8 @@ from math import prod
 
 import pytest
 
-from meshplan.axes import BATCH_AXES, from_megatron_order, to_megatron_order
-from meshplan.layout import Layout, check_partition
+from meshplan.mesh.axes import BATCH_AXES, from_megatron_order, to_megatron_order
+from meshplan.mesh.layout import Layout, check_partition
 
 
 def layout_from_order(order: str, degrees: dict[str, int]) -> Layout:

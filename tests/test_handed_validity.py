@@ -4,13 +4,13 @@ pp/vpp), C1 batch arithmetic: exact values from ../shared/cases/handed-cases.md.
 import pytest
 
 from meshplan.errors import ConfigError
-from meshplan.mesh import Infeasible, resolve_mesh
-from meshplan.pipeline import stage_layers, vpp_from_chunk
+from meshplan.mesh.resolve import Infeasible, resolve_mesh
+from meshplan.mesh.layers import stage_layers, vpp_from_chunk
 from meshplan.spec.mesh import MeshSpec
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.training import TrainingSpec
-from meshplan.tpsplit import heads_reason, local_heads, local_numel, padded_vocab
-from meshplan.validity import check
+from meshplan.mesh.tpsplit import heads_reason, local_heads, local_numel, padded_vocab
+from meshplan.mesh.validity import check
 
 
 def mesh_of(world, **degrees):

@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from meshplan.errors import ConfigError
-from meshplan.layout import Layout, check_partition
+from meshplan.mesh.layout import Layout, check_partition
 
 NAME = st.text(alphabet="abcdefghijklmnopqrstuvwxyz_", min_size=1, max_size=8)
 
@@ -189,7 +189,7 @@ def test_bad_coordinates_are_rejected(coords, words):
 
 def test_axes_misuse_is_config_error():
     from meshplan.errors import ConfigError
-    from meshplan.layout import Layout
+    from meshplan.mesh.layout import Layout
 
     lay = Layout(("a", "b"), (2, 2))
     with pytest.raises(ConfigError, match="axes: axis 'a' appears twice"):

@@ -2,11 +2,11 @@
 
 import pytest
 
-from meshplan.comm import busbw_factor
-from meshplan.linkload import concurrency, edge_loads, timings
+from meshplan.comm.alphabeta import busbw_factor
+from meshplan.schedule.linkload import concurrency, edge_loads, timings
 from meshplan.plan import build_plan
-from meshplan.spec.config import load_config
-from meshplan.steptime import step_time
+from meshplan.config import load_config
+from meshplan.schedule.steptime import step_time
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +51,7 @@ def test_fsdp_and_tp_run_concurrently(seed):
 
 
 def test_cross_rail_groups_use_spine():
-    from meshplan.spec.config import config_from_dict
+    from meshplan.config import config_from_dict
     # tp outermost: dp_shard groups (stride 1) are inside a node; tp groups (stride 2) span... use a
     # placement where shard groups mix local GPUs: rank_to_gpu swaps two GPUs of node 1
     perm = list(range(16))

@@ -9,8 +9,8 @@ from meshplan.errors import ConfigError
 from meshplan.memory.state import (MEGATRON_LABEL, TEXTBOOK_LABEL, StateItem, megatron_estimate,
                                    most_loaded, stage_params, stage_state_bytes, state_bytes,
                                    zero_textbook_bytes)
-from meshplan.mesh import resolve_mesh
-from meshplan.pipeline import stage_layers
+from meshplan.mesh.resolve import resolve_mesh
+from meshplan.mesh.layers import stage_layers
 from meshplan.spec.mesh import MeshSpec
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.training import TrainingSpec

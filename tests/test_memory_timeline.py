@@ -25,7 +25,7 @@ from meshplan.memory.activations import in_flight_chunks
 from meshplan.memory.schedule import max_in_flight, stage_ops
 from meshplan.memory.timeline import KINDS, UNTRACKED_KINDS, tracker_to_kinds
 from meshplan.plan import build_plan
-from meshplan.spec.config import config_from_dict
+from meshplan.config import config_from_dict
 from meshplan.units import GiB
 from meshplan.errors import ConfigError
 
@@ -249,7 +249,7 @@ def test_infeasible_reason_and_boundary():
     assert small.reasons[0].startswith("peak 0.0 GiB at backward of layer 1 (micro-batch 1) on stage 0 > ")
     fits = plan_of(system={"system": "dgx-h100", "nodes": 1, "gpu": {**gpu, "hbm_gb": 134996 / 0.9 / 1e9 * 1.001}})
     assert fits.feasible
-    tp4 = build_plan(__import__("meshplan.spec.config", fromlist=["x"]).load_config(EXAMPLES / "seed-64gpu-tp4.toml"))
+    tp4 = build_plan(__import__("meshplan.config", fromlist=["x"]).load_config(EXAMPLES / "seed-64gpu-tp4.toml"))
     assert re.fullmatch(r"peak \d+\.\d GiB at backward of layer 79 \(micro-batch 1\) on stage 0 > 67\.1 GiB usable "
                         r"\(74\.5 GiB - 10% reserve\)", tp4.reasons[0]), tp4.reasons
 
@@ -274,7 +274,7 @@ def test_comparison_helpers():
 
 
 def test_seed_example_peak_and_headroom(capsys):
-    from meshplan.spec.config import load_config
+    from meshplan.config import load_config
 
     p = build_plan(load_config(EXAMPLES / "seed-64gpu.toml"))
     tl = p.timeline

@@ -18,8 +18,8 @@ import pytest
 
 from meshplan.catalog import system
 from meshplan.errors import ConfigError
-from meshplan.nccl_log import check_against_placement, parse_nccl_log, read_nccl_log
-from meshplan.placement import place, rank_row
+from meshplan.comm.nccl_log import check_against_placement, parse_nccl_log, read_nccl_log
+from meshplan.placement.assign import place, rank_row
 
 DATA = Path(__file__).parent / "data" / "nccl"
 OK = DATA / "dgx-h100x2_world16_dp2_ok.log"

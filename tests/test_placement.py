@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from meshplan.errors import ConfigError
-from meshplan.mesh import resolve_mesh
-from meshplan.placement import (axis_locality, core_table, group_locality, place, placement_flags,
+from meshplan.mesh.resolve import resolve_mesh
+from meshplan.placement.assign import (axis_locality, core_table, group_locality, place, placement_flags,
                                 rank_row)
 from meshplan.spec.cluster import ClusterSpec
 from meshplan.spec.mesh import MeshSpec

@@ -1,6 +1,6 @@
 """Placement choice and per-rank bindings, with values worked out by hand.
 
-Score model (meshplan.placement_choice.AxisCost): a group spread over k > 1 NVLink domains
+Score model (meshplan.placement.choice.AxisCost): a group spread over k > 1 NVLink domains
 has k ring hops between domains, each carrying the axis weight w; hops of a group whose
 nodes use different rails are counted again as spine hops; socket hops only on PCIe-only
 nodes or for a NIC on the other socket. Default weights: tp 1e5, cp 1e4, ep 1e3,
@@ -17,15 +17,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from meshplan.bindings import all_bindings, bindings, launch_mode, to_sh, write_bindings
+from meshplan.placement.bindings import all_bindings, bindings, launch_mode, to_sh, write_bindings
 from meshplan.catalog import node, system
 from meshplan.errors import ConfigError
-from meshplan.mesh import resolve_mesh
-from meshplan.placement import axis_locality, place, placement_flags
-from meshplan.placement_choice import choose_placement, fill, weak_bytes, weights_from_plan
+from meshplan.mesh.resolve import resolve_mesh
+from meshplan.placement.assign import axis_locality, place, placement_flags
+from meshplan.placement.choice import choose_placement, fill, weak_bytes, weights_from_plan
 from meshplan.spec.cluster import ClusterSpec
 from meshplan.spec.mesh import MeshSpec
-from meshplan.topology import load_topology, node_from_topology
+from meshplan.placement.topology import load_topology, node_from_topology
 
 ROOT = Path(__file__).resolve().parent.parent
 TOPO = Path(__file__).parent / "data" / "topo"
@@ -87,7 +87,7 @@ def test_seed_good_order_is_kept_and_default_weights():
 
 def test_seed_weights_from_the_collective_table():
     from meshplan.plan import build_plan
-    from meshplan.spec.config import config_from_dict, load_config
+    from meshplan.config import config_from_dict, load_config
 
     good = load_config(ROOT / "examples" / "seed-64gpu.toml")
     plan = build_plan(good)

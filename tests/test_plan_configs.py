@@ -2,7 +2,7 @@
 
 
 from meshplan.plan import build_plan
-from meshplan.spec.config import config_from_dict
+from meshplan.config import config_from_dict
 
 
 def plan_of(model, nodes, mesh, system="dgx-h100", **training):

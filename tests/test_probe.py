@@ -1,4 +1,4 @@
-"""The in-run collective probe's plan side (meshplan.runtime.probe): which collectives it
+"""The in-run collective probe's plan side (meshplan.runtime.validation.probe): which collectives it
 times, on which groups, and how the measured times enter the step-time model. The worker
 side runs in tests/test_validate.py (probe.json of a real 4-rank gloo run)."""
 
@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from meshplan.plan import build_plan
-from meshplan.runtime.probe import PROBED_OPS, calibrated_plan, probe_spec
-from meshplan.runtime.validate import Options, scale_config
-from meshplan.spec.config import load_config
-from meshplan.steptime import step_time
+from meshplan.runtime.validation.probe import PROBED_OPS, calibrated_plan, probe_spec
+from meshplan.runtime.validation.validate import Options, scale_config
+from meshplan.config import load_config
+from meshplan.schedule.steptime import step_time
 
 ROOT = Path(__file__).resolve().parents[1]
 

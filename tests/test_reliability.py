@@ -7,13 +7,13 @@ import pytest
 
 from meshplan import catalog
 from meshplan.memory.state import state_bytes
-from meshplan.mesh import resolve_mesh
-from meshplan.pipeline import stage_layers
+from meshplan.mesh.resolve import resolve_mesh
+from meshplan.mesh.layers import stage_layers
 from meshplan.plan import build_plan
 from meshplan.reliability import (DEFAULT_RATE_PER_GPU_DAY, CheckpointSize, checkpoint_size, daly_interval_s,
                                   failure_domains, goodput, interruptions_per_day, mtbf_s, reliability,
                                   restart_on_fewer_nodes, write_time_s, young_interval_s)
-from meshplan.spec.config import load_config
+from meshplan.config import load_config
 from meshplan.spec.mesh import MeshSpec
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.training import TrainingSpec

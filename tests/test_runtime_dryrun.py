@@ -2,7 +2,7 @@
 DeviceMesh groups against meshplan's rank lists, and every collective one rank issues in one
 step (op, group ranks, bytes, dtype, count) against a derivation by hand.
 
-Conventions of the hand derivations (torch 2.13, see meshplan/runtime/parallelize.py):
+Conventions of the hand derivations (torch 2.13, see meshplan/runtime/execution/parallelize.py):
 - sizes are nccl-tests buffers: all-gather output, reduce-scatter input, all-reduce buffer;
 - TP activation buffer = b * s * h * bytes (with SP too: the gathered buffer);
 - FSDP units: each layer, then the root (embedding + final_norm + output); the root keeps
@@ -19,11 +19,11 @@ import pytest
 pytest.importorskip("torch")
 
 from meshplan.errors import ConfigError  # noqa: E402
-from meshplan.mesh import resolve_mesh  # noqa: E402
-from meshplan.runtime.compare import tally_records  # noqa: E402
-from meshplan.runtime.dryrun import dry_run, fake_process_group  # noqa: E402
-from meshplan.runtime.model import Transformer, scale_model  # noqa: E402
-from meshplan.runtime.parallelize import check_groups, init_mesh, parallelize  # noqa: E402
+from meshplan.mesh.resolve import resolve_mesh  # noqa: E402
+from meshplan.runtime.validation.compare import tally_records  # noqa: E402
+from meshplan.runtime.validation.dryrun import dry_run, fake_process_group  # noqa: E402
+from meshplan.runtime.execution.model import Transformer, scale_model  # noqa: E402
+from meshplan.runtime.execution.parallelize import check_groups, init_mesh, parallelize  # noqa: E402
 from meshplan.spec.mesh import MeshSpec  # noqa: E402
 from meshplan.spec.model import ModelSpec  # noqa: E402
 from meshplan.spec.training import TrainingSpec  # noqa: E402

@@ -9,7 +9,7 @@ import pytest
 
 from meshplan.errors import ConfigError
 from meshplan.memory.activations import in_flight_chunks
-from meshplan.schedule import (SCHEDULES, PipelineSpec, bubble_formula, simulate, stage_order, trace_dict,
+from meshplan.pipeline.simulate import (SCHEDULES, PipelineSpec, bubble_formula, simulate, stage_order, trace_dict,
                                write_trace)
 
 
@@ -142,8 +142,8 @@ def test_trace_is_chrome_json_and_written_atomically(tmp_path):
 # Rank timeline ------------------------------------------------------------------------
 
 from meshplan import catalog  # noqa: E402
-from meshplan.compute import Workload, layer_cost  # noqa: E402
-from meshplan.rank_timeline import ChunkCosts, CommTimes, Overlap, backward_unit, forward_unit  # noqa: E402
+from meshplan.compute.ops import Workload, layer_cost  # noqa: E402
+from meshplan.schedule.rank_timeline import ChunkCosts, CommTimes, Overlap, backward_unit, forward_unit  # noqa: E402
 
 GPU = catalog.gpu("h100-sxm5-80gb")
 MODEL = catalog.model("llama3-8b")
@@ -208,9 +208,9 @@ def test_gradient_reduce_scatter_overlaps_the_next_layer_backward():
 # Whole plans ----------------------------------------------------------------------------
 
 from meshplan.plan import build_plan  # noqa: E402
-from meshplan.spec.config import config_from_dict, load_config  # noqa: E402
-from meshplan.steptime import step_time  # noqa: E402
-from meshplan.rank_timeline import comm_kind  # noqa: E402
+from meshplan.config import config_from_dict, load_config  # noqa: E402
+from meshplan.schedule.steptime import step_time  # noqa: E402
+from meshplan.schedule.rank_timeline import comm_kind  # noqa: E402
 
 
 def _plan(mesh, training=None, model="llama3-8b", nodes=2):

@@ -2,7 +2,7 @@
 
 For small worlds (8, 16 and 64 GPUs, a small Llama-style model on H100s with a reduced HBM
 so that memory binds) every candidate is planned with :func:`meshplan.plan.build_plan` and,
-when feasible, simulated with :func:`meshplan.steptime.step_time`; the search must give
+when feasible, simulated with :func:`meshplan.schedule.steptime.step_time`; the search must give
 the same verdict for each (plus its GEMM-efficiency rule), the same top by step time, and
 rejection counts that add up.
 """
@@ -17,14 +17,14 @@ import sys
 import numpy as np
 import pytest
 
-from meshplan import constraints as cons
+from meshplan.memory import constraints as cons
 from meshplan.errors import ConfigError
 from meshplan.plan import build_plan
-from meshplan.rank_timeline import Overlap
-from meshplan.search import refine, search
-from meshplan.search_space import CODE, OK, REASONS, candidate_config
-from meshplan.spec.config import config_from_dict
-from meshplan.steptime import step_time
+from meshplan.schedule.rank_timeline import Overlap
+from meshplan.search.driver import refine, search
+from meshplan.search.space import CODE, OK, REASONS, candidate_config
+from meshplan.config import config_from_dict
+from meshplan.schedule.steptime import step_time
 
 SMALL = {"name": "small", "layers": 8, "hidden": 2048, "ffn": 5632, "q_heads": 16, "kv_heads": 4,
          "head_dim": 128, "vocab": 32000}
@@ -218,7 +218,7 @@ def test_cli_search_writes_json_and_refuses_to_overwrite(tmp_path):
     assert run.returncode == 0, run.stderr
     assert "candidates per outcome" in run.stdout and "best rejected" in run.stdout
     doc = json.loads(out.read_text())
-    assert doc["schema"] == "meshplan.search/v1" and len(doc["top"]) == 3
+    assert doc["schema"] == "meshplan.search.driver/v1" and len(doc["top"]) == 3
     assert sum(doc["counts"].values()) == doc["candidates"]
     again = subprocess.run(cmd, capture_output=True, text=True)
     assert again.returncode == 2 and "error: --json" in again.stderr

@@ -9,7 +9,7 @@ import pytest
 
 from meshplan.plan import SCHEMA, build_plan
 from meshplan.report.json_out import plan_to_dict, write_json
-from meshplan.spec.config import load_config
+from meshplan.config import load_config
 
 
 @pytest.fixture(scope="module")
@@ -111,9 +111,9 @@ def test_step_verdict_names_fsdp_regather(plan8):
     step is network-bound on FSDP, with its bytes, link, cause and the knob that fits."""
     from dataclasses import replace
 
-    from meshplan.comm import busbw_factor
-    from meshplan.stepverdict import network_verdict, rebuilt_step
-    from meshplan.steptime import step_time
+    from meshplan.comm.alphabeta import busbw_factor
+    from meshplan.schedule.verdict import network_verdict, rebuilt_step
+    from meshplan.schedule.steptime import step_time
 
     st = step_time(plan8)
     exposed = sum(st.exposed_s.values())
@@ -150,9 +150,9 @@ def test_step_cli_prints_verdict():
 def test_no_verdict_when_compute_bound():
     """Llama-3-8B on one node (dp_shard 4 x tp 2): exposed communication is a small part of
     the step, so `step` prints no network verdict."""
-    from meshplan.spec.config import config_from_dict
-    from meshplan.stepverdict import network_verdict
-    from meshplan.steptime import step_time
+    from meshplan.config import config_from_dict
+    from meshplan.schedule.verdict import network_verdict
+    from meshplan.schedule.steptime import step_time
     plan = build_plan(config_from_dict({"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 1},
                                         "training": {"global_batch": 8, "seq_len": 1024},
                                         "mesh": {"names": ["dp_shard", "tp"], "shape": [4, 2]}}))

@@ -23,10 +23,10 @@ from pathlib import Path
 import pytest
 
 from meshplan.errors import ConfigError
-from meshplan.runtime import testbed as T
+from meshplan.runtime.testbed import netns as T
 from tests.testbed_gate import AVAILABLE, WHY
-from meshplan.runtime.slice import MeshResult, _ranks, prepare_slice_out, run_slice, table_lines
-from meshplan.runtime.validate import Options
+from meshplan.runtime.validation.slice import MeshResult, _ranks, prepare_slice_out, run_slice, table_lines
+from meshplan.runtime.validation.validate import Options
 
 ROOT = Path(__file__).resolve().parents[1]
 MINI = [ROOT / "examples" / f"mini_2x4_{n}.toml" for n in ("tp4-dp2", "tp4-across-nodes", "tp2-dp4")]
@@ -56,7 +56,7 @@ def test_ranks_table_and_guards(tmp_path):
 
 
 def test_parts_table_orders_meshes_by_measured_rank():
-    from meshplan.runtime.slice import parts_lines
+    from meshplan.runtime.validation.slice import parts_lines
 
     a = MeshResult("a", "a.toml", True, "", 0.1, 0.2, measured_rank=2,
                    parts={"GEMM kernels": [0.01, 0.003], "the rest": [0.002, 0.5]})
@@ -84,8 +84,8 @@ def test_a_slice_is_one_workload(tmp_path, monkeypatch):
 
 
 def test_example_placements():
-    from meshplan.mesh import resolve_mesh
-    from meshplan.spec.config import load_config
+    from meshplan.mesh.resolve import resolve_mesh
+    from meshplan.config import load_config
 
     groups = {p.stem: resolve_mesh(load_config(p).mesh, 8).group_of(0, "tp") for p in MINI}
     assert groups == {"mini_2x4_tp4-dp2": [0, 1, 2, 3], ACROSS: [0, 2, 4, 6], "mini_2x4_tp2-dp4": [0, 1]}

@@ -13,11 +13,11 @@ import pytest
 pytest.importorskip("torch")
 
 from meshplan import catalog  # noqa: E402
-from meshplan.collectives import collective_table  # noqa: E402
-from meshplan.mesh import resolve_mesh  # noqa: E402
-from meshplan.placement import place  # noqa: E402
-from meshplan.runtime.compare import differences, tally_records, tally_table  # noqa: E402
-from meshplan.runtime.dryrun import dry_run  # noqa: E402
+from meshplan.comm.collectives import collective_table  # noqa: E402
+from meshplan.mesh.resolve import resolve_mesh  # noqa: E402
+from meshplan.placement.assign import place  # noqa: E402
+from meshplan.runtime.validation.compare import differences, tally_records, tally_table  # noqa: E402
+from meshplan.runtime.validation.dryrun import dry_run  # noqa: E402
 from meshplan.spec.mesh import MeshSpec  # noqa: E402
 from meshplan.spec.model import ModelSpec  # noqa: E402
 from meshplan.spec.training import TrainingSpec  # noqa: E402
@@ -76,7 +76,7 @@ def test_loss_not_parallel_matches():
                        tally_table(table_for(TINY, training, mesh, loss_parallel=False))) == []
 
 
-# MoE with expert parallelism (meshplan.runtime.moe): router, capacity dispatch, experts over
+# MoE with expert parallelism (meshplan.runtime.execution.moe): router, capacity dispatch, experts over
 # ep with all-to-all, routed experts as their own FSDP2 unit over efsdp. Names and shapes
 # (dense axes, ep) are resolved as [mesh] names = [..., "ep"] would be.
 MOE = ModelSpec(name="tiny-moe", layers=2, hidden=64, ffn=128, q_heads=4, kv_heads=2, vocab=256,
@@ -117,7 +117,7 @@ def test_moe_table_matches_torch(name):
     assert {r.size_bytes for r in a2a} == {rows * model.hidden * (2 if dtypes is MP else 4)}
 
 
-# Context parallelism (meshplan.runtime.cp, Llama 3's all-gather CP): each rank holds seq/cp
+# Context parallelism (meshplan.runtime.execution.cp, Llama 3's all-gather CP): each rank holds seq/cp
 # tokens as 2 load-balanced chunks, gathers K and V (one stacked buffer) over cp in every
 # layer, and its backward reduce-scatters dK and dV; FSDP2 shards over fsdp = dp_shard x cp.
 CP_CASES = {
@@ -152,7 +152,7 @@ def test_cp_table_matches_torch(name):
     assert len(fsdp) == mesh.degree("dp_shard") * cpn and any(r.group == fsdp for r in run.records)
 
 
-# Tensor parallelism with MoE layers (meshplan.runtime.moe.apply_moe_tp, etp 1): attention and
+# Tensor parallelism with MoE layers (meshplan.runtime.execution.moe.apply_moe_tp, etp 1): attention and
 # shared experts by DTensor TP/SP, the router replicated over tp (its gradient all-reduced over
 # tp), each tp rank routing its tp-th of the tokens: under SP its own sequence shard (no tp
 # collective around the routed experts), without SP a slice of the replicated tokens, the

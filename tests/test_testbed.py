@@ -17,9 +17,9 @@ import time
 import pytest
 
 from meshplan.errors import ConfigError
-from meshplan.runtime import testbed as T
+from meshplan.runtime.testbed import netns as T
 from tests.testbed_gate import needs_testbed
-from meshplan.runtime.testbed_launch import launch_per_node, torchrun_argv
+from meshplan.runtime.testbed.launch import launch_per_node, torchrun_argv
 
 
 PID = os.getpid() % 10**7

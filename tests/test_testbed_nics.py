@@ -14,11 +14,11 @@ import time
 
 import pytest
 
-from meshplan.runtime import testbed as T
+from meshplan.runtime.testbed import netns as T
 from tests.testbed_gate import needs_testbed
-from meshplan.runtime.testbed_launch import launch_per_node
-from meshplan.runtime.testbed_nics import bind_shim, predict_nic_bytes
-from meshplan.runtime.testbed_routes import node_lines
+from meshplan.runtime.testbed.launch import launch_per_node
+from meshplan.runtime.testbed.nics import bind_shim, predict_nic_bytes
+from meshplan.runtime.testbed.routes import node_lines
 
 
 PID = os.getpid() % 10**6
@@ -118,8 +118,8 @@ def test_validate_puts_each_rank_on_its_nic_and_the_bytes_per_nic_match_the_plan
     ACKs and the barriers around the steps (+0.3% measured here); 5% also covers tbf
     splitting GSO packets at low rates (66 B of headers per 1448 B segment)."""
     from meshplan.plan import build_plan
-    from meshplan.runtime.validate import Options, scale_config, validate
-    from meshplan.spec.config import load_config
+    from meshplan.runtime.validation.validate import Options, scale_config, validate
+    from meshplan.config import load_config
 
     tb, state = bed
     monkeypatch.setenv("MESHPLAN_TESTBED_DIR", str(state))

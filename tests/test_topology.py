@@ -23,7 +23,7 @@ import pytest
 from meshplan.catalog import node
 from meshplan.errors import ConfigError
 from meshplan.spec.cluster import NodeSpec
-from meshplan.topology import (check_identity_nic_map, load_topology, node_from_topology,
+from meshplan.placement.topology import (check_identity_nic_map, load_topology, node_from_topology,
                                parse_nccl_topo_xml, parse_nvidia_smi_topo)
 
 DATA = Path(__file__).parent / "data" / "topo"

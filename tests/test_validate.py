@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 
 from meshplan.errors import ConfigError
-from meshplan.runtime.launch import RunOutcome, diagnose, parse_root_cause
-from meshplan.runtime.validate import MARKER, Options, prepare_out, scale_mesh
+from meshplan.runtime.execution.launch import RunOutcome, diagnose, parse_root_cause
+from meshplan.runtime.validation.validate import MARKER, Options, prepare_out, scale_mesh
 from meshplan.spec.mesh import MeshSpec
 
 DATA = Path(__file__).parent / "data"
@@ -116,8 +116,8 @@ def test_a_mesh_the_runtime_cannot_build_is_refused_before_anything_runs(tmp_pat
     one-line ConfigError (exit 2) before it creates the evidence folder or starts torchrun."""
     from dataclasses import replace as dc_replace
 
-    from meshplan.runtime.validate import validate
-    from meshplan.spec.config import load_config
+    from meshplan.runtime.validation.validate import validate
+    from meshplan.config import load_config
 
     cfg = load_config(DATA / "validate_mixtral_ep2_fsdp.toml")
     etp = dict(names=["dp_shard", "ep", "etp"], shape=[8, 2, 2])
@@ -206,8 +206,8 @@ def test_staged_worlds_2_4_tp2_sp_fsdp2_match_the_plan_exactly(tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_8_ranks_hsdp_tp2_sp_match_the_plan_exactly(tmp_path):
-    from meshplan.runtime.validate import validate
-    from meshplan.spec.config import load_config
+    from meshplan.runtime.validation.validate import validate
+    from meshplan.config import load_config
 
     code, res = validate(load_config(HSDP), Options(worlds=(8,), timeout_s=100, probe=False, **FAST), tmp_path / "ev",
                          echo=lambda *_: None)
@@ -226,8 +226,8 @@ def test_8_ranks_hsdp_tp2_sp_match_the_plan_exactly(tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(90)
 def test_killed_rank_is_named_and_nothing_is_left(tmp_path):
-    from meshplan.runtime.validate import validate
-    from meshplan.spec.config import load_config
+    from meshplan.runtime.validation.validate import validate
+    from meshplan.config import load_config
 
     out = tmp_path / "ev"
     t0 = time.monotonic()
@@ -245,8 +245,8 @@ def test_killed_rank_is_named_and_nothing_is_left(tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(150)
 def test_hung_rank_is_named_at_the_wall_clock_limit_and_killed(tmp_path):
-    from meshplan.runtime.validate import validate
-    from meshplan.spec.config import load_config
+    from meshplan.runtime.validation.validate import validate
+    from meshplan.config import load_config
 
     out = tmp_path / "ev"
     t0 = time.monotonic()
@@ -265,8 +265,8 @@ def test_hung_rank_is_named_at_the_wall_clock_limit_and_killed(tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(90)
 def test_hung_rank_is_named_after_the_process_group_timeout(tmp_path):
-    from meshplan.runtime.validate import validate
-    from meshplan.spec.config import load_config
+    from meshplan.runtime.validation.validate import validate
+    from meshplan.config import load_config
 
     out = tmp_path / "ev"
     code, res = validate(load_config(TP_FSDP), Options(worlds=(2,), timeout_s=60, pg_timeout_s=8, hang_rank=0,
@@ -280,9 +280,9 @@ def test_hung_rank_is_named_after_the_process_group_timeout(tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_two_node_testbed_run_matches_the_plan_and_counts_nic_bytes(tmp_path, monkeypatch):
-    from meshplan.runtime.testbed import testbed_available, testbed_down, testbed_up
-    from meshplan.runtime.validate import validate
-    from meshplan.spec.config import load_config
+    from meshplan.runtime.testbed.netns import testbed_available, testbed_down, testbed_up
+    from meshplan.runtime.validation.validate import validate
+    from meshplan.config import load_config
 
     ok, why = testbed_available()
     if not ok:

@@ -1,4 +1,4 @@
-"""`meshplan validate` of context parallelism (meshplan.runtime.cp: Llama 3's all-gather CP).
+"""`meshplan validate` of context parallelism (meshplan.runtime.execution.cp: Llama 3's all-gather CP).
 
 Slow (4 gloo ranks, ~30-40 s each on 2 cores): Llama-3-8B shapes scaled down, cp 2 x
 dp_shard 2 (FSDP2 over fsdp = dp_shard x cp) and cp 2 x tp 2 + SP. Every rank's collectives
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from meshplan.mesh import resolve_mesh
+from meshplan.mesh.resolve import resolve_mesh
 from meshplan.spec.mesh import MeshSpec
 from meshplan.spec.training import TrainingSpec
 
@@ -27,7 +27,7 @@ DATA = Path(__file__).parent / "data"
 
 def test_chunks_are_load_balanced_and_cover_the_sequence():
     from meshplan.errors import ConfigError
-    from meshplan.runtime.cp import chunk_positions, shard_sequence
+    from meshplan.runtime.execution.cp import chunk_positions, shard_sequence
 
     assert chunk_positions(16, 4, 1).tolist() == [2, 3, 12, 13]
     every = torch.cat([chunk_positions(32, 4, r) for r in range(4)])
@@ -42,8 +42,8 @@ def test_chunks_are_load_balanced_and_cover_the_sequence():
 
 
 def test_runner_refuses_cp_with_moe_by_name_and_builds_cp_with_pp():
-    from meshplan.runtime.parallelize import _unsupported
-    from meshplan.runtime.pipelined import unsupported
+    from meshplan.runtime.execution.parallelize import _unsupported
+    from meshplan.runtime.execution.pipelined import unsupported
 
     training = TrainingSpec(global_batch=8, seq_len=16)
     cp = resolve_mesh(MeshSpec(names=["dp_shard", "cp", "tp"], shape=[2, 2, 2]), world=8)
@@ -59,11 +59,11 @@ def _reference_losses(plan_json: Path, world: int, steps: int = 2) -> list[list[
     backward and one AdamW step (the worker's settings) per step."""
     import torch.nn.functional as F
 
-    from meshplan.runtime.cp import chunk_positions
-    from meshplan.runtime.model import Transformer
-    from meshplan.runtime.trainstep import batch
-    from meshplan.runtime.worker import load_plan
-    from meshplan.tpsplit import padded_vocab
+    from meshplan.runtime.execution.cp import chunk_positions
+    from meshplan.runtime.execution.model import Transformer
+    from meshplan.runtime.execution.trainstep import batch
+    from meshplan.runtime.execution.worker import load_plan
+    from meshplan.mesh.tpsplit import padded_vocab
 
     _, spec, training, mesh = load_plan(plan_json)
     tp, cp = mesh.degree("tp"), mesh.degree("cp")
@@ -106,8 +106,8 @@ def _check(out: Path, res, world: int, axes: set[str]) -> list[dict]:
 
 
 def _run(config: Path, tmp_path: Path):
-    from meshplan.runtime.validate import Options, validate
-    from meshplan.spec.config import load_config
+    from meshplan.runtime.validation.validate import Options, validate
+    from meshplan.config import load_config
 
     out = tmp_path / "ev"
     code, res = validate(load_config(config), Options(worlds=(4,), layers=2, seq_len=32, vocab=512, steps=1,

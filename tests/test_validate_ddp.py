@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from meshplan.mesh import resolve_mesh
+from meshplan.mesh.resolve import resolve_mesh
 from meshplan.spec.mesh import MeshSpec
 from meshplan.spec.training import TrainingSpec
 
@@ -33,7 +33,7 @@ DATA = Path(__file__).parent / "data"
     (["dp"], [4], True, "sharding 'none' with MoE layers"),
 ])
 def test_runner_refuses_ddp_beyond_plain_data_parallelism_by_name(names, shape, moe, why):
-    from meshplan.runtime.parallelize import _unsupported
+    from meshplan.runtime.execution.parallelize import _unsupported
 
     training = TrainingSpec(global_batch=8, seq_len=16, sharding="none")
     mesh = resolve_mesh(MeshSpec(names=names, shape=shape), world=4)
@@ -49,10 +49,10 @@ def _reference(plan_json: Path, world: int, steps: int = 2) -> tuple[list[list[f
     losses (the worker accumulates micro-batches, DDP averages over dp), one AdamW step."""
     import torch.nn.functional as F
 
-    from meshplan.runtime.model import Transformer
-    from meshplan.runtime.trainstep import batch
-    from meshplan.runtime.worker import load_plan
-    from meshplan.tpsplit import padded_vocab
+    from meshplan.runtime.execution.model import Transformer
+    from meshplan.runtime.execution.trainstep import batch
+    from meshplan.runtime.execution.worker import load_plan
+    from meshplan.mesh.tpsplit import padded_vocab
 
     _, spec, training, mesh = load_plan(plan_json)
     vocab = padded_vocab(spec.vocab, training.vocab_pad_divisor, 1)
@@ -77,8 +77,8 @@ def _reference(plan_json: Path, world: int, steps: int = 2) -> tuple[list[list[f
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_4_ranks_ddp_dp4_match_the_plan_and_the_reference(tmp_path):
-    from meshplan.runtime.validate import Options, validate
-    from meshplan.spec.config import load_config
+    from meshplan.runtime.validation.validate import Options, validate
+    from meshplan.config import load_config
 
     out = tmp_path / "ev"
     code, res = validate(load_config(DATA / "validate_llama8b_ddp4.toml"),

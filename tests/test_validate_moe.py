@@ -1,4 +1,4 @@
-"""`meshplan validate` of an MoE mesh with expert parallelism (meshplan.runtime.moe).
+"""`meshplan validate` of an MoE mesh with expert parallelism (meshplan.runtime.execution.moe).
 
 Slow (4 gloo ranks, ~30-40 s on 2 cores): Mixtral-8x7B shapes scaled down, FSDP2 over
 dp_shard 4, the 8 experts over ep 2 (4 per rank) and sharded over efsdp 2. Every rank's
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from meshplan.mesh import resolve_mesh
+from meshplan.mesh.resolve import resolve_mesh
 from meshplan.spec.mesh import MeshSpec
 from meshplan.spec.training import TrainingSpec
 
@@ -25,7 +25,7 @@ MOE_TP2_EP2 = Path(__file__).parent / "data" / "validate_mixtral_tp2sp_ep2_fsdp.
 
 
 def test_runner_refuses_etp_by_name_and_builds_moe_with_tp():
-    from meshplan.runtime.parallelize import _unsupported
+    from meshplan.runtime.execution.parallelize import _unsupported
 
     training = TrainingSpec(global_batch=8, seq_len=16)
     etp = resolve_mesh(MeshSpec(names=["dp_shard", "ep", "etp"], shape=[4, 2, 2]), world=4)
@@ -45,11 +45,11 @@ def _reference_losses(plan_json: Path, world: int, steps: int = 2, token_split: 
     micro-batch 1, with or without SP)."""
     import torch.nn.functional as F
 
-    from meshplan.runtime.model import Transformer
-    from meshplan.runtime.moe import moe_layers
-    from meshplan.runtime.trainstep import batch
-    from meshplan.runtime.worker import load_plan
-    from meshplan.tpsplit import padded_vocab
+    from meshplan.runtime.execution.model import Transformer
+    from meshplan.runtime.execution.moe import moe_layers
+    from meshplan.runtime.execution.trainstep import batch
+    from meshplan.runtime.execution.worker import load_plan
+    from meshplan.mesh.tpsplit import padded_vocab
 
     _, spec, training, mesh = load_plan(plan_json)
     vocab = padded_vocab(spec.vocab, training.vocab_pad_divisor, 1)
@@ -129,8 +129,8 @@ def _validated_exactly(config: Path, tmp_path: Path) -> tuple[Path, list[dict]]:
     """Run validate on 4 ranks (2 layers, seq 32, vocab 512, one timed step); assert it passed
     with no collective or group difference and every rank's count equal to the plan's.
     Returns (evidence folder, the collective rows)."""
-    from meshplan.runtime.validate import Options, validate
-    from meshplan.spec.config import load_config
+    from meshplan.runtime.validation.validate import Options, validate
+    from meshplan.config import load_config
 
     out = tmp_path / "ev"
     code, res = validate(load_config(config), Options(worlds=(4,), layers=2, seq_len=32, vocab=512, steps=1,
@@ -150,9 +150,9 @@ def _grad_worker(rank: int, world: int, store_path: str, sp: bool, out: str) -> 
     import torch.distributed as dist
     import torch.nn.functional as F
 
-    from meshplan.runtime.model import Transformer
-    from meshplan.runtime.moe import moe_layers
-    from meshplan.runtime.parallelize import init_mesh, parallelize
+    from meshplan.runtime.execution.model import Transformer
+    from meshplan.runtime.execution.moe import moe_layers
+    from meshplan.runtime.execution.parallelize import init_mesh, parallelize
     from meshplan.spec.model import ModelSpec
 
     torch.set_num_threads(1)

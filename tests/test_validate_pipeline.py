@@ -1,4 +1,4 @@
-"""Pipeline parallelism on the real engine (meshplan.runtime.pipelined).
+"""Pipeline parallelism on the real engine (meshplan.runtime.execution.pipelined).
 
 Fast (one process, no process group): a model split into the plan's stages computes the full
 model's logits with the full model's initial weights. Multi-process (``slow``, ~25-35 s on 2
@@ -20,8 +20,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from meshplan.runtime.validate import Options, validate  # noqa: E402
-from meshplan.spec.config import load_config  # noqa: E402
+from meshplan.runtime.validation.validate import Options, validate  # noqa: E402
+from meshplan.config import load_config  # noqa: E402
 from meshplan.spec.model import ModelSpec  # noqa: E402
 
 DATA = Path(__file__).parent / "data"
@@ -29,9 +29,9 @@ PP_FSDP = DATA / "validate_llama8b_pp2_fsdp.toml"
 
 
 def test_stage_split_computes_the_full_models_logits():
-    from meshplan.pipeline import stage_layers
-    from meshplan.runtime.model import Transformer
-    from meshplan.runtime.pipelined import StageModule, init_stage_weights
+    from meshplan.mesh.layers import stage_layers
+    from meshplan.runtime.execution.model import Transformer
+    from meshplan.runtime.execution.pipelined import StageModule, init_stage_weights
 
     spec = ModelSpec(layers=4, hidden=64, ffn=128, q_heads=4, kv_heads=2, vocab=100)
     ref = Transformer(spec)
@@ -137,10 +137,10 @@ def _reference_loss(folder: Path, rank: int) -> float:
     same initial weights and the same micro-batches (worker.batch), mean over micro-batches."""
     import torch.nn.functional as F
 
-    from meshplan.runtime.model import Transformer
-    from meshplan.runtime.trainstep import batch
-    from meshplan.runtime.worker import load_plan
-    from meshplan.tpsplit import padded_vocab
+    from meshplan.runtime.execution.model import Transformer
+    from meshplan.runtime.execution.trainstep import batch
+    from meshplan.runtime.execution.worker import load_plan
+    from meshplan.mesh.tpsplit import padded_vocab
 
     plan, spec, training, mesh = load_plan(folder / "plan.json")
     vocab = padded_vocab(spec.vocab, training.vocab_pad_divisor, mesh.degree("tp"))

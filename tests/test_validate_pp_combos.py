@@ -1,5 +1,5 @@
 """Pipeline parallelism combined with context parallelism, tied embeddings and experts
-(meshplan.runtime.pipelined, meshplan.runtime.pipelined_stage), on the real engine.
+(meshplan.runtime.execution.pipelined, meshplan.runtime.execution.pipelined_stage), on the real engine.
 
 Each multi-process test (``slow``, gloo, 4-8 ranks, tiny fp32 model, ~20-60 s on 2 cores)
 runs ``meshplan validate`` and checks that every rank's recorded collectives equal the
@@ -18,15 +18,15 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from meshplan.runtime.validate import Options, validate  # noqa: E402
-from meshplan.spec.config import load_config  # noqa: E402
+from meshplan.runtime.validation.validate import Options, validate  # noqa: E402
+from meshplan.config import load_config  # noqa: E402
 
 DATA = Path(__file__).parent / "data"
 
 
 def test_what_pipelines_still_refuse_is_named():
-    from meshplan.mesh import resolve_mesh
-    from meshplan.runtime.pipelined import unsupported
+    from meshplan.mesh.resolve import resolve_mesh
+    from meshplan.runtime.execution.pipelined import unsupported
     from meshplan.spec.mesh import MeshSpec
     from meshplan.spec.model import ModelSpec
     from meshplan.spec.training import TrainingSpec
@@ -55,12 +55,12 @@ def _reference_losses(folder: Path, steps: int = 2, token_split: int = 1) -> dic
     capacity, as tp ranks under SP route their own sequence shard (micro-batch 1, cp 1)."""
     import torch.nn.functional as F
 
-    from meshplan.runtime.cp import chunk_positions
-    from meshplan.runtime.model import Transformer
-    from meshplan.runtime.moe import moe_layers
-    from meshplan.runtime.trainstep import batch
-    from meshplan.runtime.worker import load_plan
-    from meshplan.tpsplit import padded_vocab
+    from meshplan.runtime.execution.cp import chunk_positions
+    from meshplan.runtime.execution.model import Transformer
+    from meshplan.runtime.execution.moe import moe_layers
+    from meshplan.runtime.execution.trainstep import batch
+    from meshplan.runtime.execution.worker import load_plan
+    from meshplan.mesh.tpsplit import padded_vocab
 
     plan, spec, training, mesh = load_plan(folder / "plan.json")
     tp, cp, pp = mesh.degree("tp"), mesh.degree("cp"), mesh.degree("pp")

@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from meshplan.runtime.testbed import testbed_available
+from meshplan.runtime.testbed.netns import testbed_available
 
 AVAILABLE, WHY = testbed_available()
 if not AVAILABLE and os.environ.get("MESHPLAN_REQUIRE_TESTBED") == "1":

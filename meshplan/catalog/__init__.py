@@ -25,9 +25,9 @@ from typing import Any, Optional
 
 from pydantic import BaseModel, ValidationError
 
-from ..errors import ConfigError
-from ..spec.cluster import ClusterSpec, GPUSpec, NetworkTier, NodeSpec
-from ..spec.model import ModelSpec
+from meshplan.errors import ConfigError
+from meshplan.spec.cluster import ClusterSpec, GPUSpec, NetworkTier, NodeSpec
+from meshplan.spec.model import ModelSpec
 
 KINDS = ("gpu", "node", "network", "model")
 _NODE_LINKS = ("gpu", "network")  # keys of a node entry that are not NodeSpec fields

@@ -1,1 +1,8 @@
-"""Memory model: persistent model state (:mod:`.state`) and activations (:mod:`.activations`)."""
+"""Memory (layer 8): persistent model state (:mod:`.state`), activations per layer
+(:mod:`.activations`, Korthikanti et al. 2022 Table 2), sizes of every tensor class
+(:mod:`.sizes`), per-stage op lists (:mod:`.schedule`), timeline passes (:mod:`.passes`),
+the per-rank memory timeline (:mod:`.timeline`), and the first capacity estimates that say
+which axis each degree solves (:mod:`.constraints`).
+"""
+
+__all__ = ["activations", "constraints", "passes", "schedule", "sizes", "state", "timeline"]

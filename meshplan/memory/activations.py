@@ -41,7 +41,7 @@ Sum for GPT: [r] 10 sbh, split 24 sbh / t, scores 5 a s^2 b / t: Table 2.
 
 Further conventions:
 - KV heads: per-rank K and V hold ``g/t`` heads, or one head when t > g (KV heads
-  replicated, as :func:`meshplan.tpsplit.local_heads`).
+  replicated, as :func:`meshplan.mesh.tpsplit.local_heads`).
 - Selective recompute (Korthikanti 5) removes the [sc] terms. Flash attention also removes
   them: it keeps Q, K, V, the output and the fp32 softmax statistics (log-sum-exp, 4 bytes
   per query row per head: ``4 a s b / t``, small) and regenerates dropout from the RNG
@@ -60,7 +60,7 @@ Further conventions:
 
 Implementation variants (keyword options of :func:`layer_terms`, all off for Megatron-Core
 and Table 2; ``[memory]`` fields of :class:`~meshplan.spec.memory.MemoryOptions`), seen in
-torch's own accounting of a DTensor/FSDP2 Llama (:mod:`meshplan.runtime.memcheck`):
+torch's own accounting of a DTensor/FSDP2 Llama (:mod:`meshplan.runtime.validation.memcheck`):
 
 - ``sp_gathered_input``: with sequence parallel, the QKV and MLP-in GEMMs (and the output
   layer) keep their all-gathered input ``a s b h`` for backward instead of the
@@ -90,11 +90,11 @@ from dataclasses import dataclass
 from fractions import Fraction
 from math import ceil
 
-from ..errors import ConfigError
-from ..mesh import Mesh
-from ..spec.model import ModelSpec
-from ..spec.training import TrainingSpec
-from ..units import dtype_bytes
+from meshplan.errors import ConfigError
+from meshplan.mesh.resolve import Mesh
+from meshplan.spec.model import ModelSpec
+from meshplan.spec.training import TrainingSpec
+from meshplan.units import dtype_bytes
 
 RECOMPUTE = ("none", "selective", "full")
 

@@ -12,8 +12,8 @@ FSDP units (zero3/hsdp, shard degree > 1) follow FSDP2 (torch ``fully_shard``,
 ``_fsdp_param_group.py``): one unit per layer, and the chunk's root unit, which holds the
 embedding and the head (final norm, output) of the stage and is never resharded after
 forward; on a one-stage pipeline both are one unit (``root``), as
-:func:`meshplan.runtime.parallelize.apply_fsdp` wraps them and
-:mod:`meshplan.collectives` counts them. Unsharding a unit allocates its all-gather output
+:func:`meshplan.runtime.execution.parallelize.apply_fsdp` wraps them and
+:mod:`meshplan.comm.collectives` counts them. Unsharding a unit allocates its all-gather output
 and then copies it out into the unsharded parameters (``gathered_params``, twice the
 unit). In forward (FSDP2's implicit prefetch, ``wait_for_unshard``) the all-gather output
 is kept until the next unit's copy-out, and the last one until the end of the forward;

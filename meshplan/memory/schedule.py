@@ -31,17 +31,17 @@ An op is ``(phase, chunk, microbatch)``: the forward or backward pass of model c
 
 from __future__ import annotations
 
-from ..errors import ConfigError
+from meshplan.errors import ConfigError
 
 Op = tuple[str, int, int]
 SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b", "zb_h1")
 
 
 def stage_ops(schedule: str, stage: int, pp: int, m: int, vpp: int = 1) -> list[Op]:
-    """Passes of stage ``stage`` in execution order: :func:`meshplan.schedule.stage_order`
+    """Passes of stage ``stage`` in execution order: :func:`meshplan.pipeline.simulate.stage_order`
     (the one implementation of every schedule), its F units as forward passes, its B units
     as backward passes (ZB-H1's W units are folded into their B, see the module docstring)."""
-    from ..schedule import stage_order
+    from meshplan.pipeline.simulate import stage_order
 
     if schedule not in SCHEDULES:
         raise ConfigError("mesh.pp_schedule", f"{schedule!r} is not one of {SCHEDULES}")

@@ -18,7 +18,7 @@ Hr = H / t with SP, F = ``a s b f / t`` per gate, Q = ``a s b (a_q/t) d``, KV li
   q, k, v, statistics freed), w_qkv (max(Q + 2KV + H, 3H)), attn norm. Each step writes its
   weights' unsharded gradients as it runs and frees the saved tensors it consumed, so the
   layer's peak is at its first step, not with all its gradients and all its activations
-  at once. Measured against torch's FSDPMemTracker (:mod:`meshplan.runtime.memcheck`);
+  at once. Measured against torch's FSDPMemTracker (:mod:`meshplan.runtime.validation.memcheck`);
   flash-attention and RoPE backward buffers are not counted; MoE layers keep one step
   (dX Hr + the widest intermediate gradient + SP's re-gathered input);
 - recompute: the layer's activations without recompute minus those kept, at the start of
@@ -48,15 +48,15 @@ from __future__ import annotations
 from dataclasses import replace
 from math import ceil
 
-from ..mesh import Mesh
-from ..spec.memory import MemoryOptions
-from ..spec.model import ModelSpec
-from ..spec.training import TrainingSpec
-from ..tpsplit import local_numel, padded_vocab
-from ..units import dtype_bytes, human_bytes
-from .activations import LayerDims, embedding_terms, head_terms, layer_bytes, layer_options, layer_terms
-from .passes import ActSizes, BackStep, StageSizes, Unit
-from .state import StateBytes
+from meshplan.mesh.resolve import Mesh
+from meshplan.spec.memory import MemoryOptions
+from meshplan.spec.model import ModelSpec
+from meshplan.spec.training import TrainingSpec
+from meshplan.mesh.tpsplit import local_numel, padded_vocab
+from meshplan.units import dtype_bytes, human_bytes
+from meshplan.memory.activations import LayerDims, embedding_terms, head_terms, layer_bytes, layer_options, layer_terms
+from meshplan.memory.passes import ActSizes, BackStep, StageSizes, Unit
+from meshplan.memory.state import StateBytes
 
 
 def _total(terms) -> int:

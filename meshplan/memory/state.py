@@ -4,7 +4,7 @@ Two accountings are kept apart and labelled:
 
 - **framework accounting** (:func:`state_bytes`, :func:`stage_state_bytes`): exact
   per-rank element counts from the model's tensors (:meth:`ModelSpec.layer_tensors` and
-  friends, split by :func:`~meshplan.tpsplit.local_numel`) times the dtypes of the
+  friends, split by :func:`~meshplan.mesh.tpsplit.local_numel`) times the dtypes of the
   :class:`TrainingSpec`;
 - **textbook accounting (ZeRO paper)** (:func:`zero_textbook_bytes`): Rajbhandari et al.
   2020 (arXiv 1910.02054, section 5, Figure 1), ``(2 + 2 + K) psi`` with K = 12;
@@ -40,8 +40,8 @@ Worked example (handed case C9: tiny GPT at tp 2, pp 2, dp 4, sharded optimizer)
 >>> from meshplan.spec.model import ModelSpec
 >>> from meshplan.spec.training import TrainingSpec
 >>> from meshplan.spec.mesh import MeshSpec
->>> from meshplan.mesh import resolve_mesh
->>> from meshplan.pipeline import stage_layers
+>>> from meshplan.mesh.resolve import resolve_mesh
+>>> from meshplan.mesh.layers import stage_layers
 >>> tiny = ModelSpec(layers=4, hidden=16, ffn=64, gated_mlp=False, q_heads=4, vocab=32,
 ...                  tied_embeddings=True, norm="layernorm")
 >>> mesh = resolve_mesh(MeshSpec(names=["pp", "dp", "tp"], shape=[2, 4, 2]), world=16)
@@ -69,12 +69,12 @@ from dataclasses import dataclass
 from math import ceil
 from typing import Optional, Union
 
-from ..errors import ConfigError
-from ..mesh import Mesh
-from ..spec.model import ModelSpec, Tensor
-from ..spec.training import TrainingSpec
-from ..tpsplit import local_numel, padded_vocab
-from ..units import dtype_bytes
+from meshplan.errors import ConfigError
+from meshplan.mesh.resolve import Mesh
+from meshplan.spec.model import ModelSpec, Tensor
+from meshplan.spec.training import TrainingSpec
+from meshplan.mesh.tpsplit import local_numel, padded_vocab
+from meshplan.units import dtype_bytes
 
 FRAMEWORK_LABEL = "framework accounting (explicit dtypes)"
 TEXTBOOK_LABEL = "textbook accounting (ZeRO paper)"

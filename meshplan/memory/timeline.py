@@ -32,10 +32,10 @@ from typing import Iterator, Optional
 
 import numpy as np
 
-from ..units import GiB
-from .passes import PassBuilder
-from .schedule import stage_ops
-from .sizes import stage_sizes
+from meshplan.units import GiB
+from meshplan.memory.passes import PassBuilder
+from meshplan.memory.schedule import stage_ops
+from meshplan.memory.sizes import stage_sizes
 
 KINDS = ("params", "master", "optimizer", "grads", "comm_buffers", "workspace", "fragmentation",
          "gathered_params", "grad_buffers", "activations", "temporaries")

@@ -15,9 +15,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .. import __version__
-from ..fileio import write_output
-from ..plan import SCHEMA, Plan
+from meshplan import __version__
+from meshplan.fileio import write_output
+from meshplan.plan import SCHEMA, Plan
 
 
 def plan_to_dict(plan: Plan) -> dict[str, Any]:

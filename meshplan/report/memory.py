@@ -11,8 +11,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from ..memory.timeline import KINDS, Timeline
-from ..units import GiB, MiB
+from meshplan.memory.timeline import KINDS, Timeline
+from meshplan.units import GiB, MiB
 
 KIND_NOTES = {
     "params": "persistent parameters (state_bytes, by sharding axis)",

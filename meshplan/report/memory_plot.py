@@ -13,9 +13,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import ConfigError
-from ..memory.timeline import KINDS, Timeline
-from ..units import GiB
+from meshplan.errors import ConfigError
+from meshplan.memory.timeline import KINDS, Timeline
+from meshplan.units import GiB
 
 COLORS = {"params": "#1f4e79", "master": "#2e75b6", "optimizer": "#9dc3e6", "grads": "#548235",
           "comm_buffers": "#7f7f7f", "workspace": "#bfbfbf", "fragmentation": "#d9d9d9",

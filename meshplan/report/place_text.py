@@ -3,10 +3,10 @@ permutation with its score, and the bindings of a few ranks. Pure: returns lines
 
 from __future__ import annotations
 
-from ..bindings import bindings
-from ..placement import group_locality
-from ..placement_choice import Choice, same_rails
-from ..units import human_bytes
+from meshplan.placement.bindings import bindings
+from meshplan.placement.assign import group_locality
+from meshplan.placement.choice import Choice, same_rails
+from meshplan.units import human_bytes
 
 
 def _num(x: float, in_bytes: bool) -> str:

@@ -1,9 +1,9 @@
-"""Text and JSON reports of a :class:`~meshplan.search.SearchResult`.
+"""Text and JSON reports of a :class:`~meshplan.search.driver.SearchResult`.
 
 Text: the space searched (axis order and placement named), the top candidates (mesh,
 micro-batch, recompute, vpp, sharding, peak GiB, step s, MFU, tokens/s, goodput), the best
 rejected one with why, and the candidates per outcome. JSON (schema
-``meshplan.search/v1``): the same, SI units, with each top candidate's plan input so
+``meshplan.search.driver/v1``): the same, SI units, with each top candidate's plan input so
 ``meshplan plan`` can replay it.
 """
 
@@ -16,14 +16,14 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from .. import __version__
-from ..fileio import write_output
-from ..search import SearchResult
-from ..search_exact import Exact
-from ..search_space import RECOMPUTE, REASONS, SHARDING, candidate_config, max_tp
-from ..units import GiB
+from meshplan import __version__
+from meshplan.fileio import write_output
+from meshplan.search.driver import SearchResult
+from meshplan.search.exact import Exact
+from meshplan.search.space import RECOMPUTE, REASONS, SHARDING, candidate_config, max_tp
+from meshplan.units import GiB
 
-SCHEMA = "meshplan.search/v1"
+SCHEMA = "meshplan.search.driver/v1"
 
 
 def row(r: SearchResult, e: Exact) -> dict[str, Any]:
@@ -126,7 +126,7 @@ def count_lines(r: SearchResult) -> list[str]:
 
 
 class ProgressBar:
-    """A rich progress bar on stderr for :func:`meshplan.search.search`'s ``progress``
+    """A rich progress bar on stderr for :func:`meshplan.search.driver.search`'s ``progress``
     callback, shown only once the search has run for ``after_s`` seconds (a search that
     takes a moment prints none) and only on a terminal. Use as a context manager."""
 

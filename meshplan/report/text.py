@@ -8,8 +8,8 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from ..plan import Plan
-from ..units import GB, GiB, US, human_bytes
+from meshplan.plan import Plan
+from meshplan.units import GB, GiB, US, human_bytes
 
 MAX_LIST = 8
 
@@ -123,7 +123,7 @@ def _c(coords) -> str:
 
 
 def _placement(plan: Plan, rank: int, con: Console) -> None:
-    from ..placement import rank_row
+    from meshplan.placement.assign import rank_row
 
     row = rank_row(plan.placement, rank)
     con.print(f"placement of rank {rank}: " + ", ".join(f"{k} {v}" for k, v in row.items()))
@@ -173,7 +173,7 @@ def _memory(plan: Plan, con: Console) -> None:
     if e is not None:
         con.print(f"[dim]first estimate (constraints, before the timeline): {e.line()}[/]")
     if plan.timelines:
-        from .memory import timeline_table
+        from meshplan.report.memory import timeline_table
 
         con.print(timeline_table(plan))
 

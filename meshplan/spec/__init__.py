@@ -1,3 +1,8 @@
-"""Input specifications: one frozen pydantic model per concern (model, cluster, training,
-mesh). Unknown keys are rejected; :mod:`meshplan.spec.config` turns validation errors into
-one-line :class:`meshplan.errors.ConfigError` messages."""
+"""Input specifications (layer 1): one frozen pydantic model per concern (model, cluster,
+training, mesh, memory options, search options) and the Hugging Face config reader. Unknown
+keys are rejected; :mod:`meshplan.config` turns validation errors into one-line
+:class:`meshplan.errors.ConfigError` messages. Imports only :mod:`meshplan.errors` and
+:mod:`meshplan.units`.
+"""
+
+__all__ = ["cluster", "hf", "memory", "mesh", "model", "search", "training"]

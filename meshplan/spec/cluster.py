@@ -12,7 +12,7 @@ from typing import Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from ..units import GB, GBIT_PER_S, TB, TFLOPS, US
+from meshplan.units import GB, GBIT_PER_S, TB, TFLOPS, US
 
 _STRICT = ConfigDict(extra="forbid", frozen=True)
 

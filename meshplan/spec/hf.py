@@ -32,8 +32,8 @@ from typing import Any, Callable, Optional, Union
 
 from pydantic import ValidationError
 
-from ..errors import ConfigError
-from .model import ModelSpec
+from meshplan.errors import ConfigError
+from meshplan.spec.model import ModelSpec
 
 
 class _Keys:

@@ -30,7 +30,7 @@ class MemoryOptions(BaseModel):
       (``FSDPParamGroup.wait_for_unshard``). ``set_modules_to_forward_prefetch``: 1 or more
       (each all-gather output is then freed right after its copy-out).
     - ``fsdp_reduce``: when FSDP (zero3/hsdp) reduce-scatters gradients. ``per_microbatch``
-      (FSDP2's default, and what :mod:`meshplan.collectives` counts); ``after_last``:
+      (FSDP2's default, and what :mod:`meshplan.comm.collectives` counts); ``after_last``:
       ``set_requires_gradient_sync(False)`` and ``set_reshard_after_backward(False)`` on all
       but the last micro-batch, as ``torch.distributed.pipelining`` does (stage.py,
       ``backward_maybe_with_nosync`` and ``perform_reduce_grad``): unsharded parameters stay

@@ -1,6 +1,6 @@
 """Search input: the optional ``[search]`` table of a config.
 
-Every field narrows or parameterises ``meshplan search`` (:mod:`meshplan.search`); each
+Every field narrows or parameterises ``meshplan search`` (:mod:`meshplan.search.driver`); each
 default is stated here with its source. Lists are the allowed values of one dimension of
 the search space; ``None`` (the key left out) means every value the model, the cluster and
 the training contract allow.
@@ -39,7 +39,7 @@ class SearchOptions(BaseModel):
     - ``max_tp``: largest tp (default: GPUs per NVLink domain, so tp groups stay on NVLink).
     - ``top``: candidates printed (default 10).
     - ``min_gemm_efficiency``: the declared kernel-efficiency threshold: FLOP-weighted
-      efficiency of the step's local GEMMs by :func:`meshplan.gemm.gemm_model`, below which a
+      efficiency of the step's local GEMMs by :func:`meshplan.compute.gemm.gemm_model`, below which a
       candidate is rejected unless no candidate at or above it fits (default 0.5, half the
       dense peak: a stated choice; H100's measured ceiling is 0.803).
     - ``exact_min``: candidates evaluated exactly (build_plan + step_time) before the bound
@@ -47,12 +47,12 @@ class SearchOptions(BaseModel):
       ranking (default 2000); reaching it is reported. ``refine_max``: candidates near the
       top (step-time bound within 10% of the top's) whose bound is tightened by evaluating
       the pipeline schedule exactly on their unit bounds (default 2000;
-      :mod:`meshplan.search_pipeline`).
+      :mod:`meshplan.search.pipeline`).
     - ``memory_margin``: allowance on the vectorised memory bounds (default 0.01): a
       candidate is rejected without a plan only when its lower bound exceeds usable memory
       by more than this fraction, kept without one only when its upper bound stays this
       fraction below it; anything nearer is planned exactly. The bounds mirror the memory
-      timeline's events (:mod:`meshplan.search_memory`); the margin absorbs a small change
+      timeline's events (:mod:`meshplan.search.memory`); the margin absorbs a small change
       there, and every exact plan is checked against them.
     - ``settle_s``: seconds spent planning candidates near the memory limit that the
       ranking did not need (their verdict changes only the counts; default 5); those left

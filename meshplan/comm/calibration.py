@@ -1,0 +1,357 @@
+"""Calibrate the alpha-beta link model from nccl-tests measurements.
+
+Inputs (NVIDIA/nccl-tests):
+
+- Text output: ``#`` lines are headers ("# Collective test starting: all_reduce_perf",
+  "#  Rank  0 Group  0 Pid ... device  0 [0000:18:00] NVIDIA H100 80GB HBM3", the column
+  names ``size count type redop root time algbw busbw #wrong`` for out-of-place then
+  in-place, "# Avg bus bandwidth : ..."); every other line whose first field is an integer
+  is a result row. ``time`` is in us, ``algbw``/``busbw`` in GB/s (1e9 B/s). Other lines
+  (NCCL INFO logs) are skipped.
+- JSON from ``-J FILE`` / ``--output_file FILE`` (nccl-tests src/util.cu, version 2):
+  ``{"version": 2, "args": ["./all_reduce_perf", ...], "config": {"nthreads", "ngpus",
+  "devices": [...one per process...]}, "results": [{"size", "count", "type", "redop",
+  "root", "out_of_place": {"time", "alg_bw", "bus_bw", "nwrong"}, "in_place": {...}}]}``;
+  ``time`` becomes ``cpu_time`` with ``-C 1``. Ranks = processes x nthreads x ngpus.
+
+The fit: per link class, least squares on ``t = alpha + bytes_sent / beta`` with
+``bytes_sent = busbw_factor(op, n) * size`` (nccl-tests doc/PERFORMANCE.md, see
+:mod:`meshplan.comm.alphabeta`), each row divided by its measured time so that small (latency) and
+large (bandwidth) messages weigh alike. ``alpha`` is the latency per call of the measured
+collective; ``beta`` is the bus bandwidth per rank. A negative ``alpha`` is clamped to 0 and
+refitted; a non-positive slope is an error.
+
+Calibration file (TOML, one table per link class ``nvlink``, ``pcie`` or ``nic``)::
+
+    [link.nic]
+    latency_us = 20.0            # alpha per call of `op` over `ranks` ranks
+    bandwidth_gb_per_s = 40.0    # beta: bus bandwidth per rank (per NIC for "nic")
+    op = "all-reduce"
+    ranks = 8
+    residual = 0.001             # RMS relative residual of the fit
+    points = 31
+    source = "nccl-tests all_reduce_perf 2026-03-02, 8 nodes x 1 GPU"
+
+``nic`` is meant for runs with one GPU per node, so that each rank's traffic crosses one
+NIC. Applying a calibration writes the bandwidth and the per-step latency
+``latency_us / steps(op, ranks)`` (the meaning of :class:`LinkSpec.latency_us`).
+
+>>> rows = [BenchRow("all-reduce", 8, s, 20e-6 + 1.75 * s / 40e9, 0.0, 0.0) for s in (8, 2**20, 2**30)]
+>>> fit = fit_alpha_beta(rows, "nic")
+>>> round(fit.latency_s * 1e6, 3), round(fit.bandwidth_bytes_per_s / 1e9, 3)
+(20.0, 40.0)
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from meshplan.comm.alphabeta import OPS, busbw_factor, steps
+from meshplan.errors import ConfigError
+from meshplan.spec.cluster import ClusterSpec
+from meshplan.units import GB, US
+
+LINK_CLASSES = ("nvlink", "pcie", "nic")
+#: nccl-tests binary stem -> meshplan op name (reduce, gather, scatter are not modelled).
+TEST_OPS = {"all_reduce": "all-reduce", "all_gather": "all-gather", "reduce_scatter": "reduce-scatter",
+            "alltoall": "all-to-all", "broadcast": "broadcast", "sendrecv": "send/recv"}
+
+
+@dataclass(frozen=True)
+class BenchRow:
+    """One nccl-tests measurement: ``op`` over ``n_ranks`` on a ``size_bytes`` buffer took
+    ``time_s`` per call; algbw and busbw in bytes/s as printed."""
+
+    op: str
+    n_ranks: int
+    size_bytes: int
+    time_s: float
+    algbw_bytes_per_s: float
+    busbw_bytes_per_s: float
+    in_place: bool = False
+
+
+def _op_name(program: str, where: str) -> str:
+    stem = Path(program.strip()).name.removesuffix("_perf").removesuffix("_mpi")
+    if program.strip() in OPS:
+        return program.strip()
+    if stem not in TEST_OPS:
+        raise ConfigError(where, f"test '{program}' is not one meshplan models; use one of "
+                                 f"{', '.join(k + '_perf' for k in TEST_OPS)}")
+    return TEST_OPS[stem]
+
+
+def _check_ranks(rows: list[BenchRow], where: str) -> list[BenchRow]:
+    """busbw / algbw must equal busbw_factor(op, n) (nccl-tests computes it so): catches a
+    wrong rank count. Checked on the row with the largest algbw when it is >= 1 GB/s."""
+    if not rows:
+        raise ConfigError(where, "no result rows; pass the full nccl-tests output")
+    best = max(rows, key=lambda r: r.algbw_bytes_per_s)
+    if best.algbw_bytes_per_s >= GB:
+        ratio, want = best.busbw_bytes_per_s / best.algbw_bytes_per_s, busbw_factor(best.op, best.n_ranks)
+        if abs(ratio - want) > 0.02 * want + 0.005:
+            raise ConfigError(where, f"busbw/algbw = {ratio:.3f} but {best.op} over {best.n_ranks} ranks gives "
+                                     f"{want:.3f}; pass n_ranks= with the real number of ranks")
+    return rows
+
+
+def float_str(value: float, width: int) -> str:
+    """nccl-tests getFloatStr: 2 decimals while they fit in ``width``, then 1, then 0, then %e."""
+    power, val = 0, 1
+    while value >= val:
+        power, val = power + 1, val * 10
+    if power < width - 2:
+        return f"{value:{width}.2f}"
+    if power < width - 1:
+        return f"{value:{width}.1f}"
+    if power < width + 1:
+        return f"{value:{width}.0f}"
+    return f"{value:{width}.1e}"
+
+
+def parse_nccl_tests_text(text: str, source: str = "nccl-tests output", op: Optional[str] = None,
+                          n_ranks: Optional[int] = None) -> list[BenchRow]:
+    """Rows of nccl-tests text output (out-of-place, then in-place, per size). ``op`` and
+    ``n_ranks`` override what the header says ("Collective test starting", "# Rank" lines).
+    Raises ConfigError naming ``source:line`` for a short row or a missing header."""
+    found_op = re.search(r"^# Collective test starting: (\S+)", text, flags=re.M)
+    ranks = [int(r) for r in re.findall(r"^#\s+Rank\s+(\d+)\s", text, flags=re.M)]
+    if op is None and not found_op:
+        raise ConfigError(source, "no '# Collective test starting' line; pass op= (e.g. 'all-reduce')")
+    op = _op_name(op or found_op[1], source)
+    n = n_ranks or (max(ranks) + 1 if ranks else None)
+    if not n:
+        raise ConfigError(source, "no '#  Rank' lines; pass n_ranks=")
+    cols: list[str] = []
+    rows: list[BenchRow] = []
+    for ln, line in enumerate(text.splitlines(), 1):
+        tokens = line.split()
+        if line.startswith("#") and "busbw" in tokens and "size" in tokens:
+            cols = tokens[1:]
+            continue
+        if not tokens or line.startswith("#") or not tokens[0].isdigit():
+            continue
+        where = f"{source}:{ln}"
+        if not cols:
+            raise ConfigError(where, "result row before the column header; pass the output unmodified")
+        if len(tokens) < len(cols):
+            raise ConfigError(where, f"{len(tokens)} fields for {len(cols)} columns; pass the output unmodified")
+        rows += _text_row(tokens, cols, op, n, where)
+    return _check_ranks(rows, source)
+
+
+def _text_row(tokens: list[str], cols: list[str], op: str, n: int, where: str) -> list[BenchRow]:
+    """Out-of-place and in-place rows of one result line."""
+    size = int(tokens[cols.index("size")])
+    times = [i for i, c in enumerate(cols) if c in ("time", "cputime")]
+    algbws = [i for i, c in enumerate(cols) if c == "algbw"]
+    busbws = [i for i, c in enumerate(cols) if c == "busbw"]
+    out = []
+    try:
+        for k, (t, a, b) in enumerate(zip(times, algbws, busbws)):
+            out.append(BenchRow(op, n, size, float(tokens[t]) * US, float(tokens[a]) * GB,
+                                float(tokens[b]) * GB, in_place=k == 1))
+    except ValueError as err:
+        raise ConfigError(where, f"non-numeric time or bandwidth ({err}); pass the output unmodified") from None
+    return out
+
+
+def parse_nccl_tests_json(text: str, source: str = "nccl-tests JSON", op: Optional[str] = None,
+                          n_ranks: Optional[int] = None) -> list[BenchRow]:
+    """Rows of an nccl-tests ``-J`` JSON file (shape in the module docstring)."""
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ConfigError(f"{source}:{err.lineno}", f"invalid JSON ({err.msg}); pass the file -J wrote") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("results"), list):
+        raise ConfigError(source, "no 'results' list; pass the file nccl-tests -J wrote")
+    cfg = doc.get("config", {})
+    args = doc.get("args") or []
+    if op is None and not args:
+        raise ConfigError(f"{source}: args", "no program name; pass op=")
+    op = _op_name(op or args[0], f"{source}: args")
+    n = n_ranks or len(cfg.get("devices", [])) * cfg.get("nthreads", 1) * cfg.get("ngpus", 1)
+    if not n:
+        raise ConfigError(f"{source}: config.devices", "no devices listed; pass n_ranks=")
+    rows = []
+    for i, res in enumerate(doc["results"]):
+        for key in ("out_of_place", "in_place"):
+            part = res.get(key) if isinstance(res, dict) else None
+            if part is None:
+                continue
+            time_us = part.get("time", part.get("cpu_time"))
+            fields = (res.get("size"), time_us, part.get("alg_bw"), part.get("bus_bw"))
+            if not all(isinstance(v, (int, float)) for v in fields):
+                raise ConfigError(f"{source}: results[{i}].{key}", "needs numeric size, time, alg_bw and bus_bw; "
+                                                                   "pass the file -J wrote")
+            rows.append(BenchRow(op, n, int(fields[0]), fields[1] * US, fields[2] * GB, fields[3] * GB,
+                                 in_place=key == "in_place"))
+    return _check_ranks(rows, source)
+
+
+def read_nccl_tests(path, op: Optional[str] = None, n_ranks: Optional[int] = None) -> list[BenchRow]:
+    """Rows from a file: JSON when it starts with ``{``, else text output."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as err:
+        raise ConfigError(str(p), f"cannot read ({err.strerror}); check the path") from None
+    parse = parse_nccl_tests_json if text.lstrip().startswith("{") else parse_nccl_tests_text
+    return parse(text, source=p.name, op=op, n_ranks=n_ranks)
+
+
+# --------------------------------------------------------------------------- fit
+
+
+@dataclass(frozen=True)
+class LinkFit:
+    """Fitted alpha (``latency_s`` per call) and beta (``bandwidth_bytes_per_s``, bus
+    bandwidth per rank) of one link class from ``points`` rows of ``op`` over ``n_ranks``;
+    residuals are relative to the measured times; ``clamped``: alpha came out negative and
+    was fixed at 0."""
+
+    link: str
+    op: str
+    n_ranks: int
+    latency_s: float
+    bandwidth_bytes_per_s: float
+    rms_residual: float
+    max_residual: float
+    points: int
+    clamped: bool = False
+
+    def predict(self, size_bytes: float) -> float:
+        """Seconds for one call on a ``size_bytes`` buffer."""
+        return self.latency_s + busbw_factor(self.op, self.n_ranks) * size_bytes / self.bandwidth_bytes_per_s
+
+
+def fit_alpha_beta(rows: list[BenchRow], link: str, min_size_bytes: int = 1,
+                   max_size_bytes: Optional[int] = None) -> LinkFit:
+    """Fit ``t = alpha + busbw_factor(op, n) * size / beta`` to ``rows`` of one (op, n)
+    with sizes in [min_size_bytes, max_size_bytes], by ``numpy.linalg.lstsq`` on rows
+    divided by t. Raises ConfigError for an unknown link class, mixed (op, n), fewer than
+    two sizes, or a time that does not grow with size."""
+    if link not in LINK_CLASSES:
+        raise ConfigError("link", f"unknown link class '{link}'; use one of {', '.join(LINK_CLASSES)}")
+    kinds = {(r.op, r.n_ranks) for r in rows}
+    if len(kinds) != 1:
+        raise ConfigError("rows", f"rows mix {sorted(kinds)}; fit one (op, ranks) at a time")
+    op, n = kinds.pop()
+    use = [r for r in rows if r.size_bytes >= min_size_bytes and r.time_s > 0
+           and (max_size_bytes is None or r.size_bytes <= max_size_bytes)]
+    if len({r.size_bytes for r in use}) < 2:
+        raise ConfigError("rows", f"{len(use)} usable rows; measure at least two sizes (nccl-tests -b 8 -e 1G -f 2)")
+    t = np.array([r.time_s for r in use])
+    sent = busbw_factor(op, n) * np.array([r.size_bytes for r in use], dtype=float)
+    a = np.column_stack([np.ones_like(t), sent]) / t[:, None]
+    (alpha, inv_beta), *_ = np.linalg.lstsq(a, np.ones_like(t), rcond=None)
+    clamped = alpha < 0
+    if clamped:
+        alpha, inv_beta = 0.0, float(np.linalg.lstsq(a[:, 1:], np.ones_like(t), rcond=None)[0][0])
+    if inv_beta <= 0:
+        raise ConfigError("rows", f"time does not grow with size for {op} over {n} ranks; include sizes "
+                                  "large enough to be bandwidth-bound (e.g. up to 1 GiB)")
+    rel = (alpha + sent * inv_beta - t) / t
+    return LinkFit(link, op, n, float(alpha), float(1.0 / inv_beta), float(np.sqrt(np.mean(rel ** 2))),
+                   float(np.max(np.abs(rel))), len(use), bool(clamped))
+
+
+# --------------------------------------------------------------------------- file
+
+
+class CalibratedLink(BaseModel):
+    """One ``[link.<class>]`` table of a calibration file (see the module docstring)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    latency_us: float = Field(ge=0)
+    bandwidth_gb_per_s: float = Field(gt=0)
+    op: Optional[str] = None
+    ranks: Optional[int] = Field(default=None, ge=2)
+    residual: Optional[float] = Field(default=None, ge=0)
+    points: Optional[int] = Field(default=None, ge=0)
+    source: str
+
+    @property
+    def bandwidth_bytes_per_s(self) -> float:
+        return self.bandwidth_gb_per_s * GB
+
+    @property
+    def step_latency_us(self) -> float:
+        """Per-step latency: ``latency_us / steps(op, ranks)``; the per-call figure when
+        ``op`` or ``ranks`` is not given."""
+        if self.op is None or self.ranks is None:
+            return self.latency_us
+        return self.latency_us / max(steps(self.op, self.ranks), 1)
+
+
+def calibration_toml(fits: list[LinkFit], source: str) -> str:
+    """The calibration file for ``fits`` (one table per link class), ``source`` naming the
+    measurement (tool, date, machines)."""
+    out = ["# meshplan calibration: alpha-beta per link class fitted from nccl-tests (meshplan.comm.calibration)"]
+    for f in fits:
+        out += [f"\n[link.{f.link}]", f"latency_us = {f.latency_s / US:.4g}",
+                f"bandwidth_gb_per_s = {f.bandwidth_bytes_per_s / GB:.4g}", f'op = "{f.op}"',
+                f"ranks = {f.n_ranks}", f"residual = {f.rms_residual:.3g}", f"points = {f.points}",
+                f"source = {json.dumps(source)}"]
+    return "\n".join(out) + "\n"
+
+
+def load_calibration(path) -> dict[str, CalibratedLink]:
+    """Read a calibration file: ``{link class: CalibratedLink}``. Unknown link classes,
+    unknown keys and bad values are ConfigErrors naming ``file: link.<class>.<key>``."""
+    p = Path(path)
+    try:
+        doc = tomllib.loads(p.read_text(encoding="utf-8"))
+    except OSError as err:
+        raise ConfigError(str(p), f"cannot read ({err.strerror}); check the path") from None
+    except tomllib.TOMLDecodeError as err:
+        raise ConfigError(p.name, f"invalid TOML ({err}); fix the syntax") from None
+    extra = sorted(set(doc) - {"link"})
+    if extra or not isinstance(doc.get("link"), dict):
+        raise ConfigError(p.name, f"expected only [link.<class>] tables (got {extra or 'no [link]'}); "
+                                  f"use classes {', '.join(LINK_CLASSES)}")
+    out = {}
+    for name, table in doc["link"].items():
+        if name not in LINK_CLASSES:
+            raise ConfigError(f"{p.name}: link.{name}", f"unknown link class; use one of {', '.join(LINK_CLASSES)}")
+        try:
+            out[name] = CalibratedLink(**table)
+        except ValidationError as err:
+            first = err.errors()[0]
+            key = ".".join(str(x) for x in first["loc"])
+            raise ConfigError(f"{p.name}: link.{name}.{key}", f"{first['msg']}; see meshplan.comm.calibration") from None
+    for name, c in out.items():
+        if c.op is not None and c.op not in OPS:
+            raise ConfigError(f"{p.name}: link.{name}.op", f"unknown op '{c.op}'; use one of {', '.join(OPS)}")
+    return out
+
+
+def apply_calibration(cluster: ClusterSpec, calib: dict[str, CalibratedLink]) -> ClusterSpec:
+    """A new cluster whose link figures come from ``calib``: ``nvlink`` -> the node's fabric,
+    ``pcie`` -> its PCIe link (bandwidth, per-step latency); ``nic`` -> every NIC's rate
+    (GB/s x 8 = Gb/s) and every network tier's per-step latency. Other fields are kept."""
+    node, upd, tag = cluster.node, {}, "calibrated: {}"
+    for name, field in (("nvlink", "fabric"), ("pcie", "pcie")):
+        if name in calib:
+            c = calib[name]
+            upd[field] = getattr(node, field).model_copy(update={
+                "bandwidth_gb_per_s": c.bandwidth_gb_per_s, "latency_us": c.step_latency_us,
+                "source": tag.format(c.source)})
+    network = cluster.network
+    if "nic" in calib:
+        c = calib["nic"]
+        if not node.nics:
+            raise ConfigError("calibration: link.nic", f"node {node.name} has no NIC; drop [link.nic] or add NICs")
+        upd["nics"] = [n.model_copy(update={"rate_gbit_per_s": c.bandwidth_gb_per_s * 8}) for n in node.nics]
+        network = [t.model_copy(update={"latency_us": c.step_latency_us}) for t in cluster.network]
+    sources = "; ".join(f"{k}: {v.source}" for k, v in calib.items())
+    return cluster.model_copy(update={"node": node.model_copy(update=upd), "network": network,
+                                      "source": f"{cluster.source} (calibrated: {sources})".strip()})

@@ -1,0 +1,426 @@
+"""First collective table: per group kind and phase, the collective each rank issues, its
+payload, count per micro-batch, per layer and per step, dtype, what waits on it, the NCCL
+algorithm (ring, tree, NVLS, hierarchical) and its alpha-beta time on the link class the group
+crosses (:func:`meshplan.comm.alphabeta.collective_time`).
+
+Conventions, matched op by op against what torch 2.13 issues for DTensor TP/SP and FSDP2
+(``meshplan.runtime.validation.dryrun``; torchtitan's Llama plan):
+- ``size_bytes`` is the full buffer S as nccl-tests prints it (all-gather output,
+  reduce-scatter input, all-reduce buffer).
+- TP without SP: forward all-reduce after the vocab-parallel embedding (first stage) and after
+  wo and w_down of every layer; backward all-reduce of the input gradient of wq/wk/wv and
+  w_gate/w_up of every layer and of the output layer (last stage) (Megatron-LM, Shoeybi et al.
+  2019, Fig. 3). With SP each becomes an all-gather (before column-parallel GEMMs) and a
+  reduce-scatter (after row-parallel GEMMs), in forward and mirrored in backward (Korthikanti
+  et al. 2022, 4.2.2); the replicated norm weights get their gradients all-reduced over tp in
+  backward (one per norm parameter, h elements in compute dtype; FSDP2 issues it in its gradient
+  reduction, so with pp > 1, where ``PipelineStage`` turns gradient sync off for every backward
+  but the last, once per step: measured, torch 2.13 gloo). Without FSDP to reduce them
+  in backward, those gradients stay Partial DTensors and the optimizer reduces them at each
+  use: AdamW reads each 3 times (measured with torch 2.13 on gloo, ``meshplan validate``).
+- TP with MoE layers (etp 1, :func:`_tp_layer_ops`): attention and shared experts as above;
+  the tp ranks split the tokens for the routed experts (:mod:`meshplan.runtime.execution.moe`), so
+  the routed path has no tp collective under SP (a rank routes its own sequence shard) and
+  without SP one all-gather of the b*s*h routed outputs (the replicated activation rebuilt
+  after combine) in forward and one of the input gradient in backward; no MLP collectives
+  without shared experts. The router weight, replicated over tp, gets a Partial gradient:
+  one all-reduce of experts*h elements per MoE layer, issued with the SP norms'. Measured
+  with torch 2.13 (fake process group and gloo, ``tests/test_validate_moe.py``).
+- Loss parallel (last stage, tp > 1): three all-reduces of b*s fp32 values (max, sum of
+  exponentials, target logit); without it, one all-gather of the b*s*V logits.
+- Full recompute: torch's non-reentrant checkpoint replays each layer's forward up to its last
+  saved tensor, so it repeats every forward TP collective except the last one of the layer.
+- FSDP2 (zero3, hsdp): one unit per transformer layer and a root unit (embedding, final norm,
+  output on the stages that hold them). Each unit is all-gathered in forward, again in
+  backward when ``reshard_after_forward`` (never for the root, which FSDP2 keeps gathered),
+  and its gradients reduce-scattered in backward, every micro-batch. FSDP2 pads dim 0 of each
+  parameter to a multiple of the shard degree (:func:`~meshplan.mesh.tpsplit.fsdp_padded_numel`).
+  HSDP all-reduces each unit's gradient shard over dp_replicate. Expert weights form their
+  own unit over efsdp (torchtitan).
+- ZeRO-1/2 (Megatron distributed optimizer): one gradient reduce-scatter and one parameter
+  all-gather per step, as one bucket per stage. DDP (none): one backward all-reduce of all gradients
+  in the parameter dtype, torch 2.13's first step (:func:`meshplan.runtime.execution.parallelize.apply_ddp`).
+- CP (all-gather CP, Llama 3, Dubey et al. 2024, 3.3.2; :mod:`meshplan.runtime.execution.cp`): per
+  layer in forward one all-gather of the local K and V stacked in one buffer (full buffer
+  ``2 * b * s * kv_heads_local * d_head`` in compute dtype, K/V heads before the GQA repeat),
+  and its autograd backward, one reduce-scatter (sum) of dK and dV of the same size. Full
+  recompute replays the gather (the checkpoint replays a layer up to its last saved tensor,
+  which comes after the gather), so backward also has one all-gather per layer; the
+  reduce-scatter stays one per layer (only the replayed graph is differentiated). Measured
+  with torch 2.13 on the fake process group and gloo (``tests/test_table_vs_torch.py``,
+  ``tests/test_validate_cp.py``).
+- PP: per micro-batch, one send of the activation for every chunk that is not the model's
+  last and one receive for every chunk that is not its first (``2 vpp - first - last``), in
+  forward, and the same for gradients in backward. The tensor sent is the residual stream as
+  the TP plan leaves it between layers: a plain tensor (row-parallel outputs are local), so
+  with SP each tp rank sends its own sequence shard (b * s/tp * h) to its peer of the next
+  stage, and without SP every tp rank sends the whole (b, s, h) activation (no Megatron
+  scatter/gather across tp): measured with ``torch.distributed.pipelining`` 2.13.
+  With pp > 1, FSDP2 inside ``torch.distributed.pipelining`` reduce-scatters each unit once
+  per step and gathers it when the schedule finds it sharded (:func:`_pipelined_gathers`).
+  With cp the activation is this rank's b * s/cp * h (its two chunks; /tp under SP).
+  Tied embeddings with pp > 1 (embedding on the first stage, its copy as the output layer on
+  the last): once per step, after the schedule, the two copies' gradients are all-reduced
+  (sum) over the embedding group, the first and last rank of a pp group (Megatron-LM
+  ``finalize_model_grads._allreduce_word_embedding_grads``); the buffer is the rank's local
+  gradient (:func:`_tied_grad_bytes`), since FSDP2 has already reduced it over the data axes
+  (``meshplan.runtime.execution.pipelined_stage``, measured with torch 2.13 on gloo).
+- EP: all-to-all dispatch and combine per MoE layer in forward, and their gradients in
+  backward; full recompute replays both (non-reentrant checkpoint: the combine's output is
+  saved by the gate multiply), so backward has 4 per MoE layer. Each rank dispatches a
+  fixed buffer of ``experts x C`` token rows, ``C = ceil(T * top_k / experts)`` for its
+  ``T = b*s/cp * etp/tp`` distinct tokens (:func:`meshplan.compute.shapes.expert_capacity`, capacity
+  factor 1: overflowing copies dropped, empty slots padded), so the bytes are known before
+  routing; torch cannot size an all-to-all by the router's (data-dependent) counts without
+  an extra exchange of counts. Equal to ``T * top_k`` rows when experts divides it, the
+  balanced-routing size used before (runtime MoE: :mod:`meshplan.runtime.execution.moe`, measured
+  with torch 2.13 on gloo).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+import numpy as np
+
+from meshplan.comm.alphabeta import busbw_factor, collective_time
+from meshplan.mesh.resolve import Mesh
+from meshplan.compute.shapes import expert_capacity
+from meshplan.spec.cluster import ClusterSpec
+from meshplan.spec.model import ModelSpec
+from meshplan.spec.training import TrainingSpec
+from meshplan.mesh.tpsplit import fsdp_padded_numel, local_heads, local_numel, padded_vocab
+from meshplan.units import dtype_bytes
+
+
+@dataclass(frozen=True)
+class Path:
+    """Link class a group's collective crosses, the bandwidth each rank gets on it (bytes/s)
+    and the per-step latency scale against NCCL's defaults (1 = NCCL's constants)."""
+
+    kind: str  # "local" | "nvlink" | "network"
+    bandwidth_bytes_per_s: float
+    note: str
+    latency_scale: float = 1.0
+    nodes: int = 1
+
+
+@dataclass(frozen=True)
+class CollectiveRow:
+    """One collective kind on one axis in one phase (see the module docstring).
+    ``waits``: what compute waits on it; ``depth``: how many compute ops wait on it."""
+
+    axis: str
+    phase: str
+    op: str
+    group_size: int
+    n_groups: int
+    example_ranks: tuple[int, ...]
+    size_bytes: float
+    dtype: str
+    per_microbatch: int
+    per_step: int
+    cadence: str
+    path: Path
+    time_s: float
+    waits: str = ""
+    depth: int = 0
+    algorithm: str = "ring"
+    per_layer: float = 0.0
+
+    @property
+    def algbw_bytes_per_s(self) -> float:
+        return self.size_bytes / self.time_s if self.time_s else 0.0
+
+    @property
+    def busbw_bytes_per_s(self) -> float:
+        return self.algbw_bytes_per_s * busbw_factor(self.op, self.group_size)
+
+
+def axis_path(mesh: Mesh, placement, cluster: ClusterSpec, axis: str) -> Path:
+    """Path of ``axis``'s collectives when all its groups run at once (SPMD).
+
+    Inside one node (or NVLink domain): the fabric's per-GPU bandwidth. Across nodes: on
+    each node, every group with members there sends its ring traffic out through its
+    members' affine NICs; per-rank bandwidth = min(fabric, NIC bandwidth of the NICs used on
+    the node / groups leaving the node), taken at node 0.
+    """
+    groups = mesh.groups(axis)
+    if groups.shape[1] == 1:
+        return Path("local", float("inf"), "no peers")
+    node = placement.node[groups]
+    fabric = cluster.node.fabric
+    if (placement.domain[groups] == placement.domain[groups][:, :1]).all():
+        return Path("nvlink", fabric.bandwidth_bytes_per_s, fabric.name, fabric.latency_s / 3.4e-6)
+    nics = cluster.node.nics
+    tier = cluster.network[0].latency_s / 14e-6 if cluster.network else 1.0
+    if not nics:
+        return Path("network", cluster.node.pcie.bandwidth_bytes_per_s, "no NIC in catalog: PCIe bound", tier)
+    n0 = int(node[0, 0])
+    on_node = np.flatnonzero((node == n0).any(axis=1))
+    members = groups[on_node][node[on_node] == n0]
+    used = sorted({int(i) for i in placement.nic[members] if i >= 0})
+    nic_bw = sum(nics[i].bandwidth_bytes_per_s for i in used)
+    bw = min(fabric.bandwidth_bytes_per_s, nic_bw / len(on_node))
+    rails = np.unique(placement.rail[groups[0]])
+    return Path("network", bw, f"{len(on_node)} group(s) per node share NIC(s) "
+                f"{','.join(nics[i].name for i in used)}; rails {rails.tolist()}", tier,
+                len(np.unique(node[0])))
+
+
+def collective_table(model: ModelSpec, training: TrainingSpec, mesh: Mesh, cluster: ClusterSpec,
+                     placement, stage_layers: list[int], micro_batches: int,
+                     first_stage: bool = True, last_stage: bool = True,
+                     loss_parallel: bool = True, stage: int = 0, vpp: int = 1,
+                     schedule: str = "1f1b") -> list[CollectiveRow]:
+    """Rows for pipeline stage ``stage`` holding ``stage_layers`` (layer indices) in ``vpp``
+    chunks, run under ``schedule`` with ``micro_batches`` micro-batches."""
+    rows: list[CollectiveRow] = []
+    paths: dict[str, Path] = {}
+
+    def add(axis, phase, op, size, dtype, per_mb, cadence, waits="", depth=1, per_step=None, ranks=None):
+        n = mesh.degree(axis) if ranks is None else len(ranks)  # ranks: rank 0's group, a subset of axis's
+        if n <= 1 or size <= 0 or (per_mb == 0 and not per_step):
+            return
+        path = paths.setdefault(axis, axis_path(mesh, placement, cluster, axis))
+        alg, t = collective_time(op, n, size, path.bandwidth_bytes_per_s, path.kind, nvls=cluster.node.fabric.nvls,
+                                 latency_scale=path.latency_scale, nodes=path.nodes,
+                                 intra_bandwidth_bytes_per_s=cluster.node.fabric.bandwidth_bytes_per_s,
+                                 library=cluster.collective_library)
+        rows.append(CollectiveRow(mesh.display_name(axis), phase, op, n, mesh.world // n,
+                                  tuple(mesh.group_of(0, axis) if ranks is None else ranks), float(size), dtype, per_mb,
+                                  per_step if per_step is not None else per_mb * micro_batches,
+                                  cadence, path, t, waits, depth, alg, per_mb / max(len(stage_layers), 1)))
+
+    ctx = _Ctx(model, training, mesh, stage_layers, first_stage, last_stage, stage, vpp, schedule, micro_batches)
+    _tp_rows(add, ctx, loss_parallel)
+    _cp_rows(add, ctx)
+    _dp_rows(add, ctx)
+    _pp_ep_rows(add, ctx)
+    return rows
+
+
+@dataclass(frozen=True)
+class _Ctx:
+    model: ModelSpec
+    training: TrainingSpec
+    mesh: Mesh
+    layers: list[int]
+    first: bool
+    last: bool
+    stage: int = 0
+    vpp: int = 1
+    schedule: str = "1f1b"
+    micro: int = 1
+
+    @property
+    def act_bytes(self) -> int:
+        """TP activation buffer b * s/cp * h in compute dtype."""
+        t = self.training
+        return t.micro_batch * (t.seq_len // self.mesh.degree("cp")) * self.model.hidden * dtype_bytes(t.compute_dtype)
+
+
+def _tp_layer_ops(c: _Ctx, layer: int) -> tuple[list[str], list[str]]:
+    """(forward, backward) tp collectives of one layer, forward in issue order; ``+``: the
+    routed outputs' all-gather (no SP). Full recompute replays the forward up to the layer's
+    last saved tensor: all but its last collective, or all when the layer ends in the routed
+    experts (SP, no shared experts: the gate multiply saves the combine's output)."""
+    sp, m = c.mesh.sequence_parallel, c.model
+    part = ["all-gather", "reduce-scatter"] if sp else ["all-reduce"]
+    moe = m.is_moe_layer(layer)
+    fwd = part + (["all-gather+"] if moe and not sp else []) + (part if not moe or m.shared_experts else [])
+    mirror = {"all-gather": "reduce-scatter", "reduce-scatter": "all-gather", "all-reduce": "all-reduce",
+              "all-gather+": "all-gather"}
+    bwd = [mirror[o] for o in fwd]
+    if c.training.recompute == "full":
+        bwd += fwd if moe and sp and not m.shared_experts else fwd[:-1]
+    return [o.rstrip("+") for o in fwd], [o.rstrip("+") for o in bwd]
+
+
+def _replicated_grad_rows(add, c: _Ctx, size: int, count: int, cadence: str) -> None:
+    """All-reduce over tp of ``count`` Partial gradients of weights replicated over tp (SP
+    norms, an MoE router): in FSDP2's gradient reduction (once per step under a pipeline
+    schedule), else at each of AdamW's 3 reads (measured, torch 2.13)."""
+    dt = c.training.compute_dtype
+    if c.training.sharding in ("zero3", "hsdp") and c.mesh.degree("fsdp") > 1:
+        pipelined = c.mesh.degree("pp") > 1
+        add("tp", "backward", "all-reduce", size, dt, 0 if pipelined else count, cadence, "optimizer step", depth=0,
+            per_step=count if pipelined else None)
+    else:
+        add("tp", "step", "all-reduce", size, dt, 0, cadence + ", 3 per optimizer step (no FSDP)",
+            "optimizer step", depth=0, per_step=3 * count)
+
+
+def _tp_rows(add, c: _Ctx, loss_parallel: bool) -> None:
+    first, last, dt = int(c.first), int(c.last), c.training.compute_dtype
+    act = c.act_bytes
+    counts = Counter()
+    for i in c.layers:
+        fwd, bwd = _tp_layer_ops(c, i)
+        counts.update(("forward", o) for o in fwd)
+        counts.update(("backward", o) for o in bwd)
+    moe = sum(c.model.is_moe_layer(i) for i in c.layers)
+    if c.mesh.sequence_parallel:
+        add("tp", "forward", "all-gather", act, dt, counts["forward", "all-gather"] + last, "every layer (SP)",
+            "next column-parallel GEMM")
+        add("tp", "forward", "reduce-scatter", act, dt, counts["forward", "reduce-scatter"] + first,
+            "every layer (SP)", "residual add")
+        add("tp", "backward", "all-gather", act, dt, counts["backward", "all-gather"] + first, "every layer (SP)",
+            "next weight-gradient GEMM")
+        add("tp", "backward", "reduce-scatter", act, dt, counts["backward", "reduce-scatter"] + last,
+            "every layer (SP)", "previous layer's backward")
+        per_norm = 2 if c.model.norm == "layernorm" else 1
+        _replicated_grad_rows(add, c, c.model.hidden * dtype_bytes(dt), per_norm * (2 * len(c.layers) + last),
+                              "every norm (SP weight gradients)")
+    else:
+        add("tp", "forward", "all-reduce", act, dt, counts["forward", "all-reduce"] + first, "every layer",
+            "next layer's GEMMs")
+        add("tp", "backward", "all-reduce", act, dt, counts["backward", "all-reduce"] + last, "every layer",
+            "previous layer's backward")
+        add("tp", "forward", "all-gather", act, dt, counts["forward", "all-gather"], "every MoE layer (routed "
+            "outputs of each rank's tokens)", "residual add")
+        add("tp", "backward", "all-gather", act, dt, counts["backward", "all-gather"], "every MoE layer (input "
+            "gradients of each rank's tokens)", "previous layer's backward")
+    if moe and c.mesh.degree("tp") > 1:  # each tp rank routes its own tokens through the replicated router
+        _replicated_grad_rows(add, c, c.model.experts * c.model.hidden * dtype_bytes(dt), moe,
+                              "every MoE layer (router weight gradient)")
+    if not c.last:
+        return
+    b, s = c.training.micro_batch, c.training.seq_len // c.mesh.degree("cp")
+    if loss_parallel:
+        add("tp", "loss", "all-reduce", b * s * 4, "fp32", 3, "every micro-batch (vocab-parallel loss)", "loss")
+    else:
+        v = padded_vocab(c.model.vocab, c.training.vocab_pad_divisor, c.mesh.degree("tp"))
+        add("tp", "forward", "all-gather", b * s * v * dtype_bytes(dt), dt, 1, "every micro-batch (logits)", "loss")
+
+
+def _cp_rows(add, c: _Ctx) -> None:
+    if c.mesh.degree("cp") <= 1:
+        return
+    t = c.training
+    _, kv_l, _ = local_heads(c.model, c.mesh.degree("tp"))
+    kv_full = 2 * t.micro_batch * t.seq_len * kv_l * c.model.d_head * dtype_bytes(t.compute_dtype)
+    nl = len(c.layers)
+    add("cp", "forward", "all-gather", kv_full, t.compute_dtype, nl, "every layer (K and V)", "attention")
+    if t.recompute == "full":  # the checkpoint's replay of the forward gathers K and V again
+        add("cp", "backward", "all-gather", kv_full, t.compute_dtype, nl, "every layer, recomputed (K and V)",
+            "recomputed attention")
+    add("cp", "backward", "reduce-scatter", kv_full, t.compute_dtype, nl, "every layer (dK and dV)",
+        "previous layer's backward")
+
+
+def _units(c: _Ctx, shards: dict[str, int]) -> list[tuple[str, str, int]]:
+    """FSDP units of the stage as (label, axis, unsharded elements per rank incl. padding)."""
+    m, mesh, t = c.model, c.mesh, c.training
+    tp, ep, etp = mesh.degree("tp"), mesh.ep, mesh.etp
+    pad = t.sharding in ("zero3", "hsdp")
+
+    def size(tensors, axis):
+        if pad:
+            return sum(fsdp_padded_numel(x, m, shards[axis], tp, ep, etp) for x in tensors)
+        return sum(local_numel(x, m, tp, ep, etp) for x in tensors)
+
+    out = []
+    for i in c.layers:
+        ts = m.layer_tensors(i)
+        out.append(("layer", "fsdp", size([x for x in ts if not x.expert], "fsdp")))
+        if any(x.expert for x in ts):
+            out.append(("experts", "efsdp", size([x for x in ts if x.expert], "efsdp")))
+    v = padded_vocab(m.vocab, t.vocab_pad_divisor, tp)
+    root = (m.embedding_tensors(v) if c.first else []) + [
+        x for x in (m.head_tensors(v) if c.last else []) if not (x.tied and c.first)]
+    out.append(("root (embedding/norm/output)", "fsdp", size(root, "fsdp")))
+    return [u for u in out if u[2] > 0]
+
+
+def _dp_rows(add, c: _Ctx) -> None:
+    t, mesh = c.training, c.mesh
+    shards = {"fsdp": mesh.degree("fsdp"), "efsdp": mesh.degree("efsdp")}
+    ag, rs = t.compute_dtype, t.reduce_dtype
+    if t.sharding in ("zero3", "hsdp"):
+        pipelined = mesh.degree("pp") > 1
+        for (label, axis, numel), n in Counter(_units(c, shards)).items():
+            root = label.startswith("root")
+            cadence = f"per {label}" if root else f"every {label}"
+            per_step = _pipelined_gathers(c, root) if pipelined else None
+            fwd = (0, per_step[0] * n) if pipelined else (n, None)
+            back = (0, per_step[1] * n) if pipelined else (0 if root or not t.reshard_after_forward else n, None)
+            red = (0, n) if pipelined else (n, None)
+            add(axis, "forward", "all-gather", numel * dtype_bytes(ag), ag, fwd[0], cadence, f"the {label}'s GEMMs", 7,
+                per_step=fwd[1])
+            add(axis, "backward", "all-gather", numel * dtype_bytes(ag), ag, back[0], cadence,
+                f"the {label}'s backward", 7, per_step=back[1])
+            add(axis, "backward", "reduce-scatter", numel * dtype_bytes(rs), rs, red[0], cadence, "optimizer step",
+                per_step=red[1])
+            if "dp_replicate" in mesh.layout.names:
+                add("dp_replicate", "backward", "all-reduce", numel // shards[axis] * dtype_bytes(rs), rs, red[0],
+                    cadence + " (HSDP replicas)", "optimizer step", per_step=red[1])
+        return
+    by_axis = Counter()
+    for _, axis, numel in _units(c, shards):
+        by_axis[axis] += numel
+    for axis, numel in by_axis.items():
+        if t.sharding in ("zero1", "zero2"):
+            add(axis, "step", "reduce-scatter", numel * dtype_bytes(rs), rs, 0, "once per step", "optimizer step",
+                per_step=1)
+            add(axis, "step", "all-gather", numel * dtype_bytes(t.param_dtype), t.param_dtype, 0,
+                "once per step (updated params)", "next step's forward", per_step=1)
+        else:
+            add("loss" if axis == "fsdp" else axis, "backward", "all-reduce", numel * dtype_bytes(t.param_dtype),
+                t.param_dtype, 0, "once per step (DDP, one bucket)", "optimizer step", per_step=1)
+
+
+def _pipelined_gathers(c: _Ctx, root: bool) -> tuple[int, int]:
+    """(forward, backward) all-gathers per step of one FSDP unit of a pipeline stage, as torch
+    ``PipelineStage`` runs FSDP2: gradient sync and reshard-after-backward are off for every
+    backward but the last, so a unit stays gathered after a backward, is resharded after a
+    forward (``reshard_after_forward``; never the root), and is gathered whenever a pass finds
+    it sharded. Walks the stage's order from :func:`meshplan.pipeline.simulate.stage_order`."""
+    from meshplan.pipeline.simulate import stage_order
+
+    reshard = c.training.reshard_after_forward and not root
+    order = [u for u in stage_order(c.schedule, c.mesh.degree("pp"), c.micro, c.vpp, c.stage)
+             if u.kind in "FB" and u.chunk == 0]  # chunk 0 stands for every chunk of the stage
+    sharded, counts = True, {"F": 0, "B": 0}
+    for u in order:
+        if sharded:
+            counts[u.kind] += 1
+        sharded = reshard if u.kind == "F" else False
+    return counts["F"], counts["B"]
+
+
+def _pp_ep_rows(add, c: _Ctx) -> None:
+    t, mesh, m = c.training, c.mesh, c.model
+    dt = t.compute_dtype
+    pp = mesh.degree("pp")
+    if pp > 1:
+        sent = c.act_bytes / (mesh.degree("tp") if mesh.sequence_parallel else 1)
+        # one send per chunk that is not the model's last, one receive per chunk that is not its first
+        n = 2 * c.vpp - (c.stage == 0) - (c.stage == pp - 1)
+        add("pp", "forward", "send/recv", sent, dt, n, "every micro-batch per chunk boundary", "next stage's forward")
+        add("pp", "backward", "send/recv", sent, dt, n, "every micro-batch per chunk boundary",
+            "previous stage's backward")
+        if m.tied_embeddings and (c.first or c.last):  # the embedding group: first and last pp rank
+            pp0 = mesh.group_of(0, "pp")
+            add("pp", "step", "all-reduce", _tied_grad_bytes(c), t.param_dtype, 0,
+                "once per step (tied embedding gradients, first and last stage)", "optimizer step", depth=0,
+                per_step=1, ranks=(pp0[0], pp0[-1]))
+    if mesh.ep > 1:
+        moe = sum(m.is_moe_layer(i) for i in c.layers)
+        tokens = t.micro_batch * (t.seq_len // mesh.degree("cp")) * mesh.etp // mesh.degree("tp")  # see shapes
+        a2a = m.experts * expert_capacity(tokens, m.top_k, m.experts) * m.hidden * dtype_bytes(dt)
+        add("ep", "forward", "all-to-all", a2a, dt, 2 * moe, "every MoE layer (dispatch, combine)", "expert GEMMs")
+        add("ep", "backward", "all-to-all", a2a, dt, (4 if t.recompute == "full" else 2) * moe, "every MoE layer",
+            "expert GEMMs")
+
+
+def _tied_grad_bytes(c: _Ctx) -> int:
+    """Bytes of one rank's gradient of a tied embedding copy (padded vocab x hidden split
+    over tp, then dim 0 over fsdp under FSDP2: ``ceil(rows / fsdp)`` rows; a last shard of
+    uneven rows is smaller) in the parameter dtype, as FSDP2 leaves the reduced gradient."""
+    t, mesh = c.training, c.mesh
+    tp = mesh.degree("tp")
+    emb = c.model.embedding_tensors(padded_vocab(c.model.vocab, t.vocab_pad_divisor, tp))[0]
+    fsdp = mesh.degree("fsdp") if t.sharding in ("zero3", "hsdp") else 1
+    return fsdp_padded_numel(emb, c.model, fsdp, tp) // fsdp * dtype_bytes(t.param_dtype)

@@ -1,0 +1,363 @@
+"""Read ``NCCL_DEBUG=INFO`` logs: which links and NICs each communicator really used.
+
+Line formats (NVIDIA/nccl src/init.cc, graph/rings.cc, transport/p2p.cc, transport/net.cc,
+transport/net_ib.cc), each after the prefix ``host:pid:tid [cudaDev] NCCL INFO``:
+
+- ``comm 0x55d0c8a0 rank 0 nRanks 16 nNodes 2 localRanks 8 localRank 0 MNNVL 0``
+- ``ncclCommInitRankConfig comm 0x55d0c8a0 rank 0 nranks 16 cudaDev 0 nvmlDev 0 busId 18000
+  commId 0x7d2f3c1b8e4a9a10 - Init COMPLETE`` (``ncclCommSplit ... parent 0x.. color c key
+  k commId ...`` for splits); the commId is common to all ranks of a communicator.
+- ``Channel 00/02 :    0   1   2   3`` (rank 0 only; at most 20 ranks are printed) and the
+  old ``Ring 00 : 0 1 2 3``; ``Ring 00 : 7 -> 0 -> 1`` (prev -> rank -> next, subsystem
+  GRAPH); ``Trees [0] 1/-1/-1->0->-1 [1] ...`` (down/down/down->rank->up).
+- ``Channel 00/0 : 0[0] -> 1[1] via P2P/CUMEM/read`` (also ``P2P/IPC``, ``P2P/direct
+  pointer``, ``SHM/direct/direct``), ``Channel 00/0 : 7[7] -> 15[7] [send] via
+  NET/IB/7/GDRDMA`` printed by the sender and ``... [receive] via NET/IB/7/GDRDMA`` by the
+  receiver: ``rank[nvmlDev]``; the number after ``NET/IB/`` indexes the process's device
+  list, ``NET/IB/0(4)/...`` goes through rank 4's NIC (PXN).
+- ``NET/IB : Using [0]mlx5_0:1/IB [1]mlx5_3:1/IB ... ; OOB ibp26s0:10.1.0.1<0>`` (one per
+  process: index -> device), ``Using network IB``.
+
+Lines are attributed per process (host:pid) to its most recent communicator whose rank
+matches the line (with NCCL_RUNTIME_CONNECT, connections are made at a communicator's first
+collective; run with NCCL_RUNTIME_CONNECT=0 to keep each communicator's lines inside its
+init). Other lines are ignored.
+
+>>> log = '''h:1:1 [0] NCCL INFO NET/IB : Using [0]mlx5_0:1/IB [1]mlx5_3:1/IB ; OOB eth0:10.0.0.1<0>
+... h:1:1 [0] NCCL INFO comm 0x1 rank 0 nRanks 2 nNodes 2 localRanks 1 localRank 0 MNNVL 0
+... h:1:1 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[0] [send] via NET/IB/1/GDRDMA
+... h:1:1 [0] NCCL INFO ncclCommInitRank comm 0x1 rank 0 nranks 2 cudaDev 0 nvmlDev 0 busId 18000 \\
+... commId 0xab - Init COMPLETE'''
+>>> check_against_placement(parse_nccl_log(log), {0: "mlx5_0"})
+['comm 0xab (2 ranks): rank 0 used mlx5_3 but the placement meant mlx5_0']
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional, Sequence, Union
+
+from meshplan.errors import ConfigError
+
+_PREFIX = re.compile(r"^(?P<host>[^\s:]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\] NCCL INFO (?P<msg>.*?)\s*$")
+_COMM = re.compile(r"^comm (0x[0-9a-fA-F]+) rank (\d+) nRanks (\d+) nNodes (\d+) localRanks (\d+) localRank (\d+)")
+_DONE = re.compile(r"^(?:\w+ )?comm (0x[0-9a-fA-F]+) rank (\d+) nranks (\d+) cudaDev (\d+)(?: nvmlDev (\d+))?"
+                   r" busId ([0-9a-fA-F]+).*? commId (0x[0-9a-fA-F]+) - Init COMPLETE")
+_RING_LIST = re.compile(r"^(?:Channel|Ring) (\d+)(?:/\d+)? :((?:\s+\d+)+)$")
+_RING = re.compile(r"^Ring (\d+) : (-?\d+) -> (\d+) -> (-?\d+)$")
+_TREE = re.compile(r"\[(\d+)\] (-?\d+)/(-?\d+)/(-?\d+)->(\d+)->(-?\d+)")
+_CONN = re.compile(r"^Channel (\d+)(?:/(\d+))? : (\d+)\[\w+\] -> (\d+)\[\w+\](?: \[(send|receive)\])? via (.+)$")
+_NET_LIST = re.compile(r"^NET/(\w+) ?: Using (.*?)(?:\s*;\s*OOB .*)?$")
+_NET_ITEM = re.compile(r"\[(\d+)\]([^\s:\[<]+)")
+_NET_VIA = re.compile(r"^NET/(\w+)/(\d+)(?:\((\d+)\))?")
+_NETWORK = re.compile(r"^Using network (\S+)")
+
+
+@dataclass(frozen=True)
+class Connection:
+    """One ``Channel c/i : src[dev] -> dst[dev] [send|receive] via ...`` line. ``transport``
+    is the first word of ``via`` (P2P, SHM, NET, COLLNET...); ``reporter`` the rank that
+    printed it (the sender, or the receiver for ``[receive]``); for NET, ``nic`` is the
+    reporter's device ``net_dev`` and ``proxy_rank`` the PXN rank whose NIC carries it."""
+
+    channel: int
+    src: int
+    dst: int
+    direction: str
+    via: str
+    reporter: int
+    nic: Optional[str] = None
+    net_dev: Optional[int] = None
+    proxy_rank: Optional[int] = None
+
+    @property
+    def transport(self) -> str:
+        return self.via.split("/")[0]
+
+
+@dataclass(frozen=True)
+class RankInfo:
+    """Where one rank of a communicator ran: host, pid, CUDA and NVML device, PCI bus id,
+    and the NET devices its process listed (index order)."""
+
+    rank: int
+    host: str
+    pid: int
+    cuda_dev: int
+    nvml_dev: Optional[int]
+    bus_id: str
+    net_devices: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Communicator:
+    """One NCCL communicator (all ranks sharing ``comm_id``). ``rings``: rank 0's ring per
+    channel; ``ring_links[rank]``: (channel, prev, next); ``trees[rank]``: (channel, down,
+    up); ``connections``: distinct connection lines."""
+
+    comm_id: str
+    n_ranks: int
+    n_nodes: Optional[int]
+    ranks: dict[int, RankInfo]
+    rings: tuple[tuple[int, ...], ...] = ()
+    ring_links: dict[int, tuple[tuple[int, int, int], ...]] = field(default_factory=dict)
+    trees: dict[int, tuple[tuple[int, tuple[int, ...], int], ...]] = field(default_factory=dict)
+    connections: tuple[Connection, ...] = ()
+
+    def transports(self, rank: int) -> dict[int, set[str]]:
+        """Peer -> transports ``rank`` used with it (both directions)."""
+        out: dict[int, set[str]] = {}
+        for c in self.connections:
+            if rank in (c.src, c.dst) and c.src != c.dst:
+                out.setdefault(c.dst if c.src == rank else c.src, set()).add(c.transport)
+        return out
+
+    def net_nics(self, rank: int) -> set[str]:
+        """NET devices ``rank``'s own network channels went through."""
+        return {c.nic for c in self.connections if c.reporter == rank and c.nic}
+
+
+@dataclass(frozen=True)
+class NcclLogReport:
+    """Communicators found in a log (in order of first appearance), the network NCCL chose,
+    and notes on lines that could not be attributed."""
+
+    communicators: tuple[Communicator, ...]
+    network: Optional[str] = None
+    notes: tuple[str, ...] = ()
+
+    def largest(self) -> Communicator:
+        """The communicator with the most ranks (the world), first on ties."""
+        return max(self.communicators, key=lambda c: c.n_ranks)
+
+
+@dataclass
+class _Rec:
+    """One process's view of one communicator while parsing."""
+
+    ptr: str
+    rank: int
+    n_ranks: int
+    n_nodes: Optional[int] = None
+    done: Optional[tuple] = None  # (cuda_dev, nvml_dev, bus_id, comm_id)
+    rings: dict = field(default_factory=dict)
+    links: list = field(default_factory=list)
+    trees: list = field(default_factory=list)
+    conns: list = field(default_factory=list)
+
+
+@dataclass
+class _Proc:
+    recs: list = field(default_factory=list)
+    nets: tuple = ()
+
+
+def _find(proc: _Proc, rank: int, peers: Sequence[int] = (), listed: Optional[int] = None) -> Optional[_Rec]:
+    """Most recent communicator of ``proc`` where it is ``rank`` and ``peers`` fit; with
+    ``listed``, one whose ring lists that many ranks (NCCL prints at most 20)."""
+    for rec in reversed(proc.recs):
+        if rec.rank == rank and all(0 <= p < rec.n_ranks for p in peers) and (
+                listed is None or listed == min(rec.n_ranks, 20)):
+            return rec
+    return None
+
+
+def _on_comm(proc: _Proc, msg: str) -> bool:
+    m = _COMM.match(msg)
+    if m:
+        rec = next((r for r in proc.recs if r.ptr == m[1]), None)
+        if rec is None:
+            rec = _Rec(m[1], int(m[2]), int(m[3]))
+            proc.recs.append(rec)
+        rec.n_nodes = int(m[4])
+        return True
+    m = _DONE.match(msg)
+    if m:
+        rec = next((r for r in proc.recs if r.ptr == m[1]), None)
+        if rec is None:
+            rec = _Rec(m[1], int(m[2]), int(m[3]))
+            proc.recs.append(rec)
+        rec.done = (int(m[4]), None if m[5] is None else int(m[5]), m[6], m[7])
+        return True
+    return False
+
+
+def _on_graph(proc: _Proc, msg: str) -> Optional[str]:
+    """Rings and trees; returns a note when a line fits no communicator."""
+    m = _RING_LIST.match(msg)
+    if m:
+        ranks = tuple(int(x) for x in m[2].split())
+        rec = _find(proc, 0, ranks, listed=len(ranks))
+        if rec is not None:
+            rec.rings[int(m[1])] = ranks
+        return None if rec else f"ring list '{msg}' fits no communicator of this process"
+    m = _RING.match(msg)
+    if m:
+        c, prev, rank, nxt = (int(x) for x in m.groups())
+        rec = _find(proc, rank, [p for p in (prev, nxt) if p >= 0])
+        if rec is not None:
+            rec.links.append((c, prev, nxt))
+        return None if rec else f"'{msg}' fits no communicator of this process"
+    if msg.startswith("Trees"):
+        items = [tuple(int(x) for x in t) for t in _TREE.findall(msg)]
+        if items:
+            rec = _find(proc, items[0][4], [x for t in items for x in (*t[1:4], t[5]) if x >= 0])
+            if rec is not None:
+                rec.trees += [(t[0], tuple(x for x in t[1:4] if x >= 0), t[5]) for t in items]
+            return None if rec else f"'{msg[:60]}' fits no communicator of this process"
+    return None
+
+
+def _on_conn(proc: _Proc, msg: str) -> Optional[str]:
+    m = _CONN.match(msg)
+    if not m:
+        return None
+    channel, src, dst, direction, via = int(m[1]), int(m[3]), int(m[4]), m[5] or "", m[6]
+    reporter = dst if direction == "receive" else src
+    rec = _find(proc, reporter, (src, dst))
+    if rec is None:
+        return f"'{msg}' fits no communicator of this process"
+    nic = net_dev = proxy = None
+    net = _NET_VIA.match(via)
+    if net:
+        net_dev, proxy = int(net[2]), None if net[3] is None else int(net[3])
+        nic = proc.nets[net_dev] if net_dev < len(proc.nets) else f"NET/{net[1]}/{net_dev}"
+    rec.conns.append(Connection(channel, src, dst, direction, via, reporter, nic, net_dev, proxy))
+    return None
+
+
+def parse_nccl_log(text: str, source: str = "NCCL log") -> NcclLogReport:
+    """Communicators, their ranks, rings, trees, transports and NICs from an
+    ``NCCL_DEBUG=INFO`` log (any mix of processes). Raises ConfigError when no
+    communicator reached ``Init COMPLETE``."""
+    procs: dict[tuple[str, int], _Proc] = {}
+    network, notes = None, []
+    for ln, line in enumerate(text.splitlines(), 1):
+        m = _PREFIX.match(line)
+        if not m:
+            continue
+        key, msg = (m["host"], int(m["pid"])), m["msg"]
+        proc = procs.setdefault(key, _Proc())
+        if _on_comm(proc, msg):
+            continue
+        nets = _NET_LIST.match(msg)
+        if nets:
+            proc.nets = tuple(name for _, name in sorted((int(i), n) for i, n in _NET_ITEM.findall(nets[2])))
+            continue
+        used = _NETWORK.match(msg)
+        if used:
+            network = used[1]
+            continue
+        note = _on_conn(proc, msg) if _CONN.match(msg) else _on_graph(proc, msg)
+        if note:
+            notes.append(f"{source}:{ln}: {note}")
+    comms = _assemble(procs, notes)
+    if not comms:
+        raise ConfigError(source, "no communicator reached 'Init COMPLETE'; run with NCCL_DEBUG=INFO "
+                                  "(NCCL_DEBUG_SUBSYS must include INIT) and keep every rank's output")
+    return NcclLogReport(tuple(comms), network, tuple(notes))
+
+
+def _assemble(procs: dict, notes: list) -> list[Communicator]:
+    """Group every process's records by commId into communicators."""
+    groups: dict[str, list] = {}
+    for (host, pid), proc in procs.items():
+        for rec in proc.recs:
+            if rec.done is None:
+                notes.append(f"{host}:{pid} comm {rec.ptr} rank {rec.rank} never reached Init COMPLETE")
+                continue
+            groups.setdefault(rec.done[3], []).append((host, pid, proc, rec))
+    out = []
+    for comm_id, members in groups.items():
+        ranks, links, trees, conns, rings = {}, {}, {}, {}, {}
+        for host, pid, proc, rec in members:
+            cuda, nvml, bus, _ = rec.done
+            ranks[rec.rank] = RankInfo(rec.rank, host, pid, cuda, nvml, bus, proc.nets)
+            links[rec.rank], trees[rec.rank] = tuple(rec.links), tuple(rec.trees)
+            rings.update(rec.rings)
+            for c in rec.conns:
+                conns.setdefault((c.channel, c.src, c.dst, c.direction, c.via, c.reporter), c)
+        first = members[0][3]
+        out.append(Communicator(comm_id, first.n_ranks, first.n_nodes, dict(sorted(ranks.items())),
+                                tuple(rings[c] for c in sorted(rings)), links, trees, tuple(conns.values())))
+    return out
+
+
+def read_nccl_log(path) -> NcclLogReport:
+    """:func:`parse_nccl_log` of a file."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8", errors="replace")
+    except OSError as err:
+        raise ConfigError(str(p), f"cannot read ({err.strerror}); check the path") from None
+    return parse_nccl_log(text, source=p.name)
+
+
+# --------------------------------------------------------------------------- check
+
+
+def _global_ranks(report: NcclLogReport) -> dict[tuple, int]:
+    """(host, pid, cuda_dev) -> rank in the largest communicator."""
+    world = report.largest()
+    return {(r.host, r.pid, r.cuda_dev): r.rank for r in world.ranks.values()}
+
+
+def _nic_lines(comm: Communicator, label: str, to_global, expected: dict[int, str]) -> list[str]:
+    out = []
+    for rank in comm.ranks:
+        g = to_global(rank)
+        meant = expected.get(g) if g is not None else None
+        used = sorted(comm.net_nics(rank))
+        if meant is None or not used or used == [meant]:
+            continue
+        proxies = sorted({c.proxy_rank for c in comm.connections if c.reporter == rank and c.proxy_rank is not None})
+        pxn = f" (through PXN proxy rank {', '.join(map(str, proxies))})" if proxies else ""
+        if meant in used:
+            others = ", ".join(n for n in used if n != meant)
+            out.append(f"{label}: rank {g} used {meant} as meant but also {others}{pxn}")
+        else:
+            out.append(f"{label}: rank {g} used {', '.join(used)}{pxn} but the placement meant {meant}")
+    return out
+
+
+def _intra_lines(comm: Communicator, label: str, to_global, accepted: tuple[str, ...]) -> list[str]:
+    out, seen = [], set()
+    for c in comm.connections:
+        a, b = comm.ranks.get(c.src), comm.ranks.get(c.dst)
+        if a is None or b is None or a.host != b.host or c.transport in accepted:
+            continue
+        key = (c.src, c.dst, c.via)
+        if key not in seen:
+            seen.add(key)
+            out.append(f"{label}: ranks {to_global(c.src)} -> {to_global(c.dst)} on {a.host} connected via "
+                       f"{c.via}, not {'/'.join(accepted)}")
+    return out
+
+
+def check_against_placement(report: NcclLogReport, expected: dict[int, str],
+                            expected_intra: Union[str, Sequence[str]] = "P2P") -> list[str]:
+    """Differences between what NCCL used and what the placement meant, one line each:
+
+    - ``expected``: global rank (rank in the largest communicator) -> the NIC name the
+      placement gives it (``rank_row(p, r)["nic"]``). For every communicator, a rank whose
+      network channels went through another NIC: "comm 0x.. (2 ranks): rank 5 used mlx5_0
+      but the placement meant mlx5_9". Ranks of smaller communicators are mapped to global
+      ranks by (host, pid, CUDA device).
+    - ``expected_intra``: the transport(s) meant between ranks on one host (P2P = NVLink or
+      PCIe peer access); any other (SHM, NET) is reported.
+    """
+    accepted = (expected_intra,) if isinstance(expected_intra, str) else tuple(expected_intra)
+    to_global_key = _global_ranks(report)
+    out = []
+    for comm in report.communicators:
+        label = f"comm {comm.comm_id} ({comm.n_ranks} ranks)"
+
+        def to_global(rank, comm=comm):
+            info = comm.ranks.get(rank)
+            return None if info is None else to_global_key.get((info.host, info.pid, info.cuda_dev))
+
+        out += _nic_lines(comm, label, to_global, expected)
+        out += _intra_lines(comm, label, to_global, accepted)
+    return out

@@ -1,0 +1,214 @@
+"""Time of one GEMM on one GPU by its shape, and the measured table that replaces the model.
+
+A GEMM (M, N, K) computes an M x N output reducing over K: ``2 M N K`` FLOP. The model
+follows NVIDIA's "Matrix Multiplication Background User's Guide" (Deep Learning
+Performance documentation):
+
+- **Tile quantization.** The output is cut into thread-block tiles of ``tm x tn``;
+  ``ceil(M/tm) * ceil(N/tn)`` tiles run even when the last row or column of tiles is
+  partly padding. Useful fraction ``M N / (tiles tm tn)``.
+- **Wave quantization.** Tiles run in waves of one tile per SM (``gpu.sms``):
+  ``ceil(tiles / sms)`` waves; a partly filled last wave costs a full wave. Useful
+  fraction ``tiles / (waves sms)``.
+- **Arithmetic intensity (roofline).** ``2 M N K / bytes`` with
+  ``bytes = dtype_bytes (M K + K N + M N)`` (each operand read once, output written once);
+  below the ridge point ``peak * ceiling / hbm_bandwidth`` the GEMM is memory-bound.
+- **Ceiling.** An SM that is busy runs at ``gpu.max_gemm_fraction`` of its share of the
+  dense peak: the best GEMM throughput measured on that GPU (794.5 of 989.4 TFLOP/s =
+  80.3% on H100 SXM, 271.2 of 312 = 86.9% on A100; stas00/ml-engineering), not 95% of
+  peak. The same fraction is assumed for every dtype (only BF16 is measured there).
+
+Time = ``max(waves * 2 tm tn K / (peak * ceiling / sms), bytes / hbm_bandwidth)`` for each
+candidate tile among 128x256, 256x128 and 128x128, and the fastest tile is kept, as a
+cuBLAS heuristic picks the fastest kernel it knows. Efficiency = useful FLOP / time / peak.
+
+Not modelled (so the model is conservative or optimistic where they matter): split-K and
+stream-K kernels that cut wave quantization for few, long-K tiles; kernel launch latency
+(a few microseconds); L2 reuse beyond reading each operand once. At the measured-maximum
+shape 2048x2048x13312 on H100 the model gives 97% of the ceiling (128 tiles of 128x256 on
+132 SMs): it does not reproduce the measured maximum exactly there.
+
+>>> from meshplan import catalog
+>>> h100 = catalog.gpu("h100-sxm5-80gb")
+>>> eff, why = gemm_efficiency(h100, 8192, 1024, 8192)
+>>> round(eff, 4)
+0.7787
+>>> print(why)  # doctest: +NORMALIZE_WHITESPACE
+8192x1024x8192 bf16: tile 128x256, 256 tiles (tile quantization 100.0%), 2 waves of 132 SMs
+(wave quantization 97.0%), intensity 819 FLOP/B (ridge 237): time set by compute, ceiling 80.3%
+(max_gemm_fraction) -> 77.9% of peak
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from dataclasses import dataclass, field
+from math import ceil
+from pathlib import Path
+from typing import Optional
+
+from meshplan.errors import ConfigError
+from meshplan.spec.cluster import GPUSpec
+from meshplan.units import TFLOPS, dtype_bytes
+
+#: Thread-block tiles a cuBLAS heuristic chooses among (Matrix Multiplication Background
+#: User's Guide, "Tile quantization": 256x128 and 128x128 tiles as examples).
+TILES = ((128, 256), (256, 128), (128, 128))
+
+
+@dataclass(frozen=True)
+class GemmEstimate:
+    """Time of one GEMM call: ``seconds``, ``efficiency`` (useful FLOP/s / dense peak),
+    ``source`` ("model" or "measured") and a one-line ``explanation``."""
+
+    seconds: float
+    efficiency: float
+    source: str
+    explanation: str
+
+
+def _tile_time(gpu: GPUSpec, m: int, n: int, k: int, tile: tuple[int, int], dtype: str, count: int):
+    tm, tn = tile
+    tiles = ceil(m / tm) * ceil(n / tn) * count
+    waves = ceil(tiles / gpu.sms)
+    per_sm = gpu.peak_flops(dtype) * gpu.max_gemm_fraction / gpu.sms
+    t_compute = waves * 2.0 * tm * tn * k / per_sm
+    nbytes = dtype_bytes(dtype) * (m * k + k * n + m * n) * count
+    t_memory = nbytes / gpu.hbm_bandwidth_bytes_per_s
+    return max(t_compute, t_memory), tiles, waves, nbytes, t_compute >= t_memory
+
+
+def gemm_model(gpu: GPUSpec, m: int, n: int, k: int, dtype: str = "bf16", count: int = 1) -> GemmEstimate:
+    """Modelled time of ``count`` GEMMs (M, N, K) launched together (a grouped GEMM shares
+    waves), per the module docstring. Raises ValueError on a non-positive size."""
+    if min(m, n, k, count) <= 0:
+        raise ValueError(f"GEMM sizes must be positive, got M {m} N {n} K {k} count {count}")
+    best = min(TILES, key=lambda t: _tile_time(gpu, m, n, k, t, dtype, count)[0])
+    t, tiles, waves, nbytes, compute_bound = _tile_time(gpu, m, n, k, best, dtype, count)
+    peak = gpu.peak_flops(dtype)
+    flops = 2.0 * m * n * k * count
+    eff = flops / t / peak
+    tq = m * n * count / (tiles * best[0] * best[1])
+    wq = tiles / (waves * gpu.sms)
+    ridge = peak * gpu.max_gemm_fraction / gpu.hbm_bandwidth_bytes_per_s
+    shape = f"{m}x{n}x{k}" + (f" x{count}" if count > 1 else "")
+    why = (f"{shape} {dtype}: tile {best[0]}x{best[1]}, {tiles} tiles (tile quantization {tq:.1%}), "
+           f"{waves} waves of {gpu.sms} SMs (wave quantization {wq:.1%}), intensity {flops / nbytes:.0f} "
+           f"FLOP/B (ridge {ridge:.0f}): time set by {'compute' if compute_bound else 'memory traffic'}, ceiling "
+           f"{gpu.max_gemm_fraction:.1%} (max_gemm_fraction) -> {eff:.1%} of peak")
+    return GemmEstimate(t, eff, "model", why)
+
+
+def gemm_efficiency(gpu: GPUSpec, m: int, n: int, k: int, dtype: str = "bf16") -> tuple[float, str]:
+    """(efficiency, explanation) of one GEMM (M, N, K) on ``gpu`` by the shape model.
+
+    Efficiency is achieved FLOP/s over the dense peak of ``dtype``; it never exceeds
+    ``gpu.max_gemm_fraction``. See the module docstring for the terms.
+    """
+    e = gemm_model(gpu, m, n, k, dtype)
+    return e.efficiency, e.explanation
+
+
+# Measured table -------------------------------------------------------------------------
+
+TABLE_COLUMNS = ("m", "n", "k", "dtype", "seconds", "tflops", "device", "torch")
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One measured GEMM: ``seconds`` per call on ``device`` with torch ``torch``."""
+
+    m: int
+    n: int
+    k: int
+    dtype: str
+    seconds: float
+    device: str
+    torch: str
+
+
+@dataclass(frozen=True)
+class GemmTable:
+    """Measured GEMM times keyed by (M, N, K, dtype); ``path`` it was read from.
+    ``attention``: measured fused attention, ``(batch, q_heads, kv_heads, seq_q, seq_kv,
+    head_dim, dtype) -> (forward_s, backward_s)`` (causal; backward = the input and weight
+    gradients of one call), used by :mod:`meshplan.compute.ops` in place of the flash model."""
+
+    entries: dict
+    path: str = ""
+    attention: dict = field(default_factory=dict)
+
+    def lookup(self, m: int, n: int, k: int, dtype: str) -> Optional[Measurement]:
+        return self.entries.get((m, n, k, dtype))
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+
+def _row(raw: dict, where: str) -> Measurement:
+    unknown = set(raw) - set(TABLE_COLUMNS)
+    if unknown:
+        raise ConfigError(where, f"unknown column(s) {sorted(unknown)}; allowed: {', '.join(TABLE_COLUMNS)}")
+    for key in ("m", "n", "k", "dtype", "device", "torch"):
+        if raw.get(key) in (None, ""):
+            raise ConfigError(f"{where}.{key}", "missing; every row needs m, n, k, dtype, device, torch "
+                              "and seconds or tflops")
+    try:
+        m, n, k = int(raw["m"]), int(raw["n"]), int(raw["k"])
+        dtype_bytes(str(raw["dtype"]))
+        if raw.get("seconds") not in (None, ""):
+            seconds = float(raw["seconds"])
+        elif raw.get("tflops") not in (None, ""):
+            seconds = 2.0 * m * n * k / (float(raw["tflops"]) * TFLOPS)
+        else:
+            raise ConfigError(f"{where}.seconds", "give seconds (per call) or tflops")
+    except (ValueError, KeyError) as e:
+        if isinstance(e, ConfigError):
+            raise
+        raise ConfigError(where, f"bad value ({e}); m, n, k are integers, seconds/tflops numbers, "
+                          f"dtype one of fp32, tf32, bf16, fp16, fp8") from None
+    if min(m, n, k) <= 0 or seconds <= 0:
+        raise ConfigError(where, f"sizes and time must be positive (m {m} n {n} k {k} seconds {seconds})")
+    return Measurement(m, n, k, str(raw["dtype"]), seconds, str(raw["device"]), str(raw["torch"]))
+
+
+def load_gemm_table(path: str | Path) -> GemmTable:
+    """Read a measured GEMM table: CSV with a header of :data:`TABLE_COLUMNS` (seconds or
+    tflops may be empty, not both), or JSON as a list of such rows or
+    ``{"device": ..., "torch": ..., "rows": [...]}`` (row keys override the top level).
+    One device per table. Raises ConfigError naming the row and column."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError("gemm_table", f"no file {str(p)!r}; write one with `meshplan bench gemm`")
+    if p.suffix.lower() == ".json":
+        data = json.loads(p.read_text())
+        if isinstance(data, dict):
+            top = {k: data[k] for k in ("device", "torch") if k in data}
+            extra = set(data) - {"device", "torch", "rows"}
+            if extra:
+                raise ConfigError("gemm_table", f"unknown key(s) {sorted(extra)}; allowed: device, torch, rows")
+            rows = [{**top, **r} for r in data.get("rows", [])]
+        else:
+            rows = data
+    else:
+        with p.open(newline="") as f:
+            rows = list(csv.DictReader(f))
+    meas = [_row(r, f"gemm_table row {i + 1}") for i, r in enumerate(rows)]
+    devices = sorted({x.device for x in meas})
+    if len(devices) > 1:
+        raise ConfigError("gemm_table", f"rows from several devices {devices}; keep one device per table")
+    return GemmTable({(x.m, x.n, x.k, x.dtype): x for x in meas}, str(p))
+
+
+def gemm_time(gpu: GPUSpec, m: int, n: int, k: int, dtype: str = "bf16", count: int = 1,
+              table: Optional[GemmTable] = None) -> GemmEstimate:
+    """Seconds of ``count`` GEMMs (M, N, K): the measured entry when ``table`` has this
+    exact shape and dtype (``count`` calls of it), else :func:`gemm_model`."""
+    hit = table.lookup(m, n, k, dtype) if table is not None else None
+    if hit is None:
+        return gemm_model(gpu, m, n, k, dtype, count)
+    eff = 2.0 * m * n * k / hit.seconds / gpu.peak_flops(dtype)
+    why = (f"{m}x{n}x{k} {dtype}: measured {hit.seconds * 1e6:.1f} us on {hit.device} (torch {hit.torch}) "
+           f"-> {eff:.1%} of {gpu.name} peak")
+    return GemmEstimate(hit.seconds * count, eff, "measured", why)

@@ -1,0 +1,349 @@
+"""Compute model of one rank: FLOP, HBM bytes and time of every op of a transformer layer,
+the embedding and the output layer, per micro-batch; MFU and HFU.
+
+Conventions (named so a number lines up with another tool's):
+
+- **GEMMs**: forward shapes from :func:`meshplan.compute.shapes.layer_gemms`; backward is the
+  data-gradient GEMM (pass ``backward_input``, "B") and the weight-gradient GEMM (pass
+  ``backward_weight``, "W") of :func:`meshplan.compute.shapes.backward_gemms`: 2x forward FLOP.
+  Time by :func:`meshplan.compute.gemm.gemm_time` (shape model, or a measured table).
+- **Attention core, causal convention**: model FLOP = half of the full ``QK^T`` and ``PV``
+  products, ``2 b a s_q s_kv d`` forward (:meth:`meshplan.compute.shapes.Attention.flops` with
+  ``causal_half``), backward 2x. Executed (hardware) FLOP: a flash kernel skips the masked
+  blocks (the same half) and its backward recomputes ``QK^T`` (5 products instead of 4:
+  2.5x forward; FlashAttention-2, Dao 2023, arXiv 2307.08691); a non-flash implementation
+  (Megatron-LM 2022) computes the full products and materialises the scores, so its
+  softmax and dropout are memory-bound ops over ``b a s_q s_kv`` scores. Flash kernels are
+  timed at the GEMM ceiling with wave quantization over (batch, heads, 128-query blocks):
+  optimistic, since published flash kernels reach less than a plain GEMM.
+- **Memory-bound ops** (norms, residual adds with optional dropout, RoPE, SiLU/GeLU,
+  softmax statistics, cross entropy, MoE permutation): time = bytes read + written / HBM
+  bandwidth (datasheet peak: optimistic), each operand once; no FLOP counted for them
+  (MFU and HFU count matrix products only, as Korthikanti et al. 2022 appendix A does).
+  With sequence parallelism the norms and residual adds see ``tokens / tp`` rows.
+- **Recompute**: ``selective`` re-runs the attention core forward in backward (Korthikanti
+  et al. 2022, section 5); ``full`` re-runs the whole layer forward. Recomputed ops count in
+  hardware FLOP and time, never in model FLOP.
+- **MFU / HFU**: model FLOP per step / (step time x ranks x dense peak), hardware FLOP
+  likewise (Korthikanti et al. 2022, appendix A: model FLOP exclude recompute, hardware
+  FLOP include it). Model FLOP are counted per op as above (causal half), unpadded
+  vocabulary, each replicated KV head once; not ``6 N T``. :func:`korthikanti_model_flops`
+  gives that paper's closed form (full attention) for comparison.
+
+>>> from meshplan import catalog
+>>> gpt = catalog.model("megatron-22b")
+>>> w = Workload(seq_len=2048, micro_batch=4, tp=1, flash=False)
+>>> c = layer_cost(gpt, catalog.gpu("a100-sxm-80gb"), w)
+>>> b, s, h = 4, 2048, 6144
+>>> c.flops("model", "forward") == 24 * b * s * h * h + 2 * b * s * s * h
+True
+>>> c.flops("model") == 3 * c.flops("model", "forward")
+True
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from math import ceil
+from typing import Optional
+
+from meshplan.compute.gemm import GemmTable, gemm_efficiency, gemm_model, gemm_time, load_gemm_table  # noqa: F401
+from meshplan.compute.shapes import Attention, Gemm, attention_shape, backward_gemms, layer_gemms
+from meshplan.spec.cluster import GPUSpec
+from meshplan.spec.model import ModelSpec
+from meshplan.mesh.tpsplit import local_heads, padded_vocab
+from meshplan.units import dtype_bytes
+
+PHASES = ("forward", "backward_input", "backward_weight")
+BLOCKS = ("embed", "attn_pre", "attn", "attn_post", "mlp_pre", "mlp", "mlp_post", "head")
+RECOMPUTE = ("none", "selective", "full")
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What one rank computes per micro-batch: ``micro_batch`` sequences of ``seq_len``
+    tokens, split by ``cp`` along the sequence and by ``tp``/``ep``/``etp`` across
+    features; ``sp``: sequence parallel; ``dtype`` of GEMMs and activations."""
+
+    seq_len: int
+    micro_batch: int = 1
+    tp: int = 1
+    cp: int = 1
+    sp: bool = False
+    ep: int = 1
+    etp: int = 1
+    dtype: str = "bf16"
+    recompute: str = "selective"
+    flash: bool = True
+    dropout: bool = False
+    vocab_pad_divisor: int = 128
+
+    def __post_init__(self):
+        if self.recompute not in RECOMPUTE:
+            raise ValueError(f"recompute {self.recompute!r} is not one of {RECOMPUTE}")
+
+    @property
+    def tokens(self) -> int:
+        """Tokens per rank per micro-batch: ``micro_batch * seq_len / cp``."""
+        return self.micro_batch * self.seq_len // self.cp
+
+    @property
+    def row_tokens(self) -> int:
+        """Rows of norms and residual adds: ``ceil(tokens / tp)`` with sp, else tokens."""
+        return ceil(self.tokens / self.tp) if self.sp else self.tokens
+
+
+@dataclass(frozen=True)
+class Op:
+    """One kernel of one pass: ``seconds``; ``model_flops`` and ``hardware_flops`` (FLOP);
+    ``size_bytes`` read + written in HBM (memory ops); ``recompute`` marks re-run forward
+    ops; ``note`` says how the time was obtained."""
+
+    name: str
+    block: str
+    phase: str
+    kind: str
+    seconds: float
+    model_flops: float = 0.0
+    hardware_flops: float = 0.0
+    size_bytes: float = 0.0
+    recompute: bool = False
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Cost:
+    """A list of ops with sums by phase and block."""
+
+    ops: tuple[Op, ...]
+
+    def _sel(self, phase=None, block=None, recompute=None):
+        return [o for o in self.ops if phase in (None, o.phase) and block in (None, o.block)
+                and recompute in (None, o.recompute)]
+
+    def seconds(self, phase: Optional[str] = None, block: Optional[str] = None,
+                recompute: Optional[bool] = None) -> float:
+        return sum(o.seconds for o in self._sel(phase, block, recompute))
+
+    def flops(self, which: str = "model", phase: Optional[str] = None) -> float:
+        """``which``: "model" or "hardware"."""
+        return sum(o.model_flops if which == "model" else o.hardware_flops for o in self._sel(phase))
+
+    @property
+    def forward_s(self) -> float:
+        return self.seconds("forward")
+
+    @property
+    def backward_s(self) -> float:
+        """B + W (recompute included)."""
+        return self.seconds("backward_input") + self.seconds("backward_weight")
+
+    def __add__(self, other: "Cost") -> "Cost":
+        return Cost(self.ops + other.ops)
+
+    def lines(self) -> list[str]:
+        """One printable line per op: phase, block, name, time (us), TFLOP, note."""
+        return [f"{o.phase:15s} {o.block:9s} {o.name:22s} {o.seconds * 1e6:9.1f} us "
+                f"{o.hardware_flops / 1e12:8.3f} TFLOP {o.note}" for o in self.ops]
+
+
+def _mem(gpu: GPUSpec, name: str, block: str, phase: str, nbytes: float, recompute=False) -> Op:
+    t = nbytes / gpu.hbm_bandwidth_bytes_per_s
+    return Op(name, block, phase, "memory", t, size_bytes=nbytes, recompute=recompute,
+              note=f"{nbytes / 1e6:.1f} MB / {gpu.hbm_bandwidth_tb_per_s} TB/s")
+
+
+def _gemm_ops(gpu: GPUSpec, g: Gemm, block: str, w: Workload, table, model_scale: float = 1.0) -> list[Op]:
+    """Forward, data-gradient and weight-gradient ops of ``g``; ``model_scale`` scales the
+    model FLOP (replicated KV heads, padded vocabulary)."""
+    out = []
+    for gg, phase in zip([g] + backward_gemms(g), PHASES):
+        e = gemm_time(gpu, gg.m, gg.n, gg.k, w.dtype, gg.count, table)
+        out.append(Op(gg.name, block, phase, "gemm", e.seconds, gg.flops * model_scale, gg.flops,
+                      note=e.explanation))
+    return out
+
+
+def _flash_ops(gpu: GPUSpec, att: Attention, w: Workload, recompute: bool, table=None) -> list[Op]:
+    key = (att.batch, att.q_heads, att.kv_heads, att.seq_q, att.seq_kv, att.head_dim, w.dtype)
+    measured = getattr(table, "attention", {}).get(key) if table is not None else None
+    if measured is not None:  # a measured fused-attention call (GemmTable.attention)
+        fwd, note = att.flops(causal_half=True), f"measured ({getattr(table, 'path', '')})"
+        mk = lambda phase, t, model, hw, rec=False: Op("attention" + (" (recompute)" if rec else ""), "attn", phase,
+                                                       "attention", t, model, hw, recompute=rec, note=note)
+        out = [mk("forward", measured[0], fwd, fwd), mk("backward_input", measured[1], 2 * fwd, 2.5 * fwd)]
+        return out + ([mk("backward_input", measured[0], 0.0, fwd, True)] if recompute else [])
+    peak = gpu.peak_flops(w.dtype)
+    tiles = att.batch * att.q_heads * ceil(att.seq_q / 128)
+    waves = ceil(tiles / gpu.sms)
+    rate = peak * gpu.max_gemm_fraction * tiles / (waves * gpu.sms)
+    io = dtype_bytes(w.dtype) * att.batch * (2 * att.seq_q * att.q_heads + 2 * att.seq_kv * att.kv_heads) * att.head_dim
+    fwd = att.flops(causal_half=True)
+    note = (f"flash: {tiles} blocks in {waves} waves, {rate / peak:.1%} of peak (GEMM ceiling x wave "
+            f"quantization)")
+    mk = lambda phase, model, hw, rec=False: Op("attention" + (" (recompute)" if rec else ""), "attn", phase,
+                                                "attention", max(hw / rate, 2 * io / gpu.hbm_bandwidth_bytes_per_s),
+                                                model, hw, recompute=rec, note=note)
+    out = [mk("forward", fwd, fwd), mk("backward_input", 2 * fwd, 2.5 * fwd)]
+    if recompute:
+        out.append(mk("backward_input", 0.0, fwd, True))
+    return out
+
+
+def _score_ops(gpu, att: Attention, w: Workload, table, recompute: bool) -> list[Op]:
+    """Non-flash attention: full QK^T and PV batched GEMMs, softmax and dropout on scores."""
+    n = att.batch * att.q_heads
+    qk = Gemm("qk^T", att.seq_q, att.seq_kv, att.head_dim, n)
+    pv = Gemm("pv", att.seq_q, att.head_dim, att.seq_kv, n)
+    scores = n * att.seq_q * att.seq_kv
+    b = dtype_bytes(w.dtype)
+    fwd_mem = [("softmax", 2 * b * scores)] + ([("attention dropout", (2 * b + 1) * scores)] if w.dropout else [])
+    bwd_mem = [("softmax backward", 3 * b * scores)] + ([("dropout backward", (2 * b + 1) * scores)] if w.dropout else [])
+    out = []
+    for g in (qk, pv):
+        ops = _gemm_ops(gpu, g, "attn", w, table, model_scale=0.5)  # causal half counted as model FLOP
+        out += [replace(o, phase="backward_input") if o.phase == "backward_weight" else o for o in ops]
+    out += [_mem(gpu, name, "attn", "forward", nb) for name, nb in fwd_mem]
+    out += [_mem(gpu, name, "attn", "backward_input", nb) for name, nb in bwd_mem]
+    if recompute:
+        fwd = [o for o in out if o.phase == "forward"]
+        out += [replace(o, name=o.name + " (recompute)", phase="backward_input", model_flops=0.0, recompute=True)
+                for o in fwd]
+    return out
+
+
+def _elementwise(model: ModelSpec, gpu: GPUSpec, w: Workload, gemms: list[Gemm]) -> list[Op]:
+    """Norms, residual adds (+ dropout), RoPE, activation, MoE permutation: forward and backward."""
+    b, h, r, t = dtype_bytes(w.dtype), model.hidden, w.row_tokens, w.tokens
+    q_l, kv_l, _ = local_heads(model, w.tp)
+    act = 0.0
+    for g in gemms:
+        if g.name.endswith("w_up"):
+            act += g.m * g.n * g.count
+        elif g.name == "shared_w_up":
+            act += g.m * g.n / (2 if model.gated_mlp else 1)
+    res_f = (3 * b + (1 if w.dropout else 0)) * r * h
+    res_b = (3 * b if not w.dropout else 2 * b + 1) * r * h
+    spec = [("attn norm", "attn_pre", 2 * b * r * h, 3 * b * r * h),
+            ("residual add" + (" + dropout" if w.dropout else ""), "attn_post", res_f, res_b),
+            ("mlp norm", "mlp_pre", 2 * b * r * h, 3 * b * r * h),
+            ("residual add" + (" + dropout" if w.dropout else ""), "mlp_post", res_f, res_b),
+            ("silu x up" if model.gated_mlp else "gelu", "mlp",
+             (3 if model.gated_mlp else 2) * b * act, (5 if model.gated_mlp else 3) * b * act)]
+    if model.position_embedding == "rope":
+        nb = 2 * b * t * (q_l + kv_l) * model.d_head
+        spec.append(("rope", "attn", nb, nb))
+    if any(g.name.startswith("expert_") for g in gemms):
+        nb = 2 * b * t * model.top_k * h
+        spec += [("moe permute", "mlp", nb, nb), ("moe unpermute", "mlp", nb, nb)]
+    out = []
+    for name, block, f, bw in spec:
+        out += [_mem(gpu, name, block, "forward", f), _mem(gpu, name, block, "backward_input", bw)]
+    return out
+
+
+def layer_cost(model: ModelSpec, gpu: GPUSpec, w: Workload, layer: int = -1,
+               table: Optional[GemmTable] = None) -> Cost:
+    """Every op of transformer layer ``layer`` (-1: the last) on one rank for one micro-batch,
+    forward, backward (B and W) and recompute, per the module conventions."""
+    gemms = layer_gemms(model, w.tp, w.tokens, layer=layer, ep=w.ep, etp=w.etp)
+    _, _, rep = local_heads(model, w.tp)
+    ops = []
+    for g in gemms:
+        scale = 1.0 / rep if g.name in ("wk", "wv") else 1.0
+        ops += _gemm_ops(gpu, g, "attn" if g.name in ("wq", "wk", "wv", "wo") else "mlp", w, table, scale)
+    att = attention_shape(model, w.tp, w.cp, w.micro_batch, w.seq_len)
+    selective = w.recompute == "selective"
+    ops += _flash_ops(gpu, att, w, selective, table) if w.flash else _score_ops(gpu, att, w, table, selective)
+    ops += _elementwise(model, gpu, w, gemms)
+    if w.recompute == "full":
+        ops += [replace(o, name=o.name + " (recompute)", phase="backward_input", model_flops=0.0, recompute=True)
+                for o in ops if o.phase == "forward"]
+    order = {b: i for i, b in enumerate(BLOCKS)}
+    return Cost(tuple(sorted(ops, key=lambda o: (PHASES.index(o.phase), order[o.block]))))
+
+
+def embedding_cost(model: ModelSpec, gpu: GPUSpec, w: Workload) -> Cost:
+    """Input embedding on the first stage: lookup (read + write ``tokens x h``), learned
+    position add, and the gradient scatter in backward. Memory-bound."""
+    b, h, t = dtype_bytes(w.dtype), model.hidden, w.tokens
+    ops = [_mem(gpu, "embedding lookup", "embed", "forward", 2 * b * t * h),
+           _mem(gpu, "embedding grad", "embed", "backward_weight", 2 * b * t * h)]
+    if model.position_embedding == "learned":
+        ops.append(_mem(gpu, "position add", "embed", "forward", 3 * b * t * h))
+    return Cost(tuple(ops))
+
+
+def head_cost(model: ModelSpec, gpu: GPUSpec, w: Workload, table: Optional[GemmTable] = None) -> Cost:
+    """Final norm, output GEMM ``(tokens, V_padded / tp, h)`` and vocab-parallel cross
+    entropy (fp32 softmax kept for backward: forward reads logits and writes 4 B per logit,
+    backward reads them and writes the gradient) on the last stage."""
+    b, h, r = dtype_bytes(w.dtype), model.hidden, w.row_tokens
+    pv = padded_vocab(model.vocab, w.vocab_pad_divisor, w.tp)
+    g = Gemm("output", w.tokens, pv // w.tp, h)
+    logits = w.tokens * (pv // w.tp)
+    ops = [_mem(gpu, "final norm", "head", "forward", 2 * b * r * h),
+           _mem(gpu, "final norm", "head", "backward_input", 3 * b * r * h)]
+    ops += _gemm_ops(gpu, g, "head", w, table, model_scale=model.vocab / pv)
+    ops += [_mem(gpu, "cross entropy", "head", "forward", (b + 4) * logits),
+            _mem(gpu, "cross entropy", "head", "backward_input", (4 + b) * logits)]
+    return Cost(tuple(ops))
+
+
+def sequence_model_flops(model: ModelSpec, seq_len: int) -> float:
+    """Model FLOP of one sequence, forward + backward, per the module convention: every
+    layer's GEMMs and causal-half attention (x3), and the output layer on the unpadded
+    vocabulary (x3). Independent of the mesh.
+
+    >>> from meshplan import catalog
+    >>> m = catalog.model("megatron-22b")
+    >>> f = sequence_model_flops(m, 2048)
+    >>> s, L, h, V = 2048, 48, 6144, 51200
+    >>> f == 3 * L * (24 * s * h * h + 2 * s * s * h) + 3 * 2 * s * h * V
+    True
+    """
+    total = 0.0
+    for i in range(model.layers):
+        gemms = layer_gemms(model, 1, seq_len, layer=i)
+        total += 3 * sum(g.flops for g in gemms)
+        total += 3 * attention_shape(model, 1, 1, 1, seq_len).flops(causal_half=True)
+    total += 3 * 2.0 * seq_len * model.hidden * model.vocab
+    return total
+
+
+#: Published development reference (Korthikanti et al. 2022, arXiv 2205.05198, Tables 3-5; 22B
+#: model, one DGX A100, tp 8, micro-batch 4, seq 2048; ../shared/reference/public-facts.md):
+#: (recompute, sequence parallel) -> (layer forward ms, layer backward ms, step s or None).
+#: Printed beside predictions; no constant is fitted to it.
+KORTHIKANTI_22B_MEASURED = {  # (recompute, sequence parallel): (layer forward ms, layer backward ms, step s)
+    ("none", False): (7.7, 11.9, None),
+    ("none", True): (7.2, 11.8, None),
+    ("full", False): (7.7, 19.5, 1.42),
+    ("selective", False): (7.7, 13.2, None),
+    ("selective", True): (7.2, 13.1, 1.10),
+}
+
+
+def korthikanti_model_flops(batch: int, seq_len: int, layers: int, hidden: int, vocab: int) -> float:
+    """Model FLOP per iteration of a GPT model (4h MLP, multi-head attention) in Korthikanti
+    et al. 2022, appendix A: ``72 B s L h^2 (1 + s / (6 h) + V / (12 h L))``; it counts the
+    full (not causal-halved) attention, so it exceeds :func:`sequence_model_flops` x B by
+    ``6 B s^2 h L``.
+
+    >>> round(korthikanti_model_flops(4, 2048, 48, 6144, 51200) / 1e15, 4)
+    1.1436
+    """
+    b, s, L, h, V = batch, seq_len, layers, hidden, vocab
+    return 72.0 * b * s * L * h * h * (1 + s / (6 * h) + V / (12 * h * L))
+
+
+def utilization(flops_per_step: float, step_s: float, ranks: int, gpu: GPUSpec, dtype: str = "bf16") -> float:
+    """FLOP per step / (step seconds x ranks x dense peak of ``dtype``): MFU with model
+    FLOP, HFU with hardware FLOP (Korthikanti et al. 2022, appendix A).
+
+    >>> from meshplan import catalog
+    >>> round(utilization(korthikanti_model_flops(4, 2048, 48, 6144, 51200), 1.10, 8,
+    ...                   catalog.gpu("a100-sxm-80gb")), 3)
+    0.417
+    """
+    return flops_per_step / (step_s * ranks * gpu.peak_flops(dtype))

@@ -1,0 +1,188 @@
+"""Read a TOML plan input with tables [model], [cluster], [training], [mesh].
+
+Keys are strict: an unknown key is an error naming the key and its table. Every error is a
+one-line :class:`~meshplan.errors.ConfigError`.
+
+[model]   ``catalog = "llama3-70b"`` (fields given beside it override the entry), or
+          ``hf_config = "path/config.json"`` (relative to the TOML file), or every field.
+[cluster] ``system = "dgx-h100"`` and ``nodes = 8`` (a catalog node with its GPU and
+          network), optionally ``gpu = "h200-sxm-141gb"`` to swap the GPU; or explicit
+          ``[cluster.gpu]``, ``[cluster.node]`` tables.
+[training], [mesh]  fields of :class:`TrainingSpec` and :class:`MeshSpec`.
+[memory]  optional: fields of :class:`~meshplan.spec.memory.MemoryOptions` (timeline
+          parameters: prefetch, buckets, NCCL buffers, workspace, fragmentation).
+[search]  optional: fields of :class:`~meshplan.spec.search.SearchOptions` (what
+          ``meshplan search`` enumerates); ignored by every other command.
+
+``meshplan search`` reads configs without [mesh] (``require_mesh=False``); every other
+command needs it.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from meshplan.errors import ConfigError
+from meshplan.spec.cluster import ClusterSpec
+from meshplan.spec.memory import MemoryOptions
+from meshplan.spec.mesh import MeshSpec
+from meshplan.spec.model import ModelSpec
+from meshplan.spec.search import SearchOptions
+from meshplan.spec.training import TrainingSpec
+
+TABLES = ("model", "cluster", "training", "mesh")
+OPTIONAL_TABLES = ("memory", "search")
+
+
+@dataclass(frozen=True)
+class Config:
+    """The four specs of one plan input; ``path`` is where it was read from (or None);
+    ``memory``, ``search``: the optional [memory] and [search] tables (defaults when absent);
+    ``mesh`` is None only for a config read with ``require_mesh=False``."""
+
+    model: ModelSpec
+    cluster: ClusterSpec
+    training: TrainingSpec
+    mesh: MeshSpec | None
+    path: str | None = None
+    memory: MemoryOptions = field(default_factory=MemoryOptions)
+    search: SearchOptions = field(default_factory=SearchOptions)
+
+
+def load_config(path: str | Path, require_mesh: bool = True) -> Config:
+    """Read and validate a TOML config. Raises ConfigError (one line) on any problem.
+    ``require_mesh=False`` accepts a config without [mesh] (``mesh`` is then None)."""
+    p = Path(path)
+    if p.is_dir():
+        held = sorted(x.name for x in p.glob("*.toml"))
+        inside = f" (it holds {', '.join(held[:3])}{' ...' if len(held) > 3 else ''})" if held else ""
+        raise ConfigError("config", f"{str(p)!r} is a directory; give a TOML config file{inside}")
+    if not p.is_file():
+        raise ConfigError("config", f"no file {str(p)!r}; give the path of a TOML config (see examples/)")
+    try:
+        data = tomllib.loads(p.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError("config", f"{p}: not valid TOML ({e})") from None
+    return config_from_dict(data, base=p.parent, path=str(p), require_mesh=require_mesh)
+
+
+def config_from_dict(data: dict[str, Any], base: Path | None = None, path: str | None = None,
+                     require_mesh: bool = True) -> Config:
+    """Validate an already-parsed config mapping (see :func:`load_config`)."""
+    unknown = set(data) - set(TABLES) - set(OPTIONAL_TABLES)
+    if unknown:
+        raise ConfigError(sorted(unknown)[0], f"unknown table; allowed tables are {list(TABLES + OPTIONAL_TABLES)}")
+    for t in OPTIONAL_TABLES:
+        if not isinstance(data.get(t, {}), dict):
+            raise ConfigError(t, "must be a table")
+    for t in TABLES:
+        if t == "mesh" and not require_mesh and t not in data:
+            continue
+        if t not in data:
+            raise ConfigError(t, f"missing table [{t}]; every config needs {['[' + x + ']' for x in TABLES]}")
+        if not isinstance(data[t], dict):
+            raise ConfigError(t, "must be a table")
+    return Config(model=_model(data["model"], base), cluster=_cluster(data["cluster"]),
+                  training=build(TrainingSpec, data["training"], "training"),
+                  mesh=build(MeshSpec, data["mesh"], "mesh") if "mesh" in data else None, path=path,
+                  memory=build(MemoryOptions, data.get("memory", {}), "memory"),
+                  search=build(SearchOptions, data.get("search", {}), "search"))
+
+
+def build(cls: type[BaseModel], values: dict, table: str) -> Any:
+    """``cls(**values)`` with pydantic errors turned into one-line ConfigErrors."""
+    try:
+        return cls(**values)
+    except ValidationError as e:
+        raise _one_line(e, cls, table) from None
+
+
+def _one_line(e: ValidationError, cls: type[BaseModel], table: str) -> ConfigError:
+    errs = e.errors()
+    # an unknown key explains a "missing" one (a misspelled required key): report it first
+    err = next((x for x in errs if x["type"] == "extra_forbidden"), errs[0])
+    loc = ".".join(str(x) for x in err["loc"])
+    field = f"{table}.{loc}" if loc else table
+    if err["type"] == "extra_forbidden":
+        return ConfigError(field, f"unknown key in [{table}]; allowed keys: {', '.join(cls.model_fields)}")
+    if err["type"] == "missing":
+        return ConfigError(field, f"required key missing in [{table}]")
+    msg = err["msg"].removeprefix("Value error, ")
+    got = err.get("input")
+    if err["type"] not in ("value_error",) and not isinstance(got, dict):
+        msg += f" (got {got!r})"
+    return ConfigError(field, msg)
+
+
+def _model(t: dict, base: Path | None) -> ModelSpec:
+    from meshplan import catalog
+
+    t = dict(t)
+    if "catalog" in t and "hf_config" in t:
+        raise ConfigError("model", "give either catalog or hf_config, not both")
+    if "catalog" in t:
+        with _as_field("model.catalog"):
+            entry = catalog.model(t.pop("catalog")).model_dump()
+        return build(ModelSpec, {**entry, **t}, "model")
+    if "hf_config" in t:
+        from meshplan.spec.hf import model_from_hf_config
+
+        given = t.pop("hf_config")
+        if not isinstance(given, str):
+            raise ConfigError("model.hf_config", f"give a path string (got {given!r})")
+        src = Path(given)
+        src = src if src.is_absolute() or base is None else base / src
+        where = "" if Path(given).is_absolute() or base is None else " (relative to the TOML file's folder)"
+        with _as_field("model.hf_config", where):
+            entry = model_from_hf_config(src).model_dump()
+        return build(ModelSpec, {**entry, **t}, "model")
+    return build(ModelSpec, t, "model")
+
+
+def _cluster(t: dict) -> ClusterSpec:
+    from meshplan import catalog
+
+    t = dict(t)
+    if "system" in t:
+        name = t.pop("system")
+        if "nodes" not in t:
+            raise ConfigError("cluster.nodes", "required with system; give the number of nodes")
+        gpu, nodes = t.pop("gpu", None), t.pop("nodes")
+        if not isinstance(nodes, int) or isinstance(nodes, bool) or nodes < 1:
+            raise ConfigError("cluster.nodes", f"must be a whole number of nodes, at least 1; got {nodes!r}")
+        with _as_field("cluster.system"):
+            cluster = catalog.system(name, nodes)
+        if gpu is not None:
+            with _as_field("cluster.gpu"):
+                cluster = cluster.model_copy(update={"gpu": catalog.gpu(gpu) if isinstance(gpu, str)
+                                                     else build(type(cluster.gpu), gpu, "cluster.gpu")})
+        if t:
+            raise ConfigError(f"cluster.{sorted(t)[0]}", "unknown key beside system; allowed: system, nodes, gpu")
+        return cluster
+    if isinstance(t.get("gpu"), str):
+        with _as_field("cluster.gpu"):
+            t["gpu"] = catalog.gpu(t["gpu"]).model_dump()
+    return build(ClusterSpec, t, "cluster")
+
+
+@contextmanager
+def _as_field(field: str, where: str = ""):
+    """Re-raise a ConfigError from a catalog or file reader under the config's ``field``
+    (``cluster.system: unknown node ...``); a reader's own field (a key of the HF
+    config.json) stays in the message. ``where`` follows a missing file's path."""
+    try:
+        yield
+    except ConfigError as e:
+        if e.field.startswith(field):
+            raise
+        msg = e.message if e.field in ("config", "node", "gpu", "model", "network", "nodes", "system") \
+            else f"{e.field}: {e.message}"
+        if where and msg.startswith("no such file"):
+            msg = msg.replace(";", where + ";", 1)
+        raise ConfigError(field, msg) from None

@@ -1,0 +1,236 @@
+"""Constraints that force partitioning, listed before any mesh is chosen, and the
+constraint each axis of a given mesh solves.
+
+Kinds (the seed's "List the constraints before choosing degrees"):
+- capacity: the smallest model-parallel split whose persistent state plus activations
+  fit in usable HBM = HBM x (1 - reserve), for each sharding choice;
+- context: the smallest context-parallel degree for which one sequence's activations fit
+  at the largest tensor degree of one node;
+- compute/batch: a fixed global batch caps data parallelism at global_batch / micro_batch,
+  so ``tp * pp * cp >= world * micro_batch / global_batch``;
+- contract: global batch, micro-batch, reduction dtype.
+
+Memory here is a first estimate (persistent state of the most loaded stage + activations
+of the micro-batches in flight (1F1B) + two gathered FSDP layers); the per-rank timeline
+refines it. An axis is said to solve a constraint when setting its degree to 1 (its ranks
+moved to the data axis) breaks that constraint.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from math import ceil
+
+from meshplan.memory.activations import LayerDims, embedding_terms, head_terms, in_flight_chunks, layer_bytes
+from meshplan.memory.state import state_bytes
+from meshplan.mesh.resolve import Mesh, resolve_mesh
+from meshplan.mesh.layers import balanced_split, stage_layers
+from meshplan.spec.cluster import ClusterSpec
+from meshplan.spec.mesh import MeshSpec
+from meshplan.spec.model import ModelSpec
+from meshplan.spec.training import TrainingSpec
+from meshplan.mesh.tpsplit import heads_reason, local_numel, padded_vocab
+from meshplan.units import GiB, dtype_bytes
+
+
+@dataclass(frozen=True)
+class ConstraintRow:
+    """One constraint: ``kind``, a one-line ``text`` with its numbers, what it ``requires``."""
+
+    kind: str
+    text: str
+    requires: str
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """First peak estimate of one mesh (bytes per rank) and its parts."""
+
+    state_bytes: float
+    activation_bytes: float
+    gathered_bytes: float
+    stage: int
+
+    @property
+    def total_bytes(self) -> float:
+        return self.state_bytes + self.activation_bytes + self.gathered_bytes
+
+    def line(self) -> str:
+        return (f"stage {self.stage}: state {self.state_bytes / GiB:.2f} GiB + activations "
+                f"{self.activation_bytes / GiB:.2f} GiB + gathered FSDP layers {self.gathered_bytes / GiB:.2f} GiB "
+                f"= {self.total_bytes / GiB:.2f} GiB")
+
+
+@dataclass(frozen=True)
+class Constraints:
+    """Constraint rows, usable bytes per rank, and (for a mesh) per-axis annotations and
+    the first peak estimate."""
+
+    rows: tuple[ConstraintRow, ...]
+    usable_bytes: float
+    axes: dict[str, str] = field(default_factory=dict)
+    unforced: tuple[str, ...] = ()
+    estimate: Estimate | None = None
+
+
+def usable_bytes(cluster: ClusterSpec, training: TrainingSpec) -> float:
+    """HBM x (1 - memory_reserve), bytes."""
+    return cluster.gpu.hbm_bytes * (1 - training.memory_reserve)
+
+
+def estimate(model: ModelSpec, training: TrainingSpec, mesh: Mesh, stages, micro: int) -> Estimate:
+    """First peak estimate of ``mesh`` (see the module docstring), most loaded stage."""
+    states = state_bytes(model, mesh, training, stages)
+    pp, vpp = len(stages), len(stages[0])
+    dense = next(i for i in range(model.layers) if not model.is_moe_layer(i)) if model.dense_layers or not model.is_moe else 0
+    dims = LayerDims.from_model(model, training.seq_len, training.micro_batch, layer=dense)
+    tp, cp, sp = mesh.degree("tp"), mesh.degree("cp"), mesh.sequence_parallel
+    per_layer = layer_bytes(dims, tp=tp, sp=sp, cp=cp, recompute=training.recompute,
+                            flash=training.flash_attention)
+    if training.recompute == "full":  # one layer's working set while recomputing it
+        per_layer_work = layer_bytes(dims, tp=tp, sp=sp, cp=cp, recompute="none", flash=training.flash_attention)
+    else:
+        per_layer_work = 0
+    v = padded_vocab(model.vocab, training.vocab_pad_divisor, tp)
+    best = None
+    for k, st in enumerate(states):
+        chunk = len(stages[k][0])
+        act = per_layer * chunk * in_flight_chunks(k, pp, max(micro, 1), vpp) + per_layer_work
+        if k == 0:
+            act += sum(t.size_bytes for t in embedding_terms(dims, tp=tp, sp=sp, cp=cp))
+        if k == pp - 1:
+            act += sum(t.size_bytes for t in head_terms(dims, v, tp=tp, sp=sp, cp=cp))
+        gathered = 0.0
+        if training.sharding in ("zero3", "hsdp") and mesh.degree("fsdp") > 1:
+            layer = sum(local_numel(t, model, tp, mesh.ep, mesh.etp) for t in model.layer_tensors(stages[k][0][0]))
+            gathered = 2 * layer * dtype_bytes(training.compute_dtype)  # current + prefetched layer
+        e = Estimate(st.total_bytes, act, gathered, k)
+        if best is None or e.total_bytes > best.total_bytes:
+            best = e
+    return best
+
+
+def _simple_mesh(world, pp=1, shard=1, cp=1, tp=1, sp=False):
+    spec = MeshSpec(names=["pp", "dp_shard", "cp", "tp"], shape=[pp, shard, cp, tp], sequence_parallel=sp)
+    return resolve_mesh(spec, world)
+
+
+def _fits(model, training, world, usable, pp=1, cp=1, tp=1, sharding=None) -> tuple[bool, float]:
+    """Whether a (pp, cp, tp) split with the rest as dp_shard fits; (fits, peak bytes)."""
+    if world % (pp * cp * tp) or heads_reason(model, tp) or model.ffn % tp:
+        return False, float("inf")
+    if pp > model.layers:
+        return False, float("inf")
+    stages = stage_layers(model.layers, pp, split=balanced_split(model.layers, pp))
+    t = training if sharding is None else training.model_copy(update={"sharding": sharding})
+    mesh = _simple_mesh(world, pp, world // (pp * cp * tp), cp, tp, sp=tp > 1)
+    dp = world // (pp * cp * tp)
+    micro = max(training.global_batch // (training.micro_batch * dp), 1)
+    e = estimate(model, t, mesh, stages, micro)
+    return e.total_bytes <= usable, e.total_bytes
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def constraints(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, world: int) -> Constraints:
+    """Constraint rows for ``model`` trained under ``training`` on ``world`` GPUs."""
+    usable = usable_bytes(cluster, training)
+    rows = [ConstraintRow("capacity", f"usable HBM per GPU = {cluster.gpu.hbm_bytes / GiB:.1f} GiB x "
+                          f"(1 - reserve {training.memory_reserve:.0%}) = {usable / GiB:.1f} GiB", "")]
+    if model.is_moe:
+        rows.append(ConstraintRow("capacity", "MoE: expert activations are not in the first estimate", "ep by capacity"))
+    else:
+        for sharding in ("none", "zero1", "zero3"):
+            rows.append(_capacity_row(model, training, world, usable, sharding, cluster.node.gpus))
+        rows.append(_context_row(model, training, cluster, world, usable))
+    need = ceil(world * training.micro_batch / training.global_batch)
+    rows.append(ConstraintRow("compute/batch", f"global batch {training.global_batch} / micro-batch "
+                              f"{training.micro_batch} caps dp at {training.global_batch // training.micro_batch}; "
+                              f"world {world}", f"tp*pp*cp >= {need}"))
+    rows.append(ConstraintRow("contract", f"global batch {training.global_batch} sequences x {training.seq_len} tokens "
+                              f"= {training.global_batch * training.seq_len:,} tokens/step; micro-batch "
+                              f"{training.micro_batch}; gradients reduced in {training.reduce_dtype}", "fixed"))
+    return Constraints(tuple(rows), usable)
+
+
+def _capacity_row(model, training, world, usable, sharding, node_gpus) -> ConstraintRow:
+    """Smallest tp x pp (tp kept inside one node, pp for the rest) that fits."""
+    for mp in _divisors(world):
+        for tp in [d for d in _divisors(mp) if d <= node_gpus][::-1]:
+            ok, peak = _fits(model, training, world, usable, pp=mp // tp, tp=tp, sharding=sharding)
+            if ok:
+                return ConstraintRow("capacity", f"sharding {sharding}, recompute {training.recompute}: smallest split "
+                                     f"(tp inside a node) that fits is tp {tp} x pp {mp // tp} (peak {peak / GiB:.1f} GiB)",
+                                     f"tp*pp >= {mp}")
+    return ConstraintRow("capacity", f"sharding {sharding}, recompute {training.recompute}: no tp x pp split of "
+                         f"{world} GPUs fits", "infeasible")
+
+
+def _context_row(model, training, cluster, world, usable) -> ConstraintRow:
+    tp = max(d for d in _divisors(cluster.node.gpus) if not heads_reason(model, d) and not model.ffn % d
+             and world % d == 0)
+    for cp in _divisors(world // tp):
+        if training.seq_len % (2 * cp) and cp > 1:
+            continue
+        ok, peak = _fits(model, training, world, usable, cp=cp, tp=tp, sharding="zero3")
+        if ok:
+            return ConstraintRow("context", f"seq {training.seq_len}: one micro-batch of {training.micro_batch} fits at "
+                                 f"tp {tp} (one node) with cp {cp}, zero3 (peak {peak / GiB:.1f} GiB)", f"cp >= {cp}")
+    return ConstraintRow("context", f"seq {training.seq_len} does not fit at tp {tp} with any cp", "infeasible")
+
+
+def annotate_axes(cons: Constraints, model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec,
+                  mesh: Mesh, stages, micro: int) -> Constraints:
+    """Per-axis reason and the first peak estimate for ``mesh``; axes that solve no
+    constraint are listed in ``unforced``."""
+    est = estimate(model, training, mesh, stages, micro) if not model.is_moe else None
+    axes, unforced = {}, []
+    world, usable = mesh.world, cons.usable_bytes
+    need = ceil(world * training.micro_batch / training.global_batch)
+    mp = mesh.degree("tp") * mesh.degree("pp") * mesh.degree("cp")
+    for name, d in zip(mesh.layout.names, mesh.layout.shape):
+        if d == 1:
+            continue
+        why = _axis_reason(name, d, model, training, mesh, usable, need, mp)
+        axes[name] = why or "solves no stated constraint (memory fits and the batch allows it without it)"
+        if not why:
+            unforced.append(name)
+    if mesh.ep > 1:
+        axes["ep"] = f"capacity: {model.experts} experts split {mesh.ep} ways"
+    return replace(cons, axes=axes, unforced=tuple(unforced), estimate=est)
+
+
+def _axis_reason(name, d, model, training, mesh, usable, need, mp) -> str:
+    if name in ("dp_replicate", "dp") and training.sharding in ("none", "hsdp") or name == "dp_replicate":
+        return f"throughput: {d} replicas of the batch"
+    if name in ("dp", "dp_shard"):
+        if not model.is_moe:
+            ok, peak = _fits(model, training, mesh.world, usable, pp=mesh.degree("pp"), cp=mesh.degree("cp"),
+                             tp=mesh.degree("tp"), sharding="none")
+            if not ok:
+                return (f"capacity: shards state {d} ways (unsharded peak {peak / GiB:.1f} GiB > "
+                        f"{usable / GiB:.1f} GiB); throughput: {d} batch shards")
+        return f"throughput: {d} batch shards (state sharding not needed for memory)"
+    if name in ("tp", "pp", "cp"):
+        if mp // d < need:
+            return f"compute/batch: tp*pp*cp >= {need} (without it {mp // d})"
+        if model.is_moe:
+            return ""
+        deg = {a: mesh.degree(a) for a in ("pp", "cp", "tp")}
+        deg[name] = 1
+        ok, peak = _fits(model, training, mesh.world, usable, **deg)
+        if not ok:
+            return f"capacity: without it the peak is {peak / GiB:.1f} GiB > usable {usable / GiB:.1f} GiB"
+        return ""
+    return "" if name not in ("ep", "etp") else "capacity: experts"
+
+
+def memory_reasons(cons: Constraints) -> list[str]:
+    """Infeasibility reason when the first estimate exceeds usable memory."""
+    e = cons.estimate
+    if e is None or e.total_bytes <= cons.usable_bytes:
+        return []
+    return [f"first peak estimate {e.total_bytes / GiB:.1f} GiB on stage {e.stage} > usable {cons.usable_bytes / GiB:.1f} "
+            f"GiB ({e.line()})"]

@@ -1,0 +1,257 @@
+"""Resolve a :class:`~meshplan.spec.mesh.MeshSpec` against a world size into a :class:`Mesh`:
+degrees (with -1 inferred), the dense layout, the expert mesh and the derived
+(flattened) axes, each with the arithmetic that produced it.
+
+Derived axes (torchtitan ``ParallelDims`` names):
+
+======== ========================================= ===========================
+dp       dp_replicate x dp_shard (x dp)            gradient reduction, batch
+fsdp     dp_shard (or dp) x cp                     parameter/optimizer sharding
+batch    same as dp                                data loading
+loss     dp x cp                                   loss all-reduce
+======== ========================================= ===========================
+
+Expert mesh: the dense block ``B = (dp_shard or dp) x cp x tp`` (in mesh order) is
+re-factored as ``(efsdp, ep, etp)`` with etp fastest; the rule is ``B % (ep*etp) == 0``
+(torchtitan ParallelDims; Megatron-Core's expert decomposition ``tp-ep-dp-pp``).
+
+>>> from meshplan.spec.mesh import MeshSpec
+>>> m = resolve_mesh(MeshSpec(names=["dp_replicate", "dp_shard", "cp", "tp", "ep"],
+...                           shape=[1, 2, 2, 2, 4]), world=8)
+>>> m.group_of(0, "ep"), m.group_of(5, "ep"), m.group_of(0, "efsdp"), m.group_of(0, "fsdp")
+([0, 1, 2, 3], [4, 5, 6, 7], [0, 4], [0, 2, 4, 6])
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from math import prod
+from typing import Union
+
+import numpy as np
+
+from meshplan.mesh.axes import EXPERT_AXES, from_megatron_order, to_megatron_order
+from meshplan.errors import ConfigError
+from meshplan.mesh.layout import Layout
+from meshplan.spec.mesh import MeshSpec
+
+#: Derived axis name -> constituent axes (those present in the mesh are used).
+DERIVED = {
+    "dp": ("dp_replicate", "dp", "dp_shard"),
+    "fsdp": ("dp", "dp_shard", "cp"),
+    "batch": ("dp_replicate", "dp", "dp_shard"),
+    "loss": ("dp_replicate", "dp", "dp_shard", "cp"),
+}
+_BLOCK = ("dp", "dp_shard", "cp", "tp")
+
+
+@dataclass(frozen=True)
+class Infeasible:
+    """A mesh that cannot be built, with one-line reasons naming the numbers."""
+
+    reasons: tuple[str, ...]
+    derivation: tuple[str, ...] = ()
+
+    @property
+    def feasible(self) -> bool:
+        return False
+
+
+@dataclass(frozen=True)
+class Mesh:
+    """A resolved mesh. ``layout``: dense axes (ep/etp removed); ``ep``, ``etp``: expert
+    degrees; ``derivation``: how each degree was obtained, as printable lines."""
+
+    layout: Layout
+    ep: int = 1
+    etp: int = 1
+    derivation: tuple[str, ...] = ()
+    sequence_parallel: bool = False
+    _expert: tuple = field(default=(), compare=False, repr=False)
+
+    feasible = True
+
+    @property
+    def world(self) -> int:
+        return self.layout.world
+
+    def degree(self, axis: str) -> int:
+        """Degree of a mesh axis, a derived axis or an expert axis (1 if absent)."""
+        if axis == "ep":
+            return self.ep
+        if axis == "etp":
+            return self.etp
+        if axis == "efsdp":
+            return self.block_size // (self.ep * self.etp)
+        if axis in DERIVED and axis not in self.layout.names:
+            return prod(self.layout.degree(a) for a in self.axes_of(axis))
+        return self.layout.degree(axis)
+
+    @property
+    def block_size(self) -> int:
+        return prod(self.layout.degree(a) for a in _BLOCK)
+
+    @property
+    def dp(self) -> int:
+        """Data-parallel degree for batch arithmetic (replicate x shard, without cp)."""
+        return self.degree("dp")
+
+    def axes_of(self, name: str) -> tuple[str, ...]:
+        """Mesh axes a (possibly derived) axis name stands for, in mesh order."""
+        if name in self.layout.names:
+            return (name,)
+        if name in DERIVED:
+            return tuple(a for a in self.layout.names if a in DERIVED[name])
+        raise ConfigError("axis", f"no axis {name!r}; axes are {self.all_axes()}")
+
+    def display_name(self, name: str) -> str:
+        """A derived axis that stands for a single mesh axis is shown by that axis's name
+        (``fsdp`` is ``dp_shard`` when the mesh has no cp)."""
+        if name in DERIVED and name not in self.layout.names:
+            axes = self.axes_of(name)
+            return axes[0] if len(axes) == 1 else name
+        return name
+
+    def all_axes(self) -> list[str]:
+        """Every axis with groups: mesh axes, derived axes present, expert axes."""
+        out = list(self.layout.names)
+        out += [d for d in DERIVED if d not in out and len(self.axes_of(d)) > 1]
+        if self.ep > 1 or self.etp > 1:
+            out += ["efsdp", "ep", "etp"]
+        return out
+
+    def groups(self, name: str) -> np.ndarray:
+        """All groups of an axis as an array (n_groups, size)."""
+        if name in ("efsdp", "ep", "etp"):
+            names, grid = self.expert_grid()
+            return _groups(grid, names, (name,))
+        return self.layout.groups(self.axes_of(name))
+
+    def group_of(self, rank: int, name: str) -> list[int]:
+        """Rank list of the group of axis ``name`` that holds ``rank``."""
+        if name in ("efsdp", "ep", "etp"):
+            g = self.groups(name)
+            row = np.flatnonzero((g == rank).any(axis=1))[0]
+            return [int(r) for r in g[row]]
+        return self.layout.group_of(rank, self.axes_of(name))
+
+    def expert_grid(self) -> tuple[tuple[str, ...], np.ndarray]:
+        """Expert mesh: outer dense axes kept, the dense block re-factored to (efsdp, ep, etp)."""
+        lay = self.layout
+        block = [i for i, n in enumerate(lay.names) if n in _BLOCK]
+        rest = [i for i in range(len(lay.names)) if i not in block]
+        grid = lay.grid().transpose(rest + block)
+        outer = tuple(lay.shape[i] for i in rest)
+        shape = outer + (self.degree("efsdp"), self.ep, self.etp)
+        names = tuple(lay.names[i] for i in rest) + ("efsdp", "ep", "etp")
+        return names, grid.reshape(shape)
+
+    @property
+    def megatron_order(self) -> str:
+        return to_megatron_order(self.layout.names)
+
+
+def _groups(grid: np.ndarray, names, axes) -> np.ndarray:
+    idx = sorted(names.index(a) for a in axes)
+    rest = [i for i in range(grid.ndim) if i not in idx]
+    size = prod(grid.shape[i] for i in idx)
+    return grid.transpose(rest + idx).reshape(-1, size)
+
+
+#: Axes tried first when rescaling one axis to the world size: data axes, then the rest.
+_RESCALE_FIRST = ("dp_shard", "dp", "dp_replicate")
+
+
+def _world_fix(spec: MeshSpec, pairs, world: int, total: int, gpus_per_node: int) -> str:
+    """The fix of a product that is not the world size: one dense axis rescaled (a data axis
+    first) and where it helps, the number of nodes (or ``mesh.world``) that fits the product."""
+    dense = [(n, d) for n, d in pairs if n not in EXPERT_AXES]
+    order = sorted(range(len(dense)), key=lambda i: (dense[i][0] not in _RESCALE_FIRST, i))
+    fixes = []
+    for i in order:
+        name = dense[i][0]
+        rest = total // dense[i][1]
+        if world % rest == 0:
+            new = world // rest
+            others = " * ".join(f"{n} {d}" for n, d in dense if n != name) or "1"
+            if spec.names is not None:
+                shape = [new if n == name else d for n, d in pairs]
+                fixes.append(f"fix: shape {shape} ({name} = {world} / {others} = {new}; or -1 there to infer it)")
+            else:
+                fixes.append(f"fix: [mesh.degrees] {name} = {new} ({world} / {others}; or -1 to infer it)")
+            break
+    if not fixes:
+        fixes.append(f"fix: degrees whose product is {world} (no single axis can be rescaled to it)")
+    if spec.world is not None:
+        fixes.append(f"or mesh.world = {total}")
+    elif gpus_per_node and total % gpus_per_node == 0:
+        fixes.append(f"or cluster.nodes = {total // gpus_per_node} ({total} GPUs)")
+    elif total < world:
+        fixes.append(f"or mesh.world = {total} (use {total} of the {world} GPUs)")
+    return ", ".join(fixes)
+
+
+def resolve_mesh(spec: MeshSpec, world: int, gpus_per_node: int = 0) -> Union[Mesh, Infeasible]:
+    """Resolve degrees against ``world`` ranks.
+
+    Raises ConfigError for malformed degrees (0, below -1, two -1s, repeated names).
+    Returns :class:`Infeasible` when the degrees cannot make ``world`` ranks: product
+    mismatch (with the fix: one axis rescaled, or the cluster resized when ``gpus_per_node``
+    is given), -1 not dividing exactly, or an ep*etp that does not divide the dense block.
+
+    >>> print(resolve_mesh(MeshSpec(names=["dp_shard", "tp"], shape=[8, 4]), 64, gpus_per_node=8).reasons[0])
+    ... # doctest: +NORMALIZE_WHITESPACE
+    dp_shard(8) * tp(4) = 32 != world(64); fix: shape [16, 4] (dp_shard = 64 / tp 4 = 16;
+    or -1 there to infer it), or cluster.nodes = 4 (32 GPUs)
+    """
+    world = spec.world or world
+    if spec.names is not None:
+        pairs = list(zip(spec.names, spec.shape))
+    else:
+        names = from_megatron_order(spec.order)
+        unknown = set(spec.degrees) - set(names)
+        if unknown:
+            raise ConfigError("mesh.degrees", f"axes {sorted(unknown)} are not in order {spec.order!r}")
+        pairs = [(n, spec.degrees.get(n, 1)) for n in names]
+    Layout(tuple(n for n, _ in pairs), tuple(1 for _ in pairs))  # name checks
+    for n, d in pairs:
+        if not isinstance(d, int) or d == 0 or d < -1:
+            raise ConfigError(f"mesh.{n}", f"degree {d} is not allowed; use a positive integer or -1 to infer")
+    inferred = [n for n, d in pairs if d == -1]
+    if len(inferred) > 1:
+        raise ConfigError("mesh", f"axes {inferred} are all -1; at most one degree can be inferred")
+    expert = {n: d for n, d in pairs if n in EXPERT_AXES}
+    dense = [(n, d) for n, d in pairs if n not in EXPERT_AXES]
+    known = prod(d for _, d in dense if d != -1)
+    derivation = []
+    if inferred and inferred[0] in EXPERT_AXES:
+        raise ConfigError(f"mesh.{inferred[0]}", "expert degrees cannot be -1; give ep and etp explicitly")
+    if inferred:
+        n = inferred[0]
+        others = " * ".join(f"{m} {d}" for m, d in dense if m != n) or "1"
+        if world % known:
+            return Infeasible((f"{n} = -1 cannot be inferred: world {world} is not divisible by {others} = {known}",))
+        dense = [(m, world // known if m == n else d) for m, d in dense]
+        derivation.append(f"{n} = {world} / ({others}) = {world // known}")
+    total = prod(d for _, d in dense)
+    if total != world:
+        expr = " * ".join(f"{m}({d})" for m, d in dense)
+        return Infeasible((f"{expr} = {total} != world({world}); " + _world_fix(spec, pairs, world, total,
+                                                                                gpus_per_node),))
+    layout = Layout(tuple(n for n, _ in dense), tuple(d for _, d in dense))
+    ep, etp = expert.get("ep", 1), expert.get("etp", 1)
+    mesh = Mesh(layout=layout, ep=ep, etp=etp, sequence_parallel=spec.sequence_parallel)
+    if ep * etp > 1:
+        parts = [a for a in layout.names if a in _BLOCK]
+        block = mesh.block_size
+        expr = " * ".join(f"{a}({layout.degree(a)})" for a in parts)
+        if block % (ep * etp):
+            return Infeasible((f"ep({ep}) * etp({etp}) = {ep * etp} does not divide {expr} = {block}; "
+                               f"rule: (dp_shard * cp * tp) % (ep * etp) == 0",))
+        derivation.append(f"efsdp = {expr} / (ep {ep} * etp {etp}) = {block // (ep * etp)}")
+    for d in DERIVED:
+        axes = mesh.axes_of(d)
+        if len(axes) > 1:
+            derivation.append(f"{d} = " + " * ".join(f"{a} {layout.degree(a)}" for a in axes)
+                              + f" = {mesh.degree(d)}")
+    return Mesh(layout=layout, ep=ep, etp=etp, derivation=tuple(derivation), sequence_parallel=spec.sequence_parallel)

@@ -1,0 +1,102 @@
+"""How tensor and expert parallelism split the model: padded vocabulary, local heads and
+per-rank element counts of each weight.
+
+Rules (handed cases C6, C7):
+- ``q_heads % tp == 0`` and (``kv_heads % tp == 0`` or ``tp % kv_heads == 0``); when
+  tp > kv_heads each KV head is replicated on ``tp / kv_heads`` ranks (TP ranks
+  {2i, 2i+1} hold KV head i at kv_heads 4, tp 8), as Megatron-Core and vLLM do.
+- padded vocabulary = ceil(V / (divisor * tp)) * divisor * tp (Megatron-LM
+  ``_vocab_size_with_padding``).
+"""
+
+from __future__ import annotations
+
+from math import ceil
+from typing import Optional
+
+from meshplan.spec.model import ModelSpec, Tensor
+
+
+def padded_vocab(vocab: int, divisor: int, tp: int) -> int:
+    """Vocabulary padded to a multiple of ``divisor * tp``.
+
+    >>> padded_vocab(32002, 128, 2), padded_vocab(128256, 64, 8), padded_vocab(50257, 128, 8)
+    (32256, 128512, 51200)
+    """
+    m = divisor * tp
+    return ceil(vocab / m) * m
+
+
+def heads_reason(model: ModelSpec, tp: int) -> Optional[str]:
+    """One-line reason when ``tp`` cannot split the attention heads, else None.
+
+    >>> heads_reason(ModelSpec(layers=1, hidden=5120, ffn=1, q_heads=40, kv_heads=10, vocab=1), 4)
+    'kv_heads 10 vs tp 4: need kv_heads % tp == 0 or tp % kv_heads == 0'
+    """
+    q, kv = model.q_heads, model.n_kv_heads
+    if q % tp:
+        return f"q_heads {q} is not divisible by tp {tp}"
+    if kv % tp and tp % kv:
+        return f"kv_heads {kv} vs tp {tp}: need kv_heads % tp == 0 or tp % kv_heads == 0"
+    return None
+
+
+def local_heads(model: ModelSpec, tp: int) -> tuple[int, int, int]:
+    """(local q heads, local KV heads, KV replication factor) on one tp rank.
+
+    >>> local_heads(ModelSpec(layers=1, hidden=4096, ffn=1, q_heads=32, kv_heads=4, vocab=1), 8)
+    (4, 1, 2)
+    """
+    kv = model.n_kv_heads
+    if tp <= kv:
+        return model.q_heads // tp, kv // tp, 1
+    return model.q_heads // tp, 1, tp // kv
+
+
+def local_numel(t: Tensor, model: ModelSpec, tp: int, ep: int = 1, etp: int = 1) -> int:
+    """Elements of weight ``t`` held by one rank under tp (dense) or ep x etp (experts).
+
+    Exact for the split kinds of :class:`~meshplan.spec.model.Tensor`: a replicated K/V
+    head counts once per rank that holds it.
+    """
+    if t.split == "replicated":
+        return t.numel
+    if t.split in ("column", "row", "vocab"):
+        return t.numel // tp
+    if t.split == "kv_column":
+        _, local_kv, _ = local_heads(model, tp)
+        return t.numel * local_kv // model.n_kv_heads
+    if t.split in ("expert_column", "expert_row"):
+        return t.numel // (ep * etp)
+    raise ValueError(f"unknown split {t.split!r}")
+
+
+def local_rows(t: Tensor, model: ModelSpec, tp: int, ep: int = 1) -> int:
+    """Dim-0 rows of weight ``t`` on one rank (torch (out, in) layout): column, vocab and
+    K/V splits cut dim 0 over tp; row splits cut dim 1; experts (E, ...) cut E over ep."""
+    rows = t.rows or t.numel
+    if t.split in ("column", "vocab"):
+        return rows // tp
+    if t.split == "kv_column":
+        _, local_kv, _ = local_heads(model, tp)
+        return rows * local_kv // model.n_kv_heads
+    if t.split in ("expert_column", "expert_row"):
+        return rows // ep
+    return rows
+
+
+def fsdp_padded_numel(t: Tensor, model: ModelSpec, shards: int, tp: int, ep: int = 1, etp: int = 1) -> int:
+    """Elements of ``t``'s unsharded FSDP2 buffer on one rank: FSDP2 shards dim 0 and pads
+    it to a multiple of the shard degree (torch ``fully_shard``: ``Shard(0)`` with padding),
+    so the all-gather output is ``ceil(rows / shards) * shards * (numel / rows)``.
+
+    >>> from meshplan.spec.model import Tensor, ModelSpec
+    >>> m = ModelSpec(layers=1, hidden=64, ffn=128, q_heads=4, vocab=256)
+    >>> fsdp_padded_numel(Tensor("wq", 64 * 64, "column", rows=64), m, shards=3, tp=2)
+    2112
+    """
+    n = local_numel(t, model, tp, ep, etp)
+    rows = local_rows(t, model, tp, ep)
+    if rows == 0:
+        return 0
+    return -(-rows // shards) * shards * (n // rows)

@@ -1,0 +1,202 @@
+"""Per-rank launch bindings from a :class:`~meshplan.placement.assign.Placement`: the GPU each
+process sees, the NIC NCCL may use, the CPU cores and memory node it runs on.
+
+Conventions (each one a choice; the docstrings say which):
+
+- Launch. torchrun gives process RANK = node * nproc_per_node + LOCAL_RANK and sets
+  LOCAL_RANK and GROUP_RANK (the node). When every rank sits on its node-major node
+  (``placement.node[r] == r // gpus_per_node``: the default, or a permutation inside nodes)
+  the process of RANK r is mesh rank r and only its visible GPU changes ("node-major").
+  Otherwise ("by-gpu") the process on global GPU g has RANK g and hosts mesh rank
+  ``argsort(rank_to_gpu)[g]``: build the DeviceMesh from ``rank_to_gpu`` reshaped to the
+  mesh shape (``DeviceMesh("cuda", mesh=...)``), since init_device_mesh numbers ranks
+  node-major.
+- Visible GPU. ``visible="one"`` (the usual way): CUDA_VISIBLE_DEVICES is the rank's own
+  local GPU and the process uses ``cuda:0`` (``torch.cuda.set_device(LOCAL_RANK)`` would
+  fail for LOCAL_RANK > 0). ``visible="all"``: every process of a node sees the node's GPUs
+  listed in LOCAL_RANK order, so ``cuda:LOCAL_RANK`` is its GPU.
+- NIC. ``transport="ib"``: NCCL_IB_HCA with the ``=`` prefix, which makes NCCL match the
+  names exactly (without it ``mlx5_1`` also selects ``mlx5_10``..``mlx5_19``; NVIDIA NCCL
+  user guide, Environment Variables, NCCL_IB_HCA), port 1 unless the name has one.
+  ``transport="socket"``: NCCL_SOCKET_IFNAME ``=name`` (exact), GLOO_SOCKET_IFNAME ``name``
+  and NCCL_IB_DISABLE=1; the NIC name is then the IP interface's name. ``nic_scope="rank"``
+  lists only the rank's NIC (NodeSpec.nic_of: under its PCIe switch); ``"node"`` lists the
+  node's compute NICs and lets NCCL choose by its own topology search (and use PXN).
+- CPU. ``numactl --physcpubind=a-b --membind=<socket>`` and ``taskset -c a-b`` with the
+  cores of :func:`meshplan.placement.assign.core_table`; core k is taken as logical CPU k (the
+  first hardware thread of each core on Linux) and NUMA node = socket index (one NUMA node
+  per socket: not so under SNC/NPS modes).
+
+>>> from meshplan.catalog import system
+>>> from meshplan.placement.assign import place
+>>> b = bindings(place(system("dgx-h100", 1), 8), 5)
+>>> b["env"], b["numactl"]
+({'CUDA_VISIBLE_DEVICES': '5', 'NCCL_IB_HCA': '=mlx5_9:1'}, 'numactl --physcpubind=70-83 --membind=1')
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from meshplan.errors import ConfigError
+from meshplan.placement.assign import Placement
+
+_CHOICES = {"transport": ("ib", "socket"), "nic_scope": ("rank", "node"), "visible": ("one", "all")}
+_SAFE = re.compile(r"[A-Za-z0-9_.:=,+@%/-]*")
+
+
+def launch_mode(placement: Placement) -> str:
+    """"node-major" when every rank r runs on node r // gpus_per_node, else "by-gpu"."""
+    g = placement.cluster.node.gpus
+    return "node-major" if np.array_equal(placement.node, np.arange(placement.world) // g) else "by-gpu"
+
+
+def _check(opts: dict) -> None:
+    for k, v in opts.items():
+        if v not in _CHOICES[k]:
+            raise ConfigError(k, f"{v!r} is not one of {list(_CHOICES[k])}")
+
+
+def _nic_names(placement: Placement, rank: int, scope: str) -> list[str]:
+    nics, i = placement.cluster.node.nics, int(placement.nic[rank])
+    if i < 0:
+        return []
+    chosen = [n.name for n in nics] if scope == "node" else [nics[i].name]
+    return list(dict.fromkeys(chosen))
+
+
+def _nic_env(names: list[str], transport: str, port: int) -> dict[str, str]:
+    if not names:
+        return {}
+    if transport == "socket":
+        return {"NCCL_SOCKET_IFNAME": "=" + ",".join(names), "GLOO_SOCKET_IFNAME": ",".join(names),
+                "NCCL_IB_DISABLE": "1"}
+    return {"NCCL_IB_HCA": "=" + ",".join(n if ":" in n else f"{n}:{port}" for n in names)}
+
+
+def _process(placement: Placement, rank: int, mode: str) -> tuple[int, int]:
+    """(process RANK, LOCAL_RANK) hosting mesh rank ``rank`` under launch ``mode``."""
+    g = placement.cluster.node.gpus
+    proc = rank if mode == "node-major" else int(placement.global_gpu[rank])
+    return proc, proc % g
+
+
+def _visible_all(placement: Placement, mode: str) -> dict[int, str]:
+    """Per node, its GPUs in LOCAL_RANK order (for ``visible="all"``)."""
+    out: dict[int, list] = {}
+    for r in range(placement.world):
+        out.setdefault(int(placement.node[r]), []).append((_process(placement, r, mode)[1], int(placement.local_gpu[r])))
+    return {n: ",".join(str(g) for _, g in sorted(pairs)) for n, pairs in out.items()}
+
+
+def bindings(placement: Placement, rank: int, transport: str = "ib", nic_scope: str = "rank",
+             visible: str = "one", port: int = 1) -> dict:
+    """Binding of mesh rank ``rank`` (see the module docstring for each convention):
+    rank, process_rank and local_rank (torchrun's RANK and LOCAL_RANK of the process that
+    hosts it), node, gpu (local index), device, socket, cores, nic, env (variables to
+    export), numactl and taskset prefixes. Raises ConfigError for an unknown option or a
+    rank out of range."""
+    return all_bindings(placement, transport=transport, nic_scope=nic_scope, visible=visible, port=port,
+                        ranks=[rank])[0]
+
+
+def all_bindings(placement: Placement, transport: str = "ib", nic_scope: str = "rank", visible: str = "one",
+                 port: int = 1, ranks=None) -> list[dict]:
+    """:func:`bindings` of ``ranks`` (default every rank), in that order."""
+    _check({"transport": transport, "nic_scope": nic_scope, "visible": visible})
+    p, mode = placement, launch_mode(placement)
+    ranks = range(p.world) if ranks is None else ranks
+    for rank in ranks:
+        if not 0 <= rank < p.world:
+            raise ConfigError("rank", f"{rank} outside 0..{p.world - 1}")
+    seen = _visible_all(p, mode) if visible == "all" else {}
+    return [_binding(p, int(r), mode, transport, nic_scope, visible, port, seen) for r in ranks]
+
+
+def _binding(p: Placement, rank: int, mode: str, transport: str, nic_scope: str, visible: str, port: int,
+             seen: dict[int, str]) -> dict:
+    proc, local = _process(p, rank, mode)
+    node, gpu, sock = int(p.node[rank]), int(p.local_gpu[rank]), int(p.socket[rank])
+    lo, hi = int(p.core_first[rank]), int(p.core_last[rank])
+    cores = f"{lo}-{hi}" if hi > lo else str(lo)
+    env = {"CUDA_VISIBLE_DEVICES": str(gpu) if visible == "one" else seen[node]}
+    env.update(_nic_env(_nic_names(p, rank, nic_scope), transport, port))
+    nic = int(p.nic[rank])
+    return {"rank": rank, "process_rank": proc, "local_rank": local, "node": node, "gpu": gpu,
+            "device": "cuda:0" if visible == "one" else f"cuda:{local}", "socket": sock, "cores": cores,
+            "nic": p.cluster.node.nics[nic].name if nic >= 0 else None, "env": env,
+            "numactl": f"numactl --physcpubind={cores} --membind={sock}", "taskset": f"taskset -c {cores}"}
+
+
+def _q(value: str) -> str:
+    return f'"{value}"' if _SAFE.fullmatch(value) else shlex.quote(value)
+
+
+def to_sh(placement: Placement, **opts) -> str:
+    """A POSIX sh launcher: per node (GROUP_RANK) a case on LOCAL_RANK that exports the
+    rank's variables and execs the command under numactl. Use it as torchrun's program:
+    ``torchrun --nnodes N --nproc-per-node G --no-python ./bind.sh python train.py``."""
+    rows, mode, cl = all_bindings(placement, **opts), launch_mode(placement), placement.cluster
+    out = ["#!/bin/sh",
+           f"# meshplan bindings: {placement.world} ranks on {cl.nodes} node(s) x {cl.node.gpus} GPUs "
+           f"({cl.node.name}); launch {mode}",
+           f"# torchrun --nnodes {int(placement.node.max()) + 1} --nproc-per-node {cl.node.gpus} "
+           "--no-python ./THIS_FILE python train.py ...",
+           "# torchrun sets GROUP_RANK (node) and LOCAL_RANK (process on the node)."]
+    if mode == "by-gpu":
+        out.append("# Ranks are placed by rank_to_gpu: process RANK = global GPU; build the DeviceMesh from it.")
+    out += ["set -eu", 'case "$GROUP_RANK" in']
+    by_node: dict[int, list[dict]] = {}
+    for b in rows:
+        by_node.setdefault(b["node"], []).append(b)
+    for node in sorted(by_node):
+        out += [f"{node})", '  case "$LOCAL_RANK" in']
+        for b in sorted(by_node[node], key=lambda b: b["local_rank"]):
+            env = " ".join(f"{k}={_q(v)}" for k, v in b["env"].items())
+            nic = b["nic"] or "-"
+            out += [f"  {b['local_rank']}) # rank {b['rank']}: GPU {b['gpu']}, socket {b['socket']}, NIC {nic}",
+                    f"    export {env}", f'    exec {b["numactl"]} "$@" ;;']
+        out += ['  *) echo "meshplan: no binding for node $GROUP_RANK local rank $LOCAL_RANK" >&2; exit 1 ;;',
+                "  esac ;;"]
+    out += ['*) echo "meshplan: no binding for node $GROUP_RANK" >&2; exit 1 ;;', "esac", ""]
+    return "\n".join(out)
+
+
+def write_bindings(path, placement: Placement, fmt: str = "json", force: bool = False, **opts) -> Path:
+    """Write :func:`all_bindings` as a JSON list (``fmt="json"``) or :func:`to_sh`
+    (``fmt="sh"``, made executable). Atomic (temp file, then link or rename); refuses an
+    existing file unless ``force`` (ConfigError naming --bindings)."""
+    if fmt not in ("json", "sh"):
+        raise ConfigError("--format", f"{fmt!r} is not one of ['json', 'sh']")
+    text = (json.dumps(all_bindings(placement, **opts), indent=2) + "\n" if fmt == "json"
+            else to_sh(placement, **opts))
+    dest = Path(path)
+    taken = ConfigError("--bindings", f"{dest} exists; choose another path or pass --force to replace it")
+    if dest.exists() and not force:
+        raise taken
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=dest.name, suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.chmod(tmp, 0o755 if fmt == "sh" else 0o644)
+        if force:
+            os.replace(tmp, dest)
+        else:
+            try:
+                os.link(tmp, dest)  # fails if dest appeared meanwhile: never overwrite
+            except FileExistsError:
+                raise taken from None
+            except OSError:  # no hard links on this filesystem
+                os.replace(tmp, dest)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return dest

@@ -1,0 +1,365 @@
+"""Placement choice: the rank -> GPU permutation that keeps weak-path traffic smallest.
+
+The seed's rule ("Map logical groups to physical domains"): groups that talk inside every
+layer (tp, cp, sp, ep, etp) go in the smallest fast domain that holds them; data and shard
+groups that cross nodes sit on corresponding local positions, so on one NIC rail; each GPU
+uses a NIC under its own PCIe switch. The rule is conditional (seed, knowledge check): it
+assumes NVLink faster than the NICs, enough local GPUs for the tensor degree, and no other
+fabric hierarchy. :func:`choose_placement` builds candidates constructively (fill the fast
+domain innermost-first with the heaviest axes, splitting the axis that straddles it), scores
+each by :func:`weak_bytes` on the placement it gives (:func:`meshplan.placement.assign.place`) and
+explains the result (:mod:`meshplan.placement.explain`).
+
+Worked example (the seed's 8 x 8 cluster, mesh given in the bad order, tp outermost):
+
+>>> from meshplan.catalog import system
+>>> from meshplan.mesh.resolve import resolve_mesh
+>>> from meshplan.spec.mesh import MeshSpec
+>>> mesh = resolve_mesh(MeshSpec(names=["tp", "dp_shard"], shape=[8, 8]), world=64)
+>>> c = choose_placement(mesh, system("seed-8x8-2nic", 8), weights={"tp": 1000.0, "dp_shard": 10.0})
+>>> c.before.network_bytes, c.after.network_bytes    # 64 inter-node ring hops x weight
+(64000.0, 640.0)
+>>> c.rank_to_gpu[:3].tolist(), c.equivalent_names  # rank 1 (tp 0, dp_shard 1) -> node 1
+([0, 8, 16], ('dp_shard', 'tp'))
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field, replace
+from math import gcd
+from typing import Iterable, Mapping, Optional
+
+import numpy as np
+
+from meshplan.placement.bindings import all_bindings, bindings, write_bindings  # noqa: F401  (re-exported)
+from meshplan.errors import ConfigError
+from meshplan.mesh.resolve import Mesh
+from meshplan.placement.assign import Placement, _distinct, group_locality, place
+from meshplan.spec.cluster import ClusterSpec
+
+#: Relative weights (not bytes) when no collective table is given: the seed's frequency
+#: order tp > cp > ep > dp_shard > dp_replicate > pp, each ten times the next; sp sits with
+#: cp, etp with tp, efsdp with dp_shard, a plain dp axis with dp_replicate.
+DEFAULT_WEIGHTS = {"tp": 1e5, "etp": 1e5, "cp": 1e4, "sp": 1e4, "ep": 1e3, "dp_shard": 1e2,
+                   "efsdp": 1e2, "dp_replicate": 10.0, "dp": 10.0, "pp": 1.0}
+_EXPERT = ("ep", "etp", "efsdp")
+#: Fill orders tried exhaustively up to this many non-trivial axes (5! = 120 candidates).
+MAX_PERMUTED_AXES = 5
+
+
+def weights_from_table(rows: Iterable) -> dict[str, float]:
+    """Bytes per step per rank of each axis: sum of ``size_bytes * per_step`` over
+    :class:`~meshplan.comm.collectives.CollectiveRow` rows, keyed by the row's axis name."""
+    out: dict[str, float] = {}
+    for r in rows:
+        out[r.axis] = out.get(r.axis, 0.0) + float(r.size_bytes) * r.per_step
+    return out
+
+
+def weights_from_plan(plan) -> dict[str, float]:
+    """:func:`weights_from_table` of each stage table of ``plan.collectives``, the largest
+    value per axis (the busiest stage role); empty when the plan has no table."""
+    out: dict[str, float] = {}
+    for rows in plan.collectives.values():
+        for axis, w in weights_from_table(rows).items():
+            out[axis] = max(out.get(axis, 0.0), w)
+    return out
+
+
+# --------------------------------------------------------------------------- score
+
+
+@dataclass(frozen=True)
+class AxisCost:
+    """Weak-path traffic of one axis, all its groups together. Hops are ring hops: NCCL
+    orders a ring domain by domain, so a group spread over k NVLink domains has k hops
+    between domains (none when k = 1), each carrying about one buffer S per collective
+    ((n-1)/n S for all-gather and reduce-scatter, 2(n-1)/n S for all-reduce; S is counted).
+    ``spine_hops``: those hops of groups whose domains do not all use the same rails (a hop
+    between rails goes through the spine; counted for every hop of such a group, an upper
+    bound). ``socket_hops``: hops across the CPU link: between socket blocks of one node
+    when the GPU fabric is no faster than PCIe, plus each member's share (k/n) of its
+    group's network hops when its NIC sits on the other socket."""
+
+    axis: str
+    weight: float
+    network_hops: int
+    spine_hops: int
+    socket_hops: float
+
+    @property
+    def network_bytes(self) -> float:
+        return self.weight * self.network_hops
+
+    @property
+    def spine_bytes(self) -> float:
+        return self.weight * self.spine_hops
+
+    @property
+    def socket_bytes(self) -> float:
+        return self.weight * self.socket_hops
+
+
+@dataclass(frozen=True)
+class Score:
+    """Weak-path bytes per step (in the weights' unit) of one placement, by axis."""
+
+    by_axis: dict[str, AxisCost]
+
+    @property
+    def network_bytes(self) -> float:
+        return float(sum(c.network_bytes for c in self.by_axis.values()))
+
+    @property
+    def spine_bytes(self) -> float:
+        return float(sum(c.spine_bytes for c in self.by_axis.values()))
+
+    @property
+    def socket_bytes(self) -> float:
+        return float(sum(c.socket_bytes for c in self.by_axis.values()))
+
+    @property
+    def total(self) -> float:
+        """network + spine + socket: a spine hop is counted on top of its network hop."""
+        return self.network_bytes + self.spine_bytes + self.socket_bytes
+
+
+def same_rails(p: Placement, groups: np.ndarray) -> np.ndarray:
+    """Per group (n_groups,): every NVLink domain the group touches holds members on the same
+    set of rails (one rail, or e.g. rails {t, t+4} in every node), so NCCL can keep each
+    ring channel on one rail. Members without a NIC count as rail -1."""
+    rail = p.rail[groups] + 1
+    domains = _distinct(p.domain[groups])
+    return _distinct(p.domain[groups] * (int(rail.max()) + 1) + rail) == domains * _distinct(rail)
+
+
+def _axis_cost(axis: str, weight: float, groups: np.ndarray, p: Placement) -> AxisCost:
+    loc = group_locality(p, groups)
+    k, n = loc.domains, groups.shape[1]
+    net = np.where(k > 1, k, 0)
+    spine = np.where(same_rails(p, groups), 0, net)
+    node = p.cluster.node
+    socket = 0.0
+    if node.fabric.bandwidth_bytes_per_s <= node.pcie.bandwidth_bytes_per_s:
+        blocks = _distinct(p.node[groups] * len(node.sockets) + p.socket[groups])
+        socket += float(np.where(loc.nodes > 1, blocks - loc.nodes, np.where(blocks > 1, blocks, 0)).sum())
+    if node.nics:
+        nic_socket = np.array([x.socket for x in node.nics] + [-1])[p.nic]
+        far = ((p.nic >= 0) & (nic_socket != p.socket))[groups].sum(axis=1)
+        socket += float((net * far / n).sum())
+    return AxisCost(axis, float(weight), int(net.sum()), int(spine.sum()), socket)
+
+
+def scored_axes(mesh: Mesh, weights: Mapping[str, float]) -> dict[str, float]:
+    """The weights that apply to ``mesh``: axes it has with degree > 1. Raises ConfigError
+    for a negative or non-numeric weight."""
+    known = set(mesh.all_axes()) | set(mesh.layout.names)
+    out = {}
+    for axis, w in weights.items():
+        if isinstance(w, bool) or not isinstance(w, (int, float)) or w < 0:
+            raise ConfigError(f"weights.{axis}", f"{w!r} is not a byte count >= 0")
+        if axis in known and mesh.degree(axis) > 1:
+            out[axis] = float(w)
+    return out
+
+
+def weak_bytes(mesh: Mesh, placement: Placement, weights: Optional[Mapping[str, float]] = None) -> Score:
+    """Weak-path bytes per step of ``placement`` (see :class:`AxisCost`): for every weighted
+    axis, weight x (network hops, spine hops, socket hops). ``weights``: bytes per step per
+    rank by axis (:func:`weights_from_table`), default :func:`default_weights`."""
+    w = scored_axes(mesh, default_weights(mesh) if weights is None else weights)
+    return Score({a: _axis_cost(a, x, mesh.groups(a), placement) for a, x in w.items()})
+
+
+def default_weights(mesh: Mesh) -> dict[str, float]:
+    """:data:`DEFAULT_WEIGHTS` for the mesh's own axes and its expert axes (derived axes
+    such as HSDP's dp only split the batch; their traffic runs on their parts)."""
+    own = set(mesh.layout.names) | (set(_EXPERT) if mesh.ep * mesh.etp > 1 else set())
+    return {a: w for a, w in DEFAULT_WEIGHTS.items() if a in own and mesh.degree(a) > 1}
+
+
+# --------------------------------------------------------------------------- candidates
+
+
+@dataclass(frozen=True)
+class Factor:
+    """One physical level: ``degree`` of mesh axis ``axis``; ``part`` "" (the whole axis),
+    "in" (its inner factor, coordinate % degree) or "out" (coordinate // inner degree)."""
+
+    axis: str
+    degree: int
+    part: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.axis} {self.degree}" + {"": "", "in": " (inner part)", "out": " (outer part)"}[self.part]
+
+
+def fill(mesh: Mesh, order: Iterable[str], capacity: int) -> tuple[list[Factor], list[Factor]]:
+    """Inner (inside one fast domain) and outer factors, innermost first, when the axes of
+    ``order`` (heaviest first) fill a domain of ``capacity`` GPUs: an axis whose degree
+    divides the room left goes inside; one that does not is split into gcd(degree, room)
+    inside and the rest outside (tp 16 in 8 GPUs: 8 inside x 2 across); else outside."""
+    inner, outer, room = [], [], capacity
+    for a in order:
+        d = mesh.layout.degree(a)
+        f = gcd(d, room)
+        if f == d:
+            inner.append(Factor(a, d))
+        elif f > 1:
+            inner.append(Factor(a, f, "in"))
+            outer.append(Factor(a, d // f, "out"))
+        else:
+            outer.append(Factor(a, d))
+        room //= f
+    return inner, outer
+
+
+def slot_gpus(cluster: ClusterSpec, world: int) -> np.ndarray:
+    """Global GPU of each dense slot 0..world-1: node-major, and inside a node the local GPUs
+    sorted by (socket, NIC, index) so that contiguous slots share a socket and a NIC
+    (identity on every catalog node)."""
+    node = cluster.node
+    order = np.array(sorted(range(node.gpus), key=lambda g: (node.socket_of(g), node.nic_of(g) or 0, g)))
+    s = np.arange(world)
+    return (s // node.gpus) * node.gpus + order[s % node.gpus]
+
+
+def rank_to_slot(mesh: Mesh, inner: list[Factor], outer: list[Factor]) -> np.ndarray:
+    """Dense slot of each rank when the physical order, outermost first, is trivial axes,
+    then ``outer`` reversed, then ``inner`` reversed (the first inner factor is fastest)."""
+    lay = mesh.layout
+    split = {f.axis: f.degree for f in inner if f.part == "in"}
+    dims, shape = [], []
+    for a, d in zip(lay.names, lay.shape):
+        if a in split:
+            dims += [(a, "out"), (a, "in")]
+            shape += [d // split[a], split[a]]
+        else:
+            dims.append((a, ""))
+            shape.append(d)
+    phys = [(f.axis, f.part) for f in reversed(outer)] + [(f.axis, f.part) for f in reversed(inner)]
+    phys = [x for x in dims if x not in phys] + phys
+    slot_rank = lay.grid().reshape(shape).transpose([dims.index(x) for x in phys]).reshape(-1)
+    out = np.empty(lay.world, dtype=np.int64)
+    out[slot_rank] = np.arange(lay.world)
+    return out
+
+
+def ordering_weights(mesh: Mesh, weights: Mapping[str, float]) -> dict[str, float]:
+    """Weight of each mesh axis for the fill order: its own weight plus that of every
+    derived or expert axis whose groups vary along it (ep 8 on a dp_shard 8 block adds to
+    dp_shard)."""
+    lay = mesh.layout
+    out = {a: 0.0 for a in lay.names}
+    for axis, w in weights.items():
+        if axis in out:
+            out[axis] += w
+            continue
+        coords = np.unravel_index(mesh.groups(axis)[0], lay.shape)
+        for a, c in zip(lay.names, coords):
+            out[a] += w if np.unique(c).size > 1 else 0.0
+    return out
+
+
+def fill_orders(mesh: Mesh, weights: Mapping[str, float]) -> list[tuple[str, ...]]:
+    """Fill orders to try, heaviest first: the weight order (ties: the mesh's innermost
+    axis first), then every other permutation of the non-trivial axes when there are at
+    most :data:`MAX_PERMUTED_AXES`, else the weight order's adjacent swaps."""
+    lay = mesh.layout
+    ow = ordering_weights(mesh, weights)
+    axes = [a for a in reversed(lay.names) if lay.degree(a) > 1]
+    first = tuple(sorted(axes, key=lambda a: -ow[a]))
+    if len(axes) <= MAX_PERMUTED_AXES:
+        rest = list(itertools.permutations(first))
+    else:
+        rest = [first[:i] + (first[i + 1], first[i]) + first[i + 2:] for i in range(len(first) - 1)]
+    return [first] + [o for o in rest if o != first]
+
+
+# --------------------------------------------------------------------------- choice
+
+
+@dataclass(frozen=True, eq=False)
+class Choice:
+    """Result of :func:`choose_placement`. ``rank_to_gpu``: global GPU of each rank (apply
+    it with torchrun's node-major RANK = global GPU and a DeviceMesh built from
+    ``rank_to_gpu.reshape(shape)``, or with ``equivalent_names`` when that is not None);
+    ``before``: the given placement's score, ``after``: the chosen one's; ``inner`` /
+    ``outer``: the chosen physical levels innermost first (empty when the given placement
+    was kept); ``searched``: False when only the given placement was scored;
+    ``decisions`` and ``warnings``: one line each."""
+
+    mesh: Mesh
+    rank_to_gpu: np.ndarray
+    placement: Placement
+    before: Score
+    after: Score
+    weights: dict[str, float]
+    weights_source: str
+    changed: bool
+    searched: bool = True
+    inner: tuple[Factor, ...] = ()
+    outer: tuple[Factor, ...] = ()
+    equivalent_names: Optional[tuple[str, ...]] = None
+    decisions: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = field(default=())
+
+
+def _equivalent_names(mesh: Mesh, inner, outer, r2g: np.ndarray) -> Optional[tuple[str, ...]]:
+    """Mesh names in physical order when the permutation is a plain reordering of the axes
+    (no split, node-major slots): the same mesh, listed outermost first."""
+    phys = [(f.axis, f.part) for f in reversed(outer)] + [(f.axis, f.part) for f in reversed(inner)]
+    for i in range(len(phys) - 1, 0, -1):  # an axis split as (out, in) next to each other is whole
+        if phys[i][1] == "in" and phys[i - 1] == (phys[i][0], "out"):
+            phys[i - 1:i + 1] = [(phys[i][0], "")]
+    if any(part for _, part in phys):
+        return None
+    lay = mesh.layout
+    phys = [a for a, _ in phys]
+    names = tuple([a for a in lay.names if a not in phys] + phys)
+    perm = [lay.names.index(a) for a in names]
+    return names if np.array_equal(lay.grid().transpose(perm).reshape(-1), np.argsort(r2g)) else None
+
+
+def choose_placement(mesh: Mesh, cluster: ClusterSpec, weights: Optional[Mapping[str, float]] = None,
+                     rank_to_gpu=None, search: bool = True, source: str = "given") -> Choice:
+    """Choose the rank -> GPU permutation with the fewest weak-path bytes (:func:`weak_bytes`).
+
+    ``weights``: bytes per step per rank by axis (:func:`weights_from_table`), default the
+    frequency order :data:`DEFAULT_WEIGHTS`; ``source`` names where given weights come from.
+    ``rank_to_gpu``: the placement to compare with
+    and keep on a tie (default node-major); ``search=False`` only scores and explains it.
+    Candidates: for each fill order
+    (:func:`fill_orders`), :func:`fill` the NVLink domain (or node) and pack densely
+    (:func:`slot_gpus`). Each rank's NIC is the one :meth:`NodeSpec.nic_of` gives its GPU.
+    Raises ConfigError if the mesh does not fit the cluster.
+    """
+    from meshplan.placement.explain import explain
+
+    given = weights is not None
+    w = scored_axes(mesh, weights if given else default_weights(mesh))
+    world = mesh.world
+    current = place(cluster, world, rank_to_gpu)
+    before = weak_bytes(mesh, current, w)
+    best = (before, current, np.asarray(current.global_gpu), [], [])
+    capacity = min(cluster.node.nvlink_domain_gpus or cluster.node.gpus, world)
+    slots, seen = slot_gpus(cluster, world), {current.global_gpu.tobytes()}
+    for order in fill_orders(mesh, w) if search else []:
+        inner, outer = fill(mesh, order, capacity)
+        r2g = slots[rank_to_slot(mesh, inner, outer)]
+        if r2g.tobytes() in seen:
+            continue
+        seen.add(r2g.tobytes())
+        p = place(cluster, world, r2g)
+        score = weak_bytes(mesh, p, w)
+        if score.total < best[0].total * (1 - 1e-9):
+            best = (score, p, r2g, inner, outer)
+    after, p, r2g, inner, outer = best
+    changed = p is not current
+    choice = Choice(mesh=mesh, rank_to_gpu=r2g, placement=p, before=before, after=after, weights=w,
+                    weights_source=source if given else "default", changed=changed, searched=search,
+                    inner=tuple(inner), outer=tuple(outer),
+                    equivalent_names=_equivalent_names(mesh, inner, outer, r2g) if changed else None)
+    decisions, warnings = explain(choice)
+    return replace(choice, decisions=tuple(decisions), warnings=tuple(warnings))

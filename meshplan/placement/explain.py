@@ -1,0 +1,205 @@
+"""One-line explanations of a :class:`~meshplan.placement.choice.Choice`: each decision with
+the assumption behind it, and a warning wherever the seed's placement rule fails (a tensor
+degree larger than the fast domain, an NVLink domain larger than a node, a NIC map that is
+not GPU k -> NIC k, a NIC across the CPU link, data groups across rails).
+
+Source of the rule and its assumptions: the seed's "Map logical groups to physical domains"
+and its knowledge check ("assumes faster intra-node links, enough local GPUs for the tensor
+degree, compatible local matrix shapes, and no alternative fabric hierarchy").
+"""
+
+from __future__ import annotations
+
+from math import prod
+
+import numpy as np
+
+from meshplan.placement.assign import PER_LAYER_AXES, GroupLocality, group_locality
+from meshplan.placement.choice import same_rails
+from meshplan.placement.topology import check_identity_nic_map
+from meshplan.units import human_bytes
+
+_DENSE_PER_LAYER = ("tp", "cp", "sp")
+
+
+def _fmt(x: float, in_bytes: bool) -> str:
+    return human_bytes(x) if in_bytes else f"{x:.6g}"
+
+
+def _where(c) -> tuple[int, int, str]:
+    """(GPUs per domain, GPUs per node, the domain's name) of the choice's cluster."""
+    node = c.placement.cluster.node
+    d = node.nvlink_domain_gpus or node.gpus
+    return d, node.gpus, ("node" if d == node.gpus else f"{d}-GPU NVLink domain")
+
+
+def explain(c) -> tuple[list[str], list[str]]:
+    """(decisions, warnings) of choice ``c``, one line each."""
+    dec, warn = [_weights_line(c)], []
+    locs = {a: group_locality(c.placement, c.mesh.groups(a)) for a in _axes(c)}
+    for axis, loc in locs.items():
+        if axis in PER_LAYER_AXES:
+            (dec if loc.max_domains == 1 else warn).append(_per_layer(c, axis, loc))
+        elif axis == "pp":
+            dec.append(f"pp {loc.size}: stage sends once per micro-batch, the lightest traffic; "
+                       f"groups span {loc.max_nodes} node(s) (assumes activations are small next to tp traffic)")
+        else:  # data, shard and other axes (dp, dp_replicate, dp_shard, fsdp, efsdp, loss, user-named)
+            line, ok = _data(c, axis, loc)
+            (dec if ok else warn).append(line)
+    dec += _nic_lines(c, warn)
+    warn += _hierarchy(c)
+    dec.append(_result(c))
+    return dec, warn
+
+
+def _axes(c) -> list[str]:
+    """Axes to explain: the weighted ones, plus mesh axes of degree > 1 (mesh order)."""
+    mesh = c.mesh
+    out = [a for a in mesh.layout.names if mesh.degree(a) > 1]
+    return out + [a for a in c.weights if a not in out]
+
+
+def _weights_line(c) -> str:
+    in_bytes = c.weights_source != "default"
+    parts = ", ".join(f"{a} {_fmt(w, in_bytes)}" for a, w in sorted(c.weights.items(), key=lambda kv: -kv[1]))
+    if in_bytes:
+        return f"weights: bytes per step per rank by axis ({c.weights_source}): {parts}"
+    return (f"weights: no collective table, so the frequency order tp > cp > ep > dp_shard > dp_replicate > pp "
+            f"in relative units, each 10x the next: {parts} (assumes per-layer traffic dominates)")
+
+
+def _per_layer(c, axis: str, loc: GroupLocality) -> str:
+    """Decision when ``axis`` stays in one domain, else the warning naming the cost."""
+    d_gpus, n_gpus, dom = _where(c)
+    node = c.placement.cluster.node
+    if loc.max_domains == 1:
+        if d_gpus > n_gpus:
+            return (f"{axis} {loc.size} fits the {dom}: {axis} groups span up to {loc.max_nodes} nodes of "
+                    f"{n_gpus} GPUs inside it (assumes the NVLink switches join the domain's nodes as fast as "
+                    f"inside a node)")
+        if node.fabric.bandwidth_bytes_per_s <= node.pcie.bandwidth_bytes_per_s:
+            sock = "inside one socket" if not loc.crosses_sockets else "across sockets"
+            return (f"{axis} {loc.size} fits the {n_gpus}-GPU node: {axis} groups inside a node, {sock} "
+                    f"(assumes {node.fabric.name} inside the node faster than the NICs)")
+        return (f"{axis} {loc.size} fits the {d_gpus}-GPU NVLink domain: {axis} groups inside a node "
+                f"(assumes NVLink faster than the NICs)")
+    names = ("ep", "etp") if axis in ("ep", "etp") else _DENSE_PER_LAYER
+    parts = [(a, c.mesh.degree(a)) for a in names if c.mesh.degree(a) > 1]
+    need = prod(d for _, d in parts)
+    b = c.weights_source != "default"
+    cost = c.after.by_axis.get(axis)
+    tail = "" if cost is None or c.after.total <= 0 else (
+        f": {cost.network_hops} ring hops x {_fmt(cost.weight, b)} = {_fmt(cost.network_bytes, b)} per step "
+        f"({100 * cost.network_bytes / c.after.total:.1f}% of the weak-path bytes)")
+    spans = (f"each {axis} group spans {loc.max_domains} {'nodes' if dom == 'node' else 'NVLink domains'} (up to "
+             f"{loc.max_per_node} member{'s' if loc.max_per_node > 1 else ''} per node) and every layer's {axis} "
+             f"collectives cross the network{tail}")
+    if loc.size <= d_gpus and need <= d_gpus:
+        where = f"{d_gpus}-GPU node" if dom == "node" else dom
+        return (f"{axis} {loc.size} fits the {where} but the axis order puts it across: {spans}; "
+                f"put {axis} innermost (meshplan place --choose)")
+    why = (f"{axis} {loc.size} > {d_gpus} GPUs per {dom}" if loc.size > d_gpus else
+           " * ".join(f"{a} {d}" for a, d in parts) + f" = {need} > {d_gpus} GPUs per {dom}")
+    return (f"{why}: the rule 'per-layer groups inside the fast domain' fails; {spans}; keep the per-layer axes "
+            f"within {d_gpus} GPUs (trade the excess for pp or dp) or use a larger NVLink domain")
+
+
+def _rails_of(c, loc: GroupLocality, row: int) -> list[int]:
+    return sorted({int(r) for r in c.placement.rail[loc.groups[row]] if r >= 0})
+
+
+def _rail_counts(c, loc: GroupLocality) -> str:
+    first = c.placement.rail[loc.groups[:, 0]]
+    vals, counts = np.unique(first, return_counts=True)
+    if len(vals) > 4 and (counts == counts[0]).all():
+        return f"{len(vals)} rails, {int(counts[0])} group{'s' if counts[0] > 1 else ''} each"
+    return ", ".join(f"rail {int(v)}: {int(n)} group{'s' if n > 1 else ''}" for v, n in zip(vals, counts))
+
+
+def _data(c, axis: str, loc: GroupLocality) -> tuple[str, bool]:
+    """(line, is it a decision) for a data or shard axis."""
+    d_gpus, n_gpus, dom = _where(c)
+    if loc.max_domains == 1:
+        return (f"{axis} {loc.size} stays inside one {dom}: no NIC traffic, rails unused"
+                + (" (data groups can stay inside a large NVLink domain)" if d_gpus > n_gpus else ""), True)
+    same = same_rails(c.placement, loc.groups)
+    if not same.all():
+        row = int(np.flatnonzero(~same)[0])
+        cost = c.after.by_axis.get(axis)
+        extra = f"; {_fmt(cost.spine_bytes, c.weights_source != 'default')} per step cross the spine" if cost else ""
+        return (f"{axis} group {_short(loc.groups[row])} uses rails {_rails_of(c, loc, row)} that differ between "
+                f"nodes ({int((~same).sum())} of {loc.n_groups} groups): its inter-node hops go through the spine"
+                f"{extra}; place members on the same local GPUs in every node", False)
+    if loc.max_per_node == 1 and loc.max_rails <= 1:
+        return (f"{axis} {loc.size} spans {loc.max_domains} {'nodes' if dom == 'node' else 'domains'}, one member per "
+                f"node at the same local GPU: each group on one rail ({_rail_counts(c, loc)}) "
+                f"(assumes a rail-optimized fabric: NIC k of every node on leaf k)", True)
+    return (f"{axis} {loc.size} spans {loc.max_domains} {'nodes' if dom == 'node' else 'domains'} with "
+            f"{loc.max_per_node} members per node on the same local GPUs in every node: group 0 uses rails "
+            f"{_rails_of(c, loc, 0)} in every node, so each ring channel can stay on one rail (a group of "
+            f"{loc.size} over {loc.max_nodes} nodes cannot use one rail; assumes NCCL keeps a channel on one NIC "
+            f"index across nodes)", True)
+
+
+def _short(ranks) -> str:
+    r = [int(x) for x in ranks]
+    return "[" + ",".join(map(str, r)) + "]" if len(r) <= 8 else "[" + ",".join(map(str, r[:3])) + f",...,{r[-1]}]"
+
+
+def _nic_lines(c, warn: list[str]) -> list[str]:
+    """The NIC decision; identity-map and cross-socket warnings go to ``warn``."""
+    node = c.placement.cluster.node
+    if not node.nics:
+        if c.after.network_bytes > 0:
+            warn.append(f"node {node.name} lists no NIC: network traffic cannot be bound to a NIC; "
+                        "give the node's NICs (meshplan.placement.topology reads them from nvidia-smi topo -m)")
+        return []
+    nic = [node.nic_of(g) for g in range(node.gpus)]
+    pairs = " ".join(f"{g}:{node.nics[n].name}" for g, n in enumerate(nic))
+    far = [g for g in range(node.gpus) if node.nics[nic[g]].socket != node.socket_of(g)]
+    off_switch = [g for g in range(node.gpus) if g not in node.nics[nic[g]].gpus]
+    line = (f"NICs: each rank uses a NIC under its GPU's PCIe switch (NodeSpec.nic_of, round-robin over a "
+            f"switch's NICs), GPU:NIC {pairs} (assumes GPUDirect RDMA through the switch)")
+    if off_switch:
+        line += f"; GPUs {off_switch} have none and use a NIC on their socket"
+    ident = check_identity_nic_map(node)
+    if ident:
+        warn.append(f"GPU k is not under NIC k on {node.name} for {len(ident)} GPUs ({ident[0]}); the bindings use "
+                    f"NodeSpec.nic_of, not local_rank % {len(node.nics)} (topology.check_identity_nic_map)")
+    if far:
+        cost = c.after.socket_bytes
+        warn.append(f"GPUs {far} have no NIC on their socket: their network traffic crosses the CPU link "
+                    f"({_fmt(cost, c.weights_source != 'default')} socket bytes per step in all); add a NIC per socket")
+    return [line]
+
+
+def _hierarchy(c) -> list[str]:
+    d_gpus, n_gpus, dom = _where(c)
+    if d_gpus <= n_gpus:
+        return []
+    world = c.mesh.world
+    span = "fits in one domain" if world <= d_gpus else f"spans {-(-world // d_gpus)} domains"
+    return [f"NVLink domain of {d_gpus} GPUs spans {d_gpus // n_gpus} nodes of {n_gpus}: the within-node rule "
+            f"changes: tensor groups may span nodes inside the domain, and data groups need NIC rails only "
+            f"where they leave it (world {world} {span}); bandwidth inside the domain is taken as the node's "
+            f"fabric ({c.placement.cluster.node.fabric.name})"]
+
+
+def _result(c) -> str:
+    b = c.weights_source != "default"
+    before, after = c.before, c.after
+    if not c.changed:
+        given = ("node-major" if np.array_equal(c.placement.global_gpu, np.arange(c.mesh.world))
+                 else "given rank_to_gpu")
+        parts = (f"{_fmt(before.total, b)}: network {_fmt(before.network_bytes, b)}, spine "
+                 f"{_fmt(before.spine_bytes, b)}, socket {_fmt(before.socket_bytes, b)}")
+        if not c.searched:
+            return f"{given} placement as given: weak-path bytes {parts} (not searched)"
+        return f"kept the {given} placement: no candidate has fewer weak-path bytes ({parts})"
+    order = ", ".join(str(f) for f in list(reversed(c.outer)) + list(reversed(c.inner)))
+    how = (f"equivalent to mesh names {list(c.equivalent_names)} with node-major ranks" if c.equivalent_names else
+           "apply it with torchrun's node-major RANK = global GPU and a DeviceMesh built from rank_to_gpu "
+           "reshaped to the mesh shape")
+    return (f"chose physical order ({order}) outermost first: weak-path bytes {_fmt(before.total, b)} -> "
+            f"{_fmt(after.total, b)} (network {_fmt(after.network_bytes, b)}, spine {_fmt(after.spine_bytes, b)}, "
+            f"socket {_fmt(after.socket_bytes, b)}); {how}")

@@ -1,0 +1,387 @@
+"""Read a node's real PCIe/NUMA topology into a :class:`~meshplan.spec.cluster.NodeSpec`.
+
+Two inputs, both from the machine itself:
+
+- ``nvidia-smi topo -m`` text: a matrix over GPU0..GPUn and the NICs (``NIC0``.. with a
+  "NIC Legend" naming them, or ``mlx5_*`` columns in older drivers) whose cells are ``X``,
+  ``NV#`` (# bonded NVLinks), ``PIX`` (at most one PCIe bridge), ``PXB`` (several bridges,
+  no host bridge), ``PHB`` (through a PCIe host bridge), ``NODE`` (between host bridges of
+  one NUMA node), ``SYS`` (across the CPU interconnect; ``SOC`` in old drivers), then the
+  GPU rows' "CPU Affinity" (``0-55,112-167``) and "NUMA Affinity" columns.
+- NCCL's topology dump (``NCCL_TOPO_DUMP_FILE``): ``<system><cpu numaid= affinity=>`` with
+  nested ``<pci busid=>`` bridges holding ``<gpu dev=>`` and ``<nic><net name= speed=>``;
+  ``affinity`` is a hex cpumask (``ffffffff,ffff0000``, 32-bit words, most significant
+  first); ``speed`` is in Mb/s. The level between a GPU and a NIC follows NCCL's path
+  types: the same parent bridge is ``PIX``, a common bridge higher up ``PXB``, the same CPU
+  only ``PHB``, another CPU ``SYS``.
+
+NIC affinity is a property of the PCIe tree, not of indices (NVIDIA/nccl issue 1405: GPUs
+0-3 share a switch with NICs 1, 3, 4, 5). A GPU's NICs are those at its closest level when
+that is ``PIX`` or ``PXB`` (same switch); ``NODE``/``PHB``: same socket, other switch;
+``SYS``: other socket. :meth:`NodeSpec.nic_of` round-robins a switch's GPUs over its NICs.
+
+>>> text = '''\\tGPU0\\tGPU1\\tNIC0\\tCPU Affinity\\tNUMA Affinity
+... GPU0\\t X \\tNV4\\tSYS\\t0-7\\t0
+... GPU1\\tNV4\\t X \\tPIX\\t8-15\\t1
+... NIC0\\tSYS\\tPIX\\t X
+...
+... NIC Legend:
+...
+...   NIC0: mlx5_0
+... '''
+>>> topo = parse_nvidia_smi_topo(text)
+>>> topo.nics, topo.gpu_nic
+(('mlx5_0',), (('SYS',), ('PIX',)))
+"""
+
+from __future__ import annotations
+
+import re
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional, Sequence
+
+from pydantic import ValidationError
+
+from meshplan.placement.cpus import cpu_affinity, parse_cpu_list, physical_cores
+from meshplan.errors import ConfigError
+from meshplan.spec.cluster import NICSpec, NodeSpec, SocketSpec
+
+#: nvidia-smi connection levels, nearest first (NV# is handled apart).
+LEVELS = ("X", "PIX", "PXB", "PHB", "NODE", "SYS")
+SAME_SWITCH = ("PIX", "PXB")
+_LEVEL_ALIASES = {"SOC": "SYS"}
+
+
+@dataclass(frozen=True)
+class TopoMatrix:
+    """One node's topology: levels ``gpu_nic[i][j]`` (GPU i, NIC j), ``gpu_gpu`` (``NV18``,
+    ``PIX``...) and ``nic_nic``; ``gpu_cpus[i]``: logical CPUs of GPU i's affinity (empty if
+    unknown); ``gpu_numa`` / ``nic_numa``: NUMA node or None when the input does not say;
+    ``nic_speed_gbit_per_s``: line rate (XML only); ``numa_cpus``: (NUMA node, CPUs) pairs
+    (XML only)."""
+
+    gpus: tuple[int, ...]
+    nics: tuple[str, ...]
+    gpu_gpu: tuple[tuple[str, ...], ...]
+    gpu_nic: tuple[tuple[str, ...], ...]
+    nic_nic: tuple[tuple[str, ...], ...]
+    gpu_cpus: tuple[tuple[int, ...], ...]
+    gpu_numa: tuple[Optional[int], ...]
+    nic_numa: tuple[Optional[int], ...]
+    nic_speed_gbit_per_s: tuple[Optional[float], ...]
+    numa_cpus: tuple[tuple[int, tuple[int, ...]], ...] = ()
+    source: str = ""
+
+    def level(self, gpu: int, nic: str) -> str:
+        """Level between GPU ``gpu`` and NIC ``nic`` (by name)."""
+        return self.gpu_nic[self.gpus.index(gpu)][self.nics.index(nic)]
+
+
+# --------------------------------------------------------------------------- nvidia-smi
+
+
+def _is_level(cell: str) -> bool:
+    return _LEVEL_ALIASES.get(cell, cell) in LEVELS or re.fullmatch(r"NV\d+", cell) is not None
+
+
+def _level(cell: str, where: str) -> str:
+    if _is_level(cell):
+        return _LEVEL_ALIASES.get(cell, cell)
+    raise ConfigError(where, f"unknown connection '{cell}'; expected X, NV#, PIX, PXB, PHB, NODE or SYS "
+                             "(pass the unmodified output of `nvidia-smi topo -m`)")
+
+
+def _smi_header(lines: list[str], source: str) -> tuple[int, list[str]]:
+    """(line index, device column names) of the matrix header."""
+    for i, line in enumerate(lines):
+        tokens = line.split()  # the header starts with GPU0; a row's second cell is a level
+        if tokens[:1] == ["GPU0"] and (len(tokens) == 1 or not _is_level(tokens[1])):
+            end = tokens.index("CPU") if "CPU" in tokens else len(tokens)
+            return i, tokens[:end]
+    raise ConfigError(source, "no header line with GPU0 found; pass the output of `nvidia-smi topo -m`")
+
+
+def parse_nvidia_smi_topo(text: str, source: str = "nvidia-smi topo -m") -> TopoMatrix:
+    """Parse ``nvidia-smi topo -m`` output (tab- or space-separated). NIC columns named in a
+    "NIC Legend" (``NIC0: mlx5_0``) take the legend's name. Raises ConfigError naming
+    ``source:line`` for a short row or an unknown cell."""
+    lines = text.splitlines()
+    head, devices = _smi_header(lines, source)
+    n = len(devices)
+    rows: dict[str, tuple[list[str], list[str]]] = {}
+    for i in range(head + 1, len(lines)):
+        tokens = lines[i].split()
+        if not tokens or tokens[0] not in devices:
+            if rows:
+                break
+            continue
+        where = f"{source}:{i + 1}"
+        if len(tokens) < n + 1:
+            raise ConfigError(where, f"row {tokens[0]} has {len(tokens) - 1} cells for {n} devices; "
+                                     "pass the full, unwrapped output of `nvidia-smi topo -m`")
+        rows[tokens[0]] = ([_level(c, where) for c in tokens[1:n + 1]], tokens[n + 1:])
+    legend = dict(re.findall(r"^\s*(NIC\d+)\s*:\s*(\S+)\s*$", text, flags=re.M))
+    gpu_cols = [d for d in devices if re.fullmatch(r"GPU\d+", d)]
+    nic_cols = [d for d in devices if d not in gpu_cols]
+    missing = [d for d in devices if d not in rows]
+    if missing:
+        raise ConfigError(source, f"no row for {', '.join(missing)}; pass the full output of `nvidia-smi topo -m`")
+    col = {d: k for k, d in enumerate(devices)}
+    gpus, cpus, numa = [], [], []
+    for d in gpu_cols:
+        extra = rows[d][1]
+        where = f"{source}: {d} affinity"
+        cpus.append(parse_cpu_list(extra[0], where) if extra else ())
+        numa.append(int(extra[1]) if len(extra) > 1 and extra[1].isdigit() else None)
+        gpus.append(int(d[3:]))
+    return TopoMatrix(
+        gpus=tuple(gpus), nics=tuple(legend.get(d, d) for d in nic_cols),
+        gpu_gpu=tuple(tuple(rows[g][0][col[h]] for h in gpu_cols) for g in gpu_cols),
+        gpu_nic=tuple(tuple(rows[g][0][col[c]] for c in nic_cols) for g in gpu_cols),
+        nic_nic=tuple(tuple(rows[c][0][col[e]] for e in nic_cols) for c in nic_cols),
+        gpu_cpus=tuple(cpus), gpu_numa=tuple(numa), nic_numa=(None,) * len(nic_cols),
+        nic_speed_gbit_per_s=(None,) * len(nic_cols), source=source)
+
+
+# --------------------------------------------------------------------------- NCCL XML
+
+
+def _walk(elem: ET.Element, path: tuple[str, ...], found: list):
+    """Collect (kind, element, pci path) for every gpu and net under ``elem``."""
+    for child in elem:
+        if child.tag == "pci":
+            _walk(child, path + (child.get("busid", "?"),), found)
+        elif child.tag == "gpu":
+            found.append(("gpu", child, path))
+        elif child.tag == "nic":
+            found.extend(("net", net, path) for net in child.iter("net"))
+        else:
+            _walk(child, path, found)
+
+
+def _xml_level(a: tuple[str, ...], b: tuple[str, ...], same_cpu: bool) -> str:
+    """NCCL path type between two devices from their PCI paths (root bridge first, own
+    endpoint last): shared parent bridge PIX, a shared bridge higher up PXB, else PHB on
+    the same CPU, SYS across CPUs."""
+    if not same_cpu:
+        return "SYS"
+    common = 0
+    for x, y in zip(a[:-1], b[:-1]):
+        if x != y:
+            break
+        common += 1
+    if common == 0:
+        return "PHB"
+    return "PIX" if common == len(a) - 1 == len(b) - 1 else "PXB"
+
+
+def _int_attr(elem: ET.Element, name: str, where: str) -> int:
+    value = elem.get(name)
+    if value is None or not re.fullmatch(r"-?\d+", value.strip()):
+        raise ConfigError(where, f"<{elem.tag}> needs an integer '{name}' (got {value!r}); "
+                                 "pass the file NCCL_TOPO_DUMP_FILE wrote")
+    return int(value)
+
+
+def _gpu_gpu_level(ga, gb, pa, pb, same_cpu) -> str:
+    """NV<links> when GPU ``ga`` has NVLinks to ``gb``'s bus id or to an NVSwitch (tclass
+    0x068000) that ``gb`` also reaches; else the PCI level."""
+    links = ga.findall("nvlink")
+    direct = sum(int(l.get("count", "1")) for l in links if pb and l.get("target") == pb[-1])
+    switch = sum(int(l.get("count", "1")) for l in links if l.get("tclass") == "0x068000")
+    if direct:
+        return f"NV{direct}"
+    if switch and any(l.get("tclass") == "0x068000" for l in gb.findall("nvlink")):
+        return f"NV{switch}"
+    return _xml_level(pa, pb, same_cpu)
+
+
+def parse_nccl_topo_xml(text: str, source: str = "NCCL topology XML") -> TopoMatrix:
+    """Parse NCCL's topology dump (``NCCL_TOPO_DUMP_FILE``). GPUs are ordered by ``dev``;
+    NICs keep file order (their ``dev``), named by ``name`` (with ``:port`` added when a
+    name repeats). Raises ConfigError for XML errors, a missing ``dev`` or no GPU."""
+    try:
+        root = ET.fromstring(text)
+    except ET.ParseError as err:
+        raise ConfigError(source, f"not valid XML ({err}); pass the file NCCL_TOPO_DUMP_FILE wrote") from None
+    if root.tag != "system":
+        raise ConfigError(source, f"root element is <{root.tag}>, expected <system>; pass an NCCL topology dump")
+    gpus, nets, numa_cpus = [], [], []
+    for cpu in root.iter("cpu"):
+        where = f"{source}: <cpu numaid={cpu.get('numaid')}>"
+        numa = _int_attr(cpu, "numaid", where)
+        cpus = cpu_affinity(cpu.get("affinity", ""), where) if cpu.get("affinity") else ()
+        numa_cpus.append((numa, cpus))
+        found: list = []
+        _walk(cpu, (), found)
+        for kind, elem, path in found:
+            (gpus if kind == "gpu" else nets).append((elem, path, numa, cpus))
+    if not gpus:
+        raise ConfigError(source, "no <gpu> element; pass the file NCCL_TOPO_DUMP_FILE wrote")
+    gpus.sort(key=lambda g: _int_attr(g[0], "dev", f"{source}: <gpu>"))
+    names = [n[0].get("name") or f"net{k}" for k, n in enumerate(nets)]
+    names = [f"{nm}:{n[0].get('port', '1')}" if names.count(nm) > 1 else nm for nm, n in zip(names, nets)]
+    speed = [float(n[0].get("speed")) / 1000.0 if n[0].get("speed") else None for n in nets]
+    return TopoMatrix(
+        gpus=tuple(_int_attr(g[0], "dev", f"{source}: <gpu>") for g in gpus), nics=tuple(names),
+        gpu_gpu=tuple(tuple("X" if a is b else _gpu_gpu_level(a[0], b[0], a[1], b[1], a[2] == b[2])
+                            for b in gpus) for a in gpus),
+        gpu_nic=tuple(tuple(_xml_level(g[1], n[1], g[2] == n[2]) for n in nets) for g in gpus),
+        nic_nic=tuple(tuple("X" if a is b else _xml_level(a[1], b[1], a[2] == b[2]) for b in nets) for a in nets),
+        gpu_cpus=tuple(g[3] for g in gpus), gpu_numa=tuple(g[2] for g in gpus),
+        nic_numa=tuple(n[2] for n in nets), nic_speed_gbit_per_s=tuple(speed),
+        numa_cpus=tuple(numa_cpus), source=source)
+
+
+def load_topology(path) -> TopoMatrix:
+    """Read ``path``: NCCL XML when it starts with ``<``, else ``nvidia-smi topo -m`` text."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as err:
+        raise ConfigError(str(p), f"cannot read topology file ({err.strerror}); check the path") from None
+    if text.lstrip().startswith("<"):
+        return parse_nccl_topo_xml(text, source=p.name)
+    return parse_nvidia_smi_topo(text, source=p.name)
+
+
+# --------------------------------------------------------------------------- NodeSpec
+
+
+def _sockets(topo: TopoMatrix, base: NodeSpec, threads_per_core) -> tuple[list[SocketSpec], dict, list[int]]:
+    """Sockets (one per NUMA node holding a GPU, or a NIC when the XML says so) ordered by
+    NUMA id (or first CPU), the map NUMA key -> socket index, and each GPU's socket. A
+    socket without CPU affinity takes the base's core count when the socket counts agree."""
+    keys = [numa if numa is not None else cpus for numa, cpus in zip(topo.gpu_numa, topo.gpu_cpus)]
+    groups: dict = {}
+    for gpu, key, cpus in zip(topo.gpus, keys, topo.gpu_cpus):
+        groups.setdefault(key, ([], set()))[0].append(gpu)
+        groups[key][1].update(cpus)
+    for numa in topo.nic_numa:
+        if numa is not None and numa not in groups:
+            groups[numa] = ([], set(dict(topo.numa_cpus).get(numa, ())))
+    order = sorted(groups, key=lambda k: (0, k, ()) if isinstance(k, int) else (1, min(k, default=0), k))
+    cores = physical_cores([tuple(sorted(groups[k][1])) for k in order], threads_per_core)
+    same = len(base.sockets) == len(order)
+    cores = [c if c > 0 else (base.sockets[i].cores if same else 0) for i, c in enumerate(cores)]
+    if 0 in cores:
+        raise ConfigError(topo.source, f"NUMA node {order[cores.index(0)]} has no CPU affinity and {base.name} "
+                                       "has no matching socket; give a topology with CPU Affinity")
+    index = {k: i for i, k in enumerate(order)}
+    sockets = [SocketSpec(gpus=sorted(groups[k][0]), cores=cores[i]) for i, k in enumerate(order)]
+    return sockets, index, [index[k] for k in keys]
+
+
+def _nic_socket(topo: TopoMatrix, j: int, gpu_socket: list[int], index: dict) -> int:
+    """Socket of NIC j: its NUMA node (XML), else the socket of a GPU it is not SYS to,
+    else of a NIC it is not SYS to."""
+    if topo.nic_numa[j] is not None:
+        return index[topo.nic_numa[j]]
+    for k in [j] + [k for k, lvl in enumerate(topo.nic_nic[j]) if lvl not in ("SYS", "X")]:
+        near = [gpu_socket[i] for i in range(len(topo.gpus)) if topo.gpu_nic[i][k] != "SYS"]
+        if near:
+            return near[0]
+    raise ConfigError(topo.source, f"NIC {topo.nics[j]} is SYS to every GPU: its socket is unknown; "
+                                   "use NCCL's topology dump (NCCL_TOPO_DUMP_FILE), which names its NUMA node")
+
+
+def _chosen_nics(topo: TopoMatrix, base: NodeSpec, nics: Optional[Sequence[str]]) -> list[str]:
+    if nics is not None:
+        unknown = [n for n in nics if n not in topo.nics]
+        if unknown:
+            raise ConfigError("nics", f"{', '.join(unknown)} not in {topo.source} (has {', '.join(topo.nics)}); "
+                                      "name NICs the topology lists")
+        return list(nics)
+    if base.nics and all(n.name in topo.nics for n in base.nics):
+        return [n.name for n in base.nics]
+    return sorted(topo.nics, key=lambda n: [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", n)])
+
+
+def _nic_rate(topo: TopoMatrix, base: NodeSpec, name: str) -> float:
+    """The XML's speed, else the base NIC of that name's rate, else the base's first NIC's."""
+    same = [n for n in base.nics if n.name == name] or list(base.nics)
+    speed = topo.nic_speed_gbit_per_s[topo.nics.index(name)]
+    if speed or same:
+        return speed or same[0].rate_gbit_per_s
+    raise ConfigError("nics", f"no rate for {name}: {topo.source} gives none and {base.name} has no NIC; "
+                              "use the NCCL XML dump (it has speed=) or a base node with NICs")
+
+
+def node_from_topology(topo: TopoMatrix, base: NodeSpec, nics: Optional[Sequence[str]] = None,
+                       threads_per_core: Optional[int] = None) -> NodeSpec:
+    """``base`` with sockets and NICs read from ``topo``; fabric, PCIe link, NVLink domain
+    and (unless the XML gives ``speed``) NIC rates stay those of ``base``.
+
+    - Sockets: one per NUMA node holding a GPU (or, from the XML, a NIC), with its GPUs
+      and its physical cores = logical CPUs of the affinity / threads per core (2 when the
+      list is two runs with the sibling offset, ``0-55,112-167`` -> 56; see
+      :func:`meshplan.placement.cpus.physical_cores`).
+    - NICs: ``nics`` when given; else the base's NIC names when the topology has them all
+      (so storage NICs drop out), else every NIC in natural name order. A NIC's ``gpus``
+      are the GPUs for which it is among the nearest NICs at level PIX or PXB (same PCIe
+      switch); ``rail``: the base's rails when the NICs are the base's, else the index.
+
+    Raises ConfigError when the GPU count differs from ``base`` or a NIC's socket or rate
+    cannot be told.
+    """
+    if sorted(topo.gpus) != list(range(base.gpus)):
+        raise ConfigError(topo.source, f"topology has GPUs {list(topo.gpus)} but {base.name} has {base.gpus}; "
+                                       f"pick a base node with {len(topo.gpus)} GPUs")
+    sockets, index, gpu_socket = _sockets(topo, base, threads_per_core)
+    names = _chosen_nics(topo, base, nics)
+    cols = [topo.nics.index(n) for n in names]
+    under: dict[str, list[int]] = {n: [] for n in names}
+    for i, gpu in enumerate(topo.gpus):
+        levels = [topo.gpu_nic[i][j] for j in cols]
+        best = min(levels, key=LEVELS.index, default="SYS")
+        if best in SAME_SWITCH:
+            for n, lvl in zip(names, levels):
+                if lvl == best:
+                    under[n].append(gpu)
+    rails = {n.name: n.rail for n in base.nics} if [n.name for n in base.nics] == names else {}
+    specs = [NICSpec(name=n, rate_gbit_per_s=_nic_rate(topo, base, n), gpus=sorted(under[n]),
+                     socket=_nic_socket(topo, j, gpu_socket, index), rail=rails.get(n, k))
+             for k, (n, j) in enumerate(zip(names, cols))]
+    try:
+        return NodeSpec(
+            name=base.name, gpus=base.gpus, fabric=base.fabric, pcie=base.pcie, sockets=sockets, nics=specs,
+            nvlink_domain_gpus=base.nvlink_domain_gpus,
+            source=f"sockets and NICs from {topo.source}; fabric, PCIe and NIC rates from {base.name}")
+    except ValidationError as err:
+        raise ConfigError(topo.source, f"topology gives an invalid node: {err.errors()[0]['msg']}") from None
+
+
+def _closeness(node: NodeSpec, gpu: int, nic: int) -> tuple[int, str]:
+    """(0, "same PCIe switch") / (1, "same socket, other switch") / (2, "other socket")."""
+    spec = node.nics[nic]
+    if gpu in spec.gpus:
+        return 0, "same PCIe switch"
+    if spec.socket == node.socket_of(gpu):
+        return 1, "same socket, other switch"
+    return 2, "other socket"
+
+
+def check_identity_nic_map(node: NodeSpec) -> list[str]:
+    """One line per GPU for which the index shortcut GPU k -> NIC k (k mod the NIC count,
+    as ``local_rank % n_nics`` launch scripts do) lands on a farther NIC than the topology's
+    (:meth:`NodeSpec.nic_of`). Empty when the shortcut is as good everywhere.
+
+    >>> from meshplan.catalog import node
+    >>> check_identity_nic_map(node("dgx-h100"))
+    []
+    >>> check_identity_nic_map(node("seed-8x8-2nic"))[0]
+    'GPU 1: index map gives nic1 (other socket) but the topology gives nic0 (same PCIe switch); bind GPU 1 to nic0'
+    """
+    out = []
+    for gpu in range(node.gpus):
+        real = node.nic_of(gpu)
+        if real is None:
+            continue
+        naive = gpu % len(node.nics)
+        (rn, rw), (nn, nw) = _closeness(node, gpu, real), _closeness(node, gpu, naive)
+        if nn > rn:
+            out.append(f"GPU {gpu}: index map gives {node.nics[naive].name} ({nw}) but the topology gives "
+                       f"{node.nics[real].name} ({rw}); bind GPU {gpu} to {node.nics[real].name}")
+    return out

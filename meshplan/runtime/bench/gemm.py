@@ -1,0 +1,114 @@
+"""``meshplan bench gemm``: time a plan's local GEMM shapes on the local device with torch
+and write the table :func:`meshplan.compute.gemm.load_gemm_table` reads (CSV columns m, n, k,
+dtype, seconds, tflops, device, torch).
+
+Each forward GEMM (M, N, K) of one layer and the output layer is timed with its backward
+pair (data gradient (M, K, N), weight gradient (N, K, M); :func:`meshplan.compute.shapes.backward_gemms`)
+as ``torch.matmul`` of an (M, K) by a (K, N) operand: ``warmup`` untimed calls, then the
+median of ``repeats`` timed calls (CUDA events on a GPU, ``time.perf_counter`` around a
+synchronised call on the CPU). Shapes larger than ``max_elements`` per operand are scaled
+down along M (and the time scaled back up, stated in the row's note) so a CPU run stays
+short; on a GPU nothing is scaled by default.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from meshplan.errors import ConfigError
+from meshplan.fileio import write_text_atomic
+from meshplan.compute.shapes import Gemm, backward_gemms
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass(frozen=True)
+class Timed:
+    """One measured shape; ``scaled_m`` is the M actually run when it was scaled down."""
+
+    gemm: Gemm
+    dtype: str
+    seconds: float
+    device: str
+    scaled_m: int
+
+    @property
+    def tflops(self) -> float:
+        return 2.0 * self.gemm.m * self.gemm.n * self.gemm.k / self.seconds / 1e12
+
+
+def device_name(device: str) -> str:
+    """A readable device name: the CUDA device's name, or the CPU with its thread count."""
+    if device.startswith("cuda"):
+        return torch.cuda.get_device_name(torch.device(device))
+    return f"cpu ({torch.get_num_threads()} threads)"
+
+
+def time_gemm(m: int, n: int, k: int, dtype: str = "fp32", device: str = "cpu", warmup: int = 2,
+              repeats: int = 5) -> float:
+    """Median seconds of one (M, N, K) matmul on ``device``."""
+    dt = DTYPES[dtype]
+    a = torch.randn(m, k, dtype=dt, device=device)
+    b = torch.randn(k, n, dtype=dt, device=device)
+    cuda = device.startswith("cuda")
+    for _ in range(warmup):
+        torch.matmul(a, b)
+    times = []
+    for _ in range(repeats):
+        if cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            torch.matmul(a, b)
+            end.record()
+            torch.cuda.synchronize()
+            times.append(start.elapsed_time(end) / 1e3)
+        else:
+            t0 = time.perf_counter()
+            torch.matmul(a, b)
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def bench(gemms: list[Gemm], dtype: str = "fp32", device: str = "cpu", max_elements: Optional[int] = None,
+          warmup: int = 2, repeats: int = 5, backward: bool = True) -> list[Timed]:
+    """Time every distinct shape of ``gemms`` (and their backward pairs)."""
+    shapes = {}
+    for g in gemms:
+        for x in [g] + (backward_gemms(g) if backward else []):
+            shapes.setdefault((x.m, x.n, x.k), x)
+    out = []
+    name = device_name(device)
+    for (m, n, k), g in shapes.items():
+        run_m = m
+        if max_elements:
+            run_m = max(1, min(m, max_elements // max(k, n)))
+        sec = time_gemm(run_m, n, k, dtype, device, warmup, repeats) * m / run_m
+        out.append(Timed(g, dtype, sec, name, run_m))
+    return out
+
+
+def table_csv(rows: list[Timed]) -> str:
+    """CSV text in the format :func:`meshplan.compute.gemm.load_gemm_table` reads."""
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(["m", "n", "k", "dtype", "seconds", "tflops", "device", "torch"])
+    for r in rows:
+        w.writerow([r.gemm.m, r.gemm.n, r.gemm.k, r.dtype, f"{r.seconds:.9g}", "", r.device, torch.__version__])
+    return buf.getvalue()
+
+
+def write_table(rows: list[Timed], path: str | Path, force: bool = False) -> Path:
+    """Write the CSV atomically; refuses to replace an existing file unless ``force``."""
+    p = Path(path)
+    if p.exists() and not force:
+        raise ConfigError("--out", f"{p} exists; choose another path or pass --force to replace it")
+    p.parent.mkdir(parents=True, exist_ok=True)
+    return write_text_atomic(p, table_csv(rows))

@@ -1,0 +1,282 @@
+"""Mixture-of-experts layer of the runtime model and its expert parallelism (EP).
+
+:class:`MoE` replaces the MLP of an MoE layer (``ModelSpec.is_moe_layer``)::
+
+    layers.<i>.moe.router                      Linear (hidden -> experts), no bias
+    layers.<i>.moe.experts.{w_gate, w_up}      (experts, expert_ffn, hidden), SwiGLU as the dense MLP
+    layers.<i>.moe.experts.w_down              (experts, hidden, expert_ffn)
+    layers.<i>.moe.shared.{w_gate, w_up, w_down}   always-on shared experts (width
+                                               shared_experts x shared_expert_ffn), if any
+
+Routing (Mixtral, Jiang et al. 2024, eq. 1): top-k of the router logits, softmax over those
+k. Dispatch is deterministic with a fixed capacity (Switch Transformer, Fedus et al. 2021,
+capacity factor 1): each expert takes at most ``C = ceil(T * top_k / experts)`` token copies
+of the ``T`` tokens of this rank (:func:`meshplan.compute.shapes.expert_capacity`), in token order;
+copies beyond C are dropped (their output is 0), empty slots are zero padding. The dispatch
+buffer is therefore always ``(experts, C, hidden)``, whatever the router decides, and the
+all-to-all sizes are known before the run (meshplan's collective table,
+:func:`meshplan.comm.collectives._pp_ep_rows`).
+
+EP (:func:`apply_ep`): the rank at position ``j`` of its ``ep`` group keeps experts
+``j*E/ep .. (j+1)*E/ep - 1``; dispatch and combine are
+``torch.distributed._functional_collectives.all_to_all_single_autograd`` (the backward of
+each is an all-to-all of the same size; gloo runs it), equal splits of ``E/ep * C * hidden``
+elements per peer. The recorder sees every one as ``_c10d_functional::all_to_all_single``
+on the ep group. Expert weights form their own
+FSDP2 unit over ``efsdp`` of the expert mesh (torchtitan), see
+:func:`meshplan.runtime.execution.parallelize.parallelize`.
+
+TP with MoE layers (:func:`apply_moe_tp`, ``tp > 1``, ``etp = 1``): the experts stay whole on
+each ep rank and the tp ranks split the tokens instead (torchtitan's token-split sequence
+parallel for experts; :func:`meshplan.compute.shapes.layer_gemms`): each tp rank routes, dispatches
+and combines only its ``T = b*s/tp`` tokens. Under SP those are its own sequence shard
+(b, s/tp, h), which is also the block's output layout, so the routed path has no tp
+collective; without SP it takes its tp-th of the replicated (b*s, h) tokens (a DTensor
+``Replicate -> Shard(0)``: a slice, whose backward all-gathers the input gradient) and
+all-gathers the routed outputs back to every tp rank (``Shard(0) -> Replicate``, whose
+backward is a slice). The router weight is replicated over tp (``SequenceParallel`` on the
+token dim), so its gradient, a sum over each rank's own tokens, is a Partial DTensor that
+FSDP2 all-reduces over tp; shared experts are split like the dense MLP (colwise, rowwise).
+
+>>> from meshplan.spec.model import ModelSpec
+>>> spec = ModelSpec(layers=1, hidden=16, ffn=32, q_heads=2, vocab=10, experts=4, top_k=2, expert_ffn=8)
+>>> moe = MoE(spec)
+>>> moe(torch.randn(2, 3, 16)).shape, moe.capacity(6)
+(torch.Size([2, 3, 16]), 3)
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from meshplan.errors import ConfigError
+from meshplan.compute.shapes import expert_capacity
+from meshplan.spec.model import ModelSpec
+
+
+class Experts(nn.Module):
+    """The routed experts this rank holds, as stacked weights; ``forward`` maps (experts
+    held, tokens per expert, hidden) to the same shape. ``full_rows``/``offset``: experts
+    of the whole model and the index of the first one held here (EP), used by
+    ``Transformer.init_weights`` to draw the full tensors and keep this rank's rows."""
+
+    def __init__(self, spec: ModelSpec):
+        super().__init__()
+        e, h, f = spec.experts, spec.hidden, spec.moe_ffn
+        self.gated = spec.gated_mlp
+        if self.gated:
+            self.w_gate = nn.Parameter(torch.empty(e, f, h))
+        self.w_up = nn.Parameter(torch.empty(e, f, h))
+        self.w_down = nn.Parameter(torch.empty(e, h, f))
+        self.full_rows, self.offset = e, 0
+        self.grad_scale = 1.0  # 1/ep under EP, see apply_ep
+
+    def _w(self, name: str) -> torch.Tensor:
+        w = getattr(self, name)
+        return w if self.grad_scale == 1.0 else _ScaleGrad.apply(w, self.grad_scale)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        up = torch.bmm(x, self._w("w_up").transpose(1, 2))
+        act = F.silu(torch.bmm(x, self._w("w_gate").transpose(1, 2))) * up if self.gated else F.gelu(up)
+        return torch.bmm(act, self._w("w_down").transpose(1, 2))
+
+
+class SharedExperts(nn.Module):
+    """Shared experts as one MLP of width ``shared_experts x shared_expert_ffn`` (no bias)."""
+
+    def __init__(self, spec: ModelSpec):
+        super().__init__()
+        h, f = spec.hidden, (spec.shared_expert_ffn or spec.moe_ffn) * spec.shared_experts
+        self.gated = spec.gated_mlp
+        if self.gated:
+            self.w_gate = nn.Linear(h, f, bias=False)
+        self.w_up = nn.Linear(h, f, bias=False)
+        self.w_down = nn.Linear(f, h, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        act = F.silu(self.w_gate(x)) * self.w_up(x) if self.gated else F.gelu(self.w_up(x))
+        return self.w_down(act)
+
+
+class MoE(nn.Module):
+    """Router, capacity dispatch, experts (local, or over EP with all-to-all), combine,
+    plus the shared experts; (batch, seq, hidden) in and out. See the module docstring."""
+
+    def __init__(self, spec: ModelSpec):
+        super().__init__()
+        self.n_experts, self.top_k = spec.experts, spec.top_k
+        self.router = nn.Linear(spec.hidden, spec.experts, bias=False)
+        self.experts = Experts(spec)
+        if spec.shared_experts:
+            self.shared = SharedExperts(spec)
+        self.ep_group = None  # set by apply_ep
+        self.ep = 1
+        self.tp_mesh, self.sp, self.token_split = None, False, 1  # set by apply_moe_tp
+
+    def capacity(self, tokens: int) -> int:
+        """Token copies each expert takes from ``tokens`` tokens of this rank."""
+        return expert_capacity(tokens, self.top_k, self.n_experts)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.tp_mesh is not None:
+            return self._tp_forward(x)
+        b, s, h = x.shape
+        t = x.reshape(b * s, h)
+        out = self._routed(t)
+        if hasattr(self, "shared"):
+            out = out + self.shared(t)
+        return out.view(b, s, h)
+
+    def _routed(self, t: torch.Tensor) -> torch.Tensor:
+        """Routed experts' output (T, h) for this rank's tokens ``t`` (T, h)."""
+        h = t.shape[-1]
+        e, k, cap = self.n_experts, self.top_k, self.capacity(t.shape[0])
+        gate, idx = torch.topk(self.router(t).float(), k, dim=-1)  # (T, k)
+        gate = gate.softmax(dim=-1).to(t.dtype)
+        flat = idx.reshape(-1)  # copy i*k + j: token i, its j-th expert
+        pos = (F.one_hot(flat, e).cumsum(0) - 1).gather(1, flat[:, None]).squeeze(1)  # order within its expert
+        keep = (pos < cap).to(t.dtype)
+        slot = flat * cap + pos.clamp(max=cap - 1)  # a dropped copy adds 0 to a taken slot
+        src = t.repeat_interleave(k, dim=0) * keep[:, None]
+        buf = t.new_zeros(e * cap, h).index_add(0, slot, src)
+        y = self._run_experts(buf, cap)  # (E * C, h), in this rank's slot order
+        return (y[slot] * (gate.reshape(-1) * keep)[:, None]).view(-1, k, h).sum(dim=1)
+
+    def _tp_forward(self, x: torch.Tensor) -> torch.Tensor:
+        """tp > 1: route this rank's tp-th of the tokens (see the module docstring). ``x``:
+        under SP this rank's sequence shard (b, s/tp, h), else the replicated (b, s, h)."""
+        from torch.distributed.tensor import DTensor, Replicate, Shard
+
+        if isinstance(x, DTensor):  # SP: the SequenceParallel norm's Shard(1) output
+            x = x.to_local()
+        b, s, h = x.shape
+        if self.sp:
+            out = self._routed(x.reshape(b * s, h)).view(b, s, h)
+        else:
+            if (b * s) % self.token_split:
+                raise ConfigError("training.seq_len", f"micro_batch x seq_len = {b * s} tokens do not split over "
+                                  f"tp {self.token_split} for the experts")
+            mesh = self.tp_mesh
+            mine = DTensor.from_local(x.reshape(b * s, h), mesh, [Replicate()], run_check=False)
+            mine = mine.redistribute(mesh, [Shard(0)]).to_local()  # backward: all-gather of the input gradient
+            y = DTensor.from_local(self._routed(mine), mesh, [Shard(0)], run_check=False)
+            out = y.redistribute(mesh, [Replicate()]).to_local().view(b, s, h)  # all-gather; backward: a slice
+        if hasattr(self, "shared"):  # colwise/rowwise: all-gather + reduce-scatter (SP) or all-reduces
+            out = out + self.shared(x)
+        return out
+
+    def _run_experts(self, buf: torch.Tensor, cap: int) -> torch.Tensor:
+        e, h = self.n_experts, buf.shape[-1]
+        if self.ep_group is None:
+            return self.experts(buf.view(e, cap, h)).reshape(e * cap, h)
+        from torch.distributed._functional_collectives import all_to_all_single_autograd, wait_tensor
+
+        ep, local = self.ep, e // self.ep
+        recv = wait_tensor(all_to_all_single_autograd(buf, None, None, self.ep_group))  # dispatch
+        x = recv.view(ep, local, cap, h).transpose(0, 1).reshape(local, ep * cap, h)
+        y = self.experts(x).view(local, ep, cap, h).transpose(0, 1).reshape(e * cap, h)
+        return wait_tensor(all_to_all_single_autograd(y, None, None, self.ep_group))  # combine
+
+
+def moe_layers(model: nn.Module) -> list[MoE]:
+    """The MoE modules of ``model`` in layer order."""
+    return [m for m in model.modules() if isinstance(m, MoE)]
+
+
+def apply_ep(model: nn.Module, ep_group, ep: int, ep_index: int) -> None:
+    """Keep experts ``ep_index * E/ep ..`` of every MoE layer (parameters replaced by
+    ``E/ep``-row ones on the same device, so call it on a meta-device model before
+    ``to_empty``) and route through ``ep_group``. Raises ValueError when ``ep`` does not
+    divide the experts (the planner refuses such meshes first).
+
+    Gradient scale: the backward all-to-all sums each expert's gradient over the tokens of
+    the ``ep`` ranks, and FSDP2 averages it over the expert data axis (efsdp, times
+    dp_replicate), that is over ``dp / ep`` ranks; the experts' weights therefore scale
+    their gradient by ``1/ep`` so it is the mean over all ``dp`` ranks, as for the dense
+    weights (no extra collective). Under TP (:func:`apply_moe_tp`) each token is routed by
+    one of the ``tp`` ranks that hold it and efsdp is ``fsdp * tp / ep``, so the scale is
+    ``tp / ep`` (``efsdp / fsdp`` in both cases)."""
+    for moe in moe_layers(model):
+        if moe.n_experts % ep:
+            raise ValueError(f"experts {moe.n_experts} is not divisible by ep {ep}")
+        ex, local = moe.experts, moe.n_experts // ep
+        for name, p in list(ex.named_parameters(recurse=False)):
+            setattr(ex, name, nn.Parameter(torch.empty((local,) + tuple(p.shape[1:]), device=p.device,
+                                                       dtype=p.dtype)))
+        moe.ep_group, moe.ep = ep_group, ep
+        ex.offset, ex.grad_scale = ep_index * local, _grad_scale(moe)
+
+
+def _grad_scale(moe: "MoE") -> float:
+    """Gradient scale of the routed experts: ``token_split / ep`` (see :func:`apply_ep`)."""
+    return moe.token_split / moe.ep
+
+
+def apply_moe_tp(moe: "MoE", tp_mesh, sequence_parallel: bool) -> None:
+    """TP of one MoE layer with experts whole on each ep rank (etp = 1), in place: the
+    router replicated over ``tp_mesh`` as a ``SequenceParallel`` module on the token dim
+    (input this rank's own tokens, Shard(0); weight gradient Partial, all-reduced over tp by
+    FSDP2), the shared experts colwise/rowwise as the dense MLP, and :meth:`MoE.forward`
+    routing this rank's tp-th of the tokens (module docstring). The routed experts' gradient
+    scale becomes ``tp / ep`` (:func:`apply_ep`). Call on the meta-device model, before or
+    after :func:`apply_ep`."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
+                                                   SequenceParallel, parallelize_module)
+
+    act = Shard(1) if sequence_parallel else Replicate()
+    plan = {"router": SequenceParallel(sequence_dim=0, use_local_output=True)}
+    if hasattr(moe, "shared"):
+        plan.update({"shared": PrepareModuleInput(input_layouts=(act,), desired_input_layouts=(Replicate(),)),
+                     "shared.w_up": ColwiseParallel(), "shared.w_down": RowwiseParallel(output_layouts=act)})
+        if moe.shared.gated:
+            plan["shared.w_gate"] = ColwiseParallel()
+    parallelize_module(moe, tp_mesh, plan)
+    moe.tp_mesh, moe.sp, moe.token_split = tp_mesh, sequence_parallel, tp_mesh.size()
+    moe.experts.grad_scale = _grad_scale(moe)
+
+
+def expert_params(model: nn.Module) -> Optional[list]:
+    """Parameters of every ``Experts`` module (routed experts), in order."""
+    return [p for m in model.modules() if isinstance(m, Experts) for p in m.parameters()]
+
+
+class _ScaleGrad(torch.autograd.Function):
+    """Identity forward; gradient times ``scale`` backward."""
+
+    @staticmethod
+    def forward(ctx, x, scale):
+        ctx.scale = scale
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * ctx.scale, None
+
+
+def init_expert_mesh(mesh, device: str = "cpu"):
+    """DeviceMesh of the plan's expert mesh (outer dense axes, then efsdp, ep, etp:
+    :meth:`meshplan.mesh.resolve.Mesh.expert_grid`) on the current process group.
+
+    On 4 ranks of dp_shard 4 with ep 2: ``["ep"]`` is [0, 1] or [2, 3], ``["efsdp"]`` is
+    [0, 2] or [1, 3]."""
+    from torch.distributed.device_mesh import DeviceMesh
+
+    names, grid = mesh.expert_grid()
+    return DeviceMesh(device, torch.as_tensor(grid), mesh_dim_names=names)
+
+
+def check_expert_groups(expert_mesh, mesh) -> list[str]:
+    """Differences between the expert DeviceMesh's groups and meshplan's for this rank."""
+    import torch.distributed as dist
+
+    rank, out = dist.get_rank(), []
+    for axis in ("efsdp", "ep", "etp"):
+        got = dist.get_process_group_ranks(expert_mesh[axis].get_group())
+        if got != mesh.group_of(rank, axis):
+            out.append(f"{axis}: DeviceMesh group of rank {rank} is {got}, meshplan says {mesh.group_of(rank, axis)}")
+    return out

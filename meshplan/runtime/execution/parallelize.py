@@ -1,0 +1,287 @@
+"""Build torch's DeviceMesh from a meshplan :class:`~meshplan.mesh.resolve.Mesh`, check its groups,
+and split a :class:`~meshplan.runtime.execution.model.Transformer` over it with torch's own APIs.
+
+- :func:`init_mesh`: ``init_device_mesh(device, layout.shape, mesh_dim_names=layout.names)``
+  plus one flattened dimension per derived axis (``dp``, ``fsdp``, ``loss``, ``batch``) that
+  spans more than one mesh axis.
+- :func:`check_groups`: this rank's group on every axis, DeviceMesh against meshplan.
+- :func:`parallelize`: DTensor tensor (and sequence) parallelism with
+  ``parallelize_module``, following torchtitan's Llama plan (models/llama3/infra/
+  parallelize.py ``apply_tp``), then FSDP2 ``fully_shard`` on every layer and on the root
+  over the ``fsdp`` axis, or HSDP over (dp_replicate, fsdp).
+- :func:`apply_ddp` (``sharding = "none"``, tp = cp = 1, dense): ``DistributedDataParallel``
+  over the ``dp`` axis, on the materialized model.
+- Context parallelism (``cp > 1``, :mod:`meshplan.runtime.execution.cp`): K and V all-gathered over
+  cp in every attention layer (Llama 3's all-gather CP); FSDP2 shards over ``fsdp`` =
+  dp_shard x cp.
+- MoE models (:mod:`meshplan.runtime.execution.moe`): experts split over ``ep`` of the expert mesh
+  (all-to-all dispatch and combine); the routed experts of each layer are their own FSDP2
+  unit over ``efsdp`` (or HSDP over (dp_replicate, efsdp)), ignored by FSDP when that is
+  one rank; router and shared experts stay in the layer's unit. With ``tp > 1`` the tp
+  ranks split the tokens for the routed experts (:func:`meshplan.runtime.execution.moe.apply_moe_tp`:
+  router replicated, shared experts colwise/rowwise).
+
+TP plan (``tp > 1``), with SP / without SP:
+
+====================== ===================================== =============================
+module                 with sequence parallelism             without
+====================== ===================================== =============================
+embedding              Rowwise(in Replicate, out Shard(1))   Rowwise(in Replicate, out Replicate)
+attn_norm, mlp_norm,   SequenceParallel                      not split
+final_norm
+attention, mlp         PrepareModuleInput(Shard(1) -> Rep)   PrepareModuleInput(Rep -> Rep)
+wq, wk, wv, w_gate,    Colwise                               Colwise
+w_up
+wo, w_down             Rowwise(out Shard(1))                 Rowwise(out Replicate)
+output                 Colwise(in Shard(1), out Shard(-1))   Colwise(in Replicate, out Shard(-1))
+====================== ===================================== =============================
+
+The output layer keeps its logits sharded over the vocabulary (loss parallel: compute the
+loss under ``torch.distributed.tensor.parallel.loss_parallel()``) unless
+``loss_parallel=False``, where it all-gathers them (``out Replicate``).
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
+                                               SequenceParallel, parallelize_module)
+
+from meshplan.errors import ConfigError
+from meshplan.mesh.resolve import DERIVED, Mesh
+from meshplan.spec.training import TrainingSpec
+
+TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def derived_axes(mesh: Mesh) -> list[str]:
+    """Derived axes that span more than one mesh axis (these get a flattened dimension)."""
+    return [d for d in DERIVED if d not in mesh.layout.names and len(mesh.axes_of(d)) > 1]
+
+
+def init_mesh(mesh: Mesh, device: str = "cpu") -> DeviceMesh:
+    """DeviceMesh of ``mesh`` on the current process group, with flattened derived axes.
+
+    On 8 ranks of ``names=(dp_shard, cp, tp), shape=(2, 2, 2)``, rank 5 gets
+    ``dm["tp"]`` = [4, 5], ``dm["cp"]`` = [5, 7], ``dm["fsdp"]`` (dp_shard x cp) = [1, 3, 5, 7].
+    """
+    lay = mesh.layout
+    dm = init_device_mesh(device, lay.shape, mesh_dim_names=lay.names)
+    for name in derived_axes(mesh):
+        dm[mesh.axes_of(name)]._flatten(name)
+    return dm
+
+
+def check_groups(device_mesh: DeviceMesh, mesh: Mesh) -> list[str]:
+    """Differences between DeviceMesh's groups and meshplan's rank lists for this rank; an
+    empty list when every mesh axis and every flattened derived axis agrees."""
+    rank = dist.get_rank()
+    out = []
+    for axis in list(mesh.layout.names) + derived_axes(mesh):
+        want = mesh.group_of(rank, axis)
+        try:
+            with warnings.catch_warnings():  # slicing a flattened dim from the root warns in 2.13; it works
+                warnings.simplefilter("ignore", UserWarning)
+                got = dist.get_process_group_ranks(device_mesh[axis].get_group())
+        except (KeyError, RuntimeError, ValueError) as e:
+            out.append(f"{axis}: DeviceMesh has no such dimension ({e})")
+            continue
+        if got != want:
+            out.append(f"{axis}: DeviceMesh group of rank {rank} is {got}, meshplan says {want}")
+    if device_mesh.mesh.flatten().tolist() != list(range(mesh.world)):
+        out.append(f"DeviceMesh ranks {device_mesh.mesh.flatten().tolist()[:8]}... are not 0..{mesh.world - 1}")
+    return out
+
+
+def _unsupported(mesh: Mesh, training: TrainingSpec, pipeline: bool = False, moe: bool = False) -> Optional[str]:
+    """Why the runtime cannot build ``mesh``; ``pipeline``: pp > 1 is built elsewhere
+    (:mod:`meshplan.runtime.execution.pipelined`, which checks its own limits); ``moe``: the model
+    has MoE layers."""
+    if mesh.degree("pp") > 1 and not pipeline:
+        return "pp > 1: pipeline stages are not built by parallelize(); use torch.distributed.pipelining"
+    if moe and mesh.degree("cp") > 1:
+        return "cp > 1 with MoE layers: context parallelism is built for dense models only"
+    if mesh.etp > 1:
+        return "etp > 1: expert tensor parallelism is not built (experts are whole on each ep rank)"
+    if training.sharding == "none":  # DDP (apply_ddp): plain data parallelism only
+        if mesh.degree("tp") > 1:
+            return ("sharding 'none' with tp > 1: DDP over DTensor TP parameters leaves their gradients None "
+                    "(torch 2.13); use zero3 or hsdp (FSDP2 over the data axes, as torchtitan)")
+        if mesh.degree("cp") > 1:
+            return "sharding 'none' with cp > 1: DDP is built for plain data parallelism only (tp = cp = 1)"
+        if moe:
+            return "sharding 'none' with MoE layers: DDP is built for dense models only"
+    elif training.sharding not in ("zero3", "hsdp"):
+        return (f"sharding {training.sharding!r}: ZeRO-1/2 (a sharded optimizer) is not built; "
+                "use none (DDP), zero3 (FSDP2) or hsdp")
+    return None
+
+
+def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, sequence_parallel: bool, loss_parallel: bool = True) -> None:
+    """Tensor (and sequence) parallelism, in place; see the module docstring's table. ``model``
+    may be a pipeline stage: embedding, final norm and output are split where it has them."""
+    tp = tp_mesh.size()
+    spec = model.spec
+    if spec.q_heads % tp:
+        raise ConfigError("mesh.tp", f"q_heads {spec.q_heads} is not divisible by tp {tp}")
+    if model.kv_heads % tp:
+        raise ConfigError("mesh.tp", f"kv_heads {model.kv_heads} is not divisible by tp {tp}")
+    if model.vocab % tp:
+        raise ConfigError("model.vocab", f"vocab {model.vocab} is not divisible by tp {tp}; pad it")
+    if sequence_parallel and spec.position_embedding == "learned":
+        raise ConfigError("model.position_embedding", "learned positions with sequence parallelism are not built")
+    act = Shard(1) if sequence_parallel else Replicate()
+    root = {
+        "embedding": RowwiseParallel(input_layouts=Replicate(), output_layouts=act),
+        "output": ColwiseParallel(input_layouts=act, output_layouts=Shard(-1) if loss_parallel else Replicate(),
+                                  use_local_output=not loss_parallel),
+    }
+    if sequence_parallel:
+        root["final_norm"] = SequenceParallel()
+    # a pipeline stage module (runtime.pipelined.StageModule) holds only some of the root modules
+    parallelize_module(model, tp_mesh, {k: v for k, v in root.items() if hasattr(model, k)})
+    for block in model.layers.values():
+        plan = {
+            "attention": PrepareModuleInput(input_layouts=(act, None), desired_input_layouts=(Replicate(), None)),
+            "attention.wq": ColwiseParallel(),
+            "attention.wk": ColwiseParallel(),
+            "attention.wv": ColwiseParallel(),
+            "attention.wo": RowwiseParallel(output_layouts=act),
+        }
+        if hasattr(block, "moe"):  # router replicated, tokens split over tp, shared experts as the MLP
+            from meshplan.runtime.execution.moe import apply_moe_tp
+
+            apply_moe_tp(block.moe, tp_mesh, sequence_parallel)
+        else:
+            plan.update({"mlp": PrepareModuleInput(input_layouts=(act,), desired_input_layouts=(Replicate(),)),
+                         "mlp.w_up": ColwiseParallel(), "mlp.w_down": RowwiseParallel(output_layouts=act)})
+            if block.mlp.gated:
+                plan["mlp.w_gate"] = ColwiseParallel()
+        if sequence_parallel:
+            plan["attn_norm"] = SequenceParallel()
+            plan["mlp_norm"] = SequenceParallel()
+        parallelize_module(block, tp_mesh, plan)
+    if spec.tied_embeddings and hasattr(model, "output") and hasattr(model, "embedding"):  # both Shard(0): tie again
+        model.output.weight = model.embedding.weight
+
+
+def fsdp_mesh(device_mesh: DeviceMesh, mesh: Mesh, training: TrainingSpec) -> DeviceMesh:
+    """The mesh FSDP2 shards over: ``fsdp`` (1-D), or (dp_replicate, fsdp) for HSDP."""
+    shard = mesh.axes_of("fsdp")
+    shard_name = shard[0] if len(shard) == 1 else "fsdp"
+    if training.sharding == "hsdp" or mesh.degree("dp_replicate") > 1:
+        if "dp_replicate" not in mesh.layout.names:
+            raise ConfigError("mesh", "sharding 'hsdp' needs a dp_replicate axis")
+        return device_mesh["dp_replicate", shard_name]
+    return device_mesh[shard_name]
+
+
+def apply_ddp(model: nn.Module, device_mesh: DeviceMesh, mesh: Mesh) -> nn.Module:
+    """``DistributedDataParallel`` over the data-parallel axis (``dp``: the mesh's dp,
+    dp_shard or dp_replicate axis, or their flattened dimension), torch's defaults (no comm
+    hook, ``find_unused_parameters=False``, 25 MiB buckets from the second step). Call it on
+    the materialized model (DDP broadcasts rank 0's parameters when built); returns the
+    wrapper, or ``model`` itself when dp is 1.
+
+    What DDP sends (torch 2.13; source ``torch/nn/parallel/distributed.py``): with
+    ``find_unused_parameters=False`` the first step's bucketing is one bucket of every
+    parameter (per dtype; ``_BucketCapacityConfig.compute_bucket_size_limits`` gives
+    ``[sys.maxsize]``), all-reduced once in the backward that syncs (the worker's Runner runs
+    every micro-batch but the last under ``no_sync``); the step after rebuilds buckets in
+    gradient-ready order, the first 1 MiB, then 25 MiB (two broadcasts of the bucket layout
+    in that forward). The validate worker records the first step, which the plan's table
+    models (:mod:`meshplan.comm.collectives`). Measured on 4 gloo ranks, 1,967,360 fp32
+    parameters: step 0 one all-reduce of 7,869,440 B over [0, 1, 2, 3]; later steps two.
+
+    Recording: the reducer issues its all-reduces from C++, but through the dispatcher
+    (``c10d::allreduce_``) on the backward's thread, so
+    :class:`~meshplan.runtime.execution.recorder.CollectiveRecorder` sees each bucket as sent, group,
+    bytes and dtype included (measured, torch 2.13, gloo); no comm hook replaces DDP's own.
+    """
+    axes = mesh.axes_of("dp")
+    if mesh.degree("dp") == 1:
+        return model
+    from torch.nn.parallel import DistributedDataParallel
+
+    return DistributedDataParallel(model, device_mesh=device_mesh[axes[0] if len(axes) == 1 else "dp"])
+
+
+def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, reshard_after_forward: bool = True,
+               mp_policy: Optional[MixedPrecisionPolicy] = None, expert_mesh: Optional[DeviceMesh] = None) -> None:
+    """FSDP2 ``fully_shard`` on every layer, then on the root (embedding, final norm and
+    output stay in the root's unit). ``expert_mesh``: the mesh the routed experts of an MoE
+    layer are sharded over as a unit of their own (FSDP ignores them when it is one rank)."""
+    kw = dict(mesh=dp_mesh, reshard_after_forward=reshard_after_forward)
+    if mp_policy is not None:
+        kw["mp_policy"] = mp_policy
+    for block in model.layers.values():
+        experts = block.moe.experts if hasattr(block, "moe") else None
+        if experts is not None and expert_mesh is not None and expert_mesh.size() > 1:
+            fully_shard(experts, **{**kw, "mesh": expert_mesh})
+        elif experts is not None:
+            kw_block = {**kw, "ignored_params": set(experts.parameters())}
+            fully_shard(block, **kw_block)
+            continue
+        fully_shard(block, **kw)
+    kw.pop("reshard_after_forward")  # root: FSDP2 default (keeps its parameters for backward)
+    fully_shard(model, **kw)
+
+
+def parallelize(model: nn.Module, device_mesh: DeviceMesh, mesh: Mesh, training: TrainingSpec,
+                loss_parallel: bool = True, mixed_precision: bool = False) -> nn.Module:
+    """Split ``model`` over ``device_mesh`` as ``mesh`` and ``training`` say, in place.
+
+    ``mixed_precision``: FSDP2 ``MixedPrecisionPolicy(param_dtype=compute_dtype,
+    reduce_dtype=reduce_dtype)`` from ``training``; off by default (fp32 on CPU).
+    ``cp > 1``: all-gather K/V context parallelism (:mod:`meshplan.runtime.execution.cp`); the model
+    then takes this rank's ``seq / cp`` tokens (:func:`meshplan.runtime.execution.cp.shard_sequence`).
+    MoE layers with ``tp > 1`` (etp 1): each tp rank routes its tp-th of the tokens
+    (:func:`meshplan.runtime.execution.moe.apply_moe_tp`).
+    ``sharding = "none"``: nothing here; the worker wraps the materialized model with
+    :func:`apply_ddp`. Raises ConfigError for what this function does not build (pp, etp,
+    cp with MoE layers, ZeRO-1/2, DDP with tp, cp or MoE layers).
+    """
+    moe = model.spec.is_moe
+    why = _unsupported(mesh, training, moe=moe)
+    if why:
+        raise ConfigError("mesh", why)
+    tp, cp = mesh.degree("tp"), mesh.degree("cp")
+    if cp > 1:  # all-gather K/V context parallelism (Llama 3): meshplan.runtime.execution.cp
+        from meshplan.runtime.execution.cp import apply_cp
+
+        apply_cp(model, device_mesh["cp"].get_group(), cp, mesh.group_of(dist.get_rank(), "cp").index(dist.get_rank()))
+    if tp > 1:
+        apply_tp(model, device_mesh["tp"], mesh.sequence_parallel, loss_parallel)
+    expert_dp = None
+    if moe:
+        from meshplan.runtime.execution.moe import apply_ep, init_expert_mesh
+
+        model.expert_mesh = edm = init_expert_mesh(mesh, device_mesh.device_type)
+        if mesh.ep > 1:
+            ranks = mesh.group_of(dist.get_rank(), "ep")
+            apply_ep(model, edm["ep"].get_group(), mesh.ep, ranks.index(dist.get_rank()))
+        hsdp = training.sharding == "hsdp" or mesh.degree("dp_replicate") > 1
+        expert_dp = edm["dp_replicate", "efsdp"] if hsdp and "dp_replicate" in edm.mesh_dim_names else edm["efsdp"]
+    if training.sharding != "none" and mesh.degree("fsdp") * mesh.degree("dp_replicate") > 1:
+        mp = None
+        if mixed_precision:
+            for key in ("compute_dtype", "reduce_dtype"):
+                if getattr(training, key) not in TORCH_DTYPES:
+                    raise ConfigError(f"training.{key}", f"{getattr(training, key)} has no FSDP2 mixed-precision "
+                                      f"dtype here; use one of {sorted(TORCH_DTYPES)}")
+            mp = MixedPrecisionPolicy(param_dtype=TORCH_DTYPES[training.compute_dtype],
+                                      reduce_dtype=TORCH_DTYPES[training.reduce_dtype])
+        apply_fsdp(model, fsdp_mesh(device_mesh, mesh, training), training.reshard_after_forward, mp, expert_dp)
+    elif expert_dp is not None and expert_dp.size() > 1:  # fsdp 1, efsdp = tp / ep > 1: experts alone
+        for block in model.layers.values():
+            if hasattr(block, "moe"):
+                fully_shard(block.moe.experts, mesh=expert_dp, reshard_after_forward=training.reshard_after_forward)
+    return model

@@ -1,0 +1,322 @@
+"""Pipeline parallelism in the runtime: the plan's stages as ``torch.distributed.pipelining``
+stages, run by the schedule the config names.
+
+- :class:`StageModule`: one chunk (virtual stage) of the runtime
+  :class:`~meshplan.runtime.execution.model.Transformer`: the embedding on the first virtual stage, the
+  layers ``plan.stages[k][c]`` (module names as in the full model: ``layers.<i>...``), the final
+  norm and output layer on the last one. Chunk ``c`` of pipeline rank ``k`` is virtual stage
+  ``c * pp + k`` (Megatron's interleaved assignment, :func:`meshplan.mesh.layers.stage_layers`;
+  the order torch's looped interleaved schedule expects).
+- Each chunk is parallelised in torchtitan's order (``torchtitan/models/llama3/infra/
+  parallelize.py`` then ``distributed/pipeline_parallel.py``): tensor (and sequence)
+  parallelism on the ``tp`` sub-mesh with :func:`~meshplan.runtime.execution.parallelize.apply_tp` (the
+  embedding, final norm and output where the chunk has them; loss parallel on the last stage
+  as the plan's ``mesh.loss_parallel`` says), then FSDP2 where the mesh has a data-parallel
+  shard axis (``fully_shard`` on every layer, then on the chunk: the chunk's root unit holds
+  the embedding / final norm / output where present), then
+  :class:`torch.distributed.pipelining.PipelineStage` on the DeviceMesh's ``pp`` group, in
+  static mode (input and output shapes given, no shape inference).
+- What a stage sends: the residual stream as the TP plan leaves it between layers, a plain
+  tensor (row-parallel outputs and the embedding use ``use_local_output``), not a DTensor:
+  (micro_batch, seq, hidden), or under SP this tp rank's sequence shard
+  (micro_batch, seq / tp, hidden), sent to the peer with the same tp (and data) coordinates
+  in the next stage. The next stage's first ``SequenceParallel`` norm wraps it as
+  ``Shard(1)`` again. Gradients travel back the same way, same shapes.
+- Context parallelism, experts (EP) and tied embeddings on the stages:
+  :mod:`meshplan.runtime.execution.pipelined_stage` (the first stage embeds this cp rank's chunks, the
+  activation between stages is (b, s/cp[/tp], h); the tied copies' gradients are all-reduced
+  over the embedding group after the schedule). :func:`unsupported` names what is refused.
+- :class:`PipelineRunner`: one step = ``schedule.step(tokens, target=labels, losses=...)``
+  (``mesh.pp_schedule``: gpipe -> ScheduleGPipe, 1f1b -> Schedule1F1B, interleaved_1f1b ->
+  ScheduleInterleaved1F1B) with the plan's micro-batch count; the loss function (cross entropy)
+  runs on the last stage inside the schedule (under ``loss_parallel()`` when the logits are
+  vocabulary-sharded; its collectives are phase ``loss``), backward too; then AdamW.
+- Memory (:meth:`PipelineRunner.memory_tracker`): FSDPMemTracker / MemTracker work under a
+  schedule once each stage module's tracker entry is restarted before each micro-batch's
+  forward (MemTracker refuses a second forward of a root module, "multiple iterative calls").
+- :class:`PipelineRecorder`: the :class:`~meshplan.runtime.execution.recorder.CollectiveRecorder` with the
+  pipeline's point-to-point ops named as meshplan names them: every ``send`` and ``recv`` (c10d
+  ``send``/``recv_``, also when issued through ``batch_isend_irecv``) becomes ``send/recv`` with
+  the tensor's bytes, phase ``forward`` for activations and ``backward`` for gradients (known
+  from the stage's ``get_{fwd,bwd}_{send,recv}_ops``, by buffer address). Other collectives
+  (FSDP) take the phase of the stage computation that issued them (``forward_one_chunk`` /
+  ``backward_one_chunk``); the ones after the last backward (FSDP's deferred gradient
+  reduce-scatter in ``_post_backward``) keep ``backward``; those before the first stage
+  computation (the interleaved schedule's FSDP unshard of every chunk) are phase ``schedule``. P2P outside those ops (torch 2.13's
+  warm-up vote of static mode: one int32 per stage boundary on the first step) is phase
+  ``schedule-setup``.
+
+The step's times: the whole schedule (forward, loss and backward interleaved across
+micro-batches) is reported as ``forward``; ``loss`` and ``backward`` are 0 (they cannot be
+separated on one rank without hooks in every micro-batch).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.profiler import record_function
+
+from meshplan.errors import ConfigError
+from meshplan.runtime.execution.model import Transformer
+from meshplan.runtime.execution.pipelined_stage import StageModule, init_stage_weights, parallelize_stage, tied_embedding_sync  # noqa: F401
+from meshplan.runtime.execution.recorder import CollectiveRecorder
+
+SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B", "interleaved_1f1b": "ScheduleInterleaved1F1B"}
+
+
+def unsupported(mesh, training, schedule: str, model_spec=None) -> Optional[str]:
+    """Why this module cannot run ``mesh`` with pipeline ``schedule`` (None when it can)."""
+    if mesh.degree("pp") <= 1:
+        return "pp is 1: use parallelize()"
+    if schedule not in SCHEDULES:
+        return f"pp_schedule {schedule!r}: only {', '.join(SCHEDULES)} are built"
+    if mesh.etp > 1:
+        return "etp > 1: expert tensor parallelism is not built (experts are whole on each ep rank)"
+    if (model_spec is not None and model_spec.is_moe and mesh.degree("fsdp") * mesh.degree("dp_replicate") == 1
+            and mesh.degree("efsdp") > 1):
+        return ("MoE layers with fsdp 1 and efsdp = tp / ep > 1 under pp: the routed experts would be FSDP2 units "
+                "without an FSDP root on the stage module, which the schedule does not hold back from "
+                "reduce-scattering and resharding every micro-batch (torch 2.13), unlike the plan's table")
+    if training.sharding not in ("zero3", "hsdp"):
+        return f"sharding {training.sharding!r}: only zero3 (FSDP2) and hsdp are built"
+    if model_spec is not None and model_spec.tied_embeddings and mesh.degree("pp") > 2:
+        return ("tied embeddings with pp > 2: the embedding group (first and last stage) is no axis of the mesh, "
+                "so the comparison cannot name it; pp = 2 is built")
+    return None
+
+
+def build_stages(plan: dict, model_spec, training, mesh, dm, vocab: int, seed: int, device: str):
+    """(stage modules, PipelineStage objects, schedule, expert DeviceMesh or None) of this
+    rank; weights initialised."""
+    from torch.distributed.pipelining import PipelineStage
+    from torch.distributed.pipelining import schedules as S
+
+    schedule = plan["input"]["mesh"]["pp_schedule"]
+    why = unsupported(mesh, training, schedule, model_spec)
+    if why:
+        raise ConfigError("mesh", why)
+    pp = mesh.degree("pp")
+    k = dm.get_local_rank("pp")
+    stages_layers = plan["mesh"]["stages"]
+    vpp = len(stages_layers[k])
+    n_virtual = pp * vpp
+    tp, cp = mesh.degree("tp"), mesh.degree("cp")
+    sp = tp > 1 and mesh.sequence_parallel
+    with torch.device("meta"):
+        full = Transformer(model_spec, vocab=vocab, tp=tp, recompute=training.recompute == "full")
+    modules = []
+    for c, layers in enumerate(stages_layers[k]):
+        v = c * pp + k
+        modules.append(StageModule(full, layers, first=v == 0, last=v == n_virtual - 1, seq_split=tp if sp else 1))
+    # torchtitan's order: cp, TP, EP on the stage, then FSDP2, then PipelineStage
+    expert_mesh = parallelize_stage(modules, mesh, training, dm, loss_parallel(plan, mesh), device)
+    init_stage_weights(full, seed)
+    b, s, h = training.micro_batch, training.seq_len // cp, model_spec.hidden
+    # requires_grad: static mode derives the gradient buffers from these (none without it).
+    # Between stages runs the residual stream as apply_tp leaves it: a plain tensor (the
+    # row-parallel outputs use_local_output) of this cp rank's s/cp tokens, under SP this
+    # rank's sequence shard (b, s/cp/tp, h).
+    act = torch.empty(b, s // tp if sp else s, h, device="meta", requires_grad=True)
+    group = dm["pp"].get_group()
+    pstages = []
+    for c, m in enumerate(modules):
+        v = c * pp + k
+        inp = torch.empty(b, s, dtype=torch.long, device="meta") if v == 0 else act
+        out = torch.empty(b, s, vocab, device="meta", requires_grad=True) if v == n_virtual - 1 else act
+        pstages.append(PipelineStage(m, v, n_virtual, torch.device(device), input_args=(inp,), output_args=(out,),
+                                     group=group))
+    micro = plan["mesh"]["micro_batches"]
+    cls = getattr(S, SCHEDULES[schedule])
+    loss = StageLoss()
+    if schedule == "interleaved_1f1b":
+        sched = cls(pstages, micro, loss_fn=loss)
+    else:
+        if len(pstages) != 1:
+            raise ConfigError("mesh.pp_schedule", f"{schedule} runs one stage per rank; vpp is {vpp}")
+        sched = cls(pstages[0], micro, loss_fn=loss)
+    sched.meshplan_loss = loss
+    sched.meshplan_tied = tied_embedding_sync(modules, mesh, dm)
+    return modules, pstages, sched, expert_mesh
+
+
+def loss_parallel(plan: dict, mesh) -> bool:
+    """Whether the last stage keeps its logits sharded over the vocabulary (tp > 1 and the
+    plan's ``mesh.loss_parallel``, default true)."""
+    return mesh.degree("tp") > 1 and bool(plan["input"]["mesh"].get("loss_parallel", True))
+
+
+def loss_fn(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Cross entropy of one micro-batch (the schedule scales gradients by 1 / micro-batches).
+    ``logits`` (b, s, V), a DTensor sharded over V under loss parallel (the caller holds
+    ``torch.distributed.tensor.parallel.loss_parallel()``); ``labels`` (b, s) int64."""
+    return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
+
+
+class StageLoss:
+    """:func:`loss_fn` as the schedule's ``loss_fn``; ``before`` (when set) runs first, so the
+    runner can label the loss's collectives (phase ``loss``, as the plan's table has them)."""
+
+    def __init__(self):
+        self.before = None
+
+    def __call__(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        if self.before is not None:
+            self.before()
+        with record_function("loss"):
+            return loss_fn(logits, labels)
+
+
+class PipelineRecorder(CollectiveRecorder):
+    """:class:`CollectiveRecorder` that names P2P as meshplan does (see the module docstring).
+    ``p2p_phase``: buffer address -> phase, filled by :func:`instrument`."""
+
+    def __init__(self):
+        super().__init__()
+        self.p2p_phase: dict[int, str] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        n = len(self.records)
+        out = super().__torch_dispatch__(func, types, args, kwargs)
+        if len(self.records) > n and self.records[-1].op in ("send", "recv"):
+            rec = self.records[-1]
+            t = args[0][0] if isinstance(args[0], (list, tuple)) else args[0]
+            phase = self.p2p_phase.get(t.data_ptr(), "schedule-setup")
+            self.records[-1] = type(rec)(**{**rec.__dict__, "op": "send/recv", "phase": phase,
+                                            "torch_op": f"{rec.torch_op} ({rec.op})"})
+        return out
+
+
+def instrument(stage, runner: "PipelineRunner") -> None:
+    """Wrap ``stage``'s P2P op builders and compute entry points so the active recorder
+    (``runner.rec``) labels what follows."""
+    for name, phase in (("get_fwd_send_ops", "forward"), ("get_fwd_recv_ops", "forward"),
+                        ("get_bwd_send_ops", "backward"), ("get_bwd_recv_ops", "backward")):
+        orig = getattr(stage, name)
+
+        def wrapped(chunk_id, _orig=orig, _phase=phase):
+            ops = _orig(chunk_id)
+            if runner.rec is not None:
+                for op in ops:
+                    runner.rec.p2p_phase[op.tensor.data_ptr()] = _phase
+            return ops
+
+        setattr(stage, name, wrapped)
+    for name, phase in (("forward_one_chunk", "forward"), ("backward_one_chunk", "backward")):
+        orig = getattr(stage, name)
+
+        def entered(*a, _orig=orig, _phase=phase, **kw):
+            runner.set_phase(_phase)
+            if _phase == "forward" and runner.tracker is not None:
+                # MemTracker refuses a root module's second forward ("multiple iterative calls"); a
+                # schedule runs each stage module once per micro-batch: start its entry afresh
+                runner.tracker.memory_tracking.pop(stage.submod, None)
+            with record_function(_phase):
+                return _orig(*a, **kw)
+
+        setattr(stage, name, entered)
+
+
+class PipelineRunner:
+    """The worker's Runner for pp > 1: one schedule step per training step."""
+
+
+    def __init__(self, modules, pstages, sched, training, mesh, rank, vocab, seed, status, device, micro: int,
+                 loss_parallel_on: bool = False):
+        self.modules, self.pstages, self.sched = modules, pstages, sched
+        self.model = modules[0] if len(modules) == 1 else nn.ModuleList(modules)
+        self.training, self.mesh, self.rank = training, mesh, rank
+        self.vocab, self.seed, self.status, self.device = vocab, seed, status, device
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-4, foreach=False)
+        self.micro = micro
+        self.has_first = any(s.is_first for s in pstages)
+        self.has_last = any(s.is_last for s in pstages)
+        self.loss_parallel = self.has_last and loss_parallel_on
+        self.rec: Optional[PipelineRecorder] = None
+        self.tracker = None  # the MemTracker of memory_tracker(), while the worker uses it
+        self._index = 0
+        for s in pstages:
+            instrument(s, self)
+        sched.meshplan_loss.before = lambda: self.set_phase("loss")
+
+    def memory_tracker(self):
+        """(tracker, name) for the worker's memory step: FSDPMemTracker on a single FSDP2
+        stage module, else MemTracker over every stage module and the optimizer. Each stage
+        module's tracker entry is restarted before each of its micro-batch forwards (see
+        :func:`instrument`), so the per-module snapshots are the last micro-batch's; the
+        peak snapshot covers the whole step."""
+        from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+        from torch.distributed._tools.mem_tracker import MemTracker
+        from torch.distributed.fsdp import FSDPModule
+
+        if isinstance(self.model, FSDPModule):
+            self.tracker, name = FSDPMemTracker(self.model, self.opt), "FSDPMemTracker"
+        else:
+            self.tracker, name = MemTracker(), "MemTracker"
+            self.tracker.track_external(self.model, self.opt)
+        return self.tracker, name
+
+    def recorder(self) -> PipelineRecorder:
+        self.rec = PipelineRecorder()
+        return self.rec
+
+    def set_phase(self, phase: str) -> None:
+        self.status.set(self._index, phase)
+        if self.rec is not None:
+            self.rec.phase = phase
+
+    def step(self, index: int, rec=None) -> dict:
+        from meshplan.runtime.execution.cp import rank_chunks
+        from meshplan.runtime.execution.trainstep import batch
+
+        self._index = index
+        if rec is None:
+            self.rec = None
+        tokens, labels = zip(*(rank_chunks(self.mesh, self.rank,  # cp: this rank's chunks (runtime.cp)
+                                           *batch(self.training, self.mesh, self.rank, index, mb, self.vocab, self.seed))
+                               for mb in range(self.micro)))
+        tokens, labels = torch.cat(tokens).to(self.device), torch.cat(labels).to(self.device)
+        losses: list = []
+        self.set_phase("schedule")  # what a schedule issues before its first stage computation (FSDP unshard)
+        t_step = time.perf_counter()
+        args = (tokens,) if self.has_first else ()
+        kw = dict(target=labels, losses=losses) if self.has_last else {}
+        lp = contextlib.nullcontext()
+        if self.loss_parallel:  # the last stage's loss and its backward run inside the schedule
+            from torch.distributed.tensor.parallel import loss_parallel as lp_ctx
+
+            lp = lp_ctx()
+        with record_function("schedule"), lp:
+            self.sched.step(*args, **kw)
+        t_sched = time.perf_counter() - t_step
+        self.set_phase("step")
+        self.status.set(index, "optimizer")
+        t0 = time.perf_counter()
+        with record_function("optimizer"):
+            if self.sched.meshplan_tied is not None:  # tied embedding: the two copies' gradients summed
+                self.sched.meshplan_tied()
+            self.opt.step()
+            self.opt.zero_grad()
+        t_opt = time.perf_counter() - t0
+        losses = [x.to_local() if hasattr(x, "to_local") else x for x in losses]  # DTensor under loss parallel
+        loss = sum(float(x.detach()) for x in losses) / len(losses) if losses else None
+        self.rec = None
+        return {"step": index, "step_s": time.perf_counter() - t_step,
+                "phases_s": {"forward": t_sched, "loss": 0.0, "backward": 0.0, "optimizer": t_opt},
+                "loss": loss, "micro_batches": self.micro, "pipeline_stages": [s.stage_index for s in self.pstages],
+                "note": "forward: the whole pipeline schedule (forward, loss, backward of every micro-batch)"}
+
+
+def build_runner(plan: dict, model_spec, training, mesh, dm, rank: int, vocab: int, seed: int, status, device: str):
+    """(model for start-up shapes, runner) of this rank for a pp > 1 plan."""
+    modules, pstages, sched, expert_mesh = build_stages(plan, model_spec, training, mesh, dm, vocab, seed, device)
+    runner = PipelineRunner(modules, pstages, sched, training, mesh, rank, vocab, seed, status, device,
+                            plan["mesh"]["micro_batches"], loss_parallel(plan, mesh))
+    if expert_mesh is not None:  # the worker checks its groups at start-up
+        runner.model.expert_mesh = expert_mesh
+    return runner.model, runner

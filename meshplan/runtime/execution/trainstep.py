@@ -1,0 +1,188 @@
+"""One training step of the validate worker, timed per phase: the batch each rank draws,
+:class:`Runner` (forward, loss, backward over the micro-batches, then the optimizer) and
+:func:`memory_step`, the step measured for peak memory.
+
+Peak memory: ``torch.cuda.max_memory_allocated`` on a GPU; on CPU FSDPMemTracker
+(``torch.distributed._tools``; MemTracker when the model has no FSDP; for pp > 1 the one
+``PipelineRunner.memory_tracker`` gives) over one steady-state step, each micro-batch's
+forward restarting the root module's tracker entry (the tracker refuses a second forward of
+a root module otherwise); the growth of the resident set (``/proc/self/statm`` sampled every
+millisecond) when the tracker fails. The record names the method used.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel
+from torch.profiler import record_function
+
+from meshplan.spec.training import TrainingSpec
+from meshplan.runtime.execution.cp import rank_chunks
+from meshplan.runtime.execution.recorder import CollectiveRecorder
+
+if TYPE_CHECKING:  # the worker imports this module
+    from meshplan.runtime.execution.worker import Status
+
+PHASES = ("forward", "loss", "backward", "optimizer")
+
+
+def batch(training: TrainingSpec, mesh, rank: int, step: int, micro: int, vocab: int, seed: int):
+    """Tokens and labels (micro_batch, seq_len) of one micro-batch: the same on every rank of
+    a tp or cp group (drawn from the rank's batch coordinate, cp excluded), different across
+    data-parallel ranks; a cp rank then keeps its own chunks
+    (:func:`meshplan.runtime.execution.cp.rank_chunks`)."""
+    # position of the rank inside its batch (data-parallel) group; Layout.group_index would give
+    # the group's row, which is equal across a dp group and differs across tp / pp peers
+    dp_index = mesh.group_of(rank, "batch").index(rank) if mesh.dp > 1 else 0
+    gen = torch.Generator().manual_seed(seed * 1_000_003 + step * 1009 + micro * 101 + dp_index)
+    shape = (training.micro_batch, training.seq_len)
+    return torch.randint(0, vocab, shape, generator=gen), torch.randint(0, vocab, shape, generator=gen)
+
+
+class Runner:
+    """One training step at a time, with per-phase times, recorder labels and status."""
+
+    def __init__(self, model, training, mesh, rank, vocab, seed, status: "Status", device: str):
+        self.model, self.training, self.mesh, self.rank = model, training, mesh, rank
+        self.vocab, self.seed, self.status, self.device = vocab, seed, status, device
+        self.opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=False)
+        self.micro = max(1, training.global_batch // (training.micro_batch * mesh.dp))
+        self.loss_parallel = mesh.degree("tp") > 1
+        self.tracker = None  # the memory step's MemTracker/FSDPMemTracker while it runs
+
+    def _sync(self):
+        if self.device == "cuda":
+            torch.cuda.synchronize()
+
+    def step(self, index: int, rec: CollectiveRecorder | None = None) -> dict:
+        """Run step ``index``; returns seconds per phase (summed over micro-batches), the
+        step time and the mean loss of this rank."""
+        times = dict.fromkeys(PHASES, 0.0)
+        losses = []
+
+        def phase(name, label):
+            self.status.set(index, name)
+            if rec is not None:
+                rec.phase = label
+
+        self._sync()
+        t_step = time.perf_counter()
+        for mb in range(self.micro):
+            tokens, labels = (t.to(self.device) for t in rank_chunks(  # cp: this rank's chunks (runtime.cp)
+                self.mesh, self.rank, *batch(self.training, self.mesh, self.rank, index, mb, self.vocab, self.seed)))
+            lp = contextlib.nullcontext()
+            if self.loss_parallel:
+                from torch.distributed.tensor.parallel import loss_parallel
+
+                lp = loss_parallel()
+            sync = contextlib.nullcontext()
+            if mb < self.micro - 1 and isinstance(self.model, DistributedDataParallel):
+                sync = self.model.no_sync()  # DDP: gradients all-reduced in the last micro-batch's backward only
+            with sync, lp:
+                for name, label in (("forward", "forward"), ("loss", "loss"), ("backward", "backward")):
+                    phase(name, label)
+                    t0 = time.perf_counter()
+                    with record_function(name):
+                        if name == "forward":
+                            if mb and self.tracker is not None:  # MemTracker refuses a root module's second
+                                self.tracker.memory_tracking.pop(self.model, None)  # forward: restart its entry
+                            logits = self.model(tokens)
+                        elif name == "loss":
+                            loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
+                        else:
+                            loss.backward()
+                    self._sync()
+                    times[name] += time.perf_counter() - t0
+            local = loss.to_local() if hasattr(loss, "to_local") else loss
+            losses.append(float(local.detach()))
+        phase("optimizer", "step")
+        t0 = time.perf_counter()
+        with record_function("optimizer"):
+            self.opt.step()
+            self.opt.zero_grad()
+        self._sync()
+        times["optimizer"] = time.perf_counter() - t0
+        return {"step": index, "step_s": time.perf_counter() - t_step, "phases_s": times,
+                "loss": sum(losses) / len(losses), "micro_batches": self.micro}
+
+
+class RssSampler:
+    """Peak resident set (bytes) seen by a thread sampling /proc/self/statm every ~1 ms."""
+
+    def __init__(self):
+        self.page = os.sysconf("SC_PAGE_SIZE")
+        self.start = self.peak = self._rss()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _rss(self) -> int:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * self.page
+
+    def _run(self):
+        while not self._stop.is_set():
+            self.peak = max(self.peak, self._rss())
+            time.sleep(0.001)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, self._rss())
+
+
+def memory_step(runner: Runner, index: int) -> tuple[dict, dict]:
+    """Run step ``index`` measuring peak memory; returns (timing, memory record)."""
+    if runner.device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        t = runner.step(index)
+        return t, {"method": "torch.cuda.max_memory_allocated", "peak_bytes": torch.cuda.max_memory_allocated(),
+                   "before_bytes": before}
+    try:
+        from torch.distributed.fsdp import FSDPModule
+
+        if hasattr(runner, "memory_tracker"):  # pipeline stages: runtime.pipelined builds it
+            tracker, name = runner.memory_tracker()
+        elif isinstance(runner.model, FSDPModule):
+            from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+
+            tracker, name = FSDPMemTracker(runner.model, runner.opt), "FSDPMemTracker"
+        else:  # FSDPMemTracker asserts on a model without fully_shard
+            from torch.distributed._tools.mem_tracker import MemTracker
+
+            tracker, name = MemTracker(), "MemTracker"
+            tracker.track_external(runner.model, runner.opt)
+        runner.tracker = tracker
+        try:
+            with tracker:
+                t = runner.step(index)
+        finally:
+            runner.tracker = None
+        peak = tracker.get_tracker_snapshot("peak")
+        by_cat: dict[str, int] = {}
+        for dev_stats in peak.values():
+            for cat, n in dev_stats.items():
+                if cat != "Total":
+                    key = str(getattr(cat, "value", cat))  # _FSDPRefType.SHARDED_PARAM -> "Sharded Param"
+                    by_cat[key] = by_cat.get(key, 0) + int(n)
+        total = sum(int(s.get("Total", 0)) for s in peak.values())
+        return t, {"method": f"{name} (torch.distributed._tools), peak snapshot over one steady-state step",
+                   "peak_bytes": total, "by_category_bytes": by_cat}
+    except Exception as e:  # the tracker is private API: fall back to the resident set
+        err = f"{type(e).__name__}: {e}"
+    with RssSampler() as rss:
+        t = runner.step(index)
+    return t, {"method": "resident-set growth over one steady-state step (/proc/self/statm, 1 ms sampling); "
+                         f"FSDPMemTracker failed: {err}",
+               "peak_bytes": rss.peak - rss.start, "rss_start_bytes": rss.start, "rss_peak_bytes": rss.peak}

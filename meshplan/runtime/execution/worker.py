@@ -1,0 +1,288 @@
+"""The per-rank program of ``meshplan validate``: torchrun starts one per rank.
+
+``python -m meshplan.runtime.execution.worker --plan-json PLAN --out DIR [--steps 3]``
+
+1. ``init_process_group`` (gloo on CPU, NCCL when CUDA is present) with ``--pg-timeout-s``
+   on every group (DeviceMesh's sub-groups do not inherit the world group's timeout, so the
+   default for new groups is set first, see :func:`_init`);
+2. the DeviceMesh of the plan (:func:`~meshplan.runtime.execution.parallelize.init_mesh`), checked
+   against meshplan's rank lists *and* against the rank lists written in ``plan.json``;
+3. the plan's model (already scaled by ``validate``; ``plan.json`` input.model), split with
+   :func:`~meshplan.runtime.execution.parallelize.parallelize`, weights as the single-process model
+   (``sharding = "none"``: then wrapped by DDP, :func:`~meshplan.runtime.execution.parallelize.apply_ddp`);
+4. the start-up print: coordinates, every group, local shapes of every parameter;
+5. steps: step 0 under :class:`~meshplan.runtime.execution.recorder.CollectiveRecorder` (the
+   collectives compared with the plan), step 1 for memory (steady state: the optimizer
+   state exists), ``--steps`` timed steps, then one step under ``torch.profiler`` (Chrome
+   trace with ``record_function`` phases ``forward``, ``loss``, ``backward``, ``optimizer``).
+
+Files under ``DIR/rank<r>/``, each written atomically (temporary file, then rename):
+``startup.json``, ``collectives.json``, ``memory.json``, ``timings.json``, ``trace.json``,
+and ``status.json``, rewritten at every phase (step, phase, state ``running`` / ``error`` /
+``done``). ``done`` is written last: a rank's other files count only when it is there.
+
+The step itself, and how its peak memory is measured (``memory.json`` names the method):
+:mod:`meshplan.runtime.execution.trainstep`.
+
+Faults for tests: ``--fail-rank R`` (R kills itself with SIGKILL at the start of step
+``--fault-step``), ``--hang-rank R`` (R sleeps there, before it writes its status).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import sys
+import tempfile
+import time
+import traceback
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.profiler import ProfilerActivity, profile
+
+from meshplan.mesh.resolve import resolve_mesh
+from meshplan.spec.mesh import MeshSpec
+from meshplan.spec.model import ModelSpec
+from meshplan.spec.training import TrainingSpec
+from meshplan.mesh.tpsplit import padded_vocab
+from meshplan.runtime.execution.launch import die_with_parent
+from meshplan.runtime.execution.model import Transformer
+from meshplan.runtime.execution.parallelize import apply_ddp, check_groups, init_mesh, parallelize
+from meshplan.runtime.execution.recorder import CollectiveRecorder
+from meshplan.runtime.execution.trainstep import Runner, memory_step
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file in the same folder and a rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def write_json(path: Path, obj) -> None:
+    write_atomic(path, json.dumps(obj, indent=1))
+
+
+class Status:
+    """``status.json`` of one rank: where it is (step, phase), rewritten at each phase."""
+
+    def __init__(self, folder: Path, rank: int):
+        self.path, self.rank, self.t0 = folder / "status.json", rank, time.time()
+        self.step, self.phase = -1, "start-up"
+
+    def set(self, step: int, phase: str, state: str = "running", error: str = "") -> None:
+        self.step, self.phase = step, phase
+        write_json(self.path, {"rank": self.rank, "pid": os.getpid(), "state": state, "step": step, "phase": phase,
+                               "elapsed_s": round(time.time() - self.t0, 3), "error": error})
+
+
+def _init(timeout_s: float) -> str:
+    """Process group with ``timeout_s`` on every group; returns the device type."""
+    import torch.distributed.distributed_c10d as c10d
+
+    # new_group() (used by DeviceMesh for every sub-group) takes _get_default_timeout(backend),
+    # not the world group's timeout: set that default so a hung peer ends every group's wait.
+    c10d.default_pg_timeout = timedelta(seconds=timeout_s)
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        c10d.default_pg_nccl_timeout = timedelta(seconds=timeout_s)
+        dist.init_process_group("nccl", timeout=timedelta(seconds=timeout_s))
+        return "cuda"
+    dist.init_process_group("gloo", timeout=timedelta(seconds=timeout_s))
+    return "cpu"
+
+
+def load_plan(path: Path):
+    """(plan dict, ModelSpec, TrainingSpec, Mesh) from a ``meshplan.plan/v1`` JSON file."""
+    plan = json.loads(path.read_text())
+    inp = plan["input"]
+    model, training = ModelSpec(**inp["model"]), TrainingSpec(**inp["training"])
+    mesh = resolve_mesh(MeshSpec(**inp["mesh"]), plan["world"])
+    return plan, model, training, mesh
+
+
+def startup(rank: int, mesh, plan: dict, dm, model) -> dict:
+    """This rank's coordinates, groups (DeviceMesh against meshplan and plan.json) and local shapes."""
+    diffs = check_groups(dm, mesh)
+    if hasattr(model, "expert_mesh"):  # MoE: efsdp, ep, etp of the expert DeviceMesh
+        from meshplan.runtime.execution.moe import check_expert_groups
+
+        diffs += check_expert_groups(model.expert_mesh, mesh)
+    groups = {}
+    for axis in mesh.all_axes():
+        mine = mesh.group_of(rank, axis)
+        groups[axis] = mine
+        written = [g for g in plan.get("groups", {}).get(axis, []) if rank in g]
+        if written != [mine]:
+            diffs.append(f"{axis}: plan.json group of rank {rank} is {written}, meshplan says {mine}")
+    shapes = {}
+    for name, p in model.named_parameters():
+        local = p.to_local() if hasattr(p, "to_local") else p
+        shapes[name] = {"local": list(local.shape), "global": list(p.shape),
+                        "placements": [str(x) for x in getattr(p, "placements", ())]}
+    coords = dict(zip(mesh.layout.names, mesh.layout.coords_of(rank)))
+    return {"rank": rank, "coordinates": coords, "groups": groups, "group_differences": diffs,
+            "local_shapes": shapes}
+
+
+def print_startup(info: dict) -> None:
+    r = info["rank"]
+    lines = [f"[rank {r}] coordinates " + ", ".join(f"{k}={v}" for k, v in info["coordinates"].items()),
+             f"[rank {r}] groups " + "; ".join(f"{a} {g}" for a, g in info["groups"].items())]
+    if info.get("nic"):
+        lines.append(f"[rank {r}] nic {info['nic']['nic']} ({info['nic']['addr']}, rail {info['nic']['rail']}) "
+                     "from the placement: GLOO_SOCKET_IFNAME")
+    for name, s in info["local_shapes"].items():
+        if name.startswith("layers.") and not name.startswith("layers.0."):
+            continue  # every layer has layer 0's shapes
+        lines.append(f"[rank {r}] {name} local {tuple(s['local'])} of {tuple(s['global'])} {' '.join(s['placements'])}")
+    lines += [f"[rank {r}] GROUP MISMATCH {d}" for d in info["group_differences"]]
+    print("\n".join(lines), flush=True)
+
+
+def maybe_fault(args, rank: int, step: int) -> None:
+    if step != args.fault_step:
+        return
+    if rank == args.fail_rank:
+        print(f"[rank {rank}] injected fault: SIGKILL at step {step}", flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+    if rank == args.hang_rank:
+        print(f"[rank {rank}] injected fault: hanging at step {step}", flush=True)
+        while True:
+            time.sleep(3600)
+
+
+def run(args) -> None:
+    rank = int(os.environ["RANK"])
+    folder = Path(args.out) / f"rank{rank}"
+    status = Status(folder, rank)
+    status.set(-1, "start-up")
+    plan, model_spec, training, mesh = load_plan(Path(args.plan_json))
+    torch.manual_seed(args.seed)
+    from meshplan.runtime.testbed.nics import apply_rank_nic, snapshot_nics
+
+    nic = apply_rank_nic(plan, rank)  # testbed only: GLOO_SOCKET_IFNAME from the placement, before any group
+    device = _init(args.pg_timeout_s)
+    world = dist.get_world_size()
+    if world != mesh.world:
+        raise RuntimeError(f"torchrun started {world} ranks but the plan's mesh has {mesh.world}")
+    dm = init_mesh(mesh, device)
+    tp = mesh.degree("tp")
+    vocab = padded_vocab(model_spec.vocab, training.vocab_pad_divisor, tp)
+    if mesh.degree("pp") > 1:  # pipeline stages and schedule: meshplan.runtime.execution.pipelined
+        from meshplan.runtime.execution.pipelined import build_runner
+
+        model, runner = build_runner(plan, model_spec, training, mesh, dm, rank, vocab, args.seed, status, device)
+    else:
+        with torch.device("meta"):
+            model = Transformer(model_spec, vocab=vocab, tp=tp, recompute=training.recompute == "full")
+        parallelize(model, dm, mesh, training, loss_parallel=tp > 1)
+        model.to_empty(device=device)
+        model.init_weights(seed=args.seed)
+    info = startup(rank, mesh, plan, dm, model)
+    if nic:
+        info["nic"] = nic
+    write_json(folder / "startup.json", info)
+    print_startup(info)
+    if mesh.degree("pp") == 1:  # sharding none: DDP over dp on the materialized model (parallelize.apply_ddp)
+        trained = apply_ddp(model, dm, mesh) if training.sharding == "none" else model
+        runner = Runner(trained, training, mesh, rank, vocab, args.seed, status, device)
+    timings = []
+    nic_before = snapshot_nics(dist.barrier) if nic else None  # testbed: NIC counters around the steps
+    step = 0
+    maybe_fault(args, rank, step)
+    with (runner.recorder() if hasattr(runner, "recorder") else CollectiveRecorder()) as rec:
+        timings.append({**runner.step(step, rec), "kind": "recorded"})
+    write_json(folder / "collectives.json", {"rank": rank, "step": step, "records": [r.__dict__ for r in rec.records]})
+    step += 1
+    maybe_fault(args, rank, step)
+    t, mem = memory_step(runner, step)
+    timings.append({**t, "kind": "memory"})
+    write_json(folder / "memory.json", {"rank": rank, "step": step, **mem})
+    for _ in range(args.steps):
+        step += 1
+        maybe_fault(args, rank, step)
+        timings.append({**runner.step(step), "kind": "measured"})
+    step += 1
+    maybe_fault(args, rank, step)
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    with profile(activities=acts, record_shapes=True) as prof:
+        timings.append({**runner.step(step), "kind": "profiled"})
+    if nic:
+        write_json(folder / "nic_counters.json", {"rank": rank, "steps": len(timings), "before": nic_before,
+                                                  "after": snapshot_nics(dist.barrier)})
+    status.set(step, "writing trace")
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".trace.", suffix=".json")
+    os.close(fd)
+    try:
+        prof.export_chrome_trace(tmp)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, folder / "trace.json")
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    write_json(folder / "timings.json", {"rank": rank, "device": device, "threads": torch.get_num_threads(),
+                                         "steps": timings})
+    if args.probe_spec:  # the plan's collectives timed after the steps: meshplan.runtime.validation.probe
+        from meshplan.runtime.validation.probe import run_probe
+
+        status.set(step, "collective probe")
+        write_json(folder / "probe.json", run_probe(rank, json.loads(Path(args.probe_spec).read_text())))
+    dist.barrier()
+    status.set(step, "finished", state="done")
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(prog="meshplan.runtime.execution.worker", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--plan-json", required=True, help="plan written by meshplan (schema meshplan.plan/v1)")
+    ap.add_argument("--out", required=True, help="folder; this rank writes rank<r>/ inside")
+    ap.add_argument("--steps", type=int, default=3, help="timed steps after the recorded and the memory step")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--pg-timeout-s", type=float, default=60.0, help="timeout of every process group")
+    ap.add_argument("--fail-rank", type=int, default=-1, help="test: this rank SIGKILLs itself")
+    ap.add_argument("--hang-rank", type=int, default=-1, help="test: this rank sleeps forever")
+    ap.add_argument("--fault-step", type=int, default=1, help="step at whose start the fault happens")
+    ap.add_argument("--probe-spec", default="",
+                    help="JSON list of collectives to time after the steps (meshplan.runtime.validation.probe); empty: none")
+    return ap.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    die_with_parent()  # a torchrun killed from outside takes this rank with it
+    args = parse_args(argv)
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    rank = int(os.environ.get("RANK", "0"))
+    status = Status(Path(args.out) / f"rank{rank}", rank)
+    try:
+        run(args)
+        return 0
+    except BaseException as e:
+        first = f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+        try:
+            old = json.loads(status.path.read_text())
+            status.step, status.phase = old.get("step", -1), old.get("phase", "")
+        except (OSError, ValueError):
+            pass
+        status.set(status.step, status.phase, state="error", error=first)
+        traceback.print_exc()
+        return 1
+    finally:
+        if dist.is_initialized():
+            with contextlib.suppress(Exception):
+                dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

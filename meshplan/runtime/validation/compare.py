@@ -1,0 +1,75 @@
+"""Line up recorded collectives with meshplan's collective table.
+
+Both sides become a tally keyed by ``(axis, phase, op, size_bytes, dtype)``: a recorded
+collective's axis is the first mesh axis, then derived axis, whose group of the recording
+rank equals the collective's rank list (the name :func:`meshplan.comm.collectives.collective_table`
+shows); a table row counts ``per_microbatch`` times (``per_step`` for once-per-step rows),
+since a dry run is one micro-batch and one optimizer step.
+
+Axes with the same groups are one axis to the comparison (:func:`canonical_axis`): with
+dp_shard 4 and ep 4 the ep group is the dp_shard group, and an expert unit's efsdp group is
+the dp_shard group when ep is 1. Both sides then use the first such axis in
+``Mesh.all_axes()`` order, except that an all-to-all on the ep group is named ``ep``.
+
+>>> from collections import Counter
+>>> differences(Counter({("tp", "forward", "all-reduce", 8, "fp32"): 5}),
+...             Counter({("tp", "forward", "all-reduce", 8, "fp32"): 4}))
+['tp forward all-reduce 8 B fp32: torch 5, meshplan 4']
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Iterable
+
+from meshplan.mesh.resolve import Mesh
+from meshplan.runtime.execution.recorder import Collective
+
+
+def axis_of(mesh: Mesh, rank: int, group: Iterable[int], op: str = "") -> str:
+    """Name of the axis whose group of ``rank`` is ``group`` (``ep`` for an all-to-all on
+    the ep group, else the first in ``Mesh.all_axes()``); ``?[ranks]`` when none is."""
+    group = list(group)
+    hits = [axis for axis in mesh.all_axes() if mesh.group_of(rank, axis) == group]
+    if not hits and mesh.group_of(rank, "efsdp") == group:  # ep = etp = 1, tp > 1: experts over fsdp x tp
+        hits = ["efsdp"]
+    if op == "all-to-all" and "ep" in hits:
+        return "ep"
+    return hits[0] if hits else f"?{group}"
+
+
+def canonical_axis(mesh: Mesh, rank: int, axis: str, op: str = "") -> str:
+    """The name a table row's ``axis`` gets in the comparison: that of the recorded
+    collective on the same group (:func:`axis_of`); ``axis`` itself when no axis of
+    ``Mesh.all_axes()`` has its group (efsdp when ep = etp = 1 and tp > 1, which
+    :func:`axis_of` names efsdp too)."""
+    name = axis_of(mesh, rank, mesh.group_of(rank, axis), op)
+    return axis if name.startswith("?") else name
+
+
+def tally_records(records: list[Collective], mesh: Mesh, rank: int) -> Counter:
+    """Recorded collectives counted by (axis, phase, op, size_bytes, dtype)."""
+    return Counter((axis_of(mesh, rank, r.group, r.op), r.phase, r.op, r.size_bytes, r.dtype) for r in records)
+
+
+def tally_table(rows, mesh: Mesh | None = None, rank: int = 0, per_step: bool = False) -> Counter:
+    """Rows of :func:`meshplan.comm.collectives.collective_table` counted the same way:
+    ``per_microbatch`` times (``per_step`` for once-per-step rows), or ``per_step`` times
+    when ``per_step``. ``mesh``: name axes as :func:`canonical_axis` does for ``rank``."""
+    out = Counter()
+    for r in rows:
+        n = r.per_step if per_step else r.per_microbatch if r.per_microbatch else r.per_step
+        size = int(r.size_bytes) if float(r.size_bytes).is_integer() else r.size_bytes
+        axis = canonical_axis(mesh, rank, r.axis, r.op) if mesh is not None else r.axis
+        out[(axis, r.phase, r.op, size, r.dtype)] += n
+    return out
+
+
+def differences(recorded: Counter, predicted: Counter) -> list[str]:
+    """One line per key whose counts differ: ``axis phase op bytes dtype: torch n, meshplan m``."""
+    out = []
+    for key in sorted(set(recorded) | set(predicted), key=str):
+        if recorded[key] != predicted[key]:
+            axis, phase, op, size, dtype = key
+            out.append(f"{axis} {phase} {op} {size} B {dtype}: torch {recorded[key]}, meshplan {predicted[key]}")
+    return out

@@ -1,0 +1,368 @@
+"""Compare one measured run with its plan and write the evidence: collectives per rank
+against the collective table, measured step/phase times against the step-time model,
+measured peak memory against the memory timeline; ``summary.md`` for a person.
+
+Collectives: each rank's recorded step (``rank<r>/collectives.json``) is tallied by
+(axis, phase, op, bytes, dtype) with :func:`~meshplan.runtime.validation.compare.tally_records` and set
+against the table of ``stage 0`` counted per step (``per_step``: the recorded step is a
+whole step of ``micro_batches`` micro-batches). Every differing key of every rank is a
+difference; so is a DeviceMesh group that differs from the plan's rank list, and a group
+whose members issued its collectives in different orders (:func:`order_differences`).
+
+Times: per rank the median of the timed steps; the slowest rank is the measurement (SPMD:
+every rank waits for the slowest at each collective). Predicted by
+:func:`meshplan.schedule.steptime.step_time` with the measured GEMM table: ``forward`` = the F units
+(embedding, layers, output layer and loss), ``backward`` = the B units, ``optimizer`` = the
+optimizer step. Relative error = measured / predicted - 1. Collective time: the table's
+alpha-beta time of every call of the step, summed as if none overlapped, against the
+``gloo:*`` events in each rank's profiled step (their count is the recorded count when the
+trace is complete); it separates communication-model error from compute-model error. Peak memory: the worker's
+measurement (method named in each row) against the most loaded stage's timeline peak.
+Times and memory gate the result only with a tolerance (``tolerance``); collectives and
+groups always do.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import statistics
+from collections import Counter
+from pathlib import Path
+from typing import Optional
+
+from meshplan.units import MiB
+from meshplan.runtime.validation.compare import differences, tally_records, tally_table
+from meshplan.runtime.execution.recorder import Collective
+from meshplan.runtime.execution.worker import write_atomic, write_json
+
+
+def tally_table_per_step(rows, mesh=None) -> Counter:
+    """Table rows counted once per step (``per_step``), keyed like the recorded tally
+    (axes named by :func:`~meshplan.runtime.validation.compare.canonical_axis` when ``mesh`` is given)."""
+    return tally_table(rows, mesh, per_step=True)
+
+
+def _load(folder: Path, rank: int, name: str) -> dict:
+    return json.loads((folder / f"rank{rank}" / name).read_text())
+
+
+#: One-time set-up traffic, not part of a training step: torch.distributed.pipelining's
+#: static-mode warm-up vote on the first step. Left out of the comparison (kept in the files).
+SETUP_PHASES = ("schedule-setup",)
+
+
+def _records(data: dict) -> list[Collective]:
+    return [Collective(**{**r, "group": tuple(r["group"]), "in_shapes": tuple(map(tuple, r["in_shapes"])),
+                          "out_shapes": tuple(map(tuple, r["out_shapes"]))}) for r in data["records"]
+            if r.get("phase") not in SETUP_PHASES]
+
+
+def compare_collectives(plan, folder: Path) -> tuple[list[str], list[dict], dict]:
+    """(differences, CSV rows, per-rank group differences) of every rank."""
+    tables = {k: tally_table_per_step(rows, plan.mesh) for k, rows in plan.collectives.items()}
+    by_line: dict[str, list[int]] = {}
+    tallies = {}
+    groups = {}
+    per_rank = {}
+    records = {r: _records(_load(folder, r, "collectives.json")) for r in range(plan.world)}
+    for r in range(plan.world):
+        # each rank against its own pipeline stage's table (middle stages share stage 1's)
+        k = _pp_coord(plan.mesh, r)
+        pp = plan.mesh.degree("pp")
+        per_rank[r] = tables[f"stage {0 if k == 0 else pp - 1 if k == pp - 1 else 1}"]
+        tallies[r] = tally_records(records[r], plan.mesh, r)
+        for line in differences(tallies[r], per_rank[r]):
+            by_line.setdefault(line, []).append(r)
+        g = _load(folder, r, "startup.json")["group_differences"]
+        if g:
+            groups[r] = g
+    diffs = [f"ranks {_ranks(rs)}: {line}" for line, rs in by_line.items()]
+    diffs += ["order: " + d for d in order_differences(records)]
+    diffs += [f"rank {r} groups: {d}" for r, ds in groups.items() for d in ds]
+    keys = sorted({k for t in per_rank.values() for k in t} | {k for t in tallies.values() for k in t}, key=str)
+    rows = [dict(axis=k[0], phase=k[1], op=k[2], size_bytes=k[3], dtype=k[4], meshplan=per_rank[0][k],
+                 **{f"rank{r}": tallies[r][k] for r in range(plan.world)},
+                 **({f"meshplan_rank{r}": per_rank[r][k] for r in range(plan.world)} if len(tables) > 1 else {}))
+            for k in keys]
+    return diffs, rows, groups
+
+
+def order_differences(records: dict[int, list]) -> list[str]:
+    """Every member of a group must issue the group's collectives in the same order (a
+    backend pairs the k-th call of each member; a different order deadlocks or mixes data).
+    ``records``: rank -> its recorded :class:`~meshplan.runtime.execution.recorder.Collective` list in
+    issue order. Point-to-point ops are left out (they pair sender and receiver, not a group).
+    Returns one line per member whose sequence differs from the group's lowest rank.
+
+    >>> from meshplan.runtime.execution.recorder import Collective
+    >>> c = lambda op, n: Collective(op, op, (0, 1), n, "fp32", (), ())
+    >>> order_differences({0: [c("all-gather", 8), c("all-reduce", 4)], 1: [c("all-gather", 8), c("all-reduce", 4)]})
+    []
+    >>> order_differences({0: [c("all-gather", 8), c("all-reduce", 4)], 1: [c("all-reduce", 4), c("all-gather", 8)]})
+    ["group [0, 1]: rank 1's call 1 is all-reduce 4 B fp32, rank 0's is all-gather 8 B fp32"]
+    """
+    seqs: dict[tuple, dict[int, list]] = {}
+    for rank, recs in records.items():
+        for c in recs:
+            if c.op not in ("send", "recv", "send/recv"):
+                seqs.setdefault(tuple(c.group), {}).setdefault(rank, []).append((c.op, c.size_bytes, c.dtype))
+    out = []
+    name = lambda call: "nothing" if call is None else f"{call[0]} {call[1]} B {call[2]}"
+    for group, by in sorted(seqs.items()):
+        ref_rank = min(by)
+        ref = by[ref_rank]
+        for rank in sorted(set(group) & set(records)):
+            seq = by.get(rank, [])
+            if seq != ref:
+                k = next((i for i, (a, b) in enumerate(zip(seq, ref)) if a != b), min(len(seq), len(ref)))
+                at = lambda s: s[k] if k < len(s) else None
+                out.append(f"group {list(group)}: rank {rank}'s call {k + 1} is {name(at(seq))}, rank {ref_rank}'s is "
+                           f"{name(at(ref))}")
+    return out
+
+
+def _pp_coord(mesh, rank: int) -> int:
+    names = list(mesh.layout.names)
+    return mesh.layout.coords_of(rank)[names.index("pp")] if "pp" in names else 0
+
+
+def _ranks(rs: list[int]) -> str:
+    rs = sorted(rs)
+    if len(rs) > 2 and rs == list(range(rs[0], rs[-1] + 1)):
+        return f"{rs[0]}-{rs[-1]}"
+    return ",".join(map(str, rs))
+
+
+def measured_times(plan, folder: Path) -> dict:
+    """Per quantity (step, forward, backward, optimizer): median over the timed steps of
+    each rank; ``max``/``min`` over ranks and the slowest rank."""
+    per_rank = {}
+    for r in range(plan.world):
+        steps = [s for s in _load(folder, r, "timings.json")["steps"] if s["kind"] == "measured"]
+        if not steps:
+            raise ValueError(f"rank {r} has no measured steps in timings.json")
+        med = lambda f: statistics.median(f(s) for s in steps)
+        per_rank[r] = {"step": med(lambda s: s["step_s"]),
+                       "forward": med(lambda s: s["phases_s"]["forward"] + s["phases_s"]["loss"]),
+                       "backward": med(lambda s: s["phases_s"]["backward"]),
+                       "optimizer": med(lambda s: s["phases_s"]["optimizer"])}
+    return {q: {"max": max(v[q] for v in per_rank.values()), "min": min(v[q] for v in per_rank.values()),
+                "slowest_rank": max(per_rank, key=lambda r: per_rank[r][q])} for q in per_rank[0]}
+
+
+def predicted_times(plan, table) -> tuple[Optional[dict], str]:
+    """Predicted seconds per quantity from :func:`meshplan.schedule.steptime.step_time`, or (None, why)."""
+    try:
+        from meshplan.schedule.steptime import step_time
+
+        st = step_time(plan, table=table)
+    except Exception as e:  # the step-time model is optional here; say why it is missing
+        return None, f"no step-time prediction: {type(e).__name__}: {e}"
+    units = [e for e in st.pipeline.events if e.stage == 0 and e.stream == "compute"]
+    post = {e.name: e.dur_s for e in st.post_events if e.stage == 0}
+    pred = {"step": st.step_s, "forward": sum(e.dur_s for e in units if e.args.get("kind") == "F"),
+            "backward": sum(e.dur_s for e in units if e.args.get("kind") in ("B", "W")),
+            "optimizer": post.get("optimizer step", 0.0)}
+    return pred, "meshplan.schedule.steptime.step_time with the measured GEMM table; " + "; ".join(st.lines()[:3])
+
+
+def calibrated_rows(plan, folder: Path, table, meas: dict) -> tuple[list[dict], str, object]:
+    """Rows ``<quantity> time (calibrated)``: the same step-time model with each collective's
+    time per call taken from the run's own probe (``rank0/probe.json``,
+    :mod:`meshplan.runtime.validation.probe`) instead of alpha-beta; none without a probe. Returns
+    (rows, note, the calibrated plan or None)."""
+    path = folder / "rank0" / "probe.json"
+    if not path.exists():
+        return [], "no collective probe", None
+    from meshplan.runtime.validation.probe import calibrated_plan
+
+    cplan, lines = calibrated_plan(plan, json.loads(path.read_text()))
+    pred, _ = predicted_times(cplan, table) if cplan is not None else (None, "")
+    note = "collective probe (seconds per call measured after the steps, every group of the axis at once): " + \
+        "; ".join(lines)
+    if pred is None:
+        return [], note, None
+    return [dict(quantity=f"{q} time (calibrated)", unit="s", predicted=pred[q], measured=m["max"],
+                 measured_min=m["min"], rank=m["slowest_rank"], error=(m["max"] / pred[q] - 1) if pred[q] else None,
+                 note="step-time model with each collective's time per call from this run's probe")
+            for q, m in meas.items()], note, cplan
+
+
+def trace_collective_s(path: Path) -> tuple[float, int]:
+    """(seconds, count) of gloo's collective events (``gloo:*``, on gloo's worker threads)
+    in one rank's profiled step: the time collectives were in flight, waits for peers
+    included; it may overlap compute. (0, 0) for a trace without them (NCCL)."""
+    events = json.loads(path.read_text()).get("traceEvents", [])
+    hits = [e for e in events if e.get("ph") == "X" and str(e.get("name", "")).startswith("gloo:")]
+    return sum(e.get("dur", 0) for e in hits) * 1e-6, len(hits)
+
+
+def _collective_rows(plan, folder: Path, label: str = "") -> list[dict]:
+    """Predicted total collective time of one step (table rows: time per call x calls per
+    step, as if none overlapped) against the gloo events of each rank's profiled step.
+    ``label`` " (calibrated)": the rows' times are the probe's, not alpha-beta."""
+    rows = plan.collectives["stage 0"]
+    pred = sum(r.time_s * r.per_step for r in rows)
+    calls = sum(r.per_step for r in rows)
+    meas = {r: trace_collective_s(folder / f"rank{r}" / "trace.json") for r in range(plan.world)}
+    if not any(n for _, n in meas.values()):
+        return []
+    worst = max(meas, key=lambda r: meas[r][0])
+    return [dict(quantity="collective time (sum)" + label, unit="s", predicted=pred, measured=meas[worst][0],
+                 measured_min=min(v[0] for v in meas.values()), rank=worst,
+                 error=(meas[worst][0] / pred - 1) if pred else None,
+                 note=f"predicted: {calls} table calls x {'the probe' + chr(39) + 's' if label else 'the alpha-beta'} "
+                      "time per call, "
+                      "none overlapped; measured: "
+                      f"{meas[worst][1]} gloo:* events of the profiled step (profiler on)")]
+
+
+def compare_world(plan, folder: Path, table, tolerance: Optional[float] = None) -> dict:
+    """The comparison of one world (see the module docstring)."""
+    diffs, coll_rows, groups = compare_collectives(plan, folder)
+    meas = measured_times(plan, folder)
+    pred, pred_note = predicted_times(plan, table)
+    rows = []
+    for q, m in meas.items():
+        p = pred[q] if pred else None
+        rows.append(dict(quantity=f"{q} time", unit="s", predicted=p, measured=m["max"], measured_min=m["min"],
+                         rank=m["slowest_rank"], error=(m["max"] / p - 1) if p else None,
+                         note="median of timed steps, slowest rank" + ("" if pred else "; not predicted")))
+    cal_rows, cal_note, cplan = calibrated_rows(plan, folder, table, meas)
+    rows += cal_rows
+    n_time = len(rows)
+    rows += _collective_rows(plan, folder)
+    if cplan is not None:
+        rows += _collective_rows(cplan, folder, " (calibrated)")
+    slow = meas["step"]["slowest_rank"]
+    prof = [s["step_s"] for s in _load(folder, slow, "timings.json")["steps"] if s["kind"] == "profiled"]
+    if prof:
+        from meshplan.runtime.validation.breakdown import breakdown_rows
+
+        rows += breakdown_rows(cplan or plan, table, folder, slow, prof[0])
+    mem = [_load(folder, r, "memory.json") for r in range(plan.world)]
+    tl = plan.timeline
+    worst = max(range(plan.world), key=lambda r: mem[r]["peak_bytes"])
+    p_mem = tl.peak.total_bytes if tl is not None else None
+    rows.append(dict(quantity="peak memory", unit="B", predicted=p_mem, measured=mem[worst]["peak_bytes"],
+                     measured_min=min(m["peak_bytes"] for m in mem), rank=worst,
+                     error=(mem[worst]["peak_bytes"] / p_mem - 1) if p_mem else None,
+                     note=f"{mem[worst]['method']}; predicted: memory timeline peak at "
+                          + (tl.peak.where() if tl is not None else "n/a")))
+    if tl is not None and "by_category_bytes" in mem[worst]:
+        from meshplan.memory.timeline import tracker_to_kinds
+
+        got = tracker_to_kinds(mem[worst]["by_category_bytes"])
+        want = tl.by_group()
+        for g, kinds in (("params", ("params", "master", "gathered_params")), ("grads", ("grads", "grad_buffers")),
+                         ("optimizer", ("optimizer",)), ("activations", ("activations",)),
+                         ("temporaries", ("temporaries", "workspace"))):
+            m = sum(got.get(k, 0) for k in kinds)
+            rows.append(dict(quantity=f"peak memory: {g}", unit="B", predicted=want.get(g), measured=m,
+                             measured_min=None, rank=worst, error=(m / want[g] - 1) if want.get(g) else None,
+                             note="at each side's own peak: tracker categories mapped by tracker_to_kinds"))
+    gated = []
+    if tolerance is not None:  # the calibrated times when the run had a probe, else the pre-run ones
+        times = [r for r in rows[:n_time] if r["quantity"].endswith("(calibrated)")] or rows[:n_time]
+        for row in times + [r for r in rows if r["quantity"] == "peak memory"]:
+            if row["error"] is not None and abs(row["error"]) > tolerance:
+                gated.append(f"{row['quantity']}: measured {row['measured']:.4g} {row['unit']} vs predicted "
+                             f"{row['predicted']:.4g} ({row['error']:+.0%}, tolerance {tolerance:.0%})")
+    n = len(_load(folder, 0, "collectives.json")["records"])
+    ok = not diffs and not gated
+    msg = (f"collectives match the plan exactly on all {plan.world} ranks ({n} per step on rank 0); groups match"
+           if not diffs else f"{len(diffs)} collective/group difference(s)")
+    if gated:
+        msg += f"; outside the tolerance: {'; '.join(gated)}"
+    return {"ok": ok, "message": msg, "differences": diffs + gated, "collectives": coll_rows,
+            "predicted_vs_measured": rows, "prediction_note": pred_note, "calibration_note": cal_note,
+            "group_differences": groups}
+
+
+def _csv(rows: list[dict]) -> str:
+    if not rows:
+        return ""
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=list(rows[0]))
+    w.writeheader()
+    w.writerows(rows)
+    return buf.getvalue()
+
+
+def write_world_evidence(folder: Path, result: dict) -> None:
+    """collectives.csv, predicted_vs_measured.{csv,json} and comparison.json (the world's
+    result with its comparison), each atomic."""
+    comp = result["comparison"]
+    write_atomic(folder / "collectives.csv", _csv(comp["collectives"]))
+    write_atomic(folder / "predicted_vs_measured.csv", _csv(comp["predicted_vs_measured"]))
+    write_json(folder / "predicted_vs_measured.json", comp["predicted_vs_measured"])
+    write_json(folder / "comparison.json", result)
+
+
+def _fmt(v, unit) -> str:
+    if v is None:
+        return "n/a"
+    return f"{v * 1e3:.2f} ms" if unit == "s" else f"{v / MiB:.2f} MiB"
+
+
+#: How to read the table, in summary.md.
+READING = [
+    "How to read the table:",
+    "- `step time`, `forward time`, ...: the step-time model before the run (GEMMs and attention timed in "
+    "this process, collectives by alpha-beta on the cluster description) against the median of the timed "
+    "steps on the slowest rank.",
+    "- `(calibrated)`: the same model with each collective's time per call measured by the run's probe: "
+    "after the timed steps every collective kind of the plan's table was run on its groups alone, all "
+    "groups of an axis at once, under the run's load. A calibrated error that stays large means the gap "
+    "is not the cost of the collectives themselves: in a step they also wait for peers that are late "
+    "(rank skew, and on a CPU ranks time-sharing cores).",
+    "- `collective time (sum)`: the table's calls x time per call, as if none overlapped, against the "
+    "time the profiled step's gloo collectives were in flight (waits for peers included).",
+    "- `step part: ...`: the profiled step of the slowest rank (a separate step, so its total differs "
+    "from the median) split into GEMM kernels, attention kernels, waits on collectives and the rest "
+    "(elementwise ops, framework and Python time, the optimizer); predicted parts from the same model "
+    "(with the probe's times when there was a probe). `the rest` is what the model does not time: "
+    "host overhead, which a GPU hides behind its kernels and a CPU run does not.",
+]
+
+
+def write_summary(out: Path, config, opt, results: list[dict]) -> None:
+    """``summary.md``: per world what ran, whether it matched, each difference, the
+    predicted-against-measured table and, for a failed run, who failed and what was left."""
+    ok = all(r["ok"] for r in results)
+    gate = ("collectives, groups, and step time and peak memory within the tolerance "
+            f"{opt.tolerance:.0%}" if opt.tolerance is not None else
+            "collectives and groups; times and memory are reported, not gated (pass --tolerance to gate them)")
+    lines = [f"# meshplan validate: {'PASSED' if ok else 'FAILED'}", "",
+             f"Config `{config.path}`, worlds {list(opt.worlds)}, {opt.steps} timed steps per world, "
+             f"wall-clock limit {opt.timeout_s:g} s per world. Checked: {gate}.", ""]
+    for r in results:
+        lines += [f"## world {r['world']}: {'OK' if r['ok'] else 'FAILED'}", "", r["message"], ""]
+        lines += [f"- {n}" for n in r.get("notes", [])] + [""]
+        comp = r.get("comparison")
+        if comp:
+            lines += ["Differences:" if comp["differences"] else "No differences in collectives or groups.", ""]
+            lines += [f"- {d}" for d in comp["differences"]] + [""]
+            lines += ["| quantity | predicted | measured (slowest rank) | rank | error | note |", "|---|---|---|---|---|---|"]
+            for row in comp["predicted_vs_measured"]:
+                err = "n/a" if row["error"] is None else f"{row['error']:+.0%}"
+                lines.append(f"| {row['quantity']} | {_fmt(row['predicted'], row['unit'])} | "
+                             f"{_fmt(row['measured'], row['unit'])} | {row['rank']} | {err} | {row['note']} |")
+            lines += ["", comp["prediction_note"], "", *READING, ""]
+            if comp.get("calibration_note"):
+                lines += [comp["calibration_note"], ""]
+        fault = r.get("fault")
+        if fault:
+            lines += [f"Failed rank(s): {fault['failed_ranks']}. Nothing below is a result:", ""]
+            for rank, info in fault["ranks"].items():
+                st = info["status"] or {}
+                lines.append(f"- rank {rank}: state {st.get('state', 'none')}, last {st.get('phase', '-')} "
+                             f"(step {st.get('step', '-')}), files left: {', '.join(info['files']) or 'none'}"
+                             + (f"; error: {st['error']}" if st.get("error") else ""))
+            lines.append("")
+        lines += [f"Files: `world{r['world']}/` (plan.json, torchrun.log with every rank's start-up print, "
+                  "rank<r>/ (startup.json: coordinates, groups, local shapes; trace.json), comparison.json"
+                  + (", collectives.csv, predicted_vs_measured.csv" if comp else "") + ")", ""]
+    write_atomic(out / "summary.md", "\n".join(lines))

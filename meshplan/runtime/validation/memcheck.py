@@ -1,0 +1,360 @@
+"""meshplan's memory timeline checked against PyTorch's own accounting.
+
+One process stands in for one rank of a planned mesh on the fake process group (as
+:mod:`meshplan.runtime.validation.dryrun`): a small Llama-style model from the config's ``[model]``
+is split with DTensor TP/SP and FSDP2/HSDP by
+:func:`~meshplan.runtime.execution.parallelize.parallelize` and trained for two steps (forward,
+loss, backward, AdamW step, ``zero_grad``). The second step runs under
+``torch.distributed._tools.FSDPMemTracker``: the timeline models the steady state, where
+the optimizer state exists from the start. :func:`compare` sets its numbers beside
+:func:`~meshplan.memory.timeline.memory_timeline` of the same config: the peak, and the
+maximum of each kind over the step (each kind's model checked at its own worst moment;
+the kinds at the peak are shown too). Tracker categories become meshplan kinds by
+:data:`~meshplan.memory.timeline.TRACKER_CATEGORIES`.
+
+The prediction's ``[memory]`` table is what this run does (:data:`TORCH_CPU_MEMORY`): no
+NCCL buffers and no fragmentation are tracked
+(:data:`~meshplan.memory.timeline.UNTRACKED_KINDS`), a CPU has no cuBLAS workspace, fp32
+throughout (no mixed precision: logits fp32), no dropout, one micro-batch, AdamW
+``foreach``, torch's cross entropy, and the torch variants of
+:mod:`meshplan.memory.activations` (all-gathered SP inputs kept, ``rms_norm`` decomposed on
+CPU, K/V repeated before SDPA, the embedding gradient over the whole vocabulary).
+
+Findings on torch 2.13 (CPU):
+
+- FSDPMemTracker works with FSDP2 + DTensor on the fake process group, on real CPU tensors
+  (the default here: tiny models, no cost) and under ``FakeTensorMode`` (``fake=True``),
+  with two caveats for the latter: the first optimizer step re-creates its state several
+  times (so the first step runs outside the tracker here, which then registers the
+  sharded parameters and the optimizer state when it enters), and DTensor's sharding
+  propagation runs in the ambient fake mode, so the tracker counts its global-shape meta
+  tensors (loss-parallel ``_log_softmax`` / ``nll_loss`` handlers: two logits-sized
+  phantoms). Under real tensors neither happens.
+- MemTracker raises on a second iteration unless ``reset_mod_stats()`` is called; a fresh
+  tracker for the second step avoids that and keeps its peak to that step.
+- Labels are refined, bytes are not: :class:`_Tracker` logs every update of the tracker's
+  running snapshot and :func:`_relabelled_kinds` re-reads it with each storage under the
+  last label the tracker gave it (an all-gather output, a gradient or a reduce-scatter
+  input is labelled some ops after its allocation; FSDPMemTracker installs no gradient
+  hooks, so autograd's unsharded gradients are ``Temp`` until a post-accumulate-grad hook
+  here labels them), an ``Activation`` allocated and freed within the forward (or within
+  one recompute) read as a temporary, and the optimizer step's allocations as temporaries
+  (its state exists in the steady state). The peak is the tracker's own; the largest
+  total of the log is kept beside it as a check (``own_peak_bytes``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from math import ceil, prod
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker, _FSDPRefType
+from torch.distributed._tools.mem_tracker import _UpdateType
+
+from meshplan.memory.timeline import TRACKER_CATEGORIES, UNTRACKED_KINDS, Timeline
+from meshplan.plan import build_plan
+from meshplan.config import Config, config_from_dict
+from meshplan.mesh.tpsplit import padded_vocab
+from meshplan.units import KiB
+from meshplan.runtime.validation.dryrun import fake_process_group
+from meshplan.runtime.execution.model import Transformer
+from meshplan.runtime.execution.parallelize import init_mesh, parallelize
+
+#: ``[memory]`` table of what the torch CPU run does (see the module docstring).
+TORCH_CPU_MEMORY = dict(nccl_buffsize_bytes=0, workspace_bytes=0, fragmentation_fraction=0.0,
+                        logits_dtype="fp32", dropout=False, cross_entropy="torch", sp_gathered_input=True,
+                        unfused_norm=True, kv_expanded=True, embedding_grad_full_vocab=True)
+#: Kinds compared, in print order (the untracked ones are zero on both sides).
+COMPARED_KINDS = ("params", "optimizer", "grads", "gathered_params", "grad_buffers", "activations", "temporaries")
+_FP32 = dict(param_dtype="fp32", compute_dtype="fp32", grad_dtype="fp32", optimizer_dtype="fp32",
+             reduce_dtype="fp32", optimizer="adamw", flash_attention=True)
+
+
+@dataclass(frozen=True)
+class Case:
+    """One configuration to check: ``model`` ([model] fields), ``mesh`` ([mesh] fields:
+    names, shape, sequence_parallel), ``training`` (seq_len, micro_batch, sharding,
+    recompute, ...; fp32 everywhere unless given). One micro-batch per step: the global
+    batch is ``micro_batch x dp``."""
+
+    name: str
+    model: dict
+    mesh: dict
+    training: dict
+    memory: dict = field(default_factory=dict)
+
+    def config(self) -> Config:
+        names, shape = self.mesh["names"], self.mesh["shape"]
+        world = prod(shape)
+        dp = prod(d for n, d in zip(names, shape) if n in ("dp", "dp_replicate", "dp_shard"))
+        training = {**_FP32, "global_batch": self.training.get("micro_batch", 1) * dp, **self.training}
+        data = {"model": self.model, "cluster": {"system": "dgx-h100", "nodes": ceil(world / 8)},
+                "training": training, "mesh": {"world": world, **self.mesh},
+                "memory": {**TORCH_CPU_MEMORY, **self.memory}}
+        return config_from_dict(data)
+
+
+DENSE = dict(name="tiny-dense", layers=2, hidden=128, ffn=256, q_heads=4, kv_heads=4, vocab=512)
+GQA = dict(name="tiny-gqa", layers=2, hidden=128, ffn=256, q_heads=8, kv_heads=2, vocab=512)
+
+
+def _case(name: str, model: dict, names: list, shape: list, sp: bool, **training) -> "Case":
+    return Case(name, model, dict(names=names, shape=shape, sequence_parallel=sp),
+                {**dict(seq_len=64, micro_batch=2, sharding="zero3", recompute="none"), **training})
+
+
+@dataclass(frozen=True)
+class Measured:
+    """FSDPMemTracker's view of the second step on one rank: its peak (``peak_bytes``) and
+    bytes per tracker category there (``peak_by_category``, the tracker's own labels);
+    with the refined labels, bytes per meshplan kind at the peak (``peak_by_kind``) and the
+    maximum of each kind over the step (``max_by_kind``). ``own_peak_bytes`` is the largest
+    total over every tracker update, equal to ``peak_bytes`` unless the tracker missed one."""
+
+    peak_bytes: int
+    peak_by_category: dict
+    peak_by_kind: dict
+    max_by_kind: dict
+    own_peak_bytes: int
+
+
+def _label(reftype) -> str:
+    return str(getattr(reftype, "value", reftype))
+
+
+class _Tracker(FSDPMemTracker):
+    """FSDPMemTracker that also logs every update of its running snapshot, so the step can
+    be re-read with the refined labels of :func:`_relabelled_kinds`. ``phase`` is set by
+    the step (forward, backward, step)."""
+
+    def __init__(self, mod, optm=None):
+        super().__init__(mod, optm)
+        self.phase = "forward"
+        self.log: list[tuple] = []  # (storage info, delta bytes, label, phase)
+        self._recomputes = 0
+        self._was_in_ac = False
+
+    def _track(self, reftype, t):
+        if reftype == _FSDPRefType.OPT:  # steady state: the step allocates only temporaries
+            reftype = _FSDPRefType.TEMP
+        super()._track(reftype, t)
+
+    def _update_snap(self, u_type, winfo, old_mem_consumed=None, old_reftype=None):
+        super()._update_snap(u_type, winfo, old_mem_consumed, old_reftype)
+        delta = {_UpdateType.ADD: winfo.mem_consumed, _UpdateType.DEL: -winfo.mem_consumed,
+                 _UpdateType.REF: 0}.get(u_type, winfo.mem_consumed - (old_mem_consumed or 0))
+        if self._in_ac and not self._was_in_ac:
+            self._recomputes += 1
+        self._was_in_ac = self._in_ac
+        phase = f"recompute {self._recomputes}" if self._in_ac else self.phase
+        self.log.append((winfo, delta, _label(winfo.reftype), phase))
+
+    def label_unsharded_grads(self, model: torch.nn.Module) -> list:
+        """Post-accumulate-grad hooks on every FSDP unsharded parameter; returns handles."""
+        def hook(p):
+            self._update_and_maybe_create_winfos(p.grad, _FSDPRefType.UNSHARDED_GRAD)
+
+        handles = []
+        for m in model.modules():
+            state = getattr(m, "_get_fsdp_state", None)
+            group = state()._fsdp_param_group if state else None
+            for fp in (group.fsdp_params if group else ()):
+                handles.append(fp.unsharded_param.register_post_accumulate_grad_hook(hook))
+        return handles
+
+
+def _step(model, opt, b: int, s: int, loss_parallel: bool, tracker: Optional[_Tracker] = None) -> None:
+    """One training step; the logits are dropped before backward (as torchtitan's ``del pred``).
+    ``tracker.phase`` follows it."""
+    tokens = torch.zeros(b, s, dtype=torch.long)
+    labels = torch.zeros(b, s, dtype=torch.long)
+    lp = contextlib.nullcontext()
+    if loss_parallel:
+        from torch.distributed.tensor.parallel import loss_parallel as _lp
+
+        lp = _lp()
+    with lp:
+        loss = F.cross_entropy(model(tokens).flatten(0, 1), labels.flatten())
+        _mark(tracker, "backward")
+        loss.backward()
+    del loss
+    _mark(tracker, "step")
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+
+
+def _mark(tracker, phase: str) -> None:
+    if tracker is not None:
+        tracker.phase = phase
+
+
+def measure(config: Config, rank: int = 0, fake: bool = False) -> Measured:
+    """Run two steps of ``config`` as ``rank`` on the fake process group and return the
+    tracker's view of the second. ``fake``: tensors under FakeTensorMode (no compute; see
+    the module docstring for what that adds to the loss); default real CPU tensors."""
+    plan = build_plan(config)
+    mesh, t = plan.mesh, config.training
+    if plan.micro_batches != 1:
+        raise ValueError(f"{plan.micro_batches} micro-batches: the check runs one; set global_batch = micro_batch x dp")
+    tp = mesh.degree("tp")
+    v = padded_vocab(config.model.vocab, t.vocab_pad_divisor, tp)
+    with fake_process_group(mesh.world, rank):
+        dm = init_mesh(mesh, "cpu")
+        with torch.device("meta"):
+            model = Transformer(config.model, vocab=v, tp=tp, recompute=t.recompute == "full")
+        parallelize(model, dm, mesh, t)
+        with FakeTensorMode(allow_non_fake_inputs=True) if fake else contextlib.nullcontext():
+            model.to_empty(device="cpu")
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+            _step(model, opt, t.micro_batch, t.seq_len, tp > 1)
+            return _tracked_step(model, opt, t.micro_batch, t.seq_len, tp > 1)
+
+
+def _relabelled_kinds(log: list[tuple]) -> tuple[dict, int, dict]:
+    """(maximum per meshplan kind, largest total, kinds at it) over a :class:`_Tracker` log,
+    each storage under the last label the tracker gave it, for its whole life (the tracker
+    labels an all-gather output, a gradient or a reduce-scatter input only some ops after
+    allocating it), and an ``Activation`` allocated and freed within the forward or within
+    one recompute counted as a temporary (``Temp``): meshplan's activations are what
+    backward keeps (and recomputes)."""
+    final, born, died = {}, {}, {}
+    for w, delta, label, phase in log:
+        final[w] = label
+        born.setdefault(w, phase)
+        if delta < 0:
+            died[w] = phase
+    label = {w: "Temp" if lab == "Activation" and born[w] == died.get(w) and born[w] != "backward" else lab
+             for w, lab in final.items()}
+    where = {c: k for k, cats in TRACKER_CATEGORIES.items() for c in cats}
+    cur: dict[str, int] = {}
+    top, total, at_top, kmax = 0, 0, {}, {}
+    for w, delta, _, _ in log:
+        if not delta:
+            continue
+        k = where.get(label[w], "other")
+        cur[k] = cur.get(k, 0) + delta
+        total += delta
+        kmax[k] = max(kmax.get(k, 0), cur[k])
+        if total > top:
+            top, at_top = total, {k: v for k, v in cur.items() if v}
+    return kmax, top, at_top
+
+
+def _tracked_step(model, opt, b: int, s: int, loss_parallel: bool) -> Measured:
+    from torch.distributed.fsdp import FSDPModule
+
+    if not isinstance(model, FSDPModule):
+        raise ValueError("nothing is FSDP-sharded: the check needs dp_shard x dp_replicate > 1")
+    mt = _Tracker(model, opt)
+    handles = mt.label_unsharded_grads(model)
+    try:
+        with mt:
+            _step(model, opt, b, s, loss_parallel, mt)
+    finally:
+        for h in handles:
+            h.remove()
+    snap = next(iter(mt.get_tracker_snapshot("peak").values()), {})
+    cats = {_label(k): int(v) for k, v in snap.items() if k != "Total" and v}
+    kmax, top, at_top = _relabelled_kinds(mt.log)
+    return Measured(peak_bytes=int(snap.get("Total", 0)), peak_by_category=cats, peak_by_kind=at_top,
+                    max_by_kind=kmax, own_peak_bytes=top)
+
+
+#: The checked configurations: dense (MHA) and GQA, with and without SP, FSDP and HSDP,
+#: recompute none and full, 8 to 64 ranks; 2 layers, hidden 128, seq 64, micro-batch 2.
+CASES = (
+    _case("dense tp2 sp fsdp4", DENSE, ["dp_shard", "tp"], [4, 2], True),
+    _case("gqa tp2 fsdp4", GQA, ["dp_shard", "tp"], [4, 2], False),
+    _case("dense fsdp8 full-recompute", DENSE, ["dp_shard"], [8], False, recompute="full"),
+    _case("gqa hsdp2x4 tp2 sp full-recompute", GQA, ["dp_replicate", "dp_shard", "tp"], [2, 4, 2], True,
+          sharding="hsdp", recompute="full"),
+    _case("dense hsdp4x4 tp4", DENSE, ["dp_replicate", "dp_shard", "tp"], [4, 4, 4], False, sharding="hsdp"),
+    _case("gqa fsdp8 tp2 sp full-recompute", GQA, ["dp_shard", "tp"], [8, 2], True, recompute="full"),
+)
+
+
+def predict(config: Config) -> Timeline:
+    """meshplan's timeline of the (single) stage of ``config``."""
+    plan = build_plan(config)
+    if len(plan.timelines) != 1:
+        raise ValueError("the check covers one pipeline stage (pp 1)")
+    return plan.timelines[0]
+
+
+@dataclass(frozen=True)
+class KindRow:
+    """One compared quantity, bytes on one rank."""
+
+    kind: str
+    predicted_bytes: int
+    measured_bytes: int
+
+    @property
+    def rel_error(self) -> float:
+        """(predicted - measured) / measured; 0 when both are 0."""
+        if not self.measured_bytes:
+            return 0.0 if not self.predicted_bytes else float("inf")
+        return (self.predicted_bytes - self.measured_bytes) / self.measured_bytes
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Predicted beside measured for one configuration, bytes on one rank: ``kinds`` the
+    maximum of each kind over the step (each kind's model checked at its own worst moment),
+    ``peak`` the largest total, ``at_peak`` the kinds at each side's peak (the two peaks
+    can fall on different events)."""
+
+    name: str
+    kinds: tuple
+    at_peak: tuple
+    peak: KindRow
+    where_predicted: str
+    measured: Measured
+
+    def worst_kind(self) -> KindRow:
+        """The kind with the largest relative error of its maximum."""
+        return max(self.kinds, key=lambda r: abs(r.rel_error))
+
+
+def _meshplan_kinds(by_kind: dict) -> dict:
+    """meshplan kinds as the tracker can see them: ``master`` (none without mixed
+    precision) with params, the (CPU: zero) workspace with temporaries, untracked dropped."""
+    out = {k: by_kind.get(k, 0) for k in COMPARED_KINDS}
+    out["params"] += by_kind.get("master", 0)
+    out["temporaries"] += by_kind.get("workspace", 0)
+    return out
+
+
+def compare(config: Config, name: str = "", rank: int = 0, fake: bool = False) -> Comparison:
+    """:func:`predict` and :func:`measure` of ``config`` side by side."""
+    tl = predict(config)
+    m = measure(config, rank=rank, fake=fake)
+    pmax, ppeak = _meshplan_kinds(tl.max_by_kind), _meshplan_kinds(tl.peak.by_kind)
+    extra = sorted(set(m.max_by_kind) - set(COMPARED_KINDS))  # "other": a category meshplan lacks
+    kinds = tuple(KindRow(k, pmax.get(k, 0), m.max_by_kind.get(k, 0)) for k in COMPARED_KINDS + tuple(extra))
+    at_peak = tuple(KindRow(k, ppeak.get(k, 0), m.peak_by_kind.get(k, 0)) for k in COMPARED_KINDS + tuple(extra))
+    untracked = sum(tl.peak.by_kind.get(k, 0) for k in UNTRACKED_KINDS)
+    return Comparison(name=name or config.model.name, kinds=kinds, at_peak=at_peak,
+                      peak=KindRow("peak", tl.peak.total_bytes - untracked, m.peak_bytes),
+                      where_predicted=tl.peak.where(), measured=m)
+
+
+def table(comparisons, at_peak: bool = False) -> str:
+    """Predicted vs measured, KiB: the maximum of each kind and the peak, one block per
+    configuration (``at_peak``: the kinds at the peak as well)."""
+    head = f"{'configuration / kind':<30} {'predicted KiB':>14} {'measured KiB':>13} {'error':>8}"
+    lines = [head, "-" * len(head)]
+    for c in comparisons:
+        lines.append(f"{c.name}  (meshplan peak at {c.where_predicted})")
+        rows = [(f"max {r.kind}", r) for r in c.kinds] + [("PEAK", c.peak)]
+        if at_peak:
+            rows += [(f"at peak: {r.kind}", r) for r in c.at_peak]
+        for label, r in rows:
+            lines.append(f"  {label:<28} {r.predicted_bytes / KiB:>14.1f} {r.measured_bytes / KiB:>13.1f} "
+                         f"{r.rel_error:>+8.1%}")
+    return "\n".join(lines)

@@ -1,0 +1,302 @@
+"""``meshplan validate-slice``: several meshes of one workload on the same netns testbed, their
+measured step times ordered against the plan's predictions, the losers kept with their evidence.
+
+The seed's comparison in miniature (issue 6 item 5). Each config is run through
+:func:`meshplan.runtime.validation.validate.validate` with the same :class:`~meshplan.runtime.validation.validate.Options`
+(one world size, ``testbed`` set), so each mesh is scaled, planned for the testbed cluster
+(:func:`~meshplan.runtime.testbed.run.testbed_cluster`: ``cpu_testbed.toml`` compute and
+loopback inside a node, the testbed's tbf rate between nodes), run with one torchrun per node
+namespace (ranks node-major: rank r on node ``r // (W / nodes)``) and compared. A mesh whose
+axis order puts tp outermost (``names = ["tp", "dp_shard"]``) has its tp groups spanning the
+nodes; the worker builds the DeviceMesh from the same layout, so the placement is real.
+
+One workload: every mesh trains the same number of sequences per step (the global batch):
+``G = lcm(micro_batch x dp)`` over the scaled meshes, and a mesh of data degree ``dp`` runs
+``G / (micro_batch x dp)`` micro-batches (gradient accumulation), as a Megatron or torchtitan
+job keeps ``global_batch`` fixed when it trades data for tensor parallelism. Step times are
+then comparable: the same tokens, the same model, different meshes.
+
+Per mesh: predicted step time (:func:`meshplan.schedule.steptime.step_time` with the GEMM table
+measured before the run), measured step time (median of the timed steps, slowest rank),
+error = measured / predicted - 1, the rank of each among the meshes (1 = fastest). The
+measured-fastest mesh is kept as ``OUT/chosen-<name>/``; every other mesh is *rejected* and
+kept as ``OUT/rejected-<name>/``: the validate evidence (``world<W>/`` with ``plan.json``,
+each rank's ``timings.json`` and trace, ``predicted_vs_measured.csv``), plus ``plan.json``,
+``measurements.json`` (times per rank, per-NIC byte counters) and ``summary.md`` saying why
+it was rejected. A mesh whose run failed is rejected with its fault report and ranks last.
+``OUT/slice.json`` and ``OUT/summary.md`` hold the table. Exit code 0 when every mesh ran and
+the measured order equals the predicted order, 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import statistics
+import sys
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from math import lcm
+from typing import Optional
+
+from meshplan.errors import ConfigError
+from meshplan.runtime.validation.validate import Options
+
+MARKER = "slice.json"
+#: Defaults of the miniature: activations (tokens x hidden) large against the parameters
+#: (hidden^2), so that where the tp collectives run matters as much as the FSDP traffic.
+SLICE_DEFAULTS = dict(worlds=(8,), layers=2, hidden_div=64, seq_len=512, vocab=128, steps=3, timeout_s=120.0)
+
+
+@dataclass
+class MeshResult:
+    """One mesh of the slice."""
+
+    name: str
+    config: str
+    ran: bool
+    message: str
+    predicted_s: Optional[float] = None
+    measured_s: Optional[float] = None
+    error: Optional[float] = None
+    predicted_rank: Optional[int] = None
+    measured_rank: Optional[int] = None
+    collectives_match: Optional[bool] = None
+    tp_groups: list = field(default_factory=list)
+    nic_bytes: dict = field(default_factory=dict)
+    rank_step_s: dict = field(default_factory=dict)
+    folder: str = ""
+    micro_batches: int = 1
+    parts: dict = field(default_factory=dict)  # step part -> [predicted s, measured s] (runtime.breakdown)
+
+
+def _ranks(values: dict[str, Optional[float]]) -> dict[str, Optional[int]]:
+    """1 = smallest; None (not measured/predicted) gets no rank."""
+    known = sorted((v, n) for n, v in values.items() if v is not None)
+    out = {n: None for n in values}
+    out.update({n: i + 1 for i, (_, n) in enumerate(known)})
+    return out
+
+
+def _rank_steps(world_dir: Path, world: int) -> dict[str, float]:
+    out = {}
+    for r in range(world):
+        p = world_dir / f"rank{r}" / "timings.json"
+        if p.exists():
+            steps = [s["step_s"] for s in json.loads(p.read_text())["steps"] if s["kind"] == "measured"]
+            if steps:
+                out[f"rank{r}"] = statistics.median(steps)
+    return out
+
+
+def tp_groups(cfg, world: int) -> list[list[int]]:
+    """The scaled mesh's distinct tp groups (rank lists), to show which nodes they span."""
+    from meshplan.mesh.resolve import resolve_mesh
+
+    mesh = resolve_mesh(cfg.mesh, world)
+    return sorted({tuple(mesh.group_of(r, "tp")) for r in range(world)}) if mesh.degree("tp") > 1 else []
+
+
+def _result(name: str, config: str, res: dict, folder: Path, world: int) -> MeshResult:
+    comp = res.get("comparison") or {}
+    rows = {r["quantity"]: r for r in comp.get("predicted_vs_measured", [])}
+    step = rows.get("step time")
+    mr = MeshResult(name=name, config=config, ran=step is not None and step.get("measured") is not None,
+                    message=res.get("message", ""), nic_bytes=res.get("nic_bytes", {}),
+                    rank_step_s=_rank_steps(folder / f"world{world}", world))
+    if step:
+        mr.predicted_s, mr.measured_s = step.get("predicted"), step.get("measured")
+        if mr.predicted_s and mr.measured_s is not None:
+            mr.error = mr.measured_s / mr.predicted_s - 1
+        mr.collectives_match = not comp.get("differences")
+    mr.parts = {q.removeprefix("step part: "): [r["predicted"], r["measured"]] for q, r in rows.items()
+                if q.startswith("step part: ")}
+    return mr
+
+
+def _ms(v: Optional[float]) -> str:
+    return "-" if v is None else f"{v * 1e3:.1f}"
+
+
+def table_lines(results: list[MeshResult]) -> list[str]:
+    """The slice table as Markdown rows (also printed)."""
+    lines = ["| mesh | predicted ms | measured ms | error | predicted rank | measured rank | collectives | kept as |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in sorted(results, key=lambda r: (r.measured_rank or 99, r.name)):
+        err = "-" if r.error is None else f"{r.error:+.0%}"
+        coll = "-" if r.collectives_match is None else ("match" if r.collectives_match else "DIFFER")
+        lines.append(f"| {r.name} | {_ms(r.predicted_s)} | {_ms(r.measured_s)} | {err} | {r.predicted_rank or '-'} | "
+                     f"{r.measured_rank or '-'} | {coll} | {Path(r.folder).name} |")
+    return lines
+
+
+def parts_lines(results: list[MeshResult]) -> list[str]:
+    """Where each mesh's step went (:mod:`meshplan.runtime.validation.breakdown`), predicted / measured ms,
+    as Markdown rows; none when no mesh has the split."""
+    names = next((list(r.parts) for r in results if r.parts), [])
+    if not names:
+        return []
+    lines = ["| mesh | " + " | ".join(f"{n} (pred / meas ms)" for n in names) + " |", "|---|" + "---|" * len(names)]
+    for r in sorted(results, key=lambda r: (r.measured_rank or 99, r.name)):
+        cells = [f"{_ms(r.parts[n][0])} / {_ms(r.parts[n][1])}" if n in r.parts else "-" for n in names]
+        lines.append(f"| {r.name} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _order(results: list[MeshResult], key: str) -> list[str]:
+    return [r.name for r in sorted(results, key=lambda r: (getattr(r, key) is None, getattr(r, key) or 0.0, r.name))]
+
+
+def _nic_lines(nic: dict) -> list[str]:
+    if not nic:
+        return ["(no per-NIC byte counters: the run did not complete)"]
+    lines = ["| NIC | tx bytes | rx bytes |", "|---|---|---|"]
+    lines += [f"| {k} | {v['tx_bytes']:,} | {v['rx_bytes']:,} |" for k, v in sorted(nic.items())]
+    return lines
+
+
+def _keep(r: MeshResult, run_dir: Path, dest: Path, best: Optional[MeshResult], world: int, testbed: str) -> None:
+    """Move the mesh's validate folder to ``dest`` and write its measurements and summary."""
+    shutil.move(str(run_dir), str(dest))
+    r.folder = str(dest)
+    wdir = dest / f"world{world}"
+    if (wdir / "plan.json").exists():
+        shutil.copy2(wdir / "plan.json", dest / "plan.json")
+    rejected = best is None or best.name != r.name
+    (dest / "measurements.json").write_text(json.dumps(
+        {"schema": "meshplan.slice-mesh/v1", "rejected": rejected, "testbed": testbed, **asdict(r)}, indent=2) + "\n")
+    old = (dest / "summary.md").read_text() if (dest / "summary.md").exists() else ""
+    if not rejected:
+        head = [f"# Chosen: {r.name}", "", f"Measured fastest of the slice: {_ms(r.measured_s)} ms per step "
+                f"(predicted {_ms(r.predicted_s)} ms, predicted rank {r.predicted_rank})."]
+    elif not r.ran:
+        head = [f"# Rejected: {r.name}", "", f"The run did not complete: {r.message}"]
+    else:
+        head = [f"# Rejected: {r.name}", "",
+                f"Measured {_ms(r.measured_s)} ms per step (slowest rank, median of the timed steps), measured rank "
+                f"{r.measured_rank}; the chosen mesh {best.name} measured {_ms(best.measured_s)} ms "
+                f"({r.measured_s / best.measured_s:.2f}x slower). Predicted {_ms(r.predicted_s)} ms "
+                f"(rank {r.predicted_rank}), error {r.error:+.0%}."]
+    head += ["", "Per-rank step time (ms): " + ", ".join(f"{k} {v * 1e3:.1f}" for k, v in r.rank_step_s.items()), "",
+             f"Bytes per NIC during the run (testbed '{testbed}'):", "", *_nic_lines(r.nic_bytes), "",
+             "Files: plan.json, measurements.json, world*/ (validate evidence: rank*/timings.json, traces, "
+             "predicted_vs_measured.csv, comparison.json).", "", "---", ""]
+    (dest / "summary.md").write_text("\n".join(head) + old.replace("# meshplan validate", "## meshplan validate", 1))
+
+
+def prepare_slice_out(out: Path, force: bool) -> None:
+    if out.exists() and any(out.iterdir()):
+        if not force:
+            raise ConfigError("--out", f"{out} exists and is not empty; choose another folder or pass --force")
+        if not (out / MARKER).exists():
+            raise ConfigError("--out", f"{out} is not a meshplan validate-slice folder (no {MARKER}); --force only "
+                              "replaces those")
+        shutil.rmtree(out)
+    out.mkdir(parents=True, exist_ok=True)
+
+
+def common_batch(scaled: list, opt: Options) -> tuple[int, list[int]]:
+    """The slice's global batch in sequences, ``lcm(micro_batch x dp) x opt.micro_batches``
+    over the scaled configs, and the micro-batches each mesh runs to reach it.
+
+    >>> from types import SimpleNamespace as N
+    >>> cfg = lambda dp: N(training=N(micro_batch=1, global_batch=dp))
+    >>> common_batch([cfg(2), cfg(4)], Options(micro_batches=1))
+    (4, [2, 1])
+    """
+    per = [c.training.global_batch // opt.micro_batches for c in scaled]  # micro_batch x dp of each mesh
+    g = lcm(*per) * opt.micro_batches
+    return g, [g // p for p in per]
+
+
+def run_slice(configs: list[str], testbed: str, out: Path, opt: Optional[Options] = None, force: bool = False,
+              echo=print) -> tuple[int, list[MeshResult]]:
+    """Run every config on testbed ``testbed`` (see the module docstring); returns (exit code, results)."""
+    from meshplan.config import load_config
+    from meshplan.runtime.testbed.netns import require_testbed
+    from meshplan.runtime.validation.validate import scale_config, validate
+
+    opt = replace(opt or Options(**SLICE_DEFAULTS), testbed=testbed)
+    if len(opt.worlds) != 1:
+        raise ConfigError("--world", f"a slice runs every mesh at one world size, got {list(opt.worlds)}")
+    world = opt.worlds[0]
+    if len(configs) < 2:
+        raise ConfigError("CONFIG", "give at least two configs: a slice compares meshes")
+    names = [Path(c).stem for c in configs]
+    if len(set(names)) != len(names):
+        raise ConfigError("CONFIG", f"config file names must differ (they name the meshes): {names}")
+    tb = require_testbed(testbed)
+    loaded = [load_config(c) for c in configs]
+    for name, c in zip(names[1:], loaded[1:]):  # one workload: only [mesh] differs (as `meshplan compare`)
+        if c.model != loaded[0].model or c.training != loaded[0].training or c.cluster.world != loaded[0].cluster.world:
+            raise ConfigError("CONFIG", f"{name} and {names[0]} are not one workload: a slice compares meshes, so "
+                              "[model], [training] and the cluster size must be the same; only [mesh] may differ")
+    scaled = [scale_config(c, world, opt)[0] for c in loaded]  # every mesh must scale before anything runs
+    batch, micro = common_batch(scaled, opt)
+    prepare_slice_out(out, force)
+    echo(f"slice: {len(configs)} meshes x {world} ranks on testbed '{testbed}' ({tb.nodes} nodes, "
+         f"{tb.rate_mbit:g} Mbit/s); model: {opt.layers} layers, hidden / {opt.hidden_div}, seq {opt.seq_len}, "
+         f"vocab {opt.vocab}, {opt.steps} timed steps; global batch {batch} sequences of {opt.seq_len} tokens "
+         "for every mesh")
+    results, runs = [], {}
+    per_node = world // tb.nodes
+    for name, path, cfg, sc, k in zip(names, configs, loaded, scaled, micro):
+        groups = [list(g) for g in tp_groups(sc, world)]
+        echo(f"mesh {name} ({path}): {k} micro-batch(es) per step; tp groups " + (", ".join(
+            f"{g} on node(s) {sorted({x // per_node for x in g})}" for g in groups) or "none"))
+        runs[name] = out / "runs" / name
+        _, res = validate(cfg, replace(opt, micro_batches=k), runs[name], echo=lambda s, n=name: echo(f"  {s}"))
+        results.append(_result(name, str(path), res[0], runs[name], world))
+        r = results[-1]
+        r.tp_groups, r.micro_batches = groups, k
+        echo(f"  step: predicted {_ms(r.predicted_s)} ms, measured {_ms(r.measured_s)} ms" if r.ran else
+             f"  run failed: {r.message}")
+    pr = _ranks({r.name: r.predicted_s for r in results})
+    mr = _ranks({r.name: r.measured_s for r in results})
+    for r in results:
+        r.predicted_rank, r.measured_rank = pr[r.name], mr[r.name]
+    ran = [r for r in results if r.ran]
+    best = min(ran, key=lambda r: r.measured_s) if ran else None
+    for r in results:
+        kind = "chosen" if best is not None and r.name == best.name else "rejected"
+        _keep(r, runs[r.name], out / f"{kind}-{r.name}", best, world, testbed)
+    shutil.rmtree(out / "runs", ignore_errors=True)
+    pred_order, meas_order = _order(results, "predicted_s"), _order(results, "measured_s")
+    same = len(ran) == len(results) and pred_order == meas_order
+    verdict = (f"measured order {' < '.join(meas_order)} " + ("EQUALS" if same else "DIFFERS FROM") +
+               f" the predicted order {' < '.join(pred_order)}")
+    lines = table_lines(results)
+    for ln in lines + ([""] + parts_lines(results) if parts_lines(results) else []):
+        echo(ln)
+    echo(verdict)
+    _write(out, results, opt, testbed, tb, verdict, same, lines, best, batch)
+    return (0 if same else 1), results
+
+
+def _write(out: Path, results, opt, testbed, tb, verdict, same, lines, best, batch: int) -> None:
+    from meshplan.runtime.execution.worker import write_atomic
+
+    doc = {"schema": "meshplan.slice/v1", "testbed": testbed, "nodes": tb.nodes, "rate_mbit": tb.rate_mbit,
+           "global_batch": batch,
+           "options": {k: v for k, v in opt.__dict__.items()}, "order_matches": same, "verdict": verdict,
+           "chosen": best.name if best else None, "meshes": [asdict(r) for r in results]}
+    md = [f"# meshplan validate-slice: {'ORDER AS PREDICTED' if same else 'ORDER NOT AS PREDICTED'}", "",
+          f"Testbed '{testbed}': {tb.nodes} nodes, {tb.rate_mbit:g} Mbit/s per NIC (tbf). Every mesh trains "
+          f"{batch} sequences of {opt.seq_len} tokens per step (micro-batches: " +
+          ", ".join(f"{r.name} {r.micro_batches}" for r in results) + "). Step time: predicted by "
+          "meshplan.schedule.steptime.step_time for the testbed cluster with the GEMM table measured before each run; "
+          "measured = median of the timed steps on the slowest rank; error = measured / predicted - 1; rank 1 = "
+          "fastest.", "", *lines, "", verdict + ".", "",
+          *(["Where the time went (profiled step of each mesh's slowest rank: GEMM and attention kernels, waits "
+             "on collectives, and the rest, which the model does not time: framework and Python time, and time "
+             "descheduled while ranks share cores):", "", *parts_lines(results), ""] if parts_lines(results) else []),
+          f"Chosen (measured fastest): {best.name if best else 'none (no mesh ran)'}; every other mesh is kept "
+          "in rejected-<name>/ with its plan, measurements, per-NIC byte counters and summary.", ""]
+    write_atomic(out / "summary.md", "\n".join(md))
+    write_atomic(out / MARKER, json.dumps(doc, indent=2, default=str) + "\n")
+
+
+def main(configs: list[str], testbed: str, out: Path, opt: Options, force: bool = False) -> int:
+    code, _ = run_slice(configs, testbed, out, opt, force)
+    print(f"evidence: {out / 'summary.md'}", file=sys.stderr if code else sys.stdout)
+    return code

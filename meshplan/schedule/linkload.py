@@ -1,0 +1,195 @@
+"""Readiness, concurrency and the load on each physical edge (issue 4, items 1 and 3).
+
+From the predicted step (:func:`meshplan.schedule.steptime.step_time`, stage 0, every op and
+collective with its start and end in the step):
+
+- **ready / deadline** of each collective kind (axis, phase, op), at its first occurrence
+  in the step: ready = when it is issued (its input exists and its stream is free);
+  deadline = when compute needs its result: the start of the layer it gathers for (FSDP
+  all-gather, marker ``L<i>``), the optimizer step for gradient reductions, and its own
+  end for blocking collectives (TP, CP, EP: the next op waits on it). ``slack = deadline -
+  ready - duration``; negative slack is exposed time.
+- **concurrency**: pairs of collectives of different axes whose intervals overlap, with the
+  total overlapped time per step: they share the GPU's copy engines and links.
+- **edge load**: bytes per step on each physical edge: each GPU's NVLink (bytes the rank
+  sends on its NVLink-local rows), each NIC of node 0 (the ring traffic of every group
+  leaving the node, split over the NICs its members use there), and each rail's uplink
+  (traffic of groups whose members sit on different rails, or span more nodes than one leaf
+  holds, goes up to the spine). Each edge's busy time (bytes / capacity) is checked against
+  the interval it must fit in: the stage's compute time per step, and per layer and
+  micro-batch, the layer's forward + backward time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from meshplan.comm.alphabeta import busbw_factor
+
+_OPS = {"AG": "all-gather", "RS": "reduce-scatter", "AR": "all-reduce"}
+
+
+@dataclass(frozen=True)
+class Timing:
+    """First occurrence of a collective kind in the step (seconds from the step start)."""
+
+    stream: str
+    phase: str
+    op: str
+    ready_s: float
+    deadline_s: float
+    duration_s: float
+
+    @property
+    def slack_s(self) -> float:
+        return self.deadline_s - self.ready_s - self.duration_s
+
+
+@dataclass(frozen=True)
+class EdgeLoad:
+    """Bytes per step on one physical edge, its capacity (bytes/s) and the interval it must
+    fit in (seconds)."""
+
+    edge: str
+    bytes_per_step: float
+    capacity_bytes_per_s: float
+    interval_s: float
+    per_layer_bytes: float = 0.0
+    layer_interval_s: float = 0.0
+
+    @property
+    def busy_s(self) -> float:
+        return self.bytes_per_step / self.capacity_bytes_per_s if self.capacity_bytes_per_s else 0.0
+
+    @property
+    def fits(self) -> bool:
+        ok_step = self.busy_s <= self.interval_s
+        ok_layer = (not self.layer_interval_s or
+                    self.per_layer_bytes / self.capacity_bytes_per_s <= self.layer_interval_s)
+        return ok_step and ok_layer
+
+
+def _op_of(name: str) -> str:
+    for word in name.replace("(", " ").split():
+        if word in _OPS:
+            return _OPS[word]
+        if word in ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "send/recv"):
+            return word
+    return "all-reduce" if "all-reduce" in name else ""
+
+
+def timings(st, stage: int = 0) -> list[Timing]:
+    """Ready time, deadline and duration of the first occurrence of each (stream, phase, op)
+    on ``stage`` (see the module docstring)."""
+    events = [e for e in st.trace_events(detail=True) if e.stage == stage]
+    compute = sorted((e for e in events if e.stream == "compute"), key=lambda e: e.start_s)
+    step_end = max(e.end_s for e in events)
+    opt = next((e.start_s for e in events if "optimizer" in e.name), step_end)
+    seen, out = set(), []
+    for e in sorted(events, key=lambda e: e.start_s):
+        if e.stream in ("compute", "p2p") or e.stream.startswith("stage"):
+            continue
+        unit = e.args.get("unit", "")
+        phase = "forward" if unit.startswith("F") else "backward" if unit[:1] in ("B", "W") else "step"
+        key = (e.stream, phase, _op_of(e.name))
+        if key in seen or not key[2]:
+            continue
+        seen.add(key)
+        out.append(Timing(e.stream, phase, key[2], e.start_s, _deadline(e, compute, opt), e.end_s - e.start_s))
+    return out
+
+
+def _deadline(e, compute, opt: float) -> float:
+    words = e.name.split()
+    if e.stream in ("fsdp", "efsdp") and "AG" in words:
+        layer = words[-1]
+        return next((c.start_s for c in compute if c.name == layer and c.start_s >= e.start_s), e.end_s)
+    if "RS" in words or "norm-grad" in e.name or e.stream in ("dp_replicate", "dp"):
+        return opt
+    return e.end_s  # blocking: the next op waits for it
+
+
+def concurrency(st, stage: int = 0) -> dict[tuple[str, str], float]:
+    """Seconds per step during which collectives of two different streams run at once."""
+    ev = sorted((e for e in st.trace_events(detail=True) if e.stage == stage and e.stream != "compute"
+                 and e.end_s > e.start_s), key=lambda e: e.start_s)
+    out: dict[tuple[str, str], float] = {}
+    active: list = []
+    for e in ev:
+        active = [a for a in active if a.end_s > e.start_s]
+        for a in active:
+            if a.stream != e.stream:
+                key = tuple(sorted((a.stream, e.stream)))
+                out[key] = out.get(key, 0.0) + min(a.end_s, e.end_s) - e.start_s
+        active.append(e)
+    return out
+
+
+def edge_loads(plan, st, stage: int = 0) -> list[EdgeLoad]:
+    """Load on rank 0's NVLink, node 0's NICs and the rails' spine uplinks per step."""
+    from meshplan.plan import stage_table
+
+    rows = stage_table(plan, stage)
+    compute_s = sum(e.end_s - e.start_s for e in st.trace_events(detail=True)
+                    if e.stage == stage and e.stream == "compute" and "unit" in e.args)
+    n_layers = sum(len(c) for c in plan.stages[stage])
+    layer_s = compute_s / max(plan.micro_batches * n_layers, 1)
+    cluster = plan.config.cluster
+    nv = sum(r.size_bytes * busbw_factor(r.op, r.group_size) * r.per_step for r in rows if r.path.kind == "nvlink")
+    nv_layer = sum(r.size_bytes * busbw_factor(r.op, r.group_size) * r.per_microbatch / max(n_layers, 1)
+                   for r in rows if r.path.kind == "nvlink" and r.per_microbatch)
+    out = [EdgeLoad(f"rank 0 {cluster.node.fabric.name}", nv, cluster.node.fabric.bandwidth_bytes_per_s,
+                    compute_s, nv_layer, layer_s)]
+    nics, uplink = _network_loads(plan, rows, n_layers)
+    for i, (per_step, per_layer) in sorted(nics.items()):
+        nic = cluster.node.nics[i]
+        out.append(EdgeLoad(f"node 0 NIC {nic.name} (rail {nic.rail})", per_step, nic.bandwidth_bytes_per_s,
+                            compute_s, per_layer, layer_s))
+    for rail, (per_step, per_layer) in sorted(uplink.items()):
+        nic = next(n for n in cluster.node.nics if n.rail == rail)
+        over = cluster.network[-1].oversubscription if cluster.network else 1.0
+        out.append(EdgeLoad(f"rail {rail} uplink to spine (node 0)", per_step, nic.bandwidth_bytes_per_s / over,
+                            compute_s, per_layer, layer_s))
+    return out
+
+
+def _network_loads(plan, rows, n_layers):
+    """{nic: (bytes/step, bytes/layer)} on node 0 and {rail: ...} going up to the spine."""
+    mesh, p, cluster = plan.mesh, plan.placement, plan.config.cluster
+    leaf = cluster.network[0].nodes_per_domain if cluster.network else 0
+    nics: dict[int, list[float]] = {}
+    uplink: dict[int, list[float]] = {}
+    axis_name = {mesh.display_name(a): a for a in mesh.all_axes() + ["fsdp", "loss"] if _has(mesh, a)}
+    for r in rows:
+        if r.path.kind != "network" or r.axis not in axis_name:
+            continue
+        groups = mesh.groups(axis_name[r.axis])
+        sent = r.size_bytes * busbw_factor(r.op, r.group_size)
+        per_layer = sent * r.per_microbatch / max(n_layers, 1)
+        on0 = np.flatnonzero((p.node[groups] == 0).any(axis=1))
+        for g in on0:
+            members = groups[g][p.node[groups[g]] == 0]
+            used = sorted({int(x) for x in p.nic[members] if x >= 0})
+            cross_rail = len(np.unique(p.rail[groups[g]])) > 1
+            wide = leaf and len(np.unique(p.node[groups[g]] // leaf)) > 1
+            for i in used:
+                share = [sent * r.per_step / len(used), per_layer / len(used)]
+                _acc(nics, i, share)
+                if cross_rail or wide:
+                    _acc(uplink, cluster.node.nics[i].rail, share)
+    return ({k: tuple(v) for k, v in nics.items()}, {k: tuple(v) for k, v in uplink.items()})
+
+
+def _has(mesh, axis) -> bool:
+    try:
+        return bool(mesh.axes_of(axis)) or axis in ("efsdp", "ep", "etp")
+    except Exception:
+        return axis in ("efsdp", "ep", "etp") and mesh.ep * mesh.etp > 1
+
+
+def _acc(d: dict, k, share) -> None:
+    cur = d.setdefault(k, [0.0, 0.0])
+    cur[0] += share[0]
+    cur[1] += share[1]

@@ -1,0 +1,342 @@
+"""Rank timeline of one pipeline unit: the forward (F), backward (B, input gradient), or
+weight-gradient (W) pass of one micro-batch through one chunk of layers, as an event
+simulation over a compute stream and one stream per collective kind (``tp``, ``cp``,
+``ep``, ``fsdp``, ``efsdp``, ``dp_replicate``, ``dp``).
+
+Op times come from :mod:`meshplan.compute.ops` (per block of a layer), collective times from
+the plan's collective rows (``CollectiveRow.time_s`` per call, kinds by :func:`comm_kind`;
+per-layer counts follow the conventions below, not the rows' counts). Dependencies, as the
+frameworks issue them:
+
+- **TP**, per layer forward: ``norm (AG) attention-block (RS|AR) add+norm (AG) mlp-block
+  (RS|AR) add`` (AG/RS with sequence parallel, AR without; Korthikanti et al. 2022 4.2.2).
+  A collective blocks the next compute unless ``Overlap.tp``: then a block's collectives
+  run during its GEMMs (block time = max(compute, communication), an ideal decomposition).
+  Backward: with SP an AG before each block; the input-gradient RS|AR runs during the
+  block's weight-gradient GEMMs (Megatron's asynchronous gradient collective) and the next
+  block waits for it. Full recompute re-runs the forward blocks (with their collectives).
+  The SP norm-weight gradient all-reduces run on the tp stream after each layer's backward
+  (nothing waits for them until the step ends); the vocab-parallel loss collectives block
+  after the output layer.
+- **CP**: the K/V all-gather (backward dK/dV reduce-scatter) runs during the attention
+  block (ring attention overlaps the exchange with compute).
+- **EP**: the dispatch all-to-all blocks the expert block; the combine follows it.
+- **FSDP** (zero3/hsdp): the all-gather of the next layer is issued when a layer starts
+  (``Overlap.fsdp_prefetch``, FSDP2's default prefetch of one layer; otherwise issued when
+  needed); a layer's gradient reduce-scatter is issued after its weight gradients and runs
+  during the next layer's backward (``Overlap.grad_reduce``; otherwise it blocks); HSDP
+  all-reduces the shard over dp_replicate after it.
+- **ZeRO-1/2, DDP**: on a chunk's last gradient unit the per-step reduction is issued in
+  per-layer pieces (buckets) after each layer's weight gradients (``Overlap.grad_reduce``).
+
+A unit's duration is its compute-stream end; communication still running then is its
+``tail`` (it overlaps the next unit; contention between units on a stream is ignored).
+Exposed communication of a stream = time the compute stream waited on it.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Optional
+
+from meshplan.compute.ops import Cost, Workload
+from meshplan.pipeline.simulate import Event
+
+LAYER_BLOCKS = ("attn_pre", "attn", "attn_post", "mlp_pre", "mlp", "mlp_post")
+
+
+@dataclass(frozen=True)
+class Overlap:
+    """Which communication overlaps compute (module docstring)."""
+
+    tp: bool = False
+    fsdp_prefetch: bool = True
+    grad_reduce: bool = True
+    param_gather: bool = False
+
+
+def comm_kind(row) -> str:
+    """Kind of a collective row: ``tp`` (blocking, per layer), ``tp_async`` (tp, overlapped:
+    SP norm-weight gradients), ``loss`` (tp, at the loss: vocab-parallel loss or logits),
+    ``cp``, ``ep``, ``pp``, ``shard`` (FSDP units), ``replica`` (HSDP), ``step`` (per step),
+    or ``other`` (not understood: the caller reports it). Decided by phase, op and axis
+    first, then by the cadence text (``K``/``dK`` for cp, ``norm``, ``logits``)."""
+    c = row.cadence
+    if row.phase == "step" or "(DDP" in c:  # DDP's all-reduce: issued in backward, once per step
+        return "step"
+    if row.op == "send/recv":
+        return "pp"
+    if row.op == "all-to-all":
+        return "ep"
+    if row.axis == "dp_replicate" or c.endswith("(HSDP replicas)"):
+        return "replica"
+    if row.axis == "tp":
+        if row.phase == "loss" or "logits" in c or "loss" in c:
+            return "loss"
+        return "tp_async" if "norm" in c else "tp"
+    if "(K and V)" in c or "(dK and dV)" in c:
+        return "cp"
+    if row.op in ("all-gather", "reduce-scatter") and row.phase in ("forward", "backward"):
+        return "shard"
+    return "other"
+
+
+def _shard_group(cadence: str) -> str:
+    if "root" in cadence:
+        return "root"
+    return "expert" if ("expert" in cadence or "MoE" in cadence) else "layer"
+
+
+@dataclass
+class CommTimes:
+    """Seconds per call of one stage's collectives keyed (kind, group, phase, op); group is
+    "layer", "expert" or "root" for shard/replica rows. ``loss_s``: seconds of the loss
+    collectives per micro-batch; ``async_s``: per-layer overlapped tp collectives (norm
+    weight gradients); ``step_reduce_s``/``step_gather_s``: per-step ZeRO-1/2 or DDP
+    collectives; ``p2p_s``: one pp send; ``other``: rows not understood (not simulated)."""
+
+    t: dict = field(default_factory=dict)
+    loss_s: float = 0.0
+    async_s: float = 0.0
+    step_reduce_s: float = 0.0
+    step_gather_s: float = 0.0
+    p2p_s: float = 0.0
+    other: tuple = ()
+
+    @classmethod
+    def from_rows(cls, rows, layers: int = 1) -> "CommTimes":
+        """From a stage's collective rows; ``layers``: transformer layers of the stage."""
+        c, other = cls(), []
+        for r in rows:
+            kind = comm_kind(r)
+            if kind == "step":
+                if r.op == "all-gather":
+                    c.step_gather_s += r.time_s
+                else:
+                    c.step_reduce_s += r.time_s
+            elif kind == "pp":
+                c.p2p_s = max(c.p2p_s, r.time_s)
+            elif kind == "loss":
+                c.loss_s += r.time_s * r.per_microbatch
+            elif kind == "tp_async":
+                c.async_s += r.time_s * r.per_microbatch / max(layers, 1)
+            elif kind == "other":
+                other.append(f"{r.axis} {r.phase} {r.op} ({r.cadence})")
+            else:
+                group = _shard_group(r.cadence) if kind in ("shard", "replica") else ""
+                c.t[(kind, group, r.phase, r.op)] = r.time_s
+        c.other = tuple(other)
+        return c
+
+    def get(self, kind: str, phase: str, op: str, group: str = "") -> float:
+        return self.t.get((kind, group, phase, op), 0.0)
+
+
+@dataclass(frozen=True)
+class ChunkCosts:
+    """Compute of one chunk per micro-batch: a Cost per layer, which are MoE, and the
+    embedding (first virtual stage) and head (last virtual stage) Costs or None."""
+
+    layers: tuple[Cost, ...]
+    moe: tuple[bool, ...]
+    embed: Optional[Cost] = None
+    head: Optional[Cost] = None
+
+
+@dataclass(frozen=True)
+class UnitSim:
+    """One unit's simulated timeline, times from the unit start (seconds)."""
+
+    duration_s: float
+    tail_s: float
+    exposed_s: dict
+    events: tuple[Event, ...]
+    tail_stream: str = ""
+
+
+class _Sim:
+    """Streams run tasks in issue order; a task starts when its stream is free and its
+    dependencies (``after``) are done. A compute task may ``overlap`` communication: it
+    starts no earlier than the first of them starts and ends no earlier than all end."""
+
+    def __init__(self, comm: CommTimes, w: Workload, ov: Overlap):
+        self.c, self.w, self.ov = comm, w, ov
+        self.free = defaultdict(float)
+        self.events: list[Event] = []
+        self.exposed = defaultdict(float)
+        self.last: Optional[Event] = None
+
+    def _add(self, stream, name, start, end) -> Event:
+        ev = Event(0, stream, name, start, end)
+        self.events.append(ev)
+        self.free[stream] = end
+        return ev
+
+    def compute(self, name: str, dur: float, after=(), overlap=()) -> Event:
+        after = [a for a in (self.last, *after) if a is not None]
+        ov = [o for o in overlap if o is not None]
+        free = self.free["compute"]
+        ready = [(a.end_s, a) for a in after] + ([(o.start_s, o) for o in [min(ov, key=lambda o: o.start_s)]] if ov else [])
+        start = max([free] + [t for t, _ in ready])
+        if start > free:
+            binding = max(ready, key=lambda x: x[0])[1]
+            if binding.stream != "compute":
+                self.exposed[binding.stream] += start - free
+        end = max([start + dur] + [o.end_s for o in ov])
+        for o in ov:
+            if o.end_s > start + dur and o.end_s == end:
+                self.exposed[o.stream] += end - (start + dur)
+                break
+        self.last = self._add("compute", name, start, end)
+        return self.last
+
+    def comm(self, kind: str, phase: str, op: str, name: str, group: str = "", after=None,
+             seconds: Optional[float] = None) -> Optional[Event]:
+        t = self.c.get(kind, phase, op, group) if seconds is None else seconds
+        if not op or t <= 0:
+            return None
+        stream = {"shard": "efsdp" if group == "expert" else "fsdp", "replica": "dp_replicate"}.get(kind, kind)
+        deps = [a for a in ([self.last] if after is None else after) if a is not None]
+        start = max([self.free[stream]] + [a.end_s for a in deps])
+        return self._add(stream, name, start, start + t)
+
+    def finish(self) -> UnitSim:
+        end = self.last.end_s if self.last else 0.0
+        final = max(self.events, key=lambda e: e.end_s, default=None)
+        tail = max(0.0, final.end_s - end) if final else 0.0
+        return UnitSim(end, tail, dict(self.exposed), tuple(self.events), final.stream if tail else "")
+
+
+def _tp(w: Workload) -> tuple[str, str]:
+    """TP collective before and after a block: (all-gather, reduce-scatter) with SP, else
+    ("", all-reduce)."""
+    return ("all-gather", "reduce-scatter") if w.sp else ("", "all-reduce")
+
+
+def _block(s: _Sim, name: str, t: float, phase: str, cp: bool = False, ep: bool = False) -> None:
+    before, after = _tp(s.w)
+    pre = s.comm("tp", phase, before, f"tp {before}")
+    ring = s.comm("cp", phase, "all-gather", "cp K/V all-gather") if cp else None
+    if ep:
+        pre = s.comm("ep", phase, "all-to-all", "ep dispatch", after=[pre or s.last]) or pre
+    if s.ov.tp:
+        post = s.comm("tp", phase, after, f"tp {after}", after=[s.last])
+        s.compute(name, t, [], [x for x in (pre, post, ring) if x])
+    else:
+        s.compute(name, t, [pre], [ring])
+    if ep:
+        s.compute(name + " combine wait", 0.0, [s.comm("ep", phase, "all-to-all", "ep combine")])
+    if not s.ov.tp:
+        s.compute(name + " tp wait", 0.0, [s.comm("tp", phase, after, f"tp {after}")])
+
+
+def _block_backward(s: _Sim, name: str, t_b: float, t_w: float, cp=False, ep=False) -> None:
+    before, after = _tp(s.w)
+    pre = s.comm("tp", "backward", before, f"tp {before}")
+    if ep:
+        pre = s.comm("ep", "backward", "all-to-all", "ep combine grad", after=[pre or s.last]) or pre
+    ring = s.comm("cp", "backward", "reduce-scatter", "cp dK/dV reduce-scatter") if cp else None
+    s.compute(name + " B", t_b, [pre], [ring])
+    post = s.comm("tp", "backward", after, f"tp {after}")
+    if ep:
+        post = s.comm("ep", "backward", "all-to-all", "ep dispatch grad", after=[post or s.last]) or post
+    if t_w > 0:
+        s.compute(name + " W", t_w, [], [post] if s.ov.tp else [])
+    s.compute(name + " grad wait", 0.0, [post])
+
+
+def _times(c: Cost, phase: str, recompute: Optional[bool] = None) -> dict:
+    return {b: c.seconds(phase, b, recompute) for b in LAYER_BLOCKS}
+
+
+def _forward_layer(s: _Sim, c: Cost, moe: bool, phase: str = "forward", recompute=None) -> None:
+    t = _times(c, phase, recompute)
+    s.compute("norm", t["attn_pre"])
+    _block(s, "attention", t["attn"], "forward", cp=s.w.cp > 1)
+    s.compute("add+norm", t["attn_post"] + t["mlp_pre"])
+    _block(s, "mlp", t["mlp"], "forward", ep=moe)
+    s.compute("add", t["mlp_post"])
+
+
+def _backward_layer(s: _Sim, c: Cost, moe: bool, with_w: bool) -> None:
+    full = s.w.recompute == "full"
+    if full:
+        _forward_layer(s, c, moe, "backward_input", True)
+    b = _times(c, "backward_input", False if full else None)
+    w = _times(c, "backward_weight") if with_w else dict.fromkeys(LAYER_BLOCKS, 0.0)
+    s.compute("add grad", b["mlp_post"])
+    _block_backward(s, "mlp", b["mlp"], w["mlp"], ep=moe)
+    s.compute("norm+add grad", b["mlp_pre"] + b["attn_post"])
+    _block_backward(s, "attention", b["attn"], w["attn"], cp=s.w.cp > 1)
+    s.compute("norm grad", b["attn_pre"])
+
+
+def forward_unit(chunk: ChunkCosts, comm: CommTimes, w: Workload, ov: Overlap) -> UnitSim:
+    """F of one micro-batch through ``chunk`` (module docstring)."""
+    s = _Sim(comm, w, ov)
+    n = len(chunk.layers)
+    if chunk.embed is not None:
+        s.compute("embedding", chunk.embed.seconds("forward"),
+                  [s.comm("shard", "forward", "all-gather", "fsdp AG root", "root")])
+        s.compute("embedding tp wait", 0.0, [s.comm("tp", "forward", _tp(w)[1], f"tp {_tp(w)[1]}")])
+    gather = lambda i: s.comm("shard", "forward", "all-gather", f"fsdp AG L{i}", "layer")
+    ag = gather(0) if ov.fsdp_prefetch else None
+    for i, (c, moe) in enumerate(zip(chunk.layers, chunk.moe)):
+        ag = ag if ov.fsdp_prefetch else gather(i)
+        ag_e = s.comm("shard", "forward", "all-gather", f"efsdp AG L{i}", "expert") if moe else None
+        s.compute(f"L{i}", 0.0, [ag, ag_e])
+        ag = gather(i + 1) if ov.fsdp_prefetch and i + 1 < n else None
+        _forward_layer(s, c, moe)
+    if chunk.head is not None:
+        pre = s.comm("tp", "forward", "all-gather", "tp all-gather (head)") if w.sp else None
+        root = s.comm("shard", "forward", "all-gather", "fsdp AG root", "root") if chunk.embed is None else None
+        s.compute("head", chunk.head.seconds("forward"), [pre, root])
+        s.compute("loss tp wait", 0.0, [s.comm("tp", "loss", "all-reduce", "tp loss collectives", seconds=comm.loss_s)])
+    return s.finish()
+
+
+def _reduce(s: _Sim, name: str, group: str, step_piece: float) -> None:
+    rs = s.comm("shard", "backward", "reduce-scatter", f"fsdp RS {name}", group)
+    rs = s.comm("replica", "backward", "all-reduce", f"hsdp AR {name}", group, after=[rs or s.last]) or rs
+    red = s.comm("dp", "step", "reduce", f"grad reduce {name}", seconds=step_piece) if step_piece else None
+    if not s.ov.grad_reduce:
+        s.compute("grad reduce wait", 0.0, [rs, red])
+
+
+def backward_unit(kind: str, chunk: ChunkCosts, comm: CommTimes, w: Workload, ov: Overlap,
+                  last_grad_unit: bool = False) -> UnitSim:
+    """``kind`` "B" (input and weight gradients), "Bx" (input gradient only, ZB) or "W"
+    (weight gradient only, ZB) of one micro-batch through ``chunk``. On the chunk's
+    ``last_grad_unit`` the per-step gradient reduction is spread over its layers."""
+    s = _Sim(comm, w, ov)
+    with_b, with_w = kind in ("B", "Bx"), kind in ("B", "W")
+    n = len(chunk.layers)
+    piece = comm.step_reduce_s / n if last_grad_unit and ov.grad_reduce and with_w else 0.0
+    if chunk.head is not None:
+        s.compute("head grad", (chunk.head.seconds("backward_input") if with_b else 0.0)
+                  + (chunk.head.seconds("backward_weight") if with_w else 0.0))
+        if with_b:
+            s.compute("head tp wait", 0.0, [s.comm("tp", "backward", _tp(w)[1], f"tp {_tp(w)[1]} (head)")])
+        if with_w and chunk.embed is None:  # one root unit: reduced once, after the embedding when held
+            _reduce(s, "root", "root", 0.0)
+    gather = lambda i: s.comm("shard", "backward", "all-gather", f"fsdp AG L{i}", "layer") if with_b else None
+    ag = gather(n - 1) if ov.fsdp_prefetch else None
+    for i in reversed(range(n)):
+        c, moe = chunk.layers[i], chunk.moe[i]
+        ag = ag if ov.fsdp_prefetch else gather(i)
+        s.compute(f"L{i}", 0.0, [ag])
+        ag = gather(i - 1) if ov.fsdp_prefetch and i > 0 else None
+        if with_b:
+            _backward_layer(s, c, moe, with_w)
+            s.comm("tp", "backward", "all-reduce", f"tp norm-grad all-reduce L{i}", seconds=comm.async_s)
+        else:
+            s.compute(f"L{i} W", c.seconds("backward_weight"))
+        if with_w:
+            _reduce(s, f"L{i}", "layer", piece)
+            if moe:
+                _reduce(s, f"L{i} experts", "expert", 0.0)
+    if chunk.embed is not None and with_w:
+        s.compute("embedding grad", chunk.embed.seconds("backward_weight"))
+        _reduce(s, "root", "root", 0.0)
+    return s.finish()

@@ -1,0 +1,101 @@
+"""What bounds a predicted step: a one- or two-line verdict for ``meshplan step``.
+
+The step is **network-bound** when its critical stage waits on communication for at least
+half of the step (the exposed time of :class:`meshplan.schedule.steptime.StepTime`, summed over its
+streams). The verdict then names the stream with the most exposed time, its collectives on
+that stage with the bytes each rank sends per step (full buffer S x busbw factor x calls per
+step, as :mod:`meshplan.schedule.linkload` counts them) and the link they cross.
+
+When that stream is FSDP's (zero3 / hsdp units re-gathered and reduce-scattered every
+micro-batch without a pipeline), a second line names the cause: the micro-batches per step
+(``global_batch / (micro_batch x dp)``) multiply every layer's all-gather (twice with
+``training.reshard_after_forward = true``: forward and again in backward) and its gradient
+reduce-scatter; the knobs that cut them are ``training.reshard_after_forward = false`` and a
+larger ``training.micro_batch``. ``alternatives`` (the plan rebuilt with each knob) adds the
+predicted step, or the memory reason that rules the knob out.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+from meshplan.comm.alphabeta import busbw_factor
+from meshplan.schedule.rank_timeline import _shard_group, comm_kind
+from meshplan.units import GB, GiB
+
+#: Exposed share of the step above which the step is called network-bound.
+NETWORK_BOUND_SHARE = 0.5
+
+
+def stream_of(row) -> str:
+    """The simulated stream (:mod:`meshplan.schedule.rank_timeline`) a collective row runs on."""
+    kind = comm_kind(row)
+    if kind == "shard":
+        return "efsdp" if _shard_group(row.cadence) == "expert" else "fsdp"
+    return {"replica": "dp_replicate", "tp_async": "tp", "loss": "tp", "step": "dp"}.get(kind, kind)
+
+
+def network_verdict(plan, st, alternatives: Optional[Callable[[dict], str]] = None) -> list[str]:
+    """Verdict lines (empty when the step is not network-bound). ``alternatives(update)``:
+    what the step becomes with ``training`` fields ``update`` (one short phrase)."""
+    from meshplan.plan import stage_table
+
+    exposed = {k: v for k, v in st.exposed_s.items() if v > 0}
+    total = sum(exposed.values())
+    if not exposed or total < NETWORK_BOUND_SHARE * st.step_s:
+        return []
+    stream = max(exposed, key=exposed.get)
+    rows = [r for r in stage_table(plan, st.critical_stage) if stream_of(r) == stream and r.per_step]
+    if not rows:
+        return [f"verdict: network-bound: {total:.1f} s of the {st.step_s:.1f} s step is exposed communication, "
+                f"most on {stream} ({exposed[stream]:.1f} s)"]
+    sent: dict[str, float] = {}
+    for r in rows:
+        key = f"{r.phase} {r.op}"
+        sent[key] = sent.get(key, 0.0) + r.size_bytes * busbw_factor(r.op, r.group_size) * r.per_step
+    ops = ", ".join(f"{k} {b / GB:,.0f} GB" for k, b in sent.items())
+    path = max(rows, key=lambda r: r.time_s * r.per_step).path
+    lines = [f"verdict: network-bound: {total:.1f} s of the {st.step_s:.1f} s step is exposed communication, "
+             f"most on {stream} ({exposed[stream]:.1f} s): each rank sends {sum(sent.values()) / GB:,.0f} GB per "
+             f"step on it ({ops}) over {path.kind} ({path.note}; {path.bandwidth_bytes_per_s / GB:.1f} GB/s "
+             f"per rank)"]
+    cause = _fsdp_cause(plan, stream, alternatives)
+    return lines + ([cause] if cause else [])
+
+
+def _fsdp_cause(plan, stream: str, alternatives) -> str:
+    t, m = plan.config.training, plan.micro_batches
+    if stream not in ("fsdp", "efsdp") or t.sharding not in ("zero3", "hsdp") or m < 2 or len(plan.stages) > 1:
+        return ""
+    gathers = "all-gathered in forward and again in backward (training.reshard_after_forward = true)" \
+        if t.reshard_after_forward else "all-gathered in forward (kept for backward: reshard_after_forward = false)"
+    line = (f"cause: FSDP re-gathers per micro-batch: each layer is {gathers} and its gradients reduce-scattered "
+            f"once per micro-batch, {m} micro-batches per step (global_batch {t.global_batch} / (micro_batch "
+            f"{t.micro_batch} x dp {plan.mesh.dp}))")
+    knobs = []
+    if t.reshard_after_forward:
+        knobs.append(("training.reshard_after_forward = false", {"reshard_after_forward": False}))
+    if t.global_batch % (2 * t.micro_batch * plan.mesh.dp) == 0:
+        knobs.append((f"training.micro_batch = {2 * t.micro_batch}", {"micro_batch": 2 * t.micro_batch}))
+    if alternatives is None:
+        return line + "; fewer with " + " or ".join(k for k, _ in knobs) if knobs else line
+    return line + "; " + "; ".join(f"{k}: {alternatives(u)}" for k, u in knobs)
+
+
+def rebuilt_step(plan, step_fn: Callable) -> Callable[[dict], str]:
+    """``alternatives`` for :func:`network_verdict`: rebuild ``plan`` with the training fields
+    changed and predict its step with ``step_fn(plan)``, or give the memory reason."""
+    from dataclasses import replace
+
+    from meshplan.plan import build_plan
+
+    def run(update: dict) -> str:
+        cfg = plan.config
+        alt = build_plan(replace(cfg, training=cfg.training.model_copy(update=update)))
+        if not alt.feasible:
+            tl = alt.timeline
+            return (f"does not fit (peak {tl.peak.total_bytes / GiB:.1f} GiB > {tl.usable_bytes / GiB:.1f} GiB usable)"
+                    if tl is not None else "infeasible (" + "; ".join(alt.reasons) + ")")
+        return f"step {step_fn(alt).step_s:.1f} s, peak {alt.timeline.peak.total_bytes / GiB:.1f} GiB fits"
+
+    return run

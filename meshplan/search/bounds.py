@@ -1,0 +1,205 @@
+"""A lower and an upper bound on the memory-timeline peak (:mod:`meshplan.memory.timeline`)
+of many search candidates at once: arrays (candidates, stages), bytes.
+
+Terms (sizes from :mod:`meshplan.search.memory`): init = persistent state less FSDP's
+sharded gradients (they appear at each unit's first reduce-scatter) + NCCL buffers +
+workspace; ``w`` chunk passes in flight at the first backward (1F1B ``min(pp - k, m)``,
+interleaved: Megatron's warm-up + 1); A the saved activations of a layer; an FSDP unit u
+is held as its all-gather output and as the unsharded copy (:mod:`meshplan.memory.passes`).
+
+- **Lower bound**: the largest of running totals the timeline passes through, each
+  computed from terms certainly live then: (F) the end of the ``w``-th forward: init + the
+  saved activations of the ``w`` passes + the root units kept gathered; (P) the first
+  backward's first and second layer at their largest backward step (recomputed
+  activations, the step's working set and the gradients written so far, the layer's copy
+  and the next layer's prefetched output, the previous unit's reduce-scatter input);
+  (Q) the same once every unit has its sharded gradient; (H) the loss's backward on the
+  last stage; (W) the last layer of the ``w``-th forward with its working set, its copy
+  and (FSDP2's implicit forward prefetch) its all-gather output; (S) the
+  optimizer step (all state + its foreach temporaries).
+- **Upper bound**: all state + NCCL buffers + workspace + the saved activations of ``w``
+  passes at the largest layer kind (embedding terms each pass; head terms once: the last
+  stage runs a head pass's backward right after its forward) + the root units (copy and
+  all-gather output) + ``1 + max(1, prefetch)`` layer units (a copy and one output, or the
+  prefetched ones; every layer twice when layers stay gathered) + every accumulator with
+  ``fsdp_reduce = "after_last"`` + the largest phase: a layer's backward (dY, its largest
+  step with the gradients written, the previous unit's reduce input), a unit's reduce
+  (its gradient and reduce input), the loss's backward, the embedding's gradient, a
+  forward's working set; the gradient bucket without FSDP; or (S) if larger.
+
+The bounds mirror the timeline's event order; a change there can move them. The search
+plans exactly every candidate within ``[search] memory_margin`` of usable memory and checks
+every plan it makes against them; tests check them against
+:func:`meshplan.plan.build_plan` on every candidate of small worlds.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from meshplan.search.memory import Stages, Tables, comm_axes, lookup
+from meshplan.search.space import SHARDING, Candidates
+from meshplan.config import Config
+from meshplan.units import dtype_bytes
+
+ACT = ("saved", "rework", "fwd", "bwd", "single", "peak0", "peakg")
+HEAD = ("embedding_saved", "head_saved", "head_loss_saved", "logits_temp", "logits_extra", "loss_grad_extra",
+        "logits_grad_temp", "dy", "final_norm_work", "embedding_grad_extra")
+
+
+def bounds(cfg: Config, tables: Tables, c: Candidates, st: Stages, s: dict) -> tuple[np.ndarray, np.ndarray]:
+    """(lower, upper) bound of each stage's timeline peak, bytes (candidates, pp)."""
+    t, o = cfg.training, cfg.memory
+    col = lambda a: a[:, None]
+    key = [c.tp, c.cp, c.mb, c.rc, c.ep, c.etp]
+    fields = tuple(f"{p}{f}" for p in ("d_", "m_") for f in ACT)
+    a = lookup(key, lambda *k: {f: tables.acts(*k).get(f, 0) for f in fields + HEAD}, fields + HEAD)
+    hs = {f: col(a[f]) for f in HEAD}
+    u = units(cfg, tables, c, st)
+    kinds = {f: (col(a["d_" + f]), col(a["m_" + f])) for f in ACT}
+    has_d, has_m = (st.n - st.n_moe) > 0, st.n_moe > 0
+    pick = lambda d, x, fn: np.where(has_d & has_m, fn(d, x), np.where(has_m, x, d))
+    peak = {k: pick(*_layer_peak(kinds, u, k), np.minimum if k == "lo" else np.maximum) for k in ("lo", "hi")}
+    lo = {f: pick(*kinds[f], np.minimum) for f in ("saved", "rework", "fwd")}
+    hi = {f: pick(*kinds[f], np.maximum) for f in ("saved", "rework", "fwd", "bwd")}
+    fixed = col(comm_axes(cfg, c)) * o.comm_bytes_per_group + o.workspace_bytes
+    opt_temp = (o.optimizer_temp_states * s["optimizer"] / t.optimizer_states).astype(np.int64) \
+        if t.optimizer_states else 0
+    at_step = s["total"] + fixed + opt_temp
+    # a unit without FSDP-sharded dense parameters never allocates its share of the dense
+    # gradients in the timeline (only expert units are sharded then)
+    never = np.where(u["fsdp"] & ~u["act_d"], s["grads_dense"], 0)
+    lower = np.maximum(_lower(cfg, c, st, s, u, lo, peak["lo"], hs, fixed), at_step - never)
+    upper = np.maximum(_upper(cfg, c, st, s, u, hi, peak["hi"], hs, fixed), at_step)
+    f = o.fragmentation_fraction
+    if f:
+        lower = lower + (f * lower).astype(np.int64)
+        upper = upper + (f * upper).astype(np.int64) + 1
+    return lower, upper
+
+
+def _layer_peak(kinds: dict, u: dict, which: str) -> tuple[np.ndarray, np.ndarray]:
+    """(dense, MoE) largest running total of one layer's backward steps above the layer's
+    start, recomputed activations included: with the step gradients when FSDP holds them
+    (a one-step layer holds its unit's whole unsharded gradient)."""
+    out = []
+    for j, unit in ((0, u["grad_d"]), (1, u["grad_m"])):
+        single = kinds["single"][j] > 0
+        steps = np.where(u["act_d"], kinds["peakg"][j], kinds["peak0"][j])
+        out.append(kinds["rework"][j] + np.where(single, kinds["bwd"][j] + unit, steps))
+    return out[0], out[1]
+
+
+def _lower(cfg, c, st, s, u, lo, layer_peak, hs, fixed) -> np.ndarray:
+    """The largest of the running totals F, P, Q, H, W of the module docstring."""
+    o, F = cfg.memory, u["fsdp"]
+    per_mb = o.fsdp_reduce == "per_microbatch"
+    init = s["total"] - np.where(F, s["grads"], 0) + fixed
+    v = c.vpp[:, None]
+    c0 = np.where(v == 1, st.w, (st.w // (st.k.shape[1] * v)) * st.k.shape[1]
+                  + np.minimum(st.w % (st.k.shape[1] * v), st.k.shape[1]))  # chunk-0 passes in flight
+    kept = np.where(F, u["roots"], 0)
+    f_end = init + st.w * st.n_chunk * lo["saved"] + st.first * c0 * hs["embedding_saved"] + st.last * hs["head_saved"] + kept
+    pf = o.prefetch_layers >= 1
+    near = lambda n: np.where(F, u["unit_min"] * (1 + ((n >= 2) & pf)), 0)
+    head_reduce = np.where(F & ~u["root"], st.last * u["head"] * u["r"], 0).astype(np.int64)
+    # P1/P2: the first backward's layers (after the head's backward on the last stage)
+    base = f_end - st.last * hs["head_saved"] + hs["dy"] - np.where(F & ~u["root"], st.last * u["head"], 0)
+    base = base + np.where(u["root"] & F, u["early"], 0)
+    p1 = base + head_reduce + near(st.n_chunk) + layer_peak
+    reduce = np.where(F & per_mb, u["reduce_min"], 0)
+    p2 = base - lo["saved"] + reduce + near(st.n_chunk - 1) + layer_peak
+    out = np.maximum(np.maximum(f_end, p1), np.where(st.n_chunk >= 2, p2, 0))
+    # H: the loss's backward on the last stage
+    h1 = f_end + hs["loss_grad_extra"] + hs["logits_grad_temp"]
+    h2 = f_end - hs["head_loss_saved"] + hs["logits_grad_temp"] + hs["dy"] + np.where(F & pf, u["unit_min"], 0)
+    out = np.maximum(out, np.where(st.last, np.maximum(h1, h2), 0))
+    # W: the w-th forward's last layer with its working set
+    keep_output = getattr(o, "forward_prefetch_layers", 0) == 0
+    gathered = np.where(F, st.first * (u["emb"] + np.where(u["root"], u["head"], 0)) + u["unit_min"] * (1 + keep_output), 0)
+    pw = init + (st.w * st.n_chunk - 1) * lo["saved"] + gathered + lo["fwd"]
+    out = np.maximum(out, pw)
+    if per_mb:
+        out = np.maximum(out, _steady(cfg, c, st, s, u, lo, layer_peak, hs, fixed, near, reduce))
+    return out
+
+
+def _steady(cfg, c, st, s, u, lo, layer_peak, hs, fixed, near, reduce) -> np.ndarray:
+    """Q: the first backward after every unit's first reduce-scatter (all sharded gradients
+    allocated), at its first and second layer (roots not counted)."""
+    v = c.vpp[:, None]
+    total = st.m * v
+    j = np.where(v == 1, 1, st.k.shape[1] * v)
+    live = np.minimum(total - j, st.w)
+    # every unit's sharded gradient is allocated by then when the dense group is sharded (a
+    # unit without FSDP-sharded parameters never allocates its share: not counted)
+    init = s["total"] - np.where(u["fsdp"] & ~u["act_d"], s["grads"], 0) + fixed
+    base = init + live * st.n_chunk * lo["saved"] + hs["dy"]
+    q1 = base + near(st.n_chunk) + layer_peak
+    q2 = base - lo["saved"] + reduce + near(st.n_chunk - 1) + layer_peak
+    q = np.where(st.n_chunk >= 2, np.maximum(q1, q2), q1)
+    return np.where(total > j, q, 0)
+
+
+def _upper(cfg, c, st, s, u, hi, layer_peak, hs, fixed) -> np.ndarray:
+    """All state + the saved activations of ``w`` passes + the root units (copy and
+    all-gather output) + the largest phase, each phase holding every transient it can at
+    its largest (module docstring)."""
+    o, t, F = cfg.memory, cfg.training, u["fsdp"]
+    r = u["r"]
+    acts = st.w * (st.n_chunk * hi["saved"] + st.first * hs["embedding_saved"]) + st.last * hs["head_saved"]
+    depth = max(1, o.prefetch_layers, getattr(o, "forward_prefetch_layers", 0))
+    few = o.fsdp_reduce == "per_microbatch" and t.reshard_after_forward
+    held = (1 + depth) * u["unit_max"] if few else 2 * st.n * u["unit_max"]  # copies and outputs of layers
+    red = lambda x: (x * r).astype(np.int64)
+    accum = 0 if o.fsdp_reduce == "per_microbatch" else red(st.n * u["unit_max"] + u["roots"]) + u["unit_max"]
+    in_flight = red(np.maximum(u["unit_max"], np.maximum(u["head"], u["emb"])))
+    layer = hs["dy"] + layer_peak + in_flight
+    unit_reduce = hs["dy"] + u["unit_max"] + red(u["unit_max"])
+    loss = st.last * (hs["dy"] + hs["loss_grad_extra"] + hs["logits_grad_temp"] + hs["final_norm_work"]
+                      + u["head"] + red(u["head"]))
+    emb = st.first * (hs["dy"] + hs["embedding_grad_extra"] + u["emb"] + red(u["emb"]) + in_flight)
+    fwd = hi["fwd"] + st.last * (hs["logits_temp"] + hs["logits_extra"])
+    phase = np.maximum(np.maximum(layer, np.where(F, unit_reduce, 0)), np.maximum(np.where(F, loss, 0), emb))
+    phase = np.maximum(phase, fwd)
+    phase = np.maximum(phase, hs["dy"] + hi["rework"] + hi["bwd"])
+    fsdp_terms = np.where(F, 2 * u["roots"] + held + accum, _bucket(cfg, c, s))
+    return s["total"] + fixed + acts + fsdp_terms + phase
+
+
+def units(cfg: Config, tables: Tables, c: Candidates, st: Stages) -> dict:
+    """FSDP unit bytes (compute dtype) per stage: smallest and largest layer unit, the
+    embedding and head units (``roots``: those the stage keeps gathered from its forward;
+    ``root``: pp 1, one unit), each layer kind's unsharded gradient, the smallest reduce
+    input, ``r`` = reduce / compute dtype bytes, and ``fsdp``: the stage has FSDP units."""
+    m, t = cfg.model, cfg.training
+    col = lambda a: a[:, None]
+    comp = dtype_bytes(t.compute_dtype)
+    r = dtype_bytes(t.reduce_dtype) / comp
+    on = (c.sh == SHARDING.index("zero3")) | (c.sh == SHARDING.index("hsdp"))
+    act_d, act_e = col(on & (c.fsdp > 1)), col(on & (c.efsdp > 1))
+    z = np.zeros_like(c.tp)
+    dl = lookup([c.tp, c.ep, c.etp, z], tables.layer, ("dense", "expert"))
+    ml = lookup([c.tp, c.ep, c.etp, z + 1], tables.layer, ("dense", "expert")) if m.is_moe else dl
+    rt = lookup([c.tp], lambda tp: dict(zip(("emb", "norm", "out"), tables.roots(tp)[:3])), ("emb", "norm", "out"))
+    out_on = col(rt["out"]) * ((not m.tied_embeddings) or (st.k.shape[1] > 1))
+    ud = (col(dl["dense"]) * act_d + col(dl["expert"]) * act_e) * comp
+    um = (col(ml["dense"]) * act_d + col(ml["expert"]) * act_e) * comp
+    has_d, has_m = (st.n - st.n_moe) > 0, st.n_moe > 0
+    umin = np.where(has_d & has_m, np.minimum(ud, um), np.where(has_m, um, ud))
+    umax = np.where(has_d & has_m, np.maximum(ud, um), np.where(has_m, um, ud))
+    emb, head = col(rt["emb"]) * act_d * comp, (col(rt["norm"]) + out_on) * act_d * comp
+    root = np.broadcast_to(((c.pp == 1) & (c.vpp == 1))[:, None], st.n.shape)
+    return {"unit_min": umin, "unit_max": umax, "emb": emb, "head": head, "roots": st.first * emb + st.last * head,
+            "root": root, "early": head, "grad_d": ud, "grad_m": um, "reduce_min": (umin * r).astype(np.int64),
+            "r": r, "act_d": act_d, "fsdp": act_d | (act_e & has_m)}
+
+
+def _bucket(cfg: Config, c: Candidates, s: dict) -> np.ndarray:
+    """Gradient bucket of the non-FSDP shardings (:func:`meshplan.memory.sizes.stage_sizes`)."""
+    t = cfg.training
+    if t.grad_dtype == t.reduce_dtype:
+        return np.zeros_like(s["params_numel"])
+    elems = np.maximum(40_000_000, 1_000_000 * c.fsdp) if cfg.memory.grad_bucket_elements is None \
+        else np.full(len(c), cfg.memory.grad_bucket_elements)
+    return np.minimum(elems[:, None], s["params_numel"]) * dtype_bytes(t.reduce_dtype)

@@ -1,0 +1,346 @@
+"""``meshplan search``: every mesh of a config's model, cluster and training contract,
+rejected with reasons or ranked by predicted step time.
+
+The config's ``[mesh]`` table is ignored (a config without one is accepted); ``[search]``
+(:class:`~meshplan.spec.search.SearchOptions`) narrows the space. Flow:
+
+1. **Enumerate** (:mod:`meshplan.search.space`): factorizations of the world over
+   ``(pp, dp_replicate, dp_shard, cp, tp)`` in that canonical order (tp innermost,
+   node-major placement), with ep/etp for MoE, micro-batch, recompute, virtual stages and
+   sharding; the validity rules of :mod:`meshplan.mesh.validity` on all at once.
+2. **Vectorised estimate** (:mod:`meshplan.search.memory`, :mod:`meshplan.search.bounds`,
+   :mod:`meshplan.search.timing`):
+   exact persistent state, a lower and an upper bound on the memory-timeline peak, a lower
+   bound on the step time, the efficiency of the local GEMMs, all as numpy arrays.
+3. **Memory**: a lower bound above usable memory rejects, an upper bound within it keeps;
+   a candidate in between ("near the memory limit") is planned exactly
+   (:func:`meshplan.plan.build_plan`).
+4. **GEMM threshold**: a candidate whose local GEMMs run below ``min_gemm_efficiency`` is
+   rejected, unless no candidate at or above it fits: then the capacity constraint
+   requires the narrow GEMMs and the below-threshold candidates are kept (and the result
+   says so).
+5. **Tighten the bound near the top**: candidates whose step-time bound is within 10% of
+   the ``top``-th smallest get the pipeline schedule evaluated exactly on their unit
+   bounds (:mod:`meshplan.search.pipeline`), still a lower bound, usually within 0.1% of
+   the simulation.
+6. **Rank by exact step time**, best-first: candidates are planned and simulated exactly
+   (``build_plan`` + ``step_time(plan, Overlap())``, what ``meshplan plan`` and ``meshplan
+   step`` run) in increasing order of their step-time lower bound, until ``top`` feasible
+   ones are known and the next candidate's lower bound exceeds the ``top``-th exact step
+   time. Because the bound never exceeds the exact step time (tests check it on every
+   candidate of small worlds), no candidate left unplanned can enter the top: the top is
+   the one an exhaustive exact evaluation gives. ``exact_max`` caps the planned
+   candidates; reaching it is reported (the top is then not proven).
+7. **Settle the rest near the memory limit** within ``settle_s`` seconds (their verdict only
+   changes the counts); any left are counted as undecided, never as feasible or rejected.
+
+Ties in step time are broken by enumeration index, the same in the exhaustive check.
+Exact plans run on ``workers`` forked processes (default: the CPUs this process may use).
+
+Goodput (:mod:`meshplan.reliability`, storage bandwidths and restart overhead from
+``[search]``) is printed for the top candidates, not ranked.
+"""
+
+from __future__ import annotations
+
+import heapq
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import numpy as np
+
+from meshplan.search.bounds import bounds
+from meshplan.search.exact import Exact, Planner, Pool
+from meshplan.search.memory import Tables, stage_layout, state
+from meshplan.search.space import CODE, OK, REASONS, Candidates, enumerate_candidates, first_reason
+from meshplan.search.pipeline import pipeline_bound
+from meshplan.search.timing import TimeTables, gemm_efficiency, step_lower_bound, unit_bounds
+from meshplan.config import Config
+
+#: Relative slack on the step-time bound in the stopping rule (floating-point rounding).
+BOUND_SLACK = 1e-9
+
+
+@dataclass
+class Estimates:
+    """Vectorised numbers per candidate (NaN where a rule already rejected it)."""
+
+    peak_lo: np.ndarray
+    peak_hi: np.ndarray
+    step_lo: np.ndarray
+    gemm: np.ndarray
+
+
+@dataclass
+class SearchResult:
+    """Outcome of :func:`search`. ``code``: first rule each candidate breaks (index into
+    :data:`~meshplan.search.space.REASONS`) or OK (-1); ``decided``: how the memory verdict
+    was reached ("rule", "bound", "plan"); ``top``: the ranked feasible candidates;
+    ``exact``: every exactly planned candidate by index."""
+
+    config: Config
+    candidates: Candidates
+    code: np.ndarray
+    decided: np.ndarray
+    est: Estimates
+    usable_bytes: float
+    top: list[Exact]
+    exact: dict[int, Exact]
+    best_rejected: Optional[Exact]
+    below_threshold_kept: bool
+    proven: bool
+    wall_s: float
+    notes: list[str] = field(default_factory=list)
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def counts(self) -> dict[str, int]:
+        """Candidates per outcome: ``feasible``, ``undecided`` (near the memory limit, not
+        planned within ``settle_s``) and one key per rejection reason; they add up to the
+        number of candidates."""
+        out = {"feasible": int((self.code == OK).sum()), "undecided": int((self.code == UNDECIDED).sum())}
+        for i, (key, _) in enumerate(REASONS):
+            out[key] = int((self.code == i).sum())
+        return out
+
+
+def refine(cfg: Config, c: Candidates, est: Estimates, idx: np.ndarray) -> None:
+    """Raise the step-time bound of candidates ``idx`` to the exact pipeline schedule of
+    their unit bounds (:mod:`meshplan.search.pipeline`), in place."""
+    if not len(idx):
+        return
+    tables = Tables(cfg)
+    tt = TimeTables(cfg, tables)
+    sub = c.take(idx)
+    micro = cfg.training.global_batch // (sub.mb * sub.dp)
+    for p in np.unique(sub.pp):
+        at = np.flatnonzero(sub.pp == p)
+        g = sub.take(at)
+        st = stage_layout(cfg, g, int(p))
+        u = unit_bounds(cfg, tt, g, st, state(cfg, tables, g, st))
+        for v, m in sorted({(int(g.vpp[j]), int(micro[at[j]])) for j in range(len(g))}):
+            sel = np.flatnonzero((g.vpp == v) & (micro[at] == m))
+            part = {k: a[sel] for k, a in u.items()}
+            i = idx[at[sel]]
+            est.step_lo[i] = np.maximum(est.step_lo[i], pipeline_bound(part, v, m))
+
+
+def estimate(cfg: Config, c: Candidates, code: np.ndarray) -> Estimates:
+    """The vectorised pass over every candidate that passed the validity rules."""
+    n = len(c)
+    est = Estimates(np.full(n, np.nan), np.full(n, np.nan), np.full(n, np.nan), np.full(n, np.nan))
+    ok = np.flatnonzero(code == OK)
+    if not len(ok):
+        return est
+    tables = Tables(cfg)
+    tt = TimeTables(cfg, tables)
+    sub = c.take(ok)
+    est.gemm[ok] = gemm_efficiency(cfg, tt, sub)
+    for p in np.unique(sub.pp):
+        idx = np.flatnonzero(sub.pp == p)
+        g = sub.take(idx)
+        st = stage_layout(cfg, g, int(p))
+        s = state(cfg, tables, g, st)
+        lo, hi = bounds(cfg, tables, g, st, s)
+        est.peak_lo[ok[idx]], est.peak_hi[ok[idx]] = lo.max(axis=1), hi.max(axis=1)
+        est.step_lo[ok[idx]] = step_lower_bound(cfg, tt, g, st, s)
+    return est
+
+
+Progress = Callable[[str, int, int], None]
+RULE, BOUND, PLAN = 1, 2, 3
+#: Code of a candidate near the memory limit left unplanned when ``settle_s`` ran out.
+UNDECIDED = -2
+MEMORY, GEMM = CODE["memory"], CODE["gemm"]
+
+
+def search(cfg: Config, progress: Optional[Progress] = None, workers: Optional[int] = None) -> SearchResult:
+    """Search every mesh of ``cfg`` (module docstring). ``progress(label, done, total)`` is
+    called as exact plans complete; ``workers``: processes for exact plans (default: the
+    CPUs this process may use)."""
+    t0 = time.perf_counter()
+    clock = _Clock()
+    o = cfg.search
+    c = enumerate_candidates(cfg)
+    code = first_reason(cfg, c)
+    decided = np.where(code == OK, 0, RULE)
+    clock("enumerate")
+    est = estimate(cfg, c, code)
+    clock("estimate")
+    usable = cfg.cluster.gpu.hbm_bytes * (1 - cfg.training.memory_reserve)
+    valid = code == OK
+    margin = o.memory_margin
+    over = valid & (est.peak_lo > usable * (1 + margin))
+    code[over], decided[over] = MEMORY, BOUND
+    decided[valid & (est.peak_hi * (1 + margin) <= usable)] = BOUND
+    above = est.gemm >= o.min_gemm_efficiency
+    workers = workers or max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count())
+    pool = Pool(Planner(cfg, c), workers)
+    run = _Runner(pool, code, decided, progress, est, margin)
+    notes = run.notes
+    try:
+        apply = _threshold_applies(valid & ~over & above, decided, est, run)
+        eligible = np.flatnonzero((code == OK) & (above | (not apply)))
+        near_top = _near_top(est, eligible, o.top, o.refine_max)
+        refine(cfg, c, est, near_top)
+        clock("refine")
+        top, proven = _rank(cfg, est, eligible, run)
+        clock("rank")
+        band = np.flatnonzero((code == OK) & (decided == 0))
+        run.plan(band[np.argsort(est.step_lo[band], kind="stable")], simulate=False, label="near the memory limit",
+                 deadline=time.perf_counter() + o.settle_s)
+        left = (code == OK) & (decided == 0)
+        if left.any():
+            code[left] = UNDECIDED
+            notes.append(f"{int(left.sum())} candidates near the memory limit were not planned within settle_s "
+                         f"{o.settle_s:g} s (their step-time bounds keep them out of the top); counted as undecided")
+        clock("memory limit")
+        if apply:
+            code[(code == OK) & ~above] = GEMM
+        best = _best_rejected(code, est, run, top)
+        clock("best rejected")
+    finally:
+        pool.close()
+    if not apply:
+        notes.append(f"no candidate with local GEMM efficiency >= {o.min_gemm_efficiency:.0%} fits: capacity "
+                     f"requires narrower GEMMs, so the below-threshold candidates are kept")
+    return SearchResult(cfg, c, code, decided, est, usable, top, run.exact, best, not apply, proven,
+                        time.perf_counter() - t0, notes, clock.laps)
+
+
+class _Clock:
+    """Wall time of each phase, seconds."""
+
+    def __init__(self):
+        self.t, self.laps = time.perf_counter(), {}
+
+    def __call__(self, name: str) -> None:
+        now = time.perf_counter()
+        self.laps[name] = now - self.t
+        self.t = now
+
+
+class _Runner:
+    """Plans candidates exactly through the pool and records the verdicts."""
+
+    def __init__(self, pool: Pool, code: np.ndarray, decided: np.ndarray, progress: Optional[Progress],
+                 est: Estimates, margin: float):
+        self.pool, self.code, self.decided, self.progress = pool, code, decided, progress
+        self.est, self.margin = est, margin
+        self.exact: dict[int, Exact] = {}
+        self.notes: list[str] = []
+
+    def plan(self, idx, simulate: bool, label: str, deadline: float = float("inf")) -> list[Exact]:
+        """Plan (and with ``simulate`` step-time) the candidates ``idx`` in order, until
+        ``deadline`` (perf_counter seconds) passes."""
+        todo = [int(i) for i in idx if int(i) not in self.exact or (simulate and self.exact[int(i)].step_s is None)]
+        out = []
+        step = max(1, self.pool.workers)
+        for k in range(0, len(todo), step * 4):
+            if time.perf_counter() > deadline:
+                break
+            out += self._batch(todo[k:k + step * 4], simulate)
+            if self.progress:
+                self.progress(label, min(k + step * 4, len(todo)), len(todo))
+        return out
+
+    def _batch(self, idx: list[int], simulate: bool) -> list[Exact]:
+        res = self.pool.map([(i, simulate) for i in idx])
+        for r in res:
+            self.exact[r.index] = r
+            self._check(r)
+            if self.code[r.index] != OK:
+                continue
+            if not r.feasible:
+                self.code[r.index] = MEMORY if _memory_reason(r.reasons) else CODE["layers"]
+            self.decided[r.index] = PLAN
+        return res
+
+    def _check(self, r: Exact) -> None:
+        """Record any exact plan outside the vectorised bounds (with the margin)."""
+        i, e, m = r.index, self.est, self.margin
+        if np.isfinite(r.peak_bytes) and not e.peak_lo[i] / (1 + m) <= r.peak_bytes <= e.peak_hi[i] * (1 + m):
+            self.notes.append(f"candidate {i}: planned peak {r.peak_bytes:.4g} B outside the memory bounds "
+                              f"[{e.peak_lo[i]:.4g}, {e.peak_hi[i]:.4g}] B by more than the margin {m:.0%}")
+        if r.step_s is not None and r.step_s < e.step_lo[i] * (1 - BOUND_SLACK):
+            self.notes.append(f"candidate {i}: simulated step {r.step_s:.6g} s below its lower bound "
+                              f"{e.step_lo[i]:.6g} s: the ranking may not be exact")
+
+
+def _memory_reason(reasons) -> bool:
+    return any("usable" in r for r in reasons)
+
+
+def _threshold_applies(above_ok: np.ndarray, decided: np.ndarray, est: Estimates, run: _Runner) -> bool:
+    """Whether some candidate at or above the GEMM threshold fits: one the upper bound
+    proves, else the first the exact plan confirms (in step-time-bound order)."""
+    if (above_ok & (decided == BOUND)).any():
+        return True
+    idx = np.flatnonzero(above_ok)
+    for i in idx[np.argsort(est.step_lo[idx], kind="stable")]:
+        if run.plan([i], simulate=True, label="threshold")[0].feasible if int(i) not in run.exact else \
+                run.exact[int(i)].feasible:
+            return True
+    return False
+
+
+def _near_top(est: Estimates, eligible: np.ndarray, top: int, most: int) -> np.ndarray:
+    """Candidates whose step-time bound is within 10% of the ``top``-th smallest: the
+    ones the ranking may plan, whose bound is worth tightening (at most ``most``)."""
+    if not len(eligible):
+        return eligible
+    lo = est.step_lo[eligible]
+    cut = np.sort(lo)[min(top, len(lo)) - 1] * 1.1
+    near = eligible[lo <= cut]
+    return near[np.argsort(est.step_lo[near], kind="stable")][:most]
+
+
+def _rank(cfg: Config, est: Estimates, eligible: np.ndarray, run: _Runner) -> tuple[list[Exact], bool]:
+    """Best-first exact ranking (module docstring, step 5): (top, proven)."""
+    o = cfg.search
+    order = eligible[np.argsort(est.step_lo[eligible], kind="stable")]
+    best: list[tuple[float, int]] = []  # max-heap of the top by (-step, -index)
+    batch = max(1, run.pool.workers)
+    pos, planned, proven = 0, 0, True
+    while pos < len(order):
+        if len(best) >= o.top and planned >= o.exact_min and \
+                -best[0][0] < est.step_lo[order[pos]] * (1 - BOUND_SLACK):
+            break
+        if planned >= o.exact_max:
+            proven = False
+            run.notes.append(f"exact_max {o.exact_max} reached: {len(order) - pos} candidates with a lower "
+                             f"step-time bound than the top's were not planned; the top is not proven")
+            break
+        chunk = order[pos:pos + batch]
+        pos += len(chunk)
+        for r in run.plan(chunk, simulate=True, label="ranking"):
+            planned += 1
+            if r.feasible:
+                heapq.heappush(best, (-r.step_s, -r.index))
+                if len(best) > o.top:
+                    heapq.heappop(best)
+        if run.progress:
+            run.progress("ranking", planned, planned + (len(order) - pos > 0))
+    top = sorted((run.exact[-i] for _, i in best), key=lambda r: (r.step_s, r.index))
+    return top, proven
+
+
+def _best_rejected(code: np.ndarray, est: Estimates, run: _Runner, top: list[Exact]) -> Optional[Exact]:
+    """The rejected candidate (memory or GEMM efficiency) most worth keeping as evidence:
+    among those whose step-time bound beats the winner's step time, the one closest to
+    fitting (smallest peak lower bound); if none would beat it, the one with the smallest
+    step-time bound. Planned and simulated exactly."""
+    rejected = ((code == MEMORY) | (code == GEMM)) & np.isfinite(est.step_lo)
+    if not rejected.any():
+        return None
+    faster = rejected & (est.step_lo < (top[0].step_s if top else np.inf))
+    if faster.any():
+        idx = np.flatnonzero(faster)
+        i = int(idx[np.lexsort((est.step_lo[idx], est.peak_lo[idx]))[0]])
+    else:
+        idx = np.flatnonzero(rejected)
+        i = int(idx[np.argmin(est.step_lo[idx])])
+    if i in run.exact and run.exact[i].step_s is not None:
+        return run.exact[i]
+    return run.plan([i], simulate=True, label="best rejected")[0]

@@ -1,0 +1,235 @@
+"""Sizes of many search candidates at once, as numpy arrays: per-rank parameter counts,
+exact persistent state per pipeline stage, the layers and in-flight passes of each stage,
+and the NCCL communicators. The bounds on the memory-timeline peak built from them are in
+:mod:`meshplan.search.bounds`.
+
+Sizes come from the functions the plan uses, called once per distinct key and broadcast
+(:func:`lookup`): per-rank parameter counts of a layer by (tp, ep, etp)
+(:func:`~meshplan.mesh.tpsplit.local_numel`), activation sizes by (tp, cp, micro-batch,
+recompute, ep, etp) (:func:`~meshplan.memory.sizes.layer_act_sizes`, ``head_sizes``).
+State is :func:`~meshplan.memory.state.state_bytes` exactly: per stage and parameter group,
+``ceil(numel / shard degree) x bytes`` for every kind the sharding shards.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from meshplan.memory.sizes import head_sizes, layer_act_sizes
+from meshplan.memory.state import SHARDED_KINDS
+from meshplan.mesh.resolve import resolve_mesh
+from meshplan.config import Config
+from meshplan.spec.mesh import MeshSpec
+from meshplan.search.space import RECOMPUTE, SHARDING, Candidates
+from meshplan.mesh.tpsplit import local_numel, local_rows, padded_vocab
+from meshplan.units import dtype_bytes
+
+ACT_FIELDS = ("saved", "rework", "fwd_temp", "bwd_temp")
+HEAD_FIELDS = ("embedding_saved", "head_saved", "logits_temp", "logits_grad_temp", "dy")
+
+
+@dataclass(frozen=True)
+class LayerNumel:
+    """One layer kind on one rank: ``nonnorm`` (StageParams' layer count, experts included),
+    ``norm``, ``expert`` elements; ``tensors``: (rows, elements, expert) per weight, local."""
+
+    nonnorm: int
+    norm: int
+    expert: int
+    tensors: tuple
+
+    @property
+    def dense(self) -> int:
+        """Elements of the dense group (norms included)."""
+        return self.nonnorm + self.norm - self.expert
+
+
+class Tables:
+    """Per-config sizes by key, each computed once (see the module docstring)."""
+
+    def __init__(self, cfg: Config):
+        self.cfg, self.model, self.t = cfg, cfg.model, cfg.training
+        m = self.model
+        self.moe_layer = m.dense_layers if m.is_moe else None
+        self.layer = lru_cache(maxsize=None)(self._layer)
+        self.acts = lru_cache(maxsize=None)(self._acts)
+        self.roots = lru_cache(maxsize=None)(self._roots)
+
+    def _layer(self, tp: int, ep: int, etp: int, moe: bool) -> LayerNumel:
+        m = self.model
+        idx = m.dense_layers if moe else 0
+        nonnorm = norm = expert = 0
+        tensors = []
+        for t in m.layer_tensors(idx):
+            n = local_numel(t, m, tp, ep, etp)
+            tensors.append((local_rows(t, m, tp, ep) or 0, n, t.expert))
+            if "norm" in t.name:
+                norm += n
+            else:
+                nonnorm += n
+            expert += n if t.expert else 0
+        return LayerNumel(nonnorm, norm, expert, tuple(tensors))
+
+    def _roots(self, tp: int) -> tuple:
+        """(embedding elements, head norm elements, output elements, embedding tensors,
+        head tensors) on one rank: tensors as (rows, elements, tied)."""
+        m = self.model
+        pv = padded_vocab(m.vocab, self.t.vocab_pad_divisor, tp)
+        emb = [(local_rows(t, m, tp) or 0, local_numel(t, m, tp), False) for t in m.embedding_tensors(pv)]
+        head = [(local_rows(t, m, tp) or 0, local_numel(t, m, tp), t.tied) for t in m.head_tensors(pv)]
+        norm = sum(n for (_, n, _), t in zip(head, m.head_tensors(pv)) if "norm" in t.name)
+        out = sum(n for (_, n, _), t in zip(head, m.head_tensors(pv)) if "norm" not in t.name)
+        return sum(n for _, n, _ in emb), norm, out, tuple(emb), tuple(head)
+
+    def _acts(self, tp: int, cp: int, mb: int, rc: int, ep: int, etp: int) -> dict:
+        """Activation and head sizes of one workload key, bytes, flat: per layer kind
+        (prefix ``d_`` dense, ``m_`` MoE) ``saved``, ``rework``, ``fwd``, ``bwd``, ``single``
+        (1: one backward step holding the whole unsharded gradient), ``peak0`` and ``peakg``
+        (largest running total of the layer's backward steps, without and with the weight
+        gradients they write when the layer is FSDP-sharded), and every ``head_sizes`` entry."""
+        m = self.model
+        names, shape = ["dp_shard", "cp", "tp"], [2 * ep * etp, cp, tp]
+        if m.is_moe:
+            names, shape = names + ["ep", "etp"], shape + [ep, etp]
+        mesh = resolve_mesh(MeshSpec(names=names, shape=shape, sequence_parallel=tp > 1), 2 * ep * etp * cp * tp)
+        t = self.t.model_copy(update={"micro_batch": mb, "recompute": RECOMPUTE[rc], "sharding": "zero3"})
+        opts = self.cfg.memory
+        dense = layer_act_sizes(m, t, mesh, opts)
+        moe = layer_act_sizes(m, t, mesh, opts, moe=True) if m.is_moe else dense
+        out = dict(head_sizes(m, t, mesh, opts))
+        for prefix, a in (("d_", dense), ("m_", moe)):
+            steps = tuple(getattr(a, "steps", ()) or ())
+            peak0 = peakg = a.bwd_temp
+            if steps:
+                peak0, peakg, grads, freed = -1, -1, 0, 0
+                for st in steps:
+                    grads += st.grads
+                    peak0, peakg = max(peak0, st.work - freed), max(peakg, st.work + grads - freed)
+                    freed += st.frees
+            out.update({prefix + "saved": a.saved, prefix + "rework": a.rework, prefix + "fwd": a.fwd_temp,
+                        prefix + "bwd": a.bwd_temp, prefix + "single": int(not steps), prefix + "peak0": peak0,
+                        prefix + "peakg": peakg})
+        return out
+
+
+def lookup(keys: list[np.ndarray], fn, fields: tuple[str, ...], dtype=np.int64) -> dict[str, np.ndarray]:
+    """``fn(*key)`` once per distinct row of ``keys``, its attributes (or dict items)
+    ``fields`` broadcast back to one array per field."""
+    cols = [np.asarray(k, dtype=np.int64) for k in keys]
+    code, radix = np.zeros(cols[0].shape, dtype=np.int64), 1
+    for col in cols:  # mixed-radix code of each row (np.unique on rows is slow)
+        span = int(col.max()) + 1 if col.size else 1
+        code, radix = code + col * radix, radix * span
+    if radix < 2**62:
+        _, first, inv = np.unique(code, return_index=True, return_inverse=True)
+    else:
+        _, first, inv = np.unique(np.stack(cols, axis=1), axis=0, return_index=True, return_inverse=True)
+    inv = inv.reshape(-1)
+    vals = [fn(*(int(col[j]) for col in cols)) for j in first]
+    out = {}
+    for f in fields:
+        col = np.array([v[f] if isinstance(v, dict) else getattr(v, f) for v in vals], dtype=dtype)
+        out[f] = col[inv]
+    return out
+
+
+@dataclass
+class Stages:
+    """Per-stage arrays (candidates, pp) of one group of candidates with the same pp."""
+
+    k: np.ndarray          # stage index
+    first: np.ndarray      # stage 0 (embedding)
+    last: np.ndarray       # stage pp-1 (head)
+    n: np.ndarray          # layers of the stage
+    n_moe: np.ndarray      # MoE layers of the stage
+    n_chunk: np.ndarray    # layers per chunk (virtual stage)
+    w: np.ndarray          # chunk passes in flight at the first backward
+    m: np.ndarray          # micro-batches per step (per candidate, broadcast)
+
+
+def stage_layout(cfg: Config, c: Candidates, p: int) -> Stages:
+    """Layers, MoE layers and in-flight passes per stage of candidates with pp = ``p``
+    (:func:`~meshplan.mesh.layers.stage_layers`, :func:`~meshplan.mesh.layers.balanced_split`)."""
+    L, D = cfg.model.layers, (cfg.model.dense_layers if cfg.model.is_moe else cfg.model.layers)
+    k = np.arange(p)[None, :]
+    v = c.vpp[:, None]
+    base, extra = L // p, L % p
+    pos = np.where(k == 0, p - 2, np.where(k == p - 1, p - 1, k - 1)) if p > 1 else np.zeros_like(k)
+    n = np.broadcast_to(base + ((pos < extra) & (v == 1)), (len(c), p)).astype(np.int64)
+    start = np.cumsum(n, axis=1) - n
+    if np.all(v == 1):
+        n_dense = np.clip(D - start, 0, n)
+    else:
+        ch = n // v
+        n_dense = np.zeros_like(n)
+        for j in range(int(c.vpp.max())):
+            lo = (j * p + k) * ch
+            n_dense += np.where(j < v, np.clip(D - lo, 0, ch), 0)
+    m = (cfg.training.global_batch // (c.mb * c.dp))[:, None]
+    warm = np.where(v == 1, np.minimum(p - k - 1, m), np.minimum(m * v, 2 * (p - k - 1) + (v - 1) * p))
+    w = np.minimum(m * v, warm + 1)
+    return Stages(k=np.broadcast_to(k, n.shape), first=np.broadcast_to(k == 0, n.shape),
+                  last=np.broadcast_to(k == p - 1, n.shape), n=n, n_moe=n - n_dense, n_chunk=n // v, w=w,
+                  m=np.broadcast_to(m, n.shape))
+
+
+def _ceil_div(a, b):
+    return -(-a // b)
+
+
+def _kind_bytes(t) -> dict[str, int]:
+    """Bytes per element of each state kind (:mod:`meshplan.memory.state`)."""
+    return {"params": dtype_bytes(t.param_dtype), "grads": dtype_bytes(t.grad_dtype),
+            "master": 4 if t.keeps_master else 0, "optimizer": t.optimizer_states * dtype_bytes(t.optimizer_dtype)}
+
+
+def state(cfg: Config, tables: Tables, c: Candidates, st: Stages) -> dict[str, np.ndarray]:
+    """Exact persistent state per stage (bytes, (candidates, pp)): ``total``, ``grads``,
+    ``optimizer``, ``params_numel`` and the two groups' element counts."""
+    m, t = cfg.model, cfg.training
+    col = lambda a: a[:, None]
+    dl = lookup([c.tp, c.ep, c.etp, np.zeros_like(c.tp)], tables.layer, ("nonnorm", "norm", "expert", "dense"))
+    ml = lookup([c.tp, c.ep, c.etp, np.ones_like(c.tp)], tables.layer, ("nonnorm", "norm", "expert", "dense")) \
+        if m.is_moe else {k: np.zeros_like(v) for k, v in dl.items()}
+    rt = lookup([c.tp], lambda tp: dict(zip(("emb", "norm", "out"), tables.roots(tp)[:3])), ("emb", "norm", "out"))
+    n_d = st.n - st.n_moe
+    out_on = col(rt["out"]) * ((not m.tied_embeddings) or (st.k.shape[1] > 1))
+    dense = (n_d * col(dl["dense"]) + st.n_moe * col(ml["dense"]) + st.first * col(rt["emb"])
+             + st.last * (col(rt["norm"]) + out_on))
+    expert = st.n_moe * col(ml["expert"])
+    per = _kind_bytes(t)
+    sharded = np.array([SHARDED_KINDS[s] for s in SHARDING], dtype=object)
+    out = {"total": 0, "grads": 0, "optimizer": 0, "grads_dense": 0, "grads_expert": 0,
+           "dense_numel": dense, "expert_numel": expert,
+           "params_numel": dense + expert}
+    divs = {"dense": col(c.fsdp), "expert": col(c.efsdp)}
+    for group, numel in (("dense", dense), ("expert", expert)):
+        for kind, b in per.items():
+            if b == 0:
+                continue
+            on = col(np.array([kind in s for s in sharded])[c.sh])
+            size = _ceil_div(numel, np.where(on, divs[group], 1)) * b
+            out["total"] = out["total"] + size
+            if kind in ("grads", "optimizer"):
+                out[kind] = out[kind] + size
+            if kind == "grads":
+                out[f"grads_{group}"] = size
+    return out
+
+
+def comm_axes(cfg: Config, c: Candidates) -> np.ndarray:
+    """NCCL communicators per rank: distinct axis names with collective rows in the plan's
+    stage tables (:func:`meshplan.comm.collectives.collective_table`, named as
+    :meth:`meshplan.mesh.resolve.Mesh.display_name` names them: fsdp is ``dp_shard`` or ``cp``
+    when it stands for one axis)."""
+    moe = cfg.model.is_moe
+    fsdp_name = np.where((c.dps > 1) & (c.cp > 1), 3, np.where(c.dps > 1, 2, 1))  # fsdp / dp_shard / cp
+    n = (c.tp > 1).astype(np.int64) + (c.pp > 1) + (c.ep > 1)
+    n += (c.cp > 1) | ((c.fsdp > 1) & (fsdp_name == 1))
+    n += (c.fsdp > 1) & (fsdp_name != 1)
+    n += moe & (c.efsdp > 1)
+    n += (c.sh == SHARDING.index("hsdp")) & (c.dpr > 1)
+    return n

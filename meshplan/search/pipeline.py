@@ -1,0 +1,124 @@
+"""A tighter step-time lower bound for the candidates near the top of a search: the
+pipeline schedule of :func:`meshplan.pipeline.simulate.simulate` evaluated exactly, on arrays, with
+each unit's lower bound as its duration.
+
+:func:`~meshplan.pipeline.simulate.simulate` is list scheduling with fixed orders: a unit starts when
+its stage's previous unit has ended and its dependency has ended (plus the p2p send across
+stages), so each unit's end is the longest path to it in a DAG fixed by (schedule, p, m, v).
+That DAG is built once per (p, m, v) from the same orders (:func:`~meshplan.pipeline.simulate.stage_order`)
+and dependencies, its units grouped by depth, and the longest paths computed for a whole
+group of candidates at once, one depth at a time. End times grow with durations, so unit
+lower bounds (:func:`meshplan.search.timing.unit_bounds`) give stage ends no later than
+``step_time``'s; each stage's end then gets its last unit's tail bound and its optimizer
+step, as :func:`meshplan.schedule.steptime.step_time` adds them.
+
+>>> import numpy as np
+>>> dag = build_dag("1f1b", p=4, m=8, v=1)
+>>> f, b = np.ones((1, 4, 1)), 2 * np.ones((1, 4, 1))
+>>> float(stage_ends(dag, f, b, np.zeros((1, 1))).max())  # (m + p - 1)(F + B) = 33
+33.0
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from meshplan.pipeline.simulate import _dep, stage_order
+
+
+@dataclass(frozen=True)
+class Dag:
+    """Units of one schedule in a topological order: ``stage``, ``chunk``, ``backward``
+    (0/1), ``prev`` (previous unit on the stage, or -1), ``dep`` (unit it waits for, or
+    -1), ``cross`` (1 when ``dep`` is on another stage), ``levels`` (unit indices by
+    depth) and ``last`` (each stage's last unit)."""
+
+    stage: np.ndarray
+    chunk: np.ndarray
+    backward: np.ndarray
+    prev: np.ndarray
+    dep: np.ndarray
+    cross: np.ndarray
+    levels: tuple
+    last: np.ndarray
+
+
+@lru_cache(maxsize=64)
+def build_dag(schedule: str, p: int, m: int, v: int) -> Dag:
+    """The DAG of ``schedule`` (1F1B or interleaved 1F1B: F and B units only)."""
+    orders = [stage_order(schedule, p, m, v, s) for s in range(p)]
+    index, rows = {}, []
+    for s, order in enumerate(orders):
+        for pos, u in enumerate(order):
+            index[(u.kind, u.mb, u.chunk * p + s)] = len(rows)
+            rows.append((s, u, pos))
+    n = len(rows)
+    stage, chunk, back, prev, dep, cross = (np.zeros(n, dtype=np.int64) for _ in range(6))
+    first = {}
+    for i, (s, u, pos) in enumerate(rows):
+        stage[i], chunk[i], back[i] = s, u.chunk, u.kind != "F"
+        prev[i] = i - 1 if pos else -1
+        key = _dep(u, s, p, v)
+        dep[i] = index[key] if key is not None else -1
+        cross[i] = key is not None and rows[dep[i]][0] != s
+        first.setdefault(s, i)
+    depth = np.full(n, -1, dtype=np.int64)
+    for i in _topological(n, prev, dep):
+        depth[i] = 1 + max(depth[prev[i]] if prev[i] >= 0 else -1, depth[dep[i]] if dep[i] >= 0 else -1)
+    levels = tuple(np.flatnonzero(depth == d) for d in range(int(depth.max()) + 1))
+    last = np.array([first[s] + len(orders[s]) - 1 for s in range(p)])
+    return Dag(stage, chunk, back, prev, dep, cross, levels, last)
+
+
+def _topological(n: int, prev: np.ndarray, dep: np.ndarray) -> list[int]:
+    """Unit indices with every predecessor first (Kahn's algorithm)."""
+    succ = [[] for _ in range(n)]
+    indeg = np.zeros(n, dtype=np.int64)
+    for i in range(n):
+        for j in (prev[i], dep[i]):
+            if j >= 0:
+                succ[j].append(i)
+                indeg[i] += 1
+    ready = [i for i in range(n) if indeg[i] == 0]
+    out = []
+    while ready:
+        i = ready.pop()
+        out.append(i)
+        for k in succ[i]:
+            indeg[k] -= 1
+            if indeg[k] == 0:
+                ready.append(k)
+    if len(out) != n:
+        raise RuntimeError("schedule DAG has a cycle")
+    return out
+
+
+def stage_ends(dag: Dag, f: np.ndarray, b: np.ndarray, p2p: np.ndarray) -> np.ndarray:
+    """End of each stage's last unit (candidates, p), given unit durations ``f``, ``b`` of
+    shape (candidates, p, v) and ``p2p`` (candidates, 1)."""
+    end = np.zeros((f.shape[0], dag.stage.size))
+    dur = np.where(dag.backward[None, :] > 0, b[:, dag.stage, dag.chunk], f[:, dag.stage, dag.chunk])
+    for idx in dag.levels:
+        prev, dep = dag.prev[idx], dag.dep[idx]
+        start = np.where(prev >= 0, end[:, np.maximum(prev, 0)], 0.0)
+        ready = np.where(dep >= 0, end[:, np.maximum(dep, 0)] + p2p * dag.cross[idx], 0.0)
+        end[:, idx] = np.maximum(start, ready) + dur[:, idx]
+    return end[:, dag.last]
+
+
+def pipeline_bound(u: dict, vpp: int, m: int) -> np.ndarray:
+    """Step-time lower bound of candidates sharing (pp, vpp, m), from
+    :func:`meshplan.search.timing.unit_bounds` ``u`` (module docstring)."""
+    n, p = u["f_core"].shape
+    v = vpp
+    f = np.repeat(u["f_core"][:, :, None], v, axis=2)
+    b = np.repeat(u["b_core"][:, :, None], v, axis=2)
+    f[:, :, 0] += u["emb_f"]
+    b[:, :, 0] += u["emb_b"]
+    f[:, :, v - 1] += u["head_f"]
+    b[:, :, v - 1] += u["head_b"]
+    dag = build_dag("interleaved_1f1b" if v > 1 else "1f1b", p, m, v)
+    return (stage_ends(dag, f, b, u["p2p"]) + u["tail"] + u["end"]).max(axis=1)

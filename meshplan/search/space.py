@@ -1,0 +1,248 @@
+"""The search space of ``meshplan search``: every mesh of a config's model, cluster and
+training contract, as columns of numpy arrays, and the validity rules of
+:mod:`meshplan.mesh.validity` evaluated on all of them at once.
+
+Axis order and placement. A candidate's mesh is always in the canonical order
+``(pp, dp_replicate, dp_shard, cp, tp)``, outermost first, tp innermost (stride 1), with
+ranks placed node-major (rank r on node ``r // gpus_per_node``): tp groups are consecutive
+ranks inside an NVLink domain, cp and the FSDP axis (dp_shard x cp) come next, and the
+rarely communicating pp outermost. This is the order torchtitan's ``ParallelDims`` builds
+and the only one searched: other orders put a less frequent axis on the faster links. For
+MoE models ``ep`` and ``etp`` (1 or tp) re-factor the dense block ``dp_shard x cp x tp``
+(:mod:`meshplan.mesh.resolve`). Axes of degree 1 are left out of the mesh.
+
+Dimensions (each narrowed by :class:`~meshplan.spec.search.SearchOptions`):
+
+- degrees: every factorization of the world over the five axes, tp <= ``max_tp``;
+- sequence parallel: on exactly when tp > 1;
+- micro-batch sizes; recompute none, selective, full;
+- virtual stages: 1, and when pp > 1 divides the layers the divisors of layers / pp up to
+  ``max_vpp``, run with interleaved 1F1B; vpp 1 runs 1F1B. When pp does not divide the
+  layers the stages get :func:`~meshplan.mesh.layers.balanced_split` (first and last stage
+  one layer fewer), as the Llama 3 405B example does;
+- sharding: zero1 and zero3 with dp_replicate 1; hsdp (zero3 inside dp_shard x cp,
+  replicated over dp_replicate) with dp_replicate > 1. zero1 with dp_replicate > 1 is not
+  searched: meshplan's collective table reduces ZeRO-1 gradients over the FSDP axis only.
+
+>>> from meshplan.config import config_from_dict
+>>> cfg = config_from_dict({"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 1},
+...                         "training": {"global_batch": 8, "seq_len": 1024}}, require_mesh=False)
+>>> c = enumerate_candidates(cfg)
+>>> len(c), int(c.tp.max())
+(1536, 8)
+>>> candidate_config(cfg, c, 0).mesh.names
+['dp_shard']
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from math import prod
+
+import numpy as np
+
+from meshplan.mesh.layers import balanced_split
+from meshplan.config import Config
+from meshplan.spec.mesh import MeshSpec
+
+DENSE = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
+RECOMPUTE = ("none", "selective", "full")
+SHARDING = ("zero1", "zero3", "hsdp")
+
+#: Rejection categories, in the order build_plan finds them (mesh resolution, then
+#: :func:`meshplan.mesh.validity.check`, then the memory timeline), then the search's own rule.
+REASONS = (
+    ("expert_block", "ep * etp does not divide dp_shard * cp * tp"),
+    ("heads", "heads vs tp: q_heads % tp, or kv_heads vs tp"),
+    ("ffn", "ffn not divisible by tp"),
+    ("expert_ffn", "expert_ffn not divisible by etp"),
+    ("layers", "layers vs pp/vpp"),
+    ("experts", "experts not divisible by ep"),
+    ("seq_cp", "seq_len not divisible by 2 * cp"),
+    ("seq_tp", "sequence parallel: local seq not divisible by tp"),
+    ("batch", "global_batch not divisible by micro_batch * dp"),
+    ("interleaved", "interleaved 1F1B: micro-batches not divisible by pp"),
+    ("memory", "memory peak > usable"),
+    ("gemm", "local GEMM efficiency below the threshold"),
+)
+OK = -1
+CODE = {key: i for i, (key, _) in enumerate(REASONS)}
+
+
+@dataclass(frozen=True)
+class Candidates:
+    """One row per candidate; every column an int64 array. ``rc`` indexes
+    :data:`RECOMPUTE`, ``sh`` indexes :data:`SHARDING`."""
+
+    pp: np.ndarray
+    dpr: np.ndarray
+    dps: np.ndarray
+    cp: np.ndarray
+    tp: np.ndarray
+    ep: np.ndarray
+    etp: np.ndarray
+    mb: np.ndarray
+    rc: np.ndarray
+    vpp: np.ndarray
+    sh: np.ndarray
+
+    def __len__(self) -> int:
+        return int(self.pp.size)
+
+    def take(self, idx) -> "Candidates":
+        return Candidates(**{f.name: getattr(self, f.name)[idx] for f in fields(self)})
+
+    @property
+    def dp(self) -> np.ndarray:
+        """Batch data-parallel degree: dp_replicate x dp_shard (cp excluded)."""
+        return self.dpr * self.dps
+
+    @property
+    def fsdp(self) -> np.ndarray:
+        """Dense shard degree: dp_shard x cp."""
+        return self.dps * self.cp
+
+    @property
+    def efsdp(self) -> np.ndarray:
+        """Expert shard degree: dp_shard x cp x tp / (ep x etp) (integer where valid)."""
+        return np.maximum(self.dps * self.cp * self.tp // (self.ep * self.etp), 1)
+
+    def label(self, i: int) -> str:
+        """``pp 16 x dp_shard 128 x tp 8, mb 1, full, vpp 1, zero3`` (degree-1 axes left out)."""
+        degs = [("pp", self.pp), ("dp_replicate", self.dpr), ("dp_shard", self.dps), ("cp", self.cp),
+                ("tp", self.tp), ("ep", self.ep), ("etp", self.etp)]
+        mesh = " x ".join(f"{n} {int(a[i])}" for n, a in degs if a[i] > 1) or "1 rank"
+        return (f"{mesh}, mb {int(self.mb[i])}, {RECOMPUTE[self.rc[i]]}, vpp {int(self.vpp[i])}, "
+                f"{SHARDING[self.sh[i]]}")
+
+
+def divisors(n: int) -> list[int]:
+    """Divisors of ``n``, ascending.
+
+    >>> divisors(12)
+    [1, 2, 3, 4, 6, 12]
+    """
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _allowed(values, allowed) -> list[int]:
+    return [v for v in values if allowed is None or v in allowed]
+
+
+def max_tp(cfg: Config) -> int:
+    """``[search] max_tp``, or the GPUs of one NVLink domain (the node's GPUs when the
+    catalog gives no domain size)."""
+    node = cfg.cluster.node
+    return cfg.search.max_tp or node.nvlink_domain_gpus or node.gpus
+
+
+def dense_meshes(cfg: Config) -> np.ndarray:
+    """Every (pp, dp_replicate, dp_shard, cp, tp) with product = world: array (k, 5)."""
+    o, world, top = cfg.search, cfg.cluster.world, max_tp(cfg)
+    out = []
+    for pp in _allowed(divisors(world), o.pp):
+        for dpr in _allowed(divisors(world // pp), o.dp_replicate):
+            for cp in _allowed(divisors(world // (pp * dpr)), o.cp):
+                for tp in _allowed(divisors(world // (pp * dpr * cp)), o.tp):
+                    dps = world // (pp * dpr * cp * tp)
+                    if tp <= top and (o.dp_shard is None or dps in o.dp_shard):
+                        out.append((pp, dpr, dps, cp, tp))
+    return np.array(out, dtype=np.int64).reshape(-1, 5)
+
+
+def _expert_meshes(cfg: Config, dense: np.ndarray) -> np.ndarray:
+    """Dense meshes x (ep, etp): (k, 7). Dense models: ep = etp = 1."""
+    ones = np.ones((len(dense), 2), dtype=np.int64)
+    if not cfg.model.is_moe:
+        return np.hstack([dense, ones])
+    o, rows = cfg.search, []
+    for d in dense:
+        tp = int(d[4])
+        for ep in _allowed(divisors(cfg.cluster.world), o.ep):
+            for etp in _allowed(sorted({1, tp}), o.etp):
+                rows.append((*d, ep, etp))
+    return np.array(rows, dtype=np.int64).reshape(-1, 7)
+
+
+def _vpp_ok(layers: int, pp: np.ndarray, v: int) -> np.ndarray:
+    """Whether v virtual stages are searched with pp stages (see the module docstring)."""
+    if v == 1:
+        return np.ones(pp.shape, dtype=bool)
+    return (pp > 1) & (layers % pp == 0) & ((layers // np.maximum(pp, 1)) % v == 0)
+
+
+def enumerate_candidates(cfg: Config) -> Candidates:
+    """The whole search space of ``cfg`` (module docstring), before any rule."""
+    o, layers = cfg.search, cfg.model.layers
+    meshes = _expert_meshes(cfg, dense_meshes(cfg))
+    vpps = o.vpp if o.vpp is not None else list(range(1, o.max_vpp + 1))
+    blocks = []
+    for sh in (s for s in o.sharding):
+        keep = meshes[:, 1] > 1 if sh == "hsdp" else meshes[:, 1] == 1
+        for v in vpps:
+            sel = meshes[keep & _vpp_ok(layers, meshes[:, 0], v)]
+            if len(sel):
+                blocks.append(np.hstack([sel, np.full((len(sel), 1), v), np.full((len(sel), 1), SHARDING.index(sh))]))
+    base = np.vstack(blocks) if blocks else np.zeros((0, 9), dtype=np.int64)
+    mbs = np.array(sorted(set(o.micro_batch)), dtype=np.int64)
+    rcs = np.array(sorted(RECOMPUTE.index(r) for r in set(o.recompute)), dtype=np.int64)
+    n, a, b = len(base), len(mbs), len(rcs)
+    rows = np.repeat(base, a * b, axis=0)
+    mb = np.tile(np.repeat(mbs, b), n)
+    rc = np.tile(rcs, n * a)
+    c = rows.T
+    return Candidates(pp=c[0], dpr=c[1], dps=c[2], cp=c[3], tp=c[4], ep=c[5], etp=c[6], mb=mb, rc=rc,
+                      vpp=c[7], sh=c[8])
+
+
+def first_reason(cfg: Config, c: Candidates) -> np.ndarray:
+    """Code (index into :data:`REASONS`) of the first rule each candidate breaks, in
+    build_plan's order, or :data:`OK`; the memory and GEMM rules are applied later."""
+    m, t = cfg.model, cfg.training
+    q, kv = m.q_heads, m.n_kv_heads
+    dp = c.dp
+    micro = t.global_batch // np.maximum(c.mb * dp, 1)
+    rules = [
+        ("expert_block", (c.dps * c.cp * c.tp) % (c.ep * c.etp) != 0),
+        ("heads", (q % c.tp != 0) | ((kv % c.tp != 0) & (c.tp % kv != 0))),
+        ("ffn", (m.ffn % c.tp != 0) & (not m.is_moe or m.dense_layers > 0)),
+        ("expert_ffn", (m.moe_ffn % c.etp != 0) & m.is_moe),
+        ("layers", (c.pp > m.layers) | ((c.vpp > 1) & ((m.layers % c.pp != 0) | ((m.layers // c.pp) % c.vpp != 0)))),
+        ("experts", (m.experts % c.ep != 0) & m.is_moe),
+        ("seq_cp", (c.cp > 1) & (t.seq_len % (2 * c.cp) != 0)),
+        ("seq_tp", (c.tp > 1) & ((t.seq_len // c.cp) % c.tp != 0)),
+        ("batch", t.global_batch % (c.mb * dp) != 0),
+        ("interleaved", (c.vpp > 1) & (micro % c.pp != 0)),
+    ]
+    out = np.full(len(c), OK, dtype=np.int64)
+    for key, bad in reversed(rules):
+        out[np.broadcast_to(bad, out.shape)] = CODE[key]
+    return out
+
+
+def stage_split(layers: int, pp: int, vpp: int):
+    """``pp_layer_split`` of a candidate: None when pp divides the layers (even stages) or
+    vpp > 1, else :func:`~meshplan.mesh.layers.balanced_split`."""
+    if pp == 1 or vpp > 1 or layers % pp == 0 or pp > layers:
+        return None
+    return balanced_split(layers, pp)
+
+
+def candidate_config(cfg: Config, c: Candidates, i: int) -> Config:
+    """The plan input of candidate ``i``: ``cfg`` with its mesh (canonical order, degree-1
+    axes left out, SP on when tp > 1, 1F1B or interleaved 1F1B) and the candidate's
+    micro-batch, recompute and sharding in the training contract."""
+    degs = [("pp", c.pp), ("dp_replicate", c.dpr), ("dp_shard", c.dps), ("cp", c.cp), ("tp", c.tp),
+            ("ep", c.ep), ("etp", c.etp)]
+    named = [(n, int(a[i])) for n, a in degs if a[i] > 1] or [("dp_shard", 1)]
+    pp, vpp, tp = int(c.pp[i]), int(c.vpp[i]), int(c.tp[i])
+    mesh = MeshSpec(names=[n for n, _ in named], shape=[d for _, d in named], sequence_parallel=tp > 1,
+                    virtual_stages=vpp, pp_layer_split=stage_split(cfg.model.layers, pp, vpp),
+                    pp_schedule="interleaved_1f1b" if vpp > 1 else "1f1b")
+    training = cfg.training.model_copy(update={"micro_batch": int(c.mb[i]), "recompute": RECOMPUTE[c.rc[i]],
+                                               "sharding": SHARDING[c.sh[i]]})
+    return replace(cfg, mesh=mesh, training=training)
+
+
+def world_of(c: Candidates, i: int) -> int:
+    return prod(int(a[i]) for a in (c.pp, c.dpr, c.dps, c.cp, c.tp))

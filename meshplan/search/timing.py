@@ -1,0 +1,272 @@
+"""A lower bound on the predicted step time of many search candidates at once, and the
+efficiency of their local GEMMs, as numpy arrays.
+
+The bound uses the same numbers as :func:`meshplan.schedule.steptime.step_time`: op times from
+:func:`meshplan.compute.ops.layer_cost` (one call per distinct (tp, cp, micro-batch,
+recompute, ep, etp)), collective times from :func:`meshplan.comm.alphabeta.collective_time` on the path
+:func:`meshplan.comm.collectives.axis_path` gives each axis (one call per distinct (stride,
+degree): with the canonical order and node-major placement an axis's groups are ranks
+``r0 + i * stride``), with the sizes of :func:`meshplan.comm.collectives.collective_table`.
+It keeps only what the simulation (:mod:`meshplan.schedule.rank_timeline`, default
+:class:`~meshplan.schedule.rank_timeline.Overlap`) cannot avoid, so it never exceeds it:
+
+- a layer's **chain**: every compute op in order, the blocking TP collectives before and
+  after each block (with SP the all-gather and reduce-scatter, else the all-reduce), the
+  blocking EP all-to-alls, the CP exchange as ``max(attention, ring)``, the backward's
+  weight-gradient GEMMs as ``max(W, reduce-scatter)``, full recompute's forward replay;
+- a **unit** (one micro-batch through a chunk of n layers): ``max(AG + n chain,
+  n AG + chain)`` forward, ``max(AG + n chain, n AG + (n-2) RS + chain)`` backward, where
+  AG, RS are the FSDP all-gather and reduce-scatter of one layer, serial on their stream
+  (FSDP2 prefetches one layer; the layer waits for its gather); plus the embedding and the
+  head (and the loss collectives) where the chunk holds them;
+- the **pipeline**: stage k cannot start before micro-batch 0 went forward through stages
+  0..k-1 (each unit + one p2p send), runs all its units one after another, and stage 0
+  cannot end before micro-batch m-1's gradient came back through stages k-1..0; the
+  bound is the largest over k of ``fill_k + busy_k`` plus the larger of stage k's own
+  end (optimizer step at HBM bandwidth, ZeRO-1's exposed parameter all-gather and its
+  gradient reduce-scatter issued after the last unit's first layer) and ``drain_k +`` stage
+  0's end.
+
+A middle stage's collectives are counted as its own table or stage 0's would count them,
+whichever is less, so the bound holds with either convention of
+:func:`~meshplan.schedule.steptime.step_time`. Tests check ``bound <= step_time`` on every
+feasible candidate of small worlds; the search ranks by the exact step time and uses the
+bound only to decide what it need not simulate.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import numpy as np
+
+from meshplan.comm.collectives import axis_path
+from meshplan.comm.alphabeta import collective_time
+from meshplan.compute.ops import Workload, embedding_cost, head_cost, layer_cost
+from meshplan.mesh.resolve import resolve_mesh
+from meshplan.placement.assign import place
+from meshplan.schedule.rank_timeline import LAYER_BLOCKS
+from meshplan.search.memory import Stages, Tables, lookup
+from meshplan.search.space import RECOMPUTE, SHARDING, Candidates
+from meshplan.config import Config
+from meshplan.spec.mesh import MeshSpec
+from meshplan.mesh.tpsplit import local_heads
+from meshplan.units import dtype_bytes
+
+PHASES = {"f": ("forward", None), "bi": ("backward_input", None), "bin": ("backward_input", False),
+          "br": ("backward_input", True), "bw": ("backward_weight", None)}
+OP_FIELDS = tuple(f"{p}_{b}" for p in PHASES for b in LAYER_BLOCKS)
+EXTRA_FIELDS = ("emb_f", "emb_bw", "head_f", "head_b", "gemm_flops", "gemm_s")
+
+
+class TimeTables:
+    """Op times by workload key and collective paths by (stride, degree), each once."""
+
+    def __init__(self, cfg: Config, tables: Tables):
+        self.cfg, self.tables = cfg, tables
+        self.world = cfg.cluster.world
+        self.placement = place(cfg.cluster, self.world)
+        self.ops = lru_cache(maxsize=None)(self._ops)
+        self.path = lru_cache(maxsize=None)(self._path)
+
+    def _ops(self, tp: int, cp: int, mb: int, rc: int, ep: int, etp: int, moe: int) -> dict:
+        cfg, m = self.cfg, self.cfg.model
+        t, gpu = cfg.training, cfg.cluster.gpu
+        w = Workload(seq_len=t.seq_len, micro_batch=mb, tp=tp, cp=cp, sp=tp > 1, ep=ep, etp=etp,
+                     dtype=t.compute_dtype, recompute=RECOMPUTE[rc], flash=t.flash_attention,
+                     vocab_pad_divisor=t.vocab_pad_divisor)
+        layer = m.dense_layers if moe else 0
+        cost = layer_cost(m, gpu, w, layer=layer)
+        out = {f"{p}_{b}": cost.seconds(ph, b, rec) for p, (ph, rec) in PHASES.items() for b in LAYER_BLOCKS}
+        emb, head = embedding_cost(m, gpu, w), head_cost(m, gpu, w)
+        out.update(emb_f=emb.seconds("forward"), emb_bw=emb.seconds("backward_weight"),
+                   head_f=head.seconds("forward"), head_b=head.backward_s)
+        gemms = [o for o in cost.ops + head.ops if o.kind == "gemm" and not o.recompute]
+        out.update(gemm_flops=sum(o.hardware_flops for o in gemms if o.block != "head"),
+                   gemm_s=sum(o.seconds for o in gemms if o.block != "head"),
+                   head_gemm_flops=sum(o.hardware_flops for o in gemms if o.block == "head"),
+                   head_gemm_s=sum(o.seconds for o in gemms if o.block == "head"))
+        return out
+
+    def _path(self, stride: int, degree: int):
+        """:func:`~meshplan.comm.collectives.axis_path` of an axis of ``degree`` ranks ``stride``
+        apart, on a three-axis mesh (outer, axis, inner) with the same groups."""
+        outer = self.world // (stride * degree)
+        mesh = resolve_mesh(MeshSpec(names=["outer", "axis", "inner"], shape=[outer, degree, stride]), self.world)
+        return axis_path(mesh, self.placement, self.cfg.cluster, "axis")
+
+    def coll(self, op: str, n: int, size: int, stride: int) -> float:
+        """Seconds of ``op`` over ``n`` ranks ``stride`` apart on a ``size``-byte buffer, as
+        :func:`meshplan.comm.collectives.collective_table` times a row."""
+        if n <= 1 or size <= 0:
+            return 0.0
+        p, fabric = self.path(stride, n), self.cfg.cluster.node.fabric
+        extra = {"library": self.cfg.cluster.collective_library} if hasattr(self.cfg.cluster, "collective_library") else {}
+        return collective_time(op, n, size, p.bandwidth_bytes_per_s, p.kind, nvls=getattr(fabric, "nvls", False),
+                               latency_scale=p.latency_scale, nodes=getattr(p, "nodes", 1),
+                               intra_bandwidth_bytes_per_s=fabric.bandwidth_bytes_per_s, **extra)[1]
+
+
+def coll_times(tt: "TimeTables", op: str, n: np.ndarray, size: np.ndarray, stride: np.ndarray) -> np.ndarray:
+    """Seconds of one ``op`` per candidate: :func:`meshplan.comm.alphabeta.collective_time` (the
+    algorithm NCCL would pick, as the collective table times it) on the path of an axis of
+    ``n`` ranks ``stride`` apart, once per distinct (n, size, stride)."""
+    n, size = np.asarray(n, dtype=np.int64), np.asarray(size, dtype=np.int64)
+    stride = np.broadcast_to(np.asarray(stride, dtype=np.int64), n.shape)
+    out = lookup([n, size, stride], lambda k, b, st: {"t": tt.coll(op, k, b, st)}, ("t",), dtype=np.float64)["t"]
+    return np.where((n <= 1) | (size <= 0), 0.0, out)
+
+
+def comm_times(cfg: Config, tt: TimeTables, c: Candidates) -> dict[str, np.ndarray]:
+    """Seconds per call of each collective the bound uses, per candidate (sizes of
+    :func:`meshplan.comm.collectives.collective_table`)."""
+    m, t = cfg.model, cfg.training
+    cd, rd = dtype_bytes(t.compute_dtype), dtype_bytes(t.reduce_dtype)
+    sp = c.tp > 1
+    act = c.mb * (t.seq_len // c.cp) * m.hidden * cd
+    kv_l = np.array([local_heads(m, int(x))[1] for x in c.tp])
+    kv = 2 * c.mb * t.seq_len * kv_l * m.d_head * cd
+    one = np.ones_like(c.tp)
+    out = {"tp_sp": np.where(sp, coll_times(tt, "all-gather", c.tp, act, one), 0.0),
+           "tp_ar": np.where(sp, 0.0, coll_times(tt, "all-reduce", c.tp, act, one)),
+           "loss": 3 * coll_times(tt, "all-reduce", c.tp, c.mb * (t.seq_len // c.cp) * 4, one),
+           "cp_ag": coll_times(tt, "all-gather", c.cp, kv, c.tp),
+           "cp_rs": coll_times(tt, "reduce-scatter", c.cp, kv, c.tp),
+           "p2p": coll_times(tt, "send/recv", c.pp, act // np.where(sp, c.tp, 1), c.dpr * c.dps * c.cp * c.tp)}
+    on = (c.sh == SHARDING.index("zero3")) | (c.sh == SHARDING.index("hsdp"))
+    unit = _padded_unit(tt.tables, c)
+    out["fsdp_ag"] = np.where(on, coll_times(tt, "all-gather", c.fsdp, unit * cd, c.tp), 0.0)
+    out["fsdp_rs"] = np.where(on, coll_times(tt, "reduce-scatter", c.fsdp, unit * rd, c.tp), 0.0)
+    if m.is_moe:
+        out["ep"] = coll_times(tt, "all-to-all", c.ep, act * m.top_k * c.etp // c.tp, c.etp)
+    else:
+        out["ep"] = np.zeros(len(c))
+    return out
+
+
+def _padded_unit(tables: Tables, c: Candidates) -> np.ndarray:
+    """Elements of one dense layer's FSDP unit on one rank, dim 0 padded to the shard
+    degree (:func:`~meshplan.mesh.tpsplit.fsdp_padded_numel`); the dense layer of MoE models
+    with dense layers, else the MoE layer's non-expert part."""
+    moe = int(tables.model.is_moe and tables.model.dense_layers == 0)
+
+    def padded(tp, ep, etp, shards):
+        return sum(-(-r // shards) * shards * (n // r) for r, n, expert in tables.layer(tp, ep, etp, moe).tensors
+                   if r and not expert)
+    return lookup([c.tp, c.ep, c.etp, c.fsdp], lambda *k: {"n": padded(*k)}, ("n",))["n"]
+
+
+def layer_ops(cfg: Config, tt: TimeTables, c: Candidates, moe: bool) -> dict[str, np.ndarray]:
+    """Op seconds per block and phase of one layer kind (``f_attn``, ``bw_mlp``...), and
+    the embedding, head and GEMM totals, per candidate."""
+    k = [c.tp, c.cp, c.mb, c.rc, c.ep, c.etp, np.full(len(c), int(moe))]
+    return lookup(k, tt.ops, OP_FIELDS + EXTRA_FIELDS + ("head_gemm_flops", "head_gemm_s"), dtype=np.float64)
+
+
+def chains(c: Candidates, o: dict, cm: dict, moe: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(forward, backward) chain of one layer, seconds (module docstring)."""
+    pre, post = cm["tp_sp"], np.maximum(cm["tp_sp"], cm["tp_ar"])
+    e = cm["ep"] if moe else 0.0
+
+    def forward(p):
+        return (o[f"{p}_attn_pre"] + np.maximum(pre + o[f"{p}_attn"], cm["cp_ag"]) + post + o[f"{p}_attn_post"]
+                + o[f"{p}_mlp_pre"] + pre + e + o[f"{p}_mlp"] + e + post + o[f"{p}_mlp_post"])
+    full = c.rc == RECOMPUTE.index("full")
+    b = {blk: np.where(full, o[f"bin_{blk}"], o[f"bi_{blk}"]) for blk in LAYER_BLOCKS}
+    back = (b["mlp_post"] + pre + e + b["mlp"] + np.maximum(o["bw_mlp"], post + e) + b["mlp_pre"] + b["attn_post"]
+            + np.maximum(pre + b["attn"], cm["cp_rs"]) + np.maximum(o["bw_attn"], post) + b["attn_pre"])
+    return forward("f"), back + np.where(full, forward("br"), 0.0)
+
+
+def unit_bounds(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: dict) -> dict[str, np.ndarray]:
+    """Per-stage lower bounds (candidates, pp), seconds: ``f_core``, ``b_core`` (one chunk's
+    layers, forward and backward), the embedding's and the head's extra time in their
+    chunk's units (``emb_f``, ``emb_b``, ``head_f``, ``head_b``), the p2p send ``p2p``
+    (candidates, 1), the last unit's ``tail`` beyond its duration and the stage's ``end``
+    (optimizer step, exposed ZeRO-1 all-gather); module docstring."""
+    m = cfg.model
+    col = lambda a: np.asarray(a)[:, None]
+    cm = comm_times(cfg, tt, c)
+    od = layer_ops(cfg, tt, c, False)
+    fd, bd = chains(c, od, cm, False)
+    if m.is_moe:
+        om = layer_ops(cfg, tt, c, True)
+        fm, bm = chains(c, om, cm, True)
+        f0m, b0m = chains(c, om, {**cm, "ep": np.zeros(len(c))}, True)
+        # a stage's collective table may be stage 0's (step_time's older convention for the
+        # middle stages) or its own: count the EP all-to-alls only when both hold MoE layers
+        ep_on = np.where(st.k < st.k.shape[1] - 1, (st.n_moe[:, :1] > 0) & (st.n_moe > 0), st.n_moe > 0)
+        fm, bm = np.where(ep_on, col(fm), col(f0m)), np.where(ep_on, col(bm), col(b0m))
+        has_d, has_m = (st.n - st.n_moe) > 0, st.n_moe > 0
+        pick = lambda d, x: np.where(has_d & has_m, np.minimum(col(d), x), np.where(has_m, x, col(d)))
+        cf, cb = pick(fd, fm), pick(bd, bm)
+    else:
+        cf, cb = col(fd), col(bd)
+    n = st.n_chunk
+    ag, rs = col(cm["fsdp_ag"]), col(cm["fsdp_rs"])
+    pre, post = col(cm["tp_sp"]), col(np.maximum(cm["tp_sp"], cm["tp_ar"]))
+    out = {"f_core": np.maximum(ag + n * cf, n * ag + cf),
+           "b_core": np.maximum(ag + n * cb, n * ag + np.maximum(n - 2, 0) * rs + cb),
+           "emb_f": st.first * (col(od["emb_f"]) + post), "emb_b": st.first * col(od["emb_bw"]),
+           "head_f": st.last * (pre + col(od["head_f"]) + col(cm["loss"])),
+           "head_b": st.last * (col(od["head_b"]) + post), "p2p": col(cm["p2p"])}
+    one = col(c.vpp) == 1
+    b0 = out["b_core"] + out["emb_b"] + one * out["head_b"]
+    out["end"], red = _stage_end(cfg, tt, c, st, s, cm)
+    out["tail"] = np.maximum(one * out["head_b"] + ag + cb + red - b0, 0.0)
+    return out
+
+
+def step_lower_bound(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: dict) -> np.ndarray:
+    """Lower bound of :func:`meshplan.schedule.steptime.step_time` per candidate, seconds; ``st``,
+    ``s``: :func:`~meshplan.search.memory.stage_layout` and ``state`` of the same group."""
+    u = unit_bounds(cfg, tt, c, st, s)
+    v = c.vpp[:, None]
+    one = v == 1
+    busy = st.m * (v * (u["f_core"] + u["b_core"]) + u["emb_f"] + u["emb_b"] + u["head_f"] + u["head_b"])
+    f0 = u["f_core"] + u["emb_f"] + one * u["head_f"]       # chunk 0's forward unit on each stage
+    b0 = u["b_core"] + u["emb_b"] + one * u["head_b"]       # chunk 0's backward unit on each stage
+    p2p, tail, end = u["p2p"], u["tail"], u["end"]
+    fill = np.cumsum(f0 + p2p, axis=1) - (f0 + p2p)
+    drain = np.cumsum(b0 + p2p, axis=1) - (b0 + p2p)
+    own = fill + busy + tail + end
+    via0 = fill + busy + drain + tail[:, :1] + end[:, :1]
+    out = np.maximum(own, via0).max(axis=1)
+    # 1F1B: micro-batch 0 forward through every stage and back to stage k, then stage k's
+    # units after its first backward ((m - 1) B and (m - w) F), then micro-batch m-1's
+    # gradient back to stage 0.
+    path = (f0.sum(axis=1, keepdims=True) + b0.sum(axis=1, keepdims=True) + (st.m - 1) * b0
+            + (st.m - st.w) * f0 + 2 * (st.k.shape[1] - 1) * p2p)
+    one_f = np.maximum(path + tail[:, :1] + end[:, :1], path - drain + tail + end).max(axis=1)
+    return np.where(c.vpp == 1, np.maximum(out, one_f), out)
+
+
+def _stage_end(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: dict, cm: dict):
+    """(optimizer step + ZeRO-1's exposed parameter all-gather, ZeRO-1's gradient
+    reduce-scatter) per stage, seconds (:func:`meshplan.schedule.steptime._stage_end`)."""
+    t, gpu = cfg.training, cfg.cluster.gpu
+    opt = (2 * s["total"] - s["grads"]) / gpu.hbm_bandwidth_bytes_per_s
+    zero1 = (c.sh == SHARDING.index("zero1"))[:, None]
+    # the middle stages' table is stage 0's or their own: the smaller parameter count of the two
+    numel = np.where(st.last, s["dense_numel"], np.minimum(s["dense_numel"], s["dense_numel"][:, :1]))
+    n = np.broadcast_to(c.fsdp[:, None], numel.shape).ravel()
+    stride = np.broadcast_to(c.tp[:, None], numel.shape).ravel()
+    gather = coll_times(tt, "all-gather", n, numel.ravel() * dtype_bytes(t.param_dtype), stride).reshape(numel.shape)
+    red = coll_times(tt, "reduce-scatter", n, numel.ravel() * dtype_bytes(t.reduce_dtype), stride).reshape(numel.shape)
+    return opt + np.where(zero1, gather, 0.0), np.where(zero1, red, 0.0)
+
+
+def gemm_efficiency(cfg: Config, tt: TimeTables, c: Candidates) -> np.ndarray:
+    """FLOP-weighted efficiency of a step's local GEMMs per candidate: every layer's
+    forward, data- and weight-gradient GEMMs and the output layer's, as
+    :func:`meshplan.compute.gemm.gemm_model` times them: ``sum FLOP / (sum seconds x peak)``."""
+    m = cfg.model
+    peak = cfg.cluster.gpu.peak_flops(cfg.training.compute_dtype)
+    n_moe = m.layers - m.dense_layers if m.is_moe else 0
+    od = layer_ops(cfg, tt, c, False)
+    flops = (m.layers - n_moe) * od["gemm_flops"] + od["head_gemm_flops"]
+    secs = (m.layers - n_moe) * od["gemm_s"] + od["head_gemm_s"]
+    if n_moe:
+        om = layer_ops(cfg, tt, c, True)
+        flops, secs = flops + n_moe * om["gemm_flops"], secs + n_moe * om["gemm_s"]
+    return flops / (secs * peak)
