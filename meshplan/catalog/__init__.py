@@ -13,6 +13,10 @@ network:
 70553706496
 
 Unknown names are a :class:`~meshplan.errors.ConfigError` listing the known ones.
+
+``kernels.toml`` holds measured kernel performance per GPU (GEMM, attention, memory-bound
+bandwidth, overheads) with the source of every point; :func:`kernel_data` returns one GPU's
+(``None`` for a GPU without measurements) and :mod:`meshplan.compute.measured` reads it.
 """
 
 from __future__ import annotations
@@ -40,6 +44,38 @@ def _entries(kind: str) -> dict[str, dict[str, Any]]:
         raise ConfigError("kind", f"unknown catalog kind '{kind}'; known: {', '.join(KINDS)}")
     text = resources.files(__package__).joinpath(f"{kind}s.toml").read_text(encoding="utf-8")
     return tomllib.loads(text)
+
+
+@lru_cache(maxsize=None)
+def _kernels() -> dict[str, Any]:
+    return tomllib.loads(resources.files(__package__).joinpath("kernels.toml").read_text(encoding="utf-8"))
+
+
+def kernel_data(gpu_name: str) -> Optional[dict[str, Any]]:
+    """Measured kernel data of GPU ``gpu_name`` from ``kernels.toml`` (a deep copy), with
+    ``gemm_from`` / ``attention_from`` resolved (that GPU's GEMM points per dtype, unless
+    given here, or attention rows) and the ``host`` table added; ``None`` when the catalog has
+    no measurements for that GPU (e.g. a user-described GPU or the CPU testbed).
+
+    >>> d = kernel_data("h200-sxm-141gb")
+    >>> d["gemm"]["bf16"][0], d["gemm"]["fp8"][0][3], d["host"]["kernel_issue_s"]
+    ([1024, 256, 256, 24.0, 'S4'], 290.8, 4.7e-06)
+    >>> kernel_data("cpu-core-fp32") is None
+    True
+    """
+    data = _kernels()
+    raw = data["gpu"].get(gpu_name)
+    if raw is None:
+        return None
+    out = copy.deepcopy(raw)
+    src = out.pop("gemm_from", None)
+    if src is not None:
+        out["gemm"] = {**copy.deepcopy(data["gpu"][src].get("gemm", {})), **out.get("gemm", {})}
+    src = out.pop("attention_from", None)
+    if src is not None:
+        out["attention"] = copy.deepcopy(data["gpu"][src]["attention"])
+    out["host"] = copy.deepcopy(data["host"])
+    return out
 
 
 def names(kind: str) -> list[str]:

@@ -48,6 +48,7 @@ from math import ceil
 from pathlib import Path
 from typing import Optional
 
+from meshplan.compute.measured import gemm_seconds, kernel_data
 from meshplan.errors import ConfigError
 from meshplan.spec.cluster import GPUSpec
 from meshplan.units import TFLOPS, dtype_bytes
@@ -203,11 +204,19 @@ def load_gemm_table(path: str | Path) -> GemmTable:
 
 def gemm_time(gpu: GPUSpec, m: int, n: int, k: int, dtype: str = "bf16", count: int = 1,
               table: Optional[GemmTable] = None) -> GemmEstimate:
-    """Seconds of ``count`` GEMMs (M, N, K): the measured entry when ``table`` has this
-    exact shape and dtype (``count`` calls of it), else :func:`gemm_model`."""
+    """Seconds of ``count`` GEMMs (M, N, K), first of: the measured entry when ``table`` (a
+    user's ``meshplan bench gemm``) has this exact shape and dtype (``count`` calls of it); the
+    catalog's measured points for this GPU and dtype, interpolated
+    (:func:`meshplan.compute.measured.gemm_seconds`, source "catalog"); :func:`gemm_model`."""
     hit = table.lookup(m, n, k, dtype) if table is not None else None
     if hit is None:
-        return gemm_model(gpu, m, n, k, dtype, count)
+        data = kernel_data(gpu.name)
+        if data is None or dtype not in data.gemm or min(m, n, k, count) <= 0:
+            return gemm_model(gpu, m, n, k, dtype, count)
+        t, how = gemm_seconds(data, m, n, k, dtype, count)
+        eff = 2.0 * m * n * k * count / t / gpu.peak_flops(dtype)
+        shape = f"{m}x{n}x{k}" + (f" x{count}" if count > 1 else "")
+        return GemmEstimate(t, eff, "catalog", f"{shape} {dtype}: {how} -> {eff:.1%} of peak")
     eff = 2.0 * m * n * k / hit.seconds / gpu.peak_flops(dtype)
     why = (f"{m}x{n}x{k} {dtype}: measured {hit.seconds * 1e6:.1f} us on {hit.device} (torch {hit.torch}) "
            f"-> {eff:.1%} of {gpu.name} peak")

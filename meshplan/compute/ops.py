@@ -48,6 +48,7 @@ from math import ceil
 from typing import Optional
 
 from meshplan.compute.gemm import GemmTable, gemm_efficiency, gemm_model, gemm_time, load_gemm_table  # noqa: F401
+from meshplan.compute.measured import attention_seconds, bandwidth, kernel_data
 from meshplan.compute.shapes import Attention, Gemm, attention_shape, backward_gemms, layer_gemms
 from meshplan.spec.cluster import GPUSpec
 from meshplan.spec.model import ModelSpec
@@ -147,10 +148,37 @@ class Cost:
                 f"{o.hardware_flops / 1e12:8.3f} TFLOP {o.note}" for o in self.ops]
 
 
-def _mem(gpu: GPUSpec, name: str, block: str, phase: str, nbytes: float, recompute=False) -> Op:
-    t = nbytes / gpu.hbm_bandwidth_bytes_per_s
+def issue_floor(gpu: GPUSpec, seconds: float) -> float:
+    """A kernel's time on the step: ``max(kernel seconds, host issue floor)`` (catalog
+    ``host.kernel_issue_s``, :mod:`meshplan.compute.measured`); unchanged for a GPU without
+    catalog measurements."""
+    data = kernel_data(gpu.name)
+    return seconds if data is None else max(seconds, data.kernel_issue_s)
+
+
+def _mem(gpu: GPUSpec, name: str, block: str, phase: str, nbytes: float, recompute=False,
+         kind: str = "elementwise", hidden: int = 0) -> Op:
+    """A memory-bound kernel: bytes at the catalog's achievable bandwidth for ``kind`` (norm
+    curve at ``hidden``, else Triad), or the datasheet bandwidth for a GPU without one."""
+    data = kernel_data(gpu.name)
+    bw = gpu.hbm_bandwidth_bytes_per_s if data is None else bandwidth(data, kind, hidden)
+    what = "datasheet" if data is None else ("fused norm" if kind == "norm" else "Triad")
+    t = issue_floor(gpu, nbytes / bw)
     return Op(name, block, phase, "memory", t, size_bytes=nbytes, recompute=recompute,
-              note=f"{nbytes / 1e6:.1f} MB / {gpu.hbm_bandwidth_tb_per_s} TB/s")
+              note=f"{nbytes / 1e6:.1f} MB / {bw / 1e12:.3g} TB/s ({what})")
+
+
+def optimizer_seconds(gpu: GPUSpec, nbytes: float) -> float:
+    """Fused optimizer step reading and writing ``nbytes`` of state, at the catalog's Triad
+    bandwidth (multi-tensor Adam streams several arrays per element; S12's fused AdamW on H100,
+    ~2.1 TB/s, is below Triad 2.97), or the datasheet bandwidth for a GPU without one.
+
+    >>> from meshplan import catalog
+    >>> optimizer_seconds(catalog.gpu("a100-sxm-80gb"), 1.7e9)  # 1.7 GB at 1.70 TB/s
+    0.001
+    """
+    data = kernel_data(gpu.name)
+    return nbytes / (gpu.hbm_bandwidth_bytes_per_s if data is None else data.stream_bytes_per_s)
 
 
 def _gemm_ops(gpu: GPUSpec, g: Gemm, block: str, w: Workload, table, model_scale: float = 1.0) -> list[Op]:
@@ -159,8 +187,8 @@ def _gemm_ops(gpu: GPUSpec, g: Gemm, block: str, w: Workload, table, model_scale
     out = []
     for gg, phase in zip([g] + backward_gemms(g), PHASES):
         e = gemm_time(gpu, gg.m, gg.n, gg.k, w.dtype, gg.count, table)
-        out.append(Op(gg.name, block, phase, "gemm", e.seconds, gg.flops * model_scale, gg.flops,
-                      note=e.explanation))
+        out.append(Op(gg.name, block, phase, "gemm", issue_floor(gpu, e.seconds), gg.flops * model_scale,
+                      gg.flops, note=e.explanation))
     return out
 
 
@@ -173,6 +201,15 @@ def _flash_ops(gpu: GPUSpec, att: Attention, w: Workload, recompute: bool, table
                                                        "attention", t, model, hw, recompute=rec, note=note)
         out = [mk("forward", measured[0], fwd, fwd), mk("backward_input", measured[1], 2 * fwd, 2.5 * fwd)]
         return out + ([mk("backward_input", measured[0], 0.0, fwd, True)] if recompute else [])
+    data = kernel_data(gpu.name)
+    if data is not None and data.attention:  # published FlashAttention rates (catalog)
+        f_s, b_s, how = attention_seconds(data, att, causal=True)
+        fwd = att.flops(causal_half=True)
+        mk = lambda phase, t, model, hw, rec=False: Op("attention" + (" (recompute)" if rec else ""), "attn", phase,
+                                                       "attention", issue_floor(gpu, t), model, hw, recompute=rec,
+                                                       note=how)
+        out = [mk("forward", f_s, fwd, fwd), mk("backward_input", b_s, 2 * fwd, 2.5 * fwd)]
+        return out + ([mk("backward_input", f_s, 0.0, fwd, True)] if recompute else [])
     peak = gpu.peak_flops(w.dtype)
     tiles = att.batch * att.q_heads * ceil(att.seq_q / 128)
     waves = ceil(tiles / gpu.sms)
@@ -238,7 +275,9 @@ def _elementwise(model: ModelSpec, gpu: GPUSpec, w: Workload, gemms: list[Gemm])
         spec += [("moe permute", "mlp", nb, nb), ("moe unpermute", "mlp", nb, nb)]
     out = []
     for name, block, f, bw in spec:
-        out += [_mem(gpu, name, block, "forward", f), _mem(gpu, name, block, "backward_input", bw)]
+        kind = "norm" if name.endswith("norm") else "elementwise"
+        out += [_mem(gpu, name, block, "forward", f, kind=kind, hidden=h),
+                _mem(gpu, name, block, "backward_input", bw, kind=kind, hidden=h)]
     return out
 
 
@@ -271,6 +310,10 @@ def embedding_cost(model: ModelSpec, gpu: GPUSpec, w: Workload) -> Cost:
            _mem(gpu, "embedding grad", "embed", "backward_weight", 2 * b * t * h)]
     if model.position_embedding == "learned":
         ops.append(_mem(gpu, "position add", "embed", "forward", 3 * b * t * h))
+    data = kernel_data(gpu.name)
+    if data is not None:  # per micro-batch: the batch broadcast (catalog microbatch_overhead_s)
+        ops.append(Op("micro-batch overhead", "embed", "forward", "overhead", data.microbatch_overhead_s,
+                      note="get_batch: 2 small tp broadcasts at the measured 1 KB latency (catalog)"))
     return Cost(tuple(ops))
 
 
@@ -282,8 +325,8 @@ def head_cost(model: ModelSpec, gpu: GPUSpec, w: Workload, table: Optional[GemmT
     pv = padded_vocab(model.vocab, w.vocab_pad_divisor, w.tp)
     g = Gemm("output", w.tokens, pv // w.tp, h)
     logits = w.tokens * (pv // w.tp)
-    ops = [_mem(gpu, "final norm", "head", "forward", 2 * b * r * h),
-           _mem(gpu, "final norm", "head", "backward_input", 3 * b * r * h)]
+    ops = [_mem(gpu, "final norm", "head", "forward", 2 * b * r * h, kind="norm", hidden=h),
+           _mem(gpu, "final norm", "head", "backward_input", 3 * b * r * h, kind="norm", hidden=h)]
     ops += _gemm_ops(gpu, g, "head", w, table, model_scale=model.vocab / pv)
     ops += [_mem(gpu, "cross entropy", "head", "forward", (b + 4) * logits),
             _mem(gpu, "cross entropy", "head", "backward_input", (4 + b) * logits)]

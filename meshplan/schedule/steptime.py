@@ -8,7 +8,7 @@ per-step gradient reduction when it was not overlapped, the optimizer step and t
 ZeRO-1/2 parameter all-gather (``Overlap.param_gather``: hidden behind the next step's
 first forward unit, the remainder exposed). The optimizer step is memory-bound: it reads
 all persistent state of the rank (:mod:`meshplan.memory.state`) and writes all but the
-gradients, at HBM bandwidth. Step time = the latest stage end.
+gradients, at achievable bandwidth (:func:`meshplan.compute.ops.optimizer_seconds`). Step time = the latest stage end.
 
 MFU uses model FLOP (:func:`meshplan.compute.ops.sequence_model_flops` x global batch: causal
 half attention, no recompute); HFU the FLOP each rank executes (recompute, full non-flash
@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from meshplan.compute.ops import Cost, Workload, embedding_cost, head_cost, layer_cost, sequence_model_flops
+from meshplan.compute.ops import (Cost, Workload, embedding_cost, head_cost, layer_cost, optimizer_seconds,
+                                  sequence_model_flops)
 from meshplan.compute.gemm import GemmTable
 from meshplan.pipeline.simulate import Event, PipelineResult, PipelineSpec, simulate, write_trace
 from meshplan.schedule.rank_timeline import ChunkCosts, CommTimes, Overlap, backward_unit, forward_unit
@@ -29,8 +30,9 @@ from meshplan.schedule.rank_timeline import ChunkCosts, CommTimes, Overlap, back
 
 def workload_of(plan, dropout: bool = False) -> Workload:
     """The per-rank :class:`~meshplan.compute.ops.Workload` of a plan's mesh and training
-    contract. ``dropout``: GPT-style dropout (the training spec has no such field yet)."""
+    contract. ``dropout``: GPT-style dropout, also on when the config's ``[memory] dropout`` is."""
     t, mesh = plan.config.training, plan.mesh
+    dropout = dropout or plan.config.memory.dropout
     return Workload(seq_len=t.seq_len, micro_batch=t.micro_batch, tp=mesh.degree("tp"), cp=mesh.degree("cp"),
                     sp=mesh.sequence_parallel, ep=mesh.ep, etp=mesh.etp, dtype=t.compute_dtype,
                     recompute=t.recompute, flash=t.flash_attention, dropout=dropout,
@@ -160,7 +162,7 @@ def _unit_sims(spec, chunks, comms, w, ov) -> dict:
 def _optimizer_s(plan, s: int) -> float:
     st = plan.state[s]
     nbytes = 2 * st.total_bytes - st.bytes_of("grads")
-    return nbytes / plan.config.cluster.gpu.hbm_bandwidth_bytes_per_s
+    return optimizer_seconds(plan.config.cluster.gpu, nbytes)
 
 
 def _stage_end(plan, s, spec, mine, units, comm: CommTimes, ov) -> tuple[float, list[Event], dict]:

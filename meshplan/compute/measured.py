@@ -1,0 +1,173 @@
+"""Kernel times from measurements shipped in the catalog (``meshplan/catalog/kernels.toml``):
+GEMM throughput over (M, N, K), fused attention throughput, achievable HBM bandwidth and
+fixed overheads of one GPU, each point with its source.
+
+**GEMM** (:func:`gemm_tflops`). The catalog holds measured TFLOP/s at scattered shapes
+(A100: Azure cuBLASLt fp16 and the ml-engineering MAMF maximum; H100: XLA's measured sm_90
+table and the MAMF maximum; H200: H100's bf16 points). A shape between them is interpolated by
+inverse-distance weighting (Shepard's method) in log2 space of (M, N, K): the 4 nearest points,
+weight ``1 / d^2``; a measured shape returns its own value; the result stays within the range of
+those 4 points (never extrapolated beyond the measured maximum). A grouped call of ``count``
+GEMMs is looked up as one GEMM of ``(count M, N, K)`` (the same tiles in more waves). The time
+is ``max(2 M N K count / rate, bytes / achievable bandwidth)`` with ``bytes = dtype (M K + K N
++ M N) count``: interpolating between compute-bound points must not beat the memory roofline.
+
+>>> d = kernel_data("a100-sxm-80gb")
+>>> gemm_tflops(d, 4096, 4096, 4096, "bf16")[0]   # a measured shape (S3)
+228.0
+>>> round(gemm_tflops(d, 8192, 3072, 6144, "bf16")[0], 1)  # 22B fc1 at tp 8, b 4: between the cubes
+238.5
+
+**Attention** (:func:`attention_seconds`): the FlashAttention benchmark's rates by pass, mask,
+head dim and sequence length, FLOP convention of flash-attention's
+``benchmarks/benchmark_flash_attention.py``: forward ``4 B S_q S_kv H d`` (H query heads),
+halved when causal; backward 2.5x forward. The first kernel of the GPU's ``prefer`` list with a
+row for the pass is used (a row of the same mask, else one whose mask the source does not name),
+its nearest head dim (log2), rate linear in log2(S_kv) between the measured lengths and clamped
+at the ends. Where a kernel only has fwd+bwd rates (FA2 on A100), forward and backward are
+timed at that one rate (time split by FLOP, 1 : 2.5).
+
+**Memory-bound kernels** (:func:`bandwidth`): norms at the fused-norm bandwidth for their
+hidden size (Liger RMSNorm, linear in log2 hidden, clamped), other elementwise kernels and the
+optimizer at BabelStream Triad.
+
+**Overheads**: ``kernel_issue_s`` is the host's issue floor per eager kernel (a kernel shorter
+than it runs at the host's rate); ``microbatch_overhead_s`` the per-micro-batch batch broadcast.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from math import log2
+from typing import Optional
+
+from meshplan import catalog
+from meshplan.compute.shapes import Attention
+from meshplan.units import TFLOPS, dtype_bytes
+
+NEIGHBOURS = 4  # Shepard interpolation: nearest points used
+POWER = 2  # inverse-distance weight exponent
+
+
+@dataclass(frozen=True)
+class AttentionRow:
+    """Measured fused-attention TFLOP/s of ``kernel`` for ``pass_`` (fwd, bwd or fwd+bwd),
+    ``mask`` (none, causal or any) and ``head_dim`` at each of ``seq`` lengths."""
+
+    kernel: str
+    pass_: str
+    mask: str
+    head_dim: int
+    seq: tuple[int, ...]
+    tflops: tuple[float, ...]
+    source: str
+
+
+@dataclass(frozen=True)
+class KernelData:
+    """One GPU's measured kernel data (see the module docstring); bandwidths in B/s."""
+
+    gpu: str
+    gemm: dict
+    attention: tuple[AttentionRow, ...]
+    prefer: tuple[str, ...]
+    stream_bytes_per_s: float
+    norm_hidden: tuple[int, ...]
+    norm_bytes_per_s: tuple[float, ...]
+    microbatch_overhead_s: float
+    kernel_issue_s: float
+    source: str
+
+
+@lru_cache(maxsize=None)
+def kernel_data(gpu_name: str) -> Optional[KernelData]:
+    """The catalog's measured kernel data of ``gpu_name``, or None when it has none."""
+    raw = catalog.kernel_data(gpu_name)
+    if raw is None:
+        return None
+    g = raw.get("gemm", {})  # a string value names another dtype's points (fp16 = "bf16")
+    gemm = {dt: tuple(tuple(p) for p in (g[v] if isinstance(v, str) else v)) for dt, v in g.items()}
+    att = raw.get("attention", {})
+    rows = tuple(AttentionRow(r["kernel"], r["pass"], r["mask"], int(r["head_dim"]), tuple(r["seq"]),
+                              tuple(float(x) for x in r["tflops"]), r["source"]) for r in att.get("rows", []))
+    prefer = tuple(att.get("prefer", sorted({r.kernel for r in rows})))
+    return KernelData(gpu_name, gemm, rows, prefer, raw["stream_tb_per_s"] * 1e12, tuple(raw["norm_hidden"]),
+                      tuple(x * 1e12 for x in raw["norm_tb_per_s"]), raw["microbatch_overhead_s"],
+                      raw["host"]["kernel_issue_s"], raw["source"])
+
+
+def gemm_tflops(data: KernelData, m: int, n: int, k: int, dtype: str) -> tuple[float, str]:
+    """(TFLOP/s, how) of one (M, N, K) GEMM interpolated from ``data``'s points for ``dtype``
+    (module docstring). Raises KeyError when there are no points for ``dtype``."""
+    pts = data.gemm[dtype]
+    q = (log2(m), log2(n), log2(k))
+    dist = sorted(((sum((a - log2(b)) ** 2 for a, b in zip(q, p[:3])) ** 0.5, p) for p in pts),
+                  key=lambda x: x[0])[:NEIGHBOURS]
+    if dist[0][0] < 1e-9:
+        p = dist[0][1]
+        return float(p[3]), f"measured {p[3]:g} TFLOP/s at {m}x{n}x{k} [{p[4]}]"
+    w = [1.0 / d ** POWER for d, _ in dist]
+    rate = sum(wi * p[3] for wi, (_, p) in zip(w, dist)) / sum(w)
+    near = ", ".join(f"{p[0]}x{p[1]}x{p[2]} {p[3]:g} [{p[4]}]" for _, p in dist)
+    return rate, f"{rate:.1f} TFLOP/s interpolated (Shepard, log2 M,N,K) from {near}"
+
+
+def gemm_seconds(data: KernelData, m: int, n: int, k: int, dtype: str, count: int = 1) -> tuple[float, str]:
+    """Seconds of ``count`` (M, N, K) GEMMs: interpolated rate at ``(count M, N, K)``, no
+    faster than the memory roofline at Triad bandwidth."""
+    rate, how = gemm_tflops(data, m * count, n, k, dtype)
+    t_compute = 2.0 * m * n * k * count / (rate * TFLOPS)
+    t_memory = dtype_bytes(dtype) * (m * k + k * n + m * n) * count / data.stream_bytes_per_s
+    if t_memory > t_compute:
+        return t_memory, how + f"; memory-bound at {data.stream_bytes_per_s / 1e12:.2f} TB/s (Triad)"
+    return t_compute, how
+
+
+def _interp_log(xs, ys, x: float) -> float:
+    """Linear in log2(x) between the points (xs ascending), clamped at the ends."""
+    if x <= xs[0]:
+        return ys[0]
+    if x >= xs[-1]:
+        return ys[-1]
+    for (x0, y0), (x1, y1) in zip(zip(xs, ys), zip(xs[1:], ys[1:])):
+        if x <= x1:
+            f = (log2(x) - log2(x0)) / (log2(x1) - log2(x0))
+            return y0 + f * (y1 - y0)
+    return ys[-1]
+
+
+def _attention_row(data: KernelData, pass_: str, mask: str, head_dim: int) -> Optional[AttentionRow]:
+    for kernel in data.prefer:
+        for masks in ((mask,), ("any",)):
+            rows = [r for r in data.attention if r.kernel == kernel and r.pass_ == pass_ and r.mask in masks]
+            if rows:
+                return min(rows, key=lambda r: (abs(log2(r.head_dim) - log2(head_dim)), -r.head_dim))
+    return None
+
+
+def attention_seconds(data: KernelData, att: Attention, causal: bool = True) -> tuple[float, float, str]:
+    """(forward s, backward s, how) of one fused attention call ``att`` (module docstring).
+    Raises KeyError when ``data`` has no attention rows for the mask."""
+    mask = "causal" if causal else "none"
+    fwd_flops = att.flops(causal_half=causal)
+    out, how = [], []
+    for pass_, factor in (("fwd", 1.0), ("bwd", 2.5)):
+        row = _attention_row(data, pass_, mask, att.head_dim)
+        if row is None:
+            row = _attention_row(data, "fwd+bwd", mask, att.head_dim)
+        if row is None:
+            raise KeyError(f"{data.gpu}: no attention rows for a {mask} mask")
+        rate = _interp_log(row.seq, row.tflops, att.seq_kv)
+        out.append(factor * fwd_flops / (rate * TFLOPS))
+        how.append(f"{pass_} {row.kernel} {row.pass_} {row.mask} d{row.head_dim} {rate:.0f} TFLOP/s at S {att.seq_kv} "
+                   f"[{row.source}]")
+    return out[0], out[1], "; ".join(how)
+
+
+def bandwidth(data: KernelData, kind: str = "elementwise", hidden: int = 0) -> float:
+    """Achievable HBM bandwidth (B/s) of a memory-bound kernel: ``kind`` "norm" at the fused
+    norm curve for ``hidden``, anything else at BabelStream Triad."""
+    if kind == "norm":
+        return _interp_log(data.norm_hidden, data.norm_bytes_per_s, hidden)
+    return data.stream_bytes_per_s
