@@ -481,6 +481,44 @@ def bench_gemm(config: Path = typer.Argument(..., help="TOML config whose local 
     typer.echo(f"wrote {write_table(rows, out, force=force)}")
 
 
+@bench_app.command("attention")
+def bench_attention(config: Path = typer.Argument(..., help="TOML config whose local attention is timed"),
+                    out: Path = typer.Option(Path("attention.json"), "--out", help="JSON table for --gemm-table"),
+                    device: str = typer.Option("auto", "--device", help="cpu, cuda or auto (cuda when present)"),
+                    dtype: Optional[str] = typer.Option(None, "--dtype", help="fp32, bf16 or fp16 (default: compute "
+                                                        "dtype on a GPU, fp32 on the CPU)"),
+                    with_gemm: Optional[Path] = typer.Option(None, "--with-gemm", help="a `bench gemm` table whose "
+                                                             "rows are written into --out too (one file for step)"),
+                    repeats: int = typer.Option(5, "--repeats", help="timed calls (median)"),
+                    force: bool = typer.Option(False, "--force", help="replace an existing --out file")):
+    """Time the plan's local attention (torch SDPA, forward and backward) and write the table --gemm-table reads."""
+    import torch
+
+    from meshplan.runtime.bench.attention import bench_plan, gemm_rows, write_table
+
+    p = _load(config)
+    if p.mesh is None:
+        for r in p.reasons:
+            typer.echo(f"infeasible: {r}", err=True)
+        raise typer.Exit(1)
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device not in ("cpu", "cuda"):
+        raise ConfigError("--device", f"{device!r}; use cpu, cuda or auto")
+    dt = dtype or (p.config.training.compute_dtype if device == "cuda" else "fp32")
+    if dt not in ("fp32", "bf16", "fp16"):
+        raise ConfigError("--dtype", f"{dt!r}; use fp32, bf16 or fp16")
+    r = bench_plan(p, dt, device, repeats=max(1, repeats))
+    fwd_flops = 2.0 * r["batch"] * r["q_heads"] * r["seq_q"] * r["seq_kv"] * r["head_dim"]  # causal half
+    typer.echo(f"attention b {r['batch']} heads {r['q_heads']} (kv {r['kv_heads']}) s_q {r['seq_q']} s_kv "
+               f"{r['seq_kv']} d {r['head_dim']} {dt}: forward {r['forward_s'] * 1e6:.1f} us "
+               f"({fwd_flops / r['forward_s'] / 1e12:.3f} TFLOP/s), backward {r['backward_s'] * 1e6:.1f} us "
+               f"({2.5 * fwd_flops / r['backward_s'] / 1e12:.3f} TFLOP/s; flash-attention FLOP convention)  "
+               f"{r['device']}")
+    rows = (gemm_rows(with_gemm) if with_gemm else []) + [r]
+    typer.echo(f"wrote {write_table(rows, out, force=force)}")
+
+
 def main(argv: Optional[list[str]] = None) -> None:
     """Entry point: run the app, turning ConfigError into one line and exit 2."""
     try:

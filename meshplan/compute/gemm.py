@@ -147,7 +147,31 @@ class GemmTable:
         return len(self.entries)
 
 
+#: Columns of a measured attention row (``op = "attention"``; ``meshplan bench attention``,
+#: ``validate``'s gemm_table.json): shape of one causal call, seconds of its forward and backward.
+ATTENTION_COLUMNS = ("op", "batch", "q_heads", "kv_heads", "seq_q", "seq_kv", "head_dim", "dtype",
+                     "forward_s", "backward_s", "device", "torch")
+
+
+def _attention_row(raw: dict, where: str) -> tuple[tuple, tuple[float, float], str]:
+    """(GemmTable.attention key, (forward_s, backward_s), device) of one attention row."""
+    unknown = {k for k, v in raw.items() if v not in (None, "")} - set(ATTENTION_COLUMNS)
+    if unknown:
+        raise ConfigError(where, f"unknown column(s) {sorted(unknown)}; attention rows have "
+                          f"{', '.join(ATTENTION_COLUMNS)}")
+    try:
+        key = tuple(int(raw[c]) for c in ATTENTION_COLUMNS[1:7]) + (str(raw["dtype"]),)
+        times = (float(raw["forward_s"]), float(raw["backward_s"]))
+    except (KeyError, ValueError, TypeError) as e:
+        raise ConfigError(where, f"bad or missing attention column ({e}); need "
+                          f"{', '.join(ATTENTION_COLUMNS[1:10])}") from None
+    if min(key[:6]) <= 0 or min(times) < 0:
+        raise ConfigError(where, f"sizes must be positive and times not negative: {key} {times}")
+    return key, times, str(raw.get("device", ""))
+
+
 def _row(raw: dict, where: str) -> Measurement:
+    raw = {k: v for k, v in raw.items() if not (k == "op" and v == "gemm")}
     unknown = set(raw) - set(TABLE_COLUMNS)
     if unknown:
         raise ConfigError(where, f"unknown column(s) {sorted(unknown)}; allowed: {', '.join(TABLE_COLUMNS)}")
@@ -178,7 +202,9 @@ def load_gemm_table(path: str | Path) -> GemmTable:
     """Read a measured GEMM table: CSV with a header of :data:`TABLE_COLUMNS` (seconds or
     tflops may be empty, not both), or JSON as a list of such rows or
     ``{"device": ..., "torch": ..., "rows": [...]}`` (row keys override the top level).
-    One device per table. Raises ConfigError naming the row and column."""
+    Rows with ``op = "attention"`` (:data:`ATTENTION_COLUMNS`; ``meshplan bench attention``)
+    fill ``GemmTable.attention``. One device per table. Raises ConfigError naming the row and
+    column."""
     p = Path(path)
     if not p.is_file():
         raise ConfigError("gemm_table", f"no file {str(p)!r}; write one with `meshplan bench gemm`")
@@ -195,11 +221,16 @@ def load_gemm_table(path: str | Path) -> GemmTable:
     else:
         with p.open(newline="") as f:
             rows = list(csv.DictReader(f))
-    meas = [_row(r, f"gemm_table row {i + 1}") for i, r in enumerate(rows)]
-    devices = sorted({x.device for x in meas})
+    meas, att = [], []
+    for i, r in enumerate(rows):
+        if r.get("op") == "attention":
+            att.append(_attention_row(r, f"gemm_table row {i + 1}"))
+        else:
+            meas.append(_row(r, f"gemm_table row {i + 1}"))
+    devices = sorted({x.device for x in meas} | {d for _, _, d in att if d})
     if len(devices) > 1:
         raise ConfigError("gemm_table", f"rows from several devices {devices}; keep one device per table")
-    return GemmTable({(x.m, x.n, x.k, x.dtype): x for x in meas}, str(p))
+    return GemmTable({(x.m, x.n, x.k, x.dtype): x for x in meas}, str(p), {k: t for k, t, _ in att})
 
 
 def gemm_time(gpu: GPUSpec, m: int, n: int, k: int, dtype: str = "bf16", count: int = 1,

@@ -1,5 +1,6 @@
 """Benchmarks on the machine at hand: ``meshplan bench comm`` (:mod:`.comm`, :mod:`.comm_worker`,
-nccl-tests text and calibration) and ``meshplan bench gemm`` (:mod:`.gemm`).
+nccl-tests text and calibration), ``meshplan bench gemm`` (:mod:`.gemm`) and
+``meshplan bench attention`` (:mod:`.attention`).
 """
 
-__all__ = ["comm", "comm_worker", "gemm"]
+__all__ = ["attention", "comm", "comm_worker", "gemm"]
