@@ -299,3 +299,17 @@ def test_overheads_and_optimizer_from_the_catalog():
     assert len(over) == 1 and over[0].seconds == pytest.approx(2 * 16.96e-6)  # 2 broadcasts at S18's 1 KB latency
     assert optimizer_seconds(A100, 3.4e9) == pytest.approx(3.4e9 / 1.70e12)  # Triad, not the 2.039 datasheet
     assert optimizer_seconds(H100, 2.97e9) == pytest.approx(1e-3)
+
+
+def test_linear_bias_kernels_by_hand():
+    """Megatron GPT biases (22B, tp 8, SP, b 4, s 2048: tokens 8192, rows 1024): forward QKV bias
+    add reads and writes 8192 x 2304 x 2 B; backward bias gradients read their output gradients:
+    QKV 8192 x 2304, MLP-up 8192 x 3072, wo and MLP-down 1024 x 6144 (sequence shards), 2 B each."""
+    c = layer_cost(GPT22B, A100, Workload(seq_len=S, micro_batch=B, tp=8, sp=True, flash=False))
+    by = {(o.name, o.phase): o.size_bytes for o in c.ops if "bias" in o.name}
+    assert by == {("qkv bias add", "forward"): 2 * 2 * 8192 * 2304, ("qkv bias grad", "backward_weight"): 2 * 8192 * 2304,
+                  ("wo bias grad", "backward_weight"): 2 * 1024 * 6144,
+                  ("mlp up bias grad", "backward_weight"): 2 * 8192 * 3072,
+                  ("mlp down bias grad", "backward_weight"): 2 * 1024 * 6144}
+    llama = layer_cost(catalog.model("llama3-8b"), H100, Workload(seq_len=4096, tp=2))
+    assert not [o for o in llama.ops if "bias" in o.name]  # no linear biases

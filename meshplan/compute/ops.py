@@ -281,6 +281,29 @@ def _elementwise(model: ModelSpec, gpu: GPUSpec, w: Workload, gemms: list[Gemm])
     return out
 
 
+def _bias_ops(model: ModelSpec, gpu: GPUSpec, w: Workload, moe: bool) -> list[Op]:
+    """Linear biases as Megatron-LM's GPT applies them: the QKV bias is a separate add after
+    the column-parallel GEMM (read and write ``tokens x local qkv width``); the MLP-up bias is
+    fused into the bias-GeLU kernel and the row-parallel (wo, MLP-down) biases into
+    bias-dropout-add (no extra forward kernel). Backward: each bias gradient is a sum over
+    tokens of its output gradient, a memory-bound read: ``tokens x width`` for the column-parallel
+    ones, ``row tokens x h`` (sequence shard with SP) for the row-parallel ones."""
+    b, h, t, r = dtype_bytes(w.dtype), model.hidden, w.tokens, w.row_tokens
+    q_l, kv_l, _ = local_heads(model, w.tp)
+    qkv = t * (q_l + 2 * kv_l) * model.d_head
+    out = []
+    if model.qkv_bias or model.linear_bias:
+        out += [_mem(gpu, "qkv bias add", "attn", "forward", 2 * b * qkv),
+                _mem(gpu, "qkv bias grad", "attn", "backward_weight", b * qkv)]
+    if model.linear_bias:
+        out.append(_mem(gpu, "wo bias grad", "attn", "backward_weight", b * r * h))
+        if not moe:
+            f = model.ffn // w.tp * (2 if model.gated_mlp else 1)
+            out += [_mem(gpu, "mlp up bias grad", "mlp", "backward_weight", b * t * f),
+                    _mem(gpu, "mlp down bias grad", "mlp", "backward_weight", b * r * h)]
+    return out
+
+
 def layer_cost(model: ModelSpec, gpu: GPUSpec, w: Workload, layer: int = -1,
                table: Optional[GemmTable] = None) -> Cost:
     """Every op of transformer layer ``layer`` (-1: the last) on one rank for one micro-batch,
@@ -295,6 +318,7 @@ def layer_cost(model: ModelSpec, gpu: GPUSpec, w: Workload, layer: int = -1,
     selective = w.recompute == "selective"
     ops += _flash_ops(gpu, att, w, selective, table) if w.flash else _score_ops(gpu, att, w, table, selective)
     ops += _elementwise(model, gpu, w, gemms)
+    ops += _bias_ops(model, gpu, w, model.is_moe_layer(model.layers - 1 if layer < 0 else layer))
     if w.recompute == "full":
         ops += [replace(o, name=o.name + " (recompute)", phase="backward_input", model_flops=0.0, recompute=True)
                 for o in ops if o.phase == "forward"]

@@ -1,0 +1,56 @@
+"""benchmarks/fidelity.py (issue 11 item 6): its core function on one development-set run.
+
+The honest model misses the published step times today (D2: about -16%, see the benchmark's
+output and the issue 11 notes), so no fidelity band is asserted: the test checks the
+benchmark's bookkeeping against values derived by hand and the per-term values of the model
+that the benchmark reports."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import fidelity  # noqa: E402
+
+from meshplan.schedule.steptime import chunk_costs, step_time, workload_of  # noqa: E402
+
+D2 = fidelity.RUNS[1]
+
+
+def test_predict_one_run_bookkeeping():
+    r = fidelity.predict(D2)
+    assert (D2.published_s, D2.calculon_s) == (1.10, 1.14)  # published-runs-dev.md
+    assert r["calculon_err"] == pytest.approx(1.14 / 1.10 - 1)  # +3.6%
+    assert r["meshplan_s"] == pytest.approx(step_time(fidelity.plan_of(D2.config)).step_s)
+    assert r["meshplan_err"] == pytest.approx(r["meshplan_s"] / 1.10 - 1)
+    # a guard, not a fidelity claim: not worse than the -22% of the model before measured kernels
+    # (issue 11), and not beyond the issue's 10% max on the slow side (other terms still move:
+    # the collective model of issue 11 item 2 is expected to lengthen the step)
+    assert -0.22 < r["meshplan_err"] < 0.10
+
+
+def test_d2_per_term_values_by_hand():
+    """The D2 config as the benchmark builds it: dropout on from [memory], SP, selective
+    recompute, non-flash attention. Scores per rank b a/tp s^2 = 4 x 8 x 2048^2 = 134,217,728:
+    the fused softmax reads and writes them in 2 B (536.9 MB), the attention dropout reads 2 B,
+    writes 2 B and a 1 B mask (671.1 MB), both at A100 Triad 1.70 TB/s (BabelStream, S3); the
+    optimizer step moves all state twice less the gradients at Triad too."""
+    plan = fidelity.plan_of(D2.config)
+    w = workload_of(plan)
+    assert w.dropout and w.sp and w.recompute == "selective" and not w.flash
+    layer = chunk_costs(plan, w)[0][0].layers[0]
+    op = {(o.name, o.phase): o.seconds for o in layer.ops}
+    scores = 4 * 8 * 2048 ** 2
+    assert op[("softmax", "forward")] == pytest.approx(4 * scores / 1.70e12)  # 315.8 us
+    assert op[("attention dropout", "forward")] == pytest.approx(5 * scores / 1.70e12)  # 394.8 us
+    st = step_time(plan)
+    opt = [e for e in st.post_events if e.name == "optimizer step"][0]
+    s = plan.state[0]
+    assert opt.end_s - opt.start_s == pytest.approx((2 * s.total_bytes - s.bytes_of("grads")) / 1.70e12)
+
+
+def test_sources_name_every_term():
+    text = "\n".join(fidelity.sources("a100-sxm-80gb"))
+    for word in ("GEMM", "attention", "Triad", "issue floor", "micro-batch", "optimizer", "collectives"):
+        assert word in text
