@@ -16,6 +16,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Optional
+
+from meshplan.comm.calibration import BenchRow, CalibratedLink, apply_calibration, fit_alpha_beta
 
 from meshplan.compute.measured import kernel_data
 from meshplan.config import load_config
@@ -50,9 +53,29 @@ LAYER_22B = {
 }
 
 
-def plan_of(config: str):
-    """The plan of a development-set config."""
-    return build_plan(load_config(HERE / config))
+#: Diagnostic only (not the model's default): 8x A100 NVLink all-reduce busbw measured by
+#: nccl-tests (public-microbenchmarks.md 4a, S15: stas00/ml-engineering network README), size
+#: (B) -> busbw (GB/s), 4 MiB..1 GiB: the range around these runs' TP messages (50-100 MB).
+S15_ALL_REDUCE = {4 << 20: 72.3, 8 << 20: 109.9, 32 << 20: 138.5, 128 << 20: 176.9, 512 << 20: 222.7,
+                  1 << 30: 229.0}
+
+
+def s15_calibration() -> dict:
+    """An nvlink calibration fitted (alpha-beta, :func:`meshplan.comm.calibration.fit_alpha_beta`)
+    to :data:`S15_ALL_REDUCE`: what the step would be with collectives at measured busbw."""
+    rows = [BenchRow("all-reduce", 8, size, size * 1.75 / (bw * 1e9), 0.0, bw * 1e9)
+            for size, bw in S15_ALL_REDUCE.items()]
+    fit = fit_alpha_beta(rows, "nvlink")
+    return {"nvlink": CalibratedLink(latency_us=fit.latency_s * 1e6, bandwidth_gb_per_s=fit.bandwidth_bytes_per_s / 1e9,
+                                     op="all-reduce", ranks=8, source="S15 A100 nccl-tests all_reduce 4 MiB-1 GiB")}
+
+
+def plan_of(config: str, calibration: Optional[dict] = None):
+    """The plan of a development-set config (its cluster recalibrated when ``calibration``)."""
+    cfg = load_config(HERE / config)
+    if calibration:
+        cfg = replace(cfg, cluster=apply_calibration(cfg.cluster, calibration))
+    return build_plan(cfg)
 
 
 def predict(run: Run) -> dict:
@@ -62,11 +85,18 @@ def predict(run: Run) -> dict:
             "meshplan_err": st.step_s / run.published_s - 1, "calculon_err": run.calculon_s / run.published_s - 1}
 
 
-def predict_layer(recompute: str, sp: bool) -> tuple[float, float]:
+def predict_s15(run: Run) -> float:
+    """Diagnostic: meshplan's step for ``run`` with NVLink collectives at S15's measured busbw."""
+    return step_time(plan_of(run.config, s15_calibration())).step_s
+
+
+def predict_layer(recompute: str, sp: bool, calibration: Optional[dict] = None) -> tuple[float, float]:
     """(forward ms, backward ms) of one 22B layer, tp 8, micro-batch 4, with its collectives."""
     cfg = load_config(HERE / "megatron-22b_8xa100_tp8_sp-selective.toml")
     cfg = replace(cfg, training=cfg.training.model_copy(update={"recompute": recompute}),
                   mesh=cfg.mesh.model_copy(update={"sequence_parallel": sp}))
+    if calibration:
+        cfg = replace(cfg, cluster=apply_calibration(cfg.cluster, calibration))
     f, b = layer_unit_times(build_plan(cfg))
     return f * 1e3, b * 1e3
 
@@ -89,20 +119,27 @@ def sources(gpu: str) -> list[str]:
 
 
 def main() -> None:
-    print(f"{'run':26s} {'published':>9s} {'Calculon':>9s} {'meshplan':>9s} {'meshplan err':>12s} {'Calculon err':>12s}")
+    print(f"{'run':26s} {'published':>9s} {'Calculon':>9s} {'meshplan':>9s} {'meshplan err':>12s} {'Calculon err':>12s}"
+          f" {'(S15 comm)':>10s} {'err':>7s}")
     rows = [predict(r) for r in RUNS]
-    for r in rows:
+    diag = [predict_s15(r) for r in RUNS]
+    for r, d in zip(rows, diag):
         print(f"{r['run']:26s} {r['published_s']:9.2f} {r['calculon_s']:9.2f} {r['meshplan_s']:9.3f} "
-              f"{r['meshplan_err']:+12.1%} {r['calculon_err']:+12.1%}")
+              f"{r['meshplan_err']:+12.1%} {r['calculon_err']:+12.1%} {d:10.3f} {d / r['published_s'] - 1:+7.1%}")
     for key in ("meshplan_err", "calculon_err"):
         errs = [abs(r[key]) for r in rows]
         print(f"{key.split('_')[0]:9s} mean |error| {sum(errs) / len(errs):.1%}, max {max(errs):.1%}")
-    print("\nD5: 22B, one layer, tp 8, micro-batch 4 (ms)")
-    print(f"{'experiment':22s} {'fwd pub':>8s} {'fwd pred':>9s} {'err':>7s} {'bwd pub':>8s} {'bwd pred':>9s} {'err':>7s}")
+    errs = [abs(d / r["published_s"] - 1) for r, d in zip(rows, diag)]
+    print(f"(S15 comm: diagnostic, NVLink collectives at nccl-tests busbw fitted 4 MiB-1 GiB; mean |error| "
+          f"{sum(errs) / len(errs):.1%}, max {max(errs):.1%})")
+    print("\nD5: 22B, one layer, tp 8, micro-batch 4 (ms); last two columns with S15 comm (diagnostic)")
+    print(f"{'experiment':22s} {'fwd pub':>8s} {'fwd pred':>9s} {'err':>7s} {'bwd pub':>8s} {'bwd pred':>9s} {'err':>7s}"
+          f" {'fwd S15':>8s} {'bwd S15':>8s}")
     for (rec, sp), (pf, pb) in LAYER_22B.items():
         f, b = predict_layer(rec, sp)
+        f2, b2 = predict_layer(rec, sp, s15_calibration())
         print(f"{rec + (' + SP' if sp else ''):22s} {pf:8.1f} {f:9.2f} {f / pf - 1:+7.1%} {pb:8.1f} {b:9.2f} "
-              f"{b / pb - 1:+7.1%}")
+              f"{b / pb - 1:+7.1%} {f2:8.2f} {b2:8.2f}")
     print("\nsources of every prediction:")
     for line in sources("a100-sxm-80gb"):
         print(f"  {line}")

@@ -1,5 +1,6 @@
-"""Compute (layer 7): local GEMM and attention shapes per rank (:mod:`.shapes`), GEMM
-efficiency by shape (:mod:`.gemm`) and per-op FLOP and time, MFU/HFU (:mod:`.ops`).
+"""Compute (layer 7): local GEMM and attention shapes per rank (:mod:`.shapes`), kernel
+measurements shipped in the catalog and their interpolation (:mod:`.measured`), GEMM time by
+shape (:mod:`.gemm`) and per-op FLOP and time, MFU/HFU (:mod:`.ops`).
 """
 
-__all__ = ["gemm", "ops", "shapes"]
+__all__ = ["gemm", "measured", "ops", "shapes"]

@@ -1,5 +1,9 @@
 """Time of one GEMM on one GPU by its shape, and the measured table that replaces the model.
 
+:func:`gemm_time` takes, in order: a user's measured table (``meshplan bench gemm``, exact
+shape), the catalog's measured points for the GPU and dtype, interpolated
+(:mod:`meshplan.compute.measured`), and the shape model below (GPUs or dtypes without points).
+
 A GEMM (M, N, K) computes an M x N output reducing over K: ``2 M N K`` FLOP. The model
 follows NVIDIA's "Matrix Multiplication Background User's Guide" (Deep Learning
 Performance documentation):

@@ -14,13 +14,18 @@ Conventions (named so a number lines up with another tool's):
   2.5x forward; FlashAttention-2, Dao 2023, arXiv 2307.08691); a non-flash implementation
   (Megatron-LM 2022) computes the full products and materialises the scores, so its
   softmax and dropout are memory-bound ops over ``b a s_q s_kv`` scores. Flash kernels are
-  timed at the GEMM ceiling with wave quantization over (batch, heads, 128-query blocks):
-  optimistic, since published flash kernels reach less than a plain GEMM.
+  timed at the published FlashAttention rates of the catalog (:mod:`meshplan.compute.measured`;
+  a measured ``GemmTable.attention`` entry first); for a GPU without catalog data, at the GEMM
+  ceiling with wave quantization over (batch, heads, 128-query blocks).
 - **Memory-bound ops** (norms, residual adds with optional dropout, RoPE, SiLU/GeLU,
-  softmax statistics, cross entropy, MoE permutation): time = bytes read + written / HBM
-  bandwidth (datasheet peak: optimistic), each operand once; no FLOP counted for them
+  softmax statistics, cross entropy, MoE permutation, linear-bias adds and gradients): time =
+  bytes read + written / achievable bandwidth (catalog: BabelStream Triad, norms on the fused
+  norm curve; datasheet peak for a GPU without catalog data), each operand once; no FLOP counted for them
   (MFU and HFU count matrix products only, as Korthikanti et al. 2022 appendix A does).
   With sequence parallelism the norms and residual adds see ``tokens / tp`` rows.
+- **Overheads** (GPUs with catalog data): every kernel takes at least the host's issue floor
+  (:func:`issue_floor`); the embedding carries one per-micro-batch overhead; the optimizer step
+  streams its bytes at Triad (:func:`optimizer_seconds`).
 - **Recompute**: ``selective`` re-runs the attention core forward in backward (Korthikanti
   et al. 2022, section 5); ``full`` re-runs the whole layer forward. Recomputed ops count in
   hardware FLOP and time, never in model FLOP.
