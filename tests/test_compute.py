@@ -139,6 +139,9 @@ def test_memory_ops_bytes_with_sequence_parallel():
     assert by[("attn norm", "backward_input")] == 3 * 2 * rows * H
     assert by[("residual add + dropout", "forward")] == (3 * 2 + 1) * rows * H
     assert by[("gelu", "forward")] == 2 * 2 * B * S * (4 * H // 8)
+    # backward only: autograd sums the residual stream's two gradient branches, one add per fork
+    accum = [o for o in c.ops if o.name == "residual grad accumulate"]
+    assert [(o.phase, o.size_bytes) for o in accum] == [("backward_input", 3 * 2 * rows * H)] * 2
     # A100 measured bandwidths (catalog kernels.toml): elementwise at BabelStream Triad 1.70 TB/s;
     # norms at the Liger curve, linear in log2(hidden) between 4096 (1.08) and 32768 (1.47 TB/s):
     # h 6144 -> 1.08 + 0.39 log2(1.5) / 3 = 1.1560 TB/s; each kernel at least the 4.7 us issue floor.

@@ -272,6 +272,11 @@ def _elementwise(model: ModelSpec, gpu: GPUSpec, w: Workload, gemms: list[Gemm])
             ("residual add" + (" + dropout" if w.dropout else ""), "mlp_post", res_f, res_b),
             ("silu x up" if model.gated_mlp else "gelu", "mlp",
              (3 if model.gated_mlp else 2) * b * act, (5 if model.gated_mlp else 3) * b * act)]
+    # backward: the residual stream's gradient is the sum of two branches (the skip path and the
+    # norm's input gradient); autograd accumulates them with one add per fork (torch
+    # autograd InputBuffer::accumulate: read both, write one), before each norm's backward
+    spec += [("residual grad accumulate", "attn_pre", 0.0, 3 * b * r * h),
+             ("residual grad accumulate", "mlp_pre", 0.0, 3 * b * r * h)]
     if model.position_embedding == "rope":
         nb = 2 * b * t * (q_l + kv_l) * model.d_head
         spec.append(("rope", "attn", nb, nb))
@@ -281,8 +286,8 @@ def _elementwise(model: ModelSpec, gpu: GPUSpec, w: Workload, gemms: list[Gemm])
     out = []
     for name, block, f, bw in spec:
         kind = "norm" if name.endswith("norm") else "elementwise"
-        out += [_mem(gpu, name, block, "forward", f, kind=kind, hidden=h),
-                _mem(gpu, name, block, "backward_input", bw, kind=kind, hidden=h)]
+        out += [_mem(gpu, name, block, phase, nb, kind=kind, hidden=h)
+                for phase, nb in (("forward", f), ("backward_input", bw)) if nb > 0]
     return out
 
 
