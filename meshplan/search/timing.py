@@ -42,7 +42,7 @@ import numpy as np
 
 from meshplan.comm.collectives import axis_path
 from meshplan.comm.alphabeta import collective_time
-from meshplan.compute.ops import Workload, embedding_cost, head_cost, layer_cost
+from meshplan.compute.ops import Workload, embedding_cost, head_cost, layer_cost, optimizer_seconds
 from meshplan.mesh.resolve import resolve_mesh
 from meshplan.placement.assign import place
 from meshplan.schedule.rank_timeline import LAYER_BLOCKS
@@ -245,7 +245,7 @@ def _stage_end(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: dict, 
     """(optimizer step + ZeRO-1's exposed parameter all-gather, ZeRO-1's gradient
     reduce-scatter) per stage, seconds (:func:`meshplan.schedule.steptime._stage_end`)."""
     t, gpu = cfg.training, cfg.cluster.gpu
-    opt = (2 * s["total"] - s["grads"]) / gpu.hbm_bandwidth_bytes_per_s
+    opt = optimizer_seconds(gpu, 2 * s["total"] - s["grads"])
     zero1 = (c.sh == SHARDING.index("zero1"))[:, None]
     # the middle stages' table is stage 0's or their own: the smaller parameter count of the two
     numel = np.where(st.last, s["dense_numel"], np.minimum(s["dense_numel"], s["dense_numel"][:, :1]))
