@@ -29,6 +29,8 @@ from meshplan.errors import ConfigError
 from meshplan.spec.cluster import ClusterSpec, GPUSpec, NetworkTier, NodeSpec
 from meshplan.spec.model import ModelSpec
 
+__all__ = ["KINDS", "names", "entry", "gpu", "node", "network", "model", "system"]
+
 KINDS = ("gpu", "node", "network", "model")
 _NODE_LINKS = ("gpu", "network")  # keys of a node entry that are not NodeSpec fields
 

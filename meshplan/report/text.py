@@ -8,8 +8,10 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
+from meshplan.placement.assign import rank_row
 from meshplan.plan import Plan
-from meshplan.units import GB, GiB, US, human_bytes
+from meshplan.report.memory import timeline_table
+from meshplan.units import GB, US, GiB, human_bytes
 
 MAX_LIST = 8
 
@@ -123,8 +125,6 @@ def _c(coords) -> str:
 
 
 def _placement(plan: Plan, rank: int, con: Console) -> None:
-    from meshplan.placement.assign import rank_row
-
     row = rank_row(plan.placement, rank)
     con.print(f"placement of rank {rank}: " + ", ".join(f"{k} {v}" for k, v in row.items()))
     for f in plan.flags:
@@ -173,8 +173,6 @@ def _memory(plan: Plan, con: Console) -> None:
     if e is not None:
         con.print(f"[dim]first estimate (constraints, before the timeline): {e.line()}[/]")
     if plan.timelines:
-        from meshplan.report.memory import timeline_table
-
         con.print(timeline_table(plan))
 
 

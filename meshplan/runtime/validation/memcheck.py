@@ -56,14 +56,14 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker, _FSDPRefType
 from torch.distributed._tools.mem_tracker import _UpdateType
 
-from meshplan.memory.timeline import TRACKER_CATEGORIES, UNTRACKED_KINDS, Timeline
-from meshplan.plan import build_plan
 from meshplan.config import Config, config_from_dict
+from meshplan.memory.timeline import TRACKER_CATEGORIES, UNTRACKED_KINDS, Timeline
 from meshplan.mesh.tpsplit import padded_vocab
-from meshplan.units import KiB
-from meshplan.runtime.validation.dryrun import fake_process_group
+from meshplan.plan import build_plan
 from meshplan.runtime.execution.model import Transformer
 from meshplan.runtime.execution.parallelize import init_mesh, parallelize
+from meshplan.runtime.validation.dryrun import fake_process_group
+from meshplan.units import KiB
 
 #: ``[memory]`` table of what the torch CPU run does (see the module docstring).
 TORCH_CPU_MEMORY = dict(nccl_buffsize_bytes=0, workspace_bytes=0, fragmentation_fraction=0.0,
