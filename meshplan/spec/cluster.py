@@ -106,8 +106,37 @@ class NetworkTier(BaseModel):
         return self.latency_us * US
 
 
+class BusbwCurve(BaseModel):
+    """A measured nccl-tests bus-bandwidth curve of one link class: ``op`` over ``ranks`` ranks
+    on ``nodes`` nodes, busbw (GB/s, nccl-tests' column) at each buffer size ``sizes_bytes``
+    (the full buffer S, increasing), on links of ``line_gb_per_s`` per rank (the rate the
+    measurement ran on: NVLink per direction, or the NIC rate the ranks shared), with its
+    ``source``. How a time is read from it: :func:`meshplan.comm.alphabeta.measured_time`."""
+
+    model_config = _STRICT
+    sizes_bytes: list[int] = Field(min_length=1)
+    busbw_gb_per_s: list[float] = Field(min_length=1)
+    line_gb_per_s: float = Field(gt=0)
+    op: Literal["all-reduce", "all-gather", "reduce-scatter", "all-to-all"] = "all-reduce"
+    ranks: int = Field(ge=2)
+    nodes: int = Field(default=1, ge=1)
+    source: str = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _check(self):
+        if len(self.sizes_bytes) != len(self.busbw_gb_per_s):
+            raise ValueError(f"{len(self.sizes_bytes)} sizes but {len(self.busbw_gb_per_s)} busbw values")
+        if any(b <= a for a, b in zip(self.sizes_bytes, self.sizes_bytes[1:])) or self.sizes_bytes[0] <= 0:
+            raise ValueError("sizes_bytes must be positive and increasing")
+        if any(b <= 0 for b in self.busbw_gb_per_s):
+            raise ValueError("busbw_gb_per_s must be positive")
+        return self
+
+
 class NodeSpec(BaseModel):
-    """A server: GPUs, the intra-node fabric, CPU sockets and NICs."""
+    """A server: GPUs, the intra-node fabric, CPU sockets and NICs. ``busbw``: measured
+    nccl-tests curves per link class (``nvlink`` ring, ``nvls`` all-reduce with NVLink SHARP,
+    ``nic`` across nodes); a class without one is timed at its line rate."""
 
     model_config = _STRICT
     name: str
@@ -117,6 +146,7 @@ class NodeSpec(BaseModel):
     sockets: list[SocketSpec]
     nics: list[NICSpec]
     nvlink_domain_gpus: int = Field(default=0, ge=0)
+    busbw: dict[Literal["nvlink", "nvls", "nic"], BusbwCurve] = Field(default_factory=dict)
     source: str = ""
 
     @model_validator(mode="after")
