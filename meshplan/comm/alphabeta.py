@@ -24,19 +24,22 @@ and public-microbenchmarks.md 4e); protocol efficiencies: LL sends 4 data bytes 
 line (0.5), LL128 120 of 128 bytes (0.9375), Simple 1 (NCCL protocol definitions).
 ``busbw = algbw * bytes_sent / S`` (nccl-tests doc/PERFORMANCE.md), ``algbw = S / t``.
 
-On a link class with a measured nccl-tests curve (catalog ``nccl.toml``), the same formula
-with alpha and beta taken between the two measured sizes around S (:func:`measured_time`):
+On a link class with a measured nccl-tests curve (catalog ``nccl.toml``), alpha is NCCL's
+latency (fastest protocol) and beta the bus bandwidth of the measurement's bandwidth term at
+size S (:func:`measured_time`):
 
-    t = alpha_k + (lat(n) - lat(n_ref)) + bytes_sent / (beta_k * bandwidth / line_rate)
+    t = lat(n) + bytes_sent / (beta(S) * bandwidth / line_rate)
+    beta(S) = f S / (t_meas(S) - lat(n_ref))
 
-where segment k joins the measured times of the curve's sizes S_k <= S <= S_k+1 (a time
-linear in S between two measurements: each segment is the alpha-beta line through them),
-``lat`` is NCCL's latency model (fastest protocol) at the group's and at the measurement's
-rank count, and ``bandwidth / line_rate`` scales the curve to a path with another share of the
-links. At the measured rank count and line rate the predicted busbw equals the measured one
-at every measured size. Outside the measured sizes: below the smallest, the time runs
-linearly from ``lat(n_ref)`` at S = 0 to the first measurement; above the largest, the last
-segment's beta (the plateau) continues.
+where ``t_meas`` is the measured time of the curve's op over its n_ref ranks (``f =
+busbw_factor`` of that op), linear in S between two measured sizes (the alpha-beta line
+through them), and ``bandwidth / line_rate`` scales the curve to a path with another share of
+the links. At the measured rank count and line rate the predicted busbw equals the measured
+one at every measured size; at other rank counts busbw is kept (nccl-tests' convention) and
+the latency is NCCL's for that many steps. Outside the measured sizes: below the smallest,
+``t_meas`` runs linearly from ``lat(n_ref)`` at S = 0 to the first measurement (NCCL's latency
+plus the first measurement's bandwidth term); above the largest, it continues along the last
+segment (the plateau's slope).
 
 Handed case C12: n 8, S 14 GB, 50 GB/s per rank: all-reduce sends 24.5 GB, 0.49 s.
 
@@ -132,16 +135,17 @@ def busbw_factor(op: str, n: int) -> float:
 def measured_time(curve: BusbwCurve, size_bytes: float, sent_bytes: float, latency_s: float,
                   reference_latency_s: float, bandwidth_bytes_per_s: float) -> float:
     """Seconds for a rank to send ``sent_bytes`` of a ``size_bytes`` collective, read from the
-    measured ``curve`` (see the module docstring): the curve's times ``t_i = f * S_i / busbw_i``
-    (``f = busbw_factor(curve.op, curve.ranks)``) with the point (0, ``reference_latency_s``)
-    before them, joined by straight lines in S; the segment k around ``size_bytes`` (the first
-    or the last beyond the ends) gives ``beta_k = f (S_k+1 - S_k) / (t_k+1 - t_k)`` (infinite
-    where the time does not grow) and ``alpha_k = t_k - f S_k / beta_k``; then
+    measured ``curve`` (see the module docstring):
 
-        t = alpha_k + (latency_s - reference_latency_s) + sent_bytes / (beta_k * bandwidth / line)
+        t = latency_s + sent_bytes / (beta(S) * bandwidth / line)
+        beta(S) = f S / (t_meas(S) - reference_latency_s)
 
-    never below ``latency_s``. ``latency_s`` and ``reference_latency_s``: NCCL's latency for
-    this group and for the curve's rank count, same algorithm and link.
+    ``t_meas``: the curve's times ``t_i = f S_i / busbw_i`` (``f = busbw_factor(curve.op,
+    curve.ranks)``) after the point (0, ``reference_latency_s``), joined by straight lines in S
+    and continued along the last segment beyond the largest size; ``beta`` is infinite where
+    ``t_meas`` does not exceed the latency. ``latency_s`` and ``reference_latency_s``: NCCL's
+    latency for this group and for the curve's rank count (same algorithm and link); ``line``:
+    the curve's ``line_gb_per_s``.
 
     8-GPU A100 all-reduce of 256 MiB, between the S15 rows 128M (176.9 GB/s) and 512M (222.7):
     t(128M) = 1.75 * 2^27 / 176.9e9 = 1327.8 us, t(512M) = 4218.7 us, a third of the way:
@@ -157,12 +161,11 @@ def measured_time(curve: BusbwCurve, size_bytes: float, sent_bytes: float, laten
     sizes = [0.0] + [float(x) for x in curve.sizes_bytes]
     times = [reference_latency_s] + [f * x / (b * GB) for x, b in zip(curve.sizes_bytes, curve.busbw_gb_per_s)]
     k = max(0, min(bisect.bisect_right(sizes, size_bytes) - 1, len(sizes) - 2))
-    dt, dx = times[k + 1] - times[k], f * (sizes[k + 1] - sizes[k])
-    if dt <= 0:  # no growth between the two measurements: the time of the segment's start
-        return max(latency_s, times[k] + latency_s - reference_latency_s)
-    beta = dx / dt
-    alpha = times[k] - f * sizes[k] / beta
-    return max(latency_s, alpha + latency_s - reference_latency_s + sent_bytes * line / (beta * bandwidth_bytes_per_s))
+    t_meas = times[k] + (times[k + 1] - times[k]) * (size_bytes - sizes[k]) / (sizes[k + 1] - sizes[k])
+    spent = t_meas - reference_latency_s  # the measurement's bandwidth term
+    if spent <= 0 or size_bytes <= 0:
+        return latency_s
+    return latency_s + sent_bytes * line * spent / (f * size_bytes * bandwidth_bytes_per_s)
 
 
 def _time(size_bytes: float, sent_bytes: float, k: int, network: bool, bandwidth_bytes_per_s: float,
