@@ -188,3 +188,16 @@ def test_curve_errors():
         BusbwCurve(sizes_bytes=[2, 1], busbw_gb_per_s=[1, 2], line_gb_per_s=1, ranks=2, source="x")
     with pytest.raises(ValidationError, match="2 sizes but 1 busbw"):
         BusbwCurve(sizes_bytes=[1, 2], busbw_gb_per_s=[1], line_gb_per_s=1, ranks=2, source="x")
+
+
+def test_nvls_gains_with_the_gpus_in_the_group():
+    # S16, 8 GiB all-reduce with NVLS on H200: 4 GPUs 363.3 GB/s, 6 GPUs 435.6, 8 GPUs 473.1.
+    # The 8-rank curve (S3: 479.98 at 8G) scaled by 363.3 / 473.1 for 4 ranks: 368.6 GB/s, which
+    # ties with the ring (S16 16 GiB ring 367.2; NVLS gives no gain over 4 GPUs)
+    curves = node("dgx-h200").busbw
+    _, t = collective_time("all-reduce", 4, 8 * GiB, 450e9, "nvlink", nvls=True, curves=curves)
+    assert 1.5 * 8 * GiB / t == pytest.approx(479.98e9 * 363.3 / 473.1, rel=1e-3)
+    assert 1.5 * 8 * GiB / t == pytest.approx(363.3e9, rel=0.02)
+    # 6 GPUs: 479.98 * 435.6 / 473.1 = 441.9 GB/s, S16 measured 435.6
+    _, t = collective_time("all-reduce", 6, 8 * GiB, 450e9, "nvlink", nvls=True, curves=curves)
+    assert 2 * 5 / 6 * 8 * GiB / t == pytest.approx(479.98e9 * 435.6 / 473.1, rel=1e-3)

@@ -168,6 +168,29 @@ def measured_time(curve: BusbwCurve, size_bytes: float, sent_bytes: float, laten
     return latency_s + sent_bytes * line * spent / (f * size_bytes * bandwidth_bytes_per_s)
 
 
+def rank_factor(curve: Optional[BusbwCurve], n: int) -> float:
+    """busbw over ``n`` ranks / busbw over the curve's ranks, from the curve's ``rank_counts``
+    table (linear in n between its counts, the end values beyond them); 1 without a table.
+
+    NVLS on H200 (S16, 8 GiB): 4 GPUs 363.3 GB/s against 8 GPUs 473.1: 0.768.
+
+    >>> from meshplan.catalog import busbw_curve
+    >>> round(rank_factor(busbw_curve("h200-nvlink4-nvls"), 4), 3)
+    0.768
+    """
+    if curve is None or not curve.rank_counts:
+        return 1.0
+    counts, bus = curve.rank_counts, curve.rank_busbw_gb_per_s
+
+    def at(k: int) -> float:
+        if k <= counts[0] or k >= counts[-1]:
+            return bus[0] if k <= counts[0] else bus[-1]
+        j = bisect.bisect_right(counts, k) - 1
+        return bus[j] + (bus[j + 1] - bus[j]) * (k - counts[j]) / (counts[j + 1] - counts[j])
+
+    return at(n) / at(curve.ranks)
+
+
 def _time(size_bytes: float, sent_bytes: float, k: int, network: bool, bandwidth_bytes_per_s: float,
           latency=NCCL_RING, latency_scale: float = 1.0, curve: Optional[BusbwCurve] = None,
           k_ref: int = 0) -> float:
@@ -242,8 +265,8 @@ def collective_time(op: str, n: int, size_bytes: float, bandwidth_bytes_per_s: f
 
     - ``ring`` (:func:`ring_time`), every op;
     - ``NVLS`` for all-reduce inside an NVSwitch domain with in-switch reduction (``nvls``):
-      the ring's bytes on the "nvls" curve, or at ``NVLS_GAIN`` x the link rate without one,
-      after :data:`NVLS`'s latency;
+      the ring's bytes on the "nvls" curve scaled to ``n`` GPUs (:func:`rank_factor`), or at
+      ``NVLS_GAIN`` x the link rate without one, after :data:`NVLS`'s latency;
     - ``tree`` for all-reduce across nodes (:func:`tree_time`): fewer latency steps;
     - ``hierarchical`` across nodes with ``n / nodes`` > 1 ranks per node: reduce-scatter
       inside the node (NVLink), the op across nodes on 1/g of the buffer, all-gather inside;
@@ -277,7 +300,7 @@ def collective_time(op: str, n: int, size_bytes: float, bandwidth_bytes_per_s: f
     if op == "all-reduce" and kind == "nvlink" and nvls:
         sent = busbw_factor(op, n) * size_bytes
         curve = curves.get("nvls")
-        bw = bandwidth_bytes_per_s * (1.0 if curve else NVLS_GAIN)
+        bw = bandwidth_bytes_per_s * (rank_factor(curve, n) if curve else NVLS_GAIN)
         options.append(("NVLS", _time(size_bytes, sent, NVLS_STEPS, False, bw, NVLS, latency_scale, curve, NVLS_STEPS)))
     if op == "all-reduce" and network:
         options.append(("tree", tree_time(n, size_bytes, bandwidth_bytes_per_s, True, latency_scale, link)))
