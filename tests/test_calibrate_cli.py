@@ -93,3 +93,13 @@ def test_mixed_run_recorded_as_asked(tmp_path, capsys):
     assert nic.ranks == 16
     t4g = nic.latency_us * 1e-6 + 1.875 * 4 * 2**30 / (nic.bandwidth_gb_per_s * 1e9)
     assert t4g == pytest.approx(1.875 * 4 * 2**30 / 188.18e9, rel=0.02)
+
+
+def test_json_output_reads_the_hosts(tmp_path, capsys):
+    # -J JSON of the exact fixture: config.devices lists 8 hostnames node01..node08, one rank each
+    out = tmp_path / "c.toml"
+    rc, text, err = run(["calibrate", str(DATA / "all_reduce_perf_8nodes-x1gpu.json"), "--out", str(out)], capsys)
+    assert rc == 0, err
+    nic = load_calibration(out)["nic"]
+    assert nic.latency_us == pytest.approx(20.0, rel=0.01) and nic.bandwidth_gb_per_s == pytest.approx(40.0, rel=0.01)
+    assert "8 host(s)" in nic.source
