@@ -104,7 +104,9 @@ class TimeTables:
         extra = {"library": self.cfg.cluster.collective_library} if hasattr(self.cfg.cluster, "collective_library") else {}
         return collective_time(op, n, size, p.bandwidth_bytes_per_s, p.kind, nvls=getattr(fabric, "nvls", False),
                                latency_scale=p.latency_scale, nodes=getattr(p, "nodes", 1),
-                               intra_bandwidth_bytes_per_s=fabric.bandwidth_bytes_per_s, **extra)[1]
+                               intra_bandwidth_bytes_per_s=fabric.bandwidth_bytes_per_s,
+                               curves=self.cfg.cluster.node.busbw, ranks_per_node=p.ranks_per_node,
+                               nic_bandwidth_bytes_per_s=p.nic_bandwidth_bytes_per_s, **extra)[1]
 
 
 def coll_times(tt: "TimeTables", op: str, n: np.ndarray, size: np.ndarray, stride: np.ndarray) -> np.ndarray:
