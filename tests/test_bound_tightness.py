@@ -39,6 +39,12 @@ reduce-scatter. Measured on 60 candidates each of 8 / 16 / 64 GPUs (dense):
 ``min / median / max`` 0.746 / 0.969 / 1.022, 0.774 / 1.008 / 1.163, 0.815 / 0.957 / 1.114
 (without the fixed terms: as low as 0.31 at 64 GPUs, where small HBM makes NCCL buffers large).
 Band asserted: every ratio in [0.65, 1.3], median in [0.85, 1.1].
+
+Mutations that fail here (and leave tests/test_search.py green): the step-time lower bound
+set to 0 (``step_lower_bound`` in search/timing.py) fails the step test on all three
+workloads; the upper memory bound without the saved activations (search/bounds.py
+``_upper``) fails the upper-bound test on all three; the first estimate without activations
+(memory/constraints.py) fails the estimate test on both dense workloads.
 """
 
 from __future__ import annotations

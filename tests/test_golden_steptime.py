@@ -18,6 +18,10 @@ docstrings state, and asserts the plan's step time to 1e-6 relative:
 
 Every term is a named variable with a comment, so a model change (kernel-launch overhead,
 measured attention tables, new NCCL constants) is one more term or one changed line here.
+Mutations that fail here: the exact optimizer step doubled (all three), the pp send not
+timed (pp 2), the residual add's bytes 3 -> 2 operands (all three), FSDP prefetch off by
+default (dp_shard 16).
+
 Model: 2 layers, h 1024, ffn 4096 (SwiGLU), 8 heads of 128 (no GQA), vocab 32768 (a multiple of
 128 x tp: no padding), RMSNorm, RoPE; bf16 compute, bf16 parameters, fp32 gradients, master and
 Adam states (2 + 4 + 4 + 8 = 18 B per parameter); seq 2048, micro-batch 1, no recompute.
