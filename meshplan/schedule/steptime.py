@@ -157,10 +157,22 @@ def _unit_sims(spec, chunks, comms, w, ov) -> dict:
     return out
 
 
+def optimizer_step_s(total_bytes, grads_bytes, hbm_bandwidth_bytes_per_s):
+    """Seconds of the optimizer step of one rank: memory-bound, it reads all persistent
+    state (``total_bytes``: parameters, gradients, optimizer states, master copy;
+    :mod:`meshplan.memory.state`) and writes all but the gradients, at the GPU's datasheet
+    HBM bandwidth (catalog): ``(2 total - grads) / bandwidth``. Scalars or numpy arrays of
+    any shape (the search calls it on (candidates, stages) arrays).
+
+    >>> optimizer_step_s(10e9, 2e9, 3.35e12) == 18e9 / 3.35e12
+    True
+    """
+    return (2 * total_bytes - grads_bytes) / hbm_bandwidth_bytes_per_s
+
+
 def _optimizer_s(plan, s: int) -> float:
     st = plan.state[s]
-    nbytes = 2 * st.total_bytes - st.bytes_of("grads")
-    return nbytes / plan.config.cluster.gpu.hbm_bandwidth_bytes_per_s
+    return optimizer_step_s(st.total_bytes, st.bytes_of("grads"), plan.config.cluster.gpu.hbm_bandwidth_bytes_per_s)
 
 
 def _stage_end(plan, s, spec, mine, units, comm: CommTimes, ov) -> tuple[float, list[Event], dict]:
