@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install -q --disable-pip-version-check
 
-.PHONY: demo test bench clean
+.PHONY: demo test test-fast bench clean
 
 $(VENV)/.base: pyproject.toml
 	python3 -m venv $(VENV)
@@ -21,6 +21,10 @@ demo: $(VENV)/.base
 ## test: the whole test suite (CPU only; torch 2.13.0 CPU wheel)
 test: $(VENV)/.test
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q
+
+## test-fast: the edit loop: no multi-process runs, no exhaustive or fake-process-group checks
+test-fast: $(VENV)/.test
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m "not slow and not heavy"
 
 ## bench: speed goals, printed as throughputs
 bench: $(VENV)/.base

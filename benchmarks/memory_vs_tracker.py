@@ -1,6 +1,6 @@
 """Memory goal (issue 3): meshplan's timeline against PyTorch's own accounting.
 
-For each configuration of :data:`meshplan.runtime.validation.memcheck.CASES` (dense and GQA, with and
+For each configuration of tests/memcheck_cases.py (dense and GQA, with and
 without SP, FSDP and HSDP, recompute none and full, 8 to 64 ranks) one rank trains a small
 Llama on the fake process group under FSDPMemTracker; the table sets meshplan's prediction
 beside the tracker: the maximum of each kind over the step and the peak (``--at-peak``:
@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
 import warnings
+from pathlib import Path
 
 PEAK_GOAL, KIND_GOAL = 0.05, 0.10
 
@@ -26,7 +28,10 @@ def main() -> int:
     args = ap.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     warnings.filterwarnings("ignore")
-    from meshplan.runtime.validation.memcheck import CASES, compare, table
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the cases are test data
+    from memcheck_cases import CASES
+
+    from meshplan.runtime.validation.memcheck import compare, table
 
     t0 = time.perf_counter()
     results = [compare(c.config(), c.name, fake=args.fake) for c in CASES]

@@ -374,6 +374,24 @@ def catalog_cmd(kind: str = typer.Argument("model", help="gpu, node, network or 
         typer.echo(f"{name}: {catalog.entry(kind, name).get('source', '')}")
 
 
+@app.command("calibrate")
+def calibrate_cmd(logs: list[Path] = typer.Argument(..., metavar="NCCL_TESTS_OUTPUT...",
+                                                    help="nccl-tests outputs (stdout text or -J JSON), one run each"),
+                  out: Path = typer.Option(Path("calibration.toml"), "--out", help="calibration TOML for --calibration"),
+                  link: Optional[str] = typer.Option(None, "--link", help="nvlink, pcie or nic for every file "
+                                                     "(default: from the ranks' hosts)"),
+                  force: bool = typer.Option(False, "--force", help="replace an existing --out file")):
+    """Fit alpha-beta per link class to your nccl-tests runs and write the calibration file."""
+    from meshplan.comm.calibrate import calibrate
+    from meshplan.comm.calibration import calibration_toml
+    from meshplan.fileio import write_output
+
+    fits, notes, source = calibrate(logs, link)
+    for line in notes:
+        typer.echo(line)
+    typer.echo(f"wrote {write_output(out, calibration_toml(fits, source), force=force)}")
+
+
 @app.command("validate-slice")
 def validate_slice(configs: list[Path] = typer.Argument(..., help="TOML configs of one workload, one mesh each"),
                    testbed: str = typer.Option(..., "--testbed", help="prefix of a `meshplan testbed up` cluster"),

@@ -28,8 +28,10 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from meshplan import catalog
 from meshplan.errors import ConfigError
 from meshplan.spec.cluster import ClusterSpec
+from meshplan.spec.hf import model_from_hf_config
 from meshplan.spec.memory import MemoryOptions
 from meshplan.spec.mesh import MeshSpec
 from meshplan.spec.model import ModelSpec
@@ -121,8 +123,6 @@ def _one_line(e: ValidationError, cls: type[BaseModel], table: str) -> ConfigErr
 
 
 def _model(t: dict, base: Path | None) -> ModelSpec:
-    from meshplan import catalog
-
     t = dict(t)
     if "catalog" in t and "hf_config" in t:
         raise ConfigError("model", "give either catalog or hf_config, not both")
@@ -131,8 +131,6 @@ def _model(t: dict, base: Path | None) -> ModelSpec:
             entry = catalog.model(t.pop("catalog")).model_dump()
         return build(ModelSpec, {**entry, **t}, "model")
     if "hf_config" in t:
-        from meshplan.spec.hf import model_from_hf_config
-
         given = t.pop("hf_config")
         if not isinstance(given, str):
             raise ConfigError("model.hf_config", f"give a path string (got {given!r})")
@@ -146,8 +144,6 @@ def _model(t: dict, base: Path | None) -> ModelSpec:
 
 
 def _cluster(t: dict) -> ClusterSpec:
-    from meshplan import catalog
-
     t = dict(t)
     if "system" in t:
         name = t.pop("system")

@@ -16,6 +16,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from meshplan.errors import ConfigError
+
 
 def write_text_atomic(path, text: str) -> Path:
     """Write ``text`` to ``path`` through a temporary file in the same folder, fsync, then
@@ -52,7 +54,6 @@ def write_output(path, text: str, force: bool = False, field: str = "--out", mod
     ...
     meshplan.errors.ConfigError: --out: ... exists; choose another path or pass --force to replace it
     """
-    from meshplan.errors import ConfigError
 
     dest = Path(path)
     if dest.exists() and not force:

@@ -5,14 +5,12 @@ these constants convert only at input and output.
 74.50580596923828
 """
 
-KB = 1e3
 MB = 1e6
 GB = 1e9
 TB = 1e12
 KiB = 2**10
 MiB = 2**20
 GiB = 2**30
-TiB = 2**40
 US = 1e-6
 MS = 1e-3
 GBIT_PER_S = 1e9 / 8  # bytes/s in one Gb/s
@@ -36,7 +34,7 @@ def human_bytes(n: float) -> str:
     >>> human_bytes(3 * GiB)
     '3.00 GiB'
     """
-    for unit, size in (("TiB", TiB), ("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
+    for unit, size in (("TiB", 2**40), ("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
         if abs(n) >= size:
             return f"{n / size:.2f} {unit}"
     return f"{n:.0f} B"

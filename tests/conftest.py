@@ -9,3 +9,22 @@ EXAMPLES = ROOT / "examples"
 @pytest.fixture
 def seed_path():
     return EXAMPLES / "seed-64gpu.toml"
+
+
+#: Exhaustive and torch-side checks: in ``make test`` (CI), not in ``make test-fast``, the
+#: edit-loop lane. File names, or ``file::test`` for one test of a file.
+HEAVY = (
+    "test_devicemesh_oracle.py",        # torch DeviceMesh as the oracle at 64-1024 ranks
+    "test_layout_properties.py",        # hypothesis over every axis subset
+    "test_runtime_dryrun.py",           # fake process group, every rank
+    "test_table_vs_torch.py",           # fake process group, DTensor/FSDP2 op by op
+    "test_memory_vs_tracker.py",        # FSDPMemTracker on the fake process group
+    "test_search.py::test_verdict_equals_build_plan_for_every_candidate",  # exact plan of every candidate
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        name = Path(str(item.fspath)).name
+        if name in HEAVY or f"{name}::{item.originalname}" in HEAVY:
+            item.add_marker(pytest.mark.heavy)

@@ -294,14 +294,14 @@ def test_catalog_attention_rates_by_hand():
 
 
 def test_overheads_and_optimizer_from_the_catalog():
-    from meshplan.compute.ops import optimizer_seconds
+    from meshplan.compute.ops import optimizer_bandwidth
 
     w = Workload(seq_len=S, micro_batch=B, tp=8, sp=True, flash=False)
     emb = embedding_cost(GPT22B, A100, w)
     over = [o for o in emb.ops if o.kind == "overhead"]
     assert len(over) == 1 and over[0].seconds == pytest.approx(2 * 16.96e-6)  # 2 broadcasts at S18's 1 KB latency
-    assert optimizer_seconds(A100, 3.4e9) == pytest.approx(3.4e9 / 1.70e12)  # Triad, not the 2.039 datasheet
-    assert optimizer_seconds(H100, 2.97e9) == pytest.approx(1e-3)
+    assert optimizer_bandwidth(A100) == 1.70e12  # BabelStream Triad, not the 2.039 TB/s datasheet
+    assert optimizer_bandwidth(H100) == 2.97e12
 
 
 def test_linear_bias_kernels_by_hand():

@@ -12,7 +12,9 @@ from math import prod
 
 import pytest
 
-from meshplan.mesh.axes import BATCH_AXES, from_megatron_order, to_megatron_order
+from meshplan.mesh.axes import from_megatron_order, to_megatron_order
+
+BATCH_AXES = ("dp_replicate", "dp", "dp_shard")  # the axes whose product is the data-parallel degree
 from meshplan.mesh.layout import Layout, check_partition
 
 

@@ -1,5 +1,5 @@
 """meshplan's memory timeline against PyTorch's own accounting (issue 3): for the six
-configurations of :data:`meshplan.runtime.validation.memcheck.CASES` (dense and GQA, with and without
+configurations of tests/memcheck_cases.py (dense and GQA, with and without
 SP, FSDP and HSDP, recompute none and full, 8 to 64 ranks), one rank trains a 2-layer,
 hidden-128 Llama in fp32 on the fake process group under FSDPMemTracker.
 
@@ -12,7 +12,8 @@ import pytest
 
 pytest.importorskip("torch")
 
-from meshplan.runtime.validation.memcheck import CASES, COMPARED_KINDS, compare  # noqa: E402
+from meshplan.runtime.validation.memcheck import COMPARED_KINDS, compare  # noqa: E402
+from memcheck_cases import CASES  # noqa: E402
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -2,7 +2,8 @@
 
 Each file holds tables keyed by name (``gpus.toml``, ``nodes.toml``, ``networks.toml``,
 ``models.toml``); every entry has a ``source`` naming the public document its numbers come
-from. A node entry also names its ``gpu`` and its ``network``, so a system is node + gpu +
+from. ``nccl.toml`` holds measured nccl-tests bus-bandwidth curves, which a node names per
+link class (``busbw = { nvlink = "a100-nvlink3-ring", ... }``). A node entry also names its ``gpu`` and its ``network``, so a system is node + gpu +
 network:
 
 >>> system("dgx-h100", nodes=8).world
@@ -30,8 +31,10 @@ from typing import Any, Optional
 from pydantic import BaseModel, ValidationError
 
 from meshplan.errors import ConfigError
-from meshplan.spec.cluster import ClusterSpec, GPUSpec, NetworkTier, NodeSpec
+from meshplan.spec.cluster import BusbwCurve, ClusterSpec, GPUSpec, NetworkTier, NodeSpec
 from meshplan.spec.model import ModelSpec
+
+__all__ = ["KINDS", "names", "entry", "gpu", "node", "network", "model", "system"]
 
 KINDS = ("gpu", "node", "network", "model")
 _NODE_LINKS = ("gpu", "network")  # keys of a node entry that are not NodeSpec fields
@@ -109,9 +112,29 @@ def gpu(name: str) -> GPUSpec:
     return _build(GPUSpec, "gpu", name, {"name": name, **entry("gpu", name)})
 
 
+@lru_cache(maxsize=None)
+def _curves() -> dict[str, dict[str, Any]]:
+    """Parsed ``nccl.toml``: measured busbw curves by name (cached; callers copy)."""
+    return tomllib.loads(resources.files(__package__).joinpath("nccl.toml").read_text(encoding="utf-8"))
+
+
+def busbw_curve(name: str) -> BusbwCurve:
+    """A measured nccl-tests curve of ``nccl.toml``.
+
+    >>> c = busbw_curve("a100-nvlink3-ring")
+    >>> (c.op, c.ranks, c.sizes_bytes[-2], c.busbw_gb_per_s[-2])
+    ('all-reduce', 8, 1073741824, 229.0)
+    """
+    if name not in _curves():
+        raise ConfigError("busbw", f"unknown busbw curve '{name}'; known: {', '.join(sorted(_curves()))}")
+    return _build(BusbwCurve, "busbw curve", name, copy.deepcopy(_curves()[name]))
+
+
 def node(name: str) -> NodeSpec:
-    """A catalog node (without its GPU model; see :func:`system`)."""
+    """A catalog node (without its GPU model; see :func:`system`), its ``busbw`` curve names
+    resolved from ``nccl.toml``."""
     fields = {k: v for k, v in entry("node", name).items() if k not in _NODE_LINKS}
+    fields["busbw"] = {k: busbw_curve(v) for k, v in fields.get("busbw", {}).items()}
     return _build(NodeSpec, "node", name, {"name": name, **fields})
 
 

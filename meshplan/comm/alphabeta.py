@@ -14,13 +14,32 @@ broadcast       n-1        S
 send/recv       1          S
 =============== ========== ===========================
 
+On a link class without a measured curve (line rate):
+
     t = base + steps * alpha_step + bytes_sent / (bandwidth * protocol_efficiency)
 
 minimised over NCCL's protocols LL, LL128 and Simple. ``base`` and ``alpha_step`` are
-NCCL's latency model (NVIDIA/nccl src/graph/tuning.cc, ring; see the catalog and
-../shared/reference/public-facts.md); protocol efficiencies: LL sends 4 data bytes per
-8-byte line (0.5), LL128 120 of 128 bytes (0.9375), Simple 1 (NCCL protocol definitions).
+NCCL's latency model (:data:`NCCL_LATENCY_US`, NVIDIA/nccl src/graph/tuning.cc; public-facts.md
+and public-microbenchmarks.md 4e); protocol efficiencies: LL sends 4 data bytes per 8-byte
+line (0.5), LL128 120 of 128 bytes (0.9375), Simple 1 (NCCL protocol definitions).
 ``busbw = algbw * bytes_sent / S`` (nccl-tests doc/PERFORMANCE.md), ``algbw = S / t``.
+
+On a link class with a measured nccl-tests curve (catalog ``nccl.toml``), alpha is NCCL's
+latency (fastest protocol) and beta the bus bandwidth of the measurement's bandwidth term at
+size S (:func:`measured_time`):
+
+    t = lat(n) + bytes_sent / (beta(S) * bandwidth / line_rate)
+    beta(S) = f S / (t_meas(S) - lat(n_ref))
+
+where ``t_meas`` is the measured time of the curve's op over its n_ref ranks (``f =
+busbw_factor`` of that op), linear in S between two measured sizes (the alpha-beta line
+through them), and ``bandwidth / line_rate`` scales the curve to a path with another share of
+the links. At the measured rank count and line rate the predicted busbw equals the measured
+one at every measured size; at other rank counts busbw is kept (nccl-tests' convention) and
+the latency is NCCL's for that many steps. Outside the measured sizes: below the smallest,
+``t_meas`` runs linearly from ``lat(n_ref)`` at S = 0 to the first measurement (NCCL's latency
+plus the first measurement's bandwidth term); above the largest, it continues along the last
+segment (the plateau's slope).
 
 Handed case C12: n 8, S 14 GB, 50 GB/s per rank: all-reduce sends 24.5 GB, 0.49 s.
 
@@ -32,7 +51,13 @@ Handed case C12: n 8, S 14 GB, 50 GB/s per rank: all-reduce sends 24.5 GB, 0.49 
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Mapping, Optional
+
+from meshplan.spec.cluster import BusbwCurve
+from meshplan.units import GB
 
 OPS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "broadcast", "send/recv")
 
@@ -49,18 +74,41 @@ class Protocol:
     efficiency: float
 
 
-#: NCCL ring latencies (us) from src/graph/tuning.cc (public-facts.md); efficiencies from
-#: the LL (8-byte line, 4 data bytes) and LL128 (128-byte line, 120 data bytes) formats.
-NCCL_RING = (
-    Protocol("LL", 6.6e-6, 0.6e-6, 2.7e-6, 0.5),
-    Protocol("LL128", 14.0e-6, 1.9e-6, 4.0e-6, 120 / 128),
-    Protocol("Simple", 8.4e-6, 3.4e-6, 14.0e-6, 1.0),
-)
+#: NCCL's latency model, microseconds per call (base) and per algorithm step on NVLink and on
+#: the network, for protocols LL / LL128 / Simple: NVIDIA/nccl src/graph/tuning.cc (baseLat,
+#: hwLat; v2.30.7 @5067397), public-facts.md "Collectives" and public-microbenchmarks.md 4e
+#: [S20]. The one copy of these numbers: the catalog's per-step link latencies (NVLink 3.4 us,
+#: network 14 us) are the Simple ring values below.
+NCCL_LATENCY_US = {
+    "ring": {"base": (6.6, 14.0, 8.4), "nvlink": (0.6, 1.9, 3.4), "network": (2.7, 4.0, 14.0)},
+    "tree": {"base": (6.8, 14.0, 8.4), "nvlink": (0.6, 1.25, 4.0), "network": (5.0, 8.5, 14.0)},
+}
+PROTOCOLS = ("LL", "LL128", "Simple")
+#: data bytes per line: LL 4 of 8, LL128 120 of 128, Simple all (NCCL protocol definitions).
+PROTOCOL_EFFICIENCY = (0.5, 120 / 128, 1.0)
+#: Per-step latency a link's ``latency_us`` is scaled against (the Simple ring values): a
+#: link at its NCCL default has ``latency_scale`` 1.
+REFERENCE_STEP_S = {"nvlink": NCCL_LATENCY_US["ring"]["nvlink"][2] * 1e-6,
+                    "network": NCCL_LATENCY_US["ring"]["network"][2] * 1e-6}
+
+
+def _protocols(algorithm: str) -> tuple[Protocol, ...]:
+    t = NCCL_LATENCY_US[algorithm]
+    return tuple(Protocol(name, t["base"][i] * 1e-6, t["nvlink"][i] * 1e-6, t["network"][i] * 1e-6,
+                          PROTOCOL_EFFICIENCY[i]) for i, name in enumerate(PROTOCOLS))
+
+
+NCCL_RING = _protocols("ring")
+NCCL_TREE = _protocols("tree")
 NO_LATENCY = (Protocol("ideal", 0.0, 0.0, 0.0, 1.0),)
 #: gloo (torch's CPU backend) has one protocol: each ring step costs the link's own latency
-#: (the per-step values 3.4 us / 14 us are the references ``latency_scale`` is taken against,
+#: (the per-step values are :data:`REFERENCE_STEP_S`, which ``latency_scale`` is taken against,
 #: so the scaled step equals the link's ``latency_us``), no base, full bandwidth.
-GLOO_RING = (Protocol("gloo", 0.0, 3.4e-6, 14.0e-6, 1.0),)
+GLOO_RING = (Protocol("gloo", 0.0, REFERENCE_STEP_S["nvlink"], REFERENCE_STEP_S["network"], 1.0),)
+#: NVLS all-reduce latency, an assumption (NCCL's NVLS latency is not in public-facts.md): the
+#: Simple ring base plus one NVLink step up to the switch and one down (:data:`NVLS_STEPS`).
+NVLS = (Protocol("NVLS", NCCL_RING[2].base_s, NCCL_RING[2].step_nvlink_s, NCCL_RING[2].step_network_s, 1.0),)
+NVLS_STEPS = 2
 
 
 def steps(op: str, n: int) -> int:
@@ -84,18 +132,93 @@ def busbw_factor(op: str, n: int) -> float:
     return (2.0 if op == "all-reduce" else 1.0) * (n - 1) / n
 
 
+def measured_time(curve: BusbwCurve, size_bytes: float, sent_bytes: float, latency_s: float,
+                  reference_latency_s: float, bandwidth_bytes_per_s: float) -> float:
+    """Seconds for a rank to send ``sent_bytes`` of a ``size_bytes`` collective, read from the
+    measured ``curve`` (see the module docstring):
+
+        t = latency_s + sent_bytes / (beta(S) * bandwidth / line)
+        beta(S) = f S / (t_meas(S) - reference_latency_s)
+
+    ``t_meas``: the curve's times ``t_i = f S_i / busbw_i`` (``f = busbw_factor(curve.op,
+    curve.ranks)``) after the point (0, ``reference_latency_s``), joined by straight lines in S
+    and continued along the last segment beyond the largest size; ``beta`` is infinite where
+    ``t_meas`` does not exceed the latency. ``latency_s`` and ``reference_latency_s``: NCCL's
+    latency for this group and for the curve's rank count (same algorithm and link); ``line``:
+    the curve's ``line_gb_per_s``.
+
+    8-GPU A100 all-reduce of 256 MiB, between the S15 rows 128M (176.9 GB/s) and 512M (222.7):
+    t(128M) = 1.75 * 2^27 / 176.9e9 = 1327.8 us, t(512M) = 4218.7 us, a third of the way:
+    2291.4 us, busbw 1.75 * 2^28 / 2291.4 us = 205.0 GB/s.
+
+    >>> from meshplan.catalog import busbw_curve
+    >>> c = busbw_curve("a100-nvlink3-ring")
+    >>> t = measured_time(c, 2**28, 1.75 * 2**28, 15e-6, 15e-6, 300e9)
+    >>> round(t * 1e6, 1), round(1.75 * 2**28 / t / 1e9, 1)
+    (2291.4, 205.0)
+    """
+    f, line = busbw_factor(curve.op, curve.ranks), curve.line_gb_per_s * GB
+    sizes = [0.0] + [float(x) for x in curve.sizes_bytes]
+    times = [reference_latency_s] + [f * x / (b * GB) for x, b in zip(curve.sizes_bytes, curve.busbw_gb_per_s)]
+    k = max(0, min(bisect.bisect_right(sizes, size_bytes) - 1, len(sizes) - 2))
+    t_meas = times[k] + (times[k + 1] - times[k]) * (size_bytes - sizes[k]) / (sizes[k + 1] - sizes[k])
+    spent = t_meas - reference_latency_s  # the measurement's bandwidth term
+    if spent <= 0 or size_bytes <= 0:
+        return latency_s
+    return latency_s + sent_bytes * line * spent / (f * size_bytes * bandwidth_bytes_per_s)
+
+
+def rank_factor(curve: Optional[BusbwCurve], n: int) -> float:
+    """busbw over ``n`` ranks / busbw over the curve's ranks, from the curve's ``rank_counts``
+    table (linear in n between its counts, the end values beyond them); 1 without a table.
+
+    NVLS on H200 (S16, 8 GiB): 4 GPUs 363.3 GB/s against 8 GPUs 473.1: 0.768.
+
+    >>> from meshplan.catalog import busbw_curve
+    >>> round(rank_factor(busbw_curve("h200-nvlink4-nvls"), 4), 3)
+    0.768
+    """
+    if curve is None or not curve.rank_counts:
+        return 1.0
+    counts, bus = curve.rank_counts, curve.rank_busbw_gb_per_s
+
+    def at(k: int) -> float:
+        if k <= counts[0] or k >= counts[-1]:
+            return bus[0] if k <= counts[0] else bus[-1]
+        j = bisect.bisect_right(counts, k) - 1
+        return bus[j] + (bus[j + 1] - bus[j]) * (k - counts[j]) / (counts[j + 1] - counts[j])
+
+    return at(n) / at(curve.ranks)
+
+
+def _time(size_bytes: float, sent_bytes: float, k: int, network: bool, bandwidth_bytes_per_s: float,
+          latency=NCCL_RING, latency_scale: float = 1.0, curve: Optional[BusbwCurve] = None,
+          k_ref: int = 0) -> float:
+    """The module docstring's two formulas for one algorithm of ``k`` latency steps (``k_ref``
+    at the curve's rank count): line rate minimised over ``latency``'s protocols, or the
+    measured ``curve`` with the fastest protocol's latency."""
+    def lat(p: Protocol, steps_: int) -> float:
+        return p.base_s + steps_ * latency_scale * (p.step_network_s if network else p.step_nvlink_s)
+
+    if curve is None:
+        return min(lat(p, k) + sent_bytes / (bandwidth_bytes_per_s * p.efficiency) for p in latency)
+    return measured_time(curve, size_bytes, sent_bytes, min(lat(p, k) for p in latency),
+                         min(lat(p, k_ref) for p in latency), bandwidth_bytes_per_s)
+
+
 def ring_time(op: str, n: int, size_bytes: float, bandwidth_bytes_per_s: float,
-              network: bool = False, latency=NCCL_RING, latency_scale: float = 1.0) -> float:
+              network: bool = False, latency=NCCL_RING, latency_scale: float = 1.0,
+              curve: Optional[BusbwCurve] = None) -> float:
     """Seconds for ``op`` over ``n`` ranks on a ``size_bytes`` buffer, each rank sending at
     ``bandwidth_bytes_per_s`` on its slowest link; ``network`` picks the per-step latency,
-    ``latency_scale`` scales it (a calibrated link's per-step latency / NCCL's Simple value).
-    See the module docstring for the formula and sources. 0 for n <= 1."""
+    ``latency_scale`` scales it (a calibrated link's per-step latency / NCCL's Simple value);
+    ``curve``: the link's measured nccl-tests curve. See the module docstring for the formulas
+    and sources. 0 for n <= 1."""
     if n <= 1 or size_bytes <= 0:
         return 0.0
-    sent = busbw_factor(op, n) * size_bytes
-    k = steps(op, n)
-    return min(p.base_s + k * latency_scale * (p.step_network_s if network else p.step_nvlink_s)
-               + sent / (bandwidth_bytes_per_s * p.efficiency) for p in latency)
+    k_ref = steps(curve.op, curve.ranks) if curve else 0
+    return _time(size_bytes, busbw_factor(op, n) * size_bytes, steps(op, n), network, bandwidth_bytes_per_s,
+                 latency, latency_scale, curve, k_ref)
 
 
 def algbw(size_bytes: float, time_s: float) -> float:
@@ -108,44 +231,48 @@ def busbw(op: str, n: int, size_bytes: float, time_s: float) -> float:
     return algbw(size_bytes, time_s) * busbw_factor(op, n)
 
 
-#: NCCL tree latencies (us) from src/graph/tuning.cc (public-facts.md), LL / LL128 / Simple.
-NCCL_TREE = (
-    Protocol("LL", 6.8e-6, 0.6e-6, 5.0e-6, 0.5),
-    Protocol("LL128", 14.0e-6, 1.25e-6, 8.5e-6, 120 / 128),
-    Protocol("Simple", 8.4e-6, 4.0e-6, 14.0e-6, 1.0),
-)
 #: NVLS all-reduce bus bandwidth over the NVLink per-direction rate: 480 GB/s busbw measured on
 #: 8x H200 with NVLink SHARP against the 450 GB/s link (togethercomputer/together-nccl-tests;
 #: stas00/ml-engineering network README; public-facts.md).
 NVLS_GAIN = 480 / 450
 
 
+def _tree_depth(n: int) -> int:
+    return 2 * max(1, (n - 1).bit_length())
+
+
 def tree_time(n: int, size_bytes: float, bandwidth_bytes_per_s: float, network: bool = True,
-              latency_scale: float = 1.0) -> float:
+              latency_scale: float = 1.0, curve: Optional[BusbwCurve] = None) -> float:
     """All-reduce on NCCL's double binary tree: ``2 ceil(log2 n)`` steps (reduce up, broadcast
     down) at the tree latencies, the same bytes per rank as the ring (each tree carries half
     the buffer both ways)."""
     if n <= 1 or size_bytes <= 0:
         return 0.0
-    depth = 2 * max(1, (n - 1).bit_length())
-    sent = busbw_factor("all-reduce", n) * size_bytes
-    return min(p.base_s + depth * latency_scale * (p.step_network_s if network else p.step_nvlink_s)
-               + sent / (bandwidth_bytes_per_s * p.efficiency) for p in NCCL_TREE)
+    k_ref = _tree_depth(curve.ranks) if curve else 0
+    return _time(size_bytes, busbw_factor("all-reduce", n) * size_bytes, _tree_depth(n), network,
+                 bandwidth_bytes_per_s, NCCL_TREE, latency_scale, curve, k_ref)
 
 
 def collective_time(op: str, n: int, size_bytes: float, bandwidth_bytes_per_s: float, kind: str,
                     nvls: bool = False, latency_scale: float = 1.0, nodes: int = 1,
-                    intra_bandwidth_bytes_per_s: float = 0.0, library: str = "nccl") -> tuple[str, float]:
+                    intra_bandwidth_bytes_per_s: float = 0.0, library: str = "nccl",
+                    curves: Mapping[str, BusbwCurve] = MappingProxyType({}),
+                    nic_bandwidth_bytes_per_s: float = 0.0, ranks_per_node: int = 0) -> tuple[str, float]:
     """(algorithm, seconds): the fastest of the algorithms NCCL can run for ``op`` on a path of
-    ``kind`` ("nvlink" inside a node or NVLink domain, "network" across ``nodes`` nodes):
+    ``kind`` ("nvlink" inside a node or NVLink domain, "network" across ``nodes`` nodes), each
+    timed on the link's measured curve in ``curves`` ("nvlink", "nvls", "nic") when there is
+    one, else at its line rate (module docstring):
 
     - ``ring`` (:func:`ring_time`), every op;
     - ``NVLS`` for all-reduce inside an NVSwitch domain with in-switch reduction (``nvls``):
-      the ring's bytes at ``NVLS_GAIN`` x the link rate, after the Simple base latency plus
-      two NVLink steps (an assumption: NCCL's NVLS latency is not in public-facts.md);
+      the ring's bytes on the "nvls" curve scaled to ``n`` GPUs (:func:`rank_factor`), or at
+      ``NVLS_GAIN`` x the link rate without one, after :data:`NVLS`'s latency;
     - ``tree`` for all-reduce across nodes (:func:`tree_time`): fewer latency steps;
     - ``hierarchical`` across nodes with ``n / nodes`` > 1 ranks per node: reduce-scatter
-      inside the node (NVLink), the op across nodes on 1/g of the buffer, all-gather inside.
+      inside the node (NVLink), the op across nodes on 1/g of the buffer, all-gather inside;
+    - ``pairwise`` for all-to-all across nodes (:func:`all_to_all_time`), in place of the ring
+      when the rank's own NIC share ``nic_bandwidth_bytes_per_s`` and the group's
+      ``ranks_per_node`` are given.
 
     ``library`` other than "nccl" (gloo): the ring only, with :data:`GLOO_RING`'s single protocol
     (per step exactly the link's latency, full bandwidth); a reduce-scatter costs an all-reduce
@@ -161,26 +288,63 @@ def collective_time(op: str, n: int, size_bytes: float, bandwidth_bytes_per_s: f
     if library != "nccl":  # gloo runs rings only, with one protocol; reduce-scatter as a full all-reduce
         run = "all-reduce" if op == "reduce-scatter" else op
         return "ring", ring_time(run, n, size_bytes, bandwidth_bytes_per_s, network, GLOO_RING, latency_scale)
-    best = ("ring", ring_time(op, n, size_bytes, bandwidth_bytes_per_s, network, latency_scale=latency_scale))
+    link = curves.get("nic" if network else "nvlink")
+    if op == "all-to-all" and network and nic_bandwidth_bytes_per_s and ranks_per_node and n > 1:
+        return "pairwise", all_to_all_time(n, size_bytes, ranks_per_node, nic_bandwidth_bytes_per_s,
+                                           intra_bandwidth_bytes_per_s, latency_scale, curves)
+    best = ("ring", ring_time(op, n, size_bytes, bandwidth_bytes_per_s, network, latency_scale=latency_scale,
+                              curve=link))
     if n <= 1:
         return best
     options = []
     if op == "all-reduce" and kind == "nvlink" and nvls:
         sent = busbw_factor(op, n) * size_bytes
-        # latency assumed: the Simple ring base plus one NVLink step up to the switch and one down
-        lat = NCCL_RING[2].base_s + 2 * latency_scale * NCCL_RING[2].step_nvlink_s
-        options.append(("NVLS", lat + sent / (bandwidth_bytes_per_s * NVLS_GAIN)))
+        curve = curves.get("nvls")
+        bw = bandwidth_bytes_per_s * (rank_factor(curve, n) if curve else NVLS_GAIN)
+        options.append(("NVLS", _time(size_bytes, sent, NVLS_STEPS, False, bw, NVLS, latency_scale, curve, NVLS_STEPS)))
     if op == "all-reduce" and network:
-        options.append(("tree", tree_time(n, size_bytes, bandwidth_bytes_per_s, True, latency_scale)))
+        options.append(("tree", tree_time(n, size_bytes, bandwidth_bytes_per_s, True, latency_scale, link)))
     g = n // max(nodes, 1)
     if network and nodes > 1 and g > 1 and intra_bandwidth_bytes_per_s and op in ("all-reduce", "all-gather",
                                                                                   "reduce-scatter"):
         intra = intra_bandwidth_bytes_per_s
-        inter = ring_time(op, nodes, size_bytes / g, bandwidth_bytes_per_s / g, True, latency_scale=latency_scale)
+        inter = ring_time(op, nodes, size_bytes / g, bandwidth_bytes_per_s / g, True, latency_scale=latency_scale,
+                          curve=link)
         local = {"all-reduce": ("reduce-scatter", "all-gather"), "all-gather": ("all-gather",),
                  "reduce-scatter": ("reduce-scatter",)}[op]
-        options.append(("hierarchical", inter + sum(ring_time(o, g, size_bytes, intra) for o in local)))
+        options.append(("hierarchical", inter + sum(ring_time(o, g, size_bytes, intra, curve=curves.get("nvlink"))
+                                                    for o in local)))
     for name, t in options:
         if t < best[1]:
             best = (name, t)
     return best
+
+
+def all_to_all_time(n: int, size_bytes: float, ranks_per_node: int, nic_bandwidth_bytes_per_s: float,
+                    intra_bandwidth_bytes_per_s: float, latency_scale: float = 1.0,
+                    curves: Mapping[str, BusbwCurve] = MappingProxyType({})) -> float:
+    """Pairwise all-to-all over ``n`` ranks, ``ranks_per_node`` (g) of them on each node: each
+    rank sends S/n to every peer at once, the ``(n - g) / n * S`` bound for other nodes
+    through its own NIC share ``nic_bandwidth_bytes_per_s`` (the rank's NIC rate divided among
+    the ranks that use it) and the ``(g - 1) / n * S`` for its node's peers over NVLink; the
+    two run concurrently, so the slower one sets the time (each after NCCL's latency for
+    n - 1 network or g - 1 NVLink steps; on the "nic" and "nvlink" curves when given).
+
+    2 nodes x 8 A100, one 25 GB/s HDR NIC per GPU, 1 GiB at line rate: 2^29 B through the NIC,
+    21.475 ms, after the Simple ring latency 8.4 + 15 x 14 us = 218.4 us: 21.69 ms; busbw =
+    15/16 * 2^30 / 21.69 ms = 46.4 GB/s (nccl-tests measured 37.8 on that machine, [S18]).
+
+    >>> t = all_to_all_time(16, 2**30, 8, 25e9, 300e9)
+    >>> round(t * 1e3, 2), round(15 / 16 * 2**30 / t / 1e9, 1)
+    (21.69, 46.4)
+    """
+    if n <= 1 or size_bytes <= 0:
+        return 0.0
+    g = max(1, min(ranks_per_node, n))
+    nic, nvl = curves.get("nic"), curves.get("nvlink")
+    out = _time(size_bytes, (n - g) / n * size_bytes, n - 1, True, nic_bandwidth_bytes_per_s, NCCL_RING,
+                latency_scale, nic, steps(nic.op, nic.ranks) if nic else 0)
+    if g > 1 and intra_bandwidth_bytes_per_s:
+        out = max(out, _time(size_bytes, (g - 1) / n * size_bytes, g - 1, False, intra_bandwidth_bytes_per_s,
+                             NCCL_RING, 1.0, nvl, steps(nvl.op, nvl.ranks) if nvl else 0))
+    return out

@@ -337,8 +337,13 @@ def load_calibration(path) -> dict[str, CalibratedLink]:
 def apply_calibration(cluster: ClusterSpec, calib: dict[str, CalibratedLink]) -> ClusterSpec:
     """A new cluster whose link figures come from ``calib``: ``nvlink`` -> the node's fabric,
     ``pcie`` -> its PCIe link (bandwidth, per-step latency); ``nic`` -> every NIC's rate
-    (GB/s x 8 = Gb/s) and every network tier's per-step latency. Other fields are kept."""
+    (GB/s x 8 = Gb/s) and every network tier's per-step latency. The calibrated link classes
+    lose the catalog's measured busbw curves (``nvlink`` the "nvlink" and "nvls" curves, ``nic``
+    the "nic" curve): the user's own fit replaces them. Other fields are kept."""
     node, upd, tag = cluster.node, {}, "calibrated: {}"
+    dropped = {"nvlink": ("nvlink", "nvls"), "nic": ("nic",)}
+    gone = {c for name in calib for c in dropped.get(name, ())}
+    upd["busbw"] = {k: v for k, v in node.busbw.items() if k not in gone}
     for name, field in (("nvlink", "fabric"), ("pcie", "pcie")):
         if name in calib:
             c = calib[name]

@@ -1,7 +1,8 @@
 """First collective table: per group kind and phase, the collective each rank issues, its
 payload, count per micro-batch, per layer and per step, dtype, what waits on it, the NCCL
 algorithm (ring, tree, NVLS, hierarchical) and its alpha-beta time on the link class the group
-crosses (:func:`meshplan.comm.alphabeta.collective_time`).
+crosses (:func:`meshplan.comm.alphabeta.collective_time`, on the node's measured nccl-tests
+curves where the catalog has them).
 
 Conventions, matched op by op against what torch 2.13 issues for DTensor TP/SP and FSDP2
 (``meshplan.runtime.validation.dryrun``; torchtitan's Llama plan):
@@ -84,7 +85,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from meshplan.comm.alphabeta import busbw_factor, collective_time
+from meshplan.comm.alphabeta import REFERENCE_STEP_S, busbw_factor, collective_time
 from meshplan.mesh.resolve import Mesh
 from meshplan.compute.shapes import expert_capacity
 from meshplan.spec.cluster import ClusterSpec
@@ -97,13 +98,18 @@ from meshplan.units import dtype_bytes
 @dataclass(frozen=True)
 class Path:
     """Link class a group's collective crosses, the bandwidth each rank gets on it (bytes/s)
-    and the per-step latency scale against NCCL's defaults (1 = NCCL's constants)."""
+    and the per-step latency scale against NCCL's defaults (1 = NCCL's constants). Across
+    nodes: ``nodes`` spanned, ``ranks_per_node`` of the group on a node, and
+    ``nic_bandwidth_bytes_per_s``, the share of its own NIC a rank gets while every group of
+    the axis runs (all-to-all's cross-node bytes leave through it)."""
 
     kind: str  # "local" | "nvlink" | "network"
     bandwidth_bytes_per_s: float
     note: str
     latency_scale: float = 1.0
     nodes: int = 1
+    ranks_per_node: int = 0
+    nic_bandwidth_bytes_per_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -144,7 +150,11 @@ def axis_path(mesh: Mesh, placement, cluster: ClusterSpec, axis: str) -> Path:
     Inside one node (or NVLink domain): the fabric's per-GPU bandwidth. Across nodes: on
     each node, every group with members there sends its ring traffic out through its
     members' affine NICs; per-rank bandwidth = min(fabric, NIC bandwidth of the NICs used on
-    the node / groups leaving the node), taken at node 0.
+    the node / groups leaving the node), taken at node 0. For all-to-all, each rank's own
+    NIC share: its NIC's rate / the node-0 ranks of all the axis's groups that use that NIC,
+    the smallest over group 0's members on node 0 (the link-load model's per-NIC sharing,
+    :func:`meshplan.schedule.linkload.edge_loads`). Latency scales are the link's per-step
+    latency over :data:`~meshplan.comm.alphabeta.REFERENCE_STEP_S`.
     """
     groups = mesh.groups(axis)
     if groups.shape[1] == 1:
@@ -152,9 +162,9 @@ def axis_path(mesh: Mesh, placement, cluster: ClusterSpec, axis: str) -> Path:
     node = placement.node[groups]
     fabric = cluster.node.fabric
     if (placement.domain[groups] == placement.domain[groups][:, :1]).all():
-        return Path("nvlink", fabric.bandwidth_bytes_per_s, fabric.name, fabric.latency_s / 3.4e-6)
+        return Path("nvlink", fabric.bandwidth_bytes_per_s, fabric.name, fabric.latency_s / REFERENCE_STEP_S["nvlink"])
     nics = cluster.node.nics
-    tier = cluster.network[0].latency_s / 14e-6 if cluster.network else 1.0
+    tier = cluster.network[0].latency_s / REFERENCE_STEP_S["network"] if cluster.network else 1.0
     if not nics:
         return Path("network", cluster.node.pcie.bandwidth_bytes_per_s, "no NIC in catalog: PCIe bound", tier)
     n0 = int(node[0, 0])
@@ -164,9 +174,12 @@ def axis_path(mesh: Mesh, placement, cluster: ClusterSpec, axis: str) -> Path:
     nic_bw = sum(nics[i].bandwidth_bytes_per_s for i in used)
     bw = min(fabric.bandwidth_bytes_per_s, nic_bw / len(on_node))
     rails = np.unique(placement.rail[groups[0]])
+    users = Counter(int(i) for i in placement.nic[members] if i >= 0)
+    own = [int(i) for i in placement.nic[groups[0][node[0] == n0]] if i >= 0]
+    share = min((nics[i].bandwidth_bytes_per_s / users[i] for i in own), default=0.0)
     return Path("network", bw, f"{len(on_node)} group(s) per node share NIC(s) "
                 f"{','.join(nics[i].name for i in used)}; rails {rails.tolist()}", tier,
-                len(np.unique(node[0])))
+                len(np.unique(node[0])), int((node[0] == n0).sum()), share)
 
 
 def collective_table(model: ModelSpec, training: TrainingSpec, mesh: Mesh, cluster: ClusterSpec,
@@ -187,7 +200,9 @@ def collective_table(model: ModelSpec, training: TrainingSpec, mesh: Mesh, clust
         alg, t = collective_time(op, n, size, path.bandwidth_bytes_per_s, path.kind, nvls=cluster.node.fabric.nvls,
                                  latency_scale=path.latency_scale, nodes=path.nodes,
                                  intra_bandwidth_bytes_per_s=cluster.node.fabric.bandwidth_bytes_per_s,
-                                 library=cluster.collective_library)
+                                 library=cluster.collective_library, curves=cluster.node.busbw,
+                                 nic_bandwidth_bytes_per_s=path.nic_bandwidth_bytes_per_s,
+                                 ranks_per_node=path.ranks_per_node)
         rows.append(CollectiveRow(mesh.display_name(axis), phase, op, n, mesh.world // n,
                                   tuple(mesh.group_of(0, axis) if ranks is None else ranks), float(size), dtype, per_mb,
                                   per_step if per_step is not None else per_mb * micro_batches,

@@ -25,7 +25,7 @@ Conventions (named so a number lines up with another tool's):
   With sequence parallelism the norms and residual adds see ``tokens / tp`` rows.
 - **Overheads** (GPUs with catalog data): every kernel takes at least the host's issue floor
   (:func:`issue_floor`); the embedding carries one per-micro-batch overhead; the optimizer step
-  streams its bytes at Triad (:func:`optimizer_seconds`).
+  streams its bytes at Triad (:func:`optimizer_bandwidth`).
 - **Recompute**: ``selective`` re-runs the attention core forward in backward (Korthikanti
   et al. 2022, section 5); ``full`` re-runs the whole layer forward. Recomputed ops count in
   hardware FLOP and time, never in model FLOP.
@@ -173,17 +173,18 @@ def _mem(gpu: GPUSpec, name: str, block: str, phase: str, nbytes: float, recompu
               note=f"{nbytes / 1e6:.1f} MB / {bw / 1e12:.3g} TB/s ({what})")
 
 
-def optimizer_seconds(gpu: GPUSpec, nbytes: float) -> float:
-    """Fused optimizer step reading and writing ``nbytes`` of state, at the catalog's Triad
-    bandwidth (multi-tensor Adam streams several arrays per element; S12's fused AdamW on H100,
-    ~2.1 TB/s, is below Triad 2.97), or the datasheet bandwidth for a GPU without one.
+def optimizer_bandwidth(gpu: GPUSpec) -> float:
+    """Bandwidth (B/s) of the fused optimizer step, which streams its state's bytes
+    (:func:`meshplan.schedule.steptime.optimizer_step_s`): the catalog's BabelStream Triad
+    (multi-tensor Adam reads and writes several arrays per element; S12's fused AdamW on H100,
+    ~2.1 TB/s, is below Triad 2.97), or the datasheet bandwidth for a GPU without catalog data.
 
     >>> from meshplan import catalog
-    >>> optimizer_seconds(catalog.gpu("a100-sxm-80gb"), 1.7e9)  # 1.7 GB at 1.70 TB/s
-    0.001
+    >>> optimizer_bandwidth(catalog.gpu("a100-sxm-80gb")) / 1e12  # not the 2.039 TB/s datasheet
+    1.7
     """
     data = kernel_data(gpu.name)
-    return nbytes / (gpu.hbm_bandwidth_bytes_per_s if data is None else data.stream_bytes_per_s)
+    return gpu.hbm_bandwidth_bytes_per_s if data is None else data.stream_bytes_per_s
 
 
 def _gemm_ops(gpu: GPUSpec, g: Gemm, block: str, w: Workload, table, model_scale: float = 1.0) -> list[Op]:

@@ -73,9 +73,19 @@ class Constraints:
     estimate: Estimate | None = None
 
 
+def usable_hbm_bytes(hbm_bytes, reserve):
+    """Usable memory per GPU, bytes: ``HBM x (1 - reserve)`` (``training.memory_reserve``).
+    The one formula of the constraints, the timeline's verdict and the search.
+
+    >>> usable_hbm_bytes(80e9, 0.10) == 72e9
+    True
+    """
+    return hbm_bytes * (1 - reserve)
+
+
 def usable_bytes(cluster: ClusterSpec, training: TrainingSpec) -> float:
-    """HBM x (1 - memory_reserve), bytes."""
-    return cluster.gpu.hbm_bytes * (1 - training.memory_reserve)
+    """HBM x (1 - memory_reserve), bytes (:func:`usable_hbm_bytes`)."""
+    return usable_hbm_bytes(cluster.gpu.hbm_bytes, training.memory_reserve)
 
 
 def estimate(model: ModelSpec, training: TrainingSpec, mesh: Mesh, stages, micro: int) -> Estimate:

@@ -288,8 +288,7 @@ def init_entries(state: StateBytes, fsdp_grads: bool, comm_axes: list[str], opts
 
 def step_entries(state: StateBytes, training: TrainingSpec, opts: MemoryOptions, fsdp_grads: int) -> tuple:
     """Optimizer step: foreach temporaries, then FSDP's sharded grads freed (zero_grad)."""
-    states = training.optimizer_states
-    temp = int(opts.optimizer_temp_states * state.bytes_of("optimizer") / states) if states else 0
+    temp = opts.optimizer_temp_bytes(state.bytes_of("optimizer"), training.optimizer_states)
     out = [(None, "temporaries", temp, f"optimizer step: {opts.optimizer_temp_states:g} state-sized temporaries"),
            (None, "temporaries", -temp, "optimizer step: temporaries freed"),
            (None, "grads", -fsdp_grads, "zero_grad(set_to_none): sharded gradients freed")]
@@ -307,10 +306,7 @@ def stage_sizes(model: ModelSpec, training: TrainingSpec, mesh: Mesh, stages, st
     moe = layer_act_sizes(model, training, mesh, opts, moe=True) if model.is_moe else dense
     acts = {i: moe if model.is_moe_layer(i) else dense for i in layers}
     hs = head_sizes(model, training, mesh, opts)
-    bucket = 0
-    if not fsdp and (training.sharding == "zero2" or training.grad_dtype != training.reduce_dtype):
-        dp_size = mesh.degree("fsdp")
-        bucket = min(opts.bucket_elements(dp_size), state.params.total) * dtype_bytes(training.reduce_dtype)
+    bucket = 0 if fsdp else opts.grad_bucket_bytes(training, mesh.degree("fsdp"), state.params.total)
     fsdp_grads = sum(u.grads for u in us.values()) if fsdp else 0
     return StageSizes(
         stage=k, chunks=tuple(tuple(c) for c in stages[k]), acts=acts, units=us,

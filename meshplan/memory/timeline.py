@@ -33,6 +33,7 @@ from typing import Iterator, Optional
 import numpy as np
 
 from meshplan.units import GiB
+from meshplan.memory.constraints import usable_hbm_bytes
 from meshplan.memory.passes import PassBuilder
 from meshplan.memory.schedule import stage_ops
 from meshplan.memory.sizes import stage_sizes
@@ -145,8 +146,8 @@ class Timeline:
 
     @property
     def usable_bytes(self) -> float:
-        """HBM x (1 - reserve)."""
-        return self.hbm_bytes * (1 - self.reserve)
+        """HBM x (1 - reserve) (:func:`meshplan.memory.constraints.usable_hbm_bytes`)."""
+        return usable_hbm_bytes(self.hbm_bytes, self.reserve)
 
     @property
     def headroom_bytes(self) -> float:

@@ -32,8 +32,6 @@ from meshplan.errors import ConfigError
 DENSE_AXES = ("pp", "dp_replicate", "dp", "dp_shard", "cp", "tp")
 EXPERT_AXES = ("ep", "etp")
 KNOWN_AXES = DENSE_AXES + EXPERT_AXES
-#: Axes whose product is the data-parallel degree used in batch arithmetic (cp excluded).
-BATCH_AXES = ("dp_replicate", "dp", "dp_shard")
 
 
 def from_megatron_order(order: str) -> tuple[str, ...]:

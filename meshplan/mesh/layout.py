@@ -112,10 +112,7 @@ class Layout:
         >>> Layout(("dp", "cp", "tp"), (2, 2, 2)).groups(("dp", "cp")).tolist()
         [[0, 2, 4, 6], [1, 3, 5, 7]]
         """
-        idx = self.axis_indices(axes)
-        rest = [i for i in range(len(self.shape)) if i not in idx]
-        size = prod(self.shape[i] for i in idx)
-        return self.grid().transpose(rest + idx).reshape(-1, size)
+        return grid_groups(self.grid(), self.axis_indices(axes))
 
     def group_of(self, rank: int, axes) -> list[int]:
         """The group of ``axes`` that contains ``rank``, as a rank list."""
@@ -139,6 +136,21 @@ class Layout:
             raise ConfigError("rank", f"{rank!r} is not an integer rank")
         if not 0 <= rank < self.world:
             raise ConfigError("rank", f"{rank} outside 0..{self.world - 1}")
+
+
+def grid_groups(grid: np.ndarray, idx) -> np.ndarray:
+    """Groups of a rank ``grid`` (any n-d array of ranks) along its dimensions ``idx``
+    (sorted positions): array (grid.size // size, size), members ordered as the dimensions
+    (outermost first), rows by the other dimensions' linear index. The one group rule of
+    :meth:`Layout.groups` and of the expert mesh (:meth:`meshplan.mesh.resolve.Mesh.groups`).
+
+    >>> grid_groups(np.arange(8).reshape(2, 2, 2), [0, 2]).tolist()
+    [[0, 1, 4, 5], [2, 3, 6, 7]]
+    """
+    idx = sorted(idx)
+    rest = [i for i in range(grid.ndim) if i not in idx]
+    size = prod(grid.shape[i] for i in idx)
+    return grid.transpose(rest + idx).reshape(-1, size)
 
 
 def check_partition(groups: np.ndarray, world: int) -> list[str]:

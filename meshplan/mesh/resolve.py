@@ -32,7 +32,7 @@ import numpy as np
 
 from meshplan.mesh.axes import EXPERT_AXES, from_megatron_order, to_megatron_order
 from meshplan.errors import ConfigError
-from meshplan.mesh.layout import Layout
+from meshplan.mesh.layout import Layout, grid_groups
 from meshplan.spec.mesh import MeshSpec
 
 #: Derived axis name -> constituent axes (those present in the mesh are used).
@@ -124,7 +124,7 @@ class Mesh:
         """All groups of an axis as an array (n_groups, size)."""
         if name in ("efsdp", "ep", "etp"):
             names, grid = self.expert_grid()
-            return _groups(grid, names, (name,))
+            return grid_groups(grid, [names.index(name)])
         return self.layout.groups(self.axes_of(name))
 
     def group_of(self, rank: int, name: str) -> list[int]:
@@ -149,13 +149,6 @@ class Mesh:
     @property
     def megatron_order(self) -> str:
         return to_megatron_order(self.layout.names)
-
-
-def _groups(grid: np.ndarray, names, axes) -> np.ndarray:
-    idx = sorted(names.index(a) for a in axes)
-    rest = [i for i in range(grid.ndim) if i not in idx]
-    size = prod(grid.shape[i] for i in idx)
-    return grid.transpose(rest + idx).reshape(-1, size)
 
 
 #: Axes tried first when rescaling one axis to the world size: data axes, then the rest.

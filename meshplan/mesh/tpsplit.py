@@ -95,8 +95,18 @@ def fsdp_padded_numel(t: Tensor, model: ModelSpec, shards: int, tp: int, ep: int
     >>> fsdp_padded_numel(Tensor("wq", 64 * 64, "column", rows=64), m, shards=3, tp=2)
     2112
     """
-    n = local_numel(t, model, tp, ep, etp)
-    rows = local_rows(t, model, tp, ep)
+    return padded_numel(local_rows(t, model, tp, ep), local_numel(t, model, tp, ep, etp), shards)
+
+
+def padded_numel(rows: int, numel: int, shards: int) -> int:
+    """Elements of a local tensor of ``numel`` elements in ``rows`` rows once FSDP2 pads
+    dim 0 to a multiple of ``shards``: ``ceil(rows / shards) x shards x (numel / rows)``;
+    0 for a tensor without rows. The rule of :func:`fsdp_padded_numel`, also called by the
+    search (:func:`meshplan.search.timing.comm_times`) on its per-rank tables.
+
+    >>> padded_numel(32, 32 * 64, 3), padded_numel(0, 0, 3)
+    (2112, 0)
+    """
     if rows == 0:
         return 0
-    return -(-rows // shards) * shards * (n // rows)
+    return -(-rows // shards) * shards * (numel // rows)

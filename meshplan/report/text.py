@@ -8,8 +8,11 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
+from meshplan.placement.assign import rank_row
+from meshplan.memory.state import megatron_estimate, zero_textbook_bytes
 from meshplan.plan import Plan
-from meshplan.units import GB, GiB, US, human_bytes
+from meshplan.report.memory import timeline_table
+from meshplan.units import GB, US, GiB, human_bytes
 
 MAX_LIST = 8
 
@@ -123,8 +126,6 @@ def _c(coords) -> str:
 
 
 def _placement(plan: Plan, rank: int, con: Console) -> None:
-    from meshplan.placement.assign import rank_row
-
     row = rank_row(plan.placement, rank)
     con.print(f"placement of rank {rank}: " + ", ".join(f"{k} {v}" for k, v in row.items()))
     for f in plan.flags:
@@ -169,13 +170,30 @@ def _memory(plan: Plan, con: Console) -> None:
                         f"{i.axis} ({i.divisor})" if i.axis else "not sharded")
         tab.add_row("", "", "[bold]total[/]", "", "", "", human_bytes(s.total_bytes), "")
     con.print(tab)
+    for line in _accounting_lines(plan, max(states, key=lambda s: s.total_bytes)):
+        con.print(f"[dim]{line}[/]")
     e = plan.constraints.estimate if plan.constraints else None
     if e is not None:
         con.print(f"[dim]first estimate (constraints, before the timeline): {e.line()}[/]")
     if plan.timelines:
-        from meshplan.report.memory import timeline_table
-
         con.print(timeline_table(plan))
+
+
+ZERO_STAGE = {"none": 0, "zero1": 1, "zero2": 2, "zero3": 3, "hsdp": 3}
+
+
+def _accounting_lines(plan: Plan, state) -> list[str]:
+    """The two closed-form accountings beside the exact one (README "Conventions"): the ZeRO
+    paper's textbook bytes for the most loaded stage's ``psi`` parameters per rank (before data
+    parallelism), N the degree its optimizer state is sharded over, K 12; and Megatron-LM's
+    estimate. Both ignore what the exact count holds (dtypes as configured, padding, norms)."""
+    dense = [i for i in state.items if i.group == "dense"]
+    psi = sum(i.numel for i in dense if i.kind == "params")
+    n = next((i.divisor for i in dense if i.kind == "optimizer"), 1)
+    z = zero_textbook_bytes(psi, n, stage=ZERO_STAGE[plan.config.training.sharding])
+    meg = megatron_estimate(plan.config.model, plan.mesh, plan.config.training)
+    return [f"{z.label}: {human_bytes(z.size_bytes)} ({z.formula})",
+            f"{meg.label}: {human_bytes(meg.size_bytes)} ({meg.formula})"]
 
 
 def _collectives(plan: Plan, con: Console) -> None:

@@ -8,7 +8,7 @@ per-step gradient reduction when it was not overlapped, the optimizer step and t
 ZeRO-1/2 parameter all-gather (``Overlap.param_gather``: hidden behind the next step's
 first forward unit, the remainder exposed). The optimizer step is memory-bound: it reads
 all persistent state of the rank (:mod:`meshplan.memory.state`) and writes all but the
-gradients, at achievable bandwidth (:func:`meshplan.compute.ops.optimizer_seconds`). Step time = the latest stage end.
+gradients, at achievable bandwidth (:func:`meshplan.compute.ops.optimizer_bandwidth`). Step time = the latest stage end.
 
 MFU uses model FLOP (:func:`meshplan.compute.ops.sequence_model_flops` x global batch: causal
 half attention, no recompute); HFU the FLOP each rank executes (recompute, full non-flash
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from meshplan.compute.ops import (Cost, Workload, embedding_cost, head_cost, layer_cost, optimizer_seconds,
+from meshplan.compute.ops import (Cost, Workload, embedding_cost, head_cost, layer_cost, optimizer_bandwidth,
                                   sequence_model_flops)
 from meshplan.compute.gemm import GemmTable
 from meshplan.pipeline.simulate import Event, PipelineResult, PipelineSpec, simulate, write_trace
@@ -159,10 +159,23 @@ def _unit_sims(spec, chunks, comms, w, ov) -> dict:
     return out
 
 
+def optimizer_step_s(total_bytes, grads_bytes, hbm_bandwidth_bytes_per_s):
+    """Seconds of the optimizer step of one rank: memory-bound, it reads all persistent
+    state (``total_bytes``: parameters, gradients, optimizer states, master copy;
+    :mod:`meshplan.memory.state`) and writes all but the gradients, at
+    ``hbm_bandwidth_bytes_per_s`` (callers pass :func:`meshplan.compute.ops.optimizer_bandwidth`:
+    measured Triad, or the datasheet for a GPU without catalog data): ``(2 total - grads) / bandwidth``. Scalars or numpy arrays of
+    any shape (the search calls it on (candidates, stages) arrays).
+
+    >>> optimizer_step_s(10e9, 2e9, 3.35e12) == 18e9 / 3.35e12
+    True
+    """
+    return (2 * total_bytes - grads_bytes) / hbm_bandwidth_bytes_per_s
+
+
 def _optimizer_s(plan, s: int) -> float:
     st = plan.state[s]
-    nbytes = 2 * st.total_bytes - st.bytes_of("grads")
-    return optimizer_seconds(plan.config.cluster.gpu, nbytes)
+    return optimizer_step_s(st.total_bytes, st.bytes_of("grads"), optimizer_bandwidth(plan.config.cluster.gpu))
 
 
 def _stage_end(plan, s, spec, mine, units, comm: CommTimes, ov) -> tuple[float, list[Event], dict]:

@@ -63,8 +63,7 @@ def bounds(cfg: Config, tables: Tables, c: Candidates, st: Stages, s: dict) -> t
     lo = {f: pick(*kinds[f], np.minimum) for f in ("saved", "rework", "fwd")}
     hi = {f: pick(*kinds[f], np.maximum) for f in ("saved", "rework", "fwd", "bwd")}
     fixed = col(comm_axes(cfg, c)) * o.comm_bytes_per_group + o.workspace_bytes
-    opt_temp = (o.optimizer_temp_states * s["optimizer"] / t.optimizer_states).astype(np.int64) \
-        if t.optimizer_states else 0
+    opt_temp = o.optimizer_temp_bytes(s["optimizer"], t.optimizer_states)
     at_step = s["total"] + fixed + opt_temp
     # a unit without FSDP-sharded dense parameters never allocates its share of the dense
     # gradients in the timeline (only expert units are sharded then)
@@ -196,10 +195,7 @@ def units(cfg: Config, tables: Tables, c: Candidates, st: Stages) -> dict:
 
 
 def _bucket(cfg: Config, c: Candidates, s: dict) -> np.ndarray:
-    """Gradient bucket of the non-FSDP shardings (:func:`meshplan.memory.sizes.stage_sizes`)."""
-    t = cfg.training
-    if t.grad_dtype == t.reduce_dtype:
-        return np.zeros_like(s["params_numel"])
-    elems = np.maximum(40_000_000, 1_000_000 * c.fsdp) if cfg.memory.grad_bucket_elements is None \
-        else np.full(len(c), cfg.memory.grad_bucket_elements)
-    return np.minimum(elems[:, None], s["params_numel"]) * dtype_bytes(t.reduce_dtype)
+    """Gradient bucket of the non-FSDP shardings, bytes (candidates, pp):
+    :meth:`meshplan.spec.memory.MemoryOptions.grad_bucket_bytes`, as
+    :func:`meshplan.memory.sizes.stage_sizes` sizes it."""
+    return cfg.memory.grad_bucket_bytes(cfg.training, c.fsdp[:, None], s["params_numel"])

@@ -51,6 +51,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
+from meshplan.memory.constraints import usable_bytes
 from meshplan.search.bounds import bounds
 from meshplan.search.exact import Exact, Planner, Pool
 from meshplan.search.memory import Tables, stage_layout, state
@@ -168,7 +169,7 @@ def search(cfg: Config, progress: Optional[Progress] = None, workers: Optional[i
     clock("enumerate")
     est = estimate(cfg, c, code)
     clock("estimate")
-    usable = cfg.cluster.gpu.hbm_bytes * (1 - cfg.training.memory_reserve)
+    usable = usable_bytes(cfg.cluster, cfg.training)
     valid = code == OK
     margin = o.memory_margin
     over = valid & (est.peak_lo > usable * (1 + margin))

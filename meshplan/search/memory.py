@@ -53,7 +53,6 @@ class Tables:
     def __init__(self, cfg: Config):
         self.cfg, self.model, self.t = cfg, cfg.model, cfg.training
         m = self.model
-        self.moe_layer = m.dense_layers if m.is_moe else None
         self.layer = lru_cache(maxsize=None)(self._layer)
         self.acts = lru_cache(maxsize=None)(self._acts)
         self.roots = lru_cache(maxsize=None)(self._roots)

@@ -42,15 +42,16 @@ import numpy as np
 
 from meshplan.comm.collectives import axis_path
 from meshplan.comm.alphabeta import collective_time
-from meshplan.compute.ops import Workload, embedding_cost, head_cost, layer_cost, optimizer_seconds
+from meshplan.compute.ops import Workload, embedding_cost, head_cost, layer_cost, optimizer_bandwidth
 from meshplan.mesh.resolve import resolve_mesh
 from meshplan.placement.assign import place
 from meshplan.schedule.rank_timeline import LAYER_BLOCKS
+from meshplan.schedule.steptime import optimizer_step_s
 from meshplan.search.memory import Stages, Tables, lookup
 from meshplan.search.space import RECOMPUTE, SHARDING, Candidates
 from meshplan.config import Config
 from meshplan.spec.mesh import MeshSpec
-from meshplan.mesh.tpsplit import local_heads
+from meshplan.mesh.tpsplit import local_heads, padded_numel
 from meshplan.units import dtype_bytes
 
 PHASES = {"f": ("forward", None), "bi": ("backward_input", None), "bin": ("backward_input", False),
@@ -104,7 +105,9 @@ class TimeTables:
         extra = {"library": self.cfg.cluster.collective_library} if hasattr(self.cfg.cluster, "collective_library") else {}
         return collective_time(op, n, size, p.bandwidth_bytes_per_s, p.kind, nvls=getattr(fabric, "nvls", False),
                                latency_scale=p.latency_scale, nodes=getattr(p, "nodes", 1),
-                               intra_bandwidth_bytes_per_s=fabric.bandwidth_bytes_per_s, **extra)[1]
+                               intra_bandwidth_bytes_per_s=fabric.bandwidth_bytes_per_s,
+                               curves=self.cfg.cluster.node.busbw, ranks_per_node=p.ranks_per_node,
+                               nic_bandwidth_bytes_per_s=p.nic_bandwidth_bytes_per_s, **extra)[1]
 
 
 def coll_times(tt: "TimeTables", op: str, n: np.ndarray, size: np.ndarray, stride: np.ndarray) -> np.ndarray:
@@ -151,8 +154,8 @@ def _padded_unit(tables: Tables, c: Candidates) -> np.ndarray:
     moe = int(tables.model.is_moe and tables.model.dense_layers == 0)
 
     def padded(tp, ep, etp, shards):
-        return sum(-(-r // shards) * shards * (n // r) for r, n, expert in tables.layer(tp, ep, etp, moe).tensors
-                   if r and not expert)
+        return sum(padded_numel(r, n, shards) for r, n, expert in tables.layer(tp, ep, etp, moe).tensors
+                   if not expert)
     return lookup([c.tp, c.ep, c.etp, c.fsdp], lambda *k: {"n": padded(*k)}, ("n",))["n"]
 
 
@@ -245,7 +248,7 @@ def _stage_end(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: dict, 
     """(optimizer step + ZeRO-1's exposed parameter all-gather, ZeRO-1's gradient
     reduce-scatter) per stage, seconds (:func:`meshplan.schedule.steptime._stage_end`)."""
     t, gpu = cfg.training, cfg.cluster.gpu
-    opt = optimizer_seconds(gpu, 2 * s["total"] - s["grads"])
+    opt = optimizer_step_s(s["total"], s["grads"], optimizer_bandwidth(gpu))
     zero1 = (c.sh == SHARDING.index("zero1"))[:, None]
     # the middle stages' table is stage 0's or their own: the smaller parameter count of the two
     numel = np.where(st.last, s["dense_numel"], np.minimum(s["dense_numel"], s["dense_numel"][:, :1]))

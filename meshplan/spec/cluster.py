@@ -106,8 +106,47 @@ class NetworkTier(BaseModel):
         return self.latency_us * US
 
 
+class BusbwCurve(BaseModel):
+    """A measured nccl-tests bus-bandwidth curve of one link class: ``op`` over ``ranks`` ranks
+    on ``nodes`` nodes, busbw (GB/s, nccl-tests' column) at each buffer size ``sizes_bytes``
+    (the full buffer S, increasing), on links of ``line_gb_per_s`` per rank (the rate the
+    measurement ran on: NVLink per direction, or the NIC rate the ranks shared), with its
+    ``source``. ``rank_counts`` / ``rank_busbw_gb_per_s``: busbw at one large size for other
+    rank counts (NVLS gains with the GPUs in the group), empty when busbw does not depend on
+    them. How a time is read from it: :func:`meshplan.comm.alphabeta.measured_time` and
+    :func:`~meshplan.comm.alphabeta.rank_factor`."""
+
+    model_config = _STRICT
+    sizes_bytes: list[int] = Field(min_length=1)
+    busbw_gb_per_s: list[float] = Field(min_length=1)
+    line_gb_per_s: float = Field(gt=0)
+    op: Literal["all-reduce", "all-gather", "reduce-scatter", "all-to-all"] = "all-reduce"
+    ranks: int = Field(ge=2)
+    nodes: int = Field(default=1, ge=1)
+    rank_counts: list[int] = Field(default_factory=list)
+    rank_busbw_gb_per_s: list[float] = Field(default_factory=list)
+    source: str = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _check(self):
+        if len(self.rank_counts) != len(self.rank_busbw_gb_per_s):
+            raise ValueError(f"{len(self.rank_counts)} rank_counts but {len(self.rank_busbw_gb_per_s)} busbw values")
+        if self.rank_counts and (self.ranks not in self.rank_counts or sorted(set(self.rank_counts)) != self.rank_counts
+                                 or min(self.rank_busbw_gb_per_s) <= 0):
+            raise ValueError(f"rank_counts must increase, include ranks {self.ranks}, with positive busbw")
+        if len(self.sizes_bytes) != len(self.busbw_gb_per_s):
+            raise ValueError(f"{len(self.sizes_bytes)} sizes but {len(self.busbw_gb_per_s)} busbw values")
+        if any(b <= a for a, b in zip(self.sizes_bytes, self.sizes_bytes[1:])) or self.sizes_bytes[0] <= 0:
+            raise ValueError("sizes_bytes must be positive and increasing")
+        if any(b <= 0 for b in self.busbw_gb_per_s):
+            raise ValueError("busbw_gb_per_s must be positive")
+        return self
+
+
 class NodeSpec(BaseModel):
-    """A server: GPUs, the intra-node fabric, CPU sockets and NICs."""
+    """A server: GPUs, the intra-node fabric, CPU sockets and NICs. ``busbw``: measured
+    nccl-tests curves per link class (``nvlink`` ring, ``nvls`` all-reduce with NVLink SHARP,
+    ``nic`` across nodes); a class without one is timed at its line rate."""
 
     model_config = _STRICT
     name: str
@@ -117,6 +156,7 @@ class NodeSpec(BaseModel):
     sockets: list[SocketSpec]
     nics: list[NICSpec]
     nvlink_domain_gpus: int = Field(default=0, ge=0)
+    busbw: dict[Literal["nvlink", "nvls", "nic"], BusbwCurve] = Field(default_factory=dict)
     source: str = ""
 
     @model_validator(mode="after")

@@ -12,7 +12,11 @@ from __future__ import annotations
 
 from typing import Literal, Optional
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
+
+from meshplan.spec.training import TrainingSpec
+from meshplan.units import dtype_bytes
 
 MiB = 2**20
 
@@ -110,12 +114,48 @@ class MemoryOptions(BaseModel):
         """NCCL buffer bytes of one communicator: buffsize x channels x peers."""
         return self.nccl_buffsize_bytes * self.nccl_channels * self.nccl_peers
 
-    def bucket_elements(self, dp_size: int) -> int:
+    def bucket_elements(self, dp_size):
         """Gradient bucket of the non-FSDP shardings, elements (see the class docstring).
+        ``dp_size``: an int, or a numpy array (the search's candidates) giving an array.
 
         >>> MemoryOptions().bucket_elements(8), MemoryOptions().bucket_elements(128)
         (40000000, 128000000)
+        >>> MemoryOptions().bucket_elements(np.array([8, 128])).tolist()
+        [40000000, 128000000]
         """
+        out = np.maximum(40_000_000, 1_000_000 * np.asarray(dp_size, dtype=np.int64))
         if self.grad_bucket_elements is not None:
-            return self.grad_bucket_elements
-        return max(40_000_000, 1_000_000 * dp_size)
+            out = np.full_like(out, self.grad_bucket_elements)
+        return out if np.ndim(dp_size) else int(out)
+
+    def optimizer_temp_bytes(self, optimizer_bytes, optimizer_states: int):
+        """Temporaries of the optimizer step, bytes: ``optimizer_temp_states`` state-sized
+        tensors, one state = ``optimizer_bytes / optimizer_states`` (the rank's optimizer
+        state bytes over the states per parameter, ``training.optimizer_states``), rounded
+        down; 0 without optimizer states. An int, or a numpy array for an array
+        ``optimizer_bytes`` (the search's).
+
+        >>> MemoryOptions().optimizer_temp_bytes(8_000_000, 2), MemoryOptions().optimizer_temp_bytes(5, 0)
+        (4000000, 0)
+        """
+        if not optimizer_states:
+            return 0 * optimizer_bytes
+        out = np.floor(self.optimizer_temp_states * np.asarray(optimizer_bytes) / optimizer_states).astype(np.int64)
+        return out if np.ndim(out) else int(out)
+
+    def grad_bucket_bytes(self, training: TrainingSpec, dp_size, params_numel):
+        """Bytes of the gradient bucket of a rank without FSDP units (the caller checks
+        that): ``min(bucket_elements(dp_size), params_numel) x reduce-dtype bytes`` when the
+        gradients are reduced in a bucket: zero2 (reduce-scatter per bucket every backward)
+        or a reduce dtype that differs from the gradient dtype (a cast copy); else 0.
+        ``dp_size`` and ``params_numel`` (the rank's parameter elements): ints, or numpy
+        arrays that broadcast, as in the search's (candidates, stages) arrays.
+
+        >>> t = TrainingSpec(global_batch=8, seq_len=16, sharding="zero1", grad_dtype="bf16", reduce_dtype="fp32")
+        >>> MemoryOptions().grad_bucket_bytes(t, 8, 10**9) == 40_000_000 * 4
+        True
+        """
+        if training.sharding != "zero2" and training.grad_dtype == training.reduce_dtype:
+            return 0 * params_numel
+        out = np.minimum(self.bucket_elements(dp_size), params_numel) * dtype_bytes(training.reduce_dtype)
+        return out if np.ndim(out) else int(out)

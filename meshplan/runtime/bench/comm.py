@@ -48,10 +48,20 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Optional, Sequence
 
-from meshplan.comm.calibration import BenchRow, LinkFit, calibration_toml, fit_alpha_beta, float_str, parse_nccl_tests_text
 from meshplan.comm.alphabeta import busbw_factor
+from meshplan.comm.calibration import (
+    BenchRow,
+    LinkFit,
+    calibration_toml,
+    fit_alpha_beta,
+    float_str,
+    parse_nccl_tests_text,
+)
 from meshplan.errors import ConfigError
 from meshplan.fileio import write_json_atomic, write_text_atomic
+from meshplan.runtime.testbed.launch import launch_per_node, torchrun_argv
+from meshplan.runtime.testbed.netns import require_testbed
+from meshplan.runtime.testbed.nics import bind_shim, node_env
 
 #: meshplan op -> nccl-tests program (the "Collective test starting" name).
 BENCH_OPS = {"all-reduce": "all_reduce_perf", "all-gather": "all_gather_perf",
@@ -338,9 +348,6 @@ def _run_testbed(prefix: str, nproc: int, wargs: list[str], out: Path, timeout_s
     """One torchrun per node namespace of testbed ``prefix`` (static rendezvous at node 0 nic0);
     each worker picks its NIC from the node's addresses (local rank i on nic<i mod K>), its
     connecting sockets bound there by the LD_PRELOAD library. Returns a note on the NICs."""
-    from meshplan.runtime.testbed.netns import require_testbed
-    from meshplan.runtime.testbed.launch import launch_per_node, torchrun_argv
-    from meshplan.runtime.testbed.nics import bind_shim, node_env
 
     tb = require_testbed(prefix, "--testbed", state_dir)
     shim, note = bind_shim()

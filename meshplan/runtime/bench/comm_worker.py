@@ -44,7 +44,6 @@ from meshplan.fileio import write_json_atomic
 from meshplan.runtime.bench.comm import BENCH_OPS, bench_groups, chunked
 from meshplan.runtime.testbed.nics import apply_local_nic
 
-
 STATS = {"min": min, "median": statistics.median, "mean": statistics.fmean}
 STAT = "min"        # the time column; raw.json keeps all three
 

@@ -23,9 +23,9 @@ from typing import Optional
 
 import torch
 
+from meshplan.compute.shapes import Gemm, backward_gemms
 from meshplan.errors import ConfigError
 from meshplan.fileio import write_text_atomic
-from meshplan.compute.shapes import Gemm, backward_gemms
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 

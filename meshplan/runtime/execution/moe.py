@@ -53,8 +53,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from meshplan.errors import ConfigError
 from meshplan.compute.shapes import expert_capacity
+from meshplan.errors import ConfigError
 from meshplan.spec.model import ModelSpec
 
 
@@ -225,8 +225,13 @@ def apply_moe_tp(moe: "MoE", tp_mesh, sequence_parallel: bool) -> None:
     scale becomes ``tp / ep`` (:func:`apply_ep`). Call on the meta-device model, before or
     after :func:`apply_ep`."""
     from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
-                                                   SequenceParallel, parallelize_module)
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        RowwiseParallel,
+        SequenceParallel,
+        parallelize_module,
+    )
 
     act = Shard(1) if sequence_parallel else Replicate()
     plan = {"router": SequenceParallel(sequence_dim=0, use_local_output=True)}

@@ -64,7 +64,12 @@ from torch.profiler import record_function
 
 from meshplan.errors import ConfigError
 from meshplan.runtime.execution.model import Transformer
-from meshplan.runtime.execution.pipelined_stage import StageModule, init_stage_weights, parallelize_stage, tied_embedding_sync  # noqa: F401
+from meshplan.runtime.execution.pipelined_stage import (  # noqa: F401
+    StageModule,
+    init_stage_weights,
+    parallelize_stage,
+    tied_embedding_sync,
+)
 from meshplan.runtime.execution.recorder import CollectiveRecorder
 
 SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B", "interleaved_1f1b": "ScheduleInterleaved1F1B"}

@@ -23,7 +23,6 @@ Usage::
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -162,8 +161,3 @@ class CollectiveRecorder(TorchDispatchMode):
             rec = describe(name, args, kwargs, out)
             self.records.append(Collective(**{**rec.__dict__, "phase": self.phase}))
         return out
-
-
-def summarize(records: list[Collective], phase: Optional[str] = None) -> Counter:
-    """Counts keyed by (op, group, size_bytes, dtype), optionally for one phase only."""
-    return Counter((r.op, r.group, r.size_bytes, r.dtype) for r in records if phase is None or r.phase == phase)

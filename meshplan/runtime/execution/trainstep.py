@@ -23,9 +23,9 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 from torch.profiler import record_function
 
-from meshplan.spec.training import TrainingSpec
 from meshplan.runtime.execution.cp import rank_chunks
 from meshplan.runtime.execution.recorder import CollectiveRecorder
+from meshplan.spec.training import TrainingSpec
 
 if TYPE_CHECKING:  # the worker imports this module
     from meshplan.runtime.execution.worker import Status

@@ -47,15 +47,18 @@ import torch.distributed as dist
 from torch.profiler import ProfilerActivity, profile
 
 from meshplan.mesh.resolve import resolve_mesh
-from meshplan.spec.mesh import MeshSpec
-from meshplan.spec.model import ModelSpec
-from meshplan.spec.training import TrainingSpec
 from meshplan.mesh.tpsplit import padded_vocab
 from meshplan.runtime.execution.launch import die_with_parent
 from meshplan.runtime.execution.model import Transformer
 from meshplan.runtime.execution.parallelize import apply_ddp, check_groups, init_mesh, parallelize
 from meshplan.runtime.execution.recorder import CollectiveRecorder
 from meshplan.runtime.execution.trainstep import Runner, memory_step
+from meshplan.runtime.testbed.nics import apply_rank_nic, snapshot_nics
+from meshplan.runtime.validation.probe import run_probe
+from meshplan.spec.mesh import MeshSpec
+from meshplan.spec.model import ModelSpec
+from meshplan.spec.training import TrainingSpec
+
 
 def write_atomic(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` through a temporary file in the same folder and a rename."""
@@ -171,7 +174,6 @@ def run(args) -> None:
     status.set(-1, "start-up")
     plan, model_spec, training, mesh = load_plan(Path(args.plan_json))
     torch.manual_seed(args.seed)
-    from meshplan.runtime.testbed.nics import apply_rank_nic, snapshot_nics
 
     nic = apply_rank_nic(plan, rank)  # testbed only: GLOO_SOCKET_IFNAME from the placement, before any group
     device = _init(args.pg_timeout_s)
@@ -236,7 +238,6 @@ def run(args) -> None:
     write_json(folder / "timings.json", {"rank": rank, "device": device, "threads": torch.get_num_threads(),
                                          "steps": timings})
     if args.probe_spec:  # the plan's collectives timed after the steps: meshplan.runtime.validation.probe
-        from meshplan.runtime.validation.probe import run_probe
 
         status.set(step, "collective probe")
         write_json(folder / "probe.json", run_probe(rank, json.loads(Path(args.probe_spec).read_text())))

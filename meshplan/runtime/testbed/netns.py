@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Callable, Mapping, Optional, Sequence
 
 from meshplan.errors import ConfigError
+from meshplan.fileio import write_text_atomic
 from meshplan.runtime.testbed.routes import add_spine
 
 CMD_TIMEOUT_S = 20.0
@@ -104,7 +105,6 @@ def _state_path(prefix: str, state_dir) -> Path:
 
 def _write_state(tb: Testbed) -> None:
     """Write the state file atomically (temporary file in the same folder, then rename)."""
-    from meshplan.fileio import write_text_atomic
 
     path = Path(tb.state_path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -128,7 +128,6 @@ def load_testbed(prefix: str = "t", state_dir=None) -> Testbed:
 def require_testbed(prefix: str, field: str = "--testbed", state_dir=None) -> Testbed:
     """:func:`load_testbed` for a command that needs the testbed: a missing or unreadable
     one is a ConfigError naming ``field`` (one line, exit 2), not a TestbedError."""
-    from meshplan.errors import ConfigError
 
     try:
         return load_testbed(prefix, state_dir)

@@ -23,15 +23,16 @@ import time
 from pathlib import Path
 
 from meshplan.errors import ConfigError
-from meshplan.spec.cluster import ClusterSpec, NetworkTier, NICSpec
 from meshplan.runtime.execution.launch import RunOutcome
+from meshplan.runtime.testbed.cpu import cpu_cluster
+from meshplan.runtime.testbed.launch import launch_per_node, torchrun_argv
+from meshplan.runtime.testbed.netns import counter_delta, load_testbed, read_counters, require_testbed
+from meshplan.runtime.testbed.nics import bind_shim, local_nic, node_env
+from meshplan.spec.cluster import ClusterSpec, NetworkTier, NICSpec
 
 
 def testbed_cluster(prefix: str, world: int) -> tuple[ClusterSpec, str]:
     """The cluster of ``world`` ranks on testbed ``prefix`` (see the module docstring)."""
-    from meshplan.runtime.testbed.netns import require_testbed
-    from meshplan.runtime.testbed.nics import bind_shim, local_nic
-    from meshplan.runtime.validation.validate import cpu_cluster
 
     tb = require_testbed(prefix)
     if world % tb.nodes:
@@ -57,9 +58,6 @@ def run_on_testbed(prefix: str, world: int, module_argv: list[str], folder: Path
                    env: dict) -> tuple[RunOutcome, dict]:
     """Run the worker on every node of testbed ``prefix``; returns the outcome (with every
     node's output joined into ``torchrun.log``) and the per-NIC byte counts it moved."""
-    from meshplan.runtime.testbed.netns import counter_delta, load_testbed, read_counters
-    from meshplan.runtime.testbed.launch import launch_per_node, torchrun_argv
-    from meshplan.runtime.testbed.nics import bind_shim, node_env
 
     tb = load_testbed(prefix)
     per_node = world // tb.nodes

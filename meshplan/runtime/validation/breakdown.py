@@ -32,6 +32,8 @@ import json
 from pathlib import Path
 from typing import Optional
 
+from meshplan.schedule.steptime import chunk_costs, step_time, workload_of
+
 GEMM_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
 ATTENTION_PREFIX = "aten::_scaled_dot_product_"
 WAIT_OPS = ("_c10d_functional::wait_tensor",)
@@ -91,7 +93,6 @@ def measured_parts(trace: Path, step_s: float) -> dict[str, float]:
 
 def predicted_parts(plan, table) -> Optional[dict[str, float]]:
     """Seconds per part of :data:`PARTS` for stage 0 of ``plan`` (module docstring)."""
-    from meshplan.schedule.steptime import chunk_costs, step_time, workload_of
 
     w = workload_of(plan)
     st = step_time(plan, table=table)

@@ -28,12 +28,12 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from meshplan.errors import ConfigError
 from meshplan.mesh.resolve import Mesh
-from meshplan.spec.model import ModelSpec
-from meshplan.spec.training import TrainingSpec
 from meshplan.mesh.tpsplit import padded_vocab
 from meshplan.runtime.execution.model import Transformer
 from meshplan.runtime.execution.parallelize import check_groups, init_mesh, parallelize
 from meshplan.runtime.execution.recorder import Collective, CollectiveRecorder
+from meshplan.spec.model import ModelSpec
+from meshplan.spec.training import TrainingSpec
 
 
 @dataclass(frozen=True)

@@ -32,10 +32,14 @@ from collections import Counter
 from pathlib import Path
 from typing import Optional
 
-from meshplan.units import MiB
-from meshplan.runtime.validation.compare import differences, tally_records, tally_table
+from meshplan.memory.timeline import tracker_to_kinds
 from meshplan.runtime.execution.recorder import Collective
 from meshplan.runtime.execution.worker import write_atomic, write_json
+from meshplan.runtime.validation.breakdown import breakdown_rows
+from meshplan.runtime.validation.compare import differences, tally_records, tally_table
+from meshplan.runtime.validation.probe import calibrated_plan
+from meshplan.schedule.steptime import step_time
+from meshplan.units import MiB
 
 
 def tally_table_per_step(rows, mesh=None) -> Counter:
@@ -155,8 +159,6 @@ def measured_times(plan, folder: Path) -> dict:
 def predicted_times(plan, table) -> tuple[Optional[dict], str]:
     """Predicted seconds per quantity from :func:`meshplan.schedule.steptime.step_time`, or (None, why)."""
     try:
-        from meshplan.schedule.steptime import step_time
-
         st = step_time(plan, table=table)
     except Exception as e:  # the step-time model is optional here; say why it is missing
         return None, f"no step-time prediction: {type(e).__name__}: {e}"
@@ -176,7 +178,6 @@ def calibrated_rows(plan, folder: Path, table, meas: dict) -> tuple[list[dict], 
     path = folder / "rank0" / "probe.json"
     if not path.exists():
         return [], "no collective probe", None
-    from meshplan.runtime.validation.probe import calibrated_plan
 
     cplan, lines = calibrated_plan(plan, json.loads(path.read_text()))
     pred, _ = predicted_times(cplan, table) if cplan is not None else (None, "")
@@ -239,8 +240,6 @@ def compare_world(plan, folder: Path, table, tolerance: Optional[float] = None) 
     slow = meas["step"]["slowest_rank"]
     prof = [s["step_s"] for s in _load(folder, slow, "timings.json")["steps"] if s["kind"] == "profiled"]
     if prof:
-        from meshplan.runtime.validation.breakdown import breakdown_rows
-
         rows += breakdown_rows(cplan or plan, table, folder, slow, prof[0])
     mem = [_load(folder, r, "memory.json") for r in range(plan.world)]
     tl = plan.timeline
@@ -252,8 +251,6 @@ def compare_world(plan, folder: Path, table, tolerance: Optional[float] = None) 
                      note=f"{mem[worst]['method']}; predicted: memory timeline peak at "
                           + (tl.peak.where() if tl is not None else "n/a")))
     if tl is not None and "by_category_bytes" in mem[worst]:
-        from meshplan.memory.timeline import tracker_to_kinds
-
         got = tracker_to_kinds(mem[worst]["by_category_bytes"])
         want = tl.by_group()
         for g, kinds in (("params", ("params", "master", "gathered_params")), ("grads", ("grads", "grad_buffers")),

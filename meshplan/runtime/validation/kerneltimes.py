@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import time
 
+from meshplan.compute.gemm import GemmTable, Measurement
+from meshplan.compute.shapes import attention_shape, backward_gemms
+
 
 def measure_gemms(plan, share: float, min_s: float = 0.02):
     """Time every distinct local GEMM of the plan (forward, data and weight gradient) with
@@ -17,8 +20,6 @@ def measure_gemms(plan, share: float, min_s: float = 0.02):
     core share). Returns (GemmTable, rows for gemm_table.json)."""
     import torch
 
-    from meshplan.compute.gemm import GemmTable, Measurement
-    from meshplan.compute.shapes import backward_gemms
 
     old = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -50,7 +51,6 @@ def measure_attention(plan, share: float, min_s: float = 0.02) -> tuple[dict, li
     import torch
     import torch.nn.functional as F
 
-    from meshplan.compute.shapes import attention_shape
 
     cfg, mesh = plan.config, plan.mesh
     att = attention_shape(cfg.model, mesh.degree("tp"), mesh.degree("cp"), cfg.training.micro_batch,

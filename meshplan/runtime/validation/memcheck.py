@@ -46,8 +46,7 @@ Findings on torch 2.13 (CPU):
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass, field
-from math import ceil, prod
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -56,14 +55,14 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker, _FSDPRefType
 from torch.distributed._tools.mem_tracker import _UpdateType
 
+from meshplan.config import Config
 from meshplan.memory.timeline import TRACKER_CATEGORIES, UNTRACKED_KINDS, Timeline
-from meshplan.plan import build_plan
-from meshplan.config import Config, config_from_dict
 from meshplan.mesh.tpsplit import padded_vocab
-from meshplan.units import KiB
-from meshplan.runtime.validation.dryrun import fake_process_group
+from meshplan.plan import build_plan
 from meshplan.runtime.execution.model import Transformer
 from meshplan.runtime.execution.parallelize import init_mesh, parallelize
+from meshplan.runtime.validation.dryrun import fake_process_group
+from meshplan.units import KiB
 
 #: ``[memory]`` table of what the torch CPU run does (see the module docstring).
 TORCH_CPU_MEMORY = dict(nccl_buffsize_bytes=0, workspace_bytes=0, fragmentation_fraction=0.0,
@@ -71,42 +70,6 @@ TORCH_CPU_MEMORY = dict(nccl_buffsize_bytes=0, workspace_bytes=0, fragmentation_
                         unfused_norm=True, kv_expanded=True, embedding_grad_full_vocab=True)
 #: Kinds compared, in print order (the untracked ones are zero on both sides).
 COMPARED_KINDS = ("params", "optimizer", "grads", "gathered_params", "grad_buffers", "activations", "temporaries")
-_FP32 = dict(param_dtype="fp32", compute_dtype="fp32", grad_dtype="fp32", optimizer_dtype="fp32",
-             reduce_dtype="fp32", optimizer="adamw", flash_attention=True)
-
-
-@dataclass(frozen=True)
-class Case:
-    """One configuration to check: ``model`` ([model] fields), ``mesh`` ([mesh] fields:
-    names, shape, sequence_parallel), ``training`` (seq_len, micro_batch, sharding,
-    recompute, ...; fp32 everywhere unless given). One micro-batch per step: the global
-    batch is ``micro_batch x dp``."""
-
-    name: str
-    model: dict
-    mesh: dict
-    training: dict
-    memory: dict = field(default_factory=dict)
-
-    def config(self) -> Config:
-        names, shape = self.mesh["names"], self.mesh["shape"]
-        world = prod(shape)
-        dp = prod(d for n, d in zip(names, shape) if n in ("dp", "dp_replicate", "dp_shard"))
-        training = {**_FP32, "global_batch": self.training.get("micro_batch", 1) * dp, **self.training}
-        data = {"model": self.model, "cluster": {"system": "dgx-h100", "nodes": ceil(world / 8)},
-                "training": training, "mesh": {"world": world, **self.mesh},
-                "memory": {**TORCH_CPU_MEMORY, **self.memory}}
-        return config_from_dict(data)
-
-
-DENSE = dict(name="tiny-dense", layers=2, hidden=128, ffn=256, q_heads=4, kv_heads=4, vocab=512)
-GQA = dict(name="tiny-gqa", layers=2, hidden=128, ffn=256, q_heads=8, kv_heads=2, vocab=512)
-
-
-def _case(name: str, model: dict, names: list, shape: list, sp: bool, **training) -> "Case":
-    return Case(name, model, dict(names=names, shape=shape, sequence_parallel=sp),
-                {**dict(seq_len=64, micro_batch=2, sharding="zero3", recompute="none"), **training})
-
 
 @dataclass(frozen=True)
 class Measured:
@@ -263,19 +226,6 @@ def _tracked_step(model, opt, b: int, s: int, loss_parallel: bool) -> Measured:
     kmax, top, at_top = _relabelled_kinds(mt.log)
     return Measured(peak_bytes=int(snap.get("Total", 0)), peak_by_category=cats, peak_by_kind=at_top,
                     max_by_kind=kmax, own_peak_bytes=top)
-
-
-#: The checked configurations: dense (MHA) and GQA, with and without SP, FSDP and HSDP,
-#: recompute none and full, 8 to 64 ranks; 2 layers, hidden 128, seq 64, micro-batch 2.
-CASES = (
-    _case("dense tp2 sp fsdp4", DENSE, ["dp_shard", "tp"], [4, 2], True),
-    _case("gqa tp2 fsdp4", GQA, ["dp_shard", "tp"], [4, 2], False),
-    _case("dense fsdp8 full-recompute", DENSE, ["dp_shard"], [8], False, recompute="full"),
-    _case("gqa hsdp2x4 tp2 sp full-recompute", GQA, ["dp_replicate", "dp_shard", "tp"], [2, 4, 2], True,
-          sharding="hsdp", recompute="full"),
-    _case("dense hsdp4x4 tp4", DENSE, ["dp_replicate", "dp_shard", "tp"], [4, 4, 4], False, sharding="hsdp"),
-    _case("gqa fsdp8 tp2 sp full-recompute", GQA, ["dp_shard", "tp"], [8, 2], True, recompute="full"),
-)
 
 
 def predict(config: Config) -> Timeline:

@@ -38,6 +38,8 @@ import time
 from dataclasses import replace
 from typing import Optional
 
+from meshplan.runtime.bench.comm import chunked
+
 MIN_ITERS = 3
 PROBED_OPS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all")
 
@@ -65,7 +67,6 @@ def run_probe(rank: int, spec: list[dict], budget_s: float = 0.2) -> dict:
     import torch
     import torch.distributed as dist
 
-    from meshplan.runtime.bench.comm import chunked
     from meshplan.runtime.bench.comm_worker import _buffers, _call
 
     device = torch.device("cpu")

@@ -35,12 +35,15 @@ import shutil
 import statistics
 import sys
 from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
 from math import lcm
+from pathlib import Path
 from typing import Optional
 
+from meshplan.config import load_config
 from meshplan.errors import ConfigError
-from meshplan.runtime.validation.validate import Options
+from meshplan.mesh.resolve import resolve_mesh
+from meshplan.runtime.testbed.netns import require_testbed
+from meshplan.runtime.validation.validate import Options, scale_config, validate
 
 MARKER = "slice.json"
 #: Defaults of the miniature: activations (tokens x hidden) large against the parameters
@@ -91,7 +94,6 @@ def _rank_steps(world_dir: Path, world: int) -> dict[str, float]:
 
 def tp_groups(cfg, world: int) -> list[list[int]]:
     """The scaled mesh's distinct tp groups (rank lists), to show which nodes they span."""
-    from meshplan.mesh.resolve import resolve_mesh
 
     mesh = resolve_mesh(cfg.mesh, world)
     return sorted({tuple(mesh.group_of(r, "tp")) for r in range(world)}) if mesh.degree("tp") > 1 else []
@@ -212,9 +214,6 @@ def common_batch(scaled: list, opt: Options) -> tuple[int, list[int]]:
 def run_slice(configs: list[str], testbed: str, out: Path, opt: Optional[Options] = None, force: bool = False,
               echo=print) -> tuple[int, list[MeshResult]]:
     """Run every config on testbed ``testbed`` (see the module docstring); returns (exit code, results)."""
-    from meshplan.config import load_config
-    from meshplan.runtime.testbed.netns import require_testbed
-    from meshplan.runtime.validation.validate import scale_config, validate
 
     opt = replace(opt or Options(**SLICE_DEFAULTS), testbed=testbed)
     if len(opt.worlds) != 1:

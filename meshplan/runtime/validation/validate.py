@@ -40,17 +40,22 @@ import json
 import os
 import shutil
 import sys
-import tomllib
 from dataclasses import dataclass, replace
-from importlib import resources
 from math import prod
 from pathlib import Path
 from typing import Optional
 
+from meshplan.config import Config, load_config
 from meshplan.errors import ConfigError
 from meshplan.mesh.resolve import Infeasible, resolve_mesh
-from meshplan.spec.cluster import ClusterSpec, GPUSpec, LinkSpec, NodeSpec, SocketSpec
-from meshplan.config import Config
+from meshplan.plan import build_plan
+from meshplan.report.json_out import write_json
+from meshplan.runtime.execution.launch import diagnose, run_torchrun
+from meshplan.runtime.testbed.cpu import cpu_cluster
+from meshplan.runtime.testbed.nics import nic_rows
+from meshplan.runtime.testbed.run import run_on_testbed, testbed_cluster
+from meshplan.runtime.validation.kerneltimes import measure_attention, measure_gemms
+from meshplan.runtime.validation.probe import probe_spec
 from meshplan.spec.mesh import MeshSpec
 from meshplan.spec.training import TrainingSpec
 
@@ -125,29 +130,6 @@ def auto_hidden_div(hidden: int, head_dim: int, ffn: int, target: int = 256) -> 
     return d
 
 
-def cpu_cluster(world: int, cores: Optional[int] = None) -> tuple[ClusterSpec, str]:
-    """One-node cluster of ``world`` ranks on this machine's cores (``cpu_testbed.toml``)."""
-    data = tomllib.loads(resources.files(__package__).joinpath("cpu_testbed.toml").read_text())
-    core, lo = data["core"], data["loopback"]
-    cores = cores or len(os.sched_getaffinity(0))
-    share = min(1.0, cores / world)
-    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    gpu = GPUSpec(name=f"{core['name']} x{share:.3g}", peak_tflops={"fp32": core["peak_fp32_tflops"] * share},
-                  hbm_gb=mem / world / 1e9, hbm_bandwidth_tb_per_s=core["memory_bandwidth_gb_per_s"] * share / 1e3,
-                  sms=1, max_gemm_fraction=1.0, source=core["source"])
-    link = LinkSpec(name=lo["name"], bandwidth_gb_per_s=lo["bandwidth_gb_per_s"] * share,
-                    latency_us=lo["latency_us"], source=lo["source"])
-    node = NodeSpec(name="cpu-testbed", gpus=world, fabric=link, pcie=link,
-                    sockets=[SocketSpec(gpus=list(range(world)), cores=cores)], nics=[],
-                    source="meshplan/runtime/validation/cpu_testbed.toml")
-    why = (f"CPU testbed: {world} ranks on {cores} cores, each rank min(1, {cores}/{world}) = {share:.3g} of a "
-           f"core: {core['peak_fp32_tflops'] * share * 1e3:.1f} GFLOP/s fp32 peak, "
-           f"{core['memory_bandwidth_gb_per_s'] * share:.2f} GB/s memory, loopback {lo['bandwidth_gb_per_s'] * share:.3f}"
-           f" GB/s and {lo['latency_us']:g} us per step; {mem / world / 2**30:.2f} GiB of RAM per rank")
-    return ClusterSpec(name=f"cpu-testbed-{world}", collective_library="gloo", gpu=gpu, node=node, nodes=1, network=[],
-                       source=why), why
-
-
 def scale_config(config: Config, world: int, opt: Options) -> tuple[Config, list[str]]:
     """The config of one stage: scaled model, mesh, batch, fp32, CPU testbed (see module doc)."""
     from meshplan.runtime.execution.model import scale_model
@@ -166,8 +148,6 @@ def scale_config(config: Config, world: int, opt: Options) -> tuple[Config, list
     training = TrainingSpec(**{**t.model_dump(), **FP32, "seq_len": opt.seq_len, "micro_batch": mb,
                                "global_batch": mb * mesh.dp * opt.micro_batches, "recompute": recompute})
     if opt.testbed:
-        from meshplan.runtime.testbed.run import testbed_cluster
-
         cluster, hw_why = testbed_cluster(opt.testbed, world)
     else:
         cluster, hw_why = cpu_cluster(world)
@@ -224,11 +204,8 @@ def not_runnable(cfg: Config, mesh) -> Optional[str]:
 
 def run_world(config: Config, world: int, opt: Options, out: Path, echo=print) -> dict:
     """Scale, plan, run and compare one world size; returns its result dict."""
-    from meshplan.plan import build_plan
-    from meshplan.report.json_out import write_json
-    from meshplan.runtime.validation.evidence import compare_world, write_world_evidence
-    from meshplan.runtime.execution.launch import diagnose, run_torchrun
     from meshplan.runtime.execution.worker import write_json as write_json_atomic
+    from meshplan.runtime.validation.evidence import compare_world, write_world_evidence
 
     folder = out / f"world{world}"
     folder.mkdir(parents=True, exist_ok=True)
@@ -244,7 +221,6 @@ def run_world(config: Config, world: int, opt: Options, out: Path, echo=print) -
     if why:
         return {"world": world, "ok": False, "stage": "plan", "notes": notes, "message": f"not runnable here: {why}"}
     share = min(1.0, len(os.sched_getaffinity(0)) / world)
-    from meshplan.runtime.validation.kerneltimes import measure_attention, measure_gemms
 
     table, rows = measure_gemms(plan, share)
     if cfg.training.flash_attention:
@@ -256,15 +232,11 @@ def run_world(config: Config, world: int, opt: Options, out: Path, echo=print) -
             "--steps", str(opt.steps), "--pg-timeout-s", str(pg_timeout), "--fail-rank", str(opt.fail_rank),
             "--hang-rank", str(opt.hang_rank), "--fault-step", str(opt.fault_step)]
     if opt.probe:
-        from meshplan.runtime.validation.probe import probe_spec
-
         write_json_atomic(folder / "probe_spec.json", probe_spec(plan))
         argv += ["--probe-spec", str(folder / "probe_spec.json")]
     echo(f"  torchrun: {world} ranks, limit {opt.timeout_s:g} s (process-group timeout {pg_timeout:g} s)")
     nic_bytes = None
     if opt.testbed:
-        from meshplan.runtime.testbed.run import run_on_testbed
-
         outcome, nic_bytes = run_on_testbed(opt.testbed, world, argv, folder, opt.timeout_s,
                                             env={"PYTHONPATH": _pythonpath()})
     else:
@@ -284,7 +256,6 @@ def run_world(config: Config, world: int, opt: Options, out: Path, echo=print) -
         return result
     comp = compare_world(plan, folder, table, opt.tolerance)
     if opt.testbed:  # bytes per NIC over the steps against the plan (meshplan.runtime.testbed.nics)
-        from meshplan.runtime.testbed.nics import nic_rows
 
         comp["predicted_vs_measured"] += nic_rows(plan, folder, nic_bytes)
     result.update(ok=comp["ok"], stage="compare", message=comp["message"], comparison=comp)
@@ -307,8 +278,8 @@ def _pythonpath() -> str:
 def validate(config: Config, opt: Options, out: Path, force: bool = False, echo=print) -> tuple[int, list[dict]]:
     """Run every world of ``opt.worlds`` in order; write the evidence folder. Returns
     (exit code, per-world results)."""
-    from meshplan.runtime.validation.evidence import write_summary
     from meshplan.runtime.execution.worker import write_json as write_json_atomic
+    from meshplan.runtime.validation.evidence import write_summary
 
     if not opt.worlds or any(w < 1 for w in opt.worlds):
         raise ConfigError("--worlds", f"{list(opt.worlds)}: give positive world sizes, e.g. 2,4,8")
@@ -343,8 +314,6 @@ def validate(config: Config, opt: Options, out: Path, force: bool = False, echo=
 
 
 def main(config_path: str, opt: Options, out: Path, force: bool = False) -> int:
-    from meshplan.config import load_config
-
     code, _ = validate(load_config(config_path), opt, out, force)
     print(f"evidence: {out / 'summary.md'}", file=sys.stderr if code else sys.stdout)
     return code

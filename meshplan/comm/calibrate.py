@@ -1,0 +1,106 @@
+"""``meshplan calibrate``: a user's own nccl-tests outputs (text or ``-J`` JSON, parsed by
+:mod:`meshplan.comm.calibration`) into the calibration file ``--calibration`` reads, the same
+TOML that ``meshplan bench comm`` writes (:func:`~meshplan.comm.calibration.calibration_toml`).
+
+Each file is one nccl-tests run. Its link class comes from where its ranks ran (the host
+names of the ``#  Rank`` lines, or ``config.devices[].hostname`` in JSON):
+
+- all ranks on one host: ``nvlink`` (the node's fabric);
+- one rank per host: ``nic`` (each rank's traffic crosses one NIC: ``mpirun -N 1 ... -g 1``);
+- several hosts with several ranks each: refused, since such a run mixes NVLink and NIC
+  hops and its busbw is neither link's (measure the two separately), unless ``link`` says
+  which class to record it as.
+
+Per link class, one alpha-beta fit (:func:`~meshplan.comm.calibration.fit_alpha_beta`) per
+file; the class keeps the all-reduce fit when there is one (as ``bench comm`` does), and of
+several the slowest bus bandwidth (a collective over every rail waits for the slowest NIC).
+
+>>> hosts_of("#  Rank  0 Group  0 Pid   7 on     node01 device  0 [0000:18:00] NVIDIA A100\\n"
+...          "#  Rank  1 Group  0 Pid   8 on     node01 device  1 [0000:1a:00] NVIDIA A100\\n")
+['node01', 'node01']
+>>> link_class(["a", "a", "a", "a"], "x.txt"), link_class(["a", "b"], "x.txt")
+('nvlink', 'nic')
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from pathlib import Path
+from typing import Optional, Sequence
+
+from meshplan.comm.calibration import LINK_CLASSES, BenchRow, LinkFit, fit_alpha_beta, read_nccl_tests
+from meshplan.errors import ConfigError
+
+
+def hosts_of(text: str) -> list[str]:
+    """Host of each rank, in rank order: the ``on <host>`` field of nccl-tests' ``#  Rank``
+    lines, or ``hostname`` of each ``config.devices`` entry of ``-J`` JSON; [] when absent."""
+    if text.lstrip().startswith("{"):
+        try:
+            devices = json.loads(text).get("config", {}).get("devices", [])
+        except (json.JSONDecodeError, AttributeError):
+            return []
+        return [str(d.get("hostname", "")) for d in devices if isinstance(d, dict)]
+    found = re.findall(r"^#\s+Rank\s+(\d+)\s+Group\s+\d+\s+Pid\s+\d+\s+on\s+(\S+)", text, flags=re.M)
+    return [h for _, h in sorted(found, key=lambda x: int(x[0]))]
+
+
+def link_class(hosts: Sequence[str], where: str, link: Optional[str] = None) -> str:
+    """``link`` when given (checked), else ``nvlink`` for one host, ``nic`` for one rank per
+    host; a ConfigError naming ``where`` otherwise (see the module docstring)."""
+    if link is not None:
+        if link not in LINK_CLASSES:
+            raise ConfigError("--link", f"unknown link class '{link}'; use one of {', '.join(LINK_CLASSES)}")
+        return link
+    per_host = Counter(hosts)
+    if not hosts or "" in per_host:
+        raise ConfigError(where, "no host names in the '#  Rank' lines; pass --link nvlink, pcie or nic")
+    if len(per_host) == 1:
+        return "nvlink"
+    if max(per_host.values()) == 1:
+        return "nic"
+    raise ConfigError(where, f"{len(hosts)} ranks on {len(per_host)} hosts, up to {max(per_host.values())} per "
+                             "host: the run mixes NVLink and NIC hops; measure one node (nvlink) and one GPU "
+                             "per node (nic) separately, or pass --link")
+
+
+def _source(path: Path, text: str, rows: list[BenchRow], hosts: list[str]) -> str:
+    version = re.search(r"^# nccl-tests version (\S+)", text, flags=re.M)
+    tool = f"nccl-tests {version[1]}" if version else "nccl-tests"
+    return (f"{tool} {rows[0].op} over {rows[0].n_ranks} ranks on {len(set(hosts)) or '?'} host(s), "
+            f"file {path.name}")
+
+
+def calibrate(paths: Sequence[Path], link: Optional[str] = None) -> tuple[list[LinkFit], list[str], str]:
+    """(one fit per link class, a note per file, the calibration's ``source``) from nccl-tests
+    outputs ``paths``. Raises ConfigError naming the file for unreadable or unusable input."""
+    if not paths:
+        raise ConfigError("NCCL_TESTS_OUTPUT", "no files; pass nccl-tests outputs (text or -J JSON)")
+    by_link: dict[str, list[tuple[LinkFit, str]]] = {}
+    notes = []
+    for path in map(Path, paths):
+        rows = read_nccl_tests(path)
+        text = path.read_text(encoding="utf-8")
+        hosts = hosts_of(text)
+        cls = link_class(hosts, path.name, link)
+        try:
+            fit = fit_alpha_beta(rows, cls)
+        except ConfigError as err:
+            raise ConfigError(path.name, err.message) from None
+        source = _source(path, text, rows, hosts)
+        by_link.setdefault(cls, []).append((fit, source))
+        notes.append(f"{path.name}: {cls} {fit.op} over {fit.n_ranks} ranks, alpha {fit.latency_s * 1e6:.1f} us, "
+                     f"beta {fit.bandwidth_bytes_per_s / 1e9:.2f} GB/s bus bandwidth, rms residual "
+                     f"{fit.rms_residual:.2f} ({fit.points} rows)")
+    fits, sources = [], []
+    for cls, candidates in by_link.items():
+        pool = [c for c in candidates if c[0].op == "all-reduce"] or candidates
+        fit, source = min(pool, key=lambda c: c[0].bandwidth_bytes_per_s)
+        fits.append(fit)
+        sources.append(f"{cls}: {source}")
+        if len(candidates) > 1:
+            notes.append(f"{cls}: kept {source} ({'the slowest of ' if len(pool) > 1 else ''}"
+                         f"{len(pool)} {pool[0][0].op} fit(s) of {len(candidates)})")
+    return fits, notes, "; ".join(sources)

@@ -1,0 +1,64 @@
+"""nccl-tests text outputs written from published rows (shared/reference/public-microbenchmarks.md
+section 4), for ``meshplan calibrate``'s tests: tests/data/nccl/*_s15.txt, *_s3.txt, *_s18.txt.
+Each row's time is derived from the published busbw (nccl-tests doc/PERFORMANCE.md:
+t = busbw_factor * S / busbw, algbw = S / t) and printed with nccl-tests' column widths and
+rounding (src/util.cu, getFloatStr); in-place columns repeat the out-of-place ones."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from meshplan.comm.alphabeta import busbw_factor
+from meshplan.comm.calibration import float_str
+
+DATA = Path(__file__).parent / "data" / "nccl"
+K, M, G = 2**10, 2**20, 2**30
+#: name -> (program, hosts (one per rank), GPU, published rows (size B, busbw GB/s), source)
+PUBLISHED = {
+    "all_reduce_perf_8xa100_s15.txt": (
+        "all_reduce_perf", ["dgx-a100-01"] * 8, "NVIDIA A100-SXM4-80GB",
+        [(32 * K, 1.31), (M, 18.0), (4 * M, 72.3), (8 * M, 109.9), (32 * M, 138.5), (128 * M, 176.9),
+         (512 * M, 222.7), (G, 229.0), (16 * G, 234.9)], "S15 (stas00/ml-engineering network README)"),
+    "all_reduce_perf_8xh200_s3.txt": (
+        "all_reduce_perf", ["nd-h200-v5-0"] * 8, "NVIDIA H200",
+        [(K, 0.06), (64 * K, 3.72), (M, 52.96), (4 * M, 138.44), (16 * M, 240.41), (64 * M, 368.11),
+         (256 * M, 432.24), (G, 467.58), (8 * G, 479.98)], "S3 (Azure ND H200 v5, NCCL 2.20.5, NVLS)"),
+    "all_reduce_perf_2x8a100_s18.txt": (
+        "all_reduce_perf", ["ndmv4-0"] * 8 + ["ndmv4-1"] * 8, "NVIDIA A100-SXM4-80GB",
+        [(K, 1.875 * K / 35.85e-6 / 1e9), (G, 183.82), (4 * G, 188.18)],
+        "S18 (mscclpp docs/performance-ndmv4.md, 1 KB: 35.85 us)"),
+    "all_reduce_perf_2x1a100_s18.txt": (
+        "all_reduce_perf", ["ndmv4-0", "ndmv4-1"], "NVIDIA A100-SXM4-80GB", [(G, 18.65)],
+        "S18 (2 nodes x 1 GPU)"),
+}
+HEAD = "# " + "  ".join("{:>%d}" % w for w in (10, 12, 8, 6, 6, 7, 6, 6, 6, 7, 6, 6, 6)) + " "
+
+
+def published_text(program: str, hosts: list[str], gpu: str, rows, source: str) -> str:
+    """nccl-tests stdout (one process per GPU) for ``rows`` of (size, busbw GB/s)."""
+    op, n = "all-reduce", len(hosts)
+    lines = [f"# written by tests/nccl_published.py from {source}",
+             "# nccl-tests version 2.17.6 nccl-headers=22703 nccl-library=22703",
+             f"# Collective test starting: {program}",
+             f"# nThread 1 nGpus 1 minBytes {rows[0][0]} maxBytes {rows[-1][0]} step: 2(factor) warmup iters: 5 "
+             "iters: 20 agg iters: 1 validation: 1 graph: 0 unalign: 0", "#", "# Using devices"]
+    local: dict[str, int] = {}
+    for r, h in enumerate(hosts):
+        d = local[h] = local.get(h, -1) + 1
+        lines.append(f"#  Rank {r:2d} Group {0:2d} Pid {41233 + 17 * r:6d} on {h:>10s} device {d:2d} "
+                     f"[0000:{0x18 + 2 * d:02x}:00] {gpu}")
+    lines += ["#", HEAD.format("size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong", "time",
+                               "algbw", "busbw", "#wrong"),
+              HEAD.format("(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)",
+                          "(GB/s)", "")]
+    for size, bus in rows:
+        t = busbw_factor(op, n) * size / (bus * 1e9)
+        body = f"  {float_str(t * 1e6, 7)}  {float_str(size / t / 1e9, 6)}  {float_str(bus, 6)}  {0:6g}"
+        lines.append(f"{size:12d}  {size // 4:12d}  {'float':>8s}  {'sum':>6s}  {-1:6d}" + body + body)
+    lines += ["# Out of bounds values : 0 OK", f"# Collective test concluded: {program}", ""]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":  # rewrite the fixtures
+    for name, spec in PUBLISHED.items():
+        (DATA / name).write_text(published_text(*spec))

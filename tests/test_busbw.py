@@ -1,0 +1,203 @@
+"""Collective times from measured nccl-tests curves (catalog/nccl.toml, issue 11 item 2) and
+the cross-node all-to-all through each GPU's NIC (item 3). Every expected value is derived in
+the test from the cited rows of shared/reference/public-microbenchmarks.md section 4."""
+
+from __future__ import annotations
+
+import pytest
+
+from meshplan.catalog import busbw_curve, node, system
+from meshplan.comm.alphabeta import (NCCL_LATENCY_US, NCCL_RING, REFERENCE_STEP_S, all_to_all_time,
+                                     collective_time, measured_time, ring_time)
+from meshplan.errors import ConfigError
+
+GiB, MiB = 2**30, 2**20
+A100 = node("dgx-a100").busbw
+H100 = node("dgx-h100").busbw
+
+
+def ar_time(size, busbw, n=8):
+    """nccl-tests: busbw = algbw * 2(n-1)/n, so t = 2(n-1)/n * S / busbw."""
+    return 2 * (n - 1) / n * size / busbw
+
+
+def test_a100_all_reduce_1gib_is_the_s15_row():
+    # S15: 8x A100 all_reduce 1G at 229.0 GB/s busbw; the curve's own row, so by construction
+    # t = 1.75 * 2^30 / 229e9 = 8.2054 ms (NCCL's latency 15 us < that time: no floor).
+    alg, t = collective_time("all-reduce", 8, GiB, 300e9, "nvlink", curves=A100)
+    assert alg == "ring"
+    assert t == pytest.approx(ar_time(GiB, 229.0e9), rel=1e-12)
+    assert 1.75 * GiB / t == pytest.approx(229.0e9, rel=1e-12)
+    # at the line rate (no curve) the model said 297 GB/s: 30% above the measurement
+    t_line = ring_time("all-reduce", 8, GiB, 300e9)
+    assert 1.75 * GiB / t_line == pytest.approx(297.3e9, rel=1e-3)
+
+
+def test_a100_all_reduce_mid_size_interpolated_by_hand():
+    # 256 MiB between the S15 rows 128M (176.9 GB/s) and 512M (222.7 GB/s): time is linear in S
+    # between two measurements (the alpha-beta line through them), a third of the way.
+    t128, t512 = ar_time(128 * MiB, 176.9e9), ar_time(512 * MiB, 222.7e9)
+    assert (t128 * 1e6, t512 * 1e6) == (pytest.approx(1327.8, abs=0.1), pytest.approx(4218.7, abs=0.1))
+    t256 = t128 + (t512 - t128) * (256 - 128) / (512 - 128)
+    _, t = collective_time("all-reduce", 8, 256 * MiB, 300e9, "nvlink", curves=A100)
+    assert t == pytest.approx(t256, rel=1e-12)
+    assert 1.75 * 256 * MiB / t / 1e9 == pytest.approx(205.0, abs=0.05)
+    # the independent Azure A100 sweep (S3, NCCL 2.18.5) measured 213.87 GB/s at 268M (2^28)
+    assert 1.75 * 256 * MiB / t == pytest.approx(213.87e9, rel=0.05)
+
+
+def test_fewer_ranks_shift_by_nccl_latency_and_keep_busbw():
+    # 4-rank all-gather of 1 GiB on the A100 curve (S15 1G row, 229.0 GB/s): NCCL's fastest
+    # latency (LL) is 6.6 + 3 * 0.6 = 8.4 us for its 3 steps and 6.6 + 14 * 0.6 = 15 us for
+    # the curve's 8-rank all-reduce; the measurement's bandwidth term t1 - 15 us moved
+    # 1.75 * 1G bytes, the rank sends 0.75 * 1G.
+    t1 = ar_time(GiB, 229.0e9)
+    beta = 1.75 * GiB / (t1 - 15e-6)
+    want = 8.4e-6 + 0.75 * GiB / beta
+    _, t = collective_time("all-gather", 4, GiB, 300e9, "nvlink", curves=A100)
+    assert t == pytest.approx(want, rel=1e-12)
+    assert 0.75 * GiB / t == pytest.approx(229.0e9, rel=0.001)  # busbw carries over to 4 ranks
+
+
+def test_below_and_above_the_measured_sizes():
+    c = busbw_curve("a100-nvlink3-ring")
+    # below 32K (the smallest row, 43.8 us): linear from NCCL's 15 us at S = 0 to the row
+    t32 = ar_time(32768, 1.31e9)
+    t = measured_time(c, 1024, 1.75 * 1024, 15e-6, 15e-6, 300e9)
+    assert t == pytest.approx(15e-6 + (t32 - 15e-6) * 1024 / 32768, rel=1e-12)
+    # S18 measured 16.96 us for a 1 KB all-reduce on 8 A100 (NCCL 2.17.1; another machine): 6% off
+    assert t == pytest.approx(16.96e-6, rel=0.07)
+    # above 16G the last segment's beta continues: 64 GiB
+    t1, t16 = ar_time(GiB, 229.0e9), ar_time(16 * GiB, 234.9e9)
+    want = t16 + (t16 - t1) * (64 - 16) / (16 - 1)
+    assert measured_time(c, 64 * GiB, 1.75 * 64 * GiB, 15e-6, 15e-6, 300e9) == pytest.approx(want, rel=1e-12)
+    # a path with half the line rate (two groups on the links) doubles the bandwidth term
+    t_half = measured_time(c, 16 * GiB, 1.75 * 16 * GiB, 15e-6, 15e-6, 150e9)
+    assert t_half == pytest.approx(15e-6 + 2 * (t16 - 15e-6), rel=1e-12)
+
+
+@pytest.mark.parametrize("size, s16_gb_per_s", [(64 * MiB, 346.51), (256 * MiB, 436.15), (GiB, 463.58),
+                                                (16 * GiB, 482.26)])
+def test_h200_nvls_curve_predicts_an_independent_sweep(size, s16_gb_per_s):
+    # curve: S3 (Azure, NCCL 2.20.5); check: S16 (torch all_reduce_bench, NCCL 2.27.7), 16 GiB
+    # beyond S3's largest size (8G); within 7% from 64 MiB up
+    curves = node("dgx-h200").busbw
+    alg, t = collective_time("all-reduce", 8, size, 450e9, "nvlink", nvls=True, curves=curves)
+    assert alg == "NVLS"
+    assert 1.75 * size / t == pytest.approx(s16_gb_per_s * 1e9, rel=0.07)
+
+
+def test_h100_ring_and_nvls_at_their_rows():
+    # all-gather takes the ring curve (8 GiB row: 368 GB/s, 40.8 ms for the all-reduce): the
+    # 8-rank all-gather is 7 steps against the all-reduce's 14, LL latency 6.6 + 7 * 0.6 = 10.8 us
+    # against 15 us, and sends half the bytes
+    t8g = ar_time(8 * GiB, 368.0e9)
+    want = 10.8e-6 + 0.875 * 8 * GiB * (t8g - 15e-6) / (1.75 * 8 * GiB)
+    alg, t = collective_time("all-gather", 8, 8 * GiB, 450e9, "nvlink", nvls=True, curves=H100)
+    assert alg == "ring" and t == pytest.approx(want, rel=1e-12)
+    # the all-reduce of 8 GiB takes NVLS, S3's row 478.87 GB/s
+    alg, t = collective_time("all-reduce", 8, 8 * GiB, 450e9, "nvlink", nvls=True, curves=H100)
+    assert alg == "NVLS" and 1.75 * 8 * GiB / t == pytest.approx(478.87e9, rel=1e-12)
+
+
+def test_inter_node_all_reduce_is_the_s18_row():
+    # S18: 2 nodes x 8 A100, 8 HDR NICs per node: all_reduce 1G at 183.82 GB/s busbw. The path
+    # of one 16-rank group over two dgx-a100 nodes is min(300, 8 x 25 GB/s) = 200 GB/s per rank.
+    alg, t = collective_time("all-reduce", 16, GiB, 200e9, "network", nodes=2, intra_bandwidth_bytes_per_s=300e9,
+                             curves=A100)
+    assert 2 * 15 / 16 * GiB / t == pytest.approx(183.82e9, rel=1e-12)
+    assert alg in ("ring", "tree")  # both at the curve's latency for 16 ranks: the same time
+
+
+def test_cross_node_all_to_all_by_hand():
+    # 16 ranks on 2 seed nodes (one 400 Gb/s NIC per 4 GPUs): each rank sends 8/16 of 1 GiB to
+    # the other node through its NIC share 50 GB/s / 4 = 12.5 GB/s. NIC curve: one S19 point
+    # (376 of 400 GB/s at 8 GiB, all-reduce over 16 ranks: f = 1.875) joined to NCCL's
+    # latency at S = 0, 6.6 + 30 * 2.7 = 87.6 us (LL, network), so beta = f 8G / (t - 87.6 us)
+    # at every size below 8G; the all-to-all's own latency is 6.6 + 15 * 2.7 = 47.1 us.
+    seed = node("seed-8x8-2nic").busbw
+    t_pt = 1.875 * 8 * GiB / 376e9
+    beta = 1.875 * 8 * GiB / (t_pt - 87.6e-6)
+    want = 47.1e-6 + 0.5 * GiB * 400e9 / (beta * 12.5e9)
+    assert want * 1e3 == pytest.approx(45.64, abs=0.01)
+    t = all_to_all_time(16, GiB, 8, 12.5e9, 450e9, curves=seed)
+    assert t == pytest.approx(want, rel=1e-12)
+    alg, t2 = collective_time("all-to-all", 16, GiB, 100e9, "network", nodes=2, intra_bandwidth_bytes_per_s=450e9,
+                              curves=seed, nic_bandwidth_bytes_per_s=12.5e9, ranks_per_node=8)
+    assert (alg, t2) == ("pairwise", t)
+    # the ring at the node's NIC total (100 GB/s per group) was 4.3x faster than that
+    assert ring_time("all-to-all", 16, GiB, 100e9, True, curve=seed["nic"]) < t / 4
+
+
+def test_cross_node_all_to_all_against_s18():
+    # S18: 2 nodes x 8 A100, alltoall 1 GB busbw 37.80 GB/s. The model: 1/2 of the buffer out of
+    # each GPU's own 25 GB/s HDR NIC at the S18 all-reduce efficiency (183.82 / 200 at 1G) ->
+    # 43.9 GB/s busbw, 16% above the measurement (the NICs' all-to-all efficiency is below
+    # their all-reduce's; no public sweep gives it); the ring model gave ~184.
+    t = all_to_all_time(16, GiB, 8, 25e9, 300e9, curves=A100)
+    bus = 15 / 16 * GiB / t
+    assert bus == pytest.approx(37.80e9, rel=0.17)
+    assert bus > 37.80e9  # optimistic, not pessimistic
+
+
+def test_plan_all_to_all_leaves_through_the_nic(tmp_path):
+    """Mixtral ep 8 on 2 dgx-h100 nodes with ranks interleaved over the nodes (rank r on GPU
+    (r % 2) * 8 + r // 2): each ep group has 4 ranks per node, each on its own 50 GB/s NIC;
+    the same mesh node-major keeps ep inside a node (NVLink)."""
+    from meshplan.config import load_config
+    from meshplan.plan import build_plan
+
+    base = ('[model]\ncatalog = "mixtral-8x7b"\n[cluster]\nsystem = "dgx-h100"\nnodes = 2\n[training]\n'
+            'global_batch = 64\nseq_len = 4096\nmicro_batch = 1\nsharding = "zero3"\nrecompute = "full"\n'
+            '[mesh]\nnames = ["dp_shard", "ep"]\nshape = [16, 8]\n')
+    perm = [(r % 2) * 8 + r // 2 for r in range(16)]
+    rows = {}
+    for name, text in (("inside", base), ("across", base + f"rank_to_gpu = {perm}\n")):
+        path = tmp_path / f"{name}.toml"
+        path.write_text(text)
+        plan = build_plan(load_config(path))
+        rows[name] = next(r for r in plan.collectives["stage 0"] if r.axis == "ep" and r.phase == "forward")
+    inside, across = rows["inside"], rows["across"]
+    assert (inside.path.kind, inside.algorithm) == ("nvlink", "ring")
+    assert (across.path.kind, across.algorithm) == ("network", "pairwise")
+    assert (across.path.ranks_per_node, across.path.nic_bandwidth_bytes_per_s) == (4, 50e9)
+    # 8 ranks, 4 on the other node: 4/8 of S through 50 GB/s at the NDR curve's efficiency
+    s = across.size_bytes
+    assert across.time_s == pytest.approx(all_to_all_time(8, s, 4, 50e9, 450e9, curves=H100), rel=1e-12)
+    assert across.time_s > 0.5 * s / 50e9 > 3 * inside.time_s
+
+
+def test_latency_constants_have_one_home():
+    # public-facts: Ring LL / LL128 / Simple base 6.6 / 14.0 / 8.4 us, NVLink step 0.6 / 1.9 / 3.4,
+    # network step 2.7 / 4.0 / 14.0; the catalog's link latencies are the Simple values
+    assert [p.base_s for p in NCCL_RING] == [pytest.approx(x * 1e-6) for x in (6.6, 14.0, 8.4)]
+    assert NCCL_LATENCY_US["tree"]["network"] == (5.0, 8.5, 14.0)
+    assert REFERENCE_STEP_S == {"nvlink": pytest.approx(3.4e-6), "network": pytest.approx(14e-6)}
+    c = system("dgx-h100", nodes=2)
+    assert c.node.fabric.latency_s == pytest.approx(REFERENCE_STEP_S["nvlink"])
+    assert c.network[0].latency_s == pytest.approx(REFERENCE_STEP_S["network"])
+
+
+def test_curve_errors():
+    with pytest.raises(ConfigError, match="unknown busbw curve 'x'"):
+        busbw_curve("x")
+    from pydantic import ValidationError
+
+    from meshplan.spec.cluster import BusbwCurve
+    with pytest.raises(ValidationError, match="increasing"):
+        BusbwCurve(sizes_bytes=[2, 1], busbw_gb_per_s=[1, 2], line_gb_per_s=1, ranks=2, source="x")
+    with pytest.raises(ValidationError, match="2 sizes but 1 busbw"):
+        BusbwCurve(sizes_bytes=[1, 2], busbw_gb_per_s=[1], line_gb_per_s=1, ranks=2, source="x")
+
+
+def test_nvls_gains_with_the_gpus_in_the_group():
+    # S16, 8 GiB all-reduce with NVLS on H200: 4 GPUs 363.3 GB/s, 6 GPUs 435.6, 8 GPUs 473.1.
+    # The 8-rank curve (S3: 479.98 at 8G) scaled by 363.3 / 473.1 for 4 ranks: 368.6 GB/s, which
+    # ties with the ring (S16 16 GiB ring 367.2; NVLS gives no gain over 4 GPUs)
+    curves = node("dgx-h200").busbw
+    _, t = collective_time("all-reduce", 4, 8 * GiB, 450e9, "nvlink", nvls=True, curves=curves)
+    assert 1.5 * 8 * GiB / t == pytest.approx(479.98e9 * 363.3 / 473.1, rel=1e-3)
+    assert 1.5 * 8 * GiB / t == pytest.approx(363.3e9, rel=0.02)
+    # 6 GPUs: 479.98 * 435.6 / 473.1 = 441.9 GB/s, S16 measured 435.6
+    _, t = collective_time("all-reduce", 6, 8 * GiB, 450e9, "nvlink", nvls=True, curves=curves)
+    assert 2 * 5 / 6 * 8 * GiB / t == pytest.approx(479.98e9 * 435.6 / 473.1, rel=1e-3)

@@ -1,0 +1,105 @@
+"""``meshplan calibrate``: nccl-tests outputs -> the calibration file ``--calibration`` reads.
+
+Fixtures: tests/data/nccl/all_reduce_perf_8nodes-x1gpu.txt (exact alpha 20 us, beta 40 GB/s,
+8 hosts x 1 GPU; see tests/data/nccl/README.md) and the published rows written by
+tests/nccl_published.py (S15 8x A100, S3 8x H200, S18 2 x 8 and 2 x 1 A100)."""
+
+from __future__ import annotations
+
+import pytest
+
+from meshplan.catalog import system
+from meshplan.cli import main
+from meshplan.comm.calibration import apply_calibration, load_calibration
+from nccl_published import DATA, PUBLISHED, published_text
+
+EXACT = DATA / "all_reduce_perf_8nodes-x1gpu.txt"
+S15 = DATA / "all_reduce_perf_8xa100_s15.txt"
+
+
+def run(argv, capsys):
+    with pytest.raises(SystemExit) as done:
+        main(argv)
+    out = capsys.readouterr()
+    return done.value.code or 0, out.out, out.err
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_fixtures_are_the_published_rows(name):
+    assert (DATA / name).read_text() == published_text(*PUBLISHED[name])
+
+
+def test_calibrate_writes_the_file_plan_reads(tmp_path, capsys):
+    out = tmp_path / "calib.toml"
+    rc, text, err = run(["calibrate", str(EXACT), str(S15), "--out", str(out)], capsys)
+    assert rc == 0, err
+    assert f"wrote {out}" in text
+    calib = load_calibration(out)
+    # 8 hosts with one GPU each: nic; alpha and beta of the exact fixture (20 us, 40 GB/s)
+    assert (calib["nic"].op, calib["nic"].ranks, calib["nic"].points) == ("all-reduce", 8, 62)
+    assert calib["nic"].latency_us == pytest.approx(20.0, rel=0.01)
+    assert calib["nic"].bandwidth_gb_per_s == pytest.approx(40.0, rel=0.01)
+    # one host with 8 GPUs: nvlink; one alpha-beta line through S15's S-shaped curve (9 sizes,
+    # out-of-place and in-place) cannot pass every row: rows weigh by relative error, so beta
+    # falls between the 128M row (176.9 GB/s) and the 16G plateau (234.9; the line's time there
+    # is 12.5% longer than measured), and alpha between the 1M and 32K rows' times
+    nv = calib["nvlink"]
+    assert (nv.op, nv.ranks, nv.points) == ("all-reduce", 8, 18)
+    assert 176.9 < nv.bandwidth_gb_per_s < 234.9 and 43.77 < nv.latency_us < 101.94
+    t16 = nv.latency_us * 1e-6 + 1.75 * 16 * 2**30 / (nv.bandwidth_gb_per_s * 1e9)
+    assert t16 == pytest.approx(127990e-6, rel=0.15)
+    assert "S15" not in nv.source and "all_reduce_perf_8xa100_s15.txt" in nv.source
+    # applied to 2 dgx-a100: fabric and NICs from the file, the catalog's curves dropped
+    c = apply_calibration(system("dgx-a100", nodes=2), calib)
+    assert c.node.fabric.bandwidth_gb_per_s == pytest.approx(nv.bandwidth_gb_per_s)
+    assert c.node.nics[0].rate_gbit_per_s == pytest.approx(8 * calib["nic"].bandwidth_gb_per_s)
+    assert c.node.busbw == {}
+    # the file is not replaced without --force
+    rc, _, err = run(["calibrate", str(EXACT), "--out", str(out)], capsys)
+    assert rc == 2 and err.strip().startswith("error: --out:") and "--force" in err and err.count("\n") == 1
+    rc, _, err = run(["calibrate", str(EXACT), "--out", str(out), "--force"], capsys)
+    assert rc == 0 and set(load_calibration(out)) == {"nic"}
+
+
+def test_calibration_keeps_the_slowest_all_reduce(tmp_path, capsys):
+    # two one-node runs: A100 (S15) and H200 (S3): nvlink keeps the slower fit
+    out = tmp_path / "c.toml"
+    rc, text, _ = run(["calibrate", str(S15), str(DATA / "all_reduce_perf_8xh200_s3.txt"), "--out", str(out)], capsys)
+    assert rc == 0
+    assert "kept" in text and "all_reduce_perf_8xa100_s15.txt" in load_calibration(out)["nvlink"].source
+
+
+@pytest.mark.parametrize("args, words", [
+    (["all_reduce_perf_2x8a100_s18.txt"], "all_reduce_perf_2x8a100_s18.txt: 16 ranks on 2 hosts, up to 8 per host"),
+    (["all_reduce_perf_2x1a100_s18.txt"], "all_reduce_perf_2x1a100_s18.txt: 2 usable rows; measure at least two sizes"),
+    (["all_reduce_perf_8xa100_s15.txt", "--link", "ib"], "--link: unknown link class 'ib'"),
+    (["missing.txt"], "missing.txt: cannot read"),
+])
+def test_bad_input_is_one_line(tmp_path, capsys, args, words):
+    argv = ["calibrate", *[str(DATA / a) if a.endswith(".txt") else a for a in args], "--out", str(tmp_path / "c.toml")]
+    rc, _, err = run(argv, capsys)
+    assert rc == 2 and words in err and err.count("\n") == 1
+    assert not (tmp_path / "c.toml").exists()
+
+
+def test_mixed_run_recorded_as_asked(tmp_path, capsys):
+    # --link nic records the S18 2 x 8 run: alpha-beta through its three rows (1 KB 35.85 us,
+    # 1G 183.82 and 4G 188.18 GB/s busbw); the 4G row's time is within 2% of the fitted line
+    out = tmp_path / "c.toml"
+    rc, _, err = run(["calibrate", str(DATA / "all_reduce_perf_2x8a100_s18.txt"), "--link", "nic", "--out", str(out)],
+                     capsys)
+    assert rc == 0, err
+    nic = load_calibration(out)["nic"]
+    assert nic.ranks == 16
+    t4g = nic.latency_us * 1e-6 + 1.875 * 4 * 2**30 / (nic.bandwidth_gb_per_s * 1e9)
+    assert t4g == pytest.approx(1.875 * 4 * 2**30 / 188.18e9, rel=0.02)
+
+
+def test_json_output_reads_the_hosts(tmp_path, capsys):
+    # -J JSON of the exact fixture: config.devices lists 8 hostnames node01..node08, one rank each
+    out = tmp_path / "c.toml"
+    rc, text, err = run(["calibrate", str(DATA / "all_reduce_perf_8nodes-x1gpu.json"), "--out", str(out)], capsys)
+    assert rc == 0, err
+    nic = load_calibration(out)["nic"]
+    assert nic.latency_us == pytest.approx(20.0, rel=0.01) and nic.bandwidth_gb_per_s == pytest.approx(40.0, rel=0.01)
+    assert "8 host(s)" in nic.source
