@@ -6,7 +6,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Optional
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_serializer, model_validator
 
 
 class Schedule(StrEnum):
@@ -52,6 +52,11 @@ class MeshSpec(BaseModel):
     pp_schedule: Schedule = Field(default=Schedule.ONE_F_ONE_B, strict=False)  # names parse to the enum
     rank_to_gpu: Optional[list[int]] = None
     loss_parallel: bool = True
+
+    @field_serializer("pp_schedule")
+    def _schedule_name(self, value) -> str:
+        """Dumped as its name (also when ``model_copy(update=...)`` left a plain string)."""
+        return str(value)
 
     @model_validator(mode="after")
     def _check(self):
