@@ -59,8 +59,9 @@ def stage_order(schedule: Schedule | str, p: int, m: int, v: int, s: int) -> lis
 
 @dataclass(frozen=True)
 class PipelineSpec:
-    """Abstract pipeline input: ``schedule``, ``p`` stages, ``m`` micro-batches, ``v``
-    virtual stages; per stage and micro-batch ``forward_s`` (F), ``backward_s`` (B, input
+    """Abstract pipeline input: ``schedule`` (a :class:`Schedule` or its name, stored as the
+    enum; :attr:`sched` is its registered object), ``p`` stages, ``m`` micro-batches, ``v``
+    virtual stages per rank; per stage and micro-batch ``forward_s`` (F), ``backward_s`` (B, input
     gradient) and ``weight_s`` (W); ``p2p_s`` per stage-to-stage send. ``duration``
     (optional) overrides: ``duration(stage, unit) -> seconds`` for the whole unit."""
 
