@@ -25,6 +25,7 @@ from meshplan.compute.shapes import Attention, Gemm, attention_shape, layer_gemm
 from meshplan.config import Config
 from meshplan.mesh.tpsplit import padded_vocab
 from meshplan.mesh.validity import check
+from meshplan.pipeline.registry import reasons as schedule_reasons
 
 SCHEMA = "meshplan.plan/v1"
 
@@ -81,6 +82,8 @@ def build_plan(config: Config, constraints: Optional[cons.Constraints] = None) -
     if isinstance(mesh, Infeasible):
         return Plan(config, world, False, mesh.reasons, constraints=constraints)
     v = check(m, t, mesh, config.mesh)
+    pp = mesh.degree("pp")  # the pipeline schedule's own rules (meshplan.pipeline), after the mesh's
+    v = replace(v, reasons=v.reasons + schedule_reasons(config.mesh.pp_schedule, pp, v.micro_batches, v.vpp))
     partition = [f"axis {a}: {problem}" for a in mesh.all_axes() for problem in check_partition(mesh.groups(a), world)]
     placement = place(c, world, config.mesh.rank_to_gpu)
     flags = tuple(placement_flags(mesh, placement))

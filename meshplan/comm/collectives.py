@@ -88,6 +88,8 @@ import numpy as np
 from meshplan.comm.alphabeta import REFERENCE_STEP_S, busbw_factor, collective_time
 from meshplan.mesh.resolve import Mesh
 from meshplan.compute.shapes import expert_capacity
+from meshplan.pipeline.registry import get
+from meshplan.spec.mesh import Schedule
 from meshplan.spec.cluster import ClusterSpec
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.training import TrainingSpec
@@ -186,7 +188,7 @@ def collective_table(model: ModelSpec, training: TrainingSpec, mesh: Mesh, clust
                      placement, stage_layers: list[int], micro_batches: int,
                      first_stage: bool = True, last_stage: bool = True,
                      loss_parallel: bool = True, stage: int = 0, vpp: int = 1,
-                     schedule: str = "1f1b") -> list[CollectiveRow]:
+                     schedule: Schedule = Schedule.ONE_F_ONE_B) -> list[CollectiveRow]:
     """Rows for pipeline stage ``stage`` holding ``stage_layers`` (layer indices) in ``vpp``
     chunks, run under ``schedule`` with ``micro_batches`` micro-batches."""
     rows: list[CollectiveRow] = []
@@ -226,7 +228,7 @@ class _Ctx:
     last: bool
     stage: int = 0
     vpp: int = 1
-    schedule: str = "1f1b"
+    schedule: Schedule = Schedule.ONE_F_ONE_B
     micro: int = 1
 
     @property
@@ -391,11 +393,9 @@ def _pipelined_gathers(c: _Ctx, root: bool) -> tuple[int, int]:
     ``PipelineStage`` runs FSDP2: gradient sync and reshard-after-backward are off for every
     backward but the last, so a unit stays gathered after a backward, is resharded after a
     forward (``reshard_after_forward``; never the root), and is gathered whenever a pass finds
-    it sharded. Walks the stage's order from :func:`meshplan.pipeline.simulate.stage_order`."""
-    from meshplan.pipeline.simulate import stage_order
-
+    it sharded. Walks the stage's order (the registered schedule's, :mod:`meshplan.pipeline`)."""
     reshard = c.training.reshard_after_forward and not root
-    order = [u for u in stage_order(c.schedule, c.mesh.degree("pp"), c.micro, c.vpp, c.stage)
+    order = [u for u in get(c.schedule).order(c.mesh.degree("pp"), c.micro, c.vpp, c.stage)
              if u.kind in "FB" and u.chunk == 0]  # chunk 0 stands for every chunk of the stage
     sharded, counts = True, {"F": 0, "B": 0}
     for u in order:

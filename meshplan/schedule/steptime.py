@@ -137,7 +137,7 @@ class StepTime:
 
 
 def _grad_kind(spec: PipelineSpec) -> str:
-    return "W" if spec.schedule == "zb_h1" else "B"
+    return "W" if spec.sched.splits_backward else "B"
 
 
 def _key(spec: PipelineSpec, e: Event) -> tuple:
@@ -150,7 +150,7 @@ def _unit_sims(spec, chunks, comms, w, ov) -> dict:
     for s, stage in enumerate(chunks):
         for c, ch in enumerate(stage):
             out[(s, c, "F", False)] = forward_unit(ch, comms[s], w, ov)
-            kinds = (("B", "Bx"), ("W", "W")) if spec.schedule == "zb_h1" else (("B", "B"),)
+            kinds = (("B", "Bx"), ("W", "W")) if spec.sched.splits_backward else (("B", "B"),)
             for pk, uk in kinds:
                 for last in (False, True):
                     out[(s, c, pk, last)] = backward_unit(uk, ch, comms[s], w, ov, last_grad_unit=last)
