@@ -1,0 +1,119 @@
+"""Schedule semantics that match the runtimes (issue 11, item 3): the rank timeline issues the
+collectives the collective table counts, the CP K/V all-gather lands before the attention that
+uses it, the gradient reduce dtype comes from the config, TP overlap only when configured,
+uneven first/last stages with virtual stages."""
+
+from collections import Counter
+
+import pytest
+
+from meshplan.comm.collectives import fsdp_gather_flags
+from meshplan.config import config_from_dict
+from meshplan.errors import ConfigError
+from meshplan.plan import build_plan, stage_table
+from meshplan.schedule.rank_timeline import CommTimes, Overlap, comm_kind, forward_unit, backward_unit
+from meshplan.schedule.rank_timeline import _shard_group
+from meshplan.schedule.steptime import chunk_costs, step_time, workload_of
+from meshplan.units import dtype_bytes
+
+# 4 layers, h 64, f 256 (GeLU), 4 heads of 16, vocab 256, untied: small enough for every schedule
+TINY = dict(layers=4, hidden=64, ffn=256, gated_mlp=False, q_heads=4, vocab=256)
+COUNTED = ("shard", "replica", "cp", "step")  # data-parallel and CP collectives
+
+
+def plan_of(mesh: dict, model=TINY, system="dgx-h100", nodes=1, **training):
+    t = {"global_batch": 8, "seq_len": 64, "micro_batch": 1, "sharding": "zero3", "param_dtype": "bf16",
+         "recompute": "none", **training}
+    return build_plan(config_from_dict({"model": model, "cluster": {"system": system, "nodes": nodes},
+                                        "training": t, "mesh": mesh}))
+
+
+def table_counts(plan, s: int) -> Counter:
+    """Per step, (kind, group, phase, op) -> calls, from stage s's collective table."""
+    out = Counter()
+    for r in stage_table(plan, s):
+        kind = comm_kind(r)
+        if kind in COUNTED:
+            group = _shard_group(r.cadence) if kind in ("shard", "replica") else ""
+            out[(kind, group, r.phase if kind != "step" else "step", "all-gather" if r.op == "all-gather" else
+                 r.op if kind != "step" else "reduce")] += r.per_step
+    return out
+
+
+def timeline_counts(st, s: int) -> Counter:
+    """Per step, the same keys from stage s's rank timeline: every unit's collectives; the
+    per-step ZeRO-1/2 / DDP reduction counts once (one bucket per stage, issued in per-layer
+    pieces on each chunk's last gradient unit, or after the last unit when not overlapped),
+    the ZeRO-1/2 parameter all-gather once (a step-end event)."""
+    out, step_reduce = Counter(), False
+    for e in st.pipeline.events:
+        if e.stage != s or e.stream != "compute":
+            continue
+        for ie in st.units.of_event(e).events:
+            a = ie.args
+            if a.get("kind") == "dp":
+                step_reduce = True
+            elif a.get("kind") in COUNTED:
+                out[(a["kind"], a["group"], a["phase"], a["op"])] += 1
+    for e in st.post_events:
+        if e.stage == s and "grad reduce" in e.name:
+            step_reduce = True
+        elif e.stage == s and "param all-gather" in e.name:
+            out[("step", "", "step", "all-gather")] += 1
+    if step_reduce:
+        out[("step", "", "step", "reduce")] += 1
+    return out
+
+
+SCHEDULES = [("gpipe", 1), ("1f1b", 1), ("interleaved_1f1b", 2), ("zb_h1", 1)]
+SHARDINGS = ["none", "zero1", "zero2", "zero3", "hsdp"]
+
+
+def _mesh(sharding: str, schedule: str, vpp: int) -> dict:
+    data = ["dp_replicate", "dp_shard"] if sharding == "hsdp" else ["dp" if sharding == "none" else "dp_shard"]
+    shape = [2, 2] if sharding == "hsdp" else [2]
+    return {"names": ["pp", *data], "shape": [2, *shape], "world": 4 * len(shape), "pp_schedule": schedule,
+            "virtual_stages": vpp}
+
+
+@pytest.mark.parametrize("schedule,vpp", SCHEDULES)
+@pytest.mark.parametrize("sharding", SHARDINGS)
+@pytest.mark.parametrize("reshard", [True, False])
+def test_timeline_issues_the_collectives_the_table_counts(schedule, vpp, sharding, reshard):
+    """pp 2 (x vpp) x the data axes, m 4 per stage: on each stage, the rank timeline's calls
+    per (kind, group, phase, op) equal the table's per-step counts. Before this fix a
+    reshard_after_forward = false stage re-gathered every layer in every micro-batch (here 4
+    layer gathers x m 4 = 16 per stage for the table's 2 + 1 root) and reduce-scattered every
+    micro-batch where PipelineStage reduces once per step."""
+    plan = plan_of(_mesh(sharding, schedule, vpp), sharding=sharding, reshard_after_forward=reshard)
+    st = step_time(plan)
+    for s in range(2):
+        assert timeline_counts(st, s) == table_counts(plan, s), (s, table_counts(plan, s))
+    if sharding in ("zero3", "hsdp") and not reshard and vpp == 1:  # once per step: 2 layers + root
+        assert table_counts(plan, 0)[("shard", "layer", "forward", "all-gather")] == 2
+        assert table_counts(plan, 0)[("shard", "layer", "backward", "all-gather")] == 0
+
+
+@pytest.mark.parametrize("reshard", [True, False])
+@pytest.mark.parametrize("sharding", ["zero3", "hsdp", "zero1", "none"])
+def test_without_pp_every_micro_batch_gathers_and_reduces(sharding, reshard):
+    """pp 1, m 4: FSDP2 gathers every unit in every forward (and backward when resharded) and
+    reduce-scatters every micro-batch; the table and the timeline agree."""
+    names = {"hsdp": ["dp_replicate", "dp_shard"], "none": ["dp"]}.get(sharding, ["dp_shard"])
+    plan = plan_of({"names": names, "shape": [2] * len(names), "world": 2 ** len(names)}, sharding=sharding, reshard_after_forward=reshard,
+                   global_batch=4 * 2 ** len(names))
+    st = step_time(plan)
+    assert timeline_counts(st, 0) == table_counts(plan, 0)
+    if sharding == "zero3":  # 4 layers + root in each of m = 4 forwards
+        assert table_counts(plan, 0)[("shard", "layer", "forward", "all-gather")] == 4 * plan.micro_batches
+
+
+def test_interleaved_chunks_gather_by_their_own_order():
+    """interleaved 1F1B, pp 2, vpp 2, m 4, reshard: stage 0's order is F0.c0 F1.c0 F0.c1 F1.c1
+    F2.c0 B0.c1 F3.c0 B1.c1 F2.c1 B0.c0 F3.c1 B1.c0 B2.c1 B3.c1 B2.c0 B3.c0. Chunk 0 passes
+    F0 F1 F2 F3 B0 B1 B2 B3: sharded at each F (after an F) and at B0 (after F3): 4 F + 1 B.
+    Chunk 1 passes F0 F1 B0 B1 F2 F3 B2 B3: sharded at F0, F1, B0, F3 (F2 follows B1) and B2:
+    3 F + 2 B. The table used chunk 0 for every chunk before (4 + 1 for both)."""
+    f = fsdp_gather_flags("interleaved_1f1b", 2, 4, 2, 0, reshard=True)
+    per = Counter((c, k) for (c, k, _), g in f.items() if g)
+    assert (per[(0, "F")], per[(0, "B")], per[(1, "F")], per[(1, "B")]) == (4, 1, 3, 2)
