@@ -117,3 +117,76 @@ def test_interleaved_chunks_gather_by_their_own_order():
     f = fsdp_gather_flags("interleaved_1f1b", 2, 4, 2, 0, reshard=True)
     per = Counter((c, k) for (c, k, _), g in f.items() if g)
     assert (per[(0, "F")], per[(0, "B")], per[(1, "F")], per[(1, "B")]) == (4, 1, 3, 2)
+
+
+# CP: the K/V all-gather lands before the attention that uses it -----------------------------
+
+def _cp_plan(**training):
+    """Llama-3-8B, cp 2 across two DGX H100 nodes (cp outermost) x dp_shard 8, s 8192, b 1."""
+    return plan_of({"names": ["cp", "dp_shard"], "shape": [2, 8]}, model={"catalog": "llama3-8b"}, nodes=2,
+                   **{"global_batch": 16, "seq_len": 8192, "recompute": "selective", **training})
+
+
+def _one_layer(plan):
+    w = workload_of(plan)
+    ch = chunk_costs(plan, w)[0][0]
+    cp_rows = [r for r in stage_table(plan, 0) if comm_kind(r) == "cp"]
+    return w, type(ch)(ch.layers[:1], ch.moe[:1]), ch.layers[0], cp_rows
+
+
+def _op_s(cost, phase, name):
+    return sum(o.seconds for o in cost.ops if o.phase == phase and o.name == name)
+
+
+def test_cp_kv_all_gather_ends_before_the_core_attention_starts():
+    """Every K/V all-gather of the step's trace ends before the core attention of its layer
+    starts, and every dK/dV reduce-scatter before the K/V projections' input gradients."""
+    st = step_time(_cp_plan())
+    ev = sorted(st.trace_events(), key=lambda e: (e.start_s, e.stream != "compute"))
+    pending, checked = None, 0
+    for e in ev:
+        if e.name in ("cp K/V all-gather", "cp dK/dV reduce-scatter"):
+            pending = e
+        elif e.name in ("attention core", "attention K/V proj B"):
+            assert pending is not None and pending.end_s <= e.start_s + 1e-12, (pending, e)
+            pending, checked = None, checked + 1
+    assert checked == 2 * 32 * st.pipeline.spec.m  # 32 layers, forward and backward, every micro-batch
+
+
+def test_cp_exposed_time_by_hand():
+    """One layer, cp rows only. K/V buffer: 2 (K and V) x b 1 x s 8192 x 8 KV heads x d 128 x
+    2 B = 33,554,432 B. The gather is issued after wk, wv and RoPE and overlaps only wq, so the
+    core attention waits AG - wq; in backward the dK/dV reduce-scatter (same bytes) overlaps
+    only wq's input gradient: exposed RS - wq.dgrad. Both positive here (a cross-node gather
+    of 33.5 MB against a 4096 x 4096 x 4096 GEMM). Before, the gather overlapped the whole
+    attention block and nothing was exposed."""
+    plan = _cp_plan()
+    w, one, cost, rows = _one_layer(plan)
+    ag = next(r for r in rows if r.phase == "forward")
+    rs = next(r for r in rows if r.op == "reduce-scatter")
+    assert ag.size_bytes == rs.size_bytes == 2 * 1 * 8192 * 8 * 128 * 2
+    comm = CommTimes.from_rows(rows, layers=1)
+    wq, wq_d = _op_s(cost, "forward", "wq"), _op_s(cost, "backward_input", "wq.dgrad")
+    assert ag.time_s > wq and rs.time_s > wq_d
+    f = forward_unit(one, comm, w, Overlap())
+    assert f.exposed_s["cp"] == pytest.approx(ag.time_s - wq)
+    assert f.duration_s == pytest.approx(cost.forward_s + ag.time_s - wq)
+    b = backward_unit("B", one, comm, w, Overlap())
+    assert b.exposed_s["cp"] == pytest.approx(rs.time_s - wq_d)
+    assert b.duration_s == pytest.approx(cost.backward_s + rs.time_s - wq_d)
+
+
+def test_cp_full_recompute_replays_the_gather_before_the_replayed_attention():
+    """Full recompute: backward replays the forward with its K/V all-gather (the table's
+    backward all-gather row), again before the replayed core attention: exposed twice AG - wq
+    plus RS - wq.dgrad per layer."""
+    plan = _cp_plan(recompute="full")
+    w, one, cost, rows = _one_layer(plan)
+    comm = CommTimes.from_rows(rows, layers=1)
+    ag = next(r for r in rows if r.phase == "backward" and r.op == "all-gather")
+    rs = next(r for r in rows if r.op == "reduce-scatter")
+    b = backward_unit("B", one, comm, w, Overlap())
+    wq_r = sum(o.seconds for o in cost.ops if o.phase == "backward_input" and o.name == "wq (recompute)")
+    assert b.exposed_s["cp"] == pytest.approx(ag.time_s - wq_r + rs.time_s - _op_s(cost, "backward_input", "wq.dgrad"))
+    names = [e.name for e in b.events if e.stream == "cp"]
+    assert names == ["cp K/V all-gather", "cp dK/dV reduce-scatter"]
