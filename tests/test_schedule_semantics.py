@@ -190,3 +190,77 @@ def test_cp_full_recompute_replays_the_gather_before_the_replayed_attention():
     assert b.exposed_s["cp"] == pytest.approx(ag.time_s - wq_r + rs.time_s - _op_s(cost, "backward_input", "wq.dgrad"))
     names = [e.name for e in b.events if e.stream == "cp"]
     assert names == ["cp K/V all-gather", "cp dK/dV reduce-scatter"]
+
+
+# Gradient reduce dtype from the config ------------------------------------------------------
+
+# TINY's parameters by hand: per layer wq, wk, wv, wo 4 x 64 x 64 = 16,384, w_up + w_down
+# 2 x 64 x 256 = 32,768, two RMSNorm weights 128: 49,280; root: embedding 256 x 64, final norm
+# 64, output 256 x 64 = 32,832; total 4 x 49,280 + 32,832 = 229,952.
+PARAMS, LAYER_PARAMS, ROOT_PARAMS = 229_952, 49_280, 32_832
+
+
+def _dp_rows(sharding, **training):
+    names = {"hsdp": ["dp_replicate", "dp_shard"], "none": ["dp"]}.get(sharding, ["dp_shard"])
+    plan = plan_of({"names": names, "shape": [2] * len(names), "world": 2 ** len(names)}, sharding=sharding,
+                   **training)
+    return plan, [r for r in plan.collectives["stage 0"] if r.axis != "tp" and r.op != "all-gather"]
+
+
+@pytest.mark.parametrize("sharding,option,dtype", [
+    ("none", None, "bf16"),        # default unchanged: torch DDP reduces the bf16 gradients
+    ("none", "fp32", "fp32"),      # Megatron-LM: fp32 main gradients
+    ("zero1", None, "fp32"),       # default unchanged: training.reduce_dtype (fp32)
+    ("zero1", "bf16", "bf16"),
+    ("zero3", None, "fp32"),
+    ("zero3", "param", "bf16"),    # the parameter dtype
+    ("hsdp", "bf16", "bf16"),
+])
+def test_gradient_reduce_bytes_follow_the_config(sharding, option, dtype):
+    """DDP all-reduces all 229,952 gradients in one bucket; ZeRO-1 reduce-scatters them once
+    per step; FSDP/HSDP reduce-scatter each layer's 49,280 and the root's 32,832, HSDP then
+    all-reduces the shard (half) over dp_replicate; bytes = elements x the reduce dtype's size."""
+    extra = {} if option is None else {"grad_reduce_dtype": option}
+    plan, rows = _dp_rows(sharding, **extra)
+    b = dtype_bytes(dtype)
+    assert {r.dtype for r in rows} == {dtype}
+    sizes = sorted(r.size_bytes for r in rows)
+    if sharding in ("none", "zero1"):
+        assert sizes == [PARAMS * b]
+    elif sharding == "zero3":
+        assert sizes == [ROOT_PARAMS * b, LAYER_PARAMS * b]
+    else:  # hsdp: reduce-scatter over dp_shard 2, then all-reduce of the half shard over dp_replicate 2
+        assert sizes == [ROOT_PARAMS * b // 2, LAYER_PARAMS * b // 2, ROOT_PARAMS * b, LAYER_PARAMS * b]
+
+
+def test_ddp_fp32_reduction_is_what_the_timeline_spends():
+    """The timeline's per-step DDP reduction (pieces on the last gradient unit) sums to the
+    fp32 row's time, longer than the bf16 one."""
+    times = {}
+    for dtype in ("bf16", "fp32"):
+        plan, rows = _dp_rows("none", grad_reduce_dtype=dtype)
+        st = step_time(plan)
+        spent = sum(ie.dur_s for e in st.pipeline.events if e.stream == "compute"
+                    for ie in st.units.of_event(e).events if ie.args.get("kind") == "dp")
+        assert spent == pytest.approx(rows[0].time_s)
+        times[dtype] = spent
+    assert times["fp32"] > times["bf16"]
+
+
+def test_grad_reduce_dtype_is_checked():
+    with pytest.raises(ConfigError, match="grad_reduce_dtype"):
+        _dp_rows("none", grad_reduce_dtype="fp16")
+
+
+# TP overlap only when configured -----------------------------------------------------------
+
+def test_tp_comm_overlap_is_a_training_option():
+    """Default: TP collectives block (Overlap.tp False, what step, compare and search use).
+    training.tp_comm_overlap = true gives the same step as step --overlap-tp."""
+    mesh = {"names": ["dp_shard", "tp"], "shape": [2, 4], "sequence_parallel": True}
+    kw = dict(model={"catalog": "llama3-8b"}, global_batch=4, seq_len=4096)
+    base = step_time(plan_of(mesh, **kw))
+    opt = step_time(plan_of(mesh, tp_comm_overlap=True, **kw))
+    flag = step_time(plan_of(mesh, **kw), Overlap(tp=True))
+    assert opt.step_s == pytest.approx(flag.step_s) and opt.step_s < base.step_s
+    assert opt.exposed_s.get("tp", 0.0) < base.exposed_s["tp"]
