@@ -264,3 +264,27 @@ def test_tp_comm_overlap_is_a_training_option():
     flag = step_time(plan_of(mesh, **kw), Overlap(tp=True))
     assert opt.step_s == pytest.approx(flag.step_s) and opt.step_s < base.step_s
     assert opt.exposed_s.get("tp", 0.0) < base.exposed_s["tp"]
+
+
+# Uneven first and last stages with virtual stages (Llama 3) ---------------------------------
+
+def test_uneven_first_and_last_stage_with_virtual_stages():
+    """6 layers, pp 2, vpp 2, pp_layer_split [3, 3]: each stage's 3 layers go to 2 chunks, the
+    short ones at the model's ends (Llama 3 removed one layer from the first and the last
+    stage): virtual stages 0..3 hold 1, 2, 2, 1 layers: stage 0 [[0], [3, 4]], stage 1
+    [[1, 2], [5]]. The plan, its step and its timeline/table agreement follow; the per-
+    virtual-stage form [1, 2, 2, 1] gives the same stages. Before: refused ("pp_layer_split
+    with virtual stages is not supported")."""
+    mesh = {"names": ["pp", "dp_shard"], "shape": [2, 2], "world": 4, "pp_schedule": "interleaved_1f1b",
+            "virtual_stages": 2}
+    for split in ([3, 3], [1, 2, 2, 1]):
+        for reshard in (True, False):
+            plan = plan_of({**mesh, "pp_layer_split": split}, model={**TINY, "layers": 6},
+                           reshard_after_forward=reshard)
+            assert plan.feasible, plan.reasons
+            assert plan.stages == [[[0], [3, 4]], [[1, 2], [5]]]
+            st = step_time(plan)
+            for s in range(2):
+                assert timeline_counts(st, s) == table_counts(plan, s)
+    bad = plan_of({**mesh, "pp_layer_split": [1, 5]}, model={**TINY, "layers": 6})
+    assert not bad.feasible and "pp_layer_split [1, 5] sums to 6, must be 6 layers with >= 2 per stage" in bad.reasons
