@@ -129,7 +129,7 @@ def _collectives(config: Config, mesh: Mesh, placement, stages, micro) -> dict[s
         out[f"stage {k}"] = collective_table(config.model, config.training, mesh, config.cluster, placement,
                                              layers, micro, first_stage=k == 0, last_stage=k == pp - 1,
                                              loss_parallel=config.mesh.loss_parallel, stage=k, vpp=vpp,
-                                             schedule=config.mesh.pp_schedule)
+                                             schedule=config.mesh.pp_schedule, chunks=stages[k])
     return out
 
 

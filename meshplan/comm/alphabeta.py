@@ -52,6 +52,7 @@ Handed case C12: n 8, S 14 GB, 50 GB/s per rank: all-reduce sends 24.5 GB, 0.49 
 from __future__ import annotations
 
 import bisect
+from itertools import accumulate
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Mapping, Optional
@@ -142,7 +143,9 @@ def measured_time(curve: BusbwCurve, size_bytes: float, sent_bytes: float, laten
 
     ``t_meas``: the curve's times ``t_i = f S_i / busbw_i`` (``f = busbw_factor(curve.op,
     curve.ranks)``) after the point (0, ``reference_latency_s``), joined by straight lines in S
-    and continued along the last segment beyond the largest size; ``beta`` is infinite where
+    and continued along the last segment beyond the largest size, each ``t_i`` raised to the
+    largest time before it (measured rows are flat between 64 KiB and 1 MiB and can dip: a
+    larger buffer is never modelled faster than a smaller one); ``beta`` is infinite where
     ``t_meas`` does not exceed the latency. ``latency_s`` and ``reference_latency_s``: NCCL's
     latency for this group and for the curve's rank count (same algorithm and link); ``line``:
     the curve's ``line_gb_per_s``.
@@ -160,6 +163,7 @@ def measured_time(curve: BusbwCurve, size_bytes: float, sent_bytes: float, laten
     f, line = busbw_factor(curve.op, curve.ranks), curve.line_gb_per_s * GB
     sizes = [0.0] + [float(x) for x in curve.sizes_bytes]
     times = [reference_latency_s] + [f * x / (b * GB) for x, b in zip(curve.sizes_bytes, curve.busbw_gb_per_s)]
+    times = list(accumulate(times, max))  # a larger buffer is never faster (flat noisy rows)
     k = max(0, min(bisect.bisect_right(sizes, size_bytes) - 1, len(sizes) - 2))
     t_meas = times[k] + (times[k + 1] - times[k]) * (size_bytes - sizes[k]) / (sizes[k + 1] - sizes[k])
     spent = t_meas - reference_latency_s  # the measurement's bandwidth term

@@ -17,14 +17,15 @@ attention, replicated KV heads, padded vocabulary), both over ``step x world x p
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Optional
 
 from meshplan.compute.ops import Cost, Workload, embedding_cost, head_cost, layer_cost, sequence_model_flops
 from meshplan.compute.gemm import GemmTable
 from meshplan.pipeline.simulate import Event, PipelineResult, PipelineSpec, simulate, write_trace
-from meshplan.schedule.rank_timeline import ChunkCosts, CommTimes, Overlap, backward_unit, forward_unit
+from meshplan.comm.collectives import fsdp_gather_flags
+from meshplan.schedule.rank_timeline import ChunkCosts, CommTimes, Overlap, UnitSim, backward_unit, forward_unit
 
 
 def workload_of(plan, dropout: bool = False) -> Workload:
@@ -61,7 +62,7 @@ class StepTime:
     collectives and optimizer included); ``exposed_s``: per stream of the critical stage."""
 
     pipeline: PipelineResult
-    units: dict
+    units: "UnitTimes"
     stage_end_s: tuple[float, ...]
     post_events: tuple[Event, ...]
     exposed_s: dict
@@ -124,7 +125,7 @@ class StepTime:
             out.append(e)
             if not detail or e.stream != "compute":
                 continue
-            for ie in self.units[_key(self.pipeline.spec, e)].events:
+            for ie in self.units.of_event(e).events:
                 if ie.end_s > ie.start_s:
                     out.append(Event(e.stage, ie.stream, ie.name, e.start_s + ie.start_s, e.start_s + ie.end_s,
                                      {"unit": e.name}))
@@ -140,21 +141,43 @@ def _grad_kind(spec: PipelineSpec) -> str:
     return "W" if spec.sched.splits_backward else "B"
 
 
-def _key(spec: PipelineSpec, e: Event) -> tuple:
-    kind, mb = e.args["kind"], e.args["mb"]
-    return (e.stage, e.args["chunk"], kind, kind == _grad_kind(spec) and mb == spec.m - 1)
+class UnitTimes:
+    """Unit timelines of a step, one simulation per distinct (stage, chunk, kind, last
+    gradient unit, FSDP flags). FSDP flags (gather layers, gather root, reduce): without pp
+    every pass gathers (the backward only where the table has a backward all-gather) and
+    every gradient pass reduce-scatters; with pp they follow
+    :func:`meshplan.comm.collectives.fsdp_gather_flags` and the chunk's last gradient unit."""
 
+    def __init__(self, spec: PipelineSpec, chunks, comms, w, ov, reshard: bool, fsdp: bool):
+        self.spec, self.chunks, self.comms, self.w, self.ov = spec, chunks, comms, w, ov
+        self.cache: dict = {}
+        self.flags: dict = {}
+        if spec.p > 1 and fsdp:
+            for s in range(spec.p):
+                lay = fsdp_gather_flags(spec.schedule, spec.p, spec.m, spec.v, s, reshard)
+                root = fsdp_gather_flags(spec.schedule, spec.p, spec.m, spec.v, s, False)
+                self.flags[s] = {k: (g, root[k]) for k, g in lay.items()}
 
-def _unit_sims(spec, chunks, comms, w, ov) -> dict:
-    out = {}
-    for s, stage in enumerate(chunks):
-        for c, ch in enumerate(stage):
-            out[(s, c, "F", False)] = forward_unit(ch, comms[s], w, ov)
-            kinds = (("B", "Bx"), ("W", "W")) if spec.sched.splits_backward else (("B", "B"),)
-            for pk, uk in kinds:
-                for last in (False, True):
-                    out[(s, c, pk, last)] = backward_unit(uk, ch, comms[s], w, ov, last_grad_unit=last)
-    return out
+    def key(self, s: int, chunk: int, kind: str, mb: int) -> tuple:
+        last = kind == _grad_kind(self.spec) and mb == self.spec.m - 1
+        gather = self.flags[s].get((chunk, "B" if kind == "W" else kind, mb), (False, False)) \
+            if s in self.flags else (True, True)
+        return (s, chunk, kind, last, gather, last or not self.flags)
+
+    def get(self, s: int, chunk: int, kind: str, mb: int) -> UnitSim:
+        k = self.key(s, chunk, kind, mb)
+        if k not in self.cache:
+            ch, comm = self.chunks[s][chunk], self.comms[s]
+            if kind == "F":
+                self.cache[k] = forward_unit(ch, comm, self.w, self.ov, gather_layers=k[4][0], gather_root=k[4][1])
+            else:
+                uk = "Bx" if kind == "B" and self.spec.sched.splits_backward else kind
+                self.cache[k] = backward_unit(uk, ch, comm, self.w, self.ov, last_grad_unit=k[3],
+                                              gather=k[4][0], reduce=k[5])
+        return self.cache[k]
+
+    def of_event(self, e: Event) -> UnitSim:
+        return self.get(e.stage, e.args["chunk"], e.args["kind"], e.args["mb"])
 
 
 def optimizer_step_s(total_bytes, grads_bytes, hbm_bandwidth_bytes_per_s):
@@ -179,7 +202,7 @@ def _stage_end(plan, s, spec, mine, units, comm: CommTimes, ov) -> tuple[float, 
     """End of stage s after its last unit (``mine``: its compute events), with the step-end
     events and their exposure."""
     last = max(mine, key=lambda e: e.end_s)
-    u = units[_key(spec, last)]
+    u = units.of_event(last)
     t = last.end_s + u.tail_s
     post, exposed = [], ({u.tail_stream: u.tail_s} if u.tail_s else {})
     steps = [("grad reduce (per step)", 0.0 if ov.grad_reduce else comm.step_reduce_s, "dp"),
@@ -199,11 +222,14 @@ def _stage_end(plan, s, spec, mine, units, comm: CommTimes, ov) -> tuple[float, 
 def step_time(plan, overlap: Overlap = Overlap(), *, dropout: bool = False, table: Optional[GemmTable] = None,
               schedule: Optional[str] = None) -> StepTime:
     """Predict one step of a feasible ``plan`` (see the module docstring). ``schedule``
-    overrides the config's ``pp_schedule``; ``table``: measured GEMM times."""
+    overrides the config's ``pp_schedule``; ``table``: measured GEMM times. TP collectives
+    overlap compute when ``overlap.tp`` or ``training.tp_comm_overlap`` (default: they block)."""
     if plan.mesh is None or plan.stages is None:
         raise ValueError("step_time needs a resolved plan with stages; this one is infeasible: "
                          + "; ".join(plan.reasons))
     cfg, w = plan.config, workload_of(plan, dropout)
+    if cfg.training.tp_comm_overlap and not overlap.tp:  # the config's --tp-comm-overlap
+        overlap = replace(overlap, tp=True)
     p, v, m = len(plan.stages), plan.vpp, plan.micro_batches
     from meshplan.plan import stage_table
 
@@ -211,9 +237,10 @@ def step_time(plan, overlap: Overlap = Overlap(), *, dropout: bool = False, tabl
                                  sum(len(c) for c in plan.stages[s])) for s in range(p)]
     chunks = chunk_costs(plan, w, table)
     base = PipelineSpec(schedule or cfg.mesh.pp_schedule, p, m, v, p2p_s=max(c.p2p_s for c in comms))
-    units = _unit_sims(base, chunks, comms, w, overlap)
+    units = UnitTimes(base, chunks, comms, w, overlap, cfg.training.reshard_after_forward,
+                      cfg.training.sharding in ("zero3", "hsdp"))
     spec = PipelineSpec(base.schedule, p, m, v, p2p_s=base.p2p_s,
-                        duration=lambda s, u: units[(s, u.chunk, u.kind, u.kind == _grad_kind(base) and u.mb == m - 1)].duration_s)
+                        duration=lambda s, u: units.get(s, u.chunk, u.kind, u.mb).duration_s)
     res = simulate(spec)
     ends, post, exposed = [], [], []
     by_stage: list[list[Event]] = [[] for _ in range(p)]
@@ -225,7 +252,7 @@ def step_time(plan, overlap: Overlap = Overlap(), *, dropout: bool = False, tabl
         ends.append(end)
         post += ev
         for e in by_stage[s]:
-            for k, val in units[_key(spec, e)].exposed_s.items():
+            for k, val in units.of_event(e).exposed_s.items():
                 ex[k] = ex.get(k, 0.0) + val
             if e.args["via"] == "p2p":
                 ex["pp"] = ex.get("pp", 0.0) + min(spec.p2p_s, e.args["wait_s"])
