@@ -373,7 +373,7 @@ def validate(config: Path = typer.Argument(..., help="TOML config; its mesh is s
 
 @app.command("place")
 def place_cmd(config: Path = typer.Argument(..., help="TOML config"),
-              choose: bool = typer.Option(False, "--choose", help="search the rank -> GPU permutation with the fewest weak-path bytes"),
+              choose: bool = typer.Option(False, "--choose", help="search the rank -> GPU permutation with the shortest predicted step (fewest weak-path bytes at equal steps)"),
               bindings_path: Optional[Path] = typer.Option(None, "--bindings", help="write every rank's binding to this file"),
               fmt: str = typer.Option("json", "--format", help="bindings file format: json (list) or sh (launcher)"),
               force: bool = typer.Option(False, "--force", help="replace an existing --bindings file"),
@@ -392,8 +392,14 @@ def place_cmd(config: Path = typer.Argument(..., help="TOML config"),
     shown = ranks or sorted({0, min(1, p.world - 1), p.world - 1})
     for r in shown:
         _check_rank(p, r)
+    score = None
+    if choose and p.stages is not None:
+        from meshplan.schedule.placement_score import step_scorer
+
+        score = step_scorer(p)
     c = choose_placement(p.mesh, p.config.cluster, weights_from_plan(p) or None,
-                         rank_to_gpu=p.config.mesh.rank_to_gpu, search=choose, source="collective table")
+                         rank_to_gpu=p.config.mesh.rank_to_gpu, search=choose, source="collective table",
+                         step_s=score)
     for line in place_lines(c, shown):
         typer.echo(line)
     if bindings_path:
