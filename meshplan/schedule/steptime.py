@@ -18,12 +18,16 @@ attention, replicated KV heads, padded vocabulary), both over ``step x world x p
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Optional
 
 from meshplan.compute.ops import Cost, Workload, embedding_cost, head_cost, layer_cost, sequence_model_flops
 from meshplan.compute.gemm import GemmTable
-from meshplan.pipeline.simulate import Event, PipelineResult, PipelineSpec, simulate, write_trace
+import numpy as np
+
+from meshplan.pipeline.fast import KINDS, ArrayResult, Flat, simulate_arrays
+from meshplan.pipeline.simulate import Event, PipelineSpec, write_trace
 from meshplan.schedule.rank_timeline import ChunkCosts, CommTimes, Overlap, backward_unit, forward_unit
 
 
@@ -60,7 +64,7 @@ class StepTime:
     """The predicted step. ``stage_end_s[s]``: when stage s finishes (tails, step-level
     collectives and optimizer included); ``exposed_s``: per stream of the critical stage."""
 
-    pipeline: PipelineResult
+    pipeline: ArrayResult
     units: dict
     stage_end_s: tuple[float, ...]
     post_events: tuple[Event, ...]
@@ -116,11 +120,14 @@ class StepTime:
                 f"attention, no recompute); HFU {self.hfu:.1%} (executed FLOP, recompute included)"] + \
             [f"note: {n}" for n in self.notes]
 
-    def trace_events(self, detail: bool = True) -> list[Event]:
+    def trace_events(self, detail: bool = True, stage: Optional[int] = None) -> list[Event]:
         """Pipeline units (and, with ``detail``, every op and collective inside them) shifted
-        to their start, pp sends and the step-end ops."""
+        to their start, pp sends and the step-end ops; ``stage``: only that stage's (built
+        for it alone, and kept: the link-load report asks three times)."""
+        if stage is not None and (detail, stage) in self._trace_cache:
+            return self._trace_cache[(detail, stage)]
         out = []
-        for e in self.pipeline.events:
+        for e in (self.pipeline.events if stage is None else self.pipeline.stage_events(stage)):
             out.append(e)
             if not detail or e.stream != "compute":
                 continue
@@ -128,7 +135,14 @@ class StepTime:
                 if ie.end_s > ie.start_s:
                     out.append(Event(e.stage, ie.stream, ie.name, e.start_s + ie.start_s, e.start_s + ie.end_s,
                                      {"unit": e.name}))
-        return out + list(self.post_events)
+        out += [e for e in self.post_events if stage is None or e.stage == stage]
+        if stage is not None:
+            self._trace_cache[(detail, stage)] = out
+        return out
+
+    @cached_property
+    def _trace_cache(self) -> dict:
+        return {}
 
     def write_trace(self, path: str | Path, detail: bool = True, force: bool = False) -> Path:
         meta = {"generator": "meshplan", "step_ms": self.step_s * 1e3, "mfu": self.mfu, "hfu": self.hfu,
@@ -146,15 +160,67 @@ def _key(spec: PipelineSpec, e: Event) -> tuple:
 
 
 def _unit_sims(spec, chunks, comms, w, ov) -> dict:
-    out = {}
+    """Unit timelines keyed (stage, chunk, kind, last gradient unit); a chunk whose costs
+    and stage collectives equal an earlier one's (the middle stages) reuses its timelines
+    (they are pure functions of those inputs, times from the unit start)."""
+    out, seen = {}, []
     for s, stage in enumerate(chunks):
         for c, ch in enumerate(stage):
-            out[(s, c, "F", False)] = forward_unit(ch, comms[s], w, ov)
-            kinds = (("B", "Bx"), ("W", "W")) if spec.schedule == "zb_h1" else (("B", "B"),)
-            for pk, uk in kinds:
-                for last in (False, True):
-                    out[(s, c, pk, last)] = backward_unit(uk, ch, comms[s], w, ov, last_grad_unit=last)
+            sims = next((x for a, b, x in seen if a == ch and b == comms[s]), None)
+            if sims is None:
+                sims = {("F", False): forward_unit(ch, comms[s], w, ov)}
+                kinds = (("B", "Bx"), ("W", "W")) if spec.schedule == "zb_h1" else (("B", "B"),)
+                for pk, uk in kinds:
+                    for last in (False, True):
+                        sims[(pk, last)] = backward_unit(uk, ch, comms[s], w, ov, last_grad_unit=last)
+                seen.append((ch, comms[s], sims))
+            for (kind, last), u in sims.items():
+                out[(s, c, kind, last)] = u
     return out
+
+
+def _unit_keys(units: dict, spec: PipelineSpec, m: int):
+    """(the unit keys in a fixed order, ``key_of(flat)``: the index into them of every flat
+    unit): the key :func:`_key` gives an event, on arrays."""
+    keys = list(units)
+    index = {k: i for i, k in enumerate(keys)}
+    grad = KINDS.index(_grad_kind(spec))
+    tab = np.full((spec.p, spec.v, len(KINDS), 2), -1, dtype=np.int64)
+    for (s, c, kind, last), i in index.items():
+        tab[s, c, KINDS.index(kind), int(last)] = i
+
+    def key_of(f: Flat) -> np.ndarray:
+        return tab[f.stage, f.chunk, f.kind, ((f.kind == grad) & (f.mb == m - 1)).astype(np.int64)]
+
+    return keys, key_of
+
+
+def _ends_of(res: ArrayResult, s: int) -> list[Event]:
+    """Stage s's last unit (the first to reach the latest end) and its first forward (the
+    first to start earliest): the only events :func:`_stage_end` reads."""
+    sl = res.stage_slice(s)
+    last = sl.start + int(np.argmax(res.end[sl]))
+    fs = np.flatnonzero(res.flat.kind[sl] == 0)
+    first_f = sl.start + int(fs[np.argmin(res.start[sl][fs])])
+    return [res._event(last), res._event(first_f)]
+
+
+def _unit_exposure(res: ArrayResult, s: int, units: dict, keys: list, key_idx: np.ndarray, ex: dict) -> dict:
+    """``ex`` plus the exposed time of every unit of stage s by stream and, for each unit
+    that waited on a p2p receive, ``min(p2p, wait)`` on "pp"; added in unit order, so the
+    sums are the per-event loop's to the bit."""
+    sl = res.stage_slice(s)
+    kidx = key_idx[sl]
+    streams = sorted({k for key in set(kidx.tolist()) for k in units[keys[key]].exposed_s})
+    for k in streams:
+        vals = np.array([units[key].exposed_s.get(k, 0.0) for key in keys])[kidx]
+        if k == "pp":
+            vals = np.stack([vals, np.where(res.via_p2p[sl], np.minimum(res.spec.p2p_s, res.wait[sl]), 0.0)], 1)
+        ex[k] = sum(vals.reshape(-1).tolist(), ex.get(k, 0.0))
+    if "pp" not in streams and res.via_p2p[sl].any():
+        waits = np.minimum(res.spec.p2p_s, res.wait[sl][res.via_p2p[sl]])
+        ex["pp"] = sum(waits.tolist(), ex.get("pp", 0.0))
+    return ex
 
 
 def _optimizer_s(plan, s: int) -> float:
@@ -202,23 +268,16 @@ def step_time(plan, overlap: Overlap = Overlap(), *, dropout: bool = False, tabl
     units = _unit_sims(base, chunks, comms, w, overlap)
     spec = PipelineSpec(base.schedule, p, m, v, p2p_s=base.p2p_s,
                         duration=lambda s, u: units[(s, u.chunk, u.kind, u.kind == _grad_kind(base) and u.mb == m - 1)].duration_s)
-    res = simulate(spec)
+    keys, key_of = _unit_keys(units, base, m)
+    res = simulate_arrays(spec, lambda f: np.array([units[k].duration_s for k in keys])[key_of(f)])
     ends, post, exposed = [], [], []
-    by_stage: list[list[Event]] = [[] for _ in range(p)]
-    for e in res.events:
-        if e.stream == "compute":
-            by_stage[e.stage].append(e)
     for s in range(p):
-        end, ev, ex = _stage_end(plan, s, spec, by_stage[s], units, comms[s], overlap)
+        end, ev, ex = _stage_end(plan, s, spec, _ends_of(res, s), units, comms[s], overlap)
         ends.append(end)
         post += ev
-        for e in by_stage[s]:
-            for k, val in units[_key(spec, e)].exposed_s.items():
-                ex[k] = ex.get(k, 0.0) + val
-            if e.args["via"] == "p2p":
-                ex["pp"] = ex.get("pp", 0.0) + min(spec.p2p_s, e.args["wait_s"])
         exposed.append(ex)
     crit = max(range(p), key=lambda s: ends[s])
+    exposed[crit] = _unit_exposure(res, crit, units, keys, key_of(res.flat), exposed[crit])
     hw = sum(m * sum(sum(x.flops("hardware") for x in ch.layers)
                      + sum(x.flops("hardware") for x in (ch.embed, ch.head) if x is not None) for ch in stage)
              for stage in chunks) * plan.world // p
