@@ -2,6 +2,13 @@
 
 Every malformed input ends with one line ``error: <field>: <message>`` on stderr and exit
 status 2; an infeasible mesh prints its reasons and exits 1.
+
+One verdict everywhere (:data:`EXIT_CODES`): every command that resolves a mesh (plan, groups,
+memory, step, reliability, place) exits 1 and prints ``infeasible: <reason>`` on stderr when
+``meshplan plan`` calls the mesh infeasible, whatever it printed before; ``step`` then prints
+only the step the mesh would take, labelled ``would be ... if it fit``. ``compare`` exits 0
+when a mesh that fits wins (the other's infeasibility is one of the verdict's reasons) and 1
+when neither fits; ``search`` exits 0 when some candidate fits and 1 when none does.
 """
 
 from __future__ import annotations
@@ -15,8 +22,13 @@ from rich.console import Console
 
 from meshplan.errors import ConfigError
 
+EXIT_CODES = ("exit status: 0 feasible (compare: a mesh that fits wins; search: some candidate fits), "
+              "1 infeasible (the reasons on stderr as 'infeasible: ...'; groups, place and step still print "
+              "what they show, step labelled 'would be ... if it fit') or a measured difference, "
+              "2 malformed input (one line 'error: <field>: <what is wrong>')")
+
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
-                  help="Design, check and validate parallel meshes for distributed training.")
+                  help="Design, check and validate parallel meshes for distributed training. " + EXIT_CODES + ".")
 
 
 def _load(config: Path, topology: Optional[Path] = None, calibration: Optional[Path] = None):
@@ -61,6 +73,20 @@ def _console() -> Console:
     return Console(width=max(160, shutil.get_terminal_size((160, 40)).columns))
 
 
+def _infeasible(plan, who: str = "") -> None:
+    """Print the plan's reasons as ``infeasible: [who: ]<reason>`` on stderr (the verdict line
+    of every command that resolves a mesh)."""
+    for r in plan.reasons:
+        typer.echo(f"infeasible: {who + ': ' if who else ''}{r}", err=True)
+
+
+def _verdict_exit(plan) -> None:
+    """Exit 1 after the verdict lines when ``plan`` is infeasible; return when it fits."""
+    if not plan.feasible:
+        _infeasible(plan)
+        raise typer.Exit(1)
+
+
 def _check_rank(plan, rank: int) -> None:
     if not 0 <= rank < plan.world:
         raise ConfigError("--rank", f"{rank} outside 0..{plan.world - 1}")
@@ -90,16 +116,16 @@ def plan(config: Path = typer.Argument(..., help="TOML config with [model], [clu
 @app.command()
 def groups(config: Path = typer.Argument(..., help="TOML config"),
            rank: int = typer.Option(0, "--rank", help="the rank whose start-up print is shown")):
-    """Print what RANK would print at start-up: its coordinates and every group's ranks."""
+    """Print what RANK would print at start-up: its coordinates and every group's ranks. A mesh that does not
+    fit is still printed, then exits 1 with its reasons."""
     from meshplan.report.text import print_groups
 
     p = _load(config)
     if p.mesh is None:
-        for r in p.reasons:
-            typer.echo(f"infeasible: {r}", err=True)
-        raise typer.Exit(1)
+        _verdict_exit(p)
     _check_rank(p, rank)
     print_groups(p, rank, _console())
+    _verdict_exit(p)
 
 
 @app.command()
@@ -124,7 +150,7 @@ def memory(config: Path = typer.Argument(..., help="TOML config (an optional [me
     print_memory(p, _console(), all_stages=all_stages)
     for tl, path in zip(shown, paths):
         typer.echo(f"wrote {write_png(tl, path, name=config.name, force=force)}")
-    raise typer.Exit(0 if p.feasible else 1)
+    _verdict_exit(p)
 
 
 def _overlap(overlap_tp: bool, no_prefetch: bool):
@@ -142,17 +168,20 @@ def step(config: Path = typer.Argument(..., help="TOML config"),
          schedule: Optional[str] = typer.Option(None, "--schedule", help="gpipe, 1f1b, interleaved_1f1b or zb_h1"),
          force: bool = typer.Option(False, "--force", help="replace an existing --trace file")):
     """Scheduled rank timeline: step time, critical path, exposed communication, bubble, MFU; when the step is
-    network-bound, a verdict naming the communication and its cause."""
+    network-bound, a verdict naming the communication and its cause. A mesh that does not fit exits 1 with its
+    reasons after one line 'step would be X s ... if it fit'."""
     from meshplan.compute.gemm import load_gemm_table
     from meshplan.schedule.steptime import step_time
 
     p = _load(config)
     if p.mesh is None or p.stages is None:
-        for r in p.reasons:
-            typer.echo(f"infeasible: {r}", err=True)
-        raise typer.Exit(1)
+        _verdict_exit(p)
     table = load_gemm_table(gemm_table) if gemm_table else None
     st = step_time(p, _overlap(overlap_tp, no_prefetch), table=table, schedule=schedule)
+    if not p.feasible:
+        typer.echo(f"step would be {st.step_s:.3f} s ({st.pipeline.spec.schedule}, MFU {st.mfu:.1%}) if it fit; "
+                   f"it does not fit")
+        _verdict_exit(p)
     for line in st.lines():
         typer.echo(line)
     from meshplan.schedule.verdict import network_verdict, rebuilt_step
@@ -218,6 +247,7 @@ def reliability(config: Path = typer.Argument(..., help="TOML config"),
                                 interleaved=p.vpp > 1)
     for line in rs.lines():
         typer.echo(line)
+    _verdict_exit(p)
 
 
 @app.command("compare")
@@ -225,7 +255,8 @@ def compare_cmd(config_a: Path = typer.Argument(..., help="TOML config of mesh A
                 config_b: Path = typer.Argument(..., help="TOML config of mesh B (same workload)"),
                 out: Path = typer.Option(Path("out/compare"), "--out", help="folder for the rejected mesh's evidence"),
                 force: bool = typer.Option(False, "--force", help="replace an existing evidence folder")):
-    """Compare two meshes of one workload side by side and keep the rejected one's evidence."""
+    """Compare two meshes of one workload side by side and keep the rejected one's evidence. Exit 0 when a mesh
+    that fits wins, 1 when neither fits (both reasons printed)."""
     from rich.table import Table
 
     from meshplan.compare import compare, evidence_folder, table_rows, write_evidence
@@ -246,12 +277,16 @@ def compare_cmd(config_a: Path = typer.Argument(..., help="TOML config of mesh A
         tab.add_row(*row)
     con = _console()
     con.print(tab)
-    con.print("[bold]verdict:[/] identical meshes" if c.identical else
-              f"[bold]verdict:[/] {c.winner} (rejected: {c.rejected})")
+    con.print("[bold]verdict:[/] identical meshes" if c.identical else "[bold]verdict:[/] neither mesh fits"
+              if c.none_fit else f"[bold]verdict:[/] {c.winner} (rejected: {c.rejected})")
     for r in c.reasons:
         con.print(f"  - {r}")
     for path in write_evidence(c, out, force=force):
         con.print(f"wrote {path}")
+    if c.none_fit:
+        for side in (c.a, c.b):
+            _infeasible(side.plan, side.name)
+        raise typer.Exit(1)
 
 
 @app.command("search")
@@ -261,7 +296,8 @@ def search_cmd(config: Path = typer.Argument(..., help="TOML config: [model], [c
                                                                     "[search] top, 10)"),
                json_path: Optional[Path] = typer.Option(None, "--json", help="write the result as JSON"),
                force: bool = typer.Option(False, "--force", help="replace an existing --json file")):
-    """Search every mesh of the workload: reject with reasons, rank by predicted step time."""
+    """Search every mesh of the workload: reject with reasons, rank by predicted step time. Exit 0 when some
+    candidate fits, 1 when none does."""
     from dataclasses import replace
 
     from meshplan.report.search import ProgressBar, print_search, write_search_json
@@ -337,12 +373,13 @@ def validate(config: Path = typer.Argument(..., help="TOML config; its mesh is s
 
 @app.command("place")
 def place_cmd(config: Path = typer.Argument(..., help="TOML config"),
-              choose: bool = typer.Option(False, "--choose", help="search the rank -> GPU permutation with the fewest weak-path bytes"),
+              choose: bool = typer.Option(False, "--choose", help="search the rank -> GPU permutation with the shortest predicted step (fewest weak-path bytes at equal steps)"),
               bindings_path: Optional[Path] = typer.Option(None, "--bindings", help="write every rank's binding to this file"),
               fmt: str = typer.Option("json", "--format", help="bindings file format: json (list) or sh (launcher)"),
               force: bool = typer.Option(False, "--force", help="replace an existing --bindings file"),
               ranks: Optional[list[int]] = typer.Option(None, "--rank", help="rank whose binding is printed (repeatable; default first, second, last)")):
-    """Placement per axis, decisions and warnings, per-rank bindings (CUDA_VISIBLE_DEVICES, NCCL_IB_HCA, numactl)."""
+    """Placement per axis, decisions and warnings, per-rank bindings (CUDA_VISIBLE_DEVICES, NCCL_IB_HCA, numactl).
+    A mesh that does not fit is still placed, then exits 1 with its reasons."""
     from meshplan.placement.bindings import write_bindings
     from meshplan.placement.choice import choose_placement, weights_from_plan
     from meshplan.report.place_text import place_lines
@@ -351,18 +388,23 @@ def place_cmd(config: Path = typer.Argument(..., help="TOML config"),
         raise ConfigError("--format", f"{fmt!r} is not one of json, sh")
     p = _load(config)
     if p.mesh is None:
-        for r in p.reasons:
-            typer.echo(f"infeasible: {r}", err=True)
-        raise typer.Exit(1)
+        _verdict_exit(p)
     shown = ranks or sorted({0, min(1, p.world - 1), p.world - 1})
     for r in shown:
         _check_rank(p, r)
+    score = None
+    if choose and p.stages is not None:
+        from meshplan.schedule.placement_score import step_scorer
+
+        score = step_scorer(p)
     c = choose_placement(p.mesh, p.config.cluster, weights_from_plan(p) or None,
-                         rank_to_gpu=p.config.mesh.rank_to_gpu, search=choose, source="collective table")
+                         rank_to_gpu=p.config.mesh.rank_to_gpu, search=choose, source="collective table",
+                         step_s=score)
     for line in place_lines(c, shown):
         typer.echo(line)
     if bindings_path:
         typer.echo(f"wrote {write_bindings(bindings_path, c.placement, fmt=fmt, force=force)}")
+    _verdict_exit(p)
 
 
 @app.command("catalog")

@@ -7,7 +7,9 @@ Verdict rule (stated, no hidden weights): a mesh that does not fit (infeasible p
 memory peak above usable HBM) loses to one that fits; between two that fit, the shorter
 predicted step wins when it is shorter by more than ``tie_fraction`` (default 2%, below the
 model's resolution); within that band, the lower peak memory wins (more headroom). Two
-configs of the same mesh are reported as identical: nothing is chosen or rejected.
+configs of the same mesh are reported as identical: nothing is chosen or rejected. When
+neither mesh fits, nothing is chosen either (``none_fit``; each side's reasons are given and
+the CLI exits 1, as ``meshplan plan`` does for an infeasible mesh).
 """
 
 from __future__ import annotations
@@ -20,6 +22,9 @@ from typing import Optional
 from meshplan.comm.alphabeta import busbw_factor
 from meshplan.errors import ConfigError
 from meshplan.fileio import write_output
+from meshplan.report.json_out import write_json
+from meshplan.schedule.rank_timeline import Overlap
+from meshplan.schedule.steptime import step_time
 from meshplan.compute.gemm import gemm_efficiency
 from meshplan.units import GB, GiB, MS
 
@@ -51,8 +56,8 @@ class Side:
 
 @dataclass(frozen=True)
 class Comparison:
-    """``winner`` and ``rejected`` are "" when the two meshes are the same (``identical``);
-    ``rule``: the verdict rule in words."""
+    """``winner`` and ``rejected`` are "" when the two meshes are the same (``identical``) or
+    when neither fits (``none_fit``); ``rule``: the verdict rule in words."""
 
     a: Side
     b: Side
@@ -61,6 +66,7 @@ class Comparison:
     reasons: tuple[str, ...]
     rule: str = ""
     identical: bool = False
+    none_fit: bool = False
 
 
 def rule_text(tie_fraction: float = 0.02) -> str:
@@ -99,9 +105,6 @@ def same_mesh(plan_a, plan_b) -> bool:
 
 def side_of(name: str, plan, overlap=None) -> Side:
     """Numbers of one plan; the step time only for a plan that resolved its stages."""
-    from meshplan.schedule.steptime import step_time
-    from meshplan.schedule.rank_timeline import Overlap
-
     if plan.mesh is None or plan.stages is None:
         return Side(name, plan, False, plan.reasons)
     gpu, dt = plan.config.cluster.gpu, plan.config.training.compute_dtype
@@ -132,7 +135,8 @@ def compare(plan_a, plan_b, names=("A", "B"), tie_fraction: float = 0.02, overla
                        f"({lose.step_s:.3f} s vs {win.step_s:.3f} s) if it fit: it needs another axis "
                        f"(cp, pp) or more memory, not a larger tensor degree")
     elif not a.feasible:
-        raise ConfigError("compare", "both meshes are infeasible: " + "; ".join(a.reasons + b.reasons))
+        return Comparison(a, b, "", "", tuple(f"{s.name} ({s.mesh_text}) is infeasible: " + "; ".join(s.reasons)
+                                              for s in (a, b)) + tuple(_evidence_lines(a, b)), rule, none_fit=True)
     else:
         fast, slow = (a, b) if a.step_s <= b.step_s else (b, a)
         gap = slow.step_s / fast.step_s - 1
@@ -200,7 +204,7 @@ def evidence_folder(c: Comparison, out_dir: str | Path, force: bool = False) -> 
     """``out_dir/rejected-<name>/``; ConfigError (``--out``) when it exists and not ``force``,
     so the CLI can refuse before printing the report."""
     folder = Path(out_dir) / f"rejected-{c.rejected}"
-    if not c.identical and folder.exists() and not force:
+    if not (c.identical or c.none_fit) and folder.exists() and not force:
         raise ConfigError("--out", f"{folder} exists; choose another --out or pass --force")
     return folder
 
@@ -208,9 +212,7 @@ def evidence_folder(c: Comparison, out_dir: str | Path, force: bool = False) -> 
 def write_evidence(c: Comparison, out_dir: str | Path, force: bool = False) -> list[Path]:
     """Write the rejected mesh's plan, its predicted trace, and a summary of the comparison
     to ``out_dir/rejected-<name>/``. Refuses to replace an existing folder unless ``force``."""
-    from meshplan.report.json_out import write_json
-
-    if c.identical:
+    if c.identical or c.none_fit:
         return []
     folder = evidence_folder(c, out_dir, force)
     rejected = c.a if c.rejected == c.a.name else c.b

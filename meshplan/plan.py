@@ -138,3 +138,19 @@ def stage_table(plan: "Plan", stage: int) -> list[CollectiveRow]:
     pp = len(plan.stages)
     key = 0 if stage == 0 else pp - 1 if stage == pp - 1 else 1
     return plan.collectives[f"stage {key}"]
+
+
+def with_rank_to_gpu(plan: Plan, rank_to_gpu) -> Plan:
+    """``plan`` with the rank -> GPU permutation ``rank_to_gpu`` (element r = global GPU of
+    rank r): new config ``mesh.rank_to_gpu``, placement, locality flags and collective tables
+    (their paths and link classes follow the placement). Degrees, groups, shapes, state and
+    the memory timelines do not depend on where ranks sit and are kept; equal to
+    ``build_plan`` of the changed config (tests check the step time)."""
+    if plan.mesh is None or plan.stages is None:
+        raise ConfigError("mesh.rank_to_gpu", "a placement needs a resolved plan with stages")
+    r2g = [int(g) for g in rank_to_gpu]
+    config = replace(plan.config, mesh=plan.config.mesh.model_copy(update={"rank_to_gpu": r2g}))
+    placement = place(config.cluster, plan.world, r2g)
+    colls = _collectives(config, plan.mesh, placement, plan.stages, plan.micro_batches)
+    return replace(plan, config=config, placement=placement, flags=tuple(placement_flags(plan.mesh, placement)),
+                   collectives=colls)

@@ -83,7 +83,7 @@ def _op_of(name: str) -> str:
 def timings(st, stage: int = 0) -> list[Timing]:
     """Ready time, deadline and duration of the first occurrence of each (stream, phase, op)
     on ``stage`` (see the module docstring)."""
-    events = [e for e in st.trace_events(detail=True) if e.stage == stage]
+    events = st.trace_events(detail=True, stage=stage)
     compute = sorted((e for e in events if e.stream == "compute"), key=lambda e: e.start_s)
     step_end = max(e.end_s for e in events)
     opt = next((e.start_s for e in events if "optimizer" in e.name), step_end)
@@ -113,7 +113,7 @@ def _deadline(e, compute, opt: float) -> float:
 
 def concurrency(st, stage: int = 0) -> dict[tuple[str, str], float]:
     """Seconds per step during which collectives of two different streams run at once."""
-    ev = sorted((e for e in st.trace_events(detail=True) if e.stage == stage and e.stream != "compute"
+    ev = sorted((e for e in st.trace_events(detail=True, stage=stage) if e.stream != "compute"
                  and e.end_s > e.start_s), key=lambda e: e.start_s)
     out: dict[tuple[str, str], float] = {}
     active: list = []
@@ -132,8 +132,8 @@ def edge_loads(plan, st, stage: int = 0) -> list[EdgeLoad]:
     from meshplan.plan import stage_table
 
     rows = stage_table(plan, stage)
-    compute_s = sum(e.end_s - e.start_s for e in st.trace_events(detail=True)
-                    if e.stage == stage and e.stream == "compute" and "unit" in e.args)
+    compute_s = sum(e.end_s - e.start_s for e in st.trace_events(detail=True, stage=stage)
+                    if e.stream == "compute" and "unit" in e.args)
     n_layers = sum(len(c) for c in plan.stages[stage])
     layer_s = compute_s / max(plan.micro_batches * n_layers, 1)
     cluster = plan.config.cluster
