@@ -35,7 +35,8 @@ import numpy as np
 from meshplan.placement.bindings import all_bindings, bindings, write_bindings  # noqa: F401  (re-exported)
 from meshplan.errors import ConfigError
 from meshplan.mesh.resolve import Mesh
-from meshplan.placement.assign import Placement, _distinct, group_locality, place
+from meshplan.placement.assign import Placement, _distinct, group_locality, place, same_rails
+from meshplan.placement.explain import explain
 from meshplan.spec.cluster import ClusterSpec
 
 #: Relative weights (not bytes) when no collective table is given: the seed's frequency
@@ -123,15 +124,6 @@ class Score:
     def total(self) -> float:
         """network + spine + socket: a spine hop is counted on top of its network hop."""
         return self.network_bytes + self.spine_bytes + self.socket_bytes
-
-
-def same_rails(p: Placement, groups: np.ndarray) -> np.ndarray:
-    """Per group (n_groups,): every NVLink domain the group touches holds members on the same
-    set of rails (one rail, or e.g. rails {t, t+4} in every node), so NCCL can keep each
-    ring channel on one rail. Members without a NIC count as rail -1."""
-    rail = p.rail[groups] + 1
-    domains = _distinct(p.domain[groups])
-    return _distinct(p.domain[groups] * (int(rail.max()) + 1) + rail) == domains * _distinct(rail)
 
 
 def _axis_cost(axis: str, weight: float, groups: np.ndarray, p: Placement) -> AxisCost:
@@ -348,8 +340,6 @@ def choose_placement(mesh: Mesh, cluster: ClusterSpec, weights: Optional[Mapping
     (:func:`slot_gpus`). Each rank's NIC is the one :meth:`NodeSpec.nic_of` gives its GPU.
     Raises ConfigError if the mesh does not fit the cluster.
     """
-    from meshplan.placement.explain import explain
-
     given = weights is not None
     w = scored_axes(mesh, weights if given else default_weights(mesh))
     world = mesh.world

@@ -14,8 +14,7 @@ from math import prod
 
 import numpy as np
 
-from meshplan.placement.assign import PER_LAYER_AXES, GroupLocality, group_locality
-from meshplan.placement.choice import same_rails
+from meshplan.placement.assign import PER_LAYER_AXES, GroupLocality, group_locality, same_rails
 from meshplan.placement.topology import check_identity_nic_map
 from meshplan.units import human_bytes
 
