@@ -8,18 +8,21 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 from rich.console import Console
 
 from meshplan.errors import ConfigError
 
+if TYPE_CHECKING:
+    from meshplan.plan import Infeasible, Plan
+
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
                   help="Design, check and validate parallel meshes for distributed training.")
 
 
-def _load(config: Path, topology: Optional[Path] = None, calibration: Optional[Path] = None):
+def _load(config: Path, topology: Optional[Path] = None, calibration: Optional[Path] = None) -> Plan | Infeasible:
     """Plan of ``config``; ``topology`` (nvidia-smi topo -m text or NCCL topology XML) replaces
     the node's sockets and NIC affinity, ``calibration`` (meshplan calibration TOML) the link
     bandwidths and latencies."""
@@ -31,7 +34,7 @@ def _load(config: Path, topology: Optional[Path] = None, calibration: Optional[P
         from meshplan.mesh.axes import axis_name_warnings, from_megatron_order
 
         names, field = (cfg.mesh.names, "mesh.names") if cfg.mesh.names is not None else \
-            (from_megatron_order(cfg.mesh.order), "mesh.order")
+            (from_megatron_order(cfg.mesh.order or ""), "mesh.order")  # MeshSpec: names or order is set
         for w in axis_name_warnings(names, field):
             typer.echo(f"warning: {w}", err=True)
     if topology or calibration:
@@ -99,7 +102,7 @@ def groups(config: Path = typer.Argument(..., help="TOML config"),
             typer.echo(f"infeasible: {r}", err=True)
         raise typer.Exit(1)
     _check_rank(p, rank)
-    print_groups(p, rank, _console())
+    print_groups(p.mesh, rank, _console())
 
 
 @app.command()
@@ -110,9 +113,10 @@ def memory(config: Path = typer.Argument(..., help="TOML config (an optional [me
     """Memory timeline of one training step: peak, headroom, events by kind, and a PNG per stage shown."""
     from meshplan.report.memory import print_memory
     from meshplan.report.memory_plot import write_png
+    from meshplan.plan import Infeasible
 
     p = _load(config)
-    if not p.timelines:
+    if isinstance(p, Infeasible):
         for r in p.reasons:
             typer.echo(f"infeasible: {r}", err=True)
         raise typer.Exit(1)
@@ -145,9 +149,10 @@ def step(config: Path = typer.Argument(..., help="TOML config"),
     network-bound, a verdict naming the communication and its cause."""
     from meshplan.compute.gemm import load_gemm_table
     from meshplan.schedule.steptime import step_time
+    from meshplan.plan import Infeasible
 
     p = _load(config)
-    if p.mesh is None or p.stages is None:
+    if isinstance(p, Infeasible):
         for r in p.reasons:
             typer.echo(f"infeasible: {r}", err=True)
         raise typer.Exit(1)
@@ -199,11 +204,12 @@ def reliability(config: Path = typer.Argument(..., help="TOML config"),
                 spare_nodes: int = typer.Option(0, "--spare-nodes", help="spare nodes available")):
     """Failure domains, interruptions per day, checkpoint size and interval, goodput, restart."""
     from meshplan.reliability import reliability as rel, restart_on_fewer_nodes
+    from meshplan.plan import Infeasible
 
     p = _load(config)
-    if p.mesh is None or p.stages is None:
-        for r in p.reasons:
-            typer.echo(f"infeasible: {r}", err=True)
+    if isinstance(p, Infeasible):
+        for why in p.reasons:
+            typer.echo(f"infeasible: {why}", err=True)
         raise typer.Exit(1)
     for name, v in (("--write-gbps", write_gbps), ("--read-gbps", read_gbps)):
         if v <= 0:
@@ -346,19 +352,20 @@ def place_cmd(config: Path = typer.Argument(..., help="TOML config"),
     from meshplan.placement.bindings import write_bindings
     from meshplan.placement.choice import choose_placement, weights_from_plan
     from meshplan.report.place_text import place_lines
+    from meshplan.plan import Plan
 
     if fmt not in ("json", "sh"):
         raise ConfigError("--format", f"{fmt!r} is not one of json, sh")
     p = _load(config)
     if p.mesh is None:
-        for r in p.reasons:
-            typer.echo(f"infeasible: {r}", err=True)
+        for why in p.reasons:
+            typer.echo(f"infeasible: {why}", err=True)
         raise typer.Exit(1)
     shown = ranks or sorted({0, min(1, p.world - 1), p.world - 1})
     for r in shown:
         _check_rank(p, r)
-    c = choose_placement(p.mesh, p.config.cluster, weights_from_plan(p) or None,
-                         rank_to_gpu=p.config.mesh.rank_to_gpu, search=choose, source="collective table")
+    c = choose_placement(p.mesh, p.config.cluster, (weights_from_plan(p) or None) if isinstance(p, Plan) else None,
+                         rank_to_gpu=p.spec.rank_to_gpu, search=choose, source="collective table")
     for line in place_lines(c, shown):
         typer.echo(line)
     if bindings_path:
@@ -458,11 +465,12 @@ def bench_gemm(config: Path = typer.Argument(..., help="TOML config whose local 
     import torch
 
     from meshplan.runtime.bench.gemm import bench, write_table
+    from meshplan.plan import Infeasible
 
     p = _load(config)
-    if not p.gemms:
-        for r in p.reasons:
-            typer.echo(f"infeasible: {r}", err=True)
+    if isinstance(p, Infeasible):
+        for why in p.reasons:
+            typer.echo(f"infeasible: {why}", err=True)
         raise typer.Exit(1)
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"

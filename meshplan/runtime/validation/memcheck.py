@@ -57,7 +57,7 @@ from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker, _FSDPRefT
 from torch.distributed._tools.mem_tracker import _UpdateType
 
 from meshplan.memory.timeline import TRACKER_CATEGORIES, UNTRACKED_KINDS, Timeline
-from meshplan.plan import build_plan
+from meshplan.plan import Infeasible, Plan, build_plan
 from meshplan.config import Config, config_from_dict
 from meshplan.mesh.tpsplit import padded_vocab
 from meshplan.units import KiB
@@ -197,7 +197,7 @@ def measure(config: Config, rank: int = 0, fake: bool = False) -> Measured:
     """Run two steps of ``config`` as ``rank`` on the fake process group and return the
     tracker's view of the second. ``fake``: tensors under FakeTensorMode (no compute; see
     the module docstring for what that adds to the loss); default real CPU tensors."""
-    plan = build_plan(config)
+    plan = _plan(config)
     mesh, t = plan.mesh, config.training
     if plan.micro_batches != 1:
         raise ValueError(f"{plan.micro_batches} micro-batches: the check runs one; set global_batch = micro_batch x dp")
@@ -278,9 +278,17 @@ CASES = (
 )
 
 
+def _plan(config: Config) -> Plan:
+    """The plan of one of the check's configs; ValueError when it has none."""
+    plan = build_plan(config)
+    if isinstance(plan, Infeasible):
+        raise ValueError("the check needs a resolved plan: " + "; ".join(plan.reasons))
+    return plan
+
+
 def predict(config: Config) -> Timeline:
     """meshplan's timeline of the (single) stage of ``config``."""
-    plan = build_plan(config)
+    plan = _plan(config)
     if len(plan.timelines) != 1:
         raise ValueError("the check covers one pipeline stage (pp 1)")
     return plan.timelines[0]
