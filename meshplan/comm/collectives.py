@@ -255,7 +255,7 @@ def _replicated_grad_rows(add, c: _Ctx, size: int, count: int, cadence: str) -> 
 def _tp_rows(add, c: _Ctx, loss_parallel: bool) -> None:
     first, last, dt = int(c.first), int(c.last), c.training.compute_dtype
     act = c.act_bytes
-    counts = Counter()
+    counts: Counter[tuple] = Counter()
     for i in c.layers:
         fwd, bwd = _tp_layer_ops(c, i)
         counts.update(("forward", o) for o in fwd)
@@ -344,8 +344,8 @@ def _dp_rows(add, c: _Ctx) -> None:
             root = label.startswith("root")
             cadence = f"per {label}" if root else f"every {label}"
             per_step = _pipelined_gathers(c, root) if pipelined else None
-            fwd = (0, per_step[0] * n) if pipelined else (n, None)
-            back = (0, per_step[1] * n) if pipelined else (0 if root or not t.reshard_after_forward else n, None)
+            fwd = (0, per_step[0] * n) if per_step is not None else (n, None)
+            back = (0, per_step[1] * n) if per_step is not None else (0 if root or not t.reshard_after_forward else n, None)
             red = (0, n) if pipelined else (n, None)
             add(axis, "forward", "all-gather", numel * dtype_bytes(ag), ag, fwd[0], cadence, f"the {label}'s GEMMs", 7,
                 per_step=fwd[1])
@@ -357,7 +357,7 @@ def _dp_rows(add, c: _Ctx) -> None:
                 add("dp_replicate", "backward", "all-reduce", numel // shards[axis] * dtype_bytes(rs), rs, red[0],
                     cadence + " (HSDP replicas)", "optimizer step", per_step=red[1])
         return
-    by_axis = Counter()
+    by_axis: Counter[str] = Counter()
     for _, axis, numel in _units(c, shards):
         by_axis[axis] += numel
     for axis, numel in by_axis.items():

@@ -316,8 +316,8 @@ def _equivalent_names(mesh: Mesh, inner, outer, r2g: np.ndarray) -> Optional[tup
     if any(part for _, part in phys):
         return None
     lay = mesh.layout
-    phys = [a for a, _ in phys]
-    names = tuple([a for a in lay.names if a not in phys] + phys)
+    axes = [a for a, _ in phys]
+    names = tuple([a for a in lay.names if a not in axes] + axes)
     perm = [lay.names.index(a) for a in names]
     return names if np.array_equal(lay.grid().transpose(perm).reshape(-1), np.argsort(r2g)) else None
 
@@ -338,11 +338,11 @@ def choose_placement(mesh: Mesh, cluster: ClusterSpec, weights: Optional[Mapping
     from meshplan.placement.explain import explain
 
     given = weights is not None
-    w = scored_axes(mesh, weights if given else default_weights(mesh))
+    w = scored_axes(mesh, weights if weights is not None else default_weights(mesh))
     world = mesh.world
     current = place(cluster, world, rank_to_gpu)
     before = weak_bytes(mesh, current, w)
-    best = (before, current, np.asarray(current.global_gpu), [], [])
+    best: tuple = (before, current, np.asarray(current.global_gpu), [], [])
     capacity = min(cluster.node.nvlink_domain_gpus or cluster.node.gpus, world)
     slots, seen = slot_gpus(cluster, world), {current.global_gpu.tobytes()}
     for order in fill_orders(mesh, w) if search else []:
