@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 from rich.console import Console
@@ -26,12 +26,14 @@ EXIT_CODES = ("exit status: 0 feasible (compare: a mesh that fits wins; search: 
               "1 infeasible (the reasons on stderr as 'infeasible: ...'; groups, place and step still print "
               "what they show, step labelled 'would be ... if it fit') or a measured difference, "
               "2 malformed input (one line 'error: <field>: <what is wrong>')")
+if TYPE_CHECKING:
+    from meshplan.plan import Infeasible, Plan
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
                   help="Design, check and validate parallel meshes for distributed training. " + EXIT_CODES + ".")
 
 
-def _load(config: Path, topology: Optional[Path] = None, calibration: Optional[Path] = None):
+def _load(config: Path, topology: Optional[Path] = None, calibration: Optional[Path] = None) -> Plan | Infeasible:
     """Plan of ``config``; ``topology`` (nvidia-smi topo -m text or NCCL topology XML) replaces
     the node's sockets and NIC affinity, ``calibration`` (meshplan calibration TOML) the link
     bandwidths and latencies."""
@@ -43,7 +45,7 @@ def _load(config: Path, topology: Optional[Path] = None, calibration: Optional[P
         from meshplan.mesh.axes import axis_name_warnings, from_megatron_order
 
         names, field = (cfg.mesh.names, "mesh.names") if cfg.mesh.names is not None else \
-            (from_megatron_order(cfg.mesh.order), "mesh.order")
+            (from_megatron_order(cfg.mesh.order or ""), "mesh.order")  # MeshSpec: names or order is set
         for w in axis_name_warnings(names, field):
             typer.echo(f"warning: {w}", err=True)
     if topology or calibration:
@@ -124,7 +126,7 @@ def groups(config: Path = typer.Argument(..., help="TOML config"),
     if p.mesh is None:
         _verdict_exit(p)
     _check_rank(p, rank)
-    print_groups(p, rank, _console())
+    print_groups(p.mesh, rank, _console())
     _verdict_exit(p)
 
 
@@ -136,9 +138,10 @@ def memory(config: Path = typer.Argument(..., help="TOML config (an optional [me
     """Memory timeline of one training step: peak, headroom, events by kind, and a PNG per stage shown."""
     from meshplan.report.memory import print_memory
     from meshplan.report.memory_plot import write_png
+    from meshplan.plan import Infeasible
 
     p = _load(config)
-    if not p.timelines:
+    if isinstance(p, Infeasible):
         for r in p.reasons:
             typer.echo(f"infeasible: {r}", err=True)
         raise typer.Exit(1)
@@ -172,9 +175,10 @@ def step(config: Path = typer.Argument(..., help="TOML config"),
     reasons after one line 'step would be X s ... if it fit'."""
     from meshplan.compute.gemm import load_gemm_table
     from meshplan.schedule.steptime import step_time
+    from meshplan.plan import Infeasible
 
     p = _load(config)
-    if p.mesh is None or p.stages is None:
+    if isinstance(p, Infeasible):
         _verdict_exit(p)
     table = load_gemm_table(gemm_table) if gemm_table else None
     st = step_time(p, _overlap(overlap_tp, no_prefetch), table=table, schedule=schedule)
@@ -228,11 +232,12 @@ def reliability(config: Path = typer.Argument(..., help="TOML config"),
                 spare_nodes: int = typer.Option(0, "--spare-nodes", help="spare nodes available")):
     """Failure domains, interruptions per day, checkpoint size and interval, goodput, restart."""
     from meshplan.reliability import reliability as rel, restart_on_fewer_nodes
+    from meshplan.plan import Infeasible
 
     p = _load(config)
-    if p.mesh is None or p.stages is None:
-        for r in p.reasons:
-            typer.echo(f"infeasible: {r}", err=True)
+    if isinstance(p, Infeasible):
+        for why in p.reasons:
+            typer.echo(f"infeasible: {why}", err=True)
         raise typer.Exit(1)
     for name, v in (("--write-gbps", write_gbps), ("--read-gbps", read_gbps)):
         if v <= 0:
@@ -383,6 +388,7 @@ def place_cmd(config: Path = typer.Argument(..., help="TOML config"),
     from meshplan.placement.bindings import write_bindings
     from meshplan.placement.choice import choose_placement, weights_from_plan
     from meshplan.report.place_text import place_lines
+    from meshplan.plan import Plan
 
     if fmt not in ("json", "sh"):
         raise ConfigError("--format", f"{fmt!r} is not one of json, sh")
@@ -393,13 +399,12 @@ def place_cmd(config: Path = typer.Argument(..., help="TOML config"),
     for r in shown:
         _check_rank(p, r)
     score = None
-    if choose and p.stages is not None:
+    if choose and isinstance(p, Plan):
         from meshplan.schedule.placement_score import step_scorer
 
         score = step_scorer(p)
-    c = choose_placement(p.mesh, p.config.cluster, weights_from_plan(p) or None,
-                         rank_to_gpu=p.config.mesh.rank_to_gpu, search=choose, source="collective table",
-                         step_s=score)
+    c = choose_placement(p.mesh, p.config.cluster, (weights_from_plan(p) or None) if isinstance(p, Plan) else None,
+                         rank_to_gpu=p.spec.rank_to_gpu, search=choose, source="collective table", step_s=score)
     for line in place_lines(c, shown):
         typer.echo(line)
     if bindings_path:
@@ -518,11 +523,12 @@ def bench_gemm(config: Path = typer.Argument(..., help="TOML config whose local 
     import torch
 
     from meshplan.runtime.bench.gemm import bench, write_table
+    from meshplan.plan import Infeasible
 
     p = _load(config)
-    if not p.gemms:
-        for r in p.reasons:
-            typer.echo(f"infeasible: {r}", err=True)
+    if isinstance(p, Infeasible):
+        for why in p.reasons:
+            typer.echo(f"infeasible: {why}", err=True)
         raise typer.Exit(1)
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"

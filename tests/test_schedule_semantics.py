@@ -10,7 +10,7 @@ import pytest
 from meshplan.comm.collectives import fsdp_gather_flags
 from meshplan.config import config_from_dict
 from meshplan.errors import ConfigError
-from meshplan.plan import build_plan, stage_table
+from meshplan.plan import build_plan
 from meshplan.schedule.rank_timeline import CommTimes, Overlap, comm_kind, forward_unit, backward_unit
 from meshplan.schedule.rank_timeline import _shard_group
 from meshplan.schedule.steptime import chunk_costs, step_time, workload_of
@@ -31,7 +31,7 @@ def plan_of(mesh: dict, model=TINY, system="dgx-h100", nodes=1, **training):
 def table_counts(plan, s: int) -> Counter:
     """Per step, (kind, group, phase, op) -> calls, from stage s's collective table."""
     out = Counter()
-    for r in stage_table(plan, s):
+    for r in plan.stage(s).collectives:
         kind = comm_kind(r)
         if kind in COUNTED:
             group = _shard_group(r.cadence) if kind in ("shard", "replica") else ""
@@ -130,7 +130,7 @@ def _cp_plan(**training):
 def _one_layer(plan):
     w = workload_of(plan)
     ch = chunk_costs(plan, w)[0][0]
-    cp_rows = [r for r in stage_table(plan, 0) if comm_kind(r) == "cp"]
+    cp_rows = [r for r in plan.stage(0).collectives if comm_kind(r) == "cp"]
     return w, type(ch)(ch.layers[:1], ch.moe[:1]), ch.layers[0], cp_rows
 
 

@@ -126,7 +126,7 @@ def parse_nccl_tests_text(text: str, source: str = "nccl-tests output", op: Opti
     ranks = [int(r) for r in re.findall(r"^#\s+Rank\s+(\d+)\s", text, flags=re.M)]
     if op is None and not found_op:
         raise ConfigError(source, "no '# Collective test starting' line; pass op= (e.g. 'all-reduce')")
-    op = _op_name(op or found_op[1], source)
+    op = _op_name(op or (found_op[1] if found_op else ""), source)
     n = n_ranks or (max(ranks) + 1 if ranks else None)
     if not n:
         raise ConfigError(source, "no '#  Rank' lines; pass n_ranks=")

@@ -90,14 +90,19 @@ from typing import Optional
 import numpy as np
 
 from meshplan.comm.alphabeta import REFERENCE_STEP_S, busbw_factor, collective_time
-from meshplan.mesh.resolve import Mesh
-from meshplan.pipeline.simulate import stage_order
 from meshplan.compute.shapes import expert_capacity
-from meshplan.spec.mesh import Schedule
+from meshplan.mesh.resolve import Mesh
+from meshplan.mesh.tpsplit import (
+    fsdp_padded_numel,
+    local_heads,
+    local_numel,
+    padded_vocab,
+)
+from meshplan.pipeline.simulate import stage_order
 from meshplan.spec.cluster import ClusterSpec
+from meshplan.spec.mesh import Schedule
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.training import TrainingSpec
-from meshplan.mesh.tpsplit import fsdp_padded_numel, local_heads, local_numel, padded_vocab
 from meshplan.units import dtype_bytes
 
 
@@ -284,7 +289,7 @@ def _replicated_grad_rows(add, c: _Ctx, size: int, count: int, cadence: str) -> 
 def _tp_rows(add, c: _Ctx, loss_parallel: bool) -> None:
     first, last, dt = int(c.first), int(c.last), c.training.compute_dtype
     act = c.act_bytes
-    counts = Counter()
+    counts: Counter[tuple] = Counter()
     for i in c.layers:
         fwd, bwd = _tp_layer_ops(c, i)
         counts.update(("forward", o) for o in fwd)
@@ -377,8 +382,8 @@ def _dp_rows(add, c: _Ctx) -> None:
             cadence = f"per {label}" if root else f"every {label}"
             per_step = _pipelined_gathers(c, root, [u[3] for u in units if u[:3] == (label, axis, numel)]) \
                 if pipelined else None
-            fwd = (0, per_step[0]) if pipelined else (n, None)
-            back = (0, per_step[1]) if pipelined else (0 if root or not t.reshard_after_forward else n, None)
+            fwd = (0, per_step[0]) if per_step is not None else (n, None)
+            back = (0, per_step[1]) if per_step is not None else (0 if root or not t.reshard_after_forward else n, None)
             red = (0, n) if pipelined else (n, None)
             add(axis, "forward", "all-gather", numel * dtype_bytes(ag), ag, fwd[0], cadence, f"the {label}'s GEMMs", 7,
                 per_step=fwd[1])
@@ -390,7 +395,7 @@ def _dp_rows(add, c: _Ctx) -> None:
                 add("dp_replicate", "backward", "all-reduce", numel // shards[axis] * dtype_bytes(rs), rs, red[0],
                     cadence + " (HSDP replicas)", "optimizer step", per_step=red[1])
         return
-    by_axis = Counter()
+    by_axis: Counter[str] = Counter()
     for _, axis, numel, _ in _units(c, shards):
         by_axis[axis] += numel
     for axis, numel in by_axis.items():

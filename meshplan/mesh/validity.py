@@ -28,14 +28,15 @@ class Validity:
 
     reasons: tuple[str, ...]
     notes: tuple[str, ...]
-    stages: list | None
+    stages: list[list[list[int]]] | None
     micro_batches: int
     vpp: int
 
 
 def check(model: ModelSpec, training: TrainingSpec, mesh: Mesh, spec: MeshSpec) -> Validity:
     """All model and batch checks of ``mesh``; see the module docstring."""
-    reasons, notes = [], []
+    reasons: list[str] = []
+    notes: list[str] = []
     tp, cp, pp = mesh.degree("tp"), mesh.degree("cp"), mesh.degree("pp")
     _heads(model, tp, reasons, notes)
     _widths(model, mesh, reasons)

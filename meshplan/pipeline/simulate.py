@@ -169,7 +169,8 @@ def simulate(spec: PipelineSpec) -> PipelineResult:
     orders = [sched.order(p, spec.m, v, s) for s in range(p)]
     done: dict[tuple[str, int, int], Event] = {}
     events: list[Event] = []
-    ptr, free, last = [0] * p, [0.0] * p, [None] * p
+    ptr, free = [0] * p, [0.0] * p
+    last: list[Optional[Event]] = [None] * p
     remaining = sum(len(o) for o in orders)
     while remaining:
         progressed = False
@@ -179,13 +180,13 @@ def simulate(spec: PipelineSpec) -> PipelineResult:
                 key = _dep(sched, u, s, p, v)
                 if key is not None and key not in done:
                     break
-                dep = done.get(key)
+                dep = done.get(key) if key is not None else None
                 cross = dep is not None and dep.stage != s
                 ready = (dep.end_s + (spec.p2p_s if cross else 0.0)) if dep else 0.0
                 start = max(free[s], ready)
                 via = "p2p" if dep is not None and ready > free[s] else "stream"
                 pred = dep if via == "p2p" else last[s]
-                if cross and spec.p2p_s > 0:
+                if dep is not None and cross and spec.p2p_s > 0:
                     events.append(Event(dep.stage, "pp", f"send {dep.name}", dep.end_s, dep.end_s + spec.p2p_s))
                 ev = Event(s, "compute", u.label(v), start, start + spec.unit_s(s, u),
                            {"kind": u.kind, "mb": u.mb, "chunk": u.chunk, "via": via, "wait_s": start - free[s],

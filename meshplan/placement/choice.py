@@ -32,10 +32,16 @@ from typing import Callable, Iterable, Mapping, Optional
 
 import numpy as np
 
-from meshplan.placement.bindings import all_bindings, bindings, write_bindings  # noqa: F401  (re-exported)
 from meshplan.errors import ConfigError
 from meshplan.mesh.resolve import Mesh
-from meshplan.placement.assign import Placement, _distinct, group_locality, place, same_rails
+from meshplan.placement.assign import (
+    Placement,
+    _distinct,
+    group_locality,
+    place,
+    same_rails,
+)
+from meshplan.placement.bindings import all_bindings, bindings, write_bindings  # noqa: F401  (re-exported)
 from meshplan.placement.explain import explain
 from meshplan.spec.cluster import ClusterSpec
 
@@ -312,8 +318,8 @@ def _equivalent_names(mesh: Mesh, inner, outer, r2g: np.ndarray) -> Optional[tup
     if any(part for _, part in phys):
         return None
     lay = mesh.layout
-    phys = [a for a, _ in phys]
-    names = tuple([a for a in lay.names if a not in phys] + phys)
+    axes = [a for a, _ in phys]
+    names = tuple([a for a in lay.names if a not in axes] + axes)
     perm = [lay.names.index(a) for a in names]
     return names if np.array_equal(lay.grid().transpose(perm).reshape(-1), np.argsort(r2g)) else None
 
@@ -341,11 +347,11 @@ def choose_placement(mesh: Mesh, cluster: ClusterSpec, weights: Optional[Mapping
     Raises ConfigError if the mesh does not fit the cluster.
     """
     given = weights is not None
-    w = scored_axes(mesh, weights if given else default_weights(mesh))
+    w = scored_axes(mesh, weights if weights is not None else default_weights(mesh))
     world = mesh.world
     current = place(cluster, world, rank_to_gpu)
     before = weak_bytes(mesh, current, w)
-    best = (before, current, np.asarray(current.global_gpu), [], [])
+    best: tuple = (before, current, np.asarray(current.global_gpu), [], [])
     t_before = step_s(np.asarray(current.global_gpu)) if step_s is not None else None
     t_best = t_before
     capacity = min(cluster.node.nvlink_domain_gpus or cluster.node.gpus, world)

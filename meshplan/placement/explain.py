@@ -34,7 +34,8 @@ def _where(c) -> tuple[int, int, str]:
 
 def explain(c) -> tuple[list[str], list[str]]:
     """(decisions, warnings) of choice ``c``, one line each."""
-    dec, warn = [_weights_line(c)], []
+    dec: list[str] = [_weights_line(c)]
+    warn: list[str] = []
     locs = {a: group_locality(c.placement, c.mesh.groups(a)) for a in _axes(c)}
     for axis, loc in locs.items():
         if axis in PER_LAYER_AXES:

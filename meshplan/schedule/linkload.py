@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from meshplan.comm.alphabeta import busbw_factor
+from meshplan.plan import Plan
 
 _OPS = {"AG": "all-gather", "RS": "reduce-scatter", "AR": "all-reduce"}
 
@@ -127,14 +128,12 @@ def concurrency(st, stage: int = 0) -> dict[tuple[str, str], float]:
     return out
 
 
-def edge_loads(plan, st, stage: int = 0) -> list[EdgeLoad]:
+def edge_loads(plan: Plan, st, stage: int = 0) -> list[EdgeLoad]:
     """Load on rank 0's NVLink, node 0's NICs and the rails' spine uplinks per step."""
-    from meshplan.plan import stage_table
-
-    rows = stage_table(plan, stage)
+    rows = plan.stage(stage).collectives
     compute_s = sum(e.end_s - e.start_s for e in st.trace_events(detail=True, stage=stage)
                     if e.stream == "compute" and "unit" in e.args)
-    n_layers = sum(len(c) for c in plan.stages[stage])
+    n_layers = len(plan.stage(stage).layers)
     layer_s = compute_s / max(plan.micro_batches * n_layers, 1)
     cluster = plan.config.cluster
     nv = sum(r.size_bytes * busbw_factor(r.op, r.group_size) * r.per_step for r in rows if r.path.kind == "nvlink")

@@ -174,9 +174,9 @@ class _Sim:
 
     def __init__(self, comm: CommTimes, w: Workload, ov: Overlap):
         self.c, self.w, self.ov = comm, w, ov
-        self.free = defaultdict(float)
+        self.free: defaultdict[str, float] = defaultdict(float)
         self.events: list[Event] = []
-        self.exposed = defaultdict(float)
+        self.exposed: defaultdict[str, float] = defaultdict(float)
         self.last: Optional[Event] = None
 
     def _add(self, stream, name, start, end, args=None) -> Event:
@@ -217,7 +217,7 @@ class _Sim:
         end = self.last.end_s if self.last else 0.0
         final = max(self.events, key=lambda e: e.end_s, default=None)
         tail = max(0.0, final.end_s - end) if final else 0.0
-        return UnitSim(end, tail, dict(self.exposed), tuple(self.events), final.stream if tail else "")
+        return UnitSim(end, tail, dict(self.exposed), tuple(self.events), final.stream if final and tail else "")
 
 
 def _tp(w: Workload) -> tuple[str, str]:

@@ -22,14 +22,29 @@ from functools import cached_property
 from pathlib import Path
 from typing import Optional
 
-from meshplan.compute.ops import Cost, Workload, embedding_cost, head_cost, layer_cost, sequence_model_flops
-from meshplan.compute.gemm import GemmTable
 import numpy as np
 
-from meshplan.pipeline.fast import KINDS, ArrayResult, Flat, simulate_arrays
 from meshplan.comm.collectives import fsdp_gather_flags
+from meshplan.compute.gemm import GemmTable
+from meshplan.compute.ops import (
+    Cost,
+    Workload,
+    embedding_cost,
+    head_cost,
+    layer_cost,
+    sequence_model_flops,
+)
+from meshplan.pipeline.fast import KINDS, ArrayResult, Flat, simulate_arrays
 from meshplan.pipeline.simulate import Event, PipelineSpec, write_trace
-from meshplan.schedule.rank_timeline import ChunkCosts, CommTimes, Overlap, UnitSim, backward_unit, forward_unit
+from meshplan.plan import Infeasible, Plan
+from meshplan.schedule.rank_timeline import (
+    ChunkCosts,
+    CommTimes,
+    Overlap,
+    UnitSim,
+    backward_unit,
+    forward_unit,
+)
 
 
 def workload_of(plan, dropout: bool = False) -> Workload:
@@ -298,24 +313,21 @@ def _stage_end(plan, s, spec, mine, units, comm: CommTimes, ov) -> tuple[float, 
     return t, post, exposed
 
 
-def step_time(plan, overlap: Overlap = Overlap(), *, dropout: bool = False, table: Optional[GemmTable] = None,
+def step_time(plan: Plan, overlap: Overlap = Overlap(), *, dropout: bool = False, table: Optional[GemmTable] = None,
               schedule: Optional[str] = None) -> StepTime:
     """Predict one step of a feasible ``plan`` (see the module docstring). ``schedule``
     overrides the config's ``pp_schedule``; ``table``: measured GEMM times. TP collectives
     overlap compute when ``overlap.tp`` or ``training.tp_comm_overlap`` (default: they block)."""
-    if plan.mesh is None or plan.stages is None:
+    if isinstance(plan, Infeasible):
         raise ValueError("step_time needs a resolved plan with stages; this one is infeasible: "
                          + "; ".join(plan.reasons))
     cfg, w = plan.config, workload_of(plan, dropout)
     p, v, m = len(plan.stages), plan.vpp, plan.micro_batches
     if cfg.training.tp_comm_overlap and not overlap.tp:  # the config's --tp-comm-overlap
         overlap = replace(overlap, tp=True)
-    from meshplan.plan import stage_table
-
-    comms = [CommTimes.from_rows(stage_table(plan, s),
-                                 sum(len(c) for c in plan.stages[s])) for s in range(p)]
+    comms = [CommTimes.from_rows(st.collectives, len(st.layers)) for st in map(plan.stage, range(p))]
     chunks = chunk_costs(plan, w, table)
-    base = PipelineSpec(schedule or cfg.mesh.pp_schedule, p, m, v, p2p_s=max(c.p2p_s for c in comms))
+    base = PipelineSpec(schedule or plan.spec.pp_schedule, p, m, v, p2p_s=max(c.p2p_s for c in comms))
     units = UnitTimes(base, chunks, comms, w, overlap, cfg.training.reshard_after_forward,
                       cfg.training.sharding in ("zero3", "hsdp"))
     spec = PipelineSpec(base.schedule, p, m, v, p2p_s=base.p2p_s,
@@ -356,5 +368,5 @@ def layer_unit_times(plan, dropout: bool = False, overlap: Overlap = Overlap()) 
     w = workload_of(plan, dropout)
     ch = chunk_costs(plan, w)[0][0]
     one = ChunkCosts(ch.layers[:1], ch.moe[:1])
-    comm = CommTimes.from_rows(plan.collectives["stage 0"])
+    comm = CommTimes.from_rows(plan.stage(0).collectives)
     return forward_unit(one, comm, w, overlap).duration_s, backward_unit("B", one, comm, w, overlap).duration_s

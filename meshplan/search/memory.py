@@ -20,7 +20,7 @@ import numpy as np
 
 from meshplan.memory.sizes import head_sizes, layer_act_sizes
 from meshplan.memory.state import SHARDED_KINDS
-from meshplan.mesh.resolve import resolve_mesh
+from meshplan.mesh.resolve import resolved_mesh
 from meshplan.config import Config
 from meshplan.spec.mesh import MeshSpec
 from meshplan.search.space import RECOMPUTE, SHARDING, Candidates, candidate_schedule
@@ -94,7 +94,7 @@ class Tables:
         names, shape = ["dp_shard", "cp", "tp"], [2 * ep * etp, cp, tp]
         if m.is_moe:
             names, shape = names + ["ep", "etp"], shape + [ep, etp]
-        mesh = resolve_mesh(MeshSpec(names=names, shape=shape, sequence_parallel=tp > 1), 2 * ep * etp * cp * tp)
+        mesh = resolved_mesh(MeshSpec(names=names, shape=shape, sequence_parallel=tp > 1), 2 * ep * etp * cp * tp)
         t = self.t.model_copy(update={"micro_batch": mb, "recompute": RECOMPUTE[rc], "sharding": "zero3"})
         opts = self.cfg.memory
         dense = layer_act_sizes(m, t, mesh, opts)

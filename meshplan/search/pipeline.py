@@ -55,14 +55,15 @@ def build_dag(schedule: Schedule | str, p: int, m: int, v: int) -> Dag:
     """The DAG of ``schedule`` (1F1B or interleaved 1F1B: F and B units only)."""
     sched = get(schedule)
     orders = [sched.order(p, m, v, s) for s in range(p)]
-    index, rows = {}, []
+    index: dict[tuple[str, int, int], int] = {}
+    rows: list[tuple] = []
     for s, order in enumerate(orders):
         for pos, u in enumerate(order):
             index[(u.kind, u.mb, sched.virtual_stage(u.chunk, s, p, v))] = len(rows)
             rows.append((s, u, pos))
     n = len(rows)
     stage, chunk, back, prev, dep, cross = (np.zeros(n, dtype=np.int64) for _ in range(6))
-    first = {}
+    first: dict[int, int] = {}
     for i, (s, u, pos) in enumerate(rows):
         stage[i], chunk[i], back[i] = s, u.chunk, u.kind != "F"
         prev[i] = i - 1 if pos else -1
@@ -80,7 +81,7 @@ def build_dag(schedule: Schedule | str, p: int, m: int, v: int) -> Dag:
 
 def _topological(n: int, prev: np.ndarray, dep: np.ndarray) -> list[int]:
     """Unit indices with every predecessor first (Kahn's algorithm)."""
-    succ = [[] for _ in range(n)]
+    succ: list[list[int]] = [[] for _ in range(n)]
     indeg = np.zeros(n, dtype=np.int64)
     for i in range(n):
         for j in (prev[i], dep[i]):

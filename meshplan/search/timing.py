@@ -44,7 +44,7 @@ import numpy as np
 from meshplan.comm.collectives import axis_path
 from meshplan.comm.alphabeta import collective_time
 from meshplan.compute.ops import Workload, embedding_cost, head_cost, layer_cost
-from meshplan.mesh.resolve import resolve_mesh
+from meshplan.mesh.resolve import resolved_mesh
 from meshplan.placement.assign import place
 from meshplan.schedule.rank_timeline import LAYER_BLOCKS
 from meshplan.schedule.steptime import optimizer_step_s
@@ -94,7 +94,7 @@ class TimeTables:
         """:func:`~meshplan.comm.collectives.axis_path` of an axis of ``degree`` ranks ``stride``
         apart, on a three-axis mesh (outer, axis, inner) with the same groups."""
         outer = self.world // (stride * degree)
-        mesh = resolve_mesh(MeshSpec(names=["outer", "axis", "inner"], shape=[outer, degree, stride]), self.world)
+        mesh = resolved_mesh(MeshSpec(names=["outer", "axis", "inner"], shape=[outer, degree, stride]), self.world)
         return axis_path(mesh, self.placement, self.cfg.cluster, "axis")
 
     def coll(self, op: str, n: int, size: int, stride: int) -> float:

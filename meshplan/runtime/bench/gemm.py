@@ -80,7 +80,7 @@ def time_gemm(m: int, n: int, k: int, dtype: str = "fp32", device: str = "cpu", 
 def bench(gemms: list[Gemm], dtype: str = "fp32", device: str = "cpu", max_elements: Optional[int] = None,
           warmup: int = 2, repeats: int = 5, backward: bool = True) -> list[Timed]:
     """Time every distinct shape of ``gemms`` (and their backward pairs)."""
-    shapes = {}
+    shapes: dict = {}
     for g in gemms:
         for x in [g] + (backward_gemms(g) if backward else []):
             shapes.setdefault((x.m, x.n, x.k), x)
