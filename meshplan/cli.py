@@ -13,21 +13,63 @@ when neither fits; ``search`` exits 0 when some candidate fits and 1 when none d
 
 from __future__ import annotations
 
+import shutil
 import sys
+from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import NoReturn, Optional
 
 import typer
 from rich.console import Console
+from rich.table import Table
 
+from meshplan import catalog
+from meshplan.comm.calibrate import calibrate
+from meshplan.comm.calibration import (
+    apply_calibration,
+    calibration_toml,
+    load_calibration,
+)
+from meshplan.comm.nccl_log import check_against_placement, read_nccl_log
+from meshplan.compare import compare, evidence_folder, table_rows, write_evidence
+from meshplan.compute.gemm import load_gemm_table
+from meshplan.config import load_config
 from meshplan.errors import ConfigError
+from meshplan.fileio import write_output
+from meshplan.mesh.axes import axis_name_warnings, from_megatron_order
+from meshplan.placement.assign import rank_row
+from meshplan.placement.bindings import write_bindings
+from meshplan.placement.choice import choose_placement, weights_from_plan
+from meshplan.placement.topology import (
+    check_identity_nic_map,
+    load_topology,
+    node_from_topology,
+)
+from meshplan.plan import Infeasible, Plan, build_plan
+from meshplan.reliability import reliability as rel
+from meshplan.reliability import restart_on_fewer_nodes
+from meshplan.report.json_out import write_json
+from meshplan.report.memory import print_memory
+from meshplan.report.memory_plot import write_png
+from meshplan.report.place_text import place_lines
+from meshplan.report.search import ProgressBar, print_search, write_search_json
+from meshplan.report.text import print_groups, print_plan
+from meshplan.runtime.bench.comm import parse_sizes, run_bench
+from meshplan.runtime.testbed.netns import main_down, main_up
+from meshplan.runtime.validation.slice import main as slice_main
+from meshplan.runtime.validation.validate import Options
+from meshplan.runtime.validation.validate import main as validate_main
+from meshplan.schedule.linkload import concurrency, edge_loads, timings
+from meshplan.schedule.placement_score import step_scorer
+from meshplan.schedule.rank_timeline import Overlap
+from meshplan.schedule.steptime import step_time
+from meshplan.schedule.verdict import network_verdict, rebuilt_step
+from meshplan.search.driver import search
 
 EXIT_CODES = ("exit status: 0 feasible (compare: a mesh that fits wins; search: some candidate fits), "
               "1 infeasible (the reasons on stderr as 'infeasible: ...'; groups, place and step still print "
               "what they show, step labelled 'would be ... if it fit') or a measured difference, "
               "2 malformed input (one line 'error: <field>: <what is wrong>')")
-if TYPE_CHECKING:
-    from meshplan.plan import Infeasible, Plan
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
                   help="Design, check and validate parallel meshes for distributed training. " + EXIT_CODES + ".")
@@ -37,31 +79,21 @@ def _load(config: Path, topology: Optional[Path] = None, calibration: Optional[P
     """Plan of ``config``; ``topology`` (nvidia-smi topo -m text or NCCL topology XML) replaces
     the node's sockets and NIC affinity, ``calibration`` (meshplan calibration TOML) the link
     bandwidths and latencies."""
-    from meshplan.plan import build_plan
-    from meshplan.config import load_config
 
     cfg = load_config(config)
     if cfg.mesh is not None:
-        from meshplan.mesh.axes import axis_name_warnings, from_megatron_order
-
         names, field = (cfg.mesh.names, "mesh.names") if cfg.mesh.names is not None else \
             (from_megatron_order(cfg.mesh.order or ""), "mesh.order")  # MeshSpec: names or order is set
         for w in axis_name_warnings(names, field):
             typer.echo(f"warning: {w}", err=True)
     if topology or calibration:
-        from dataclasses import replace
-
         cluster = cfg.cluster
         if topology:
-            from meshplan.placement.topology import check_identity_nic_map, load_topology, node_from_topology
-
             node = node_from_topology(load_topology(topology), cluster.node)
             for w in check_identity_nic_map(node):
                 typer.echo(f"warning: {w}", err=True)
             cluster = cluster.model_copy(update={"node": node})
         if calibration:
-            from meshplan.comm.calibration import apply_calibration, load_calibration
-
             cluster = apply_calibration(cluster, load_calibration(calibration))
         cfg = replace(cfg, cluster=cluster)
     return build_plan(cfg)
@@ -70,8 +102,6 @@ def _load(config: Path, topology: Optional[Path] = None, calibration: Optional[P
 def _console() -> Console:
     """A console at least 160 columns wide (wider when the terminal or COLUMNS says so), so
     the collective tables keep whole numbers."""
-    import shutil
-
     return Console(width=max(160, shutil.get_terminal_size((160, 40)).columns))
 
 
@@ -85,8 +115,13 @@ def _infeasible(plan, who: str = "") -> None:
 def _verdict_exit(plan) -> None:
     """Exit 1 after the verdict lines when ``plan`` is infeasible; return when it fits."""
     if not plan.feasible:
-        _infeasible(plan)
-        raise typer.Exit(1)
+        _exit_infeasible(plan)
+
+
+def _exit_infeasible(plan: Plan | Infeasible) -> NoReturn:
+    """The verdict lines of ``plan``, then exit 1."""
+    _infeasible(plan)
+    raise typer.Exit(1)
 
 
 def _check_rank(plan, rank: int) -> None:
@@ -102,15 +137,12 @@ def plan(config: Path = typer.Argument(..., help="TOML config with [model], [clu
          topology: Optional[Path] = typer.Option(None, "--topology", help="nvidia-smi topo -m text or NCCL topology XML"),
          calibration: Optional[Path] = typer.Option(None, "--calibration", help="calibration TOML (bench comm)")):
     """Plan one mesh: constraints, degrees, groups, placement, shapes, memory, collectives."""
-    from meshplan.report.text import print_plan
 
     p = _load(config, topology, calibration)
     if p.mesh is not None:
         _check_rank(p, rank)
     print_plan(p, rank=rank, console=_console())
     if json_path:
-        from meshplan.report.json_out import write_json
-
         typer.echo(f"wrote {write_json(p, json_path, force=force)}")
     raise typer.Exit(0 if p.feasible else 1)
 
@@ -120,11 +152,10 @@ def groups(config: Path = typer.Argument(..., help="TOML config"),
            rank: int = typer.Option(0, "--rank", help="the rank whose start-up print is shown")):
     """Print what RANK would print at start-up: its coordinates and every group's ranks. A mesh that does not
     fit is still printed, then exits 1 with its reasons."""
-    from meshplan.report.text import print_groups
 
     p = _load(config)
     if p.mesh is None:
-        _verdict_exit(p)
+        _exit_infeasible(p)
     _check_rank(p, rank)
     print_groups(p.mesh, rank, _console())
     _verdict_exit(p)
@@ -136,9 +167,6 @@ def memory(config: Path = typer.Argument(..., help="TOML config (an optional [me
            all_stages: bool = typer.Option(False, "--all-stages", help="every pipeline stage, not only the most loaded"),
            force: bool = typer.Option(False, "--force", help="replace existing PNG files")):
     """Memory timeline of one training step: peak, headroom, events by kind, and a PNG per stage shown."""
-    from meshplan.report.memory import print_memory
-    from meshplan.report.memory_plot import write_png
-    from meshplan.plan import Infeasible
 
     p = _load(config)
     if isinstance(p, Infeasible):
@@ -157,8 +185,6 @@ def memory(config: Path = typer.Argument(..., help="TOML config (an optional [me
 
 
 def _overlap(overlap_tp: bool, no_prefetch: bool):
-    from meshplan.schedule.rank_timeline import Overlap
-
     return Overlap(tp=overlap_tp, fsdp_prefetch=not no_prefetch)
 
 
@@ -173,13 +199,10 @@ def step(config: Path = typer.Argument(..., help="TOML config"),
     """Scheduled rank timeline: step time, critical path, exposed communication, bubble, MFU; when the step is
     network-bound, a verdict naming the communication and its cause. A mesh that does not fit exits 1 with its
     reasons after one line 'step would be X s ... if it fit'."""
-    from meshplan.compute.gemm import load_gemm_table
-    from meshplan.schedule.steptime import step_time
-    from meshplan.plan import Infeasible
 
     p = _load(config)
     if isinstance(p, Infeasible):
-        _verdict_exit(p)
+        _exit_infeasible(p)
     table = load_gemm_table(gemm_table) if gemm_table else None
     st = step_time(p, _overlap(overlap_tp, no_prefetch), table=table, schedule=schedule)
     if not p.feasible:
@@ -188,7 +211,6 @@ def step(config: Path = typer.Argument(..., help="TOML config"),
         _verdict_exit(p)
     for line in st.lines():
         typer.echo(line)
-    from meshplan.schedule.verdict import network_verdict, rebuilt_step
 
     again = rebuilt_step(p, lambda alt: step_time(alt, _overlap(overlap_tp, no_prefetch), table=table,
                                                   schedule=schedule))
@@ -205,7 +227,6 @@ def step(config: Path = typer.Argument(..., help="TOML config"),
 
 def _print_links(p, st) -> None:
     """Readiness of each collective kind, concurrency and the load on each physical edge."""
-    from meshplan.schedule.linkload import concurrency, edge_loads, timings
 
     typer.echo("collectives on stage 0, first occurrence (ms from step start): ready, deadline, duration, slack")
     for t in timings(st):
@@ -231,8 +252,6 @@ def reliability(config: Path = typer.Argument(..., help="TOML config"),
                 lost_nodes: int = typer.Option(1, "--lost-nodes", help="nodes lost in the restart scenario"),
                 spare_nodes: int = typer.Option(0, "--spare-nodes", help="spare nodes available")):
     """Failure domains, interruptions per day, checkpoint size and interval, goodput, restart."""
-    from meshplan.reliability import reliability as rel, restart_on_fewer_nodes
-    from meshplan.plan import Infeasible
 
     p = _load(config)
     if isinstance(p, Infeasible):
@@ -262,9 +281,6 @@ def compare_cmd(config_a: Path = typer.Argument(..., help="TOML config of mesh A
                 force: bool = typer.Option(False, "--force", help="replace an existing evidence folder")):
     """Compare two meshes of one workload side by side and keep the rejected one's evidence. Exit 0 when a mesh
     that fits wins, 1 when neither fits (both reasons printed)."""
-    from rich.table import Table
-
-    from meshplan.compare import compare, evidence_folder, table_rows, write_evidence
 
     a, b = _load(config_a), _load(config_b)
     ca, cb = a.config, b.config
@@ -303,11 +319,6 @@ def search_cmd(config: Path = typer.Argument(..., help="TOML config: [model], [c
                force: bool = typer.Option(False, "--force", help="replace an existing --json file")):
     """Search every mesh of the workload: reject with reasons, rank by predicted step time. Exit 0 when some
     candidate fits, 1 when none does."""
-    from dataclasses import replace
-
-    from meshplan.report.search import ProgressBar, print_search, write_search_json
-    from meshplan.search.driver import search
-    from meshplan.config import load_config
 
     cfg = load_config(config, require_mesh=False)
     if top is not None:
@@ -328,8 +339,6 @@ def search_cmd(config: Path = typer.Argument(..., help="TOML config: [model], [c
 def nccl_check(config: Path = typer.Argument(..., help="TOML config whose placement is checked"),
                log: Path = typer.Argument(..., help="NCCL_DEBUG=INFO output of the run")):
     """Check that each communicator used the NICs and intra-node links the placement meant."""
-    from meshplan.comm.nccl_log import check_against_placement, read_nccl_log
-    from meshplan.placement.assign import rank_row
 
     p = _load(config)
     if p.placement is None:
@@ -365,7 +374,6 @@ def validate(config: Path = typer.Argument(..., help="TOML config; its mesh is s
              force: bool = typer.Option(False, "--force", help="replace an existing evidence folder")):
     """Run the mesh for real (torchrun: NCCL on the GPUs when CUDA is present, else gloo on CPU) and compare
     collectives, times and memory with the plan."""
-    from meshplan.runtime.validation.validate import Options, main as validate_main
 
     try:
         sizes = tuple(int(w) for w in worlds.split(","))
@@ -385,23 +393,17 @@ def place_cmd(config: Path = typer.Argument(..., help="TOML config"),
               ranks: Optional[list[int]] = typer.Option(None, "--rank", help="rank whose binding is printed (repeatable; default first, second, last)")):
     """Placement per axis, decisions and warnings, per-rank bindings (CUDA_VISIBLE_DEVICES, NCCL_IB_HCA, numactl).
     A mesh that does not fit is still placed, then exits 1 with its reasons."""
-    from meshplan.placement.bindings import write_bindings
-    from meshplan.placement.choice import choose_placement, weights_from_plan
-    from meshplan.report.place_text import place_lines
-    from meshplan.plan import Plan
 
     if fmt not in ("json", "sh"):
         raise ConfigError("--format", f"{fmt!r} is not one of json, sh")
     p = _load(config)
     if p.mesh is None:
-        _verdict_exit(p)
+        _exit_infeasible(p)
     shown = ranks or sorted({0, min(1, p.world - 1), p.world - 1})
     for r in shown:
         _check_rank(p, r)
     score = None
     if choose and isinstance(p, Plan):
-        from meshplan.schedule.placement_score import step_scorer
-
         score = step_scorer(p)
     c = choose_placement(p.mesh, p.config.cluster, (weights_from_plan(p) or None) if isinstance(p, Plan) else None,
                          rank_to_gpu=p.spec.rank_to_gpu, search=choose, source="collective table", step_s=score)
@@ -415,7 +417,6 @@ def place_cmd(config: Path = typer.Argument(..., help="TOML config"),
 @app.command("catalog")
 def catalog_cmd(kind: str = typer.Argument("model", help="gpu, node, network or model")):
     """List the built-in catalog entries of KIND with their sources."""
-    from meshplan import catalog
 
     for name in catalog.names(kind):
         typer.echo(f"{name}: {catalog.entry(kind, name).get('source', '')}")
@@ -429,9 +430,6 @@ def calibrate_cmd(logs: list[Path] = typer.Argument(..., metavar="NCCL_TESTS_OUT
                                                      "(default: from the ranks' hosts)"),
                   force: bool = typer.Option(False, "--force", help="replace an existing --out file")):
     """Fit alpha-beta per link class to your nccl-tests runs and write the calibration file."""
-    from meshplan.comm.calibrate import calibrate
-    from meshplan.comm.calibration import calibration_toml
-    from meshplan.fileio import write_output
 
     fits, notes, source = calibrate(logs, link)
     for line in notes:
@@ -452,8 +450,6 @@ def validate_slice(configs: list[Path] = typer.Argument(..., help="TOML configs 
                    out: Path = typer.Option(Path("slice-out"), "--out", help="evidence folder"),
                    force: bool = typer.Option(False, "--force", help="replace an existing slice folder")):
     """Run several meshes on the testbed; order measured step times against predicted; keep the rejected."""
-    from meshplan.runtime.validation.slice import main as slice_main
-    from meshplan.runtime.validation.validate import Options
 
     opt = Options(worlds=(world,), layers=layers, hidden_div=hidden_div, seq_len=seq_len, vocab=vocab,
                   steps=steps, timeout_s=timeout_s, testbed=testbed)
@@ -472,7 +468,6 @@ def testbed_up_cmd(nodes: int = typer.Option(2, help="emulated nodes (one networ
     """Create one namespace per node, one rate-limited interface per NIC (10.77.RAIL.NODE+1), a bridge
     per rail and a spine between the rails (gateway 10.77.RAIL.254): traffic from a NIC's address leaves
     by that NIC, to another rail through the spine."""
-    from meshplan.runtime.testbed.netns import main_up
 
     raise typer.Exit(main_up(nodes, nics, rate_mbit, prefix=prefix))
 
@@ -480,7 +475,6 @@ def testbed_up_cmd(nodes: int = typer.Option(2, help="emulated nodes (one networ
 @testbed_app.command("down")
 def testbed_down_cmd(prefix: str = typer.Option("t", help="name prefix given to up")):
     """Remove every namespace, interface, bridge and process of the testbed PREFIX."""
-    from meshplan.runtime.testbed.netns import main_down
 
     raise typer.Exit(main_down(prefix=prefix))
 
@@ -498,7 +492,6 @@ def bench_comm_cmd(nproc: int = typer.Option(4, help="ranks (per node with --tes
                    budget_s: float = typer.Option(0.2, help="seconds per size, which caps iters"),
                    timeout_s: float = typer.Option(600.0, help="kill the run after this many seconds")):
     """Collectives per link class in nccl-tests columns, alpha-beta fits, and a send/recv matrix."""
-    from meshplan.runtime.bench.comm import parse_sizes, run_bench
 
     try:
         fits = run_bench(nproc, parse_sizes(sizes), out, testbed=testbed, iters=iters, budget_s=budget_s,
@@ -520,20 +513,14 @@ def bench_gemm(config: Path = typer.Argument(..., help="TOML config whose local 
                                                                "elements (default 2**22 on the CPU, none on a GPU)"),
                force: bool = typer.Option(False, "--force", help="replace an existing --out file")):
     """Time the plan's local GEMM shapes (forward and backward) and write the efficiency table."""
-    import torch
-
-    from meshplan.runtime.bench.gemm import bench, write_table
-    from meshplan.plan import Infeasible
+    from meshplan.runtime.bench.gemm import bench, resolve_device, write_table
 
     p = _load(config)
     if isinstance(p, Infeasible):
         for why in p.reasons:
             typer.echo(f"infeasible: {why}", err=True)
         raise typer.Exit(1)
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device not in ("cpu", "cuda"):
-        raise ConfigError("--device", f"{device!r}; use cpu, cuda or auto")
+    device = resolve_device(device)
     dt = dtype or (p.config.training.compute_dtype if device == "cuda" else "fp32")
     if dt not in ("fp32", "bf16", "fp16"):
         raise ConfigError("--dtype", f"{dt!r}; use fp32, bf16 or fp16")

@@ -55,7 +55,7 @@ import bisect
 from itertools import accumulate
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Mapping, Optional
+from typing import Any, Mapping, Optional
 
 from meshplan.spec.cluster import BusbwCurve
 from meshplan.units import GB
@@ -260,7 +260,7 @@ def tree_time(n: int, size_bytes: float, bandwidth_bytes_per_s: float, network: 
 def collective_time(op: str, n: int, size_bytes: float, bandwidth_bytes_per_s: float, kind: str,
                     nvls: bool = False, latency_scale: float = 1.0, nodes: int = 1,
                     intra_bandwidth_bytes_per_s: float = 0.0, library: str = "nccl",
-                    curves: Mapping[str, BusbwCurve] = MappingProxyType({}),
+                    curves: Mapping[Any, BusbwCurve] = MappingProxyType({}),
                     nic_bandwidth_bytes_per_s: float = 0.0, ranks_per_node: int = 0) -> tuple[str, float]:
     """(algorithm, seconds): the fastest of the algorithms NCCL can run for ``op`` on a path of
     ``kind`` ("nvlink" inside a node or NVLink domain, "network" across ``nodes`` nodes), each

@@ -49,7 +49,7 @@ import re
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -340,7 +340,8 @@ def apply_calibration(cluster: ClusterSpec, calib: dict[str, CalibratedLink]) ->
     (GB/s x 8 = Gb/s) and every network tier's per-step latency. The calibrated link classes
     lose the catalog's measured busbw curves (``nvlink`` the "nvlink" and "nvls" curves, ``nic``
     the "nic" curve): the user's own fit replaces them. Other fields are kept."""
-    node, upd, tag = cluster.node, {}, "calibrated: {}"
+    node, tag = cluster.node, "calibrated: {}"
+    upd: dict[str, Any] = {}
     dropped = {"nvlink": ("nvlink", "nvls"), "nic": ("nic",)}
     gone = {c for name in calib for c in dropped.get(name, ())}
     upd["busbw"] = {k: v for k, v in node.busbw.items() if k not in gone}

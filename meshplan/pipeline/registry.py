@@ -24,8 +24,8 @@ def get(schedule: Schedule | str) -> PipelineSchedule:
     """The registered schedule named ``schedule`` (a :class:`Schedule` or its name);
     ConfigError on ``mesh.pp_schedule`` for an unknown name."""
     try:
-        return SCHEDULES[schedule]  # a StrEnum member hashes and compares as its name
-    except (KeyError, TypeError):
+        return SCHEDULES[Schedule(schedule)]
+    except (KeyError, TypeError, ValueError):
         raise ConfigError("mesh.pp_schedule", f"unknown schedule {schedule!r}; known: {', '.join(SCHEDULES)}") from None
 
 

@@ -369,7 +369,7 @@ def choose_placement(mesh: Mesh, cluster: ClusterSpec, weights: Optional[Mapping
                 best = (score, p, r2g, inner, outer)
             continue
         t = step_s(r2g)
-        if t < t_best or (t == t_best and score.total < best[0].total * (1 - 1e-9)):
+        if t_best is None or t < t_best or (t == t_best and score.total < best[0].total * (1 - 1e-9)):
             best, t_best = (score, p, r2g, inner, outer), t
     after, p, r2g, inner, outer = best
     changed = p is not current

@@ -299,7 +299,7 @@ def _forward_layer(s: _Sim, c: Cost, moe: bool, phase: str = "forward", recomput
     t = _times(c, phase, recompute)
     s.compute("norm", t["attn_pre"])
     p = _cp_parts(c, phase, recompute) if s.w.cp > 1 else None
-    _block(s, "attention", t["attn"], "forward", cp=p and (p["kv"], p["q"], p["core"], p["out"]),
+    _block(s, "attention", t["attn"], "forward", cp=(p["kv"], p["q"], p["core"], p["out"]) if p else None,
            cp_phase="forward" if phase == "forward" else "backward")
     s.compute("add+norm", t["attn_post"] + t["mlp_pre"])
     _block(s, "mlp", t["mlp"], "forward", ep=moe)
@@ -316,7 +316,7 @@ def _backward_layer(s: _Sim, c: Cost, moe: bool, with_w: bool) -> None:
     _block_backward(s, "mlp", b["mlp"], w["mlp"], ep=moe)
     s.compute("norm+add grad", b["mlp_pre"] + b["attn_post"])
     p = _cp_parts(c, "backward_input", False if full else None) if s.w.cp > 1 else None
-    _block_backward(s, "attention", b["attn"], w["attn"], cp=p and (p["core"], p["q"], p["kv"]))
+    _block_backward(s, "attention", b["attn"], w["attn"], cp=(p["core"], p["q"], p["kv"]) if p else None)
     s.compute("norm grad", b["attn_pre"])
 
 

@@ -37,6 +37,7 @@ from meshplan.compute.ops import (
 from meshplan.pipeline.fast import KINDS, ArrayResult, Flat, simulate_arrays
 from meshplan.pipeline.simulate import Event, PipelineSpec, write_trace
 from meshplan.plan import Infeasible, Plan
+from meshplan.spec.mesh import Schedule
 from meshplan.schedule.rank_timeline import (
     ChunkCosts,
     CommTimes,
@@ -327,7 +328,7 @@ def step_time(plan: Plan, overlap: Overlap = Overlap(), *, dropout: bool = False
         overlap = replace(overlap, tp=True)
     comms = [CommTimes.from_rows(st.collectives, len(st.layers)) for st in map(plan.stage, range(p))]
     chunks = chunk_costs(plan, w, table)
-    base = PipelineSpec(schedule or plan.spec.pp_schedule, p, m, v, p2p_s=max(c.p2p_s for c in comms))
+    base = PipelineSpec(Schedule(schedule or plan.spec.pp_schedule), p, m, v, p2p_s=max(c.p2p_s for c in comms))
     units = UnitTimes(base, chunks, comms, w, overlap, cfg.training.reshard_after_forward,
                       cfg.training.sharding in ("zero3", "hsdp"))
     spec = PipelineSpec(base.schedule, p, m, v, p2p_s=base.p2p_s,

@@ -45,6 +45,15 @@ class Timed:
         return 2.0 * self.gemm.m * self.gemm.n * self.gemm.k / self.seconds / 1e12
 
 
+def resolve_device(device: str) -> str:
+    """``--device``: ``cpu``, ``cuda``, or ``auto`` (cuda when torch sees a GPU)."""
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device not in ("cpu", "cuda"):
+        raise ConfigError("--device", f"{device!r}; use cpu, cuda or auto")
+    return device
+
+
 def device_name(device: str) -> str:
     """A readable device name: the CUDA device's name, or the CPU with its thread count."""
     if device.startswith("cuda"):
