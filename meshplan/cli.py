@@ -2,52 +2,98 @@
 
 Every malformed input ends with one line ``error: <field>: <message>`` on stderr and exit
 status 2; an infeasible mesh prints its reasons and exits 1.
+
+One verdict everywhere (:data:`EXIT_CODES`): every command that resolves a mesh (plan, groups,
+memory, step, reliability, place) exits 1 and prints ``infeasible: <reason>`` on stderr when
+``meshplan plan`` calls the mesh infeasible, whatever it printed before; ``step`` then prints
+only the step the mesh would take, labelled ``would be ... if it fit``. ``compare`` exits 0
+when a mesh that fits wins (the other's infeasibility is one of the verdict's reasons) and 1
+when neither fits; ``search`` exits 0 when some candidate fits and 1 when none does.
 """
 
 from __future__ import annotations
 
+import shutil
 import sys
+from dataclasses import replace
 from pathlib import Path
-from typing import Optional
+from typing import NoReturn, Optional
 
 import typer
 from rich.console import Console
+from rich.table import Table
 
+from meshplan import catalog
+from meshplan.comm.calibrate import calibrate
+from meshplan.comm.calibration import (
+    apply_calibration,
+    calibration_toml,
+    load_calibration,
+)
+from meshplan.comm.nccl_log import check_against_placement, read_nccl_log
+from meshplan.compare import compare, evidence_folder, table_rows, write_evidence
+from meshplan.compute.gemm import load_gemm_table
+from meshplan.config import load_config
 from meshplan.errors import ConfigError
+from meshplan.fileio import write_output
+from meshplan.mesh.axes import axis_name_warnings, from_megatron_order
+from meshplan.placement.assign import rank_row
+from meshplan.placement.bindings import write_bindings
+from meshplan.placement.choice import choose_placement, weights_from_plan
+from meshplan.placement.topology import (
+    check_identity_nic_map,
+    load_topology,
+    node_from_topology,
+)
+from meshplan.plan import Infeasible, Plan, build_plan
+from meshplan.reliability import reliability as rel
+from meshplan.reliability import restart_on_fewer_nodes
+from meshplan.report.json_out import write_json
+from meshplan.report.memory import print_memory
+from meshplan.report.memory_plot import write_png
+from meshplan.report.place_text import place_lines
+from meshplan.report.search import ProgressBar, print_search, write_search_json
+from meshplan.report.text import print_groups, print_plan
+from meshplan.runtime.bench.comm import parse_sizes, run_bench
+from meshplan.runtime.testbed.netns import main_down, main_up
+from meshplan.runtime.validation.slice import main as slice_main
+from meshplan.runtime.validation.validate import Options
+from meshplan.runtime.validation.validate import main as validate_main
+from meshplan.schedule.linkload import concurrency, edge_loads, timings
+from meshplan.schedule.placement_score import step_scorer
+from meshplan.schedule.rank_timeline import Overlap
+from meshplan.schedule.steptime import step_time
+from meshplan.schedule.verdict import network_verdict, rebuilt_step
+from meshplan.search.driver import search
+
+EXIT_CODES = ("exit status: 0 feasible (compare: a mesh that fits wins; search: some candidate fits), "
+              "1 infeasible (the reasons on stderr as 'infeasible: ...'; groups, place and step still print "
+              "what they show, step labelled 'would be ... if it fit') or a measured difference, "
+              "2 malformed input (one line 'error: <field>: <what is wrong>')")
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
-                  help="Design, check and validate parallel meshes for distributed training.")
+                  help="Design, check and validate parallel meshes for distributed training. " + EXIT_CODES + ".")
 
 
-def _load(config: Path, topology: Optional[Path] = None, calibration: Optional[Path] = None):
+def _load(config: Path, topology: Optional[Path] = None, calibration: Optional[Path] = None) -> Plan | Infeasible:
     """Plan of ``config``; ``topology`` (nvidia-smi topo -m text or NCCL topology XML) replaces
     the node's sockets and NIC affinity, ``calibration`` (meshplan calibration TOML) the link
     bandwidths and latencies."""
-    from meshplan.plan import build_plan
-    from meshplan.config import load_config
 
     cfg = load_config(config)
     if cfg.mesh is not None:
-        from meshplan.mesh.axes import axis_name_warnings, from_megatron_order
-
         names, field = (cfg.mesh.names, "mesh.names") if cfg.mesh.names is not None else \
-            (from_megatron_order(cfg.mesh.order), "mesh.order")
+            (from_megatron_order(cfg.mesh.order or ""), "mesh.order")  # MeshSpec: names or order is set
         for w in axis_name_warnings(names, field):
             typer.echo(f"warning: {w}", err=True)
     if topology or calibration:
-        from dataclasses import replace
-
         cluster = cfg.cluster
         if topology:
-            from meshplan.placement.topology import check_identity_nic_map, load_topology, node_from_topology
-
             node = node_from_topology(load_topology(topology), cluster.node)
             for w in check_identity_nic_map(node):
                 typer.echo(f"warning: {w}", err=True)
             cluster = cluster.model_copy(update={"node": node})
         if calibration:
-            from meshplan.comm.calibration import apply_calibration, load_calibration
-
             cluster = apply_calibration(cluster, load_calibration(calibration))
         cfg = replace(cfg, cluster=cluster)
     return build_plan(cfg)
@@ -56,9 +102,26 @@ def _load(config: Path, topology: Optional[Path] = None, calibration: Optional[P
 def _console() -> Console:
     """A console at least 160 columns wide (wider when the terminal or COLUMNS says so), so
     the collective tables keep whole numbers."""
-    import shutil
-
     return Console(width=max(160, shutil.get_terminal_size((160, 40)).columns))
+
+
+def _infeasible(plan, who: str = "") -> None:
+    """Print the plan's reasons as ``infeasible: [who: ]<reason>`` on stderr (the verdict line
+    of every command that resolves a mesh)."""
+    for r in plan.reasons:
+        typer.echo(f"infeasible: {who + ': ' if who else ''}{r}", err=True)
+
+
+def _verdict_exit(plan) -> None:
+    """Exit 1 after the verdict lines when ``plan`` is infeasible; return when it fits."""
+    if not plan.feasible:
+        _exit_infeasible(plan)
+
+
+def _exit_infeasible(plan: Plan | Infeasible) -> NoReturn:
+    """The verdict lines of ``plan``, then exit 1."""
+    _infeasible(plan)
+    raise typer.Exit(1)
 
 
 def _check_rank(plan, rank: int) -> None:
@@ -74,15 +137,12 @@ def plan(config: Path = typer.Argument(..., help="TOML config with [model], [clu
          topology: Optional[Path] = typer.Option(None, "--topology", help="nvidia-smi topo -m text or NCCL topology XML"),
          calibration: Optional[Path] = typer.Option(None, "--calibration", help="calibration TOML (bench comm)")):
     """Plan one mesh: constraints, degrees, groups, placement, shapes, memory, collectives."""
-    from meshplan.report.text import print_plan
 
     p = _load(config, topology, calibration)
     if p.mesh is not None:
         _check_rank(p, rank)
     print_plan(p, rank=rank, console=_console())
     if json_path:
-        from meshplan.report.json_out import write_json
-
         typer.echo(f"wrote {write_json(p, json_path, force=force)}")
     raise typer.Exit(0 if p.feasible else 1)
 
@@ -90,16 +150,15 @@ def plan(config: Path = typer.Argument(..., help="TOML config with [model], [clu
 @app.command()
 def groups(config: Path = typer.Argument(..., help="TOML config"),
            rank: int = typer.Option(0, "--rank", help="the rank whose start-up print is shown")):
-    """Print what RANK would print at start-up: its coordinates and every group's ranks."""
-    from meshplan.report.text import print_groups
+    """Print what RANK would print at start-up: its coordinates and every group's ranks. A mesh that does not
+    fit is still printed, then exits 1 with its reasons."""
 
     p = _load(config)
     if p.mesh is None:
-        for r in p.reasons:
-            typer.echo(f"infeasible: {r}", err=True)
-        raise typer.Exit(1)
+        _exit_infeasible(p)
     _check_rank(p, rank)
-    print_groups(p, rank, _console())
+    print_groups(p.mesh, rank, _console())
+    _verdict_exit(p)
 
 
 @app.command()
@@ -108,11 +167,9 @@ def memory(config: Path = typer.Argument(..., help="TOML config (an optional [me
            all_stages: bool = typer.Option(False, "--all-stages", help="every pipeline stage, not only the most loaded"),
            force: bool = typer.Option(False, "--force", help="replace existing PNG files")):
     """Memory timeline of one training step: peak, headroom, events by kind, and a PNG per stage shown."""
-    from meshplan.report.memory import print_memory
-    from meshplan.report.memory_plot import write_png
 
     p = _load(config)
-    if not p.timelines:
+    if isinstance(p, Infeasible):
         for r in p.reasons:
             typer.echo(f"infeasible: {r}", err=True)
         raise typer.Exit(1)
@@ -124,12 +181,10 @@ def memory(config: Path = typer.Argument(..., help="TOML config (an optional [me
     print_memory(p, _console(), all_stages=all_stages)
     for tl, path in zip(shown, paths):
         typer.echo(f"wrote {write_png(tl, path, name=config.name, force=force)}")
-    raise typer.Exit(0 if p.feasible else 1)
+    _verdict_exit(p)
 
 
 def _overlap(overlap_tp: bool, no_prefetch: bool):
-    from meshplan.schedule.rank_timeline import Overlap
-
     return Overlap(tp=overlap_tp, fsdp_prefetch=not no_prefetch)
 
 
@@ -142,20 +197,20 @@ def step(config: Path = typer.Argument(..., help="TOML config"),
          schedule: Optional[str] = typer.Option(None, "--schedule", help="gpipe, 1f1b, interleaved_1f1b or zb_h1"),
          force: bool = typer.Option(False, "--force", help="replace an existing --trace file")):
     """Scheduled rank timeline: step time, critical path, exposed communication, bubble, MFU; when the step is
-    network-bound, a verdict naming the communication and its cause."""
-    from meshplan.compute.gemm import load_gemm_table
-    from meshplan.schedule.steptime import step_time
+    network-bound, a verdict naming the communication and its cause. A mesh that does not fit exits 1 with its
+    reasons after one line 'step would be X s ... if it fit'."""
 
     p = _load(config)
-    if p.mesh is None or p.stages is None:
-        for r in p.reasons:
-            typer.echo(f"infeasible: {r}", err=True)
-        raise typer.Exit(1)
+    if isinstance(p, Infeasible):
+        _exit_infeasible(p)
     table = load_gemm_table(gemm_table) if gemm_table else None
     st = step_time(p, _overlap(overlap_tp, no_prefetch), table=table, schedule=schedule)
+    if not p.feasible:
+        typer.echo(f"step would be {st.step_s:.3f} s ({st.pipeline.spec.schedule}, MFU {st.mfu:.1%}) if it fit; "
+                   f"it does not fit")
+        _verdict_exit(p)
     for line in st.lines():
         typer.echo(line)
-    from meshplan.schedule.verdict import network_verdict, rebuilt_step
 
     again = rebuilt_step(p, lambda alt: step_time(alt, _overlap(overlap_tp, no_prefetch), table=table,
                                                   schedule=schedule))
@@ -172,7 +227,6 @@ def step(config: Path = typer.Argument(..., help="TOML config"),
 
 def _print_links(p, st) -> None:
     """Readiness of each collective kind, concurrency and the load on each physical edge."""
-    from meshplan.schedule.linkload import concurrency, edge_loads, timings
 
     typer.echo("collectives on stage 0, first occurrence (ms from step start): ready, deadline, duration, slack")
     for t in timings(st):
@@ -198,12 +252,11 @@ def reliability(config: Path = typer.Argument(..., help="TOML config"),
                 lost_nodes: int = typer.Option(1, "--lost-nodes", help="nodes lost in the restart scenario"),
                 spare_nodes: int = typer.Option(0, "--spare-nodes", help="spare nodes available")):
     """Failure domains, interruptions per day, checkpoint size and interval, goodput, restart."""
-    from meshplan.reliability import reliability as rel, restart_on_fewer_nodes
 
     p = _load(config)
-    if p.mesh is None or p.stages is None:
-        for r in p.reasons:
-            typer.echo(f"infeasible: {r}", err=True)
+    if isinstance(p, Infeasible):
+        for why in p.reasons:
+            typer.echo(f"infeasible: {why}", err=True)
         raise typer.Exit(1)
     for name, v in (("--write-gbps", write_gbps), ("--read-gbps", read_gbps)):
         if v <= 0:
@@ -218,6 +271,7 @@ def reliability(config: Path = typer.Argument(..., help="TOML config"),
                                 interleaved=p.vpp > 1)
     for line in rs.lines():
         typer.echo(line)
+    _verdict_exit(p)
 
 
 @app.command("compare")
@@ -225,10 +279,8 @@ def compare_cmd(config_a: Path = typer.Argument(..., help="TOML config of mesh A
                 config_b: Path = typer.Argument(..., help="TOML config of mesh B (same workload)"),
                 out: Path = typer.Option(Path("out/compare"), "--out", help="folder for the rejected mesh's evidence"),
                 force: bool = typer.Option(False, "--force", help="replace an existing evidence folder")):
-    """Compare two meshes of one workload side by side and keep the rejected one's evidence."""
-    from rich.table import Table
-
-    from meshplan.compare import compare, evidence_folder, table_rows, write_evidence
+    """Compare two meshes of one workload side by side and keep the rejected one's evidence. Exit 0 when a mesh
+    that fits wins, 1 when neither fits (both reasons printed)."""
 
     a, b = _load(config_a), _load(config_b)
     ca, cb = a.config, b.config
@@ -246,12 +298,16 @@ def compare_cmd(config_a: Path = typer.Argument(..., help="TOML config of mesh A
         tab.add_row(*row)
     con = _console()
     con.print(tab)
-    con.print("[bold]verdict:[/] identical meshes" if c.identical else
-              f"[bold]verdict:[/] {c.winner} (rejected: {c.rejected})")
+    con.print("[bold]verdict:[/] identical meshes" if c.identical else "[bold]verdict:[/] neither mesh fits"
+              if c.none_fit else f"[bold]verdict:[/] {c.winner} (rejected: {c.rejected})")
     for r in c.reasons:
         con.print(f"  - {r}")
     for path in write_evidence(c, out, force=force):
         con.print(f"wrote {path}")
+    if c.none_fit:
+        for side in (c.a, c.b):
+            _infeasible(side.plan, side.name)
+        raise typer.Exit(1)
 
 
 @app.command("search")
@@ -261,12 +317,8 @@ def search_cmd(config: Path = typer.Argument(..., help="TOML config: [model], [c
                                                                     "[search] top, 10)"),
                json_path: Optional[Path] = typer.Option(None, "--json", help="write the result as JSON"),
                force: bool = typer.Option(False, "--force", help="replace an existing --json file")):
-    """Search every mesh of the workload: reject with reasons, rank by predicted step time."""
-    from dataclasses import replace
-
-    from meshplan.report.search import ProgressBar, print_search, write_search_json
-    from meshplan.search.driver import search
-    from meshplan.config import load_config
+    """Search every mesh of the workload: reject with reasons, rank by predicted step time. Exit 0 when some
+    candidate fits, 1 when none does."""
 
     cfg = load_config(config, require_mesh=False)
     if top is not None:
@@ -287,8 +339,6 @@ def search_cmd(config: Path = typer.Argument(..., help="TOML config: [model], [c
 def nccl_check(config: Path = typer.Argument(..., help="TOML config whose placement is checked"),
                log: Path = typer.Argument(..., help="NCCL_DEBUG=INFO output of the run")):
     """Check that each communicator used the NICs and intra-node links the placement meant."""
-    from meshplan.comm.nccl_log import check_against_placement, read_nccl_log
-    from meshplan.placement.assign import rank_row
 
     p = _load(config)
     if p.placement is None:
@@ -324,7 +374,6 @@ def validate(config: Path = typer.Argument(..., help="TOML config; its mesh is s
              force: bool = typer.Option(False, "--force", help="replace an existing evidence folder")):
     """Run the mesh for real (torchrun: NCCL on the GPUs when CUDA is present, else gloo on CPU) and compare
     collectives, times and memory with the plan."""
-    from meshplan.runtime.validation.validate import Options, main as validate_main
 
     try:
         sizes = tuple(int(w) for w in worlds.split(","))
@@ -337,38 +386,37 @@ def validate(config: Path = typer.Argument(..., help="TOML config; its mesh is s
 
 @app.command("place")
 def place_cmd(config: Path = typer.Argument(..., help="TOML config"),
-              choose: bool = typer.Option(False, "--choose", help="search the rank -> GPU permutation with the fewest weak-path bytes"),
+              choose: bool = typer.Option(False, "--choose", help="search the rank -> GPU permutation with the shortest predicted step (fewest weak-path bytes at equal steps)"),
               bindings_path: Optional[Path] = typer.Option(None, "--bindings", help="write every rank's binding to this file"),
               fmt: str = typer.Option("json", "--format", help="bindings file format: json (list) or sh (launcher)"),
               force: bool = typer.Option(False, "--force", help="replace an existing --bindings file"),
               ranks: Optional[list[int]] = typer.Option(None, "--rank", help="rank whose binding is printed (repeatable; default first, second, last)")):
-    """Placement per axis, decisions and warnings, per-rank bindings (CUDA_VISIBLE_DEVICES, NCCL_IB_HCA, numactl)."""
-    from meshplan.placement.bindings import write_bindings
-    from meshplan.placement.choice import choose_placement, weights_from_plan
-    from meshplan.report.place_text import place_lines
+    """Placement per axis, decisions and warnings, per-rank bindings (CUDA_VISIBLE_DEVICES, NCCL_IB_HCA, numactl).
+    A mesh that does not fit is still placed, then exits 1 with its reasons."""
 
     if fmt not in ("json", "sh"):
         raise ConfigError("--format", f"{fmt!r} is not one of json, sh")
     p = _load(config)
     if p.mesh is None:
-        for r in p.reasons:
-            typer.echo(f"infeasible: {r}", err=True)
-        raise typer.Exit(1)
+        _exit_infeasible(p)
     shown = ranks or sorted({0, min(1, p.world - 1), p.world - 1})
     for r in shown:
         _check_rank(p, r)
-    c = choose_placement(p.mesh, p.config.cluster, weights_from_plan(p) or None,
-                         rank_to_gpu=p.config.mesh.rank_to_gpu, search=choose, source="collective table")
+    score = None
+    if choose and isinstance(p, Plan):
+        score = step_scorer(p)
+    c = choose_placement(p.mesh, p.config.cluster, (weights_from_plan(p) or None) if isinstance(p, Plan) else None,
+                         rank_to_gpu=p.spec.rank_to_gpu, search=choose, source="collective table", step_s=score)
     for line in place_lines(c, shown):
         typer.echo(line)
     if bindings_path:
         typer.echo(f"wrote {write_bindings(bindings_path, c.placement, fmt=fmt, force=force)}")
+    _verdict_exit(p)
 
 
 @app.command("catalog")
 def catalog_cmd(kind: str = typer.Argument("model", help="gpu, node, network or model")):
     """List the built-in catalog entries of KIND with their sources."""
-    from meshplan import catalog
 
     for name in catalog.names(kind):
         typer.echo(f"{name}: {catalog.entry(kind, name).get('source', '')}")
@@ -382,9 +430,6 @@ def calibrate_cmd(logs: list[Path] = typer.Argument(..., metavar="NCCL_TESTS_OUT
                                                      "(default: from the ranks' hosts)"),
                   force: bool = typer.Option(False, "--force", help="replace an existing --out file")):
     """Fit alpha-beta per link class to your nccl-tests runs and write the calibration file."""
-    from meshplan.comm.calibrate import calibrate
-    from meshplan.comm.calibration import calibration_toml
-    from meshplan.fileio import write_output
 
     fits, notes, source = calibrate(logs, link)
     for line in notes:
@@ -405,8 +450,6 @@ def validate_slice(configs: list[Path] = typer.Argument(..., help="TOML configs 
                    out: Path = typer.Option(Path("slice-out"), "--out", help="evidence folder"),
                    force: bool = typer.Option(False, "--force", help="replace an existing slice folder")):
     """Run several meshes on the testbed; order measured step times against predicted; keep the rejected."""
-    from meshplan.runtime.validation.slice import main as slice_main
-    from meshplan.runtime.validation.validate import Options
 
     opt = Options(worlds=(world,), layers=layers, hidden_div=hidden_div, seq_len=seq_len, vocab=vocab,
                   steps=steps, timeout_s=timeout_s, testbed=testbed)
@@ -425,7 +468,6 @@ def testbed_up_cmd(nodes: int = typer.Option(2, help="emulated nodes (one networ
     """Create one namespace per node, one rate-limited interface per NIC (10.77.RAIL.NODE+1), a bridge
     per rail and a spine between the rails (gateway 10.77.RAIL.254): traffic from a NIC's address leaves
     by that NIC, to another rail through the spine."""
-    from meshplan.runtime.testbed.netns import main_up
 
     raise typer.Exit(main_up(nodes, nics, rate_mbit, prefix=prefix))
 
@@ -433,7 +475,6 @@ def testbed_up_cmd(nodes: int = typer.Option(2, help="emulated nodes (one networ
 @testbed_app.command("down")
 def testbed_down_cmd(prefix: str = typer.Option("t", help="name prefix given to up")):
     """Remove every namespace, interface, bridge and process of the testbed PREFIX."""
-    from meshplan.runtime.testbed.netns import main_down
 
     raise typer.Exit(main_down(prefix=prefix))
 
@@ -451,7 +492,6 @@ def bench_comm_cmd(nproc: int = typer.Option(4, help="ranks (per node with --tes
                    budget_s: float = typer.Option(0.2, help="seconds per size, which caps iters"),
                    timeout_s: float = typer.Option(600.0, help="kill the run after this many seconds")):
     """Collectives per link class in nccl-tests columns, alpha-beta fits, and a send/recv matrix."""
-    from meshplan.runtime.bench.comm import parse_sizes, run_bench
 
     try:
         fits = run_bench(nproc, parse_sizes(sizes), out, testbed=testbed, iters=iters, budget_s=budget_s,
@@ -473,19 +513,14 @@ def bench_gemm(config: Path = typer.Argument(..., help="TOML config whose local 
                                                                "elements (default 2**22 on the CPU, none on a GPU)"),
                force: bool = typer.Option(False, "--force", help="replace an existing --out file")):
     """Time the plan's local GEMM shapes (forward and backward) and write the efficiency table."""
-    import torch
-
-    from meshplan.runtime.bench.gemm import bench, write_table
+    from meshplan.runtime.bench.gemm import bench, resolve_device, write_table
 
     p = _load(config)
-    if not p.gemms:
-        for r in p.reasons:
-            typer.echo(f"infeasible: {r}", err=True)
+    if isinstance(p, Infeasible):
+        for why in p.reasons:
+            typer.echo(f"infeasible: {why}", err=True)
         raise typer.Exit(1)
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device not in ("cpu", "cuda"):
-        raise ConfigError("--device", f"{device!r}; use cpu, cuda or auto")
+    device = resolve_device(device)
     dt = dtype or (p.config.training.compute_dtype if device == "cuda" else "fp32")
     if dt not in ("fp32", "bf16", "fp16"):
         raise ConfigError("--dtype", f"{dt!r}; use fp32, bf16 or fp16")
@@ -510,19 +545,15 @@ def bench_attention(config: Path = typer.Argument(..., help="TOML config whose l
                     repeats: int = typer.Option(5, "--repeats", help="timed calls (median)"),
                     force: bool = typer.Option(False, "--force", help="replace an existing --out file")):
     """Time the plan's local attention (torch SDPA, forward and backward) and write the table --gemm-table reads."""
-    import torch
-
     from meshplan.runtime.bench.attention import bench_plan, gemm_rows, write_table
+    from meshplan.runtime.bench.gemm import resolve_device
 
     p = _load(config)
-    if p.mesh is None:
-        for r in p.reasons:
-            typer.echo(f"infeasible: {r}", err=True)
+    if isinstance(p, Infeasible):
+        for why in p.reasons:
+            typer.echo(f"infeasible: {why}", err=True)
         raise typer.Exit(1)
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device not in ("cpu", "cuda"):
-        raise ConfigError("--device", f"{device!r}; use cpu, cuda or auto")
+    device = resolve_device(device)
     dt = dtype or (p.config.training.compute_dtype if device == "cuda" else "fp32")
     if dt not in ("fp32", "bf16", "fp16"):
         raise ConfigError("--dtype", f"{dt!r}; use fp32, bf16 or fp16")

@@ -7,7 +7,9 @@ Verdict rule (stated, no hidden weights): a mesh that does not fit (infeasible p
 memory peak above usable HBM) loses to one that fits; between two that fit, the shorter
 predicted step wins when it is shorter by more than ``tie_fraction`` (default 2%, below the
 model's resolution); within that band, the lower peak memory wins (more headroom). Two
-configs of the same mesh are reported as identical: nothing is chosen or rejected.
+configs of the same mesh are reported as identical: nothing is chosen or rejected. When
+neither mesh fits, nothing is chosen either (``none_fit``; each side's reasons are given and
+the CLI exits 1, as ``meshplan plan`` does for an infeasible mesh).
 """
 
 from __future__ import annotations
@@ -18,10 +20,14 @@ from pathlib import Path
 from typing import Optional
 
 from meshplan.comm.alphabeta import busbw_factor
+from meshplan.compute.gemm import gemm_efficiency
 from meshplan.errors import ConfigError
 from meshplan.fileio import write_output
-from meshplan.compute.gemm import gemm_efficiency
-from meshplan.units import GB, GiB, MS
+from meshplan.plan import Infeasible, Plan
+from meshplan.report.json_out import write_json
+from meshplan.schedule.rank_timeline import Overlap
+from meshplan.schedule.steptime import StepTime, step_time
+from meshplan.units import GB, MS, GiB
 
 
 @dataclass(frozen=True)
@@ -31,7 +37,7 @@ class Side:
     the critical stage by stream; ``gemms``: (name, M, N, K, efficiency)."""
 
     name: str
-    plan: object
+    plan: Plan | Infeasible
     feasible: bool
     reasons: tuple[str, ...]
     step_s: Optional[float] = None
@@ -41,7 +47,7 @@ class Side:
     gemms: tuple = ()
     link_bytes: dict = field(default_factory=dict)
     exposed_s: dict = field(default_factory=dict)
-    step: object = None
+    step: Optional[StepTime] = None
 
     @property
     def mesh_text(self) -> str:
@@ -51,8 +57,8 @@ class Side:
 
 @dataclass(frozen=True)
 class Comparison:
-    """``winner`` and ``rejected`` are "" when the two meshes are the same (``identical``);
-    ``rule``: the verdict rule in words."""
+    """``winner`` and ``rejected`` are "" when the two meshes are the same (``identical``) or
+    when neither fits (``none_fit``); ``rule``: the verdict rule in words."""
 
     a: Side
     b: Side
@@ -61,6 +67,7 @@ class Comparison:
     reasons: tuple[str, ...]
     rule: str = ""
     identical: bool = False
+    none_fit: bool = False
 
 
 def rule_text(tie_fraction: float = 0.02) -> str:
@@ -73,7 +80,7 @@ def rule_text(tie_fraction: float = 0.02) -> str:
 _SPELLING = {"names", "shape", "order", "degrees"}
 
 
-def same_mesh(plan_a, plan_b) -> bool:
+def same_mesh(plan_a: Plan | Infeasible, plan_b: Plan | Infeasible) -> bool:
     """Whether two plans have the same mesh: equal [mesh] tables, or the same resolved
     layout (names, degrees, ep, etp) spelled differently with every other [mesh] field equal.
 
@@ -87,7 +94,7 @@ def same_mesh(plan_a, plan_b) -> bool:
     >>> same_mesh(a, b), same_mesh(a, c)
     (True, False)
     """
-    ma, mb = plan_a.config.mesh, plan_b.config.mesh
+    ma, mb = plan_a.spec, plan_b.spec
     if ma == mb:
         return True
     if plan_a.mesh is None or plan_b.mesh is None:
@@ -97,25 +104,30 @@ def same_mesh(plan_a, plan_b) -> bool:
             and ma.model_dump(exclude=_SPELLING) == mb.model_dump(exclude=_SPELLING))
 
 
-def side_of(name: str, plan, overlap=None) -> Side:
+def side_of(name: str, plan: Plan | Infeasible, overlap: Optional[Overlap] = None) -> Side:
     """Numbers of one plan; the step time only for a plan that resolved its stages."""
-    from meshplan.schedule.steptime import step_time
-    from meshplan.schedule.rank_timeline import Overlap
-
-    if plan.mesh is None or plan.stages is None:
+    if isinstance(plan, Infeasible):
         return Side(name, plan, False, plan.reasons)
     gpu, dt = plan.config.cluster.gpu, plan.config.training.compute_dtype
     gemms = tuple((g.name, g.m, g.n, g.k, gemm_efficiency(gpu, g.m, g.n, g.k, dt)[0]) for g in plan.gemms)
     links: dict[str, float] = {}
-    for r in plan.collectives.get("stage 0", []):
+    for r in plan.stage(0).collectives:
         links[r.path.kind] = links.get(r.path.kind, 0.0) + r.size_bytes * busbw_factor(r.op, r.group_size) * r.per_step
     tl = plan.timeline
     st = step_time(plan, overlap or Overlap())
-    return Side(name, plan, plan.feasible, plan.reasons, st.step_s, st.mfu, tl.peak.total_bytes if tl else None,
-                tl.usable_bytes if tl else None, gemms, links, dict(st.exposed_s), st)
+    return Side(name, plan, plan.feasible, plan.reasons, st.step_s, st.mfu, tl.peak.total_bytes,
+                tl.usable_bytes, gemms, links, dict(st.exposed_s), st)
 
 
-def compare(plan_a, plan_b, names=("A", "B"), tie_fraction: float = 0.02, overlap=None) -> Comparison:
+def _fit(s: Side) -> tuple[float, float]:
+    """(step_s, peak_bytes) of a side that fits (:func:`side_of` sets both for every Plan)."""
+    if s.step_s is None or s.peak_bytes is None:
+        raise ValueError(f"{s.name}: no step time or peak memory (not a resolved plan)")
+    return s.step_s, s.peak_bytes
+
+
+def compare(plan_a: Plan | Infeasible, plan_b: Plan | Infeasible, names: tuple[str, str] = ("A", "B"),
+            tie_fraction: float = 0.02, overlap: Optional[Overlap] = None) -> Comparison:
     """Compare two plans of one workload (see the module docstring for the rule)."""
     a, b = side_of(names[0], plan_a, overlap), side_of(names[1], plan_b, overlap)
     rule = rule_text(tie_fraction)
@@ -132,17 +144,19 @@ def compare(plan_a, plan_b, names=("A", "B"), tie_fraction: float = 0.02, overla
                        f"({lose.step_s:.3f} s vs {win.step_s:.3f} s) if it fit: it needs another axis "
                        f"(cp, pp) or more memory, not a larger tensor degree")
     elif not a.feasible:
-        raise ConfigError("compare", "both meshes are infeasible: " + "; ".join(a.reasons + b.reasons))
+        return Comparison(a, b, "", "", tuple(f"{s.name} ({s.mesh_text}) is infeasible: " + "; ".join(s.reasons)
+                                              for s in (a, b)) + tuple(_evidence_lines(a, b)), rule, none_fit=True)
     else:
-        fast, slow = (a, b) if a.step_s <= b.step_s else (b, a)
-        gap = slow.step_s / fast.step_s - 1
+        (sa, pa), (sb, pb) = _fit(a), _fit(b)
+        (fast, fs), (slow, ss) = ((a, sa), (b, sb)) if sa <= sb else ((b, sb), (a, sa))
+        gap = ss / fs - 1
         if gap > tie_fraction:
             win, lose = fast, slow
-            why.append(f"{fast.name} predicts a {1 - fast.step_s / slow.step_s:.1%} shorter step "
-                       f"({fast.step_s:.3f} s vs {slow.step_s:.3f} s)")
+            why.append(f"{fast.name} predicts a {1 - fs / ss:.1%} shorter step "
+                       f"({fs:.3f} s vs {ss:.3f} s)")
         else:
-            win, lose = (a, b) if a.peak_bytes <= b.peak_bytes else (b, a)
-            why.append(f"step times within {tie_fraction:.0%} ({a.step_s:.3f} s vs {b.step_s:.3f} s): "
+            win, lose = (a, b) if pa <= pb else (b, a)
+            why.append(f"step times within {tie_fraction:.0%} ({sa:.3f} s vs {sb:.3f} s): "
                        f"{win.name} has more memory headroom")
     why += _evidence_lines(a, b)
     return Comparison(a, b, win.name, lose.name, tuple(why), rule)
@@ -158,7 +172,7 @@ def _evidence_lines(a: Side, b: Side) -> list[str]:
                 if f"{e2:.0%}" == f"{eff:.0%}":  # the same efficiency explains no difference
                     continue
                 out.append(f"{name}: {a.name} ({m2},{n2},{k2}) at {e2:.0%} of peak, {b.name} ({m},{n},{k}) at {eff:.0%}")
-    if a.peak_bytes and b.peak_bytes:
+    if a.peak_bytes and b.peak_bytes and a.usable_bytes:
         out.append(f"peak memory: {a.name} {a.peak_bytes / GiB:.1f} GiB, {b.name} {b.peak_bytes / GiB:.1f} GiB "
                    f"(usable {a.usable_bytes / GiB:.1f} GiB)")
     for kind in sorted(set(a.link_bytes) | set(b.link_bytes)):
@@ -200,7 +214,7 @@ def evidence_folder(c: Comparison, out_dir: str | Path, force: bool = False) -> 
     """``out_dir/rejected-<name>/``; ConfigError (``--out``) when it exists and not ``force``,
     so the CLI can refuse before printing the report."""
     folder = Path(out_dir) / f"rejected-{c.rejected}"
-    if not c.identical and folder.exists() and not force:
+    if not (c.identical or c.none_fit) and folder.exists() and not force:
         raise ConfigError("--out", f"{folder} exists; choose another --out or pass --force")
     return folder
 
@@ -208,9 +222,7 @@ def evidence_folder(c: Comparison, out_dir: str | Path, force: bool = False) -> 
 def write_evidence(c: Comparison, out_dir: str | Path, force: bool = False) -> list[Path]:
     """Write the rejected mesh's plan, its predicted trace, and a summary of the comparison
     to ``out_dir/rejected-<name>/``. Refuses to replace an existing folder unless ``force``."""
-    from meshplan.report.json_out import write_json
-
-    if c.identical:
+    if c.identical or c.none_fit:
         return []
     folder = evidence_folder(c, out_dir, force)
     rejected = c.a if c.rejected == c.a.name else c.b

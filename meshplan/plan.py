@@ -4,103 +4,231 @@ reports read it. Memory feasibility comes from the per-stage timeline peak
 (:mod:`meshplan.memory.timeline`); the constraints' first estimate only sizes the
 pre-mesh capacity rows.
 
-An infeasible mesh is a Plan with ``feasible = False`` and its reasons, never an exception;
-malformed input raises :class:`~meshplan.errors.ConfigError` before any of this runs.
+:func:`build_plan` returns one of two types, never raises for a mesh that does not work:
+
+- :class:`Infeasible`: the mesh has no plan: its degrees do not make the world
+  (``mesh`` None) or a validity rule fails (heads, widths, batch, layers, groups; ``mesh``
+  and ``placement`` set). ``reasons`` say why, one line each with the numbers.
+- :class:`Plan`: a resolved mesh with every field set (no Optional): stages, shapes,
+  state, collective tables and the memory timeline of every stage. ``Plan.feasible`` is
+  whether the timeline peak fits usable HBM; ``Plan.reasons`` are the memory reasons when
+  it does not.
+
+Malformed input raises :class:`~meshplan.errors.ConfigError` before any of this runs.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
-from typing import Any, Optional
+from dataclasses import dataclass, replace
 
-from meshplan.memory import constraints as cons
 from meshplan.comm.collectives import CollectiveRow, collective_table
+from meshplan.compute.shapes import (
+    Attention,
+    Gemm,
+    attention_shape,
+    layer_gemms,
+    output_gemm,
+)
+from meshplan.config import Config
 from meshplan.errors import ConfigError
+from meshplan.memory import constraints as cons
 from meshplan.memory.state import StateBytes, state_bytes
 from meshplan.memory.timeline import Timeline, memory_timelines, most_loaded
+from meshplan.mesh import resolve
 from meshplan.mesh.layout import check_partition
-from meshplan.mesh.resolve import Infeasible, Mesh, resolve_mesh
-from meshplan.placement.assign import Flag, Placement, place, placement_flags
-from meshplan.compute.shapes import Attention, Gemm, attention_shape, layer_gemms, output_gemm
-from meshplan.config import Config
+from meshplan.mesh.resolve import Mesh, resolve_mesh
 from meshplan.mesh.tpsplit import padded_vocab
 from meshplan.mesh.validity import check
+from meshplan.pipeline.registry import reasons as schedule_reasons
+from meshplan.placement.assign import Flag, Placement, place, placement_flags
+from meshplan.spec.mesh import MeshSpec
 
 SCHEMA = "meshplan.plan/v1"
+
+#: Layer indices per pipeline stage, per virtual chunk: ``stages[k][c] = [layer, ...]``
+#: (:func:`meshplan.mesh.layers.stage_layers`).
+StageLayers = list[list[list[int]]]
+
+
+def table_stage(stage: int, pp: int) -> int:
+    """The stage whose collective table stage ``stage`` of ``pp`` uses: the first and the
+    last stage have their own (embedding, output layer, one pp neighbour); every middle
+    stage shares stage 1's (same layers' collectives, two neighbours).
+
+    >>> [table_stage(k, 4) for k in range(4)]
+    [0, 1, 1, 3]
+    >>> [table_stage(k, 2) for k in range(2)], table_stage(0, 1)
+    ([0, 1], 0)
+    """
+    return 0 if stage == 0 else pp - 1 if stage == pp - 1 else 1
+
+
+def table_key(stage: int) -> str:
+    """Key of stage ``stage``'s table in :attr:`Plan.collectives` (and the JSON's
+    ``collectives``): ``"stage 0"``."""
+    return f"stage {stage}"
+
+
+@dataclass(frozen=True)
+class Stage:
+    """Pipeline stage ``index`` of a :class:`Plan`, as one rank of it sees it.
+
+    ``chunks``: layer indices per virtual chunk (``vpp`` lists); ``table_stage``: the stage
+    whose collective table this one uses (:func:`table_stage`); ``collectives``: that table;
+    ``state``: persistent bytes per rank; ``timeline``: this stage's memory timeline."""
+
+    index: int
+    pp: int
+    chunks: list[list[int]]
+    table_stage: int
+    collectives: list[CollectiveRow]
+    state: StateBytes
+    timeline: Timeline
+
+    @property
+    def first(self) -> bool:
+        return self.index == 0
+
+    @property
+    def last(self) -> bool:
+        return self.index == self.pp - 1
+
+    @property
+    def layers(self) -> list[int]:
+        """Every layer this stage holds, chunk by chunk."""
+        return [i for chunk in self.chunks for i in chunk]
 
 
 @dataclass(frozen=True)
 class Plan:
-    """Everything meshplan derives for one mesh. Fields after ``reasons`` are None/empty
-    when the mesh could not be resolved."""
+    """Everything meshplan derives for one resolved mesh; every field is set.
+
+    ``stages``: :data:`StageLayers`; ``state``, ``timelines``: one per stage;
+    ``collectives``: the tables of the stages :func:`table_stage` names, keyed by
+    :func:`table_key` (read one stage's with :meth:`stage`); ``reasons``: why the memory
+    timeline does not fit (empty when it does)."""
 
     config: Config
+    spec: MeshSpec
     world: int
-    feasible: bool
     reasons: tuple[str, ...]
-    notes: tuple[str, ...] = ()
-    derivation: tuple[str, ...] = ()
-    mesh: Optional[Mesh] = None
-    stages: Optional[list] = None
-    vpp: int = 1
-    micro_batches: int = 0
-    placement: Optional[Placement] = None
-    flags: tuple[Flag, ...] = ()
-    gemms: tuple[Gemm, ...] = ()
-    attention: Optional[Attention] = None
-    state: tuple[StateBytes, ...] = ()
-    constraints: Optional[Any] = None
-    collectives: dict[str, list[CollectiveRow]] = field(default_factory=dict)
-    timelines: tuple[Timeline, ...] = ()
+    notes: tuple[str, ...]
+    derivation: tuple[str, ...]
+    mesh: Mesh
+    stages: StageLayers
+    vpp: int
+    micro_batches: int
+    placement: Placement
+    flags: tuple[Flag, ...]
+    gemms: tuple[Gemm, ...]
+    attention: Attention
+    state: tuple[StateBytes, ...]
+    constraints: cons.Constraints
+    collectives: dict[str, list[CollectiveRow]]
+    timelines: tuple[Timeline, ...]
 
     @property
-    def timeline(self) -> Optional[Timeline]:
-        """The memory timeline of the most loaded stage (None without timelines)."""
-        return most_loaded(self.timelines) if self.timelines else None
+    def feasible(self) -> bool:
+        """True when every stage's memory timeline peak fits usable HBM."""
+        return not self.reasons
+
+    @property
+    def timeline(self) -> Timeline:
+        """The memory timeline of the most loaded stage."""
+        return most_loaded(self.timelines)
+
+    @property
+    def pp(self) -> int:
+        return len(self.stages)
 
     @property
     def tokens_per_microbatch(self) -> int:
         return self.config.training.micro_batch * self.config.training.seq_len // self.mesh.degree("cp")
 
+    def stage(self, k: int) -> Stage:
+        """Pipeline stage ``k`` (0 .. pp-1): its layers, collective table, state and timeline."""
+        if not 0 <= k < self.pp:
+            raise IndexError(f"stage {k} outside 0..{self.pp - 1}")
+        key = table_stage(k, self.pp)
+        return Stage(index=k, pp=self.pp, chunks=self.stages[k], table_stage=key,
+                     collectives=self.collectives[table_key(key)], state=self.state[k], timeline=self.timelines[k])
 
-def build_plan(config: Config, constraints: Optional[cons.Constraints] = None) -> Plan:
-    """The plan of ``config``'s mesh on its cluster. Raises ConfigError on bad input only.
-    ``constraints``: :func:`meshplan.memory.constraints.constraints` of the same model, training
-    and cluster when already computed (the search passes them; they do not depend on the
-    mesh)."""
-    m, t, c = config.model, config.training, config.cluster
-    if config.mesh is None:
+    def stage_of(self, rank: int) -> Stage:
+        """The stage rank ``rank`` runs: its pp coordinate (0 without a pp axis)."""
+        names = self.mesh.layout.names
+        return self.stage(self.mesh.layout.coords_of(rank)[names.index("pp")] if "pp" in names else 0)
+
+
+@dataclass(frozen=True)
+class Infeasible:
+    """A mesh with no plan, and why. ``mesh`` is None when the degrees do not make the
+    world; when a validity rule failed, ``mesh``, ``placement``, ``flags``, ``vpp`` and
+    ``micro_batches`` say what was resolved (printed before the reasons)."""
+
+    config: Config
+    spec: MeshSpec
+    world: int
+    reasons: tuple[str, ...]
+    constraints: cons.Constraints
+    notes: tuple[str, ...] = ()
+    derivation: tuple[str, ...] = ()
+    mesh: Mesh | None = None
+    placement: Placement | None = None
+    flags: tuple[Flag, ...] = ()
+    vpp: int = 1
+    micro_batches: int = 0
+
+    @property
+    def feasible(self) -> bool:
+        return False
+
+    @property
+    def timelines(self) -> tuple[Timeline, ...]:
+        """Empty: a mesh without a plan has no memory timeline (a loop over results can
+        read ``timelines`` of either type)."""
+        return ()
+
+
+
+def build_plan(config: Config, constraints: cons.Constraints | None = None) -> Plan | Infeasible:
+    """The plan of ``config``'s mesh on its cluster, or why it has none (see the module
+    docstring). Raises ConfigError on bad input only. ``constraints``:
+    :func:`meshplan.memory.constraints.constraints` of the same model, training and cluster
+    when already computed (the search passes them; they do not depend on the mesh)."""
+    m, t, c, spec = config.model, config.training, config.cluster, config.mesh
+    if spec is None:
         raise ConfigError("mesh", "missing table [mesh]; planning needs a mesh (meshplan search finds one)")
-    world = config.mesh.world or c.world
+    world = spec.world or c.world
     if world > c.world:
         raise ConfigError("mesh.world", f"{world} ranks but the cluster has {c.world} GPUs "
                           f"({c.nodes} nodes x {c.node.gpus}); use fewer ranks or more nodes")
-    mesh = resolve_mesh(config.mesh, world, gpus_per_node=c.node.gpus)
+    mesh = resolve_mesh(spec, world, gpus_per_node=c.node.gpus)
     if constraints is None:
         constraints = cons.constraints(m, t, c, world)
-    if isinstance(mesh, Infeasible):
-        return Plan(config, world, False, mesh.reasons, constraints=constraints)
-    v = check(m, t, mesh, config.mesh)
+    if isinstance(mesh, resolve.Infeasible):
+        return Infeasible(config, spec, world, mesh.reasons, constraints)
+    v = check(m, t, mesh, spec)
+    pp = mesh.degree("pp")  # the pipeline schedule's own rules (meshplan.pipeline), after the mesh's
+    v = replace(v, reasons=v.reasons + schedule_reasons(spec.pp_schedule, pp, v.micro_batches, v.vpp))
     partition = [f"axis {a}: {problem}" for a in mesh.all_axes() for problem in check_partition(mesh.groups(a), world)]
-    placement = place(c, world, config.mesh.rank_to_gpu)
+    placement = place(c, world, spec.rank_to_gpu)
     flags = tuple(placement_flags(mesh, placement))
-    base = dict(config=config, world=world, notes=v.notes, derivation=mesh.derivation, mesh=mesh,
-                placement=placement, flags=flags, vpp=v.vpp, micro_batches=v.micro_batches)
-    if v.reasons or partition:
-        return Plan(feasible=False, reasons=v.reasons + tuple(partition), constraints=constraints, **base)
+    if v.reasons or partition or v.stages is None:
+        return Infeasible(config, spec, world, v.reasons + tuple(partition), constraints, notes=v.notes,
+                          derivation=mesh.derivation, mesh=mesh, placement=placement, flags=flags, vpp=v.vpp,
+                          micro_batches=v.micro_batches)
     tp, cp = mesh.degree("tp"), mesh.degree("cp")
     tokens = t.micro_batch * t.seq_len // cp
     gemms = layer_gemms(m, tp, tokens, ep=mesh.ep, etp=mesh.etp)
     gemms.append(output_gemm(m, tp, tokens, padded_vocab(m.vocab, t.vocab_pad_divisor, tp)))
-    state = tuple(state_bytes(m, mesh, t, v.stages))
     annotated = cons.annotate_axes(constraints, m, t, c, mesh, v.stages, v.micro_batches)
-    colls = _collectives(config, mesh, placement, v.stages, v.micro_batches)
-    plan = Plan(feasible=True, reasons=(), stages=v.stages, gemms=tuple(gemms),
-                attention=attention_shape(m, tp, cp, t.micro_batch, t.seq_len), state=state,
-                constraints=annotated, collectives=colls, **base)
-    timelines = memory_timelines(plan)
-    reasons = memory_reasons(timelines)
-    return replace(plan, feasible=not reasons, reasons=reasons, timelines=timelines)
+    plan = Plan(config=config, spec=spec, world=world, reasons=(), notes=v.notes, derivation=mesh.derivation,
+                mesh=mesh, stages=v.stages, vpp=v.vpp, micro_batches=v.micro_batches, placement=placement,
+                flags=flags, gemms=tuple(gemms), attention=attention_shape(m, tp, cp, t.micro_batch, t.seq_len),
+                state=tuple(state_bytes(m, mesh, t, v.stages)), constraints=annotated,
+                collectives=_collectives(config, spec, mesh, placement, v.stages, v.micro_batches), timelines=())
+    timelines = memory_timelines(plan)  # reads the plan's mesh, stages, state and tables
+    return replace(plan, reasons=memory_reasons(timelines), timelines=timelines)
 
 
 def memory_reasons(timelines: tuple[Timeline, ...]) -> tuple[str, ...]:
@@ -109,29 +237,39 @@ def memory_reasons(timelines: tuple[Timeline, ...]) -> tuple[str, ...]:
     over = [tl for tl in timelines if not tl.fits]
     if not over:
         return ()
-    reasons = [most_loaded(over).reason()]
+    top = most_loaded(over).reason()  # a str: every timeline in ``over`` does not fit
+    reasons = [top] if top is not None else []
     if len(over) > 1:
         reasons.append(f"{len(over)} of {len(timelines)} stages exceed usable memory: stages "
                        + ", ".join(str(tl.stage) for tl in over[:16]) + (" ..." if len(over) > 16 else ""))
     return tuple(reasons)
 
 
-def _collectives(config: Config, mesh: Mesh, placement, stages, micro) -> dict[str, list[CollectiveRow]]:
-    """Tables for the first stage, one middle stage (pp > 2) and the last stage: the roles
-    that differ (middle stages hold no embedding or head and talk to two neighbours)."""
+def _collectives(config: Config, spec: MeshSpec, mesh: Mesh, placement: Placement, stages: StageLayers,
+                 micro: int) -> dict[str, list[CollectiveRow]]:
+    """Tables of the stages :func:`table_stage` names: the first, one middle stage (pp > 2)
+    and the last (middle stages hold no embedding or head and talk to two neighbours)."""
     pp, vpp = len(stages), len(stages[0])
     out = {}
-    for k in sorted({0, min(1, pp - 1), pp - 1} if pp > 2 else {0, pp - 1}):
+    for k in sorted({table_stage(s, pp) for s in range(pp)}):
         layers = [i for chunk in stages[k] for i in chunk]
-        out[f"stage {k}"] = collective_table(config.model, config.training, mesh, config.cluster, placement,
+        out[table_key(k)] = collective_table(config.model, config.training, mesh, config.cluster, placement,
                                              layers, micro, first_stage=k == 0, last_stage=k == pp - 1,
-                                             loss_parallel=config.mesh.loss_parallel, stage=k, vpp=vpp,
-                                             schedule=config.mesh.pp_schedule)
+                                             loss_parallel=spec.loss_parallel, stage=k, vpp=vpp,
+                                             schedule=spec.pp_schedule, chunks=stages[k])
     return out
 
 
-def stage_table(plan: "Plan", stage: int) -> list[CollectiveRow]:
-    """The collective table of pipeline stage ``stage`` (middle stages share stage 1's)."""
-    pp = len(plan.stages)
-    key = 0 if stage == 0 else pp - 1 if stage == pp - 1 else 1
-    return plan.collectives[f"stage {key}"]
+def with_rank_to_gpu(plan: Plan, rank_to_gpu) -> Plan:
+    """``plan`` with the rank -> GPU permutation ``rank_to_gpu`` (element r = global GPU of
+    rank r): new config ``mesh.rank_to_gpu``, placement, locality flags and collective tables
+    (their paths and link classes follow the placement). Degrees, groups, shapes, state and
+    the memory timelines do not depend on where ranks sit and are kept; equal to
+    ``build_plan`` of the changed config (tests check the step time)."""
+    r2g = [int(g) for g in rank_to_gpu]
+    spec = plan.spec.model_copy(update={"rank_to_gpu": r2g})
+    config = replace(plan.config, mesh=spec)
+    placement = place(config.cluster, plan.world, r2g)
+    colls = _collectives(config, spec, plan.mesh, placement, plan.stages, plan.micro_batches)
+    return replace(plan, config=config, spec=spec, placement=placement,
+                   flags=tuple(placement_flags(plan.mesh, placement)), collectives=colls)

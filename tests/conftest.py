@@ -26,5 +26,5 @@ HEAVY = (
 def pytest_collection_modifyitems(config, items):
     for item in items:
         name = Path(str(item.fspath)).name
-        if name in HEAVY or f"{name}::{getattr(item, 'originalname', item.name)}" in HEAVY:  # doctests have none
+        if name in HEAVY or f"{name}::{getattr(item, 'originalname', '')}" in HEAVY:
             item.add_marker(pytest.mark.heavy)

@@ -366,3 +366,86 @@ def test_cli_place_choose_and_bindings(tmp_path):
     assert again.returncode == 2 and "exists; choose another path or pass --force" in again.stderr
     plain = subprocess.run(cmd[:5], capture_output=True, text=True, cwd=ROOT)
     assert plain.returncode == 0 and "tp 8 fits the 8-GPU node but the axis order puts it across" in plain.stdout
+
+
+# --------------------------------------------------------------------------- scored by the step model
+
+
+def _plan(names, shape, nodes, system_name="dgx-h100"):
+    from meshplan.config import config_from_dict
+    from meshplan.plan import build_plan
+
+    return build_plan(config_from_dict({
+        "model": {"catalog": "llama3-8b"}, "cluster": {"system": system_name, "nodes": nodes},
+        "training": {"global_batch": 16, "seq_len": 4096, "micro_batch": 1, "sharding": "zero3",
+                     "param_dtype": "bf16", "compute_dtype": "bf16", "recompute": "full"},
+        "mesh": {"names": list(names), "shape": list(shape), "sequence_parallel": True}}))
+
+
+def _tp_in_one_node(c) -> bool:
+    return bool((c.placement.node[c.mesh.groups("tp")] == c.placement.node[c.mesh.groups("tp")][:, :1]).all())
+
+
+def test_two_dgx_h100_dp_shard2_tp8_keeps_tp_inside_nodes():
+    """Issue 11 item 5, reproduced: 2 DGX H100 nodes, dp_shard 2 x tp 8 (Llama-3-8B). By ring
+    hops alone the chooser splits each tp group over both nodes: tp (2 groups x 2 hops x its
+    bytes) looks cheaper than dp_shard (8 groups x 2 hops), yet every layer's tp collectives
+    then leave through the NICs and the step model predicts a longer step. Scored by the step
+    model, the node-major placement (tp inside each node) is kept."""
+    from meshplan.schedule.placement_score import step_scorer
+
+    p = _plan(["dp_shard", "tp"], [2, 8], 2)
+    assert p.feasible, p.reasons
+    w = weights_from_plan(p)
+    by_hops = choose_placement(p.mesh, p.config.cluster, w)
+    assert by_hops.changed and not _tp_in_one_node(by_hops)
+    assert by_hops.after.by_axis["tp"].network_hops == 4  # 2 groups x 2 nodes
+    score = step_scorer(p)
+    identity = score(np.arange(16))
+    assert score(by_hops.rank_to_gpu) > identity  # the model rates the ring-hop pick slower
+    c = choose_placement(p.mesh, p.config.cluster, w, step_s=score)
+    assert not c.changed and _tp_in_one_node(c) and c.rank_to_gpu.tolist() == list(range(16))
+    assert c.step_before_s == c.step_after_s == identity
+    assert any("no candidate predicts a shorter step" in d for d in c.decisions)
+    assert not any("puts it across" in x for x in c.warnings)
+
+
+@pytest.mark.parametrize("names,shape,nodes,system_name", [
+    (["dp_shard", "tp"], [2, 8], 2, "dgx-h100"),
+    (["tp", "dp_shard"], [8, 2], 2, "dgx-h100"),          # bad order: tp across nodes
+    (["dp_shard", "tp"], [4, 4], 2, "dgx-h100"),
+    (["tp", "dp_shard"], [4, 8], 4, "seed-8x8-2nic"),     # bad order on the seed's 2-NIC nodes
+    (["dp_replicate", "dp_shard", "tp"], [2, 2, 4], 2, "dgx-h100"),
+])
+def test_step_scored_choice_is_never_slower_than_the_given(names, shape, nodes, system_name):
+    """The chosen permutation's predicted step <= the given placement's, on several meshes;
+    where the given order puts tp across nodes, the choice brings it inside and is faster."""
+    from meshplan.schedule.placement_score import step_scorer
+
+    p = _plan(names, shape, nodes, system_name)
+    score = step_scorer(p)
+    c = choose_placement(p.mesh, p.config.cluster, weights_from_plan(p), step_s=score)
+    world = int(np.prod(shape))
+    assert c.step_before_s == score(np.arange(world))
+    assert c.step_after_s == score(c.rank_to_gpu) <= c.step_before_s
+    if names[0] == "tp":
+        assert c.changed and _tp_in_one_node(c) and c.step_after_s < c.step_before_s
+
+
+def test_with_rank_to_gpu_equals_a_plan_built_with_that_permutation():
+    """The scorer's shortcut (new placement and collective tables, the rest kept) predicts
+    the same step as building the plan from a config with mesh.rank_to_gpu."""
+    from dataclasses import replace as dc_replace
+
+    from meshplan.plan import build_plan, with_rank_to_gpu
+    from meshplan.schedule.placement_score import placed_step
+    from meshplan.schedule.rank_timeline import Overlap
+    from meshplan.schedule.steptime import step_time
+
+    p = _plan(["dp_shard", "tp"], [2, 8], 2)
+    r2g = [0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15]
+    full = build_plan(dc_replace(p.config, mesh=p.config.mesh.model_copy(update={"rank_to_gpu": r2g})))
+    fast = with_rank_to_gpu(p, r2g)
+    assert fast.collectives == full.collectives and fast.flags == full.flags
+    assert placed_step(p, r2g).step_s == step_time(full, Overlap()).step_s
+    assert placed_step(p, r2g).step_s > step_time(p, Overlap()).step_s

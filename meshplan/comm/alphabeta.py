@@ -52,9 +52,10 @@ Handed case C12: n 8, S 14 GB, 50 GB/s per rank: all-reduce sends 24.5 GB, 0.49 
 from __future__ import annotations
 
 import bisect
+from itertools import accumulate
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Mapping, Optional
+from typing import Any, Mapping, Optional
 
 from meshplan.spec.cluster import BusbwCurve
 from meshplan.units import GB
@@ -142,7 +143,9 @@ def measured_time(curve: BusbwCurve, size_bytes: float, sent_bytes: float, laten
 
     ``t_meas``: the curve's times ``t_i = f S_i / busbw_i`` (``f = busbw_factor(curve.op,
     curve.ranks)``) after the point (0, ``reference_latency_s``), joined by straight lines in S
-    and continued along the last segment beyond the largest size; ``beta`` is infinite where
+    and continued along the last segment beyond the largest size, each ``t_i`` raised to the
+    largest time before it (measured rows are flat between 64 KiB and 1 MiB and can dip: a
+    larger buffer is never modelled faster than a smaller one); ``beta`` is infinite where
     ``t_meas`` does not exceed the latency. ``latency_s`` and ``reference_latency_s``: NCCL's
     latency for this group and for the curve's rank count (same algorithm and link); ``line``:
     the curve's ``line_gb_per_s``.
@@ -160,6 +163,7 @@ def measured_time(curve: BusbwCurve, size_bytes: float, sent_bytes: float, laten
     f, line = busbw_factor(curve.op, curve.ranks), curve.line_gb_per_s * GB
     sizes = [0.0] + [float(x) for x in curve.sizes_bytes]
     times = [reference_latency_s] + [f * x / (b * GB) for x, b in zip(curve.sizes_bytes, curve.busbw_gb_per_s)]
+    times = list(accumulate(times, max))  # a larger buffer is never faster (flat noisy rows)
     k = max(0, min(bisect.bisect_right(sizes, size_bytes) - 1, len(sizes) - 2))
     t_meas = times[k] + (times[k + 1] - times[k]) * (size_bytes - sizes[k]) / (sizes[k + 1] - sizes[k])
     spent = t_meas - reference_latency_s  # the measurement's bandwidth term
@@ -256,7 +260,7 @@ def tree_time(n: int, size_bytes: float, bandwidth_bytes_per_s: float, network: 
 def collective_time(op: str, n: int, size_bytes: float, bandwidth_bytes_per_s: float, kind: str,
                     nvls: bool = False, latency_scale: float = 1.0, nodes: int = 1,
                     intra_bandwidth_bytes_per_s: float = 0.0, library: str = "nccl",
-                    curves: Mapping[str, BusbwCurve] = MappingProxyType({}),
+                    curves: Mapping[Any, BusbwCurve] = MappingProxyType({}),
                     nic_bandwidth_bytes_per_s: float = 0.0, ranks_per_node: int = 0) -> tuple[str, float]:
     """(algorithm, seconds): the fastest of the algorithms NCCL can run for ``op`` on a path of
     ``kind`` ("nvlink" inside a node or NVLink domain, "network" across ``nodes`` nodes), each

@@ -49,7 +49,7 @@ import re
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -126,7 +126,7 @@ def parse_nccl_tests_text(text: str, source: str = "nccl-tests output", op: Opti
     ranks = [int(r) for r in re.findall(r"^#\s+Rank\s+(\d+)\s", text, flags=re.M)]
     if op is None and not found_op:
         raise ConfigError(source, "no '# Collective test starting' line; pass op= (e.g. 'all-reduce')")
-    op = _op_name(op or found_op[1], source)
+    op = _op_name(op or (found_op[1] if found_op else ""), source)
     n = n_ranks or (max(ranks) + 1 if ranks else None)
     if not n:
         raise ConfigError(source, "no '#  Rank' lines; pass n_ranks=")
@@ -340,7 +340,8 @@ def apply_calibration(cluster: ClusterSpec, calib: dict[str, CalibratedLink]) ->
     (GB/s x 8 = Gb/s) and every network tier's per-step latency. The calibrated link classes
     lose the catalog's measured busbw curves (``nvlink`` the "nvlink" and "nvls" curves, ``nic``
     the "nic" curve): the user's own fit replaces them. Other fields are kept."""
-    node, upd, tag = cluster.node, {}, "calibrated: {}"
+    node, tag = cluster.node, "calibrated: {}"
+    upd: dict[str, Any] = {}
     dropped = {"nvlink": ("nvlink", "nvls"), "nic": ("nic",)}
     gone = {c for name in calib for c in dropped.get(name, ())}
     upd["busbw"] = {k: v for k, v in node.busbw.items() if k not in gone}

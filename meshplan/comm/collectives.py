@@ -41,6 +41,9 @@ Conventions, matched op by op against what torch 2.13 issues for DTensor TP/SP a
 - ZeRO-1/2 (Megatron distributed optimizer): one gradient reduce-scatter and one parameter
   all-gather per step, as one bucket per stage. DDP (none): one backward all-reduce of all gradients
   in the parameter dtype, torch 2.13's first step (:func:`meshplan.runtime.execution.parallelize.apply_ddp`).
+  Every gradient reduction (FSDP reduce-scatter, HSDP all-reduce, ZeRO-1/2 reduce-scatter, DDP
+  all-reduce) is in ``training.gradient_reduce_dtype``: ``training.grad_reduce_dtype = "fp32"``
+  gives Megatron-LM's fp32 main-gradient reduction.
 - CP (all-gather CP, Llama 3, Dubey et al. 2024, 3.3.2; :mod:`meshplan.runtime.execution.cp`): per
   layer in forward one all-gather of the local K and V stacked in one buffer (full buffer
   ``2 * b * s * kv_heads_local * d_head`` in compute dtype, K/V heads before the GQA repeat),
@@ -82,16 +85,24 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
+from typing import Optional
 
 import numpy as np
 
 from meshplan.comm.alphabeta import REFERENCE_STEP_S, busbw_factor, collective_time
-from meshplan.mesh.resolve import Mesh
 from meshplan.compute.shapes import expert_capacity
+from meshplan.mesh.resolve import Mesh
+from meshplan.mesh.tpsplit import (
+    fsdp_padded_numel,
+    local_heads,
+    local_numel,
+    padded_vocab,
+)
+from meshplan.pipeline.simulate import stage_order
 from meshplan.spec.cluster import ClusterSpec
+from meshplan.spec.mesh import Schedule
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.training import TrainingSpec
-from meshplan.mesh.tpsplit import fsdp_padded_numel, local_heads, local_numel, padded_vocab
 from meshplan.units import dtype_bytes
 
 
@@ -186,9 +197,11 @@ def collective_table(model: ModelSpec, training: TrainingSpec, mesh: Mesh, clust
                      placement, stage_layers: list[int], micro_batches: int,
                      first_stage: bool = True, last_stage: bool = True,
                      loss_parallel: bool = True, stage: int = 0, vpp: int = 1,
-                     schedule: str = "1f1b") -> list[CollectiveRow]:
+                     schedule: Schedule = Schedule.ONE_F_ONE_B,
+                     chunks: Optional[list[list[int]]] = None) -> list[CollectiveRow]:
     """Rows for pipeline stage ``stage`` holding ``stage_layers`` (layer indices) in ``vpp``
-    chunks, run under ``schedule`` with ``micro_batches`` micro-batches."""
+    chunks (``chunks``: the layers of each; default ``vpp`` equal runs of ``stage_layers``),
+    run under ``schedule`` with ``micro_batches`` micro-batches."""
     rows: list[CollectiveRow] = []
     paths: dict[str, Path] = {}
 
@@ -208,7 +221,12 @@ def collective_table(model: ModelSpec, training: TrainingSpec, mesh: Mesh, clust
                                   per_step if per_step is not None else per_mb * micro_batches,
                                   cadence, path, t, waits, depth, alg, per_mb / max(len(stage_layers), 1)))
 
-    ctx = _Ctx(model, training, mesh, stage_layers, first_stage, last_stage, stage, vpp, schedule, micro_batches)
+    if chunks is None:
+        per = max(len(stage_layers) // vpp, 1)
+        chunks = [stage_layers[k * per:(k + 1) * per] for k in range(vpp)]
+    chunk_of = {i: k for k, ls in enumerate(chunks) for i in ls}
+    ctx = _Ctx(model, training, mesh, stage_layers, first_stage, last_stage, stage, vpp, schedule, micro_batches,
+               chunk_of)
     _tp_rows(add, ctx, loss_parallel)
     _cp_rows(add, ctx)
     _dp_rows(add, ctx)
@@ -226,8 +244,9 @@ class _Ctx:
     last: bool
     stage: int = 0
     vpp: int = 1
-    schedule: str = "1f1b"
+    schedule: Schedule = Schedule.ONE_F_ONE_B
     micro: int = 1
+    chunk_of: Optional[dict] = None  # layer -> local chunk
 
     @property
     def act_bytes(self) -> int:
@@ -270,7 +289,7 @@ def _replicated_grad_rows(add, c: _Ctx, size: int, count: int, cadence: str) -> 
 def _tp_rows(add, c: _Ctx, loss_parallel: bool) -> None:
     first, last, dt = int(c.first), int(c.last), c.training.compute_dtype
     act = c.act_bytes
-    counts = Counter()
+    counts: Counter[tuple] = Counter()
     for i in c.layers:
         fwd, bwd = _tp_layer_ops(c, i)
         counts.update(("forward", o) for o in fwd)
@@ -325,8 +344,9 @@ def _cp_rows(add, c: _Ctx) -> None:
         "previous layer's backward")
 
 
-def _units(c: _Ctx, shards: dict[str, int]) -> list[tuple[str, str, int]]:
-    """FSDP units of the stage as (label, axis, unsharded elements per rank incl. padding)."""
+def _units(c: _Ctx, shards: dict[str, int]) -> list[tuple[str, str, int, int]]:
+    """FSDP units of the stage as (label, axis, unsharded elements per rank incl. padding,
+    local chunk); the root's chunk is the first (embedding) or the last (output layer)."""
     m, mesh, t = c.model, c.mesh, c.training
     tp, ep, etp = mesh.degree("tp"), mesh.ep, mesh.etp
     pad = t.sharding in ("zero3", "hsdp")
@@ -339,28 +359,31 @@ def _units(c: _Ctx, shards: dict[str, int]) -> list[tuple[str, str, int]]:
     out = []
     for i in c.layers:
         ts = m.layer_tensors(i)
-        out.append(("layer", "fsdp", size([x for x in ts if not x.expert], "fsdp")))
+        k = (c.chunk_of or {}).get(i, 0)
+        out.append(("layer", "fsdp", size([x for x in ts if not x.expert], "fsdp"), k))
         if any(x.expert for x in ts):
-            out.append(("experts", "efsdp", size([x for x in ts if x.expert], "efsdp")))
+            out.append(("experts", "efsdp", size([x for x in ts if x.expert], "efsdp"), k))
     v = padded_vocab(m.vocab, t.vocab_pad_divisor, tp)
     root = (m.embedding_tensors(v) if c.first else []) + [
         x for x in (m.head_tensors(v) if c.last else []) if not (x.tied and c.first)]
-    out.append(("root (embedding/norm/output)", "fsdp", size(root, "fsdp")))
+    out.append(("root (embedding/norm/output)", "fsdp", size(root, "fsdp"), 0 if c.first else c.vpp - 1))
     return [u for u in out if u[2] > 0]
 
 
 def _dp_rows(add, c: _Ctx) -> None:
     t, mesh = c.training, c.mesh
     shards = {"fsdp": mesh.degree("fsdp"), "efsdp": mesh.degree("efsdp")}
-    ag, rs = t.compute_dtype, t.reduce_dtype
+    ag, rs = t.compute_dtype, t.gradient_reduce_dtype
     if t.sharding in ("zero3", "hsdp"):
         pipelined = mesh.degree("pp") > 1
-        for (label, axis, numel), n in Counter(_units(c, shards)).items():
+        units = _units(c, shards)
+        for (label, axis, numel), n in Counter(u[:3] for u in units).items():
             root = label.startswith("root")
             cadence = f"per {label}" if root else f"every {label}"
-            per_step = _pipelined_gathers(c, root) if pipelined else None
-            fwd = (0, per_step[0] * n) if pipelined else (n, None)
-            back = (0, per_step[1] * n) if pipelined else (0 if root or not t.reshard_after_forward else n, None)
+            per_step = _pipelined_gathers(c, root, [u[3] for u in units if u[:3] == (label, axis, numel)]) \
+                if pipelined else None
+            fwd = (0, per_step[0]) if per_step is not None else (n, None)
+            back = (0, per_step[1]) if per_step is not None else (0 if root or not t.reshard_after_forward else n, None)
             red = (0, n) if pipelined else (n, None)
             add(axis, "forward", "all-gather", numel * dtype_bytes(ag), ag, fwd[0], cadence, f"the {label}'s GEMMs", 7,
                 per_step=fwd[1])
@@ -372,8 +395,8 @@ def _dp_rows(add, c: _Ctx) -> None:
                 add("dp_replicate", "backward", "all-reduce", numel // shards[axis] * dtype_bytes(rs), rs, red[0],
                     cadence + " (HSDP replicas)", "optimizer step", per_step=red[1])
         return
-    by_axis = Counter()
-    for _, axis, numel in _units(c, shards):
+    by_axis: Counter[str] = Counter()
+    for _, axis, numel, _ in _units(c, shards):
         by_axis[axis] += numel
     for axis, numel in by_axis.items():
         if t.sharding in ("zero1", "zero2"):
@@ -382,27 +405,46 @@ def _dp_rows(add, c: _Ctx) -> None:
             add(axis, "step", "all-gather", numel * dtype_bytes(t.param_dtype), t.param_dtype, 0,
                 "once per step (updated params)", "next step's forward", per_step=1)
         else:
-            add("loss" if axis == "fsdp" else axis, "backward", "all-reduce", numel * dtype_bytes(t.param_dtype),
-                t.param_dtype, 0, "once per step (DDP, one bucket)", "optimizer step", per_step=1)
+            add("loss" if axis == "fsdp" else axis, "backward", "all-reduce", numel * dtype_bytes(rs),
+                rs, 0, "once per step (DDP, one bucket)", "optimizer step", per_step=1)
 
 
-def _pipelined_gathers(c: _Ctx, root: bool) -> tuple[int, int]:
-    """(forward, backward) all-gathers per step of one FSDP unit of a pipeline stage, as torch
-    ``PipelineStage`` runs FSDP2: gradient sync and reshard-after-backward are off for every
-    backward but the last, so a unit stays gathered after a backward, is resharded after a
-    forward (``reshard_after_forward``; never the root), and is gathered whenever a pass finds
-    it sharded. Walks the stage's order from :func:`meshplan.pipeline.simulate.stage_order`."""
-    from meshplan.pipeline.simulate import stage_order
+def _pipelined_gathers(c: _Ctx, root: bool, chunks: list[int]) -> tuple[int, int]:
+    """(forward, backward) all-gathers per step of FSDP units of a pipeline stage, one unit in
+    each local chunk of ``chunks``, as torch ``PipelineStage`` runs FSDP2
+    (:func:`fsdp_gather_flags`). Counted per chunk: under interleaved 1F1B with
+    ``reshard_after_forward`` the chunks' orders differ (pp 2, vpp 2, m 4, stage 0: chunk 0
+    gathers 4 F + 1 B, chunk 1 3 F + 2 B)."""
+    flags = fsdp_gather_flags(c.schedule, c.mesh.degree("pp"), c.micro, c.vpp, c.stage,
+                              c.training.reshard_after_forward and not root)
+    per = Counter((ch, k) for (ch, k, _), g in flags.items() if g)
+    return sum(per[(ch, "F")] for ch in chunks), sum(per[(ch, "B")] for ch in chunks)
 
-    reshard = c.training.reshard_after_forward and not root
-    order = [u for u in stage_order(c.schedule, c.mesh.degree("pp"), c.micro, c.vpp, c.stage)
-             if u.kind in "FB" and u.chunk == 0]  # chunk 0 stands for every chunk of the stage
-    sharded, counts = True, {"F": 0, "B": 0}
-    for u in order:
-        if sharded:
-            counts[u.kind] += 1
-        sharded = reshard if u.kind == "F" else False
-    return counts["F"], counts["B"]
+
+def fsdp_gather_flags(schedule: Schedule, pp: int, micro: int, vpp: int, stage: int,
+                      reshard: bool) -> dict[tuple[int, str, int], bool]:
+    """Whether each F or B pass ``(chunk, kind, micro-batch)`` of stage ``stage`` all-gathers
+    its chunk's FSDP units, as torch ``PipelineStage`` runs FSDP2 with pp > 1: gradient sync
+    and reshard-after-backward are off for every backward but the last, so a unit stays
+    gathered after a backward, is resharded after a forward when ``reshard`` (FSDP2's
+    ``reshard_after_forward``; never the root), and is gathered whenever a pass finds it
+    sharded. Walks :func:`meshplan.pipeline.simulate.stage_order`.
+
+    >>> f = fsdp_gather_flags("1f1b", 2, 3, 1, 0, reshard=False)
+    >>> [k for k, g in f.items() if g]
+    [(0, 'F', 0)]
+    >>> f = fsdp_gather_flags("1f1b", 2, 3, 1, 0, reshard=True)  # F0 F1 B0 F2 B1 B2
+    >>> [k for k, g in f.items() if g]  # F2 follows B0 (gathered); B1 follows F2 (resharded)
+    [(0, 'F', 0), (0, 'F', 1), (0, 'B', 0), (0, 'B', 1)]
+    """
+    sharded = [True] * vpp
+    out = {}
+    for u in stage_order(schedule, pp, micro, vpp, stage):
+        if u.kind not in ("F", "B"):
+            continue
+        out[(u.chunk, u.kind, u.mb)] = sharded[u.chunk]
+        sharded[u.chunk] = reshard if u.kind == "F" else False
+    return out
 
 
 def _pp_ep_rows(add, c: _Ctx) -> None:

@@ -271,7 +271,8 @@ def _assemble(procs: dict, notes: list) -> list[Communicator]:
             groups.setdefault(rec.done[3], []).append((host, pid, proc, rec))
     out = []
     for comm_id, members in groups.items():
-        ranks, links, trees, conns, rings = {}, {}, {}, {}, {}
+        ranks, links, trees, rings = {}, {}, {}, {}
+        conns: dict = {}
         for host, pid, proc, rec in members:
             cuda, nvml, bus, _ = rec.done
             ranks[rec.rank] = RankInfo(rec.rank, host, pid, cuda, nvml, bus, proc.nets)

@@ -203,19 +203,19 @@ def _flash_ops(gpu: GPUSpec, att: Attention, w: Workload, recompute: bool, table
     measured = getattr(table, "attention", {}).get(key) if table is not None else None
     if measured is not None:  # a measured fused-attention call (GemmTable.attention)
         fwd, note = att.flops(causal_half=True), f"measured ({getattr(table, 'path', '')})"
-        mk = lambda phase, t, model, hw, rec=False: Op("attention" + (" (recompute)" if rec else ""), "attn", phase,
-                                                       "attention", t, model, hw, recompute=rec, note=note)
-        out = [mk("forward", measured[0], fwd, fwd), mk("backward_input", measured[1], 2 * fwd, 2.5 * fwd)]
-        return out + ([mk("backward_input", measured[0], 0.0, fwd, True)] if recompute else [])
+        timed = lambda phase, t, model, hw, rec=False: Op("attention" + (" (recompute)" if rec else ""), "attn", phase,
+                                                          "attention", t, model, hw, recompute=rec, note=note)
+        out = [timed("forward", measured[0], fwd, fwd), timed("backward_input", measured[1], 2 * fwd, 2.5 * fwd)]
+        return out + ([timed("backward_input", measured[0], 0.0, fwd, True)] if recompute else [])
     data = kernel_data(gpu.name)
     if data is not None and data.attention:  # published FlashAttention rates (catalog)
         f_s, b_s, how = attention_seconds(data, att, causal=True)
         fwd = att.flops(causal_half=True)
-        mk = lambda phase, t, model, hw, rec=False: Op("attention" + (" (recompute)" if rec else ""), "attn", phase,
-                                                       "attention", issue_floor(gpu, t), model, hw, recompute=rec,
-                                                       note=how)
-        out = [mk("forward", f_s, fwd, fwd), mk("backward_input", b_s, 2 * fwd, 2.5 * fwd)]
-        return out + ([mk("backward_input", f_s, 0.0, fwd, True)] if recompute else [])
+        rated = lambda phase, t, model, hw, rec=False: Op("attention" + (" (recompute)" if rec else ""), "attn",
+                                                          phase, "attention", issue_floor(gpu, t), model, hw,
+                                                          recompute=rec, note=how)
+        out = [rated("forward", f_s, fwd, fwd), rated("backward_input", b_s, 2 * fwd, 2.5 * fwd)]
+        return out + ([rated("backward_input", f_s, 0.0, fwd, True)] if recompute else [])
     peak = gpu.peak_flops(w.dtype)
     tiles = att.batch * att.q_heads * ceil(att.seq_q / 128)
     waves = ceil(tiles / gpu.sms)

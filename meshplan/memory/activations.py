@@ -92,6 +92,8 @@ from math import ceil
 
 from meshplan.errors import ConfigError
 from meshplan.mesh.resolve import Mesh
+from meshplan.pipeline.one_f_one_b import ONE_F_ONE_B
+from meshplan.pipeline.registry import get
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.training import TrainingSpec
 from meshplan.units import dtype_bytes
@@ -313,12 +315,13 @@ def layer_options(mesh: Mesh, training: TrainingSpec) -> dict:
 def in_flight_microbatches(stage: int, pp: int, m: int) -> int:
     """Micro-batches whose activations stage ``stage`` holds at its peak under 1F1B:
     ``min(m, pp - stage)`` (Narayanan et al. SC'21 2.2.1; Korthikanti 4.3: the first stage
-    holds ``pp`` micro-batches of ``L / pp`` layers, i.e. ``L`` layers' worth).
+    holds ``pp`` micro-batches of ``L / pp`` layers, i.e. ``L`` layers' worth); the
+    schedule's own count (:meth:`meshplan.pipeline.base.PipelineSchedule.in_flight`).
 
     >>> [in_flight_microbatches(k, 4, 8) for k in range(4)], in_flight_microbatches(0, 4, 2)
     ([4, 3, 2, 1], 2)
     """
-    return min(m, pp - stage)
+    return int(ONE_F_ONE_B.in_flight(pp, m, 1, stage))
 
 
 def interleaved_factor(pp: int, vpp: int) -> float:
@@ -335,17 +338,16 @@ def interleaved_factor(pp: int, vpp: int) -> float:
 
 
 def in_flight_chunks(stage: int, pp: int, m: int, vpp: int = 1) -> int:
-    """Model-chunk forward passes stage ``stage`` holds at its peak: 1F1B
-    ``min(m, pp - stage)``; interleaved (Megatron-LM schedules, warm-up
-    ``2 (pp - stage - 1) + (vpp - 1) pp``, plus the first steady-state forward)
-    ``min(m vpp, 2 (pp - stage - 1) + (vpp - 1) pp + 1)``.
+    """Model-chunk forward passes stage ``stage`` holds at its peak under 1F1B (vpp 1) or
+    interleaved 1F1B (vpp > 1), the schedule's own count
+    (:meth:`meshplan.pipeline.base.PipelineSchedule.in_flight`): 1F1B ``min(m, pp - stage)``;
+    interleaved (Megatron-LM schedules, warm-up ``2 (pp - stage - 1) + (vpp - 1) pp``, plus
+    the first steady-state forward) ``min(m vpp, 2 (pp - stage - 1) + (vpp - 1) pp + 1)``.
 
     >>> in_flight_chunks(0, 4, 8, vpp=2), in_flight_chunks(3, 4, 8, vpp=2)
     (11, 5)
     """
-    if vpp == 1:
-        return in_flight_microbatches(stage, pp, m)
-    return min(m * vpp, 2 * (pp - stage - 1) + (vpp - 1) * pp + 1)
+    return int(get(ONE_F_ONE_B.for_chunks(vpp)).in_flight(pp, m, vpp, stage))
 
 
 def stage_layer_bytes(layer_bytes_: int, layers_per_chunk: int, stage: int, pp: int, m: int,

@@ -102,7 +102,7 @@ def estimate(model: ModelSpec, training: TrainingSpec, mesh: Mesh, stages, micro
     else:
         per_layer_work = 0
     v = padded_vocab(model.vocab, training.vocab_pad_divisor, tp)
-    best = None
+    per_stage = []
     for k, st in enumerate(states):
         chunk = len(stages[k][0])
         act = per_layer * chunk * in_flight_chunks(k, pp, max(micro, 1), vpp) + per_layer_work
@@ -114,10 +114,8 @@ def estimate(model: ModelSpec, training: TrainingSpec, mesh: Mesh, stages, micro
         if training.sharding in ("zero3", "hsdp") and mesh.degree("fsdp") > 1:
             layer = sum(local_numel(t, model, tp, mesh.ep, mesh.etp) for t in model.layer_tensors(stages[k][0][0]))
             gathered = 2 * layer * dtype_bytes(training.compute_dtype)  # current + prefetched layer
-        e = Estimate(st.total_bytes, act, gathered, k)
-        if best is None or e.total_bytes > best.total_bytes:
-            best = e
-    return best
+        per_stage.append(Estimate(st.total_bytes, act, gathered, k))
+    return max(per_stage, key=lambda e: e.total_bytes)  # the first stage on a tie
 
 
 def _simple_mesh(world, pp=1, shard=1, cp=1, tp=1, sp=False):

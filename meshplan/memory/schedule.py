@@ -3,23 +3,17 @@
 An op is ``(phase, chunk, microbatch)``: the forward or backward pass of model chunk
 ``chunk`` (virtual stage; 0 without interleaving) of this stage for one micro-batch.
 
-- ``gpipe`` (Huang et al. 2019): every forward, then every backward; a stage holds all m.
-- ``1f1b`` (Narayanan et al. SC'21, 2.2.1; PipeDream-Flush): stage k runs
-  ``min(pp - k - 1, m)`` warm-up forwards, then alternates one forward and one backward,
-  then drains the backwards; it holds ``min(m, pp - k)`` micro-batches at its peak.
-- ``interleaved_1f1b`` (Narayanan et al. 2.2.2, Megatron-LM
-  ``forward_backward_pipelining_with_interleaving``): ``m vpp`` chunk passes; warm-up
-  ``min(m vpp, 2 (pp - k - 1) + (vpp - 1) pp)``; forward pass i runs chunk
-  ``(i mod pp vpp) // pp`` on micro-batch ``(i // (pp vpp)) pp + i mod pp``, backward pass i
-  the chunk ``vpp - 1 -`` that. Megatron's special case m == pp (all forwards first) is not
-  reproduced; the warm-up formula is :func:`~meshplan.memory.activations.in_flight_chunks`.
-  Any stage with vpp > 1 uses this order.
-- ``zb_h1`` (Qi et al. 2023, "Zero Bubble Pipeline Parallelism", ZB-H1): splits the
-  backward into input (B) and weight (W) gradients and delays W on later stages; its peak
-  over all stages stays 1F1B's (the first stage's ``pp`` micro-batches). Modelled here in
-  1F1B order with B and W together: the first stage is exact; on stage k > 0 the inputs of
-  the weight-gradient GEMMs of up to k delayed W passes are not counted (an underestimate
-  there, bounded by stage 0's peak).
+The order is the schedule's own (:mod:`meshplan.pipeline`, one module per schedule, where
+each cites its source): GPipe holds all m micro-batches, 1F1B stage k ``min(m, pp - k)``,
+interleaved 1F1B its warm-up + 1 chunk passes
+(:meth:`~meshplan.pipeline.interleaved.Interleaved1F1B.warmup`). A one-chunk schedule given
+vpp > 1 is walked in its ``chunked`` order (1F1B and ZB-H1: interleaved 1F1B).
+
+ZB-H1 splits the backward into input (B) and weight (W) gradients and delays W on later
+stages; its peak over all stages stays 1F1B's (the first stage's ``pp`` micro-batches).
+Its F/B order is 1F1B's and W is folded into B here: the first stage is exact; on stage
+k > 0 the inputs of the weight-gradient GEMMs of up to k delayed W passes are not counted
+(an underestimate there, bounded by stage 0's peak).
 
 >>> stage_ops("1f1b", stage=2, pp=4, m=3)
 [('forward', 0, 0), ('forward', 0, 1), ('backward', 0, 0), ('forward', 0, 2), ('backward', 0, 1), ('backward', 0, 2)]
@@ -31,26 +25,20 @@ An op is ``(phase, chunk, microbatch)``: the forward or backward pass of model c
 
 from __future__ import annotations
 
-from meshplan.errors import ConfigError
+from meshplan.pipeline.registry import get
+from meshplan.spec.mesh import Schedule
 
 Op = tuple[str, int, int]
-SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b", "zb_h1")
 
 
-def stage_ops(schedule: str, stage: int, pp: int, m: int, vpp: int = 1) -> list[Op]:
-    """Passes of stage ``stage`` in execution order: :func:`meshplan.pipeline.simulate.stage_order`
-    (the one implementation of every schedule), its F units as forward passes, its B units
-    as backward passes (ZB-H1's W units are folded into their B, see the module docstring)."""
-    from meshplan.pipeline.simulate import stage_order
-
-    if schedule not in SCHEDULES:
-        raise ConfigError("mesh.pp_schedule", f"{schedule!r} is not one of {SCHEDULES}")
-    if schedule == "zb_h1" or (schedule == "1f1b" and vpp > 1):
-        schedule = "interleaved_1f1b" if vpp > 1 else "1f1b"
-    if vpp > 1 and schedule != "gpipe":
-        schedule = "interleaved_1f1b"
+def stage_ops(schedule: Schedule | str, stage: int, pp: int, m: int, vpp: int = 1) -> list[Op]:
+    """Passes of stage ``stage`` in execution order: the registered schedule's order
+    (:meth:`meshplan.pipeline.base.PipelineSchedule.order`; for vpp > 1 that of
+    ``for_chunks(vpp)``), its F units as forward passes, its B units as backward passes
+    (a split schedule's W units are folded into their B, see the module docstring)."""
+    sched = get(get(schedule).for_chunks(vpp))
     phase = {"F": "forward", "B": "backward"}
-    return [(phase[u.kind], u.chunk, u.mb) for u in stage_order(schedule, pp, m, vpp, stage) if u.kind in phase]
+    return [(phase[u.kind], u.chunk, u.mb) for u in sched.order(pp, m, vpp, stage) if u.kind in phase]
 
 
 def max_in_flight(ops: list[Op]) -> int:

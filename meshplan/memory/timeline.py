@@ -36,6 +36,7 @@ from meshplan.units import GiB
 from meshplan.memory.constraints import usable_hbm_bytes
 from meshplan.memory.passes import PassBuilder
 from meshplan.memory.schedule import stage_ops
+from meshplan.pipeline.registry import get
 from meshplan.memory.sizes import stage_sizes
 
 KINDS = ("params", "master", "optimizer", "grads", "comm_buffers", "workspace", "fragmentation",
@@ -305,8 +306,9 @@ def _notes(plan, stage: int, fsdp: bool) -> tuple[str, ...]:
     c, out = plan.config, []
     if c.model.is_moe:
         out.append("MoE layers: routed-expert activations estimated for balanced routing (sizes.py)")
-    if c.mesh.pp_schedule == "zb_h1" and stage > 0:
-        out.append("zb_h1 in 1F1B order: inputs of delayed weight-gradient passes not counted on this stage")
+    sched = get(c.mesh.pp_schedule)
+    if sched.splits_backward and stage > 0:
+        out.append(f"{sched.name} in 1F1B order: inputs of delayed weight-gradient passes not counted on this stage")
     if fsdp and len(plan.stages) > 1 and c.memory.fsdp_reduce == "per_microbatch":
         out.append("FSDP reduces every micro-batch; torch.distributed.pipelining defers it to the last one "
                    "(set [memory] fsdp_reduce = \"after_last\" to model that)")

@@ -2,7 +2,7 @@
 
 Interleaved assignment follows Megatron-LM (Narayanan et al. SC'21, section 2.2.2): with p
 stages and v virtual stages, the model is cut into p*v chunks of equal layers and stage k
-holds chunks k, k+p, k+2p, ...
+holds chunks k, k+p, k+2p, ... (uneven chunks with an explicit ``pp_layer_split``).
 
 >>> stage_layers(layers=8, pp=2, vpp=2)
 [[[0, 1], [4, 5]], [[2, 3], [6, 7]]]
@@ -17,21 +17,26 @@ def stage_layers(layers: int, pp: int, vpp: int = 1,
                  split: Optional[list[int]] = None) -> Union[list[list[list[int]]], str]:
     """Layer indices per stage, per chunk: ``result[stage][chunk] = [layer, ...]``.
 
-    ``split``: explicit layers per stage (uneven allowed, vpp must be 1); must sum to
-    ``layers``. Returns a one-line reason (str) when the layers cannot be assigned.
+    ``split``: explicit layers per stage (``pp`` entries) or per virtual stage (``pp * vpp``
+    entries, in virtual-stage order ``chunk * pp + stage``); uneven allowed; must sum to
+    ``layers``. With ``pp`` entries and vpp > 1 each stage's layers go to its chunks as evenly
+    as possible, the short chunks at the model's ends (stage 0's first chunk, the last stage's
+    last chunk), as Llama 3 ran (Dubey et al. 2024, 3.3.2: one layer fewer on the first and
+    the last stage, with interleaving). Returns a one-line reason (str) when the layers
+    cannot be assigned.
+
+    >>> stage_layers(6, 2, 2, split=[3, 3])  # virtual stages of 1, 2, 2, 1 layers
+    [[[0], [3, 4]], [[1, 2], [5]]]
+    >>> stage_layers(6, 2, 2, split=[1, 2, 2, 1])
+    [[[0], [3, 4]], [[1, 2], [5]]]
     """
     if split is not None:
-        if len(split) != pp:
-            return f"pp_layer_split has {len(split)} entries for pp {pp}"
-        if sum(split) != layers or min(split) < 1:
-            return f"pp_layer_split {split} sums to {sum(split)}, must be {layers} layers with >= 1 per stage"
-        if vpp != 1:
-            return "pp_layer_split with virtual stages is not supported; give vpp 1"
-        out, start = [], 0
-        for n in split:
-            out.append([list(range(start, start + n))])
-            start += n
-        return out
+        counts = _virtual_counts(layers, pp, vpp, split)
+        if isinstance(counts, str):
+            return counts
+        starts = [sum(counts[:j]) for j in range(pp * vpp)]
+        return [[list(range(starts[c * pp + k], starts[c * pp + k] + counts[c * pp + k])) for c in range(vpp)]
+                for k in range(pp)]
     if layers % pp:
         return (f"{layers} layers do not divide into pp {pp} stages ({layers / pp:g} per stage); "
                 f"give an explicit pp_layer_split")
@@ -42,6 +47,27 @@ def stage_layers(layers: int, pp: int, vpp: int = 1,
     chunk = per_stage // vpp
     return [[list(range((c * pp + k) * chunk, (c * pp + k + 1) * chunk)) for c in range(vpp)]
             for k in range(pp)]
+
+
+def _virtual_counts(layers: int, pp: int, vpp: int, split: list[int]) -> Union[list[int], str]:
+    """Layers per virtual stage (``chunk * pp + stage``) from a per-stage or per-virtual-stage
+    ``split`` (see :func:`stage_layers`), or a one-line reason."""
+    if len(split) not in (pp, pp * vpp):
+        return (f"pp_layer_split has {len(split)} entries for pp {pp}"
+                + (f" (or {pp * vpp} virtual stages)" if vpp > 1 else ""))
+    per = vpp > 1 and len(split) == pp * vpp
+    if sum(split) != layers or min(split) < (1 if per else vpp):
+        return (f"pp_layer_split {split} sums to {sum(split)}, must be {layers} layers with >= "
+                f"{1 if per else vpp} per {'virtual stage' if per else 'stage'}")
+    if per:
+        return list(split)
+    counts = [0] * (pp * vpp)
+    for k, n in enumerate(split):
+        base, extra = divmod(n, vpp)
+        chunks = range(vpp - extra, vpp) if k == 0 and pp > 1 else range(extra)  # stage 0: its first chunk short
+        for c in range(vpp):
+            counts[c * pp + k] = base + (c in chunks)
+    return counts
 
 
 def vpp_from_chunk(layers: int, pp: int, layers_per_chunk: int) -> Union[int, str]:

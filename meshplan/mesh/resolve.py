@@ -198,14 +198,16 @@ def resolve_mesh(spec: MeshSpec, world: int, gpus_per_node: int = 0) -> Union[Me
     or -1 there to infer it), or cluster.nodes = 4 (32 GPUs)
     """
     world = spec.world or world
-    if spec.names is not None:
+    if spec.names is not None and spec.shape is not None:
         pairs = list(zip(spec.names, spec.shape))
-    else:
+    elif spec.order is not None and spec.degrees is not None:
         names = from_megatron_order(spec.order)
         unknown = set(spec.degrees) - set(names)
         if unknown:
             raise ConfigError("mesh.degrees", f"axes {sorted(unknown)} are not in order {spec.order!r}")
         pairs = [(n, spec.degrees.get(n, 1)) for n in names]
+    else:  # MeshSpec's validator already refuses this; kept so the two forms are narrowed here
+        raise ConfigError("mesh", "give either names + shape or order + degrees")
     Layout(tuple(n for n, _ in pairs), tuple(1 for _ in pairs))  # name checks
     for n, d in pairs:
         if not isinstance(d, int) or d == 0 or d < -1:
@@ -242,9 +244,22 @@ def resolve_mesh(spec: MeshSpec, world: int, gpus_per_node: int = 0) -> Union[Me
             return Infeasible((f"ep({ep}) * etp({etp}) = {ep * etp} does not divide {expr} = {block}; "
                                f"rule: (dp_shard * cp * tp) % (ep * etp) == 0",))
         derivation.append(f"efsdp = {expr} / (ep {ep} * etp {etp}) = {block // (ep * etp)}")
-    for d in DERIVED:
-        axes = mesh.axes_of(d)
+    for derived in DERIVED:
+        axes = mesh.axes_of(derived)
         if len(axes) > 1:
-            derivation.append(f"{d} = " + " * ".join(f"{a} {layout.degree(a)}" for a in axes)
-                              + f" = {mesh.degree(d)}")
+            derivation.append(f"{derived} = " + " * ".join(f"{a} {layout.degree(a)}" for a in axes)
+                              + f" = {mesh.degree(derived)}")
     return Mesh(layout=layout, ep=ep, etp=etp, derivation=tuple(derivation), sequence_parallel=spec.sequence_parallel)
+
+
+def resolved_mesh(spec: MeshSpec, world: int) -> Mesh:
+    """:func:`resolve_mesh` of a mesh whose degrees make ``world`` by construction (the
+    search's probe meshes); ValueError with the reasons if they do not (a caller's bug).
+
+    >>> resolved_mesh(MeshSpec(names=["outer", "axis", "inner"], shape=[2, 4, 1]), 8).layout.shape
+    (2, 4, 1)
+    """
+    mesh = resolve_mesh(spec, world)
+    if isinstance(mesh, Infeasible):
+        raise ValueError("; ".join(mesh.reasons))
+    return mesh

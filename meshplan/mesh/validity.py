@@ -3,7 +3,9 @@
 Every failure is a one-line reason with the numbers; every convention applied (KV-head
 replication, vocabulary padding, batch arithmetic) is a note, so the output says which
 convention it uses. Batch arithmetic: ``dp`` is replicate x shard only, without cp
-(handed case C1): micro-batches per step = global_batch / (micro_batch * dp).
+(handed case C1): micro-batches per step = global_batch / (micro_batch * dp). The pipeline
+schedule's own rules (e.g. interleaved 1F1B's m a multiple of pp) are its module's
+(:meth:`meshplan.pipeline.base.PipelineSchedule.reasons`); the plan appends them.
 """
 
 from __future__ import annotations
@@ -26,14 +28,15 @@ class Validity:
 
     reasons: tuple[str, ...]
     notes: tuple[str, ...]
-    stages: list | None
+    stages: list[list[list[int]]] | None
     micro_batches: int
     vpp: int
 
 
 def check(model: ModelSpec, training: TrainingSpec, mesh: Mesh, spec: MeshSpec) -> Validity:
     """All model and batch checks of ``mesh``; see the module docstring."""
-    reasons, notes = [], []
+    reasons: list[str] = []
+    notes: list[str] = []
     tp, cp, pp = mesh.degree("tp"), mesh.degree("cp"), mesh.degree("pp")
     _heads(model, tp, reasons, notes)
     _widths(model, mesh, reasons)
@@ -46,10 +49,6 @@ def check(model: ModelSpec, training: TrainingSpec, mesh: Mesh, spec: MeshSpec) 
     _experts(model, mesh, reasons, notes)
     _sequence(training, mesh, cp, tp, reasons, notes)
     micro = _batch(training, mesh, reasons, notes)
-    if spec.pp_schedule == "interleaved_1f1b" and micro and micro % pp:
-        reasons.append(f"interleaved 1F1B needs micro-batches ({micro}) divisible by pp ({pp})")
-    if spec.pp_schedule == "interleaved_1f1b" and vpp == 1 and pp > 1:
-        reasons.append("interleaved 1F1B needs virtual_stages > 1")
     return Validity(tuple(reasons), tuple(notes), stages if not isinstance(stages, str) else None, micro, vpp)
 
 

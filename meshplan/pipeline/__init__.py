@@ -1,6 +1,11 @@
-"""Pipeline schedules (layer 5): per-stage op orders of GPipe, 1F1B, interleaved 1F1B and
-ZB-H1, their dependencies and an event simulation of one step (:mod:`.simulate`): bubble,
-critical path, Perfetto trace. Pure functions of (schedule, p, m, v); no model or cluster.
+"""Pipeline schedules (layer 5): one module per schedule (:mod:`.gpipe`, :mod:`.one_f_one_b`,
+:mod:`.interleaved`, :mod:`.zb_h1`), each a :class:`~.base.PipelineSchedule` owning its
+per-stage op order, chunk-to-virtual-stage map, warm-up and in-flight counts, whether
+backward splits into B and W, its bubble formula, its feasibility rule and the
+torch.distributed.pipelining class that runs it; :mod:`.registry` maps each
+:class:`~meshplan.spec.mesh.Schedule` to its object; :mod:`.simulate` is the event
+simulation of one step (bubble, critical path, Perfetto trace). Pure functions of
+(schedule, p, m, v); no model or cluster.
 """
 
-__all__ = ["simulate"]
+__all__ = ["base", "gpipe", "one_f_one_b", "interleaved", "zb_h1", "registry", "simulate"]

@@ -451,3 +451,12 @@ def placement_flags(mesh: Mesh, placement: Placement, example_rank: Optional[int
             flags.append(Flag(axis, "info", f"pp groups span {loc.max_domains} {many}: stage-to-stage "
                                             f"sends (once per microbatch) cross the network, as expected"))
     return flags
+
+
+def same_rails(p: Placement, groups: np.ndarray) -> np.ndarray:
+    """Per group (n_groups,): every NVLink domain the group touches holds members on the same
+    set of rails (one rail, or e.g. rails {t, t+4} in every node), so NCCL can keep each
+    ring channel on one rail. Members without a NIC count as rail -1."""
+    rail = p.rail[groups] + 1
+    domains = _distinct(p.domain[groups])
+    return _distinct(p.domain[groups] * (int(rail.max()) + 1) + rail) == domains * _distinct(rail)

@@ -28,14 +28,21 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field, replace
 from math import gcd
-from typing import Iterable, Mapping, Optional
+from typing import Callable, Iterable, Mapping, Optional
 
 import numpy as np
 
-from meshplan.placement.bindings import all_bindings, bindings, write_bindings  # noqa: F401  (re-exported)
 from meshplan.errors import ConfigError
 from meshplan.mesh.resolve import Mesh
-from meshplan.placement.assign import Placement, _distinct, group_locality, place
+from meshplan.placement.assign import (
+    Placement,
+    _distinct,
+    group_locality,
+    place,
+    same_rails,
+)
+from meshplan.placement.bindings import all_bindings, bindings, write_bindings  # noqa: F401  (re-exported)
+from meshplan.placement.explain import explain
 from meshplan.spec.cluster import ClusterSpec
 
 #: Relative weights (not bytes) when no collective table is given: the seed's frequency
@@ -123,15 +130,6 @@ class Score:
     def total(self) -> float:
         """network + spine + socket: a spine hop is counted on top of its network hop."""
         return self.network_bytes + self.spine_bytes + self.socket_bytes
-
-
-def same_rails(p: Placement, groups: np.ndarray) -> np.ndarray:
-    """Per group (n_groups,): every NVLink domain the group touches holds members on the same
-    set of rails (one rail, or e.g. rails {t, t+4} in every node), so NCCL can keep each
-    ring channel on one rail. Members without a NIC count as rail -1."""
-    rail = p.rail[groups] + 1
-    domains = _distinct(p.domain[groups])
-    return _distinct(p.domain[groups] * (int(rail.max()) + 1) + rail) == domains * _distinct(rail)
 
 
 def _axis_cost(axis: str, weight: float, groups: np.ndarray, p: Placement) -> AxisCost:
@@ -288,6 +286,8 @@ class Choice:
     ``before``: the given placement's score, ``after``: the chosen one's; ``inner`` /
     ``outer``: the chosen physical levels innermost first (empty when the given placement
     was kept); ``searched``: False when only the given placement was scored;
+    ``step_before_s`` / ``step_after_s``: the predicted step of the given and the chosen
+    placement when the choice was scored by the step-time model (None otherwise);
     ``decisions`` and ``warnings``: one line each."""
 
     mesh: Mesh
@@ -302,6 +302,8 @@ class Choice:
     inner: tuple[Factor, ...] = ()
     outer: tuple[Factor, ...] = ()
     equivalent_names: Optional[tuple[str, ...]] = None
+    step_before_s: Optional[float] = None
+    step_after_s: Optional[float] = None
     decisions: tuple[str, ...] = ()
     warnings: tuple[str, ...] = field(default=())
 
@@ -316,15 +318,24 @@ def _equivalent_names(mesh: Mesh, inner, outer, r2g: np.ndarray) -> Optional[tup
     if any(part for _, part in phys):
         return None
     lay = mesh.layout
-    phys = [a for a, _ in phys]
-    names = tuple([a for a in lay.names if a not in phys] + phys)
+    axes = [a for a, _ in phys]
+    names = tuple([a for a in lay.names if a not in axes] + axes)
     perm = [lay.names.index(a) for a in names]
     return names if np.array_equal(lay.grid().transpose(perm).reshape(-1), np.argsort(r2g)) else None
 
 
 def choose_placement(mesh: Mesh, cluster: ClusterSpec, weights: Optional[Mapping[str, float]] = None,
-                     rank_to_gpu=None, search: bool = True, source: str = "given") -> Choice:
-    """Choose the rank -> GPU permutation with the fewest weak-path bytes (:func:`weak_bytes`).
+                     rank_to_gpu=None, search: bool = True, source: str = "given",
+                     step_s: Optional[Callable[[np.ndarray], float]] = None) -> Choice:
+    """Choose the rank -> GPU permutation with the fewest weak-path bytes (:func:`weak_bytes`),
+    or, with ``step_s``, the shortest predicted step.
+
+    ``step_s(rank_to_gpu) -> seconds``: the caller's step-time model
+    (:func:`meshplan.schedule.placement_score.step_scorer`; placement/ is an earlier layer
+    and never imports it). With it a candidate replaces the best so far only when its step
+    is no longer and it is shorter or, at an equal step, has fewer weak-path bytes: the choice
+    is never slower than the given placement by the model, and the given placement is kept
+    when no candidate beats it (tensor groups leave the fast domain only for a gain).
 
     ``weights``: bytes per step per rank by axis (:func:`weights_from_table`), default the
     frequency order :data:`DEFAULT_WEIGHTS`; ``source`` names where given weights come from.
@@ -335,14 +346,14 @@ def choose_placement(mesh: Mesh, cluster: ClusterSpec, weights: Optional[Mapping
     (:func:`slot_gpus`). Each rank's NIC is the one :meth:`NodeSpec.nic_of` gives its GPU.
     Raises ConfigError if the mesh does not fit the cluster.
     """
-    from meshplan.placement.explain import explain
-
     given = weights is not None
-    w = scored_axes(mesh, weights if given else default_weights(mesh))
+    w = scored_axes(mesh, weights if weights is not None else default_weights(mesh))
     world = mesh.world
     current = place(cluster, world, rank_to_gpu)
     before = weak_bytes(mesh, current, w)
-    best = (before, current, np.asarray(current.global_gpu), [], [])
+    best: tuple = (before, current, np.asarray(current.global_gpu), [], [])
+    t_before = step_s(np.asarray(current.global_gpu)) if step_s is not None else None
+    t_best = t_before
     capacity = min(cluster.node.nvlink_domain_gpus or cluster.node.gpus, world)
     slots, seen = slot_gpus(cluster, world), {current.global_gpu.tobytes()}
     for order in fill_orders(mesh, w) if search else []:
@@ -353,13 +364,18 @@ def choose_placement(mesh: Mesh, cluster: ClusterSpec, weights: Optional[Mapping
         seen.add(r2g.tobytes())
         p = place(cluster, world, r2g)
         score = weak_bytes(mesh, p, w)
-        if score.total < best[0].total * (1 - 1e-9):
-            best = (score, p, r2g, inner, outer)
+        if step_s is None:
+            if score.total < best[0].total * (1 - 1e-9):
+                best = (score, p, r2g, inner, outer)
+            continue
+        t = step_s(r2g)
+        if t_best is None or t < t_best or (t == t_best and score.total < best[0].total * (1 - 1e-9)):
+            best, t_best = (score, p, r2g, inner, outer), t
     after, p, r2g, inner, outer = best
     changed = p is not current
     choice = Choice(mesh=mesh, rank_to_gpu=r2g, placement=p, before=before, after=after, weights=w,
                     weights_source=source if given else "default", changed=changed, searched=search,
-                    inner=tuple(inner), outer=tuple(outer),
+                    inner=tuple(inner), outer=tuple(outer), step_before_s=t_before, step_after_s=t_best,
                     equivalent_names=_equivalent_names(mesh, inner, outer, r2g) if changed else None)
     decisions, warnings = explain(choice)
     return replace(choice, decisions=tuple(decisions), warnings=tuple(warnings))

@@ -14,8 +14,7 @@ from math import prod
 
 import numpy as np
 
-from meshplan.placement.assign import PER_LAYER_AXES, GroupLocality, group_locality
-from meshplan.placement.choice import same_rails
+from meshplan.placement.assign import PER_LAYER_AXES, GroupLocality, group_locality, same_rails
 from meshplan.placement.topology import check_identity_nic_map
 from meshplan.units import human_bytes
 
@@ -35,7 +34,8 @@ def _where(c) -> tuple[int, int, str]:
 
 def explain(c) -> tuple[list[str], list[str]]:
     """(decisions, warnings) of choice ``c``, one line each."""
-    dec, warn = [_weights_line(c)], []
+    dec: list[str] = [_weights_line(c)]
+    warn: list[str] = []
     locs = {a: group_locality(c.placement, c.mesh.groups(a)) for a in _axes(c)}
     for axis, loc in locs.items():
         if axis in PER_LAYER_AXES:
@@ -186,6 +186,7 @@ def _hierarchy(c) -> list[str]:
 
 
 def _result(c) -> str:
+    """The choice in one line; when the step-time model scored it, the predicted steps."""
     b = c.weights_source != "default"
     before, after = c.before, c.after
     if not c.changed:
@@ -195,11 +196,16 @@ def _result(c) -> str:
                  f"{_fmt(before.spine_bytes, b)}, socket {_fmt(before.socket_bytes, b)}")
         if not c.searched:
             return f"{given} placement as given: weak-path bytes {parts} (not searched)"
+        if c.step_before_s is not None:
+            return (f"kept the {given} placement: no candidate predicts a shorter step than its "
+                    f"{c.step_before_s:.4f} s (step-time model; weak-path bytes {parts})")
         return f"kept the {given} placement: no candidate has fewer weak-path bytes ({parts})"
     order = ", ".join(str(f) for f in list(reversed(c.outer)) + list(reversed(c.inner)))
     how = (f"equivalent to mesh names {list(c.equivalent_names)} with node-major ranks" if c.equivalent_names else
            "apply it with torchrun's node-major RANK = global GPU and a DeviceMesh built from rank_to_gpu "
            "reshaped to the mesh shape")
-    return (f"chose physical order ({order}) outermost first: weak-path bytes {_fmt(before.total, b)} -> "
+    step = ("" if c.step_before_s is None else
+            f"predicted step {c.step_before_s:.4f} s -> {c.step_after_s:.4f} s (step-time model); ")
+    return (f"chose physical order ({order}) outermost first: {step}weak-path bytes {_fmt(before.total, b)} -> "
             f"{_fmt(after.total, b)} (network {_fmt(after.network_bytes, b)}, spine {_fmt(after.spine_bytes, b)}, "
             f"socket {_fmt(after.socket_bytes, b)}); {how}")

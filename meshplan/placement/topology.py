@@ -208,7 +208,9 @@ def parse_nccl_topo_xml(text: str, source: str = "NCCL topology XML") -> TopoMat
         raise ConfigError(source, f"not valid XML ({err}); pass the file NCCL_TOPO_DUMP_FILE wrote") from None
     if root.tag != "system":
         raise ConfigError(source, f"root element is <{root.tag}>, expected <system>; pass an NCCL topology dump")
-    gpus, nets, numa_cpus = [], [], []
+    gpus: list = []
+    nets: list = []
+    numa_cpus: list = []
     for cpu in root.iter("cpu"):
         where = f"{source}: <cpu numaid={cpu.get('numaid')}>"
         numa = _int_attr(cpu, "numaid", where)

@@ -17,33 +17,39 @@ from typing import Any
 
 from meshplan import __version__
 from meshplan.fileio import write_output
-from meshplan.plan import SCHEMA, Plan
+from meshplan.memory.timeline import Timeline
+from meshplan.plan import SCHEMA, Infeasible, Plan
 
 
-def plan_to_dict(plan: Plan) -> dict[str, Any]:
-    """The plan as plain JSON-able data (see the module docstring)."""
+def plan_to_dict(plan: Plan | Infeasible) -> dict[str, Any]:
+    """The plan as plain JSON-able data (see the module docstring). An :class:`Infeasible`
+    mesh has the keys up to ``constraints``, and when it was resolved its ``mesh``,
+    ``groups``, ``placement`` and ``flags`` with ``stages`` null and the planned keys empty."""
     c = plan.config
     out: dict[str, Any] = {
         "schema": SCHEMA, "meshplan_version": __version__,
         "input": {"model": c.model.model_dump(), "cluster": c.cluster.model_dump(),
-                  "training": c.training.model_dump(), "mesh": c.mesh.model_dump(),
+                  "training": c.training.model_dump(), "mesh": plan.spec.model_dump(),
                   "memory": c.memory.model_dump()},
         "world": plan.world, "feasible": plan.feasible, "reasons": list(plan.reasons),
         "notes": list(plan.notes), "constraints": _plain(plan.constraints),
     }
-    mesh = plan.mesh
-    if mesh is None:
+    mesh, p = plan.mesh, plan.placement
+    if mesh is None or p is None:
         return out
     out["mesh"] = {"names": list(mesh.layout.names), "shape": list(mesh.layout.shape),
                    "megatron_order": mesh.megatron_order, "ep": mesh.ep, "etp": mesh.etp,
                    "sequence_parallel": mesh.sequence_parallel, "derivation": list(plan.derivation),
-                   "stages": plan.stages, "virtual_stages": plan.vpp, "micro_batches": plan.micro_batches}
+                   "stages": plan.stages if isinstance(plan, Plan) else None, "virtual_stages": plan.vpp,
+                   "micro_batches": plan.micro_batches}
     out["groups"] = {a: mesh.groups(a).tolist() for a in mesh.all_axes()}
-    p = plan.placement
     out["placement"] = {k: getattr(p, k).tolist() for k in
                         ("node", "local_gpu", "global_gpu", "socket", "core_first", "core_last", "nic", "rail")}
     out["placement"]["nic_names"] = [n.name for n in c.cluster.node.nics]
     out["flags"] = [_plain(f) for f in plan.flags]
+    if isinstance(plan, Infeasible):
+        out.update(shapes={"gemms_forward": [], "attention": None}, memory=[], memory_timeline=[], collectives={})
+        return out
     out["shapes"] = {"gemms_forward": [dict(_plain(g), flops=g.flops) for g in plan.gemms],
                      "attention": _plain(plan.attention)}
     out["memory"] = [_plain(s) for s in plan.state]
@@ -54,7 +60,7 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
     return out
 
 
-def _timeline(tl) -> dict[str, Any]:
+def _timeline(tl: Timeline) -> dict[str, Any]:
     """Summary of one stage's memory timeline (the events: ``meshplan memory``)."""
     p = tl.peak
     return {"stage": tl.stage, "schedule": tl.schedule, "n_events": tl.n_events, "peak_bytes": p.total_bytes,
@@ -80,7 +86,7 @@ def _plain(x: Any) -> Any:
     return x
 
 
-def write_json(plan: Plan, path: str | Path, force: bool = False) -> Path:
+def write_json(plan: Plan | Infeasible, path: str | Path, force: bool = False) -> Path:
     """Write the plan atomically (temp file + rename). Refuses to replace an existing file
     unless ``force`` (ConfigError naming --json)."""
     return write_output(path, json.dumps(plan_to_dict(plan), separators=(",", ":")), force, "--json")

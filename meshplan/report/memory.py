@@ -12,6 +12,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from meshplan.memory.timeline import KINDS, Timeline
+from meshplan.plan import Plan
 from meshplan.units import GiB, MiB
 
 KIND_NOTES = {
@@ -33,7 +34,7 @@ def _gib(n: float) -> str:
     return f"{n / GiB:.2f}"
 
 
-def _shown(plan, all_stages: bool) -> list[Timeline]:
+def _shown(plan: Plan, all_stages: bool) -> list[Timeline]:
     tls = plan.timelines
     if all_stages or len(tls) <= 4:
         return list(tls)
@@ -41,7 +42,7 @@ def _shown(plan, all_stages: bool) -> list[Timeline]:
     return [tl for tl in tls if tl.stage in keep]
 
 
-def timeline_table(plan, all_stages: bool = False) -> Table:
+def timeline_table(plan: Plan, all_stages: bool = False) -> Table:
     """One row per stage (first, most loaded and last when there are more than four)."""
     o = plan.config.memory
     tab = Table(title="Memory timeline per rank, one training step (meshplan memory CONFIG for the events)",
@@ -173,13 +174,13 @@ def peak_window_table(tl: Timeline, before: int = 10, after: int = 3) -> Table:
     return tab
 
 
-def print_memory(plan, console: Console | None = None, all_stages: bool = False) -> None:
+def print_memory(plan: Plan, console: Console | None = None, all_stages: bool = False) -> None:
     """``meshplan memory``: stage peaks, then kinds, passes and the peak's events of the
     most loaded stage (every stage with ``all_stages``)."""
     con = console or Console()
     c = plan.config
     con.rule(f"[bold]meshplan memory[/] {c.path or ''}")
-    con.print(plan.timeline.title + f", {c.mesh.pp_schedule}, micro-batch {c.training.micro_batch} x seq "
+    con.print(plan.timeline.title + f", {plan.spec.pp_schedule}, micro-batch {c.training.micro_batch} x seq "
               f"{c.training.seq_len}, sharding {c.training.sharding}, recompute {c.training.recompute}")
     con.print(timeline_table(plan, all_stages))
     for tl in (plan.timelines if all_stages else [plan.timeline]):

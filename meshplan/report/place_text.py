@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from meshplan.placement.bindings import bindings
 from meshplan.placement.assign import group_locality
-from meshplan.placement.choice import Choice, same_rails
+from meshplan.placement.assign import same_rails
+from meshplan.placement.choice import Choice
 from meshplan.units import human_bytes
 
 

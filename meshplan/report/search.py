@@ -10,10 +10,12 @@ rejected one with why, and the candidates per outcome. JSON (schema
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from meshplan import __version__
@@ -45,7 +47,7 @@ def search_to_dict(r: SearchResult) -> dict[str, Any]:
     for e in r.top:
         d = row(r, e)
         cc = candidate_config(cfg, r.candidates, e.index)
-        d["input"] = {"training": cc.training.model_dump(), "mesh": cc.mesh.model_dump()}
+        d["input"] = {"training": cc.training.model_dump(), "mesh": cc.mesh.model_dump() if cc.mesh else None}
         top.append(d)
     return {"schema": SCHEMA, "meshplan_version": __version__, "candidates": len(r.candidates),
             "options": cfg.search.model_dump(), "usable_bytes": r.usable_bytes, "proven": r.proven,
@@ -106,7 +108,7 @@ def rejected_lines(r: SearchResult) -> list[str]:
     why = "; ".join(b.reasons) if b.reasons else (
         f"local GEMM efficiency {r.est.gemm[b.index]:.1%} < threshold {r.config.search.min_gemm_efficiency:.0%}")
     out = [f"best rejected: {r.candidates.label(b.index)}: {why}"]
-    if b.step_s is not None and r.top:
+    if b.step_s is not None and r.top and r.top[0].step_s:
         out.append(f"  it would take {b.step_s:.3f} s per step ({(b.step_s / r.top[0].step_s - 1):+.1%} against "
                    f"the top) if it were accepted; peak {b.peak_bytes / GiB:.1f} GiB")
     return out
@@ -131,11 +133,11 @@ class ProgressBar:
     takes a moment prints none) and only on a terminal. Use as a context manager."""
 
     def __init__(self, after_s: float = 0.5, console: Console | None = None):
-        import time
-
         self.clock, self.after_s = time.perf_counter, after_s
         self.console = console or Console(stderr=True)
-        self.t0, self.bar, self.tasks = self.clock(), None, {}
+        self.t0 = self.clock()
+        self.bar: Progress | None = None
+        self.tasks: dict[str, TaskID] = {}
 
     def __enter__(self) -> "ProgressBar":
         self.t0 = self.clock()
@@ -145,8 +147,6 @@ class ProgressBar:
         if self.bar is None:
             if self.clock() - self.t0 < self.after_s or not self.console.is_terminal:
                 return
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
             self.bar = Progress(TextColumn("search: {task.description}"), BarColumn(), MofNCompleteColumn(),
                                 TimeElapsedColumn(), console=self.console, transient=True)
             self.bar.start()

@@ -8,9 +8,10 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from meshplan.placement.assign import rank_row
 from meshplan.memory.state import megatron_estimate, zero_textbook_bytes
-from meshplan.plan import Plan
+from meshplan.mesh.resolve import Mesh
+from meshplan.placement.assign import Placement, rank_row
+from meshplan.plan import Infeasible, Plan
 from meshplan.report.memory import timeline_table
 from meshplan.units import GB, US, GiB, human_bytes
 
@@ -42,25 +43,24 @@ def fmt_ranks(ranks) -> str:
     return ",".join(map(str, ranks[:6])) + f",... ({n} ranks)"
 
 
-def print_plan(plan: Plan, rank: int = 0, console: Console | None = None) -> None:
-    """Print the whole plan for the point of view of ``rank``."""
+def print_plan(plan: Plan | Infeasible, rank: int = 0, console: Console | None = None) -> None:
+    """Print the whole plan for the point of view of ``rank``; of an :class:`Infeasible`
+    mesh, what was resolved (mesh, groups, placement when it has them) and the reasons."""
     con = console or Console()
     _header(plan, con)
     _constraints(plan, con)
-    if plan.mesh is None:
-        _verdict(plan, con)
-        return
-    _mesh(plan, con)
-    print_groups(plan, rank, con)
-    _placement(plan, rank, con)
-    if plan.gemms:
+    if plan.mesh is not None and plan.placement is not None:
+        _mesh(plan, plan.mesh, con)
+        print_groups(plan.mesh, rank, con)
+        _placement(plan, plan.placement, rank, con)
+    if isinstance(plan, Plan):
         _shapes(plan, con)
         _memory(plan, con)
         _collectives(plan, con)
     _verdict(plan, con)
 
 
-def _header(plan: Plan, con: Console) -> None:
+def _header(plan: Plan | Infeasible, con: Console) -> None:
     c = plan.config
     m, t, cl = c.model, c.training, c.cluster
     con.rule(f"[bold]meshplan plan[/] {c.path or ''}")
@@ -75,10 +75,8 @@ def _header(plan: Plan, con: Console) -> None:
               f"grads {t.grad_dtype}, reduce {t.reduce_dtype}, reserve {t.memory_reserve:.0%}")
 
 
-def _constraints(plan: Plan, con: Console) -> None:
+def _constraints(plan: Plan | Infeasible, con: Console) -> None:
     cs = plan.constraints
-    if cs is None:
-        return
     tab = Table(title="Constraints (before any mesh)", title_justify="left")
     for col in ("kind", "constraint", "requires"):
         tab.add_column(col)
@@ -87,23 +85,20 @@ def _constraints(plan: Plan, con: Console) -> None:
     con.print(tab)
 
 
-def _mesh(plan: Plan, con: Console) -> None:
-    mesh = plan.mesh
+def _mesh(plan: Plan | Infeasible, mesh: Mesh, con: Console) -> None:
     shape = " x ".join(f"{n} {d}" for n, d in zip(mesh.layout.names, mesh.layout.shape))
     con.print(f"\n[bold]mesh[/] ({shape})  canonical {tuple(mesh.layout.names)}, Megatron order '{mesh.megatron_order}'"
               + (f", ep {mesh.ep} x etp {mesh.etp}" if mesh.ep * mesh.etp > 1 else "")
               + (", sequence parallel" if mesh.sequence_parallel else ""))
     for line in plan.derivation:
         con.print(f"  {line}")
-    cs = plan.constraints
-    for axis, why in (getattr(cs, "axes", None) or {}).items():
+    for axis, why in plan.constraints.axes.items():
         con.print(f"  axis {axis}: {why}")
 
 
-def print_groups(plan: Plan, rank: int, con: Console | None = None) -> None:
+def print_groups(mesh: Mesh, rank: int, con: Console | None = None) -> None:
     """What ``rank`` would print at start-up: coordinates and every group's ranks."""
     con = con or Console()
-    mesh = plan.mesh
     coords = mesh.layout.coords_of(rank)
     con.print(f"\n[bold]rank {rank}[/] = coordinates {_c(coords)} ("
               + ", ".join(f"{n}={c}" for n, c in zip(mesh.layout.names, coords)) + ")")
@@ -116,8 +111,8 @@ def print_groups(plan: Plan, rank: int, con: Console | None = None) -> None:
         first = "; ".join(fmt_ranks(row) for row in g[:2]) + ("; ..." if len(g) > 2 else "")
         mine = mesh.group_of(rank, axis)
         ends = [mesh.layout.coords_of(r) for r in (mine[0], mine[-1])]
-        coords = f"[{_c(ends[0])}..{_c(ends[1])}]" if len(mine) > 1 else f"[{_c(ends[0])}]"
-        tab.add_row(axis, str(g.shape[1]), str(g.shape[0]), fmt_ranks(mine), coords, first)
+        span = f"[{_c(ends[0])}..{_c(ends[1])}]" if len(mine) > 1 else f"[{_c(ends[0])}]"
+        tab.add_row(axis, str(g.shape[1]), str(g.shape[0]), fmt_ranks(mine), span, first)
     con.print(tab)
 
 
@@ -125,8 +120,8 @@ def _c(coords) -> str:
     return "(" + ",".join(map(str, coords)) + ")"
 
 
-def _placement(plan: Plan, rank: int, con: Console) -> None:
-    row = rank_row(plan.placement, rank)
+def _placement(plan: Plan | Infeasible, placement: Placement, rank: int, con: Console) -> None:
+    row = rank_row(placement, rank)
     con.print(f"placement of rank {rank}: " + ", ".join(f"{k} {v}" for k, v in row.items()))
     for f in plan.flags:
         style = {"error": "red", "warn": "yellow"}.get(f.severity, "dim")
@@ -172,11 +167,10 @@ def _memory(plan: Plan, con: Console) -> None:
     con.print(tab)
     for line in _accounting_lines(plan, max(states, key=lambda s: s.total_bytes)):
         con.print(f"[dim]{line}[/]")
-    e = plan.constraints.estimate if plan.constraints else None
+    e = plan.constraints.estimate
     if e is not None:
         con.print(f"[dim]first estimate (constraints, before the timeline): {e.line()}[/]")
-    if plan.timelines:
-        con.print(timeline_table(plan))
+    con.print(timeline_table(plan))
 
 
 ZERO_STAGE = {"none": 0, "zero1": 1, "zero2": 2, "zero3": 3, "hsdp": 3}
@@ -209,7 +203,7 @@ def _collectives(plan: Plan, con: Console) -> None:
         con.print(tab)
 
 
-def _verdict(plan: Plan, con: Console) -> None:
+def _verdict(plan: Plan | Infeasible, con: Console) -> None:
     for n in plan.notes:
         con.print(f"[dim]note[/] {n}")
     if plan.feasible:

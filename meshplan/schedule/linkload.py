@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from meshplan.comm.alphabeta import busbw_factor
+from meshplan.plan import Plan
 
 _OPS = {"AG": "all-gather", "RS": "reduce-scatter", "AR": "all-reduce"}
 
@@ -83,7 +84,7 @@ def _op_of(name: str) -> str:
 def timings(st, stage: int = 0) -> list[Timing]:
     """Ready time, deadline and duration of the first occurrence of each (stream, phase, op)
     on ``stage`` (see the module docstring)."""
-    events = [e for e in st.trace_events(detail=True) if e.stage == stage]
+    events = st.trace_events(detail=True, stage=stage)
     compute = sorted((e for e in events if e.stream == "compute"), key=lambda e: e.start_s)
     step_end = max(e.end_s for e in events)
     opt = next((e.start_s for e in events if "optimizer" in e.name), step_end)
@@ -113,7 +114,7 @@ def _deadline(e, compute, opt: float) -> float:
 
 def concurrency(st, stage: int = 0) -> dict[tuple[str, str], float]:
     """Seconds per step during which collectives of two different streams run at once."""
-    ev = sorted((e for e in st.trace_events(detail=True) if e.stage == stage and e.stream != "compute"
+    ev = sorted((e for e in st.trace_events(detail=True, stage=stage) if e.stream != "compute"
                  and e.end_s > e.start_s), key=lambda e: e.start_s)
     out: dict[tuple[str, str], float] = {}
     active: list = []
@@ -127,14 +128,12 @@ def concurrency(st, stage: int = 0) -> dict[tuple[str, str], float]:
     return out
 
 
-def edge_loads(plan, st, stage: int = 0) -> list[EdgeLoad]:
+def edge_loads(plan: Plan, st, stage: int = 0) -> list[EdgeLoad]:
     """Load on rank 0's NVLink, node 0's NICs and the rails' spine uplinks per step."""
-    from meshplan.plan import stage_table
-
-    rows = stage_table(plan, stage)
-    compute_s = sum(e.end_s - e.start_s for e in st.trace_events(detail=True)
-                    if e.stage == stage and e.stream == "compute" and "unit" in e.args)
-    n_layers = sum(len(c) for c in plan.stages[stage])
+    rows = plan.stage(stage).collectives
+    compute_s = sum(e.end_s - e.start_s for e in st.trace_events(detail=True, stage=stage)
+                    if e.stream == "compute" and "unit" in e.args)
+    n_layers = len(plan.stage(stage).layers)
     layer_s = compute_s / max(plan.micro_batches * n_layers, 1)
     cluster = plan.config.cluster
     nv = sum(r.size_bytes * busbw_factor(r.op, r.group_size) * r.per_step for r in rows if r.path.kind == "nvlink")

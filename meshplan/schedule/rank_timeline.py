@@ -18,14 +18,23 @@ frameworks issue them:
   The SP norm-weight gradient all-reduces run on the tp stream after each layer's backward
   (nothing waits for them until the step ends); the vocab-parallel loss collectives block
   after the output layer.
-- **CP**: the K/V all-gather (backward dK/dV reduce-scatter) runs during the attention
-  block (ring attention overlaps the exchange with compute).
+- **CP** (all-gather CP: Llama 3, Dubey et al. 2024, 3.3.2; torchtitan): the attention block
+  runs as K/V projection (wk, wv, RoPE), Q projection (wq), core attention, output projection
+  (wo). The K/V all-gather is issued after the K/V projection and may overlap only the Q
+  projection: the core attention waits for it (exposed per layer ``max(0, AG - wq)``).
+  Backward: the dK/dV reduce-scatter is issued after the core attention's backward (wo's
+  input gradient, attention, RoPE) and may overlap only wq's input gradient; the K/V
+  projections' input gradients wait for it. Full recompute replays the gather (phase
+  backward, as the table counts it).
 - **EP**: the dispatch all-to-all blocks the expert block; the combine follows it.
 - **FSDP** (zero3/hsdp): the all-gather of the next layer is issued when a layer starts
   (``Overlap.fsdp_prefetch``, FSDP2's default prefetch of one layer; otherwise issued when
   needed); a layer's gradient reduce-scatter is issued after its weight gradients and runs
   during the next layer's backward (``Overlap.grad_reduce``; otherwise it blocks); HSDP
-  all-reduces the shard over dp_replicate after it.
+  all-reduces the shard over dp_replicate after it. With pp > 1 a pass gathers only when it
+  finds its chunk sharded (:func:`meshplan.comm.collectives.fsdp_gather_flags`: with
+  ``reshard_after_forward = false`` once per step and chunk) and reduces only on the chunk's
+  last gradient unit (``PipelineStage`` turns gradient sync off for every other backward).
 - **ZeRO-1/2, DDP**: on a chunk's last gradient unit the per-step reduction is issued in
   per-layer pieces (buckets) after each layer's weight gradients (``Overlap.grad_reduce``).
 
@@ -94,7 +103,9 @@ class CommTimes:
     "layer", "expert" or "root" for shard/replica rows. ``loss_s``: seconds of the loss
     collectives per micro-batch; ``async_s``: per-layer overlapped tp collectives (norm
     weight gradients); ``step_reduce_s``/``step_gather_s``: per-step ZeRO-1/2 or DDP
-    collectives; ``p2p_s``: one pp send; ``other``: rows not understood (not simulated)."""
+    collectives; ``p2p_s``: one pp send; ``other``: rows not understood (not simulated);
+    ``layers``: the stage's layers over all its chunks (each chunk's last gradient unit
+    issues its layers' pieces of the per-step reduction)."""
 
     t: dict = field(default_factory=dict)
     loss_s: float = 0.0
@@ -103,11 +114,12 @@ class CommTimes:
     step_gather_s: float = 0.0
     p2p_s: float = 0.0
     other: tuple = ()
+    layers: int = 1
 
     @classmethod
     def from_rows(cls, rows, layers: int = 1) -> "CommTimes":
         """From a stage's collective rows; ``layers``: transformer layers of the stage."""
-        c, other = cls(), []
+        c, other = cls(layers=layers), []
         for r in rows:
             kind = comm_kind(r)
             if kind == "step":
@@ -162,13 +174,13 @@ class _Sim:
 
     def __init__(self, comm: CommTimes, w: Workload, ov: Overlap):
         self.c, self.w, self.ov = comm, w, ov
-        self.free = defaultdict(float)
+        self.free: defaultdict[str, float] = defaultdict(float)
         self.events: list[Event] = []
-        self.exposed = defaultdict(float)
+        self.exposed: defaultdict[str, float] = defaultdict(float)
         self.last: Optional[Event] = None
 
-    def _add(self, stream, name, start, end) -> Event:
-        ev = Event(0, stream, name, start, end)
+    def _add(self, stream, name, start, end, args=None) -> Event:
+        ev = Event(0, stream, name, start, end, dict(args or {}))
         self.events.append(ev)
         self.free[stream] = end
         return ev
@@ -199,13 +211,13 @@ class _Sim:
         stream = {"shard": "efsdp" if group == "expert" else "fsdp", "replica": "dp_replicate"}.get(kind, kind)
         deps = [a for a in ([self.last] if after is None else after) if a is not None]
         start = max([self.free[stream]] + [a.end_s for a in deps])
-        return self._add(stream, name, start, start + t)
+        return self._add(stream, name, start, start + t, {"kind": kind, "group": group, "phase": phase, "op": op})
 
     def finish(self) -> UnitSim:
         end = self.last.end_s if self.last else 0.0
         final = max(self.events, key=lambda e: e.end_s, default=None)
         tail = max(0.0, final.end_s - end) if final else 0.0
-        return UnitSim(end, tail, dict(self.exposed), tuple(self.events), final.stream if tail else "")
+        return UnitSim(end, tail, dict(self.exposed), tuple(self.events), final.stream if final and tail else "")
 
 
 def _tp(w: Workload) -> tuple[str, str]:
@@ -214,36 +226,69 @@ def _tp(w: Workload) -> tuple[str, str]:
     return ("all-gather", "reduce-scatter") if w.sp else ("", "all-reduce")
 
 
-def _block(s: _Sim, name: str, t: float, phase: str, cp: bool = False, ep: bool = False) -> None:
+def _block(s: _Sim, name: str, t: float, phase: str, ep: bool = False, cp: Optional[tuple] = None,
+           cp_phase: str = "forward") -> None:
+    """One forward block; ``cp``: the attention's (K/V proj, Q proj, core, out proj) seconds
+    under all-gather CP (module docstring)."""
     before, after = _tp(s.w)
     pre = s.comm("tp", phase, before, f"tp {before}")
-    ring = s.comm("cp", phase, "all-gather", "cp K/V all-gather") if cp else None
     if ep:
         pre = s.comm("ep", phase, "all-to-all", "ep dispatch", after=[pre or s.last]) or pre
-    if s.ov.tp:
-        post = s.comm("tp", phase, after, f"tp {after}", after=[s.last])
-        s.compute(name, t, [], [x for x in (pre, post, ring) if x])
+    post = s.comm("tp", phase, after, f"tp {after}", after=[s.last]) if s.ov.tp else None
+    tp_ov = [x for x in (pre, post) if x] if s.ov.tp else []
+    if cp is None:
+        s.compute(name, t, [] if s.ov.tp else [pre], tp_ov)
     else:
-        s.compute(name, t, [pre], [ring])
+        kv, q, core, out = cp
+        s.compute(name + " K/V proj", kv, [] if s.ov.tp else [pre])
+        ring = s.comm("cp", cp_phase, "all-gather", "cp K/V all-gather", after=[s.last])
+        s.compute(name + " Q proj", q)
+        s.compute(name + " core", core, [ring])
+        s.compute(name + " out proj", out, [], tp_ov)
     if ep:
         s.compute(name + " combine wait", 0.0, [s.comm("ep", phase, "all-to-all", "ep combine")])
     if not s.ov.tp:
         s.compute(name + " tp wait", 0.0, [s.comm("tp", phase, after, f"tp {after}")])
 
 
-def _block_backward(s: _Sim, name: str, t_b: float, t_w: float, cp=False, ep=False) -> None:
+def _block_backward(s: _Sim, name: str, t_b: float, t_w: float, ep=False, cp: Optional[tuple] = None) -> None:
+    """One block's backward; ``cp``: the attention's input-gradient seconds (core incl. wo
+    and RoPE, Q proj, K/V proj) under all-gather CP (module docstring)."""
     before, after = _tp(s.w)
     pre = s.comm("tp", "backward", before, f"tp {before}")
     if ep:
         pre = s.comm("ep", "backward", "all-to-all", "ep combine grad", after=[pre or s.last]) or pre
-    ring = s.comm("cp", "backward", "reduce-scatter", "cp dK/dV reduce-scatter") if cp else None
-    s.compute(name + " B", t_b, [pre], [ring])
+    if cp is None:
+        s.compute(name + " B", t_b, [pre])
+    else:
+        core, q, kv = cp
+        s.compute(name + " core B", core, [pre])
+        rs = s.comm("cp", "backward", "reduce-scatter", "cp dK/dV reduce-scatter", after=[s.last])
+        s.compute(name + " Q proj B", q)
+        s.compute(name + " K/V proj B", kv, [rs])
     post = s.comm("tp", "backward", after, f"tp {after}")
     if ep:
         post = s.comm("ep", "backward", "all-to-all", "ep dispatch grad", after=[post or s.last]) or post
     if t_w > 0:
         s.compute(name + " W", t_w, [], [post] if s.ov.tp else [])
     s.compute(name + " grad wait", 0.0, [post])
+
+
+def _cp_parts(c: Cost, phase: str, recompute: Optional[bool]) -> dict:
+    """Seconds of the attention block's ops of ``phase`` by part: ``kv`` (wk, wv, and RoPE in
+    forward), ``q`` (wq), ``out`` (wo in forward), ``core`` (the rest; in backward also wo's
+    input gradient and RoPE, which precede dK/dV). Op names from :mod:`meshplan.compute.ops`."""
+    fwd = phase == "forward" or recompute
+    out = dict.fromkeys(("kv", "q", "core", "out"), 0.0)
+    for o in c.ops:
+        if o.block != "attn" or o.phase != phase or recompute not in (None, o.recompute):
+            continue
+        base = o.name.split(" ")[0].split(".")[0]
+        part = {"wk": "kv", "wv": "kv", "wq": "q"}.get(base, "core")
+        if fwd and base in ("rope", "wo"):
+            part = "kv" if base == "rope" else "out"
+        out[part] += o.seconds
+    return out
 
 
 def _times(c: Cost, phase: str, recompute: Optional[bool] = None) -> dict:
@@ -253,7 +298,9 @@ def _times(c: Cost, phase: str, recompute: Optional[bool] = None) -> dict:
 def _forward_layer(s: _Sim, c: Cost, moe: bool, phase: str = "forward", recompute=None) -> None:
     t = _times(c, phase, recompute)
     s.compute("norm", t["attn_pre"])
-    _block(s, "attention", t["attn"], "forward", cp=s.w.cp > 1)
+    p = _cp_parts(c, phase, recompute) if s.w.cp > 1 else None
+    _block(s, "attention", t["attn"], "forward", cp=(p["kv"], p["q"], p["core"], p["out"]) if p else None,
+           cp_phase="forward" if phase == "forward" else "backward")
     s.compute("add+norm", t["attn_post"] + t["mlp_pre"])
     _block(s, "mlp", t["mlp"], "forward", ep=moe)
     s.compute("add", t["mlp_post"])
@@ -268,75 +315,86 @@ def _backward_layer(s: _Sim, c: Cost, moe: bool, with_w: bool) -> None:
     s.compute("add grad", b["mlp_post"])
     _block_backward(s, "mlp", b["mlp"], w["mlp"], ep=moe)
     s.compute("norm+add grad", b["mlp_pre"] + b["attn_post"])
-    _block_backward(s, "attention", b["attn"], w["attn"], cp=s.w.cp > 1)
+    p = _cp_parts(c, "backward_input", False if full else None) if s.w.cp > 1 else None
+    _block_backward(s, "attention", b["attn"], w["attn"], cp=(p["core"], p["q"], p["kv"]) if p else None)
     s.compute("norm grad", b["attn_pre"])
 
 
-def forward_unit(chunk: ChunkCosts, comm: CommTimes, w: Workload, ov: Overlap) -> UnitSim:
-    """F of one micro-batch through ``chunk`` (module docstring)."""
+def forward_unit(chunk: ChunkCosts, comm: CommTimes, w: Workload, ov: Overlap,
+                 gather_layers: bool = True, gather_root: bool = True) -> UnitSim:
+    """F of one micro-batch through ``chunk`` (module docstring); ``gather_layers`` /
+    ``gather_root``: whether this pass finds the layers' / the root's FSDP units sharded."""
     s = _Sim(comm, w, ov)
     n = len(chunk.layers)
+    root_ag = lambda: s.comm("shard", "forward", "all-gather", "fsdp AG root", "root") if gather_root else None
     if chunk.embed is not None:
-        s.compute("embedding", chunk.embed.seconds("forward"),
-                  [s.comm("shard", "forward", "all-gather", "fsdp AG root", "root")])
+        s.compute("embedding", chunk.embed.seconds("forward"), [root_ag()])
         s.compute("embedding tp wait", 0.0, [s.comm("tp", "forward", _tp(w)[1], f"tp {_tp(w)[1]}")])
-    gather = lambda i: s.comm("shard", "forward", "all-gather", f"fsdp AG L{i}", "layer")
+    gather = lambda i: s.comm("shard", "forward", "all-gather", f"fsdp AG L{i}", "layer") if gather_layers else None
     ag = gather(0) if ov.fsdp_prefetch else None
     for i, (c, moe) in enumerate(zip(chunk.layers, chunk.moe)):
         ag = ag if ov.fsdp_prefetch else gather(i)
-        ag_e = s.comm("shard", "forward", "all-gather", f"efsdp AG L{i}", "expert") if moe else None
+        ag_e = s.comm("shard", "forward", "all-gather", f"efsdp AG L{i}", "expert") if moe and gather_layers else None
         s.compute(f"L{i}", 0.0, [ag, ag_e])
         ag = gather(i + 1) if ov.fsdp_prefetch and i + 1 < n else None
         _forward_layer(s, c, moe)
     if chunk.head is not None:
         pre = s.comm("tp", "forward", "all-gather", "tp all-gather (head)") if w.sp else None
-        root = s.comm("shard", "forward", "all-gather", "fsdp AG root", "root") if chunk.embed is None else None
+        root = root_ag() if chunk.embed is None else None
         s.compute("head", chunk.head.seconds("forward"), [pre, root])
         s.compute("loss tp wait", 0.0, [s.comm("tp", "loss", "all-reduce", "tp loss collectives", seconds=comm.loss_s)])
     return s.finish()
 
 
-def _reduce(s: _Sim, name: str, group: str, step_piece: float) -> None:
-    rs = s.comm("shard", "backward", "reduce-scatter", f"fsdp RS {name}", group)
-    rs = s.comm("replica", "backward", "all-reduce", f"hsdp AR {name}", group, after=[rs or s.last]) or rs
+def _reduce(s: _Sim, name: str, group: str, step_piece: float, shard: bool = True) -> None:
+    """FSDP reduce-scatter (+ HSDP all-reduce) of a unit when ``shard``; ``step_piece``:
+    seconds of this layer's piece (bucket) of the per-step ZeRO-1/2 or DDP reduction."""
+    rs = s.comm("shard", "backward", "reduce-scatter", f"fsdp RS {name}", group) if shard else None
+    rs = (s.comm("replica", "backward", "all-reduce", f"hsdp AR {name}", group, after=[rs or s.last]) or rs) \
+        if shard else None
     red = s.comm("dp", "step", "reduce", f"grad reduce {name}", seconds=step_piece) if step_piece else None
     if not s.ov.grad_reduce:
         s.compute("grad reduce wait", 0.0, [rs, red])
 
 
 def backward_unit(kind: str, chunk: ChunkCosts, comm: CommTimes, w: Workload, ov: Overlap,
-                  last_grad_unit: bool = False) -> UnitSim:
+                  last_grad_unit: bool = False, gather: bool = True, reduce: bool = True) -> UnitSim:
     """``kind`` "B" (input and weight gradients), "Bx" (input gradient only, ZB) or "W"
     (weight gradient only, ZB) of one micro-batch through ``chunk``. On the chunk's
-    ``last_grad_unit`` the per-step gradient reduction is spread over its layers."""
+    ``last_grad_unit`` the per-step gradient reduction is spread over its layers.
+    ``gather``: the pass finds the FSDP units sharded; ``reduce``: it reduce-scatters the
+    FSDP gradients (every micro-batch without pp, the chunk's last gradient unit with pp)."""
     s = _Sim(comm, w, ov)
     with_b, with_w = kind in ("B", "Bx"), kind in ("B", "W")
+    red_w = with_w and reduce
     n = len(chunk.layers)
-    piece = comm.step_reduce_s / n if last_grad_unit and ov.grad_reduce and with_w else 0.0
+    piece = comm.step_reduce_s / max(comm.layers, n) if last_grad_unit and ov.grad_reduce and with_w else 0.0
     if chunk.head is not None:
         s.compute("head grad", (chunk.head.seconds("backward_input") if with_b else 0.0)
                   + (chunk.head.seconds("backward_weight") if with_w else 0.0))
         if with_b:
             s.compute("head tp wait", 0.0, [s.comm("tp", "backward", _tp(w)[1], f"tp {_tp(w)[1]} (head)")])
-        if with_w and chunk.embed is None:  # one root unit: reduced once, after the embedding when held
+        if red_w and chunk.embed is None:  # one root unit: reduced once, after the embedding when held
             _reduce(s, "root", "root", 0.0)
-    gather = lambda i: s.comm("shard", "backward", "all-gather", f"fsdp AG L{i}", "layer") if with_b else None
-    ag = gather(n - 1) if ov.fsdp_prefetch else None
+    gather_ = lambda i: s.comm("shard", "backward", "all-gather", f"fsdp AG L{i}", "layer") \
+        if with_b and gather else None
+    ag = gather_(n - 1) if ov.fsdp_prefetch else None
     for i in reversed(range(n)):
         c, moe = chunk.layers[i], chunk.moe[i]
-        ag = ag if ov.fsdp_prefetch else gather(i)
+        ag = ag if ov.fsdp_prefetch else gather_(i)
         s.compute(f"L{i}", 0.0, [ag])
-        ag = gather(i - 1) if ov.fsdp_prefetch and i > 0 else None
+        ag = gather_(i - 1) if ov.fsdp_prefetch and i > 0 else None
         if with_b:
             _backward_layer(s, c, moe, with_w)
             s.comm("tp", "backward", "all-reduce", f"tp norm-grad all-reduce L{i}", seconds=comm.async_s)
         else:
             s.compute(f"L{i} W", c.seconds("backward_weight"))
         if with_w:
-            _reduce(s, f"L{i}", "layer", piece)
-            if moe:
+            _reduce(s, f"L{i}", "layer", piece, red_w)
+            if moe and red_w:
                 _reduce(s, f"L{i} experts", "expert", 0.0)
     if chunk.embed is not None and with_w:
         s.compute("embedding grad", chunk.embed.seconds("backward_weight"))
-        _reduce(s, "root", "root", 0.0)
+        if red_w:
+            _reduce(s, "root", "root", 0.0)
     return s.finish()

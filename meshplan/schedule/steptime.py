@@ -17,15 +17,36 @@ attention, replicated KV heads, padded vocabulary), both over ``step x world x p
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import cached_property
 from pathlib import Path
 from typing import Optional
 
-from meshplan.compute.ops import (Cost, Workload, embedding_cost, head_cost, layer_cost, optimizer_bandwidth,
-                                  sequence_model_flops)
+import numpy as np
+
+from meshplan.comm.collectives import fsdp_gather_flags
 from meshplan.compute.gemm import GemmTable
-from meshplan.pipeline.simulate import Event, PipelineResult, PipelineSpec, simulate, write_trace
-from meshplan.schedule.rank_timeline import ChunkCosts, CommTimes, Overlap, backward_unit, forward_unit
+from meshplan.compute.ops import (
+    Cost,
+    Workload,
+    embedding_cost,
+    head_cost,
+    layer_cost,
+    optimizer_bandwidth,
+    sequence_model_flops,
+)
+from meshplan.pipeline.fast import KINDS, ArrayResult, Flat, simulate_arrays
+from meshplan.pipeline.simulate import Event, PipelineSpec, write_trace
+from meshplan.plan import Infeasible, Plan
+from meshplan.spec.mesh import Schedule
+from meshplan.schedule.rank_timeline import (
+    ChunkCosts,
+    CommTimes,
+    Overlap,
+    UnitSim,
+    backward_unit,
+    forward_unit,
+)
 
 
 def workload_of(plan, dropout: bool = False) -> Workload:
@@ -62,8 +83,8 @@ class StepTime:
     """The predicted step. ``stage_end_s[s]``: when stage s finishes (tails, step-level
     collectives and optimizer included); ``exposed_s``: per stream of the critical stage."""
 
-    pipeline: PipelineResult
-    units: dict
+    pipeline: ArrayResult
+    units: "UnitTimes"
     stage_end_s: tuple[float, ...]
     post_events: tuple[Event, ...]
     exposed_s: dict
@@ -118,19 +139,29 @@ class StepTime:
                 f"attention, no recompute); HFU {self.hfu:.1%} (executed FLOP, recompute included)"] + \
             [f"note: {n}" for n in self.notes]
 
-    def trace_events(self, detail: bool = True) -> list[Event]:
+    def trace_events(self, detail: bool = True, stage: Optional[int] = None) -> list[Event]:
         """Pipeline units (and, with ``detail``, every op and collective inside them) shifted
-        to their start, pp sends and the step-end ops."""
+        to their start, pp sends and the step-end ops; ``stage``: only that stage's (built
+        for it alone, and kept: the link-load report asks three times)."""
+        if stage is not None and (detail, stage) in self._trace_cache:
+            return self._trace_cache[(detail, stage)]
         out = []
-        for e in self.pipeline.events:
+        for e in (self.pipeline.events if stage is None else self.pipeline.stage_events(stage)):
             out.append(e)
             if not detail or e.stream != "compute":
                 continue
-            for ie in self.units[_key(self.pipeline.spec, e)].events:
+            for ie in self.units.of_event(e).events:
                 if ie.end_s > ie.start_s:
                     out.append(Event(e.stage, ie.stream, ie.name, e.start_s + ie.start_s, e.start_s + ie.end_s,
                                      {"unit": e.name}))
-        return out + list(self.post_events)
+        out += [e for e in self.post_events if stage is None or e.stage == stage]
+        if stage is not None:
+            self._trace_cache[(detail, stage)] = out
+        return out
+
+    @cached_property
+    def _trace_cache(self) -> dict:
+        return {}
 
     def write_trace(self, path: str | Path, detail: bool = True, force: bool = False) -> Path:
         meta = {"generator": "meshplan", "step_ms": self.step_s * 1e3, "mfu": self.mfu, "hfu": self.hfu,
@@ -139,24 +170,83 @@ class StepTime:
 
 
 def _grad_kind(spec: PipelineSpec) -> str:
-    return "W" if spec.schedule == "zb_h1" else "B"
+    return "W" if spec.sched.splits_backward else "B"
 
 
-def _key(spec: PipelineSpec, e: Event) -> tuple:
-    kind, mb = e.args["kind"], e.args["mb"]
-    return (e.stage, e.args["chunk"], kind, kind == _grad_kind(spec) and mb == spec.m - 1)
+class UnitTimes:
+    """Unit timelines of a step, one simulation per distinct (stage, chunk, kind, last
+    gradient unit, FSDP flags, reduce). FSDP flags (gather layers, gather root): without pp
+    every pass gathers (the backward only where the table has a backward all-gather) and
+    every gradient pass reduce-scatters; with pp they follow
+    :func:`meshplan.comm.collectives.fsdp_gather_flags` and the chunk's last gradient unit.
+    A chunk whose costs and stage collectives equal an earlier stage's (the middle stages)
+    reuses its timelines: they are pure functions of those inputs, times from the unit start."""
 
+    def __init__(self, spec: PipelineSpec, chunks, comms, w, ov, reshard: bool, fsdp: bool):
+        self.spec, self.chunks, self.comms, self.w, self.ov = spec, chunks, comms, w, ov
+        self.cache: dict = {}
+        self.shared: dict = {}
+        self.flags: dict = {}
+        if spec.p > 1 and fsdp:
+            for s in range(spec.p):
+                lay = fsdp_gather_flags(spec.schedule, spec.p, spec.m, spec.v, s, reshard)
+                root = fsdp_gather_flags(spec.schedule, spec.p, spec.m, spec.v, s, False)
+                self.flags[s] = {k: (g, root[k]) for k, g in lay.items()}
 
-def _unit_sims(spec, chunks, comms, w, ov) -> dict:
-    out = {}
-    for s, stage in enumerate(chunks):
-        for c, ch in enumerate(stage):
-            out[(s, c, "F", False)] = forward_unit(ch, comms[s], w, ov)
-            kinds = (("B", "Bx"), ("W", "W")) if spec.schedule == "zb_h1" else (("B", "B"),)
-            for pk, uk in kinds:
-                for last in (False, True):
-                    out[(s, c, pk, last)] = backward_unit(uk, ch, comms[s], w, ov, last_grad_unit=last)
-    return out
+    def key(self, s: int, chunk: int, kind: str, mb: int) -> tuple:
+        last = kind == _grad_kind(self.spec) and mb == self.spec.m - 1
+        gather = self.flags[s].get((chunk, "B" if kind == "W" else kind, mb), (False, False)) \
+            if s in self.flags else (True, True)
+        return (s, chunk, kind, last, gather, last or not self.flags)
+
+    def by_key(self, k: tuple) -> UnitSim:
+        if k not in self.cache:
+            s, chunk, kind = k[0], k[1], k[2]
+            ch, comm = self.chunks[s][chunk], self.comms[s]
+            twins = self.shared.setdefault(k[2:], [])
+            sim = next((x for c, m, x in twins if c == ch and m == comm), None)
+            if sim is None:
+                if kind == "F":
+                    sim = forward_unit(ch, comm, self.w, self.ov, gather_layers=k[4][0], gather_root=k[4][1])
+                else:
+                    uk = "Bx" if kind == "B" and self.spec.sched.splits_backward else kind
+                    sim = backward_unit(uk, ch, comm, self.w, self.ov, last_grad_unit=k[3], gather=k[4][0], reduce=k[5])
+                twins.append((ch, comm, sim))
+            self.cache[k] = sim
+        return self.cache[k]
+
+    def get(self, s: int, chunk: int, kind: str, mb: int) -> UnitSim:
+        return self.by_key(self.key(s, chunk, kind, mb))
+
+    def of_event(self, e: Event) -> UnitSim:
+        return self.get(e.stage, e.args["chunk"], e.args["kind"], e.args["mb"])
+
+    def index(self, f: Flat) -> tuple[list[tuple], np.ndarray]:
+        """(the distinct keys of the flat units, the index into them of every flat unit): the
+        key :meth:`key` gives each unit, on arrays."""
+        sp = self.spec
+        last = (f.kind == KINDS.index(_grad_kind(sp))) & (f.mb == sp.m - 1)
+        n = len(f.kind)
+        gl, gr = np.ones(n, dtype=np.int64), np.ones(n, dtype=np.int64)
+        red = last.astype(np.int64) if self.flags else np.ones(n, dtype=np.int64)
+        fb = np.where(f.kind == KINDS.index("F"), 0, 1)  # W follows its B's flags
+        for s, fl in self.flags.items():
+            lay, root = np.zeros((sp.v, 2, sp.m), dtype=np.int64), np.zeros((sp.v, 2, sp.m), dtype=np.int64)
+            for (c, kind, mb), (g, r) in fl.items():
+                lay[c, int(kind != "F"), mb], root[c, int(kind != "F"), mb] = g, r
+            sl = slice(s * f.length, (s + 1) * f.length)
+            gl[sl], gr[sl] = lay[f.chunk[sl], fb[sl], f.mb[sl]], root[f.chunk[sl], fb[sl], f.mb[sl]]
+        code = ((((f.stage * sp.v + f.chunk) * len(KINDS) + f.kind) * 2 + last) * 2 + gl) * 4 + gr * 2 + red
+        uniq, inv = np.unique(code, return_inverse=True)
+        keys = []
+        for c in uniq.tolist():
+            red_, gr_, gl_ = c & 1, (c >> 1) & 1, (c >> 2) & 1
+            c >>= 3
+            last_ = c & 1
+            c >>= 1
+            kind, c = c % len(KINDS), c // len(KINDS)
+            keys.append((c // sp.v, c % sp.v, KINDS[kind], bool(last_), (bool(gl_), bool(gr_)), bool(red_)))
+        return keys, inv
 
 
 def optimizer_step_s(total_bytes, grads_bytes, hbm_bandwidth_bytes_per_s):
@@ -173,6 +263,34 @@ def optimizer_step_s(total_bytes, grads_bytes, hbm_bandwidth_bytes_per_s):
     return (2 * total_bytes - grads_bytes) / hbm_bandwidth_bytes_per_s
 
 
+def _ends_of(res: ArrayResult, s: int) -> list[Event]:
+    """Stage s's last unit (the first to reach the latest end) and its first forward (the
+    first to start earliest): the only events :func:`_stage_end` reads."""
+    sl = res.stage_slice(s)
+    last = sl.start + int(np.argmax(res.end[sl]))
+    fs = np.flatnonzero(res.flat.kind[sl] == 0)
+    first_f = sl.start + int(fs[np.argmin(res.start[sl][fs])])
+    return [res._event(last), res._event(first_f)]
+
+
+def _unit_exposure(res: ArrayResult, s: int, units: UnitTimes, keys: list, key_idx: np.ndarray, ex: dict) -> dict:
+    """``ex`` plus the exposed time of every unit of stage s by stream and, for each unit
+    that waited on a p2p receive, ``min(p2p, wait)`` on "pp"; added in unit order, so the
+    sums are the per-event loop's to the bit."""
+    sl = res.stage_slice(s)
+    kidx = key_idx[sl]
+    streams = sorted({k for key in set(kidx.tolist()) for k in units.by_key(keys[key]).exposed_s})
+    for k in streams:
+        vals = np.array([units.by_key(key).exposed_s.get(k, 0.0) for key in keys])[kidx]
+        if k == "pp":
+            vals = np.stack([vals, np.where(res.via_p2p[sl], np.minimum(res.spec.p2p_s, res.wait[sl]), 0.0)], 1)
+        ex[k] = sum(vals.reshape(-1).tolist(), ex.get(k, 0.0))
+    if "pp" not in streams and res.via_p2p[sl].any():
+        waits = np.minimum(res.spec.p2p_s, res.wait[sl][res.via_p2p[sl]])
+        ex["pp"] = sum(waits.tolist(), ex.get("pp", 0.0))
+    return ex
+
+
 def _optimizer_s(plan, s: int) -> float:
     st = plan.state[s]
     return optimizer_step_s(st.total_bytes, st.bytes_of("grads"), optimizer_bandwidth(plan.config.cluster.gpu))
@@ -182,7 +300,7 @@ def _stage_end(plan, s, spec, mine, units, comm: CommTimes, ov) -> tuple[float, 
     """End of stage s after its last unit (``mine``: its compute events), with the step-end
     events and their exposure."""
     last = max(mine, key=lambda e: e.end_s)
-    u = units[_key(spec, last)]
+    u = units.of_event(last)
     t = last.end_s + u.tail_s
     post, exposed = [], ({u.tail_stream: u.tail_s} if u.tail_s else {})
     steps = [("grad reduce (per step)", 0.0 if ov.grad_reduce else comm.step_reduce_s, "dp"),
@@ -199,41 +317,43 @@ def _stage_end(plan, s, spec, mine, units, comm: CommTimes, ov) -> tuple[float, 
     return t, post, exposed
 
 
-def step_time(plan, overlap: Overlap = Overlap(), *, dropout: bool = False, table: Optional[GemmTable] = None,
+def step_time(plan: Plan, overlap: Overlap = Overlap(), *, dropout: bool = False, table: Optional[GemmTable] = None,
               schedule: Optional[str] = None) -> StepTime:
     """Predict one step of a feasible ``plan`` (see the module docstring). ``schedule``
-    overrides the config's ``pp_schedule``; ``table``: measured GEMM times."""
-    if plan.mesh is None or plan.stages is None:
+    overrides the config's ``pp_schedule``; ``table``: measured GEMM times. TP collectives
+    overlap compute when ``overlap.tp`` or ``training.tp_comm_overlap`` (default: they block)."""
+    if isinstance(plan, Infeasible):
         raise ValueError("step_time needs a resolved plan with stages; this one is infeasible: "
                          + "; ".join(plan.reasons))
     cfg, w = plan.config, workload_of(plan, dropout)
     p, v, m = len(plan.stages), plan.vpp, plan.micro_batches
-    from meshplan.plan import stage_table
-
-    comms = [CommTimes.from_rows(stage_table(plan, s),
-                                 sum(len(c) for c in plan.stages[s])) for s in range(p)]
+    if cfg.training.tp_comm_overlap and not overlap.tp:  # the config's --tp-comm-overlap
+        overlap = replace(overlap, tp=True)
+    comms = [CommTimes.from_rows(st.collectives, len(st.layers)) for st in map(plan.stage, range(p))]
     chunks = chunk_costs(plan, w, table)
-    base = PipelineSpec(schedule or cfg.mesh.pp_schedule, p, m, v, p2p_s=max(c.p2p_s for c in comms))
-    units = _unit_sims(base, chunks, comms, w, overlap)
+    base = PipelineSpec(Schedule(schedule or plan.spec.pp_schedule), p, m, v, p2p_s=max(c.p2p_s for c in comms))
+    units = UnitTimes(base, chunks, comms, w, overlap, cfg.training.reshard_after_forward,
+                      cfg.training.sharding in ("zero3", "hsdp"))
     spec = PipelineSpec(base.schedule, p, m, v, p2p_s=base.p2p_s,
-                        duration=lambda s, u: units[(s, u.chunk, u.kind, u.kind == _grad_kind(base) and u.mb == m - 1)].duration_s)
-    res = simulate(spec)
+                        duration=lambda s, u: units.get(s, u.chunk, u.kind, u.mb).duration_s)
+    indexed: list = []
+
+    def durations(f: Flat) -> np.ndarray:
+        keys, idx = units.index(f)
+        indexed[:] = [keys, idx]
+        return np.array([units.by_key(k).duration_s for k in keys])[idx]
+
+    res = simulate_arrays(spec, durations)
     ends, post, exposed = [], [], []
-    by_stage: list[list[Event]] = [[] for _ in range(p)]
-    for e in res.events:
-        if e.stream == "compute":
-            by_stage[e.stage].append(e)
     for s in range(p):
-        end, ev, ex = _stage_end(plan, s, spec, by_stage[s], units, comms[s], overlap)
+        end, ev, ex = _stage_end(plan, s, spec, _ends_of(res, s), units, comms[s], overlap)
         ends.append(end)
         post += ev
-        for e in by_stage[s]:
-            for k, val in units[_key(spec, e)].exposed_s.items():
-                ex[k] = ex.get(k, 0.0) + val
-            if e.args["via"] == "p2p":
-                ex["pp"] = ex.get("pp", 0.0) + min(spec.p2p_s, e.args["wait_s"])
         exposed.append(ex)
     crit = max(range(p), key=lambda s: ends[s])
+    if not indexed:
+        indexed[:] = list(units.index(res.flat))
+    exposed[crit] = _unit_exposure(res, crit, units, indexed[0], indexed[1], exposed[crit])
     hw = sum(m * sum(sum(x.flops("hardware") for x in ch.layers)
                      + sum(x.flops("hardware") for x in (ch.embed, ch.head) if x is not None) for ch in stage)
              for stage in chunks) * plan.world // p
@@ -252,5 +372,5 @@ def layer_unit_times(plan, dropout: bool = False, overlap: Overlap = Overlap()) 
     w = workload_of(plan, dropout)
     ch = chunk_costs(plan, w)[0][0]
     one = ChunkCosts(ch.layers[:1], ch.moe[:1])
-    comm = CommTimes.from_rows(plan.collectives["stage 0"])
+    comm = CommTimes.from_rows(plan.stage(0).collectives)
     return forward_unit(one, comm, w, overlap).duration_s, backward_unit("B", one, comm, w, overlap).duration_s

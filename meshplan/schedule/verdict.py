@@ -17,9 +17,11 @@ predicted step, or the memory reason that rules the knob out.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Callable, Optional
 
 from meshplan.comm.alphabeta import busbw_factor
+from meshplan.plan import Infeasible, Plan, build_plan
 from meshplan.schedule.rank_timeline import _shard_group, comm_kind
 from meshplan.units import GB, GiB
 
@@ -35,17 +37,15 @@ def stream_of(row) -> str:
     return {"replica": "dp_replicate", "tp_async": "tp", "loss": "tp", "step": "dp"}.get(kind, kind)
 
 
-def network_verdict(plan, st, alternatives: Optional[Callable[[dict], str]] = None) -> list[str]:
+def network_verdict(plan: Plan, st, alternatives: Optional[Callable[[dict], str]] = None) -> list[str]:
     """Verdict lines (empty when the step is not network-bound). ``alternatives(update)``:
     what the step becomes with ``training`` fields ``update`` (one short phrase)."""
-    from meshplan.plan import stage_table
-
     exposed = {k: v for k, v in st.exposed_s.items() if v > 0}
     total = sum(exposed.values())
     if not exposed or total < NETWORK_BOUND_SHARE * st.step_s:
         return []
-    stream = max(exposed, key=exposed.get)
-    rows = [r for r in stage_table(plan, st.critical_stage) if stream_of(r) == stream and r.per_step]
+    stream = max(exposed, key=lambda k: exposed[k])
+    rows = [r for r in plan.stage(st.critical_stage).collectives if stream_of(r) == stream and r.per_step]
     if not rows:
         return [f"verdict: network-bound: {total:.1f} s of the {st.step_s:.1f} s step is exposed communication, "
                 f"most on {stream} ({exposed[stream]:.1f} s)"]
@@ -63,7 +63,7 @@ def network_verdict(plan, st, alternatives: Optional[Callable[[dict], str]] = No
     return lines + ([cause] if cause else [])
 
 
-def _fsdp_cause(plan, stream: str, alternatives) -> str:
+def _fsdp_cause(plan: Plan, stream: str, alternatives) -> str:
     t, m = plan.config.training, plan.micro_batches
     if stream not in ("fsdp", "efsdp") or t.sharding not in ("zero3", "hsdp") or m < 2 or len(plan.stages) > 1:
         return ""
@@ -72,7 +72,7 @@ def _fsdp_cause(plan, stream: str, alternatives) -> str:
     line = (f"cause: FSDP re-gathers per micro-batch: each layer is {gathers} and its gradients reduce-scattered "
             f"once per micro-batch, {m} micro-batches per step (global_batch {t.global_batch} / (micro_batch "
             f"{t.micro_batch} x dp {plan.mesh.dp}))")
-    knobs = []
+    knobs: list[tuple[str, dict]] = []
     if t.reshard_after_forward:
         knobs.append(("training.reshard_after_forward = false", {"reshard_after_forward": False}))
     if t.global_batch % (2 * t.micro_batch * plan.mesh.dp) == 0:
@@ -82,20 +82,18 @@ def _fsdp_cause(plan, stream: str, alternatives) -> str:
     return line + "; " + "; ".join(f"{k}: {alternatives(u)}" for k, u in knobs)
 
 
-def rebuilt_step(plan, step_fn: Callable) -> Callable[[dict], str]:
+def rebuilt_step(plan: Plan, step_fn: Callable) -> Callable[[dict], str]:
     """``alternatives`` for :func:`network_verdict`: rebuild ``plan`` with the training fields
     changed and predict its step with ``step_fn(plan)``, or give the memory reason."""
-    from dataclasses import replace
-
-    from meshplan.plan import build_plan
 
     def run(update: dict) -> str:
         cfg = plan.config
         alt = build_plan(replace(cfg, training=cfg.training.model_copy(update=update)))
+        if isinstance(alt, Infeasible):
+            return "infeasible (" + "; ".join(alt.reasons) + ")"
         if not alt.feasible:
             tl = alt.timeline
-            return (f"does not fit (peak {tl.peak.total_bytes / GiB:.1f} GiB > {tl.usable_bytes / GiB:.1f} GiB usable)"
-                    if tl is not None else "infeasible (" + "; ".join(alt.reasons) + ")")
+            return f"does not fit (peak {tl.peak.total_bytes / GiB:.1f} GiB > {tl.usable_bytes / GiB:.1f} GiB usable)"
         return f"step {step_fn(alt).step_s:.1f} s, peak {alt.timeline.peak.total_bytes / GiB:.1f} GiB fits"
 
     return run

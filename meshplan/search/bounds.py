@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from meshplan.pipeline.interleaved import INTERLEAVED
 from meshplan.search.memory import Stages, Tables, comm_axes, lookup
 from meshplan.search.space import SHARDING, Candidates
 from meshplan.config import Config
@@ -95,8 +96,7 @@ def _lower(cfg, c, st, s, u, lo, layer_peak, hs, fixed) -> np.ndarray:
     per_mb = o.fsdp_reduce == "per_microbatch"
     init = s["total"] - np.where(F, s["grads"], 0) + fixed
     v = c.vpp[:, None]
-    c0 = np.where(v == 1, st.w, (st.w // (st.k.shape[1] * v)) * st.k.shape[1]
-                  + np.minimum(st.w % (st.k.shape[1] * v), st.k.shape[1]))  # chunk-0 passes in flight
+    c0 = np.where(v == 1, st.w, INTERLEAVED.chunk_forwards(st.k.shape[1], v, st.w))  # chunk-0 passes in flight
     kept = np.where(F, u["roots"], 0)
     f_end = init + st.w * st.n_chunk * lo["saved"] + st.first * c0 * hs["embedding_saved"] + st.last * hs["head_saved"] + kept
     pf = o.prefetch_layers >= 1

@@ -176,7 +176,7 @@ def search(cfg: Config, progress: Optional[Progress] = None, workers: Optional[i
     code[over], decided[over] = MEMORY, BOUND
     decided[valid & (est.peak_hi * (1 + margin) <= usable)] = BOUND
     above = est.gemm >= o.min_gemm_efficiency
-    workers = workers or max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count())
+    workers = workers or max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
     pool = Pool(Planner(cfg, c), workers)
     run = _Runner(pool, code, decided, progress, est, margin)
     notes = run.notes
@@ -317,7 +317,7 @@ def _rank(cfg: Config, est: Estimates, eligible: np.ndarray, run: _Runner) -> tu
         pos += len(chunk)
         for r in run.plan(chunk, simulate=True, label="ranking"):
             planned += 1
-            if r.feasible:
+            if r.feasible and r.step_s is not None:
                 heapq.heappush(best, (-r.step_s, -r.index))
                 if len(best) > o.top:
                     heapq.heappop(best)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from meshplan.memory import constraints as cons
-from meshplan.plan import build_plan
+from meshplan.plan import Infeasible, build_plan
 from meshplan.schedule.rank_timeline import Overlap
 from meshplan.reliability import reliability
 from meshplan.search.space import Candidates, candidate_config
@@ -51,8 +51,10 @@ class Planner:
         if t not in self.constraints:
             self.constraints[t] = cons.constraints(cc.model, t, cc.cluster, cc.cluster.world)
         plan = build_plan(cc, self.constraints[t])
-        peak = max((tl.peak.total_bytes for tl in plan.timelines), default=float("nan"))
-        if not simulate or plan.stages is None:
+        if isinstance(plan, Infeasible):
+            return Exact(i, False, plan.reasons, float("nan"))
+        peak = plan.timeline.peak.total_bytes
+        if not simulate:
             return Exact(i, plan.feasible, plan.reasons, peak)
         st = step_time(plan, Overlap())
         o = self.cfg.search

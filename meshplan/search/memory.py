@@ -20,11 +20,12 @@ import numpy as np
 
 from meshplan.memory.sizes import head_sizes, layer_act_sizes
 from meshplan.memory.state import SHARDED_KINDS
-from meshplan.mesh.resolve import resolve_mesh
+from meshplan.mesh.resolve import resolved_mesh
 from meshplan.config import Config
 from meshplan.spec.mesh import MeshSpec
-from meshplan.search.space import RECOMPUTE, SHARDING, Candidates
+from meshplan.search.space import RECOMPUTE, SHARDING, Candidates, candidate_schedule
 from meshplan.mesh.tpsplit import local_numel, local_rows, padded_vocab
+from meshplan.pipeline.registry import get
 from meshplan.units import dtype_bytes
 
 ACT_FIELDS = ("saved", "rework", "fwd_temp", "bwd_temp")
@@ -93,7 +94,7 @@ class Tables:
         names, shape = ["dp_shard", "cp", "tp"], [2 * ep * etp, cp, tp]
         if m.is_moe:
             names, shape = names + ["ep", "etp"], shape + [ep, etp]
-        mesh = resolve_mesh(MeshSpec(names=names, shape=shape, sequence_parallel=tp > 1), 2 * ep * etp * cp * tp)
+        mesh = resolved_mesh(MeshSpec(names=names, shape=shape, sequence_parallel=tp > 1), 2 * ep * etp * cp * tp)
         t = self.t.model_copy(update={"micro_batch": mb, "recompute": RECOMPUTE[rc], "sharding": "zero3"})
         opts = self.cfg.memory
         dense = layer_act_sizes(m, t, mesh, opts)
@@ -168,8 +169,9 @@ def stage_layout(cfg: Config, c: Candidates, p: int) -> Stages:
             lo = (j * p + k) * ch
             n_dense += np.where(j < v, np.clip(D - lo, 0, ch), 0)
     m = (cfg.training.global_batch // (c.mb * c.dp))[:, None]
-    warm = np.where(v == 1, np.minimum(p - k - 1, m), np.minimum(m * v, 2 * (p - k - 1) + (v - 1) * p))
-    w = np.minimum(m * v, warm + 1)
+    # chunk passes in flight: the candidate's schedule's own count (1F1B with vpp 1, else interleaved)
+    one, chunked = get(candidate_schedule(1)), get(candidate_schedule(2))
+    w = np.where(v == 1, one.in_flight(p, m, 1, k), chunked.in_flight(p, m, v, k))
     return Stages(k=np.broadcast_to(k, n.shape), first=np.broadcast_to(k == 0, n.shape),
                   last=np.broadcast_to(k == p - 1, n.shape), n=n, n_moe=n - n_dense, n_chunk=n // v, w=w,
                   m=np.broadcast_to(m, n.shape))

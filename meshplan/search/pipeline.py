@@ -5,9 +5,10 @@ each unit's lower bound as its duration.
 :func:`~meshplan.pipeline.simulate.simulate` is list scheduling with fixed orders: a unit starts when
 its stage's previous unit has ended and its dependency has ended (plus the p2p send across
 stages), so each unit's end is the longest path to it in a DAG fixed by (schedule, p, m, v).
-That DAG is built once per (p, m, v) from the same orders (:func:`~meshplan.pipeline.simulate.stage_order`)
-and dependencies, its units grouped by depth, and the longest paths computed for a whole
-group of candidates at once, one depth at a time. End times grow with durations, so unit
+That DAG is built once per (p, m, v) from the same orders, chunk-to-virtual-stage map (the
+registered schedule's, :mod:`meshplan.pipeline.registry`) and dependencies, its units
+grouped by depth, and the longest paths computed for a whole group of candidates at once,
+one depth at a time. End times grow with durations, so unit
 lower bounds (:func:`meshplan.search.timing.unit_bounds`) give stage ends no later than
 ``step_time``'s; each stage's end then gets its last unit's tail bound and its optimizer
 step, as :func:`meshplan.schedule.steptime.step_time` adds them.
@@ -26,7 +27,10 @@ from functools import lru_cache
 
 import numpy as np
 
-from meshplan.pipeline.simulate import _dep, stage_order
+from meshplan.pipeline.registry import get
+from meshplan.pipeline.simulate import _dep
+from meshplan.search.space import candidate_schedule
+from meshplan.spec.mesh import Schedule
 
 
 @dataclass(frozen=True)
@@ -47,21 +51,23 @@ class Dag:
 
 
 @lru_cache(maxsize=64)
-def build_dag(schedule: str, p: int, m: int, v: int) -> Dag:
+def build_dag(schedule: Schedule | str, p: int, m: int, v: int) -> Dag:
     """The DAG of ``schedule`` (1F1B or interleaved 1F1B: F and B units only)."""
-    orders = [stage_order(schedule, p, m, v, s) for s in range(p)]
-    index, rows = {}, []
+    sched = get(schedule)
+    orders = [sched.order(p, m, v, s) for s in range(p)]
+    index: dict[tuple[str, int, int], int] = {}
+    rows: list[tuple] = []
     for s, order in enumerate(orders):
         for pos, u in enumerate(order):
-            index[(u.kind, u.mb, u.chunk * p + s)] = len(rows)
+            index[(u.kind, u.mb, sched.virtual_stage(u.chunk, s, p, v))] = len(rows)
             rows.append((s, u, pos))
     n = len(rows)
     stage, chunk, back, prev, dep, cross = (np.zeros(n, dtype=np.int64) for _ in range(6))
-    first = {}
+    first: dict[int, int] = {}
     for i, (s, u, pos) in enumerate(rows):
         stage[i], chunk[i], back[i] = s, u.chunk, u.kind != "F"
         prev[i] = i - 1 if pos else -1
-        key = _dep(u, s, p, v)
+        key = _dep(sched, u, s, p, v)
         dep[i] = index[key] if key is not None else -1
         cross[i] = key is not None and rows[dep[i]][0] != s
         first.setdefault(s, i)
@@ -75,7 +81,7 @@ def build_dag(schedule: str, p: int, m: int, v: int) -> Dag:
 
 def _topological(n: int, prev: np.ndarray, dep: np.ndarray) -> list[int]:
     """Unit indices with every predecessor first (Kahn's algorithm)."""
-    succ = [[] for _ in range(n)]
+    succ: list[list[int]] = [[] for _ in range(n)]
     indeg = np.zeros(n, dtype=np.int64)
     for i in range(n):
         for j in (prev[i], dep[i]):
@@ -120,5 +126,5 @@ def pipeline_bound(u: dict, vpp: int, m: int) -> np.ndarray:
     b[:, :, 0] += u["emb_b"]
     f[:, :, v - 1] += u["head_f"]
     b[:, :, v - 1] += u["head_b"]
-    dag = build_dag("interleaved_1f1b" if v > 1 else "1f1b", p, m, v)
+    dag = build_dag(candidate_schedule(v), p, m, v)
     return (stage_ends(dag, f, b, u["p2p"]) + u["tail"] + u["end"]).max(axis=1)

@@ -43,7 +43,8 @@ import numpy as np
 
 from meshplan.mesh.layers import balanced_split
 from meshplan.config import Config
-from meshplan.spec.mesh import MeshSpec
+from meshplan.pipeline.registry import get
+from meshplan.spec.mesh import MeshSpec, Schedule
 
 DENSE = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
 RECOMPUTE = ("none", "selective", "full")
@@ -212,12 +213,28 @@ def first_reason(cfg: Config, c: Candidates) -> np.ndarray:
         ("seq_cp", (c.cp > 1) & (t.seq_len % (2 * c.cp) != 0)),
         ("seq_tp", (c.tp > 1) & ((t.seq_len // c.cp) % c.tp != 0)),
         ("batch", t.global_batch % (c.mb * dp) != 0),
+        # Interleaved1F1B.reasons: micro-batches a multiple of pp (candidates with vpp > 1 run it)
         ("interleaved", (c.vpp > 1) & (micro % c.pp != 0)),
     ]
     out = np.full(len(c), OK, dtype=np.int64)
     for key, bad in reversed(rules):
         out[np.broadcast_to(bad, out.shape)] = CODE[key]
     return out
+
+
+#: The schedule the search plans every candidate with (a candidate with vpp > 1 runs its
+#: ``chunked`` order, interleaved 1F1B).
+SEARCHED = Schedule.ONE_F_ONE_B
+
+
+def candidate_schedule(vpp: int) -> Schedule:
+    """The schedule of a candidate with ``vpp`` chunks per rank: :data:`SEARCHED` with vpp
+    1, its ``chunked`` order (interleaved 1F1B) with vpp > 1.
+
+    >>> candidate_schedule(1), candidate_schedule(2)
+    (<Schedule.ONE_F_ONE_B: '1f1b'>, <Schedule.INTERLEAVED_1F1B: 'interleaved_1f1b'>)
+    """
+    return get(SEARCHED).for_chunks(vpp)
 
 
 def stage_split(layers: int, pp: int, vpp: int):
@@ -238,7 +255,7 @@ def candidate_config(cfg: Config, c: Candidates, i: int) -> Config:
     pp, vpp, tp = int(c.pp[i]), int(c.vpp[i]), int(c.tp[i])
     mesh = MeshSpec(names=[n for n, _ in named], shape=[d for _, d in named], sequence_parallel=tp > 1,
                     virtual_stages=vpp, pp_layer_split=stage_split(cfg.model.layers, pp, vpp),
-                    pp_schedule="interleaved_1f1b" if vpp > 1 else "1f1b")
+                    pp_schedule=candidate_schedule(vpp))
     training = cfg.training.model_copy(update={"micro_batch": int(c.mb[i]), "recompute": RECOMPUTE[c.rc[i]],
                                                "sharding": SHARDING[c.sh[i]]})
     return replace(cfg, mesh=mesh, training=training)

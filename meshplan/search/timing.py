@@ -17,7 +17,8 @@ It keeps only what the simulation (:mod:`meshplan.schedule.rank_timeline`, defau
 - a **unit** (one micro-batch through a chunk of n layers): ``max(AG + n chain,
   n AG + chain)`` forward, ``max(AG + n chain, n AG + (n-2) RS + chain)`` backward, where
   AG, RS are the FSDP all-gather and reduce-scatter of one layer, serial on their stream
-  (FSDP2 prefetches one layer; the layer waits for its gather); plus the embedding and the
+  (FSDP2 prefetches one layer; the layer waits for its gather; 0 with pp > 1, where a unit
+  gathers only when it finds its chunk sharded and reduces once per step); plus the embedding and the
   head (and the loss collectives) where the chunk holds them;
 - the **pipeline**: stage k cannot start before micro-batch 0 went forward through stages
   0..k-1 (each unit + one p2p send), runs all its units one after another, and stage 0
@@ -43,7 +44,7 @@ import numpy as np
 from meshplan.comm.collectives import axis_path
 from meshplan.comm.alphabeta import collective_time
 from meshplan.compute.ops import Workload, embedding_cost, head_cost, layer_cost, optimizer_bandwidth
-from meshplan.mesh.resolve import resolve_mesh
+from meshplan.mesh.resolve import resolved_mesh
 from meshplan.placement.assign import place
 from meshplan.schedule.rank_timeline import LAYER_BLOCKS
 from meshplan.schedule.steptime import optimizer_step_s
@@ -93,7 +94,7 @@ class TimeTables:
         """:func:`~meshplan.comm.collectives.axis_path` of an axis of ``degree`` ranks ``stride``
         apart, on a three-axis mesh (outer, axis, inner) with the same groups."""
         outer = self.world // (stride * degree)
-        mesh = resolve_mesh(MeshSpec(names=["outer", "axis", "inner"], shape=[outer, degree, stride]), self.world)
+        mesh = resolved_mesh(MeshSpec(names=["outer", "axis", "inner"], shape=[outer, degree, stride]), self.world)
         return axis_path(mesh, self.placement, self.cfg.cluster, "axis")
 
     def coll(self, op: str, n: int, size: int, stride: int) -> float:
@@ -206,7 +207,9 @@ def unit_bounds(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: dict)
     else:
         cf, cb = col(fd), col(bd)
     n = st.n_chunk
-    ag, rs = col(cm["fsdp_ag"]), col(cm["fsdp_rs"])
+    # with pp > 1 a unit gathers only when it finds its chunk sharded and reduce-scatters only
+    # on the chunk's last gradient unit (comm.collectives.fsdp_gather_flags): no FSDP term
+    ag, rs = (col(np.where(c.pp > 1, 0.0, cm[k])) for k in ("fsdp_ag", "fsdp_rs"))
     pre, post = col(cm["tp_sp"]), col(np.maximum(cm["tp_sp"], cm["tp_ar"]))
     out = {"f_core": np.maximum(ag + n * cf, n * ag + cf),
            "b_core": np.maximum(ag + n * cb, n * ag + np.maximum(n - 2, 0) * rs + cb),
@@ -216,7 +219,8 @@ def unit_bounds(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: dict)
     one = col(c.vpp) == 1
     b0 = out["b_core"] + out["emb_b"] + one * out["head_b"]
     out["end"], red = _stage_end(cfg, tt, c, st, s, cm)
-    out["tail"] = np.maximum(one * out["head_b"] + ag + cb + red - b0, 0.0)
+    # the last unit issues its chunk's pieces of the per-step reduction: 1/vpp of it
+    out["tail"] = np.maximum(one * out["head_b"] + ag + cb + red / col(c.vpp) - b0, 0.0)
     return out
 
 

@@ -3,9 +3,27 @@ and an optional explicit rank -> GPU permutation."""
 
 from __future__ import annotations
 
-from typing import Literal, Optional
+from enum import StrEnum
+from typing import Optional
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_serializer, model_validator
+
+
+class Schedule(StrEnum):
+    """Pipeline schedules by the name a config (``mesh.pp_schedule``) or ``meshplan step
+    --schedule`` gives. What each one does (op order, chunk-to-virtual-stage map, warm-up,
+    bubble, torch class) is its module under :mod:`meshplan.pipeline`, registered in
+    :data:`meshplan.pipeline.registry.SCHEDULES`. A StrEnum: ``Schedule("1f1b")`` parses a
+    name and a member formats as its name.
+
+    >>> Schedule("interleaved_1f1b") is Schedule.INTERLEAVED_1F1B, f"{Schedule.ZB_H1}"
+    (True, 'zb_h1')
+    """
+
+    GPIPE = "gpipe"
+    ONE_F_ONE_B = "1f1b"
+    INTERLEAVED_1F1B = "interleaved_1f1b"
+    ZB_H1 = "zb_h1"
 
 
 class MeshSpec(BaseModel):
@@ -31,9 +49,14 @@ class MeshSpec(BaseModel):
     virtual_stages: int = Field(default=1, gt=0)
     layers_per_virtual_stage: Optional[int] = Field(default=None, gt=0)
     pp_layer_split: Optional[list[int]] = None
-    pp_schedule: Literal["gpipe", "1f1b", "interleaved_1f1b", "zb_h1"] = "1f1b"
+    pp_schedule: Schedule = Field(default=Schedule.ONE_F_ONE_B, strict=False)  # names parse to the enum
     rank_to_gpu: Optional[list[int]] = None
     loss_parallel: bool = True
+
+    @field_serializer("pp_schedule")
+    def _schedule_name(self, value) -> str:
+        """Dumped as its name (also when ``model_copy(update=...)`` left a plain string)."""
+        return str(value)
 
     @model_validator(mode="after")
     def _check(self):

@@ -164,7 +164,7 @@ class ModelSpec(BaseModel):
 Split = Literal["replicated", "column", "kv_column", "row", "vocab", "expert_column", "expert_row"]
 
 
-def _mlp(prefix: str, h: int, f: int, gated: bool, bias: bool, col: str, row: str) -> list["Tensor"]:
+def _mlp(prefix: str, h: int, f: int, gated: bool, bias: bool, col: Split, row: Split) -> list["Tensor"]:
     """MLP weights: w_gate and w_up (f, h) column-parallel, w_down (h, f) row-parallel."""
     ups = ("w_gate", "w_up") if gated else ("w_up",)
     out = [Tensor(prefix + n, f * h, col, rows=f) for n in ups]

@@ -20,6 +20,14 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 Recompute = Literal["none", "selective", "full"]
 Sharding = Literal["zero1", "zero3", "hsdp"]
 
+
+def _all_recompute() -> list[Recompute]:
+    return ["none", "selective", "full"]
+
+
+def _default_sharding() -> list[Sharding]:
+    return ["zero1", "zero3", "hsdp"]
+
 #: Llama 3 paper (Grattafiori et al. 2024, arXiv 2407.21783, section 3.3.1): the Tectonic
 #: storage fabric of Llama 3 pre-training "supports a sustainable throughput of 2 TB/s".
 LLAMA3_STORAGE_GB_PER_S = 2000.0
@@ -74,8 +82,8 @@ class SearchOptions(BaseModel):
     ep: Optional[list[int]] = None
     etp: Optional[list[int]] = None
     micro_batch: list[int] = Field(default_factory=lambda: [1, 2, 4, 8])
-    recompute: list[Recompute] = Field(default_factory=lambda: ["none", "selective", "full"])
-    sharding: list[Sharding] = Field(default_factory=lambda: ["zero1", "zero3", "hsdp"])
+    recompute: list[Recompute] = Field(default_factory=_all_recompute)
+    sharding: list[Sharding] = Field(default_factory=_default_sharding)
     vpp: Optional[list[int]] = None
     max_vpp: int = Field(default=8, gt=0)
     max_tp: Optional[int] = Field(default=None, gt=0)

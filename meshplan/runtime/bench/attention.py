@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from meshplan.compute.gemm import load_gemm_table
-from meshplan.compute.shapes import Attention
+from meshplan.compute.shapes import Attention, attention_shape
 from meshplan.errors import ConfigError
 from meshplan.fileio import write_text_atomic
 from meshplan.runtime.bench.gemm import DTYPES, device_name
@@ -99,8 +99,6 @@ def write_table(rows: list[dict], path: str | Path, force: bool = False) -> Path
 
 def bench_plan(plan, dtype: str, device: str, warmup: int = 1, repeats: int = 5) -> dict:
     """Time the plan's local attention; returns its table row."""
-    from meshplan.compute.shapes import attention_shape
-
     cfg, mesh = plan.config, plan.mesh
     cp = mesh.degree("cp")
     att = attention_shape(cfg.model, mesh.degree("tp"), cp, cfg.training.micro_batch, cfg.training.seq_len)

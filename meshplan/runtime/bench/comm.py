@@ -272,7 +272,8 @@ def write_results(out: Path, raw: dict, source: str) -> tuple[list[str], list[Li
     """Write the nccl-tests text files, pairs and calibration.toml from ``raw``; returns the
     printed text blocks, the all-reduce fits (one per link class: of several NICs' ``nic``
     fits the slowest, since a collective over every rail waits for it) and notes on the fits."""
-    blocks, notes, by_link = [], [], {}
+    blocks, notes = [], []
+    by_link: dict = {}
     for entry in raw["collectives"]:
         if not entry["rows"]:
             continue

@@ -45,6 +45,15 @@ class Timed:
         return 2.0 * self.gemm.m * self.gemm.n * self.gemm.k / self.seconds / 1e12
 
 
+def resolve_device(device: str) -> str:
+    """``--device``: ``cpu``, ``cuda``, or ``auto`` (cuda when torch sees a GPU)."""
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device not in ("cpu", "cuda"):
+        raise ConfigError("--device", f"{device!r}; use cpu, cuda or auto")
+    return device
+
+
 def device_name(device: str) -> str:
     """A readable device name: the CUDA device's name, or the CPU with its thread count."""
     if device.startswith("cuda"):
@@ -80,7 +89,7 @@ def time_gemm(m: int, n: int, k: int, dtype: str = "fp32", device: str = "cpu", 
 def bench(gemms: list[Gemm], dtype: str = "fp32", device: str = "cpu", max_elements: Optional[int] = None,
           warmup: int = 2, repeats: int = 5, backward: bool = True) -> list[Timed]:
     """Time every distinct shape of ``gemms`` (and their backward pairs)."""
-    shapes = {}
+    shapes: dict = {}
     for g in gemms:
         for x in [g] + (backward_gemms(g) if backward else []):
             shapes.setdefault((x.m, x.n, x.k), x)

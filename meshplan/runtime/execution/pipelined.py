@@ -27,8 +27,9 @@ stages, run by the schedule the config names.
   activation between stages is (b, s/cp[/tp], h); the tied copies' gradients are all-reduced
   over the embedding group after the schedule). :func:`unsupported` names what is refused.
 - :class:`PipelineRunner`: one step = ``schedule.step(tokens, target=labels, losses=...)``
-  (``mesh.pp_schedule``: gpipe -> ScheduleGPipe, 1f1b -> Schedule1F1B, interleaved_1f1b ->
-  ScheduleInterleaved1F1B) with the plan's micro-batch count; the loss function (cross entropy)
+  (``mesh.pp_schedule``: the registered schedule's ``torch_class``, :mod:`meshplan.pipeline`:
+  gpipe -> ScheduleGPipe, 1f1b -> Schedule1F1B, interleaved_1f1b -> ScheduleInterleaved1F1B;
+  those with ``runs_in_validate``) with the plan's micro-batch count; the loss function (cross entropy)
   runs on the last stage inside the schedule (under ``loss_parallel()`` when the logits are
   vocabulary-sharded; its collectives are phase ``loss``), backward too; then AdamW.
 - Memory (:meth:`PipelineRunner.memory_tracker`): FSDPMemTracker / MemTracker work under a
@@ -63,6 +64,7 @@ from torch import nn
 from torch.profiler import record_function
 
 from meshplan.errors import ConfigError
+from meshplan.pipeline.registry import SCHEDULES, get
 from meshplan.runtime.execution.model import Transformer
 from meshplan.runtime.execution.pipelined_stage import (  # noqa: F401
     StageModule,
@@ -72,15 +74,15 @@ from meshplan.runtime.execution.pipelined_stage import (  # noqa: F401
 )
 from meshplan.runtime.execution.recorder import CollectiveRecorder
 
-SCHEDULES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B", "interleaved_1f1b": "ScheduleInterleaved1F1B"}
+BUILT = tuple(name for name, s in SCHEDULES.items() if s.runs_in_validate)  # schedules this module runs
 
 
 def unsupported(mesh, training, schedule: str, model_spec=None) -> Optional[str]:
     """Why this module cannot run ``mesh`` with pipeline ``schedule`` (None when it can)."""
     if mesh.degree("pp") <= 1:
         return "pp is 1: use parallelize()"
-    if schedule not in SCHEDULES:
-        return f"pp_schedule {schedule!r}: only {', '.join(SCHEDULES)} are built"
+    if schedule not in BUILT:
+        return f"pp_schedule {str(schedule)!r}: only {', '.join(BUILT)} are built"
     if mesh.etp > 1:
         return "etp > 1: expert tensor parallelism is not built (experts are whole on each ep rank)"
     if (model_spec is not None and model_spec.is_moe and mesh.degree("fsdp") * mesh.degree("dp_replicate") == 1
@@ -137,9 +139,9 @@ def build_stages(plan: dict, model_spec, training, mesh, dm, vocab: int, seed: i
         pstages.append(PipelineStage(m, v, n_virtual, torch.device(device), input_args=(inp,), output_args=(out,),
                                      group=group))
     micro = plan["mesh"]["micro_batches"]
-    cls = getattr(S, SCHEDULES[schedule])
+    cls = getattr(S, get(schedule).torch_class)
     loss = StageLoss()
-    if schedule == "interleaved_1f1b":
+    if issubclass(cls, S.PipelineScheduleMulti):  # torch's multi-stage schedules take every local stage
         sched = cls(pstages, micro, loss_fn=loss)
     else:
         if len(pstages) != 1:

@@ -55,6 +55,13 @@ class NodeResult:
     _popen: Optional[subprocess.Popen] = field(default=None, repr=False, compare=False)
     _t0: float = field(default=0.0, repr=False, compare=False)
 
+    @property
+    def proc(self) -> subprocess.Popen:
+        """The node's process (:func:`_start` sets it)."""
+        if self._popen is None:
+            raise RuntimeError(f"node {self.node} was never started")
+        return self._popen
+
 
 @dataclass
 class LaunchResult:
@@ -81,8 +88,8 @@ def _group_alive(pgid: int) -> bool:
 
 
 def _alive(r: NodeResult) -> bool:
-    r._popen.poll()                                        # reap the leader first
-    return _group_alive(r._popen.pid)
+    r.proc.poll()                                        # reap the leader first
+    return _group_alive(r.proc.pid)
 
 
 def _stop_all(procs: Sequence[NodeResult], grace_s: float) -> list[int]:
@@ -91,7 +98,7 @@ def _stop_all(procs: Sequence[NodeResult], grace_s: float) -> list[int]:
     for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
         for r in alive:
             try:
-                os.killpg(r._popen.pid, sig)
+                os.killpg(r.proc.pid, sig)
             except ProcessLookupError:
                 pass
         deadline = time.monotonic() + wait_s
@@ -119,7 +126,7 @@ def _wait(procs: Sequence[NodeResult], timeout_s: float) -> Optional[NodeResult]
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         for r in procs:
-            rc = r._popen.poll()
+            rc = r.proc.poll()
             if rc is not None and r.status == "running":
                 r.status, r.returncode, r.elapsed_s = ("ok" if rc == 0 else "failed"), rc, time.monotonic() - r._t0
                 if rc != 0:
@@ -169,7 +176,7 @@ def launch_per_node(testbed: Testbed, cmd_for_node: Callable[[int], Sequence[str
         for r in procs:
             if r.status == "running":
                 r.status = "stopped" if failed else "timeout"
-                r.returncode, r.elapsed_s = r._popen.poll(), time.monotonic() - r._t0
+                r.returncode, r.elapsed_s = r.proc.poll(), time.monotonic() - r._t0
             r.stdout_tail = _tail(logs / f"node{r.node}.out", tail_lines)
             r.stderr_tail = _tail(logs / f"node{r.node}.err", tail_lines)
     ok = all(r.status == "ok" for r in procs)

@@ -44,7 +44,9 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
+
+from meshplan.plan import Plan
 
 ADDRS_ENV = "MESHPLAN_TESTBED_ADDRS"
 BIND_ENV = "MESHPLAN_BIND_ADDR"
@@ -188,21 +190,21 @@ def _sends(op: str, group: list[int], size: float) -> list[tuple[int, int, float
     return [(group[i], group[(i + RING_STEP[op]) % n], per) for i in range(n)]
 
 
-def predict_nic_bytes(plan, steps: int) -> tuple[dict, list[str]]:
+def predict_nic_bytes(plan: Plan, steps: int) -> tuple[dict, list[str]]:
     """``{(node, nic): {"tx": B, "rx": B, "tx_groups": {label: B}, "rx_groups": ...}}`` over ``steps`` steps, and
     the rows left out (see the module docstring). Every NIC of every node is present."""
     mesh, p = plan.mesh, plan.placement
     nics = len(plan.config.cluster.node.nics)
-    out = {(n, k): {"tx": 0.0, "rx": 0.0, "tx_groups": {}, "rx_groups": {}} for n in range(plan.config.cluster.nodes)
+    out: dict[tuple[int, int], dict[str, Any]] = {(n, k): {"tx": 0.0, "rx": 0.0, "tx_groups": {}, "rx_groups": {}} for n in range(plan.config.cluster.nodes)
            for k in range(nics)}
     skipped = []
-    stage = {r: _stage_key(plan, r) for r in range(plan.world)}
-    for key in sorted(set(stage.values())):
-        for row in plan.collectives[key]:
+    stage = {r: plan.stage_of(r) for r in range(plan.world)}
+    for k in sorted({s.table_stage for s in stage.values()}):
+        for row in plan.stage(k).collectives:
             if row.op not in ("all-reduce", "reduce-scatter", "all-gather", "all-to-all"):
-                skipped.append(f"{key} {row.axis} {row.phase} {row.op}")
+                skipped.append(f"stage {k} {row.axis} {row.phase} {row.op}")
                 continue
-            groups = {tuple(mesh.group_of(r, row.axis)) for r in range(plan.world) if stage[r] == key}
+            groups = {tuple(mesh.group_of(r, row.axis)) for r in range(plan.world) if stage[r].table_stage == k}
             for g in sorted(groups):
                 for a, b, nbytes in _sends(row.op, list(g), row.size_bytes):
                     if p.node[a] == p.node[b]:
@@ -214,13 +216,6 @@ def predict_nic_bytes(plan, steps: int) -> tuple[dict, list[str]]:
                         nic[side] += total
                         nic[f"{side}_groups"][label] = nic[f"{side}_groups"].get(label, 0.0) + total
     return out, sorted(set(skipped))
-
-
-def _stage_key(plan, rank: int) -> str:
-    names = list(plan.mesh.layout.names)
-    pp = plan.mesh.degree("pp")
-    k = plan.mesh.layout.coords_of(rank)[names.index("pp")] if "pp" in names else 0
-    return f"stage {0 if k == 0 else pp - 1 if k == pp - 1 else 1}"
 
 
 def measured_nic_bytes(plan, folder: Path) -> tuple[dict, int]:

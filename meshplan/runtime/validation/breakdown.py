@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
 
 from meshplan.schedule.steptime import chunk_costs, step_time, workload_of
 
@@ -91,7 +90,7 @@ def measured_parts(trace: Path, step_s: float) -> dict[str, float]:
     return dict(zip(PARTS, (gemm, att, wait, max(step_s - total(named), 0.0))))
 
 
-def predicted_parts(plan, table) -> Optional[dict[str, float]]:
+def predicted_parts(plan, table) -> dict[str, float]:
     """Seconds per part of :data:`PARTS` for stage 0 of ``plan`` (module docstring)."""
 
     w = workload_of(plan)

@@ -56,7 +56,7 @@ def tally_table(rows, mesh: Mesh | None = None, rank: int = 0, per_step: bool = 
     """Rows of :func:`meshplan.comm.collectives.collective_table` counted the same way:
     ``per_microbatch`` times (``per_step`` for once-per-step rows), or ``per_step`` times
     when ``per_step``. ``mesh``: name axes as :func:`canonical_axis` does for ``rank``."""
-    out = Counter()
+    out: Counter = Counter()
     for r in rows:
         n = r.per_step if per_step else r.per_microbatch if r.per_microbatch else r.per_step
         size = int(r.size_bytes) if float(r.size_bytes).is_integer() else r.size_bytes

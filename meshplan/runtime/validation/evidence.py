@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Optional
 
 from meshplan.memory.timeline import tracker_to_kinds
+from meshplan.plan import Plan
 from meshplan.runtime.execution.recorder import Collective
 from meshplan.runtime.execution.worker import write_atomic, write_json
 from meshplan.runtime.validation.breakdown import breakdown_rows
@@ -63,19 +64,19 @@ def _records(data: dict) -> list[Collective]:
             if r.get("phase") not in SETUP_PHASES]
 
 
-def compare_collectives(plan, folder: Path) -> tuple[list[str], list[dict], dict]:
+def compare_collectives(plan: Plan, folder: Path) -> tuple[list[str], list[dict], dict]:
     """(differences, CSV rows, per-rank group differences) of every rank."""
-    tables = {k: tally_table_per_step(rows, plan.mesh) for k, rows in plan.collectives.items()}
+    tables: dict[int, Counter] = {}  # by the stage whose table it is (Plan.stage: middle stages share stage 1's)
     by_line: dict[str, list[int]] = {}
     tallies = {}
     groups = {}
     per_rank = {}
     records = {r: _records(_load(folder, r, "collectives.json")) for r in range(plan.world)}
     for r in range(plan.world):
-        # each rank against its own pipeline stage's table (middle stages share stage 1's)
-        k = _pp_coord(plan.mesh, r)
-        pp = plan.mesh.degree("pp")
-        per_rank[r] = tables[f"stage {0 if k == 0 else pp - 1 if k == pp - 1 else 1}"]
+        stage = plan.stage_of(r)  # each rank against its own pipeline stage's table
+        if stage.table_stage not in tables:
+            tables[stage.table_stage] = tally_table_per_step(stage.collectives, plan.mesh)
+        per_rank[r] = tables[stage.table_stage]
         tallies[r] = tally_records(records[r], plan.mesh, r)
         for line in differences(tallies[r], per_rank[r]):
             by_line.setdefault(line, []).append(r)
@@ -125,11 +126,6 @@ def order_differences(records: dict[int, list]) -> list[str]:
                 out.append(f"group {list(group)}: rank {rank}'s call {k + 1} is {name(at(seq))}, rank {ref_rank}'s is "
                            f"{name(at(ref))}")
     return out
-
-
-def _pp_coord(mesh, rank: int) -> int:
-    names = list(mesh.layout.names)
-    return mesh.layout.coords_of(rank)[names.index("pp")] if "pp" in names else 0
 
 
 def _ranks(rs: list[int]) -> str:
@@ -204,7 +200,7 @@ def _collective_rows(plan, folder: Path, label: str = "") -> list[dict]:
     """Predicted total collective time of one step (table rows: time per call x calls per
     step, as if none overlapped) against the gloo events of each rank's profiled step.
     ``label`` " (calibrated)": the rows' times are the probe's, not alpha-beta."""
-    rows = plan.collectives["stage 0"]
+    rows = plan.stage(0).collectives
     pred = sum(r.time_s * r.per_step for r in rows)
     calls = sum(r.per_step for r in rows)
     meas = {r: trace_collective_s(folder / f"rank{r}" / "trace.json") for r in range(plan.world)}

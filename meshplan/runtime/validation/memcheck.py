@@ -58,7 +58,7 @@ from torch.distributed._tools.mem_tracker import _UpdateType
 from meshplan.config import Config
 from meshplan.memory.timeline import TRACKER_CATEGORIES, UNTRACKED_KINDS, Timeline
 from meshplan.mesh.tpsplit import padded_vocab
-from meshplan.plan import build_plan
+from meshplan.plan import Infeasible, Plan, build_plan
 from meshplan.runtime.execution.model import Transformer
 from meshplan.runtime.execution.parallelize import init_mesh, parallelize
 from meshplan.runtime.validation.dryrun import fake_process_group
@@ -160,7 +160,7 @@ def measure(config: Config, rank: int = 0, fake: bool = False) -> Measured:
     """Run two steps of ``config`` as ``rank`` on the fake process group and return the
     tracker's view of the second. ``fake``: tensors under FakeTensorMode (no compute; see
     the module docstring for what that adds to the loss); default real CPU tensors."""
-    plan = build_plan(config)
+    plan = _plan(config)
     mesh, t = plan.mesh, config.training
     if plan.micro_batches != 1:
         raise ValueError(f"{plan.micro_batches} micro-batches: the check runs one; set global_batch = micro_batch x dp")
@@ -228,9 +228,17 @@ def _tracked_step(model, opt, b: int, s: int, loss_parallel: bool) -> Measured:
                     max_by_kind=kmax, own_peak_bytes=top)
 
 
+def _plan(config: Config) -> Plan:
+    """The plan of one of the check's configs; ValueError when it has none."""
+    plan = build_plan(config)
+    if isinstance(plan, Infeasible):
+        raise ValueError("the check needs a resolved plan: " + "; ".join(plan.reasons))
+    return plan
+
+
 def predict(config: Config) -> Timeline:
     """meshplan's timeline of the (single) stage of ``config``."""
-    plan = build_plan(config)
+    plan = _plan(config)
     if len(plan.timelines) != 1:
         raise ValueError("the check covers one pipeline stage (pp 1)")
     return plan.timelines[0]

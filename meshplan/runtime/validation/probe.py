@@ -36,15 +36,16 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import replace
-from typing import Optional
+from typing import Any, Optional
 
+from meshplan.plan import Plan
 from meshplan.runtime.bench.comm import chunked
 
 MIN_ITERS = 3
 PROBED_OPS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all")
 
 
-def probe_spec(plan) -> list[dict]:
+def probe_spec(plan: Plan) -> list[dict]:
     """One entry per distinct ``(axis, op, size_bytes)`` of the plan's collective tables
     (ops in :data:`PROBED_OPS`): ``{"axis", "op", "size_bytes", "groups"}``, ``groups`` every
     rank list of the axis (ascending), as :meth:`meshplan.mesh.resolve.Mesh.groups` gives them."""
@@ -70,7 +71,7 @@ def run_probe(rank: int, spec: list[dict], budget_s: float = 0.2) -> dict:
     from meshplan.runtime.bench.comm_worker import _buffers, _call
 
     device = torch.device("cpu")
-    handles: dict[str, object] = {}
+    handles: dict[str, Any] = {}  # torch ProcessGroup per axis
     rows = []
     for e in spec:
         groups = e["groups"]
@@ -103,7 +104,7 @@ def run_probe(rank: int, spec: list[dict], budget_s: float = 0.2) -> dict:
     return {"budget_s": budget_s, "rows": rows}
 
 
-def calibrated_plan(plan, probe: dict) -> tuple[Optional[object], list[str]]:
+def calibrated_plan(plan: Plan, probe: dict) -> tuple[Optional[Plan], list[str]]:
     """``plan`` with each table row's ``time_s`` replaced by the probe's time for its
     ``(axis, op, size)`` (rows the probe did not time keep the model's), and one line per
     probed kind: measured against the alpha-beta model's time. (None, []) for an empty probe."""

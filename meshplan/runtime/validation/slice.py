@@ -37,18 +37,18 @@ import sys
 from dataclasses import asdict, dataclass, field, replace
 from math import lcm
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 from meshplan.config import load_config
 from meshplan.errors import ConfigError
-from meshplan.mesh.resolve import resolve_mesh
+from meshplan.mesh.resolve import resolved_mesh
 from meshplan.runtime.testbed.netns import require_testbed
 from meshplan.runtime.validation.validate import Options, scale_config, validate
 
 MARKER = "slice.json"
 #: Defaults of the miniature: activations (tokens x hidden) large against the parameters
 #: (hidden^2), so that where the tp collectives run matters as much as the FSDP traffic.
-SLICE_DEFAULTS = dict(worlds=(8,), layers=2, hidden_div=64, seq_len=512, vocab=128, steps=3, timeout_s=120.0)
+SLICE_DEFAULTS: dict[str, Any] = dict(worlds=(8,), layers=2, hidden_div=64, seq_len=512, vocab=128, steps=3, timeout_s=120.0)
 
 
 @dataclass
@@ -76,7 +76,7 @@ class MeshResult:
 def _ranks(values: dict[str, Optional[float]]) -> dict[str, Optional[int]]:
     """1 = smallest; None (not measured/predicted) gets no rank."""
     known = sorted((v, n) for n, v in values.items() if v is not None)
-    out = {n: None for n in values}
+    out: dict[str, Optional[int]] = {n: None for n in values}
     out.update({n: i + 1 for i, (_, n) in enumerate(known)})
     return out
 
@@ -92,10 +92,10 @@ def _rank_steps(world_dir: Path, world: int) -> dict[str, float]:
     return out
 
 
-def tp_groups(cfg, world: int) -> list[list[int]]:
+def tp_groups(cfg, world: int) -> list[tuple[int, ...]]:
     """The scaled mesh's distinct tp groups (rank lists), to show which nodes they span."""
 
-    mesh = resolve_mesh(cfg.mesh, world)
+    mesh = resolved_mesh(cfg.mesh, world)
     return sorted({tuple(mesh.group_of(r, "tp")) for r in range(world)}) if mesh.degree("tp") > 1 else []
 
 
@@ -171,7 +171,7 @@ def _keep(r: MeshResult, run_dir: Path, dest: Path, best: Optional[MeshResult], 
     if not rejected:
         head = [f"# Chosen: {r.name}", "", f"Measured fastest of the slice: {_ms(r.measured_s)} ms per step "
                 f"(predicted {_ms(r.predicted_s)} ms, predicted rank {r.predicted_rank})."]
-    elif not r.ran:
+    elif not r.ran or best is None or r.measured_s is None or best.measured_s is None:  # a run gives both
         head = [f"# Rejected: {r.name}", "", f"The run did not complete: {r.message}"]
     else:
         head = [f"# Rejected: {r.name}", "",
@@ -255,7 +255,7 @@ def run_slice(configs: list[str], testbed: str, out: Path, opt: Optional[Options
     for r in results:
         r.predicted_rank, r.measured_rank = pr[r.name], mr[r.name]
     ran = [r for r in results if r.ran]
-    best = min(ran, key=lambda r: r.measured_s) if ran else None
+    best = min(ran, key=lambda r: r.measured_s if r.measured_s is not None else float("inf")) if ran else None
     for r in results:
         kind = "chosen" if best is not None and r.name == best.name else "rejected"
         _keep(r, runs[r.name], out / f"{kind}-{r.name}", best, world, testbed)

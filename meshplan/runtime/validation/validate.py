@@ -48,6 +48,7 @@ from typing import Optional
 from meshplan.config import Config, load_config
 from meshplan.errors import ConfigError
 from meshplan.mesh.resolve import Infeasible, resolve_mesh
+from meshplan.plan import Infeasible as NoPlan
 from meshplan.plan import build_plan
 from meshplan.report.json_out import write_json
 from meshplan.runtime.execution.launch import diagnose, run_torchrun
@@ -108,10 +109,10 @@ def scale_mesh(spec: MeshSpec, base_world: int, world: int) -> tuple[MeshSpec, s
                           f"data axis {names[i]} absorbs the world size, the other axes keep their degrees")
     why = f"{names[i]} = {world} / ({' * '.join(rest)}) = {world // others} (config: {names[i]} {shape[i]})"
     shape[i] = world // others
-    names_shape = dict(names=names, shape=shape) if mesh.ep == 1 and mesh.etp == 1 else dict(
-        names=names + ["ep", "etp"], shape=shape + [mesh.ep, mesh.etp])
+    if mesh.ep * mesh.etp > 1:
+        names, shape = names + ["ep", "etp"], shape + [mesh.ep, mesh.etp]
     upd = spec.model_dump(exclude={"names", "shape", "order", "degrees", "world", "rank_to_gpu"})
-    return MeshSpec(**names_shape, world=world, **upd), why
+    return MeshSpec(names=names, shape=shape, world=world, **upd), why
 
 
 def auto_hidden_div(hidden: int, head_dim: int, ffn: int, target: int = 256) -> int:
@@ -137,8 +138,8 @@ def scale_config(config: Config, world: int, opt: Options) -> tuple[Config, list
     m = config.model
     div = opt.hidden_div or auto_hidden_div(m.hidden, m.d_head, m.ffn)
     scaled = scale_model(m, layers=opt.layers, hidden_div=div, vocab=opt.vocab)
-    base = config.mesh.world or config.cluster.world
-    mesh_spec, mesh_why = scale_mesh(config.mesh, base, world)
+    spec = _spec(config)
+    mesh_spec, mesh_why = scale_mesh(spec, spec.world or config.cluster.world, world)
     mesh = resolve_mesh(mesh_spec, world)
     if isinstance(mesh, Infeasible):
         raise ConfigError("mesh", "; ".join(mesh.reasons))
@@ -188,6 +189,13 @@ def prepare_out(out: Path, force: bool) -> None:
     out.mkdir(parents=True, exist_ok=True)
 
 
+def _spec(config: Config) -> MeshSpec:
+    """``config``'s [mesh] table; ConfigError when it has none."""
+    if config.mesh is None:
+        raise ConfigError("mesh", "missing table [mesh]; validate runs one mesh")
+    return config.mesh
+
+
 def not_runnable(cfg: Config, mesh) -> Optional[str]:
     """Why the runtime cannot build the scaled ``cfg``'s resolved ``mesh`` (None when it can):
     :func:`meshplan.runtime.execution.parallelize._unsupported`, and for pp > 1
@@ -198,7 +206,7 @@ def not_runnable(cfg: Config, mesh) -> Optional[str]:
     if not why and mesh.degree("pp") > 1:
         from meshplan.runtime.execution.pipelined import unsupported
 
-        why = unsupported(mesh, cfg.training, cfg.mesh.pp_schedule, cfg.model)
+        why = unsupported(mesh, cfg.training, _spec(cfg).pp_schedule, cfg.model)
     return why
 
 
@@ -214,7 +222,7 @@ def run_world(config: Config, world: int, opt: Options, out: Path, echo=print) -
     write_json(plan, folder / "plan.json", force=True)
     for n in notes:
         echo(f"  {n}")
-    if plan.mesh is None or not plan.feasible:
+    if isinstance(plan, NoPlan) or not plan.feasible:
         return {"world": world, "ok": False, "stage": "plan", "notes": notes,
                 "message": "the scaled plan is infeasible: " + "; ".join(plan.reasons)}
     why = not_runnable(cfg, plan.mesh)
@@ -287,7 +295,7 @@ def validate(config: Config, opt: Options, out: Path, force: bool = False, echo=
         raise ConfigError("--timeout-s", "must be positive")
     for w in opt.worlds:  # every stage must scale, and the runtime must build it, before anything runs
         cfg, _ = scale_config(config, w, opt)
-        why = not_runnable(cfg, resolve_mesh(cfg.mesh, w))
+        why = not_runnable(cfg, resolve_mesh(_spec(cfg), w))
         if why:
             raise ConfigError("mesh", f"world {w}: the runtime cannot build this mesh: {why}; validate a mesh "
                               "without it (the plan itself does not need the runtime)")

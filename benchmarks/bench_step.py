@@ -1,0 +1,72 @@
+"""Speed goal (issue 11 item 4): `meshplan step` of any config up to 16,384 GPUs, pp 128 and
+4,096 micro-batches in at most 1 s.
+
+For each config under benchmarks/configs/ (GPT 1T, 512 GPUs pp 64 x 3,072 micro-batches, and
+16,384 GPUs at pp 128 / 4,096 micro-batches under 1F1B, ZB-H1 and interleaved 1F1B), prints the
+units simulated and the wall time of each phase the `step` command runs: build_plan (config to
+plan, memory timeline included), step_time (unit timelines + pipeline simulation + stage ends),
+the network verdict, the critical path, and the link report (timings, concurrency, edge loads of
+stage 0). Best of ``--repeat`` runs (default 1); no timed tests: times depend on the machine.
+
+    PYTHONPATH=. python benchmarks/bench_step.py [--repeat N] [CONFIG ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from meshplan.config import load_config
+from meshplan.plan import build_plan
+from meshplan.schedule.linkload import concurrency, edge_loads, timings
+from meshplan.schedule.rank_timeline import Overlap
+from meshplan.schedule.steptime import step_time
+from meshplan.schedule.verdict import network_verdict, rebuilt_step
+
+ROOT = Path(__file__).resolve().parent
+GOAL_S = 1.0
+
+
+def phases(path: Path) -> tuple[dict[str, float], object]:
+    """Wall seconds of each phase of `meshplan step` on ``path``, and the StepTime."""
+    t: dict[str, float] = {}
+
+    def lap(name, fn):
+        t0 = time.perf_counter()
+        out = fn()
+        t[name] = time.perf_counter() - t0
+        return out
+
+    cfg = load_config(path)
+    plan = lap("build_plan", lambda: build_plan(cfg))
+    st = lap("step_time", lambda: step_time(plan, Overlap()))
+    if plan.feasible:  # an infeasible mesh prints only its would-be step and exits 1
+        lap("verdict", lambda: network_verdict(plan, st, rebuilt_step(plan, lambda a: step_time(a, Overlap()))))
+        lap("critical path", st.critical_path)
+        lap("links", lambda: (timings(st), concurrency(st), edge_loads(plan, st)))
+    return t, (plan, st)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("configs", nargs="*", type=Path)
+    ap.add_argument("--repeat", type=int, default=1)
+    a = ap.parse_args()
+    paths = a.configs or sorted((ROOT / "configs").glob("*.toml"))
+    cols = ("build_plan", "step_time", "verdict", "critical path", "links")
+    print(f"{'config':44s} {'units':>9s} " + " ".join(f"{c:>13s}" for c in cols) + f" {'step (s)':>10s}")
+    for path in paths:
+        best: dict[str, float] = {}
+        for _ in range(a.repeat):
+            t, (plan, st) = phases(path)
+            best = {k: min(v, best.get(k, v)) for k, v in t.items()}
+        units = len(st.pipeline.end)
+        cells = " ".join(f"{best[c]:13.3f}" if c in best else f"{'-':>13s}" for c in cols)
+        fit = "" if plan.feasible else " (does not fit)"
+        print(f"{path.stem:44s} {units:9,d} {cells} {st.step_s:10.3f}{fit}")
+    print(f"goal: the whole step command <= {GOAL_S:.0f} s; columns are wall seconds per phase")
+
+
+if __name__ == "__main__":
+    main()

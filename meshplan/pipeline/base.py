@@ -1,0 +1,90 @@
+"""What one pipeline schedule owns: :class:`Unit` (an F, B or W op of one micro-batch on one
+model chunk) and :class:`PipelineSchedule`, the base of every schedule module
+(:mod:`.gpipe`, :mod:`.one_f_one_b`, :mod:`.interleaved`, :mod:`.zb_h1`).
+
+Notation: ``p`` pipeline ranks (stages), ``m`` micro-batches per step, ``v`` model chunks
+per rank (virtual stages per rank), ``s`` the rank's stage index. Counts are ints; the
+warm-up and in-flight counts also take numpy arrays (broadcast), so the search's vectorised
+memory bounds and the exact timeline call the same formula.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from meshplan.spec.mesh import Schedule
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One pipeline unit: ``kind`` F, B or W of micro-batch ``mb`` on local ``chunk``
+    (B is the input gradient, or the whole backward when the schedule does not split it)."""
+
+    kind: str
+    mb: int
+    chunk: int = 0
+
+    def label(self, v: int = 1) -> str:
+        return f"{self.kind}{self.mb}" + (f".c{self.chunk}" if v > 1 else "")
+
+
+class PipelineSchedule:
+    """A pipeline schedule; subclasses set the class attributes and :meth:`order`.
+
+    - ``name``: its :class:`~meshplan.spec.mesh.Schedule`; ``title`` for messages.
+    - ``torch_class``: the ``torch.distributed.pipelining.schedules`` class that runs it;
+      ``runs_in_validate``: whether ``meshplan validate`` builds it (tested on gloo).
+    - ``splits_backward``: B (input gradient) and W (weight gradient) are separate units.
+    - ``virtual_stages``: runs ``v > 1`` model chunks per rank.
+    - ``chunked``: the schedule whose order a stage with ``v > 1`` chunks runs when this
+      one holds a single chunk (None: this order, which ignores v).
+    """
+
+    name: Schedule
+    title: str
+    torch_class: str
+    runs_in_validate: bool = True
+    splits_backward: bool = False
+    virtual_stages: bool = False
+    chunked: Schedule | None = None
+
+    def order(self, p: int, m: int, v: int, s: int) -> list[Unit]:
+        """The units of stage ``s`` in execution order."""
+        raise NotImplementedError
+
+    def virtual_stage(self, chunk, s, p: int, v: int):
+        """Virtual stage (model position, 0 .. p v - 1) of local ``chunk`` on stage ``s``:
+        looped, ``chunk p + s`` (Megatron-LM's and torch's interleaved placement; chunk 0
+        of every rank first). A V-shaped schedule overrides this.
+
+        >>> PipelineSchedule().virtual_stage(1, 2, 4, 2)
+        6
+        """
+        return chunk * p + s
+
+    def warmup(self, p, m, v, s):
+        """Forward units stage ``s`` runs before its first backward (1F1B's
+        ``min(p - s - 1, m)``, Narayanan et al. SC'21 2.2.1); ints or arrays."""
+        return np.minimum(p - s - 1, m)
+
+    def in_flight(self, p, m, v, s):
+        """Chunk forwards stage ``s`` holds at its peak (F done, B not yet): the warm-up
+        plus the first steady-state forward, at most ``m v``."""
+        return np.minimum(m * v, self.warmup(p, m, v, s) + 1)
+
+    def bubble(self, p: int, m: int, v: int = 1, forward_s: float = 1.0, backward_s: float = 2.0,
+               weight_s: float = 0.0) -> float:
+        """Closed-form bubble (idle / ideal) for uniform stages and no p2p time."""
+        return (p - 1) / m
+
+    def reasons(self, p: int, m: int, v: int) -> list[str]:
+        """Why this schedule cannot run ``p`` stages, ``m`` micro-batches (0: unknown), ``v``
+        chunks per rank (infeasibility reasons, empty when it can)."""
+        return []
+
+    def for_chunks(self, v: int) -> Schedule:
+        """The schedule a stage with ``v`` chunks runs under this one (``chunked`` when this
+        one holds one chunk and ``v > 1``)."""
+        return self.chunked if v > 1 and not self.virtual_stages and self.chunked else self.name

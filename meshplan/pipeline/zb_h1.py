@@ -1,0 +1,50 @@
+"""ZB-H1 (Qi et al. 2023, "Zero Bubble Pipeline Parallelism", arXiv 2401.10241, section
+3.1): 1F1B's warm-up and F/B pairs with the backward split into input gradient (B) and
+weight gradient (W); stage s runs W of micro-batch j after B of j + s, the remaining W at
+the end. Per stage idle ``(p-1)(F+B-W)`` against 1F1B's ``(p-1)(F+B+W)``: bubble
+``(p-1)(F+B-W) / (m(F+B+W))`` for m >= p and W <= min(F, B); ``(p-1)/(3m)`` when F = B = W.
+Every stage holds up to p micro-batches from F to W (``p-s-1`` warm-up + ``s+1`` lagged W);
+its F/B order is 1F1B's, so F to B it holds 1F1B's ``min(m, p - s)``. torch:
+``ScheduleInterleavedZeroBubble`` with one stage per rank (torch calls it ZB1P); not built
+by ``meshplan validate``.
+
+>>> " ".join(u.label() for u in ZB_H1.order(3, 4, 1, 1))
+'F0 F1 B0 F2 B1 W0 F3 B2 W1 B3 W2 W3'
+>>> round(ZB_H1.bubble(4, 8, forward_s=1, backward_s=1, weight_s=1), 4)  # (p-1)/(3m)
+0.125
+"""
+
+from __future__ import annotations
+
+from meshplan.pipeline.base import PipelineSchedule, Unit
+from meshplan.spec.mesh import Schedule
+
+
+class ZBH1(PipelineSchedule):
+    name = Schedule.ZB_H1
+    title = "ZB-H1"
+    torch_class = "ScheduleInterleavedZeroBubble"
+    runs_in_validate = False
+    splits_backward = True
+    chunked = Schedule.INTERLEAVED_1F1B
+
+    def order(self, p: int, m: int, v: int, s: int) -> list[Unit]:
+        w = int(self.warmup(p, m, 1, s))
+        out = [Unit("F", i) for i in range(w)]
+        nf, nw = w, 0
+        for nb in range(m):
+            if nf < m:
+                out.append(Unit("F", nf))
+                nf += 1
+            out.append(Unit("B", nb))
+            if nb + 1 - nw > s:
+                out.append(Unit("W", nw))
+                nw += 1
+        return out + [Unit("W", j) for j in range(nw, m)]
+
+    def bubble(self, p, m, v=1, forward_s=1.0, backward_s=2.0, weight_s=0.0) -> float:
+        f, b, w = forward_s, backward_s, weight_s
+        return (p - 1) * (f + b - w) / (m * (f + b + w))
+
+
+ZB_H1 = ZBH1()

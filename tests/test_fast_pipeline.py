@@ -1,0 +1,87 @@
+"""The pipeline simulation on arrays (meshplan.pipeline.fast, issue 11 item 4) against the
+reference event loop (meshplan.pipeline.simulate.simulate): the same orders, and every time,
+wait, busy sum and critical path equal to the bit, on every schedule over small p, m, v with
+uneven per-stage durations and p2p time; and step_time (which runs the fast path) against the
+reference loop on real plans where both run."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from meshplan.config import config_from_dict
+from meshplan.pipeline.fast import KINDS, order_arrays, simulate_arrays
+from meshplan.pipeline.simulate import PipelineSpec, simulate, stage_order
+from meshplan.plan import build_plan
+from meshplan.schedule.rank_timeline import Overlap
+from meshplan.schedule.steptime import _unit_exposure, step_time
+
+CASES = [(sch, p, m, v) for sch in ("gpipe", "1f1b", "zb_h1", "interleaved_1f1b") for p in (1, 2, 3, 4)
+         for m in (1, 2, 3, 4, 8) for v in ((1, 2, 3) if sch == "interleaved_1f1b" else (1,))
+         if sch != "interleaved_1f1b" or m % p == 0]
+
+
+@pytest.mark.parametrize("sch,p,m,v", CASES)
+def test_orders_equal_the_reference(sch, p, m, v):
+    for s in range(p):
+        k, mb, c = order_arrays(sch, p, m, v, s)
+        assert [(KINDS[a], int(b), int(x)) for a, b, x in zip(k, mb, c)] == \
+            [(u.kind, u.mb, u.chunk) for u in stage_order(sch, p, m, v, s)]
+
+
+def _key_of_event(e):
+    return (e.stage, e.stream, e.name, e.start_s, e.end_s, e.args.get("via"), e.args.get("wait_s"))
+
+
+@pytest.mark.parametrize("sch,p,m,v", CASES)
+def test_simulation_equals_the_reference_to_the_bit(sch, p, m, v):
+    rng = np.random.default_rng(1000 * p + 10 * m + v)
+    table: dict = {}
+
+    def dur(s, u):  # uneven stages, chunks and kinds; the last micro-batch's unit differs
+        return table.setdefault((s, u.kind, u.chunk, u.mb == m - 1), float(rng.uniform(0.5, 2.0)))
+
+    spec = PipelineSpec(sch, p, m, v, weight_s=0.3, p2p_s=0.1 if m % 2 else 0.0, duration=dur)
+    ref, new = simulate(spec), simulate_arrays(spec)
+    assert (new.step_s, new.busy_s, new.bubble) == (ref.step_s, ref.busy_s, ref.bubble)
+    assert sorted(map(_key_of_event, new.events)) == sorted(map(_key_of_event, ref.events))
+    assert [_key_of_event(e) for e in new.critical_path] == [_key_of_event(e) for e in ref.critical_path]
+    for s in range(p):
+        assert sorted(map(_key_of_event, new.stage_events(s))) == \
+            sorted(_key_of_event(e) for e in ref.events if e.stage == s)
+
+
+def _plan(schedule: str, vpp: int = 1):
+    mesh = {"names": ["pp", "dp_shard", "tp"], "shape": [4, 2, 4], "sequence_parallel": True,
+            "pp_schedule": schedule}
+    if vpp > 1:
+        mesh["virtual_stages"] = vpp
+    return build_plan(config_from_dict({
+        "model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 4},
+        "training": {"global_batch": 64, "seq_len": 4096, "micro_batch": 1, "sharding": "zero3",
+                     "param_dtype": "bf16", "compute_dtype": "bf16", "recompute": "selective"},
+        "mesh": mesh}))
+
+
+@pytest.mark.parametrize("schedule,vpp", [("1f1b", 1), ("gpipe", 1), ("zb_h1", 1), ("interleaved_1f1b", 2)])
+def test_step_time_equals_the_reference_loop(schedule, vpp):
+    """Llama-3-8B, pp 4 x dp_shard 2 x tp 4 on 4 DGX H100, 32 micro-batches: the step model's
+    pipeline (fast path) against the reference simulation of the same spec, and the critical
+    stage's unit exposure against the reference per-event loop that step_time ran before."""
+    st = step_time(_plan(schedule, vpp), Overlap())
+    res, spec = st.pipeline, st.pipeline.spec
+    ref = simulate(spec)
+    assert (res.step_s, res.busy_s) == (ref.step_s, ref.busy_s)
+    assert [_key_of_event(e) for e in res.critical_path] == [_key_of_event(e) for e in ref.critical_path]
+    crit = st.critical_stage
+    loop: dict = {}
+    for e in ref.events:
+        if e.stage != crit or e.stream != "compute":
+            continue
+        for k, val in st.units.of_event(e).exposed_s.items():
+            loop[k] = loop.get(k, 0.0) + val
+        if e.args["via"] == "p2p":
+            loop["pp"] = loop.get("pp", 0.0) + min(spec.p2p_s, e.args["wait_s"])
+    keys, key_idx = st.units.index(res.flat)
+    assert _unit_exposure(res, crit, st.units, keys, key_idx, {}) == loop
+    assert loop  # this mesh exposes tp and pp time: the comparison is not empty

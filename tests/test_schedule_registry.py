@@ -1,0 +1,188 @@
+"""The pipeline-schedule registry (meshplan.pipeline): every registered schedule's op order
+per rank equals the order torch.distributed.pipelining's own class for it runs (the class
+named by the registry), on CPU without a process group; its warm-up count equals torch's;
+the simulation's dependencies follow the schedule's chunk-to-virtual-stage map.
+
+The torch side, read two ways:
+
+- single-stage schedules (``PipelineScheduleSingle``: ScheduleGPipe, Schedule1F1B) run
+  their order as code in ``_step_microbatches``; the test runs it on a fake stage that
+  records each ``forward_one_chunk`` / ``backward_one_chunk`` call (no communication: every
+  ``get_*_ops`` returns no op). Their ``pipeline_order`` IR is not what runs, and torch
+  2.13's Schedule1F1B IR numbers the last rank's forwards 1..m instead of 0..m-1, so it is
+  not used.
+- multi-stage schedules (``_PipelineScheduleRuntime``: ScheduleInterleaved1F1B,
+  ScheduleInterleavedZeroBubble) execute ``pipeline_order_with_comms``; the test takes its
+  compute actions (F, full backward B, input-gradient I, weight-gradient W) with their
+  stage index (the virtual stage) and micro-batch.
+"""
+
+import pytest
+import torch
+from torch.distributed.pipelining import schedules as S
+
+from meshplan.errors import ConfigError
+from meshplan.memory.activations import in_flight_chunks
+from meshplan.pipeline.base import PipelineSchedule, Unit
+from meshplan.pipeline.registry import SCHEDULES, get
+from meshplan.pipeline.simulate import PipelineSpec, _dep, simulate
+from meshplan.spec.mesh import MeshSpec, Schedule
+
+
+class FakeStage:
+    """The attributes a torch schedule reads from a stage, and a log of computations."""
+
+    def __init__(self, index: int, n_stages: int, p: int, rank: int, log: list):
+        self.stage_index, self.num_stages, self.group_size, self.group_rank = index, n_stages, p, rank
+        self.is_first, self.is_last = index == 0, index == n_stages - 1
+        self.submod = torch.nn.Module()
+        self.log = log
+
+    def __getattr__(self, name):
+        if name.startswith("get_") and name.endswith("_ops"):  # p2p ops: none
+            return lambda *a, **k: []
+        raise AttributeError(name)
+
+    def forward_one_chunk(self, i, *a, **k):
+        self.log.append(("F", i, self.stage_index))
+
+    def backward_one_chunk(self, i, **k):
+        self.log.append(("B", i, self.stage_index))
+
+    def perform_reduce_grad(self, *a):
+        pass
+
+    def clear_runtime_states(self):
+        pass
+
+
+KIND = {S.FORWARD: "F", S.FULL_BACKWARD: "B", S.BACKWARD_INPUT: "I", S.BACKWARD_WEIGHT: "W"}
+
+
+def torch_order(sched: PipelineSchedule, p: int, m: int, v: int, rank: int) -> list[tuple]:
+    """(kind, micro-batch, virtual stage) of every computation ``rank`` runs under the
+    registry's torch class for ``sched``."""
+    cls = getattr(S, sched.torch_class)
+    log: list = []
+    if issubclass(cls, S.PipelineScheduleSingle):
+        run = cls(FakeStage(rank, p, p, rank, log), m)
+        run._initialize_stage = lambda *a, **k: None  # shape inference and p2p warm-up: no process group
+        run._step_microbatches()
+        return log
+    stages = [FakeStage(sched.virtual_stage(c, rank, p, v), p * v, p, rank, log) for c in range(v)]
+    run = cls(stages, m)
+    return [(KIND[a.computation_type], a.microbatch_index, a.stage_index)
+            for a in run.pipeline_order_with_comms[rank] if a is not None and a.computation_type in KIND]
+
+
+def meshplan_order(sched: PipelineSchedule, p: int, m: int, v: int, s: int) -> list[tuple]:
+    """The same triples from meshplan's order; a split backward's B is torch's I."""
+    kind = {"F": "F", "W": "W", "B": "I" if sched.splits_backward else "B"}
+    return [(kind[u.kind], u.mb, sched.virtual_stage(u.chunk, s, p, v)) for u in sched.order(p, m, v, s)]
+
+
+CASES = {
+    Schedule.GPIPE: [(1, 3, 1), (2, 1, 1), (2, 4, 1), (4, 3, 1), (4, 8, 1)],
+    Schedule.ONE_F_ONE_B: [(2, 2, 1), (2, 5, 1), (3, 7, 1), (4, 4, 1), (4, 8, 1)],
+    Schedule.INTERLEAVED_1F1B: [(2, 2, 2), (2, 4, 2), (3, 6, 3), (4, 4, 2), (4, 8, 2), (4, 8, 4)],
+    Schedule.ZB_H1: [(2, 2, 1), (2, 6, 1), (3, 9, 1), (4, 2, 1), (3, 2, 1), (4, 4, 1), (4, 8, 1), (4, 12, 1)],
+}
+
+
+def test_every_schedule_is_registered_and_compared():
+    assert set(SCHEDULES) == set(Schedule) == set(CASES)
+    assert all(SCHEDULES[name].name is name for name in Schedule)
+
+
+@pytest.mark.parametrize("name,p,m,v", [(n, *c) for n, cases in CASES.items() for c in cases])
+def test_order_per_rank_equals_torch(name, p, m, v):
+    sched = get(name)
+    for rank in range(p):
+        assert meshplan_order(sched, p, m, v, rank) == torch_order(sched, p, m, v, rank), (name, p, m, v, rank)
+
+
+def test_1f1b_with_fewer_micro_batches_than_stages_is_meshplans_only():
+    """meshplan plans 1F1B with m < p (warm-up min(p - s - 1, m): GPipe's order); torch's
+    Schedule1F1B refuses it, so there is no torch order to compare."""
+    assert [u.kind for u in get("1f1b").order(4, 2, 1, 0)] == ["F", "F", "B", "B"]
+    with pytest.raises(ValueError, match="greater than"):
+        S.Schedule1F1B(FakeStage(0, 4, 4, 0, []), 2)
+
+
+def test_zb_h1_with_m_not_a_multiple_of_its_rounds_is_meshplans_only():
+    """torch's ZB class runs m // p rounds and refuses m that is not a multiple of them
+    (p 2, m 5: 2 rounds); with one chunk per rank the rounds do not change the order, and
+    meshplan plans any m (its ZB-H1 bubble test covers p 2, m 5). Stage 1 runs W of j after
+    B of j + 1."""
+    assert [u.kind + str(u.mb) for u in get("zb_h1").order(2, 5, 1, 1)][:5] == ["F0", "B0", "F1", "B1", "W0"]
+    with pytest.raises(ValueError, match="multiple of the number of rounds"):
+        S.ScheduleInterleavedZeroBubble([FakeStage(0, 2, 2, 0, [])], 5)
+
+
+@pytest.mark.parametrize("p,m,v", [(2, 2, 2), (4, 8, 2), (4, 4, 3), (8, 16, 4), (3, 9, 2)])
+def test_interleaved_warmup_is_torchs(p, m, v):
+    """torch's ``_get_warmup_ops`` with m a multiple of p (micro-batches per round p,
+    factor 2) = Megatron-Core's min(m v, 2(p - s - 1) + (v - 1) p); the memory module's
+    in-flight count is that + 1."""
+    sched = get(Schedule.INTERLEAVED_1F1B)
+    for s in range(p):
+        warm = S._get_warmup_ops(s, v, p, p, m, multiply_factor=2)
+        assert sched.warmup(p, m, v, s) == warm
+        assert in_flight_chunks(s, p, m, v) == min(m * v, warm + 1)
+
+
+def test_torch_classes_exist_and_validate_builds_the_tested_ones():
+    for sched in SCHEDULES.values():
+        assert issubclass(getattr(S, sched.torch_class), S._PipelineSchedule)
+    assert [str(s) for s, x in SCHEDULES.items() if x.runs_in_validate] == ["gpipe", "1f1b", "interleaved_1f1b"]
+
+
+class VShape(PipelineSchedule):
+    """A V-shaped placement (torch's ``style="v"``): rank s holds virtual stages s and
+    2p - 1 - s, so rank 0 holds the first and the last."""
+
+    name = Schedule.INTERLEAVED_1F1B
+    virtual_stages = True
+
+    def virtual_stage(self, chunk, s, p, v):
+        return s if chunk == 0 else 2 * p - 1 - s
+
+
+def test_dependencies_follow_the_schedules_map():
+    """p 2, v 2. Looped: rank 0 holds virtual stages 0 and 2; its chunk-1 F waits for F of
+    virtual stage 1 (rank 1). V-shaped: rank 0 holds 0 and 3; its chunk-1 F waits for F of
+    virtual stage 2 (rank 1's chunk 1), and its chunk-1 B is the last virtual stage's: it
+    waits for its own F."""
+    looped = get(Schedule.INTERLEAVED_1F1B)
+    assert _dep(looped, Unit("F", 0, 1), 0, 2, 2) == ("F", 0, 1)
+    assert _dep(looped, Unit("B", 0, 1), 0, 2, 2) == ("B", 0, 3)
+    v = VShape()
+    assert _dep(v, Unit("F", 0, 1), 0, 2, 2) == ("F", 0, 2)
+    assert _dep(v, Unit("B", 0, 1), 0, 2, 2) == ("F", 0, 3)
+    assert _dep(v, Unit("B", 0, 1), 1, 2, 2) == ("B", 0, 3)
+    assert _dep(v, Unit("W", 0, 0), 1, 2, 2) == ("B", 0, 1)
+
+
+def test_one_chunk_schedules_run_their_chunked_order_with_virtual_stages():
+    assert get("1f1b").for_chunks(1) is Schedule.ONE_F_ONE_B
+    assert get("1f1b").for_chunks(2) is get("zb_h1").for_chunks(2) is Schedule.INTERLEAVED_1F1B
+    assert get("gpipe").for_chunks(2) is Schedule.GPIPE
+    assert get("interleaved_1f1b").for_chunks(3) is Schedule.INTERLEAVED_1F1B
+
+
+def test_names_parse_to_the_enum_and_unknown_names_are_config_errors():
+    assert MeshSpec(names=["pp"], shape=[2], pp_schedule="zb_h1").pp_schedule is Schedule.ZB_H1
+    assert MeshSpec(names=["pp"], shape=[2]).pp_schedule is Schedule.ONE_F_ONE_B
+    assert PipelineSpec("interleaved_1f1b", p=2, m=2, v=2).schedule is Schedule.INTERLEAVED_1F1B
+    with pytest.raises(ConfigError, match=r"mesh\.pp_schedule: unknown schedule 'dualpipev'"):
+        get("dualpipev")
+
+
+def test_split_backward_is_the_schedules_property():
+    """ZB-H1 (splits_backward) simulates B and W as separate units: with F = B = W = 1,
+    p 2, m 2 the step is m(F+B+W) + (p-1)(F+B-W) = 6 + 1 = 7 (Qi et al. 3.1); 1F1B runs B+W
+    as one unit: (m + p - 1)(F + B + W) = 9."""
+    zb = simulate(PipelineSpec("zb_h1", p=2, m=2, forward_s=1, backward_s=1, weight_s=1))
+    one = simulate(PipelineSpec("1f1b", p=2, m=2, forward_s=1, backward_s=1, weight_s=1))
+    assert (zb.step_s, one.step_s) == (7.0, 9.0)
+    assert {e.args["kind"] for e in zb.events} == {"F", "B", "W"} and {e.args["kind"] for e in one.events} == {"F", "B"}

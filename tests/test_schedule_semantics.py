@@ -1,0 +1,293 @@
+"""Schedule semantics that match the runtimes (issue 11, item 3): the rank timeline issues the
+collectives the collective table counts, the CP K/V all-gather lands before the attention that
+uses it, the gradient reduce dtype comes from the config, TP overlap only when configured,
+uneven first/last stages with virtual stages."""
+
+from collections import Counter
+
+import pytest
+
+from meshplan.comm.collectives import fsdp_gather_flags
+from meshplan.config import config_from_dict
+from meshplan.errors import ConfigError
+from meshplan.plan import build_plan
+from meshplan.schedule.rank_timeline import CommTimes, Overlap, comm_kind, forward_unit, backward_unit
+from meshplan.schedule.rank_timeline import _shard_group
+from meshplan.schedule.steptime import chunk_costs, step_time, workload_of
+from meshplan.units import dtype_bytes
+
+# 4 layers, h 64, f 256 (GeLU), 4 heads of 16, vocab 256, untied: small enough for every schedule
+TINY = dict(layers=4, hidden=64, ffn=256, gated_mlp=False, q_heads=4, vocab=256)
+COUNTED = ("shard", "replica", "cp", "step")  # data-parallel and CP collectives
+
+
+def plan_of(mesh: dict, model=TINY, system="dgx-h100", nodes=1, **training):
+    t = {"global_batch": 8, "seq_len": 64, "micro_batch": 1, "sharding": "zero3", "param_dtype": "bf16",
+         "recompute": "none", **training}
+    return build_plan(config_from_dict({"model": model, "cluster": {"system": system, "nodes": nodes},
+                                        "training": t, "mesh": mesh}))
+
+
+def table_counts(plan, s: int) -> Counter:
+    """Per step, (kind, group, phase, op) -> calls, from stage s's collective table."""
+    out = Counter()
+    for r in plan.stage(s).collectives:
+        kind = comm_kind(r)
+        if kind in COUNTED:
+            group = _shard_group(r.cadence) if kind in ("shard", "replica") else ""
+            out[(kind, group, r.phase if kind != "step" else "step", "all-gather" if r.op == "all-gather" else
+                 r.op if kind != "step" else "reduce")] += r.per_step
+    return out
+
+
+def timeline_counts(st, s: int) -> Counter:
+    """Per step, the same keys from stage s's rank timeline: every unit's collectives; the
+    per-step ZeRO-1/2 / DDP reduction counts once (one bucket per stage, issued in per-layer
+    pieces on each chunk's last gradient unit, or after the last unit when not overlapped),
+    the ZeRO-1/2 parameter all-gather once (a step-end event)."""
+    out, step_reduce = Counter(), False
+    for e in st.pipeline.events:
+        if e.stage != s or e.stream != "compute":
+            continue
+        for ie in st.units.of_event(e).events:
+            a = ie.args
+            if a.get("kind") == "dp":
+                step_reduce = True
+            elif a.get("kind") in COUNTED:
+                out[(a["kind"], a["group"], a["phase"], a["op"])] += 1
+    for e in st.post_events:
+        if e.stage == s and "grad reduce" in e.name:
+            step_reduce = True
+        elif e.stage == s and "param all-gather" in e.name:
+            out[("step", "", "step", "all-gather")] += 1
+    if step_reduce:
+        out[("step", "", "step", "reduce")] += 1
+    return out
+
+
+SCHEDULES = [("gpipe", 1), ("1f1b", 1), ("interleaved_1f1b", 2), ("zb_h1", 1)]
+SHARDINGS = ["none", "zero1", "zero2", "zero3", "hsdp"]
+
+
+def _mesh(sharding: str, schedule: str, vpp: int) -> dict:
+    data = ["dp_replicate", "dp_shard"] if sharding == "hsdp" else ["dp" if sharding == "none" else "dp_shard"]
+    shape = [2, 2] if sharding == "hsdp" else [2]
+    return {"names": ["pp", *data], "shape": [2, *shape], "world": 4 * len(shape), "pp_schedule": schedule,
+            "virtual_stages": vpp}
+
+
+@pytest.mark.parametrize("schedule,vpp", SCHEDULES)
+@pytest.mark.parametrize("sharding", SHARDINGS)
+@pytest.mark.parametrize("reshard", [True, False])
+def test_timeline_issues_the_collectives_the_table_counts(schedule, vpp, sharding, reshard):
+    """pp 2 (x vpp) x the data axes, m 4 per stage: on each stage, the rank timeline's calls
+    per (kind, group, phase, op) equal the table's per-step counts. Before this fix a
+    reshard_after_forward = false stage re-gathered every layer in every micro-batch (here 4
+    layer gathers x m 4 = 16 per stage for the table's 2 + 1 root) and reduce-scattered every
+    micro-batch where PipelineStage reduces once per step."""
+    plan = plan_of(_mesh(sharding, schedule, vpp), sharding=sharding, reshard_after_forward=reshard)
+    st = step_time(plan)
+    for s in range(2):
+        assert timeline_counts(st, s) == table_counts(plan, s), (s, table_counts(plan, s))
+    if sharding in ("zero3", "hsdp") and not reshard and vpp == 1:  # once per step: 2 layers + root
+        assert table_counts(plan, 0)[("shard", "layer", "forward", "all-gather")] == 2
+        assert table_counts(plan, 0)[("shard", "layer", "backward", "all-gather")] == 0
+
+
+@pytest.mark.parametrize("reshard", [True, False])
+@pytest.mark.parametrize("sharding", ["zero3", "hsdp", "zero1", "none"])
+def test_without_pp_every_micro_batch_gathers_and_reduces(sharding, reshard):
+    """pp 1, m 4: FSDP2 gathers every unit in every forward (and backward when resharded) and
+    reduce-scatters every micro-batch; the table and the timeline agree."""
+    names = {"hsdp": ["dp_replicate", "dp_shard"], "none": ["dp"]}.get(sharding, ["dp_shard"])
+    plan = plan_of({"names": names, "shape": [2] * len(names), "world": 2 ** len(names)}, sharding=sharding, reshard_after_forward=reshard,
+                   global_batch=4 * 2 ** len(names))
+    st = step_time(plan)
+    assert timeline_counts(st, 0) == table_counts(plan, 0)
+    if sharding == "zero3":  # 4 layers + root in each of m = 4 forwards
+        assert table_counts(plan, 0)[("shard", "layer", "forward", "all-gather")] == 4 * plan.micro_batches
+
+
+def test_interleaved_chunks_gather_by_their_own_order():
+    """interleaved 1F1B, pp 2, vpp 2, m 4, reshard: stage 0's order is F0.c0 F1.c0 F0.c1 F1.c1
+    F2.c0 B0.c1 F3.c0 B1.c1 F2.c1 B0.c0 F3.c1 B1.c0 B2.c1 B3.c1 B2.c0 B3.c0. Chunk 0 passes
+    F0 F1 F2 F3 B0 B1 B2 B3: sharded at each F (after an F) and at B0 (after F3): 4 F + 1 B.
+    Chunk 1 passes F0 F1 B0 B1 F2 F3 B2 B3: sharded at F0, F1, B0, F3 (F2 follows B1) and B2:
+    3 F + 2 B. The table used chunk 0 for every chunk before (4 + 1 for both)."""
+    f = fsdp_gather_flags("interleaved_1f1b", 2, 4, 2, 0, reshard=True)
+    per = Counter((c, k) for (c, k, _), g in f.items() if g)
+    assert (per[(0, "F")], per[(0, "B")], per[(1, "F")], per[(1, "B")]) == (4, 1, 3, 2)
+
+
+# CP: the K/V all-gather lands before the attention that uses it -----------------------------
+
+def _cp_plan(**training):
+    """Llama-3-8B, cp 2 across two DGX H100 nodes (cp outermost) x dp_shard 8, s 8192, b 1."""
+    return plan_of({"names": ["cp", "dp_shard"], "shape": [2, 8]}, model={"catalog": "llama3-8b"}, nodes=2,
+                   **{"global_batch": 16, "seq_len": 8192, "recompute": "selective", **training})
+
+
+def _one_layer(plan):
+    w = workload_of(plan)
+    ch = chunk_costs(plan, w)[0][0]
+    cp_rows = [r for r in plan.stage(0).collectives if comm_kind(r) == "cp"]
+    return w, type(ch)(ch.layers[:1], ch.moe[:1]), ch.layers[0], cp_rows
+
+
+def _op_s(cost, phase, name):
+    return sum(o.seconds for o in cost.ops if o.phase == phase and o.name == name)
+
+
+def test_cp_kv_all_gather_ends_before_the_core_attention_starts():
+    """Every K/V all-gather of the step's trace ends before the core attention of its layer
+    starts, and every dK/dV reduce-scatter before the K/V projections' input gradients."""
+    st = step_time(_cp_plan())
+    ev = sorted(st.trace_events(), key=lambda e: (e.start_s, e.stream != "compute"))
+    pending, checked = None, 0
+    for e in ev:
+        if e.name in ("cp K/V all-gather", "cp dK/dV reduce-scatter"):
+            pending = e
+        elif e.name in ("attention core", "attention K/V proj B"):
+            assert pending is not None and pending.end_s <= e.start_s + 1e-12, (pending, e)
+            pending, checked = None, checked + 1
+    assert checked == 2 * 32 * st.pipeline.spec.m  # 32 layers, forward and backward, every micro-batch
+
+
+def test_cp_exposed_time_by_hand():
+    """One layer, cp rows only. K/V buffer: 2 (K and V) x b 1 x s 8192 x 8 KV heads x d 128 x
+    2 B = 33,554,432 B. The gather is issued after wk, wv and RoPE and overlaps only wq, so the
+    core attention waits AG - wq; in backward the dK/dV reduce-scatter (same bytes) overlaps
+    only wq's input gradient: exposed RS - wq.dgrad. Both positive here (a cross-node gather
+    of 33.5 MB against a 4096 x 4096 x 4096 GEMM). Before, the gather overlapped the whole
+    attention block and nothing was exposed."""
+    plan = _cp_plan()
+    w, one, cost, rows = _one_layer(plan)
+    ag = next(r for r in rows if r.phase == "forward")
+    rs = next(r for r in rows if r.op == "reduce-scatter")
+    assert ag.size_bytes == rs.size_bytes == 2 * 1 * 8192 * 8 * 128 * 2
+    comm = CommTimes.from_rows(rows, layers=1)
+    wq, wq_d = _op_s(cost, "forward", "wq"), _op_s(cost, "backward_input", "wq.dgrad")
+    assert ag.time_s > wq and rs.time_s > wq_d
+    f = forward_unit(one, comm, w, Overlap())
+    assert f.exposed_s["cp"] == pytest.approx(ag.time_s - wq)
+    assert f.duration_s == pytest.approx(cost.forward_s + ag.time_s - wq)
+    b = backward_unit("B", one, comm, w, Overlap())
+    assert b.exposed_s["cp"] == pytest.approx(rs.time_s - wq_d)
+    assert b.duration_s == pytest.approx(cost.backward_s + rs.time_s - wq_d)
+
+
+def test_cp_full_recompute_replays_the_gather_before_the_replayed_attention():
+    """Full recompute: backward replays the forward with its K/V all-gather (the table's
+    backward all-gather row), again before the replayed core attention: exposed twice AG - wq
+    plus RS - wq.dgrad per layer."""
+    plan = _cp_plan(recompute="full")
+    w, one, cost, rows = _one_layer(plan)
+    comm = CommTimes.from_rows(rows, layers=1)
+    ag = next(r for r in rows if r.phase == "backward" and r.op == "all-gather")
+    rs = next(r for r in rows if r.op == "reduce-scatter")
+    b = backward_unit("B", one, comm, w, Overlap())
+    wq_r = sum(o.seconds for o in cost.ops if o.phase == "backward_input" and o.name == "wq (recompute)")
+    assert b.exposed_s["cp"] == pytest.approx(ag.time_s - wq_r + rs.time_s - _op_s(cost, "backward_input", "wq.dgrad"))
+    names = [e.name for e in b.events if e.stream == "cp"]
+    assert names == ["cp K/V all-gather", "cp dK/dV reduce-scatter"]
+
+
+# Gradient reduce dtype from the config ------------------------------------------------------
+
+# TINY's parameters by hand: per layer wq, wk, wv, wo 4 x 64 x 64 = 16,384, w_up + w_down
+# 2 x 64 x 256 = 32,768, two RMSNorm weights 128: 49,280; root: embedding 256 x 64, final norm
+# 64, output 256 x 64 = 32,832; total 4 x 49,280 + 32,832 = 229,952.
+PARAMS, LAYER_PARAMS, ROOT_PARAMS = 229_952, 49_280, 32_832
+
+
+def _dp_rows(sharding, **training):
+    names = {"hsdp": ["dp_replicate", "dp_shard"], "none": ["dp"]}.get(sharding, ["dp_shard"])
+    plan = plan_of({"names": names, "shape": [2] * len(names), "world": 2 ** len(names)}, sharding=sharding,
+                   **training)
+    return plan, [r for r in plan.collectives["stage 0"] if r.axis != "tp" and r.op != "all-gather"]
+
+
+@pytest.mark.parametrize("sharding,option,dtype", [
+    ("none", None, "bf16"),        # default unchanged: torch DDP reduces the bf16 gradients
+    ("none", "fp32", "fp32"),      # Megatron-LM: fp32 main gradients
+    ("zero1", None, "fp32"),       # default unchanged: training.reduce_dtype (fp32)
+    ("zero1", "bf16", "bf16"),
+    ("zero3", None, "fp32"),
+    ("zero3", "param", "bf16"),    # the parameter dtype
+    ("hsdp", "bf16", "bf16"),
+])
+def test_gradient_reduce_bytes_follow_the_config(sharding, option, dtype):
+    """DDP all-reduces all 229,952 gradients in one bucket; ZeRO-1 reduce-scatters them once
+    per step; FSDP/HSDP reduce-scatter each layer's 49,280 and the root's 32,832, HSDP then
+    all-reduces the shard (half) over dp_replicate; bytes = elements x the reduce dtype's size."""
+    extra = {} if option is None else {"grad_reduce_dtype": option}
+    plan, rows = _dp_rows(sharding, **extra)
+    b = dtype_bytes(dtype)
+    assert {r.dtype for r in rows} == {dtype}
+    sizes = sorted(r.size_bytes for r in rows)
+    if sharding in ("none", "zero1"):
+        assert sizes == [PARAMS * b]
+    elif sharding == "zero3":
+        assert sizes == [ROOT_PARAMS * b, LAYER_PARAMS * b]
+    else:  # hsdp: reduce-scatter over dp_shard 2, then all-reduce of the half shard over dp_replicate 2
+        assert sizes == [ROOT_PARAMS * b // 2, LAYER_PARAMS * b // 2, ROOT_PARAMS * b, LAYER_PARAMS * b]
+
+
+def test_ddp_fp32_reduction_is_what_the_timeline_spends():
+    """The timeline's per-step DDP reduction (pieces on the last gradient unit) sums to the
+    fp32 row's time, longer than the bf16 one."""
+    times, sizes = {}, {}
+    for dtype in ("bf16", "fp32"):
+        plan, rows = _dp_rows("none", grad_reduce_dtype=dtype)
+        st = step_time(plan)
+        spent = sum(ie.dur_s for e in st.pipeline.events if e.stream == "compute"
+                    for ie in st.units.of_event(e).events if ie.args.get("kind") == "dp")
+        assert spent == pytest.approx(rows[0].time_s)
+        times[dtype], sizes[dtype] = spent, rows[0].size_bytes
+    assert sizes["fp32"] == 2 * sizes["bf16"]
+    # 460 KB and 920 KB both lie in the measured NVLink curve's flat part (64 KiB to 1 MiB take
+    # about the same time, latency-bound): the fp32 reduction is never faster, here no slower.
+    assert times["fp32"] >= times["bf16"]
+
+
+def test_grad_reduce_dtype_is_checked():
+    with pytest.raises(ConfigError, match="grad_reduce_dtype"):
+        _dp_rows("none", grad_reduce_dtype="fp16")
+
+
+# TP overlap only when configured -----------------------------------------------------------
+
+def test_tp_comm_overlap_is_a_training_option():
+    """Default: TP collectives block (Overlap.tp False, what step, compare and search use).
+    training.tp_comm_overlap = true gives the same step as step --overlap-tp."""
+    mesh = {"names": ["dp_shard", "tp"], "shape": [2, 4], "sequence_parallel": True}
+    kw = dict(model={"catalog": "llama3-8b"}, global_batch=4, seq_len=4096)
+    base = step_time(plan_of(mesh, **kw))
+    opt = step_time(plan_of(mesh, tp_comm_overlap=True, **kw))
+    flag = step_time(plan_of(mesh, **kw), Overlap(tp=True))
+    assert opt.step_s == pytest.approx(flag.step_s) and opt.step_s < base.step_s
+    assert opt.exposed_s.get("tp", 0.0) < base.exposed_s["tp"]
+
+
+# Uneven first and last stages with virtual stages (Llama 3) ---------------------------------
+
+def test_uneven_first_and_last_stage_with_virtual_stages():
+    """6 layers, pp 2, vpp 2, pp_layer_split [3, 3]: each stage's 3 layers go to 2 chunks, the
+    short ones at the model's ends (Llama 3 removed one layer from the first and the last
+    stage): virtual stages 0..3 hold 1, 2, 2, 1 layers: stage 0 [[0], [3, 4]], stage 1
+    [[1, 2], [5]]. The plan, its step and its timeline/table agreement follow; the per-
+    virtual-stage form [1, 2, 2, 1] gives the same stages. Before: refused ("pp_layer_split
+    with virtual stages is not supported")."""
+    mesh = {"names": ["pp", "dp_shard"], "shape": [2, 2], "world": 4, "pp_schedule": "interleaved_1f1b",
+            "virtual_stages": 2}
+    for split in ([3, 3], [1, 2, 2, 1]):
+        for reshard in (True, False):
+            plan = plan_of({**mesh, "pp_layer_split": split}, model={**TINY, "layers": 6},
+                           reshard_after_forward=reshard)
+            assert plan.feasible, plan.reasons
+            assert plan.stages == [[[0], [3, 4]], [[1, 2], [5]]]
+            st = step_time(plan)
+            for s in range(2):
+                assert timeline_counts(st, s) == table_counts(plan, s)
+    bad = plan_of({**mesh, "pp_layer_split": [1, 5]}, model={**TINY, "layers": 6})
+    assert not bad.feasible and "pp_layer_split [1, 5] sums to 6, must be 6 layers with >= 2 per stage" in bad.reasons

@@ -1,0 +1,112 @@
+"""One verdict everywhere (issue 11 item 4, issue 13 item 4): every command that resolves a
+mesh treats a mesh whose memory does not fit as ``meshplan plan`` does: exit 1 and the plan's
+own reason on stderr as ``infeasible: <reason>``.
+
+The infeasible case is the seed's tensor-4 alternative (examples/seed-64gpu-tp4.toml:
+Llama-3-70B, dp_shard 16 x tp 4 on 64 H100): its memory timeline peaks above usable HBM
+(74.5 GiB x 0.9 = 67.1 GiB), so ``plan`` exits 1. The reasons asserted below are taken from
+the plan built in-process, never typed in: the commands must print exactly what plan says.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from meshplan.config import load_config
+from meshplan.plan import build_plan
+from meshplan.schedule.rank_timeline import Overlap
+from meshplan.schedule.steptime import step_time
+from tests.conftest import EXAMPLES
+
+TP4 = EXAMPLES / "seed-64gpu-tp4.toml"
+SEED = EXAMPLES / "seed-64gpu.toml"
+
+
+def _run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "meshplan.cli", *args], capture_output=True, text=True,
+                          timeout=300)
+
+
+@pytest.fixture(scope="module")
+def tp4_plan():
+    p = build_plan(load_config(TP4))
+    assert not p.feasible and p.mesh is not None and p.stages is not None  # memory, not validity
+    assert "GiB usable" in p.reasons[0]
+    return p
+
+
+def _reason_lines(p, who: str = "") -> str:
+    return "".join(f"infeasible: {who + ': ' if who else ''}{r}\n" for r in p.reasons)
+
+
+def test_plan_and_step_agree_on_an_infeasible_mesh(tp4_plan):
+    """step exits 1 like plan, with plan's reason; the step it prints is labelled as the one
+    the mesh would take if it fit, and is the step model's own number."""
+    assert _run("plan", str(TP4)).returncode == 1
+    r = _run("step", str(TP4))
+    assert r.returncode == 1
+    would = step_time(tp4_plan, Overlap())
+    assert r.stdout == (f"step would be {would.step_s:.3f} s ({would.pipeline.spec.schedule}, MFU {would.mfu:.1%}) "
+                        f"if it fit; it does not fit\n")
+    assert r.stderr == _reason_lines(tp4_plan)
+
+
+def test_step_of_a_feasible_mesh_exits_0():
+    r = _run("step", str(SEED))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("step ") and "would be" not in r.stdout and "infeasible" not in r.stderr
+
+
+def test_groups_and_place_print_then_give_the_verdict(tp4_plan):
+    """groups and place still print what they show (rank 5's tp group is 4..7 under tp 4), then
+    the verdict line, and exit 1 (they exited 0 before: issue 13)."""
+    g = _run("groups", str(TP4), "--rank", "5")
+    assert g.returncode == 1
+    assert "4..7" in g.stdout and g.stderr == _reason_lines(tp4_plan)
+    pl = _run("place", str(TP4))
+    assert pl.returncode == 1
+    assert "CUDA_VISIBLE_DEVICES" in pl.stdout and pl.stderr == _reason_lines(tp4_plan)
+
+
+def test_compare_with_neither_fitting_exits_1_with_both_reasons(tp4_plan, tmp_path):
+    """dp_shard 32 x tp 2 fits even less than tp 4 (more weight and activation memory per
+    rank). Before: a ConfigError (exit 2, as if the input were malformed); now a result: no
+    winner, both reasons, exit 1, no evidence folder."""
+    tp2 = tmp_path / "seed-tp2.toml"
+    tp2.write_text(TP4.read_text().replace("shape = [16, 4]", "shape = [32, 2]"))
+    tp2_plan = build_plan(load_config(tp2))
+    assert not tp2_plan.feasible
+    out = tmp_path / "out"
+    r = _run("compare", str(TP4), str(tp2), "--out", str(out))
+    assert r.returncode == 1
+    assert "verdict: neither mesh fits" in r.stdout
+    assert r.stderr == _reason_lines(tp4_plan, "seed-64gpu-tp4") + _reason_lines(tp2_plan, "seed-tp2")
+    assert not out.exists()
+
+
+def test_compare_with_a_feasible_winner_exits_0_and_names_the_loser_reason(tp4_plan, tmp_path):
+    r = _run("compare", str(SEED), str(TP4), "--out", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    assert "verdict: seed-64gpu (rejected: seed-64gpu-tp4)" in r.stdout
+    assert tp4_plan.reasons[0] in " ".join(r.stdout.split())
+
+
+def test_search_with_nothing_that_fits_exits_1(tmp_path):
+    """Llama-3-70B on one DGX H100 (8 GPUs): parameters, gradients and Adam state alone are
+    70.6e9 x 16 B / 8 = 141 GB per GPU > 80 GB, whatever the mesh, so no candidate fits."""
+    cfg = tmp_path / "one-node.toml"
+    cfg.write_text('[model]\ncatalog = "llama3-70b"\n[cluster]\nsystem = "dgx-h100"\nnodes = 1\n'
+                   '[training]\nglobal_batch = 64\nseq_len = 4096\n')
+    r = _run("search", str(cfg))
+    assert r.returncode == 1, r.stdout[-2000:] + r.stderr
+
+
+def test_help_states_the_exit_codes():
+    r = subprocess.run([sys.executable, "-m", "meshplan.cli", "--help"], capture_output=True, text=True,
+                       timeout=60, env={**os.environ, "COLUMNS": "200"})
+    text = " ".join(r.stdout.split())
+    assert "exit status: 0 feasible" in text and "1 infeasible" in text and "2 malformed input" in text
