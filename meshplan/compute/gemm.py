@@ -164,12 +164,13 @@ def _attention_row(raw: dict, where: str) -> tuple[tuple, tuple[float, float], s
         raise ConfigError(where, f"unknown column(s) {sorted(unknown)}; attention rows have "
                           f"{', '.join(ATTENTION_COLUMNS)}")
     try:
-        key = tuple(int(raw[c]) for c in ATTENTION_COLUMNS[1:7]) + (str(raw["dtype"]),)
+        sizes = tuple(int(raw[c]) for c in ATTENTION_COLUMNS[1:7])
+        key = sizes + (str(raw["dtype"]),)
         times = (float(raw["forward_s"]), float(raw["backward_s"]))
     except (KeyError, ValueError, TypeError) as e:
         raise ConfigError(where, f"bad or missing attention column ({e}); need "
                           f"{', '.join(ATTENTION_COLUMNS[1:10])}") from None
-    if min(key[:6]) <= 0 or min(times) < 0:
+    if min(sizes) <= 0 or min(times) < 0:
         raise ConfigError(where, f"sizes must be positive and times not negative: {key} {times}")
     return key, times, str(raw.get("device", ""))
 

@@ -106,6 +106,6 @@ def bench_plan(plan, dtype: str, device: str, warmup: int = 1, repeats: int = 5)
     if cp > 1:
         from meshplan.runtime.execution.cp import ContextParallel
 
-        mask = ContextParallel(None, cp, 0).mask(att.seq_q, device)
+        mask = ContextParallel(None, cp, 0).mask(att.seq_q, device)  # type: ignore[arg-type]  # the mask needs no group
     f, b = time_attention(att, dtype, device, warmup, repeats, mask)
     return row(att, f, b, dtype, device_name(device))
