@@ -51,7 +51,6 @@ __all__ = ["SCHEDULES", "Unit", "PipelineSpec", "PipelineResult", "Event", "simu
            "trace_dict", "write_trace"]
 
 
-
 def stage_order(schedule: Schedule | str, p: int, m: int, v: int, s: int) -> list[Unit]:
     """The order of ``schedule`` on stage ``s`` (its registered object's :meth:`order`)."""
     return get(schedule).order(p, m, v, s)
@@ -146,10 +145,6 @@ class PipelineResult:
     def bubble_of_total(self) -> float:
         """idle / step time of the busiest stage."""
         return self.idle_s / self.step_s
-
-    def stage_bubbles(self) -> list[float]:
-        """idle / ideal of every stage."""
-        return [(self.step_s - b) / b for b in self.busy_s]
 
 
 def _dep(sched: PipelineSchedule, u: Unit, s: int, p: int, v: int) -> Optional[tuple[str, int, int]]:
