@@ -144,7 +144,6 @@ class ArrayResult:
     def bubble_of_total(self) -> float:
         return self.idle_s / self.step_s
 
-
     def stage_slice(self, s: int) -> slice:
         return slice(s * self.flat.length, (s + 1) * self.flat.length)
 
