@@ -502,6 +502,22 @@ def bench_comm_cmd(nproc: int = typer.Option(4, help="ranks (per node with --tes
     raise typer.Exit(0 if fits else 1)
 
 
+def _bench_target(config: Path, device: str, dtype: Optional[str]) -> tuple[Plan, str, str]:
+    """The plan whose local shapes a bench times, the device (``--device``: auto is cuda when
+    torch sees one) and the dtype (``--dtype``; default the compute dtype on a GPU, fp32 on the
+    CPU). An infeasible mesh exits 1 with its reasons."""
+    from meshplan.runtime.bench.gemm import resolve_device
+
+    p = _load(config)
+    if isinstance(p, Infeasible):
+        _exit_infeasible(p)
+    device = resolve_device(device)
+    dt = dtype or (p.config.training.compute_dtype if device == "cuda" else "fp32")
+    if dt not in ("fp32", "bf16", "fp16"):
+        raise ConfigError("--dtype", f"{dt!r}; use fp32, bf16 or fp16")
+    return p, device, dt
+
+
 @bench_app.command("gemm")
 def bench_gemm(config: Path = typer.Argument(..., help="TOML config whose local GEMM shapes are timed"),
                out: Path = typer.Option(Path("gemm.csv"), "--out", help="CSV table for --gemm-table"),
@@ -513,17 +529,9 @@ def bench_gemm(config: Path = typer.Argument(..., help="TOML config whose local 
                                                                "elements (default 2**22 on the CPU, none on a GPU)"),
                force: bool = typer.Option(False, "--force", help="replace an existing --out file")):
     """Time the plan's local GEMM shapes (forward and backward) and write the efficiency table."""
-    from meshplan.runtime.bench.gemm import bench, resolve_device, write_table
+    from meshplan.runtime.bench.gemm import bench, write_table
 
-    p = _load(config)
-    if isinstance(p, Infeasible):
-        for why in p.reasons:
-            typer.echo(f"infeasible: {why}", err=True)
-        raise typer.Exit(1)
-    device = resolve_device(device)
-    dt = dtype or (p.config.training.compute_dtype if device == "cuda" else "fp32")
-    if dt not in ("fp32", "bf16", "fp16"):
-        raise ConfigError("--dtype", f"{dt!r}; use fp32, bf16 or fp16")
+    p, device, dt = _bench_target(config, device, dtype)
     limit = max_elements if max_elements is not None else (2 ** 22 if device == "cpu" else None)
     rows = bench(list(p.gemms), dtype=dt, device=device, max_elements=limit)
     typer.echo(f"{'M':>7} {'N':>7} {'K':>7} {'dtype':>5} {'time (us)':>11} {'TFLOP/s':>8}  device")
@@ -546,17 +554,8 @@ def bench_attention(config: Path = typer.Argument(..., help="TOML config whose l
                     force: bool = typer.Option(False, "--force", help="replace an existing --out file")):
     """Time the plan's local attention (torch SDPA, forward and backward) and write the table --gemm-table reads."""
     from meshplan.runtime.bench.attention import bench_plan, gemm_rows, write_table
-    from meshplan.runtime.bench.gemm import resolve_device
 
-    p = _load(config)
-    if isinstance(p, Infeasible):
-        for why in p.reasons:
-            typer.echo(f"infeasible: {why}", err=True)
-        raise typer.Exit(1)
-    device = resolve_device(device)
-    dt = dtype or (p.config.training.compute_dtype if device == "cuda" else "fp32")
-    if dt not in ("fp32", "bf16", "fp16"):
-        raise ConfigError("--dtype", f"{dt!r}; use fp32, bf16 or fp16")
+    p, device, dt = _bench_target(config, device, dtype)
     r = bench_plan(p, dt, device, repeats=max(1, repeats))
     fwd_flops = 2.0 * r["batch"] * r["q_heads"] * r["seq_q"] * r["seq_kv"] * r["head_dim"]  # causal half
     typer.echo(f"attention b {r['batch']} heads {r['q_heads']} (kv {r['kv_heads']}) s_q {r['seq_q']} s_kv "

@@ -24,7 +24,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from meshplan.pipeline.simulate import Event, PipelineSpec, Unit
+from meshplan.pipeline.simulate import BubbleStats, Event, PipelineSpec, Unit
 
 KINDS = ("F", "B", "W")
 
@@ -112,7 +112,7 @@ def flat_units(schedule: str, p: int, m: int, v: int) -> Flat:
 
 
 @dataclass(frozen=True, eq=False)
-class ArrayResult:
+class ArrayResult(BubbleStats):
     """:class:`~meshplan.pipeline.simulate.PipelineResult`'s interface on arrays (flat,
     stage-major): ``start``, ``end``, ``wait`` (start - stream free), ``via_p2p``, ``pred``
     (flat index of the critical predecessor, -1 none); ``events`` and ``critical_path``
@@ -127,22 +127,6 @@ class ArrayResult:
     pred: np.ndarray
     step_s: float
     busy_s: tuple[float, ...]
-
-    @property
-    def busiest_stage(self) -> int:
-        return max(range(len(self.busy_s)), key=lambda s: self.busy_s[s])
-
-    @property
-    def idle_s(self) -> float:
-        return self.step_s - self.busy_s[self.busiest_stage]
-
-    @property
-    def bubble(self) -> float:
-        return self.idle_s / self.busy_s[self.busiest_stage]
-
-    @property
-    def bubble_of_total(self) -> float:
-        return self.idle_s / self.step_s
 
     def stage_slice(self, s: int) -> slice:
         return slice(s * self.flat.length, (s + 1) * self.flat.length)

@@ -116,17 +116,13 @@ class Event:
         return self.end_s - self.start_s
 
 
-@dataclass(frozen=True)
-class PipelineResult:
-    """Simulated step: ``events`` (units on "compute", sends on "pp"), ``step_s``,
-    ``busy_s`` per stage, ``critical_path`` (events from first to last, each with
-    ``args['via']``: "stream" or "p2p"), and the bubble (module docstring)."""
+class BubbleStats:
+    """Bubble of a simulated step from ``step_s`` and each stage's ``busy_s`` (named: idle /
+    ideal and idle / total of the busiest stage). Shared by :class:`PipelineResult` and the
+    array result of :mod:`meshplan.pipeline.fast`."""
 
-    spec: PipelineSpec
-    events: tuple[Event, ...]
     step_s: float
     busy_s: tuple[float, ...]
-    critical_path: tuple[Event, ...]
 
     @property
     def busiest_stage(self) -> int:
@@ -145,6 +141,20 @@ class PipelineResult:
     def bubble_of_total(self) -> float:
         """idle / step time of the busiest stage."""
         return self.idle_s / self.step_s
+
+
+@dataclass(frozen=True)
+class PipelineResult(BubbleStats):
+    """Simulated step: ``events`` (units on "compute", sends on "pp"), ``step_s``,
+    ``busy_s`` per stage, ``critical_path`` (events from first to last, each with
+    ``args['via']``: "stream" or "p2p"), and the bubble (module docstring)."""
+
+    spec: PipelineSpec
+    events: tuple[Event, ...]
+    step_s: float
+    busy_s: tuple[float, ...]
+    critical_path: tuple[Event, ...]
+
 
 
 def _dep(sched: PipelineSchedule, u: Unit, s: int, p: int, v: int) -> Optional[tuple[str, int, int]]:
