@@ -26,10 +26,12 @@ test: $(VENV)/.test
 test-fast: $(VENV)/.test
 	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m "not slow and not heavy"
 
-## bench: speed goals, printed as throughputs
+## bench: speed goals, printed as throughputs; the step-time model against published runs
 bench: $(VENV)/.base
 	$(PY) benchmarks/bench_plan.py
 	$(PY) benchmarks/bench_search.py
+	$(PY) benchmarks/bench_step.py
+	$(PY) benchmarks/fidelity.py
 
 clean:
 	rm -rf $(VENV)
