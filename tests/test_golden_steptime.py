@@ -2,25 +2,33 @@
 
 Each test writes out the step of :func:`meshplan.schedule.steptime.step_time` (default
 :class:`~meshplan.schedule.rank_timeline.Overlap`) term by term, from the formulas the modules'
-docstrings state, and asserts the plan's step time to 1e-6 relative:
+docstrings state and the catalog's measured data (copied here as named constants, checked
+against the catalog in ``test_inputs_are_the_catalog_values``), and asserts the plan's step
+time to 1e-6 relative:
 
 - GEMM time = FLOP / (peak x efficiency), the efficiency from a GEMM table this test supplies
-  (every local GEMM shape at ``EFF_GEMM``; the ``--gemm-table`` / :class:`GemmTable` path), so
-  the golden does not depend on the shape-efficiency model; attention likewise from the table's
-  fused-attention entry at ``EFF_ATTN`` (forward FLOP = causal half ``2 b a s^2 d``, backward
-  2.5x forward: FlashAttention-2's five products);
-- memory-bound ops = bytes read + written / HBM bandwidth (compute/ops.py's byte counts);
-- each collective from the alpha-beta formula of comm/alphabeta.py with NCCL's ring latencies
-  (tuning.cc), NVLS for an all-reduce inside an NVSwitch node, the hierarchical algorithm across
-  nodes; the fastest one, as NCCL's tuner picks;
+  (every local GEMM shape at ``EFF_GEMM``; the ``--gemm-table`` / :class:`GemmTable` path, which
+  takes precedence over the catalog's measured GEMM points), so the golden does not depend on
+  the interpolation of kernels.toml's GEMM rows; attention likewise from the table's fused-attention
+  entry at ``EFF_ATTN`` (forward FLOP = causal half ``2 b a s^2 d``, backward 2.5x forward);
+- memory-bound ops = bytes read + written / measured bandwidth (compute/ops.py's byte counts):
+  norms on the fused-norm curve by hidden size, everything else at BabelStream Triad
+  (catalog/kernels.toml); the backward's residual-gradient accumulation before each norm;
+- every kernel at least the host's issue floor (4.7 us), and one per-micro-batch overhead in
+  the embedding's forward (kernels.toml ``microbatch_overhead_s``);
+- each collective from the measured nccl-tests curves of catalog/nccl.toml
+  (comm/alphabeta.measured_time: NCCL's latency for the group, plus the curve's bandwidth term
+  at that size, the straight line between two measured rows, scaled to the bytes sent), NVLS
+  for an all-reduce inside the node, ring or hierarchical across nodes, the fastest one;
 - the pipeline bubble from 1F1B's fill and drain; the optimizer step reads all state and writes
-  all but the gradients at HBM bandwidth.
+  all but the gradients at Triad bandwidth (compute/ops.optimizer_bandwidth).
 
-Every term is a named variable with a comment, so a model change (kernel-launch overhead,
-measured attention tables, new NCCL constants) is one more term or one changed line here.
+Every term is a named variable with a comment, so a model change (a new kernel, other
+measured rows, new NCCL constants) is one more term or one changed line here.
 Mutations that fail here: the exact optimizer step doubled (all three), the pp send not
-timed (pp 2), the residual add's bytes 3 -> 2 operands (all three), FSDP prefetch off by
-default (dp_shard 16).
+timed (pp 2), the issue floor removed (all three), the residual-gradient accumulation
+dropped (all three), FSDP prefetch off by default (dp_shard 16). (The residual add's bytes
+3 -> 2 operands no longer fails: the add, 4.2 us at Triad, runs at the 4.7 us issue floor.)
 
 Model: 2 layers, h 1024, ffn 4096 (SwiGLU), 8 heads of 128 (no GQA), vocab 32768 (a multiple of
 128 x tp: no padding), RMSNorm, RoPE; bf16 compute, bf16 parameters, fp32 gradients, master and
