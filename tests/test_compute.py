@@ -248,6 +248,26 @@ def test_measured_attention_replaces_the_flash_model():
     assert all(o.seconds != 1.0 for o in other.ops if o.kind == "attention")
 
 
+def test_measured_attention_and_gemm_share_the_issue_floor():
+    """Every kernel takes at least the host's issue floor (catalog host.kernel_issue_s, 4.7 us),
+    however it was timed: a measured attention entry of 1 us counts 4.7 us, as a measured GEMM
+    of 1 us does (the golden tp 8 plan's attention, 2.7 us forward, caught the difference)."""
+    from meshplan.compute.gemm import GemmTable, Measurement
+    from meshplan.compute.shapes import attention_shape
+
+    w = Workload(seq_len=S, micro_batch=B, recompute="none", flash=True)
+    att = attention_shape(GPT22B, 1, 1, B, S)
+    key = (att.batch, att.q_heads, att.kv_heads, att.seq_q, att.seq_kv, att.head_dim, w.dtype)
+    g = (B * S, 3 * GPT22B.hidden, GPT22B.hidden)  # any shape the table holds: only its own op is read
+    table = GemmTable({(*g, "bf16"): Measurement(*g, "bf16", 1e-6, "bench", "-")}, "bench",
+                      attention={key: (1e-6, 2e-6)})
+    c = layer_cost(GPT22B, A100, w, table=table)
+    assert sorted(o.seconds for o in c.ops if o.kind == "attention") == [4.7e-6, 4.7e-6]
+    from meshplan.compute.ops import _gemm_ops
+    from meshplan.compute.shapes import Gemm
+    assert _gemm_ops(A100, Gemm("x", *g), "attn", w, table)[0].seconds == 4.7e-6
+
+
 def test_catalog_gemm_interpolation_by_hand():
     """Shepard interpolation over the 4 nearest A100 points in log2 (M, N, K), weights 1/d^2
     (meshplan.compute.measured). 22B fc1 at tp 8, micro-batch 4: (8192, 3072, 6144)."""

@@ -2,25 +2,33 @@
 
 Each test writes out the step of :func:`meshplan.schedule.steptime.step_time` (default
 :class:`~meshplan.schedule.rank_timeline.Overlap`) term by term, from the formulas the modules'
-docstrings state, and asserts the plan's step time to 1e-6 relative:
+docstrings state and the catalog's measured data (copied here as named constants, checked
+against the catalog in ``test_inputs_are_the_catalog_values``), and asserts the plan's step
+time to 1e-6 relative:
 
 - GEMM time = FLOP / (peak x efficiency), the efficiency from a GEMM table this test supplies
-  (every local GEMM shape at ``EFF_GEMM``; the ``--gemm-table`` / :class:`GemmTable` path), so
-  the golden does not depend on the shape-efficiency model; attention likewise from the table's
-  fused-attention entry at ``EFF_ATTN`` (forward FLOP = causal half ``2 b a s^2 d``, backward
-  2.5x forward: FlashAttention-2's five products);
-- memory-bound ops = bytes read + written / HBM bandwidth (compute/ops.py's byte counts);
-- each collective from the alpha-beta formula of comm/alphabeta.py with NCCL's ring latencies
-  (tuning.cc), NVLS for an all-reduce inside an NVSwitch node, the hierarchical algorithm across
-  nodes; the fastest one, as NCCL's tuner picks;
+  (every local GEMM shape at ``EFF_GEMM``; the ``--gemm-table`` / :class:`GemmTable` path, which
+  takes precedence over the catalog's measured GEMM points), so the golden does not depend on
+  the interpolation of kernels.toml's GEMM rows; attention likewise from the table's fused-attention
+  entry at ``EFF_ATTN`` (forward FLOP = causal half ``2 b a s^2 d``, backward 2.5x forward);
+- memory-bound ops = bytes read + written / measured bandwidth (compute/ops.py's byte counts):
+  norms on the fused-norm curve by hidden size, everything else at BabelStream Triad
+  (catalog/kernels.toml); the backward's residual-gradient accumulation before each norm;
+- every kernel at least the host's issue floor (4.7 us), and one per-micro-batch overhead in
+  the embedding's forward (kernels.toml ``microbatch_overhead_s``);
+- each collective from the measured nccl-tests curves of catalog/nccl.toml
+  (comm/alphabeta.measured_time: NCCL's latency for the group, plus the curve's bandwidth term
+  at that size, the straight line between two measured rows, scaled to the bytes sent), NVLS
+  for an all-reduce inside the node, ring or hierarchical across nodes, the fastest one;
 - the pipeline bubble from 1F1B's fill and drain; the optimizer step reads all state and writes
-  all but the gradients at HBM bandwidth.
+  all but the gradients at Triad bandwidth (compute/ops.optimizer_bandwidth).
 
-Every term is a named variable with a comment, so a model change (kernel-launch overhead,
-measured attention tables, new NCCL constants) is one more term or one changed line here.
+Every term is a named variable with a comment, so a model change (a new kernel, other
+measured rows, new NCCL constants) is one more term or one changed line here.
 Mutations that fail here: the exact optimizer step doubled (all three), the pp send not
-timed (pp 2), the residual add's bytes 3 -> 2 operands (all three), FSDP prefetch off by
-default (dp_shard 16).
+timed (pp 2), the issue floor removed (all three), the residual-gradient accumulation
+dropped (all three), FSDP prefetch off by default (dp_shard 16). (The residual add's bytes
+3 -> 2 operands no longer fails: the add, 4.2 us at Triad, runs at the 4.7 us issue floor.)
 
 Model: 2 layers, h 1024, ffn 4096 (SwiGLU), 8 heads of 128 (no GQA), vocab 32768 (a multiple of
 128 x tp: no padding), RMSNorm, RoPE; bf16 compute, bf16 parameters, fp32 gradients, master and
@@ -28,6 +36,8 @@ Adam states (2 + 4 + 4 + 8 = 18 B per parameter); seq 2048, micro-batch 1, no re
 """
 
 from __future__ import annotations
+
+from math import log2
 
 import pytest
 
@@ -38,18 +48,28 @@ from meshplan.schedule.rank_timeline import Overlap
 from meshplan.schedule.steptime import step_time
 
 # Hardware (catalog dgx-h100, h100-sxm5-80gb; checked against the catalog in test_inputs) -----
-PEAK = 989.4e12            # dense BF16 FLOP/s, H100 SXM5 datasheet
-HBM = 3.35e12              # HBM3 bytes/s, H100 SXM5 datasheet
-NVLINK = 450e9             # NVLink4 bytes/s per GPU per direction (900 GB/s both ways)
-NIC = 400e9 / 8            # one ConnectX-7 per GPU, 400 Gbit/s
+PEAK = 989.4e12            # dense BF16 FLOP/s, H100 SXM5 datasheet (catalog/gpus.toml)
+NVLINK = 450e9             # NVLink4 bytes/s per GPU per direction (catalog/nodes.toml dgx-h100 fabric)
+NIC = 400e9 / 8            # one ConnectX-7 per GPU, 400 Gbit/s (catalog/nodes.toml dgx-h100 nics)
 NODE_GPUS = 8
 # The test's GEMM table: every local GEMM at 60% of peak, fused attention at 40%.
 EFF_GEMM, EFF_ATTN = 0.60, 0.40
-# NCCL ring latencies (base, per NVLink step, per network step) and protocol efficiency
-# (NVIDIA/nccl src/graph/tuning.cc; LL 4 of 8 bytes, LL128 120 of 128).
-PROTOCOLS = ((6.6e-6, 0.6e-6, 2.7e-6, 0.5), (14.0e-6, 1.9e-6, 4.0e-6, 120 / 128), (8.4e-6, 3.4e-6, 14.0e-6, 1.0))
-NVLS_GAIN = 480 / 450      # NVLS all-reduce busbw 480 GB/s on the 450 GB/s link
 
+# Measured kernel data (catalog/kernels.toml, [gpu.h100-sxm5-80gb] and [host]) --------------
+TRIAD = 2.97e12            # stream_tb_per_s: BabelStream Triad, every elementwise kernel and the optimizer
+NORM_ROWS = ((1024, 1.38e12), (4096, 2.30e12))   # norm_hidden / norm_tb_per_s: the first two rows (Liger RMSNorm)
+ISSUE = 4.7e-6             # [host] kernel_issue_s: no kernel shorter than this (compute/ops.issue_floor)
+MB_OVERHEAD = 52e-6        # microbatch_overhead_s: the batch broadcast, once per micro-batch (ops.embedding_cost)
+
+# NCCL latencies (comm/alphabeta.NCCL_LATENCY_US["ring"], NVIDIA/nccl tuning.cc): (LL, LL128, Simple)
+BASE_US, NVL_STEP_US, NET_STEP_US = (6.6, 14.0, 8.4), (0.6, 1.9, 3.4), (2.7, 4.0, 14.0)
+NVLS_LAT = (8.4 + 2 * 3.4) * 1e-6   # alphabeta.NVLS: Simple base + NVLS_STEPS 2 NVLink steps
+
+# Measured nccl-tests all-reduce rows (catalog/nccl.toml), (size B, busbw GB/s); time = 1.75 S / busbw
+# for 8 ranks (busbw factor 2(n-1)/n), 1.875 S / busbw for 16.
+RING_NVL = {"1K": (1024, 0.07), "64K": (65536, 2.72), "1M": (1048576, 43.70), "8G": (8589934592, 368.0)}
+NVLS_4M = (4194304, 128.73)             # h100-nvlink4-nvls, its 4M row; rank_counts: 8 ranks -> factor 1
+NIC_8G = (8589934592, 376.0)            # ib-ndr-400-8nic: 16 ranks, 2 nodes, line 400 GB/s, one row
 # Model and workload ------------------------------------------------------------------------
 L, H, F, Q, D, V = 2, 1024, 4096, 8, 128, 32768
 S, B = 2048, 2             # tokens per micro-batch (seq 2048 x micro-batch 1), bytes per bf16 element
@@ -65,6 +85,22 @@ def config(mesh: dict, nodes: int, global_batch: int, sharding: str):
 
 
 # Compute terms -----------------------------------------------------------------------------
+
+def kernel(seconds: float) -> float:
+    """One kernel on the step: never shorter than the host's issue floor (compute/ops.issue_floor)."""
+    return max(seconds, ISSUE)
+
+
+def log2_line(x: float, row0: tuple, row1: tuple) -> float:
+    """The straight line in log2(x) between two measured rows (x0, y0), (x1, y1)."""
+    (x0, y0), (x1, y1) = row0, row1
+    return y0 + (log2(x) - log2(x0)) / (log2(x1) - log2(x0)) * (y1 - y0)
+
+
+# Fused-norm bandwidth at h 1024: between the rows 1024 (1.38 TB/s) and 4096 (2.30 TB/s), at the
+# first one (log2 distance 0): 1.38 TB/s (compute/measured.bandwidth, kind "norm").
+NORM_BW = log2_line(H, *NORM_ROWS)
+
 
 def linears(tp: int) -> dict:
     """Per-rank linear layers of one transformer layer: name -> (K in, N out, block)."""
@@ -86,7 +122,8 @@ def attention_flops(tp: int) -> float:
 def gemm_table(tp: int) -> GemmTable:
     """Every local GEMM shape of the plan (forward (M, N, K), data gradient (M, K, N), weight
     gradient (N, K, M); M = S tokens) and the output layer, each at EFF_GEMM; the attention call
-    (batch 1, local heads, seq S x S) at EFF_ATTN, backward 2.5x the forward FLOP."""
+    (batch 1, local heads, seq S x S) at EFF_ATTN, backward 2.5x the forward FLOP. The table
+    takes precedence over the catalog's measured GEMM and attention rates."""
     shapes = [(S, n, k) for k, n, _ in linears(tp).values()] + [(S, V // tp, H)]
     rows = {}
     for m, n, k in shapes:
@@ -97,34 +134,39 @@ def gemm_table(tp: int) -> GemmTable:
 
 
 def layer_terms(tp: int) -> dict:
-    """Seconds of one layer per block and pass (no SP: norms and adds see all S rows).
-    ``f_*`` forward, ``b_*`` input gradient, ``w_*`` weight gradient."""
+    """Seconds of one layer per block and pass (no SP: norms and adds see all S rows), every
+    kernel floored at ISSUE. ``f_*`` forward, ``b_*`` input gradient, ``w_*`` weight gradient.
+    Byte counts of compute/ops._elementwise; norms at NORM_BW, everything else at TRIAD."""
     lin = linears(tp)
-    fwd = lambda blk: sum(gemm_s(S, n, k) for k, n, b in lin.values() if b == blk)      # (M, N, K)
-    dgrad = lambda blk: sum(gemm_s(S, k, n) for k, n, b in lin.values() if b == blk)    # (M, K, N)
-    wgrad = lambda blk: sum(gemm_s(n, k, S) for k, n, b in lin.values() if b == blk)    # (N, K, M)
-    att_f = attention_flops(tp) / (PEAK * EFF_ATTN)                 # table's forward
-    att_b = 2.5 * att_f                                               # table's backward
-    norm_f, norm_b = 2 * B * S * H / HBM, 3 * B * S * H / HBM       # RMSNorm: x in, y out / x, dy in, dx out
-    add = 3 * B * S * H / HBM                                         # residual add: two in, one out (both passes)
-    rope = 2 * B * S * (2 * Q // tp) * D / HBM                       # q and k rotated: in and out
-    silu_f, silu_b = 3 * B * S * (F // tp) / HBM, 5 * B * S * (F // tp) / HBM   # silu(gate) x up
+    fwd = lambda blk: sum(kernel(gemm_s(S, n, k)) for k, n, b in lin.values() if b == blk)      # (M, N, K)
+    dgrad = lambda blk: sum(kernel(gemm_s(S, k, n)) for k, n, b in lin.values() if b == blk)    # (M, K, N)
+    wgrad = lambda blk: sum(kernel(gemm_s(n, k, S)) for k, n, b in lin.values() if b == blk)    # (N, K, M)
+    att_f = kernel(attention_flops(tp) / (PEAK * EFF_ATTN))          # table's forward
+    att_b = kernel(2.5 * attention_flops(tp) / (PEAK * EFF_ATTN))    # table's backward
+    norm_f, norm_b = kernel(2 * B * S * H / NORM_BW), kernel(3 * B * S * H / NORM_BW)  # x in, y out / x, dy in, dx out
+    add = kernel(3 * B * S * H / TRIAD)                               # residual add: two in, one out (both passes)
+    grad_acc = kernel(3 * B * S * H / TRIAD)                          # backward: skip + norm-branch gradient summed
+    rope = kernel(2 * B * S * (2 * Q // tp) * D / TRIAD)             # q and k rotated: in and out
+    silu_f = kernel(3 * B * S * (F // tp) / TRIAD)                    # silu(gate) x up: gate, up in, out
+    silu_b = kernel(5 * B * S * (F // tp) / TRIAD)                    # gate, up, dy in; d gate, d up out
+    # no linear biases (model: linear_bias and qkv_bias false): ops._bias_ops adds nothing
     return {"f_attn_pre": norm_f, "f_attn": fwd("attn") + att_f + rope, "f_attn_post": add,
             "f_mlp_pre": norm_f, "f_mlp": fwd("mlp") + silu_f, "f_mlp_post": add,
-            "b_attn_pre": norm_b, "b_attn": dgrad("attn") + att_b + rope, "b_attn_post": add,
-            "b_mlp_pre": norm_b, "b_mlp": dgrad("mlp") + silu_b, "b_mlp_post": add,
+            "b_attn_pre": norm_b + grad_acc, "b_attn": dgrad("attn") + att_b + rope, "b_attn_post": add,
+            "b_mlp_pre": norm_b + grad_acc, "b_mlp": dgrad("mlp") + silu_b, "b_mlp_post": add,
             "w_attn": wgrad("attn"), "w_mlp": wgrad("mlp")}
 
 
 def head_terms(tp: int) -> dict:
     """Embedding (first stage) and head (last stage) seconds: lookup and gradient scatter
-    read + write S x h; final norm, output GEMM (S, V/tp, h), vocab-parallel cross entropy
-    (reads bf16 logits, writes the fp32 softmax: (2 + 4) B per logit, both passes)."""
+    read + write S x h at TRIAD, plus the per-micro-batch overhead in the embedding's forward;
+    final norm (NORM_BW), output GEMM (S, V/tp, h), vocab-parallel cross entropy (reads bf16
+    logits, writes the fp32 softmax: (2 + 4) B per logit, both passes, TRIAD)."""
     logits = S * V // tp
-    return {"emb_f": 2 * B * S * H / HBM, "emb_w": 2 * B * S * H / HBM,
-            "head_f": 2 * B * S * H / HBM + gemm_s(S, V // tp, H) + (B + 4) * logits / HBM,
-            "head_b": 3 * B * S * H / HBM + gemm_s(S, H, V // tp) + (B + 4) * logits / HBM,
-            "head_w": gemm_s(V // tp, H, S)}
+    return {"emb_f": kernel(2 * B * S * H / TRIAD) + MB_OVERHEAD, "emb_w": kernel(2 * B * S * H / TRIAD),
+            "head_f": kernel(2 * B * S * H / NORM_BW) + kernel(gemm_s(S, V // tp, H)) + kernel((B + 4) * logits / TRIAD),
+            "head_b": kernel(3 * B * S * H / NORM_BW) + kernel(gemm_s(S, H, V // tp)) + kernel((B + 4) * logits / TRIAD),
+            "head_w": kernel(gemm_s(V // tp, H, S))}
 
 
 def layer_params(tp: int) -> int:
@@ -133,44 +175,95 @@ def layer_params(tp: int) -> int:
 
 
 def optimizer_s(params: float) -> float:
-    """Optimizer step: reads all state (18 B/param) and writes all but the 4 B gradient."""
-    return (2 * BYTES_PER_PARAM - 4) * params / HBM
+    """Optimizer step: reads all state (18 B/param) and writes all but the 4 B gradient, at
+    Triad (compute/ops.optimizer_bandwidth, schedule/steptime.optimizer_step_s)."""
+    return (2 * BYTES_PER_PARAM - 4) * params / TRIAD
 
 
-# Communication terms (comm/alphabeta.py) ----------------------------------------------------
+# Communication terms (comm/alphabeta.py measured_time, collective_time) ---------------------
 
-def ring_s(op: str, n: int, size: float, bw: float, network: bool = False) -> float:
-    """base + steps x per-step latency + bytes sent / (bw x protocol efficiency), fastest protocol;
-    all-reduce 2(n-1) steps sending 2(n-1)/n S; all-gather and reduce-scatter n-1 steps,
-    (n-1)/n S; send/recv 1 step, S."""
-    steps = {"all-reduce": 2 * (n - 1), "send/recv": 1}.get(op, n - 1)
+def latency(steps: int, network: bool = False) -> float:
+    """NCCL's latency for ``steps`` ring steps, fastest protocol: min(base + steps x per-step)."""
+    per = NET_STEP_US if network else NVL_STEP_US
+    return min(b + steps * p for b, p in zip(BASE_US, per)) * 1e-6
+
+
+def row_time(row: tuple, factor: float) -> float:
+    """A measured row's time: factor x size / busbw (nccl-tests: busbw = factor x S / t)."""
+    return factor * row[0] / (row[1] * 1e9)
+
+
+def on_curve(size: float, sent: float, lat: float, lat_ref: float, factor: float, line: float, bw: float,
+             p0: tuple, p1: tuple) -> float:
+    """Time of a collective read from a measured curve between the points p0 = (S0, t0) and
+    p1 = (S1, t1) (straight line in S): t_meas(S) on that line, its bandwidth term t_meas -
+    lat_ref (lat_ref: NCCL's latency at the curve's own rank count) scaled from the curve's
+    bytes (factor x S at ``line``) to this collective's (``sent`` at ``bw``), after ``lat``."""
+    (s0, t0), (s1, t1) = p0, p1
+    t_meas = t0 + (t1 - t0) * (size - s0) / (s1 - s0)
+    return lat + sent / (factor * size) * (t_meas - lat_ref) * line / bw
+
+
+def nvlink_ring_s(op: str, n: int, size: float) -> float:
+    """Ring on NVLink from h100-nvlink4-ring (8 ranks, all-reduce, line 450 = NVLINK): latency for
+    this op's steps, reference latency for the curve's 14 steps. Below 64 KiB between the 1K and
+    64K rows; above 1 MiB between the 1M row (raised to the 64K row's larger time: a larger buffer
+    is never faster) and the 8G row."""
+    k = {"all-reduce": 2 * (n - 1), "send/recv": 1}.get(op, n - 1)
     sent = {"all-reduce": 2 * (n - 1) / n, "send/recv": 1.0}.get(op, (n - 1) / n) * size
-    return min(base + steps * (net if network else nvl) + sent / (bw * eff) for base, nvl, net, eff in PROTOCOLS)
+    t = {key: row_time(r, 1.75) for key, r in RING_NVL.items()}
+    if size <= RING_NVL["64K"][0]:
+        p0, p1 = (RING_NVL["1K"][0], t["1K"]), (RING_NVL["64K"][0], t["64K"])
+    else:
+        assert RING_NVL["1M"][0] <= size <= RING_NVL["8G"][0]
+        p0, p1 = (RING_NVL["1M"][0], max(t["1M"], t["64K"])), (RING_NVL["8G"][0], t["8G"])
+    return on_curve(size, sent, latency(k), latency(14), 1.75, NVLINK, NVLINK, p0, p1)
 
 
-def nccl_s(op: str, n: int, size: float, bw: float, network: bool = False, nodes: int = 1) -> float:
-    """The fastest algorithm: ring; NVLS for an all-reduce in the node (Simple base + two NVLink
-    steps, ring bytes at 480/450 of the link); across nodes with g = n / nodes > 1 ranks per node,
-    hierarchical: the op across nodes on S/g at bw/g, plus the intra-node part over NVLink.
-    (No tree: none of these plans all-reduces across nodes.)"""
-    out = [ring_s(op, n, size, bw, network)]
-    if op == "all-reduce" and not network:
-        out.append(8.4e-6 + 2 * 3.4e-6 + 2 * (n - 1) / n * size / (bw * NVLS_GAIN))
+def nvls_s(size: float) -> float:
+    """NVLS all-reduce over the 8 GPUs of a node at exactly the 4M row of h100-nvlink4-nvls
+    (rank factor 1 at the curve's 8 ranks), after NVLS_LAT (the reference latency is the same)."""
+    assert size == NVLS_4M[0]
+    t_4m = row_time(NVLS_4M, 1.75)
+    return on_curve(size, 1.75 * size, NVLS_LAT, NVLS_LAT, 1.75, NVLINK, NVLINK, (0.0, NVLS_LAT), (size, t_4m))
+
+
+def nic_ring_s(op: str, n: int, size: float, bw: float) -> float:
+    """Ring across nodes on ib-ndr-400-8nic (16 ranks, all-reduce: 30 steps, factor 1.875, line
+    400 GB/s): below its one 8G row, the line from (0, NCCL latency of 30 network steps) to it."""
+    k = n - 1                                     # all-gather / reduce-scatter
+    lat_ref = latency(30, network=True)
+    return on_curve(size, (n - 1) / n * size, latency(k, network=True), lat_ref, 1.875, 8 * NIC, bw,
+                    (0.0, lat_ref), (NIC_8G[0], row_time(NIC_8G, 1.875)))
+
+
+def cross_node_s(op: str, n: int, size: float, nodes: int) -> float:
+    """An all-gather or reduce-scatter over n ranks on ``nodes`` nodes, each node's ranks leaving
+    through their own NICs (8 x NIC per group): the faster of the ring and the hierarchical
+    algorithm (the op across nodes on S/g at 8 NIC / g, then the op inside the node over NVLink,
+    g = n / nodes). No tree: none of these plans all-reduces across nodes."""
     g = n // nodes
-    if network and g > 1:
-        local = {"all-gather": ("all-gather",), "reduce-scatter": ("reduce-scatter",),
-                 "all-reduce": ("reduce-scatter", "all-gather")}[op]
-        out.append(ring_s(op, nodes, size / g, bw / g, True) + sum(ring_s(o, g, size, NVLINK) for o in local))
-    return min(out)
+    ring = nic_ring_s(op, n, size, 8 * NIC)
+    hier = nic_ring_s(op, nodes, size / g, 8 * NIC / g) + nvlink_ring_s(op, g, size)
+    return min(ring, hier)
 
 
 def test_inputs_are_the_catalog_values():
     """The derivation's hardware numbers are the catalog's (a catalog change re-derives here)."""
+    from meshplan.compute.measured import kernel_data
+
     c = config({"names": ["tp"], "shape": [8]}, 1, 1, "zero1").cluster
-    assert (c.gpu.peak_flops("bf16"), c.gpu.hbm_bandwidth_bytes_per_s) == (PEAK, HBM)
+    assert c.gpu.peak_flops("bf16") == PEAK
     assert c.node.fabric.bandwidth_bytes_per_s == NVLINK and c.node.fabric.nvls and c.node.gpus == NODE_GPUS
     assert c.node.fabric.latency_us == 3.4 and c.network[0].latency_us == 14.0    # = the Simple per-step values
     assert [n.bandwidth_bytes_per_s for n in c.node.nics] == [NIC] * NODE_GPUS
+    k = kernel_data(c.gpu.name)
+    assert (k.stream_bytes_per_s, k.kernel_issue_s, k.microbatch_overhead_s) == (TRIAD, ISSUE, MB_OVERHEAD)
+    assert tuple(zip(k.norm_hidden, k.norm_bytes_per_s))[:2] == NORM_ROWS
+    ring, nvls, nic = (c.node.busbw[kind] for kind in ("nvlink", "nvls", "nic"))
+    assert dict(zip(ring.sizes_bytes, ring.busbw_gb_per_s)) == dict(RING_NVL.values())
+    assert dict(zip(nvls.sizes_bytes, nvls.busbw_gb_per_s))[NVLS_4M[0]] == NVLS_4M[1] and nvls.ranks == 8
+    assert list(zip(nic.sizes_bytes, nic.busbw_gb_per_s)) == [NIC_8G] and (nic.ranks, nic.line_gb_per_s) == (16, 400.0)
 
 
 def test_tp8_one_node():
@@ -180,11 +273,16 @@ def test_tp8_one_node():
     blocks each followed by a blocking all-reduce of (S, h), the head, then the loss's three
     all-reduces of S fp32 (max, sum-exp, target logit). Backward unit: the head's gradient and
     its all-reduce, per layer each block's input gradient, then its weight gradient while the
-    block's all-reduce runs (max(W, AR)), the embedding gradient. Then the optimizer step."""
+    block's all-reduce runs (max(W, AR)), the embedding gradient. Then the optimizer step.
+    At tp 8 nearly every kernel is under the 4.7 us issue floor: the GEMMs (e.g. wq 0.9 us),
+    the attention (2.7 us forward), the adds; only the norms, the output GEMM and the cross
+    entropy are longer."""
     tp = 8
     lt, ht = layer_terms(tp), head_terms(tp)
-    ar = nccl_s("all-reduce", tp, B * S * H, NVLINK)        # 4 MiB (S, h) bf16: NVLS wins
-    ar_loss = nccl_s("all-reduce", tp, 4 * S, NVLINK)       # 8 KiB fp32: ring LL wins
+    # 4 MiB (S, h) bf16 all-reduce: NVLS at its measured 4M row (57.0 us) against the ring
+    # (1M-8G line: 57.1 us): NVLS wins
+    ar = min(nvls_s(B * S * H), nvlink_ring_s("all-reduce", tp, B * S * H))
+    ar_loss = nvlink_ring_s("all-reduce", tp, 4 * S)      # 8 KiB fp32, 1K-64K line: 27.4 us (NVLS the same)
     layer_f = sum(lt[f"f_{b}"] for b in ("attn_pre", "attn", "attn_post", "mlp_pre", "mlp", "mlp_post")) + 2 * ar
     forward = ht["emb_f"] + ar + L * layer_f + ht["head_f"] + 3 * ar_loss
     layer_b = (lt["b_mlp_post"] + lt["b_mlp"] + max(lt["w_mlp"], ar) + lt["b_mlp_pre"] + lt["b_attn_post"]
@@ -214,10 +312,10 @@ def test_fsdp16_two_nodes():
     lt, ht = layer_terms(1), head_terms(1)
     n_layer = layer_params(1)
     n_root = V * H + H + V * H
-    ag = nccl_s("all-gather", n, B * n_layer, 8 * NIC, network=True, nodes=2)       # ring LL128 wins
-    rs = nccl_s("reduce-scatter", n, 4 * n_layer, 8 * NIC, network=True, nodes=2)
-    ag_root = nccl_s("all-gather", n, B * n_root, 8 * NIC, network=True, nodes=2)
-    rs_root = nccl_s("reduce-scatter", n, 4 * n_root, 8 * NIC, network=True, nodes=2)
+    ag = cross_node_s("all-gather", n, B * n_layer, nodes=2)
+    rs = cross_node_s("reduce-scatter", n, 4 * n_layer, nodes=2)
+    ag_root = cross_node_s("all-gather", n, B * n_root, nodes=2)
+    rs_root = cross_node_s("reduce-scatter", n, 4 * n_root, nodes=2)
     layer_f = sum(lt[f"f_{b}"] for b in ("attn_pre", "attn", "attn_post", "mlp_pre", "mlp", "mlp_post"))
     layer_b = sum(lt[k] for k in lt if k[0] in "bw")           # no TP: B then W of each block
     forward = ag_root + ht["emb_f"] + ag + max(layer_f, ag) + layer_f + ht["head_f"]
@@ -239,18 +337,21 @@ def test_fsdp16_two_nodes():
 def test_pp2_1f1b():
     """pp 2 on two GPUs of one node (mesh.world 2), 1F1B, 4 micro-batches, one layer a stage.
 
-    Stage 0 runs the embedding and layer 0, stage 1 layer 1 and the head (much longer: the
-    32768-wide output layer). Each forward and backward crosses stages as one (S, h) bf16
-    send/recv. Stage 1 never waits after its first forward: stage 0's forward of micro-batch
-    k + 2 arrives (two sends, a backward and a forward of stage 0 after stage 1's backward k)
-    before stage 1 finishes its forward and backward of k + 1 (asserted below). So stage 1 ends
-    at fill + m (F1 + B1) + its optimizer step, and stage 0 a send and its last backward later,
-    then its own optimizer step; the bubble is stage 0's forward, two sends and its backward."""
+    Stage 0 runs the embedding (with the per-micro-batch overhead) and layer 0, stage 1 layer 1
+    and the head (much longer: the 32768-wide output layer). Each forward and backward crosses
+    stages as one (S, h) bf16 send/recv. Stage 1 never waits after its first forward: stage 0's
+    forward of micro-batch k + 2 arrives (two sends, a backward and a forward of stage 0 after
+    stage 1's backward k) before stage 1 finishes its forward and backward of k + 1 (asserted
+    below). So stage 1 ends at fill + m (F1 + B1) + its optimizer step, and stage 0 a send and
+    its last backward later, then its own optimizer step; the bubble is stage 0's forward, two
+    sends and its backward."""
     m, p = 4, 2
     lt, ht = layer_terms(1), head_terms(1)
     layer_f = sum(lt[f"f_{b}"] for b in ("attn_pre", "attn", "attn_post", "mlp_pre", "mlp", "mlp_post"))
     layer_b = sum(lt[k] for k in lt if k[0] in "bw")
-    send = nccl_s("send/recv", 2, B * S * H, NVLINK)     # 4 MiB over NVLink: ring Simple wins
+    # 4 MiB over NVLink: one step (LL 7.2 us) + the ring curve's bandwidth term at 4 MiB (1M-8G
+    # line, 57.1 us less its 14-step latency 15.0 us) x S / (1.75 S): 31.3 us
+    send = nvlink_ring_s("send/recv", 2, B * S * H)
     f0, b0 = ht["emb_f"] + layer_f, layer_b + ht["emb_w"]
     f1, b1 = layer_f + ht["head_f"], ht["head_b"] + ht["head_w"] + layer_b
     assert 2 * send + b0 + f0 <= f1 + b1                 # stage 1 is never starved

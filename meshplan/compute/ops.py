@@ -204,7 +204,8 @@ def _flash_ops(gpu: GPUSpec, att: Attention, w: Workload, recompute: bool, table
     if measured is not None:  # a measured fused-attention call (GemmTable.attention)
         fwd, note = att.flops(causal_half=True), f"measured ({getattr(table, 'path', '')})"
         timed = lambda phase, t, model, hw, rec=False: Op("attention" + (" (recompute)" if rec else ""), "attn", phase,
-                                                          "attention", t, model, hw, recompute=rec, note=note)
+                                                          "attention", issue_floor(gpu, t), model, hw, recompute=rec,
+                                                          note=note)  # floored like a measured GEMM (_gemm_ops)
         out = [timed("forward", measured[0], fwd, fwd), timed("backward_input", measured[1], 2 * fwd, 2.5 * fwd)]
         return out + ([timed("backward_input", measured[0], 0.0, fwd, True)] if recompute else [])
     data = kernel_data(gpu.name)
