@@ -182,9 +182,8 @@ def pass_table(sizes: StageSizes, phase: np.ndarray, chunk: np.ndarray, mb: np.n
     arrays ``phase`` (0 forward, 1 backward), ``chunk``, ``mb``
     (:func:`meshplan.memory.schedule.stage_op_arrays`)."""
     first, last = backward_flags(phase, chunk)
-    code = np.stack([phase, chunk, first, last], axis=1).astype(np.int64)
-    tokens, tok = np.unique(code, axis=0, return_inverse=True)
-    tok = tok.reshape(-1)
+    codes, tok = np.unique(((np.asarray(chunk, np.int64) * 2 + phase) * 2 + first) * 2 + last, return_inverse=True)
+    tokens = np.stack([(codes >> 2) & 1, codes >> 3, (codes >> 1) & 1, codes & 1], axis=1)
     nxt, kid, built = _automaton(sizes, tokens)
     state = states_before(nxt[:, tok].T) if len(nxt) > 1 else np.zeros(len(tok), np.int64)
     key = kid[state, tok]
@@ -231,11 +230,26 @@ def scan(table: PassTable, templates: Sequence[tuple]) -> tuple[int, int, np.nda
     vec, tk = np.array([s[0] for s in stats]), np.array([s[3] for s in stats])
     best, off = np.array([s[1] for s in stats], dtype=np.int64), np.array([s[2] for s in stats])
     tid = table.template
-    step = vec[tid]
-    cur = np.cumsum(step, axis=0) - step  # bytes per kind before each pass
-    kmax = np.maximum((cur + tk[tid]).max(axis=0), 0)
+    net = vec.sum(axis=1)[tid]
     live = np.array([bool(t) for t in templates])[tid]
-    score = np.where(live, cur.sum(axis=1) + best[tid], np.iinfo(np.int64).min)
+    score = np.where(live, np.cumsum(net) - net + best[tid], np.iinfo(np.int64).min)
     n = int(np.argmax(score)) if live.any() else 0
     o = int(off[tid[n]]) if live.any() else 0
-    return n, o, at_offset(cur[n], templates[tid[n]], o), {k: int(kmax[i]) for i, k in enumerate(KINDS)}
+    cur = np.bincount(tid[:n], minlength=len(templates)) @ vec  # bytes per kind before pass n
+    kmax = np.maximum(np.maximum(tk[tid[0]], 0), _kind_max_after_first(vec, tk, tid))
+    return n, o, at_offset(cur, templates[tid[n]], o), {k: int(kmax[i]) for i, k in enumerate(KINDS)}
+
+
+def _kind_max_after_first(vec: np.ndarray, tk: np.ndarray, tid: np.ndarray) -> np.ndarray:
+    """Per kind, the largest ``cur_n + tk`` over passes n >= 1. Kinds no pass between the
+    first and the last changes hold the first pass's net from pass 1 on; a cumulative sum
+    runs only over the others (often activations alone)."""
+    rest = tid[1:]
+    if not len(rest):
+        return np.zeros(vec.shape[1], dtype=np.int64)
+    moving = np.flatnonzero(vec[np.unique(rest[:-1])].any(axis=0))
+    out = vec[tid[0]] + tk[np.unique(rest)].max(axis=0)
+    step = vec[:, moving].T[:, rest]  # (moving kinds, passes)
+    cur = np.cumsum(step, axis=1) - step + vec[tid[0], moving][:, None]
+    out[moving] = (cur + tk[:, moving].T[:, rest]).max(axis=1)
+    return out
