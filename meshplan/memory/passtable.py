@@ -121,13 +121,33 @@ def backward_flags(phase: np.ndarray, chunk: np.ndarray) -> tuple[np.ndarray, np
     >>> [m.astype(int).tolist() for m in backward_flags(np.array([0, 1, 0, 1, 1]), np.array([0, 0, 1, 1, 0]))]
     [[0, 1, 0, 1, 0], [0, 0, 0, 1, 1]]
     """
-    b = np.flatnonzero(phase == 1)
     first, last = np.zeros(len(phase), bool), np.zeros(len(phase), bool)
-    _, i = np.unique(chunk[b], return_index=True)
-    first[b[i]] = True
-    _, j = np.unique(chunk[b][::-1], return_index=True)
-    last[b[len(b) - 1 - j]] = True
+    back = phase == 1
+    for c in present(chunk):
+        b = np.flatnonzero(back & (chunk == c))
+        if len(b):
+            first[b[0]] = last[b[-1]] = True
     return first, last
+
+
+def present(values: np.ndarray, size: int = 0) -> np.ndarray:
+    """The distinct values of an array of small non-negative ints, ascending (``np.unique``
+    without the sort).
+
+    >>> present(np.array([3, 0, 3, 1])).tolist()
+    [0, 1, 3]
+    """
+    return np.flatnonzero(np.bincount(values, minlength=size)) if len(values) else np.zeros(0, np.int64)
+
+
+def first_use_order(values: np.ndarray) -> np.ndarray:
+    """The distinct values of a small-int array in the order of their first occurrence.
+
+    >>> first_use_order(np.array([4, 2, 4, 0, 2])).tolist()
+    [4, 2, 0]
+    """
+    used = present(values)
+    return used[np.argsort((values[:, None] == used[None, :]).argmax(axis=0))]
 
 
 def _automaton(sizes: StageSizes, tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray, list[tuple]]:
@@ -182,13 +202,16 @@ def pass_table(sizes: StageSizes, phase: np.ndarray, chunk: np.ndarray, mb: np.n
     arrays ``phase`` (0 forward, 1 backward), ``chunk``, ``mb``
     (:func:`meshplan.memory.schedule.stage_op_arrays`)."""
     first, last = backward_flags(phase, chunk)
-    codes, tok = np.unique(((np.asarray(chunk, np.int64) * 2 + phase) * 2 + first) * 2 + last, return_inverse=True)
+    code = ((np.asarray(chunk, np.int64) * 2 + phase) * 2 + first) * 2 + last
+    codes = present(code)
+    lut = np.zeros(codes[-1] + 1, np.int64)
+    lut[codes] = np.arange(len(codes))
+    tok = lut[code]
     tokens = np.stack([(codes >> 2) & 1, codes >> 3, (codes >> 1) & 1, codes & 1], axis=1)
     nxt, kid, built = _automaton(sizes, tokens)
     state = states_before(nxt[:, tok].T) if len(nxt) > 1 else np.zeros(len(tok), np.int64)
     key = kid[state, tok]
-    used, at = np.unique(key, return_index=True)
-    order = used[np.argsort(at)]  # keys by first use
+    order = first_use_order(key)
     rank = np.zeros(len(built), np.int64)
     rank[order] = np.arange(1, len(order) + 1)
     templates = [sizes.init] + [built[k][1] for k in order] + [sizes.step]
@@ -247,8 +270,8 @@ def _kind_max_after_first(vec: np.ndarray, tk: np.ndarray, tid: np.ndarray) -> n
     rest = tid[1:]
     if not len(rest):
         return np.zeros(vec.shape[1], dtype=np.int64)
-    moving = np.flatnonzero(vec[np.unique(rest[:-1])].any(axis=0))
-    out = vec[tid[0]] + tk[np.unique(rest)].max(axis=0)
+    moving = np.flatnonzero(vec[present(rest[:-1])].any(axis=0))
+    out = vec[tid[0]] + tk[present(rest)].max(axis=0)
     step = vec[:, moving].T[:, rest]  # (moving kinds, passes)
     cur = np.cumsum(step, axis=1) - step + vec[tid[0], moving][:, None]
     out[moving] = (cur + tk[:, moving].T[:, rest]).max(axis=1)

@@ -42,7 +42,7 @@ from meshplan.memory.passes import KINDS
 from meshplan.memory.passtable import Pass, PassTable, pass_table, scan
 from meshplan.memory.schedule import stage_op_arrays, stage_ops
 from meshplan.pipeline.registry import get
-from meshplan.memory.sizes import stage_sizes
+from meshplan.memory.sizes import CommonSizes, common_sizes, stage_sizes
 
 _K = {k: i for i, k in enumerate(KINDS)}
 #: Kinds PyTorch's caching allocator (and so MemTracker) never sees.
@@ -200,11 +200,22 @@ def memory_timeline(plan, stage: int, reference: bool = False) -> Timeline:
     (a :class:`~meshplan.plan.Plan` with its mesh, stages, state and collectives).
     Passes and peak on arrays (:mod:`meshplan.memory.passtable`); ``reference``: pass by
     pass in Python (:mod:`meshplan.memory.reference`), the same result, slower."""
+    return _timeline(plan, stage, _common(plan), reference)
+
+
+def _common(plan) -> tuple[list[str], CommonSizes]:
+    """What every stage's sizes share: the axes with collectives (one NCCL communicator
+    each), the layers' and the head's sizes."""
     c = plan.config
-    t, opts = c.training, c.memory
     order = {a: i for i, a in enumerate(plan.mesh.all_axes())}
     axes = sorted({r.axis for rows in plan.collectives.values() for r in rows}, key=lambda a: order.get(a, 99))
-    sizes = stage_sizes(c.model, t, plan.mesh, plan.stages, plan.state[stage], opts, axes)
+    return axes, common_sizes(c.model, c.training, plan.mesh, c.memory)
+
+
+def _timeline(plan, stage: int, common: tuple[list[str], CommonSizes], reference: bool) -> Timeline:
+    c = plan.config
+    t, opts = c.training, c.memory
+    sizes = stage_sizes(c.model, t, plan.mesh, plan.stages, plan.state[stage], opts, common[0], common[1])
     where = (c.mesh.pp_schedule, stage, len(plan.stages), plan.micro_batches, plan.vpp)
     passes, templates = ref.passes(sizes, stage_ops(*where)) if reference else pass_table(sizes, *stage_op_arrays(*where))
     peak_of = ref.scan if reference else scan
@@ -244,7 +255,8 @@ def _notes(plan, stage: int, fsdp: bool) -> tuple[str, ...]:
 
 def memory_timelines(plan) -> tuple[Timeline, ...]:
     """:func:`memory_timeline` of every stage."""
-    return tuple(memory_timeline(plan, k) for k in range(len(plan.stages)))
+    common = _common(plan)
+    return tuple(_timeline(plan, k, common, False) for k in range(len(plan.stages)))
 
 
 def most_loaded(timelines) -> Timeline:
