@@ -4,7 +4,9 @@
 For each config under benchmarks/configs/ (GPT 1T, 512 GPUs pp 64 x 3,072 micro-batches, and
 16,384 GPUs at pp 128 / 4,096 micro-batches under 1F1B, ZB-H1 and interleaved 1F1B), prints the
 units simulated and the wall time of each phase the `step` command runs: build_plan (config to
-plan, memory timeline included), step_time (unit timelines + pipeline simulation + stage ends),
+plan, memory timeline included; `memory` is the timelines of every stage alone, computed again
+on arrays by meshplan/memory/passtable.py: 9-22 s pass by pass before, benchmarks/configs),
+step_time (unit timelines + pipeline simulation + stage ends),
 the network verdict, the critical path, and the link report (timings, concurrency, edge loads of
 stage 0). Best of ``--repeat`` runs (default 1); no timed tests: times depend on the machine.
 
@@ -18,6 +20,7 @@ import time
 from pathlib import Path
 
 from meshplan.config import load_config
+from meshplan.memory.timeline import memory_timelines
 from meshplan.plan import build_plan
 from meshplan.schedule.linkload import concurrency, edge_loads, timings
 from meshplan.schedule.rank_timeline import Overlap
@@ -40,6 +43,8 @@ def phases(path: Path) -> tuple[dict[str, float], object]:
 
     cfg = load_config(path)
     plan = lap("build_plan", lambda: build_plan(cfg))
+    if plan.timelines:  # an Infeasible mesh has none
+        lap("memory", lambda: memory_timelines(plan))
     st = lap("step_time", lambda: step_time(plan, Overlap()))
     if plan.feasible:  # an infeasible mesh prints only its would-be step and exits 1
         lap("verdict", lambda: network_verdict(plan, st, rebuilt_step(plan, lambda a: step_time(a, Overlap()))))
@@ -54,7 +59,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=1)
     a = ap.parse_args()
     paths = a.configs or sorted((ROOT / "configs").glob("*.toml"))
-    cols = ("build_plan", "step_time", "verdict", "critical path", "links")
+    cols = ("build_plan", "memory", "step_time", "verdict", "critical path", "links")
     print(f"{'config':44s} {'units':>9s} " + " ".join(f"{c:>13s}" for c in cols) + f" {'step (s)':>10s}")
     for path in paths:
         best: dict[str, float] = {}

@@ -55,6 +55,9 @@ from dataclasses import dataclass
 from typing import Optional, Union
 
 Entry = tuple  # (layer: int | None, kind: str, delta_bytes: int, label: str)
+#: What an event allocates or frees (the timeline's columns; described in :mod:`meshplan.memory.timeline`).
+KINDS = ("params", "master", "optimizer", "grads", "comm_buffers", "workspace", "fragmentation",
+         "gathered_params", "grad_buffers", "activations", "temporaries")
 UnitKey = Union[int, str]  # a layer index, "embedding" or "head"
 
 

@@ -25,6 +25,9 @@ k > 0 the inputs of the weight-gradient GEMMs of up to k delayed W passes are no
 
 from __future__ import annotations
 
+import numpy as np
+
+from meshplan.pipeline.fast import order_arrays
 from meshplan.pipeline.registry import get
 from meshplan.spec.mesh import Schedule
 
@@ -48,3 +51,16 @@ def max_in_flight(ops: list[Op]) -> int:
         live += 1 if phase == "forward" else -1
         top = max(top, live)
     return top
+
+
+def stage_op_arrays(schedule: Schedule | str, stage: int, pp: int, m: int,
+                    vpp: int = 1) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`stage_ops` as arrays (phase: 0 forward, 1 backward; chunk; micro-batch), from
+    the schedule's array order (:func:`meshplan.pipeline.fast.order_arrays`).
+
+    >>> [a.tolist() for a in stage_op_arrays("zb_h1", stage=1, pp=3, m=3)]
+    [[0, 0, 1, 0, 1, 1], [0, 0, 0, 0, 0, 0], [0, 1, 0, 2, 1, 2]]
+    """
+    kind, mb, chunk = order_arrays(get(schedule).for_chunks(vpp), pp, m, vpp, stage)
+    keep = kind < 2  # W units fold into their B
+    return kind[keep].astype(np.int64), chunk[keep].astype(np.int64), mb[keep].astype(np.int64)

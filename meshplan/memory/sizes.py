@@ -45,7 +45,8 @@ units in proportion to their elements (exact total).
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from typing import Optional
 from math import ceil
 
 from meshplan.mesh.resolve import Mesh
@@ -295,17 +296,34 @@ def step_entries(state: StateBytes, training: TrainingSpec, opts: MemoryOptions,
     return tuple(e for e in out if e[2])
 
 
+@dataclass(frozen=True)
+class CommonSizes:
+    """The sizes every stage of a plan shares: a dense and an MoE layer's activations and
+    the embedding and head's (:func:`head_sizes`)."""
+
+    dense: ActSizes
+    moe: ActSizes
+    head: dict
+
+
+def common_sizes(model: ModelSpec, training: TrainingSpec, mesh: Mesh, opts: MemoryOptions) -> CommonSizes:
+    """:class:`CommonSizes` of ``model`` on ``mesh`` (computed once for all stages)."""
+    dense = layer_act_sizes(model, training, mesh, opts)
+    moe = layer_act_sizes(model, training, mesh, opts, moe=True) if model.is_moe else dense
+    return CommonSizes(dense, moe, head_sizes(model, training, mesh, opts))
+
+
 def stage_sizes(model: ModelSpec, training: TrainingSpec, mesh: Mesh, stages, state: StateBytes,
-                opts: MemoryOptions, comm_axes: list[str]) -> StageSizes:
-    """All sizes of stage ``state.stage`` (``stages``: ``pipeline.stage_layers`` output)."""
+                opts: MemoryOptions, comm_axes: list[str], common: Optional[CommonSizes] = None) -> StageSizes:
+    """All sizes of stage ``state.stage`` (``stages``: ``pipeline.stage_layers`` output);
+    ``common``: :func:`common_sizes` of the same arguments when already computed."""
     k = state.stage
     us = units(model, training, mesh, stages, state)
     fsdp = any(u.gathered for u in us.values())
     layers = [i for chunk in stages[k] for i in chunk]
-    dense = layer_act_sizes(model, training, mesh, opts)
-    moe = layer_act_sizes(model, training, mesh, opts, moe=True) if model.is_moe else dense
-    acts = {i: moe if model.is_moe_layer(i) else dense for i in layers}
-    hs = head_sizes(model, training, mesh, opts)
+    common = common or common_sizes(model, training, mesh, opts)
+    acts = {i: common.moe if model.is_moe_layer(i) else common.dense for i in layers}
+    hs = common.head
     bucket = 0 if fsdp else opts.grad_bucket_bytes(training, mesh.degree("fsdp"), state.params.total)
     fsdp_grads = sum(u.grads for u in us.values()) if fsdp else 0
     return StageSizes(

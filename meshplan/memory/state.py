@@ -140,14 +140,16 @@ def stage_params(model: ModelSpec, mesh: Mesh, training: TrainingSpec,
     pv = padded_vocab(model.vocab, training.vocab_pad_divisor, tp)
     pp = len(stages)
     out = []
+    per_layer: dict[bool, dict[str, int]] = {}  # a layer's tensors differ only by is_moe_layer
     for k, chunks in enumerate(stages):
         ids = tuple(i for chunk in chunks for i in chunk)
         counts = {"layer": 0, "norm": 0, "expert": 0, "embedding": 0, "output": 0}
         for i in ids:
-            for t in model.layer_tensors(i):
-                n = local_numel(t, model, tp, ep, etp)
-                counts["norm" if _is_norm(t) else "layer"] += n
-                counts["expert"] += n if t.expert else 0
+            moe = model.is_moe_layer(i)
+            if moe not in per_layer:
+                per_layer[moe] = _layer_counts(model, i, tp, ep, etp)
+            for key, n in per_layer[moe].items():
+                counts[key] += n
         if k == 0:
             counts["embedding"] = sum(local_numel(t, model, tp) for t in model.embedding_tensors(pv))
         tied_copy = False
@@ -162,6 +164,16 @@ def stage_params(model: ModelSpec, mesh: Mesh, training: TrainingSpec,
                                norm_params=counts["norm"], embedding_params=counts["embedding"],
                                output_params=counts["output"], expert_params=counts["expert"],
                                tied_copy=tied_copy))
+    return out
+
+
+def _layer_counts(model: ModelSpec, layer: int, tp: int, ep: int, etp: int) -> dict[str, int]:
+    """Elements per rank of one transformer layer: ``layer`` (non-norm), ``norm``, ``expert``."""
+    out = {"layer": 0, "norm": 0, "expert": 0}
+    for t in model.layer_tensors(layer):
+        n = local_numel(t, model, tp, ep, etp)
+        out["norm" if _is_norm(t) else "layer"] += n
+        out["expert"] += n if t.expert else 0
     return out
 
 

@@ -18,7 +18,10 @@ reduce-scatter inputs, buckets), ``activations`` (saved for backward and recompu
 
 Storage is run-length: a pass is built once per distinct shape (first backward, last
 backward, already-gathered units...) and repeated, so 80 layers x 64 micro-batches stay a
-few hundred passes; :meth:`Timeline.events` expands them on demand. The timeline is the
+few templates and a table of passes (:class:`~meshplan.memory.passtable.PassTable`, one
+row per pass); :meth:`Timeline.events` expands them on demand. Which template each pass
+repeats and the peak are computed on arrays (:mod:`meshplan.memory.passtable`), equal to
+the pass-by-pass model (:mod:`meshplan.memory.reference`, ``reference=True``). The timeline is the
 steady state (second step on): optimizer state exists from the start; FSDP's sharded
 gradients appear at their first reduce-scatter and are freed at ``zero_grad``.
 
@@ -34,13 +37,13 @@ import numpy as np
 
 from meshplan.units import GiB
 from meshplan.memory.constraints import usable_hbm_bytes
-from meshplan.memory.passes import PassBuilder
-from meshplan.memory.schedule import stage_ops
+from meshplan.memory import reference as ref
+from meshplan.memory.passes import KINDS
+from meshplan.memory.passtable import Pass, PassTable, pass_table, scan
+from meshplan.memory.schedule import stage_op_arrays, stage_ops
 from meshplan.pipeline.registry import get
-from meshplan.memory.sizes import stage_sizes
+from meshplan.memory.sizes import CommonSizes, common_sizes, stage_sizes
 
-KINDS = ("params", "master", "optimizer", "grads", "comm_buffers", "workspace", "fragmentation",
-         "gathered_params", "grad_buffers", "activations", "temporaries")
 _K = {k: i for i, k in enumerate(KINDS)}
 #: Kinds PyTorch's caching allocator (and so MemTracker) never sees.
 UNTRACKED_KINDS = ("comm_buffers", "fragmentation")
@@ -87,18 +90,6 @@ class MemoryEvent:
 
 
 @dataclass(frozen=True)
-class Pass:
-    """One pass of the schedule: its phase (init, forward, backward, step), chunk,
-    micro-batch, the template of its events and the index of its first event."""
-
-    phase: str
-    chunk: int
-    microbatch: Optional[int]
-    template: int
-    first_event: int
-
-
-@dataclass(frozen=True)
 class Peak:
     """The largest running total: ``total_bytes`` at event ``t_index`` and the bytes per
     kind there (``by_kind``)."""
@@ -135,7 +126,7 @@ class Timeline:
     stage: int
     schedule: str
     micro_batches: int
-    passes: tuple[Pass, ...]
+    passes: PassTable
     templates: tuple[tuple, ...]
     hbm_bytes: float
     reserve: float
@@ -204,98 +195,44 @@ class Timeline:
                 for i, (layer, kind, delta, label) in enumerate(self.templates[p.template])]
 
 
-def _template_stats(entries: tuple) -> tuple[np.ndarray, int, int, np.ndarray]:
-    """(net per kind, max prefix total, its offset, max prefix per kind) of one template."""
-    vec, kmax = np.zeros(len(KINDS), dtype=np.int64), np.zeros(len(KINDS), dtype=np.int64)
-    best, at, total = None, 0, 0
-    for i, (_, kind, delta, _) in enumerate(entries):
-        vec[_K[kind]] += delta
-        total += delta
-        kmax[_K[kind]] = max(kmax[_K[kind]], vec[_K[kind]])
-        if best is None or total > best:
-            best, at = total, i
-    return vec, (best if best is not None else 0), at, kmax
-
-
-def _scan(passes: list[Pass], templates: list[tuple]) -> tuple[int, int, np.ndarray, dict]:
-    """(peak pass index, offset in it, bytes per kind at the peak, max per kind)."""
-    stats = [_template_stats(t) for t in templates]
-    cur = np.zeros(len(KINDS), dtype=np.int64)
-    top, where, at_peak = None, (0, 0), cur.copy()
-    kmax = np.zeros(len(KINDS), dtype=np.int64)
-    for n, p in enumerate(passes):
-        vec, best, off, tk = stats[p.template]
-        kmax = np.maximum(kmax, cur + tk)
-        if templates[p.template] and (top is None or cur.sum() + best > top):
-            top, where, at_peak = cur.sum() + best, (n, off), cur.copy()
-        cur = cur + vec
-    n, off = where
-    for _, kind, delta, _ in templates[passes[n].template][:off + 1]:
-        at_peak[_K[kind]] += delta
-    return n, off, at_peak, {k: int(kmax[i]) for i, k in enumerate(KINDS)}
-
-
-def _backward_flags(ops) -> tuple[set, set]:
-    """Indices of the first and the last backward of each chunk in ``ops``."""
-    first, last, seen = set(), {}, set()
-    for i, (phase, chunk, _) in enumerate(ops):
-        if phase == "backward":
-            if chunk not in seen:
-                first.add(i)
-                seen.add(chunk)
-            last[chunk] = i
-    return first, set(last.values())
-
-
-def _build_passes(sizes, ops) -> tuple[list[Pass], list[tuple]]:
-    """Run-length passes: each distinct (phase, chunk, gathered units, first, last) built once."""
-    templates: list[tuple] = [sizes.init]
-    passes = [Pass("init", 0, None, 0, 0)]
-    cache: dict = {}
-    gathered: frozenset = frozenset()
-    first_b, last_b = _backward_flags(ops)
-    t = len(sizes.init)
-    for i, (phase, chunk, mb) in enumerate(ops):
-        keys = set(sizes.chunk_units(chunk))
-        g_in = frozenset(gathered & keys)
-        key = (phase, chunk, g_in, i in first_b, i in last_b)
-        if key not in cache:
-            b = PassBuilder(sizes, phase, chunk, g_in, first=i in first_b, last=i in last_b)
-            templates.append(b.build())
-            cache[key] = (len(templates) - 1, frozenset(b.gathered))
-        tid, g_out = cache[key]
-        gathered = (gathered - keys) | g_out
-        passes.append(Pass(phase, chunk, mb, tid, t))
-        t += len(templates[tid])
-    templates.append(sizes.step)
-    passes.append(Pass("step", 0, None, len(templates) - 1, t))
-    return passes, templates
-
-
-def memory_timeline(plan, stage: int) -> Timeline:
+def memory_timeline(plan, stage: int, reference: bool = False) -> Timeline:
     """Timeline of one rank of pipeline stage ``stage`` of a feasible-so-far ``plan``
-    (a :class:`~meshplan.plan.Plan` with its mesh, stages, state and collectives)."""
+    (a :class:`~meshplan.plan.Plan` with its mesh, stages, state and collectives).
+    Passes and peak on arrays (:mod:`meshplan.memory.passtable`); ``reference``: pass by
+    pass in Python (:mod:`meshplan.memory.reference`), the same result, slower."""
+    return _timeline(plan, stage, _common(plan), reference)
+
+
+def _common(plan) -> tuple[list[str], CommonSizes]:
+    """What every stage's sizes share: the axes with collectives (one NCCL communicator
+    each), the layers' and the head's sizes."""
     c = plan.config
-    t, opts = c.training, c.memory
     order = {a: i for i, a in enumerate(plan.mesh.all_axes())}
     axes = sorted({r.axis for rows in plan.collectives.values() for r in rows}, key=lambda a: order.get(a, 99))
-    sizes = stage_sizes(c.model, t, plan.mesh, plan.stages, plan.state[stage], opts, axes)
-    ops = stage_ops(c.mesh.pp_schedule, stage, len(plan.stages), plan.micro_batches, plan.vpp)
-    passes, templates = _build_passes(sizes, ops)
-    n, off, at_peak, kmax = _scan(passes, templates)
+    return axes, common_sizes(c.model, c.training, plan.mesh, c.memory)
+
+
+def _timeline(plan, stage: int, common: tuple[list[str], CommonSizes], reference: bool) -> Timeline:
+    c = plan.config
+    t, opts = c.training, c.memory
+    sizes = stage_sizes(c.model, t, plan.mesh, plan.stages, plan.state[stage], opts, common[0], common[1])
+    where = (c.mesh.pp_schedule, stage, len(plan.stages), plan.micro_batches, plan.vpp)
+    passes, templates = ref.passes(sizes, stage_ops(*where)) if reference else pass_table(sizes, *stage_op_arrays(*where))
+    peak_of = ref.scan if reference else scan
+    n, off, at_peak, kmax = peak_of(passes, templates)
     if opts.fragmentation_fraction:
         frag = int(opts.fragmentation_fraction * int(at_peak.sum()))
         templates[0] = templates[0] + ((None, "fragmentation", frag,
                                         f"allocator allowance {opts.fragmentation_fraction:.0%} of the peak"),)
-        passes = [passes[0]] + [Pass(p.phase, p.chunk, p.microbatch, p.template, p.first_event + 1) for p in passes[1:]]
-        n, off, at_peak, kmax = _scan(passes, templates)
+        passes = passes.shifted(1)
+        n, off, at_peak, kmax = peak_of(passes, templates)
     p = passes[n]
     layer, kind, delta, label = templates[p.template][off]
     peak = Peak(int(at_peak.sum()), p.first_event + off, p.phase, layer, p.microbatch, label,
                 {k: int(at_peak[i]) for i, k in enumerate(KINDS)})
     n_events = passes[-1].first_event + len(templates[-1])
     title = f"{c.model.name}, {' x '.join(f'{a} {d}' for a, d in zip(plan.mesh.layout.names, plan.mesh.layout.shape))}"
-    return Timeline(stage=stage, schedule=c.mesh.pp_schedule, micro_batches=plan.micro_batches, passes=tuple(passes),
+    return Timeline(stage=stage, schedule=c.mesh.pp_schedule, micro_batches=plan.micro_batches, passes=passes,
                     templates=tuple(templates), hbm_bytes=c.cluster.gpu.hbm_bytes, reserve=t.memory_reserve,
                     peak=peak, max_by_kind=kmax, n_events=n_events, title=title,
                     notes=_notes(plan, stage, sizes.fsdp))
@@ -318,7 +255,8 @@ def _notes(plan, stage: int, fsdp: bool) -> tuple[str, ...]:
 
 def memory_timelines(plan) -> tuple[Timeline, ...]:
     """:func:`memory_timeline` of every stage."""
-    return tuple(memory_timeline(plan, k) for k in range(len(plan.stages)))
+    common = _common(plan)
+    return tuple(_timeline(plan, k, common, False) for k in range(len(plan.stages)))
 
 
 def most_loaded(timelines) -> Timeline:

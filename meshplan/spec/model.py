@@ -86,7 +86,9 @@ class ModelSpec(BaseModel):
 
     def layer_tensors(self, layer: int) -> list["Tensor"]:
         """Weights of transformer layer ``layer`` as torch modules hold them (one Tensor per
-        parameter, ``rows`` = dim 0 of the (out, in) weight), with their tensor-parallel split."""
+        parameter, ``rows`` = dim 0 of the (out, in) weight), with their tensor-parallel split.
+        Depends on ``layer`` only through :meth:`is_moe_layer` (the memory state counts one
+        layer of each kind, :func:`meshplan.memory.state.stage_params`)."""
         h, d = self.hidden, self.d_head
         q, kv = self.q_heads * d, self.n_kv_heads * d
         norm = [Tensor("weight", h, "replicated", rows=h)] + (

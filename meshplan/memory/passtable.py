@@ -1,0 +1,278 @@
+"""The passes of one step on arrays: which template each pass repeats, and the peak scan
+(issue 11 item 4: ``meshplan step`` of pp 128 x 4,096 micro-batches in under 1 s).
+
+:mod:`meshplan.memory.reference` is the exact model written pass by pass in Python (one
+loop step per micro-batch on each of the p stages: 9-22 s of ``build_plan`` on
+benchmarks/configs); this module computes the same passes, templates and peak with a few
+numpy operations per stage, and tests/test_memory_fast.py checks that both give every
+event, the peak (when, what dominates it) and the maxima per kind equal.
+
+**Which template a pass repeats.** A pass is built by
+:class:`~meshplan.memory.passes.PassBuilder` from its key (phase, chunk, FSDP units
+already unsharded when it starts, first / last backward of the chunk). The units
+unsharded after a pass are a function of the units before it and of the pass's token
+(phase, chunk, first, last): ``after = (before - units of the chunk) | what the pass left
+unsharded``. So the passes of a stage are a finite automaton over its token sequence. Its
+states (sets of unsharded units) are closed over from the empty set under the stage's
+distinct tokens (a handful: two phases x chunks x the first/last flags); each pass is then
+a map state -> state, and the state before pass i is the composition of the maps of passes
+0 .. i-1 applied to the empty set: a prefix scan, done by doubling (``log2 n`` numpy
+gathers of n x states). Templates are numbered as the reference numbers them, by first
+use (init 0, then the passes', then the step's).
+
+**The peak.** With ``cur_n`` the bytes per kind before pass n (an exclusive cumulative sum
+of the templates' net change per kind), the peak is the first pass maximising ``sum(cur_n)
++`` its template's largest prefix total, and the maximum of kind k is ``max_n cur_n[k] +``
+the template's largest prefix of k (and 0): the reference's running loop, as array
+reductions (``argmax`` returns the first maximum, as the loop's strict ``>`` keeps it).
+Integer arithmetic throughout, so the results are equal, not close.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator, Optional, Sequence, overload
+
+import numpy as np
+
+from meshplan.memory.passes import KINDS, PassBuilder, StageSizes
+
+PHASES = ("init", "forward", "backward", "step")
+_K = {k: i for i, k in enumerate(KINDS)}
+
+
+@dataclass(frozen=True)
+class Pass:
+    """One pass of the schedule: its phase (init, forward, backward, step), chunk,
+    micro-batch, the template of its events and the index of its first event."""
+
+    phase: str
+    chunk: int
+    microbatch: Optional[int]
+    template: int
+    first_event: int
+
+
+@dataclass(frozen=True, eq=False)
+class PassTable(Sequence[Pass]):
+    """The passes of one step as columns, one row per pass (``phase``: index into
+    :data:`PHASES`; ``microbatch`` -1 for init and step); indexing and iterating give
+    :class:`Pass` objects, built on demand.
+
+    >>> t = PassTable.of([Pass("init", 0, None, 0, 0), Pass("forward", 0, 3, 1, 4)])
+    >>> len(t), t[-1], t[:1] == (Pass("init", 0, None, 0, 0),)
+    (2, Pass(phase='forward', chunk=0, microbatch=3, template=1, first_event=4), True)
+    """
+
+    phase: np.ndarray
+    chunk: np.ndarray
+    microbatch: np.ndarray
+    template: np.ndarray
+    first_event: np.ndarray
+
+    @staticmethod
+    def of(passes: Sequence[Pass]) -> PassTable:
+        """The table of a list of passes."""
+        col = lambda f: np.array([f(p) for p in passes], dtype=np.int64)  # noqa: E731
+        return PassTable(col(lambda p: PHASES.index(p.phase)), col(lambda p: p.chunk),
+                         col(lambda p: -1 if p.microbatch is None else p.microbatch), col(lambda p: p.template),
+                         col(lambda p: p.first_event))
+
+    def shifted(self, events: int) -> PassTable:
+        """Every pass after the first starting ``events`` later (events added to init)."""
+        first = self.first_event.copy()
+        first[1:] += events
+        return PassTable(self.phase, self.chunk, self.microbatch, self.template, first)
+
+    def __len__(self) -> int:
+        return len(self.phase)
+
+    def _row(self, i: int) -> Pass:
+        mb = int(self.microbatch[i])
+        return Pass(PHASES[self.phase[i]], int(self.chunk[i]), None if mb < 0 else mb, int(self.template[i]),
+                    int(self.first_event[i]))
+
+    @overload
+    def __getitem__(self, i: int) -> Pass: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> tuple[Pass, ...]: ...
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return tuple(self._row(j) for j in range(*i.indices(len(self))))
+        if not -len(self) <= i < len(self):
+            raise IndexError(f"pass {i} outside 0..{len(self) - 1}")
+        return self._row(i % len(self))
+
+    def __iter__(self) -> Iterator[Pass]:
+        return (self._row(i) for i in range(len(self)))
+
+    def __eq__(self, other) -> bool:
+        cols = ("phase", "chunk", "microbatch", "template", "first_event")
+        return isinstance(other, PassTable) and all(np.array_equal(getattr(self, c), getattr(other, c)) for c in cols)
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+def backward_flags(phase: np.ndarray, chunk: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Masks of the first and the last backward (phase 1) of each chunk among the ops.
+
+    >>> [m.astype(int).tolist() for m in backward_flags(np.array([0, 1, 0, 1, 1]), np.array([0, 0, 1, 1, 0]))]
+    [[0, 1, 0, 1, 0], [0, 0, 0, 1, 1]]
+    """
+    first, last = np.zeros(len(phase), bool), np.zeros(len(phase), bool)
+    back = phase == 1
+    for c in present(chunk):
+        b = np.flatnonzero(back & (chunk == c))
+        if len(b):
+            first[b[0]] = last[b[-1]] = True
+    return first, last
+
+
+def present(values: np.ndarray, size: int = 0) -> np.ndarray:
+    """The distinct values of an array of small non-negative ints, ascending (``np.unique``
+    without the sort).
+
+    >>> present(np.array([3, 0, 3, 1])).tolist()
+    [0, 1, 3]
+    """
+    return np.flatnonzero(np.bincount(values, minlength=size)) if len(values) else np.zeros(0, np.int64)
+
+
+def first_use_order(values: np.ndarray) -> np.ndarray:
+    """The distinct values of a small-int array in the order of their first occurrence.
+
+    >>> first_use_order(np.array([4, 2, 4, 0, 2])).tolist()
+    [4, 2, 0]
+    """
+    used = present(values)
+    return used[np.argsort((values[:, None] == used[None, :]).argmax(axis=0))]
+
+
+def _automaton(sizes: StageSizes, tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray, list[tuple]]:
+    """States closed over from the empty set: ``(next state, key index)``, each (states,
+    tokens), and the built passes ``(key, template)`` by key index. A token is (phase 0/1,
+    chunk, first, last) as one row of ``tokens``."""
+    units = {c: frozenset(sizes.chunk_units(c)) for c in {int(t[1]) for t in tokens}}
+    states: list[frozenset] = [frozenset()]
+    index = {states[0]: 0}
+    built: dict[tuple, tuple[int, frozenset]] = {}
+    passes: list[tuple] = []
+    nxt, kid = [], []
+    s = 0
+    while s < len(states):
+        row_n, row_k = [], []
+        for ph, c, f, la in tokens.tolist():
+            key = ("backward" if ph else "forward", c, states[s] & units[c], bool(f), bool(la))
+            if key not in built:
+                b = PassBuilder(sizes, key[0], c, key[2], first=key[3], last=key[4])
+                passes.append((key, b.build()))
+                built[key] = (len(passes) - 1, frozenset(b.gathered))
+            k, g_out = built[key]
+            after = (states[s] - units[c]) | g_out
+            if after not in index:
+                index[after] = len(states)
+                states.append(after)
+            row_n.append(index[after])
+            row_k.append(k)
+        nxt.append(row_n)
+        kid.append(row_k)
+        s += 1
+    return np.array(nxt, dtype=np.int64), np.array(kid, dtype=np.int64), passes
+
+
+def states_before(maps: np.ndarray) -> np.ndarray:
+    """State before each op (0 before the first) given each op's map state -> state as
+    rows of ``maps`` (n, states): the prefix composition by doubling.
+
+    >>> states_before(np.array([[1, 0], [1, 1], [0, 0]])).tolist()  # 0 -> 1 -> 1 -> 0
+    [0, 1, 1]
+    """
+    g = maps.copy()
+    d = 1
+    while d < len(g):
+        g[d:] = np.take_along_axis(g[d:], g[:-d], axis=1)  # apply op i-d's prefix, then op i's
+        d *= 2
+    return np.concatenate([[0], g[:-1, 0]]).astype(np.int64)
+
+
+def pass_table(sizes: StageSizes, phase: np.ndarray, chunk: np.ndarray, mb: np.ndarray) -> tuple[PassTable, list[tuple]]:
+    """The passes (init, one per op, step) and templates of a stage whose ops are the
+    arrays ``phase`` (0 forward, 1 backward), ``chunk``, ``mb``
+    (:func:`meshplan.memory.schedule.stage_op_arrays`)."""
+    first, last = backward_flags(phase, chunk)
+    code = ((np.asarray(chunk, np.int64) * 2 + phase) * 2 + first) * 2 + last
+    codes = present(code)
+    lut = np.zeros(codes[-1] + 1, np.int64)
+    lut[codes] = np.arange(len(codes))
+    tok = lut[code]
+    tokens = np.stack([(codes >> 2) & 1, codes >> 3, (codes >> 1) & 1, codes & 1], axis=1)
+    nxt, kid, built = _automaton(sizes, tokens)
+    state = states_before(nxt[:, tok].T) if len(nxt) > 1 else np.zeros(len(tok), np.int64)
+    key = kid[state, tok]
+    order = first_use_order(key)
+    rank = np.zeros(len(built), np.int64)
+    rank[order] = np.arange(1, len(order) + 1)
+    templates = [sizes.init] + [built[k][1] for k in order] + [sizes.step]
+    tid = np.concatenate([[0], rank[key], [len(templates) - 1]]).astype(np.int64)
+    lengths = np.array([len(t) for t in templates], dtype=np.int64)[tid]
+    n = len(phase)
+    table = PassTable(phase=np.concatenate([[0], np.asarray(phase) + 1, [3]]).astype(np.int64),
+                      chunk=np.concatenate([[0], chunk, [0]]).astype(np.int64),
+                      microbatch=np.concatenate([[-1], mb, [-1]]).astype(np.int64), template=tid,
+                      first_event=np.concatenate([[0], np.cumsum(lengths)[:n + 1]]).astype(np.int64))
+    return table, templates
+
+
+def template_stats(entries: tuple) -> tuple[np.ndarray, int, int, np.ndarray]:
+    """(net per kind, max prefix total, its offset, max prefix per kind) of one template."""
+    vec, kmax = np.zeros(len(KINDS), dtype=np.int64), np.zeros(len(KINDS), dtype=np.int64)
+    best, at, total = None, 0, 0
+    for i, (_, kind, delta, _) in enumerate(entries):
+        vec[_K[kind]] += delta
+        total += delta
+        kmax[_K[kind]] = max(kmax[_K[kind]], vec[_K[kind]])
+        if best is None or total > best:
+            best, at = total, i
+    return vec, (best if best is not None else 0), at, kmax
+
+
+def at_offset(cur: np.ndarray, entries: tuple, off: int) -> np.ndarray:
+    """Bytes per kind after event ``off`` of a pass that starts at ``cur``."""
+    out = cur.copy()
+    for _, kind, delta, _ in entries[:off + 1]:
+        out[_K[kind]] += delta
+    return out
+
+
+def scan(table: PassTable, templates: Sequence[tuple]) -> tuple[int, int, np.ndarray, dict]:
+    """(peak pass index, offset in it, bytes per kind at the peak, max per kind) on arrays
+    (see the module docstring)."""
+    stats = [template_stats(t) for t in templates]
+    vec, tk = np.array([s[0] for s in stats]), np.array([s[3] for s in stats])
+    best, off = np.array([s[1] for s in stats], dtype=np.int64), np.array([s[2] for s in stats])
+    tid = table.template
+    net = vec.sum(axis=1)[tid]
+    live = np.array([bool(t) for t in templates])[tid]
+    score = np.where(live, np.cumsum(net) - net + best[tid], np.iinfo(np.int64).min)
+    n = int(np.argmax(score)) if live.any() else 0
+    o = int(off[tid[n]]) if live.any() else 0
+    cur = np.bincount(tid[:n], minlength=len(templates)) @ vec  # bytes per kind before pass n
+    kmax = np.maximum(np.maximum(tk[tid[0]], 0), _kind_max_after_first(vec, tk, tid))
+    return n, o, at_offset(cur, templates[tid[n]], o), {k: int(kmax[i]) for i, k in enumerate(KINDS)}
+
+
+def _kind_max_after_first(vec: np.ndarray, tk: np.ndarray, tid: np.ndarray) -> np.ndarray:
+    """Per kind, the largest ``cur_n + tk`` over passes n >= 1. Kinds no pass between the
+    first and the last changes hold the first pass's net from pass 1 on; a cumulative sum
+    runs only over the others (often activations alone)."""
+    rest = tid[1:]
+    if not len(rest):
+        return np.zeros(vec.shape[1], dtype=np.int64)
+    moving = np.flatnonzero(vec[present(rest[:-1])].any(axis=0))
+    out = vec[tid[0]] + tk[present(rest)].max(axis=0)
+    step = vec[:, moving].T[:, rest]  # (moving kinds, passes)
+    cur = np.cumsum(step, axis=1) - step + vec[tid[0], moving][:, None]
+    out[moving] = (cur + tk[:, moving].T[:, rest]).max(axis=1)
+    return out

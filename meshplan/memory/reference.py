@@ -1,0 +1,71 @@
+"""The memory timeline's passes and peak, pass by pass in Python: the exact model that
+:mod:`meshplan.memory.passtable` computes on arrays.
+
+:func:`passes` walks the stage's op list (:func:`meshplan.memory.schedule.stage_ops`),
+keeping the set of FSDP units left unsharded, and builds each distinct pass once;
+:func:`scan` runs the running totals pass by pass. ``memory_timeline(plan, stage,
+reference=True)`` uses both; tests/test_memory_fast.py checks the array path against them.
+One loop step per micro-batch and stage: slow on pp 64-128 x thousands of micro-batches.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from meshplan.memory.passes import KINDS, PassBuilder, StageSizes
+from meshplan.memory.passtable import Pass, PassTable, at_offset, template_stats
+
+
+def _backward_flags(ops) -> tuple[set, set]:
+    """Indices of the first and the last backward of each chunk in ``ops``."""
+    first, last, seen = set(), {}, set()
+    for i, (phase, chunk, _) in enumerate(ops):
+        if phase == "backward":
+            if chunk not in seen:
+                first.add(i)
+                seen.add(chunk)
+            last[chunk] = i
+    return first, set(last.values())
+
+
+def passes(sizes: StageSizes, ops) -> tuple[PassTable, list[tuple]]:
+    """Run-length passes: each distinct (phase, chunk, gathered units, first, last) built once."""
+    templates: list[tuple] = [sizes.init]
+    out = [Pass("init", 0, None, 0, 0)]
+    cache: dict = {}
+    gathered: frozenset = frozenset()
+    first_b, last_b = _backward_flags(ops)
+    t = len(sizes.init)
+    for i, (phase, chunk, mb) in enumerate(ops):
+        keys = set(sizes.chunk_units(chunk))
+        g_in = frozenset(gathered & keys)
+        key = (phase, chunk, g_in, i in first_b, i in last_b)
+        if key not in cache:
+            b = PassBuilder(sizes, phase, chunk, g_in, first=i in first_b, last=i in last_b)
+            templates.append(b.build())
+            cache[key] = (len(templates) - 1, frozenset(b.gathered))
+        tid, g_out = cache[key]
+        gathered = (gathered - keys) | g_out
+        out.append(Pass(phase, chunk, mb, tid, t))
+        t += len(templates[tid])
+    templates.append(sizes.step)
+    out.append(Pass("step", 0, None, len(templates) - 1, t))
+    return PassTable.of(out), templates
+
+
+def scan(table: PassTable, templates: Sequence[tuple]) -> tuple[int, int, np.ndarray, dict]:
+    """(peak pass index, offset in it, bytes per kind at the peak, max per kind)."""
+    stats = [template_stats(t) for t in templates]
+    cur = np.zeros(len(KINDS), dtype=np.int64)
+    top, where, at_peak = None, (0, 0), cur.copy()
+    kmax = np.zeros(len(KINDS), dtype=np.int64)
+    for n, p in enumerate(table):
+        vec, best, off, tk = stats[p.template]
+        kmax = np.maximum(kmax, cur + tk)
+        if templates[p.template] and (top is None or cur.sum() + best > top):
+            top, where, at_peak = cur.sum() + best, (n, off), cur.copy()
+        cur = cur + vec
+    n, off = where
+    return n, off, at_offset(at_peak, templates[table[n].template], off), {k: int(kmax[i]) for i, k in enumerate(KINDS)}
