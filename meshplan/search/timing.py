@@ -41,7 +41,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from meshplan.comm.collectives import axis_path
+from meshplan.comm.collectives import axis_path, fsdp_gather_flags
 from meshplan.comm.alphabeta import collective_time
 from meshplan.compute.ops import Workload, embedding_cost, head_cost, layer_cost, optimizer_bandwidth
 from meshplan.mesh.resolve import resolved_mesh
@@ -49,7 +49,7 @@ from meshplan.placement.assign import place
 from meshplan.schedule.rank_timeline import LAYER_BLOCKS
 from meshplan.schedule.steptime import optimizer_step_s
 from meshplan.search.memory import Stages, Tables, lookup
-from meshplan.search.space import RECOMPUTE, SHARDING, Candidates
+from meshplan.search.space import RECOMPUTE, SHARDING, Candidates, candidate_schedule
 from meshplan.config import Config
 from meshplan.spec.mesh import MeshSpec
 from meshplan.mesh.tpsplit import local_heads, padded_numel
@@ -208,11 +208,22 @@ def unit_bounds(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: dict)
         cf, cb = col(fd), col(bd)
     n = st.n_chunk
     # with pp > 1 a unit gathers only when it finds its chunk sharded and reduce-scatters only
-    # on the chunk's last gradient unit (comm.collectives.fsdp_gather_flags): no FSDP term
+    # on the chunk's last gradient unit (comm.collectives.fsdp_gather_flags): no FSDP term in
+    # the per-unit cores; the gathering units' extra (``f_extra``, ``b_extra``, reduce-scatters
+    # left out) is counted once per gathering pass (``g_f``, ``g_b``) in step_lower_bound
+    # MoE models: routed experts gather over efsdp in their own units, which ``fsdp_ag`` (the
+    # dense unit's) does not bound from below: no extra counted (measured: pp 4 x dp_shard 2
+    # Mixtral-shaped, bound 0.1% above the simulated step with it)
+    piped = col((c.pp > 1) & (not m.is_moe))
     ag, rs = (col(np.where(c.pp > 1, 0.0, cm[k])) for k in ("fsdp_ag", "fsdp_rs"))
+    ag_p = col(np.where(c.pp > 1, cm["fsdp_ag"], 0.0))
     pre, post = col(cm["tp_sp"]), col(np.maximum(cm["tp_sp"], cm["tp_ar"]))
+    g_f, g_b = gathering_passes(cfg, c, st)
     out = {"f_core": np.maximum(ag + n * cf, n * ag + cf),
            "b_core": np.maximum(ag + n * cb, n * ag + np.maximum(n - 2, 0) * rs + cb),
+           "f_extra": piped * np.maximum(ag_p + n * cf, n * ag_p + cf) - piped * n * cf,
+           "b_extra": piped * np.maximum(ag_p + n * cb, n * ag_p + cb) - piped * n * cb,
+           "g_f": g_f, "g_b": g_b,
            "emb_f": st.first * (col(od["emb_f"]) + post), "emb_b": st.first * col(od["emb_bw"]),
            "head_f": st.last * (pre + col(od["head_f"]) + col(cm["loss"])),
            "head_b": st.last * (col(od["head_b"]) + post), "p2p": col(cm["p2p"])}
@@ -224,17 +235,45 @@ def unit_bounds(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: dict)
     return out
 
 
+def gathering_passes(cfg: Config, c: Candidates, st: Stages) -> tuple[np.ndarray, np.ndarray]:
+    """Forward and backward passes per step (candidates, pp) that all-gather their chunk's FSDP
+    units on each stage when pp > 1, summed over the stage's chunks: the passes that find the
+    chunk sharded (:func:`meshplan.comm.collectives.fsdp_gather_flags`, the rule the collective
+    table and the timeline count); 0 with pp 1, where every unit gathers (``f_core``)."""
+    p = st.k.shape[1]
+    g = np.zeros((2, len(c), p))
+    if p == 1:
+        return g[0], g[1]
+    reshard = cfg.training.reshard_after_forward
+    for m, v in {(int(a), int(b)) for a, b in zip(st.m[:, 0], c.vpp)}:
+        rows = (st.m[:, 0] == m) & (c.vpp == v)
+        g[:, rows, :] = _gathers(candidate_schedule(v), p, m, v, reshard)[:, None, :]
+    return g[0], g[1]
+
+
+@lru_cache(maxsize=None)
+def _gathers(schedule, p: int, m: int, v: int, reshard: bool) -> np.ndarray:
+    """(2, p): gathering F and B passes per step of each stage (see :func:`gathering_passes`)."""
+    out = np.zeros((2, p))
+    for s in range(p):
+        for (_, kind, _), gathers in fsdp_gather_flags(schedule, p, m, v, s, reshard).items():
+            out[int(kind != "F"), s] += gathers
+    return out
+
+
 def step_lower_bound(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: dict) -> np.ndarray:
     """Lower bound of :func:`meshplan.schedule.steptime.step_time` per candidate, seconds; ``st``,
     ``s``: :func:`~meshplan.search.memory.stage_layout` and ``state`` of the same group."""
     u = unit_bounds(cfg, tt, c, st, s)
     v = c.vpp[:, None]
     one = v == 1
-    busy = st.m * (v * (u["f_core"] + u["b_core"]) + u["emb_f"] + u["emb_b"] + u["head_f"] + u["head_b"])
+    busy = st.m * (v * (u["f_core"] + u["b_core"]) + u["emb_f"] + u["emb_b"] + u["head_f"] + u["head_b"]) \
+        + u["g_f"] * u["f_extra"] + u["g_b"] * u["b_extra"]
     f0 = u["f_core"] + u["emb_f"] + one * u["head_f"]       # chunk 0's forward unit on each stage
     b0 = u["b_core"] + u["emb_b"] + one * u["head_b"]       # chunk 0's backward unit on each stage
     p2p, tail, end = u["p2p"], u["tail"], u["end"]
-    fill = np.cumsum(f0 + p2p, axis=1) - (f0 + p2p)
+    first = f0 + u["f_extra"]  # micro-batch 0's forward finds every chunk sharded: it gathers
+    fill = np.cumsum(first + p2p, axis=1) - (first + p2p)
     drain = np.cumsum(b0 + p2p, axis=1) - (b0 + p2p)
     own = fill + busy + tail + end
     via0 = fill + busy + drain + tail[:, :1] + end[:, :1]
