@@ -173,8 +173,15 @@ def chains(c: Candidates, o: dict, cm: dict, moe: bool) -> tuple[np.ndarray, np.
     e = cm["ep"] if moe else 0.0
 
     def forward(p):
-        return (o[f"{p}_attn_pre"] + np.maximum(pre + o[f"{p}_attn"], cm["cp_ag"]) + post + o[f"{p}_attn_post"]
-                + o[f"{p}_mlp_pre"] + pre + e + o[f"{p}_mlp"] + e + post + o[f"{p}_mlp_post"])
+        blocking = (o[f"{p}_attn_pre"] + np.maximum(pre + o[f"{p}_attn"], cm["cp_ag"]) + post + o[f"{p}_attn_post"]
+                    + o[f"{p}_mlp_pre"] + pre + e + o[f"{p}_mlp"] + e + post + o[f"{p}_mlp_post"])
+        # tp_comm_overlap: a block's TP collectives (issued after the previous op, in order on
+        # the tp stream) run under its GEMMs, so the block lasts at least both; the EP combine
+        # is issued after the block's compute and still blocks
+        overlapped = (o[f"{p}_attn_pre"] + np.maximum(np.maximum(o[f"{p}_attn"], cm["cp_ag"]), pre + post)
+                      + o[f"{p}_attn_post"] + o[f"{p}_mlp_pre"] + np.maximum(o[f"{p}_mlp"], pre + post) + e
+                      + o[f"{p}_mlp_post"])
+        return np.where(c.ov > 0, overlapped, blocking)
     full = c.rc == RECOMPUTE.index("full")
     b = {blk: np.where(full, o[f"bin_{blk}"], o[f"bi_{blk}"]) for blk in LAYER_BLOCKS}
     back = (b["mlp_post"] + pre + e + b["mlp"] + np.maximum(o["bw_mlp"], post + e) + b["mlp_pre"] + b["attn_post"]
@@ -210,9 +217,11 @@ def unit_bounds(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: dict)
     # with pp > 1 a unit gathers only when it finds its chunk sharded and reduce-scatters only
     # on the chunk's last gradient unit (comm.collectives.fsdp_gather_flags): no FSDP term
     ag, rs = (col(np.where(c.pp > 1, 0.0, cm[k])) for k in ("fsdp_ag", "fsdp_rs"))
+    # reshard_after_forward false: the table has no backward all-gather
+    ag_b = ag * col(c.rf > 0)
     pre, post = col(cm["tp_sp"]), col(np.maximum(cm["tp_sp"], cm["tp_ar"]))
     out = {"f_core": np.maximum(ag + n * cf, n * ag + cf),
-           "b_core": np.maximum(ag + n * cb, n * ag + np.maximum(n - 2, 0) * rs + cb),
+           "b_core": np.maximum(ag_b + n * cb, n * ag_b + np.maximum(n - 2, 0) * rs + cb),
            "emb_f": st.first * (col(od["emb_f"]) + post), "emb_b": st.first * col(od["emb_bw"]),
            "head_f": st.last * (pre + col(od["head_f"]) + col(cm["loss"])),
            "head_b": st.last * (col(od["head_b"]) + post), "p2p": col(cm["p2p"])}
@@ -220,7 +229,7 @@ def unit_bounds(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: dict)
     b0 = out["b_core"] + out["emb_b"] + one * out["head_b"]
     out["end"], red = _stage_end(cfg, tt, c, st, s, cm)
     # the last unit issues its chunk's pieces of the per-step reduction: 1/vpp of it
-    out["tail"] = np.maximum(one * out["head_b"] + ag + cb + red / col(c.vpp) - b0, 0.0)
+    out["tail"] = np.maximum(one * out["head_b"] + ag_b + cb + red / col(c.vpp) - b0, 0.0)
     return out
 
 
