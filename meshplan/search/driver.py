@@ -345,9 +345,11 @@ def describe(cfg: Config, c: Candidates, est: Estimates, i: int) -> dict:
 
 def _explanation(cfg: Config, c: Candidates, est: Estimates, top: list[Exact]) -> Optional[Explanation]:
     """The top against the runner-up (:mod:`meshplan.search.explain`), when both are simulated."""
-    if len(top) < 2 or top[0].breakdown is None or top[1].breakdown is None:
+    if len(top) < 2:
         return None
     a, b = top[0], top[1]
+    if a.breakdown is None or b.breakdown is None:
+        return None
     return explain(a.breakdown, b.breakdown, describe(cfg, c, est, a.index), describe(cfg, c, est, b.index),
                    by_tie_rule=(a.step_s or 0.0) > (b.step_s or 0.0))
 

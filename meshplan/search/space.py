@@ -35,8 +35,8 @@ Dimensions (each narrowed by :class:`~meshplan.spec.search.SearchOptions`):
 >>> cfg = config_from_dict({"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 1},
 ...                         "training": {"global_batch": 8, "seq_len": 1024}}, require_mesh=False)
 >>> c = enumerate_candidates(cfg)
->>> len(c), int(c.tp.max())
-(1536, 8)
+>>> len(c), int(c.tp.max())  # 1,536 without the three knobs (reshard, tp overlap, short ends)
+(3120, 8)
 >>> candidate_config(cfg, c, 0).mesh.names
 ['dp_shard']
 """
