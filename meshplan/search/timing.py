@@ -217,11 +217,13 @@ def unit_bounds(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: dict)
     # with pp > 1 a unit gathers only when it finds its chunk sharded and reduce-scatters only
     # on the chunk's last gradient unit (comm.collectives.fsdp_gather_flags): no FSDP term
     ag, rs = (col(np.where(c.pp > 1, 0.0, cm[k])) for k in ("fsdp_ag", "fsdp_rs"))
-    # reshard_after_forward false: the table has no backward all-gather
-    ag_b = ag * col(c.rf > 0)
+    # reshard_after_forward false: the table has no backward all-gather, so the layers'
+    # reduce-scatters queue on the fsdp stream without holding up a gather (they end in the tail)
+    keep = col(c.rf > 0)
+    ag_b = ag * keep
     pre, post = col(cm["tp_sp"]), col(np.maximum(cm["tp_sp"], cm["tp_ar"]))
     out = {"f_core": np.maximum(ag + n * cf, n * ag + cf),
-           "b_core": np.maximum(ag_b + n * cb, n * ag_b + np.maximum(n - 2, 0) * rs + cb),
+           "b_core": np.maximum(ag_b + n * cb, n * ag_b + np.maximum(n - 2, 0) * rs * keep + cb),
            "emb_f": st.first * (col(od["emb_f"]) + post), "emb_b": st.first * col(od["emb_bw"]),
            "head_f": st.last * (pre + col(od["head_f"]) + col(cm["loss"])),
            "head_b": st.last * (col(od["head_b"]) + post), "p2p": col(cm["p2p"])}
