@@ -97,8 +97,14 @@ def _part_text(d: Difference) -> str:
     return f"{d.part} {_fmt(d.top_s)} vs {_fmt(d.runner_s)}" + (f" ({d.context})" if d.context else "")
 
 
+#: How a description key is printed where its own name would not read well.
+LABELS = {"gemm_efficiency": "GEMM efficiency", "m": "micro-batches", "micro_batch": "micro-batch"}
+
+
 def _vs(a: dict, b: dict, key: str, fmt: str = "{}") -> str:
-    return f"{key} {fmt.format(a[key])} vs {fmt.format(b[key])}" if key in a and key in b and a[key] != b[key] else ""
+    if key not in a or key not in b or a[key] == b[key]:
+        return ""
+    return f"{LABELS.get(key, key)} {fmt.format(a[key])} vs {fmt.format(b[key])}"
 
 
 def _context(part: str, a: dict, b: dict) -> str:
