@@ -191,6 +191,8 @@ def test_two_workers_give_the_same_result():
     ({"sharding": ["zero2"]}, "search.sharding.0"),
     ({"min_gemm_efficiency": 1.5}, "search.min_gemm_efficiency"),
     ({"memory_margin": -0.1}, "search.memory_margin"),
+    ({"tp_comm_overlap": []}, "search.tp_comm_overlap"),
+    ({"reshard_after_forward": [1]}, "search.reshard_after_forward.0"),
 ])
 def test_search_table_errors_name_the_field(table, field):
     with pytest.raises(ConfigError) as e:
