@@ -10,6 +10,7 @@ from meshplan.report.search import search_to_dict
 from meshplan.schedule.rank_timeline import Overlap
 from meshplan.schedule.steptime import step_time
 from meshplan.search.driver import search
+from meshplan.search.explain import explain
 from meshplan.search.rank import RULE_LINE, tie_order
 from meshplan.search.space import candidate_config, ends_short_split, enumerate_candidates
 from test_search import config
@@ -98,3 +99,18 @@ def test_top_against_runner_up_by_hand():
     doc = search_to_dict(r)
     assert doc["top_vs_runner_up"]["parts"][0]["part"] == "exposed cp" and doc["order_rule"] == RULE_LINE
     assert doc["top"][0]["step_parts_s"]["step"] == a.step_s
+
+
+def test_explain_by_hand_with_the_tie_rule():
+    """Top 10.05 s (compute 8.0, bubble 1.5, exposed tp 0.55), #2 10.0 s (compute 7.5, bubble
+    2.2, exposed tp 0.1, exposed cp 0.2): differences #2 - top: bubble +0.7, compute -0.5,
+    tp -0.45, cp +0.2, so by size bubble, compute, tp, cp. The top is 0.5% slower
+    (10.05 / 10.0 - 1) and first only by the tie rule."""
+    top = {"step": 10.05, "compute": 8.0, "bubble": 1.5, "exposed tp": 0.55, "layer_passes": 100.0}
+    two = {"step": 10.0, "compute": 7.5, "bubble": 2.2, "exposed tp": 0.1, "exposed cp": 0.2, "layer_passes": 100.0}
+    x = explain(top, two, {"pp": 8, "cp": 1, "tp": 8}, {"pp": 16, "cp": 2, "tp": 4}, by_tie_rule=True)
+    assert [d.part for d in x.parts] == ["bubble", "compute", "exposed tp", "exposed cp"]
+    assert np.allclose([d.gain_s for d in x.parts], [0.7, -0.5, -0.45, 0.2])
+    assert x.parts[0].context == "pp 8 vs 16" and x.parts[3].context == "cp 1 vs 2, per layer pass 0 ms vs 2 ms"
+    assert x.line(2) == ("top's step is 0.5% longer than #2's, within 1%: listed first by the tie rule (fewer axes / "
+                         "lower degrees); parts: bubble 1.5 s vs 2.2 s (pp 8 vs 16), compute 8 s vs 7.5 s (tp 8 vs 4)")

@@ -75,8 +75,8 @@ class Explanation:
         """``top is 4.1% faster than #2: bubble 3.2 s vs 5.0 s (pp 16 vs 32), ...``."""
         parts = ", ".join(_part_text(d) for d in self.parts[:most]) or "no part differs"
         if self.by_tie_rule:
-            head = (f"top is within 1% of #2 ({-self.faster:+.1%} step) and listed first by the tie rule "
-                    f"(fewer axes / lower degrees); parts")
+            head = (f"top's step is {self.top_step_s / self.runner_step_s - 1:.1%} longer than #2's, within 1%: "
+                    f"listed first by the tie rule (fewer axes / lower degrees); parts")
         else:
             head = f"top is {self.faster:.1%} faster than #2"
         return f"{head}: {parts}"
