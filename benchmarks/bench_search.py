@@ -47,6 +47,8 @@ def bench(path: Path, workers: int, settle_s: float | None) -> None:
     for k, e in enumerate(r.top[:3], 1):
         print(f"  #{k} {r.candidates.label(e.index)}: step {e.step_s:.3f} s, MFU {e.mfu:.1%}, "
               f"peak {e.peak_bytes / 2**30:.1f} GiB")
+    if r.explanation is not None:
+        print(f"  {r.explanation.line()}")
     print(f"  top proven exact: {r.proven}")
 
 

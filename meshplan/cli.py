@@ -318,7 +318,14 @@ def search_cmd(config: Path = typer.Argument(..., help="TOML config: [model], [c
                json_path: Optional[Path] = typer.Option(None, "--json", help="write the result as JSON"),
                force: bool = typer.Option(False, "--force", help="replace an existing --json file")):
     """Search every mesh of the workload: reject with reasons, rank by predicted step time. Exit 0 when some
-    candidate fits, 1 when none does."""
+    candidate fits, 1 when none does.
+
+    Searched: degrees of pp, dp_replicate, dp_shard, cp, tp (ep, etp for MoE), micro-batch, recompute,
+    vpp (interleaved 1F1B), sharding, training.reshard_after_forward (FSDP), training.tp_comm_overlap
+    (tp > 1) and the Llama 3 layer split with lighter first and last stages (pp >= 3); [search] narrows
+    each. Order: by step time; candidates within 1% of the fastest not yet listed go toward fewer axes,
+    then lower tp*pp*cp*ep, then lower tp. The output names what makes the top faster than #2 (compute,
+    bubble, exposed communication per axis, with their seconds)."""
 
     cfg = load_config(config, require_mesh=False)
     if top is not None:

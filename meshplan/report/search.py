@@ -1,8 +1,10 @@
 """Text and JSON reports of a :class:`~meshplan.search.driver.SearchResult`.
 
 Text: the space searched (axis order and placement named), the top candidates (mesh,
-micro-batch, recompute, vpp, sharding, peak GiB, step s, MFU, tokens/s, goodput), the best
-rejected one with why, and the candidates per outcome. JSON (schema
+micro-batch, recompute, vpp, sharding, knobs, peak GiB, step s, MFU, tokens/s, goodput), the
+order rule (:mod:`meshplan.search.rank`), what makes the top faster than the runner-up
+(:mod:`meshplan.search.explain`), the best rejected one with why, and the candidates per
+outcome. JSON (schema
 ``meshplan.search.driver/v1``): the same, SI units, with each top candidate's plan input so
 ``meshplan plan`` can replay it.
 """
@@ -22,6 +24,7 @@ from meshplan import __version__
 from meshplan.fileio import write_output
 from meshplan.search.driver import SearchResult
 from meshplan.search.exact import Exact
+from meshplan.search.rank import RULE_LINE
 from meshplan.search.space import RECOMPUTE, REASONS, SHARDING, candidate_config, max_tp
 from meshplan.units import GiB
 
@@ -36,8 +39,11 @@ def row(r: SearchResult, e: Exact) -> dict[str, Any]:
     return {"index": i, "mesh": {k: int(v[i]) for k, v in degrees.items()}, "micro_batch": int(c.mb[i]),
             "recompute": RECOMPUTE[c.rc[i]], "virtual_stages": int(c.vpp[i]), "sharding": SHARDING[c.sh[i]],
             "feasible": e.feasible, "reasons": list(e.reasons), "peak_bytes": e.peak_bytes, "step_s": e.step_s,
+            "reshard_after_forward": bool(c.rf[i]), "tp_comm_overlap": bool(c.ov[i]),
+            "ends_short_stages": bool(c.us[i]),
             "mfu": e.mfu, "tokens_per_s": e.tokens_per_s, "goodput": e.goodput,
-            "gemm_efficiency": float(r.est.gemm[i]), "step_lower_bound_s": float(r.est.step_lo[i])}
+            "gemm_efficiency": float(r.est.gemm[i]), "step_lower_bound_s": float(r.est.step_lo[i]),
+            "step_parts_s": e.breakdown}
 
 
 def search_to_dict(r: SearchResult) -> dict[str, Any]:
@@ -52,7 +58,8 @@ def search_to_dict(r: SearchResult) -> dict[str, Any]:
     return {"schema": SCHEMA, "meshplan_version": __version__, "candidates": len(r.candidates),
             "options": cfg.search.model_dump(), "usable_bytes": r.usable_bytes, "proven": r.proven,
             "below_threshold_kept": r.below_threshold_kept, "wall_s": r.wall_s, "timings_s": r.timings,
-            "planned_exactly": len(r.exact), "counts": r.counts(), "top": top,
+            "planned_exactly": len(r.exact), "counts": r.counts(), "top": top, "order_rule": RULE_LINE,
+            "top_vs_runner_up": r.explanation.to_dict() if r.explanation else None,
             "best_rejected": row(r, r.best_rejected) if r.best_rejected else None, "notes": list(r.notes)}
 
 
@@ -69,6 +76,8 @@ def header_lines(r: SearchResult) -> list[str]:
             f"{t.global_batch} x {t.seq_len} tokens; usable {r.usable_bytes / GiB:.1f} GiB per GPU",
             "mesh order (pp, dp_replicate, dp_shard, cp, tp), tp innermost, ranks node-major; SP on when tp > 1; "
             f"tp <= {max_tp(cfg)}; [mesh] of the config ignored",
+            "also searched: training.reshard_after_forward (FSDP-sharded parameters), training.tp_comm_overlap "
+            "(tp > 1), first and last stage lighter by one layer each (Llama 3 split, pp >= 3, vpp 1)",
             f"{len(r.candidates):,} candidates: {sum(1 for _ in REASONS) - 2} validity rules, memory bounds, "
             f"GEMM threshold {o.min_gemm_efficiency:.0%}; {len(r.exact)} planned exactly (build_plan + step_time) "
             f"in {r.wall_s:.1f} s"]
@@ -80,16 +89,20 @@ def print_search(r: SearchResult, console: Console, top: int | None = None) -> N
         console.print(line, highlight=False, markup=False)
     shown = r.top[:top] if top else r.top
     tab = Table(title=f"top {len(shown)} by predicted step time", title_justify="left")
-    for col in ("#", "mesh", "mb", "recompute", "vpp", "sharding", "peak GiB", "step s", "MFU", "tokens/s",
+    for col in ("#", "mesh", "mb", "recompute", "vpp", "sharding", "knobs", "peak GiB", "step s", "MFU", "tokens/s",
                 "goodput", "GEMM eff"):
-        tab.add_column(col, justify="right" if col not in ("mesh", "recompute", "sharding") else "left")
+        tab.add_column(col, justify="right" if col not in ("mesh", "recompute", "sharding", "knobs") else "left")
     for k, e in enumerate(shown, 1):
         d = row(r, e)
         mesh = " x ".join(f"{a} {v}" for a, v in d["mesh"].items() if v > 1) or "1"
         tab.add_row(str(k), mesh, str(d["micro_batch"]), d["recompute"], str(d["virtual_stages"]), d["sharding"],
-                    f"{e.peak_bytes / GiB:.1f}", f"{e.step_s:.3f}", f"{e.mfu:.1%}", f"{e.tokens_per_s:,.0f}",
-                    f"{e.goodput:.2%}" if e.goodput is not None else "-", f"{d['gemm_efficiency']:.1%}")
+                    knobs(d), f"{e.peak_bytes / GiB:.1f}", f"{e.step_s:.3f}", f"{e.mfu:.1%}",
+                    f"{e.tokens_per_s:,.0f}", f"{e.goodput:.2%}" if e.goodput is not None else "-",
+                    f"{d['gemm_efficiency']:.1%}")
     console.print(tab)
+    console.print(RULE_LINE, highlight=False, markup=False)
+    if r.explanation is not None:
+        console.print(r.explanation.line(), highlight=False, markup=False)
     o = r.config.search
     lines = [f"goodput (Daly, printed, not ranked): checkpoint write/read {o.checkpoint_write_gb_per_s:g}/"
              f"{o.checkpoint_read_gb_per_s:g} GB/s, restart overhead {o.restart_overhead_s:g} s ([search] fields)"]
@@ -98,6 +111,14 @@ def print_search(r: SearchResult, console: Console, top: int | None = None) -> N
                      "one shown")
     for line in lines + rejected_lines(r) + count_lines(r) + [f"note: {n}" for n in r.notes]:
         console.print(line, highlight=False, markup=False)
+
+
+def knobs(d: dict) -> str:
+    """The searched training knobs that are not the default: ``keep gathered``
+    (reshard_after_forward false), ``tp overlap``, ``short ends`` (Llama 3 split)."""
+    on = [("keep gathered", not d["reshard_after_forward"]), ("tp overlap", d["tp_comm_overlap"]),
+          ("short ends", d["ends_short_stages"])]
+    return ", ".join(t for t, x in on if x) or "-"
 
 
 def rejected_lines(r: SearchResult) -> list[str]:

@@ -144,12 +144,12 @@ def _upper(cfg, c, st, s, u, hi, layer_peak, hs, fixed) -> np.ndarray:
     """All state + the saved activations of ``w`` passes + the root units (copy and
     all-gather output) + the largest phase, each phase holding every transient it can at
     its largest (module docstring)."""
-    o, t, F = cfg.memory, cfg.training, u["fsdp"]
+    o, F = cfg.memory, u["fsdp"]
     r = u["r"]
     acts = st.w * (st.n_chunk * hi["saved"] + st.first * hs["embedding_saved"]) + st.last * hs["head_saved"]
     depth = max(1, o.prefetch_layers, getattr(o, "forward_prefetch_layers", 0))
-    few = o.fsdp_reduce == "per_microbatch" and t.reshard_after_forward
-    held = (1 + depth) * u["unit_max"] if few else 2 * st.n * u["unit_max"]  # copies and outputs of layers
+    few = (o.fsdp_reduce == "per_microbatch") & (c.rf[:, None] > 0)  # the candidate's reshard_after_forward
+    held = np.where(few, (1 + depth) * u["unit_max"], 2 * st.n * u["unit_max"])  # copies and outputs of layers
     red = lambda x: (x * r).astype(np.int64)
     accum = 0 if o.fsdp_reduce == "per_microbatch" else red(st.n * u["unit_max"] + u["roots"]) + u["unit_max"]
     in_flight = red(np.maximum(u["unit_max"], np.maximum(u["head"], u["emb"])))

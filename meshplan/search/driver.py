@@ -26,15 +26,19 @@ The config's ``[mesh]`` table is ignored (a config without one is accepted); ``[
 6. **Rank by exact step time**, best-first: candidates are planned and simulated exactly
    (``build_plan`` + ``step_time(plan, Overlap())``, what ``meshplan plan`` and ``meshplan
    step`` run) in increasing order of their step-time lower bound, until ``top`` feasible
-   ones are known and the next candidate's lower bound exceeds the ``top``-th exact step
-   time. Because the bound never exceeds the exact step time (tests check it on every
+   ones are known and the next candidate's lower bound exceeds ``1.01`` x the ``top``-th
+   exact step time (:func:`meshplan.search.rank.needed`); the top is then ordered by the tie
+   rule (:mod:`meshplan.search.rank`: within 1%, fewer axes and lower degrees first).
+   Because the bound never exceeds the exact step time (tests check it on every
    candidate of small worlds), no candidate left unplanned can enter the top: the top is
    the one an exhaustive exact evaluation gives. ``exact_max`` caps the planned
-   candidates; reaching it is reported (the top is then not proven).
+   candidates; reaching it is reported (the top is then not proven). The top's step is
+   split into parts and compared with the runner-up's (:mod:`meshplan.search.explain`).
 7. **Settle the rest near the memory limit** within ``settle_s`` seconds (their verdict only
    changes the counts); any left are counted as undecided, never as feasible or rejected.
 
-Ties in step time are broken by enumeration index, the same in the exhaustive check.
+Exact ties (after the tie rule's keys) are broken by enumeration index, the same in the
+exhaustive check.
 Exact plans run on ``workers`` forked processes (default: the CPUs this process may use).
 
 Goodput (:mod:`meshplan.reliability`, storage bandwidths and restart overhead from
@@ -43,7 +47,6 @@ Goodput (:mod:`meshplan.reliability`, storage bandwidths and restart overhead fr
 
 from __future__ import annotations
 
-import heapq
 import os
 import time
 from dataclasses import dataclass, field
@@ -54,8 +57,11 @@ import numpy as np
 from meshplan.memory.constraints import usable_bytes
 from meshplan.search.bounds import bounds
 from meshplan.search.exact import Exact, Planner, Pool
+from meshplan.search.explain import Explanation, explain
 from meshplan.search.memory import Tables, stage_layout, state
-from meshplan.search.space import CODE, OK, REASONS, Candidates, enumerate_candidates, first_reason
+from meshplan.search.rank import needed, ranked
+from meshplan.search.space import CODE, OK, REASONS, RECOMPUTE, SHARDING, Candidates, enumerate_candidates, \
+    first_reason
 from meshplan.search.pipeline import pipeline_bound
 from meshplan.search.timing import TimeTables, gemm_efficiency, step_lower_bound, unit_bounds
 from meshplan.config import Config
@@ -78,8 +84,9 @@ class Estimates:
 class SearchResult:
     """Outcome of :func:`search`. ``code``: first rule each candidate breaks (index into
     :data:`~meshplan.search.space.REASONS`) or OK (-1); ``decided``: how the memory verdict
-    was reached ("rule", "bound", "plan"); ``top``: the ranked feasible candidates;
-    ``exact``: every exactly planned candidate by index."""
+    was reached ("rule", "bound", "plan"); ``top``: the ranked feasible candidates (tie rule
+    of :mod:`meshplan.search.rank`); ``exact``: every exactly planned candidate by index;
+    ``explanation``: the top against the runner-up (:mod:`meshplan.search.explain`)."""
 
     config: Config
     candidates: Candidates
@@ -95,6 +102,7 @@ class SearchResult:
     wall_s: float
     notes: list[str] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
+    explanation: Optional[Explanation] = None
 
     def counts(self) -> dict[str, int]:
         """Candidates per outcome: ``feasible``, ``undecided`` (near the memory limit, not
@@ -186,7 +194,7 @@ def search(cfg: Config, progress: Optional[Progress] = None, workers: Optional[i
         near_top = _near_top(est, eligible, o.top, o.refine_max)
         refine(cfg, c, est, near_top)
         clock("refine")
-        top, proven = _rank(cfg, est, eligible, run)
+        top, proven = _rank(cfg, c, est, eligible, run)
         clock("rank")
         band = np.flatnonzero((code == OK) & (decided == 0))
         run.plan(band[np.argsort(est.step_lo[band], kind="stable")], simulate=False, label="near the memory limit",
@@ -207,7 +215,7 @@ def search(cfg: Config, progress: Optional[Progress] = None, workers: Optional[i
         notes.append(f"no candidate with local GEMM efficiency >= {o.min_gemm_efficiency:.0%} fits: capacity "
                      f"requires narrower GEMMs, so the below-threshold candidates are kept")
     return SearchResult(cfg, c, code, decided, est, usable, top, run.exact, best, not apply, proven,
-                        time.perf_counter() - t0, notes, clock.laps)
+                        time.perf_counter() - t0, notes, clock.laps, _explanation(cfg, c, est, top))
 
 
 class _Clock:
@@ -297,16 +305,17 @@ def _near_top(est: Estimates, eligible: np.ndarray, top: int, most: int) -> np.n
     return near[np.argsort(est.step_lo[near], kind="stable")][:most]
 
 
-def _rank(cfg: Config, est: Estimates, eligible: np.ndarray, run: _Runner) -> tuple[list[Exact], bool]:
-    """Best-first exact ranking (module docstring, step 5): (top, proven)."""
+def _rank(cfg: Config, c: Candidates, est: Estimates, eligible: np.ndarray, run: _Runner) -> tuple[list[Exact], bool]:
+    """Best-first exact ranking (module docstring, step 6) under the tie rule of
+    :mod:`meshplan.search.rank`: (top, proven)."""
     o = cfg.search
     order = eligible[np.argsort(est.step_lo[eligible], kind="stable")]
-    best: list[tuple[float, int]] = []  # max-heap of the top by (-step, -index)
+    steps: dict[int, float] = {}
     batch = max(1, run.pool.workers)
     pos, planned, proven = 0, 0, True
     while pos < len(order):
-        if len(best) >= o.top and planned >= o.exact_min and \
-                -best[0][0] < est.step_lo[order[pos]] * (1 - BOUND_SLACK):
+        if len(steps) >= o.top and planned >= o.exact_min and \
+                needed(np.fromiter(steps.values(), float), o.top) < est.step_lo[order[pos]] * (1 - BOUND_SLACK):
             break
         if planned >= o.exact_max:
             proven = False
@@ -318,13 +327,31 @@ def _rank(cfg: Config, est: Estimates, eligible: np.ndarray, run: _Runner) -> tu
         for r in run.plan(chunk, simulate=True, label="ranking"):
             planned += 1
             if r.feasible and r.step_s is not None:
-                heapq.heappush(best, (-r.step_s, -r.index))
-                if len(best) > o.top:
-                    heapq.heappop(best)
+                steps[r.index] = r.step_s
         if run.progress:
             run.progress("ranking", planned, planned + (len(order) - pos > 0))
-    top = sorted((run.exact[-i] for _, i in best), key=lambda r: (r.step_s, r.index))
-    return top, proven
+    return [run.exact[i] for i in ranked(c, steps, o.top)], proven
+
+
+def describe(cfg: Config, c: Candidates, est: Estimates, i: int) -> dict:
+    """What sets candidate ``i``'s step parts, for :func:`meshplan.search.explain.explain`."""
+    degrees = {"pp": c.pp, "dp_replicate": c.dpr, "dp_shard": c.dps, "cp": c.cp, "tp": c.tp, "ep": c.ep}
+    out: dict = {k: int(v[i]) for k, v in degrees.items()}
+    out.update(vpp=int(c.vpp[i]), micro_batch=int(c.mb[i]), m=cfg.training.global_batch // int(c.mb[i] * c.dp[i]),
+               recompute=RECOMPUTE[c.rc[i]], sharding=SHARDING[c.sh[i]], gemm_efficiency=float(est.gemm[i]),
+               reshard_after_forward=bool(c.rf[i]), tp_comm_overlap=bool(c.ov[i]))
+    return out
+
+
+def _explanation(cfg: Config, c: Candidates, est: Estimates, top: list[Exact]) -> Optional[Explanation]:
+    """The top against the runner-up (:mod:`meshplan.search.explain`), when both are simulated."""
+    if len(top) < 2:
+        return None
+    a, b = top[0], top[1]
+    if a.breakdown is None or b.breakdown is None:
+        return None
+    return explain(a.breakdown, b.breakdown, describe(cfg, c, est, a.index), describe(cfg, c, est, b.index),
+                   by_tie_rule=(a.step_s or 0.0) > (b.step_s or 0.0))
 
 
 def _best_rejected(code: np.ndarray, est: Estimates, run: _Runner, top: list[Exact]) -> Optional[Exact]:

@@ -15,6 +15,7 @@ from meshplan.memory import constraints as cons
 from meshplan.plan import Infeasible, build_plan
 from meshplan.schedule.rank_timeline import Overlap
 from meshplan.reliability import reliability
+from meshplan.search.explain import step_breakdown
 from meshplan.search.space import Candidates, candidate_config
 from meshplan.config import Config
 from meshplan.schedule.steptime import step_time
@@ -24,7 +25,8 @@ from meshplan.schedule.steptime import step_time
 class Exact:
     """One candidate planned exactly: ``feasible`` and ``reasons`` from build_plan,
     ``peak_bytes`` of the most loaded stage, and (when simulated) ``step_s``, ``mfu``,
-    ``tokens_per_s``, ``goodput``."""
+    ``tokens_per_s``, ``goodput`` and the step's parts
+    (:func:`~meshplan.search.explain.step_breakdown`, seconds)."""
 
     index: int
     feasible: bool
@@ -34,6 +36,7 @@ class Exact:
     mfu: Optional[float] = None
     tokens_per_s: Optional[float] = None
     goodput: Optional[float] = None
+    breakdown: Optional[dict] = None
 
 
 class Planner:
@@ -61,7 +64,8 @@ class Planner:
         good = reliability(plan, write_bandwidth_bytes_per_s=o.checkpoint_write_gb_per_s * 1e9,
                            read_bandwidth_bytes_per_s=o.checkpoint_read_gb_per_s * 1e9,
                            restart_overhead_s=o.restart_overhead_s).goodput if plan.feasible else None
-        return Exact(i, plan.feasible, plan.reasons, peak, st.step_s, st.mfu, st.tokens_per_s, good)
+        return Exact(i, plan.feasible, plan.reasons, peak, st.step_s, st.mfu, st.tokens_per_s, good,
+                     step_breakdown(st))
 
 
 _WORKER: Optional[Planner] = None

@@ -23,7 +23,7 @@ from meshplan.memory.state import SHARDED_KINDS
 from meshplan.mesh.resolve import resolved_mesh
 from meshplan.config import Config
 from meshplan.spec.mesh import MeshSpec
-from meshplan.search.space import RECOMPUTE, SHARDING, Candidates, candidate_schedule
+from meshplan.search.space import RECOMPUTE, SHARDING, Candidates, candidate_schedule, ends_short_split
 from meshplan.mesh.tpsplit import local_numel, local_rows, padded_vocab
 from meshplan.pipeline.registry import get
 from meshplan.units import dtype_bytes
@@ -152,13 +152,17 @@ class Stages:
 
 def stage_layout(cfg: Config, c: Candidates, p: int) -> Stages:
     """Layers, MoE layers and in-flight passes per stage of candidates with pp = ``p``
-    (:func:`~meshplan.mesh.layers.stage_layers`, :func:`~meshplan.mesh.layers.balanced_split`)."""
+    (:func:`~meshplan.mesh.layers.stage_layers`, :func:`~meshplan.mesh.layers.balanced_split`,
+    :func:`~meshplan.search.space.ends_short_split` where ``us``)."""
     L, D = cfg.model.layers, (cfg.model.dense_layers if cfg.model.is_moe else cfg.model.layers)
     k = np.arange(p)[None, :]
     v = c.vpp[:, None]
     base, extra = L // p, L % p
     pos = np.where(k == 0, p - 2, np.where(k == p - 1, p - 1, k - 1)) if p > 1 else np.zeros_like(k)
     n = np.broadcast_to(base + ((pos < extra) & (v == 1)), (len(c), p)).astype(np.int64)
+    short = ends_short_split(L, p)
+    if short is not None and c.us.any():  # the Llama 3 split where the candidate has it
+        n = np.where(c.us[:, None] > 0, np.array(short, dtype=np.int64)[None, :], n)
     start = np.cumsum(n, axis=1) - n
     if np.all(v == 1):
         n_dense = np.clip(D - start, 0, n)

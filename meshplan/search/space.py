@@ -22,14 +22,21 @@ Dimensions (each narrowed by :class:`~meshplan.spec.search.SearchOptions`):
   one layer fewer), as the Llama 3 405B example does;
 - sharding: zero1 and zero3 with dp_replicate 1; hsdp (zero3 inside dp_shard x cp,
   replicated over dp_replicate) with dp_replicate > 1. zero1 with dp_replicate > 1 is not
-  searched: meshplan's collective table reduces ZeRO-1 gradients over the FSDP axis only.
+  searched: meshplan's collective table reduces ZeRO-1 gradients over the FSDP axis only;
+- ``training.reshard_after_forward`` true and false where parameters are FSDP-sharded
+  (zero3 or hsdp with a shard degree > 1);
+- ``training.tp_comm_overlap`` off and on where tp > 1 (Megatron-LM ``--tp-comm-overlap``);
+- with pp >= 3 and vpp 1, also :func:`ends_short_split` (first and last stage lighter by
+  the embedding and the output layer, Llama 3's rule) where it differs from the default
+  split. Not yet searched: uneven stages with vpp > 1 (the vectorised bounds assume equal
+  chunks within a stage).
 
 >>> from meshplan.config import config_from_dict
 >>> cfg = config_from_dict({"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 1},
 ...                         "training": {"global_batch": 8, "seq_len": 1024}}, require_mesh=False)
 >>> c = enumerate_candidates(cfg)
->>> len(c), int(c.tp.max())
-(1536, 8)
+>>> len(c), int(c.tp.max())  # 1,536 without the three knobs (reshard, tp overlap, short ends)
+(3120, 8)
 >>> candidate_config(cfg, c, 0).mesh.names
 ['dp_shard']
 """
@@ -38,6 +45,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
 from math import prod
+from typing import Optional
 
 import numpy as np
 
@@ -73,7 +81,9 @@ CODE = {key: i for i, (key, _) in enumerate(REASONS)}
 @dataclass(frozen=True)
 class Candidates:
     """One row per candidate; every column an int64 array. ``rc`` indexes
-    :data:`RECOMPUTE`, ``sh`` indexes :data:`SHARDING`."""
+    :data:`RECOMPUTE`, ``sh`` indexes :data:`SHARDING`; ``rf``: reshard_after_forward (1/0),
+    ``ov``: tp_comm_overlap (1/0), ``us``: the stages' layers by :func:`ends_short_split` (1)
+    or the default split (0; :func:`stage_split`)."""
 
     pp: np.ndarray
     dpr: np.ndarray
@@ -86,6 +96,9 @@ class Candidates:
     rc: np.ndarray
     vpp: np.ndarray
     sh: np.ndarray
+    rf: np.ndarray
+    ov: np.ndarray
+    us: np.ndarray
 
     def __len__(self) -> int:
         return int(self.pp.size)
@@ -109,12 +122,16 @@ class Candidates:
         return np.maximum(self.dps * self.cp * self.tp // (self.ep * self.etp), 1)
 
     def label(self, i: int) -> str:
-        """``pp 16 x dp_shard 128 x tp 8, mb 1, full, vpp 1, zero3`` (degree-1 axes left out)."""
+        """``pp 16 x dp_shard 128 x tp 8, mb 1, full, vpp 1, zero3`` (degree-1 axes left out),
+        then ``, keep gathered`` (reshard_after_forward false), ``, tp overlap`` and ``, short
+        end stages`` where they apply."""
         degs = [("pp", self.pp), ("dp_replicate", self.dpr), ("dp_shard", self.dps), ("cp", self.cp),
                 ("tp", self.tp), ("ep", self.ep), ("etp", self.etp)]
         mesh = " x ".join(f"{n} {int(a[i])}" for n, a in degs if a[i] > 1) or "1 rank"
+        extra = "".join(t for on, t in ((not self.rf[i], ", keep gathered"), (self.ov[i], ", tp overlap"),
+                                         (self.us[i], ", short end stages")) if on)
         return (f"{mesh}, mb {int(self.mb[i])}, {RECOMPUTE[self.rc[i]]}, vpp {int(self.vpp[i])}, "
-                f"{SHARDING[self.sh[i]]}")
+                f"{SHARDING[self.sh[i]]}{extra}")
 
 
 def divisors(n: int) -> list[int]:
@@ -189,11 +206,50 @@ def enumerate_candidates(cfg: Config) -> Candidates:
     rcs = np.array(sorted(RECOMPUTE.index(r) for r in set(o.recompute)), dtype=np.int64)
     n, a, b = len(base), len(mbs), len(rcs)
     rows = np.repeat(base, a * b, axis=0)
-    mb = np.tile(np.repeat(mbs, b), n)
-    rc = np.tile(rcs, n * a)
     c = rows.T
-    return Candidates(pp=c[0], dpr=c[1], dps=c[2], cp=c[3], tp=c[4], ep=c[5], etp=c[6], mb=mb, rc=rc,
-                      vpp=c[7], sh=c[8])
+    cols = dict(pp=c[0], dpr=c[1], dps=c[2], cp=c[3], tp=c[4], ep=c[5], etp=c[6], mb=np.tile(np.repeat(mbs, b), n),
+                rc=np.tile(rcs, n * a), vpp=c[7], sh=c[8])
+    fsdp = (cols["sh"] != SHARDING.index("zero1")) & ((cols["dps"] * cols["cp"] > 1) | (
+        cfg.model.is_moe & (cols["dps"] * cols["cp"] * cols["tp"] > cols["ep"] * cols["etp"])))
+    cols = _expand(cols, "rf", _flags(o.reshard_after_forward, True), fsdp, 1)
+    cols = _expand(cols, "ov", _flags(o.tp_comm_overlap, False), cols["tp"] > 1, 0)
+    short = np.array([ends_short_split(layers, int(p)) is not None for p in range(cfg.cluster.world + 1)])
+    cols = _expand(cols, "us", _flags(o.uneven_stages, False), short[cols["pp"]] & (cols["vpp"] == 1), 0)
+    return Candidates(**cols)
+
+
+def _flags(allowed, default: bool) -> list[int]:
+    """Values of a boolean dimension as 0/1, ``default`` first (None: both)."""
+    vals = [default, not default] if allowed is None else sorted(set(allowed), key=lambda x: x != default)
+    return [int(x) for x in vals]
+
+
+def _expand(cols: dict, key: str, values: list[int], applies: np.ndarray, neutral: int) -> dict:
+    """Each row where ``applies`` once per value of the new column ``key``, in order; the
+    other rows once, with ``neutral``."""
+    reps = np.where(applies, len(values), 1)
+    idx = np.repeat(np.arange(applies.size), reps)
+    pos = np.arange(idx.size) - np.repeat(np.cumsum(reps) - reps, reps)
+    out = {k: v[idx] for k, v in cols.items()}
+    out[key] = np.where(applies[idx], np.asarray(values, dtype=np.int64)[pos % len(values)], neutral)
+    return out
+
+
+def ends_short_split(layers: int, pp: int) -> Optional[list[int]]:
+    """Layers per stage with the embedding and the output layer each counted as one layer
+    (Llama 3, Dubey et al. 2024, 3.3.2: "one layer fewer on the first and the last stage"):
+    :func:`~meshplan.mesh.layers.balanced_split` of ``layers + 2``, one layer then taken off
+    the first and the last stage. None when it equals the default split
+    (:func:`stage_split`) or leaves a stage empty: no new candidate.
+
+    >>> ends_short_split(32, 4), ends_short_split(126, 16), ends_short_split(8, 2)
+    ([7, 9, 9, 7], None, None)
+    """
+    if pp < 3 or pp > layers:
+        return None
+    split = balanced_split(layers + 2, pp)
+    split[0], split[-1] = split[0] - 1, split[-1] - 1
+    return split if min(split) >= 1 and split != balanced_split(layers, pp) else None
 
 
 def first_reason(cfg: Config, c: Candidates) -> np.ndarray:
@@ -237,9 +293,12 @@ def candidate_schedule(vpp: int) -> Schedule:
     return get(SEARCHED).for_chunks(vpp)
 
 
-def stage_split(layers: int, pp: int, vpp: int):
-    """``pp_layer_split`` of a candidate: None when pp divides the layers (even stages) or
-    vpp > 1, else :func:`~meshplan.mesh.layers.balanced_split`."""
+def stage_split(layers: int, pp: int, vpp: int, short: bool = False):
+    """``pp_layer_split`` of a candidate: :func:`ends_short_split` when ``short``; else None
+    when pp divides the layers (even stages) or vpp > 1, else
+    :func:`~meshplan.mesh.layers.balanced_split`."""
+    if short:
+        return ends_short_split(layers, pp)
     if pp == 1 or vpp > 1 or layers % pp == 0 or pp > layers:
         return None
     return balanced_split(layers, pp)
@@ -247,17 +306,20 @@ def stage_split(layers: int, pp: int, vpp: int):
 
 def candidate_config(cfg: Config, c: Candidates, i: int) -> Config:
     """The plan input of candidate ``i``: ``cfg`` with its mesh (canonical order, degree-1
-    axes left out, SP on when tp > 1, 1F1B or interleaved 1F1B) and the candidate's
-    micro-batch, recompute and sharding in the training contract."""
+    axes left out, SP on when tp > 1, 1F1B or interleaved 1F1B, its layer split) and the
+    candidate's micro-batch, recompute, sharding, reshard_after_forward and tp_comm_overlap
+    in the training contract."""
     degs = [("pp", c.pp), ("dp_replicate", c.dpr), ("dp_shard", c.dps), ("cp", c.cp), ("tp", c.tp),
             ("ep", c.ep), ("etp", c.etp)]
     named = [(n, int(a[i])) for n, a in degs if a[i] > 1] or [("dp_shard", 1)]
     pp, vpp, tp = int(c.pp[i]), int(c.vpp[i]), int(c.tp[i])
     mesh = MeshSpec(names=[n for n, _ in named], shape=[d for _, d in named], sequence_parallel=tp > 1,
-                    virtual_stages=vpp, pp_layer_split=stage_split(cfg.model.layers, pp, vpp),
+                    virtual_stages=vpp, pp_layer_split=stage_split(cfg.model.layers, pp, vpp, bool(c.us[i])),
                     pp_schedule=candidate_schedule(vpp))
     training = cfg.training.model_copy(update={"micro_batch": int(c.mb[i]), "recompute": RECOMPUTE[c.rc[i]],
-                                               "sharding": SHARDING[c.sh[i]]})
+                                               "sharding": SHARDING[c.sh[i]],
+                                               "reshard_after_forward": bool(c.rf[i]),
+                                               "tp_comm_overlap": bool(c.ov[i])})
     return replace(cfg, mesh=mesh, training=training)
 
 

@@ -173,8 +173,15 @@ def chains(c: Candidates, o: dict, cm: dict, moe: bool) -> tuple[np.ndarray, np.
     e = cm["ep"] if moe else 0.0
 
     def forward(p):
-        return (o[f"{p}_attn_pre"] + np.maximum(pre + o[f"{p}_attn"], cm["cp_ag"]) + post + o[f"{p}_attn_post"]
-                + o[f"{p}_mlp_pre"] + pre + e + o[f"{p}_mlp"] + e + post + o[f"{p}_mlp_post"])
+        blocking = (o[f"{p}_attn_pre"] + np.maximum(pre + o[f"{p}_attn"], cm["cp_ag"]) + post + o[f"{p}_attn_post"]
+                    + o[f"{p}_mlp_pre"] + pre + e + o[f"{p}_mlp"] + e + post + o[f"{p}_mlp_post"])
+        # tp_comm_overlap: a block's TP collectives (issued after the previous op, in order on
+        # the tp stream) run under its GEMMs, so the block lasts at least both; the EP combine
+        # is issued after the block's compute and still blocks
+        overlapped = (o[f"{p}_attn_pre"] + np.maximum(np.maximum(o[f"{p}_attn"], cm["cp_ag"]), pre + post)
+                      + o[f"{p}_attn_post"] + o[f"{p}_mlp_pre"] + np.maximum(o[f"{p}_mlp"], pre + post) + e
+                      + o[f"{p}_mlp_post"])
+        return np.where(c.ov > 0, overlapped, blocking)
     full = c.rc == RECOMPUTE.index("full")
     b = {blk: np.where(full, o[f"bin_{blk}"], o[f"bi_{blk}"]) for blk in LAYER_BLOCKS}
     back = (b["mlp_post"] + pre + e + b["mlp"] + np.maximum(o["bw_mlp"], post + e) + b["mlp_pre"] + b["attn_post"]
@@ -217,10 +224,14 @@ def unit_bounds(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: dict)
     piped = col((c.pp > 1) & (not m.is_moe))
     ag, rs = (col(np.where(c.pp > 1, 0.0, cm[k])) for k in ("fsdp_ag", "fsdp_rs"))
     ag_p = col(np.where(c.pp > 1, cm["fsdp_ag"], 0.0))
+    # reshard_after_forward false: the table has no backward all-gather, so the layers'
+    # reduce-scatters queue on the fsdp stream without holding up a gather (they end in the tail)
+    keep = col(c.rf > 0)
+    ag_b = ag * keep
     pre, post = col(cm["tp_sp"]), col(np.maximum(cm["tp_sp"], cm["tp_ar"]))
     g_f, g_b = gathering_passes(cfg, c, st)
     out = {"f_core": np.maximum(ag + n * cf, n * ag + cf),
-           "b_core": np.maximum(ag + n * cb, n * ag + np.maximum(n - 2, 0) * rs + cb),
+           "b_core": np.maximum(ag_b + n * cb, n * ag_b + np.maximum(n - 2, 0) * rs * keep + cb),
            "f_extra": piped * np.maximum(ag_p + n * cf, n * ag_p + cf) - piped * n * cf,
            "b_extra": piped * np.maximum(ag_p + n * cb, n * ag_p + cb) - piped * n * cb,
            "g_f": g_f, "g_b": g_b,
@@ -231,7 +242,7 @@ def unit_bounds(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: dict)
     b0 = out["b_core"] + out["emb_b"] + one * out["head_b"]
     out["end"], red = _stage_end(cfg, tt, c, st, s, cm)
     # the last unit issues its chunk's pieces of the per-step reduction: 1/vpp of it
-    out["tail"] = np.maximum(one * out["head_b"] + ag + cb + red / col(c.vpp) - b0, 0.0)
+    out["tail"] = np.maximum(one * out["head_b"] + ag_b + cb + red / col(c.vpp) - b0, 0.0)
     return out
 
 
@@ -244,10 +255,9 @@ def gathering_passes(cfg: Config, c: Candidates, st: Stages) -> tuple[np.ndarray
     g = np.zeros((2, len(c), p))
     if p == 1:
         return g[0], g[1]
-    reshard = cfg.training.reshard_after_forward
-    for m, v in {(int(a), int(b)) for a, b in zip(st.m[:, 0], c.vpp)}:
-        rows = (st.m[:, 0] == m) & (c.vpp == v)
-        g[:, rows, :] = _gathers(candidate_schedule(v), p, m, v, reshard)[:, None, :]
+    for m, v, rf in {(int(a), int(b), bool(r)) for a, b, r in zip(st.m[:, 0], c.vpp, c.rf)}:
+        rows = (st.m[:, 0] == m) & (c.vpp == v) & ((c.rf > 0) == rf)
+        g[:, rows, :] = _gathers(candidate_schedule(v), p, m, v, rf)[:, None, :]
     return g[0], g[1]
 
 

@@ -44,6 +44,11 @@ class SearchOptions(BaseModel):
       ``zero1``, ``zero3`` (both with dp_replicate 1) and ``hsdp`` (dp_replicate > 1).
     - ``vpp``: allowed virtual stages per rank; ``max_vpp``: the bound on them (default 8).
       Searched: 1, and the divisors of layers / pp up to ``max_vpp`` when pp > 1.
+    - ``reshard_after_forward``, ``tp_comm_overlap``, ``uneven_stages``: allowed values of
+      ``training.reshard_after_forward`` (where parameters are FSDP-sharded),
+      ``training.tp_comm_overlap`` (where tp > 1) and of the Llama 3 split with the first and
+      last stage lighter (where pp >= 3, vpp 1, and it differs from the default); default
+      both values of each.
     - ``max_tp``: largest tp (default: GPUs per NVLink domain, so tp groups stay on NVLink).
     - ``top``: candidates printed (default 10).
     - ``min_gemm_efficiency``: the declared kernel-efficiency threshold: FLOP-weighted
@@ -86,6 +91,9 @@ class SearchOptions(BaseModel):
     sharding: list[Sharding] = Field(default_factory=_default_sharding)
     vpp: Optional[list[int]] = None
     max_vpp: int = Field(default=8, gt=0)
+    reshard_after_forward: Optional[list[bool]] = None
+    tp_comm_overlap: Optional[list[bool]] = None
+    uneven_stages: Optional[list[bool]] = None
     max_tp: Optional[int] = Field(default=None, gt=0)
     top: int = Field(default=10, gt=0)
     min_gemm_efficiency: float = Field(default=0.5, ge=0, le=1)
@@ -109,9 +117,9 @@ class SearchOptions(BaseModel):
                 raise ValueError(f"degrees and sizes must be >= 1 (got {bad[0]})")
         return v
 
-    @field_validator("recompute", "sharding")
+    @field_validator("recompute", "sharding", "reshard_after_forward", "tp_comm_overlap", "uneven_stages")
     @classmethod
     def _nonempty(cls, v):
-        if not v:
+        if v is not None and not v:
             raise ValueError("empty list: give at least one allowed value, or leave the key out")
         return v

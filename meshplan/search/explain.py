@@ -1,0 +1,143 @@
+"""What makes the search's top mesh faster than the runner-up: both exact step times split
+into the same parts, and the parts that differ most, with their numbers.
+
+:func:`step_breakdown` splits a :class:`~meshplan.schedule.steptime.StepTime` on its critical
+stage (the stage that ends last) into parts that add up to the step, seconds:
+
+- ``compute``: the stage's pipeline units minus the communication exposed inside them
+  (GEMMs, attention, memory-bound ops, recompute), plus the optimizer step;
+- ``bubble``: the time the stage's compute stream is idle between (and before) its units,
+  less the p2p waits (pipeline fill and drain);
+- ``exposed <stream>``: :attr:`StepTime.exposed_s` per stream (tp, cp, ep, fsdp, efsdp,
+  dp_replicate, dp, pp): waits inside units, the last unit's tail, the step-end collectives
+  and, for pp, the p2p waits.
+
+``compute + bubble + sum(exposed) = step_s`` (the stage's last unit end + its tail + its
+step-end ops). :func:`explain` lines up two breakdowns and names the largest differences.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from meshplan.schedule.steptime import StepTime
+
+
+def step_breakdown(st: StepTime) -> dict[str, float]:
+    """Parts of ``st`` on its critical stage (module docstring), seconds; key ``step`` is
+    the step time itself, ``layer_passes`` the critical stage's layers x micro-batches."""
+    res, s = st.pipeline, st.critical_stage
+    sl = res.stage_slice(s)
+    last_end, busy = float(res.end[sl].max()), float(res.busy_s[s])
+    post = [e for e in st.post_events if e.stage == s]
+    opt = sum(e.end_s - e.start_s for e in post if e.stream == "compute")
+    post_comm = sum(e.end_s - e.start_s for e in post if e.stream != "compute")
+    tail = st.step_s - last_end - opt - post_comm
+    pp = st.exposed_s.get("pp", 0.0)
+    inside = sum(st.exposed_s.values()) - pp - tail - post_comm
+    layers = sum(len(ch.layers) for ch in st.units.chunks[s])
+    out = {"step": st.step_s, "compute": busy - inside + opt, "bubble": last_end - busy - pp,
+           "layer_passes": float(layers * res.spec.m)}
+    out.update({f"exposed {k}": v for k, v in st.exposed_s.items() if v > 0})
+    return out
+
+
+@dataclass(frozen=True)
+class Difference:
+    """One part of the step: its seconds in the top and the runner-up, and what sets it."""
+
+    part: str
+    top_s: float
+    runner_s: float
+    context: str
+
+    @property
+    def gain_s(self) -> float:
+        """Seconds the runner-up spends more on this part (negative: the top spends more)."""
+        return self.runner_s - self.top_s
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """The top against the runner-up: relative step difference (runner / top - 1), the
+    parts ordered by how much they differ, and whether the tie rule placed the top."""
+
+    top_step_s: float
+    runner_step_s: float
+    parts: tuple[Difference, ...]
+    by_tie_rule: bool
+
+    @property
+    def faster(self) -> float:
+        return self.runner_step_s / self.top_step_s - 1
+
+    def line(self, most: int = 3) -> str:
+        """``top is 4.1% faster than #2: bubble 3.2 s vs 5.0 s (pp 16 vs 32), ...``."""
+        parts = ", ".join(_part_text(d) for d in self.parts[:most]) or "no part differs"
+        if self.by_tie_rule:
+            head = (f"top's step is {self.top_step_s / self.runner_step_s - 1:.1%} longer than #2's, within 1%: "
+                    f"listed first by the tie rule (fewer axes / lower degrees); parts")
+        else:
+            head = f"top is {self.faster:.1%} faster than #2"
+        return f"{head}: {parts}"
+
+    def to_dict(self) -> dict:
+        return {"top_step_s": self.top_step_s, "runner_up_step_s": self.runner_step_s,
+                "runner_up_slower_by": self.faster, "by_tie_rule": self.by_tie_rule,
+                "parts": [{"part": d.part, "top_s": d.top_s, "runner_up_s": d.runner_s, "context": d.context}
+                          for d in self.parts],
+                "line": self.line()}
+
+
+def _fmt(x: float) -> str:
+    return f"{x:.3g} s" if abs(x) >= 1 else f"{x * 1e3:.3g} ms"
+
+
+def _part_text(d: Difference) -> str:
+    return f"{d.part} {_fmt(d.top_s)} vs {_fmt(d.runner_s)}" + (f" ({d.context})" if d.context else "")
+
+
+#: How a description key is printed where its own name would not read well.
+LABELS = {"gemm_efficiency": "GEMM efficiency", "m": "micro-batches", "micro_batch": "micro-batch"}
+
+
+def _vs(a: dict, b: dict, key: str, fmt: str = "{}") -> str:
+    if key not in a or key not in b or a[key] == b[key]:
+        return ""
+    return f"{LABELS.get(key, key)} {fmt.format(a[key])} vs {fmt.format(b[key])}"
+
+
+def _context(part: str, a: dict, b: dict) -> str:
+    """What sets ``part`` in the two candidates' descriptions (``a``, ``b``: mesh degrees,
+    micro-batches ``m``, ``vpp``, ``gemm_efficiency``, ``recompute``, flags)."""
+    if part == "bubble":
+        keys = [("pp", "{}"), ("vpp", "{}"), ("m", "{}")]
+    elif part == "compute":
+        keys = [("gemm_efficiency", "{:.1%}"), ("recompute", "{}"), ("micro_batch", "{}"), ("tp", "{}")]
+    elif part in ("exposed tp", "exposed loss"):
+        keys = [("tp", "{}"), ("tp_comm_overlap", "{}")]
+    elif part in ("exposed fsdp", "exposed efsdp", "exposed dp", "exposed dp_replicate"):
+        keys = [("dp_shard", "{}"), ("cp", "{}"), ("sharding", "{}"), ("reshard_after_forward", "{}"),
+                ("micro_batch", "{}")]
+    elif part == "exposed cp":
+        keys = [("cp", "{}")]
+    elif part == "exposed ep":
+        keys = [("ep", "{}")]
+    else:
+        keys = [("pp", "{}"), ("m", "{}")]
+    out = [t for t in (_vs(a, b, k, f) for k, f in keys) if t]
+    if part == "exposed cp" and a.get("layer_passes") and b.get("layer_passes"):
+        out.append(f"per layer pass {_fmt(a.get(part, 0.0) / a['layer_passes'])} vs "
+                   f"{_fmt(b.get(part, 0.0) / b['layer_passes'])}")
+    return ", ".join(out)
+
+
+def explain(top: dict, runner: dict, top_desc: dict, runner_desc: dict, by_tie_rule: bool = False) -> Explanation:
+    """The parts of two :func:`step_breakdown` results ordered by ``|runner - top|``, largest
+    first; parts equal in both are left out. ``*_desc``: what :func:`_context` reads."""
+    keys = [k for k in dict.fromkeys([*top, *runner]) if k not in ("step", "layer_passes")]
+    a, b = {**top_desc, **top}, {**runner_desc, **runner}
+    diffs = [Difference(k, top.get(k, 0.0), runner.get(k, 0.0), _context(k, a, b)) for k in keys]
+    diffs = [d for d in diffs if abs(d.gain_s) > 1e-12 * max(top["step"], 1e-30)]
+    diffs.sort(key=lambda d: -abs(d.gain_s))
+    return Explanation(top["step"], runner["step"], tuple(diffs), by_tie_rule)

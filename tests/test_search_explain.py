@@ -1,0 +1,122 @@
+"""The search an expert can follow (issue 11, item 7): the new search dimensions, the tie
+rule (search/rank.py) and the top-vs-runner-up explanation (search/explain.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from meshplan.plan import build_plan
+from meshplan.report.search import search_to_dict
+from meshplan.schedule.rank_timeline import Overlap
+from meshplan.schedule.steptime import step_time
+from meshplan.search.driver import search
+from meshplan.search.explain import explain
+from meshplan.search.rank import RULE_LINE, tie_order
+from meshplan.search.space import candidate_config, ends_short_split, enumerate_candidates
+from test_search import config
+
+
+def test_tie_order_by_hand():
+    """steps 10.00, 10.08, 10.12, 10.5 s; keys (axes, tp*pp*cp*ep, tp):
+    1st pick: window <= 10.00 x 1.01 = 10.1 holds positions 0, 1: 1 is simpler ((2, 8, 8) < (3, 64, 8));
+    2nd: fastest left 10.00, window <= 10.1 holds 0 only; 3rd: 10.12, window <= 10.2212 holds 2;
+    then 3. Position 2 is within 1% of position 1 but not of 0, so it does not jump ahead of 0."""
+    steps = [10.00, 10.08, 10.12, 10.5]
+    keys = [(3, 64, 8), (2, 8, 8), (2, 8, 4), (1, 1, 1)]
+    assert tie_order(steps, keys) == [1, 0, 2, 3]
+    assert tie_order(steps, keys, rel=0.0) == [0, 1, 2, 3]  # no tie band: plain step order
+
+
+def test_ends_short_split_by_hand():
+    """balanced_split(34, 4) = [8, 9, 9, 8], one off each end: [7, 9, 9, 7]; 126 on 16 gives
+    Llama 3's own [7, 8 x 14, 7], which is already the default split (no new candidate);
+    8 on 8: balanced_split(10, 8) = [1, 2, 2, 1, 1, 1, 1, 1] would leave stage 0 empty."""
+    assert ends_short_split(32, 4) == [7, 9, 9, 7]
+    assert ends_short_split(8, 4) == [1, 3, 3, 1]
+    assert ends_short_split(126, 16) is None
+    assert ends_short_split(8, 8) is None and ends_short_split(8, 2) is None
+
+
+def test_new_dimensions_are_enumerated_where_they_apply():
+    cfg = config(2, micro_batch=[1], recompute=["selective"], pp=[1, 4], vpp=[1])
+    c = enumerate_candidates(cfg)
+    fsdp = (c.sh != 0) & (c.dps * c.cp > 1)
+    # reshard_after_forward both ways exactly where FSDP shards parameters; elsewhere true
+    assert set(c.rf[fsdp].tolist()) == {0, 1} and set(c.rf[~fsdp].tolist()) == {1}
+    assert set(c.ov[c.tp > 1].tolist()) == {0, 1} and set(c.ov[c.tp == 1].tolist()) == {0}
+    assert set(c.us[c.pp == 4].tolist()) == {0, 1} and set(c.us[c.pp == 1].tolist()) == {0}
+    i = int(np.flatnonzero((c.us == 1) & (c.rf == 0) & (c.ov == 1))[0])
+    cc = candidate_config(cfg, c, i)
+    assert cc.mesh.pp_layer_split == [1, 3, 3, 1]
+    assert cc.training.reshard_after_forward is False and cc.training.tp_comm_overlap is True
+
+
+def _parts_by_hand(st) -> dict:
+    """The critical stage's step split from the StepTime's events: compute = its units'
+    durations - the exposure inside them + the optimizer step; bubble = last unit end - unit
+    durations - p2p waits; exposed per stream as StepTime gives it."""
+    s = st.critical_stage
+    units = [e for e in st.pipeline.stage_events(s) if e.stream == "compute"]  # not the p2p sends
+    busy = sum(e.end_s - e.start_s for e in units)
+    last = max(e.end_s for e in units)
+    post = [e for e in st.post_events if e.stage == s]
+    opt = sum(e.end_s - e.start_s for e in post if e.stream == "compute")
+    post_comm = sum(e.end_s - e.start_s for e in post if e.stream != "compute")
+    tail = st.step_s - last - opt - post_comm
+    pp = st.exposed_s.get("pp", 0.0)
+    inside = sum(st.exposed_s.values()) - pp - tail - post_comm
+    return {"compute": busy - inside + opt, "bubble": last - busy - pp,
+            **{f"exposed {k}": v for k, v in st.exposed_s.items() if v > 0}}
+
+
+def test_top_against_runner_up_by_hand():
+    """8 GPUs, pp 2 or 4, tp 1, zero1, vpp 1: the top is pp 2 x dp_shard 4, the runner-up
+    pp 2 x dp_shard 2 x cp 2 (same pp, so the same 1F1B shape, twice the micro-batches).
+    The runner-up's cp all-gathers (none in the top: cp 1) are its largest extra part."""
+    cfg = config(1, 6.0, micro_batch=[1], recompute=["selective"], top=3, pp=[2, 4], tp=[1], sharding=["zero1"],
+                 vpp=[1])
+    r = search(cfg, workers=1)
+    a, b = r.top[0], r.top[1]
+    assert r.candidates.label(a.index).startswith("pp 2 x dp_shard 4,")
+    assert r.candidates.label(b.index).startswith("pp 2 x dp_shard 2 x cp 2,")
+    sa, sb = (step_time(build_plan(candidate_config(cfg, r.candidates, e.index)), Overlap()) for e in (a, b))
+    ha, hb = _parts_by_hand(sa), _parts_by_hand(sb)
+    for h, st in ((ha, sa), (hb, sb)):  # the parts add up to the step
+        assert abs(sum(h.values()) - st.step_s) <= 1e-12 * st.step_s
+        assert h["bubble"] > 0 and h["compute"] > 0
+    x = r.explanation
+    assert x is not None and not x.by_tie_rule
+    assert x.faster == sb.step_s / sa.step_s - 1 > 0
+    got = {d.part: (d.top_s, d.runner_s) for d in x.parts}
+    for k in set(ha) | set(hb):
+        assert np.allclose(got[k], (ha.get(k, 0.0), hb.get(k, 0.0)), rtol=1e-12, atol=1e-15), k
+    gains = [abs(d.gain_s) for d in x.parts]
+    assert gains == sorted(gains, reverse=True)
+    # the largest difference of the two hand-split steps comes first (with the measured kernel
+    # and nccl-tests data of the catalog it is the bubble: 16 vs 32 micro-batches; the
+    # runner-up's cp all-gathers, none in the top, follow)
+    diff = {k: hb.get(k, 0.0) - ha.get(k, 0.0) for k in set(ha) | set(hb) if k != "step"}
+    expected = max(diff, key=lambda k: abs(diff[k]))
+    first = x.parts[0]
+    assert first.part == expected
+    cp = next(d for d in x.parts if d.part == "exposed cp")
+    assert cp.top_s == 0 and cp.runner_s == sb.exposed_s["cp"] and "cp 1 vs 2" in cp.context
+    assert x.line().startswith(f"top is {x.faster:.1%} faster than #2: {expected} ")
+    doc = search_to_dict(r)
+    assert doc["top_vs_runner_up"]["parts"][0]["part"] == expected and doc["order_rule"] == RULE_LINE
+    assert doc["top"][0]["step_parts_s"]["step"] == a.step_s
+
+
+def test_explain_by_hand_with_the_tie_rule():
+    """Top 10.05 s (compute 8.0, bubble 1.5, exposed tp 0.55), #2 10.0 s (compute 7.5, bubble
+    2.2, exposed tp 0.1, exposed cp 0.2): differences #2 - top: bubble +0.7, compute -0.5,
+    tp -0.45, cp +0.2, so by size bubble, compute, tp, cp. The top is 0.5% slower
+    (10.05 / 10.0 - 1) and first only by the tie rule."""
+    top = {"step": 10.05, "compute": 8.0, "bubble": 1.5, "exposed tp": 0.55, "layer_passes": 100.0}
+    two = {"step": 10.0, "compute": 7.5, "bubble": 2.2, "exposed tp": 0.1, "exposed cp": 0.2, "layer_passes": 100.0}
+    x = explain(top, two, {"pp": 8, "cp": 1, "tp": 8}, {"pp": 16, "cp": 2, "tp": 4}, by_tie_rule=True)
+    assert [d.part for d in x.parts] == ["bubble", "compute", "exposed tp", "exposed cp"]
+    assert np.allclose([d.gain_s for d in x.parts], [0.7, -0.5, -0.45, 0.2])
+    assert x.parts[0].context == "pp 8 vs 16" and x.parts[3].context == "cp 1 vs 2, per layer pass 0 ms vs 2 ms"
+    assert x.line(2) == ("top's step is 0.5% longer than #2's, within 1%: listed first by the tie rule (fewer axes / "
+                         "lower degrees); parts: bubble 1.5 s vs 2.2 s (pp 8 vs 16), compute 8 s vs 7.5 s (tp 8 vs 4)")
