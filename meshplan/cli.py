@@ -13,6 +13,7 @@ when neither fits; ``search`` exits 0 when some candidate fits and 1 when none d
 
 from __future__ import annotations
 
+import importlib.util
 import shutil
 import sys
 from dataclasses import replace
@@ -65,6 +66,7 @@ from meshplan.schedule.rank_timeline import Overlap
 from meshplan.schedule.steptime import step_time
 from meshplan.schedule.verdict import network_verdict, rebuilt_step
 from meshplan.search.driver import search
+from meshplan.spec.mesh import Schedule
 
 EXIT_CODES = ("exit status: 0 feasible (compare: a mesh that fits wins; search: some candidate fits), "
               "1 infeasible (the reasons on stderr as 'infeasible: ...'; groups, place and step still print "
@@ -124,6 +126,14 @@ def _exit_infeasible(plan: Plan | Infeasible) -> NoReturn:
     raise typer.Exit(1)
 
 
+def _require_torch(command: str) -> None:
+    """A one-line error when ``command`` needs torch and it is not installed (``make demo``
+    installs meshplan alone)."""
+    if importlib.util.find_spec("torch") is None:
+        raise ConfigError("torch", f"meshplan {command} runs torch, which is not installed: pip install "
+                          f"torch==2.13.0 (the runtime extra, pip install -e '.[runtime]'; make test installs it)")
+
+
 def _check_rank(plan, rank: int) -> None:
     if not 0 <= rank < plan.world:
         raise ConfigError("--rank", f"{rank} outside 0..{plan.world - 1}")
@@ -138,13 +148,15 @@ def plan(config: Path = typer.Argument(..., help="TOML config with [model], [clu
          calibration: Optional[Path] = typer.Option(None, "--calibration", help="calibration TOML (bench comm)")):
     """Plan one mesh: constraints, degrees, groups, placement, shapes, memory, collectives."""
 
+    if json_path and json_path.exists() and not force:  # refused before the report, as compare --out
+        raise ConfigError("--json", f"{json_path} exists; choose another path or pass --force to replace it")
     p = _load(config, topology, calibration)
     if p.mesh is not None:
         _check_rank(p, rank)
     print_plan(p, rank=rank, console=_console())
     if json_path:
         typer.echo(f"wrote {write_json(p, json_path, force=force)}")
-    raise typer.Exit(0 if p.feasible else 1)
+    _verdict_exit(p)
 
 
 @app.command()
@@ -200,6 +212,8 @@ def step(config: Path = typer.Argument(..., help="TOML config"),
     network-bound, a verdict naming the communication and its cause. A mesh that does not fit exits 1 with its
     reasons after one line 'step would be X s ... if it fit'."""
 
+    if schedule is not None and schedule not in {x.value for x in Schedule}:
+        raise ConfigError("--schedule", f"unknown schedule {schedule!r}; use " + ", ".join(x.value for x in Schedule))
     p = _load(config)
     if isinstance(p, Infeasible):
         _exit_infeasible(p)
@@ -381,6 +395,7 @@ def validate(config: Path = typer.Argument(..., help="TOML config; its mesh is s
              force: bool = typer.Option(False, "--force", help="replace an existing evidence folder")):
     """Run the mesh for real (torchrun: NCCL on the GPUs when CUDA is present, else gloo on CPU) and compare
     collectives, times and memory with the plan."""
+    _require_torch("validate")
 
     try:
         sizes = tuple(int(w) for w in worlds.split(","))
@@ -457,6 +472,7 @@ def validate_slice(configs: list[Path] = typer.Argument(..., help="TOML configs 
                    out: Path = typer.Option(Path("slice-out"), "--out", help="evidence folder"),
                    force: bool = typer.Option(False, "--force", help="replace an existing slice folder")):
     """Run several meshes on the testbed; order measured step times against predicted; keep the rejected."""
+    _require_torch("validate-slice")
 
     opt = Options(worlds=(world,), layers=layers, hidden_div=hidden_div, seq_len=seq_len, vocab=vocab,
                   steps=steps, timeout_s=timeout_s, testbed=testbed)
@@ -499,6 +515,7 @@ def bench_comm_cmd(nproc: int = typer.Option(4, help="ranks (per node with --tes
                    budget_s: float = typer.Option(0.2, help="seconds per size, which caps iters"),
                    timeout_s: float = typer.Option(600.0, help="kill the run after this many seconds")):
     """Collectives per link class in nccl-tests columns, alpha-beta fits, and a send/recv matrix."""
+    _require_torch("bench comm")
 
     try:
         fits = run_bench(nproc, parse_sizes(sizes), out, testbed=testbed, iters=iters, budget_s=budget_s,
@@ -536,6 +553,7 @@ def bench_gemm(config: Path = typer.Argument(..., help="TOML config whose local 
                                                                "elements (default 2**22 on the CPU, none on a GPU)"),
                force: bool = typer.Option(False, "--force", help="replace an existing --out file")):
     """Time the plan's local GEMM shapes (forward and backward) and write the efficiency table."""
+    _require_torch("bench gemm")
     from meshplan.runtime.bench.gemm import bench, write_table
 
     p, device, dt = _bench_target(config, device, dtype)
@@ -560,6 +578,7 @@ def bench_attention(config: Path = typer.Argument(..., help="TOML config whose l
                     repeats: int = typer.Option(5, "--repeats", help="timed calls (median)"),
                     force: bool = typer.Option(False, "--force", help="replace an existing --out file")):
     """Time the plan's local attention (torch SDPA, forward and backward) and write the table --gemm-table reads."""
+    _require_torch("bench attention")
     from meshplan.runtime.bench.attention import bench_plan, gemm_rows, write_table
 
     p, device, dt = _bench_target(config, device, dtype)
