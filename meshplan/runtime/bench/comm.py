@@ -243,6 +243,11 @@ def knee_sizes(rows: Sequence[BenchRow], jump: float = 2.0) -> list[int]:
     return sorted({sj for i, (si, ti) in enumerate(pts) for sj, tj in pts[i + 1:] if ti > 0 and tj / ti > jump * sj / si})
 
 
+POOR_FIT_RMS = 0.15
+"""rms relative residual above which a fit is reported as poor: a clean nccl-tests curve fits
+an alpha-beta line to a few percent."""
+
+
 def fit_link(rows: Sequence[BenchRow], link: str) -> tuple[LinkFit, str]:
     """:func:`fit_alpha_beta` on all rows, unless the times break the model
     (:func:`knee_sizes`): then beta comes from the fit on the sizes from a knee up (the
@@ -260,7 +265,11 @@ def fit_link(rows: Sequence[BenchRow], link: str) -> tuple[LinkFit, str]:
             except ConfigError:
                 continue
     if not fits:
-        return fit_alpha_beta(list(rows), link), "all sizes"
+        whole = fit_alpha_beta(list(rows), link)
+        if whole.rms_residual > POOR_FIT_RMS:
+            return whole, (f"all sizes, a poor fit (rms {whole.rms_residual:.2f}): measure larger sizes, "
+                           "at least three past the largest jump in time (--sizes)")
+        return whole, "all sizes"
     best = min(f.rms_residual for f in fits.values())
     knee = min(k for k, f in fits.items() if f.rms_residual <= best + 0.02)     # ties: more points
     alpha = min(r.time_s for r in rows if r.size_bytes < knee)
