@@ -20,8 +20,8 @@ time to 1e-6 relative:
   (comm/alphabeta.measured_time: NCCL's latency for the group, plus the curve's bandwidth term
   at that size, the straight line between two measured rows, scaled to the bytes sent), NVLS
   for an all-reduce inside the node, ring or hierarchical across nodes, the fastest one;
-- the pipeline bubble from 1F1B's fill and drain; the optimizer step reads all state and writes
-  all but the gradients at Triad bandwidth (compute/ops.optimizer_bandwidth).
+- the pipeline bubble from 1F1B's fill and drain; the optimizer step's passes (gradient norm and
+  clip, Adam, master copy, gradient-buffer zeroing) at Triad bandwidth (compute/ops.optimizer_bandwidth).
 
 Every term is a named variable with a comment, so a model change (a new kernel, other
 measured rows, new NCCL constants) is one more term or one changed line here.
@@ -174,10 +174,13 @@ def layer_params(tp: int) -> int:
     return sum(k * n for k, n, _ in linears(tp).values()) + 2 * H
 
 
-def optimizer_s(params: float) -> float:
-    """Optimizer step: reads all state (18 B/param) and writes all but the 4 B gradient, at
-    Triad (compute/ops.optimizer_bandwidth, schedule/steptime.optimizer_step_s)."""
-    return (2 * BYTES_PER_PARAM - 4) * params / TRIAD
+def optimizer_s(params: float, zero_grads: bool = True) -> float:
+    """Optimizer step at Triad (compute/ops.optimizer_bandwidth, schedule/steptime.optimizer_step_bytes),
+    per parameter: gradient norm (read 4 B) and clip (read + write 4 B) = 12; Adam reads master,
+    gradient and both moments (4 + 4 + 8) and writes master and moments (4 + 8) = 28; the master
+    copied to the bf16 parameter (read 4, write 2) = 6; zero1 zeroes its fp32 gradient buffer
+    (write 4), FSDP2 (zero3) frees it instead: 50 or 46 B."""
+    return (12 + 28 + 6 + (4 if zero_grads else 0)) * params / TRIAD
 
 
 # Communication terms (comm/alphabeta.py measured_time, collective_time) ---------------------
@@ -327,7 +330,7 @@ def test_fsdp16_two_nodes():
     rs0_end = max(rs1_end, l0_end) + rs
     rs_root_end = max(rs0_end, l0_end + ht["emb_w"]) + rs_root
     params = (L * n_layer + n_root) / n                  # every kind sharded 16 ways (exact: 6,291,776)
-    step = forward + rs_root_end + optimizer_s(params)
+    step = forward + rs_root_end + optimizer_s(params, zero_grads=False)
 
     plan = build_plan(config({"names": ["dp_shard"], "shape": [n]}, 2, 16, "zero3"))
     got = step_time(plan, Overlap(), table=gemm_table(1)).step_s
