@@ -14,8 +14,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from test_search import SMALL, gpu
 
 from meshplan.compute.ops import optimizer_bandwidth
+from meshplan.config import config_from_dict
 from meshplan.memory import constraints as cons
 from meshplan.plan import build_plan
 from meshplan.schedule.steptime import _optimizer_s, optimizer_step_s
@@ -23,8 +25,6 @@ from meshplan.search.bounds import _bucket
 from meshplan.search.driver import search
 from meshplan.search.memory import Tables, stage_layout, state
 from meshplan.search.space import candidate_config
-from meshplan.config import config_from_dict
-from test_search import SMALL, gpu
 
 ROOT = Path(__file__).resolve().parents[1] / "meshplan"
 

@@ -38,7 +38,6 @@ from meshplan.compute.ops import (
 from meshplan.pipeline.fast import KINDS, ArrayResult, Flat, simulate_arrays
 from meshplan.pipeline.simulate import Event, PipelineSpec, write_trace
 from meshplan.plan import Infeasible, Plan
-from meshplan.spec.mesh import Schedule
 from meshplan.schedule.rank_timeline import (
     ChunkCosts,
     CommTimes,
@@ -46,7 +45,9 @@ from meshplan.schedule.rank_timeline import (
     UnitSim,
     backward_unit,
     forward_unit,
+    nccl_sm_share,
 )
+from meshplan.spec.mesh import Schedule
 
 
 def workload_of(plan, dropout: bool = False) -> Workload:
@@ -375,7 +376,8 @@ def step_time(plan: Plan, overlap: Overlap = Overlap(), *, dropout: bool = False
     p, v, m = len(plan.stages), plan.vpp, plan.micro_batches
     if cfg.training.tp_comm_overlap and not overlap.tp:  # the config's --tp-comm-overlap
         overlap = replace(overlap, tp=True)
-    comms = [CommTimes.from_rows(st.collectives, len(st.layers)) for st in map(plan.stage, range(p))]
+    share = nccl_sm_share(cfg.cluster)
+    comms = [CommTimes.from_rows(st.collectives, len(st.layers), share) for st in map(plan.stage, range(p))]
     chunks = chunk_costs(plan, w, table)
     base = PipelineSpec(Schedule(schedule or plan.spec.pp_schedule), p, m, v, p2p_s=max(c.p2p_s for c in comms))
     units = UnitTimes(base, chunks, comms, w, overlap, cfg.training.reshard_after_forward,
@@ -418,5 +420,5 @@ def layer_unit_times(plan, dropout: bool = False, overlap: Overlap = Overlap()) 
     w = workload_of(plan, dropout)
     ch = chunk_costs(plan, w)[0][0]
     one = ChunkCosts(ch.layers[:1], ch.moe[:1])
-    comm = CommTimes.from_rows(plan.stage(0).collectives)
+    comm = CommTimes.from_rows(plan.stage(0).collectives, sm_share=nccl_sm_share(plan.config.cluster))
     return forward_unit(one, comm, w, overlap).duration_s, backward_unit("B", one, comm, w, overlap).duration_s

@@ -18,14 +18,20 @@ from functools import lru_cache
 
 import numpy as np
 
+from meshplan.config import Config
 from meshplan.memory.sizes import head_sizes, layer_act_sizes
 from meshplan.memory.state import SHARDED_KINDS
 from meshplan.mesh.resolve import resolved_mesh
-from meshplan.config import Config
-from meshplan.spec.mesh import MeshSpec
-from meshplan.search.space import RECOMPUTE, SHARDING, Candidates, candidate_schedule, ends_short_split
 from meshplan.mesh.tpsplit import local_numel, local_rows, padded_vocab
 from meshplan.pipeline.registry import get
+from meshplan.search.space import (
+    RECOMPUTE,
+    SHARDING,
+    Candidates,
+    candidate_schedule,
+    ends_short_split,
+)
+from meshplan.spec.mesh import MeshSpec
 from meshplan.units import dtype_bytes
 
 ACT_FIELDS = ("saved", "rework", "fwd_temp", "bwd_temp")

@@ -41,18 +41,24 @@ from functools import lru_cache
 
 import numpy as np
 
-from meshplan.comm.collectives import axis_path, fsdp_gather_flags
 from meshplan.comm.alphabeta import collective_time
-from meshplan.compute.ops import Workload, embedding_cost, head_cost, layer_cost, optimizer_bandwidth
+from meshplan.comm.collectives import axis_path, fsdp_gather_flags
+from meshplan.compute.ops import (
+    Workload,
+    embedding_cost,
+    head_cost,
+    layer_cost,
+    optimizer_bandwidth,
+)
+from meshplan.config import Config
 from meshplan.mesh.resolve import resolved_mesh
+from meshplan.mesh.tpsplit import local_heads, padded_numel
 from meshplan.placement.assign import place
 from meshplan.schedule.rank_timeline import LAYER_BLOCKS
 from meshplan.schedule.steptime import ZEROED_GRAD_BUFFER, optimizer_step_s
 from meshplan.search.memory import Stages, Tables, lookup
 from meshplan.search.space import RECOMPUTE, SHARDING, Candidates, candidate_schedule
-from meshplan.config import Config
 from meshplan.spec.mesh import MeshSpec
-from meshplan.mesh.tpsplit import local_heads, padded_numel
 from meshplan.units import dtype_bytes
 
 PHASES = {"f": ("forward", None), "bi": ("backward_input", None), "bin": ("backward_input", False),
