@@ -78,10 +78,11 @@ MODEL = {"name": "golden", "layers": L, "hidden": H, "ffn": F, "q_heads": Q, "kv
 BYTES_PER_PARAM = 2 + 4 + 4 + 8   # bf16 param, fp32 grad, fp32 master, two fp32 Adam moments
 
 
-def config(mesh: dict, nodes: int, global_batch: int, sharding: str):
+def config(mesh: dict, nodes: int, global_batch: int, sharding: str, framework: str = "torch"):
     return config_from_dict({"model": MODEL, "cluster": {"system": "dgx-h100", "nodes": nodes},
                              "training": {"global_batch": global_batch, "seq_len": S, "micro_batch": 1,
-                                          "recompute": "none", "sharding": sharding}, "mesh": mesh})
+                                          "recompute": "none", "sharding": sharding, "framework": framework},
+                             "mesh": mesh})
 
 
 # Compute terms -----------------------------------------------------------------------------
@@ -287,16 +288,18 @@ def test_inputs_are_the_catalog_values():
     assert list(zip(nic.sizes_bytes, nic.busbw_gb_per_s)) == [NIC_8G] and (nic.ranks, nic.line_gb_per_s) == (16, 400.0)
 
 
-def test_tp8_one_node():
+@pytest.mark.parametrize("framework", ["torch", "megatron"])
+def test_tp8_one_node(framework):
     """tp 8 (no SP) on one DGX H100, zero1 over dp 1, one micro-batch.
 
     Forward unit: embedding + its vocab-parallel all-reduce, per layer the attention and MLP
     blocks each followed by a blocking all-reduce of (S, h), the head, then the loss's three
     all-reduces of S fp32 (max, sum-exp, target logit). Backward unit: the head's gradient and
     its all-reduce, per layer each block's input gradient and its row-parallel linear's weight
-    gradient, then the column-parallel linears' weight gradients while the block's all-reduce
-    runs (slowed by the all-reduce's 24 of 132 SMs: beside()), the embedding gradient. Then the
-    optimizer step.
+    gradient, then the column-parallel linears' weight gradients and the block's all-reduce:
+    torch issues the all-reduce after them and waits (W + AR); Megatron-LM issues it before
+    them and they run beside it, slowed by its 24 of 132 SMs (beside()). Then the embedding
+    gradient and the optimizer step.
     At tp 8 nearly every kernel is under the 4.7 us issue floor: the GEMMs (e.g. wq 0.9 us),
     the attention (2.7 us forward), the adds; only the norms, the output GEMM and the cross
     entropy are longer."""
@@ -308,13 +311,14 @@ def test_tp8_one_node():
     ar_loss = nvlink_ring_s("all-reduce", tp, 4 * S)      # 8 KiB fp32, 1K-64K line: 27.4 us (NVLS the same)
     layer_f = sum(lt[f"f_{b}"] for b in ("attn_pre", "attn", "attn_post", "mlp_pre", "mlp", "mlp_post")) + 2 * ar
     forward = ht["emb_f"] + ar + L * layer_f + ht["head_f"] + 3 * ar_loss
-    layer_b = (lt["b_mlp_post"] + lt["b_mlp"] + lt["row_w_mlp"] + beside(lt["col_w_mlp"], ar) + lt["b_mlp_pre"]
-               + lt["b_attn_post"] + lt["b_attn"] + lt["row_w_attn"] + beside(lt["col_w_attn"], ar) + lt["b_attn_pre"])
+    grad = (lambda w: beside(w, ar)) if framework == "megatron" else (lambda w: w + ar)
+    layer_b = (lt["b_mlp_post"] + lt["b_mlp"] + lt["row_w_mlp"] + grad(lt["col_w_mlp"]) + lt["b_mlp_pre"]
+               + lt["b_attn_post"] + lt["b_attn"] + lt["row_w_attn"] + grad(lt["col_w_attn"]) + lt["b_attn_pre"])
     backward = ht["head_b"] + ht["head_w"] + ar + L * layer_b + ht["emb_w"]
     params = L * layer_params(tp) + (V // tp) * H + H + (V // tp) * H    # layers, embedding, final norm, output
     step = forward + backward + optimizer_s(params)
 
-    plan = build_plan(config({"names": ["tp"], "shape": [tp], "sequence_parallel": False}, 1, 1, "zero1"))
+    plan = build_plan(config({"names": ["tp"], "shape": [tp], "sequence_parallel": False}, 1, 1, "zero1", framework))
     got = step_time(plan, Overlap(), table=gemm_table(tp)).step_s
     assert got == pytest.approx(step, rel=1e-6)
 

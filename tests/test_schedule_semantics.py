@@ -13,7 +13,7 @@ from meshplan.errors import ConfigError
 from meshplan.plan import build_plan
 from meshplan.schedule.rank_timeline import CommTimes, Overlap, comm_kind, forward_unit, backward_unit
 from meshplan.schedule.rank_timeline import _shard_group
-from meshplan.schedule.steptime import chunk_costs, step_time, workload_of
+from meshplan.schedule.steptime import chunk_costs, layer_unit_times, step_time, workload_of
 from meshplan.units import dtype_bytes
 
 # 4 layers, h 64, f 256 (GeLU), 4 heads of 16, vocab 256, untied: small enough for every schedule
@@ -291,3 +291,62 @@ def test_uneven_first_and_last_stage_with_virtual_stages():
                 assert timeline_counts(st, s) == table_counts(plan, s)
     bad = plan_of({**mesh, "pp_layer_split": [1, 5]}, model={**TINY, "layers": 6})
     assert not bad.feasible and "pp_layer_split [1, 5] sums to 6, must be 6 layers with >= 2 per stage" in bad.reasons
+
+
+# Whose backward order: torch (DTensor) or Megatron-LM ---------------------------------------
+
+def _tp_calls(st, phase: str) -> Counter:
+    """Stage 0's tp collectives per step by op, from the rank timeline's units."""
+    out = Counter()
+    for e in st.pipeline.events:
+        if e.stage == 0 and e.stream == "compute":
+            out.update(ie.args["op"] for ie in st.units.of_event(e).events
+                       if ie.args.get("kind") == "tp" and ie.args.get("phase") == phase)
+    return out
+
+
+@pytest.mark.parametrize("framework", ["torch", "megatron"])
+@pytest.mark.parametrize("schedule", ["1f1b", "zb_h1"])
+def test_megatron_sp_gathers_the_input_again_for_the_weight_gradient(framework, schedule):
+    """tp 4 with SP, pp 2, 4 dense layers (2 a stage), m 4. Per layer backward, torch issues
+    the mirror of the forward: 2 all-gathers (before each block) and 2 reduce-scatters; Megatron
+    also all-gathers each column-parallel linear's input again (attention and MLP: 2 more), except
+    where B and W are separate units (ZB). The table's per-step count equals the timeline's:
+    m 4 x (2 layers x (2 or 4) + 1) all-gathers on stage 0 (the 1: the gradient of the
+    embedding output's forward reduce-scatter), 2 x 2 reduce-scatters per micro-batch."""
+    mesh = {"names": ["pp", "tp"], "shape": [2, 4], "sequence_parallel": True, "pp_schedule": schedule}
+    plan = plan_of(mesh, sharding="zero1", framework=framework, global_batch=4)
+    st = step_time(plan)
+    regather = framework == "megatron" and schedule == "1f1b"
+    per_layer = 4 if regather else 2
+    row = {(r.phase, r.op): r.per_step for r in plan.stage(0).collectives if r.axis == "tp"}
+    assert row[("backward", "all-gather")] == 4 * (2 * per_layer + 1)
+    assert row[("backward", "reduce-scatter")] == 4 * 2 * 2
+    assert _tp_calls(st, "backward") == Counter({"all-gather": 4 * (2 * per_layer + 1), "reduce-scatter": 4 * 2 * 2})
+
+
+def test_torch_waits_for_the_input_gradient_collective_megatron_runs_it_beside_the_wgrad():
+    """tp 8 without SP, one layer: torch's backward of each block is B, W, then the all-reduce
+    the next block waits for; Megatron's runs the all-reduce during W. So torch's backward
+    exposes both all-reduces in full and Megatron's at most the part W does not cover."""
+    mesh = {"names": ["tp"], "shape": [8], "sequence_parallel": False}
+    kw = dict(model={"catalog": "llama3-8b"}, global_batch=1, seq_len=4096, sharding="zero1")
+    torch_, mega = (layer_unit_times(plan_of(mesh, framework=f, **kw)) for f in ("torch", "megatron"))
+    assert torch_[0] == mega[0]                               # forward: blocking in both
+    plan = plan_of(mesh, framework="torch", **kw)
+    ar = [r.time_s for r in plan.stage(0).collectives if (r.axis, r.phase, r.op) == ("tp", "backward", "all-reduce")][0]
+    assert mega[1] < torch_[1] <= mega[1] + 2 * ar + 1e-12
+
+
+def test_validate_refuses_a_megatron_plan():
+    """validate runs torch.distributed: a plan in Megatron's order (its extra SP all-gathers)
+    would not match what the run issues, so the runner names the field and the fix."""
+    pytest.importorskip("torch")
+    from meshplan.runtime.validation.validate import not_runnable
+
+    mesh = {"names": ["dp_shard", "tp"], "shape": [2, 2], "sequence_parallel": True, "world": 4}
+    plan = plan_of(mesh, framework="megatron")
+    why = not_runnable(plan.config, plan.mesh)
+    assert "training.framework" in why and 'framework = "torch"' in why
+    torch_plan = plan_of(mesh)
+    assert torch_plan.mesh is not None and not_runnable(torch_plan.config, torch_plan.mesh) is None

@@ -98,6 +98,7 @@ from meshplan.mesh.tpsplit import (
     local_numel,
     padded_vocab,
 )
+from meshplan.pipeline import registry
 from meshplan.pipeline.simulate import stage_order
 from meshplan.spec.cluster import ClusterSpec
 from meshplan.spec.mesh import Schedule
@@ -256,7 +257,8 @@ class _Ctx:
 
 
 def _tp_layer_ops(c: _Ctx, layer: int) -> tuple[list[str], list[str]]:
-    """(forward, backward) tp collectives of one layer, forward in issue order; ``+``: the
+    """(forward, backward) tp collectives of one layer, forward in issue order (backward: the
+    forward's mirror, then Megatron's re-gathers with SP); ``+``: the
     routed outputs' all-gather (no SP). Full recompute replays the forward up to the layer's
     last saved tensor: all but its last collective, or all when the layer ends in the routed
     experts (SP, no shared experts: the gate multiply saves the combine's output)."""
@@ -267,6 +269,11 @@ def _tp_layer_ops(c: _Ctx, layer: int) -> tuple[list[str], list[str]]:
     mirror = {"all-gather": "reduce-scatter", "reduce-scatter": "all-gather", "all-reduce": "all-reduce",
               "all-gather+": "all-gather"}
     bwd = [mirror[o] for o in fwd]
+    if sp and c.training.framework == "megatron" and not registry.get(c.schedule).splits_backward:
+        # Megatron-LM saves only the sequence shard of a column-parallel linear's input and
+        # all-gathers it again for the weight gradient: the attention's and a dense MLP's
+        # (schedule/rank_timeline._block_backward; not where B and W are separate units)
+        bwd += ["all-gather"] * (1 if moe else 2)
     if c.training.recompute == "full":
         bwd += fwd if moe and sp and not m.shared_experts else fwd[:-1]
     return [o.rstrip("+") for o in fwd], [o.rstrip("+") for o in bwd]

@@ -13,9 +13,13 @@ frameworks issue them:
   A collective blocks the next compute unless ``Overlap.tp``: then a block's collectives
   run during its GEMMs (block time = max(compute, communication), an ideal decomposition).
   Backward: with SP an AG before each block; the row-parallel linear's (wo, w_down) weight
-  gradient is computed with its input gradient at the block's start; the input-gradient RS|AR
-  of the column-parallel linears (wq/wk/wv, w_up/w_gate) runs during their weight-gradient
-  GEMMs (Megatron's asynchronous gradient collective) and the next block waits for it. Full recompute re-runs the forward blocks (with their collectives).
+  gradient is computed with its input gradient at the block's start. torch (``training.framework``,
+  the default): the input-gradient RS|AR of the column-parallel linears (wq/wk/wv, w_up/w_gate)
+  is issued after their input and weight gradients (one autograd node each, before the
+  redistribution's backward) and the next block waits for it. Megatron-LM
+  (``Overlap.tp_grad``): it runs during their weight-gradient GEMMs (the asynchronous gradient
+  collective), and with SP their input is all-gathered again before, during their
+  input-gradient GEMM (only its sequence shard is saved). Full recompute re-runs the forward blocks (with their collectives).
   The SP norm-weight gradient all-reduces run on the tp stream after each layer's backward
   (nothing waits for them until the step ends); the vocab-parallel loss collectives block
   after the output layer.
@@ -61,6 +65,7 @@ class Overlap:
     """Which communication overlaps compute (module docstring)."""
 
     tp: bool = False
+    tp_grad: bool = False
     fsdp_prefetch: bool = True
     grad_reduce: bool = True
     param_gather: bool = False
@@ -303,30 +308,46 @@ def _block(s: _Sim, name: str, t: float, phase: str, ep: bool = False, cp: Optio
 
 
 def _block_backward(s: _Sim, name: str, t_b: float, t_w: float, ep=False, cp: Optional[tuple] = None,
-                    t_w_row: float = 0.0) -> None:
+                    t_w_row: float = 0.0, t_b_col: float = 0.0) -> None:
     """One block's backward; ``cp``: the attention's input-gradient seconds (core incl. wo
     and RoPE, Q proj, K/V proj) under all-gather CP (module docstring). ``t_w_row``: the
     weight gradients of the block's row-parallel linear (wo, w_down) and its bias, computed
     with its input gradient at the block's start (one autograd node, before the core);
-    ``t_w``: the rest (the column-parallel linears' wgrad), which runs while the input-gradient
-    collective does."""
+    ``t_w``: the rest (the column-parallel linears' wgrad); ``t_b_col``: the column-parallel
+    linears' input gradients (the end of ``t_b``).
+
+    ``Overlap.tp_grad`` (Megatron-LM): the input-gradient collective is issued after the
+    column-parallel input gradients and runs during their weight gradients; with SP their
+    input is all-gathered again first, during their input-gradient GEMM. Otherwise (torch):
+    the collective is issued after the weight gradients and the next block waits for it;
+    ``Overlap.tp`` overlaps it with the weight gradients whatever the framework."""
     before, after = _tp(s.w)
     pre = s.comm("tp", "backward", before, f"tp {before}")
     if ep:
         pre = s.comm("ep", "backward", "all-to-all", "ep combine grad", after=[pre or s.last]) or pre
+    regather = s.ov.tp_grad and s.w.sp and not ep and t_w > 0
+    ag = None
     if cp is None:
-        s.compute(name + " B", t_b + t_w_row, [pre])
+        s.compute(name + " B", t_b - (t_b_col if regather else 0.0) + t_w_row, [pre])
+        if regather:
+            ag = s.comm("tp", "backward", "all-gather", "tp all-gather (input again, for wgrad)")
+            s.compute(name + " column B", t_b_col)
     else:
         core, q, kv = cp
         s.compute(name + " core B", core + t_w_row, [pre])
         rs = s.comm("cp", "backward", "reduce-scatter", "cp dK/dV reduce-scatter", after=[s.last])
+        if regather:
+            ag = s.comm("tp", "backward", "all-gather", "tp all-gather (input again, for wgrad)")
         s.compute(name + " Q proj B", q)
         s.compute(name + " K/V proj B", kv, [rs])
+    beside = s.ov.tp or s.ov.tp_grad
+    if not beside and t_w > 0:
+        s.compute(name + " W", t_w)
     post = s.comm("tp", "backward", after, f"tp {after}")
     if ep:
         post = s.comm("ep", "backward", "all-to-all", "ep dispatch grad", after=[post or s.last]) or post
-    if t_w > 0:
-        s.compute(name + " W", t_w, [], [post] if s.ov.tp else [])
+    if beside and t_w > 0:
+        s.compute(name + " W", t_w, [ag], [post] if s.ov.tp else [])
     s.compute(name + " grad wait", 0.0, [post])
 
 
@@ -351,16 +372,20 @@ def _times(c: Cost, phase: str, recompute: Optional[bool] = None) -> dict:
     return {b: c.seconds(phase, b, recompute) for b in LAYER_BLOCKS}
 
 
+#: Input-gradient ops of the column-parallel linears (Megatron's ColumnParallelLinear, torch's
+#: ColwiseParallel), op names of :mod:`meshplan.compute.ops`.
+COLUMN_PARALLEL_DGRAD = ("wq.dgrad", "wk.dgrad", "wv.dgrad", "w_gate.dgrad", "w_up.dgrad")
+
 #: Weight-gradient ops of the row-parallel linears (Megatron's RowParallelLinear, torch's
 #: RowwiseParallel) and their biases, op names of :mod:`meshplan.compute.ops`.
 ROW_PARALLEL_WGRAD = ("wo.wgrad", "w_down.wgrad", "shared_w_down.wgrad", "wo bias grad", "mlp down bias grad")
 
 
-def _row_wgrad(c: Cost) -> dict:
-    """Seconds of the row-parallel linears' weight gradients per block (:data:`ROW_PARALLEL_WGRAD`)."""
+def _ops_by_block(c: Cost, phase: str, names: tuple, recompute: Optional[bool] = None) -> dict:
+    """Seconds per block of the ops of ``phase`` named in ``names``."""
     out = dict.fromkeys(LAYER_BLOCKS, 0.0)
     for o in c.ops:
-        if o.phase == "backward_weight" and o.name in ROW_PARALLEL_WGRAD:
+        if o.phase == phase and o.name in names and recompute in (None, o.recompute):
             out[o.block] += o.seconds
     return out
 
@@ -382,14 +407,15 @@ def _backward_layer(s: _Sim, c: Cost, moe: bool, with_w: bool) -> None:
         _forward_layer(s, c, moe, "backward_input", True)
     b = _times(c, "backward_input", False if full else None)
     w = _times(c, "backward_weight") if with_w else dict.fromkeys(LAYER_BLOCKS, 0.0)
-    row = _row_wgrad(c) if with_w else dict.fromkeys(LAYER_BLOCKS, 0.0)
+    row = _ops_by_block(c, "backward_weight", ROW_PARALLEL_WGRAD) if with_w else dict.fromkeys(LAYER_BLOCKS, 0.0)
+    col = _ops_by_block(c, "backward_input", COLUMN_PARALLEL_DGRAD, False if full else None)
     s.compute("add grad", b["mlp_post"])
     mlp_row = 0.0 if moe else row["mlp"]          # MoE: the experts' own order (dispatch, combine)
-    _block_backward(s, "mlp", b["mlp"], w["mlp"] - mlp_row, ep=moe, t_w_row=mlp_row)
+    _block_backward(s, "mlp", b["mlp"], w["mlp"] - mlp_row, ep=moe, t_w_row=mlp_row, t_b_col=col["mlp"])
     s.compute("norm+add grad", b["mlp_pre"] + b["attn_post"])
     p = _cp_parts(c, "backward_input", False if full else None) if s.w.cp > 1 else None
     _block_backward(s, "attention", b["attn"], w["attn"] - row["attn"], cp=(p["core"], p["q"], p["kv"]) if p else None,
-                    t_w_row=row["attn"])
+                    t_w_row=row["attn"], t_b_col=col["attn"])
     s.compute("norm grad", b["attn_pre"])
 
 
@@ -466,6 +492,8 @@ def backward_unit(kind: str, chunk: ChunkCosts, comm: CommTimes, w: Workload, ov
             _reduce(s, f"L{i}", "layer", piece, red_w)
             if moe and red_w:
                 _reduce(s, f"L{i} experts", "expert", 0.0)
+    if chunk.embed is not None and with_b and w.sp:  # the gradient of the embedding's reduce-scatter
+        s.compute("embedding tp wait", 0.0, [s.comm("tp", "backward", "all-gather", "tp all-gather (embedding)")])
     if chunk.embed is not None and with_w:
         s.compute("embedding grad", chunk.embed.seconds("backward_weight"))
         if red_w:

@@ -374,8 +374,7 @@ def step_time(plan: Plan, overlap: Overlap = Overlap(), *, dropout: bool = False
                          + "; ".join(plan.reasons))
     cfg, w = plan.config, workload_of(plan, dropout)
     p, v, m = len(plan.stages), plan.vpp, plan.micro_batches
-    if cfg.training.tp_comm_overlap and not overlap.tp:  # the config's --tp-comm-overlap
-        overlap = replace(overlap, tp=True)
+    overlap = config_overlap(cfg.training, overlap)
     share = nccl_sm_share(cfg.cluster)
     comms = [CommTimes.from_rows(st.collectives, len(st.layers), share) for st in map(plan.stage, range(p))]
     chunks = chunk_costs(plan, w, table)
@@ -413,6 +412,16 @@ def step_time(plan: Plan, overlap: Overlap = Overlap(), *, dropout: bool = False
                     plan.world, cfg.cluster.gpu.peak_flops(t.compute_dtype), ranks, notes)
 
 
+def config_overlap(training, overlap: Overlap = Overlap()) -> Overlap:
+    """``overlap`` with what the config turns on: ``tp`` for ``training.tp_comm_overlap``
+    (Megatron ``--tp-comm-overlap``), ``tp_grad`` for ``training.framework = "megatron"``."""
+    if training.tp_comm_overlap and not overlap.tp:
+        overlap = replace(overlap, tp=True)
+    if training.framework == "megatron" and not overlap.tp_grad:
+        overlap = replace(overlap, tp_grad=True)
+    return overlap
+
+
 def layer_unit_times(plan, dropout: bool = False, overlap: Overlap = Overlap()) -> tuple[float, float]:
     """(forward, backward) seconds of ONE layer of stage 0 for one micro-batch, with its
     blocking collectives: the per-layer figures papers publish (Korthikanti et al. 2022,
@@ -421,4 +430,5 @@ def layer_unit_times(plan, dropout: bool = False, overlap: Overlap = Overlap()) 
     ch = chunk_costs(plan, w)[0][0]
     one = ChunkCosts(ch.layers[:1], ch.moe[:1])
     comm = CommTimes.from_rows(plan.stage(0).collectives, sm_share=nccl_sm_share(plan.config.cluster))
+    overlap = config_overlap(plan.config.training, overlap)
     return forward_unit(one, comm, w, overlap).duration_s, backward_unit("B", one, comm, w, overlap).duration_s

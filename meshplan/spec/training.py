@@ -28,6 +28,14 @@ class TrainingSpec(BaseModel):
     ``tp_comm_overlap``: TP collectives overlap the GEMMs of their block (Megatron-LM
     ``--tp-comm-overlap``, Transformer Engine userbuffers); off: they block (torchtitan's
     default).
+    ``framework``: whose runtime order the step model follows where they differ: ``torch``
+    (torchtitan: DTensor tensor parallelism; a block's input-gradient collective is issued
+    after its linears' backward, input and weight gradients, and blocks the next block) or
+    ``megatron`` (Megatron-LM: the input-gradient all-reduce or reduce-scatter of the
+    column-parallel linears runs during their weight-gradient GEMMs, and with sequence
+    parallelism their input is all-gathered again in backward, during their input-gradient
+    GEMM, because only its sequence shard is saved; ``LinearWithGradAccumulationAndAsyncCommunication``).
+    ``validate`` runs torch: it takes ``torch`` only.
     ``grad_clip``: gradient-norm clipping before the optimizer step (torchtitan
     ``training.max_norm`` 1.0 and Megatron-LM ``--clip-grad`` 1.0 by default): one read of the
     gradients for the norm and one read and write to scale them
@@ -55,6 +63,7 @@ class TrainingSpec(BaseModel):
     grad_reduce_dtype: Optional[Literal["fp32", "bf16", "param"]] = None
     tp_comm_overlap: bool = False
     grad_clip: bool = True
+    framework: Literal["torch", "megatron"] = "torch"
 
     @model_validator(mode="after")
     def _check(self):

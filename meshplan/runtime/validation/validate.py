@@ -202,6 +202,9 @@ def not_runnable(cfg: Config, mesh) -> Optional[str]:
     :func:`meshplan.runtime.execution.pipelined.unsupported`."""
     from meshplan.runtime.execution.parallelize import _unsupported
 
+    if cfg.training.framework != "torch":
+        return (f"training.framework is '{cfg.training.framework}': validate runs torch.distributed, which "
+                "issues torch's collectives; set framework = \"torch\" to validate this mesh")
     why = _unsupported(mesh, cfg.training, pipeline=True, moe=cfg.model.is_moe)
     if not why and mesh.degree("pp") > 1:
         from meshplan.runtime.execution.pipelined import unsupported
