@@ -41,11 +41,15 @@ import re
 import shlex
 from typing import Any, Optional
 
+from pydantic import ValidationError
+
+from meshplan import catalog
 from meshplan.config import Config
 from meshplan.errors import ConfigError
 from meshplan.interop.common import Imported, ImportOptions, cluster_table, model_layers, model_option
 from meshplan.interop.tomlout import resolved, virtual_split
 from meshplan.spec.axes import MEGATRON_AXES
+from meshplan.spec.model import ModelSpec
 
 #: Flags that take no value (store_true in arguments.py), so the next token is not theirs.
 SWITCHES = {"--sequence-parallel", "--use-distributed-optimizer", "--recompute-activations", "--bf16", "--fp16",
@@ -156,7 +160,11 @@ def _model(args: dict, opts: ImportOptions, notes: list[str]) -> dict:
              "norm": norm.lower(), "linear_bias": not args.get("--disable-bias-linear", False),
              "qkv_bias": bool(args.get("--add-qkv-bias")), "qk_norm": bool(args.get("--qk-layernorm")),
              "position_embedding": "learned" if pos == "learned_absolute" else "rope",
-             "max_position": _int(args, "--max-position-embeddings", 0) if "--max-position-embeddings" in args else 0}
+             "max_position": _int(args, "--max-position-embeddings", 0)}
+    if pos == "learned_absolute" and not model["max_position"]:
+        model["max_position"] = _int(args, "--seq-length") or 0  # Megatron-LM: at least the sequence length
+        notes.append(f"--max-position-embeddings not given: learned positions for --seq-length "
+                     f"{model['max_position']}")
     experts = _int(args, "--num-experts")
     if experts:
         model |= {"experts": experts, "top_k": _int(args, "--moe-router-topk", 2),
@@ -164,7 +172,22 @@ def _model(args: dict, opts: ImportOptions, notes: list[str]) -> dict:
         shared = _int(args, "--moe-shared-expert-intermediate-size")
         if shared:
             model |= {"shared_experts": 1, "shared_expert_ffn": shared}
-    return {k: v for k, v in model.items() if v is not None}
+    model = {k: v for k, v in model.items() if v is not None}
+    return _as_catalog(model, notes)
+
+
+def _as_catalog(model: dict, notes: list[str]) -> dict:
+    """``{"catalog": name}`` when the flags give a catalog model's fields exactly."""
+    try:
+        spec = ModelSpec(**model)
+    except ValidationError:
+        return model  # config_from_dict reports it with the field's name
+    mine = spec.model_dump(exclude={"name", "source"})
+    for name in catalog.names("model"):
+        if catalog.model(name).model_dump(exclude={"name", "source"}) == mine:
+            notes.append(f"the model flags give catalog model {name} exactly")
+            return {"catalog": name}
+    return model
 
 
 def _sharding(args: dict) -> str:
