@@ -169,6 +169,38 @@ def test_round_trip_plans_the_same(tmp_path, path, opts, to):
     assert a[0] == b[0] and a[1] == b[1] and a[2] == pytest.approx(b[2], rel=1e-12)
 
 
+def _seventy(mesh: dict, **training) -> dict:
+    return {"model": {"catalog": "llama3-70b"}, "cluster": {"system": "dgx-h100", "nodes": 4},
+            "training": {"global_batch": 64, "seq_len": 4096, "recompute": "full", **training}, "mesh": mesh}
+
+
+@pytest.mark.parametrize("tables,to", [
+    # torchtitan under pp: FSDP2 keeps fp32 shards, no reshard after forward (its default with pp)
+    (_seventy({"names": ["pp", "dp_shard", "tp"], "shape": [4, 2, 4], "sequence_parallel": True},
+              param_dtype="fp32", reshard_after_forward=False), "torchtitan"),
+    # interleaved, an uneven split per virtual stage (torchtitan's module_fqns_per_model_part holds any)
+    (_seventy({"names": ["pp", "dp_shard", "tp"], "shape": [4, 2, 4], "sequence_parallel": True,
+               "virtual_stages": 2, "pp_schedule": "interleaved_1f1b",
+               "pp_layer_split": [9, 10, 10, 11, 11, 10, 10, 9]}, param_dtype="fp32"), "torchtitan"),
+    # Megatron: distributed optimizer, interleaved 1F1B with 10 layers per virtual stage
+    (_seventy({"names": ["pp", "dp", "tp"], "shape": [4, 2, 4], "sequence_parallel": True, "virtual_stages": 2,
+               "pp_schedule": "interleaved_1f1b"}, sharding="zero1", grad_reduce_dtype="fp32"), "megatron"),
+    # Megatron: the first and last stage lighter, the middle even (--decoder-first/last-pipeline-num-layers)
+    (_seventy({"names": ["pp", "dp", "tp"], "shape": [4, 2, 4], "sequence_parallel": True,
+               "pp_layer_split": [19, 21, 21, 19]}, sharding="zero1", grad_reduce_dtype="param"), "megatron"),
+])
+def test_pipeline_round_trips(tmp_path, tables, to):
+    cfg = config_from_dict(tables)
+    text, header = export(cfg, to, "test")
+    assert not [h for h in header if h.startswith("not expressed")], header
+    out = tmp_path / "x"
+    out.write_text(text)
+    again = load_any(out, to, reimport_options(cfg))
+    assert differences(cfg, again) == []
+    a, b = _outcome(cfg), _outcome(again)
+    assert a[0] == b[0] and a[1] == b[1] and a[2] == pytest.approx(b[2], rel=1e-12)
+
+
 def test_export_lists_what_the_target_does_not_express():
     cfg = load_config(EX / "seed-64gpu.toml")  # fp32 parameters: Megatron keeps bf16 ones with fp32 main params
     _, header = export(cfg, "megatron", "seed")

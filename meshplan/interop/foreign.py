@@ -90,9 +90,10 @@ def _text(path: Path) -> str:
 
 
 def load_any(path, fmt: str | None = None, opts: ImportOptions = ImportOptions(),
-             require_mesh: bool = True) -> Config:
+             require_mesh: bool = True, foreign: bool = True) -> Config:
     """A Config from a meshplan TOML or a foreign config (``fmt`` or detected); the reader's
-    notes and the unused fields end up in ``Config.notes``."""
+    notes and the unused fields end up in ``Config.notes``. ``foreign=False`` (a command
+    without the import options): a foreign config is an error saying how to import it."""
     p = Path(path)
     if fmt is not None and fmt not in FORMATS:
         raise ConfigError("--format", f"{fmt!r}; use {', '.join(FORMATS)}")
@@ -103,6 +104,10 @@ def load_any(path, fmt: str | None = None, opts: ImportOptions = ImportOptions()
             raise ConfigError(f"--{given[0].replace('_', '-')}", "only for a foreign config; a meshplan TOML says "
                               "its model, cluster and training itself")
         return load_config(p, require_mesh=require_mesh)
+    if not foreign:
+        raise ConfigError("config", f"{p} is a {fmt} config; this command reads meshplan TOML: run meshplan import "
+                          f"{fmt} {p} --cluster NODE --nodes N -o plan.toml first (plan, step, search and export "
+                          f"read it directly)")
     imp = read_foreign(p, fmt, opts)
     cfg = config_from_dict(imp.tables, base=p.parent, path=str(p), require_mesh=require_mesh)
     return replace(cfg, notes=cfg.notes + imp.all_notes())

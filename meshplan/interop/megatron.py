@@ -79,8 +79,8 @@ def parse_args(text: str) -> dict[str, Any]:
     """``--flag value`` pairs of an arguments file or launch script (module docstring);
     a switch maps to True; the last occurrence wins.
 
-    >>> parse_args('TP=4\\nARGS="--tensor-model-parallel-size $TP --bf16"  # x\\ntorchrun --nnodes 2 \\\\\\n  train.py $ARGS')
-    {'--tensor-model-parallel-size': '4', '--bf16': True, '--nnodes': '2'}
+    >>> parse_args("--tensor-model-parallel-size 4 --bf16 --seq-length=4096 --lr 1e-4")
+    {'--tensor-model-parallel-size': '4', '--bf16': True, '--seq-length': '4096', '--lr': '1e-4'}
     """
     text = re.sub(r"\\\n", " ", text)
     lines = []

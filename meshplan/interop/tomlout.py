@@ -7,7 +7,7 @@ model or node by name when the config holds that entry unchanged, every field ot
 mesh with the layer split the plan uses (``pp_layer_split`` per stage, or per virtual stage
 with vpp > 1), so an uneven split (126 layers on pp 16) plans as printed.
 
->>> print(dumps({"model": {"catalog": "llama3-8b"}, "mesh": {"names": ["dp_shard", "tp"], "shape": [4, 2]}}))
+>>> print(dumps({"model": {"catalog": "llama3-8b"}, "mesh": {"names": ["dp_shard", "tp"], "shape": [4, 2]}}), end="")
 [model]
 catalog = "llama3-8b"
 <BLANKLINE>
