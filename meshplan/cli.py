@@ -94,9 +94,9 @@ def _opts(cluster, nodes, gpu, model, seq_len) -> ImportOptions:
 def _load(config: Path, topology: Optional[Path] = None, calibration: Optional[Path] = None,
           fmt: Optional[str] = None, opts: Optional[ImportOptions] = None) -> Plan | Infeasible:
     """Plan of ``config`` (a meshplan TOML, or with ``opts`` given a foreign config, ``fmt``
-    or detected, ``opts`` filling what it does not say); ``topology`` (nvidia-smi topo -m text or NCCL topology XML) replaces
-    the node's sockets and NIC affinity, ``calibration`` (meshplan calibration TOML) the link
-    bandwidths and latencies."""
+    or detected, ``opts`` filling what it does not say); ``topology`` (nvidia-smi topo -m text
+    or NCCL topology XML) replaces the node's sockets and NIC affinity, ``calibration``
+    (meshplan calibration TOML) the link bandwidths and latencies."""
 
     cfg = load_any(config, fmt, opts or ImportOptions(), foreign=opts is not None)
     _notes(cfg)

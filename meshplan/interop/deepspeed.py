@@ -48,8 +48,10 @@ def batch(d: dict, dp: int) -> tuple[int, int]:
                                       "gradient_accumulation_steps"))
     if g is None and m is None:
         raise ConfigError("train_batch_size", "give train_batch_size or train_micro_batch_size_per_gpu")
-    if g is None:
+    if g is None and m is not None:
         return m * (a or 1) * dp, m
+    if g is None:  # unreachable: one of the two is given
+        raise ConfigError("train_batch_size", "give train_batch_size or train_micro_batch_size_per_gpu")
     if m is None:
         per = g // ((a or 1) * dp)
         if per * (a or 1) * dp != g:

@@ -27,7 +27,7 @@ from meshplan.config import Config, config_from_dict, load_config
 from meshplan.errors import ConfigError
 from meshplan.interop import deepspeed, megatron, torchtitan
 from meshplan.interop.common import FORMATS, Imported, ImportOptions, catalog_model_name
-from meshplan.interop.tomlout import dumps, meshplan_tables, resolved, virtual_split
+from meshplan.interop.tomlout import dumps, mesh_spec, meshplan_tables, resolved, virtual_split
 
 TORCHTITAN_TABLES = {"parallelism", "job", "activation_checkpoint", "optimizer", "lr_scheduler", "checkpoint",
                      "metrics", "profiling", "compile", "quantize"}
@@ -190,13 +190,13 @@ def mesh_key(cfg: Config) -> dict[str, Any]:
     """What of a mesh a plan depends on: the axes of degree > 1 in order (one data axis
     named ``dp`` whatever its spelling), ep, etp, and with tp > 1 sequence and loss
     parallelism, with pp > 1 the schedule and layers per virtual stage."""
-    m = resolved(cfg)
+    m, spec = resolved(cfg), mesh_spec(cfg)
     data = [a for a in m.layout.names if a in ("dp", "dp_shard", "dp_replicate") and m.layout.degree(a) > 1]
     axes = [("dp" if len(data) == 1 and a in data else a, m.layout.degree(a)) for a in m.layout.names
             if m.layout.degree(a) > 1]
     key: dict[str, Any] = {"axes": axes, "ep": m.ep, "etp": m.etp}
     if m.degree("tp") > 1:
-        key |= {"sequence_parallel": cfg.mesh.sequence_parallel, "loss_parallel": cfg.mesh.loss_parallel}
+        key |= {"sequence_parallel": spec.sequence_parallel, "loss_parallel": spec.loss_parallel}
     if m.degree("pp") > 1:
-        key |= {"pp_schedule": str(cfg.mesh.pp_schedule), "layers_per_virtual_stage": virtual_split(cfg, m)}
+        key |= {"pp_schedule": str(spec.pp_schedule), "layers_per_virtual_stage": virtual_split(cfg, m)}
     return key

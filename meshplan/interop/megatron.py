@@ -47,7 +47,7 @@ from meshplan import catalog
 from meshplan.config import Config
 from meshplan.errors import ConfigError
 from meshplan.interop.common import Imported, ImportOptions, cluster_table, model_layers, model_option
-from meshplan.interop.tomlout import resolved, virtual_split
+from meshplan.interop.tomlout import mesh_spec, resolved, virtual_split
 from meshplan.spec.axes import MEGATRON_AXES
 from meshplan.spec.model import ModelSpec
 
@@ -120,10 +120,11 @@ def _subst(s: str, env: dict[str, str]) -> str:
     return re.sub(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)(?:\[@\])?\}?", lambda m: env.get(m.group(1), m.group(0)), s)
 
 
-def _int(args: dict, flag: str, default: Optional[int] = None) -> Optional[int]:
+def _int(args: dict, flag: str) -> Optional[int]:
+    """The whole number >= 1 a flag gives, or None when absent; ConfigError naming the flag."""
     v = args.get(flag)
     if v is None:
-        return default
+        return None
     try:
         n = int(v)
     except (TypeError, ValueError):
@@ -132,6 +133,12 @@ def _int(args: dict, flag: str, default: Optional[int] = None) -> Optional[int]:
     if n < 1:
         raise ConfigError(flag, f"{n} must be >= 1")
     return n
+
+
+def _num(args: dict, flag: str, default: int) -> int:
+    """:func:`_int` with a default that is a number."""
+    n = _int(args, flag)
+    return default if n is None else n
 
 
 def _model(args: dict, opts: ImportOptions, notes: list[str]) -> dict:
@@ -145,7 +152,7 @@ def _model(args: dict, opts: ImportOptions, notes: list[str]) -> dict:
     if need:
         raise ConfigError(need[0], "the arguments do not give the model fully (--vocab-size comes from the "
                           "tokenizer in Megatron-LM); add the flag or give --model CATALOG_NAME or a config.json")
-    h, heads = _int(args, "--hidden-size"), _int(args, "--num-attention-heads")
+    h, heads = _num(args, "--hidden-size", 0), _num(args, "--num-attention-heads", 0)  # both given: checked above
     swiglu = bool(args.get("--swiglu"))
     ffn = _int(args, "--ffn-hidden-size") or (int(4 * h * 2 / 3 / 64) * 64 if swiglu else 4 * h)
     kv = _int(args, "--num-query-groups") if args.get("--group-query-attention") else None
@@ -160,14 +167,14 @@ def _model(args: dict, opts: ImportOptions, notes: list[str]) -> dict:
              "norm": norm.lower(), "linear_bias": not args.get("--disable-bias-linear", False),
              "qkv_bias": bool(args.get("--add-qkv-bias")), "qk_norm": bool(args.get("--qk-layernorm")),
              "position_embedding": "learned" if pos == "learned_absolute" else "rope",
-             "max_position": _int(args, "--max-position-embeddings", 0)}
+             "max_position": _num(args, "--max-position-embeddings", 0)}
     if pos == "learned_absolute" and not model["max_position"]:
         model["max_position"] = _int(args, "--seq-length") or 0  # Megatron-LM: at least the sequence length
         notes.append(f"--max-position-embeddings not given: learned positions for --seq-length "
                      f"{model['max_position']}")
     experts = _int(args, "--num-experts")
     if experts:
-        model |= {"experts": experts, "top_k": _int(args, "--moe-router-topk", 2),
+        model |= {"experts": experts, "top_k": _num(args, "--moe-router-topk", 2),
                   "expert_ffn": _int(args, "--moe-ffn-hidden-size")}
         shared = _int(args, "--moe-shared-expert-intermediate-size")
         if shared:
@@ -248,7 +255,7 @@ def read(text: str, opts: ImportOptions) -> Imported:
     notes: list[str] = []
     model = _model(args, opts, notes)
     cluster, world = cluster_table(opts, "Megatron-LM", _int(args, "--nnodes"))
-    deg = {axis: _int(args, flag, 1) for flag, axis in PARALLEL.items()}
+    deg = {axis: _num(args, flag, 1) for flag, axis in PARALLEL.items()}
     if "--expert-tensor-parallel-size" not in args:
         deg["etp"] = deg["tp"] if deg["ep"] > 1 else 1  # Megatron: expert tp defaults to tp
     dense = deg["tp"] * deg["cp"] * deg["pp"]
@@ -256,23 +263,23 @@ def read(text: str, opts: ImportOptions) -> Imported:
         raise ConfigError("--tensor-model-parallel-size", f"tp({deg['tp']}) * cp({deg['cp']}) * pp({deg['pp']}) = "
                           f"{dense} does not divide world {world}")
     dp = world // dense
-    layers = model.get("layers") or model_layers(model)
+    layers = model_layers(model)
     names = [a for a in ("pp", "dp", "cp", "tp", "ep", "etp") if a == "dp" or (deg[a] > 1)]
     mesh: dict[str, Any] = {"names": names, "shape": [dp if a == "dp" else deg[a] for a in names],
                             "sequence_parallel": bool(args.get("--sequence-parallel"))}
     mesh |= _pipeline(args, deg["pp"], layers)
-    micro = _int(args, "--micro-batch-size", 1)
+    micro = _num(args, "--micro-batch-size", 1)
     seq = _int(args, "--seq-length") or opts.seq_len
     if seq is None:
         raise ConfigError("--seq-length", "not in the arguments; add it or give --seq-len")
     dtype = "fp8" if args.get("--fp8-format") else "fp16" if args.get("--fp16") else \
         "bf16" if args.get("--bf16") else "fp32"
-    training = {"global_batch": _int(args, "--global-batch-size", micro * dp), "seq_len": seq, "micro_batch": micro,
+    training = {"global_batch": _num(args, "--global-batch-size", micro * dp), "seq_len": seq, "micro_batch": micro,
                 "sharding": _sharding(args), "recompute": _recompute(args, layers // deg["pp"], notes),
                 "param_dtype": "bf16" if dtype == "fp8" else dtype, "compute_dtype": dtype,
                 "grad_reduce_dtype": "fp32" if args.get("--accumulate-allreduce-grads-in-fp32") else "param",
                 "tp_comm_overlap": bool(args.get("--tp-comm-overlap")),
-                "vocab_pad_divisor": _int(args, "--make-vocab-size-divisible-by", 128)}
+                "vocab_pad_divisor": _num(args, "--make-vocab-size-divisible-by", 128)}
     if dtype != "fp32" and not args.get("--use-flash-attn"):
         notes.append("--use-flash-attn not given: planned with flash attention (Transformer Engine's fused "
                      "attention, Megatron-Core's default)")
@@ -316,7 +323,7 @@ def write(cfg: Config) -> list[str]:
             f"--context-parallel-size {deg.get('cp', 1)}"]
     if mesh.ep > 1:
         out += [f"--expert-model-parallel-size {mesh.ep}", f"--expert-tensor-parallel-size {mesh.etp}"]
-    out += ["--sequence-parallel"] * cfg.mesh.sequence_parallel
+    out += ["--sequence-parallel"] * mesh_spec(cfg).sequence_parallel
     out += _write_pipeline(cfg, mesh)
     out += _write_sharding(t.sharding)
     if t.recompute != "none":
@@ -341,10 +348,10 @@ def _write_pipeline(cfg: Config, mesh) -> list[str]:
     split = virtual_split(cfg, mesh)
     if split is None:
         return []
-    pp, vpp = mesh.degree("pp"), cfg.mesh.virtual_stages
-    if str(cfg.mesh.pp_schedule) not in ("1f1b", "interleaved_1f1b"):
+    pp, vpp = mesh.degree("pp"), mesh_spec(cfg).virtual_stages
+    if str(mesh_spec(cfg).pp_schedule) not in ("1f1b", "interleaved_1f1b"):
         raise ConfigError("--to", f"Megatron-LM runs 1F1B (interleaved with virtual stages); schedule "
-                          f"{cfg.mesh.pp_schedule} has no flag")
+                          f"{mesh_spec(cfg).pp_schedule} has no flag")
     if vpp > 1:
         if len(set(split)) != 1:
             raise ConfigError("--to", f"uneven virtual stages {split} have no Megatron-LM flag here")

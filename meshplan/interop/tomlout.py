@@ -28,6 +28,7 @@ from meshplan.errors import ConfigError
 from meshplan.interop.common import catalog_model_name
 from meshplan.mesh.layers import stage_layers
 from meshplan.mesh.resolve import Infeasible, Mesh, resolve_mesh
+from meshplan.spec.mesh import MeshSpec
 
 
 def value(v: Any) -> str:
@@ -76,12 +77,17 @@ def _table(out: list[str], name: str, table: dict) -> None:
         _table(out, f"{name}.{_key(k)}", v)
 
 
+def mesh_spec(cfg: Config) -> MeshSpec:
+    """The config's [mesh]; ConfigError when it has none (exporting needs one)."""
+    if cfg.mesh is None:
+        raise ConfigError("mesh", "exporting needs a [mesh]; give one, or export a search row (search --export N)")
+    return cfg.mesh
+
+
 def resolved(cfg: Config) -> Mesh:
     """The config's mesh resolved against its cluster; ConfigError (exporting needs a mesh
     that resolves) otherwise."""
-    if cfg.mesh is None:
-        raise ConfigError("mesh", "exporting needs a [mesh]; give one, or export a search row (search --export N)")
-    m = resolve_mesh(cfg.mesh, cfg.cluster.world, cfg.cluster.node.gpus)
+    m = resolve_mesh(mesh_spec(cfg), cfg.cluster.world, cfg.cluster.node.gpus)
     if isinstance(m, Infeasible):
         raise ConfigError("mesh", f"cannot export a mesh that does not resolve: {m.reasons[0]}")
     return m
@@ -91,10 +97,10 @@ def virtual_split(cfg: Config, mesh: Mesh) -> Optional[list[int]]:
     """Layers per virtual stage (``chunk * pp + stage``) the plan uses, or None with pp 1.
 
     ConfigError when the layers cannot be assigned (the plan's own reason)."""
-    pp, vpp = mesh.degree("pp"), cfg.mesh.virtual_stages if cfg.mesh else 1
+    pp, vpp = mesh.degree("pp"), mesh_spec(cfg).virtual_stages
     if pp == 1:
         return None
-    layers = stage_layers(cfg.model.layers, pp, vpp, cfg.mesh.pp_layer_split)
+    layers = stage_layers(cfg.model.layers, pp, vpp, mesh_spec(cfg).pp_layer_split)
     if isinstance(layers, str):
         raise ConfigError("mesh.pp_layer_split", layers)
     return [len(layers[k][c]) for c in range(vpp) for k in range(pp)]
@@ -122,11 +128,10 @@ def cluster_table(cfg: Config) -> dict:
 def meshplan_tables(cfg: Config) -> dict[str, dict]:
     """The config as meshplan tables with the layer split written out (module docstring)."""
     mesh = resolved(cfg)
-    spec = cfg.mesh.model_dump(mode="json", exclude_defaults=True)
-    spec.pop("custom_axes", None) if not cfg.mesh.custom_axes else None
+    spec = mesh_spec(cfg).model_dump(mode="json", exclude_defaults=True)
     split = virtual_split(cfg, mesh)
     if split is not None:
-        vpp = cfg.mesh.virtual_stages
+        vpp = spec.get("virtual_stages", 1)
         per_stage = [sum(split[c * mesh.degree("pp") + k] for c in range(vpp)) for k in range(mesh.degree("pp"))]
         # per stage when the plan's chunking of it is the default one, else per virtual stage
         again = stage_layers(cfg.model.layers, mesh.degree("pp"), vpp, per_stage)

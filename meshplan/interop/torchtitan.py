@@ -49,7 +49,7 @@ from meshplan.interop.common import (
     model_layers,
     model_option,
 )
-from meshplan.interop.tomlout import dumps, resolved, virtual_split
+from meshplan.interop.tomlout import dumps, mesh_spec, resolved, virtual_split
 from meshplan.spec.axes import TORCHTITAN_AXES
 
 #: (model.name, model.flavor) -> meshplan catalog model (torchtitan/models/llama3/__init__.py flavors).
@@ -261,12 +261,12 @@ def write(cfg: Config) -> dict[str, dict]:
                                                                   deg.get("dp_shard", 1) > 1) != (t.sharding == "hsdp"):
         raise ConfigError("--to", f"sharding {t.sharding} over {axes} is not what torchtitan applies (FSDP2 on "
                           f"dp_shard, HSDP with dp_replicate too, DDP on dp_replicate alone)")
-    if deg.get("tp", 1) > 1 and not cfg.mesh.sequence_parallel:
+    if deg.get("tp", 1) > 1 and not mesh_spec(cfg).sequence_parallel:
         raise ConfigError("--to", "torchtitan runs tp with sequence parallel; set mesh.sequence_parallel = true")
     pp, dpn = deg.get("pp", 1), deg.get("dp_replicate", 1) * deg.get("dp_shard", 1)
     par: dict[str, Any] = {k: deg.get(a, 1) for k, a in DEGREES.items()}
     par |= {"fsdp_reshard_after_forward": "always" if t.reshard_after_forward else "never",
-            "disable_loss_parallel": not cfg.mesh.loss_parallel,
+            "disable_loss_parallel": not mesh_spec(cfg).loss_parallel,
             "enable_async_tensor_parallel": t.tp_comm_overlap}
     if pp > 1:
         split = virtual_split(cfg, mesh) or []
@@ -274,7 +274,7 @@ def write(cfg: Config) -> dict[str, dict]:
         parts = [[f"layers.{j}" for j in range(s, s + n)] for s, n in zip(starts, split)]
         parts[0].insert(0, "tok_embeddings")
         parts[-1] += ["norm", "output"]
-        par |= {"pipeline_parallel_schedule": SCHEDULE_NAMES.get(str(cfg.mesh.pp_schedule), "")
+        par |= {"pipeline_parallel_schedule": SCHEDULE_NAMES.get(str(mesh_spec(cfg).pp_schedule), "")
                 or _no_schedule(cfg), "pipeline_parallel_microbatch_size": t.micro_batch,
                 "module_fqns_per_model_part": parts}
     training = {"local_batch_size": t.global_batch // dpn if pp > 1 else t.micro_batch,
@@ -293,7 +293,7 @@ def write(cfg: Config) -> dict[str, dict]:
 
 
 def _no_schedule(cfg: Config) -> str:
-    raise ConfigError("--to", f"schedule {cfg.mesh.pp_schedule} is not one torchtitan's TOML names here; use "
+    raise ConfigError("--to", f"schedule {mesh_spec(cfg).pp_schedule} is not one torchtitan's TOML names here; use "
                       f"{', '.join(SCHEDULES.values())}")
 
 
