@@ -62,8 +62,26 @@ def test_torchtitan_example_by_hand():
     assert (t.sharding, t.param_dtype, t.compute_dtype, t.reduce_dtype, t.recompute, t.reshard_after_forward) == (
         "zero3", "fp32", "bf16", "fp32", "selective", True)
     assert cfg.notes[-1] == ("torchtitan: fields meshplan does not use: job.dump_folder, job.description, "
-                             "optimizer.name, optimizer.lr, metrics.log_freq, training.steps, training.dataset, "
-                             "checkpoint.enable")
+                             "model.hf_assets_path, optimizer.name, optimizer.lr, metrics.log_freq, training.steps, "
+                             "training.dataset, checkpoint.enable")
+
+
+def test_torchtitan_hf_path_and_float8(tmp_path):
+    hf = ROOT / "tests" / "data" / "hf" / "qwen3-0.6b"
+    f = tmp_path / "qwen.toml"
+    f.write_text(f'[model]\nname = "qwen3"\nflavor = "0.6B"\nhf_assets_path = "{hf}"\nconverters = ["float8"]\n'
+                 '[quantize.linear.float8]\nenable_fsdp_float8_all_gather = true\n'
+                 '[training]\nlocal_batch_size = 2\nseq_len = 2048\n')
+    cfg = load_any(f, opts=H100)
+    assert cfg.model.layers == 28 and cfg.model.hidden == 1024  # Qwen3-0.6B config.json
+    assert (cfg.training.compute_dtype, cfg.training.global_batch) == ("fp8", 16)  # 2 x dp_shard 8
+    assert cfg.notes[-1] == "torchtitan: fields meshplan does not use: quantize.linear.float8.enable_fsdp_float8_all_gather"
+    f.write_text('[model]\nname = "qwen3"\nflavor = "0.6B"\n')
+    with pytest.raises(ConfigError, match=r"^model.flavor: torchtitan model 'qwen3' flavor '0.6B' is not in "
+                                          r"meshplan's catalog .* give --model"):
+        load_any(f, opts=H100)
+    cfg = load_any(f, opts=ImportOptions(cluster="dgx-h100", nodes=1, model=str(hf)))
+    assert cfg.model.layers == 28
 
 
 def test_megatron_example_by_hand():
@@ -163,7 +181,7 @@ def test_round_trip_plans_the_same(tmp_path, path, opts, to):
     assert not [h for h in header if h.startswith("not expressed")], header
     out = tmp_path / f"x.{ {'deepspeed': 'json', 'megatron': 'args'}.get(to, 'toml') }"
     out.write_text(text)
-    again = load_any(out, to, reimport_options(cfg) if to != "meshplan" else ImportOptions())
+    again = load_any(out, to, reimport_options(cfg, to) if to != "meshplan" else ImportOptions())
     assert differences(cfg, again) == []
     a, b = _outcome(cfg), _outcome(again)
     assert a[0] == b[0] and a[1] == b[1] and a[2] == pytest.approx(b[2], rel=1e-12)
@@ -188,14 +206,16 @@ def _seventy(mesh: dict, **training) -> dict:
     # Megatron: the first and last stage lighter, the middle even (--decoder-first/last-pipeline-num-layers)
     (_seventy({"names": ["pp", "dp", "tp"], "shape": [4, 2, 4], "sequence_parallel": True,
                "pp_layer_split": [19, 21, 21, 19]}, sharding="zero1", grad_reduce_dtype="param"), "megatron"),
+    # MoE: Mixtral's experts over ep 8 under Megatron FSDP (the example's mesh)
+    (load_config(EX / "mixtral-8x7b_32xh100_ep8-dp32.toml"), "megatron"),
 ])
-def test_pipeline_round_trips(tmp_path, tables, to):
-    cfg = config_from_dict(tables)
+def test_pipeline_and_moe_round_trips(tmp_path, tables, to):
+    cfg = tables if not isinstance(tables, dict) else config_from_dict(tables)
     text, header = export(cfg, to, "test")
     assert not [h for h in header if h.startswith("not expressed")], header
     out = tmp_path / "x"
     out.write_text(text)
-    again = load_any(out, to, reimport_options(cfg))
+    again = load_any(out, to, reimport_options(cfg, to))
     assert differences(cfg, again) == []
     a, b = _outcome(cfg), _outcome(again)
     assert a[0] == b[0] and a[1] == b[1] and a[2] == pytest.approx(b[2], rel=1e-12)
@@ -256,7 +276,7 @@ def test_search_rows_export_and_replan(tmp_path):
                 continue
             out = tmp_path / f"r{rank}-{to}"
             out.write_text(text)
-            again = load_any(out, to, reimport_options(cc) if to != "meshplan" else ImportOptions())
+            again = load_any(out, to, reimport_options(cc, to) if to != "meshplan" else ImportOptions())
             _, peak, step = _outcome(again)
             assert step == pytest.approx(row.step_s, rel=1e-9) and peak == pytest.approx(row.peak_bytes, rel=1e-12)
             planned += 1

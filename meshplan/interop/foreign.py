@@ -126,12 +126,15 @@ def import_text(path, fmt: str | None, opts: ImportOptions) -> tuple[str, Import
     return dumps(imp.tables, header), imp
 
 
-def reimport_options(cfg: Config) -> ImportOptions:
-    """The options that give back what a foreign file of ``cfg`` does not hold (its cluster,
-    model and sequence length)."""
+def reimport_options(cfg: Config, to: str) -> ImportOptions:
+    """The options that give back what a ``to`` file of ``cfg`` does not hold: the cluster,
+    and for DeepSpeed the model and sequence length (torchtitan and Megatron-LM files name
+    their model, which is what a round trip checks)."""
     c = cfg.cluster
     gpu = c.gpu.name if c.node.name in catalog.names("node") and c.gpu.name in catalog.names("gpu") and \
         catalog.system(c.node.name, 1).gpu.name != c.gpu.name else None
+    if to != "deepspeed":
+        return ImportOptions(cluster=c.node.name, nodes=c.nodes, gpu=gpu)
     return ImportOptions(cluster=c.node.name, nodes=c.nodes, gpu=gpu, model=catalog_model_name(cfg.model),
                          seq_len=cfg.training.seq_len)
 
@@ -143,7 +146,7 @@ def export(cfg: Config, to: str, source: str) -> tuple[str, list[str]]:
     arguments files as comments (a DeepSpeed JSON has none: the caller prints it)."""
     if to not in FORMATS:
         raise ConfigError("--to", f"{to!r}; use {', '.join(FORMATS)}")
-    opts = reimport_options(cfg)
+    opts = reimport_options(cfg, to)
     head = [f"meshplan export of {source} ({cfg.model.name} on {cfg.cluster.nodes}x {cfg.cluster.node.name})"]
     if to == "meshplan":
         return dumps(meshplan_tables(cfg), tuple(head)), head
@@ -155,7 +158,7 @@ def export(cfg: Config, to: str, source: str) -> tuple[str, list[str]]:
         again = torchtitan.read(tomllib.loads(body), Path("."), opts)
     elif to == "megatron":
         body = "\n".join(megatron.write(cfg)) + "\n"
-        again = megatron.read(body, replace(opts, model=None))
+        again = megatron.read(body, opts)
     else:
         doc = deepspeed.write(cfg)
         body = json.dumps(doc, indent=2) + "\n"

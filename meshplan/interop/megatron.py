@@ -316,7 +316,8 @@ def write(cfg: Config) -> list[str]:
     out += ["--disable-bias-linear"] * (not m.linear_bias) + ["--add-qkv-bias"] * m.qkv_bias
     out += ["--qk-layernorm"] * m.qk_norm
     if m.is_moe:
-        out += [f"--num-experts {m.experts}", f"--moe-router-topk {m.top_k}", f"--moe-ffn-hidden-size {m.moe_ffn}"]
+        out += [f"--num-experts {m.experts}", f"--moe-router-topk {m.top_k}"]
+        out += [f"--moe-ffn-hidden-size {m.expert_ffn}"] if m.expert_ffn else []  # Megatron: default ffn
         if m.shared_experts:
             out.append(f"--moe-shared-expert-intermediate-size {(m.shared_expert_ffn or m.moe_ffn) * m.shared_experts}")
     out += [f"--tensor-model-parallel-size {deg.get('tp', 1)}", f"--pipeline-model-parallel-size {deg.get('pp', 1)}",

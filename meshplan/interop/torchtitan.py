@@ -10,7 +10,7 @@ torchtitan                                     meshplan
 ============================================== ==============================================
 model.name + model.flavor (llama3 8B/70B/405B) model.catalog llama3-8b / -70b / -405b
 model.hf_assets_path (other flavors)           model.hf_config = <path>/config.json
-model.converters "float8" / quantize.linear.float8  training.compute_dtype = "fp8"
+model.converters = ["float8"]                  training.compute_dtype = "fp8"
 training.local_batch_size                      micro_batch (pp 1); per-rank batch per step
 parallelism.pipeline_parallel_microbatch_size  micro_batch (pp > 1)
 training.global_batch_size (-1: local x dp)    training.global_batch
@@ -64,7 +64,7 @@ SCHEDULE_NAMES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved_1f1b": "Interle
 RECOMPUTE = ("none", "selective", "full")
 DTYPES = {"float32": "fp32", "bfloat16": "bf16"}
 #: Keys the reader uses (everything else is listed as unused).
-USED = {"model.name", "model.flavor", "model.hf_assets_path", "model.converters", "training.local_batch_size",
+USED = {"model.name", "model.flavor", "model.converters", "training.local_batch_size",
         "training.global_batch_size", "training.seq_len", "training.dtype", "training.mixed_precision_param",
         "training.mixed_precision_reduce", "activation_checkpoint.mode", "activation_checkpoint.selective_ac_option",
         "parallelism.fsdp_reshard_after_forward", "parallelism.pipeline_parallel_schedule",
@@ -220,11 +220,10 @@ def read(d: dict, base: Path, opts: ImportOptions) -> Imported:
     if dtype == "bf16":  # training.dtype bfloat16: everything in bf16, no fp32 copy
         training |= {"master_weights": False, "grad_dtype": "bf16", "optimizer_dtype": "bf16"}
     converters = d.get("model", {}).get("converters", [])
-    if any("float8" in str(c) for c in converters) or "float8" in d.get("quantize", {}).get("linear", {}):
+    if any("float8" in str(c) for c in converters):  # "float8" (or "quantize.linear.float8")
         training["compute_dtype"] = "fp8"
-        notes.append("float8 converter: GEMMs planned in fp8 (compute_dtype fp8)")
-        used |= {k for k in flatten(d) if k.startswith("quantize.linear.float8.")} - {
-            "quantize.linear.float8.filter_fqns"}
+        notes.append("float8 converter: the linear layers' GEMMs planned in fp8 (compute_dtype fp8); "
+                     "[quantize.linear.float8] options are not modelled")
     flat = flatten(d)
     unused = tuple(k for k in flat if k not in USED | used)
     return Imported("torchtitan", {"model": model, "cluster": cluster, "training": training, "mesh": mesh},
