@@ -313,6 +313,35 @@ def test_cli_plan_reads_a_foreign_file_and_search_exports_a_row(tmp_path):
     assert load_config(out).mesh is not None
 
 
+@pytest.mark.slow
+def test_cli_export_writes_and_refuses(tmp_path):
+    out = tmp_path / "seed.args"
+    r = _cli("export", str(EX / "seed-64gpu.toml"), "--to", "megatron", "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    assert "not expressed in megatron: training.param_dtype: 'fp32' -> 'bf16'" in r.stdout
+    assert "--tensor-model-parallel-size 8" in out.read_text().splitlines()
+    r = _cli("export", str(EX / "seed-64gpu.toml"), "--to", "deepspeed", "-o", str(tmp_path / "ds.json"))
+    assert r.returncode == 2 and r.stderr.startswith("error: --to: a DeepSpeed config applies to ZeRO over one data "
+                                                     "axis without TP/PP/CP/EP; this mesh has tp 8")
+    assert r.stderr.count("\n") == 1 and not (tmp_path / "ds.json").exists()
+    r = _cli("groups", str(TT))
+    assert r.returncode == 2 and r.stderr.startswith(f"error: config: {TT} is a torchtitan config; this command "
+                                                     f"reads meshplan TOML: run meshplan import torchtitan")
+
+
+@pytest.mark.slow
+def test_cli_fsdp_axis_note(tmp_path):
+    p = tmp_path / "f.toml"
+    p.write_text('[model]\ncatalog = "llama3-8b"\n[cluster]\nsystem = "dgx-h100"\nnodes = 1\n'
+                 '[training]\nglobal_batch = 8\nseq_len = 4096\n[mesh]\nnames = ["fsdp", "tp"]\nshape = [4, 2]\n')
+    r = _cli("groups", str(p), "--rank", "3")
+    assert r.returncode == 0, r.stderr
+    assert r.stderr == ("note: mesh.names: mesh axis 'fsdp' is planned as 'dp_shard' (torchtitan's fsdp: parameters, "
+                        "gradients and optimizer state sharded over it; torchtitan's derived fsdp = dp_shard x cp, "
+                        "and cp stays an axis of its own here)\n")
+    assert "dp_shard" in r.stdout
+
+
 # item 6: axis vocabularies ------------------------------------------------------------------
 
 def _mesh_cfg(names, shape, **extra):
