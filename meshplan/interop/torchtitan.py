@@ -278,7 +278,9 @@ def write(cfg: Config) -> dict[str, dict]:
                 "module_fqns_per_model_part": parts}
     training = {"local_batch_size": t.global_batch // dpn if pp > 1 else t.micro_batch,
                 "global_batch_size": t.global_batch, "seq_len": t.seq_len,
-                "dtype": "float32" if t.param_dtype == "fp32" else "bfloat16",
+                # bf16 storage without an fp32 copy is torchtitan's dtype bfloat16; any fp32 copy is
+                # its mixed precision (fp32 FSDP2 shards, bf16 compute)
+                "dtype": "bfloat16" if t.param_dtype == "bf16" and not t.keeps_master else "float32",
                 "mixed_precision_param": "float32" if t.compute_dtype == "fp32" else "bfloat16",
                 "mixed_precision_reduce": "float32"}
     model: dict[str, Any] = {"name": flavor[0], "flavor": flavor[1]}
