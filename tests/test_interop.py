@@ -112,6 +112,21 @@ def test_megatron_launch_script_with_variables_and_nnodes(tmp_path):
     assert "--nproc_per_node" in cfg.notes[-1]
 
 
+def test_megatron_world_and_nnodes_errors(tmp_path):
+    f = tmp_path / "a.args"
+    f.write_text("--num-layers 32 --hidden-size 4096 --num-attention-heads 32 --vocab-size 128256 --seq-length 4096\n"
+                 "--tensor-model-parallel-size 8 --pipeline-model-parallel-size 3\ntorchrun --nnodes $NNODES x.py\n")
+    with pytest.raises(ConfigError, match=r"^--nodes: the launch script's --nnodes is '\$NNODES', not a node count"):
+        load_any(f, opts=ImportOptions(cluster="dgx-h100"))
+    # 2 nodes = 16 GPUs: tp 8 * pp 3 = 24 does not divide it
+    with pytest.raises(ConfigError, match=r"^--tensor-model-parallel-size: tp\(8\) \* cp\(1\) \* pp\(3\) = 24 does "
+                                          r"not divide world 16 .* a multiple of 24"):
+        load_any(f, opts=ImportOptions(cluster="dgx-h100", nodes=2))
+    cfg = load_any(f, opts=ImportOptions(cluster="dgx-h100", nodes=3, seq_len=2048))  # 24 GPUs: dp 1
+    assert (cfg.mesh.shape, cfg.training.seq_len) == ([3, 1, 8], 2048)
+    assert "megatron: --seq-len 2048 replaces --seq-length 4096" in cfg.notes
+
+
 def test_parse_args_switch_and_equals():
     assert parse_args("--bf16 --seq-length=4096 --sequence-parallel\n--lr 1e-4") == {
         "--bf16": True, "--seq-length": "4096", "--sequence-parallel": True, "--lr": "1e-4"}

@@ -23,7 +23,8 @@ class ImportOptions:
     """What a foreign file may not say. ``cluster``: a catalog node (``dgx-h100``);
     ``nodes``: how many; ``gpu``: optional catalog GPU replacing the node's; ``model``: a
     catalog model name or a Hugging Face ``config.json`` path (overrides the file's model);
-    ``seq_len``: tokens per sequence (DeepSpeed configs do not hold it)."""
+    ``seq_len``: tokens per sequence (DeepSpeed configs do not hold it; for the others it
+    replaces the file's, with a note)."""
 
     cluster: Optional[str] = None
     nodes: Optional[int] = None

@@ -141,6 +141,17 @@ def _num(args: dict, flag: str, default: int) -> int:
     return default if n is None else n
 
 
+def _nnodes(args: dict) -> Optional[int]:
+    """torchrun's ``--nnodes`` of a launch script (None when absent); an elastic range or an
+    unresolved variable asks for ``--nodes``."""
+    v = args.get("--nnodes")
+    if v is None:
+        return None
+    if not str(v).isdigit() or int(v) < 1:
+        raise ConfigError("--nodes", f"the launch script's --nnodes is {v!r}, not a node count; give --nodes N")
+    return int(v)
+
+
 def _model(args: dict, opts: ImportOptions, notes: list[str]) -> dict:
     """[model] table: ``--model`` or the model flags."""
     if opts.model:
@@ -254,14 +265,15 @@ def read(text: str, opts: ImportOptions) -> Imported:
     args = parse_args(text)
     notes: list[str] = []
     model = _model(args, opts, notes)
-    cluster, world = cluster_table(opts, "Megatron-LM", _int(args, "--nnodes"))
+    cluster, world = cluster_table(opts, "Megatron-LM", None if opts.nodes else _nnodes(args))
     deg = {axis: _num(args, flag, 1) for flag, axis in PARALLEL.items()}
     if "--expert-tensor-parallel-size" not in args:
         deg["etp"] = deg["tp"] if deg["ep"] > 1 else 1  # Megatron: expert tp defaults to tp
     dense = deg["tp"] * deg["cp"] * deg["pp"]
     if world % dense:
         raise ConfigError("--tensor-model-parallel-size", f"tp({deg['tp']}) * cp({deg['cp']}) * pp({deg['pp']}) = "
-                          f"{dense} does not divide world {world}")
+                          f"{dense} does not divide world {world} (Megatron-LM's rule, dp = world / (tp*cp*pp)); "
+                          f"give --nodes so that the world is a multiple of {dense}")
     dp = world // dense
     layers = model_layers(model)
     names = [a for a in ("pp", "dp", "cp", "tp", "ep", "etp") if a == "dp" or (deg[a] > 1)]
@@ -269,9 +281,11 @@ def read(text: str, opts: ImportOptions) -> Imported:
                             "sequence_parallel": bool(args.get("--sequence-parallel"))}
     mesh |= _pipeline(args, deg["pp"], layers)
     micro = _num(args, "--micro-batch-size", 1)
-    seq = _int(args, "--seq-length") or opts.seq_len
+    seq = opts.seq_len or _int(args, "--seq-length")
     if seq is None:
         raise ConfigError("--seq-length", "not in the arguments; add it or give --seq-len")
+    if opts.seq_len and "--seq-length" in args:
+        notes.append(f"--seq-len {opts.seq_len} replaces --seq-length {args['--seq-length']}")
     dtype = "fp8" if args.get("--fp8-format") else "fp16" if args.get("--fp16") else \
         "bf16" if args.get("--bf16") else "fp32"
     training = {"global_batch": _num(args, "--global-batch-size", micro * dp), "seq_len": seq, "micro_batch": micro,

@@ -187,7 +187,8 @@ def read(d: dict, base: Path, opts: ImportOptions) -> Imported:
     shard = deg["dp_shard"] if deg["dp_shard"] > 0 else world // dense if world % dense == 0 else -1
     if shard < 1:
         raise ConfigError("parallelism.data_parallel_shard_degree", f"-1 cannot be inferred: world {world} is not "
-                          f"divisible by pp * dp_replicate * cp * tp = {dense}")
+                          f"divisible by pp * dp_replicate * cp * tp = {dense}; give --nodes so that the world is a "
+                          f"multiple of {dense}")
     local = tr.get("local_batch_size", 8)
     gb = tr.get("global_batch_size", -1)
     global_batch = gb if isinstance(gb, int) and gb > 0 else local * deg["dp_replicate"] * shard
@@ -209,7 +210,9 @@ def read(d: dict, base: Path, opts: ImportOptions) -> Imported:
     dtype = DTYPES.get(tr.get("dtype", "float32"))
     if dtype is None:
         raise ConfigError("training.dtype", f"{tr.get('dtype')!r}; use float32 or bfloat16")
-    training = {"global_batch": global_batch, "seq_len": tr.get("seq_len", 2048),
+    if opts.seq_len and "seq_len" in tr:
+        notes.append(f"--seq-len {opts.seq_len} replaces training.seq_len {tr['seq_len']}")
+    training = {"global_batch": global_batch, "seq_len": opts.seq_len or tr.get("seq_len", 2048),
                 "micro_batch": par.get("pipeline_parallel_microbatch_size", 1) if deg["pp"] > 1 else local,
                 "sharding": sharding, "param_dtype": dtype,
                 "compute_dtype": DTYPES.get(tr.get("mixed_precision_param", "bfloat16"), "bf16"),
