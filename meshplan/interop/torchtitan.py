@@ -48,6 +48,7 @@ from meshplan.interop.common import (
     flatten,
     model_layers,
     model_option,
+    positive_int,
 )
 from meshplan.interop.tomlout import dumps, mesh_spec, resolved, virtual_split
 from meshplan.spec.axes import TORCHTITAN_AXES
@@ -175,35 +176,26 @@ def _recompute(d: dict, notes: list[str]) -> str:
     return mode
 
 
-def read(d: dict, base: Path, opts: ImportOptions) -> Imported:
-    """meshplan tables of a parsed torchtitan job TOML (module docstring); ``base``: the
-    file's folder (for a relative ``hf_assets_path``)."""
-    notes: list[str] = []
-    model, used = _model(d, base, opts, notes)
-    cluster, world = cluster_table(opts, "torchtitan")
+def _mesh(deg: dict[str, int], par: dict, layers: int, notes: list[str]) -> dict[str, Any]:
+    """[mesh]: the axes of degree != 1 in torchtitan's order (dp_shard -1 kept: meshplan
+    infers it exactly), SP with tp, loss parallel, the pipeline."""
+    axes = [a for a in ("pp", "dp_replicate", "dp_shard", "cp", "tp", "ep", "etp") if deg[a] != 1]
+    mesh: dict[str, Any] = {"names": axes or ["dp_shard"], "shape": [deg[a] for a in axes] or [1],
+                            "sequence_parallel": deg["tp"] > 1,
+                            "loss_parallel": not par.get("disable_loss_parallel", False)}
+    return mesh | _pipeline(par, deg["pp"], layers, notes)
+
+
+def _training(d: dict, deg: dict[str, int], shard: int, opts: ImportOptions, notes: list[str]) -> dict[str, Any]:
+    """[training]: batch (torchtitan's global = local x dp unless given), sequence, sharding
+    as torchtitan applies it, dtypes, resharding policy, recompute, float8."""
     tr, par = d.get("training", {}), d.get("parallelism", {})
-    deg = _degrees(par)
-    dense = deg["pp"] * deg["dp_replicate"] * deg["cp"] * deg["tp"]
-    shard = deg["dp_shard"] if deg["dp_shard"] > 0 else world // dense if world % dense == 0 else -1
-    if shard < 1:
-        raise ConfigError("parallelism.data_parallel_shard_degree", f"-1 cannot be inferred: world {world} is not "
-                          f"divisible by pp * dp_replicate * cp * tp = {dense}; give --nodes so that the world is a "
-                          f"multiple of {dense}")
-    local = tr.get("local_batch_size", 8)
+    local = positive_int(tr.get("local_batch_size", 8), "training.local_batch_size")
     gb = tr.get("global_batch_size", -1)
-    global_batch = gb if isinstance(gb, int) and gb > 0 else local * deg["dp_replicate"] * shard
-    layers = model_layers(model)
-    mesh: dict[str, Any] = {"names": [], "shape": []}
-    for axis in ("pp", "dp_replicate", "dp_shard", "cp", "tp", "ep", "etp"):
-        if deg[axis] != 1 or (axis == "dp_shard" and deg[axis] == -1):
-            mesh["names"].append(axis)
-            mesh["shape"].append(deg[axis])
-    if not mesh["names"]:
-        mesh = {"names": ["dp_shard"], "shape": [1]}
-    mesh |= {"sequence_parallel": deg["tp"] > 1, "loss_parallel": not par.get("disable_loss_parallel", False)}
-    mesh |= _pipeline(par, deg["pp"], layers, notes)
+    global_batch = positive_int(gb, "training.global_batch_size") if gb != -1 else local * deg["dp_replicate"] * shard
+    micro = positive_int(par.get("pipeline_parallel_microbatch_size", 1),
+                         "parallelism.pipeline_parallel_microbatch_size") if deg["pp"] > 1 else local
     fsdp = shard * deg["cp"] > 1
-    sharding = ("hsdp" if deg["dp_replicate"] > 1 else "zero3") if fsdp else "none"
     policy = par.get("fsdp_reshard_after_forward", "default")
     if policy not in ("default", "always", "never"):
         raise ConfigError("parallelism.fsdp_reshard_after_forward", f"{policy!r}; use default, always or never")
@@ -213,25 +205,41 @@ def read(d: dict, base: Path, opts: ImportOptions) -> Imported:
     if opts.seq_len and "seq_len" in tr:
         notes.append(f"--seq-len {opts.seq_len} replaces training.seq_len {tr['seq_len']}")
     training = {"global_batch": global_batch, "seq_len": opts.seq_len or tr.get("seq_len", 2048),
-                "micro_batch": par.get("pipeline_parallel_microbatch_size", 1) if deg["pp"] > 1 else local,
-                "sharding": sharding, "param_dtype": dtype,
+                "micro_batch": micro, "param_dtype": dtype,
+                "sharding": ("hsdp" if deg["dp_replicate"] > 1 else "zero3") if fsdp else "none",
                 "compute_dtype": DTYPES.get(tr.get("mixed_precision_param", "bfloat16"), "bf16"),
                 "reduce_dtype": DTYPES.get(tr.get("mixed_precision_reduce", "float32"), "fp32"),
+                # torchtitan's parallelize: "default" is reshard_after_forward = not pp_enabled
                 "reshard_after_forward": policy == "always" or (policy == "default" and deg["pp"] == 1),
                 "recompute": _recompute(d, notes),
                 "tp_comm_overlap": bool(par.get("enable_async_tensor_parallel", False))}
     if dtype == "bf16":  # training.dtype bfloat16: everything in bf16, no fp32 copy
         training |= {"master_weights": False, "grad_dtype": "bf16", "optimizer_dtype": "bf16"}
-    converters = d.get("model", {}).get("converters", [])
-    if any("float8" in str(c) for c in converters):  # "float8" (or "quantize.linear.float8")
+    if any("float8" in str(c) for c in d.get("model", {}).get("converters", [])):
         training["compute_dtype"] = "fp8"
         notes.append("float8 converter: the linear layers' GEMMs planned in fp8 (compute_dtype fp8); "
                      "[quantize.linear.float8] options are not modelled")
-    flat = flatten(d)
-    unused = tuple(k for k in flat if k not in USED | used)
-    return Imported("torchtitan", {"model": model, "cluster": cluster, "training": training, "mesh": mesh},
-                    unused, tuple(notes))
+    return training
 
+
+def read(d: dict, base: Path, opts: ImportOptions) -> Imported:
+    """meshplan tables of a parsed torchtitan job TOML (module docstring); ``base``: the
+    file's folder (for a relative ``hf_assets_path``)."""
+    notes: list[str] = []
+    model, used = _model(d, base, opts, notes)
+    cluster, world = cluster_table(opts, "torchtitan")
+    par = d.get("parallelism", {})
+    deg = _degrees(par)
+    dense = deg["pp"] * deg["dp_replicate"] * deg["cp"] * deg["tp"]
+    shard = deg["dp_shard"] if deg["dp_shard"] > 0 else world // dense if world % dense == 0 else -1
+    if shard < 1:
+        raise ConfigError("parallelism.data_parallel_shard_degree", f"-1 cannot be inferred: world {world} is not "
+                          f"divisible by pp * dp_replicate * cp * tp = {dense}; give --nodes so that the world is a "
+                          f"multiple of {dense}")
+    tables = {"model": model, "cluster": cluster, "training": _training(d, deg, shard, opts, notes),
+              "mesh": _mesh(deg, par, model_layers(model), notes)}
+    unused = tuple(k for k in flatten(d) if k not in USED | used)
+    return Imported("torchtitan", tables, unused, tuple(notes))
 
 def write(cfg: Config) -> dict[str, dict]:
     """torchtitan job tables of ``cfg`` (the inverse of :func:`read`). ConfigError naming
