@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from meshplan.config import Config
 from meshplan.errors import ConfigError
@@ -50,7 +50,8 @@ from meshplan.interop.common import (
     model_option,
     positive_int,
 )
-from meshplan.interop.tomlout import dumps, mesh_spec, resolved, virtual_split
+from meshplan.interop.tomlout import mesh_spec, resolved, virtual_split
+from meshplan.mesh.resolve import Mesh
 from meshplan.spec.axes import TORCHTITAN_AXES
 
 #: (model.name, model.flavor) -> meshplan catalog model (torchtitan/models/llama3/__init__.py flavors).
@@ -252,41 +253,16 @@ def write(cfg: Config) -> dict[str, dict]:
     if flavor is None:
         raise ConfigError("--to", f"torchtitan knows models by flavor (llama3 8B, 70B, 405B); model "
                           f"{cfg.model.name!r} has none: export --to meshplan or megatron")
-    axes = list(mesh.layout.names)
-    foreign = [a for a in axes if a not in TORCHTITAN_AXES and a != "dp"]
-    if foreign:
-        raise ConfigError("--to", f"torchtitan has no mesh axis {foreign[0]!r} (its axes: pp, dp_replicate, "
-                          f"dp_shard, cp, tp, ep, etp)")
-    if t.sharding in ("zero1", "zero2"):
-        raise ConfigError("--to", f"torchtitan shards with FSDP2 (zero3, hsdp) or replicates (none); sharding "
-                          f"{t.sharding} has no torchtitan key: export --to megatron or deepspeed")
-    dp = "dp_replicate" if t.sharding == "none" else "dp_shard"
-    axes = [dp if a == "dp" else a for a in axes]
-    canon = [a for a in ("pp", "dp_replicate", "dp_shard", "cp", "tp") if a in axes]
-    if axes != canon:
-        raise ConfigError("--to", f"mesh order {axes} is not torchtitan's (pp, dp_replicate, dp_shard, cp, tp "
-                          f"outermost first); reorder the mesh to export it")
-    deg = {a: mesh.layout.degree(b) for a, b in zip(axes, mesh.layout.names)} | {"ep": mesh.ep, "etp": mesh.etp}
-    if deg.get("dp_shard", 1) > 1 and t.sharding == "none" or (deg.get("dp_replicate", 1) > 1 and
-                                                                  deg.get("dp_shard", 1) > 1) != (t.sharding == "hsdp"):
-        raise ConfigError("--to", f"sharding {t.sharding} over {axes} is not what torchtitan applies (FSDP2 on "
-                          f"dp_shard, HSDP with dp_replicate too, DDP on dp_replicate alone)")
-    if deg.get("tp", 1) > 1 and not mesh_spec(cfg).sequence_parallel:
-        raise ConfigError("--to", "torchtitan runs tp with sequence parallel; set mesh.sequence_parallel = true")
+    deg = _write_degrees(cfg, mesh)
     pp, dpn = deg.get("pp", 1), deg.get("dp_replicate", 1) * deg.get("dp_shard", 1)
     par: dict[str, Any] = {k: deg.get(a, 1) for k, a in DEGREES.items()}
     par |= {"fsdp_reshard_after_forward": "always" if t.reshard_after_forward else "never",
             "disable_loss_parallel": not mesh_spec(cfg).loss_parallel,
             "enable_async_tensor_parallel": t.tp_comm_overlap}
     if pp > 1:
-        split = virtual_split(cfg, mesh) or []
-        starts = [sum(split[:i]) for i in range(len(split))]
-        parts = [[f"layers.{j}" for j in range(s, s + n)] for s, n in zip(starts, split)]
-        parts[0].insert(0, "tok_embeddings")
-        parts[-1] += ["norm", "output"]
         par |= {"pipeline_parallel_schedule": SCHEDULE_NAMES.get(str(mesh_spec(cfg).pp_schedule), "")
                 or _no_schedule(cfg), "pipeline_parallel_microbatch_size": t.micro_batch,
-                "module_fqns_per_model_part": parts}
+                "module_fqns_per_model_part": _parts(virtual_split(cfg, mesh) or [])}
     training = {"local_batch_size": t.global_batch // dpn if pp > 1 else t.micro_batch,
                 "global_batch_size": t.global_batch, "seq_len": t.seq_len,
                 # bf16 storage without an fp32 copy is torchtitan's dtype bfloat16; any fp32 copy is
@@ -304,11 +280,49 @@ def write(cfg: Config) -> dict[str, dict]:
                                                               if t.recompute == "selective" else {})}
 
 
+def _write_degrees(cfg: Config, mesh: Mesh) -> dict[str, int]:
+    """torchtitan's degree of each of its axes for ``cfg``'s mesh (a ``dp`` axis is
+    dp_replicate under DDP, dp_shard otherwise); ConfigError when torchtitan would build
+    another mesh or sharding."""
+    t = cfg.training
+    axes = list(mesh.layout.names)
+    foreign = [a for a in axes if a not in TORCHTITAN_AXES and a != "dp"]
+    if foreign:
+        raise ConfigError("--to", f"torchtitan has no mesh axis {foreign[0]!r} (its axes: pp, dp_replicate, "
+                          f"dp_shard, cp, tp, ep, etp)")
+    if t.sharding in ("zero1", "zero2"):
+        raise ConfigError("--to", f"torchtitan shards with FSDP2 (zero3, hsdp) or replicates (none); sharding "
+                          f"{t.sharding} has no torchtitan key: export --to megatron or deepspeed")
+    dp = "dp_replicate" if t.sharding == "none" else "dp_shard"
+    axes = [dp if a == "dp" else a for a in axes]
+    canon = [a for a in ("pp", "dp_replicate", "dp_shard", "cp", "tp") if a in axes]
+    if axes != canon:
+        raise ConfigError("--to", f"mesh order {axes} is not torchtitan's (pp, dp_replicate, dp_shard, cp, tp "
+                          f"outermost first); reorder the mesh to export it")
+    deg = {a: mesh.layout.degree(b) for a, b in zip(axes, mesh.layout.names)} | {"ep": mesh.ep, "etp": mesh.etp}
+    both = deg.get("dp_replicate", 1) > 1 and deg.get("dp_shard", 1) > 1
+    if (deg.get("dp_shard", 1) > 1 and t.sharding == "none") or both != (t.sharding == "hsdp"):
+        raise ConfigError("--to", f"sharding {t.sharding} over {axes} is not what torchtitan applies (FSDP2 on "
+                          f"dp_shard, HSDP with dp_replicate too, DDP on dp_replicate alone)")
+    if deg.get("tp", 1) > 1 and not mesh_spec(cfg).sequence_parallel:
+        raise ConfigError("--to", "torchtitan runs tp with sequence parallel; set mesh.sequence_parallel = true")
+    return deg
+
+
+def _parts(split: list[int]) -> list[list[str]]:
+    """torchtitan's ``module_fqns_per_model_part`` of layers per virtual stage: the
+    embedding on the first part, the norm and output on the last.
+
+    >>> _parts([1, 2])
+    [['tok_embeddings', 'layers.0'], ['layers.1', 'layers.2', 'norm', 'output']]
+    """
+    starts = [sum(split[:i]) for i in range(len(split))]
+    parts = [[f"layers.{j}" for j in range(s, s + n)] for s, n in zip(starts, split)]
+    parts[0].insert(0, "tok_embeddings")
+    parts[-1] += ["norm", "output"]
+    return parts
+
 def _no_schedule(cfg: Config) -> str:
     raise ConfigError("--to", f"schedule {mesh_spec(cfg).pp_schedule} is not one torchtitan's TOML names here; use "
                       f"{', '.join(SCHEDULES.values())}")
 
-
-def write_text(cfg: Config, header: tuple[str, ...] = ()) -> str:
-    """:func:`write` as TOML text."""
-    return dumps(write(cfg), header)
