@@ -34,10 +34,10 @@ from meshplan.comm.calibration import (
 from meshplan.comm.nccl_log import check_against_placement, read_nccl_log
 from meshplan.compare import compare, evidence_folder, table_rows, write_evidence
 from meshplan.compute.gemm import load_gemm_table
-from meshplan.config import load_config
 from meshplan.errors import ConfigError
 from meshplan.fileio import write_output
-from meshplan.mesh.axes import axis_name_warnings, from_megatron_order
+from meshplan.interop.common import FORMATS, ImportOptions
+from meshplan.interop.foreign import export, import_text, load_any
 from meshplan.placement.assign import rank_row
 from meshplan.placement.bindings import write_bindings
 from meshplan.placement.choice import choose_placement, weights_from_plan
@@ -66,6 +66,7 @@ from meshplan.schedule.rank_timeline import Overlap
 from meshplan.schedule.steptime import step_time
 from meshplan.schedule.verdict import network_verdict, rebuilt_step
 from meshplan.search.driver import search
+from meshplan.search.space import candidate_config
 from meshplan.spec.mesh import Schedule
 
 EXIT_CODES = ("exit status: 0 feasible (compare: a mesh that fits wins; search: some candidate fits), "
@@ -77,17 +78,28 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                   help="Design, check and validate parallel meshes for distributed training. " + EXIT_CODES + ".")
 
 
-def _load(config: Path, topology: Optional[Path] = None, calibration: Optional[Path] = None) -> Plan | Infeasible:
-    """Plan of ``config``; ``topology`` (nvidia-smi topo -m text or NCCL topology XML) replaces
-    the node's sockets and NIC affinity, ``calibration`` (meshplan calibration TOML) the link
-    bandwidths and latencies."""
+FORMAT_HELP = ("format of CONFIG: " + ", ".join(FORMATS) + " (default: detected; a torchtitan job TOML, Megatron-LM "
+               "arguments or a DeepSpeed JSON is read directly)")
+CLUSTER_HELP = "foreign configs: catalog node of the cluster (e.g. dgx-h100), which they do not say"
+NODES_HELP = "foreign configs: number of nodes (default: a launch script's --nnodes)"
+GPU_HELP = "foreign configs: catalog GPU replacing the node's"
+MODEL_HELP = "foreign configs: catalog model or HF config.json (DeepSpeed needs it; replaces the file's model)"
+SEQ_HELP = "foreign configs: tokens per sequence (DeepSpeed needs it)"
 
-    cfg = load_config(config)
-    if cfg.mesh is not None:
-        names, field = (cfg.mesh.names, "mesh.names") if cfg.mesh.names is not None else \
-            (from_megatron_order(cfg.mesh.order or ""), "mesh.order")  # MeshSpec: names or order is set
-        for w in axis_name_warnings(names, field):
-            typer.echo(f"warning: {w}", err=True)
+
+def _opts(cluster, nodes, gpu, model, seq_len) -> ImportOptions:
+    return ImportOptions(cluster=cluster, nodes=nodes, gpu=gpu, model=model, seq_len=seq_len)
+
+
+def _load(config: Path, topology: Optional[Path] = None, calibration: Optional[Path] = None,
+          fmt: Optional[str] = None, opts: Optional[ImportOptions] = None) -> Plan | Infeasible:
+    """Plan of ``config`` (a meshplan TOML, or with ``opts`` given a foreign config, ``fmt``
+    or detected, ``opts`` filling what it does not say); ``topology`` (nvidia-smi topo -m text
+    or NCCL topology XML) replaces the node's sockets and NIC affinity, ``calibration``
+    (meshplan calibration TOML) the link bandwidths and latencies."""
+
+    cfg = load_any(config, fmt, opts or ImportOptions(), foreign=opts is not None)
+    _notes(cfg)
     if topology or calibration:
         cluster = cfg.cluster
         if topology:
@@ -99,6 +111,12 @@ def _load(config: Path, topology: Optional[Path] = None, calibration: Optional[P
             cluster = apply_calibration(cluster, load_calibration(calibration))
         cfg = replace(cfg, cluster=cluster)
     return build_plan(cfg)
+
+
+def _notes(cfg) -> None:
+    """The reader's notes (an axis alias renamed, a foreign file's unused fields) on stderr."""
+    for n in cfg.notes:
+        typer.echo(f"note: {n}", err=True)
 
 
 def _console() -> Console:
@@ -145,12 +163,19 @@ def plan(config: Path = typer.Argument(..., help="TOML config with [model], [clu
          rank: int = typer.Option(0, "--rank", help="rank whose groups and placement are printed"),
          force: bool = typer.Option(False, "--force", help="replace an existing --json file"),
          topology: Optional[Path] = typer.Option(None, "--topology", help="nvidia-smi topo -m text or NCCL topology XML"),
-         calibration: Optional[Path] = typer.Option(None, "--calibration", help="calibration TOML (bench comm)")):
-    """Plan one mesh: constraints, degrees, groups, placement, shapes, memory, collectives."""
+         calibration: Optional[Path] = typer.Option(None, "--calibration", help="calibration TOML (bench comm)"),
+         fmt: Optional[str] = typer.Option(None, "--format", help=FORMAT_HELP),
+         cluster: Optional[str] = typer.Option(None, "--cluster", help=CLUSTER_HELP),
+         nodes: Optional[int] = typer.Option(None, "--nodes", help=NODES_HELP),
+         gpu: Optional[str] = typer.Option(None, "--gpu", help=GPU_HELP),
+         model: Optional[str] = typer.Option(None, "--model", help=MODEL_HELP),
+         seq_len: Optional[int] = typer.Option(None, "--seq-len", help=SEQ_HELP)):
+    """Plan one mesh: constraints, degrees, groups, placement, shapes, memory, collectives. CONFIG may be a
+    torchtitan job TOML, Megatron-LM arguments or a DeepSpeed JSON (the cluster from --cluster/--nodes)."""
 
     if json_path and json_path.exists() and not force:  # refused before the report, as compare --out
         raise ConfigError("--json", f"{json_path} exists; choose another path or pass --force to replace it")
-    p = _load(config, topology, calibration)
+    p = _load(config, topology, calibration, fmt, _opts(cluster, nodes, gpu, model, seq_len))
     if p.mesh is not None:
         _check_rank(p, rank)
     print_plan(p, rank=rank, console=_console())
@@ -207,14 +232,20 @@ def step(config: Path = typer.Argument(..., help="TOML config"),
          no_prefetch: bool = typer.Option(False, "--no-prefetch", help="no FSDP all-gather prefetch"),
          gemm_table: Optional[Path] = typer.Option(None, "--gemm-table", help="measured GEMM times (meshplan bench gemm)"),
          schedule: Optional[str] = typer.Option(None, "--schedule", help="gpipe, 1f1b, interleaved_1f1b or zb_h1"),
-         force: bool = typer.Option(False, "--force", help="replace an existing --trace file")):
+         force: bool = typer.Option(False, "--force", help="replace an existing --trace file"),
+         fmt: Optional[str] = typer.Option(None, "--format", help=FORMAT_HELP),
+         cluster: Optional[str] = typer.Option(None, "--cluster", help=CLUSTER_HELP),
+         nodes: Optional[int] = typer.Option(None, "--nodes", help=NODES_HELP),
+         gpu: Optional[str] = typer.Option(None, "--gpu", help=GPU_HELP),
+         model: Optional[str] = typer.Option(None, "--model", help=MODEL_HELP),
+         seq_len: Optional[int] = typer.Option(None, "--seq-len", help=SEQ_HELP)):
     """Scheduled rank timeline: step time, critical path, exposed communication, bubble, MFU; when the step is
     network-bound, a verdict naming the communication and its cause. A mesh that does not fit exits 1 with its
     reasons after one line 'step would be X s ... if it fit'."""
 
     if schedule is not None and schedule not in {x.value for x in Schedule}:
         raise ConfigError("--schedule", f"unknown schedule {schedule!r}; use " + ", ".join(x.value for x in Schedule))
-    p = _load(config)
+    p = _load(config, fmt=fmt, opts=_opts(cluster, nodes, gpu, model, seq_len))
     if isinstance(p, Infeasible):
         _exit_infeasible(p)
     table = load_gemm_table(gemm_table) if gemm_table else None
@@ -330,7 +361,17 @@ def search_cmd(config: Path = typer.Argument(..., help="TOML config: [model], [c
                top: Optional[int] = typer.Option(None, "--top", help="candidates ranked and shown (default: "
                                                                     "[search] top, 10)"),
                json_path: Optional[Path] = typer.Option(None, "--json", help="write the result as JSON"),
-               force: bool = typer.Option(False, "--force", help="replace an existing --json file")):
+               force: bool = typer.Option(False, "--force", help="replace an existing --json or -o file"),
+               export_rank: Optional[int] = typer.Option(None, "--export", help="export the top row of this rank "
+                                                         "(1 = the fastest) with --to and -o"),
+               to: str = typer.Option("meshplan", "--to", help="export format: " + ", ".join(FORMATS)),
+               out: Optional[Path] = typer.Option(None, "-o", "--out", help="file the --export row is written to"),
+               fmt: Optional[str] = typer.Option(None, "--format", help=FORMAT_HELP),
+               cluster: Optional[str] = typer.Option(None, "--cluster", help=CLUSTER_HELP),
+               nodes: Optional[int] = typer.Option(None, "--nodes", help=NODES_HELP),
+               gpu: Optional[str] = typer.Option(None, "--gpu", help=GPU_HELP),
+               model: Optional[str] = typer.Option(None, "--model", help=MODEL_HELP),
+               seq_len: Optional[int] = typer.Option(None, "--seq-len", help=SEQ_HELP)):
     """Search every mesh of the workload: reject with reasons, rank by predicted step time. Exit 0 when some
     candidate fits, 1 when none does.
 
@@ -339,9 +380,20 @@ def search_cmd(config: Path = typer.Argument(..., help="TOML config: [model], [c
     (tp > 1) and the Llama 3 layer split with lighter first and last stages (pp >= 3); [search] narrows
     each. Order: by step time; candidates within 1% of the fastest not yet listed go toward fewer axes,
     then lower tp*pp*cp*ep, then lower tp. The output names what makes the top faster than #2 (compute,
-    bubble, exposed communication per axis, with their seconds)."""
+    bubble, exposed communication per axis, with their seconds). --export N --to FORMAT -o FILE writes row N
+    (its layer split included) as a meshplan TOML, torchtitan TOML, Megatron-LM arguments or DeepSpeed JSON."""
 
-    cfg = load_config(config, require_mesh=False)
+    if export_rank is not None:
+        if export_rank < 1:
+            raise ConfigError("--export", f"{export_rank}: rows are ranked from 1")
+        if out is None:
+            raise ConfigError("-o", "--export needs -o FILE")
+        if to not in FORMATS:
+            raise ConfigError("--to", f"{to!r}; use {', '.join(FORMATS)}")
+        if out.exists() and not force:
+            raise ConfigError("-o", f"{out} exists; choose another path or pass --force to replace it")
+    cfg = load_any(config, fmt, _opts(cluster, nodes, gpu, model, seq_len), require_mesh=False)
+    _notes(cfg)
     if top is not None:
         if top < 1:
             raise ConfigError("--top", f"{top} must be >= 1")
@@ -353,7 +405,76 @@ def search_cmd(config: Path = typer.Argument(..., help="TOML config: [model], [c
     print_search(result, _console())
     if json_path:
         typer.echo(f"wrote {write_search_json(result, json_path, force=force)}")
+    if export_rank is not None and out is not None:
+        if export_rank > len(result.top):
+            raise ConfigError("--export", f"{export_rank}: the search ranked {len(result.top)} row(s); raise --top "
+                              f"or export a lower rank")
+        row = candidate_config(result.config, result.candidates, result.top[export_rank - 1].index)
+        _write_export(row, to, out, f"search {config} row {export_rank}", force)
     raise typer.Exit(0 if result.top else 1)
+
+
+def _write_export(cfg, to: str, out: Path, source: str, force: bool) -> None:
+    """Write ``cfg`` as ``to`` to ``out``, printing the header (source, how to import it,
+    what the format does not express)."""
+    text, header = export(replace(cfg, notes=()), to, source)
+    for line in header[1:]:
+        typer.echo(line)
+    typer.echo(f"wrote {write_output(out, text, force=force, field='-o')}")
+
+
+@app.command("import")
+def import_cmd(fmt: str = typer.Argument(..., metavar="FORMAT", help="torchtitan, megatron or deepspeed (auto: "
+                                         "detect)"),
+               source: Path = typer.Argument(..., metavar="FILE", help="the foreign config"),
+               out: Optional[Path] = typer.Option(None, "-o", "--out", help="meshplan TOML to write (default: "
+                                                  "print it)"),
+               force: bool = typer.Option(False, "--force", help="replace an existing -o file"),
+               cluster: Optional[str] = typer.Option(None, "--cluster", help=CLUSTER_HELP),
+               nodes: Optional[int] = typer.Option(None, "--nodes", help=NODES_HELP),
+               gpu: Optional[str] = typer.Option(None, "--gpu", help=GPU_HELP),
+               model: Optional[str] = typer.Option(None, "--model", help=MODEL_HELP),
+               seq_len: Optional[int] = typer.Option(None, "--seq-len", help=SEQ_HELP)):
+    """Read a torchtitan job TOML, Megatron-LM arguments (file or launch script) or DeepSpeed JSON and write the
+    meshplan TOML. The fields meshplan does not use are listed by name (in the output and its header); what
+    the file does not say (the cluster; a DeepSpeed config's model and sequence length) comes from the
+    options."""
+
+    if fmt not in ("auto",) + FORMATS[1:]:
+        raise ConfigError("FORMAT", f"{fmt!r}; use torchtitan, megatron, deepspeed or auto")
+    if out and out.exists() and not force:
+        raise ConfigError("-o", f"{out} exists; choose another path or pass --force to replace it")
+    text, imp = import_text(source, None if fmt == "auto" else fmt, _opts(cluster, nodes, gpu, model, seq_len))
+    if out is None:
+        typer.echo(text, nl=False)
+        return
+    for n in imp.all_notes():
+        typer.echo(f"note: {n}")
+    typer.echo(f"wrote {write_output(out, text, force=force, field='-o')}")
+
+
+@app.command("export")
+def export_cmd(config: Path = typer.Argument(..., help="config of the plan (meshplan TOML or a foreign one)"),
+               to: str = typer.Option(..., "--to", help="meshplan, torchtitan, megatron or deepspeed"),
+               out: Path = typer.Option(..., "-o", "--out", help="file to write"),
+               force: bool = typer.Option(False, "--force", help="replace an existing -o file"),
+               fmt: Optional[str] = typer.Option(None, "--format", help=FORMAT_HELP),
+               cluster: Optional[str] = typer.Option(None, "--cluster", help=CLUSTER_HELP),
+               nodes: Optional[int] = typer.Option(None, "--nodes", help=NODES_HELP),
+               gpu: Optional[str] = typer.Option(None, "--gpu", help=GPU_HELP),
+               model: Optional[str] = typer.Option(None, "--model", help=MODEL_HELP),
+               seq_len: Optional[int] = typer.Option(None, "--seq-len", help=SEQ_HELP)):
+    """Write a plan's config as a meshplan TOML (its layer split written out), a torchtitan job TOML,
+    Megatron-LM arguments or a DeepSpeed config (ZeRO without TP/PP). Every meshplan field the target does not
+    express is listed (re-imported and compared); a mesh the target cannot run is refused with the reason."""
+
+    if to not in FORMATS:
+        raise ConfigError("--to", f"{to!r}; use {', '.join(FORMATS)}")
+    if out.exists() and not force:
+        raise ConfigError("-o", f"{out} exists; choose another path or pass --force to replace it")
+    cfg = load_any(config, fmt, _opts(cluster, nodes, gpu, model, seq_len))
+    _notes(cfg)
+    _write_export(cfg, to, out, str(config), force)
 
 
 @app.command("nccl-check")

@@ -30,6 +30,7 @@ from pydantic import BaseModel, ValidationError
 
 from meshplan import catalog
 from meshplan.errors import ConfigError
+from meshplan.spec.axes import canonical_names
 from meshplan.spec.cluster import ClusterSpec
 from meshplan.spec.hf import model_from_hf_config
 from meshplan.spec.memory import MemoryOptions
@@ -46,7 +47,10 @@ OPTIONAL_TABLES = ("memory", "search")
 class Config:
     """The four specs of one plan input; ``path`` is where it was read from (or None);
     ``memory``, ``search``: the optional [memory] and [search] tables (defaults when absent);
-    ``mesh`` is None only for a config read with ``require_mesh=False``."""
+    ``mesh`` is None only for a config read with ``require_mesh=False``; its axis names are
+    canonical (:func:`meshplan.spec.axes.canonical_names`: ``fsdp`` is ``dp_shard``);
+    ``notes``: what the reader decided for the user (an alias renamed, a foreign file's
+    fields left unused), printed by the CLI as ``note: ...`` lines."""
 
     model: ModelSpec
     cluster: ClusterSpec
@@ -55,6 +59,7 @@ class Config:
     path: str | None = None
     memory: MemoryOptions = field(default_factory=MemoryOptions)
     search: SearchOptions = field(default_factory=SearchOptions)
+    notes: tuple[str, ...] = ()
 
 
 def load_config(path: str | Path, require_mesh: bool = True) -> Config:
@@ -90,11 +95,31 @@ def config_from_dict(data: dict[str, Any], base: Path | None = None, path: str |
             raise ConfigError(t, f"missing table [{t}]; every config needs {['[' + x + ']' for x in TABLES]}")
         if not isinstance(data[t], dict):
             raise ConfigError(t, "must be a table")
+    mesh, notes = _mesh(data["mesh"]) if "mesh" in data else (None, ())
     return Config(model=_model(data["model"], base), cluster=_cluster(data["cluster"]),
-                  training=build(TrainingSpec, data["training"], "training"),
-                  mesh=build(MeshSpec, data["mesh"], "mesh") if "mesh" in data else None, path=path,
+                  training=build(TrainingSpec, data["training"], "training"), mesh=mesh, path=path,
                   memory=build(MemoryOptions, data.get("memory", {}), "memory"),
-                  search=build(SearchOptions, data.get("search", {}), "search"))
+                  search=build(SearchOptions, data.get("search", {}), "search"), notes=notes)
+
+
+def _mesh(t: dict) -> tuple[MeshSpec, tuple[str, ...]]:
+    """The [mesh] table with canonical axis names (aliases renamed, close slips refused
+    unless in ``custom_axes``) and the notes of what was renamed."""
+    spec = build(MeshSpec, t, "mesh")
+    if spec.names is not None:
+        given, field = list(spec.names), "mesh.names"
+    else:  # MeshSpec: names + shape or order + degrees
+        given, field = [n.strip() for n in (spec.order or "").split("-")], "mesh.order"
+    stray = [n for n in spec.custom_axes if n not in given]
+    if stray:
+        raise ConfigError("mesh.custom_axes", f"{stray[0]!r} is not an axis of the mesh ({', '.join(given)}); "
+                          f"list only axes the mesh names")
+    names, notes = canonical_names(given, spec.custom_axes, field)
+    if spec.names is not None:
+        return spec.model_copy(update={"names": list(names)}), notes
+    renamed = dict(zip(given, names))
+    degrees = {renamed.get(k, k): v for k, v in (spec.degrees or {}).items()}
+    return spec.model_copy(update={"order": "-".join(names), "degrees": degrees}), notes
 
 
 def build(cls: type[BaseModel], values: dict, table: str) -> Any:

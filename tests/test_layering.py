@@ -23,6 +23,7 @@ LAYERS = [
     ["meshplan.catalog"],
     ["meshplan.config"],
     ["meshplan.mesh"],
+    ["meshplan.interop"],
     ["meshplan.pipeline"],
     ["meshplan.placement"],
     ["meshplan.compute"],

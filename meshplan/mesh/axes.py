@@ -18,20 +18,17 @@ ep          expert parallel; re-factors the dense dp_shard*cp*tp block
 etp         expert tensor parallel (1 or tp)
 ========== ===================================================================
 
-Any other name (``cfg``, ``sp``...) is a user-named axis: it takes part in the rank math but
-meshplan assigns it no model semantics. A user-named axis close to a known one (``tq``) is
-most likely a slip: :func:`axis_name_warnings` says so, and the plan goes on with it.
+The vocabulary itself (known axes, torchtitan's and Megatron-LM's names, the ``fsdp``
+alias, the close-name check) lives in :mod:`meshplan.spec.axes`, which the config reader
+applies; this module converts order spellings.
 """
 
 from __future__ import annotations
 
-import difflib
-
 from meshplan.errors import ConfigError
+from meshplan.spec.axes import DENSE_AXES, EXPERT_AXES, KNOWN_AXES
 
-DENSE_AXES = ("pp", "dp_replicate", "dp", "dp_shard", "cp", "tp")
-EXPERT_AXES = ("ep", "etp")
-KNOWN_AXES = DENSE_AXES + EXPERT_AXES
+__all__ = ["DENSE_AXES", "EXPERT_AXES", "KNOWN_AXES", "from_megatron_order", "to_megatron_order"]
 
 
 def from_megatron_order(order: str) -> tuple[str, ...]:
@@ -64,26 +61,3 @@ def _check_unique(names, field: str) -> None:
         if n in seen:
             raise ConfigError(field, f"axis {n!r} appears twice; name each axis once")
         seen.add(n)
-
-
-def axis_name_warnings(names, field: str = "mesh.names") -> list[str]:
-    """One warning per user-named axis that looks like a slip for a known axis (difflib
-    close match, or the same name in another case).
-
-    >>> [w.split("? ")[0] for w in axis_name_warnings(["dp_shard", "tq"])]
-    ["mesh.names: 'tq' is not a standard axis; did you mean 'tp'"]
-    >>> axis_name_warnings(["dp_shard", "cfg", "tp"])
-    []
-    """
-    out = []
-    for n in names:
-        if n in KNOWN_AXES:
-            continue
-        close = [n.lower()] if n.lower() in KNOWN_AXES else difflib.get_close_matches(n.lower(), KNOWN_AXES, n=3,
-                                                                                         cutoff=0.5)
-        if close:
-            quoted = [repr(c) for c in close]
-            alts = quoted[0] if len(quoted) == 1 else ", ".join(quoted[:-1]) + " or " + quoted[-1]
-            out.append(f"{field}: {n!r} is not a standard axis; did you mean {alts}? "
-                       f"(planned as a user-named axis: rank math only, no model semantics)")
-    return out

@@ -1,8 +1,9 @@
 """Input specifications (layer 1): one frozen pydantic model per concern (model, cluster,
-training, mesh, memory options, search options) and the Hugging Face config reader. Unknown
+training, mesh, memory options, search options), the Hugging Face config reader and the axis
+vocabulary (meshplan, torchtitan and Megatron-LM names). Unknown
 keys are rejected; :mod:`meshplan.config` turns validation errors into one-line
 :class:`meshplan.errors.ConfigError` messages. Imports only :mod:`meshplan.errors` and
 :mod:`meshplan.units`.
 """
 
-__all__ = ["cluster", "hf", "memory", "mesh", "model", "search", "training"]
+__all__ = ["axes", "cluster", "hf", "memory", "mesh", "model", "search", "training"]

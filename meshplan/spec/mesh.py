@@ -36,6 +36,8 @@ class MeshSpec(BaseModel):
     (default: node-major, rank r on node r // gpus_per_node).
     ``loss_parallel``: cross-entropy on vocabulary-sharded logits (torchtitan's default with
     tp > 1; Megatron's vocab-parallel cross entropy) instead of gathering the logits.
+    ``custom_axes``: user-named axes that are close to a known name on purpose (``tq``);
+    without it such a name is an error (:func:`meshplan.spec.axes.canonical_names`).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
@@ -52,6 +54,7 @@ class MeshSpec(BaseModel):
     pp_schedule: Schedule = Field(default=Schedule.ONE_F_ONE_B, strict=False)  # names parse to the enum
     rank_to_gpu: Optional[list[int]] = None
     loss_parallel: bool = True
+    custom_axes: list[str] = Field(default_factory=list)
 
     @field_serializer("pp_schedule")
     def _schedule_name(self, value) -> str:

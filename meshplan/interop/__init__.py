@@ -1,0 +1,15 @@
+"""Interoperation with the job configs practitioners already have (layer after
+:mod:`meshplan.mesh`): torchtitan job TOML (:mod:`~meshplan.interop.torchtitan`), Megatron-LM
+arguments (:mod:`~meshplan.interop.megatron`) and DeepSpeed JSON
+(:mod:`~meshplan.interop.deepspeed`) read into meshplan's tables and written from a
+:class:`~meshplan.config.Config`; a small TOML writer and the meshplan TOML of a config with
+its layer split (:mod:`~meshplan.interop.tomlout`); format detection and the loader that
+``plan``/``step``/``search`` use for any of them (:mod:`~meshplan.interop.foreign`).
+
+Every reader lists by name the fields of the foreign file that meshplan does not use (never
+dropped silently); what the file does not say (the cluster; the model and sequence length of
+a DeepSpeed config) comes from :class:`~meshplan.interop.common.ImportOptions`, with a
+one-line error naming the option when it is missing.
+"""
+
+__all__ = ["common", "deepspeed", "foreign", "megatron", "tomlout", "torchtitan"]

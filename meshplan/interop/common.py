@@ -1,0 +1,117 @@
+"""What the foreign readers share: the options that fill what a foreign file does not say,
+the result of a reading (meshplan tables, unused fields, notes), and small helpers.
+
+>>> flatten({"a": {"b": 1, "c": {"d": 2}}, "e": 3})
+{'a.b': 1, 'a.c.d': 2, 'e': 3}
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from meshplan import catalog
+from meshplan.errors import ConfigError
+from meshplan.spec.hf import model_from_hf_config
+
+FORMATS = ("meshplan", "torchtitan", "megatron", "deepspeed")
+
+
+@dataclass(frozen=True)
+class ImportOptions:
+    """What a foreign file may not say. ``cluster``: a catalog node (``dgx-h100``);
+    ``nodes``: how many; ``gpu``: optional catalog GPU replacing the node's; ``model``: a
+    catalog model name or a Hugging Face ``config.json`` path (overrides the file's model);
+    ``seq_len``: tokens per sequence (DeepSpeed configs do not hold it; for the others it
+    replaces the file's, with a note)."""
+
+    cluster: Optional[str] = None
+    nodes: Optional[int] = None
+    gpu: Optional[str] = None
+    model: Optional[str] = None
+    seq_len: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class Imported:
+    """One foreign file read: ``tables`` (meshplan's [model], [cluster], [training], [mesh]),
+    ``unused``: the file's fields meshplan does not use, by name (dotted for nested keys,
+    ``--flag`` for Megatron-LM); ``notes``: decisions the reader made (defaults taken,
+    approximations), one line each."""
+
+    fmt: str
+    tables: dict[str, Any]
+    unused: tuple[str, ...] = ()
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    def all_notes(self) -> tuple[str, ...]:
+        """The notes, then one line naming the unused fields (when any)."""
+        tail = (f"{self.fmt}: fields meshplan does not use: {', '.join(self.unused)}",) if self.unused else ()
+        return tuple(f"{self.fmt}: {n}" for n in self.notes) + tail
+
+
+def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
+    """Nested tables as dotted keys (module docstring)."""
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and v:
+            out.update(flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def cluster_table(opts: ImportOptions, fmt: str, nodes: Optional[int] = None) -> tuple[dict, int]:
+    """([cluster] table, world size) from ``--cluster``/``--nodes`` (``nodes`` from the file,
+    e.g. a launch script's ``--nnodes``, when ``--nodes`` is not given). ConfigError naming
+    the option when the cluster is not known."""
+    if opts.cluster is None:
+        raise ConfigError("--cluster", f"a {fmt} config does not say the cluster; give --cluster NODE --nodes N "
+                          f"(catalog nodes: {', '.join(catalog.names('node'))})")
+    n = opts.nodes if opts.nodes is not None else nodes
+    if n is None:
+        raise ConfigError("--nodes", f"a {fmt} config does not say how many nodes; give --nodes N")
+    if n < 1:
+        raise ConfigError("--nodes", f"{n} must be >= 1")
+    gpus = catalog.node(opts.cluster).gpus  # ConfigError naming the known nodes
+    table = {"system": opts.cluster, "nodes": n} | ({"gpu": opts.gpu} if opts.gpu else {})
+    return table, n * gpus
+
+
+def model_option(value: str) -> dict:
+    """[model] table of ``--model``: a catalog name, or a path to a Hugging Face config.json
+    (made absolute, so the written TOML works from any folder)."""
+    if value in catalog.names("model"):
+        return {"catalog": value}
+    p = Path(value)
+    if p.is_dir() and (p / "config.json").is_file():
+        p = p / "config.json"
+    if p.is_file():
+        return {"hf_config": str(p.resolve())}
+    raise ConfigError("--model", f"{value!r} is neither a catalog model ({', '.join(catalog.names('model'))}) nor "
+                      f"a Hugging Face config.json path")
+
+
+def catalog_model_name(model) -> Optional[str]:
+    """The catalog name of ``model`` (a ModelSpec) when it is that catalog entry unchanged."""
+    if model.name in catalog.names("model") and catalog.model(model.name) == model:
+        return model.name
+    return None
+
+
+def positive_int(value: Any, field: str) -> int:
+    """``value`` as an int >= 1, or a ConfigError naming ``field``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(field, f"must be a whole number >= 1; got {value!r}")
+    return value
+
+
+def model_layers(table: dict) -> int:
+    """Transformer layers of a [model] table (catalog name, HF config path or fields)."""
+    if table.get("catalog"):
+        return catalog.model(table["catalog"]).layers
+    if table.get("hf_config"):
+        return model_from_hf_config(Path(table["hf_config"])).layers
+    return positive_int(table.get("layers"), "model.layers")

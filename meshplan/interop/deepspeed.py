@@ -1,0 +1,111 @@
+"""DeepSpeed JSON config <-> meshplan tables (ZeRO data parallelism, no TP/PP).
+
+Key names from DeepSpeed's configuration reference (deepspeed.ai/docs/config-json:
+``train_batch_size``, ``train_micro_batch_size_per_gpu``, ``gradient_accumulation_steps``,
+``zero_optimization.stage``, ``bf16.enabled``, ``fp16.enabled``). The batch rule is
+DeepSpeed's: ``train_batch_size = train_micro_batch_size_per_gpu * gradient_accumulation_steps
+* dp`` (any two give the third); ``"auto"`` values (the HF Trainer's) count as not given.
+A DeepSpeed config names neither the model nor the sequence length nor the cluster: they
+come from ``--model``, ``--seq-len``, ``--cluster``/``--nodes``.
+
+ZeRO stage 0, 1, 2, 3 -> sharding none, zero1, zero2, zero3 over one data axis ``dp`` (every
+rank); bf16/fp16 keep fp32 master weights (DeepSpeed's mixed precision), so the parameters
+are stored in bf16/fp16 with an fp32 copy (meshplan's ``master_weights``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from meshplan.config import Config
+from meshplan.errors import ConfigError
+from meshplan.interop.common import Imported, ImportOptions, cluster_table, flatten, model_option
+from meshplan.interop.tomlout import resolved
+
+STAGES = {0: "none", 1: "zero1", 2: "zero2", 3: "zero3"}
+USED = {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
+        "zero_optimization.stage", "bf16.enabled", "fp16.enabled"}
+
+
+def _given(d: dict, key: str) -> Optional[int]:
+    v = d.get(key)
+    if v is None or v == "auto":
+        return None
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise ConfigError(key, f"must be a whole number >= 1 or \"auto\"; got {v!r}")
+    return v
+
+
+def batch(d: dict, dp: int) -> tuple[int, int]:
+    """(global batch, micro-batch) by DeepSpeed's rule (module docstring).
+
+    >>> batch({"train_batch_size": 64, "gradient_accumulation_steps": 2}, 8)
+    (64, 4)
+    >>> batch({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 4}, 8)
+    (64, 2)
+    """
+    g, m, a = (_given(d, k) for k in ("train_batch_size", "train_micro_batch_size_per_gpu",
+                                      "gradient_accumulation_steps"))
+    if g is None and m is None:
+        raise ConfigError("train_batch_size", "give train_batch_size or train_micro_batch_size_per_gpu")
+    if g is None and m is not None:
+        return m * (a or 1) * dp, m
+    if g is None:  # unreachable: one of the two is given
+        raise ConfigError("train_batch_size", "give train_batch_size or train_micro_batch_size_per_gpu")
+    if m is None:
+        per = g // ((a or 1) * dp)
+        if per * (a or 1) * dp != g:
+            raise ConfigError("train_batch_size", f"{g} is not gradient_accumulation_steps {a or 1} x dp {dp} x a "
+                              f"whole micro-batch")
+        return g, per
+    if a is not None and g != m * a * dp:
+        raise ConfigError("train_batch_size", f"{g} != train_micro_batch_size_per_gpu {m} x "
+                          f"gradient_accumulation_steps {a} x dp {dp} = {m * a * dp}")
+    return g, m
+
+
+def read(d: dict, opts: ImportOptions) -> Imported:
+    """meshplan tables of a parsed DeepSpeed config (module docstring)."""
+    if not opts.model:
+        raise ConfigError("--model", "a DeepSpeed config does not name the model; give --model CATALOG_NAME or a "
+                          "config.json path")
+    if not opts.seq_len:
+        raise ConfigError("--seq-len", "a DeepSpeed config does not hold the sequence length; give --seq-len N")
+    cluster, world = cluster_table(opts, "DeepSpeed")
+    stage = d.get("zero_optimization", {}).get("stage", 0)
+    if stage not in STAGES:
+        raise ConfigError("zero_optimization.stage", f"{stage!r}; use 0, 1, 2 or 3")
+    global_batch, micro = batch(d, world)
+    dtype = "bf16" if d.get("bf16", {}).get("enabled") else "fp16" if d.get("fp16", {}).get("enabled") else "fp32"
+    training: dict[str, Any] = {"global_batch": global_batch, "seq_len": opts.seq_len, "micro_batch": micro,
+                                "sharding": STAGES[stage], "param_dtype": dtype, "compute_dtype": dtype}
+    notes = ["activation checkpointing is the model code's choice in DeepSpeed: planned with recompute = "
+             "\"selective\" (meshplan's default)"]
+    unused = tuple(k for k in flatten(d) if k not in USED)
+    return Imported("deepspeed", {"model": model_option(opts.model), "cluster": cluster, "training": training,
+                                  "mesh": {"names": ["dp"], "shape": [world]}}, unused, tuple(notes))
+
+
+def write(cfg: Config) -> dict[str, Any]:
+    """DeepSpeed config of ``cfg``: only for ZeRO data parallelism (every axis a data axis
+    of degree > 1 at most one, no tp/pp/cp/ep); ConfigError saying why otherwise."""
+    mesh = resolved(cfg)
+    t = cfg.training
+    other = [f"{a} {mesh.layout.degree(a)}" for a in mesh.layout.names
+             if a not in ("dp", "dp_shard", "dp_replicate") and mesh.layout.degree(a) > 1]
+    if mesh.ep > 1:
+        other.append(f"ep {mesh.ep}")
+    data = [a for a in mesh.layout.names if a in ("dp", "dp_shard", "dp_replicate") and mesh.layout.degree(a) > 1]
+    if other or len(data) > 1 or t.sharding == "hsdp":
+        raise ConfigError("--to", f"a DeepSpeed config applies to ZeRO over one data axis without TP/PP/CP/EP; this "
+                          f"mesh has {', '.join(other + data[1:] if other else data)} ({t.sharding}): "
+                          f"export --to megatron or torchtitan")
+    if t.compute_dtype != t.param_dtype or t.param_dtype == "fp8":
+        raise ConfigError("--to", f"DeepSpeed stores parameters in the compute dtype (bf16/fp16 with an fp32 master "
+                          f"copy); param_dtype {t.param_dtype} with compute_dtype {t.compute_dtype} has no key")
+    dp = mesh.degree("dp")
+    accumulate = t.global_batch // (t.micro_batch * dp)
+    stage = {v: k for k, v in STAGES.items()}[t.sharding]
+    return {"train_batch_size": t.global_batch, "train_micro_batch_size_per_gpu": t.micro_batch,
+            "gradient_accumulation_steps": accumulate, "zero_optimization": {"stage": stage},
+            "bf16": {"enabled": t.compute_dtype == "bf16"}, "fp16": {"enabled": t.compute_dtype == "fp16"}}

@@ -1,0 +1,205 @@
+"""Any config in, any config out: format detection, the loader behind ``plan``/``step``/
+``search`` (and ``meshplan import``), and export with what the target does not express.
+
+Detection (:func:`detect`): ``.json`` with DeepSpeed's batch or ``zero_optimization`` keys is
+DeepSpeed; a TOML with torchtitan's tables (``[parallelism]``, ``[job]``,
+``[activation_checkpoint]``) or keys (``model.flavor``, ``training.local_batch_size``) is
+torchtitan, any other TOML meshplan; other text with Megatron-LM's flags
+(``--num-layers``, ``--tensor-model-parallel-size``, ``--micro-batch-size``...) is Megatron-LM
+arguments. Otherwise the caller gives ``--format``.
+
+Export (:func:`export`) writes the target's file and re-imports it: every meshplan field that
+comes back different (what the target cannot say, such as ``training.memory_reserve``) is
+listed in the header, never dropped silently.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import tomllib
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from meshplan import catalog
+from meshplan.config import Config, config_from_dict, load_config
+from meshplan.errors import ConfigError
+from meshplan.interop import deepspeed, megatron, torchtitan
+from meshplan.interop.common import FORMATS, Imported, ImportOptions, catalog_model_name
+from meshplan.interop.tomlout import dumps, mesh_spec, meshplan_tables, resolved, virtual_split
+
+TORCHTITAN_TABLES = {"parallelism", "job", "activation_checkpoint", "optimizer", "lr_scheduler", "checkpoint",
+                     "metrics", "profiling", "compile", "quantize"}
+MEGATRON_HINT = re.compile(r"--(num-layers|tensor-model-parallel-size|pipeline-model-parallel-size|micro-batch-size|"
+                           r"hidden-size|global-batch-size)\b")
+
+
+def detect(path: Path, text: str) -> str:
+    """The format of a config file (module docstring); ConfigError asking for --format."""
+    if path.suffix == ".json":
+        try:
+            d = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ConfigError("config", f"{path}: not valid JSON ({e})") from None
+        if isinstance(d, dict) and ({"train_batch_size", "train_micro_batch_size_per_gpu",
+                                     "zero_optimization"} & set(d)):
+            return "deepspeed"
+        raise ConfigError("--format", f"{path}: a JSON file without DeepSpeed's keys (train_batch_size, "
+                          f"zero_optimization); pass --format")
+    if path.suffix == ".toml":
+        try:
+            d = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError("config", f"{path}: not valid TOML ({e})") from None
+        if TORCHTITAN_TABLES & set(d) or "flavor" in d.get("model", {}) or \
+                "local_batch_size" in d.get("training", {}):
+            return "torchtitan"
+        return "meshplan"
+    if MEGATRON_HINT.search(text):
+        return "megatron"
+    raise ConfigError("--format", f"{path}: cannot tell the format; pass --format {' or '.join(FORMATS)}")
+
+
+def read_foreign(path: Path, fmt: str, opts: ImportOptions) -> Imported:
+    """Read ``path`` as ``fmt`` (torchtitan, megatron or deepspeed) into meshplan tables."""
+    text = _text(path)
+    if fmt == "torchtitan":
+        try:
+            data = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError("config", f"{path}: not valid TOML ({e})") from None
+        return torchtitan.read(data, path.parent, opts)
+    if fmt == "megatron":
+        return megatron.read(text, opts)
+    if fmt == "deepspeed":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ConfigError("config", f"{path}: not valid JSON ({e})") from None
+        if not isinstance(data, dict):
+            raise ConfigError("config", f"{path}: a DeepSpeed config is a JSON object")
+        return deepspeed.read(data, opts)
+    raise ConfigError("--format", f"{fmt!r}; use {', '.join(FORMATS)}")
+
+
+def _text(path: Path) -> str:
+    if not path.is_file():
+        load_config(path)  # its one-line error for a missing file or a directory
+    return path.read_text(encoding="utf-8", errors="replace")
+
+
+def load_any(path, fmt: str | None = None, opts: ImportOptions = ImportOptions(),
+             require_mesh: bool = True, foreign: bool = True) -> Config:
+    """A Config from a meshplan TOML or a foreign config (``fmt`` or detected); the reader's
+    notes and the unused fields end up in ``Config.notes``. ``foreign=False`` (a command
+    without the import options): a foreign config is an error saying how to import it."""
+    p = Path(path)
+    if fmt is not None and fmt not in FORMATS:
+        raise ConfigError("--format", f"{fmt!r}; use {', '.join(FORMATS)}")
+    fmt = fmt or detect(p, _text(p))
+    if fmt == "meshplan":
+        given = [k for k, v in vars(opts).items() if v is not None]
+        if given:
+            raise ConfigError(f"--{given[0].replace('_', '-')}", "only for a foreign config; a meshplan TOML says "
+                              "its model, cluster and training itself")
+        return load_config(p, require_mesh=require_mesh)
+    if not foreign:
+        raise ConfigError("config", f"{p} is a {fmt} config; this command reads meshplan TOML: run meshplan import "
+                          f"{fmt} {p} --cluster NODE --nodes N -o plan.toml first (plan, step, search and export "
+                          f"read it directly)")
+    imp = read_foreign(p, fmt, opts)
+    cfg = config_from_dict(imp.tables, base=p.parent, path=str(p), require_mesh=require_mesh)
+    return replace(cfg, notes=cfg.notes + imp.all_notes())
+
+
+def import_text(path, fmt: str | None, opts: ImportOptions) -> tuple[str, Imported]:
+    """(meshplan TOML text, the reading) of a foreign config; the tables are validated
+    (:func:`meshplan.config.config_from_dict`) before any text is returned."""
+    p = Path(path)
+    fmt = fmt or detect(p, _text(p))
+    if fmt == "meshplan":
+        raise ConfigError("--format", f"{p} is already a meshplan TOML")
+    imp = read_foreign(p, fmt, opts)
+    config_from_dict(imp.tables, base=p.parent, path=str(p))
+    header = (f"meshplan import {fmt} {p}",) + tuple(f"note: {n}" for n in imp.all_notes())
+    return dumps(imp.tables, header), imp
+
+
+def reimport_options(cfg: Config, to: str) -> ImportOptions:
+    """The options that give back what a ``to`` file of ``cfg`` does not hold: the cluster,
+    and for DeepSpeed the model and sequence length (torchtitan and Megatron-LM files name
+    their model, which is what a round trip checks)."""
+    c = cfg.cluster
+    gpu = c.gpu.name if c.node.name in catalog.names("node") and c.gpu.name in catalog.names("gpu") and \
+        catalog.system(c.node.name, 1).gpu.name != c.gpu.name else None
+    if to != "deepspeed":
+        return ImportOptions(cluster=c.node.name, nodes=c.nodes, gpu=gpu)
+    return ImportOptions(cluster=c.node.name, nodes=c.nodes, gpu=gpu, model=catalog_model_name(cfg.model),
+                         seq_len=cfg.training.seq_len)
+
+
+def export(cfg: Config, to: str, source: str) -> tuple[str, list[str]]:
+    """(file text, header lines) of ``cfg`` written as ``to``. The header names the source,
+    how to import the file again, and every meshplan field the re-imported file does not
+    give back (``not expressed in <to>: ...``, module docstring); it opens TOML and
+    arguments files as comments (a DeepSpeed JSON has none: the caller prints it)."""
+    if to not in FORMATS:
+        raise ConfigError("--to", f"{to!r}; use {', '.join(FORMATS)}")
+    opts = reimport_options(cfg, to)
+    head = [f"meshplan export of {source} ({cfg.model.name} on {cfg.cluster.nodes}x {cfg.cluster.node.name})"]
+    if to == "meshplan":
+        return dumps(meshplan_tables(cfg), tuple(head)), head
+    head.append(f"import with: meshplan import {to} FILE --cluster {opts.cluster} --nodes {opts.nodes}"
+                + (f" --gpu {opts.gpu}" if opts.gpu else "")
+                + ("" if to != "deepspeed" else f" --model {opts.model or 'MODEL'} --seq-len {opts.seq_len}"))
+    if to == "torchtitan":
+        body = dumps(torchtitan.write(cfg))
+        again = torchtitan.read(tomllib.loads(body), Path("."), opts)
+    elif to == "megatron":
+        body = "\n".join(megatron.write(cfg)) + "\n"
+        again = megatron.read(body, opts)
+    else:
+        doc = deepspeed.write(cfg)
+        body = json.dumps(doc, indent=2) + "\n"
+        again = deepspeed.read(doc, opts)
+    lost = differences(cfg, config_from_dict(again.tables))
+    head += [f"not expressed in {to}: {d}" for d in lost]
+    if to == "deepspeed":  # JSON has no comments: the caller prints the header
+        return body, head
+    return "\n".join(f"# {h}" for h in head) + "\n\n" + body, head
+
+
+def differences(a: Config, b: Config) -> list[str]:
+    """The meshplan fields in which ``b`` (a re-imported export) differs from ``a``, as
+    ``table.key: A -> B`` lines; the model by its fields (not its name or source), the mesh
+    by its degrees, options and layer split, the [memory] table when ``a`` sets it."""
+    out = []
+    ma, mb = (m.model_dump(exclude={"name", "source"}) for m in (a.model, b.model))
+    out += [f"model.{k}: {ma[k]!r} -> {mb[k]!r}" for k in ma if ma[k] != mb[k]]
+    ta, tb = (t.model_dump(exclude={"grad_reduce_dtype"}) for t in (a.training, b.training))
+    out += [f"training.{k}: {ta[k]!r} -> {tb[k]!r}" for k in ta if ta[k] != tb[k]]
+    if a.training.gradient_reduce_dtype != b.training.gradient_reduce_dtype:
+        out.append(f"training.grad_reduce_dtype: {a.training.gradient_reduce_dtype!r} -> "
+                   f"{b.training.gradient_reduce_dtype!r}")
+    ka, kb = mesh_key(a), mesh_key(b)
+    out += [f"mesh.{k}: {ka[k]!r} -> {kb[k]!r}" for k in ka if ka[k] != kb[k]]
+    if a.memory != b.memory:
+        out.append(f"memory: {a.memory.model_dump(exclude_defaults=True)} -> defaults")
+    return out
+
+
+def mesh_key(cfg: Config) -> dict[str, Any]:
+    """What of a mesh a plan depends on: the axes of degree > 1 in order (one data axis
+    named ``dp`` whatever its spelling), ep, etp, and with tp > 1 sequence and loss
+    parallelism, with pp > 1 the schedule and layers per virtual stage."""
+    m, spec = resolved(cfg), mesh_spec(cfg)
+    data = [a for a in m.layout.names if a in ("dp", "dp_shard", "dp_replicate") and m.layout.degree(a) > 1]
+    axes = [("dp" if len(data) == 1 and a in data else a, m.layout.degree(a)) for a in m.layout.names
+            if m.layout.degree(a) > 1]
+    key: dict[str, Any] = {"axes": axes, "ep": m.ep, "etp": m.etp}
+    if m.degree("tp") > 1:
+        key |= {"sequence_parallel": spec.sequence_parallel, "loss_parallel": spec.loss_parallel}
+    if m.degree("pp") > 1:
+        key |= {"pp_schedule": str(spec.pp_schedule), "layers_per_virtual_stage": virtual_split(cfg, m)}
+    return key

@@ -1,0 +1,380 @@
+"""Megatron-LM arguments <-> meshplan tables.
+
+Flag names from ``megatron/training/arguments.py`` (NVIDIA/Megatron-LM at d98e8a6; most
+flags are the fields of ``ModelParallelConfig``, ``TransformerConfig`` and ``TrainingConfig``
+turned into ``--dashed-names`` by its ``ArgumentGroupFactory``) and the rank order of
+``megatron/core/parallel_state.py`` (``order="tp-cp-ep-dp-pp"``, tp fastest). Read from an
+arguments file (one or more flags a line) or a launch script: lines joined at ``\\``,
+comments dropped, ``NAME=value`` shell variables substituted, then every ``--flag [value]``
+token pair collected (torchrun's ``--nnodes`` gives the node count when ``--nodes`` is not
+given).
+
+======================================== ===================================================
+Megatron-LM                              meshplan
+======================================== ===================================================
+--tensor/pipeline-model-parallel-size,   mesh [pp, dp, cp, tp] (dp = world / (tp*cp*pp)),
+--context-parallel-size,                   ep and etp (--expert-tensor-parallel-size,
+--expert-model-parallel-size               default tp as Megatron)
+--sequence-parallel                      mesh.sequence_parallel
+--use-distributed-optimizer              sharding zero1 (else none: DDP); with
+                                           --use-torch-fsdp2 / --use-megatron-fsdp the
+                                           --data-parallel-sharding-strategy (optim zero1,
+                                           optim_grads zero2, optim_grads_params zero3)
+--recompute-activations,                 recompute selective / full (--recompute-method and
+--recompute-granularity                    --recompute-num-layers: partial full recompute is
+                                           planned as full, with a note)
+--num-layers-per-virtual-pipeline-stage, mesh.virtual_stages, pp_schedule interleaved_1f1b
+--num-virtual-stages-per-pipeline-rank
+--decoder-first/last-pipeline-num-layers mesh.pp_layer_split
+--micro-batch-size, --global-batch-size  training.micro_batch, global_batch (default micro x dp)
+--seq-length                             training.seq_len
+--bf16, --fp16, --fp8-format             compute/param dtype (fp32 main parameters kept)
+--accumulate-allreduce-grads-in-fp32     grad_reduce_dtype fp32 (else the parameter dtype)
+--tp-comm-overlap                        training.tp_comm_overlap
+--num-layers, --hidden-size, ...         the model, field by field (or --model)
+======================================== ===================================================
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from typing import Any, Optional
+
+from pydantic import ValidationError
+
+from meshplan import catalog
+from meshplan.config import Config
+from meshplan.errors import ConfigError
+from meshplan.interop.common import Imported, ImportOptions, cluster_table, model_layers, model_option
+from meshplan.interop.tomlout import mesh_spec, resolved, virtual_split
+from meshplan.spec.axes import MEGATRON_AXES
+from meshplan.spec.model import ModelSpec
+
+#: Flags that take no value (store_true in arguments.py), so the next token is not theirs.
+SWITCHES = {"--sequence-parallel", "--use-distributed-optimizer", "--recompute-activations", "--bf16", "--fp16",
+            "--swiglu", "--untie-embeddings-and-output-weights", "--group-query-attention", "--disable-bias-linear",
+            "--add-qkv-bias", "--qk-layernorm", "--use-flash-attn", "--accumulate-allreduce-grads-in-fp32",
+            "--tp-comm-overlap", "--use-torch-fsdp2", "--use-megatron-fsdp", "--overlap-grad-reduce",
+            "--overlap-param-gather", "--use-mcore-models", "--no-masked-softmax-fusion", "--standalone"}
+PARALLEL = {"--tensor-model-parallel-size": "tp", "--pipeline-model-parallel-size": "pp",
+            "--context-parallel-size": "cp", "--expert-model-parallel-size": "ep",
+            "--expert-tensor-parallel-size": "etp"}
+MODEL_FLAGS = {"--num-layers", "--hidden-size", "--ffn-hidden-size", "--num-attention-heads", "--num-query-groups",
+               "--group-query-attention", "--kv-channels", "--swiglu", "--untie-embeddings-and-output-weights",
+               "--normalization", "--position-embedding-type", "--max-position-embeddings", "--vocab-size",
+               "--disable-bias-linear", "--add-qkv-bias", "--qk-layernorm", "--num-experts", "--moe-router-topk",
+               "--moe-ffn-hidden-size", "--moe-shared-expert-intermediate-size"}
+USED = set(PARALLEL) | MODEL_FLAGS | {
+    "--sequence-parallel", "--use-distributed-optimizer", "--use-torch-fsdp2", "--use-megatron-fsdp",
+    "--data-parallel-sharding-strategy", "--recompute-activations", "--recompute-granularity", "--recompute-method",
+    "--recompute-num-layers", "--num-layers-per-virtual-pipeline-stage", "--num-virtual-stages-per-pipeline-rank",
+    "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers", "--micro-batch-size",
+    "--global-batch-size", "--seq-length", "--bf16", "--fp16", "--fp8-format", "--accumulate-allreduce-grads-in-fp32",
+    "--tp-comm-overlap", "--make-vocab-size-divisible-by", "--use-flash-attn", "--nnodes"}
+SHARDING = {"no_shard": "none", "optim": "zero1", "optim_grads": "zero2", "optim_grads_params": "zero3"}
+
+
+def parse_args(text: str) -> dict[str, Any]:
+    """``--flag value`` pairs of an arguments file or launch script (module docstring);
+    a switch maps to True; the last occurrence wins.
+
+    >>> parse_args("--tensor-model-parallel-size 4 --bf16 --seq-length=4096 --lr 1e-4")
+    {'--tensor-model-parallel-size': '4', '--bf16': True, '--seq-length': '4096', '--lr': '1e-4'}
+    """
+    text = re.sub(r"\\\n", " ", text)
+    lines = []
+    for line in text.splitlines():
+        try:
+            lines.extend(shlex.split(line, comments=True))
+        except ValueError as e:
+            raise ConfigError("megatron", f"cannot split {line.strip()[:60]!r} into words ({e})") from None
+    env: dict[str, str] = {}
+    tokens: list[str] = []
+    for tok in lines:
+        m = re.fullmatch(r"(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)=(.*)", tok, re.S)
+        if m and not tok.startswith("-"):
+            env[m.group(1)] = _subst(m.group(2), env)
+            continue
+        tokens.extend(shlex.split(_subst(tok, env)) if "$" in tok else [tok])
+    out: dict[str, Any] = {}
+    i = 0
+    while i < len(tokens):
+        tok = tokens[i].strip("()")
+        i += 1
+        if not tok.startswith("--"):
+            continue
+        if "=" in tok:
+            key, val = tok.split("=", 1)
+            out[key] = val
+        elif tok in SWITCHES or i >= len(tokens) or tokens[i].startswith("-") or tokens[i] in ("(", ")"):
+            out[tok] = True
+        else:
+            out[tok] = tokens[i].strip("()")
+            i += 1
+    return out
+
+
+def _subst(s: str, env: dict[str, str]) -> str:
+    """``$NAME`` / ``${NAME}`` / ``${NAME[@]}`` replaced by known variables (others kept)."""
+    return re.sub(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)(?:\[@\])?\}?", lambda m: env.get(m.group(1), m.group(0)), s)
+
+
+def _int(args: dict, flag: str) -> Optional[int]:
+    """The whole number >= 1 a flag gives, or None when absent; ConfigError naming the flag."""
+    v = args.get(flag)
+    if v is None:
+        return None
+    try:
+        n = int(v)
+    except (TypeError, ValueError):
+        raise ConfigError(flag, f"{v!r} is not a whole number (a shell variable meshplan could not resolve?); "
+                          f"write the number") from None
+    if n < 1:
+        raise ConfigError(flag, f"{n} must be >= 1")
+    return n
+
+
+def _num(args: dict, flag: str, default: int) -> int:
+    """:func:`_int` with a default that is a number."""
+    n = _int(args, flag)
+    return default if n is None else n
+
+
+def _nnodes(args: dict) -> Optional[int]:
+    """torchrun's ``--nnodes`` of a launch script (None when absent); an elastic range or an
+    unresolved variable asks for ``--nodes``."""
+    v = args.get("--nnodes")
+    if v is None:
+        return None
+    if not str(v).isdigit() or int(v) < 1:
+        raise ConfigError("--nodes", f"the launch script's --nnodes is {v!r}, not a node count; give --nodes N")
+    return int(v)
+
+
+def _model(args: dict, opts: ImportOptions, notes: list[str]) -> dict:
+    """[model] table: ``--model`` or the model flags."""
+    if opts.model:
+        given = sorted(f for f in MODEL_FLAGS if f in args)
+        if given:
+            notes.append(f"--model {opts.model} replaces the model flags {', '.join(given)}")
+        return model_option(opts.model)
+    need = [f for f in ("--num-layers", "--hidden-size", "--num-attention-heads", "--vocab-size") if f not in args]
+    if need:
+        raise ConfigError(need[0], "the arguments do not give the model fully (--vocab-size comes from the "
+                          "tokenizer in Megatron-LM); add the flag or give --model CATALOG_NAME or a config.json")
+    h, heads = _num(args, "--hidden-size", 0), _num(args, "--num-attention-heads", 0)  # both given: checked above
+    swiglu = bool(args.get("--swiglu"))
+    ffn = _int(args, "--ffn-hidden-size") or (int(4 * h * 2 / 3 / 64) * 64 if swiglu else 4 * h)
+    kv = _int(args, "--num-query-groups") if args.get("--group-query-attention") else None
+    norm = str(args.get("--normalization", "LayerNorm"))
+    if norm not in ("LayerNorm", "RMSNorm"):
+        raise ConfigError("--normalization", f"{norm!r}; meshplan plans LayerNorm or RMSNorm")
+    pos = str(args.get("--position-embedding-type", "learned_absolute"))
+    model = {"name": "megatron-args", "layers": _int(args, "--num-layers"), "hidden": h, "ffn": ffn,
+             "gated_mlp": swiglu, "q_heads": heads, "kv_heads": kv, "head_dim": _int(args, "--kv-channels"),
+             "vocab": _int(args, "--vocab-size"),
+             "tied_embeddings": not args.get("--untie-embeddings-and-output-weights", False),
+             "norm": norm.lower(), "linear_bias": not args.get("--disable-bias-linear", False),
+             "qkv_bias": bool(args.get("--add-qkv-bias")), "qk_norm": bool(args.get("--qk-layernorm")),
+             "position_embedding": "learned" if pos == "learned_absolute" else "rope",
+             "max_position": _num(args, "--max-position-embeddings", 0)}
+    if pos == "learned_absolute" and not model["max_position"]:
+        model["max_position"] = _int(args, "--seq-length") or 0  # Megatron-LM: at least the sequence length
+        notes.append(f"--max-position-embeddings not given: learned positions for --seq-length "
+                     f"{model['max_position']}")
+    experts = _int(args, "--num-experts")
+    if experts:
+        model |= {"experts": experts, "top_k": _num(args, "--moe-router-topk", 2),
+                  "expert_ffn": _int(args, "--moe-ffn-hidden-size")}
+        shared = _int(args, "--moe-shared-expert-intermediate-size")
+        if shared:
+            model |= {"shared_experts": 1, "shared_expert_ffn": shared}
+    model = {k: v for k, v in model.items() if v is not None}
+    return _as_catalog(model, notes)
+
+
+def _as_catalog(model: dict, notes: list[str]) -> dict:
+    """``{"catalog": name}`` when the flags give a catalog model's fields exactly."""
+    try:
+        spec = ModelSpec(**model)
+    except ValidationError:
+        return model  # config_from_dict reports it with the field's name
+    mine = spec.model_dump(exclude={"name", "source"})
+    for name in catalog.names("model"):
+        if catalog.model(name).model_dump(exclude={"name", "source"}) == mine:
+            notes.append(f"the model flags give catalog model {name} exactly")
+            return {"catalog": name}
+    return model
+
+
+def _sharding(args: dict) -> str:
+    if args.get("--use-torch-fsdp2") or args.get("--use-megatron-fsdp"):
+        strategy = str(args.get("--data-parallel-sharding-strategy", "optim_grads_params"))
+        if strategy not in SHARDING:
+            raise ConfigError("--data-parallel-sharding-strategy", f"{strategy!r}; use {', '.join(SHARDING)}")
+        return SHARDING[strategy]
+    return "zero1" if args.get("--use-distributed-optimizer") else "none"
+
+
+def _recompute(args: dict, layers_per_stage: int, notes: list[str]) -> str:
+    gran = args.get("--recompute-granularity", "selective" if args.get("--recompute-activations") else None)
+    if gran is None:
+        return "none"
+    if gran not in ("full", "selective"):
+        raise ConfigError("--recompute-granularity", f"{gran!r}; use full or selective")
+    n = _int(args, "--recompute-num-layers")
+    method = args.get("--recompute-method")
+    if gran == "full" and method == "block" and n is not None and n < layers_per_stage:
+        notes.append(f"--recompute-method block --recompute-num-layers {n} recomputes {n} of {layers_per_stage} "
+                     f"layers per stage; planned as full recompute of every layer")
+    return gran
+
+
+def _pipeline(args: dict, pp: int, layers: int) -> dict:
+    if pp == 1:
+        return {}
+    per_chunk, vstages = _int(args, "--num-layers-per-virtual-pipeline-stage"), \
+        _int(args, "--num-virtual-stages-per-pipeline-rank")
+    first, last = _int(args, "--decoder-first-pipeline-num-layers"), _int(args, "--decoder-last-pipeline-num-layers")
+    out: dict[str, Any] = {}
+    split = None
+    if first is not None or last is not None:
+        middle = pp - (first is not None) - (last is not None)
+        rest = layers - (first or 0) - (last or 0)
+        if middle < 0 or (middle and rest % middle) or (not middle and rest):
+            raise ConfigError("--decoder-first-pipeline-num-layers", f"{layers} layers less first {first} and last "
+                              f"{last} do not divide evenly over the other {middle} stages")
+        even = rest // middle if middle else 0
+        split = [first if first is not None else even] + [even] * (pp - 2) + [last if last is not None else even]
+        out["pp_layer_split"] = split
+    vpp = vstages or 1
+    if per_chunk:
+        stage = layers // pp
+        if split is not None or layers % pp or stage % per_chunk:
+            raise ConfigError("--num-layers-per-virtual-pipeline-stage", f"{per_chunk} does not divide the "
+                              f"{layers} layers / pp {pp} per stage")
+        vpp = stage // per_chunk
+    if vpp > 1:
+        out |= {"virtual_stages": vpp, "pp_schedule": "interleaved_1f1b"}
+    return out
+
+
+def read(text: str, opts: ImportOptions) -> Imported:
+    """meshplan tables of Megatron-LM arguments (module docstring)."""
+    args = parse_args(text)
+    notes: list[str] = []
+    model = _model(args, opts, notes)
+    cluster, world = cluster_table(opts, "Megatron-LM", None if opts.nodes else _nnodes(args))
+    deg = {axis: _num(args, flag, 1) for flag, axis in PARALLEL.items()}
+    if "--expert-tensor-parallel-size" not in args:
+        deg["etp"] = deg["tp"] if deg["ep"] > 1 else 1  # Megatron: expert tp defaults to tp
+    dense = deg["tp"] * deg["cp"] * deg["pp"]
+    if world % dense:
+        raise ConfigError("--tensor-model-parallel-size", f"tp({deg['tp']}) * cp({deg['cp']}) * pp({deg['pp']}) = "
+                          f"{dense} does not divide world {world} (Megatron-LM's rule, dp = world / (tp*cp*pp)); "
+                          f"give --nodes so that the world is a multiple of {dense}")
+    dp = world // dense
+    layers = model_layers(model)
+    names = [a for a in ("pp", "dp", "cp", "tp", "ep", "etp") if a == "dp" or (deg[a] > 1)]
+    mesh: dict[str, Any] = {"names": names, "shape": [dp if a == "dp" else deg[a] for a in names],
+                            "sequence_parallel": bool(args.get("--sequence-parallel"))}
+    mesh |= _pipeline(args, deg["pp"], layers)
+    micro = _num(args, "--micro-batch-size", 1)
+    seq = opts.seq_len or _int(args, "--seq-length")
+    if seq is None:
+        raise ConfigError("--seq-length", "not in the arguments; add it or give --seq-len")
+    if opts.seq_len and "--seq-length" in args:
+        notes.append(f"--seq-len {opts.seq_len} replaces --seq-length {args['--seq-length']}")
+    dtype = "fp8" if args.get("--fp8-format") else "fp16" if args.get("--fp16") else \
+        "bf16" if args.get("--bf16") else "fp32"
+    training = {"global_batch": _num(args, "--global-batch-size", micro * dp), "seq_len": seq, "micro_batch": micro,
+                "sharding": _sharding(args), "recompute": _recompute(args, layers // deg["pp"], notes),
+                "param_dtype": "bf16" if dtype == "fp8" else dtype, "compute_dtype": dtype,
+                "grad_reduce_dtype": "fp32" if args.get("--accumulate-allreduce-grads-in-fp32") else "param",
+                "tp_comm_overlap": bool(args.get("--tp-comm-overlap")),
+                "vocab_pad_divisor": _num(args, "--make-vocab-size-divisible-by", 128)}
+    if dtype != "fp32" and not args.get("--use-flash-attn"):
+        notes.append("--use-flash-attn not given: planned with flash attention (Transformer Engine's fused "
+                     "attention, Megatron-Core's default)")
+    unused = tuple(k for k in args if k not in USED)
+    return Imported("megatron", {"model": model, "cluster": cluster, "training": training, "mesh": mesh},
+                    unused, tuple(notes))
+
+
+def write(cfg: Config) -> list[str]:
+    """Megatron-LM arguments of ``cfg``, one flag (with its value) per item (the inverse of
+    :func:`read`). ConfigError naming what Megatron-LM cannot express: a mesh order other
+    than tp-cp-ep-dp-pp, a layer split other than first/last stage and even middle."""
+    mesh = resolved(cfg)
+    t, m = cfg.training, cfg.model
+    axes = list(mesh.layout.names)
+    data = [a for a in axes if a in ("dp", "dp_shard", "dp_replicate")]
+    if len(data) > 1 or t.sharding == "hsdp":
+        raise ConfigError("--to", f"Megatron-LM has one data-parallel axis; the mesh has {data} ({t.sharding})")
+    axes = ["dp" if a in data else a for a in axes]
+    stray = [a for a in axes if a not in MEGATRON_AXES]
+    if stray:
+        raise ConfigError("--to", f"Megatron-LM has no axis {stray[0]!r}")
+    if axes != [a for a in ("pp", "dp", "cp", "tp") if a in axes]:
+        raise ConfigError("--to", f"mesh order {axes} is not Megatron-LM's tp-cp-ep-dp-pp (outermost first pp, dp, "
+                          f"cp, tp); reorder the mesh to export it")
+    deg = {a: mesh.layout.degree(b) for a, b in zip(axes, mesh.layout.names)}
+    out = [f"--num-layers {m.layers}", f"--hidden-size {m.hidden}", f"--ffn-hidden-size {m.ffn}",
+           f"--num-attention-heads {m.q_heads}", f"--kv-channels {m.d_head}", f"--vocab-size {m.vocab}",
+           f"--normalization {'RMSNorm' if m.norm == 'rmsnorm' else 'LayerNorm'}",
+           f"--position-embedding-type {'rope' if m.position_embedding == 'rope' else 'learned_absolute'}"]
+    out += [f"--max-position-embeddings {m.max_position}"] if m.max_position else []
+    out += [f"--group-query-attention", f"--num-query-groups {m.kv_heads}"] if m.kv_heads else []
+    out += ["--swiglu"] * m.gated_mlp + ["--untie-embeddings-and-output-weights"] * (not m.tied_embeddings)
+    out += ["--disable-bias-linear"] * (not m.linear_bias) + ["--add-qkv-bias"] * m.qkv_bias
+    out += ["--qk-layernorm"] * m.qk_norm
+    if m.is_moe:
+        out += [f"--num-experts {m.experts}", f"--moe-router-topk {m.top_k}"]
+        out += [f"--moe-ffn-hidden-size {m.expert_ffn}"] if m.expert_ffn else []  # Megatron: default ffn
+        if m.shared_experts:
+            out.append(f"--moe-shared-expert-intermediate-size {(m.shared_expert_ffn or m.moe_ffn) * m.shared_experts}")
+    out += [f"--tensor-model-parallel-size {deg.get('tp', 1)}", f"--pipeline-model-parallel-size {deg.get('pp', 1)}",
+            f"--context-parallel-size {deg.get('cp', 1)}"]
+    if mesh.ep > 1:
+        out += [f"--expert-model-parallel-size {mesh.ep}", f"--expert-tensor-parallel-size {mesh.etp}"]
+    out += ["--sequence-parallel"] * mesh_spec(cfg).sequence_parallel
+    out += _write_pipeline(cfg, mesh)
+    out += _write_sharding(t.sharding)
+    if t.recompute != "none":
+        out.append(f"--recompute-granularity {t.recompute}")
+        out += ["--recompute-method uniform", "--recompute-num-layers 1"] if t.recompute == "full" else []
+    out += [f"--micro-batch-size {t.micro_batch}", f"--global-batch-size {t.global_batch}",
+            f"--seq-length {t.seq_len}", f"--make-vocab-size-divisible-by {t.vocab_pad_divisor}"]
+    out += {"bf16": ["--bf16"], "fp16": ["--fp16"], "fp8": ["--bf16", "--fp8-format hybrid"]}.get(t.compute_dtype, [])
+    out += ["--accumulate-allreduce-grads-in-fp32"] * (t.gradient_reduce_dtype == "fp32")
+    out += ["--tp-comm-overlap"] * t.tp_comm_overlap + ["--use-flash-attn"] * t.flash_attention
+    return out
+
+
+def _write_sharding(sharding: str) -> list[str]:
+    if sharding in ("none", "zero1"):
+        return ["--use-distributed-optimizer"] * (sharding == "zero1")
+    strategy = {v: k for k, v in SHARDING.items()}[sharding]
+    return ["--use-megatron-fsdp", f"--data-parallel-sharding-strategy {strategy}"]
+
+
+def _write_pipeline(cfg: Config, mesh) -> list[str]:
+    split = virtual_split(cfg, mesh)
+    if split is None:
+        return []
+    pp, vpp = mesh.degree("pp"), mesh_spec(cfg).virtual_stages
+    if str(mesh_spec(cfg).pp_schedule) not in ("1f1b", "interleaved_1f1b"):
+        raise ConfigError("--to", f"Megatron-LM runs 1F1B (interleaved with virtual stages); schedule "
+                          f"{mesh_spec(cfg).pp_schedule} has no flag")
+    if vpp > 1:
+        if len(set(split)) != 1:
+            raise ConfigError("--to", f"uneven virtual stages {split} have no Megatron-LM flag here")
+        return [f"--num-layers-per-virtual-pipeline-stage {split[0]}"]
+    middle = split[1:-1]
+    if len(set(middle)) > 1:
+        raise ConfigError("--to", f"layer split {split}: Megatron-LM sets the first and last stage and spreads the "
+                          f"rest evenly; the middle stages differ")
+    even = middle[0] if middle else None
+    return ([f"--decoder-first-pipeline-num-layers {split[0]}"] if split[0] != even else []) + \
+        ([f"--decoder-last-pipeline-num-layers {split[-1]}"] if split[-1] != even else [])

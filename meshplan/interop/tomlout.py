@@ -1,0 +1,145 @@
+"""A small TOML writer and the meshplan TOML of a config, with its layer split written out.
+
+:func:`dumps` writes tables of scalars, lists of scalars and (inline) lists of tables: what
+meshplan's specs hold. :func:`meshplan_tables` turns a :class:`~meshplan.config.Config` into
+the tables :func:`meshplan.config.config_from_dict` reads back to an equal config: a catalog
+model or node by name when the config holds that entry unchanged, every field otherwise; the
+mesh with the layer split the plan uses (``pp_layer_split`` per stage, or per virtual stage
+with vpp > 1), so an uneven split (126 layers on pp 16) plans as printed.
+
+>>> print(dumps({"model": {"catalog": "llama3-8b"}, "mesh": {"names": ["dp_shard", "tp"], "shape": [4, 2]}}), end="")
+[model]
+catalog = "llama3-8b"
+<BLANKLINE>
+[mesh]
+names = ["dp_shard", "tp"]
+shape = [4, 2]
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any, Optional
+
+from meshplan import catalog
+from meshplan.config import Config
+from meshplan.errors import ConfigError
+from meshplan.interop.common import catalog_model_name
+from meshplan.mesh.layers import stage_layers
+from meshplan.mesh.resolve import Infeasible, Mesh, resolve_mesh
+from meshplan.spec.mesh import MeshSpec
+
+
+def value(v: Any) -> str:
+    """One TOML value: strings as basic strings (JSON escapes are TOML escapes), booleans,
+    integers, floats (``inf``/``nan`` spelled as TOML does), lists, inline tables.
+
+    >>> value([1, "a", True, 0.5, {"x": 1}])
+    '[1, "a", true, 0.5, {x = 1}]'
+    """
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        return ("inf" if v > 0 else "-inf") if math.isinf(v) else "nan" if math.isnan(v) else repr(v)
+    if isinstance(v, str):
+        return json.dumps(v, ensure_ascii=False)
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{_key(k)} = {value(x)}" for k, x in v.items() if x is not None) + "}"
+    raise TypeError(f"no TOML value for {type(v).__name__}")
+
+
+def _key(k: str) -> str:
+    return k if k and all(c.isalnum() or c in "_-" for c in k) else json.dumps(k)
+
+
+def dumps(tables: dict[str, dict], header: tuple[str, ...] = ()) -> str:
+    """Tables as TOML text: ``header`` lines as comments first; within a table, scalars and
+    lists first, then sub-tables as ``[table.sub]``; None values left out."""
+    out = [f"# {h}" for h in header] + ([""] if header else [])
+    for name, table in tables.items():
+        _table(out, name, table)
+    return "\n".join(out).rstrip("\n") + "\n"
+
+
+def _table(out: list[str], name: str, table: dict) -> None:
+    out.append(f"[{name}]")
+    subs = {k: v for k, v in table.items() if isinstance(v, dict) and v}
+    for k, v in table.items():
+        if v is not None and k not in subs:
+            out.append(f"{_key(k)} = {value(v)}")
+    out.append("")
+    for k, v in subs.items():
+        _table(out, f"{name}.{_key(k)}", v)
+
+
+def mesh_spec(cfg: Config) -> MeshSpec:
+    """The config's [mesh]; ConfigError when it has none (exporting needs one)."""
+    if cfg.mesh is None:
+        raise ConfigError("mesh", "exporting needs a [mesh]; give one, or export a search row (search --export N)")
+    return cfg.mesh
+
+
+def resolved(cfg: Config) -> Mesh:
+    """The config's mesh resolved against its cluster; ConfigError (exporting needs a mesh
+    that resolves) otherwise."""
+    m = resolve_mesh(mesh_spec(cfg), cfg.cluster.world, cfg.cluster.node.gpus)
+    if isinstance(m, Infeasible):
+        raise ConfigError("mesh", f"cannot export a mesh that does not resolve: {m.reasons[0]}")
+    return m
+
+
+def virtual_split(cfg: Config, mesh: Mesh) -> Optional[list[int]]:
+    """Layers per virtual stage (``chunk * pp + stage``) the plan uses, or None with pp 1.
+
+    ConfigError when the layers cannot be assigned (the plan's own reason)."""
+    pp, vpp = mesh.degree("pp"), mesh_spec(cfg).virtual_stages
+    if pp == 1:
+        return None
+    layers = stage_layers(cfg.model.layers, pp, vpp, mesh_spec(cfg).pp_layer_split)
+    if isinstance(layers, str):
+        raise ConfigError("mesh.pp_layer_split", layers)
+    return [len(layers[k][c]) for c in range(vpp) for k in range(pp)]
+
+
+def model_table(cfg: Config) -> dict:
+    """[model]: ``catalog = NAME`` for an unchanged catalog entry, else every field."""
+    name = catalog_model_name(cfg.model)
+    return {"catalog": name} if name else cfg.model.model_dump(exclude_defaults=True) | {"name": cfg.model.name}
+
+
+def cluster_table(cfg: Config) -> dict:
+    """[cluster]: ``system``/``nodes`` (and ``gpu``) when the cluster is a catalog node
+    unchanged, else every field."""
+    c = cfg.cluster
+    if c.node.name in catalog.names("node"):
+        base = catalog.system(c.node.name, c.nodes)
+        if base == c:
+            return {"system": c.node.name, "nodes": c.nodes}
+        if c.gpu.name in catalog.names("gpu") and base.model_copy(update={"gpu": catalog.gpu(c.gpu.name)}) == c:
+            return {"system": c.node.name, "nodes": c.nodes, "gpu": c.gpu.name}
+    return c.model_dump(mode="json")
+
+
+def meshplan_tables(cfg: Config) -> dict[str, dict]:
+    """The config as meshplan tables with the layer split written out (module docstring)."""
+    mesh = resolved(cfg)
+    spec = mesh_spec(cfg).model_dump(mode="json", exclude_defaults=True)
+    split = virtual_split(cfg, mesh)
+    if split is not None:
+        vpp = spec.get("virtual_stages", 1)
+        per_stage = [sum(split[c * mesh.degree("pp") + k] for c in range(vpp)) for k in range(mesh.degree("pp"))]
+        # per stage when the plan's chunking of it is the default one, else per virtual stage
+        again = stage_layers(cfg.model.layers, mesh.degree("pp"), vpp, per_stage)
+        spec["pp_layer_split"] = per_stage if not isinstance(again, str) and [
+            len(again[k][c]) for c in range(vpp) for k in range(mesh.degree("pp"))] == split else split
+    tables = {"model": model_table(cfg), "cluster": cluster_table(cfg),
+              "training": cfg.training.model_dump(mode="json", exclude_defaults=True) | {
+                  "global_batch": cfg.training.global_batch, "seq_len": cfg.training.seq_len},
+              "mesh": spec}
+    memory = cfg.memory.model_dump(mode="json", exclude_defaults=True)
+    return tables | ({"memory": memory} if memory else {})

@@ -1,0 +1,328 @@
+"""torchtitan job TOML <-> meshplan tables.
+
+Key names from torchtitan's ``torchtitan/config/job_config.py`` (pytorch/torchtitan at
+e347b1e, the last commit with the TOML job config; ``JobConfig`` tables ``[model]``,
+``[training]``, ``[parallelism]``, ``[activation_checkpoint]``, ``[quantize.linear.float8]``)
+and its preset ``torchtitan/models/llama3/train_configs/llama3_8b.toml``. How they map:
+
+============================================== ==============================================
+torchtitan                                     meshplan
+============================================== ==============================================
+model.name + model.flavor (llama3 8B/70B/405B) model.catalog llama3-8b / -70b / -405b
+model.hf_assets_path (other flavors)           model.hf_config = <path>/config.json
+model.converters = ["float8"]                  training.compute_dtype = "fp8"
+training.local_batch_size                      micro_batch (pp 1); per-rank batch per step
+parallelism.pipeline_parallel_microbatch_size  micro_batch (pp > 1)
+training.global_batch_size (-1: local x dp)    training.global_batch
+training.seq_len                               training.seq_len
+training.dtype float32 / bfloat16              param_dtype fp32 / bf16 (bf16: no fp32 copy)
+training.mixed_precision_param / _reduce       compute_dtype / reduce_dtype
+parallelism.*_degree                           mesh [pp, dp_replicate, dp_shard, cp, tp] + ep, etp
+parallelism.fsdp_reshard_after_forward         reshard_after_forward (default: not pp, as torchtitan)
+parallelism.pipeline_parallel_schedule         mesh.pp_schedule (GPipe, 1F1B, Interleaved1F1B)
+parallelism.module_fqns_per_model_part,        mesh.pp_layer_split (torchtitan's split of layers
+  pipeline_parallel_layers_per_stage,            with embedding and output weighted as layers,
+  pipeline_parallel_first/last_stage_less_layers generate_llm_fqn_per_model_part)
+parallelism.disable_loss_parallel              mesh.loss_parallel
+parallelism.enable_async_tensor_parallel       training.tp_comm_overlap
+activation_checkpoint.mode                     training.recompute (none, selective, full)
+============================================== ==============================================
+
+Sharding follows torchtitan's parallelize: FSDP2 (zero3) when dp_shard * cp > 1, HSDP when
+dp_replicate > 1 too, DDP (none) with dp_replicate alone; sequence parallel with tp > 1.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from meshplan.config import Config
+from meshplan.errors import ConfigError
+from meshplan.interop.common import (
+    Imported,
+    ImportOptions,
+    catalog_model_name,
+    cluster_table,
+    flatten,
+    model_layers,
+    model_option,
+    positive_int,
+)
+from meshplan.interop.tomlout import mesh_spec, resolved, virtual_split
+from meshplan.mesh.resolve import Mesh
+from meshplan.spec.axes import TORCHTITAN_AXES
+
+#: (model.name, model.flavor) -> meshplan catalog model (torchtitan/models/llama3/__init__.py flavors).
+FLAVORS = {("llama3", "8B"): "llama3-8b", ("llama3", "70B"): "llama3-70b", ("llama3", "405B"): "llama3-405b"}
+#: [parallelism] degree key -> mesh axis (torchtitan ParallelDims order, outermost first).
+DEGREES = {"pipeline_parallel_degree": "pp", "data_parallel_replicate_degree": "dp_replicate",
+           "data_parallel_shard_degree": "dp_shard", "context_parallel_degree": "cp",
+           "tensor_parallel_degree": "tp", "expert_parallel_degree": "ep", "expert_tensor_parallel_degree": "etp"}
+#: torchtitan schedule name -> meshplan schedule; torch.distributed.pipelining names.
+SCHEDULES = {"gpipe": "gpipe", "1f1b": "1f1b", "interleaved1f1b": "interleaved_1f1b"}
+SCHEDULE_NAMES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved_1f1b": "Interleaved1F1B"}
+RECOMPUTE = ("none", "selective", "full")
+DTYPES = {"float32": "fp32", "bfloat16": "bf16"}
+#: Keys the reader uses (everything else is listed as unused).
+USED = {"model.name", "model.flavor", "model.converters", "training.local_batch_size",
+        "training.global_batch_size", "training.seq_len", "training.dtype", "training.mixed_precision_param",
+        "training.mixed_precision_reduce", "activation_checkpoint.mode", "activation_checkpoint.selective_ac_option",
+        "parallelism.fsdp_reshard_after_forward", "parallelism.pipeline_parallel_schedule",
+        "parallelism.pipeline_parallel_microbatch_size", "parallelism.module_fqns_per_model_part",
+        "parallelism.pipeline_parallel_layers_per_stage", "parallelism.pipeline_parallel_first_stage_less_layers",
+        "parallelism.pipeline_parallel_last_stage_less_layers", "parallelism.disable_loss_parallel",
+        "parallelism.enable_async_tensor_parallel"} | {f"parallelism.{k}" for k in DEGREES}
+
+
+def default_split(stages: int, layers: int, first_less: int = 1, last_less: int = 1) -> list[int]:
+    """Layers per (virtual) stage as torchtitan cuts them without an explicit
+    ``module_fqns_per_model_part``: the embedding counts as ``first_less`` layers and the
+    norm + output as ``last_less``, ``layers + first_less + last_less`` spread evenly with
+    the remainder on the first stages (pipeline_parallel.generate_llm_fqn_per_model_part).
+
+    >>> default_split(16, 126)
+    [7, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 7]
+    >>> default_split(4, 32)
+    [8, 9, 8, 7]
+    """
+    if stages == 1:
+        return [layers]
+    effective = layers + first_less + last_less
+    base, extra = divmod(effective, stages)
+    if base == 0 or first_less > base or last_less > base:
+        raise ConfigError("parallelism.pipeline_parallel_degree",
+                          f"{stages} stages cannot hold {layers} layers with first/last stage less "
+                          f"{first_less}/{last_less} ({effective} effective layers)")
+    want = [base + (k < extra) - (first_less if k == 0 else last_less if k == stages - 1 else 0)
+            for k in range(stages)]
+    out, left = [], layers
+    for w in want:
+        out.append(min(w, left))
+        left -= out[-1]
+    return out
+
+
+def _model(d: dict, base: Path, opts: ImportOptions, notes: list[str]) -> tuple[dict, set[str]]:
+    """[model] table and the model keys it consumed."""
+    m = d.get("model", {})
+    if opts.model:
+        return model_option(opts.model), set()
+    name, flavor = m.get("name", "llama3"), m.get("flavor", "debugmodel")
+    if (name, flavor) in FLAVORS:
+        return {"catalog": FLAVORS[name, flavor]}, {"model.name", "model.flavor"}
+    hf = m.get("hf_assets_path")
+    if isinstance(hf, str):
+        p = Path(hf) if Path(hf).is_absolute() else base / hf
+        if (p / "config.json").is_file():
+            notes.append(f"model {name} flavor {flavor!r} is not in the catalog: read {p / 'config.json'}")
+            return {"hf_config": str((p / "config.json").resolve())}, {"model.name", "model.flavor",
+                                                                       "model.hf_assets_path"}
+    raise ConfigError("model.flavor", f"torchtitan model {name!r} flavor {flavor!r} is not in meshplan's catalog "
+                      f"(llama3 8B, 70B, 405B) and model.hf_assets_path has no config.json; give --model "
+                      f"CATALOG_NAME or --model path/config.json")
+
+
+def _degrees(par: dict) -> dict[str, int]:
+    out = {}
+    for key, axis in DEGREES.items():
+        v = par.get(key, -1 if axis == "dp_shard" else 1)
+        if isinstance(v, bool) or not isinstance(v, int) or v == 0 or (v < 0 and axis != "dp_shard") or v < -1:
+            raise ConfigError(f"parallelism.{key}", f"must be a whole number >= 1 (or -1 for the shard degree); "
+                              f"got {v!r}")
+        out[axis] = v
+    return out
+
+
+def _pipeline(par: dict, pp: int, layers: int, notes: list[str]) -> dict:
+    """mesh keys of the pipeline: schedule, virtual stages, the layer split."""
+    if pp == 1:
+        return {}
+    raw = str(par.get("pipeline_parallel_schedule", "1F1B"))
+    sched = SCHEDULES.get(raw.lower().replace("_", ""))
+    if sched is None:
+        raise ConfigError("parallelism.pipeline_parallel_schedule",
+                          f"{raw!r} is not planned by meshplan; use one of {', '.join(SCHEDULE_NAMES.values())}")
+    parts = par.get("module_fqns_per_model_part")
+    first, last = par.get("pipeline_parallel_first_stage_less_layers", 1), \
+        par.get("pipeline_parallel_last_stage_less_layers", 1)
+    if parts:
+        split = [sum(1 for f in part if str(f).startswith("layers.")) for part in parts]
+        stages = len(parts)
+    else:
+        per = par.get("pipeline_parallel_layers_per_stage")
+        stages = math.ceil((layers + first + last) / per) if per else pp * (1 if sched != "interleaved_1f1b" else 2)
+        split = default_split(stages, layers, first, last)
+    if stages % pp:
+        raise ConfigError("parallelism.pipeline_parallel_degree", f"{stages} model parts do not divide over pp {pp}")
+    vpp = stages // pp
+    if (vpp > 1) != (sched == "interleaved_1f1b"):
+        raise ConfigError("parallelism.pipeline_parallel_schedule", f"{raw} with {vpp} stages per rank; a "
+                          f"single-stage schedule needs 1, Interleaved1F1B at least 2")
+    notes.append(f"layers per {'virtual ' if vpp > 1 else ''}stage {split} (torchtitan's split)")
+    return {"pp_schedule": sched, "virtual_stages": vpp, "pp_layer_split": split}
+
+
+def _recompute(d: dict, notes: list[str]) -> str:
+    ac = d.get("activation_checkpoint", {})
+    mode = ac.get("mode", "selective")
+    if mode not in RECOMPUTE:
+        raise ConfigError("activation_checkpoint.mode", f"{mode!r} is not planned by meshplan; use none, selective "
+                          f"or full")
+    opt = str(ac.get("selective_ac_option", "2"))
+    if mode == "selective" and opt != "op":
+        notes.append(f"activation_checkpoint selective_ac_option {opt!r} (full recompute of every {opt}th layer) "
+                     f"is planned as selective recompute (meshplan's selective: attention recomputed)")
+    return mode
+
+
+def _mesh(deg: dict[str, int], par: dict, layers: int, notes: list[str]) -> dict[str, Any]:
+    """[mesh]: the axes of degree != 1 in torchtitan's order (dp_shard -1 kept: meshplan
+    infers it exactly), SP with tp, loss parallel, the pipeline."""
+    axes = [a for a in ("pp", "dp_replicate", "dp_shard", "cp", "tp", "ep", "etp") if deg[a] != 1]
+    mesh: dict[str, Any] = {"names": axes or ["dp_shard"], "shape": [deg[a] for a in axes] or [1],
+                            "sequence_parallel": deg["tp"] > 1,
+                            "loss_parallel": not par.get("disable_loss_parallel", False)}
+    return mesh | _pipeline(par, deg["pp"], layers, notes)
+
+
+def _training(d: dict, deg: dict[str, int], shard: int, opts: ImportOptions, notes: list[str]) -> dict[str, Any]:
+    """[training]: batch (torchtitan's global = local x dp unless given), sequence, sharding
+    as torchtitan applies it, dtypes, resharding policy, recompute, float8."""
+    tr, par = d.get("training", {}), d.get("parallelism", {})
+    local = positive_int(tr.get("local_batch_size", 8), "training.local_batch_size")
+    gb = tr.get("global_batch_size", -1)
+    global_batch = positive_int(gb, "training.global_batch_size") if gb != -1 else local * deg["dp_replicate"] * shard
+    micro = positive_int(par.get("pipeline_parallel_microbatch_size", 1),
+                         "parallelism.pipeline_parallel_microbatch_size") if deg["pp"] > 1 else local
+    fsdp = shard * deg["cp"] > 1
+    policy = par.get("fsdp_reshard_after_forward", "default")
+    if policy not in ("default", "always", "never"):
+        raise ConfigError("parallelism.fsdp_reshard_after_forward", f"{policy!r}; use default, always or never")
+    dtype = DTYPES.get(tr.get("dtype", "float32"))
+    if dtype is None:
+        raise ConfigError("training.dtype", f"{tr.get('dtype')!r}; use float32 or bfloat16")
+    if opts.seq_len and "seq_len" in tr:
+        notes.append(f"--seq-len {opts.seq_len} replaces training.seq_len {tr['seq_len']}")
+    training = {"global_batch": global_batch, "seq_len": opts.seq_len or tr.get("seq_len", 2048),
+                "micro_batch": micro, "param_dtype": dtype,
+                "sharding": ("hsdp" if deg["dp_replicate"] > 1 else "zero3") if fsdp else "none",
+                "compute_dtype": DTYPES.get(tr.get("mixed_precision_param", "bfloat16"), "bf16"),
+                "reduce_dtype": DTYPES.get(tr.get("mixed_precision_reduce", "float32"), "fp32"),
+                # torchtitan's parallelize: "default" is reshard_after_forward = not pp_enabled
+                "reshard_after_forward": policy == "always" or (policy == "default" and deg["pp"] == 1),
+                "recompute": _recompute(d, notes),
+                "tp_comm_overlap": bool(par.get("enable_async_tensor_parallel", False))}
+    if dtype == "bf16":  # training.dtype bfloat16: everything in bf16, no fp32 copy
+        training |= {"master_weights": False, "grad_dtype": "bf16", "optimizer_dtype": "bf16"}
+    if any("float8" in str(c) for c in d.get("model", {}).get("converters", [])):
+        training["compute_dtype"] = "fp8"
+        notes.append("float8 converter: the linear layers' GEMMs planned in fp8 (compute_dtype fp8); "
+                     "[quantize.linear.float8] options are not modelled")
+    return training
+
+
+def read(d: dict, base: Path, opts: ImportOptions) -> Imported:
+    """meshplan tables of a parsed torchtitan job TOML (module docstring); ``base``: the
+    file's folder (for a relative ``hf_assets_path``)."""
+    notes: list[str] = []
+    model, used = _model(d, base, opts, notes)
+    cluster, world = cluster_table(opts, "torchtitan")
+    par = d.get("parallelism", {})
+    deg = _degrees(par)
+    dense = deg["pp"] * deg["dp_replicate"] * deg["cp"] * deg["tp"]
+    shard = deg["dp_shard"] if deg["dp_shard"] > 0 else world // dense if world % dense == 0 else -1
+    if shard < 1:
+        raise ConfigError("parallelism.data_parallel_shard_degree", f"-1 cannot be inferred: world {world} is not "
+                          f"divisible by pp * dp_replicate * cp * tp = {dense}; give --nodes so that the world is a "
+                          f"multiple of {dense}")
+    tables = {"model": model, "cluster": cluster, "training": _training(d, deg, shard, opts, notes),
+              "mesh": _mesh(deg, par, model_layers(model), notes)}
+    unused = tuple(k for k in flatten(d) if k not in USED | used)
+    return Imported("torchtitan", tables, unused, tuple(notes))
+
+def write(cfg: Config) -> dict[str, dict]:
+    """torchtitan job tables of ``cfg`` (the inverse of :func:`read`). ConfigError naming
+    what torchtitan cannot run: a model without a torchtitan flavor, sharding zero1/zero2,
+    a mesh order other than torchtitan's, tp without sequence parallel, user-named axes."""
+    mesh = resolved(cfg)
+    t = cfg.training
+    name = catalog_model_name(cfg.model)
+    flavor = next((k for k, v in FLAVORS.items() if v == name), None)
+    if flavor is None:
+        raise ConfigError("--to", f"torchtitan knows models by flavor (llama3 8B, 70B, 405B); model "
+                          f"{cfg.model.name!r} has none: export --to meshplan or megatron")
+    deg = _write_degrees(cfg, mesh)
+    pp, dpn = deg.get("pp", 1), deg.get("dp_replicate", 1) * deg.get("dp_shard", 1)
+    par: dict[str, Any] = {k: deg.get(a, 1) for k, a in DEGREES.items()}
+    par |= {"fsdp_reshard_after_forward": "always" if t.reshard_after_forward else "never",
+            "disable_loss_parallel": not mesh_spec(cfg).loss_parallel,
+            "enable_async_tensor_parallel": t.tp_comm_overlap}
+    if pp > 1:
+        par |= {"pipeline_parallel_schedule": SCHEDULE_NAMES.get(str(mesh_spec(cfg).pp_schedule), "")
+                or _no_schedule(cfg), "pipeline_parallel_microbatch_size": t.micro_batch,
+                "module_fqns_per_model_part": _parts(virtual_split(cfg, mesh) or [])}
+    training = {"local_batch_size": t.global_batch // dpn if pp > 1 else t.micro_batch,
+                "global_batch_size": t.global_batch, "seq_len": t.seq_len,
+                # bf16 storage without an fp32 copy is torchtitan's dtype bfloat16; any fp32 copy is
+                # its mixed precision (fp32 FSDP2 shards, bf16 compute)
+                "dtype": "bfloat16" if t.param_dtype == "bf16" and not t.keeps_master else "float32",
+                "mixed_precision_param": "float32" if t.compute_dtype == "fp32" else "bfloat16",
+                "mixed_precision_reduce": "float32"}
+    model: dict[str, Any] = {"name": flavor[0], "flavor": flavor[1]}
+    if t.compute_dtype == "fp8":
+        model["converters"] = ["float8"]
+    return {"job": {"description": f"meshplan export: {cfg.model.name} on {cfg.cluster.nodes}x "
+                                   f"{cfg.cluster.node.name}"},
+            "model": model, "training": training, "parallelism": par,
+            "activation_checkpoint": {"mode": t.recompute} | ({"selective_ac_option": "op"}
+                                                              if t.recompute == "selective" else {})}
+
+
+def _write_degrees(cfg: Config, mesh: Mesh) -> dict[str, int]:
+    """torchtitan's degree of each of its axes for ``cfg``'s mesh (a ``dp`` axis is
+    dp_replicate under DDP, dp_shard otherwise); ConfigError when torchtitan would build
+    another mesh or sharding."""
+    t = cfg.training
+    axes = list(mesh.layout.names)
+    foreign = [a for a in axes if a not in TORCHTITAN_AXES and a != "dp"]
+    if foreign:
+        raise ConfigError("--to", f"torchtitan has no mesh axis {foreign[0]!r} (its axes: pp, dp_replicate, "
+                          f"dp_shard, cp, tp, ep, etp)")
+    if t.sharding in ("zero1", "zero2"):
+        raise ConfigError("--to", f"torchtitan shards with FSDP2 (zero3, hsdp) or replicates (none); sharding "
+                          f"{t.sharding} has no torchtitan key: export --to megatron or deepspeed")
+    dp = "dp_replicate" if t.sharding == "none" else "dp_shard"
+    axes = [dp if a == "dp" else a for a in axes]
+    canon = [a for a in ("pp", "dp_replicate", "dp_shard", "cp", "tp") if a in axes]
+    if axes != canon:
+        raise ConfigError("--to", f"mesh order {axes} is not torchtitan's (pp, dp_replicate, dp_shard, cp, tp "
+                          f"outermost first); reorder the mesh to export it")
+    deg = {a: mesh.layout.degree(b) for a, b in zip(axes, mesh.layout.names)} | {"ep": mesh.ep, "etp": mesh.etp}
+    both = deg.get("dp_replicate", 1) > 1 and deg.get("dp_shard", 1) > 1
+    if (deg.get("dp_shard", 1) > 1 and t.sharding == "none") or both != (t.sharding == "hsdp"):
+        raise ConfigError("--to", f"sharding {t.sharding} over {axes} is not what torchtitan applies (FSDP2 on "
+                          f"dp_shard, HSDP with dp_replicate too, DDP on dp_replicate alone)")
+    if deg.get("tp", 1) > 1 and not mesh_spec(cfg).sequence_parallel:
+        raise ConfigError("--to", "torchtitan runs tp with sequence parallel; set mesh.sequence_parallel = true")
+    return deg
+
+
+def _parts(split: list[int]) -> list[list[str]]:
+    """torchtitan's ``module_fqns_per_model_part`` of layers per virtual stage: the
+    embedding on the first part, the norm and output on the last.
+
+    >>> _parts([1, 2])
+    [['tok_embeddings', 'layers.0'], ['layers.1', 'layers.2', 'norm', 'output']]
+    """
+    starts = [sum(split[:i]) for i in range(len(split))]
+    parts = [[f"layers.{j}" for j in range(s, s + n)] for s, n in zip(starts, split)]
+    parts[0].insert(0, "tok_embeddings")
+    parts[-1] += ["norm", "output"]
+    return parts
+
+def _no_schedule(cfg: Config) -> str:
+    raise ConfigError("--to", f"schedule {mesh_spec(cfg).pp_schedule} is not one torchtitan's TOML names here; use "
+                      f"{', '.join(SCHEDULES.values())}")
+

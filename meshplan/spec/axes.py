@@ -1,0 +1,85 @@
+"""Axis vocabulary: meshplan's axis names and the names torchtitan and Megatron-LM give them.
+
+Canonical names (what every later layer sees): ``pp``, ``dp_replicate``, ``dp``,
+``dp_shard``, ``cp``, ``tp`` (dense) and ``ep``, ``etp`` (expert). The foreign vocabularies
+map onto them explicitly:
+
+* torchtitan (``torchtitan/distributed/parallel_dims.py``, mesh dims
+  ``["pp", "dp_replicate", "dp_shard", "cp", "tp"]``, expert mesh ``["efsdp", "ep", "etp"]``,
+  and the derived ``fsdp`` = dp_shard x cp): :data:`TORCHTITAN_AXES`.
+* Megatron-LM (``megatron/core/parallel_state.py``, ``order="tp-cp-ep-dp-pp"``, plus the
+  expert tensor axis ``etp``): :data:`MEGATRON_AXES`.
+
+A mesh axis named ``fsdp`` (torchtitan's word) is planned as ``dp_shard`` with a note: as a
+single mesh axis it shards parameters, gradients and optimizer state, which is what
+``dp_shard`` means (torchtitan's ``fsdp`` also folds in cp; with cp an axis of its own the two
+are the same). Any other name is a user-named axis (rank math only, no model semantics)
+when it is not close to a known one; a name close to a known axis (``tq``, ``TP``,
+``dp-shard``) is an error unless the mesh lists it in ``custom_axes``.
+"""
+
+from __future__ import annotations
+
+import difflib
+
+from meshplan.errors import ConfigError
+
+DENSE_AXES = ("pp", "dp_replicate", "dp", "dp_shard", "cp", "tp")
+EXPERT_AXES = ("ep", "etp")
+KNOWN_AXES = DENSE_AXES + EXPERT_AXES
+
+#: torchtitan mesh dimension name -> meshplan axis (torchtitan ParallelDims).
+TORCHTITAN_AXES = {"pp": "pp", "dp_replicate": "dp_replicate", "dp_shard": "dp_shard", "fsdp": "dp_shard",
+                   "cp": "cp", "tp": "tp", "ep": "ep", "etp": "etp"}
+#: Megatron-LM order-string name -> meshplan axis (parallel_state.initialize_model_parallel).
+MEGATRON_AXES = {"tp": "tp", "cp": "cp", "ep": "ep", "dp": "dp", "pp": "pp", "etp": "etp"}
+#: Names that are not canonical but mean a canonical axis, with the note printed.
+ALIASES = {"fsdp": ("dp_shard", "mesh axis 'fsdp' is planned as 'dp_shard' (torchtitan's fsdp: parameters, "
+                                "gradients and optimizer state sharded over it; torchtitan's derived fsdp = "
+                                "dp_shard x cp, and cp stays an axis of its own here)")}
+
+
+def close_axis(name: str) -> list[str]:
+    """Known axes that ``name`` is probably a slip for (the same name in another case, or a
+    difflib close match); empty for a known or a clearly different name.
+
+    >>> close_axis("tq"), close_axis("TP"), close_axis("cfg"), close_axis("tp")
+    (['tp'], ['tp'], [], [])
+    """
+    if name in KNOWN_AXES or name in ALIASES:
+        return []
+    if name.lower() in KNOWN_AXES:
+        return [name.lower()]
+    return difflib.get_close_matches(name.lower(), KNOWN_AXES, n=3, cutoff=0.5)
+
+
+def canonical_names(names, custom=(), field: str = "mesh.names") -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(canonical names, notes): aliases renamed (``fsdp`` -> ``dp_shard``, one note each);
+    a name close to a known axis raises ConfigError unless it is in ``custom``.
+
+    >>> canonical_names(["fsdp", "tp"])[0]
+    ('dp_shard', 'tp')
+    >>> canonical_names(["dp_shard", "tq"], custom=["tq"])
+    (('dp_shard', 'tq'), ())
+    >>> canonical_names(["dp_shard", "tq"])
+    Traceback (most recent call last):
+    ...
+    meshplan.errors.ConfigError: mesh.names: 'tq' is not a standard axis; did you mean 'tp'? ...
+    """
+    out, notes = [], []
+    for n in names:
+        if n in ALIASES and n not in custom:
+            target, note = ALIASES[n]
+            if target in names:
+                raise ConfigError(field, f"{n!r} and {target!r} both given; {n!r} means {target!r}: name it once")
+            out.append(target)
+            notes.append(f"{field}: {note}")
+            continue
+        close = close_axis(n)
+        if close and n not in custom:
+            quoted = [repr(c) for c in close]
+            alts = quoted[0] if len(quoted) == 1 else ", ".join(quoted[:-1]) + " or " + quoted[-1]
+            raise ConfigError(field, f"{n!r} is not a standard axis; did you mean {alts}? If it is an axis of your "
+                              f"own (rank math only, no model semantics), list it in mesh.custom_axes = [{n!r}]")
+        out.append(n)
+    return tuple(out), tuple(notes)

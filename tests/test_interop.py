@@ -1,0 +1,396 @@
+"""Import and export of torchtitan, Megatron-LM and DeepSpeed configs (issue 12 items 1, 2)
+and the axis vocabularies (item 6).
+
+Expected values are derived by hand from the example files and the foreign tools' rules
+(torchtitan: global batch = local_batch_size x dp, dp_shard -1 = the rest of the world;
+Megatron-LM: dp = world / (tp * cp * pp); DeepSpeed: train_batch_size = micro x accumulation
+x dp). Round trips compare the plans: mesh, memory peak and step time.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from meshplan import catalog
+from meshplan.config import config_from_dict, load_config
+from meshplan.errors import ConfigError
+from meshplan.interop.common import ImportOptions
+from meshplan.interop.deepspeed import batch
+from meshplan.interop.foreign import detect, differences, export, load_any, mesh_key, reimport_options
+from meshplan.interop.megatron import parse_args
+from meshplan.interop.torchtitan import default_split
+from meshplan.plan import Plan, build_plan
+from meshplan.schedule.rank_timeline import Overlap
+from meshplan.schedule.steptime import step_time
+
+ROOT = Path(__file__).resolve().parents[1]
+EX = ROOT / "examples"
+TT = EX / "torchtitan_llama3-8b_8xh100.toml"
+MG = EX / "megatron_llama3-8b_16xh100_tp2-pp2.args"
+DS = EX / "deepspeed_zero2_16xh100.json"
+H100 = ImportOptions(cluster="dgx-h100", nodes=1)
+
+
+def _cli(*args: str, cwd=None):
+    return subprocess.run([sys.executable, "-m", "meshplan.cli", *args], capture_output=True, text=True, timeout=300,
+                          cwd=cwd, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"})
+
+
+def _outcome(cfg):
+    """(mesh key, peak bytes of the most loaded stage, step seconds) of a config's plan."""
+    p = build_plan(cfg)
+    assert isinstance(p, Plan) and p.feasible, p.reasons
+    return mesh_key(cfg), p.timeline.peak.total_bytes, step_time(p, Overlap()).step_s
+
+
+def test_detects_each_format():
+    assert [detect(p, p.read_text()) for p in (TT, MG, DS, EX / "seed-64gpu.toml")] == [
+        "torchtitan", "megatron", "deepspeed", "meshplan"]
+
+
+def test_torchtitan_example_by_hand():
+    cfg = load_any(TT, opts=H100)
+    t = cfg.training
+    assert cfg.model == catalog.model("llama3-8b")
+    assert (cfg.mesh.names, cfg.mesh.shape) == (["dp_shard"], [-1])  # -1: 8 GPUs / 1 = 8
+    # global batch = local_batch_size 1 x dp (dp_replicate 1 x dp_shard 8) = 8
+    assert (t.global_batch, t.micro_batch, t.seq_len) == (8, 1, 8192)
+    assert (t.sharding, t.param_dtype, t.compute_dtype, t.reduce_dtype, t.recompute, t.reshard_after_forward) == (
+        "zero3", "fp32", "bf16", "fp32", "selective", True)
+    assert cfg.notes[-1] == ("torchtitan: fields meshplan does not use: job.dump_folder, job.description, "
+                             "model.hf_assets_path, optimizer.name, optimizer.lr, metrics.log_freq, training.steps, "
+                             "training.dataset, checkpoint.enable")
+
+
+def test_torchtitan_hf_path_and_float8(tmp_path):
+    hf = ROOT / "tests" / "data" / "hf" / "qwen3-0.6b"
+    f = tmp_path / "qwen.toml"
+    f.write_text(f'[model]\nname = "qwen3"\nflavor = "0.6B"\nhf_assets_path = "{hf}"\nconverters = ["float8"]\n'
+                 '[quantize.linear.float8]\nenable_fsdp_float8_all_gather = true\n'
+                 '[training]\nlocal_batch_size = 2\nseq_len = 2048\n')
+    cfg = load_any(f, opts=H100)
+    assert cfg.model.layers == 28 and cfg.model.hidden == 1024  # Qwen3-0.6B config.json
+    assert (cfg.training.compute_dtype, cfg.training.global_batch) == ("fp8", 16)  # 2 x dp_shard 8
+    assert cfg.notes[-1] == "torchtitan: fields meshplan does not use: quantize.linear.float8.enable_fsdp_float8_all_gather"
+    f.write_text('[model]\nname = "qwen3"\nflavor = "0.6B"\n')
+    with pytest.raises(ConfigError, match=r"^model.flavor: torchtitan model 'qwen3' flavor '0.6B' is not in "
+                                          r"meshplan's catalog .* give --model"):
+        load_any(f, opts=H100)
+    cfg = load_any(f, opts=ImportOptions(cluster="dgx-h100", nodes=1, model=str(hf)))
+    assert cfg.model.layers == 28
+
+
+def test_megatron_example_by_hand():
+    cfg = load_any(MG, opts=ImportOptions(cluster="dgx-h100", nodes=2))
+    t = cfg.training
+    # dp = 16 / (tp 2 * cp 1 * pp 2) = 4, Megatron's order tp-cp-dp-pp: outermost pp, dp, tp
+    assert (cfg.mesh.names, cfg.mesh.shape, cfg.mesh.sequence_parallel) == (["pp", "dp", "tp"], [2, 4, 2], True)
+    assert (t.global_batch, t.micro_batch, t.seq_len, t.sharding, t.recompute) == (128, 1, 8192, "zero1", "selective")
+    assert (t.param_dtype, t.compute_dtype, t.gradient_reduce_dtype) == ("bf16", "bf16", "bf16")
+    assert cfg.model == catalog.model("llama3-8b")  # the flags give its fields exactly
+    assert "megatron: the model flags give catalog model llama3-8b exactly" in cfg.notes
+    assert cfg.notes[-1] == ("megatron: fields meshplan does not use: --overlap-grad-reduce, --lr, --train-iters, "
+                             "--tokenizer-type")
+
+
+def test_megatron_launch_script_with_variables_and_nnodes(tmp_path):
+    script = tmp_path / "run.sh"
+    script.write_text("#!/bin/bash\nTP=4\nPP=2\nMODEL_ARGS=(\n  --num-layers 32 --hidden-size 4096 --num-attention-heads 32"
+                      " \\\n  --ffn-hidden-size 14336 --swiglu --vocab-size 128256 --seq-length 4096\n)\n"
+                      "PAR=\"--tensor-model-parallel-size $TP --pipeline-model-parallel-size ${PP}\"  # layout\n"
+                      "torchrun --nproc_per_node 8 --nnodes 2 pretrain_gpt.py ${MODEL_ARGS[@]} $PAR \\\n"
+                      "  --micro-batch-size 2 --global-batch-size 64 --bf16\n")
+    cfg = load_any(script, "megatron", ImportOptions(cluster="dgx-h100"))
+    assert cfg.cluster.nodes == 2  # from --nnodes
+    assert (cfg.mesh.names, cfg.mesh.shape) == (["pp", "dp", "tp"], [2, 2, 4])  # dp = 16 / (4 * 2)
+    assert (cfg.training.micro_batch, cfg.training.global_batch, cfg.model.ffn, cfg.model.tied_embeddings) == (
+        2, 64, 14336, True)  # Megatron ties embeddings unless --untie-embeddings-and-output-weights
+    assert "--nproc_per_node" in cfg.notes[-1]
+
+
+def test_megatron_world_and_nnodes_errors(tmp_path):
+    f = tmp_path / "a.args"
+    f.write_text("--num-layers 32 --hidden-size 4096 --num-attention-heads 32 --vocab-size 128256 --seq-length 4096\n"
+                 "--tensor-model-parallel-size 8 --pipeline-model-parallel-size 3\ntorchrun --nnodes $NNODES x.py\n")
+    with pytest.raises(ConfigError, match=r"^--nodes: the launch script's --nnodes is '\$NNODES', not a node count"):
+        load_any(f, opts=ImportOptions(cluster="dgx-h100"))
+    # 2 nodes = 16 GPUs: tp 8 * pp 3 = 24 does not divide it
+    with pytest.raises(ConfigError, match=r"^--tensor-model-parallel-size: tp\(8\) \* cp\(1\) \* pp\(3\) = 24 does "
+                                          r"not divide world 16 .* a multiple of 24"):
+        load_any(f, opts=ImportOptions(cluster="dgx-h100", nodes=2))
+    cfg = load_any(f, opts=ImportOptions(cluster="dgx-h100", nodes=3, seq_len=2048))  # 24 GPUs: dp 1
+    assert (cfg.mesh.shape, cfg.training.seq_len) == ([3, 1, 8], 2048)
+    assert "megatron: --seq-len 2048 replaces --seq-length 4096" in cfg.notes
+
+
+def test_parse_args_switch_and_equals():
+    assert parse_args("--bf16 --seq-length=4096 --sequence-parallel\n--lr 1e-4") == {
+        "--bf16": True, "--seq-length": "4096", "--sequence-parallel": True, "--lr": "1e-4"}
+
+
+def test_deepspeed_example_by_hand():
+    cfg = load_any(DS, opts=ImportOptions(cluster="dgx-h100", nodes=2, model="llama3-8b", seq_len=4096))
+    t = cfg.training
+    assert (cfg.mesh.names, cfg.mesh.shape) == (["dp"], [16])
+    # 256 = micro 1 x accumulation 16 x dp 16
+    assert (t.global_batch, t.micro_batch, t.sharding, t.param_dtype, t.master_weights) == (
+        256, 1, "zero2", "bf16", True)
+    assert cfg.notes[-1] == ("deepspeed: fields meshplan does not use: zero_optimization.overlap_comm, "
+                             "zero_optimization.reduce_bucket_size, gradient_clipping, steps_per_print")
+
+
+def test_deepspeed_batch_rule():
+    assert batch({"train_batch_size": 64}, 8) == (64, 8)
+    with pytest.raises(ConfigError, match=r"train_batch_size: 60 != train_micro_batch_size_per_gpu 2 x "
+                                          r"gradient_accumulation_steps 4 x dp 8 = 64"):
+        batch({"train_batch_size": 60, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 4}, 8)
+
+
+def test_torchtitan_default_split_by_hand():
+    # 126 layers + embedding 1 + output 1 = 128 over 16 stages: 8 each, 7 layers on the end stages
+    assert default_split(16, 126) == [7] + [8] * 14 + [7]
+    # 80 + 2 = 82 over 8 virtual stages: 10 each, 2 extra on stages 0 and 1
+    assert default_split(8, 80) == [10, 11, 10, 10, 10, 10, 10, 9]
+    assert sum(default_split(8, 80)) == 80
+
+
+def test_what_a_foreign_file_does_not_say_is_an_option_error():
+    with pytest.raises(ConfigError, match=r"^--cluster: a torchtitan config does not say the cluster; give --cluster"):
+        load_any(TT)
+    with pytest.raises(ConfigError, match=r"^--model: a DeepSpeed config does not name the model"):
+        load_any(DS, opts=ImportOptions(cluster="dgx-h100", nodes=2))
+    with pytest.raises(ConfigError, match=r"^--cluster: only for a foreign config"):
+        load_any(EX / "seed-64gpu.toml", opts=H100)
+
+
+def test_torchtitan_pipeline_and_hsdp_by_hand(tmp_path):
+    f = tmp_path / "tt.toml"
+    f.write_text('[model]\nname = "llama3"\nflavor = "70B"\n[training]\nlocal_batch_size = 8\nseq_len = 4096\n'
+                 '[parallelism]\ndata_parallel_replicate_degree = 2\ndata_parallel_shard_degree = -1\n'
+                 'tensor_parallel_degree = 8\npipeline_parallel_degree = 2\n'
+                 'pipeline_parallel_schedule = "Interleaved1F1B"\npipeline_parallel_microbatch_size = 2\n')
+    cfg = load_any(f, opts=ImportOptions(cluster="dgx-h100", nodes=8))
+    # dp_shard = 64 / (pp 2 * dp_replicate 2 * tp 8) = 2; Interleaved1F1B: 2 stages per rank, 4 parts
+    assert (cfg.mesh.names, cfg.mesh.shape) == (["pp", "dp_replicate", "dp_shard", "tp"], [2, 2, -1, 8])
+    assert (cfg.mesh.virtual_stages, str(cfg.mesh.pp_schedule)) == (2, "interleaved_1f1b")
+    assert cfg.mesh.pp_layer_split == [20, 21, 20, 19]  # (80 + 2) / 4 = 20 r 2
+    # global = local 8 x dp (2 x 2) = 32; micro-batch = the pipeline micro-batch; default: no reshard under pp
+    t = cfg.training
+    assert (t.global_batch, t.micro_batch, t.sharding, t.reshard_after_forward) == (32, 2, "hsdp", False)
+
+
+@pytest.mark.parametrize("path,opts,to", [
+    (EX / "seed-64gpu.toml", ImportOptions(), "torchtitan"),
+    (EX / "seed-64gpu.toml", ImportOptions(), "meshplan"),
+    (MG, ImportOptions(cluster="dgx-h100", nodes=2), "megatron"),
+    (MG, ImportOptions(cluster="dgx-h100", nodes=2), "meshplan"),
+    (DS, ImportOptions(cluster="dgx-h100", nodes=2, model="llama3-8b", seq_len=4096), "deepspeed"),
+])
+def test_round_trip_plans_the_same(tmp_path, path, opts, to):
+    cfg = load_any(path, opts=opts)
+    text, header = export(cfg, to, str(path))
+    assert not [h for h in header if h.startswith("not expressed")], header
+    out = tmp_path / f"x.{ {'deepspeed': 'json', 'megatron': 'args'}.get(to, 'toml') }"
+    out.write_text(text)
+    again = load_any(out, to, reimport_options(cfg, to) if to != "meshplan" else ImportOptions())
+    assert differences(cfg, again) == []
+    a, b = _outcome(cfg), _outcome(again)
+    assert a[0] == b[0] and a[1] == b[1] and a[2] == pytest.approx(b[2], rel=1e-12)
+
+
+def _seventy(mesh: dict, **training) -> dict:
+    return {"model": {"catalog": "llama3-70b"}, "cluster": {"system": "dgx-h100", "nodes": 4},
+            "training": {"global_batch": 64, "seq_len": 4096, "recompute": "full", **training}, "mesh": mesh}
+
+
+@pytest.mark.parametrize("tables,to", [
+    # torchtitan under pp: FSDP2 keeps fp32 shards, no reshard after forward (its default with pp)
+    (_seventy({"names": ["pp", "dp_shard", "tp"], "shape": [4, 2, 4], "sequence_parallel": True},
+              param_dtype="fp32", reshard_after_forward=False), "torchtitan"),
+    # interleaved, an uneven split per virtual stage (torchtitan's module_fqns_per_model_part holds any)
+    (_seventy({"names": ["pp", "dp_shard", "tp"], "shape": [4, 2, 4], "sequence_parallel": True,
+               "virtual_stages": 2, "pp_schedule": "interleaved_1f1b",
+               "pp_layer_split": [9, 10, 10, 11, 11, 10, 10, 9]}, param_dtype="fp32"), "torchtitan"),
+    # Megatron: distributed optimizer, interleaved 1F1B with 10 layers per virtual stage
+    (_seventy({"names": ["pp", "dp", "tp"], "shape": [4, 2, 4], "sequence_parallel": True, "virtual_stages": 2,
+               "pp_schedule": "interleaved_1f1b"}, sharding="zero1", grad_reduce_dtype="fp32"), "megatron"),
+    # Megatron: the first and last stage lighter, the middle even (--decoder-first/last-pipeline-num-layers)
+    (_seventy({"names": ["pp", "dp", "tp"], "shape": [4, 2, 4], "sequence_parallel": True,
+               "pp_layer_split": [19, 21, 21, 19]}, sharding="zero1", grad_reduce_dtype="param"), "megatron"),
+    # MoE: Mixtral's experts over ep 8 under Megatron FSDP (the example's mesh)
+    (load_config(EX / "mixtral-8x7b_32xh100_ep8-dp32.toml"), "megatron"),
+])
+def test_pipeline_and_moe_round_trips(tmp_path, tables, to):
+    cfg = tables if not isinstance(tables, dict) else config_from_dict(tables)
+    text, header = export(cfg, to, "test")
+    assert not [h for h in header if h.startswith("not expressed")], header
+    out = tmp_path / "x"
+    out.write_text(text)
+    again = load_any(out, to, reimport_options(cfg, to))
+    assert differences(cfg, again) == []
+    a, b = _outcome(cfg), _outcome(again)
+    assert a[0] == b[0] and a[1] == b[1] and a[2] == pytest.approx(b[2], rel=1e-12)
+
+
+def test_export_lists_what_the_target_does_not_express():
+    cfg = load_config(EX / "seed-64gpu.toml")  # fp32 parameters: Megatron keeps bf16 ones with fp32 main params
+    _, header = export(cfg, "megatron", "seed")
+    assert "not expressed in megatron: training.param_dtype: 'fp32' -> 'bf16'" in header
+
+
+def test_export_refuses_what_the_target_cannot_run():
+    cfg = load_config(EX / "seed-64gpu.toml")
+    with pytest.raises(ConfigError, match=r"^--to: a DeepSpeed config applies to ZeRO over one data axis without "
+                                          r"TP/PP/CP/EP; this mesh has tp 8"):
+        export(cfg, "deepspeed", "seed")
+    mg = load_any(MG, opts=ImportOptions(cluster="dgx-h100", nodes=2))
+    with pytest.raises(ConfigError, match=r"^--to: torchtitan shards with FSDP2 \(zero3, hsdp\) or replicates"):
+        export(mg, "torchtitan", "mg")
+
+
+def test_meshplan_export_writes_the_uneven_layer_split():
+    cfg = load_config(EX / "llama3-405b_16384xh100_tp8-pp16-dp128.toml")
+    base = cfg.mesh.model_copy(update={"pp_layer_split": None, "names": ["pp", "dp_shard", "tp"],
+                                       "shape": [2, 1024, 8], "virtual_stages": 1})
+    text, _ = export(cfg, "meshplan", "405b")
+    assert "pp_layer_split = [7, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 7]" in text
+    even = config_from_dict({"model": {"catalog": "llama3-405b"}, "cluster": {"system": "dgx-h100", "nodes": 2048},
+                             "training": {"global_batch": 2048, "seq_len": 8192},
+                             "mesh": base.model_dump(mode="json", exclude_defaults=True)})
+    text, _ = export(even, "meshplan", "even")  # 126 / 2 = 63: the split the plan uses, written out
+    assert "pp_layer_split = [63, 63]" in text
+
+
+@pytest.mark.slow
+def test_search_rows_export_and_replan(tmp_path):
+    """Every ranked row of a small search: exported as meshplan TOML it plans to the row's own
+    step time; in a foreign format it is either refused with a reason or, where nothing is
+    lost, plans the same."""
+    from meshplan.search.driver import search
+    from meshplan.search.space import candidate_config
+
+    cfg = config_from_dict({"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 1},
+                            "training": {"global_batch": 16, "seq_len": 4096}, "search": {"top": 4}},
+                           require_mesh=False)
+    result = search(cfg, workers=1)
+    assert len(result.top) == 4
+    planned = 0
+    for rank, row in enumerate(result.top, 1):
+        cc = candidate_config(cfg, result.candidates, row.index)
+        for to in ("meshplan", "torchtitan", "megatron", "deepspeed"):
+            try:
+                text, header = export(cc, to, f"row {rank}")
+            except ConfigError as e:
+                assert e.field == "--to" and e.message
+                continue
+            if [h for h in header if h.startswith("not expressed")]:
+                continue
+            out = tmp_path / f"r{rank}-{to}"
+            out.write_text(text)
+            again = load_any(out, to, reimport_options(cc, to) if to != "meshplan" else ImportOptions())
+            _, peak, step = _outcome(again)
+            assert step == pytest.approx(row.step_s, rel=1e-9) and peak == pytest.approx(row.peak_bytes, rel=1e-12)
+            planned += 1
+    assert planned >= 4  # at least every row as meshplan TOML
+
+
+@pytest.mark.slow
+def test_cli_import_writes_and_refuses_to_overwrite(tmp_path):
+    out = tmp_path / "tt.toml"
+    r = _cli("import", "torchtitan", str(TT), "--cluster", "dgx-h100", "--nodes", "1", "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    assert "note: torchtitan: fields meshplan does not use: job.dump_folder" in r.stdout
+    text = out.read_text()
+    assert text.startswith(f"# meshplan import torchtitan {TT}\n# note: torchtitan: fields meshplan does not use")
+    assert load_config(out).training.global_batch == 8
+    r = _cli("import", "torchtitan", str(TT), "--cluster", "dgx-h100", "--nodes", "1", "-o", str(out))
+    assert (r.returncode, r.stderr) == (2, f"error: -o: {out} exists; choose another path or pass --force to "
+                                           f"replace it\n")
+    r = _cli("import", "torchtitan", str(TT), "-o", str(tmp_path / "y.toml"))
+    assert r.returncode == 2 and r.stderr.startswith("error: --cluster: a torchtitan config does not say the cluster")
+    assert r.stderr.count("\n") == 1
+
+
+@pytest.mark.slow
+def test_cli_plan_reads_a_foreign_file_and_search_exports_a_row(tmp_path):
+    r = _cli("plan", str(DS), "--cluster", "dgx-h100", "--nodes", "2", "--model", "llama3-8b", "--seq-len", "4096")
+    assert r.returncode == 0, r.stderr
+    assert "note: deepspeed: fields meshplan does not use: zero_optimization.overlap_comm" in r.stderr
+    out = tmp_path / "row2.toml"
+    r = _cli("search", str(TT), "--cluster", "dgx-h100", "--nodes", "1", "--top", "3", "--export", "2", "--to",
+             "meshplan", "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    assert f"wrote {out}" in r.stdout
+    assert load_config(out).mesh is not None
+
+
+@pytest.mark.slow
+def test_cli_export_writes_and_refuses(tmp_path):
+    out = tmp_path / "seed.args"
+    r = _cli("export", str(EX / "seed-64gpu.toml"), "--to", "megatron", "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    assert "not expressed in megatron: training.param_dtype: 'fp32' -> 'bf16'" in r.stdout
+    assert "--tensor-model-parallel-size 8" in out.read_text().splitlines()
+    r = _cli("export", str(EX / "seed-64gpu.toml"), "--to", "deepspeed", "-o", str(tmp_path / "ds.json"))
+    assert r.returncode == 2 and r.stderr.startswith("error: --to: a DeepSpeed config applies to ZeRO over one data "
+                                                     "axis without TP/PP/CP/EP; this mesh has tp 8")
+    assert r.stderr.count("\n") == 1 and not (tmp_path / "ds.json").exists()
+    r = _cli("groups", str(TT))
+    assert r.returncode == 2 and r.stderr.startswith(f"error: config: {TT} is a torchtitan config; this command "
+                                                     f"reads meshplan TOML: run meshplan import torchtitan")
+
+
+@pytest.mark.slow
+def test_cli_fsdp_axis_note(tmp_path):
+    p = tmp_path / "f.toml"
+    p.write_text('[model]\ncatalog = "llama3-8b"\n[cluster]\nsystem = "dgx-h100"\nnodes = 1\n'
+                 '[training]\nglobal_batch = 8\nseq_len = 4096\n[mesh]\nnames = ["fsdp", "tp"]\nshape = [4, 2]\n')
+    r = _cli("groups", str(p), "--rank", "3")
+    assert r.returncode == 0, r.stderr
+    assert r.stderr == ("note: mesh.names: mesh axis 'fsdp' is planned as 'dp_shard' (torchtitan's fsdp: parameters, "
+                        "gradients and optimizer state sharded over it; torchtitan's derived fsdp = dp_shard x cp, "
+                        "and cp stays an axis of its own here)\n")
+    assert "dp_shard" in r.stdout
+
+
+# item 6: axis vocabularies ------------------------------------------------------------------
+
+def _mesh_cfg(names, shape, **extra):
+    return {"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 1},
+            "training": {"global_batch": 8, "seq_len": 4096}, "mesh": {"names": names, "shape": shape, **extra}}
+
+
+def test_fsdp_axis_means_dp_shard_with_a_note():
+    a = config_from_dict(_mesh_cfg(["fsdp", "tp"], [4, 2]))
+    b = config_from_dict(_mesh_cfg(["dp_shard", "tp"], [4, 2]))
+    assert a.mesh == b.mesh and a.notes[0].startswith("mesh.names: mesh axis 'fsdp' is planned as 'dp_shard'")
+    assert _outcome(a) == _outcome(b)
+
+
+def test_close_axis_name_is_an_error_unless_custom():
+    with pytest.raises(ConfigError, match=r"^mesh.names: 'tq' is not a standard axis; did you mean 'tp'\? If it is an "
+                                          r"axis of your own .* list it in mesh.custom_axes = \['tq'\]"):
+        config_from_dict(_mesh_cfg(["dp_shard", "tq"], [4, 2]))
+    cfg = config_from_dict(_mesh_cfg(["dp_shard", "tq"], [4, 2], custom_axes=["tq"]))
+    assert cfg.mesh.names == ["dp_shard", "tq"] and cfg.notes == ()
+    with pytest.raises(ConfigError, match=r"^mesh.order: 'TP' is not a standard axis; did you mean 'tp'\?"):
+        config_from_dict({**_mesh_cfg([], []), "mesh": {"order": "TP-dp", "degrees": {"TP": 2, "dp": 4}}})
+    with pytest.raises(ConfigError, match=r"^mesh.custom_axes: 'cfg' is not an axis of the mesh"):
+        config_from_dict(_mesh_cfg(["dp_shard", "tp"], [4, 2], custom_axes=["cfg"]))
+
+
+def test_megatron_order_with_fsdp_alias_renames_degrees():
+    cfg = config_from_dict({**_mesh_cfg([], []), "mesh": {"order": "tp-fsdp", "degrees": {"tp": 2, "fsdp": 4}}})
+    assert (cfg.mesh.order, cfg.mesh.degrees) == ("tp-dp_shard", {"tp": 2, "dp_shard": 4})
+
+
+def test_vocabularies_map_explicitly():
+    from meshplan.spec.axes import KNOWN_AXES, MEGATRON_AXES, TORCHTITAN_AXES
+    assert set(TORCHTITAN_AXES) == {"dp_replicate", "dp_shard", "fsdp", "cp", "tp", "pp", "ep", "etp"}
+    assert set(MEGATRON_AXES) == {"tp", "cp", "ep", "dp", "pp", "etp"}
+    assert set(TORCHTITAN_AXES.values()) | set(MEGATRON_AXES.values()) <= set(KNOWN_AXES)
+    assert TORCHTITAN_AXES["fsdp"] == "dp_shard"
