@@ -9,6 +9,7 @@ x dp). Round trips compare the plans: mesh, memory peak and step time.
 
 from __future__ import annotations
 
+from dataclasses import replace
 import subprocess
 import sys
 from pathlib import Path
@@ -217,15 +218,19 @@ def _seventy(mesh: dict, **training) -> dict:
                "pp_layer_split": [9, 10, 10, 11, 11, 10, 10, 9]}, param_dtype="fp32"), "torchtitan"),
     # Megatron: distributed optimizer, interleaved 1F1B with 10 layers per virtual stage
     (_seventy({"names": ["pp", "dp", "tp"], "shape": [4, 2, 4], "sequence_parallel": True, "virtual_stages": 2,
-               "pp_schedule": "interleaved_1f1b"}, sharding="zero1", grad_reduce_dtype="fp32"), "megatron"),
+               "pp_schedule": "interleaved_1f1b"}, sharding="zero1", grad_reduce_dtype="fp32", framework="megatron"),
+     "megatron"),
     # Megatron: the first and last stage lighter, the middle even (--decoder-first/last-pipeline-num-layers)
     (_seventy({"names": ["pp", "dp", "tp"], "shape": [4, 2, 4], "sequence_parallel": True,
-               "pp_layer_split": [19, 21, 21, 19]}, sharding="zero1", grad_reduce_dtype="param"), "megatron"),
-    # MoE: Mixtral's experts over ep 8 under Megatron FSDP (the example's mesh)
+               "pp_layer_split": [19, 21, 21, 19]}, sharding="zero1", grad_reduce_dtype="param", framework="megatron"),
+     "megatron"),
+    # MoE: Mixtral's experts over ep 8 under Megatron FSDP (the example's mesh, in Megatron's order)
     (load_config(EX / "mixtral-8x7b_32xh100_ep8-dp32.toml"), "megatron"),
 ])
 def test_pipeline_and_moe_round_trips(tmp_path, tables, to):
     cfg = tables if not isinstance(tables, dict) else config_from_dict(tables)
+    if to == "megatron" and cfg.training.framework != "megatron":  # run by Megatron-LM: its backward order
+        cfg = replace(cfg, training=cfg.training.model_copy(update={"framework": "megatron"}))
     text, header = export(cfg, to, "test")
     assert not [h for h in header if h.startswith("not expressed")], header
     out = tmp_path / "x"
@@ -240,6 +245,8 @@ def test_export_lists_what_the_target_does_not_express():
     cfg = load_config(EX / "seed-64gpu.toml")  # fp32 parameters: Megatron keeps bf16 ones with fp32 main params
     _, header = export(cfg, "megatron", "seed")
     assert "not expressed in megatron: training.param_dtype: 'fp32' -> 'bf16'" in header
+    # a torch plan run by Megatron-LM follows Megatron's backward order (training.framework)
+    assert "not expressed in megatron: training.framework: 'torch' -> 'megatron'" in header
 
 
 def test_export_refuses_what_the_target_cannot_run():

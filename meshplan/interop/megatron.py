@@ -31,6 +31,7 @@ Megatron-LM                              meshplan
 --bf16, --fp16, --fp8-format             compute/param dtype (fp32 main parameters kept)
 --accumulate-allreduce-grads-in-fp32     grad_reduce_dtype fp32 (else the parameter dtype)
 --tp-comm-overlap                        training.tp_comm_overlap
+(Megatron-LM's own linears)              training.framework megatron (its backward order)
 --num-layers, --hidden-size, ...         the model, field by field (or --model)
 ======================================== ===================================================
 """
@@ -292,7 +293,7 @@ def read(text: str, opts: ImportOptions) -> Imported:
                 "sharding": _sharding(args), "recompute": _recompute(args, layers // deg["pp"], notes),
                 "param_dtype": "bf16" if dtype == "fp8" else dtype, "compute_dtype": dtype,
                 "grad_reduce_dtype": "fp32" if args.get("--accumulate-allreduce-grads-in-fp32") else "param",
-                "tp_comm_overlap": bool(args.get("--tp-comm-overlap")),
+                "tp_comm_overlap": bool(args.get("--tp-comm-overlap")), "framework": "megatron",
                 "vocab_pad_divisor": _num(args, "--make-vocab-size-divisible-by", 128)}
     if dtype != "fp32" and not args.get("--use-flash-attn"):
         notes.append("--use-flash-attn not given: planned with flash attention (Transformer Engine's fused "
