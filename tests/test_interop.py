@@ -9,9 +9,9 @@ x dp). Round trips compare the plans: mesh, memory peak and step time.
 
 from __future__ import annotations
 
-from dataclasses import replace
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -21,7 +21,14 @@ from meshplan.config import config_from_dict, load_config
 from meshplan.errors import ConfigError
 from meshplan.interop.common import ImportOptions
 from meshplan.interop.deepspeed import batch
-from meshplan.interop.foreign import detect, differences, export, load_any, mesh_key, reimport_options
+from meshplan.interop.foreign import (
+    detect,
+    differences,
+    export,
+    load_any,
+    mesh_key,
+    reimport_options,
+)
 from meshplan.interop.megatron import parse_args
 from meshplan.interop.torchtitan import default_split
 from meshplan.plan import Plan, build_plan
