@@ -41,6 +41,7 @@ from meshplan.mesh.axes import axis_name_warnings, from_megatron_order
 from meshplan.placement.assign import rank_row
 from meshplan.placement.bindings import write_bindings
 from meshplan.placement.choice import choose_placement, weights_from_plan
+from meshplan.placement.launch import LaunchOptions, write_launch
 from meshplan.placement.topology import (
     check_identity_nic_map,
     load_topology,
@@ -434,6 +435,57 @@ def place_cmd(config: Path = typer.Argument(..., help="TOML config"),
     if bindings_path:
         typer.echo(f"wrote {write_bindings(bindings_path, c.placement, fmt=fmt, force=force)}")
     _verdict_exit(p)
+
+
+@app.command("launch")
+def launch_cmd(config: Path = typer.Argument(..., help="TOML config"),
+               program: Optional[list[str]] = typer.Argument(None, metavar="-- PROGRAM...",
+                                                            help="the training command each rank runs, after `--` "
+                                                                 "(e.g. -- python train.py --job.config_file x.toml)"),
+               out: Path = typer.Option(Path("launch"), "--out", help="folder for bind.sh, torchrun.sh, job.sbatch "
+                                                                     "and bindings.json"),
+               rdzv_endpoint: Optional[str] = typer.Option(None, "--rdzv-endpoint",
+                                                           help="HOST:PORT of node 0 for the c10d rendezvous "
+                                                                "(default: Slurm's first host at --port; "
+                                                                "MESHPLAN_RDZV_ENDPOINT overrides it at run time)"),
+               port: int = typer.Option(29500, "--port", help="rendezvous port with Slurm's first host"),
+               hosts: Optional[str] = typer.Option(None, "--hosts", help="comma-separated host names, one per node "
+                                                                         "(Slurm --nodelist)"),
+               transport: str = typer.Option("ib", "--transport", help="ib (NCCL_IB_HCA per rank) or socket "
+                                                                      "(NCCL_SOCKET_IFNAME per rank)"),
+               nic_scope: str = typer.Option("rank", "--nic-scope", help="rank (only the rank's NIC) or node "
+                                                                        "(every compute NIC, NCCL chooses)"),
+               socket_ifname: Optional[str] = typer.Option(None, "--socket-ifname",
+                                                           help="with --transport ib: the IP interface for NCCL's "
+                                                                "bootstrap and gloo (NCCL_SOCKET_IFNAME, "
+                                                                "GLOO_SOCKET_IFNAME)"),
+               cpu_bind: str = typer.Option("numactl", "--cpu-bind", help="numactl (cores and memory node), taskset "
+                                                                         "(cores) or none"),
+               job_name: str = typer.Option("meshplan", "--job-name", help="Slurm job name"),
+               partition: Optional[str] = typer.Option(None, "--partition", help="Slurm partition"),
+               time_limit: str = typer.Option("01:00:00", "--time", help="Slurm time limit"),
+               choose: bool = typer.Option(False, "--choose", help="bind the rank -> GPU permutation `place "
+                                                                  "--choose` finds"),
+               force: bool = typer.Option(False, "--force", help="replace existing files in --out")):
+    """Write a multi-node torchrun command (c10d rendezvous), a Slurm sbatch script and per-rank bindings
+    (GPUs visible in LOCAL_RANK order for cuda:{LOCAL_RANK} scripts, NUMA cores, NCCL NIC variables).
+    A mesh that does not fit writes nothing and exits 1."""
+
+    p = _load(config)
+    if p.mesh is None or not p.feasible:
+        _exit_infeasible(p)
+    score = step_scorer(p) if choose and isinstance(p, Plan) else None
+    c = choose_placement(p.mesh, p.config.cluster, (weights_from_plan(p) or None) if isinstance(p, Plan) else None,
+                         rank_to_gpu=p.spec.rank_to_gpu, search=choose, source="collective table", step_s=score)
+    opts = LaunchOptions(program=tuple(program or ()), rdzv_endpoint=rdzv_endpoint, port=port,
+                         hosts=tuple(h for h in (hosts or "").split(",") if h), transport=transport,
+                         nic_scope=nic_scope, socket_ifname=socket_ifname, cpu_bind=cpu_bind, job_name=job_name,
+                         partition=partition, time_limit=time_limit)
+    for path in write_launch(out, c.placement, opts, force=force):
+        typer.echo(f"wrote {path}")
+    nodes = int(c.placement.node.max()) + 1
+    typer.echo(f"run: on each of the {nodes} node(s) NODE_RANK=<k> MESHPLAN_RDZV_ENDPOINT=<node 0 host:port> "
+               f"{out / 'torchrun.sh'}; or with Slurm: sbatch {out / 'job.sbatch'}")
 
 
 @app.command("catalog")
