@@ -393,9 +393,20 @@ def validate(config: Path = typer.Argument(..., help="TOML config; its mesh is s
              probe: bool = typer.Option(True, "--probe/--no-probe",
                                         help="after the steps, time each of the plan's collectives under the run's "
                                              "load and re-predict the step with those times (calibrated rows)"),
+             nnodes: int = typer.Option(1, "--nnodes", help="hosts of a multi-host run: run the same command on "
+                                                            "each with its --node-rank (W / nnodes ranks per host)"),
+             node_rank: int = typer.Option(0, "--node-rank", help="this host's node (0 hosts the rendezvous and "
+                                                                  "writes the evidence)"),
+             rdzv_endpoint: Optional[str] = typer.Option(None, "--rdzv-endpoint",
+                                                         help="HOST:PORT of node 0 for the c10d rendezvous (same on "
+                                                              "every host; --out must be a folder all hosts share)"),
+             local_addr: Optional[str] = typer.Option(None, "--local-addr",
+                                                      help="this host's address the others reach (torchrun "
+                                                           "--local-addr), when its FQDN does not resolve there"),
              force: bool = typer.Option(False, "--force", help="replace an existing evidence folder")):
     """Run the mesh for real (torchrun: NCCL on the GPUs when CUDA is present, else gloo on CPU) and compare
-    collectives, times and memory with the plan."""
+    collectives, times and memory with the plan; one host, the netns testbed, or several hosts
+    (--nnodes/--node-rank/--rdzv-endpoint)."""
     _require_torch("validate")
 
     try:
@@ -403,7 +414,8 @@ def validate(config: Path = typer.Argument(..., help="TOML config; its mesh is s
     except ValueError:
         raise ConfigError("--worlds", f"{worlds!r}: give comma-separated integers, e.g. 2,4,8") from None
     opt = Options(worlds=sizes, layers=layers, hidden_div=hidden_div, seq_len=seq_len, vocab=vocab, steps=steps,
-                  timeout_s=timeout_s, tolerance=tolerance, testbed=testbed, probe=probe)
+                  timeout_s=timeout_s, tolerance=tolerance, testbed=testbed, probe=probe, nnodes=nnodes,
+                  node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, local_addr=local_addr)
     raise typer.Exit(validate_main(str(config), opt, out, force))
 
 

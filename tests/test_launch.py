@@ -254,3 +254,33 @@ def test_launch_command_runs_across_two_testbed_hosts(tmp_path):
         ns[info["group_rank"]].add(info["netns"])
     assert len(ns[0]) == len(ns[1]) == 1 and ns[0] != ns[1]      # one namespace per host, two hosts
     assert not T._matching_netns(prefix)
+
+
+@pytest.mark.slow
+@needs_testbed
+def test_validate_runs_across_two_testbed_hosts(tmp_path):
+    """``validate --nnodes 2 --node-rank k --rdzv-endpoint`` run in two namespaces as two
+    hosts (world 2: one rank each, FSDP over both): node 0 compares and writes the evidence
+    in the shared --out, node 1 leaves its log there; groups and collectives match the plan."""
+    from meshplan.runtime.testbed import netns as T
+    from meshplan.runtime.testbed.launch import launch_per_node
+
+    prefix, state, out = f"v{os.getpid() % 100000}", tmp_path / "state", tmp_path / "shared"
+    tb = T.testbed_up(prefix, 2, 1, 1000.0, state_dir=state)
+    try:
+        cmd = lambda i: [sys.executable, "-m", "meshplan.cli", "validate", str(CFG), "--worlds", "2",  # noqa: E731
+                         "--steps", "1", "--no-probe", "--nnodes", "2", "--node-rank", str(i), "--rdzv-endpoint",
+                         f"{tb.addr(0, 0)}:29513", "--local-addr", tb.addr(i, 0), "--out", str(out)]
+        res = launch_per_node(tb, cmd, timeout_s=300, env_for_node=lambda i: {
+            "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "nic0"}, log_dir=tmp_path / "logs")
+        assert res.ok, res.message + "\n" + "\n".join(n.stdout_tail + n.stderr_tail for n in res.results)
+    finally:
+        T.testbed_down(prefix, state_dir=state)
+    doc = json.loads((out / "validate.json").read_text())
+    assert doc["ok"] and doc["options"]["nnodes"] == 2 and doc["worlds"][0]["stage"] == "compare"
+    assert "collectives match the plan exactly on all 2 ranks" in doc["worlds"][0]["message"]
+    assert "node 1: torchrun exited 0" in res.results[1].stdout_tail
+    assert (out / "world2" / "torchrun-node1.log").exists()
+    for r in (0, 1):
+        assert json.loads((out / "world2" / f"rank{r}" / "status.json").read_text())["state"] == "done"
+    assert any(n.startswith("hosts: 2 x 1 ranks (this is node 0") for n in doc["worlds"][0]["notes"])
