@@ -478,12 +478,15 @@ def launch_cmd(config: Path = typer.Argument(..., help="TOML config"),
                time_limit: str = typer.Option("01:00:00", "--time", help="Slurm time limit"),
                choose: bool = typer.Option(False, "--choose", help="bind the rank -> GPU permutation `place "
                                                                   "--choose` finds"),
+               topology: Optional[Path] = typer.Option(None, "--topology",
+                                                       help="nvidia-smi topo -m text or NCCL topology XML of the "
+                                                            "nodes: their sockets and NIC affinity"),
                force: bool = typer.Option(False, "--force", help="replace existing files in --out")):
     """Write a multi-node torchrun command (c10d rendezvous), a Slurm sbatch script and per-rank bindings
     (GPUs visible in LOCAL_RANK order for cuda:{LOCAL_RANK} scripts, NUMA cores, NCCL NIC variables).
     A mesh that does not fit writes nothing and exits 1."""
 
-    p = _load(config)
+    p = _load(config, topology)
     if p.mesh is None or not p.feasible:
         _exit_infeasible(p)
     score = step_scorer(p) if choose and isinstance(p, Plan) else None

@@ -217,6 +217,7 @@ with open(os.path.join(sys.argv[1], f"rank{info['rank']}.json"), "w") as f:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(240)
 @needs_testbed
 def test_launch_command_runs_across_two_testbed_hosts(tmp_path):
     """``meshplan launch`` for 2 nodes x 2 ranks (socket transport on nic0, taskset cores),
@@ -257,6 +258,7 @@ def test_launch_command_runs_across_two_testbed_hosts(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(420)
 @needs_testbed
 def test_validate_runs_across_two_testbed_hosts(tmp_path):
     """``validate --nnodes 2 --node-rank k --rdzv-endpoint`` run in two namespaces as two
@@ -284,3 +286,19 @@ def test_validate_runs_across_two_testbed_hosts(tmp_path):
     for r in (0, 1):
         assert json.loads((out / "world2" / f"rank{r}" / "status.json").read_text())["state"] == "done"
     assert any(n.startswith("hosts: 2 x 1 ranks (this is node 0") for n in doc["worlds"][0]["notes"])
+
+
+def test_help_documents_the_launch_and_multi_host_options():
+    def words(cmd):
+        r = subprocess.run([sys.executable, "-m", "meshplan.cli", cmd, "--help"], capture_output=True, text=True,
+                           env={**ENV, "COLUMNS": "200"}, timeout=120)
+        assert r.returncode == 0, r.stderr
+        return " ".join(r.stdout.split())
+    launch = words("launch")
+    for opt in ("--out", "--rdzv-endpoint", "--port", "--hosts", "--transport", "--nic-scope", "--socket-ifname",
+                "--cpu-bind", "--job-name", "--partition", "--time", "--choose", "--topology", "--force"):
+        assert f"{opt} <" in launch or f"{opt} " in launch, opt
+    assert "cuda:{LOCAL_RANK}" in launch
+    validate = words("validate")
+    for opt in ("--nnodes", "--node-rank", "--rdzv-endpoint", "--local-addr"):
+        assert opt in validate, opt
