@@ -176,6 +176,7 @@ def _cli(*args, cwd=None):
                           env=ENV, cwd=cwd, timeout=120)
 
 
+@pytest.mark.slow
 def test_cli_writes_modes_refuses_overwrite_and_bad_input(tmp_path):
     out = tmp_path / "l"
     r = _cli(str(CFG), "--out", str(out), "--", "python", "train.py")
@@ -192,6 +193,7 @@ def test_cli_writes_modes_refuses_overwrite_and_bad_input(tmp_path):
     assert r.stderr.startswith("error: --rdzv-endpoint: ") and not (tmp_path / "m").exists()
 
 
+@pytest.mark.slow
 def test_cli_infeasible_mesh_writes_nothing(tmp_path):
     cfg = tmp_path / "big.toml"
     cfg.write_text(CFG.read_text().replace('catalog = "llama3-8b"', 'catalog = "llama3-405b"'))

@@ -25,9 +25,8 @@ Environment of each rank (``env`` of :func:`launch_bindings`, each documented in
 
 - ``CUDA_VISIBLE_DEVICES`` lists the node's GPUs in LOCAL_RANK order, so a script that
   uses ``cuda:{LOCAL_RANK}`` (torchtitan's train.py: ``torch.device(f"cuda:{LOCAL_RANK}")``)
-  gets its planned GPU and still sees every GPU of the node (NCCL needs them visible to use
-  NVLink/P2P between them: NCCL user guide, "Troubleshooting", CUDA_VISIBLE_DEVICES).
-  Hiding all but one GPU (``place --bindings``' default ``visible="one"``) breaks such scripts
+  gets its planned GPU and still sees every GPU of the node (nothing hidden, so CUDA and NCCL
+  see the node as it is). Hiding all but one GPU (``place --bindings``' default ``visible="one"``) breaks such scripts
   for LOCAL_RANK > 0.
 - ``CUDA_DEVICE_ORDER=PCI_BUS_ID``: CUDA numbers devices fastest-first by default; the
   catalog's and ``nvidia-smi``'s GPU indices are PCI bus order (CUDA C programming guide,
@@ -71,8 +70,8 @@ _TIME = re.compile(r"^(\d+-)?\d{1,3}(:\d{2}){0,2}$")
 CPU_BIND = ("numactl", "taskset", "none")
 
 ENV_DOC = {
-    "CUDA_VISIBLE_DEVICES": "the node's GPUs in LOCAL_RANK order: cuda:{LOCAL_RANK} is the planned GPU, the others "
-                            "stay visible for NVLink/P2P",
+    "CUDA_VISIBLE_DEVICES": "the node's GPUs in LOCAL_RANK order: cuda:{LOCAL_RANK} is the planned GPU, none "
+                            "is hidden",
     "CUDA_DEVICE_ORDER": "PCI_BUS_ID: device indices as nvidia-smi and the catalog number them (CUDA's default is "
                          "fastest first)",
     "NCCL_IB_HCA": "the InfiniBand HCA(s) this rank's NCCL may use; '=' makes names match exactly, ':1' the port",
