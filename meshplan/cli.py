@@ -425,12 +425,18 @@ def place_cmd(config: Path = typer.Argument(..., help="TOML config"),
               bindings_path: Optional[Path] = typer.Option(None, "--bindings", help="write every rank's binding to this file"),
               fmt: str = typer.Option("json", "--format", help="bindings file format: json (list) or sh (launcher)"),
               force: bool = typer.Option(False, "--force", help="replace an existing --bindings file"),
+              visible: str = typer.Option("one", "--visible", help="CUDA_VISIBLE_DEVICES per rank: one (its own GPU, "
+                                                                   "use cuda:0) or all (the node's GPUs in LOCAL_RANK "
+                                                                   "order, for cuda:{LOCAL_RANK} scripts such as "
+                                                                   "torchtitan's train.py; `meshplan launch` does this)"),
               ranks: Optional[list[int]] = typer.Option(None, "--rank", help="rank whose binding is printed (repeatable; default first, second, last)")):
     """Placement per axis, decisions and warnings, per-rank bindings (CUDA_VISIBLE_DEVICES, NCCL_IB_HCA, numactl).
     A mesh that does not fit is still placed, then exits 1 with its reasons."""
 
     if fmt not in ("json", "sh"):
         raise ConfigError("--format", f"{fmt!r} is not one of json, sh")
+    if visible not in ("one", "all"):
+        raise ConfigError("--visible", f"{visible!r} is not one of one, all")
     p = _load(config)
     if p.mesh is None:
         _exit_infeasible(p)
@@ -445,7 +451,7 @@ def place_cmd(config: Path = typer.Argument(..., help="TOML config"),
     for line in place_lines(c, shown):
         typer.echo(line)
     if bindings_path:
-        typer.echo(f"wrote {write_bindings(bindings_path, c.placement, fmt=fmt, force=force)}")
+        typer.echo(f"wrote {write_bindings(bindings_path, c.placement, fmt=fmt, force=force, visible=visible)}")
     _verdict_exit(p)
 
 
