@@ -41,6 +41,7 @@ from meshplan.interop.foreign import export, import_text, load_any
 from meshplan.placement.assign import rank_row
 from meshplan.placement.bindings import write_bindings
 from meshplan.placement.choice import choose_placement, weights_from_plan
+from meshplan.placement.launch import LaunchOptions, write_launch
 from meshplan.placement.topology import (
     check_identity_nic_map,
     load_topology,
@@ -513,9 +514,20 @@ def validate(config: Path = typer.Argument(..., help="TOML config; its mesh is s
              probe: bool = typer.Option(True, "--probe/--no-probe",
                                         help="after the steps, time each of the plan's collectives under the run's "
                                              "load and re-predict the step with those times (calibrated rows)"),
+             nnodes: int = typer.Option(1, "--nnodes", help="hosts of a multi-host run: run the same command on "
+                                                            "each with its --node-rank (W / nnodes ranks per host)"),
+             node_rank: int = typer.Option(0, "--node-rank", help="this host's node (0 hosts the rendezvous and "
+                                                                  "writes the evidence)"),
+             rdzv_endpoint: Optional[str] = typer.Option(None, "--rdzv-endpoint",
+                                                         help="HOST:PORT of node 0 for the c10d rendezvous (same on "
+                                                              "every host; --out must be a folder all hosts share)"),
+             local_addr: Optional[str] = typer.Option(None, "--local-addr",
+                                                      help="this host's address the others reach (torchrun "
+                                                           "--local-addr), when its FQDN does not resolve there"),
              force: bool = typer.Option(False, "--force", help="replace an existing evidence folder")):
     """Run the mesh for real (torchrun: NCCL on the GPUs when CUDA is present, else gloo on CPU) and compare
-    collectives, times and memory with the plan."""
+    collectives, times and memory with the plan; one host, the netns testbed, or several hosts
+    (--nnodes/--node-rank/--rdzv-endpoint)."""
     _require_torch("validate")
 
     try:
@@ -523,7 +535,8 @@ def validate(config: Path = typer.Argument(..., help="TOML config; its mesh is s
     except ValueError:
         raise ConfigError("--worlds", f"{worlds!r}: give comma-separated integers, e.g. 2,4,8") from None
     opt = Options(worlds=sizes, layers=layers, hidden_div=hidden_div, seq_len=seq_len, vocab=vocab, steps=steps,
-                  timeout_s=timeout_s, tolerance=tolerance, testbed=testbed, probe=probe)
+                  timeout_s=timeout_s, tolerance=tolerance, testbed=testbed, probe=probe, nnodes=nnodes,
+                  node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, local_addr=local_addr)
     raise typer.Exit(validate_main(str(config), opt, out, force))
 
 
@@ -533,12 +546,18 @@ def place_cmd(config: Path = typer.Argument(..., help="TOML config"),
               bindings_path: Optional[Path] = typer.Option(None, "--bindings", help="write every rank's binding to this file"),
               fmt: str = typer.Option("json", "--format", help="bindings file format: json (list) or sh (launcher)"),
               force: bool = typer.Option(False, "--force", help="replace an existing --bindings file"),
+              visible: str = typer.Option("one", "--visible", help="CUDA_VISIBLE_DEVICES per rank: one (its own GPU, "
+                                                                   "use cuda:0) or all (the node's GPUs in LOCAL_RANK "
+                                                                   "order, for cuda:{LOCAL_RANK} scripts such as "
+                                                                   "torchtitan's train.py; `meshplan launch` does this)"),
               ranks: Optional[list[int]] = typer.Option(None, "--rank", help="rank whose binding is printed (repeatable; default first, second, last)")):
     """Placement per axis, decisions and warnings, per-rank bindings (CUDA_VISIBLE_DEVICES, NCCL_IB_HCA, numactl).
     A mesh that does not fit is still placed, then exits 1 with its reasons."""
 
     if fmt not in ("json", "sh"):
         raise ConfigError("--format", f"{fmt!r} is not one of json, sh")
+    if visible not in ("one", "all"):
+        raise ConfigError("--visible", f"{visible!r} is not one of one, all")
     p = _load(config)
     if p.mesh is None:
         _exit_infeasible(p)
@@ -553,8 +572,62 @@ def place_cmd(config: Path = typer.Argument(..., help="TOML config"),
     for line in place_lines(c, shown):
         typer.echo(line)
     if bindings_path:
-        typer.echo(f"wrote {write_bindings(bindings_path, c.placement, fmt=fmt, force=force)}")
+        typer.echo(f"wrote {write_bindings(bindings_path, c.placement, fmt=fmt, force=force, visible=visible)}")
     _verdict_exit(p)
+
+
+@app.command("launch")
+def launch_cmd(config: Path = typer.Argument(..., help="TOML config"),
+               program: Optional[list[str]] = typer.Argument(None, metavar="-- PROGRAM...",
+                                                            help="the training command each rank runs, after `--` "
+                                                                 "(e.g. -- python train.py --job.config_file x.toml)"),
+               out: Path = typer.Option(Path("launch"), "--out", help="folder for bind.sh, torchrun.sh, job.sbatch "
+                                                                     "and bindings.json"),
+               rdzv_endpoint: Optional[str] = typer.Option(None, "--rdzv-endpoint",
+                                                           help="HOST:PORT of node 0 for the c10d rendezvous "
+                                                                "(default: Slurm's first host at --port; "
+                                                                "MESHPLAN_RDZV_ENDPOINT overrides it at run time)"),
+               port: int = typer.Option(29500, "--port", help="rendezvous port with Slurm's first host"),
+               hosts: Optional[str] = typer.Option(None, "--hosts", help="comma-separated host names, one per node "
+                                                                         "(Slurm --nodelist)"),
+               transport: str = typer.Option("ib", "--transport", help="ib (NCCL_IB_HCA per rank) or socket "
+                                                                      "(NCCL_SOCKET_IFNAME per rank)"),
+               nic_scope: str = typer.Option("rank", "--nic-scope", help="rank (only the rank's NIC) or node "
+                                                                        "(every compute NIC, NCCL chooses)"),
+               socket_ifname: Optional[str] = typer.Option(None, "--socket-ifname",
+                                                           help="with --transport ib: the IP interface for NCCL's "
+                                                                "bootstrap and gloo (NCCL_SOCKET_IFNAME, "
+                                                                "GLOO_SOCKET_IFNAME)"),
+               cpu_bind: str = typer.Option("numactl", "--cpu-bind", help="numactl (cores and memory node), taskset "
+                                                                         "(cores) or none"),
+               job_name: str = typer.Option("meshplan", "--job-name", help="Slurm job name"),
+               partition: Optional[str] = typer.Option(None, "--partition", help="Slurm partition"),
+               time_limit: str = typer.Option("01:00:00", "--time", help="Slurm time limit"),
+               choose: bool = typer.Option(False, "--choose", help="bind the rank -> GPU permutation `place "
+                                                                  "--choose` finds"),
+               topology: Optional[Path] = typer.Option(None, "--topology",
+                                                       help="nvidia-smi topo -m text or NCCL topology XML of the "
+                                                            "nodes: their sockets and NIC affinity"),
+               force: bool = typer.Option(False, "--force", help="replace existing files in --out")):
+    """Write a multi-node torchrun command (c10d rendezvous), a Slurm sbatch script and per-rank bindings
+    (GPUs visible in LOCAL_RANK order for cuda:{LOCAL_RANK} scripts, NUMA cores, NCCL NIC variables).
+    A mesh that does not fit writes nothing and exits 1."""
+
+    p = _load(config, topology)
+    if p.mesh is None or not p.feasible:
+        _exit_infeasible(p)
+    score = step_scorer(p) if choose and isinstance(p, Plan) else None
+    c = choose_placement(p.mesh, p.config.cluster, (weights_from_plan(p) or None) if isinstance(p, Plan) else None,
+                         rank_to_gpu=p.spec.rank_to_gpu, search=choose, source="collective table", step_s=score)
+    opts = LaunchOptions(program=tuple(program or ()), rdzv_endpoint=rdzv_endpoint, port=port,
+                         hosts=tuple(h for h in (hosts or "").split(",") if h), transport=transport,
+                         nic_scope=nic_scope, socket_ifname=socket_ifname, cpu_bind=cpu_bind, job_name=job_name,
+                         partition=partition, time_limit=time_limit)
+    for path in write_launch(out, c.placement, opts, force=force):
+        typer.echo(f"wrote {path}")
+    nodes = int(c.placement.node.max()) + 1
+    typer.echo(f"run: on each of the {nodes} node(s) NODE_RANK=<k> MESHPLAN_RDZV_ENDPOINT=<node 0 host:port> "
+               f"{out / 'torchrun.sh'}; or with Slurm: sbatch {out / 'job.sbatch'}")
 
 
 @app.command("catalog")

@@ -37,7 +37,7 @@ def test_every_node_makes_a_system(name):
     cluster = catalog.system(name, nodes=8)
     assert isinstance(cluster, ClusterSpec)
     assert cluster.gpu.name == raw["gpu"] and cluster.world == 8 * cluster.node.gpus
-    assert [t.name for t in cluster.network] == ["leaf", "spine"]
+    assert cluster.network == catalog.network(raw["network"]) and cluster.network
     assert all(t.oversubscription == 1 and t.latency_us == 14.0 for t in cluster.network)
     assert cluster.node.fabric.source and cluster.node.pcie.source
 
@@ -126,7 +126,7 @@ def test_unknown_kind_and_bad_system_requests():
     with pytest.raises(ConfigError, match="known: gpu, node, network, model"):
         catalog.names("tpus")
     with pytest.raises(ConfigError, match="dgx-h100"):
-        catalog.system("dgx-b200", nodes=2)
+        catalog.system("dgx-b300", nodes=2)
     with pytest.raises(ConfigError) as info:
         catalog.system("dgx-h100", nodes=0)
     assert info.value.field == "nodes"
@@ -137,3 +137,47 @@ def test_unknown_kind_and_bad_system_requests():
 def test_entry_returns_a_copy():
     catalog.entry("gpu", "h100-sxm5-80gb")["peak_tflops"]["bf16"] = 1.0
     assert catalog.gpu("h100-sxm5-80gb").peak_tflops["bf16"] == 989.4
+
+
+def test_new_gpus_dense_peaks_derived_from_the_datasheets():
+    """Dense = the printed (with sparsity) rack or board peak / 2 / GPUs: HGX B200 BF16 36 PF and
+    FP8 72 PF over 8 GPUs; GB200 NVL72 BF16 360 PF over 72; MI300X dense as printed."""
+    b200, gb200, mi = catalog.gpu("b200-sxm-180gb"), catalog.gpu("b200-gb200-186gb"), catalog.gpu("mi300x-oam-192gb")
+    assert b200.peak_tflops["bf16"] == 36_000 / 2 / 8 and b200.peak_tflops["fp8"] == 72_000 / 2 / 8
+    assert (b200.hbm_gb, b200.hbm_bandwidth_tb_per_s) == (1440 / 8, 64 / 8)
+    assert gb200.peak_tflops["bf16"] == 360_000 / 2 / 72 and round(13_400 / 72) == gb200.hbm_gb
+    assert (mi.peak_tflops["bf16"], mi.peak_tflops["fp8"], mi.hbm_gb, mi.sms) == (1307.4, 2614.9, 192, 304)
+    for name in ("b200-sxm-180gb", "b200-gb200-186gb", "mi300x-oam-192gb"):
+        assert "https://" in catalog.entry("gpu", name)["source"]
+    for name in ("dgx-b200", "gb200-nvl72-tray", "mi300x-azure-nd-v5"):
+        assert "https://" in catalog.entry("node", name)["source"]
+
+
+def test_gb200_nvl72_is_one_nvlink_domain_of_72_gpus_across_trays():
+    """18 trays of 4 GPUs make one rack: ranks 0..71 share NVLink domain 0, rank 72 (tray 18,
+    the next rack) is in domain 1; a tp 8 group crossing trays 1 and 2 rides NVLink, a
+    dp_shard group spanning both racks the network."""
+    from meshplan.config import config_from_dict
+    from meshplan.plan import build_plan
+
+    cl = catalog.system("gb200-nvl72-tray", 36)
+    assert cl.node.gpus == 4 and cl.node.nvlink_domain_gpus == 72 and cl.world == 144
+    plan = build_plan(config_from_dict({
+        "model": {"catalog": "llama3-8b"}, "cluster": {"system": "gb200-nvl72-tray", "nodes": 36},
+        "training": {"global_batch": 144, "seq_len": 4096, "micro_batch": 1, "sharding": "zero3"},
+        "mesh": {"names": ["dp_shard", "tp"], "shape": [18, 8]}}))
+    assert list(plan.placement.domain[[0, 71, 72, 143]]) == [0, 0, 1, 1]
+    assert list(plan.placement.node[[4, 11]]) == [1, 2]
+    paths = {(r.axis, r.path.kind) for r in plan.stage(0).collectives}
+    assert ("tp", "nvlink") in paths and ("dp_shard", "network") in paths
+    assert ("tp", "network") not in paths
+
+
+def test_mi300x_node_uses_rccl_timed_as_nccl_not_as_gloo():
+    from meshplan.comm.alphabeta import collective_time
+
+    cl = catalog.system("mi300x-azure-nd-v5", 2)
+    assert cl.collective_library == "rccl" and catalog.system("dgx-b200", 1).collective_library == "nccl"
+    args = ("all-reduce", 8, 1 << 28, cl.node.fabric.bandwidth_bytes_per_s, "nvlink")
+    assert collective_time(*args, library="rccl") == collective_time(*args, library="nccl")
+    assert collective_time(*args, library="rccl") != collective_time(*args, library="gloo")

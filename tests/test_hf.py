@@ -166,3 +166,47 @@ def test_unreadable_inputs(tmp_path):
 def test_invalid_sizes_become_a_config_error():
     with pytest.raises(ConfigError, match="kv_heads"):
         model_from_hf_config({**load("mistral-7b-v0.1"), "num_key_value_heads": 5})
+
+
+def test_phi3_mini_by_hand():
+    """Phi-3-mini-4k: h 3072, 32 layers, 32 heads (MHA), ffn 8192, vocab 32064, untied.
+    Per layer: qkv 3072 x 9216 + o 3072^2 + gate/up 3072 x 16384 + down 8192 x 3072 + 2 norms
+    = 28,311,552 + 9,437,184 + 50,331,648 + 25,165,824 + 6,144 = 113,252,352; x 32 plus embedding
+    and output 2 x 32064 x 3072 plus the final norm = 3,821,079,552 (the published 3.8B)."""
+    spec = model_from_hf_config(DATA / "phi-3-mini-4k-instruct")
+    assert spec.param_count() == 32 * 113_252_352 + 2 * 32064 * 3072 + 3072 == 3_821_079_552
+    assert (spec.n_kv_heads, spec.gated_mlp, spec.tied_embeddings) == (32, True, False)
+    assert "sliding_window 2047" in spec.source
+
+
+def test_gemma2_9b_by_hand_without_the_post_norms():
+    """gemma-2-9b: h 3584, 42 layers, 16 q / 8 kv heads of head_dim 256 (not h / heads = 224),
+    ffn 14336 gated, vocab 256000 tied. Per layer q 3584 x 4096, k and v 3584 x 2048, o 4096 x
+    3584, MLP 3 x 3584 x 14336, 2 norms = 198,188,032; x 42 + embedding 256000 x 3584 + final
+    norm = 9,241,404,928: transformers' 9,241,705,984 less the 2 x 3584 x 42 = 301,056 weights of
+    the post-norms, which ModelSpec does not hold (named in the source)."""
+    spec = model_from_hf_config(DATA / "gemma-2-9b")
+    per_layer = 3 * 14_680_064 + 3 * 3584 * 14336 + 2 * 3584
+    assert per_layer == 198_188_032
+    assert spec.param_count() == 42 * per_layer + 256000 * 3584 + 3584 == 9_241_705_984 - 2 * 3584 * 42
+    assert (spec.d_head, spec.n_kv_heads, spec.tied_embeddings) == (256, 8, True)
+    assert "post-attention and post-MLP RMSNorms" in spec.source and "sliding_window 4096" in spec.source
+
+
+def test_gemma3_text_and_multimodal_wrapper():
+    """gemma-3-1b: h 1152, 26 layers, 4 q / 1 kv heads of 256, ffn 6912, vocab 262144 tied, q/k
+    norms: per layer 2 x 1152 x 1024 + 2 x 1152 x 256 + 3 x 1152 x 6912 + 2 x 1152 + 2 x 256 =
+    26,839,808; the same text model inside a gemma3 config's text_config gives the same count."""
+    spec = model_from_hf_config(DATA / "gemma-3-1b-pt")
+    per_layer = 2 * 1152 * 1024 + 2 * 1152 * 256 + 3 * 1152 * 6912 + 2 * 1152 + 2 * 256
+    assert per_layer == 26_839_808 and spec.qk_norm
+    assert spec.param_count() == 26 * per_layer + 262144 * 1152 + 1152 == 999_826_048
+    wrapped = {"model_type": "gemma3", "text_config": load("gemma-3-1b-pt"), "vision_config": {"hidden_size": 1152}}
+    w = model_from_hf_config(wrapped)
+    assert w.param_count() == spec.param_count() and "vision tower" in w.source
+    with pytest.raises(ConfigError) as info:
+        model_from_hf_config({"model_type": "gemma3"})
+    assert info.value.field == "text_config"
+    with pytest.raises(ConfigError) as info:
+        model_from_hf_config({k: v for k, v in load("gemma-2-9b").items() if k != "head_dim"})
+    assert info.value.field == "head_dim"

@@ -37,7 +37,7 @@ from meshplan.spec.model import ModelSpec
 __all__ = ["KINDS", "names", "entry", "gpu", "node", "network", "model", "system"]
 
 KINDS = ("gpu", "node", "network", "model")
-_NODE_LINKS = ("gpu", "network")  # keys of a node entry that are not NodeSpec fields
+_NODE_LINKS = ("gpu", "network", "collective_library")  # keys of a node entry that are not NodeSpec fields
 
 
 @lru_cache(maxsize=None)
@@ -85,7 +85,7 @@ def names(kind: str) -> list[str]:
     """Entry names of one catalog kind: ``"gpu"``, ``"node"``, ``"network"`` or ``"model"``.
 
     >>> names("gpu")
-    ['a100-sxm-80gb', 'h100-sxm5-80gb', 'h200-sxm-141gb']
+    ['a100-sxm-80gb', 'b200-gb200-186gb', 'b200-sxm-180gb', 'h100-sxm5-80gb', 'h200-sxm-141gb', 'mi300x-oam-192gb']
     """
     return sorted(_entries(kind))
 
@@ -166,5 +166,6 @@ def system(name: str, nodes: int, network_name: Optional[str] = None) -> Cluster
         node=node(name),
         nodes=nodes,
         network=network(net),
+        collective_library=raw.get("collective_library", "nccl"),
         source=f"catalog: node {name}, gpu {raw['gpu']}, network {net} (see each entry's source)",
     ))

@@ -278,7 +278,7 @@ def collective_time(op: str, n: int, size_bytes: float, bandwidth_bytes_per_s: f
       when the rank's own NIC share ``nic_bandwidth_bytes_per_s`` and the group's
       ``ranks_per_node`` are given.
 
-    ``library`` other than "nccl" (gloo): the ring only, with :data:`GLOO_RING`'s single protocol
+    ``library`` other than "nccl" or "rccl" (gloo): the ring only, with :data:`GLOO_RING`'s single protocol
     (per step exactly the link's latency, full bandwidth); a reduce-scatter costs an all-reduce
     of its full buffer, since ProcessGroupGloo runs it as one (torch 2.13; measured on the
     testbed: 105 ms against 52 ms for an all-gather of the same 107 kB buffer over 4 ranks).
@@ -289,7 +289,7 @@ def collective_time(op: str, n: int, size_bytes: float, bandwidth_bytes_per_s: f
     'tree'
     """
     network = kind == "network"
-    if library != "nccl":  # gloo runs rings only, with one protocol; reduce-scatter as a full all-reduce
+    if library not in ("nccl", "rccl"):  # gloo runs rings only, with one protocol; reduce-scatter as a full all-reduce
         run = "all-reduce" if op == "reduce-scatter" else op
         return "ring", ring_time(run, n, size_bytes, bandwidth_bytes_per_s, network, GLOO_RING, latency_scale)
     link = curves.get("nic" if network else "nvlink")

@@ -1,7 +1,8 @@
 """Placement (layer 6): rank -> node, GPU, socket, cores, NIC, rail (:mod:`.assign`), the
 choice of a better rank -> GPU permutation (:mod:`.choice`) and its explanations
-(:mod:`.explain`), per-rank launcher bindings (:mod:`.bindings`), and the readers of
+(:mod:`.explain`), per-rank launcher bindings (:mod:`.bindings`), multi-node torchrun, Slurm and
+bindings scripts (:mod:`.launch`), and the readers of
 ``nvidia-smi topo -m`` / NCCL topology XML (:mod:`.topology`) and CPU sets (:mod:`.cpus`).
 """
 
-__all__ = ["assign", "bindings", "choice", "cpus", "explain", "topology"]
+__all__ = ["assign", "bindings", "choice", "cpus", "explain", "launch", "topology"]

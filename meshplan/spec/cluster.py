@@ -196,7 +196,10 @@ class NodeSpec(BaseModel):
 class ClusterSpec(BaseModel):
     """``nodes`` identical nodes joined by ``network`` tiers (innermost first).
     ``collective_library``: NCCL chooses among ring, tree, NVLS and hierarchical algorithms;
-    gloo (the CPU testbed) runs rings only."""
+    RCCL (AMD GPUs) is NCCL's fork with the same ring and tree algorithms and is timed as NCCL
+    (github.com/ROCm/rccl README: RCCL implements NCCL's API with ring and tree algorithms;
+    its own latency tuning for Infinity Fabric is not modelled); gloo (the CPU
+    testbed) runs rings only."""
 
     model_config = _STRICT
     name: str = "custom"
@@ -204,7 +207,7 @@ class ClusterSpec(BaseModel):
     node: NodeSpec
     nodes: int = Field(gt=0)
     network: list[NetworkTier] = Field(default_factory=list)
-    collective_library: Literal["nccl", "gloo"] = "nccl"
+    collective_library: Literal["nccl", "rccl", "gloo"] = "nccl"
     source: str = ""
 
     @property

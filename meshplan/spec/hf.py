@@ -14,6 +14,15 @@ config.json files and transformers' config classes):
   LayerNorm, learned positions (``n_positions``), biases, tied embeddings.
 - ``gpt_neox``: LayerNorm, rotary, biases (``attention_bias``, default true), embeddings
   untied unless ``tie_word_embeddings``. The parallel residual changes no parameter.
+- ``phi3``: as llama (Phi3Config: fused qkv_proj and gate_up_proj hold the same weights;
+  ``num_key_value_heads`` defaults to the heads).
+- ``gemma2``, ``gemma3_text`` and ``gemma3`` (its ``text_config``; the vision tower is not
+  counted): RMSNorm, RoPE, gated GeLU MLP, explicit ``head_dim``, tied embeddings by default
+  (Gemma2Config / Gemma3TextConfig); gemma3 adds q/k norms. Not represented in ModelSpec and
+  named in the spec's ``source``: the extra post-attention and post-MLP RMSNorms of every
+  layer (2 x hidden parameters per layer, e.g. 301,056 of gemma-2-9b's 9,241,705,984) and the
+  sliding-window layers (``sliding_window``), planned as full causal attention (an upper
+  bound on their attention time when seq_len > window); logit soft-capping changes no size.
 
 Keys that set a size are required; flags missing from the file take their transformers
 default (``tie_word_embeddings`` false except gpt2, no biases except gpt2/gpt_neox/qwen2).
@@ -138,9 +147,44 @@ def _gpt_neox(k: _Keys) -> dict[str, Any]:
     )
 
 
+def _phi3(k: _Keys) -> dict[str, Any]:
+    bias = _all_or_no_bias(k, bool(k.opt("attention_bias", False)), False)
+    notes = [f"sliding_window {k.cfg['sliding_window']} (planned as full causal attention)"] \
+        if k.cfg.get("sliding_window") else []
+    return {**_rope_gated(k, kv_default=True), **bias, "_notes": notes}
+
+
+def _gemma_notes(k: _Keys) -> list[str]:
+    notes = ["post-attention and post-MLP RMSNorms (2 x hidden parameters per layer) not counted"]
+    if k.cfg.get("sliding_window"):
+        notes.append(f"sliding_window {k.cfg['sliding_window']} layers planned as full causal attention")
+    caps = [c for c in ("attn_logit_softcapping", "final_logit_softcapping") if k.cfg.get(c)]
+    return notes + ([f"{', '.join(caps)} (no size)"] if caps else [])
+
+
+def _gemma2(k: _Keys) -> dict[str, Any]:
+    bias = _all_or_no_bias(k, bool(k.opt("attention_bias", False)), False)
+    return {**_rope_gated(k), **bias, "head_dim": k.req("head_dim"),
+            "tied_embeddings": bool(k.opt("tie_word_embeddings", True)), "_notes": _gemma_notes(k)}
+
+
+def _gemma3_text(k: _Keys) -> dict[str, Any]:
+    return {**_gemma2(k), "qk_norm": True}
+
+
+def _gemma3(k: _Keys) -> dict[str, Any]:
+    text = k.cfg.get("text_config")
+    if not isinstance(text, dict):
+        raise ConfigError("text_config", "missing from the gemma3 config.json; it sizes the language model")
+    fields = _gemma3_text(_Keys({**text, "model_type": "gemma3"}))
+    fields["_notes"] = fields["_notes"] + ["vision tower (vision_config) not counted"]
+    return fields
+
+
 _FAMILIES: dict[str, Callable[[_Keys], dict[str, Any]]] = {
+    "gemma2": _gemma2, "gemma3": _gemma3, "gemma3_text": _gemma3_text,
     "gpt2": _gpt2, "gpt_neox": _gpt_neox, "llama": _llama, "mistral": _mistral,
-    "mixtral": _mixtral, "qwen2": _qwen2, "qwen3": _qwen3, "qwen3_moe": _qwen3_moe,
+    "mixtral": _mixtral, "phi3": _phi3, "qwen2": _qwen2, "qwen3": _qwen3, "qwen3_moe": _qwen3_moe,
 }
 SUPPORTED_MODEL_TYPES = tuple(sorted(_FAMILIES))
 
@@ -180,10 +224,12 @@ def model_from_hf_config(config: Union[dict, str, Path], name: Optional[str] = N
         raise ConfigError("model_type", f"unsupported model_type '{model_type}'; "
                           f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
     fields = family(_Keys(cfg))
+    notes = fields.pop("_notes", [])
     if name is None:
         name = cfg.get("_name_or_path") or (path.parent.name if path else "")
     fields["name"] = name or f"hf-{model_type}"
-    fields["source"] = f"Hugging Face config.json (model_type {model_type}) from {origin}"
+    fields["source"] = f"Hugging Face config.json (model_type {model_type}) from {origin}" + (
+        "; not modelled: " + "; ".join(notes) if notes else "")
     try:
         return ModelSpec(**fields)
     except ValidationError as err:

@@ -61,10 +61,35 @@ def die_with_parent() -> None:
         pass
 
 
-def torchrun_argv(world: int, module_argv: list[str]) -> list[str]:
-    """``torchrun --standalone`` (c10d rendezvous on a free localhost port: no fixed port)."""
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}",
-            "--max-restarts=0", "--monitor-interval=0.1", "-m", *module_argv]
+@dataclass(frozen=True)
+class Rendezvous:
+    """Several hosts in one run: ``nnodes`` torchrun agents, this one ``node_rank``, the c10d
+    store at ``endpoint`` (host:port of node 0, which hosts it: ``is_host``), ``local_addr``
+    this host's address for the workers' store when its FQDN does not resolve elsewhere."""
+
+    nnodes: int
+    node_rank: int
+    endpoint: str
+    local_addr: Optional[str] = None
+
+
+def torchrun_argv(world: int, module_argv: list[str], rdzv: Optional[Rendezvous] = None) -> list[str]:
+    """``torchrun --standalone`` (c10d rendezvous on a free localhost port: no fixed port), or
+    with ``rdzv`` the c10d rendezvous of ``world / nnodes`` processes per host at its endpoint
+    (rendezvous id ``meshplan-validate-w<world>``: one per world size).
+
+    >>> torchrun_argv(4, ["m"], Rendezvous(2, 1, "n0:29500"))[3:9]
+    ['--nnodes=2', '--nproc-per-node=2', '--rdzv-backend=c10d', '--rdzv-endpoint=n0:29500', '--rdzv-id=meshplan-validate-w4', '--rdzv-conf=is_host=0']
+    """
+    if rdzv is None:
+        head = ["--standalone", f"--nproc-per-node={world}"]
+    else:
+        head = [f"--nnodes={rdzv.nnodes}", f"--nproc-per-node={world // rdzv.nnodes}", "--rdzv-backend=c10d",
+                f"--rdzv-endpoint={rdzv.endpoint}", f"--rdzv-id=meshplan-validate-w{world}",
+                f"--rdzv-conf=is_host={int(rdzv.node_rank == 0)}"]
+        head += [f"--local-addr={rdzv.local_addr}"] if rdzv.local_addr else []
+    return [sys.executable, "-m", "torch.distributed.run", *head, "--max-restarts=0", "--monitor-interval=0.1",
+            "-m", *module_argv]
 
 
 def _children() -> dict[int, list[int]]:
@@ -134,10 +159,11 @@ class _quiet:
 
 
 def run_torchrun(world: int, module_argv: list[str], log_path: Path, timeout_s: float, env: Optional[dict] = None,
-                 cwd: Optional[str] = None, grace_s: float = 5.0) -> RunOutcome:
+                 cwd: Optional[str] = None, grace_s: float = 5.0, rdzv: Optional[Rendezvous] = None) -> RunOutcome:
     """Run ``torchrun ... -m module_argv`` for at most ``timeout_s`` seconds (stdout and
-    stderr to ``log_path``). Every process is gone when this returns (else listed)."""
-    argv = torchrun_argv(world, module_argv)
+    stderr to ``log_path``); with ``rdzv`` this host's share of a multi-host run
+    (:func:`torchrun_argv`). Every process is gone when this returns (else listed)."""
+    argv = torchrun_argv(world, module_argv, rdzv)
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
     log_path.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()

@@ -23,7 +23,12 @@ For each world size W (staged: 2, then 4, then 8 ...):
 4. **Run** ``torchrun --standalone`` of :mod:`meshplan.runtime.execution.worker` (or, with
    ``testbed``, one torchrun per node namespace: :mod:`meshplan.runtime.testbed.run`) with a
    wall-clock limit (:mod:`meshplan.runtime.execution.launch`: nothing is left running, a failed or hung rank is
-   named).
+   named). Across real hosts (``nnodes > 1``): every host runs ``validate`` with its
+   ``node_rank`` and the same ``rdzv_endpoint`` (node 0's HOST:PORT, c10d rendezvous hosted
+   by node 0), ``W / nnodes`` ranks per host; ``OUT`` must be a folder all hosts share (the
+   workers write ``rank<r>/`` there); node 0 clears it, compares and writes the evidence,
+   the others keep their inputs in a local temporary folder and leave
+   ``world<W>/torchrun-node<k>.log``.
 5. **Compare** (:mod:`meshplan.runtime.validation.evidence`): collectives of every rank against the
    plan's table (count, group, bytes, dtype), step and phase times against
    :func:`meshplan.schedule.steptime.step_time`, peak memory against the memory timeline.
@@ -38,8 +43,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import sys
+import tempfile
 from dataclasses import dataclass, replace
 from math import prod
 from pathlib import Path
@@ -50,8 +57,9 @@ from meshplan.errors import ConfigError
 from meshplan.mesh.resolve import Infeasible, resolve_mesh
 from meshplan.plan import Infeasible as NoPlan
 from meshplan.plan import build_plan
+from meshplan.placement.launch import parse_endpoint
 from meshplan.report.json_out import write_json
-from meshplan.runtime.execution.launch import diagnose, run_torchrun
+from meshplan.runtime.execution.launch import Rendezvous, diagnose, run_torchrun
 from meshplan.runtime.testbed.cpu import cpu_cluster
 from meshplan.runtime.testbed.nics import nic_rows
 from meshplan.runtime.testbed.run import run_on_testbed, testbed_cluster
@@ -63,6 +71,7 @@ from meshplan.spec.training import TrainingSpec
 DATA_AXES = ("dp_replicate", "dp", "dp_shard")
 FP32 = dict(param_dtype="fp32", compute_dtype="fp32", grad_dtype="fp32", optimizer_dtype="fp32", reduce_dtype="fp32")
 MARKER = "validate.json"
+_ADDR = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.:-]{0,252}$")
 
 
 @dataclass(frozen=True)
@@ -84,6 +93,41 @@ class Options:
     tolerance: Optional[float] = None  # relative error allowed on step time and peak memory
     testbed: Optional[str] = None  # prefix of a netns testbed to run across (meshplan.runtime.testbed.run)
     probe: bool = True  # time the plan's collectives in the launch, after the steps (meshplan.runtime.validation.probe)
+    nnodes: int = 1  # hosts of a multi-host run (each runs validate with its node_rank; see check_hosts)
+    node_rank: int = 0
+    rdzv_endpoint: Optional[str] = None  # host:port of node 0 (c10d rendezvous)
+    local_addr: Optional[str] = None  # this host's address for the workers' store (torchrun --local-addr)
+
+    @property
+    def rendezvous(self) -> Optional[Rendezvous]:
+        """The multi-host rendezvous (None on one host)."""
+        if self.nnodes == 1 and self.rdzv_endpoint is None:
+            return None
+        return Rendezvous(self.nnodes, self.node_rank, self.rdzv_endpoint or "", self.local_addr)
+
+
+def check_hosts(opt: Options) -> None:
+    """ConfigError for an inconsistent multi-host request: ``--nnodes`` >= 1, ``--node-rank``
+    in 0..nnodes-1, ``--rdzv-endpoint`` HOST:PORT required with more than one node, no
+    ``--testbed`` with it, and every world a multiple of the node count (``W / nnodes``
+    processes per host)."""
+    if opt.nnodes < 1:
+        raise ConfigError("--nnodes", f"{opt.nnodes} must be at least 1")
+    if not 0 <= opt.node_rank < opt.nnodes:
+        raise ConfigError("--node-rank", f"{opt.node_rank} outside 0..{opt.nnodes - 1} (--nnodes {opt.nnodes})")
+    if opt.rendezvous is None:
+        return
+    if opt.rdzv_endpoint is None:
+        raise ConfigError("--rdzv-endpoint", "required with --nnodes > 1: HOST:PORT of node 0, the same on every host")
+    parse_endpoint(opt.rdzv_endpoint)
+    if opt.local_addr is not None and not _ADDR.match(opt.local_addr):
+        raise ConfigError("--local-addr", f"{opt.local_addr!r} is not a host name or address")
+    if opt.testbed:
+        raise ConfigError("--testbed", "runs every node itself; give either --testbed or --nnodes/--rdzv-endpoint")
+    for w in opt.worlds:
+        if w % opt.nnodes:
+            raise ConfigError("--worlds", f"world {w} is not a multiple of --nnodes {opt.nnodes} (W / nnodes "
+                              "processes per host)")
 
 
 def scale_mesh(spec: MeshSpec, base_world: int, world: int) -> tuple[MeshSpec, str]:
@@ -215,14 +259,27 @@ def not_runnable(cfg: Config, mesh) -> Optional[str]:
 
 def run_world(config: Config, world: int, opt: Options, out: Path, echo=print) -> dict:
     """Scale, plan, run and compare one world size; returns its result dict."""
+    folder = out / f"world{world}"
+    if opt.node_rank > 0:  # node 0 owns (and may still be clearing) the shared OUT: nothing of ours in it yet
+        with tempfile.TemporaryDirectory(prefix=f"meshplan-node{opt.node_rank}-w{world}-") as tmp:
+            return _run_world(config, world, opt, folder, Path(tmp), echo)
+    folder.mkdir(parents=True, exist_ok=True)
+    return _run_world(config, world, opt, folder, folder, echo)
+
+
+def _run_world(config: Config, world: int, opt: Options, folder: Path, work: Path, echo) -> dict:
+    """:func:`run_world` with this host's plan, GEMM table, probe spec and torchrun log in
+    ``work`` (``folder`` on node 0, a local folder on the others: node 0 may still be
+    clearing ``OUT``); the workers write their ``rank<r>/`` into ``folder``."""
     from meshplan.runtime.execution.worker import write_json as write_json_atomic
     from meshplan.runtime.validation.evidence import compare_world, write_world_evidence
 
-    folder = out / f"world{world}"
-    folder.mkdir(parents=True, exist_ok=True)
     cfg, notes = scale_config(config, world, opt)
+    if opt.rendezvous is not None:
+        notes.append(f"hosts: {opt.nnodes} x {world // opt.nnodes} ranks (this is node {opt.node_rank}; c10d at "
+                     f"{opt.rdzv_endpoint}); the prediction still models one host of {world} ranks")
     plan = build_plan(cfg)
-    write_json(plan, folder / "plan.json", force=True)
+    write_json(plan, work / "plan.json", force=True)
     for n in notes:
         echo(f"  {n}")
     if isinstance(plan, NoPlan) or not plan.feasible:
@@ -237,22 +294,30 @@ def run_world(config: Config, world: int, opt: Options, out: Path, echo=print) -
     if cfg.training.flash_attention:
         att, att_rows = measure_attention(plan, share)
         table, rows = replace(table, attention=att), rows + att_rows
-    write_json_atomic(folder / "gemm_table.json", {"device": "cpu", "torch": rows and _torch_version(), "rows": rows})
+    write_json_atomic(work / "gemm_table.json", {"device": "cpu", "torch": rows and _torch_version(), "rows": rows})
     pg_timeout = opt.pg_timeout_s or max(5.0, opt.timeout_s / 2)
-    argv = ["meshplan.runtime.execution.worker", "--plan-json", str(folder / "plan.json"), "--out", str(folder),
+    argv = ["meshplan.runtime.execution.worker", "--plan-json", str(work / "plan.json"), "--out", str(folder),
             "--steps", str(opt.steps), "--pg-timeout-s", str(pg_timeout), "--fail-rank", str(opt.fail_rank),
             "--hang-rank", str(opt.hang_rank), "--fault-step", str(opt.fault_step)]
     if opt.probe:
-        write_json_atomic(folder / "probe_spec.json", probe_spec(plan))
-        argv += ["--probe-spec", str(folder / "probe_spec.json")]
-    echo(f"  torchrun: {world} ranks, limit {opt.timeout_s:g} s (process-group timeout {pg_timeout:g} s)")
+        write_json_atomic(work / "probe_spec.json", probe_spec(plan))
+        argv += ["--probe-spec", str(work / "probe_spec.json")]
+    here = f" ({world // opt.nnodes} on this host, node {opt.node_rank} of {opt.nnodes})" if opt.rendezvous else ""
+    echo(f"  torchrun: {world} ranks{here}, limit {opt.timeout_s:g} s (process-group timeout {pg_timeout:g} s)")
     nic_bytes = None
     if opt.testbed:
         outcome, nic_bytes = run_on_testbed(opt.testbed, world, argv, folder, opt.timeout_s,
                                             env={"PYTHONPATH": _pythonpath()})
     else:
-        outcome = run_torchrun(world, argv, folder / "torchrun.log", opt.timeout_s,
-                               env={"PYTHONPATH": _pythonpath()})
+        outcome = run_torchrun(world, argv, work / "torchrun.log", opt.timeout_s,
+                               env={"PYTHONPATH": _pythonpath()}, rdzv=opt.rendezvous)
+    if work != folder:  # another host: its log beside node 0's evidence; node 0 compares
+        folder.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(work / "torchrun.log", folder / f"torchrun-node{opt.node_rank}.log")
+        return {"world": world, "notes": notes, "ok": outcome.ok, "stage": "run", "returncode": outcome.returncode,
+                "timed_out": outcome.timed_out, "message": f"node {opt.node_rank}: torchrun exited "
+                f"{'at the time limit' if outcome.timed_out else outcome.returncode}; node 0 compares the run with "
+                f"the plan in {folder}"}
     result = {"world": world, "notes": notes, "elapsed_s": round(outcome.elapsed_s, 2),
               "returncode": outcome.returncode, "timed_out": outcome.timed_out, "leftover_pids": outcome.leftover_pids}
     if nic_bytes is not None:
@@ -262,6 +327,10 @@ def run_world(config: Config, world: int, opt: Options, out: Path, echo=print) -
                for r in range(world))
     if not (outcome.ok and done):
         fault = diagnose(outcome, folder, opt.timeout_s, pg_timeout)
+        missing = [r for r in range(world) if not (folder / f"rank{r}").exists()]
+        if opt.rendezvous is not None and missing:
+            fault["message"] += (f" No rank<r>/ folders for ranks {missing} in {folder}: --out must be a folder "
+                                 "every host shares at the same path")
         result.update(ok=False, stage="run", message=fault["message"], fault=fault)
         write_json_atomic(folder / "comparison.json", result)
         return result
@@ -296,13 +365,15 @@ def validate(config: Config, opt: Options, out: Path, force: bool = False, echo=
         raise ConfigError("--worlds", f"{list(opt.worlds)}: give positive world sizes, e.g. 2,4,8")
     if opt.timeout_s <= 0:
         raise ConfigError("--timeout-s", "must be positive")
+    check_hosts(opt)
     for w in opt.worlds:  # every stage must scale, and the runtime must build it, before anything runs
         cfg, _ = scale_config(config, w, opt)
         why = not_runnable(cfg, resolve_mesh(_spec(cfg), w))
         if why:
             raise ConfigError("mesh", f"world {w}: the runtime cannot build this mesh: {why}; validate a mesh "
                               "without it (the plan itself does not need the runtime)")
-    prepare_out(out, force)
+    if opt.node_rank == 0:
+        prepare_out(out, force)
     results = []
     cores = len(os.sched_getaffinity(0))
     for w in opt.worlds:
@@ -318,6 +389,8 @@ def validate(config: Config, opt: Options, out: Path, force: bool = False, echo=
                 echo(f"  {row['quantity']}: predicted {row['predicted'] * unit[0]:.1f} {unit[1]}, measured "
                      f"{row['measured'] * unit[0]:.1f} {unit[1]} ({row['error']:+.0%})")
     ok = all(r["ok"] for r in results)
+    if opt.node_rank > 0:
+        return (0 if ok else 1), results
     write_summary(out, config, opt, results)
     write_json_atomic(out / MARKER, {"schema": "meshplan.validate/v1", "ok": ok, "config": config.path,
                                      "options": opt.__dict__, "worlds": results})
@@ -326,5 +399,9 @@ def validate(config: Config, opt: Options, out: Path, force: bool = False, echo=
 
 def main(config_path: str, opt: Options, out: Path, force: bool = False) -> int:
     code, _ = validate(load_config(config_path), opt, out, force)
+    if opt.node_rank > 0:
+        print(f"node {opt.node_rank}: done; node 0 writes the evidence to {out / 'summary.md'}",
+              file=sys.stderr if code else sys.stdout)
+        return code
     print(f"evidence: {out / 'summary.md'}", file=sys.stderr if code else sys.stdout)
     return code

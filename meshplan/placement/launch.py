@@ -1,0 +1,280 @@
+"""``meshplan launch``: a multi-node torchrun command, a Slurm sbatch script and a per-rank
+bindings wrapper for a :class:`~meshplan.placement.assign.Placement`.
+
+Three files, in one folder (:func:`write_launch`):
+
+- ``bind.sh``: torchrun's program (``--no-python``). For the process of node ``GROUP_RANK``
+  and ``LOCAL_RANK`` it checks that torchrun's ``RANK`` is the one the placement expects,
+  exports that rank's environment (below) and execs the training command under ``numactl``
+  (or ``taskset``) with the rank's cores and memory node.
+- ``torchrun.sh``: ``torchrun --nnodes N --nproc-per-node G`` with the c10d rendezvous at
+  ``MESHPLAN_RDZV_ENDPOINT`` (default: the endpoint given at generation). With ``NODE_RANK``
+  (or Slurm's ``SLURM_NODEID``) set, node 0 hosts the rendezvous store
+  (``--rdzv-conf is_host=1``, the others ``is_host=0``): torch's c10d backend otherwise
+  guesses the host by matching the endpoint against the machine's hostname and addresses
+  (torch/distributed/elastic/rendezvous/c10d_rendezvous_backend.py, ``_create_tcp_store``),
+  which fails behind NAT, in containers and in network namespaces. ``TORCHRUN`` overrides
+  the command (e.g. ``python -m torch.distributed.run``).
+- ``job.sbatch``: ``sbatch`` script: one task per node, all the node's GPUs and cores
+  (``--exclusive``), the first host of the allocation as the rendezvous endpoint, and
+  ``srun`` running ``torchrun.sh`` on every node with ``--cpu-bind=none`` (the wrapper binds).
+- ``bindings.json``: every rank's binding and environment (:func:`launch_bindings`).
+
+Environment of each rank (``env`` of :func:`launch_bindings`, each documented in
+:data:`ENV_DOC`):
+
+- ``CUDA_VISIBLE_DEVICES`` lists the node's GPUs in LOCAL_RANK order, so a script that
+  uses ``cuda:{LOCAL_RANK}`` (torchtitan's train.py: ``torch.device(f"cuda:{LOCAL_RANK}")``)
+  gets its planned GPU and still sees every GPU of the node (nothing hidden, so CUDA and NCCL
+  see the node as it is). Hiding all but one GPU (``place --bindings``' default ``visible="one"``) breaks such scripts
+  for LOCAL_RANK > 0.
+- ``CUDA_DEVICE_ORDER=PCI_BUS_ID``: CUDA numbers devices fastest-first by default; the
+  catalog's and ``nvidia-smi``'s GPU indices are PCI bus order (CUDA C programming guide,
+  "CUDA Environment Variables").
+- InfiniBand (``transport="ib"``): ``NCCL_IB_HCA==<nic>:<port>`` (exact match, see
+  :mod:`meshplan.placement.bindings`), plus the bootstrap interface ``NCCL_SOCKET_IFNAME`` and
+  ``GLOO_SOCKET_IFNAME`` when ``socket_ifname`` is given; with ``nic_scope="node"`` on a
+  rail-optimized node ``NCCL_CROSS_NIC=0`` keeps each ring on one rail (NCCL user guide,
+  "Environment Variables", NCCL_CROSS_NIC).
+- Sockets (``transport="socket"``): ``NCCL_SOCKET_IFNAME==<nic>``, ``GLOO_SOCKET_IFNAME``,
+  ``NCCL_IB_DISABLE=1``.
+
+Every value that comes from input (program arguments, endpoint, host names, NIC names, job
+name) is either checked against a strict pattern (:func:`check_options`; a ConfigError
+names the option) or written through :func:`shlex.quote`.
+
+>>> from meshplan.catalog import system
+>>> from meshplan.placement.assign import place
+>>> b = launch_bindings(place(system("dgx-h100", 2), 16), LaunchOptions(program=("python", "train.py")))
+>>> b[9]["process_rank"], b[9]["local_rank"], b[9]["env"]["CUDA_VISIBLE_DEVICES"], b[9]["env"]["NCCL_IB_HCA"]
+(9, 1, '0,1,2,3,4,5,6,7', '=mlx5_3:1')
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from meshplan.errors import ConfigError
+from meshplan.fileio import write_output
+from meshplan.placement.assign import Placement
+from meshplan.placement.bindings import all_bindings, launch_mode
+
+_HOST = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.-]{0,252})$|^\[[0-9A-Fa-f:.]+\]$")
+_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+_TIME = re.compile(r"^(\d+-)?\d{1,3}(:\d{2}){0,2}$")
+CPU_BIND = ("numactl", "taskset", "none")
+
+ENV_DOC = {
+    "CUDA_VISIBLE_DEVICES": "the node's GPUs in LOCAL_RANK order: cuda:{LOCAL_RANK} is the planned GPU, none "
+                            "is hidden",
+    "CUDA_DEVICE_ORDER": "PCI_BUS_ID: device indices as nvidia-smi and the catalog number them (CUDA's default is "
+                         "fastest first)",
+    "NCCL_IB_HCA": "the InfiniBand HCA(s) this rank's NCCL may use; '=' makes names match exactly, ':1' the port",
+    "NCCL_SOCKET_IFNAME": "the IP interface NCCL uses for bootstrap (and for data with NCCL_IB_DISABLE=1); '=' exact",
+    "GLOO_SOCKET_IFNAME": "the IP interface of gloo process groups (CPU collectives, torch's object collectives)",
+    "NCCL_IB_DISABLE": "1: no InfiniBand, NCCL sends over sockets on NCCL_SOCKET_IFNAME",
+    "NCCL_CROSS_NIC": "0: a ring or tree uses the same NIC index on every node (stays on one rail)",
+}
+
+
+@dataclass(frozen=True)
+class LaunchOptions:
+    """What ``meshplan launch`` writes. ``program``: the training command (argv); the
+    rendezvous endpoint ``host:port`` (None: Slurm's first host at ``port``); ``hosts``:
+    Slurm ``--nodelist``; ``transport``/``nic_scope`` as in :mod:`~meshplan.placement.bindings`;
+    ``socket_ifname``: the bootstrap interface under ``ib``; ``cpu_bind``: numactl, taskset
+    or none; Slurm ``job_name``, ``partition``, ``time_limit``."""
+
+    program: tuple[str, ...]
+    rdzv_endpoint: Optional[str] = None
+    port: int = 29500
+    hosts: tuple[str, ...] = ()
+    transport: str = "ib"
+    nic_scope: str = "rank"
+    socket_ifname: Optional[str] = None
+    cpu_bind: str = "numactl"
+    job_name: str = "meshplan"
+    partition: Optional[str] = None
+    time_limit: str = "01:00:00"
+
+
+def parse_endpoint(text: str, field_name: str = "--rdzv-endpoint") -> tuple[str, int]:
+    """``host:port`` -> (host, port); ConfigError naming ``field_name`` otherwise.
+
+    >>> parse_endpoint("node-001:29500")
+    ('node-001', 29500)
+    >>> parse_endpoint("a;rm -rf /:1")
+    Traceback (most recent call last):
+    ...
+    meshplan.errors.ConfigError: --rdzv-endpoint: 'a;rm -rf /:1' is not HOST:PORT (host: letters, digits, '.', '-'; port 1-65535)
+    """
+    host, sep, port = text.rpartition(":")
+    bad = ConfigError(field_name, f"{text!r} is not HOST:PORT (host: letters, digits, '.', '-'; port 1-65535)")
+    if not sep or not _HOST.match(host) or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise bad
+    return host, int(port)
+
+
+def check_options(placement: Placement, opts: LaunchOptions) -> None:
+    """ConfigError (naming the option) for anything :func:`write_launch` would not write safely."""
+    if not opts.program:
+        raise ConfigError("PROGRAM", "give the training command after `--`, e.g. -- python train.py")
+    if opts.rdzv_endpoint is not None:
+        parse_endpoint(opts.rdzv_endpoint)
+    if not 1 <= opts.port <= 65535:
+        raise ConfigError("--port", f"{opts.port} is not a TCP port (1-65535)")
+    for h in opts.hosts:
+        if not _HOST.match(h):
+            raise ConfigError("--hosts", f"{h!r} is not a host name (letters, digits, '.', '-')")
+    nodes = int(placement.node.max()) + 1
+    if opts.hosts and len(opts.hosts) != nodes:
+        raise ConfigError("--hosts", f"{len(opts.hosts)} hosts given, the placement uses {nodes} nodes")
+    for name, value in (("--job-name", opts.job_name), ("--partition", opts.partition),
+                        ("--socket-ifname", opts.socket_ifname)):
+        if value is not None and not _NAME.match(value):
+            raise ConfigError(name, f"{value!r}: use 1-64 letters, digits, '_', '.', '-'")
+    if not _TIME.match(opts.time_limit):
+        raise ConfigError("--time", f"{opts.time_limit!r} is not a Slurm time (e.g. 01:00:00 or 2-00:00:00)")
+    if opts.cpu_bind not in CPU_BIND:
+        raise ConfigError("--cpu-bind", f"{opts.cpu_bind!r} is not one of {list(CPU_BIND)}")
+    for nic in placement.cluster.node.nics:
+        if not _NAME.match(nic.name):
+            raise ConfigError("cluster.node.nics", f"NIC name {nic.name!r}: use letters, digits, '_', '.', '-'")
+
+
+def launch_bindings(placement: Placement, opts: LaunchOptions) -> list[dict]:
+    """Every mesh rank's binding (:func:`meshplan.placement.bindings.all_bindings` with the
+    node's GPUs visible in LOCAL_RANK order), its ``env`` completed as the module docstring
+    says, and ``cpu``: the argv prefix that binds its cores (empty with ``cpu_bind="none"``)."""
+    check_options(placement, opts)
+    rows = all_bindings(placement, transport=opts.transport, nic_scope=opts.nic_scope, visible="all")
+    rails = {n.rail for n in placement.cluster.node.nics}
+    for b in rows:
+        env = {"CUDA_VISIBLE_DEVICES": b["env"].pop("CUDA_VISIBLE_DEVICES"), "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+        env.update(b["env"])
+        if opts.transport == "ib" and opts.socket_ifname:
+            env.update(NCCL_SOCKET_IFNAME="=" + opts.socket_ifname, GLOO_SOCKET_IFNAME=opts.socket_ifname)
+        if opts.transport == "ib" and opts.nic_scope == "node" and len(rails) > 1:
+            env["NCCL_CROSS_NIC"] = "0"
+        b["env"] = env
+        b["cpu"] = ({"numactl": ["numactl", f"--physcpubind={b['cores']}", f"--membind={b['socket']}"],
+                     "taskset": ["taskset", "-c", b["cores"]], "none": []})[opts.cpu_bind]
+    return rows
+
+
+def _sh(argv) -> str:
+    return " ".join(shlex.quote(str(a)) for a in argv)
+
+
+def bind_script(placement: Placement, opts: LaunchOptions) -> str:
+    """``bind.sh`` (see the module docstring): per GROUP_RANK and LOCAL_RANK, a RANK check,
+    the rank's exports and ``exec <cpu binding> "$@"``."""
+    rows, cl = launch_bindings(placement, opts), placement.cluster
+    out = ["#!/bin/sh",
+           f"# meshplan launch: per-rank bindings of {placement.world} ranks on {int(placement.node.max()) + 1} "
+           f"node(s) x {cl.node.gpus} GPUs ({cl.node.name}); launch {launch_mode(placement)}.",
+           "# torchrun's program (--no-python): torchrun sets GROUP_RANK, LOCAL_RANK and RANK.",
+           "# What each variable does:"]
+    used = dict.fromkeys(k for b in rows for k in b["env"])
+    out += [f"#   {k}: {ENV_DOC[k]}" for k in used if k in ENV_DOC]
+    if launch_mode(placement) == "by-gpu":
+        out.append("# Ranks are placed by rank_to_gpu: process RANK = global GPU; build the DeviceMesh from "
+                   "bindings.json's mesh ranks (DeviceMesh(..., mesh=...)), not init_device_mesh.")
+    out += ["set -eu", "expect() {", '  if [ "${RANK:-}" != "$1" ]; then',
+            '    echo "meshplan bind.sh: node $GROUP_RANK local rank $LOCAL_RANK has RANK=${RANK:-unset}, '
+            'expected $1 (nproc-per-node or node count differs from the plan)" >&2; exit 1', "  fi", "}",
+            'case "${GROUP_RANK:-}" in']
+    by_node: dict[int, list[dict]] = {}
+    for b in rows:
+        by_node.setdefault(b["node"], []).append(b)
+    for node in sorted(by_node):
+        out += [f"{node})", '  case "${LOCAL_RANK:-}" in']
+        for b in sorted(by_node[node], key=lambda b: b["local_rank"]):
+            out += [f"  {b['local_rank']}) # mesh rank {b['rank']}: GPU {b['gpu']} ({b['device']}), "
+                    f"socket {b['socket']}, cores {b['cores']}, NIC {b['nic'] or '-'}",
+                    f"    expect {b['process_rank']}",
+                    "    export " + " ".join(f"{k}={shlex.quote(v)}" for k, v in b["env"].items()),
+                    f'    exec {_sh(b["cpu"]) + " " if b["cpu"] else ""}"$@" ;;']
+        out += ['  *) echo "meshplan bind.sh: no binding for node $GROUP_RANK local rank ${LOCAL_RANK:-unset}" >&2; '
+                "exit 1 ;;", "  esac ;;"]
+    out += ['*) echo "meshplan bind.sh: no binding for node ${GROUP_RANK:-unset}" >&2; exit 1 ;;', "esac", ""]
+    return "\n".join(out)
+
+
+def torchrun_script(placement: Placement, opts: LaunchOptions) -> str:
+    """``torchrun.sh`` (see the module docstring): the same command on every node."""
+    check_options(placement, opts)
+    nodes, g = int(placement.node.max()) + 1, placement.cluster.node.gpus
+    endpoint = opts.rdzv_endpoint
+    default = f"${{MESHPLAN_RDZV_ENDPOINT:-{shlex.quote(endpoint)}}}" if endpoint else "${MESHPLAN_RDZV_ENDPOINT:-}"
+    return "\n".join([
+        "#!/bin/sh",
+        f"# meshplan launch: torchrun on each of {nodes} node(s), {g} processes per node, c10d rendezvous.",
+        "# Environment: MESHPLAN_RDZV_ENDPOINT (host:port of node 0; default below), NODE_RANK or SLURM_NODEID",
+        "# (node 0 then hosts the rendezvous store: --rdzv-conf is_host=1), MESHPLAN_RDZV_ID (default",
+        "# SLURM_JOB_ID, else 'meshplan'), MESHPLAN_LOCAL_ADDR (this node's address for the workers' store when",
+        "# its FQDN does not resolve from the other nodes: torchrun --local-addr), TORCHRUN (default: torchrun).",
+        "set -eu",
+        'here=$(CDPATH= cd -- "$(dirname -- "$0")" && pwd)',
+        f"endpoint={default}",
+        'if [ -z "$endpoint" ]; then echo "meshplan torchrun.sh: set MESHPLAN_RDZV_ENDPOINT=host:port of node 0" >&2; '
+        "exit 2; fi",
+        "node_rank=${NODE_RANK:-${SLURM_NODEID:-}}",
+        "rdzv_id=${MESHPLAN_RDZV_ID:-${SLURM_JOB_ID:-meshplan}}",
+        "set --",
+        'if [ -n "$node_rank" ]; then',
+        '  is_host=0; if [ "$node_rank" = 0 ]; then is_host=1; fi',
+        '  set -- --rdzv-conf=is_host="$is_host"',
+        "fi",
+        'if [ -n "${MESHPLAN_LOCAL_ADDR:-}" ]; then set -- "$@" --local-addr="$MESHPLAN_LOCAL_ADDR"; fi',
+        "# TORCHRUN is split into words on purpose (e.g. 'python -m torch.distributed.run')",
+        f"exec ${{TORCHRUN:-torchrun}} --nnodes={nodes} --nproc-per-node={g} --rdzv-backend=c10d "
+        f'--rdzv-endpoint="$endpoint" --rdzv-id="$rdzv_id" --max-restarts=0 "$@" --no-python "$here/bind.sh" '
+        + _sh(opts.program), ""])
+
+
+def sbatch_script(placement: Placement, opts: LaunchOptions, folder: Path) -> str:
+    """``job.sbatch`` (see the module docstring); ``folder``: where ``torchrun.sh`` lies
+    (sbatch runs a copy of the script, so its own path is not the folder)."""
+    check_options(placement, opts)
+    nodes, node = int(placement.node.max()) + 1, placement.cluster.node
+    cores = sum(s.cores for s in node.sockets)
+    head = [f"#SBATCH --job-name={opts.job_name}", f"#SBATCH --nodes={nodes}", "#SBATCH --ntasks-per-node=1",
+            f"#SBATCH --gpus-per-node={node.gpus}", f"#SBATCH --cpus-per-task={cores}", "#SBATCH --exclusive",
+            f"#SBATCH --time={opts.time_limit}"]
+    if opts.hosts:
+        head.append(f"#SBATCH --nodelist={','.join(opts.hosts)}")
+    if opts.partition:
+        head.append(f"#SBATCH --partition={opts.partition}")
+    endpoint = (shlex.quote(opts.rdzv_endpoint) if opts.rdzv_endpoint
+                else f'"$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1):{opts.port}"')
+    return "\n".join(["#!/bin/bash", *head,
+                      f"# meshplan launch: {placement.world} ranks, {nodes} node(s) x {node.gpus} GPUs ({node.name}).",
+                      "# One srun task per node runs torchrun.sh; node 0 (SLURM_NODEID 0) hosts the rendezvous.",
+                      "set -euo pipefail",
+                      f"export MESHPLAN_RDZV_ENDPOINT=${{MESHPLAN_RDZV_ENDPOINT:-{endpoint}}}",
+                      'export MESHPLAN_RDZV_ID="$SLURM_JOB_ID"',
+                      f"srun --ntasks-per-node=1 --kill-on-bad-exit=1 --cpu-bind=none "
+                      f"{shlex.quote(str(folder.resolve() / 'torchrun.sh'))}", ""])
+
+
+FILES = ("bind.sh", "torchrun.sh", "job.sbatch", "bindings.json")
+
+
+def write_launch(folder, placement: Placement, opts: LaunchOptions, force: bool = False) -> list[Path]:
+    """Write :data:`FILES` into ``folder`` (scripts 0755, JSON 0644). Refuses, before writing
+    anything, when one of them exists unless ``force`` (ConfigError naming --out)."""
+    folder = Path(folder)
+    texts = {"bind.sh": bind_script(placement, opts), "torchrun.sh": torchrun_script(placement, opts),
+             "job.sbatch": sbatch_script(placement, opts, folder),
+             "bindings.json": json.dumps(launch_bindings(placement, opts), indent=1) + "\n"}
+    taken = [name for name in FILES if (folder / name).exists()]
+    if taken and not force:
+        raise ConfigError("--out", f"{folder / taken[0]} exists; choose another folder or pass --force to replace it")
+    return [write_output(folder / name, texts[name], force=True, mode=0o644 if name.endswith(".json") else 0o755)
+            for name in FILES]

@@ -1,0 +1,324 @@
+"""``meshplan launch`` (meshplan.placement.launch): the bindings wrapper, the torchrun command
+and the sbatch script, each run for real (sh, fake ``torchrun``/``srun``/``scontrol``), input
+quoting, and the torchrun command run in two netns testbed "hosts" where the ranks rendezvous
+(c10d) and all-reduce."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from meshplan.catalog import system
+from meshplan.errors import ConfigError
+from meshplan.placement.assign import place
+from meshplan.placement.launch import LaunchOptions, launch_bindings, parse_endpoint, write_launch
+from tests.testbed_gate import needs_testbed
+
+ROOT = Path(__file__).resolve().parents[1]
+CFG = ROOT / "tests" / "data" / "launch_testbed_2x2.toml"
+ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
+
+# the program prints its argv and the variables the wrapper sets, as JSON
+ECHO = (sys.executable, "-c", "import json, os, sys; print(json.dumps({'argv': sys.argv[1:], 'env': {k: os.environ.get(k) "
+        "for k in ('CUDA_VISIBLE_DEVICES', 'CUDA_DEVICE_ORDER', 'NCCL_IB_HCA', 'NCCL_SOCKET_IFNAME', "
+        "'GLOO_SOCKET_IFNAME', 'NCCL_IB_DISABLE')}}))")
+
+
+def _reversed_node0():
+    """dgx-h100 x 2, ranks of node 0 on GPUs in reverse order (rank r -> GPU 7 - r), node 1 as is."""
+    return place(system("dgx-h100", 2), 16, rank_to_gpu=[7 - r for r in range(8)] + list(range(8, 16)))
+
+
+def _run_bind(folder: Path, group: int, local: int, rank: int, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "GROUP_RANK": str(group), "LOCAL_RANK": str(local), "RANK": str(rank)}
+    return subprocess.run(["sh", str(folder / "bind.sh"), *args], capture_output=True, text=True, env=env, timeout=30)
+
+
+def test_visible_devices_are_ordered_not_hidden():
+    """Node 0 reversed: LOCAL_RANK k hosts mesh rank k on GPU 7 - k, so CUDA_VISIBLE_DEVICES
+    lists 7..0 and cuda:k is GPU 7 - k; node 1 keeps 0..7. Every GPU stays visible."""
+    rows = launch_bindings(_reversed_node0(), LaunchOptions(program=("true",)))
+    assert rows[2]["env"]["CUDA_VISIBLE_DEVICES"] == "7,6,5,4,3,2,1,0"
+    assert rows[2]["device"] == "cuda:2" and rows[2]["gpu"] == 5
+    assert rows[2]["env"]["CUDA_VISIBLE_DEVICES"].split(",")[rows[2]["local_rank"]] == "5"
+    assert rows[10]["env"]["CUDA_VISIBLE_DEVICES"] == "0,1,2,3,4,5,6,7"
+    # GPU 5 sits under mlx5_9 on socket 1, cores 70-83 (dgx-h100: 56 cores per socket, 14 per GPU)
+    assert rows[2]["env"]["NCCL_IB_HCA"] == "=mlx5_9:1" and rows[2]["cores"] == "70-83"
+    assert rows[2]["cpu"] == ["numactl", "--physcpubind=70-83", "--membind=1"]
+    assert all(r["env"]["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID" for r in rows)
+
+
+def test_nic_environment_per_transport():
+    p = place(system("dgx-h100", 2), 16)
+    ib = launch_bindings(p, LaunchOptions(program=("x",), socket_ifname="bond0", nic_scope="node"))[0]["env"]
+    assert ib["NCCL_IB_HCA"].startswith("=mlx5_0:1,mlx5_3:1,") and ib["NCCL_CROSS_NIC"] == "0"
+    assert ib["NCCL_SOCKET_IFNAME"] == "=bond0" and ib["GLOO_SOCKET_IFNAME"] == "bond0"
+    sock = launch_bindings(p, LaunchOptions(program=("x",), transport="socket"))[3]["env"]
+    assert (sock["NCCL_SOCKET_IFNAME"], sock["GLOO_SOCKET_IFNAME"], sock["NCCL_IB_DISABLE"]) == ("=mlx5_5", "mlx5_5", "1")
+    assert "NCCL_IB_HCA" not in sock and "NCCL_CROSS_NIC" not in sock
+
+
+def test_bind_sh_runs_the_rank_with_its_environment_and_literal_arguments(tmp_path):
+    """torchrun.sh then bind.sh run by sh, torchrun faked (it sets node 0, LOCAL_RANK 2, RANK 2
+    and execs its program): the rank gets the ordered devices and its NIC, and arguments with
+    spaces, quotes, ``$(...)`` and ``;`` reach the program unchanged."""
+    nasty = ["a b", "$(touch PWNED)", "';echo x", "`id`", "*"]
+    write_launch(tmp_path, _reversed_node0(), LaunchOptions(program=ECHO + tuple(nasty), cpu_bind="none",
+                                                           rdzv_endpoint="h:1"))
+    _fake(tmp_path / "bin", "torchrun", 'while [ "$1" != --no-python ]; do shift; done; shift\n'
+          'GROUP_RANK=0 LOCAL_RANK=2 RANK=2 exec "$@"')
+    r = subprocess.run(["sh", str(tmp_path / "torchrun.sh")], capture_output=True, text=True, timeout=30, cwd=tmp_path,
+                       env={**os.environ, "TORCHRUN": str(tmp_path / "bin" / "torchrun")})
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout)
+    assert got["argv"] == nasty
+    assert got["env"]["CUDA_VISIBLE_DEVICES"] == "7,6,5,4,3,2,1,0" and got["env"]["NCCL_IB_HCA"] == "=mlx5_9:1"
+    assert not (tmp_path / "PWNED").exists()
+
+
+def test_bind_sh_refuses_a_rank_the_plan_does_not_expect(tmp_path):
+    write_launch(tmp_path, place(system("dgx-h100", 2), 16), LaunchOptions(program=ECHO, cpu_bind="none"))
+    r = _run_bind(tmp_path, 1, 3, 3)       # node 1 local 3 is RANK 11 with 8 per node
+    assert r.returncode == 1 and "has RANK=3, expected 11" in r.stderr
+    r = _run_bind(tmp_path, 2, 0, 16)
+    assert r.returncode == 1 and "no binding for node 2" in r.stderr
+
+
+def _fake(bin_dir: Path, name: str, body: str) -> None:
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / name).write_text("#!/bin/sh\n" + body + "\n")
+    (bin_dir / name).chmod(0o755)
+
+
+def test_torchrun_sh_passes_the_rendezvous_and_node_rank(tmp_path):
+    write_launch(tmp_path, place(system("dgx-h100", 2), 16),
+                 LaunchOptions(program=("python", "train.py", "--x", "a b"), rdzv_endpoint="head-0:29400"))
+    base = {k: v for k, v in os.environ.items() if k not in ("SLURM_NODEID", "SLURM_JOB_ID", "NODE_RANK")}
+    _fake(tmp_path / "bin", "faketorchrun", f'exec {sys.executable} -c "import json,sys; print(json.dumps(sys.argv[1:]))" "$@"')
+    base["TORCHRUN"] = str(tmp_path / "bin" / "faketorchrun")
+    run = lambda **env: subprocess.run(["sh", str(tmp_path / "torchrun.sh")], capture_output=True, text=True,  # noqa: E731
+                                       env={**base, **env}, timeout=30)
+    argv = json.loads(run(NODE_RANK="1").stdout)
+    assert argv == ["--nnodes=2", "--nproc-per-node=8", "--rdzv-backend=c10d", "--rdzv-endpoint=head-0:29400",
+                    "--rdzv-id=meshplan", "--max-restarts=0", "--rdzv-conf=is_host=0",
+                    "--no-python", str(tmp_path / "bind.sh"), "python", "train.py", "--x", "a b"]
+    argv = json.loads(run(SLURM_NODEID="0", SLURM_JOB_ID="77", MESHPLAN_RDZV_ENDPOINT="h:1").stdout)
+    assert "--rdzv-conf=is_host=1" in argv and "--rdzv-endpoint=h:1" in argv and "--rdzv-id=77" in argv
+    argv = json.loads(run(MESHPLAN_LOCAL_ADDR="10.0.0.7").stdout)
+    assert not any(a.startswith("--rdzv-conf") for a in argv) and "--local-addr=10.0.0.7" in argv
+
+
+def test_torchrun_sh_without_an_endpoint_says_what_to_set(tmp_path):
+    write_launch(tmp_path, place(system("dgx-h100", 1), 8), LaunchOptions(program=("python", "t.py")))
+    env = {k: v for k, v in os.environ.items() if k != "MESHPLAN_RDZV_ENDPOINT"}
+    r = subprocess.run(["sh", str(tmp_path / "torchrun.sh")], capture_output=True, text=True, env=env, timeout=30)
+    assert r.returncode == 2 and "set MESHPLAN_RDZV_ENDPOINT" in r.stderr
+
+
+def test_sbatch_script_under_fake_slurm(tmp_path):
+    """job.sbatch with fake scontrol (two hosts) and srun (prints its argv and the endpoint)."""
+    out = tmp_path / "job"
+    write_launch(out, place(system("dgx-h100", 2), 16),
+                 LaunchOptions(program=("python", "t.py"), hosts=("gpu-a", "gpu-b"), partition="batch"))
+    text = (out / "job.sbatch").read_text()
+    for line in ("#SBATCH --nodes=2", "#SBATCH --gpus-per-node=8", "#SBATCH --cpus-per-task=112",
+                 "#SBATCH --nodelist=gpu-a,gpu-b", "#SBATCH --partition=batch", "#SBATCH --ntasks-per-node=1"):
+        assert line in text.splitlines()
+    _fake(tmp_path / "bin", "scontrol", 'printf "gpu-a\\ngpu-b\\n"')
+    _fake(tmp_path / "bin", "srun", 'echo "$MESHPLAN_RDZV_ENDPOINT $MESHPLAN_RDZV_ID $*"')
+    env = {**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", "SLURM_JOB_NODELIST": "gpu-[a-b]",
+           "SLURM_JOB_ID": "42"}
+    env.pop("MESHPLAN_RDZV_ENDPOINT", None)
+    r = subprocess.run(["bash", str(out / "job.sbatch")], capture_output=True, text=True, env=env, timeout=30)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["gpu-a:29500", "42", "--ntasks-per-node=1", "--kill-on-bad-exit=1", "--cpu-bind=none",
+                                str(out.resolve() / "torchrun.sh")]
+
+
+@pytest.mark.parametrize("opts, field", [
+    (dict(rdzv_endpoint="head;reboot:1"), "--rdzv-endpoint"),
+    (dict(rdzv_endpoint="head:99999"), "--rdzv-endpoint"),
+    (dict(hosts=("a", "b c")), "--hosts"),
+    (dict(hosts=("a",)), "--hosts"),
+    (dict(job_name="x\n#SBATCH --uid=0"), "--job-name"),
+    (dict(socket_ifname="eth0 ; id"), "--socket-ifname"),
+    (dict(time_limit="1h"), "--time"),
+    (dict(cpu_bind="hwloc"), "--cpu-bind"),
+    (dict(program=()), "PROGRAM"),
+])
+def test_unsafe_or_wrong_input_is_rejected(opts, field, tmp_path):
+    with pytest.raises(ConfigError) as e:
+        write_launch(tmp_path, place(system("dgx-h100", 2), 16), LaunchOptions(**{"program": ("x",), **opts}))
+    assert e.value.field == field
+    assert not any(tmp_path.iterdir())
+
+
+def test_nic_names_from_input_are_checked():
+    cl = system("dgx-h100", 1)
+    node = cl.node.model_copy(update={"nics": [cl.node.nics[0].model_copy(update={"name": "mlx5_0;id"})]})
+    with pytest.raises(ConfigError) as e:
+        launch_bindings(place(cl.model_copy(update={"node": node}), 8), LaunchOptions(program=("x",)))
+    assert e.value.field == "cluster.node.nics"
+
+
+def test_parse_endpoint_ipv6_brackets():
+    assert parse_endpoint("[fe80::1]:29500") == ("[fe80::1]", 29500)
+
+
+def _cli(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "meshplan.cli", "launch", *args], capture_output=True, text=True,
+                          env=ENV, cwd=cwd, timeout=120)
+
+
+@pytest.mark.slow
+def test_cli_writes_modes_refuses_overwrite_and_bad_input(tmp_path):
+    out = tmp_path / "l"
+    r = _cli(str(CFG), "--out", str(out), "--", "python", "train.py")
+    assert r.returncode == 0, r.stderr
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in out.iterdir()}
+    assert modes == {"bind.sh": 0o755, "torchrun.sh": 0o755, "job.sbatch": 0o755, "bindings.json": 0o644}
+    before = (out / "bind.sh").read_text()
+    r = _cli(str(CFG), "--out", str(out), "--cpu-bind", "none", "--", "python", "train.py")
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+        f"error: --out: {out / 'bind.sh'} exists; choose another folder or pass --force to replace it"]
+    assert (out / "bind.sh").read_text() == before
+    r = _cli(str(CFG), "--out", str(tmp_path / "m"), "--rdzv-endpoint", "$(id):1", "--", "python", "t.py")
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
+    assert r.stderr.startswith("error: --rdzv-endpoint: ") and not (tmp_path / "m").exists()
+
+
+@pytest.mark.slow
+def test_cli_infeasible_mesh_writes_nothing(tmp_path):
+    cfg = tmp_path / "big.toml"
+    cfg.write_text(CFG.read_text().replace('catalog = "llama3-8b"', 'catalog = "llama3-405b"'))
+    r = _cli(str(cfg), "--out", str(tmp_path / "l"), "--", "python", "t.py")
+    assert r.returncode == 1 and "infeasible: " in r.stderr and not (tmp_path / "l").exists()
+
+
+PROGRAM = r"""
+import json, os, sys
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+t = torch.tensor([float(dist.get_rank() + 1)])
+dist.all_reduce(t)
+info = {"rank": dist.get_rank(), "world": dist.get_world_size(), "sum": t.item(),
+        "local_rank": int(os.environ["LOCAL_RANK"]), "group_rank": int(os.environ["GROUP_RANK"]),
+        "netns": os.readlink("/proc/self/ns/net"), "cpus": sorted(os.sched_getaffinity(0)),
+        "env": {k: os.environ.get(k) for k in ("CUDA_VISIBLE_DEVICES", "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")}}
+dist.barrier()
+dist.destroy_process_group()
+with open(os.path.join(sys.argv[1], f"rank{info['rank']}.json"), "w") as f:
+    json.dump(info, f)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+@needs_testbed
+def test_launch_command_runs_across_two_testbed_hosts(tmp_path):
+    """``meshplan launch`` for 2 nodes x 2 ranks (socket transport on nic0, taskset cores),
+    its torchrun.sh run in two namespaces (NODE_RANK 0 and 1, c10d at node 0's nic0; each
+    node's nic0 address as MESHPLAN_LOCAL_ADDR: the hostname is the machine's): all
+    four ranks rendezvous, all-reduce 1+2+3+4 = 10, and each ran in its node's namespace
+    with its binding."""
+    from meshplan.runtime.testbed import netns as T
+    from meshplan.runtime.testbed.launch import launch_per_node
+
+    prefix, state = f"l{os.getpid() % 100000}", tmp_path / "state"
+    tb = T.testbed_up(prefix, 2, 1, 1000.0, state_dir=state)
+    try:
+        out, results = tmp_path / "launch", tmp_path / "results"
+        results.mkdir()
+        (tmp_path / "prog.py").write_text(PROGRAM)
+        r = _cli(str(CFG), "--out", str(out), "--transport", "socket", "--cpu-bind", "taskset",
+                 "--rdzv-endpoint", f"{tb.addr(0, 0)}:29511", "--", sys.executable, str(tmp_path / "prog.py"),
+                 str(results))
+        assert r.returncode == 0, r.stderr
+        env = {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1",
+               "TORCHRUN": f"{sys.executable} -m torch.distributed.run"}
+        res = launch_per_node(tb, lambda i: ["sh", str(out / "torchrun.sh")], timeout_s=120,
+                              env_for_node=lambda i: {**env, "NODE_RANK": str(i), "MESHPLAN_LOCAL_ADDR": tb.addr(i, 0)}, log_dir=tmp_path / "logs")
+        assert res.ok, res.message + "\n" + "\n".join(n.stderr_tail for n in res.results)
+    finally:
+        T.testbed_down(prefix, state_dir=state)
+    ranks = {r: json.loads((results / f"rank{r}.json").read_text()) for r in range(4)}
+    ns = {info["group_rank"]: set() for info in ranks.values()}
+    for r, info in ranks.items():
+        assert info["world"] == 4 and info["sum"] == 10.0
+        assert (info["group_rank"], info["local_rank"]) == divmod(r, 2)
+        assert info["cpus"] == [info["local_rank"]]
+        assert info["env"] == {"CUDA_VISIBLE_DEVICES": "0,1", "GLOO_SOCKET_IFNAME": "nic0", "NCCL_SOCKET_IFNAME": "=nic0"}
+        ns[info["group_rank"]].add(info["netns"])
+    assert len(ns[0]) == len(ns[1]) == 1 and ns[0] != ns[1]      # one namespace per host, two hosts
+    assert not T._matching_netns(prefix)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(420)
+@needs_testbed
+def test_validate_runs_across_two_testbed_hosts(tmp_path):
+    """``validate --nnodes 2 --node-rank k --rdzv-endpoint`` run in two namespaces as two
+    hosts (world 2: one rank each, FSDP over both): node 0 compares and writes the evidence
+    in the shared --out, node 1 leaves its log there; groups and collectives match the plan."""
+    from meshplan.runtime.testbed import netns as T
+    from meshplan.runtime.testbed.launch import launch_per_node
+
+    prefix, state, out = f"v{os.getpid() % 100000}", tmp_path / "state", tmp_path / "shared"
+    tb = T.testbed_up(prefix, 2, 1, 1000.0, state_dir=state)
+    try:
+        cmd = lambda i: [sys.executable, "-m", "meshplan.cli", "validate", str(CFG), "--worlds", "2",  # noqa: E731
+                         "--steps", "1", "--no-probe", "--nnodes", "2", "--node-rank", str(i), "--rdzv-endpoint",
+                         f"{tb.addr(0, 0)}:29513", "--local-addr", tb.addr(i, 0), "--out", str(out)]
+        res = launch_per_node(tb, cmd, timeout_s=300, env_for_node=lambda i: {
+            "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "nic0"}, log_dir=tmp_path / "logs")
+        assert res.ok, res.message + "\n" + "\n".join(n.stdout_tail + n.stderr_tail for n in res.results)
+    finally:
+        T.testbed_down(prefix, state_dir=state)
+    doc = json.loads((out / "validate.json").read_text())
+    assert doc["ok"] and doc["options"]["nnodes"] == 2 and doc["worlds"][0]["stage"] == "compare"
+    assert "collectives match the plan exactly on all 2 ranks" in doc["worlds"][0]["message"]
+    assert "node 1: torchrun exited 0" in res.results[1].stdout_tail
+    assert (out / "world2" / "torchrun-node1.log").exists()
+    for r in (0, 1):
+        assert json.loads((out / "world2" / f"rank{r}" / "status.json").read_text())["state"] == "done"
+    assert any(n.startswith("hosts: 2 x 1 ranks (this is node 0") for n in doc["worlds"][0]["notes"])
+
+
+def test_help_documents_the_launch_and_multi_host_options():
+    def words(cmd):
+        r = subprocess.run([sys.executable, "-m", "meshplan.cli", cmd, "--help"], capture_output=True, text=True,
+                           env={**ENV, "COLUMNS": "200"}, timeout=120)
+        assert r.returncode == 0, r.stderr
+        return " ".join(r.stdout.split())
+    launch = words("launch")
+    for opt in ("--out", "--rdzv-endpoint", "--port", "--hosts", "--transport", "--nic-scope", "--socket-ifname",
+                "--cpu-bind", "--job-name", "--partition", "--time", "--choose", "--topology", "--force"):
+        assert f"{opt} <" in launch or f"{opt} " in launch, opt
+    assert "cuda:{LOCAL_RANK}" in launch
+    validate = words("validate")
+    for opt in ("--nnodes", "--node-rank", "--rdzv-endpoint", "--local-addr"):
+        assert opt in validate, opt
+
+
+@pytest.mark.slow
+def test_place_bindings_visible_all_orders_the_node_gpus(tmp_path):
+    """``place --bindings --format sh --visible all``: every rank of the 2-GPU testbed node sees
+    both GPUs in LOCAL_RANK order ("0,1"), instead of its own alone (the default "one")."""
+    run = lambda *a: subprocess.run([sys.executable, "-m", "meshplan.cli", "place", str(CFG), *a],  # noqa: E731
+                                    capture_output=True, text=True, env=ENV, timeout=120)
+    r = run("--bindings", str(tmp_path / "all.json"), "--visible", "all")
+    assert r.returncode == 0, r.stderr
+    rows = json.loads((tmp_path / "all.json").read_text())
+    assert [b["env"]["CUDA_VISIBLE_DEVICES"] for b in rows] == ["0,1"] * 4
+    assert [b["device"] for b in rows] == ["cuda:0", "cuda:1"] * 2
+    r = run("--bindings", str(tmp_path / "one.json"))
+    assert [b["env"]["CUDA_VISIBLE_DEVICES"] for b in json.loads((tmp_path / "one.json").read_text())] == \
+        ["0", "1", "0", "1"]
+    r = run("--bindings", str(tmp_path / "x.json"), "--visible", "some")
+    assert r.returncode == 2 and r.stderr.strip() == "error: --visible: 'some' is not one of one, all"
