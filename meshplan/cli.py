@@ -35,8 +35,8 @@ from meshplan.comm.nccl_log import check_against_placement, read_nccl_log
 from meshplan.compare import compare, evidence_folder, table_rows, write_evidence
 from meshplan.compute.gemm import load_gemm_table
 from meshplan.config import load_config
-from meshplan.errors import ConfigError
-from meshplan.fileio import write_output
+from meshplan.errors import ConfigError, check_number, printable
+from meshplan.fileio import check_destination, write_output
 from meshplan.mesh.axes import axis_name_warnings, from_megatron_order
 from meshplan.placement.assign import rank_row
 from meshplan.placement.bindings import write_bindings
@@ -77,6 +77,18 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                   help="Design, check and validate parallel meshes for distributed training. " + EXIT_CODES + ".")
 
 
+def _echo(text, err: bool = False) -> None:
+    """``typer.echo`` with whatever came from input made printable (control characters and
+    escape sequences escaped, :func:`meshplan.errors.printable`); newlines of multi-line text
+    kept."""
+    typer.echo(printable(str(text), keep_newlines=True), err=err)
+
+
+def _wrote(path) -> None:
+    """The ``wrote PATH`` line, the path on one printable line."""
+    _echo(f"wrote {printable(str(path))}")
+
+
 def _load(config: Path, topology: Optional[Path] = None, calibration: Optional[Path] = None) -> Plan | Infeasible:
     """Plan of ``config``; ``topology`` (nvidia-smi topo -m text or NCCL topology XML) replaces
     the node's sockets and NIC affinity, ``calibration`` (meshplan calibration TOML) the link
@@ -87,13 +99,13 @@ def _load(config: Path, topology: Optional[Path] = None, calibration: Optional[P
         names, field = (cfg.mesh.names, "mesh.names") if cfg.mesh.names is not None else \
             (from_megatron_order(cfg.mesh.order or ""), "mesh.order")  # MeshSpec: names or order is set
         for w in axis_name_warnings(names, field):
-            typer.echo(f"warning: {w}", err=True)
+            _echo(f"warning: {w}", err=True)
     if topology or calibration:
         cluster = cfg.cluster
         if topology:
             node = node_from_topology(load_topology(topology), cluster.node)
             for w in check_identity_nic_map(node):
-                typer.echo(f"warning: {w}", err=True)
+                _echo(f"warning: {w}", err=True)
             cluster = cluster.model_copy(update={"node": node})
         if calibration:
             cluster = apply_calibration(cluster, load_calibration(calibration))
@@ -111,7 +123,7 @@ def _infeasible(plan, who: str = "") -> None:
     """Print the plan's reasons as ``infeasible: [who: ]<reason>`` on stderr (the verdict line
     of every command that resolves a mesh)."""
     for r in plan.reasons:
-        typer.echo(f"infeasible: {who + ': ' if who else ''}{r}", err=True)
+        _echo(f"infeasible: {who + ': ' if who else ''}{r}", err=True)
 
 
 def _verdict_exit(plan) -> None:
@@ -148,14 +160,14 @@ def plan(config: Path = typer.Argument(..., help="TOML config with [model], [clu
          calibration: Optional[Path] = typer.Option(None, "--calibration", help="calibration TOML (bench comm)")):
     """Plan one mesh: constraints, degrees, groups, placement, shapes, memory, collectives."""
 
-    if json_path and json_path.exists() and not force:  # refused before the report, as compare --out
-        raise ConfigError("--json", f"{json_path} exists; choose another path or pass --force to replace it")
+    if json_path:  # refused before the work and the report, as compare --out
+        check_destination(json_path, "--json", force)
     p = _load(config, topology, calibration)
     if p.mesh is not None:
         _check_rank(p, rank)
     print_plan(p, rank=rank, console=_console())
     if json_path:
-        typer.echo(f"wrote {write_json(p, json_path, force=force)}")
+        _wrote(write_json(p, json_path, force=force))
     _verdict_exit(p)
 
 
@@ -180,19 +192,17 @@ def memory(config: Path = typer.Argument(..., help="TOML config (an optional [me
            force: bool = typer.Option(False, "--force", help="replace existing PNG files")):
     """Memory timeline of one training step: peak, headroom, events by kind, and a PNG per stage shown."""
 
+    check_destination(out, "--out", force=True, folder=True)  # a writable folder before the work
     p = _load(config)
     if isinstance(p, Infeasible):
-        for r in p.reasons:
-            typer.echo(f"infeasible: {r}", err=True)
-        raise typer.Exit(1)
+        _exit_infeasible(p)
     shown = p.timelines if all_stages else (p.timeline,)
     paths = [out / f"{config.stem}_memory_stage{tl.stage}.png" for tl in shown]
-    taken = [str(x) for x in paths if x.exists()]
-    if taken and not force:
-        raise ConfigError("--out", f"{taken[0]} exists; choose another folder or pass --force to replace it")
+    for path in paths:
+        check_destination(path, "--out", force)
     print_memory(p, _console(), all_stages=all_stages)
     for tl, path in zip(shown, paths):
-        typer.echo(f"wrote {write_png(tl, path, name=config.name, force=force)}")
+        _wrote(write_png(tl, path, name=config.name, force=force))
     _verdict_exit(p)
 
 
@@ -214,45 +224,47 @@ def step(config: Path = typer.Argument(..., help="TOML config"),
 
     if schedule is not None and schedule not in {x.value for x in Schedule}:
         raise ConfigError("--schedule", f"unknown schedule {schedule!r}; use " + ", ".join(x.value for x in Schedule))
+    if trace:
+        check_destination(trace, "--trace", force)
     p = _load(config)
     if isinstance(p, Infeasible):
         _exit_infeasible(p)
     table = load_gemm_table(gemm_table) if gemm_table else None
     st = step_time(p, _overlap(overlap_tp, no_prefetch), table=table, schedule=schedule)
     if not p.feasible:
-        typer.echo(f"step would be {st.step_s:.3f} s ({st.pipeline.spec.schedule}, MFU {st.mfu:.1%}) if it fit; "
+        _echo(f"step would be {st.step_s:.3f} s ({st.pipeline.spec.schedule}, MFU {st.mfu:.1%}) if it fit; "
                    f"it does not fit")
         _verdict_exit(p)
     for line in st.lines():
-        typer.echo(line)
+        _echo(line)
 
     again = rebuilt_step(p, lambda alt: step_time(alt, _overlap(overlap_tp, no_prefetch), table=table,
                                                   schedule=schedule))
     for line in network_verdict(p, st, again):
-        typer.echo(line)
+        _echo(line)
     path = st.critical_path()
-    typer.echo(f"critical path ({len(path)} entries{', first 12 and last 6' if len(path) > 18 else ''}):")
+    _echo(f"critical path ({len(path)} entries{', first 12 and last 6' if len(path) > 18 else ''}):")
     for line in (path if len(path) <= 18 else path[:12] + ["..."] + path[-6:]):
-        typer.echo(f"  {line}")
+        _echo(f"  {line}")
     _print_links(p, st)
     if trace:
-        typer.echo(f"wrote {st.write_trace(trace, force=force)}")
+        _wrote(st.write_trace(trace, force=force))
 
 
 def _print_links(p, st) -> None:
     """Readiness of each collective kind, concurrency and the load on each physical edge."""
 
-    typer.echo("collectives on stage 0, first occurrence (ms from step start): ready, deadline, duration, slack")
+    _echo("collectives on stage 0, first occurrence (ms from step start): ready, deadline, duration, slack")
     for t in timings(st):
-        typer.echo(f"  {t.stream:13s} {t.phase:8s} {t.op:15s} {t.ready_s * 1e3:10.3f} {t.deadline_s * 1e3:10.3f} "
+        _echo(f"  {t.stream:13s} {t.phase:8s} {t.op:15s} {t.ready_s * 1e3:10.3f} {t.deadline_s * 1e3:10.3f} "
                    f"{t.duration_s * 1e3:9.3f} {t.slack_s * 1e3:10.3f}")
     for (a, b), sec in sorted(concurrency(st).items()):
-        typer.echo(f"concurrent: {a} and {b} overlap {sec * 1e3:.1f} ms per step (shared copy engines and links)")
-    typer.echo("edge load per step (busy = bytes / capacity; must fit the stage's compute time, and per layer "
+        _echo(f"concurrent: {a} and {b} overlap {sec * 1e3:.1f} ms per step (shared copy engines and links)")
+    _echo("edge load per step (busy = bytes / capacity; must fit the stage's compute time, and per layer "
                "the layer's forward + backward time)")
     for e in edge_loads(p, st):
         verdict = "fits" if e.fits else "DOES NOT FIT"
-        typer.echo(f"  {e.edge:36s} {e.bytes_per_step / 1e9:10.1f} GB  busy {e.busy_s:8.3f} s of {e.interval_s:8.3f} s; "
+        _echo(f"  {e.edge:36s} {e.bytes_per_step / 1e9:10.1f} GB  busy {e.busy_s:8.3f} s of {e.interval_s:8.3f} s; "
                    f"per layer {e.per_layer_bytes / e.capacity_bytes_per_s * 1e3:8.3f} of "
                    f"{e.layer_interval_s * 1e3:8.3f} ms: {verdict}")
 
@@ -267,24 +279,27 @@ def reliability(config: Path = typer.Argument(..., help="TOML config"),
                 spare_nodes: int = typer.Option(0, "--spare-nodes", help="spare nodes available")):
     """Failure domains, interruptions per day, checkpoint size and interval, goodput, restart."""
 
+    for name, v in (("--write-gbps", write_gbps), ("--read-gbps", read_gbps)):
+        check_number(name, v, 1e-3, 1e6, "GB/s", "1 MB/s to 1 PB/s: beyond every storage system, and the write "
+                     "and read times stay finite")
+    check_number("--restart-overhead-s", restart_overhead_s, 0.0, 1e6, "s", "up to 11.6 days")
+    check_number("--lost-nodes", lost_nodes, 0, 10 ** 7, "nodes")
+    check_number("--spare-nodes", spare_nodes, 0, 10 ** 7, "nodes")
     p = _load(config)
     if isinstance(p, Infeasible):
-        for why in p.reasons:
-            typer.echo(f"infeasible: {why}", err=True)
-        raise typer.Exit(1)
-    for name, v in (("--write-gbps", write_gbps), ("--read-gbps", read_gbps)):
-        if v <= 0:
-            raise ConfigError(name, f"{v} must be > 0 GB/s")
+        _exit_infeasible(p)
+    if lost_nodes > p.config.cluster.nodes:
+        raise ConfigError("--lost-nodes", f"{lost_nodes} is more than the cluster's {p.config.cluster.nodes} nodes")
     r = rel(p, write_bandwidth_bytes_per_s=write_gbps * 1e9, read_bandwidth_bytes_per_s=read_gbps * 1e9,
             restart_overhead_s=restart_overhead_s)
     for line in r.lines():
-        typer.echo(line)
+        _echo(line)
     t = p.config.training
     rs = restart_on_fewer_nodes(p.mesh, lost_nodes, gpus_per_node=p.config.cluster.node.gpus,
                                 global_batch=t.global_batch, micro_batch=t.micro_batch, spare_nodes=spare_nodes,
                                 interleaved=p.vpp > 1)
     for line in rs.lines():
-        typer.echo(line)
+        _echo(line)
     _verdict_exit(p)
 
 
@@ -296,6 +311,7 @@ def compare_cmd(config_a: Path = typer.Argument(..., help="TOML config of mesh A
     """Compare two meshes of one workload side by side and keep the rejected one's evidence. Exit 0 when a mesh
     that fits wins, 1 when neither fits (both reasons printed)."""
 
+    check_destination(out, "--out", force=True, folder=True)  # a writable folder before the work
     a, b = _load(config_a), _load(config_b)
     ca, cb = a.config, b.config
     if (ca.model != cb.model or ca.training != cb.training) or ca.cluster.world != cb.cluster.world:
@@ -317,7 +333,7 @@ def compare_cmd(config_a: Path = typer.Argument(..., help="TOML config of mesh A
     for r in c.reasons:
         con.print(f"  - {r}")
     for path in write_evidence(c, out, force=force):
-        con.print(f"wrote {path}")
+        con.print(f"wrote {printable(str(path))}", markup=False)
     if c.none_fit:
         for side in (c.a, c.b):
             _infeasible(side.plan, side.name)
@@ -346,29 +362,31 @@ def search_cmd(config: Path = typer.Argument(..., help="TOML config: [model], [c
         if top < 1:
             raise ConfigError("--top", f"{top} must be >= 1")
         cfg = replace(cfg, search=cfg.search.model_copy(update={"top": top}))
-    if json_path and json_path.exists() and not force:
-        raise ConfigError("--json", f"{json_path} exists; choose another path or pass --force to replace it")
+    if json_path:
+        check_destination(json_path, "--json", force)
     with ProgressBar() as bar:
         result = search(cfg, progress=bar)
     print_search(result, _console())
     if json_path:
-        typer.echo(f"wrote {write_search_json(result, json_path, force=force)}")
+        _wrote(write_search_json(result, json_path, force=force))
     raise typer.Exit(0 if result.top else 1)
 
 
 @app.command("nccl-check")
 def nccl_check(config: Path = typer.Argument(..., help="TOML config whose placement is checked"),
                log: Path = typer.Argument(..., help="NCCL_DEBUG=INFO output of the run")):
-    """Check that each communicator used the NICs and intra-node links the placement meant."""
+    """Check that each communicator used the NICs and intra-node links the placement meant. A mesh that does not
+    fit is still checked when it can be placed, then exits 1 with its reasons."""
 
     p = _load(config)
     if p.placement is None:
-        raise typer.Exit(1)
+        _exit_infeasible(p)
     expected = {r: rank_row(p.placement, r)["nic"] for r in range(p.world)}
     diffs = check_against_placement(read_nccl_log(log), expected)
     for d in diffs:
-        typer.echo(d)
-    typer.echo(f"{len(diffs)} difference(s) between the NCCL log and the placement")
+        _echo(d)
+    _echo(f"{len(diffs)} difference(s) between the NCCL log and the placement")
+    _verdict_exit(p)
     raise typer.Exit(1 if diffs else 0)
 
 
@@ -401,6 +419,14 @@ def validate(config: Path = typer.Argument(..., help="TOML config; its mesh is s
         sizes = tuple(int(w) for w in worlds.split(","))
     except ValueError:
         raise ConfigError("--worlds", f"{worlds!r}: give comma-separated integers, e.g. 2,4,8") from None
+    for name, v, lo, hi in (("--layers", layers, 1, 1024), ("--seq-len", seq_len, 1, 1 << 20),
+                            ("--vocab", vocab, 1, 1 << 24), ("--steps", steps, 1, 10_000)):
+        check_number(name, v, lo, hi)
+    if hidden_div is not None:
+        check_number("--hidden-div", hidden_div, 1, 1 << 20)
+    check_number("--timeout-s", timeout_s, 1.0, 86400.0, "s")
+    if tolerance is not None:
+        check_number("--tolerance", tolerance, 1e-6, 1e6, "(fraction)")
     opt = Options(worlds=sizes, layers=layers, hidden_div=hidden_div, seq_len=seq_len, vocab=vocab, steps=steps,
                   timeout_s=timeout_s, tolerance=tolerance, testbed=testbed, probe=probe)
     raise typer.Exit(validate_main(str(config), opt, out, force))
@@ -418,6 +444,8 @@ def place_cmd(config: Path = typer.Argument(..., help="TOML config"),
 
     if fmt not in ("json", "sh"):
         raise ConfigError("--format", f"{fmt!r} is not one of json, sh")
+    if bindings_path:
+        check_destination(bindings_path, "--bindings", force)
     p = _load(config)
     if p.mesh is None:
         _exit_infeasible(p)
@@ -430,9 +458,9 @@ def place_cmd(config: Path = typer.Argument(..., help="TOML config"),
     c = choose_placement(p.mesh, p.config.cluster, (weights_from_plan(p) or None) if isinstance(p, Plan) else None,
                          rank_to_gpu=p.spec.rank_to_gpu, search=choose, source="collective table", step_s=score)
     for line in place_lines(c, shown):
-        typer.echo(line)
+        _echo(line)
     if bindings_path:
-        typer.echo(f"wrote {write_bindings(bindings_path, c.placement, fmt=fmt, force=force)}")
+        _wrote(write_bindings(bindings_path, c.placement, fmt=fmt, force=force))
     _verdict_exit(p)
 
 
@@ -441,7 +469,7 @@ def catalog_cmd(kind: str = typer.Argument("model", help="gpu, node, network or 
     """List the built-in catalog entries of KIND with their sources."""
 
     for name in catalog.names(kind):
-        typer.echo(f"{name}: {catalog.entry(kind, name).get('source', '')}")
+        _echo(f"{name}: {catalog.entry(kind, name).get('source', '')}")
 
 
 @app.command("calibrate")
@@ -453,10 +481,11 @@ def calibrate_cmd(logs: list[Path] = typer.Argument(..., metavar="NCCL_TESTS_OUT
                   force: bool = typer.Option(False, "--force", help="replace an existing --out file")):
     """Fit alpha-beta per link class to your nccl-tests runs and write the calibration file."""
 
+    check_destination(out, "--out", force)
     fits, notes, source = calibrate(logs, link)
     for line in notes:
-        typer.echo(line)
-    typer.echo(f"wrote {write_output(out, calibration_toml(fits, source), force=force)}")
+        _echo(line)
+    _wrote(write_output(out, calibration_toml(fits, source), force=force))
 
 
 @app.command("validate-slice")
@@ -513,15 +542,18 @@ def bench_comm_cmd(nproc: int = typer.Option(4, help="ranks (per node with --tes
                    testbed: Optional[str] = typer.Option(None, help="run on the netns testbed of this prefix"),
                    iters: int = typer.Option(20, help="timed calls per size at most"),
                    budget_s: float = typer.Option(0.2, help="seconds per size, which caps iters"),
-                   timeout_s: float = typer.Option(600.0, help="kill the run after this many seconds")):
-    """Collectives per link class in nccl-tests columns, alpha-beta fits, and a send/recv matrix."""
+                   timeout_s: float = typer.Option(600.0, help="kill the run after this many seconds"),
+                   force: bool = typer.Option(False, "--force", help="replace an existing --out folder")):
+    """Collectives per link class in nccl-tests columns, alpha-beta fits, and a send/recv matrix. The --out folder
+    is built under a temporary name and renamed into place when the run succeeds."""
     _require_torch("bench comm")
 
+    check_number("--timeout-s", timeout_s, 1.0, 86400.0, "s")
     try:
         fits = run_bench(nproc, parse_sizes(sizes), out, testbed=testbed, iters=iters, budget_s=budget_s,
-                         timeout_s=timeout_s, echo=typer.echo)
+                         timeout_s=timeout_s, echo=_echo, force=force)
     except RuntimeError as e:
-        typer.echo(f"error: {e}", err=True)
+        _echo(f"error: {e}", err=True)
         raise typer.Exit(1)
     raise typer.Exit(0 if fits else 1)
 
@@ -556,15 +588,16 @@ def bench_gemm(config: Path = typer.Argument(..., help="TOML config whose local 
     _require_torch("bench gemm")
     from meshplan.runtime.bench.gemm import bench, write_table
 
+    check_destination(out, "--out", force)
     p, device, dt = _bench_target(config, device, dtype)
     limit = max_elements if max_elements is not None else (2 ** 22 if device == "cpu" else None)
     rows = bench(list(p.gemms), dtype=dt, device=device, max_elements=limit)
-    typer.echo(f"{'M':>7} {'N':>7} {'K':>7} {'dtype':>5} {'time (us)':>11} {'TFLOP/s':>8}  device")
+    _echo(f"{'M':>7} {'N':>7} {'K':>7} {'dtype':>5} {'time (us)':>11} {'TFLOP/s':>8}  device")
     for r in rows:
         scaled = f" (run at M {r.scaled_m})" if r.scaled_m != r.gemm.m else ""
-        typer.echo(f"{r.gemm.m:7d} {r.gemm.n:7d} {r.gemm.k:7d} {r.dtype:>5} {r.seconds * 1e6:11.1f} "
+        _echo(f"{r.gemm.m:7d} {r.gemm.n:7d} {r.gemm.k:7d} {r.dtype:>5} {r.seconds * 1e6:11.1f} "
                    f"{r.tflops:8.2f}  {r.device}{scaled}")
-    typer.echo(f"wrote {write_table(rows, out, force=force)}")
+    _wrote(write_table(rows, out, force=force))
 
 
 @bench_app.command("attention")
@@ -581,16 +614,17 @@ def bench_attention(config: Path = typer.Argument(..., help="TOML config whose l
     _require_torch("bench attention")
     from meshplan.runtime.bench.attention import bench_plan, gemm_rows, write_table
 
+    check_destination(out, "--out", force)
     p, device, dt = _bench_target(config, device, dtype)
     r = bench_plan(p, dt, device, repeats=max(1, repeats))
     fwd_flops = 2.0 * r["batch"] * r["q_heads"] * r["seq_q"] * r["seq_kv"] * r["head_dim"]  # causal half
-    typer.echo(f"attention b {r['batch']} heads {r['q_heads']} (kv {r['kv_heads']}) s_q {r['seq_q']} s_kv "
+    _echo(f"attention b {r['batch']} heads {r['q_heads']} (kv {r['kv_heads']}) s_q {r['seq_q']} s_kv "
                f"{r['seq_kv']} d {r['head_dim']} {dt}: forward {r['forward_s'] * 1e6:.1f} us "
                f"({fwd_flops / r['forward_s'] / 1e12:.3f} TFLOP/s), backward {r['backward_s'] * 1e6:.1f} us "
                f"({2.5 * fwd_flops / r['backward_s'] / 1e12:.3f} TFLOP/s; flash-attention FLOP convention)  "
                f"{r['device']}")
     rows = (gemm_rows(with_gemm) if with_gemm else []) + [r]
-    typer.echo(f"wrote {write_table(rows, out, force=force)}")
+    _wrote(write_table(rows, out, force=force))
 
 
 def main(argv: Optional[list[str]] = None) -> None:
