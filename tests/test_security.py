@@ -98,7 +98,7 @@ def test_launcher_comments_escape_control_characters():
 
 @pytest.mark.parametrize("name,ok", [("mlx5_0", True), ("mlx5_0:1", True), ("enp1s0f0", True),
                                      ("meta-llama/Meta-Llama-3-8B", True), ("a" * 128, True),
-                                     ("a" * 129, False), ("", False), ("-x", False), ("a b", False),
+                                     ("a" * 129, False), ("", False), ("-x", False), ("a b", True), ("a ", False), (" a", False),
                                      ("a\nb", False), ("a$b", False), ("a;b", False), ("a`b", False),
                                      ("a'b", False), ("a\x1bb", False), ("\u202eab", False)])
 def test_name_charset(name, ok):
