@@ -4,7 +4,7 @@ Every malformed input ends with one line ``error: <field>: <message>`` on stderr
 status 2; an infeasible mesh prints its reasons and exits 1.
 
 One verdict everywhere (:data:`EXIT_CODES`): every command that resolves a mesh (plan, groups,
-memory, step, reliability, place) exits 1 and prints ``infeasible: <reason>`` on stderr when
+memory, step, reliability, place, nccl-check) exits 1 and prints ``infeasible: <reason>`` on stderr when
 ``meshplan plan`` calls the mesh infeasible, whatever it printed before; ``step`` then prints
 only the step the mesh would take, labelled ``would be ... if it fit``. ``compare`` exits 0
 when a mesh that fits wins (the other's infeasibility is one of the verdict's reasons) and 1
@@ -69,7 +69,7 @@ from meshplan.search.driver import search
 from meshplan.spec.mesh import Schedule
 
 EXIT_CODES = ("exit status: 0 feasible (compare: a mesh that fits wins; search: some candidate fits), "
-              "1 infeasible (the reasons on stderr as 'infeasible: ...'; groups, place and step still print "
+              "1 infeasible (the reasons on stderr as 'infeasible: ...'; groups, place, nccl-check and step still print "
               "what they show, step labelled 'would be ... if it fit') or a measured difference, "
               "2 malformed input (one line 'error: <field>: <what is wrong>')")
 

@@ -1,8 +1,8 @@
 """Names and free text in specs: what may reach a report, a file name or a generated script.
 
 A *name* (model, GPU, node, NIC, link, network tier, mesh axis) is 1 to 128 characters of
-``A-Z a-z 0-9 _ . : + @ / -`` and inner spaces, starting with a letter or digit and ending
-with no space: every name in
+``A-Z a-z 0-9 _ . : + @ / -`` and inner spaces, starting with a letter, digit or ``_`` (never
+``-``: a name is never read as an option) and ending with no space: every name in
 the catalog, NVIDIA's NIC (``mlx5_0``, ``mlx5_0:1``) and network interface (``enp1s0f0``,
 ``ib0``) names and Hugging Face model ids (``meta-llama/Meta-Llama-3-8B``) fit, and none of
 these characters means anything to POSIX sh inside quotes or to a terminal (a value with a
@@ -23,7 +23,7 @@ from meshplan.errors import printable
 
 NAME_CHARS = "A-Z a-z 0-9 _ . : + @ / - and inner spaces"
 NAME_MAX = 128
-_NAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9_.:+@/ -]*[A-Za-z0-9_.:+@/-])?")
+_NAME = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9_.:+@/ -]*[A-Za-z0-9_.:+@/-])?")
 _NOT_NAME = re.compile(r"[^A-Za-z0-9_.:+@/ -]")
 
 
@@ -36,10 +36,10 @@ def check_name(value: str) -> str:
     >>> check_name("mlx5_0\\necho pwned")
     Traceback (most recent call last):
     ...
-    ValueError: character '\\n' at position 6 is not allowed in a name; use 1-128 of A-Z a-z 0-9 _ . : + @ / - and inner spaces, starting with a letter or digit
+    ValueError: character '\\n' at position 6 is not allowed in a name; use 1-128 of A-Z a-z 0-9 _ . : + @ / - and inner spaces, starting with a letter, digit or _
     """
-    rule = f"use 1-{NAME_MAX} of {NAME_CHARS}, starting with a letter or digit"
-    if value[:1].isalnum() and value.endswith(" ") and _NOT_NAME.search(value) is None:
+    rule = f"use 1-{NAME_MAX} of {NAME_CHARS}, starting with a letter, digit or _"
+    if _NAME.fullmatch(value.rstrip(" ")) and value.endswith(" ") and _NOT_NAME.search(value) is None:
         raise ValueError(f"a name ending with a space; {rule}")
     if not value or len(value) > NAME_MAX:
         raise ValueError(f"a name of {len(value)} characters; {rule}")
@@ -58,7 +58,7 @@ def safe_name(value: str, default: str) -> str:
     >>> safe_name("/home/me/My Model (v2)", "hf-llama")
     'home/me/My_Model_v2_'
     """
-    out = re.sub(r"[^A-Za-z0-9_.:+@/-]+", "_", value).lstrip("_./:+@-")[:NAME_MAX]
+    out = re.sub(r"[^A-Za-z0-9_.:+@/-]+", "_", value).lstrip("./:+@-")[:NAME_MAX]
     return out or default
 
 
