@@ -49,6 +49,7 @@ from meshplan.placement.topology import (
 from meshplan.plan import Infeasible, Plan, build_plan
 from meshplan.reliability import reliability as rel
 from meshplan.reliability import restart_on_fewer_nodes
+from meshplan.report import shown
 from meshplan.report.json_out import write_json
 from meshplan.report.memory import print_memory
 from meshplan.report.memory_plot import write_png
@@ -323,15 +324,15 @@ def compare_cmd(config_a: Path = typer.Argument(..., help="TOML config of mesh A
     evidence_folder(c, out, force)  # refuse an existing folder before printing the report
     tab = Table(title="compare", title_justify="left")
     for col in ("quantity", c.a.name, c.b.name):
-        tab.add_column(col)
+        tab.add_column(shown(col))
     for row in table_rows(c):
-        tab.add_row(*row)
+        tab.add_row(*(shown(x) for x in row))
     con = _console()
     con.print(tab)
     con.print("[bold]verdict:[/] identical meshes" if c.identical else "[bold]verdict:[/] neither mesh fits"
-              if c.none_fit else f"[bold]verdict:[/] {c.winner} (rejected: {c.rejected})")
+              if c.none_fit else f"[bold]verdict:[/] {shown(c.winner)} (rejected: {shown(c.rejected)})")
     for r in c.reasons:
-        con.print(f"  - {r}")
+        con.print(f"  - {shown(r)}")
     for path in write_evidence(c, out, force=force):
         con.print(f"wrote {printable(str(path))}", markup=False)
     if c.none_fit:
@@ -359,8 +360,7 @@ def search_cmd(config: Path = typer.Argument(..., help="TOML config: [model], [c
 
     cfg = load_config(config, require_mesh=False)
     if top is not None:
-        if top < 1:
-            raise ConfigError("--top", f"{top} must be >= 1")
+        check_number("--top", top, 1, 10_000)
         cfg = replace(cfg, search=cfg.search.model_copy(update={"top": top}))
     if json_path:
         check_destination(json_path, "--json", force)
@@ -419,6 +419,16 @@ def validate(config: Path = typer.Argument(..., help="TOML config; its mesh is s
         sizes = tuple(int(w) for w in worlds.split(","))
     except ValueError:
         raise ConfigError("--worlds", f"{worlds!r}: give comma-separated integers, e.g. 2,4,8") from None
+    _check_run_options(layers, seq_len, vocab, steps, hidden_div, timeout_s, tolerance)
+    opt = Options(worlds=sizes, layers=layers, hidden_div=hidden_div, seq_len=seq_len, vocab=vocab, steps=steps,
+                  timeout_s=timeout_s, tolerance=tolerance, testbed=testbed, probe=probe)
+    raise typer.Exit(validate_main(str(config), opt, out, force))
+
+
+def _check_run_options(layers: int, seq_len: int, vocab: int, steps: int, hidden_div: Optional[int],
+                       timeout_s: float, tolerance: Optional[float]) -> None:
+    """The scaled-down run's options of validate and validate-slice, checked as fields (one-line
+    error naming the option): whole numbers in range, finite times and tolerance."""
     for name, v, lo, hi in (("--layers", layers, 1, 1024), ("--seq-len", seq_len, 1, 1 << 20),
                             ("--vocab", vocab, 1, 1 << 24), ("--steps", steps, 1, 10_000)):
         check_number(name, v, lo, hi)
@@ -427,9 +437,6 @@ def validate(config: Path = typer.Argument(..., help="TOML config; its mesh is s
     check_number("--timeout-s", timeout_s, 1.0, 86400.0, "s")
     if tolerance is not None:
         check_number("--tolerance", tolerance, 1e-6, 1e6, "(fraction)")
-    opt = Options(worlds=sizes, layers=layers, hidden_div=hidden_div, seq_len=seq_len, vocab=vocab, steps=steps,
-                  timeout_s=timeout_s, tolerance=tolerance, testbed=testbed, probe=probe)
-    raise typer.Exit(validate_main(str(config), opt, out, force))
 
 
 @app.command("place")
@@ -502,6 +509,8 @@ def validate_slice(configs: list[Path] = typer.Argument(..., help="TOML configs 
                    force: bool = typer.Option(False, "--force", help="replace an existing slice folder")):
     """Run several meshes on the testbed; order measured step times against predicted; keep the rejected."""
     _require_torch("validate-slice")
+    _check_run_options(layers, seq_len, vocab, steps, hidden_div, timeout_s, None)
+    check_number("--world", world, 1, 4096)
 
     opt = Options(worlds=(world,), layers=layers, hidden_div=hidden_div, seq_len=seq_len, vocab=vocab,
                   steps=steps, timeout_s=timeout_s, testbed=testbed)
@@ -588,6 +597,8 @@ def bench_gemm(config: Path = typer.Argument(..., help="TOML config whose local 
     _require_torch("bench gemm")
     from meshplan.runtime.bench.gemm import bench, write_table
 
+    if max_elements is not None:
+        check_number("--max-elements", max_elements, 1, 1 << 40)
     check_destination(out, "--out", force)
     p, device, dt = _bench_target(config, device, dtype)
     limit = max_elements if max_elements is not None else (2 ** 22 if device == "cpu" else None)
@@ -614,9 +625,10 @@ def bench_attention(config: Path = typer.Argument(..., help="TOML config whose l
     _require_torch("bench attention")
     from meshplan.runtime.bench.attention import bench_plan, gemm_rows, write_table
 
+    check_number("--repeats", repeats, 1, 10_000)
     check_destination(out, "--out", force)
     p, device, dt = _bench_target(config, device, dtype)
-    r = bench_plan(p, dt, device, repeats=max(1, repeats))
+    r = bench_plan(p, dt, device, repeats=repeats)
     fwd_flops = 2.0 * r["batch"] * r["q_heads"] * r["seq_q"] * r["seq_kv"] * r["head_dim"]  # causal half
     _echo(f"attention b {r['batch']} heads {r['q_heads']} (kv {r['kv_heads']}) s_q {r['seq_q']} s_kv "
                f"{r['seq_kv']} d {r['head_dim']} {dt}: forward {r['forward_s'] * 1e6:.1f} us "

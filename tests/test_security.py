@@ -172,3 +172,12 @@ def test_cli_output_path_with_control_characters_is_escaped(tmp_path):
     assert r.returncode == 0, r.stderr
     assert "\x1b" not in r.stdout and "p\\x1b[2J.json" in r.stdout
     assert json.loads(out.read_text())[0]["rank"] == 0
+
+
+def test_report_header_escapes_a_hostile_config_path(tmp_path):
+    """The plan report's header echoes the config path: ESC and rich markup come out escaped."""
+    cfg = tmp_path / "x\x1b[2J[red]y.toml"
+    cfg.write_text((ROOT / "examples" / "seed-64gpu.toml").read_text())
+    r = _cli("plan", cfg.name, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "\x1b" not in r.stdout and "meshplan plan x\\x1b[2J[red]y.toml" in r.stdout.splitlines()[0]
