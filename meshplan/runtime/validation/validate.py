@@ -327,11 +327,13 @@ def _run_worlds(config: Config, opt: Options, out: Path, echo) -> tuple[int, lis
         echo(f"  {'OK' if results[-1]['ok'] else 'FAILED'}: {results[-1]['message']}")
         if "host" in results[-1]:
             echo(f"  {host.line(results[-1]['host'])}")
+        shaky = not results[-1].get("host", {"reliable": True})["reliable"]
         for row in (results[-1].get("comparison") or {}).get("predicted_vs_measured", []):
             if row["quantity"] in ("step time", "step time (calibrated)", "peak memory") and row["predicted"]:
                 unit = (1e3, "ms") if row["unit"] == "s" else (2.0 ** -20, "MiB")
                 echo(f"  {row['quantity']}: predicted {row['predicted'] * unit[0]:.1f} {unit[1]}, measured "
-                     f"{row['measured'] * unit[0]:.1f} {unit[1]} ({row['error']:+.0%})")
+                     f"{row['measured'] * unit[0]:.1f} {unit[1]} ({row['error']:+.0%})"
+                     + (" (unreliable: see host)" if shaky and row["unit"] == "s" else ""))
     ok = all(r["ok"] for r in results)
     write_summary(out, config, opt, results)
     write_json_atomic(out / MARKER, {"schema": "meshplan.validate/v1", "ok": ok, "config": config.path,
