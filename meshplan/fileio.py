@@ -32,9 +32,9 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
 import signal
-import tempfile
 import threading
 from contextlib import contextmanager
 from pathlib import Path
@@ -126,15 +126,15 @@ def write_text_atomic(path, text: str) -> Path:
     Ctrl-C or SIGTERM. Returns the path."""
     p = Path(path)
     with terminate_raises():
-        fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
+        tmp = _temp_name(p, ".tmp")
         try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
+            with open(tmp, "x", encoding="utf-8") as f:
                 f.write(text)
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, p)
         except BaseException:
-            Path(tmp).unlink(missing_ok=True)
+            tmp.unlink(missing_ok=True)
             raise
     return p
 
@@ -169,10 +169,9 @@ def write_output(path, data: str | bytes, force: bool = False, field: str = "--o
     except OSError as err:
         raise _oserror(dest, field, err) from None
     with terminate_raises():
-        tmp = None
+        tmp = _temp_name(dest, ".tmp")  # named before it exists: a signal at any point finds it
         try:
-            fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
-            with os.fdopen(fd, "wb") as f:
+            with open(tmp, "xb") as f:
                 f.write(raw)
                 f.flush()
                 os.fsync(f.fileno())
@@ -184,12 +183,17 @@ def write_output(path, data: str | bytes, force: bool = False, field: str = "--o
         except OSError as err:
             raise _oserror(dest, field, err) from None
         finally:
-            if tmp is not None:
-                Path(tmp).unlink(missing_ok=True)
+            tmp.unlink(missing_ok=True)
     return dest
 
 
-def _link_new(tmp: str, dest: Path, field: str, raw: bytes, mode: int) -> None:
+def _temp_name(dest: Path, suffix: str) -> Path:
+    """A fresh hidden name beside ``dest``: ``.<name>.<12 random hex digits><suffix>`` (48
+    random bits; created exclusively by the caller)."""
+    return dest.parent / f".{dest.name}.{secrets.token_hex(6)}{suffix}"
+
+
+def _link_new(tmp: Path, dest: Path, field: str, raw: bytes, mode: int) -> None:
     """Give ``tmp`` the name ``dest`` only if no file has it: a hard link, or on a filesystem
     without hard links an exclusive create written in place."""
     try:
@@ -241,8 +245,9 @@ def staged_folder(out, field: str = "--out", force: bool = False) -> Iterator[Pa
     except OSError as err:
         raise _oserror(dest, field, err) from None
     with terminate_raises():
-        tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".partial", dir=dest.parent))
+        tmp = _temp_name(dest, ".partial")
         try:
+            os.mkdir(tmp, 0o755)
             yield tmp
             _install(tmp, dest, field, force)
         except BaseException:
@@ -257,7 +262,8 @@ def _install(tmp: Path, dest: Path, field: str, force: bool) -> None:
     if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
         if not force:
             raise taken(dest, field)
-        old = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".old", dir=dest.parent))
+        old = _temp_name(dest, ".old")
+        os.mkdir(old, 0o700)
         os.replace(dest, old / dest.name)
     try:
         os.replace(tmp, dest)  # onto a missing name or an empty folder only
