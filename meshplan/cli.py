@@ -419,6 +419,8 @@ def validate(config: Path = typer.Argument(..., help="TOML config; its mesh is s
         sizes = tuple(int(w) for w in worlds.split(","))
     except ValueError:
         raise ConfigError("--worlds", f"{worlds!r}: give comma-separated integers, e.g. 2,4,8") from None
+    for w in sizes:
+        check_number("--worlds", w, 1, 4096, "ranks")
     _check_run_options(layers, seq_len, vocab, steps, hidden_div, timeout_s, tolerance)
     opt = Options(worlds=sizes, layers=layers, hidden_div=hidden_div, seq_len=seq_len, vocab=vocab, steps=steps,
                   timeout_s=timeout_s, tolerance=tolerance, testbed=testbed, probe=probe)
