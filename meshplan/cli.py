@@ -641,13 +641,44 @@ def bench_attention(config: Path = typer.Argument(..., help="TOML config whose l
     _wrote(write_table(rows, out, force=force))
 
 
+# typer raises click's UsageError (BadParameter's base); typer >= 0.2x vendors click, so the
+# class is taken from the public BadParameter rather than imported from either package.
+_USAGE_ERROR = typer.BadParameter.__mro__[1]
+
+
+def _usage_line(e) -> Optional[str]:
+    """A one-line ``error: <option>: <what is wrong>`` for a usage error whose message is one
+    line (a value that does not parse, a missing or unknown option); None for the help text
+    shown when a group is called without a command."""
+    msg = e.format_message()
+    if "\n" in msg.strip():
+        return None
+    param = getattr(e, "param", None)
+    field = (param.opts[0] if param is not None and getattr(param, "opts", None) else
+             getattr(e, "option_name", None) or (e.ctx.command_path if e.ctx is not None else "usage"))
+    cmd = e.ctx.command_path if e.ctx is not None else "meshplan"
+    return printable(f"error: {field}: {msg.rstrip('.')}; see {cmd} --help")
+
+
 def main(argv: Optional[list[str]] = None) -> None:
-    """Entry point: run the app, turning ConfigError into one line and exit 2."""
+    """Entry point: run the app; malformed input (a ConfigError, or a usage error of an
+    option or argument) is one line ``error: <field>: ...`` and exit 2."""
     try:
-        app(args=argv)
+        rc = app(args=argv, standalone_mode=False)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
+    except _USAGE_ERROR as e:
+        line = _usage_line(e)
+        if line is None:
+            e.show()
+        else:
+            print(line, file=sys.stderr)
+        sys.exit(e.exit_code)
+    except typer.Abort:
+        print("Aborted!", file=sys.stderr)
+        sys.exit(1)
+    sys.exit(rc if isinstance(rc, int) else 0)
 
 
 if __name__ == "__main__":

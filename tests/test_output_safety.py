@@ -230,3 +230,22 @@ def test_validate_options_are_checked_before_anything_runs(opt, value, tmp_path)
     r = _cli("validate", str(SEED), opt, value, "--out", str(tmp_path / "v"))
     _one_error_line(r, opt)
     assert not (tmp_path / "v").exists()
+
+
+@pytest.mark.parametrize("args,field,words", [
+    (["plan", str(SEED), "--rank", "abc"], "--rank", "Input should be a valid integer"),
+    (["reliability", str(SEED), "--read-gbps", "1", "--restart-overhead-s", "1"], "--write-gbps",
+     "Missing option '--write-gbps'"),
+    (["plan", str(SEED), "--bogus"], "--bogus", "No such option: --bogus"),
+    (["plan"], "config", "Missing argument 'config'")])
+def test_usage_errors_are_one_line_naming_the_option(args, field, words):
+    """A value that does not parse, a missing or unknown option: one line naming it (typer's
+    boxed usage text before), exit 2."""
+    line = _one_error_line(_cli(*args), field)
+    assert words in line and line.endswith("--help")
+
+
+def test_help_and_a_bare_group_still_show_the_help():
+    assert _cli("--help").returncode == 0
+    r = _cli("bench")
+    assert r.returncode == 2 and r.stderr.startswith("Usage:") and "gemm" in r.stderr
