@@ -20,8 +20,8 @@ time to 1e-6 relative:
   (comm/alphabeta.measured_time: NCCL's latency for the group, plus the curve's bandwidth term
   at that size, the straight line between two measured rows, scaled to the bytes sent), NVLS
   for an all-reduce inside the node, ring or hierarchical across nodes, the fastest one;
-- the pipeline bubble from 1F1B's fill and drain; the optimizer step reads all state and writes
-  all but the gradients at Triad bandwidth (compute/ops.optimizer_bandwidth).
+- the pipeline bubble from 1F1B's fill and drain; the optimizer step's passes (gradient norm and
+  clip, Adam, master copy, gradient-buffer zeroing) at Triad bandwidth (compute/ops.optimizer_bandwidth).
 
 Every term is a named variable with a comment, so a model change (a new kernel, other
 measured rows, new NCCL constants) is one more term or one changed line here.
@@ -102,6 +102,21 @@ def log2_line(x: float, row0: tuple, row1: tuple) -> float:
 NORM_BW = log2_line(H, *NORM_ROWS)
 
 
+#: the row-parallel linears: their weight gradient is computed with their input gradient
+#: (schedule/rank_timeline.ROW_PARALLEL_WGRAD), before the block's input-gradient all-reduce
+ROW = ("wo", "w_down")
+#: SMs NCCL's NVLink collectives hold on an H100 (catalog/nodes.toml dgx-h100 fabric
+#: nccl_channels 24 / gpus.toml 132 SMs): compute beside them runs at 1 - 24/132
+SM_SHARE = 24 / 132
+
+
+def beside(compute: float, comm: float) -> float:
+    """``compute`` seconds issued when a collective of ``comm`` seconds starts, until both end:
+    the kernels progress at 1 - SM_SHARE while it runs (rank_timeline._Sim._finish)."""
+    rate = 1 - SM_SHARE
+    return comm + max(0.0, compute - rate * comm)
+
+
 def linears(tp: int) -> dict:
     """Per-rank linear layers of one transformer layer: name -> (K in, N out, block)."""
     return {"wq": (H, Q * D // tp, "attn"), "wk": (H, Q * D // tp, "attn"), "wv": (H, Q * D // tp, "attn"),
@@ -140,7 +155,8 @@ def layer_terms(tp: int) -> dict:
     lin = linears(tp)
     fwd = lambda blk: sum(kernel(gemm_s(S, n, k)) for k, n, b in lin.values() if b == blk)      # (M, N, K)
     dgrad = lambda blk: sum(kernel(gemm_s(S, k, n)) for k, n, b in lin.values() if b == blk)    # (M, K, N)
-    wgrad = lambda blk: sum(kernel(gemm_s(n, k, S)) for k, n, b in lin.values() if b == blk)    # (N, K, M)
+    wgrad = lambda blk, row=None: sum(kernel(gemm_s(n, k, S)) for name, (k, n, b) in lin.items()
+                                      if b == blk and row in (None, name in ROW))            # (N, K, M)
     att_f = kernel(attention_flops(tp) / (PEAK * EFF_ATTN))          # table's forward
     att_b = kernel(2.5 * attention_flops(tp) / (PEAK * EFF_ATTN))    # table's backward
     norm_f, norm_b = kernel(2 * B * S * H / NORM_BW), kernel(3 * B * S * H / NORM_BW)  # x in, y out / x, dy in, dx out
@@ -154,7 +170,9 @@ def layer_terms(tp: int) -> dict:
             "f_mlp_pre": norm_f, "f_mlp": fwd("mlp") + silu_f, "f_mlp_post": add,
             "b_attn_pre": norm_b + grad_acc, "b_attn": dgrad("attn") + att_b + rope, "b_attn_post": add,
             "b_mlp_pre": norm_b + grad_acc, "b_mlp": dgrad("mlp") + silu_b, "b_mlp_post": add,
-            "w_attn": wgrad("attn"), "w_mlp": wgrad("mlp")}
+            "w_attn": wgrad("attn"), "w_mlp": wgrad("mlp"),
+            "row_w_attn": wgrad("attn", True), "row_w_mlp": wgrad("mlp", True),
+            "col_w_attn": wgrad("attn", False), "col_w_mlp": wgrad("mlp", False)}
 
 
 def head_terms(tp: int) -> dict:
@@ -174,10 +192,13 @@ def layer_params(tp: int) -> int:
     return sum(k * n for k, n, _ in linears(tp).values()) + 2 * H
 
 
-def optimizer_s(params: float) -> float:
-    """Optimizer step: reads all state (18 B/param) and writes all but the 4 B gradient, at
-    Triad (compute/ops.optimizer_bandwidth, schedule/steptime.optimizer_step_s)."""
-    return (2 * BYTES_PER_PARAM - 4) * params / TRIAD
+def optimizer_s(params: float, zero_grads: bool = True) -> float:
+    """Optimizer step at Triad (compute/ops.optimizer_bandwidth, schedule/steptime.optimizer_step_bytes),
+    per parameter: gradient norm (read 4 B) and clip (read + write 4 B) = 12; Adam reads master,
+    gradient and both moments (4 + 4 + 8) and writes master and moments (4 + 8) = 28; the master
+    copied to the bf16 parameter (read 4, write 2) = 6; zero1 zeroes its fp32 gradient buffer
+    (write 4), FSDP2 (zero3) frees it instead: 50 or 46 B."""
+    return (12 + 28 + 6 + (4 if zero_grads else 0)) * params / TRIAD
 
 
 # Communication terms (comm/alphabeta.py measured_time, collective_time) ---------------------
@@ -272,8 +293,10 @@ def test_tp8_one_node():
     Forward unit: embedding + its vocab-parallel all-reduce, per layer the attention and MLP
     blocks each followed by a blocking all-reduce of (S, h), the head, then the loss's three
     all-reduces of S fp32 (max, sum-exp, target logit). Backward unit: the head's gradient and
-    its all-reduce, per layer each block's input gradient, then its weight gradient while the
-    block's all-reduce runs (max(W, AR)), the embedding gradient. Then the optimizer step.
+    its all-reduce, per layer each block's input gradient and its row-parallel linear's weight
+    gradient, then the column-parallel linears' weight gradients while the block's all-reduce
+    runs (slowed by the all-reduce's 24 of 132 SMs: beside()), the embedding gradient. Then the
+    optimizer step.
     At tp 8 nearly every kernel is under the 4.7 us issue floor: the GEMMs (e.g. wq 0.9 us),
     the attention (2.7 us forward), the adds; only the norms, the output GEMM and the cross
     entropy are longer."""
@@ -285,8 +308,8 @@ def test_tp8_one_node():
     ar_loss = nvlink_ring_s("all-reduce", tp, 4 * S)      # 8 KiB fp32, 1K-64K line: 27.4 us (NVLS the same)
     layer_f = sum(lt[f"f_{b}"] for b in ("attn_pre", "attn", "attn_post", "mlp_pre", "mlp", "mlp_post")) + 2 * ar
     forward = ht["emb_f"] + ar + L * layer_f + ht["head_f"] + 3 * ar_loss
-    layer_b = (lt["b_mlp_post"] + lt["b_mlp"] + max(lt["w_mlp"], ar) + lt["b_mlp_pre"] + lt["b_attn_post"]
-               + lt["b_attn"] + max(lt["w_attn"], ar) + lt["b_attn_pre"])
+    layer_b = (lt["b_mlp_post"] + lt["b_mlp"] + lt["row_w_mlp"] + beside(lt["col_w_mlp"], ar) + lt["b_mlp_pre"]
+               + lt["b_attn_post"] + lt["b_attn"] + lt["row_w_attn"] + beside(lt["col_w_attn"], ar) + lt["b_attn_pre"])
     backward = ht["head_b"] + ht["head_w"] + ar + L * layer_b + ht["emb_w"]
     params = L * layer_params(tp) + (V // tp) * H + H + (V // tp) * H    # layers, embedding, final norm, output
     step = forward + backward + optimizer_s(params)
@@ -327,7 +350,7 @@ def test_fsdp16_two_nodes():
     rs0_end = max(rs1_end, l0_end) + rs
     rs_root_end = max(rs0_end, l0_end + ht["emb_w"]) + rs_root
     params = (L * n_layer + n_root) / n                  # every kind sharded 16 ways (exact: 6,291,776)
-    step = forward + rs_root_end + optimizer_s(params)
+    step = forward + rs_root_end + optimizer_s(params, zero_grads=False)
 
     plan = build_plan(config({"names": ["dp_shard"], "shape": [n]}, 2, 16, "zero3"))
     got = step_time(plan, Overlap(), table=gemm_table(1)).step_s

@@ -14,8 +14,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from test_search import SMALL, gpu
 
 from meshplan.compute.ops import optimizer_bandwidth
+from meshplan.config import config_from_dict
 from meshplan.memory import constraints as cons
 from meshplan.plan import build_plan
 from meshplan.schedule.steptime import _optimizer_s, optimizer_step_s
@@ -23,8 +25,6 @@ from meshplan.search.bounds import _bucket
 from meshplan.search.driver import search
 from meshplan.search.memory import Tables, stage_layout, state
 from meshplan.search.space import candidate_config
-from meshplan.config import config_from_dict
-from test_search import SMALL, gpu
 
 ROOT = Path(__file__).resolve().parents[1] / "meshplan"
 
@@ -60,11 +60,16 @@ def test_optimizer_step_same_in_search_and_plan(planned):
     bw = optimizer_bandwidth(cfg.cluster.gpu)  # the catalog's measured Triad (issue 11 item 1)
     for i, plan in plans.items():
         _, s = _rows(cfg, r, i)
-        fast = optimizer_step_s(s["total"], s["grads"], bw)[0]
+        zeroed = plan.config.training.sharding in ("none", "zero1", "zero2")
+        fast = optimizer_step_s(s["params"], s["grads"], s["master"], s["optimizer"], cfg.training, bw, zeroed)[0]
         exact = [_optimizer_s(plan, k) for k in range(len(plan.stages))]
         assert fast == pytest.approx(exact, rel=1e-12), r.candidates.label(i)
-        # (2 total - grads) / bandwidth, by hand on the plan's state
-        assert exact[0] == (2 * plan.state[0].total_bytes - plan.state[0].bytes_of("grads")) / bw
+        # by hand on the plan's state: norm + clip 3 g, Adam 2 (master + moments) + g, the master
+        # copy master + params, the zeroed gradient buffer g unless FSDP2 (zero3/hsdp) frees it
+        st = plan.state[0]
+        g, p, mst, o = (st.bytes_of(k) for k in ("grads", "params", "master", "optimizer"))
+        zero = g if zeroed else 0
+        assert mst > 0 and exact[0] == pytest.approx((3 * g + 2 * (mst + o) + g + mst + p + zero) / bw, rel=1e-12)
 
 
 def test_gradient_bucket_same_in_search_and_plan(planned):
@@ -95,7 +100,7 @@ def test_usable_memory_one_value(planned):
 HOMES = {
     r"40_000_000": "spec/memory.py",                                  # Megatron's bucket floor
     r"\*\s*\(\s*1\s*-\s*[\w.]*reserve\)": "memory/constraints.py",   # usable HBM: x * (1 - reserve)
-    r"2\s*\*\s*[\w.\[\]\"']*total[\w\"'\]]*\s*-": "schedule/steptime.py",   # optimizer step bytes
+    r"2\s*\*\s*\(updated \+ optimizer\)": "schedule/steptime.py",   # optimizer step bytes (Adam's pass)
     r"optimizer_temp_states\s*\*": "spec/memory.py",                  # optimizer temporaries
     r"\.transpose\(rest \+ idx\)": "mesh/layout.py",                  # group enumeration
     r"-\(-\w+ // shards\) \* shards": "mesh/tpsplit.py",              # FSDP2 padding

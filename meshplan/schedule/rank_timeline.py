@@ -12,9 +12,10 @@ frameworks issue them:
   (RS|AR) add`` (AG/RS with sequence parallel, AR without; Korthikanti et al. 2022 4.2.2).
   A collective blocks the next compute unless ``Overlap.tp``: then a block's collectives
   run during its GEMMs (block time = max(compute, communication), an ideal decomposition).
-  Backward: with SP an AG before each block; the input-gradient RS|AR runs during the
-  block's weight-gradient GEMMs (Megatron's asynchronous gradient collective) and the next
-  block waits for it. Full recompute re-runs the forward blocks (with their collectives).
+  Backward: with SP an AG before each block; the row-parallel linear's (wo, w_down) weight
+  gradient is computed with its input gradient at the block's start; the input-gradient RS|AR
+  of the column-parallel linears (wq/wk/wv, w_up/w_gate) runs during their weight-gradient
+  GEMMs (Megatron's asynchronous gradient collective) and the next block waits for it. Full recompute re-runs the forward blocks (with their collectives).
   The SP norm-weight gradient all-reduces run on the tp stream after each layer's backward
   (nothing waits for them until the step ends); the vocab-parallel loss collectives block
   after the output layer.
@@ -108,6 +109,7 @@ class CommTimes:
     issues its layers' pieces of the per-step reduction)."""
 
     t: dict = field(default_factory=dict)
+    share: dict = field(default_factory=dict)
     loss_s: float = 0.0
     async_s: float = 0.0
     step_reduce_s: float = 0.0
@@ -117,11 +119,17 @@ class CommTimes:
     layers: int = 1
 
     @classmethod
-    def from_rows(cls, rows, layers: int = 1) -> "CommTimes":
-        """From a stage's collective rows; ``layers``: transformer layers of the stage."""
+    def from_rows(cls, rows, layers: int = 1, sm_share=None) -> "CommTimes":
+        """From a stage's collective rows; ``layers``: transformer layers of the stage;
+        ``sm_share``: row -> fraction of the GPU's SMs its NCCL kernel holds while it runs
+        (:func:`nccl_sm_share`), kept per key in ``share`` and per kind under (kind,)."""
         c, other = cls(layers=layers), []
         for r in rows:
             kind = comm_kind(r)
+            if sm_share is not None and (f := sm_share(r)) > 0:
+                key = (kind, _shard_group(r.cadence) if kind in ("shard", "replica") else "", r.phase, r.op)
+                c.share[key] = f
+                c.share[(kind,)] = max(f, c.share.get((kind,), 0.0))
             if kind == "step":
                 if r.op == "all-gather":
                     c.step_gather_s += r.time_s
@@ -143,6 +151,26 @@ class CommTimes:
 
     def get(self, kind: str, phase: str, op: str, group: str = "") -> float:
         return self.t.get((kind, group, phase, op), 0.0)
+
+    def sm_share(self, kind: str, phase: str, op: str, group: str = "") -> float:
+        """Fraction of the SMs a collective of this key holds (its kind's largest when the key
+        has no row: the loss and norm-gradient collectives, the per-step reduction pieces)."""
+        return self.share.get((kind, group, phase, op), self.share.get((kind,), 0.0))
+
+
+#: At most this fraction of the SMs is taken from compute by concurrent collectives.
+MAX_SM_SHARE = 0.9
+
+
+def nccl_sm_share(cluster):
+    """row -> fraction of ``cluster.gpu``'s SMs the row's NCCL kernel holds while it runs:
+    ``fabric.nccl_channels / gpu.sms`` for collectives on the node's GPU fabric (path
+    ``nvlink``), 0 for the rest (NIC paths: channel counts not in the catalog) and where the
+    catalog gives no channel count. NCCL runs one thread block per channel, each resident on
+    one SM for the whole collective (NVIDIA/nccl-tests issue #100: 24 channels on an HGX A100,
+    108 SMs: 22%)."""
+    f = cluster.node.fabric.nccl_channels / cluster.gpu.sms
+    return lambda row: f if row.path.kind == "nvlink" else 0.0
 
 
 @dataclass(frozen=True)
@@ -178,6 +206,25 @@ class _Sim:
         self.events: list[Event] = []
         self.exposed: defaultdict[str, float] = defaultdict(float)
         self.last: Optional[Event] = None
+        self.busy: list[tuple[float, float, float]] = []   # (start, end, SM share) of collectives
+        self.slowed_s = 0.0
+
+    def _finish(self, start: float, dur: float) -> float:
+        """End of ``dur`` seconds of compute from ``start`` while the collectives in ``busy``
+        hold their SM shares: the kernel progresses at ``1 - sum of the shares`` (at most
+        :data:`MAX_SM_SHARE` taken) while they run, at full rate otherwise."""
+        self.busy = [b for b in self.busy if b[1] > start]
+        if dur <= 0 or not self.busy:
+            return start + dur
+        t, left = start, dur
+        edges = sorted({x for a, b, _ in self.busy for x in (a, b) if x > start})
+        for nxt in edges + [float("inf")]:
+            rate = 1.0 - min(MAX_SM_SHARE, sum(f for a, b, f in self.busy if a <= t < b))
+            if (nxt - t) * rate >= left:
+                return t + left / rate
+            left -= (nxt - t) * rate
+            t = nxt
+        return t  # unreachable: the last segment is unbounded
 
     def _add(self, stream, name, start, end, args=None) -> Event:
         ev = Event(0, stream, name, start, end, dict(args or {}))
@@ -195,7 +242,9 @@ class _Sim:
             binding = max(ready, key=lambda x: x[0])[1]
             if binding.stream != "compute":
                 self.exposed[binding.stream] += start - free
-        end = max([start + dur] + [o.end_s for o in ov])
+        done = self._finish(start, dur)
+        self.slowed_s += done - (start + dur)
+        end = max([done] + [o.end_s for o in ov])
         for o in ov:
             if o.end_s > start + dur and o.end_s == end:
                 self.exposed[o.stream] += end - (start + dur)
@@ -211,6 +260,8 @@ class _Sim:
         stream = {"shard": "efsdp" if group == "expert" else "fsdp", "replica": "dp_replicate"}.get(kind, kind)
         deps = [a for a in ([self.last] if after is None else after) if a is not None]
         start = max([self.free[stream]] + [a.end_s for a in deps])
+        if (f := self.c.sm_share(kind, phase, op, group)) > 0:
+            self.busy.append((start, start + t, f))
         return self._add(stream, name, start, start + t, {"kind": kind, "group": group, "phase": phase, "op": op})
 
     def finish(self) -> UnitSim:
@@ -251,18 +302,23 @@ def _block(s: _Sim, name: str, t: float, phase: str, ep: bool = False, cp: Optio
         s.compute(name + " tp wait", 0.0, [s.comm("tp", phase, after, f"tp {after}")])
 
 
-def _block_backward(s: _Sim, name: str, t_b: float, t_w: float, ep=False, cp: Optional[tuple] = None) -> None:
+def _block_backward(s: _Sim, name: str, t_b: float, t_w: float, ep=False, cp: Optional[tuple] = None,
+                    t_w_row: float = 0.0) -> None:
     """One block's backward; ``cp``: the attention's input-gradient seconds (core incl. wo
-    and RoPE, Q proj, K/V proj) under all-gather CP (module docstring)."""
+    and RoPE, Q proj, K/V proj) under all-gather CP (module docstring). ``t_w_row``: the
+    weight gradients of the block's row-parallel linear (wo, w_down) and its bias, computed
+    with its input gradient at the block's start (one autograd node, before the core);
+    ``t_w``: the rest (the column-parallel linears' wgrad), which runs while the input-gradient
+    collective does."""
     before, after = _tp(s.w)
     pre = s.comm("tp", "backward", before, f"tp {before}")
     if ep:
         pre = s.comm("ep", "backward", "all-to-all", "ep combine grad", after=[pre or s.last]) or pre
     if cp is None:
-        s.compute(name + " B", t_b, [pre])
+        s.compute(name + " B", t_b + t_w_row, [pre])
     else:
         core, q, kv = cp
-        s.compute(name + " core B", core, [pre])
+        s.compute(name + " core B", core + t_w_row, [pre])
         rs = s.comm("cp", "backward", "reduce-scatter", "cp dK/dV reduce-scatter", after=[s.last])
         s.compute(name + " Q proj B", q)
         s.compute(name + " K/V proj B", kv, [rs])
@@ -295,6 +351,20 @@ def _times(c: Cost, phase: str, recompute: Optional[bool] = None) -> dict:
     return {b: c.seconds(phase, b, recompute) for b in LAYER_BLOCKS}
 
 
+#: Weight-gradient ops of the row-parallel linears (Megatron's RowParallelLinear, torch's
+#: RowwiseParallel) and their biases, op names of :mod:`meshplan.compute.ops`.
+ROW_PARALLEL_WGRAD = ("wo.wgrad", "w_down.wgrad", "shared_w_down.wgrad", "wo bias grad", "mlp down bias grad")
+
+
+def _row_wgrad(c: Cost) -> dict:
+    """Seconds of the row-parallel linears' weight gradients per block (:data:`ROW_PARALLEL_WGRAD`)."""
+    out = dict.fromkeys(LAYER_BLOCKS, 0.0)
+    for o in c.ops:
+        if o.phase == "backward_weight" and o.name in ROW_PARALLEL_WGRAD:
+            out[o.block] += o.seconds
+    return out
+
+
 def _forward_layer(s: _Sim, c: Cost, moe: bool, phase: str = "forward", recompute=None) -> None:
     t = _times(c, phase, recompute)
     s.compute("norm", t["attn_pre"])
@@ -312,11 +382,14 @@ def _backward_layer(s: _Sim, c: Cost, moe: bool, with_w: bool) -> None:
         _forward_layer(s, c, moe, "backward_input", True)
     b = _times(c, "backward_input", False if full else None)
     w = _times(c, "backward_weight") if with_w else dict.fromkeys(LAYER_BLOCKS, 0.0)
+    row = _row_wgrad(c) if with_w else dict.fromkeys(LAYER_BLOCKS, 0.0)
     s.compute("add grad", b["mlp_post"])
-    _block_backward(s, "mlp", b["mlp"], w["mlp"], ep=moe)
+    mlp_row = 0.0 if moe else row["mlp"]          # MoE: the experts' own order (dispatch, combine)
+    _block_backward(s, "mlp", b["mlp"], w["mlp"] - mlp_row, ep=moe, t_w_row=mlp_row)
     s.compute("norm+add grad", b["mlp_pre"] + b["attn_post"])
     p = _cp_parts(c, "backward_input", False if full else None) if s.w.cp > 1 else None
-    _block_backward(s, "attention", b["attn"], w["attn"], cp=(p["core"], p["q"], p["kv"]) if p else None)
+    _block_backward(s, "attention", b["attn"], w["attn"] - row["attn"], cp=(p["core"], p["q"], p["kv"]) if p else None,
+                    t_w_row=row["attn"])
     s.compute("norm grad", b["attn_pre"])
 
 

@@ -38,7 +38,6 @@ from meshplan.compute.ops import (
 from meshplan.pipeline.fast import KINDS, ArrayResult, Flat, simulate_arrays
 from meshplan.pipeline.simulate import Event, PipelineSpec, write_trace
 from meshplan.plan import Infeasible, Plan
-from meshplan.spec.mesh import Schedule
 from meshplan.schedule.rank_timeline import (
     ChunkCosts,
     CommTimes,
@@ -46,7 +45,9 @@ from meshplan.schedule.rank_timeline import (
     UnitSim,
     backward_unit,
     forward_unit,
+    nccl_sm_share,
 )
+from meshplan.spec.mesh import Schedule
 
 
 def workload_of(plan, dropout: bool = False) -> Workload:
@@ -249,18 +250,63 @@ class UnitTimes:
         return keys, inv
 
 
-def optimizer_step_s(total_bytes, grads_bytes, hbm_bandwidth_bytes_per_s):
-    """Seconds of the optimizer step of one rank: memory-bound, it reads all persistent
-    state (``total_bytes``: parameters, gradients, optimizer states, master copy;
-    :mod:`meshplan.memory.state`) and writes all but the gradients, at
-    ``hbm_bandwidth_bytes_per_s`` (callers pass :func:`meshplan.compute.ops.optimizer_bandwidth`:
-    measured Triad, or the datasheet for a GPU without catalog data): ``(2 total - grads) / bandwidth``. Scalars or numpy arrays of
-    any shape (the search calls it on (candidates, stages) arrays).
+#: Shardings whose gradients live in a contiguous buffer zeroed every step (Megatron-LM's DDP
+#: and distributed optimizer, ``zero_grad_buffer``); FSDP2 frees its sharded gradients.
+ZEROED_GRAD_BUFFER = ("none", "zero1", "zero2")
 
-    >>> optimizer_step_s(10e9, 2e9, 3.35e12) == 18e9 / 3.35e12
+
+def optimizer_step_bytes(params, grads, master, optimizer, training, zero_grads=None):
+    """HBM bytes read and written by one rank's optimizer step, as a sum of its passes over the
+    persistent state (``params``, ``grads``, ``master``, ``optimizer``: the rank's bytes of each
+    kind, :mod:`meshplan.memory.state`; scalars or numpy arrays of any shape):
+
+    - norm (``training.grad_clip``): one read of the gradients (torch ``clip_grad_norm_``'s
+      foreach norm; Megatron-LM ``clip_grad_norm_fp32``'s ``multi_tensor_l2norm``);
+    - clip: one read and one write of the gradients (``clip_grad_norm_`` multiplies by the
+      clamped coefficient; Megatron's ``multi_tensor_scale``; counted as in torch, which
+      always scales);
+    - update (Adam: apex ``multi_tensor_adam``, torch fused/foreach AdamW): reads the copy it
+      updates (the fp32 master when kept, else the parameters), the gradients and the optimizer
+      states; writes the copy and the states;
+    - copy (when a master is kept): reads the master, writes the 16-bit parameters (Megatron's
+      ``_copy_main_params_to_model_params``);
+    - zero (``zero_grads``; None: ``training.sharding`` in :data:`ZEROED_GRAD_BUFFER`, Megatron-LM's
+      contiguous main-gradient buffer, ``zero_grad_buffer`` each step; a bool array where the
+      search varies the sharding): one write of the gradients. FSDP2 (zero3, hsdp) frees its
+      sharded gradients (``zero_grad(set_to_none=True)``): no pass.
+
+    Megatron's bf16 mixed precision (2 B params, 4 B main grads, 4 B master, 8 B Adam states):
+    4 + 8 + 28 + 6 + 4 = 50 B per parameter.
+
+    >>> from meshplan.spec.training import TrainingSpec
+    >>> t = TrainingSpec(global_batch=8, seq_len=16, sharding="none")
+    >>> optimizer_step_bytes(2, 4, 4, 8, t)
+    50
+    >>> optimizer_step_bytes(4, 4, 0, 8, t.model_copy(update={"sharding": "zero3", "grad_clip": False, "param_dtype": "fp32"}))
+    28
+    """
+    updated = master if training.keeps_master else params
+    norm_clip = 3 * grads if training.grad_clip else 0
+    update = 2 * (updated + optimizer) + grads
+    copy = master + params if training.keeps_master else 0
+    if zero_grads is None:
+        zero_grads = training.sharding in ZEROED_GRAD_BUFFER
+    return norm_clip + update + copy + grads * zero_grads
+
+
+def optimizer_step_s(params, grads, master, optimizer, training, hbm_bandwidth_bytes_per_s, zero_grads=None):
+    """Seconds of the optimizer step of one rank: memory-bound, its passes
+    (:func:`optimizer_step_bytes`) at ``hbm_bandwidth_bytes_per_s`` (callers pass
+    :func:`meshplan.compute.ops.optimizer_bandwidth`: measured Triad, or the datasheet for a GPU
+    without catalog data). Scalars or numpy arrays of any shape (the search calls it on
+    (candidates, stages) arrays).
+
+    >>> from meshplan.spec.training import TrainingSpec
+    >>> t = TrainingSpec(global_batch=8, seq_len=16, sharding="none")
+    >>> optimizer_step_s(2e9, 4e9, 4e9, 8e9, t, 1.7e12) == 50e9 / 1.7e12
     True
     """
-    return (2 * total_bytes - grads_bytes) / hbm_bandwidth_bytes_per_s
+    return optimizer_step_bytes(params, grads, master, optimizer, training, zero_grads) / hbm_bandwidth_bytes_per_s
 
 
 def _ends_of(res: ArrayResult, s: int) -> list[Event]:
@@ -293,7 +339,8 @@ def _unit_exposure(res: ArrayResult, s: int, units: UnitTimes, keys: list, key_i
 
 def _optimizer_s(plan, s: int) -> float:
     st = plan.state[s]
-    return optimizer_step_s(st.total_bytes, st.bytes_of("grads"), optimizer_bandwidth(plan.config.cluster.gpu))
+    return optimizer_step_s(*(st.bytes_of(k) for k in ("params", "grads", "master", "optimizer")),
+                            plan.config.training, optimizer_bandwidth(plan.config.cluster.gpu))
 
 
 def _stage_end(plan, s, spec, mine, units, comm: CommTimes, ov) -> tuple[float, list[Event], dict]:
@@ -329,7 +376,8 @@ def step_time(plan: Plan, overlap: Overlap = Overlap(), *, dropout: bool = False
     p, v, m = len(plan.stages), plan.vpp, plan.micro_batches
     if cfg.training.tp_comm_overlap and not overlap.tp:  # the config's --tp-comm-overlap
         overlap = replace(overlap, tp=True)
-    comms = [CommTimes.from_rows(st.collectives, len(st.layers)) for st in map(plan.stage, range(p))]
+    share = nccl_sm_share(cfg.cluster)
+    comms = [CommTimes.from_rows(st.collectives, len(st.layers), share) for st in map(plan.stage, range(p))]
     chunks = chunk_costs(plan, w, table)
     base = PipelineSpec(Schedule(schedule or plan.spec.pp_schedule), p, m, v, p2p_s=max(c.p2p_s for c in comms))
     units = UnitTimes(base, chunks, comms, w, overlap, cfg.training.reshard_after_forward,
@@ -372,5 +420,5 @@ def layer_unit_times(plan, dropout: bool = False, overlap: Overlap = Overlap()) 
     w = workload_of(plan, dropout)
     ch = chunk_costs(plan, w)[0][0]
     one = ChunkCosts(ch.layers[:1], ch.moe[:1])
-    comm = CommTimes.from_rows(plan.stage(0).collectives)
+    comm = CommTimes.from_rows(plan.stage(0).collectives, sm_share=nccl_sm_share(plan.config.cluster))
     return forward_unit(one, comm, w, overlap).duration_s, backward_unit("B", one, comm, w, overlap).duration_s

@@ -18,14 +18,20 @@ from functools import lru_cache
 
 import numpy as np
 
+from meshplan.config import Config
 from meshplan.memory.sizes import head_sizes, layer_act_sizes
 from meshplan.memory.state import SHARDED_KINDS
 from meshplan.mesh.resolve import resolved_mesh
-from meshplan.config import Config
-from meshplan.spec.mesh import MeshSpec
-from meshplan.search.space import RECOMPUTE, SHARDING, Candidates, candidate_schedule, ends_short_split
 from meshplan.mesh.tpsplit import local_numel, local_rows, padded_vocab
 from meshplan.pipeline.registry import get
+from meshplan.search.space import (
+    RECOMPUTE,
+    SHARDING,
+    Candidates,
+    candidate_schedule,
+    ends_short_split,
+)
+from meshplan.spec.mesh import MeshSpec
 from meshplan.units import dtype_bytes
 
 ACT_FIELDS = ("saved", "rework", "fwd_temp", "bwd_temp")
@@ -192,8 +198,8 @@ def _kind_bytes(t) -> dict[str, int]:
 
 
 def state(cfg: Config, tables: Tables, c: Candidates, st: Stages) -> dict[str, np.ndarray]:
-    """Exact persistent state per stage (bytes, (candidates, pp)): ``total``, ``grads``,
-    ``optimizer``, ``params_numel`` and the two groups' element counts."""
+    """Exact persistent state per stage (bytes, (candidates, pp)): ``total``, ``params``,
+    ``grads``, ``master``, ``optimizer``, ``params_numel`` and the two groups' element counts."""
     m, t = cfg.model, cfg.training
     col = lambda a: a[:, None]
     dl = lookup([c.tp, c.ep, c.etp, np.zeros_like(c.tp)], tables.layer, ("nonnorm", "norm", "expert", "dense"))
@@ -207,7 +213,7 @@ def state(cfg: Config, tables: Tables, c: Candidates, st: Stages) -> dict[str, n
     expert = st.n_moe * col(ml["expert"])
     per = _kind_bytes(t)
     sharded = np.array([SHARDED_KINDS[s] for s in SHARDING], dtype=object)
-    out = {"total": 0, "grads": 0, "optimizer": 0, "grads_dense": 0, "grads_expert": 0,
+    out = {"total": 0, "params": 0, "grads": 0, "master": 0, "optimizer": 0, "grads_dense": 0, "grads_expert": 0,
            "dense_numel": dense, "expert_numel": expert,
            "params_numel": dense + expert}
     divs = {"dense": col(c.fsdp), "expert": col(c.efsdp)}
@@ -218,8 +224,7 @@ def state(cfg: Config, tables: Tables, c: Candidates, st: Stages) -> dict[str, n
             on = col(np.array([kind in s for s in sharded])[c.sh])
             size = _ceil_div(numel, np.where(on, divs[group], 1)) * b
             out["total"] = out["total"] + size
-            if kind in ("grads", "optimizer"):
-                out[kind] = out[kind] + size
+            out[kind] = out[kind] + size
             if kind == "grads":
                 out[f"grads_{group}"] = size
     return out

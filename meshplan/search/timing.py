@@ -41,18 +41,24 @@ from functools import lru_cache
 
 import numpy as np
 
-from meshplan.comm.collectives import axis_path, fsdp_gather_flags
 from meshplan.comm.alphabeta import collective_time
-from meshplan.compute.ops import Workload, embedding_cost, head_cost, layer_cost, optimizer_bandwidth
+from meshplan.comm.collectives import axis_path, fsdp_gather_flags
+from meshplan.compute.ops import (
+    Workload,
+    embedding_cost,
+    head_cost,
+    layer_cost,
+    optimizer_bandwidth,
+)
+from meshplan.config import Config
 from meshplan.mesh.resolve import resolved_mesh
+from meshplan.mesh.tpsplit import local_heads, padded_numel
 from meshplan.placement.assign import place
 from meshplan.schedule.rank_timeline import LAYER_BLOCKS
-from meshplan.schedule.steptime import optimizer_step_s
+from meshplan.schedule.steptime import ZEROED_GRAD_BUFFER, optimizer_step_s
 from meshplan.search.memory import Stages, Tables, lookup
 from meshplan.search.space import RECOMPUTE, SHARDING, Candidates, candidate_schedule
-from meshplan.config import Config
 from meshplan.spec.mesh import MeshSpec
-from meshplan.mesh.tpsplit import local_heads, padded_numel
 from meshplan.units import dtype_bytes
 
 PHASES = {"f": ("forward", None), "bi": ("backward_input", None), "bin": ("backward_input", False),
@@ -301,7 +307,8 @@ def _stage_end(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: dict, 
     """(optimizer step + ZeRO-1's exposed parameter all-gather, ZeRO-1's gradient
     reduce-scatter) per stage, seconds (:func:`meshplan.schedule.steptime._stage_end`)."""
     t, gpu = cfg.training, cfg.cluster.gpu
-    opt = optimizer_step_s(s["total"], s["grads"], optimizer_bandwidth(gpu))
+    zeroed = np.isin(c.sh, [i for i, k in enumerate(SHARDING) if k in ZEROED_GRAD_BUFFER])[:, None]
+    opt = optimizer_step_s(s["params"], s["grads"], s["master"], s["optimizer"], t, optimizer_bandwidth(gpu), zeroed)
     zero1 = (c.sh == SHARDING.index("zero1"))[:, None]
     # the middle stages' table is stage 0's or their own: the smaller parameter count of the two
     numel = np.where(st.last, s["dense_numel"], np.minimum(s["dense_numel"], s["dense_numel"][:, :1]))

@@ -49,13 +49,18 @@ class GPUSpec(BaseModel):
 
 class LinkSpec(BaseModel):
     """A link class: per-GPU (or per-NIC) bandwidth in one direction and a per-step latency.
-    ``nvls``: the switch reduces in-network (NVLink SHARP, third-generation NVSwitch)."""
+    ``nvls``: the switch reduces in-network (NVLink SHARP, third-generation NVSwitch).
+    ``nccl_channels``: channels NCCL runs a collective on over this link (one thread block
+    per channel, each holding one SM while it runs; the ``NCCL INFO Channel xx/NN`` lines);
+    0: not known, and compute beside these collectives is not slowed
+    (:mod:`meshplan.schedule.rank_timeline`)."""
 
     model_config = _STRICT
     name: Name
     bandwidth_gb_per_s: float = Field(gt=0)
     latency_us: float = Field(ge=0)
     nvls: bool = False
+    nccl_channels: int = Field(default=0, ge=0)
     source: Text = ""
 
     @property

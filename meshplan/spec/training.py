@@ -28,6 +28,10 @@ class TrainingSpec(BaseModel):
     ``tp_comm_overlap``: TP collectives overlap the GEMMs of their block (Megatron-LM
     ``--tp-comm-overlap``, Transformer Engine userbuffers); off: they block (torchtitan's
     default).
+    ``grad_clip``: gradient-norm clipping before the optimizer step (torchtitan
+    ``training.max_norm`` 1.0 and Megatron-LM ``--clip-grad`` 1.0 by default): one read of the
+    gradients for the norm and one read and write to scale them
+    (:func:`meshplan.schedule.steptime.optimizer_step_bytes`).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
@@ -50,6 +54,7 @@ class TrainingSpec(BaseModel):
     vocab_pad_divisor: int = Field(default=128, gt=0)
     grad_reduce_dtype: Optional[Literal["fp32", "bf16", "param"]] = None
     tp_comm_overlap: bool = False
+    grad_clip: bool = True
 
     @model_validator(mode="after")
     def _check(self):
