@@ -25,7 +25,7 @@ class GPUSpec(BaseModel):
 
     model_config = _STRICT
     name: Name
-    peak_tflops: dict[str, float]
+    peak_tflops: dict[Name, float]
     hbm_gb: float = Field(gt=0)
     hbm_bandwidth_tb_per_s: float = Field(gt=0)
     sms: int = Field(gt=0)
