@@ -4,7 +4,7 @@ Every malformed input ends with one line ``error: <field>: <message>`` on stderr
 status 2; an infeasible mesh prints its reasons and exits 1.
 
 One verdict everywhere (:data:`EXIT_CODES`): every command that resolves a mesh (plan, groups,
-memory, step, reliability, place) exits 1 and prints ``infeasible: <reason>`` on stderr when
+memory, step, reliability, place, nccl-check) exits 1 and prints ``infeasible: <reason>`` on stderr when
 ``meshplan plan`` calls the mesh infeasible, whatever it printed before; ``step`` then prints
 only the step the mesh would take, labelled ``would be ... if it fit``. ``compare`` exits 0
 when a mesh that fits wins (the other's infeasibility is one of the verdict's reasons) and 1
@@ -34,8 +34,8 @@ from meshplan.comm.calibration import (
 from meshplan.comm.nccl_log import check_against_placement, read_nccl_log
 from meshplan.compare import compare, evidence_folder, table_rows, write_evidence
 from meshplan.compute.gemm import load_gemm_table
-from meshplan.errors import ConfigError
-from meshplan.fileio import write_output
+from meshplan.errors import ConfigError, check_number, printable
+from meshplan.fileio import check_destination, write_output
 from meshplan.interop.common import FORMATS, ImportOptions
 from meshplan.interop.foreign import export, import_text, load_any
 from meshplan.placement.assign import rank_row
@@ -50,6 +50,7 @@ from meshplan.placement.topology import (
 from meshplan.plan import Infeasible, Plan, build_plan
 from meshplan.reliability import reliability as rel
 from meshplan.reliability import restart_on_fewer_nodes
+from meshplan.report import shown
 from meshplan.report.json_out import write_json
 from meshplan.report.memory import print_memory
 from meshplan.report.memory_plot import write_png
@@ -71,7 +72,7 @@ from meshplan.search.space import candidate_config
 from meshplan.spec.mesh import Schedule
 
 EXIT_CODES = ("exit status: 0 feasible (compare: a mesh that fits wins; search: some candidate fits), "
-              "1 infeasible (the reasons on stderr as 'infeasible: ...'; groups, place and step still print "
+              "1 infeasible (the reasons on stderr as 'infeasible: ...'; groups, place, nccl-check and step still print "
               "what they show, step labelled 'would be ... if it fit') or a measured difference, "
               "2 malformed input (one line 'error: <field>: <what is wrong>')")
 
@@ -92,6 +93,18 @@ def _opts(cluster, nodes, gpu, model, seq_len) -> ImportOptions:
     return ImportOptions(cluster=cluster, nodes=nodes, gpu=gpu, model=model, seq_len=seq_len)
 
 
+def _echo(text, err: bool = False) -> None:
+    """``typer.echo`` with whatever came from input made printable (control characters and
+    escape sequences escaped, :func:`meshplan.errors.printable`); newlines of multi-line text
+    kept."""
+    typer.echo(printable(str(text), keep_newlines=True), err=err)
+
+
+def _wrote(path) -> None:
+    """The ``wrote PATH`` line, the path on one printable line."""
+    _echo(f"wrote {printable(str(path))}")
+
+
 def _load(config: Path, topology: Optional[Path] = None, calibration: Optional[Path] = None,
           fmt: Optional[str] = None, opts: Optional[ImportOptions] = None) -> Plan | Infeasible:
     """Plan of ``config`` (a meshplan TOML, or with ``opts`` given a foreign config, ``fmt``
@@ -106,7 +119,7 @@ def _load(config: Path, topology: Optional[Path] = None, calibration: Optional[P
         if topology:
             node = node_from_topology(load_topology(topology), cluster.node)
             for w in check_identity_nic_map(node):
-                typer.echo(f"warning: {w}", err=True)
+                _echo(f"warning: {w}", err=True)
             cluster = cluster.model_copy(update={"node": node})
         if calibration:
             cluster = apply_calibration(cluster, load_calibration(calibration))
@@ -130,7 +143,7 @@ def _infeasible(plan, who: str = "") -> None:
     """Print the plan's reasons as ``infeasible: [who: ]<reason>`` on stderr (the verdict line
     of every command that resolves a mesh)."""
     for r in plan.reasons:
-        typer.echo(f"infeasible: {who + ': ' if who else ''}{r}", err=True)
+        _echo(f"infeasible: {who + ': ' if who else ''}{r}", err=True)
 
 
 def _verdict_exit(plan) -> None:
@@ -174,14 +187,14 @@ def plan(config: Path = typer.Argument(..., help="TOML config with [model], [clu
     """Plan one mesh: constraints, degrees, groups, placement, shapes, memory, collectives. CONFIG may be a
     torchtitan job TOML, Megatron-LM arguments or a DeepSpeed JSON (the cluster from --cluster/--nodes)."""
 
-    if json_path and json_path.exists() and not force:  # refused before the report, as compare --out
-        raise ConfigError("--json", f"{json_path} exists; choose another path or pass --force to replace it")
+    if json_path:  # refused before the work and the report, as compare --out
+        check_destination(json_path, "--json", force)
     p = _load(config, topology, calibration, fmt, _opts(cluster, nodes, gpu, model, seq_len))
     if p.mesh is not None:
         _check_rank(p, rank)
     print_plan(p, rank=rank, console=_console())
     if json_path:
-        typer.echo(f"wrote {write_json(p, json_path, force=force)}")
+        _wrote(write_json(p, json_path, force=force))
     _verdict_exit(p)
 
 
@@ -206,19 +219,17 @@ def memory(config: Path = typer.Argument(..., help="TOML config (an optional [me
            force: bool = typer.Option(False, "--force", help="replace existing PNG files")):
     """Memory timeline of one training step: peak, headroom, events by kind, and a PNG per stage shown."""
 
+    check_destination(out, "--out", force=True, folder=True)  # a writable folder before the work
     p = _load(config)
     if isinstance(p, Infeasible):
-        for r in p.reasons:
-            typer.echo(f"infeasible: {r}", err=True)
-        raise typer.Exit(1)
+        _exit_infeasible(p)
     shown = p.timelines if all_stages else (p.timeline,)
     paths = [out / f"{config.stem}_memory_stage{tl.stage}.png" for tl in shown]
-    taken = [str(x) for x in paths if x.exists()]
-    if taken and not force:
-        raise ConfigError("--out", f"{taken[0]} exists; choose another folder or pass --force to replace it")
+    for path in paths:
+        check_destination(path, "--out", force)
     print_memory(p, _console(), all_stages=all_stages)
     for tl, path in zip(shown, paths):
-        typer.echo(f"wrote {write_png(tl, path, name=config.name, force=force)}")
+        _wrote(write_png(tl, path, name=config.name, force=force))
     _verdict_exit(p)
 
 
@@ -246,45 +257,47 @@ def step(config: Path = typer.Argument(..., help="TOML config"),
 
     if schedule is not None and schedule not in {x.value for x in Schedule}:
         raise ConfigError("--schedule", f"unknown schedule {schedule!r}; use " + ", ".join(x.value for x in Schedule))
+    if trace:
+        check_destination(trace, "--trace", force)
     p = _load(config, fmt=fmt, opts=_opts(cluster, nodes, gpu, model, seq_len))
     if isinstance(p, Infeasible):
         _exit_infeasible(p)
     table = load_gemm_table(gemm_table) if gemm_table else None
     st = step_time(p, _overlap(overlap_tp, no_prefetch), table=table, schedule=schedule)
     if not p.feasible:
-        typer.echo(f"step would be {st.step_s:.3f} s ({st.pipeline.spec.schedule}, MFU {st.mfu:.1%}) if it fit; "
+        _echo(f"step would be {st.step_s:.3f} s ({st.pipeline.spec.schedule}, MFU {st.mfu:.1%}) if it fit; "
                    f"it does not fit")
         _verdict_exit(p)
     for line in st.lines():
-        typer.echo(line)
+        _echo(line)
 
     again = rebuilt_step(p, lambda alt: step_time(alt, _overlap(overlap_tp, no_prefetch), table=table,
                                                   schedule=schedule))
     for line in network_verdict(p, st, again):
-        typer.echo(line)
+        _echo(line)
     path = st.critical_path()
-    typer.echo(f"critical path ({len(path)} entries{', first 12 and last 6' if len(path) > 18 else ''}):")
+    _echo(f"critical path ({len(path)} entries{', first 12 and last 6' if len(path) > 18 else ''}):")
     for line in (path if len(path) <= 18 else path[:12] + ["..."] + path[-6:]):
-        typer.echo(f"  {line}")
+        _echo(f"  {line}")
     _print_links(p, st)
     if trace:
-        typer.echo(f"wrote {st.write_trace(trace, force=force)}")
+        _wrote(st.write_trace(trace, force=force))
 
 
 def _print_links(p, st) -> None:
     """Readiness of each collective kind, concurrency and the load on each physical edge."""
 
-    typer.echo("collectives on stage 0, first occurrence (ms from step start): ready, deadline, duration, slack")
+    _echo("collectives on stage 0, first occurrence (ms from step start): ready, deadline, duration, slack")
     for t in timings(st):
-        typer.echo(f"  {t.stream:13s} {t.phase:8s} {t.op:15s} {t.ready_s * 1e3:10.3f} {t.deadline_s * 1e3:10.3f} "
+        _echo(f"  {t.stream:13s} {t.phase:8s} {t.op:15s} {t.ready_s * 1e3:10.3f} {t.deadline_s * 1e3:10.3f} "
                    f"{t.duration_s * 1e3:9.3f} {t.slack_s * 1e3:10.3f}")
     for (a, b), sec in sorted(concurrency(st).items()):
-        typer.echo(f"concurrent: {a} and {b} overlap {sec * 1e3:.1f} ms per step (shared copy engines and links)")
-    typer.echo("edge load per step (busy = bytes / capacity; must fit the stage's compute time, and per layer "
+        _echo(f"concurrent: {a} and {b} overlap {sec * 1e3:.1f} ms per step (shared copy engines and links)")
+    _echo("edge load per step (busy = bytes / capacity; must fit the stage's compute time, and per layer "
                "the layer's forward + backward time)")
     for e in edge_loads(p, st):
         verdict = "fits" if e.fits else "DOES NOT FIT"
-        typer.echo(f"  {e.edge:36s} {e.bytes_per_step / 1e9:10.1f} GB  busy {e.busy_s:8.3f} s of {e.interval_s:8.3f} s; "
+        _echo(f"  {e.edge:36s} {e.bytes_per_step / 1e9:10.1f} GB  busy {e.busy_s:8.3f} s of {e.interval_s:8.3f} s; "
                    f"per layer {e.per_layer_bytes / e.capacity_bytes_per_s * 1e3:8.3f} of "
                    f"{e.layer_interval_s * 1e3:8.3f} ms: {verdict}")
 
@@ -299,24 +312,27 @@ def reliability(config: Path = typer.Argument(..., help="TOML config"),
                 spare_nodes: int = typer.Option(0, "--spare-nodes", help="spare nodes available")):
     """Failure domains, interruptions per day, checkpoint size and interval, goodput, restart."""
 
+    for name, v in (("--write-gbps", write_gbps), ("--read-gbps", read_gbps)):
+        check_number(name, v, 1e-3, 1e6, "GB/s", "1 MB/s to 1 PB/s: beyond every storage system, and the write "
+                     "and read times stay finite")
+    check_number("--restart-overhead-s", restart_overhead_s, 0.0, 1e6, "s", "up to 11.6 days")
+    check_number("--lost-nodes", lost_nodes, 0, 10 ** 7, "nodes")
+    check_number("--spare-nodes", spare_nodes, 0, 10 ** 7, "nodes")
     p = _load(config)
     if isinstance(p, Infeasible):
-        for why in p.reasons:
-            typer.echo(f"infeasible: {why}", err=True)
-        raise typer.Exit(1)
-    for name, v in (("--write-gbps", write_gbps), ("--read-gbps", read_gbps)):
-        if v <= 0:
-            raise ConfigError(name, f"{v} must be > 0 GB/s")
+        _exit_infeasible(p)
+    if lost_nodes > p.config.cluster.nodes:
+        raise ConfigError("--lost-nodes", f"{lost_nodes} is more than the cluster's {p.config.cluster.nodes} nodes")
     r = rel(p, write_bandwidth_bytes_per_s=write_gbps * 1e9, read_bandwidth_bytes_per_s=read_gbps * 1e9,
             restart_overhead_s=restart_overhead_s)
     for line in r.lines():
-        typer.echo(line)
+        _echo(line)
     t = p.config.training
     rs = restart_on_fewer_nodes(p.mesh, lost_nodes, gpus_per_node=p.config.cluster.node.gpus,
                                 global_batch=t.global_batch, micro_batch=t.micro_batch, spare_nodes=spare_nodes,
                                 interleaved=p.vpp > 1)
     for line in rs.lines():
-        typer.echo(line)
+        _echo(line)
     _verdict_exit(p)
 
 
@@ -328,6 +344,7 @@ def compare_cmd(config_a: Path = typer.Argument(..., help="TOML config of mesh A
     """Compare two meshes of one workload side by side and keep the rejected one's evidence. Exit 0 when a mesh
     that fits wins, 1 when neither fits (both reasons printed)."""
 
+    check_destination(out, "--out", force=True, folder=True)  # a writable folder before the work
     a, b = _load(config_a), _load(config_b)
     ca, cb = a.config, b.config
     if (ca.model != cb.model or ca.training != cb.training) or ca.cluster.world != cb.cluster.world:
@@ -339,17 +356,17 @@ def compare_cmd(config_a: Path = typer.Argument(..., help="TOML config of mesh A
     evidence_folder(c, out, force)  # refuse an existing folder before printing the report
     tab = Table(title="compare", title_justify="left")
     for col in ("quantity", c.a.name, c.b.name):
-        tab.add_column(col)
+        tab.add_column(shown(col))
     for row in table_rows(c):
-        tab.add_row(*row)
+        tab.add_row(*(shown(x) for x in row))
     con = _console()
     con.print(tab)
     con.print("[bold]verdict:[/] identical meshes" if c.identical else "[bold]verdict:[/] neither mesh fits"
-              if c.none_fit else f"[bold]verdict:[/] {c.winner} (rejected: {c.rejected})")
+              if c.none_fit else f"[bold]verdict:[/] {shown(c.winner)} (rejected: {shown(c.rejected)})")
     for r in c.reasons:
-        con.print(f"  - {r}")
+        con.print(f"  - {shown(r)}")
     for path in write_evidence(c, out, force=force):
-        con.print(f"wrote {path}")
+        con.print(f"wrote {printable(str(path))}", markup=False)
     if c.none_fit:
         for side in (c.a, c.b):
             _infeasible(side.plan, side.name)
@@ -396,16 +413,15 @@ def search_cmd(config: Path = typer.Argument(..., help="TOML config: [model], [c
     cfg = load_any(config, fmt, _opts(cluster, nodes, gpu, model, seq_len), require_mesh=False)
     _notes(cfg)
     if top is not None:
-        if top < 1:
-            raise ConfigError("--top", f"{top} must be >= 1")
+        check_number("--top", top, 1, 10_000)
         cfg = replace(cfg, search=cfg.search.model_copy(update={"top": top}))
-    if json_path and json_path.exists() and not force:
-        raise ConfigError("--json", f"{json_path} exists; choose another path or pass --force to replace it")
+    if json_path:
+        check_destination(json_path, "--json", force)
     with ProgressBar() as bar:
         result = search(cfg, progress=bar)
     print_search(result, _console())
     if json_path:
-        typer.echo(f"wrote {write_search_json(result, json_path, force=force)}")
+        _wrote(write_search_json(result, json_path, force=force))
     if export_rank is not None and out is not None:
         if export_rank > len(result.top):
             raise ConfigError("--export", f"{export_rank}: the search ranked {len(result.top)} row(s); raise --top "
@@ -421,7 +437,7 @@ def _write_export(cfg, to: str, out: Path, source: str, force: bool) -> None:
     text, header = export(replace(cfg, notes=()), to, source)
     for line in header[1:]:
         typer.echo(line)
-    typer.echo(f"wrote {write_output(out, text, force=force, field='-o')}")
+    _wrote(write_output(out, text, force=force, field='-o'))
 
 
 @app.command("import")
@@ -451,7 +467,7 @@ def import_cmd(fmt: str = typer.Argument(..., metavar="FORMAT", help="torchtitan
         return
     for n in imp.all_notes():
         typer.echo(f"note: {n}")
-    typer.echo(f"wrote {write_output(out, text, force=force, field='-o')}")
+    _wrote(write_output(out, text, force=force, field='-o'))
 
 
 @app.command("export")
@@ -481,16 +497,18 @@ def export_cmd(config: Path = typer.Argument(..., help="config of the plan (mesh
 @app.command("nccl-check")
 def nccl_check(config: Path = typer.Argument(..., help="TOML config whose placement is checked"),
                log: Path = typer.Argument(..., help="NCCL_DEBUG=INFO output of the run")):
-    """Check that each communicator used the NICs and intra-node links the placement meant."""
+    """Check that each communicator used the NICs and intra-node links the placement meant. A mesh that does not
+    fit is still checked when it can be placed, then exits 1 with its reasons."""
 
     p = _load(config)
     if p.placement is None:
-        raise typer.Exit(1)
+        _exit_infeasible(p)
     expected = {r: rank_row(p.placement, r)["nic"] for r in range(p.world)}
     diffs = check_against_placement(read_nccl_log(log), expected)
     for d in diffs:
-        typer.echo(d)
-    typer.echo(f"{len(diffs)} difference(s) between the NCCL log and the placement")
+        _echo(d)
+    _echo(f"{len(diffs)} difference(s) between the NCCL log and the placement")
+    _verdict_exit(p)
     raise typer.Exit(1 if diffs else 0)
 
 
@@ -534,10 +552,27 @@ def validate(config: Path = typer.Argument(..., help="TOML config; its mesh is s
         sizes = tuple(int(w) for w in worlds.split(","))
     except ValueError:
         raise ConfigError("--worlds", f"{worlds!r}: give comma-separated integers, e.g. 2,4,8") from None
+    for w in sizes:
+        check_number("--worlds", w, 1, 4096, "ranks")
+    _check_run_options(layers, seq_len, vocab, steps, hidden_div, timeout_s, tolerance)
     opt = Options(worlds=sizes, layers=layers, hidden_div=hidden_div, seq_len=seq_len, vocab=vocab, steps=steps,
                   timeout_s=timeout_s, tolerance=tolerance, testbed=testbed, probe=probe, nnodes=nnodes,
                   node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, local_addr=local_addr)
     raise typer.Exit(validate_main(str(config), opt, out, force))
+
+
+def _check_run_options(layers: int, seq_len: int, vocab: int, steps: int, hidden_div: Optional[int],
+                       timeout_s: float, tolerance: Optional[float]) -> None:
+    """The scaled-down run's options of validate and validate-slice, checked as fields (one-line
+    error naming the option): whole numbers in range, finite times and tolerance."""
+    for name, v, lo, hi in (("--layers", layers, 1, 1024), ("--seq-len", seq_len, 1, 1 << 20),
+                            ("--vocab", vocab, 1, 1 << 24), ("--steps", steps, 1, 10_000)):
+        check_number(name, v, lo, hi)
+    if hidden_div is not None:
+        check_number("--hidden-div", hidden_div, 1, 1 << 20)
+    check_number("--timeout-s", timeout_s, 1.0, 86400.0, "s")
+    if tolerance is not None:
+        check_number("--tolerance", tolerance, 1e-6, 1e6, "(fraction)")
 
 
 @app.command("place")
@@ -558,6 +593,8 @@ def place_cmd(config: Path = typer.Argument(..., help="TOML config"),
         raise ConfigError("--format", f"{fmt!r} is not one of json, sh")
     if visible not in ("one", "all"):
         raise ConfigError("--visible", f"{visible!r} is not one of one, all")
+    if bindings_path:
+        check_destination(bindings_path, "--bindings", force)
     p = _load(config)
     if p.mesh is None:
         _exit_infeasible(p)
@@ -570,9 +607,9 @@ def place_cmd(config: Path = typer.Argument(..., help="TOML config"),
     c = choose_placement(p.mesh, p.config.cluster, (weights_from_plan(p) or None) if isinstance(p, Plan) else None,
                          rank_to_gpu=p.spec.rank_to_gpu, search=choose, source="collective table", step_s=score)
     for line in place_lines(c, shown):
-        typer.echo(line)
+        _echo(line)
     if bindings_path:
-        typer.echo(f"wrote {write_bindings(bindings_path, c.placement, fmt=fmt, force=force, visible=visible)}")
+        _wrote(write_bindings(bindings_path, c.placement, fmt=fmt, force=force, visible=visible))
     _verdict_exit(p)
 
 
@@ -624,7 +661,7 @@ def launch_cmd(config: Path = typer.Argument(..., help="TOML config"),
                          nic_scope=nic_scope, socket_ifname=socket_ifname, cpu_bind=cpu_bind, job_name=job_name,
                          partition=partition, time_limit=time_limit)
     for path in write_launch(out, c.placement, opts, force=force):
-        typer.echo(f"wrote {path}")
+        _wrote(path)
     nodes = int(c.placement.node.max()) + 1
     typer.echo(f"run: on each of the {nodes} node(s) NODE_RANK=<k> MESHPLAN_RDZV_ENDPOINT=<node 0 host:port> "
                f"{out / 'torchrun.sh'}; or with Slurm: sbatch {out / 'job.sbatch'}")
@@ -635,7 +672,7 @@ def catalog_cmd(kind: str = typer.Argument("model", help="gpu, node, network or 
     """List the built-in catalog entries of KIND with their sources."""
 
     for name in catalog.names(kind):
-        typer.echo(f"{name}: {catalog.entry(kind, name).get('source', '')}")
+        _echo(f"{name}: {catalog.entry(kind, name).get('source', '')}")
 
 
 @app.command("calibrate")
@@ -647,10 +684,11 @@ def calibrate_cmd(logs: list[Path] = typer.Argument(..., metavar="NCCL_TESTS_OUT
                   force: bool = typer.Option(False, "--force", help="replace an existing --out file")):
     """Fit alpha-beta per link class to your nccl-tests runs and write the calibration file."""
 
+    check_destination(out, "--out", force)
     fits, notes, source = calibrate(logs, link)
     for line in notes:
-        typer.echo(line)
-    typer.echo(f"wrote {write_output(out, calibration_toml(fits, source), force=force)}")
+        _echo(line)
+    _wrote(write_output(out, calibration_toml(fits, source), force=force))
 
 
 @app.command("validate-slice")
@@ -667,6 +705,8 @@ def validate_slice(configs: list[Path] = typer.Argument(..., help="TOML configs 
                    force: bool = typer.Option(False, "--force", help="replace an existing slice folder")):
     """Run several meshes on the testbed; order measured step times against predicted; keep the rejected."""
     _require_torch("validate-slice")
+    _check_run_options(layers, seq_len, vocab, steps, hidden_div, timeout_s, None)
+    check_number("--world", world, 1, 4096)
 
     opt = Options(worlds=(world,), layers=layers, hidden_div=hidden_div, seq_len=seq_len, vocab=vocab,
                   steps=steps, timeout_s=timeout_s, testbed=testbed)
@@ -707,15 +747,18 @@ def bench_comm_cmd(nproc: int = typer.Option(4, help="ranks (per node with --tes
                    testbed: Optional[str] = typer.Option(None, help="run on the netns testbed of this prefix"),
                    iters: int = typer.Option(20, help="timed calls per size at most"),
                    budget_s: float = typer.Option(0.2, help="seconds per size, which caps iters"),
-                   timeout_s: float = typer.Option(600.0, help="kill the run after this many seconds")):
-    """Collectives per link class in nccl-tests columns, alpha-beta fits, and a send/recv matrix."""
+                   timeout_s: float = typer.Option(600.0, help="kill the run after this many seconds"),
+                   force: bool = typer.Option(False, "--force", help="replace an existing --out folder")):
+    """Collectives per link class in nccl-tests columns, alpha-beta fits, and a send/recv matrix. The --out folder
+    is built under a temporary name and renamed into place when the run succeeds."""
     _require_torch("bench comm")
 
+    check_number("--timeout-s", timeout_s, 1.0, 86400.0, "s")
     try:
         fits = run_bench(nproc, parse_sizes(sizes), out, testbed=testbed, iters=iters, budget_s=budget_s,
-                         timeout_s=timeout_s, echo=typer.echo)
+                         timeout_s=timeout_s, echo=_echo, force=force)
     except RuntimeError as e:
-        typer.echo(f"error: {e}", err=True)
+        _echo(f"error: {e}", err=True)
         raise typer.Exit(1)
     raise typer.Exit(0 if fits else 1)
 
@@ -750,15 +793,18 @@ def bench_gemm(config: Path = typer.Argument(..., help="TOML config whose local 
     _require_torch("bench gemm")
     from meshplan.runtime.bench.gemm import bench, write_table
 
+    if max_elements is not None:
+        check_number("--max-elements", max_elements, 1, 1 << 40)
+    check_destination(out, "--out", force)
     p, device, dt = _bench_target(config, device, dtype)
     limit = max_elements if max_elements is not None else (2 ** 22 if device == "cpu" else None)
     rows = bench(list(p.gemms), dtype=dt, device=device, max_elements=limit)
-    typer.echo(f"{'M':>7} {'N':>7} {'K':>7} {'dtype':>5} {'time (us)':>11} {'TFLOP/s':>8}  device")
+    _echo(f"{'M':>7} {'N':>7} {'K':>7} {'dtype':>5} {'time (us)':>11} {'TFLOP/s':>8}  device")
     for r in rows:
         scaled = f" (run at M {r.scaled_m})" if r.scaled_m != r.gemm.m else ""
-        typer.echo(f"{r.gemm.m:7d} {r.gemm.n:7d} {r.gemm.k:7d} {r.dtype:>5} {r.seconds * 1e6:11.1f} "
+        _echo(f"{r.gemm.m:7d} {r.gemm.n:7d} {r.gemm.k:7d} {r.dtype:>5} {r.seconds * 1e6:11.1f} "
                    f"{r.tflops:8.2f}  {r.device}{scaled}")
-    typer.echo(f"wrote {write_table(rows, out, force=force)}")
+    _wrote(write_table(rows, out, force=force))
 
 
 @bench_app.command("attention")
@@ -775,25 +821,58 @@ def bench_attention(config: Path = typer.Argument(..., help="TOML config whose l
     _require_torch("bench attention")
     from meshplan.runtime.bench.attention import bench_plan, gemm_rows, write_table
 
+    check_number("--repeats", repeats, 1, 10_000)
+    check_destination(out, "--out", force)
     p, device, dt = _bench_target(config, device, dtype)
-    r = bench_plan(p, dt, device, repeats=max(1, repeats))
+    r = bench_plan(p, dt, device, repeats=repeats)
     fwd_flops = 2.0 * r["batch"] * r["q_heads"] * r["seq_q"] * r["seq_kv"] * r["head_dim"]  # causal half
-    typer.echo(f"attention b {r['batch']} heads {r['q_heads']} (kv {r['kv_heads']}) s_q {r['seq_q']} s_kv "
+    _echo(f"attention b {r['batch']} heads {r['q_heads']} (kv {r['kv_heads']}) s_q {r['seq_q']} s_kv "
                f"{r['seq_kv']} d {r['head_dim']} {dt}: forward {r['forward_s'] * 1e6:.1f} us "
                f"({fwd_flops / r['forward_s'] / 1e12:.3f} TFLOP/s), backward {r['backward_s'] * 1e6:.1f} us "
                f"({2.5 * fwd_flops / r['backward_s'] / 1e12:.3f} TFLOP/s; flash-attention FLOP convention)  "
                f"{r['device']}")
     rows = (gemm_rows(with_gemm) if with_gemm else []) + [r]
-    typer.echo(f"wrote {write_table(rows, out, force=force)}")
+    _wrote(write_table(rows, out, force=force))
+
+
+# typer raises click's UsageError (BadParameter's base); typer >= 0.2x vendors click, so the
+# class is taken from the public BadParameter rather than imported from either package.
+_USAGE_ERROR = typer.BadParameter.__mro__[1]
+
+
+def _usage_line(e) -> Optional[str]:
+    """A one-line ``error: <option>: <what is wrong>`` for a usage error whose message is one
+    line (a value that does not parse, a missing or unknown option); None for the help text
+    shown when a group is called without a command."""
+    msg = e.format_message()
+    if "\n" in msg.strip():
+        return None
+    param = getattr(e, "param", None)
+    field = (param.opts[0] if param is not None and getattr(param, "opts", None) else
+             getattr(e, "option_name", None) or (e.ctx.command_path if e.ctx is not None else "usage"))
+    cmd = e.ctx.command_path if e.ctx is not None else "meshplan"
+    return printable(f"error: {field}: {msg.rstrip('.')}; see {cmd} --help")
 
 
 def main(argv: Optional[list[str]] = None) -> None:
-    """Entry point: run the app, turning ConfigError into one line and exit 2."""
+    """Entry point: run the app; malformed input (a ConfigError, or a usage error of an
+    option or argument) is one line ``error: <field>: ...`` and exit 2."""
     try:
-        app(args=argv)
+        rc = app(args=argv, standalone_mode=False)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
+    except _USAGE_ERROR as e:
+        line = _usage_line(e)
+        if line is None:
+            e.show()
+        else:
+            print(line, file=sys.stderr)
+        sys.exit(e.exit_code)
+    except typer.Abort:
+        print("Aborted!", file=sys.stderr)
+        sys.exit(1)
+    sys.exit(rc if isinstance(rc, int) else 0)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ from typing import Optional
 from meshplan.comm.alphabeta import busbw_factor
 from meshplan.compute.gemm import gemm_efficiency
 from meshplan.errors import ConfigError
-from meshplan.fileio import write_output
+from meshplan.fileio import check_destination, staged_folder, write_output
 from meshplan.plan import Infeasible, Plan
 from meshplan.report.json_out import write_json
 from meshplan.schedule.rank_timeline import Overlap
@@ -211,22 +211,31 @@ def _g(g) -> str:
 
 
 def evidence_folder(c: Comparison, out_dir: str | Path, force: bool = False) -> Path:
-    """``out_dir/rejected-<name>/``; ConfigError (``--out``) when it exists and not ``force``,
-    so the CLI can refuse before printing the report."""
+    """``out_dir/rejected-<name>/``; ConfigError (``--out``) when it exists (not empty) and not
+    ``force``, or cannot be written, so the CLI can refuse before printing the report."""
     folder = Path(out_dir) / f"rejected-{c.rejected}"
-    if not (c.identical or c.none_fit) and folder.exists() and not force:
-        raise ConfigError("--out", f"{folder} exists; choose another --out or pass --force")
+    if not (c.identical or c.none_fit):
+        check_destination(folder, "--out", force, folder=True)
     return folder
 
 
 def write_evidence(c: Comparison, out_dir: str | Path, force: bool = False) -> list[Path]:
     """Write the rejected mesh's plan, its predicted trace, and a summary of the comparison
-    to ``out_dir/rejected-<name>/``. Refuses to replace an existing folder unless ``force``."""
+    to ``out_dir/rejected-<name>/``, built under a temporary name and renamed into place at
+    the end (:func:`meshplan.fileio.staged_folder`: an interrupted or failed run leaves nothing
+    that blocks the rerun). Refuses to replace an existing folder unless ``force``. Returns
+    the written paths (under their final name)."""
     if c.identical or c.none_fit:
         return []
-    folder = evidence_folder(c, out_dir, force)
+    dest = evidence_folder(c, out_dir, force)
+    with staged_folder(dest, "--out", force) as folder:
+        names = _write_evidence_files(c, folder)
+    return [dest / n for n in names]
+
+
+def _write_evidence_files(c: Comparison, folder: Path) -> list[str]:
+    """The evidence files of :func:`write_evidence` in ``folder``; returns their names."""
     rejected = c.a if c.rejected == c.a.name else c.b
-    folder.mkdir(parents=True, exist_ok=True)
     paths = [write_json(rejected.plan, folder / "plan.json", force=True)]
     if rejected.step is not None:
         paths.append(rejected.step.write_trace(folder / "predicted-trace.json", force=True))
@@ -239,7 +248,7 @@ def write_evidence(c: Comparison, out_dir: str | Path, force: bool = False) -> l
     paths.append(_atomic_text(folder / "comparison.json", json.dumps(
         {"winner": c.winner, "rejected": c.rejected, "reasons": list(c.reasons),
          "table": [list(r) for r in table_rows(c)]}, indent=1)))
-    return paths
+    return [p.name for p in paths]
 
 
 def _atomic_text(path: Path, text: str) -> Path:

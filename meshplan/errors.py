@@ -3,20 +3,74 @@
 Malformed input is a :class:`ConfigError` with a one-line message naming the field and the
 fix. An infeasible mesh is never an exception: it is a result carrying reasons (see
 :class:`meshplan.mesh.validity.Reason`).
+
+Whatever came from input is echoed through :func:`printable`: control characters (C0, DEL,
+C1: ESC of terminal escape sequences, carriage return, newline), format characters (Unicode
+category Cf: bidirectional overrides) and line or paragraph separators are written as
+``\\xNN`` / ``\\uNNNN`` escapes, so an error is one line and a name cannot move the cursor,
+clear the screen or reorder what a terminal shows.
 """
 
 from __future__ import annotations
 
+import math
+import unicodedata
+
+_UNPRINTABLE = ("Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp")
+
+
+def _escape(ch: str) -> str:
+    o = ord(ch)
+    return f"\\x{o:02x}" if o < 0x100 else f"\\u{o:04x}" if o < 0x10000 else f"\\U{o:08x}"
+
+
+def printable(text: str, keep_newlines: bool = False) -> str:
+    """``text`` with every character a terminal would act on escaped (see the module
+    docstring); ``keep_newlines`` keeps ``\\n`` (multi-line reports), never ``\\r``.
+
+    >>> printable("llama\\x1b[2J\\nrm -rf /")
+    'llama\\\\x1b[2J\\\\x0arm -rf /'
+    >>> printable("a\\u202eb"), printable("x\\ny", keep_newlines=True)
+    ('a\\\\u202eb', 'x\\ny')
+    """
+    if text.isprintable():
+        return text
+    return "".join(ch if (ch == "\n" and keep_newlines) or unicodedata.category(ch) not in _UNPRINTABLE
+                   else _escape(ch) for ch in text)
+
 
 class ConfigError(ValueError):
-    """Malformed input. ``str(err)`` is one line: ``<field>: <what is wrong>; <fix>``."""
+    """Malformed input. ``str(err)`` is one printable line: ``<field>: <what is wrong>; <fix>``
+    (input echoed in it goes through :func:`printable`)."""
 
     def __init__(self, field: str, message: str):
         self.field = field
         self.message = message
-        super().__init__(f"{field}: {message}")
+        super().__init__(printable(f"{field}: {message}"))
 
 
 class CheckpointError(ConfigError):
     """A checkpoint that cannot be loaded as asked: missing or incomplete, or holding state
     that cannot be resharded to the new mesh (handed case C13). One line, as ConfigError."""
+
+
+def check_number(field: str, value: float, lo: float, hi: float, unit: str = "", why: str = "") -> float:
+    """``value`` when it is a finite number in ``[lo, hi]``; else ConfigError naming
+    ``field`` (a command-line option as ``--write-gbps``) with the range, its ``unit`` and the
+    reason for the bounds ``why``. Options are held to the same rules as config fields: NaN,
+    infinities and values whose arithmetic would overflow are refused at input.
+
+    >>> check_number("--write-gbps", 10.0, 1e-3, 1e6, "GB/s")
+    10.0
+    >>> check_number("--write-gbps", float("nan"), 1e-3, 1e6, "GB/s")
+    Traceback (most recent call last):
+    ...
+    meshplan.errors.ConfigError: --write-gbps: nan is not a finite number; give a value in 0.001..1e+06 GB/s
+    """
+    unit = f" {unit}" if unit else ""
+    why = f" ({why})" if why else ""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ConfigError(field, f"{value!r} is not a finite number; give a value in {lo:g}..{hi:g}{unit}{why}")
+    if not lo <= value <= hi:
+        raise ConfigError(field, f"{value:g} is outside {lo:g}..{hi:g}{unit}{why}")
+    return value

@@ -103,5 +103,5 @@ def test_cli_refuses_existing_out_before_the_report(tmp_path):
     assert "verdict: seed-64gpu (rejected: seed-64gpu-tp4)" in first.stdout
     again = subprocess.run(argv, capture_output=True, text=True, timeout=120)
     assert again.returncode == 2 and again.stdout == ""
-    assert again.stderr == (f"error: --out: {tmp_path / 'rejected-seed-64gpu-tp4'} exists; choose another --out or "
-                            "pass --force\n")
+    assert again.stderr == (f"error: --out: {tmp_path / 'rejected-seed-64gpu-tp4'} exists; choose another path or "
+                            "pass --force to replace it\n")

@@ -20,7 +20,9 @@ from pathlib import Path
 import pytest
 
 from meshplan.errors import ConfigError
+from meshplan.fileio import staged_folder
 from meshplan.runtime.execution.launch import RunOutcome, diagnose, parse_root_cause
+from meshplan.runtime.validation import host
 from meshplan.runtime.validation.validate import MARKER, Options, prepare_out, scale_mesh
 from meshplan.spec.mesh import MeshSpec
 
@@ -108,7 +110,34 @@ def test_out_folder_guard(tmp_path):
     ours.mkdir()
     (ours / MARKER).write_text("{}")
     prepare_out(ours, force=True)
-    assert list(ours.iterdir()) == []
+    assert [p.name for p in ours.iterdir()] == [MARKER]  # kept until the new folder is renamed into place
+    with staged_folder(ours, force=True) as tmp:
+        (tmp / "summary.md").write_text("new")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ev", "mine.txt"]
+    assert [p.name for p in ours.iterdir()] == ["summary.md"]
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(ConfigError, match="f is a file, not a folder"):
+        prepare_out(tmp_path / "f" / "out", force=False)
+
+
+def test_host_record_marks_times_unreliable_when_ranks_outnumber_cores():
+    """4 ranks on the 2 cores of this project's machine: every time row is marked, and the
+    record keeps the cores and both loads; 2 ranks on 8 idle cores are reliable; 2 ranks on 8
+    cores with 7 already busy are not (7 + 2 > 8)."""
+    rows = [{"quantity": "step time", "unit": "s", "note": "median"}, {"quantity": "peak memory", "unit": "B",
+                                                                        "note": "tracker"}]
+    h = host.verdict(4, {"cores": 2, "cpu_count": 4, "load": 0.5}, {"cores": 2, "cpu_count": 4, "load": 4.2})
+    assert h == {"ranks": 4, "cores": 2, "cpu_count": 4, "load_before": 0.5, "load_after": 4.2, "reliable": False,
+                 "why": ["4 ranks on 2 cores: ranks time-share cores"]}
+    host.mark(rows, h)
+    assert rows[0]["note"] == "median; unreliable: 4 ranks on 2 cores: ranks time-share cores"
+    assert rows[1]["note"] == "tracker"
+    assert "UNRELIABLE" in host.line(h) and "2 cores usable of 4" in host.line(h)
+    idle = {"cores": 8, "cpu_count": 8, "load": 0.0}
+    assert host.verdict(2, idle, idle)["reliable"]
+    assert not host.verdict(2, {**idle, "load": 7.0}, idle)["reliable"]
+    now = host.state()
+    assert now["cores"] == len(os.sched_getaffinity(0)) and now["load"] == pytest.approx(os.getloadavg()[0], abs=5)
 
 
 def test_a_mesh_the_runtime_cannot_build_is_refused_before_anything_runs(tmp_path):

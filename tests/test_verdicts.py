@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -70,6 +71,28 @@ def test_groups_and_place_print_then_give_the_verdict(tp4_plan):
     pl = _run("place", str(TP4))
     assert pl.returncode == 1
     assert "CUDA_VISIBLE_DEVICES" in pl.stdout and pl.stderr == _reason_lines(tp4_plan)
+
+
+def test_nccl_check_checks_then_gives_the_verdict(tp4_plan, tmp_path):
+    """nccl-check on a mesh that does not fit exited 1 and printed nothing (114 cases of
+    issue 13): it now checks the log against the placement and ends with plan's reasons."""
+    log = Path(__file__).parent / "data" / "nccl" / "dgx-h100x2_world16_dp2_ok.log"  # another cluster's run
+    r = _run("nccl-check", str(TP4), str(log))
+    assert r.returncode == 1
+    assert r.stdout.endswith("22 difference(s) between the NCCL log and the placement\n")
+    assert r.stderr == _reason_lines(tp4_plan)
+    seed = _run("nccl-check", str(SEED), str(log))
+    assert seed.stdout.endswith("22 difference(s) between the NCCL log and the placement\n") and seed.stderr == ""
+
+
+def test_nccl_check_of_a_mesh_without_placement_says_why(tmp_path):
+    """Degrees that do not make the world: no placement to check, the reason on stderr."""
+    cfg = tmp_path / "bad.toml"
+    cfg.write_text(SEED.read_text().replace("shape = [8, 8]", "shape = [3, 8]"))
+    p = build_plan(load_config(cfg))
+    assert p.placement is None and p.reasons
+    r = _run("nccl-check", str(cfg), str(tmp_path / "no.log"))
+    assert r.returncode == 1 and r.stdout == "" and r.stderr == _reason_lines(p)
 
 
 def test_compare_with_neither_fitting_exits_1_with_both_reasons(tp4_plan, tmp_path):

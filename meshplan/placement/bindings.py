@@ -37,15 +37,14 @@ Conventions (each one a choice; the docstrings say which):
 from __future__ import annotations
 
 import json
-import os
 import re
 import shlex
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
 from meshplan.errors import ConfigError
+from meshplan.fileio import write_output
 from meshplan.placement.assign import Placement
 
 _CHOICES = {"transport": ("ib", "socket"), "nic_scope": ("rank", "node"), "visible": ("one", "all")}
@@ -136,7 +135,20 @@ def _binding(p: Placement, rank: int, mode: str, transport: str, nic_scope: str,
 
 
 def _q(value: str) -> str:
+    """``value`` as one sh word: double-quoted when it holds only characters that mean
+    nothing to sh (``_SAFE``), else single-quoted by ``shlex.quote`` (no expansion at all)."""
     return f'"{value}"' if _SAFE.fullmatch(value) else shlex.quote(value)
+
+
+def _c(value) -> str:
+    """``value`` for a ``#`` comment line: printable ASCII kept, anything else (a newline
+    would end the comment and start a command) written as a ``\\xNN`` escape.
+
+    >>> _c("mlx5_0\\nrm -rf ~")
+    'mlx5_0\\\\x0arm -rf ~'
+    """
+    return "".join(ch if " " <= ch <= "~" else f"\\x{ord(ch):02x}" if ord(ch) < 0x100 else f"\\u{ord(ch):04x}"
+                   for ch in str(value))
 
 
 def to_sh(placement: Placement, **opts) -> str:
@@ -146,7 +158,7 @@ def to_sh(placement: Placement, **opts) -> str:
     rows, mode, cl = all_bindings(placement, **opts), launch_mode(placement), placement.cluster
     out = ["#!/bin/sh",
            f"# meshplan bindings: {placement.world} ranks on {cl.nodes} node(s) x {cl.node.gpus} GPUs "
-           f"({cl.node.name}); launch {mode}",
+           f"({_c(cl.node.name)}); launch {mode}",
            f"# torchrun --nnodes {int(placement.node.max()) + 1} --nproc-per-node {cl.node.gpus} "
            "--no-python ./THIS_FILE python train.py ...",
            "# torchrun sets GROUP_RANK (node) and LOCAL_RANK (process on the node)."]
@@ -160,7 +172,7 @@ def to_sh(placement: Placement, **opts) -> str:
         out += [f"{node})", '  case "$LOCAL_RANK" in']
         for b in sorted(by_node[node], key=lambda b: b["local_rank"]):
             env = " ".join(f"{k}={_q(v)}" for k, v in b["env"].items())
-            nic = b["nic"] or "-"
+            nic = _c(b["nic"] or "-")
             out += [f"  {b['local_rank']}) # rank {b['rank']}: GPU {b['gpu']}, socket {b['socket']}, NIC {nic}",
                     f"    export {env}", f'    exec {b["numactl"]} "$@" ;;']
         out += ['  *) echo "meshplan: no binding for node $GROUP_RANK local rank $LOCAL_RANK" >&2; exit 1 ;;',
@@ -171,32 +183,10 @@ def to_sh(placement: Placement, **opts) -> str:
 
 def write_bindings(path, placement: Placement, fmt: str = "json", force: bool = False, **opts) -> Path:
     """Write :func:`all_bindings` as a JSON list (``fmt="json"``) or :func:`to_sh`
-    (``fmt="sh"``, made executable). Atomic (temp file, then link or rename); refuses an
-    existing file unless ``force`` (ConfigError naming --bindings)."""
+    (``fmt="sh"``, made executable) with :func:`meshplan.fileio.write_output`: atomic, an
+    existing file refused unless ``force`` (ConfigError naming --bindings)."""
     if fmt not in ("json", "sh"):
         raise ConfigError("--format", f"{fmt!r} is not one of ['json', 'sh']")
     text = (json.dumps(all_bindings(placement, **opts), indent=2) + "\n" if fmt == "json"
             else to_sh(placement, **opts))
-    dest = Path(path)
-    taken = ConfigError("--bindings", f"{dest} exists; choose another path or pass --force to replace it")
-    if dest.exists() and not force:
-        raise taken
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=dest.name, suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.chmod(tmp, 0o755 if fmt == "sh" else 0o644)
-        if force:
-            os.replace(tmp, dest)
-        else:
-            try:
-                os.link(tmp, dest)  # fails if dest appeared meanwhile: never overwrite
-            except FileExistsError:
-                raise taken from None
-            except OSError:  # no hard links on this filesystem
-                os.replace(tmp, dest)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return dest
+    return write_output(path, text, force=force, field="--bindings", mode=0o755 if fmt == "sh" else 0o644)

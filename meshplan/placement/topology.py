@@ -343,16 +343,19 @@ def node_from_topology(topo: TopoMatrix, base: NodeSpec, nics: Optional[Sequence
                 if lvl == best:
                     under[n].append(gpu)
     rails = {n.name: n.rail for n in base.nics} if [n.name for n in base.nics] == names else {}
-    specs = [NICSpec(name=n, rate_gbit_per_s=_nic_rate(topo, base, n), gpus=sorted(under[n]),
-                     socket=_nic_socket(topo, j, gpu_socket, index), rail=rails.get(n, k))
-             for k, (n, j) in enumerate(zip(names, cols))]
     try:
+        specs = [NICSpec(name=n, rate_gbit_per_s=_nic_rate(topo, base, n), gpus=sorted(under[n]),
+                         socket=_nic_socket(topo, j, gpu_socket, index), rail=rails.get(n, k))
+                 for k, (n, j) in enumerate(zip(names, cols))]
         return NodeSpec(
             name=base.name, gpus=base.gpus, fabric=base.fabric, pcie=base.pcie, sockets=sockets, nics=specs,
             nvlink_domain_gpus=base.nvlink_domain_gpus,
             source=f"sockets and NICs from {topo.source}; fabric, PCIe and NIC rates from {base.name}")
     except ValidationError as err:
-        raise ConfigError(topo.source, f"topology gives an invalid node: {err.errors()[0]['msg']}") from None
+        first = err.errors()[0]
+        where = ".".join(str(x) for x in first["loc"])
+        raise ConfigError(topo.source, f"topology gives an invalid node: {where + ': ' if where else ''}"
+                                       f"{first['msg'].removeprefix('Value error, ')}") from None
 
 
 def _closeness(node: NodeSpec, gpu: int, nic: int) -> tuple[int, str]:

@@ -4,3 +4,17 @@
 """
 
 __all__ = ["json_out", "memory", "memory_plot", "place_text", "search", "text"]
+
+from rich.markup import escape
+
+from meshplan.errors import printable
+
+
+def shown(text) -> str:
+    """``text`` from input (a path, a name) for a rich console: control characters and escape
+    sequences escaped (:func:`meshplan.errors.printable`), rich markup (``[red]``) escaped.
+
+    >>> shown("x\\x1b[2J[red]y.toml")
+    'x\\\\x1b[2J\\\\[red]y.toml'
+    """
+    return escape(printable(str(text)))

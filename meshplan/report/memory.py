@@ -13,6 +13,7 @@ from rich.table import Table
 
 from meshplan.memory.timeline import KINDS, Timeline
 from meshplan.plan import Plan
+from meshplan.report import shown
 from meshplan.units import GiB, MiB
 
 KIND_NOTES = {
@@ -179,7 +180,7 @@ def print_memory(plan: Plan, console: Console | None = None, all_stages: bool = 
     most loaded stage (every stage with ``all_stages``)."""
     con = console or Console()
     c = plan.config
-    con.rule(f"[bold]meshplan memory[/] {c.path or ''}")
+    con.rule(f"[bold]meshplan memory[/] {shown(c.path or '')}")
     con.print(plan.timeline.title + f", {plan.spec.pp_schedule}, micro-batch {c.training.micro_batch} x seq "
               f"{c.training.seq_len}, sharding {c.training.sharding}, recompute {c.training.recompute}")
     con.print(timeline_table(plan, all_stages))

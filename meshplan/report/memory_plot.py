@@ -7,13 +7,12 @@ keeps its lowest and its highest total, so the envelope and the peak stay exact.
 
 from __future__ import annotations
 
-import os
-import tempfile
+import io
 from pathlib import Path
 
 import numpy as np
 
-from meshplan.errors import ConfigError
+from meshplan.fileio import check_destination, write_output
 from meshplan.memory.timeline import KINDS, Timeline
 from meshplan.units import GiB
 
@@ -110,22 +109,15 @@ def _figure(tl: Timeline, name: str, max_points: int):
 
 def write_png(tl: Timeline, path: str | Path, name: str = "meshplan", force: bool = False,
               max_points: int = 20000) -> Path:
-    """Write the timeline plot atomically (temp file + rename); refuses to replace an
-    existing file unless ``force`` (ConfigError naming --out)."""
-    dest = Path(path)
-    if dest.exists() and not force:
-        raise ConfigError("--out", f"{dest} exists; choose another folder or pass --force to replace it")
-    dest.parent.mkdir(parents=True, exist_ok=True)
+    """Write the timeline plot with :func:`meshplan.fileio.write_output` (atomic; an existing
+    file refused unless ``force``, ConfigError naming --out)."""
+    check_destination(path, "--out", force)
     fig = _figure(tl, name, max_points)
-    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=dest.name, suffix=".tmp.png")
-    os.close(fd)
+    buf = io.BytesIO()
     try:
-        fig.savefig(tmp, format="png")
-        os.replace(tmp, dest)
+        fig.savefig(buf, format="png")
     finally:
         import matplotlib.pyplot as plt
 
         plt.close(fig)
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return dest
+    return write_output(path, buf.getvalue(), force=force, field="--out")

@@ -12,6 +12,7 @@ from meshplan.memory.state import megatron_estimate, zero_textbook_bytes
 from meshplan.mesh.resolve import Mesh
 from meshplan.placement.assign import Placement, rank_row
 from meshplan.plan import Infeasible, Plan
+from meshplan.report import shown
 from meshplan.report.memory import timeline_table
 from meshplan.units import GB, US, GiB, human_bytes
 
@@ -63,11 +64,11 @@ def print_plan(plan: Plan | Infeasible, rank: int = 0, console: Console | None =
 def _header(plan: Plan | Infeasible, con: Console) -> None:
     c = plan.config
     m, t, cl = c.model, c.training, c.cluster
-    con.rule(f"[bold]meshplan plan[/] {c.path or ''}")
+    con.rule(f"[bold]meshplan plan[/] {shown(c.path or '')}")
     con.print(f"model   {m.name}: {m.layers} layers, hidden {m.hidden}, ffn {m.ffn}{' gated' if m.gated_mlp else ''}, "
               f"heads {m.q_heads}/{m.n_kv_heads} kv, head dim {m.d_head}, vocab {m.vocab}, "
               f"{m.param_count() / 1e9:.2f} B params" + (f", {m.experts} experts top-{m.top_k}" if m.is_moe else ""))
-    con.print(f"cluster {cl.name}: {cl.nodes} nodes x {cl.node.gpus} {cl.gpu.name} "
+    con.print(f"cluster {shown(cl.name)}: {cl.nodes} nodes x {cl.node.gpus} {cl.gpu.name} "
               f"({cl.gpu.hbm_bytes / GiB:.1f} GiB HBM), {len(cl.node.nics)} NIC(s)/node, world {plan.world}")
     tokens = t.global_batch * t.seq_len
     con.print(f"train   global batch {t.global_batch} x seq {t.seq_len} = {tokens:,} tokens/step, micro-batch "

@@ -12,6 +12,7 @@ from typing import Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from meshplan.spec.names import Name, Text
 from meshplan.units import GB, GBIT_PER_S, TB, TFLOPS, US
 
 _STRICT = ConfigDict(extra="forbid", frozen=True)
@@ -23,13 +24,13 @@ class GPUSpec(BaseModel):
     compute model."""
 
     model_config = _STRICT
-    name: str
-    peak_tflops: dict[str, float]
+    name: Name
+    peak_tflops: dict[Name, float]
     hbm_gb: float = Field(gt=0)
     hbm_bandwidth_tb_per_s: float = Field(gt=0)
     sms: int = Field(gt=0)
     max_gemm_fraction: float = Field(default=0.8, gt=0, le=1)
-    source: str
+    source: Text
 
     @property
     def hbm_bytes(self) -> float:
@@ -55,12 +56,12 @@ class LinkSpec(BaseModel):
     (:mod:`meshplan.schedule.rank_timeline`)."""
 
     model_config = _STRICT
-    name: str
+    name: Name
     bandwidth_gb_per_s: float = Field(gt=0)
     latency_us: float = Field(ge=0)
     nvls: bool = False
     nccl_channels: int = Field(default=0, ge=0)
-    source: str = ""
+    source: Text = ""
 
     @property
     def bandwidth_bytes_per_s(self) -> float:
@@ -84,7 +85,7 @@ class NICSpec(BaseModel):
     In a rail-optimized fabric NIC k of every node connects to leaf (rail) ``rail``."""
 
     model_config = _STRICT
-    name: str
+    name: Name
     rate_gbit_per_s: float = Field(gt=0)
     gpus: list[int]
     socket: int = Field(default=0, ge=0)
@@ -101,7 +102,7 @@ class NetworkTier(BaseModel):
     figure per step), and the oversubscription ratio (1 = non-blocking). ``nodes_per_domain``: nodes under one switch of this tier (0 = all)."""
 
     model_config = _STRICT
-    name: str
+    name: Name
     latency_us: float = Field(ge=0)
     oversubscription: float = Field(default=1.0, ge=1)
     nodes_per_domain: int = Field(default=0, ge=0)
@@ -130,7 +131,7 @@ class BusbwCurve(BaseModel):
     nodes: int = Field(default=1, ge=1)
     rank_counts: list[int] = Field(default_factory=list)
     rank_busbw_gb_per_s: list[float] = Field(default_factory=list)
-    source: str = Field(min_length=1)
+    source: Text = Field(min_length=1)
 
     @model_validator(mode="after")
     def _check(self):
@@ -154,7 +155,7 @@ class NodeSpec(BaseModel):
     ``nic`` across nodes); a class without one is timed at its line rate."""
 
     model_config = _STRICT
-    name: str
+    name: Name
     gpus: int = Field(gt=0)
     fabric: LinkSpec
     pcie: LinkSpec
@@ -162,7 +163,7 @@ class NodeSpec(BaseModel):
     nics: list[NICSpec]
     nvlink_domain_gpus: int = Field(default=0, ge=0)
     busbw: dict[Literal["nvlink", "nvls", "nic"], BusbwCurve] = Field(default_factory=dict)
-    source: str = ""
+    source: Text = ""
 
     @model_validator(mode="after")
     def _check(self):
@@ -202,13 +203,13 @@ class ClusterSpec(BaseModel):
     testbed) runs rings only."""
 
     model_config = _STRICT
-    name: str = "custom"
+    name: Text = "custom"  # free text: catalog systems are named "<nodes>x <node>"
     gpu: GPUSpec
     node: NodeSpec
     nodes: int = Field(gt=0)
     network: list[NetworkTier] = Field(default_factory=list)
     collective_library: Literal["nccl", "rccl", "gloo"] = "nccl"
-    source: str = ""
+    source: Text = ""
 
     @property
     def world(self) -> int:

@@ -41,8 +41,9 @@ from typing import Any, Callable, Optional, Union
 
 from pydantic import ValidationError
 
-from meshplan.errors import ConfigError
+from meshplan.errors import ConfigError, printable
 from meshplan.spec.model import ModelSpec
+from meshplan.spec.names import safe_name
 
 
 class _Keys:
@@ -225,11 +226,12 @@ def model_from_hf_config(config: Union[dict, str, Path], name: Optional[str] = N
                           f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
     fields = family(_Keys(cfg))
     notes = fields.pop("_notes", [])
+    explicit = name is not None  # a name the caller chose is checked, one taken from the file made safe
     if name is None:
         name = cfg.get("_name_or_path") or (path.parent.name if path else "")
-    fields["name"] = name or f"hf-{model_type}"
-    fields["source"] = f"Hugging Face config.json (model_type {model_type}) from {origin}" + (
-        "; not modelled: " + "; ".join(notes) if notes else "")
+    fields["name"] = safe_name(str(name), f"hf-{model_type}") if not explicit else name
+    fields["source"] = printable(f"Hugging Face config.json (model_type {model_type}) from {origin}" + (
+        "; not modelled: " + "; ".join(notes) if notes else ""))
     try:
         return ModelSpec(**fields)
     except ValidationError as err:

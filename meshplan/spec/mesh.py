@@ -8,6 +8,8 @@ from typing import Optional
 
 from pydantic import BaseModel, ConfigDict, Field, field_serializer, model_validator
 
+from meshplan.spec.names import Name
+
 
 class Schedule(StrEnum):
     """Pipeline schedules by the name a config (``mesh.pp_schedule``) or ``meshplan step
@@ -42,10 +44,10 @@ class MeshSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
-    names: Optional[list[str]] = None
+    names: Optional[list[Name]] = None
     shape: Optional[list[int]] = None
     order: Optional[str] = None
-    degrees: Optional[dict[str, int]] = None
+    degrees: Optional[dict[Name, int]] = None
     world: Optional[int] = Field(default=None, gt=0)
     sequence_parallel: bool = False
     virtual_stages: int = Field(default=1, gt=0)

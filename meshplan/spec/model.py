@@ -13,6 +13,8 @@ from typing import Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from meshplan.spec.names import Name, Text
+
 
 class ModelSpec(BaseModel):
     """A decoder transformer.
@@ -25,7 +27,7 @@ class ModelSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
-    name: str = "custom"
+    name: Name = "custom"
     layers: int = Field(gt=0)
     hidden: int = Field(gt=0)
     ffn: int = Field(gt=0)
@@ -47,7 +49,7 @@ class ModelSpec(BaseModel):
     shared_experts: int = Field(default=0, ge=0)
     shared_expert_ffn: Optional[int] = Field(default=None, gt=0)
     dense_layers: int = Field(default=0, ge=0)
-    source: str = ""
+    source: Text = ""
 
     @model_validator(mode="after")
     def _check(self):

@@ -28,8 +28,7 @@ import torch.nn.functional as F
 
 from meshplan.compute.gemm import load_gemm_table
 from meshplan.compute.shapes import Attention, attention_shape
-from meshplan.errors import ConfigError
-from meshplan.fileio import write_text_atomic
+from meshplan.fileio import write_output
 from meshplan.runtime.bench.gemm import DTYPES, device_name
 
 
@@ -90,11 +89,7 @@ def gemm_rows(path: str | Path) -> list[dict]:
 
 def write_table(rows: list[dict], path: str | Path, force: bool = False) -> Path:
     """Write ``{"rows": rows}`` as JSON atomically; refuses to replace a file unless ``force``."""
-    p = Path(path)
-    if p.exists() and not force:
-        raise ConfigError("--out", f"{p} exists; choose another path or pass --force to replace it")
-    p.parent.mkdir(parents=True, exist_ok=True)
-    return write_text_atomic(p, json.dumps({"rows": rows}, indent=1) + "\n")
+    return write_output(path, json.dumps({"rows": rows}, indent=1) + "\n", force=force, field="--out")
 
 
 def bench_plan(plan, dtype: str, device: str, warmup: int = 1, repeats: int = 5) -> dict:

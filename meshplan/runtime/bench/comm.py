@@ -58,7 +58,7 @@ from meshplan.comm.calibration import (
     parse_nccl_tests_text,
 )
 from meshplan.errors import ConfigError
-from meshplan.fileio import write_json_atomic, write_text_atomic
+from meshplan.fileio import staged_folder, write_json_atomic, write_text_atomic
 from meshplan.runtime.testbed.launch import launch_per_node, torchrun_argv
 from meshplan.runtime.testbed.netns import require_testbed
 from meshplan.runtime.testbed.nics import bind_shim, node_env
@@ -351,7 +351,7 @@ def _run_local(nproc: int, wargs: list[str], out: Path, timeout_s: float) -> Non
     if rc != 0:
         tail = (out / "bench.log").read_text(errors="replace").strip().splitlines()[-8:]
         why = f"timed out after {timeout_s:g} s" if rc is None else f"exited with {rc}"
-        raise RuntimeError(f"bench comm workers {why}; see {out / 'bench.log'}:\n" + "\n".join(tail))
+        raise RuntimeError(f"bench comm workers {why}; the last lines of bench.log:\n" + "\n".join(tail))
 
 
 def _run_testbed(prefix: str, nproc: int, wargs: list[str], out: Path, timeout_s: float, state_dir=None) -> str:
@@ -372,8 +372,12 @@ def _run_testbed(prefix: str, nproc: int, wargs: list[str], out: Path, timeout_s
 
 def run_bench(nproc: int, sizes: Sequence[int], out, *, testbed: Optional[str] = None, iters: int = 20,
               warmup: int = 2, budget_s: float = 0.2, pair_size: Optional[int] = None,
-              timeout_s: float = 600.0, testbed_state_dir=None, echo=print) -> list[LinkFit]:
+              timeout_s: float = 600.0, testbed_state_dir=None, echo=print, force: bool = False) -> list[LinkFit]:
     """Measure, write every file into ``out`` and print them; returns the all-reduce fits.
+    ``out`` is built under a temporary name and renamed into place at the end
+    (:func:`meshplan.fileio.staged_folder`): an existing non-empty ``out`` is refused before
+    the run unless ``force`` (ConfigError naming --out), and a failed or interrupted run
+    leaves neither a partial folder nor an earlier result behind.
     ``nproc``: ranks (per node on a testbed). Raises ConfigError for bad arguments and
     RuntimeError when the workers fail or time out. ``testbed_state_dir``: where ``testbed
     up`` wrote its state (default $MESHPLAN_TESTBED_DIR or /tmp/meshplan-testbed)."""
@@ -382,11 +386,17 @@ def run_bench(nproc: int, sizes: Sequence[int], out, *, testbed: Optional[str] =
         raise ConfigError("--nproc", f"{nproc!r} ranks; use {low}..{MAX_RANKS}")
     if not 1 <= iters <= 1000 or not 0 <= warmup <= 100 or not 0 < budget_s <= 60:
         raise ConfigError("--iters", f"iters {iters} (1..1000), warmup {warmup} (0..100), budget {budget_s} s (0..60]")
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    results = ("raw.json", "pairs.txt", "pairs.json", "calibration.toml")
-    for old in [*out.glob("*_perf.*.txt"), *(out / n for n in results)]:
-        old.unlink(missing_ok=True)           # a failed run leaves no earlier result behind
+    dest = Path(out)
+    with staged_folder(dest, "--out", force) as out:
+        fits = _measure(nproc, sizes, out, testbed, iters, warmup, budget_s, pair_size, timeout_s, testbed_state_dir,
+                        echo)
+    echo(f"wrote {dest} (nccl-tests text, pairs, calibration.toml)")
+    return fits
+
+
+def _measure(nproc: int, sizes: Sequence[int], out: Path, testbed: Optional[str], iters: int, warmup: int,
+             budget_s: float, pair_size: Optional[int], timeout_s: float, testbed_state_dir, echo) -> list[LinkFit]:
+    """The run of :func:`run_bench` into the (temporary) folder ``out``."""
     pair = min(pair_size or max(sizes), MAX_SIZE_BYTES)
     wargs = worker_argv(out.resolve(), sizes, iters, warmup, budget_s, pair, timeout_s)
     t0 = time.monotonic()
@@ -403,5 +413,5 @@ def run_bench(nproc: int, sizes: Sequence[int], out, *, testbed: Optional[str] =
         echo(b)
     for line in notes:
         echo(line)
-    echo(f"wrote {out} (nccl-tests text, pairs, calibration.toml) in {time.monotonic() - t0:.1f} s")
+    echo(f"measured in {time.monotonic() - t0:.1f} s")
     return fits

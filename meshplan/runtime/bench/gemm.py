@@ -25,7 +25,7 @@ import torch
 
 from meshplan.compute.shapes import Gemm, backward_gemms
 from meshplan.errors import ConfigError
-from meshplan.fileio import write_text_atomic
+from meshplan.fileio import write_output
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -116,8 +116,4 @@ def table_csv(rows: list[Timed]) -> str:
 
 def write_table(rows: list[Timed], path: str | Path, force: bool = False) -> Path:
     """Write the CSV atomically; refuses to replace an existing file unless ``force``."""
-    p = Path(path)
-    if p.exists() and not force:
-        raise ConfigError("--out", f"{p} exists; choose another path or pass --force to replace it")
-    p.parent.mkdir(parents=True, exist_ok=True)
-    return write_text_atomic(p, table_csv(rows))
+    return write_output(path, table_csv(rows), force=force, field="--out")

@@ -38,6 +38,7 @@ from meshplan.runtime.execution.recorder import Collective
 from meshplan.runtime.execution.worker import write_atomic, write_json
 from meshplan.runtime.validation.breakdown import breakdown_rows
 from meshplan.runtime.validation.compare import differences, tally_records, tally_table
+from meshplan.runtime.validation.host import line as host_line
 from meshplan.runtime.validation.probe import calibrated_plan
 from meshplan.schedule.steptime import step_time
 from meshplan.units import MiB
@@ -333,6 +334,8 @@ def write_summary(out: Path, config, opt, results: list[dict]) -> None:
              f"wall-clock limit {opt.timeout_s:g} s per world. Checked: {gate}.", ""]
     for r in results:
         lines += [f"## world {r['world']}: {'OK' if r['ok'] else 'FAILED'}", "", r["message"], ""]
+        if r.get("host"):
+            lines += [host_line(r["host"]), ""]
         lines += [f"- {n}" for n in r.get("notes", [])] + [""]
         comp = r.get("comparison")
         if comp:

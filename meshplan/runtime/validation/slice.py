@@ -41,6 +41,7 @@ from typing import Any, Optional
 
 from meshplan.config import load_config
 from meshplan.errors import ConfigError
+from meshplan.fileio import check_destination, staged_folder
 from meshplan.mesh.resolve import resolved_mesh
 from meshplan.runtime.testbed.netns import require_testbed
 from meshplan.runtime.validation.validate import Options, scale_config, validate
@@ -157,10 +158,12 @@ def _nic_lines(nic: dict) -> list[str]:
     return lines
 
 
-def _keep(r: MeshResult, run_dir: Path, dest: Path, best: Optional[MeshResult], world: int, testbed: str) -> None:
-    """Move the mesh's validate folder to ``dest`` and write its measurements and summary."""
+def _keep(r: MeshResult, run_dir: Path, dest: Path, best: Optional[MeshResult], world: int, testbed: str,
+          final: Path) -> None:
+    """Move the mesh's validate folder to ``dest`` and write its measurements and summary;
+    ``final``: where ``dest`` will be once the slice folder is renamed into place."""
     shutil.move(str(run_dir), str(dest))
-    r.folder = str(dest)
+    r.folder = str(final)
     wdir = dest / f"world{world}"
     if (wdir / "plan.json").exists():
         shutil.copy2(wdir / "plan.json", dest / "plan.json")
@@ -187,14 +190,17 @@ def _keep(r: MeshResult, run_dir: Path, dest: Path, best: Optional[MeshResult], 
 
 
 def prepare_slice_out(out: Path, force: bool) -> None:
-    if out.exists() and any(out.iterdir()):
+    """Refuse, before the run, a non-empty ``out`` unless ``force`` and it is a slice folder of
+    ours, and an ``out`` that cannot be written. The folder is built by
+    :func:`meshplan.fileio.staged_folder` (a temporary name renamed at the end: an interrupted
+    slice leaves nothing that blocks the rerun)."""
+    if out.is_dir() and any(out.iterdir()):
         if not force:
             raise ConfigError("--out", f"{out} exists and is not empty; choose another folder or pass --force")
         if not (out / MARKER).exists():
             raise ConfigError("--out", f"{out} is not a meshplan validate-slice folder (no {MARKER}); --force only "
                               "replaces those")
-        shutil.rmtree(out)
-    out.mkdir(parents=True, exist_ok=True)
+    check_destination(out, "--out", force, folder=True)
 
 
 def common_batch(scaled: list, opt: Options) -> tuple[int, list[int]]:
@@ -233,42 +239,44 @@ def run_slice(configs: list[str], testbed: str, out: Path, opt: Optional[Options
     scaled = [scale_config(c, world, opt)[0] for c in loaded]  # every mesh must scale before anything runs
     batch, micro = common_batch(scaled, opt)
     prepare_slice_out(out, force)
-    echo(f"slice: {len(configs)} meshes x {world} ranks on testbed '{testbed}' ({tb.nodes} nodes, "
-         f"{tb.rate_mbit:g} Mbit/s); model: {opt.layers} layers, hidden / {opt.hidden_div}, seq {opt.seq_len}, "
-         f"vocab {opt.vocab}, {opt.steps} timed steps; global batch {batch} sequences of {opt.seq_len} tokens "
-         "for every mesh")
-    results, runs = [], {}
-    per_node = world // tb.nodes
-    for name, path, cfg, sc, k in zip(names, configs, loaded, scaled, micro):
-        groups = [list(g) for g in tp_groups(sc, world)]
-        echo(f"mesh {name} ({path}): {k} micro-batch(es) per step; tp groups " + (", ".join(
-            f"{g} on node(s) {sorted({x // per_node for x in g})}" for g in groups) or "none"))
-        runs[name] = out / "runs" / name
-        _, res = validate(cfg, replace(opt, micro_batches=k), runs[name], echo=lambda s, n=name: echo(f"  {s}"))
-        results.append(_result(name, str(path), res[0], runs[name], world))
-        r = results[-1]
-        r.tp_groups, r.micro_batches = groups, k
-        echo(f"  step: predicted {_ms(r.predicted_s)} ms, measured {_ms(r.measured_s)} ms" if r.ran else
-             f"  run failed: {r.message}")
-    pr = _ranks({r.name: r.predicted_s for r in results})
-    mr = _ranks({r.name: r.measured_s for r in results})
-    for r in results:
-        r.predicted_rank, r.measured_rank = pr[r.name], mr[r.name]
-    ran = [r for r in results if r.ran]
-    best = min(ran, key=lambda r: r.measured_s if r.measured_s is not None else float("inf")) if ran else None
-    for r in results:
-        kind = "chosen" if best is not None and r.name == best.name else "rejected"
-        _keep(r, runs[r.name], out / f"{kind}-{r.name}", best, world, testbed)
-    shutil.rmtree(out / "runs", ignore_errors=True)
-    pred_order, meas_order = _order(results, "predicted_s"), _order(results, "measured_s")
-    same = len(ran) == len(results) and pred_order == meas_order
-    verdict = (f"measured order {' < '.join(meas_order)} " + ("EQUALS" if same else "DIFFERS FROM") +
-               f" the predicted order {' < '.join(pred_order)}")
-    lines = table_lines(results)
-    for ln in lines + ([""] + parts_lines(results) if parts_lines(results) else []):
-        echo(ln)
-    echo(verdict)
-    _write(out, results, opt, testbed, tb, verdict, same, lines, best, batch)
+    final = out
+    with staged_folder(final, "--out", force) as out:  # renamed to --out at the end
+        echo(f"slice: {len(configs)} meshes x {world} ranks on testbed '{testbed}' ({tb.nodes} nodes, "
+             f"{tb.rate_mbit:g} Mbit/s); model: {opt.layers} layers, hidden / {opt.hidden_div}, seq {opt.seq_len}, "
+             f"vocab {opt.vocab}, {opt.steps} timed steps; global batch {batch} sequences of {opt.seq_len} tokens "
+             "for every mesh")
+        results, runs = [], {}
+        per_node = world // tb.nodes
+        for name, path, cfg, sc, k in zip(names, configs, loaded, scaled, micro):
+            groups = [list(g) for g in tp_groups(sc, world)]
+            echo(f"mesh {name} ({path}): {k} micro-batch(es) per step; tp groups " + (", ".join(
+                f"{g} on node(s) {sorted({x // per_node for x in g})}" for g in groups) or "none"))
+            runs[name] = out / "runs" / name
+            _, res = validate(cfg, replace(opt, micro_batches=k), runs[name], echo=lambda s, n=name: echo(f"  {s}"))
+            results.append(_result(name, str(path), res[0], runs[name], world))
+            r = results[-1]
+            r.tp_groups, r.micro_batches = groups, k
+            echo(f"  step: predicted {_ms(r.predicted_s)} ms, measured {_ms(r.measured_s)} ms" if r.ran else
+                 f"  run failed: {r.message}")
+        pr = _ranks({r.name: r.predicted_s for r in results})
+        mr = _ranks({r.name: r.measured_s for r in results})
+        for r in results:
+            r.predicted_rank, r.measured_rank = pr[r.name], mr[r.name]
+        ran = [r for r in results if r.ran]
+        best = min(ran, key=lambda r: r.measured_s if r.measured_s is not None else float("inf")) if ran else None
+        for r in results:
+            kind = "chosen" if best is not None and r.name == best.name else "rejected"
+            _keep(r, runs[r.name], out / f"{kind}-{r.name}", best, world, testbed, final / f"{kind}-{r.name}")
+        shutil.rmtree(out / "runs", ignore_errors=True)
+        pred_order, meas_order = _order(results, "predicted_s"), _order(results, "measured_s")
+        same = len(ran) == len(results) and pred_order == meas_order
+        verdict = (f"measured order {' < '.join(meas_order)} " + ("EQUALS" if same else "DIFFERS FROM") +
+                   f" the predicted order {' < '.join(pred_order)}")
+        lines = table_lines(results)
+        for ln in lines + ([""] + parts_lines(results) if parts_lines(results) else []):
+            echo(ln)
+        echo(verdict)
+        _write(out, results, opt, testbed, tb, verdict, same, lines, best, batch)
     return (0 if same else 1), results
 
 

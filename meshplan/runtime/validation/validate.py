@@ -36,7 +36,10 @@ For each world size W (staged: 2, then 4, then 8 ...):
 Evidence folder ``OUT``: ``validate.json`` and ``summary.md`` (all worlds), and per world
 ``world<W>/``: ``plan.json``, ``gemm_table.json``, ``torchrun.log``, ``rank<r>/`` (the
 workers' files), ``collectives.csv``, ``predicted_vs_measured.csv`` and ``.json``,
-``comparison.json`` (the world's result: notes, outcome, comparison or fault report). Exit code 0 when every world ran and matched, 1 otherwise.
+``comparison.json`` (the world's result: notes, outcome, comparison or fault report, and
+``host``: cores, load before and after, and whether measured times are reliable, see
+:mod:`meshplan.runtime.validation.host`). The folder is built as ``.OUT.<random>.partial``
+and renamed to ``OUT`` at the end. Exit code 0 when every world ran and matched, 1 otherwise.
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ from typing import Optional
 
 from meshplan.config import Config, load_config
 from meshplan.errors import ConfigError
+from meshplan.fileio import check_destination, staged_folder
 from meshplan.mesh.resolve import Infeasible, resolve_mesh
 from meshplan.plan import Infeasible as NoPlan
 from meshplan.plan import build_plan
@@ -63,6 +67,7 @@ from meshplan.runtime.execution.launch import Rendezvous, diagnose, run_torchrun
 from meshplan.runtime.testbed.cpu import cpu_cluster
 from meshplan.runtime.testbed.nics import nic_rows
 from meshplan.runtime.testbed.run import run_on_testbed, testbed_cluster
+from meshplan.runtime.validation import host
 from meshplan.runtime.validation.kerneltimes import measure_attention, measure_gemms
 from meshplan.runtime.validation.probe import probe_spec
 from meshplan.spec.mesh import MeshSpec
@@ -222,15 +227,16 @@ def scale_config(config: Config, world: int, opt: Options) -> tuple[Config, list
 
 
 def prepare_out(out: Path, force: bool) -> None:
-    """Refuse a non-empty ``out`` unless ``force`` and it is an evidence folder of ours."""
-    if out.exists() and any(out.iterdir()):
+    """Refuse, before the run, a non-empty ``out`` unless ``force`` and it is an evidence
+    folder of ours, and an ``out`` that cannot be written. The folder itself is built by
+    :func:`meshplan.fileio.staged_folder` (under a temporary name, renamed at the end)."""
+    if out.is_dir() and any(out.iterdir()):
         if not force:
             raise ConfigError("--out", f"{out} exists and is not empty; choose another folder or pass --force")
         if not (out / MARKER).exists() and not any(out.glob("world*/plan.json")):
             raise ConfigError("--out", f"{out} is not a meshplan validate folder (no {MARKER}); --force only "
                               "replaces those")
-        shutil.rmtree(out)
-    out.mkdir(parents=True, exist_ok=True)
+    check_destination(out, "--out", force, folder=True)
 
 
 def _spec(config: Config) -> MeshSpec:
@@ -304,6 +310,7 @@ def _run_world(config: Config, world: int, opt: Options, folder: Path, work: Pat
         argv += ["--probe-spec", str(work / "probe_spec.json")]
     here = f" ({world // opt.nnodes} on this host, node {opt.node_rank} of {opt.nnodes})" if opt.rendezvous else ""
     echo(f"  torchrun: {world} ranks{here}, limit {opt.timeout_s:g} s (process-group timeout {pg_timeout:g} s)")
+    before = host.state()
     nic_bytes = None
     if opt.testbed:
         outcome, nic_bytes = run_on_testbed(opt.testbed, world, argv, folder, opt.timeout_s,
@@ -318,7 +325,8 @@ def _run_world(config: Config, world: int, opt: Options, folder: Path, work: Pat
                 "timed_out": outcome.timed_out, "message": f"node {opt.node_rank}: torchrun exited "
                 f"{'at the time limit' if outcome.timed_out else outcome.returncode}; node 0 compares the run with "
                 f"the plan in {folder}"}
-    result = {"world": world, "notes": notes, "elapsed_s": round(outcome.elapsed_s, 2),
+    result = {"world": world, "notes": notes, "host": host.verdict(world, before, host.state()),
+              "elapsed_s": round(outcome.elapsed_s, 2),
               "returncode": outcome.returncode, "timed_out": outcome.timed_out, "leftover_pids": outcome.leftover_pids}
     if nic_bytes is not None:
         result["nic_bytes"] = nic_bytes
@@ -338,6 +346,7 @@ def _run_world(config: Config, world: int, opt: Options, folder: Path, work: Pat
     if opt.testbed:  # bytes per NIC over the steps against the plan (meshplan.runtime.testbed.nics)
 
         comp["predicted_vs_measured"] += nic_rows(plan, folder, nic_bytes)
+    host.mark(comp["predicted_vs_measured"], result["host"])
     result.update(ok=comp["ok"], stage="compare", message=comp["message"], comparison=comp)
     write_world_evidence(folder, result)
     return result
@@ -357,10 +366,8 @@ def _pythonpath() -> str:
 
 def validate(config: Config, opt: Options, out: Path, force: bool = False, echo=print) -> tuple[int, list[dict]]:
     """Run every world of ``opt.worlds`` in order; write the evidence folder. Returns
-    (exit code, per-world results)."""
-    from meshplan.runtime.execution.worker import write_json as write_json_atomic
-    from meshplan.runtime.validation.evidence import write_summary
-
+    (exit code, per-world results). The folder is built under a temporary name and renamed
+    to ``out`` at the end: an interrupted run (Ctrl-C, SIGTERM) leaves no partial folder."""
     if not opt.worlds or any(w < 1 for w in opt.worlds):
         raise ConfigError("--worlds", f"{list(opt.worlds)}: give positive world sizes, e.g. 2,4,8")
     if opt.timeout_s <= 0:
@@ -374,6 +381,19 @@ def validate(config: Config, opt: Options, out: Path, force: bool = False, echo=
                               "without it (the plan itself does not need the runtime)")
     if opt.node_rank == 0:
         prepare_out(out, force)
+    if opt.rendezvous is not None:  # every host's ranks write into the shared OUT itself: no staging
+        return _run_worlds(config, opt, out, echo)
+    with staged_folder(out, "--out", force) as tmp:
+        code, results = _run_worlds(config, opt, tmp, echo)
+    return code, results
+
+
+def _run_worlds(config: Config, opt: Options, out: Path, echo) -> tuple[int, list[dict]]:
+    """The worlds of :func:`validate` into the evidence folder ``out`` (a temporary one
+    renamed at the end on one host; across hosts the shared ``OUT``)."""
+    from meshplan.runtime.execution.worker import write_json as write_json_atomic
+    from meshplan.runtime.validation.evidence import write_summary
+
     results = []
     cores = len(os.sched_getaffinity(0))
     for w in opt.worlds:
@@ -383,11 +403,15 @@ def validate(config: Config, opt: Options, out: Path, force: bool = False, echo=
                  "start-up alone takes tens of seconds and step times are dominated by scheduling")
         results.append(run_world(config, w, opt, out, echo))
         echo(f"  {'OK' if results[-1]['ok'] else 'FAILED'}: {results[-1]['message']}")
+        if "host" in results[-1]:
+            echo(f"  {host.line(results[-1]['host'])}")
+        shaky = not results[-1].get("host", {"reliable": True})["reliable"]
         for row in (results[-1].get("comparison") or {}).get("predicted_vs_measured", []):
             if row["quantity"] in ("step time", "step time (calibrated)", "peak memory") and row["predicted"]:
                 unit = (1e3, "ms") if row["unit"] == "s" else (2.0 ** -20, "MiB")
                 echo(f"  {row['quantity']}: predicted {row['predicted'] * unit[0]:.1f} {unit[1]}, measured "
-                     f"{row['measured'] * unit[0]:.1f} {unit[1]} ({row['error']:+.0%})")
+                     f"{row['measured'] * unit[0]:.1f} {unit[1]} ({row['error']:+.0%})"
+                     + (" (unreliable: see host)" if shaky and row["unit"] == "s" else ""))
     ok = all(r["ok"] for r in results)
     if opt.node_rank > 0:
         return (0 if ok else 1), results
