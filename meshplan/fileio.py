@@ -6,6 +6,8 @@
 'hello\\n'
 >>> sorted(p.name for p in d.iterdir())
 ['a.txt']
+>>> oct((d / "a.txt").stat().st_mode & 0o777)
+'0o644'
 """
 
 from __future__ import annotations
@@ -18,13 +20,19 @@ from typing import Any
 
 from meshplan.errors import ConfigError
 
+#: Mode of every file meshplan writes (rw-r--r--), whatever mkstemp created.
+FILE_MODE = 0o644
+
 
 def write_text_atomic(path, text: str) -> Path:
     """Write ``text`` to ``path`` through a temporary file in the same folder, fsync, then
-    ``os.replace`` (atomic on POSIX). The folder must exist. Returns the path."""
+    ``os.replace`` (atomic on POSIX). The folder must exist. The file is 0644 (owner writes,
+    everyone reads: mkstemp's own 0600 would hide reports and evidence from other users).
+    Returns the path."""
     p = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", dir=p.parent)
     try:
+        os.fchmod(fd, FILE_MODE)
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
             f.flush()
@@ -41,7 +49,7 @@ def write_json_atomic(path, doc: Any) -> Path:
     return write_text_atomic(path, json.dumps(doc, indent=1, sort_keys=True) + "\n")
 
 
-def write_output(path, text: str, force: bool = False, field: str = "--out", mode: int = 0o644) -> Path:
+def write_output(path, text: str, force: bool = False, field: str = "--out", mode: int = FILE_MODE) -> Path:
     """Write a user-facing output file: refuse (ConfigError naming ``field``) to replace an
     existing file unless ``force``, create the folder, write atomically with ``mode``.
 

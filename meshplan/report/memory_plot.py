@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from meshplan.errors import ConfigError
+from meshplan.fileio import FILE_MODE
 from meshplan.memory.timeline import KINDS, Timeline
 from meshplan.units import GiB
 
@@ -110,8 +111,8 @@ def _figure(tl: Timeline, name: str, max_points: int):
 
 def write_png(tl: Timeline, path: str | Path, name: str = "meshplan", force: bool = False,
               max_points: int = 20000) -> Path:
-    """Write the timeline plot atomically (temp file + rename); refuses to replace an
-    existing file unless ``force`` (ConfigError naming --out)."""
+    """Write the timeline plot atomically (temp file + rename), mode 0644; refuses to replace
+    an existing file unless ``force`` (ConfigError naming --out)."""
     dest = Path(path)
     if dest.exists() and not force:
         raise ConfigError("--out", f"{dest} exists; choose another folder or pass --force to replace it")
@@ -121,6 +122,7 @@ def write_png(tl: Timeline, path: str | Path, name: str = "meshplan", force: boo
     os.close(fd)
     try:
         fig.savefig(tmp, format="png")
+        os.chmod(tmp, FILE_MODE)  # mkstemp made it 0600
         os.replace(tmp, dest)
     finally:
         import matplotlib.pyplot as plt

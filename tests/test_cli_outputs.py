@@ -1,0 +1,60 @@
+"""Output contracts of the CLI: files written 0644 (mkstemp's 0600 hid memory PNGs from other
+users), shell completion on (typer's --install-completion / --show-completion)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+MINI = ROOT / "examples" / "mini_2x4_tp2-dp4.toml"
+
+
+def cli(*args: str, env: dict | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "meshplan.cli", *args], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}, cwd=cwd)
+
+
+def mode(p: Path) -> str:
+    return oct(p.stat().st_mode & 0o777)
+
+
+def test_files_are_written_0644_even_under_umask_0077(tmp_path):
+    old = os.umask(0o077)  # the child inherits it; a plain open() would then make 0600 files
+    try:
+        r = cli("memory", str(MINI), "--out", str(tmp_path / "mem"))
+        assert r.returncode == 0, r.stderr
+        r = cli("step", str(MINI), "--trace", str(tmp_path / "trace.json"))
+        assert r.returncode == 0, r.stderr
+        r = cli("plan", str(MINI), "--json", str(tmp_path / "plan.json"))
+        assert r.returncode == 0, r.stderr
+    finally:
+        os.umask(old)
+    pngs = sorted((tmp_path / "mem").glob("*.png"))
+    assert [p.name for p in pngs] == ["mini_2x4_tp2-dp4_memory_stage0.png"]
+    assert {p.name: mode(p) for p in [*pngs, tmp_path / "trace.json", tmp_path / "plan.json"]} == \
+        {"mini_2x4_tp2-dp4_memory_stage0.png": "0o644", "trace.json": "0o644", "plan.json": "0o644"}
+
+
+def test_shell_completion_is_on():
+    assert "--install-completion" in cli("--help").stdout
+    code = "from meshplan.cli import app; app(prog_name='meshplan')"
+
+    def complete(words: str) -> list[str]:
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "_MESHPLAN_COMPLETE": "complete_bash", "COMP_WORDS": words,
+               "COMP_CWORD": str(len(words.split()) - 1)}
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
+        return r.stdout.split()
+
+    assert complete("meshplan pl") == ["plan", "place"]
+    assert complete("meshplan step x.toml --tr") == ["--trace"]
+
+
+@pytest.mark.parametrize("shell", ["bash", "zsh"])
+def test_show_completion_prints_a_script(shell):
+    r = cli("--show-completion", shell)
+    assert r.returncode == 0 and "_COMPLETE" in r.stdout
