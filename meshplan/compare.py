@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from meshplan.comm.alphabeta import busbw_factor
 from meshplan.compute.gemm import gemm_efficiency
 from meshplan.errors import ConfigError
 from meshplan.fileio import write_output
@@ -112,7 +111,7 @@ def side_of(name: str, plan: Plan | Infeasible, overlap: Optional[Overlap] = Non
     gemms = tuple((g.name, g.m, g.n, g.k, gemm_efficiency(gpu, g.m, g.n, g.k, dt)[0]) for g in plan.gemms)
     links: dict[str, float] = {}
     for r in plan.stage(0).collectives:
-        links[r.path.kind] = links.get(r.path.kind, 0.0) + r.size_bytes * busbw_factor(r.op, r.group_size) * r.per_step
+        links[r.path.kind] = links.get(r.path.kind, 0.0) + r.sent_bytes_per_step
     tl = plan.timeline
     st = step_time(plan, overlap or Overlap())
     return Side(name, plan, plan.feasible, plan.reasons, st.step_s, st.mfu, tl.peak.total_bytes,

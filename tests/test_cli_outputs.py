@@ -58,3 +58,29 @@ def test_shell_completion_is_on():
 def test_show_completion_prints_a_script(shell):
     r = cli("--show-completion", shell)
     assert r.returncode == 0 and "_COMPLETE" in r.stdout
+
+
+def test_place_states_traffic_as_bytes_sent_per_rank_per_step_in_gb():
+    """One unit for traffic: ``place`` says GB sent per rank per step, as ``step`` and ``compare``
+    do (it said TiB of full buffers)."""
+    import re
+
+    from meshplan.config import load_config
+    from meshplan.plan import build_plan
+
+    r = cli("place", str(MINI))
+    assert r.returncode == 0, r.stderr
+    assert "TiB" not in r.stdout and "GiB" not in r.stdout
+    line = next(x for x in r.stdout.splitlines() if "weights:" in x)
+    assert "bytes each rank sends per step by axis" in line and "GB = 1e9 B" in line
+    printed = {a: float(v.replace(",", "")) for a, v in re.findall(r"(\w+) ([\d,.]+) GB", line)}
+    plan = build_plan(load_config(MINI))
+    share = lambda op, n: (2 if op == "all-reduce" else 1) * (n - 1) / n  # ring: bytes sent / buffer
+    want: dict[str, float] = {}
+    for rows in plan.collectives.values():
+        per_axis: dict[str, float] = {}
+        for x in rows:
+            per_axis[x.axis] = per_axis.get(x.axis, 0.0) + x.size_bytes * share(x.op, x.group_size) * x.per_step
+        for a, b in per_axis.items():
+            want[a] = max(want.get(a, 0.0), b)
+    assert printed == {a: round(b / 1e9, 1) for a, b in want.items()}
