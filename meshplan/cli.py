@@ -32,7 +32,7 @@ from meshplan.comm.calibration import (
     load_calibration,
 )
 from meshplan.comm.nccl_log import check_against_placement, read_nccl_log
-from meshplan.compare import compare, evidence_folder, table_rows, write_evidence
+from meshplan.compare import compare, compare_html, evidence_folder, table_rows, write_evidence
 from meshplan.compute.gemm import load_gemm_table
 from meshplan.config import load_config
 from meshplan.errors import ConfigError
@@ -49,6 +49,7 @@ from meshplan.placement.topology import (
 from meshplan.plan import Infeasible, Plan, build_plan
 from meshplan.reliability import reliability as rel
 from meshplan.reliability import restart_on_fewer_nodes
+from meshplan.report.html_pages import plan_page, search_page
 from meshplan.report.json_out import write_json
 from meshplan.report.memory import print_memory
 from meshplan.report.memory_plot import write_png
@@ -134,6 +135,23 @@ def _require_torch(command: str) -> None:
                           f"torch==2.13.0 (the runtime extra, pip install -e '.[runtime]'; make test installs it)")
 
 
+def _refuse_existing(path: Optional[Path], force: bool, field: str) -> None:
+    """Refuse an existing output file before any work (written at the end with --force)."""
+    if path and path.exists() and not force:
+        raise ConfigError(field, f"{path} exists; choose another path or pass --force to replace it")
+
+
+def _html_option(what: str):
+    return typer.Option(None, "--html", help=f"write {what} as one self-contained HTML page (tables, memory plot, "
+                                             "pipeline Gantt chart, link-load bars; no script, no external file)")
+
+
+def _write_plan_html(p: Plan | Infeasible, path: Path, name: str, force: bool, field: str = "--html") -> None:
+    """The HTML report of ``p`` (with its predicted step when it was planned)."""
+    st = step_time(p) if isinstance(p, Plan) else None
+    typer.echo(f"wrote {write_output(path, plan_page(p, st, name), force, field)}")
+
+
 def _check_rank(plan, rank: int) -> None:
     if not 0 <= rank < plan.world:
         raise ConfigError("--rank", f"{rank} outside 0..{plan.world - 1}")
@@ -143,19 +161,38 @@ def _check_rank(plan, rank: int) -> None:
 def plan(config: Path = typer.Argument(..., help="TOML config with [model], [cluster], [training], [mesh]"),
          json_path: Optional[Path] = typer.Option(None, "--json", help="write the whole plan (every group) as JSON"),
          rank: int = typer.Option(0, "--rank", help="rank whose groups and placement are printed"),
-         force: bool = typer.Option(False, "--force", help="replace an existing --json file"),
+         html_path: Optional[Path] = _html_option("the plan report"),
+         force: bool = typer.Option(False, "--force", help="replace existing --json and --html files"),
          topology: Optional[Path] = typer.Option(None, "--topology", help="nvidia-smi topo -m text or NCCL topology XML"),
          calibration: Optional[Path] = typer.Option(None, "--calibration", help="calibration TOML (bench comm)")):
     """Plan one mesh: constraints, degrees, groups, placement, shapes, memory, collectives."""
 
-    if json_path and json_path.exists() and not force:  # refused before the report, as compare --out
-        raise ConfigError("--json", f"{json_path} exists; choose another path or pass --force to replace it")
+    _refuse_existing(json_path, force, "--json")  # refused before the report, as compare --out
+    _refuse_existing(html_path, force, "--html")
     p = _load(config, topology, calibration)
     if p.mesh is not None:
         _check_rank(p, rank)
     print_plan(p, rank=rank, console=_console())
     if json_path:
         typer.echo(f"wrote {write_json(p, json_path, force=force)}")
+    if html_path:
+        _write_plan_html(p, html_path, config.name, force)
+    _verdict_exit(p)
+
+
+@app.command()
+def report(config: Path = typer.Argument(..., help="TOML config"),
+           out: Optional[Path] = typer.Option(None, "--out", help="HTML file (default: CONFIG's name with .html, "
+                                                                  "in the current folder)"),
+           force: bool = typer.Option(False, "--force", help="replace an existing --out file")):
+    """One self-contained HTML page of the plan: verdict, input, groups, shapes, memory timeline plot, collective
+    table, step time with the pipeline Gantt chart and link-load bars. A mesh that does not fit is still reported,
+    then exits 1 with its reasons."""
+
+    path = out or Path(config.stem + ".html")
+    _refuse_existing(path, force, "--out")
+    p = _load(config)
+    _write_plan_html(p, path, config.name, force, "--out")
     _verdict_exit(p)
 
 
@@ -292,9 +329,12 @@ def reliability(config: Path = typer.Argument(..., help="TOML config"),
 def compare_cmd(config_a: Path = typer.Argument(..., help="TOML config of mesh A"),
                 config_b: Path = typer.Argument(..., help="TOML config of mesh B (same workload)"),
                 out: Path = typer.Option(Path("out/compare"), "--out", help="folder for the rejected mesh's evidence"),
-                force: bool = typer.Option(False, "--force", help="replace an existing evidence folder")):
+                html_path: Optional[Path] = _html_option("both meshes side by side"),
+                force: bool = typer.Option(False, "--force", help="replace an existing evidence folder and --html file")):
     """Compare two meshes of one workload side by side and keep the rejected one's evidence. Exit 0 when a mesh
     that fits wins, 1 when neither fits (both reasons printed)."""
+
+    _refuse_existing(html_path, force, "--html")
 
     a, b = _load(config_a), _load(config_b)
     ca, cb = a.config, b.config
@@ -318,6 +358,8 @@ def compare_cmd(config_a: Path = typer.Argument(..., help="TOML config of mesh A
         con.print(f"  - {r}")
     for path in write_evidence(c, out, force=force):
         con.print(f"wrote {path}")
+    if html_path:
+        con.print(f"wrote {write_output(html_path, compare_html(c), force, '--html')}", highlight=False, markup=False)
     if c.none_fit:
         for side in (c.a, c.b):
             _infeasible(side.plan, side.name)
@@ -330,7 +372,8 @@ def search_cmd(config: Path = typer.Argument(..., help="TOML config: [model], [c
                top: Optional[int] = typer.Option(None, "--top", help="candidates ranked and shown (default: "
                                                                     "[search] top, 10)"),
                json_path: Optional[Path] = typer.Option(None, "--json", help="write the result as JSON"),
-               force: bool = typer.Option(False, "--force", help="replace an existing --json file")):
+               html_path: Optional[Path] = _html_option("the top candidates and the rejection counts"),
+               force: bool = typer.Option(False, "--force", help="replace existing --json and --html files")):
     """Search every mesh of the workload: reject with reasons, rank by predicted step time. Exit 0 when some
     candidate fits, 1 when none does.
 
@@ -346,13 +389,15 @@ def search_cmd(config: Path = typer.Argument(..., help="TOML config: [model], [c
         if top < 1:
             raise ConfigError("--top", f"{top} must be >= 1")
         cfg = replace(cfg, search=cfg.search.model_copy(update={"top": top}))
-    if json_path and json_path.exists() and not force:
-        raise ConfigError("--json", f"{json_path} exists; choose another path or pass --force to replace it")
+    _refuse_existing(json_path, force, "--json")
+    _refuse_existing(html_path, force, "--html")
     with ProgressBar() as bar:
         result = search(cfg, progress=bar)
     print_search(result, _console())
     if json_path:
         typer.echo(f"wrote {write_search_json(result, json_path, force=force)}")
+    if html_path:
+        typer.echo(f"wrote {write_output(html_path, search_page(result, config.name), force, '--html')}")
     raise typer.Exit(0 if result.top else 1)
 
 

@@ -23,6 +23,8 @@ from meshplan.compute.gemm import gemm_efficiency
 from meshplan.errors import ConfigError
 from meshplan.fileio import write_output
 from meshplan.plan import Infeasible, Plan
+from meshplan.report.html import esc, lines, page, section, table
+from meshplan.report.html_pages import plan_sections
 from meshplan.report.json_out import write_json
 from meshplan.schedule.rank_timeline import Overlap
 from meshplan.schedule.steptime import StepTime, step_time
@@ -203,6 +205,21 @@ def table_rows(c: Comparison) -> list[tuple[str, str, str]]:
         if name in gb:
             rows.append((f"{name} (M,N,K) eff", _g(ga[name]), _g(gb[name])))
     return rows
+
+
+def compare_html(c: Comparison) -> str:
+    """The comparison as one HTML page: the side-by-side table, the verdict with its reasons
+    and rule, then each mesh's plan report (memory plot, Gantt chart, link loads) in two
+    columns, A left and B right."""
+    verdict = ("identical meshes" if c.identical else "neither mesh fits" if c.none_fit
+               else f"{c.winner} (rejected: {c.rejected})")
+    head = section("Side by side", table(["quantity", c.a.name, c.b.name], table_rows(c))
+                   + f"<p><b>verdict:</b> {esc(verdict)}</p>" + lines([f"- {r}" for r in c.reasons])
+                   + lines([f"rule: {c.rule}"]))
+    cols = "".join(f"<div><h2>{esc(s.name)}: {esc(s.mesh_text)}</h2>"
+                   + "".join(plan_sections(s.plan, s.step, s.name)) + "</div>" for s in (c.a, c.b))
+    return page(f"meshplan compare: {c.a.name} vs {c.b.name}", f"verdict: {verdict}; GB = 1e9 B, GiB = 2^30 B",
+                [head, f'<div class="cols">{cols}</div>'])
 
 
 def _g(g) -> str:

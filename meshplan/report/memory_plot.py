@@ -7,6 +7,7 @@ keeps its lowest and its highest total, so the envelope and the peak stay exact.
 
 from __future__ import annotations
 
+import io
 import os
 import tempfile
 from pathlib import Path
@@ -131,3 +132,16 @@ def write_png(tl: Timeline, path: str | Path, name: str = "meshplan", force: boo
         if os.path.exists(tmp):
             os.unlink(tmp)
     return dest
+
+
+def png_bytes(tl: Timeline, name: str = "meshplan", max_points: int = 20000) -> bytes:
+    """The plot of :func:`write_png` as PNG bytes (for the HTML report, embedded as base64)."""
+    fig = _figure(tl, name, max_points)  # selects the Agg backend before pyplot is imported here
+    import matplotlib.pyplot as plt
+
+    try:
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png")
+        return buf.getvalue()
+    finally:
+        plt.close(fig)
