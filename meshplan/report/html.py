@@ -36,7 +36,7 @@ th,td{border:1px solid #d0d0d0;padding:3px 7px;text-align:right;vertical-align:t
 th{background:#f0f3f7}td:first-child,th:first-child{text-align:left}
 .ok{color:#1b7a1b;font-weight:bold}.bad{color:#b00020;font-weight:bold}
 .lines{font-family:ui-monospace,Menlo,Consolas,monospace;font-size:12.5px;white-space:pre-wrap}
-.cols{display:flex;gap:24px;flex-wrap:wrap}.cols>div{flex:1 1 600px;min-width:0}
+.cols{display:flex;gap:24px;flex-wrap:wrap}.cols>div{flex:1 1 600px;min-width:0;overflow-x:auto}
 img,svg{max-width:100%;height:auto}.note{color:#555;font-size:13px}
 """
 
