@@ -32,14 +32,14 @@ from meshplan.comm.calibration import (
     load_calibration,
 )
 from meshplan.comm.nccl_log import check_against_placement, read_nccl_log
-from meshplan.compare import compare, compare_html, evidence_folder, table_rows, write_evidence
+from meshplan.compare import compare, compare_html, compare_to_dict, evidence_folder, table_rows, write_evidence
 from meshplan.compute.gemm import load_gemm_table
 from meshplan.config import load_config
 from meshplan.errors import ConfigError
 from meshplan.fileio import write_output
 from meshplan.mesh.axes import axis_name_warnings, from_megatron_order
 from meshplan.placement.assign import rank_row
-from meshplan.placement.bindings import write_bindings
+from meshplan.placement.bindings import bindings, write_bindings
 from meshplan.placement.choice import choose_placement, weights_from_plan
 from meshplan.placement.topology import (
     check_identity_nic_map,
@@ -50,6 +50,19 @@ from meshplan.plan import Infeasible, Plan, build_plan
 from meshplan.reliability import reliability as rel
 from meshplan.reliability import restart_on_fewer_nodes
 from meshplan.report.html_pages import plan_page, search_page
+from meshplan.report.json_docs import (
+    calibrate_doc,
+    catalog_doc,
+    envelope,
+    groups_doc,
+    memory_doc,
+    nccl_check_doc,
+    place_doc,
+    reliability_doc,
+    step_doc,
+    step_infeasible_doc,
+    to_json,
+)
 from meshplan.report.json_out import write_json
 from meshplan.report.memory import print_memory
 from meshplan.report.memory_plot import write_png
@@ -141,6 +154,17 @@ def _refuse_existing(path: Optional[Path], force: bool, field: str) -> None:
         raise ConfigError(field, f"{path} exists; choose another path or pass --force to replace it")
 
 
+def _json_option(command: str):
+    return typer.Option(None, "--json", help=f"write the result as JSON (schema meshplan.{command}/v1, file "
+                                             f"meshplan/schemas/{command}.v1.schema.json; SI units)")
+
+
+def _write_doc(path: Optional[Path], doc: dict, force: bool) -> None:
+    """Write a ``--json`` document (when asked)."""
+    if path:
+        typer.echo(f"wrote {write_output(path, to_json(doc), force, '--json')}")
+
+
 def _html_option(what: str):
     return typer.Option(None, "--html", help=f"write {what} as one self-contained HTML page (tables, memory plot, "
                                              "pipeline Gantt chart, link-load bars; no script, no external file)")
@@ -198,15 +222,20 @@ def report(config: Path = typer.Argument(..., help="TOML config"),
 
 @app.command()
 def groups(config: Path = typer.Argument(..., help="TOML config"),
-           rank: int = typer.Option(0, "--rank", help="the rank whose start-up print is shown")):
+           rank: int = typer.Option(0, "--rank", help="the rank whose start-up print is shown"),
+           json_path: Optional[Path] = _json_option("groups"),
+           force: bool = typer.Option(False, "--force", help="replace an existing --json file")):
     """Print what RANK would print at start-up: its coordinates and every group's ranks. A mesh that does not
     fit is still printed, then exits 1 with its reasons."""
 
+    _refuse_existing(json_path, force, "--json")
     p = _load(config)
     if p.mesh is None:
+        _write_doc(json_path, groups_doc(p, rank), force)
         _exit_infeasible(p)
     _check_rank(p, rank)
     print_groups(p.mesh, rank, _console())
+    _write_doc(json_path, groups_doc(p, rank), force)
     _verdict_exit(p)
 
 
@@ -214,11 +243,14 @@ def groups(config: Path = typer.Argument(..., help="TOML config"),
 def memory(config: Path = typer.Argument(..., help="TOML config (an optional [memory] table sets the timeline parameters)"),
            out: Path = typer.Option(Path("."), "--out", help="folder for the PNG plot(s)"),
            all_stages: bool = typer.Option(False, "--all-stages", help="every pipeline stage, not only the most loaded"),
-           force: bool = typer.Option(False, "--force", help="replace existing PNG files")):
+           json_path: Optional[Path] = _json_option("memory"),
+           force: bool = typer.Option(False, "--force", help="replace existing PNG and --json files")):
     """Memory timeline of one training step: peak, headroom, events by kind, and a PNG per stage shown."""
 
+    _refuse_existing(json_path, force, "--json")
     p = _load(config)
     if isinstance(p, Infeasible):
+        _write_doc(json_path, envelope("memory", p, stages=[], persistent_bytes={}, pngs=[]), force)
         for r in p.reasons:
             typer.echo(f"infeasible: {r}", err=True)
         raise typer.Exit(1)
@@ -230,6 +262,7 @@ def memory(config: Path = typer.Argument(..., help="TOML config (an optional [me
     print_memory(p, _console(), all_stages=all_stages)
     for tl, path in zip(shown, paths):
         typer.echo(f"wrote {write_png(tl, path, name=config.name, force=force)}")
+    _write_doc(json_path, memory_doc(p, all_stages, [str(x) for x in paths]), force)
     _verdict_exit(p)
 
 
@@ -244,28 +277,34 @@ def step(config: Path = typer.Argument(..., help="TOML config"),
          no_prefetch: bool = typer.Option(False, "--no-prefetch", help="no FSDP all-gather prefetch"),
          gemm_table: Optional[Path] = typer.Option(None, "--gemm-table", help="measured GEMM times (meshplan bench gemm)"),
          schedule: Optional[str] = typer.Option(None, "--schedule", help="gpipe, 1f1b, interleaved_1f1b or zb_h1"),
-         force: bool = typer.Option(False, "--force", help="replace an existing --trace file")):
+         json_path: Optional[Path] = _json_option("step"),
+         force: bool = typer.Option(False, "--force", help="replace existing --trace and --json files")):
     """Scheduled rank timeline: step time, critical path, exposed communication, bubble, MFU; when the step is
     network-bound, a verdict naming the communication and its cause. A mesh that does not fit exits 1 with its
     reasons after one line 'step would be X s ... if it fit'."""
 
     if schedule is not None and schedule not in {x.value for x in Schedule}:
         raise ConfigError("--schedule", f"unknown schedule {schedule!r}; use " + ", ".join(x.value for x in Schedule))
+    _refuse_existing(json_path, force, "--json")
+    _refuse_existing(trace, force, "--trace")
     p = _load(config)
     if isinstance(p, Infeasible):
+        _write_doc(json_path, envelope("step", p, step_s=None), force)
         _exit_infeasible(p)
     table = load_gemm_table(gemm_table) if gemm_table else None
     st = step_time(p, _overlap(overlap_tp, no_prefetch), table=table, schedule=schedule)
     if not p.feasible:
         typer.echo(f"step would be {st.step_s:.3f} s ({st.pipeline.spec.schedule}, MFU {st.mfu:.1%}) if it fit; "
                    f"it does not fit")
+        _write_doc(json_path, step_infeasible_doc(p, st), force)
         _verdict_exit(p)
     for line in st.lines():
         typer.echo(line)
 
     again = rebuilt_step(p, lambda alt: step_time(alt, _overlap(overlap_tp, no_prefetch), table=table,
                                                   schedule=schedule))
-    for line in network_verdict(p, st, again):
+    verdict = network_verdict(p, st, again)
+    for line in verdict:
         typer.echo(line)
     path = st.critical_path()
     typer.echo(f"critical path ({len(path)} entries{', first 12 and last 6' if len(path) > 18 else ''}):")
@@ -274,6 +313,7 @@ def step(config: Path = typer.Argument(..., help="TOML config"),
     _print_links(p, st)
     if trace:
         typer.echo(f"wrote {st.write_trace(trace, force=force)}")
+    _write_doc(json_path, step_doc(p, st, verdict, str(trace) if trace else None), force)
 
 
 def _print_links(p, st) -> None:
@@ -301,11 +341,15 @@ def reliability(config: Path = typer.Argument(..., help="TOML config"),
                 restart_overhead_s: float = typer.Option(..., "--restart-overhead-s",
                                                          help="detection + rescheduling + start-up, seconds"),
                 lost_nodes: int = typer.Option(1, "--lost-nodes", help="nodes lost in the restart scenario"),
-                spare_nodes: int = typer.Option(0, "--spare-nodes", help="spare nodes available")):
+                spare_nodes: int = typer.Option(0, "--spare-nodes", help="spare nodes available"),
+                json_path: Optional[Path] = _json_option("reliability"),
+                force: bool = typer.Option(False, "--force", help="replace an existing --json file")):
     """Failure domains, interruptions per day, checkpoint size and interval, goodput, restart."""
 
+    _refuse_existing(json_path, force, "--json")
     p = _load(config)
     if isinstance(p, Infeasible):
+        _write_doc(json_path, envelope("reliability", p), force)
         for why in p.reasons:
             typer.echo(f"infeasible: {why}", err=True)
         raise typer.Exit(1)
@@ -322,6 +366,7 @@ def reliability(config: Path = typer.Argument(..., help="TOML config"),
                                 interleaved=p.vpp > 1)
     for line in rs.lines():
         typer.echo(line)
+    _write_doc(json_path, reliability_doc(p, r, rs), force)
     _verdict_exit(p)
 
 
@@ -330,12 +375,14 @@ def compare_cmd(config_a: Path = typer.Argument(..., help="TOML config of mesh A
                 config_b: Path = typer.Argument(..., help="TOML config of mesh B (same workload)"),
                 out: Path = typer.Option(Path("out/compare"), "--out", help="folder for the rejected mesh's evidence"),
                 html_path: Optional[Path] = _html_option("both meshes side by side"),
-                force: bool = typer.Option(False, "--force", help="replace an existing evidence folder and --html file")):
+                json_path: Optional[Path] = _json_option("compare"),
+                force: bool = typer.Option(False, "--force", help="replace an existing evidence folder, --html and "
+                                                                  "--json files")):
     """Compare two meshes of one workload side by side and keep the rejected one's evidence. Exit 0 when a mesh
     that fits wins, 1 when neither fits (both reasons printed)."""
 
     _refuse_existing(html_path, force, "--html")
-
+    _refuse_existing(json_path, force, "--json")
     a, b = _load(config_a), _load(config_b)
     ca, cb = a.config, b.config
     if (ca.model != cb.model or ca.training != cb.training) or ca.cluster.world != cb.cluster.world:
@@ -360,6 +407,7 @@ def compare_cmd(config_a: Path = typer.Argument(..., help="TOML config of mesh A
         con.print(f"wrote {path}")
     if html_path:
         con.print(f"wrote {write_output(html_path, compare_html(c), force, '--html')}", highlight=False, markup=False)
+    _write_doc(json_path, compare_to_dict(c), force)
     if c.none_fit:
         for side in (c.a, c.b):
             _infeasible(side.plan, side.name)
@@ -403,9 +451,12 @@ def search_cmd(config: Path = typer.Argument(..., help="TOML config: [model], [c
 
 @app.command("nccl-check")
 def nccl_check(config: Path = typer.Argument(..., help="TOML config whose placement is checked"),
-               log: Path = typer.Argument(..., help="NCCL_DEBUG=INFO output of the run")):
+               log: Path = typer.Argument(..., help="NCCL_DEBUG=INFO output of the run"),
+               json_path: Optional[Path] = _json_option("nccl-check"),
+               force: bool = typer.Option(False, "--force", help="replace an existing --json file")):
     """Check that each communicator used the NICs and intra-node links the placement meant."""
 
+    _refuse_existing(json_path, force, "--json")
     p = _load(config)
     if p.placement is None:
         raise typer.Exit(1)
@@ -414,6 +465,7 @@ def nccl_check(config: Path = typer.Argument(..., help="TOML config whose placem
     for d in diffs:
         typer.echo(d)
     typer.echo(f"{len(diffs)} difference(s) between the NCCL log and the placement")
+    _write_doc(json_path, nccl_check_doc(p, str(log), diffs), force)
     raise typer.Exit(1 if diffs else 0)
 
 
@@ -456,13 +508,15 @@ def place_cmd(config: Path = typer.Argument(..., help="TOML config"),
               choose: bool = typer.Option(False, "--choose", help="search the rank -> GPU permutation with the shortest predicted step (fewest weak-path bytes at equal steps)"),
               bindings_path: Optional[Path] = typer.Option(None, "--bindings", help="write every rank's binding to this file"),
               fmt: str = typer.Option("json", "--format", help="bindings file format: json (list) or sh (launcher)"),
-              force: bool = typer.Option(False, "--force", help="replace an existing --bindings file"),
-              ranks: Optional[list[int]] = typer.Option(None, "--rank", help="rank whose binding is printed (repeatable; default first, second, last)")):
+              force: bool = typer.Option(False, "--force", help="replace existing --bindings and --json files"),
+              ranks: Optional[list[int]] = typer.Option(None, "--rank", help="rank whose binding is printed (repeatable; default first, second, last)"),
+              json_path: Optional[Path] = _json_option("place")):
     """Placement per axis, decisions and warnings, per-rank bindings (CUDA_VISIBLE_DEVICES, NCCL_IB_HCA, numactl).
     A mesh that does not fit is still placed, then exits 1 with its reasons."""
 
     if fmt not in ("json", "sh"):
         raise ConfigError("--format", f"{fmt!r} is not one of json, sh")
+    _refuse_existing(json_path, force, "--json")
     p = _load(config)
     if p.mesh is None:
         _exit_infeasible(p)
@@ -478,15 +532,20 @@ def place_cmd(config: Path = typer.Argument(..., help="TOML config"),
         typer.echo(line)
     if bindings_path:
         typer.echo(f"wrote {write_bindings(bindings_path, c.placement, fmt=fmt, force=force)}")
+    _write_doc(json_path, place_doc(p, c, [bindings(c.placement, r) for r in shown]), force)
     _verdict_exit(p)
 
 
 @app.command("catalog")
-def catalog_cmd(kind: str = typer.Argument("model", help="gpu, node, network or model")):
+def catalog_cmd(kind: str = typer.Argument("model", help="gpu, node, network or model"),
+                json_path: Optional[Path] = _json_option("catalog"),
+                force: bool = typer.Option(False, "--force", help="replace an existing --json file")):
     """List the built-in catalog entries of KIND with their sources."""
 
+    _refuse_existing(json_path, force, "--json")
     for name in catalog.names(kind):
         typer.echo(f"{name}: {catalog.entry(kind, name).get('source', '')}")
+    _write_doc(json_path, catalog_doc(kind, {n: catalog.entry(kind, n) for n in catalog.names(kind)}), force)
 
 
 @app.command("calibrate")
@@ -495,13 +554,16 @@ def calibrate_cmd(logs: list[Path] = typer.Argument(..., metavar="NCCL_TESTS_OUT
                   out: Path = typer.Option(Path("calibration.toml"), "--out", help="calibration TOML for --calibration"),
                   link: Optional[str] = typer.Option(None, "--link", help="nvlink, pcie or nic for every file "
                                                      "(default: from the ranks' hosts)"),
-                  force: bool = typer.Option(False, "--force", help="replace an existing --out file")):
+                  json_path: Optional[Path] = _json_option("calibrate"),
+                  force: bool = typer.Option(False, "--force", help="replace existing --out and --json files")):
     """Fit alpha-beta per link class to your nccl-tests runs and write the calibration file."""
 
+    _refuse_existing(json_path, force, "--json")
     fits, notes, source = calibrate(logs, link)
     for line in notes:
         typer.echo(line)
     typer.echo(f"wrote {write_output(out, calibration_toml(fits, source), force=force)}")
+    _write_doc(json_path, calibrate_doc(fits, notes, source, str(out)), force)
 
 
 @app.command("validate-slice")

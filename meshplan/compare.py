@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from meshplan import __version__
 from meshplan.compute.gemm import gemm_efficiency
 from meshplan.errors import ConfigError
 from meshplan.fileio import write_output
@@ -205,6 +206,22 @@ def table_rows(c: Comparison) -> list[tuple[str, str, str]]:
         if name in gb:
             rows.append((f"{name} (M,N,K) eff", _g(ga[name]), _g(gb[name])))
     return rows
+
+
+def _side_dict(s: Side) -> dict:
+    return {"name": s.name, "mesh": s.mesh_text, "feasible": s.feasible, "reasons": list(s.reasons), "step_s": s.step_s,
+            "mfu": s.mfu, "peak_bytes": s.peak_bytes, "usable_bytes": s.usable_bytes,
+            "gemms": [{"name": g[0], "m": g[1], "n": g[2], "k": g[3], "efficiency": g[4]} for g in s.gemms],
+            "sent_bytes_per_step_by_link": dict(s.link_bytes), "exposed_s": dict(s.exposed_s)}
+
+
+def compare_to_dict(c: Comparison) -> dict:
+    """The ``compare --json`` document (schema ``meshplan.compare/v1``): both sides' numbers
+    (SI; traffic as bytes each rank sends per step by link class), the verdict and the rule."""
+    return {"schema": "meshplan.compare/v1", "meshplan_version": __version__, "a": _side_dict(c.a),
+            "b": _side_dict(c.b), "winner": c.winner, "rejected": c.rejected, "identical": c.identical,
+            "none_fit": c.none_fit, "reasons": list(c.reasons), "rule": c.rule,
+            "table": [list(r) for r in table_rows(c)]}
 
 
 def compare_html(c: Comparison) -> str:
