@@ -113,7 +113,7 @@ def test_plan_report_renders_in_chromium(tmp_path):
     assert oct(page.stat().st_mode & 0o777) == "0o644"
     dom, console, shot = render(page, tmp_path / "report")
     assert console == []
-    for heading in ("Verdict", "Mesh, groups and placement", "Local shapes", "Memory", "Collectives", "Step time",
+    for heading in ("Verdict", "Constraints (before any mesh)", "Mesh, groups and placement", "Local shapes", "Memory", "Collectives", "Step time",
                     "Predicted pipeline timeline", "Link load per step"):
         assert f">{heading}</h" in dom
     assert "mesh&lt;img src=x onerror=console.error(1)&gt;.toml" in dom and "<img src=\"x\"" not in dom

@@ -2,7 +2,7 @@
 (``search --html``), built from :mod:`meshplan.report.html`'s pieces. Pure: data in, one
 self-contained page (a string) out; the compare page is :func:`meshplan.compare.compare_html`.
 
-Plan page: verdict; model, cluster and training; mesh and its derivation; every axis's groups
+Plan page: verdict; model, cluster and training; the constraints; mesh and its derivation; every axis's groups
 (rank 0's and the first two); placement flags; local GEMMs and attention; persistent state
 and the memory timeline per stage with the most loaded stage's plot (matplotlib PNG,
 base64); the collective table in nccl-tests columns plus bytes sent per rank per step (GB,
@@ -131,7 +131,10 @@ def _step(plan: Plan, st: StepTime) -> str:
 def plan_sections(plan: Plan | Infeasible, st: Optional[StepTime], name: str) -> list[str]:
     """The plan page's sections (also one side of the compare page)."""
     out = [section("Verdict", verdict_html(plan.feasible, plan.reasons) + lines(f"note: {n}" for n in plan.notes)),
-           section("Input", table(["", ""], summary_rows(plan))), _groups(plan)]
+           section("Input", table(["", ""], summary_rows(plan))),
+           section("Constraints (before any mesh)", table(["kind", "constraint", "requires"],
+                                                          [(r.kind, r.text, r.requires) for r in plan.constraints.rows])),
+           _groups(plan)]
     if isinstance(plan, Plan):
         out += [_shapes(plan), _memory(plan, name), _collectives(plan)]
         if st is not None:
