@@ -23,15 +23,22 @@ def mode(p: Path) -> str:
     return oct(p.stat().st_mode & 0o777)
 
 
-def test_files_are_written_0644_even_under_umask_0077(tmp_path):
-    old = os.umask(0o077)  # the child inherits it; a plain open() would then make 0600 files
+def run(argv, capsys) -> tuple[int, str]:
+    """``meshplan ARGV`` in this process: (exit status, stderr)."""
+    from meshplan.cli import main
+
+    with pytest.raises(SystemExit) as done:
+        main([str(a) for a in argv])
+    return done.value.code or 0, capsys.readouterr().err
+
+
+def test_files_are_written_0644_even_under_umask_0077(tmp_path, capsys):
+    old = os.umask(0o077)  # a plain open() would now make 0600 files; mkstemp always does
     try:
-        r = cli("memory", str(MINI), "--out", str(tmp_path / "mem"))
-        assert r.returncode == 0, r.stderr
-        r = cli("step", str(MINI), "--trace", str(tmp_path / "trace.json"))
-        assert r.returncode == 0, r.stderr
-        r = cli("plan", str(MINI), "--json", str(tmp_path / "plan.json"))
-        assert r.returncode == 0, r.stderr
+        for argv in (["memory", MINI, "--out", tmp_path / "mem"], ["step", MINI, "--trace", tmp_path / "trace.json"],
+                     ["plan", MINI, "--json", tmp_path / "plan.json"]):
+            rc, err = run(argv, capsys)
+            assert rc == 0, err
     finally:
         os.umask(old)
     pngs = sorted((tmp_path / "mem").glob("*.png"))
@@ -40,18 +47,23 @@ def test_files_are_written_0644_even_under_umask_0077(tmp_path):
         {"mini_2x4_tp2-dp4_memory_stage0.png": "0o644", "trace.json": "0o644", "plan.json": "0o644"}
 
 
-def test_shell_completion_is_on():
-    assert "--install-completion" in cli("--help").stdout
-    code = "from meshplan.cli import app; app(prog_name='meshplan')"
+def test_shell_completion_is_on(monkeypatch, capsys):
+    from meshplan.cli import app
 
     def complete(words: str) -> list[str]:
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "_MESHPLAN_COMPLETE": "complete_bash", "COMP_WORDS": words,
-               "COMP_CWORD": str(len(words.split()) - 1)}
-        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
-        return r.stdout.split()
+        monkeypatch.setenv("_MESHPLAN_COMPLETE", "complete_bash")
+        monkeypatch.setenv("COMP_WORDS", words)
+        monkeypatch.setenv("COMP_CWORD", str(len(words.split()) - 1))
+        with pytest.raises(SystemExit):
+            app(prog_name="meshplan")
+        return capsys.readouterr().out.split()
 
     assert complete("meshplan pl") == ["plan", "place"]
     assert complete("meshplan step x.toml --tr") == ["--trace"]
+    monkeypatch.delenv("_MESHPLAN_COMPLETE")
+    with pytest.raises(SystemExit):
+        app(["--help"], prog_name="meshplan")
+    assert "--install-completion" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("shell", ["bash", "zsh"])

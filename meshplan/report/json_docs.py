@@ -19,6 +19,7 @@ from importlib import resources
 from typing import Any, Optional, Sequence
 
 from meshplan import __version__
+from meshplan.placement.choice import weights_from_table
 from meshplan.plan import Infeasible, Plan
 from meshplan.report.json_out import _plain, _timeline
 from meshplan.schedule.linkload import concurrency, edge_loads, timings
@@ -86,7 +87,8 @@ def memory_doc(plan: Plan, all_stages: bool, pngs: Sequence[str]) -> dict[str, A
 
 def step_doc(plan: Plan, st, verdict: Sequence[str], trace: Optional[str]) -> dict[str, Any]:
     """The predicted step: time, schedule, bubble, exposure, MFU, critical path, readiness of
-    each collective, concurrency, load per physical link, the network verdict."""
+    each collective, concurrency, load per physical link, bytes each rank of the critical
+    stage sends per step by axis, the network verdict."""
     p = st.pipeline
     return envelope("step", plan, step_s=st.step_s, schedule=str(p.spec.schedule), stages=p.spec.p,
                     micro_batches=p.spec.m, virtual_stages=p.spec.v, critical_stage=st.critical_stage,
@@ -99,10 +101,7 @@ def step_doc(plan: Plan, st, verdict: Sequence[str], trace: Optional[str]) -> di
                             "capacity_bytes_per_s": e.capacity_bytes_per_s, "busy_s": e.busy_s,
                             "interval_s": e.interval_s, "per_layer_bytes": e.per_layer_bytes,
                             "layer_interval_s": e.layer_interval_s, "fits": e.fits} for e in edge_loads(plan, st)],
-                    sent_bytes_per_step={axis: sum(r.sent_bytes_per_step for r in plan.stage(st.critical_stage)
-                                                   .collectives if r.axis == axis)
-                                         for axis in dict.fromkeys(r.axis for r in
-                                                                   plan.stage(st.critical_stage).collectives)},
+                    sent_bytes_per_step=weights_from_table(plan.stage(st.critical_stage).collectives),
                     verdict=list(verdict), notes=list(st.notes), trace=trace)
 
 
