@@ -519,6 +519,7 @@ def place_cmd(config: Path = typer.Argument(..., help="TOML config"),
     _refuse_existing(json_path, force, "--json")
     p = _load(config)
     if p.mesh is None:
+        _write_doc(json_path, envelope("place", p), force)
         _exit_infeasible(p)
     shown = ranks or sorted({0, min(1, p.world - 1), p.world - 1})
     for r in shown:

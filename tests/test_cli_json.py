@@ -139,18 +139,24 @@ def test_nccl_check_json_lists_the_difference(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("shape", [8, 3], ids=["over-memory", "unresolved"])
-@pytest.mark.parametrize("command", ["groups", "memory", "step"])
+@pytest.mark.parametrize("command", ["plan", "groups", "memory", "step", "reliability", "place"])
 def test_json_of_a_mesh_that_does_not_fit_carries_the_verdict(command, shape, tmp_path, capsys):
     cfg = tmp_path / "oom.toml"
     cfg.write_text(OOM.format(n=shape))
     out = tmp_path / "doc.json"
-    argv = [command, cfg, "--json", out] + (["--out", tmp_path] if command == "memory" else [])
+    extra = {"memory": ["--out", tmp_path],
+             "reliability": ["--write-gbps", 100, "--read-gbps", 100, "--restart-overhead-s", 60]}.get(command, [])
+    argv = [command, cfg, "--json", out] + extra
     rc, err = run(argv, capsys)
     doc = json.loads(out.read_text())
     assert rc == 1 and validate(command, doc) == []
     assert doc["feasible"] is False and doc["reasons"] and f"infeasible: {doc['reasons'][0]}" in err
     if command == "step":
         assert doc["step_s"] is None and ("would_be_step_s" in doc) == (shape == 8)
+    if command == "place":  # placed when the mesh resolved, the verdict alone when it did not
+        assert ("rank_to_gpu" in doc) == (shape == 8)
+        errors = validate("place", {**doc, "feasible": True})  # a feasible mesh must have its placement
+        assert (errors == []) == (shape == 8) and all("not valid under any of the given schemas" in e for e in errors)
 
 
 def test_existing_json_is_refused_before_the_work(tmp_path, capsys):
