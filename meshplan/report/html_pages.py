@@ -46,10 +46,11 @@ def summary_rows(plan: Plan | Infeasible) -> list[tuple[str, str]]:
     out = [("model", f"{m.name}: {m.layers} layers, hidden {m.hidden}, ffn {m.ffn}, heads {m.q_heads}/{m.n_kv_heads} "
                      f"kv, vocab {m.vocab}, {m.param_count() / 1e9:.2f} B params"
                      + (f", {m.experts} experts top-{m.top_k}" if m.is_moe else "")),
-           ("cluster", f"{cl.name}: {cl.nodes} nodes x {cl.node.gpus} {cl.gpu.name} ({cl.gpu.hbm_bytes / GiB:.1f} GiB), "
-                       f"world {plan.world}"),
+           ("cluster", f"{cl.name}: {cl.nodes} nodes x {cl.node.gpus} {cl.gpu.name} "
+                       f"({cl.gpu.hbm_bytes / GiB:.1f} GiB), world {plan.world}"),
            ("training", f"global batch {t.global_batch} x seq {t.seq_len}, micro-batch {t.micro_batch}, sharding "
-                        f"{t.sharding}, recompute {t.recompute}, params {t.param_dtype}, reserve {t.memory_reserve:.0%}")]
+                        f"{t.sharding}, recompute {t.recompute}, params {t.param_dtype}, "
+                        f"reserve {t.memory_reserve:.0%}")]
     if plan.mesh is not None:
         mesh = plan.mesh
         out.append(("mesh", " x ".join(f"{n} {d}" for n, d in zip(mesh.layout.names, mesh.layout.shape))
@@ -132,8 +133,9 @@ def plan_sections(plan: Plan | Infeasible, st: Optional[StepTime], name: str) ->
     """The plan page's sections (also one side of the compare page)."""
     out = [section("Verdict", verdict_html(plan.feasible, plan.reasons) + lines(f"note: {n}" for n in plan.notes)),
            section("Input", table(["", ""], summary_rows(plan))),
-           section("Constraints (before any mesh)", table(["kind", "constraint", "requires"],
-                                                          [(r.kind, r.text, r.requires) for r in plan.constraints.rows])),
+           section("Constraints (before any mesh)",
+                   table(["kind", "constraint", "requires"], [(r.kind, r.text, r.requires)
+                                                              for r in plan.constraints.rows])),
            _groups(plan)]
     if isinstance(plan, Plan):
         out += [_shapes(plan), _memory(plan, name), _collectives(plan)]
