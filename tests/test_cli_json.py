@@ -24,8 +24,8 @@ MINI_TP4 = ROOT / "examples" / "mini_2x4_tp4-dp2.toml"
 NCCL = ROOT / "tests" / "data" / "nccl"
 #: Commands without --json, and why: they write an HTML page, an evidence folder (JSON inside),
 #: measurement tables, or change the machine.
-NO_JSON = {"report": "an HTML page (--out)", "validate": "evidence folder: plan.json, comparison.json per world",
-           "validate-slice": "evidence folder", "testbed": "sets up or removes namespaces, no result",
+NO_JSON = {"report": "an HTML page (--out)", "validate": "evidence folder: OUT/validate.json, plan.json per world",
+           "validate-slice": "evidence folder: OUT/slice.json", "testbed": "sets up or removes namespaces, no result",
            "bench": "measurement tables (--out) and calibration TOML"}
 OOM = """[model]
 catalog = "llama3-70b"
