@@ -32,14 +32,14 @@ from meshplan.comm.calibration import (
     load_calibration,
 )
 from meshplan.comm.nccl_log import check_against_placement, read_nccl_log
-from meshplan.compare import compare, evidence_folder, table_rows, write_evidence
+from meshplan.compare import compare, compare_html, compare_to_dict, evidence_folder, table_rows, write_evidence
 from meshplan.compute.gemm import load_gemm_table
 from meshplan.errors import ConfigError, check_number, printable
 from meshplan.fileio import check_destination, write_output
 from meshplan.interop.common import FORMATS, ImportOptions
 from meshplan.interop.foreign import export, import_text, load_any
 from meshplan.placement.assign import rank_row
-from meshplan.placement.bindings import write_bindings
+from meshplan.placement.bindings import bindings, write_bindings
 from meshplan.placement.choice import choose_placement, weights_from_plan
 from meshplan.placement.launch import LaunchOptions, write_launch
 from meshplan.placement.topology import (
@@ -51,6 +51,20 @@ from meshplan.plan import Infeasible, Plan, build_plan
 from meshplan.reliability import reliability as rel
 from meshplan.reliability import restart_on_fewer_nodes
 from meshplan.report import shown
+from meshplan.report.html_pages import plan_page, search_page
+from meshplan.report.json_docs import (
+    calibrate_doc,
+    catalog_doc,
+    envelope,
+    groups_doc,
+    memory_doc,
+    nccl_check_doc,
+    place_doc,
+    reliability_doc,
+    step_doc,
+    step_infeasible_doc,
+    to_json,
+)
 from meshplan.report.json_out import write_json
 from meshplan.report.memory import print_memory
 from meshplan.report.memory_plot import write_png
@@ -76,7 +90,7 @@ EXIT_CODES = ("exit status: 0 feasible (compare: a mesh that fits wins; search: 
               "what they show, step labelled 'would be ... if it fit') or a measured difference, "
               "2 malformed input (one line 'error: <field>: <what is wrong>')")
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
+app = typer.Typer(add_completion=True, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
                   help="Design, check and validate parallel meshes for distributed training. " + EXIT_CODES + ".")
 
 
@@ -166,6 +180,35 @@ def _require_torch(command: str) -> None:
                           f"torch==2.13.0 (the runtime extra, pip install -e '.[runtime]'; make test installs it)")
 
 
+def _refuse_existing(path: Optional[Path], force: bool, field: str) -> None:
+    """Refuse, before any work, an output file that exists (written at the end with --force) or
+    cannot be written (:func:`meshplan.fileio.check_destination`)."""
+    if path:
+        check_destination(path, field, force)
+
+
+def _json_option(command: str):
+    return typer.Option(None, "--json", help=f"write the result as JSON (schema meshplan.{command}/v1, file "
+                                             f"meshplan/schemas/{command}.v1.schema.json; SI units)")
+
+
+def _write_doc(path: Optional[Path], doc: dict, force: bool) -> None:
+    """Write a ``--json`` document (when asked)."""
+    if path:
+        _wrote(write_output(path, to_json(doc), force, '--json'))
+
+
+def _html_option(what: str):
+    return typer.Option(None, "--html", help=f"write {what} as one self-contained HTML page (tables, memory plot, "
+                                             "pipeline Gantt chart, link-load bars; no script, no external file)")
+
+
+def _write_plan_html(p: Plan | Infeasible, path: Path, name: str, force: bool, field: str = "--html") -> None:
+    """The HTML report of ``p`` (with its predicted step when it was planned)."""
+    st = step_time(p) if isinstance(p, Plan) else None
+    _wrote(write_output(path, plan_page(p, st, name), force, field))
+
+
 def _check_rank(plan, rank: int) -> None:
     if not 0 <= rank < plan.world:
         raise ConfigError("--rank", f"{rank} outside 0..{plan.world - 1}")
@@ -175,7 +218,8 @@ def _check_rank(plan, rank: int) -> None:
 def plan(config: Path = typer.Argument(..., help="TOML config with [model], [cluster], [training], [mesh]"),
          json_path: Optional[Path] = typer.Option(None, "--json", help="write the whole plan (every group) as JSON"),
          rank: int = typer.Option(0, "--rank", help="rank whose groups and placement are printed"),
-         force: bool = typer.Option(False, "--force", help="replace an existing --json file"),
+         html_path: Optional[Path] = _html_option("the plan report"),
+         force: bool = typer.Option(False, "--force", help="replace existing --json and --html files"),
          topology: Optional[Path] = typer.Option(None, "--topology", help="nvidia-smi topo -m text or NCCL topology XML"),
          calibration: Optional[Path] = typer.Option(None, "--calibration", help="calibration TOML (bench comm)"),
          fmt: Optional[str] = typer.Option(None, "--format", help=FORMAT_HELP),
@@ -189,26 +233,50 @@ def plan(config: Path = typer.Argument(..., help="TOML config with [model], [clu
 
     if json_path:  # refused before the work and the report, as compare --out
         check_destination(json_path, "--json", force)
+    _refuse_existing(html_path, force, "--html")
     p = _load(config, topology, calibration, fmt, _opts(cluster, nodes, gpu, model, seq_len))
     if p.mesh is not None:
         _check_rank(p, rank)
     print_plan(p, rank=rank, console=_console())
     if json_path:
         _wrote(write_json(p, json_path, force=force))
+    if html_path:
+        _write_plan_html(p, html_path, config.name, force)
+    _verdict_exit(p)
+
+
+@app.command()
+def report(config: Path = typer.Argument(..., help="TOML config"),
+           out: Optional[Path] = typer.Option(None, "--out", help="HTML file (default: CONFIG's name with .html, "
+                                                                  "in the current folder)"),
+           force: bool = typer.Option(False, "--force", help="replace an existing --out file")):
+    """One self-contained HTML page of the plan: verdict, input, groups, shapes, memory timeline plot, collective
+    table, step time with the pipeline Gantt chart and link-load bars. A mesh that does not fit is still reported,
+    then exits 1 with its reasons."""
+
+    path = out or Path(config.stem + ".html")
+    _refuse_existing(path, force, "--out")
+    p = _load(config)
+    _write_plan_html(p, path, config.name, force, "--out")
     _verdict_exit(p)
 
 
 @app.command()
 def groups(config: Path = typer.Argument(..., help="TOML config"),
-           rank: int = typer.Option(0, "--rank", help="the rank whose start-up print is shown")):
+           rank: int = typer.Option(0, "--rank", help="the rank whose start-up print is shown"),
+           json_path: Optional[Path] = _json_option("groups"),
+           force: bool = typer.Option(False, "--force", help="replace an existing --json file")):
     """Print what RANK would print at start-up: its coordinates and every group's ranks. A mesh that does not
     fit is still printed, then exits 1 with its reasons."""
 
+    _refuse_existing(json_path, force, "--json")
     p = _load(config)
     if p.mesh is None:
+        _write_doc(json_path, groups_doc(p, rank), force)
         _exit_infeasible(p)
     _check_rank(p, rank)
     print_groups(p.mesh, rank, _console())
+    _write_doc(json_path, groups_doc(p, rank), force)
     _verdict_exit(p)
 
 
@@ -216,12 +284,15 @@ def groups(config: Path = typer.Argument(..., help="TOML config"),
 def memory(config: Path = typer.Argument(..., help="TOML config (an optional [memory] table sets the timeline parameters)"),
            out: Path = typer.Option(Path("."), "--out", help="folder for the PNG plot(s)"),
            all_stages: bool = typer.Option(False, "--all-stages", help="every pipeline stage, not only the most loaded"),
-           force: bool = typer.Option(False, "--force", help="replace existing PNG files")):
+           json_path: Optional[Path] = _json_option("memory"),
+           force: bool = typer.Option(False, "--force", help="replace existing PNG and --json files")):
     """Memory timeline of one training step: peak, headroom, events by kind, and a PNG per stage shown."""
 
     check_destination(out, "--out", force=True, folder=True)  # a writable folder before the work
+    _refuse_existing(json_path, force, "--json")
     p = _load(config)
     if isinstance(p, Infeasible):
+        _write_doc(json_path, envelope("memory", p, stages=[], persistent_bytes={}, pngs=[]), force)
         _exit_infeasible(p)
     shown = p.timelines if all_stages else (p.timeline,)
     paths = [out / f"{config.stem}_memory_stage{tl.stage}.png" for tl in shown]
@@ -230,6 +301,7 @@ def memory(config: Path = typer.Argument(..., help="TOML config (an optional [me
     print_memory(p, _console(), all_stages=all_stages)
     for tl, path in zip(shown, paths):
         _wrote(write_png(tl, path, name=config.name, force=force))
+    _write_doc(json_path, memory_doc(p, all_stages, [str(x) for x in paths]), force)
     _verdict_exit(p)
 
 
@@ -244,7 +316,8 @@ def step(config: Path = typer.Argument(..., help="TOML config"),
          no_prefetch: bool = typer.Option(False, "--no-prefetch", help="no FSDP all-gather prefetch"),
          gemm_table: Optional[Path] = typer.Option(None, "--gemm-table", help="measured GEMM times (meshplan bench gemm)"),
          schedule: Optional[str] = typer.Option(None, "--schedule", help="gpipe, 1f1b, interleaved_1f1b or zb_h1"),
-         force: bool = typer.Option(False, "--force", help="replace an existing --trace file"),
+         json_path: Optional[Path] = _json_option("step"),
+         force: bool = typer.Option(False, "--force", help="replace existing --trace and --json files"),
          fmt: Optional[str] = typer.Option(None, "--format", help=FORMAT_HELP),
          cluster: Optional[str] = typer.Option(None, "--cluster", help=CLUSTER_HELP),
          nodes: Optional[int] = typer.Option(None, "--nodes", help=NODES_HELP),
@@ -259,21 +332,25 @@ def step(config: Path = typer.Argument(..., help="TOML config"),
         raise ConfigError("--schedule", f"unknown schedule {schedule!r}; use " + ", ".join(x.value for x in Schedule))
     if trace:
         check_destination(trace, "--trace", force)
+    _refuse_existing(json_path, force, "--json")
     p = _load(config, fmt=fmt, opts=_opts(cluster, nodes, gpu, model, seq_len))
     if isinstance(p, Infeasible):
+        _write_doc(json_path, envelope("step", p, step_s=None), force)
         _exit_infeasible(p)
     table = load_gemm_table(gemm_table) if gemm_table else None
     st = step_time(p, _overlap(overlap_tp, no_prefetch), table=table, schedule=schedule)
     if not p.feasible:
         _echo(f"step would be {st.step_s:.3f} s ({st.pipeline.spec.schedule}, MFU {st.mfu:.1%}) if it fit; "
                    f"it does not fit")
+        _write_doc(json_path, step_infeasible_doc(p, st), force)
         _verdict_exit(p)
     for line in st.lines():
         _echo(line)
 
     again = rebuilt_step(p, lambda alt: step_time(alt, _overlap(overlap_tp, no_prefetch), table=table,
                                                   schedule=schedule))
-    for line in network_verdict(p, st, again):
+    verdict = network_verdict(p, st, again)
+    for line in verdict:
         _echo(line)
     path = st.critical_path()
     _echo(f"critical path ({len(path)} entries{', first 12 and last 6' if len(path) > 18 else ''}):")
@@ -282,6 +359,7 @@ def step(config: Path = typer.Argument(..., help="TOML config"),
     _print_links(p, st)
     if trace:
         _wrote(st.write_trace(trace, force=force))
+    _write_doc(json_path, step_doc(p, st, verdict, str(trace) if trace else None), force)
 
 
 def _print_links(p, st) -> None:
@@ -309,7 +387,9 @@ def reliability(config: Path = typer.Argument(..., help="TOML config"),
                 restart_overhead_s: float = typer.Option(..., "--restart-overhead-s",
                                                          help="detection + rescheduling + start-up, seconds"),
                 lost_nodes: int = typer.Option(1, "--lost-nodes", help="nodes lost in the restart scenario"),
-                spare_nodes: int = typer.Option(0, "--spare-nodes", help="spare nodes available")):
+                spare_nodes: int = typer.Option(0, "--spare-nodes", help="spare nodes available"),
+                json_path: Optional[Path] = _json_option("reliability"),
+                force: bool = typer.Option(False, "--force", help="replace an existing --json file")):
     """Failure domains, interruptions per day, checkpoint size and interval, goodput, restart."""
 
     for name, v in (("--write-gbps", write_gbps), ("--read-gbps", read_gbps)):
@@ -318,8 +398,10 @@ def reliability(config: Path = typer.Argument(..., help="TOML config"),
     check_number("--restart-overhead-s", restart_overhead_s, 0.0, 1e6, "s", "up to 11.6 days")
     check_number("--lost-nodes", lost_nodes, 0, 10 ** 7, "nodes")
     check_number("--spare-nodes", spare_nodes, 0, 10 ** 7, "nodes")
+    _refuse_existing(json_path, force, "--json")
     p = _load(config)
     if isinstance(p, Infeasible):
+        _write_doc(json_path, envelope("reliability", p), force)
         _exit_infeasible(p)
     if lost_nodes > p.config.cluster.nodes:
         raise ConfigError("--lost-nodes", f"{lost_nodes} is more than the cluster's {p.config.cluster.nodes} nodes")
@@ -333,6 +415,7 @@ def reliability(config: Path = typer.Argument(..., help="TOML config"),
                                 interleaved=p.vpp > 1)
     for line in rs.lines():
         _echo(line)
+    _write_doc(json_path, reliability_doc(p, r, rs), force)
     _verdict_exit(p)
 
 
@@ -340,11 +423,16 @@ def reliability(config: Path = typer.Argument(..., help="TOML config"),
 def compare_cmd(config_a: Path = typer.Argument(..., help="TOML config of mesh A"),
                 config_b: Path = typer.Argument(..., help="TOML config of mesh B (same workload)"),
                 out: Path = typer.Option(Path("out/compare"), "--out", help="folder for the rejected mesh's evidence"),
-                force: bool = typer.Option(False, "--force", help="replace an existing evidence folder")):
+                html_path: Optional[Path] = _html_option("both meshes side by side"),
+                json_path: Optional[Path] = _json_option("compare"),
+                force: bool = typer.Option(False, "--force", help="replace an existing evidence folder, --html and "
+                                                                  "--json files")):
     """Compare two meshes of one workload side by side and keep the rejected one's evidence. Exit 0 when a mesh
     that fits wins, 1 when neither fits (both reasons printed)."""
 
     check_destination(out, "--out", force=True, folder=True)  # a writable folder before the work
+    _refuse_existing(html_path, force, "--html")
+    _refuse_existing(json_path, force, "--json")
     a, b = _load(config_a), _load(config_b)
     ca, cb = a.config, b.config
     if (ca.model != cb.model or ca.training != cb.training) or ca.cluster.world != cb.cluster.world:
@@ -367,6 +455,10 @@ def compare_cmd(config_a: Path = typer.Argument(..., help="TOML config of mesh A
         con.print(f"  - {shown(r)}")
     for path in write_evidence(c, out, force=force):
         con.print(f"wrote {printable(str(path))}", markup=False)
+    if html_path:
+        con.print(f"wrote {printable(str(write_output(html_path, compare_html(c), force, '--html')))}",
+                  highlight=False, markup=False)
+    _write_doc(json_path, compare_to_dict(c), force)
     if c.none_fit:
         for side in (c.a, c.b):
             _infeasible(side.plan, side.name)
@@ -379,7 +471,8 @@ def search_cmd(config: Path = typer.Argument(..., help="TOML config: [model], [c
                top: Optional[int] = typer.Option(None, "--top", help="candidates ranked and shown (default: "
                                                                     "[search] top, 10)"),
                json_path: Optional[Path] = typer.Option(None, "--json", help="write the result as JSON"),
-               force: bool = typer.Option(False, "--force", help="replace an existing --json or -o file"),
+               html_path: Optional[Path] = _html_option("the top candidates and the rejection counts"),
+               force: bool = typer.Option(False, "--force", help="replace existing --json, --html and -o files"),
                export_rank: Optional[int] = typer.Option(None, "--export", help="export the top row of this rank "
                                                          "(1 = the fastest) with --to and -o"),
                to: str = typer.Option("meshplan", "--to", help="export format: " + ", ".join(FORMATS)),
@@ -417,6 +510,7 @@ def search_cmd(config: Path = typer.Argument(..., help="TOML config: [model], [c
         cfg = replace(cfg, search=cfg.search.model_copy(update={"top": top}))
     if json_path:
         check_destination(json_path, "--json", force)
+    _refuse_existing(html_path, force, "--html")
     with ProgressBar() as bar:
         result = search(cfg, progress=bar)
     print_search(result, _console())
@@ -428,6 +522,8 @@ def search_cmd(config: Path = typer.Argument(..., help="TOML config: [model], [c
                               f"or export a lower rank")
         row = candidate_config(result.config, result.candidates, result.top[export_rank - 1].index)
         _write_export(row, to, out, f"search {config} row {export_rank}", force)
+    if html_path:
+        _wrote(write_output(html_path, search_page(result, config.name), force, '--html'))
     raise typer.Exit(0 if result.top else 1)
 
 
@@ -496,10 +592,13 @@ def export_cmd(config: Path = typer.Argument(..., help="config of the plan (mesh
 
 @app.command("nccl-check")
 def nccl_check(config: Path = typer.Argument(..., help="TOML config whose placement is checked"),
-               log: Path = typer.Argument(..., help="NCCL_DEBUG=INFO output of the run")):
+               log: Path = typer.Argument(..., help="NCCL_DEBUG=INFO output of the run"),
+               json_path: Optional[Path] = _json_option("nccl-check"),
+               force: bool = typer.Option(False, "--force", help="replace an existing --json file")):
     """Check that each communicator used the NICs and intra-node links the placement meant. A mesh that does not
     fit is still checked when it can be placed, then exits 1 with its reasons."""
 
+    _refuse_existing(json_path, force, "--json")
     p = _load(config)
     if p.placement is None:
         _exit_infeasible(p)
@@ -508,6 +607,7 @@ def nccl_check(config: Path = typer.Argument(..., help="TOML config whose placem
     for d in diffs:
         _echo(d)
     _echo(f"{len(diffs)} difference(s) between the NCCL log and the placement")
+    _write_doc(json_path, nccl_check_doc(p, str(log), diffs), force)
     _verdict_exit(p)
     raise typer.Exit(1 if diffs else 0)
 
@@ -580,12 +680,13 @@ def place_cmd(config: Path = typer.Argument(..., help="TOML config"),
               choose: bool = typer.Option(False, "--choose", help="search the rank -> GPU permutation with the shortest predicted step (fewest weak-path bytes at equal steps)"),
               bindings_path: Optional[Path] = typer.Option(None, "--bindings", help="write every rank's binding to this file"),
               fmt: str = typer.Option("json", "--format", help="bindings file format: json (list) or sh (launcher)"),
-              force: bool = typer.Option(False, "--force", help="replace an existing --bindings file"),
+              force: bool = typer.Option(False, "--force", help="replace existing --bindings and --json files"),
               visible: str = typer.Option("one", "--visible", help="CUDA_VISIBLE_DEVICES per rank: one (its own GPU, "
                                                                    "use cuda:0) or all (the node's GPUs in LOCAL_RANK "
                                                                    "order, for cuda:{LOCAL_RANK} scripts such as "
                                                                    "torchtitan's train.py; `meshplan launch` does this)"),
-              ranks: Optional[list[int]] = typer.Option(None, "--rank", help="rank whose binding is printed (repeatable; default first, second, last)")):
+              ranks: Optional[list[int]] = typer.Option(None, "--rank", help="rank whose binding is printed (repeatable; default first, second, last)"),
+              json_path: Optional[Path] = _json_option("place")):
     """Placement per axis, decisions and warnings, per-rank bindings (CUDA_VISIBLE_DEVICES, NCCL_IB_HCA, numactl).
     A mesh that does not fit is still placed, then exits 1 with its reasons."""
 
@@ -595,8 +696,10 @@ def place_cmd(config: Path = typer.Argument(..., help="TOML config"),
         raise ConfigError("--visible", f"{visible!r} is not one of one, all")
     if bindings_path:
         check_destination(bindings_path, "--bindings", force)
+    _refuse_existing(json_path, force, "--json")
     p = _load(config)
     if p.mesh is None:
+        _write_doc(json_path, envelope("place", p), force)
         _exit_infeasible(p)
     shown = ranks or sorted({0, min(1, p.world - 1), p.world - 1})
     for r in shown:
@@ -610,6 +713,7 @@ def place_cmd(config: Path = typer.Argument(..., help="TOML config"),
         _echo(line)
     if bindings_path:
         _wrote(write_bindings(bindings_path, c.placement, fmt=fmt, force=force, visible=visible))
+    _write_doc(json_path, place_doc(p, c, [bindings(c.placement, r) for r in shown]), force)
     _verdict_exit(p)
 
 
@@ -668,11 +772,15 @@ def launch_cmd(config: Path = typer.Argument(..., help="TOML config"),
 
 
 @app.command("catalog")
-def catalog_cmd(kind: str = typer.Argument("model", help="gpu, node, network or model")):
+def catalog_cmd(kind: str = typer.Argument("model", help="gpu, node, network or model"),
+                json_path: Optional[Path] = _json_option("catalog"),
+                force: bool = typer.Option(False, "--force", help="replace an existing --json file")):
     """List the built-in catalog entries of KIND with their sources."""
 
+    _refuse_existing(json_path, force, "--json")
     for name in catalog.names(kind):
         _echo(f"{name}: {catalog.entry(kind, name).get('source', '')}")
+    _write_doc(json_path, catalog_doc(kind, {n: catalog.entry(kind, n) for n in catalog.names(kind)}), force)
 
 
 @app.command("calibrate")
@@ -681,14 +789,17 @@ def calibrate_cmd(logs: list[Path] = typer.Argument(..., metavar="NCCL_TESTS_OUT
                   out: Path = typer.Option(Path("calibration.toml"), "--out", help="calibration TOML for --calibration"),
                   link: Optional[str] = typer.Option(None, "--link", help="nvlink, pcie or nic for every file "
                                                      "(default: from the ranks' hosts)"),
-                  force: bool = typer.Option(False, "--force", help="replace an existing --out file")):
+                  json_path: Optional[Path] = _json_option("calibrate"),
+                  force: bool = typer.Option(False, "--force", help="replace existing --out and --json files")):
     """Fit alpha-beta per link class to your nccl-tests runs and write the calibration file."""
 
     check_destination(out, "--out", force)
+    _refuse_existing(json_path, force, "--json")
     fits, notes, source = calibrate(logs, link)
     for line in notes:
         _echo(line)
     _wrote(write_output(out, calibration_toml(fits, source), force=force))
+    _write_doc(json_path, calibrate_doc(fits, notes, source, str(out)), force)
 
 
 @app.command("validate-slice")

@@ -19,11 +19,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from meshplan.comm.alphabeta import busbw_factor
+from meshplan import __version__
 from meshplan.compute.gemm import gemm_efficiency
 from meshplan.errors import ConfigError
 from meshplan.fileio import check_destination, staged_folder, write_output
 from meshplan.plan import Infeasible, Plan
+from meshplan.report.html import esc, lines, page, section, table
+from meshplan.report.html_pages import plan_sections
 from meshplan.report.json_out import write_json
 from meshplan.schedule.rank_timeline import Overlap
 from meshplan.schedule.steptime import StepTime, step_time
@@ -112,7 +114,7 @@ def side_of(name: str, plan: Plan | Infeasible, overlap: Optional[Overlap] = Non
     gemms = tuple((g.name, g.m, g.n, g.k, gemm_efficiency(gpu, g.m, g.n, g.k, dt)[0]) for g in plan.gemms)
     links: dict[str, float] = {}
     for r in plan.stage(0).collectives:
-        links[r.path.kind] = links.get(r.path.kind, 0.0) + r.size_bytes * busbw_factor(r.op, r.group_size) * r.per_step
+        links[r.path.kind] = links.get(r.path.kind, 0.0) + r.sent_bytes_per_step
     tl = plan.timeline
     st = step_time(plan, overlap or Overlap())
     return Side(name, plan, plan.feasible, plan.reasons, st.step_s, st.mfu, tl.peak.total_bytes,
@@ -204,6 +206,37 @@ def table_rows(c: Comparison) -> list[tuple[str, str, str]]:
         if name in gb:
             rows.append((f"{name} (M,N,K) eff", _g(ga[name]), _g(gb[name])))
     return rows
+
+
+def _side_dict(s: Side) -> dict:
+    return {"name": s.name, "mesh": s.mesh_text, "feasible": s.feasible, "reasons": list(s.reasons), "step_s": s.step_s,
+            "mfu": s.mfu, "peak_bytes": s.peak_bytes, "usable_bytes": s.usable_bytes,
+            "gemms": [{"name": g[0], "m": g[1], "n": g[2], "k": g[3], "efficiency": g[4]} for g in s.gemms],
+            "sent_bytes_per_step_by_link": dict(s.link_bytes), "exposed_s": dict(s.exposed_s)}
+
+
+def compare_to_dict(c: Comparison) -> dict:
+    """The ``compare --json`` document (schema ``meshplan.compare/v1``): both sides' numbers
+    (SI; traffic as bytes each rank sends per step by link class), the verdict and the rule."""
+    return {"schema": "meshplan.compare/v1", "meshplan_version": __version__, "a": _side_dict(c.a),
+            "b": _side_dict(c.b), "winner": c.winner, "rejected": c.rejected, "identical": c.identical,
+            "none_fit": c.none_fit, "reasons": list(c.reasons), "rule": c.rule,
+            "table": [list(r) for r in table_rows(c)]}
+
+
+def compare_html(c: Comparison) -> str:
+    """The comparison as one HTML page: the side-by-side table, the verdict with its reasons
+    and rule, then each mesh's plan report (memory plot, Gantt chart, link loads) in two
+    columns, A left and B right."""
+    verdict = ("identical meshes" if c.identical else "neither mesh fits" if c.none_fit
+               else f"{c.winner} (rejected: {c.rejected})")
+    head = section("Side by side", table(["quantity", c.a.name, c.b.name], table_rows(c))
+                   + f"<p><b>verdict:</b> {esc(verdict)}</p>" + lines([f"- {r}" for r in c.reasons])
+                   + lines([f"rule: {c.rule}"]))
+    cols = "".join(f"<div><h2>{esc(s.name)}: {esc(s.mesh_text)}</h2>"
+                   + "".join(plan_sections(s.plan, s.step, s.name)) + "</div>" for s in (c.a, c.b))
+    return page(f"meshplan compare: {c.a.name} vs {c.b.name}", f"verdict: {verdict}; GB = 1e9 B, GiB = 2^30 B",
+                [head, f'<div class="cols">{cols}</div>'])
 
 
 def _g(g) -> str:

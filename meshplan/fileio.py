@@ -26,6 +26,8 @@ option.
 'hello\\n'
 >>> sorted(p.name for p in d.iterdir())
 ['a.txt']
+>>> oct((d / "a.txt").stat().st_mode & 0o777)
+'0o644'
 """
 
 from __future__ import annotations
@@ -41,6 +43,9 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from meshplan.errors import ConfigError
+
+#: Mode of every file meshplan writes (rw-r--r--), whatever mkstemp created.
+FILE_MODE = 0o644
 
 
 class Terminated(SystemExit):
@@ -123,7 +128,7 @@ def write_text_atomic(path, text: str) -> Path:
     """Write ``text`` to ``path`` through a temporary file in the same folder, fsync, then
     ``os.replace`` (atomic on POSIX; replaces an existing file: for files of the program's own
     evidence folders). The folder must exist. The temporary file is removed on any error,
-    Ctrl-C or SIGTERM. Returns the path."""
+    Ctrl-C or SIGTERM. The file is 0644 (:data:`FILE_MODE`). Returns the path."""
     p = Path(path)
     with terminate_raises():
         tmp = _temp_name(p, ".tmp")
@@ -131,6 +136,7 @@ def write_text_atomic(path, text: str) -> Path:
             with open(tmp, "x", encoding="utf-8") as f:
                 f.write(text)
                 f.flush()
+                os.fchmod(f.fileno(), FILE_MODE)  # whatever the umask: reports and evidence readable by all
                 os.fsync(f.fileno())
             os.replace(tmp, p)
         except BaseException:
@@ -144,7 +150,7 @@ def write_json_atomic(path, doc: Any) -> Path:
     return write_text_atomic(path, json.dumps(doc, indent=1, sort_keys=True) + "\n")
 
 
-def write_output(path, data: str | bytes, force: bool = False, field: str = "--out", mode: int = 0o644) -> Path:
+def write_output(path, data: str | bytes, force: bool = False, field: str = "--out", mode: int = FILE_MODE) -> Path:
     """Write a user-facing output file (text or bytes): refuse (ConfigError naming ``field``)
     to replace an existing file unless ``force``, create the folder, write a temporary file
     with ``mode``, then link it to ``path`` (exclusive: a file that appeared meanwhile is

@@ -28,6 +28,15 @@ def dtype_bytes(dtype: str) -> int:
     return DTYPE_BYTES[dtype]
 
 
+def traffic_gb(n: float) -> str:
+    """Traffic for printing, one unit everywhere: GB (1e9 B), e.g. bytes a rank sends per step.
+
+    >>> traffic_gb(3.9234e12)
+    '3,923.4 GB'
+    """
+    return f"{n / GB:,.1f} GB"
+
+
 def human_bytes(n: float) -> str:
     """Format bytes in binary units for printing.
 

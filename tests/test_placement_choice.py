@@ -93,7 +93,12 @@ def test_seed_weights_from_the_collective_table():
     plan = build_plan(good)
     w = weights_from_plan(plan)
     table = [r for rows in plan.collectives.values() for r in rows]
-    assert w["tp"] == sum(r.size_bytes * r.per_step for r in table if r.axis == "tp")
+    # bytes a rank sends per step (the one traffic unit): ring over 8 ranks sends 7/8 of the buffer
+    # for all-gather and reduce-scatter, twice that for all-reduce
+    share = {"all-gather": 7 / 8, "reduce-scatter": 7 / 8, "all-reduce": 2 * 7 / 8}
+    assert w["tp"] == pytest.approx(sum(r.size_bytes * share[r.op] * r.per_step for r in table if r.axis == "tp"))
+    assert w["dp_shard"] == pytest.approx(sum(r.size_bytes * share[r.op] * r.per_step for r in table
+                                              if r.axis == "dp_shard"))
     bad = build_plan(config_from_dict({"model": {"catalog": "llama3-70b"},
                                        "cluster": {"system": "seed-8x8-2nic", "nodes": 8},
                                        "training": good.training.model_dump(),

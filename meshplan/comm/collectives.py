@@ -155,6 +155,18 @@ class CollectiveRow:
     def busbw_bytes_per_s(self) -> float:
         return self.algbw_bytes_per_s * busbw_factor(self.op, self.group_size)
 
+    @property
+    def sent_bytes(self) -> float:
+        """Bytes one rank sends per call: S x busbw factor ((n-1)/n S for all-gather,
+        reduce-scatter and all-to-all, 2(n-1)/n S for all-reduce; nccl-tests PERFORMANCE.md)."""
+        return self.size_bytes * busbw_factor(self.op, self.group_size)
+
+    @property
+    def sent_bytes_per_step(self) -> float:
+        """Bytes one rank sends per step on this row: :attr:`sent_bytes` x ``per_step``. The
+        one traffic unit of every report (printed in GB, 1e9 B)."""
+        return self.sent_bytes * self.per_step
+
 
 def axis_path(mesh: Mesh, placement, cluster: ClusterSpec, axis: str) -> Path:
     """Path of ``axis``'s collectives when all its groups run at once (SPMD).

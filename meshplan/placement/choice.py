@@ -56,11 +56,12 @@ MAX_PERMUTED_AXES = 5
 
 
 def weights_from_table(rows: Iterable) -> dict[str, float]:
-    """Bytes per step per rank of each axis: sum of ``size_bytes * per_step`` over
-    :class:`~meshplan.comm.collectives.CollectiveRow` rows, keyed by the row's axis name."""
+    """Bytes one rank sends per step on each axis: sum of ``sent_bytes_per_step`` (size x
+    busbw factor x calls per step) over :class:`~meshplan.comm.collectives.CollectiveRow`
+    rows, keyed by the row's axis name (the traffic unit of ``step`` and ``compare``)."""
     out: dict[str, float] = {}
     for r in rows:
-        out[r.axis] = out.get(r.axis, 0.0) + float(r.size_bytes) * r.per_step
+        out[r.axis] = out.get(r.axis, 0.0) + float(r.sent_bytes_per_step)
     return out
 
 

@@ -16,13 +16,13 @@ import numpy as np
 
 from meshplan.placement.assign import PER_LAYER_AXES, GroupLocality, group_locality, same_rails
 from meshplan.placement.topology import check_identity_nic_map
-from meshplan.units import human_bytes
+from meshplan.units import traffic_gb
 
 _DENSE_PER_LAYER = ("tp", "cp", "sp")
 
 
 def _fmt(x: float, in_bytes: bool) -> str:
-    return human_bytes(x) if in_bytes else f"{x:.6g}"
+    return traffic_gb(x) if in_bytes else f"{x:.6g}"
 
 
 def _where(c) -> tuple[int, int, str]:
@@ -63,7 +63,7 @@ def _weights_line(c) -> str:
     in_bytes = c.weights_source != "default"
     parts = ", ".join(f"{a} {_fmt(w, in_bytes)}" for a, w in sorted(c.weights.items(), key=lambda kv: -kv[1]))
     if in_bytes:
-        return f"weights: bytes per step per rank by axis ({c.weights_source}): {parts}"
+        return f"weights: bytes each rank sends per step by axis ({c.weights_source}; GB = 1e9 B): {parts}"
     return (f"weights: no collective table, so the frequency order tp > cp > ep > dp_shard > dp_replicate > pp "
             f"in relative units, each 10x the next: {parts} (assumes per-layer traffic dominates)")
 

@@ -121,3 +121,16 @@ def write_png(tl: Timeline, path: str | Path, name: str = "meshplan", force: boo
 
         plt.close(fig)
     return write_output(path, buf.getvalue(), force=force, field="--out")
+
+
+def png_bytes(tl: Timeline, name: str = "meshplan", max_points: int = 20000) -> bytes:
+    """The plot of :func:`write_png` as PNG bytes (for the HTML report, embedded as base64)."""
+    fig = _figure(tl, name, max_points)  # selects the Agg backend before pyplot is imported here
+    import matplotlib.pyplot as plt
+
+    try:
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png")
+        return buf.getvalue()
+    finally:
+        plt.close(fig)

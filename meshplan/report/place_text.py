@@ -7,19 +7,20 @@ from meshplan.placement.bindings import bindings
 from meshplan.placement.assign import group_locality
 from meshplan.placement.assign import same_rails
 from meshplan.placement.choice import Choice
-from meshplan.units import human_bytes
+from meshplan.units import traffic_gb
 
 
 def _num(x: float, in_bytes: bool) -> str:
-    return human_bytes(x) if in_bytes else f"{x:.6g}"
+    return traffic_gb(x) if in_bytes else f"{x:.6g}"
 
 
 def axis_rows(c: Choice) -> list[str]:
     """One line per axis of degree > 1: size, groups, link class, nodes spanned, rails
     (most per group; "same" when every node of a group uses the same rails), sockets (1, or
-    "cross" when a group holds members on both sockets of a node), weak-path bytes."""
+    "cross" when a group holds members on both sockets of a node), weak-path traffic: the bytes
+    per step all the axis's groups send over weak links (ring hops x bytes each rank sends), GB."""
     b = c.weights_source != "default"
-    head = f"{'axis':<13}{'size':>6}{'groups':>8}  {'link':<8}{'nodes':>6}{'rails':>7}{'':<6}{'sockets':>8}  weak bytes"
+    head = f"{'axis':<13}{'size':>6}{'groups':>8}  {'link':<8}{'nodes':>6}{'rails':>7}{'':<6}{'sockets':>8}  weak-path GB/step"
     out = [head]
     axes = [a for a in c.mesh.all_axes() if c.mesh.degree(a) > 1]
     for a in axes:

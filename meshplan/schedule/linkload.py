@@ -26,7 +26,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from meshplan.comm.alphabeta import busbw_factor
 from meshplan.plan import Plan
 
 _OPS = {"AG": "all-gather", "RS": "reduce-scatter", "AR": "all-reduce"}
@@ -136,8 +135,8 @@ def edge_loads(plan: Plan, st, stage: int = 0) -> list[EdgeLoad]:
     n_layers = len(plan.stage(stage).layers)
     layer_s = compute_s / max(plan.micro_batches * n_layers, 1)
     cluster = plan.config.cluster
-    nv = sum(r.size_bytes * busbw_factor(r.op, r.group_size) * r.per_step for r in rows if r.path.kind == "nvlink")
-    nv_layer = sum(r.size_bytes * busbw_factor(r.op, r.group_size) * r.per_microbatch / max(n_layers, 1)
+    nv = sum(r.sent_bytes_per_step for r in rows if r.path.kind == "nvlink")
+    nv_layer = sum(r.sent_bytes * r.per_microbatch / max(n_layers, 1)
                    for r in rows if r.path.kind == "nvlink" and r.per_microbatch)
     out = [EdgeLoad(f"rank 0 {cluster.node.fabric.name}", nv, cluster.node.fabric.bandwidth_bytes_per_s,
                     compute_s, nv_layer, layer_s)]
@@ -165,7 +164,7 @@ def _network_loads(plan, rows, n_layers):
         if r.path.kind != "network" or r.axis not in axis_name:
             continue
         groups = mesh.groups(axis_name[r.axis])
-        sent = r.size_bytes * busbw_factor(r.op, r.group_size)
+        sent = r.sent_bytes
         per_layer = sent * r.per_microbatch / max(n_layers, 1)
         on0 = np.flatnonzero((p.node[groups] == 0).any(axis=1))
         for g in on0:

@@ -167,7 +167,8 @@ class StepTime:
     def write_trace(self, path: str | Path, detail: bool = True, force: bool = False) -> Path:
         meta = {"generator": "meshplan", "step_ms": self.step_s * 1e3, "mfu": self.mfu, "hfu": self.hfu,
                 "bubble_idle_over_ideal": self.pipeline.bubble}
-        return write_trace(self.trace_events(detail), path, meta, force=force)
+        return write_trace(self.trace_events(detail), path, meta, force=force,
+                           ranks=dict(enumerate(self.example_ranks)))
 
 
 def _grad_kind(spec: PipelineSpec) -> str:

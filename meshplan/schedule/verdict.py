@@ -20,7 +20,6 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Callable, Optional
 
-from meshplan.comm.alphabeta import busbw_factor
 from meshplan.plan import Infeasible, Plan, build_plan
 from meshplan.schedule.rank_timeline import _shard_group, comm_kind
 from meshplan.units import GB, GiB
@@ -52,7 +51,7 @@ def network_verdict(plan: Plan, st, alternatives: Optional[Callable[[dict], str]
     sent: dict[str, float] = {}
     for r in rows:
         key = f"{r.phase} {r.op}"
-        sent[key] = sent.get(key, 0.0) + r.size_bytes * busbw_factor(r.op, r.group_size) * r.per_step
+        sent[key] = sent.get(key, 0.0) + r.sent_bytes_per_step
     ops = ", ".join(f"{k} {b / GB:,.0f} GB" for k, b in sent.items())
     path = max(rows, key=lambda r: r.time_s * r.per_step).path
     lines = [f"verdict: network-bound: {total:.1f} s of the {st.step_s:.1f} s step is exposed communication, "

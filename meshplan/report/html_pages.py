@@ -1,0 +1,183 @@
+"""The HTML report of a plan (``meshplan report CONFIG``, ``plan --html``) and of a search
+(``search --html``), built from :mod:`meshplan.report.html`'s pieces. Pure: data in, one
+self-contained page (a string) out; the compare page is :func:`meshplan.compare.compare_html`.
+
+Plan page: verdict; model, cluster and training; the constraints; mesh and its derivation; every axis's groups
+(rank 0's and the first two); placement flags; local GEMMs and attention; persistent state
+and the memory timeline per stage with the most loaded stage's plot (matplotlib PNG,
+base64); the collective table in nccl-tests columns plus bytes sent per rank per step (GB,
+the one traffic unit); the step summary, exposed communication and the pipeline Gantt
+chart; the link loads as bars. Search page: what was searched, the top candidates, the
+order rule, the top against the runner-up, the best rejected one and the candidates per
+outcome (rejection counts) as bars.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from meshplan.plan import Infeasible, Plan
+from meshplan.report.html import (
+    esc,
+    gantt_svg,
+    lines,
+    load_bars_svg,
+    page,
+    png_img,
+    section,
+    table,
+    verdict_html,
+)
+from meshplan.report.memory_plot import png_bytes
+from meshplan.report.search import count_lines, header_lines, knobs, rejected_lines, row
+from meshplan.report.text import fmt_ranks
+from meshplan.schedule.linkload import edge_loads
+from meshplan.schedule.steptime import StepTime
+from meshplan.search.driver import SearchResult
+from meshplan.search.rank import RULE_LINE
+from meshplan.search.space import REASONS
+from meshplan.units import GB, US, GiB
+
+
+def summary_rows(plan: Plan | Infeasible) -> list[tuple[str, str]]:
+    """(what, value) rows: model, cluster, training contract, mesh."""
+    c = plan.config
+    m, t, cl = c.model, c.training, c.cluster
+    out = [("model", f"{m.name}: {m.layers} layers, hidden {m.hidden}, ffn {m.ffn}, heads {m.q_heads}/{m.n_kv_heads} "
+                     f"kv, vocab {m.vocab}, {m.param_count() / 1e9:.2f} B params"
+                     + (f", {m.experts} experts top-{m.top_k}" if m.is_moe else "")),
+           ("cluster", f"{cl.name}: {cl.nodes} nodes x {cl.node.gpus} {cl.gpu.name} "
+                       f"({cl.gpu.hbm_bytes / GiB:.1f} GiB), world {plan.world}"),
+           ("training", f"global batch {t.global_batch} x seq {t.seq_len}, micro-batch {t.micro_batch}, sharding "
+                        f"{t.sharding}, recompute {t.recompute}, params {t.param_dtype}, "
+                        f"reserve {t.memory_reserve:.0%}")]
+    if plan.mesh is not None:
+        mesh = plan.mesh
+        out.append(("mesh", " x ".join(f"{n} {d}" for n, d in zip(mesh.layout.names, mesh.layout.shape))
+                    + f" (Megatron order '{mesh.megatron_order}')" + (", sequence parallel" if mesh.sequence_parallel
+                                                                       else "")))
+    return out
+
+
+def _groups(plan: Plan | Infeasible) -> str:
+    mesh = plan.mesh
+    if mesh is None:
+        return ""
+    rows = [(a, mesh.groups(a).shape[1], mesh.groups(a).shape[0], fmt_ranks(mesh.group_of(0, a)),
+             "; ".join(fmt_ranks(g) for g in mesh.groups(a)[:2]) + ("; ..." if len(mesh.groups(a)) > 2 else ""))
+            for a in mesh.all_axes()]
+    body = table(["axis", "size", "groups", "group of rank 0", "first groups"], rows)
+    body += lines(plan.derivation) + lines(f"axis {a}: {why}" for a, why in plan.constraints.axes.items())
+    if plan.flags:
+        body += table(["severity", "axis", "placement"], [(f.severity, f.axis, f.message) for f in plan.flags])
+    return section("Mesh, groups and placement", body)
+
+
+def _shapes(plan: Plan) -> str:
+    a = plan.attention
+    body = table(["gemm", "M", "N", "K", "count", "GFLOP"],
+                 [(g.name, g.m, g.n, g.k, g.count, f"{g.flops / 1e9:.1f}") for g in plan.gemms],
+                 caption=f"local forward GEMMs per rank per micro-batch (M tokens = {plan.tokens_per_microbatch})")
+    body += lines([f"attention per rank: batch {a.batch}, q heads {a.q_heads}, kv heads {a.kv_heads}, seq q "
+                   f"{a.seq_q} x kv {a.seq_kv}, head dim {a.head_dim}, {a.flops() / 1e9:.1f} GFLOP forward"])
+    return section("Local shapes", body)
+
+
+def _memory(plan: Plan, name: str) -> str:
+    rows = [(tl.stage, f"{tl.peak.total_bytes / GiB:.2f}", tl.peak.where(),
+             ", ".join(f"{k} {v / GiB:.2f}" for k, v in tl.peak.dominant()), f"{tl.headroom_bytes / GiB:.2f}",
+             f"{tl.usable_bytes / GiB:.2f}", "yes" if tl.fits else "NO") for tl in plan.timelines]
+    body = table(["stage", "peak (GiB)", "when", "dominated by (GiB)", "headroom (GiB)", "usable (GiB)", "fits"], rows,
+                 caption="memory timeline per rank, one training step")
+    body += table(["stage", "persistent state per rank (GiB)"],
+                  [(s.stage, f"{s.total_bytes / GiB:.2f}") for s in plan.state])
+    tl = plan.timeline
+    body += f"<h3>Memory timeline of stage {tl.stage} (the most loaded)</h3>"
+    body += png_img(png_bytes(tl, name=name), f"memory timeline of stage {tl.stage}")
+    return section("Memory", body)
+
+
+def _collectives(plan: Plan) -> str:
+    body = ""
+    for stage, rows in plan.collectives.items():
+        body += table(["axis", "phase", "op", "n", "size (B)", "dtype", "per step", "path", "alg", "time (us)",
+                       "algbw (GB/s)", "busbw (GB/s)", "sent per rank per step (GB)"],
+                      [(r.axis, r.phase, r.op, r.group_size, f"{r.size_bytes:,.0f}", r.dtype, r.per_step, r.path.kind,
+                        r.algorithm, f"{r.time_s / US:,.1f}", f"{r.algbw_bytes_per_s / GB:.1f}",
+                        f"{r.busbw_bytes_per_s / GB:.1f}", f"{r.sent_bytes_per_step / GB:,.2f}") for r in rows],
+                      caption=f"collectives, {stage} (nccl-tests columns)")
+    return section("Collectives", body)
+
+
+def _step(plan: Plan, st: StepTime) -> str:
+    body = lines(st.lines()) if plan.feasible else lines(
+        [f"the mesh does not fit: step would be {st.step_s:.3f} s if it fit; what follows is that prediction"]
+        + st.lines())
+    ex = [(k, f"{v * 1e3:.3f}") for k, v in sorted(st.exposed_s.items()) if v > 0]
+    if ex:
+        body += table(["stream", f"exposed on stage {st.critical_stage} (ms)"], ex)
+    body += "<h3>Predicted pipeline timeline</h3>"
+    body += gantt_svg(st.pipeline.events, st.post_events, st.example_ranks)
+    loads = edge_loads(plan, st)
+    body += ("<h3>Link load per step</h3><p class=\"note\">busy = bytes over the link per step / its capacity, against "
+             "the stage's compute time; GB = 1e9 B</p>")
+    body += load_bars_svg([(e.edge, e.busy_s, e.interval_s, e.bytes_per_step / GB) for e in loads])
+    body += table(["link", "GB per step", "busy (s)", "compute (s)", "per layer (ms)", "layer (ms)", "verdict"],
+                  [(e.edge, f"{e.bytes_per_step / GB:,.1f}", f"{e.busy_s:.4f}", f"{e.interval_s:.4f}",
+                    f"{(e.per_layer_bytes / e.capacity_bytes_per_s if e.capacity_bytes_per_s else 0) * 1e3:.4f}",
+                    f"{e.layer_interval_s * 1e3:.4f}", "fits" if e.fits else "DOES NOT FIT") for e in loads])
+    return section("Step time", body)
+
+
+def plan_sections(plan: Plan | Infeasible, st: Optional[StepTime], name: str) -> list[str]:
+    """The plan page's sections (also one side of the compare page)."""
+    out = [section("Verdict", verdict_html(plan.feasible, plan.reasons) + lines(f"note: {n}" for n in plan.notes)),
+           section("Input", table(["", ""], summary_rows(plan))),
+           section("Constraints (before any mesh)",
+                   table(["kind", "constraint", "requires"], [(r.kind, r.text, r.requires)
+                                                              for r in plan.constraints.rows])),
+           _groups(plan)]
+    if isinstance(plan, Plan):
+        out += [_shapes(plan), _memory(plan, name), _collectives(plan)]
+        if st is not None:
+            out.append(_step(plan, st))
+    return [s for s in out if s]
+
+
+def plan_page(plan: Plan | Infeasible, st: Optional[StepTime], name: str) -> str:
+    """The whole plan report. ``st``: the predicted step (None: no step section)."""
+    return page(f"meshplan report: {name}", f"{plan.config.path or name}; GB = 1e9 B, GiB = 2^30 B",
+                plan_sections(plan, st, name))
+
+
+def _count_bars(counts: dict[str, int]) -> str:
+    total = max(sum(counts.values()), 1)
+    text = dict(REASONS)
+    rows = []
+    for key, n in sorted(counts.items(), key=lambda kv: -kv[1]):
+        if n:
+            pct = 100 * n / total
+            rows.append(f"<tr><td>{esc(text.get(key, key))}</td><td>{n:,}</td><td style=\"text-align:left\">"
+                        f"<div style=\"background:{'#548235' if key == 'feasible' else '#c55a11'};height:12px;"
+                        f"width:{max(pct * 4, 1):.1f}px\"></div></td><td>{pct:.1f}%</td></tr>")
+    return ("<table><thead><tr><th>outcome</th><th>candidates</th><th></th><th>share</th></tr></thead><tbody>"
+            + "".join(rows) + "</tbody></table>")
+
+
+def search_page(r: SearchResult, name: str) -> str:
+    """The search report: header, top table, rule, top vs #2, best rejected, outcome counts."""
+    top = []
+    for k, e in enumerate(r.top, 1):
+        d = row(r, e)
+        top.append((k, " x ".join(f"{a} {v}" for a, v in d["mesh"].items() if v > 1) or "1", d["micro_batch"],
+                    d["recompute"], d["virtual_stages"], d["sharding"], knobs(d), f"{e.peak_bytes / GiB:.1f}",
+                    f"{e.step_s:.3f}", f"{e.mfu:.1%}", f"{e.tokens_per_s:,.0f}",
+                    f"{e.goodput:.2%}" if e.goodput is not None else "-", f"{d['gemm_efficiency']:.1%}"))
+    body = [section("Searched", lines(header_lines(r))),
+            section(f"Top {len(top)} by predicted step time",
+                    table(["#", "mesh", "mb", "recompute", "vpp", "sharding", "knobs", "peak GiB", "step s", "MFU",
+                           "tokens/s", "goodput", "GEMM eff"], top)
+                    + lines([RULE_LINE] + ([r.explanation.line()] if r.explanation is not None else []))),
+            section("Rejected", lines(rejected_lines(r)) + _count_bars(r.counts()) + lines(count_lines(r))
+                    + lines(f"note: {n}" for n in r.notes))]
+    return page(f"meshplan search: {name}", f"{r.config.path or name}; exit {'0' if r.top else '1'}", body)

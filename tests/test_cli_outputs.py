@@ -1,0 +1,98 @@
+"""Output contracts of the CLI: files written 0644 (mkstemp's 0600 hid memory PNGs from other
+users), shell completion on (typer's --install-completion / --show-completion)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+MINI = ROOT / "examples" / "mini_2x4_tp2-dp4.toml"
+
+
+def cli(*args: str, env: dict | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "meshplan.cli", *args], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}, cwd=cwd)
+
+
+def mode(p: Path) -> str:
+    return oct(p.stat().st_mode & 0o777)
+
+
+def run(argv, capsys) -> tuple[int, str]:
+    """``meshplan ARGV`` in this process: (exit status, stderr)."""
+    from meshplan.cli import main
+
+    with pytest.raises(SystemExit) as done:
+        main([str(a) for a in argv])
+    return done.value.code or 0, capsys.readouterr().err
+
+
+def test_files_are_written_0644_even_under_umask_0077(tmp_path, capsys):
+    old = os.umask(0o077)  # a plain open() would now make 0600 files; mkstemp always does
+    try:
+        for argv in (["memory", MINI, "--out", tmp_path / "mem"], ["step", MINI, "--trace", tmp_path / "trace.json"],
+                     ["plan", MINI, "--json", tmp_path / "plan.json"]):
+            rc, err = run(argv, capsys)
+            assert rc == 0, err
+    finally:
+        os.umask(old)
+    pngs = sorted((tmp_path / "mem").glob("*.png"))
+    assert [p.name for p in pngs] == ["mini_2x4_tp2-dp4_memory_stage0.png"]
+    assert {p.name: mode(p) for p in [*pngs, tmp_path / "trace.json", tmp_path / "plan.json"]} == \
+        {"mini_2x4_tp2-dp4_memory_stage0.png": "0o644", "trace.json": "0o644", "plan.json": "0o644"}
+
+
+def test_shell_completion_is_on(monkeypatch, capsys):
+    from meshplan.cli import app
+
+    def complete(words: str) -> list[str]:
+        monkeypatch.setenv("_MESHPLAN_COMPLETE", "complete_bash")
+        monkeypatch.setenv("COMP_WORDS", words)
+        monkeypatch.setenv("COMP_CWORD", str(len(words.split()) - 1))
+        with pytest.raises(SystemExit):
+            app(prog_name="meshplan")
+        return capsys.readouterr().out.split()
+
+    assert complete("meshplan pl") == ["plan", "place"]
+    assert complete("meshplan step x.toml --tr") == ["--trace"]
+    monkeypatch.delenv("_MESHPLAN_COMPLETE")
+    with pytest.raises(SystemExit):
+        app(["--help"], prog_name="meshplan")
+    assert "--install-completion" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("shell", ["bash", "zsh"])
+def test_show_completion_prints_a_script(shell):
+    r = cli("--show-completion", shell)
+    assert r.returncode == 0 and "_COMPLETE" in r.stdout
+
+
+def test_place_states_traffic_as_bytes_sent_per_rank_per_step_in_gb():
+    """One unit for traffic: ``place`` says GB sent per rank per step, as ``step`` and ``compare``
+    do (it said TiB of full buffers)."""
+    import re
+
+    from meshplan.config import load_config
+    from meshplan.plan import build_plan
+
+    r = cli("place", str(MINI))
+    assert r.returncode == 0, r.stderr
+    assert "TiB" not in r.stdout and "GiB" not in r.stdout
+    line = next(x for x in r.stdout.splitlines() if "weights:" in x)
+    assert "bytes each rank sends per step by axis" in line and "GB = 1e9 B" in line
+    printed = {a: float(v.replace(",", "")) for a, v in re.findall(r"(\w+) ([\d,.]+) GB", line)}
+    plan = build_plan(load_config(MINI))
+    share = lambda op, n: (2 if op == "all-reduce" else 1) * (n - 1) / n  # ring: bytes sent / buffer
+    want: dict[str, float] = {}
+    for rows in plan.collectives.values():
+        per_axis: dict[str, float] = {}
+        for x in rows:
+            per_axis[x.axis] = per_axis.get(x.axis, 0.0) + x.size_bytes * share(x.op, x.group_size) * x.per_step
+        for a, b in per_axis.items():
+            want[a] = max(want.get(a, 0.0), b)
+    assert printed == {a: round(b / 1e9, 1) for a, b in want.items()}

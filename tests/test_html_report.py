@@ -1,0 +1,138 @@
+"""The HTML report (``meshplan report``, ``--html`` on plan, compare and search): one
+self-contained page whose numbers are the plan's, every input string escaped, and which a real
+headless browser (Debian's ``chromium``) renders without console errors; a screenshot of each
+page is left in the test's tmp folder. The browser tests skip with a reason without chromium."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from meshplan.config import load_config
+from meshplan.plan import build_plan
+from meshplan.report.html_pages import plan_page
+from meshplan.schedule.linkload import edge_loads
+from meshplan.schedule.steptime import step_time
+
+ROOT = Path(__file__).resolve().parents[1]
+MINI = ROOT / "examples" / "mini_2x4_tp2-dp4.toml"
+MINI_TP4 = ROOT / "examples" / "mini_2x4_tp4-dp2.toml"
+#: A file name that is markup: unescaped, the browser would run its handler and log to the console.
+HOSTILE = "mesh<img src=x onerror=console.error(1)>.toml"
+
+
+def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "meshplan.cli", *args], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=cwd)
+
+
+def test_plan_page_holds_the_plans_numbers():
+    plan = build_plan(load_config(MINI))
+    st = step_time(plan)
+    doc = plan_page(plan, st, HOSTILE)
+    assert "<script" not in doc.lower() and "<img src=x" not in doc
+    assert "mesh&lt;img src=x onerror=console.error(1)&gt;.toml" in doc
+    assert doc.count("data:image/png;base64,") == 1  # the most loaded stage's memory timeline
+    # Gantt: one rect per simulated unit and step-end op; link bars: one per edge
+    gantt = doc[doc.index('aria-label="pipeline timeline"'):]
+    gantt = gantt[:gantt.index("</svg>")]
+    assert gantt.count("<rect") == len(st.pipeline.events) + len(st.post_events)
+    bars = doc[doc.index('aria-label="link load"'):]
+    assert bars[:bars.index("</svg>")].count("<rect") == len(edge_loads(plan, st))
+    # the collective table's traffic column: bytes one rank sends per step, GB, by hand for the tp
+    # forward all-gather (ring of 2 sends half the buffer, once per layer and micro-batch)
+    row = next(r for r in plan.stage(0).collectives if (r.axis, r.phase, r.op) == ("tp", "forward", "all-gather"))
+    assert f"<td>{row.size_bytes * (2 - 1) / 2 * row.per_step / 1e9:,.2f}</td>" in doc
+    assert f"step {st.step_s * 1e3:.2f} ms" in doc
+    assert f"{plan.timeline.peak.total_bytes / 2**30:.2f}" in doc
+
+
+def test_html_output_is_refused_when_it_exists(tmp_path):
+    out = tmp_path / "r.html"
+    out.write_text("mine")
+    r = cli("report", str(MINI), "--out", str(out), cwd=tmp_path)
+    assert r.returncode == 2 and r.stderr.startswith("error: --out:") and "--force" in r.stderr
+    assert out.read_text() == "mine"
+
+
+# ------------------------------------------------------------------------------- browser
+
+def chromium() -> str:
+    for name in ("chromium", "chromium-browser", "google-chrome", "chrome-headless-shell"):
+        if shutil.which(name):
+            return shutil.which(name) or name
+    pytest.skip("no chromium binary on PATH (Debian: apt-get install chromium)")
+
+
+def render(page: Path, out: Path) -> tuple[str, list[str], Path]:
+    """(DOM after load, console lines, screenshot) of ``page`` in headless chromium."""
+    exe = chromium()
+    base = [exe, "--headless", "--disable-gpu", "--no-sandbox", "--no-first-run", "--disable-dev-shm-usage",
+            f"--user-data-dir={out.parent / ('.chromium-' + out.stem)}", "--enable-logging=stderr", "--v=0"]
+    url = page.resolve().as_uri()
+    shot = out.with_suffix(".png")
+    r1 = subprocess.run(base + ["--window-size=1400,3000", f"--screenshot={shot}", url], capture_output=True,
+                        text=True, timeout=180)
+    r2 = subprocess.run(base + ["--dump-dom", url], capture_output=True, text=True, timeout=180)
+    console = [ln for ln in (r1.stderr + r2.stderr).splitlines() if ":CONSOLE" in ln]
+    assert r2.returncode == 0 and shot.exists(), r1.stderr[-2000:]
+    return r2.stdout, console, shot
+
+
+def assert_drawn(shot: Path) -> None:
+    import matplotlib.image
+
+    img = matplotlib.image.imread(str(shot))
+    assert img.shape[:2] == (3000, 1400) and img[..., :3].std() > 0.05  # not a blank page
+
+
+@pytest.mark.slow
+def test_the_console_check_sees_errors(tmp_path):
+    bad = tmp_path / "bad.html"
+    bad.write_text('<html><body><script>console.error("boom")</script><img src=x onerror=console.error(2)></body>'
+                   '</html>')
+    _, console, _ = render(bad, tmp_path / "bad")
+    # each of the two runs (screenshot, DOM) logs both messages
+    assert sorted(re.search(r'CONSOLE[^"]*("[^"]*")', ln).group(1) for ln in console) == ['"2"', '"2"', '"boom"',
+                                                                                           '"boom"']
+
+
+@pytest.mark.slow
+def test_plan_report_renders_in_chromium(tmp_path):
+    cfg = tmp_path / HOSTILE
+    cfg.write_text(MINI.read_text())
+    r = cli("report", cfg.name, "--out", "report.html", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    page = tmp_path / "report.html"
+    assert oct(page.stat().st_mode & 0o777) == "0o644"
+    dom, console, shot = render(page, tmp_path / "report")
+    assert console == []
+    for heading in ("Verdict", "Constraints (before any mesh)", "Mesh, groups and placement", "Local shapes", "Memory", "Collectives", "Step time",
+                    "Predicted pipeline timeline", "Link load per step"):
+        assert f">{heading}</h" in dom
+    assert "mesh&lt;img src=x onerror=console.error(1)&gt;.toml" in dom and "<img src=\"x\"" not in dom
+    assert len(re.findall(r"<svg", dom)) == 2 and "data:image/png;base64," in dom
+    assert_drawn(shot)
+
+
+@pytest.mark.slow
+def test_compare_and_search_pages_render_in_chromium(tmp_path):
+    r = cli("compare", str(MINI), str(MINI_TP4), "--out", "cmp", "--html", "compare.html", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    r = cli("search", str(MINI), "--top", "3", "--html", "search.html", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    dom, console, shot = render(tmp_path / "compare.html", tmp_path / "compare")
+    assert console == [] and ">Side by side</h2>" in dom
+    assert "verdict:</b> mini_2x4_tp2-dp4 (rejected: mini_2x4_tp4-dp2)" in dom
+    assert dom.count('aria-label="pipeline timeline"') == 2 and dom.count("data:image/png;base64,") == 2
+    assert_drawn(shot)
+    dom, console, shot = render(tmp_path / "search.html", tmp_path / "search")
+    assert console == [] and ">Top 3 by predicted step time</h2>" in dom
+    assert re.search(r"<td>memory peak &gt; usable</td><td>[\d,]+</td>", dom)
+    assert_drawn(shot)
