@@ -26,7 +26,10 @@ NCCL = ROOT / "tests" / "data" / "nccl"
 #: measurement tables, or change the machine.
 NO_JSON = {"report": "an HTML page (--out)", "validate": "evidence folder: OUT/validate.json, plan.json per world",
            "validate-slice": "evidence folder: OUT/slice.json", "testbed": "sets up or removes namespaces, no result",
-           "bench": "measurement tables (--out) and calibration TOML"}
+           "bench": "measurement tables (--out) and calibration TOML",
+           "import": "writes a meshplan TOML (-o); the unused fields are listed in its header",
+           "export": "writes a foreign config (-o); what it does not express is printed",
+           "launch": "writes scripts and bindings.json (--out)"}
 OOM = """[model]
 catalog = "llama3-70b"
 [cluster]
