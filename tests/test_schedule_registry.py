@@ -12,9 +12,12 @@ The torch side, read two ways:
   2.13's Schedule1F1B IR numbers the last rank's forwards 1..m instead of 0..m-1, so it is
   not used.
 - multi-stage schedules (``_PipelineScheduleRuntime``: ScheduleInterleaved1F1B,
-  ScheduleInterleavedZeroBubble) execute ``pipeline_order_with_comms``; the test takes its
-  compute actions (F, full backward B, input-gradient I, weight-gradient W) with their
-  stage index (the virtual stage) and micro-batch.
+  ScheduleInterleavedZeroBubble, ScheduleZBVZeroBubble, ScheduleDualPipeV) execute
+  ``pipeline_order_with_comms``; the test takes its compute actions (F, full backward B,
+  input-gradient I, weight-gradient W) with their stage index (the virtual stage) and
+  micro-batch. An ``OVERLAP_F_B`` action (DualPipeV) runs its sub-actions in order (torch's
+  runtime without a custom function), so it is read as them; in a schedule that splits the
+  backward, torch's full backward (DualPipeV's) is meshplan's B immediately followed by its W.
 """
 
 import pytest
@@ -71,8 +74,16 @@ def torch_order(sched: PipelineSchedule, p: int, m: int, v: int, rank: int) -> l
         return log
     stages = [FakeStage(sched.virtual_stage(c, rank, p, v), p * v, p, rank, log) for c in range(v)]
     run = cls(stages, m)
-    return [(KIND[a.computation_type], a.microbatch_index, a.stage_index)
-            for a in run.pipeline_order_with_comms[rank] if a is not None and a.computation_type in KIND]
+    out = []
+    for a in run.pipeline_order_with_comms[rank]:
+        for x in (a.sub_actions if a is not None and a.computation_type == S.OVERLAP_F_B else (a,)):
+            if x is None or x.computation_type not in KIND:
+                continue
+            if x.computation_type == S.FULL_BACKWARD and sched.splits_backward:
+                out += [("I", x.microbatch_index, x.stage_index), ("W", x.microbatch_index, x.stage_index)]
+            else:
+                out.append((KIND[x.computation_type], x.microbatch_index, x.stage_index))
+    return out
 
 
 def meshplan_order(sched: PipelineSchedule, p: int, m: int, v: int, s: int) -> list[tuple]:
@@ -86,6 +97,10 @@ CASES = {
     Schedule.ONE_F_ONE_B: [(2, 2, 1), (2, 5, 1), (3, 7, 1), (4, 4, 1), (4, 8, 1)],
     Schedule.INTERLEAVED_1F1B: [(2, 2, 2), (2, 4, 2), (3, 6, 3), (4, 4, 2), (4, 8, 2), (4, 8, 4)],
     Schedule.ZB_H1: [(2, 2, 1), (2, 6, 1), (3, 9, 1), (4, 2, 1), (3, 2, 1), (4, 4, 1), (4, 8, 1), (4, 12, 1)],
+    Schedule.ZBV: [(2, 1, 2), (2, 2, 2), (2, 3, 2), (2, 4, 2), (2, 7, 2), (3, 4, 2), (3, 9, 2), (4, 5, 2),
+                   (4, 8, 2), (4, 16, 2), (8, 16, 2)],
+    Schedule.DUALPIPEV: [(2, 4, 2), (2, 5, 2), (2, 9, 2), (3, 6, 2), (3, 7, 2), (4, 8, 2), (4, 11, 2),
+                         (4, 16, 2), (5, 12, 2), (8, 16, 2)],
 }
 
 

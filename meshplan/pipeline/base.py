@@ -64,6 +64,35 @@ class PipelineSchedule:
         """
         return chunk * p + s
 
+    def stage_of(self, j: int, p: int, v: int) -> int:
+        """The stage (rank of the pp group) holding virtual stage ``j``: the inverse of
+        :meth:`virtual_stage`.
+
+        >>> PipelineSchedule().stage_of(6, 4, 2)
+        2
+        """
+        return next(s for s in range(p) for c in range(v) if self.virtual_stage(c, s, p, v) == j)
+
+    def last_stage(self, p: int, v: int) -> int:
+        """The stage holding the model's last virtual stage (final norm, output layer, loss):
+        ``p - 1`` looped, 0 V-shaped."""
+        return self.stage_of(p * v - 1, p, v)
+
+    def p2p_per_microbatch(self, p: int, v: int, s: int) -> int:
+        """Activation sends per micro-batch in one direction on stage ``s`` (receives are as
+        many): one per chunk whose next virtual stage sits on another stage, one per chunk
+        whose previous one does (a hand-off to a chunk of the same rank is a local copy, as
+        torch's runtime does it: ``is_next_stage_on_this_rank``).
+
+        >>> [PipelineSchedule().p2p_per_microbatch(4, 2, s) for s in range(4)]
+        [3, 4, 4, 3]
+        """
+        out = 0
+        for c in range(v):
+            j = self.virtual_stage(c, s, p, v)
+            out += (j > 0 and self.stage_of(j - 1, p, v) != s) + (j < p * v - 1 and self.stage_of(j + 1, p, v) != s)
+        return out
+
     def warmup(self, p, m, v, s):
         """Forward units stage ``s`` runs before its first backward (1F1B's
         ``min(p - s - 1, m)``, Narayanan et al. SC'21 2.2.1); ints or arrays."""
