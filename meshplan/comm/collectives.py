@@ -98,6 +98,7 @@ from meshplan.mesh.tpsplit import (
     local_numel,
     padded_vocab,
 )
+from meshplan.pipeline.registry import get as get_schedule
 from meshplan.pipeline.simulate import stage_order
 from meshplan.spec.cluster import ClusterSpec
 from meshplan.spec.mesh import Schedule
@@ -453,12 +454,13 @@ def _pp_ep_rows(add, c: _Ctx) -> None:
     pp = mesh.degree("pp")
     if pp > 1:
         sent = c.act_bytes / (mesh.degree("tp") if mesh.sequence_parallel else 1)
-        # one send per chunk that is not the model's last, one receive per chunk that is not its first
-        n = 2 * c.vpp - (c.stage == 0) - (c.stage == pp - 1)
+        # one send per chunk whose next virtual stage is on another rank, one receive per chunk whose
+        # previous one is (the schedule's chunk map: looped 2 vpp - first - last; a V turns locally on pp - 1)
+        n = get_schedule(c.schedule).p2p_per_microbatch(pp, c.vpp, c.stage)
         add("pp", "forward", "send/recv", sent, dt, n, "every micro-batch per chunk boundary", "next stage's forward")
         add("pp", "backward", "send/recv", sent, dt, n, "every micro-batch per chunk boundary",
             "previous stage's backward")
-        if m.tied_embeddings and (c.first or c.last):  # the embedding group: first and last pp rank
+        if m.tied_embeddings and (c.first or c.last) and not (c.first and c.last):  # first and last pp rank
             pp0 = mesh.group_of(0, "pp")
             add("pp", "step", "all-reduce", _tied_grad_bytes(c), t.param_dtype, 0,
                 "once per step (tied embedding gradients, first and last stage)", "optimizer step", depth=0,

@@ -19,8 +19,7 @@ now on every rank), at most the 2m there are.
 Bubble, for uniform chunks (F, B, W a stage's times for one micro-batch, a chunk half of
 them) and no p2p time: with F = B = W every rank idles ``(p - 1) F / 2`` (rank s's first
 forward waits for s chunk forwards upstream; the cool-down is filled with W), bubble
-``(p - 1) / (6 m)``, a sixth of 1F1B's ``(p - 1) / m`` (the paper's "zero" leaves out this
-start-up). Unequal times have no closed form here: the simulation (``meshplan step``) of
+``(p - 1) / (6 m)``, a sixth of 1F1B's ``(p - 1) / m``. Unequal times have no closed form here: the simulation (``meshplan step``) of
 this order gives them.
 
 >>> " ".join(u.label(2) for u in ZBV.order(2, 3, 2, 1))
