@@ -14,7 +14,7 @@ slots (units of micro-batches >= m are dropped, so m < 2p - 1 leaves holes), ran
 
 Memory: every rank holds ``2p`` chunk forwards (p micro-batches of the stage's layers) at its
 peak, as 1F1B's first stage does (paper section 6: ZB-V keeps 1F1B's peak activation memory,
-now on every rank), at most the 2m there are.
+now on every rank); with m < 2p - 1, ``min(2m, m + s + 1)``.
 
 Bubble, for uniform chunks (F, B, W a stage's times for one micro-batch, a chunk half of
 them) and no p2p time: with F = B = W every rank idles ``(p - 1) F / 2`` (rank s's first
@@ -72,11 +72,14 @@ class ZBVZeroBubble(VShaped):
         return [u for u in out if u.mb < m]
 
     def warmup(self, p, m, v, s):
-        """Chunk forwards before the first backward: ``2p``, at most the ``2m`` there are."""
-        return np.minimum(2 * p + 0 * s, 2 * m)
+        """Chunk forwards held before the first backward: ``2p``; with fewer micro-batches
+        than the order's ``2p - 1`` slots, ``min(2m, m + s + 1)`` (chunk 0's m forwards and
+        the s + 1 of chunk 1 that precede its first B)."""
+        return np.minimum(2 * p, np.minimum(2 * m, m + s + 1))
 
     def in_flight(self, p, m, v, s):
-        """Chunk forwards held at the peak: the warm-up's ``2p`` (every rank), at most ``2m``."""
+        """Chunk forwards held at the peak: the warm-up's (the steady state trades one F for
+        one B), ``min(2p, 2m, m + s + 1)``, counted on the order in the tests."""
         return self.warmup(p, m, v, s)
 
     def bubble(self, p, m, v=2, forward_s=1.0, backward_s=2.0, weight_s=0.0) -> float:
