@@ -206,7 +206,8 @@ def step(config: Path = typer.Argument(..., help="TOML config"),
          overlap_tp: bool = typer.Option(False, "--overlap-tp", help="assume TP communication overlaps compute"),
          no_prefetch: bool = typer.Option(False, "--no-prefetch", help="no FSDP all-gather prefetch"),
          gemm_table: Optional[Path] = typer.Option(None, "--gemm-table", help="measured GEMM times (meshplan bench gemm)"),
-         schedule: Optional[str] = typer.Option(None, "--schedule", help="gpipe, 1f1b, interleaved_1f1b or zb_h1"),
+         schedule: Optional[str] = typer.Option(None, "--schedule", help="gpipe, 1f1b, interleaved_1f1b, zb_h1, zbv or dualpipev "
+                                                                        "(zbv and dualpipev: virtual_stages 2, a V)"),
          force: bool = typer.Option(False, "--force", help="replace an existing --trace file")):
     """Scheduled rank timeline: step time, critical path, exposed communication, bubble, MFU; when the step is
     network-bound, a verdict naming the communication and its cause. A mesh that does not fit exits 1 with its

@@ -40,6 +40,7 @@ class PipelineSchedule:
     - ``virtual_stages``: runs ``v > 1`` model chunks per rank.
     - ``chunked``: the schedule whose order a stage with ``v > 1`` chunks runs when this
       one holds a single chunk (None: this order, which ignores v).
+    - ``chunks``: the chunks per rank the schedule needs (2 for the V-shaped ones; None: any).
     """
 
     name: Schedule
@@ -49,6 +50,7 @@ class PipelineSchedule:
     splits_backward: bool = False
     virtual_stages: bool = False
     chunked: Schedule | None = None
+    chunks: int | None = None
 
     def order(self, p: int, m: int, v: int, s: int) -> list[Unit]:
         """The units of stage ``s`` in execution order."""

@@ -82,7 +82,8 @@ class PipelineSpec:
         if self.v > 1 and not self.sched.virtual_stages:
             chunked = " or ".join(s.name for s in SCHEDULES.values() if s.virtual_stages)
             raise ConfigError("mesh.virtual_stages", f"v {self.v} needs schedule {chunked}")
-        bad = self.sched.reasons(self.p, self.m, self.v) if self.sched.virtual_stages and self.v > 1 else []
+        fixed = self.sched.chunks is not None
+        bad = self.sched.reasons(self.p, self.m, self.v) if self.sched.virtual_stages and (self.v > 1 or fixed) else []
         if bad:  # the schedule's own rule (interleaved: m a multiple of p; V-shaped: v 2, DualPipeV m >= 2p)
             raise ConfigError("mesh.pp_schedule", bad[0])
 

@@ -24,6 +24,7 @@ class VShaped(PipelineSchedule):
 
     virtual_stages = True
     splits_backward = True
+    chunks = 2
 
     def virtual_stage(self, chunk, s, p: int, v: int):
         """``chunk p + s`` for an even chunk, ``chunk p + p - 1 - s`` for an odd one (ints or
@@ -33,4 +34,4 @@ class VShaped(PipelineSchedule):
             else (chunk * p + s if chunk % 2 == 0 else chunk * p + p - 1 - s)
 
     def reasons(self, p: int, m: int, v: int) -> list[str]:
-        return [f"{self.title} needs virtual_stages = 2 (two chunks per rank, a V), got {v}"] if v != 2 else []
+        return [f"{self.title} needs virtual_stages = 2 (two chunks per rank, a V), got {v}"] if v != self.chunks else []
