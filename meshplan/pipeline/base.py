@@ -1,6 +1,7 @@
 """What one pipeline schedule owns: :class:`Unit` (an F, B or W op of one micro-batch on one
 model chunk) and :class:`PipelineSchedule`, the base of every schedule module
-(:mod:`.gpipe`, :mod:`.one_f_one_b`, :mod:`.interleaved`, :mod:`.zb_h1`).
+(:mod:`.gpipe`, :mod:`.one_f_one_b`, :mod:`.interleaved`, :mod:`.zb_h1`, :mod:`.zbv`,
+:mod:`.dualpipev`).
 
 Notation: ``p`` pipeline ranks (stages), ``m`` micro-batches per step, ``v`` model chunks
 per rank (virtual stages per rank), ``s`` the rank's stage index. Counts are ints; the

@@ -29,9 +29,10 @@ class VShaped(PipelineSchedule):
     def virtual_stage(self, chunk, s, p: int, v: int):
         """``chunk p + s`` for an even chunk, ``chunk p + p - 1 - s`` for an odd one (ints or
         arrays)."""
-        return np.where(np.asarray(chunk) % 2 == 0, chunk * p + s, chunk * p + p - 1 - s) \
-            if isinstance(chunk, np.ndarray) or isinstance(s, np.ndarray) \
-            else (chunk * p + s if chunk % 2 == 0 else chunk * p + p - 1 - s)
+        down, up = chunk * p + s, chunk * p + p - 1 - s
+        if isinstance(chunk, np.ndarray) or isinstance(s, np.ndarray):
+            return np.where(np.asarray(chunk) % 2 == 0, down, up)
+        return down if chunk % 2 == 0 else up
 
     def reasons(self, p: int, m: int, v: int) -> list[str]:
         return [f"{self.title} needs virtual_stages = 2 (two chunks per rank, a V), got {v}"] if v != self.chunks else []

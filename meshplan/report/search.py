@@ -78,7 +78,9 @@ def header_lines(r: SearchResult) -> list[str]:
             "mesh order (pp, dp_replicate, dp_shard, cp, tp), tp innermost, ranks node-major; SP on when tp > 1; "
             f"tp <= {max_tp(cfg)}; [mesh] of the config ignored",
             "also searched: training.reshard_after_forward (FSDP-sharded parameters), training.tp_comm_overlap "
-            "(tp > 1), first and last stage lighter by one layer each (Llama 3 split, pp >= 3, vpp 1)",
+            "(tp > 1), first and last stage lighter by one layer each (Llama 3 split, pp >= 3, vpp 1)"
+            + "".join(f", pipeline schedule {x} (pp > 1, vpp 2)" for x in o.pp_schedules if x != "1f1b")
+            + ("" if "1f1b" in o.pp_schedules else "; pp > 1 only under those"),
             f"{len(r.candidates):,} candidates: {sum(1 for _ in REASONS) - 2} validity rules, memory bounds, "
             f"GEMM threshold {o.min_gemm_efficiency:.0%}; {len(r.exact)} planned exactly (build_plan + step_time) "
             f"in {r.wall_s:.1f} s"]
