@@ -347,7 +347,8 @@ def _cp_rows(add, c: _Ctx) -> None:
 
 def _units(c: _Ctx, shards: dict[str, int]) -> list[tuple[str, str, int, int]]:
     """FSDP units of the stage as (label, axis, unsharded elements per rank incl. padding,
-    local chunk); the root's chunk is the first (embedding) or the last (output layer)."""
+    local chunk); the root's chunk is the first (embedding) or the last (output layer); under a
+    V-shaped schedule stage 0 holds both, each chunk module its own FSDP root."""
     m, mesh, t = c.model, c.mesh, c.training
     tp, ep, etp = mesh.degree("tp"), mesh.ep, mesh.etp
     pad = t.sharding in ("zero3", "hsdp")
@@ -365,9 +366,13 @@ def _units(c: _Ctx, shards: dict[str, int]) -> list[tuple[str, str, int, int]]:
         if any(x.expert for x in ts):
             out.append(("experts", "efsdp", size([x for x in ts if x.expert], "efsdp"), k))
     v = padded_vocab(m.vocab, t.vocab_pad_divisor, tp)
-    root = (m.embedding_tensors(v) if c.first else []) + [
-        x for x in (m.head_tensors(v) if c.last else []) if not (x.tied and c.first)]
-    out.append(("root (embedding/norm/output)", "fsdp", size(root, "fsdp"), 0 if c.first else c.vpp - 1))
+    emb = m.embedding_tensors(v) if c.first else []
+    head = [x for x in (m.head_tensors(v) if c.last else []) if not (x.tied and c.first)]
+    if c.first and c.last and c.vpp > 1:  # a V: the embedding's chunk and the output layer's are two FSDP roots
+        out += [("root (embedding)", "fsdp", size(emb, "fsdp"), 0), ("root (norm/output)", "fsdp", size(head, "fsdp"),
+                                                                       c.vpp - 1)]
+    else:
+        out.append(("root (embedding/norm/output)", "fsdp", size(emb + head, "fsdp"), 0 if c.first else c.vpp - 1))
     return [u for u in out if u[2] > 0]
 
 
