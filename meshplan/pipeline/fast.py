@@ -72,7 +72,8 @@ def order_arrays(schedule: str, p: int, m: int, v: int, s: int) -> tuple[np.ndar
         return kind, (fk // (p * v)) * p + fk % p, np.where(kind == 0, chunk, v - 1 - chunk)
     units = get(schedule).order(p, m, v, s)  # the others (ZB-V, DualPipeV): from the unit list
     if units:
-        return tuple(np.array(col, dtype=np.int64) for col in zip(*((KINDS.index(u.kind), u.mb, u.chunk) for u in units)))
+        rows = [(KINDS.index(u.kind), u.mb, u.chunk) for u in units]
+        return tuple(np.array(col, dtype=np.int64) for col in zip(*rows))
     return z(0, np.int64), z(0, np.int64), z(0, np.int64)
 
 

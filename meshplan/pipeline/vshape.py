@@ -35,4 +35,6 @@ class VShaped(PipelineSchedule):
         return down if chunk % 2 == 0 else up
 
     def reasons(self, p: int, m: int, v: int) -> list[str]:
-        return [f"{self.title} needs virtual_stages = 2 (two chunks per rank, a V), got {v}"] if v != self.chunks else []
+        if v == self.chunks:
+            return []
+        return [f"{self.title} needs virtual_stages = 2 (two chunks per rank, a V), got {v}"]

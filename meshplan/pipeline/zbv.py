@@ -19,8 +19,8 @@ now on every rank); with m < 2p - 1, ``min(2m, m + s + 1)``.
 Bubble, for uniform chunks (F, B, W a stage's times for one micro-batch, a chunk half of
 them) and no p2p time: with F = B = W every rank idles ``(p - 1) F / 2`` (rank s's first
 forward waits for s chunk forwards upstream; the cool-down is filled with W), bubble
-``(p - 1) / (6 m)``, a sixth of 1F1B's ``(p - 1) / m``. Unequal times have no closed form here: the simulation (``meshplan step``) of
-this order gives them.
+``(p - 1) / (6 m)``, a sixth of 1F1B's ``(p - 1) / m``. Unequal times have no closed form
+here: the simulation (``meshplan step``) of this order gives them.
 
 >>> " ".join(u.label(2) for u in ZBV.order(2, 3, 2, 1))
 'F0.c0 F0.c1 F1.c0 F1.c1 B0.c1 W0.c1 F2.c0 B0.c0 W0.c0 F2.c1 B1.c1 W1.c1 B1.c0 B2.c1 B2.c0 W1.c0 W2.c1 W2.c0'

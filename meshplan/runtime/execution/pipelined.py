@@ -32,7 +32,8 @@ stages, run by the schedule the config names.
 - :class:`PipelineRunner`: one step = ``schedule.step(tokens, target=labels, losses=...)``
   (``mesh.pp_schedule``: the registered schedule's ``torch_class``, :mod:`meshplan.pipeline`:
   gpipe -> ScheduleGPipe, 1f1b -> Schedule1F1B, interleaved_1f1b -> ScheduleInterleaved1F1B,
-  zbv -> ScheduleZBVZeroBubble, dualpipev -> ScheduleDualPipeV; those with ``runs_in_validate``) with the plan's micro-batch count; the loss function (cross entropy)
+  zbv -> ScheduleZBVZeroBubble, dualpipev -> ScheduleDualPipeV; those with ``runs_in_validate``)
+  with the plan's micro-batch count; the loss function (cross entropy)
   runs on the last stage inside the schedule (under ``loss_parallel()`` when the logits are
   vocabulary-sharded; its collectives are phase ``loss``), backward too; then AdamW.
 - Memory (:meth:`PipelineRunner.memory_tracker`): FSDPMemTracker / MemTracker work under a
@@ -275,7 +276,8 @@ class PipelineRunner:
         from torch.distributed._tools.mem_tracker import MemTracker
         from torch.distributed.fsdp import FSDPModule
 
-        if getattr(self.sched, "meshplan_splits_backward", False):  # before the step: a failed one leaves FSDP unsharded
+        # refused before the step: a step that fails inside the schedule leaves FSDP units unsharded
+        if getattr(self.sched, "meshplan_splits_backward", False):
             raise NotImplementedError("MemTracker's module hooks break a split backward (torch 2.13: the input-gradient "
                                       "autograd.grad meets their multi-grad hooks, 'A leaf node was passed to "
                                       "_will_engine_execute_node'); ZB-V and DualPipeV are measured by resident set")
