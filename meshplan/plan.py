@@ -35,10 +35,12 @@ from meshplan.memory import constraints as cons
 from meshplan.memory.state import StateBytes, state_bytes
 from meshplan.memory.timeline import Timeline, memory_timelines, most_loaded
 from meshplan.mesh import resolve
+from meshplan.mesh.layers import last_stage
 from meshplan.mesh.layout import check_partition
 from meshplan.mesh.resolve import Mesh, resolve_mesh
 from meshplan.mesh.tpsplit import padded_vocab
 from meshplan.mesh.validity import check
+from meshplan.pipeline.registry import get as get_schedule
 from meshplan.pipeline.registry import reasons as schedule_reasons
 from meshplan.placement.assign import Flag, Placement, place, placement_flags
 from meshplan.spec.mesh import MeshSpec
@@ -75,7 +77,9 @@ class Stage:
 
     ``chunks``: layer indices per virtual chunk (``vpp`` lists); ``table_stage``: the stage
     whose collective table this one uses (:func:`table_stage`); ``collectives``: that table;
-    ``state``: persistent bytes per rank; ``timeline``: this stage's memory timeline."""
+    ``state``: persistent bytes per rank; ``timeline``: this stage's memory timeline;
+    ``last``: it holds the model's last layer, output layer and loss (the last stage, or
+    stage 0 under a V-shaped schedule, :func:`meshplan.mesh.layers.last_stage`)."""
 
     index: int
     pp: int
@@ -84,14 +88,11 @@ class Stage:
     collectives: list[CollectiveRow]
     state: StateBytes
     timeline: Timeline
+    last: bool
 
     @property
     def first(self) -> bool:
         return self.index == 0
-
-    @property
-    def last(self) -> bool:
-        return self.index == self.pp - 1
 
     @property
     def layers(self) -> list[int]:
@@ -151,7 +152,8 @@ class Plan:
             raise IndexError(f"stage {k} outside 0..{self.pp - 1}")
         key = table_stage(k, self.pp)
         return Stage(index=k, pp=self.pp, chunks=self.stages[k], table_stage=key,
-                     collectives=self.collectives[table_key(key)], state=self.state[k], timeline=self.timelines[k])
+                     collectives=self.collectives[table_key(key)], state=self.state[k], timeline=self.timelines[k],
+                     last=k == last_stage(self.stages))
 
     def stage_of(self, rank: int) -> Stage:
         """The stage rank ``rank`` runs: its pp coordinate (0 without a pp axis)."""
@@ -207,7 +209,7 @@ def build_plan(config: Config, constraints: cons.Constraints | None = None) -> P
         constraints = cons.constraints(m, t, c, world)
     if isinstance(mesh, resolve.Infeasible):
         return Infeasible(config, spec, world, mesh.reasons, constraints)
-    v = check(m, t, mesh, spec)
+    v = check(m, t, mesh, spec, get_schedule(spec.pp_schedule).virtual_stage)  # the schedule's chunk map
     pp = mesh.degree("pp")  # the pipeline schedule's own rules (meshplan.pipeline), after the mesh's
     v = replace(v, reasons=v.reasons + schedule_reasons(spec.pp_schedule, pp, v.micro_batches, v.vpp))
     partition = [f"axis {a}: {problem}" for a in mesh.all_axes() for problem in check_partition(mesh.groups(a), world)]
@@ -254,7 +256,7 @@ def _collectives(config: Config, spec: MeshSpec, mesh: Mesh, placement: Placemen
     for k in sorted({table_stage(s, pp) for s in range(pp)}):
         layers = [i for chunk in stages[k] for i in chunk]
         out[table_key(k)] = collective_table(config.model, config.training, mesh, config.cluster, placement,
-                                             layers, micro, first_stage=k == 0, last_stage=k == pp - 1,
+                                             layers, micro, first_stage=k == 0, last_stage=k == last_stage(stages),
                                              loss_parallel=spec.loss_parallel, stage=k, vpp=vpp,
                                              schedule=spec.pp_schedule, chunks=stages[k])
     return out

@@ -21,7 +21,8 @@ def _run(*args, timeout=120):
 def test_unknown_schedule_is_one_line_exit_2():
     r = _run("step", EXAMPLES / "seed-64gpu.toml", "--schedule", "foo")
     assert r.returncode == 2
-    assert r.stderr.strip() == "error: --schedule: unknown schedule 'foo'; use gpipe, 1f1b, interleaved_1f1b, zb_h1"
+    assert r.stderr.strip() == ("error: --schedule: unknown schedule 'foo'; use gpipe, 1f1b, interleaved_1f1b, zb_h1, "
+                                "zbv, dualpipev")
 
 
 def test_plan_of_a_mesh_that_does_not_fit_says_why_on_stderr():

@@ -19,6 +19,8 @@ from meshplan.schedule.steptime import _unit_exposure, step_time
 CASES = [(sch, p, m, v) for sch in ("gpipe", "1f1b", "zb_h1", "interleaved_1f1b") for p in (1, 2, 3, 4)
          for m in (1, 2, 3, 4, 8) for v in ((1, 2, 3) if sch == "interleaved_1f1b" else (1,))
          if sch != "interleaved_1f1b" or m % p == 0]
+CASES += [("zbv", p, m, 2) for p in (2, 3, 4) for m in (1, 2, 3, 5, 8)]  # V-shaped: the schedule's chunk map
+CASES += [("dualpipev", p, m, 2) for p in (2, 3, 4) for m in (2 * p, 2 * p + 1, 3 * p)]
 
 
 @pytest.mark.parametrize("sch,p,m,v", CASES)
@@ -63,7 +65,8 @@ def _plan(schedule: str, vpp: int = 1):
         "mesh": mesh}))
 
 
-@pytest.mark.parametrize("schedule,vpp", [("1f1b", 1), ("gpipe", 1), ("zb_h1", 1), ("interleaved_1f1b", 2)])
+@pytest.mark.parametrize("schedule,vpp", [("1f1b", 1), ("gpipe", 1), ("zb_h1", 1), ("interleaved_1f1b", 2),
+                                          ("zbv", 2), ("dualpipev", 2)])
 def test_step_time_equals_the_reference_loop(schedule, vpp):
     """Llama-3-8B, pp 4 x dp_shard 2 x tp 4 on 4 DGX H100, 32 micro-batches: the step model's
     pipeline (fast path) against the reference simulation of the same spec, and the critical

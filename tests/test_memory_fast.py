@@ -21,7 +21,9 @@ from meshplan.plan import build_plan
 
 TINY = dict(layers=8, hidden=16, ffn=64, gated_mlp=False, q_heads=4, vocab=128)
 MEM = dict(nccl_buffsize_bytes=1000, nccl_channels=2, nccl_peers=2, workspace_bytes=500)
-SCHEDULES = [("gpipe", 1), ("1f1b", 1), ("zb_h1", 1), ("interleaved_1f1b", 2), ("1f1b", 2)]
+SCHEDULES = [("gpipe", 1), ("1f1b", 1), ("zb_h1", 1), ("interleaved_1f1b", 2), ("1f1b", 2), ("zbv", 2),
+             ("dualpipev", 2)]
+V_M = {"zbv": (9,), "dualpipev": (9,)}  # V-shaped: any m (DualPipeV >= 2 pp), here one not a multiple of pp
 
 
 def plan_of(pp=2, schedule="1f1b", vpp=1, m=4, sharding="zero3", reshard=True, recompute="selective", memory=None):
@@ -55,9 +57,10 @@ def assert_same(plan):
 @pytest.mark.parametrize("schedule,vpp", SCHEDULES)
 def test_fast_equals_reference_over_schedules(schedule, vpp):
     cases = 0
-    for pp, m, reshard, recompute in itertools.product((1, 2, 4), (1, 3, 8) if vpp == 1 else (4, 8), (True, False),
+    for pp, m, reshard, recompute in itertools.product((1, 2, 4), (1, 3, 8) if vpp == 1 else (4, 8) + V_M.get(schedule, ()),
+                                                     (True, False),
                                                      ("none", "selective", "full")):
-        if vpp > 1 and pp == 1:
+        if vpp > 1 and pp == 1 or schedule == "dualpipev" and m < 2 * pp:  # DualPipeV: m >= 2 pp
             continue
         assert_same(plan_of(pp=pp, schedule=schedule, vpp=vpp, m=m, reshard=reshard, recompute=recompute))
         cases += 1

@@ -241,6 +241,24 @@ def test_pipeline_activations_follow_the_schedule():
     assert all(len(tl.passes) == 2 * 8 + 2 and len(tl.templates) <= 8 for tl in p.timelines)
 
 
+def test_v_shaped_activations_follow_the_schedule():
+    """p 4, vpp 2, 8 one-layer chunks, m 8. V: stage 0 holds layers 0 and 7 (embedding and
+    head), stage 3 layers 3 and 4. ZB-V holds 2p = 8 chunk forwards on every stage; stage 0
+    reaches them after its 2p - 1 = 7 chunk-0 forwards (each with the embedding's token ids)
+    and the first chunk-1 forward (with the head): 8 LAYER + 7 EMBED + HEAD (the 8th chunk-0
+    forward comes after that chunk-1 pass is freed: 8 LAYER + 8 EMBED is less). DualPipeV
+    holds 2p + 1 = 9: on stage 0, 8 chunk-0 and 1 chunk-1 forwards (step 4's F before the
+    backward of chunk 1). Looped interleaved 1F1B for contrast: stage 0 holds 11, stage 3 5."""
+    z = _pp_plan("zbv", vpp=2, layers=8)
+    assert z.stages == [[[0], [7]], [[1], [6]], [[2], [5]], [[3], [4]]] and z.feasible
+    assert z.stage(0).last and not z.stage(3).last
+    assert [tl.max_by_kind["activations"] for tl in z.timelines] == [8 * LAYER + 7 * EMBED + HEAD] + [8 * LAYER] * 3
+    d = _pp_plan("dualpipev", vpp=2, layers=8)
+    assert [tl.max_by_kind["activations"] for tl in d.timelines] == [9 * LAYER + 8 * EMBED + HEAD] + [9 * LAYER] * 3
+    i = _pp_plan("interleaved_1f1b", vpp=2, layers=8)
+    assert [i.timelines[k].max_by_kind["activations"] for k in (0, 3)] == [11 * LAYER + 8 * EMBED, 5 * LAYER + HEAD]
+
+
 def test_infeasible_reason_and_boundary():
     gpu = {"name": "tiny", "peak_tflops": {"bf16": 1.0}, "hbm_gb": 134996 / 0.9 / 1e9 * 0.999,
            "hbm_bandwidth_tb_per_s": 1.0, "sms": 1, "source": "test"}

@@ -119,7 +119,7 @@ def test_bad_inputs():
         PipelineSpec("interleaved_1f1b", p=4, m=6, v=2)
     with pytest.raises(ConfigError, match="interleaved"):
         PipelineSpec("1f1b", p=4, m=8, v=2)
-    assert set(SCHEDULES) == {"gpipe", "1f1b", "interleaved_1f1b", "zb_h1"}
+    assert set(SCHEDULES) == {"gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zbv", "dualpipev"}
 
 
 def test_trace_is_chrome_json_and_written_atomically(tmp_path):

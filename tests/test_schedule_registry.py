@@ -12,9 +12,12 @@ The torch side, read two ways:
   2.13's Schedule1F1B IR numbers the last rank's forwards 1..m instead of 0..m-1, so it is
   not used.
 - multi-stage schedules (``_PipelineScheduleRuntime``: ScheduleInterleaved1F1B,
-  ScheduleInterleavedZeroBubble) execute ``pipeline_order_with_comms``; the test takes its
-  compute actions (F, full backward B, input-gradient I, weight-gradient W) with their
-  stage index (the virtual stage) and micro-batch.
+  ScheduleInterleavedZeroBubble, ScheduleZBVZeroBubble, ScheduleDualPipeV) execute
+  ``pipeline_order_with_comms``; the test takes its compute actions (F, full backward B,
+  input-gradient I, weight-gradient W) with their stage index (the virtual stage) and
+  micro-batch. An ``OVERLAP_F_B`` action (DualPipeV) runs its sub-actions in order (torch's
+  runtime without a custom function), so it is read as them; in a schedule that splits the
+  backward, torch's full backward (DualPipeV's) is meshplan's B immediately followed by its W.
 """
 
 import pytest
@@ -71,8 +74,16 @@ def torch_order(sched: PipelineSchedule, p: int, m: int, v: int, rank: int) -> l
         return log
     stages = [FakeStage(sched.virtual_stage(c, rank, p, v), p * v, p, rank, log) for c in range(v)]
     run = cls(stages, m)
-    return [(KIND[a.computation_type], a.microbatch_index, a.stage_index)
-            for a in run.pipeline_order_with_comms[rank] if a is not None and a.computation_type in KIND]
+    out = []
+    for a in run.pipeline_order_with_comms[rank]:
+        for x in (a.sub_actions if a is not None and a.computation_type == S.OVERLAP_F_B else (a,)):
+            if x is None or x.computation_type not in KIND:
+                continue
+            if x.computation_type == S.FULL_BACKWARD and sched.splits_backward:
+                out += [("I", x.microbatch_index, x.stage_index), ("W", x.microbatch_index, x.stage_index)]
+            else:
+                out.append((KIND[x.computation_type], x.microbatch_index, x.stage_index))
+    return out
 
 
 def meshplan_order(sched: PipelineSchedule, p: int, m: int, v: int, s: int) -> list[tuple]:
@@ -86,6 +97,10 @@ CASES = {
     Schedule.ONE_F_ONE_B: [(2, 2, 1), (2, 5, 1), (3, 7, 1), (4, 4, 1), (4, 8, 1)],
     Schedule.INTERLEAVED_1F1B: [(2, 2, 2), (2, 4, 2), (3, 6, 3), (4, 4, 2), (4, 8, 2), (4, 8, 4)],
     Schedule.ZB_H1: [(2, 2, 1), (2, 6, 1), (3, 9, 1), (4, 2, 1), (3, 2, 1), (4, 4, 1), (4, 8, 1), (4, 12, 1)],
+    Schedule.ZBV: [(2, 1, 2), (2, 2, 2), (2, 3, 2), (2, 4, 2), (2, 7, 2), (3, 4, 2), (3, 9, 2), (4, 5, 2),
+                   (4, 8, 2), (4, 16, 2), (8, 16, 2)],
+    Schedule.DUALPIPEV: [(2, 4, 2), (2, 5, 2), (2, 9, 2), (3, 6, 2), (3, 7, 2), (4, 8, 2), (4, 11, 2),
+                         (4, 16, 2), (5, 12, 2), (8, 16, 2)],
 }
 
 
@@ -134,7 +149,8 @@ def test_interleaved_warmup_is_torchs(p, m, v):
 def test_torch_classes_exist_and_validate_builds_the_tested_ones():
     for sched in SCHEDULES.values():
         assert issubclass(getattr(S, sched.torch_class), S._PipelineSchedule)
-    assert [str(s) for s, x in SCHEDULES.items() if x.runs_in_validate] == ["gpipe", "1f1b", "interleaved_1f1b"]
+    assert [str(s) for s, x in SCHEDULES.items() if x.runs_in_validate] == ["gpipe", "1f1b", "interleaved_1f1b", "zbv",
+                                                                             "dualpipev"]
 
 
 class VShape(PipelineSchedule):
@@ -174,8 +190,8 @@ def test_names_parse_to_the_enum_and_unknown_names_are_config_errors():
     assert MeshSpec(names=["pp"], shape=[2], pp_schedule="zb_h1").pp_schedule is Schedule.ZB_H1
     assert MeshSpec(names=["pp"], shape=[2]).pp_schedule is Schedule.ONE_F_ONE_B
     assert PipelineSpec("interleaved_1f1b", p=2, m=2, v=2).schedule is Schedule.INTERLEAVED_1F1B
-    with pytest.raises(ConfigError, match=r"mesh\.pp_schedule: unknown schedule 'dualpipev'"):
-        get("dualpipev")
+    with pytest.raises(ConfigError, match=r"mesh\.pp_schedule: unknown schedule 'dualpipe'"):
+        get("dualpipe")
 
 
 def test_split_backward_is_the_schedules_property():
@@ -186,3 +202,58 @@ def test_split_backward_is_the_schedules_property():
     one = simulate(PipelineSpec("1f1b", p=2, m=2, forward_s=1, backward_s=1, weight_s=1))
     assert (zb.step_s, one.step_s) == (7.0, 9.0)
     assert {e.args["kind"] for e in zb.events} == {"F", "B", "W"} and {e.args["kind"] for e in one.events} == {"F", "B"}
+
+
+@pytest.mark.parametrize("name", [Schedule.ZBV, Schedule.DUALPIPEV])
+def test_v_shaped_map_is_torchs(name):
+    """The chunk map equals torch's ``generate_stage_to_rank_mapping(style="v")``: rank 0
+    holds virtual stages 0 and 2p - 1 (the embedding and the output layer), so the output
+    layer's stage is 0; p2p per micro-batch each way: 2 on the end ranks (rank p - 1 hands
+    chunk 0's output to its own chunk 1), 4 on the others."""
+    from torch.distributed.pipelining._utils import generate_stage_to_rank_mapping
+
+    sched = get(name)
+    for p in (2, 3, 4, 8):
+        torch_map = generate_stage_to_rank_mapping(p, 2 * p, style="v")
+        assert {sched.virtual_stage(c, s, p, 2): s for s in range(p) for c in range(2)} == torch_map
+        assert sched.last_stage(p, 2) == 0
+        assert [sched.p2p_per_microbatch(p, 2, s) for s in range(p)] == [2] + [4] * (p - 2) + [2]
+    assert get(Schedule.INTERLEAVED_1F1B).last_stage(4, 2) == 3
+
+
+@pytest.mark.parametrize("name", [Schedule.ZBV, Schedule.DUALPIPEV])
+def test_v_shaped_in_flight_is_the_orders_peak(name):
+    """Chunk forwards held at the peak (F done, B not yet), counted on the order itself, equal
+    the schedule's closed form (read by the memory timeline and the search): ZB-V 2p, DualPipeV
+    2p + 1, at most the 2m there are."""
+    sched = get(name)
+    for p in (2, 3, 4, 6):
+        for m in ((1, 2, 3, 5, 8, 13) if name is Schedule.ZBV else (2 * p, 2 * p + 1, 3 * p + 2)):
+            for s in range(p):
+                live = top = 0
+                for u in sched.order(p, m, 2, s):
+                    live += {"F": 1, "B": -1, "W": 0}[u.kind]
+                    top = max(top, live)
+                assert int(sched.in_flight(p, m, 2, s)) == top, (name, p, m, s)
+    assert int(get(Schedule.ZBV).in_flight(4, 8, 2, 3)) == 8 and int(get(Schedule.DUALPIPEV).in_flight(4, 8, 2, 3)) == 9
+
+
+@pytest.mark.parametrize("name", [Schedule.ZBV, Schedule.DUALPIPEV])
+def test_v_shaped_bubble_with_equal_f_b_w(name):
+    """F = B = W = 1 per stage and micro-batch (1/2 per chunk), no p2p: each rank idles
+    (p - 1) / 2 (its first forward waits for that many chunk forwards), bubble (p - 1) / (6m),
+    the schedule's ``bubble``; 1F1B's is (p - 1) / m. Unequal times have no closed form (NaN)."""
+    sched = get(name)
+    for p, m in ((2, 4), (4, 8), (4, 16), (8, 16)):
+        r = simulate(PipelineSpec(name, p=p, m=m, v=2, forward_s=1, backward_s=1, weight_s=1))
+        assert r.step_s == 3 * m + (p - 1) / 2
+        assert r.bubble == pytest.approx(sched.bubble(p, m, 2, 1, 1, 1)) == pytest.approx((p - 1) / (6 * m))
+    assert sched.bubble(4, 8, 2, 1, 2, 0) != sched.bubble(4, 8, 2, 1, 2, 0)  # NaN
+
+
+def test_v_shaped_feasibility():
+    assert get("zbv").reasons(4, 8, 1) == ["ZB-V needs virtual_stages = 2 (two chunks per rank, a V), got 1"]
+    assert get("dualpipev").reasons(4, 7, 2) == ["DualPipeV needs micro-batches (7) >= 2 pp (8) (torch ScheduleDualPipeV)"]
+    assert get("dualpipev").reasons(4, 8, 2) == [] and get("zbv").reasons(4, 3, 2) == []
+    with pytest.raises(ConfigError, match="DualPipeV needs micro-batches"):
+        PipelineSpec("dualpipev", p=4, m=6, v=2)

@@ -65,7 +65,7 @@ def timeline_counts(st, s: int) -> Counter:
     return out
 
 
-SCHEDULES = [("gpipe", 1), ("1f1b", 1), ("interleaved_1f1b", 2), ("zb_h1", 1)]
+SCHEDULES = [("gpipe", 1), ("1f1b", 1), ("interleaved_1f1b", 2), ("zb_h1", 1), ("zbv", 2), ("dualpipev", 2)]
 SHARDINGS = ["none", "zero1", "zero2", "zero3", "hsdp"]
 
 
@@ -85,7 +85,9 @@ def test_timeline_issues_the_collectives_the_table_counts(schedule, vpp, shardin
     reshard_after_forward = false stage re-gathered every layer in every micro-batch (here 4
     layer gathers x m 4 = 16 per stage for the table's 2 + 1 root) and reduce-scattered every
     micro-batch where PipelineStage reduces once per step."""
-    plan = plan_of(_mesh(sharding, schedule, vpp), sharding=sharding, reshard_after_forward=reshard)
+    # DualPipeV needs m >= 2 pp: 4 micro-batches also with hsdp's dp 4
+    batch = {"global_batch": 16} if schedule == "dualpipev" and sharding == "hsdp" else {}
+    plan = plan_of(_mesh(sharding, schedule, vpp), sharding=sharding, reshard_after_forward=reshard, **batch)
     st = step_time(plan)
     for s in range(2):
         assert timeline_counts(st, s) == table_counts(plan, s), (s, table_counts(plan, s))

@@ -98,7 +98,7 @@ from meshplan.mesh.tpsplit import (
     local_numel,
     padded_vocab,
 )
-from meshplan.pipeline import registry
+from meshplan.pipeline.registry import get as get_schedule
 from meshplan.pipeline.simulate import stage_order
 from meshplan.spec.cluster import ClusterSpec
 from meshplan.spec.mesh import Schedule
@@ -281,7 +281,7 @@ def _tp_layer_ops(c: _Ctx, layer: int) -> tuple[list[str], list[str]]:
     mirror = {"all-gather": "reduce-scatter", "reduce-scatter": "all-gather", "all-reduce": "all-reduce",
               "all-gather+": "all-gather"}
     bwd = [mirror[o] for o in fwd]
-    if sp and c.training.framework == "megatron" and not registry.get(c.schedule).splits_backward:
+    if sp and c.training.framework == "megatron" and not get_schedule(c.schedule).splits_backward:
         # Megatron-LM saves only the sequence shard of a column-parallel linear's input and
         # all-gathers it again for the weight gradient: the attention's and a dense MLP's
         # (schedule/rank_timeline._block_backward; not where B and W are separate units)
@@ -365,7 +365,8 @@ def _cp_rows(add, c: _Ctx) -> None:
 
 def _units(c: _Ctx, shards: dict[str, int]) -> list[tuple[str, str, int, int]]:
     """FSDP units of the stage as (label, axis, unsharded elements per rank incl. padding,
-    local chunk); the root's chunk is the first (embedding) or the last (output layer)."""
+    local chunk); the root's chunk is the first (embedding) or the last (output layer); under a
+    V-shaped schedule stage 0 holds both, each chunk module its own FSDP root."""
     m, mesh, t = c.model, c.mesh, c.training
     tp, ep, etp = mesh.degree("tp"), mesh.ep, mesh.etp
     pad = t.sharding in ("zero3", "hsdp")
@@ -383,9 +384,13 @@ def _units(c: _Ctx, shards: dict[str, int]) -> list[tuple[str, str, int, int]]:
         if any(x.expert for x in ts):
             out.append(("experts", "efsdp", size([x for x in ts if x.expert], "efsdp"), k))
     v = padded_vocab(m.vocab, t.vocab_pad_divisor, tp)
-    root = (m.embedding_tensors(v) if c.first else []) + [
-        x for x in (m.head_tensors(v) if c.last else []) if not (x.tied and c.first)]
-    out.append(("root (embedding/norm/output)", "fsdp", size(root, "fsdp"), 0 if c.first else c.vpp - 1))
+    emb = m.embedding_tensors(v) if c.first else []
+    head = [x for x in (m.head_tensors(v) if c.last else []) if not (x.tied and c.first)]
+    if c.first and c.last and c.vpp > 1:  # a V: the embedding's chunk and the output layer's are two FSDP roots
+        out += [("root (embedding)", "fsdp", size(emb, "fsdp"), 0), ("root (norm/output)", "fsdp", size(head, "fsdp"),
+                                                                       c.vpp - 1)]
+    else:
+        out.append(("root (embedding/norm/output)", "fsdp", size(emb + head, "fsdp"), 0 if c.first else c.vpp - 1))
     return [u for u in out if u[2] > 0]
 
 
@@ -472,12 +477,13 @@ def _pp_ep_rows(add, c: _Ctx) -> None:
     pp = mesh.degree("pp")
     if pp > 1:
         sent = c.act_bytes / (mesh.degree("tp") if mesh.sequence_parallel else 1)
-        # one send per chunk that is not the model's last, one receive per chunk that is not its first
-        n = 2 * c.vpp - (c.stage == 0) - (c.stage == pp - 1)
+        # one send per chunk whose next virtual stage is on another rank, one receive per chunk whose
+        # previous one is (the schedule's chunk map: looped 2 vpp - first - last; a V turns locally on pp - 1)
+        n = get_schedule(c.schedule).p2p_per_microbatch(pp, c.vpp, c.stage)
         add("pp", "forward", "send/recv", sent, dt, n, "every micro-batch per chunk boundary", "next stage's forward")
         add("pp", "backward", "send/recv", sent, dt, n, "every micro-batch per chunk boundary",
             "previous stage's backward")
-        if m.tied_embeddings and (c.first or c.last):  # the embedding group: first and last pp rank
+        if m.tied_embeddings and (c.first or c.last) and not (c.first and c.last):  # first and last pp rank
             pp0 = mesh.group_of(0, "pp")
             add("pp", "step", "all-reduce", _tied_grad_bytes(c), t.param_dtype, 0,
                 "once per step (tied embedding gradients, first and last stage)", "optimizer step", depth=0,

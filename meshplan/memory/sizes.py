@@ -49,6 +49,7 @@ from dataclasses import dataclass, replace
 from typing import Optional
 from math import ceil
 
+from meshplan.mesh.layers import last_stage
 from meshplan.mesh.resolve import Mesh
 from meshplan.spec.memory import MemoryOptions
 from meshplan.spec.model import ModelSpec
@@ -187,7 +188,7 @@ def _unit_numels(model: ModelSpec, training: TrainingSpec, mesh: Mesh, stages, k
         if moe not in cache:
             cache[moe] = _numel(model.layer_tensors(layer), model, mesh)
         out[layer] = cache[moe]
-    if k == pp - 1:
+    if k == last_stage(stages):  # the output layer's stage (0 under a V)
         head = [t for t in model.head_tensors(pv) if not t.tied or pp > 1 or t.name.endswith("norm")]
         out["head"] = _numel(head, model, mesh)
     return out

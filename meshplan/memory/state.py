@@ -70,6 +70,7 @@ from math import ceil
 from typing import Optional, Union
 
 from meshplan.errors import ConfigError
+from meshplan.mesh.layers import last_stage
 from meshplan.mesh.resolve import Mesh
 from meshplan.spec.model import ModelSpec, Tensor
 from meshplan.spec.training import TrainingSpec
@@ -153,7 +154,7 @@ def stage_params(model: ModelSpec, mesh: Mesh, training: TrainingSpec,
         if k == 0:
             counts["embedding"] = sum(local_numel(t, model, tp) for t in model.embedding_tensors(pv))
         tied_copy = False
-        if k == pp - 1:
+        if k == last_stage(stages):  # the output layer's stage (0 under a V)
             for t in model.head_tensors(pv):
                 if _is_norm(t):
                     counts["norm"] += local_numel(t, model, tp)

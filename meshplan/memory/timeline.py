@@ -244,8 +244,9 @@ def _notes(plan, stage: int, fsdp: bool) -> tuple[str, ...]:
     if c.model.is_moe:
         out.append("MoE layers: routed-expert activations estimated for balanced routing (sizes.py)")
     sched = get(c.mesh.pp_schedule)
-    if sched.splits_backward and stage > 0:
-        out.append(f"{sched.name} in 1F1B order: inputs of delayed weight-gradient passes not counted on this stage")
+    if sched.splits_backward and (stage > 0 or sched.virtual_stages):
+        out.append(f"{sched.name}: activations freed at the input-gradient pass (B); what a delayed weight-gradient "
+                   "pass (W) still holds (layer inputs, output gradients) is not counted")
     if fsdp and len(plan.stages) > 1 and c.memory.fsdp_reduce == "per_microbatch":
         out.append("FSDP reduces every micro-batch; torch.distributed.pipelining defers it to the last one "
                    "(set [memory] fsdp_reduce = \"after_last\" to model that)")

@@ -10,12 +10,23 @@ holds chunks k, k+p, k+2p, ... (uneven chunks with an explicit ``pp_layer_split`
 
 from __future__ import annotations
 
-from typing import Optional, Union
+from typing import Callable, Optional, Union
+
+#: A schedule's chunk-to-virtual-stage map, ``(chunk, stage, pp, vpp) -> virtual stage``
+#: (:meth:`meshplan.pipeline.base.PipelineSchedule.virtual_stage`).
+VirtualStage = Callable[[int, int, int, int], int]
 
 
-def stage_layers(layers: int, pp: int, vpp: int = 1,
-                 split: Optional[list[int]] = None) -> Union[list[list[list[int]]], str]:
-    """Layer indices per stage, per chunk: ``result[stage][chunk] = [layer, ...]``.
+def looped(chunk: int, stage: int, pp: int, vpp: int) -> int:
+    """The looped map ``chunk * pp + stage`` (Megatron-LM's and torch's interleaved)."""
+    return chunk * pp + stage
+
+
+def stage_layers(layers: int, pp: int, vpp: int = 1, split: Optional[list[int]] = None,
+                 virtual_stage: VirtualStage = looped) -> Union[list[list[list[int]]], str]:
+    """Layer indices per stage, per chunk: ``result[stage][chunk] = [layer, ...]``; chunk c
+    of stage k holds virtual stage ``virtual_stage(c, k, pp, vpp)`` (default looped; a
+    V-shaped schedule puts the model's first and last virtual stage on stage 0).
 
     ``split``: explicit layers per stage (``pp`` entries) or per virtual stage (``pp * vpp``
     entries, in virtual-stage order ``chunk * pp + stage``); uneven allowed; must sum to
@@ -29,14 +40,16 @@ def stage_layers(layers: int, pp: int, vpp: int = 1,
     [[[0], [3, 4]], [[1, 2], [5]]]
     >>> stage_layers(6, 2, 2, split=[1, 2, 2, 1])
     [[[0], [3, 4]], [[1, 2], [5]]]
+    >>> stage_layers(8, 2, 2, virtual_stage=lambda c, k, p, v: k if c == 0 else 2 * p - 1 - k)  # a V
+    [[[0, 1], [6, 7]], [[2, 3], [4, 5]]]
     """
+    vs = [[virtual_stage(c, k, pp, vpp) for c in range(vpp)] for k in range(pp)]
     if split is not None:
-        counts = _virtual_counts(layers, pp, vpp, split)
+        counts = _virtual_counts(layers, pp, vpp, split, vs)
         if isinstance(counts, str):
             return counts
         starts = [sum(counts[:j]) for j in range(pp * vpp)]
-        return [[list(range(starts[c * pp + k], starts[c * pp + k] + counts[c * pp + k])) for c in range(vpp)]
-                for k in range(pp)]
+        return [[list(range(starts[j], starts[j] + counts[j])) for j in vs[k]] for k in range(pp)]
     if layers % pp:
         return (f"{layers} layers do not divide into pp {pp} stages ({layers / pp:g} per stage); "
                 f"give an explicit pp_layer_split")
@@ -45,13 +58,24 @@ def stage_layers(layers: int, pp: int, vpp: int = 1,
         return (f"{per_stage} layers per stage ({layers} / pp {pp}) do not divide into vpp {vpp} "
                 f"virtual stages ({per_stage / vpp:g} layers per chunk)")
     chunk = per_stage // vpp
-    return [[list(range((c * pp + k) * chunk, (c * pp + k + 1) * chunk)) for c in range(vpp)]
-            for k in range(pp)]
+    return [[list(range(j * chunk, (j + 1) * chunk)) for j in vs[k]] for k in range(pp)]
 
 
-def _virtual_counts(layers: int, pp: int, vpp: int, split: list[int]) -> Union[list[int], str]:
-    """Layers per virtual stage (``chunk * pp + stage``) from a per-stage or per-virtual-stage
-    ``split`` (see :func:`stage_layers`), or a one-line reason."""
+def last_stage(stages: list[list[list[int]]]) -> int:
+    """The stage holding the model's last layer (and so the final norm, the output layer and
+    the loss): ``pp - 1`` looped, 0 under a V-shaped schedule.
+
+    >>> last_stage(stage_layers(8, 2, 2)), last_stage([[[0, 1], [6, 7]], [[2, 3], [4, 5]]])
+    (1, 0)
+    """
+    top = max(i for chunks in stages for chunk in chunks for i in chunk)
+    return next(k for k, chunks in enumerate(stages) if any(top in chunk for chunk in chunks))
+
+
+def _virtual_counts(layers: int, pp: int, vpp: int, split: list[int],
+                    vs: list[list[int]]) -> Union[list[int], str]:
+    """Layers per virtual stage (model order) from a per-stage or per-virtual-stage ``split``
+    (see :func:`stage_layers`; ``vs[stage][chunk]``: the virtual stage), or a one-line reason."""
     if len(split) not in (pp, pp * vpp):
         return (f"pp_layer_split has {len(split)} entries for pp {pp}"
                 + (f" (or {pp * vpp} virtual stages)" if vpp > 1 else ""))
@@ -66,7 +90,7 @@ def _virtual_counts(layers: int, pp: int, vpp: int, split: list[int]) -> Union[l
         base, extra = divmod(n, vpp)
         chunks = range(vpp - extra, vpp) if k == 0 and pp > 1 else range(extra)  # stage 0: its first chunk short
         for c in range(vpp):
-            counts[c * pp + k] = base + (c in chunks)
+            counts[vs[k][c]] = base + (c in chunks)
     return counts
 
 

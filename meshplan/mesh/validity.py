@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from meshplan.mesh.resolve import Mesh
-from meshplan.mesh.layers import stage_layers, vpp_from_chunk
+from meshplan.mesh.layers import VirtualStage, looped, stage_layers, vpp_from_chunk
 from meshplan.spec.mesh import MeshSpec
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.training import TrainingSpec
@@ -33,7 +33,8 @@ class Validity:
     vpp: int
 
 
-def check(model: ModelSpec, training: TrainingSpec, mesh: Mesh, spec: MeshSpec) -> Validity:
+def check(model: ModelSpec, training: TrainingSpec, mesh: Mesh, spec: MeshSpec,
+          virtual_stage: VirtualStage = looped) -> Validity:
     """All model and batch checks of ``mesh``; see the module docstring."""
     reasons: list[str] = []
     notes: list[str] = []
@@ -45,7 +46,7 @@ def check(model: ModelSpec, training: TrainingSpec, mesh: Mesh, spec: MeshSpec) 
         notes.append(f"vocab padded {model.vocab} -> {v} = ceil(V / ({training.vocab_pad_divisor} * tp {tp})) "
                      f"* {training.vocab_pad_divisor * tp} ({v // tp} per tp rank); memory and FLOPs use "
                      f"{v}, the loss uses {model.vocab}")
-    stages, vpp = _stages(model, spec, pp, reasons)
+    stages, vpp = _stages(model, spec, pp, reasons, virtual_stage)
     _experts(model, mesh, reasons, notes)
     _sequence(training, mesh, cp, tp, reasons, notes)
     micro = _batch(training, mesh, reasons, notes)
@@ -72,14 +73,14 @@ def _widths(model, mesh, reasons):
         reasons.append(f"expert_ffn {model.moe_ffn} is not divisible by etp {etp}")
 
 
-def _stages(model, spec, pp, reasons):
+def _stages(model, spec, pp, reasons, virtual_stage):
     vpp = spec.virtual_stages
     if spec.layers_per_virtual_stage:
         vpp = vpp_from_chunk(model.layers, pp, spec.layers_per_virtual_stage)
         if isinstance(vpp, str):
             reasons.append(vpp)
             return None, 1
-    stages = stage_layers(model.layers, pp, vpp, spec.pp_layer_split)
+    stages = stage_layers(model.layers, pp, vpp, spec.pp_layer_split, virtual_stage)
     if isinstance(stages, str):
         reasons.append(stages)
         return None, vpp

@@ -1,6 +1,7 @@
 """What one pipeline schedule owns: :class:`Unit` (an F, B or W op of one micro-batch on one
 model chunk) and :class:`PipelineSchedule`, the base of every schedule module
-(:mod:`.gpipe`, :mod:`.one_f_one_b`, :mod:`.interleaved`, :mod:`.zb_h1`).
+(:mod:`.gpipe`, :mod:`.one_f_one_b`, :mod:`.interleaved`, :mod:`.zb_h1`, :mod:`.zbv`,
+:mod:`.dualpipev`).
 
 Notation: ``p`` pipeline ranks (stages), ``m`` micro-batches per step, ``v`` model chunks
 per rank (virtual stages per rank), ``s`` the rank's stage index. Counts are ints; the
@@ -40,6 +41,7 @@ class PipelineSchedule:
     - ``virtual_stages``: runs ``v > 1`` model chunks per rank.
     - ``chunked``: the schedule whose order a stage with ``v > 1`` chunks runs when this
       one holds a single chunk (None: this order, which ignores v).
+    - ``chunks``: the chunks per rank the schedule needs (2 for the V-shaped ones; None: any).
     """
 
     name: Schedule
@@ -49,6 +51,7 @@ class PipelineSchedule:
     splits_backward: bool = False
     virtual_stages: bool = False
     chunked: Schedule | None = None
+    chunks: int | None = None
 
     def order(self, p: int, m: int, v: int, s: int) -> list[Unit]:
         """The units of stage ``s`` in execution order."""
@@ -63,6 +66,35 @@ class PipelineSchedule:
         6
         """
         return chunk * p + s
+
+    def stage_of(self, j: int, p: int, v: int) -> int:
+        """The stage (rank of the pp group) holding virtual stage ``j``: the inverse of
+        :meth:`virtual_stage`.
+
+        >>> PipelineSchedule().stage_of(6, 4, 2)
+        2
+        """
+        return next(s for s in range(p) for c in range(v) if self.virtual_stage(c, s, p, v) == j)
+
+    def last_stage(self, p: int, v: int) -> int:
+        """The stage holding the model's last virtual stage (final norm, output layer, loss):
+        ``p - 1`` looped, 0 V-shaped."""
+        return self.stage_of(p * v - 1, p, v)
+
+    def p2p_per_microbatch(self, p: int, v: int, s: int) -> int:
+        """Activation sends per micro-batch in one direction on stage ``s`` (receives are as
+        many): one per chunk whose next virtual stage sits on another stage, one per chunk
+        whose previous one does (a hand-off to a chunk of the same rank is a local copy, as
+        torch's runtime does it: ``is_next_stage_on_this_rank``).
+
+        >>> [PipelineSchedule().p2p_per_microbatch(4, 2, s) for s in range(4)]
+        [3, 4, 4, 3]
+        """
+        out = 0
+        for c in range(v):
+            j = self.virtual_stage(c, s, p, v)
+            out += (j > 0 and self.stage_of(j - 1, p, v) != s) + (j < p * v - 1 and self.stage_of(j + 1, p, v) != s)
+        return out
 
     def warmup(self, p, m, v, s):
         """Forward units stage ``s`` runs before its first backward (1F1B's

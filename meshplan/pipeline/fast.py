@@ -24,6 +24,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
+from meshplan.pipeline.registry import get
 from meshplan.pipeline.simulate import BubbleStats, Event, PipelineSpec, Unit
 
 KINDS = ("F", "B", "W")
@@ -69,7 +70,11 @@ def order_arrays(schedule: str, p: int, m: int, v: int, s: int) -> tuple[np.ndar
         kind = np.concatenate([z(warm, np.int64), _interleave(0 * k, 0 * k + 1), np.ones(warm, np.int64)])
         chunk = (fk % (p * v)) // p
         return kind, (fk // (p * v)) * p + fk % p, np.where(kind == 0, chunk, v - 1 - chunk)
-    raise ValueError(f"unknown schedule {schedule!r}")
+    units = get(schedule).order(p, m, v, s)  # the others (ZB-V, DualPipeV): from the unit list
+    if units:
+        rows = [(KINDS.index(u.kind), u.mb, u.chunk) for u in units]
+        return tuple(np.array(col, dtype=np.int64) for col in zip(*rows))
+    return z(0, np.int64), z(0, np.int64), z(0, np.int64)
 
 
 @dataclass(frozen=True)
@@ -100,7 +105,7 @@ def flat_units(schedule: str, p: int, m: int, v: int) -> Flat:
     kind, mb, chunk = (np.concatenate([r[i] for r in rows]) for i in range(3))
     stage = np.repeat(np.arange(p), length)
     n, pv = p * length, p * v
-    j = chunk * p + stage
+    j = np.asarray(get(schedule).virtual_stage(chunk, stage, p, v), dtype=np.int64)
     where = np.full((3, m, pv), n, dtype=np.int64)
     where[kind, mb, j] = np.arange(n)
     dj = np.where(kind == 0, j - 1, np.where(kind == 2, j, np.minimum(j + 1, pv - 1)))

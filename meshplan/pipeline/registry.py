@@ -4,7 +4,7 @@
 >>> get("interleaved_1f1b").torch_class, get(Schedule.ZB_H1).splits_backward
 ('ScheduleInterleaved1F1B', True)
 >>> [str(s) for s in SCHEDULES]
-['gpipe', '1f1b', 'interleaved_1f1b', 'zb_h1']
+['gpipe', '1f1b', 'interleaved_1f1b', 'zb_h1', 'zbv', 'dualpipev']
 """
 
 from __future__ import annotations
@@ -15,9 +15,12 @@ from meshplan.pipeline.gpipe import GPIPE
 from meshplan.pipeline.interleaved import INTERLEAVED
 from meshplan.pipeline.one_f_one_b import ONE_F_ONE_B
 from meshplan.pipeline.zb_h1 import ZB_H1
+from meshplan.pipeline.zbv import ZBV
+from meshplan.pipeline.dualpipev import DUALPIPEV
 from meshplan.spec.mesh import Schedule
 
-SCHEDULES: dict[Schedule, PipelineSchedule] = {s.name: s for s in (GPIPE, ONE_F_ONE_B, INTERLEAVED, ZB_H1)}
+SCHEDULES: dict[Schedule, PipelineSchedule] = {s.name: s for s in (GPIPE, ONE_F_ONE_B, INTERLEAVED, ZB_H1, ZBV,
+                                                                 DUALPIPEV)}
 
 
 def get(schedule: Schedule | str) -> PipelineSchedule:

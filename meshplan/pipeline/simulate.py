@@ -4,10 +4,11 @@ and a Chrome/Perfetto trace.
 
 Schedules (p stages, m micro-batches, v virtual stages per rank) are the registered ones
 (:data:`meshplan.pipeline.registry.SCHEDULES`): each module (:mod:`.gpipe`,
-:mod:`.one_f_one_b`, :mod:`.interleaved`, :mod:`.zb_h1`) gives its per-stage order, its
+:mod:`.one_f_one_b`, :mod:`.interleaved`, :mod:`.zb_h1`, :mod:`.zbv`, :mod:`.dualpipev`) gives its per-stage order, its
 chunk-to-virtual-stage map and its closed-form bubble for uniform stages and no p2p time
 (:func:`bubble_formula`): ``(p-1)/m`` for GPipe and 1F1B, ``(p-1)/(v m)`` interleaved,
-``(p-1)(F+B-W) / (m(F+B+W))`` ZB-H1 (m >= p, W <= min(F, B)); the simulation reproduces them.
+``(p-1)(F+B-W) / (m(F+B+W))`` ZB-H1 (m >= p, W <= min(F, B)), ``(p-1)(F+B-2W) / (m(F+B+W))``
+ZB-V; the simulation reproduces them.
 
 ``F``, ``B``, ``W`` are a stage's times for one micro-batch over all its layers; a chunk
 takes ``1/v`` of them. Unless the schedule splits the backward (``splits_backward``:
@@ -81,9 +82,10 @@ class PipelineSpec:
         if self.v > 1 and not self.sched.virtual_stages:
             chunked = " or ".join(s.name for s in SCHEDULES.values() if s.virtual_stages)
             raise ConfigError("mesh.virtual_stages", f"v {self.v} needs schedule {chunked}")
-        if self.sched.virtual_stages and self.m % self.p:
-            raise ConfigError("training.global_batch",
-                              f"{self.sched.title} needs m ({self.m}) divisible by p ({self.p})")
+        fixed = self.sched.chunks is not None
+        bad = self.sched.reasons(self.p, self.m, self.v) if self.sched.virtual_stages and (self.v > 1 or fixed) else []
+        if bad:  # the schedule's own rule (interleaved: m a multiple of p; V-shaped: v 2, DualPipeV m >= 2p)
+            raise ConfigError("mesh.pp_schedule", bad[0])
 
     @property
     def sched(self) -> PipelineSchedule:

@@ -25,7 +25,8 @@ from meshplan.fileio import write_output
 from meshplan.search.driver import SearchResult
 from meshplan.search.exact import Exact
 from meshplan.search.rank import RULE_LINE
-from meshplan.search.space import RECOMPUTE, REASONS, SHARDING, candidate_config, max_tp
+from meshplan.search.space import RECOMPUTE, REASONS, SHARDING, candidate_config, candidate_schedule, max_tp
+from meshplan.spec.mesh import Schedule
 from meshplan.units import GiB
 
 SCHEMA = "meshplan.search.driver/v1"
@@ -40,7 +41,7 @@ def row(r: SearchResult, e: Exact) -> dict[str, Any]:
             "recompute": RECOMPUTE[c.rc[i]], "virtual_stages": int(c.vpp[i]), "sharding": SHARDING[c.sh[i]],
             "feasible": e.feasible, "reasons": list(e.reasons), "peak_bytes": e.peak_bytes, "step_s": e.step_s,
             "reshard_after_forward": bool(c.rf[i]), "tp_comm_overlap": bool(c.ov[i]),
-            "ends_short_stages": bool(c.us[i]),
+            "ends_short_stages": bool(c.us[i]), "pp_schedule": str(candidate_schedule(int(c.vpp[i]), int(c.ps[i]))),
             "mfu": e.mfu, "tokens_per_s": e.tokens_per_s, "goodput": e.goodput,
             "gemm_efficiency": float(r.est.gemm[i]), "step_lower_bound_s": float(r.est.step_lo[i]),
             "step_parts_s": e.breakdown}
@@ -77,7 +78,9 @@ def header_lines(r: SearchResult) -> list[str]:
             "mesh order (pp, dp_replicate, dp_shard, cp, tp), tp innermost, ranks node-major; SP on when tp > 1; "
             f"tp <= {max_tp(cfg)}; [mesh] of the config ignored",
             "also searched: training.reshard_after_forward (FSDP-sharded parameters), training.tp_comm_overlap "
-            "(tp > 1), first and last stage lighter by one layer each (Llama 3 split, pp >= 3, vpp 1)",
+            "(tp > 1), first and last stage lighter by one layer each (Llama 3 split, pp >= 3, vpp 1)"
+            + "".join(f", pipeline schedule {x} (pp > 1, vpp 2)" for x in o.pp_schedules if x != "1f1b")
+            + ("" if "1f1b" in o.pp_schedules else "; pp > 1 only under those"),
             f"{len(r.candidates):,} candidates: {sum(1 for _ in REASONS) - 2} validity rules, memory bounds, "
             f"GEMM threshold {o.min_gemm_efficiency:.0%}; {len(r.exact)} planned exactly (build_plan + step_time) "
             f"in {r.wall_s:.1f} s"]
@@ -115,9 +118,11 @@ def print_search(r: SearchResult, console: Console, top: int | None = None) -> N
 
 def knobs(d: dict) -> str:
     """The searched training knobs that are not the default: ``keep gathered``
-    (reshard_after_forward false), ``tp overlap``, ``short ends`` (Llama 3 split)."""
+    (reshard_after_forward false), ``tp overlap``, ``short ends`` (Llama 3 split), a V-shaped
+    pipeline schedule (``zbv``, ``dualpipev``)."""
     on = [("keep gathered", not d["reshard_after_forward"]), ("tp overlap", d["tp_comm_overlap"]),
-          ("short ends", d["ends_short_stages"])]
+          ("short ends", d["ends_short_stages"]), (d.get("pp_schedule", ""), "pp_schedule" in d and Schedule(d["pp_schedule"])
+                                    is not candidate_schedule(d["virtual_stages"]))]
     return ", ".join(t for t, x in on if x) or "-"
 
 

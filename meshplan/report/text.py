@@ -146,7 +146,7 @@ def _shapes(plan: Plan, con: Console) -> None:
               f"{a.flops() / 1e9:.1f} GFLOP forward (causal, half of the full QK^T and PV)")
     for k, chunks in enumerate(plan.stages[:4]):
         layers = [i for c in chunks for i in c]
-        extra = (" + embedding" if k == 0 else "") + (" + final norm, output" if k == len(plan.stages) - 1 else "")
+        extra = (" + embedding" if k == 0 else "") + (" + final norm, output" if plan.stage(k).last else "")
         con.print(f"stage {k}: layers {fmt_ranks(layers)}{extra}")
     if len(plan.stages) > 4:
         con.print(f"... {len(plan.stages)} stages in all")

@@ -35,6 +35,7 @@ from meshplan.compute.ops import (
     optimizer_bandwidth,
     sequence_model_flops,
 )
+from meshplan.mesh.layers import last_stage
 from meshplan.pipeline.fast import KINDS, ArrayResult, Flat, simulate_arrays
 from meshplan.pipeline.simulate import Event, PipelineSpec, write_trace
 from meshplan.plan import Infeasible, Plan
@@ -72,10 +73,10 @@ def chunk_costs(plan, w: Workload, table: Optional[GemmTable] = None) -> list[li
             cache[moe] = layer_cost(model, gpu, w, layer=i, table=table)
         return cache[moe]
 
-    p, v = len(plan.stages), plan.vpp
+    p, v, last = len(plan.stages), plan.vpp, last_stage(plan.stages)  # last: 0 under a V-shaped schedule
     return [[ChunkCosts(layers=tuple(cost(i) for i in layers), moe=tuple(model.is_moe_layer(i) for i in layers),
                         embed=embedding_cost(model, gpu, w) if (s, c) == (0, 0) else None,
-                        head=head_cost(model, gpu, w, table) if (s, c) == (p - 1, v - 1) else None)
+                        head=head_cost(model, gpu, w, table) if (s, c) == (last, v - 1) else None)
              for c, layers in enumerate(chunks)] for s, chunks in enumerate(plan.stages)]
 
 

@@ -17,6 +17,9 @@ is held as its all-gather output and as the unsharded copy (:mod:`meshplan.memor
   last stage; (W) the last layer of the ``w``-th forward with its working set, its copy
   and (FSDP2's implicit forward prefetch) its all-gather output; (S) the
   optimizer step (all state + its foreach temporaries).
+- **V-shaped schedules** (ZB-V, DualPipeV, ``Stages.vshape``): the lower bound keeps F and W
+  without the embedding's, the head's and the kept roots' terms; the upper bound counts the
+  head's saved activations once per pass in flight.
 - **Upper bound**: all state + NCCL buffers + workspace + the saved activations of ``w``
   passes at the largest layer kind (embedding terms each pass; head terms once: the last
   stage runs a head pass's backward right after its forward) + the root units (copy and
@@ -120,7 +123,12 @@ def _lower(cfg, c, st, s, u, lo, layer_peak, hs, fixed) -> np.ndarray:
     out = np.maximum(out, pw)
     if per_mb:
         out = np.maximum(out, _steady(cfg, c, st, s, u, lo, layer_peak, hs, fixed, near, reduce))
-    return out
+    # V-shaped schedules (ZB-V, DualPipeV): only the terms that hold for any order, F and W
+    # without the embedding's, the head's and the kept roots' shares (the w-th forward may be
+    # either chunk's, and DualPipeV's first backward comes before its peak)
+    plain = init + st.w * st.n_chunk * lo["saved"]
+    pw_v = init + (st.w * st.n_chunk - 1) * lo["saved"] + np.where(F, u["unit_min"] * (1 + keep_output), 0) + lo["fwd"]
+    return np.where(st.vshape, np.maximum(plain, pw_v), out)
 
 
 def _steady(cfg, c, st, s, u, lo, layer_peak, hs, fixed, near, reduce) -> np.ndarray:
@@ -146,7 +154,9 @@ def _upper(cfg, c, st, s, u, hi, layer_peak, hs, fixed) -> np.ndarray:
     its largest (module docstring)."""
     o, F = cfg.memory, u["fsdp"]
     r = u["r"]
-    acts = st.w * (st.n_chunk * hi["saved"] + st.first * hs["embedding_saved"]) + st.last * hs["head_saved"]
+    # head terms once per pass in flight under a V (its chunk-1 passes), else once
+    acts = st.w * (st.n_chunk * hi["saved"] + st.first * hs["embedding_saved"]) \
+        + np.where(st.vshape, st.w, 1) * st.last * hs["head_saved"]
     depth = max(1, o.prefetch_layers, getattr(o, "forward_prefetch_layers", 0))
     few = (o.fsdp_reduce == "per_microbatch") & (c.rf[:, None] > 0)  # the candidate's reshard_after_forward
     held = np.where(few, (1 + depth) * u["unit_max"], 2 * st.n * u["unit_max"])  # copies and outputs of layers

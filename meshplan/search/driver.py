@@ -129,7 +129,9 @@ def refine(cfg: Config, c: Candidates, est: Estimates, idx: np.ndarray) -> None:
         st = stage_layout(cfg, g, int(p))
         u = unit_bounds(cfg, tt, g, st, state(cfg, tables, g, st))
         for v, m in sorted({(int(g.vpp[j]), int(micro[at[j]])) for j in range(len(g))}):
-            sel = np.flatnonzero((g.vpp == v) & (micro[at] == m))
+            # V-shaped schedules keep their closed-form bound: the unit bounds do not split the
+            # backward into input and weight gradients, which those DAGs need
+            sel = np.flatnonzero((g.vpp == v) & (micro[at] == m) & (g.ps == 0))
             part = {k: a[sel] for k, a in u.items()}
             i = idx[at[sel]]
             est.step_lo[i] = np.maximum(est.step_lo[i], pipeline_bound(part, v, m))

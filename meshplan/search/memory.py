@@ -25,13 +25,14 @@ from meshplan.mesh.resolve import resolved_mesh
 from meshplan.mesh.tpsplit import local_numel, local_rows, padded_vocab
 from meshplan.pipeline.registry import get
 from meshplan.search.space import (
+    PIPELINE,
     RECOMPUTE,
     SHARDING,
     Candidates,
     candidate_schedule,
     ends_short_split,
 )
-from meshplan.spec.mesh import MeshSpec
+from meshplan.spec.mesh import MeshSpec, Schedule
 from meshplan.units import dtype_bytes
 
 ACT_FIELDS = ("saved", "rework", "fwd_temp", "bwd_temp")
@@ -148,12 +149,13 @@ class Stages:
 
     k: np.ndarray          # stage index
     first: np.ndarray      # stage 0 (embedding)
-    last: np.ndarray       # stage pp-1 (head)
+    last: np.ndarray       # the output layer's stage (head): pp-1, or 0 under a V
     n: np.ndarray          # layers of the stage
     n_moe: np.ndarray      # MoE layers of the stage
     n_chunk: np.ndarray    # layers per chunk (virtual stage)
     w: np.ndarray          # chunk passes in flight at the first backward
     m: np.ndarray          # micro-batches per step (per candidate, broadcast)
+    vshape: np.ndarray     # a V-shaped schedule (ZB-V, DualPipeV; per candidate, broadcast)
 
 
 def stage_layout(cfg: Config, c: Candidates, p: int) -> Stages:
@@ -170,21 +172,27 @@ def stage_layout(cfg: Config, c: Candidates, p: int) -> Stages:
     if short is not None and c.us.any():  # the Llama 3 split where the candidate has it
         n = np.where(c.us[:, None] > 0, np.array(short, dtype=np.int64)[None, :], n)
     start = np.cumsum(n, axis=1) - n
+    ps = c.ps[:, None]
     if np.all(v == 1):
         n_dense = np.clip(D - start, 0, n)
     else:
         ch = n // v
         n_dense = np.zeros_like(n)
-        for j in range(int(c.vpp.max())):
-            lo = (j * p + k) * ch
-            n_dense += np.where(j < v, np.clip(D - lo, 0, ch), 0)
+        for j in range(int(c.vpp.max())):  # chunk j's virtual stage: the candidate's schedule's map
+            vs = np.where(ps > 0, get(Schedule.ZBV).virtual_stage(np.full_like(k, j), k, p, 2), j * p + k)
+            n_dense += np.where(j < v, np.clip(D - vs * ch, 0, ch), 0)
     m = (cfg.training.global_batch // (c.mb * c.dp))[:, None]
-    # chunk passes in flight: the candidate's schedule's own count (1F1B with vpp 1, else interleaved)
-    one, chunked = get(candidate_schedule(1)), get(candidate_schedule(2))
-    w = np.where(v == 1, one.in_flight(p, m, 1, k), chunked.in_flight(p, m, v, k))
+    # chunk passes in flight: the candidate's schedule's own count (1F1B with vpp 1, else
+    # interleaved, or the V-shaped one its ps names)
+    w = np.where(v == 1, get(candidate_schedule(1)).in_flight(p, m, 1, k),
+                 get(candidate_schedule(2)).in_flight(p, m, v, k))
+    for i in range(1, len(PIPELINE)):
+        w = np.where(ps == i, get(candidate_schedule(2, i)).in_flight(p, m, 2, k), w)
+    # the output layer's stage: the last, or stage 0 under a V (the schedule's last_stage)
+    last = np.where(ps > 0, k == 0, k == p - 1)
     return Stages(k=np.broadcast_to(k, n.shape), first=np.broadcast_to(k == 0, n.shape),
-                  last=np.broadcast_to(k == p - 1, n.shape), n=n, n_moe=n - n_dense, n_chunk=n // v, w=w,
-                  m=np.broadcast_to(m, n.shape))
+                  last=np.broadcast_to(last, n.shape), n=n, n_moe=n - n_dense, n_chunk=n // v, w=w,
+                  m=np.broadcast_to(m, n.shape), vshape=np.broadcast_to(ps > 0, n.shape))
 
 
 def _ceil_div(a, b):

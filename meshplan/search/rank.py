@@ -41,7 +41,7 @@ def simplicity(c: Candidates, i: int) -> tuple[int, int, int]:
     >>> import numpy as np
     >>> one = lambda v: np.array([v])
     >>> c = Candidates(pp=one(4), dpr=one(1), dps=one(8), cp=one(1), tp=one(2), ep=one(1), etp=one(1), mb=one(1),
-    ...                rc=one(0), vpp=one(1), sh=one(1), rf=one(1), ov=one(0), us=one(0))
+    ...                rc=one(0), vpp=one(1), sh=one(1), rf=one(1), ov=one(0), us=one(0), ps=one(0))
     >>> simplicity(c, 0)
     (3, 8, 2)
     """

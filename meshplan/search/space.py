@@ -26,6 +26,8 @@ Dimensions (each narrowed by :class:`~meshplan.spec.search.SearchOptions`):
 - ``training.reshard_after_forward`` true and false where parameters are FSDP-sharded
   (zero3 or hsdp with a shard degree > 1);
 - ``training.tp_comm_overlap`` off and on where tp > 1 (Megatron-LM ``--tp-comm-overlap``);
+- the pipeline schedule (``[search] pp_schedules``): 1F1B / interleaved 1F1B (``ps`` 0), and
+  where asked with pp > 1 and vpp 2 the V-shaped ZB-V (1) and DualPipeV (2);
 - with pp >= 3 and vpp 1, also :func:`ends_short_split` (first and last stage lighter by
   the embedding and the output layer, Llama 3's rule) where it differs from the default
   split. Not yet searched: uneven stages with vpp > 1 (the vectorised bounds assume equal
@@ -71,6 +73,7 @@ REASONS = (
     ("seq_tp", "sequence parallel: local seq not divisible by tp"),
     ("batch", "global_batch not divisible by micro_batch * dp"),
     ("interleaved", "interleaved 1F1B: micro-batches not divisible by pp"),
+    ("dualpipev", "DualPipeV: micro-batches fewer than 2 pp"),
     ("memory", "memory peak > usable"),
     ("gemm", "local GEMM efficiency below the threshold"),
 )
@@ -83,7 +86,8 @@ class Candidates:
     """One row per candidate; every column an int64 array. ``rc`` indexes
     :data:`RECOMPUTE`, ``sh`` indexes :data:`SHARDING`; ``rf``: reshard_after_forward (1/0),
     ``ov``: tp_comm_overlap (1/0), ``us``: the stages' layers by :func:`ends_short_split` (1)
-    or the default split (0; :func:`stage_split`)."""
+    or the default split (0; :func:`stage_split`); ``ps`` indexes :data:`PIPELINE` (the
+    pipeline schedule)."""
 
     pp: np.ndarray
     dpr: np.ndarray
@@ -99,6 +103,7 @@ class Candidates:
     rf: np.ndarray
     ov: np.ndarray
     us: np.ndarray
+    ps: np.ndarray
 
     def __len__(self) -> int:
         return int(self.pp.size)
@@ -129,7 +134,8 @@ class Candidates:
                 ("tp", self.tp), ("ep", self.ep), ("etp", self.etp)]
         mesh = " x ".join(f"{n} {int(a[i])}" for n, a in degs if a[i] > 1) or "1 rank"
         extra = "".join(t for on, t in ((not self.rf[i], ", keep gathered"), (self.ov[i], ", tp overlap"),
-                                         (self.us[i], ", short end stages")) if on)
+                                         (self.us[i], ", short end stages"), (self.ps[i], f", {PIPELINE[self.ps[i]]}"))
+                        if on)
         return (f"{mesh}, mb {int(self.mb[i])}, {RECOMPUTE[self.rc[i]]}, vpp {int(self.vpp[i])}, "
                 f"{SHARDING[self.sh[i]]}{extra}")
 
@@ -215,6 +221,12 @@ def enumerate_candidates(cfg: Config) -> Candidates:
     cols = _expand(cols, "ov", _flags(o.tp_comm_overlap, False), cols["tp"] > 1, 0)
     short = np.array([ends_short_split(layers, int(p)) is not None for p in range(cfg.cluster.world + 1)])
     cols = _expand(cols, "us", _flags(o.uneven_stages, False), short[cols["pp"]] & (cols["vpp"] == 1), 0)
+    piped = cols["pp"] > 1
+    cols = _expand(cols, "ps", [PIPELINE.index(x) for x in PIPELINE if x in o.pp_schedules],
+                   piped & (cols["vpp"] == 2), 0)
+    if "1f1b" not in o.pp_schedules:  # only the V-shaped schedules with pp > 1
+        keep = ~piped | (cols["ps"] > 0)
+        cols = {k: v[keep] for k, v in cols.items()}
     return Candidates(**cols)
 
 
@@ -270,7 +282,9 @@ def first_reason(cfg: Config, c: Candidates) -> np.ndarray:
         ("seq_tp", (c.tp > 1) & ((t.seq_len // c.cp) % c.tp != 0)),
         ("batch", t.global_batch % (c.mb * dp) != 0),
         # Interleaved1F1B.reasons: micro-batches a multiple of pp (candidates with vpp > 1 run it)
-        ("interleaved", (c.vpp > 1) & (micro % c.pp != 0)),
+        ("interleaved", (c.ps == 0) & (c.vpp > 1) & (micro % c.pp != 0)),
+        # DualPipeV.reasons: m >= 2 pp (torch ScheduleDualPipeV)
+        ("dualpipev", (c.ps == PIPELINE.index("dualpipev")) & (micro < 2 * c.pp)),
     ]
     out = np.full(len(c), OK, dtype=np.int64)
     for key, bad in reversed(rules):
@@ -278,19 +292,24 @@ def first_reason(cfg: Config, c: Candidates) -> np.ndarray:
     return out
 
 
-#: The schedule the search plans every candidate with (a candidate with vpp > 1 runs its
-#: ``chunked`` order, interleaved 1F1B).
+#: The schedule the search plans a candidate with by default (a candidate with vpp > 1 runs
+#: its ``chunked`` order, interleaved 1F1B).
 SEARCHED = Schedule.ONE_F_ONE_B
 
+#: Values of the ``ps`` column: the default family, then the V-shaped schedules
+#: (``[search] pp_schedules``).
+PIPELINE = ("1f1b", "zbv", "dualpipev")
 
-def candidate_schedule(vpp: int) -> Schedule:
-    """The schedule of a candidate with ``vpp`` chunks per rank: :data:`SEARCHED` with vpp
-    1, its ``chunked`` order (interleaved 1F1B) with vpp > 1.
 
-    >>> candidate_schedule(1), candidate_schedule(2)
-    (<Schedule.ONE_F_ONE_B: '1f1b'>, <Schedule.INTERLEAVED_1F1B: 'interleaved_1f1b'>)
+def candidate_schedule(vpp: int, ps: int = 0) -> Schedule:
+    """The schedule of a candidate with ``vpp`` chunks per rank and schedule column ``ps``:
+    :data:`SEARCHED` with vpp 1, its ``chunked`` order (interleaved 1F1B) with vpp > 1; the
+    V-shaped one ``ps`` names (:data:`PIPELINE`).
+
+    >>> candidate_schedule(1), candidate_schedule(2), candidate_schedule(2, 1)
+    (<Schedule.ONE_F_ONE_B: '1f1b'>, <Schedule.INTERLEAVED_1F1B: 'interleaved_1f1b'>, <Schedule.ZBV: 'zbv'>)
     """
-    return get(SEARCHED).for_chunks(vpp)
+    return Schedule(PIPELINE[ps]) if ps else get(SEARCHED).for_chunks(vpp)
 
 
 def stage_split(layers: int, pp: int, vpp: int, short: bool = False):
@@ -306,7 +325,7 @@ def stage_split(layers: int, pp: int, vpp: int, short: bool = False):
 
 def candidate_config(cfg: Config, c: Candidates, i: int) -> Config:
     """The plan input of candidate ``i``: ``cfg`` with its mesh (canonical order, degree-1
-    axes left out, SP on when tp > 1, 1F1B or interleaved 1F1B, its layer split) and the
+    axes left out, SP on when tp > 1, its pipeline schedule, its layer split) and the
     candidate's micro-batch, recompute, sharding, reshard_after_forward and tp_comm_overlap
     in the training contract."""
     degs = [("pp", c.pp), ("dp_replicate", c.dpr), ("dp_shard", c.dps), ("cp", c.cp), ("tp", c.tp),
@@ -315,7 +334,7 @@ def candidate_config(cfg: Config, c: Candidates, i: int) -> Config:
     pp, vpp, tp = int(c.pp[i]), int(c.vpp[i]), int(c.tp[i])
     mesh = MeshSpec(names=[n for n, _ in named], shape=[d for _, d in named], sequence_parallel=tp > 1,
                     virtual_stages=vpp, pp_layer_split=stage_split(cfg.model.layers, pp, vpp, bool(c.us[i])),
-                    pp_schedule=candidate_schedule(vpp))
+                    pp_schedule=candidate_schedule(vpp, int(c.ps[i])))
     training = cfg.training.model_copy(update={"micro_batch": int(c.mb[i]), "recompute": RECOMPUTE[c.rc[i]],
                                                "sharding": SHARDING[c.sh[i]],
                                                "reshard_after_forward": bool(c.rf[i]),

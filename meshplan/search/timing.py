@@ -28,6 +28,10 @@ It keeps only what the simulation (:mod:`meshplan.schedule.rank_timeline`, defau
   gradient reduce-scatter issued after the last unit's first layer) and ``drain_k +`` stage
   0's end.
 
+Under a V-shaped schedule (ZB-V, DualPipeV) only the fill and every stage's busy time and
+end are kept (the last unit is a weight gradient; the gradient returns through input
+gradients whose bound the units do not separate).
+
 A middle stage's collectives are counted as its own table or stage 0's would count them,
 whichever is less, so the bound holds with either convention of
 :func:`~meshplan.schedule.steptime.step_time`. Tests check ``bound <= step_time`` on every
@@ -261,9 +265,9 @@ def gathering_passes(cfg: Config, c: Candidates, st: Stages) -> tuple[np.ndarray
     g = np.zeros((2, len(c), p))
     if p == 1:
         return g[0], g[1]
-    for m, v, rf in {(int(a), int(b), bool(r)) for a, b, r in zip(st.m[:, 0], c.vpp, c.rf)}:
-        rows = (st.m[:, 0] == m) & (c.vpp == v) & ((c.rf > 0) == rf)
-        g[:, rows, :] = _gathers(candidate_schedule(v), p, m, v, rf)[:, None, :]
+    for m, v, rf, ps in {(int(a), int(b), bool(r), int(x)) for a, b, r, x in zip(st.m[:, 0], c.vpp, c.rf, c.ps)}:
+        rows = (st.m[:, 0] == m) & (c.vpp == v) & ((c.rf > 0) == rf) & (c.ps == ps)
+        g[:, rows, :] = _gathers(candidate_schedule(v, ps), p, m, v, rf)[:, None, :]
     return g[0], g[1]
 
 
@@ -300,7 +304,11 @@ def step_lower_bound(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: 
     path = (f0.sum(axis=1, keepdims=True) + b0.sum(axis=1, keepdims=True) + (st.m - 1) * b0
             + (st.m - st.w) * f0 + 2 * (st.k.shape[1] - 1) * p2p)
     one_f = np.maximum(path + tail[:, :1] + end[:, :1], path - drain + tail + end).max(axis=1)
-    return np.where(c.vpp == 1, np.maximum(out, one_f), out)
+    # V-shaped schedules: stage k still starts after micro-batch 0's chunk-0 forward through
+    # stages 0..k-1 and runs every unit, but its last unit is a weight gradient (tail not
+    # bounded here) and the gradient's way back runs input gradients only (no drain bound)
+    v_out = (fill + busy + end).max(axis=1)
+    return np.where(st.vshape[:, 0], v_out, np.where(c.vpp == 1, np.maximum(out, one_f), out))
 
 
 def _stage_end(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: dict, cm: dict):

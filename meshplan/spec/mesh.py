@@ -26,6 +26,8 @@ class Schedule(StrEnum):
     ONE_F_ONE_B = "1f1b"
     INTERLEAVED_1F1B = "interleaved_1f1b"
     ZB_H1 = "zb_h1"
+    ZBV = "zbv"
+    DUALPIPEV = "dualpipev"
 
 
 class MeshSpec(BaseModel):

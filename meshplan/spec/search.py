@@ -19,6 +19,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 Recompute = Literal["none", "selective", "full"]
 Sharding = Literal["zero1", "zero3", "hsdp"]
+#: Pipeline schedules the search plans: ``1f1b`` (1F1B with vpp 1, interleaved 1F1B with
+#: vpp > 1) and the V-shaped ``zbv`` and ``dualpipev`` (vpp 2).
+SearchedSchedule = Literal["1f1b", "zbv", "dualpipev"]
 
 
 def _all_recompute() -> list[Recompute]:
@@ -49,6 +52,10 @@ class SearchOptions(BaseModel):
       ``training.tp_comm_overlap`` (where tp > 1) and of the Llama 3 split with the first and
       last stage lighter (where pp >= 3, vpp 1, and it differs from the default); default
       both values of each.
+    - ``pp_schedules``: pipeline schedules of candidates with pp > 1 (default ``["1f1b"]``:
+      1F1B with vpp 1, interleaved 1F1B with vpp > 1); ``zbv`` and ``dualpipev`` add the
+      V-shaped schedules (torch ``ScheduleZBVZeroBubble``, ``ScheduleDualPipeV``) on
+      candidates with vpp 2; leaving ``1f1b`` out keeps only those with pp > 1.
     - ``max_tp``: largest tp (default: GPUs per NVLink domain, so tp groups stay on NVLink).
     - ``top``: candidates printed (default 10).
     - ``min_gemm_efficiency``: the declared kernel-efficiency threshold: FLOP-weighted
@@ -94,6 +101,7 @@ class SearchOptions(BaseModel):
     reshard_after_forward: Optional[list[bool]] = None
     tp_comm_overlap: Optional[list[bool]] = None
     uneven_stages: Optional[list[bool]] = None
+    pp_schedules: list[SearchedSchedule] = Field(default_factory=lambda: ["1f1b"])
     max_tp: Optional[int] = Field(default=None, gt=0)
     top: int = Field(default=10, gt=0)
     min_gemm_efficiency: float = Field(default=0.5, ge=0, le=1)
@@ -117,7 +125,8 @@ class SearchOptions(BaseModel):
                 raise ValueError(f"degrees and sizes must be >= 1 (got {bad[0]})")
         return v
 
-    @field_validator("recompute", "sharding", "reshard_after_forward", "tp_comm_overlap", "uneven_stages")
+    @field_validator("recompute", "sharding", "reshard_after_forward", "tp_comm_overlap", "uneven_stages",
+                     "pp_schedules")
     @classmethod
     def _nonempty(cls, v):
         if v is not None and not v:

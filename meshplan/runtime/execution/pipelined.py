@@ -5,8 +5,11 @@ stages, run by the schedule the config names.
   :class:`~meshplan.runtime.execution.model.Transformer`: the embedding on the first virtual stage, the
   layers ``plan.stages[k][c]`` (module names as in the full model: ``layers.<i>...``), the final
   norm and output layer on the last one. Chunk ``c`` of pipeline rank ``k`` is virtual stage
-  ``c * pp + k`` (Megatron's interleaved assignment, :func:`meshplan.mesh.layers.stage_layers`;
-  the order torch's looped interleaved schedule expects).
+  ``virtual_stage(c, k)`` of the schedule: ``c * pp + k`` looped (Megatron's interleaved
+  assignment, :func:`meshplan.mesh.layers.stage_layers`; the order torch's looped interleaved
+  schedule expects), ``k`` and ``2 pp - 1 - k`` V-shaped (ZB-V, DualPipeV: rank 0 holds the
+  embedding chunk and the output chunk; torch hands the activation from rank pp - 1's chunk 0
+  to its chunk 1 locally, no send).
 - Each chunk is parallelised in torchtitan's order (``torchtitan/models/llama3/infra/
   parallelize.py`` then ``distributed/pipeline_parallel.py``): tensor (and sequence)
   parallelism on the ``tp`` sub-mesh with :func:`~meshplan.runtime.execution.parallelize.apply_tp` (the
@@ -28,8 +31,9 @@ stages, run by the schedule the config names.
   over the embedding group after the schedule). :func:`unsupported` names what is refused.
 - :class:`PipelineRunner`: one step = ``schedule.step(tokens, target=labels, losses=...)``
   (``mesh.pp_schedule``: the registered schedule's ``torch_class``, :mod:`meshplan.pipeline`:
-  gpipe -> ScheduleGPipe, 1f1b -> Schedule1F1B, interleaved_1f1b -> ScheduleInterleaved1F1B;
-  those with ``runs_in_validate``) with the plan's micro-batch count; the loss function (cross entropy)
+  gpipe -> ScheduleGPipe, 1f1b -> Schedule1F1B, interleaved_1f1b -> ScheduleInterleaved1F1B,
+  zbv -> ScheduleZBVZeroBubble, dualpipev -> ScheduleDualPipeV; those with ``runs_in_validate``)
+  with the plan's micro-batch count; the loss function (cross entropy)
   runs on the last stage inside the schedule (under ``loss_parallel()`` when the logits are
   vocabulary-sharded; its collectives are phase ``loss``), backward too; then AdamW.
 - Memory (:meth:`PipelineRunner.memory_tracker`): FSDPMemTracker / MemTracker work under a
@@ -65,6 +69,7 @@ from torch.profiler import record_function
 
 from meshplan.errors import ConfigError
 from meshplan.pipeline.registry import SCHEDULES, get
+from meshplan.spec.mesh import Schedule
 from meshplan.runtime.execution.model import Transformer
 from meshplan.runtime.execution.pipelined_stage import (  # noqa: F401
     StageModule,
@@ -92,6 +97,13 @@ def unsupported(mesh, training, schedule: str, model_spec=None) -> Optional[str]
                 "reduce-scattering and resharding every micro-batch (torch 2.13), unlike the plan's table")
     if training.sharding not in ("zero3", "hsdp"):
         return f"sharding {training.sharding!r}: only zero3 (FSDP2) and hsdp are built"
+    if get(schedule).name is Schedule.ZBV and mesh.degree("fsdp") * mesh.degree("dp_replicate") > 1:
+        return ("zbv with FSDP2 over a data axis: torch 2.13's ScheduleZBVZeroBubble reduce-scattered one of pp rank "
+                "0's two layer units once per step and the other never (measured: pp 2 x dp_shard 2, 4 layers), unlike "
+                "the plan's table; dualpipev reduces both")
+    if model_spec is not None and model_spec.tied_embeddings and get(schedule).last_stage(mesh.degree("pp"), 2) == 0:
+        return (f"tied embeddings with {schedule}: the embedding and the output layer are two chunks of rank 0 "
+                "(a V); sharing one weight across two pipeline stages is not built")
     if model_spec is not None and model_spec.tied_embeddings and mesh.degree("pp") > 2:
         return ("tied embeddings with pp > 2: the embedding group (first and last stage) is no axis of the mesh, "
                 "so the comparison cannot name it; pp = 2 is built")
@@ -118,8 +130,9 @@ def build_stages(plan: dict, model_spec, training, mesh, dm, vocab: int, seed: i
     with torch.device("meta"):
         full = Transformer(model_spec, vocab=vocab, tp=tp, recompute=training.recompute == "full")
     modules = []
+    sched_obj = get(schedule)  # its chunk map: looped c * pp + k, or a V (zbv, dualpipev)
     for c, layers in enumerate(stages_layers[k]):
-        v = c * pp + k
+        v = int(sched_obj.virtual_stage(c, k, pp, vpp))
         modules.append(StageModule(full, layers, first=v == 0, last=v == n_virtual - 1, seq_split=tp if sp else 1))
     # torchtitan's order: cp, TP, EP on the stage, then FSDP2, then PipelineStage
     expert_mesh = parallelize_stage(modules, mesh, training, dm, loss_parallel(plan, mesh), device)
@@ -133,7 +146,7 @@ def build_stages(plan: dict, model_spec, training, mesh, dm, vocab: int, seed: i
     group = dm["pp"].get_group()
     pstages = []
     for c, m in enumerate(modules):
-        v = c * pp + k
+        v = int(sched_obj.virtual_stage(c, k, pp, vpp))
         inp = torch.empty(b, s, dtype=torch.long, device="meta") if v == 0 else act
         out = torch.empty(b, s, vocab, device="meta", requires_grad=True) if v == n_virtual - 1 else act
         pstages.append(PipelineStage(m, v, n_virtual, torch.device(device), input_args=(inp,), output_args=(out,),
@@ -148,6 +161,7 @@ def build_stages(plan: dict, model_spec, training, mesh, dm, vocab: int, seed: i
             raise ConfigError("mesh.pp_schedule", f"{schedule} runs one stage per rank; vpp is {vpp}")
         sched = cls(pstages[0], micro, loss_fn=loss)
     sched.meshplan_loss = loss
+    sched.meshplan_splits_backward = get(schedule).splits_backward
     sched.meshplan_tied = tied_embedding_sync(modules, mesh, dm)
     return modules, pstages, sched, expert_mesh
 
@@ -256,11 +270,17 @@ class PipelineRunner:
         stage module, else MemTracker over every stage module and the optimizer. Each stage
         module's tracker entry is restarted before each of its micro-batch forwards (see
         :func:`instrument`), so the per-module snapshots are the last micro-batch's; the
-        peak snapshot covers the whole step."""
+        peak snapshot covers the whole step. Refused (NotImplementedError, the worker then
+        samples the resident set) under a schedule that splits the backward."""
         from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
         from torch.distributed._tools.mem_tracker import MemTracker
         from torch.distributed.fsdp import FSDPModule
 
+        # refused before the step: a step that fails inside the schedule leaves FSDP units unsharded
+        if getattr(self.sched, "meshplan_splits_backward", False):
+            raise NotImplementedError("MemTracker's module hooks break a split backward (torch 2.13: the input-gradient "
+                                      "autograd.grad meets their multi-grad hooks, 'A leaf node was passed to "
+                                      "_will_engine_execute_node'); ZB-V and DualPipeV are measured by resident set")
         if isinstance(self.model, FSDPModule):
             self.tracker, name = FSDPMemTracker(self.model, self.opt), "FSDPMemTracker"
         else:
