@@ -21,7 +21,6 @@ from typing import Optional
 
 from meshplan import __version__
 from meshplan.compute.gemm import gemm_efficiency
-from meshplan.errors import ConfigError
 from meshplan.fileio import check_destination, staged_folder, write_output
 from meshplan.plan import Infeasible, Plan
 from meshplan.report.html import esc, lines, page, section, table
