@@ -18,7 +18,7 @@ import shutil
 import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import NoReturn, Optional
+from typing import Any, NoReturn, Optional
 
 import typer
 from rich.console import Console
@@ -949,7 +949,7 @@ def bench_attention(config: Path = typer.Argument(..., help="TOML config whose l
 
 # typer raises click's UsageError (BadParameter's base); typer >= 0.2x vendors click, so the
 # class is taken from the public BadParameter rather than imported from either package.
-_USAGE_ERROR = typer.BadParameter.__mro__[1]
+X
 
 
 def _usage_line(e) -> Optional[str]:

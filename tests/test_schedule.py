@@ -176,9 +176,13 @@ def test_tp_collectives_block_unless_overlapped():
     assert f.exposed_s["tp"] == pytest.approx(16 * t)
     fo = forward_unit(ch, comm, w, Overlap(tp=True))
     assert fo.duration_s == pytest.approx(4 * c.forward_s)  # blocks are longer than 2 collectives
-    # backward: the AG before each block blocks; the RS runs during the weight-gradient GEMMs
+    # backward, torch (default): the AG before each block and the RS after its weight gradients block
     b = backward_unit("B", ch, comm, w, Overlap())
-    assert b.exposed_s["tp"] == pytest.approx(8 * t)
+    assert b.exposed_s["tp"] == pytest.approx(16 * t)
+    # Megatron (tp_grad): the RS runs during the weight-gradient GEMMs; the re-gather of the
+    # column-parallel input (SP) runs during its input-gradient GEMM: only the 8 AGs block
+    bm = backward_unit("B", ch, comm, w, Overlap(tp_grad=True))
+    assert bm.exposed_s["tp"] == pytest.approx(8 * t)
     bx = backward_unit("Bx", ch, comm, w, Overlap())  # ZB: no W to hide the RS behind
     assert bx.exposed_s["tp"] == pytest.approx(16 * t)
 

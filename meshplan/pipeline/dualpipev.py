@@ -66,13 +66,21 @@ class DualPipeV(VShaped):
         for _ in range(2 * (p - s - 1)):
             f(0)
         for _ in range(s + 1):
-            f(0), f(1)
+            f(0)
+            f(1)
         for _ in range(p - s - 1):
-            b(1, True), w(), f(1)
+            b(1, True)
+            w()
+            f(1)
         for i in range(m - 2 * p + s + 1):
-            f(0), b(1, False), f(1), b(0, False)
+            f(0)
+            b(1, False)
+            f(1)
+            b(0, False)
         for _ in range(p - s - 1):
-            b(1, False), f(1), b(0, False)
+            b(1, False)
+            f(1)
+            b(0, False)
         split, half = False, (s + 1) // 2
         for i in range(s + 1):
             split = split or (i == half and s % 2 == 1)
@@ -80,7 +88,8 @@ class DualPipeV(VShaped):
             split = split or (i == half and s % 2 == 0)
             b(0, split)
         for _ in range(p - s - 1):
-            w(), b(0, split)
+            w()
+            b(0, split)
         for _ in range(s + 1):
             w()
         return out

@@ -73,7 +73,8 @@ def order_arrays(schedule: str, p: int, m: int, v: int, s: int) -> tuple[np.ndar
     units = get(schedule).order(p, m, v, s)  # the others (ZB-V, DualPipeV): from the unit list
     if units:
         rows = [(KINDS.index(u.kind), u.mb, u.chunk) for u in units]
-        return tuple(np.array(col, dtype=np.int64) for col in zip(*rows))
+        kinds, mbs, chunks = (np.array(col, dtype=np.int64) for col in zip(*rows))
+        return kinds, mbs, chunks
     return z(0, np.int64), z(0, np.int64), z(0, np.int64)
 
 

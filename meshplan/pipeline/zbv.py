@@ -55,17 +55,26 @@ class ZBVZeroBubble(VShaped):
         for _ in range(2 * (p - s) - 1):
             run("F", 0)
         for _ in range(s):
-            run("F", 1), run("F", 0)
+            run("F", 1)
+            run("F", 0)
         for _ in range(p - s):
-            run("F", 1), run("B", 1), run("W", 1)
+            run("F", 1)
+            run("B", 1)
+            run("W", 1)
         while nf[1] < nf[0] or nf[0] < n:
             if nf[0] < n:
                 run("F", 0)
-            run("B", 0), run("W", 0), run("F", 1), run("B", 1), run("W", 1)
+            run("B", 0)
+            run("W", 0)
+            run("F", 1)
+            run("B", 1)
+            run("W", 1)
         for _ in range(s):
-            run("B", 0), run("B", 1)
+            run("B", 0)
+            run("B", 1)
         for _ in range(p - s):
-            run("B", 0), run("W", 0)
+            run("B", 0)
+            run("W", 0)
         for c in (1, 0):
             while nw[c] < nb[c]:
                 run("W", c)

@@ -341,8 +341,8 @@ def _unit_exposure(res: ArrayResult, s: int, units: UnitTimes, keys: list, key_i
 
 def _optimizer_s(plan, s: int) -> float:
     st = plan.state[s]
-    return optimizer_step_s(*(st.bytes_of(k) for k in ("params", "grads", "master", "optimizer")),
-                            plan.config.training, optimizer_bandwidth(plan.config.cluster.gpu))
+    return optimizer_step_s(st.bytes_of("params"), st.bytes_of("grads"), st.bytes_of("master"),
+                            st.bytes_of("optimizer"), plan.config.training, optimizer_bandwidth(plan.config.cluster.gpu))
 
 
 def _stage_end(plan, s, spec, mine, units, comm: CommTimes, ov) -> tuple[float, list[Event], dict]:

@@ -101,7 +101,7 @@ class SearchOptions(BaseModel):
     reshard_after_forward: Optional[list[bool]] = None
     tp_comm_overlap: Optional[list[bool]] = None
     uneven_stages: Optional[list[bool]] = None
-    pp_schedules: list[SearchedSchedule] = Field(default_factory=lambda: ["1f1b"])
+    pp_schedules: list[SearchedSchedule] = Field(default_factory=lambda: list[SearchedSchedule](["1f1b"]))
     max_tp: Optional[int] = Field(default=None, gt=0)
     top: int = Field(default=10, gt=0)
     min_gemm_efficiency: float = Field(default=0.5, ge=0, le=1)

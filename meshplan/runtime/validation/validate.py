@@ -325,7 +325,8 @@ def _run_world(config: Config, world: int, opt: Options, folder: Path, work: Pat
                 "timed_out": outcome.timed_out, "message": f"node {opt.node_rank}: torchrun exited "
                 f"{'at the time limit' if outcome.timed_out else outcome.returncode}; node 0 compares the run with "
                 f"the plan in {folder}"}
-    result = {"world": world, "notes": notes, "host": host.verdict(world, before, host.state()),
+    host_record = host.verdict(world, before, host.state())
+    result = {"world": world, "notes": notes, "host": host_record,
               "elapsed_s": round(outcome.elapsed_s, 2),
               "returncode": outcome.returncode, "timed_out": outcome.timed_out, "leftover_pids": outcome.leftover_pids}
     if nic_bytes is not None:
@@ -346,7 +347,7 @@ def _run_world(config: Config, world: int, opt: Options, folder: Path, work: Pat
     if opt.testbed:  # bytes per NIC over the steps against the plan (meshplan.runtime.testbed.nics)
 
         comp["predicted_vs_measured"] += nic_rows(plan, folder, nic_bytes)
-    host.mark(comp["predicted_vs_measured"], result["host"])
+    host.mark(comp["predicted_vs_measured"], host_record)
     result.update(ok=comp["ok"], stage="compare", message=comp["message"], comparison=comp)
     write_world_evidence(folder, result)
     return result
