@@ -949,7 +949,7 @@ def bench_attention(config: Path = typer.Argument(..., help="TOML config whose l
 
 # typer raises click's UsageError (BadParameter's base); typer >= 0.2x vendors click, so the
 # class is taken from the public BadParameter rather than imported from either package.
-X
+_USAGE_ERROR: Any = typer.BadParameter.__mro__[1]  # click's UsageError (show(), exit_code)
 
 
 def _usage_line(e) -> Optional[str]:
