@@ -203,6 +203,10 @@ def build_plan(config: Config, constraints: cons.Constraints | None = None) -> P
         raise ConfigError("mesh.world", f"{world} ranks but the cluster has {c.world} GPUs "
                           f"({c.nodes} nodes x {c.node.gpus}); use fewer ranks or more nodes")
     mesh = resolve_mesh(spec, world, gpus_per_node=c.node.gpus)
+    if t.grad_accumulation != "sync" and not isinstance(mesh, resolve.Infeasible) and mesh.degree("pp") > 1:
+        raise ConfigError("training.grad_accumulation", f"{t.grad_accumulation!r} is for pp 1; with pp "
+                          f"{mesh.degree('pp')} torch.distributed.pipelining turns gradient sync and "
+                          "reshard-after-backward off itself: remove the key")
     if constraints is None:
         constraints = cons.constraints(m, t, c, world)
     if isinstance(mesh, resolve.Infeasible):

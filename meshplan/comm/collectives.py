@@ -37,7 +37,11 @@ Conventions, matched op by op against what torch 2.13 issues for DTensor TP/SP a
   and its gradients reduce-scattered in backward, every micro-batch. FSDP2 pads dim 0 of each
   parameter to a multiple of the shard degree (:func:`~meshplan.mesh.tpsplit.fsdp_padded_numel`).
   HSDP all-reduces each unit's gradient shard over dp_replicate. Expert weights form their
-  own unit over efsdp (torchtitan).
+  own unit over efsdp (torchtitan). Gradient accumulation with pp 1
+  (``training.grad_accumulation``): ``no_sync`` reduce-scatters (and HSDP all-reduces) once
+  per step, in the last micro-batch; ``no_sync_unsharded`` also gathers in forward only in
+  micro-batch 0 (:func:`_accumulation_gathers`); measured with torch 2.13's FSDP2 on the
+  fake process group (``tests/test_grad_accumulation.py``).
 - ZeRO-1/2 (Megatron distributed optimizer): one gradient reduce-scatter and one parameter
   all-gather per step, as one bucket per stage. DDP (none): one backward all-reduce of all gradients
   in the parameter dtype, torch 2.13's first step (:func:`meshplan.runtime.execution.parallelize.apply_ddp`).
@@ -381,10 +385,10 @@ def _dp_rows(add, c: _Ctx) -> None:
             root = label.startswith("root")
             cadence = f"per {label}" if root else f"every {label}"
             per_step = _pipelined_gathers(c, root, [u[3] for u in units if u[:3] == (label, axis, numel)]) \
-                if pipelined else None
+                if pipelined else _accumulation_gathers(c, root, n)
             fwd = (0, per_step[0]) if per_step is not None else (n, None)
             back = (0, per_step[1]) if per_step is not None else (0 if root or not t.reshard_after_forward else n, None)
-            red = (0, n) if pipelined else (n, None)
+            red = (0, n) if pipelined or t.grad_accumulation != "sync" else (n, None)
             add(axis, "forward", "all-gather", numel * dtype_bytes(ag), ag, fwd[0], cadence, f"the {label}'s GEMMs", 7,
                 per_step=fwd[1])
             add(axis, "backward", "all-gather", numel * dtype_bytes(ag), ag, back[0], cadence,
@@ -421,14 +425,36 @@ def _pipelined_gathers(c: _Ctx, root: bool, chunks: list[int]) -> tuple[int, int
     return sum(per[(ch, "F")] for ch in chunks), sum(per[(ch, "B")] for ch in chunks)
 
 
+def _accumulation_gathers(c: _Ctx, root: bool, n: int) -> Optional[tuple[int, int]]:
+    """(forward, backward) all-gathers per step of ``n`` FSDP units of one kind with pp 1
+    under ``training.grad_accumulation`` (None for ``sync``: ``n`` per micro-batch, the
+    table's per-micro-batch rows). ``no_sync`` gathers as ``sync`` does (parameters are
+    resharded after every backward); ``no_sync_unsharded`` keeps them gathered from a
+    backward to the next forward, so only micro-batch 0's forward gathers, and backward
+    gathers every micro-batch only when ``reshard_after_forward`` (never the root, which
+    FSDP2 does not reshard after forward). The walk is :func:`fsdp_gather_flags` on pp 1.
+
+    With m = 4 micro-batches, reshard_after_forward true, 3 layer units: ``no_sync``
+    gathers (12, 12), ``no_sync_unsharded`` (3, 12), its root (1, 0).
+    """
+    mode = c.training.grad_accumulation
+    if mode == "sync":
+        return None
+    flags = fsdp_gather_flags(c.schedule, 1, c.micro, 1, 0, c.training.reshard_after_forward and not root,
+                              reshard_after_backward=mode == "no_sync")
+    per = Counter(k for (_, k, _), g in flags.items() if g)
+    return n * per["F"], n * per["B"]
+
+
 def fsdp_gather_flags(schedule: Schedule, pp: int, micro: int, vpp: int, stage: int,
-                      reshard: bool) -> dict[tuple[int, str, int], bool]:
+                      reshard: bool, reshard_after_backward: bool = False) -> dict[tuple[int, str, int], bool]:
     """Whether each F or B pass ``(chunk, kind, micro-batch)`` of stage ``stage`` all-gathers
     its chunk's FSDP units, as torch ``PipelineStage`` runs FSDP2 with pp > 1: gradient sync
     and reshard-after-backward are off for every backward but the last, so a unit stays
     gathered after a backward, is resharded after a forward when ``reshard`` (FSDP2's
     ``reshard_after_forward``; never the root), and is gathered whenever a pass finds it
-    sharded. Walks :func:`meshplan.pipeline.simulate.stage_order`.
+    sharded. Walks :func:`meshplan.pipeline.simulate.stage_order`. ``reshard_after_backward``
+    (pp 1, ``training.grad_accumulation = "no_sync"``): every backward but the last reshards.
 
     >>> f = fsdp_gather_flags("1f1b", 2, 3, 1, 0, reshard=False)
     >>> [k for k, g in f.items() if g]
@@ -443,7 +469,7 @@ def fsdp_gather_flags(schedule: Schedule, pp: int, micro: int, vpp: int, stage: 
         if u.kind not in ("F", "B"):
             continue
         out[(u.chunk, u.kind, u.mb)] = sharded[u.chunk]
-        sharded[u.chunk] = reshard if u.kind == "F" else False
+        sharded[u.chunk] = reshard if u.kind == "F" else reshard_after_backward
     return out
 
 

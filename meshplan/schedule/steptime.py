@@ -178,19 +178,23 @@ class UnitTimes:
     gradient unit, FSDP flags, reduce). FSDP flags (gather layers, gather root): without pp
     every pass gathers (the backward only where the table has a backward all-gather) and
     every gradient pass reduce-scatters; with pp they follow
-    :func:`meshplan.comm.collectives.fsdp_gather_flags` and the chunk's last gradient unit.
+    :func:`meshplan.comm.collectives.fsdp_gather_flags` and the chunk's last gradient unit,
+    and so do they with pp 1 under ``training.grad_accumulation`` ``no_sync`` (parameters
+    resharded after every backward) or ``no_sync_unsharded`` (kept gathered).
     A chunk whose costs and stage collectives equal an earlier stage's (the middle stages)
     reuses its timelines: they are pure functions of those inputs, times from the unit start."""
 
-    def __init__(self, spec: PipelineSpec, chunks, comms, w, ov, reshard: bool, fsdp: bool):
+    def __init__(self, spec: PipelineSpec, chunks, comms, w, ov, reshard: bool, fsdp: bool,
+                 accumulation: str = "sync"):
         self.spec, self.chunks, self.comms, self.w, self.ov = spec, chunks, comms, w, ov
         self.cache: dict = {}
         self.shared: dict = {}
         self.flags: dict = {}
-        if spec.p > 1 and fsdp:
+        if fsdp and (spec.p > 1 or accumulation != "sync"):
+            rab = spec.p == 1 and accumulation == "no_sync"
             for s in range(spec.p):
-                lay = fsdp_gather_flags(spec.schedule, spec.p, spec.m, spec.v, s, reshard)
-                root = fsdp_gather_flags(spec.schedule, spec.p, spec.m, spec.v, s, False)
+                lay = fsdp_gather_flags(spec.schedule, spec.p, spec.m, spec.v, s, reshard, rab)
+                root = fsdp_gather_flags(spec.schedule, spec.p, spec.m, spec.v, s, False, rab)
                 self.flags[s] = {k: (g, root[k]) for k, g in lay.items()}
 
     def key(self, s: int, chunk: int, kind: str, mb: int) -> tuple:
@@ -333,7 +337,7 @@ def step_time(plan: Plan, overlap: Overlap = Overlap(), *, dropout: bool = False
     chunks = chunk_costs(plan, w, table)
     base = PipelineSpec(Schedule(schedule or plan.spec.pp_schedule), p, m, v, p2p_s=max(c.p2p_s for c in comms))
     units = UnitTimes(base, chunks, comms, w, overlap, cfg.training.reshard_after_forward,
-                      cfg.training.sharding in ("zero3", "hsdp"))
+                      cfg.training.sharding in ("zero3", "hsdp"), cfg.training.grad_accumulation)
     spec = PipelineSpec(base.schedule, p, m, v, p2p_s=base.p2p_s,
                         duration=lambda s, u: units.get(s, u.chunk, u.kind, u.mb).duration_s)
     indexed: list = []

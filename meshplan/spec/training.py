@@ -28,6 +28,16 @@ class TrainingSpec(BaseModel):
     ``tp_comm_overlap``: TP collectives overlap the GEMMs of their block (Megatron-LM
     ``--tp-comm-overlap``, Transformer Engine userbuffers); off: they block (torchtitan's
     default).
+    ``grad_accumulation``: what FSDP2 (zero3, hsdp) does on the micro-batches of a step before
+    the last one (gradient accumulation, pp 1). ``sync`` (FSDP2's default): every micro-batch
+    reduce-scatters its gradients and reshards after backward. ``no_sync``:
+    ``set_requires_gradient_sync(False)`` on those micro-batches: no reduce-scatter, each
+    unit's unsharded gradient accumulates in the reduce dtype until the last micro-batch
+    (FSDP2 ``FSDPParam.to_accumulated_grad_if_needed``), parameters resharded after backward
+    as usual. ``no_sync_unsharded``: also ``set_reshard_after_backward(False)``: parameters
+    stay gathered from a backward to the next forward, so only micro-batch 0's forward
+    all-gathers (what ``torch.distributed.pipelining`` does itself with pp > 1). The last
+    micro-batch always syncs and reshards.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
@@ -50,11 +60,15 @@ class TrainingSpec(BaseModel):
     vocab_pad_divisor: int = Field(default=128, gt=0)
     grad_reduce_dtype: Optional[Literal["fp32", "bf16", "param"]] = None
     tp_comm_overlap: bool = False
+    grad_accumulation: Literal["sync", "no_sync", "no_sync_unsharded"] = "sync"
 
     @model_validator(mode="after")
     def _check(self):
         if self.micro_batch > self.global_batch:
             raise ValueError(f"micro_batch {self.micro_batch} > global_batch {self.global_batch}")
+        if self.grad_accumulation != "sync" and self.sharding not in ("zero3", "hsdp"):
+            raise ValueError(f"grad_accumulation {self.grad_accumulation!r} is an FSDP2 mode (sharding zero3 or "
+                             f"hsdp); sharding {self.sharding!r} keeps the default 'sync': remove the key")
         return self
 
     @property
