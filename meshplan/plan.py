@@ -29,6 +29,7 @@ from meshplan.compute.shapes import (
     layer_gemms,
     output_gemm,
 )
+from meshplan.compute.routing import RoutingOptions, routing
 from meshplan.config import Config
 from meshplan.errors import ConfigError
 from meshplan.memory import constraints as cons
@@ -223,10 +224,15 @@ def build_plan(config: Config, constraints: cons.Constraints | None = None) -> P
                           micro_batches=v.micro_batches)
     tp, cp = mesh.degree("tp"), mesh.degree("cp")
     tokens = t.micro_batch * t.seq_len // cp
-    gemms = layer_gemms(m, tp, tokens, ep=mesh.ep, etp=mesh.etp)
+    gemms = layer_gemms(m, tp, tokens, ep=mesh.ep, etp=mesh.etp, routing_options=RoutingOptions.of(t))
     gemms.append(output_gemm(m, tp, tokens, padded_vocab(m.vocab, t.vocab_pad_divisor, tp)))
     annotated = cons.annotate_axes(constraints, m, t, c, mesh, v.stages, v.micro_batches)
-    plan = Plan(config=config, spec=spec, world=world, reasons=(), notes=v.notes, derivation=mesh.derivation,
+    notes = v.notes
+    if m.is_moe:  # the capacity (or the dropless rows) every ep rank uses, with its arithmetic
+        ro = RoutingOptions.of(t)
+        notes += (routing(ro, max(1, tokens * mesh.etp // tp), m.top_k, m.experts, mesh.ep).describe(
+            ro, m.top_k, m.experts, mesh.ep),)
+    plan = Plan(config=config, spec=spec, world=world, reasons=(), notes=notes, derivation=mesh.derivation,
                 mesh=mesh, stages=v.stages, vpp=v.vpp, micro_batches=v.micro_batches, placement=placement,
                 flags=flags, gemms=tuple(gemms), attention=attention_shape(m, tp, cp, t.micro_batch, t.seq_len),
                 state=tuple(state_bytes(m, mesh, t, v.stages)), constraints=annotated,

@@ -76,13 +76,16 @@ Conventions, matched op by op against what torch 2.13 issues for DTensor TP/SP a
 - EP: all-to-all dispatch and combine per MoE layer in forward, and their gradients in
   backward; full recompute replays both (non-reentrant checkpoint: the combine's output is
   saved by the gate multiply), so backward has 4 per MoE layer. Each rank dispatches a
-  fixed buffer of ``experts x C`` token rows, ``C = ceil(T * top_k / experts)`` for its
-  ``T = b*s/cp * etp/tp`` distinct tokens (:func:`meshplan.compute.shapes.expert_capacity`, capacity
-  factor 1: overflowing copies dropped, empty slots padded), so the bytes are known before
+  fixed buffer of ``experts x C`` token rows, ``C = ceil(f * T * top_k / experts)`` for its
+  ``T = b*s/cp * etp/tp`` distinct tokens (:mod:`meshplan.compute.routing`, capacity
+  factor f = ``training.moe_capacity_factor``, default 1: overflowing copies dropped, empty
+  slots padded), so the bytes are known before
   routing; torch cannot size an all-to-all by the router's (data-dependent) counts without
   an extra exchange of counts. Equal to ``T * top_k`` rows when experts divides it, the
   balanced-routing size used before (runtime MoE: :mod:`meshplan.runtime.execution.moe`, measured
-  with torch 2.13 on gloo).
+  with torch 2.13 on gloo). Dropless (``training.moe_dropless``): the buffer is the busiest
+  rank's received rows under the stated ``moe_hottest_expert_share`` (its all-to-all sets
+  the time every rank waits for).
 """
 
 from __future__ import annotations
@@ -94,7 +97,7 @@ from typing import Optional
 import numpy as np
 
 from meshplan.comm.alphabeta import REFERENCE_STEP_S, busbw_factor, collective_time
-from meshplan.compute.shapes import expert_capacity
+from meshplan.compute.routing import RoutingOptions, routing
 from meshplan.mesh.resolve import Mesh
 from meshplan.mesh.tpsplit import (
     fsdp_padded_numel,
@@ -492,7 +495,8 @@ def _pp_ep_rows(add, c: _Ctx) -> None:
     if mesh.ep > 1:
         moe = sum(m.is_moe_layer(i) for i in c.layers)
         tokens = t.micro_batch * (t.seq_len // mesh.degree("cp")) * mesh.etp // mesh.degree("tp")  # see shapes
-        a2a = m.experts * expert_capacity(tokens, m.top_k, m.experts) * m.hidden * dtype_bytes(dt)
+        rows = routing(RoutingOptions.of(t), max(1, tokens), m.top_k, m.experts, mesh.ep).recv_rows
+        a2a = rows * m.hidden * dtype_bytes(dt)
         add("ep", "forward", "all-to-all", a2a, dt, 2 * moe, "every MoE layer (dispatch, combine)", "expert GEMMs")
         add("ep", "backward", "all-to-all", a2a, dt, (4 if t.recompute == "full" else 2) * moe, "every MoE layer",
             "expert GEMMs")

@@ -54,6 +54,7 @@ from typing import Optional
 
 from meshplan.compute.gemm import GemmTable, gemm_efficiency, gemm_model, gemm_time, load_gemm_table  # noqa: F401
 from meshplan.compute.measured import attention_seconds, bandwidth, kernel_data
+from meshplan.compute.routing import RoutingOptions, routing
 from meshplan.compute.shapes import Attention, Gemm, attention_shape, backward_gemms, layer_gemms
 from meshplan.spec.cluster import GPUSpec
 from meshplan.spec.model import ModelSpec
@@ -83,6 +84,7 @@ class Workload:
     flash: bool = True
     dropout: bool = False
     vocab_pad_divisor: int = 128
+    routing: RoutingOptions = RoutingOptions()
 
     def __post_init__(self):
         if self.recompute not in RECOMPUTE:
@@ -282,8 +284,9 @@ def _elementwise(model: ModelSpec, gpu: GPUSpec, w: Workload, gemms: list[Gemm])
     if model.position_embedding == "rope":
         nb = 2 * b * t * (q_l + kv_l) * model.d_head
         spec.append(("rope", "attn", nb, nb))
-    if any(g.name.startswith("expert_") for g in gemms):
-        nb = 2 * b * t * model.top_k * h
+    if any(g.name.startswith("expert_") for g in gemms):  # the dispatch buffer's rows (compute.routing)
+        r = routing(w.routing, max(1, t * w.etp // w.tp), model.top_k, model.experts, w.ep)
+        nb = 2 * b * r.recv_rows * h
         spec += [("moe permute", "mlp", nb, nb), ("moe unpermute", "mlp", nb, nb)]
     out = []
     for name, block, f, bw in spec:
@@ -320,7 +323,7 @@ def layer_cost(model: ModelSpec, gpu: GPUSpec, w: Workload, layer: int = -1,
                table: Optional[GemmTable] = None) -> Cost:
     """Every op of transformer layer ``layer`` (-1: the last) on one rank for one micro-batch,
     forward, backward (B and W) and recompute, per the module conventions."""
-    gemms = layer_gemms(model, w.tp, w.tokens, layer=layer, ep=w.ep, etp=w.etp)
+    gemms = layer_gemms(model, w.tp, w.tokens, layer=layer, ep=w.ep, etp=w.etp, routing_options=w.routing)
     _, _, rep = local_heads(model, w.tp)
     ops = []
     for g in gemms:

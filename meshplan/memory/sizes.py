@@ -27,9 +27,11 @@ Hr = H / t with SP, F = ``a s b f / t`` per gate, Q = ``a s b (a_q/t) d``, KV li
 - the loss (``cross_entropy``), the final norm (:func:`norm_work`) and, with
   ``embedding_grad_full_vocab``, the whole-vocabulary embedding gradient: :func:`head_sizes`.
 
-MoE layers (an estimate, balanced routing): attention and shared experts as a dense layer
-of width ``shared_experts x shared_expert_ffn``; routed experts keep, per token copy
-(top_k per token of the ``tokens * etp / tp`` each rank routes), the expert MLP terms at width
+MoE layers (an estimate): attention and shared experts as a dense layer
+of width ``shared_experts x shared_expert_ffn``; routed experts keep, per row the busiest
+rank's local experts compute (:func:`meshplan.compute.routing.routing` of the ``tokens *
+etp / tp`` each rank routes: ``experts x C`` padded rows with a capacity, the hottest
+expert's rank's share when dropless), the expert MLP terms at width
 ``expert_ffn / etp`` plus the dispatched input and the expert output (``2 a h`` each) and
 the fp32 router logits ``4 experts`` per token.
 
@@ -49,6 +51,7 @@ from dataclasses import dataclass, replace
 from typing import Optional
 from math import ceil
 
+from meshplan.compute.routing import RoutingOptions, routing
 from meshplan.mesh.resolve import Mesh
 from meshplan.spec.memory import MemoryOptions
 from meshplan.spec.model import ModelSpec
@@ -90,7 +93,8 @@ def layer_act_sizes(model: ModelSpec, training: TrainingSpec, mesh: Mesh, opts: 
     if moe:
         dims = replace(dims, f=(model.shared_expert_ffn or model.moe_ffn) * model.shared_experts)
         routed_tok = ceil(tok * mesh.etp / tp)  # tp ranks split the tokens (runtime.moe), with or without SP
-        copies, width = routed_tok * model.top_k, ceil(model.moe_ffn / mesh.etp)
+        r = routing(RoutingOptions.of(training), routed_tok, model.top_k, model.experts, mesh.ep)
+        copies, width = r.recv_rows, ceil(model.moe_ffn / mesh.etp)  # rows the busiest rank computes
         routed_full = copies * (a * width * (4 if model.gated_mlp else 2) + 2 * a * h) + 4 * routed_tok * model.experts
         routed = routed_full if training.recompute != "full" else 0
         widest = a * copies * width * gate

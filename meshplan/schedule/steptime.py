@@ -26,6 +26,7 @@ import numpy as np
 
 from meshplan.comm.collectives import fsdp_gather_flags
 from meshplan.compute.gemm import GemmTable
+from meshplan.compute.routing import RoutingOptions
 from meshplan.compute.ops import (
     Cost,
     Workload,
@@ -57,7 +58,7 @@ def workload_of(plan, dropout: bool = False) -> Workload:
     return Workload(seq_len=t.seq_len, micro_batch=t.micro_batch, tp=mesh.degree("tp"), cp=mesh.degree("cp"),
                     sp=mesh.sequence_parallel, ep=mesh.ep, etp=mesh.etp, dtype=t.compute_dtype,
                     recompute=t.recompute, flash=t.flash_attention, dropout=dropout,
-                    vocab_pad_divisor=t.vocab_pad_divisor)
+                    vocab_pad_divisor=t.vocab_pad_divisor, routing=RoutingOptions.of(t))
 
 
 def chunk_costs(plan, w: Workload, table: Optional[GemmTable] = None) -> list[list[ChunkCosts]]:

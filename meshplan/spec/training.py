@@ -38,6 +38,12 @@ class TrainingSpec(BaseModel):
     stay gathered from a backward to the next forward, so only micro-batch 0's forward
     all-gathers (what ``torch.distributed.pipelining`` does itself with pp > 1). The last
     micro-batch always syncs and reshards.
+    ``moe_capacity_factor``, ``moe_dropless``, ``moe_hottest_expert_share``: MoE routing
+    (:mod:`meshplan.compute.routing`): the capacity factor f of the dropping dispatch
+    (``C = ceil(f x tokens x top_k / experts)``, Megatron-LM ``--moe-expert-capacity-factor``;
+    default 1), dropless routing (no capacity, nothing dropped: torchtitan, Megatron-LM
+    without a capacity factor), and the busiest expert's share of the token copies
+    (unset: balanced, 1 / experts).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
@@ -61,6 +67,9 @@ class TrainingSpec(BaseModel):
     grad_reduce_dtype: Optional[Literal["fp32", "bf16", "param"]] = None
     tp_comm_overlap: bool = False
     grad_accumulation: Literal["sync", "no_sync", "no_sync_unsharded"] = "sync"
+    moe_capacity_factor: float = Field(default=1.0, gt=0)
+    moe_dropless: bool = False
+    moe_hottest_expert_share: Optional[float] = Field(default=None, gt=0, le=1)
 
     @model_validator(mode="after")
     def _check(self):

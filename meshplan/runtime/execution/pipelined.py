@@ -85,6 +85,8 @@ def unsupported(mesh, training, schedule: str, model_spec=None) -> Optional[str]
         return f"pp_schedule {str(schedule)!r}: only {', '.join(BUILT)} are built"
     if mesh.etp > 1:
         return "etp > 1: expert tensor parallelism is not built (experts are whole on each ep rank)"
+    if model_spec is not None and model_spec.is_moe and training.moe_dropless:
+        return "moe_dropless: the runtime MoE dispatches a fixed capacity per expert; dropless is not built"
     if (model_spec is not None and model_spec.is_moe and mesh.degree("fsdp") * mesh.degree("dp_replicate") == 1
             and mesh.degree("efsdp") > 1):
         return ("MoE layers with fsdp 1 and efsdp = tp / ep > 1 under pp: the routed experts would be FSDP2 units "
