@@ -208,6 +208,11 @@ def build_plan(config: Config, constraints: cons.Constraints | None = None) -> P
         raise ConfigError("training.grad_accumulation", f"{t.grad_accumulation!r} is for pp 1; with pp "
                           f"{mesh.degree('pp')} torch.distributed.pipelining turns gradient sync and "
                           "reshard-after-backward off itself: remove the key")
+    if t.recompute == "op" and not isinstance(mesh, resolve.Infeasible) and \
+            max(mesh.degree("tp"), mesh.degree("cp"), mesh.ep) > 1:
+        raise ConfigError("training.recompute", "'op' (torchtitan op-level selective AC) is planned with tp = cp = "
+                          "ep = 1 only: which TP/CP/EP collectives its recompute replays (it saves reduce-scatter "
+                          "outputs, not all-gathers) is not modelled yet; use 'layer', 'selective' or 'full'")
     if constraints is None:
         constraints = cons.constraints(m, t, c, world)
     if isinstance(mesh, resolve.Infeasible):

@@ -30,7 +30,9 @@ Conventions, matched op by op against what torch 2.13 issues for DTensor TP/SP a
 - Loss parallel (last stage, tp > 1): three all-reduces of b*s fp32 values (max, sum of
   exponentials, target logit); without it, one all-gather of the b*s*V logits.
 - Full recompute: torch's non-reentrant checkpoint replays each layer's forward up to its last
-  saved tensor, so it repeats every forward TP collective except the last one of the layer.
+  saved tensor, so it repeats every forward TP collective except the last one of the layer;
+  torchtitan's per-layer AC (``recompute = "layer"``) does so in its checkpointed layers
+  (``TrainingSpec.layer_recomputed``); its op-level AC is planned with tp = cp = ep = 1 only.
 - FSDP2 (zero3, hsdp): one unit per transformer layer and a root unit (embedding, final norm,
   output on the stages that hold them). Each unit is all-gathered in forward, again in
   backward when ``reshard_after_forward`` (never for the root, which FSDP2 keeps gathered),
@@ -274,7 +276,7 @@ def _tp_layer_ops(c: _Ctx, layer: int) -> tuple[list[str], list[str]]:
     mirror = {"all-gather": "reduce-scatter", "reduce-scatter": "all-gather", "all-reduce": "all-reduce",
               "all-gather+": "all-gather"}
     bwd = [mirror[o] for o in fwd]
-    if c.training.recompute == "full":
+    if c.training.layer_recomputed(c.layers.index(layer)):
         bwd += fwd if moe and sp and not m.shared_experts else fwd[:-1]
     return [o.rstrip("+") for o in fwd], [o.rstrip("+") for o in bwd]
 
@@ -343,9 +345,11 @@ def _cp_rows(add, c: _Ctx) -> None:
     _, kv_l, _ = local_heads(c.model, c.mesh.degree("tp"))
     kv_full = 2 * t.micro_batch * t.seq_len * kv_l * c.model.d_head * dtype_bytes(t.compute_dtype)
     nl = len(c.layers)
+    replayed = sum(t.layer_recomputed(k) for k in range(nl))  # checkpointed layers (full, torchtitan per-layer AC)
     add("cp", "forward", "all-gather", kv_full, t.compute_dtype, nl, "every layer (K and V)", "attention")
-    if t.recompute == "full":  # the checkpoint's replay of the forward gathers K and V again
-        add("cp", "backward", "all-gather", kv_full, t.compute_dtype, nl, "every layer, recomputed (K and V)",
+    if replayed:  # the checkpoint's replay of the forward gathers K and V again
+        add("cp", "backward", "all-gather", kv_full, t.compute_dtype, replayed,
+            "every layer, recomputed (K and V)" if replayed == nl else "every checkpointed layer, recomputed (K and V)",
             "recomputed attention")
     add("cp", "backward", "reduce-scatter", kv_full, t.compute_dtype, nl, "every layer (dK and dV)",
         "previous layer's backward")
@@ -494,12 +498,12 @@ def _pp_ep_rows(add, c: _Ctx) -> None:
                 per_step=1, ranks=(pp0[0], pp0[-1]))
     if mesh.ep > 1:
         moe = sum(m.is_moe_layer(i) for i in c.layers)
+        replayed = sum(m.is_moe_layer(i) and t.layer_recomputed(k) for k, i in enumerate(c.layers))
         tokens = t.micro_batch * (t.seq_len // mesh.degree("cp")) * mesh.etp // mesh.degree("tp")  # see shapes
         rows = routing(RoutingOptions.of(t), max(1, tokens), m.top_k, m.experts, mesh.ep).recv_rows
         a2a = rows * m.hidden * dtype_bytes(dt)
         add("ep", "forward", "all-to-all", a2a, dt, 2 * moe, "every MoE layer (dispatch, combine)", "expert GEMMs")
-        add("ep", "backward", "all-to-all", a2a, dt, (4 if t.recompute == "full" else 2) * moe, "every MoE layer",
-            "expert GEMMs")
+        add("ep", "backward", "all-to-all", a2a, dt, 2 * moe + 2 * replayed, "every MoE layer", "expert GEMMs")
 
 
 def _tied_grad_bytes(c: _Ctx) -> int:

@@ -63,7 +63,7 @@ from meshplan.units import dtype_bytes
 
 PHASES = ("forward", "backward_input", "backward_weight")
 BLOCKS = ("embed", "attn_pre", "attn", "attn_post", "mlp_pre", "mlp", "mlp_post", "head")
-RECOMPUTE = ("none", "selective", "full")
+RECOMPUTE = ("none", "selective", "full", "op")  # torchtitan's "layer": "full" or "none" per layer (layer_workload)
 
 
 @dataclass(frozen=True)
@@ -87,7 +87,7 @@ class Workload:
     routing: RoutingOptions = RoutingOptions()
 
     def __post_init__(self):
-        if self.recompute not in RECOMPUTE:
+        if self.recompute not in RECOMPUTE + ("layer",):
             raise ValueError(f"recompute {self.recompute!r} is not one of {RECOMPUTE}")
 
     @property
@@ -334,11 +334,32 @@ def layer_cost(model: ModelSpec, gpu: GPUSpec, w: Workload, layer: int = -1,
     ops += _flash_ops(gpu, att, w, selective, table) if w.flash else _score_ops(gpu, att, w, table, selective)
     ops += _elementwise(model, gpu, w, gemms)
     ops += _bias_ops(model, gpu, w, model.is_moe_layer(model.layers - 1 if layer < 0 else layer))
-    if w.recompute == "full":
+    if w.recompute in ("full", "op"):
+        kept = _op_sac_kept(model) if w.recompute == "op" else ()
         ops += [replace(o, name=o.name + " (recompute)", phase="backward_input", model_flops=0.0, recompute=True)
-                for o in ops if o.phase == "forward"]
+                for o in ops if o.phase == "forward" and o.name not in kept and not (kept and o.kind == "attention")]
     order = {b: i for i, b in enumerate(BLOCKS)}
     return Cost(tuple(sorted(ops, key=lambda o: (PHASES.index(o.phase), order[o.block]))))
+
+
+#: Forward GEMMs of a layer whose outputs torchtitan's op-level selective AC saves (the
+#: odd-numbered mms of a Llama block: wq, wk, wv, wo, w1 gate, w3 up, w2 down; GeLU MLP: w_up,
+#: w_down), kept by :func:`meshplan.memory.activations.op_sac_terms`.
+OP_SAC_SAVED_GEMMS = ("wq", "wv", "w_gate", "w_down")
+OP_SAC_SAVED_GEMMS_GELU = ("wq", "wv", "w_up")
+
+
+def _op_sac_kept(model: ModelSpec) -> tuple[str, ...]:
+    """Forward GEMMs whose outputs torchtitan's op-level selective AC saves, so its recompute
+    skips them (:func:`meshplan.memory.activations.op_sac_terms`); the attention kernel is
+    saved too. Everything else of the forward is recomputed in backward."""
+    return OP_SAC_SAVED_GEMMS if model.gated_mlp else OP_SAC_SAVED_GEMMS_GELU
+
+
+def layer_workload(w: Workload, checkpointed: bool) -> Workload:
+    """The workload of one layer under torchtitan's per-layer AC (``recompute = "layer"``):
+    ``full`` for a checkpointed layer, ``none`` otherwise; other policies unchanged."""
+    return replace(w, recompute="full" if checkpointed else "none") if w.recompute == "layer" else w
 
 
 def embedding_cost(model: ModelSpec, gpu: GPUSpec, w: Workload) -> Cost:

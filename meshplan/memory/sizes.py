@@ -82,8 +82,12 @@ def dense_dims(model: ModelSpec, training: TrainingSpec, dropout: bool) -> Layer
 
 
 def layer_act_sizes(model: ModelSpec, training: TrainingSpec, mesh: Mesh, opts: MemoryOptions,
-                    moe: bool = False) -> ActSizes:
-    """:class:`ActSizes` of a dense (or, ``moe``, an MoE) layer; see the module docstring."""
+                    moe: bool = False, checkpointed: bool = False) -> ActSizes:
+    """:class:`ActSizes` of a dense (or, ``moe``, an MoE) layer; see the module docstring.
+    Under torchtitan's per-layer AC (``recompute = "layer"``) ``checkpointed`` picks a
+    layer checkpointed in full or one that keeps everything."""
+    if training.recompute == "layer":
+        training = training.model_copy(update={"recompute": "full" if checkpointed else "none"})
     lo = {**layer_options(mesh, training), **opts.variants}
     tp, a = lo["tp"], dtype_bytes(training.compute_dtype)
     tok, rtok = _tokens(training, mesh)
@@ -107,7 +111,7 @@ def layer_act_sizes(model: ModelSpec, training: TrainingSpec, mesh: Mesh, opts: 
         return ActSizes(saved=saved, rework=full - saved, fwd_temp=gathered, bwd_temp=a * rtok * h + widest + gathered)
     steps = backward_steps(model, training, mesh, opts, dims, lo)
     fwd = gathered
-    if training.recompute == "full":  # the checkpointed forward keeps nothing: its MLP's working set
+    if training.recompute in ("full", "op"):  # the checkpointed forward keeps nothing: its MLP's working set
         fwd = max(fwd, a * tok * h + (a * rtok * h if opts.unfused_norm else 0)
                   + (3 if model.gated_mlp else 2) * a * tok * ceil(dims.f / tp))
     return ActSizes(saved=saved, rework=full - saved, fwd_temp=fwd, bwd_temp=max(st.work for st in steps),
@@ -308,13 +312,25 @@ class CommonSizes:
     dense: ActSizes
     moe: ActSizes
     head: dict
+    dense_checkpointed: Optional[ActSizes] = None  # recompute "layer": the layers checkpointed in full
+    moe_checkpointed: Optional[ActSizes] = None
+
+    def layer(self, training: TrainingSpec, moe: bool, position: int) -> ActSizes:
+        """The sizes of the layer at ``position`` among the stage's layers."""
+        if training.recompute == "layer" and training.layer_recomputed(position):
+            return (self.moe_checkpointed if moe else self.dense_checkpointed) or (self.moe if moe else self.dense)
+        return self.moe if moe else self.dense
 
 
 def common_sizes(model: ModelSpec, training: TrainingSpec, mesh: Mesh, opts: MemoryOptions) -> CommonSizes:
     """:class:`CommonSizes` of ``model`` on ``mesh`` (computed once for all stages)."""
     dense = layer_act_sizes(model, training, mesh, opts)
     moe = layer_act_sizes(model, training, mesh, opts, moe=True) if model.is_moe else dense
-    return CommonSizes(dense, moe, head_sizes(model, training, mesh, opts))
+    ck = ck_moe = None
+    if training.recompute == "layer":
+        ck = layer_act_sizes(model, training, mesh, opts, checkpointed=True)
+        ck_moe = layer_act_sizes(model, training, mesh, opts, moe=True, checkpointed=True) if model.is_moe else ck
+    return CommonSizes(dense, moe, head_sizes(model, training, mesh, opts), ck, ck_moe)
 
 
 def stage_sizes(model: ModelSpec, training: TrainingSpec, mesh: Mesh, stages, state: StateBytes,
@@ -326,7 +342,7 @@ def stage_sizes(model: ModelSpec, training: TrainingSpec, mesh: Mesh, stages, st
     fsdp = any(u.gathered for u in us.values())
     layers = [i for chunk in stages[k] for i in chunk]
     common = common or common_sizes(model, training, mesh, opts)
-    acts = {i: common.moe if model.is_moe_layer(i) else common.dense for i in layers}
+    acts = {i: common.layer(training, model.is_moe_layer(i), pos) for pos, i in enumerate(layers)}
     hs = common.head
     bucket = 0 if fsdp else opts.grad_bucket_bytes(training, mesh.degree("fsdp"), state.params.total)
     fsdp_grads = sum(u.grads for u in us.values()) if fsdp else 0

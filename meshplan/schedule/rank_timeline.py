@@ -14,7 +14,9 @@ frameworks issue them:
   run during its GEMMs (block time = max(compute, communication), an ideal decomposition).
   Backward: with SP an AG before each block; the input-gradient RS|AR runs during the
   block's weight-gradient GEMMs (Megatron's asynchronous gradient collective) and the next
-  block waits for it. Full recompute re-runs the forward blocks (with their collectives).
+  block waits for it. Full recompute re-runs the forward blocks (with their collectives);
+  torchtitan's per-layer AC does so in its checkpointed layers, its op-level AC re-runs the
+  forward ops it did not save.
   The SP norm-weight gradient all-reduces run on the tp stream after each layer's backward
   (nothing waits for them until the step ends); the vocab-parallel loss collectives block
   after the output layer.
@@ -307,7 +309,9 @@ def _forward_layer(s: _Sim, c: Cost, moe: bool, phase: str = "forward", recomput
 
 
 def _backward_layer(s: _Sim, c: Cost, moe: bool, with_w: bool) -> None:
-    full = s.w.recompute == "full"
+    # a checkpointed layer (full; torchtitan per-layer or op-level AC) replays its forward's
+    # recomputed ops, with their collectives, before its backward
+    full = s.w.recompute in ("full", "layer", "op") and any(o.recompute for o in c.ops)
     if full:
         _forward_layer(s, c, moe, "backward_input", True)
     b = _times(c, "backward_input", False if full else None)

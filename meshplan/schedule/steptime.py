@@ -33,6 +33,7 @@ from meshplan.compute.ops import (
     embedding_cost,
     head_cost,
     layer_cost,
+    layer_workload,
     optimizer_bandwidth,
     sequence_model_flops,
 )
@@ -63,17 +64,18 @@ def workload_of(plan, dropout: bool = False) -> Workload:
 
 def chunk_costs(plan, w: Workload, table: Optional[GemmTable] = None) -> list[list[ChunkCosts]]:
     """``[stage][chunk]`` compute per micro-batch (one layer_cost per distinct layer kind)."""
-    model, gpu = plan.config.model, plan.config.cluster.gpu
-    cache: dict[bool, Cost] = {}
+    model, gpu, t = plan.config.model, plan.config.cluster.gpu, plan.config.training
+    cache: dict[tuple, Cost] = {}
 
-    def cost(i: int) -> Cost:
-        moe = model.is_moe_layer(i)
-        if moe not in cache:
-            cache[moe] = layer_cost(model, gpu, w, layer=i, table=table)
-        return cache[moe]
+    def cost(i: int, s: int) -> Cost:
+        key = (model.is_moe_layer(i), t.layer_recomputed(position[s][i]))  # torchtitan per-layer AC
+        if key not in cache:
+            cache[key] = layer_cost(model, gpu, layer_workload(w, key[1]), layer=i, table=table)
+        return cache[key]
 
+    position = [{i: k for k, i in enumerate(i for chunk in chunks for i in chunk)} for chunks in plan.stages]
     p, v = len(plan.stages), plan.vpp
-    return [[ChunkCosts(layers=tuple(cost(i) for i in layers), moe=tuple(model.is_moe_layer(i) for i in layers),
+    return [[ChunkCosts(layers=tuple(cost(i, s) for i in layers), moe=tuple(model.is_moe_layer(i) for i in layers),
                         embed=embedding_cost(model, gpu, w) if (s, c) == (0, 0) else None,
                         head=head_cost(model, gpu, w, table) if (s, c) == (p - 1, v - 1) else None)
              for c, layers in enumerate(chunks)] for s, chunks in enumerate(plan.stages)]
@@ -96,6 +98,7 @@ class StepTime:
     peak_flops: float
     example_ranks: tuple[int, ...]
     notes: tuple[str, ...] = ()
+    recompute_name: str = ""
 
     @property
     def step_s(self) -> float:
@@ -137,8 +140,22 @@ class StepTime:
                 f"(busiest stage {p.busiest_stage}, pipeline only)",
                 f"exposed communication on stage {self.critical_stage}: {exp}",
                 f"tokens/s {self.tokens_per_s:,.0f}; MFU {self.mfu:.1%} (model FLOP: per-op, causal-half "
-                f"attention, no recompute); HFU {self.hfu:.1%} (executed FLOP, recompute included)"] + \
+                f"attention, no recompute); HFU {self.hfu:.1%} (executed FLOP, recompute included)",
+                self.recompute_line()] + \
             [f"note: {n}" for n in self.notes]
+
+    def recompute_s(self, stage: Optional[int] = None) -> float:
+        """Seconds of recomputed forward ops per micro-batch on ``stage`` (default: the
+        critical one), summed over its layers (:func:`meshplan.compute.ops.layer_cost`)."""
+        s = self.critical_stage if stage is None else stage
+        return sum(c.seconds(recompute=True) for ch in self.units.chunks[s] for c in ch.layers)
+
+    def recompute_line(self) -> str:
+        """The recompute policy in its framework's words and what it costs per step."""
+        t, m = self.recompute_name, self.pipeline.spec.m
+        r = self.recompute_s()
+        return (f"recompute: {t}: {r * 1e3:.3f} ms per micro-batch on stage {self.critical_stage}, "
+                f"{r * m * 1e3:.2f} ms per step ({m} micro-batches)")
 
     def trace_events(self, detail: bool = True, stage: Optional[int] = None) -> list[Event]:
         """Pipeline units (and, with ``detail``, every op and collective inside them) shifted
@@ -367,7 +384,7 @@ def step_time(plan: Plan, overlap: Overlap = Overlap(), *, dropout: bool = False
     notes = tuple(f"collective not simulated (kind unknown): {o}" for o in sorted({o for c in comms for o in c.other}))
     return StepTime(res, units, tuple(ends), tuple(post), exposed[crit],
                     sequence_model_flops(cfg.model, t.seq_len) * t.global_batch, hw, t.global_batch * t.seq_len,
-                    plan.world, cfg.cluster.gpu.peak_flops(t.compute_dtype), ranks, notes)
+                    plan.world, cfg.cluster.gpu.peak_flops(t.compute_dtype), ranks, notes, t.recompute_name)
 
 
 def layer_unit_times(plan, dropout: bool = False, overlap: Overlap = Overlap()) -> tuple[float, float]:

@@ -38,6 +38,15 @@ class TrainingSpec(BaseModel):
     stay gathered from a backward to the next forward, so only micro-batch 0's forward
     all-gathers (what ``torch.distributed.pipelining`` does itself with pp > 1). The last
     micro-batch always syncs and reshards.
+    ``recompute`` (activation checkpointing): ``selective`` and ``full`` as Megatron-LM
+    (``--recompute-activations``: the attention core; ``--recompute-granularity full``: every
+    layer keeps its input only); ``layer`` and ``op`` as torchtitan's selective AC
+    (``[activation_checkpoint] mode = "selective"``): ``layer`` checkpoints every
+    ``ac_freq``-th layer in full (``selective_ac_option = "<ac_freq>"``: torchtitan counts
+    the blocks it wraps, 1-based, and wraps those whose count is a multiple of ac_freq; the
+    count runs over the rank's own layers), ``op`` saves the outputs of matmuls (all but every
+    second mm of a layer), of SDPA and of reduce-scatters, and recomputes the rest
+    (``selective_ac_option = "op"``). :attr:`recompute_name` names each in the framework's words.
     ``moe_capacity_factor``, ``moe_dropless``, ``moe_hottest_expert_share``: MoE routing
     (:mod:`meshplan.compute.routing`): the capacity factor f of the dropping dispatch
     (``C = ceil(f x tokens x top_k / experts)``, Megatron-LM ``--moe-expert-capacity-factor``;
@@ -60,7 +69,8 @@ class TrainingSpec(BaseModel):
     optimizer: Literal["adam", "adamw", "sgd"] = "adam"
     sharding: Literal["none", "zero1", "zero2", "zero3", "hsdp"] = "zero3"
     reshard_after_forward: bool = True
-    recompute: Literal["none", "selective", "full"] = "selective"
+    recompute: Literal["none", "selective", "full", "layer", "op"] = "selective"
+    ac_freq: int = Field(default=1, ge=1)
     flash_attention: bool = True
     memory_reserve: float = Field(default=0.10, ge=0, lt=1)
     vocab_pad_divisor: int = Field(default=128, gt=0)
@@ -75,10 +85,37 @@ class TrainingSpec(BaseModel):
     def _check(self):
         if self.micro_batch > self.global_batch:
             raise ValueError(f"micro_batch {self.micro_batch} > global_batch {self.global_batch}")
+        if "ac_freq" in self.model_fields_set and self.recompute != "layer":
+            raise ValueError(f"ac_freq is torchtitan's per-layer checkpointing interval; set recompute = \"layer\" "
+                             f"or remove it (recompute is {self.recompute!r})")
         if self.grad_accumulation != "sync" and self.sharding not in ("zero3", "hsdp"):
             raise ValueError(f"grad_accumulation {self.grad_accumulation!r} is an FSDP2 mode (sharding zero3 or "
                              f"hsdp); sharding {self.sharding!r} keeps the default 'sync': remove the key")
         return self
+
+    def layer_recomputed(self, position: int) -> bool:
+        """Whether the layer at ``position`` (0-based, among the rank's stage layers) is
+        checkpointed in full: every layer under ``full``, every ``ac_freq``-th under ``layer``.
+
+        >>> t = TrainingSpec(global_batch=8, seq_len=16, recompute="layer", ac_freq=3)
+        >>> [t.layer_recomputed(i) for i in range(6)]
+        [False, False, True, False, False, True]
+        """
+        if self.recompute == "layer":
+            return (position + 1) % self.ac_freq == 0
+        return self.recompute == "full"
+
+    @property
+    def recompute_name(self) -> str:
+        """The recompute policy in its framework's own words."""
+        return {"none": "no activation checkpointing",
+                "selective": "Megatron-LM selective recompute (--recompute-activations: attention core)",
+                "full": "Megatron-LM full recompute (--recompute-granularity full; torchtitan mode = \"full\")",
+                "layer": f"torchtitan selective AC per layer (mode = \"selective\", selective_ac_option = "
+                         f"\"{self.ac_freq}\": every {self.ac_freq} layer(s) checkpointed in full)",
+                "op": "torchtitan selective AC per op (mode = \"selective\", selective_ac_option = \"op\": "
+                      "matmul outputs saved but every second mm, SDPA outputs saved, the rest recomputed)",
+                }[self.recompute]
 
     @property
     def optimizer_states(self) -> int:

@@ -114,6 +114,9 @@ def _unsupported(mesh: Mesh, training: TrainingSpec, pipeline: bool = False, moe
         return "pp > 1: pipeline stages are not built by parallelize(); use torch.distributed.pipelining"
     if moe and mesh.degree("cp") > 1:
         return "cp > 1 with MoE layers: context parallelism is built for dense models only"
+    if training.recompute == "op":
+        return ("recompute 'op' (torchtitan op-level selective AC): the runtime model checkpoints whole layers "
+                "only; use 'layer', 'full' or 'none'")
     if moe and training.moe_dropless:
         return ("moe_dropless: the runtime MoE dispatches a fixed capacity per expert (all-to-all sizes known "
                 "before routing); dropless routing needs all-to-alls sized by exchanged counts, not built")

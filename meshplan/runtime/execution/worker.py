@@ -189,7 +189,7 @@ def run(args) -> None:
         model, runner = build_runner(plan, model_spec, training, mesh, dm, rank, vocab, args.seed, status, device)
     else:
         with torch.device("meta"):
-            model = Transformer(model_spec, vocab=vocab, tp=tp, recompute=training.recompute == "full")
+            model = Transformer(model_spec, vocab=vocab, tp=tp, recompute=training.layer_recomputed)
         parallelize(model, dm, mesh, training, loss_parallel=tp > 1)
         model.to_empty(device=device)
         model.init_weights(seed=args.seed)

@@ -99,7 +99,7 @@ def dry_run(model_spec: ModelSpec, training: TrainingSpec, mesh: Mesh, rank: int
         dm = init_mesh(mesh, "cpu")
         diffs = check_groups(dm, mesh)
         with torch.device("meta"):
-            model = Transformer(model_spec, vocab=v, tp=tp, recompute=training.recompute == "full")
+            model = Transformer(model_spec, vocab=v, tp=tp, recompute=training.layer_recomputed)
         if model.kv_heads != model_spec.n_kv_heads:
             notes.append(f"KV heads copied {model_spec.n_kv_heads} -> {model.kv_heads} for tp {tp}")
         parallelize(model, dm, mesh, training, loss_parallel=loss_parallel, mixed_precision=mixed_precision)
