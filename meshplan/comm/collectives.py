@@ -355,29 +355,35 @@ def _cp_rows(add, c: _Ctx) -> None:
         "previous layer's backward")
 
 
-def _units(c: _Ctx, shards: dict[str, int]) -> list[tuple[str, str, int, int]]:
+def _units(c: _Ctx, shards: dict[str, int]) -> list[tuple[str, str, int, int, int, int]]:
     """FSDP units of the stage as (label, axis, unsharded elements per rank incl. padding,
-    local chunk); the root's chunk is the first (embedding) or the last (output layer)."""
+    local chunk, all-gather bytes, float8 weights); the root's chunk is the first
+    (embedding) or the last (output layer). All-gather bytes: each weight in
+    ``training.gather_dtype`` (float8 Linear weights beside compute-dtype norms and
+    embeddings in one buffer under ``fp8_all_gather``)."""
     m, mesh, t = c.model, c.mesh, c.training
     tp, ep, etp = mesh.degree("tp"), mesh.ep, mesh.etp
     pad = t.sharding in ("zero3", "hsdp")
 
-    def size(tensors, axis):
-        if pad:
-            return sum(fsdp_padded_numel(x, m, shards[axis], tp, ep, etp) for x in tensors)
-        return sum(local_numel(x, m, tp, ep, etp) for x in tensors)
+    def numel(x, axis):
+        return fsdp_padded_numel(x, m, shards[axis], tp, ep, etp) if pad else local_numel(x, m, tp, ep, etp)
+
+    def unit(label, axis, tensors, chunk):
+        n = [numel(x, axis) for x in tensors]
+        fp8 = sum(t.gather_dtype(x) == "fp8" for x in tensors)
+        return (label, axis, sum(n), chunk, sum(k * dtype_bytes(t.gather_dtype(x)) for k, x in zip(n, tensors)), fp8)
 
     out = []
     for i in c.layers:
         ts = m.layer_tensors(i)
         k = (c.chunk_of or {}).get(i, 0)
-        out.append(("layer", "fsdp", size([x for x in ts if not x.expert], "fsdp"), k))
+        out.append(unit("layer", "fsdp", [x for x in ts if not x.expert], k))
         if any(x.expert for x in ts):
-            out.append(("experts", "efsdp", size([x for x in ts if x.expert], "efsdp"), k))
+            out.append(unit("experts", "efsdp", [x for x in ts if x.expert], k))
     v = padded_vocab(m.vocab, t.vocab_pad_divisor, tp)
     root = (m.embedding_tensors(v) if c.first else []) + [
         x for x in (m.head_tensors(v) if c.last else []) if not (x.tied and c.first)]
-    out.append(("root (embedding/norm/output)", "fsdp", size(root, "fsdp"), 0 if c.first else c.vpp - 1))
+    out.append(unit("root (embedding/norm/output)", "fsdp", root, 0 if c.first else c.vpp - 1))
     return [u for u in out if u[2] > 0]
 
 
@@ -388,26 +394,30 @@ def _dp_rows(add, c: _Ctx) -> None:
     if t.sharding in ("zero3", "hsdp"):
         pipelined = mesh.degree("pp") > 1
         units = _units(c, shards)
-        for (label, axis, numel), n in Counter(u[:3] for u in units).items():
+        for (label, axis, numel, gbytes, fp8), n in Counter(u[:3] + u[4:] for u in units).items():
             root = label.startswith("root")
             cadence = f"per {label}" if root else f"every {label}"
+            gdt = ag if not fp8 else "uint8" if gbytes != numel else "fp8"  # FSDP2: mixed dtypes in a byte buffer
             per_step = _pipelined_gathers(c, root, [u[3] for u in units if u[:3] == (label, axis, numel)]) \
                 if pipelined else _accumulation_gathers(c, root, n)
             fwd = (0, per_step[0]) if per_step is not None else (n, None)
             back = (0, per_step[1]) if per_step is not None else (0 if root or not t.reshard_after_forward else n, None)
             red = (0, n) if pipelined or t.grad_accumulation != "sync" else (n, None)
-            add(axis, "forward", "all-gather", numel * dtype_bytes(ag), ag, fwd[0], cadence, f"the {label}'s GEMMs", 7,
+            add(axis, "forward", "all-gather", gbytes, gdt, fwd[0], cadence, f"the {label}'s GEMMs", 7,
                 per_step=fwd[1])
-            add(axis, "backward", "all-gather", numel * dtype_bytes(ag), ag, back[0], cadence,
+            add(axis, "backward", "all-gather", gbytes, gdt, back[0], cadence,
                 f"the {label}'s backward", 7, per_step=back[1])
             add(axis, "backward", "reduce-scatter", numel * dtype_bytes(rs), rs, red[0], cadence, "optimizer step",
                 per_step=red[1])
             if "dp_replicate" in mesh.layout.names:
                 add("dp_replicate", "backward", "all-reduce", numel // shards[axis] * dtype_bytes(rs), rs, red[0],
                     cadence + " (HSDP replicas)", "optimizer step", per_step=red[1])
+        amax = sum(u[5] for u in units if u[1] == "fsdp")
+        add("fsdp", "step", "all-reduce", amax * 4, "fp32", 0, "once per step (float8 amax of every float8 weight, "
+            "precompute_float8_dynamic_scale_for_fsdp)", "next step's forward", depth=0, per_step=1)
         return
     by_axis: Counter[str] = Counter()
-    for _, axis, numel, _ in _units(c, shards):
+    for _, axis, numel, *_ in _units(c, shards):
         by_axis[axis] += numel
     for axis, numel in by_axis.items():
         if t.sharding in ("zero1", "zero2"):
@@ -493,7 +503,7 @@ def _pp_ep_rows(add, c: _Ctx) -> None:
             "previous stage's backward")
         if m.tied_embeddings and (c.first or c.last):  # the embedding group: first and last pp rank
             pp0 = mesh.group_of(0, "pp")
-            add("pp", "step", "all-reduce", _tied_grad_bytes(c), t.param_dtype, 0,
+            add("pp", "step", "all-reduce", _tied_grad_bytes(c), t.grad_dtype, 0,
                 "once per step (tied embedding gradients, first and last stage)", "optimizer step", depth=0,
                 per_step=1, ranks=(pp0[0], pp0[-1]))
     if mesh.ep > 1:
@@ -509,9 +519,10 @@ def _pp_ep_rows(add, c: _Ctx) -> None:
 def _tied_grad_bytes(c: _Ctx) -> int:
     """Bytes of one rank's gradient of a tied embedding copy (padded vocab x hidden split
     over tp, then dim 0 over fsdp under FSDP2: ``ceil(rows / fsdp)`` rows; a last shard of
-    uneven rows is smaller) in the parameter dtype, as FSDP2 leaves the reduced gradient."""
+    uneven rows is smaller) in the main-gradient dtype ``training.grad_dtype`` (Megatron-LM
+    all-reduces the fp32 main gradients, like the data-parallel reduction beside it)."""
     t, mesh = c.training, c.mesh
     tp = mesh.degree("tp")
     emb = c.model.embedding_tensors(padded_vocab(c.model.vocab, t.vocab_pad_divisor, tp))[0]
     fsdp = mesh.degree("fsdp") if t.sharding in ("zero3", "hsdp") else 1
-    return fsdp_padded_numel(emb, c.model, fsdp, tp) // fsdp * dtype_bytes(t.param_dtype)
+    return fsdp_padded_numel(emb, c.model, fsdp, tp) // fsdp * dtype_bytes(t.grad_dtype)

@@ -175,10 +175,14 @@ def backward_steps(model: ModelSpec, training: TrainingSpec, mesh: Mesh, opts: M
     return tuple(BackStep(k, work[k], grads[k], frees[k]) for k in STEP_WEIGHTS)
 
 
-def _numel(tensors, model: ModelSpec, mesh: Mesh) -> dict[str, int]:
-    out = {"dense": 0, "expert": 0}
+def _numel(tensors, model: ModelSpec, mesh: Mesh, training: TrainingSpec) -> dict[str, int]:
+    """Elements per group (dense, expert) and, under ``{group}_gather``, their bytes in the
+    dtype FSDP2 all-gathers each weight in (``training.gather_dtype``: float8 Linear weights)."""
+    out = {"dense": 0, "expert": 0, "dense_gather": 0, "expert_gather": 0}
     for t in tensors:
-        out["expert" if t.expert else "dense"] += local_numel(t, model, mesh.degree("tp"), mesh.ep, mesh.etp)
+        g, n = "expert" if t.expert else "dense", local_numel(t, model, mesh.degree("tp"), mesh.ep, mesh.etp)
+        out[g] += n
+        out[g + "_gather"] += n * dtype_bytes(training.gather_dtype(t))
     return out
 
 
@@ -189,15 +193,15 @@ def _unit_numels(model: ModelSpec, training: TrainingSpec, mesh: Mesh, stages, k
     cache: dict[bool, dict] = {}
     out: dict = {}
     if k == 0:
-        out["embedding"] = _numel(model.embedding_tensors(pv), model, mesh)
+        out["embedding"] = _numel(model.embedding_tensors(pv), model, mesh, training)
     for layer in (i for chunk in stages[k] for i in chunk):
         moe = model.is_moe_layer(layer)
         if moe not in cache:
-            cache[moe] = _numel(model.layer_tensors(layer), model, mesh)
+            cache[moe] = _numel(model.layer_tensors(layer), model, mesh, training)
         out[layer] = cache[moe]
     if k == pp - 1:
         head = [t for t in model.head_tensors(pv) if not t.tied or pp > 1 or t.name.endswith("norm")]
-        out["head"] = _numel(head, model, mesh)
+        out["head"] = _numel(head, model, mesh, training)
     return out
 
 
@@ -222,10 +226,11 @@ def units(model: ModelSpec, training: TrainingSpec, mesh: Mesh, stages, state: S
     shares = {g: _split(state.bytes_of("grads", g), [n[g] for n in numels.values()]) for g in ("dense", "expert")}
     out = {}
     for i, (key, n) in enumerate(numels.items()):
-        gathered = sum(n[g] for g in n if active[g])
+        gathered = sum(n[g] for g in active if active[g])
         name = f"layer {key}" if isinstance(key, int) else ROOT_NAME if key == "root" else key
-        early = sum(head[g] for g in head if active[g]) * comp if key == "root" else 0
-        out[key] = Unit(name=name, layer=key if isinstance(key, int) else None, gathered=gathered * comp,
+        early = sum(head[g] for g in active if active[g]) * comp if key == "root" else 0
+        gbytes = sum(n[g + "_gather"] for g in active if active[g])  # float8 Linear weights: 1 byte each
+        out[key] = Unit(name=name, layer=key if isinstance(key, int) else None, gathered=gbytes,
                         grad_unsharded=gathered * comp, reduce_input=gathered * red,
                         grads=sum(shares[g][i] for g in shares), early=early)
     return out

@@ -169,6 +169,9 @@ def search(cfg: Config, progress: Optional[Progress] = None, workers: Optional[i
     """Search every mesh of ``cfg`` (module docstring). ``progress(label, done, total)`` is
     called as exact plans complete; ``workers``: processes for exact plans (default: the
     CPUs this process may use)."""
+    if cfg.training.fp8_all_gather:  # its bounds gather every weight in the compute dtype
+        raise ConfigError("training.fp8_all_gather", "search bounds compute-dtype all-gathers only: remove the key "
+                          "to search, then plan the chosen mesh with it")
     if cfg.training.grad_accumulation != "sync":  # its bounds model FSDP2's per-micro-batch reduce
         raise ConfigError("training.grad_accumulation", f"search bounds FSDP2's default 'sync' accumulation only "
                           f"(the candidates include pp > 1, where {cfg.training.grad_accumulation!r} does not "

@@ -47,6 +47,14 @@ class TrainingSpec(BaseModel):
     count runs over the rank's own layers), ``op`` saves the outputs of matmuls (all but every
     second mm of a layer), of SDPA and of reduce-scatters, and recomputes the rest
     (``selective_ac_option = "op"``). :attr:`recompute_name` names each in the framework's words.
+    ``fp8_all_gather``: torchtitan float8 training with ``enable_fsdp_float8_all_gather``: FSDP2
+    all-gathers the dense Linear weights (wq, wk, wv, wo, the MLP's; not biases, routers or
+    experts) in float8 (1 byte), while norms and embeddings stay in the compute dtype in the
+    same unit's buffer (one uint8 all-gather per unit), and the float8 scales take one
+    all-reduce (max) of one fp32 amax per float8 weight per step
+    (``precompute_float8_dynamic_scale_for_fsdp``); ``fp8_output_layer``: the output layer is
+    float8 too (torchtitan's ``filter_fqns`` without "output"; default: excluded, as
+    torchtitan; a tied output layer is the embedding and stays in the compute dtype).
     ``moe_capacity_factor``, ``moe_dropless``, ``moe_hottest_expert_share``: MoE routing
     (:mod:`meshplan.compute.routing`): the capacity factor f of the dropping dispatch
     (``C = ceil(f x tokens x top_k / experts)``, Megatron-LM ``--moe-expert-capacity-factor``;
@@ -77,6 +85,8 @@ class TrainingSpec(BaseModel):
     grad_reduce_dtype: Optional[Literal["fp32", "bf16", "param"]] = None
     tp_comm_overlap: bool = False
     grad_accumulation: Literal["sync", "no_sync", "no_sync_unsharded"] = "sync"
+    fp8_all_gather: bool = False
+    fp8_output_layer: bool = False
     moe_capacity_factor: float = Field(default=1.0, gt=0)
     moe_dropless: bool = False
     moe_hottest_expert_share: Optional[float] = Field(default=None, gt=0, le=1)
@@ -88,6 +98,12 @@ class TrainingSpec(BaseModel):
         if "ac_freq" in self.model_fields_set and self.recompute != "layer":
             raise ValueError(f"ac_freq is torchtitan's per-layer checkpointing interval; set recompute = \"layer\" "
                              f"or remove it (recompute is {self.recompute!r})")
+        if self.fp8_all_gather and self.sharding not in ("zero3", "hsdp"):
+            raise ValueError(f"fp8_all_gather is FSDP2's float8 all-gather (sharding zero3 or hsdp); sharding "
+                             f"{self.sharding!r} gathers nothing: remove it")
+        if self.fp8_output_layer and not self.fp8_all_gather:
+            raise ValueError("fp8_output_layer says whether the output layer joins the float8 all-gather; "
+                             "set fp8_all_gather = true or remove it")
         if self.grad_accumulation != "sync" and self.sharding not in ("zero3", "hsdp"):
             raise ValueError(f"grad_accumulation {self.grad_accumulation!r} is an FSDP2 mode (sharding zero3 or "
                              f"hsdp); sharding {self.sharding!r} keeps the default 'sync': remove the key")
@@ -116,6 +132,25 @@ class TrainingSpec(BaseModel):
                 "op": "torchtitan selective AC per op (mode = \"selective\", selective_ac_option = \"op\": "
                       "matmul outputs saved but every second mm, SDPA outputs saved, the rest recomputed)",
                 }[self.recompute]
+
+    def gather_dtype(self, tensor) -> Dtype:
+        """The dtype FSDP2 all-gathers one weight in (a :class:`~meshplan.spec.model.Tensor`):
+        float8 for a dense Linear weight under ``fp8_all_gather`` (the output layer only with
+        ``fp8_output_layer`` and untied), else the compute dtype.
+
+        >>> from meshplan.spec.model import Tensor
+        >>> t = TrainingSpec(global_batch=8, seq_len=16, fp8_all_gather=True)
+        >>> [t.gather_dtype(Tensor(n, 4, s)) for n, s in [("wq", "column"), ("wo_bias", "replicated"),
+        ...                                                 ("attn_norm", "replicated"), ("output", "vocab")]]
+        ['fp8', 'bf16', 'bf16', 'bf16']
+        """
+        if not self.fp8_all_gather or tensor.expert or tensor.name.endswith("bias"):
+            return self.compute_dtype
+        if tensor.split in ("column", "row", "kv_column"):
+            return "fp8"
+        if tensor.name == "output" and self.fp8_output_layer and not tensor.tied:
+            return "fp8"
+        return self.compute_dtype
 
     @property
     def optimizer_states(self) -> int:
