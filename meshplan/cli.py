@@ -261,6 +261,9 @@ def _print_links(p, st) -> None:
 def reliability(config: Path = typer.Argument(..., help="TOML config"),
                 write_gbps: float = typer.Option(..., "--write-gbps", help="aggregate checkpoint write bandwidth, GB/s"),
                 read_gbps: float = typer.Option(..., "--read-gbps", help="aggregate checkpoint read bandwidth, GB/s"),
+                rank_gbps: Optional[float] = typer.Option(
+                    None, "--rank-gbps", help="storage bandwidth of one rank, GB/s: times the bytes the busiest rank "
+                                              "writes under DCP (its share of replicated shards) and reads back"),
                 restart_overhead_s: float = typer.Option(..., "--restart-overhead-s",
                                                          help="detection + rescheduling + start-up, seconds"),
                 lost_nodes: int = typer.Option(1, "--lost-nodes", help="nodes lost in the restart scenario"),
@@ -272,11 +275,12 @@ def reliability(config: Path = typer.Argument(..., help="TOML config"),
         for why in p.reasons:
             typer.echo(f"infeasible: {why}", err=True)
         raise typer.Exit(1)
-    for name, v in (("--write-gbps", write_gbps), ("--read-gbps", read_gbps)):
+    for name, v in (("--write-gbps", write_gbps), ("--read-gbps", read_gbps), ("--rank-gbps", 1.0 if rank_gbps is None else rank_gbps)):
         if v <= 0:
             raise ConfigError(name, f"{v} must be > 0 GB/s")
     r = rel(p, write_bandwidth_bytes_per_s=write_gbps * 1e9, read_bandwidth_bytes_per_s=read_gbps * 1e9,
-            restart_overhead_s=restart_overhead_s)
+            restart_overhead_s=restart_overhead_s,
+            per_rank_bandwidth_bytes_per_s=rank_gbps * 1e9 if rank_gbps else None)
     for line in r.lines():
         typer.echo(line)
     t = p.config.training
@@ -392,9 +396,13 @@ def validate(config: Path = typer.Argument(..., help="TOML config; its mesh is s
              probe: bool = typer.Option(True, "--probe/--no-probe",
                                         help="after the steps, time each of the plan's collectives under the run's "
                                              "load and re-predict the step with those times (calibrated rows)"),
+             checkpoint_gbps: Optional[float] = typer.Option(
+                 None, "--checkpoint-gbps", help="storage bandwidth of one rank, GB/s: predicts the DCP save and "
+                                                 "load times measured after the steps (bytes per rank are "
+                                                 "predicted without it)"),
              force: bool = typer.Option(False, "--force", help="replace an existing evidence folder")):
     """Run the mesh for real (torchrun: NCCL on the GPUs when CUDA is present, else gloo on CPU) and compare
-    collectives, times and memory with the plan."""
+    collectives, times, memory and checkpoint (DCP) writes with the plan."""
     _require_torch("validate")
 
     try:
@@ -402,7 +410,10 @@ def validate(config: Path = typer.Argument(..., help="TOML config; its mesh is s
     except ValueError:
         raise ConfigError("--worlds", f"{worlds!r}: give comma-separated integers, e.g. 2,4,8") from None
     opt = Options(worlds=sizes, layers=layers, hidden_div=hidden_div, seq_len=seq_len, vocab=vocab, steps=steps,
-                  timeout_s=timeout_s, tolerance=tolerance, testbed=testbed, probe=probe)
+                  timeout_s=timeout_s, tolerance=tolerance, testbed=testbed, probe=probe,
+                  checkpoint_bytes_per_s=checkpoint_gbps * 1e9 if checkpoint_gbps else None)
+    if checkpoint_gbps is not None and checkpoint_gbps <= 0:
+        raise ConfigError("--checkpoint-gbps", f"{checkpoint_gbps} must be > 0 GB/s")
     raise typer.Exit(validate_main(str(config), opt, out, force))
 
 

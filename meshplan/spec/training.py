@@ -95,7 +95,7 @@ class TrainingSpec(BaseModel):
     def _check(self):
         if self.micro_batch > self.global_batch:
             raise ValueError(f"micro_batch {self.micro_batch} > global_batch {self.global_batch}")
-        if "ac_freq" in self.model_fields_set and self.recompute != "layer":
+        if self.ac_freq != 1 and self.recompute != "layer":
             raise ValueError(f"ac_freq is torchtitan's per-layer checkpointing interval; set recompute = \"layer\" "
                              f"or remove it (recompute is {self.recompute!r})")
         if self.fp8_all_gather and self.sharding not in ("zero3", "hsdp"):

@@ -39,6 +39,7 @@ Fused gate/up at tp 2 (C13), rank 0 holds [w0 w1 v0 v1], rank 1 [w2 w3 v2 v3]:
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
@@ -246,6 +247,28 @@ def load_checkpoint(path, model: torch.nn.Module, optimizer: torch.optim.Optimiz
 
 
 # --------------------------------------------------------------------------- comparison
+
+
+def measure_dcp(model: torch.nn.Module, optimizer: torch.optim.Optimizer, folder, rank: int) -> dict:
+    """One DCP save of ``{"model", "optim"}`` (``get_state_dict``) into ``folder`` (shared by
+    all ranks, ``FileSystemWriter``), then one load back into the same state: seconds of each
+    on this rank (between barriers) and the bytes of the files this rank wrote
+    (``__<rank>_*.distcp``: the shards DCP's planner gave it, replicated ones deduplicated)."""
+    folder = Path(folder)
+    msd, osd = get_state_dict(model, optimizer)
+    state = {"model": msd, "optim": osd}
+    dist.barrier()
+    t0 = time.perf_counter()
+    dcp.save(state, checkpoint_id=str(folder))
+    save_s = time.perf_counter() - t0
+    dist.barrier()
+    written = sum(f.stat().st_size for f in folder.glob(f"__{rank}_*.distcp"))
+    t0 = time.perf_counter()
+    dcp.load(state, checkpoint_id=str(folder))
+    load_s = time.perf_counter() - t0
+    dist.barrier()
+    return {"rank": rank, "save_s": save_s, "load_s": load_s, "bytes_written": written,
+            "files": sorted(f.name for f in folder.glob(f"__{rank}_*.distcp"))}
 
 
 def _full(value: Any) -> Any:

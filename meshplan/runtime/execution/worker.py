@@ -18,6 +18,8 @@
 
 Files under ``DIR/rank<r>/``, each written atomically (temporary file, then rename):
 ``startup.json``, ``collectives.json``, ``memory.json``, ``timings.json``, ``trace.json``,
+``checkpoint.json`` (one DCP save and load after the steps, pp 1:
+:func:`~meshplan.runtime.execution.checkpoint.measure_dcp`),
 and ``status.json``, rewritten at every phase (step, phase, state ``running`` / ``error`` /
 ``done``). ``done`` is written last: a rank's other files count only when it is there.
 
@@ -34,6 +36,7 @@ import argparse
 import contextlib
 import json
 import os
+import shutil
 import signal
 import sys
 import tempfile
@@ -237,6 +240,15 @@ def run(args) -> None:
             os.unlink(tmp)
     write_json(folder / "timings.json", {"rank": rank, "device": device, "threads": torch.get_num_threads(),
                                          "steps": timings})
+    if mesh.degree("pp") == 1:  # DCP save and load after the steps (pipeline stages: not measured yet)
+        from meshplan.runtime.execution.checkpoint import measure_dcp
+
+        status.set(step, "checkpoint")
+        ck = Path(args.out) / "dcp_probe"
+        write_json(folder / "checkpoint.json", measure_dcp(runner.model, runner.opt, ck, rank))
+        dist.barrier()
+        if rank == 0:
+            shutil.rmtree(ck, ignore_errors=True)
     if args.probe_spec:  # the plan's collectives timed after the steps: meshplan.runtime.validation.probe
 
         status.set(step, "collective probe")

@@ -26,7 +26,9 @@ For each world size W (staged: 2, then 4, then 8 ...):
    named).
 5. **Compare** (:mod:`meshplan.runtime.validation.evidence`): collectives of every rank against the
    plan's table (count, group, bytes, dtype), step and phase times against
-   :func:`meshplan.schedule.steptime.step_time`, peak memory against the memory timeline.
+   :func:`meshplan.schedule.steptime.step_time`, peak memory against the memory timeline, and
+   the bytes each rank wrote in a DCP save after the steps against
+   :func:`meshplan.reliability.dcp_write_bytes` (save and load times at ``--checkpoint-gbps``).
 
 Evidence folder ``OUT``: ``validate.json`` and ``summary.md`` (all worlds), and per world
 ``world<W>/``: ``plan.json``, ``gemm_table.json``, ``torchrun.log``, ``rank<r>/`` (the
@@ -84,6 +86,7 @@ class Options:
     tolerance: Optional[float] = None  # relative error allowed on step time and peak memory
     testbed: Optional[str] = None  # prefix of a netns testbed to run across (meshplan.runtime.testbed.run)
     probe: bool = True  # time the plan's collectives in the launch, after the steps (meshplan.runtime.validation.probe)
+    checkpoint_bytes_per_s: Optional[float] = None  # one rank's storage bandwidth: predicts DCP save/load times
 
 
 def scale_mesh(spec: MeshSpec, base_world: int, world: int) -> tuple[MeshSpec, str]:
@@ -262,7 +265,7 @@ def run_world(config: Config, world: int, opt: Options, out: Path, echo=print) -
         result.update(ok=False, stage="run", message=fault["message"], fault=fault)
         write_json_atomic(folder / "comparison.json", result)
         return result
-    comp = compare_world(plan, folder, table, opt.tolerance)
+    comp = compare_world(plan, folder, table, opt.tolerance, opt.checkpoint_bytes_per_s)
     if opt.testbed:  # bytes per NIC over the steps against the plan (meshplan.runtime.testbed.nics)
 
         comp["predicted_vs_measured"] += nic_rows(plan, folder, nic_bytes)
