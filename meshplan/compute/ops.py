@@ -285,8 +285,8 @@ def _elementwise(model: ModelSpec, gpu: GPUSpec, w: Workload, gemms: list[Gemm])
         nb = 2 * b * t * (q_l + kv_l) * model.d_head
         spec.append(("rope", "attn", nb, nb))
     if any(g.name.startswith("expert_") for g in gemms):  # the dispatch buffer's rows (compute.routing)
-        r = routing(w.routing, max(1, t * w.etp // w.tp), model.top_k, model.experts, w.ep)
-        nb = 2 * b * r.recv_rows * h
+        rows = routing(w.routing, max(1, t * w.etp // w.tp), model.top_k, model.experts, w.ep).recv_rows
+        nb = 2 * b * rows * h
         spec += [("moe permute", "mlp", nb, nb), ("moe unpermute", "mlp", nb, nb)]
     out = []
     for name, block, f, bw in spec:

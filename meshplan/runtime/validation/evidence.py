@@ -223,7 +223,8 @@ def checkpoint_rows(plan, folder: Path, bytes_per_s: Optional[float] = None) -> 
     written once, split between their replicas), and the slowest rank's save and load times
     against those bytes (load: all it holds) at ``bytes_per_s`` (``--checkpoint-gbps``; not
     predicted without it). No rows when the run wrote none (pp > 1)."""
-    recs = [json.loads(p.read_text()) for r in range(plan.world) if (p := folder / f"rank{r}" / "checkpoint.json").exists()]
+    files = [folder / f"rank{r}" / "checkpoint.json" for r in range(plan.world)]
+    recs = [json.loads(f.read_text()) for f in files if f.exists()]
     if not recs:
         return []
     size = checkpoint_size(plan.state, plan.mesh)
@@ -237,11 +238,12 @@ def checkpoint_rows(plan, folder: Path, bytes_per_s: Optional[float] = None) -> 
     for q, key, nbytes in (("checkpoint save time", "save_s", pred), ("checkpoint load time", "load_s",
                                                                        size.per_rank_bytes)):
         slow = max(recs, key=lambda x: x[key])
-        p = nbytes / bytes_per_s if bytes_per_s else None
-        rows.append(dict(quantity=q, unit="s", predicted=p, measured=slow[key], measured_min=min(x[key] for x in recs),
-                         rank=slow["rank"], error=slow[key] / p - 1 if p else None,
+        want = nbytes / bytes_per_s if bytes_per_s else None
+        rows.append(dict(quantity=q, unit="s", predicted=want, measured=slow[key],
+                         measured_min=min(x[key] for x in recs), rank=slow["rank"],
+                         error=slow[key] / want - 1 if want else None,
                          note=f"slowest rank; predicted {nbytes:.0f} B at the stated per-rank bandwidth"
-                              if p else "not predicted: give --checkpoint-gbps"))
+                              if want else "not predicted: give --checkpoint-gbps"))
     return rows
 
 
