@@ -143,3 +143,16 @@ def test_array_timeline_equals_reference(mode):
     p = plan_of(grad_accumulation=mode, global_batch=8)
     fast, ref = memory_timeline(p, 0), memory_timeline(p, 0, reference=True)
     assert fast.templates == ref.templates and fast.passes == ref.passes and fast.peak == ref.peak
+
+
+def test_step_verdict_offers_the_accumulation_modes():
+    from meshplan.config import load_config
+    from meshplan.plan import build_plan
+    from meshplan.schedule.verdict import network_verdict
+    from tests.conftest import EXAMPLES
+
+    plan = build_plan(load_config(EXAMPLES / "seed-64gpu.toml"))
+    lines = network_verdict(plan, step_time(plan))
+    assert "reduce-scattered once per micro-batch" in lines[1]
+    assert 'fewer with training.grad_accumulation = "no_sync" or training.grad_accumulation = "no_sync_unsharded"' \
+        in lines[1]

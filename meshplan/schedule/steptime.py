@@ -139,9 +139,9 @@ class StepTime:
                 f"bubble {p.bubble:.4f} as idle/ideal, {p.bubble_of_total:.4f} as idle/total "
                 f"(busiest stage {p.busiest_stage}, pipeline only)",
                 f"exposed communication on stage {self.critical_stage}: {exp}",
+                self.recompute_line(),
                 f"tokens/s {self.tokens_per_s:,.0f}; MFU {self.mfu:.1%} (model FLOP: per-op, causal-half "
-                f"attention, no recompute); HFU {self.hfu:.1%} (executed FLOP, recompute included)",
-                self.recompute_line()] + \
+                f"attention, no recompute); HFU {self.hfu:.1%} (executed FLOP, recompute included)"] + \
             [f"note: {n}" for n in self.notes]
 
     def recompute_s(self, stage: Optional[int] = None) -> float:
