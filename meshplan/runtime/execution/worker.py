@@ -245,7 +245,11 @@ def run(args) -> None:
 
         status.set(step, "checkpoint")
         ck = Path(args.out) / "dcp_probe"
-        write_json(folder / "checkpoint.json", measure_dcp(runner.model, runner.opt, ck, rank))
+        try:
+            rec = measure_dcp(runner.model, runner.opt, ck, rank)
+        except Exception as e:  # a state DCP cannot save is reported, not fatal to the run's other evidence
+            rec = {"rank": rank, "error": f"{type(e).__name__}: {e}"}
+        write_json(folder / "checkpoint.json", rec)
         dist.barrier()
         if rank == 0:
             shutil.rmtree(ck, ignore_errors=True)

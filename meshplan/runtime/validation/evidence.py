@@ -225,6 +225,11 @@ def checkpoint_rows(plan, folder: Path, bytes_per_s: Optional[float] = None) -> 
     predicted without it). No rows when the run wrote none (pp > 1)."""
     files = [folder / f"rank{r}" / "checkpoint.json" for r in range(plan.world)]
     recs = [json.loads(f.read_text()) for f in files if f.exists()]
+    errors = [x for x in recs if "error" in x]
+    if errors:
+        return [dict(quantity="checkpoint bytes written per rank", unit="B", predicted=None, measured=None,
+                     measured_min=None, rank=errors[0]["rank"], error=None,
+                     note=f"DCP save failed on {len(errors)} rank(s): {errors[0]['error']}")]
     if not recs:
         return []
     size = checkpoint_size(plan.state, plan.mesh)
