@@ -81,3 +81,81 @@ def test_validate_measures_dcp_bytes_per_rank(tmp_path):
     assert rows["checkpoint save time"]["predicted"] == pytest.approx(23_608_320 / 2 / 1e9)
     assert rows["checkpoint load time"]["measured"] > 0
     assert not (out / "world2" / "dcp_probe").exists()
+
+
+# --------------------------------------------------------------------------- experts under ep
+
+MOE = dict(layers=1, hidden=32, ffn=64, q_heads=4, kv_heads=2, vocab=64, experts=4, top_k=2, expert_ffn=16)
+
+
+def _moe_model(names, shape, seed):
+    import torch
+
+    from meshplan.mesh.resolve import resolve_mesh
+    from meshplan.runtime.execution.model import Transformer
+    from meshplan.runtime.execution.parallelize import init_mesh, parallelize
+    from meshplan.spec.mesh import MeshSpec
+    from meshplan.spec.model import ModelSpec
+    from meshplan.spec.training import TrainingSpec
+
+    mesh = resolve_mesh(MeshSpec(names=list(names), shape=list(shape)), world=shape[0])
+    training = TrainingSpec(global_batch=4, seq_len=8, param_dtype="fp32", compute_dtype="fp32")
+    with torch.device("meta"):
+        model = Transformer(ModelSpec(name="m", **MOE))
+    parallelize(model, init_mesh(mesh), mesh, training, loss_parallel=False)
+    model.to_empty(device="cpu")
+    model.init_weights(seed=seed)
+    return mesh, model, torch.optim.AdamW(model.parameters(), lr=1e-2)
+
+
+def _ep_save_worker(rank, world, tmp, tag):
+    import torch.distributed as dist
+
+    from meshplan.runtime.execution import checkpoint as C
+    from tests.test_checkpoint import _init
+
+    _init(rank, world, tmp, tag)
+    try:
+        mesh, model, opt = _moe_model(("dp_shard", "ep"), (4, 2), seed=0)
+        C.save_checkpoint(tmp / "ckpt", model, opt, mesh, step=0)
+    finally:
+        dist.destroy_process_group()
+
+
+def _ep1_load_worker(rank, world, tmp, tag):
+    import torch
+    import torch.distributed as dist
+
+    from meshplan.runtime.execution import checkpoint as C
+    from meshplan.runtime.execution.model import Transformer
+    from meshplan.spec.model import ModelSpec
+    from tests.test_checkpoint import _init
+
+    _init(rank, world, tmp, tag)
+    try:
+        mesh, model, opt = _moe_model(("dp_shard",), (2,), seed=1)  # other values
+        C.load_checkpoint(tmp / "ckpt", model, opt, mesh, discard_dp_state=True)
+        ref = Transformer(ModelSpec(name="m", **MOE))
+        ref.init_weights(seed=0)  # the single-process model the ep-2 run split
+        want = dict(ref.named_parameters())
+        got = {k: v.full_tensor() for k, v in model.named_parameters()}
+        experts = [k for k in got if "moe.experts." in k]
+        assert experts and all(got[k].shape[0] == MOE["experts"] for k in experts)
+        bad = [k for k in want if not torch.equal(want[k], got[k])]
+        assert bad == [], bad
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_experts_saved_under_ep2_load_whole_at_ep1(tmp_path):
+    """Saved on 4 ranks (dp_shard 4, ep 2: each rank 2 of the 4 experts, sharded over efsdp 2)
+    right after init, loaded on 2 ranks at ep 1: every weight, all 4 experts included, equals
+    the single-process model's. Before ``checkpoint.ep_global`` DCP took the two ep groups'
+    expert shards for replicas and kept one group's experts."""
+    pytest.importorskip("torch")
+    from tests.test_checkpoint import _spawn
+
+    _spawn(_ep_save_worker, 4, tmp_path, "store0")
+    _spawn(_ep1_load_worker, 2, tmp_path, "store1")
