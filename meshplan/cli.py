@@ -385,6 +385,9 @@ def _print_links(p, st) -> None:
 def reliability(config: Path = typer.Argument(..., help="TOML config"),
                 write_gbps: float = typer.Option(..., "--write-gbps", help="aggregate checkpoint write bandwidth, GB/s"),
                 read_gbps: float = typer.Option(..., "--read-gbps", help="aggregate checkpoint read bandwidth, GB/s"),
+                rank_gbps: Optional[float] = typer.Option(
+                    None, "--rank-gbps", help="storage bandwidth of one rank, GB/s: times the bytes the busiest rank "
+                                              "writes under DCP (its share of replicated shards) and reads back"),
                 restart_overhead_s: float = typer.Option(..., "--restart-overhead-s",
                                                          help="detection + rescheduling + start-up, seconds"),
                 lost_nodes: int = typer.Option(1, "--lost-nodes", help="nodes lost in the restart scenario"),
@@ -393,7 +396,8 @@ def reliability(config: Path = typer.Argument(..., help="TOML config"),
                 force: bool = typer.Option(False, "--force", help="replace an existing --json file")):
     """Failure domains, interruptions per day, checkpoint size and interval, goodput, restart."""
 
-    for name, v in (("--write-gbps", write_gbps), ("--read-gbps", read_gbps)):
+    for name, v in (("--write-gbps", write_gbps), ("--read-gbps", read_gbps)) + ((("--rank-gbps", rank_gbps),)
+                                                                              if rank_gbps is not None else ()):
         check_number(name, v, 1e-3, 1e6, "GB/s", "1 MB/s to 1 PB/s: beyond every storage system, and the write "
                      "and read times stay finite")
     check_number("--restart-overhead-s", restart_overhead_s, 0.0, 1e6, "s", "up to 11.6 days")
@@ -407,7 +411,8 @@ def reliability(config: Path = typer.Argument(..., help="TOML config"),
     if lost_nodes > p.config.cluster.nodes:
         raise ConfigError("--lost-nodes", f"{lost_nodes} is more than the cluster's {p.config.cluster.nodes} nodes")
     r = rel(p, write_bandwidth_bytes_per_s=write_gbps * 1e9, read_bandwidth_bytes_per_s=read_gbps * 1e9,
-            restart_overhead_s=restart_overhead_s)
+            restart_overhead_s=restart_overhead_s,
+            per_rank_bandwidth_bytes_per_s=rank_gbps * 1e9 if rank_gbps else None)
     for line in r.lines():
         _echo(line)
     t = p.config.training
@@ -643,10 +648,14 @@ def validate(config: Path = typer.Argument(..., help="TOML config; its mesh is s
              local_addr: Optional[str] = typer.Option(None, "--local-addr",
                                                       help="this host's address the others reach (torchrun "
                                                            "--local-addr), when its FQDN does not resolve there"),
+             checkpoint_gbps: Optional[float] = typer.Option(
+                 None, "--checkpoint-gbps", help="storage bandwidth of one rank, GB/s: predicts the DCP save and "
+                                                 "load times measured after the steps (bytes per rank are "
+                                                 "predicted without it)"),
              force: bool = typer.Option(False, "--force", help="replace an existing evidence folder")):
     """Run the mesh for real (torchrun: NCCL on the GPUs when CUDA is present, else gloo on CPU) and compare
-    collectives, times and memory with the plan; one host, the netns testbed, or several hosts
-    (--nnodes/--node-rank/--rdzv-endpoint)."""
+    collectives, times, memory and checkpoint (DCP) writes with the plan; one host, the netns testbed, or
+    several hosts (--nnodes/--node-rank/--rdzv-endpoint)."""
     _require_torch("validate")
 
     try:
@@ -656,9 +665,12 @@ def validate(config: Path = typer.Argument(..., help="TOML config; its mesh is s
     for w in sizes:
         check_number("--worlds", w, 1, 4096, "ranks")
     _check_run_options(layers, seq_len, vocab, steps, hidden_div, timeout_s, tolerance)
+    if checkpoint_gbps is not None:
+        check_number("--checkpoint-gbps", checkpoint_gbps, 1e-3, 1e6, "GB/s")
     opt = Options(worlds=sizes, layers=layers, hidden_div=hidden_div, seq_len=seq_len, vocab=vocab, steps=steps,
                   timeout_s=timeout_s, tolerance=tolerance, testbed=testbed, probe=probe, nnodes=nnodes,
-                  node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, local_addr=local_addr)
+                  node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, local_addr=local_addr,
+                  checkpoint_bytes_per_s=checkpoint_gbps * 1e9 if checkpoint_gbps else None)
     raise typer.Exit(validate_main(str(config), opt, out, force))
 
 

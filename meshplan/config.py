@@ -96,8 +96,9 @@ def config_from_dict(data: dict[str, Any], base: Path | None = None, path: str |
         if not isinstance(data[t], dict):
             raise ConfigError(t, "must be a table")
     mesh, notes = _mesh(data["mesh"]) if "mesh" in data else (None, ())
-    return Config(model=_model(data["model"], base), cluster=_cluster(data["cluster"]),
-                  training=build(TrainingSpec, data["training"], "training"), mesh=mesh, path=path,
+    model, training = _model(data["model"], base), build(TrainingSpec, data["training"], "training")
+    _check_routing(model, training)
+    return Config(model=model, cluster=_cluster(data["cluster"]), training=training, mesh=mesh, path=path,
                   memory=build(MemoryOptions, data.get("memory", {}), "memory"),
                   search=build(SearchOptions, data.get("search", {}), "search"), notes=notes)
 
@@ -120,6 +121,22 @@ def _mesh(t: dict) -> tuple[MeshSpec, tuple[str, ...]]:
     renamed = dict(zip(given, names))
     degrees = {renamed.get(k, k): v for k, v in (spec.degrees or {}).items()}
     return spec.model_copy(update={"order": "-".join(names), "degrees": degrees}), notes
+
+
+def _check_routing(model: ModelSpec, training: TrainingSpec) -> None:
+    """The MoE routing keys of [training] against the model: only for an MoE model, and the
+    busiest expert's share at least the balanced 1 / experts."""
+    keys = [k for k in ("moe_capacity_factor", "moe_dropless", "moe_hottest_expert_share")
+            if k in training.model_fields_set]
+    if keys and not model.is_moe:
+        raise ConfigError(f"training.{keys[0]}", f"{model.name} has no experts; remove the MoE routing keys")
+    p = training.moe_hottest_expert_share
+    if p is not None and p * model.experts < 1 - 1e-9:
+        raise ConfigError("training.moe_hottest_expert_share", f"{p} is below the balanced share 1 / experts "
+                          f"{model.experts} = {1 / model.experts:.4g}; give a share in [1/experts, 1]")
+    if training.moe_dropless and "moe_capacity_factor" in training.model_fields_set:
+        raise ConfigError("training.moe_capacity_factor", "dropless routing has no capacity; remove one of "
+                          "moe_dropless and moe_capacity_factor")
 
 
 def build(cls: type[BaseModel], values: dict, table: str) -> Any:

@@ -29,6 +29,7 @@ from meshplan.compute.shapes import (
     layer_gemms,
     output_gemm,
 )
+from meshplan.compute.routing import RoutingOptions, routing
 from meshplan.config import Config
 from meshplan.errors import ConfigError
 from meshplan.memory import constraints as cons
@@ -205,6 +206,15 @@ def build_plan(config: Config, constraints: cons.Constraints | None = None) -> P
         raise ConfigError("mesh.world", f"{world} ranks but the cluster has {c.world} GPUs "
                           f"({c.nodes} nodes x {c.node.gpus}); use fewer ranks or more nodes")
     mesh = resolve_mesh(spec, world, gpus_per_node=c.node.gpus)
+    if t.grad_accumulation != "sync" and not isinstance(mesh, resolve.Infeasible) and mesh.degree("pp") > 1:
+        raise ConfigError("training.grad_accumulation", f"{t.grad_accumulation!r} is for pp 1; with pp "
+                          f"{mesh.degree('pp')} torch.distributed.pipelining turns gradient sync and "
+                          "reshard-after-backward off itself: remove the key")
+    if t.recompute == "op" and not isinstance(mesh, resolve.Infeasible) and \
+            max(mesh.degree("tp"), mesh.degree("cp"), mesh.ep) > 1:
+        raise ConfigError("training.recompute", "'op' (torchtitan op-level selective AC) is planned with tp = cp = "
+                          "ep = 1 only: which TP/CP/EP collectives its recompute replays (it saves reduce-scatter "
+                          "outputs, not all-gathers) is not modelled yet; use 'layer', 'selective' or 'full'")
     if constraints is None:
         constraints = cons.constraints(m, t, c, world)
     if isinstance(mesh, resolve.Infeasible):
@@ -221,10 +231,15 @@ def build_plan(config: Config, constraints: cons.Constraints | None = None) -> P
                           micro_batches=v.micro_batches)
     tp, cp = mesh.degree("tp"), mesh.degree("cp")
     tokens = t.micro_batch * t.seq_len // cp
-    gemms = layer_gemms(m, tp, tokens, ep=mesh.ep, etp=mesh.etp)
+    gemms = layer_gemms(m, tp, tokens, ep=mesh.ep, etp=mesh.etp, routing_options=RoutingOptions.of(t))
     gemms.append(output_gemm(m, tp, tokens, padded_vocab(m.vocab, t.vocab_pad_divisor, tp)))
     annotated = cons.annotate_axes(constraints, m, t, c, mesh, v.stages, v.micro_batches)
-    plan = Plan(config=config, spec=spec, world=world, reasons=(), notes=v.notes, derivation=mesh.derivation,
+    notes = v.notes
+    if m.is_moe:  # the capacity (or the dropless rows) every ep rank uses, with its arithmetic
+        ro = RoutingOptions.of(t)
+        notes += (routing(ro, max(1, tokens * mesh.etp // tp), m.top_k, m.experts, mesh.ep).describe(
+            ro, m.top_k, m.experts, mesh.ep),)
+    plan = Plan(config=config, spec=spec, world=world, reasons=(), notes=notes, derivation=mesh.derivation,
                 mesh=mesh, stages=v.stages, vpp=v.vpp, micro_batches=v.micro_batches, placement=placement,
                 flags=flags, gemms=tuple(gemms), attention=attention_shape(m, tp, cp, t.micro_batch, t.seq_len),
                 state=tuple(state_bytes(m, mesh, t, v.stages)), constraints=annotated,

@@ -93,10 +93,13 @@ def failure_domains(cluster: ClusterSpec, world: int) -> list[FailureDomain]:
 
 @dataclass(frozen=True)
 class CheckpointSize:
-    """``per_rank_bytes``: the most loaded rank; ``total_bytes``: distinct shards once."""
+    """``per_rank_bytes``: what the most loaded rank holds (and reads back on load);
+    ``total_bytes``: distinct shards once; ``written_per_rank_bytes``: what the busiest rank
+    writes under DCP (:func:`dcp_write_bytes`; 0: unknown, ``per_rank_bytes`` is used)."""
 
     per_rank_bytes: float
     total_bytes: float
+    written_per_rank_bytes: float = 0.0
 
 
 def checkpoint_size(states, mesh) -> CheckpointSize:
@@ -107,21 +110,55 @@ def checkpoint_size(states, mesh) -> CheckpointSize:
     for st in states:
         items = [i for i in st.items if i.kind in CHECKPOINT_KINDS]
         per_rank = max(per_rank, sum(i.size_bytes for i in items))
-        total += sum(i.size_bytes * (ep * etp if i.group == "expert" else tp) * i.divisor for i in items)
-    return CheckpointSize(per_rank, total)
+        total += sum(i.size_bytes * _distinct(i, tp, ep, etp) for i in items)
+    return CheckpointSize(per_rank, total, max(dcp_write_bytes(states, mesh)))
+
+
+def _distinct(item, tp: int, ep: int, etp: int) -> int:
+    """Distinct shards of one state item on a stage: its model split (tp, or ep x etp for
+    experts) times its data-parallel shard degree."""
+    return (ep * etp if item.group == "expert" else tp) * item.divisor
+
+
+def dcp_write_bytes(states, mesh) -> list[float]:
+    """Bytes one rank of each stage writes under DCP (torch.distributed.checkpoint): the
+    default save planner deduplicates replicated shards (``dedup_save_plans``), writing each
+    once, from the replica whose plan is smallest so far, so the ``r`` ranks holding the same
+    shard split its bytes. A stage's ``world / pp`` ranks hold ``split x divisor`` distinct
+    shards of an item (:func:`_distinct`), each held by ``r = (world / pp) / (split x divisor)``
+    ranks (dp_replicate under HSDP, dp under DDP, 1 under FSDP): a rank writes
+    ``sum(size / r)``, the balanced share (greedy: within one tensor of it).
+
+    DDP over dp 4 (nothing sharded): each rank holds the whole model and writes a quarter:
+
+    >>> from types import SimpleNamespace as N
+    >>> mesh = N(world=4, degree=lambda a: {"tp": 1, "ep": 1, "etp": 1, "pp": 1}.get(a, 1))
+    >>> item = N(kind="params", group="dense", size_bytes=1000, divisor=1)
+    >>> dcp_write_bytes([N(items=[item])], mesh)
+    [250.0]
+    """
+    tp, ep, etp, pp = mesh.degree("tp"), mesh.degree("ep"), mesh.degree("etp"), mesh.degree("pp")
+    ranks = mesh.world / pp
+    return [sum(i.size_bytes * _distinct(i, tp, ep, etp) / ranks for i in st.items if i.kind in CHECKPOINT_KINDS)
+            for st in states]
 
 
 def write_time_s(size: CheckpointSize, bandwidth_bytes_per_s: float,
-                 per_rank_bandwidth_bytes_per_s: Optional[float] = None) -> float:
-    """Seconds to write (or read) the checkpoint: total bytes / aggregate storage bandwidth,
-    or the most loaded rank's bytes / its own bandwidth when that is slower.
+                 per_rank_bandwidth_bytes_per_s: Optional[float] = None, read: bool = False) -> float:
+    """Seconds to write (or, ``read``, read) the checkpoint: total bytes / aggregate storage
+    bandwidth, or the busiest rank's bytes / its own bandwidth when that is slower; a rank
+    writes its DCP share (``written_per_rank_bytes``) and reads back all it holds.
 
     >>> write_time_s(CheckpointSize(2e9, 1e12), 50e9, 1e9)
     20.0
+    >>> size = CheckpointSize(2e9, 1e12, 5e8)  # holds 2 GB, writes its 0.5 GB DCP share
+    >>> write_time_s(size, 2000e9, 1e9), write_time_s(size, 2000e9, 1e9, read=True)
+    (0.5, 2.0)
     """
     t = size.total_bytes / bandwidth_bytes_per_s
     if per_rank_bandwidth_bytes_per_s:
-        t = max(t, size.per_rank_bytes / per_rank_bandwidth_bytes_per_s)
+        rank = size.per_rank_bytes if read or not size.written_per_rank_bytes else size.written_per_rank_bytes
+        t = max(t, rank / per_rank_bandwidth_bytes_per_s)
     return t
 
 
@@ -162,6 +199,7 @@ class Reliability:
     write_s: float
     read_s: float
     restart_overhead_s: float
+    per_rank_bandwidth_bytes_per_s: Optional[float] = None
 
     @property
     def mtbf_s(self) -> float:
@@ -180,6 +218,16 @@ class Reliability:
     def goodput(self) -> float:
         return goodput(self.interval_s, self.write_s, self.restart_s, self.mtbf_s)
 
+    def dcp_line(self) -> str:
+        """What the busiest rank writes under DCP and, at the stated per-rank bandwidth, how long."""
+        ck, bw = self.checkpoint, self.per_rank_bandwidth_bytes_per_s
+        out = (f"DCP: the busiest rank writes {ck.written_per_rank_bytes / 1e9:.3f} GB (replicated shards written "
+               f"once, split between the replicas that hold them) and reads back {ck.per_rank_bytes / 1e9:.3f} GB")
+        if bw:
+            out += (f"; at {bw / 1e9:g} GB/s per rank: write {ck.written_per_rank_bytes / bw:.2f} s, read "
+                    f"{ck.per_rank_bytes / bw:.2f} s")
+        return out
+
     def lines(self) -> list[str]:
         m, c = self.mtbf_s, self.write_s
         return [f"{self.gpus} GPUs x {self.rate_per_gpu_day:.3g} interruptions per GPU-day = "
@@ -188,6 +236,7 @@ class Reliability:
                 "failure domains: " + "; ".join(f"{d.name} {d.count} x {d.gpus_each} GPU" for d in self.domains),
                 f"checkpoint {self.checkpoint.total_bytes / 1e9:.1f} GB total, {self.checkpoint.per_rank_bytes / 1e9:.2f} "
                 f"GB on the most loaded rank; write {c:.1f} s, read {self.read_s:.1f} s",
+                self.dcp_line(),
                 f"interval: Young sqrt(2 C M) = {young_interval_s(c, m) / 60:.1f} min, Daly = {self.interval_s / 60:.1f} min",
                 f"restart cost R = {self.restart_overhead_s:.0f} s overhead + {self.read_s:.1f} s read = {self.restart_s:.1f} s; "
                 f"expected goodput {self.goodput:.1%} (Daly 2006 model)"]
@@ -201,8 +250,8 @@ def reliability(plan, *, write_bandwidth_bytes_per_s: float, read_bandwidth_byte
     size = checkpoint_size(plan.state, plan.mesh)
     return Reliability(plan.world, rate_per_gpu_day, tuple(failure_domains(plan.config.cluster, plan.world)), size,
                        write_time_s(size, write_bandwidth_bytes_per_s, per_rank_bandwidth_bytes_per_s),
-                       write_time_s(size, read_bandwidth_bytes_per_s, per_rank_bandwidth_bytes_per_s),
-                       restart_overhead_s)
+                       write_time_s(size, read_bandwidth_bytes_per_s, per_rank_bandwidth_bytes_per_s, read=True),
+                       restart_overhead_s, per_rank_bandwidth_bytes_per_s)
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,7 @@ CASES = [
     (with_("model.hidden", "wide"), "model.hidden", "Input should be a valid integer"),
     (with_("model.layers", 0), "model.layers", "greater than 0"),
     (with_("model.catalog", "llama9"), "model.catalog", "unknown model 'llama9'; known: gpt3-175b"),
-    (with_("training.recompute", "partial"), "training.recompute", "Input should be 'none', 'selective' or 'full'"),
+    (with_("training.recompute", "partial"), "training.recompute", "Input should be 'none', 'selective', 'full', 'layer' or 'op'"),
     (with_("training.global_batch", None), "training.global_batch", "required key missing in [training]"),
     (with_("training.memory_reserve", 1.5), "training.memory_reserve", "less than 1"),
     (with_("cluster.system", "dgx-z"), "cluster.system", "unknown node 'dgx-z'; known: dgx-a100"),

@@ -30,14 +30,20 @@ Conventions, matched op by op against what torch 2.13 issues for DTensor TP/SP a
 - Loss parallel (last stage, tp > 1): three all-reduces of b*s fp32 values (max, sum of
   exponentials, target logit); without it, one all-gather of the b*s*V logits.
 - Full recompute: torch's non-reentrant checkpoint replays each layer's forward up to its last
-  saved tensor, so it repeats every forward TP collective except the last one of the layer.
+  saved tensor, so it repeats every forward TP collective except the last one of the layer;
+  torchtitan's per-layer AC (``recompute = "layer"``) does so in its checkpointed layers
+  (``TrainingSpec.layer_recomputed``); its op-level AC is planned with tp = cp = ep = 1 only.
 - FSDP2 (zero3, hsdp): one unit per transformer layer and a root unit (embedding, final norm,
   output on the stages that hold them). Each unit is all-gathered in forward, again in
   backward when ``reshard_after_forward`` (never for the root, which FSDP2 keeps gathered),
   and its gradients reduce-scattered in backward, every micro-batch. FSDP2 pads dim 0 of each
   parameter to a multiple of the shard degree (:func:`~meshplan.mesh.tpsplit.fsdp_padded_numel`).
   HSDP all-reduces each unit's gradient shard over dp_replicate. Expert weights form their
-  own unit over efsdp (torchtitan).
+  own unit over efsdp (torchtitan). Gradient accumulation with pp 1
+  (``training.grad_accumulation``): ``no_sync`` reduce-scatters (and HSDP all-reduces) once
+  per step, in the last micro-batch; ``no_sync_unsharded`` also gathers in forward only in
+  micro-batch 0 (:func:`_accumulation_gathers`); measured with torch 2.13's FSDP2 on the
+  fake process group (``tests/test_grad_accumulation.py``).
 - ZeRO-1/2 (Megatron distributed optimizer): one gradient reduce-scatter and one parameter
   all-gather per step, as one bucket per stage. DDP (none): one backward all-reduce of all gradients
   in the parameter dtype, torch 2.13's first step (:func:`meshplan.runtime.execution.parallelize.apply_ddp`).
@@ -72,13 +78,16 @@ Conventions, matched op by op against what torch 2.13 issues for DTensor TP/SP a
 - EP: all-to-all dispatch and combine per MoE layer in forward, and their gradients in
   backward; full recompute replays both (non-reentrant checkpoint: the combine's output is
   saved by the gate multiply), so backward has 4 per MoE layer. Each rank dispatches a
-  fixed buffer of ``experts x C`` token rows, ``C = ceil(T * top_k / experts)`` for its
-  ``T = b*s/cp * etp/tp`` distinct tokens (:func:`meshplan.compute.shapes.expert_capacity`, capacity
-  factor 1: overflowing copies dropped, empty slots padded), so the bytes are known before
+  fixed buffer of ``experts x C`` token rows, ``C = ceil(f * T * top_k / experts)`` for its
+  ``T = b*s/cp * etp/tp`` distinct tokens (:mod:`meshplan.compute.routing`, capacity
+  factor f = ``training.moe_capacity_factor``, default 1: overflowing copies dropped, empty
+  slots padded), so the bytes are known before
   routing; torch cannot size an all-to-all by the router's (data-dependent) counts without
   an extra exchange of counts. Equal to ``T * top_k`` rows when experts divides it, the
   balanced-routing size used before (runtime MoE: :mod:`meshplan.runtime.execution.moe`, measured
-  with torch 2.13 on gloo).
+  with torch 2.13 on gloo). Dropless (``training.moe_dropless``): the buffer is the busiest
+  rank's received rows under the stated ``moe_hottest_expert_share`` (its all-to-all sets
+  the time every rank waits for).
 """
 
 from __future__ import annotations
@@ -90,7 +99,7 @@ from typing import Optional
 import numpy as np
 
 from meshplan.comm.alphabeta import REFERENCE_STEP_S, busbw_factor, collective_time
-from meshplan.compute.shapes import expert_capacity
+from meshplan.compute.routing import RoutingOptions, routing
 from meshplan.mesh.resolve import Mesh
 from meshplan.mesh.tpsplit import (
     fsdp_padded_numel,
@@ -286,7 +295,7 @@ def _tp_layer_ops(c: _Ctx, layer: int) -> tuple[list[str], list[str]]:
         # all-gathers it again for the weight gradient: the attention's and a dense MLP's
         # (schedule/rank_timeline._block_backward; not where B and W are separate units)
         bwd += ["all-gather"] * (1 if moe else 2)
-    if c.training.recompute == "full":
+    if c.training.layer_recomputed(c.layers.index(layer)):
         bwd += fwd if moe and sp and not m.shared_experts else fwd[:-1]
     return [o.rstrip("+") for o in fwd], [o.rstrip("+") for o in bwd]
 
@@ -355,42 +364,49 @@ def _cp_rows(add, c: _Ctx) -> None:
     _, kv_l, _ = local_heads(c.model, c.mesh.degree("tp"))
     kv_full = 2 * t.micro_batch * t.seq_len * kv_l * c.model.d_head * dtype_bytes(t.compute_dtype)
     nl = len(c.layers)
+    replayed = sum(t.layer_recomputed(k) for k in range(nl))  # checkpointed layers (full, torchtitan per-layer AC)
     add("cp", "forward", "all-gather", kv_full, t.compute_dtype, nl, "every layer (K and V)", "attention")
-    if t.recompute == "full":  # the checkpoint's replay of the forward gathers K and V again
-        add("cp", "backward", "all-gather", kv_full, t.compute_dtype, nl, "every layer, recomputed (K and V)",
+    if replayed:  # the checkpoint's replay of the forward gathers K and V again
+        add("cp", "backward", "all-gather", kv_full, t.compute_dtype, replayed,
+            "every layer, recomputed (K and V)" if replayed == nl else "every checkpointed layer, recomputed (K and V)",
             "recomputed attention")
     add("cp", "backward", "reduce-scatter", kv_full, t.compute_dtype, nl, "every layer (dK and dV)",
         "previous layer's backward")
 
 
-def _units(c: _Ctx, shards: dict[str, int]) -> list[tuple[str, str, int, int]]:
+def _units(c: _Ctx, shards: dict[str, int]) -> list[tuple[str, str, int, int, int, int]]:
     """FSDP units of the stage as (label, axis, unsharded elements per rank incl. padding,
-    local chunk); the root's chunk is the first (embedding) or the last (output layer); under a
-    V-shaped schedule stage 0 holds both, each chunk module its own FSDP root."""
+    local chunk, all-gather bytes, float8 weights); the root's chunk is the first
+    (embedding) or the last (output layer); under a V-shaped schedule stage 0 holds both, each
+    chunk module its own FSDP root. All-gather bytes: each weight in
+    ``training.gather_dtype`` (float8 Linear weights beside compute-dtype norms and
+    embeddings in one buffer under ``fp8_all_gather``)."""
     m, mesh, t = c.model, c.mesh, c.training
     tp, ep, etp = mesh.degree("tp"), mesh.ep, mesh.etp
     pad = t.sharding in ("zero3", "hsdp")
 
-    def size(tensors, axis):
-        if pad:
-            return sum(fsdp_padded_numel(x, m, shards[axis], tp, ep, etp) for x in tensors)
-        return sum(local_numel(x, m, tp, ep, etp) for x in tensors)
+    def numel(x, axis):
+        return fsdp_padded_numel(x, m, shards[axis], tp, ep, etp) if pad else local_numel(x, m, tp, ep, etp)
+
+    def unit(label, axis, tensors, chunk):
+        n = [numel(x, axis) for x in tensors]
+        fp8 = sum(t.gather_dtype(x) == "fp8" for x in tensors)
+        return (label, axis, sum(n), chunk, sum(k * dtype_bytes(t.gather_dtype(x)) for k, x in zip(n, tensors)), fp8)
 
     out = []
     for i in c.layers:
         ts = m.layer_tensors(i)
         k = (c.chunk_of or {}).get(i, 0)
-        out.append(("layer", "fsdp", size([x for x in ts if not x.expert], "fsdp"), k))
+        out.append(unit("layer", "fsdp", [x for x in ts if not x.expert], k))
         if any(x.expert for x in ts):
-            out.append(("experts", "efsdp", size([x for x in ts if x.expert], "efsdp"), k))
+            out.append(unit("experts", "efsdp", [x for x in ts if x.expert], k))
     v = padded_vocab(m.vocab, t.vocab_pad_divisor, tp)
     emb = m.embedding_tensors(v) if c.first else []
     head = [x for x in (m.head_tensors(v) if c.last else []) if not (x.tied and c.first)]
     if c.first and c.last and c.vpp > 1:  # a V: the embedding's chunk and the output layer's are two FSDP roots
-        out += [("root (embedding)", "fsdp", size(emb, "fsdp"), 0), ("root (norm/output)", "fsdp", size(head, "fsdp"),
-                                                                       c.vpp - 1)]
+        out += [unit("root (embedding)", "fsdp", emb, 0), unit("root (norm/output)", "fsdp", head, c.vpp - 1)]
     else:
-        out.append(("root (embedding/norm/output)", "fsdp", size(emb + head, "fsdp"), 0 if c.first else c.vpp - 1))
+        out.append(unit("root (embedding/norm/output)", "fsdp", emb + head, 0 if c.first else c.vpp - 1))
     return [u for u in out if u[2] > 0]
 
 
@@ -401,26 +417,30 @@ def _dp_rows(add, c: _Ctx) -> None:
     if t.sharding in ("zero3", "hsdp"):
         pipelined = mesh.degree("pp") > 1
         units = _units(c, shards)
-        for (label, axis, numel), n in Counter(u[:3] for u in units).items():
+        for (label, axis, numel, gbytes, fp8), n in Counter(u[:3] + u[4:] for u in units).items():
             root = label.startswith("root")
             cadence = f"per {label}" if root else f"every {label}"
+            gdt = ag if not fp8 else "uint8" if gbytes != numel else "fp8"  # FSDP2: mixed dtypes in a byte buffer
             per_step = _pipelined_gathers(c, root, [u[3] for u in units if u[:3] == (label, axis, numel)]) \
-                if pipelined else None
+                if pipelined else _accumulation_gathers(c, root, n)
             fwd = (0, per_step[0]) if per_step is not None else (n, None)
             back = (0, per_step[1]) if per_step is not None else (0 if root or not t.reshard_after_forward else n, None)
-            red = (0, n) if pipelined else (n, None)
-            add(axis, "forward", "all-gather", numel * dtype_bytes(ag), ag, fwd[0], cadence, f"the {label}'s GEMMs", 7,
+            red = (0, n) if pipelined or t.grad_accumulation != "sync" else (n, None)
+            add(axis, "forward", "all-gather", gbytes, gdt, fwd[0], cadence, f"the {label}'s GEMMs", 7,
                 per_step=fwd[1])
-            add(axis, "backward", "all-gather", numel * dtype_bytes(ag), ag, back[0], cadence,
+            add(axis, "backward", "all-gather", gbytes, gdt, back[0], cadence,
                 f"the {label}'s backward", 7, per_step=back[1])
             add(axis, "backward", "reduce-scatter", numel * dtype_bytes(rs), rs, red[0], cadence, "optimizer step",
                 per_step=red[1])
             if "dp_replicate" in mesh.layout.names:
                 add("dp_replicate", "backward", "all-reduce", numel // shards[axis] * dtype_bytes(rs), rs, red[0],
                     cadence + " (HSDP replicas)", "optimizer step", per_step=red[1])
+        amax = sum(u[5] for u in units if u[1] == "fsdp")
+        add("fsdp", "step", "all-reduce", amax * 4, "fp32", 0, "once per step (float8 amax of every float8 weight, "
+            "precompute_float8_dynamic_scale_for_fsdp)", "next step's forward", depth=0, per_step=1)
         return
     by_axis: Counter[str] = Counter()
-    for _, axis, numel, _ in _units(c, shards):
+    for _, axis, numel, *_ in _units(c, shards):
         by_axis[axis] += numel
     for axis, numel in by_axis.items():
         if t.sharding in ("zero1", "zero2"):
@@ -445,14 +465,36 @@ def _pipelined_gathers(c: _Ctx, root: bool, chunks: list[int]) -> tuple[int, int
     return sum(per[(ch, "F")] for ch in chunks), sum(per[(ch, "B")] for ch in chunks)
 
 
+def _accumulation_gathers(c: _Ctx, root: bool, n: int) -> Optional[tuple[int, int]]:
+    """(forward, backward) all-gathers per step of ``n`` FSDP units of one kind with pp 1
+    under ``training.grad_accumulation`` (None for ``sync``: ``n`` per micro-batch, the
+    table's per-micro-batch rows). ``no_sync`` gathers as ``sync`` does (parameters are
+    resharded after every backward); ``no_sync_unsharded`` keeps them gathered from a
+    backward to the next forward, so only micro-batch 0's forward gathers, and backward
+    gathers every micro-batch only when ``reshard_after_forward`` (never the root, which
+    FSDP2 does not reshard after forward). The walk is :func:`fsdp_gather_flags` on pp 1.
+
+    With m = 4 micro-batches, reshard_after_forward true, 3 layer units: ``no_sync``
+    gathers (12, 12), ``no_sync_unsharded`` (3, 12), its root (1, 0).
+    """
+    mode = c.training.grad_accumulation
+    if mode == "sync":
+        return None
+    flags = fsdp_gather_flags(c.schedule, 1, c.micro, 1, 0, c.training.reshard_after_forward and not root,
+                              reshard_after_backward=mode == "no_sync")
+    per = Counter(k for (_, k, _), g in flags.items() if g)
+    return n * per["F"], n * per["B"]
+
+
 def fsdp_gather_flags(schedule: Schedule, pp: int, micro: int, vpp: int, stage: int,
-                      reshard: bool) -> dict[tuple[int, str, int], bool]:
+                      reshard: bool, reshard_after_backward: bool = False) -> dict[tuple[int, str, int], bool]:
     """Whether each F or B pass ``(chunk, kind, micro-batch)`` of stage ``stage`` all-gathers
     its chunk's FSDP units, as torch ``PipelineStage`` runs FSDP2 with pp > 1: gradient sync
     and reshard-after-backward are off for every backward but the last, so a unit stays
     gathered after a backward, is resharded after a forward when ``reshard`` (FSDP2's
     ``reshard_after_forward``; never the root), and is gathered whenever a pass finds it
-    sharded. Walks :func:`meshplan.pipeline.simulate.stage_order`.
+    sharded. Walks :func:`meshplan.pipeline.simulate.stage_order`. ``reshard_after_backward``
+    (pp 1, ``training.grad_accumulation = "no_sync"``): every backward but the last reshards.
 
     >>> f = fsdp_gather_flags("1f1b", 2, 3, 1, 0, reshard=False)
     >>> [k for k, g in f.items() if g]
@@ -467,7 +509,7 @@ def fsdp_gather_flags(schedule: Schedule, pp: int, micro: int, vpp: int, stage: 
         if u.kind not in ("F", "B"):
             continue
         out[(u.chunk, u.kind, u.mb)] = sharded[u.chunk]
-        sharded[u.chunk] = reshard if u.kind == "F" else False
+        sharded[u.chunk] = reshard if u.kind == "F" else reshard_after_backward
     return out
 
 
@@ -485,24 +527,26 @@ def _pp_ep_rows(add, c: _Ctx) -> None:
             "previous stage's backward")
         if m.tied_embeddings and (c.first or c.last) and not (c.first and c.last):  # first and last pp rank
             pp0 = mesh.group_of(0, "pp")
-            add("pp", "step", "all-reduce", _tied_grad_bytes(c), t.param_dtype, 0,
+            add("pp", "step", "all-reduce", _tied_grad_bytes(c), t.grad_dtype, 0,
                 "once per step (tied embedding gradients, first and last stage)", "optimizer step", depth=0,
                 per_step=1, ranks=(pp0[0], pp0[-1]))
     if mesh.ep > 1:
         moe = sum(m.is_moe_layer(i) for i in c.layers)
+        replayed = sum(m.is_moe_layer(i) and t.layer_recomputed(k) for k, i in enumerate(c.layers))
         tokens = t.micro_batch * (t.seq_len // mesh.degree("cp")) * mesh.etp // mesh.degree("tp")  # see shapes
-        a2a = m.experts * expert_capacity(tokens, m.top_k, m.experts) * m.hidden * dtype_bytes(dt)
+        rows = routing(RoutingOptions.of(t), max(1, tokens), m.top_k, m.experts, mesh.ep).recv_rows
+        a2a = rows * m.hidden * dtype_bytes(dt)
         add("ep", "forward", "all-to-all", a2a, dt, 2 * moe, "every MoE layer (dispatch, combine)", "expert GEMMs")
-        add("ep", "backward", "all-to-all", a2a, dt, (4 if t.recompute == "full" else 2) * moe, "every MoE layer",
-            "expert GEMMs")
+        add("ep", "backward", "all-to-all", a2a, dt, 2 * moe + 2 * replayed, "every MoE layer", "expert GEMMs")
 
 
 def _tied_grad_bytes(c: _Ctx) -> int:
     """Bytes of one rank's gradient of a tied embedding copy (padded vocab x hidden split
     over tp, then dim 0 over fsdp under FSDP2: ``ceil(rows / fsdp)`` rows; a last shard of
-    uneven rows is smaller) in the parameter dtype, as FSDP2 leaves the reduced gradient."""
+    uneven rows is smaller) in the main-gradient dtype ``training.grad_dtype`` (Megatron-LM
+    all-reduces the fp32 main gradients, like the data-parallel reduction beside it)."""
     t, mesh = c.training, c.mesh
     tp = mesh.degree("tp")
     emb = c.model.embedding_tensors(padded_vocab(c.model.vocab, t.vocab_pad_divisor, tp))[0]
     fsdp = mesh.degree("fsdp") if t.sharding in ("zero3", "hsdp") else 1
-    return fsdp_padded_numel(emb, c.model, fsdp, tp) // fsdp * dtype_bytes(t.param_dtype)
+    return fsdp_padded_numel(emb, c.model, fsdp, tp) // fsdp * dtype_bytes(t.grad_dtype)

@@ -54,6 +54,7 @@ from typing import Optional
 
 from meshplan.compute.gemm import GemmTable, gemm_efficiency, gemm_model, gemm_time, load_gemm_table  # noqa: F401
 from meshplan.compute.measured import attention_seconds, bandwidth, kernel_data
+from meshplan.compute.routing import RoutingOptions, routing
 from meshplan.compute.shapes import Attention, Gemm, attention_shape, backward_gemms, layer_gemms
 from meshplan.spec.cluster import GPUSpec
 from meshplan.spec.model import ModelSpec
@@ -62,7 +63,7 @@ from meshplan.units import dtype_bytes
 
 PHASES = ("forward", "backward_input", "backward_weight")
 BLOCKS = ("embed", "attn_pre", "attn", "attn_post", "mlp_pre", "mlp", "mlp_post", "head")
-RECOMPUTE = ("none", "selective", "full")
+RECOMPUTE = ("none", "selective", "full", "op")  # torchtitan's "layer": "full" or "none" per layer (layer_workload)
 
 
 @dataclass(frozen=True)
@@ -83,9 +84,10 @@ class Workload:
     flash: bool = True
     dropout: bool = False
     vocab_pad_divisor: int = 128
+    routing: RoutingOptions = RoutingOptions()
 
     def __post_init__(self):
-        if self.recompute not in RECOMPUTE:
+        if self.recompute not in RECOMPUTE + ("layer",):
             raise ValueError(f"recompute {self.recompute!r} is not one of {RECOMPUTE}")
 
     @property
@@ -282,8 +284,9 @@ def _elementwise(model: ModelSpec, gpu: GPUSpec, w: Workload, gemms: list[Gemm])
     if model.position_embedding == "rope":
         nb = 2 * b * t * (q_l + kv_l) * model.d_head
         spec.append(("rope", "attn", nb, nb))
-    if any(g.name.startswith("expert_") for g in gemms):
-        nb = 2 * b * t * model.top_k * h
+    if any(g.name.startswith("expert_") for g in gemms):  # the dispatch buffer's rows (compute.routing)
+        rows = routing(w.routing, max(1, t * w.etp // w.tp), model.top_k, model.experts, w.ep).recv_rows
+        nb = 2 * b * rows * h
         spec += [("moe permute", "mlp", nb, nb), ("moe unpermute", "mlp", nb, nb)]
     out = []
     for name, block, f, bw in spec:
@@ -320,7 +323,7 @@ def layer_cost(model: ModelSpec, gpu: GPUSpec, w: Workload, layer: int = -1,
                table: Optional[GemmTable] = None) -> Cost:
     """Every op of transformer layer ``layer`` (-1: the last) on one rank for one micro-batch,
     forward, backward (B and W) and recompute, per the module conventions."""
-    gemms = layer_gemms(model, w.tp, w.tokens, layer=layer, ep=w.ep, etp=w.etp)
+    gemms = layer_gemms(model, w.tp, w.tokens, layer=layer, ep=w.ep, etp=w.etp, routing_options=w.routing)
     _, _, rep = local_heads(model, w.tp)
     ops = []
     for g in gemms:
@@ -331,11 +334,32 @@ def layer_cost(model: ModelSpec, gpu: GPUSpec, w: Workload, layer: int = -1,
     ops += _flash_ops(gpu, att, w, selective, table) if w.flash else _score_ops(gpu, att, w, table, selective)
     ops += _elementwise(model, gpu, w, gemms)
     ops += _bias_ops(model, gpu, w, model.is_moe_layer(model.layers - 1 if layer < 0 else layer))
-    if w.recompute == "full":
+    if w.recompute in ("full", "op"):
+        kept = _op_sac_kept(model) if w.recompute == "op" else ()
         ops += [replace(o, name=o.name + " (recompute)", phase="backward_input", model_flops=0.0, recompute=True)
-                for o in ops if o.phase == "forward"]
+                for o in ops if o.phase == "forward" and o.name not in kept and not (kept and o.kind == "attention")]
     order = {b: i for i, b in enumerate(BLOCKS)}
     return Cost(tuple(sorted(ops, key=lambda o: (PHASES.index(o.phase), order[o.block]))))
+
+
+#: Forward GEMMs of a layer whose outputs torchtitan's op-level selective AC saves (the
+#: odd-numbered mms of a Llama block: wq, wk, wv, wo, w1 gate, w3 up, w2 down; GeLU MLP: w_up,
+#: w_down), kept by :func:`meshplan.memory.activations.op_sac_terms`.
+OP_SAC_SAVED_GEMMS = ("wq", "wv", "w_gate", "w_down")
+OP_SAC_SAVED_GEMMS_GELU = ("wq", "wv", "w_up")
+
+
+def _op_sac_kept(model: ModelSpec) -> tuple[str, ...]:
+    """Forward GEMMs whose outputs torchtitan's op-level selective AC saves, so its recompute
+    skips them (:func:`meshplan.memory.activations.op_sac_terms`); the attention kernel is
+    saved too. Everything else of the forward is recomputed in backward."""
+    return OP_SAC_SAVED_GEMMS if model.gated_mlp else OP_SAC_SAVED_GEMMS_GELU
+
+
+def layer_workload(w: Workload, checkpointed: bool) -> Workload:
+    """The workload of one layer under torchtitan's per-layer AC (``recompute = "layer"``):
+    ``full`` for a checkpointed layer, ``none`` otherwise; other policies unchanged."""
+    return replace(w, recompute="full" if checkpointed else "none") if w.recompute == "layer" else w
 
 
 def embedding_cost(model: ModelSpec, gpu: GPUSpec, w: Workload) -> Cost:

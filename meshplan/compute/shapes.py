@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from math import ceil
 
+from meshplan.compute.routing import RoutingOptions, expert_capacity, routing  # noqa: F401 (re-export)
 from meshplan.spec.model import ModelSpec
 from meshplan.mesh.tpsplit import local_heads
 
@@ -62,14 +63,17 @@ class Attention:
 
 
 def layer_gemms(model: ModelSpec, tp: int, tokens: int, layer: int = -1,
-                ep: int = 1, etp: int = 1) -> list[Gemm]:
+                ep: int = 1, etp: int = 1, routing_options: RoutingOptions = RoutingOptions()) -> list[Gemm]:
     """Forward GEMMs of one transformer layer on one rank for ``tokens`` local tokens.
 
-    ``layer`` selects dense or MoE (-1: the last layer). MoE experts assume balanced
-    routing. When etp < tp the tp ranks split their (identical) tokens tp/etp ways before
+    ``layer`` selects dense or MoE (-1: the last layer). MoE experts: the rows of the
+    busiest rank's local experts under ``routing_options`` (:func:`meshplan.compute.routing.routing`:
+    ``ep x C`` each with a capacity; dropless, the hottest expert's rows and the others'
+    as two GEMMs when a stated imbalance makes them differ). When etp < tp the tp ranks split their (identical) tokens tp/etp ways before
     dispatch (torchtitan's token-split sequence parallel for experts), so each rank routes
     ``tokens * etp / tp`` distinct tokens and each local expert sees
-    ``tokens * etp / tp * ep * top_k / experts`` tokens after the all-to-all; the router
+    ``ep * ceil(tokens * etp / tp * top_k / experts)`` rows after the all-to-all (capacity
+    factor 1, balanced); the router
     (replicated over tp) runs on those ``tokens * etp / tp`` tokens too
     (:mod:`meshplan.runtime.execution.moe`).
     """
@@ -79,12 +83,17 @@ def layer_gemms(model: ModelSpec, tp: int, tokens: int, layer: int = -1,
            Gemm("wv", tokens, kv_l * d, h), Gemm("wo", tokens, h, q_l * d)]
     layer = model.layers - 1 if layer < 0 else layer
     if model.is_moe_layer(layer):
-        per_expert = max(1, tokens * etp // tp * ep * model.top_k // model.experts)
+        routed = max(1, tokens * etp // tp)
+        r = routing(routing_options, routed, model.top_k, model.experts, ep)
         f, n_local = model.moe_ffn // etp, model.experts // ep
-        out.append(Gemm("router", max(1, tokens * etp // tp), model.experts, h))  # each rank's own tokens
-        if model.gated_mlp:
-            out.append(Gemm("expert_w_gate", per_expert, f, h, n_local))
-        out += [Gemm("expert_w_up", per_expert, f, h, n_local), Gemm("expert_w_down", per_expert, h, f, n_local)]
+        out.append(Gemm("router", routed, model.experts, h))  # each rank's own tokens
+        groups = [("", max(1, r.hot_expert_rows), n_local)]
+        if r.other_expert_rows != r.hot_expert_rows and n_local > 1:
+            groups = [(" (hottest)", max(1, r.hot_expert_rows), 1), ("", r.other_expert_rows, n_local - 1)]
+        names = (["expert_w_gate"] if model.gated_mlp else []) + ["expert_w_up", "expert_w_down"]
+        for suffix, rows, count in groups:
+            out += [Gemm(n + suffix, rows, h if n == "expert_w_down" else f, f if n == "expert_w_down" else h, count)
+                    for n in names]
         if model.shared_experts:
             sf = (model.shared_expert_ffn or model.moe_ffn) * model.shared_experts // tp
             out += [Gemm("shared_w_up", tokens, sf * (2 if model.gated_mlp else 1), h),
@@ -95,18 +104,6 @@ def layer_gemms(model: ModelSpec, tp: int, tokens: int, layer: int = -1,
         out.append(Gemm("w_gate", tokens, f, h))
     out += [Gemm("w_up", tokens, f, h), Gemm("w_down", tokens, h, f)]
     return out
-
-
-def expert_capacity(tokens: int, top_k: int, experts: int) -> int:
-    """Token copies one expert takes from the ``tokens`` tokens one rank routes: capacity
-    factor 1, ``ceil(tokens * top_k / experts)`` (expert capacity of the Switch
-    Transformer, Fedus et al. 2021, section 2.2, with top_k copies per token). The runtime MoE (:mod:`meshplan.runtime.execution.moe`) drops copies beyond it and pads the
-    rest, so its dispatch buffer is always ``experts x capacity`` tokens.
-
-    >>> expert_capacity(64, 2, 8), expert_capacity(10, 2, 8)
-    (16, 3)
-    """
-    return ceil(tokens * top_k / experts)
 
 
 def output_gemm(model: ModelSpec, tp: int, tokens: int, padded_vocab: int) -> Gemm:

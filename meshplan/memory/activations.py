@@ -98,7 +98,7 @@ from meshplan.spec.model import ModelSpec
 from meshplan.spec.training import TrainingSpec
 from meshplan.units import dtype_bytes
 
-RECOMPUTE = ("none", "selective", "full")
+RECOMPUTE = ("none", "selective", "full", "op")  # torchtitan's "layer" is "full" or "none" per layer
 
 
 @dataclass(frozen=True)
@@ -243,7 +243,40 @@ def layer_terms(dims: LayerDims, *, tp: int = 1, sp: bool = False, cp: int = 1,
     if recompute == "full":
         e = dims.act_bytes
         return [Term("layer input (checkpoint)", e * lc.rtok * dims.b * dims.h, f"{e}*{lc.seq}*b*h{lc.r}")]
+    if recompute == "op":
+        return op_sac_terms(dims, lc, flash)
     return _attention_terms(dims, lc, recompute, flash, variants) + _mlp_terms(dims, lc, fused_glu, variants)
+
+
+def op_sac_terms(dims: LayerDims, lc: _Local, flash: bool) -> list[Term]:
+    """Kept by torchtitan's op-level selective AC (``selective_ac_option = "op"``): the
+    checkpoint's input, and the outputs of the ops its policy must save: every odd-numbered
+    ``aten.mm`` of the layer's forward (the count restarts per layer; every second mm is
+    recomputed), the SDPA kernel (output and, for flash, its fp32 log-sum-exp) and the
+    reduce-scatters (none at tp 1). A torchtitan Llama block issues its mms as wq, wk, wv, wo,
+    then w1 (gate), w3 (up), w2 (down), so wq, wv, w1 and w2 are saved; a GeLU MLP (w_up,
+    w_down): w_up (:data:`meshplan.compute.ops.OP_SAC_SAVED_GEMMS`, whose recompute skips
+    them). Norms, RoPE, SiLU and the residual adds are recomputed.
+
+    >>> lc = _local(LayerDims(s=8, b=1, h=16, a=4, g=2, d=4, f=64, gated=True, dropout=False), 1, False, 1)
+    >>> [(t.name, t.size_bytes) for t in op_sac_terms(LayerDims(8, 1, 16, 4, 2, 4, 64, True, False), lc, True)]
+    ... # doctest: +NORMALIZE_WHITESPACE
+    [('layer input (checkpoint)', 256), ('wq output (saved mm)', 256), ('wv output (saved mm)', 128),
+     ('attention output (saved SDPA)', 256), ('flash softmax statistics (fp32)', 128),
+     ('w_gate output (saved mm)', 1024), ('w_down output (saved mm)', 256)]
+    """
+    e, b, d, S, r = dims.act_bytes, dims.b, dims.d, lc.seq, lc.r
+    rows = lc.tok * b
+    out = [Term("layer input (checkpoint)", e * lc.rtok * b * dims.h, f"{e}*{S}*b*h{r}"),
+           Term("wq output (saved mm)", e * rows * lc.aq * d, f"{e}*{S}*b*a*d/t"),
+           Term("wv output (saved mm)", e * rows * lc.akv * d, f"{e}*{S}*b*g*d/t"),
+           Term("attention output (saved SDPA)", e * rows * lc.aq * d, f"{e}*{S}*b*a*d/t")]
+    if flash:
+        out.append(Term("flash softmax statistics (fp32)", 4 * lc.aq * rows, f"4*a*{S}*b/t"))
+    if dims.gated:
+        return out + [Term("w_gate output (saved mm)", e * rows * lc.f, f"{e}*{S}*b*f/t"),
+                      Term("w_down output (saved mm)", e * rows * dims.h, f"{e}*{S}*b*h")]
+    return out + [Term("w_up output (saved mm)", e * rows * lc.f, f"{e}*{S}*b*f/t")]
 
 
 def layer_bytes(dims: LayerDims, **options) -> int:
@@ -304,10 +337,13 @@ def head_terms(dims: LayerDims, padded_vocab: int, *, tp: int = 1, sp: bool = Fa
             Term("loss (mask, target, per-token loss)", 13 * rows, f"13*{S}*b")]
 
 
-def layer_options(mesh: Mesh, training: TrainingSpec) -> dict:
-    """Keyword options of :func:`layer_terms` for a mesh and training contract."""
+def layer_options(mesh: Mesh, training: TrainingSpec, checkpointed: bool = False) -> dict:
+    """Keyword options of :func:`layer_terms` for a mesh and training contract; under
+    torchtitan's per-layer AC (``recompute = "layer"``) ``checkpointed`` says whether this
+    layer is (``full``) or not (``none``)."""
+    rc = training.recompute if training.recompute != "layer" else ("full" if checkpointed else "none")
     return dict(tp=mesh.degree("tp"), sp=mesh.sequence_parallel, cp=mesh.degree("cp"),
-                recompute=training.recompute, flash=training.flash_attention)
+                recompute=rc, flash=training.flash_attention)
 
 
 # Pipeline building blocks ---------------------------------------------------------------

@@ -47,6 +47,12 @@ through the pass. Without FSDP the gradients are persistent (Megatron's contiguo
 buffer) and a bucket (``grad_buffers``) exists during backward: every backward for zero2,
 the last backward of the chunk for none/zero1 when grads are reduced in another dtype
 (else in place: 0).
+
+Gradient accumulation (``training.grad_accumulation``, pp 1): ``no_sync`` and
+``no_sync_unsharded`` run the units as ``fsdp_reduce = "after_last"`` (one reduce-dtype
+accumulator per unit from the first backward, reduced in the last); ``no_sync`` also
+reshards each unit after every backward (``reshard_after_backward``), so the next forward
+gathers it again, while ``no_sync_unsharded`` keeps it gathered.
 """
 
 from __future__ import annotations
@@ -135,6 +141,7 @@ class StageSizes:
     recompute: str
     init: tuple
     step: tuple
+    reshard_after_backward: bool = False  # without a reduce (fsdp_reduce "after_last"): grad_accumulation no_sync
 
     def chunk_units(self, chunk: int) -> tuple[UnitKey, ...]:
         """FSDP units used by a pass of ``chunk``, in forward order."""
@@ -343,6 +350,8 @@ class PassBuilder:
             if self.first or self.sz.fsdp_reduce == "after_last":
                 self._add(u.layer, "grads", u.grads, f"{u.name}: sharded gradient allocated (first reduce-scatter)")
             self._release(key, "after backward")
+        elif self.sz.reshard_after_backward:
+            self._release(key, "after backward (gradient sync off, reshard on)")
 
     def _flush(self) -> None:
         """The reduce-scatter in flight completes: free its input."""

@@ -27,9 +27,11 @@ Hr = H / t with SP, F = ``a s b f / t`` per gate, Q = ``a s b (a_q/t) d``, KV li
 - the loss (``cross_entropy``), the final norm (:func:`norm_work`) and, with
   ``embedding_grad_full_vocab``, the whole-vocabulary embedding gradient: :func:`head_sizes`.
 
-MoE layers (an estimate, balanced routing): attention and shared experts as a dense layer
-of width ``shared_experts x shared_expert_ffn``; routed experts keep, per token copy
-(top_k per token of the ``tokens * etp / tp`` each rank routes), the expert MLP terms at width
+MoE layers (an estimate): attention and shared experts as a dense layer
+of width ``shared_experts x shared_expert_ffn``; routed experts keep, per row the busiest
+rank's local experts compute (:func:`meshplan.compute.routing.routing` of the ``tokens *
+etp / tp`` each rank routes: ``experts x C`` padded rows with a capacity, the hottest
+expert's rank's share when dropless), the expert MLP terms at width
 ``expert_ffn / etp`` plus the dispatched input and the expert output (``2 a h`` each) and
 the fp32 router logits ``4 experts`` per token.
 
@@ -49,6 +51,7 @@ from dataclasses import dataclass, replace
 from typing import Optional
 from math import ceil
 
+from meshplan.compute.routing import RoutingOptions, routing
 from meshplan.mesh.layers import last_stage
 from meshplan.mesh.resolve import Mesh
 from meshplan.spec.memory import MemoryOptions
@@ -80,8 +83,12 @@ def dense_dims(model: ModelSpec, training: TrainingSpec, dropout: bool) -> Layer
 
 
 def layer_act_sizes(model: ModelSpec, training: TrainingSpec, mesh: Mesh, opts: MemoryOptions,
-                    moe: bool = False) -> ActSizes:
-    """:class:`ActSizes` of a dense (or, ``moe``, an MoE) layer; see the module docstring."""
+                    moe: bool = False, checkpointed: bool = False) -> ActSizes:
+    """:class:`ActSizes` of a dense (or, ``moe``, an MoE) layer; see the module docstring.
+    Under torchtitan's per-layer AC (``recompute = "layer"``) ``checkpointed`` picks a
+    layer checkpointed in full or one that keeps everything."""
+    if training.recompute == "layer":
+        training = training.model_copy(update={"recompute": "full" if checkpointed else "none"})
     lo = {**layer_options(mesh, training), **opts.variants}
     tp, a = lo["tp"], dtype_bytes(training.compute_dtype)
     tok, rtok = _tokens(training, mesh)
@@ -91,7 +98,8 @@ def layer_act_sizes(model: ModelSpec, training: TrainingSpec, mesh: Mesh, opts: 
     if moe:
         dims = replace(dims, f=(model.shared_expert_ffn or model.moe_ffn) * model.shared_experts)
         routed_tok = ceil(tok * mesh.etp / tp)  # tp ranks split the tokens (runtime.moe), with or without SP
-        copies, width = routed_tok * model.top_k, ceil(model.moe_ffn / mesh.etp)
+        r = routing(RoutingOptions.of(training), routed_tok, model.top_k, model.experts, mesh.ep)
+        copies, width = r.recv_rows, ceil(model.moe_ffn / mesh.etp)  # rows the busiest rank computes
         routed_full = copies * (a * width * (4 if model.gated_mlp else 2) + 2 * a * h) + 4 * routed_tok * model.experts
         routed = routed_full if training.recompute != "full" else 0
         widest = a * copies * width * gate
@@ -104,7 +112,7 @@ def layer_act_sizes(model: ModelSpec, training: TrainingSpec, mesh: Mesh, opts: 
         return ActSizes(saved=saved, rework=full - saved, fwd_temp=gathered, bwd_temp=a * rtok * h + widest + gathered)
     steps = backward_steps(model, training, mesh, opts, dims, lo)
     fwd = gathered
-    if training.recompute == "full":  # the checkpointed forward keeps nothing: its MLP's working set
+    if training.recompute in ("full", "op"):  # the checkpointed forward keeps nothing: its MLP's working set
         fwd = max(fwd, a * tok * h + (a * rtok * h if opts.unfused_norm else 0)
                   + (3 if model.gated_mlp else 2) * a * tok * ceil(dims.f / tp))
     return ActSizes(saved=saved, rework=full - saved, fwd_temp=fwd, bwd_temp=max(st.work for st in steps),
@@ -168,10 +176,14 @@ def backward_steps(model: ModelSpec, training: TrainingSpec, mesh: Mesh, opts: M
     return tuple(BackStep(k, work[k], grads[k], frees[k]) for k in STEP_WEIGHTS)
 
 
-def _numel(tensors, model: ModelSpec, mesh: Mesh) -> dict[str, int]:
-    out = {"dense": 0, "expert": 0}
+def _numel(tensors, model: ModelSpec, mesh: Mesh, training: TrainingSpec) -> dict[str, int]:
+    """Elements per group (dense, expert) and, under ``{group}_gather``, their bytes in the
+    dtype FSDP2 all-gathers each weight in (``training.gather_dtype``: float8 Linear weights)."""
+    out = {"dense": 0, "expert": 0, "dense_gather": 0, "expert_gather": 0}
     for t in tensors:
-        out["expert" if t.expert else "dense"] += local_numel(t, model, mesh.degree("tp"), mesh.ep, mesh.etp)
+        g, n = "expert" if t.expert else "dense", local_numel(t, model, mesh.degree("tp"), mesh.ep, mesh.etp)
+        out[g] += n
+        out[g + "_gather"] += n * dtype_bytes(training.gather_dtype(t))
     return out
 
 
@@ -182,15 +194,15 @@ def _unit_numels(model: ModelSpec, training: TrainingSpec, mesh: Mesh, stages, k
     cache: dict[bool, dict] = {}
     out: dict = {}
     if k == 0:
-        out["embedding"] = _numel(model.embedding_tensors(pv), model, mesh)
+        out["embedding"] = _numel(model.embedding_tensors(pv), model, mesh, training)
     for layer in (i for chunk in stages[k] for i in chunk):
         moe = model.is_moe_layer(layer)
         if moe not in cache:
-            cache[moe] = _numel(model.layer_tensors(layer), model, mesh)
+            cache[moe] = _numel(model.layer_tensors(layer), model, mesh, training)
         out[layer] = cache[moe]
     if k == last_stage(stages):  # the output layer's stage (0 under a V)
         head = [t for t in model.head_tensors(pv) if not t.tied or pp > 1 or t.name.endswith("norm")]
-        out["head"] = _numel(head, model, mesh)
+        out["head"] = _numel(head, model, mesh, training)
     return out
 
 
@@ -215,10 +227,11 @@ def units(model: ModelSpec, training: TrainingSpec, mesh: Mesh, stages, state: S
     shares = {g: _split(state.bytes_of("grads", g), [n[g] for n in numels.values()]) for g in ("dense", "expert")}
     out = {}
     for i, (key, n) in enumerate(numels.items()):
-        gathered = sum(n[g] for g in n if active[g])
+        gathered = sum(n[g] for g in active if active[g])
         name = f"layer {key}" if isinstance(key, int) else ROOT_NAME if key == "root" else key
-        early = sum(head[g] for g in head if active[g]) * comp if key == "root" else 0
-        out[key] = Unit(name=name, layer=key if isinstance(key, int) else None, gathered=gathered * comp,
+        early = sum(head[g] for g in active if active[g]) * comp if key == "root" else 0
+        gbytes = sum(n[g + "_gather"] for g in active if active[g])  # float8 Linear weights: 1 byte each
+        out[key] = Unit(name=name, layer=key if isinstance(key, int) else None, gathered=gbytes,
                         grad_unsharded=gathered * comp, reduce_input=gathered * red,
                         grads=sum(shares[g][i] for g in shares), early=early)
     return out
@@ -305,13 +318,25 @@ class CommonSizes:
     dense: ActSizes
     moe: ActSizes
     head: dict
+    dense_checkpointed: Optional[ActSizes] = None  # recompute "layer": the layers checkpointed in full
+    moe_checkpointed: Optional[ActSizes] = None
+
+    def layer(self, training: TrainingSpec, moe: bool, position: int) -> ActSizes:
+        """The sizes of the layer at ``position`` among the stage's layers."""
+        if training.recompute == "layer" and training.layer_recomputed(position):
+            return (self.moe_checkpointed if moe else self.dense_checkpointed) or (self.moe if moe else self.dense)
+        return self.moe if moe else self.dense
 
 
 def common_sizes(model: ModelSpec, training: TrainingSpec, mesh: Mesh, opts: MemoryOptions) -> CommonSizes:
     """:class:`CommonSizes` of ``model`` on ``mesh`` (computed once for all stages)."""
     dense = layer_act_sizes(model, training, mesh, opts)
     moe = layer_act_sizes(model, training, mesh, opts, moe=True) if model.is_moe else dense
-    return CommonSizes(dense, moe, head_sizes(model, training, mesh, opts))
+    ck = ck_moe = None
+    if training.recompute == "layer":
+        ck = layer_act_sizes(model, training, mesh, opts, checkpointed=True)
+        ck_moe = layer_act_sizes(model, training, mesh, opts, moe=True, checkpointed=True) if model.is_moe else ck
+    return CommonSizes(dense, moe, head_sizes(model, training, mesh, opts), ck, ck_moe)
 
 
 def stage_sizes(model: ModelSpec, training: TrainingSpec, mesh: Mesh, stages, state: StateBytes,
@@ -323,7 +348,7 @@ def stage_sizes(model: ModelSpec, training: TrainingSpec, mesh: Mesh, stages, st
     fsdp = any(u.gathered for u in us.values())
     layers = [i for chunk in stages[k] for i in chunk]
     common = common or common_sizes(model, training, mesh, opts)
-    acts = {i: common.moe if model.is_moe_layer(i) else common.dense for i in layers}
+    acts = {i: common.layer(training, model.is_moe_layer(i), pos) for pos, i in enumerate(layers)}
     hs = common.head
     bucket = 0 if fsdp else opts.grad_bucket_bytes(training, mesh.degree("fsdp"), state.params.total)
     fsdp_grads = sum(u.grads for u in us.values()) if fsdp else 0
@@ -334,7 +359,9 @@ def stage_sizes(model: ModelSpec, training: TrainingSpec, mesh: Mesh, stages, st
         logits_temp=hs["logits_temp"], logits_extra=hs["logits_extra"], loss_grad_extra=hs["loss_grad_extra"],
         logits_grad_temp=hs["logits_grad_temp"], dy=hs["dy"], final_norm_work=hs["final_norm_work"],
         embedding_grad_extra=hs["embedding_grad_extra"] if k == 0 and fsdp else 0, fsdp=fsdp,
-        reshard_after_forward=training.reshard_after_forward, fsdp_reduce=opts.fsdp_reduce,
+        reshard_after_forward=training.reshard_after_forward,
+        fsdp_reduce="after_last" if training.grad_accumulation != "sync" else opts.fsdp_reduce,
+        reshard_after_backward=training.grad_accumulation == "no_sync",
         prefetch=opts.prefetch_layers, forward_prefetch=opts.forward_prefetch_layers, bucket=bucket,
         bucket_every_backward=training.sharding == "zero2",
         recompute=training.recompute, init=init_entries(state, fsdp, comm_axes, opts),

@@ -47,7 +47,7 @@ def check(model: ModelSpec, training: TrainingSpec, mesh: Mesh, spec: MeshSpec,
                      f"* {training.vocab_pad_divisor * tp} ({v // tp} per tp rank); memory and FLOPs use "
                      f"{v}, the loss uses {model.vocab}")
     stages, vpp = _stages(model, spec, pp, reasons, virtual_stage)
-    _experts(model, mesh, reasons, notes)
+    _experts(model, training, mesh, reasons, notes)
     _sequence(training, mesh, cp, tp, reasons, notes)
     micro = _batch(training, mesh, reasons, notes)
     return Validity(tuple(reasons), tuple(notes), stages if not isinstance(stages, str) else None, micro, vpp)
@@ -87,14 +87,28 @@ def _stages(model, spec, pp, reasons, virtual_stage):
     return stages, vpp
 
 
-def _experts(model, mesh, reasons, notes):
+def _experts(model, training, mesh, reasons, notes):
     if mesh.ep > 1 and not model.is_moe:
         reasons.append(f"ep {mesh.ep} on a dense model ({model.name} has no experts)")
     elif model.is_moe and model.experts % mesh.ep:
         reasons.append(f"experts {model.experts} are not divisible by ep {mesh.ep}")
     elif model.is_moe:
+        _token_split(training, mesh, reasons)
         notes.append(f"experts: {model.experts} / ep {mesh.ep} = {model.experts // mesh.ep} per rank; "
                      f"expert mesh efsdp {mesh.degree('efsdp')} x ep {mesh.ep} x etp {mesh.etp}")
+
+
+def _token_split(training, mesh, reasons):
+    """The tp ranks split a micro-batch's ``b * s/cp`` tokens ``tp/etp`` ways before routing
+    (:mod:`meshplan.runtime.execution.moe`): an uneven split gives the ranks different token
+    counts, so ranks sizing their expert capacity from them would send all-to-alls of
+    different sizes and hang; the split must be even."""
+    tp, etp, cp = mesh.degree("tp"), mesh.etp, mesh.degree("cp")
+    tok = training.micro_batch * (training.seq_len // cp)
+    if tp > etp and (tok * etp) % tp:
+        reasons.append(f"MoE: micro_batch x seq_len / cp = {tok} tokens do not split evenly over tp {tp} / etp "
+                       f"{etp} = {tp // etp} ranks before routing; the ranks would size different expert "
+                       "capacities and hang on mismatched all-to-all shapes")
 
 
 def _sequence(training, mesh, cp, tp, reasons, notes):

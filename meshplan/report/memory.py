@@ -48,7 +48,8 @@ def timeline_table(plan: Plan, all_stages: bool = False) -> Table:
     o = plan.config.memory
     tab = Table(title="Memory timeline per rank, one training step (meshplan memory CONFIG for the events)",
                 title_justify="left",
-                caption=f"prefetch {o.prefetch_layers} unit(s), FSDP reduce {o.fsdp_reduce}, NCCL "
+                caption=f"activations: {plan.config.training.recompute_name}; "
+                        f"prefetch {o.prefetch_layers} unit(s), FSDP reduce {o.fsdp_reduce}, NCCL "
                         f"{o.comm_bytes_per_group / MiB:g} MiB per communicator, workspace {o.workspace_bytes / MiB:g} "
                         f"MiB, fragmentation {o.fragmentation_fraction:.0%}; set them in \\[memory]",
                 caption_justify="left")

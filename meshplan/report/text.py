@@ -72,7 +72,7 @@ def _header(plan: Plan | Infeasible, con: Console) -> None:
               f"({cl.gpu.hbm_bytes / GiB:.1f} GiB HBM), {len(cl.node.nics)} NIC(s)/node, world {plan.world}")
     tokens = t.global_batch * t.seq_len
     con.print(f"train   global batch {t.global_batch} x seq {t.seq_len} = {tokens:,} tokens/step, micro-batch "
-              f"{t.micro_batch}, sharding {t.sharding}, recompute {t.recompute}, params {t.param_dtype}, "
+              f"{t.micro_batch}, sharding {t.sharding}, recompute {t.recompute} ({t.recompute_name}), params {t.param_dtype}, "
               f"grads {t.grad_dtype}, reduce {t.reduce_dtype}, reserve {t.memory_reserve:.0%}")
 
 

@@ -19,7 +19,9 @@ frameworks issue them:
   redistribution's backward) and the next block waits for it. Megatron-LM
   (``Overlap.tp_grad``): it runs during their weight-gradient GEMMs (the asynchronous gradient
   collective), and with SP their input is all-gathered again before, during their
-  input-gradient GEMM (only its sequence shard is saved). Full recompute re-runs the forward blocks (with their collectives).
+  input-gradient GEMM (only its sequence shard is saved). Full recompute re-runs the forward blocks (with their collectives);
+  torchtitan's per-layer AC does so in its checkpointed layers, its op-level AC re-runs the
+  forward ops it did not save.
   The SP norm-weight gradient all-reduces run on the tp stream after each layer's backward
   (nothing waits for them until the step ends); the vocab-parallel loss collectives block
   after the output layer.
@@ -402,7 +404,9 @@ def _forward_layer(s: _Sim, c: Cost, moe: bool, phase: str = "forward", recomput
 
 
 def _backward_layer(s: _Sim, c: Cost, moe: bool, with_w: bool) -> None:
-    full = s.w.recompute == "full"
+    # a checkpointed layer (full; torchtitan per-layer or op-level AC) replays its forward's
+    # recomputed ops, with their collectives, before its backward
+    full = s.w.recompute in ("full", "layer", "op") and any(o.recompute for o in c.ops)
     if full:
         _forward_layer(s, c, moe, "backward_input", True)
     b = _times(c, "backward_input", False if full else None)

@@ -26,12 +26,14 @@ import numpy as np
 
 from meshplan.comm.collectives import fsdp_gather_flags
 from meshplan.compute.gemm import GemmTable
+from meshplan.compute.routing import RoutingOptions
 from meshplan.compute.ops import (
     Cost,
     Workload,
     embedding_cost,
     head_cost,
     layer_cost,
+    layer_workload,
     optimizer_bandwidth,
     sequence_model_flops,
 )
@@ -59,22 +61,23 @@ def workload_of(plan, dropout: bool = False) -> Workload:
     return Workload(seq_len=t.seq_len, micro_batch=t.micro_batch, tp=mesh.degree("tp"), cp=mesh.degree("cp"),
                     sp=mesh.sequence_parallel, ep=mesh.ep, etp=mesh.etp, dtype=t.compute_dtype,
                     recompute=t.recompute, flash=t.flash_attention, dropout=dropout,
-                    vocab_pad_divisor=t.vocab_pad_divisor)
+                    vocab_pad_divisor=t.vocab_pad_divisor, routing=RoutingOptions.of(t))
 
 
 def chunk_costs(plan, w: Workload, table: Optional[GemmTable] = None) -> list[list[ChunkCosts]]:
     """``[stage][chunk]`` compute per micro-batch (one layer_cost per distinct layer kind)."""
-    model, gpu = plan.config.model, plan.config.cluster.gpu
-    cache: dict[bool, Cost] = {}
+    model, gpu, t = plan.config.model, plan.config.cluster.gpu, plan.config.training
+    cache: dict[tuple, Cost] = {}
 
-    def cost(i: int) -> Cost:
-        moe = model.is_moe_layer(i)
-        if moe not in cache:
-            cache[moe] = layer_cost(model, gpu, w, layer=i, table=table)
-        return cache[moe]
+    def cost(i: int, s: int) -> Cost:
+        key = (model.is_moe_layer(i), t.layer_recomputed(position[s][i]))  # torchtitan per-layer AC
+        if key not in cache:
+            cache[key] = layer_cost(model, gpu, layer_workload(w, key[1]), layer=i, table=table)
+        return cache[key]
 
+    position = [{i: k for k, i in enumerate(i for chunk in chunks for i in chunk)} for chunks in plan.stages]
     p, v, last = len(plan.stages), plan.vpp, last_stage(plan.stages)  # last: 0 under a V-shaped schedule
-    return [[ChunkCosts(layers=tuple(cost(i) for i in layers), moe=tuple(model.is_moe_layer(i) for i in layers),
+    return [[ChunkCosts(layers=tuple(cost(i, s) for i in layers), moe=tuple(model.is_moe_layer(i) for i in layers),
                         embed=embedding_cost(model, gpu, w) if (s, c) == (0, 0) else None,
                         head=head_cost(model, gpu, w, table) if (s, c) == (last, v - 1) else None)
              for c, layers in enumerate(chunks)] for s, chunks in enumerate(plan.stages)]
@@ -97,6 +100,7 @@ class StepTime:
     peak_flops: float
     example_ranks: tuple[int, ...]
     notes: tuple[str, ...] = ()
+    recompute_name: str = ""
 
     @property
     def step_s(self) -> float:
@@ -137,9 +141,23 @@ class StepTime:
                 f"bubble {p.bubble:.4f} as idle/ideal, {p.bubble_of_total:.4f} as idle/total "
                 f"(busiest stage {p.busiest_stage}, pipeline only)",
                 f"exposed communication on stage {self.critical_stage}: {exp}",
+                self.recompute_line(),
                 f"tokens/s {self.tokens_per_s:,.0f}; MFU {self.mfu:.1%} (model FLOP: per-op, causal-half "
                 f"attention, no recompute); HFU {self.hfu:.1%} (executed FLOP, recompute included)"] + \
             [f"note: {n}" for n in self.notes]
+
+    def recompute_s(self, stage: Optional[int] = None) -> float:
+        """Seconds of recomputed forward ops per micro-batch on ``stage`` (default: the
+        critical one), summed over its layers (:func:`meshplan.compute.ops.layer_cost`)."""
+        s = self.critical_stage if stage is None else stage
+        return sum(c.seconds(recompute=True) for ch in self.units.chunks[s] for c in ch.layers)
+
+    def recompute_line(self) -> str:
+        """The recompute policy in its framework's words and what it costs per step."""
+        t, m = self.recompute_name, self.pipeline.spec.m
+        r = self.recompute_s()
+        return (f"recompute: {t}: {r * 1e3:.3f} ms per micro-batch on stage {self.critical_stage}, "
+                f"{r * m * 1e3:.2f} ms per step ({m} micro-batches)")
 
     def trace_events(self, detail: bool = True, stage: Optional[int] = None) -> list[Event]:
         """Pipeline units (and, with ``detail``, every op and collective inside them) shifted
@@ -181,19 +199,23 @@ class UnitTimes:
     gradient unit, FSDP flags, reduce). FSDP flags (gather layers, gather root): without pp
     every pass gathers (the backward only where the table has a backward all-gather) and
     every gradient pass reduce-scatters; with pp they follow
-    :func:`meshplan.comm.collectives.fsdp_gather_flags` and the chunk's last gradient unit.
+    :func:`meshplan.comm.collectives.fsdp_gather_flags` and the chunk's last gradient unit,
+    and so do they with pp 1 under ``training.grad_accumulation`` ``no_sync`` (parameters
+    resharded after every backward) or ``no_sync_unsharded`` (kept gathered).
     A chunk whose costs and stage collectives equal an earlier stage's (the middle stages)
     reuses its timelines: they are pure functions of those inputs, times from the unit start."""
 
-    def __init__(self, spec: PipelineSpec, chunks, comms, w, ov, reshard: bool, fsdp: bool):
+    def __init__(self, spec: PipelineSpec, chunks, comms, w, ov, reshard: bool, fsdp: bool,
+                 accumulation: str = "sync"):
         self.spec, self.chunks, self.comms, self.w, self.ov = spec, chunks, comms, w, ov
         self.cache: dict = {}
         self.shared: dict = {}
         self.flags: dict = {}
-        if spec.p > 1 and fsdp:
+        if fsdp and (spec.p > 1 or accumulation != "sync"):
+            rab = spec.p == 1 and accumulation == "no_sync"
             for s in range(spec.p):
-                lay = fsdp_gather_flags(spec.schedule, spec.p, spec.m, spec.v, s, reshard)
-                root = fsdp_gather_flags(spec.schedule, spec.p, spec.m, spec.v, s, False)
+                lay = fsdp_gather_flags(spec.schedule, spec.p, spec.m, spec.v, s, reshard, rab)
+                root = fsdp_gather_flags(spec.schedule, spec.p, spec.m, spec.v, s, False, rab)
                 self.flags[s] = {k: (g, root[k]) for k, g in lay.items()}
 
     def key(self, s: int, chunk: int, kind: str, mb: int) -> tuple:
@@ -382,7 +404,7 @@ def step_time(plan: Plan, overlap: Overlap = Overlap(), *, dropout: bool = False
     chunks = chunk_costs(plan, w, table)
     base = PipelineSpec(Schedule(schedule or plan.spec.pp_schedule), p, m, v, p2p_s=max(c.p2p_s for c in comms))
     units = UnitTimes(base, chunks, comms, w, overlap, cfg.training.reshard_after_forward,
-                      cfg.training.sharding in ("zero3", "hsdp"))
+                      cfg.training.sharding in ("zero3", "hsdp"), cfg.training.grad_accumulation)
     spec = PipelineSpec(base.schedule, p, m, v, p2p_s=base.p2p_s,
                         duration=lambda s, u: units.get(s, u.chunk, u.kind, u.mb).duration_s)
     indexed: list = []
@@ -411,7 +433,7 @@ def step_time(plan: Plan, overlap: Overlap = Overlap(), *, dropout: bool = False
     notes = tuple(f"collective not simulated (kind unknown): {o}" for o in sorted({o for c in comms for o in c.other}))
     return StepTime(res, units, tuple(ends), tuple(post), exposed[crit],
                     sequence_model_flops(cfg.model, t.seq_len) * t.global_batch, hw, t.global_batch * t.seq_len,
-                    plan.world, cfg.cluster.gpu.peak_flops(t.compute_dtype), ranks, notes)
+                    plan.world, cfg.cluster.gpu.peak_flops(t.compute_dtype), ranks, notes, t.recompute_name)
 
 
 def config_overlap(training, overlap: Overlap = Overlap()) -> Overlap:

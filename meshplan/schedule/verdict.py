@@ -10,8 +10,9 @@ When that stream is FSDP's (zero3 / hsdp units re-gathered and reduce-scattered 
 micro-batch without a pipeline), a second line names the cause: the micro-batches per step
 (``global_batch / (micro_batch x dp)``) multiply every layer's all-gather (twice with
 ``training.reshard_after_forward = true``: forward and again in backward) and its gradient
-reduce-scatter; the knobs that cut them are ``training.reshard_after_forward = false`` and a
-larger ``training.micro_batch``. ``alternatives`` (the plan rebuilt with each knob) adds the
+reduce-scatter; the knobs that cut them are ``training.grad_accumulation`` (``no_sync``:
+one reduce-scatter per step; ``no_sync_unsharded``: also one forward gather per step),
+``training.reshard_after_forward = false`` and a larger ``training.micro_batch``. ``alternatives`` (the plan rebuilt with each knob) adds the
 predicted step, or the memory reason that rules the knob out.
 """
 
@@ -68,10 +69,16 @@ def _fsdp_cause(plan: Plan, stream: str, alternatives) -> str:
         return ""
     gathers = "all-gathered in forward and again in backward (training.reshard_after_forward = true)" \
         if t.reshard_after_forward else "all-gathered in forward (kept for backward: reshard_after_forward = false)"
+    mode = t.grad_accumulation
+    if mode == "no_sync_unsharded":
+        gathers = gathers.replace("all-gathered in forward", "all-gathered in micro-batch 0's forward")
+    reduce = "once per micro-batch" if mode == "sync" else f"once per step (training.grad_accumulation = {mode})"
     line = (f"cause: FSDP re-gathers per micro-batch: each layer is {gathers} and its gradients reduce-scattered "
-            f"once per micro-batch, {m} micro-batches per step (global_batch {t.global_batch} / (micro_batch "
+            f"{reduce}, {m} micro-batches per step (global_batch {t.global_batch} / (micro_batch "
             f"{t.micro_batch} x dp {plan.mesh.dp}))")
     knobs: list[tuple[str, dict]] = []
+    for other in {"sync": ("no_sync", "no_sync_unsharded"), "no_sync": ("no_sync_unsharded",)}.get(mode, ()):
+        knobs.append((f'training.grad_accumulation = "{other}"', {"grad_accumulation": other}))
     if t.reshard_after_forward:
         knobs.append(("training.reshard_after_forward = false", {"reshard_after_forward": False}))
     if t.global_batch % (2 * t.micro_batch * plan.mesh.dp) == 0:

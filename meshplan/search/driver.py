@@ -65,6 +65,7 @@ from meshplan.search.space import CODE, OK, REASONS, RECOMPUTE, SHARDING, Candid
 from meshplan.search.pipeline import pipeline_bound
 from meshplan.search.timing import TimeTables, gemm_efficiency, step_lower_bound, unit_bounds
 from meshplan.config import Config
+from meshplan.errors import ConfigError
 
 #: Relative slack on the step-time bound in the stopping rule (floating-point rounding).
 BOUND_SLACK = 1e-9
@@ -170,6 +171,13 @@ def search(cfg: Config, progress: Optional[Progress] = None, workers: Optional[i
     """Search every mesh of ``cfg`` (module docstring). ``progress(label, done, total)`` is
     called as exact plans complete; ``workers``: processes for exact plans (default: the
     CPUs this process may use)."""
+    if cfg.training.fp8_all_gather:  # its bounds gather every weight in the compute dtype
+        raise ConfigError("training.fp8_all_gather", "search bounds compute-dtype all-gathers only: remove the key "
+                          "to search, then plan the chosen mesh with it")
+    if cfg.training.grad_accumulation != "sync":  # its bounds model FSDP2's per-micro-batch reduce
+        raise ConfigError("training.grad_accumulation", f"search bounds FSDP2's default 'sync' accumulation only "
+                          f"(the candidates include pp > 1, where {cfg.training.grad_accumulation!r} does not "
+                          "apply): remove the key to search, then plan the chosen mesh with it")
     t0 = time.perf_counter()
     clock = _Clock()
     o = cfg.search

@@ -55,6 +55,7 @@ from meshplan.compute.ops import (
     optimizer_bandwidth,
 )
 from meshplan.config import Config
+from meshplan.compute.routing import RoutingOptions, a2a_rows
 from meshplan.mesh.resolve import resolved_mesh
 from meshplan.mesh.tpsplit import local_heads, padded_numel
 from meshplan.placement.assign import place
@@ -86,7 +87,7 @@ class TimeTables:
         t, gpu = cfg.training, cfg.cluster.gpu
         w = Workload(seq_len=t.seq_len, micro_batch=mb, tp=tp, cp=cp, sp=tp > 1, ep=ep, etp=etp,
                      dtype=t.compute_dtype, recompute=RECOMPUTE[rc], flash=t.flash_attention,
-                     vocab_pad_divisor=t.vocab_pad_divisor)
+                     vocab_pad_divisor=t.vocab_pad_divisor, routing=RoutingOptions.of(t))
         layer = m.dense_layers if moe else 0
         cost = layer_cost(m, gpu, w, layer=layer)
         out = {f"{p}_{b}": cost.seconds(ph, b, rec) for p, (ph, rec) in PHASES.items() for b in LAYER_BLOCKS}
@@ -152,7 +153,8 @@ def comm_times(cfg: Config, tt: TimeTables, c: Candidates) -> dict[str, np.ndarr
     out["fsdp_ag"] = np.where(on, coll_times(tt, "all-gather", c.fsdp, unit * cd, c.tp), 0.0)
     out["fsdp_rs"] = np.where(on, coll_times(tt, "reduce-scatter", c.fsdp, unit * rd, c.tp), 0.0)
     if m.is_moe:
-        out["ep"] = coll_times(tt, "all-to-all", c.ep, act * m.top_k * c.etp // c.tp, c.etp)
+        rows = a2a_rows(RoutingOptions.of(t), c.mb * (t.seq_len // c.cp) * c.etp // c.tp, m.top_k, m.experts, c.ep)
+        out["ep"] = coll_times(tt, "all-to-all", c.ep, rows * m.hidden * cd, c.etp)
     else:
         out["ep"] = np.zeros(len(c))
     return out

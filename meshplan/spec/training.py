@@ -40,6 +40,39 @@ class TrainingSpec(BaseModel):
     ``training.max_norm`` 1.0 and Megatron-LM ``--clip-grad`` 1.0 by default): one read of the
     gradients for the norm and one read and write to scale them
     (:func:`meshplan.schedule.steptime.optimizer_step_bytes`).
+    ``grad_accumulation``: what FSDP2 (zero3, hsdp) does on the micro-batches of a step before
+    the last one (gradient accumulation, pp 1). ``sync`` (FSDP2's default): every micro-batch
+    reduce-scatters its gradients and reshards after backward. ``no_sync``:
+    ``set_requires_gradient_sync(False)`` on those micro-batches: no reduce-scatter, each
+    unit's unsharded gradient accumulates in the reduce dtype until the last micro-batch
+    (FSDP2 ``FSDPParam.to_accumulated_grad_if_needed``), parameters resharded after backward
+    as usual. ``no_sync_unsharded``: also ``set_reshard_after_backward(False)``: parameters
+    stay gathered from a backward to the next forward, so only micro-batch 0's forward
+    all-gathers (what ``torch.distributed.pipelining`` does itself with pp > 1). The last
+    micro-batch always syncs and reshards.
+    ``recompute`` (activation checkpointing): ``selective`` and ``full`` as Megatron-LM
+    (``--recompute-activations``: the attention core; ``--recompute-granularity full``: every
+    layer keeps its input only); ``layer`` and ``op`` as torchtitan's selective AC
+    (``[activation_checkpoint] mode = "selective"``): ``layer`` checkpoints every
+    ``ac_freq``-th layer in full (``selective_ac_option = "<ac_freq>"``: torchtitan counts
+    the blocks it wraps, 1-based, and wraps those whose count is a multiple of ac_freq; the
+    count runs over the rank's own layers), ``op`` saves the outputs of matmuls (all but every
+    second mm of a layer), of SDPA and of reduce-scatters, and recomputes the rest
+    (``selective_ac_option = "op"``). :attr:`recompute_name` names each in the framework's words.
+    ``fp8_all_gather``: torchtitan float8 training with ``enable_fsdp_float8_all_gather``: FSDP2
+    all-gathers the dense Linear weights (wq, wk, wv, wo, the MLP's; not biases, routers or
+    experts) in float8 (1 byte), while norms and embeddings stay in the compute dtype in the
+    same unit's buffer (one uint8 all-gather per unit), and the float8 scales take one
+    all-reduce (max) of one fp32 amax per float8 weight per step
+    (``precompute_float8_dynamic_scale_for_fsdp``); ``fp8_output_layer``: the output layer is
+    float8 too (torchtitan's ``filter_fqns`` without "output"; default: excluded, as
+    torchtitan; a tied output layer is the embedding and stays in the compute dtype).
+    ``moe_capacity_factor``, ``moe_dropless``, ``moe_hottest_expert_share``: MoE routing
+    (:mod:`meshplan.compute.routing`): the capacity factor f of the dropping dispatch
+    (``C = ceil(f x tokens x top_k / experts)``, Megatron-LM ``--moe-expert-capacity-factor``;
+    default 1), dropless routing (no capacity, nothing dropped: torchtitan, Megatron-LM
+    without a capacity factor), and the busiest expert's share of the token copies
+    (unset: balanced, 1 / experts).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
@@ -56,7 +89,8 @@ class TrainingSpec(BaseModel):
     optimizer: Literal["adam", "adamw", "sgd"] = "adam"
     sharding: Literal["none", "zero1", "zero2", "zero3", "hsdp"] = "zero3"
     reshard_after_forward: bool = True
-    recompute: Literal["none", "selective", "full"] = "selective"
+    recompute: Literal["none", "selective", "full", "layer", "op"] = "selective"
+    ac_freq: int = Field(default=1, ge=1)
     flash_attention: bool = True
     memory_reserve: float = Field(default=0.10, ge=0, lt=1)
     vocab_pad_divisor: int = Field(default=128, gt=0)
@@ -64,12 +98,73 @@ class TrainingSpec(BaseModel):
     tp_comm_overlap: bool = False
     grad_clip: bool = True
     framework: Literal["torch", "megatron"] = "torch"
+    grad_accumulation: Literal["sync", "no_sync", "no_sync_unsharded"] = "sync"
+    fp8_all_gather: bool = False
+    fp8_output_layer: bool = False
+    moe_capacity_factor: float = Field(default=1.0, gt=0)
+    moe_dropless: bool = False
+    moe_hottest_expert_share: Optional[float] = Field(default=None, gt=0, le=1)
 
     @model_validator(mode="after")
     def _check(self):
         if self.micro_batch > self.global_batch:
             raise ValueError(f"micro_batch {self.micro_batch} > global_batch {self.global_batch}")
+        if self.ac_freq != 1 and self.recompute != "layer":
+            raise ValueError(f"ac_freq is torchtitan's per-layer checkpointing interval; set recompute = \"layer\" "
+                             f"or remove it (recompute is {self.recompute!r})")
+        if self.fp8_all_gather and self.sharding not in ("zero3", "hsdp"):
+            raise ValueError(f"fp8_all_gather is FSDP2's float8 all-gather (sharding zero3 or hsdp); sharding "
+                             f"{self.sharding!r} gathers nothing: remove it")
+        if self.fp8_output_layer and not self.fp8_all_gather:
+            raise ValueError("fp8_output_layer says whether the output layer joins the float8 all-gather; "
+                             "set fp8_all_gather = true or remove it")
+        if self.grad_accumulation != "sync" and self.sharding not in ("zero3", "hsdp"):
+            raise ValueError(f"grad_accumulation {self.grad_accumulation!r} is an FSDP2 mode (sharding zero3 or "
+                             f"hsdp); sharding {self.sharding!r} keeps the default 'sync': remove the key")
         return self
+
+    def layer_recomputed(self, position: int) -> bool:
+        """Whether the layer at ``position`` (0-based, among the rank's stage layers) is
+        checkpointed in full: every layer under ``full``, every ``ac_freq``-th under ``layer``.
+
+        >>> t = TrainingSpec(global_batch=8, seq_len=16, recompute="layer", ac_freq=3)
+        >>> [t.layer_recomputed(i) for i in range(6)]
+        [False, False, True, False, False, True]
+        """
+        if self.recompute == "layer":
+            return (position + 1) % self.ac_freq == 0
+        return self.recompute == "full"
+
+    @property
+    def recompute_name(self) -> str:
+        """The recompute policy in its framework's own words."""
+        return {"none": "no activation checkpointing",
+                "selective": "Megatron-LM selective recompute (--recompute-activations: attention core)",
+                "full": "Megatron-LM full recompute (--recompute-granularity full; torchtitan mode = \"full\")",
+                "layer": f"torchtitan selective AC per layer (mode = \"selective\", selective_ac_option = "
+                         f"\"{self.ac_freq}\": every {self.ac_freq} layer(s) checkpointed in full)",
+                "op": "torchtitan selective AC per op (mode = \"selective\", selective_ac_option = \"op\": "
+                      "matmul outputs saved but every second mm, SDPA outputs saved, the rest recomputed)",
+                }[self.recompute]
+
+    def gather_dtype(self, tensor) -> Dtype:
+        """The dtype FSDP2 all-gathers one weight in (a :class:`~meshplan.spec.model.Tensor`):
+        float8 for a dense Linear weight under ``fp8_all_gather`` (the output layer only with
+        ``fp8_output_layer`` and untied), else the compute dtype.
+
+        >>> from meshplan.spec.model import Tensor
+        >>> t = TrainingSpec(global_batch=8, seq_len=16, fp8_all_gather=True)
+        >>> [t.gather_dtype(Tensor(n, 4, s)) for n, s in [("wq", "column"), ("wo_bias", "replicated"),
+        ...                                                 ("attn_norm", "replicated"), ("output", "vocab")]]
+        ['fp8', 'bf16', 'bf16', 'bf16']
+        """
+        if not self.fp8_all_gather or tensor.expert or tensor.name.endswith("bias"):
+            return self.compute_dtype
+        if tensor.split in ("column", "row", "kv_column"):
+            return "fp8"
+        if tensor.name == "output" and self.fp8_output_layer and not tensor.tied:
+            return "fp8"
+        return self.compute_dtype
 
     @property
     def optimizer_states(self) -> int:

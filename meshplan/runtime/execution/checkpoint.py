@@ -39,6 +39,7 @@ Fused gate/up at tp 2 (C13), rank 0 holds [w0 w1 v0 v1], rank 1 [w2 w3 v2 v3]:
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
@@ -208,7 +209,7 @@ def save_checkpoint(path, model: torch.nn.Module, optimizer: torch.optim.Optimiz
         path.mkdir(parents=True, exist_ok=True)
         (path / META_NAME).unlink(missing_ok=True)
     dist.barrier()
-    model_sd, optim_sd = get_state_dict(model, optimizer)
+    model_sd, optim_sd = ep_global(model, *get_state_dict(model, optimizer))
     dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(path / DCP_DIR))
     meta = CheckpointMeta(tuple(mesh.layout.names), tuple(mesh.layout.shape), mesh.world, mesh.dp, int(step),
                           per_dp, dict(state or {}))
@@ -236,7 +237,7 @@ def load_checkpoint(path, model: torch.nn.Module, optimizer: torch.optim.Optimiz
     meta = read_meta(path)
     check_resume(meta, mesh, str(path), discard_dp_state)
     model_sd, optim_sd = get_state_dict(model, optimizer)
-    dcp.load({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(path / DCP_DIR))
+    dcp.load(dict(zip(("model", "optim"), ep_global(model, model_sd, optim_sd))), checkpoint_id=str(path / DCP_DIR))
     set_state_dict(model, optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd)
     mine = None
     if meta.dp_state and meta.dp == mesh.dp and not discard_dp_state:
@@ -246,6 +247,70 @@ def load_checkpoint(path, model: torch.nn.Module, optimizer: torch.optim.Optimiz
 
 
 # --------------------------------------------------------------------------- comparison
+
+
+def ep_global(model: torch.nn.Module, msd: dict, osd: dict) -> tuple[dict, dict]:
+    """The state dicts with every routed expert's DTensor (model weights and optimizer
+    states, keys with ``moe.experts.``) as the global tensor of all ``experts`` rows.
+
+    FSDP2 shards a rank's ``E / ep`` local experts over efsdp, so its DTensor describes only
+    them: the ranks of different ep groups then hold DTensors of the same key, global shape
+    and offsets, and DCP's planner takes them for replicas and writes one (measured by
+    ``meshplan validate``: a 4-rank dp_shard 4 x ep 2 run wrote half the experts). Here each
+    becomes a DTensor on the (other dims, ep, efsdp) mesh placed ``Shard(0)`` over ep, then
+    its own placement over efsdp: rows ``ep_index x E/ep + efsdp_index x E/ep/efsdp`` of the
+    ``E``-row tensor. The local tensors are shared (no copy), so a ``dcp.load`` into the
+    returned dicts loads the model's and the optimizer's own tensors. Without ep > 1: the
+    dicts unchanged."""
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor import Shard
+
+    edm = getattr(model, "expert_mesh", None)
+    if edm is None or "ep" not in (edm.mesh_dim_names or ()) or edm["ep"].size() == 1:
+        return msd, osd
+    names, ep = list(edm.mesh_dim_names), edm["ep"].size()
+    meshes: dict = {}
+
+    def convert(v):
+        if not isinstance(v, DTensor) or "efsdp" not in (v.device_mesh.mesh_dim_names or ()):
+            return v
+        key = tuple(v.device_mesh.mesh_dim_names)
+        new = [n for n in key if n != "efsdp"] + ["ep", "efsdp"]
+        if key not in meshes:  # every rank builds it, in the same key order
+            order = [names.index(n) for n in new] + [i for i, n in enumerate(names) if n not in new]
+            grid = edm.mesh.permute(order).reshape([edm.mesh.shape[names.index(n)] for n in new])
+            meshes[key] = DeviceMesh(edm.device_type, grid, mesh_dim_names=tuple(new))
+        pl = [p for n, p in zip(key, v.placements) if n != "efsdp"] + [Shard(0), v.placements[key.index("efsdp")]]
+        shape = torch.Size((v.shape[0] * ep,) + tuple(v.shape[1:]))
+        stride = torch.empty(shape, device="meta").stride()
+        return DTensor.from_local(v.to_local(), meshes[key], pl, run_check=False, shape=shape, stride=stride)
+
+    msd = {k: convert(v) if "moe.experts." in k else v for k, v in msd.items()}
+    state = {k: ({n: convert(t) for n, t in s.items()} if "moe.experts." in str(k) else s)
+             for k, s in osd.get("state", {}).items()}
+    return msd, {**osd, "state": state}
+
+
+def measure_dcp(model: torch.nn.Module, optimizer: torch.optim.Optimizer, folder, rank: int) -> dict:
+    """One DCP save of ``{"model", "optim"}`` (``get_state_dict``) into ``folder`` (shared by
+    all ranks, ``FileSystemWriter``), then one load back into the same state: seconds of each
+    on this rank (between barriers) and the bytes of the files this rank wrote
+    (``__<rank>_*.distcp``: the shards DCP's planner gave it, replicated ones deduplicated)."""
+    folder = Path(folder)
+    msd, osd = ep_global(model, *get_state_dict(model, optimizer))
+    state = {"model": msd, "optim": osd}
+    dist.barrier()
+    t0 = time.perf_counter()
+    dcp.save(state, checkpoint_id=str(folder))
+    save_s = time.perf_counter() - t0
+    dist.barrier()
+    written = sum(f.stat().st_size for f in folder.glob(f"__{rank}_*.distcp"))
+    t0 = time.perf_counter()
+    dcp.load(state, checkpoint_id=str(folder))
+    load_s = time.perf_counter() - t0
+    dist.barrier()
+    return {"rank": rank, "save_s": save_s, "load_s": load_s, "bytes_written": written,
+            "files": sorted(f.name for f in folder.glob(f"__{rank}_*.distcp"))}
 
 
 def _full(value: Any) -> Any:

@@ -38,7 +38,7 @@ torch.Size([2, 8, 100])
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional, Union
 
 import torch
 import torch.nn.functional as F
@@ -157,9 +157,11 @@ class Transformer(nn.Module):
     ``spec.vocab``; pass meshplan's padded vocabulary to match the plan). ``tp``: the
     tensor-parallel degree the model will be split over, used only to copy KV heads when
     ``tp > kv_heads``. ``recompute``: full activation recomputation of every layer
-    (non-reentrant ``torch.utils.checkpoint``)."""
+    (non-reentrant ``torch.utils.checkpoint``), or a function of the layer's position saying
+    which (``TrainingSpec.layer_recomputed``: torchtitan's per-layer AC, every ``ac_freq``-th)."""
 
-    def __init__(self, spec: ModelSpec, vocab: Optional[int] = None, tp: int = 1, recompute: bool = False):
+    def __init__(self, spec: ModelSpec, vocab: Optional[int] = None, tp: int = 1,
+                 recompute: Union[bool, Callable[[int], bool]] = False):
         super().__init__()
         self.recompute = recompute
         if spec.qk_norm:
@@ -191,8 +193,9 @@ class Transformer(nn.Module):
             rope = (cos[pos], sin[pos]) if cp is not None else (cos, sin)
         else:
             x = x + self.position_embedding(pos)
-        for block in self.layers.values():
-            if self.recompute and torch.is_grad_enabled():
+        for k, block in enumerate(self.layers.values()):
+            ckpt = self.recompute(k) if callable(self.recompute) else self.recompute
+            if ckpt and torch.is_grad_enabled():
                 x = checkpoint(block, x, rope, use_reentrant=False)
             else:
                 x = block(x, rope)

@@ -10,8 +10,9 @@
 
 Routing (Mixtral, Jiang et al. 2024, eq. 1): top-k of the router logits, softmax over those
 k. Dispatch is deterministic with a fixed capacity (Switch Transformer, Fedus et al. 2021,
-capacity factor 1): each expert takes at most ``C = ceil(T * top_k / experts)`` token copies
-of the ``T`` tokens of this rank (:func:`meshplan.compute.shapes.expert_capacity`), in token order;
+capacity factor f = ``training.moe_capacity_factor``, default 1, :func:`set_capacity_factor`):
+each expert takes at most ``C = ceil(f * T * top_k / experts)`` token copies
+of the ``T`` tokens of this rank (:func:`meshplan.compute.routing.expert_capacity`), in token order;
 copies beyond C are dropped (their output is 0), empty slots are zero padding. The dispatch
 buffer is therefore always ``(experts, C, hidden)``, whatever the router decides, and the
 all-to-all sizes are known before the run (meshplan's collective table,
@@ -53,7 +54,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from meshplan.compute.shapes import expert_capacity
+from meshplan.compute.routing import expert_capacity
 from meshplan.errors import ConfigError
 from meshplan.spec.model import ModelSpec
 
@@ -116,10 +117,13 @@ class MoE(nn.Module):
         self.ep_group = None  # set by apply_ep
         self.ep = 1
         self.tp_mesh, self.sp, self.token_split = None, False, 1  # set by apply_moe_tp
+        self.capacity_factor = 1.0  # set by set_capacity_factor
 
     def capacity(self, tokens: int) -> int:
-        """Token copies each expert takes from ``tokens`` tokens of this rank."""
-        return expert_capacity(tokens, self.top_k, self.n_experts)
+        """Token copies each expert takes from ``tokens`` tokens of this rank:
+        ``ceil(capacity_factor x tokens x top_k / experts)``, from the static token count, so
+        every rank of the ep group sizes the same all-to-all."""
+        return expert_capacity(tokens, self.top_k, self.n_experts, self.capacity_factor)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.tp_mesh is not None:
@@ -180,6 +184,13 @@ class MoE(nn.Module):
         x = recv.view(ep, local, cap, h).transpose(0, 1).reshape(local, ep * cap, h)
         y = self.experts(x).view(local, ep, cap, h).transpose(0, 1).reshape(e * cap, h)
         return wait_tensor(all_to_all_single_autograd(y, None, None, self.ep_group))  # combine
+
+
+def set_capacity_factor(model: nn.Module, factor: float) -> None:
+    """Every MoE layer of ``model`` dispatches ``ceil(factor x T x top_k / experts)`` copies
+    per expert (``training.moe_capacity_factor``, :mod:`meshplan.compute.routing`)."""
+    for moe in moe_layers(model):
+        moe.capacity_factor = factor
 
 
 def moe_layers(model: nn.Module) -> list[MoE]:

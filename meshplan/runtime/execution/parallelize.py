@@ -114,6 +114,15 @@ def _unsupported(mesh: Mesh, training: TrainingSpec, pipeline: bool = False, moe
         return "pp > 1: pipeline stages are not built by parallelize(); use torch.distributed.pipelining"
     if moe and mesh.degree("cp") > 1:
         return "cp > 1 with MoE layers: context parallelism is built for dense models only"
+    if training.fp8_all_gather:
+        return ("fp8_all_gather: torchtitan's float8 training (torchao Float8Linear) is not built in the runtime "
+                "model (and float8 GEMMs need an sm89+ GPU)")
+    if training.recompute == "op":
+        return ("recompute 'op' (torchtitan op-level selective AC): the runtime model checkpoints whole layers "
+                "only; use 'layer', 'full' or 'none'")
+    if moe and training.moe_dropless:
+        return ("moe_dropless: the runtime MoE dispatches a fixed capacity per expert (all-to-all sizes known "
+                "before routing); dropless routing needs all-to-alls sized by exchanged counts, not built")
     if mesh.etp > 1:
         return "etp > 1: expert tensor parallelism is not built (experts are whole on each ep rank)"
     if training.sharding == "none":  # DDP (apply_ddp): plain data parallelism only
@@ -267,7 +276,9 @@ def parallelize(model: nn.Module, device_mesh: DeviceMesh, mesh: Mesh, training:
         apply_tp(model, device_mesh["tp"], mesh.sequence_parallel, loss_parallel)
     expert_dp = None
     if moe:
-        from meshplan.runtime.execution.moe import apply_ep, init_expert_mesh
+        from meshplan.runtime.execution.moe import apply_ep, init_expert_mesh, set_capacity_factor
+
+        set_capacity_factor(model, training.moe_capacity_factor)
 
         model.expert_mesh = edm = init_expert_mesh(mesh, device_mesh.device_type)
         if mesh.ep > 1:

@@ -90,6 +90,13 @@ def unsupported(mesh, training, schedule: str, model_spec=None) -> Optional[str]
         return f"pp_schedule {str(schedule)!r}: only {', '.join(BUILT)} are built"
     if mesh.etp > 1:
         return "etp > 1: expert tensor parallelism is not built (experts are whole on each ep rank)"
+    if training.fp8_all_gather:
+        return "fp8_all_gather: torchtitan's float8 training is not built in the runtime model"
+    if training.recompute in ("layer", "op"):
+        return (f"recompute {training.recompute!r} (torchtitan selective AC) under pp: the stage modules checkpoint "
+                "all layers or none; use 'full' or 'none'")
+    if model_spec is not None and model_spec.is_moe and training.moe_dropless:
+        return "moe_dropless: the runtime MoE dispatches a fixed capacity per expert; dropless is not built"
     if (model_spec is not None and model_spec.is_moe and mesh.degree("fsdp") * mesh.degree("dp_replicate") == 1
             and mesh.degree("efsdp") > 1):
         return ("MoE layers with fsdp 1 and efsdp = tp / ep > 1 under pp: the routed experts would be FSDP2 units "

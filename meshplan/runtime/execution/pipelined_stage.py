@@ -133,6 +133,10 @@ def parallelize_stage(modules: list[StageModule], mesh, training, dm, loss_paral
         expert_dp = edm["dp_replicate", "efsdp"] if hsdp and "dp_replicate" in edm.mesh_dim_names else edm["efsdp"]
     shard = mesh.degree("fsdp") * mesh.degree("dp_replicate") > 1
     for m in modules:
+        if edm is not None:
+            from meshplan.runtime.execution.moe import set_capacity_factor
+
+            set_capacity_factor(m, training.moe_capacity_factor)
         if cp > 1:
             apply_cp(m, cp_group, cp, mesh.group_of(rank, "cp").index(rank))
         if tp > 1:

@@ -46,6 +46,20 @@ def batch(training: TrainingSpec, mesh, rank: int, step: int, micro: int, vocab:
     return torch.randint(0, vocab, shape, generator=gen), torch.randint(0, vocab, shape, generator=gen)
 
 
+def set_accumulation(model, training: TrainingSpec, mb: int, micro: int) -> None:
+    """Before micro-batch ``mb`` of ``micro``: FSDP2's gradient sync (and, for
+    ``no_sync_unsharded``, reshard after backward) off on every micro-batch but the last, as
+    ``training.grad_accumulation`` says; nothing for ``sync`` or a model without FSDP2."""
+    from torch.distributed.fsdp import FSDPModule
+
+    if training.grad_accumulation == "sync" or not isinstance(model, FSDPModule):
+        return
+    last = mb == micro - 1
+    model.set_requires_gradient_sync(last)
+    if training.grad_accumulation == "no_sync_unsharded":
+        model.set_reshard_after_backward(last)
+
+
 class Runner:
     """One training step at a time, with per-phase times, recorder labels and status."""
 
@@ -85,6 +99,7 @@ class Runner:
             sync = contextlib.nullcontext()
             if mb < self.micro - 1 and isinstance(self.model, DistributedDataParallel):
                 sync = self.model.no_sync()  # DDP: gradients all-reduced in the last micro-batch's backward only
+            set_accumulation(self.model, self.training, mb, self.micro)
             with sync, lp:
                 for name, label in (("forward", "forward"), ("loss", "loss"), ("backward", "backward")):
                     phase(name, label)

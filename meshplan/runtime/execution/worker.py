@@ -18,6 +18,8 @@
 
 Files under ``DIR/rank<r>/``, each written atomically (temporary file, then rename):
 ``startup.json``, ``collectives.json``, ``memory.json``, ``timings.json``, ``trace.json``,
+``checkpoint.json`` (one DCP save and load after the steps, pp 1:
+:func:`~meshplan.runtime.execution.checkpoint.measure_dcp`),
 and ``status.json``, rewritten at every phase (step, phase, state ``running`` / ``error`` /
 ``done``). ``done`` is written last: a rank's other files count only when it is there.
 
@@ -34,6 +36,7 @@ import argparse
 import contextlib
 import json
 import os
+import shutil
 import signal
 import sys
 import tempfile
@@ -189,7 +192,7 @@ def run(args) -> None:
         model, runner = build_runner(plan, model_spec, training, mesh, dm, rank, vocab, args.seed, status, device)
     else:
         with torch.device("meta"):
-            model = Transformer(model_spec, vocab=vocab, tp=tp, recompute=training.recompute == "full")
+            model = Transformer(model_spec, vocab=vocab, tp=tp, recompute=training.layer_recomputed)
         parallelize(model, dm, mesh, training, loss_parallel=tp > 1)
         model.to_empty(device=device)
         model.init_weights(seed=args.seed)
@@ -237,6 +240,19 @@ def run(args) -> None:
             os.unlink(tmp)
     write_json(folder / "timings.json", {"rank": rank, "device": device, "threads": torch.get_num_threads(),
                                          "steps": timings})
+    if mesh.degree("pp") == 1:  # DCP save and load after the steps (pipeline stages: not measured yet)
+        from meshplan.runtime.execution.checkpoint import measure_dcp
+
+        status.set(step, "checkpoint")
+        ck = Path(args.out) / "dcp_probe"
+        try:
+            rec = measure_dcp(runner.model, runner.opt, ck, rank)
+        except Exception as e:  # a state DCP cannot save is reported, not fatal to the run's other evidence
+            rec = {"rank": rank, "error": f"{type(e).__name__}: {e}"}
+        write_json(folder / "checkpoint.json", rec)
+        dist.barrier()
+        if rank == 0:
+            shutil.rmtree(ck, ignore_errors=True)
     if args.probe_spec:  # the plan's collectives timed after the steps: meshplan.runtime.validation.probe
 
         status.set(step, "collective probe")

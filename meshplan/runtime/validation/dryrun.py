@@ -32,6 +32,7 @@ from meshplan.mesh.tpsplit import padded_vocab
 from meshplan.runtime.execution.model import Transformer
 from meshplan.runtime.execution.parallelize import check_groups, init_mesh, parallelize
 from meshplan.runtime.execution.recorder import Collective, CollectiveRecorder
+from meshplan.runtime.execution.trainstep import set_accumulation
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.training import TrainingSpec
 
@@ -74,9 +75,10 @@ def _clear_dtensor_caches() -> None:
 
 def dry_run(model_spec: ModelSpec, training: TrainingSpec, mesh: Mesh, rank: int = 0,
             loss_parallel: bool = True, mixed_precision: bool = False, optimizer_step: bool = True,
-            vocab: Optional[int] = None) -> DryRun:
-    """Record the collectives ``rank`` issues in one step (one micro-batch of
-    ``training.micro_batch`` x ``training.seq_len`` tokens) of ``model_spec`` on ``mesh``.
+            vocab: Optional[int] = None, micro_batches: int = 1) -> DryRun:
+    """Record the collectives ``rank`` issues in one step (``micro_batches`` micro-batches of
+    ``training.micro_batch`` x ``training.seq_len`` tokens, accumulated as
+    ``training.grad_accumulation`` says) of ``model_spec`` on ``mesh``.
 
     ``vocab``: embedding rows; default meshplan's padded vocabulary
     (:func:`meshplan.mesh.tpsplit.padded_vocab`), so parameter bytes match the plan.
@@ -97,7 +99,7 @@ def dry_run(model_spec: ModelSpec, training: TrainingSpec, mesh: Mesh, rank: int
         dm = init_mesh(mesh, "cpu")
         diffs = check_groups(dm, mesh)
         with torch.device("meta"):
-            model = Transformer(model_spec, vocab=v, tp=tp, recompute=training.recompute == "full")
+            model = Transformer(model_spec, vocab=v, tp=tp, recompute=training.layer_recomputed)
         if model.kv_heads != model_spec.n_kv_heads:
             notes.append(f"KV heads copied {model_spec.n_kv_heads} -> {model.kv_heads} for tp {tp}")
         parallelize(model, dm, mesh, training, loss_parallel=loss_parallel, mixed_precision=mixed_precision)
@@ -107,31 +109,35 @@ def dry_run(model_spec: ModelSpec, training: TrainingSpec, mesh: Mesh, rank: int
             diffs += check_expert_groups(model.expert_mesh, mesh)
         with FakeTensorMode(allow_non_fake_inputs=True):
             model.to_empty(device="cpu")
-            records = _step(model, training, loss_parallel and tp > 1, optimizer_step, mesh.degree("cp"))
+            records = _step(model, training, loss_parallel and tp > 1, optimizer_step, mesh.degree("cp"),
+                            micro_batches)
     return DryRun(rank=rank, records=records, group_differences=diffs, notes=notes)
 
 
-def _step(model, training: TrainingSpec, loss_parallel: bool, optimizer_step: bool, cp: int = 1) -> list[Collective]:
-    """Forward, loss (fp32, on vocabulary-sharded logits under loss parallel), backward and
-    an AdamW step, each labelled as a phase of the recorder. ``cp``: the rank holds
-    ``seq_len / cp`` tokens of each sequence (:mod:`meshplan.runtime.execution.cp`)."""
+def _step(model, training: TrainingSpec, loss_parallel: bool, optimizer_step: bool, cp: int = 1,
+          micro_batches: int = 1) -> list[Collective]:
+    """Forward, loss (fp32, on vocabulary-sharded logits under loss parallel) and backward of
+    each micro-batch (FSDP2's accumulation mode set before each:
+    :func:`~meshplan.runtime.execution.trainstep.set_accumulation`), then an AdamW step, each
+    labelled as a phase of the recorder. ``cp``: the rank holds ``seq_len / cp`` tokens of
+    each sequence (:mod:`meshplan.runtime.execution.cp`)."""
     b, s = training.micro_batch, training.seq_len // cp
     tokens = torch.zeros(b, s, dtype=torch.long)
     labels = torch.zeros(b, s, dtype=torch.long)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=False) if optimizer_step else None
-    lp = contextlib.nullcontext()
+    lp = contextlib.nullcontext
     if loss_parallel:
-        from torch.distributed.tensor.parallel import loss_parallel as _lp
-
-        lp = _lp()
+        from torch.distributed.tensor.parallel import loss_parallel as lp
     with CollectiveRecorder() as rec:
-        rec.phase = "forward"
-        with lp:
-            logits = model(tokens)
-            rec.phase = "loss"
-            loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
-            rec.phase = "backward"
-            loss.backward()
+        for mb in range(micro_batches):
+            set_accumulation(model, training, mb, micro_batches)
+            rec.phase = "forward"
+            with lp():
+                logits = model(tokens)
+                rec.phase = "loss"
+                loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
+                rec.phase = "backward"
+                loss.backward()
         if opt is not None:
             rec.phase = "step"
             opt.step()

@@ -34,6 +34,7 @@ from typing import Optional
 
 from meshplan.memory.timeline import tracker_to_kinds
 from meshplan.plan import Plan
+from meshplan.reliability import checkpoint_size
 from meshplan.runtime.execution.recorder import Collective
 from meshplan.runtime.execution.worker import write_atomic, write_json
 from meshplan.runtime.validation.breakdown import breakdown_rows
@@ -217,7 +218,43 @@ def _collective_rows(plan, folder: Path, label: str = "") -> list[dict]:
                       f"{meas[worst][1]} gloo:* events of the profiled step (profiler on)")]
 
 
-def compare_world(plan, folder: Path, table, tolerance: Optional[float] = None) -> dict:
+def checkpoint_rows(plan, folder: Path, bytes_per_s: Optional[float] = None) -> list[dict]:
+    """DCP save after the steps (``rank<r>/checkpoint.json``): the most bytes a rank wrote
+    against :func:`meshplan.reliability.dcp_write_bytes` of the plan (replicated shards
+    written once, split between their replicas), and the slowest rank's save and load times
+    against those bytes (load: all it holds) at ``bytes_per_s`` (``--checkpoint-gbps``; not
+    predicted without it). No rows when the run wrote none (pp > 1)."""
+    files = [folder / f"rank{r}" / "checkpoint.json" for r in range(plan.world)]
+    recs = [json.loads(f.read_text()) for f in files if f.exists()]
+    errors = [x for x in recs if "error" in x]
+    if errors:
+        return [dict(quantity="checkpoint bytes written per rank", unit="B", predicted=None, measured=None,
+                     measured_min=None, rank=errors[0]["rank"], error=None,
+                     note=f"DCP save failed on {len(errors)} rank(s): {errors[0]['error']}")]
+    if not recs:
+        return []
+    size = checkpoint_size(plan.state, plan.mesh)
+    pred = size.written_per_rank_bytes
+    top = max(recs, key=lambda x: x["bytes_written"])
+    rows = [dict(quantity="checkpoint bytes written per rank", unit="B", predicted=pred, measured=top["bytes_written"],
+                 measured_min=min(x["bytes_written"] for x in recs), rank=top["rank"],
+                 error=top["bytes_written"] / pred - 1 if pred else None,
+                 note="DCP FileSystemWriter files of the busiest rank (tensor data + serialization headers); "
+                      "predicted: its share, replicated shards split between their replicas")]
+    for q, key, nbytes in (("checkpoint save time", "save_s", pred), ("checkpoint load time", "load_s",
+                                                                       size.per_rank_bytes)):
+        slow = max(recs, key=lambda x: x[key])
+        want = nbytes / bytes_per_s if bytes_per_s else None
+        rows.append(dict(quantity=q, unit="s", predicted=want, measured=slow[key],
+                         measured_min=min(x[key] for x in recs), rank=slow["rank"],
+                         error=slow[key] / want - 1 if want else None,
+                         note=f"slowest rank; predicted {nbytes:.0f} B at the stated per-rank bandwidth"
+                              if want else "not predicted: give --checkpoint-gbps"))
+    return rows
+
+
+def compare_world(plan, folder: Path, table, tolerance: Optional[float] = None,
+                  checkpoint_bytes_per_s: Optional[float] = None) -> dict:
     """The comparison of one world (see the module docstring)."""
     diffs, coll_rows, groups = compare_collectives(plan, folder)
     meas = measured_times(plan, folder)
@@ -257,6 +294,7 @@ def compare_world(plan, folder: Path, table, tolerance: Optional[float] = None) 
             rows.append(dict(quantity=f"peak memory: {g}", unit="B", predicted=want.get(g), measured=m,
                              measured_min=None, rank=worst, error=(m / want[g] - 1) if want.get(g) else None,
                              note="at each side's own peak: tracker categories mapped by tracker_to_kinds"))
+    rows += checkpoint_rows(plan, folder, checkpoint_bytes_per_s)
     gated = []
     if tolerance is not None:  # the calibrated times when the run had a probe, else the pre-run ones
         times = [r for r in rows[:n_time] if r["quantity"].endswith("(calibrated)")] or rows[:n_time]

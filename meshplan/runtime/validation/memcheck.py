@@ -169,7 +169,7 @@ def measure(config: Config, rank: int = 0, fake: bool = False) -> Measured:
     with fake_process_group(mesh.world, rank):
         dm = init_mesh(mesh, "cpu")
         with torch.device("meta"):
-            model = Transformer(config.model, vocab=v, tp=tp, recompute=t.recompute == "full")
+            model = Transformer(config.model, vocab=v, tp=tp, recompute=t.layer_recomputed)
         parallelize(model, dm, mesh, t)
         with FakeTensorMode(allow_non_fake_inputs=True) if fake else contextlib.nullcontext():
             model.to_empty(device="cpu")

@@ -31,7 +31,9 @@ For each world size W (staged: 2, then 4, then 8 ...):
    ``world<W>/torchrun-node<k>.log``.
 5. **Compare** (:mod:`meshplan.runtime.validation.evidence`): collectives of every rank against the
    plan's table (count, group, bytes, dtype), step and phase times against
-   :func:`meshplan.schedule.steptime.step_time`, peak memory against the memory timeline.
+   :func:`meshplan.schedule.steptime.step_time`, peak memory against the memory timeline, and
+   the bytes each rank wrote in a DCP save after the steps against
+   :func:`meshplan.reliability.dcp_write_bytes` (save and load times at ``--checkpoint-gbps``).
 
 Evidence folder ``OUT``: ``validate.json`` and ``summary.md`` (all worlds), and per world
 ``world<W>/``: ``plan.json``, ``gemm_table.json``, ``torchrun.log``, ``rank<r>/`` (the
@@ -102,6 +104,7 @@ class Options:
     node_rank: int = 0
     rdzv_endpoint: Optional[str] = None  # host:port of node 0 (c10d rendezvous)
     local_addr: Optional[str] = None  # this host's address for the workers' store (torchrun --local-addr)
+    checkpoint_bytes_per_s: Optional[float] = None  # one rank's storage bandwidth: predicts DCP save/load times
 
     @property
     def rendezvous(self) -> Optional[Rendezvous]:
@@ -343,7 +346,7 @@ def _run_world(config: Config, world: int, opt: Options, folder: Path, work: Pat
         result.update(ok=False, stage="run", message=fault["message"], fault=fault)
         write_json_atomic(folder / "comparison.json", result)
         return result
-    comp = compare_world(plan, folder, table, opt.tolerance)
+    comp = compare_world(plan, folder, table, opt.tolerance, opt.checkpoint_bytes_per_s)
     if opt.testbed:  # bytes per NIC over the steps against the plan (meshplan.runtime.testbed.nics)
 
         comp["predicted_vs_measured"] += nic_rows(plan, folder, nic_bytes)

@@ -1,0 +1,141 @@
+"""MoE routing as the frameworks configure it: capacity factor, dropless, a stated imbalance.
+
+One home for the token-copy counts an MoE layer moves and computes on one rank per
+micro-batch; the all-to-all sizes (:mod:`meshplan.comm.collectives`), the routed experts'
+activations (:mod:`meshplan.memory.sizes`), the expert GEMMs (:func:`meshplan.compute.shapes.layer_gemms`)
+and the search's all-to-all column (:mod:`meshplan.search.timing`) all read it.
+
+Inputs (``[training]``): ``moe_capacity_factor`` f (Megatron-LM ``--moe-expert-capacity-factor``,
+the Switch Transformer's capacity factor, Fedus et al. 2021, 2.2), ``moe_dropless``
+(Megatron-LM without a capacity factor, torchtitan's default: every copy is computed), and
+``moe_hottest_expert_share`` p, the share of all token copies the busiest expert gets
+(unset: balanced, ``1 / experts``), the same on every rank.
+
+With ``T`` distinct tokens a rank routes (``b * s/cp * etp/tp``), ``k = top_k``, ``E``
+experts, ``n = E / ep`` local experts:
+
+- **capacity** (dropping): ``C = ceil(f * T * k / E)`` copies per expert per source rank,
+  computed from the static shape, so it is the same on every rank (a rank sizing its own
+  buffer from its routed counts would send an all-to-all of a different size than its peers
+  expect and hang). The dispatch buffer is ``E x C`` rows, empty slots padded, so every rank
+  sends and receives ``E * C`` rows and each local expert's GEMM has ``ep * C`` rows,
+  whatever the routing; the hottest expert drops ``max(0, ceil(p T k) - C)`` copies per rank.
+- **dropless**: no padding, nothing dropped; the hottest expert receives ``ep * p * T * k``
+  rows, each other expert ``ep * (1 - p) * T * k / (E - 1)``; the rank holding the hottest
+  expert receives ``ep * T * k * (p + (n - 1)(1 - p)/(E - 1))`` rows (balanced: ``T * k``),
+  and its all-to-all and GEMMs set the layer's time (every rank waits for it). Frameworks
+  first exchange the per-expert counts (Megatron-LM's ``MoEAlltoAllTokenDispatcher``: an
+  all-to-all of ``E`` integers per rank), which the plan states but does not time.
+
+>>> r = routing(RoutingOptions(capacity_factor=1.25), tokens=4096, top_k=2, experts=8, ep=4)
+>>> r.capacity, r.recv_rows, r.hot_expert_rows, r.dropped
+(1280, 10240, 5120, 0)
+>>> d = routing(RoutingOptions(dropless=True, hottest_share=0.4), tokens=3000, top_k=2, experts=4, ep=2)
+>>> d.recv_rows, d.hot_expert_rows, d.other_expert_rows  # 2 x 0.4 x 6000; 2 x 0.6/3 x 6000
+(7200, 4800, 2400)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class RoutingOptions:
+    """The stated routing of a run (module docstring); defaults: capacity factor 1, dropping,
+    balanced."""
+
+    capacity_factor: float = 1.0
+    dropless: bool = False
+    hottest_share: Optional[float] = None
+
+    @staticmethod
+    def of(training) -> "RoutingOptions":
+        """From a :class:`~meshplan.spec.training.TrainingSpec`."""
+        return RoutingOptions(training.moe_capacity_factor, training.moe_dropless, training.moe_hottest_expert_share)
+
+
+@dataclass(frozen=True)
+class Routing:
+    """Token copies of one MoE layer on the busiest rank per micro-batch (module docstring):
+    ``tokens`` T routed, ``copies`` T k, ``capacity`` C (None dropless), ``send_rows`` the
+    rank's dispatch buffer, ``recv_rows`` the busiest rank's received rows (the all-to-all
+    size in rows), ``hot_expert_rows`` and ``other_expert_rows`` the GEMM rows of its hottest
+    and other local experts, ``dropped`` copies dropped per rank at the hottest expert."""
+
+    tokens: int
+    copies: int
+    capacity: Optional[int]
+    send_rows: int
+    recv_rows: int
+    hot_expert_rows: int
+    other_expert_rows: int
+    dropped: int
+    share: float
+
+    def describe(self, opts: RoutingOptions, top_k: int, experts: int, ep: int) -> str:
+        """One line with the arithmetic, for the plan's notes."""
+        bal = "balanced" if opts.hottest_share is None else f"hottest expert {self.share:.3g} of the copies"
+        if self.capacity is None:
+            return (f"MoE dropless ({bal}): tokens per rank T = {self.tokens}, copies T x top_k {top_k} = "
+                    f"{self.copies}; the busiest ep rank receives {self.recv_rows} rows (hottest expert "
+                    f"{self.hot_expert_rows}); per-expert counts exchanged before each dispatch (not timed)")
+        return (f"MoE capacity = ceil({opts.capacity_factor:g} x T {self.tokens} x top_k {top_k} / experts "
+                f"{experts}) = {self.capacity} copies per expert, the same on every ep rank (static shape); "
+                f"dispatch buffer {experts} x {self.capacity} = {self.send_rows} rows, {ep * self.capacity} per "
+                f"local expert; {bal}: {self.dropped} copies dropped per rank per layer")
+
+
+def _ceil(x):
+    """``ceil`` that ignores float noise of products such as 2 x 0.4 x 6000 = 4800.000000000001."""
+    return np.ceil(np.round(x, 6))
+
+
+def expert_capacity(tokens: int, top_k: int, experts: int, factor: float = 1.0) -> int:
+    """Token copies one expert takes from the ``tokens`` tokens one rank routes:
+    ``ceil(factor * tokens * top_k / experts)`` (expert capacity of the Switch Transformer,
+    Fedus et al. 2021, section 2.2, with top_k copies per token). The runtime MoE
+    (:mod:`meshplan.runtime.execution.moe`) drops copies beyond it and pads the rest, so its
+    dispatch buffer is always ``experts x capacity`` tokens.
+
+    >>> expert_capacity(64, 2, 8), expert_capacity(10, 2, 8), expert_capacity(10, 2, 8, 1.5)
+    (16, 3, 4)
+    """
+    return int(_ceil(factor * tokens * top_k / experts))
+
+
+def hottest_share(opts: RoutingOptions, experts: int) -> float:
+    """The stated share of the busiest expert, or ``1 / experts`` (balanced)."""
+    return 1.0 / experts if opts.hottest_share is None else opts.hottest_share
+
+
+def routing(opts: RoutingOptions, tokens: int, top_k: int, experts: int, ep: int) -> Routing:
+    """:class:`Routing` of ``tokens`` routed tokens per rank (module docstring)."""
+    p, copies, local = hottest_share(opts, experts), tokens * top_k, experts // ep
+    if not opts.dropless:
+        cap = expert_capacity(tokens, top_k, experts, opts.capacity_factor)
+        rows = experts * cap
+        return Routing(tokens, copies, cap, rows, rows, ep * cap, ep * cap, max(0, int(_ceil(p * copies)) - cap), p)
+    other = (1 - p) / (experts - 1) if experts > 1 else 0.0
+    hot, rest = int(_ceil(ep * p * copies)), int(_ceil(ep * other * copies))
+    return Routing(tokens, copies, None, copies, hot + (local - 1) * rest, hot, rest, 0, p)
+
+
+def a2a_rows(opts: RoutingOptions, tokens, top_k: int, experts: int, ep):
+    """``recv_rows`` of :func:`routing` for numpy arrays of ``tokens`` and ``ep`` (the
+    search's candidates): the same formula, elementwise.
+
+    >>> import numpy as np
+    >>> a2a_rows(RoutingOptions(capacity_factor=1.25), np.array([4096, 10]), 2, 8, np.array([4, 2])).tolist()
+    [10240, 32]
+    """
+    p, copies = hottest_share(opts, experts), np.asarray(tokens) * top_k
+    if not opts.dropless:
+        return experts * _ceil(opts.capacity_factor * copies / experts).astype(np.int64)
+    ep = np.asarray(ep)
+    other = (1 - p) / (experts - 1) if experts > 1 else 0.0
+    hot, rest = _ceil(ep * p * copies), _ceil(ep * other * copies)
+    return (hot + (experts // ep - 1) * rest).astype(np.int64)

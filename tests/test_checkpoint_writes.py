@@ -1,0 +1,161 @@
+"""Issue 14 item 5: the bytes each rank writes under DCP and the write time at a per-rank
+bandwidth (meshplan.reliability.dcp_write_bytes), and validate's measured DCP save.
+
+Tiny model T of tests/test_memory_timeline.py: 10320 parameters, fp32 parameters and
+Adam's two fp32 moments = 12 B per parameter (no master copy). By hand:
+
+- zero3 over dp_shard 2: each rank holds 5160 x 12 = 61920 B, its own shard: writes 61920 B;
+- HSDP dp_replicate 2 x dp_shard 2: holds 61920 B, the same shard is on 2 replicas, DCP
+  writes it once, split between them: 30960 B each;
+- DDP (none) over dp 2: holds 123840 B, writes half: 61920 B.
+At 1 GB/s per rank the HSDP write takes 30960 / 1e9 s and the read back 61920 / 1e9 s.
+"""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from meshplan.reliability import checkpoint_size, dcp_write_bytes, reliability
+
+from tests.test_memory_timeline import plan_of
+
+DATA = Path(__file__).parent / "data"
+
+
+def test_dcp_bytes_per_rank_by_hand():
+    fsdp = plan_of()
+    assert dcp_write_bytes(fsdp.state, fsdp.mesh) == [61920]
+    hsdp = plan_of(sharding="hsdp", global_batch=8,
+                   mesh=dict(names=["dp_replicate", "dp_shard"], shape=[2, 2], world=4))
+    size = checkpoint_size(hsdp.state, hsdp.mesh)
+    assert (size.per_rank_bytes, size.written_per_rank_bytes, size.total_bytes) == (61920, 30960, 123840)
+    ddp = plan_of(sharding="none", mesh=dict(names=["dp"], shape=[2], world=2))
+    assert dcp_write_bytes(ddp.state, ddp.mesh) == [61920] and checkpoint_size(ddp.state, ddp.mesh).per_rank_bytes == 123840
+
+
+def test_write_time_at_a_per_rank_bandwidth():
+    hsdp = plan_of(sharding="hsdp", global_batch=8,
+                   mesh=dict(names=["dp_replicate", "dp_shard"], shape=[2, 2], world=4))
+    r = reliability(hsdp, write_bandwidth_bytes_per_s=1e15, read_bandwidth_bytes_per_s=1e15, restart_overhead_s=0,
+                    per_rank_bandwidth_bytes_per_s=1e9)
+    assert r.write_s == pytest.approx(30960 / 1e9) and r.read_s == pytest.approx(61920 / 1e9)
+    assert "the busiest rank writes 0.000 GB" in r.dcp_line() and "write 0.00 s" in r.dcp_line()
+
+
+def test_cli_rank_gbps_is_documented_and_checked():
+    from typer.testing import CliRunner
+
+    from meshplan.cli import app
+
+    res = CliRunner().invoke(app, ["reliability", "--help"])
+    assert "--rank-gbps" in res.output
+    res = CliRunner().invoke(app, ["reliability", str(Path(__file__).parents[1] / "examples" / "seed-64gpu.toml"),
+                                   "--write-gbps", "100", "--read-gbps", "100", "--restart-overhead-s", "60",
+                                   "--rank-gbps", "2"])
+    assert res.exit_code == 0 and "DCP: the busiest rank writes" in res.output and "at 2 GB/s per rank" in res.output
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_validate_measures_dcp_bytes_per_rank(tmp_path):
+    """DDP over dp 2 (gloo, 2 ranks): each rank holds the whole model (1,967,360 fp32
+    parameters and AdamW's two moments: 23,608,320 B); DCP writes each tensor once, from the
+    rank whose plan is smaller so far, so each rank writes about half (whole tensors: the
+    split is off by at most one tensor; files add serialization headers)."""
+    pytest.importorskip("torch")
+    from meshplan.config import load_config
+    from meshplan.runtime.validation.validate import Options, validate
+
+    out = tmp_path / "ev"
+    code, res = validate(load_config(DATA / "validate_llama8b_ddp4.toml"),
+                         Options(worlds=(2,), layers=2, seq_len=32, vocab=512, steps=1, timeout_s=240, probe=False,
+                                 checkpoint_bytes_per_s=1e9), out, echo=lambda *_: None)
+    assert code == 0, res[0]["message"]
+    rows = {r["quantity"]: r for r in res[0]["comparison"]["predicted_vs_measured"]}
+    written = rows["checkpoint bytes written per rank"]
+    assert written["predicted"] == 23_608_320 / 2
+    assert written["measured"] == pytest.approx(written["predicted"], rel=0.06)
+    recs = [json.loads((out / "world2" / f"rank{r}" / "checkpoint.json").read_text()) for r in range(2)]
+    assert sum(x["bytes_written"] for x in recs) == pytest.approx(23_608_320, rel=0.02)  # each tensor once
+    assert rows["checkpoint save time"]["predicted"] == pytest.approx(23_608_320 / 2 / 1e9)
+    assert rows["checkpoint load time"]["measured"] > 0
+    assert not (out / "world2" / "dcp_probe").exists()
+
+
+# --------------------------------------------------------------------------- experts under ep
+
+MOE = dict(layers=1, hidden=32, ffn=64, q_heads=4, kv_heads=2, vocab=64, experts=4, top_k=2, expert_ffn=16)
+
+
+def _moe_model(names, shape, seed):
+    import torch
+
+    from meshplan.mesh.resolve import resolve_mesh
+    from meshplan.runtime.execution.model import Transformer
+    from meshplan.runtime.execution.parallelize import init_mesh, parallelize
+    from meshplan.spec.mesh import MeshSpec
+    from meshplan.spec.model import ModelSpec
+    from meshplan.spec.training import TrainingSpec
+
+    mesh = resolve_mesh(MeshSpec(names=list(names), shape=list(shape)), world=shape[0])
+    training = TrainingSpec(global_batch=4, seq_len=8, param_dtype="fp32", compute_dtype="fp32")
+    with torch.device("meta"):
+        model = Transformer(ModelSpec(name="m", **MOE))
+    parallelize(model, init_mesh(mesh), mesh, training, loss_parallel=False)
+    model.to_empty(device="cpu")
+    model.init_weights(seed=seed)
+    return mesh, model, torch.optim.AdamW(model.parameters(), lr=1e-2)
+
+
+def _ep_save_worker(rank, world, tmp, tag):
+    import torch.distributed as dist
+
+    from meshplan.runtime.execution import checkpoint as C
+    from tests.test_checkpoint import _init
+
+    _init(rank, world, tmp, tag)
+    try:
+        mesh, model, opt = _moe_model(("dp_shard", "ep"), (4, 2), seed=0)
+        C.save_checkpoint(tmp / "ckpt", model, opt, mesh, step=0)
+    finally:
+        dist.destroy_process_group()
+
+
+def _ep1_load_worker(rank, world, tmp, tag):
+    import torch
+    import torch.distributed as dist
+
+    from meshplan.runtime.execution import checkpoint as C
+    from meshplan.runtime.execution.model import Transformer
+    from meshplan.spec.model import ModelSpec
+    from tests.test_checkpoint import _init
+
+    _init(rank, world, tmp, tag)
+    try:
+        mesh, model, opt = _moe_model(("dp_shard",), (2,), seed=1)  # other values
+        C.load_checkpoint(tmp / "ckpt", model, opt, mesh, discard_dp_state=True)
+        ref = Transformer(ModelSpec(name="m", **MOE))
+        ref.init_weights(seed=0)  # the single-process model the ep-2 run split
+        want = dict(ref.named_parameters())
+        got = {k: v.full_tensor() for k, v in model.named_parameters()}
+        experts = [k for k in got if "moe.experts." in k]
+        assert experts and all(got[k].shape[0] == MOE["experts"] for k in experts)
+        bad = [k for k in want if not torch.equal(want[k], got[k])]
+        assert bad == [], bad
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_experts_saved_under_ep2_load_whole_at_ep1(tmp_path):
+    """Saved on 4 ranks (dp_shard 4, ep 2: each rank 2 of the 4 experts, sharded over efsdp 2)
+    right after init, loaded on 2 ranks at ep 1: every weight, all 4 experts included, equals
+    the single-process model's. Before ``checkpoint.ep_global`` DCP took the two ep groups'
+    expert shards for replicas and kept one group's experts."""
+    pytest.importorskip("torch")
+    from tests.test_checkpoint import _spawn
+
+    _spawn(_ep_save_worker, 4, tmp_path, "store0")
+    _spawn(_ep1_load_worker, 2, tmp_path, "store1")

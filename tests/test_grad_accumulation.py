@@ -1,0 +1,158 @@
+"""Issue 14 item 4: FSDP2 gradient accumulation modes (``training.grad_accumulation``).
+
+``sync`` (FSDP2's default) reduce-scatters every micro-batch; ``no_sync``
+(``set_requires_gradient_sync(False)`` on every micro-batch but the last) reduce-scatters once
+per step and keeps each unit's unsharded fp32 gradient between micro-batches;
+``no_sync_unsharded`` (also ``set_reshard_after_backward(False)``) keeps the parameters
+gathered from a backward to the next forward, so only micro-batch 0's forward all-gathers.
+
+Collective counts by hand, 2 layer units + the root unit (embedding, final norm, output;
+FSDP2 never reshards the root after forward), m micro-batches, reshard_after_forward (raf):
+
+============================  ==================  ==================  ============
+mode                          forward AG          backward AG (raf)   reduce-scatter
+============================  ==================  ==================  ============
+sync                          3 m                 2 m                 3 m
+no_sync                       3 m                 2 m                 3
+no_sync_unsharded             3                   2 m                 3
+============================  ==================  ==================  ============
+
+(backward all-gathers 0 without raf), checked against what torch 2.13's FSDP2 issues on the
+fake process group. Memory of the tiny model of tests/test_memory_timeline.py (10320
+elements on the stage, fp32 reduce, bf16 compute) by hand.
+"""
+
+from math import prod
+
+import pytest
+
+from meshplan import catalog
+from meshplan.comm.collectives import collective_table
+from meshplan.errors import ConfigError
+from meshplan.memory.timeline import KINDS
+from meshplan.mesh.resolve import resolve_mesh
+from meshplan.placement.assign import place
+from meshplan.schedule.steptime import step_time
+from meshplan.schedule.rank_timeline import Overlap
+from meshplan.spec.mesh import MeshSpec
+from meshplan.spec.model import ModelSpec
+from meshplan.spec.training import TrainingSpec
+
+from tests.test_memory_timeline import MEM, plan_of
+
+SMALL = ModelSpec(name="tiny", layers=2, hidden=64, ffn=128, q_heads=4, kv_heads=2, vocab=256)
+FP32 = dict(param_dtype="fp32", compute_dtype="fp32", reduce_dtype="fp32", recompute="none")
+MODES = ("sync", "no_sync", "no_sync_unsharded")
+
+
+def by_hand(mode: str, raf: bool, m: int) -> dict:
+    """(phase, op) -> count per step of the table above."""
+    fwd = 3 if mode == "no_sync_unsharded" else 3 * m
+    return {("forward", "all-gather"): fwd, ("backward", "all-gather"): 2 * m if raf else 0,
+            ("backward", "reduce-scatter"): 3 * m if mode == "sync" else 3}
+
+
+def table_counts(training: TrainingSpec, mesh, m: int) -> dict:
+    cluster = catalog.system("dgx-h100", nodes=1)
+    rows = collective_table(SMALL, training, mesh, cluster, place(cluster, mesh.world), [0, 1], micro_batches=m)
+    out: dict = {}
+    for r in rows:
+        out[(r.phase, r.op)] = out.get((r.phase, r.op), 0) + r.per_step
+    return out
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("raf", [True, False])
+def test_table_counts_by_hand(mode, raf):
+    mesh = resolve_mesh(MeshSpec(names=["dp_shard"], shape=[4]), world=4)
+    t = TrainingSpec(global_batch=12, seq_len=16, grad_accumulation=mode, reshard_after_forward=raf, **FP32)
+    got = table_counts(t, mesh, 3)
+    want = {k: v for k, v in by_hand(mode, raf, 3).items() if v}
+    assert got == want
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_table_matches_torch_fsdp2_per_mode():
+    pytest.importorskip("torch")
+    from meshplan.runtime.validation.compare import differences, tally_records, tally_table
+    from meshplan.runtime.validation.dryrun import dry_run
+
+    mesh = resolve_mesh(MeshSpec(names=["dp_shard"], shape=[4]), world=prod([4]))
+    cluster = catalog.system("dgx-h100", nodes=1)
+    for mode in MODES:
+        for raf in (True, False):
+            t = TrainingSpec(global_batch=12, seq_len=16, grad_accumulation=mode, reshard_after_forward=raf, **FP32)
+            run = dry_run(SMALL, t, mesh, rank=0, optimizer_step=False, micro_batches=3)
+            recorded = tally_records(run.records, mesh, 0)
+            rows = collective_table(SMALL, t, mesh, cluster, place(cluster, 4), [0, 1], micro_batches=3)
+            assert differences(recorded, tally_table(rows, per_step=True)) == [], (mode, raf)
+            measured: dict = {}
+            for (_, phase, op, _, _), n in recorded.items():
+                measured[(phase, op)] = measured.get((phase, op), 0) + n
+            assert measured == {k: v for k, v in by_hand(mode, raf, 3).items() if v}, (mode, raf)
+
+
+def at_end_of_first_backward(tl):
+    r = tl.running()[tl.passes[3].first_event - 1]  # init, F0, B0 | F1
+    return {k: int(r[KINDS.index(k)]) for k in ("grad_buffers", "gathered_params", "grads")}
+
+
+def test_memory_per_mode_by_hand():
+    # tiny model: global batch 4 over dp_shard 2, micro-batch 1 -> 2 micro-batches
+    sync = at_end_of_first_backward(plan_of().timeline)
+    assert sync == {"grad_buffers": 0, "gathered_params": 0, "grads": 10320 * 4 // 2}  # sharded fp32 grads
+    no_sync = plan_of(grad_accumulation="no_sync").timeline
+    # every unit's unsharded fp32 accumulator kept; parameters resharded; no sharded grads yet
+    assert at_end_of_first_backward(no_sync) == {"grad_buffers": 10320 * 4, "gathered_params": 0, "grads": 0}
+    kept = plan_of(grad_accumulation="no_sync_unsharded").timeline
+    assert at_end_of_first_backward(kept) == {"grad_buffers": 10320 * 4, "gathered_params": 10320 * 2,
+                                              "grads": 0}
+    # micro-batch 1's forward gathers again under no_sync, never under no_sync_unsharded
+    f1 = lambda tl: [e for e in tl.events() if e.phase == "forward" and e.microbatch == 1  # noqa: E731
+                     and e.kind == "gathered_params" and e.delta_bytes > 0]
+    assert len(f1(no_sync)) == 2 * 3 and f1(kept) == []  # all-gather output + copy-out of 3 units
+    # the pipelining model of [memory] fsdp_reduce = "after_last" is no_sync_unsharded
+    after_last = plan_of(memory={**MEM, "fsdp_reduce": "after_last"}).timeline
+    assert after_last.templates == kept.templates and after_last.peak == kept.peak
+    # the peak (last micro-batch, layer 1's reduce-scatter input) holds every unit gathered in
+    # both modes (layer 0 prefetched), and the fp32 accumulators beside the sync peak's
+    # bf16 gradients of the units in flight
+    assert kept.peak.by_kind["gathered_params"] == no_sync.peak.by_kind["gathered_params"] == 10320 * 2
+    assert kept.peak.total_bytes == no_sync.peak.total_bytes > plan_of().timeline.peak.total_bytes
+
+
+def test_step_time_drops_collectives():
+    steps = {mode: step_time(plan_of(grad_accumulation=mode), Overlap()) for mode in MODES}
+    # fewer reduce-scatters (no_sync) and fewer forward all-gathers (no_sync_unsharded)
+    assert steps["no_sync_unsharded"].step_s <= steps["no_sync"].step_s <= steps["sync"].step_s
+    assert steps["no_sync_unsharded"].step_s < steps["sync"].step_s
+
+
+def test_mode_errors():
+    with pytest.raises(ConfigError, match="training.*grad_accumulation 'no_sync' is an FSDP2 mode"):
+        plan_of(sharding="none", grad_accumulation="no_sync")
+    with pytest.raises(ConfigError, match="training.grad_accumulation: 'no_sync' is for pp 1"):
+        plan_of(grad_accumulation="no_sync", mesh=dict(names=["pp", "dp_shard"], shape=[2, 2], world=4))
+
+
+@pytest.mark.parametrize("mode", MODES[1:])
+def test_array_timeline_equals_reference(mode):
+    from meshplan.memory.timeline import memory_timeline
+
+    p = plan_of(grad_accumulation=mode, global_batch=8)
+    fast, ref = memory_timeline(p, 0), memory_timeline(p, 0, reference=True)
+    assert fast.templates == ref.templates and fast.passes == ref.passes and fast.peak == ref.peak
+
+
+def test_step_verdict_offers_the_accumulation_modes():
+    from meshplan.config import load_config
+    from meshplan.plan import build_plan
+    from meshplan.schedule.verdict import network_verdict
+    from tests.conftest import EXAMPLES
+
+    plan = build_plan(load_config(EXAMPLES / "seed-64gpu.toml"))
+    lines = network_verdict(plan, step_time(plan))
+    assert "reduce-scattered once per micro-batch" in lines[1]
+    assert 'fewer with training.grad_accumulation = "no_sync" or training.grad_accumulation = "no_sync_unsharded"' \
+        in lines[1]

@@ -1,0 +1,133 @@
+"""Issue 14 item 2: MoE routing as the frameworks configure it (meshplan.compute.routing).
+
+Model M: 2 MoE layers, hidden 64, 8 experts, top_k 2, expert_ffn 32 (SwiGLU), bf16 compute.
+Mesh dp_shard 4 with ep 4 (2 local experts per rank), micro-batch 1 x seq 512, tp 1:
+T = 512 tokens routed per rank, T x top_k = 1024 copies. By hand:
+
+- capacity factor 1 (default): C = ceil(1024 / 8) = 128, dispatch buffer 8 x 128 = 1024 rows;
+  all-to-all 1024 x 64 x 2 B = 131072 B; each local expert's GEMM ep x C = 512 rows;
+- capacity factor 1.25: C = ceil(1.25 x 1024 / 8) = 160, 1280 rows, 163840 B; GEMMs 640 rows;
+  with the hottest expert at 25% of the copies it takes 256 copies per rank, 96 dropped;
+- dropless, hottest expert 25%: it receives 4 x 0.25 x 1024 = 1024 rows, each other expert
+  ceil(4 x 0.75 / 7 x 1024) = ceil(438.86) = 439; its rank (2 local experts) receives
+  1024 + 439 = 1463 rows: all-to-all 1463 x 128 = 187264 B.
+- routed activations per row: the expert MLP terms a x width x 4 (gated) + dispatched input
+  and output 2 a h = 2 x 32 x 4 + 2 x 2 x 64 = 512 B; 256 rows more at factor 1.25: 131072 B.
+"""
+
+from math import prod
+
+import pytest
+
+from meshplan.config import config_from_dict
+from meshplan.errors import ConfigError
+from meshplan.memory.sizes import layer_act_sizes
+from meshplan.plan import Plan, build_plan
+from meshplan.spec.memory import MemoryOptions
+
+MODEL = dict(layers=2, hidden=64, ffn=128, q_heads=4, kv_heads=2, vocab=256, experts=8, top_k=2, expert_ffn=32)
+
+
+def plan_of(mesh=None, model=MODEL, **training):
+    t = {**dict(global_batch=4, seq_len=512, micro_batch=1, sharding="zero3", recompute="none"), **training}
+    cfg = {"model": model, "cluster": {"system": "dgx-h100", "nodes": 1}, "training": t,
+           "mesh": mesh or dict(names=["dp_shard", "ep"], shape=[4, 4], world=4)}
+    return build_plan(config_from_dict(cfg))
+
+
+def a2a(plan):
+    rows = [r for r in plan.collectives[next(iter(plan.collectives))] if r.op == "all-to-all"]
+    assert {r.axis for r in rows} == {"ep"}
+    return {r.size_bytes for r in rows}
+
+
+def expert_gemms(plan):
+    return sorted((g.name, g.m, g.count) for g in plan.gemms if g.name.startswith("expert_w_up"))
+
+
+def test_capacity_factor_by_hand():
+    base, wide = plan_of(), plan_of(moe_capacity_factor=1.25)
+    assert isinstance(base, Plan) and isinstance(wide, Plan)
+    assert a2a(base) == {131072} and a2a(wide) == {163840}
+    assert expert_gemms(base) == [("expert_w_up", 512, 2)] and expert_gemms(wide) == [("expert_w_up", 640, 2)]
+    note = [n for n in wide.notes if n.startswith("MoE capacity")][0]
+    assert "ceil(1.25 x T 512 x top_k 2 / experts 8) = 160" in note and "the same on every ep rank" in note
+    hot = plan_of(moe_capacity_factor=1.25, moe_hottest_expert_share=0.25)
+    assert "96 copies dropped per rank per layer" in [n for n in hot.notes if n.startswith("MoE")][0]
+    assert a2a(hot) == {163840}  # padded to capacity: the bytes do not follow the routing
+
+
+def test_dropless_with_stated_imbalance_by_hand():
+    p = plan_of(moe_dropless=True, moe_hottest_expert_share=0.25)
+    assert a2a(p) == {1463 * 64 * 2}
+    assert expert_gemms(p) == [("expert_w_up", 439, 1), ("expert_w_up (hottest)", 1024, 1)]
+    balanced = plan_of(moe_dropless=True)
+    assert a2a(balanced) == {1024 * 128} and expert_gemms(balanced) == [("expert_w_up", 512, 2)]
+
+
+def test_routed_activations_follow_the_rows():
+    cfg = lambda **t: config_from_dict({"model": MODEL, "cluster": {"system": "dgx-h100", "nodes": 1},  # noqa: E731
+                                        "training": dict(global_batch=4, seq_len=512, recompute="none", **t),
+                                        "mesh": dict(names=["dp_shard", "ep"], shape=[4, 4], world=4)})
+    mesh = plan_of().mesh
+    saved = {}
+    for key, extra in {"base": {}, "wide": {"moe_capacity_factor": 1.25},
+                       "hot": {"moe_dropless": True, "moe_hottest_expert_share": 0.25}}.items():
+        c = cfg(**extra)
+        saved[key] = layer_act_sizes(c.model, c.training, mesh, MemoryOptions(), moe=True).saved
+    assert saved["wide"] - saved["base"] == 256 * 512
+    assert saved["hot"] - saved["base"] == (1463 - 1024) * 512
+
+
+def test_expert_gemm_time_grows_with_the_rows():
+    from meshplan.schedule.rank_timeline import Overlap
+    from meshplan.schedule.steptime import step_time
+
+    big = {**MODEL, "hidden": 2048, "q_heads": 16, "kv_heads": 8, "expert_ffn": 4096}  # past the issue floor
+    t = {k: step_time(plan_of(model=big, seq_len=4096, **kw), Overlap()).step_s
+         for k, kw in {"base": {}, "wide": {"moe_capacity_factor": 2.0},
+                       "hot": {"moe_dropless": True, "moe_hottest_expert_share": 0.5}}.items()}
+    assert t["base"] < t["wide"] and t["base"] < t["hot"]
+
+
+def test_routing_errors():
+    with pytest.raises(ConfigError, match="training.moe_hottest_expert_share: 0.1 is below the balanced share"):
+        plan_of(moe_hottest_expert_share=0.1)
+    with pytest.raises(ConfigError, match="training.moe_capacity_factor: .* has no experts"):
+        plan_of(model={k: v for k, v in MODEL.items() if k not in ("experts", "top_k", "expert_ffn")},
+                mesh=dict(names=["dp_shard"], shape=[4], world=4), moe_capacity_factor=1.5)
+    with pytest.raises(ConfigError, match="dropless routing has no capacity"):
+        plan_of(moe_dropless=True, moe_capacity_factor=1.5)
+    # tp 2 without SP splits b x s = 511 tokens unevenly: the ranks would size different capacities
+    bad = plan_of(seq_len=511, mesh=dict(names=["dp_shard", "tp", "ep"], shape=[2, 2, 4], world=4))
+    assert any("do not split evenly over tp 2" in r and "hang" in r for r in bad.reasons)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_capacity_factor_matches_torch_all_to_all():
+    """The runtime MoE with capacity factor 1.5 on the fake process group: 16 tokens x top_k 2
+    over 8 experts -> C = ceil(1.5 x 32 / 8) = 6, a 48-row buffer (fp32: 48 x 64 x 4 B)."""
+    pytest.importorskip("torch")
+    from meshplan.mesh.resolve import resolve_mesh
+    from meshplan.runtime.validation.compare import differences, tally_records, tally_table
+    from meshplan.runtime.validation.dryrun import dry_run
+    from meshplan.spec.mesh import MeshSpec
+    from meshplan.spec.model import ModelSpec
+    from meshplan.spec.training import TrainingSpec
+    from tests.test_table_vs_torch import FP32, table_for
+
+    model = ModelSpec(name="tiny-moe", **MODEL)
+    training = TrainingSpec(global_batch=8, seq_len=16, moe_capacity_factor=1.5, **FP32)
+    mesh = resolve_mesh(MeshSpec(names=["dp_shard", "ep"], shape=[8, 4]), world=prod([8]))
+    run = dry_run(model, training, mesh, rank=3, optimizer_step=False)
+    assert {r.size_bytes for r in run.records if r.op == "all-to-all"} == {48 * 64 * 4}
+    assert differences(tally_records(run.records, mesh, 3), tally_table(table_for(model, training, mesh), mesh, 3)) == []
+
+
+def test_validate_refuses_dropless():
+    pytest.importorskip("torch")
+    from meshplan.runtime.execution.parallelize import _unsupported
+
+    p = plan_of(moe_dropless=True)
+    assert "moe_dropless" in _unsupported(p.mesh, p.config.training, moe=True)
