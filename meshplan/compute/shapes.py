@@ -21,7 +21,6 @@ Gemm(name='wq', m=8192, n=1024, k=8192, count=1)
 from __future__ import annotations
 
 from dataclasses import dataclass
-from math import ceil
 
 from meshplan.compute.routing import RoutingOptions, expert_capacity, routing  # noqa: F401 (re-export)
 from meshplan.spec.model import ModelSpec

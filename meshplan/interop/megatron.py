@@ -326,7 +326,7 @@ def write(cfg: Config) -> list[str]:
            f"--normalization {'RMSNorm' if m.norm == 'rmsnorm' else 'LayerNorm'}",
            f"--position-embedding-type {'rope' if m.position_embedding == 'rope' else 'learned_absolute'}"]
     out += [f"--max-position-embeddings {m.max_position}"] if m.max_position else []
-    out += [f"--group-query-attention", f"--num-query-groups {m.kv_heads}"] if m.kv_heads else []
+    out += ["--group-query-attention", f"--num-query-groups {m.kv_heads}"] if m.kv_heads else []
     out += ["--swiglu"] * m.gated_mlp + ["--untie-embeddings-and-output-weights"] * (not m.tied_embeddings)
     out += ["--disable-bias-linear"] * (not m.linear_bias) + ["--add-qkv-bias"] * m.qkv_bias
     out += ["--qk-layernorm"] * m.qk_norm

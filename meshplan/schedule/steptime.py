@@ -76,7 +76,7 @@ def chunk_costs(plan, w: Workload, table: Optional[GemmTable] = None) -> list[li
         return cache[key]
 
     position = [{i: k for k, i in enumerate(i for chunk in chunks for i in chunk)} for chunks in plan.stages]
-    p, v, last = len(plan.stages), plan.vpp, last_stage(plan.stages)  # last: 0 under a V-shaped schedule
+    v, last = plan.vpp, last_stage(plan.stages)  # last: 0 under a V-shaped schedule
     return [[ChunkCosts(layers=tuple(cost(i, s) for i in layers), moe=tuple(model.is_moe_layer(i) for i in layers),
                         embed=embedding_cost(model, gpu, w) if (s, c) == (0, 0) else None,
                         head=head_cost(model, gpu, w, table) if (s, c) == (last, v - 1) else None)
