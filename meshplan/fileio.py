@@ -129,9 +129,10 @@ def read_bytes_limited(path, field: str, max_bytes: int, hint: str = "check the 
     return data
 
 
-def decode_text(data: bytes, field: str, name: str) -> str:
+def decode_text(data: bytes, field: str, name: str, errors: str = "strict") -> str:
     """``data`` as UTF-8 (a UTF-8 byte-order mark dropped); UTF-16/32 or any other bytes are a
-    one-line ConfigError naming the offset and asking for UTF-8.
+    one-line ConfigError naming the offset and asking for UTF-8. ``errors="replace"`` (logs,
+    where other programs' bytes may mix in) keeps only the UTF-16/32 check.
 
     >>> decode_text("[a]".encode("utf-16"), "config", "c.toml")
     Traceback (most recent call last):
@@ -145,15 +146,40 @@ def decode_text(data: bytes, field: str, name: str) -> str:
             data = data[len(bom):]
             break
     try:
-        return data.decode("utf-8")
+        return data.decode("utf-8", errors=errors)
     except UnicodeDecodeError as err:
         line = data.count(b"\n", 0, err.start) + 1
         raise ConfigError(field, f"{name!r} is not UTF-8 text (byte {data[err.start]:#04x} at line {line}, "
                                  f"offset {err.start}); save it as UTF-8") from None
 
 
-def read_text_limited(path, field: str, max_bytes: int, hint: str = "check the path") -> str:
+def read_text_limited(path, field: str, max_bytes: int, hint: str = "check the path", errors: str = "strict") -> str:
     """:func:`read_bytes_limited` then :func:`decode_text`: the one way every reader opens its
     input (configs, HF config.json, topologies, NCCL logs, calibration, nccl-tests output,
     GEMM and attention tables)."""
-    return decode_text(read_bytes_limited(path, field, max_bytes, hint), field, os.fspath(path))
+    return decode_text(read_bytes_limited(path, field, max_bytes, hint), field, os.fspath(path), errors)
+
+
+def parse_json(text: str, field: str, name: str, hint: str) -> Any:
+    """``json.loads(text)`` with every failure one ConfigError naming ``field``, the file
+    ``name`` and its line, and ending with ``hint``: syntax, NaN and Infinity (not JSON
+    numbers), integers past Python's 4,300-digit limit, nesting past the interpreter's
+    recursion limit.
+
+    >>> parse_json('{"a": NaN}', "t", "t.json", "fix it")
+    Traceback (most recent call last):
+    ...
+    meshplan.errors.ConfigError: t: t.json: NaN is not a JSON number; fix it
+    """
+
+    def constant(word: str):
+        raise ValueError(f"{word} is not a JSON number")
+
+    try:
+        return json.loads(text, parse_constant=constant)
+    except json.JSONDecodeError as err:
+        raise ConfigError(field, f"{name}:{err.lineno}: invalid JSON ({err.msg}); {hint}") from None
+    except RecursionError:
+        raise ConfigError(field, f"{name}: nested too deeply to read; {hint}") from None
+    except ValueError as err:
+        raise ConfigError(field, f"{name}: {str(err).splitlines()[0][:120]}; {hint}") from None
