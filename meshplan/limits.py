@@ -33,11 +33,12 @@ MAX_GLOBAL_BATCH = 1 << 18
 MAX_SEQ_LEN = 1 << 24
 MAX_STRING = 4096
 MAX_TOML_DEPTH = 8
-MAX_JSON_DEPTH = 32
 MAX_XML_DEPTH = 64
 MAX_CPU_ID = 1 << 16
 MAX_LINE_CHARS = 1 << 16
 MAX_LINK_GB_PER_S = 1e6
+MAX_MICRO_BATCHES = 4096
+MAX_PIPELINE_UNITS = 1 << 17
 MAX_LATENCY_US = 1e7
 
 _WORLD = Bound(MAX_WORLD, "over 5x the largest announced training cluster, 200,000 GPUs")
@@ -80,10 +81,13 @@ BOUNDS: dict[str, Bound] = {
     "latency_us": Bound(MAX_LATENCY_US, "10 s per step: 10,000x a cross-datacenter round trip"),
     "string": Bound(MAX_STRING, "Linux's PATH_MAX; names and paths are shorter"),
     "toml depth": Bound(MAX_TOML_DEPTH, "the deepest config value, cluster.node.nics[].gpus[], is 5 levels"),
-    "json depth": Bound(MAX_JSON_DEPTH, "Hugging Face configs and meshplan tables nest at most 4 levels"),
     "xml depth": Bound(MAX_XML_DEPTH, "NCCL topology dumps nest about 10 levels (CPU, PCIe switches, device)"),
     "cpu id": Bound(MAX_CPU_ID, "8x Linux's largest NR_CPUS (8,192)"),
     "line": Bound(MAX_LINE_CHARS, "NCCL, nccl-tests and nvidia-smi print lines of at most a few hundred characters"),
+    "micro-batches": Bound(MAX_MICRO_BATCHES, "per step and pipeline: 32x the ~128 of published pipeline runs "
+                                              "(BLOOM 176B); the step model simulates each one"),
+    "pipeline units": Bound(MAX_PIPELINE_UNITS, "pp x vpp x micro-batches, the forward passes the step model "
+                                                "simulates: 8x Llama 3 405B's pp 16 x vpp 8 x 128"),
     "bytes": Bound(1 << 40, "1 TiB: 7x the HBM of an H200"),
     "nccl_channels": Bound(1024, "NCCL uses at most 64 channels (MAXCHANNELS)"),
     "optimizer_temp_states": Bound(64, "Adam keeps 2 states per parameter"),

@@ -33,7 +33,7 @@ from typing import Any, Callable, Optional, Union
 from pydantic import ValidationError
 
 from meshplan.errors import ConfigError
-from meshplan.fileio import read_text_limited
+from meshplan.fileio import parse_json, read_text_limited
 from meshplan.limits import FILE_BYTES, MAX_LAYERS, MAX_STRING, bound_message, over
 from meshplan.spec.model import ModelSpec
 
@@ -175,10 +175,6 @@ _FAMILIES: dict[str, Callable[[_Keys], dict[str, Any]]] = {
 SUPPORTED_MODEL_TYPES = tuple(sorted(_FAMILIES))
 
 
-def _reject_constant(name: str):
-    raise ValueError(f"{name} is not a number a config.json can hold")
-
-
 def _read(config: Union[dict, str, Path]) -> tuple[Any, Optional[Path]]:
     """The parsed config and its file (None for a dict); a directory means its config.json.
     Read with :func:`meshplan.fileio.read_text_limited` (a regular file, at most
@@ -191,15 +187,9 @@ def _read(config: Union[dict, str, Path]) -> tuple[Any, Optional[Path]]:
         path = path / "config.json"
     if "\0" not in str(path) and not path.exists() and not path.is_symlink():
         raise ConfigError("config", f"no such file {path}; give a config.json or its directory")
-    text = read_text_limited(path, "config", FILE_BYTES["hf_config"].value, "give a config.json or its directory")
-    try:
-        return json.loads(text, parse_constant=_reject_constant), path
-    except json.JSONDecodeError as err:
-        raise ConfigError("config", f"{path} is not valid JSON ({err.msg} at line {err.lineno})") from None
-    except RecursionError:
-        raise ConfigError("config", f"{path}: {over('json depth', 'the nesting')}") from None
-    except ValueError as err:
-        raise ConfigError("config", f"{path} is not valid JSON ({str(err).splitlines()[0]})") from None
+    hint = "give a config.json or its directory"
+    text = read_text_limited(path, "config", FILE_BYTES["hf_config"].value, hint)
+    return parse_json(text, "config", str(path), hint), path
 
 
 def model_from_hf_config(config: Union[dict, str, Path], name: Optional[str] = None) -> ModelSpec:
