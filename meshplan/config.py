@@ -70,7 +70,7 @@ def load_config(path: str | Path, require_mesh: bool = True) -> Config:
         raise ConfigError("config", f"{str(p)!r} is a directory; give a TOML config file{inside}")
     if "\0" not in str(p) and not p.exists() and not p.is_symlink():
         raise ConfigError("config", f"no file {str(p)!r}; give the path of a TOML config (see examples/)")
-    text = read_text_limited(p, "config", FILE_BYTES["config"].value, "give the path of a TOML config (see examples/)")
+    text = read_text_limited(p, "config", FILE_BYTES["config"], "give the path of a TOML config (see examples/)")
     return config_from_dict(parse_toml(text, str(p)), base=p.parent, path=str(p), require_mesh=require_mesh)
 
 

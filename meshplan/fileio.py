@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from meshplan.errors import ConfigError
+from meshplan.limits import FileLimit
 
 
 def write_text_atomic(path, text: str) -> Path:
@@ -73,12 +74,12 @@ _BOMS = ((b"\xef\xbb\xbf", None), (b"\xff\xfe\x00\x00", "UTF-32"), (b"\x00\x00\x
          (b"\xff\xfe", "UTF-16"), (b"\xfe\xff", "UTF-16"))
 
 
-def read_bytes_limited(path, field: str, max_bytes: int, hint: str = "check the path") -> bytes:
+def read_bytes_limited(path, field: str, limit: int | FileLimit, hint: str = "check the path") -> bytes:
     """The bytes of the regular file ``path``, at most ``max_bytes`` of them. Anything else is
     a one-line ConfigError naming ``field`` and the path: no such file, a directory, a FIFO,
     device or socket (never opened for reading, so a FIFO cannot block and ``/dev/zero``
     cannot fill memory), a symlink loop, a path with a NUL or too long, a file over
-    ``max_bytes`` (:data:`meshplan.limits.FILE_BYTES` gives each reader's limit and reason).
+    ``limit`` bytes (:data:`meshplan.limits.FILE_BYTES` gives each reader's limit and reason).
     ``hint`` ends the message of a path that cannot be read.
 
     >>> import tempfile, pathlib
@@ -93,6 +94,7 @@ def read_bytes_limited(path, field: str, max_bytes: int, hint: str = "check the 
     meshplan.errors.ConfigError: config: '/dev/zero' is not a regular file (a device, FIFO or socket); give a file
     """
     name = os.fspath(path)
+    max_bytes, why = (limit.value, limit.reason) if isinstance(limit, FileLimit) else (limit, "")
     if "\0" in name:
         raise ConfigError(field, f"{name!r}: a path cannot contain a NUL character; {hint}")
     if len(name) > 4096:
@@ -124,8 +126,8 @@ def read_bytes_limited(path, field: str, max_bytes: int, hint: str = "check the 
         raise ConfigError(field, f"cannot read {name!r} ({why}); {hint}") from None
     data = b"".join(chunks)
     if len(data) > max_bytes:
-        raise ConfigError(field, f"{name!r} is larger than {max_bytes} bytes, the limit for this input "
-                                 f"(see meshplan/limits.py); give the file the tool wrote")
+        raise ConfigError(field, f"{name!r} is larger than {max_bytes} bytes, the limit for this input"
+                                 f"{f' ({why})' if why else ''}; give the file the tool wrote")
     return data
 
 
@@ -153,11 +155,12 @@ def decode_text(data: bytes, field: str, name: str, errors: str = "strict") -> s
                                  f"offset {err.start}); save it as UTF-8") from None
 
 
-def read_text_limited(path, field: str, max_bytes: int, hint: str = "check the path", errors: str = "strict") -> str:
+def read_text_limited(path, field: str, limit: int | FileLimit, hint: str = "check the path",
+                      errors: str = "strict") -> str:
     """:func:`read_bytes_limited` then :func:`decode_text`: the one way every reader opens its
     input (configs, HF config.json, topologies, NCCL logs, calibration, nccl-tests output,
     GEMM and attention tables)."""
-    return decode_text(read_bytes_limited(path, field, max_bytes, hint), field, os.fspath(path), errors)
+    return decode_text(read_bytes_limited(path, field, limit, hint), field, os.fspath(path), errors)
 
 
 def parse_json(text: str, field: str, name: str, hint: str) -> Any:

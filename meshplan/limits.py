@@ -14,6 +14,7 @@ bound is malformed input (exit 2, one line naming the field, the bound and its r
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Mapping
 
 
 @dataclass(frozen=True)
@@ -21,6 +22,14 @@ class Bound:
     """An upper bound ``value`` on one input and why it is there."""
 
     value: int | float
+    reason: str
+
+
+@dataclass(frozen=True)
+class FileLimit:
+    """The largest input file ``value`` bytes one reader reads, and why."""
+
+    value: int
     reason: str
 
 
@@ -38,7 +47,7 @@ MAX_CPU_ID = 1 << 16
 MAX_LINE_CHARS = 1 << 16
 MAX_LINK_GB_PER_S = 1e6
 MAX_MICRO_BATCHES = 4096
-MAX_PIPELINE_UNITS = 1 << 17
+MAX_PIPELINE_UNITS = 1 << 19
 MAX_LATENCY_US = 1e7
 
 _WORLD = Bound(MAX_WORLD, "over 5x the largest announced training cluster, 200,000 GPUs")
@@ -50,12 +59,12 @@ BOUNDS: dict[str, Bound] = {
     "gpus": Bound(MAX_GPUS_PER_NODE, "GPUs per node: the largest NVLink domain, NVL576, has 576 GPUs"),
     "layers": Bound(MAX_LAYERS, "8x the deepest published LLM: Llama 3 405B has 126 layers"),
     "dense_layers": Bound(MAX_LAYERS, "8x the deepest published LLM: Llama 3 405B has 126 layers"),
-    "hidden": Bound(1 << 17, "7x the widest published LLM: PaLM 540B has hidden 18,432"),
-    "ffn": Bound(1 << 19, "7x the widest published MLP: PaLM 540B has 73,728"),
-    "expert_ffn": Bound(1 << 19, "7x the widest published MLP: PaLM 540B has 73,728"),
-    "shared_expert_ffn": Bound(1 << 19, "7x the widest published MLP: PaLM 540B has 73,728"),
-    "q_heads": Bound(2048, "16x the most attention heads published (128)"),
-    "kv_heads": Bound(2048, "16x the most attention heads published (128)"),
+    "hidden": Bound(1 << 17, "5x the widest published LLM: Megatron's GPT 1T has hidden 25,600"),
+    "ffn": Bound(1 << 19, "5x the widest published MLP: Megatron's GPT 1T has 102,400"),
+    "expert_ffn": Bound(1 << 19, "5x the widest published MLP: Megatron's GPT 1T has 102,400"),
+    "shared_expert_ffn": Bound(1 << 19, "5x the widest published MLP: Megatron's GPT 1T has 102,400"),
+    "q_heads": Bound(2048, "12x the most attention heads published (GPT 1T: 160)"),
+    "kv_heads": Bound(2048, "12x the most attention heads published (GPT 1T: 160)"),
     "head_dim": Bound(2048, "8x the largest published head dimension (256)"),
     "vocab": Bound(1 << 23, "32x the largest published vocabulary (Gemma: 256,000)"),
     "experts": Bound(4096, "16x the most routed experts published (DeepSeek-V3: 256)"),
@@ -84,10 +93,11 @@ BOUNDS: dict[str, Bound] = {
     "xml depth": Bound(MAX_XML_DEPTH, "NCCL topology dumps nest about 10 levels (CPU, PCIe switches, device)"),
     "cpu id": Bound(MAX_CPU_ID, "8x Linux's largest NR_CPUS (8,192)"),
     "line": Bound(MAX_LINE_CHARS, "NCCL, nccl-tests and nvidia-smi print lines of at most a few hundred characters"),
-    "micro-batches": Bound(MAX_MICRO_BATCHES, "per step and pipeline: 32x the ~128 of published pipeline runs "
-                                              "(BLOOM 176B); the step model simulates each one"),
+    "micro-batches": Bound(MAX_MICRO_BATCHES, "per step and pipeline: the scale the step model is held to "
+                                              "(issue 11: GPT 1T on 16,384 GPUs, benchmarks/configs), 32x the ~128 "
+                                              "of published pipeline runs; the model simulates each one"),
     "pipeline units": Bound(MAX_PIPELINE_UNITS, "pp x vpp x micro-batches, the forward passes the step model "
-                                                "simulates: 8x Llama 3 405B's pp 16 x vpp 8 x 128"),
+                                                "simulates: issue 11's GPT 1T, pp 64 x vpp 2 x 4,096"),
     "bytes": Bound(1 << 40, "1 TiB: 7x the HBM of an H200"),
     "nccl_channels": Bound(1024, "NCCL uses at most 64 channels (MAXCHANNELS)"),
     "optimizer_temp_states": Bound(64, "Adam keeps 2 states per parameter"),
@@ -103,14 +113,14 @@ BOUNDS: dict[str, Bound] = {
 }
 
 #: File size limits by reader, bytes, with reasons.
-FILE_BYTES: dict[str, Bound] = {
-    "config": Bound(8 * MiB, "real configs are a few KB; a rank_to_gpu list of 2^20 ranks is about 8 MB"),
-    "hf_config": Bound(4 * MiB, "Hugging Face config.json files are a few KB"),
-    "topology": Bound(16 * MiB, "nvidia-smi and NCCL topology dumps of one node are under 100 KB"),
-    "calibration": Bound(1 * MiB, "a calibration file holds three small tables"),
-    "nccl_tests": Bound(64 * MiB, "an nccl-tests run prints a few KB per size"),
-    "gemm_table": Bound(64 * MiB, "a measured table holds a few hundred rows"),
-    "nccl_log": Bound(256 * MiB, "an NCCL_DEBUG=INFO log of a few thousand ranks' init"),
+FILE_BYTES: dict[str, FileLimit] = {
+    "config": FileLimit(8 * MiB, "real configs are a few KB; a rank_to_gpu list of 2^20 ranks is about 8 MB"),
+    "hf_config": FileLimit(4 * MiB, "Hugging Face config.json files are a few KB"),
+    "topology": FileLimit(16 * MiB, "nvidia-smi and NCCL topology dumps of one node are under 100 KB"),
+    "calibration": FileLimit(1 * MiB, "a calibration file holds three small tables"),
+    "nccl_tests": FileLimit(64 * MiB, "an nccl-tests run prints a few KB per size"),
+    "gemm_table": FileLimit(64 * MiB, "a measured table holds a few hundred rows"),
+    "nccl_log": FileLimit(256 * MiB, "an NCCL_DEBUG=INFO log of a few thousand ranks' init"),
 }
 
 
@@ -121,7 +131,7 @@ def over(field: str, value) -> str:
         f"{value} is over the bound {b.value} ({b.reason})"
 
 
-def bound_message(err: dict) -> str | None:
+def bound_message(err: Mapping[str, Any]) -> str | None:
     """The message for a pydantic error dict that is one of these bounds (type
     ``less_than_equal``/``less_than`` on a field of :data:`BOUNDS`), else None: the bound
     with its reason instead of pydantic's bare "Input should be less than or equal to"."""

@@ -255,8 +255,8 @@ def test_special_files(tmp_path):
     big = tmp_path / "big.toml"
     big.write_bytes(b"#" * (8 * 2 ** 20 + 1))
     assert error_line(tmp_path, ["plan", "big.toml"]) == (
-        "error: config: 'big.toml' is larger than 8388608 bytes, the limit for this input (see meshplan/limits.py); "
-        "give the file the tool wrote")
+        "error: config: 'big.toml' is larger than 8388608 bytes, the limit for this input (real configs are a few "
+        "KB; a rank_to_gpu list of 2^20 ranks is about 8 MB); give the file the tool wrote")
 
 
 # ----------------------------------------------------------------------- Hugging Face config.json
@@ -294,8 +294,8 @@ def test_hf_bytes_fuzzed(tmp_path, data):
                                   "llama config.json (got \"32\")"),
     ({"tie_word_embeddings": "yes"}, "error: model.hf_config: tie_word_embeddings: must be true or false"),
     ({"hidden_size": 2 ** 70}, "error: model.hf_config: hidden_size: 1180591620717411303424 is too large"),
-    ({"hidden_size": 2 ** 20}, "error: model.hf_config: hidden: 1048576 is over the bound 131072 (7x the widest "
-                               "published LLM: PaLM 540B has hidden 18,432)"),
+    ({"hidden_size": 2 ** 20}, "error: model.hf_config: hidden: 1048576 is over the bound 131072 (5x the widest "
+                               "published LLM: Megatron's GPT 1T has hidden 25,600)"),
     ({"model_type": "qwen3_moe", "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 64,
       "decoder_sparse_step": 0}, "error: model.hf_config: decoder_sparse_step: must be >= 1"),
     ({"model_type": "qwen3_moe", "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 64,

@@ -214,10 +214,10 @@ def parse_nccl_tests_json(text: str, source: str = "nccl-tests JSON", op: Option
             part = res.get(key) if isinstance(res, dict) else None
             if part is None:
                 continue
-            time_us = part.get("time", part.get("cpu_time"))
-            fields = (res.get("size"), time_us, part.get("alg_bw"), part.get("bus_bw")) \
-                if isinstance(part, dict) else (None,)
-            if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in fields):
+            values = [res.get("size"), part.get("time", part.get("cpu_time")), part.get("alg_bw"),
+                      part.get("bus_bw")] if isinstance(part, dict) else [None]
+            fields = [float(v) for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
+            if len(fields) != 4:
                 raise ConfigError(f"{source}: results[{i}].{key}", "needs numeric size, time, alg_bw and bus_bw; "
                                                                    "pass the file -J wrote")
             if not (math.isfinite(fields[0]) and 0 <= fields[0] <= 2 ** 50):
@@ -234,7 +234,7 @@ def read_nccl_tests(path, op: Optional[str] = None, n_ranks: Optional[int] = Non
 
 def read_nccl_tests_text(path) -> str:
     """The text of an nccl-tests output file, read with the bounded reader."""
-    return read_text_limited(path, "NCCL_TESTS_OUTPUT", FILE_BYTES["nccl_tests"].value,
+    return read_text_limited(path, "NCCL_TESTS_OUTPUT", FILE_BYTES["nccl_tests"],
                              "pass nccl-tests output (stdout text or -J JSON)")
 
 
@@ -347,7 +347,7 @@ def load_calibration(path) -> dict[str, CalibratedLink]:
     """Read a calibration file: ``{link class: CalibratedLink}``. Unknown link classes,
     unknown keys and bad values are ConfigErrors naming ``file: link.<class>.<key>``."""
     p = Path(path)
-    text = read_text_limited(p, "--calibration", FILE_BYTES["calibration"].value,
+    text = read_text_limited(p, "--calibration", FILE_BYTES["calibration"],
                              "give the calibration TOML that bench comm or calibrate wrote")
     doc = parse_toml(text, p.name, p.name)
     extra = sorted(set(doc) - {"link"})

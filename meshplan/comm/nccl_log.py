@@ -299,7 +299,7 @@ def _assemble(procs: dict, notes: list) -> list[Communicator]:
 def read_nccl_log(path) -> NcclLogReport:
     """:func:`parse_nccl_log` of a file."""
     p = Path(path)
-    text = read_text_limited(p, "LOG", FILE_BYTES["nccl_log"].value, "give the NCCL_DEBUG=INFO output of the run",
+    text = read_text_limited(p, "LOG", FILE_BYTES["nccl_log"], "give the NCCL_DEBUG=INFO output of the run",
                              errors="replace")  # other programs' bytes may mix into a log
     return parse_nccl_log(text, source=p.name)
 

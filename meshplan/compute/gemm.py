@@ -254,7 +254,7 @@ def load_gemm_table(path: str | Path) -> GemmTable:
     hint = "write one with `meshplan bench gemm` or `meshplan bench attention`"
     if "\0" not in str(p) and not p.exists() and not p.is_symlink():
         raise ConfigError("gemm_table", f"no file {str(p)!r}; {hint}")
-    text = read_text_limited(p, "gemm_table", FILE_BYTES["gemm_table"].value, hint)
+    text = read_text_limited(p, "gemm_table", FILE_BYTES["gemm_table"], hint)
     rows: object
     if p.suffix.lower() == ".json":
         data = parse_json(text, "gemm_table", p.name, hint)

@@ -303,7 +303,7 @@ def parse_nccl_topo_xml(text: str, source: str = "NCCL topology XML") -> TopoMat
 def load_topology(path) -> TopoMatrix:
     """Read ``path``: NCCL XML when it starts with ``<``, else ``nvidia-smi topo -m`` text."""
     p = Path(path)
-    text = read_text_limited(p, "--topology", FILE_BYTES["topology"].value,
+    text = read_text_limited(p, "--topology", FILE_BYTES["topology"],
                              "give the output of `nvidia-smi topo -m` or NCCL_TOPO_DUMP_FILE")
     if text.lstrip().startswith("<"):
         return parse_nccl_topo_xml(text, source=p.name)

@@ -188,7 +188,7 @@ def _read(config: Union[dict, str, Path]) -> tuple[Any, Optional[Path]]:
     if "\0" not in str(path) and not path.exists() and not path.is_symlink():
         raise ConfigError("config", f"no such file {path}; give a config.json or its directory")
     hint = "give a config.json or its directory"
-    text = read_text_limited(path, "config", FILE_BYTES["hf_config"].value, hint)
+    text = read_text_limited(path, "config", FILE_BYTES["hf_config"], hint)
     return parse_json(text, "config", str(path), hint), path
 
 
