@@ -471,6 +471,17 @@ def run_cases(cases: list[Case], args, jobs: int = 1, progress=None) -> list[tup
     results: list = [None] * len(cases)
     running: dict[int, tuple[int, Path, float]] = {}
     todo = list(range(len(cases)))[::-1]
+    try:
+        _loop(cases, args, jobs, progress, results, running, todo)
+    finally:  # interrupted: no child outlives the run
+        for p, (_, folder, _) in running.items():
+            os.kill(p, signal.SIGKILL)
+            os.waitpid(p, 0)
+            shutil.rmtree(folder, ignore_errors=True)
+    return results
+
+
+def _loop(cases, args, jobs, progress, results, running, todo) -> None:
     while todo or running:
         while todo and len(running) < jobs:
             i = todo.pop()
@@ -494,7 +505,6 @@ def run_cases(cases: list[Case], args, jobs: int = 1, progress=None) -> list[tup
             results[i] = finish_case(pid, folder, status)
             if progress:
                 progress(i, results[i])
-    return results
 
 
 def classify(status: int, stdout: bytes, stderr: bytes) -> tuple[str, str]:
@@ -547,11 +557,17 @@ def main(argv=None) -> int:
             shown[cls].append((cases[i], detail))
         done[0] += 1
         if done[0] % 500 == 0:
-            print(f"... {done[0]}/{len(cases)} cases, {time.monotonic() - start:.0f} s", file=sys.stderr, flush=True)
+            bad = {c: sum(n for (_, k), n in counts.items() if k == c) for c in CLASSES}
+            print(f"... {done[0]}/{len(cases)} cases, {time.monotonic() - start:.0f} s: "
+                  + ", ".join(f"{c} {n}" for c, n in bad.items()), file=sys.stderr, flush=True)
 
-    run_cases(cases, args, jobs=args.jobs, progress=progress)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        run_cases(cases, args, jobs=args.jobs, progress=progress)
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the counts of the cases run so far
+        print(f"interrupted after {done[0]} of {len(cases)} cases", flush=True)
     families = sorted({f for f, _ in counts})
-    print(f"{len(cases)} cases in {time.monotonic() - start:.0f} s "
+    print(f"{done[0]} cases in {time.monotonic() - start:.0f} s "
           f"(limits: {args.cpu_s} s CPU, {args.wall_s:.0f} s wall, {args.mem_mb} MiB address space)")
     print(f"{'family':12s} {'cases':>6s} {'ok':>6s} " + " ".join(f"{c:>13s}" for c in CLASSES))
     for fam in families + ["total"]:
