@@ -141,7 +141,9 @@ def mutate_dict(rng: random.Random, doc: dict) -> dict:
         path = rng.choice(paths)
         parent = _get_parent(doc, path)
         op = rng.random()
-        if op < 0.55:
+        if op < 0.1 and isinstance(parent[path[-1]], list) and parent[path[-1]]:  # one list element
+            parent[path[-1]][rng.randrange(len(parent[path[-1]]))] = rng.choice(WEIRD)
+        elif op < 0.55:
             parent[path[-1]] = rng.choice(WEIRD)
         elif op < 0.65:
             del parent[path[-1]]

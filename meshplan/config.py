@@ -101,6 +101,8 @@ def check_values(value: Any, where: str, depth: int = 0) -> None:
     meshplan.errors.ConfigError: training.seq_len: inf is not a finite number; give a finite value
     """
     field = where or "config"
+    if where and not where.isprintable():
+        raise ConfigError(where, "a key with a control character; keys are printable names")
     if depth > MAX_TOML_DEPTH:
         raise ConfigError(field, f"nested {depth} levels deep; {over('toml depth', depth)}")
     if isinstance(value, dict):
@@ -116,6 +118,10 @@ def check_values(value: Any, where: str, depth: int = 0) -> None:
             check_values(v, f"{field}[{i}]", depth + 1)
     elif isinstance(value, str) and len(value) > MAX_STRING:
         raise ConfigError(field, f"a string of {len(value)} characters; {over('string', len(value))}")
+    elif isinstance(value, str) and not value.isprintable():
+        bad = next(c for c in value if not c.isprintable())
+        raise ConfigError(field, f"contains the control character {bad!r}; names, paths and options are "
+                                 "printable text (it would be echoed to the terminal)")
     elif isinstance(value, float) and not math.isfinite(value):
         raise ConfigError(field, f"{value} is not a finite number; give a finite value")
     elif isinstance(value, int) and not isinstance(value, bool) and abs(value) > 2 ** 53:

@@ -226,9 +226,15 @@ def test_config_text_errors(tmp_path):
     p.write_text('[""]\nx = 1\n' + text)
     assert error_line(tmp_path, ["plan", "c.toml"]).startswith("error: '': unknown table; allowed tables are")
     p.write_text('["\\u001b[2J"]\nx = 1\n' + text)
-    assert error_line(tmp_path, ["plan", "c.toml"]).startswith("error: '\\x1b[2J': unknown table")
+    assert error_line(tmp_path, ["plan", "c.toml"]) == \
+        "error: \\x1b[2J: a key with a control character; keys are printable names"
     p.write_text(text.replace('catalog = "llama3-8b"', 'catalog = "\\u001b[2Jbad\\nline"'))
-    assert "unknown model '\\x1b[2Jbad\\nline'" in error_line(tmp_path, ["plan", "c.toml"])
+    assert error_line(tmp_path, ["plan", "c.toml"]) == (
+        "error: model.catalog: contains the control character '\\x1b'; names, paths and options are printable text "
+        "(it would be echoed to the terminal)")
+    p.write_text(text.replace('names = ["dp_shard", "tp"]', 'names = ["dp_shard", "t\\u0007p"]'))
+    assert error_line(tmp_path, ["plan", "c.toml"]).startswith(
+        "error: mesh.names[1]: contains the control character '\\x07'")
 
 
 def test_special_files(tmp_path):
@@ -241,7 +247,7 @@ def test_special_files(tmp_path):
         "/dev/zero": "model.hf_config: '/dev/zero' is not a regular file (a device, FIFO or socket); give a file",
         "fifo": "is not a regular file (a device, FIFO or socket); give a file",
         "loop": "(a symlink loop); give a config.json or its directory",
-        "a\u0000b": "a path cannot contain a NUL character",
+        "a\u0000b": "contains the control character '\\x00'",
         "x" * 5000: "a string of 5000 characters; 5000 is over the bound 4096 (Linux's PATH_MAX",
     }
     for target, expected in cases.items():
@@ -252,6 +258,10 @@ def test_special_files(tmp_path):
     for target in ("fifo", "/dev/zero", "loop"):
         line = error_line(tmp_path, ["plan", target])
         assert line.startswith("error: config: "), line
+    from meshplan.errors import ConfigError
+    from meshplan.fileio import read_text_limited
+    with pytest.raises(ConfigError, match="a path cannot contain a NUL character"):
+        read_text_limited("a\0b", "f", 10)
     big = tmp_path / "big.toml"
     big.write_bytes(b"#" * (8 * 2 ** 20 + 1))
     assert error_line(tmp_path, ["plan", "big.toml"]) == (

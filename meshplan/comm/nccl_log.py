@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence, Union
 
-from meshplan.errors import ConfigError
+from meshplan.errors import ConfigError, printable
 from meshplan.fileio import read_text_limited
 from meshplan.limits import FILE_BYTES, MAX_LINE_CHARS, over
 
@@ -48,16 +48,17 @@ from meshplan.limits import FILE_BYTES, MAX_LINE_CHARS, over
 # quantifiers over whitespace), numbers are ASCII and at most 9 digits (int() never meets
 # Python's digit limit), and lines are bounded (MAX_LINE_CHARS).
 _N = r"[0-9]{1,9}"
-_PREFIX = re.compile(rf"^(?P<host>[^\s:]+):(?P<pid>{_N}):(?P<tid>{_N}) \[(?P<dev>{_N})\] NCCL INFO (?P<msg>.*)$")
+_PREFIX = re.compile(rf"^(?P<host>[^\s:\x00-\x1f\x7f]{{1,255}}):(?P<pid>{_N}):(?P<tid>{_N}) \[(?P<dev>{_N})\] NCCL INFO (?P<msg>.*)$")
 _COMM = re.compile(rf"^comm (0x[0-9a-fA-F]+) rank ({_N}) nRanks ({_N}) nNodes ({_N}) localRanks ({_N}) localRank ({_N})")
 _DONE = re.compile(rf"^(?:\w+ )?comm (0x[0-9a-fA-F]+) rank ({_N}) nranks ({_N}) cudaDev ({_N})(?: nvmlDev ({_N}))?"
                    r" busId ([0-9a-fA-F]+) .*commId (0x[0-9a-fA-F]+) - Init COMPLETE")
 _RING_LIST = re.compile(rf"^(?:Channel|Ring) ({_N})(?:/{_N})? :((?: +{_N})+)$")
 _RING = re.compile(rf"^Ring ({_N}) : (-?{_N}) -> ({_N}) -> (-?{_N})$")
 _TREE = re.compile(rf"\[({_N})\] (-?{_N})/(-?{_N})/(-?{_N})->({_N})->(-?{_N})")
-_CONN = re.compile(rf"^Channel ({_N})(?:/({_N}))? : ({_N})\[\w+\] -> ({_N})\[\w+\](?: \[(send|receive)\])? via (.+)$")
+_CONN = re.compile(rf"^Channel ({_N})(?:/({_N}))? : ({_N})\[\w+\] -> ({_N})\[\w+\](?: \[(send|receive)\])? via "
+                   r"([\x20-\x7e]+)$")
 _NET_LIST = re.compile(r"^NET/(\w+) ?: Using (.*)$")
-_NET_ITEM = re.compile(rf"\[({_N})\]([^\s:\[<]+)")
+_NET_ITEM = re.compile(rf"\[({_N})\]([^\s:\[<\x00-\x1f\x7f]+)")
 _NET_VIA = re.compile(rf"^NET/(\w+)/({_N})(?:\(({_N})\))?")
 _NETWORK = re.compile(r"^Using network (\S+)")
 
@@ -262,7 +263,7 @@ def parse_nccl_log(text: str, source: str = "NCCL log") -> NcclLogReport:
             continue
         note = _on_conn(proc, msg) if _CONN.match(msg) else _on_graph(proc, msg)
         if note:
-            notes.append(f"{source}:{ln}: {note}")
+            notes.append(printable(f"{source}:{ln}: {note}"))
     comms = _assemble(procs, notes)
     if not comms:
         raise ConfigError(source, "no communicator reached 'Init COMPLETE'; run with NCCL_DEBUG=INFO "

@@ -202,8 +202,8 @@ def _number(value) -> float:
 
 
 def _text(value) -> str:
-    if not isinstance(value, str) or len(value) > MAX_STRING:
-        raise ValueError(f"{str(value)[:40]!r} is not a short string")
+    if not isinstance(value, str) or len(value) > MAX_STRING or not value.isprintable():
+        raise ValueError(f"{str(value)[:40]!r} is not a short printable string")
     return value
 
 

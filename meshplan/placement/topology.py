@@ -119,6 +119,10 @@ def parse_nvidia_smi_topo(text: str, source: str = "nvidia-smi topo -m") -> Topo
     n = len(devices)
     if n > 2 * MAX_GPUS_PER_NODE:
         raise ConfigError(f"{source}:{head + 1}", f"{n} devices; {over('topology devices', n)}")
+    odd = next((i for i, line in enumerate(lines) if not line.replace("\t", " ").isprintable()), None)
+    if odd is not None:
+        raise ConfigError(f"{source}:{odd + 1}", "a control character; pass the unmodified output of "
+                                                 "`nvidia-smi topo -m`")
     rows: dict[str, tuple[list[str], list[str]]] = {}
     for i in range(head + 1, len(lines)):
         tokens = lines[i].split()
@@ -285,6 +289,10 @@ def parse_nccl_topo_xml(text: str, source: str = "NCCL topology XML") -> TopoMat
             raise ConfigError(source, f"{len(found)} {kind} elements; {over('topology devices', len(found))}")
     gpus.sort(key=lambda g: _int_attr(g[0], "dev", f"{source}: <gpu>"))
     names = [n[0].get("name") or f"net{k}" for k, n in enumerate(nets)]
+    odd = next((nm for nm in names if not nm.isprintable() or len(nm) > 256), None)
+    if odd is not None:
+        raise ConfigError(source, f"<net name={odd[:40]!r}> is not a printable name of at most 256 characters; "
+                                  "pass the file NCCL_TOPO_DUMP_FILE wrote")
     counts = {nm: names.count(nm) for nm in set(names)}
     names = [f"{nm}:{n[0].get('port', '1')}" if counts[nm] > 1 else nm for nm, n in zip(names, nets)]
     speed = [_speed(n[0], f"{source}: <net name={str(n[0].get('name'))[:40]}>") for n in nets]

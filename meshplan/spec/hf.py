@@ -214,7 +214,8 @@ def model_from_hf_config(config: Union[dict, str, Path], name: Optional[str] = N
     fields = family(_Keys(cfg))
     if name is None:
         given = cfg.get("_name_or_path")
-        name = given if isinstance(given, str) and len(given) <= MAX_STRING else (path.parent.name if path else "")
+        ok = isinstance(given, str) and len(given) <= MAX_STRING and given.isprintable()
+        name = given if ok else (path.parent.name if path else "")
     fields["name"] = name or f"hf-{model_type}"
     fields["source"] = f"Hugging Face config.json (model_type {model_type}) from {origin}"
     try:
