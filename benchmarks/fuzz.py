@@ -546,7 +546,15 @@ def main(argv=None) -> int:
     ex, bases = _examples(), _reader_bases()
     fixed = issue_cases()
     cases = (fixed + [config_case(rng, ex) for _ in range(max(0, args.configs - len(fixed)))])[:args.configs]
-    cases += [other_case(rng, bases) for _ in range(args.others)]
+    others = [other_case(rng, bases) for _ in range(args.others)]
+    if others:  # interleaved, so that an interrupted run has covered every family in proportion
+        step = max(1, len(cases) // len(others))
+        mixed = []
+        for i, case in enumerate(cases):
+            mixed.append(case)
+            if i % step == step - 1 and others:
+                mixed.append(others.pop(0))
+        cases = mixed + others
     counts: Counter = Counter()
     shown: dict[str, list] = {c: [] for c in CLASSES}
     start = time.monotonic()
