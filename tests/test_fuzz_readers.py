@@ -159,7 +159,8 @@ def test_config_bytes_fuzzed(tmp_path, data):
 @given(doc=mutated_config(), command=st.sampled_from([
     ["groups", "c.toml", "--rank", "3"], ["step", "c.toml"], ["place", "c.toml"],
     ["reliability", "c.toml", "--write-gbps", "100", "--read-gbps", "100", "--restart-overhead-s", "60"],
-    ["memory", "c.toml", "--out", "m"], ["search", "c.toml", "--top", "2"]]))
+    ["memory", "c.toml", "--out", "m"], ["search", "c.toml", "--top", "2"],
+    ["compare", "c.toml", str(ROOT / "examples" / "mini_2x4_tp4-dp2.toml"), "--out", "cmp"]]))
 def test_command_families_fuzzed(tmp_path, doc, command):
     doc.setdefault("search", {}) if isinstance(doc.get("search", {}), dict) else None
     if isinstance(doc.get("search"), dict):  # keep the search small: tp and pp fixed
@@ -207,6 +208,15 @@ def test_world_and_gpus_per_node_bounds(tmp_path):
     doc["cluster"]["nodes"] = 2 ** 19  # 2^21 GPUs
     (tmp_path / "c.toml").write_text(to_toml(doc))
     assert "2097152 GPUs: 2097152 is over the bound 1048576" in error_line(tmp_path, ["plan", "c.toml"])
+
+
+def test_search_world_bound(tmp_path):
+    doc = json.loads(json.dumps(MINI))
+    doc["cluster"]["nodes"] = 32768
+    (tmp_path / "c.toml").write_text(to_toml(doc))
+    assert error_line(tmp_path, ["search", "c.toml"]).startswith(
+        "error: cluster.nodes: 32768 nodes x 8 GPUs = 262144 GPUs: 262144 is over the bound 131072 (the search builds "
+        "its exact plans rank by rank")
 
 
 def test_config_text_errors(tmp_path):

@@ -54,6 +54,8 @@ from typing import Callable, Optional
 
 import numpy as np
 
+from meshplan.errors import ConfigError
+from meshplan.limits import MAX_SEARCH_WORLD, over as over_bound
 from meshplan.memory.constraints import usable_bytes
 from meshplan.search.bounds import bounds
 from meshplan.search.exact import Exact, Planner, Pool
@@ -168,6 +170,10 @@ def search(cfg: Config, progress: Optional[Progress] = None, workers: Optional[i
     """Search every mesh of ``cfg`` (module docstring). ``progress(label, done, total)`` is
     called as exact plans complete; ``workers``: processes for exact plans (default: the
     CPUs this process may use)."""
+    if cfg.cluster.world > MAX_SEARCH_WORLD:
+        raise ConfigError("cluster.nodes", f"{cfg.cluster.nodes} nodes x {cfg.cluster.node.gpus} GPUs = "
+                                           f"{cfg.cluster.world} GPUs: {over_bound('search world', cfg.cluster.world)}; "
+                                           "plan a chosen mesh with `meshplan plan`")
     t0 = time.perf_counter()
     clock = _Clock()
     o = cfg.search
