@@ -464,3 +464,18 @@ def test_fuzz_script_issue_cases(tmp_path):
     bad = [(c.argv, c.note, run_case(c, args)) for c in issue_cases()]
     bad = [b for b in bad if b[2][0] != "ok"]
     assert not bad, bad
+
+
+def test_nccl_log_parsing_is_linear():
+    """Long runs of spaces (the old `(?P<msg>.*?)\\s*$` and `Using (.*?)(?:\\s*;...)?$` took
+    quadratic time: 200,000 spaces over 30 s); 4 lines of 60,000 spaces now take milliseconds."""
+    from meshplan.comm.nccl_log import parse_nccl_log
+    from meshplan.errors import ConfigError
+    spaces = " " * 60000
+    text = "".join(f"h:1:1 [0] NCCL INFO {body}\n" for body in (
+        spaces + "x", "NET/IB : Using [0]mlx5_0:1/IB" + spaces + "x", "Ring 00 :" + " 1" * 30000 + " x",
+        "Trees" + spaces + "[0] 1/-1/-1->0->-1x"))
+    start = time.monotonic()
+    with pytest.raises(ConfigError, match="no communicator reached 'Init COMPLETE'"):
+        parse_nccl_log(text)
+    assert time.monotonic() - start < 2.0
