@@ -419,6 +419,9 @@ def _limits(mem_mb: int, cpu_s: int) -> None:
     resource.setrlimit(resource.RLIMIT_FSIZE, (64 << 20, 64 << 20))
 
 
+_STOP = {signal.SIGINT, signal.SIGTERM}
+
+
 def start_case(case: Case, args) -> tuple[int, Path]:
     """Fork the child that runs ``case`` under the limits; (pid, its folder)."""
     folder = Path(tempfile.mkdtemp(prefix="fuzz-"))
@@ -429,6 +432,8 @@ def start_case(case: Case, args) -> tuple[int, Path]:
     os.symlink("loop", folder / "loop")
     pid = os.fork()
     if pid == 0:  # child
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP)
         try:
             os.chdir(folder)
             fo = os.open(folder / ".stdout", os.O_WRONLY | os.O_CREAT)
@@ -492,8 +497,13 @@ def _loop(cases, args, jobs, progress, results, running, todo) -> None:
     while todo or running:
         while todo and len(running) < jobs:
             i = todo.pop()
-            pid, folder = start_case(cases[i], args)
-            running[pid] = (i, folder, time.monotonic() + args.wall_s)
+            # an interruption waits until the child is registered (then it is killed and its folder removed)
+            signal.pthread_sigmask(signal.SIG_BLOCK, _STOP)
+            try:
+                pid, folder = start_case(cases[i], args)
+                running[pid] = (i, folder, time.monotonic() + args.wall_s)
+            finally:
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP)
         pid, status = os.waitpid(-1, os.WNOHANG)
         if pid == 0:
             now = time.monotonic()
