@@ -162,9 +162,8 @@ def test_config_bytes_fuzzed(tmp_path, data):
     ["memory", "c.toml", "--out", "m"], ["search", "c.toml", "--top", "2"],
     ["compare", "c.toml", str(ROOT / "examples" / "mini_2x4_tp4-dp2.toml"), "--out", "cmp"]]))
 def test_command_families_fuzzed(tmp_path, doc, command):
-    doc.setdefault("search", {}) if isinstance(doc.get("search", {}), dict) else None
-    if isinstance(doc.get("search"), dict):  # keep the search small: tp and pp fixed
-        doc["search"].update({"tp": [2], "pp": [1], "micro_batch": [1], "recompute": ["none"]})
+    if isinstance(doc.get("search", {}), dict):  # keep the search small: tp and pp fixed
+        doc.setdefault("search", {}).update({"tp": [2], "pp": [1], "micro_batch": [1], "recompute": ["none"]})
     (tmp_path / "c.toml").write_text(to_toml(doc))
     check_contract(*run(command, tmp_path))
 
