@@ -154,7 +154,7 @@ def test_config_bytes_fuzzed(tmp_path, data):
     check_contract(*run(["plan", "c.toml"], tmp_path))
 
 
-@settings(max_examples=6, deadline=None, derandomize=True,
+@settings(max_examples=12, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(doc=mutated_config(), command=st.sampled_from([
     ["groups", "c.toml", "--rank", "3"], ["step", "c.toml"], ["place", "c.toml"],
