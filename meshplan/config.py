@@ -20,6 +20,7 @@ command needs it.
 
 from __future__ import annotations
 
+import math
 import tomllib
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -31,6 +32,8 @@ from pydantic import BaseModel, ValidationError
 from meshplan import catalog
 from meshplan.errors import ConfigError
 from meshplan.spec.axes import canonical_names
+from meshplan.fileio import read_text_limited
+from meshplan.limits import FILE_BYTES, MAX_STRING, MAX_TOML_DEPTH, MAX_WORLD, bound_message, over
 from meshplan.spec.cluster import ClusterSpec
 from meshplan.spec.hf import model_from_hf_config
 from meshplan.spec.memory import MemoryOptions
@@ -66,25 +69,80 @@ def load_config(path: str | Path, require_mesh: bool = True) -> Config:
     """Read and validate a TOML config. Raises ConfigError (one line) on any problem.
     ``require_mesh=False`` accepts a config without [mesh] (``mesh`` is then None)."""
     p = Path(path)
-    if p.is_dir():
+    if "\0" not in str(p) and p.is_dir():
         held = sorted(x.name for x in p.glob("*.toml"))
         inside = f" (it holds {', '.join(held[:3])}{' ...' if len(held) > 3 else ''})" if held else ""
         raise ConfigError("config", f"{str(p)!r} is a directory; give a TOML config file{inside}")
-    if not p.is_file():
+    if "\0" not in str(p) and not p.exists() and not p.is_symlink():
         raise ConfigError("config", f"no file {str(p)!r}; give the path of a TOML config (see examples/)")
+    text = read_text_limited(p, "config", FILE_BYTES["config"], "give the path of a TOML config (see examples/)")
+    return config_from_dict(parse_toml(text, str(p)), base=p.parent, path=str(p), require_mesh=require_mesh)
+
+
+def parse_toml(text: str, name: str, field: str = "config") -> dict[str, Any]:
+    """``tomllib.loads(text)`` with every failure one ConfigError naming ``field`` and the file
+    ``name``: syntax errors, integers past Python's 4,300-digit limit, nesting past the
+    interpreter's recursion limit."""
     try:
-        data = tomllib.loads(p.read_text())
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
-        raise ConfigError("config", f"{p}: not valid TOML ({e})") from None
-    return config_from_dict(data, base=p.parent, path=str(p), require_mesh=require_mesh)
+        raise ConfigError(field, f"{name}: not valid TOML ({e})") from None
+    except RecursionError:
+        raise ConfigError(field, f"{name}: arrays or tables nested too deeply to read; "
+                                 f"{over('toml depth', 'the nesting')}") from None
+    except ValueError as e:  # e.g. an integer of more than 4,300 digits
+        raise ConfigError(field, f"{name}: not valid TOML ({str(e).splitlines()[0]}); "
+                                 f"numbers are bounded (see meshplan/limits.py)") from None
+
+
+def check_values(value: Any, where: str, depth: int = 0) -> None:
+    """Bounds every config value shares, before any table is read (:mod:`meshplan.limits`):
+    nesting depth, string and list lengths, finite floats, integers exact in a float (each
+    field's own bound is checked by its spec). Raises a ConfigError naming the field.
+
+    >>> check_values({"training": {"seq_len": float("inf")}}, "")
+    Traceback (most recent call last):
+    ...
+    meshplan.errors.ConfigError: training.seq_len: inf is not a finite number; give a finite value
+    """
+    field = where or "config"
+    if where and not where.isprintable():
+        raise ConfigError(where, "a key with a control character; keys are printable names")
+    if depth > MAX_TOML_DEPTH:
+        raise ConfigError(field, f"nested {depth} levels deep; {over('toml depth', depth)}")
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if len(k) > MAX_STRING:
+                raise ConfigError(field, f"a key of {len(k)} characters; {over('string', len(k))}")
+            check_values(v, f"{where}.{k}" if where else k, depth + 1)
+    elif isinstance(value, list):
+        if len(value) > MAX_WORLD:
+            raise ConfigError(field, f"a list of {len(value)} values; the longest, mesh.rank_to_gpu, has one per "
+                                     f"rank: {over('world', len(value))}")
+        for i, v in enumerate(value):
+            check_values(v, f"{field}[{i}]", depth + 1)
+    elif isinstance(value, str) and len(value) > MAX_STRING:
+        raise ConfigError(field, f"a string of {len(value)} characters; {over('string', len(value))}")
+    elif isinstance(value, str) and not value.isprintable():
+        bad = next(c for c in value if not c.isprintable())
+        raise ConfigError(field, f"contains the control character {bad!r}; names, paths and options are "
+                                 "printable text (it would be echoed to the terminal)")
+    elif isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(field, f"{value} is not a finite number; give a finite value")
+    elif isinstance(value, int) and not isinstance(value, bool) and abs(value) > 2 ** 53:
+        raise ConfigError(field, f"{value} is too large for any field: integers beyond 2^53 are not exact in a "
+                                 f"float; see the field's bound in the README")
 
 
 def config_from_dict(data: dict[str, Any], base: Path | None = None, path: str | None = None,
                      require_mesh: bool = True) -> Config:
     """Validate an already-parsed config mapping (see :func:`load_config`)."""
+    check_values(data, "")
     unknown = set(data) - set(TABLES) - set(OPTIONAL_TABLES)
     if unknown:
-        raise ConfigError(sorted(unknown)[0], f"unknown table; allowed tables are {list(TABLES + OPTIONAL_TABLES)}")
+        name = sorted(unknown)[0]
+        raise ConfigError(name if name.isidentifier() else repr(name),
+                          f"unknown table; allowed tables are {list(TABLES + OPTIONAL_TABLES)}")
     for t in OPTIONAL_TABLES:
         if not isinstance(data.get(t, {}), dict):
             raise ConfigError(t, "must be a table")
@@ -141,6 +199,9 @@ def _check_routing(model: ModelSpec, training: TrainingSpec) -> None:
 
 def build(cls: type[BaseModel], values: dict, table: str) -> Any:
     """``cls(**values)`` with pydantic errors turned into one-line ConfigErrors."""
+    if not isinstance(values, dict):
+        raise ConfigError(table, f"must be a table of {cls.__name__} fields (got {type(values).__name__} "
+                                 f"{str(values)[:40]!r})")
     try:
         return cls(**values)
     except ValidationError as e:
@@ -159,8 +220,13 @@ def _one_line(e: ValidationError, cls: type[BaseModel], table: str) -> ConfigErr
         return ConfigError(field, f"required key missing in [{table}]")
     msg = err["msg"].removeprefix("Value error, ")
     got = err.get("input")
-    if err["type"] not in ("value_error",) and not isinstance(got, dict):
-        msg += f" (got {got!r})"
+    bounded = bound_message(err)
+    if bounded:
+        return ConfigError(field, bounded)
+    if err["type"] not in ("value_error",) and not isinstance(got, (dict, list)):
+        msg += f" (got {str(got)[:60]!r})" if isinstance(got, str) else f" (got {got!r})"
+    elif isinstance(got, (dict, list)) and err["type"] not in ("value_error",):
+        msg += f" (got a {'table' if isinstance(got, dict) else 'list'})"
     return ConfigError(field, msg)
 
 
@@ -169,6 +235,9 @@ def _model(t: dict, base: Path | None) -> ModelSpec:
     if "catalog" in t and "hf_config" in t:
         raise ConfigError("model", "give either catalog or hf_config, not both")
     if "catalog" in t:
+        if not isinstance(t["catalog"], str):
+            raise ConfigError("model.catalog", f"give a catalog model name (got a {type(t['catalog']).__name__}); "
+                                               f"known: {', '.join(catalog.names('model'))}")
         with _as_field("model.catalog"):
             entry = catalog.model(t.pop("catalog")).model_dump()
         return build(ModelSpec, {**entry, **t}, "model")
@@ -192,8 +261,13 @@ def _cluster(t: dict) -> ClusterSpec:
         if "nodes" not in t:
             raise ConfigError("cluster.nodes", "required with system; give the number of nodes")
         gpu, nodes = t.pop("gpu", None), t.pop("nodes")
+        if not isinstance(name, str):
+            raise ConfigError("cluster.system", f"give a catalog node name (got a {type(name).__name__}); "
+                                                f"known: {', '.join(catalog.names('node'))}")
         if not isinstance(nodes, int) or isinstance(nodes, bool) or nodes < 1:
             raise ConfigError("cluster.nodes", f"must be a whole number of nodes, at least 1; got {nodes!r}")
+        if nodes > MAX_WORLD:
+            raise ConfigError("cluster.nodes", over("nodes", nodes))
         with _as_field("cluster.system"):
             cluster = catalog.system(name, nodes)
         if gpu is not None:

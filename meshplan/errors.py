@@ -41,12 +41,12 @@ def printable(text: str, keep_newlines: bool = False) -> str:
 
 class ConfigError(ValueError):
     """Malformed input. ``str(err)`` is one printable line: ``<field>: <what is wrong>; <fix>``
-    (input echoed in it goes through :func:`printable`)."""
+    (control characters from the input escaped, see :func:`printable`)."""
 
     def __init__(self, field: str, message: str):
-        self.field = field
-        self.message = message
-        super().__init__(printable(f"{field}: {message}"))
+        self.field = printable(str(field)) or "''"
+        self.message = printable(str(message))
+        super().__init__(f"{self.field}: {self.message}")
 
 
 class CheckpointError(ConfigError):

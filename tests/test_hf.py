@@ -156,7 +156,7 @@ def test_unreadable_inputs(tmp_path):
         model_from_hf_config(tmp_path / "absent.json")
     bad = tmp_path / "config.json"
     bad.write_text("{not json")
-    with pytest.raises(ConfigError, match="not valid JSON"):
+    with pytest.raises(ConfigError, match="invalid JSON"):
         model_from_hf_config(tmp_path)
     bad.write_text("[1, 2]")
     with pytest.raises(ConfigError, match="not an object"):

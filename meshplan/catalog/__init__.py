@@ -93,7 +93,7 @@ def names(kind: str) -> list[str]:
 def entry(kind: str, name: str) -> dict[str, Any]:
     """The raw table of entry ``name`` (a deep copy), with its ``source``."""
     table = _entries(kind)
-    if name not in table:
+    if not isinstance(name, str) or name not in table:
         raise ConfigError(kind, f"unknown {kind} '{name}'; known: {', '.join(sorted(table))}")
     return copy.deepcopy(table[name])
 
@@ -109,6 +109,7 @@ def _build(cls: type[BaseModel], kind: str, name: str, fields: dict[str, Any]):
 
 def gpu(name: str) -> GPUSpec:
     """A catalog GPU, e.g. ``gpu("h100-sxm5-80gb").peak_flops("bf16")`` = 989.4e12."""
+    entry("gpu", name)  # an unknown or non-string name: the error listing the known ones
     return _build(GPUSpec, "gpu", name, {"name": name, **entry("gpu", name)})
 
 
@@ -156,7 +157,7 @@ def system(name: str, nodes: int, network_name: Optional[str] = None) -> Cluster
     >>> (c.gpu.name, c.node.gpus, [t.name for t in c.network])
     ('a100-sxm-80gb', 8, ['leaf', 'spine'])
     """
-    if not isinstance(nodes, int) or nodes < 1:
+    if not isinstance(nodes, int) or isinstance(nodes, bool) or nodes < 1:
         raise ConfigError("nodes", f"must be a whole number of nodes, at least 1; got {nodes!r}")
     raw = entry("node", name)
     net = network_name or raw["network"]

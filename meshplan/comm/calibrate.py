@@ -30,7 +30,14 @@ from collections import Counter
 from pathlib import Path
 from typing import Optional, Sequence
 
-from meshplan.comm.calibration import LINK_CLASSES, BenchRow, LinkFit, fit_alpha_beta, read_nccl_tests
+from meshplan.comm.calibration import (
+    LINK_CLASSES,
+    BenchRow,
+    LinkFit,
+    fit_alpha_beta,
+    parse_nccl_tests,
+    read_nccl_tests_text,
+)
 from meshplan.errors import ConfigError
 
 
@@ -40,10 +47,13 @@ def hosts_of(text: str) -> list[str]:
     if text.lstrip().startswith("{"):
         try:
             devices = json.loads(text).get("config", {}).get("devices", [])
-        except (json.JSONDecodeError, AttributeError):
+        except (ValueError, AttributeError, RecursionError):
             return []
-        return [str(d.get("hostname", "")) for d in devices if isinstance(d, dict)]
-    found = re.findall(r"^#\s+Rank\s+(\d+)\s+Group\s+\d+\s+Pid\s+\d+\s+on\s+(\S+)", text, flags=re.M)
+        if not isinstance(devices, list):
+            return []
+        return [str(d.get("hostname", ""))[:256] for d in devices if isinstance(d, dict)]
+    found = re.findall(r"^#[ \t]+Rank[ \t]+([0-9]{1,9})[ \t]+Group[ \t]+[0-9]+[ \t]+Pid[ \t]+[0-9]+[ \t]+on[ \t]+(\S+)",
+                       text, flags=re.M)
     return [h for _, h in sorted(found, key=lambda x: int(x[0]))]
 
 
@@ -81,8 +91,8 @@ def calibrate(paths: Sequence[Path], link: Optional[str] = None) -> tuple[list[L
     by_link: dict[str, list[tuple[LinkFit, str]]] = {}
     notes = []
     for path in map(Path, paths):
-        rows = read_nccl_tests(path)
-        text = path.read_text(encoding="utf-8")
+        text = read_nccl_tests_text(path)
+        rows = parse_nccl_tests(text, path.name)
         hosts = hosts_of(text)
         cls = link_class(hosts, path.name, link)
         try:

@@ -45,8 +45,8 @@ NIC. Applying a calibration writes the bandwidth and the per-step latency
 from __future__ import annotations
 
 import json
+import math
 import re
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -55,7 +55,10 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from meshplan.comm.alphabeta import OPS, busbw_factor, steps
+from meshplan.config import parse_toml
 from meshplan.errors import ConfigError
+from meshplan.fileio import parse_json, read_text_limited
+from meshplan.limits import BOUNDS, FILE_BYTES, MAX_LINE_CHARS, MAX_STRING, MAX_WORLD, bound_message, over
 from meshplan.spec.cluster import ClusterSpec
 from meshplan.units import GB, US
 
@@ -123,7 +126,9 @@ def parse_nccl_tests_text(text: str, source: str = "nccl-tests output", op: Opti
     ``n_ranks`` override what the header says ("Collective test starting", "# Rank" lines).
     Raises ConfigError naming ``source:line`` for a short row or a missing header."""
     found_op = re.search(r"^# Collective test starting: (\S+)", text, flags=re.M)
-    ranks = [int(r) for r in re.findall(r"^#\s+Rank\s+(\d+)\s", text, flags=re.M)]
+    ranks = [int(r) for r in re.findall(r"^#[ \t]+Rank[ \t]+([0-9]{1,9})[ \t]", text, flags=re.M)]
+    if ranks and max(ranks) >= MAX_WORLD:
+        raise ConfigError(source, f"rank {over('world', max(ranks))}; pass the output unmodified")
     if op is None and not found_op:
         raise ConfigError(source, "no '# Collective test starting' line; pass op= (e.g. 'all-reduce')")
     op = _op_name(op or (found_op[1] if found_op else ""), source)
@@ -133,11 +138,13 @@ def parse_nccl_tests_text(text: str, source: str = "nccl-tests output", op: Opti
     cols: list[str] = []
     rows: list[BenchRow] = []
     for ln, line in enumerate(text.splitlines(), 1):
+        if len(line) > MAX_LINE_CHARS:
+            raise ConfigError(f"{source}:{ln}", f"a line of {len(line)} characters; {over('line', len(line))}")
         tokens = line.split()
         if line.startswith("#") and "busbw" in tokens and "size" in tokens:
             cols = tokens[1:]
             continue
-        if not tokens or line.startswith("#") or not tokens[0].isdigit():
+        if not tokens or line.startswith("#") or not re.fullmatch(r"[0-9]{1,16}", tokens[0]):
             continue
         where = f"{source}:{ln}"
         if not cols:
@@ -150,62 +157,91 @@ def parse_nccl_tests_text(text: str, source: str = "nccl-tests output", op: Opti
 
 def _text_row(tokens: list[str], cols: list[str], op: str, n: int, where: str) -> list[BenchRow]:
     """Out-of-place and in-place rows of one result line."""
-    size = int(tokens[cols.index("size")])
     times = [i for i, c in enumerate(cols) if c in ("time", "cputime")]
     algbws = [i for i, c in enumerate(cols) if c == "algbw"]
     busbws = [i for i, c in enumerate(cols) if c == "busbw"]
     out = []
     try:
+        size = int(tokens[cols.index("size")]) if "size" in cols else -1
         for k, (t, a, b) in enumerate(zip(times, algbws, busbws)):
-            out.append(BenchRow(op, n, size, float(tokens[t]) * US, float(tokens[a]) * GB,
-                                float(tokens[b]) * GB, in_place=k == 1))
+            out.append(_checked(BenchRow(op, n, size, float(tokens[t]) * US, float(tokens[a]) * GB,
+                                         float(tokens[b]) * GB, in_place=k == 1), where))
     except ValueError as err:
-        raise ConfigError(where, f"non-numeric time or bandwidth ({err}); pass the output unmodified") from None
+        raise ConfigError(where, f"non-numeric size, time or bandwidth ({str(err)[:60]}); pass the output "
+                                 "unmodified") from None
     return out
+
+
+def _checked(row: BenchRow, where: str) -> BenchRow:
+    """``row`` when its numbers are finite, not negative and within the stated bounds."""
+    values = (row.time_s, row.algbw_bytes_per_s, row.busbw_bytes_per_s)
+    if not all(math.isfinite(v) and v >= 0 for v in values) or not 0 <= row.size_bytes <= 2 ** 50:
+        raise ConfigError(where, f"size {row.size_bytes}, time {row.time_s / US} us, algbw and busbw must be "
+                                 "finite and not negative (size at most 2^50 B); pass the output unmodified")
+    if row.time_s > 1e6 or row.busbw_bytes_per_s > BOUNDS["busbw_gb_per_s"].value * GB:
+        raise ConfigError(where, f"time {row.time_s / US:g} us or busbw {row.busbw_bytes_per_s / GB:g} GB/s out of "
+                                 "range (at most 1e6 s and 1e6 GB/s); pass the output unmodified")
+    return row
 
 
 def parse_nccl_tests_json(text: str, source: str = "nccl-tests JSON", op: Optional[str] = None,
                           n_ranks: Optional[int] = None) -> list[BenchRow]:
     """Rows of an nccl-tests ``-J`` JSON file (shape in the module docstring)."""
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise ConfigError(f"{source}:{err.lineno}", f"invalid JSON ({err.msg}); pass the file -J wrote") from None
+    doc = parse_json(text, source, source, "pass the file nccl-tests -J wrote")
     if not isinstance(doc, dict) or not isinstance(doc.get("results"), list):
         raise ConfigError(source, "no 'results' list; pass the file nccl-tests -J wrote")
     cfg = doc.get("config", {})
     args = doc.get("args") or []
+    if not isinstance(cfg, dict) or not isinstance(args, list) or not all(isinstance(a, str) for a in args):
+        raise ConfigError(f"{source}: config", "'config' must be an object and 'args' a list of strings; "
+                                               "pass the file nccl-tests -J wrote")
     if op is None and not args:
         raise ConfigError(f"{source}: args", "no program name; pass op=")
     op = _op_name(op or args[0], f"{source}: args")
-    n = n_ranks or len(cfg.get("devices", [])) * cfg.get("nthreads", 1) * cfg.get("ngpus", 1)
+    devices, threads, gpus = cfg.get("devices", []), cfg.get("nthreads", 1), cfg.get("ngpus", 1)
+    if not isinstance(devices, list) or not all(isinstance(x, int) and not isinstance(x, bool) and 0 < x <= 1024
+                                                for x in (threads, gpus)):
+        raise ConfigError(f"{source}: config", "devices must be a list, nthreads and ngpus whole numbers 1..1024; "
+                                               "pass the file nccl-tests -J wrote")
+    n = n_ranks or len(devices) * threads * gpus
     if not n:
         raise ConfigError(f"{source}: config.devices", "no devices listed; pass n_ranks=")
+    if n > MAX_WORLD:
+        raise ConfigError(f"{source}: config.devices", f"{n} ranks; {over('world', n)}")
     rows = []
     for i, res in enumerate(doc["results"]):
         for key in ("out_of_place", "in_place"):
             part = res.get(key) if isinstance(res, dict) else None
             if part is None:
                 continue
-            time_us = part.get("time", part.get("cpu_time"))
-            fields = (res.get("size"), time_us, part.get("alg_bw"), part.get("bus_bw"))
-            if not all(isinstance(v, (int, float)) for v in fields):
+            values = [res.get("size"), part.get("time", part.get("cpu_time")), part.get("alg_bw"),
+                      part.get("bus_bw")] if isinstance(part, dict) else [None]
+            fields = [float(v) for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
+            if len(fields) != 4:
                 raise ConfigError(f"{source}: results[{i}].{key}", "needs numeric size, time, alg_bw and bus_bw; "
                                                                    "pass the file -J wrote")
-            rows.append(BenchRow(op, n, int(fields[0]), fields[1] * US, fields[2] * GB, fields[3] * GB,
-                                 in_place=key == "in_place"))
+            if not (math.isfinite(fields[0]) and 0 <= fields[0] <= 2 ** 50):
+                raise ConfigError(f"{source}: results[{i}].size", "must be 0..2^50 bytes; pass the file -J wrote")
+            rows.append(_checked(BenchRow(op, n, int(fields[0]), fields[1] * US, fields[2] * GB, fields[3] * GB,
+                                          in_place=key == "in_place"), f"{source}: results[{i}].{key}"))
     return _check_ranks(rows, source)
 
 
 def read_nccl_tests(path, op: Optional[str] = None, n_ranks: Optional[int] = None) -> list[BenchRow]:
     """Rows from a file: JSON when it starts with ``{``, else text output."""
-    p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as err:
-        raise ConfigError(str(p), f"cannot read ({err.strerror}); check the path") from None
+    return parse_nccl_tests(read_nccl_tests_text(path), Path(path).name, op, n_ranks)
+
+
+def read_nccl_tests_text(path) -> str:
+    """The text of an nccl-tests output file, read with the bounded reader."""
+    return read_text_limited(path, "NCCL_TESTS_OUTPUT", FILE_BYTES["nccl_tests"],
+                             "pass nccl-tests output (stdout text or -J JSON)")
+
+
+def parse_nccl_tests(text: str, source: str, op: Optional[str] = None, n_ranks: Optional[int] = None) -> list[BenchRow]:
+    """Rows of nccl-tests output ``text``: JSON when it starts with ``{``, else text."""
     parse = parse_nccl_tests_json if text.lstrip().startswith("{") else parse_nccl_tests_text
-    return parse(text, source=p.name, op=op, n_ranks=n_ranks)
+    return parse(text, source=source, op=op, n_ranks=n_ranks)
 
 
 # --------------------------------------------------------------------------- fit
@@ -260,6 +296,9 @@ def fit_alpha_beta(rows: list[BenchRow], link: str, min_size_bytes: int = 1,
         raise ConfigError("rows", f"time does not grow with size for {op} over {n} ranks; include sizes "
                                   "large enough to be bandwidth-bound (e.g. up to 1 GiB)")
     rel = (alpha + sent * inv_beta - t) / t
+    if not all(math.isfinite(float(x)) for x in (alpha, inv_beta, *rel)):
+        raise ConfigError("rows", f"the fit for {op} over {n} ranks is not finite (times or sizes out of range); "
+                                  "pass the measured output unmodified")
     return LinkFit(link, op, n, float(alpha), float(1.0 / inv_beta), float(np.sqrt(np.mean(rel ** 2))),
                    float(np.max(np.abs(rel))), len(use), bool(clamped))
 
@@ -270,14 +309,14 @@ def fit_alpha_beta(rows: list[BenchRow], link: str, min_size_bytes: int = 1,
 class CalibratedLink(BaseModel):
     """One ``[link.<class>]`` table of a calibration file (see the module docstring)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    latency_us: float = Field(ge=0)
-    bandwidth_gb_per_s: float = Field(gt=0)
-    op: Optional[str] = None
-    ranks: Optional[int] = Field(default=None, ge=2)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+    latency_us: float = Field(ge=0, le=BOUNDS["latency_us"].value)
+    bandwidth_gb_per_s: float = Field(gt=0, le=BOUNDS["bandwidth_gb_per_s"].value)
+    op: Optional[str] = Field(default=None, max_length=64)
+    ranks: Optional[int] = Field(default=None, ge=2, le=MAX_WORLD)
     residual: Optional[float] = Field(default=None, ge=0)
-    points: Optional[int] = Field(default=None, ge=0)
-    source: str
+    points: Optional[int] = Field(default=None, ge=0, le=1 << 30)
+    source: str = Field(max_length=MAX_STRING)
 
     @property
     def bandwidth_bytes_per_s(self) -> float:
@@ -308,12 +347,9 @@ def load_calibration(path) -> dict[str, CalibratedLink]:
     """Read a calibration file: ``{link class: CalibratedLink}``. Unknown link classes,
     unknown keys and bad values are ConfigErrors naming ``file: link.<class>.<key>``."""
     p = Path(path)
-    try:
-        doc = tomllib.loads(p.read_text(encoding="utf-8"))
-    except OSError as err:
-        raise ConfigError(str(p), f"cannot read ({err.strerror}); check the path") from None
-    except tomllib.TOMLDecodeError as err:
-        raise ConfigError(p.name, f"invalid TOML ({err}); fix the syntax") from None
+    text = read_text_limited(p, "--calibration", FILE_BYTES["calibration"],
+                             "give the calibration TOML that bench comm or calibrate wrote")
+    doc = parse_toml(text, p.name, p.name)
     extra = sorted(set(doc) - {"link"})
     if extra or not isinstance(doc.get("link"), dict):
         raise ConfigError(p.name, f"expected only [link.<class>] tables (got {extra or 'no [link]'}); "
@@ -322,12 +358,16 @@ def load_calibration(path) -> dict[str, CalibratedLink]:
     for name, table in doc["link"].items():
         if name not in LINK_CLASSES:
             raise ConfigError(f"{p.name}: link.{name}", f"unknown link class; use one of {', '.join(LINK_CLASSES)}")
+        if not isinstance(table, dict):
+            raise ConfigError(f"{p.name}: link.{name}", "must be a table [link.<class>] with latency_us, "
+                                                        "bandwidth_gb_per_s and source; see meshplan.comm.calibration")
         try:
             out[name] = CalibratedLink(**table)
         except ValidationError as err:
             first = err.errors()[0]
             key = ".".join(str(x) for x in first["loc"])
-            raise ConfigError(f"{p.name}: link.{name}.{key}", f"{first['msg']}; see meshplan.comm.calibration") from None
+            why = bound_message(first) or first["msg"]
+            raise ConfigError(f"{p.name}: link.{name}.{key}", f"{why}; see meshplan.comm.calibration") from None
     for name, c in out.items():
         if c.op is not None and c.op not in OPS:
             raise ConfigError(f"{p.name}: link.{name}.op", f"unknown op '{c.op}'; use one of {', '.join(OPS)}")

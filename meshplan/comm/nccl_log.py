@@ -34,24 +34,32 @@ init). Other lines are ignored.
 
 from __future__ import annotations
 
+import io
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence, Union
 
-from meshplan.errors import ConfigError
+from meshplan.errors import ConfigError, printable
+from meshplan.fileio import read_text_limited
+from meshplan.limits import FILE_BYTES, MAX_LINE_CHARS, over
 
-_PREFIX = re.compile(r"^(?P<host>[^\s:]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\] NCCL INFO (?P<msg>.*?)\s*$")
-_COMM = re.compile(r"^comm (0x[0-9a-fA-F]+) rank (\d+) nRanks (\d+) nNodes (\d+) localRanks (\d+) localRank (\d+)")
-_DONE = re.compile(r"^(?:\w+ )?comm (0x[0-9a-fA-F]+) rank (\d+) nranks (\d+) cudaDev (\d+)(?: nvmlDev (\d+))?"
-                   r" busId ([0-9a-fA-F]+).*? commId (0x[0-9a-fA-F]+) - Init COMPLETE")
-_RING_LIST = re.compile(r"^(?:Channel|Ring) (\d+)(?:/\d+)? :((?:\s+\d+)+)$")
-_RING = re.compile(r"^Ring (\d+) : (-?\d+) -> (\d+) -> (-?\d+)$")
-_TREE = re.compile(r"\[(\d+)\] (-?\d+)/(-?\d+)/(-?\d+)->(\d+)->(-?\d+)")
-_CONN = re.compile(r"^Channel (\d+)(?:/(\d+))? : (\d+)\[\w+\] -> (\d+)\[\w+\](?: \[(send|receive)\])? via (.+)$")
-_NET_LIST = re.compile(r"^NET/(\w+) ?: Using (.*?)(?:\s*;\s*OOB .*)?$")
-_NET_ITEM = re.compile(r"\[(\d+)\]([^\s:\[<]+)")
-_NET_VIA = re.compile(r"^NET/(\w+)/(\d+)(?:\((\d+)\))?")
+# Every regex is linear in the line (no lazy scan before an optional tail, no nested
+# quantifiers over whitespace), numbers are ASCII and at most 9 digits (int() never meets
+# Python's digit limit), and lines are bounded (MAX_LINE_CHARS).
+_N = r"[0-9]{1,9}"
+_PREFIX = re.compile(rf"^(?P<host>[^\s:\x00-\x1f\x7f]{{1,255}}):(?P<pid>{_N}):(?P<tid>{_N}) \[(?P<dev>{_N})\] NCCL INFO (?P<msg>.*)$")
+_COMM = re.compile(rf"^comm (0x[0-9a-fA-F]+) rank ({_N}) nRanks ({_N}) nNodes ({_N}) localRanks ({_N}) localRank ({_N})")
+_DONE = re.compile(rf"^(?:\w+ )?comm (0x[0-9a-fA-F]+) rank ({_N}) nranks ({_N}) cudaDev ({_N})(?: nvmlDev ({_N}))?"
+                   r" busId ([0-9a-fA-F]+) .*commId (0x[0-9a-fA-F]+) - Init COMPLETE")
+_RING_LIST = re.compile(rf"^(?:Channel|Ring) ({_N})(?:/{_N})? :((?: +{_N})+)$")
+_RING = re.compile(rf"^Ring ({_N}) : (-?{_N}) -> ({_N}) -> (-?{_N})$")
+_TREE = re.compile(rf"\[({_N})\] (-?{_N})/(-?{_N})/(-?{_N})->({_N})->(-?{_N})")
+_CONN = re.compile(rf"^Channel ({_N})(?:/({_N}))? : ({_N})\[\w+\] -> ({_N})\[\w+\](?: \[(send|receive)\])? via "
+                   r"([\x20-\x7e]+)$")
+_NET_LIST = re.compile(r"^NET/(\w+) ?: Using (.*)$")
+_NET_ITEM = re.compile(rf"\[({_N})\]([^\s:\[<\x00-\x1f\x7f]+)")
+_NET_VIA = re.compile(rf"^NET/(\w+)/({_N})(?:\(({_N})\))?")
 _NETWORK = re.compile(r"^Using network (\S+)")
 
 
@@ -234,17 +242,20 @@ def parse_nccl_log(text: str, source: str = "NCCL log") -> NcclLogReport:
     communicator reached ``Init COMPLETE``."""
     procs: dict[tuple[str, int], _Proc] = {}
     network, notes = None, []
-    for ln, line in enumerate(text.splitlines(), 1):
-        m = _PREFIX.match(line)
+    for ln, line in enumerate(io.StringIO(text), 1):
+        if len(line) > MAX_LINE_CHARS:
+            raise ConfigError(f"{source}:{ln}", f"a line of {len(line)} characters; {over('line', len(line))}")
+        m = _PREFIX.match(line.rstrip("\r\n"))
         if not m:
             continue
-        key, msg = (m["host"], int(m["pid"])), m["msg"]
+        key, msg = (m["host"], int(m["pid"])), m["msg"].rstrip()
         proc = procs.setdefault(key, _Proc())
         if _on_comm(proc, msg):
             continue
         nets = _NET_LIST.match(msg)
         if nets:
-            proc.nets = tuple(name for _, name in sorted((int(i), n) for i, n in _NET_ITEM.findall(nets[2])))
+            devices = nets[2].split(";")[0]  # "[0]mlx5_0:1/IB ... ; OOB eth0:..."
+            proc.nets = tuple(name for _, name in sorted((int(i), n) for i, n in _NET_ITEM.findall(devices)))
             continue
         used = _NETWORK.match(msg)
         if used:
@@ -252,7 +263,7 @@ def parse_nccl_log(text: str, source: str = "NCCL log") -> NcclLogReport:
             continue
         note = _on_conn(proc, msg) if _CONN.match(msg) else _on_graph(proc, msg)
         if note:
-            notes.append(f"{source}:{ln}: {note}")
+            notes.append(printable(f"{source}:{ln}: {note}"))
     comms = _assemble(procs, notes)
     if not comms:
         raise ConfigError(source, "no communicator reached 'Init COMPLETE'; run with NCCL_DEBUG=INFO "
@@ -289,10 +300,8 @@ def _assemble(procs: dict, notes: list) -> list[Communicator]:
 def read_nccl_log(path) -> NcclLogReport:
     """:func:`parse_nccl_log` of a file."""
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8", errors="replace")
-    except OSError as err:
-        raise ConfigError(str(p), f"cannot read ({err.strerror}); check the path") from None
+    text = read_text_limited(p, "LOG", FILE_BYTES["nccl_log"], "give the NCCL_DEBUG=INFO output of the run",
+                             errors="replace")  # other programs' bytes may mix into a log
     return parse_nccl_log(text, source=p.name)
 
 

@@ -46,14 +46,16 @@ shape 2048x2048x13312 on H100 the model gives 97% of the ceiling (128 tiles of 1
 from __future__ import annotations
 
 import csv
-import json
+import io
 from dataclasses import dataclass, field
-from math import ceil
+from math import ceil, isfinite
 from pathlib import Path
 from typing import Optional
 
 from meshplan.compute.measured import gemm_seconds, kernel_data
 from meshplan.errors import ConfigError
+from meshplan.fileio import parse_json, read_text_limited
+from meshplan.limits import FILE_BYTES, MAX_LINE_CHARS, MAX_STRING
 from meshplan.spec.cluster import GPUSpec
 from meshplan.units import TFLOPS, dtype_bytes
 
@@ -159,25 +161,57 @@ ATTENTION_COLUMNS = ("op", "batch", "q_heads", "kv_heads", "seq_q", "seq_kv", "h
 
 def _attention_row(raw: dict, where: str) -> tuple[tuple, tuple[float, float], str]:
     """(GemmTable.attention key, (forward_s, backward_s), device) of one attention row."""
-    unknown = {k for k, v in raw.items() if v not in (None, "")} - set(ATTENTION_COLUMNS)
+    unknown = {str(k)[:40] for k, v in raw.items() if v not in (None, "")} - set(ATTENTION_COLUMNS)
     if unknown:
         raise ConfigError(where, f"unknown column(s) {sorted(unknown)}; attention rows have "
                           f"{', '.join(ATTENTION_COLUMNS)}")
     try:
-        sizes = tuple(int(raw[c]) for c in ATTENTION_COLUMNS[1:7])
-        key = sizes + (str(raw["dtype"]),)
-        times = (float(raw["forward_s"]), float(raw["backward_s"]))
+        sizes = tuple(_whole(raw[c]) for c in ATTENTION_COLUMNS[1:7])
+        key = sizes + (_text(raw["dtype"]),)
+        times = (_number(raw["forward_s"]), _number(raw["backward_s"]))
     except (KeyError, ValueError, TypeError) as e:
-        raise ConfigError(where, f"bad or missing attention column ({e}); need "
+        raise ConfigError(where, f"bad or missing attention column ({str(e)[:60]}); need "
                           f"{', '.join(ATTENTION_COLUMNS[1:10])}") from None
-    if min(sizes) <= 0 or min(times) < 0:
-        raise ConfigError(where, f"sizes must be positive and times not negative: {key} {times}")
+    if not all(0 < x <= 2 ** 31 for x in sizes) or not all(0 <= t <= 1e6 for t in times):
+        raise ConfigError(where, f"sizes must be 1..2^31 and times finite, 0..1e6 s: {key} {times}")
     return key, times, str(raw.get("device", ""))
+
+
+def _whole(value) -> int:
+    """A size from a CSV cell or a JSON number: a whole number, ASCII digits, at most 18."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ValueError(f"{str(value)[:40]!r} is not a whole number")
+    if isinstance(value, str):
+        text = value.strip()
+        if not (text.isascii() and text.lstrip("-").isdigit() and len(text) <= 18):
+            raise ValueError(f"{text[:40]!r} is not a whole number")
+        return int(text)
+    if not isfinite(value) or value != int(value):
+        raise ValueError(f"{value!r} is not a whole number")
+    return int(value)
+
+
+def _number(value) -> float:
+    """A finite number from a CSV cell or a JSON number."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ValueError(f"{str(value)[:40]!r} is not a number")
+    out = float(value[:64] if isinstance(value, str) else value)
+    if not isfinite(out):
+        raise ValueError(f"{value!r:.40} is not a finite number")
+    return out
+
+
+def _text(value) -> str:
+    if not isinstance(value, str) or len(value) > MAX_STRING or not value.isprintable():
+        raise ValueError(f"{str(value)[:40]!r} is not a short printable string")
+    return value
 
 
 def _row(raw: dict, where: str) -> Measurement:
     raw = {k: v for k, v in raw.items() if not (k == "op" and v == "gemm")}
-    unknown = set(raw) - set(TABLE_COLUMNS)
+    if None in raw:
+        raise ConfigError(where, "more fields than header columns; pass the table bench gemm wrote")
+    unknown = {str(k)[:40] for k in raw} - set(TABLE_COLUMNS)
     if unknown:
         raise ConfigError(where, f"unknown column(s) {sorted(unknown)}; allowed: {', '.join(TABLE_COLUMNS)}")
     for key in ("m", "n", "k", "dtype", "device", "torch"):
@@ -185,22 +219,28 @@ def _row(raw: dict, where: str) -> Measurement:
             raise ConfigError(f"{where}.{key}", "missing; every row needs m, n, k, dtype, device, torch "
                               "and seconds or tflops")
     try:
-        m, n, k = int(raw["m"]), int(raw["n"]), int(raw["k"])
-        dtype_bytes(str(raw["dtype"]))
+        m, n, k = _whole(raw["m"]), _whole(raw["n"]), _whole(raw["k"])
+        dtype_bytes(_text(raw["dtype"]))
+        if not all(0 < x <= 2 ** 31 for x in (m, n, k)):
+            raise ConfigError(where, f"m, n, k must be 1..2^31 (cuBLAS int dimensions); got {m}, {n}, {k}")
         if raw.get("seconds") not in (None, ""):
-            seconds = float(raw["seconds"])
+            seconds = _number(raw["seconds"])
         elif raw.get("tflops") not in (None, ""):
-            seconds = 2.0 * m * n * k / (float(raw["tflops"]) * TFLOPS)
+            tflops = _number(raw["tflops"])
+            if not 0 < tflops <= 1e7:
+                raise ConfigError(f"{where}.tflops", f"{tflops} must be > 0 and at most 1e7 TFLOP/s")
+            seconds = 2.0 * m * n * k / (tflops * TFLOPS)
         else:
             raise ConfigError(f"{where}.seconds", "give seconds (per call) or tflops")
-    except (ValueError, KeyError) as e:
+        device, torch = _text(raw["device"]), _text(raw["torch"])
+    except (ValueError, KeyError, TypeError) as e:
         if isinstance(e, ConfigError):
             raise
-        raise ConfigError(where, f"bad value ({e}); m, n, k are integers, seconds/tflops numbers, "
+        raise ConfigError(where, f"bad value ({str(e)[:60]}); m, n, k are integers, seconds/tflops numbers, "
                           f"dtype one of fp32, tf32, bf16, fp16, fp8") from None
-    if min(m, n, k) <= 0 or seconds <= 0:
-        raise ConfigError(where, f"sizes and time must be positive (m {m} n {n} k {k} seconds {seconds})")
-    return Measurement(m, n, k, str(raw["dtype"]), seconds, str(raw["device"]), str(raw["torch"]))
+    if not 0 < seconds <= 1e6:
+        raise ConfigError(where, f"time must be positive and at most 1e6 s (m {m} n {n} k {k} seconds {seconds})")
+    return Measurement(m, n, k, str(raw["dtype"]), seconds, device, torch)
 
 
 def load_gemm_table(path: str | Path) -> GemmTable:
@@ -211,21 +251,33 @@ def load_gemm_table(path: str | Path) -> GemmTable:
     fill ``GemmTable.attention``. One device per table. Raises ConfigError naming the row and
     column."""
     p = Path(path)
-    if not p.is_file():
-        raise ConfigError("gemm_table", f"no file {str(p)!r}; write one with `meshplan bench gemm`")
+    hint = "write one with `meshplan bench gemm` or `meshplan bench attention`"
+    if "\0" not in str(p) and not p.exists() and not p.is_symlink():
+        raise ConfigError("gemm_table", f"no file {str(p)!r}; {hint}")
+    text = read_text_limited(p, "gemm_table", FILE_BYTES["gemm_table"], hint)
+    rows: object
     if p.suffix.lower() == ".json":
-        data = json.loads(p.read_text())
+        data = parse_json(text, "gemm_table", p.name, hint)
         if isinstance(data, dict):
             top = {k: data[k] for k in ("device", "torch") if k in data}
-            extra = set(data) - {"device", "torch", "rows"}
+            extra = {str(k)[:40] for k in data} - {"device", "torch", "rows"}
             if extra:
                 raise ConfigError("gemm_table", f"unknown key(s) {sorted(extra)}; allowed: device, torch, rows")
-            rows = [{**top, **r} for r in data.get("rows", [])]
+            rows = data.get("rows", [])
+            if isinstance(rows, list) and all(isinstance(r, dict) for r in rows):
+                rows = [{**top, **r} for r in rows]
         else:
             rows = data
+        if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+            raise ConfigError("gemm_table", f"{p.name}: expected a list of row objects (or {{\"rows\": [...]}}); {hint}")
     else:
-        with p.open(newline="") as f:
-            rows = list(csv.DictReader(f))
+        long = next((i for i, line in enumerate(text.splitlines(), 1) if len(line) > MAX_LINE_CHARS), None)
+        if long:
+            raise ConfigError(f"gemm_table line {long}", f"over {MAX_LINE_CHARS} characters; {hint}")
+        try:
+            rows = list(csv.DictReader(io.StringIO(text, newline="")))
+        except csv.Error as err:
+            raise ConfigError("gemm_table", f"{p.name}: not a valid CSV table ({err}); {hint}") from None
     meas, att = [], []
     for i, r in enumerate(rows):
         if r.get("op") == "attention":

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from meshplan.limits import MAX_MICRO_BATCHES, MAX_PIPELINE_UNITS, over
 from meshplan.mesh.resolve import Mesh
 from meshplan.mesh.layers import VirtualStage, looped, stage_layers, vpp_from_chunk
 from meshplan.spec.mesh import MeshSpec
@@ -50,6 +51,13 @@ def check(model: ModelSpec, training: TrainingSpec, mesh: Mesh, spec: MeshSpec,
     _experts(model, training, mesh, reasons, notes)
     _sequence(training, mesh, cp, tp, reasons, notes)
     micro = _batch(training, mesh, reasons, notes)
+    if micro > MAX_MICRO_BATCHES:
+        reasons.append(f"{micro} micro-batches per step: {over('micro-batches', micro)}; raise training.micro_batch "
+                       f"or the data-parallel degree")
+    elif pp * vpp * micro > MAX_PIPELINE_UNITS:
+        reasons.append(f"pp {pp} x vpp {vpp} x {micro} micro-batches = {pp * vpp * micro} pipeline units: "
+                       f"{over('pipeline units', pp * vpp * micro)}; raise training.micro_batch or the data-parallel "
+                       f"degree")
     return Validity(tuple(reasons), tuple(notes), stages if not isinstance(stages, str) else None, micro, vpp)
 
 

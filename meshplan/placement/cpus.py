@@ -13,10 +13,13 @@ import re
 from typing import Optional, Sequence
 
 from meshplan.errors import ConfigError
+from meshplan.limits import MAX_CPU_ID, over
 
 
 def parse_cpu_list(text: str, where: str = "cpu list") -> tuple[int, ...]:
-    """Linux CPU list ``0-55,112-167`` -> sorted CPU ids; ``N/A`` or empty -> ().
+    """Linux CPU list ``0-55,112-167`` -> sorted CPU ids; ``N/A`` or empty -> (). Ids are
+    bounded (:data:`meshplan.limits.MAX_CPU_ID`) before any range is expanded, so
+    ``0-999999999`` is an error, not a billion-element set.
 
     >>> len(parse_cpu_list("0-55,112-167")), parse_cpu_list("0,2,4-5")
     (112, (0, 2, 4, 5))
@@ -25,11 +28,18 @@ def parse_cpu_list(text: str, where: str = "cpu list") -> tuple[int, ...]:
     if text in ("", "N/A"):
         return ()
     cpus: set[int] = set()
-    for part in text.split(","):
-        m = re.fullmatch(r"(\d+)(?:-(\d+))?", part.strip())
+    parts = text.split(",")
+    if len(parts) > MAX_CPU_ID:
+        raise ConfigError(where, f"{len(parts)} CPU ranges; CPU ids are bounded: {over('cpu id', len(parts))}")
+    for part in parts:
+        m = re.fullmatch(r"([0-9]{1,12})(?:-([0-9]{1,12}))?", part.strip())
         if not m:
-            raise ConfigError(where, f"bad CPU list '{text}'; expected ranges like 0-55,112-167")
+            raise ConfigError(where, f"bad CPU list '{text[:80]}'; expected ranges like 0-55,112-167")
         lo, hi = int(m[1]), int(m[2] or m[1])
+        if hi >= MAX_CPU_ID:
+            raise ConfigError(where, f"CPU id {over('cpu id', hi)}")
+        if lo > hi:
+            raise ConfigError(where, f"CPU range {lo}-{hi} runs backwards; write it low-high")
         cpus.update(range(lo, hi + 1))
     return tuple(sorted(cpus))
 
@@ -42,10 +52,12 @@ def parse_cpu_mask(text: str, where: str = "affinity") -> tuple[int, ...]:
     """
     words = text.strip().split(",")
     if not all(re.fullmatch(r"[0-9a-fA-F]{1,8}", w) for w in words):
-        raise ConfigError(where, f"bad cpumask '{text}'; expected hex words like ffffffff,ffff0000")
+        raise ConfigError(where, f"bad cpumask '{text[:80]}'; expected hex words like ffffffff,ffff0000")
     value = 0
     for w in words:
         value = (value << 32) | int(w, 16)
+    if value.bit_length() > MAX_CPU_ID:
+        raise ConfigError(where, f"cpumask of {value.bit_length()} bits; CPU id {over('cpu id', value.bit_length() - 1)}")
     return tuple(i for i in range(value.bit_length()) if value >> i & 1)
 
 

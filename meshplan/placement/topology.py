@@ -36,6 +36,7 @@ that is ``PIX`` or ``PXB`` (same switch); ``NODE``/``PHB``: same socket, other s
 
 from __future__ import annotations
 
+import math
 import re
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
@@ -46,6 +47,8 @@ from pydantic import ValidationError
 
 from meshplan.placement.cpus import cpu_affinity, parse_cpu_list, physical_cores
 from meshplan.errors import ConfigError
+from meshplan.fileio import read_text_limited
+from meshplan.limits import FILE_BYTES, MAX_GPUS_PER_NODE, MAX_LINE_CHARS, MAX_XML_DEPTH, bound_message, over
 from meshplan.spec.cluster import NICSpec, NodeSpec, SocketSpec
 
 #: nvidia-smi connection levels, nearest first (NV# is handled apart).
@@ -108,8 +111,18 @@ def parse_nvidia_smi_topo(text: str, source: str = "nvidia-smi topo -m") -> Topo
     "NIC Legend" (``NIC0: mlx5_0``) take the legend's name. Raises ConfigError naming
     ``source:line`` for a short row or an unknown cell."""
     lines = text.splitlines()
+    long = next((i for i, line in enumerate(lines) if len(line) > MAX_LINE_CHARS), None)
+    if long is not None:
+        raise ConfigError(f"{source}:{long + 1}", f"a line of {len(lines[long])} characters; "
+                                                  f"{over('line', len(lines[long]))}")
     head, devices = _smi_header(lines, source)
     n = len(devices)
+    if n > 2 * MAX_GPUS_PER_NODE:
+        raise ConfigError(f"{source}:{head + 1}", f"{n} devices; {over('topology devices', n)}")
+    odd = next((i for i, line in enumerate(lines) if not line.replace("\t", " ").isprintable()), None)
+    if odd is not None:
+        raise ConfigError(f"{source}:{odd + 1}", "a control character; pass the unmodified output of "
+                                                 "`nvidia-smi topo -m`")
     rows: dict[str, tuple[list[str], list[str]]] = {}
     for i in range(head + 1, len(lines)):
         tokens = lines[i].split()
@@ -122,7 +135,7 @@ def parse_nvidia_smi_topo(text: str, source: str = "nvidia-smi topo -m") -> Topo
             raise ConfigError(where, f"row {tokens[0]} has {len(tokens) - 1} cells for {n} devices; "
                                      "pass the full, unwrapped output of `nvidia-smi topo -m`")
         rows[tokens[0]] = ([_level(c, where) for c in tokens[1:n + 1]], tokens[n + 1:])
-    legend = dict(re.findall(r"^\s*(NIC\d+)\s*:\s*(\S+)\s*$", text, flags=re.M))
+    legend = dict(re.findall(r"^[ \t]*(NIC[0-9]+)[ \t]*:[ \t]*(\S+)[ \t]*$", text, flags=re.M))
     gpu_cols = [d for d in devices if re.fullmatch(r"GPU\d+", d)]
     nic_cols = [d for d in devices if d not in gpu_cols]
     missing = [d for d in devices if d not in rows]
@@ -134,7 +147,7 @@ def parse_nvidia_smi_topo(text: str, source: str = "nvidia-smi topo -m") -> Topo
         extra = rows[d][1]
         where = f"{source}: {d} affinity"
         cpus.append(parse_cpu_list(extra[0], where) if extra else ())
-        numa.append(int(extra[1]) if len(extra) > 1 and extra[1].isdigit() else None)
+        numa.append(int(extra[1]) if len(extra) > 1 and re.fullmatch(r"[0-9]{1,9}", extra[1]) else None)
         gpus.append(int(d[3:]))
     return TopoMatrix(
         gpus=tuple(gpus), nics=tuple(legend.get(d, d) for d in nic_cols),
@@ -149,16 +162,35 @@ def parse_nvidia_smi_topo(text: str, source: str = "nvidia-smi topo -m") -> Topo
 
 
 def _walk(elem: ET.Element, path: tuple[str, ...], found: list):
-    """Collect (kind, element, pci path) for every gpu and net under ``elem``."""
-    for child in elem:
-        if child.tag == "pci":
-            _walk(child, path + (child.get("busid", "?"),), found)
-        elif child.tag == "gpu":
-            found.append(("gpu", child, path))
-        elif child.tag == "nic":
-            found.extend(("net", net, path) for net in child.iter("net"))
-        else:
-            _walk(child, path, found)
+    """Collect (kind, element, pci path) for every gpu and net under ``elem`` (iteratively;
+    the depth is bounded by :func:`_check_depth` first)."""
+    stack = [(elem, path)]
+    while stack:
+        node, at = stack.pop()
+        for child in reversed(node):
+            if child.tag == "pci":
+                stack.append((child, at + (child.get("busid", "?"),)))
+            elif child.tag == "gpu":
+                found.append(("gpu", child, at))
+            elif child.tag == "nic":
+                found.extend(("net", net, at) for net in child.iter("net"))
+            else:
+                stack.append((child, at))
+    found.reverse()
+
+
+def _check_depth(root: ET.Element, source: str) -> None:
+    """Nesting and element count within the stated bounds (:mod:`meshplan.limits`)."""
+    stack, count = [(root, 1)], 0
+    while stack:
+        node, depth = stack.pop()
+        count += 1
+        if depth > MAX_XML_DEPTH:
+            raise ConfigError(source, f"elements nested {depth} deep; {over('xml depth', depth)}")
+        if count > 64 * MAX_GPUS_PER_NODE:
+            raise ConfigError(source, f"over {count - 1} elements; a node's dump has a few hundred "
+                                      f"({over('topology devices', 'the device count')})")
+        stack.extend((c, depth + 1) for c in node)
 
 
 def _xml_level(a: tuple[str, ...], b: tuple[str, ...], same_cpu: bool) -> str:
@@ -179,23 +211,52 @@ def _xml_level(a: tuple[str, ...], b: tuple[str, ...], same_cpu: bool) -> str:
 
 def _int_attr(elem: ET.Element, name: str, where: str) -> int:
     value = elem.get(name)
-    if value is None or not re.fullmatch(r"-?\d+", value.strip()):
-        raise ConfigError(where, f"<{elem.tag}> needs an integer '{name}' (got {value!r}); "
+    if value is None or not re.fullmatch(r"-?[0-9]{1,18}", value.strip()):
+        raise ConfigError(where, f"<{elem.tag}> needs an integer '{name}' (got {value!r:.40}); "
                                  "pass the file NCCL_TOPO_DUMP_FILE wrote")
     return int(value)
 
 
-def _gpu_gpu_level(ga, gb, pa, pb, same_cpu) -> str:
-    """NV<links> when GPU ``ga`` has NVLinks to ``gb``'s bus id or to an NVSwitch (tclass
-    0x068000) that ``gb`` also reaches; else the PCI level."""
-    links = ga.findall("nvlink")
-    direct = sum(int(l.get("count", "1")) for l in links if pb and l.get("target") == pb[-1])
-    switch = sum(int(l.get("count", "1")) for l in links if l.get("tclass") == "0x068000")
+def _nvlinks(gpu: ET.Element, where: str) -> tuple[dict[str, int], int]:
+    """(NVLink count per target bus id, NVLinks to NVSwitches (tclass 0x068000)) of one GPU."""
+    direct: dict[str, int] = {}
+    switch = 0
+    for link in gpu.findall("nvlink"):
+        n = _int_attr(link, "count", where) if link.get("count") is not None else 1
+        if not 0 <= n <= 1024:
+            raise ConfigError(where, f"<nvlink count={n}> outside 0..1024; pass the file NCCL_TOPO_DUMP_FILE wrote")
+        if link.get("tclass") == "0x068000":
+            switch += n
+        target = link.get("target")
+        if target is not None:
+            direct[target] = direct.get(target, 0) + n
+    return direct, switch
+
+
+def _gpu_gpu_level(la, lb, pa, pb, same_cpu) -> str:
+    """NV<links> when GPU a (its :func:`_nvlinks` ``la``) has NVLinks to b's bus id or to an
+    NVSwitch that b also reaches; else the PCI level."""
+    direct = la[0].get(pb[-1], 0) if pb else 0
     if direct:
         return f"NV{direct}"
-    if switch and any(l.get("tclass") == "0x068000" for l in gb.findall("nvlink")):
-        return f"NV{switch}"
+    if la[1] and lb[1]:
+        return f"NV{la[1]}"
     return _xml_level(pa, pb, same_cpu)
+
+
+def _speed(net: ET.Element, where: str) -> Optional[float]:
+    """A NIC's ``speed`` (Mb/s) in Gb/s; None when absent."""
+    raw = net.get("speed")
+    if raw is None or raw == "":
+        return None
+    try:
+        value = float(raw) / 1000.0
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and 0 < value <= 8e6):
+        raise ConfigError(where, f"<net speed={raw[:40]!r}> must be a positive rate in Mb/s "
+                                 "(NCCL writes e.g. 400000); pass the file NCCL_TOPO_DUMP_FILE wrote")
+    return value
 
 
 def parse_nccl_topo_xml(text: str, source: str = "NCCL topology XML") -> TopoMatrix:
@@ -207,12 +268,13 @@ def parse_nccl_topo_xml(text: str, source: str = "NCCL topology XML") -> TopoMat
     except ET.ParseError as err:
         raise ConfigError(source, f"not valid XML ({err}); pass the file NCCL_TOPO_DUMP_FILE wrote") from None
     if root.tag != "system":
-        raise ConfigError(source, f"root element is <{root.tag}>, expected <system>; pass an NCCL topology dump")
+        raise ConfigError(source, f"root element is <{root.tag[:40]}>, expected <system>; pass an NCCL topology dump")
+    _check_depth(root, source)
     gpus: list = []
     nets: list = []
     numa_cpus: list = []
     for cpu in root.iter("cpu"):
-        where = f"{source}: <cpu numaid={cpu.get('numaid')}>"
+        where = f"{source}: <cpu numaid={str(cpu.get('numaid'))[:20]}>"
         numa = _int_attr(cpu, "numaid", where)
         cpus = cpu_affinity(cpu.get("affinity", ""), where) if cpu.get("affinity") else ()
         numa_cpus.append((numa, cpus))
@@ -222,14 +284,23 @@ def parse_nccl_topo_xml(text: str, source: str = "NCCL topology XML") -> TopoMat
             (gpus if kind == "gpu" else nets).append((elem, path, numa, cpus))
     if not gpus:
         raise ConfigError(source, "no <gpu> element; pass the file NCCL_TOPO_DUMP_FILE wrote")
+    for kind, found in (("<gpu>", gpus), ("<net>", nets)):
+        if len(found) > MAX_GPUS_PER_NODE:
+            raise ConfigError(source, f"{len(found)} {kind} elements; {over('topology devices', len(found))}")
     gpus.sort(key=lambda g: _int_attr(g[0], "dev", f"{source}: <gpu>"))
     names = [n[0].get("name") or f"net{k}" for k, n in enumerate(nets)]
-    names = [f"{nm}:{n[0].get('port', '1')}" if names.count(nm) > 1 else nm for nm, n in zip(names, nets)]
-    speed = [float(n[0].get("speed")) / 1000.0 if n[0].get("speed") else None for n in nets]
+    odd = next((nm for nm in names if not nm.isprintable() or len(nm) > 256), None)
+    if odd is not None:
+        raise ConfigError(source, f"<net name={odd[:40]!r}> is not a printable name of at most 256 characters; "
+                                  "pass the file NCCL_TOPO_DUMP_FILE wrote")
+    counts = {nm: names.count(nm) for nm in set(names)}
+    names = [f"{nm}:{n[0].get('port', '1')}" if counts[nm] > 1 else nm for nm, n in zip(names, nets)]
+    speed = [_speed(n[0], f"{source}: <net name={str(n[0].get('name'))[:40]}>") for n in nets]
+    links = [_nvlinks(g[0], f"{source}: <gpu dev={str(g[0].get('dev'))[:20]}>") for g in gpus]
     return TopoMatrix(
         gpus=tuple(_int_attr(g[0], "dev", f"{source}: <gpu>") for g in gpus), nics=tuple(names),
-        gpu_gpu=tuple(tuple("X" if a is b else _gpu_gpu_level(a[0], b[0], a[1], b[1], a[2] == b[2])
-                            for b in gpus) for a in gpus),
+        gpu_gpu=tuple(tuple("X" if a is b else _gpu_gpu_level(la, lb, a[1], b[1], a[2] == b[2])
+                            for b, lb in zip(gpus, links)) for a, la in zip(gpus, links)),
         gpu_nic=tuple(tuple(_xml_level(g[1], n[1], g[2] == n[2]) for n in nets) for g in gpus),
         nic_nic=tuple(tuple("X" if a is b else _xml_level(a[1], b[1], a[2] == b[2]) for b in nets) for a in nets),
         gpu_cpus=tuple(g[3] for g in gpus), gpu_numa=tuple(g[2] for g in gpus),
@@ -240,10 +311,8 @@ def parse_nccl_topo_xml(text: str, source: str = "NCCL topology XML") -> TopoMat
 def load_topology(path) -> TopoMatrix:
     """Read ``path``: NCCL XML when it starts with ``<``, else ``nvidia-smi topo -m`` text."""
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as err:
-        raise ConfigError(str(p), f"cannot read topology file ({err.strerror}); check the path") from None
+    text = read_text_limited(p, "--topology", FILE_BYTES["topology"],
+                             "give the output of `nvidia-smi topo -m` or NCCL_TOPO_DUMP_FILE")
     if text.lstrip().startswith("<"):
         return parse_nccl_topo_xml(text, source=p.name)
     return parse_nvidia_smi_topo(text, source=p.name)
@@ -272,7 +341,12 @@ def _sockets(topo: TopoMatrix, base: NodeSpec, threads_per_core) -> tuple[list[S
         raise ConfigError(topo.source, f"NUMA node {order[cores.index(0)]} has no CPU affinity and {base.name} "
                                        "has no matching socket; give a topology with CPU Affinity")
     index = {k: i for i, k in enumerate(order)}
-    sockets = [SocketSpec(gpus=sorted(groups[k][0]), cores=cores[i]) for i, k in enumerate(order)]
+    try:
+        sockets = [SocketSpec(gpus=sorted(groups[k][0]), cores=cores[i]) for i, k in enumerate(order)]
+    except ValidationError as err:
+        first = err.errors()[0]
+        raise ConfigError(topo.source, f"topology gives an invalid socket: {bound_message(first) or first['msg']}") \
+            from None
     return sockets, index, [index[k] for k in keys]
 
 
@@ -354,8 +428,9 @@ def node_from_topology(topo: TopoMatrix, base: NodeSpec, nics: Optional[Sequence
     except ValidationError as err:
         first = err.errors()[0]
         where = ".".join(str(x) for x in first["loc"])
-        raise ConfigError(topo.source, f"topology gives an invalid node: {where + ': ' if where else ''}"
-                                       f"{first['msg'].removeprefix('Value error, ')}") from None
+        why = bound_message(first) or first["msg"].removeprefix("Value error, ")
+        raise ConfigError(topo.source, f"topology gives an invalid node ({where}: {why}); pass the unmodified "
+                                       "output of `nvidia-smi topo -m` or NCCL_TOPO_DUMP_FILE") from None
 
 
 def _closeness(node: NodeSpec, gpu: int, nic: int) -> tuple[int, str]:

@@ -54,6 +54,8 @@ from typing import Callable, Optional
 
 import numpy as np
 
+from meshplan.errors import ConfigError
+from meshplan.limits import MAX_SEARCH_WORLD, over as over_bound
 from meshplan.memory.constraints import usable_bytes
 from meshplan.search.bounds import bounds
 from meshplan.search.exact import Exact, Planner, Pool
@@ -65,7 +67,6 @@ from meshplan.search.space import CODE, OK, REASONS, RECOMPUTE, SHARDING, Candid
 from meshplan.search.pipeline import pipeline_bound
 from meshplan.search.timing import TimeTables, gemm_efficiency, step_lower_bound, unit_bounds
 from meshplan.config import Config
-from meshplan.errors import ConfigError
 
 #: Relative slack on the step-time bound in the stopping rule (floating-point rounding).
 BOUND_SLACK = 1e-9
@@ -171,6 +172,10 @@ def search(cfg: Config, progress: Optional[Progress] = None, workers: Optional[i
     """Search every mesh of ``cfg`` (module docstring). ``progress(label, done, total)`` is
     called as exact plans complete; ``workers``: processes for exact plans (default: the
     CPUs this process may use)."""
+    if cfg.cluster.world > MAX_SEARCH_WORLD:
+        raise ConfigError("cluster.nodes", f"{cfg.cluster.nodes} nodes x {cfg.cluster.node.gpus} GPUs = "
+                                           f"{cfg.cluster.world} GPUs: {over_bound('search world', cfg.cluster.world)}; "
+                                           "plan a chosen mesh with `meshplan plan`")
     if cfg.training.fp8_all_gather:  # its bounds gather every weight in the compute dtype
         raise ConfigError("training.fp8_all_gather", "search bounds compute-dtype all-gathers only: remove the key "
                           "to search, then plan the chosen mesh with it")

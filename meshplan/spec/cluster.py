@@ -13,9 +13,15 @@ from typing import Literal, Optional
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from meshplan.spec.names import Name, Text
+from meshplan.limits import BOUNDS, MAX_GPUS_PER_NODE, MAX_STRING, MAX_WORLD, over
 from meshplan.units import GB, GBIT_PER_S, TB, TFLOPS, US
 
-_STRICT = ConfigDict(extra="forbid", frozen=True)
+_STRICT = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, str_max_length=MAX_STRING)
+
+
+def _le(name: str):
+    """The stated bound of field ``name`` (:data:`meshplan.limits.BOUNDS`, reason there)."""
+    return BOUNDS[name].value
 
 
 class GPUSpec(BaseModel):
@@ -26,11 +32,19 @@ class GPUSpec(BaseModel):
     model_config = _STRICT
     name: Name
     peak_tflops: dict[Name, float]
-    hbm_gb: float = Field(gt=0)
-    hbm_bandwidth_tb_per_s: float = Field(gt=0)
-    sms: int = Field(gt=0)
+    hbm_gb: float = Field(gt=0, le=_le("hbm_gb"))
+    hbm_bandwidth_tb_per_s: float = Field(gt=0, le=_le("hbm_bandwidth_tb_per_s"))
+    sms: int = Field(gt=0, le=_le("sms"))
     max_gemm_fraction: float = Field(default=0.8, gt=0, le=1)
     source: Text
+
+    @model_validator(mode="after")
+    def _peaks(self):
+        bad = [(k, v) for k, v in self.peak_tflops.items() if not 0 < v <= _le("peak_tflops")]
+        if bad:
+            raise ValueError(f"peak_tflops.{bad[0][0]} = {bad[0][1]} must be > 0 and at most "
+                             f"{_le('peak_tflops'):g} ({BOUNDS['peak_tflops'].reason})")
+        return self
 
     @property
     def hbm_bytes(self) -> float:
@@ -57,8 +71,8 @@ class LinkSpec(BaseModel):
 
     model_config = _STRICT
     name: Name
-    bandwidth_gb_per_s: float = Field(gt=0)
-    latency_us: float = Field(ge=0)
+    bandwidth_gb_per_s: float = Field(gt=0, le=_le("bandwidth_gb_per_s"))
+    latency_us: float = Field(ge=0, le=_le("latency_us"))
     nvls: bool = False
     nccl_channels: int = Field(default=0, ge=0)
     source: Text = ""
@@ -76,8 +90,8 @@ class SocketSpec(BaseModel):
     """A CPU socket (NUMA node): its local GPUs (indices within the node) and cores."""
 
     model_config = _STRICT
-    gpus: list[int]
-    cores: int = Field(gt=0)
+    gpus: list[int] = Field(max_length=MAX_GPUS_PER_NODE)
+    cores: int = Field(gt=0, le=_le("cores"))
 
 
 class NICSpec(BaseModel):
@@ -86,10 +100,10 @@ class NICSpec(BaseModel):
 
     model_config = _STRICT
     name: Name
-    rate_gbit_per_s: float = Field(gt=0)
-    gpus: list[int]
-    socket: int = Field(default=0, ge=0)
-    rail: int = Field(ge=0)
+    rate_gbit_per_s: float = Field(gt=0, le=_le("rate_gbit_per_s"))
+    gpus: list[int] = Field(max_length=MAX_GPUS_PER_NODE)
+    socket: int = Field(default=0, ge=0, le=MAX_GPUS_PER_NODE)
+    rail: int = Field(ge=0, le=MAX_GPUS_PER_NODE)
 
     @property
     def bandwidth_bytes_per_s(self) -> float:
@@ -103,9 +117,9 @@ class NetworkTier(BaseModel):
 
     model_config = _STRICT
     name: Name
-    latency_us: float = Field(ge=0)
-    oversubscription: float = Field(default=1.0, ge=1)
-    nodes_per_domain: int = Field(default=0, ge=0)
+    latency_us: float = Field(ge=0, le=_le("latency_us"))
+    oversubscription: float = Field(default=1.0, ge=1, le=1e3)
+    nodes_per_domain: int = Field(default=0, ge=0, le=MAX_WORLD)
 
     @property
     def latency_s(self) -> float:
@@ -123,14 +137,14 @@ class BusbwCurve(BaseModel):
     :func:`~meshplan.comm.alphabeta.rank_factor`."""
 
     model_config = _STRICT
-    sizes_bytes: list[int] = Field(min_length=1)
-    busbw_gb_per_s: list[float] = Field(min_length=1)
-    line_gb_per_s: float = Field(gt=0)
+    sizes_bytes: list[int] = Field(min_length=1, max_length=1024)
+    busbw_gb_per_s: list[float] = Field(min_length=1, max_length=1024)
+    line_gb_per_s: float = Field(gt=0, le=_le("line_gb_per_s"))
     op: Literal["all-reduce", "all-gather", "reduce-scatter", "all-to-all"] = "all-reduce"
-    ranks: int = Field(ge=2)
-    nodes: int = Field(default=1, ge=1)
-    rank_counts: list[int] = Field(default_factory=list)
-    rank_busbw_gb_per_s: list[float] = Field(default_factory=list)
+    ranks: int = Field(ge=2, le=MAX_WORLD)
+    nodes: int = Field(default=1, ge=1, le=MAX_WORLD)
+    rank_counts: list[int] = Field(default_factory=list, max_length=1024)
+    rank_busbw_gb_per_s: list[float] = Field(default_factory=list, max_length=1024)
     source: Text = Field(min_length=1)
 
     @model_validator(mode="after")
@@ -144,8 +158,11 @@ class BusbwCurve(BaseModel):
             raise ValueError(f"{len(self.sizes_bytes)} sizes but {len(self.busbw_gb_per_s)} busbw values")
         if any(b <= a for a, b in zip(self.sizes_bytes, self.sizes_bytes[1:])) or self.sizes_bytes[0] <= 0:
             raise ValueError("sizes_bytes must be positive and increasing")
-        if any(b <= 0 for b in self.busbw_gb_per_s):
-            raise ValueError("busbw_gb_per_s must be positive")
+        if any(not 0 < b <= _le("busbw_gb_per_s") for b in self.busbw_gb_per_s + self.rank_busbw_gb_per_s):
+            raise ValueError(f"busbw_gb_per_s must be positive and at most {_le('busbw_gb_per_s'):g} "
+                             f"({BOUNDS['busbw_gb_per_s'].reason})")
+        if self.sizes_bytes[-1] > 2 ** 50 or max(self.rank_counts, default=0) > MAX_WORLD:
+            raise ValueError("sizes_bytes at most 2^50 (1 PiB) and rank_counts at most the world bound")
         return self
 
 
@@ -156,12 +173,12 @@ class NodeSpec(BaseModel):
 
     model_config = _STRICT
     name: Name
-    gpus: int = Field(gt=0)
+    gpus: int = Field(gt=0, le=_le("gpus"))
     fabric: LinkSpec
     pcie: LinkSpec
-    sockets: list[SocketSpec]
-    nics: list[NICSpec]
-    nvlink_domain_gpus: int = Field(default=0, ge=0)
+    sockets: list[SocketSpec] = Field(max_length=MAX_GPUS_PER_NODE)
+    nics: list[NICSpec] = Field(max_length=MAX_GPUS_PER_NODE)
+    nvlink_domain_gpus: int = Field(default=0, ge=0, le=MAX_WORLD)
     busbw: dict[Literal["nvlink", "nvls", "nic"], BusbwCurve] = Field(default_factory=dict)
     source: Text = ""
 
@@ -206,10 +223,17 @@ class ClusterSpec(BaseModel):
     name: Text = "custom"  # free text: catalog systems are named "<nodes>x <node>"
     gpu: GPUSpec
     node: NodeSpec
-    nodes: int = Field(gt=0)
-    network: list[NetworkTier] = Field(default_factory=list)
+    nodes: int = Field(gt=0, le=_le("nodes"))
+    network: list[NetworkTier] = Field(default_factory=list, max_length=16)
     collective_library: Literal["nccl", "rccl", "gloo"] = "nccl"
-    source: Text = ""
+    source: Text = Field(default="", max_length=8 * MAX_STRING)
+
+    @model_validator(mode="after")
+    def _world(self):
+        if self.world > MAX_WORLD:
+            raise ValueError(f"{self.nodes} nodes x {self.node.gpus} GPUs = {self.world} GPUs: "
+                             f"{over('world', self.world)}")
+        return self
 
     @property
     def world(self) -> int:

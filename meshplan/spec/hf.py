@@ -42,27 +42,50 @@ from typing import Any, Callable, Optional, Union
 from pydantic import ValidationError
 
 from meshplan.errors import ConfigError, printable
+from meshplan.fileio import parse_json, read_text_limited
+from meshplan.limits import FILE_BYTES, MAX_LAYERS, MAX_STRING, bound_message, over
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.names import safe_name
 
 
 class _Keys:
-    """Typed access to one config dict; a missing required key is a ConfigError."""
+    """Typed access to one config dict: sizes are whole numbers, flags true or false; a
+    missing required key or a value of the wrong type is a ConfigError naming the key."""
 
     def __init__(self, cfg: dict[str, Any]):
         self.cfg = cfg
         self.model_type = cfg["model_type"]
 
-    def req(self, key: str) -> Any:
+    def _size(self, key: str, value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ConfigError(key, f"must be a whole number >= 0 in the {self.model_type} config.json "
+                                   f"(got {json.dumps(value)[:40]})")
+        if value > 2 ** 53:
+            raise ConfigError(key, f"{value} is too large to be a model size; see the bounds in the README")
+        return value
+
+    def req(self, key: str) -> int:
+        """A required size."""
         value = self.cfg.get(key)
         if value is None:
             raise ConfigError(key, f"missing from the {self.model_type} config.json; "
                               f"it is required to size the model")
-        return value
+        return self._size(key, value)
 
     def opt(self, key: str, default: Any) -> Any:
+        """An optional size (``default`` when missing or null)."""
         value = self.cfg.get(key)
-        return default if value is None else value
+        return default if value is None else self._size(key, value)
+
+    def flag(self, key: str, default: bool) -> bool:
+        """A true/false key (``default`` when missing or null)."""
+        value = self.cfg.get(key)
+        if value is None:
+            return default
+        if not isinstance(value, bool):
+            raise ConfigError(key, f"must be true or false in the {self.model_type} config.json "
+                                   f"(got {json.dumps(value)[:40]})")
+        return value
 
 
 def _rope_gated(k: _Keys, *, kv_default: bool = False) -> dict[str, Any]:
@@ -75,7 +98,7 @@ def _rope_gated(k: _Keys, *, kv_default: bool = False) -> dict[str, Any]:
         layers=k.req("num_hidden_layers"), hidden=k.req("hidden_size"),
         ffn=k.req("intermediate_size"), gated_mlp=True, q_heads=heads, kv_heads=kv,
         head_dim=k.opt("head_dim", None), vocab=k.req("vocab_size"),
-        tied_embeddings=bool(k.opt("tie_word_embeddings", False)), norm="rmsnorm",
+        tied_embeddings=k.flag("tie_word_embeddings", False), norm="rmsnorm",
         position_embedding="rope", max_position=k.opt("max_position_embeddings", 0),
     )
 
@@ -90,7 +113,7 @@ def _all_or_no_bias(k: _Keys, attention: bool, mlp: bool) -> dict[str, Any]:
 
 
 def _llama(k: _Keys) -> dict[str, Any]:
-    bias = _all_or_no_bias(k, bool(k.opt("attention_bias", False)), bool(k.opt("mlp_bias", False)))
+    bias = _all_or_no_bias(k, k.flag("attention_bias", False), k.flag("mlp_bias", False))
     return {**_rope_gated(k, kv_default=True), **bias}
 
 
@@ -107,15 +130,22 @@ def _qwen2(k: _Keys) -> dict[str, Any]:
 
 
 def _qwen3(k: _Keys) -> dict[str, Any]:
-    bias = _all_or_no_bias(k, bool(k.opt("attention_bias", False)), False)
+    bias = _all_or_no_bias(k, k.flag("attention_bias", False), False)
     return {**_rope_gated(k), **bias, "qk_norm": True}
 
 
 def _qwen3_moe(k: _Keys) -> dict[str, Any]:
     fields = _qwen3(k)
     layers = fields["layers"]
+    if layers > MAX_LAYERS:
+        raise ConfigError("num_hidden_layers", over("layers", layers))
     step = k.opt("decoder_sparse_step", 1)
-    mlp_only = set(k.opt("mlp_only_layers", []))
+    if step < 1:
+        raise ConfigError("decoder_sparse_step", f"must be >= 1 (every step-th layer is sparse; got {step})")
+    only = k.cfg.get("mlp_only_layers") or []
+    if not isinstance(only, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in only):
+        raise ConfigError("mlp_only_layers", f"must be a list of layer indices (got {json.dumps(only)[:40]})")
+    mlp_only = set(only)
     # transformers Qwen3MoeDecoderLayer: sparse iff not in mlp_only_layers and (i + 1) % step == 0
     dense = [i for i in range(layers) if i in mlp_only or (i + 1) % step]
     if dense != list(range(len(dense))):
@@ -131,18 +161,18 @@ def _gpt2(k: _Keys) -> dict[str, Any]:
     return dict(
         layers=k.req("n_layer"), hidden=hidden, ffn=k.opt("n_inner", 4 * hidden), gated_mlp=False,
         q_heads=k.req("n_head"), vocab=k.req("vocab_size"),
-        tied_embeddings=bool(k.opt("tie_word_embeddings", True)), norm="layernorm",
+        tied_embeddings=k.flag("tie_word_embeddings", True), norm="layernorm",
         linear_bias=True, position_embedding="learned", max_position=k.req("n_positions"),
     )
 
 
 def _gpt_neox(k: _Keys) -> dict[str, Any]:
     # GPT-NeoX MLP layers always carry biases; attention ones follow attention_bias.
-    bias = _all_or_no_bias(k, bool(k.opt("attention_bias", True)), True)
+    bias = _all_or_no_bias(k, k.flag("attention_bias", True), True)
     return dict(
         layers=k.req("num_hidden_layers"), hidden=k.req("hidden_size"),
         ffn=k.req("intermediate_size"), gated_mlp=False, q_heads=k.req("num_attention_heads"),
-        vocab=k.req("vocab_size"), tied_embeddings=bool(k.opt("tie_word_embeddings", False)),
+        vocab=k.req("vocab_size"), tied_embeddings=k.flag("tie_word_embeddings", False),
         norm="layernorm", position_embedding="rope",
         max_position=k.opt("max_position_embeddings", 0), **bias,
     )
@@ -191,18 +221,20 @@ SUPPORTED_MODEL_TYPES = tuple(sorted(_FAMILIES))
 
 
 def _read(config: Union[dict, str, Path]) -> tuple[Any, Optional[Path]]:
-    """The parsed config and its file (None for a dict); a directory means its config.json."""
+    """The parsed config and its file (None for a dict); a directory means its config.json.
+    Read with :func:`meshplan.fileio.read_text_limited` (a regular file, at most
+    ``FILE_BYTES["hf_config"]``); NaN, Infinity, integers past Python's digit limit and
+    nesting deeper than the interpreter reads are one-line errors."""
     if isinstance(config, dict):
         return config, None
     path = Path(config)
-    if path.is_dir():
+    if "\0" not in str(path) and path.is_dir():
         path = path / "config.json"
-    try:
-        return json.loads(path.read_text(encoding="utf-8")), path
-    except FileNotFoundError:
-        raise ConfigError("config", f"no such file {path}; give a config.json or its directory") from None
-    except json.JSONDecodeError as err:
-        raise ConfigError("config", f"{path} is not valid JSON ({err.msg} at line {err.lineno})") from None
+    if "\0" not in str(path) and not path.exists() and not path.is_symlink():
+        raise ConfigError("config", f"no such file {path}; give a config.json or its directory")
+    hint = "give a config.json or its directory"
+    text = read_text_limited(path, "config", FILE_BYTES["hf_config"], hint)
+    return parse_json(text, "config", str(path), hint), path
 
 
 def model_from_hf_config(config: Union[dict, str, Path], name: Optional[str] = None) -> ModelSpec:
@@ -220,15 +252,17 @@ def model_from_hf_config(config: Union[dict, str, Path], name: Optional[str] = N
     model_type = cfg.get("model_type")
     if model_type is None:
         raise ConfigError("model_type", f"missing from {origin}; supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
-    family = _FAMILIES.get(model_type)
+    family = _FAMILIES.get(model_type) if isinstance(model_type, str) else None
     if family is None:
-        raise ConfigError("model_type", f"unsupported model_type '{model_type}'; "
+        raise ConfigError("model_type", f"unsupported model_type {model_type!r:.60}; "
                           f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
     fields = family(_Keys(cfg))
     notes = fields.pop("_notes", [])
     explicit = name is not None  # a name the caller chose is checked, one taken from the file made safe
     if name is None:
-        name = cfg.get("_name_or_path") or (path.parent.name if path else "")
+        given = cfg.get("_name_or_path")
+        ok = isinstance(given, str) and len(given) <= MAX_STRING and given.isprintable()
+        name = given if ok else (path.parent.name if path else "")
     fields["name"] = safe_name(str(name), f"hf-{model_type}") if not explicit else name
     fields["source"] = printable(f"Hugging Face config.json (model_type {model_type}) from {origin}" + (
         "; not modelled: " + "; ".join(notes) if notes else ""))
@@ -237,4 +271,4 @@ def model_from_hf_config(config: Union[dict, str, Path], name: Optional[str] = N
     except ValidationError as err:
         first = err.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "config"
-        raise ConfigError(where, f"{first['msg']} (imported from {origin})") from None
+        raise ConfigError(where, f"{bound_message(first) or first['msg']} (imported from {origin})") from None

@@ -15,6 +15,8 @@ from typing import Literal, Optional
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from meshplan.limits import BOUNDS
+
 from meshplan.spec.training import TrainingSpec
 from meshplan.units import dtype_bytes
 
@@ -85,16 +87,16 @@ class MemoryOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
-    prefetch_layers: int = Field(default=1, ge=0)
-    forward_prefetch_layers: int = Field(default=0, ge=0)
+    prefetch_layers: int = Field(default=1, ge=0, le=BOUNDS["layers"].value)
+    forward_prefetch_layers: int = Field(default=0, ge=0, le=BOUNDS["layers"].value)
     fsdp_reduce: Literal["per_microbatch", "after_last"] = "per_microbatch"
-    grad_bucket_elements: Optional[int] = Field(default=None, gt=0)
-    nccl_buffsize_bytes: int = Field(default=4 * MiB, ge=0)
-    nccl_channels: int = Field(default=16, ge=0)
-    nccl_peers: int = Field(default=2, ge=0)
-    workspace_bytes: int = Field(default=32 * MiB, ge=0)
+    grad_bucket_elements: Optional[int] = Field(default=None, gt=0, le=BOUNDS["bytes"].value)
+    nccl_buffsize_bytes: int = Field(default=4 * MiB, ge=0, le=BOUNDS["bytes"].value)
+    nccl_channels: int = Field(default=16, ge=0, le=BOUNDS["nccl_channels"].value)
+    nccl_peers: int = Field(default=2, ge=0, le=BOUNDS["world"].value)
+    workspace_bytes: int = Field(default=32 * MiB, ge=0, le=BOUNDS["bytes"].value)
     fragmentation_fraction: float = Field(default=0.0, ge=0, lt=1)
-    optimizer_temp_states: float = Field(default=1.0, ge=0)
+    optimizer_temp_states: float = Field(default=1.0, ge=0, le=BOUNDS["optimizer_temp_states"].value)
     logits_dtype: Literal["fp32", "bf16", "fp16"] = "fp32"
     dropout: bool = False
     cross_entropy: Literal["megatron", "torch"] = "megatron"

@@ -9,6 +9,7 @@ from typing import Optional
 from pydantic import BaseModel, ConfigDict, Field, field_serializer, model_validator
 
 from meshplan.spec.names import Name
+from meshplan.limits import BOUNDS, MAX_WORLD, over
 
 
 class Schedule(StrEnum):
@@ -50,10 +51,10 @@ class MeshSpec(BaseModel):
     shape: Optional[list[int]] = None
     order: Optional[str] = None
     degrees: Optional[dict[Name, int]] = None
-    world: Optional[int] = Field(default=None, gt=0)
+    world: Optional[int] = Field(default=None, gt=0, le=MAX_WORLD)
     sequence_parallel: bool = False
-    virtual_stages: int = Field(default=1, gt=0)
-    layers_per_virtual_stage: Optional[int] = Field(default=None, gt=0)
+    virtual_stages: int = Field(default=1, gt=0, le=BOUNDS["virtual_stages"].value)
+    layers_per_virtual_stage: Optional[int] = Field(default=None, gt=0, le=BOUNDS["layers_per_virtual_stage"].value)
     pp_layer_split: Optional[list[int]] = None
     pp_schedule: Schedule = Field(default=Schedule.ONE_F_ONE_B, strict=False)  # names parse to the enum
     rank_to_gpu: Optional[list[int]] = None
@@ -75,4 +76,14 @@ class MeshSpec(BaseModel):
             raise ValueError("names and shape must both be given, one degree per name")
         if megatron and (self.order is None or self.degrees is None):
             raise ValueError("order and degrees must both be given")
+        degrees = list(self.shape or []) + list((self.degrees or {}).values())
+        big = [d for d in degrees if d > MAX_WORLD]
+        if big:
+            raise ValueError(f"degree {over('world', big[0])}")
+        if len(self.names or self.degrees or ()) > 16 or len(self.order or "") > 256:
+            raise ValueError("more than 16 axes; meshplan knows 8 (pp, dp_replicate, dp, dp_shard, cp, tp, ep, etp)")
+        split = self.pp_layer_split or []
+        if any(not 0 <= x <= BOUNDS["layers"].value for x in split) or len(split) > BOUNDS["layers"].value:
+            raise ValueError(f"pp_layer_split: at most {BOUNDS['layers'].value} stages of 0..{BOUNDS['layers'].value} "
+                             "layers (the layer bound)")
         return self

@@ -14,6 +14,12 @@ from typing import Literal, Optional
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from meshplan.spec.names import Name, Text
+from meshplan.limits import BOUNDS, MAX_STRING
+
+
+def _le(name: str):
+    """The stated bound of field ``name`` (:data:`meshplan.limits.BOUNDS`, reason there)."""
+    return BOUNDS[name].value
 
 
 class ModelSpec(BaseModel):
@@ -27,29 +33,29 @@ class ModelSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
-    name: Name = "custom"
-    layers: int = Field(gt=0)
-    hidden: int = Field(gt=0)
-    ffn: int = Field(gt=0)
+    name: Name = Field(default="custom", max_length=MAX_STRING)
+    layers: int = Field(gt=0, le=_le("layers"))
+    hidden: int = Field(gt=0, le=_le("hidden"))
+    ffn: int = Field(gt=0, le=_le("ffn"))
     gated_mlp: bool = True
-    q_heads: int = Field(gt=0)
-    kv_heads: Optional[int] = Field(default=None, gt=0)
-    head_dim: Optional[int] = Field(default=None, gt=0)
-    vocab: int = Field(gt=0)
+    q_heads: int = Field(gt=0, le=_le("q_heads"))
+    kv_heads: Optional[int] = Field(default=None, gt=0, le=_le("kv_heads"))
+    head_dim: Optional[int] = Field(default=None, gt=0, le=_le("head_dim"))
+    vocab: int = Field(gt=0, le=_le("vocab"))
     tied_embeddings: bool = False
     norm: Literal["rmsnorm", "layernorm"] = "rmsnorm"
     linear_bias: bool = False
     qkv_bias: bool = False
     qk_norm: bool = False
     position_embedding: Literal["rope", "learned"] = "rope"
-    max_position: int = Field(default=0, ge=0)
-    experts: int = Field(default=0, ge=0)
-    top_k: int = Field(default=0, ge=0)
-    expert_ffn: Optional[int] = Field(default=None, gt=0)
-    shared_experts: int = Field(default=0, ge=0)
-    shared_expert_ffn: Optional[int] = Field(default=None, gt=0)
-    dense_layers: int = Field(default=0, ge=0)
-    source: Text = ""
+    max_position: int = Field(default=0, ge=0, le=_le("max_position"))
+    experts: int = Field(default=0, ge=0, le=_le("experts"))
+    top_k: int = Field(default=0, ge=0, le=_le("top_k"))
+    expert_ffn: Optional[int] = Field(default=None, gt=0, le=_le("expert_ffn"))
+    shared_experts: int = Field(default=0, ge=0, le=_le("shared_experts"))
+    shared_expert_ffn: Optional[int] = Field(default=None, gt=0, le=_le("shared_expert_ffn"))
+    dense_layers: int = Field(default=0, ge=0, le=_le("dense_layers"))
+    source: Text = Field(default="", max_length=8 * MAX_STRING)
 
     @model_validator(mode="after")
     def _check(self):

@@ -17,6 +17,8 @@ from typing import Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from meshplan.limits import BOUNDS
+
 Recompute = Literal["none", "selective", "full"]
 Sharding = Literal["zero1", "zero3", "hsdp"]
 #: Pipeline schedules the search plans: ``1f1b`` (1F1B with vpp 1, interleaved 1F1B with
@@ -97,22 +99,24 @@ class SearchOptions(BaseModel):
     recompute: list[Recompute] = Field(default_factory=_all_recompute)
     sharding: list[Sharding] = Field(default_factory=_default_sharding)
     vpp: Optional[list[int]] = None
-    max_vpp: int = Field(default=8, gt=0)
+    max_vpp: int = Field(default=8, gt=0, le=BOUNDS["virtual_stages"].value)
     reshard_after_forward: Optional[list[bool]] = None
     tp_comm_overlap: Optional[list[bool]] = None
     uneven_stages: Optional[list[bool]] = None
     pp_schedules: list[SearchedSchedule] = Field(default_factory=lambda: list[SearchedSchedule](["1f1b"]))
-    max_tp: Optional[int] = Field(default=None, gt=0)
-    top: int = Field(default=10, gt=0)
+    max_tp: Optional[int] = Field(default=None, gt=0, le=BOUNDS["world"].value)
+    top: int = Field(default=10, gt=0, le=BOUNDS["top"].value)
     min_gemm_efficiency: float = Field(default=0.5, ge=0, le=1)
-    exact_min: int = Field(default=1, gt=0)
-    exact_max: int = Field(default=2000, gt=0)
-    refine_max: int = Field(default=2000, ge=0)
+    exact_min: int = Field(default=1, gt=0, le=BOUNDS["exact_min"].value)
+    exact_max: int = Field(default=2000, gt=0, le=BOUNDS["exact_max"].value)
+    refine_max: int = Field(default=2000, ge=0, le=BOUNDS["refine_max"].value)
     memory_margin: float = Field(default=0.01, ge=0, lt=1)
-    settle_s: float = Field(default=2.0, ge=0)
-    checkpoint_write_gb_per_s: float = Field(default=LLAMA3_STORAGE_GB_PER_S, gt=0)
-    checkpoint_read_gb_per_s: float = Field(default=LLAMA3_STORAGE_GB_PER_S, gt=0)
-    restart_overhead_s: float = Field(default=600.0, ge=0)
+    settle_s: float = Field(default=2.0, ge=0, le=BOUNDS["settle_s"].value)
+    checkpoint_write_gb_per_s: float = Field(default=LLAMA3_STORAGE_GB_PER_S, gt=0,
+                                             le=BOUNDS["checkpoint_write_gb_per_s"].value)
+    checkpoint_read_gb_per_s: float = Field(default=LLAMA3_STORAGE_GB_PER_S, gt=0,
+                                            le=BOUNDS["checkpoint_read_gb_per_s"].value)
+    restart_overhead_s: float = Field(default=600.0, ge=0, le=BOUNDS["restart_overhead_s"].value)
 
     @field_validator("pp", "dp_replicate", "dp_shard", "cp", "tp", "ep", "etp", "micro_batch", "vpp")
     @classmethod
@@ -123,6 +127,8 @@ class SearchOptions(BaseModel):
             bad = [x for x in v if x < 1]
             if bad:
                 raise ValueError(f"degrees and sizes must be >= 1 (got {bad[0]})")
+            if len(v) > 64 or max(v) > BOUNDS["world"].value:
+                raise ValueError(f"at most 64 values, each at most {BOUNDS['world'].value} ({BOUNDS['world'].reason})")
         return v
 
     @field_validator("recompute", "sharding", "reshard_after_forward", "tp_comm_overlap", "uneven_stages",
@@ -131,4 +137,6 @@ class SearchOptions(BaseModel):
     def _nonempty(cls, v):
         if v is not None and not v:
             raise ValueError("empty list: give at least one allowed value, or leave the key out")
+        if v is not None and len(v) > 64:
+            raise ValueError("at most 64 values")
         return v

@@ -6,6 +6,8 @@ from typing import Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from meshplan.limits import BOUNDS
+
 Dtype = Literal["fp32", "bf16", "fp16", "fp8"]
 
 
@@ -77,9 +79,9 @@ class TrainingSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
-    global_batch: int = Field(gt=0)
-    seq_len: int = Field(gt=0)
-    micro_batch: int = Field(default=1, gt=0)
+    global_batch: int = Field(gt=0, le=BOUNDS["global_batch"].value)
+    seq_len: int = Field(gt=0, le=BOUNDS["seq_len"].value)
+    micro_batch: int = Field(default=1, gt=0, le=BOUNDS["micro_batch"].value)
     param_dtype: Dtype = "bf16"
     compute_dtype: Dtype = "bf16"
     grad_dtype: Dtype = "fp32"
@@ -93,7 +95,7 @@ class TrainingSpec(BaseModel):
     ac_freq: int = Field(default=1, ge=1)
     flash_attention: bool = True
     memory_reserve: float = Field(default=0.10, ge=0, lt=1)
-    vocab_pad_divisor: int = Field(default=128, gt=0)
+    vocab_pad_divisor: int = Field(default=128, gt=0, le=BOUNDS["vocab_pad_divisor"].value)
     grad_reduce_dtype: Optional[Literal["fp32", "bf16", "param"]] = None
     tp_comm_overlap: bool = False
     grad_clip: bool = True
