@@ -25,6 +25,8 @@ from typing import Any
 from meshplan import catalog
 from meshplan.config import Config, config_from_dict, load_config
 from meshplan.errors import ConfigError
+from meshplan.fileio import parse_json, read_text_limited
+from meshplan.limits import FILE_BYTES
 from meshplan.interop import deepspeed, megatron, torchtitan
 from meshplan.interop.common import FORMATS, Imported, ImportOptions, catalog_model_name
 from meshplan.interop.tomlout import dumps, mesh_spec, meshplan_tables, resolved, virtual_split
@@ -38,10 +40,7 @@ MEGATRON_HINT = re.compile(r"--(num-layers|tensor-model-parallel-size|pipeline-m
 def detect(path: Path, text: str) -> str:
     """The format of a config file (module docstring); ConfigError asking for --format."""
     if path.suffix == ".json":
-        try:
-            d = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise ConfigError("config", f"{path}: not valid JSON ({e})") from None
+        d = parse_json(text, "config", str(path), "give a DeepSpeed JSON config")
         if isinstance(d, dict) and ({"train_batch_size", "train_micro_batch_size_per_gpu",
                                      "zero_optimization"} & set(d)):
             return "deepspeed"
@@ -50,10 +49,10 @@ def detect(path: Path, text: str) -> str:
     if path.suffix == ".toml":
         try:
             d = tomllib.loads(text)
-        except tomllib.TOMLDecodeError as e:
-            raise ConfigError("config", f"{path}: not valid TOML ({e})") from None
-        if TORCHTITAN_TABLES & set(d) or "flavor" in d.get("model", {}) or \
-                "local_batch_size" in d.get("training", {}):
+        except (tomllib.TOMLDecodeError, RecursionError, ValueError):
+            return "meshplan"  # the meshplan reader says what is wrong, in its one line
+        table = lambda key: d[key] if isinstance(d.get(key), dict) else {}
+        if TORCHTITAN_TABLES & set(d) or "flavor" in table("model") or "local_batch_size" in table("training"):
             return "torchtitan"
         return "meshplan"
     if MEGATRON_HINT.search(text):
@@ -68,15 +67,14 @@ def read_foreign(path: Path, fmt: str, opts: ImportOptions) -> Imported:
         try:
             data = tomllib.loads(text)
         except tomllib.TOMLDecodeError as e:
-            raise ConfigError("config", f"{path}: not valid TOML ({e})") from None
+            raise ConfigError("config", f"{path}: not valid TOML ({str(e).splitlines()[0]})") from None
+        except (RecursionError, ValueError) as e:
+            raise ConfigError("config", f"{path}: cannot read this TOML ({str(e).splitlines()[0][:120]})") from None
         return torchtitan.read(data, path.parent, opts)
     if fmt == "megatron":
         return megatron.read(text, opts)
     if fmt == "deepspeed":
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise ConfigError("config", f"{path}: not valid JSON ({e})") from None
+        data = parse_json(text, "config", str(path), "give a DeepSpeed JSON config")
         if not isinstance(data, dict):
             raise ConfigError("config", f"{path}: a DeepSpeed config is a JSON object")
         return deepspeed.read(data, opts)
@@ -84,9 +82,9 @@ def read_foreign(path: Path, fmt: str, opts: ImportOptions) -> Imported:
 
 
 def _text(path: Path) -> str:
-    if not path.is_file():
-        load_config(path)  # its one-line error for a missing file or a directory
-    return path.read_text(encoding="utf-8", errors="replace")
+    """The file as text through the one bounded reader (regular files only, the config size
+    limit, UTF-8): the same one-line errors as a meshplan TOML's."""
+    return read_text_limited(path, "config", FILE_BYTES["config"], "give the path of a config file")
 
 
 def load_any(path, fmt: str | None = None, opts: ImportOptions = ImportOptions(),

@@ -179,7 +179,7 @@ def _gpt_neox(k: _Keys) -> dict[str, Any]:
 
 
 def _phi3(k: _Keys) -> dict[str, Any]:
-    bias = _all_or_no_bias(k, bool(k.opt("attention_bias", False)), False)
+    bias = _all_or_no_bias(k, k.flag("attention_bias", False), False)
     notes = [f"sliding_window {k.cfg['sliding_window']} (planned as full causal attention)"] \
         if k.cfg.get("sliding_window") else []
     return {**_rope_gated(k, kv_default=True), **bias, "_notes": notes}
@@ -194,9 +194,9 @@ def _gemma_notes(k: _Keys) -> list[str]:
 
 
 def _gemma2(k: _Keys) -> dict[str, Any]:
-    bias = _all_or_no_bias(k, bool(k.opt("attention_bias", False)), False)
+    bias = _all_or_no_bias(k, k.flag("attention_bias", False), False)
     return {**_rope_gated(k), **bias, "head_dim": k.req("head_dim"),
-            "tied_embeddings": bool(k.opt("tie_word_embeddings", True)), "_notes": _gemma_notes(k)}
+            "tied_embeddings": k.flag("tie_word_embeddings", True), "_notes": _gemma_notes(k)}
 
 
 def _gemma3_text(k: _Keys) -> dict[str, Any]:
