@@ -182,10 +182,11 @@ def _mesh(t: dict) -> tuple[MeshSpec, tuple[str, ...]]:
 
 
 def _check_routing(model: ModelSpec, training: TrainingSpec) -> None:
-    """The MoE routing keys of [training] against the model: only for an MoE model, and the
-    busiest expert's share at least the balanced 1 / experts."""
+    """The MoE routing keys of [training] against the model: only for an MoE model (a key at its
+    default, as a dumped TrainingSpec writes it, is no routing choice), and the busiest
+    expert's share at least the balanced 1 / experts."""
     keys = [k for k in ("moe_capacity_factor", "moe_dropless", "moe_hottest_expert_share")
-            if k in training.model_fields_set]
+            if k in training.model_fields_set and getattr(training, k) != TrainingSpec.model_fields[k].default]
     if keys and not model.is_moe:
         raise ConfigError(f"training.{keys[0]}", f"{model.name} has no experts; remove the MoE routing keys")
     p = training.moe_hottest_expert_share
