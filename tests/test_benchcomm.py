@@ -218,7 +218,7 @@ def test_testbed_with_two_nics_measures_each_rail(tmp_path):
     try:
         tb = T.testbed_up(prefix, 2, 2, RATE_MBIT, state_dir=state)
         before = T.read_counters(tb)
-        fits = B.run_bench(2, B.parse_sizes("16K..1M"), tmp_path / "out", testbed=prefix, iters=5, warmup=1,
+        fits = B.run_bench(2, B.parse_sizes("16K..4M"), tmp_path / "out", testbed=prefix, iters=5, warmup=1,
                            budget_s=0.1, timeout_s=120, testbed_state_dir=state, echo=lines.append)
         moved = T.counter_delta(before, T.read_counters(tb))
     finally:
