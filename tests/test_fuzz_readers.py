@@ -337,18 +337,7 @@ def test_hf_nan_and_depth(tmp_path):
 # ----------------------------------------------------------------------- the other readers
 
 SEED = str(ROOT / "examples" / "seed-64gpu.toml")
-NCCL16 = """[model]
-catalog = "llama3-8b"
-[cluster]
-system = "dgx-h100"
-nodes = 2
-[training]
-global_batch = 64
-seq_len = 4096
-[mesh]
-names = ["dp_shard", "tp"]
-shape = [2, 8]
-"""
+from benchmarks.fuzz import NCCL16  # noqa: E402  (the fuzz script's 16-GPU config: one copy)
 
 
 def _reader(tmp_path: Path, reader: str, data: bytes, name: str = "in.dat") -> tuple[int, str, str]:

@@ -214,7 +214,6 @@ class _Sim:
         self.exposed: defaultdict[str, float] = defaultdict(float)
         self.last: Optional[Event] = None
         self.busy: list[tuple[float, float, float]] = []   # (start, end, SM share) of collectives
-        self.slowed_s = 0.0
 
     def _finish(self, start: float, dur: float) -> float:
         """End of ``dur`` seconds of compute from ``start`` while the collectives in ``busy``
@@ -250,7 +249,6 @@ class _Sim:
             if binding.stream != "compute":
                 self.exposed[binding.stream] += start - free
         done = self._finish(start, dur)
-        self.slowed_s += done - (start + dur)
         end = max([done] + [o.end_s for o in ov])
         for o in ov:
             if o.end_s > start + dur and o.end_s == end:
