@@ -18,7 +18,7 @@ import shutil
 import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, NoReturn, Optional
+from typing import Annotated, Any, NoReturn, Optional
 
 import typer
 from rich.console import Console
@@ -101,6 +101,15 @@ NODES_HELP = "foreign configs: number of nodes (default: a launch script's --nno
 GPU_HELP = "foreign configs: catalog GPU replacing the node's"
 MODEL_HELP = "foreign configs: catalog model or HF config.json (DeepSpeed needs it; replaces the file's model)"
 SEQ_HELP = "foreign configs: tokens per sequence (DeepSpeed needs it)"
+
+# The foreign-config options, defined once and shared by plan, step, search, export (and, without
+# --format, import): what a torchtitan, Megatron-LM or DeepSpeed file does not say.
+FormatOpt = Annotated[Optional[str], typer.Option("--format", help=FORMAT_HELP)]
+ClusterOpt = Annotated[Optional[str], typer.Option("--cluster", help=CLUSTER_HELP)]
+NodesOpt = Annotated[Optional[int], typer.Option("--nodes", help=NODES_HELP)]
+GpuOpt = Annotated[Optional[str], typer.Option("--gpu", help=GPU_HELP)]
+ModelOpt = Annotated[Optional[str], typer.Option("--model", help=MODEL_HELP)]
+SeqLenOpt = Annotated[Optional[int], typer.Option("--seq-len", help=SEQ_HELP)]
 
 
 def _opts(cluster, nodes, gpu, model, seq_len) -> ImportOptions:
@@ -222,12 +231,12 @@ def plan(config: Path = typer.Argument(..., help="TOML config with [model], [clu
          force: bool = typer.Option(False, "--force", help="replace existing --json and --html files"),
          topology: Optional[Path] = typer.Option(None, "--topology", help="nvidia-smi topo -m text or NCCL topology XML"),
          calibration: Optional[Path] = typer.Option(None, "--calibration", help="calibration TOML (bench comm)"),
-         fmt: Optional[str] = typer.Option(None, "--format", help=FORMAT_HELP),
-         cluster: Optional[str] = typer.Option(None, "--cluster", help=CLUSTER_HELP),
-         nodes: Optional[int] = typer.Option(None, "--nodes", help=NODES_HELP),
-         gpu: Optional[str] = typer.Option(None, "--gpu", help=GPU_HELP),
-         model: Optional[str] = typer.Option(None, "--model", help=MODEL_HELP),
-         seq_len: Optional[int] = typer.Option(None, "--seq-len", help=SEQ_HELP)):
+         fmt: FormatOpt = None,
+         cluster: ClusterOpt = None,
+         nodes: NodesOpt = None,
+         gpu: GpuOpt = None,
+         model: ModelOpt = None,
+         seq_len: SeqLenOpt = None):
     """Plan one mesh: constraints, degrees, groups, placement, shapes, memory, collectives. CONFIG may be a
     torchtitan job TOML, Megatron-LM arguments or a DeepSpeed JSON (the cluster from --cluster/--nodes)."""
 
@@ -319,12 +328,12 @@ def step(config: Path = typer.Argument(..., help="TOML config"),
                                                                         "(zbv and dualpipev: virtual_stages 2, a V)"),
          json_path: Optional[Path] = _json_option("step"),
          force: bool = typer.Option(False, "--force", help="replace existing --trace and --json files"),
-         fmt: Optional[str] = typer.Option(None, "--format", help=FORMAT_HELP),
-         cluster: Optional[str] = typer.Option(None, "--cluster", help=CLUSTER_HELP),
-         nodes: Optional[int] = typer.Option(None, "--nodes", help=NODES_HELP),
-         gpu: Optional[str] = typer.Option(None, "--gpu", help=GPU_HELP),
-         model: Optional[str] = typer.Option(None, "--model", help=MODEL_HELP),
-         seq_len: Optional[int] = typer.Option(None, "--seq-len", help=SEQ_HELP)):
+         fmt: FormatOpt = None,
+         cluster: ClusterOpt = None,
+         nodes: NodesOpt = None,
+         gpu: GpuOpt = None,
+         model: ModelOpt = None,
+         seq_len: SeqLenOpt = None):
     """Scheduled rank timeline: step time, critical path, exposed communication, bubble, MFU; when the step is
     network-bound, a verdict naming the communication and its cause. A mesh that does not fit exits 1 with its
     reasons after one line 'step would be X s ... if it fit'."""
@@ -483,12 +492,12 @@ def search_cmd(config: Path = typer.Argument(..., help="TOML config: [model], [c
                                                          "(1 = the fastest) with --to and -o"),
                to: str = typer.Option("meshplan", "--to", help="export format: " + ", ".join(FORMATS)),
                out: Optional[Path] = typer.Option(None, "-o", "--out", help="file the --export row is written to"),
-               fmt: Optional[str] = typer.Option(None, "--format", help=FORMAT_HELP),
-               cluster: Optional[str] = typer.Option(None, "--cluster", help=CLUSTER_HELP),
-               nodes: Optional[int] = typer.Option(None, "--nodes", help=NODES_HELP),
-               gpu: Optional[str] = typer.Option(None, "--gpu", help=GPU_HELP),
-               model: Optional[str] = typer.Option(None, "--model", help=MODEL_HELP),
-               seq_len: Optional[int] = typer.Option(None, "--seq-len", help=SEQ_HELP)):
+               fmt: FormatOpt = None,
+               cluster: ClusterOpt = None,
+               nodes: NodesOpt = None,
+               gpu: GpuOpt = None,
+               model: ModelOpt = None,
+               seq_len: SeqLenOpt = None):
     """Search every mesh of the workload: reject with reasons, rank by predicted step time. Exit 0 when some
     candidate fits, 1 when none does.
 
@@ -549,11 +558,11 @@ def import_cmd(fmt: str = typer.Argument(..., metavar="FORMAT", help="torchtitan
                out: Optional[Path] = typer.Option(None, "-o", "--out", help="meshplan TOML to write (default: "
                                                   "print it)"),
                force: bool = typer.Option(False, "--force", help="replace an existing -o file"),
-               cluster: Optional[str] = typer.Option(None, "--cluster", help=CLUSTER_HELP),
-               nodes: Optional[int] = typer.Option(None, "--nodes", help=NODES_HELP),
-               gpu: Optional[str] = typer.Option(None, "--gpu", help=GPU_HELP),
-               model: Optional[str] = typer.Option(None, "--model", help=MODEL_HELP),
-               seq_len: Optional[int] = typer.Option(None, "--seq-len", help=SEQ_HELP)):
+               cluster: ClusterOpt = None,
+               nodes: NodesOpt = None,
+               gpu: GpuOpt = None,
+               model: ModelOpt = None,
+               seq_len: SeqLenOpt = None):
     """Read a torchtitan job TOML, Megatron-LM arguments (file or launch script) or DeepSpeed JSON and write the
     meshplan TOML. The fields meshplan does not use are listed by name (in the output and its header); what
     the file does not say (the cluster; a DeepSpeed config's model and sequence length) comes from the
@@ -577,12 +586,12 @@ def export_cmd(config: Path = typer.Argument(..., help="config of the plan (mesh
                to: str = typer.Option(..., "--to", help="meshplan, torchtitan, megatron or deepspeed"),
                out: Path = typer.Option(..., "-o", "--out", help="file to write"),
                force: bool = typer.Option(False, "--force", help="replace an existing -o file"),
-               fmt: Optional[str] = typer.Option(None, "--format", help=FORMAT_HELP),
-               cluster: Optional[str] = typer.Option(None, "--cluster", help=CLUSTER_HELP),
-               nodes: Optional[int] = typer.Option(None, "--nodes", help=NODES_HELP),
-               gpu: Optional[str] = typer.Option(None, "--gpu", help=GPU_HELP),
-               model: Optional[str] = typer.Option(None, "--model", help=MODEL_HELP),
-               seq_len: Optional[int] = typer.Option(None, "--seq-len", help=SEQ_HELP)):
+               fmt: FormatOpt = None,
+               cluster: ClusterOpt = None,
+               nodes: NodesOpt = None,
+               gpu: GpuOpt = None,
+               model: ModelOpt = None,
+               seq_len: SeqLenOpt = None):
     """Write a plan's config as a meshplan TOML (its layer split written out), a torchtitan job TOML,
     Megatron-LM arguments or a DeepSpeed config (ZeRO without TP/PP). Every meshplan field the target does not
     express is listed (re-imported and compared); a mesh the target cannot run is refused with the reason."""
