@@ -13,7 +13,10 @@ when neither fits; ``search`` exits 0 when some candidate fits and 1 when none d
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import importlib.util
+import json
 import shutil
 import sys
 from dataclasses import replace
@@ -53,26 +56,38 @@ from meshplan.reliability import restart_on_fewer_nodes
 from meshplan.report import shown
 from meshplan.report.html_pages import plan_page, search_page
 from meshplan.report.json_docs import (
+    bench_attention_doc,
+    bench_comm_doc,
+    bench_gemm_doc,
     calibrate_doc,
     catalog_doc,
     envelope,
+    export_doc,
     groups_doc,
+    import_doc,
+    launch_doc,
     memory_doc,
     nccl_check_doc,
     place_doc,
     reliability_doc,
+    report_doc,
     step_doc,
     step_infeasible_doc,
+    testbed_down_doc,
+    testbed_up_doc,
     to_json,
+    validate_doc,
+    validate_slice_doc,
 )
-from meshplan.report.json_out import write_json
+from meshplan.report.json_out import plan_to_dict
 from meshplan.report.memory import print_memory
 from meshplan.report.memory_plot import write_png
 from meshplan.report.place_text import place_lines
-from meshplan.report.search import ProgressBar, print_search, write_search_json
+from meshplan.report.search import ProgressBar, print_search, search_to_dict
 from meshplan.report.text import print_groups, print_plan
 from meshplan.runtime.bench.comm import parse_sizes, run_bench
 from meshplan.runtime.testbed.netns import main_down, main_up
+from meshplan.runtime.validation.slice import MARKER as SLICE_MARKER
 from meshplan.runtime.validation.slice import main as slice_main
 from meshplan.runtime.validation.validate import Options
 from meshplan.runtime.validation.validate import main as validate_main
@@ -191,20 +206,61 @@ def _require_torch(command: str) -> None:
 
 def _refuse_existing(path: Optional[Path], force: bool, field: str) -> None:
     """Refuse, before any work, an output file that exists (written at the end with --force) or
-    cannot be written (:func:`meshplan.fileio.check_destination`)."""
-    if path:
+    cannot be written (:func:`meshplan.fileio.check_destination`); ``--json -`` (stdout) is
+    never refused."""
+    if path and not isinstance(path, _Stdout):
         check_destination(path, field, force)
 
 
+class _Stdout:
+    """``--json -``: the document goes to ``stream`` (the command's stdout), and everything
+    else the command prints goes to stderr (:func:`_json_to_stdout`)."""
+
+    def __init__(self, stream) -> None:
+        self.stream = stream
+
+    def __str__(self) -> str:
+        return "-"
+
+
+def _json_to_stdout(command):
+    """Wrap a command so that ``--json -`` prints its one JSON document on stdout and moves its
+    human output (echo, rich tables, progress, the runtime's prints) to stderr."""
+    @functools.wraps(command)
+    def run(*args, **kwargs):
+        if str(kwargs.get("json_path")) != "-":
+            return command(*args, **kwargs)
+        out = _Stdout(sys.stdout)
+        with contextlib.redirect_stdout(sys.stderr):
+            return command(*args, **{**kwargs, "json_path": out})
+    return run
+
+
 def _json_option(command: str):
-    return typer.Option(None, "--json", help=f"write the result as JSON (schema meshplan.{command}/v1, file "
+    return typer.Option(None, "--json", help=f"write the result as JSON to PATH, or with - to stdout (the rest of "
+                                             f"the output then on stderr) (schema meshplan.{command}/v1, file "
                                              f"meshplan/schemas/{command}.v1.schema.json; SI units)")
 
 
+def _write_text(path, text: str, force: bool) -> None:
+    """Write a ``--json`` document's text to ``path`` (``wrote PATH``) or, for ``--json -``,
+    to stdout; nothing when not asked."""
+    if isinstance(path, _Stdout):
+        path.stream.write(text)
+        path.stream.flush()
+    elif path:
+        _wrote(write_output(path, text, force, '--json'))
+
+
 def _write_doc(path: Optional[Path], doc: dict, force: bool) -> None:
-    """Write a ``--json`` document (when asked)."""
+    """Write a ``--json`` document (when asked; :func:`_write_text`)."""
     if path:
-        _wrote(write_output(path, to_json(doc), force, '--json'))
+        _write_text(path, to_json(doc), force)
+
+
+def _written(paths) -> list[tuple[str, int]]:
+    """``(path, size in bytes)`` of each file written, for a document's ``files``."""
+    return [(str(p), Path(p).stat().st_size) for p in paths]
 
 
 def _html_option(what: str):
@@ -225,7 +281,9 @@ def _check_rank(plan, rank: int) -> None:
 
 @app.command()
 def plan(config: Path = typer.Argument(..., help="TOML config with [model], [cluster], [training], [mesh]"),
-         json_path: Optional[Path] = typer.Option(None, "--json", help="write the whole plan (every group) as JSON"),
+         json_path: Optional[Path] = typer.Option(None, "--json", help="write the whole plan (every group) as JSON "
+                                                  "to PATH, or with - to stdout (the rest of the output then on "
+                                                  "stderr)"),
          rank: int = typer.Option(0, "--rank", help="rank whose groups and placement are printed"),
          html_path: Optional[Path] = _html_option("the plan report"),
          force: bool = typer.Option(False, "--force", help="replace existing --json and --html files"),
@@ -240,15 +298,13 @@ def plan(config: Path = typer.Argument(..., help="TOML config with [model], [clu
     """Plan one mesh: constraints, degrees, groups, placement, shapes, memory, collectives. CONFIG may be a
     torchtitan job TOML, Megatron-LM arguments or a DeepSpeed JSON (the cluster from --cluster/--nodes)."""
 
-    if json_path:  # refused before the work and the report, as compare --out
-        check_destination(json_path, "--json", force)
+    _refuse_existing(json_path, force, "--json")  # refused before the work and the report, as compare --out
     _refuse_existing(html_path, force, "--html")
     p = _load(config, topology, calibration, fmt, _opts(cluster, nodes, gpu, model, seq_len))
     if p.mesh is not None:
         _check_rank(p, rank)
     print_plan(p, rank=rank, console=_console())
-    if json_path:
-        _wrote(write_json(p, json_path, force=force))
+    _write_text(json_path, json.dumps(plan_to_dict(p), separators=(",", ":")), force)
     if html_path:
         _write_plan_html(p, html_path, config.name, force)
     _verdict_exit(p)
@@ -258,15 +314,18 @@ def plan(config: Path = typer.Argument(..., help="TOML config with [model], [clu
 def report(config: Path = typer.Argument(..., help="TOML config"),
            out: Optional[Path] = typer.Option(None, "--out", help="HTML file (default: CONFIG's name with .html, "
                                                                   "in the current folder)"),
-           force: bool = typer.Option(False, "--force", help="replace an existing --out file")):
+           json_path: Optional[Path] = _json_option("report"),
+           force: bool = typer.Option(False, "--force", help="replace existing --out and --json files")):
     """One self-contained HTML page of the plan: verdict, input, groups, shapes, memory timeline plot, collective
     table, step time with the pipeline Gantt chart and link-load bars. A mesh that does not fit is still reported,
     then exits 1 with its reasons."""
 
     path = out or Path(config.stem + ".html")
     _refuse_existing(path, force, "--out")
+    _refuse_existing(json_path, force, "--json")
     p = _load(config)
     _write_plan_html(p, path, config.name, force, "--out")
+    _write_doc(json_path, report_doc(p, _written([path])), force)
     _verdict_exit(p)
 
 
@@ -485,7 +544,8 @@ def search_cmd(config: Path = typer.Argument(..., help="TOML config: [model], [c
                                                       "[search]; a [mesh] table is ignored"),
                top: Optional[int] = typer.Option(None, "--top", help="candidates ranked and shown (default: "
                                                                     "[search] top, 10)"),
-               json_path: Optional[Path] = typer.Option(None, "--json", help="write the result as JSON"),
+               json_path: Optional[Path] = typer.Option(None, "--json", help="write the result as JSON to PATH, or "
+                                                        "with - to stdout (the rest of the output then on stderr)"),
                html_path: Optional[Path] = _html_option("the top candidates and the rejection counts"),
                force: bool = typer.Option(False, "--force", help="replace existing --json, --html and -o files"),
                export_rank: Optional[int] = typer.Option(None, "--export", help="export the top row of this rank "
@@ -523,14 +583,12 @@ def search_cmd(config: Path = typer.Argument(..., help="TOML config: [model], [c
     if top is not None:
         check_number("--top", top, 1, 10_000)
         cfg = replace(cfg, search=cfg.search.model_copy(update={"top": top}))
-    if json_path:
-        check_destination(json_path, "--json", force)
+    _refuse_existing(json_path, force, "--json")
     _refuse_existing(html_path, force, "--html")
     with ProgressBar() as bar:
         result = search(cfg, progress=bar)
     print_search(result, _console())
-    if json_path:
-        _wrote(write_search_json(result, json_path, force=force))
+    _write_text(json_path, json.dumps(search_to_dict(result), indent=1), force)
     if export_rank is not None and out is not None:
         if export_rank > len(result.top):
             raise ConfigError("--export", f"{export_rank}: the search ranked {len(result.top)} row(s); raise --top "
@@ -542,13 +600,14 @@ def search_cmd(config: Path = typer.Argument(..., help="TOML config: [model], [c
     raise typer.Exit(0 if result.top else 1)
 
 
-def _write_export(cfg, to: str, out: Path, source: str, force: bool) -> None:
+def _write_export(cfg, to: str, out: Path, source: str, force: bool) -> list[str]:
     """Write ``cfg`` as ``to`` to ``out``, printing the header (source, how to import it,
-    what the format does not express)."""
+    what the format does not express); returns the header."""
     text, header = export(replace(cfg, notes=()), to, source)
     for line in header[1:]:
         typer.echo(line)
     _wrote(write_output(out, text, force=force, field='-o'))
+    return header
 
 
 @app.command("import")
@@ -557,7 +616,8 @@ def import_cmd(fmt: str = typer.Argument(..., metavar="FORMAT", help="torchtitan
                source: Path = typer.Argument(..., metavar="FILE", help="the foreign config"),
                out: Optional[Path] = typer.Option(None, "-o", "--out", help="meshplan TOML to write (default: "
                                                   "print it)"),
-               force: bool = typer.Option(False, "--force", help="replace an existing -o file"),
+               force: bool = typer.Option(False, "--force", help="replace existing -o and --json files"),
+               json_path: Optional[Path] = _json_option("import"),
                cluster: ClusterOpt = None,
                nodes: NodesOpt = None,
                gpu: GpuOpt = None,
@@ -572,20 +632,23 @@ def import_cmd(fmt: str = typer.Argument(..., metavar="FORMAT", help="torchtitan
         raise ConfigError("FORMAT", f"{fmt!r}; use torchtitan, megatron, deepspeed or auto")
     if out and out.exists() and not force:
         raise ConfigError("-o", f"{out} exists; choose another path or pass --force to replace it")
+    _refuse_existing(json_path, force, "--json")
     text, imp = import_text(source, None if fmt == "auto" else fmt, _opts(cluster, nodes, gpu, model, seq_len))
     if out is None:
         typer.echo(text, nl=False)
-        return
-    for n in imp.all_notes():
-        typer.echo(f"note: {n}")
-    _wrote(write_output(out, text, force=force, field='-o'))
+    else:
+        for n in imp.all_notes():
+            typer.echo(f"note: {n}")
+        _wrote(write_output(out, text, force=force, field='-o'))
+    _write_doc(json_path, import_doc(imp.fmt, str(source), imp, text, _written([out] if out else [])), force)
 
 
 @app.command("export")
 def export_cmd(config: Path = typer.Argument(..., help="config of the plan (meshplan TOML or a foreign one)"),
                to: str = typer.Option(..., "--to", help="meshplan, torchtitan, megatron or deepspeed"),
                out: Path = typer.Option(..., "-o", "--out", help="file to write"),
-               force: bool = typer.Option(False, "--force", help="replace an existing -o file"),
+               force: bool = typer.Option(False, "--force", help="replace existing -o and --json files"),
+               json_path: Optional[Path] = _json_option("export"),
                fmt: FormatOpt = None,
                cluster: ClusterOpt = None,
                nodes: NodesOpt = None,
@@ -600,9 +663,11 @@ def export_cmd(config: Path = typer.Argument(..., help="config of the plan (mesh
         raise ConfigError("--to", f"{to!r}; use {', '.join(FORMATS)}")
     if out.exists() and not force:
         raise ConfigError("-o", f"{out} exists; choose another path or pass --force to replace it")
+    _refuse_existing(json_path, force, "--json")
     cfg = load_any(config, fmt, _opts(cluster, nodes, gpu, model, seq_len))
     _notes(cfg)
-    _write_export(cfg, to, out, str(config), force)
+    header = _write_export(cfg, to, out, str(config), force)
+    _write_doc(json_path, export_doc(str(config), to, header, _written([out])), force)
 
 
 @app.command("nccl-check")
@@ -661,7 +726,9 @@ def validate(config: Path = typer.Argument(..., help="TOML config; its mesh is s
                  None, "--checkpoint-gbps", help="storage bandwidth of one rank, GB/s: predicts the DCP save and "
                                                  "load times measured after the steps (bytes per rank are "
                                                  "predicted without it)"),
-             force: bool = typer.Option(False, "--force", help="replace an existing evidence folder")):
+             json_path: Optional[Path] = _json_option("validate"),
+             force: bool = typer.Option(False, "--force", help="replace an existing evidence folder and --json "
+                                                                "file")):
     """Run the mesh for real (torchrun: NCCL on the GPUs when CUDA is present, else gloo on CPU) and compare
     collectives, times, memory and checkpoint (DCP) writes with the plan; one host, the netns testbed, or
     several hosts (--nnodes/--node-rank/--rdzv-endpoint)."""
@@ -680,7 +747,10 @@ def validate(config: Path = typer.Argument(..., help="TOML config; its mesh is s
                   timeout_s=timeout_s, tolerance=tolerance, testbed=testbed, probe=probe, nnodes=nnodes,
                   node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, local_addr=local_addr,
                   checkpoint_bytes_per_s=checkpoint_gbps * 1e9 if checkpoint_gbps else None)
-    raise typer.Exit(validate_main(str(config), opt, out, force))
+    _refuse_existing(json_path, force, "--json")
+    code, results = validate_main(str(config), opt, out, force)
+    _write_doc(json_path, validate_doc(str(config), code, results, str(out), node_rank), force)
+    raise typer.Exit(code)
 
 
 def _check_run_options(layers: int, seq_len: int, vocab: int, steps: int, hidden_div: Optional[int],
@@ -771,13 +841,16 @@ def launch_cmd(config: Path = typer.Argument(..., help="TOML config"),
                topology: Optional[Path] = typer.Option(None, "--topology",
                                                        help="nvidia-smi topo -m text or NCCL topology XML of the "
                                                             "nodes: their sockets and NIC affinity"),
-               force: bool = typer.Option(False, "--force", help="replace existing files in --out")):
+               json_path: Optional[Path] = _json_option("launch"),
+               force: bool = typer.Option(False, "--force", help="replace existing files in --out and --json")):
     """Write a multi-node torchrun command (c10d rendezvous), a Slurm sbatch script and per-rank bindings
     (GPUs visible in LOCAL_RANK order for cuda:{LOCAL_RANK} scripts, NUMA cores, NCCL NIC variables).
     A mesh that does not fit writes nothing and exits 1."""
 
+    _refuse_existing(json_path, force, "--json")
     p = _load(config, topology)
     if p.mesh is None or not p.feasible:
+        _write_doc(json_path, launch_doc(p, 0, [], ""), force)
         _exit_infeasible(p)
     score = step_scorer(p) if choose and isinstance(p, Plan) else None
     c = choose_placement(p.mesh, p.config.cluster, (weights_from_plan(p) or None) if isinstance(p, Plan) else None,
@@ -786,11 +859,14 @@ def launch_cmd(config: Path = typer.Argument(..., help="TOML config"),
                          hosts=tuple(h for h in (hosts or "").split(",") if h), transport=transport,
                          nic_scope=nic_scope, socket_ifname=socket_ifname, cpu_bind=cpu_bind, job_name=job_name,
                          partition=partition, time_limit=time_limit)
-    for path in write_launch(out, c.placement, opts, force=force):
+    written = write_launch(out, c.placement, opts, force=force)
+    for path in written:
         _wrote(path)
     nodes = int(c.placement.node.max()) + 1
-    typer.echo(f"run: on each of the {nodes} node(s) NODE_RANK=<k> MESHPLAN_RDZV_ENDPOINT=<node 0 host:port> "
-               f"{out / 'torchrun.sh'}; or with Slurm: sbatch {out / 'job.sbatch'}")
+    run = (f"on each of the {nodes} node(s) NODE_RANK=<k> MESHPLAN_RDZV_ENDPOINT=<node 0 host:port> "
+           f"{out / 'torchrun.sh'}; or with Slurm: sbatch {out / 'job.sbatch'}")
+    typer.echo(f"run: {run}")
+    _write_doc(json_path, launch_doc(p, nodes, _written(written), run), force)
 
 
 @app.command("catalog")
@@ -835,7 +911,9 @@ def validate_slice(configs: list[Path] = typer.Argument(..., help="TOML configs 
                    steps: int = typer.Option(3, "--steps", help="timed steps per mesh"),
                    timeout_s: float = typer.Option(120.0, "--timeout-s", help="wall-clock limit per mesh"),
                    out: Path = typer.Option(Path("slice-out"), "--out", help="evidence folder"),
-                   force: bool = typer.Option(False, "--force", help="replace an existing slice folder")):
+                   json_path: Optional[Path] = _json_option("validate-slice"),
+                   force: bool = typer.Option(False, "--force", help="replace an existing slice folder and --json "
+                                                                     "file")):
     """Run several meshes on the testbed; order measured step times against predicted; keep the rejected."""
     _require_torch("validate-slice")
     _check_run_options(layers, seq_len, vocab, steps, hidden_div, timeout_s, None)
@@ -843,7 +921,12 @@ def validate_slice(configs: list[Path] = typer.Argument(..., help="TOML configs 
 
     opt = Options(worlds=(world,), layers=layers, hidden_div=hidden_div, seq_len=seq_len, vocab=vocab,
                   steps=steps, timeout_s=timeout_s, testbed=testbed)
-    raise typer.Exit(slice_main([str(c) for c in configs], testbed, out, opt, force))
+    _refuse_existing(json_path, force, "--json")
+    code = slice_main([str(c) for c in configs], testbed, out, opt, force)
+    if json_path:
+        evidence = json.loads((out / SLICE_MARKER).read_text(encoding="utf-8"))
+        _write_doc(json_path, validate_slice_doc(evidence, code, str(out)), force)
+    raise typer.Exit(code)
 
 
 testbed_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="Emulated multi-node cluster in network namespaces (root).")
@@ -854,19 +937,31 @@ app.add_typer(testbed_app, name="testbed")
 def testbed_up_cmd(nodes: int = typer.Option(2, help="emulated nodes (one network namespace each)"),
                    nics: int = typer.Option(2, help="NICs per node (one rail bridge each)"),
                    rate_mbit: float = typer.Option(200.0, help="tbf rate limit per NIC, Mbit/s"),
-                   prefix: str = typer.Option("t", help="name prefix of the namespaces")):
+                   prefix: str = typer.Option("t", help="name prefix of the namespaces"),
+                   json_path: Optional[Path] = _json_option("testbed-up"),
+                   force: bool = typer.Option(False, "--force", help="replace an existing --json file")):
     """Create one namespace per node, one rate-limited interface per NIC (10.77.RAIL.NODE+1), a bridge
     per rail and a spine between the rails (gateway 10.77.RAIL.254): traffic from a NIC's address leaves
     by that NIC, to another rail through the spine."""
 
-    raise typer.Exit(main_up(nodes, nics, rate_mbit, prefix=prefix))
+    _refuse_existing(json_path, force, "--json")
+    code, tb = main_up(nodes, nics, rate_mbit, prefix=prefix)
+    if tb is not None:
+        _write_doc(json_path, testbed_up_doc(tb), force)
+    raise typer.Exit(code)
 
 
 @testbed_app.command("down")
-def testbed_down_cmd(prefix: str = typer.Option("t", help="name prefix given to up")):
+def testbed_down_cmd(prefix: str = typer.Option("t", help="name prefix given to up"),
+                     json_path: Optional[Path] = _json_option("testbed-down"),
+                     force: bool = typer.Option(False, "--force", help="replace an existing --json file")):
     """Remove every namespace, interface, bridge and process of the testbed PREFIX."""
 
-    raise typer.Exit(main_down(prefix=prefix))
+    _refuse_existing(json_path, force, "--json")
+    code, removed = main_down(prefix=prefix)
+    if code == 0:
+        _write_doc(json_path, testbed_down_doc(prefix, removed), force)
+    raise typer.Exit(code)
 
 
 bench_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="Measure this machine (or the testbed) for calibration.")
@@ -881,18 +976,24 @@ def bench_comm_cmd(nproc: int = typer.Option(4, help="ranks (per node with --tes
                    iters: int = typer.Option(20, help="timed calls per size at most"),
                    budget_s: float = typer.Option(0.2, help="seconds per size, which caps iters"),
                    timeout_s: float = typer.Option(600.0, help="kill the run after this many seconds"),
-                   force: bool = typer.Option(False, "--force", help="replace an existing --out folder")):
+                   json_path: Optional[Path] = _json_option("bench-comm"),
+                   force: bool = typer.Option(False, "--force", help="replace an existing --out folder and --json "
+                                                                     "file")):
     """Collectives per link class in nccl-tests columns, alpha-beta fits, and a send/recv matrix. The --out folder
     is built under a temporary name and renamed into place when the run succeeds."""
     _require_torch("bench comm")
 
     check_number("--timeout-s", timeout_s, 1.0, 86400.0, "s")
+    _refuse_existing(json_path, force, "--json")
+    size_list = parse_sizes(sizes)
     try:
-        fits = run_bench(nproc, parse_sizes(sizes), out, testbed=testbed, iters=iters, budget_s=budget_s,
+        fits = run_bench(nproc, size_list, out, testbed=testbed, iters=iters, budget_s=budget_s,
                          timeout_s=timeout_s, echo=_echo, force=force)
     except RuntimeError as e:
         _echo(f"error: {e}", err=True)
         raise typer.Exit(1)
+    files = _written(sorted(p for p in out.rglob("*") if p.is_file()))
+    _write_doc(json_path, bench_comm_doc(nproc, size_list, testbed, fits, files), force)
     raise typer.Exit(0 if fits else 1)
 
 
@@ -921,7 +1022,8 @@ def bench_gemm(config: Path = typer.Argument(..., help="TOML config whose local 
                max_elements: Optional[int] = typer.Option(None, "--max-elements",
                                                           help="scale M down so an operand has at most this many "
                                                                "elements (default 2**22 on the CPU, none on a GPU)"),
-               force: bool = typer.Option(False, "--force", help="replace an existing --out file")):
+               json_path: Optional[Path] = _json_option("bench-gemm"),
+               force: bool = typer.Option(False, "--force", help="replace existing --out and --json files")):
     """Time the plan's local GEMM shapes (forward and backward) and write the efficiency table."""
     _require_torch("bench gemm")
     from meshplan.runtime.bench.gemm import bench, write_table
@@ -929,6 +1031,7 @@ def bench_gemm(config: Path = typer.Argument(..., help="TOML config whose local 
     if max_elements is not None:
         check_number("--max-elements", max_elements, 1, 1 << 40)
     check_destination(out, "--out", force)
+    _refuse_existing(json_path, force, "--json")
     p, device, dt = _bench_target(config, device, dtype)
     limit = max_elements if max_elements is not None else (2 ** 22 if device == "cpu" else None)
     rows = bench(list(p.gemms), dtype=dt, device=device, max_elements=limit)
@@ -938,6 +1041,7 @@ def bench_gemm(config: Path = typer.Argument(..., help="TOML config whose local 
         _echo(f"{r.gemm.m:7d} {r.gemm.n:7d} {r.gemm.k:7d} {r.dtype:>5} {r.seconds * 1e6:11.1f} "
                    f"{r.tflops:8.2f}  {r.device}{scaled}")
     _wrote(write_table(rows, out, force=force))
+    _write_doc(json_path, bench_gemm_doc(p, rows, device, dt, _written([out])), force)
 
 
 @bench_app.command("attention")
@@ -949,13 +1053,15 @@ def bench_attention(config: Path = typer.Argument(..., help="TOML config whose l
                     with_gemm: Optional[Path] = typer.Option(None, "--with-gemm", help="a `bench gemm` table whose "
                                                              "rows are written into --out too (one file for step)"),
                     repeats: int = typer.Option(5, "--repeats", help="timed calls (median)"),
-                    force: bool = typer.Option(False, "--force", help="replace an existing --out file")):
+                    json_path: Optional[Path] = _json_option("bench-attention"),
+                    force: bool = typer.Option(False, "--force", help="replace existing --out and --json files")):
     """Time the plan's local attention (torch SDPA, forward and backward) and write the table --gemm-table reads."""
     _require_torch("bench attention")
     from meshplan.runtime.bench.attention import bench_plan, gemm_rows, write_table
 
     check_number("--repeats", repeats, 1, 10_000)
     check_destination(out, "--out", force)
+    _refuse_existing(json_path, force, "--json")
     p, device, dt = _bench_target(config, device, dtype)
     r = bench_plan(p, dt, device, repeats=repeats)
     fwd_flops = 2.0 * r["batch"] * r["q_heads"] * r["seq_q"] * r["seq_kv"] * r["head_dim"]  # causal half
@@ -966,6 +1072,12 @@ def bench_attention(config: Path = typer.Argument(..., help="TOML config whose l
                f"{r['device']}")
     rows = (gemm_rows(with_gemm) if with_gemm else []) + [r]
     _wrote(write_table(rows, out, force=force))
+    _write_doc(json_path, bench_attention_doc(p, r, _written([out])), force)
+
+
+for _commands in (app, testbed_app, bench_app):  # --json - on every command (_json_to_stdout)
+    for _command in _commands.registered_commands:
+        _command.callback = _json_to_stdout(_command.callback)
 
 
 # typer raises click's UsageError (BadParameter's base); typer >= 0.2x vendors click, so the

@@ -211,13 +211,13 @@ def test_a_hanging_node_is_killed_at_the_timeout(bed):
 def test_down_is_idempotent_and_removes_leftovers(tmp_path, capsys):
     prefix = f"d{PID}"
     try:
-        assert T.main_up(nodes=1, nics=1, rate_mbit=100, prefix=prefix, state_dir=tmp_path) == 0
+        assert T.main_up(nodes=1, nics=1, rate_mbit=100, prefix=prefix, state_dir=tmp_path)[0] == 0
         assert "10.77.0.1" in capsys.readouterr().out
         stray = f"mp-{prefix}-n7"                               # as if a crashed `up` left it behind
         subprocess.run(["ip", "netns", "add", stray], check=True, timeout=10)
         sleeper = subprocess.Popen(["ip", "netns", "exec", stray, "sleep", "30"], start_new_session=True)
         time.sleep(0.2)
-        assert T.main_down(prefix=prefix, state_dir=tmp_path) == 0
+        assert T.main_down(prefix=prefix, state_dir=tmp_path)[0] == 0
         assert sleeper.wait(timeout=5) != 0, "the process inside a leftover namespace is killed"
         assert not [ns for ns in _netns() if ns.startswith(f"mp-{prefix}-")]
         assert not (tmp_path / f"{prefix}.json").exists()

@@ -24,9 +24,11 @@ from meshplan.plan import Infeasible, Plan
 from meshplan.report.json_out import _plain, _timeline
 from meshplan.schedule.linkload import concurrency, edge_loads, timings
 
-#: Commands with a ``--json`` document, each with its schema file.
+#: Commands with a ``--json`` document, each with its schema file (a group's commands as
+#: ``<group>-<command>``: ``bench-gemm``, ``testbed-up``).
 COMMANDS = ("plan", "search", "groups", "memory", "step", "reliability", "compare", "place", "nccl-check", "catalog",
-            "calibrate")
+            "calibrate", "report", "validate", "validate-slice", "testbed-up", "testbed-down", "bench-gemm",
+            "bench-attention", "bench-comm", "import", "export", "launch")
 
 
 def schema_name(command: str) -> str:
@@ -145,3 +147,102 @@ def catalog_doc(kind: str, entries: dict[str, dict]) -> dict[str, Any]:
 
 def calibrate_doc(fits, notes: Sequence[str], source: str, out: str) -> dict[str, Any]:
     return envelope("calibrate", fits=[_plain(f) for f in fits], notes=list(notes), source=source, out=out)
+
+
+def files_doc(files: Sequence[tuple[str, int]]) -> list[dict[str, Any]]:
+    """Files a command wrote: ``[{"path", "size_bytes"}]``, in the order written."""
+    return [{"path": p, "size_bytes": int(n)} for p, n in files]
+
+
+def report_doc(plan: Plan | Infeasible, files: Sequence[tuple[str, int]]) -> dict[str, Any]:
+    """``report``: the verdict and the HTML page written."""
+    return envelope("report", plan, files=files_doc(files))
+
+
+def _pvm(rows: Sequence[dict], quantity: str) -> Optional[dict[str, Any]]:
+    """The ``predicted_vs_measured`` row of ``quantity`` as ``{predicted, measured, error}``."""
+    row = next((r for r in rows if r.get("quantity") == quantity), None)
+    return None if row is None else {k: row.get(k) for k in ("predicted", "measured", "error")}
+
+
+def validate_doc(config: str, code: int, results: Sequence[dict], evidence: str, node_rank: int) -> dict[str, Any]:
+    """``validate``: the verdict (``ok``, ``exit_code``), per world its stage reached, message,
+    errors (the gated differences of the comparison, or the failure message), step time and
+    peak memory predicted against measured (seconds, bytes; ``error`` = measured / predicted
+    - 1), and the evidence folder (``summary`` only on node 0, which writes it)."""
+    worlds = []
+    for r in results:
+        comp = r.get("comparison") or {}
+        rows = comp.get("predicted_vs_measured", [])
+        errors = list(comp["differences"]) if "differences" in comp else ([] if r.get("ok") else [r.get("message", "")])
+        worlds.append({"world": r["world"], "ok": bool(r.get("ok")), "stage": r.get("stage"),
+                       "message": r.get("message", ""), "errors": errors, "step_s": _pvm(rows, "step time"),
+                       "peak_memory_bytes": _pvm(rows, "peak memory"), "folder": f"{evidence}/world{r['world']}"})
+    return envelope("validate", config=config, ok=code == 0, exit_code=code, node_rank=node_rank, evidence=evidence,
+                    summary=f"{evidence}/summary.md" if node_rank == 0 else None, worlds=worlds)
+
+
+def validate_slice_doc(evidence_doc: dict[str, Any], code: int, evidence: str) -> dict[str, Any]:
+    """``validate-slice``: the order verdict, the chosen mesh and each mesh's predicted and
+    measured step (seconds; rank 1 = fastest), from the evidence folder's ``slice.json``."""
+    keep = ("name", "config", "ran", "message", "predicted_s", "measured_s", "error", "predicted_rank",
+            "measured_rank", "collectives_match", "micro_batches", "folder")
+    return envelope("validate-slice", ok=code == 0, exit_code=code, testbed=evidence_doc["testbed"],
+                    order_matches=evidence_doc["order_matches"], verdict=evidence_doc["verdict"],
+                    chosen=evidence_doc["chosen"], global_batch=evidence_doc["global_batch"],
+                    meshes=[{k: m.get(k) for k in keep} for m in evidence_doc["meshes"]], evidence=evidence,
+                    summary=f"{evidence}/summary.md")
+
+
+def testbed_up_doc(tb) -> dict[str, Any]:
+    """``testbed up``: the testbed made (a :class:`~meshplan.runtime.testbed.netns.Testbed`):
+    each node's namespace and NIC addresses, the rate limit (bits/s) and its burst (bytes)."""
+    return envelope("testbed-up", prefix=tb.prefix, nodes=[{"namespace": tb.node_ns(i), "nics": [
+        {"ifname": tb.ifname(k), "address": tb.addr(i, k)} for k in range(tb.nics_per_node)]} for i in range(tb.nodes)],
+        fabric_namespace=tb.fabric_ns, rate_bits_per_s=tb.rate_mbit * 1e6, burst_bytes=tb.burst_bytes,
+        state=tb.state_path)
+
+
+def testbed_down_doc(prefix: str, removed: Sequence[str]) -> dict[str, Any]:
+    """``testbed down``: the namespaces removed."""
+    return envelope("testbed-down", prefix=prefix, removed=list(removed))
+
+
+def bench_gemm_doc(plan: Plan, rows, device: str, dtype: str, files: Sequence[tuple[str, int]]) -> dict[str, Any]:
+    """``bench gemm``: each local GEMM shape timed (seconds per call; ``scaled_m``, the M run
+    when scaled down, the time scaled back) and the table written."""
+    return envelope("bench-gemm", plan, device=device, dtype=dtype, files=files_doc(files),
+                    rows=[{"m": r.gemm.m, "n": r.gemm.n, "k": r.gemm.k, "dtype": r.dtype, "seconds": r.seconds,
+                           "flops_per_s": r.tflops * 1e12, "device": r.device, "scaled_m": r.scaled_m} for r in rows])
+
+
+def bench_attention_doc(plan: Plan, row: dict, files: Sequence[tuple[str, int]]) -> dict[str, Any]:
+    """``bench attention``: the local attention's shape and its forward and backward seconds."""
+    return envelope("bench-attention", plan, attention=dict(row), files=files_doc(files))
+
+
+def bench_comm_doc(nproc: int, sizes: Sequence[int], testbed: Optional[str], fits,
+                   files: Sequence[tuple[str, int]]) -> dict[str, Any]:
+    """``bench comm``: the all-reduce alpha-beta fits per link class and the files written."""
+    return envelope("bench-comm", nproc=nproc, sizes_bytes=list(sizes), testbed=testbed,
+                    fits=[_plain(f) for f in fits], files=files_doc(files))
+
+
+def import_doc(fmt: str, source: str, imp, toml: str, files: Sequence[tuple[str, int]]) -> dict[str, Any]:
+    """``import``: the format read, the fields meshplan does not use, the notes and the
+    meshplan TOML (its text, and the file when written)."""
+    return envelope("import", format=fmt, source=source, unused=list(imp.unused), notes=list(imp.all_notes()),
+                    toml=toml, files=files_doc(files))
+
+
+def export_doc(config: str, to: str, header: Sequence[str], files: Sequence[tuple[str, int]]) -> dict[str, Any]:
+    """``export``: the target format, what it does not express (``not expressed in <to>: ...``
+    lines of the header) and the file written."""
+    pre = f"not expressed in {to}: "
+    return envelope("export", config=config, to=to, header=list(header),
+                    not_expressed=[h[len(pre):] for h in header if h.startswith(pre)], files=files_doc(files))
+
+
+def launch_doc(plan: Plan | Infeasible, nodes: int, files: Sequence[tuple[str, int]], run: str) -> dict[str, Any]:
+    """``launch``: the files written (scripts and bindings), the node count and how to run them."""
+    return envelope("launch", plan, nodes=nodes, files=files_doc(files), run=run)

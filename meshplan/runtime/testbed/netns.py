@@ -324,27 +324,29 @@ def counter_delta(before: Mapping, after: Mapping) -> dict[tuple[int, int], tupl
 
 
 def main_up(nodes: int, nics: int, rate_mbit: float, prefix: str = "t", state_dir=None,
-            echo: Callable[[str], None] = print) -> int:
-    """``meshplan testbed up``: ConfigError for bad input; 0 when up, 1 (message on stderr) otherwise."""
+            echo: Callable[[str], None] = print) -> tuple[int, Optional[Testbed]]:
+    """``meshplan testbed up``: ConfigError for bad input; (0, the testbed) when up, (1, None)
+    (message on stderr) otherwise."""
     try:
         tb = testbed_up(prefix, nodes, nics, rate_mbit, state_dir=state_dir)
     except TestbedError as e:
         print(f"error: testbed: {e}", file=sys.stderr)
-        return 1
+        return 1, None
     echo(f"testbed '{tb.prefix}': {tb.nodes} nodes x {tb.nics_per_node} NICs at {tb.rate_mbit:g} Mbit/s "
          f"(tbf burst {tb.burst_bytes} B), rail bridges and the spine (10.77.<rail>.254) in {tb.fabric_ns}; "
          f"state {tb.state_path}")
     for i in range(tb.nodes):
         echo(f"  {tb.node_ns(i)}: " + ", ".join(f"nic{k}={tb.addr(i, k)}" for k in range(tb.nics_per_node)))
-    return 0
+    return 0, tb
 
 
-def main_down(prefix: str = "t", state_dir=None, echo: Callable[[str], None] = print) -> int:
-    """``meshplan testbed down``: 0 when nothing of ``prefix`` is left, 1 otherwise."""
+def main_down(prefix: str = "t", state_dir=None, echo: Callable[[str], None] = print) -> tuple[int, list[str]]:
+    """``meshplan testbed down``: (0, the namespaces removed) when nothing of ``prefix`` is
+    left, (1, []) otherwise."""
     try:
         removed = testbed_down(prefix, state_dir=state_dir)
     except TestbedError as e:
         print(f"error: testbed: {e}", file=sys.stderr)
-        return 1
+        return 1, []
     echo(f"testbed '{prefix}': removed {len(removed)} namespaces" + (f" ({', '.join(removed)})" if removed else ""))
-    return 0
+    return 0, removed

@@ -425,11 +425,13 @@ def _run_worlds(config: Config, opt: Options, out: Path, echo) -> tuple[int, lis
     return (0 if ok else 1), results
 
 
-def main(config_path: str, opt: Options, out: Path, force: bool = False) -> int:
-    code, _ = validate(load_config(config_path), opt, out, force)
+def main(config_path: str, opt: Options, out: Path, force: bool = False) -> tuple[int, list[dict]]:
+    """``meshplan validate``: :func:`validate` of the config, then where the evidence is;
+    returns (exit code, per-world results)."""
+    code, results = validate(load_config(config_path), opt, out, force)
     if opt.node_rank > 0:
         print(f"node {opt.node_rank}: done; node 0 writes the evidence to {out / 'summary.md'}",
               file=sys.stderr if code else sys.stdout)
-        return code
+        return code, results
     print(f"evidence: {out / 'summary.md'}", file=sys.stderr if code else sys.stdout)
-    return code
+    return code, results
