@@ -18,6 +18,7 @@ import jsonschema
 import pytest
 
 from meshplan.cli import main
+from meshplan.compute.shapes import backward_gemms
 from meshplan.config import load_config
 from meshplan.plan import build_plan
 from meshplan.report.json_docs import schema_of
@@ -131,10 +132,12 @@ def test_bench_gemm_and_attention_json(tmp_path, capsys):
     doc = json.loads(doc_path.read_text())
     assert rc == 0 and errors("bench-gemm", doc) == [], err
     plan = build_plan(load_config(cfg))
-    assert [(r["m"], r["n"], r["k"]) for r in doc["rows"]] == [(g.m, g.n, g.k) for g in plan.gemms]
-    for r in doc["rows"]:  # 2 M N K flops per call over the measured seconds
+    # each distinct shape of the plan's GEMMs and of their two backward GEMMs (dX, dW), once
+    shapes = {(x.m, x.n, x.k): None for g in plan.gemms for x in [g] + backward_gemms(g)}
+    assert [(r["m"], r["n"], r["k"]) for r in doc["rows"]] == list(shapes)
+    for r in doc["rows"]:  # 2 M N K flops per call over the measured seconds; M scaled to 4096 // max(N, K)
         assert r["seconds"] > 0 and r["flops_per_s"] == pytest.approx(2 * r["m"] * r["n"] * r["k"] / r["seconds"])
-        assert r["scaled_m"] * r["k"] <= 4096 or r["scaled_m"] == r["m"]
+        assert r["scaled_m"] == max(1, min(r["m"], 4096 // max(r["n"], r["k"])))
     assert (doc["device"], doc["dtype"]) == ("cpu", "fp32") and sizes(doc) == {"gemm.csv": table.stat().st_size}
     table, doc_path = tmp_path / "att.json", tmp_path / "attention.json"
     rc, _, err = run(["bench", "attention", cfg, "--out", table, "--device", "cpu", "--repeats", 2,
