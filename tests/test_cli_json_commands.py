@@ -122,6 +122,16 @@ def test_plan_json_to_stdout_is_the_plan_document(capsys):
     assert "feasible" in err and "wrote" not in err  # the human report moved to stderr
 
 
+@pytest.mark.parametrize("argv", [["groups", MINI, "--rank", 3], ["step", MINI], ["catalog", "gpu"],
+                                  ["place", MINI]], ids=lambda a: a[0])
+def test_json_to_stdout_is_the_document_written_to_a_file(argv, tmp_path, capsys):
+    path = tmp_path / "doc.json"
+    rc, printed, _ = run(argv + ["--json", path], capsys)
+    rc_stdout, out, err = run(argv + ["--json", "-"], capsys)
+    assert rc == rc_stdout == 0 and json.loads(out) == json.loads(path.read_text())
+    assert printed.replace(f"wrote {path}\n", "") == err  # the human output, moved to stderr whole
+
+
 @pytest.mark.slow
 def test_bench_gemm_and_attention_json(tmp_path, capsys):
     cfg = tmp_path / "tiny.toml"

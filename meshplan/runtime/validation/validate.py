@@ -420,7 +420,7 @@ def _run_worlds(config: Config, opt: Options, out: Path, echo) -> tuple[int, lis
     if opt.node_rank > 0:
         return (0 if ok else 1), results
     write_summary(out, config, opt, results)
-    write_json_atomic(out / MARKER, {"schema": "meshplan.validate/v1", "ok": ok, "config": config.path,
+    write_json_atomic(out / MARKER, {"schema": "meshplan.validate.evidence/v1", "ok": ok, "config": config.path,
                                      "options": opt.__dict__, "worlds": results})
     return (0 if ok else 1), results
 
