@@ -997,14 +997,17 @@ def bench_comm_cmd(nproc: int = typer.Option(4, help="ranks (per node with --tes
     raise typer.Exit(0 if fits else 1)
 
 
-def _bench_target(config: Path, device: str, dtype: Optional[str]) -> tuple[Plan, str, str]:
+def _bench_target(config: Path, device: str, dtype: Optional[str], json_path: Optional[Path], force: bool,
+                  infeasible_doc) -> tuple[Plan, str, str]:
     """The plan whose local shapes a bench times, the device (``--device``: auto is cuda when
     torch sees one) and the dtype (``--dtype``; default the compute dtype on a GPU, fp32 on the
-    CPU). An infeasible mesh exits 1 with its reasons."""
+    CPU). A mesh that does not resolve writes ``infeasible_doc(plan)`` to ``--json`` and exits 1
+    with its reasons."""
     from meshplan.runtime.bench.gemm import resolve_device
 
     p = _load(config)
     if isinstance(p, Infeasible):
+        _write_doc(json_path, infeasible_doc(p), force)
         _exit_infeasible(p)
     device = resolve_device(device)
     dt = dtype or (p.config.training.compute_dtype if device == "cuda" else "fp32")
@@ -1032,7 +1035,8 @@ def bench_gemm(config: Path = typer.Argument(..., help="TOML config whose local 
         check_number("--max-elements", max_elements, 1, 1 << 40)
     check_destination(out, "--out", force)
     _refuse_existing(json_path, force, "--json")
-    p, device, dt = _bench_target(config, device, dtype)
+    p, device, dt = _bench_target(config, device, dtype, json_path, force,
+                                  lambda p: bench_gemm_doc(p, [], device, dtype or "", []))
     limit = max_elements if max_elements is not None else (2 ** 22 if device == "cpu" else None)
     rows = bench(list(p.gemms), dtype=dt, device=device, max_elements=limit)
     _echo(f"{'M':>7} {'N':>7} {'K':>7} {'dtype':>5} {'time (us)':>11} {'TFLOP/s':>8}  device")
@@ -1062,7 +1066,8 @@ def bench_attention(config: Path = typer.Argument(..., help="TOML config whose l
     check_number("--repeats", repeats, 1, 10_000)
     check_destination(out, "--out", force)
     _refuse_existing(json_path, force, "--json")
-    p, device, dt = _bench_target(config, device, dtype)
+    p, device, dt = _bench_target(config, device, dtype, json_path, force,
+                                  lambda p: bench_attention_doc(p, None, []))
     r = bench_plan(p, dt, device, repeats=repeats)
     fwd_flops = 2.0 * r["batch"] * r["q_heads"] * r["seq_q"] * r["seq_kv"] * r["head_dim"]  # causal half
     _echo(f"attention b {r['batch']} heads {r['q_heads']} (kv {r['kv_heads']}) s_q {r['seq_q']} s_kv "

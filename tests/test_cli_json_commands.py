@@ -122,6 +122,24 @@ def test_plan_json_to_stdout_is_the_plan_document(capsys):
     assert "feasible" in err and "wrote" not in err  # the human report moved to stderr
 
 
+@pytest.mark.parametrize("argv", [["report", "{cfg}", "--out", "{tmp}/r.html"], ["launch", "{cfg}", "--out", "{tmp}/l"],
+                                  ["bench", "gemm", "{cfg}", "--out", "{tmp}/g.csv", "--device", "cpu"],
+                                  ["bench", "attention", "{cfg}", "--out", "{tmp}/a.json", "--device", "cpu"]],
+                         ids=lambda a: "-".join(a[:2]).replace("-{cfg}", ""))
+def test_json_of_a_mesh_that_does_not_resolve_carries_the_verdict(argv, tmp_path, capsys):
+    cfg = tmp_path / "dp3.toml"  # 3 ranks of data parallelism on an 8-GPU node
+    cfg.write_text(MINI.read_text().replace('names = ["dp_shard", "tp"]\nshape = [4, 2]',
+                                            'names = ["dp_shard"]\nshape = [3]'))
+    argv = [a.replace("{cfg}", str(cfg)).replace("{tmp}", str(tmp_path)) for a in argv]
+    rc, out, err = run(argv + ["--json", "-"], capsys)
+    doc = json.loads(out)
+    assert rc == 1 and errors("-".join(argv[:2]) if argv[0] == "bench" else argv[0], doc) == []
+    assert doc["feasible"] is False and f"infeasible: {doc['reasons'][0]}" in err
+    assert doc["reasons"][0].startswith("dp_shard(3) = 3 != world(8)")
+    assert doc["files"] == ([{"path": argv[3], "size_bytes": Path(argv[3]).stat().st_size}] if argv[0] == "report"
+                            else [])
+
+
 @pytest.mark.parametrize("argv", [["groups", MINI, "--rank", 3], ["step", MINI], ["catalog", "gpu"],
                                   ["place", MINI]], ids=lambda a: a[0])
 def test_json_to_stdout_is_the_document_written_to_a_file(argv, tmp_path, capsys):

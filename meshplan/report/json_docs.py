@@ -208,7 +208,8 @@ def testbed_down_doc(prefix: str, removed: Sequence[str]) -> dict[str, Any]:
     return envelope("testbed-down", prefix=prefix, removed=list(removed))
 
 
-def bench_gemm_doc(plan: Plan, rows, device: str, dtype: str, files: Sequence[tuple[str, int]]) -> dict[str, Any]:
+def bench_gemm_doc(plan: Plan | Infeasible, rows, device: str, dtype: str,
+                   files: Sequence[tuple[str, int]]) -> dict[str, Any]:
     """``bench gemm``: each local GEMM shape timed (seconds per call; ``scaled_m``, the M run
     when scaled down, the time scaled back) and the table written."""
     return envelope("bench-gemm", plan, device=device, dtype=dtype, files=files_doc(files),
@@ -216,9 +217,11 @@ def bench_gemm_doc(plan: Plan, rows, device: str, dtype: str, files: Sequence[tu
                            "flops_per_s": r.tflops * 1e12, "device": r.device, "scaled_m": r.scaled_m} for r in rows])
 
 
-def bench_attention_doc(plan: Plan, row: dict, files: Sequence[tuple[str, int]]) -> dict[str, Any]:
-    """``bench attention``: the local attention's shape and its forward and backward seconds."""
-    return envelope("bench-attention", plan, attention=dict(row), files=files_doc(files))
+def bench_attention_doc(plan: Plan | Infeasible, row: Optional[dict],
+                        files: Sequence[tuple[str, int]]) -> dict[str, Any]:
+    """``bench attention``: the local attention's shape and its forward and backward seconds
+    (null for a mesh that does not resolve)."""
+    return envelope("bench-attention", plan, attention=None if row is None else dict(row), files=files_doc(files))
 
 
 def bench_comm_doc(nproc: int, sizes: Sequence[int], testbed: Optional[str], fits,

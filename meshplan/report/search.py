@@ -11,9 +11,7 @@ outcome. JSON (schema
 
 from __future__ import annotations
 
-import json
 import time
-from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -21,7 +19,6 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextC
 from rich.table import Table
 
 from meshplan import __version__
-from meshplan.fileio import write_output
 from meshplan.search.driver import SearchResult
 from meshplan.search.exact import Exact
 from meshplan.search.rank import RULE_LINE
@@ -62,11 +59,6 @@ def search_to_dict(r: SearchResult) -> dict[str, Any]:
             "planned_exactly": len(r.exact), "counts": r.counts(), "top": top, "order_rule": RULE_LINE,
             "top_vs_runner_up": r.explanation.to_dict() if r.explanation else None,
             "best_rejected": row(r, r.best_rejected) if r.best_rejected else None, "notes": list(r.notes)}
-
-
-def write_search_json(r: SearchResult, path: str | Path, force: bool = False) -> Path:
-    """Write :func:`search_to_dict` atomically; refuses to replace a file unless ``force``."""
-    return write_output(path, json.dumps(search_to_dict(r), indent=1), force, "--json")
 
 
 def header_lines(r: SearchResult) -> list[str]:
