@@ -122,10 +122,11 @@ def test_plan_json_to_stdout_is_the_plan_document(capsys):
     assert "feasible" in err and "wrote" not in err  # the human report moved to stderr
 
 
-@pytest.mark.parametrize("argv", [["report", "{cfg}", "--out", "{tmp}/r.html"], ["launch", "{cfg}", "--out", "{tmp}/l"],
-                                  ["bench", "gemm", "{cfg}", "--out", "{tmp}/g.csv", "--device", "cpu"],
-                                  ["bench", "attention", "{cfg}", "--out", "{tmp}/a.json", "--device", "cpu"]],
-                         ids=lambda a: "-".join(a[:2]).replace("-{cfg}", ""))
+@pytest.mark.parametrize("argv", [
+    ["report", "{cfg}", "--out", "{tmp}/r.html"], ["launch", "{cfg}", "--out", "{tmp}/l"],
+    pytest.param(["bench", "gemm", "{cfg}", "--out", "{tmp}/g.csv", "--device", "cpu"], marks=pytest.mark.slow),
+    pytest.param(["bench", "attention", "{cfg}", "--out", "{tmp}/a.json", "--device", "cpu"], marks=pytest.mark.slow),
+], ids=["report", "launch", "bench-gemm", "bench-attention"])  # bench imports torch: > 10 s on a loaded machine
 def test_json_of_a_mesh_that_does_not_resolve_carries_the_verdict(argv, tmp_path, capsys):
     cfg = tmp_path / "dp3.toml"  # 3 ranks of data parallelism on an 8-GPU node
     cfg.write_text(MINI.read_text().replace('names = ["dp_shard", "tp"]\nshape = [4, 2]',
