@@ -9,6 +9,11 @@ memory, step, reliability, place, nccl-check) exits 1 and prints ``infeasible: <
 only the step the mesh would take, labelled ``would be ... if it fit``. ``compare`` exits 0
 when a mesh that fits wins (the other's infeasibility is one of the verdict's reasons) and 1
 when neither fits; ``search`` exits 0 when some candidate fits and 1 when none does.
+
+Every command takes ``--json PATH`` (its document, schema ``meshplan/schemas/<command>.v1.schema.json``,
+a group's command as ``<group>-<command>``); ``--json -`` prints the document alone on stdout and
+moves everything else the command prints to stderr (:func:`_json_to_stdout`, applied to every
+command once they are registered).
 """
 
 from __future__ import annotations
@@ -1080,9 +1085,14 @@ def bench_attention(config: Path = typer.Argument(..., help="TOML config whose l
     _write_doc(json_path, bench_attention_doc(p, r, _written([out])), force)
 
 
-for _commands in (app, testbed_app, bench_app):  # --json - on every command (_json_to_stdout)
-    for _command in _commands.registered_commands:
-        _command.callback = _json_to_stdout(_command.callback)
+def _json_to_stdout_everywhere(*apps: typer.Typer) -> None:
+    """``--json -`` on every registered command of ``apps`` (:func:`_json_to_stdout`)."""
+    for a in apps:
+        for command in a.registered_commands:
+            command.callback = _json_to_stdout(command.callback)
+
+
+_json_to_stdout_everywhere(app, testbed_app, bench_app)
 
 
 # typer raises click's UsageError (BadParameter's base); typer >= 0.2x vendors click, so the
