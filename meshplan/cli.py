@@ -593,13 +593,13 @@ def search_cmd(config: Path = typer.Argument(..., help="TOML config: [model], [c
     with ProgressBar() as bar:
         result = search(cfg, progress=bar)
     print_search(result, _console())
-    _write_text(json_path, json.dumps(search_to_dict(result), indent=1), force)
-    if export_rank is not None and out is not None:
+    if export_rank is not None and out is not None:  # its refusals (exit 2) come before any --json document
         if export_rank > len(result.top):
             raise ConfigError("--export", f"{export_rank}: the search ranked {len(result.top)} row(s); raise --top "
                               f"or export a lower rank")
         row = candidate_config(result.config, result.candidates, result.top[export_rank - 1].index)
         _write_export(row, to, out, f"search {config} row {export_rank}", force)
+    _write_text(json_path, json.dumps(search_to_dict(result), indent=1), force)
     if html_path:
         _wrote(write_output(html_path, search_page(result, config.name), force, '--html'))
     raise typer.Exit(0 if result.top else 1)

@@ -115,6 +115,14 @@ def test_errors_stay_one_line_on_stderr_with_json_to_stdout(tmp_path, capsys):
     assert (rc, out) == (2, "") and err.startswith("error: ") and err.count("\n") == 1
 
 
+@pytest.mark.slow
+def test_search_export_refusal_comes_before_the_json_document(tmp_path, capsys):
+    rc, out, err = run(["search", MINI, "--top", 2, "--export", 5, "-o", tmp_path / "row.toml", "--json", "-"],
+                       capsys)
+    assert (rc, out) == (2, "") and not (tmp_path / "row.toml").exists()
+    assert err.splitlines()[-1] == "error: --export: 5: the search ranked 2 row(s); raise --top or export a lower rank"
+
+
 def test_plan_json_to_stdout_is_the_plan_document(capsys):
     rc, out, err = run(["plan", MINI, "--json", "-"], capsys)
     doc = json.loads(out)
