@@ -50,6 +50,7 @@ def sizes(doc: dict) -> dict[str, int]:
     return {Path(f["path"]).name: f["size_bytes"] for f in doc["files"]}
 
 
+@pytest.mark.slow  # the report plans, predicts the step and draws the memory plot: about 10 s
 def test_report_json_names_the_page_and_its_size(tmp_path, capsys):
     page, doc_path = tmp_path / "mini.html", tmp_path / "report.json"
     rc, _, err = run(["report", MINI, "--out", page, "--json", doc_path], capsys)
