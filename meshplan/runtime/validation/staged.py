@@ -53,6 +53,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from meshplan.comm.alphabeta import algbw, busbw
+from meshplan.comm.collectives import Path as LinkPath
 from meshplan.comm.collectives import path_time
 from meshplan.compute.gemm import gemm_time
 from meshplan.compute.ops import issue_floor, layer_cost
@@ -162,9 +163,9 @@ def skew_summary(rows: list[dict]) -> dict:
                 last_rank=last, last_count=n, last_share=n / len(rows), by_axis=by_axis)
 
 
-def _axis_paths(plan) -> dict[str, object]:
+def _axis_paths(plan) -> dict[str, LinkPath]:
     """axis name as the table shows it -> its :class:`meshplan.comm.collectives.Path`."""
-    paths = {}
+    paths: dict[str, LinkPath] = {}
     for rows in plan.collectives.values():
         for r in rows:
             paths.setdefault(r.axis, r.path)
