@@ -176,5 +176,7 @@ def test_cross_world_table_and_world_sections():
     assert lines[-2] == "| 2 | 2000 us | tp all-reduce 4194304 B: 0.475 / 0.548 GB/s | +20% | +3% |"
     assert lines[-1] == "| 4 | n/a | n/a | n/a | n/a |"
     text = "\n".join(world_lines(w2, elapsed_s=45.0))
-    assert "(1.5 s of the launch's 45 s)" in text and "| tp | all-reduce | 2 | 1024 | 1000 us | 2000 us | +100% |" in text
+    assert "(1.5 s of the launch's 45 s)" in text
+    assert "| tp | all-reduce | 2 | 1024 | 1000 us | 2000 us | +100% |" in text
+    assert "| 1 | 100 | 103 | +3% | n/a | 100.0 ms | n/a | 100.0 ms |" in text
     assert "last to arrive most often: rank 1 (2 of 2, 100%)" in text

@@ -210,7 +210,7 @@ def run(args) -> None:
     timings = []
     nic_before = snapshot_nics(dist.barrier) if nic else None  # testbed: NIC counters around the steps
     step = 0
-    dist.barrier()  # every rank leaves it at about the same moment: the clock offset across hosts (staged.clock_offsets)
+    dist.barrier()  # every rank leaves it at about the same moment: the offset between hosts' clocks
     clock = {"host": socket.gethostname(), "barrier_exit_s": time.time()}
     maybe_fault(args, rank, step)
     with (runner.recorder() if hasattr(runner, "recorder") else CollectiveRecorder()) as rec:
@@ -286,7 +286,7 @@ def parse_args(argv=None):
     ap.add_argument("--probe-spec", default="",
                     help="JSON list of collectives to time after the steps (meshplan.runtime.validation.probe); empty: none")
     ap.add_argument("--curve-spec", default="",
-                    help="JSON list of (axis, op, size) message-curve points timed after the probe, with it; empty: none")
+                    help="JSON list of (axis, op, size) message-curve points timed after the probe; empty: none")
     return ap.parse_args(argv)
 
 

@@ -373,9 +373,10 @@ def world_lines(staged: dict, elapsed_s: Optional[float] = None) -> list[str]:
         lines += ["| rank | bytes predicted | bytes measured | error | save predicted | save | load predicted | load |",
                   "|---|---|---|---|---|---|---|---|"]
         fmt = lambda v: "n/a" if v is None else f"{v * 1e3:.1f} ms"
-        lines += [f"| {r['rank']} | {r['predicted_bytes'] if r['predicted_bytes'] is None else round(r['predicted_bytes'])}"
-                  f" | {r['measured_bytes']} | {_err(r['bytes_error'])} | {fmt(r['predicted_save_s'])} | "
-                  f"{fmt(r['save_s'])} | {fmt(r['predicted_load_s'])} | {fmt(r['load_s'])} |" for r in staged["checkpoint"]]
+        num = lambda v: "n/a" if v is None else f"{v:.0f}"
+        lines += [f"| {r['rank']} | {num(r['predicted_bytes'])} | {num(r['measured_bytes'])} | "
+                  f"{_err(r['bytes_error'])} | {fmt(r['predicted_save_s'])} | {fmt(r['save_s'])} | {fmt(r['predicted_load_s'])} | "
+                  f"{fmt(r['load_s'])} |" for r in staged["checkpoint"]]
     else:
         lines.append("none: " + "; ".join(m for m in staged["missing"] if m.startswith("checkpoint")))
     return lines + [""]
