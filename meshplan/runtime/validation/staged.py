@@ -351,7 +351,8 @@ def world_lines(staged: dict, elapsed_s: Optional[float] = None) -> list[str]:
         lines.append("none: " + "; ".join(m for m in staged["missing"] if m.startswith("message")))
     s = staged["skew_summary"]
     lines += ["", "### Rank arrival skew at every collective of the recorded step", "",
-              f"Predicted slack: {staged['skew_prediction']}. Clock: {staged['skew_clock']}.", ""]
+              "The recorded step is step 0, the first: its skew includes first-step costs (lazy set-up on some "
+              f"ranks). Predicted slack: {staged['skew_prediction']}. Clock: {staged['skew_clock']}.", ""]
     if s["count"]:
         lines += [f"{s['count']} collective calls: skew median {_us(s['median_s'])}, p90 {_us(s['p90_s'])}, max "
                   f"{_us(s['max_s'])} (predicted 0); last to arrive most often: rank {s['last_rank']} "
