@@ -5,6 +5,7 @@ point against the comm model on the CPU testbed, the kernel rows against the GEM
 checkpoint rows and the cross-world summary table, each against values derived by hand here.
 The multi-process run (``validate --worlds 2,4``) is in tests/test_validate.py."""
 
+import json
 import math
 from pathlib import Path
 
@@ -25,7 +26,9 @@ from meshplan.runtime.validation.staged import (  # noqa: E402
     kernel_rows,
     percentile,
     skew_summary,
+    staged_world,
     world_lines,
+    write_staged,
 )
 from meshplan.runtime.validation.validate import Options, scale_config  # noqa: E402
 
@@ -180,3 +183,33 @@ def test_cross_world_table_and_world_sections():
     assert "| tp | all-reduce | 2 | 1024 | 1000 us | 2000 us | +100% |" in text
     assert "| 1 | 100 | 103 | +3% | n/a | 100.0 ms | n/a | 100.0 ms |" in text
     assert "last to arrive most often: rank 1 (2 of 2, 100%)" in text
+
+
+def test_staged_world_reads_the_files_of_a_world_and_writes_its_csvs(tmp_path, plan4):
+    # 4 ranks on two hosts: ranks 2, 3 read a clock 1 s ahead (barrier exits 100.0 vs 101.0)
+    for r in range(4):
+        host, exit_s = ("a", 100.0) if r < 2 else ("b", 101.0)
+        tp = [0, 1] if r < 2 else [2, 3]
+        recs = [_call("all-gather", tp, exit_s + 0.010 + 0.002 * (r % 2)),
+                _call("reduce-scatter", [r % 2, r % 2 + 2], exit_s + 0.050 + 0.005 * (r // 2))]
+        (tmp_path / f"rank{r}").mkdir()
+        (tmp_path / f"rank{r}" / "collectives.json").write_text(json.dumps(
+            {"rank": r, "clock": {"host": host, "barrier_exit_s": exit_s}, "records": recs}))
+        (tmp_path / f"rank{r}" / "checkpoint.json").write_text(json.dumps(
+            {"rank": r, "bytes_written": 1000, "save_s": 0.1, "load_s": 0.2}))
+    (tmp_path / "rank0" / "curves.json").write_text(json.dumps({"wall_s": 1.25, "rows": [
+        dict(axis="tp", op="all-gather", size_bytes=1024, buffer_bytes=1024, n_ranks=2, time_s=1e-3, iters=5)]}))
+    (tmp_path / "gemm_table.json").write_text(json.dumps({"rows": [dict(m=32, n=256, k=256, dtype="fp32",
+                                                                         seconds=1e-3)]}))
+    st = staged_world(plan4, tmp_path, lambda r, g, op: "tp" if g[1] == g[0] + 1 else "dp_shard")
+    # after the offsets every tp call is 2 ms apart and every dp_shard call 5 ms: median of 2, 2, 5, 5 = 3.5 ms
+    assert sorted(round(r["skew_s"] * 1e3, 6) for r in st["skew"]) == [2.0, 2.0, 5.0, 5.0]
+    assert round(st["skew_summary"]["median_s"] * 1e3, 6) == 3.5 and st["skew_clock"].startswith("several hosts")
+    assert st["curve_wall_s"] == 1.25 and len(st["curves"]) == 1 and len(st["kernels"]) == 1
+    assert [r["measured_bytes"] for r in st["checkpoint"]] == [1000] * 4 and st["missing"] == []
+    written = {}
+    write_staged(tmp_path, st, lambda p, text: written.setdefault(p.name, text))
+    assert sorted(written) == ["arrival_skew.csv", "checkpoint.csv", "kernels.csv", "message_curves.csv",
+                               "staged.json"]
+    assert written["arrival_skew.csv"].splitlines()[0].startswith("axis,group,phase,op,size_bytes,call,skew_s")
+    assert written["arrival_skew.csv"].count("\n") == 5  # header and 4 calls

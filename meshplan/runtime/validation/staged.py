@@ -270,8 +270,9 @@ def staged_world(plan, folder: Path, axis_of: Callable[[int, tuple, str], str],
         missing.append("checkpoint (no DCP save in this run: pipeline stages are not saved yet)")
     return dict(world=world, curves=curve_rows(plan, curves) if curves else [],
                 curve_wall_s=curves.get("wall_s") if curves else None, skew=skew, skew_summary=skew_summary(skew),
-                skew_prediction=SKEW_PREDICTION, skew_clock="one host: time.time() on every rank" if not any(
-                    offsets.values()) else "hosts: offsets from the barrier before the recorded step",
+                skew_prediction=SKEW_PREDICTION, skew_clock="one host: time.time() on every rank" if len(
+                    {c.get("host") for c in clocks.values()}) <= 1 else "several hosts: each rank's time.time() "
+                "shifted by its exit from the barrier before the recorded step",
                 kernels=kernel_rows(plan, gemm["rows"]) if gemm else [],
                 checkpoint=checkpoint_rank_rows(plan, ck, checkpoint_bytes_per_s), missing=missing)
 
