@@ -2,7 +2,9 @@
 
 Multi-process tests (marked ``slow``): staged worlds 2 and 4 of tensor 2 + SP x FSDP2 in one
 CLI call (the 4-rank world is tp 2 x dp_shard 2), 8-rank HSDP 2 x 2 x tp 2 + SP; in each,
-every rank's collectives must equal the plan's table exactly (count, group, bytes, dtype);
+every rank's collectives must equal the plan's table exactly (count, group, bytes, dtype), and
+the staged run's evidence holds, per world, the message curves, arrival skew, kernel and
+checkpoint rows with finite values and the cross-world table;
 a rank killed with SIGKILL and a rank that hangs (ended by the wall-clock limit, and by the
 process-group timeout) are named within the limit and nothing is left running; a 2-node
 netns testbed run (root only, skipped elsewhere with the reason). Fast tests: mesh scaling,
