@@ -716,7 +716,8 @@ def validate(config: Path = typer.Argument(..., help="TOML config; its mesh is s
                                                    help="prefix of a `meshplan testbed up` cluster to run across"),
              probe: bool = typer.Option(True, "--probe/--no-probe",
                                         help="after the steps, time each of the plan's collectives under the run's "
-                                             "load and re-predict the step with those times (calibrated rows)"),
+                                             "load and re-predict the step with those times (calibrated rows), then "
+                                             "each axis's message curve, 1 KiB..4 MiB (staged evidence)"),
              nnodes: int = typer.Option(1, "--nnodes", help="hosts of a multi-host run: run the same command on "
                                                             "each with its --node-rank (W / nnodes ranks per host)"),
              node_rank: int = typer.Option(0, "--node-rank", help="this host's node (0 hosts the rendezvous and "

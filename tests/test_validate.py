@@ -2,7 +2,9 @@
 
 Multi-process tests (marked ``slow``): staged worlds 2 and 4 of tensor 2 + SP x FSDP2 in one
 CLI call (the 4-rank world is tp 2 x dp_shard 2), 8-rank HSDP 2 x 2 x tp 2 + SP; in each,
-every rank's collectives must equal the plan's table exactly (count, group, bytes, dtype);
+every rank's collectives must equal the plan's table exactly (count, group, bytes, dtype), and
+the staged run's evidence holds, per world, the message curves, arrival skew, kernel and
+checkpoint rows with finite values and the cross-world table;
 a rank killed with SIGKILL and a rank that hangs (ended by the wall-clock limit, and by the
 process-group timeout) are named within the limit and nothing is left running; a 2-node
 netns testbed run (root only, skipped elsewhere with the reason). Fast tests: mesh scaling,
@@ -11,6 +13,7 @@ the torchrun failure parser, diagnosis from status files, the evidence-folder gu
 """
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -162,12 +165,12 @@ torch = pytest.importorskip("torch")
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(150)
+@pytest.mark.timeout(200)
 def test_staged_worlds_2_4_tp2_sp_fsdp2_match_the_plan_exactly(tmp_path):
     out = tmp_path / "ev"
     cmd = [sys.executable, "-m", "meshplan.cli", "validate", str(TP_FSDP), "--worlds", "2,4", "--steps", "1",
            "--seq-len", "32", "--out", str(out), "--timeout-s", "90"]
-    cp = subprocess.run(cmd, capture_output=True, text=True, timeout=140)
+    cp = subprocess.run(cmd, capture_output=True, text=True, timeout=190)
     assert "dp_shard = 4 / (tp 2) = 2 (config: dp_shard 4)" in cp.stdout
     top = json.loads((out / MARKER).read_text())
     assert [w["world"] for w in top["worlds"]] == [2, 4]
@@ -224,7 +227,40 @@ def test_staged_worlds_2_4_tp2_sp_fsdp2_match_the_plan_exactly(tmp_path):
     # hidden 4096 / 16 = 256 split over tp 2: wq is (q_heads 32 x head_dim 8) / 2 rows, then FSDP halves them
     assert start["local_shapes"]["layers.0.attention.wq.weight"] == {
         "local": [64, 256], "global": [256, 256], "placements": ["_S(0, 2)", "S(0)"]}
+    # staged evidence (issue 14 item 6): message curves, arrival skew, kernels, checkpoint, per world
+    for w in (2, 4):
+        folder = out / f"world{w}"
+        st = json.loads((folder / "staged.json").read_text())
+        kinds = {(e["axis"], e["op"]) for e in json.loads((folder / "probe_spec.json").read_text())}
+        assert {(r["axis"], r["op"]) for r in st["curves"]} == kinds
+        assert len(st["curves"]) == 7 * len(kinds) and max(r["size_bytes"] for r in st["curves"]) == 4 << 20
+        for r in st["curves"]:
+            assert r["measured_time_s"] > 0 and r["predicted_time_s"] > 0 and r["iters"] >= 3
+            n = r["n_ranks"]  # nccl-tests: busbw = S / t x 2(n-1)/n (all-reduce), (n-1)/n (the others)
+            factor = (2 if r["op"] == "all-reduce" else 1) * (n - 1) / n
+            assert math.isclose(r["measured_busbw_bytes_per_s"], r["size_bytes"] / r["measured_time_s"] * factor)
+        # one skew row per call of every group: the calls each group's lowest rank recorded
+        recs = {r: json.loads((folder / f"rank{r}" / "collectives.json").read_text())["records"] for r in range(w)}
+        calls = sum(1 for r in range(w) for c in recs[r] if c["op"] != "send/recv" and min(c["group"]) == r)
+        assert len(st["skew"]) == calls > 0 and all(c["entry_s"] > 0 for c in recs[0])
+        assert all(math.isfinite(r["skew_s"]) and r["skew_s"] >= 0 and r["last_rank"] in r["group"] and
+                   r["predicted_s"] == 0.0 for r in st["skew"])
+        s = st["skew_summary"]
+        assert s["count"] == len(st["skew"]) and 0 <= s["median_s"] <= s["p90_s"] <= s["max_s"] < 60
+        assert all(all(math.isfinite(r[k]) and r[k] > 0 for k in ("predicted_s", "measured_s")) for r in st["kernels"])
+        assert {r["kernel"] for r in st["kernels"]} == {"gemm", "attention forward", "attention backward"}
+        assert [r["rank"] for r in st["checkpoint"]] == list(range(w))
+        assert all(r["measured_bytes"] > 0 and abs(r["bytes_error"]) < 0.1 and r["save_s"] > 0 and r["load_s"] > 0
+                   for r in st["checkpoint"])
+        for name in ("message_curves", "arrival_skew", "kernels", "checkpoint"):
+            assert (folder / f"{name}.csv").read_text().count("\n") > 1
+        assert st["curve_wall_s"] < _world(out, w)["elapsed_s"] / 2  # the curves do not double the launch
     summary = (out / "summary.md").read_text()
+    assert "## Staged evidence across worlds" in summary
+    assert summary.count("### Message curves") == summary.count("### Rank arrival skew") == 2
+    assert summary.count("### Local kernels") == summary.count("### Checkpoint per rank") == 2
+    table = summary.split("## Staged evidence across worlds")[1].split("\n\n")[1].splitlines()
+    assert [row.split(" | ")[0] for row in table[2:]] == ["| 2", "| 4"] and "n/a" not in "".join(table[2:])
     assert summary.startswith("# meshplan validate: " + ("PASSED" if w2["ok"] else "FAILED"))
     assert "| step time |" in summary and "## world 4: OK" in summary
     assert "times and memory are reported, not gated" in summary and "How to read the table:" in summary

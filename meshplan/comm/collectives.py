@@ -215,6 +215,21 @@ def axis_path(mesh: Mesh, placement, cluster: ClusterSpec, axis: str) -> Path:
                 len(np.unique(node[0])), int((node[0] == n0).sum()), share)
 
 
+def path_time(op: str, n: int, size_bytes: float, path: Path, cluster: ClusterSpec) -> tuple[str, float]:
+    """(algorithm, seconds) of ``op`` over ``n`` ranks on a ``size_bytes`` buffer (nccl-tests
+    ``S``) along ``path`` (:func:`axis_path`) of ``cluster``:
+    :func:`meshplan.comm.alphabeta.collective_time` with the path's bandwidth, kind, latency
+    scale, nodes and NIC share, and the cluster's fabric, library and measured curves. The
+    one call behind every table row and the predicted message curves of ``validate``
+    (:mod:`meshplan.runtime.validation.staged`)."""
+    return collective_time(op, n, size_bytes, path.bandwidth_bytes_per_s, path.kind, nvls=cluster.node.fabric.nvls,
+                           latency_scale=path.latency_scale, nodes=path.nodes,
+                           intra_bandwidth_bytes_per_s=cluster.node.fabric.bandwidth_bytes_per_s,
+                           library=cluster.collective_library, curves=cluster.node.busbw,
+                           nic_bandwidth_bytes_per_s=path.nic_bandwidth_bytes_per_s,
+                           ranks_per_node=path.ranks_per_node)
+
+
 def collective_table(model: ModelSpec, training: TrainingSpec, mesh: Mesh, cluster: ClusterSpec,
                      placement, stage_layers: list[int], micro_batches: int,
                      first_stage: bool = True, last_stage: bool = True,
@@ -232,12 +247,7 @@ def collective_table(model: ModelSpec, training: TrainingSpec, mesh: Mesh, clust
         if n <= 1 or size <= 0 or (per_mb == 0 and not per_step):
             return
         path = paths.setdefault(axis, axis_path(mesh, placement, cluster, axis))
-        alg, t = collective_time(op, n, size, path.bandwidth_bytes_per_s, path.kind, nvls=cluster.node.fabric.nvls,
-                                 latency_scale=path.latency_scale, nodes=path.nodes,
-                                 intra_bandwidth_bytes_per_s=cluster.node.fabric.bandwidth_bytes_per_s,
-                                 library=cluster.collective_library, curves=cluster.node.busbw,
-                                 nic_bandwidth_bytes_per_s=path.nic_bandwidth_bytes_per_s,
-                                 ranks_per_node=path.ranks_per_node)
+        alg, t = path_time(op, n, size, path, cluster)
         rows.append(CollectiveRow(mesh.display_name(axis), phase, op, n, mesh.world // n,
                                   tuple(mesh.group_of(0, axis) if ranks is None else ranks), float(size), dtype, per_mb,
                                   per_step if per_step is not None else per_mb * micro_batches,

@@ -23,6 +23,7 @@ Usage::
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -83,7 +84,10 @@ class Collective:
     ``op``: meshplan's name; ``torch_op``: the dispatcher op; ``group``: global ranks of the
     group, in group order; ``size_bytes``: the full buffer (see the module docstring);
     ``in_shapes``/``out_shapes``: tensor shapes as issued; ``phase``: the label set on the
-    recorder when it was issued ("forward", "backward", "step", ...).
+    recorder when it was issued ("forward", "backward", "step", ...); ``entry_s``: wall-clock
+    time (``time.time()``, seconds since the epoch) when this rank issued it, before the op
+    ran: its arrival at the collective (the arrival skew of
+    :mod:`meshplan.runtime.validation.staged`; one clock for every rank of a host).
     """
 
     op: str
@@ -94,6 +98,7 @@ class Collective:
     in_shapes: tuple[tuple[int, ...], ...]
     out_shapes: tuple[tuple[int, ...], ...]
     phase: str = ""
+    entry_s: float = 0.0
 
     @property
     def group_size(self) -> int:
@@ -155,9 +160,10 @@ class CollectiveRecorder(TorchDispatchMode):
         kwargs = kwargs or {}
         if any(t.__name__ == "DTensor" for t in types):
             return NotImplemented
+        entry = time.time()  # the rank's arrival, before the collective can wait for its peers
         out = func(*args, **kwargs)
         name = func._schema.name
         if name in _OPS:
             rec = describe(name, args, kwargs, out)
-            self.records.append(Collective(**{**rec.__dict__, "phase": self.phase}))
+            self.records.append(Collective(**{**rec.__dict__, "phase": self.phase, "entry_s": entry}))
         return out

@@ -19,7 +19,9 @@
 Files under ``DIR/rank<r>/``, each written atomically (temporary file, then rename):
 ``startup.json``, ``collectives.json``, ``memory.json``, ``timings.json``, ``trace.json``,
 ``checkpoint.json`` (one DCP save and load after the steps, pp 1:
-:func:`~meshplan.runtime.execution.checkpoint.measure_dcp`),
+:func:`~meshplan.runtime.execution.checkpoint.measure_dcp`), ``probe.json`` and
+``curves.json`` (the plan's collectives, then each axis's message curve, timed after the
+steps: :mod:`~meshplan.runtime.validation.probe`),
 and ``status.json``, rewritten at every phase (step, phase, state ``running`` / ``error`` /
 ``done``). ``done`` is written last: a rank's other files count only when it is there.
 
@@ -38,6 +40,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import sys
 import tempfile
 import time
@@ -57,7 +60,7 @@ from meshplan.runtime.execution.parallelize import apply_ddp, check_groups, init
 from meshplan.runtime.execution.recorder import CollectiveRecorder
 from meshplan.runtime.execution.trainstep import Runner, memory_step
 from meshplan.runtime.testbed.nics import apply_rank_nic, snapshot_nics
-from meshplan.runtime.validation.probe import run_probe
+from meshplan.runtime.validation.probe import CURVE_BUDGET_S, run_probe
 from meshplan.spec.mesh import MeshSpec
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.training import TrainingSpec
@@ -207,10 +210,13 @@ def run(args) -> None:
     timings = []
     nic_before = snapshot_nics(dist.barrier) if nic else None  # testbed: NIC counters around the steps
     step = 0
+    dist.barrier()  # every rank leaves it at about the same moment: the offset between hosts' clocks
+    clock = {"host": socket.gethostname(), "barrier_exit_s": time.time()}
     maybe_fault(args, rank, step)
     with (runner.recorder() if hasattr(runner, "recorder") else CollectiveRecorder()) as rec:
         timings.append({**runner.step(step, rec), "kind": "recorded"})
-    write_json(folder / "collectives.json", {"rank": rank, "step": step, "records": [r.__dict__ for r in rec.records]})
+    write_json(folder / "collectives.json", {"rank": rank, "step": step, "clock": clock,
+                                             "records": [r.__dict__ for r in rec.records]})
     step += 1
     maybe_fault(args, rank, step)
     t, mem = memory_step(runner, step)
@@ -256,7 +262,13 @@ def run(args) -> None:
     if args.probe_spec:  # the plan's collectives timed after the steps: meshplan.runtime.validation.probe
 
         status.set(step, "collective probe")
-        write_json(folder / "probe.json", run_probe(rank, json.loads(Path(args.probe_spec).read_text())))
+        handles: dict = {}  # each axis's groups made once, for the probe and the message curves
+        write_json(folder / "probe.json", run_probe(rank, json.loads(Path(args.probe_spec).read_text()),
+                                                    handles=handles))
+        if args.curve_spec:  # message curves: each axis's ops over CURVE_SIZES (meshplan.runtime.validation.staged)
+            status.set(step, "message curves")
+            write_json(folder / "curves.json", run_probe(rank, json.loads(Path(args.curve_spec).read_text()),
+                                                         budget_s=CURVE_BUDGET_S, handles=handles))
     dist.barrier()
     status.set(step, "finished", state="done")
 
@@ -273,6 +285,8 @@ def parse_args(argv=None):
     ap.add_argument("--fault-step", type=int, default=1, help="step at whose start the fault happens")
     ap.add_argument("--probe-spec", default="",
                     help="JSON list of collectives to time after the steps (meshplan.runtime.validation.probe); empty: none")
+    ap.add_argument("--curve-spec", default="",
+                    help="JSON list of (axis, op, size) message-curve points timed after the probe; empty: none")
     return ap.parse_args(argv)
 
 

@@ -26,6 +26,12 @@ from meshplan.mesh.resolve import Mesh
 from meshplan.runtime.execution.recorder import Collective
 
 
+#: One-time set-up traffic, not part of a training step: torch.distributed.pipelining's
+#: static-mode warm-up vote on the first step. Left out of the comparison and the arrival
+#: skew (kept in the files).
+SETUP_PHASES = ("schedule-setup",)
+
+
 def axis_of(mesh: Mesh, rank: int, group: Iterable[int], op: str = "") -> str:
     """Name of the axis whose group of ``rank`` is ``group`` (``ep`` for an all-to-all on
     the ep group, else the first in ``Mesh.all_axes()``); ``?[ranks]`` when none is."""

@@ -38,9 +38,10 @@ from meshplan.reliability import checkpoint_size
 from meshplan.runtime.execution.recorder import Collective
 from meshplan.runtime.execution.worker import write_atomic, write_json
 from meshplan.runtime.validation.breakdown import breakdown_rows
-from meshplan.runtime.validation.compare import differences, tally_records, tally_table
+from meshplan.runtime.validation.compare import SETUP_PHASES, axis_of, differences, tally_records, tally_table
 from meshplan.runtime.validation.host import line as host_line
 from meshplan.runtime.validation.probe import calibrated_plan
+from meshplan.runtime.validation.staged import cross_world_lines, staged_world, world_lines, write_staged
 from meshplan.schedule.steptime import step_time
 from meshplan.units import MiB
 
@@ -53,11 +54,6 @@ def tally_table_per_step(rows, mesh=None) -> Counter:
 
 def _load(folder: Path, rank: int, name: str) -> dict:
     return json.loads((folder / f"rank{rank}" / name).read_text())
-
-
-#: One-time set-up traffic, not part of a training step: torch.distributed.pipelining's
-#: static-mode warm-up vote on the first step. Left out of the comparison (kept in the files).
-SETUP_PHASES = ("schedule-setup",)
 
 
 def _records(data: dict) -> list[Collective]:
@@ -308,9 +304,10 @@ def compare_world(plan, folder: Path, table, tolerance: Optional[float] = None,
            if not diffs else f"{len(diffs)} collective/group difference(s)")
     if gated:
         msg += f"; outside the tolerance: {'; '.join(gated)}"
+    staged = staged_world(plan, folder, lambda r, g, op: axis_of(plan.mesh, r, g, op), checkpoint_bytes_per_s)
     return {"ok": ok, "message": msg, "differences": diffs + gated, "collectives": coll_rows,
             "predicted_vs_measured": rows, "prediction_note": pred_note, "calibration_note": cal_note,
-            "group_differences": groups}
+            "group_differences": groups, "staged": staged}
 
 
 def _csv(rows: list[dict]) -> str:
@@ -330,6 +327,8 @@ def write_world_evidence(folder: Path, result: dict) -> None:
     write_atomic(folder / "collectives.csv", _csv(comp["collectives"]))
     write_atomic(folder / "predicted_vs_measured.csv", _csv(comp["predicted_vs_measured"]))
     write_json(folder / "predicted_vs_measured.json", comp["predicted_vs_measured"])
+    if comp.get("staged"):
+        write_staged(folder, comp["staged"], write_atomic)
     write_json(folder / "comparison.json", result)
 
 
@@ -370,6 +369,11 @@ def write_summary(out: Path, config, opt, results: list[dict]) -> None:
     lines = [f"# meshplan validate: {'PASSED' if ok else 'FAILED'}", "",
              f"Config `{config.path}`, worlds {list(opt.worlds)}, {opt.steps} timed steps per world, "
              f"wall-clock limit {opt.timeout_s:g} s per world. Checked: {gate}.", ""]
+    staged = {r["world"]: r["comparison"]["staged"] for r in results if (r.get("comparison") or {}).get("staged")}
+    if staged:
+        lines += cross_world_lines(staged) + ["", "Per world below: the message curves, the arrival skew, the local "
+                                              "kernels and the checkpoint rows (files: world<W>/staged.json and "
+                                              "its CSVs).", ""]
     for r in results:
         lines += [f"## world {r['world']}: {'OK' if r['ok'] else 'FAILED'}", "", r["message"], ""]
         if r.get("host"):
@@ -387,6 +391,8 @@ def write_summary(out: Path, config, opt, results: list[dict]) -> None:
             lines += ["", comp["prediction_note"], "", *READING, ""]
             if comp.get("calibration_note"):
                 lines += [comp["calibration_note"], ""]
+            if comp.get("staged"):
+                lines += world_lines(comp["staged"], r.get("elapsed_s"))
         fault = r.get("fault")
         if fault:
             lines += [f"Failed rank(s): {fault['failed_ranks']}. Nothing below is a result:", ""]
@@ -398,5 +404,6 @@ def write_summary(out: Path, config, opt, results: list[dict]) -> None:
             lines.append("")
         lines += [f"Files: `world{r['world']}/` (plan.json, torchrun.log with every rank's start-up print, "
                   "rank<r>/ (startup.json: coordinates, groups, local shapes; trace.json), comparison.json"
-                  + (", collectives.csv, predicted_vs_measured.csv" if comp else "") + ")", ""]
+                  + (", collectives.csv, predicted_vs_measured.csv, staged.json, message_curves.csv, "
+                     "arrival_skew.csv, kernels.csv, checkpoint.csv" if comp else "") + ")", ""]
     write_atomic(out / "summary.md", "\n".join(lines))

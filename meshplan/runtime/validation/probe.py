@@ -11,6 +11,11 @@ load; the probe measures this one. It is the nccl-tests step of a GPU validation
 group's collectives at the sizes the plan uses, then predict with them) done in the same
 processes, after the timed and profiled steps so it cannot disturb them.
 
+Message curves (:func:`curve_spec`, issue 14 item 6): the same timing, after the probe and on
+the same groups, for every ``(axis, op)`` of the table over :data:`CURVE_SIZES` (1 KiB to
+4 MiB), :data:`CURVE_BUDGET_S` per point; compared with the comm model in
+:mod:`meshplan.runtime.validation.staged`.
+
 Method: :func:`probe_spec` lists, per table row kind ``(axis, op, size)`` (send/recv excluded:
 its pairs are the pipeline's, not a group's), every group of the axis. The worker
 (:func:`run_probe`) creates each axis's groups once (every rank creates every group, in the
@@ -36,7 +41,7 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import replace
-from typing import Any, Optional
+from typing import Optional
 
 from meshplan.plan import Plan
 from meshplan.runtime.bench.comm import chunked
@@ -61,18 +66,42 @@ def probe_spec(plan: Plan) -> list[dict]:
     return sorted(out, key=lambda e: (e["axis"], e["op"], e["size_bytes"]))
 
 
-def run_probe(rank: int, spec: list[dict], budget_s: float = 0.2) -> dict:
+#: Message sizes of the in-run message curves (:func:`curve_spec`): powers of 4 from 1 KiB to
+#: 4 MiB, seven sizes; 4 MiB is where the CPU testbed's loopback all-reduce reaches its
+#: plateau bus bandwidth (cpu_testbed.toml: ~0.5 GB/s at 4-16 MiB).
+CURVE_SIZES = tuple(1024 * 4 ** i for i in range(7))
+#: Seconds per curve point after its ``MIN_ITERS`` calls (a 4 MiB point is a few calls):
+#: the 35 points of a tp 2 + SP x FSDP2 mesh (5 axis/op kinds x 7 sizes) take 2-4 s of a
+#: 4-rank launch of about 45 s on 2 cores.
+CURVE_BUDGET_S = 0.05
+
+
+def curve_spec(plan: Plan, sizes=CURVE_SIZES) -> list[dict]:
+    """The message curve of every ``(axis, op)`` of the plan's tables (ops in
+    :data:`PROBED_OPS`; send/recv pairs are the pipeline's, not a group's): one entry per size
+    of ``sizes``, in :func:`probe_spec`'s format, so :func:`run_probe` times them the same way
+    (every group of the axis at once)."""
+    kinds = {(e["axis"], e["op"]): e["groups"] for e in probe_spec(plan)}
+    return [{"axis": axis, "op": op, "size_bytes": int(size), "groups": groups}
+            for (axis, op), groups in sorted(kinds.items()) for size in sizes]
+
+
+def run_probe(rank: int, spec: list[dict], budget_s: float = 0.2, handles: Optional[dict] = None) -> dict:
     """Time every entry of ``spec`` (see the module docstring); every rank must call it with
-    the same ``spec``. Returns ``{"budget_s", "rows": [{axis, op, size_bytes, n_ranks,
-    time_s, iters}]}``; ``time_s`` is the group's mean of per-rank medians (seconds per call)."""
+    the same ``spec``. Returns ``{"budget_s", "wall_s", "rows": [{axis, op, size_bytes,
+    buffer_bytes, n_ranks, time_s, iters}]}``; ``time_s`` is the group's mean of per-rank
+    medians (seconds per call), ``wall_s`` this call's seconds. ``handles``: axis -> this
+    rank's ProcessGroup, filled here and reused by a later call (the probe, then the
+    message curves: the groups are created once)."""
     import torch
     import torch.distributed as dist
 
     from meshplan.runtime.bench.comm_worker import _buffers, _call
 
     device = torch.device("cpu")
-    handles: dict[str, Any] = {}  # torch ProcessGroup per axis
+    handles = {} if handles is None else handles  # torch ProcessGroup per axis
     rows = []
+    t_start = time.perf_counter()
     for e in spec:
         groups = e["groups"]
         if e["axis"] not in handles:  # every rank creates every group of the axis, same order
@@ -101,7 +130,7 @@ def run_probe(rank: int, spec: list[dict], budget_s: float = 0.2) -> dict:
         rows.append(dict(axis=e["axis"], op=e["op"], size_bytes=e["size_bytes"], buffer_bytes=size, n_ranks=n,
                          time_s=med.item() / n, iters=len(times)))
     dist.barrier()
-    return {"budget_s": budget_s, "rows": rows}
+    return {"budget_s": budget_s, "wall_s": time.perf_counter() - t_start, "rows": rows}
 
 
 def calibrated_plan(plan: Plan, probe: dict) -> tuple[Optional[Plan], list[str]]:

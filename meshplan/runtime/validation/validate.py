@@ -34,11 +34,17 @@ For each world size W (staged: 2, then 4, then 8 ...):
    :func:`meshplan.schedule.steptime.step_time`, peak memory against the memory timeline, and
    the bytes each rank wrote in a DCP save after the steps against
    :func:`meshplan.reliability.dcp_write_bytes` (save and load times at ``--checkpoint-gbps``).
+6. **Staged evidence** (:mod:`meshplan.runtime.validation.staged`): each axis's message curve
+   (1 KiB..4 MiB, timed in the launch after the probe) against the comm model, the arrival
+   skew of every collective of the recorded step against the predicted slack, each local
+   kernel against the kernel-efficiency model, and the checkpoint per rank; summed up across
+   worlds at the top of ``summary.md``.
 
 Evidence folder ``OUT``: ``validate.json`` and ``summary.md`` (all worlds), and per world
 ``world<W>/``: ``plan.json``, ``gemm_table.json``, ``torchrun.log``, ``rank<r>/`` (the
 workers' files), ``collectives.csv``, ``predicted_vs_measured.csv`` and ``.json``,
-``comparison.json`` (the world's result: notes, outcome, comparison or fault report, and
+``staged.json`` with ``message_curves.csv``, ``arrival_skew.csv``, ``kernels.csv`` and
+``checkpoint.csv``, ``comparison.json`` (the world's result: notes, outcome, comparison or fault report, and
 ``host``: cores, load before and after, and whether measured times are reliable, see
 :mod:`meshplan.runtime.validation.host`). The folder is built as ``.OUT.<random>.partial``
 and renamed to ``OUT`` at the end. Exit code 0 when every world ran and matched, 1 otherwise.
@@ -71,7 +77,7 @@ from meshplan.runtime.testbed.nics import nic_rows
 from meshplan.runtime.testbed.run import run_on_testbed, testbed_cluster
 from meshplan.runtime.validation import host
 from meshplan.runtime.validation.kerneltimes import measure_attention, measure_gemms
-from meshplan.runtime.validation.probe import probe_spec
+from meshplan.runtime.validation.probe import curve_spec, probe_spec
 from meshplan.spec.mesh import MeshSpec
 from meshplan.spec.training import TrainingSpec
 
@@ -310,7 +316,8 @@ def _run_world(config: Config, world: int, opt: Options, folder: Path, work: Pat
             "--hang-rank", str(opt.hang_rank), "--fault-step", str(opt.fault_step)]
     if opt.probe:
         write_json_atomic(work / "probe_spec.json", probe_spec(plan))
-        argv += ["--probe-spec", str(work / "probe_spec.json")]
+        write_json_atomic(work / "curve_spec.json", curve_spec(plan))
+        argv += ["--probe-spec", str(work / "probe_spec.json"), "--curve-spec", str(work / "curve_spec.json")]
     here = f" ({world // opt.nnodes} on this host, node {opt.node_rank} of {opt.nnodes})" if opt.rendezvous else ""
     echo(f"  torchrun: {world} ranks{here}, limit {opt.timeout_s:g} s (process-group timeout {pg_timeout:g} s)")
     before = host.state()
