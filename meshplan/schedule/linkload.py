@@ -82,56 +82,74 @@ def _op_of(name: str) -> str:
 
 def timings(st, stage: int = 0) -> list[Timing]:
     """Ready time, deadline and duration of the first occurrence of each (stream, phase, op)
-    on ``stage`` (see the module docstring)."""
-    events = st.trace_events(detail=True, stage=stage)
-    compute = sorted((e for e in events if e.stream == "compute"), key=lambda e: e.start_s)
-    step_end = max(e.end_s for e in events)
-    opt = next((e.start_s for e in events if "optimizer" in e.name), step_end)
+    on ``stage`` (see the module docstring), from the stage's events on arrays
+    (:meth:`~meshplan.schedule.steptime.StepTime.stage_detail`): the earliest event of each
+    kind, ties in the trace's order."""
+    d = st.stage_detail(stage)
+    ops = {n: _op_of(n) for n in set(d.name.tolist())}
+    op = np.array([ops[n] for n in d.name.tolist()], dtype=object)
+    phase = np.where(d.kind == "F", "forward", np.where(d.kind == "", "step", "backward"))
+    comm = (d.stream != "compute") & (d.stream != "p2p") & (op != "") & \
+        ~np.array([x.startswith("stage") for x in d.stream.tolist()], dtype=bool)
+    cand = np.flatnonzero(comm)
+    cand = cand[np.argsort(d.start[cand], kind="stable")]
     seen, out = set(), []
-    for e in sorted(events, key=lambda e: e.start_s):
-        if e.stream in ("compute", "p2p") or e.stream.startswith("stage"):
-            continue
-        unit = e.args.get("unit", "")
-        phase = "forward" if unit.startswith("F") else "backward" if unit[:1] in ("B", "W") else "step"
-        key = (e.stream, phase, _op_of(e.name))
-        if key in seen or not key[2]:
+    opt = next((float(d.start[i]) for i in range(len(d.name)) if d.unit[i] < 0 and "optimizer" in d.name[i]),
+               max(float(d.end.max()), float(st.pipeline.end[st.pipeline.stage_slice(stage)].max())))
+    for i in cand.tolist():
+        key = (d.stream[i], str(phase[i]), op[i])
+        if key in seen:
             continue
         seen.add(key)
-        out.append(Timing(e.stream, phase, key[2], e.start_s, _deadline(e, compute, opt), e.end_s - e.start_s))
+        out.append(Timing(key[0], key[1], key[2], float(d.start[i]), _deadline(d, i, opt),
+                          float(d.end[i] - d.start[i])))
     return out
 
 
-def _deadline(e, compute, opt: float) -> float:
-    words = e.name.split()
-    if e.stream in ("fsdp", "efsdp") and "AG" in words:
-        layer = words[-1]
-        return next((c.start_s for c in compute if c.name == layer and c.start_s >= e.start_s), e.end_s)
-    if "RS" in words or "norm-grad" in e.name or e.stream in ("dp_replicate", "dp"):
+def _deadline(d, i: int, opt: float) -> float:
+    words = d.name[i].split()
+    if d.stream[i] in ("fsdp", "efsdp") and "AG" in words:
+        # the first compute event named for the layer at or after the gather's start: inside its
+        # own unit or a later one (units run in order on the stage's stream)
+        later = (d.stream == "compute") & (d.name == words[-1]) & (d.start >= d.start[i]) & (d.unit >= d.unit[i])
+        hits = np.flatnonzero(later)
+        return float(d.start[hits[np.argmin(d.start[hits])]]) if len(hits) else float(d.end[i])
+    if "RS" in words or "norm-grad" in d.name[i] or d.stream[i] in ("dp_replicate", "dp"):
         return opt
-    return e.end_s  # blocking: the next op waits for it
+    return float(d.end[i])  # blocking: the next op waits for it
 
 
 def concurrency(st, stage: int = 0) -> dict[tuple[str, str], float]:
-    """Seconds per step during which collectives of two different streams run at once."""
-    ev = sorted((e for e in st.trace_events(detail=True, stage=stage) if e.stream != "compute"
-                 and e.end_s > e.start_s), key=lambda e: e.start_s)
+    """Seconds per step during which collectives of two different streams run at once: for
+    streams A and B, the integral over the step of ``n_A(t) n_B(t)`` (n: collectives of the
+    stream running at t), the sum over every pair of their overlaps."""
+    d = st.stage_detail(stage)
+    keep = (d.stream != "compute") & (d.end > d.start)
+    names, code = np.unique(d.stream[keep].astype(str), return_inverse=True)
+    if len(names) < 2:
+        return {}
+    t = np.concatenate([d.start[keep], d.end[keep]])
+    order = np.argsort(t, kind="stable")
+    k = len(code)
+    delta = np.zeros((len(names), 2 * k))
+    delta[np.concatenate([code, code])[order], np.arange(2 * k)] = np.where(order < k, 1.0, -1.0)
+    running = np.cumsum(delta, axis=1)[:, :-1]   # collectives of each stream between boundaries
+    dt = np.diff(t[order])
     out: dict[tuple[str, str], float] = {}
-    active: list = []
-    for e in ev:
-        active = [a for a in active if a.end_s > e.start_s]
-        for a in active:
-            if a.stream != e.stream:
-                key = tuple(sorted((a.stream, e.stream)))
-                out[key] = out.get(key, 0.0) + min(a.end_s, e.end_s) - e.start_s
-        active.append(e)
+    for a in range(len(names)):
+        for b in range(a + 1, len(names)):
+            sec = float(np.dot(running[a] * running[b], dt))
+            if sec > 0:
+                out[(str(names[a]), str(names[b]))] = sec
     return out
 
 
 def edge_loads(plan: Plan, st, stage: int = 0) -> list[EdgeLoad]:
     """Load on rank 0's NVLink, node 0's NICs and the rails' spine uplinks per step."""
     rows = plan.stage(stage).collectives
-    compute_s = sum(e.end_s - e.start_s for e in st.trace_events(detail=True, stage=stage)
-                    if e.stream == "compute" and "unit" in e.args)
+    d = st.stage_detail(stage)
+    inner = (d.stream == "compute") & (d.unit >= 0)
+    compute_s = float((d.end[inner] - d.start[inner]).sum())
     n_layers = len(plan.stage(stage).layers)
     layer_s = compute_s / max(plan.micro_batches * n_layers, 1)
     cluster = plan.config.cluster
