@@ -86,18 +86,17 @@ def timings(st, stage: int = 0) -> list[Timing]:
     (:meth:`~meshplan.schedule.steptime.StepTime.stage_detail`): the earliest event of each
     kind, ties in the trace's order."""
     d = st.stage_detail(stage)
-    ops = {n: _op_of(n) for n in set(d.name.tolist())}
-    op = np.array([ops[n] for n in d.name.tolist()], dtype=object)
-    phase = np.where(d.kind == "F", "forward", np.where(d.kind == "", "step", "backward"))
-    comm = (d.stream != "compute") & (d.stream != "p2p") & (op != "") & \
-        ~np.array([x.startswith("stage") for x in d.stream.tolist()], dtype=bool)
-    cand = np.flatnonzero(comm)
+    ops = [_op_of(n) for n in d.names]
+    comm = [s not in ("compute", "p2p") and not s.startswith("stage") and bool(o) for s, o in zip(d.streams, ops)]
+    cand = np.flatnonzero(d.of_table(comm))
     cand = cand[np.argsort(d.start[cand], kind="stable")]
-    seen, out = set(), []
-    opt = next((float(d.start[i]) for i in range(len(d.name)) if d.unit[i] < 0 and "optimizer" in d.name[i]),
+    posts = np.flatnonzero(d.unit < 0).tolist()
+    opt = next((float(d.start[i]) for i in posts if "optimizer" in d.names[d.code[i]]),
                max(float(d.end.max()), float(st.pipeline.end[st.pipeline.stage_slice(stage)].max())))
+    seen, out = set(), []
     for i in cand.tolist():
-        key = (d.stream[i], str(phase[i]), op[i])
+        c, kind = int(d.code[i]), int(d.kind[i])
+        key = (d.streams[c], "forward" if kind == 0 else "step" if kind < 0 else "backward", ops[c])
         if key in seen:
             continue
         seen.add(key)
@@ -107,14 +106,15 @@ def timings(st, stage: int = 0) -> list[Timing]:
 
 
 def _deadline(d, i: int, opt: float) -> float:
-    words = d.name[i].split()
-    if d.stream[i] in ("fsdp", "efsdp") and "AG" in words:
+    stream, name = d.streams[d.code[i]], d.names[d.code[i]]
+    words = name.split()
+    if stream in ("fsdp", "efsdp") and "AG" in words:
         # the first compute event named for the layer at or after the gather's start: inside its
         # own unit or a later one (units run in order on the stage's stream)
-        later = (d.stream == "compute") & (d.name == words[-1]) & (d.start >= d.start[i]) & (d.unit >= d.unit[i])
-        hits = np.flatnonzero(later)
+        rows = [k for k, (s, n) in enumerate(zip(d.streams, d.names)) if s == "compute" and n == words[-1]]
+        hits = np.flatnonzero(np.isin(d.code, rows) & (d.start >= d.start[i]) & (d.unit >= d.unit[i]))
         return float(d.start[hits[np.argmin(d.start[hits])]]) if len(hits) else float(d.end[i])
-    if "RS" in words or "norm-grad" in d.name[i] or d.stream[i] in ("dp_replicate", "dp"):
+    if "RS" in words or "norm-grad" in name or stream in ("dp_replicate", "dp"):
         return opt
     return float(d.end[i])  # blocking: the next op waits for it
 
@@ -124,9 +124,12 @@ def concurrency(st, stage: int = 0) -> dict[tuple[str, str], float]:
     streams A and B, the integral over the step of ``n_A(t) n_B(t)`` (n: collectives of the
     stream running at t), the sum over every pair of their overlaps."""
     d = st.stage_detail(stage)
-    keep = (d.stream != "compute") & (d.end > d.start)
-    names, code = np.unique(d.stream[keep].astype(str), return_inverse=True)
-    if len(names) < 2:
+    names = sorted(set(d.streams) - {"compute"})
+    row = np.array([names.index(s) if s != "compute" else -1 for s in d.streams])
+    code = d.of_table(row)
+    keep = (code >= 0) & (d.end > d.start)
+    code = code[keep]
+    if len(set(code.tolist())) < 2:
         return {}
     t = np.concatenate([d.start[keep], d.end[keep]])
     order = np.argsort(t, kind="stable")
@@ -140,7 +143,7 @@ def concurrency(st, stage: int = 0) -> dict[tuple[str, str], float]:
         for b in range(a + 1, len(names)):
             sec = float(np.dot(running[a] * running[b], dt))
             if sec > 0:
-                out[(str(names[a]), str(names[b]))] = sec
+                out[(names[a], names[b])] = sec
     return out
 
 
@@ -148,7 +151,7 @@ def edge_loads(plan: Plan, st, stage: int = 0) -> list[EdgeLoad]:
     """Load on rank 0's NVLink, node 0's NICs and the rails' spine uplinks per step."""
     rows = plan.stage(stage).collectives
     d = st.stage_detail(stage)
-    inner = (d.stream == "compute") & (d.unit >= 0)
+    inner = d.of_table([s == "compute" for s in d.streams]) & (d.unit >= 0)
     compute_s = float((d.end[inner] - d.start[inner]).sum())
     n_layers = len(plan.stage(stage).layers)
     layer_s = compute_s / max(plan.micro_batches * n_layers, 1)

@@ -209,14 +209,17 @@ class StageDetail:
     """The events of one stage that :meth:`StepTime.trace_events` lists with ``detail``, less
     the unit-level ones, as arrays in that list's order (each unit's inner events in its
     timeline's order, units in stage order; then the pp sends the stage makes, then its
-    step-end ops): ``stream`` and ``name`` (str arrays), ``start``/``end`` (s, the same
-    additions as the list: unit start + time in the unit), ``unit`` (position of the unit
-    in the stage's order, -1 for sends and step-end ops) and ``kind`` (its ``F``/``B``/``W``,
-    "" for the others). Built from each distinct unit timeline once (a stage of 8,192 units
-    shares a few), so the link report reads 10^5 events without an Event object each."""
+    step-end ops): ``code`` (row of the small tables ``streams`` and ``names``: one row per
+    distinct timeline event, one for the sends, one per step-end op), ``start``/``end`` (s,
+    the same additions as the list: unit start + time in the unit), ``unit`` (position of the
+    unit in the stage's order, -1 for sends and step-end ops) and ``kind`` (index into
+    :data:`~meshplan.pipeline.fast.KINDS` of its unit, -1 for the others). Built from each
+    distinct unit timeline once (a stage of 8,192 units shares a few), so the link report
+    reads 10^5 events without an Event object or a string each."""
 
-    stream: np.ndarray
-    name: np.ndarray
+    code: np.ndarray
+    streams: tuple[str, ...]
+    names: tuple[str, ...]
     start: np.ndarray
     end: np.ndarray
     unit: np.ndarray
@@ -232,7 +235,6 @@ class StageDetail:
         offset = np.concatenate([[0], np.cumsum(count)[:-1]])
         flat = [e for x in per for e in x]
         rel_s, rel_e = np.array([e.start_s for e in flat]), np.array([e.end_s for e in flat])
-        streams, names = np.array([e.stream for e in flat], dtype=object), np.array([e.name for e in flat], dtype=object)
         n = count[inv]
         unit = np.repeat(np.arange(len(inv)), n)
         src = np.repeat(offset[inv] - np.concatenate([[0], np.cumsum(n)[:-1]]), n) + np.arange(int(n.sum()))
@@ -242,15 +244,18 @@ class StageDetail:
                                  & (f.dep < len(f.dep))) if res.spec.p2p_s > 0 else np.zeros(0, dtype=np.int64)
         send_s = res.end[f.dep[waiting]]
         post = [e for e in st.post_events if e.stage == stage]
-        kinds = np.array(KINDS, dtype=object)[f.kind[sl]]
-        return cls(np.concatenate([streams[src], np.full(len(waiting), "pp", dtype=object),
-                                   np.array([e.stream for e in post], dtype=object)]),
-                   np.concatenate([names[src], np.full(len(waiting), "send", dtype=object),
-                                   np.array([e.name for e in post], dtype=object)]),
+        rest = len(waiting) + len(post)
+        return cls(np.concatenate([src, np.full(len(waiting), len(flat)), len(flat) + 1 + np.arange(len(post))]),
+                   tuple(e.stream for e in flat) + ("pp",) + tuple(e.stream for e in post),
+                   tuple(e.name for e in flat) + ("send",) + tuple(e.name for e in post),
                    np.concatenate([base + rel_s[src], send_s, [e.start_s for e in post]]),
                    np.concatenate([base + rel_e[src], send_s + res.spec.p2p_s, [e.end_s for e in post]]),
-                   np.concatenate([unit, np.full(len(waiting) + len(post), -1)]),
-                   np.concatenate([kinds[unit], np.full(len(waiting) + len(post), "", dtype=object)]))
+                   np.concatenate([unit, np.full(rest, -1)]),
+                   np.concatenate([f.kind[sl][unit], np.full(rest, -1)]))
+
+    def of_table(self, values) -> np.ndarray:
+        """``values`` (one per table row) for every event."""
+        return np.asarray(values)[self.code]
 
 
 def _grad_kind(spec: PipelineSpec) -> str:
