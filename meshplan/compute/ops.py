@@ -160,6 +160,21 @@ class Cost:
                 f"{o.hardware_flops / 1e12:8.3f} TFLOP {o.note}" for o in self.ops]
 
 
+def framework_kernels(training) -> dict:
+    """The :class:`Workload` fields a training contract's framework sets (``training``: a
+    :class:`~meshplan.spec.training.TrainingSpec`): Megatron-LM projects Q, K and V with one
+    GEMM (``fused_qkv``) and, with fp32 gradients, accumulates weight gradients into them
+    inside the GEMM (``fp32_wgrad_accumulation``: its ``gradient_accumulation_fusion``, on by
+    default); torch does neither. One rule for the step model and the search's bound.
+
+    >>> from meshplan.spec.training import TrainingSpec
+    >>> framework_kernels(TrainingSpec(global_batch=8, seq_len=16, framework="megatron", grad_dtype="fp32"))
+    {'fused_qkv': True, 'fp32_wgrad_accumulation': True}
+    """
+    megatron = training.framework == "megatron"
+    return {"fused_qkv": megatron, "fp32_wgrad_accumulation": megatron and training.grad_dtype == "fp32"}
+
+
 def issue_floor(gpu: GPUSpec, seconds: float) -> float:
     """A kernel's time on the step: ``max(kernel seconds, host issue floor)`` (catalog
     ``host.kernel_issue_s``, :mod:`meshplan.compute.measured`); unchanged for a GPU without

@@ -32,6 +32,7 @@ from meshplan.compute.ops import (
     Cost,
     Workload,
     embedding_cost,
+    framework_kernels,
     head_cost,
     layer_cost,
     layer_workload,
@@ -65,9 +66,7 @@ def workload_of(plan, dropout: bool = False) -> Workload:
     return Workload(seq_len=t.seq_len, micro_batch=t.micro_batch, tp=mesh.degree("tp"), cp=mesh.degree("cp"),
                     sp=mesh.sequence_parallel, ep=mesh.ep, etp=mesh.etp, dtype=t.compute_dtype,
                     recompute=t.recompute, flash=t.flash_attention, dropout=dropout,
-                    vocab_pad_divisor=t.vocab_pad_divisor, routing=RoutingOptions.of(t),
-                    fused_qkv=t.framework == "megatron",
-                    fp32_wgrad_accumulation=t.framework == "megatron" and t.grad_dtype == "fp32")
+                    vocab_pad_divisor=t.vocab_pad_divisor, routing=RoutingOptions.of(t), **framework_kernels(t))
 
 
 def chunk_costs(plan, w: Workload, table: Optional[GemmTable] = None) -> list[list[ChunkCosts]]:
