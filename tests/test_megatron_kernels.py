@@ -43,3 +43,24 @@ def test_fp32_accumulation_bounds_the_weight_gradient_by_its_bytes():
     plain = ops(base, ("wo.wgrad",), "backward_weight")["wo.wgrad"]
     acc = ops(fused, ("wo.wgrad",), "backward_weight")["wo.wgrad"]
     assert plain < nbytes / 1.7e12 and acc == pytest.approx(nbytes / 1.7e12, rel=1e-12)
+
+
+@pytest.mark.slow  # plans every candidate: about 2 CPU minutes
+def test_search_bound_stays_below_the_megatron_step():
+    """The search's lower bound uses the same framework kernels (compute.ops.framework_kernels):
+    with framework = "megatron" (fused QKV, fp32 wgrad accumulation, blocking pp sends) it never
+    exceeds the step model on any feasible candidate of the 8-GPU search case."""
+    from dataclasses import replace
+
+    from tests.test_search import config, plan_all
+    from meshplan.search.driver import search
+
+    cfg = config(1, micro_batch=[1, 2], top=8)
+    cfg = replace(cfg, training=cfg.training.model_copy(update={"framework": "megatron", "grad_dtype": "fp32"}))
+    result = search(cfg, workers=1)
+    checked = 0
+    for i, (feasible, _, _, step) in enumerate(plan_all(cfg, result)):
+        if feasible:
+            assert result.est.step_lo[i] <= step * (1 + 1e-9), result.candidates.label(i)
+            checked += 1
+    assert checked > 0
