@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from meshplan.pipeline.fast import KINDS
 from meshplan.plan import Plan
 
 _OPS = {"AG": "all-gather", "RS": "reduce-scatter", "AR": "all-reduce"}
@@ -71,6 +72,68 @@ class EdgeLoad:
         return ok_step and ok_layer
 
 
+@dataclass(frozen=True)
+class StageDetail:
+    """The events of one stage that :meth:`~meshplan.schedule.steptime.StepTime.trace_events` lists with ``detail``, less
+    the unit-level ones, as arrays in that list's order (each unit's inner events in its
+    timeline's order, units in stage order; then the pp sends the stage makes, then its
+    step-end ops): ``code`` (row of the small tables ``streams`` and ``names``: one row per
+    distinct timeline event, one for the sends, one per step-end op), ``start``/``end`` (s,
+    the same additions as the list: unit start + time in the unit), ``unit`` (position of the
+    unit in the stage's order, -1 for sends and step-end ops) and ``kind`` (index into
+    :data:`~meshplan.pipeline.fast.KINDS` of its unit, -1 for the others). Built from each
+    distinct unit timeline once (a stage of 8,192 units shares a few), so the link report
+    reads 10^5 events without an Event object or a string each."""
+
+    code: np.ndarray
+    streams: tuple[str, ...]
+    names: tuple[str, ...]
+    start: np.ndarray
+    end: np.ndarray
+    unit: np.ndarray
+    kind: np.ndarray
+
+    @classmethod
+    def of(cls, st, stage: int) -> "StageDetail":
+        res, sl = st.pipeline, st.pipeline.stage_slice(stage)
+        keys, idx = st.unit_index if st.unit_index else st.units.index(res.flat)
+        uniq, inv = np.unique(idx[sl], return_inverse=True)
+        per = [[e for e in st.units.by_key(keys[k]).events if e.end_s > e.start_s] for k in uniq.tolist()]
+        count = np.array([len(x) for x in per], dtype=np.int64)
+        offset = np.concatenate([[0], np.cumsum(count)[:-1]])
+        flat = [e for x in per for e in x]
+        rel_s, rel_e = np.array([e.start_s for e in flat]), np.array([e.end_s for e in flat])
+        n = count[inv]
+        unit = np.repeat(np.arange(len(inv)), n)
+        src = np.repeat(offset[inv] - np.concatenate([[0], np.cumsum(n)[:-1]]), n) + np.arange(int(n.sum()))
+        base = res.start[sl][unit]
+        f, length = res.flat, res.flat.length
+        waiting = np.flatnonzero(f.cross & (np.minimum(f.dep, len(f.dep) - 1) // length == stage)
+                                 & (f.dep < len(f.dep))) if res.spec.p2p_s > 0 else np.zeros(0, dtype=np.int64)
+        send_s = res.end[f.dep[waiting]]
+        post = [e for e in st.post_events if e.stage == stage]
+        rest = len(waiting) + len(post)
+        return cls(np.concatenate([src, np.full(len(waiting), len(flat)), len(flat) + 1 + np.arange(len(post))]),
+                   tuple(e.stream for e in flat) + ("pp",) + tuple(e.stream for e in post),
+                   tuple(e.name for e in flat) + ("send",) + tuple(e.name for e in post),
+                   np.concatenate([base + rel_s[src], send_s, [e.start_s for e in post]]),
+                   np.concatenate([base + rel_e[src], send_s + res.spec.p2p_s, [e.end_s for e in post]]),
+                   np.concatenate([unit, np.full(rest, -1)]),
+                   np.concatenate([f.kind[sl][unit], np.full(rest, -1)]))
+
+    @classmethod
+    def cached(cls, st, stage: int) -> "StageDetail":
+        """:meth:`of`, built once per step prediction and stage (kept with its trace cache)."""
+        key = ("arrays", stage)
+        if key not in st._trace_cache:
+            st._trace_cache[key] = cls.of(st, stage)
+        return st._trace_cache[key]
+
+    def of_table(self, values) -> np.ndarray:
+        """``values`` (one per table row) for every event."""
+        return np.asarray(values)[self.code]
+
+
 def _op_of(name: str) -> str:
     for word in name.replace("(", " ").split():
         if word in _OPS:
@@ -83,9 +146,9 @@ def _op_of(name: str) -> str:
 def timings(st, stage: int = 0) -> list[Timing]:
     """Ready time, deadline and duration of the first occurrence of each (stream, phase, op)
     on ``stage`` (see the module docstring), from the stage's events on arrays
-    (:meth:`~meshplan.schedule.steptime.StepTime.stage_detail`): the earliest event of each
+    (:class:`StageDetail`): the earliest event of each
     kind, ties in the trace's order."""
-    d = st.stage_detail(stage)
+    d = StageDetail.cached(st, stage)
     ops = [_op_of(n) for n in d.names]
     comm = [s not in ("compute", "p2p") and not s.startswith("stage") and bool(o) for s, o in zip(d.streams, ops)]
     cand = np.flatnonzero(d.of_table(comm))
@@ -96,7 +159,7 @@ def timings(st, stage: int = 0) -> list[Timing]:
     seen, out = set(), []
     for i in cand.tolist():
         c, kind = int(d.code[i]), int(d.kind[i])
-        key = (d.streams[c], "forward" if kind == 0 else "step" if kind < 0 else "backward", ops[c])
+        key = (d.streams[c], "forward" if kind == KINDS.index("F") else "step" if kind < 0 else "backward", ops[c])
         if key in seen:
             continue
         seen.add(key)
@@ -123,7 +186,7 @@ def concurrency(st, stage: int = 0) -> dict[tuple[str, str], float]:
     """Seconds per step during which collectives of two different streams run at once: for
     streams A and B, the integral over the step of ``n_A(t) n_B(t)`` (n: collectives of the
     stream running at t), the sum over every pair of their overlaps."""
-    d = st.stage_detail(stage)
+    d = StageDetail.cached(st, stage)
     names = sorted(set(d.streams) - {"compute"})
     row = np.array([names.index(s) if s != "compute" else -1 for s in d.streams])
     code = d.of_table(row)
@@ -150,7 +213,7 @@ def concurrency(st, stage: int = 0) -> dict[tuple[str, str], float]:
 def edge_loads(plan: Plan, st, stage: int = 0) -> list[EdgeLoad]:
     """Load on rank 0's NVLink, node 0's NICs and the rails' spine uplinks per step."""
     rows = plan.stage(stage).collectives
-    d = st.stage_detail(stage)
+    d = StageDetail.cached(st, stage)
     inner = d.of_table([s == "compute" for s in d.streams]) & (d.unit >= 0)
     compute_s = float((d.end[inner] - d.start[inner]).sum())
     n_layers = len(plan.stage(stage).layers)

@@ -108,13 +108,6 @@ class StepTime:
     recompute_name: str = ""
     unit_index: tuple = ()  # (distinct unit keys, key index of every flat unit): UnitTimes.index
 
-    def stage_detail(self, stage: int) -> "StageDetail":
-        """The detail events of ``stage`` (those :meth:`trace_events` gives with ``detail``) on
-        arrays, built once per stage (:class:`StageDetail`)."""
-        if ("arrays", stage) not in self._trace_cache:
-            self._trace_cache[("arrays", stage)] = StageDetail.of(self, stage)
-        return self._trace_cache[("arrays", stage)]
-
     @property
     def step_s(self) -> float:
         return max(self.stage_end_s)
@@ -201,60 +194,6 @@ class StepTime:
                 "bubble_idle_over_ideal": self.pipeline.bubble}
         return write_trace(self.trace_events(detail), path, meta, force=force,
                            ranks=dict(enumerate(self.example_ranks)))
-
-
-@dataclass(frozen=True)
-class StageDetail:
-    """The events of one stage that :meth:`StepTime.trace_events` lists with ``detail``, less
-    the unit-level ones, as arrays in that list's order (each unit's inner events in its
-    timeline's order, units in stage order; then the pp sends the stage makes, then its
-    step-end ops): ``code`` (row of the small tables ``streams`` and ``names``: one row per
-    distinct timeline event, one for the sends, one per step-end op), ``start``/``end`` (s,
-    the same additions as the list: unit start + time in the unit), ``unit`` (position of the
-    unit in the stage's order, -1 for sends and step-end ops) and ``kind`` (index into
-    :data:`~meshplan.pipeline.fast.KINDS` of its unit, -1 for the others). Built from each
-    distinct unit timeline once (a stage of 8,192 units shares a few), so the link report
-    reads 10^5 events without an Event object or a string each."""
-
-    code: np.ndarray
-    streams: tuple[str, ...]
-    names: tuple[str, ...]
-    start: np.ndarray
-    end: np.ndarray
-    unit: np.ndarray
-    kind: np.ndarray
-
-    @classmethod
-    def of(cls, st: "StepTime", stage: int) -> "StageDetail":
-        res, sl = st.pipeline, st.pipeline.stage_slice(stage)
-        keys, idx = st.unit_index if st.unit_index else st.units.index(res.flat)
-        uniq, inv = np.unique(idx[sl], return_inverse=True)
-        per = [[e for e in st.units.by_key(keys[k]).events if e.end_s > e.start_s] for k in uniq.tolist()]
-        count = np.array([len(x) for x in per], dtype=np.int64)
-        offset = np.concatenate([[0], np.cumsum(count)[:-1]])
-        flat = [e for x in per for e in x]
-        rel_s, rel_e = np.array([e.start_s for e in flat]), np.array([e.end_s for e in flat])
-        n = count[inv]
-        unit = np.repeat(np.arange(len(inv)), n)
-        src = np.repeat(offset[inv] - np.concatenate([[0], np.cumsum(n)[:-1]]), n) + np.arange(int(n.sum()))
-        base = res.start[sl][unit]
-        f, length = res.flat, res.flat.length
-        waiting = np.flatnonzero(f.cross & (np.minimum(f.dep, len(f.dep) - 1) // length == stage)
-                                 & (f.dep < len(f.dep))) if res.spec.p2p_s > 0 else np.zeros(0, dtype=np.int64)
-        send_s = res.end[f.dep[waiting]]
-        post = [e for e in st.post_events if e.stage == stage]
-        rest = len(waiting) + len(post)
-        return cls(np.concatenate([src, np.full(len(waiting), len(flat)), len(flat) + 1 + np.arange(len(post))]),
-                   tuple(e.stream for e in flat) + ("pp",) + tuple(e.stream for e in post),
-                   tuple(e.name for e in flat) + ("send",) + tuple(e.name for e in post),
-                   np.concatenate([base + rel_s[src], send_s, [e.start_s for e in post]]),
-                   np.concatenate([base + rel_e[src], send_s + res.spec.p2p_s, [e.end_s for e in post]]),
-                   np.concatenate([unit, np.full(rest, -1)]),
-                   np.concatenate([f.kind[sl][unit], np.full(rest, -1)]))
-
-    def of_table(self, values) -> np.ndarray:
-        """``values`` (one per table row) for every event."""
-        return np.asarray(values)[self.code]
 
 
 def _grad_kind(spec: PipelineSpec) -> str:
