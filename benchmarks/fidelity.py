@@ -115,7 +115,12 @@ def sources(gpu: str) -> list[str]:
             f"overheads: kernel issue floor {d.kernel_issue_s * 1e6:.1f} us (S21 + S22), micro-batch "
             f"{d.microbatch_overhead_s * 1e6:.1f} us (2 tp broadcasts at S18's 1 KB latency); optimizer from its bytes "
             f"at Triad",
-            "collectives: the plan's collective table (comm model of nodes.toml / networks.toml, not this benchmark's)"]
+            "collectives: the plan's collective table (comm model of nodes.toml / networks.toml, not this benchmark's)",
+            "Megatron-LM 2022 (framework = megatron; NVIDIA/Megatron-LM 2755bcb): blocking pp sends "
+            "(p2p_communication._communicate: batch_isend_irecv, wait, cuda.synchronize; interleaved steady-state "
+            "forward output sent with the next backward's, schedules.py), scatter/gather without SP; fused QKV "
+            "GEMM (transformer.py query_key_value); wgrad accumulated into fp32 main_grad "
+            "(layers.py wgrad_gemm_accum_fp32: C read + written in fp32, roofline at Triad)"]
 
 
 def main() -> None:

@@ -35,15 +35,19 @@ def _key_of_event(e):
     return (e.stage, e.stream, e.name, e.start_s, e.end_s, e.args.get("via"), e.args.get("wait_s"))
 
 
+@pytest.mark.parametrize("blocking", [False, True])
 @pytest.mark.parametrize("sch,p,m,v", CASES)
-def test_simulation_equals_the_reference_to_the_bit(sch, p, m, v):
+def test_simulation_equals_the_reference_to_the_bit(sch, p, m, v, blocking):
+    """``blocking``: Megatron-LM 2022's blocking sends (interleaved: a steady-state forward's
+    output sent with the next backward's), always with p2p time."""
     rng = np.random.default_rng(1000 * p + 10 * m + v)
     table: dict = {}
 
     def dur(s, u):  # uneven stages, chunks and kinds; the last micro-batch's unit differs
         return table.setdefault((s, u.kind, u.chunk, u.mb == m - 1), float(rng.uniform(0.5, 2.0)))
 
-    spec = PipelineSpec(sch, p, m, v, weight_s=0.3, p2p_s=0.1 if m % 2 else 0.0, duration=dur)
+    spec = PipelineSpec(sch, p, m, v, weight_s=0.3, p2p_s=0.1 if m % 2 or blocking else 0.0, duration=dur,
+                        blocking_p2p=blocking)
     ref, new = simulate(spec), simulate_arrays(spec)
     assert (new.step_s, new.busy_s, new.bubble) == (ref.step_s, ref.busy_s, ref.bubble)
     assert sorted(map(_key_of_event, new.events)) == sorted(map(_key_of_event, ref.events))
@@ -88,3 +92,18 @@ def test_step_time_equals_the_reference_loop(schedule, vpp):
     keys, key_idx = st.units.index(res.flat)
     assert _unit_exposure(res, crit, st.units, keys, key_idx, {}) == loop
     assert loop  # this mesh exposes tp and pp time: the comparison is not empty
+
+
+def test_blocking_sends_by_hand():
+    """1F1B, p 2, m 2, F 1 s, B 2 s, p2p 0.5 s. Asynchronous sends (the receiver waits p2p):
+    stage 1 F0 1.5-2.5, B0 2.5-4.5, F1 4.5-5.5, B1 5.5-7.5; stage 0 B0 at 4.5 + 0.5 = 5-7, B1
+    at 7.5 + 0.5 = 8-10: step 10. Blocking (Megatron-LM 2022): every send also holds its
+    sender 0.5 s: stage 0 F0 0-1 (+0.5), F1 1.5-2.5; stage 1 F0 1.5-2.5, B0 2.5-4.5 (+0.5),
+    F1 5-6, B1 6-8 (+0.5); stage 0 B0 at 4.5 + 0.5 = 5-7, B1 at 8 + 0.5 = 8.5-10.5: step 10.5."""
+    for blocking, step in ((False, 10.0), (True, 10.5)):
+        spec = PipelineSpec("1f1b", 2, 2, forward_s=1.0, backward_s=2.0, p2p_s=0.5, blocking_p2p=blocking)
+        for res in (simulate(spec), simulate_arrays(spec)):
+            assert res.step_s == step
+    res = simulate_arrays(PipelineSpec("1f1b", 2, 2, forward_s=1.0, backward_s=2.0, p2p_s=0.5, blocking_p2p=True))
+    assert res.start.tolist() == [0.0, 1.5, 5.0, 8.5, 1.5, 2.5, 5.0, 6.0]
+    assert res.hold.tolist() == [0.5, 0.5, 0.0, 0.0, 0.0, 0.5, 0.0, 0.5]

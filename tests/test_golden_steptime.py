@@ -118,11 +118,22 @@ def beside(compute: float, comm: float) -> float:
     return comm + max(0.0, compute - rate * comm)
 
 
-def linears(tp: int) -> dict:
-    """Per-rank linear layers of one transformer layer: name -> (K in, N out, block)."""
-    return {"wq": (H, Q * D // tp, "attn"), "wk": (H, Q * D // tp, "attn"), "wv": (H, Q * D // tp, "attn"),
-            "wo": (Q * D // tp, H, "attn"), "w_gate": (H, F // tp, "mlp"), "w_up": (H, F // tp, "mlp"),
+def linears(tp: int, fused_qkv: bool = False) -> dict:
+    """Per-rank linear layers of one transformer layer: name -> (K in, N out, block).
+    ``fused_qkv`` (Megatron-LM): Q, K and V as one column-parallel GEMM of width 3 Q D / tp."""
+    qkv = {"wqkv": (H, 3 * Q * D // tp, "attn")} if fused_qkv else \
+        {"wq": (H, Q * D // tp, "attn"), "wk": (H, Q * D // tp, "attn"), "wv": (H, Q * D // tp, "attn")}
+    return {**qkv, "wo": (Q * D // tp, H, "attn"), "w_gate": (H, F // tp, "mlp"), "w_up": (H, F // tp, "mlp"),
             "w_down": (F // tp, H, "mlp")}
+
+
+def wgrad_s(n: int, k: int, fp32_acc: bool = False) -> float:
+    """Weight gradient (N, K, M = S) of a linear K -> N at the table's efficiency; with
+    ``fp32_acc`` (Megatron-LM's gradient_accumulation_fusion into fp32 main gradients) no
+    faster than its bytes at Triad: the bf16 operands (N x S, S x K) and C read and written
+    in fp32, 8 B per weight element (compute/ops.wgrad_accumulate_s)."""
+    t = gemm_s(n, k, S)
+    return max(t, (B * (n * S + S * k) + 8 * n * k) / TRIAD) if fp32_acc else t
 
 
 def gemm_s(m: int, n: int, k: int) -> float:
@@ -140,7 +151,7 @@ def gemm_table(tp: int) -> GemmTable:
     gradient (N, K, M); M = S tokens) and the output layer, each at EFF_GEMM; the attention call
     (batch 1, local heads, seq S x S) at EFF_ATTN, backward 2.5x the forward FLOP. The table
     takes precedence over the catalog's measured GEMM and attention rates."""
-    shapes = [(S, n, k) for k, n, _ in linears(tp).values()] + [(S, V // tp, H)]
+    shapes = [(S, n, k) for f in (False, True) for k, n, _ in linears(tp, f).values()] + [(S, V // tp, H)]
     rows = {}
     for m, n, k in shapes:
         for mm, nn, kk in ((m, n, k), (m, k, n), (n, k, m)):
@@ -149,14 +160,16 @@ def gemm_table(tp: int) -> GemmTable:
     return GemmTable(rows, "golden", {(1, Q // tp, Q // tp, S, S, D, "bf16"): (att, 2.5 * att)})
 
 
-def layer_terms(tp: int) -> dict:
+def layer_terms(tp: int, megatron: bool = False) -> dict:
     """Seconds of one layer per block and pass (no SP: norms and adds see all S rows), every
     kernel floored at ISSUE. ``f_*`` forward, ``b_*`` input gradient, ``w_*`` weight gradient.
-    Byte counts of compute/ops._elementwise; norms at NORM_BW, everything else at TRIAD."""
-    lin = linears(tp)
+    Byte counts of compute/ops._elementwise; norms at NORM_BW, everything else at TRIAD.
+    ``megatron``: one fused QKV GEMM (one kernel, one floor) and fp32-accumulating weight
+    gradients (:func:`wgrad_s`)."""
+    lin = linears(tp, megatron)
     fwd = lambda blk: sum(kernel(gemm_s(S, n, k)) for k, n, b in lin.values() if b == blk)      # (M, N, K)
     dgrad = lambda blk: sum(kernel(gemm_s(S, k, n)) for k, n, b in lin.values() if b == blk)    # (M, K, N)
-    wgrad = lambda blk, row=None: sum(kernel(gemm_s(n, k, S)) for name, (k, n, b) in lin.items()
+    wgrad = lambda blk, row=None: sum(kernel(wgrad_s(n, k, megatron)) for name, (k, n, b) in lin.items()
                                       if b == blk and row in (None, name in ROW))            # (N, K, M)
     att_f = kernel(attention_flops(tp) / (PEAK * EFF_ATTN))          # table's forward
     att_b = kernel(2.5 * attention_flops(tp) / (PEAK * EFF_ATTN))    # table's backward
@@ -176,7 +189,7 @@ def layer_terms(tp: int) -> dict:
             "col_w_attn": wgrad("attn", False), "col_w_mlp": wgrad("mlp", False)}
 
 
-def head_terms(tp: int) -> dict:
+def head_terms(tp: int, megatron: bool = False) -> dict:
     """Embedding (first stage) and head (last stage) seconds: lookup and gradient scatter
     read + write S x h at TRIAD, plus the per-micro-batch overhead in the embedding's forward;
     final norm (NORM_BW), output GEMM (S, V/tp, h), vocab-parallel cross entropy (reads bf16
@@ -185,7 +198,7 @@ def head_terms(tp: int) -> dict:
     return {"emb_f": kernel(2 * B * S * H / TRIAD) + MB_OVERHEAD, "emb_w": kernel(2 * B * S * H / TRIAD),
             "head_f": kernel(2 * B * S * H / NORM_BW) + kernel(gemm_s(S, V // tp, H)) + kernel((B + 4) * logits / TRIAD),
             "head_b": kernel(3 * B * S * H / NORM_BW) + kernel(gemm_s(S, H, V // tp)) + kernel((B + 4) * logits / TRIAD),
-            "head_w": kernel(gemm_s(V // tp, H, S))}
+            "head_w": kernel(wgrad_s(V // tp, H, megatron))}
 
 
 def layer_params(tp: int) -> int:
@@ -302,9 +315,11 @@ def test_tp8_one_node(framework):
     gradient and the optimizer step.
     At tp 8 nearly every kernel is under the 4.7 us issue floor: the GEMMs (e.g. wq 0.9 us),
     the attention (2.7 us forward), the adds; only the norms, the output GEMM and the cross
-    entropy are longer."""
+    entropy are longer. Megatron-LM's fused QKV GEMM is one kernel (one floor where torch pays
+    three), and its weight gradients accumulate into the fp32 main gradients
+    (layer_terms(megatron=True), head_terms(megatron=True))."""
     tp = 8
-    lt, ht = layer_terms(tp), head_terms(tp)
+    lt, ht = layer_terms(tp, framework == "megatron"), head_terms(tp, framework == "megatron")
     # 4 MiB (S, h) bf16 all-reduce: NVLS at its measured 4M row (57.0 us) against the ring
     # (1M-8G line: 57.1 us): NVLS wins
     ar = min(nvls_s(B * S * H), nvlink_ring_s("all-reduce", tp, B * S * H))

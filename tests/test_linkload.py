@@ -64,3 +64,69 @@ def test_cross_rail_groups_use_spine():
     # rank 0 (node 0 GPU 0, rail 0) and rank 8 (node 1 GPU 1, rail 1) share a shard group: via the spine
     assert "rail 0 uplink to spine (node 0)" in loads and "rail 1 uplink to spine (node 0)" in loads
     assert "rail 2 uplink to spine (node 0)" not in loads
+
+
+# The link report on arrays (StepTime.stage_detail) against the per-event loops it replaced,
+# over the whole event list of StepTime.trace_events (issue 11 item 4: the 16,384-GPU step).
+
+def _timings_loop(st, stage=0):
+    from meshplan.schedule.linkload import Timing, _op_of
+    events = st.trace_events(detail=True, stage=stage)
+    compute = sorted((e for e in events if e.stream == "compute"), key=lambda e: e.start_s)
+    opt = next((e.start_s for e in events if "optimizer" in e.name), max(e.end_s for e in events))
+    seen, out = set(), []
+    for e in sorted(events, key=lambda e: e.start_s):
+        if e.stream in ("compute", "p2p") or e.stream.startswith("stage"):
+            continue
+        unit = e.args.get("unit", "")
+        phase = "forward" if unit.startswith("F") else "backward" if unit[:1] in ("B", "W") else "step"
+        key = (e.stream, phase, _op_of(e.name))
+        if key in seen or not key[2]:
+            continue
+        seen.add(key)
+        words = e.name.split()
+        if e.stream in ("fsdp", "efsdp") and "AG" in words:
+            dl = next((c.start_s for c in compute if c.name == words[-1] and c.start_s >= e.start_s), e.end_s)
+        elif "RS" in words or "norm-grad" in e.name or e.stream in ("dp_replicate", "dp"):
+            dl = opt
+        else:
+            dl = e.end_s
+        out.append(Timing(e.stream, phase, key[2], e.start_s, dl, e.end_s - e.start_s))
+    return out
+
+
+def _concurrency_loop(st, stage=0):
+    ev = sorted((e for e in st.trace_events(detail=True, stage=stage) if e.stream != "compute"
+                 and e.end_s > e.start_s), key=lambda e: e.start_s)
+    out, active = {}, []
+    for e in ev:
+        active = [a for a in active if a.end_s > e.start_s]
+        for a in active:
+            if a.stream != e.stream:
+                key = tuple(sorted((a.stream, e.stream)))
+                out[key] = out.get(key, 0.0) + min(a.end_s, e.end_s) - e.start_s
+        active.append(e)
+    return out
+
+
+def _pp_plan(framework):
+    from meshplan.config import config_from_dict
+    return build_plan(config_from_dict({
+        "model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 4},
+        "training": {"global_batch": 64, "seq_len": 4096, "micro_batch": 1, "sharding": "zero3",
+                     "recompute": "selective", "framework": framework},
+        "mesh": {"names": ["pp", "dp_shard", "tp"], "shape": [4, 2, 4], "sequence_parallel": True,
+                 "pp_schedule": "interleaved_1f1b", "virtual_stages": 2}}))
+
+
+@pytest.mark.parametrize("which", ["seed", "pp-torch", "pp-megatron"])
+def test_arrays_equal_the_event_loops(seed, which):
+    p, st = seed if which == "seed" else (lambda q: (q, step_time(q)))(_pp_plan(which.split("-")[1]))
+    for stage in sorted({0, st.critical_stage}):
+        assert timings(st, stage) == _timings_loop(st, stage)
+        got, ref = concurrency(st, stage), _concurrency_loop(st, stage)
+        assert got.keys() == ref.keys() and ref
+        assert all(got[k] == pytest.approx(ref[k], rel=1e-9) for k in ref)
+        events = st.trace_events(detail=True, stage=stage)
+        compute_s = sum(e.end_s - e.start_s for e in events if e.stream == "compute" and "unit" in e.args)
+        assert edge_loads(p, st, stage)[0].interval_s == pytest.approx(compute_s, rel=1e-12)

@@ -333,8 +333,12 @@ def test_torch_waits_for_the_input_gradient_collective_megatron_runs_it_beside_t
     exposes both all-reduces in full and Megatron's at most the part W does not cover."""
     mesh = {"names": ["tp"], "shape": [8], "sequence_parallel": False}
     kw = dict(model={"catalog": "llama3-8b"}, global_batch=1, seq_len=4096, sharding="zero1")
-    torch_, mega = (layer_unit_times(plan_of(mesh, framework=f, **kw)) for f in ("torch", "megatron"))
-    assert torch_[0] == mega[0]                               # forward: blocking in both
+    plans = [plan_of(mesh, framework=f, **kw) for f in ("torch", "megatron")]
+    torch_, mega = (layer_unit_times(p) for p in plans)
+    qkv = [sum(o.seconds for o in chunk_costs(p, workload_of(p))[0][0].layers[0].ops
+               if o.phase == "forward" and o.name in ("wq", "wk", "wv")) for p in plans]
+    assert torch_[0] - qkv[0] == pytest.approx(mega[0] - qkv[1], rel=1e-12)  # forward: blocking in both
+    assert qkv[1] < qkv[0]                        # Megatron's one fused QKV GEMM against torch's three
     plan = plan_of(mesh, framework="torch", **kw)
     ar = [r.time_s for r in plan.stage(0).collectives if (r.axis, r.phase, r.op) == ("tp", "backward", "all-reduce")][0]
     assert mega[1] < torch_[1] <= mega[1] + 2 * ar + 1e-12

@@ -528,13 +528,20 @@ def _pp_ep_rows(add, c: _Ctx) -> None:
     dt = t.compute_dtype
     pp = mesh.degree("pp")
     if pp > 1:
-        sent = c.act_bytes / (mesh.degree("tp") if mesh.sequence_parallel else 1)
+        tp = mesh.degree("tp")
+        sg = scatter_gather(t, mesh, c.act_bytes)
+        sent = c.act_bytes / (tp if mesh.sequence_parallel or sg else 1)
         # one send per chunk whose next virtual stage is on another rank, one receive per chunk whose
         # previous one is (the schedule's chunk map: looped 2 vpp - first - last; a V turns locally on pp - 1)
         n = get_schedule(c.schedule).p2p_per_microbatch(pp, c.vpp, c.stage)
         add("pp", "forward", "send/recv", sent, dt, n, "every micro-batch per chunk boundary", "next stage's forward")
         add("pp", "backward", "send/recv", sent, dt, n, "every micro-batch per chunk boundary",
             "previous stage's backward")
+        if sg:  # each receive is the 1/tp slice a tp peer also received: all-gathered over tp
+            add("tp", "forward", "all-gather", c.act_bytes, dt, n, f"every {SCATTER_GATHER_CADENCE}",
+                "the received chunk's forward")
+            add("tp", "backward", "all-gather", c.act_bytes, dt, n, f"every {SCATTER_GATHER_CADENCE}",
+                "the received chunk's backward")
         if m.tied_embeddings and (c.first or c.last) and not (c.first and c.last):  # first and last pp rank
             pp0 = mesh.group_of(0, "pp")
             add("pp", "step", "all-reduce", _tied_grad_bytes(c), t.grad_dtype, 0,
@@ -548,6 +555,23 @@ def _pp_ep_rows(add, c: _Ctx) -> None:
         a2a = rows * m.hidden * dtype_bytes(dt)
         add("ep", "forward", "all-to-all", a2a, dt, 2 * moe, "every MoE layer (dispatch, combine)", "expert GEMMs")
         add("ep", "backward", "all-to-all", a2a, dt, 2 * moe + 2 * replayed, "every MoE layer", "expert GEMMs")
+
+
+#: Cadence of the tp all-gather rebuilding a pp receive (read by the rank timeline's comm_kind).
+SCATTER_GATHER_CADENCE = "pp receive, scatter/gather"
+
+
+def scatter_gather(training: TrainingSpec, mesh: Mesh, act_bytes: int) -> bool:
+    """Whether pipeline sends use Megatron-LM's scatter/gather: each of the tp ranks sends
+    ``1/tp`` of the activation over the pp link and the receivers all-gather the slices over
+    tp (NVLink inside a node): Megatron-LM 2022 ``_communicate``
+    (``--scatter-gather-tensors-in-pipeline``, on by default) with tp > 1, without sequence
+    parallelism (its activation is already split over tp) and when the activation's elements
+    divide by tp (else it sends the whole tensor). torch's pipelining sends the whole tensor.
+    """
+    tp = mesh.degree("tp")
+    elements = act_bytes // max(dtype_bytes(training.compute_dtype), 1)
+    return training.framework == "megatron" and tp > 1 and not mesh.sequence_parallel and elements % tp == 0
 
 
 def _tied_grad_bytes(c: _Ctx) -> int:

@@ -70,7 +70,10 @@ RECOMPUTE = ("none", "selective", "full", "op")  # torchtitan's "layer": "full" 
 class Workload:
     """What one rank computes per micro-batch: ``micro_batch`` sequences of ``seq_len``
     tokens, split by ``cp`` along the sequence and by ``tp``/``ep``/``etp`` across
-    features; ``sp``: sequence parallel; ``dtype`` of GEMMs and activations."""
+    features; ``sp``: sequence parallel; ``dtype`` of GEMMs and activations.
+    ``fused_qkv``: Q, K and V projected by one GEMM (:func:`qkv_fused_ops`);
+    ``fp32_wgrad_accumulation``: weight-gradient GEMMs accumulate into fp32 main gradients
+    (:func:`_gemm_ops`)."""
 
     seq_len: int
     micro_batch: int = 1
@@ -85,6 +88,8 @@ class Workload:
     dropout: bool = False
     vocab_pad_divisor: int = 128
     routing: RoutingOptions = RoutingOptions()
+    fused_qkv: bool = False
+    fp32_wgrad_accumulation: bool = False
 
     def __post_init__(self):
         if self.recompute not in RECOMPUTE + ("layer",):
@@ -155,6 +160,21 @@ class Cost:
                 f"{o.hardware_flops / 1e12:8.3f} TFLOP {o.note}" for o in self.ops]
 
 
+def framework_kernels(training) -> dict:
+    """The :class:`Workload` fields a training contract's framework sets (``training``: a
+    :class:`~meshplan.spec.training.TrainingSpec`): Megatron-LM projects Q, K and V with one
+    GEMM (``fused_qkv``) and, with fp32 gradients, accumulates weight gradients into them
+    inside the GEMM (``fp32_wgrad_accumulation``: its ``gradient_accumulation_fusion``, on by
+    default); torch does neither. One rule for the step model and the search's bound.
+
+    >>> from meshplan.spec.training import TrainingSpec
+    >>> framework_kernels(TrainingSpec(global_batch=8, seq_len=16, framework="megatron", grad_dtype="fp32"))
+    {'fused_qkv': True, 'fp32_wgrad_accumulation': True}
+    """
+    megatron = training.framework == "megatron"
+    return {"fused_qkv": megatron, "fp32_wgrad_accumulation": megatron and training.grad_dtype == "fp32"}
+
+
 def issue_floor(gpu: GPUSpec, seconds: float) -> float:
     """A kernel's time on the step: ``max(kernel seconds, host issue floor)`` (catalog
     ``host.kernel_issue_s``, :mod:`meshplan.compute.measured`); unchanged for a GPU without
@@ -191,12 +211,61 @@ def optimizer_bandwidth(gpu: GPUSpec) -> float:
 
 def _gemm_ops(gpu: GPUSpec, g: Gemm, block: str, w: Workload, table, model_scale: float = 1.0) -> list[Op]:
     """Forward, data-gradient and weight-gradient ops of ``g``; ``model_scale`` scales the
-    model FLOP (replicated KV heads, padded vocabulary)."""
+    model FLOP (replicated KV heads, padded vocabulary). With ``w.fp32_wgrad_accumulation``
+    the weight gradient is :func:`wgrad_accumulate_s`'s."""
     out = []
     for gg, phase in zip([g] + backward_gemms(g), PHASES):
         e = gemm_time(gpu, gg.m, gg.n, gg.k, w.dtype, gg.count, table)
-        out.append(Op(gg.name, block, phase, "gemm", issue_floor(gpu, e.seconds), gg.flops * model_scale,
-                      gg.flops, note=e.explanation))
+        t, note = e.seconds, e.explanation
+        if phase == "backward_weight" and w.fp32_wgrad_accumulation:
+            t, how = wgrad_accumulate_s(gpu, gg, w.dtype, t)
+            note += how
+        out.append(Op(gg.name, block, phase, "gemm", issue_floor(gpu, t), gg.flops * model_scale,
+                      gg.flops, note=note))
+    return out
+
+
+def wgrad_accumulate_s(gpu: GPUSpec, wgrad: Gemm, dtype: str, gemm_s: float) -> tuple[float, str]:
+    """(seconds, note) of a weight-gradient GEMM (M = out features, N = in features, K =
+    tokens) that accumulates into an fp32 main gradient: Megatron-LM's
+    ``gradient_accumulation_fusion`` (``--no-gradient-accumulation-fusion`` turns it off; on by
+    default in 2022, with fp32 gradient accumulation: ``megatron/mpu/layers.py``
+    ``fused_dense_cuda.wgrad_gemm_accum_fp32(input, grad_output, weight.main_grad)``, a cuBLAS
+    GEMM with beta 1 and an fp32 C). Its HBM traffic is the operands in ``dtype`` and C read
+    and written in fp32 (8 B per weight element per micro-batch, in place of the 16-bit
+    output's 2 B); time ``max(gemm_s, bytes / achievable bandwidth)``, the roofline
+    :mod:`meshplan.compute.measured` applies to every GEMM (Triad, or the datasheet bandwidth
+    for a GPU without catalog data: :func:`optimizer_bandwidth`).
+
+    >>> from meshplan import catalog
+    >>> a100 = catalog.gpu("a100-sxm-80gb")
+    >>> g = Gemm("w.wgrad", 1024, 1024, 256)   # 2 (1024*256*2) + 8 * 1024^2 B at Triad 1.7 TB/s
+    >>> t, _ = wgrad_accumulate_s(a100, g, "bf16", 1e-6)
+    >>> round(t * 1e6, 3), round((2 * 2 * 1024 * 256 + 8 * 1024 * 1024) / 1.7e12 * 1e6, 3)
+    (5.551, 5.551)
+    """
+    nbytes = (dtype_bytes(dtype) * (wgrad.m * wgrad.k + wgrad.k * wgrad.n) + 8 * wgrad.m * wgrad.n) * wgrad.count
+    t_mem = nbytes / optimizer_bandwidth(gpu)
+    if t_mem > gemm_s:
+        return t_mem, f"; fp32 main-grad accumulate: memory-bound, {nbytes / 1e6:.1f} MB"
+    return gemm_s, "; fp32 main-grad accumulate (C read + written in fp32: compute-bound)"
+
+
+def qkv_fused_ops(gpu: GPUSpec, gemms: list[Gemm], w: Workload, table, scales: dict) -> list[Op]:
+    """The Q, K and V projections as one column-parallel GEMM of width ``(q + 2 kv) d / tp``
+    (Megatron-LM's GPT ``ParallelAttention.query_key_value``, one ``ColumnParallelLinear``:
+    ``megatron/model/transformer.py``), its forward, data-gradient and weight-gradient GEMMs
+    timed once; each pass's time is shared among the wq, wk, wv ops by their widths (the ops
+    keep their names for the timeline's CP split and the column-parallel input gradients).
+    ``gemms``: the wq, wk, wv Gemms (same M and K); ``scales``: model-FLOP scale by name."""
+    fused = Gemm("qkv", gemms[0].m, sum(g.n for g in gemms), gemms[0].k)
+    whole = _gemm_ops(gpu, fused, "attn", w, table)
+    out = []
+    for g in gemms:
+        share = g.n / fused.n
+        for gg, op in zip([g] + backward_gemms(g), whole):
+            out.append(Op(gg.name, "attn", op.phase, "gemm", op.seconds * share, gg.flops * scales.get(g.name, 1.0),
+                          gg.flops, note=f"{share:.0%} of fused QKV: {op.note}"))
     return out
 
 
@@ -326,7 +395,12 @@ def layer_cost(model: ModelSpec, gpu: GPUSpec, w: Workload, layer: int = -1,
     gemms = layer_gemms(model, w.tp, w.tokens, layer=layer, ep=w.ep, etp=w.etp, routing_options=w.routing)
     _, _, rep = local_heads(model, w.tp)
     ops = []
+    qkv = [g for g in gemms if g.name in ("wq", "wk", "wv")] if w.fused_qkv else []
+    if len(qkv) == 3:
+        ops += qkv_fused_ops(gpu, qkv, w, table, {"wk": 1.0 / rep, "wv": 1.0 / rep})
     for g in gemms:
+        if len(qkv) == 3 and g in qkv:
+            continue
         scale = 1.0 / rep if g.name in ("wk", "wv") else 1.0
         ops += _gemm_ops(gpu, g, "attn" if g.name in ("wq", "wk", "wv", "wo") else "mlp", w, table, scale)
     att = attention_shape(model, w.tp, w.cp, w.micro_batch, w.seq_len)

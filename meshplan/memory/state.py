@@ -142,6 +142,7 @@ def stage_params(model: ModelSpec, mesh: Mesh, training: TrainingSpec,
     pp = len(stages)
     out = []
     per_layer: dict[bool, dict[str, int]] = {}  # a layer's tensors differ only by is_moe_layer
+    last = last_stage(stages)  # the output layer's stage (0 under a V)
     for k, chunks in enumerate(stages):
         ids = tuple(i for chunk in chunks for i in chunk)
         counts = {"layer": 0, "norm": 0, "expert": 0, "embedding": 0, "output": 0}
@@ -154,7 +155,7 @@ def stage_params(model: ModelSpec, mesh: Mesh, training: TrainingSpec,
         if k == 0:
             counts["embedding"] = sum(local_numel(t, model, tp) for t in model.embedding_tensors(pv))
         tied_copy = False
-        if k == last_stage(stages):  # the output layer's stage (0 under a V)
+        if k == last:
             for t in model.head_tensors(pv):
                 if _is_norm(t):
                     counts["norm"] += local_numel(t, model, tp)

@@ -96,6 +96,18 @@ class PipelineSchedule:
             out += (j > 0 and self.stage_of(j - 1, p, v) != s) + (j < p * v - 1 and self.stage_of(j + 1, p, v) != s)
         return out
 
+    def send_delay(self, p: int, m: int, v: int, s: int, length: int) -> np.ndarray:
+        """For each of the ``length`` units of stage ``s``'s order: how many units later the
+        blocking p2p call that sends its output is issued (Megatron-LM 2022,
+        ``PipelineSpec.blocking_p2p``). 0 here: right after the unit (Megatron-LM 2022's
+        non-interleaved 1F1B calls ``send_forward``/``send_forward_recv_backward`` after each
+        forward and ``send_backward*`` after each backward, ``megatron/schedules.py``).
+
+        >>> PipelineSchedule().send_delay(4, 8, 1, 0, 3).tolist()
+        [0, 0, 0]
+        """
+        return np.zeros(length, dtype=np.int64)
+
     def warmup(self, p, m, v, s):
         """Forward units stage ``s`` runs before its first backward (1F1B's
         ``min(p - s - 1, m)``, Narayanan et al. SC'21 2.2.1); ints or arrays."""

@@ -18,7 +18,7 @@ key, given as a table. Events are built only when asked for (trace, evidence).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Callable, Optional
 
@@ -133,6 +133,7 @@ class ArrayResult(BubbleStats):
     pred: np.ndarray
     step_s: float
     busy_s: tuple[float, ...]
+    hold: Optional[np.ndarray] = None
 
     def stage_slice(self, s: int) -> slice:
         return slice(s * self.flat.length, (s + 1) * self.flat.length)
@@ -210,23 +211,48 @@ def simulate_arrays(spec: PipelineSpec, durations: Optional[Callable[[Flat], np.
     p, f = spec.p, flat_units(spec.schedule, spec.p, spec.m, spec.v)
     n, length = p * f.length, f.length
     dur = np.asarray(durations(f) if durations is not None else spec_durations(spec, f), dtype=float)
+    f, hold = blocking_sends(spec, f) if spec.blocking_p2p else (f, np.zeros(n))
     add = np.where(f.cross, spec.p2p_s, 0.0)
-    start, end = _rounds(f, dur, add)
-    prev = np.where(np.arange(n) % length > 0, np.concatenate([[0.0], end[:-1]]), 0.0)  # stream free at start
+    start, end = _rounds(f, dur, add, hold)
+    free = end + hold  # the stream is free after the unit and the blocking call it issues
+    prev = np.where(np.arange(n) % length > 0, np.concatenate([[0.0], free[:-1]]), 0.0)  # stream free at start
     ready = np.where(f.dep < n, np.concatenate([end, [0.0]])[f.dep] + add, 0.0)
     via = (f.dep < n) & (ready > prev)
     pos = np.arange(n) % length
     pred = np.where(via, f.dep, np.where(pos > 0, np.arange(n) - 1, -1))
     busy = tuple(sum((end[s * length:(s + 1) * length] - start[s * length:(s + 1) * length]).tolist())
                  for s in range(p))
-    last = end[length - 1::length]
-    return ArrayResult(spec, f, start, end, start - prev, via, pred, float(last.max()), busy)
+    last = free[length - 1::length]
+    return ArrayResult(spec, f, start, end, start - prev, via, pred, float(last.max()), busy, hold)
 
 
-def _rounds(f: Flat, dur: np.ndarray, add: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def blocking_sends(spec: PipelineSpec, f: Flat) -> tuple[Flat, np.ndarray]:
+    """Megatron-LM 2022's blocking p2p (:mod:`meshplan.pipeline.simulate` docstring) on the
+    flat units: (``f`` with every cross-stage dependency moved to the unit that issues the
+    send, :meth:`~.base.PipelineSchedule.send_delay` positions after the producer on its
+    stage; the seconds each unit holds its stream after it: ``p2p_s`` where it issues a call
+    with a cross-stage send, else 0).
+
+    >>> f = flat_units("interleaved_1f1b", 2, 2, 2)
+    >>> g, hold = blocking_sends(PipelineSpec("interleaved_1f1b", p=2, m=2, v=2, p2p_s=0.5), f)
+    >>> hold[8:].tolist()  # stage 1: F0.c0 F1.c0 F0.c1 B0.c1 F1.c1 B1.c1 B0.c0 B1.c0
+    [0.5, 0.5, 0.0, 0.5, 0.0, 0.5, 0.5, 0.5]
+    """
+    n, length = len(f.kind), f.length
+    delay = np.concatenate([spec.sched.send_delay(spec.p, spec.m, spec.v, s, length) for s in range(spec.p)])
+    issuer = np.arange(n) + delay
+    sends = np.zeros(n, dtype=bool)
+    sends[f.dep[f.cross]] = True
+    hold = np.zeros(n)
+    hold[issuer[sends]] = spec.p2p_s
+    dep = np.where(f.cross, issuer[np.minimum(f.dep, n - 1)], f.dep)
+    return replace(f, dep=dep), hold
+
+
+def _rounds(f: Flat, dur: np.ndarray, add: np.ndarray, hold: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Start and end of every flat unit by list scheduling in rounds: each round, every
     stage whose next unit's dependency is done runs it (``ready = dep end + add``, ``start =
-    max(previous end on the stage, ready)``, ``end = start + dur``); a unit not yet ready
+    max(previous end + its hold on the stage, ready)``, ``end = start + dur``); a unit not yet ready
     gets provisional times nobody reads (its successors wait for ``done``) and is computed
     again. Slots: each stage's units between a leading slot (end 0, done) and a trailing one
     that never runs."""
@@ -241,12 +267,14 @@ def _rounds(f: Flat, dur: np.ndarray, add: np.ndarray) -> tuple[np.ndarray, np.n
     end, start = np.zeros(never + 1), np.zeros(never + 1)
     d_add, d_dur = np.zeros(never + 1), np.zeros(never + 1)
     d_add[slot], d_dur[slot] = add, dur
+    d_hold = np.zeros(never + 1)
+    d_hold[slot] = hold
     cur = np.arange(p) * width + 1
     left = n
     while left:  # every stage computes its next unit; only those whose dependency is done keep it
         dc = dep[cur]
         ok = done[dc]
-        st = np.maximum(end[cur - 1], end[dc] + d_add[cur])
+        st = np.maximum(end[cur - 1] + d_hold[cur - 1], end[dc] + d_add[cur])
         end[cur], start[cur], done[cur] = st + d_dur[cur], st, ok
         k = int(np.count_nonzero(ok))
         if not k:

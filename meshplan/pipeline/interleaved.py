@@ -45,6 +45,22 @@ class Interleaved1F1B(PipelineSchedule):
             out += [unit("F", warm + k), unit("B", k)]
         return out + [unit("B", k) for k in range(total - warm, total)]
 
+    def send_delay(self, p: int, m: int, v: int, s: int, length: int) -> np.ndarray:
+        """Megatron-LM 2022 (``forward_backward_pipelining_with_interleaving``, e.g. commit
+        2755bcb of NVIDIA/Megatron-LM, ``megatron/schedules.py``): each warm-up forward is
+        followed by ``send_forward_recv_forward``; in the steady state a forward and the
+        backward after it run first, then one ``send_forward_backward_recv_forward_backward``
+        sends both outputs, so a steady-state forward's output leaves one unit later;
+        cool-down backwards send right after.
+
+        >>> INTERLEAVED.send_delay(2, 2, 2, 1, 8).tolist()
+        [0, 0, 1, 0, 1, 0, 0, 0]
+        """
+        warm, total = int(self.warmup(p, m, v, s)), m * v
+        out = np.zeros(length, dtype=np.int64)
+        out[warm:warm + 2 * (total - warm):2] = 1
+        return out
+
     def chunk_forwards(self, p, v, n, chunk: int = 0):
         """Forward units of local ``chunk`` among the first ``n`` of a stage (ints or arrays):
         each round of ``p v`` units runs p of each chunk, chunk 0 first.

@@ -24,6 +24,15 @@ own F); W needs its B. Each stage runs its order on one compute stream; a unit s
 the stream is free and its dependency is done (list scheduling with fixed orders: exact
 earliest times).
 
+Sends are asynchronous unless ``blocking_p2p`` (Megatron-LM 2022, ``megatron/p2p_communication.py``
+``_communicate``: ``batch_isend_irecv``, ``wait`` on every request, then ``torch.cuda.synchronize``):
+a unit whose output goes to another stage is sent by a blocking call issued
+:meth:`~.base.PipelineSchedule.send_delay` units after it (interleaved: a steady-state
+forward's output leaves with the next backward's); the call holds the issuing stage's stream for
+``p2p_s`` (one call per issuing unit: its sends go to different peers at once), and the receiver's
+unit is ready when the call ends. Not modelled: the call also waits for the peer to post its
+receive (a late receiver holds the sender longer).
+
 Bubble (named): for the busiest stage, ``idle = step - busy``; ``bubble`` = idle / ideal
 (ideal = busy), ``bubble_of_total`` = idle / step. Handed case C11, p 4, m 8:
 
@@ -62,8 +71,9 @@ class PipelineSpec:
     """Abstract pipeline input: ``schedule`` (a :class:`Schedule` or its name, stored as the
     enum; :attr:`sched` is its registered object), ``p`` stages, ``m`` micro-batches, ``v``
     virtual stages per rank; per stage and micro-batch ``forward_s`` (F), ``backward_s`` (B, input
-    gradient) and ``weight_s`` (W); ``p2p_s`` per stage-to-stage send. ``duration``
-    (optional) overrides: ``duration(stage, unit) -> seconds`` for the whole unit."""
+    gradient) and ``weight_s`` (W); ``p2p_s`` per stage-to-stage send; ``blocking_p2p``: sends
+    block their stage (module docstring). ``duration`` (optional) overrides:
+    ``duration(stage, unit) -> seconds`` for the whole unit."""
 
     schedule: Schedule
     p: int
@@ -73,6 +83,7 @@ class PipelineSpec:
     backward_s: float = 2.0
     weight_s: float = 0.0
     p2p_s: float = 0.0
+    blocking_p2p: bool = False
     duration: Optional[Callable[[int, Unit], float]] = field(default=None, compare=False)
 
     def __post_init__(self):
@@ -170,11 +181,24 @@ def _dep(sched: PipelineSchedule, u: Unit, s: int, p: int, v: int) -> Optional[t
     return ("B", u.mb, j + 1) if j < p * v - 1 else ("F", u.mb, j)
 
 
+def _sends(sched: PipelineSchedule, u: Unit, s: int, p: int, v: int) -> bool:
+    """Whether ``u``'s output goes to another stage (F to virtual stage j+1, B to j-1)."""
+    j = sched.virtual_stage(u.chunk, s, p, v)
+    to = j + 1 if u.kind == "F" else (j - 1 if u.kind == "B" else -1)
+    return 0 <= to < p * v and sched.stage_of(to, p, v) != s
+
+
 def simulate(spec: PipelineSpec) -> PipelineResult:
     """Run every stage's order (:func:`stage_order`) to completion; see the module docstring."""
     p, v, sched = spec.p, spec.v, spec.sched
     orders = [sched.order(p, spec.m, v, s) for s in range(p)]
+    issue: list[dict[int, list[tuple]]] = [{} for _ in range(p)]  # position -> keys whose send it issues
+    for s, order in enumerate(orders):
+        delay = sched.send_delay(p, spec.m, v, s, len(order)) if spec.blocking_p2p else [0] * len(order)
+        for i, u in enumerate(order):
+            issue[s].setdefault(i + int(delay[i]), []).append((u, _sends(sched, u, s, p, v)))
     done: dict[tuple[str, int, int], Event] = {}
+    sent: dict[tuple[str, int, int], Event] = {}  # key -> the unit after which its send was issued
     events: list[Event] = []
     ptr, free = [0] * p, [0.0] * p
     last: list[Optional[Event]] = [None] * p
@@ -185,10 +209,10 @@ def simulate(spec: PipelineSpec) -> PipelineResult:
             while ptr[s] < len(orders[s]):
                 u = orders[s][ptr[s]]
                 key = _dep(sched, u, s, p, v)
-                if key is not None and key not in done:
+                cross = key is not None and sched.stage_of(key[2], p, v) != s
+                if key is not None and key not in (sent if cross else done):
                     break
-                dep = done.get(key) if key is not None else None
-                cross = dep is not None and dep.stage != s
+                dep = (sent if cross else done).get(key) if key is not None else None
                 ready = (dep.end_s + (spec.p2p_s if cross else 0.0)) if dep else 0.0
                 start = max(free[s], ready)
                 via = "p2p" if dep is not None and ready > free[s] else "stream"
@@ -200,7 +224,11 @@ def simulate(spec: PipelineSpec) -> PipelineResult:
                             "pred": pred})
                 events.append(ev)
                 done[(u.kind, u.mb, sched.virtual_stage(u.chunk, s, p, v))] = ev
-                free[s], last[s] = ev.end_s, ev
+                calls = issue[s].get(ptr[s], [])
+                for x, _ in calls:
+                    sent[(x.kind, x.mb, sched.virtual_stage(x.chunk, s, p, v))] = ev
+                hold = spec.p2p_s if spec.blocking_p2p and any(c for _, c in calls) else 0.0
+                free[s], last[s] = ev.end_s + hold, ev
                 ptr[s] += 1
                 remaining -= 1
                 progressed = True

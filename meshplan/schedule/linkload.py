@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from meshplan.pipeline.fast import KINDS
 from meshplan.plan import Plan
 
 _OPS = {"AG": "all-gather", "RS": "reduce-scatter", "AR": "all-reduce"}
@@ -71,6 +72,68 @@ class EdgeLoad:
         return ok_step and ok_layer
 
 
+@dataclass(frozen=True)
+class StageDetail:
+    """The events of one stage that :meth:`~meshplan.schedule.steptime.StepTime.trace_events` lists with ``detail``, less
+    the unit-level ones, as arrays in that list's order (each unit's inner events in its
+    timeline's order, units in stage order; then the pp sends the stage makes, then its
+    step-end ops): ``code`` (row of the small tables ``streams`` and ``names``: one row per
+    distinct timeline event, one for the sends, one per step-end op), ``start``/``end`` (s,
+    the same additions as the list: unit start + time in the unit), ``unit`` (position of the
+    unit in the stage's order, -1 for sends and step-end ops) and ``kind`` (index into
+    :data:`~meshplan.pipeline.fast.KINDS` of its unit, -1 for the others). Built from each
+    distinct unit timeline once (a stage of 8,192 units shares a few), so the link report
+    reads 10^5 events without an Event object or a string each."""
+
+    code: np.ndarray
+    streams: tuple[str, ...]
+    names: tuple[str, ...]
+    start: np.ndarray
+    end: np.ndarray
+    unit: np.ndarray
+    kind: np.ndarray
+
+    @classmethod
+    def of(cls, st, stage: int) -> "StageDetail":
+        res, sl = st.pipeline, st.pipeline.stage_slice(stage)
+        keys, idx = st.unit_index if st.unit_index else st.units.index(res.flat)
+        uniq, inv = np.unique(idx[sl], return_inverse=True)
+        per = [[e for e in st.units.by_key(keys[k]).events if e.end_s > e.start_s] for k in uniq.tolist()]
+        count = np.array([len(x) for x in per], dtype=np.int64)
+        offset = np.concatenate([[0], np.cumsum(count)[:-1]])
+        flat = [e for x in per for e in x]
+        rel_s, rel_e = np.array([e.start_s for e in flat]), np.array([e.end_s for e in flat])
+        n = count[inv]
+        unit = np.repeat(np.arange(len(inv)), n)
+        src = np.repeat(offset[inv] - np.concatenate([[0], np.cumsum(n)[:-1]]), n) + np.arange(int(n.sum()))
+        base = res.start[sl][unit]
+        f, length = res.flat, res.flat.length
+        waiting = np.flatnonzero(f.cross & (np.minimum(f.dep, len(f.dep) - 1) // length == stage)
+                                 & (f.dep < len(f.dep))) if res.spec.p2p_s > 0 else np.zeros(0, dtype=np.int64)
+        send_s = res.end[f.dep[waiting]]
+        post = [e for e in st.post_events if e.stage == stage]
+        rest = len(waiting) + len(post)
+        return cls(np.concatenate([src, np.full(len(waiting), len(flat)), len(flat) + 1 + np.arange(len(post))]),
+                   tuple(e.stream for e in flat) + ("pp",) + tuple(e.stream for e in post),
+                   tuple(e.name for e in flat) + ("send",) + tuple(e.name for e in post),
+                   np.concatenate([base + rel_s[src], send_s, [e.start_s for e in post]]),
+                   np.concatenate([base + rel_e[src], send_s + res.spec.p2p_s, [e.end_s for e in post]]),
+                   np.concatenate([unit, np.full(rest, -1)]),
+                   np.concatenate([f.kind[sl][unit], np.full(rest, -1)]))
+
+    @classmethod
+    def cached(cls, st, stage: int) -> "StageDetail":
+        """:meth:`of`, built once per step prediction and stage (kept with its trace cache)."""
+        key = ("arrays", stage)
+        if key not in st._trace_cache:
+            st._trace_cache[key] = cls.of(st, stage)
+        return st._trace_cache[key]
+
+    def of_table(self, values) -> np.ndarray:
+        """``values`` (one per table row) for every event."""
+        return np.asarray(values)[self.code]
+
+
 def _op_of(name: str) -> str:
     for word in name.replace("(", " ").split():
         if word in _OPS:
@@ -82,56 +145,77 @@ def _op_of(name: str) -> str:
 
 def timings(st, stage: int = 0) -> list[Timing]:
     """Ready time, deadline and duration of the first occurrence of each (stream, phase, op)
-    on ``stage`` (see the module docstring)."""
-    events = st.trace_events(detail=True, stage=stage)
-    compute = sorted((e for e in events if e.stream == "compute"), key=lambda e: e.start_s)
-    step_end = max(e.end_s for e in events)
-    opt = next((e.start_s for e in events if "optimizer" in e.name), step_end)
+    on ``stage`` (see the module docstring), from the stage's events on arrays
+    (:class:`StageDetail`): the earliest event of each
+    kind, ties in the trace's order."""
+    d = StageDetail.cached(st, stage)
+    ops = [_op_of(n) for n in d.names]
+    comm = [s not in ("compute", "p2p") and not s.startswith("stage") and bool(o) for s, o in zip(d.streams, ops)]
+    cand = np.flatnonzero(d.of_table(comm))
+    cand = cand[np.argsort(d.start[cand], kind="stable")]
+    posts = np.flatnonzero(d.unit < 0).tolist()
+    opt = next((float(d.start[i]) for i in posts if "optimizer" in d.names[d.code[i]]),
+               max(float(d.end.max()), float(st.pipeline.end[st.pipeline.stage_slice(stage)].max())))
     seen, out = set(), []
-    for e in sorted(events, key=lambda e: e.start_s):
-        if e.stream in ("compute", "p2p") or e.stream.startswith("stage"):
-            continue
-        unit = e.args.get("unit", "")
-        phase = "forward" if unit.startswith("F") else "backward" if unit[:1] in ("B", "W") else "step"
-        key = (e.stream, phase, _op_of(e.name))
-        if key in seen or not key[2]:
+    for i in cand.tolist():
+        c, kind = int(d.code[i]), int(d.kind[i])
+        key = (d.streams[c], "forward" if kind == KINDS.index("F") else "step" if kind < 0 else "backward", ops[c])
+        if key in seen:
             continue
         seen.add(key)
-        out.append(Timing(e.stream, phase, key[2], e.start_s, _deadline(e, compute, opt), e.end_s - e.start_s))
+        out.append(Timing(key[0], key[1], key[2], float(d.start[i]), _deadline(d, i, opt),
+                          float(d.end[i] - d.start[i])))
     return out
 
 
-def _deadline(e, compute, opt: float) -> float:
-    words = e.name.split()
-    if e.stream in ("fsdp", "efsdp") and "AG" in words:
-        layer = words[-1]
-        return next((c.start_s for c in compute if c.name == layer and c.start_s >= e.start_s), e.end_s)
-    if "RS" in words or "norm-grad" in e.name or e.stream in ("dp_replicate", "dp"):
+def _deadline(d, i: int, opt: float) -> float:
+    stream, name = d.streams[d.code[i]], d.names[d.code[i]]
+    words = name.split()
+    if stream in ("fsdp", "efsdp") and "AG" in words:
+        # the first compute event named for the layer at or after the gather's start: inside its
+        # own unit or a later one (units run in order on the stage's stream)
+        rows = [k for k, (s, n) in enumerate(zip(d.streams, d.names)) if s == "compute" and n == words[-1]]
+        hits = np.flatnonzero(np.isin(d.code, rows) & (d.start >= d.start[i]) & (d.unit >= d.unit[i]))
+        return float(d.start[hits[np.argmin(d.start[hits])]]) if len(hits) else float(d.end[i])
+    if "RS" in words or "norm-grad" in name or stream in ("dp_replicate", "dp"):
         return opt
-    return e.end_s  # blocking: the next op waits for it
+    return float(d.end[i])  # blocking: the next op waits for it
 
 
 def concurrency(st, stage: int = 0) -> dict[tuple[str, str], float]:
-    """Seconds per step during which collectives of two different streams run at once."""
-    ev = sorted((e for e in st.trace_events(detail=True, stage=stage) if e.stream != "compute"
-                 and e.end_s > e.start_s), key=lambda e: e.start_s)
+    """Seconds per step during which collectives of two different streams run at once: for
+    streams A and B, the integral over the step of ``n_A(t) n_B(t)`` (n: collectives of the
+    stream running at t), the sum over every pair of their overlaps."""
+    d = StageDetail.cached(st, stage)
+    names = sorted(set(d.streams) - {"compute"})
+    row = np.array([names.index(s) if s != "compute" else -1 for s in d.streams])
+    code = d.of_table(row)
+    keep = (code >= 0) & (d.end > d.start)
+    code = code[keep]
+    if len(set(code.tolist())) < 2:
+        return {}
+    t = np.concatenate([d.start[keep], d.end[keep]])
+    order = np.argsort(t, kind="stable")
+    k = len(code)
+    delta = np.zeros((len(names), 2 * k))
+    delta[np.concatenate([code, code])[order], np.arange(2 * k)] = np.where(order < k, 1.0, -1.0)
+    running = np.cumsum(delta, axis=1)[:, :-1]   # collectives of each stream between boundaries
+    dt = np.diff(t[order])
     out: dict[tuple[str, str], float] = {}
-    active: list = []
-    for e in ev:
-        active = [a for a in active if a.end_s > e.start_s]
-        for a in active:
-            if a.stream != e.stream:
-                key = tuple(sorted((a.stream, e.stream)))
-                out[key] = out.get(key, 0.0) + min(a.end_s, e.end_s) - e.start_s
-        active.append(e)
+    for a in range(len(names)):
+        for b in range(a + 1, len(names)):
+            sec = float(np.dot(running[a] * running[b], dt))
+            if sec > 0:
+                out[(names[a], names[b])] = sec
     return out
 
 
 def edge_loads(plan: Plan, st, stage: int = 0) -> list[EdgeLoad]:
     """Load on rank 0's NVLink, node 0's NICs and the rails' spine uplinks per step."""
     rows = plan.stage(stage).collectives
-    compute_s = sum(e.end_s - e.start_s for e in st.trace_events(detail=True, stage=stage)
-                    if e.stream == "compute" and "unit" in e.args)
+    d = StageDetail.cached(st, stage)
+    inner = d.of_table([s == "compute" for s in d.streams]) & (d.unit >= 0)
+    compute_s = float((d.end[inner] - d.start[inner]).sum())
     n_layers = len(plan.stage(stage).layers)
     layer_s = compute_s / max(plan.micro_batches * n_layers, 1)
     cluster = plan.config.cluster

@@ -56,6 +56,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Optional
 
+from meshplan.comm.collectives import SCATTER_GATHER_CADENCE
 from meshplan.compute.ops import Cost, Workload
 from meshplan.pipeline.simulate import Event
 
@@ -76,7 +77,8 @@ class Overlap:
 def comm_kind(row) -> str:
     """Kind of a collective row: ``tp`` (blocking, per layer), ``tp_async`` (tp, overlapped:
     SP norm-weight gradients), ``loss`` (tp, at the loss: vocab-parallel loss or logits),
-    ``cp``, ``ep``, ``pp``, ``shard`` (FSDP units), ``replica`` (HSDP), ``step`` (per step),
+    ``cp``, ``ep``, ``pp``, ``pp_gather`` (tp, rebuilding a pp receive: Megatron's
+    scatter/gather), ``shard`` (FSDP units), ``replica`` (HSDP), ``step`` (per step),
     or ``other`` (not understood: the caller reports it). Decided by phase, op and axis
     first, then by the cadence text (``K``/``dK`` for cp, ``norm``, ``logits``)."""
     c = row.cadence
@@ -84,6 +86,8 @@ def comm_kind(row) -> str:
         return "step"
     if row.op == "send/recv":
         return "pp"
+    if SCATTER_GATHER_CADENCE in c:
+        return "pp_gather"
     if row.op == "all-to-all":
         return "ep"
     if row.axis == "dp_replicate" or c.endswith("(HSDP replicas)"):
@@ -111,7 +115,8 @@ class CommTimes:
     "layer", "expert" or "root" for shard/replica rows. ``loss_s``: seconds of the loss
     collectives per micro-batch; ``async_s``: per-layer overlapped tp collectives (norm
     weight gradients); ``step_reduce_s``/``step_gather_s``: per-step ZeRO-1/2 or DDP
-    collectives; ``p2p_s``: one pp send; ``other``: rows not understood (not simulated);
+    collectives; ``p2p_s``: one pp send; ``p2p_gather_s``: the tp all-gather after each pp
+    receive under Megatron's scatter/gather (0 without); ``other``: rows not understood (not simulated);
     ``layers``: the stage's layers over all its chunks (each chunk's last gradient unit
     issues its layers' pieces of the per-step reduction)."""
 
@@ -122,6 +127,7 @@ class CommTimes:
     step_reduce_s: float = 0.0
     step_gather_s: float = 0.0
     p2p_s: float = 0.0
+    p2p_gather_s: float = 0.0
     other: tuple = ()
     layers: int = 1
 
@@ -144,6 +150,8 @@ class CommTimes:
                     c.step_reduce_s += r.time_s
             elif kind == "pp":
                 c.p2p_s = max(c.p2p_s, r.time_s)
+            elif kind == "pp_gather":
+                c.p2p_gather_s = max(c.p2p_gather_s, r.time_s)
             elif kind == "loss":
                 c.loss_s += r.time_s * r.per_microbatch
             elif kind == "tp_async":

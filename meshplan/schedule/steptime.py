@@ -3,7 +3,8 @@ put through the pipeline simulation (:mod:`meshplan.pipeline.simulate`), then th
 collectives and the optimizer step; critical path, exposed communication per axis, bubble,
 tokens/s, MFU and HFU, and the Chrome/Perfetto trace of the predicted timeline.
 
-Each stage ends at its last unit plus that unit's communication tail, then (in order) the
+Pipeline sends block their stage under Megatron-LM (:func:`blocking_p2p`). Each stage ends at
+its last unit plus that unit's communication tail (or its blocking send), then (in order) the
 per-step gradient reduction when it was not overlapped, the optimizer step and the
 ZeRO-1/2 parameter all-gather (``Overlap.param_gather``: hidden behind the next step's
 first forward unit, the remainder exposed). The optimizer step is memory-bound: it reads
@@ -31,6 +32,7 @@ from meshplan.compute.ops import (
     Cost,
     Workload,
     embedding_cost,
+    framework_kernels,
     head_cost,
     layer_cost,
     layer_workload,
@@ -55,13 +57,16 @@ from meshplan.spec.mesh import Schedule
 
 def workload_of(plan, dropout: bool = False) -> Workload:
     """The per-rank :class:`~meshplan.compute.ops.Workload` of a plan's mesh and training
-    contract. ``dropout``: GPT-style dropout, also on when the config's ``[memory] dropout`` is."""
+    contract. ``dropout``: GPT-style dropout, also on when the config's ``[memory] dropout`` is.
+    Megatron-LM (``training.framework``) projects Q, K and V with one GEMM and, with fp32
+    gradients, accumulates the weight gradients into them inside the GEMM (its
+    ``gradient_accumulation_fusion``, on by default)."""
     t, mesh = plan.config.training, plan.mesh
     dropout = dropout or plan.config.memory.dropout
     return Workload(seq_len=t.seq_len, micro_batch=t.micro_batch, tp=mesh.degree("tp"), cp=mesh.degree("cp"),
                     sp=mesh.sequence_parallel, ep=mesh.ep, etp=mesh.etp, dtype=t.compute_dtype,
                     recompute=t.recompute, flash=t.flash_attention, dropout=dropout,
-                    vocab_pad_divisor=t.vocab_pad_divisor, routing=RoutingOptions.of(t))
+                    vocab_pad_divisor=t.vocab_pad_divisor, routing=RoutingOptions.of(t), **framework_kernels(t))
 
 
 def chunk_costs(plan, w: Workload, table: Optional[GemmTable] = None) -> list[list[ChunkCosts]]:
@@ -101,6 +106,7 @@ class StepTime:
     example_ranks: tuple[int, ...]
     notes: tuple[str, ...] = ()
     recompute_name: str = ""
+    unit_index: tuple = ()  # (distinct unit keys, key index of every flat unit): UnitTimes.index
 
     @property
     def step_s(self) -> float:
@@ -358,6 +364,8 @@ def _unit_exposure(res: ArrayResult, s: int, units: UnitTimes, keys: list, key_i
     if "pp" not in streams and res.via_p2p[sl].any():
         waits = np.minimum(res.spec.p2p_s, res.wait[sl][res.via_p2p[sl]])
         ex["pp"] = sum(waits.tolist(), ex.get("pp", 0.0))
+    if res.hold is not None and res.hold[sl].any():  # blocking sends hold the stream (the last: _stage_end)
+        ex["pp"] = sum(res.hold[sl][:-1].tolist(), ex.get("pp", 0.0))
     return ex
 
 
@@ -367,13 +375,27 @@ def _optimizer_s(plan, s: int) -> float:
                             st.bytes_of("optimizer"), plan.config.training, optimizer_bandwidth(plan.config.cluster.gpu))
 
 
-def _stage_end(plan, s, spec, mine, units, comm: CommTimes, ov) -> tuple[float, list[Event], dict]:
-    """End of stage s after its last unit (``mine``: its compute events), with the step-end
+def blocking_p2p(training) -> bool:
+    """Whether pipeline sends block their stage: Megatron-LM (``training.framework``) of 2022,
+    whose ``_communicate`` waits on every ``batch_isend_irecv`` request and then calls
+    ``torch.cuda.synchronize`` (:mod:`meshplan.pipeline.simulate`); torch's
+    ``torch.distributed.pipelining`` schedules post their sends asynchronously."""
+    return training.framework == "megatron"
+
+
+def _last_hold(res: ArrayResult, s: int) -> float:
+    """Seconds stage s's last unit holds its stream for a blocking send (0 without)."""
+    return 0.0 if res.hold is None else float(res.hold[res.stage_slice(s)][-1])
+
+
+def _stage_end(plan, s, spec, mine, units, comm: CommTimes, ov, hold: float = 0.0) -> tuple[float, list[Event], dict]:
+    """End of stage s after its last unit (``mine``: its compute events) and the blocking
+    send it issues (``hold`` seconds, overlapping its communication tail), with the step-end
     events and their exposure."""
     last = max(mine, key=lambda e: e.end_s)
     u = units.of_event(last)
-    t = last.end_s + u.tail_s
-    post, exposed = [], ({u.tail_stream: u.tail_s} if u.tail_s else {})
+    t = last.end_s + max(u.tail_s, hold)
+    post, exposed = [], ({u.tail_stream: u.tail_s} if u.tail_s >= hold and u.tail_s else ({"pp": hold} if hold else {}))
     steps = [("grad reduce (per step)", 0.0 if ov.grad_reduce else comm.step_reduce_s, "dp"),
              ("optimizer step", _optimizer_s(plan, s), "compute")]
     first_f = min((e for e in mine if e.args["kind"] == "F"), key=lambda e: e.start_s)
@@ -402,10 +424,11 @@ def step_time(plan: Plan, overlap: Overlap = Overlap(), *, dropout: bool = False
     share = nccl_sm_share(cfg.cluster)
     comms = [CommTimes.from_rows(st.collectives, len(st.layers), share) for st in map(plan.stage, range(p))]
     chunks = chunk_costs(plan, w, table)
-    base = PipelineSpec(Schedule(schedule or plan.spec.pp_schedule), p, m, v, p2p_s=max(c.p2p_s for c in comms))
+    base = PipelineSpec(Schedule(schedule or plan.spec.pp_schedule), p, m, v,
+                        p2p_s=max(c.p2p_s + c.p2p_gather_s for c in comms), blocking_p2p=blocking_p2p(cfg.training))
     units = UnitTimes(base, chunks, comms, w, overlap, cfg.training.reshard_after_forward,
                       cfg.training.sharding in ("zero3", "hsdp"), cfg.training.grad_accumulation)
-    spec = PipelineSpec(base.schedule, p, m, v, p2p_s=base.p2p_s,
+    spec = PipelineSpec(base.schedule, p, m, v, p2p_s=base.p2p_s, blocking_p2p=base.blocking_p2p,
                         duration=lambda s, u: units.get(s, u.chunk, u.kind, u.mb).duration_s)
     indexed: list = []
 
@@ -417,7 +440,7 @@ def step_time(plan: Plan, overlap: Overlap = Overlap(), *, dropout: bool = False
     res = simulate_arrays(spec, durations)
     ends, post, exposed = [], [], []
     for s in range(p):
-        end, ev, ex = _stage_end(plan, s, spec, _ends_of(res, s), units, comms[s], overlap)
+        end, ev, ex = _stage_end(plan, s, spec, _ends_of(res, s), units, comms[s], overlap, _last_hold(res, s))
         ends.append(end)
         post += ev
         exposed.append(ex)
@@ -433,7 +456,8 @@ def step_time(plan: Plan, overlap: Overlap = Overlap(), *, dropout: bool = False
     notes = tuple(f"collective not simulated (kind unknown): {o}" for o in sorted({o for c in comms for o in c.other}))
     return StepTime(res, units, tuple(ends), tuple(post), exposed[crit],
                     sequence_model_flops(cfg.model, t.seq_len) * t.global_batch, hw, t.global_batch * t.seq_len,
-                    plan.world, cfg.cluster.gpu.peak_flops(t.compute_dtype), ranks, notes, t.recompute_name)
+                    plan.world, cfg.cluster.gpu.peak_flops(t.compute_dtype), ranks, notes, t.recompute_name,
+                    (indexed[0], indexed[1]))
 
 
 def config_overlap(training, overlap: Overlap = Overlap()) -> Overlap:

@@ -50,6 +50,7 @@ from meshplan.comm.collectives import axis_path, fsdp_gather_flags
 from meshplan.compute.ops import (
     Workload,
     embedding_cost,
+    framework_kernels,
     head_cost,
     layer_cost,
     optimizer_bandwidth,
@@ -87,7 +88,7 @@ class TimeTables:
         t, gpu = cfg.training, cfg.cluster.gpu
         w = Workload(seq_len=t.seq_len, micro_batch=mb, tp=tp, cp=cp, sp=tp > 1, ep=ep, etp=etp,
                      dtype=t.compute_dtype, recompute=RECOMPUTE[rc], flash=t.flash_attention,
-                     vocab_pad_divisor=t.vocab_pad_divisor, routing=RoutingOptions.of(t))
+                     vocab_pad_divisor=t.vocab_pad_divisor, routing=RoutingOptions.of(t), **framework_kernels(t))
         layer = m.dense_layers if moe else 0
         cost = layer_cost(m, gpu, w, layer=layer)
         out = {f"{p}_{b}": cost.seconds(ph, b, rec) for p, (ph, rec) in PHASES.items() for b in LAYER_BLOCKS}
