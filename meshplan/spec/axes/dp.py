@@ -53,8 +53,6 @@ DP = AxisDef(
     rules=(Rule("batch", 90, "global_batch not divisible by micro_batch * dp", _batch_bad, _batch),),
     divides=("batch",),
     shards=("optimizer state (zero1)", "gradients (zero2)", "parameters (zero3)"),
-    collectives=(CollectiveKind("all-reduce", "dp", "backward", "every gradient (DDP, one bucket)"),
-                 CollectiveKind("reduce-scatter", "dp", "step", "every gradient (ZeRO-1/2)"),
-                 CollectiveKind("all-gather", "dp", "step", "the updated parameters (ZeRO-1/2)")),
+    collectives=(CollectiveKind("all-reduce", "loss", "backward", "every gradient (DDP, one bucket, over dp x cp)"),),
     weights={"dp": 10.0},
 )

@@ -14,7 +14,9 @@ DP_SHARD = AxisDef(
     collectives=(CollectiveKind("all-gather", "fsdp", "forward", "one FSDP unit's parameters"),
                  CollectiveKind("all-gather", "fsdp", "backward", "one FSDP unit's parameters (resharded)"),
                  CollectiveKind("reduce-scatter", "fsdp", "backward", "one FSDP unit's gradients"),
-                 CollectiveKind("all-reduce", "fsdp", "step", "float8 amax (fp8 all-gathers)")),
+                 CollectiveKind("all-reduce", "fsdp", "step", "float8 amax (fp8 all-gathers)"),
+                 CollectiveKind("reduce-scatter", "fsdp", "step", "every gradient (ZeRO-1/2)"),
+                 CollectiveKind("all-gather", "fsdp", "step", "the updated parameters (ZeRO-1/2)")),
     search=SearchColumn(column="dps", option="dp_shard", remainder=True),
     weights={"dp_shard": 1e2},
 )
