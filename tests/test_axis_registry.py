@@ -197,3 +197,18 @@ def test_every_collective_row_is_declared_by_an_axis(base, names, shape, mesh_kw
         owners = [k for k in kinds if (k.op, k.phase) == (op, phase) and _axes(plan.mesh, k.group) == _axes(plan.mesh,
                                                                                                                axis)]
         assert owners, f"no registered axis declares {op} ({phase}) over {axis}"
+
+
+#: Axes whose torch apply is not in parallelize's APPLY, and where it is.
+APPLIED_ELSEWHERE = {Axis.PP: "pipeline stages (runtime/execution/pipelined.py)",
+                     Axis.DP: "DDP on the materialized model (parallelize.apply_ddp, by the worker)",
+                     Axis.DP_REPLICATE: "HSDP's replica dimension, in the dp_shard apply (fsdp_mesh)",
+                     Axis.ETP: "refused: etp > 1 is not built (parallelize._unsupported)"}
+
+
+def test_every_axis_has_a_runtime_apply():
+    pytest.importorskip("torch")
+    from meshplan.runtime.execution.parallelize import APPLY  # torch: only the runtime imports it
+
+    assert set(APPLY) | set(APPLIED_ELSEWHERE) == set(Axis) and not set(APPLY) & set(APPLIED_ELSEWHERE)
+    assert list(APPLY) == [Axis.CP, Axis.TP, Axis.EP, Axis.DP_SHARD]  # torchtitan's order
