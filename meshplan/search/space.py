@@ -13,7 +13,8 @@ MoE models ``ep`` and ``etp`` (1 or tp) re-factor the dense block ``dp_shard x c
 
 Dimensions (each narrowed by :class:`~meshplan.spec.search.SearchOptions`):
 
-- degrees: every factorization of the world over the five axes, tp <= ``max_tp``;
+- degrees: every factorization of the world over the registered dense axes (five today:
+  :func:`~meshplan.spec.axes.registry.search_axes`), tp <= ``max_tp``;
 - sequence parallel: on exactly when tp > 1;
 - micro-batch sizes; recompute none, selective, full;
 - virtual stages: 1, and when pp > 1 divides the layers the divisors of layers / pp up to
@@ -188,6 +189,8 @@ def dense_meshes(cfg: Config) -> np.ndarray:
 
     def walk(j: int, left: int, row: list[int]) -> None:
         if j == len(free):
+            if not rest and left != 1:  # no remainder axis: the free ones must make the world
+                return
             full = list(row) + [left] * len(rest)  # one remainder axis takes what is left
             degs = [0] * len(cols)
             for k, v in zip(free + rest, full):
