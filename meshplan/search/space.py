@@ -55,6 +55,7 @@ import numpy as np
 from meshplan.mesh.layers import balanced_split
 from meshplan.config import Config
 from meshplan.pipeline.registry import get
+from meshplan.spec.axes.base import divisors
 from meshplan.spec.axes.registry import AXES, rules, search_axes
 from meshplan.spec.axes.tp import max_tp
 from meshplan.spec.mesh import MeshSpec, Schedule
@@ -160,15 +161,6 @@ class Candidates:
                         if on)
         return (f"{mesh}, mb {int(self.mb[i])}, {RECOMPUTE[self.rc[i]]}, vpp {int(self.vpp[i])}, "
                 f"{SHARDING[self.sh[i]]}{extra}")
-
-
-def divisors(n: int) -> list[int]:
-    """Divisors of ``n``, ascending.
-
-    >>> divisors(12)
-    [1, 2, 3, 4, 6, 12]
-    """
-    return [d for d in range(1, n + 1) if n % d == 0]
 
 
 def _allowed(values, allowed) -> list[int]:

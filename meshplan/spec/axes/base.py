@@ -139,3 +139,12 @@ class AxisDegrees:
 
 
 _COLUMNS = ("pp", "dpr", "dps", "dp", "cp", "tp", "ep", "etp")
+
+
+def divisors(n: int) -> list[int]:
+    """Divisors of ``n``, ascending (the candidate degrees of an axis over ``n`` ranks).
+
+    >>> divisors(12)
+    [1, 2, 3, 4, 6, 12]
+    """
+    return [d for d in range(1, n + 1) if n % d == 0]

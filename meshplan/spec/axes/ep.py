@@ -11,7 +11,7 @@ routed experts' parameters as ``fsdp`` does the dense ones.
 
 from __future__ import annotations
 
-from meshplan.spec.axes.base import AxisDef, CollectiveKind, Rule, SearchColumn
+from meshplan.spec.axes.base import AxisDef, CollectiveKind, Rule, SearchColumn, divisors
 
 
 def _block_bad(m, t, d):
@@ -57,10 +57,6 @@ def _etp(m, t, d):
     return ((f"expert_ffn {m.moe_ffn} is not divisible by etp {d.etp}",) if _etp_bad(m, t, d) else ()), ()
 
 
-def _divisors(n: int) -> list[int]:
-    return [k for k in range(1, n + 1) if n % k == 0]
-
-
 EP = AxisDef(
     doc="expert parallel; re-factors the dense dp_shard*cp*tp block",
     expert=True,
@@ -79,7 +75,7 @@ EP = AxisDef(
                  CollectiveKind("reduce-scatter", "efsdp", "step", "their gradients (ZeRO-1/2)"),
                  CollectiveKind("all-gather", "efsdp", "step", "their updated parameters (ZeRO-1/2)")),
     search=SearchColumn(column="ep", option="ep",
-                        values=lambda cfg, row: _divisors(cfg.cluster.world)),
+                        values=lambda cfg, row: divisors(cfg.cluster.world)),
     weights={"ep": 1e3, "efsdp": 1e2},
 )
 
