@@ -43,7 +43,7 @@ from meshplan.placement.assign import (
 )
 from meshplan.placement.bindings import all_bindings, bindings, write_bindings  # noqa: F401  (re-exported)
 from meshplan.placement.explain import explain
-from meshplan.spec.axes.registry import placement_weights
+from meshplan.spec.axes.registry import AXES, placement_weights
 from meshplan.spec.cluster import ClusterSpec
 
 #: Relative weights (not bytes) when no collective table is given, each axis's own
@@ -51,7 +51,8 @@ from meshplan.spec.cluster import ClusterSpec
 #: dp_shard > dp_replicate > pp, each ten times the next; sp sits with cp, etp with tp, efsdp
 #: with dp_shard, a plain dp axis with dp_replicate.
 DEFAULT_WEIGHTS = placement_weights()
-_EXPERT = ("ep", "etp", "efsdp")
+#: The expert mesh's axes: the expert axes' own and the derived ones they bring (efsdp).
+_EXPERT = tuple(k for a in AXES.values() if a.expert for k in a.weights)
 #: Fill orders tried exhaustively up to this many non-trivial axes (5! = 120 candidates).
 MAX_PERMUTED_AXES = 5
 
