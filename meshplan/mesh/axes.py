@@ -5,18 +5,8 @@ Canonical order is outermost first, as torch DeviceMesh: for shape (2, 2, 2) wit
 string names the fastest-varying axis first (``tp-cp-ep-dp-pp``); it is converted only at
 input and output.
 
-Known axes and what they partition:
-
-========== ===================================================================
-pp          pipeline stages (layers)
-dp          data parallel; replicas or ZeRO/FSDP shards per ``training.sharding``
-dp_replicate HSDP replica axis (gradients all-reduced)
-dp_shard    FSDP/ZeRO shard axis (parameters/gradients/optimizer state sharded)
-cp          context parallel (sequence split for attention)
-tp          tensor parallel (with ``sequence_parallel`` for Megatron-style SP)
-ep          expert parallel; re-factors the dense dp_shard*cp*tp block
-etp         expert tensor parallel (1 or tp)
-========== ===================================================================
+The known axes, what each partitions and everything else meshplan knows about it are the
+axis registry's (:data:`meshplan.spec.axes.registry.AXES`, one module per axis family).
 
 The vocabulary itself (known axes, torchtitan's and Megatron-LM's names, the ``fsdp``
 alias, the close-name check) lives in :mod:`meshplan.spec.axes`, which the config reader

@@ -1,56 +1,18 @@
 """How tensor and expert parallelism split the model: padded vocabulary, local heads and
 per-rank element counts of each weight.
 
-Rules (handed cases C6, C7):
-- ``q_heads % tp == 0`` and (``kv_heads % tp == 0`` or ``tp % kv_heads == 0``); when
-  tp > kv_heads each KV head is replicated on ``tp / kv_heads`` ranks (TP ranks
-  {2i, 2i+1} hold KV head i at kv_heads 4, tp 8), as Megatron-Core and vLLM do.
-- padded vocabulary = ceil(V / (divisor * tp)) * divisor * tp (Megatron-LM
-  ``_vocab_size_with_padding``).
+The rules (heads vs tp, padded vocabulary, local heads; handed cases C6, C7) are the tp
+axis's own (:mod:`meshplan.spec.axes.tp`); this module re-exports them beside the per-rank
+element counts that use them.
 """
 
 from __future__ import annotations
 
-from math import ceil
-from typing import Optional
-
+from meshplan.spec.axes.tp import heads_reason, local_heads, padded_vocab
 from meshplan.spec.model import ModelSpec, Tensor
 
-
-def padded_vocab(vocab: int, divisor: int, tp: int) -> int:
-    """Vocabulary padded to a multiple of ``divisor * tp``.
-
-    >>> padded_vocab(32002, 128, 2), padded_vocab(128256, 64, 8), padded_vocab(50257, 128, 8)
-    (32256, 128512, 51200)
-    """
-    m = divisor * tp
-    return ceil(vocab / m) * m
-
-
-def heads_reason(model: ModelSpec, tp: int) -> Optional[str]:
-    """One-line reason when ``tp`` cannot split the attention heads, else None.
-
-    >>> heads_reason(ModelSpec(layers=1, hidden=5120, ffn=1, q_heads=40, kv_heads=10, vocab=1), 4)
-    'kv_heads 10 vs tp 4: need kv_heads % tp == 0 or tp % kv_heads == 0'
-    """
-    q, kv = model.q_heads, model.n_kv_heads
-    if q % tp:
-        return f"q_heads {q} is not divisible by tp {tp}"
-    if kv % tp and tp % kv:
-        return f"kv_heads {kv} vs tp {tp}: need kv_heads % tp == 0 or tp % kv_heads == 0"
-    return None
-
-
-def local_heads(model: ModelSpec, tp: int) -> tuple[int, int, int]:
-    """(local q heads, local KV heads, KV replication factor) on one tp rank.
-
-    >>> local_heads(ModelSpec(layers=1, hidden=4096, ffn=1, q_heads=32, kv_heads=4, vocab=1), 8)
-    (4, 1, 2)
-    """
-    kv = model.n_kv_heads
-    if tp <= kv:
-        return model.q_heads // tp, kv // tp, 1
-    return model.q_heads // tp, 1, tp // kv
+__all__ = ["fsdp_padded_numel", "heads_reason", "local_heads", "local_numel", "local_rows", "padded_numel",
+           "padded_vocab"]
 
 
 def local_numel(t: Tensor, model: ModelSpec, tp: int, ep: int = 1, etp: int = 1) -> int:

@@ -2,7 +2,9 @@
 
 Every failure is a one-line reason with the numbers; every convention applied (KV-head
 replication, vocabulary padding, batch arithmetic) is a note, so the output says which
-convention it uses. Batch arithmetic: ``dp`` is replicate x shard only, without cp
+convention it uses. The rules and their texts are the axes' own (one module per axis under
+:mod:`meshplan.spec.axes`; the search evaluates the same predicates on all candidates at
+once, :func:`meshplan.search.space.first_reason`); this module runs them in order. Batch arithmetic: ``dp`` is replicate x shard only, without cp
 (handed case C1): micro-batches per step = global_batch / (micro_batch * dp). The pipeline
 schedule's own rules (e.g. interleaved 1F1B's m a multiple of pp) are its module's
 (:meth:`meshplan.pipeline.base.PipelineSchedule.reasons`); the plan appends them.
@@ -15,10 +17,13 @@ from dataclasses import dataclass
 from meshplan.limits import MAX_MICRO_BATCHES, MAX_PIPELINE_UNITS, over
 from meshplan.mesh.resolve import Mesh
 from meshplan.mesh.layers import VirtualStage, looped, stage_layers, vpp_from_chunk
+from meshplan.spec.axes import KNOWN_AXES
+from meshplan.spec.axes.base import AxisDegrees
+from meshplan.spec.axes.dp import micro_batches
+from meshplan.spec.axes.registry import rules
 from meshplan.spec.mesh import MeshSpec
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.training import TrainingSpec
-from meshplan.mesh.tpsplit import heads_reason, local_heads, padded_vocab
 
 
 @dataclass(frozen=True)
@@ -34,23 +39,36 @@ class Validity:
     vpp: int
 
 
+def degrees(mesh: Mesh, training: TrainingSpec, vpp: int) -> AxisDegrees:
+    """The degrees the axis rules read (:class:`~meshplan.spec.axes.base.AxisDegrees`) of
+    ``mesh``: ``dps`` is the mesh's shard axis (dp_shard, or dp when the mesh names one data
+    axis), so dps x cp x tp is the dense block the experts re-factor; axes of the mesh that
+    are not among the attributes (user-named or newly registered) go to ``extra``."""
+    cp, tp = mesh.degree("cp"), mesh.degree("tp")
+    extra = {n: mesh.degree(n) for n in mesh.layout.names if n not in KNOWN_AXES}
+    return AxisDegrees(pp=mesh.degree("pp"), dpr=mesh.degree("dp_replicate"), dps=mesh.block_size // (cp * tp),
+                       dp=mesh.dp, cp=cp, tp=tp, ep=mesh.ep, etp=mesh.etp, mb=training.micro_batch, vpp=vpp,
+                       sp=mesh.sequence_parallel, extra=extra)
+
+
 def check(model: ModelSpec, training: TrainingSpec, mesh: Mesh, spec: MeshSpec,
           virtual_stage: VirtualStage = looped) -> Validity:
-    """All model and batch checks of ``mesh``; see the module docstring."""
+    """All model and batch checks of ``mesh``: every registered axis's rules in their order
+    (:func:`meshplan.spec.axes.registry.rules`), the layer split where the pp rule stands,
+    then the limits on micro-batches and pipeline units; see the module docstring."""
     reasons: list[str] = []
     notes: list[str] = []
-    tp, cp, pp = mesh.degree("tp"), mesh.degree("cp"), mesh.degree("pp")
-    _heads(model, tp, reasons, notes)
-    _widths(model, mesh, reasons)
-    v = padded_vocab(model.vocab, training.vocab_pad_divisor, tp)
-    if v != model.vocab:
-        notes.append(f"vocab padded {model.vocab} -> {v} = ceil(V / ({training.vocab_pad_divisor} * tp {tp})) "
-                     f"* {training.vocab_pad_divisor * tp} ({v // tp} per tp rank); memory and FLOPs use "
-                     f"{v}, the loss uses {model.vocab}")
-    stages, vpp = _stages(model, spec, pp, reasons, virtual_stage)
-    _experts(model, training, mesh, reasons, notes)
-    _sequence(training, mesh, cp, tp, reasons, notes)
-    micro = _batch(training, mesh, reasons, notes)
+    pp = mesh.degree("pp")
+    stages, vpp = None, spec.virtual_stages
+    d = degrees(mesh, training, vpp)
+    for rule in rules():
+        if rule.key == "layers":  # the exact split (pp_layer_split, layers_per_virtual_stage), not the search form
+            stages, vpp = _stages(model, spec, pp, reasons, virtual_stage)
+        elif rule.check is not None:
+            r, n = rule.check(model, training, d)
+            reasons += r
+            notes += n
+    micro = micro_batches(training.global_batch, training.micro_batch, mesh.dp)
     if micro > MAX_MICRO_BATCHES:
         reasons.append(f"{micro} micro-batches per step: {over('micro-batches', micro)}; raise training.micro_batch "
                        f"or the data-parallel degree")
@@ -59,26 +77,6 @@ def check(model: ModelSpec, training: TrainingSpec, mesh: Mesh, spec: MeshSpec,
                        f"{over('pipeline units', pp * vpp * micro)}; raise training.micro_batch or the data-parallel "
                        f"degree")
     return Validity(tuple(reasons), tuple(notes), stages if not isinstance(stages, str) else None, micro, vpp)
-
-
-def _heads(model, tp, reasons, notes):
-    r = heads_reason(model, tp)
-    if r:
-        reasons.append(r)
-        return
-    q, kv, rep = local_heads(model, tp)
-    if rep > 1:
-        notes.append(f"kv_heads {model.n_kv_heads} < tp {tp}: KV heads replicated {rep}x (tp ranks "
-                     f"{{{rep}i..{rep}i+{rep - 1}}} hold KV head i; the model still has {model.n_kv_heads} "
-                     f"KV heads); each rank holds {q} q heads and {kv * model.d_head} K and V features")
-
-
-def _widths(model, mesh, reasons):
-    tp, etp = mesh.degree("tp"), mesh.etp
-    if model.ffn % tp and (not model.is_moe or model.dense_layers):
-        reasons.append(f"ffn {model.ffn} is not divisible by tp {tp}")
-    if model.is_moe and model.moe_ffn % etp:
-        reasons.append(f"expert_ffn {model.moe_ffn} is not divisible by etp {etp}")
 
 
 def _stages(model, spec, pp, reasons, virtual_stage):
@@ -93,50 +91,3 @@ def _stages(model, spec, pp, reasons, virtual_stage):
         reasons.append(stages)
         return None, vpp
     return stages, vpp
-
-
-def _experts(model, training, mesh, reasons, notes):
-    if mesh.ep > 1 and not model.is_moe:
-        reasons.append(f"ep {mesh.ep} on a dense model ({model.name} has no experts)")
-    elif model.is_moe and model.experts % mesh.ep:
-        reasons.append(f"experts {model.experts} are not divisible by ep {mesh.ep}")
-    elif model.is_moe:
-        _token_split(training, mesh, reasons)
-        notes.append(f"experts: {model.experts} / ep {mesh.ep} = {model.experts // mesh.ep} per rank; "
-                     f"expert mesh efsdp {mesh.degree('efsdp')} x ep {mesh.ep} x etp {mesh.etp}")
-
-
-def _token_split(training, mesh, reasons):
-    """The tp ranks split a micro-batch's ``b * s/cp`` tokens ``tp/etp`` ways before routing
-    (:mod:`meshplan.runtime.execution.moe`): an uneven split gives the ranks different token
-    counts, so ranks sizing their expert capacity from them would send all-to-alls of
-    different sizes and hang; the split must be even."""
-    tp, etp, cp = mesh.degree("tp"), mesh.etp, mesh.degree("cp")
-    tok = training.micro_batch * (training.seq_len // cp)
-    if tp > etp and (tok * etp) % tp:
-        reasons.append(f"MoE: micro_batch x seq_len / cp = {tok} tokens do not split evenly over tp {tp} / etp "
-                       f"{etp} = {tp // etp} ranks before routing; the ranks would size different expert "
-                       "capacities and hang on mismatched all-to-all shapes")
-
-
-def _sequence(training, mesh, cp, tp, reasons, notes):
-    s = training.seq_len
-    if cp > 1:
-        if s % (2 * cp):
-            reasons.append(f"seq_len {s} is not divisible by 2 * cp ({2 * cp}) for load-balanced causal CP")
-        else:
-            notes.append(f"cp {cp}: each rank holds {s // cp} tokens per sequence as 2 chunks of {s // (2 * cp)} "
-                         f"(load-balanced causal split)")
-    if mesh.sequence_parallel and (s // max(cp, 1)) % tp:
-        reasons.append(f"sequence parallel: local seq {s // cp} (seq_len {s} / cp {cp}) is not divisible by tp {tp}")
-
-
-def _batch(training, mesh, reasons, notes) -> int:
-    dp, mb, gb = mesh.dp, training.micro_batch, training.global_batch
-    if gb % (mb * dp):
-        reasons.append(f"global_batch {gb} is not divisible by micro_batch {mb} * dp {dp} = {mb * dp}")
-        return 0
-    m = gb // (mb * dp)
-    notes.append(f"micro-batches per step = global_batch {gb} / (micro_batch {mb} * dp {dp}) = {m} "
-                 f"(dp = replicate x shard, cp excluded)")
-    return m

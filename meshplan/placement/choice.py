@@ -43,14 +43,16 @@ from meshplan.placement.assign import (
 )
 from meshplan.placement.bindings import all_bindings, bindings, write_bindings  # noqa: F401  (re-exported)
 from meshplan.placement.explain import explain
+from meshplan.spec.axes.registry import AXES, placement_weights
 from meshplan.spec.cluster import ClusterSpec
 
-#: Relative weights (not bytes) when no collective table is given: the seed's frequency
-#: order tp > cp > ep > dp_shard > dp_replicate > pp, each ten times the next; sp sits with
-#: cp, etp with tp, efsdp with dp_shard, a plain dp axis with dp_replicate.
-DEFAULT_WEIGHTS = {"tp": 1e5, "etp": 1e5, "cp": 1e4, "sp": 1e4, "ep": 1e3, "dp_shard": 1e2,
-                   "efsdp": 1e2, "dp_replicate": 10.0, "dp": 10.0, "pp": 1.0}
-_EXPERT = ("ep", "etp", "efsdp")
+#: Relative weights (not bytes) when no collective table is given, each axis's own
+#: (:attr:`~meshplan.spec.axes.base.AxisDef.weights`): the seed's frequency order tp > cp > ep >
+#: dp_shard > dp_replicate > pp, each ten times the next; sp sits with cp, etp with tp, efsdp
+#: with dp_shard, a plain dp axis with dp_replicate.
+DEFAULT_WEIGHTS = placement_weights()
+#: The expert mesh's axes: the expert axes' own and the derived ones they bring (efsdp).
+_EXPERT = tuple(k for a in AXES.values() if a.expert for k in a.weights)
 #: Fill orders tried exhaustively up to this many non-trivial axes (5! = 120 candidates).
 MAX_PERMUTED_AXES = 5
 

@@ -23,6 +23,7 @@ from meshplan.search.driver import SearchResult
 from meshplan.search.exact import Exact
 from meshplan.search.rank import RULE_LINE
 from meshplan.search.space import RECOMPUTE, REASONS, SHARDING, candidate_config, candidate_schedule, max_tp
+from meshplan.spec.axes.registry import search_axes
 from meshplan.spec.mesh import Schedule
 from meshplan.units import GiB
 
@@ -32,8 +33,7 @@ SCHEMA = "meshplan.search.driver/v1"
 def row(r: SearchResult, e: Exact) -> dict[str, Any]:
     """One candidate as plain data (SI units)."""
     c, i = r.candidates, e.index
-    degrees = {"pp": c.pp, "dp_replicate": c.dpr, "dp_shard": c.dps, "cp": c.cp, "tp": c.tp, "ep": c.ep,
-               "etp": c.etp}
+    degrees = {str(n): c.degree(col.column) for n, col in search_axes()}  # the registered axes, mesh order
     return {"index": i, "mesh": {k: int(v[i]) for k, v in degrees.items()}, "micro_batch": int(c.mb[i]),
             "recompute": RECOMPUTE[c.rc[i]], "virtual_stages": int(c.vpp[i]), "sharding": SHARDING[c.sh[i]],
             "feasible": e.feasible, "reasons": list(e.reasons), "peak_bytes": e.peak_bytes, "step_s": e.step_s,

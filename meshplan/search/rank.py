@@ -25,6 +25,7 @@ from typing import Sequence
 import numpy as np
 
 from meshplan.search.space import Candidates
+from meshplan.spec.axes.registry import search_axes
 
 #: Relative step-time difference within which candidates count as tied (1%).
 TIE = 0.01
@@ -46,7 +47,7 @@ def simplicity(c: Candidates, i: int) -> tuple[int, int, int]:
     (3, 8, 2)
     """
     mp = int(c.tp[i]) * int(c.pp[i]) * int(c.cp[i]) * int(c.ep[i])
-    axes = sum(int(a[i] > 1) for a in (c.pp, c.dpr, c.dps, c.cp, c.tp, c.ep, c.etp))
+    axes = sum(int(c.degree(col.column)[i] > 1) for _, col in search_axes())
     return axes, mp, int(c.tp[i])
 
 

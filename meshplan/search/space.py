@@ -13,7 +13,8 @@ MoE models ``ep`` and ``etp`` (1 or tp) re-factor the dense block ``dp_shard x c
 
 Dimensions (each narrowed by :class:`~meshplan.spec.search.SearchOptions`):
 
-- degrees: every factorization of the world over the five axes, tp <= ``max_tp``;
+- degrees: every factorization of the world over the registered dense axes (five today:
+  :func:`~meshplan.spec.axes.registry.search_axes`), tp <= ``max_tp``;
 - sequence parallel: on exactly when tp > 1;
 - micro-batch sizes; recompute none, selective, full;
 - virtual stages: 1, and when pp > 1 divides the layers the divisors of layers / pp up to
@@ -45,38 +46,47 @@ Dimensions (each narrowed by :class:`~meshplan.spec.search.SearchOptions`):
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from math import prod
-from typing import Optional
+from typing import Mapping, Optional
 
 import numpy as np
 
 from meshplan.mesh.layers import balanced_split
 from meshplan.config import Config
 from meshplan.pipeline.registry import get
+from meshplan.spec.axes.base import divisors
+from meshplan.spec.axes.registry import AXES, rules, search_axes
+from meshplan.spec.axes.tp import max_tp
 from meshplan.spec.mesh import MeshSpec, Schedule
 
-DENSE = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
 RECOMPUTE = ("none", "selective", "full")
 SHARDING = ("zero1", "zero3", "hsdp")
 
-#: Rejection categories, in the order build_plan finds them (mesh resolution, then
-#: :func:`meshplan.mesh.validity.check`, then the memory timeline), then the search's own rule.
-REASONS = (
-    ("expert_block", "ep * etp does not divide dp_shard * cp * tp"),
-    ("heads", "heads vs tp: q_heads % tp, or kv_heads vs tp"),
-    ("ffn", "ffn not divisible by tp"),
-    ("expert_ffn", "expert_ffn not divisible by etp"),
-    ("layers", "layers vs pp/vpp"),
-    ("experts", "experts not divisible by ep"),
-    ("seq_cp", "seq_len not divisible by 2 * cp"),
-    ("seq_tp", "sequence parallel: local seq not divisible by tp"),
-    ("batch", "global_batch not divisible by micro_batch * dp"),
+#: The pipeline schedules' own rules the search evaluates (:meth:`Interleaved1F1B.reasons`:
+#: micro-batches a multiple of pp, for candidates with vpp > 1; :meth:`DualPipeV.reasons`:
+#: m >= 2 pp, torch ScheduleDualPipeV), then the rules applied after the plan's checks.
+_SCHEDULE_REASONS = (
     ("interleaved", "interleaved 1F1B: micro-batches not divisible by pp"),
     ("dualpipev", "DualPipeV: micro-batches fewer than 2 pp"),
+)
+_LATE_REASONS = (
     ("memory", "memory peak > usable"),
     ("gemm", "local GEMM efficiency below the threshold"),
 )
+
+
+def reason_table() -> tuple[tuple[str, str], ...]:
+    """Rejection categories (key, summary), in the order build_plan finds them: every
+    registered axis's rules with a vectorised form, in their order (mesh resolution, then
+    :func:`meshplan.mesh.validity.check`), then the schedules' rules, then the memory timeline
+    and the search's own GEMM rule."""
+    axis = tuple((r.key, r.summary) for r in rules() if r.bad is not None)
+    return axis + _SCHEDULE_REASONS + _LATE_REASONS
+
+
+#: :func:`reason_table` of the registered axes.
+REASONS = reason_table()
 OK = -1
 CODE = {key: i for i, (key, _) in enumerate(REASONS)}
 
@@ -87,7 +97,9 @@ class Candidates:
     :data:`RECOMPUTE`, ``sh`` indexes :data:`SHARDING`; ``rf``: reshard_after_forward (1/0),
     ``ov``: tp_comm_overlap (1/0), ``us``: the stages' layers by :func:`ends_short_split` (1)
     or the default split (0; :func:`stage_split`); ``ps`` indexes :data:`PIPELINE` (the
-    pipeline schedule)."""
+    pipeline schedule). The degree columns are the registered axes' search columns
+    (:func:`meshplan.spec.axes.registry.search_axes`); one registered without an attribute
+    here sits in ``more``."""
 
     pp: np.ndarray
     dpr: np.ndarray
@@ -104,12 +116,24 @@ class Candidates:
     ov: np.ndarray
     us: np.ndarray
     ps: np.ndarray
+    more: Mapping[str, np.ndarray] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return int(self.pp.size)
 
     def take(self, idx) -> "Candidates":
-        return Candidates(**{f.name: getattr(self, f.name)[idx] for f in fields(self)})
+        cols = {f.name: getattr(self, f.name)[idx] for f in fields(self) if f.name != "more"}
+        return Candidates(**cols, more={k: v[idx] for k, v in self.more.items()})
+
+    def degree(self, column: str) -> np.ndarray:
+        """The degree column of a registered axis by its search column name (``tp``,
+        ``dps``, or a column in ``more``)."""
+        return self.more[column] if column in self.more else getattr(self, column)
+
+    @property
+    def sp(self) -> np.ndarray:
+        """Sequence parallel: on exactly where tp > 1."""
+        return self.tp > 1
 
     @property
     def dp(self) -> np.ndarray:
@@ -130,8 +154,7 @@ class Candidates:
         """``pp 16 x dp_shard 128 x tp 8, mb 1, full, vpp 1, zero3`` (degree-1 axes left out),
         then ``, keep gathered`` (reshard_after_forward false), ``, tp overlap`` and ``, short
         end stages`` where they apply."""
-        degs = [("pp", self.pp), ("dp_replicate", self.dpr), ("dp_shard", self.dps), ("cp", self.cp),
-                ("tp", self.tp), ("ep", self.ep), ("etp", self.etp)]
+        degs = [(n, self.degree(col.column)) for n, col in search_axes()]
         mesh = " x ".join(f"{n} {int(a[i])}" for n, a in degs if a[i] > 1) or "1 rank"
         extra = "".join(t for on, t in ((not self.rf[i], ", keep gathered"), (self.ov[i], ", tp overlap"),
                                          (self.us[i], ", short end stages"), (self.ps[i], f", {PIPELINE[self.ps[i]]}"))
@@ -140,52 +163,63 @@ class Candidates:
                 f"{SHARDING[self.sh[i]]}{extra}")
 
 
-def divisors(n: int) -> list[int]:
-    """Divisors of ``n``, ascending.
-
-    >>> divisors(12)
-    [1, 2, 3, 4, 6, 12]
-    """
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
 def _allowed(values, allowed) -> list[int]:
     return [v for v in values if allowed is None or v in allowed]
 
 
-def max_tp(cfg: Config) -> int:
-    """``[search] max_tp``, or the GPUs of one NVLink domain (the node's GPUs when the
-    catalog gives no domain size)."""
-    node = cfg.cluster.node
-    return cfg.search.max_tp or node.nvlink_domain_gpus or node.gpus
-
-
 def dense_meshes(cfg: Config) -> np.ndarray:
-    """Every (pp, dp_replicate, dp_shard, cp, tp) with product = world: array (k, 5)."""
-    o, world, top = cfg.search, cfg.cluster.world, max_tp(cfg)
-    out = []
-    for pp in _allowed(divisors(world), o.pp):
-        for dpr in _allowed(divisors(world // pp), o.dp_replicate):
-            for cp in _allowed(divisors(world // (pp * dpr)), o.cp):
-                for tp in _allowed(divisors(world // (pp * dpr * cp)), o.tp):
-                    dps = world // (pp * dpr * cp * tp)
-                    if tp <= top and (o.dp_shard is None or dps in o.dp_shard):
-                        out.append((pp, dpr, dps, cp, tp))
-    return np.array(out, dtype=np.int64).reshape(-1, 5)
+    """Every dense mesh with product = world, one column per registered dense search axis in
+    mesh order (``(pp, dp_replicate, dp_shard, cp, tp)``): array (k, axes). Each axis takes
+    the divisors of the world the outer axes leave (``[search]`` narrows them, its ``bound``
+    caps them), the remainder axis (dp_shard) what is left."""
+    o, world = cfg.search, cfg.cluster.world
+    cols = [c for n, c in search_axes() if not AXES[n].expert]
+    free = [k for k, c in enumerate(cols) if not c.remainder]
+    rest = [k for k, c in enumerate(cols) if c.remainder]
+    caps = [(c.bound(cfg) if c.bound is not None else None) or world for c in cols]  # a degree is at most the world
+    out: list[tuple[int, ...]] = []
+
+    def walk(j: int, left: int, row: list[int]) -> None:
+        if j == len(free):
+            if not rest and left != 1:  # no remainder axis: the free ones must make the world
+                return
+            full = list(row) + [left] * len(rest)  # one remainder axis takes what is left
+            degs = [0] * len(cols)
+            for k, v in zip(free + rest, full):
+                degs[k] = v
+            ok = all(_option_ok(o, cols[k], degs[k]) for k in rest)
+            if ok and all(degs[k] <= caps[k] for k in range(len(cols))):
+                out.append(tuple(degs))
+            return
+        col = cols[free[j]]
+        for v in _allowed(divisors(left), getattr(o, col.option, None)):
+            walk(j + 1, left // v, row + [v])
+
+    walk(0, world, [])
+    return np.array(out, dtype=np.int64).reshape(-1, len(cols))
+
+
+def _option_ok(o, col, v: int) -> bool:
+    allowed = getattr(o, col.option, None)
+    return allowed is None or v in allowed
 
 
 def _expert_meshes(cfg: Config, dense: np.ndarray) -> np.ndarray:
-    """Dense meshes x (ep, etp): (k, 7). Dense models: ep = etp = 1."""
-    ones = np.ones((len(dense), 2), dtype=np.int64)
+    """Dense meshes x every registered expert axis's degrees: (k, dense + expert axes).
+    Dense models: each expert axis 1."""
+    dense_cols = [c.column for n, c in search_axes() if not AXES[n].expert]
+    experts = [c for n, c in search_axes() if AXES[n].expert]
     if not cfg.model.is_moe:
-        return np.hstack([dense, ones])
+        return np.hstack([dense, np.ones((len(dense), len(experts)), dtype=np.int64)])
     o, rows = cfg.search, []
     for d in dense:
-        tp = int(d[4])
-        for ep in _allowed(divisors(cfg.cluster.world), o.ep):
-            for etp in _allowed(sorted({1, tp}), o.etp):
-                rows.append((*d, ep, etp))
-    return np.array(rows, dtype=np.int64).reshape(-1, 7)
+        named = dict(zip(dense_cols, (int(x) for x in d)))
+        combos: list[tuple[int, ...]] = [()]
+        for col in experts:
+            combos = [c + (v,) for c in combos for v in _allowed(col.values(cfg, named) if col.values else [1],
+                                                               getattr(o, col.option, None))]
+        rows += [(*d, *c) for c in combos]
+    return np.array(rows, dtype=np.int64).reshape(-1, len(dense_cols) + len(experts))
 
 
 def _vpp_ok(layers: int, pp: np.ndarray, v: int) -> np.ndarray:
@@ -207,14 +241,15 @@ def enumerate_candidates(cfg: Config) -> Candidates:
             sel = meshes[keep & _vpp_ok(layers, meshes[:, 0], v)]
             if len(sel):
                 blocks.append(np.hstack([sel, np.full((len(sel), 1), v), np.full((len(sel), 1), SHARDING.index(sh))]))
-    base = np.vstack(blocks) if blocks else np.zeros((0, 9), dtype=np.int64)
+    names = [col.column for _, col in search_axes()]
+    base = np.vstack(blocks) if blocks else np.zeros((0, len(names) + 2), dtype=np.int64)
     mbs = np.array(sorted(set(o.micro_batch)), dtype=np.int64)
     rcs = np.array(sorted(RECOMPUTE.index(r) for r in set(o.recompute)), dtype=np.int64)
     n, a, b = len(base), len(mbs), len(rcs)
     rows = np.repeat(base, a * b, axis=0)
     c = rows.T
-    cols = dict(pp=c[0], dpr=c[1], dps=c[2], cp=c[3], tp=c[4], ep=c[5], etp=c[6], mb=np.tile(np.repeat(mbs, b), n),
-                rc=np.tile(rcs, n * a), vpp=c[7], sh=c[8])
+    cols = {name: c[k] for k, name in enumerate(names)}
+    cols.update(mb=np.tile(np.repeat(mbs, b), n), rc=np.tile(rcs, n * a), vpp=c[len(names)], sh=c[len(names) + 1])
     fsdp = (cols["sh"] != SHARDING.index("zero1")) & ((cols["dps"] * cols["cp"] > 1) | (
         cfg.model.is_moe & (cols["dps"] * cols["cp"] * cols["tp"] > cols["ep"] * cols["etp"])))
     cols = _expand(cols, "rf", _flags(o.reshard_after_forward, True), fsdp, 1)
@@ -227,7 +262,8 @@ def enumerate_candidates(cfg: Config) -> Candidates:
     if "1f1b" not in o.pp_schedules:  # only the V-shaped schedules with pp > 1
         keep = ~piped | (cols["ps"] > 0)
         cols = {k: v[keep] for k, v in cols.items()}
-    return Candidates(**cols)
+    own = {f.name for f in fields(Candidates)}
+    return Candidates(**{k: v for k, v in cols.items() if k in own}, more={k: v for k, v in cols.items() if k not in own})
 
 
 def _flags(allowed, default: bool) -> list[int]:
@@ -265,30 +301,22 @@ def ends_short_split(layers: int, pp: int) -> Optional[list[int]]:
 
 
 def first_reason(cfg: Config, c: Candidates) -> np.ndarray:
-    """Code (index into :data:`REASONS`) of the first rule each candidate breaks, in
-    build_plan's order, or :data:`OK`; the memory and GEMM rules are applied later."""
+    """Code (index into :func:`reason_table`, :data:`REASONS` for the registered axes) of
+    the first rule each candidate breaks, in build_plan's order, or :data:`OK`; the memory
+    and GEMM rules are applied later. The axes' rules are their :attr:`Rule.bad` predicates
+    (the ones :func:`meshplan.mesh.validity.check` runs on one mesh) over the columns."""
     m, t = cfg.model, cfg.training
-    q, kv = m.q_heads, m.n_kv_heads
-    dp = c.dp
-    micro = t.global_batch // np.maximum(c.mb * dp, 1)
-    rules = [
-        ("expert_block", (c.dps * c.cp * c.tp) % (c.ep * c.etp) != 0),
-        ("heads", (q % c.tp != 0) | ((kv % c.tp != 0) & (c.tp % kv != 0))),
-        ("ffn", (m.ffn % c.tp != 0) & (not m.is_moe or m.dense_layers > 0)),
-        ("expert_ffn", (m.moe_ffn % c.etp != 0) & m.is_moe),
-        ("layers", (c.pp > m.layers) | ((c.vpp > 1) & ((m.layers % c.pp != 0) | ((m.layers // c.pp) % c.vpp != 0)))),
-        ("experts", (m.experts % c.ep != 0) & m.is_moe),
-        ("seq_cp", (c.cp > 1) & (t.seq_len % (2 * c.cp) != 0)),
-        ("seq_tp", (c.tp > 1) & ((t.seq_len // c.cp) % c.tp != 0)),
-        ("batch", t.global_batch % (c.mb * dp) != 0),
+    micro = t.global_batch // np.maximum(c.mb * c.dp, 1)
+    checks = [(r.key, r.bad(m, t, c)) for r in rules() if r.bad is not None] + [
         # Interleaved1F1B.reasons: micro-batches a multiple of pp (candidates with vpp > 1 run it)
         ("interleaved", (c.ps == 0) & (c.vpp > 1) & (micro % c.pp != 0)),
         # DualPipeV.reasons: m >= 2 pp (torch ScheduleDualPipeV)
         ("dualpipev", (c.ps == PIPELINE.index("dualpipev")) & (micro < 2 * c.pp)),
     ]
+    code = {key: i for i, (key, _) in enumerate(reason_table())}
     out = np.full(len(c), OK, dtype=np.int64)
-    for key, bad in reversed(rules):
-        out[np.broadcast_to(bad, out.shape)] = CODE[key]
+    for key, bad in reversed(checks):
+        out[np.broadcast_to(bad, out.shape)] = code[key]
     return out
 
 
@@ -328,8 +356,7 @@ def candidate_config(cfg: Config, c: Candidates, i: int) -> Config:
     axes left out, SP on when tp > 1, its pipeline schedule, its layer split) and the
     candidate's micro-batch, recompute, sharding, reshard_after_forward and tp_comm_overlap
     in the training contract."""
-    degs = [("pp", c.pp), ("dp_replicate", c.dpr), ("dp_shard", c.dps), ("cp", c.cp), ("tp", c.tp),
-            ("ep", c.ep), ("etp", c.etp)]
+    degs = [(str(n), c.degree(col.column)) for n, col in search_axes()]
     named = [(n, int(a[i])) for n, a in degs if a[i] > 1] or [("dp_shard", 1)]
     pp, vpp, tp = int(c.pp[i]), int(c.vpp[i]), int(c.tp[i])
     mesh = MeshSpec(names=[n for n, _ in named], shape=[d for _, d in named], sequence_parallel=tp > 1,
@@ -343,4 +370,5 @@ def candidate_config(cfg: Config, c: Candidates, i: int) -> Config:
 
 
 def world_of(c: Candidates, i: int) -> int:
-    return prod(int(a[i]) for a in (c.pp, c.dpr, c.dps, c.cp, c.tp))
+    """Ranks of candidate ``i``: the product of its dense degrees (expert axes re-factor them)."""
+    return prod(int(c.degree(col.column)[i]) for n, col in search_axes() if not AXES[n].expert)

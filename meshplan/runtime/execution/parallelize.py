@@ -44,7 +44,8 @@ loss under ``torch.distributed.tensor.parallel.loss_parallel()``) unless
 from __future__ import annotations
 
 import warnings
-from typing import Optional
+from dataclasses import dataclass
+from typing import Callable, Optional
 
 import torch
 import torch.distributed as dist
@@ -62,6 +63,7 @@ from torch.distributed.tensor.parallel import (
 
 from meshplan.errors import ConfigError
 from meshplan.mesh.resolve import DERIVED, Mesh
+from meshplan.spec.axes.registry import Axis
 from meshplan.spec.training import TrainingSpec
 
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -249,6 +251,84 @@ def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, reshard_after_forward: boo
     fully_shard(model, **kw)
 
 
+@dataclass
+class _Apply:
+    """What each axis's apply reads, and what it leaves for the next (``expert_dp``: the
+    mesh the routed experts are sharded over, set by the ep apply for the data axes')."""
+
+    model: nn.Module
+    device_mesh: DeviceMesh
+    mesh: Mesh
+    training: TrainingSpec
+    loss_parallel: bool = True
+    mixed_precision: bool = False
+    expert_dp: Optional[DeviceMesh] = None
+
+
+def _apply_cp(run: _Apply) -> None:
+    """cp > 1: all-gather K/V context parallelism (Llama 3): :mod:`meshplan.runtime.execution.cp`."""
+    mesh, cp = run.mesh, run.mesh.degree("cp")
+    if cp > 1:
+        from meshplan.runtime.execution.cp import apply_cp
+
+        apply_cp(run.model, run.device_mesh["cp"].get_group(), cp,
+                 mesh.group_of(dist.get_rank(), "cp").index(dist.get_rank()))
+
+
+def _apply_tp(run: _Apply) -> None:
+    """tp > 1: DTensor TP (+SP), :func:`apply_tp`."""
+    if run.mesh.degree("tp") > 1:
+        apply_tp(run.model, run.device_mesh["tp"], run.mesh.sequence_parallel, run.loss_parallel)
+
+
+def _apply_ep(run: _Apply) -> None:
+    """MoE layers: the expert mesh, experts over ep (all-to-all dispatch and combine), and
+    the mesh their FSDP2 unit shards over (efsdp, or HSDP over (dp_replicate, efsdp))."""
+    model, mesh, training = run.model, run.mesh, run.training
+    if not model.spec.is_moe:
+        return
+    from meshplan.runtime.execution.moe import apply_ep, init_expert_mesh, set_capacity_factor
+
+    set_capacity_factor(model, training.moe_capacity_factor)
+
+    model.expert_mesh = edm = init_expert_mesh(mesh, run.device_mesh.device_type)
+    if mesh.ep > 1:
+        ranks = mesh.group_of(dist.get_rank(), "ep")
+        apply_ep(model, edm["ep"].get_group(), mesh.ep, ranks.index(dist.get_rank()))
+    hsdp = training.sharding == "hsdp" or mesh.degree("dp_replicate") > 1
+    run.expert_dp = edm["dp_replicate", "efsdp"] if hsdp and "dp_replicate" in edm.mesh_dim_names else edm["efsdp"]
+
+
+def _apply_fsdp(run: _Apply) -> None:
+    """The data axes: FSDP2 over ``fsdp`` (HSDP over (dp_replicate, fsdp)), :func:`apply_fsdp`;
+    with fsdp 1 and efsdp > 1 the routed experts alone. ``sharding = "none"``: nothing here
+    (the worker wraps the materialized model with :func:`apply_ddp`)."""
+    model, mesh, training, expert_dp = run.model, run.mesh, run.training, run.expert_dp
+    if training.sharding != "none" and mesh.degree("fsdp") * mesh.degree("dp_replicate") > 1:
+        mp = None
+        if run.mixed_precision:
+            for key in ("compute_dtype", "reduce_dtype"):
+                if getattr(training, key) not in TORCH_DTYPES:
+                    raise ConfigError(f"training.{key}", f"{getattr(training, key)} has no FSDP2 mixed-precision "
+                                      f"dtype here; use one of {sorted(TORCH_DTYPES)}")
+            mp = MixedPrecisionPolicy(param_dtype=TORCH_DTYPES[training.compute_dtype],
+                                      reduce_dtype=TORCH_DTYPES[training.reduce_dtype])
+        apply_fsdp(model, fsdp_mesh(run.device_mesh, mesh, training), training.reshard_after_forward, mp, expert_dp)
+    elif expert_dp is not None and expert_dp.size() > 1:  # fsdp 1, efsdp = tp / ep > 1: experts alone
+        for block in model.layers.values():
+            if hasattr(block, "moe"):
+                fully_shard(block.moe.experts, mesh=expert_dp, reshard_after_forward=training.reshard_after_forward)
+
+
+#: Each axis's runtime apply, run by :func:`parallelize` in this order (torchtitan's: cp, tp,
+#: ep, then FSDP2/HSDP over the data axes). Applied elsewhere: pp (pipeline stages,
+#: :mod:`meshplan.runtime.execution.pipelined`), dp with ``sharding = "none"`` (:func:`apply_ddp`,
+#: by the worker on the materialized model), dp_replicate (HSDP's replica dimension, in the
+#: dp_shard apply); etp > 1 is refused (:func:`_unsupported`).
+APPLY: dict[Axis, Callable[[_Apply], None]] = {Axis.CP: _apply_cp, Axis.TP: _apply_tp, Axis.EP: _apply_ep,
+                                               Axis.DP_SHARD: _apply_fsdp}
+
+
 def parallelize(model: nn.Module, device_mesh: DeviceMesh, mesh: Mesh, training: TrainingSpec,
                 loss_parallel: bool = True, mixed_precision: bool = False) -> nn.Module:
     """Split ``model`` over ``device_mesh`` as ``mesh`` and ``training`` say, in place.
@@ -263,41 +343,10 @@ def parallelize(model: nn.Module, device_mesh: DeviceMesh, mesh: Mesh, training:
     :func:`apply_ddp`. Raises ConfigError for what this function does not build (pp, etp,
     cp with MoE layers, ZeRO-1/2, DDP with tp, cp or MoE layers).
     """
-    moe = model.spec.is_moe
-    why = _unsupported(mesh, training, moe=moe)
+    why = _unsupported(mesh, training, moe=model.spec.is_moe)
     if why:
         raise ConfigError("mesh", why)
-    tp, cp = mesh.degree("tp"), mesh.degree("cp")
-    if cp > 1:  # all-gather K/V context parallelism (Llama 3): meshplan.runtime.execution.cp
-        from meshplan.runtime.execution.cp import apply_cp
-
-        apply_cp(model, device_mesh["cp"].get_group(), cp, mesh.group_of(dist.get_rank(), "cp").index(dist.get_rank()))
-    if tp > 1:
-        apply_tp(model, device_mesh["tp"], mesh.sequence_parallel, loss_parallel)
-    expert_dp = None
-    if moe:
-        from meshplan.runtime.execution.moe import apply_ep, init_expert_mesh, set_capacity_factor
-
-        set_capacity_factor(model, training.moe_capacity_factor)
-
-        model.expert_mesh = edm = init_expert_mesh(mesh, device_mesh.device_type)
-        if mesh.ep > 1:
-            ranks = mesh.group_of(dist.get_rank(), "ep")
-            apply_ep(model, edm["ep"].get_group(), mesh.ep, ranks.index(dist.get_rank()))
-        hsdp = training.sharding == "hsdp" or mesh.degree("dp_replicate") > 1
-        expert_dp = edm["dp_replicate", "efsdp"] if hsdp and "dp_replicate" in edm.mesh_dim_names else edm["efsdp"]
-    if training.sharding != "none" and mesh.degree("fsdp") * mesh.degree("dp_replicate") > 1:
-        mp = None
-        if mixed_precision:
-            for key in ("compute_dtype", "reduce_dtype"):
-                if getattr(training, key) not in TORCH_DTYPES:
-                    raise ConfigError(f"training.{key}", f"{getattr(training, key)} has no FSDP2 mixed-precision "
-                                      f"dtype here; use one of {sorted(TORCH_DTYPES)}")
-            mp = MixedPrecisionPolicy(param_dtype=TORCH_DTYPES[training.compute_dtype],
-                                      reduce_dtype=TORCH_DTYPES[training.reduce_dtype])
-        apply_fsdp(model, fsdp_mesh(device_mesh, mesh, training), training.reshard_after_forward, mp, expert_dp)
-    elif expert_dp is not None and expert_dp.size() > 1:  # fsdp 1, efsdp = tp / ep > 1: experts alone
-        for block in model.layers.values():
-            if hasattr(block, "moe"):
-                fully_shard(block.moe.experts, mesh=expert_dp, reshard_after_forward=training.reshard_after_forward)
+    run = _Apply(model, device_mesh, mesh, training, loss_parallel, mixed_precision)
+    for apply in APPLY.values():
+        apply(run)
     return model

@@ -1,4 +1,5 @@
-"""Axis vocabulary: meshplan's axis names and the names torchtitan and Megatron-LM give them.
+"""Parallel axes: the registry (one module per axis family, :mod:`meshplan.spec.axes.registry`)
+and the axis vocabulary: meshplan's axis names and the names torchtitan and Megatron-LM give them.
 
 Canonical names (what every later layer sees): ``pp``, ``dp_replicate``, ``dp``,
 ``dp_shard``, ``cp``, ``tp`` (dense) and ``ep``, ``etp`` (expert). The foreign vocabularies
@@ -23,16 +24,21 @@ from __future__ import annotations
 import difflib
 
 from meshplan.errors import ConfigError
+from meshplan.spec.axes.registry import AXES, Axis, foreign_names
 
-DENSE_AXES = ("pp", "dp_replicate", "dp", "dp_shard", "cp", "tp")
-EXPERT_AXES = ("ep", "etp")
+__all__ = ["ALIASES", "AXES", "Axis", "DENSE_AXES", "EXPERT_AXES", "KNOWN_AXES", "MEGATRON_AXES", "TORCHTITAN_AXES",
+           "canonical_names", "close_axis"]
+
+#: Dense axes (multiplied into the world) and expert axes (re-factoring the dense block), in
+#: mesh order, from the registry (:mod:`meshplan.spec.axes.registry`).
+DENSE_AXES = tuple(str(n) for n, a in AXES.items() if not a.expert)
+EXPERT_AXES = tuple(str(n) for n, a in AXES.items() if a.expert)
 KNOWN_AXES = DENSE_AXES + EXPERT_AXES
 
 #: torchtitan mesh dimension name -> meshplan axis (torchtitan ParallelDims).
-TORCHTITAN_AXES = {"pp": "pp", "dp_replicate": "dp_replicate", "dp_shard": "dp_shard", "fsdp": "dp_shard",
-                   "cp": "cp", "tp": "tp", "ep": "ep", "etp": "etp"}
+TORCHTITAN_AXES = foreign_names("torchtitan")
 #: Megatron-LM order-string name -> meshplan axis (parallel_state.initialize_model_parallel).
-MEGATRON_AXES = {"tp": "tp", "cp": "cp", "ep": "ep", "dp": "dp", "pp": "pp", "etp": "etp"}
+MEGATRON_AXES = foreign_names("megatron")
 #: Names that are not canonical but mean a canonical axis, with the note printed.
 ALIASES = {"fsdp": ("dp_shard", "mesh axis 'fsdp' is planned as 'dp_shard' (torchtitan's fsdp: parameters, "
                                 "gradients and optimizer state sharded over it; torchtitan's derived fsdp = "

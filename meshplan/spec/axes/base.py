@@ -1,0 +1,150 @@
+"""What a parallel axis declares: :class:`AxisDef` (one per axis, built in the axis's own
+module under :mod:`meshplan.spec.axes`) and its parts, :class:`Rule`, :class:`SearchColumn`
+and :class:`CollectiveKind`.
+
+Everything here is data or a small pure function of numbers, so every later layer can read
+it: the mesh validity (:mod:`meshplan.mesh.validity`) and the search's vectorised rules
+(:func:`meshplan.search.space.first_reason`) call the same :attr:`Rule.bad` predicate, one on
+Python ints (:class:`AxisDegrees`), the other on numpy columns (the search's
+``Candidates``), which both expose the attributes below:
+
+======== ==================================================================
+``pp``   pipeline degree              ``dpr``  dp_replicate degree
+``dps``  dp_shard degree (or dp's)    ``dp``   batch data-parallel degree
+``cp``   context-parallel degree      ``tp``   tensor-parallel degree
+``ep``   expert-parallel degree       ``etp``  expert tensor-parallel degree
+``mb``   micro-batch (sequences)      ``vpp``  chunks (virtual stages) per rank
+``sp``   sequence parallel on         ``degree(name)``: any registered axis's degree
+======== ==================================================================
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Optional
+
+#: ``(model, training, degrees) -> (reasons, notes)`` of one rule on one mesh.
+Check = Callable[[Any, Any, Any], tuple[tuple[str, ...], tuple[str, ...]]]
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One validity rule of an axis.
+
+    ``key``: the rejection category (the search counts rejections by it); ``order``: where it
+    stands in the plan's order of checks (mesh resolution 10, heads 20, widths 30-40, layers
+    50, experts 60, sequence 70-80, batch 90; a new rule picks a free number); ``summary``: the
+    category's one line in the search's counts; ``bad(model, training, degrees)``: True where
+    the rule is broken, written with ``%``, ``//``, ``&`` and ``|`` only, so it runs on ints and
+    on numpy columns alike (None: a note-only rule); ``check(model, training, degrees)``: the
+    exact plan's reasons (one line each, with the numbers) and notes, or None where the exact
+    reason is produced elsewhere (``where`` says by what).
+    """
+
+    key: str
+    order: int
+    summary: str
+    bad: Optional[Callable[[Any, Any, Any], Any]]
+    check: Optional[Check] = None
+    where: str = ""
+
+
+@dataclass(frozen=True)
+class SearchColumn:
+    """How ``meshplan search`` enumerates an axis's degree.
+
+    ``column``: the candidates' attribute holding it; ``option``: the ``[search]`` field that
+    narrows it (:class:`~meshplan.spec.search.SearchOptions`; absent fields allow every
+    value); ``remainder``: the axis takes the world left over by the other dense axes (one
+    axis only: dp_shard); ``values(cfg, row)``: for an expert axis (not multiplied into the
+    world), its candidate degrees given the dense degrees ``row`` (column -> int) on an MoE
+    model (a dense model searches it at 1 only), None for a dense axis (every divisor of the
+    remaining world); ``bound(cfg)``: the largest degree
+    searched (None: no bound).
+    """
+
+    column: str
+    option: str
+    remainder: bool = False
+    values: Optional[Callable[[Any, Mapping[str, int]], list[int]]] = None
+    bound: Optional[Callable[[Any], Optional[int]]] = None
+
+
+@dataclass(frozen=True)
+class CollectiveKind:
+    """One kind of collective an axis causes, as the collective table
+    (:mod:`meshplan.comm.collectives`) lists it: ``op`` (nccl-tests name), ``group`` (the
+    axis, possibly derived, whose groups run it), ``phase`` (when: forward, backward, step)
+    and ``size`` (what one call carries, in words)."""
+
+    op: str
+    group: str
+    phase: str
+    size: str
+
+
+@dataclass(frozen=True)
+class AxisDef:
+    """Everything meshplan knows about one parallel axis (the registry's value type).
+
+    ``doc``: what the axis partitions (one line); ``expert``: it re-factors the dense block
+    ``dp_shard x cp x tp`` instead of multiplying into the world; ``torchtitan`` /
+    ``megatron``: the names those frameworks give it (their mesh dims / order letters);
+    ``rules``: its validity rules; ``divides``: the tensor dimensions it divides in local
+    shapes; ``shards``: the training state it shards; ``collectives``: what it sends;
+    ``search``: its search column (None: not searched); ``weights``: placement weights
+    (relative traffic, not bytes) of the axis and of the derived axes it brings, used when no
+    collective table is given (:mod:`meshplan.placement.choice`).
+    """
+
+    doc: str
+    expert: bool = False
+    torchtitan: tuple[str, ...] = ()
+    megatron: tuple[str, ...] = ()
+    rules: tuple[Rule, ...] = ()
+    divides: tuple[str, ...] = ()
+    shards: tuple[str, ...] = ()
+    collectives: tuple[CollectiveKind, ...] = ()
+    search: Optional[SearchColumn] = None
+    weights: Mapping[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class AxisDegrees:
+    """One mesh's degrees as the rules read them (scalar counterpart of the search's
+    candidate columns); ``extra``: degrees of registered axes without an attribute here.
+
+    >>> d = AxisDegrees(pp=2, dpr=1, dps=4, dp=4, cp=1, tp=2, ep=1, etp=1, mb=1, vpp=1, sp=True)
+    >>> d.degree("dps"), d.degree("tp"), d.degree("other")
+    (4, 2, 1)
+    """
+
+    pp: int
+    dpr: int
+    dps: int
+    dp: int
+    cp: int
+    tp: int
+    ep: int
+    etp: int
+    mb: int
+    vpp: int
+    sp: bool
+    extra: Mapping[str, int] = field(default_factory=dict)
+
+    def degree(self, column: str) -> int:
+        """The degree of the axis whose search column (or name) is ``column``; 1 if absent."""
+        value = getattr(self, column, None) if column in _COLUMNS else self.extra.get(column, 1)
+        return int(value) if value is not None else 1
+
+
+_COLUMNS = ("pp", "dpr", "dps", "dp", "cp", "tp", "ep", "etp")
+
+
+def divisors(n: int) -> list[int]:
+    """Divisors of ``n``, ascending (the candidate degrees of an axis over ``n`` ranks).
+
+    >>> divisors(12)
+    [1, 2, 3, 4, 6, 12]
+    """
+    return [d for d in range(1, n + 1) if n % d == 0]

@@ -1,0 +1,132 @@
+"""Tensor parallelism (``tp``, with ``sequence_parallel`` Megatron-style SP): attention heads,
+MLP width and the vocabulary split over tp ranks (column / row parallel linears).
+
+Rules (handed cases C6, C7):
+
+- ``q_heads % tp == 0`` and (``kv_heads % tp == 0`` or ``tp % kv_heads == 0``); when
+  tp > kv_heads each KV head is replicated on ``tp / kv_heads`` ranks (TP ranks
+  {2i, 2i+1} hold KV head i at kv_heads 4, tp 8), as Megatron-Core and vLLM do;
+- the MLP width divisible by tp (where the model has a dense MLP);
+- padded vocabulary = ceil(V / (divisor * tp)) * divisor * tp (Megatron-LM
+  ``_vocab_size_with_padding``), a note;
+- under SP the local sequence s / cp divisible by tp.
+"""
+
+from __future__ import annotations
+
+from math import ceil
+from typing import Optional
+
+from meshplan.spec.axes.base import AxisDef, CollectiveKind, Rule, SearchColumn
+from meshplan.spec.model import ModelSpec
+
+
+def padded_vocab(vocab: int, divisor: int, tp: int) -> int:
+    """Vocabulary padded to a multiple of ``divisor * tp``.
+
+    >>> padded_vocab(32002, 128, 2), padded_vocab(128256, 64, 8), padded_vocab(50257, 128, 8)
+    (32256, 128512, 51200)
+    """
+    m = divisor * tp
+    return ceil(vocab / m) * m
+
+
+def heads_reason(model: ModelSpec, tp: int) -> Optional[str]:
+    """One-line reason when ``tp`` cannot split the attention heads, else None.
+
+    >>> heads_reason(ModelSpec(layers=1, hidden=5120, ffn=1, q_heads=40, kv_heads=10, vocab=1), 4)
+    'kv_heads 10 vs tp 4: need kv_heads % tp == 0 or tp % kv_heads == 0'
+    """
+    q, kv = model.q_heads, model.n_kv_heads
+    if q % tp:
+        return f"q_heads {q} is not divisible by tp {tp}"
+    if kv % tp and tp % kv:
+        return f"kv_heads {kv} vs tp {tp}: need kv_heads % tp == 0 or tp % kv_heads == 0"
+    return None
+
+
+def local_heads(model: ModelSpec, tp: int) -> tuple[int, int, int]:
+    """(local q heads, local KV heads, KV replication factor) on one tp rank.
+
+    >>> local_heads(ModelSpec(layers=1, hidden=4096, ffn=1, q_heads=32, kv_heads=4, vocab=1), 8)
+    (4, 1, 2)
+    """
+    kv = model.n_kv_heads
+    if tp <= kv:
+        return model.q_heads // tp, kv // tp, 1
+    return model.q_heads // tp, 1, tp // kv
+
+
+def _heads_bad(m, t, d):
+    q, kv = m.q_heads, m.n_kv_heads
+    return (q % d.tp != 0) | ((kv % d.tp != 0) & (d.tp % kv != 0))
+
+
+def _heads(m, t, d):
+    r = heads_reason(m, d.tp)
+    if r:
+        return (r,), ()
+    q, kv, rep = local_heads(m, d.tp)
+    if rep == 1:
+        return (), ()
+    return (), (f"kv_heads {m.n_kv_heads} < tp {d.tp}: KV heads replicated {rep}x (tp ranks "
+                f"{{{rep}i..{rep}i+{rep - 1}}} hold KV head i; the model still has {m.n_kv_heads} "
+                f"KV heads); each rank holds {q} q heads and {kv * m.d_head} K and V features",)
+
+
+def _ffn_bad(m, t, d):
+    return (m.ffn % d.tp != 0) & (not m.is_moe or m.dense_layers > 0)
+
+
+def _ffn(m, t, d):
+    return ((f"ffn {m.ffn} is not divisible by tp {d.tp}",) if _ffn_bad(m, t, d) else ()), ()
+
+
+def _vocab(m, t, d):
+    tp, div = d.tp, t.vocab_pad_divisor
+    v = padded_vocab(m.vocab, div, tp)
+    if v == m.vocab:
+        return (), ()
+    return (), (f"vocab padded {m.vocab} -> {v} = ceil(V / ({div} * tp {tp})) * {div * tp} ({v // tp} per tp rank); "
+                f"memory and FLOPs use {v}, the loss uses {m.vocab}",)
+
+
+def _seq_bad(m, t, d):
+    return d.sp & ((t.seq_len // d.cp) % d.tp != 0)
+
+
+def _seq(m, t, d):
+    s, cp, tp = t.seq_len, d.cp, d.tp
+    if _seq_bad(m, t, d):
+        return (f"sequence parallel: local seq {s // cp} (seq_len {s} / cp {cp}) is not divisible by tp {tp}",), ()
+    return (), ()
+
+
+def max_tp(cfg) -> int:
+    """``[search] max_tp``, or the GPUs of one NVLink domain (the node's GPUs when the
+    catalog gives no domain size)."""
+    node = cfg.cluster.node
+    return cfg.search.max_tp or node.nvlink_domain_gpus or node.gpus
+
+
+TP = AxisDef(
+    doc="tensor parallel (with ``sequence_parallel`` for Megatron-style SP)",
+    torchtitan=("tp",), megatron=("tp",),
+    rules=(Rule("heads", 20, "heads vs tp: q_heads % tp, or kv_heads vs tp", _heads_bad, _heads),
+           Rule("ffn", 30, "ffn not divisible by tp", _ffn_bad, _ffn),
+           Rule("vocab", 35, "vocabulary padded to a multiple of divisor * tp", None, _vocab),
+           Rule("seq_tp", 80, "sequence parallel: local seq not divisible by tp", _seq_bad, _seq)),
+    divides=("q heads", "kv heads (or replicated)", "ffn", "vocab (padded)", "sequence (under SP, norms/residual)"),
+    shards=("parameters", "gradients", "optimizer state", "activations"),
+    collectives=(CollectiveKind("all-reduce", "tp", "forward", "b x s/cp x h activation (no SP)"),
+                 CollectiveKind("all-reduce", "tp", "backward",
+                                "its gradient (no SP); replicated weights' gradients in FSDP's reduction"),
+                 CollectiveKind("all-gather", "tp", "forward", "b x s/cp x h activation (SP; MoE routed outputs)"),
+                 CollectiveKind("reduce-scatter", "tp", "forward", "b x s/cp x h activation (SP)"),
+                 CollectiveKind("all-gather", "tp", "backward", "its gradient (SP)"),
+                 CollectiveKind("reduce-scatter", "tp", "backward", "its gradient (SP)"),
+                 CollectiveKind("all-reduce", "tp", "loss", "b x s/cp fp32 (vocab-parallel loss, 3 per micro-batch)"),
+                 CollectiveKind("all-reduce", "tp", "step", "replicated weights' gradients (SP norms, router)")),
+    search=SearchColumn(column="tp", option="tp", bound=max_tp),
+    weights={"tp": 1e5, "sp": 1e4},
+)

@@ -1,0 +1,214 @@
+"""The axis registry (meshplan.spec.axes, issue 10 item 2): every :class:`Axis` member has
+each part (foreign names, what it divides, its search column, its placement weight, its
+rules in the plan's order), its rules give the same verdict on one mesh (Python ints, as the
+exact plan runs them) as on the search's columns (numpy), and a toy axis registered here
+shows up in the validity rules, the search space and the search's rejections without an
+edit to any other module."""
+
+from __future__ import annotations
+
+import itertools
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from meshplan.config import config_from_dict
+from meshplan.errors import ConfigError
+from meshplan.mesh.resolve import resolve_mesh
+from meshplan.mesh.validity import check
+from meshplan.placement.choice import DEFAULT_WEIGHTS
+from meshplan.plan import build_plan
+from meshplan.search.space import REASONS, candidate_config, enumerate_candidates, first_reason, reason_table, \
+    world_of
+from meshplan.spec.axes import KNOWN_AXES, MEGATRON_AXES, TORCHTITAN_AXES
+from meshplan.spec.axes.base import AxisDef, AxisDegrees, Rule, SearchColumn
+from meshplan.spec.axes.registry import AXES, Axis, rules, search_axes
+from meshplan.spec.mesh import MeshSpec
+
+#: Axes without a part, and why (the test fails for any other gap).
+NO_SEARCH_COLUMN = {Axis.DP: "the search names the data axes dp_replicate and dp_shard; dp is their one-axis form"}
+NO_COLLECTIVES = {Axis.ETP: "etp > 1 is planned as expert shapes only; the table has no etp rows (not built)"}
+
+
+@pytest.mark.parametrize("axis", list(Axis))
+def test_every_axis_has_each_part(axis):
+    a = AXES[axis]
+    assert isinstance(a, AxisDef) and a.doc
+    assert a.torchtitan or a.megatron, f"{axis}: the names torchtitan or Megatron-LM give it"
+    assert a.divides, f"{axis}: the tensor dimensions it divides"
+    assert a.weights.get(str(axis), 0) > 0, f"{axis}: its placement weight"
+    assert DEFAULT_WEIGHTS[str(axis)] == a.weights[str(axis)]
+    assert (a.search is not None) or axis in NO_SEARCH_COLUMN, f"{axis}: its search column"
+    assert a.collectives or axis in NO_COLLECTIVES, f"{axis}: its collective kinds"
+    for name in a.torchtitan:
+        assert TORCHTITAN_AXES[name] == axis
+    for name in a.megatron:
+        assert MEGATRON_AXES[name] == axis
+    assert (str(axis) in KNOWN_AXES)
+
+
+def test_registry_is_complete_and_rules_are_ordered():
+    assert list(AXES) == list(Axis)
+    keys = [r.key for r in rules()]
+    orders = [r.order for r in rules()]
+    assert len(set(keys)) == len(keys) and len(set(orders)) == len(orders) and orders == sorted(orders)
+    for r in rules():  # every rule gives its exact reason or names where it is produced
+        assert r.check is not None or r.where, r.key
+    # the search's categories are the registered rules with a vectorised form, then the schedules'
+    assert [k for k, _ in REASONS][:9] == ["expert_block", "heads", "ffn", "expert_ffn", "layers", "experts",
+                                           "seq_cp", "seq_tp", "batch"]
+    assert [c.column for _, c in search_axes()] == ["pp", "dpr", "dps", "cp", "tp", "ep", "etp"]
+    assert [c.column for _, c in search_axes() if c.remainder] == ["dps"]
+
+
+MODELS = [SimpleNamespace(q_heads=q, n_kv_heads=kv, ffn=ffn, is_moe=moe, dense_layers=dl, moe_ffn=mf, experts=e,
+                          layers=lay)
+          for q, kv, ffn, moe, dl, mf, e, lay in [(32, 8, 14336, False, 0, 0, 0, 32), (40, 10, 5000, True, 1, 1536, 6, 27),
+                                                  (12, 12, 3072, False, 0, 0, 0, 12)]]
+TRAINING = [SimpleNamespace(global_batch=gb, micro_batch=1, seq_len=s) for gb, s in [(64, 4096), (48, 1000)]]
+
+
+@pytest.mark.parametrize("m", MODELS)
+@pytest.mark.parametrize("t", TRAINING)
+def test_rules_give_one_verdict_on_ints_and_on_columns(m, t):
+    """Every rule's predicate, run on one mesh's ints and on all meshes' numpy columns,
+    agrees row by row (the exact plan and the search call the same formula)."""
+    grid = list(itertools.product([1, 2, 4, 16], [1, 2], [1, 3, 4], [1, 2, 5], [1, 4, 8], [1, 2, 3], [1, 2], [1, 2],
+                                  [1, 3]))
+    cols = np.array(grid, dtype=np.int64).T
+    pp, dpr, dps, cp, tp, ep, etp, mb, vpp = cols
+    many = SimpleNamespace(pp=pp, dpr=dpr, dps=dps, dp=dpr * dps, cp=cp, tp=tp, ep=ep, etp=etp, mb=mb, vpp=vpp,
+                           sp=tp > 1)
+    for rule in (r for r in rules() if r.bad is not None):
+        vec = np.broadcast_to(rule.bad(m, t, many), pp.shape)
+        for i, g in enumerate(grid):
+            one = AxisDegrees(pp=g[0], dpr=g[1], dps=g[2], dp=g[1] * g[2], cp=g[3], tp=g[4], ep=g[5], etp=g[6],
+                              mb=g[7], vpp=g[8], sp=g[4] > 1)
+            assert bool(rule.bad(m, t, one)) == bool(vec[i]), (rule.key, g)
+
+
+#: Exact reasons the search's predicate does not have (the plan of such a candidate rejects it):
+#: the MoE token split over tp / etp (and ep on a dense model, never searched).
+EXACT_ONLY = {"experts": ("tokens do not split evenly", "on a dense model")}
+
+
+def test_a_rule_is_its_exact_reason():
+    """A rule's exact text comes with its predicate: broken exactly where ``bad`` says,
+    except for the exact-only reasons listed in :data:`EXACT_ONLY`."""
+    t = SimpleNamespace(global_batch=64, micro_batch=2, seq_len=4096, vocab_pad_divisor=128)
+    for rule in (r for r in rules() if r.bad is not None and r.check is not None):
+        for m in MODELS:
+            m = SimpleNamespace(**vars(m), name="m", d_head=128, vocab=32000)
+            for tp, cp, dp in itertools.product([1, 3, 8], [1, 3, 4], [1, 3, 8]):
+                d = AxisDegrees(pp=1, dpr=1, dps=dp, dp=dp, cp=cp, tp=tp, ep=1, etp=1, mb=2, vpp=1, sp=tp > 1)
+                reasons, _ = rule.check(m, t, d)
+                extra = [r for r in reasons if any(x in r for x in EXACT_ONLY.get(rule.key, ()))]
+                assert bool(set(reasons) - set(extra)) == bool(rule.bad(m, t, d)), (rule.key, tp, cp, dp, reasons)
+
+
+# --- a toy axis: a Ulysses-style sequence axis ``sq`` whose all-to-all splits the KV heads ----
+
+def _sq_heads_bad(m, t, d):
+    return m.n_kv_heads % (d.degree("sq") * d.tp) != 0
+
+
+def _sq_heads(m, t, d):
+    sq = d.degree("sq")
+    if _sq_heads_bad(m, t, d):
+        return (f"kv_heads {m.n_kv_heads} are not divisible by sq {sq} x tp {d.tp}",), ()
+    return (), ()
+
+
+TOY = AxisDef(doc="Ulysses sequence axis (toy)", torchtitan=("sq",),
+              rules=(Rule("sq_heads", 25, "kv_heads not divisible by sq * tp", _sq_heads_bad, _sq_heads),),
+              divides=("sequence", "heads (in attention)"), search=SearchColumn(column="sq", option="sq"),
+              weights={"sq": 1e4})
+
+CFG = {"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 2},
+       "training": {"global_batch": 16, "seq_len": 1024}}
+
+
+def test_a_toy_axis_registered_here_shows_up_in_validity_and_search(monkeypatch):
+    monkeypatch.setitem(AXES, "sq", TOY)
+    keys = [k for k, _ in reason_table()]
+    assert keys.index("sq_heads") == keys.index("heads") + 1  # order 25: after the heads, before the widths
+
+    # the exact plan's validity runs its rule (llama3-8b: 8 KV heads)
+    cfg = config_from_dict(CFG, require_mesh=False)
+    mesh = resolve_mesh(MeshSpec(names=["sq", "tp"], shape=[2, 8]), 16)
+    v = check(cfg.model, cfg.training, mesh, MeshSpec(names=["sq", "tp"], shape=[2, 8]))
+    assert "kv_heads 8 are not divisible by sq 2 x tp 8" in v.reasons
+    ok = check(cfg.model, cfg.training, resolve_mesh(MeshSpec(names=["sq", "tp"], shape=[2, 4]), 8),
+               MeshSpec(names=["sq", "tp"], shape=[2, 4]))
+    assert not any("sq" in r for r in ok.reasons)
+
+    # the search has its column, factorizes the world over it, and rejects by its rule
+    c = enumerate_candidates(cfg)
+    sq = c.degree("sq")
+    assert set(sq.tolist()) == {1, 2, 4, 8, 16}
+    assert all(world_of(c, i) == 16 for i in range(0, len(c), 97))
+    code = first_reason(cfg, c)
+    own = keys.index("sq_heads")
+    earlier = np.isin(code, [keys.index(k) for k in keys[:own]])
+    assert ((code == own) == (~earlier & (8 % (sq * c.tp) != 0))).all()
+    assert (code == own).any() and (code != own).any()
+    i = int(np.flatnonzero((sq == 2) & (c.tp == 2))[0])
+    assert candidate_config(cfg, c, i).mesh.names[-2:] == ["tp", "sq"]  # registered last: innermost
+    assert "sq 2" in c.label(i)
+
+
+# --- the collective kinds each axis declares against the plan's collective table ----------
+
+_DENSE = {"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 2}}
+_MOE = {"model": {"catalog": "mixtral-8x7b"}, "cluster": {"system": "dgx-h100", "nodes": 4}}
+PLANS = [  # (base, names, shape, mesh options, training options)
+    (_DENSE, ["dp_shard", "cp", "tp"], [2, 2, 4], dict(sequence_parallel=True), {}),
+    (_DENSE, ["dp_replicate", "dp_shard", "tp"], [2, 2, 4], {}, dict(sharding="hsdp")),
+    (_DENSE, ["pp", "dp_shard", "tp"], [2, 2, 4], dict(sequence_parallel=True), dict(sharding="zero1")),
+    (_DENSE, ["dp", "tp"], [4, 4], {}, dict(sharding="none")),
+    (_DENSE, ["cp", "tp"], [2, 8], {}, {}),
+    (_MOE, ["dp_shard", "tp", "ep"], [4, 8, 8], dict(sequence_parallel=True), {}),
+]
+
+
+def _axes(mesh, name):
+    if name in ("efsdp", "ep", "etp"):
+        return (name,)
+    try:
+        return tuple(mesh.axes_of(name))
+    except ConfigError:  # an axis the mesh does not have
+        return None
+
+
+@pytest.mark.parametrize("base,names,shape,mesh_kw,train", PLANS)
+def test_every_collective_row_is_declared_by_an_axis(base, names, shape, mesh_kw, train):
+    """Each row of the plan's collective table (op, phase, group) is a kind some registered
+    axis declares, its group naming the same mesh axes (``fsdp`` is shown as ``dp_shard``
+    when the mesh has no cp)."""
+    cfg = config_from_dict({**base, "mesh": {"names": names, "shape": shape, **mesh_kw},
+                            "training": {"global_batch": 32, "seq_len": 4096, **train}})
+    plan = build_plan(cfg)
+    assert plan.feasible, getattr(plan, "reasons", None)
+    kinds = [k for a in AXES.values() for k in a.collectives]
+    rows = {(r.axis, r.op, r.phase) for table in plan.collectives.values() for r in table}
+    assert rows
+    for axis, op, phase in rows:
+        owners = [k for k in kinds if (k.op, k.phase) == (op, phase) and _axes(plan.mesh, k.group) == _axes(plan.mesh,
+                                                                                                               axis)]
+        assert owners, f"no registered axis declares {op} ({phase}) over {axis}"
+
+
+#: Axes whose torch apply is not in parallelize's APPLY, and where it is.
+APPLIED_ELSEWHERE = {Axis.PP: "pipeline stages (runtime/execution/pipelined.py)",
+                     Axis.DP: "DDP on the materialized model (parallelize.apply_ddp, by the worker)",
+                     Axis.DP_REPLICATE: "HSDP's replica dimension, in the dp_shard apply (fsdp_mesh)",
+                     Axis.ETP: "refused: etp > 1 is not built (parallelize._unsupported)"}
+
+
+def test_every_axis_has_a_runtime_apply():
+    pytest.importorskip("torch")
+    from meshplan.runtime.execution.parallelize import APPLY  # torch: only the runtime imports it
+
+    assert set(APPLY) | set(APPLIED_ELSEWHERE) == set(Axis) and not set(APPLY) & set(APPLIED_ELSEWHERE)
+    assert list(APPLY) == [Axis.CP, Axis.TP, Axis.EP, Axis.DP_SHARD]  # torchtitan's order
