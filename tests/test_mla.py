@@ -217,3 +217,29 @@ def test_the_deepseek_v3_example_plans():
     names = [g.name for g in plan.gemms]
     assert names[:5] == ["wq_a", "wq_b", "wkv_a", "wkv_b", "wo"]
     assert sum(len(c) for chunks in plan.stages for c in chunks) == 61
+
+
+def test_cp_parts_put_the_latent_projections_with_q_and_kv():
+    from meshplan.schedule.rank_timeline import _cp_parts
+    m, gpu = catalog.model("deepseek-v3"), catalog.gpu("h100-sxm5-80gb")
+    c = layer_cost(m, gpu, Workload(seq_len=4096, tp=4, sp=True, cp=2), layer=0)
+    sec = {o.name: o.seconds for o in c.ops if o.phase == "forward" and o.block == "attn"}
+    p = _cp_parts(c, "forward", None)
+    assert p["q"] == pytest.approx(sec["wq_a"] + sec["wq_b"])
+    assert p["kv"] == pytest.approx(sec["wkv_a"] + sec["wkv_b"] + sec["rope"])
+    assert p["out"] == pytest.approx(sec["wo"])
+    assert p["core"] == pytest.approx(sec["attention"] + sec["q_a norm"] + sec["kv_a norm"])
+
+
+def test_a_small_mla_mesh_with_tp_and_cp_steps():
+    """DeepSeek-V2-Lite on one DGX H100, tp 2 x cp 2 x dp_shard 2: the cp all-gather carries the
+    up-projected K (d_qk 192) and V (d_v 128) of the rank's 8 heads for the whole sequence."""
+    from meshplan.schedule.steptime import step_time
+    cfg = config_from_dict({"model": {"catalog": "deepseek-v2-lite"}, "cluster": {"system": "dgx-h100", "nodes": 1},
+                            "training": {"global_batch": 8, "seq_len": 4096, "recompute": "full"},
+                            "mesh": {"names": ["dp_shard", "cp", "tp"], "shape": [2, 2, 2], "sequence_parallel": True}})
+    plan = build_plan(cfg)
+    assert isinstance(plan, Plan) and not plan.reasons
+    cp = [r for rows in plan.collectives.values() for r in rows if r.axis == "cp" and r.op == "all-gather" and r.phase == "forward"]
+    assert cp and cp[0].size_bytes == 1 * 4096 * 8 * (192 + 128) * 2
+    assert 0 < step_time(plan).step_s < 60
