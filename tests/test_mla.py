@@ -243,3 +243,20 @@ def test_a_small_mla_mesh_with_tp_and_cp_steps():
     cp = [r for rows in plan.collectives.values() for r in rows if r.axis == "cp" and r.op == "all-gather" and r.phase == "forward"]
     assert cp and cp[0].size_bytes == 1 * 4096 * 8 * (192 + 128) * 2
     assert 0 < step_time(plan).step_s < 60
+
+
+def test_megatron_export_round_trips_mla(tmp_path):
+    """Megatron-LM's --multi-latent-attention, --q-lora-rank, --kv-lora-rank, --qk-head-dim (the
+    no-RoPE part), --qk-pos-emb-head-dim and --v-head-dim carry the MLA fields both ways."""
+    from meshplan.interop.foreign import differences, export, load_any, reimport_options
+    model = {**BASE["model"], "q_lora_rank": 96, "vocab": 1024}
+    cfg = config_from_dict({**BASE, "model": model, "training": {**BASE["training"], "framework": "megatron"},
+                            "mesh": {"names": ["dp", "tp"], "shape": [4, 2], "sequence_parallel": True}})
+    text, header = export(cfg, "megatron", "mla")
+    assert "--multi-latent-attention" in text.split() and "--kv-channels" not in text
+    assert "--q-lora-rank 96" in text and "--qk-head-dim 32" in text and "--qk-pos-emb-head-dim 16" in text
+    assert not [h for h in header if h.startswith("not expressed")], header
+    out = tmp_path / "mla.args"
+    out.write_text(text)
+    again = load_any(out, "megatron", reimport_options(cfg, "megatron"))
+    assert differences(cfg, again) == [] and again.model.is_mla and again.model.d_v == 32

@@ -311,7 +311,7 @@ def _latent_norms(model: ModelSpec, b: int, t: int) -> list[tuple[str, str, floa
     down projections, so sequence parallelism does not shorten them): forward reads the
     latent and writes its normalised copy (2 b t r), backward reads the input and the
     incoming gradient and writes the input gradient (3 b t r), as the layer norms above."""
-    out = []
+    out: list[tuple[str, str, float, float]] = []
     for name, r in (("q_a norm", model.q_lora_rank), ("kv_a norm", model.kv_lora_rank)):
         if r:
             out.append((name, "attn", 2 * b * t * r, 3 * b * t * r))

@@ -57,15 +57,21 @@ SWITCHES = {"--sequence-parallel", "--use-distributed-optimizer", "--recompute-a
             "--swiglu", "--untie-embeddings-and-output-weights", "--group-query-attention", "--disable-bias-linear",
             "--add-qkv-bias", "--qk-layernorm", "--use-flash-attn", "--accumulate-allreduce-grads-in-fp32",
             "--tp-comm-overlap", "--use-torch-fsdp2", "--use-megatron-fsdp", "--overlap-grad-reduce",
-            "--overlap-param-gather", "--use-mcore-models", "--no-masked-softmax-fusion", "--standalone"}
+            "--overlap-param-gather", "--use-mcore-models", "--no-masked-softmax-fusion", "--standalone",
+            "--multi-latent-attention"}
 PARALLEL = {"--tensor-model-parallel-size": "tp", "--pipeline-model-parallel-size": "pp",
             "--context-parallel-size": "cp", "--expert-model-parallel-size": "ep",
             "--expert-tensor-parallel-size": "etp"}
+#: Megatron-LM's multi-latent attention arguments (arguments.py) and the ModelSpec field of each:
+#: ``--qk-head-dim`` is the no-RoPE part of the q/k head, ``--qk-pos-emb-head-dim`` the RoPE part.
+MLA_ARGS = {"--q-lora-rank": "q_lora_rank", "--kv-lora-rank": "kv_lora_rank", "--qk-head-dim": "qk_nope_head_dim",
+            "--qk-pos-emb-head-dim": "qk_rope_head_dim", "--v-head-dim": "v_head_dim"}
+MLA_FLAGS = ("--multi-latent-attention", *MLA_ARGS)
 MODEL_FLAGS = {"--num-layers", "--hidden-size", "--ffn-hidden-size", "--num-attention-heads", "--num-query-groups",
                "--group-query-attention", "--kv-channels", "--swiglu", "--untie-embeddings-and-output-weights",
                "--normalization", "--position-embedding-type", "--max-position-embeddings", "--vocab-size",
                "--disable-bias-linear", "--add-qkv-bias", "--qk-layernorm", "--num-experts", "--moe-router-topk",
-               "--moe-ffn-hidden-size", "--moe-shared-expert-intermediate-size"}
+               "--moe-ffn-hidden-size", "--moe-shared-expert-intermediate-size", *MLA_FLAGS}
 USED = set(PARALLEL) | MODEL_FLAGS | {
     "--sequence-parallel", "--use-distributed-optimizer", "--use-torch-fsdp2", "--use-megatron-fsdp",
     "--data-parallel-sharding-strategy", "--recompute-activations", "--recompute-granularity", "--recompute-method",
@@ -184,6 +190,8 @@ def _model(args: dict, opts: ImportOptions, notes: list[str]) -> dict:
         model["max_position"] = _int(args, "--seq-length") or 0  # Megatron-LM: at least the sequence length
         notes.append(f"--max-position-embeddings not given: learned positions for --seq-length "
                      f"{model['max_position']}")
+    if args.get("--multi-latent-attention"):  # the latent and head dims replace --kv-channels and query groups
+        model |= {"head_dim": None, "kv_heads": None, **{f: _int(args, a) for a, f in MLA_ARGS.items()}}
     experts = _int(args, "--num-experts")
     if experts:
         model |= {"experts": experts, "top_k": _num(args, "--moe-router-topk", 2),
@@ -321,8 +329,10 @@ def write(cfg: Config) -> list[str]:
         raise ConfigError("--to", f"mesh order {axes} is not Megatron-LM's tp-cp-ep-dp-pp (outermost first pp, dp, "
                           f"cp, tp); reorder the mesh to export it")
     deg = {a: mesh.layout.degree(b) for a, b in zip(axes, mesh.layout.names)}
+    heads = (["--multi-latent-attention"] + [f"{a} {getattr(m, f)}" for a, f in MLA_ARGS.items()
+                                              if getattr(m, f) is not None]) if m.is_mla else [f"--kv-channels {m.d_head}"]
     out = [f"--num-layers {m.layers}", f"--hidden-size {m.hidden}", f"--ffn-hidden-size {m.ffn}",
-           f"--num-attention-heads {m.q_heads}", f"--kv-channels {m.d_head}", f"--vocab-size {m.vocab}",
+           f"--num-attention-heads {m.q_heads}", *heads, f"--vocab-size {m.vocab}",
            f"--normalization {'RMSNorm' if m.norm == 'rmsnorm' else 'LayerNorm'}",
            f"--position-embedding-type {'rope' if m.position_embedding == 'rope' else 'learned_absolute'}"]
     out += [f"--max-position-embeddings {m.max_position}"] if m.max_position else []

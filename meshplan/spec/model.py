@@ -122,14 +122,14 @@ class ModelSpec(BaseModel):
     @property
     def d_head(self) -> int:
         """Head dim of queries and keys (MLA: ``qk_nope_head_dim + qk_rope_head_dim``)."""
-        if self.is_mla:
-            return self.qk_nope_head_dim + self.qk_rope_head_dim
+        if self.is_mla:  # validated: both set on an MLA model
+            return (self.qk_nope_head_dim or 0) + (self.qk_rope_head_dim or 0)
         return self.head_dim or self.hidden // self.q_heads
 
     @property
     def d_v(self) -> int:
         """Head dim of values and of the attention output (MLA: ``v_head_dim``; else d_head)."""
-        return self.v_head_dim if self.is_mla else self.d_head
+        return (self.v_head_dim or 0) if self.is_mla else self.d_head
 
     @property
     def attention_summary(self) -> str:
@@ -207,14 +207,14 @@ class ModelSpec(BaseModel):
          ('wkv_a', 640, 'replicated'), ('kv_a_norm', 8, 'replicated'), ('wkv_b', 320, 'column'),
          ('wo', 1024, 'row')]
         """
-        h, a, r = self.hidden, self.q_heads, self.qk_rope_head_dim
-        cq, ckv, q = self.q_lora_rank, self.kv_lora_rank, self.q_heads * self.d_head
+        h, a, r, nope = self.hidden, self.q_heads, self.qk_rope_head_dim or 0, self.qk_nope_head_dim or 0
+        cq, ckv, q = self.q_lora_rank, self.kv_lora_rank or 0, self.q_heads * self.d_head
         if cq is None:
             out = [Tensor("wq", h * q, "column", rows=q)]
         else:
             out = [Tensor("wq_a", h * cq, "replicated", rows=cq), Tensor("q_a_norm", cq, "replicated", rows=cq),
                    Tensor("wq_b", cq * q, "column", rows=q)]
-        kv_b = a * (self.qk_nope_head_dim + self.d_v)
+        kv_b = a * (nope + self.d_v)
         out += [Tensor("wkv_a", h * (ckv + r), "replicated", rows=ckv + r),
                 Tensor("kv_a_norm", ckv, "replicated", rows=ckv),
                 Tensor("wkv_b", ckv * kv_b, "column", rows=kv_b),
