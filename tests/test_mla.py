@@ -260,3 +260,11 @@ def test_megatron_export_round_trips_mla(tmp_path):
     out.write_text(text)
     again = load_any(out, "megatron", reimport_options(cfg, "megatron"))
     assert differences(cfg, again) == [] and again.model.is_mla and again.model.d_v == 32
+
+
+def test_validate_refuses_mla_by_name():
+    from meshplan.runtime.validation.validate import not_runnable
+    cfg = config_from_dict(BASE)
+    plan = build_plan(cfg)
+    why = not_runnable(cfg, plan.mesh)
+    assert why is not None and why.startswith("multi-head latent attention (DeepSeek-V2/V3)")

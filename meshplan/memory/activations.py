@@ -50,7 +50,8 @@ projections on all the rank's tokens, so they are divided neither by t nor by se
 parallelism; then as above Q 2sb(ad)/t and K 2sb(ad)/t (the no-RoPE part from ``wkv_b``
 and the shared RoPE key concatenated per head), V 2sb(a d_v)/t and the context 2sb(a d_v)/t.
 Without query compression (V2-Lite) the query latent terms are absent. Sum (no dropout,
-flash, no recompute): ``[r] 2 s b h x 2 + 2 s b (2 c_q + 2 c_kv + r) + 2 s b a (2 d + 2 d_v) / t``.
+flash, no recompute): ``[r] 2 s b h x 2 + 2 s b (2 c_q + 2 c_kv + r) + 2 s b a (2 d + 2 d_v) / t``
+plus the flash statistics ``4 a s b / t``.
 
 Further conventions:
 - KV heads: per-rank K and V hold ``g/t`` heads, or one head when t > g (KV heads
