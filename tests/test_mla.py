@@ -268,3 +268,16 @@ def test_validate_refuses_mla_by_name():
     plan = build_plan(cfg)
     why = not_runnable(cfg, plan.mesh)
     assert why is not None and why.startswith("multi-head latent attention (DeepSeek-V2/V3)")
+
+
+def test_plan_of_an_hf_deepseek_config_prints_what_is_not_modelled(tmp_path):
+    from typer.testing import CliRunner
+    from meshplan.cli import app
+    cfg = tmp_path / "v3.toml"
+    cfg.write_text(EXAMPLE.read_text().replace('catalog = "deepseek-v3"',
+                                               f'hf_config = "{DATA / "deepseek-v3" / "config.json"}"'))
+    r = CliRunner().invoke(app, ["plan", str(cfg)], env={"COLUMNS": "400"})
+    assert r.exit_code == 0, r.output
+    assert "multi-head latent attention (q latent 1536, kv latent 512 + rope key 64)" in r.output
+    assert "not modelled: topk_method noaux_tc" in r.output
+    assert "multi-token prediction module (num_nextn_predict_layers 1) not modelled" in r.output

@@ -3,9 +3,9 @@
 Parameter counts follow the layer anatomy of Llama/Mixtral/GPT (Narayanan et al. SC'21,
 arXiv 2104.04473, eq. 2 for the dense GPT count; Mixtral config for MoE) and, for multi-head
 latent attention (MLA), of DeepSeek-V2 (arXiv 2405.04434, section 2.1, eqs. 9-19; the
-``DeepseekV2Attention`` module of the deepseek-ai/DeepSeek-V2 Hugging Face repository). Each weight is a
-:class:`Tensor` with how tensor parallelism splits it, so per-rank counts are exact rather
-than ``total / tp``.
+``DeepseekV2Attention`` module of the deepseek-ai/DeepSeek-V2 Hugging Face repository).
+Each weight is a :class:`Tensor` with how tensor parallelism splits it, so per-rank counts
+are exact rather than ``total / tp``.
 """
 
 from __future__ import annotations
@@ -17,6 +17,10 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from meshplan.spec.names import Name, Text
 from meshplan.limits import BOUNDS, MAX_STRING
+
+
+#: The fields every multi-head latent attention model gives (q_lora_rank is optional).
+MLA_DIMS = ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
 
 
 def _le(name: str):
@@ -89,16 +93,14 @@ class ModelSpec(BaseModel):
             raise ValueError("position_embedding 'learned' needs max_position > 0")
         return self
 
-    _MLA_DIMS = ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
-
     def _mla_dims_given(self) -> bool:
-        return any(getattr(self, f) is not None for f in self._MLA_DIMS)
+        return any(getattr(self, f) is not None for f in MLA_DIMS)
 
     def _check_mla(self):
         """An MLA model: all four latent/head dims given, nothing that MLA replaces."""
-        missing = [f for f in self._MLA_DIMS if getattr(self, f) is None]
+        missing = [f for f in MLA_DIMS if getattr(self, f) is None]
         if missing:
-            raise ValueError(f"multi-head latent attention needs {', '.join(self._MLA_DIMS)}; missing "
+            raise ValueError(f"multi-head latent attention needs {', '.join(MLA_DIMS)}; missing "
                              f"{', '.join(missing)} (q_lora_rank may be left out: no query compression)")
         if self.kv_heads is not None and self.kv_heads != self.q_heads:
             raise ValueError(f"kv_heads {self.kv_heads} != q_heads {self.q_heads}: MLA up-projects K and V "
