@@ -281,3 +281,23 @@ def test_plan_of_an_hf_deepseek_config_prints_what_is_not_modelled(tmp_path):
     assert "multi-head latent attention (q latent 1536, kv latent 512 + rope key 64)" in r.output
     assert "not modelled: topk_method noaux_tc" in r.output
     assert "multi-token prediction module (num_nextn_predict_layers 1) not modelled" in r.output
+
+
+def test_megatron_round_trip_of_the_v3_example_keeps_its_dense_layers(tmp_path):
+    """--moe-layer-freq '[0]*3+[1]*58' carries DeepSeek-V3's three leading dense layers."""
+    from dataclasses import replace
+    from meshplan.interop.foreign import differences, export, load_any, reimport_options
+    cfg = load_config(EXAMPLE)
+    cfg = replace(cfg, training=cfg.training.model_copy(update={"framework": "megatron"}))
+    text, header = export(cfg, "megatron", "v3")
+    assert "--moe-layer-freq '[0]*3+[1]*58'" in text.splitlines()
+    assert not [h for h in header if h.startswith("not expressed")], header
+    out = tmp_path / "v3.args"
+    out.write_text(text)
+    again = load_any(out, "megatron", reimport_options(cfg, "megatron"))
+    assert differences(cfg, again) == [] and again.model.dense_layers == 3
+    bad = text.replace("'[0]*3+[1]*58'", "'([1]*3+[0]*1)*15+[1]'")
+    out.write_text(bad)
+    with pytest.raises(ConfigError) as err:
+        load_any(out, "megatron", reimport_options(cfg, "megatron"))
+    assert err.value.field == "--moe-layer-freq" and "K + M = --num-layers (61)" in str(err.value)
