@@ -219,7 +219,7 @@ def _model(args: dict, opts: ImportOptions, notes: list[str]) -> dict:
         if shared:
             model |= {"shared_experts": 1, "shared_expert_ffn": shared}
         if "--moe-layer-freq" in args:
-            model["dense_layers"] = _dense_layers(args["--moe-layer-freq"], model["layers"])
+            model["dense_layers"] = _dense_layers(args["--moe-layer-freq"], _int(args, "--num-layers"))
     model = {k: v for k, v in model.items() if v is not None}
     return _as_catalog(model, notes)
 
