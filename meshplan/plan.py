@@ -215,6 +215,10 @@ def build_plan(config: Config, constraints: cons.Constraints | None = None) -> P
         raise ConfigError("training.recompute", "'op' (torchtitan op-level selective AC) is planned with tp = cp = "
                           "ep = 1 only: which TP/CP/EP collectives its recompute replays (it saves reduce-scatter "
                           "outputs, not all-gathers) is not modelled yet; use 'layer', 'selective' or 'full'")
+    if t.recompute == "op" and m.is_mla:
+        raise ConfigError("training.recompute", "'op' (torchtitan op-level selective AC) is not modelled for "
+                          "multi-head latent attention (which of its mms the policy saves); use 'layer', "
+                          "'selective' or 'full'")
     if constraints is None:
         constraints = cons.constraints(m, t, c, world)
     if isinstance(mesh, resolve.Infeasible):

@@ -52,7 +52,8 @@ Conventions, matched op by op against what torch 2.13 issues for DTensor TP/SP a
   gives Megatron-LM's fp32 main-gradient reduction.
 - CP (all-gather CP, Llama 3, Dubey et al. 2024, 3.3.2; :mod:`meshplan.runtime.execution.cp`): per
   layer in forward one all-gather of the local K and V stacked in one buffer (full buffer
-  ``2 * b * s * kv_heads_local * d_head`` in compute dtype, K/V heads before the GQA repeat),
+  ``2 * b * s * kv_heads_local * d_head`` in compute dtype, K/V heads before the GQA repeat;
+  multi-head latent attention: ``b * s * heads_local * (d_qk + d_v)``, the up-projected K and V),
   and its autograd backward, one reduce-scatter (sum) of dK and dV of the same size. Full
   recompute replays the gather (the checkpoint replays a layer up to its last saved tensor,
   which comes after the gather), so backward also has one all-gather per layer; the
@@ -372,7 +373,8 @@ def _cp_rows(add, c: _Ctx) -> None:
         return
     t = c.training
     _, kv_l, _ = local_heads(c.model, c.mesh.degree("tp"))
-    kv_full = 2 * t.micro_batch * t.seq_len * kv_l * c.model.d_head * dtype_bytes(t.compute_dtype)
+    # K (d_head) and V (d_v) of the local KV heads; MLA: the up-projected per-head K and V
+    kv_full = t.micro_batch * t.seq_len * kv_l * (c.model.d_head + c.model.d_v) * dtype_bytes(t.compute_dtype)
     nl = len(c.layers)
     replayed = sum(t.layer_recomputed(k) for k in range(nl))  # checkpointed layers (full, torchtitan per-layer AC)
     add("cp", "forward", "all-gather", kv_full, t.compute_dtype, nl, "every layer (K and V)", "attention")

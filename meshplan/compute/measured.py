@@ -99,8 +99,23 @@ def kernel_data(gpu_name: str) -> Optional[KernelData]:
 
 def gemm_tflops(data: KernelData, m: int, n: int, k: int, dtype: str) -> tuple[float, str]:
     """(TFLOP/s, how) of one (M, N, K) GEMM interpolated from ``data``'s points for ``dtype``
-    (module docstring). Raises KeyError when there are no points for ``dtype``."""
-    pts = data.gemm[dtype]
+    (module docstring). Raises KeyError when there are no points for ``dtype``. Memoised per
+    (GPU, shape, dtype): the search asks for the same shapes across thousands of meshes."""
+    key = (data.gpu, data.source, m, n, k, dtype)
+    hit = _TFLOPS_MEMO.get(key)
+    if hit is None:
+        if len(_TFLOPS_MEMO) >= _MEMO_LIMIT:
+            _TFLOPS_MEMO.clear()
+        hit = _TFLOPS_MEMO[key] = _interpolate(data.gemm[dtype], m, n, k)
+    return hit
+
+
+_TFLOPS_MEMO: dict[tuple, tuple[float, str]] = {}  # a pure function's results: a cache, not state
+_MEMO_LIMIT = 1 << 18
+
+
+def _interpolate(pts, m: int, n: int, k: int) -> tuple[float, str]:
+    """Shepard interpolation of ``pts`` (M, N, K, TFLOP/s, source) at (m, n, k), log2 axes."""
     q = (log2(m), log2(n), log2(k))
     dist = sorted(((sum((a - log2(b)) ** 2 for a, b in zip(q, p[:3])) ** 0.5, p) for p in pts),
                   key=lambda x: x[0])[:NEIGHBOURS]

@@ -55,7 +55,8 @@ from typing import Optional
 from meshplan.compute.gemm import GemmTable, gemm_efficiency, gemm_model, gemm_time, load_gemm_table  # noqa: F401
 from meshplan.compute.measured import attention_seconds, bandwidth, kernel_data
 from meshplan.compute.routing import RoutingOptions, routing
-from meshplan.compute.shapes import Attention, Gemm, attention_shape, backward_gemms, layer_gemms
+from meshplan.compute.shapes import (ATTENTION_GEMMS, MLA_REPLICATED, Attention, Gemm, attention_shape,
+                                     backward_gemms, layer_gemms)
 from meshplan.spec.cluster import GPUSpec
 from meshplan.spec.model import ModelSpec
 from meshplan.mesh.tpsplit import local_heads, padded_vocab
@@ -292,7 +293,9 @@ def _flash_ops(gpu: GPUSpec, att: Attention, w: Workload, recompute: bool, table
     tiles = att.batch * att.q_heads * ceil(att.seq_q / 128)
     waves = ceil(tiles / gpu.sms)
     rate = peak * gpu.max_gemm_fraction * tiles / (waves * gpu.sms)
-    io = dtype_bytes(w.dtype) * att.batch * (2 * att.seq_q * att.q_heads + 2 * att.seq_kv * att.kv_heads) * att.head_dim
+    # q and the output (seq_q rows), k and v (seq_kv rows): q, k of head_dim, v and the output of d_v
+    io = dtype_bytes(w.dtype) * att.batch * (att.seq_q * att.q_heads + att.seq_kv * att.kv_heads) * (
+        att.head_dim + att.d_v)
     fwd = att.flops(causal_half=True)
     note = (f"flash: {tiles} blocks in {waves} waves, {rate / peak:.1%} of peak (GEMM ceiling x wave "
             f"quantization)")
@@ -309,7 +312,7 @@ def _score_ops(gpu, att: Attention, w: Workload, table, recompute: bool) -> list
     """Non-flash attention: full QK^T and PV batched GEMMs, softmax and dropout on scores."""
     n = att.batch * att.q_heads
     qk = Gemm("qk^T", att.seq_q, att.seq_kv, att.head_dim, n)
-    pv = Gemm("pv", att.seq_q, att.head_dim, att.seq_kv, n)
+    pv = Gemm("pv", att.seq_q, att.d_v, att.seq_kv, n)
     scores = n * att.seq_q * att.seq_kv
     b = dtype_bytes(w.dtype)
     fwd_mem = [("softmax", 2 * b * scores)] + ([("attention dropout", (2 * b + 1) * scores)] if w.dropout else [])
@@ -350,7 +353,12 @@ def _elementwise(model: ModelSpec, gpu: GPUSpec, w: Workload, gemms: list[Gemm])
     # autograd InputBuffer::accumulate: read both, write one), before each norm's backward
     spec += [("residual grad accumulate", "attn_pre", 0.0, 3 * b * r * h),
              ("residual grad accumulate", "mlp_pre", 0.0, 3 * b * r * h)]
-    if model.position_embedding == "rope":
+    if model.is_mla:  # RoPE on each local head's q_pe and on the one shared k_pe (DeepSeek-V2 eq. 13-14)
+        rope = model.qk_rope_head_dim or 0
+        nb = 2 * b * t * (q_l + 1) * rope
+        spec.append(("rope", "attn", nb, nb))
+        spec += _latent_norms(model, b, t)
+    elif model.position_embedding == "rope":
         nb = 2 * b * t * (q_l + kv_l) * model.d_head
         spec.append(("rope", "attn", nb, nb))
     if any(g.name.startswith("expert_") for g in gemms):  # the dispatch buffer's rows (compute.routing)
@@ -358,10 +366,24 @@ def _elementwise(model: ModelSpec, gpu: GPUSpec, w: Workload, gemms: list[Gemm])
         nb = 2 * b * rows * h
         spec += [("moe permute", "mlp", nb, nb), ("moe unpermute", "mlp", nb, nb)]
     out = []
+    widths = {"q_a norm": model.q_lora_rank or h, "kv_a norm": model.kv_lora_rank or h}
     for name, block, f, bw in spec:
         kind = "norm" if name.endswith("norm") else "elementwise"
-        out += [_mem(gpu, name, block, phase, nb, kind=kind, hidden=h)
+        out += [_mem(gpu, name, block, phase, nb, kind=kind, hidden=widths.get(name, h))
                 for phase, nb in (("forward", f), ("backward_input", bw)) if nb > 0]
+    return out
+
+
+def _latent_norms(model: ModelSpec, b: int, t: int) -> list[tuple[str, str, float, float]]:
+    """MLA's latent RMSNorms (``q_a_layernorm`` over q_lora_rank, ``kv_a_layernorm`` over
+    kv_lora_rank) as memory ops on all ``t`` tokens of the rank (they follow the replicated
+    down projections, so sequence parallelism does not shorten them): forward reads the
+    latent and writes its normalised copy (2 b t r), backward reads the input and the
+    incoming gradient and writes the input gradient (3 b t r), as the layer norms above."""
+    out: list[tuple[str, str, float, float]] = []
+    for name, r in (("q_a norm", model.q_lora_rank), ("kv_a norm", model.kv_lora_rank)):
+        if r:
+            out.append((name, "attn", 2 * b * t * r, 3 * b * t * r))
     return out
 
 
@@ -398,11 +420,11 @@ def layer_cost(model: ModelSpec, gpu: GPUSpec, w: Workload, layer: int = -1,
     qkv = [g for g in gemms if g.name in ("wq", "wk", "wv")] if w.fused_qkv else []
     if len(qkv) == 3:
         ops += qkv_fused_ops(gpu, qkv, w, table, {"wk": 1.0 / rep, "wv": 1.0 / rep})
-    for g in gemms:
+    for g in gemms:  # a replicated KV head, or MLA's replicated down projection, counts once in model FLOP
         if len(qkv) == 3 and g in qkv:
             continue
-        scale = 1.0 / rep if g.name in ("wk", "wv") else 1.0
-        ops += _gemm_ops(gpu, g, "attn" if g.name in ("wq", "wk", "wv", "wo") else "mlp", w, table, scale)
+        scale = 1.0 / rep if g.name in ("wk", "wv") else 1.0 / w.tp if g.name in MLA_REPLICATED else 1.0
+        ops += _gemm_ops(gpu, g, "attn" if g.name in ATTENTION_GEMMS else "mlp", w, table, scale)
     att = attention_shape(model, w.tp, w.cp, w.micro_batch, w.seq_len)
     selective = w.recompute == "selective"
     ops += _flash_ops(gpu, att, w, selective, table) if w.flash else _score_ops(gpu, att, w, table, selective)

@@ -16,6 +16,17 @@ Seed example (Llama-3-70B, tp 8): the q projection (output width 8192) gives eac
 >>> m = ModelSpec(layers=80, hidden=8192, ffn=28672, q_heads=64, kv_heads=8, head_dim=128, vocab=128256)
 >>> [g for g in layer_gemms(m, tp=8, tokens=8192) if g.name == "wq"][0]
 Gemm(name='wq', m=8192, n=1024, k=8192, count=1)
+
+Multi-head latent attention (DeepSeek-V2/V3, :func:`mla_gemms`) splits as torchtitan's
+DeepSeek-V3 TP plan and Megatron-Core's MLA: the down projections ``wq_a`` (hidden ->
+q_lora_rank) and ``wkv_a`` (hidden -> kv_lora_rank + qk_rope_head_dim, the latent and the
+shared RoPE key) are replicated, every tp rank running them on all its tokens; the up
+projections ``wq_b`` (or ``wq`` without query compression) and ``wkv_b`` are column-parallel
+over whole heads; ``wo`` is row-parallel. DeepSeek-V3 at tp 8 (16 of the 128 heads per rank):
+
+>>> from meshplan import catalog
+>>> [(g.name, g.n, g.k) for g in layer_gemms(catalog.model("deepseek-v3"), tp=8, tokens=4096)][:5]
+[('wq_a', 1536, 7168), ('wq_b', 3072, 1536), ('wkv_a', 576, 7168), ('wkv_b', 4096, 512), ('wo', 7168, 2048)]
 """
 
 from __future__ import annotations
@@ -46,8 +57,14 @@ class Gemm:
 @dataclass(frozen=True)
 class Attention:
     """Core attention on one rank: batch, local q heads, local KV heads, query and key
-    lengths, head dim. FLOP (forward, QK^T and PV): ``4*b*heads*s_q*s_kv*d``, halved for a
-    causal mask (the convention named by ``causal_half``)."""
+    lengths, q/k head dim ``head_dim`` and value head dim ``v_head_dim`` (0: the same; MLA:
+    DeepSeek's 192 and 128). FLOP (forward): ``QK^T`` is ``2*b*heads*s_q*s_kv*d_qk`` and
+    ``PV`` ``2*b*heads*s_q*s_kv*d_v``, together ``4*b*heads*s_q*s_kv*d`` when the two dims
+    are equal; halved for a causal mask (the convention named by ``causal_half``).
+
+    >>> Attention(1, 16, 16, 4096, 4096, 192, 128).flops() == 2 * 16 * 4096 * 4096 * (192 + 128) / 2
+    True
+    """
 
     batch: int
     q_heads: int
@@ -55,9 +72,15 @@ class Attention:
     seq_q: int
     seq_kv: int
     head_dim: int
+    v_head_dim: int = 0
+
+    @property
+    def d_v(self) -> int:
+        """Value (and output) head dim."""
+        return self.v_head_dim or self.head_dim
 
     def flops(self, causal_half: bool = True) -> float:
-        f = 4.0 * self.batch * self.q_heads * self.seq_q * self.seq_kv * self.head_dim
+        f = 2.0 * self.batch * self.q_heads * self.seq_q * self.seq_kv * (self.head_dim + self.d_v)
         return f / 2 if causal_half else f
 
 
@@ -78,8 +101,11 @@ def layer_gemms(model: ModelSpec, tp: int, tokens: int, layer: int = -1,
     """
     h, d = model.hidden, model.d_head
     q_l, kv_l, _ = local_heads(model, tp)
-    out = [Gemm("wq", tokens, q_l * d, h), Gemm("wk", tokens, kv_l * d, h),
-           Gemm("wv", tokens, kv_l * d, h), Gemm("wo", tokens, h, q_l * d)]
+    if model.is_mla:
+        out = mla_gemms(model, tp, tokens)
+    else:
+        out = [Gemm("wq", tokens, q_l * d, h), Gemm("wk", tokens, kv_l * d, h),
+               Gemm("wv", tokens, kv_l * d, h), Gemm("wo", tokens, h, q_l * d)]
     layer = model.layers - 1 if layer < 0 else layer
     if model.is_moe_layer(layer):
         routed = max(1, tokens * etp // tp)
@@ -105,6 +131,38 @@ def layer_gemms(model: ModelSpec, tp: int, tokens: int, layer: int = -1,
     return out
 
 
+#: MLA GEMMs whose weights every tp rank holds whole (:meth:`ModelSpec._mla_tensors`): each
+#: rank computes them on all its tokens, so their model FLOP count once per tp group.
+MLA_REPLICATED = ("wq_a", "wkv_a")
+#: The attention block's GEMMs, dense and MLA.
+ATTENTION_GEMMS = ("wq", "wk", "wv", "wo", "wq_a", "wq_b", "wkv_a", "wkv_b")
+
+
+def mla_gemms(model: ModelSpec, tp: int, tokens: int) -> list[Gemm]:
+    """Forward GEMMs of multi-head latent attention on one rank (module docstring), heads
+    ``a``, local heads ``a / tp``, T ``tokens``:
+
+    - ``wq_a`` (T, q_lora_rank, h) replicated, then ``wq_b`` (T, a/tp (nope + rope), q_lora_rank);
+      without query compression one ``wq`` (T, a/tp (nope + rope), h);
+    - ``wkv_a`` (T, kv_lora_rank + rope, h) replicated (the RoPE key is shared by the heads);
+    - ``wkv_b`` (T, a/tp (nope + v), kv_lora_rank): each head's key (no-RoPE part) and value;
+    - ``wo`` (T, h, a/tp v).
+
+    >>> from meshplan import catalog
+    >>> [(g.name, g.m, g.n, g.k) for g in mla_gemms(catalog.model("deepseek-v2-lite"), 4, 8)]
+    [('wq', 8, 768, 2048), ('wkv_a', 8, 576, 2048), ('wkv_b', 8, 1024, 512), ('wo', 8, 2048, 512)]
+    """
+    h, a = model.hidden, model.q_heads // tp
+    nope, rope, v = model.qk_nope_head_dim or 0, model.qk_rope_head_dim or 0, model.d_v
+    kv = model.kv_lora_rank or 0
+    if model.q_lora_rank is None:
+        out = [Gemm("wq", tokens, a * (nope + rope), h)]
+    else:
+        out = [Gemm("wq_a", tokens, model.q_lora_rank, h), Gemm("wq_b", tokens, a * (nope + rope), model.q_lora_rank)]
+    return out + [Gemm("wkv_a", tokens, kv + rope, h), Gemm("wkv_b", tokens, a * (nope + v), kv),
+                  Gemm("wo", tokens, h, a * v)]
+
+
 def output_gemm(model: ModelSpec, tp: int, tokens: int, padded_vocab: int) -> Gemm:
     """Output layer (logits) on the last stage: (tokens, V_padded / tp, hidden)."""
     return Gemm("output", tokens, padded_vocab // tp, model.hidden)
@@ -114,7 +172,8 @@ def attention_shape(model: ModelSpec, tp: int, cp: int, micro_batch: int, seq_le
     """Core attention per rank: local heads from tp, local queries ``seq/cp`` against all
     ``seq`` keys (CP gathers K/V, or ring-passes them: same FLOP)."""
     q_l, kv_l, _ = local_heads(model, tp)
-    return Attention(micro_batch, q_l, kv_l, seq_len // cp, seq_len, model.d_head)
+    return Attention(micro_batch, q_l, kv_l, seq_len // cp, seq_len, model.d_head,
+                     model.d_v if model.d_v != model.d_head else 0)
 
 
 def backward_gemms(g: Gemm) -> list[Gemm]:

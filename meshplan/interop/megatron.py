@@ -46,7 +46,7 @@ from pydantic import ValidationError
 
 from meshplan import catalog
 from meshplan.config import Config
-from meshplan.errors import ConfigError
+from meshplan.errors import ConfigError, printable
 from meshplan.interop.common import Imported, ImportOptions, cluster_table, model_layers, model_option
 from meshplan.interop.tomlout import mesh_spec, resolved, virtual_split
 from meshplan.spec.axes import MEGATRON_AXES
@@ -57,15 +57,21 @@ SWITCHES = {"--sequence-parallel", "--use-distributed-optimizer", "--recompute-a
             "--swiglu", "--untie-embeddings-and-output-weights", "--group-query-attention", "--disable-bias-linear",
             "--add-qkv-bias", "--qk-layernorm", "--use-flash-attn", "--accumulate-allreduce-grads-in-fp32",
             "--tp-comm-overlap", "--use-torch-fsdp2", "--use-megatron-fsdp", "--overlap-grad-reduce",
-            "--overlap-param-gather", "--use-mcore-models", "--no-masked-softmax-fusion", "--standalone"}
+            "--overlap-param-gather", "--use-mcore-models", "--no-masked-softmax-fusion", "--standalone",
+            "--multi-latent-attention"}
 PARALLEL = {"--tensor-model-parallel-size": "tp", "--pipeline-model-parallel-size": "pp",
             "--context-parallel-size": "cp", "--expert-model-parallel-size": "ep",
             "--expert-tensor-parallel-size": "etp"}
+#: Megatron-LM's multi-latent attention arguments (arguments.py) and the ModelSpec field of each:
+#: ``--qk-head-dim`` is the no-RoPE part of the q/k head, ``--qk-pos-emb-head-dim`` the RoPE part.
+MLA_ARGS = {"--q-lora-rank": "q_lora_rank", "--kv-lora-rank": "kv_lora_rank", "--qk-head-dim": "qk_nope_head_dim",
+            "--qk-pos-emb-head-dim": "qk_rope_head_dim", "--v-head-dim": "v_head_dim"}
+MLA_FLAGS = ("--multi-latent-attention", *MLA_ARGS)
 MODEL_FLAGS = {"--num-layers", "--hidden-size", "--ffn-hidden-size", "--num-attention-heads", "--num-query-groups",
                "--group-query-attention", "--kv-channels", "--swiglu", "--untie-embeddings-and-output-weights",
                "--normalization", "--position-embedding-type", "--max-position-embeddings", "--vocab-size",
                "--disable-bias-linear", "--add-qkv-bias", "--qk-layernorm", "--num-experts", "--moe-router-topk",
-               "--moe-ffn-hidden-size", "--moe-shared-expert-intermediate-size"}
+               "--moe-ffn-hidden-size", "--moe-shared-expert-intermediate-size", "--moe-layer-freq", *MLA_FLAGS}
 USED = set(PARALLEL) | MODEL_FLAGS | {
     "--sequence-parallel", "--use-distributed-optimizer", "--use-torch-fsdp2", "--use-megatron-fsdp",
     "--data-parallel-sharding-strategy", "--recompute-activations", "--recompute-granularity", "--recompute-method",
@@ -114,6 +120,25 @@ def parse_args(text: str) -> dict[str, Any]:
             out[tok] = tokens[i].strip("()")
             i += 1
     return out
+
+
+def _dense_layers(freq: Any, layers: Optional[int]) -> int:
+    """Leading dense layers from ``--moe-layer-freq`` (Megatron-LM: an integer N, every N-th
+    layer MoE, or a Python list expression of 1 (MoE) and 0 (dense) per layer): 1, or
+    ``[0]*K+[1]*M`` with K + M layers (DeepSeek's first K dense layers), the forms ModelSpec
+    represents; anything else is a ConfigError naming the flag.
+
+    >>> _dense_layers("1", 61), _dense_layers("[0]*3+[1]*58", 61)
+    (0, 3)
+    """
+    text = str(freq).replace(" ", "")
+    m = re.fullmatch(r"\[0\]\*(\d+)\+\[1\]\*(\d+)", text)
+    if text == "1":
+        return 0
+    if m and layers is not None and int(m.group(1)) + int(m.group(2)) == layers:
+        return int(m.group(1))
+    raise ConfigError("--moe-layer-freq", f"{printable(text)[:60]!r}: meshplan plans the first K layers dense and "
+                      f"the rest MoE; give 1 or '[0]*K+[1]*M' with K + M = --num-layers ({layers})")
 
 
 def _subst(s: str, env: dict[str, str]) -> str:
@@ -184,6 +209,8 @@ def _model(args: dict, opts: ImportOptions, notes: list[str]) -> dict:
         model["max_position"] = _int(args, "--seq-length") or 0  # Megatron-LM: at least the sequence length
         notes.append(f"--max-position-embeddings not given: learned positions for --seq-length "
                      f"{model['max_position']}")
+    if args.get("--multi-latent-attention"):  # the latent and head dims replace --kv-channels and query groups
+        model |= {"head_dim": None, "kv_heads": None, **{f: _int(args, a) for a, f in MLA_ARGS.items()}}
     experts = _int(args, "--num-experts")
     if experts:
         model |= {"experts": experts, "top_k": _num(args, "--moe-router-topk", 2),
@@ -191,6 +218,8 @@ def _model(args: dict, opts: ImportOptions, notes: list[str]) -> dict:
         shared = _int(args, "--moe-shared-expert-intermediate-size")
         if shared:
             model |= {"shared_experts": 1, "shared_expert_ffn": shared}
+        if "--moe-layer-freq" in args:
+            model["dense_layers"] = _dense_layers(args["--moe-layer-freq"], _int(args, "--num-layers"))
     model = {k: v for k, v in model.items() if v is not None}
     return _as_catalog(model, notes)
 
@@ -321,8 +350,10 @@ def write(cfg: Config) -> list[str]:
         raise ConfigError("--to", f"mesh order {axes} is not Megatron-LM's tp-cp-ep-dp-pp (outermost first pp, dp, "
                           f"cp, tp); reorder the mesh to export it")
     deg = {a: mesh.layout.degree(b) for a, b in zip(axes, mesh.layout.names)}
+    heads = (["--multi-latent-attention"] + [f"{a} {getattr(m, f)}" for a, f in MLA_ARGS.items()
+                                              if getattr(m, f) is not None]) if m.is_mla else [f"--kv-channels {m.d_head}"]
     out = [f"--num-layers {m.layers}", f"--hidden-size {m.hidden}", f"--ffn-hidden-size {m.ffn}",
-           f"--num-attention-heads {m.q_heads}", f"--kv-channels {m.d_head}", f"--vocab-size {m.vocab}",
+           f"--num-attention-heads {m.q_heads}", *heads, f"--vocab-size {m.vocab}",
            f"--normalization {'RMSNorm' if m.norm == 'rmsnorm' else 'LayerNorm'}",
            f"--position-embedding-type {'rope' if m.position_embedding == 'rope' else 'learned_absolute'}"]
     out += [f"--max-position-embeddings {m.max_position}"] if m.max_position else []
@@ -335,6 +366,8 @@ def write(cfg: Config) -> list[str]:
         out += [f"--moe-ffn-hidden-size {m.expert_ffn}"] if m.expert_ffn else []  # Megatron: default ffn
         if m.shared_experts:
             out.append(f"--moe-shared-expert-intermediate-size {(m.shared_expert_ffn or m.moe_ffn) * m.shared_experts}")
+        if m.dense_layers:  # DeepSeek's leading dense layers, quoted for the shell
+            out.append(f"--moe-layer-freq '[0]*{m.dense_layers}+[1]*{m.layers - m.dense_layers}'")
     out += [f"--tensor-model-parallel-size {deg.get('tp', 1)}", f"--pipeline-model-parallel-size {deg.get('pp', 1)}",
             f"--context-parallel-size {deg.get('cp', 1)}"]
     if mesh.ep > 1:

@@ -39,6 +39,20 @@ MLP (Table 2: ``19 s b h``):
   SiLU): 6sbf/t.
 Sum for GPT: [r] 10 sbh, split 24 sbh / t, scores 5 a s^2 b / t: Table 2.
 
+Multi-head latent attention (DeepSeek-V2/V3; c_q = q_lora_rank, c_kv = kv_lora_rank, r the
+RoPE head dim, d = qk_nope + r the q/k head dim, d_v the value head dim), derived from each
+module's saved inputs: the attention norm's input and output as above [r]; the query latent
+(``wq_a`` output, kept as the input of ``q_a_layernorm``) 2sb c_q and its normalised copy
+(``wq_b`` input) 2sb c_q; the ``wkv_a`` output, whose first c_kv columns are the input of
+``kv_a_layernorm`` (a view, so the whole ``c_kv + r`` wide tensor stays) 2sb(c_kv + r), and the
+normalised latent (``wkv_b`` input) 2sb c_kv; the latents are computed by replicated down
+projections on all the rank's tokens, so they are divided neither by t nor by sequence
+parallelism; then as above Q 2sb(ad)/t and K 2sb(ad)/t (the no-RoPE part from ``wkv_b``
+and the shared RoPE key concatenated per head), V 2sb(a d_v)/t and the context 2sb(a d_v)/t.
+Without query compression (V2-Lite) the query latent terms are absent. Sum (no dropout,
+flash, no recompute): ``[r] 2 s b h x 2 + 2 s b (2 c_q + 2 c_kv + r) + 2 s b a (2 d + 2 d_v) / t``
+plus the flash statistics ``4 a s b / t``.
+
 Further conventions:
 - KV heads: per-rank K and V hold ``g/t`` heads, or one head when t > g (KV heads
   replicated, as :func:`meshplan.mesh.tpsplit.local_heads`).
@@ -117,6 +131,14 @@ class LayerDims:
     gated: bool = False
     dropout: bool = True
     act_bytes: int = 2
+    dv: int = 0       # value head dim (0: d); MLA's v_head_dim
+    q_lora: int = 0   # MLA query latent width (0: no query compression)
+    kv_lora: int = 0  # MLA KV latent width (0: not MLA)
+    rope: int = 0     # MLA RoPE key width (qk_rope_head_dim)
+
+    @property
+    def d_v(self) -> int:
+        return self.dv or self.d
 
     @classmethod
     def gpt(cls, s: int, b: int, h: int, a: int, dropout: bool = True) -> "LayerDims":
@@ -135,7 +157,16 @@ class LayerDims:
             raise ConfigError("model.experts", f"layer {layer} is an MoE layer; expert MLP "
                               "activations are not modelled by LayerDims (dense layers only)")
         return cls(s=seq_len, b=micro_batch, h=model.hidden, a=model.q_heads, g=model.n_kv_heads,
-                   d=model.d_head, f=model.ffn, gated=model.gated_mlp, dropout=dropout, act_bytes=act_bytes)
+                   d=model.d_head, f=model.ffn, gated=model.gated_mlp, dropout=dropout, act_bytes=act_bytes,
+                   **mla_dims(model))
+
+
+def mla_dims(model: ModelSpec) -> dict[str, int]:
+    """The MLA fields of :class:`LayerDims` for ``model`` (none for other attention)."""
+    if not model.is_mla:
+        return {}
+    return dict(dv=model.d_v, q_lora=model.q_lora_rank or 0, kv_lora=model.kv_lora_rank or 0,
+                rope=model.qk_rope_head_dim or 0)
 
 
 @dataclass(frozen=True)
@@ -190,10 +221,11 @@ def _attention_terms(dims: LayerDims, lc: _Local, recompute: str, flash: bool, v
     e, b, d, S = dims.act_bytes, dims.b, dims.d, lc.seq
     rows = lc.tok * b
     kv, g = (lc.aq, "a") if v.get("kv_expanded") else (lc.akv, "g")
-    out = _norm_and_gemm_input(dims, lc, "attn norm", "qkv", v) + [
+    dv, dvs = dims.d_v, ("d_v" if dims.d_v != d else "d")
+    out = _norm_and_gemm_input(dims, lc, "attn norm", "qkv", v) + _mla_latent_terms(dims, lc) + [
         Term("q", e * rows * lc.aq * d, f"{e}*{S}*b*a*d/t"),
         Term("k", e * rows * kv * d, f"{e}*{S}*b*{g}*d/t"),
-        Term("v", e * rows * kv * d, f"{e}*{S}*b*{g}*d/t")]
+        Term("v", e * rows * kv * dv, f"{e}*{S}*b*{g}*{dvs}/t")]
     if recompute != "selective" and not flash:
         n = lc.aq * rows * dims.s
         out.append(Term("softmax output", e * n, f"{e}*a*{S}*s*b/t"))
@@ -202,10 +234,36 @@ def _attention_terms(dims: LayerDims, lc: _Local, recompute: str, flash: bool, v
             out.append(Term("softmax dropout output", e * n, f"{e}*a*{S}*s*b/t"))
     elif recompute != "selective":
         out.append(Term("flash softmax statistics (fp32)", 4 * lc.aq * rows, f"4*a*{S}*b/t"))
-    out.append(Term("context (out-proj input)", e * rows * lc.aq * d, f"{e}*{S}*b*a*d/t"))
+    out.append(Term("context (out-proj input)", e * rows * lc.aq * dv, f"{e}*{S}*b*a*{dvs}/t"))
     if dims.dropout:
         out.append(Term("attn residual dropout mask", lc.rtok * b * dims.h, f"{S}*b*h{lc.r}"))
     return out
+
+
+#: Names of the MLA latent terms (:func:`_mla_latent_terms`), freed by the up/down projections' backward.
+MLA_LATENT_TERMS = ("q latent (q_a output)", "q_b input (q_a norm output)",
+                    "kv latent and rope key (kv_a output)", "kv_b input (kv_a norm output)")
+
+
+def _mla_latent_terms(dims: LayerDims, lc: _Local) -> list[Term]:
+    """MLA's latents kept for backward (module docstring): on all ``tok`` tokens of the rank,
+    whole on every tp rank (the down projections are replicated).
+
+    >>> dims = LayerDims(s=8, b=1, h=64, a=4, g=4, d=6, f=1, dropout=False, dv=4, q_lora=16, kv_lora=8, rope=2)
+    >>> [(t.name, t.size_bytes) for t in _mla_latent_terms(dims, _local(dims, 2, True, 1))]
+    ... # doctest: +NORMALIZE_WHITESPACE
+    [('q latent (q_a output)', 256), ('q_b input (q_a norm output)', 256),
+     ('kv latent and rope key (kv_a output)', 160), ('kv_b input (kv_a norm output)', 128)]
+    """
+    if not dims.kv_lora:
+        return []
+    e, rows, S = dims.act_bytes, lc.tok * dims.b, lc.seq
+    out = []
+    if dims.q_lora:
+        out += [Term(MLA_LATENT_TERMS[0], e * rows * dims.q_lora, f"{e}*{S}*b*c_q"),
+                Term(MLA_LATENT_TERMS[1], e * rows * dims.q_lora, f"{e}*{S}*b*c_q")]
+    return out + [Term(MLA_LATENT_TERMS[2], e * rows * (dims.kv_lora + dims.rope), f"{e}*{S}*b*(c_kv+r)"),
+                  Term(MLA_LATENT_TERMS[3], e * rows * dims.kv_lora, f"{e}*{S}*b*c_kv")]
 
 
 def _mlp_terms(dims: LayerDims, lc: _Local, fused_glu: bool, v: dict) -> list[Term]:

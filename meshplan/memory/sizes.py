@@ -15,8 +15,9 @@ Hr = H / t with SP, F = ``a s b f / t`` per gate, Q = ``a s b (a_q/t) d``, KV li
   w_down's gradient, frees its input), activation (3F gated: d(w_out input), d(silu), d(up);
   2F GeLU), w_in (max(2F + H, 3H): the two GEMMs' dX and their sum; w_gate, w_up), mlp norm
   (:func:`norm_work`), attention w_o (SP H + Q), core (2Q + 2KV: d(context), dq, dk, dv;
-  q, k, v, statistics freed), w_qkv (max(Q + 2KV + H, 3H)), attn norm. Each step writes its
-  weights' unsharded gradients as it runs and frees the saved tensors it consumed, so the
+  q, k, v, statistics freed; MLA: d(context) + dq + dk + dv with the value head dim), w_qkv
+  (max(Q + 2KV + H, 3H); MLA adds the latents' gradients ``a s b (2 c_q + 2 c_kv + r)``),
+  attn norm. Each step writes its weights' unsharded gradients as it runs and frees the saved tensors it consumed, so the
   layer's peak is at its first step, not with all its gradients and all its activations
   at once. Measured against torch's FSDPMemTracker (:mod:`meshplan.runtime.validation.memcheck`);
   flash-attention and RoPE backward buffers are not counted; MoE layers keep one step
@@ -59,7 +60,8 @@ from meshplan.spec.model import ModelSpec
 from meshplan.spec.training import TrainingSpec
 from meshplan.mesh.tpsplit import local_numel, padded_vocab
 from meshplan.units import dtype_bytes, human_bytes
-from meshplan.memory.activations import LayerDims, embedding_terms, head_terms, layer_bytes, layer_options, layer_terms
+from meshplan.memory.activations import (MLA_LATENT_TERMS, LayerDims, embedding_terms, head_terms, layer_bytes,
+                                         layer_options, layer_terms, mla_dims)
 from meshplan.memory.passes import ActSizes, BackStep, StageSizes, Unit
 from meshplan.memory.state import StateBytes
 
@@ -79,7 +81,7 @@ def dense_dims(model: ModelSpec, training: TrainingSpec, dropout: bool) -> Layer
     """Dims of a dense layer of ``model`` (``layer_terms`` input)."""
     return LayerDims(s=training.seq_len, b=training.micro_batch, h=model.hidden, a=model.q_heads,
                      g=model.n_kv_heads, d=model.d_head, f=model.ffn, gated=model.gated_mlp, dropout=dropout,
-                     act_bytes=dtype_bytes(training.compute_dtype))
+                     act_bytes=dtype_bytes(training.compute_dtype), **mla_dims(model))
 
 
 def layer_act_sizes(model: ModelSpec, training: TrainingSpec, mesh: Mesh, opts: MemoryOptions,
@@ -123,7 +125,7 @@ def layer_act_sizes(model: ModelSpec, training: TrainingSpec, mesh: Mesh, opts: 
 #: writes (tensor-name prefixes of :meth:`ModelSpec.layer_tensors`).
 STEP_WEIGHTS = {"mlp w_out": ("w_down",), "mlp activation": (), "mlp w_in": ("w_gate", "w_up"),
                 "mlp norm": ("mlp_norm",), "attention w_o": ("wo",), "attention core": ("q_norm", "k_norm"),
-                "attention w_qkv": ("wq", "wk", "wv"), "attn norm": ("attn_norm",)}
+                "attention w_qkv": ("wq", "wk", "wv", "wkv", "q_a_norm", "kv_a_norm"), "attn norm": ("attn_norm",)}
 #: Saved terms (:func:`~meshplan.memory.activations.layer_terms` names) each step frees;
 #: terms not listed (dropout masks, scores, statistics) go with the step whose input they are.
 STEP_TERMS = {"mlp w_out": ("w_out input", "mlp residual dropout mask"),
@@ -133,7 +135,7 @@ STEP_TERMS = {"mlp w_out": ("w_out input", "mlp residual dropout mask"),
               "attention w_o": ("context (out-proj input)", "attn residual dropout mask"),
               "attention core": ("q", "k", "v", "softmax output", "softmax dropout mask",
                                  "softmax dropout output", "flash softmax statistics (fp32)"),
-              "attention w_qkv": ("qkv input", "qkv input (all-gathered)"),
+              "attention w_qkv": ("qkv input", "qkv input (all-gathered)") + MLA_LATENT_TERMS,
               "attn norm": ("attn norm input", "attn norm normalised input (x*rstd)", "layer input (checkpoint)")}
 
 
@@ -155,12 +157,14 @@ def backward_steps(model: ModelSpec, training: TrainingSpec, mesh: Mesh, opts: M
     H, Hr, F = a * tok * dims.h, a * rtok * dims.h, a * tok * ceil(dims.f / tp)
     aq = dims.a // tp
     kv = aq if opts.kv_expanded else (dims.g // tp if tp <= dims.g else 1)
-    Q, KV = a * tok * aq * dims.d, a * tok * kv * dims.d
+    Q, K = a * tok * aq * dims.d, a * tok * kv * dims.d
+    V, C = a * tok * kv * dims.d_v, a * tok * aq * dims.d_v  # value and context (MLA: v_head_dim)
+    lat = a * tok * (2 * dims.q_lora + 2 * dims.kv_lora + dims.rope)  # MLA: latent gradients (up, then norm)
     g = H if sp else 0  # the all-gathered output gradient of a row-parallel GEMM (SP)
     work = {"mlp w_out": g + F, "mlp activation": (3 if dims.gated else 2) * F,
             "mlp w_in": max(2 * F + H, 3 * H) if dims.gated else F + H,
-            "mlp norm": norm_work(H, Hr, sp, opts), "attention w_o": g + Q, "attention core": 2 * Q + 2 * KV,
-            "attention w_qkv": max(Q + 2 * KV + H, 3 * H), "attn norm": norm_work(H, Hr, sp, opts)}
+            "mlp norm": norm_work(H, Hr, sp, opts), "attention w_o": g + C, "attention core": C + Q + K + V,
+            "attention w_qkv": max(Q + K + V + lat + H, 3 * H), "attn norm": norm_work(H, Hr, sp, opts)}
     full = {t.name: t.size_bytes for t in layer_terms(dims, **{**lo, "recompute": "none"})}
     kept = {t.name: t.size_bytes for t in layer_terms(dims, **lo)}
     comp = dtype_bytes(training.compute_dtype) if fsdp_active(training, mesh)["dense"] else 0

@@ -333,7 +333,9 @@ def megatron_estimate(model: ModelSpec, mesh: Mesh, training: TrainingSpec) -> E
 
     Reproduced from ``megatron/training/theoretical_memory_usage.py``: layer parameters
     ``2h(f * g + n) + 2h * q * (1 + kv/a)`` (g = 3/2 gated, n = 2 LayerNorm / 1 RMSNorm,
-    q = a * head_dim, biases and qk-norms ignored; MoE layers use experts x expert width),
+    q = a * head_dim, biases and qk-norms ignored; MoE layers use experts x expert width;
+    multi-latent attention: its ``q_lora_rank (h + a d_qk + 1) + kv_lora_rank (h + a (d_nope +
+    d_v) + 1) + h d_rope + a d_v h``, the MLA weights and latent norms),
     final norm ``n h``, embedding ``h V_padded``; most loaded shard
     ``(block / pp + embedding) / tp`` (+ embedding / tp untied at pp 1); bytes per
     parameter 18, or ``6 + 12 / dp`` with the distributed optimizer (any sharding other
@@ -348,6 +350,8 @@ def megatron_estimate(model: ModelSpec, mesh: Mesh, training: TrainingSpec) -> E
     n = 2 if model.norm == "layernorm" else 1
     q = model.d_head * a
     attn = 2 * h * q * (1 + model.n_kv_heads / a)
+    if model.is_mla:  # Megatron's multi_latent_attention term: every MLA weight and latent norm once
+        attn = sum(t.numel for t in model.mla_tensors())
     dense = 2 * h * (model.ffn * g + n) + attn
     shared = (model.shared_expert_ffn or model.moe_ffn) * model.shared_experts
     moe = 2 * h * (model.moe_ffn * model.experts * g + shared * g + n) + attn

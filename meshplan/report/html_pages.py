@@ -43,8 +43,8 @@ def summary_rows(plan: Plan | Infeasible) -> list[tuple[str, str]]:
     """(what, value) rows: model, cluster, training contract, mesh."""
     c = plan.config
     m, t, cl = c.model, c.training, c.cluster
-    out = [("model", f"{m.name}: {m.layers} layers, hidden {m.hidden}, ffn {m.ffn}, heads {m.q_heads}/{m.n_kv_heads} "
-                     f"kv, vocab {m.vocab}, {m.param_count() / 1e9:.2f} B params"
+    out = [("model", f"{m.name}: {m.layers} layers, hidden {m.hidden}, ffn {m.ffn}, {m.attention_summary}, "
+                     f"vocab {m.vocab}, {m.param_count() / 1e9:.2f} B params"
                      + (f", {m.experts} experts top-{m.top_k}" if m.is_moe else "")),
            ("cluster", f"{cl.name}: {cl.nodes} nodes x {cl.node.gpus} {cl.gpu.name} "
                        f"({cl.gpu.hbm_bytes / GiB:.1f} GiB), world {plan.world}"),

@@ -66,8 +66,10 @@ def _header(plan: Plan | Infeasible, con: Console) -> None:
     m, t, cl = c.model, c.training, c.cluster
     con.rule(f"[bold]meshplan plan[/] {shown(c.path or '')}")
     con.print(f"model   {m.name}: {m.layers} layers, hidden {m.hidden}, ffn {m.ffn}{' gated' if m.gated_mlp else ''}, "
-              f"heads {m.q_heads}/{m.n_kv_heads} kv, head dim {m.d_head}, vocab {m.vocab}, "
+              f"{m.attention_summary}, vocab {m.vocab}, "
               f"{m.param_count() / 1e9:.2f} B params" + (f", {m.experts} experts top-{m.top_k}" if m.is_moe else ""))
+    if "; not modelled: " in m.source:  # what a Hugging Face family has that ModelSpec does not (spec.hf)
+        con.print(f"        not modelled: {shown(m.source.split('; not modelled: ', 1)[1])}")
     con.print(f"cluster {shown(cl.name)}: {cl.nodes} nodes x {cl.node.gpus} {cl.gpu.name} "
               f"({cl.gpu.hbm_bytes / GiB:.1f} GiB HBM), {len(cl.node.nics)} NIC(s)/node, world {plan.world}")
     tokens = t.global_batch * t.seq_len
@@ -142,7 +144,8 @@ def _shapes(plan: Plan, con: Console) -> None:
               f"output features per rank; MLP: ffn {m.ffn} / tp {tp} = {m.ffn // tp} per gate")
     a = plan.attention
     con.print(f"attention per rank: batch {a.batch}, q heads {a.q_heads}, kv heads {a.kv_heads}, "
-              f"seq q {a.seq_q} x kv {a.seq_kv}, head dim {a.head_dim}, "
+              f"seq q {a.seq_q} x kv {a.seq_kv}, head dim {a.head_dim}"
+              + (f" (v {a.d_v})" if a.d_v != a.head_dim else "") + ", "
               f"{a.flops() / 1e9:.1f} GFLOP forward (causal, half of the full QK^T and PV)")
     for k, chunks in enumerate(plan.stages[:4]):
         layers = [i for c in chunks for i in c]

@@ -359,17 +359,20 @@ def _block_backward(s: _Sim, name: str, t_b: float, t_w: float, ep=False, cp: Op
     s.compute(name + " grad wait", 0.0, [post])
 
 
+_CP_PART = {"wk": "kv", "wv": "kv", "wq": "q", "wq_a": "q", "wq_b": "q", "wkv_a": "kv", "wkv_b": "kv"}
+
+
 def _cp_parts(c: Cost, phase: str, recompute: Optional[bool]) -> dict:
     """Seconds of the attention block's ops of ``phase`` by part: ``kv`` (wk, wv, and RoPE in
-    forward), ``q`` (wq), ``out`` (wo in forward), ``core`` (the rest; in backward also wo's
-    input gradient and RoPE, which precede dK/dV). Op names from :mod:`meshplan.compute.ops`."""
+    forward; MLA: wkv_a, wkv_b), ``q`` (wq; MLA: wq_a, wq_b), ``out`` (wo in forward), ``core``
+    (the rest; in backward also wo's input gradient and RoPE, which precede dK/dV). Op names from :mod:`meshplan.compute.ops`."""
     fwd = phase == "forward" or recompute
     out = dict.fromkeys(("kv", "q", "core", "out"), 0.0)
     for o in c.ops:
         if o.block != "attn" or o.phase != phase or recompute not in (None, o.recompute):
             continue
         base = o.name.split(" ")[0].split(".")[0]
-        part = {"wk": "kv", "wv": "kv", "wq": "q"}.get(base, "core")
+        part = _CP_PART.get(base, "core")
         if fwd and base in ("rope", "wo"):
             part = "kv" if base == "rope" else "out"
         out[part] += o.seconds
@@ -382,7 +385,8 @@ def _times(c: Cost, phase: str, recompute: Optional[bool] = None) -> dict:
 
 #: Input-gradient ops of the column-parallel linears (Megatron's ColumnParallelLinear, torch's
 #: ColwiseParallel), op names of :mod:`meshplan.compute.ops`.
-COLUMN_PARALLEL_DGRAD = ("wq.dgrad", "wk.dgrad", "wv.dgrad", "w_gate.dgrad", "w_up.dgrad")
+COLUMN_PARALLEL_DGRAD = ("wq.dgrad", "wk.dgrad", "wv.dgrad", "w_gate.dgrad", "w_up.dgrad",
+                         "wq_b.dgrad", "wkv_b.dgrad")  # MLA's up projections (its down projections are replicated)
 
 #: Weight-gradient ops of the row-parallel linears (Megatron's RowParallelLinear, torch's
 #: RowwiseParallel) and their biases, op names of :mod:`meshplan.compute.ops`.

@@ -141,7 +141,7 @@ def comm_times(cfg: Config, tt: TimeTables, c: Candidates) -> dict[str, np.ndarr
     sp = c.tp > 1
     act = c.mb * (t.seq_len // c.cp) * m.hidden * cd
     kv_l = np.array([local_heads(m, int(x))[1] for x in c.tp])
-    kv = 2 * c.mb * t.seq_len * kv_l * m.d_head * cd
+    kv = c.mb * t.seq_len * kv_l * (m.d_head + m.d_v) * cd  # K and V (MLA: value head dim d_v)
     one = np.ones_like(c.tp)
     out = {"tp_sp": np.where(sp, coll_times(tt, "all-gather", c.tp, act, one), 0.0),
            "tp_ar": np.where(sp, 0.0, coll_times(tt, "all-reduce", c.tp, act, one)),

@@ -23,6 +23,21 @@ config.json files and transformers' config classes):
   layer (2 x hidden parameters per layer, e.g. 301,056 of gemma-2-9b's 9,241,705,984) and the
   sliding-window layers (``sliding_window``), planned as full causal attention (an upper
   bound on their attention time when seq_len > window); logit soft-capping changes no size.
+- ``deepseek_v2`` and ``deepseek_v3`` (DeepseekV2Config / DeepseekV3Config and the
+  ``modeling_deepseek.py`` of deepseek-ai/DeepSeek-V2 and -V3): multi-head latent attention
+  (``q_lora_rank``, null = no query compression as in V2-Lite; ``kv_lora_rank``,
+  ``qk_nope_head_dim``, ``qk_rope_head_dim``, ``v_head_dim``; ``num_key_value_heads`` is
+  not read: MLA up-projects K and V per head), RMSNorm, SwiGLU MLPs, untied embeddings by
+  default; MoE from ``n_routed_experts`` (null: dense), ``num_experts_per_tok``,
+  ``n_shared_experts`` shared experts of width ``moe_intermediate_size`` each, dense
+  layers of width ``intermediate_size`` below ``first_k_dense_replace``; a
+  ``moe_layer_freq`` other than 1 (dense layers between MoE layers) and ``attention_bias``
+  are refused. Named in ``source``, no size: the group-limited routing (``topk_method``,
+  ``n_group``, ``topk_group``; planned as top-k routing), and for v3 the multi-token
+  prediction module (``num_nextn_predict_layers``: per depth one more MoE layer, its
+  2h x h projection and two norms; the model card's 671B excludes it) and the
+  ``e_score_correction_bias`` of each MoE router (``n_routed_experts`` elements per layer,
+  14,848 in V3), not counted.
 
 Keys that set a size are required; flags missing from the file take their transformers
 default (``tie_word_embeddings`` false except gpt2, no biases except gpt2/gpt_neox/qwen2).
@@ -212,7 +227,59 @@ def _gemma3(k: _Keys) -> dict[str, Any]:
     return fields
 
 
+def _deepseek_moe(k: _Keys, layers: int) -> dict[str, Any]:
+    """The MoE fields of a DeepSeek config: none when ``n_routed_experts`` is null."""
+    experts = k.opt("n_routed_experts", 0)
+    if not experts:
+        return {}
+    if layers > MAX_LAYERS:
+        raise ConfigError("num_hidden_layers", over("layers", layers))
+    first, freq = k.opt("first_k_dense_replace", 0), k.opt("moe_layer_freq", 1)
+    # modeling_deepseek.py: layer i is MoE iff i >= first_k_dense_replace and i % moe_layer_freq == 0
+    dense = [i for i in range(layers) if i < first or i % max(freq, 1)]
+    if freq < 1 or dense != list(range(len(dense))):
+        raise ConfigError("moe_layer_freq", f"moe_layer_freq {freq} with first_k_dense_replace {first} "
+                          f"puts dense layers between MoE layers; ModelSpec only has dense_layers "
+                          f"(the first N layers dense): moe_layer_freq must be 1")
+    shared = k.opt("n_shared_experts", 0)
+    width = k.req("moe_intermediate_size")
+    return {"experts": experts, "top_k": k.req("num_experts_per_tok"), "expert_ffn": width,
+            "shared_experts": shared, "shared_expert_ffn": width if shared else None,
+            "dense_layers": min(len(dense), layers)}
+
+
+def _deepseek_v2(k: _Keys) -> dict[str, Any]:
+    if k.flag("attention_bias", False):
+        raise ConfigError("attention_bias", f"{k.model_type}: attention biases are not modelled with "
+                          f"multi-head latent attention (the published DeepSeek configs have none)")
+    layers = k.req("num_hidden_layers")
+    fields = dict(
+        layers=layers, hidden=k.req("hidden_size"), ffn=k.req("intermediate_size"), gated_mlp=True,
+        q_heads=k.req("num_attention_heads"), vocab=k.req("vocab_size"),
+        tied_embeddings=k.flag("tie_word_embeddings", False), norm="rmsnorm", position_embedding="rope",
+        max_position=k.opt("max_position_embeddings", 0), q_lora_rank=k.opt("q_lora_rank", None),
+        kv_lora_rank=k.req("kv_lora_rank"), qk_nope_head_dim=k.req("qk_nope_head_dim"),
+        qk_rope_head_dim=k.req("qk_rope_head_dim"), v_head_dim=k.req("v_head_dim"),
+        **_deepseek_moe(k, layers))
+    notes = []
+    method = k.cfg.get("topk_method")
+    if fields.get("experts") and isinstance(method, str) and method != "greedy":
+        notes.append(f"topk_method {printable(method)[:40]} (group-limited routing, no size) planned as top-k routing")
+    return {**fields, "_notes": notes}
+
+
+def _deepseek_v3(k: _Keys) -> dict[str, Any]:
+    fields = _deepseek_v2(k)
+    mtp = k.opt("num_nextn_predict_layers", 0)
+    if mtp:
+        fields["_notes"].append(f"multi-token prediction module (num_nextn_predict_layers {mtp}) not modelled")
+    if fields.get("experts"):
+        fields["_notes"].append("MoE routers' e_score_correction_bias (n_routed_experts per MoE layer) not counted")
+    return fields
+
+
 _FAMILIES: dict[str, Callable[[_Keys], dict[str, Any]]] = {
+    "deepseek_v2": _deepseek_v2, "deepseek_v3": _deepseek_v3,
     "gemma2": _gemma2, "gemma3": _gemma3, "gemma3_text": _gemma3_text,
     "gpt2": _gpt2, "gpt_neox": _gpt_neox, "llama": _llama, "mistral": _mistral,
     "mixtral": _mixtral, "phi3": _phi3, "qwen2": _qwen2, "qwen3": _qwen3, "qwen3_moe": _qwen3_moe,

@@ -1,9 +1,11 @@
 """Model specification: decoder-only transformers, dense and MoE.
 
 Parameter counts follow the layer anatomy of Llama/Mixtral/GPT (Narayanan et al. SC'21,
-arXiv 2104.04473, eq. 2 for the dense GPT count; Mixtral config for MoE). Each weight is a
-:class:`Tensor` with how tensor parallelism splits it, so per-rank counts are exact rather
-than ``total / tp``.
+arXiv 2104.04473, eq. 2 for the dense GPT count; Mixtral config for MoE) and, for multi-head
+latent attention (MLA), of DeepSeek-V2 (arXiv 2405.04434, section 2.1, eqs. 9-19; the
+``DeepseekV2Attention`` module of the deepseek-ai/DeepSeek-V2 Hugging Face repository).
+Each weight is a :class:`Tensor` with how tensor parallelism splits it, so per-rank counts
+are exact rather than ``total / tp``.
 """
 
 from __future__ import annotations
@@ -15,6 +17,10 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from meshplan.spec.names import Name, Text
 from meshplan.limits import BOUNDS, MAX_STRING
+
+
+#: The fields every multi-head latent attention model gives (q_lora_rank is optional).
+MLA_DIMS = ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
 
 
 def _le(name: str):
@@ -29,6 +35,15 @@ class ModelSpec(BaseModel):
     gated MLP). MoE: ``experts`` > 0 routed experts of width ``expert_ffn`` with ``top_k``
     active, plus ``shared_experts`` always-on experts of width ``shared_expert_ffn``; the
     first ``dense_layers`` layers are dense.
+
+    Multi-head latent attention (DeepSeek-V2/V3) when ``kv_lora_rank`` is set: queries from
+    ``q_a`` (hidden -> ``q_lora_rank``), a latent RMSNorm and ``q_b`` (latent -> heads x
+    (``qk_nope_head_dim`` + ``qk_rope_head_dim``)), or one ``wq`` when ``q_lora_rank`` is
+    None (DeepSeek-V2-Lite); keys and values from ``kv_a`` (hidden -> ``kv_lora_rank`` +
+    ``qk_rope_head_dim``: the latent and one shared RoPE key), a latent RMSNorm and ``kv_b``
+    (latent -> heads x (``qk_nope_head_dim`` + ``v_head_dim``)); ``wo`` (heads x ``v_head_dim``
+    -> hidden). The q/k head dim :attr:`d_head` is ``qk_nope + qk_rope``, the value head dim
+    :attr:`d_v` is ``v_head_dim``; every head has its own K and V (``kv_heads`` = ``q_heads``).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
@@ -55,13 +70,20 @@ class ModelSpec(BaseModel):
     shared_experts: int = Field(default=0, ge=0, le=_le("shared_experts"))
     shared_expert_ffn: Optional[int] = Field(default=None, gt=0, le=_le("shared_expert_ffn"))
     dense_layers: int = Field(default=0, ge=0, le=_le("dense_layers"))
+    q_lora_rank: Optional[int] = Field(default=None, gt=0, le=_le("q_lora_rank"))
+    kv_lora_rank: Optional[int] = Field(default=None, gt=0, le=_le("kv_lora_rank"))
+    qk_nope_head_dim: Optional[int] = Field(default=None, gt=0, le=_le("qk_nope_head_dim"))
+    qk_rope_head_dim: Optional[int] = Field(default=None, gt=0, le=_le("qk_rope_head_dim"))
+    v_head_dim: Optional[int] = Field(default=None, gt=0, le=_le("v_head_dim"))
     source: Text = Field(default="", max_length=8 * MAX_STRING)
 
     @model_validator(mode="after")
     def _check(self):
         if self.kv_heads is not None and self.q_heads % self.kv_heads:
             raise ValueError(f"q_heads {self.q_heads} is not a multiple of kv_heads {self.kv_heads}")
-        if self.head_dim is None and self.hidden % self.q_heads:
+        if self.is_mla or self.q_lora_rank is not None or self._mla_dims_given():
+            self._check_mla()
+        elif self.head_dim is None and self.hidden % self.q_heads:
             raise ValueError(f"hidden {self.hidden} is not divisible by q_heads {self.q_heads}; give head_dim")
         if self.experts and not 0 < self.top_k <= self.experts:
             raise ValueError(f"top_k {self.top_k} must be in 1..experts ({self.experts}) for an MoE model")
@@ -71,6 +93,29 @@ class ModelSpec(BaseModel):
             raise ValueError("position_embedding 'learned' needs max_position > 0")
         return self
 
+    def _mla_dims_given(self) -> bool:
+        return any(getattr(self, f) is not None for f in MLA_DIMS)
+
+    def _check_mla(self):
+        """An MLA model: all four latent/head dims given, nothing that MLA replaces."""
+        missing = [f for f in MLA_DIMS if getattr(self, f) is None]
+        if missing:
+            raise ValueError(f"multi-head latent attention needs {', '.join(MLA_DIMS)}; missing "
+                             f"{', '.join(missing)} (q_lora_rank may be left out: no query compression)")
+        if self.kv_heads is not None and self.kv_heads != self.q_heads:
+            raise ValueError(f"kv_heads {self.kv_heads} != q_heads {self.q_heads}: MLA up-projects K and V "
+                             f"per head; leave kv_heads out or set it to q_heads")
+        if self.head_dim is not None:
+            raise ValueError(f"head_dim {self.head_dim} is set on an MLA model; the q/k head dim is "
+                             f"qk_nope_head_dim + qk_rope_head_dim and v_head_dim the value's: leave head_dim out")
+        for flag in ("qkv_bias", "linear_bias", "qk_norm"):
+            if getattr(self, flag):
+                raise ValueError(f"{flag} is not modelled with multi-head latent attention (DeepSeek-V2/V3 "
+                                 f"have none); set it false")
+        if self.position_embedding != "rope":
+            raise ValueError("multi-head latent attention needs position_embedding 'rope' (its decoupled RoPE key)")
+        return self
+
     # Derived sizes -------------------------------------------------------------------
     @property
     def n_kv_heads(self) -> int:
@@ -78,7 +123,34 @@ class ModelSpec(BaseModel):
 
     @property
     def d_head(self) -> int:
+        """Head dim of queries and keys (MLA: ``qk_nope_head_dim + qk_rope_head_dim``)."""
+        if self.is_mla:  # validated: both set on an MLA model
+            return (self.qk_nope_head_dim or 0) + (self.qk_rope_head_dim or 0)
         return self.head_dim or self.hidden // self.q_heads
+
+    @property
+    def d_v(self) -> int:
+        """Head dim of values and of the attention output (MLA: ``v_head_dim``; else d_head)."""
+        return (self.v_head_dim or 0) if self.is_mla else self.d_head
+
+    @property
+    def attention_summary(self) -> str:
+        """The attention in words for reports.
+
+        >>> ModelSpec(layers=1, hidden=64, ffn=1, q_heads=4, vocab=1, kv_lora_rank=8,
+        ...           qk_nope_head_dim=6, qk_rope_head_dim=2, v_head_dim=4).attention_summary
+        'heads 4, multi-head latent attention (q latent none, kv latent 8 + rope key 2), head dim qk 6+2 / v 4'
+        """
+        if not self.is_mla:
+            return f"heads {self.q_heads}/{self.n_kv_heads} kv, head dim {self.d_head}"
+        return (f"heads {self.q_heads}, multi-head latent attention (q latent {self.q_lora_rank or 'none'}, "
+                f"kv latent {self.kv_lora_rank} + rope key {self.qk_rope_head_dim}), head dim qk "
+                f"{self.qk_nope_head_dim}+{self.qk_rope_head_dim} / v {self.d_v}")
+
+    @property
+    def is_mla(self) -> bool:
+        """Multi-head latent attention (DeepSeek-V2/V3): ``kv_lora_rank`` is set."""
+        return self.kv_lora_rank is not None
 
     @property
     def is_moe(self) -> bool:
@@ -101,6 +173,11 @@ class ModelSpec(BaseModel):
         q, kv = self.q_heads * d, self.n_kv_heads * d
         norm = [Tensor("weight", h, "replicated", rows=h)] + (
             [Tensor("bias", h, "replicated", rows=h)] if self.norm == "layernorm" else [])
+        if self.is_mla:
+            out = [t.renamed("attn_norm") for t in norm] + self.mla_tensors() + [t.renamed("mlp_norm") for t in norm]
+            if self.is_moe_layer(layer):
+                return out + self._moe_tensors()
+            return out + _mlp("", h, self.ffn, self.gated_mlp, False, "column", "row")
         qkv_bias = self.qkv_bias or self.linear_bias
         out = [t.renamed("attn_norm") for t in norm]
         out += [Tensor("wq", h * q, "column", rows=q), Tensor("wk", h * kv, "kv_column", rows=kv),
@@ -117,6 +194,34 @@ class ModelSpec(BaseModel):
         if self.is_moe_layer(layer):
             return out + self._moe_tensors()
         return out + _mlp("", h, self.ffn, self.gated_mlp, self.linear_bias, "column", "row")
+
+    def mla_tensors(self) -> list["Tensor"]:
+        """MLA weights (class docstring), split as torchtitan's DeepSeek-V3 TP plan and
+        Megatron-Core's MLA do: the down projections ``wq_a`` and ``wkv_a`` and the latent
+        norms replicated over tp (each tp rank projects every token), the up projections
+        ``wq_b`` / ``wq`` and ``wkv_b`` column-parallel (whole heads per rank), ``wo``
+        row-parallel.
+
+        >>> m = ModelSpec(layers=1, hidden=64, ffn=1, q_heads=4, vocab=1, q_lora_rank=16,
+        ...               kv_lora_rank=8, qk_nope_head_dim=6, qk_rope_head_dim=2, v_head_dim=4)
+        >>> [(t.name, t.numel, t.split) for t in m.mla_tensors()]  # doctest: +NORMALIZE_WHITESPACE
+        [('wq_a', 1024, 'replicated'), ('q_a_norm', 16, 'replicated'), ('wq_b', 512, 'column'),
+         ('wkv_a', 640, 'replicated'), ('kv_a_norm', 8, 'replicated'), ('wkv_b', 320, 'column'),
+         ('wo', 1024, 'row')]
+        """
+        h, a, r, nope = self.hidden, self.q_heads, self.qk_rope_head_dim or 0, self.qk_nope_head_dim or 0
+        cq, ckv, q = self.q_lora_rank, self.kv_lora_rank or 0, self.q_heads * self.d_head
+        if cq is None:
+            out = [Tensor("wq", h * q, "column", rows=q)]
+        else:
+            out = [Tensor("wq_a", h * cq, "replicated", rows=cq), Tensor("q_a_norm", cq, "replicated", rows=cq),
+                   Tensor("wq_b", cq * q, "column", rows=q)]
+        kv_b = a * (nope + self.d_v)
+        out += [Tensor("wkv_a", h * (ckv + r), "replicated", rows=ckv + r),
+                Tensor("kv_a_norm", ckv, "replicated", rows=ckv),
+                Tensor("wkv_b", ckv * kv_b, "column", rows=kv_b),
+                Tensor("wo", a * self.d_v * h, "row", rows=h)]
+        return out
 
     def _moe_tensors(self) -> list["Tensor"]:
         h, e, f = self.hidden, self.experts, self.moe_ffn

@@ -56,9 +56,9 @@ def time_attention(att: Attention, dtype: str = "fp32", device: str = "cpu", war
     dt = DTYPES[dtype]
     shape = (att.batch, att.q_heads)
     q = torch.randn(*shape, att.seq_q, att.head_dim, dtype=dt, device=device, requires_grad=True)
-    k, v = (torch.randn(*shape, att.seq_kv, att.head_dim, dtype=dt, device=device, requires_grad=True)
-            for _ in range(2))
-    grad = torch.randn(*shape, att.seq_q, att.head_dim, dtype=dt, device=device)
+    k = torch.randn(*shape, att.seq_kv, att.head_dim, dtype=dt, device=device, requires_grad=True)
+    v = torch.randn(*shape, att.seq_kv, att.d_v, dtype=dt, device=device, requires_grad=True)  # MLA: v_head_dim
+    grad = torch.randn(*shape, att.seq_q, att.d_v, dtype=dt, device=device)
     kw = dict(is_causal=True) if mask is None else dict(attn_mask=mask)
     fwd, bwd = [], []
     for i in range(warmup + repeats):

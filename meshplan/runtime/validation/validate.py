@@ -264,6 +264,9 @@ def not_runnable(cfg: Config, mesh) -> Optional[str]:
     if cfg.training.framework != "torch":
         return (f"training.framework is '{cfg.training.framework}': validate runs torch.distributed, which "
                 "issues torch's collectives; set framework = \"torch\" to validate this mesh")
+    if cfg.model.is_mla:
+        return ("multi-head latent attention (DeepSeek-V2/V3): the runtime model builds multi-head and "
+                "grouped-query attention only; plan, step and search model MLA, validate does not run it")
     why = _unsupported(mesh, cfg.training, pipeline=True, moe=cfg.model.is_moe)
     if not why and mesh.degree("pp") > 1:
         from meshplan.runtime.execution.pipelined import unsupported
