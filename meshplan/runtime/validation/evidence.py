@@ -24,8 +24,6 @@ groups always do.
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import statistics
 from collections import Counter
@@ -41,7 +39,7 @@ from meshplan.runtime.validation.breakdown import breakdown_rows
 from meshplan.runtime.validation.compare import SETUP_PHASES, axis_of, differences, tally_records, tally_table
 from meshplan.runtime.validation.host import line as host_line
 from meshplan.runtime.validation.probe import calibrated_plan
-from meshplan.runtime.validation.staged import cross_world_lines, staged_world, world_lines, write_staged
+from meshplan.runtime.validation.staged import cross_world_lines, csv_text, staged_world, world_lines, write_staged
 from meshplan.schedule.steptime import step_time
 from meshplan.units import MiB
 
@@ -310,22 +308,12 @@ def compare_world(plan, folder: Path, table, tolerance: Optional[float] = None,
             "group_differences": groups, "staged": staged}
 
 
-def _csv(rows: list[dict]) -> str:
-    if not rows:
-        return ""
-    buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=list(rows[0]))
-    w.writeheader()
-    w.writerows(rows)
-    return buf.getvalue()
-
-
 def write_world_evidence(folder: Path, result: dict) -> None:
     """collectives.csv, predicted_vs_measured.{csv,json} and comparison.json (the world's
     result with its comparison), each atomic."""
     comp = result["comparison"]
-    write_atomic(folder / "collectives.csv", _csv(comp["collectives"]))
-    write_atomic(folder / "predicted_vs_measured.csv", _csv(comp["predicted_vs_measured"]))
+    write_atomic(folder / "collectives.csv", csv_text(comp["collectives"]))
+    write_atomic(folder / "predicted_vs_measured.csv", csv_text(comp["predicted_vs_measured"]))
     write_json(folder / "predicted_vs_measured.json", comp["predicted_vs_measured"])
     if comp.get("staged"):
         write_staged(folder, comp["staged"], write_atomic)

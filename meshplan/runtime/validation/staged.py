@@ -277,7 +277,8 @@ def staged_world(plan, folder: Path, axis_of: Callable[[int, tuple, str], str],
                 checkpoint=checkpoint_rank_rows(plan, ck, checkpoint_bytes_per_s), missing=missing)
 
 
-def _csv(rows: list[dict]) -> str:
+def csv_text(rows: list[dict]) -> str:
+    """Rows as CSV text (the first row's keys as the header; a list cell as JSON); "" for none."""
     if not rows:
         return ""
     buf = io.StringIO()
@@ -294,7 +295,7 @@ def write_staged(folder: Path, staged: dict, write_text: Callable[[Path, str], N
     for name, key in (("message_curves", "curves"), ("arrival_skew", "skew"), ("kernels", "kernels"),
                       ("checkpoint", "checkpoint")):
         if staged[key]:
-            write_text(folder / f"{name}.csv", _csv(staged[key]))
+            write_text(folder / f"{name}.csv", csv_text(staged[key]))
 
 
 def _us(s) -> str:
