@@ -131,8 +131,11 @@ def test_interrupted_write_leaves_nothing(tmp_path, kind, sig):
     partial file before)."""
     out = tmp_path / "out" / ("ev" if kind == "folder" else "o.json")
     out.parent.mkdir()
+    # SIGINT at its default in the child, as under a terminal: a shell starts background jobs (CI
+    # launched with `&`) with SIGINT ignored, and Python then installs no KeyboardInterrupt handler
     proc = subprocess.Popen([sys.executable, "-c", _SLOW_WRITE, kind, str(out)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert proc.stdout.readline() == "ready\n"
     assert any(out.parent.iterdir())  # the temporary file or folder exists now
     proc.send_signal(sig)
