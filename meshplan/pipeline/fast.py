@@ -223,7 +223,9 @@ def simulate_arrays(spec: PipelineSpec, durations: Optional[Callable[[Flat], np.
     dep = f.dep if pairs is None else np.where(f.cross, n, f.dep)  # blocking: the input comes in a call
     start, end, free, lead_free, bind = _rounds(replace(f, dep=dep), dur, add, pairs, spec.p2p_s)
     pos = np.arange(n) % length
-    prev = np.where(pos > 0, np.concatenate([[0.0], free[:-1]]), np.repeat(lead_free, length))  # stream free at start
+    prev = np.concatenate([[0.0], free[:-1]])  # stream free at start: after the previous unit's call
+    if length:
+        prev[::length] = lead_free  # (a stage's first unit: after the call before it)
     if pairs is None:
         ready = np.where(f.dep < n, np.concatenate([end, [0.0]])[f.dep] + add, 0.0)
         via = (f.dep < n) & (ready > prev)
@@ -318,11 +320,23 @@ def _rounds(f: Flat, dur: np.ndarray, add: np.ndarray, pairs, p2p_s: float):
     end, start = np.zeros(never + 1), np.zeros(never + 1)
     d_add, d_dur = np.zeros(never + 1), np.zeros(never + 1)
     d_add[slot], d_dur[slot] = add, dur
-    peers = _peer_table(pairs, p, length, width, never) if pairs is not None else np.zeros((never + 1, 0), np.int64)
-    free, bind = np.zeros(never + 1), np.full(never + 1, -1)
     cur = np.arange(p) * width + 1
     left = n
-    while left:  # every stage computes its next unit; only those whose dependency is done keep it
+    if pairs is None:  # asynchronous sends: the stream is free when the previous unit ends
+        while left:  # every stage computes its next unit; only those whose dependency is done keep it
+            dc = dep[cur]
+            ok = done[dc]
+            st = np.maximum(end[cur - 1], end[dc] + d_add[cur])
+            end[cur], start[cur], done[cur] = st + d_dur[cur], st, ok
+            k = int(np.count_nonzero(ok))
+            if not k:
+                raise RuntimeError(f"schedule deadlocks at slots {cur.tolist()}")
+            cur += ok
+            left -= k
+        return start[slot], end[slot], end[slot], np.zeros(p), np.full(n, -1)
+    peers = _peer_table(pairs, p, length, width, never)
+    free, bind = np.zeros(never + 1), np.full(never + 1, -1)
+    while left:  # as above, and the previous call's peers must all have posted
         dc, pc = dep[cur], peers[cur - 1]
         ok = done[dc] & np.all(done[pc] | (pc == never), axis=1)
         free[cur - 1], bind[cur] = _call_end(end[cur - 1], pc, end, never, p2p_s)

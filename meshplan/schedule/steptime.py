@@ -3,8 +3,9 @@ put through the pipeline simulation (:mod:`meshplan.pipeline.simulate`), then th
 collectives and the optimizer step; critical path, exposed communication per axis, bubble,
 tokens/s, MFU and HFU, and the Chrome/Perfetto trace of the predicted timeline.
 
-Pipeline sends block their stage under Megatron-LM (:func:`blocking_p2p`). Each stage ends at
-its last unit plus that unit's communication tail (or its blocking send), then (in order) the
+Pipeline sends block their stage under Megatron-LM (:func:`blocking_p2p`): each call holds its
+stage until the peer stage posts its side and the transfer ends (``hold``, exposed on "pp"). Each
+stage ends at its last unit plus that unit's communication tail (or its blocking call), then (in order) the
 per-step gradient reduction when it was not overlapped, the optimizer step and the
 ZeRO-1/2 parameter all-gather (``Overlap.param_gather``: hidden behind the next step's
 first forward unit, the remainder exposed). The optimizer step is memory-bound: it reads
