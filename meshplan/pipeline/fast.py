@@ -271,9 +271,9 @@ def rendezvous(spec: PipelineSpec, f: Flat) -> tuple[np.ndarray, np.ndarray, np.
     return pack(prod + delay[prod]), (cons // length) * (length + 1) + cons % length - lead[cons] + 1, cons
 
 
-def _peer_table(pairs, p: int, length: int, width: int, never: int) -> np.ndarray:
+def _peer_table(pairs, p: int, length: int, width: int, pad: int) -> np.ndarray:
     """Per slot of :func:`_rounds`, the slots of the peers of the call issued after it
-    (columns sorted by slot; ``never`` pads)."""
+    (columns sorted by slot, at least one; ``pad`` pads)."""
     send, recv, _ = pairs
     to_slot = lambda packed: (packed // (length + 1)) * width + packed % (length + 1)  # noqa: E731
     a = np.concatenate([to_slot(send), to_slot(recv)])
@@ -281,17 +281,17 @@ def _peer_table(pairs, p: int, length: int, width: int, never: int) -> np.ndarra
     order = np.lexsort((b, a))
     a, b = a[order], b[order]
     col = np.arange(len(a)) - np.searchsorted(a, a, side="left")
-    table = np.full((never + 1, int(col.max()) + 1 if len(a) else 0), never, dtype=np.int64)
+    table = np.full((pad + 1, int(col.max()) + 1 if len(a) else 1), pad, dtype=np.int64)
     table[a, col] = b
     return table
 
 
-def _call_end(e: np.ndarray, peers: np.ndarray, end: np.ndarray, never: int, p2p_s: float):
+def _call_end(e: np.ndarray, peers: np.ndarray, end: np.ndarray, pad: int, p2p_s: float):
     """(end of each call posted at ``e`` with peer slots ``peers`` (rows), binding peer slot or
     -1): ``max(e, peer posts) + p2p_s``, ``e`` for an empty call."""
     if peers.shape[1] == 0:
         return e, np.full(len(e), -1)
-    val = peers != never
+    val = peers != pad
     posts = np.where(val, end[peers], -np.inf)
     top = posts.max(axis=1)
     k = np.argmax(posts, axis=1)
@@ -312,13 +312,13 @@ def _rounds(f: Flat, dur: np.ndarray, add: np.ndarray, pairs, p2p_s: float):
     p, length = f.p, f.length
     n, width = p * length, length + 2
     slot = (np.arange(n) // length) * width + np.arange(n) % length + 1
-    never = p * width
-    dep = np.full(never + 1, never, dtype=np.int64)
+    never, pad = p * width, p * width + 1  # a slot that never runs; the padding peer of a call
+    dep = np.full(pad + 1, never, dtype=np.int64)
     dep[slot] = np.where(f.dep < n, slot[np.minimum(f.dep, n - 1)], np.arange(p).repeat(length) * width)
-    done = np.zeros(never + 1, dtype=bool)
+    done = np.zeros(pad + 1, dtype=bool)
     done[np.arange(p) * width] = True
-    end, start = np.zeros(never + 1), np.zeros(never + 1)
-    d_add, d_dur = np.zeros(never + 1), np.zeros(never + 1)
+    end, start = np.zeros(pad + 1), np.zeros(pad + 1)
+    d_add, d_dur = np.zeros(pad + 1), np.zeros(pad + 1)
     d_add[slot], d_dur[slot] = add, dur
     cur = np.arange(p) * width + 1
     left = n
@@ -334,13 +334,16 @@ def _rounds(f: Flat, dur: np.ndarray, add: np.ndarray, pairs, p2p_s: float):
             cur += ok
             left -= k
         return start[slot], end[slot], end[slot], np.zeros(p), np.full(n, -1)
-    peers = _peer_table(pairs, p, length, width, never)
-    free, bind = np.zeros(never + 1), np.full(never + 1, -1)
+    peers = _peer_table(pairs, p, length, width, pad)
+    end[pad], done[pad] = -np.inf, True  # the padding peer: posted, never the latest
+    has = (peers != pad).any(axis=1)
+    free = np.zeros(pad + 1)
     while left:  # as above, and the previous call's peers must all have posted
-        dc, pc = dep[cur], peers[cur - 1]
-        ok = done[dc] & np.all(done[pc] | (pc == never), axis=1)
-        free[cur - 1], bind[cur] = _call_end(end[cur - 1], pc, end, never, p2p_s)
-        st = np.maximum(free[cur - 1], end[dc] + d_add[cur])
+        dc, pc, prev = dep[cur], peers[cur - 1], cur - 1
+        ok = done[dc] & done[pc].all(axis=1)
+        e = end[prev]
+        free[prev] = np.where(has[prev], np.maximum(e, end[pc].max(axis=1)) + p2p_s, e)
+        st = np.maximum(free[prev], end[dc] + d_add[cur])
         end[cur], start[cur], done[cur] = st + d_dur[cur], st, ok
         k = int(np.count_nonzero(ok))
         if not k:
@@ -348,8 +351,10 @@ def _rounds(f: Flat, dur: np.ndarray, add: np.ndarray, pairs, p2p_s: float):
         cur += ok
         left -= k
     last = cur - 1  # each stage's last slot (its leading one when it has no unit)
-    free[last] = _call_end(end[last], peers[last], end, never, p2p_s)[0]
-    flat_of = np.full(never + 2, -1)
+    free[last] = _call_end(end[last], peers[last], end, pad, p2p_s)[0]
+    bind = np.full(pad + 1, -1)
+    bind[slot] = _call_end(end[slot - 1], peers[slot - 1], end, pad, p2p_s)[1]
+    flat_of = np.full(pad + 1, -1)
     flat_of[slot] = np.arange(n)
     return start[slot], end[slot], free[slot], free[np.arange(p) * width], flat_of[bind[slot]]
 
