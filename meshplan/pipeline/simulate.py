@@ -273,20 +273,25 @@ def _simulate_rendezvous(spec: PipelineSpec, orders: list[list[Unit]]) -> Pipeli
     ends: list[list[float]] = [[] for _ in range(p)]
     evs: list[list[Event]] = [[] for _ in range(p)]
 
-    def post(stage: int, pos: int) -> Optional[float]:
-        return 0.0 if pos < 0 else (ends[stage][pos] if pos < len(ends[stage]) else None)
+    def posted(stage: int, pos: int) -> bool:
+        return pos < len(ends[stage])
 
-    def call_end(s: int, pos: int):
+    def post(stage: int, pos: int) -> float:
+        """When ``stage`` issues its call after position ``pos`` (its unit's end; 0 before the first)."""
+        return 0.0 if pos < 0 else ends[stage][pos]
+
+    def call_end(s: int, pos: int) -> Optional[tuple[float, Optional[tuple[int, int]]]]:
         """(end of the call after position pos, the binding peer (stage, position) or None),
         or None while a peer has not posted."""
-        e, best, top = post(s, pos), None, None
-        posts = [(post(*x), x) for x in peers.get((s, pos), [])]
-        if any(t is None for t, _ in posts):
+        mine = peers.get((s, pos), [])
+        if not all(posted(*x) for x in mine):
             return None
-        for t, x in posts:
-            if t > e and (top is None or t > top):
+        e, best, top = post(s, pos), None, 0.0
+        for x in mine:  # sorted: the first latest peer binds
+            t = post(*x)
+            if t > e and (best is None or t > top):
                 best, top = x, t
-        return (max([e] + [t for t, _ in posts]) + spec.p2p_s if posts else e), best
+        return (max([e] + [post(*x) for x in mine]) + spec.p2p_s if mine else e), best
 
     events: list[Event] = []
     remaining = sum(len(o) for o in orders)
@@ -315,10 +320,10 @@ def _simulate_rendezvous(spec: PipelineSpec, orders: list[list[Unit]]) -> Pipeli
         if not progressed:
             stuck = {s: orders[s][len(ends[s])].label(v) for s in range(p) if len(ends[s]) < len(orders[s])}
             raise RuntimeError(f"schedule {spec.schedule} deadlocks at {stuck}")
-    free = [call_end(s, len(orders[s]) - 1)[0] for s in range(p)]
+    stage_ends = [got[0] for s in range(p) if (got := call_end(s, len(orders[s]) - 1)) is not None]
     busy = tuple(sum(e.dur_s for e in events if e.stage == s and e.stream == "compute") for s in range(p))
     last = [evs[s][-1] if evs[s] else None for s in range(p)]
-    return PipelineResult(spec, tuple(events), max(free), busy, _critical_path(last, free))
+    return PipelineResult(spec, tuple(events), max(stage_ends), busy, _critical_path(last, stage_ends))
 
 
 def _critical_path(last: list, free: list[float]) -> tuple[Event, ...]:
