@@ -6,6 +6,8 @@ reference loop on real plans where both run."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -101,6 +103,23 @@ def test_step_time_equals_the_reference_loop(schedule, vpp):
     keys, key_idx = st.units.index(res.flat)
     assert _unit_exposure(res, crit, st.units, keys, key_idx, {}) == loop
     assert loop  # this mesh exposes tp and pp time: the comparison is not empty
+
+
+@pytest.mark.parametrize("schedule,vpp", [("1f1b", 1), ("interleaved_1f1b", 2)])
+def test_megatron_step_time_equals_the_reference(schedule, vpp):
+    """The same mesh under framework megatron (Megatron-LM 2022's rendezvous calls): the step
+    model's array pipeline against the reference simulation of its spec, to the bit, and the
+    rendezvous is not empty (some call waits for a late peer)."""
+    cfg = _plan(schedule, vpp).config
+    cfg = replace(cfg, training=cfg.training.model_copy(update={"framework": "megatron"}))
+    st = step_time(build_plan(cfg), Overlap())
+    res, spec = st.pipeline, st.pipeline.spec
+    assert spec.blocking_p2p
+    ref = simulate(spec)
+    assert (res.step_s, res.busy_s) == (ref.step_s, ref.busy_s)
+    assert sorted(map(_key_of_event, res.events)) == sorted(map(_key_of_event, ref.events))
+    assert [_key_of_event(e) for e in res.critical_path] == [_key_of_event(e) for e in ref.critical_path]
+    assert (res.hold > spec.p2p_s * (1 + 1e-9)).any()
 
 
 def test_blocking_sends_by_hand():
