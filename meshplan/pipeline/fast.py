@@ -121,8 +121,10 @@ def flat_units(schedule: str, p: int, m: int, v: int) -> Flat:
 class ArrayResult(BubbleStats):
     """:class:`~meshplan.pipeline.simulate.PipelineResult`'s interface on arrays (flat,
     stage-major): ``start``, ``end``, ``wait`` (start - stream free), ``via_p2p``, ``pred``
-    (flat index of the critical predecessor, -1 none); ``events`` and ``critical_path``
-    are built on demand."""
+    (flat index of the critical predecessor, -1 none); ``hold`` (seconds, the blocking call after
+    each unit holds its stream: 0 with asynchronous sends); ``xfer`` (blocking only: when the
+    transfer feeding each unit starts, both calls posted; NaN for a unit with no cross-stage
+    input); ``events`` and ``critical_path`` are built on demand."""
 
     spec: PipelineSpec
     flat: Flat
