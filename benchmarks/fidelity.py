@@ -117,7 +117,8 @@ def sources(gpu: str) -> list[str]:
             f"at Triad",
             "collectives: the plan's collective table (comm model of nodes.toml / networks.toml, not this benchmark's)",
             "Megatron-LM 2022 (framework = megatron; NVIDIA/Megatron-LM 2755bcb): blocking pp sends "
-            "(p2p_communication._communicate: batch_isend_irecv, wait, cuda.synchronize; interleaved steady-state "
+            "(p2p_communication._communicate: batch_isend_irecv, wait, cuda.synchronize: both stages of a transfer "
+            "rendezvous, each call ends at max(own post, peers' posts) + p2p; interleaved steady-state "
             "forward output sent with the next backward's, schedules.py), scatter/gather without SP; fused QKV "
             "GEMM (transformer.py query_key_value); wgrad accumulated into fp32 main_grad "
             "(layers.py wgrad_gemm_accum_fp32: C read + written in fp32, roofline at Triad)"]

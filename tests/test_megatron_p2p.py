@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 
 from meshplan.config import load_config
+from meshplan.pipeline.fast import simulate_arrays
+from meshplan.pipeline.simulate import PipelineSpec, simulate
 from meshplan.plan import build_plan
 from meshplan.schedule.steptime import step_time
 
@@ -67,9 +69,64 @@ def test_step_p2p_is_the_send_plus_the_gather_and_blocks():
     # = 162 steady-state F+B pairs, one call each (the F's output leaves with the B's); cool-down
     # B units k = 162..191 of chunk 2 - (k mod 24) // 8: k 162-167 chunk 0 (no send), then one
     # round of 8 chunk-2, 8 chunk-1 (send) and 8 chunk-0: 16 calls. 30 + 162 + 16 = 208, the
-    # last unit (chunk 0) not among them.
+    # last unit (chunk 0) not among them. Every B of stage 0 receives (from stage 1: virtual
+    # stages 1, 9, 17), so each cool-down call also receives the next B's gradient: the 29 after
+    # B 162..190, 16 of them already sending: 13 receive-only calls. 208 + 13 = 221.
     assert st.critical_stage == 0 and st.pipeline.hold[sl][-1] == 0
-    assert held == pytest.approx(spec.p2p_s * 208, rel=1e-9)
+    calls = st.pipeline.hold[sl][:-1] > 0
+    assert int(calls.sum()) == 221 and held >= spec.p2p_s * 221 * (1 - 1e-12)
+    assert st.pipeline.hold[sl][:-1][calls].min() == pytest.approx(spec.p2p_s, rel=1e-12)  # a call lasts p2p at least
     assert st.exposed_s["pp"] >= held
     torch_ = step_time(plan_of(False, "torch")).pipeline.spec
     assert not torch_.blocking_p2p
+
+
+STAGE_S = {0: (1.0, 2.0), 1: (2.0, 3.0), 2: (1.0, 1.0)}   # (F, B) seconds per stage
+
+
+def _rendezvous_spec(blocking: bool) -> PipelineSpec:
+    return PipelineSpec("1f1b", 3, 4, p2p_s=0.5, blocking_p2p=blocking,
+                        duration=lambda s, u: STAGE_S[s][0] if u.kind == "F" else STAGE_S[s][1])
+
+
+def test_rendezvous_by_hand():
+    """1F1B, p 3, m 4, F/B 1/2 s, 2/3 s, 1/1 s on stages 0, 1, 2, p2p 0.5 s, Megatron-LM 2022's
+    calls (megatron/schedules.py forward_backward_pipelining_without_interleaving;
+    megatron/p2p_communication.py _communicate). Orders: stage 0 F0 F1 F2 B0 F3 B1 B2 B3, stage 1
+    F0 F1 B0 F2 B1 F3 B2 B3, stage 2 F0 B0 F1 B1 F2 B2 F3 B3. A call after a unit sends its
+    output and receives the next unit's input; it ends at max(own post, peers' posts) + 0.5.
+    s0 F0 0-1, call (peer s1's first recv, posted 0) 1.5; F1 1.5-2.5, its send meets s1's call
+    after F0. s1: recv F0 max(0, 1) + .5 = 1.5, F0 1.5-3.5, call (send F0 to s2 posted 0, recv
+    F1 posted 2.5) 4.0, F1 4-6. s0: max(2.5, 3.5) + .5 = 4, F2 4-5. s2: F0 at 3.5 + .5 = 4, 4-5,
+    B0 5-6 (local), call with s1's after F1 (6) 6.5, F1 6.5-7.5, B1 7.5-8.5. s1: max(6, 6) + .5 =
+    6.5, B0 6.5-9.5, call (s0 posted F2 at 5) 10, F2 10-12. s0: B0 10-12 (peer 9.5), F3 12-13.
+    s2: call after B1 meets s1's after F2: max(8.5, 12) + .5 = 12.5, F2 12.5-13.5, B2 13.5-14.5.
+    s1: max(12, 8.5) + .5 = 12.5, B1 12.5-15.5, call (s0 after F3: 13) 16, F3 16-18, call (s2
+    after B2: 14.5) 18.5, B2 18.5-21.5. s0: call after F3 meets s1 after B1: max(13, 15.5) + .5
+    = 16, B1 16-18, call to receive B2 max(18, 21.5) + .5 = 22, B2 22-24. s2: max(14.5, 18) + .5
+    = 18.5, F3 18.5-19.5, B3 19.5-20.5, send B3 max(20.5, 21.5) + .5 = 22. s1: call after B2
+    (peers s0 posted 18, s2 posted 20.5) max(21.5, 18, 20.5) + .5 = 22, B3 22-25, send max(25,
+    24) + .5 = 25.5. s0: B3 25.5-27.5: step 27.5. Asynchronous sends (torch): 25.0."""
+    starts = [[0.0, 1.5, 4.0, 10.0, 12.0, 16.0, 22.0, 25.5],
+              [1.5, 4.0, 6.5, 10.0, 12.5, 16.0, 18.5, 22.0],
+              [4.0, 5.0, 6.5, 7.5, 12.5, 13.5, 18.5, 19.5]]
+    spec = _rendezvous_spec(True)
+    arr, ref = simulate_arrays(spec), simulate(spec)
+    assert arr.start.tolist() == sum(starts, [])
+    for s in range(3):
+        assert [e.start_s for e in ref.events if e.stage == s and e.stream == "compute"] == starts[s]
+    assert arr.step_s == ref.step_s == 27.5
+    assert arr.hold[:8].tolist() == [0.5, 1.5, 5.0, 0.0, 3.0, 4.0, 1.5, 0.0]   # stage 0 waits in its calls
+    assert simulate_arrays(_rendezvous_spec(False)).step_s == simulate(_rendezvous_spec(False)).step_s == 25.0
+    # the critical path crosses stages where a peer's late post bound a call: s0's B3 waited for s1's B3
+    assert [(e.stage, e.name) for e in ref.critical_path][-2:] == [(1, "B3"), (0, "B3")]
+
+
+def test_only_megatron_schedules_block():
+    """framework megatron blocks 1F1B and interleaved 1F1B (the schedules Megatron-LM 2022 had);
+    ZB-V keeps asynchronous sends (one combined blocking call per unit would deadlock it)."""
+    from meshplan.schedule.steptime import blocking_p2p
+    from meshplan.spec.mesh import Schedule
+    tr = plan_of(False).config.training
+    assert [blocking_p2p(tr, s) for s in (Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED_1F1B, Schedule.ZBV)] == \
+        [True, True, False]

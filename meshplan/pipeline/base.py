@@ -42,6 +42,11 @@ class PipelineSchedule:
     - ``chunked``: the schedule whose order a stage with ``v > 1`` chunks runs when this
       one holds a single chunk (None: this order, which ignores v).
     - ``chunks``: the chunks per rank the schedule needs (2 for the V-shaped ones; None: any).
+    - ``megatron_p2p``: Megatron-LM 2022 ran it with its blocking p2p calls (1F1B and
+      interleaved 1F1B, ``megatron/schedules.py``), so ``training.framework = "megatron"``
+      simulates them (``PipelineSpec.blocking_p2p``); the others (no such schedule in
+      Megatron-LM 2022; the V-shaped ones deadlock under one combined call per unit) send
+      asynchronously.
     """
 
     name: Schedule
@@ -52,6 +57,7 @@ class PipelineSchedule:
     virtual_stages: bool = False
     chunked: Schedule | None = None
     chunks: int | None = None
+    megatron_p2p: bool = False
 
     def order(self, p: int, m: int, v: int, s: int) -> list[Unit]:
         """The units of stage ``s`` in execution order."""
@@ -107,6 +113,20 @@ class PipelineSchedule:
         [0, 0, 0]
         """
         return np.zeros(length, dtype=np.int64)
+
+    def recv_lead(self, p: int, m: int, v: int, s: int, length: int) -> np.ndarray:
+        """For each of the ``length`` units of stage ``s``'s order: how many units earlier the
+        blocking p2p call that posts the receive of its input is issued (Megatron-LM 2022,
+        ``PipelineSpec.blocking_p2p``): 1 here, the call right before it (position -1: at the
+        step's start). Megatron-LM 2022's non-interleaved 1F1B posts each forward's receive in
+        ``recv_forward``/``send_backward_recv_forward`` and each backward's in
+        ``send_forward_recv_backward``/``recv_backward``, the call before the unit
+        (``megatron/schedules.py``).
+
+        >>> PipelineSchedule().recv_lead(4, 8, 1, 0, 3).tolist()
+        [1, 1, 1]
+        """
+        return np.ones(length, dtype=np.int64)
 
     def warmup(self, p, m, v, s):
         """Forward units stage ``s`` runs before its first backward (1F1B's

@@ -121,8 +121,10 @@ def flat_units(schedule: str, p: int, m: int, v: int) -> Flat:
 class ArrayResult(BubbleStats):
     """:class:`~meshplan.pipeline.simulate.PipelineResult`'s interface on arrays (flat,
     stage-major): ``start``, ``end``, ``wait`` (start - stream free), ``via_p2p``, ``pred``
-    (flat index of the critical predecessor, -1 none); ``events`` and ``critical_path``
-    are built on demand."""
+    (flat index of the critical predecessor, -1 none); ``hold`` (seconds, the blocking call after
+    each unit holds its stream: 0 with asynchronous sends); ``xfer`` (blocking only: when the
+    transfer feeding each unit starts, both calls posted; NaN for a unit with no cross-stage
+    input); ``events`` and ``critical_path`` are built on demand."""
 
     spec: PipelineSpec
     flat: Flat
@@ -134,6 +136,7 @@ class ArrayResult(BubbleStats):
     step_s: float
     busy_s: tuple[float, ...]
     hold: Optional[np.ndarray] = None
+    xfer: Optional[np.ndarray] = None
 
     def stage_slice(self, s: int) -> slice:
         return slice(s * self.flat.length, (s + 1) * self.flat.length)
@@ -146,6 +149,12 @@ class ArrayResult(BubbleStats):
                      {"kind": kind, "mb": mb, "chunk": chunk, "via": "p2p" if self.via_p2p[i] else "stream",
                       "wait_s": float(self.wait[i])})
 
+    def _send(self, i: int, d: Event) -> Event:
+        """The "pp" event of the transfer of producer ``d``'s output to unit ``i``: from the
+        producer's end (asynchronous) or from the rendezvous of both calls (blocking)."""
+        t0 = d.end_s if self.xfer is None else float(self.xfer[i])
+        return Event(d.stage, "pp", f"send {d.name}", t0, t0 + self.spec.p2p_s)
+
     @cached_property
     def events(self) -> tuple[Event, ...]:
         """Every unit (and each p2p send before the unit that waits on it), stage by stage;
@@ -156,8 +165,7 @@ class ArrayResult(BubbleStats):
         for i, ev in enumerate(units):
             ev.args["pred"] = units[self.pred[i]] if self.pred[i] >= 0 else None
             if f.cross[i] and self.spec.p2p_s > 0:
-                d = units[f.dep[i]]
-                out.append(Event(d.stage, "pp", f"send {d.name}", d.end_s, d.end_s + self.spec.p2p_s))
+                out.append(self._send(i, units[f.dep[i]]))
             out.append(ev)
         return tuple(out)
 
@@ -178,8 +186,7 @@ class ArrayResult(BubbleStats):
                 ev.args["pred"] = None
                 out.append(ev)
             else:
-                d = self._event(int(f.dep[i]))
-                out.append(Event(s, "pp", f"send {d.name}", d.end_s, d.end_s + self.spec.p2p_s))
+                out.append(self._send(i, self._event(int(f.dep[i]))))
         return out
 
     @cached_property
@@ -203,6 +210,8 @@ def simulate_arrays(spec: PipelineSpec, durations: Optional[Callable[[Flat], np.
     seconds of every flat unit (default: the spec's own
     :meth:`~meshplan.pipeline.simulate.PipelineSpec.unit_s`, :func:`spec_durations`). Start,
     end, wait, critical path and busy time equal the reference's (module docstring).
+    ``blocking_p2p``: Megatron-LM 2022's rendezvous calls (:func:`rendezvous`); ``hold`` is then
+    the seconds each unit's call holds its stream after it (``free - end``).
 
     >>> r = simulate_arrays(PipelineSpec("1f1b", p=4, m=8))
     >>> r.step_s, round(r.bubble, 4), [e.name for e in r.critical_path][:5]
@@ -211,77 +220,145 @@ def simulate_arrays(spec: PipelineSpec, durations: Optional[Callable[[Flat], np.
     p, f = spec.p, flat_units(spec.schedule, spec.p, spec.m, spec.v)
     n, length = p * f.length, f.length
     dur = np.asarray(durations(f) if durations is not None else spec_durations(spec, f), dtype=float)
-    f, hold = blocking_sends(spec, f) if spec.blocking_p2p else (f, np.zeros(n))
-    add = np.where(f.cross, spec.p2p_s, 0.0)
-    start, end = _rounds(f, dur, add, hold)
-    free = end + hold  # the stream is free after the unit and the blocking call it issues
-    prev = np.where(np.arange(n) % length > 0, np.concatenate([[0.0], free[:-1]]), 0.0)  # stream free at start
-    ready = np.where(f.dep < n, np.concatenate([end, [0.0]])[f.dep] + add, 0.0)
-    via = (f.dep < n) & (ready > prev)
+    pairs = rendezvous(spec, f) if spec.blocking_p2p else None
+    add = np.where(f.cross, spec.p2p_s, 0.0) if pairs is None else np.zeros(n)
+    dep = f.dep if pairs is None else np.where(f.cross, n, f.dep)  # blocking: the input comes in a call
+    start, end, free, lead_free, bind = _rounds(replace(f, dep=dep), dur, add, pairs, spec.p2p_s)
     pos = np.arange(n) % length
-    pred = np.where(via, f.dep, np.where(pos > 0, np.arange(n) - 1, -1))
+    prev = np.concatenate([[0.0], free[:-1]])  # stream free at start: after the previous unit's call
+    if length:
+        prev[::length] = lead_free  # (a stage's first unit: after the call before it)
+    if pairs is None:
+        ready = np.where(f.dep < n, np.concatenate([end, [0.0]])[f.dep] + add, 0.0)
+        via = (f.dep < n) & (ready > prev)
+        pred = np.where(via, f.dep, np.where(pos > 0, np.arange(n) - 1, -1))
+        xfer = None
+    else:
+        via = bind >= 0
+        pred = np.where(via, bind, np.where(pos > 0, np.arange(n) - 1, -1))
+        send, recv, cons = pairs
+        at = lambda packed: np.concatenate([[0.0], end])[np.where(packed % (length + 1) > 0,  # noqa: E731
+                                                                  (packed // (length + 1)) * length + packed % (length + 1), 0)]
+        xfer = np.full(n, np.nan)
+        xfer[cons] = np.maximum(at(send), at(recv))
     busy = tuple(sum((end[s * length:(s + 1) * length] - start[s * length:(s + 1) * length]).tolist())
                  for s in range(p))
-    last = free[length - 1::length]
-    return ArrayResult(spec, f, start, end, start - prev, via, pred, float(last.max()), busy, hold)
+    last = free[length - 1::length] if length else lead_free
+    return ArrayResult(spec, f, start, end, start - prev, via, pred, float(last.max()), busy, free - end, xfer)
 
 
-def blocking_sends(spec: PipelineSpec, f: Flat) -> tuple[Flat, np.ndarray]:
-    """Megatron-LM 2022's blocking p2p (:mod:`meshplan.pipeline.simulate` docstring) on the
-    flat units: (``f`` with every cross-stage dependency moved to the unit that issues the
-    send, :meth:`~.base.PipelineSchedule.send_delay` positions after the producer on its
-    stage; the seconds each unit holds its stream after it: ``p2p_s`` where it issues a call
-    with a cross-stage send, else 0).
+def rendezvous(spec: PipelineSpec, f: Flat) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Megatron-LM 2022's rendezvous p2p (:mod:`meshplan.pipeline.simulate` docstring,
+    :func:`~meshplan.pipeline.simulate.calls`) on the flat units: per cross-stage input (one
+    entry per unit with ``f.cross``, in flat order) the call that sends it and the call that
+    receives it, each as (stage, position) packed ``stage * (L + 1) + position + 1`` (position
+    -1: before the first unit), and the flat indices of those consumers.
 
-    >>> f = flat_units("interleaved_1f1b", 2, 2, 2)
-    >>> g, hold = blocking_sends(PipelineSpec("interleaved_1f1b", p=2, m=2, v=2, p2p_s=0.5), f)
-    >>> hold[8:].tolist()  # stage 1: F0.c0 F1.c0 F0.c1 B0.c1 F1.c1 B1.c1 B0.c0 B1.c0
-    [0.5, 0.5, 0.0, 0.5, 0.0, 0.5, 0.5, 0.5]
+    >>> f = flat_units("1f1b", 2, 2, 1)  # stage 0: F0 F1 B0 B1; stage 1: F0 B0 F1 B1
+    >>> send, recv, cons = rendezvous(PipelineSpec("1f1b", p=2, m=2, blocking_p2p=True), f)
+    >>> cons.tolist()  # stage 0's B0, B1; stage 1's F0, F1
+    [2, 3, 4, 6]
+    >>> [(int(x) // 5, int(x) % 5 - 1) for x in send], [(int(x) // 5, int(x) % 5 - 1) for x in recv]
+    ([(1, 1), (1, 3), (0, 0), (0, 1)], [(0, 1), (0, 2), (1, -1), (1, 1)])
     """
-    n, length = len(f.kind), f.length
-    delay = np.concatenate([spec.sched.send_delay(spec.p, spec.m, spec.v, s, length) for s in range(spec.p)])
-    issuer = np.arange(n) + delay
-    sends = np.zeros(n, dtype=bool)
-    sends[f.dep[f.cross]] = True
-    hold = np.zeros(n)
-    hold[issuer[sends]] = spec.p2p_s
-    dep = np.where(f.cross, issuer[np.minimum(f.dep, n - 1)], f.dep)
-    return replace(f, dep=dep), hold
+    n, length, p = len(f.kind), f.length, spec.p
+    delay = np.concatenate([spec.sched.send_delay(p, spec.m, spec.v, s, length) for s in range(p)])
+    lead = np.concatenate([spec.sched.recv_lead(p, spec.m, spec.v, s, length) for s in range(p)])
+    cons = np.flatnonzero(f.cross)
+    prod = f.dep[cons]
+
+    def pack(flat: np.ndarray) -> np.ndarray:
+        return (flat // length) * (length + 1) + flat % length + 1
+
+    return pack(prod + delay[prod]), (cons // length) * (length + 1) + cons % length - lead[cons] + 1, cons
 
 
-def _rounds(f: Flat, dur: np.ndarray, add: np.ndarray, hold: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _peer_table(pairs, p: int, length: int, width: int, pad: int) -> np.ndarray:
+    """Per slot of :func:`_rounds`, the slots of the peers of the call issued after it
+    (columns sorted by slot, at least one; ``pad`` pads)."""
+    send, recv, _ = pairs
+    to_slot = lambda packed: (packed // (length + 1)) * width + packed % (length + 1)  # noqa: E731
+    a = np.concatenate([to_slot(send), to_slot(recv)])
+    b = np.concatenate([to_slot(recv), to_slot(send)])
+    order = np.lexsort((b, a))
+    a, b = a[order], b[order]
+    col = np.arange(len(a)) - np.searchsorted(a, a, side="left")
+    table = np.full((pad + 1, int(col.max()) + 1 if len(a) else 1), pad, dtype=np.int64)
+    table[a, col] = b
+    return table
+
+
+def _call_end(e: np.ndarray, peers: np.ndarray, end: np.ndarray, pad: int, p2p_s: float):
+    """(end of each call posted at ``e`` with peer slots ``peers`` (rows), binding peer slot or
+    -1): ``max(e, peer posts) + p2p_s``, ``e`` for an empty call."""
+    if peers.shape[1] == 0:
+        return e, np.full(len(e), -1)
+    val = peers != pad
+    posts = np.where(val, end[peers], -np.inf)
+    top = posts.max(axis=1)
+    k = np.argmax(posts, axis=1)
+    bind = np.where(top > e, peers[np.arange(len(e)), k], -1)
+    return np.where(val.any(axis=1), np.maximum(e, top) + p2p_s, e), bind
+
+
+def _rounds(f: Flat, dur: np.ndarray, add: np.ndarray, pairs, p2p_s: float):
     """Start and end of every flat unit by list scheduling in rounds: each round, every
-    stage whose next unit's dependency is done runs it (``ready = dep end + add``, ``start =
-    max(previous end + its hold on the stage, ready)``, ``end = start + dur``); a unit not yet ready
-    gets provisional times nobody reads (its successors wait for ``done``) and is computed
-    again. Slots: each stage's units between a leading slot (end 0, done) and a trailing one
-    that never runs."""
+    stage whose next unit's dependency is done and whose previous call's peers have all posted
+    runs it (``ready = dep end + add``, ``start = max(end of the call after the previous unit,
+    ready)``, ``end = start + dur``); a unit not yet ready gets provisional times nobody reads
+    (its successors wait for ``done``) and is computed again. Slots: each stage's units between a
+    leading slot (end 0, done: the step's start, where the receives of the first unit are
+    posted) and a trailing one that never runs. Returns (start, end, stream free after each
+    unit's call, free after each stage's leading call, flat index of the peer that bound the
+    call before each unit or -1)."""
     p, length = f.p, f.length
     n, width = p * length, length + 2
     slot = (np.arange(n) // length) * width + np.arange(n) % length + 1
-    never = p * width
-    dep = np.full(never + 1, never, dtype=np.int64)
+    never, pad = p * width, p * width + 1  # a slot that never runs; the padding peer of a call
+    dep = np.full(pad + 1, never, dtype=np.int64)
     dep[slot] = np.where(f.dep < n, slot[np.minimum(f.dep, n - 1)], np.arange(p).repeat(length) * width)
-    done = np.zeros(never + 1, dtype=bool)
+    done = np.zeros(pad + 1, dtype=bool)
     done[np.arange(p) * width] = True
-    end, start = np.zeros(never + 1), np.zeros(never + 1)
-    d_add, d_dur = np.zeros(never + 1), np.zeros(never + 1)
+    end, start = np.zeros(pad + 1), np.zeros(pad + 1)
+    d_add, d_dur = np.zeros(pad + 1), np.zeros(pad + 1)
     d_add[slot], d_dur[slot] = add, dur
-    d_hold = np.zeros(never + 1)
-    d_hold[slot] = hold
     cur = np.arange(p) * width + 1
     left = n
-    while left:  # every stage computes its next unit; only those whose dependency is done keep it
-        dc = dep[cur]
-        ok = done[dc]
-        st = np.maximum(end[cur - 1] + d_hold[cur - 1], end[dc] + d_add[cur])
+    if pairs is None:  # asynchronous sends: the stream is free when the previous unit ends
+        while left:  # every stage computes its next unit; only those whose dependency is done keep it
+            dc = dep[cur]
+            ok = done[dc]
+            st = np.maximum(end[cur - 1], end[dc] + d_add[cur])
+            end[cur], start[cur], done[cur] = st + d_dur[cur], st, ok
+            k = int(np.count_nonzero(ok))
+            if not k:
+                raise RuntimeError(f"schedule deadlocks at slots {cur.tolist()}")
+            cur += ok
+            left -= k
+        return start[slot], end[slot], end[slot], np.zeros(p), np.full(n, -1)
+    peers = _peer_table(pairs, p, length, width, pad)
+    end[pad], done[pad] = -np.inf, True  # the padding peer: posted, never the latest
+    has = (peers != pad).any(axis=1)
+    free = np.zeros(pad + 1)
+    while left:  # as above, and the previous call's peers must all have posted
+        dc, pc, prev = dep[cur], peers[cur - 1], cur - 1
+        ok = done[dc] & done[pc].all(axis=1)
+        e = end[prev]
+        free[prev] = np.where(has[prev], np.maximum(e, end[pc].max(axis=1)) + p2p_s, e)
+        st = np.maximum(free[prev], end[dc] + d_add[cur])
         end[cur], start[cur], done[cur] = st + d_dur[cur], st, ok
         k = int(np.count_nonzero(ok))
         if not k:
             raise RuntimeError(f"schedule deadlocks at slots {cur.tolist()}")
         cur += ok
         left -= k
-    return start[slot], end[slot]
+    last = cur - 1  # each stage's last slot (its leading one when it has no unit)
+    free[last] = _call_end(end[last], peers[last], end, pad, p2p_s)[0]
+    bind = np.full(pad + 1, -1)
+    bind[slot] = _call_end(end[slot - 1], peers[slot - 1], end, pad, p2p_s)[1]
+    flat_of = np.full(pad + 1, -1)
+    flat_of[slot] = np.arange(n)
+    return start[slot], end[slot], free[slot], free[np.arange(p) * width], flat_of[bind[slot]]
 
 
 def spec_durations(spec: PipelineSpec, f: Flat) -> np.ndarray:

@@ -27,6 +27,7 @@ class Interleaved1F1B(PipelineSchedule):
     title = "interleaved 1F1B"
     torch_class = "ScheduleInterleaved1F1B"
     virtual_stages = True
+    megatron_p2p = True
 
     def warmup(self, p, m, v, s):
         """``min(m v, 2 (p - s - 1) + (v - 1) p)`` chunk forwards (Megatron-Core)."""
@@ -59,6 +60,22 @@ class Interleaved1F1B(PipelineSchedule):
         warm, total = int(self.warmup(p, m, v, s)), m * v
         out = np.zeros(length, dtype=np.int64)
         out[warm:warm + 2 * (total - warm):2] = 1
+        return out
+
+    def recv_lead(self, p: int, m: int, v: int, s: int, length: int) -> np.ndarray:
+        """Megatron-LM 2022 (``forward_backward_pipelining_with_interleaving``, commit 2755bcb,
+        ``megatron/schedules.py``): the last warm-up call and every steady-state
+        ``send_forward_backward_recv_forward_backward`` (issued after the pair's backward) also
+        receive the output gradient of the next backward, which runs after the next forward: a
+        steady-state backward's receive is posted two units before it; every other receive in
+        the call right before its unit.
+
+        >>> INTERLEAVED.recv_lead(2, 2, 2, 1, 8).tolist()  # F0.c0 F1.c0 F0.c1 B0.c1 F1.c1 B1.c1 B0.c0 B1.c0
+        [1, 1, 1, 2, 1, 2, 1, 1]
+        """
+        warm, total = int(self.warmup(p, m, v, s)), m * v
+        out = np.ones(length, dtype=np.int64)
+        out[warm + 1:warm + 2 * (total - warm):2] = 2
         return out
 
     def chunk_forwards(self, p, v, n, chunk: int = 0):

@@ -29,6 +29,7 @@ class OneFOneB(PipelineSchedule):
     title = "1F1B"
     torch_class = "Schedule1F1B"
     chunked = Schedule.INTERLEAVED_1F1B
+    megatron_p2p = True
 
     def order(self, p: int, m: int, v: int, s: int) -> list[Unit]:
         """1F1B on stage ``s`` (one chunk; v is ignored)."""

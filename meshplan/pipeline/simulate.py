@@ -24,14 +24,23 @@ own F); W needs its B. Each stage runs its order on one compute stream; a unit s
 the stream is free and its dependency is done (list scheduling with fixed orders: exact
 earliest times).
 
-Sends are asynchronous unless ``blocking_p2p`` (Megatron-LM 2022, ``megatron/p2p_communication.py``
-``_communicate``: ``batch_isend_irecv``, ``wait`` on every request, then ``torch.cuda.synchronize``):
-a unit whose output goes to another stage is sent by a blocking call issued
-:meth:`~.base.PipelineSchedule.send_delay` units after it (interleaved: a steady-state
-forward's output leaves with the next backward's); the call holds the issuing stage's stream for
-``p2p_s`` (one call per issuing unit: its sends go to different peers at once), and the receiver's
-unit is ready when the call ends. Not modelled: the call also waits for the peer to post its
-receive (a late receiver holds the sender longer).
+Sends are asynchronous unless ``blocking_p2p``: Megatron-LM 2022 (commit 2755bcb,
+``megatron/p2p_communication.py`` ``_communicate``: the call's isend/irecv ops go to
+``torch.distributed.batch_isend_irecv``, calls ``wait`` on every request, then
+``torch.cuda.synchronize``; ``megatron/schedules.py`` issues one such call between units), where
+the two stages of every transfer rendezvous. After each unit a stage issues one combined call
+(:func:`calls`) holding the sends of the outputs it issues there (a unit's output leaves
+:meth:`~.base.PipelineSchedule.send_delay` units after it; interleaved: a steady-state forward's
+with the next backward's) and the receives it posts there (a unit's input is received
+:meth:`~.base.PipelineSchedule.recv_lead` units before it: the call right before it, interleaved
+steady-state backwards two); a stage's receives before its first unit are posted at 0. A
+transfer starts when both its calls are posted (each at the end of its issuing unit) and takes
+``p2p_s``; a call ends when all its transfers do, and the next unit starts then: ``free = max(end,
+max over the call's peers of their post time) + p2p_s`` (``end`` alone for an empty call). A send
+therefore holds its stage until the receiver reaches its receive, and a late receiver also pays
+the transfer. Simplification: Megatron's warm-up ``send_forward`` then ``recv_forward`` (and the
+cool-down's ``recv_backward`` then ``send_backward``) are two calls one after the other; here they
+are one call posted at once.
 
 Bubble (named): for the busiest stage, ``idle = step - busy``; ``bubble`` = idle / ideal
 (ideal = busy), ``bubble_of_total`` = idle / step. Handed case C11, p 4, m 8:
@@ -181,24 +190,44 @@ def _dep(sched: PipelineSchedule, u: Unit, s: int, p: int, v: int) -> Optional[t
     return ("B", u.mb, j + 1) if j < p * v - 1 else ("F", u.mb, j)
 
 
-def _sends(sched: PipelineSchedule, u: Unit, s: int, p: int, v: int) -> bool:
-    """Whether ``u``'s output goes to another stage (F to virtual stage j+1, B to j-1)."""
-    j = sched.virtual_stage(u.chunk, s, p, v)
-    to = j + 1 if u.kind == "F" else (j - 1 if u.kind == "B" else -1)
-    return 0 <= to < p * v and sched.stage_of(to, p, v) != s
+def calls(spec: PipelineSpec, orders: list[list[Unit]]) -> tuple[dict, dict]:
+    """Megatron-LM 2022's combined p2p calls (module docstring) of ``orders``: (``peers``:
+    (stage, position) of a call, position -1 before the first unit -> the sorted (stage,
+    position) of the peer call of each of its transfers; ``xfer``: (consumer stage, position) ->
+    ((producer stage, producer position), send call, receive call)).
+
+    >>> o = [stage_order("1f1b", 2, 2, 1, s) for s in range(2)]  # stage 0: F0 F1 B0 B1; 1: F0 B0 F1 B1
+    >>> peers, _ = calls(PipelineSpec("1f1b", 2, 2, blocking_p2p=True), o)
+    >>> sorted(peers.items())[:3]
+    [((0, 0), [(1, -1)]), ((0, 1), [(1, 1), (1, 1)]), ((0, 2), [(1, 3)])]
+    """
+    p, m, v, sched = spec.p, spec.m, spec.v, spec.sched
+    where = {(u.kind, u.mb, sched.virtual_stage(u.chunk, s, p, v)): (s, i) for s, o in enumerate(orders)
+             for i, u in enumerate(o)}
+    delay = [sched.send_delay(p, m, v, s, len(o)) for s, o in enumerate(orders)]
+    lead = [sched.recv_lead(p, m, v, s, len(o)) for s, o in enumerate(orders)]
+    peers: dict = {}
+    xfer: dict = {}
+    for s, order in enumerate(orders):
+        for i, u in enumerate(order):
+            key = _dep(sched, u, s, p, v)
+            if key is None or sched.stage_of(key[2], p, v) == s:
+                continue
+            a, ia = where[key]
+            send, recv = (a, ia + int(delay[a][ia])), (s, i - int(lead[s][i]))
+            peers.setdefault(send, []).append(recv)
+            peers.setdefault(recv, []).append(send)
+            xfer[(s, i)] = ((a, ia), send, recv)
+    return {k: sorted(x) for k, x in peers.items()}, xfer
 
 
 def simulate(spec: PipelineSpec) -> PipelineResult:
     """Run every stage's order (:func:`stage_order`) to completion; see the module docstring."""
     p, v, sched = spec.p, spec.v, spec.sched
     orders = [sched.order(p, spec.m, v, s) for s in range(p)]
-    issue: list[dict[int, list[tuple]]] = [{} for _ in range(p)]  # position -> keys whose send it issues
-    for s, order in enumerate(orders):
-        delay = sched.send_delay(p, spec.m, v, s, len(order)) if spec.blocking_p2p else [0] * len(order)
-        for i, u in enumerate(order):
-            issue[s].setdefault(i + int(delay[i]), []).append((u, _sends(sched, u, s, p, v)))
+    if spec.blocking_p2p:
+        return _simulate_rendezvous(spec, orders)
     done: dict[tuple[str, int, int], Event] = {}
-    sent: dict[tuple[str, int, int], Event] = {}  # key -> the unit after which its send was issued
     events: list[Event] = []
     ptr, free = [0] * p, [0.0] * p
     last: list[Optional[Event]] = [None] * p
@@ -210,9 +239,9 @@ def simulate(spec: PipelineSpec) -> PipelineResult:
                 u = orders[s][ptr[s]]
                 key = _dep(sched, u, s, p, v)
                 cross = key is not None and sched.stage_of(key[2], p, v) != s
-                if key is not None and key not in (sent if cross else done):
+                if key is not None and key not in done:
                     break
-                dep = (sent if cross else done).get(key) if key is not None else None
+                dep = done.get(key) if key is not None else None
                 ready = (dep.end_s + (spec.p2p_s if cross else 0.0)) if dep else 0.0
                 start = max(free[s], ready)
                 via = "p2p" if dep is not None and ready > free[s] else "stream"
@@ -224,11 +253,7 @@ def simulate(spec: PipelineSpec) -> PipelineResult:
                             "pred": pred})
                 events.append(ev)
                 done[(u.kind, u.mb, sched.virtual_stage(u.chunk, s, p, v))] = ev
-                calls = issue[s].get(ptr[s], [])
-                for x, _ in calls:
-                    sent[(x.kind, x.mb, sched.virtual_stage(x.chunk, s, p, v))] = ev
-                hold = spec.p2p_s if spec.blocking_p2p and any(c for _, c in calls) else 0.0
-                free[s], last[s] = ev.end_s + hold, ev
+                free[s], last[s] = ev.end_s, ev
                 ptr[s] += 1
                 remaining -= 1
                 progressed = True
@@ -238,6 +263,67 @@ def simulate(spec: PipelineSpec) -> PipelineResult:
     step = max(free)
     busy = tuple(sum(e.dur_s for e in events if e.stage == s and e.stream == "compute") for s in range(p))
     return PipelineResult(spec, tuple(events), step, busy, _critical_path(last, free))
+
+
+def _simulate_rendezvous(spec: PipelineSpec, orders: list[list[Unit]]) -> PipelineResult:
+    """:func:`simulate` with Megatron-LM 2022's blocking calls (module docstring): a unit
+    starts when the call before it ends (its input arrived in that call or an earlier one)."""
+    p, v, sched = spec.p, spec.v, spec.sched
+    peers, xfer = calls(spec, orders)
+    ends: list[list[float]] = [[] for _ in range(p)]
+    evs: list[list[Event]] = [[] for _ in range(p)]
+
+    def posted(stage: int, pos: int) -> bool:
+        return pos < len(ends[stage])
+
+    def post(stage: int, pos: int) -> float:
+        """When ``stage`` issues its call after position ``pos`` (its unit's end; 0 before the first)."""
+        return 0.0 if pos < 0 else ends[stage][pos]
+
+    def call_end(s: int, pos: int) -> Optional[tuple[float, Optional[tuple[int, int]]]]:
+        """(end of the call after position pos, the binding peer (stage, position) or None),
+        or None while a peer has not posted."""
+        mine = peers.get((s, pos), [])
+        if not all(posted(*x) for x in mine):
+            return None
+        e, best, top = post(s, pos), None, 0.0
+        for x in mine:  # sorted: the first latest peer binds
+            t = post(*x)
+            if t > e and (best is None or t > top):
+                best, top = x, t
+        return (max([e] + [post(*x) for x in mine]) + spec.p2p_s if mine else e), best
+
+    events: list[Event] = []
+    remaining = sum(len(o) for o in orders)
+    while remaining:
+        progressed = False
+        for s in range(p):
+            while len(ends[s]) < len(orders[s]):
+                i = len(ends[s])
+                got = call_end(s, i - 1)
+                if got is None:
+                    break
+                free, best = got
+                u = orders[s][i]
+                if (s, i) in xfer and spec.p2p_s > 0:
+                    (a, ia), send, recv = xfer[(s, i)]
+                    x0 = max(post(*send), post(*recv))
+                    events.append(Event(a, "pp", f"send {evs[a][ia].name}", x0, x0 + spec.p2p_s))
+                pred, via = (evs[best[0]][best[1]], "p2p") if best else (evs[s][-1] if i else None, "stream")
+                ev = Event(s, "compute", u.label(v), free, free + spec.unit_s(s, u),
+                           {"kind": u.kind, "mb": u.mb, "chunk": u.chunk, "via": via, "wait_s": 0.0, "pred": pred})
+                events.append(ev)
+                evs[s].append(ev)
+                ends[s].append(ev.end_s)
+                remaining -= 1
+                progressed = True
+        if not progressed:
+            stuck = {s: orders[s][len(ends[s])].label(v) for s in range(p) if len(ends[s]) < len(orders[s])}
+            raise RuntimeError(f"schedule {spec.schedule} deadlocks at {stuck}")
+    stage_ends = [got[0] for s in range(p) if (got := call_end(s, len(orders[s]) - 1)) is not None]
+    busy = tuple(sum(e.dur_s for e in events if e.stage == s and e.stream == "compute") for s in range(p))
+    last = [evs[s][-1] if evs[s] else None for s in range(p)]
+    return PipelineResult(spec, tuple(events), max(stage_ends), busy, _critical_path(last, stage_ends))
 
 
 def _critical_path(last: list, free: list[float]) -> tuple[Event, ...]:

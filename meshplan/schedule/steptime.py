@@ -3,8 +3,9 @@ put through the pipeline simulation (:mod:`meshplan.pipeline.simulate`), then th
 collectives and the optimizer step; critical path, exposed communication per axis, bubble,
 tokens/s, MFU and HFU, and the Chrome/Perfetto trace of the predicted timeline.
 
-Pipeline sends block their stage under Megatron-LM (:func:`blocking_p2p`). Each stage ends at
-its last unit plus that unit's communication tail (or its blocking send), then (in order) the
+Pipeline sends block their stage under Megatron-LM (:func:`blocking_p2p`): each call holds its
+stage until the peer stage posts its side and the transfer ends (``hold``, exposed on "pp"). Each
+stage ends at its last unit plus that unit's communication tail (or its blocking call), then (in order) the
 per-step gradient reduction when it was not overlapped, the optimizer step and the
 ZeRO-1/2 parameter all-gather (``Overlap.param_gather``: hidden behind the next step's
 first forward unit, the remainder exposed). The optimizer step is memory-bound: it reads
@@ -41,6 +42,7 @@ from meshplan.compute.ops import (
 )
 from meshplan.mesh.layers import last_stage
 from meshplan.pipeline.fast import KINDS, ArrayResult, Flat, simulate_arrays
+from meshplan.pipeline.registry import get as get_schedule
 from meshplan.pipeline.simulate import Event, PipelineSpec, write_trace
 from meshplan.plan import Infeasible, Plan
 from meshplan.schedule.rank_timeline import (
@@ -375,12 +377,14 @@ def _optimizer_s(plan, s: int) -> float:
                             st.bytes_of("optimizer"), plan.config.training, optimizer_bandwidth(plan.config.cluster.gpu))
 
 
-def blocking_p2p(training) -> bool:
+def blocking_p2p(training, schedule: Schedule) -> bool:
     """Whether pipeline sends block their stage: Megatron-LM (``training.framework``) of 2022,
     whose ``_communicate`` waits on every ``batch_isend_irecv`` request and then calls
-    ``torch.cuda.synchronize`` (:mod:`meshplan.pipeline.simulate`); torch's
-    ``torch.distributed.pipelining`` schedules post their sends asynchronously."""
-    return training.framework == "megatron"
+    ``torch.cuda.synchronize``, so both stages of a transfer rendezvous
+    (:mod:`meshplan.pipeline.simulate`), in the schedules it had (``megatron_p2p``: 1F1B and
+    interleaved 1F1B); torch's ``torch.distributed.pipelining`` schedules post their sends
+    asynchronously."""
+    return training.framework == "megatron" and get_schedule(schedule).megatron_p2p
 
 
 def _last_hold(res: ArrayResult, s: int) -> float:
@@ -425,7 +429,7 @@ def step_time(plan: Plan, overlap: Overlap = Overlap(), *, dropout: bool = False
     comms = [CommTimes.from_rows(st.collectives, len(st.layers), share) for st in map(plan.stage, range(p))]
     chunks = chunk_costs(plan, w, table)
     base = PipelineSpec(Schedule(schedule or plan.spec.pp_schedule), p, m, v,
-                        p2p_s=max(c.p2p_s + c.p2p_gather_s for c in comms), blocking_p2p=blocking_p2p(cfg.training))
+                        p2p_s=max(c.p2p_s + c.p2p_gather_s for c in comms), blocking_p2p=blocking_p2p(cfg.training, Schedule(schedule or plan.spec.pp_schedule)))
     units = UnitTimes(base, chunks, comms, w, overlap, cfg.training.reshard_after_forward,
                       cfg.training.sharding in ("zero3", "hsdp"), cfg.training.grad_accumulation)
     spec = PipelineSpec(base.schedule, p, m, v, p2p_s=base.p2p_s, blocking_p2p=base.blocking_p2p,
