@@ -149,10 +149,14 @@ def test_no_import_cycles():
         stack.pop()
         state[m] = 2
 
-    sys.setrecursionlimit(max(sys.getrecursionlimit(), 10_000))
-    for m in sorted(edges):
-        if m not in state:
-            dfs(m)
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(limit, 10_000))
+    try:
+        for m in sorted(edges):
+            if m not in state:
+                dfs(m)
+    finally:  # restored: a later test's parser depth (tomllib on nested arrays) depends on it
+        sys.setrecursionlimit(limit)
     assert not cycles, "\n".join(cycles)
 
 
