@@ -35,7 +35,7 @@ CASES = [
     (with_("model.hiddn", 4096), "model.hiddn", "unknown key in [model]; allowed keys: name, layers, hidden"),
     (with_("model.hidden", "wide"), "model.hidden", "Input should be a valid integer"),
     (with_("model.layers", 0), "model.layers", "greater than 0"),
-    (with_("model.catalog", "llama9"), "model.catalog", "unknown model 'llama9'; known: gpt3-175b"),
+    (with_("model.catalog", "llama9"), "model.catalog", "unknown model 'llama9'; known: deepseek-v2, deepseek-v2-lite, deepseek-v3, gpt3-175b"),
     (with_("training.recompute", "partial"), "training.recompute", "Input should be 'none', 'selective', 'full', 'layer' or 'op'"),
     (with_("training.global_batch", None), "training.global_batch", "required key missing in [training]"),
     (with_("training.memory_reserve", 1.5), "training.memory_reserve", "less than 1"),
