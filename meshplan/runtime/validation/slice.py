@@ -221,7 +221,7 @@ def run_slice(configs: list[str], testbed: str, out: Path, opt: Optional[Options
               echo=print) -> tuple[int, list[MeshResult]]:
     """Run every config on testbed ``testbed`` (see the module docstring); returns (exit code, results)."""
 
-    opt = replace(opt or Options(**SLICE_DEFAULTS), testbed=testbed)
+    opt = replace(opt or Options(**SLICE_DEFAULTS), testbed=testbed, curves=False)  # NIC bytes: the steps' (and the probe's) traffic only
     if len(opt.worlds) != 1:
         raise ConfigError("--world", f"a slice runs every mesh at one world size, got {list(opt.worlds)}")
     world = opt.worlds[0]

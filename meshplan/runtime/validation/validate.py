@@ -106,6 +106,7 @@ class Options:
     tolerance: Optional[float] = None  # relative error allowed on step time and peak memory
     testbed: Optional[str] = None  # prefix of a netns testbed to run across (meshplan.runtime.testbed.run)
     probe: bool = True  # time the plan's collectives in the launch, after the steps (meshplan.runtime.validation.probe)
+    curves: bool = True  # with probe: each axis's message curve (staged evidence); off in validate-slice, whose NIC counters are the step's traffic
     nnodes: int = 1  # hosts of a multi-host run (each runs validate with its node_rank; see check_hosts)
     node_rank: int = 0
     rdzv_endpoint: Optional[str] = None  # host:port of node 0 (c10d rendezvous)
@@ -319,8 +320,10 @@ def _run_world(config: Config, world: int, opt: Options, folder: Path, work: Pat
             "--hang-rank", str(opt.hang_rank), "--fault-step", str(opt.fault_step)]
     if opt.probe:
         write_json_atomic(work / "probe_spec.json", probe_spec(plan))
-        write_json_atomic(work / "curve_spec.json", curve_spec(plan))
-        argv += ["--probe-spec", str(work / "probe_spec.json"), "--curve-spec", str(work / "curve_spec.json")]
+        argv += ["--probe-spec", str(work / "probe_spec.json")]
+        if opt.curves:
+            write_json_atomic(work / "curve_spec.json", curve_spec(plan))
+            argv += ["--curve-spec", str(work / "curve_spec.json")]
     here = f" ({world // opt.nnodes} on this host, node {opt.node_rank} of {opt.nnodes})" if opt.rendezvous else ""
     echo(f"  torchrun: {world} ranks{here}, limit {opt.timeout_s:g} s (process-group timeout {pg_timeout:g} s)")
     before = host.state()
