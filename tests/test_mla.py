@@ -262,12 +262,13 @@ def test_megatron_export_round_trips_mla(tmp_path):
     assert differences(cfg, again) == [] and again.model.is_mla and again.model.d_v == 32
 
 
-def test_validate_refuses_mla_by_name():
+def test_validate_runs_mla_and_refuses_it_with_cp_by_name():
     from meshplan.runtime.validation.validate import not_runnable
     cfg = config_from_dict(BASE)
-    plan = build_plan(cfg)
-    why = not_runnable(cfg, plan.mesh)
-    assert why is not None and why.startswith("multi-head latent attention (DeepSeek-V2/V3)")
+    assert not_runnable(cfg, build_plan(cfg).mesh) is None
+    cp = config_from_dict({**BASE, "mesh": {"names": ["dp_shard", "cp"], "shape": [4, 2]}})
+    why = not_runnable(cp, build_plan(cp).mesh)
+    assert why is not None and why.startswith("cp > 1 with multi-head latent attention")
 
 
 def test_plan_of_an_hf_deepseek_config_prints_what_is_not_modelled(tmp_path):

@@ -36,6 +36,10 @@ wo, w_down             Rowwise(out Shard(1))                 Rowwise(out Replica
 output                 Colwise(in Shard(1), out Shard(-1))   Colwise(in Replicate, out Shard(-1))
 ====================== ===================================== =============================
 
+Multi-head latent attention (:mod:`meshplan.runtime.execution.mla`): torchtitan's DeepSeek-V3
+plan, the down projections ``wq_a``, ``wkv_a`` and the latent norms replicated (torchtitan's
+``NoParallel``), ``wq_b`` / ``wq`` and ``wkv_b`` Colwise with DTensor outputs, ``wo`` as above.
+
 The output layer keeps its logits sharded over the vocabulary (loss parallel: compute the
 loss under ``torch.distributed.tensor.parallel.loss_parallel()``) unless
 ``loss_parallel=False``, where it all-gathers them (``out Replicate``).
@@ -63,6 +67,7 @@ from torch.distributed.tensor.parallel import (
 
 from meshplan.errors import ConfigError
 from meshplan.mesh.resolve import DERIVED, Mesh
+from meshplan.runtime.execution.mla import mla_tp_plan
 from meshplan.spec.axes.registry import Axis
 from meshplan.spec.training import TrainingSpec
 
@@ -108,12 +113,16 @@ def check_groups(device_mesh: DeviceMesh, mesh: Mesh) -> list[str]:
     return out
 
 
-def _unsupported(mesh: Mesh, training: TrainingSpec, pipeline: bool = False, moe: bool = False) -> Optional[str]:
+def _unsupported(mesh: Mesh, training: TrainingSpec, pipeline: bool = False, moe: bool = False,
+                 mla: bool = False) -> Optional[str]:
     """Why the runtime cannot build ``mesh``; ``pipeline``: pp > 1 is built elsewhere
     (:mod:`meshplan.runtime.execution.pipelined`, which checks its own limits); ``moe``: the model
-    has MoE layers."""
+    has MoE layers; ``mla``: multi-head latent attention."""
     if mesh.degree("pp") > 1 and not pipeline:
         return "pp > 1: pipeline stages are not built by parallelize(); use torch.distributed.pipelining"
+    if mla and mesh.degree("cp") > 1:
+        return ("cp > 1 with multi-head latent attention: the runtime's all-gather CP stacks K and V of one head "
+                "dim, MLA's differ (qk_nope + qk_rope vs v_head_dim); not built")
     if moe and mesh.degree("cp") > 1:
         return "cp > 1 with MoE layers: context parallelism is built for dense models only"
     if training.fp8_all_gather:
@@ -167,9 +176,8 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, sequence_parallel: bool, los
     for block in model.layers.values():
         plan = {
             "attention": PrepareModuleInput(input_layouts=(act, None), desired_input_layouts=(Replicate(), None)),
-            "attention.wq": ColwiseParallel(),
-            "attention.wk": ColwiseParallel(),
-            "attention.wv": ColwiseParallel(),
+            **(mla_tp_plan(block.attention) if spec.is_mla else
+               {f"attention.{n}": ColwiseParallel() for n in ("wq", "wk", "wv")}),
             "attention.wo": RowwiseParallel(output_layouts=act),
         }
         if hasattr(block, "moe"):  # router replicated, tokens split over tp, shared experts as the MLP
@@ -343,7 +351,7 @@ def parallelize(model: nn.Module, device_mesh: DeviceMesh, mesh: Mesh, training:
     :func:`apply_ddp`. Raises ConfigError for what this function does not build (pp, etp,
     cp with MoE layers, ZeRO-1/2, DDP with tp, cp or MoE layers).
     """
-    why = _unsupported(mesh, training, moe=model.spec.is_moe)
+    why = _unsupported(mesh, training, moe=model.spec.is_moe, mla=model.spec.is_mla)
     if why:
         raise ConfigError("mesh", why)
     run = _Apply(model, device_mesh, mesh, training, loss_parallel, mixed_precision)

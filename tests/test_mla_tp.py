@@ -1,0 +1,184 @@
+"""Multi-head latent attention under tensor parallelism (issue 12 item 7): the collectives of
+torchtitan's DeepSeek-V3 TP plan (``torchtitan/models/deepseek_v3/infra/parallelize.py``:
+``wq_a``, ``wkv_a``, ``q_norm``, ``kv_norm`` NoParallel, ``wq``/``wq_b``/``wkv_b`` Colwise with
+DTensor outputs, ``wo`` Rowwise), checked against what torch 2.13 issues for the runtime model
+(:mod:`meshplan.runtime.execution.mla`) on the fake process group, and the rows derived by hand.
+
+What torch issues: the attention's intermediates stay DTensors, so the gradient reaching a
+replicated down projection or latent norm is Partial over tp and stays so through its backward
+(no latent all-reduce; the attention input's gradient is reduced once at the block boundary, as
+for dense attention); the weight gradients of those four replicated tensors are Partial, and
+FSDP2 all-reduces each over tp in its gradient reduction (without FSDP the optimizer does, 3
+times per AdamW step). So per layer one all-reduce of each replicated MLA weight, its numel in
+compute dtype, with or without sequence parallelism.
+"""
+
+from math import ceil, prod
+
+import pytest
+
+from meshplan import catalog
+from meshplan.comm.collectives import collective_table
+from meshplan.mesh.resolve import resolve_mesh
+from meshplan.placement.assign import place
+from meshplan.schedule.rank_timeline import CommTimes, comm_kind
+from meshplan.spec.mesh import MeshSpec
+from meshplan.spec.model import ModelSpec
+from meshplan.spec.training import TrainingSpec
+
+
+def _table(model, training, names, shape, sp=True):
+    mesh = resolve_mesh(MeshSpec(names=list(names), shape=list(shape), sequence_parallel=sp), world=prod(shape))
+    cluster = catalog.system("dgx-h100", nodes=ceil(mesh.world / 8))
+    return mesh, collective_table(model, training, mesh, cluster, place(cluster, mesh.world),
+                                  list(range(model.layers)), micro_batches=1)
+
+
+def _mla_rows(rows):
+    return {r.cadence: r for r in rows if "MLA" in r.cadence}
+
+
+def test_deepseek_v2_lite_tp2_rows_by_hand():
+    """DeepSeek-V2-Lite (no query compression: only wkv_a and kv_a_norm are replicated), tp 2 +
+    SP x dp_shard 4, micro-batch 1, seq 4096, bf16 compute (FSDP2 gathers bf16):
+    wkv_a: hidden 2048 x (kv_lora_rank 512 + qk_rope_head_dim 64) = 1,179,648 elements
+           x 2 B = 2,359,296 B, one all-reduce per layer: 27 per micro-batch;
+    kv_a_norm: 512 x 2 B = 1,024 B, 27 per micro-batch.
+    Neither depends on micro-batch or sequence (weights, not activations)."""
+    m = catalog.model("deepseek-v2-lite")
+    t = TrainingSpec(global_batch=8, seq_len=4096, micro_batch=1, param_dtype="fp32", compute_dtype="bf16")
+    mesh, rows = _table(m, t, ("dp_shard", "tp"), (4, 2))
+    mla = _mla_rows(rows)
+    assert sorted(mla) == ["every layer (MLA kv_a_norm weight gradient)", "every layer (MLA wkv_a weight gradient)"]
+    wkv_a, norm = mla["every layer (MLA wkv_a weight gradient)"], mla["every layer (MLA kv_a_norm weight gradient)"]
+    assert wkv_a.size_bytes == 2048 * (512 + 64) * 2 == 2_359_296
+    assert norm.size_bytes == 512 * 2 == 1_024
+    for r in (wkv_a, norm):
+        assert (r.axis, r.phase, r.op, r.dtype, r.group_size) == ("tp", "backward", "all-reduce", "bf16", 2)
+        assert r.per_microbatch == r.per_step == 27 and r.example_ranks == (0, 1)
+        assert comm_kind(r) == "tp_async"  # overlapped on the tp stream, after each layer's backward
+    # the same at another sequence length and micro-batch, and without SP
+    t2 = t.model_copy(update={"seq_len": 1024, "micro_batch": 2, "global_batch": 16})
+    _, rows2 = _table(m, t2, ("dp_shard", "tp"), (4, 2), sp=False)
+    assert {c: r.size_bytes for c, r in _mla_rows(rows2).items()} == {c: r.size_bytes for c, r in mla.items()}
+    # tp 1: no such row
+    _, rows1 = _table(m, t, ("dp_shard",), (8,))
+    assert _mla_rows(rows1) == {}
+
+
+def test_deepseek_v2_query_compression_adds_wq_a_and_its_norm():
+    """DeepSeek-V2 (q_lora_rank 1536), tp 8: wq_a 5120 x 1536 x 2 B = 15,728,640 B,
+    q_a_norm 1536 x 2 B = 3,072 B, wkv_a 5120 x 576 x 2 B = 5,898,240 B, kv_a_norm 1,024 B;
+    on a 4-layer slice each appears 4 times per micro-batch."""
+    m = catalog.model("deepseek-v2").model_copy(update={"layers": 4})
+    t = TrainingSpec(global_batch=8, seq_len=4096, param_dtype="fp32", compute_dtype="bf16")
+    _, rows = _table(m, t, ("dp_shard", "tp"), (2, 8))
+    got = {c.split("MLA ")[1].split(" ")[0]: (r.size_bytes, r.per_microbatch) for c, r in _mla_rows(rows).items()}
+    assert got == {"wq_a": (15_728_640, 4), "q_a_norm": (3_072, 4), "wkv_a": (5_898_240, 4), "kv_a_norm": (1_024, 4)}
+
+
+def test_without_fsdp_the_optimizer_reduces_them_three_times():
+    """tp 2 alone (no FSDP2 to reduce them in backward): AdamW reads each Partial gradient
+    3 times, one all-reduce each (the SP norms' convention), 2 layers x 3 = 6 per step."""
+    m = ModelSpec(name="tiny-mla", layers=2, hidden=64, ffn=128, q_heads=4, vocab=256, kv_lora_rank=16,
+                  qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=8)
+    t = TrainingSpec(global_batch=1, seq_len=16, param_dtype="fp32", compute_dtype="fp32")
+    _, rows = _table(m, t, ("tp",), (2,))
+    mla = _mla_rows(rows)
+    assert {(r.phase, r.size_bytes, r.per_microbatch, r.per_step) for r in mla.values()} == {
+        ("step", 64 * 20 * 4, 0, 6), ("step", 16 * 4, 0, 6)}
+
+
+def test_the_rank_timeline_runs_them_on_the_tp_stream():
+    """CommTimes puts each MLA row's seconds per layer into the overlapped tp collectives
+    (async_s: per layer, the sum of the time of every replicated-weight all-reduce), so the
+    step model schedules them after each layer's backward; none is left unsimulated."""
+    m = catalog.model("deepseek-v2-lite")
+    t = TrainingSpec(global_batch=8, seq_len=4096, param_dtype="fp32", compute_dtype="bf16")
+    _, rows = _table(m, t, ("dp_shard", "tp"), (4, 2))
+    comm = CommTimes.from_rows(rows, layers=m.layers)
+    assert comm.other == ()
+    per_layer = sum(r.time_s * r.per_microbatch for r in rows if comm_kind(r) == "tp_async") / m.layers
+    mla = sum(r.time_s for r in _mla_rows(rows).values())
+    assert comm.async_s == pytest.approx(per_layer) and mla > 0
+    assert comm.async_s > mla  # plus the two SP norms' and the router's
+
+
+def test_the_step_counts_the_mla_gradient_all_reduces():
+    """The step model of a DeepSeek-V2-Lite plan (tp 2 + SP x dp_shard 4, 2 micro-batches)
+    against the same plan without the MLA rows: the all-reduces run on the tp stream right
+    after each layer's backward, ahead of the next layer's blocking SP all-gather, so the tp
+    stream's exposed time grows by exactly their seconds per step (27 layers x 2 micro-batches
+    x (wkv_a + kv_a_norm)), and the step grows (by less: FSDP's reduce-scatters hide more)."""
+    import dataclasses
+
+    from meshplan.config import config_from_dict
+    from meshplan.plan import Plan, build_plan
+    from meshplan.schedule.steptime import step_time
+
+    cfg = config_from_dict({"model": {"catalog": "deepseek-v2-lite"}, "cluster": {"system": "dgx-h100", "nodes": 1},
+                            "training": {"global_batch": 8, "seq_len": 4096, "recompute": "full"},
+                            "mesh": {"names": ["dp_shard", "tp"], "shape": [4, 2], "sequence_parallel": True}})
+    plan = build_plan(cfg)
+    assert isinstance(plan, Plan) and plan.micro_batches == 2
+    mla = [r for rs in plan.collectives.values() for r in rs if "MLA" in r.cadence]
+    assert len(mla) == 2 and all(r.per_step == 27 * 2 for r in mla)
+    without = dataclasses.replace(plan, collectives={k: [r for r in rs if "MLA" not in r.cadence]
+                                                     for k, rs in plan.collectives.items()})
+    st, st0 = step_time(plan), step_time(without)
+    assert not [n for n in st.notes if "not simulated" in n]
+    assert st.exposed_s["tp"] - st0.exposed_s["tp"] == pytest.approx(sum(r.time_s * r.per_step for r in mla))
+    assert st0.step_s < st.step_s
+
+
+# Torch's own collectives: the runtime model's MLA with the tp plan, one step on the fake
+# process group (one process stands in for `rank`), counted by (axis, phase, op, bytes, dtype)
+# against the table.
+TINY = dict(name="tiny-mla", layers=2, hidden=64, ffn=128, q_heads=4, vocab=256, kv_lora_rank=16,
+            qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=8)
+FP32 = dict(param_dtype="fp32", compute_dtype="fp32", reduce_dtype="fp32", recompute="none")
+CASES = {  # q_lora_rank, mesh names, shape, SP, training changes, rank
+    "V2-Lite-like tp2+SP x dp_shard2": (None, ("dp_shard", "tp"), (2, 2), True, {}, 1),
+    "V2/V3-like (q latent) tp2+SP x dp_shard2": (24, ("dp_shard", "tp"), (2, 2), True, {}, 3),
+    "q latent tp2 no SP x dp_shard2": (24, ("dp_shard", "tp"), (2, 2), False, {}, 2),
+    "q latent tp2 alone (optimizer reduces)": (24, ("tp",), (2,), True, {}, 1),
+    "full recompute tp2+SP x dp_shard2": (24, ("dp_shard", "tp"), (2, 2), True, {"recompute": "full"}, 0),
+    "bf16 gathers tp2+SP x dp_shard2": (24, ("dp_shard", "tp"), (2, 2), True, {"compute_dtype": "bf16"}, 1),
+}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("name", list(CASES))
+def test_table_matches_torch_for_mla(name):
+    pytest.importorskip("torch")
+    from meshplan.runtime.validation.compare import differences, tally_records, tally_table
+    from meshplan.runtime.validation.dryrun import dry_run
+
+    cq, names, shape, sp, extra, rank = CASES[name]
+    model = ModelSpec(**TINY, q_lora_rank=cq)
+    training = TrainingSpec(**{"global_batch": 8, "seq_len": 16, **FP32, **extra})
+    mesh, rows = _table(model, training, names, shape, sp)
+    run = dry_run(model, training, mesh, rank=rank, mixed_precision=training.compute_dtype != "fp32")
+    assert run.group_differences == []
+    recorded = tally_records(run.records, mesh, rank)
+    assert differences(recorded, tally_table(rows, mesh, rank)) == []
+    # the MLA rows are really there: one all-reduce of each replicated weight per layer
+    # (wkv_a: 64 x (16 + 4) elements), 3 per optimizer step without FSDP
+    size = 2 if training.compute_dtype == "bf16" else 4
+    phase, n = ("step", 3 * 2) if mesh.degree("fsdp") == 1 else ("backward", 2)
+    dt = training.compute_dtype
+    assert recorded[("tp", phase, "all-reduce", 64 * 20 * size, dt)] == n
+    assert recorded[("tp", phase, "all-reduce", 16 * size, dt)] == n  # kv_a_norm
+    if cq:
+        assert recorded[("tp", phase, "all-reduce", 64 * 24 * size, dt)] == n  # wq_a
+        assert recorded[("tp", phase, "all-reduce", 24 * size, dt)] == n  # q_a_norm
+
+
+def test_cp_with_mla_is_refused_by_name_and_tp_is_built():
+    from meshplan.runtime.execution.parallelize import _unsupported
+
+    training = TrainingSpec(global_batch=8, seq_len=16)
+    cp = resolve_mesh(MeshSpec(names=["dp_shard", "cp"], shape=[2, 2]), world=4)
+    assert _unsupported(cp, training, mla=True).startswith("cp > 1 with multi-head latent attention")
+    tp = resolve_mesh(MeshSpec(names=["dp_shard", "tp"], shape=[2, 2], sequence_parallel=True), world=4)
+    assert _unsupported(tp, training, mla=True) is None
