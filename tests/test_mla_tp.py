@@ -61,9 +61,11 @@ def test_deepseek_v2_lite_tp2_rows_by_hand():
     t2 = t.model_copy(update={"seq_len": 1024, "micro_batch": 2, "global_batch": 16})
     _, rows2 = _table(m, t2, ("dp_shard", "tp"), (4, 2), sp=False)
     assert {c: r.size_bytes for c, r in _mla_rows(rows2).items()} == {c: r.size_bytes for c, r in mla.items()}
-    # tp 1: no such row
+    # tp 1: no such row; nor under framework megatron (Megatron-Core's MLA split is not modelled)
     _, rows1 = _table(m, t, ("dp_shard",), (8,))
     assert _mla_rows(rows1) == {}
+    _, rows_mg = _table(m, t.model_copy(update={"framework": "megatron"}), ("dp_shard", "tp"), (4, 2))
+    assert _mla_rows(rows_mg) == {}
 
 
 def test_deepseek_v2_query_compression_adds_wq_a_and_its_norm():
@@ -182,3 +184,41 @@ def test_cp_with_mla_is_refused_by_name_and_tp_is_built():
     assert _unsupported(cp, training, mla=True).startswith("cp > 1 with multi-head latent attention")
     tp = resolve_mesh(MeshSpec(names=["dp_shard", "tp"], shape=[2, 2], sequence_parallel=True), world=4)
     assert _unsupported(tp, training, mla=True) is None
+
+
+MLA_TP2 = __import__("pathlib").Path(__file__).parent / "data" / "validate_deepseek_v2_lite_tp2sp.toml"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_validate_runs_deepseek_v2_lite_at_tp2_and_matches_the_plan(tmp_path):
+    """`meshplan validate` of DeepSeek-V2-Lite (scaled: hidden 2048 / 8 = 256, kv_lora_rank
+    512 / 8 = 64, qk_rope_head_dim 64 / 8 = 8, 2 layers: one dense, one MoE) at tp 2 + SP on
+    2 gloo ranks (~35 s on 2 cores): every rank's collectives equal the plan's table, with the
+    MLA rows: dp 1, so no FSDP2 reduces the Partial gradients of wkv_a (256 x (64 + 8) x 4 B =
+    73,728 B) and kv_a_norm (64 x 4 B = 256 B) and AdamW all-reduces each 3 times per step,
+    2 layers x 3 = 6. The losses of both steps equal the unsplit model's (each tp rank
+    routes its own half of the sequence through the experts)."""
+    import json
+
+    from meshplan.config import load_config
+    from meshplan.runtime.validation.validate import Options, validate
+    from tests.test_validate_moe import _reference_losses
+
+    pytest.importorskip("torch")
+    out = tmp_path / "ev"
+    code, res = validate(load_config(MLA_TP2), Options(worlds=(2,), layers=2, seq_len=32, vocab=512, steps=1,
+                                                       timeout_s=200, probe=False), out, echo=lambda *_: None)
+    assert code == 0, res[0]["message"]
+    comp = res[0]["comparison"]
+    assert comp["differences"] == [] and comp["group_differences"] == {}
+    rows = comp["collectives"]
+    assert all(row[f"rank{r}"] == row["meshplan"] for row in rows for r in range(2))
+    tp = {(row["phase"], row["op"], row["size_bytes"]): row["meshplan"] for row in rows if row["axis"] == "tp"}
+    assert tp[("step", "all-reduce", 256 * (64 + 8) * 4)] == 6  # wkv_a
+    assert tp[("step", "all-reduce", 64 * 4)] == 6  # kv_a_norm
+    ref = _reference_losses(out / "world2" / "plan.json", 2, token_split=2)
+    for step, kind in enumerate(("recorded", "memory")):
+        got = [next(s["loss"] for s in json.loads((out / "world2" / f"rank{r}" / "timings.json").read_text())["steps"]
+                    if s["kind"] == kind) for r in range(2)]
+        assert got == pytest.approx(ref[step], rel=1e-5), (kind, got, ref[step])

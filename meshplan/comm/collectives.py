@@ -27,9 +27,9 @@ Conventions, matched op by op against what torch 2.13 issues for DTensor TP/SP a
   without shared experts. The router weight, replicated over tp, gets a Partial gradient:
   one all-reduce of experts*h elements per MoE layer, issued with the SP norms'. Measured
   with torch 2.13 (fake process group and gloo, ``tests/test_validate_moe.py``).
-- TP with multi-head latent attention (:func:`_mla_grad_rows`): the replicated down
-  projections and latent norms get Partial gradients, one all-reduce over tp per weight and
-  layer, issued with the SP norms'.
+- TP with multi-head latent attention (:func:`_mla_grad_rows`, torchtitan's DeepSeek-V3 plan,
+  framework torch): the replicated down projections and latent norms get Partial gradients,
+  one all-reduce over tp per weight and layer, issued with the SP norms'.
 - Loss parallel (last stage, tp > 1): three all-reduces of b*s fp32 values (max, sum of
   exponentials, target logit); without it, one all-gather of the b*s*V logits.
 - Full recompute: torch's non-reentrant checkpoint replays each layer's forward up to its last
@@ -339,8 +339,9 @@ def _mla_grad_rows(add, c: _Ctx) -> None:
     compute dtype, with or without SP. DeepSeek-V2-Lite (no query compression) at tp 2,
     bf16: ``wkv_a`` 2048 x (512 + 64) x 2 B = 2,359,296 B and ``kv_a_norm`` 512 x 2 B =
     1,024 B per layer. Measured with torch 2.13 on the fake process group
-    (:mod:`meshplan.runtime.execution.mla`, ``tests/test_mla_tp.py``)."""
-    if not c.model.is_mla or c.mesh.degree("tp") == 1:
+    (:mod:`meshplan.runtime.execution.mla`, ``tests/test_mla_tp.py``). ``training.framework =
+    "megatron"``: Megatron-Core's MLA splits its own way (not modelled here, no rows)."""
+    if not c.model.is_mla or c.mesh.degree("tp") == 1 or c.training.framework != "torch":
         return
     for t in c.model.mla_tensors():
         if t.split == "replicated":
