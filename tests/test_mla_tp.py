@@ -222,3 +222,31 @@ def test_validate_runs_deepseek_v2_lite_at_tp2_and_matches_the_plan(tmp_path):
         got = [next(s["loss"] for s in json.loads((out / "world2" / f"rank{r}" / "timings.json").read_text())["steps"]
                     if s["kind"] == kind) for r in range(2)]
         assert got == pytest.approx(ref[step], rel=1e-5), (kind, got, ref[step])
+
+
+MLA_PP2 = MLA_TP2.parent / "validate_deepseek_v2_lite_pp2_tp2sp.toml"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_validate_runs_mla_on_two_pipeline_stages(tmp_path):
+    """pp 2 x dp_shard 2 x tp 2 + SP, 2 micro-batches (8 gloo ranks, ~70 s on 2 cores): the
+    collectives of every rank equal the plan's table. Under pp the MLA weight gradients are
+    reduced by FSDP2 once per step (PipelineStage turns gradient sync off for every backward
+    but the last), one per layer of the stage: wkv_a 256 x 72 x 4 B = 73,728 B, once on
+    each stage (one layer each)."""
+    from meshplan.config import load_config
+    from meshplan.runtime.validation.validate import Options, validate
+
+    pytest.importorskip("torch")
+    code, res = validate(load_config(MLA_PP2), Options(worlds=(8,), layers=2, seq_len=32, vocab=512, steps=1,
+                                                       micro_batches=2, timeout_s=280, probe=False),
+                         tmp_path / "ev", echo=lambda *_: None)
+    assert code == 0, res[0]["message"]
+    comp = res[0]["comparison"]
+    assert comp["differences"] == [] and comp["group_differences"] == {}
+    rows = comp["collectives"]
+    assert all(row[f"rank{r}"] == row[f"meshplan_rank{r}"] for row in rows for r in range(8))
+    wkv_a = [row for row in rows if row["axis"] == "tp" and row["size_bytes"] == 256 * 72 * 4]
+    assert [(w["phase"], w["op"], [w[f"rank{r}"] for r in range(8)]) for w in wkv_a] == [
+        ("backward", "all-reduce", [1] * 8)]
