@@ -19,7 +19,9 @@ carries their placements: the gradients reaching the replicated down projections
 norms are ``Partial`` over tp, and stay so (no activation collective in backward beyond the
 attention input's, as for dense attention); their weight gradients are ``Partial`` DTensors,
 which FSDP2 all-reduces over tp in its gradient reduction, one all-reduce per parameter
-(measured with torch 2.13 on the fake process group: ``tests/test_mla_tp.py``).
+(measured with torch 2.13 on the fake process group: ``tests/test_mla_tp.py``). Under context
+parallelism the up-projected K and V of the local heads are gathered over cp in one buffer
+(:meth:`meshplan.runtime.execution.cp.ContextParallel.gather_kv`).
 
 >>> from meshplan.spec.model import ModelSpec
 >>> spec = ModelSpec(layers=1, hidden=64, ffn=1, q_heads=4, vocab=1, q_lora_rank=16,
@@ -92,8 +94,15 @@ class LatentAttention(nn.Module):
         kv = self.wkv_b(self.kv_a_norm(kv)).view(b, s, -1, self.nope + self.v)
         k_nope, v = torch.split(kv, [self.nope, self.v], dim=-1)
         k = torch.cat([k_nope, k_pe.expand(-1, -1, k_nope.shape[2], -1)], dim=-1)
-        q, k, v = (_local(t).transpose(1, 2) for t in (q, k, v))  # torchtitan: inner attention on local heads
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        q, k, v = (_local(t) for t in (q, k, v))  # torchtitan: inner attention on local heads
+        cp = getattr(self, "context_parallel", None)  # runtime.cp: K/V of the whole sequence
+        if cp is not None:
+            k, v = cp.gather_kv(k, v)
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+        if cp is None:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=cp.mask(s, q.device))
         return self.wo(out.transpose(1, 2).reshape(b, s, -1))
 
 

@@ -113,16 +113,12 @@ def check_groups(device_mesh: DeviceMesh, mesh: Mesh) -> list[str]:
     return out
 
 
-def _unsupported(mesh: Mesh, training: TrainingSpec, pipeline: bool = False, moe: bool = False,
-                 mla: bool = False) -> Optional[str]:
+def _unsupported(mesh: Mesh, training: TrainingSpec, pipeline: bool = False, moe: bool = False) -> Optional[str]:
     """Why the runtime cannot build ``mesh``; ``pipeline``: pp > 1 is built elsewhere
     (:mod:`meshplan.runtime.execution.pipelined`, which checks its own limits); ``moe``: the model
-    has MoE layers; ``mla``: multi-head latent attention."""
+    has MoE layers."""
     if mesh.degree("pp") > 1 and not pipeline:
         return "pp > 1: pipeline stages are not built by parallelize(); use torch.distributed.pipelining"
-    if mla and mesh.degree("cp") > 1:
-        return ("cp > 1 with multi-head latent attention: the runtime's all-gather CP stacks K and V of one head "
-                "dim, MLA's differ (qk_nope + qk_rope vs v_head_dim); not built")
     if moe and mesh.degree("cp") > 1:
         return "cp > 1 with MoE layers: context parallelism is built for dense models only"
     if training.fp8_all_gather:
@@ -351,7 +347,7 @@ def parallelize(model: nn.Module, device_mesh: DeviceMesh, mesh: Mesh, training:
     :func:`apply_ddp`. Raises ConfigError for what this function does not build (pp, etp,
     cp with MoE layers, ZeRO-1/2, DDP with tp, cp or MoE layers).
     """
-    why = _unsupported(mesh, training, moe=model.spec.is_moe, mla=model.spec.is_mla)
+    why = _unsupported(mesh, training, moe=model.spec.is_moe)
     if why:
         raise ConfigError("mesh", why)
     run = _Apply(model, device_mesh, mesh, training, loss_parallel, mixed_precision)

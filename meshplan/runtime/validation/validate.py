@@ -266,7 +266,7 @@ def not_runnable(cfg: Config, mesh) -> Optional[str]:
     if cfg.training.framework != "torch":
         return (f"training.framework is '{cfg.training.framework}': validate runs torch.distributed, which "
                 "issues torch's collectives; set framework = \"torch\" to validate this mesh")
-    why = _unsupported(mesh, cfg.training, pipeline=True, moe=cfg.model.is_moe, mla=cfg.model.is_mla)
+    why = _unsupported(mesh, cfg.training, pipeline=True, moe=cfg.model.is_moe)
     if not why and mesh.degree("pp") > 1:
         from meshplan.runtime.execution.pipelined import unsupported
 
