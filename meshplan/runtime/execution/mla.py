@@ -64,9 +64,9 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 
 class LatentAttention(nn.Module):
     """MLA of one layer (module docstring); ``forward(x, rope)``: x (batch, seq, hidden), rope
-    the (cos, sin) tables of the seq positions (:func:`~meshplan.runtime.execution.model.rope_cos_sin` of
-    ``qk_rope_head_dim``, gathered at this rank's
-    positions under cp). Heads are counted with ``-1`` so a tp shard runs its ``a / tp``."""
+    the (cos, sin) tables of the seq positions (``model.rope_cos_sin`` of ``qk_rope_head_dim``,
+    at this rank's positions under cp). Heads are counted with ``-1`` so a tp shard runs its
+    ``a / tp``."""
 
     def __init__(self, spec):
         super().__init__()
@@ -125,13 +125,11 @@ class NoParallel(ParallelStyle):
 def mla_tp_plan(attention: LatentAttention) -> dict:
     """torchtitan's DeepSeek-V3 TP plan for one MLA (module docstring), keyed below the
     layer (``attention.*``); ``wo``'s output layout is set by the caller's dense plan."""
-    col = ColwiseParallel(use_local_output=False)
     plan = {"attention.wkv_a": NoParallel(), "attention.kv_a_norm": NoParallel(),
             "attention.wkv_b": ColwiseParallel(use_local_output=False)}
     if hasattr(attention, "wq"):
-        plan["attention.wq"] = col
+        plan["attention.wq"] = ColwiseParallel(use_local_output=False)
     else:
         plan.update({"attention.wq_a": NoParallel(), "attention.q_a_norm": NoParallel(),
                      "attention.wq_b": ColwiseParallel(use_local_output=False)})
     return plan
-

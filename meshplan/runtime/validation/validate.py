@@ -195,7 +195,8 @@ def scale_config(config: Config, world: int, opt: Options) -> tuple[Config, list
     from meshplan.runtime.execution.model import MLA_SCALED, scale_model
 
     m = config.model
-    head = gcd(*(getattr(m, k) for k in MLA_SCALED if getattr(m, k))) if m.is_mla else m.d_head  # MLA: every latent/head dim
+    # MLA: every latent rank and head dim is divided with hidden, so the divisor must divide their gcd
+    head = gcd(*(getattr(m, k) for k in MLA_SCALED if getattr(m, k))) if m.is_mla else m.d_head
     div = opt.hidden_div or auto_hidden_div(m.hidden, head, m.ffn)
     scaled = scale_model(m, layers=opt.layers, hidden_div=div, vocab=opt.vocab)
     spec = _spec(config)
