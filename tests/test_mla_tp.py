@@ -106,6 +106,19 @@ def test_the_rank_timeline_runs_them_on_the_tp_stream():
     assert comm.async_s > mla  # plus the two SP norms' and the router's
 
 
+def test_replicated_weight_gradients_do_not_take_the_blocking_tp_slot():
+    """comm_kind sends every "weight gradient" row to the overlapped tp kind: without SP the
+    blocking per-layer backward all-reduce keeps the b*s*h activation's time (before, the MoE
+    router's gradient row, added after it, overwrote that key with its own, smaller time)."""
+    m = catalog.model("deepseek-v2-lite")
+    t = TrainingSpec(global_batch=8, seq_len=4096, param_dtype="fp32", compute_dtype="bf16")
+    _, rows = _table(m, t, ("dp_shard", "tp"), (4, 2), sp=False)
+    act = [r for r in rows if (r.axis, r.phase, r.op, r.size_bytes) == ("tp", "backward", "all-reduce", 4096 * 2048 * 2)]
+    router = [r for r in rows if "router" in r.cadence]
+    assert len(act) == 1 and len(router) == 1 and comm_kind(router[0]) == "tp_async"
+    assert CommTimes.from_rows(rows, layers=m.layers).get("tp", "backward", "all-reduce") == act[0].time_s
+
+
 def test_the_step_counts_the_mla_gradient_all_reduces():
     """The step model of a DeepSeek-V2-Lite plan (tp 2 + SP x dp_shard 4, 2 micro-batches)
     against the same plan without the MLA rows: the all-reduces run on the tp stream right
