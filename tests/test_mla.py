@@ -262,12 +262,16 @@ def test_megatron_export_round_trips_mla(tmp_path):
     assert differences(cfg, again) == [] and again.model.is_mla and again.model.d_v == 32
 
 
-def test_validate_refuses_mla_by_name():
+def test_validate_runs_mla_with_tp_and_cp():
+    """The runtime builds MLA (meshplan.runtime.execution.mla; tests/test_mla_tp.py), with tp
+    and with cp; what it still refuses is refused for the mesh, not for MLA."""
     from meshplan.runtime.validation.validate import not_runnable
-    cfg = config_from_dict(BASE)
-    plan = build_plan(cfg)
-    why = not_runnable(cfg, plan.mesh)
-    assert why is not None and why.startswith("multi-head latent attention (DeepSeek-V2/V3)")
+    for mesh in ({"names": ["dp_shard"], "shape": [8]}, {"names": ["dp_shard", "cp", "tp"], "shape": [2, 2, 2]}):
+        cfg = config_from_dict({**BASE, "mesh": mesh})
+        assert not_runnable(cfg, build_plan(cfg).mesh) is None
+    op = config_from_dict({**BASE, "training": {**BASE["training"], "recompute": "layer", "ac_freq": 1},
+                           "mesh": {"names": ["pp", "dp_shard"], "shape": [2, 4]}})
+    assert "under pp" in (not_runnable(op, build_plan(op).mesh) or "")
 
 
 def test_plan_of_an_hf_deepseek_config_prints_what_is_not_modelled(tmp_path):

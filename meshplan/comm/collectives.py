@@ -27,6 +27,9 @@ Conventions, matched op by op against what torch 2.13 issues for DTensor TP/SP a
   without shared experts. The router weight, replicated over tp, gets a Partial gradient:
   one all-reduce of experts*h elements per MoE layer, issued with the SP norms'. Measured
   with torch 2.13 (fake process group and gloo, ``tests/test_validate_moe.py``).
+- TP with multi-head latent attention (:func:`_mla_grad_rows`, torchtitan's DeepSeek-V3 plan,
+  framework torch): the replicated down projections and latent norms get Partial gradients,
+  one all-reduce over tp per weight and layer, issued with the SP norms'.
 - Loss parallel (last stage, tp > 1): three all-reduces of b*s fp32 values (max, sum of
   exponentials, target logit); without it, one all-gather of the b*s*V logits.
 - Full recompute: torch's non-reentrant checkpoint replays each layer's forward up to its last
@@ -325,6 +328,27 @@ def _replicated_grad_rows(add, c: _Ctx, size: int, count: int, cadence: str) -> 
             "optimizer step", depth=0, per_step=3 * count)
 
 
+def _mla_grad_rows(add, c: _Ctx) -> None:
+    """Multi-head latent attention under tp > 1, torchtitan's DeepSeek-V3 plan
+    (``models/deepseek_v3/infra/parallelize.py``): the down projections ``wq_a`` and ``wkv_a``
+    and the latent norms ``q_a_norm`` and ``kv_a_norm`` are replicated (``NoParallel``) and
+    the attention's intermediates stay DTensors, so the gradients reaching them are Partial
+    over tp and stay Partial: no activation collective beyond dense attention's, but each
+    of those weights gets a Partial gradient, all-reduced over tp as the SP norms' are
+    (:func:`_replicated_grad_rows`), one all-reduce per weight per layer, its numel in
+    compute dtype, with or without SP. DeepSeek-V2-Lite (no query compression) at tp 2,
+    bf16: ``wkv_a`` 2048 x (512 + 64) x 2 B = 2,359,296 B and ``kv_a_norm`` 512 x 2 B =
+    1,024 B per layer. Measured with torch 2.13 on the fake process group
+    (:mod:`meshplan.runtime.execution.mla`, ``tests/test_mla_tp.py``). ``training.framework =
+    "megatron"``: Megatron-Core's MLA splits its own way (not modelled here, no rows)."""
+    if not c.model.is_mla or c.mesh.degree("tp") == 1 or c.training.framework != "torch":
+        return
+    for t in c.model.mla_tensors():
+        if t.split == "replicated":
+            _replicated_grad_rows(add, c, t.numel * dtype_bytes(c.training.compute_dtype), len(c.layers),
+                                  f"every layer (MLA {t.name} weight gradient)")
+
+
 def _tp_rows(add, c: _Ctx, loss_parallel: bool) -> None:
     first, last, dt = int(c.first), int(c.last), c.training.compute_dtype
     act = c.act_bytes
@@ -358,6 +382,7 @@ def _tp_rows(add, c: _Ctx, loss_parallel: bool) -> None:
     if moe and c.mesh.degree("tp") > 1:  # each tp rank routes its own tokens through the replicated router
         _replicated_grad_rows(add, c, c.model.experts * c.model.hidden * dtype_bytes(dt), moe,
                               "every MoE layer (router weight gradient)")
+    _mla_grad_rows(add, c)
     if not c.last:
         return
     b, s = c.training.micro_batch, c.training.seq_len // c.mesh.degree("cp")

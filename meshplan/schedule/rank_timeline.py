@@ -22,8 +22,9 @@ frameworks issue them:
   input-gradient GEMM (only its sequence shard is saved). Full recompute re-runs the forward blocks (with their collectives);
   torchtitan's per-layer AC does so in its checkpointed layers, its op-level AC re-runs the
   forward ops it did not save.
-  The SP norm-weight gradient all-reduces run on the tp stream after each layer's backward
-  (nothing waits for them until the step ends); the vocab-parallel loss collectives block
+  The all-reduces of the Partial gradients of weights replicated over tp (SP norms, an MoE
+  router, MLA's down projections and latent norms) run on the tp stream after each layer's
+  backward (nothing waits for them until the step ends, but the tp stream is busy meanwhile); the vocab-parallel loss collectives block
   after the output layer.
 - **CP** (all-gather CP: Llama 3, Dubey et al. 2024, 3.3.2; torchtitan): the attention block
   runs as K/V projection (wk, wv, RoPE), Q projection (wq), core attention, output projection
@@ -76,7 +77,8 @@ class Overlap:
 
 def comm_kind(row) -> str:
     """Kind of a collective row: ``tp`` (blocking, per layer), ``tp_async`` (tp, overlapped:
-    SP norm-weight gradients), ``loss`` (tp, at the loss: vocab-parallel loss or logits),
+    the Partial gradients of weights replicated over tp: SP norms, an MoE router, MLA's down
+    projections and latent norms), ``loss`` (tp, at the loss: vocab-parallel loss or logits),
     ``cp``, ``ep``, ``pp``, ``pp_gather`` (tp, rebuilding a pp receive: Megatron's
     scatter/gather), ``shard`` (FSDP units), ``replica`` (HSDP), ``step`` (per step),
     or ``other`` (not understood: the caller reports it). Decided by phase, op and axis
@@ -95,7 +97,7 @@ def comm_kind(row) -> str:
     if row.axis == "tp":
         if row.phase == "loss" or "logits" in c or "loss" in c:
             return "loss"
-        return "tp_async" if "norm" in c else "tp"
+        return "tp_async" if "norm" in c or "weight gradient" in c else "tp"
     if "(K and V)" in c or "(dK and dV)" in c:
         return "cp"
     if row.op in ("all-gather", "reduce-scatter") and row.phase in ("forward", "backward"):

@@ -6,9 +6,10 @@ Each rank of a cp group holds ``s / cp`` tokens of every sequence, as two chunks
 equal chunks (Llama 3's split for causal load balance, the split meshplan's plan assumes:
 :func:`meshplan.mesh.validity` needs ``seq_len % (2 cp) == 0`` and says so in its notes). In
 every attention layer the rank all-gathers K and V over the cp group, stacked into one
-buffer of ``2 x b x s x kv_heads_local x head_dim`` elements (one all-gather per layer;
-its autograd backward is one reduce-scatter (sum) of dK and dV of the same size:
-:func:`meshplan.comm.collectives._cp_rows`), and computes attention for its ``s / cp`` local
+buffer of ``2 x b x s x kv_heads_local x head_dim`` elements (multi-head latent attention,
+whose K and V head dims differ: concatenated, ``b x s x heads_local x (d_qk + d_v)``; one
+all-gather per layer; its autograd backward is one reduce-scatter (sum) of dK and dV of the
+same size: :func:`meshplan.comm.collectives._cp_rows`), and computes attention for its ``s / cp`` local
 queries against all ``s`` keys with a boolean causal mask built from the global positions
 of both (``key_position <= query_position``), the shape
 :func:`meshplan.compute.shapes.attention_shape` gives (``seq_q = s / cp``, ``seq_kv = s``). With
@@ -101,10 +102,24 @@ class ContextParallel:
         of the stacked (2, batch, seq / cp, ...) buffer (backward: one reduce-scatter, sum)."""
         from torch.distributed._functional_collectives import all_gather_single_autograd
 
+        if k.shape != v.shape:  # multi-head latent attention: d_qk != d_v
+            return self._gather_cat(k, v)
         kv = all_gather_single_autograd(torch.stack((k, v)).contiguous(), 0, self.group)
         kv = kv.view(self.degree, 2, *k.shape)  # (cp, 2, b, s/cp, kv, d): rank r's K and V at [r]
         full = kv.permute(1, 2, 0, 3, 4, 5).reshape(2, k.shape[0], -1, *k.shape[2:])
         return full[0], full[1]
+
+    def _gather_cat(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`gather_kv` for K and V of different head dims (MLA: (b, s/cp, heads, d_qk)
+        and (b, s/cp, heads, d_v)): one all-gather of the (b, s/cp, heads, d_qk + d_v) buffer,
+        ``b s/cp heads (d_qk + d_v)`` elements per rank, as the plan's MLA row counts it."""
+        from torch.distributed._functional_collectives import all_gather_single_autograd
+
+        d = k.shape[-1]
+        kv = all_gather_single_autograd(torch.cat((k, v), dim=-1).contiguous(), 0, self.group)
+        kv = kv.view(self.degree, *k.shape[:-1], -1)  # (cp, b, s/cp, heads, d_qk + d_v)
+        full = kv.permute(1, 0, 2, 3, 4).reshape(k.shape[0], -1, *kv.shape[3:])
+        return full[..., :d], full[..., d:]
 
 
 def apply_cp(model: nn.Module, group: dist.ProcessGroup, degree: int, index: int) -> Optional[ContextParallel]:

@@ -7,6 +7,9 @@ can be traced back to a row of the plan::
     embedding                                  (vocab, hidden)
     layers.<i>.attn_norm                       RMSNorm or LayerNorm
     layers.<i>.attention.{wq, wk, wv, wo}      Linear, no bias unless the spec says so
+    layers.<i>.attention.{wq_a, q_a_norm, wq_b, wkv_a, kv_a_norm, wkv_b, wo}
+                                               multi-head latent attention (DeepSeek-V2/V3;
+                                               :mod:`meshplan.runtime.execution.mla`)
     layers.<i>.mlp_norm
     layers.<i>.mlp.{w_gate, w_up, w_down}      SwiGLU; a non-gated MLP has w_up, w_down (GELU)
     final_norm
@@ -46,6 +49,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from meshplan.errors import ConfigError
+from meshplan.runtime.execution.mla import LatentAttention, apply_rope
 from meshplan.spec.model import ModelSpec
 
 
@@ -62,11 +66,9 @@ def rope_cos_sin(seq: int, head_dim: int, theta: float = 500000.0, device=None, 
     return ang.cos().to(dtype), ang.sin().to(dtype)
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate pairs (x[..., :d/2], x[..., d/2:]) of x (batch, seq, heads, head_dim)."""
-    x1, x2 = x.chunk(2, dim=-1)
-    c, s = cos[None, :, None, :], sin[None, :, None, :]
-    return torch.cat((x1 * c - x2 * s, x1 * s + x2 * c), dim=-1)
+def rope_head_dim(spec: ModelSpec) -> int:
+    """Width RoPE rotates: the head dim, or MLA's decoupled ``qk_rope_head_dim``."""
+    return spec.qk_rope_head_dim if spec.is_mla else spec.d_head
 
 
 class Attention(nn.Module):
@@ -128,7 +130,7 @@ class Block(nn.Module):
     def __init__(self, spec: ModelSpec, kv_heads: int, moe: bool = False):
         super().__init__()
         self.attn_norm = _norm(spec, spec.hidden)
-        self.attention = Attention(spec, kv_heads)
+        self.attention = LatentAttention(spec) if spec.is_mla else Attention(spec, kv_heads)
         self.mlp_norm = _norm(spec, spec.hidden)
         if moe:
             from meshplan.runtime.execution.moe import MoE
@@ -188,7 +190,7 @@ class Transformer(nn.Module):
         pos = cp.positions(seq).to(tokens.device) if cp is not None else torch.arange(seq, device=tokens.device)
         rope = None
         if self.spec.position_embedding == "rope":
-            cos, sin = rope_cos_sin(seq * (cp.degree if cp else 1), self.spec.d_head, device=tokens.device,
+            cos, sin = rope_cos_sin(seq * (cp.degree if cp else 1), rope_head_dim(self.spec), device=tokens.device,
                                     dtype=x.dtype)
             rope = (cos[pos], sin[pos]) if cp is not None else (cos, sin)
         else:
@@ -273,6 +275,8 @@ def scale_model(spec: ModelSpec, layers: Optional[int] = None, hidden_div: int =
                head_dim=d // hidden_div, vocab=vocab or spec.vocab,
                dense_layers=min(spec.dense_layers, new_layers),
                name=f"{spec.name}-scaled")
+    if spec.is_mla:  # the latent and head dims scale with hidden; head_dim stays unset
+        upd |= {"head_dim": None, **_scaled_mla_dims(spec, hidden_div)}
     for key in ("expert_ffn", "shared_expert_ffn"):
         if getattr(spec, key):
             upd[key] = getattr(spec, key) // ffn_div
@@ -280,10 +284,35 @@ def scale_model(spec: ModelSpec, layers: Optional[int] = None, hidden_div: int =
     if new_layers != spec.layers:
         parts.append(f"layers {spec.layers} -> {new_layers}")
     if hidden_div != 1:
-        parts.append(f"hidden {spec.hidden} -> {upd['hidden']} (/{hidden_div}), head_dim {d} -> {upd['head_dim']}")
+        parts.append(f"hidden {spec.hidden} -> {upd['hidden']} (/{hidden_div}), head_dim {d} -> {d // hidden_div}"
+                     + (", MLA latent and head dims /" + str(hidden_div) if spec.is_mla else ""))
     if ffn_div != 1:
         parts.append(f"ffn {spec.ffn} -> {upd['ffn']} (/{ffn_div})")
     if upd["vocab"] != spec.vocab:
         parts.append(f"vocab {spec.vocab} -> {upd['vocab']}")
     new = ModelSpec(**{**spec.model_dump(), **upd})
     return Scaled(new, f"scaled from {spec.name}: " + (", ".join(parts) or "unchanged"))
+
+
+#: MLA fields scaled with the hidden size by :func:`scale_model`.
+MLA_SCALED = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+
+
+def _scaled_mla_dims(spec: ModelSpec, div: int) -> dict:
+    """MLA's latent ranks and head dims divided by ``div`` (q_lora_rank only when set); the
+    RoPE part must stay even.
+
+    >>> from meshplan import catalog
+    >>> _scaled_mla_dims(catalog.model("deepseek-v2-lite"), 8)
+    {'kv_lora_rank': 64, 'qk_nope_head_dim': 16, 'qk_rope_head_dim': 8, 'v_head_dim': 16}
+    """
+    out = {}
+    for key in MLA_SCALED:
+        value = getattr(spec, key)
+        if value is None:
+            continue
+        if value % div or (key == "qk_rope_head_dim" and (value // div) % 2):
+            raise ConfigError(f"scale.{key}", f"{key} {value} / {div} is not a whole (for the RoPE part, even) "
+                              "number; choose a smaller hidden_div")
+        out[key] = value // div
+    return out

@@ -36,6 +36,10 @@ wo, w_down             Rowwise(out Shard(1))                 Rowwise(out Replica
 output                 Colwise(in Shard(1), out Shard(-1))   Colwise(in Replicate, out Shard(-1))
 ====================== ===================================== =============================
 
+Multi-head latent attention (:mod:`meshplan.runtime.execution.mla`): torchtitan's DeepSeek-V3
+plan, the down projections ``wq_a``, ``wkv_a`` and the latent norms replicated (torchtitan's
+``NoParallel``), ``wq_b`` / ``wq`` and ``wkv_b`` Colwise with DTensor outputs, ``wo`` as above.
+
 The output layer keeps its logits sharded over the vocabulary (loss parallel: compute the
 loss under ``torch.distributed.tensor.parallel.loss_parallel()``) unless
 ``loss_parallel=False``, where it all-gathers them (``out Replicate``).
@@ -63,6 +67,7 @@ from torch.distributed.tensor.parallel import (
 
 from meshplan.errors import ConfigError
 from meshplan.mesh.resolve import DERIVED, Mesh
+from meshplan.runtime.execution.mla import mla_tp_plan
 from meshplan.spec.axes.registry import Axis
 from meshplan.spec.training import TrainingSpec
 
@@ -167,9 +172,8 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, sequence_parallel: bool, los
     for block in model.layers.values():
         plan = {
             "attention": PrepareModuleInput(input_layouts=(act, None), desired_input_layouts=(Replicate(), None)),
-            "attention.wq": ColwiseParallel(),
-            "attention.wk": ColwiseParallel(),
-            "attention.wv": ColwiseParallel(),
+            **(mla_tp_plan(block.attention) if spec.is_mla else
+               {f"attention.{n}": ColwiseParallel() for n in ("wq", "wk", "wv")}),
             "attention.wo": RowwiseParallel(output_layouts=act),
         }
         if hasattr(block, "moe"):  # router replicated, tokens split over tp, shared experts as the MLP

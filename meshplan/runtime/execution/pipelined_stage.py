@@ -36,7 +36,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from meshplan.runtime.execution.model import Transformer, initial_value, rope_cos_sin
+from meshplan.runtime.execution.model import Transformer, initial_value, rope_cos_sin, rope_head_dim
 
 
 class StageModule(nn.Module):
@@ -71,7 +71,8 @@ class StageModule(nn.Module):
                 x = x + self.position_embedding(pos)
         rope = None
         if self.spec.position_embedding == "rope":
-            cos, sin = rope_cos_sin(local * (cp.degree if cp else 1), self.spec.d_head, device=x.device, dtype=x.dtype)
+            cos, sin = rope_cos_sin(local * (cp.degree if cp else 1), rope_head_dim(self.spec), device=x.device,
+                                    dtype=x.dtype)
             rope = (cos[pos], sin[pos]) if cp is not None else (cos, sin)
         for block in self.layers.values():
             if self.recompute and torch.is_grad_enabled():

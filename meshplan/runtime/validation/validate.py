@@ -59,7 +59,7 @@ import shutil
 import sys
 import tempfile
 from dataclasses import dataclass, replace
-from math import prod
+from math import gcd, prod
 from pathlib import Path
 from typing import Optional
 
@@ -192,10 +192,12 @@ def auto_hidden_div(hidden: int, head_dim: int, ffn: int, target: int = 256) -> 
 
 def scale_config(config: Config, world: int, opt: Options) -> tuple[Config, list[str]]:
     """The config of one stage: scaled model, mesh, batch, fp32, CPU testbed (see module doc)."""
-    from meshplan.runtime.execution.model import scale_model
+    from meshplan.runtime.execution.model import MLA_SCALED, scale_model
 
     m = config.model
-    div = opt.hidden_div or auto_hidden_div(m.hidden, m.d_head, m.ffn)
+    # MLA: every latent rank and head dim is divided with hidden, so the divisor must divide their gcd
+    head = gcd(*(getattr(m, k) for k in MLA_SCALED if getattr(m, k))) if m.is_mla else m.d_head
+    div = opt.hidden_div or auto_hidden_div(m.hidden, head, m.ffn)
     scaled = scale_model(m, layers=opt.layers, hidden_div=div, vocab=opt.vocab)
     spec = _spec(config)
     mesh_spec, mesh_why = scale_mesh(spec, spec.world or config.cluster.world, world)
@@ -265,9 +267,6 @@ def not_runnable(cfg: Config, mesh) -> Optional[str]:
     if cfg.training.framework != "torch":
         return (f"training.framework is '{cfg.training.framework}': validate runs torch.distributed, which "
                 "issues torch's collectives; set framework = \"torch\" to validate this mesh")
-    if cfg.model.is_mla:
-        return ("multi-head latent attention (DeepSeek-V2/V3): the runtime model builds multi-head and "
-                "grouped-query attention only; plan, step and search model MLA, validate does not run it")
     why = _unsupported(mesh, cfg.training, pipeline=True, moe=cfg.model.is_moe)
     if not why and mesh.degree("pp") > 1:
         from meshplan.runtime.execution.pipelined import unsupported
