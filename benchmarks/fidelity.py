@@ -121,7 +121,12 @@ def sources(gpu: str) -> list[str]:
             "rendezvous, each call ends at max(own post, peers' posts) + p2p; interleaved steady-state "
             "forward output sent with the next backward's, schedules.py), scatter/gather without SP; fused QKV "
             "GEMM (transformer.py query_key_value); wgrad accumulated into fp32 main_grad "
-            "(layers.py wgrad_gemm_accum_fp32: C read + written in fp32, roofline at Triad)"]
+            "(layers.py wgrad_gemm_accum_fp32: C read + written in fp32, roofline at Triad); its own kernels "
+            "(compute/ops.py MEGATRON_OPS: fused layer norm backward in 5 passes, fp32 cross entropy pass by pass, "
+            "context permute copy, baddbmm alpha on dQ/dK, QKV split-backward cat, main_grad hooks, embedding "
+            "mask/transpose/split/dropout); grad buffer /= dp in place before the optimizer (distributed.py "
+            "allreduce_gradients): 58 B per parameter",
+            "GEMM interpolation nodes: measurements of their own shape; the MAMF maximum (S1) is the ceiling only"]
 
 
 def main() -> None:
