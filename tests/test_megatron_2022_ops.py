@@ -124,3 +124,19 @@ def test_embedding_gradient_and_megatron_embedding_by_hand():
     assert got[("sequence split copy", "forward")] == 2 * 2 * ROWS * H
     assert got[("embedding dropout", "forward")] == got[("embedding dropout", "backward_input")] == 5 * ROWS * H
     assert c.seconds("backward_weight") == pytest.approx((305_135_616 + 519_045_120) / TRIAD)
+
+
+def test_causal_softmax_reads_the_lower_triangle():
+    """scaled_upper_triang_masked_softmax: row i of 2,048 reads i + 1 scores and writes all 2,048.
+    32 x 2048^2 = 134,217,728 scores per rank; the triangle holds 32 x 2048 x 2049 / 2 =
+    67,141,632 of them. Forward: 2 B x 67,141,632 read + 2 B x 134,217,728 written = 402,718,720 B
+    (536,870,912 when every score is read); backward reads the gradient and the probabilities on
+    the triangle and writes every gradient: 2 x 2 B x 67,141,632 + 2 B x 134,217,728 =
+    537,001,984 B (805,306,368)."""
+    tri, scores = 32 * 2048 * 2049 // 2, 32 * 2048 ** 2
+    assert tri == 67_141_632
+    for mega, (f, b) in ((True, (2 * tri + 2 * scores, 4 * tri + 2 * scores)), (False, (4 * scores, 6 * scores))):
+        c = ops_of(layer_cost(GPT22B, A100, Workload(**{**MEGATRON, "megatron_ops": mega})))
+        assert c["softmax"].size_bytes == pytest.approx(f, rel=1e-12)
+        assert c["softmax backward"].size_bytes == pytest.approx(b, rel=1e-12)
+    assert 2 * tri + 2 * scores == 402_718_720 and 4 * tri + 2 * scores == 537_001_984

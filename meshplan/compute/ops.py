@@ -187,6 +187,8 @@ def framework_kernels(training) -> dict:
 #:   ``cuComputePartGradGammaBeta`` reads the output gradient and the input for the weight and
 #:   bias gradients, ``cuComputeGradInput`` reads both again and writes the input gradient):
 #:   5 passes over ``rows x h`` where a single fused kernel makes 3 (:func:`norm_backward_passes`);
+#: - the causal fused softmax (``fused_kernels/scaled_upper_triang_masked_softmax.h``) reads only
+#:   the lower triangle of the scores and writes the whole row (:func:`softmax_bytes`);
 #: - non-flash attention (``model/transformer.py`` ``CoreAttention``, ``ParallelAttention``):
 #:   the context ``permute(2, 0, 1, 3).contiguous()`` copy (forward, and in its recompute), the
 #:   ``baddbmm`` scale ``alpha = 1/norm_factor`` applied to dQ and dK in backward (torch's
@@ -340,6 +342,26 @@ def _flash_ops(gpu: GPUSpec, att: Attention, w: Workload, recompute: bool, table
     return out
 
 
+def softmax_bytes(att: Attention, b: int, megatron: bool = False) -> tuple[float, float]:
+    """(forward, backward) HBM bytes of the fused softmax over the ``n s_q s_kv`` scores of a
+    non-flash attention (``b`` bytes per element). Reading and writing every score: ``2 b`` forward
+    (scores in, probabilities out), ``3 b`` backward (gradient and probabilities in, gradient out).
+    Megatron-LM's causal kernel (:data:`MEGATRON_OPS`; ``fused_kernels/scaled_upper_triang_masked_softmax.h``,
+    ``s_q == s_kv``: row i reads its first i + 1 elements, ``element_index < local_seq``, and writes
+    the whole row, zeros past the diagonal) reads only the lower triangle, a fraction
+    ``(s + 1) / (2 s)`` of the scores: ``b (f + 1)`` forward, ``b (2 f + 1)`` backward.
+
+    >>> a = Attention(batch=1, q_heads=1, kv_heads=1, seq_q=4, seq_kv=4, head_dim=8)
+    >>> softmax_bytes(a, 2), softmax_bytes(a, 2, megatron=True)   # 16 scores, 10 on or below the diagonal
+    ((64, 96), (52.0, 72.0))
+    """
+    scores = att.batch * att.q_heads * att.seq_q * att.seq_kv
+    if not megatron or att.seq_q != att.seq_kv:
+        return 2 * b * scores, 3 * b * scores
+    f = (att.seq_kv + 1) / (2 * att.seq_kv)
+    return b * (f + 1) * scores, b * (2 * f + 1) * scores
+
+
 def _score_ops(gpu, att: Attention, w: Workload, table, recompute: bool) -> list[Op]:
     """Non-flash attention: full QK^T and PV batched GEMMs, softmax and dropout on scores."""
     n = att.batch * att.q_heads
@@ -347,8 +369,9 @@ def _score_ops(gpu, att: Attention, w: Workload, table, recompute: bool) -> list
     pv = Gemm("pv", att.seq_q, att.d_v, att.seq_kv, n)
     scores = n * att.seq_q * att.seq_kv
     b = dtype_bytes(w.dtype)
-    fwd_mem = [("softmax", 2 * b * scores)] + ([("attention dropout", (2 * b + 1) * scores)] if w.dropout else [])
-    bwd_mem = [("softmax backward", 3 * b * scores)] + ([("dropout backward", (2 * b + 1) * scores)] if w.dropout else [])
+    sm_f, sm_b = softmax_bytes(att, b, w.megatron_ops)
+    fwd_mem = [("softmax", sm_f)] + ([("attention dropout", (2 * b + 1) * scores)] if w.dropout else [])
+    bwd_mem = [("softmax backward", sm_b)] + ([("dropout backward", (2 * b + 1) * scores)] if w.dropout else [])
     out = []
     if w.megatron_ops:  # MEGATRON_OPS: context permute copy; alpha on dQ and dK; split backward (cat)
         q_el = att.batch * att.q_heads * att.seq_q * att.head_dim
