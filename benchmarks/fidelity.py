@@ -122,7 +122,7 @@ def sources(gpu: str) -> list[str]:
             "forward output sent with the next backward's, schedules.py), scatter/gather without SP; fused QKV "
             "GEMM (transformer.py query_key_value); wgrad accumulated into fp32 main_grad "
             "(layers.py wgrad_gemm_accum_fp32: C read + written in fp32, roofline at Triad); its own kernels "
-            "(compute/ops.py MEGATRON_OPS: fused layer norm backward in 5 passes, fp32 cross entropy pass by pass, "
+            "(compute/megatron.py: fused layer norm backward in 5 passes, causal softmax on the lower triangle, fp32 cross entropy pass by pass, "
             "context permute copy, baddbmm alpha on dQ/dK, QKV split-backward cat, main_grad hooks, embedding "
             "mask/transpose/split/dropout); grad buffer /= dp in place before the optimizer (distributed.py "
             "allreduce_gradients): 58 B per parameter",

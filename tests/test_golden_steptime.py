@@ -199,7 +199,7 @@ def head_terms(tp: int, megatron: bool = False) -> dict:
     torch's dense one: the zero-filled V/tp x h bf16 table and the S rows scattered (read +
     write S x h), one kernel here; final norm (NORM_BW), output GEMM (S, V/tp, h), vocab-parallel
     cross entropy (reads bf16 logits, writes the fp32 softmax: (2 + 4) B per logit, both passes,
-    TRIAD). ``megatron`` (compute/ops.MEGATRON_OPS): the lookup's rows of other tp ranks zeroed
+    TRIAD). ``megatron`` (compute/megatron.py): the lookup's rows of other tp ranks zeroed
     (2 B x S x h x (tp-1)/tp), the [b s h] -> [s b h] transpose copy (2 x 2 B x S x h), the
     embedding's main-gradient hook (10 B x V/tp x h), the final norm's backward in 5 passes and
     its weight's hook (10 B x h), and the cross entropy on fp32 logits pass by pass: 38 B per

@@ -1,4 +1,4 @@
-"""Megatron-LM 2022's own kernels around the GEMMs (issue 11, compute/ops.MEGATRON_OPS), each
+"""Megatron-LM 2022's own kernels around the GEMMs (issue 11, compute/megatron.py), each
 read in NVIDIA/Megatron-LM at 2755bcb and derived here by hand for the 22B GPT of Korthikanti et
 al. 2022 on A100 (tp 8, micro-batch 4, seq 2048, SP: 8,192 tokens, 1,024 rows per rank; 8 local
 heads of 96), every memory-bound pass at BabelStream Triad 1.70 TB/s (catalog kernels.toml),

@@ -54,6 +54,8 @@ from typing import Optional
 
 from meshplan.compute.gemm import GemmTable, gemm_efficiency, gemm_model, gemm_time, load_gemm_table  # noqa: F401
 from meshplan.compute.measured import attention_seconds, bandwidth, kernel_data
+from meshplan.compute.megatron import (attention_copy_bytes, cross_entropy_bytes, embedding_bytes, hook_params,
+                                       norm_backward_passes, softmax_bytes)
 from meshplan.compute.routing import RoutingOptions, routing
 from meshplan.compute.shapes import (ATTENTION_GEMMS, MLA_REPLICATED, Attention, Gemm, attention_shape,
                                      backward_gemms, layer_gemms)
@@ -75,7 +77,7 @@ class Workload:
     ``fused_qkv``: Q, K and V projected by one GEMM (:func:`qkv_fused_ops`);
     ``fp32_wgrad_accumulation``: weight-gradient GEMMs accumulate into fp32 main gradients
     (:func:`_gemm_ops`); ``megatron_ops``: Megatron-LM's (2022, NVIDIA/Megatron-LM 2755bcb) own
-    kernels around the GEMMs (:data:`MEGATRON_OPS`)."""
+    kernels around the GEMMs (:mod:`meshplan.compute.megatron`)."""
 
     seq_len: int
     micro_batch: int = 1
@@ -169,7 +171,7 @@ def framework_kernels(training) -> dict:
     GEMM (``fused_qkv``) and, with fp32 gradients, accumulates weight gradients into them
     inside the GEMM (``fp32_wgrad_accumulation``: its ``gradient_accumulation_fusion``, on by
     default); torch does neither. Megatron-LM also runs its own kernels around the GEMMs
-    (``megatron_ops``, :data:`MEGATRON_OPS`). One rule for the step model and the search's bound.
+    (``megatron_ops``, :mod:`meshplan.compute.megatron`). One rule for the step model and the search's bound.
 
     >>> from meshplan.spec.training import TrainingSpec
     >>> framework_kernels(TrainingSpec(global_batch=8, seq_len=16, framework="megatron", grad_dtype="fp32"))
@@ -180,32 +182,6 @@ def framework_kernels(training) -> dict:
             "megatron_ops": megatron}
 
 
-#: What ``Workload.megatron_ops`` adds, each read in NVIDIA/Megatron-LM at 2755bcb (June 2022,
-#: the code Korthikanti et al. 2022 measured) and timed as memory-bound passes at Triad:
-#:
-#: - layer norm backward (``megatron/fused_kernels/layer_norm_cuda_kernel.cu``:
-#:   ``cuComputePartGradGammaBeta`` reads the output gradient and the input for the weight and
-#:   bias gradients, ``cuComputeGradInput`` reads both again and writes the input gradient):
-#:   5 passes over ``rows x h`` where a single fused kernel makes 3 (:func:`norm_backward_passes`);
-#: - the causal fused softmax (``fused_kernels/scaled_upper_triang_masked_softmax.h``) reads only
-#:   the lower triangle of the scores and writes the whole row (:func:`softmax_bytes`);
-#: - non-flash attention (``model/transformer.py`` ``CoreAttention``, ``ParallelAttention``):
-#:   the context ``permute(2, 0, 1, 3).contiguous()`` copy (forward, and in its recompute), the
-#:   ``baddbmm`` scale ``alpha = 1/norm_factor`` applied to dQ and dK in backward (torch's
-#:   ``baddbmm`` derivative multiplies each operand gradient by alpha, a separate kernel), and
-#:   the backward of ``split_tensor_along_last_dim`` (torch's split backward: ``cat`` of dQ, dK, dV
-#:   into the fused QKV output gradient) (:func:`_score_ops`);
-#: - the main-gradient hooks (``model/distributed.py`` ``_make_param_hook``:
-#:   ``param.main_grad.add_(param.grad.data)`` per parameter whose gradient is not fused into its
-#:   GEMM: norm weights and biases, linear biases, the embeddings), one kernel each per micro-batch
-#:   (:func:`main_grad_hooks`);
-#: - vocab-parallel cross entropy (``model/gpt_model.py``: ``vocab_parallel_cross_entropy(output.float(),
-#:   labels)``; ``mpu/cross_entropy.py``): the logits upcast to fp32, then max, ``sub_``, ``exp``,
-#:   sum and ``div_`` as separate passes (:func:`cross_entropy_bytes`);
-#: - the embedding (``mpu/layers.py`` ``VocabParallelEmbedding``, ``model/language_model.py``
-#:   ``Embedding``): the masked rows zeroed after the lookup, the ``[b s h] -> [s b h]`` transpose
-#:   copy, with SP the sequence split copy, and the embedding dropout (:func:`embedding_cost`).
-MEGATRON_OPS = ("layer norm backward", "attention copies", "main-grad hooks", "cross entropy", "embedding")
 
 
 def issue_floor(gpu: GPUSpec, seconds: float) -> float:
@@ -342,28 +318,9 @@ def _flash_ops(gpu: GPUSpec, att: Attention, w: Workload, recompute: bool, table
     return out
 
 
-def softmax_bytes(att: Attention, b: int, megatron: bool = False) -> tuple[float, float]:
-    """(forward, backward) HBM bytes of the fused softmax over the ``n s_q s_kv`` scores of a
-    non-flash attention (``b`` bytes per element). Reading and writing every score: ``2 b`` forward
-    (scores in, probabilities out), ``3 b`` backward (gradient and probabilities in, gradient out).
-    Megatron-LM's causal kernel (:data:`MEGATRON_OPS`; ``fused_kernels/scaled_upper_triang_masked_softmax.h``,
-    ``s_q == s_kv``: row i reads its first i + 1 elements, ``element_index < local_seq``, and writes
-    the whole row, zeros past the diagonal) reads only the lower triangle, a fraction
-    ``(s + 1) / (2 s)`` of the scores: ``b (f + 1)`` forward, ``b (2 f + 1)`` backward.
-
-    >>> a = Attention(batch=1, q_heads=1, kv_heads=1, seq_q=4, seq_kv=4, head_dim=8)
-    >>> softmax_bytes(a, 2), softmax_bytes(a, 2, megatron=True)   # 16 scores, 10 on or below the diagonal
-    ((64, 96), (52.0, 72.0))
-    """
-    scores = att.batch * att.q_heads * att.seq_q * att.seq_kv
-    if not megatron or att.seq_q != att.seq_kv:
-        return 2 * b * scores, 3 * b * scores
-    f = (att.seq_kv + 1) / (2 * att.seq_kv)
-    return b * (f + 1) * scores, b * (2 * f + 1) * scores
-
-
 def _score_ops(gpu, att: Attention, w: Workload, table, recompute: bool) -> list[Op]:
-    """Non-flash attention: full QK^T and PV batched GEMMs, softmax and dropout on scores."""
+    """Non-flash attention: full QK^T and PV batched GEMMs, softmax and dropout on scores;
+    with ``w.megatron_ops`` Megatron-LM's causal softmax and copies (:mod:`meshplan.compute.megatron`)."""
     n = att.batch * att.q_heads
     qk = Gemm("qk^T", att.seq_q, att.seq_kv, att.head_dim, n)
     pv = Gemm("pv", att.seq_q, att.d_v, att.seq_kv, n)
@@ -373,12 +330,10 @@ def _score_ops(gpu, att: Attention, w: Workload, table, recompute: bool) -> list
     fwd_mem = [("softmax", sm_f)] + ([("attention dropout", (2 * b + 1) * scores)] if w.dropout else [])
     bwd_mem = [("softmax backward", sm_b)] + ([("dropout backward", (2 * b + 1) * scores)] if w.dropout else [])
     out = []
-    if w.megatron_ops:  # MEGATRON_OPS: context permute copy; alpha on dQ and dK; split backward (cat)
-        q_el = att.batch * att.q_heads * att.seq_q * att.head_dim
-        k_el = att.batch * att.kv_heads * att.seq_kv * att.head_dim
-        v_el = att.batch * att.kv_heads * att.seq_kv * att.d_v
-        fwd_mem.append(("context permute copy", 2 * b * att.batch * att.q_heads * att.seq_q * att.d_v))
-        bwd_mem += [("baddbmm alpha (dQ, dK)", 2 * b * (q_el + k_el)), ("qkv split grad (cat)", 2 * b * (q_el + k_el + v_el))]
+    if w.megatron_ops:  # context permute copy; alpha on dQ and dK; the QKV split's backward (compute.megatron)
+        f_copies, b_copies = attention_copy_bytes(att, b)
+        fwd_mem += f_copies
+        bwd_mem += b_copies
     for g in (qk, pv):
         ops = _gemm_ops(gpu, g, "attn", w, table, model_scale=0.5, weight=False)  # causal half as model FLOP
         out += [replace(o, phase="backward_input") if o.phase == "backward_weight" else o for o in ops]
@@ -403,7 +358,7 @@ def _elementwise(model: ModelSpec, gpu: GPUSpec, w: Workload, gemms: list[Gemm])
             act += g.m * g.n / (2 if model.gated_mlp else 1)
     res_f = (3 * b + (1 if w.dropout else 0)) * r * h
     res_b = (3 * b if not w.dropout else 2 * b + 1) * r * h
-    nb_norm = norm_backward_passes(w) * b * r * h
+    nb_norm = norm_backward_passes(w.megatron_ops) * b * r * h
     spec = [("attn norm", "attn_pre", 2 * b * r * h, nb_norm),
             ("residual add" + (" + dropout" if w.dropout else ""), "attn_post", res_f, res_b),
             ("mlp norm", "mlp_pre", 2 * b * r * h, nb_norm),
@@ -434,17 +389,6 @@ def _elementwise(model: ModelSpec, gpu: GPUSpec, w: Workload, gemms: list[Gemm])
         out += [_mem(gpu, name, block, phase, nb, kind=kind, hidden=widths.get(name, h))
                 for phase, nb in (("forward", f), ("backward_input", bw)) if nb > 0]
     return out
-
-
-def norm_backward_passes(w: Workload) -> int:
-    """Passes over ``rows x h`` of a norm's backward: 3 for one fused kernel (read the input
-    and the output gradient, write the input gradient), 5 with Megatron-LM's fused layer norm
-    (:data:`MEGATRON_OPS`: its weight-gradient kernel reads both again).
-
-    >>> norm_backward_passes(Workload(seq_len=8)), norm_backward_passes(Workload(seq_len=8, megatron_ops=True))
-    (3, 5)
-    """
-    return 5 if w.megatron_ops else 3
 
 
 def _latent_norms(model: ModelSpec, b: int, t: int) -> list[tuple[str, str, float, float]]:
@@ -483,20 +427,11 @@ def _bias_ops(model: ModelSpec, gpu: GPUSpec, w: Workload, moe: bool) -> list[Op
     return out
 
 
-#: Parameters of one layer whose gradients Megatron-LM adds to the main gradient in a hook
-#: (:func:`main_grad_hooks`): the 1-D ones (norm weights and biases, linear biases), by the
-#: block whose weight-gradient pass issues them. The fused QKV bias is one parameter.
-_HOOK_BLOCK = {"attn_norm": "attn", "attn_norm_bias": "attn", "wq_bias": "attn", "wo_bias": "attn",
-               "q_norm": "attn", "k_norm": "attn"}
-
-
 def main_grad_hooks(model: ModelSpec, gpu: GPUSpec, w: Workload, layer: int = -1) -> list[Op]:
-    """Megatron-LM's main-gradient hooks of one layer per micro-batch (:data:`MEGATRON_OPS`):
-    for each 1-D parameter (``numel == rows`` in :meth:`~meshplan.spec.model.ModelSpec.layer_tensors`;
-    the fused QKV bias once) ``main_grad.add_(grad)`` reads the main gradient and the gradient
-    and writes the main gradient: ``(2 g + b) x local elements`` (g = 4 with fp32 main gradients,
-    else the compute dtype's b), one kernel each (:func:`issue_floor`). Column-split parameters
-    hold ``1/tp`` of their elements; replicated ones all.
+    """Megatron-LM's main-gradient hooks of one layer per micro-batch
+    (:func:`meshplan.compute.megatron.hook_params`): ``main_grad.add_(grad)`` reads the main
+    gradient and the gradient and writes the main gradient, ``(2 g + b) x local elements`` (g = 4
+    with fp32 main gradients, else the compute dtype's b), one kernel each (:func:`issue_floor`).
 
     >>> from meshplan import catalog
     >>> gpt, a100 = catalog.model("megatron-22b"), catalog.gpu("a100-sxm-80gb")
@@ -510,15 +445,8 @@ def main_grad_hooks(model: ModelSpec, gpu: GPUSpec, w: Workload, layer: int = -1
     """
     b, g = dtype_bytes(w.dtype), (4 if w.fp32_wgrad_accumulation else dtype_bytes(w.dtype))
     idx = model.layers - 1 if layer < 0 else layer
-    out = []
-    for t in model.layer_tensors(idx):
-        if t.numel != t.rows or (w.fused_qkv and t.name in ("wk_bias", "wv_bias")):
-            continue
-        n = t.numel // w.tp if t.split in ("column", "kv_column") else t.numel
-        if w.fused_qkv and t.name == "wq_bias":
-            n = sum(x.numel for x in model.layer_tensors(idx) if x.name in ("wq_bias", "wk_bias", "wv_bias")) // w.tp
-        out.append(_mem(gpu, f"{t.name} main_grad add", _HOOK_BLOCK.get(t.name, "mlp"), "backward_weight", (2 * g + b) * n))
-    return out
+    return [_mem(gpu, f"{name} main_grad add", block, "backward_weight", (2 * g + b) * n)
+            for name, block, n in hook_params(model, w.tp, w.fused_qkv, idx)]
 
 
 def layer_cost(model: ModelSpec, gpu: GPUSpec, w: Workload, layer: int = -1,
@@ -576,12 +504,8 @@ def embedding_cost(model: ModelSpec, gpu: GPUSpec, w: Workload) -> Cost:
     position add, and in backward the dense weight gradient torch's ``embedding_dense_backward``
     builds: a zero-filled ``(table rows) x h`` tensor (``at::zeros``; the rank's ``V_padded / tp``
     rows, ``max_position`` for learned positions) into which the token rows are scattered.
-    Memory-bound. With ``w.megatron_ops`` (:data:`MEGATRON_OPS`) also Megatron-LM's masked-row
-    zeroing (``output_parallel[input_mask, :] = 0``: the ``(tp - 1) / tp`` of the rows other ranks
-    own), the ``[b s h] -> [s b h]`` transpose copy, with SP the split copy of the rank's
-    sequence shard, the embedding dropout (with dropout) on the rows the rank keeps, and the
-    main-gradient hooks of the word (and position) embedding: ``(2 g + b)`` per table element
-    (:func:`main_grad_hooks`).
+    Memory-bound. With ``w.megatron_ops`` also Megatron-LM's passes around it
+    (:func:`meshplan.compute.megatron.embedding_bytes`).
 
     >>> from meshplan import catalog
     >>> gpt, a100 = catalog.model("megatron-22b"), catalog.gpu("a100-sxm-80gb")
@@ -599,14 +523,8 @@ def embedding_cost(model: ModelSpec, gpu: GPUSpec, w: Workload) -> Cost:
         ops.append(_mem(gpu, "position add", "embed", "forward", 3 * b * t * h))
     if w.megatron_ops:
         g = 4 if w.fp32_wgrad_accumulation else b
-        ops += [_mem(gpu, "masked rows zeroed", "embed", "forward", (b * t * h * (w.tp - 1)) // w.tp)] if w.tp > 1 else []
-        ops += [_mem(gpu, "transpose copy", "embed", "forward", 2 * b * t * h),
-                _mem(gpu, "embedding main_grad add", "embed", "backward_weight", (2 * g + b) * (rows + pos) * h)]
-        if w.sp:
-            ops.append(_mem(gpu, "sequence split copy", "embed", "forward", 2 * b * w.row_tokens * h))
-        if w.dropout:
-            ops += [_mem(gpu, "embedding dropout", "embed", "forward", (2 * b + 1) * w.row_tokens * h),
-                    _mem(gpu, "embedding dropout", "embed", "backward_input", (2 * b + 1) * w.row_tokens * h)]
+        ops += [_mem(gpu, name, "embed", phase, nb)
+                for name, phase, nb in embedding_bytes(b, g, t, h, w.tp, w.row_tokens, (rows + pos) * h, w.sp, w.dropout)]
     data = kernel_data(gpu.name)
     if data is not None:  # per micro-batch: the batch broadcast (catalog microbatch_overhead_s)
         ops.append(Op("micro-batch overhead", "embed", "forward", "overhead", data.microbatch_overhead_s,
@@ -616,16 +534,17 @@ def embedding_cost(model: ModelSpec, gpu: GPUSpec, w: Workload) -> Cost:
 
 def head_cost(model: ModelSpec, gpu: GPUSpec, w: Workload, table: Optional[GemmTable] = None) -> Cost:
     """Final norm, output GEMM ``(tokens, V_padded / tp, h)`` and vocab-parallel cross
-    entropy (:func:`cross_entropy_bytes`) on the last stage; with ``w.megatron_ops`` the
-    final norm's backward and main-gradient hooks as Megatron-LM's (:data:`MEGATRON_OPS`)."""
+    entropy on the last stage; with ``w.megatron_ops`` the cross entropy, the final norm's
+    backward and its main-gradient hooks as Megatron-LM's (:mod:`meshplan.compute.megatron`)."""
     b, h, r = dtype_bytes(w.dtype), model.hidden, w.row_tokens
     pv = padded_vocab(model.vocab, w.vocab_pad_divisor, w.tp)
     g = Gemm("output", w.tokens, pv // w.tp, h)
     logits = w.tokens * (pv // w.tp)
     ops = [_mem(gpu, "final norm", "head", "forward", 2 * b * r * h, kind="norm", hidden=h),
-           _mem(gpu, "final norm", "head", "backward_input", norm_backward_passes(w) * b * r * h, kind="norm", hidden=h)]
+           _mem(gpu, "final norm", "head", "backward_input", norm_backward_passes(w.megatron_ops) * b * r * h,
+                kind="norm", hidden=h)]
     ops += _gemm_ops(gpu, g, "head", w, table, model_scale=model.vocab / pv)
-    fwd_b, bwd_b = cross_entropy_bytes(w)
+    fwd_b, bwd_b = cross_entropy_bytes(b, w.megatron_ops)
     ops += [_mem(gpu, "cross entropy", "head", "forward", fwd_b * logits),
             _mem(gpu, "cross entropy", "head", "backward_input", bwd_b * logits)]
     if w.megatron_ops:  # the final norm's weight (and bias) main-gradient hooks (main_grad_hooks)
@@ -633,21 +552,6 @@ def head_cost(model: ModelSpec, gpu: GPUSpec, w: Workload, table: Optional[GemmT
         ops += [_mem(gpu, f"final norm {p} main_grad add", "head", "backward_weight", (2 * g + b) * h)
                 for p in (("weight", "bias") if model.norm == "layernorm" else ("weight",))]
     return Cost(tuple(ops))
-
-
-def cross_entropy_bytes(w: Workload) -> tuple[int, int]:
-    """(forward, backward) HBM bytes per local logit of the vocab-parallel cross entropy.
-    One fused kernel: forward reads the logits (b) and keeps the fp32 softmax (4 B), backward
-    reads it and writes the gradient (4 + b). Megatron-LM 2022 (:data:`MEGATRON_OPS`): the
-    logits upcast (read b, write 4), max (read 4), ``sub_`` (4 + 4), ``exp`` (4 + 4), sum (4),
-    ``div_`` (4 + 4): b + 36 forward; backward ``mul_`` by the loss gradient (4 + 4) and the
-    upcast's backward (read 4, write b): 12 + b.
-
-    >>> cross_entropy_bytes(Workload(seq_len=8)), cross_entropy_bytes(Workload(seq_len=8, megatron_ops=True))
-    ((6, 6), (38, 14))
-    """
-    b = dtype_bytes(w.dtype)
-    return (b + 36, 12 + b) if w.megatron_ops else (b + 4, 4 + b)
 
 
 def sequence_model_flops(model: ModelSpec, seq_len: int) -> float:
