@@ -548,8 +548,8 @@ def head_cost(model: ModelSpec, gpu: GPUSpec, w: Workload, table: Optional[GemmT
     ops += [_mem(gpu, "cross entropy", "head", "forward", fwd_b * logits),
             _mem(gpu, "cross entropy", "head", "backward_input", bwd_b * logits)]
     if w.megatron_ops:  # the final norm's weight (and bias) main-gradient hooks (main_grad_hooks)
-        g = 4 if w.fp32_wgrad_accumulation else b
-        ops += [_mem(gpu, f"final norm {p} main_grad add", "head", "backward_weight", (2 * g + b) * h)
+        main = 4 if w.fp32_wgrad_accumulation else b
+        ops += [_mem(gpu, f"final norm {p} main_grad add", "head", "backward_weight", (2 * main + b) * h)
                 for p in (("weight", "bias") if model.norm == "layernorm" else ("weight",))]
     return Cost(tuple(ops))
 
