@@ -1,6 +1,6 @@
 """benchmarks/fidelity.py (issue 11 item 6): its core function on one development-set run.
 
-The model is not fitted to the published step times (D2 is -5.7% today, see the benchmark's
+The model is not fitted to the published step times (D2 is -1.7% today, see the benchmark's
 output and the issue 11 notes), so no fidelity band is asserted: the test checks the
 benchmark's bookkeeping against values derived by hand and the per-term values of the model
 that the benchmark reports."""
