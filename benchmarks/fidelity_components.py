@@ -69,10 +69,11 @@ def main() -> None:
                 ("tp exposed in recompute", None, "tp recompute"), ("pp exposed", "pp", "pp"),
                 ("bubble / pipeline idle", "pipeline idle and rest", "bubble"), ("optimizer step", "optimizer", "optimizer"),
                 ("step", "total", "total")]
-        for label, a, b in rows:
-            x = ours.get(a, 0.0) if a else 0.0
-            y = theirs.get(b, 0.0) if b else 0.0
-            print(f"{label:34s} {x:9.3f} {y:9.3f} {x / n * 1e3:7.3f} {y / n * 1e3:8.3f}")
+        for label, a, b in rows:  # "-": the tool has no such term (Calculon's memory time is inside its compute)
+            x = ours.get(a, 0.0) if a else None
+            y = theirs.get(b, 0.0) if b else None
+            cell = lambda v, w, scale: f"{v * scale:{w}.3f}" if v is not None else f"{'-':>{w}s}"
+            print(f"{label:34s} {cell(x, 9, 1)} {cell(y, 9, 1)} {cell(x, 7, 1e3 / n)} {cell(y, 8, 1e3 / n)}")
 
 
 if __name__ == "__main__":
