@@ -182,8 +182,6 @@ def framework_kernels(training) -> dict:
             "megatron_ops": megatron}
 
 
-
-
 def issue_floor(gpu: GPUSpec, seconds: float) -> float:
     """A kernel's time on the step: ``max(kernel seconds, host issue floor)`` (catalog
     ``host.kernel_issue_s``, :mod:`meshplan.compute.measured`); unchanged for a GPU without
