@@ -32,6 +32,7 @@ bench: $(VENV)/.base
 	$(PY) benchmarks/bench_search.py
 	$(PY) benchmarks/bench_step.py
 	$(PY) benchmarks/fidelity.py
+	$(PY) benchmarks/fidelity_components.py
 
 clean:
 	rm -rf $(VENV)

@@ -108,8 +108,9 @@ def sources(gpu: str) -> list[str]:
         return [f"{gpu}: no catalog measurements (shape model, datasheet bandwidth)"]
     return [f"GEMM: catalog kernels.toml {gpu} points ({', '.join(sorted(d.gemm))}), Shepard interpolation in "
             f"log2 (M, N, K), memory roofline at Triad",
-            "attention: non-flash (Megatron 2022): batched QK^T / PV GEMMs from the same points; fused softmax and "
-            "dropout over the scores as memory-bound kernels",
+            "attention: non-flash (Megatron 2022): batched QK^T / PV GEMMs from the same points (A100: the 'D S7a' "
+            "points, S7a's PyTorch standard attention less its softmax and copies); fused softmax and dropout over the "
+            "scores as memory-bound kernels",
             f"bandwidth: Triad {d.stream_bytes_per_s / 1e12:.2f} TB/s (BabelStream, S3); norms on the Liger curve "
             f"{[round(x / 1e12, 2) for x in d.norm_bytes_per_s]} TB/s at hidden {list(d.norm_hidden)} (S11)",
             f"overheads: kernel issue floor {d.kernel_issue_s * 1e6:.1f} us (S21 + S22), micro-batch "
@@ -121,7 +122,12 @@ def sources(gpu: str) -> list[str]:
             "rendezvous, each call ends at max(own post, peers' posts) + p2p; interleaved steady-state "
             "forward output sent with the next backward's, schedules.py), scatter/gather without SP; fused QKV "
             "GEMM (transformer.py query_key_value); wgrad accumulated into fp32 main_grad "
-            "(layers.py wgrad_gemm_accum_fp32: C read + written in fp32, roofline at Triad)"]
+            "(layers.py wgrad_gemm_accum_fp32: C read + written in fp32, roofline at Triad); its own kernels "
+            "(compute/megatron.py: fused layer norm backward in 5 passes, causal softmax on the lower triangle, fp32 cross entropy pass by pass, "
+            "context permute copy, baddbmm alpha on dQ/dK, QKV split-backward cat, main_grad hooks, embedding "
+            "mask/transpose/split/dropout); grad buffer /= dp in place before the optimizer (distributed.py "
+            "allreduce_gradients): 58 B per parameter",
+            "GEMM interpolation nodes: measurements of their own shape; the MAMF maximum (S1) is the ceiling only"]
 
 
 def main() -> None:

@@ -277,12 +277,16 @@ def test_catalog_gemm_interpolation_by_hand():
     d = kernel_data("a100-sxm-80gb")
     q = (13, log2(3072), log2(6144))
     pts = [(4096, 4096, 4096, 228.0), (8192, 8192, 8192, 253.7), (2048, 2048, 2048, 221.8),
-           (6144, 12288, 12288, 250.8), (16384, 16384, 16384, 256.5), (1024, 10240, 5120, 271.2),
+           (6144, 12288, 12288, 250.8), (16384, 16384, 16384, 256.5),
            (1024, 2145, 1024, 132.8), (1024, 1024, 1024, 119.4), (802816, 192, 768, 157.8)]
     dist = sorted((sum((a - log2(b)) ** 2 for a, b in zip(q, p[:3])) ** 0.5, p[3]) for p in pts)[:4]
     want = sum(v / x ** 2 for x, v in dist) / sum(1 / x ** 2 for x, _ in dist)
     assert gemm_tflops(d, 8192, 3072, 6144, "bf16")[0] == pytest.approx(want)
     assert 228.0 < want < 253.7  # between the 4096^3 and 8192^3 cubes it lies between
+    # the MAMF maximum (S1, 1024x10240x5120 271.2) is the ceiling, not a node (kernels.toml header):
+    # the 22B-at-tp-8 shape nearest it in log2 reads the S3 points only
+    assert all(p[4] != "S1" for pts in d.gemm.values() for p in pts)
+    assert gemm_tflops(d, 1024, 10240, 5120, "bf16")[0] < 256.5
     # a measured shape returns its value; fp16 uses the bf16 points (one tensor-core peak)
     assert gemm_tflops(d, 802816, 192, 768, "fp16")[0] == 157.8
     # memory roofline: (8192, 8192, 16): 2 (M K + K N + M N) B at 1.70 TB/s beats any FLOP rate
@@ -336,3 +340,26 @@ def test_linear_bias_kernels_by_hand():
                   ("mlp down bias grad", "backward_weight"): 2 * 1024 * 6144}
     llama = layer_cost(catalog.model("llama3-8b"), H100, Workload(seq_len=4096, tp=2))
     assert not [o for o in llama.ops if "bias" in o.name]  # no linear biases
+
+
+def test_attention_gemm_points_derived_from_s7a():
+    """The A100 "D S7a" GEMM points (catalog kernels.toml): S7a's PyTorch standard attention
+    (fwd+bwd, non-causal, d 128, 16 heads, B x S = 16,384) minus the memory-bound rest as the model
+    times it (softmax 4 + 6 B per score, 7 layout copies of 4 B per q/k/v element, at Triad), the
+    six batched GEMMs' 12 n S^2 d FLOP over what is left. At S 2048: 12.659 ms measured, softmax
+    3.158 ms, copies 0.553 ms, 1.649 TFLOP in 8.948 ms: 92.2 TFLOP/s."""
+    from meshplan.compute.measured import kernel_data
+
+    d = kernel_data("a100-sxm-80gb")
+    s7a = {512: 53, 1024: 67, 2048: 76, 4096: 79, 8192: 86}     # public-microbenchmarks.md 2, S7a
+    pts = {(m, n, k): v for m, n, k, v, src in d.gemm["bf16"] if src == "D S7a"}
+    assert len(pts) == 10
+    for s, rate in s7a.items():
+        b, heads, hd = 16384 // s, 16, 128
+        batch = b * heads
+        measured = 3.5 * 4 * b * s * s * heads * hd / (rate * 1e12)
+        rest = (4 + 6) * batch * s * s / 1.70e12 + 7 * 4 * b * s * heads * hd / 1.70e12
+        derived = 6 * 2 * batch * s * s * hd / (measured - rest) / 1e12
+        assert batch * s == 262144
+        assert pts[(262144, s, 128)] == pts[(262144, 128, s)] == pytest.approx(derived, abs=0.05)
+    assert pts[(262144, 2048, 128)] == 92.2

@@ -165,7 +165,10 @@ def layer_terms(tp: int, megatron: bool = False) -> dict:
     kernel floored at ISSUE. ``f_*`` forward, ``b_*`` input gradient, ``w_*`` weight gradient.
     Byte counts of compute/ops._elementwise; norms at NORM_BW, everything else at TRIAD.
     ``megatron``: one fused QKV GEMM (one kernel, one floor) and fp32-accumulating weight
-    gradients (:func:`wgrad_s`)."""
+    gradients (:func:`wgrad_s`); Megatron-LM's fused layer norm backward reads x and dy twice
+    (5 passes, compute/ops.norm_backward_passes); each norm weight's main-gradient hook
+    (main_grad.add_: fp32 main gradient read and written, bf16 gradient read, 10 B x h: one
+    floored kernel) runs with the column-parallel weight gradients of its block."""
     lin = linears(tp, megatron)
     fwd = lambda blk: sum(kernel(gemm_s(S, n, k)) for k, n, b in lin.values() if b == blk)      # (M, N, K)
     dgrad = lambda blk: sum(kernel(gemm_s(S, k, n)) for k, n, b in lin.values() if b == blk)    # (M, K, N)
@@ -173,7 +176,8 @@ def layer_terms(tp: int, megatron: bool = False) -> dict:
                                       if b == blk and row in (None, name in ROW))            # (N, K, M)
     att_f = kernel(attention_flops(tp) / (PEAK * EFF_ATTN))          # table's forward
     att_b = kernel(2.5 * attention_flops(tp) / (PEAK * EFF_ATTN))    # table's backward
-    norm_f, norm_b = kernel(2 * B * S * H / NORM_BW), kernel(3 * B * S * H / NORM_BW)  # x in, y out / x, dy in, dx out
+    norm_f, norm_b = kernel(2 * B * S * H / NORM_BW), kernel((5 if megatron else 3) * B * S * H / NORM_BW)
+    hook = kernel(10 * H / TRIAD) if megatron else 0.0                # Megatron: norm weight main_grad add
     add = kernel(3 * B * S * H / TRIAD)                               # residual add: two in, one out (both passes)
     grad_acc = kernel(3 * B * S * H / TRIAD)                          # backward: skip + norm-branch gradient summed
     rope = kernel(2 * B * S * (2 * Q // tp) * D / TRIAD)             # q and k rotated: in and out
@@ -184,21 +188,37 @@ def layer_terms(tp: int, megatron: bool = False) -> dict:
             "f_mlp_pre": norm_f, "f_mlp": fwd("mlp") + silu_f, "f_mlp_post": add,
             "b_attn_pre": norm_b + grad_acc, "b_attn": dgrad("attn") + att_b + rope, "b_attn_post": add,
             "b_mlp_pre": norm_b + grad_acc, "b_mlp": dgrad("mlp") + silu_b, "b_mlp_post": add,
-            "w_attn": wgrad("attn"), "w_mlp": wgrad("mlp"),
+            "w_attn": wgrad("attn") + hook, "w_mlp": wgrad("mlp") + hook,
             "row_w_attn": wgrad("attn", True), "row_w_mlp": wgrad("mlp", True),
-            "col_w_attn": wgrad("attn", False), "col_w_mlp": wgrad("mlp", False)}
+            "col_w_attn": wgrad("attn", False) + hook, "col_w_mlp": wgrad("mlp", False) + hook}
 
 
 def head_terms(tp: int, megatron: bool = False) -> dict:
-    """Embedding (first stage) and head (last stage) seconds: lookup and gradient scatter
-    read + write S x h at TRIAD, plus the per-micro-batch overhead in the embedding's forward;
-    final norm (NORM_BW), output GEMM (S, V/tp, h), vocab-parallel cross entropy (reads bf16
-    logits, writes the fp32 softmax: (2 + 4) B per logit, both passes, TRIAD)."""
+    """Embedding (first stage) and head (last stage) seconds: lookup read + write S x h at
+    TRIAD, plus the per-micro-batch overhead in the embedding's forward; its weight gradient
+    torch's dense one: the zero-filled V/tp x h bf16 table and the S rows scattered (read +
+    write S x h), one kernel here; final norm (NORM_BW), output GEMM (S, V/tp, h), vocab-parallel
+    cross entropy (reads bf16 logits, writes the fp32 softmax: (2 + 4) B per logit, both passes,
+    TRIAD). ``megatron`` (compute/megatron.py): the lookup's rows of other tp ranks zeroed
+    (2 B x S x h x (tp-1)/tp), the [b s h] -> [s b h] transpose copy (2 x 2 B x S x h), the
+    embedding's main-gradient hook (10 B x V/tp x h), the final norm's backward in 5 passes and
+    its weight's hook (10 B x h), and the cross entropy on fp32 logits pass by pass: 38 B per
+    logit forward (upcast 2 + 4, max 4, sub 8, exp 8, sum 4, div 8), 14 B backward (mul 8,
+    upcast's backward 4 + 2)."""
     logits = S * V // tp
-    return {"emb_f": kernel(2 * B * S * H / TRIAD) + MB_OVERHEAD, "emb_w": kernel(2 * B * S * H / TRIAD),
-            "head_f": kernel(2 * B * S * H / NORM_BW) + kernel(gemm_s(S, V // tp, H)) + kernel((B + 4) * logits / TRIAD),
-            "head_b": kernel(3 * B * S * H / NORM_BW) + kernel(gemm_s(S, H, V // tp)) + kernel((B + 4) * logits / TRIAD),
-            "head_w": kernel(wgrad_s(V // tp, H, megatron))}
+    ce_f, ce_b = (38, 14) if megatron else (B + 4, B + 4)
+    emb_f = kernel(2 * B * S * H / TRIAD) + MB_OVERHEAD
+    emb_w = kernel((B * (V // tp) * H + 2 * B * S * H) / TRIAD)
+    head_w = kernel(wgrad_s(V // tp, H, megatron))
+    if megatron:
+        emb_f += kernel(B * S * H * (tp - 1) // tp / TRIAD) + kernel(2 * B * S * H / TRIAD)
+        emb_w += kernel(10 * (V // tp) * H / TRIAD)
+        head_w += kernel(10 * H / TRIAD)
+    return {"emb_f": emb_f, "emb_w": emb_w,
+            "head_f": kernel(2 * B * S * H / NORM_BW) + kernel(gemm_s(S, V // tp, H)) + kernel(ce_f * logits / TRIAD),
+            "head_b": kernel((5 if megatron else 3) * B * S * H / NORM_BW) + kernel(gemm_s(S, H, V // tp))
+            + kernel(ce_b * logits / TRIAD),
+            "head_w": head_w}
 
 
 def layer_params(tp: int) -> int:
@@ -206,13 +226,14 @@ def layer_params(tp: int) -> int:
     return sum(k * n for k, n, _ in linears(tp).values()) + 2 * H
 
 
-def optimizer_s(params: float, zero_grads: bool = True) -> float:
+def optimizer_s(params: float, zero_grads: bool = True, megatron: bool = False) -> float:
     """Optimizer step at Triad (compute/ops.optimizer_bandwidth, schedule/steptime.optimizer_step_bytes),
     per parameter: gradient norm (read 4 B) and clip (read + write 4 B) = 12; Adam reads master,
     gradient and both moments (4 + 4 + 8) and writes master and moments (4 + 8) = 28; the master
     copied to the bf16 parameter (read 4, write 2) = 6; zero1 zeroes its fp32 gradient buffer
-    (write 4), FSDP2 (zero3) frees it instead: 50 or 46 B."""
-    return (12 + 28 + 6 + (4 if zero_grads else 0)) * params / TRIAD
+    (write 4), FSDP2 (zero3) frees it instead: 50 or 46 B. Megatron-LM also divides that buffer
+    by the dp size in place (read + write 4 B, at dp 1 too): 58 B."""
+    return (12 + 28 + 6 + (4 if zero_grads else 0) + (8 if megatron and zero_grads else 0)) * params / TRIAD
 
 
 # Communication terms (comm/alphabeta.py measured_time, collective_time) ---------------------
@@ -331,7 +352,7 @@ def test_tp8_one_node(framework):
                + lt["b_attn_post"] + lt["b_attn"] + lt["row_w_attn"] + grad(lt["col_w_attn"]) + lt["b_attn_pre"])
     backward = ht["head_b"] + ht["head_w"] + ar + L * layer_b + ht["emb_w"]
     params = L * layer_params(tp) + (V // tp) * H + H + (V // tp) * H    # layers, embedding, final norm, output
-    step = forward + backward + optimizer_s(params)
+    step = forward + backward + optimizer_s(params, megatron=framework == "megatron")
 
     plan = build_plan(config({"names": ["tp"], "shape": [tp], "sequence_parallel": False}, 1, 1, "zero1", framework))
     got = step_time(plan, Overlap(), table=gemm_table(tp)).step_s

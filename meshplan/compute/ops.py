@@ -54,6 +54,8 @@ from typing import Optional
 
 from meshplan.compute.gemm import GemmTable, gemm_efficiency, gemm_model, gemm_time, load_gemm_table  # noqa: F401
 from meshplan.compute.measured import attention_seconds, bandwidth, kernel_data
+from meshplan.compute.megatron import (attention_copy_bytes, cross_entropy_bytes, embedding_bytes, hook_params,
+                                       norm_backward_passes, softmax_bytes)
 from meshplan.compute.routing import RoutingOptions, routing
 from meshplan.compute.shapes import (ATTENTION_GEMMS, MLA_REPLICATED, Attention, Gemm, attention_shape,
                                      backward_gemms, layer_gemms)
@@ -74,7 +76,8 @@ class Workload:
     features; ``sp``: sequence parallel; ``dtype`` of GEMMs and activations.
     ``fused_qkv``: Q, K and V projected by one GEMM (:func:`qkv_fused_ops`);
     ``fp32_wgrad_accumulation``: weight-gradient GEMMs accumulate into fp32 main gradients
-    (:func:`_gemm_ops`)."""
+    (:func:`_gemm_ops`); ``megatron_ops``: Megatron-LM's (2022, NVIDIA/Megatron-LM 2755bcb) own
+    kernels around the GEMMs (:mod:`meshplan.compute.megatron`)."""
 
     seq_len: int
     micro_batch: int = 1
@@ -91,6 +94,7 @@ class Workload:
     routing: RoutingOptions = RoutingOptions()
     fused_qkv: bool = False
     fp32_wgrad_accumulation: bool = False
+    megatron_ops: bool = False
 
     def __post_init__(self):
         if self.recompute not in RECOMPUTE + ("layer",):
@@ -166,14 +170,16 @@ def framework_kernels(training) -> dict:
     :class:`~meshplan.spec.training.TrainingSpec`): Megatron-LM projects Q, K and V with one
     GEMM (``fused_qkv``) and, with fp32 gradients, accumulates weight gradients into them
     inside the GEMM (``fp32_wgrad_accumulation``: its ``gradient_accumulation_fusion``, on by
-    default); torch does neither. One rule for the step model and the search's bound.
+    default); torch does neither. Megatron-LM also runs its own kernels around the GEMMs
+    (``megatron_ops``, :mod:`meshplan.compute.megatron`). One rule for the step model and the search's bound.
 
     >>> from meshplan.spec.training import TrainingSpec
     >>> framework_kernels(TrainingSpec(global_batch=8, seq_len=16, framework="megatron", grad_dtype="fp32"))
-    {'fused_qkv': True, 'fp32_wgrad_accumulation': True}
+    {'fused_qkv': True, 'fp32_wgrad_accumulation': True, 'megatron_ops': True}
     """
     megatron = training.framework == "megatron"
-    return {"fused_qkv": megatron, "fp32_wgrad_accumulation": megatron and training.grad_dtype == "fp32"}
+    return {"fused_qkv": megatron, "fp32_wgrad_accumulation": megatron and training.grad_dtype == "fp32",
+            "megatron_ops": megatron}
 
 
 def issue_floor(gpu: GPUSpec, seconds: float) -> float:
@@ -210,15 +216,17 @@ def optimizer_bandwidth(gpu: GPUSpec) -> float:
     return gpu.hbm_bandwidth_bytes_per_s if data is None else data.stream_bytes_per_s
 
 
-def _gemm_ops(gpu: GPUSpec, g: Gemm, block: str, w: Workload, table, model_scale: float = 1.0) -> list[Op]:
+def _gemm_ops(gpu: GPUSpec, g: Gemm, block: str, w: Workload, table, model_scale: float = 1.0,
+              weight: bool = True) -> list[Op]:
     """Forward, data-gradient and weight-gradient ops of ``g``; ``model_scale`` scales the
     model FLOP (replicated KV heads, padded vocabulary). With ``w.fp32_wgrad_accumulation``
-    the weight gradient is :func:`wgrad_accumulate_s`'s."""
+    the weight gradient of a ``weight`` (not the attention scores' batched products, whose
+    second operand is an activation) is :func:`wgrad_accumulate_s`'s."""
     out = []
     for gg, phase in zip([g] + backward_gemms(g), PHASES):
         e = gemm_time(gpu, gg.m, gg.n, gg.k, w.dtype, gg.count, table)
         t, note = e.seconds, e.explanation
-        if phase == "backward_weight" and w.fp32_wgrad_accumulation:
+        if phase == "backward_weight" and w.fp32_wgrad_accumulation and weight:
             t, how = wgrad_accumulate_s(gpu, gg, w.dtype, t)
             note += how
         out.append(Op(gg.name, block, phase, "gemm", issue_floor(gpu, t), gg.flops * model_scale,
@@ -309,17 +317,23 @@ def _flash_ops(gpu: GPUSpec, att: Attention, w: Workload, recompute: bool, table
 
 
 def _score_ops(gpu, att: Attention, w: Workload, table, recompute: bool) -> list[Op]:
-    """Non-flash attention: full QK^T and PV batched GEMMs, softmax and dropout on scores."""
+    """Non-flash attention: full QK^T and PV batched GEMMs, softmax and dropout on scores;
+    with ``w.megatron_ops`` Megatron-LM's causal softmax and copies (:mod:`meshplan.compute.megatron`)."""
     n = att.batch * att.q_heads
     qk = Gemm("qk^T", att.seq_q, att.seq_kv, att.head_dim, n)
     pv = Gemm("pv", att.seq_q, att.d_v, att.seq_kv, n)
     scores = n * att.seq_q * att.seq_kv
     b = dtype_bytes(w.dtype)
-    fwd_mem = [("softmax", 2 * b * scores)] + ([("attention dropout", (2 * b + 1) * scores)] if w.dropout else [])
-    bwd_mem = [("softmax backward", 3 * b * scores)] + ([("dropout backward", (2 * b + 1) * scores)] if w.dropout else [])
+    sm_f, sm_b = softmax_bytes(att, b, w.megatron_ops)
+    fwd_mem = [("softmax", sm_f)] + ([("attention dropout", (2 * b + 1) * scores)] if w.dropout else [])
+    bwd_mem = [("softmax backward", sm_b)] + ([("dropout backward", (2 * b + 1) * scores)] if w.dropout else [])
     out = []
+    if w.megatron_ops:  # context permute copy; alpha on dQ and dK; the QKV split's backward (compute.megatron)
+        f_copies, b_copies = attention_copy_bytes(att, b)
+        fwd_mem += f_copies
+        bwd_mem += b_copies
     for g in (qk, pv):
-        ops = _gemm_ops(gpu, g, "attn", w, table, model_scale=0.5)  # causal half counted as model FLOP
+        ops = _gemm_ops(gpu, g, "attn", w, table, model_scale=0.5, weight=False)  # causal half as model FLOP
         out += [replace(o, phase="backward_input") if o.phase == "backward_weight" else o for o in ops]
     out += [_mem(gpu, name, "attn", "forward", nb) for name, nb in fwd_mem]
     out += [_mem(gpu, name, "attn", "backward_input", nb) for name, nb in bwd_mem]
@@ -342,9 +356,10 @@ def _elementwise(model: ModelSpec, gpu: GPUSpec, w: Workload, gemms: list[Gemm])
             act += g.m * g.n / (2 if model.gated_mlp else 1)
     res_f = (3 * b + (1 if w.dropout else 0)) * r * h
     res_b = (3 * b if not w.dropout else 2 * b + 1) * r * h
-    spec = [("attn norm", "attn_pre", 2 * b * r * h, 3 * b * r * h),
+    nb_norm = norm_backward_passes(w.megatron_ops) * b * r * h
+    spec = [("attn norm", "attn_pre", 2 * b * r * h, nb_norm),
             ("residual add" + (" + dropout" if w.dropout else ""), "attn_post", res_f, res_b),
-            ("mlp norm", "mlp_pre", 2 * b * r * h, 3 * b * r * h),
+            ("mlp norm", "mlp_pre", 2 * b * r * h, nb_norm),
             ("residual add" + (" + dropout" if w.dropout else ""), "mlp_post", res_f, res_b),
             ("silu x up" if model.gated_mlp else "gelu", "mlp",
              (3 if model.gated_mlp else 2) * b * act, (5 if model.gated_mlp else 3) * b * act)]
@@ -410,6 +425,28 @@ def _bias_ops(model: ModelSpec, gpu: GPUSpec, w: Workload, moe: bool) -> list[Op
     return out
 
 
+def main_grad_hooks(model: ModelSpec, gpu: GPUSpec, w: Workload, layer: int = -1) -> list[Op]:
+    """Megatron-LM's main-gradient hooks of one layer per micro-batch
+    (:func:`meshplan.compute.megatron.hook_params`): ``main_grad.add_(grad)`` reads the main
+    gradient and the gradient and writes the main gradient, ``(2 g + b) x local elements`` (g = 4
+    with fp32 main gradients, else the compute dtype's b), one kernel each (:func:`issue_floor`).
+
+    >>> from meshplan import catalog
+    >>> gpt, a100 = catalog.model("megatron-22b"), catalog.gpu("a100-sxm-80gb")
+    >>> ops = main_grad_hooks(gpt, a100, Workload(seq_len=2048, tp=8, fused_qkv=True, fp32_wgrad_accumulation=True))
+    >>> [o.name for o in ops]  # doctest: +NORMALIZE_WHITESPACE
+    ['attn_norm main_grad add', 'attn_norm_bias main_grad add', 'wq_bias main_grad add',
+     'wo_bias main_grad add', 'mlp_norm main_grad add', 'mlp_norm_bias main_grad add',
+     'w_up_bias main_grad add', 'w_down_bias main_grad add']
+    >>> sorted({o.seconds for o in ops})  # each below the 4.7 us issue floor
+    [4.7e-06]
+    """
+    b, g = dtype_bytes(w.dtype), (4 if w.fp32_wgrad_accumulation else dtype_bytes(w.dtype))
+    idx = model.layers - 1 if layer < 0 else layer
+    return [_mem(gpu, f"{name} main_grad add", block, "backward_weight", (2 * g + b) * n)
+            for name, block, n in hook_params(model, w.tp, w.fused_qkv, idx)]
+
+
 def layer_cost(model: ModelSpec, gpu: GPUSpec, w: Workload, layer: int = -1,
                table: Optional[GemmTable] = None) -> Cost:
     """Every op of transformer layer ``layer`` (-1: the last) on one rank for one micro-batch,
@@ -430,6 +467,8 @@ def layer_cost(model: ModelSpec, gpu: GPUSpec, w: Workload, layer: int = -1,
     ops += _flash_ops(gpu, att, w, selective, table) if w.flash else _score_ops(gpu, att, w, table, selective)
     ops += _elementwise(model, gpu, w, gemms)
     ops += _bias_ops(model, gpu, w, model.is_moe_layer(model.layers - 1 if layer < 0 else layer))
+    if w.megatron_ops:
+        ops += main_grad_hooks(model, gpu, w, layer)
     if w.recompute in ("full", "op"):
         kept = _op_sac_kept(model) if w.recompute == "op" else ()
         ops += [replace(o, name=o.name + " (recompute)", phase="backward_input", model_flops=0.0, recompute=True)
@@ -460,12 +499,30 @@ def layer_workload(w: Workload, checkpointed: bool) -> Workload:
 
 def embedding_cost(model: ModelSpec, gpu: GPUSpec, w: Workload) -> Cost:
     """Input embedding on the first stage: lookup (read + write ``tokens x h``), learned
-    position add, and the gradient scatter in backward. Memory-bound."""
+    position add, and in backward the dense weight gradient torch's ``embedding_dense_backward``
+    builds: a zero-filled ``(table rows) x h`` tensor (``at::zeros``; the rank's ``V_padded / tp``
+    rows, ``max_position`` for learned positions) into which the token rows are scattered.
+    Memory-bound. With ``w.megatron_ops`` also Megatron-LM's passes around it
+    (:func:`meshplan.compute.megatron.embedding_bytes`).
+
+    >>> from meshplan import catalog
+    >>> gpt, a100 = catalog.model("megatron-22b"), catalog.gpu("a100-sxm-80gb")
+    >>> c = embedding_cost(gpt, a100, Workload(seq_len=2048, micro_batch=4, tp=8))
+    >>> grad = [o for o in c.ops if o.name == "embedding grad"][0]   # 2 B x (6400 + 2048) x 6144 + scatter
+    >>> grad.size_bytes == 2 * (6400 + 2048) * 6144 + 2 * 2 * 8192 * 6144
+    True
+    """
     b, h, t = dtype_bytes(w.dtype), model.hidden, w.tokens
+    rows = padded_vocab(model.vocab, w.vocab_pad_divisor, w.tp) // w.tp
+    pos = model.max_position if model.position_embedding == "learned" else 0
     ops = [_mem(gpu, "embedding lookup", "embed", "forward", 2 * b * t * h),
-           _mem(gpu, "embedding grad", "embed", "backward_weight", 2 * b * t * h)]
+           _mem(gpu, "embedding grad", "embed", "backward_weight", b * (rows + pos) * h + 2 * b * t * h)]
     if model.position_embedding == "learned":
         ops.append(_mem(gpu, "position add", "embed", "forward", 3 * b * t * h))
+    if w.megatron_ops:
+        g = 4 if w.fp32_wgrad_accumulation else b
+        ops += [_mem(gpu, name, "embed", phase, nb)
+                for name, phase, nb in embedding_bytes(b, g, t, h, w.tp, w.row_tokens, (rows + pos) * h, w.sp, w.dropout)]
     data = kernel_data(gpu.name)
     if data is not None:  # per micro-batch: the batch broadcast (catalog microbatch_overhead_s)
         ops.append(Op("micro-batch overhead", "embed", "forward", "overhead", data.microbatch_overhead_s,
@@ -475,17 +532,23 @@ def embedding_cost(model: ModelSpec, gpu: GPUSpec, w: Workload) -> Cost:
 
 def head_cost(model: ModelSpec, gpu: GPUSpec, w: Workload, table: Optional[GemmTable] = None) -> Cost:
     """Final norm, output GEMM ``(tokens, V_padded / tp, h)`` and vocab-parallel cross
-    entropy (fp32 softmax kept for backward: forward reads logits and writes 4 B per logit,
-    backward reads them and writes the gradient) on the last stage."""
+    entropy on the last stage; with ``w.megatron_ops`` the cross entropy, the final norm's
+    backward and its main-gradient hooks as Megatron-LM's (:mod:`meshplan.compute.megatron`)."""
     b, h, r = dtype_bytes(w.dtype), model.hidden, w.row_tokens
     pv = padded_vocab(model.vocab, w.vocab_pad_divisor, w.tp)
     g = Gemm("output", w.tokens, pv // w.tp, h)
     logits = w.tokens * (pv // w.tp)
     ops = [_mem(gpu, "final norm", "head", "forward", 2 * b * r * h, kind="norm", hidden=h),
-           _mem(gpu, "final norm", "head", "backward_input", 3 * b * r * h, kind="norm", hidden=h)]
+           _mem(gpu, "final norm", "head", "backward_input", norm_backward_passes(w.megatron_ops) * b * r * h,
+                kind="norm", hidden=h)]
     ops += _gemm_ops(gpu, g, "head", w, table, model_scale=model.vocab / pv)
-    ops += [_mem(gpu, "cross entropy", "head", "forward", (b + 4) * logits),
-            _mem(gpu, "cross entropy", "head", "backward_input", (4 + b) * logits)]
+    fwd_b, bwd_b = cross_entropy_bytes(b, w.megatron_ops)
+    ops += [_mem(gpu, "cross entropy", "head", "forward", fwd_b * logits),
+            _mem(gpu, "cross entropy", "head", "backward_input", bwd_b * logits)]
+    if w.megatron_ops:  # the final norm's weight (and bias) main-gradient hooks (main_grad_hooks)
+        main = 4 if w.fp32_wgrad_accumulation else b
+        ops += [_mem(gpu, f"final norm {p} main_grad add", "head", "backward_weight", (2 * main + b) * h)
+                for p in (("weight", "bias") if model.norm == "layernorm" else ("weight",))]
     return Cost(tuple(ops))
 
 

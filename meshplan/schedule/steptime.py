@@ -305,15 +305,21 @@ def optimizer_step_bytes(params, grads, master, optimizer, training, zero_grads=
     - zero (``zero_grads``; None: ``training.sharding`` in :data:`ZEROED_GRAD_BUFFER`, Megatron-LM's
       contiguous main-gradient buffer, ``zero_grad_buffer`` each step; a bool array where the
       search varies the sharding): one write of the gradients. FSDP2 (zero3, hsdp) frees its
-      sharded gradients (``zero_grad(set_to_none=True)``): no pass.
+      sharded gradients (``zero_grad(set_to_none=True)``): no pass;
+    - scale (``training.framework = "megatron"`` with that zeroed buffer): one read and one write
+      of the gradients. Megatron-LM divides the whole main-gradient buffer by the data-parallel
+      size in place before reducing it, at every dp size, 1 included (NVIDIA/Megatron-LM 2755bcb
+      ``megatron/model/distributed.py`` ``allreduce_gradients``: ``buffer_.data /=
+      get_data_parallel_world_size()``; ``optimizer/distrib_optimizer.py`` ``reduce_model_grads``:
+      ``gbuf.data /= data_parallel_world_size``).
 
     Megatron's bf16 mixed precision (2 B params, 4 B main grads, 4 B master, 8 B Adam states):
-    4 + 8 + 28 + 6 + 4 = 50 B per parameter.
+    4 + 8 + 28 + 6 + 4 + 8 = 58 B per parameter; torch's with the same state, 50 B.
 
     >>> from meshplan.spec.training import TrainingSpec
     >>> t = TrainingSpec(global_batch=8, seq_len=16, sharding="none")
-    >>> optimizer_step_bytes(2, 4, 4, 8, t)
-    50
+    >>> optimizer_step_bytes(2, 4, 4, 8, t), optimizer_step_bytes(2, 4, 4, 8, t.model_copy(update={"framework": "megatron"}))
+    (50, 58)
     >>> optimizer_step_bytes(4, 4, 0, 8, t.model_copy(update={"sharding": "zero3", "grad_clip": False, "param_dtype": "fp32"}))
     28
     """
@@ -323,7 +329,8 @@ def optimizer_step_bytes(params, grads, master, optimizer, training, zero_grads=
     copy = master + params if training.keeps_master else 0
     if zero_grads is None:
         zero_grads = training.sharding in ZEROED_GRAD_BUFFER
-    return norm_clip + update + copy + grads * zero_grads
+    passes = 3 if training.framework == "megatron" else 1  # zero; Megatron also scales by 1/dp (read, write)
+    return norm_clip + update + copy + passes * grads * zero_grads
 
 
 def optimizer_step_s(params, grads, master, optimizer, training, hbm_bandwidth_bytes_per_s, zero_grads=None):

@@ -1,0 +1,155 @@
+"""Megatron-LM 2022's own kernels around the GEMMs, as HBM bytes (the home of what
+``Workload.megatron_ops`` adds in :mod:`meshplan.compute.ops`, which times each pass as a
+memory-bound kernel at Triad, never below the issue floor). Each was read in NVIDIA/Megatron-LM
+at 2755bcb (June 2022, the code Korthikanti et al. 2022 measured):
+
+- layer norm backward (``megatron/fused_kernels/layer_norm_cuda_kernel.cu``:
+  ``cuComputePartGradGammaBeta`` reads the output gradient and the input for the weight and bias
+  gradients, ``cuComputeGradInput`` reads both again and writes the input gradient): 5 passes over
+  ``rows x h`` where one fused kernel makes 3 (:func:`norm_backward_passes`);
+- the causal fused softmax (``fused_kernels/scaled_upper_triang_masked_softmax.h``) reads only the
+  lower triangle of the scores and writes whole rows (:func:`softmax_bytes`);
+- non-flash attention (``model/transformer.py`` ``CoreAttention``, ``ParallelAttention``): the
+  context ``permute(2, 0, 1, 3).contiguous()`` copy (forward, and in its recompute), the
+  ``baddbmm`` scale ``alpha = 1/norm_factor`` on dQ and dK in backward (torch's ``baddbmm``
+  derivative multiplies each operand's gradient by alpha, a separate kernel), and the backward of
+  ``split_tensor_along_last_dim`` (torch's split backward: ``cat`` of dQ, dK, dV into the fused QKV
+  output gradient) (:func:`attention_copy_bytes`);
+- the main-gradient hooks (``model/distributed.py`` ``_make_param_hook``:
+  ``param.main_grad.add_(param.grad.data)`` for each parameter whose gradient is not fused into its
+  GEMM: norm weights and biases, linear biases, the embeddings), one kernel each per micro-batch
+  (:func:`hook_params`);
+- vocab-parallel cross entropy (``model/gpt_model.py``: ``vocab_parallel_cross_entropy(output.float(),
+  labels)``; ``mpu/cross_entropy.py``): the logits upcast to fp32, then max, ``sub_``, ``exp``, sum
+  and ``div_`` as separate passes (:func:`cross_entropy_bytes`);
+- the embedding (``mpu/layers.py`` ``VocabParallelEmbedding``, ``model/language_model.py``
+  ``Embedding``): the rows other tp ranks own zeroed after the lookup, the ``[b s h] -> [s b h]``
+  transpose copy, with SP the copy of the rank's sequence shard, the embedding dropout, and the
+  tables' main-gradient hook (:func:`embedding_bytes`).
+
+Also Megatron's, timed elsewhere: the in-place division of the gradient buffer by the dp size
+(:func:`meshplan.schedule.steptime.optimizer_step_bytes`).
+"""
+
+from __future__ import annotations
+
+from meshplan.compute.shapes import Attention
+from meshplan.spec.model import ModelSpec
+
+MEGATRON_OPS = ("layer norm backward", "causal softmax", "attention copies", "main-grad hooks", "cross entropy",
+                "embedding")
+
+
+def norm_backward_passes(megatron: bool) -> int:
+    """Passes over ``rows x h`` of a norm's backward: 3 for one fused kernel (read the input and
+    the output gradient, write the input gradient), 5 with Megatron-LM's fused layer norm (its
+    weight-gradient kernel reads both again).
+
+    >>> norm_backward_passes(False), norm_backward_passes(True)
+    (3, 5)
+    """
+    return 5 if megatron else 3
+
+
+def softmax_bytes(att: Attention, b: int, megatron: bool = False) -> tuple[float, float]:
+    """(forward, backward) HBM bytes of the fused softmax over the ``n s_q s_kv`` scores of a
+    non-flash attention (``b`` bytes per element). Reading and writing every score: ``2 b`` forward
+    (scores in, probabilities out), ``3 b`` backward (gradient and probabilities in, gradient out).
+    Megatron-LM's causal kernel (``s_q == s_kv``: row i reads its first i + 1 elements,
+    ``element_index < local_seq``, and writes the whole row, zeros past the diagonal) reads only the
+    lower triangle, a fraction ``f = (s + 1) / (2 s)`` of the scores: ``b (f + 1)`` forward,
+    ``b (2 f + 1)`` backward.
+
+    >>> a = Attention(batch=1, q_heads=1, kv_heads=1, seq_q=4, seq_kv=4, head_dim=8)
+    >>> softmax_bytes(a, 2), softmax_bytes(a, 2, megatron=True)   # 16 scores, 10 on or below the diagonal
+    ((64, 96), (52.0, 72.0))
+    """
+    scores = att.batch * att.q_heads * att.seq_q * att.seq_kv
+    if not megatron or att.seq_q != att.seq_kv:
+        return 2 * b * scores, 3 * b * scores
+    f = (att.seq_kv + 1) / (2 * att.seq_kv)
+    return b * (f + 1) * scores, b * (2 * f + 1) * scores
+
+
+def attention_copy_bytes(att: Attention, b: int) -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
+    """(forward, backward) ``(name, bytes)`` of the non-flash attention's copies: the context
+    permute (read and write ``b np sq d_v``), alpha on dQ and dK (read and write each), the QKV
+    split's backward (read dQ, dK, dV, write the fused gradient).
+
+    >>> f, b = attention_copy_bytes(Attention(batch=1, q_heads=2, kv_heads=2, seq_q=4, seq_kv=4, head_dim=8), 2)
+    >>> f, b   # 64 elements each of Q, K, V and the context
+    ([('context permute copy', 256)], [('baddbmm alpha (dQ, dK)', 512), ('qkv split grad (cat)', 768)])
+    """
+    q = att.batch * att.q_heads * att.seq_q * att.head_dim
+    k = att.batch * att.kv_heads * att.seq_kv * att.head_dim
+    v = att.batch * att.kv_heads * att.seq_kv * att.d_v
+    ctx = att.batch * att.q_heads * att.seq_q * att.d_v
+    return ([("context permute copy", 2 * b * ctx)],
+            [("baddbmm alpha (dQ, dK)", 2 * b * (q + k)), ("qkv split grad (cat)", 2 * b * (q + k + v))])
+
+
+def cross_entropy_bytes(b: int, megatron: bool) -> tuple[int, int]:
+    """(forward, backward) HBM bytes per local logit of the vocab-parallel cross entropy (``b``:
+    bytes of a logit). One fused kernel: forward reads the logits (b) and keeps the fp32 softmax
+    (4 B), backward reads it and writes the gradient (4 + b). Megatron-LM 2022: the logits upcast
+    (read b, write 4), max (read 4), ``sub_`` (4 + 4), ``exp`` (4 + 4), sum (4), ``div_`` (4 + 4):
+    b + 36 forward; backward ``mul_`` by the loss gradient (4 + 4) and the upcast's backward
+    (read 4, write b): 12 + b.
+
+    >>> cross_entropy_bytes(2, False), cross_entropy_bytes(2, True)
+    ((6, 6), (38, 14))
+    """
+    return (b + 36, 12 + b) if megatron else (b + 4, 4 + b)
+
+
+#: Block whose weight-gradient pass issues a hooked parameter's add (:func:`hook_params`;
+#: anything not listed: "mlp").
+HOOK_BLOCK = {"attn_norm": "attn", "attn_norm_bias": "attn", "wq_bias": "attn", "wo_bias": "attn",
+              "q_norm": "attn", "k_norm": "attn"}
+
+
+def hook_params(model: ModelSpec, tp: int, fused_qkv: bool, layer: int) -> list[tuple[str, str, int]]:
+    """``(name, block, local elements)`` of the parameters of transformer layer ``layer`` whose
+    gradients Megatron-LM adds to the main gradient in a hook: the 1-D ones (``numel == rows`` in
+    :meth:`~meshplan.spec.model.ModelSpec.layer_tensors`: norm weights and biases, linear biases),
+    the fused QKV bias once (``fused_qkv``). Column-split ones hold ``1/tp`` of their elements.
+
+    >>> from meshplan import catalog
+    >>> [(n, e) for n, _, e in hook_params(catalog.model("megatron-22b"), 8, True, 0)]  # doctest: +NORMALIZE_WHITESPACE
+    [('attn_norm', 6144), ('attn_norm_bias', 6144), ('wq_bias', 2304), ('wo_bias', 6144),
+     ('mlp_norm', 6144), ('mlp_norm_bias', 6144), ('w_up_bias', 3072), ('w_down_bias', 6144)]
+    """
+    tensors = model.layer_tensors(layer)
+    out = []
+    for t in tensors:
+        if t.numel != t.rows or (fused_qkv and t.name in ("wk_bias", "wv_bias")):
+            continue
+        n = t.numel // tp if t.split in ("column", "kv_column") else t.numel
+        if fused_qkv and t.name == "wq_bias":
+            n = sum(x.numel for x in tensors if x.name in ("wq_bias", "wk_bias", "wv_bias")) // tp
+        out.append((t.name, HOOK_BLOCK.get(t.name, "mlp"), n))
+    return out
+
+
+def embedding_bytes(b: int, g: int, tokens: int, h: int, tp: int, shard_rows: int, table: int, sp: bool,
+                    dropout: bool) -> list[tuple[str, str, int]]:
+    """``(name, phase, bytes)`` of Megatron-LM's embedding around the lookup for one micro-batch:
+    ``tokens`` rows of ``h`` in ``b`` bytes, ``shard_rows`` the rank's rows after the SP split,
+    ``table`` the local table elements (word rows ``V_padded / tp`` and learned position rows, x h),
+    ``g`` bytes of a main-gradient element. The rows other ranks own zeroed (``(tp - 1) / tp`` of
+    the output, written), the transpose copy (read + write), with SP the shard's copy, with dropout
+    its pass both ways (``2 b + 1``: in, out, mask), and the tables' main-gradient hook
+    (``(2 g + b)`` per element).
+
+    >>> [(n, p, x) for n, p, x in embedding_bytes(2, 4, 8, 4, 2, 4, 100, True, True)]  # doctest: +NORMALIZE_WHITESPACE
+    [('masked rows zeroed', 'forward', 32), ('transpose copy', 'forward', 128),
+     ('embedding main_grad add', 'backward_weight', 1000), ('sequence split copy', 'forward', 64),
+     ('embedding dropout', 'forward', 80), ('embedding dropout', 'backward_input', 80)]
+    """
+    out = [("masked rows zeroed", "forward", (b * tokens * h * (tp - 1)) // tp)] if tp > 1 else []
+    out += [("transpose copy", "forward", 2 * b * tokens * h), ("embedding main_grad add", "backward_weight", (2 * g + b) * table)]
+    if sp:
+        out.append(("sequence split copy", "forward", 2 * b * shard_rows * h))
+    if dropout:
+        out += [("embedding dropout", phase, (2 * b + 1) * shard_rows * h) for phase in ("forward", "backward_input")]
+    return out

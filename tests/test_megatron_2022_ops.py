@@ -1,0 +1,142 @@
+"""Megatron-LM 2022's own kernels around the GEMMs (issue 11, compute/megatron.py), each
+read in NVIDIA/Megatron-LM at 2755bcb and derived here by hand for the 22B GPT of Korthikanti et
+al. 2022 on A100 (tp 8, micro-batch 4, seq 2048, SP: 8,192 tokens, 1,024 rows per rank; 8 local
+heads of 96), every memory-bound pass at BabelStream Triad 1.70 TB/s (catalog kernels.toml),
+norms on the fused-norm curve, no kernel below the 4.7 us issue floor."""
+
+from __future__ import annotations
+
+import pytest
+
+from meshplan import catalog
+from meshplan.compute.gemm import gemm_time
+from meshplan.compute.measured import bandwidth, kernel_data
+from meshplan.compute.ops import Workload, embedding_cost, head_cost, layer_cost
+from meshplan.compute.shapes import Gemm, backward_gemms
+
+A100 = catalog.gpu("a100-sxm-80gb")
+GPT22B = catalog.model("megatron-22b")   # h 6144, 64 heads of 96, vocab 51200, LayerNorm, biases
+TRIAD = 1.70e12
+ISSUE = 4.7e-6
+T, ROWS, H = 8192, 1024, 6144            # tokens, SP rows per rank, hidden
+HEADS, D = 8, 96                          # local heads, head dim
+MEGATRON = dict(seq_len=2048, micro_batch=4, tp=8, sp=True, flash=False, dropout=True, fused_qkv=True,
+                fp32_wgrad_accumulation=True, megatron_ops=True)
+
+
+def ops_of(cost, phase=None):
+    return {o.name: o for o in cost.ops if phase in (None, o.phase)}
+
+
+def test_attention_copies_by_hand():
+    """Non-flash attention (CoreAttention): the context permute(2, 0, 1, 3).contiguous() reads and
+    writes b np sq hn = 4 x 8 x 2048 x 96 = 6,291,456 bf16 elements (25,165,824 B); backward: alpha
+    scales dQ and dK (read + write each: 50,331,648 B), the split's backward cats dQ, dK, dV
+    (read 3, write 3: 75,497,472 B). Selective recompute replays the copy with the core."""
+    el = 4 * HEADS * 2048 * D
+    assert el == 6_291_456
+    c = layer_cost(GPT22B, A100, Workload(**MEGATRON, recompute="selective"))
+    fwd, bwd = ops_of(c, "forward"), ops_of(c, "backward_input")
+    assert fwd["context permute copy"].size_bytes == 2 * 2 * el == 25_165_824
+    assert fwd["context permute copy"].seconds == pytest.approx(25_165_824 / TRIAD)   # 14.8 us
+    assert bwd["baddbmm alpha (dQ, dK)"].size_bytes == 2 * 2 * 2 * el == 50_331_648
+    assert bwd["qkv split grad (cat)"].size_bytes == 2 * 2 * 3 * el == 75_497_472
+    assert bwd["qkv split grad (cat)"].seconds == pytest.approx(75_497_472 / TRIAD)   # 44.4 us
+    assert bwd["context permute copy (recompute)"].recompute
+    plain = ops_of(layer_cost(GPT22B, A100, Workload(**{**MEGATRON, "megatron_ops": False})))
+    assert not {"context permute copy", "baddbmm alpha (dQ, dK)", "qkv split grad (cat)"} & set(plain)
+
+
+def test_attention_score_products_are_not_weight_gradients():
+    """QK^T and PV's second-operand gradients (dK, dV) are activations: no fp32 main-gradient
+    accumulation even with fp32_wgrad_accumulation (it would time them at 8 B per output element,
+    331 MB: 195 us in place of 173 us)."""
+    c = ops_of(layer_cost(GPT22B, A100, Workload(**MEGATRON)), "backward_input")
+    for name, g in (("qk^T", Gemm("qk^T", 2048, 2048, D, 4 * HEADS)), ("pv", Gemm("pv", 2048, D, 2048, 4 * HEADS))):
+        wg = backward_gemms(g)[1]
+        want = gemm_time(A100, wg.m, wg.n, wg.k, "bf16", wg.count).seconds
+        assert c[f"{name}.wgrad"].seconds == pytest.approx(want, rel=1e-12)
+    # the layer's real weights still accumulate into fp32: wo's weight gradient moves its 8 B C
+    wo = ops_of(layer_cost(GPT22B, A100, Workload(**MEGATRON)), "backward_weight")["wo.wgrad"]
+    assert "fp32 main-grad accumulate" in wo.note
+
+
+def test_layer_norm_backward_in_five_passes():
+    """Megatron's fused layer norm backward: cuComputePartGradGammaBeta reads dy and x,
+    cuComputeGradInput reads them again and writes dx: 5 x 2 B x 1,024 rows x 6,144 = 62,914,560 B
+    (3 passes, 37,748,736 B, for one fused kernel), at the fused-norm bandwidth for h 6144."""
+    bw = bandwidth(kernel_data("a100-sxm-80gb"), "norm", H)
+    for mega, passes in ((True, 5), (False, 3)):
+        c = ops_of(layer_cost(GPT22B, A100, Workload(**{**MEGATRON, "megatron_ops": mega})), "backward_input")
+        assert c["attn norm"].size_bytes == passes * 2 * ROWS * H
+        assert c["attn norm"].seconds == pytest.approx(passes * 2 * ROWS * H / bw)
+    assert 5 * 2 * ROWS * H == 62_914_560
+
+
+def test_main_grad_hooks_one_kernel_per_one_dimensional_parameter():
+    """The 8 hooks of a GPT layer (2 norms x weight and bias, fused QKV bias, dense bias, fc1 and
+    fc2 biases): main_grad.add_(grad) moves 4 + 2 + 4 = 10 B per local element; the largest, the
+    fc1 bias (24,576 / 8 = 3,072 elements, 30,720 B), takes 18 ns at Triad: each runs at the
+    4.7 us issue floor, 37.6 us per layer per micro-batch, in the weight-gradient pass."""
+    c = layer_cost(GPT22B, A100, Workload(**MEGATRON))
+    hooks = [o for o in c.ops if o.name.endswith("main_grad add")]
+    assert len(hooks) == 8 and all(o.phase == "backward_weight" for o in hooks)
+    size = {o.name.split(" ")[0]: o.size_bytes for o in hooks}
+    assert size["wq_bias"] == 10 * 3 * H // 8 and size["w_up_bias"] == 10 * 24576 // 8
+    assert size["attn_norm"] == size["wo_bias"] == size["w_down_bias"] == 10 * H
+    assert sum(o.seconds for o in hooks) == pytest.approx(8 * ISSUE)
+    assert not [o for o in layer_cost(GPT22B, A100, Workload(**{**MEGATRON, "megatron_ops": False})).ops
+                if o.name.endswith("main_grad add")]
+
+
+def test_cross_entropy_on_fp32_logits_pass_by_pass():
+    """Local logits 8,192 x 51,200 / 8 = 52,428,800. Megatron (vocab_parallel_cross_entropy on
+    output.float()): forward 38 B each (upcast 2 + 4, max 4, sub_ 8, exp 8, sum 4, div_ 8),
+    1.99 GB, 1.17 ms; backward 14 B (mul_ 8, upcast backward 4 + 2), 0.43 ms. A fused kernel:
+    6 B each way."""
+    logits = T * 51200 // 8
+    assert logits == 52_428_800
+    c = head_cost(GPT22B, A100, Workload(**MEGATRON))
+    f, b = ops_of(c, "forward")["cross entropy"], ops_of(c, "backward_input")["cross entropy"]
+    assert (f.size_bytes, b.size_bytes) == (38 * logits, 14 * logits)
+    assert f.seconds == pytest.approx(38 * logits / TRIAD) and b.seconds == pytest.approx(14 * logits / TRIAD)
+    plain = head_cost(GPT22B, A100, Workload(**{**MEGATRON, "megatron_ops": False}))
+    assert ops_of(plain, "forward")["cross entropy"].size_bytes == 6 * logits
+
+
+def test_embedding_gradient_and_megatron_embedding_by_hand():
+    """torch's dense embedding gradient: a zero-filled table of 51,200 / 8 = 6,400 word rows and
+    2,048 learned-position rows (2 B x 8,448 x 6,144 = 103,809,024 B) plus the scatter of the
+    8,192 token rows (read + write, 201,326,592 B). Megatron adds its main-gradient hook over both
+    tables (10 B per element: 519,045,120 B, 0.305 ms), the rows other tp ranks own zeroed (7/8 of
+    2 B x 8,192 x 6,144 = 88,080,384 B), the [b s h] -> [s b h] copy (201,326,592 B), with SP the
+    copy of the rank's 1,024 rows (25,165,824 B) and the embedding dropout on them (2 + 2 + 1 B:
+    31,457,280 B each way)."""
+    table = (6400 + 2048) * H
+    for mega in (True, False):
+        c = ops_of(embedding_cost(GPT22B, A100, Workload(**{**MEGATRON, "megatron_ops": mega})))
+        assert c["embedding grad"].size_bytes == 2 * table + 2 * 2 * T * H == 305_135_616
+    c = embedding_cost(GPT22B, A100, Workload(**MEGATRON))
+    got = {(o.name, o.phase): o.size_bytes for o in c.ops}
+    assert got[("embedding main_grad add", "backward_weight")] == 10 * table == 519_045_120
+    assert got[("masked rows zeroed", "forward")] == 2 * T * H * 7 // 8 == 88_080_384
+    assert got[("transpose copy", "forward")] == 2 * 2 * T * H
+    assert got[("sequence split copy", "forward")] == 2 * 2 * ROWS * H
+    assert got[("embedding dropout", "forward")] == got[("embedding dropout", "backward_input")] == 5 * ROWS * H
+    assert c.seconds("backward_weight") == pytest.approx((305_135_616 + 519_045_120) / TRIAD)
+
+
+def test_causal_softmax_reads_the_lower_triangle():
+    """scaled_upper_triang_masked_softmax: row i of 2,048 reads i + 1 scores and writes all 2,048.
+    32 x 2048^2 = 134,217,728 scores per rank; the triangle holds 32 x 2048 x 2049 / 2 =
+    67,141,632 of them. Forward: 2 B x 67,141,632 read + 2 B x 134,217,728 written = 402,718,720 B
+    (536,870,912 when every score is read); backward reads the gradient and the probabilities on
+    the triangle and writes every gradient: 2 x 2 B x 67,141,632 + 2 B x 134,217,728 =
+    537,001,984 B (805,306,368)."""
+    tri, scores = 32 * 2048 * 2049 // 2, 32 * 2048 ** 2
+    assert tri == 67_141_632
+    for mega, (f, b) in ((True, (2 * tri + 2 * scores, 4 * tri + 2 * scores)), (False, (4 * scores, 6 * scores))):
+        c = ops_of(layer_cost(GPT22B, A100, Workload(**{**MEGATRON, "megatron_ops": mega})))
+        assert c["softmax"].size_bytes == pytest.approx(f, rel=1e-12)
+        assert c["softmax backward"].size_bytes == pytest.approx(b, rel=1e-12)
+    assert 2 * tri + 2 * scores == 402_718_720 and 4 * tri + 2 * scores == 537_001_984
