@@ -85,6 +85,8 @@ class LatentAttention(nn.Module):
         self.wo = nn.Linear(a * self.v, h, bias=False)
 
     def forward(self, x: torch.Tensor, rope: Optional[tuple] = None) -> torch.Tensor:
+        if rope is None:
+            raise ValueError("MLA needs the (cos, sin) RoPE tables of qk_rope_head_dim")
         b, s, _ = x.shape
         q = self.wq(x) if hasattr(self, "wq") else self.wq_b(self.q_a_norm(self.wq_a(x)))
         q_nope, q_pe = torch.split(q.view(b, s, -1, self.nope + self.rope), [self.nope, self.rope], dim=-1)
