@@ -11,7 +11,7 @@
 
 from __future__ import annotations
 
-from meshplan.spec.axes.base import AxisDef, CollectiveKind, Rule, SearchColumn
+from meshplan.spec.axes.base import AxisDef, CollectiveKind, Dim, Rule, SearchColumn
 
 
 def _seq_bad(m, t, d):
@@ -32,7 +32,7 @@ CP = AxisDef(
     doc="context parallel (sequence split for attention)",
     torchtitan=("cp",), megatron=("cp",),
     rules=(Rule("seq_cp", 70, "seq_len not divisible by 2 * cp", _seq_bad, _seq),),
-    divides=("sequence",),
+    divides=(Dim.SEQUENCE,),
     shards=("activations", "parameters, gradients, optimizer state (with dp_shard, as fsdp)"),
     collectives=(CollectiveKind("all-gather", "cp", "forward", "K and V of the whole sequence"),
                  CollectiveKind("all-gather", "cp", "backward", "K and V again where the layer is recomputed"),

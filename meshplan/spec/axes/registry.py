@@ -17,9 +17,10 @@ placement weights (:func:`placement_weights`), the foreign vocabularies.
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import Callable
 
 from meshplan.spec.axes import cp, dp, ep, fsdp, pp, tp
-from meshplan.spec.axes.base import AxisDef, Rule, SearchColumn
+from meshplan.spec.axes.base import AxisDef, Dim, Rule, SearchColumn
 
 
 class Axis(StrEnum):
@@ -63,6 +64,27 @@ def search_axes() -> list[tuple[Axis, SearchColumn]]:
     expert axes."""
     cols = [(name, a.search, a.expert) for name, a in AXES.items() if a.search is not None]
     return [(n, c) for n, c, e in cols if not e] + [(n, c) for n, c, e in cols if e]
+
+
+def divisor(dim: Dim, degree: Callable[[str], int], sequence_parallel: bool = False) -> int:
+    """Ways ``dim`` is split on one rank: the product of ``degree(name)`` over the registered
+    axes whose :attr:`AxisDef.divides` names it (``degree``: a mesh's degree by axis name,
+    1 for an axis the mesh lacks; :meth:`meshplan.mesh.resolve.Mesh.degree`). ``sequence
+    (SP)`` counts only under ``sequence_parallel``.
+
+    >>> deg = {"cp": 2, "tp": 4, "ep": 8}
+    >>> [divisor(d, lambda a: deg.get(a, 1), True) for d in (Dim.SEQUENCE, Dim.SP_SEQUENCE, Dim.HEADS, Dim.EXPERTS)]
+    [2, 4, 4, 8]
+    >>> divisor(Dim.SP_SEQUENCE, lambda a: deg.get(a, 1))
+    1
+    """
+    if dim is Dim.SP_SEQUENCE and not sequence_parallel:
+        return 1
+    out = 1
+    for name, a in AXES.items():
+        if dim in a.divides:
+            out *= degree(str(name))
+    return out
 
 
 def placement_weights() -> dict[str, float]:
