@@ -117,6 +117,18 @@ class CollectiveKind:
     size: str
 
 
+#: ``rows(add, stage)``: an axis's rows of one stage's collective table. ``stage`` is the
+#: stage's context (:class:`meshplan.comm.collectives.StageContext`: ``model``,
+#: ``training``, ``mesh``, ``layers`` (indices), ``first``, ``last``, ``stage``, ``vpp``,
+#: ``schedule``, ``micro`` (micro-batches per step), ``act_bytes`` (b x s/cp x h));
+#: ``add(axis, phase, op, size_bytes, dtype, per_microbatch, cadence, waits="", depth=1,
+#: per_step=None, ranks=None)`` appends one row (group ``axis``, ``size_bytes`` the nccl-tests
+#: buffer of one call, ``per_microbatch`` calls per micro-batch; ``per_step`` calls per step
+#: when not ``per_microbatch`` x micro-batches), timed on the axis's path; a row over one
+#: rank, of no bytes or of no call is dropped.
+RowBuilder = Callable[[Callable[..., None], Any], None]
+
+
 @dataclass(frozen=True)
 class AxisDef:
     """Everything meshplan knows about one parallel axis (the registry's value type).
@@ -125,7 +137,9 @@ class AxisDef:
     ``dp_shard x cp x tp`` instead of multiplying into the world; ``torchtitan`` /
     ``megatron``: the names those frameworks give it (their mesh dims / order letters);
     ``rules``: its validity rules; ``divides``: the tensor dimensions (:class:`Dim`) it
-    divides, read by the local shapes and the activation memory; ``shards``: the training state it shards; ``collectives``: what it sends;
+    divides, read by the local shapes and the activation memory; ``shards``: the training state it shards; ``collectives``: what it sends; ``rows``:
+    the builder of its rows in the collective table (:data:`RowBuilder`; None for the
+    families :mod:`meshplan.comm.collectives` builds itself, see its ``LAYER_ROWS``);
     ``search``: its search column (None: not searched); ``weights``: placement weights
     (relative traffic, not bytes) of the axis and of the derived axes it brings, used when no
     collective table is given (:mod:`meshplan.placement.choice`).
@@ -139,6 +153,7 @@ class AxisDef:
     divides: tuple[Dim, ...] = ()
     shards: tuple[str, ...] = ()
     collectives: tuple[CollectiveKind, ...] = ()
+    rows: Optional[RowBuilder] = None
     search: Optional[SearchColumn] = None
     weights: Mapping[str, float] = field(default_factory=dict)
 
