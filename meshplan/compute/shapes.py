@@ -206,7 +206,7 @@ def local_split(mesh: Mesh) -> dict[Dim, int]:
     >>> s[Dim.SEQUENCE], s[Dim.HEADS], s[Dim.FFN], s[Dim.SP_SEQUENCE], s[Dim.BATCH], s[Dim.EXPERTS]
     (2, 4, 4, 1, 2, 1)
     """
-    return {dim: divisor(dim, lambda a: own_degree(mesh, a), mesh.sequence_parallel) for dim in Dim}
+    return {dim: int(divisor(dim, lambda a: own_degree(mesh, a), mesh.sequence_parallel)) for dim in Dim}
 
 
 def own_degree(mesh: Mesh, axis: str) -> int:

@@ -32,6 +32,8 @@ from meshplan.search.space import (
     candidate_schedule,
     ends_short_split,
 )
+from meshplan.spec.axes.base import Dim
+from meshplan.spec.axes.registry import divisor, search_axes
 from meshplan.spec.mesh import MeshSpec, Schedule
 from meshplan.units import dtype_bytes
 
@@ -120,6 +122,16 @@ class Tables:
                         prefix + "bwd": a.bwd_temp, prefix + "single": int(not steps), prefix + "peak0": peak0,
                         prefix + "peakg": peakg})
         return out
+
+
+def split(c: Candidates, dim: Dim) -> np.ndarray:
+    """Ways ``dim`` is split on each candidate (int64, (candidates,)): the product of the
+    degree columns of the searched axes that divide it (:func:`meshplan.spec.axes.registry.divisor`
+    over the columns; the vectorised :func:`meshplan.compute.shapes.local_split`). ``sequence
+    (SP)`` is not asked here: the search runs SP exactly where tp > 1."""
+    cols = {str(a): col.column for a, col in search_axes()}
+    ways = divisor(dim, lambda a: c.degree(cols[a]) if a in cols else 1)
+    return np.broadcast_to(np.asarray(ways, dtype=np.int64), (len(c),))
 
 
 def lookup(keys: list[np.ndarray], fn, fields: tuple[str, ...], dtype=np.int64) -> dict[str, np.ndarray]:

@@ -3,7 +3,9 @@
 family's own module (``pp``, ``dp`` (dp_replicate, dp), ``fsdp`` (dp_shard), ``cp``, ``tp``
 (+SP), ``ep`` (ep, etp)). The order of :data:`AXES` is the canonical mesh order, outermost
 first (torchtitan ``ParallelDims``), dense axes then expert axes. Later layers loop over it:
-the validity rules (:func:`rules`), the search's columns (:func:`search_axes`), the default
+the validity rules (:func:`rules`), the search's columns (:func:`search_axes`), the ways each
+tensor dimension is split (:func:`divisor`: the local shapes, the activation memory, the
+search's bounds), the collective table's row builders (``AxisDef.rows``), the default
 placement weights (:func:`placement_weights`), the foreign vocabularies.
 
 >>> [str(a) for a in AXES]
@@ -17,7 +19,7 @@ placement weights (:func:`placement_weights`), the foreign vocabularies.
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Callable
+from typing import Any, Callable
 
 from meshplan.spec.axes import cp, dp, ep, fsdp, pp, tp
 from meshplan.spec.axes.base import AxisDef, Dim, Rule, SearchColumn
@@ -66,11 +68,11 @@ def search_axes() -> list[tuple[Axis, SearchColumn]]:
     return [(n, c) for n, c, e in cols if not e] + [(n, c) for n, c, e in cols if e]
 
 
-def divisor(dim: Dim, degree: Callable[[str], int], sequence_parallel: bool = False) -> int:
+def divisor(dim: Dim, degree: Callable[[str], Any], sequence_parallel: bool = False) -> Any:
     """Ways ``dim`` is split on one rank: the product of ``degree(name)`` over the registered
     axes whose :attr:`AxisDef.divides` names it (``degree``: a mesh's degree by axis name,
-    1 for an axis the mesh lacks; :meth:`meshplan.mesh.resolve.Mesh.degree`). ``sequence
-    (SP)`` counts only under ``sequence_parallel``.
+    1 for an axis the mesh lacks, as an int; or the search's degree columns, numpy arrays,
+    which give an array). ``sequence (SP)`` counts only under ``sequence_parallel``.
 
     >>> deg = {"cp": 2, "tp": 4, "ep": 8}
     >>> [divisor(d, lambda a: deg.get(a, 1), True) for d in (Dim.SEQUENCE, Dim.SP_SEQUENCE, Dim.HEADS, Dim.EXPERTS)]
@@ -80,7 +82,7 @@ def divisor(dim: Dim, degree: Callable[[str], int], sequence_parallel: bool = Fa
     """
     if dim is Dim.SP_SEQUENCE and not sequence_parallel:
         return 1
-    out = 1
+    out: Any = 1
     for name, a in AXES.items():
         if dim in a.divides:
             out *= degree(str(name))
