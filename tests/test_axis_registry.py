@@ -196,6 +196,10 @@ def test_a_toy_axis_registered_here_divides_shapes_adds_rows_and_divides_activat
     assert [(r.op, r.phase, r.size_bytes, r.per_microbatch, r.example_ranks) for r in rows] == \
         [("all-to-all", "forward", 1 * 2048 * 4096 * 2, 64, (0, 4))]
     assert rows[0].per_step == 64 * plan.micro_batches and rows[0].time_s > 0
+    # and the other axes' rows carry the rank's b x s/sq x h: tp's all-reduce 16 MiB (32 MiB without the toy)
+    tp_ar = lambda p: [r.size_bytes for r in p.stage(0).collectives if (r.axis, r.op, r.phase) == ("tp", "all-reduce",
+                                                                                                   "forward")]
+    assert tp_ar(plan) == [1 * 2048 * 4096 * 2] and tp_ar(plain) == [1 * 4096 * 4096 * 2]
     # memory: every activation term is linear in the local tokens here (flash attention, no
     # recompute), so the sequence split halves the activations, as cp 2 does
     act = lambda p: p.timelines[0].max_by_kind["activations"]

@@ -101,6 +101,7 @@ import numpy as np
 
 from meshplan.comm.alphabeta import REFERENCE_STEP_S, busbw_factor, collective_time
 from meshplan.compute.routing import RoutingOptions, routing
+from meshplan.compute.shapes import local_split
 from meshplan.mesh.resolve import Mesh
 from meshplan.mesh.tpsplit import (
     fsdp_padded_numel,
@@ -109,6 +110,7 @@ from meshplan.mesh.tpsplit import (
 )
 from meshplan.pipeline.registry import get as get_schedule
 from meshplan.pipeline.simulate import stage_order
+from meshplan.spec.axes.base import Dim
 from meshplan.spec.axes.registry import AXES, Axis
 from meshplan.spec.cluster import ClusterSpec
 from meshplan.spec.mesh import Schedule
@@ -283,10 +285,16 @@ class _Ctx:
     loss_parallel: bool = True
 
     @property
+    def seq_local(self) -> int:
+        """Tokens of a sequence on one rank: s / cp, the sequence as the registered axes split
+        it (:func:`meshplan.compute.shapes.local_split`)."""
+        return self.training.seq_len // local_split(self.mesh)[Dim.SEQUENCE]
+
+    @property
     def act_bytes(self) -> int:
         """TP activation buffer b * s/cp * h in compute dtype."""
         t = self.training
-        return t.micro_batch * (t.seq_len // self.mesh.degree("cp")) * self.model.hidden * dtype_bytes(t.compute_dtype)
+        return t.micro_batch * self.seq_local * self.model.hidden * dtype_bytes(t.compute_dtype)
 
 
 def _tp_layer_ops(c: _Ctx, layer: int) -> tuple[list[str], list[str]]:
@@ -361,7 +369,7 @@ def _tp_rows(add, c: _Ctx) -> None:
                               "every MoE layer (router weight gradient)")
     if not c.last:
         return
-    b, s = c.training.micro_batch, c.training.seq_len // c.mesh.degree("cp")
+    b, s = c.training.micro_batch, c.seq_local
     if c.loss_parallel:
         add("tp", "loss", "all-reduce", b * s * 4, "fp32", 3, "every micro-batch (vocab-parallel loss)", "loss")
     else:
@@ -535,7 +543,7 @@ def _pp_ep_rows(add, c: _Ctx) -> None:
     if mesh.ep > 1:
         moe = sum(m.is_moe_layer(i) for i in c.layers)
         replayed = sum(m.is_moe_layer(i) and t.layer_recomputed(k) for k, i in enumerate(c.layers))
-        tokens = t.micro_batch * (t.seq_len // mesh.degree("cp")) * mesh.etp // mesh.degree("tp")  # see shapes
+        tokens = t.micro_batch * c.seq_local * mesh.etp // mesh.degree("tp")  # see shapes
         rows = routing(RoutingOptions.of(t), max(1, tokens), m.top_k, m.experts, mesh.ep).recv_rows
         a2a = rows * m.hidden * dtype_bytes(dt)
         add("ep", "forward", "all-to-all", a2a, dt, 2 * moe, "every MoE layer (dispatch, combine)", "expert GEMMs")
