@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 from meshplan.compute.routing import RoutingOptions, expert_capacity, routing  # noqa: F401 (re-export)
 from meshplan.spec.axes.base import Dim
-from meshplan.spec.axes.registry import divisor
+from meshplan.spec.axes.registry import divisors
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.training import TrainingSpec
 from meshplan.mesh.resolve import DERIVED, Mesh
@@ -198,7 +198,7 @@ class LocalShapes:
 def local_split(mesh: Mesh) -> dict[Dim, int]:
     """Ways each tensor dimension is divided on one rank of ``mesh``, from the registered
     axes' :attr:`~meshplan.spec.axes.base.AxisDef.divides` (one loop over the dimensions,
-    :func:`meshplan.spec.axes.registry.divisor`).
+    :func:`meshplan.spec.axes.registry.divisors`).
 
     >>> from meshplan.mesh.resolve import resolve_mesh
     >>> from meshplan.spec.mesh import MeshSpec
@@ -206,13 +206,13 @@ def local_split(mesh: Mesh) -> dict[Dim, int]:
     >>> s[Dim.SEQUENCE], s[Dim.HEADS], s[Dim.FFN], s[Dim.SP_SEQUENCE], s[Dim.BATCH], s[Dim.EXPERTS]
     (2, 4, 4, 1, 2, 1)
     """
-    return {dim: int(divisor(dim, lambda a: own_degree(mesh, a), mesh.sequence_parallel)) for dim in Dim}
+    return divisors(lambda a: own_degree(mesh, a), mesh.sequence_parallel)  # ints: a mesh's degrees
 
 
 def own_degree(mesh: Mesh, axis: str) -> int:
     """Degree of registered axis ``axis`` itself on ``mesh`` (1 if absent): ``dp`` is the
     one-axis data axis, not the derived dp = replicate x shard of the same name."""
-    return mesh.layout.degree(axis) if axis in DERIVED else mesh.degree(axis)
+    return mesh.layout.degree(axis) if axis in DERIVED or axis in mesh.layout.names else mesh.degree(axis)
 
 
 def local_shapes(model: ModelSpec, training: TrainingSpec, mesh: Mesh) -> LocalShapes:

@@ -68,6 +68,10 @@ def search_axes() -> list[tuple[Axis, SearchColumn]]:
     return [(n, c) for n, c, e in cols if not e] + [(n, c) for n, c, e in cols if e]
 
 
+#: Every tensor dimension, in :class:`Dim` order (iterating the enum itself is slow).
+DIMS = tuple(Dim)
+
+
 def divisor(dim: Dim, degree: Callable[[str], Any], sequence_parallel: bool = False) -> Any:
     """Ways ``dim`` is split on one rank: the product of ``degree(name)`` over the registered
     axes whose :attr:`AxisDef.divides` names it (``degree``: a mesh's degree by axis name,
@@ -86,6 +90,24 @@ def divisor(dim: Dim, degree: Callable[[str], Any], sequence_parallel: bool = Fa
     for name, a in AXES.items():
         if dim in a.divides:
             out *= degree(str(name))
+    return out
+
+
+def divisors(degree: Callable[[str], Any], sequence_parallel: bool = False) -> dict[Dim, Any]:
+    """:func:`divisor` of every :class:`Dim` at once, reading each axis's degree once.
+
+    >>> deg = {"cp": 2, "tp": 4}
+    >>> d = divisors(lambda a: deg.get(a, 1), True)
+    >>> d[Dim.SEQUENCE], d[Dim.SP_SEQUENCE], d[Dim.FFN], d[Dim.BATCH]
+    (2, 4, 4, 1)
+    """
+    out: dict[Dim, Any] = dict.fromkeys(DIMS, 1)
+    for name, a in AXES.items():
+        if a.divides:
+            k = degree(str(name))
+            for d in a.divides:
+                if d is not Dim.SP_SEQUENCE or sequence_parallel:
+                    out[d] = out[d] * k
     return out
 
 
