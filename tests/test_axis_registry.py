@@ -9,6 +9,7 @@ module."""
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 from types import SimpleNamespace
 
 import numpy as np
@@ -21,6 +22,7 @@ from meshplan.mesh.validity import check
 from meshplan.placement.choice import DEFAULT_WEIGHTS
 from meshplan.plan import build_plan
 from meshplan.schedule.steptime import step_time
+from meshplan.search.memory import comm_axes
 from meshplan.search.space import REASONS, candidate_config, enumerate_candidates, first_reason, reason_table, \
     world_of
 from meshplan.spec.axes import KNOWN_AXES, MEGATRON_AXES, TORCHTITAN_AXES
@@ -169,6 +171,12 @@ def test_a_toy_axis_registered_here_shows_up_in_validity_and_search(monkeypatch)
     i = int(np.flatnonzero((sq == 2) & (c.tp == 2))[0])
     assert candidate_config(cfg, c, i).mesh.names[-2:] == ["tp", "sq"]  # registered last: innermost
     assert "sq 2" in c.label(i)
+    # its rows' communicator is in the search's memory bound, as in the exact plan's timeline
+    plan = build_plan(candidate_config(cfg, c, i))
+    assert comm_axes(cfg, c)[i] == len({r.axis for rows in plan.collectives.values() for r in rows})
+    with_rows = comm_axes(cfg, c)
+    monkeypatch.setitem(AXES, "sq", replace(TOY, rows=None))
+    assert ((with_rows - comm_axes(cfg, c)) == (sq > 1)).all()
 
 
 def _toy_plan(names, shape):
