@@ -334,7 +334,7 @@ def _replicated_grad_rows(add, c: _Ctx, size: int, count: int, cadence: str) -> 
             "optimizer step", depth=0, per_step=3 * count)
 
 
-def _tp_rows(add, c: _Ctx) -> None:
+def _tp_rows(add, c: _Ctx, loss_parallel: bool) -> None:
     first, last, dt = int(c.first), int(c.last), c.training.compute_dtype
     act = c.act_bytes
     counts: Counter[tuple] = Counter()
@@ -369,8 +369,8 @@ def _tp_rows(add, c: _Ctx) -> None:
                               "every MoE layer (router weight gradient)")
     if not c.last:
         return
-    b, s = c.training.micro_batch, c.seq_local
-    if c.loss_parallel:
+    b, s = c.training.micro_batch, c.training.seq_len // c.mesh.degree("cp")
+    if loss_parallel:
         add("tp", "loss", "all-reduce", b * s * 4, "fp32", 3, "every micro-batch (vocab-parallel loss)", "loss")
     else:
         v = padded_vocab(c.model.vocab, c.training.vocab_pad_divisor, c.mesh.degree("tp"))
@@ -555,7 +555,8 @@ def _pp_ep_rows(add, c: _Ctx) -> None:
 #: so not on their descriptors): tp (+SP, the loss, replicated weights' gradients), the data
 #: axes (fsdp, efsdp, dp_replicate, DDP over ``loss``) and pp with ep. Every other axis's
 #: rows come from its descriptor (:attr:`~meshplan.spec.axes.base.AxisDef.rows`: cp's).
-LAYER_ROWS = {Axis.TP: _tp_rows, Axis.DP_SHARD: _dp_rows, Axis.PP: _pp_ep_rows}
+LAYER_ROWS = {Axis.TP: lambda add, c: _tp_rows(add, c, c.loss_parallel), Axis.DP_SHARD: _dp_rows,
+              Axis.PP: _pp_ep_rows}
 #: The table lists these axes' rows first, in this order, then every other registered axis's
 #: in the registry's order.
 TABLE_ORDER = (Axis.TP, Axis.CP, Axis.DP_SHARD, Axis.PP)

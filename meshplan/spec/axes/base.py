@@ -31,10 +31,12 @@ Check = Callable[[Any, Any, Any], tuple[tuple[str, ...], tuple[str, ...]]]
 class Dim(StrEnum):
     """Tensor dimensions an axis divides on one rank (:attr:`AxisDef.divides`). The
     ways a dimension is split is the product of the degrees of the registered axes that
-    declare it (:func:`meshplan.spec.axes.registry.divisor`); what reads each:
+    declare it (:func:`meshplan.spec.axes.registry.divisor`); what reads each (``batch``,
+    ``layers`` and ``param dim 0`` are declared, their readers take the dp, pp and fsdp
+    degrees directly):
 
     ================= ==================================================================
-    ``batch``         sequences per step (micro-batches per dp rank; the validity rule)
+    ``batch``         sequences per step (micro-batches per dp rank: the batch rule)
     ``layers``        the layer stack (pipeline stages; :mod:`meshplan.mesh.layers`)
     ``sequence``      tokens of a sequence on a rank: GEMM rows, attention queries and
                       the activations (:mod:`meshplan.compute.shapes`, :mod:`meshplan.memory`)
@@ -120,7 +122,8 @@ class CollectiveKind:
 #: ``rows(add, stage)``: an axis's rows of one stage's collective table. ``stage`` is the
 #: stage's context (:class:`meshplan.comm.collectives.StageContext`: ``model``,
 #: ``training``, ``mesh``, ``layers`` (indices), ``first``, ``last``, ``stage``, ``vpp``,
-#: ``schedule``, ``micro`` (micro-batches per step), ``act_bytes`` (b x s/cp x h));
+#: ``schedule``, ``micro`` (micro-batches per step), ``seq_local`` (s / the sequence's split),
+#: ``act_bytes`` (b x seq_local x h in the compute dtype));
 #: ``add(axis, phase, op, size_bytes, dtype, per_microbatch, cadence, waits="", depth=1,
 #: per_step=None, ranks=None)`` appends one row (group ``axis``, ``size_bytes`` the nccl-tests
 #: buffer of one call, ``per_microbatch`` calls per micro-batch; ``per_step`` calls per step
@@ -137,9 +140,10 @@ class AxisDef:
     ``dp_shard x cp x tp`` instead of multiplying into the world; ``torchtitan`` /
     ``megatron``: the names those frameworks give it (their mesh dims / order letters);
     ``rules``: its validity rules; ``divides``: the tensor dimensions (:class:`Dim`) it
-    divides, read by the local shapes and the activation memory; ``shards``: the training state it shards; ``collectives``: what it sends; ``rows``:
-    the builder of its rows in the collective table (:data:`RowBuilder`; None for the
-    families :mod:`meshplan.comm.collectives` builds itself, see its ``LAYER_ROWS``);
+    divides, read by the local shapes, the memory and the search's bounds; ``shards``: the
+    training state it shards; ``collectives``: what it sends; ``rows``: the builder of its
+    rows in the collective table (:data:`RowBuilder`; None for the families
+    :mod:`meshplan.comm.collectives` builds itself, see its ``LAYER_ROWS``);
     ``search``: its search column (None: not searched); ``weights``: placement weights
     (relative traffic, not bytes) of the axis and of the derived axes it brings, used when no
     collective table is given (:mod:`meshplan.placement.choice`).
