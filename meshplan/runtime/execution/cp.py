@@ -8,7 +8,7 @@ equal chunks (Llama 3's split for causal load balance, the split meshplan's plan
 every attention layer the rank all-gathers K and V over the cp group, stacked into one
 buffer of ``2 x b x s x kv_heads_local x head_dim`` elements (one all-gather per layer;
 its autograd backward is one reduce-scatter (sum) of dK and dV of the same size:
-:func:`meshplan.spec.axes.cp.cp_rows`), and computes attention for its ``s / cp`` local
+:func:`meshplan.comm.collectives._cp_rows`), and computes attention for its ``s / cp`` local
 queries against all ``s`` keys with a boolean causal mask built from the global positions
 of both (``key_position <= query_position``), the shape
 :func:`meshplan.compute.shapes.attention_shape` gives (``seq_q = s / cp``, ``seq_kv = s``). With
