@@ -22,9 +22,10 @@ from meshplan.mesh.validity import check
 from meshplan.placement.choice import DEFAULT_WEIGHTS
 from meshplan.plan import build_plan
 from meshplan.schedule.steptime import step_time
+from meshplan.search.driver import estimate
 from meshplan.search.memory import comm_axes
-from meshplan.search.space import REASONS, candidate_config, enumerate_candidates, first_reason, reason_table, \
-    world_of
+from meshplan.search.space import OK, REASONS, RECOMPUTE, SHARDING, candidate_config, enumerate_candidates, \
+    first_reason, reason_table, world_of
 from meshplan.spec.axes import KNOWN_AXES, MEGATRON_AXES, TORCHTITAN_AXES
 from meshplan.spec.axes.base import AxisDef, AxisDegrees, CollectiveKind, Dim, Rule, SearchColumn
 from meshplan.spec.axes.registry import AXES, Axis, rules, search_axes
@@ -171,9 +172,19 @@ def test_a_toy_axis_registered_here_shows_up_in_validity_and_search(monkeypatch)
     i = int(np.flatnonzero((sq == 2) & (c.tp == 2))[0])
     assert candidate_config(cfg, c, i).mesh.names[-2:] == ["tp", "sq"]  # registered last: innermost
     assert "sq 2" in c.label(i)
-    # its rows' communicator is in the search's memory bound, as in the exact plan's timeline
-    plan = build_plan(candidate_config(cfg, c, i))
-    assert comm_axes(cfg, c)[i] == len({r.axis for rows in plan.collectives.values() for r in rows})
+    # the search's bounds split the sequence and count its rows' communicator as the plan does:
+    # on the valid sq 2 candidate with the most activations (zero3, no recompute, the largest
+    # micro-batch; its peak is in the backward) the exact peak lies between the memory bounds
+    # (keyed on cp alone, the lower bound would pass it) and the step above its lower bound
+    est = estimate(cfg, c, code)
+    ok = np.flatnonzero((sq == 2) & (c.tp == 2) & (code == OK) & (c.pp == 1) & (c.sh == SHARDING.index("zero3"))
+                        & (c.rc == RECOMPUTE.index("none")))
+    j = int(ok[np.argmax(c.mb[ok])])
+    exact = build_plan(candidate_config(cfg, c, j))
+    peak = max(exact.timelines, key=lambda tl: tl.peak.total_bytes).peak
+    assert peak.phase == "backward" and est.peak_lo[j] <= peak.total_bytes <= est.peak_hi[j]
+    assert est.step_lo[j] <= step_time(exact).step_s
+    assert comm_axes(cfg, c)[j] == len({r.axis for rows in exact.collectives.values() for r in rows})
     with_rows = comm_axes(cfg, c)
     monkeypatch.setitem(AXES, "sq", replace(TOY, rows=None))
     assert ((with_rows - comm_axes(cfg, c)) == (sq > 1)).all()
