@@ -2,9 +2,9 @@
 each part (foreign names, what it divides, its search column, its placement weight, its
 rules in the plan's order), its rules give the same verdict on one mesh (Python ints, as the
 exact plan runs them) as on the search's columns (numpy), and a toy axis registered here
-shows up in the validity rules, the search space and the search's rejections, and in a
-plan's local shapes, collective table and activation memory, without an edit to any other
-module."""
+shows up in the validity rules, the search space, the search's rejections and bounds, and
+in a plan's local shapes, collective table, activation memory and step notes, without an
+edit to any other module."""
 
 from __future__ import annotations
 
