@@ -22,13 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from meshplan.comm.collectives import CollectiveRow, collective_table
-from meshplan.compute.shapes import (
-    Attention,
-    Gemm,
-    attention_shape,
-    layer_gemms,
-    output_gemm,
-)
+from meshplan.compute.shapes import Attention, Gemm, local_shapes
 from meshplan.compute.routing import RoutingOptions, routing
 from meshplan.config import Config
 from meshplan.errors import ConfigError
@@ -39,7 +33,6 @@ from meshplan.mesh import resolve
 from meshplan.mesh.layers import last_stage
 from meshplan.mesh.layout import check_partition
 from meshplan.mesh.resolve import Mesh, resolve_mesh
-from meshplan.mesh.tpsplit import padded_vocab
 from meshplan.mesh.validity import check
 from meshplan.pipeline.registry import get as get_schedule
 from meshplan.pipeline.registry import reasons as schedule_reasons
@@ -233,10 +226,8 @@ def build_plan(config: Config, constraints: cons.Constraints | None = None) -> P
         return Infeasible(config, spec, world, v.reasons + tuple(partition), constraints, notes=v.notes,
                           derivation=mesh.derivation, mesh=mesh, placement=placement, flags=flags, vpp=v.vpp,
                           micro_batches=v.micro_batches)
-    tp, cp = mesh.degree("tp"), mesh.degree("cp")
-    tokens = t.micro_batch * t.seq_len // cp
-    gemms = layer_gemms(m, tp, tokens, ep=mesh.ep, etp=mesh.etp, routing_options=RoutingOptions.of(t))
-    gemms.append(output_gemm(m, tp, tokens, padded_vocab(m.vocab, t.vocab_pad_divisor, tp)))
+    shapes = local_shapes(m, t, mesh)  # each registered axis divides the dims its descriptor names
+    tp, tokens = mesh.degree("tp"), shapes.tokens
     annotated = cons.annotate_axes(constraints, m, t, c, mesh, v.stages, v.micro_batches)
     notes = v.notes
     if m.is_moe:  # the capacity (or the dropless rows) every ep rank uses, with its arithmetic
@@ -245,7 +236,7 @@ def build_plan(config: Config, constraints: cons.Constraints | None = None) -> P
             ro, m.top_k, m.experts, mesh.ep),)
     plan = Plan(config=config, spec=spec, world=world, reasons=(), notes=notes, derivation=mesh.derivation,
                 mesh=mesh, stages=v.stages, vpp=v.vpp, micro_batches=v.micro_batches, placement=placement,
-                flags=flags, gemms=tuple(gemms), attention=attention_shape(m, tp, cp, t.micro_batch, t.seq_len),
+                flags=flags, gemms=shapes.gemms, attention=shapes.attention,
                 state=tuple(state_bytes(m, mesh, t, v.stages)), constraints=annotated,
                 collectives=_collectives(config, spec, mesh, placement, v.stages, v.micro_batches), timelines=())
     timelines = memory_timelines(plan)  # reads the plan's mesh, stages, state and tables

@@ -2,12 +2,14 @@
 each part (foreign names, what it divides, its search column, its placement weight, its
 rules in the plan's order), its rules give the same verdict on one mesh (Python ints, as the
 exact plan runs them) as on the search's columns (numpy), and a toy axis registered here
-shows up in the validity rules, the search space and the search's rejections without an
+shows up in the validity rules, the search space, the search's rejections and bounds, and
+in a plan's local shapes, collective table, activation memory and step notes, without an
 edit to any other module."""
 
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 from types import SimpleNamespace
 
 import numpy as np
@@ -19,12 +21,16 @@ from meshplan.mesh.resolve import resolve_mesh
 from meshplan.mesh.validity import check
 from meshplan.placement.choice import DEFAULT_WEIGHTS
 from meshplan.plan import build_plan
-from meshplan.search.space import REASONS, candidate_config, enumerate_candidates, first_reason, reason_table, \
-    world_of
+from meshplan.schedule.steptime import step_time
+from meshplan.search.driver import estimate
+from meshplan.search.memory import comm_axes
+from meshplan.search.space import OK, REASONS, RECOMPUTE, SHARDING, candidate_config, enumerate_candidates, \
+    first_reason, reason_table, world_of
 from meshplan.spec.axes import KNOWN_AXES, MEGATRON_AXES, TORCHTITAN_AXES
-from meshplan.spec.axes.base import AxisDef, AxisDegrees, Rule, SearchColumn
+from meshplan.spec.axes.base import AxisDef, AxisDegrees, CollectiveKind, Dim, Rule, SearchColumn
 from meshplan.spec.axes.registry import AXES, Axis, rules, search_axes
 from meshplan.spec.mesh import MeshSpec
+from meshplan.units import dtype_bytes
 
 #: Axes without a part, and why (the test fails for any other gap).
 NO_SEARCH_COLUMN = {Axis.DP: "the search names the data axes dp_replicate and dp_shard; dp is their one-axis form"}
@@ -120,10 +126,20 @@ def _sq_heads(m, t, d):
     return (), ()
 
 
+def _sq_rows(add, c):
+    """The toy's rows: two all-to-alls of the rank's b x s/sq x h activation per layer and
+    micro-batch (q/k/v in, the context out), compute dtype."""
+    t = c.training
+    size = t.micro_batch * (t.seq_len // c.mesh.degree("sq")) * c.model.hidden * dtype_bytes(t.compute_dtype)
+    add("sq", "forward", "all-to-all", size, t.compute_dtype, 2 * len(c.layers), "every layer (toy Ulysses)",
+        "attention")
+
+
 TOY = AxisDef(doc="Ulysses sequence axis (toy)", torchtitan=("sq",),
               rules=(Rule("sq_heads", 25, "kv_heads not divisible by sq * tp", _sq_heads_bad, _sq_heads),),
-              divides=("sequence", "heads (in attention)"), search=SearchColumn(column="sq", option="sq"),
-              weights={"sq": 1e4})
+              divides=(Dim.SEQUENCE,), search=SearchColumn(column="sq", option="sq"),
+              collectives=(CollectiveKind("all-to-all", "sq", "forward", "b x s/sq x h activation"),),
+              rows=_sq_rows, weights={"sq": 1e4})
 
 CFG = {"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 2},
        "training": {"global_batch": 16, "seq_len": 1024}}
@@ -156,6 +172,61 @@ def test_a_toy_axis_registered_here_shows_up_in_validity_and_search(monkeypatch)
     i = int(np.flatnonzero((sq == 2) & (c.tp == 2))[0])
     assert candidate_config(cfg, c, i).mesh.names[-2:] == ["tp", "sq"]  # registered last: innermost
     assert "sq 2" in c.label(i)
+    # the search's bounds split the sequence and count its rows' communicator as the plan does:
+    # on the valid sq 2 candidate with the most activations (zero3, no recompute, the largest
+    # micro-batch; its peak is in the backward) the exact peak lies between the memory bounds
+    # (keyed on cp alone, the lower bound would pass it) and the step above its lower bound
+    est = estimate(cfg, c, code)
+    ok = np.flatnonzero((sq == 2) & (c.tp == 2) & (code == OK) & (c.pp == 1) & (c.sh == SHARDING.index("zero3"))
+                        & (c.rc == RECOMPUTE.index("none")))
+    j = int(ok[np.argmax(c.mb[ok])])
+    exact = build_plan(candidate_config(cfg, c, j))
+    peak = max(exact.timelines, key=lambda tl: tl.peak.total_bytes).peak
+    assert peak.phase == "backward" and est.peak_lo[j] <= peak.total_bytes <= est.peak_hi[j]
+    assert est.step_lo[j] <= step_time(exact).step_s
+    assert comm_axes(cfg, c)[j] == len({r.axis for rows in exact.collectives.values() for r in rows})
+    with_rows = comm_axes(cfg, c)
+    monkeypatch.setitem(AXES, "sq", replace(TOY, rows=None))
+    assert ((with_rows - comm_axes(cfg, c)) == (sq > 1)).all()
+
+
+def _toy_plan(names, shape):
+    return build_plan(config_from_dict({**CFG, "training": {"global_batch": 16, "seq_len": 4096, "recompute": "none"},
+                                        "mesh": {"names": names, "shape": shape}}))
+
+
+def test_a_toy_axis_registered_here_divides_shapes_adds_rows_and_divides_activations(monkeypatch):
+    """The toy's descriptor alone (divides the sequence, builds its rows) changes a plan's
+    shapes, collective table and activation memory: llama3-8b (h 4096, 32 layers, 32 q and 8
+    KV heads), b 1, s 4096, bf16, on dp_shard 2 x sq 2 x tp 4 (16 ranks)."""
+    plain = _toy_plan(["dp_shard", "sq", "tp"], [2, 2, 4])  # before: "sq" is a user-named axis (rank math only)
+    assert [g.m for g in plain.gemms if g.name == "wq"] == [4096] and plain.attention.seq_q == 4096
+    assert not any(r.axis == "sq" for rows in plain.collectives.values() for r in rows)
+
+    monkeypatch.setitem(AXES, "sq", TOY)
+    plan = _toy_plan(["dp_shard", "sq", "tp"], [2, 2, 4])
+    assert plan.feasible, plan.reasons
+    # shapes: each rank holds s / sq = 2048 tokens (GEMM rows, attention queries; keys whole)
+    wq = [g for g in plan.gemms if g.name == "wq"][0]
+    assert (wq.m, wq.n, wq.k) == (2048, 32 // 4 * 128, 4096)
+    assert (plan.attention.seq_q, plan.attention.seq_kv, plan.attention.q_heads) == (2048, 4096, 8)
+    # collective table: its row, b * s/sq * h * 2 B = 16 MiB, 2 per layer = 64 per micro-batch, over ranks 0 and 4
+    rows = [r for r in plan.stage(0).collectives if r.axis == "sq"]
+    assert [(r.op, r.phase, r.size_bytes, r.per_microbatch, r.example_ranks) for r in rows] == \
+        [("all-to-all", "forward", 1 * 2048 * 4096 * 2, 64, (0, 4))]
+    assert rows[0].per_step == 64 * plan.micro_batches and rows[0].time_s > 0
+    # and the other axes' rows carry the rank's b x s/sq x h: tp's all-reduce 16 MiB (32 MiB without the toy)
+    tp_ar = lambda p: [r.size_bytes for r in p.stage(0).collectives if (r.axis, r.op, r.phase) == ("tp", "all-reduce",
+                                                                                                   "forward")]
+    assert tp_ar(plan) == [1 * 2048 * 4096 * 2] and tp_ar(plain) == [1 * 4096 * 4096 * 2]
+    # memory: every activation term is linear in the local tokens here (flash attention, no
+    # recompute), so the sequence split halves the activations, as cp 2 does
+    act = lambda p: p.timelines[0].max_by_kind["activations"]
+    assert act(plan) * 2 == act(plain)
+    assert act(plan) == act(_toy_plan(["dp_shard", "cp", "tp"], [2, 2, 4]))
+    # the step: the rank timeline has no stream for its rows, so it says so (never files them under ep by op)
+    assert "collective not simulated (kind unknown): sq forward all-to-all (every layer (toy Ulysses))" in \
+        step_time(plan).notes
 
 
 # --- the collective kinds each axis declares against the plan's collective table ----------

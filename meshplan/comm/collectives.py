@@ -104,15 +104,17 @@ import numpy as np
 
 from meshplan.comm.alphabeta import REFERENCE_STEP_S, busbw_factor, collective_time
 from meshplan.compute.routing import RoutingOptions, routing
+from meshplan.compute.shapes import local_split
 from meshplan.mesh.resolve import Mesh
 from meshplan.mesh.tpsplit import (
     fsdp_padded_numel,
-    local_heads,
     local_numel,
     padded_vocab,
 )
 from meshplan.pipeline.registry import get as get_schedule
 from meshplan.pipeline.simulate import stage_order
+from meshplan.spec.axes.base import Dim
+from meshplan.spec.axes.registry import AXES, Axis
 from meshplan.spec.cluster import ClusterSpec
 from meshplan.spec.mesh import Schedule
 from meshplan.spec.model import ModelSpec
@@ -262,11 +264,11 @@ def collective_table(model: ModelSpec, training: TrainingSpec, mesh: Mesh, clust
         chunks = [stage_layers[k * per:(k + 1) * per] for k in range(vpp)]
     chunk_of = {i: k for k, ls in enumerate(chunks) for i in ls}
     ctx = _Ctx(model, training, mesh, stage_layers, first_stage, last_stage, stage, vpp, schedule, micro_batches,
-               chunk_of)
-    _tp_rows(add, ctx, loss_parallel)
-    _cp_rows(add, ctx)
-    _dp_rows(add, ctx)
-    _pp_ep_rows(add, ctx)
+               chunk_of, loss_parallel)
+    for axis in TABLE_ORDER + tuple(a for a in AXES if a not in TABLE_ORDER):
+        build = AXES[axis].rows or LAYER_ROWS.get(axis)
+        if build is not None:
+            build(add, ctx)
     return rows
 
 
@@ -283,12 +285,19 @@ class _Ctx:
     schedule: Schedule = Schedule.ONE_F_ONE_B
     micro: int = 1
     chunk_of: Optional[dict] = None  # layer -> local chunk
+    loss_parallel: bool = True
+
+    @property
+    def seq_local(self) -> int:
+        """Tokens of a sequence on one rank: s / cp, the sequence as the registered axes split
+        it (:func:`meshplan.compute.shapes.local_split`)."""
+        return self.training.seq_len // local_split(self.mesh)[Dim.SEQUENCE]
 
     @property
     def act_bytes(self) -> int:
         """TP activation buffer b * s/cp * h in compute dtype."""
         t = self.training
-        return t.micro_batch * (t.seq_len // self.mesh.degree("cp")) * self.model.hidden * dtype_bytes(t.compute_dtype)
+        return t.micro_batch * self.seq_local * self.model.hidden * dtype_bytes(t.compute_dtype)
 
 
 def _tp_layer_ops(c: _Ctx, layer: int) -> tuple[list[str], list[str]]:
@@ -391,24 +400,6 @@ def _tp_rows(add, c: _Ctx, loss_parallel: bool) -> None:
     else:
         v = padded_vocab(c.model.vocab, c.training.vocab_pad_divisor, c.mesh.degree("tp"))
         add("tp", "forward", "all-gather", b * s * v * dtype_bytes(dt), dt, 1, "every micro-batch (logits)", "loss")
-
-
-def _cp_rows(add, c: _Ctx) -> None:
-    if c.mesh.degree("cp") <= 1:
-        return
-    t = c.training
-    _, kv_l, _ = local_heads(c.model, c.mesh.degree("tp"))
-    # K (d_head) and V (d_v) of the local KV heads; MLA: the up-projected per-head K and V
-    kv_full = t.micro_batch * t.seq_len * kv_l * (c.model.d_head + c.model.d_v) * dtype_bytes(t.compute_dtype)
-    nl = len(c.layers)
-    replayed = sum(t.layer_recomputed(k) for k in range(nl))  # checkpointed layers (full, torchtitan per-layer AC)
-    add("cp", "forward", "all-gather", kv_full, t.compute_dtype, nl, "every layer (K and V)", "attention")
-    if replayed:  # the checkpoint's replay of the forward gathers K and V again
-        add("cp", "backward", "all-gather", kv_full, t.compute_dtype, replayed,
-            "every layer, recomputed (K and V)" if replayed == nl else "every checkpointed layer, recomputed (K and V)",
-            "recomputed attention")
-    add("cp", "backward", "reduce-scatter", kv_full, t.compute_dtype, nl, "every layer (dK and dV)",
-        "previous layer's backward")
 
 
 def _units(c: _Ctx, shards: dict[str, int]) -> list[tuple[str, str, int, int, int, int]]:
@@ -577,11 +568,25 @@ def _pp_ep_rows(add, c: _Ctx) -> None:
     if mesh.ep > 1:
         moe = sum(m.is_moe_layer(i) for i in c.layers)
         replayed = sum(m.is_moe_layer(i) and t.layer_recomputed(k) for k, i in enumerate(c.layers))
-        tokens = t.micro_batch * (t.seq_len // mesh.degree("cp")) * mesh.etp // mesh.degree("tp")  # see shapes
+        tokens = t.micro_batch * c.seq_local * mesh.etp // mesh.degree("tp")  # see shapes
         rows = routing(RoutingOptions.of(t), max(1, tokens), m.top_k, m.experts, mesh.ep).recv_rows
         a2a = rows * m.hidden * dtype_bytes(dt)
         add("ep", "forward", "all-to-all", a2a, dt, 2 * moe, "every MoE layer (dispatch, combine)", "expert GEMMs")
         add("ep", "backward", "all-to-all", a2a, dt, 2 * moe + 2 * replayed, "every MoE layer", "expert GEMMs")
+
+
+#: Row builders of the axis families whose rows need this layer's FSDP units and gather flags,
+#: the pipeline registry or the routing model (later layers than :mod:`meshplan.spec.axes`,
+#: so not on their descriptors): tp (+SP, the loss, replicated weights' gradients), the data
+#: axes (fsdp, efsdp, dp_replicate, DDP over ``loss``) and pp with ep. Every other axis's
+#: rows come from its descriptor (:attr:`~meshplan.spec.axes.base.AxisDef.rows`: cp's).
+LAYER_ROWS = {Axis.TP: lambda add, c: _tp_rows(add, c, c.loss_parallel), Axis.DP_SHARD: _dp_rows,
+              Axis.PP: _pp_ep_rows}
+#: The table lists these axes' rows first, in this order, then every other registered axis's
+#: in the registry's order.
+TABLE_ORDER = (Axis.TP, Axis.CP, Axis.DP_SHARD, Axis.PP)
+#: The stage context a row builder reads (:data:`~meshplan.spec.axes.base.RowBuilder`).
+StageContext = _Ctx
 
 
 #: Cadence of the tp all-gather rebuilding a pp receive (read by the rank timeline's comm_kind).

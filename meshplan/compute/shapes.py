@@ -34,8 +34,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from meshplan.compute.routing import RoutingOptions, expert_capacity, routing  # noqa: F401 (re-export)
+from meshplan.spec.axes.base import Dim
+from meshplan.spec.axes.registry import divisors
 from meshplan.spec.model import ModelSpec
-from meshplan.mesh.tpsplit import local_heads
+from meshplan.spec.training import TrainingSpec
+from meshplan.mesh.resolve import DERIVED, Mesh
+from meshplan.mesh.tpsplit import local_heads, padded_vocab
 
 
 @dataclass(frozen=True)
@@ -85,8 +89,11 @@ class Attention:
 
 
 def layer_gemms(model: ModelSpec, tp: int, tokens: int, layer: int = -1,
-                ep: int = 1, etp: int = 1, routing_options: RoutingOptions = RoutingOptions()) -> list[Gemm]:
-    """Forward GEMMs of one transformer layer on one rank for ``tokens`` local tokens.
+                ep: int = 1, etp: int = 1, routing_options: RoutingOptions = RoutingOptions(),
+                ffn_ways: int = 0) -> list[Gemm]:
+    """Forward GEMMs of one transformer layer on one rank for ``tokens`` local tokens;
+    ``tp`` splits the heads (and the tokens routed per rank), ``ffn_ways`` the dense MLP's
+    and the shared experts' width (0: ``tp``).
 
     ``layer`` selects dense or MoE (-1: the last layer). MoE experts: the rows of the
     busiest rank's local experts under ``routing_options`` (:func:`meshplan.compute.routing.routing`:
@@ -120,11 +127,11 @@ def layer_gemms(model: ModelSpec, tp: int, tokens: int, layer: int = -1,
             out += [Gemm(n + suffix, rows, h if n == "expert_w_down" else f, f if n == "expert_w_down" else h, count)
                     for n in names]
         if model.shared_experts:
-            sf = (model.shared_expert_ffn or model.moe_ffn) * model.shared_experts // tp
+            sf = (model.shared_expert_ffn or model.moe_ffn) * model.shared_experts // (ffn_ways or tp)
             out += [Gemm("shared_w_up", tokens, sf * (2 if model.gated_mlp else 1), h),
                     Gemm("shared_w_down", tokens, h, sf)]
         return out
-    f = model.ffn // tp
+    f = model.ffn // (ffn_ways or tp)
     if model.gated_mlp:
         out.append(Gemm("w_gate", tokens, f, h))
     out += [Gemm("w_up", tokens, f, h), Gemm("w_down", tokens, h, f)]
@@ -174,6 +181,64 @@ def attention_shape(model: ModelSpec, tp: int, cp: int, micro_batch: int, seq_le
     q_l, kv_l, _ = local_heads(model, tp)
     return Attention(micro_batch, q_l, kv_l, seq_len // cp, seq_len, model.d_head,
                      model.d_v if model.d_v != model.d_head else 0)
+
+
+@dataclass(frozen=True)
+class LocalShapes:
+    """One rank's shapes on a mesh: ``split`` (ways each :class:`~meshplan.spec.axes.base.Dim`
+    is divided), ``tokens`` per micro-batch (``micro_batch x seq_len / split[sequence]``),
+    the forward ``gemms`` of the last layer and the output layer, and the core ``attention``."""
+
+    split: dict[Dim, int]
+    tokens: int
+    gemms: tuple[Gemm, ...]
+    attention: Attention
+
+
+def local_split(mesh: Mesh) -> dict[Dim, int]:
+    """Ways each tensor dimension is divided on one rank of ``mesh``, from the registered
+    axes' :attr:`~meshplan.spec.axes.base.AxisDef.divides` (one loop over the dimensions,
+    :func:`meshplan.spec.axes.registry.divisors`).
+
+    >>> from meshplan.mesh.resolve import resolve_mesh
+    >>> from meshplan.spec.mesh import MeshSpec
+    >>> s = local_split(resolve_mesh(MeshSpec(names=["dp_shard", "cp", "tp"], shape=[2, 2, 4]), 16))
+    >>> s[Dim.SEQUENCE], s[Dim.HEADS], s[Dim.FFN], s[Dim.SP_SEQUENCE], s[Dim.BATCH], s[Dim.EXPERTS]
+    (2, 4, 4, 1, 2, 1)
+    """
+    return divisors(lambda a: own_degree(mesh, a), mesh.sequence_parallel)  # ints: a mesh's degrees
+
+
+def own_degree(mesh: Mesh, axis: str) -> int:
+    """Degree of registered axis ``axis`` itself on ``mesh`` (1 if absent): ``dp`` is the
+    one-axis data axis, not the derived dp = replicate x shard of the same name."""
+    return mesh.layout.degree(axis) if axis in DERIVED or axis in mesh.layout.names else mesh.degree(axis)
+
+
+def local_shapes(model: ModelSpec, training: TrainingSpec, mesh: Mesh) -> LocalShapes:
+    """:class:`LocalShapes` of one rank of ``mesh``: heads and vocab split ``split[heads]``
+    and ``split[vocab]`` ways, the MLP ``split[ffn]``, experts ``split[experts]``, an
+    expert's width ``split[expert_ffn]``, the sequence ``split[sequence]`` (GEMM rows and
+    attention queries; keys and values stay the whole sequence, gathered as CP does).
+
+    Seed mesh (Llama-3-70B, dp_shard 8 x tp 8, b 1, s 8192): 8192 tokens, 1024 q features.
+
+    >>> from meshplan import catalog
+    >>> from meshplan.mesh.resolve import resolve_mesh
+    >>> from meshplan.spec.mesh import MeshSpec
+    >>> sh = local_shapes(catalog.model("llama3-70b"), TrainingSpec(global_batch=8, seq_len=8192),
+    ...                   resolve_mesh(MeshSpec(names=["dp_shard", "tp"], shape=[8, 8]), 64))
+    >>> sh.tokens, [g.n for g in sh.gemms if g.name == "wq"], sh.attention.q_heads
+    (8192, [1024], 8)
+    """
+    split, t = local_split(mesh), training
+    heads, ways = split[Dim.HEADS], split[Dim.SEQUENCE]
+    tokens = t.micro_batch * t.seq_len // ways
+    gemms = layer_gemms(model, heads, tokens, ep=split[Dim.EXPERTS], etp=split[Dim.EXPERT_FFN],
+                        routing_options=RoutingOptions.of(t), ffn_ways=split[Dim.FFN])
+    vocab = split[Dim.VOCAB]
+    gemms.append(output_gemm(model, vocab, tokens, padded_vocab(model.vocab, t.vocab_pad_divisor, vocab)))
+    return LocalShapes(split, tokens, tuple(gemms), attention_shape(model, heads, ways, t.micro_batch, t.seq_len))
 
 
 def backward_gemms(g: Gemm) -> list[Gemm]:

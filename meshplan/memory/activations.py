@@ -104,10 +104,12 @@ from dataclasses import dataclass
 from fractions import Fraction
 from math import ceil
 
+from meshplan.compute.shapes import local_split
 from meshplan.errors import ConfigError
 from meshplan.mesh.resolve import Mesh
 from meshplan.pipeline.one_f_one_b import ONE_F_ONE_B
 from meshplan.pipeline.registry import get
+from meshplan.spec.axes.base import Dim
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.training import TrainingSpec
 from meshplan.units import dtype_bytes
@@ -398,9 +400,11 @@ def head_terms(dims: LayerDims, padded_vocab: int, *, tp: int = 1, sp: bool = Fa
 def layer_options(mesh: Mesh, training: TrainingSpec, checkpointed: bool = False) -> dict:
     """Keyword options of :func:`layer_terms` for a mesh and training contract; under
     torchtitan's per-layer AC (``recompute = "layer"``) ``checkpointed`` says whether this
-    layer is (``full``) or not (``none``)."""
+    layer is (``full``) or not (``none``). ``cp``: the ways the registered axes split the
+    sequence, ``tp`` the heads (and the MLP with them) (:func:`meshplan.compute.shapes.local_split`)."""
     rc = training.recompute if training.recompute != "layer" else ("full" if checkpointed else "none")
-    return dict(tp=mesh.degree("tp"), sp=mesh.sequence_parallel, cp=mesh.degree("cp"),
+    split = local_split(mesh)
+    return dict(tp=split[Dim.HEADS], sp=mesh.sequence_parallel, cp=split[Dim.SEQUENCE],
                 recompute=rc, flash=training.flash_attention)
 
 

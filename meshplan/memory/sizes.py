@@ -53,8 +53,10 @@ from typing import Optional
 from math import ceil
 
 from meshplan.compute.routing import RoutingOptions, routing
+from meshplan.compute.shapes import local_split
 from meshplan.mesh.layers import last_stage
 from meshplan.mesh.resolve import Mesh
+from meshplan.spec.axes.base import Dim
 from meshplan.spec.memory import MemoryOptions
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.training import TrainingSpec
@@ -71,10 +73,12 @@ def _total(terms) -> int:
 
 
 def _tokens(training: TrainingSpec, mesh: Mesh) -> tuple[int, int]:
-    """(tokens per rank, tokens of a sequence-sharded tensor) for one micro-batch."""
-    tok = ceil(training.seq_len / mesh.degree("cp")) * training.micro_batch
-    tp = mesh.degree("tp")
-    return tok, ceil(tok / tp) if mesh.sequence_parallel else tok
+    """(tokens per rank, tokens of a sequence-sharded tensor) for one micro-batch: the
+    sequence split as the registered axes divide it, then the residual stream's split under
+    SP (:func:`meshplan.compute.shapes.local_split`)."""
+    split = local_split(mesh)
+    tok = ceil(training.seq_len / split[Dim.SEQUENCE]) * training.micro_batch
+    return tok, ceil(tok / split[Dim.SP_SEQUENCE])
 
 
 def dense_dims(model: ModelSpec, training: TrainingSpec, dropout: bool) -> LayerDims:

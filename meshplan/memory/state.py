@@ -69,9 +69,11 @@ from dataclasses import dataclass
 from math import ceil
 from typing import Optional, Union
 
+from meshplan.compute.shapes import local_split
 from meshplan.errors import ConfigError
 from meshplan.mesh.layers import last_stage
 from meshplan.mesh.resolve import Mesh
+from meshplan.spec.axes.base import Dim
 from meshplan.spec.model import ModelSpec, Tensor
 from meshplan.spec.training import TrainingSpec
 from meshplan.mesh.tpsplit import local_numel, padded_vocab
@@ -137,8 +139,9 @@ def stage_params(model: ModelSpec, mesh: Mesh, training: TrainingSpec,
     ``stages[k][chunk] = [layer, ...]``). Raises ConfigError if ``stages`` is a reason."""
     if isinstance(stages, str):
         raise ConfigError("pipeline", stages)
-    tp, ep, etp = mesh.degree("tp"), mesh.degree("ep"), mesh.degree("etp")
-    pv = padded_vocab(model.vocab, training.vocab_pad_divisor, tp)
+    split = local_split(mesh)  # the tensor dims the registered axes divide (heads, ffn and vocab: one tp)
+    tp, ep, etp = split[Dim.HEADS], split[Dim.EXPERTS], split[Dim.EXPERT_FFN]
+    pv = padded_vocab(model.vocab, training.vocab_pad_divisor, split[Dim.VOCAB])
     pp = len(stages)
     out = []
     per_layer: dict[bool, dict[str, int]] = {}  # a layer's tensors differ only by is_moe_layer

@@ -60,6 +60,7 @@ from typing import Optional
 from meshplan.comm.collectives import SCATTER_GATHER_CADENCE
 from meshplan.compute.ops import Cost, Workload
 from meshplan.pipeline.simulate import Event
+from meshplan.spec.axes.registry import Axis
 
 LAYER_BLOCKS = ("attn_pre", "attn", "attn_post", "mlp_pre", "mlp", "mlp_post")
 
@@ -75,6 +76,13 @@ class Overlap:
     param_gather: bool = False
 
 
+#: Groups whose rows the timeline places (the built-in axes, and the derived groups their
+#: rows run over, by the name the table shows); any other axis's rows are reported as not
+#: simulated (:attr:`CommTimes.other`), never filed under a built-in stream by their op.
+SIMULATED_GROUPS = frozenset(map(str, (Axis.PP, Axis.DP_REPLICATE, Axis.DP, Axis.DP_SHARD, Axis.CP, Axis.TP,
+                                       Axis.EP))) | {"fsdp", "efsdp", "loss"}
+
+
 def comm_kind(row) -> str:
     """Kind of a collective row: ``tp`` (blocking, per layer), ``tp_async`` (tp, overlapped:
     the Partial gradients of weights replicated over tp: SP norms, an MoE router, MLA's down
@@ -82,8 +90,12 @@ def comm_kind(row) -> str:
     ``cp``, ``ep``, ``pp``, ``pp_gather`` (tp, rebuilding a pp receive: Megatron's
     scatter/gather), ``shard`` (FSDP units), ``replica`` (HSDP), ``step`` (per step),
     or ``other`` (not understood: the caller reports it). Decided by phase, op and axis
-    first, then by the cadence text (``K``/``dK`` for cp, ``norm``, ``logits``)."""
+    first, then by the cadence text (``K``/``dK`` for cp, ``norm``, ``logits``). A row over
+    an axis the timeline has no stream for (:data:`SIMULATED_GROUPS`: an axis registered
+    with its own rows, :attr:`~meshplan.spec.axes.base.AxisDef.rows`) is ``other``."""
     c = row.cadence
+    if row.axis not in SIMULATED_GROUPS:
+        return "other"
     if row.phase == "step" or "(DDP" in c:  # DDP's all-reduce: issued in backward, once per step
         return "step"
     if row.op == "send/recv":
@@ -92,9 +104,9 @@ def comm_kind(row) -> str:
         return "pp_gather"
     if row.op == "all-to-all":
         return "ep"
-    if row.axis == "dp_replicate" or c.endswith("(HSDP replicas)"):
+    if row.axis == Axis.DP_REPLICATE or c.endswith("(HSDP replicas)"):
         return "replica"
-    if row.axis == "tp":
+    if row.axis == Axis.TP:
         if row.phase == "loss" or "logits" in c or "loss" in c:
             return "loss"
         return "tp_async" if "norm" in c or "weight gradient" in c else "tp"

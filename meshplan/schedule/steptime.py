@@ -29,6 +29,7 @@ import numpy as np
 from meshplan.comm.collectives import fsdp_gather_flags
 from meshplan.compute.gemm import GemmTable
 from meshplan.compute.routing import RoutingOptions
+from meshplan.compute.shapes import local_split
 from meshplan.compute.ops import (
     Cost,
     Workload,
@@ -54,6 +55,7 @@ from meshplan.schedule.rank_timeline import (
     forward_unit,
     nccl_sm_share,
 )
+from meshplan.spec.axes.base import Dim
 from meshplan.spec.mesh import Schedule
 
 
@@ -65,8 +67,9 @@ def workload_of(plan, dropout: bool = False) -> Workload:
     ``gradient_accumulation_fusion``, on by default)."""
     t, mesh = plan.config.training, plan.mesh
     dropout = dropout or plan.config.memory.dropout
-    return Workload(seq_len=t.seq_len, micro_batch=t.micro_batch, tp=mesh.degree("tp"), cp=mesh.degree("cp"),
-                    sp=mesh.sequence_parallel, ep=mesh.ep, etp=mesh.etp, dtype=t.compute_dtype,
+    split = local_split(mesh)  # the dims each registered axis divides, as the plan's shapes
+    return Workload(seq_len=t.seq_len, micro_batch=t.micro_batch, tp=split[Dim.HEADS], cp=split[Dim.SEQUENCE],
+                    sp=mesh.sequence_parallel, ep=split[Dim.EXPERTS], etp=split[Dim.EXPERT_FFN], dtype=t.compute_dtype,
                     recompute=t.recompute, flash=t.flash_attention, dropout=dropout,
                     vocab_pad_divisor=t.vocab_pad_divisor, routing=RoutingOptions.of(t), **framework_kernels(t))
 

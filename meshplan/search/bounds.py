@@ -41,9 +41,10 @@ from __future__ import annotations
 import numpy as np
 
 from meshplan.pipeline.interleaved import INTERLEAVED
-from meshplan.search.memory import Stages, Tables, comm_axes, lookup
+from meshplan.search.memory import Stages, Tables, comm_axes, lookup, split
 from meshplan.search.space import SHARDING, Candidates
 from meshplan.config import Config
+from meshplan.spec.axes.base import Dim
 from meshplan.units import dtype_bytes
 
 ACT = ("saved", "rework", "fwd", "bwd", "single", "peak0", "peakg")
@@ -55,7 +56,7 @@ def bounds(cfg: Config, tables: Tables, c: Candidates, st: Stages, s: dict) -> t
     """(lower, upper) bound of each stage's timeline peak, bytes (candidates, pp)."""
     t, o = cfg.training, cfg.memory
     col = lambda a: a[:, None]
-    key = [c.tp, c.cp, c.mb, c.rc, c.ep, c.etp]
+    key = [split(c, Dim.HEADS), split(c, Dim.SEQUENCE), c.mb, c.rc, split(c, Dim.EXPERTS), split(c, Dim.EXPERT_FFN)]
     fields = tuple(f"{p}{f}" for p in ("d_", "m_") for f in ACT)
     a = lookup(key, lambda *k: {f: tables.acts(*k).get(f, 0) for f in fields + HEAD}, fields + HEAD)
     hs = {f: col(a[f]) for f in HEAD}

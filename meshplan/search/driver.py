@@ -67,6 +67,7 @@ from meshplan.search.space import CODE, OK, REASONS, RECOMPUTE, SHARDING, Candid
 from meshplan.search.pipeline import pipeline_bound
 from meshplan.search.timing import TimeTables, gemm_efficiency, step_lower_bound, unit_bounds
 from meshplan.config import Config
+from meshplan.spec.axes.registry import search_axes
 
 #: Relative slack on the step-time bound in the stopping rule (floating-point rounding).
 BOUND_SLACK = 1e-9
@@ -350,8 +351,7 @@ def _rank(cfg: Config, c: Candidates, est: Estimates, eligible: np.ndarray, run:
 
 def describe(cfg: Config, c: Candidates, est: Estimates, i: int) -> dict:
     """What sets candidate ``i``'s step parts, for :func:`meshplan.search.explain.explain`."""
-    degrees = {"pp": c.pp, "dp_replicate": c.dpr, "dp_shard": c.dps, "cp": c.cp, "tp": c.tp, "ep": c.ep}
-    out: dict = {k: int(v[i]) for k, v in degrees.items()}
+    out: dict = {str(axis): int(c.degree(col.column)[i]) for axis, col in search_axes()}  # every searched axis
     out.update(vpp=int(c.vpp[i]), micro_batch=int(c.mb[i]), m=cfg.training.global_batch // int(c.mb[i] * c.dp[i]),
                recompute=RECOMPUTE[c.rc[i]], sharding=SHARDING[c.sh[i]], gemm_efficiency=float(est.gemm[i]),
                reshard_after_forward=bool(c.rf[i]), tp_comm_overlap=bool(c.ov[i]))

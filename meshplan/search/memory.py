@@ -32,6 +32,8 @@ from meshplan.search.space import (
     candidate_schedule,
     ends_short_split,
 )
+from meshplan.spec.axes.base import Dim
+from meshplan.spec.axes.registry import AXES, Axis, divisor, search_axes
 from meshplan.spec.mesh import MeshSpec, Schedule
 from meshplan.units import dtype_bytes
 
@@ -120,6 +122,16 @@ class Tables:
                         prefix + "bwd": a.bwd_temp, prefix + "single": int(not steps), prefix + "peak0": peak0,
                         prefix + "peakg": peakg})
         return out
+
+
+def split(c: Candidates, dim: Dim) -> np.ndarray:
+    """Ways ``dim`` is split on each candidate (int64, (candidates,)): the product of the
+    degree columns of the searched axes that divide it (:func:`meshplan.spec.axes.registry.divisor`
+    over the columns; the vectorised :func:`meshplan.compute.shapes.local_split`). ``sequence
+    (SP)`` is not asked here: the search runs SP exactly where tp > 1."""
+    cols = {str(a): col.column for a, col in search_axes()}
+    ways = divisor(dim, lambda a: c.degree(cols[a]) if a in cols else 1)
+    return np.broadcast_to(np.asarray(ways, dtype=np.int64), (len(c),))
 
 
 def lookup(keys: list[np.ndarray], fn, fields: tuple[str, ...], dtype=np.int64) -> dict[str, np.ndarray]:
@@ -242,7 +254,8 @@ def comm_axes(cfg: Config, c: Candidates) -> np.ndarray:
     """NCCL communicators per rank: distinct axis names with collective rows in the plan's
     stage tables (:func:`meshplan.comm.collectives.collective_table`, named as
     :meth:`meshplan.mesh.resolve.Mesh.display_name` names them: fsdp is ``dp_shard`` or ``cp``
-    when it stands for one axis)."""
+    when it stands for one axis), one more for each searched axis of degree > 1 that builds
+    its own rows (:attr:`~meshplan.spec.axes.base.AxisDef.rows`)."""
     moe = cfg.model.is_moe
     fsdp_name = np.where((c.dps > 1) & (c.cp > 1), 3, np.where(c.dps > 1, 2, 1))  # fsdp / dp_shard / cp
     n = (c.tp > 1).astype(np.int64) + (c.pp > 1) + (c.ep > 1)
@@ -250,4 +263,7 @@ def comm_axes(cfg: Config, c: Candidates) -> np.ndarray:
     n += (c.fsdp > 1) & (fsdp_name != 1)
     n += moe & (c.efsdp > 1)
     n += (c.sh == SHARDING.index("hsdp")) & (c.dpr > 1)
+    for axis, col in search_axes():  # an axis with its own row builder (cp's are counted above): its rows' group
+        if AXES[axis].rows is not None and axis != Axis.CP:
+            n += c.degree(col.column) > 1
     return n

@@ -62,8 +62,9 @@ from meshplan.mesh.tpsplit import local_heads, padded_numel
 from meshplan.placement.assign import place
 from meshplan.schedule.rank_timeline import LAYER_BLOCKS
 from meshplan.schedule.steptime import ZEROED_GRAD_BUFFER, optimizer_step_s
-from meshplan.search.memory import Stages, Tables, lookup
+from meshplan.search.memory import Stages, Tables, lookup, split
 from meshplan.search.space import RECOMPUTE, SHARDING, Candidates, candidate_schedule
+from meshplan.spec.axes.base import Dim
 from meshplan.spec.mesh import MeshSpec
 from meshplan.units import dtype_bytes
 
@@ -138,14 +139,14 @@ def comm_times(cfg: Config, tt: TimeTables, c: Candidates) -> dict[str, np.ndarr
     :func:`meshplan.comm.collectives.collective_table`)."""
     m, t = cfg.model, cfg.training
     cd, rd = dtype_bytes(t.compute_dtype), dtype_bytes(t.reduce_dtype)
-    sp = c.tp > 1
-    act = c.mb * (t.seq_len // c.cp) * m.hidden * cd
+    sp, seq = c.tp > 1, split(c, Dim.SEQUENCE)  # the sequence as the registered axes divide it
+    act = c.mb * (t.seq_len // seq) * m.hidden * cd
     kv_l = np.array([local_heads(m, int(x))[1] for x in c.tp])
     kv = c.mb * t.seq_len * kv_l * (m.d_head + m.d_v) * cd  # K and V (MLA: value head dim d_v)
     one = np.ones_like(c.tp)
     out = {"tp_sp": np.where(sp, coll_times(tt, "all-gather", c.tp, act, one), 0.0),
            "tp_ar": np.where(sp, 0.0, coll_times(tt, "all-reduce", c.tp, act, one)),
-           "loss": 3 * coll_times(tt, "all-reduce", c.tp, c.mb * (t.seq_len // c.cp) * 4, one),
+           "loss": 3 * coll_times(tt, "all-reduce", c.tp, c.mb * (t.seq_len // seq) * 4, one),
            "cp_ag": coll_times(tt, "all-gather", c.cp, kv, c.tp),
            "cp_rs": coll_times(tt, "reduce-scatter", c.cp, kv, c.tp),
            "p2p": coll_times(tt, "send/recv", c.pp, act // np.where(sp, c.tp, 1), c.dpr * c.dps * c.cp * c.tp)}
@@ -154,7 +155,7 @@ def comm_times(cfg: Config, tt: TimeTables, c: Candidates) -> dict[str, np.ndarr
     out["fsdp_ag"] = np.where(on, coll_times(tt, "all-gather", c.fsdp, unit * cd, c.tp), 0.0)
     out["fsdp_rs"] = np.where(on, coll_times(tt, "reduce-scatter", c.fsdp, unit * rd, c.tp), 0.0)
     if m.is_moe:
-        rows = a2a_rows(RoutingOptions.of(t), c.mb * (t.seq_len // c.cp) * c.etp // c.tp, m.top_k, m.experts, c.ep)
+        rows = a2a_rows(RoutingOptions.of(t), c.mb * (t.seq_len // seq) * c.etp // c.tp, m.top_k, m.experts, c.ep)
         out["ep"] = coll_times(tt, "all-to-all", c.ep, rows * m.hidden * cd, c.etp)
     else:
         out["ep"] = np.zeros(len(c))
@@ -176,7 +177,8 @@ def _padded_unit(tables: Tables, c: Candidates) -> np.ndarray:
 def layer_ops(cfg: Config, tt: TimeTables, c: Candidates, moe: bool) -> dict[str, np.ndarray]:
     """Op seconds per block and phase of one layer kind (``f_attn``, ``bw_mlp``...), and
     the embedding, head and GEMM totals, per candidate."""
-    k = [c.tp, c.cp, c.mb, c.rc, c.ep, c.etp, np.full(len(c), int(moe))]
+    k = [split(c, Dim.HEADS), split(c, Dim.SEQUENCE), c.mb, c.rc, split(c, Dim.EXPERTS), split(c, Dim.EXPERT_FFN),
+         np.full(len(c), int(moe))]
     return lookup(k, tt.ops, OP_FIELDS + EXTRA_FIELDS + ("head_gemm_flops", "head_gemm_s"), dtype=np.float64)
 
 

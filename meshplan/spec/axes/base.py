@@ -21,10 +21,46 @@ Python ints (:class:`AxisDegrees`), the other on numpy columns (the search's
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any, Callable, Mapping, Optional
 
 #: ``(model, training, degrees) -> (reasons, notes)`` of one rule on one mesh.
 Check = Callable[[Any, Any, Any], tuple[tuple[str, ...], tuple[str, ...]]]
+
+
+class Dim(StrEnum):
+    """Tensor dimensions an axis divides on one rank (:attr:`AxisDef.divides`). The
+    ways a dimension is split is the product of the degrees of the registered axes that
+    declare it (:func:`meshplan.spec.axes.registry.divisor`); what reads each (``batch``,
+    ``layers`` and ``param dim 0`` are declared, their readers take the dp, pp and fsdp
+    degrees directly):
+
+    ================= ==================================================================
+    ``batch``         sequences per step (micro-batches per dp rank: the batch rule)
+    ``layers``        the layer stack (pipeline stages; :mod:`meshplan.mesh.layers`)
+    ``sequence``      tokens of a sequence on a rank: GEMM rows, attention queries and
+                      the activations (:mod:`meshplan.compute.shapes`, :mod:`meshplan.memory`)
+    ``sequence (SP)`` the residual stream between blocks, only where the mesh has
+                      ``sequence_parallel`` on (norms, dropout, the block's input)
+    ``heads``         attention heads (q heads; KV heads, replicated past ``kv_heads``)
+    ``ffn``           the dense MLP's width (and the shared experts')
+    ``vocab``         the padded vocabulary (embedding, output layer, logits)
+    ``experts``       the routed experts
+    ``expert_ffn``    a routed expert's width
+    ``param dim 0``   every parameter's dim 0 (FSDP2 ``Shard(0)``, padded)
+    ================= ==================================================================
+    """
+
+    BATCH = "batch"
+    LAYERS = "layers"
+    SEQUENCE = "sequence"
+    SP_SEQUENCE = "sequence (SP)"
+    HEADS = "heads"
+    FFN = "ffn"
+    VOCAB = "vocab"
+    EXPERTS = "experts"
+    EXPERT_FFN = "expert_ffn"
+    PARAM_DIM0 = "param dim 0"
 
 
 @dataclass(frozen=True)
@@ -83,6 +119,19 @@ class CollectiveKind:
     size: str
 
 
+#: ``rows(add, stage)``: an axis's rows of one stage's collective table. ``stage`` is the
+#: stage's context (:class:`meshplan.comm.collectives.StageContext`: ``model``,
+#: ``training``, ``mesh``, ``layers`` (indices), ``first``, ``last``, ``stage``, ``vpp``,
+#: ``schedule``, ``micro`` (micro-batches per step), ``seq_local`` (s / the sequence's split),
+#: ``act_bytes`` (b x seq_local x h in the compute dtype));
+#: ``add(axis, phase, op, size_bytes, dtype, per_microbatch, cadence, waits="", depth=1,
+#: per_step=None, ranks=None)`` appends one row (group ``axis``, ``size_bytes`` the nccl-tests
+#: buffer of one call, ``per_microbatch`` calls per micro-batch; ``per_step`` calls per step
+#: when not ``per_microbatch`` x micro-batches), timed on the axis's path; a row over one
+#: rank, of no bytes or of no call is dropped.
+RowBuilder = Callable[[Callable[..., None], Any], None]
+
+
 @dataclass(frozen=True)
 class AxisDef:
     """Everything meshplan knows about one parallel axis (the registry's value type).
@@ -90,8 +139,11 @@ class AxisDef:
     ``doc``: what the axis partitions (one line); ``expert``: it re-factors the dense block
     ``dp_shard x cp x tp`` instead of multiplying into the world; ``torchtitan`` /
     ``megatron``: the names those frameworks give it (their mesh dims / order letters);
-    ``rules``: its validity rules; ``divides``: the tensor dimensions it divides in local
-    shapes; ``shards``: the training state it shards; ``collectives``: what it sends;
+    ``rules``: its validity rules; ``divides``: the tensor dimensions (:class:`Dim`) it
+    divides, read by the local shapes, the memory and the search's bounds; ``shards``: the
+    training state it shards; ``collectives``: what it sends; ``rows``: the builder of its
+    rows in the collective table (:data:`RowBuilder`; None for the families
+    :mod:`meshplan.comm.collectives` builds itself, see its ``LAYER_ROWS``);
     ``search``: its search column (None: not searched); ``weights``: placement weights
     (relative traffic, not bytes) of the axis and of the derived axes it brings, used when no
     collective table is given (:mod:`meshplan.placement.choice`).
@@ -102,9 +154,10 @@ class AxisDef:
     torchtitan: tuple[str, ...] = ()
     megatron: tuple[str, ...] = ()
     rules: tuple[Rule, ...] = ()
-    divides: tuple[str, ...] = ()
+    divides: tuple[Dim, ...] = ()
     shards: tuple[str, ...] = ()
     collectives: tuple[CollectiveKind, ...] = ()
+    rows: Optional[RowBuilder] = None
     search: Optional[SearchColumn] = None
     weights: Mapping[str, float] = field(default_factory=dict)
 

@@ -11,7 +11,9 @@
 
 from __future__ import annotations
 
-from meshplan.spec.axes.base import AxisDef, CollectiveKind, Rule, SearchColumn
+from meshplan.spec.axes.base import AxisDef, CollectiveKind, Dim, Rule, SearchColumn
+from meshplan.spec.axes.tp import local_heads
+from meshplan.units import dtype_bytes
 
 
 def _seq_bad(m, t, d):
@@ -28,15 +30,38 @@ def _seq(m, t, d):
                 f"(load-balanced causal split)",)
 
 
+def cp_rows(add, c) -> None:
+    """The cp rows of one stage's collective table (:data:`~meshplan.spec.axes.base.RowBuilder`):
+    per layer, K and V of the whole sequence all-gathered in the forward
+    (``b x s x local KV heads x (d_head + d_v)`` in the compute dtype; MLA: the up-projected
+    per-head K and V), again in the backward of a recomputed layer, and dK, dV
+    reduce-scattered in the backward (Llama 3's all-gather CP; torchtitan's context parallel)."""
+    if c.mesh.degree("cp") <= 1:
+        return
+    t = c.training
+    _, kv_l, _ = local_heads(c.model, c.mesh.degree("tp"))
+    kv_full = t.micro_batch * t.seq_len * kv_l * (c.model.d_head + c.model.d_v) * dtype_bytes(t.compute_dtype)
+    nl = len(c.layers)
+    replayed = sum(t.layer_recomputed(k) for k in range(nl))  # checkpointed layers (full, torchtitan per-layer AC)
+    add("cp", "forward", "all-gather", kv_full, t.compute_dtype, nl, "every layer (K and V)", "attention")
+    if replayed:  # the checkpoint's replay of the forward gathers K and V again
+        add("cp", "backward", "all-gather", kv_full, t.compute_dtype, replayed,
+            "every layer, recomputed (K and V)" if replayed == nl else "every checkpointed layer, recomputed (K and V)",
+            "recomputed attention")
+    add("cp", "backward", "reduce-scatter", kv_full, t.compute_dtype, nl, "every layer (dK and dV)",
+        "previous layer's backward")
+
+
 CP = AxisDef(
     doc="context parallel (sequence split for attention)",
     torchtitan=("cp",), megatron=("cp",),
     rules=(Rule("seq_cp", 70, "seq_len not divisible by 2 * cp", _seq_bad, _seq),),
-    divides=("sequence",),
+    divides=(Dim.SEQUENCE,),
     shards=("activations", "parameters, gradients, optimizer state (with dp_shard, as fsdp)"),
     collectives=(CollectiveKind("all-gather", "cp", "forward", "K and V of the whole sequence"),
                  CollectiveKind("all-gather", "cp", "backward", "K and V again where the layer is recomputed"),
                  CollectiveKind("reduce-scatter", "cp", "backward", "dK and dV")),
+    rows=cp_rows,
     search=SearchColumn(column="cp", option="cp"),
     weights={"cp": 1e4},
 )

@@ -13,7 +13,7 @@ shards). The batch arithmetic is theirs: micro-batches per step = global_batch /
 
 from __future__ import annotations
 
-from meshplan.spec.axes.base import AxisDef, CollectiveKind, Rule, SearchColumn
+from meshplan.spec.axes.base import AxisDef, CollectiveKind, Dim, Rule, SearchColumn
 
 
 def _batch_bad(m, t, d):
@@ -41,7 +41,7 @@ def _batch(m, t, d):
 DP_REPLICATE = AxisDef(
     doc="HSDP replica axis (gradients all-reduced)",
     torchtitan=("dp_replicate",),
-    divides=("batch",),
+    divides=(Dim.BATCH,),
     collectives=(CollectiveKind("all-reduce", "dp_replicate", "backward", "each FSDP unit's gradient shard"),),
     search=SearchColumn(column="dpr", option="dp_replicate"),
     weights={"dp_replicate": 10.0},
@@ -51,7 +51,7 @@ DP = AxisDef(
     doc="data parallel; replicas or ZeRO/FSDP shards per ``training.sharding``",
     megatron=("dp",),
     rules=(Rule("batch", 90, "global_batch not divisible by micro_batch * dp", _batch_bad, _batch),),
-    divides=("batch",),
+    divides=(Dim.BATCH,),
     shards=("optimizer state (zero1)", "gradients (zero2)", "parameters (zero3)"),
     collectives=(CollectiveKind("all-reduce", "loss", "backward", "every gradient (DDP, one bucket, over dp x cp)"),),
     weights={"dp": 10.0},

@@ -11,7 +11,7 @@ routed experts' parameters as ``fsdp`` does the dense ones.
 
 from __future__ import annotations
 
-from meshplan.spec.axes.base import AxisDef, CollectiveKind, Rule, SearchColumn, divisors
+from meshplan.spec.axes.base import AxisDef, CollectiveKind, Dim, Rule, SearchColumn, divisors
 
 
 def _block_bad(m, t, d):
@@ -64,7 +64,7 @@ EP = AxisDef(
     rules=(Rule("expert_block", 10, "ep * etp does not divide dp_shard * cp * tp", _block_bad,
                 where="meshplan.mesh.resolve.resolve_mesh (the expert mesh)"),
            Rule("experts", 60, "experts not divisible by ep", _experts_bad, _experts)),
-    divides=("experts",),
+    divides=(Dim.EXPERTS,),
     shards=("routed experts' parameters, gradients, optimizer state (with efsdp)",),
     collectives=(CollectiveKind("all-to-all", "ep", "forward", "dispatch and combine: routed tokens x h"),
                  CollectiveKind("all-to-all", "ep", "backward", "their gradients"),
@@ -84,7 +84,7 @@ ETP = AxisDef(
     expert=True,
     torchtitan=("etp",), megatron=("etp",),
     rules=(Rule("expert_ffn", 40, "expert_ffn not divisible by etp", _etp_bad, _etp),),
-    divides=("expert_ffn",),
+    divides=(Dim.EXPERT_FFN,),
     shards=("routed experts' parameters, gradients, optimizer state",),
     search=SearchColumn(column="etp", option="etp",
                         values=lambda cfg, row: sorted({1, row["tp"]})),

@@ -4,12 +4,12 @@ ZeRO-3). In the search it is the remainder axis: world / (pp x dp_replicate x cp
 
 from __future__ import annotations
 
-from meshplan.spec.axes.base import AxisDef, CollectiveKind, SearchColumn
+from meshplan.spec.axes.base import AxisDef, CollectiveKind, Dim, SearchColumn
 
 DP_SHARD = AxisDef(
     doc="FSDP/ZeRO shard axis (parameters/gradients/optimizer state sharded)",
     torchtitan=("dp_shard", "fsdp"),
-    divides=("batch", "parameter dim 0 (FSDP2 Shard(0), padded)"),
+    divides=(Dim.BATCH, Dim.PARAM_DIM0),  # FSDP2 Shard(0), padded
     shards=("parameters", "gradients", "optimizer state"),
     collectives=(CollectiveKind("all-gather", "fsdp", "forward", "one FSDP unit's parameters"),
                  CollectiveKind("all-gather", "fsdp", "backward", "one FSDP unit's parameters (resharded)"),

@@ -14,7 +14,7 @@ layer, and with vpp > 1 equal chunks (layers % pp == 0 and (layers / pp) % vpp =
 
 from __future__ import annotations
 
-from meshplan.spec.axes.base import AxisDef, CollectiveKind, Rule, SearchColumn
+from meshplan.spec.axes.base import AxisDef, CollectiveKind, Dim, Rule, SearchColumn
 
 
 def _layers_bad(m, t, d):
@@ -26,7 +26,7 @@ PP = AxisDef(
     torchtitan=("pp",), megatron=("pp",),
     rules=(Rule("layers", 50, "layers vs pp/vpp", _layers_bad,
                 where="meshplan.mesh.layers.stage_layers (the exact split)"),),
-    divides=("layers",),
+    divides=(Dim.LAYERS,),
     shards=("parameters", "gradients", "optimizer state", "activations"),
     collectives=(CollectiveKind("send/recv", "pp", "forward", "b x s/cp (/tp under SP) x h activation"),
                  CollectiveKind("send/recv", "pp", "backward", "its gradient")),

@@ -3,7 +3,9 @@
 family's own module (``pp``, ``dp`` (dp_replicate, dp), ``fsdp`` (dp_shard), ``cp``, ``tp``
 (+SP), ``ep`` (ep, etp)). The order of :data:`AXES` is the canonical mesh order, outermost
 first (torchtitan ``ParallelDims``), dense axes then expert axes. Later layers loop over it:
-the validity rules (:func:`rules`), the search's columns (:func:`search_axes`), the default
+the validity rules (:func:`rules`), the search's columns (:func:`search_axes`), the ways each
+tensor dimension is split (:func:`divisor`: the local shapes, the activation memory, the
+search's bounds), the collective table's row builders (``AxisDef.rows``), the default
 placement weights (:func:`placement_weights`), the foreign vocabularies.
 
 >>> [str(a) for a in AXES]
@@ -17,9 +19,10 @@ placement weights (:func:`placement_weights`), the foreign vocabularies.
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import Any, Callable
 
 from meshplan.spec.axes import cp, dp, ep, fsdp, pp, tp
-from meshplan.spec.axes.base import AxisDef, Rule, SearchColumn
+from meshplan.spec.axes.base import AxisDef, Dim, Rule, SearchColumn
 
 
 class Axis(StrEnum):
@@ -63,6 +66,49 @@ def search_axes() -> list[tuple[Axis, SearchColumn]]:
     expert axes."""
     cols = [(name, a.search, a.expert) for name, a in AXES.items() if a.search is not None]
     return [(n, c) for n, c, e in cols if not e] + [(n, c) for n, c, e in cols if e]
+
+
+#: Every tensor dimension, in :class:`Dim` order (iterating the enum itself is slow).
+DIMS = tuple(Dim)
+
+
+def divisor(dim: Dim, degree: Callable[[str], Any], sequence_parallel: bool = False) -> Any:
+    """Ways ``dim`` is split on one rank: the product of ``degree(name)`` over the registered
+    axes whose :attr:`AxisDef.divides` names it (``degree``: a mesh's degree by axis name,
+    1 for an axis the mesh lacks, as an int; or the search's degree columns, numpy arrays,
+    which give an array). ``sequence (SP)`` counts only under ``sequence_parallel``.
+
+    >>> deg = {"cp": 2, "tp": 4, "ep": 8}
+    >>> [divisor(d, lambda a: deg.get(a, 1), True) for d in (Dim.SEQUENCE, Dim.SP_SEQUENCE, Dim.HEADS, Dim.EXPERTS)]
+    [2, 4, 4, 8]
+    >>> divisor(Dim.SP_SEQUENCE, lambda a: deg.get(a, 1))
+    1
+    """
+    if dim is Dim.SP_SEQUENCE and not sequence_parallel:
+        return 1
+    out: Any = 1
+    for name, a in AXES.items():
+        if dim in a.divides:
+            out *= degree(str(name))
+    return out
+
+
+def divisors(degree: Callable[[str], Any], sequence_parallel: bool = False) -> dict[Dim, Any]:
+    """:func:`divisor` of every :class:`Dim` at once, reading each axis's degree once.
+
+    >>> deg = {"cp": 2, "tp": 4}
+    >>> d = divisors(lambda a: deg.get(a, 1), True)
+    >>> d[Dim.SEQUENCE], d[Dim.SP_SEQUENCE], d[Dim.FFN], d[Dim.BATCH]
+    (2, 4, 4, 1)
+    """
+    out: dict[Dim, Any] = dict.fromkeys(DIMS, 1)
+    for name, a in AXES.items():
+        if a.divides:
+            k = degree(str(name))
+            for d in a.divides:
+                if d is not Dim.SP_SEQUENCE or sequence_parallel:
+                    out[d] = out[d] * k
+    return out
 
 
 def placement_weights() -> dict[str, float]:

@@ -17,7 +17,7 @@ from __future__ import annotations
 from math import ceil
 from typing import Optional
 
-from meshplan.spec.axes.base import AxisDef, CollectiveKind, Rule, SearchColumn
+from meshplan.spec.axes.base import AxisDef, CollectiveKind, Dim, Rule, SearchColumn
 from meshplan.spec.model import ModelSpec
 
 
@@ -116,7 +116,7 @@ TP = AxisDef(
            Rule("ffn", 30, "ffn not divisible by tp", _ffn_bad, _ffn),
            Rule("vocab", 35, "vocabulary padded to a multiple of divisor * tp", None, _vocab),
            Rule("seq_tp", 80, "sequence parallel: local seq not divisible by tp", _seq_bad, _seq)),
-    divides=("q heads", "kv heads (or replicated)", "ffn", "vocab (padded)", "sequence (under SP, norms/residual)"),
+    divides=(Dim.HEADS, Dim.FFN, Dim.VOCAB, Dim.SP_SEQUENCE),  # KV heads replicated past kv_heads
     shards=("parameters", "gradients", "optimizer state", "activations"),
     collectives=(CollectiveKind("all-reduce", "tp", "forward", "b x s/cp x h activation (no SP)"),
                  CollectiveKind("all-reduce", "tp", "backward",
