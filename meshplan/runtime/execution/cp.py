@@ -9,7 +9,7 @@ every attention layer the rank all-gathers K and V over the cp group, stacked in
 buffer of ``2 x b x s x kv_heads_local x head_dim`` elements (multi-head latent attention,
 whose K and V head dims differ: concatenated, ``b x s x heads_local x (d_qk + d_v)``; one
 all-gather per layer; its autograd backward is one reduce-scatter (sum) of dK and dV of the
-same size: :func:`meshplan.comm.collectives._cp_rows`), and computes attention for its ``s / cp`` local
+same size: :func:`meshplan.spec.axes.cp.cp_rows`), and computes attention for its ``s / cp`` local
 queries against all ``s`` keys with a boolean causal mask built from the global positions
 of both (``key_position <= query_position``), the shape
 :func:`meshplan.compute.shapes.attention_shape` gives (``seq_q = s / cp``, ``seq_kv = s``). With
