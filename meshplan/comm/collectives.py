@@ -359,10 +359,17 @@ def _tp_rows(add, c: _Ctx, loss_parallel: bool) -> None:
         counts.update(("backward", o) for o in bwd)
     moe = sum(c.model.is_moe_layer(i) for i in c.layers)
     if c.mesh.sequence_parallel:
+        # Megatron-LM 2022 (2755bcb megatron/mpu/layers.py VocabParallelEmbedding.forward:
+        # reduce_from_tensor_model_parallel_region, then language_model.py Embedding.forward:
+        # scatter_to_sequence_parallel_region, a split) all-reduces the embedding's output and
+        # keeps its shard; torch's SequenceParallel embedding reduce-scatters it
+        embed_ar = first if c.training.framework == "megatron" else 0
         add("tp", "forward", "all-gather", act, dt, counts["forward", "all-gather"] + last, "every layer (SP)",
             "next column-parallel GEMM")
-        add("tp", "forward", "reduce-scatter", act, dt, counts["forward", "reduce-scatter"] + first,
+        add("tp", "forward", "reduce-scatter", act, dt, counts["forward", "reduce-scatter"] + first - embed_ar,
             "every layer (SP)", "residual add")
+        add("tp", "forward", "all-reduce", act, dt, embed_ar, "every micro-batch (Megatron embedding, SP)",
+            "embedding's sequence split")
         add("tp", "backward", "all-gather", act, dt, counts["backward", "all-gather"] + first, "every layer (SP)",
             "next weight-gradient GEMM")
         add("tp", "backward", "reduce-scatter", act, dt, counts["backward", "reduce-scatter"] + last,

@@ -444,7 +444,8 @@ def forward_unit(chunk: ChunkCosts, comm: CommTimes, w: Workload, ov: Overlap,
     root_ag = lambda: s.comm("shard", "forward", "all-gather", "fsdp AG root", "root") if gather_root else None
     if chunk.embed is not None:
         s.compute("embedding", chunk.embed.seconds("forward"), [root_ag()])
-        s.compute("embedding tp wait", 0.0, [s.comm("tp", "forward", _tp(w)[1], f"tp {_tp(w)[1]}")])
+        op = "all-reduce" if w.megatron_ops else _tp(w)[1]  # Megatron 2022 all-reduces it under SP too
+        s.compute("embedding tp wait", 0.0, [s.comm("tp", "forward", op, f"tp {op}")])
     gather = lambda i: s.comm("shard", "forward", "all-gather", f"fsdp AG L{i}", "layer") if gather_layers else None
     ag = gather(0) if ov.fsdp_prefetch else None
     for i, (c, moe) in enumerate(zip(chunk.layers, chunk.moe)):
