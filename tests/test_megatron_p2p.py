@@ -12,7 +12,7 @@ import pytest
 
 from meshplan.config import load_config
 from meshplan.pipeline.fast import simulate_arrays
-from meshplan.pipeline.simulate import PipelineSpec, simulate
+from meshplan.pipeline.simulate import PipelineSpec, call_loads, calls, simulate
 from meshplan.plan import build_plan
 from meshplan.schedule.steptime import step_time
 
@@ -171,3 +171,33 @@ def test_pp_send_through_one_nic_on_the_s18_pair_curve():
     t1 = 0.5 * 2**30 / 15.48e9
     assert send.time_s == pytest.approx(9.3e-6 + (t1 - 9.3e-6) * (ACT // 8) / (0.5 * 2**30), rel=1e-9)
     assert send.time_s * 1e6 == pytest.approx(415.6, abs=0.1)
+
+
+def test_interleaved_steady_state_call_sends_twice_through_one_nic():
+    """Megatron-LM 2022's interleaved steady state (schedules.py
+    forward_backward_pipelining_with_interleaving: p2p_communication.send_forward_backward_recv_forward_backward)
+    sends a forward output to the next stage and an input gradient to the previous one in one
+    call; both leave through the rank's one NIC (tp rank k of every stage on GPU k of its node, NIC
+    k: placement), and p2p_s is one send/recv pair at the NIC's rate, so the call takes 2 p2p_s.
+    p 2, m 4, v 2, F 1 s, B 2 s, p2p 0.25 s: every call ends max(own post, peers' posts) + k x 0.25,
+    k = 2 for the 6 two-send calls, 1 for the other 16, in both simulators."""
+    spec = PipelineSpec("interleaved_1f1b", 2, 4, v=2, forward_s=1.0, backward_s=2.0, p2p_s=0.25, blocking_p2p=True)
+    orders = [spec.sched.order(2, 4, 2, s) for s in range(2)]
+    peers, xfer = calls(spec, orders)
+    load = call_loads(xfer)
+    assert sorted(load.values()).count(2) == 6
+    ref = simulate(spec)
+    start = {s: [e.start_s for e in ref.events if e.stage == s and e.stream == "compute"] for s in range(2)}
+    end = {s: [e.end_s for e in ref.events if e.stage == s and e.stream == "compute"] for s in range(2)}
+    post = lambda s, i: 0.0 if i < 0 else end[s][i]  # noqa: E731
+    checked = 0
+    for (s, i), mine in peers.items():
+        if i + 1 < len(start[s]):
+            want = max([post(s, i)] + [post(*x) for x in mine]) + 0.25 * load[(s, i)]
+            assert start[s][i + 1] == pytest.approx(want, abs=1e-12)
+            checked += load[(s, i)] == 2
+    assert checked == 6
+    assert simulate_arrays(spec).step_s == pytest.approx(ref.step_s, abs=1e-12)
+    # asynchronous sends (torch's pipelining) end the step earlier
+    one = simulate(PipelineSpec("interleaved_1f1b", 2, 4, v=2, forward_s=1.0, backward_s=2.0, p2p_s=0.25))
+    assert ref.step_s > one.step_s
