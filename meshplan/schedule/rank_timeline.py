@@ -193,12 +193,15 @@ def nccl_sm_share(cluster):
 @dataclass(frozen=True)
 class ChunkCosts:
     """Compute of one chunk per micro-batch: a Cost per layer, which are MoE, and the
-    embedding (first virtual stage) and head (last virtual stage) Costs or None."""
+    embedding (first virtual stage) and head (last virtual stage) Costs or None; ``batch``:
+    what the framework runs around every chunk's passes (Megatron-LM 2022's ``get_batch`` and
+    timer syncs, :func:`meshplan.compute.ops.megatron_batch_cost`) or None."""
 
     layers: tuple[Cost, ...]
     moe: tuple[bool, ...]
     embed: Optional[Cost] = None
     head: Optional[Cost] = None
+    batch: Optional[Cost] = None
 
 
 @dataclass(frozen=True)
@@ -442,6 +445,8 @@ def forward_unit(chunk: ChunkCosts, comm: CommTimes, w: Workload, ov: Overlap,
     s = _Sim(comm, w, ov)
     n = len(chunk.layers)
     root_ag = lambda: s.comm("shard", "forward", "all-gather", "fsdp AG root", "root") if gather_root else None
+    if chunk.batch is not None:
+        s.compute("get_batch and timers", chunk.batch.seconds("forward"))
     if chunk.embed is not None:
         s.compute("embedding", chunk.embed.seconds("forward"), [root_ag()])
         op = "all-reduce" if w.megatron_ops else _tp(w)[1]  # Megatron 2022 all-reduces it under SP too
@@ -511,6 +516,8 @@ def backward_unit(kind: str, chunk: ChunkCosts, comm: CommTimes, w: Workload, ov
                 _reduce(s, f"L{i} experts", "expert", 0.0)
     if chunk.embed is not None and with_b and w.sp:  # the gradient of the embedding's reduce-scatter
         s.compute("embedding tp wait", 0.0, [s.comm("tp", "backward", "all-gather", "tp all-gather (embedding)")])
+    if chunk.batch is not None and with_b:
+        s.compute("timers", chunk.batch.seconds("backward_input"))
     if chunk.embed is not None and with_w:
         s.compute("embedding grad", chunk.embed.seconds("backward_weight"))
         if red_w:
