@@ -116,11 +116,17 @@ def sources(gpu: str) -> list[str]:
             f"overheads: kernel issue floor {d.kernel_issue_s * 1e6:.1f} us (S21 + S22), micro-batch "
             f"{d.microbatch_overhead_s * 1e6:.1f} us (2 tp broadcasts at S18's 1 KB latency); optimizer from its bytes "
             f"at Triad",
-            "collectives: the plan's collective table (comm model of nodes.toml / networks.toml, not this benchmark's)",
+            "collectives: the plan's collective table (comm model of nodes.toml / networks.toml, not this benchmark's); "
+            "pp send/recv across nodes on the single-NIC pair curve (S18 2 x 1 A100 HDR alltoall 15.48 GB/s busbw, "
+            "catalog nccl.toml ib-hdr-200-1nic-pair)",
             "Megatron-LM 2022 (framework = megatron; NVIDIA/Megatron-LM 2755bcb): blocking pp sends "
             "(p2p_communication._communicate: batch_isend_irecv, wait, cuda.synchronize: both stages of a transfer "
-            "rendezvous, each call ends at max(own post, peers' posts) + p2p; interleaved steady-state "
-            "forward output sent with the next backward's, schedules.py), scatter/gather without SP; fused QKV "
+            "rendezvous, each call ends at max(own post, peers' posts) + k p2p, k the larger of its sends and "
+            "receives through the rank's one NIC; interleaved steady-state "
+            "forward output sent with the next backward's, schedules.py), scatter/gather without SP; the "
+            "embedding all-reduced under SP (mpu/layers.py VocabParallelEmbedding); get_batch in every chunk's "
+            "forward on every stage (2 tp broadcasts, causal mask rebuilt: ones/tril/< 0.5) and the timers' "
+            "cuda.synchronize (4 per forward, 2 per backward, one issue floor each); fused QKV "
             "GEMM (transformer.py query_key_value); wgrad accumulated into fp32 main_grad "
             "(layers.py wgrad_gemm_accum_fp32: C read + written in fp32, roofline at Triad); its own kernels "
             "(compute/megatron.py: fused layer norm backward in 5 passes, causal softmax on the lower triangle, fp32 cross entropy pass by pass, "

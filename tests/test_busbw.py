@@ -201,3 +201,28 @@ def test_nvls_gains_with_the_gpus_in_the_group():
     # 6 GPUs: 479.98 * 435.6 / 473.1 = 441.9 GB/s, S16 measured 435.6
     _, t = collective_time("all-reduce", 6, 8 * GiB, 450e9, "nvlink", nvls=True, curves=curves)
     assert 2 * 5 / 6 * 8 * GiB / t == pytest.approx(479.98e9 * 435.6 / 473.1, rel=1e-3)
+
+
+def test_pipeline_send_recv_through_one_nic_is_the_s18_pair():
+    # S18: 2 nodes x 1 A100, one HDR 200 Gb/s NIC each: alltoall 1 GB at 15.48 GB/s busbw. With
+    # 2 ranks that is one send and one receive of S/2 per rank (busbw factor 1/2), so the
+    # measured time is t1 = 0.5 * 2^30 / 15.48e9 = 34.68 ms. NCCL's latency for one network
+    # step, LL: 6.6 + 2.7 = 9.3 us (for the send/recv and for the curve's 2-rank all-to-all).
+    # A 175B pp send under Megatron's scatter/gather (b 1, s 2048, h 12288, bf16, / tp 8):
+    # S = 6,291,456 B, through the rank's own 25 GB/s NIC:
+    #   t = 9.3 us + (t1 - 9.3 us) * S / (0.5 * 2^30) = 415.6 us (15.48 GB/s after the latency).
+    size = 2048 * 12288 * 2 // 8
+    t1 = 0.5 * GiB / 15.48e9
+    want = 9.3e-6 + (t1 - 9.3e-6) * size / (0.5 * GiB)
+    assert want * 1e6 == pytest.approx(415.6, abs=0.1)
+    alg, t = collective_time("send/recv", 2, size, 25e9, "network", nodes=2, intra_bandwidth_bytes_per_s=300e9,
+                             curves=A100)
+    assert alg == "ring" and t == pytest.approx(want, rel=1e-12)
+    # the 8-NIC all-reduce curve (S18, 183.82 of 200 GB/s) gave the pair 23.0 GB/s: 1.48x faster
+    no_pair = {k: v for k, v in A100.items() if k != "p2p"}
+    _, t_nic = collective_time("send/recv", 2, size, 25e9, "network", nodes=2, intra_bandwidth_bytes_per_s=300e9,
+                               curves=no_pair)
+    assert (t - 9.3e-6) / (t_nic - 9.3e-6) == pytest.approx(183.82 / 200 * 25 / 15.48, rel=0.01)
+    # inside a node send/recv stays on NVLink (the p2p curve is for a NIC only)
+    assert collective_time("send/recv", 2, size, 300e9, "nvlink", curves=A100) == \
+        collective_time("send/recv", 2, size, 300e9, "nvlink", curves=no_pair)

@@ -204,17 +204,24 @@ def head_terms(tp: int, megatron: bool = False) -> dict:
     embedding's main-gradient hook (10 B x V/tp x h), the final norm's backward in 5 passes and
     its weight's hook (10 B x h), and the cross entropy on fp32 logits pass by pass: 38 B per
     logit forward (upcast 2 + 4, max 4, sub 8, exp 8, sum 4, div 8), 14 B backward (mul 8,
-    upcast's backward 4 + 2)."""
+    upcast's backward 4 + 2). Megatron-LM 2022 runs ``get_batch`` in every chunk's forward
+    (compute/megatron.batch_bytes): the broadcast (MB_OVERHEAD, then not in the embedding), the
+    causal mask from fp32 ones (4 S^2 B), tril (8 S^2), < 0.5 (5 S^2), 4 small kernels (labels and
+    tokens copies, loss mask, position ids: at the floor), and its timers' syncs, one floor each:
+    4 in forward, 2 in backward (``batch_f``, ``batch_b``)."""
     logits = S * V // tp
     ce_f, ce_b = (38, 14) if megatron else (B + 4, B + 4)
-    emb_f = kernel(2 * B * S * H / TRIAD) + MB_OVERHEAD
+    emb_f = kernel(2 * B * S * H / TRIAD) + (0.0 if megatron else MB_OVERHEAD)
+    batch_f = (MB_OVERHEAD + kernel(4 * S * S / TRIAD) + kernel(8 * S * S / TRIAD) + kernel(5 * S * S / TRIAD)
+               + 4 * ISSUE + 4 * ISSUE) if megatron else 0.0
+    batch_b = 2 * ISSUE if megatron else 0.0
     emb_w = kernel((B * (V // tp) * H + 2 * B * S * H) / TRIAD)
     head_w = kernel(wgrad_s(V // tp, H, megatron))
     if megatron:
         emb_f += kernel(B * S * H * (tp - 1) // tp / TRIAD) + kernel(2 * B * S * H / TRIAD)
         emb_w += kernel(10 * (V // tp) * H / TRIAD)
         head_w += kernel(10 * H / TRIAD)
-    return {"emb_f": emb_f, "emb_w": emb_w,
+    return {"emb_f": emb_f, "emb_w": emb_w, "batch_f": batch_f, "batch_b": batch_b,
             "head_f": kernel(2 * B * S * H / NORM_BW) + kernel(gemm_s(S, V // tp, H)) + kernel(ce_f * logits / TRIAD),
             "head_b": kernel((5 if megatron else 3) * B * S * H / NORM_BW) + kernel(gemm_s(S, H, V // tp))
             + kernel(ce_b * logits / TRIAD),
@@ -346,11 +353,11 @@ def test_tp8_one_node(framework):
     ar = min(nvls_s(B * S * H), nvlink_ring_s("all-reduce", tp, B * S * H))
     ar_loss = nvlink_ring_s("all-reduce", tp, 4 * S)      # 8 KiB fp32, 1K-64K line: 27.4 us (NVLS the same)
     layer_f = sum(lt[f"f_{b}"] for b in ("attn_pre", "attn", "attn_post", "mlp_pre", "mlp", "mlp_post")) + 2 * ar
-    forward = ht["emb_f"] + ar + L * layer_f + ht["head_f"] + 3 * ar_loss
+    forward = ht["batch_f"] + ht["emb_f"] + ar + L * layer_f + ht["head_f"] + 3 * ar_loss
     grad = (lambda w: beside(w, ar)) if framework == "megatron" else (lambda w: w + ar)
     layer_b = (lt["b_mlp_post"] + lt["b_mlp"] + lt["row_w_mlp"] + grad(lt["col_w_mlp"]) + lt["b_mlp_pre"]
                + lt["b_attn_post"] + lt["b_attn"] + lt["row_w_attn"] + grad(lt["col_w_attn"]) + lt["b_attn_pre"])
-    backward = ht["head_b"] + ht["head_w"] + ar + L * layer_b + ht["emb_w"]
+    backward = ht["head_b"] + ht["head_w"] + ar + L * layer_b + ht["batch_b"] + ht["emb_w"]
     params = L * layer_params(tp) + (V // tp) * H + H + (V // tp) * H    # layers, embedding, final norm, output
     step = forward + backward + optimizer_s(params, megatron=framework == "megatron")
 

@@ -11,8 +11,10 @@ import pytest
 from meshplan import catalog
 from meshplan.compute.gemm import gemm_time
 from meshplan.compute.measured import bandwidth, kernel_data
-from meshplan.compute.ops import Workload, embedding_cost, head_cost, layer_cost
+from meshplan.compute.ops import Workload, embedding_cost, head_cost, layer_cost, megatron_batch_cost
 from meshplan.compute.shapes import Gemm, backward_gemms
+from meshplan.schedule.steptime import chunk_costs, workload_of
+from tests.test_megatron_p2p import plan_of
 
 A100 = catalog.gpu("a100-sxm-80gb")
 GPT22B = catalog.model("megatron-22b")   # h 6144, 64 heads of 96, vocab 51200, LayerNorm, biases
@@ -140,3 +142,22 @@ def test_causal_softmax_reads_the_lower_triangle():
         assert c["softmax"].size_bytes == pytest.approx(f, rel=1e-12)
         assert c["softmax backward"].size_bytes == pytest.approx(b, rel=1e-12)
     assert 2 * tri + 2 * scores == 402_718_720 and 4 * tri + 2 * scores == 537_001_984
+
+
+def test_get_batch_and_timers_in_every_chunk_on_every_stage():
+    """Megatron-LM 2755bcb pretrain_gpt.forward_step calls get_batch for every chunk's forward on
+    every stage (data iterators on every tp rank 0, broadcast_data over tp), rebuilding the causal
+    mask: fp32 ones(1, s, s) 4 s^2 B, tril 8 s^2, < 0.5 5 s^2; at s 2048: 16,777,216 + 33,554,432 +
+    20,971,520 B at Triad (9.87 + 19.74 + 12.34 us); 4 small kernels and 4 timer syncs at the issue
+    floor, and the 2 broadcasts (33.92 us): 113.5 us per chunk forward, 2 syncs (9.4 us) per backward.
+    D4's 175B (pp 8 x vpp 3, micro-batch 1): the same on each of the 24 chunks; torch: none."""
+    s = 2048
+    c = ops_of(megatron_batch_cost(A100, Workload(**MEGATRON)))
+    assert [c[n].size_bytes for n in ("mask ones", "mask tril", "mask < 0.5")] == [4 * s * s, 8 * s * s, 5 * s * s]
+    want = 33.92e-6 + (17 * s * s) / TRIAD + 8 * ISSUE
+    assert megatron_batch_cost(A100, Workload(**MEGATRON)).seconds("forward") == pytest.approx(want, rel=1e-12)
+    assert megatron_batch_cost(A100, Workload(**MEGATRON)).seconds("backward_input") == pytest.approx(2 * ISSUE)
+    for framework, has in (("megatron", True), ("torch", False)):
+        plan = plan_of(True, framework)
+        chunks = [ch for stage in chunk_costs(plan, workload_of(plan)) for ch in stage]
+        assert len(chunks) == 24 and all((ch.batch is not None) == has for ch in chunks)

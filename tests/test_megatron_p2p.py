@@ -12,7 +12,7 @@ import pytest
 
 from meshplan.config import load_config
 from meshplan.pipeline.fast import simulate_arrays
-from meshplan.pipeline.simulate import PipelineSpec, simulate
+from meshplan.pipeline.simulate import PipelineSpec, call_loads, calls, simulate
 from meshplan.plan import build_plan
 from meshplan.schedule.steptime import step_time
 
@@ -60,7 +60,7 @@ def test_step_p2p_is_the_send_plus_the_gather_and_blocks():
     st = step_time(plan)
     spec = st.pipeline.spec
     assert spec.blocking_p2p and spec.p2p_s == pytest.approx(send + gather, rel=1e-12)
-    assert 0.2e-3 < send < 0.4e-3 and 0.1e-3 < gather < 0.5e-3   # 6.3 MB at ~23 GB/s; 50 MB at NVLink3 busbw
+    assert 0.4e-3 < send < 0.42e-3 and 0.1e-3 < gather < 0.5e-3   # 6.3 MB at 15.48 GB/s (S18 pair); 50 MB at NVLink3 busbw
     sl = st.pipeline.stage_slice(st.critical_stage)
     held = float(st.pipeline.hold[sl][:-1].sum())
     # stage 0 (critical) runs 192 F and 192 B units; every F sends (virtual stages 0, 8, 16 ->
@@ -130,3 +130,94 @@ def test_only_megatron_schedules_block():
     tr = plan_of(False).config.training
     assert [blocking_p2p(tr, s) for s in (Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED_1F1B, Schedule.ZBV)] == \
         [True, True, False]
+
+
+@pytest.mark.parametrize("framework,embed_ar,embed_rs", [("megatron", 1, 0), ("torch", 0, 1)])
+def test_sp_embedding_is_all_reduced_under_megatron_2022(framework, embed_ar, embed_rs):
+    """Megatron-LM 2755bcb: VocabParallelEmbedding.forward ends in
+    reduce_from_tensor_model_parallel_region (an all-reduce of the whole b s h output), and
+    Embedding.forward then keeps the rank's sequence shard (scatter_to_sequence_parallel_region:
+    a split, no collective). Stage 0 of the SP run holds the embedding on its first chunk: one
+    50,331,648 B all-reduce per micro-batch, in place of torch's reduce-scatter; its layers
+    each reduce-scatter twice."""
+    plan = plan_of(True, framework)
+    r0 = rows(plan, 0)
+    ar = [r for r in r0 if r.axis == "tp" and r.phase == "forward" and r.op == "all-reduce"]
+    rs = [r for r in r0 if r.axis == "tp" and r.phase == "forward" and r.op == "reduce-scatter"]
+    assert sum(r.per_microbatch for r in ar) == embed_ar
+    assert all(r.size_bytes == ACT for r in ar + rs)
+    per_layer_rs = 2
+    assert rs[0].per_microbatch - embed_rs == per_layer_rs * (rs[0].per_microbatch // per_layer_rs)
+    # stage 1 has no embedding: no all-reduce under SP, whatever the framework
+    assert not [r for r in rows(plan, 1) if r.axis == "tp" and r.phase == "forward" and r.op == "all-reduce"]
+    if framework == "megatron":
+        # 8-GPU all-reduce of 50,331,648 B on the S15 curve, between 32M (138.5 GB/s) and 128M
+        # (176.9 GB/s): t = t32 + (t128 - t32) * (S - 32M) / 96M after NCCL's LL latency (the
+        # curve's own rank count): t32 = 1.75 x 2^25 / 138.5e9 = 424.0 us, t128 = 1327.8 us
+        t32, t128 = 1.75 * 2**25 / 138.5e9, 1.75 * 2**27 / 176.9e9
+        want = t32 + (t128 - t32) * (ACT - 2**25) / (2**27 - 2**25)
+        assert ar[0].time_s == pytest.approx(want, rel=1e-9)
+        assert want * 1e6 == pytest.approx(574.6, abs=0.1)
+
+
+def test_pp_send_through_one_nic_on_the_s18_pair_curve():
+    """The D3/D4 pp sends (6,291,456 B per tp rank, each through its own HDR NIC) are timed on
+    the single-NIC pair curve (S18 2 x 1 A100 alltoall, 15.48 GB/s at 1 GB): see
+    tests/test_busbw.py for the hand derivation (415.6 us at NCCL's LL latency, scaled here by the
+    network tier's per-step latency, 1 on superpod-hdr)."""
+    plan = plan_of(False)
+    send = [r for r in rows(plan) if r.op == "send/recv"][0]
+    assert send.size_bytes == ACT // 8 and send.path.kind == "network"
+    t1 = 0.5 * 2**30 / 15.48e9
+    assert send.time_s == pytest.approx(9.3e-6 + (t1 - 9.3e-6) * (ACT // 8) / (0.5 * 2**30), rel=1e-9)
+    assert send.time_s * 1e6 == pytest.approx(415.6, abs=0.1)
+
+
+def test_interleaved_steady_state_call_sends_twice_through_one_nic():
+    """Megatron-LM 2022's interleaved steady state (schedules.py
+    forward_backward_pipelining_with_interleaving: p2p_communication.send_forward_backward_recv_forward_backward)
+    sends a forward output to the next stage and an input gradient to the previous one in one
+    call; both leave through the rank's one NIC (tp rank k of every stage on GPU k of its node, NIC
+    k: placement), and p2p_s is one send/recv pair at the NIC's rate, so the call takes 2 p2p_s.
+    p 2, m 4, v 2, F 1 s, B 2 s, p2p 0.25 s: every call ends max(own post, peers' posts) + k x 0.25,
+    k = 2 for the 6 two-send calls, 1 for the other 16, in both simulators."""
+    spec = PipelineSpec("interleaved_1f1b", 2, 4, v=2, forward_s=1.0, backward_s=2.0, p2p_s=0.25, blocking_p2p=True)
+    orders = [spec.sched.order(2, 4, 2, s) for s in range(2)]
+    peers, xfer = calls(spec, orders)
+    load = call_loads(xfer)
+    assert sorted(load.values()).count(2) == 6
+    ref = simulate(spec)
+    start = {s: [e.start_s for e in ref.events if e.stage == s and e.stream == "compute"] for s in range(2)}
+    end = {s: [e.end_s for e in ref.events if e.stage == s and e.stream == "compute"] for s in range(2)}
+    post = lambda s, i: 0.0 if i < 0 else end[s][i]  # noqa: E731
+    checked = 0
+    for (s, i), mine in peers.items():
+        if i + 1 < len(start[s]):
+            want = max([post(s, i)] + [post(*x) for x in mine]) + 0.25 * load[(s, i)]
+            assert start[s][i + 1] == pytest.approx(want, abs=1e-12)
+            checked += load[(s, i)] == 2
+    assert checked == 6
+    assert simulate_arrays(spec).step_s == pytest.approx(ref.step_s, abs=1e-12)
+    # asynchronous sends (torch's pipelining) end the step earlier
+    one = simulate(PipelineSpec("interleaved_1f1b", 2, 4, v=2, forward_s=1.0, backward_s=2.0, p2p_s=0.25))
+    assert ref.step_s > one.step_s
+
+
+@pytest.mark.parametrize("framework", ["megatron", "torch"])
+def test_sp_norm_gradients_all_reduced_once_coalesced_under_megatron(framework):
+    """Sequence-parallel norm weights get Partial gradients over tp. Megatron-LM 2755bcb
+    (optimizer.py allreduce_layernorm_grads) flattens the main gradients of every
+    sequence_parallel parameter into one buffer and all-reduces it once per step over tp: stage
+    0 of the 175B SP run holds 12 layers (3 chunks of 4) x 2 LayerNorms x (weight, bias) = 48
+    tensors of 12,288 fp32 main-gradient elements: one all-reduce of 48 x 12,288 x 4 = 2,359,296
+    B. torch (DTensor Partial, measured 2.13) all-reduces each tensor at AdamW's 3 reads: 144 of
+    24,576 B."""
+    plan = plan_of(True, framework)
+    rows0 = [r for r in rows(plan, 0) if r.axis == "tp" and r.phase == "step"]
+    assert len(rows0) == 1
+    r = rows0[0]
+    if framework == "megatron":
+        assert (r.op, r.size_bytes, r.dtype, r.per_step) == ("all-reduce", 48 * 12288 * 4, "fp32", 1) == \
+            ("all-reduce", 2_359_296, "fp32", 1)
+    else:
+        assert (r.op, r.size_bytes, r.per_step) == ("all-reduce", 12288 * 2, 3 * 48)

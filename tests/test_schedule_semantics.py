@@ -325,6 +325,13 @@ def test_megatron_sp_gathers_the_input_again_for_the_weight_gradient(framework, 
     assert row[("backward", "all-gather")] == 4 * (2 * per_layer + 1)
     assert row[("backward", "reduce-scatter")] == 4 * 2 * 2
     assert _tp_calls(st, "backward") == Counter({"all-gather": 4 * (2 * per_layer + 1), "reduce-scatter": 4 * 2 * 2})
+    # forward: 2 all-gathers and 2 reduce-scatters per layer, and the embedding's collective:
+    # torch reduce-scatters it, Megatron-LM 2022 all-reduces it (VocabParallelEmbedding) and
+    # splits the sequence; the table and the timeline agree on both
+    embed = "all-reduce" if framework == "megatron" else "reduce-scatter"
+    fwd = Counter({"all-gather": 4 * 2 * 2, "reduce-scatter": 4 * 2 * 2}) + Counter({embed: 4})
+    assert {op: n for (ph, op), n in row.items() if ph == "forward"} == dict(fwd)
+    assert _tp_calls(st, "forward") == fwd
 
 
 def test_torch_waits_for_the_input_gradient_collective_megatron_runs_it_beside_the_wgrad():

@@ -274,6 +274,9 @@ def collective_time(op: str, n: int, size_bytes: float, bandwidth_bytes_per_s: f
     - ``tree`` for all-reduce across nodes (:func:`tree_time`): fewer latency steps;
     - ``hierarchical`` across nodes with ``n / nodes`` > 1 ranks per node: reduce-scatter
       inside the node (NVLink), the op across nodes on 1/g of the buffer, all-gather inside;
+    - send/recv across nodes on the "p2p" curve when there is one (a single GPU's pair
+      through its own NIC, slower than a NIC's share of the 8-NIC all-reduce: [S18] 15.48
+      against 23.0 GB/s on HDR), else on "nic";
     - ``pairwise`` for all-to-all across nodes (:func:`all_to_all_time`), in place of the ring
       when the rank's own NIC share ``nic_bandwidth_bytes_per_s`` and the group's
       ``ranks_per_node`` are given.
@@ -293,6 +296,8 @@ def collective_time(op: str, n: int, size_bytes: float, bandwidth_bytes_per_s: f
         run = "all-reduce" if op == "reduce-scatter" else op
         return "ring", ring_time(run, n, size_bytes, bandwidth_bytes_per_s, network, GLOO_RING, latency_scale)
     link = curves.get("nic" if network else "nvlink")
+    if op == "send/recv" and network and "p2p" in curves:
+        link = curves["p2p"]
     if op == "all-to-all" and network and nic_bandwidth_bytes_per_s and ranks_per_node and n > 1:
         return "pairwise", all_to_all_time(n, size_bytes, ranks_per_node, nic_bandwidth_bytes_per_s,
                                            intra_bandwidth_bytes_per_s, latency_scale, curves)

@@ -323,6 +323,10 @@ def _tp_layer_ops(c: _Ctx, layer: int) -> tuple[list[str], list[str]]:
     return [o.rstrip("+") for o in fwd], [o.rstrip("+") for o in bwd]
 
 
+#: Cadence of Megatron-LM 2022's coalesced all-reduce of the SP norm gradients (one per step).
+SP_NORM_COALESCED_CADENCE = "once per step (Megatron SP norm weight gradients, coalesced)"
+
+
 def _replicated_grad_rows(add, c: _Ctx, size: int, count: int, cadence: str) -> None:
     """All-reduce over tp of ``count`` Partial gradients of weights replicated over tp (SP
     norms, an MoE router): in FSDP2's gradient reduction (once per step under a pipeline
@@ -368,17 +372,32 @@ def _tp_rows(add, c: _Ctx, loss_parallel: bool) -> None:
         counts.update(("backward", o) for o in bwd)
     moe = sum(c.model.is_moe_layer(i) for i in c.layers)
     if c.mesh.sequence_parallel:
+        # Megatron-LM 2022 (2755bcb megatron/mpu/layers.py VocabParallelEmbedding.forward:
+        # reduce_from_tensor_model_parallel_region, then language_model.py Embedding.forward:
+        # scatter_to_sequence_parallel_region, a split) all-reduces the embedding's output and
+        # keeps its shard; torch's SequenceParallel embedding reduce-scatters it
+        embed_ar = first if c.training.framework == "megatron" else 0
         add("tp", "forward", "all-gather", act, dt, counts["forward", "all-gather"] + last, "every layer (SP)",
             "next column-parallel GEMM")
-        add("tp", "forward", "reduce-scatter", act, dt, counts["forward", "reduce-scatter"] + first,
+        add("tp", "forward", "reduce-scatter", act, dt, counts["forward", "reduce-scatter"] + first - embed_ar,
             "every layer (SP)", "residual add")
+        add("tp", "forward", "all-reduce", act, dt, embed_ar, "every micro-batch (Megatron embedding, SP)",
+            "embedding's sequence split")
         add("tp", "backward", "all-gather", act, dt, counts["backward", "all-gather"] + first, "every layer (SP)",
             "next weight-gradient GEMM")
         add("tp", "backward", "reduce-scatter", act, dt, counts["backward", "reduce-scatter"] + last,
             "every layer (SP)", "previous layer's backward")
         per_norm = 2 if c.model.norm == "layernorm" else 1
-        _replicated_grad_rows(add, c, c.model.hidden * dtype_bytes(dt), per_norm * (2 * len(c.layers) + last),
-                              "every norm (SP weight gradients)")
+        norms = per_norm * (2 * len(c.layers) + last)
+        if c.training.framework == "megatron":
+            # Megatron-LM 2755bcb optimizer.py allreduce_layernorm_grads: the main gradients of
+            # every sequence_parallel parameter flattened into one buffer, one all-reduce over tp
+            # per step, copied back (the copies: schedule.steptime's optimizer step)
+            g = c.training.grad_dtype
+            add("tp", "step", "all-reduce", norms * c.model.hidden * dtype_bytes(g), g, 0,
+                SP_NORM_COALESCED_CADENCE, "optimizer step", depth=0, per_step=1)
+        else:
+            _replicated_grad_rows(add, c, c.model.hidden * dtype_bytes(dt), norms, "every norm (SP weight gradients)")
     else:
         add("tp", "forward", "all-reduce", act, dt, counts["forward", "all-reduce"] + first, "every layer",
             "next layer's GEMMs")

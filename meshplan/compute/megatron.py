@@ -25,7 +25,13 @@ at 2755bcb (June 2022, the code Korthikanti et al. 2022 measured):
 - the embedding (``mpu/layers.py`` ``VocabParallelEmbedding``, ``model/language_model.py``
   ``Embedding``): the rows other tp ranks own zeroed after the lookup, the ``[b s h] -> [s b h]``
   transpose copy, with SP the copy of the rank's sequence shard, the embedding dropout, and the
-  tables' main-gradient hook (:func:`embedding_bytes`).
+  tables' main-gradient hook (:func:`embedding_bytes`);
+- every forward step of every chunk on every stage (``pretrain_gpt.py`` ``forward_step`` ->
+  ``get_batch``; ``megatron/utils.py`` ``get_ltor_masks_and_position_ids``): the batch broadcast
+  over tp, the labels' and tokens' slice copies, the causal mask built again from an fp32
+  ``ones(1, s, s)``, ``tril`` and ``< 0.5``, the loss mask and position ids; and the timers
+  (``megatron/global_vars.py`` ``_Timer.start``/``stop`` call ``torch.cuda.synchronize``) around
+  ``forward-compute``, ``batch-generator`` and ``backward-compute`` (:func:`batch_bytes`).
 
 Also Megatron's, timed elsewhere: the in-place division of the gradient buffer by the dp size
 (:func:`meshplan.schedule.steptime.optimizer_step_bytes`).
@@ -37,7 +43,13 @@ from meshplan.compute.shapes import Attention
 from meshplan.spec.model import ModelSpec
 
 MEGATRON_OPS = ("layer norm backward", "causal softmax", "attention copies", "main-grad hooks", "cross entropy",
-                "embedding")
+                "embedding", "batch and timers")
+
+#: ``torch.cuda.synchronize`` calls per micro-batch and chunk of Megatron-LM 2022's timers
+#: (2755bcb ``megatron/schedules.py`` ``forward_step`` / ``backward_step``, ``pretrain_gpt.py``
+#: ``forward_step``): forward-compute and batch-generator start and stop, backward-compute start
+#: and stop.
+TIMER_SYNCS = {"forward": 4, "backward_input": 2}
 
 
 def norm_backward_passes(megatron: bool) -> int:
@@ -153,3 +165,22 @@ def embedding_bytes(b: int, g: int, tokens: int, h: int, tp: int, shard_rows: in
     if dropout:
         out += [("embedding dropout", phase, (2 * b + 1) * shard_rows * h) for phase in ("forward", "backward_input")]
     return out
+
+
+def batch_bytes(micro_batch: int, seq_len: int) -> list[tuple[str, int]]:
+    """``(kernel, HBM bytes)`` of Megatron-LM 2022's ``get_batch`` after the broadcast, run in
+    every chunk's forward step on every stage (module docstring; ``reset_position_ids``,
+    ``reset_attention_mask`` and ``eod_mask_loss`` off, their defaults): the labels' and tokens'
+    ``[:, 1:]`` / ``[:, :-1]`` ``contiguous`` copies (int64, read + write ``b s`` each), the mask
+    ``torch.ones((1, s, s))`` (fp32, written), ``torch.tril`` of it (read + write), ``< 0.5``
+    (fp32 read, bool written), the loss mask ``ones(b, s)`` (fp32) and the position ids
+    ``arange(s)`` (int64).
+
+    >>> [(n, x) for n, x in batch_bytes(1, 4)]  # doctest: +NORMALIZE_WHITESPACE
+    [('labels copy', 64), ('tokens copy', 64), ('mask ones', 64), ('mask tril', 128),
+     ('mask < 0.5', 80), ('loss mask ones', 16), ('position ids', 32)]
+    """
+    b, s = micro_batch, seq_len
+    return [("labels copy", 2 * 8 * b * s), ("tokens copy", 2 * 8 * b * s), ("mask ones", 4 * s * s),
+            ("mask tril", 2 * 4 * s * s), ("mask < 0.5", (4 + 1) * s * s), ("loss mask ones", 4 * b * s),
+            ("position ids", 8 * s)]

@@ -54,7 +54,8 @@ from typing import Optional
 
 from meshplan.compute.gemm import GemmTable, gemm_efficiency, gemm_model, gemm_time, load_gemm_table  # noqa: F401
 from meshplan.compute.measured import attention_seconds, bandwidth, kernel_data
-from meshplan.compute.megatron import (attention_copy_bytes, cross_entropy_bytes, embedding_bytes, hook_params,
+from meshplan.compute.megatron import (TIMER_SYNCS, attention_copy_bytes, batch_bytes, cross_entropy_bytes,
+                                       embedding_bytes, hook_params,
                                        norm_backward_passes, softmax_bytes)
 from meshplan.compute.routing import RoutingOptions, routing
 from meshplan.compute.shapes import (ATTENTION_GEMMS, MLA_REPLICATED, Attention, Gemm, attention_shape,
@@ -524,9 +525,37 @@ def embedding_cost(model: ModelSpec, gpu: GPUSpec, w: Workload) -> Cost:
         ops += [_mem(gpu, name, "embed", phase, nb)
                 for name, phase, nb in embedding_bytes(b, g, t, h, w.tp, w.row_tokens, (rows + pos) * h, w.sp, w.dropout)]
     data = kernel_data(gpu.name)
-    if data is not None:  # per micro-batch: the batch broadcast (catalog microbatch_overhead_s)
+    if data is not None and not w.megatron_ops:  # per micro-batch: the batch broadcast (catalog microbatch_overhead_s)
         ops.append(Op("micro-batch overhead", "embed", "forward", "overhead", data.microbatch_overhead_s,
                       note="get_batch: 2 small tp broadcasts at the measured 1 KB latency (catalog)"))
+    return Cost(tuple(ops))
+
+
+def megatron_batch_cost(gpu: GPUSpec, w: Workload) -> Cost:
+    """Megatron-LM 2022's per-chunk batch and timer costs (:func:`meshplan.compute.megatron.batch_bytes`,
+    :data:`~meshplan.compute.megatron.TIMER_SYNCS`), in every chunk's forward (and the timers'
+    syncs in its backward) on every stage: the 2 tp broadcasts at the catalog's
+    ``microbatch_overhead_s``, each ``get_batch`` kernel as a memory-bound pass (never below the
+    issue floor), and per ``torch.cuda.synchronize`` one issue floor (the GPU drained, the next
+    kernel waits at least one launch: a lower bound). Empty for a GPU without catalog data.
+
+    22B, micro-batch 4, seq 2048 on A100: the mask passes 16.8 + 33.6 + 21.0 MB at Triad 1.70 TB/s
+    (9.87 + 19.74 + 12.34 us), 4 small kernels at the 4.7 us floor (18.8), 33.92 us of broadcasts, 4 syncs
+    (18.8): 113.5 us in forward; 2 syncs (9.4 us) in backward:
+
+    >>> from meshplan import catalog
+    >>> c = megatron_batch_cost(catalog.gpu("a100-sxm-80gb"), Workload(seq_len=2048, micro_batch=4, megatron_ops=True))
+    >>> round(c.seconds("forward") * 1e6, 1), round(c.seconds("backward_input") * 1e6, 1)
+    (113.5, 9.4)
+    """
+    data = kernel_data(gpu.name)
+    if data is None:
+        return Cost(())
+    ops = [Op("get_batch broadcasts", "embed", "forward", "overhead", data.microbatch_overhead_s,
+              note="get_batch: 2 small tp broadcasts at the measured 1 KB latency (catalog)")]
+    ops += [_mem(gpu, name, "embed", "forward", nb) for name, nb in batch_bytes(w.micro_batch, w.seq_len)]
+    ops += [Op("timer synchronize", "embed", phase, "overhead", n * data.kernel_issue_s,
+               note=f"{n} torch.cuda.synchronize, one issue floor each") for phase, n in TIMER_SYNCS.items()]
     return Cost(tuple(ops))
 
 

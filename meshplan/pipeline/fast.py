@@ -288,9 +288,19 @@ def _peer_table(pairs, p: int, length: int, width: int, pad: int) -> np.ndarray:
     return table
 
 
+def _call_loads(pairs, length: int, width: int, pad: int) -> np.ndarray:
+    """Per slot of :func:`_rounds`, the larger of its call's sends and receives, at least 1
+    (:func:`meshplan.pipeline.simulate.call_loads`)."""
+    send, recv, _ = pairs
+    to_slot = lambda packed: (packed // (length + 1)) * width + packed % (length + 1)  # noqa: E731
+    out = np.bincount(to_slot(send), minlength=pad + 1)[:pad + 1]
+    inc = np.bincount(to_slot(recv), minlength=pad + 1)[:pad + 1]
+    return np.maximum(np.maximum(out, inc), 1).astype(float)
+
+
 def _call_end(e: np.ndarray, peers: np.ndarray, end: np.ndarray, pad: int, p2p_s: float):
     """(end of each call posted at ``e`` with peer slots ``peers`` (rows), binding peer slot or
-    -1): ``max(e, peer posts) + p2p_s``, ``e`` for an empty call."""
+    -1): ``max(e, peer posts) + p2p_s`` (per call), ``e`` for an empty call."""
     if peers.shape[1] == 0:
         return e, np.full(len(e), -1)
     val = peers != pad
@@ -337,6 +347,7 @@ def _rounds(f: Flat, dur: np.ndarray, add: np.ndarray, pairs, p2p_s: float):
             left -= k
         return start[slot], end[slot], end[slot], np.zeros(p), np.full(n, -1)
     peers = _peer_table(pairs, p, length, width, pad)
+    p2p = p2p_s * _call_loads(pairs, length, width, pad)  # per call: k p2p_s (simulate.call_loads)
     end[pad], done[pad] = -np.inf, True  # the padding peer: posted, never the latest
     has = (peers != pad).any(axis=1)
     free = np.zeros(pad + 1)
@@ -344,7 +355,7 @@ def _rounds(f: Flat, dur: np.ndarray, add: np.ndarray, pairs, p2p_s: float):
         dc, pc, prev = dep[cur], peers[cur - 1], cur - 1
         ok = done[dc] & done[pc].all(axis=1)
         e = end[prev]
-        free[prev] = np.where(has[prev], np.maximum(e, end[pc].max(axis=1)) + p2p_s, e)
+        free[prev] = np.where(has[prev], np.maximum(e, end[pc].max(axis=1)) + p2p[prev], e)
         st = np.maximum(free[prev], end[dc] + d_add[cur])
         end[cur], start[cur], done[cur] = st + d_dur[cur], st, ok
         k = int(np.count_nonzero(ok))
@@ -353,9 +364,9 @@ def _rounds(f: Flat, dur: np.ndarray, add: np.ndarray, pairs, p2p_s: float):
         cur += ok
         left -= k
     last = cur - 1  # each stage's last slot (its leading one when it has no unit)
-    free[last] = _call_end(end[last], peers[last], end, pad, p2p_s)[0]
+    free[last] = _call_end(end[last], peers[last], end, pad, p2p[last])[0]
     bind = np.full(pad + 1, -1)
-    bind[slot] = _call_end(end[slot - 1], peers[slot - 1], end, pad, p2p_s)[1]
+    bind[slot] = _call_end(end[slot - 1], peers[slot - 1], end, pad, p2p[slot - 1])[1]
     flat_of = np.full(pad + 1, -1)
     flat_of[slot] = np.arange(n)
     return start[slot], end[slot], free[slot], free[np.arange(p) * width], flat_of[bind[slot]]

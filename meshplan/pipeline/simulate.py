@@ -36,7 +36,11 @@ with the next backward's) and the receives it posts there (a unit's input is rec
 steady-state backwards two); a stage's receives before its first unit are posted at 0. A
 transfer starts when both its calls are posted (each at the end of its issuing unit) and takes
 ``p2p_s``; a call ends when all its transfers do, and the next unit starts then: ``free = max(end,
-max over the call's peers of their post time) + p2p_s`` (``end`` alone for an empty call). A send
+max over the call's peers of their post time) + k p2p_s`` (``end`` alone for an empty call), where
+``k`` (:func:`call_loads`) is the larger of the call's sends and receives: a rank's transfers
+share its link (its one NIC across nodes: Megatron's interleaved steady-state call sends the
+forward output to the next stage and the input gradient to the previous one through the same
+NIC), and ``p2p_s`` is one send/recv pair at the link's rate (catalog ``p2p`` curve). A send
 therefore holds its stage until the receiver reaches its receive, and a late receiver also pays
 the transfer. Simplification: Megatron's warm-up ``send_forward`` then ``recv_forward`` (and the
 cool-down's ``recv_backward`` then ``send_backward``) are two calls one after the other; here they
@@ -56,6 +60,7 @@ Bubble (named): for the busiest stage, ``idle = step - busy``; ``bubble`` = idle
 from __future__ import annotations
 
 import json
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
@@ -221,6 +226,26 @@ def calls(spec: PipelineSpec, orders: list[list[Unit]]) -> tuple[dict, dict]:
     return {k: sorted(x) for k, x in peers.items()}, xfer
 
 
+def call_loads(xfer: dict) -> dict:
+    """(stage, position) of a call -> ``k``, the larger of its sends and its receives (at least
+    1), from :func:`calls`' ``xfer``: its transfers one after another on the rank's link.
+
+    1F1B's calls carry at most one send and one receive; interleaved 1F1B's steady state (p 2,
+    m 4, v 2) sends a forward output and an input gradient in one call, 6 such calls of 22:
+
+    >>> from collections import Counter
+    >>> def loads(spec):
+    ...     o = [spec.sched.order(spec.p, spec.m, spec.v, s) for s in range(spec.p)]
+    ...     return sorted(Counter(call_loads(calls(spec, o)[1]).values()).items())
+    >>> loads(PipelineSpec("1f1b", 2, 2, blocking_p2p=True))
+    [(1, 6)]
+    >>> loads(PipelineSpec("interleaved_1f1b", 2, 4, v=2, blocking_p2p=True))
+    [(1, 16), (2, 6)]
+    """
+    out, inc = Counter(x[1] for x in xfer.values()), Counter(x[2] for x in xfer.values())
+    return {k: max(out[k], inc[k]) for k in out.keys() | inc.keys()}
+
+
 def simulate(spec: PipelineSpec) -> PipelineResult:
     """Run every stage's order (:func:`stage_order`) to completion; see the module docstring."""
     p, v, sched = spec.p, spec.v, spec.sched
@@ -270,6 +295,7 @@ def _simulate_rendezvous(spec: PipelineSpec, orders: list[list[Unit]]) -> Pipeli
     starts when the call before it ends (its input arrived in that call or an earlier one)."""
     p, v, sched = spec.p, spec.v, spec.sched
     peers, xfer = calls(spec, orders)
+    load = call_loads(xfer)
     ends: list[list[float]] = [[] for _ in range(p)]
     evs: list[list[Event]] = [[] for _ in range(p)]
 
@@ -291,7 +317,7 @@ def _simulate_rendezvous(spec: PipelineSpec, orders: list[list[Unit]]) -> Pipeli
             t = post(*x)
             if t > e and (best is None or t > top):
                 best, top = x, t
-        return (max([e] + [post(*x) for x in mine]) + spec.p2p_s if mine else e), best
+        return (max([e] + [post(*x) for x in mine]) + spec.p2p_s * load[(s, pos)] if mine else e), best
 
     events: list[Event] = []
     remaining = sum(len(o) for o in orders)

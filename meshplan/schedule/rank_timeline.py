@@ -205,12 +205,15 @@ def nccl_sm_share(cluster):
 @dataclass(frozen=True)
 class ChunkCosts:
     """Compute of one chunk per micro-batch: a Cost per layer, which are MoE, and the
-    embedding (first virtual stage) and head (last virtual stage) Costs or None."""
+    embedding (first virtual stage) and head (last virtual stage) Costs or None; ``batch``:
+    what the framework runs around every chunk's passes (Megatron-LM 2022's ``get_batch`` and
+    timer syncs, :func:`meshplan.compute.ops.megatron_batch_cost`) or None."""
 
     layers: tuple[Cost, ...]
     moe: tuple[bool, ...]
     embed: Optional[Cost] = None
     head: Optional[Cost] = None
+    batch: Optional[Cost] = None
 
 
 @dataclass(frozen=True)
@@ -454,9 +457,12 @@ def forward_unit(chunk: ChunkCosts, comm: CommTimes, w: Workload, ov: Overlap,
     s = _Sim(comm, w, ov)
     n = len(chunk.layers)
     root_ag = lambda: s.comm("shard", "forward", "all-gather", "fsdp AG root", "root") if gather_root else None
+    if chunk.batch is not None:
+        s.compute("get_batch and timers", chunk.batch.seconds("forward"))
     if chunk.embed is not None:
         s.compute("embedding", chunk.embed.seconds("forward"), [root_ag()])
-        s.compute("embedding tp wait", 0.0, [s.comm("tp", "forward", _tp(w)[1], f"tp {_tp(w)[1]}")])
+        op = "all-reduce" if w.megatron_ops else _tp(w)[1]  # Megatron 2022 all-reduces it under SP too
+        s.compute("embedding tp wait", 0.0, [s.comm("tp", "forward", op, f"tp {op}")])
     gather = lambda i: s.comm("shard", "forward", "all-gather", f"fsdp AG L{i}", "layer") if gather_layers else None
     ag = gather(0) if ov.fsdp_prefetch else None
     for i, (c, moe) in enumerate(zip(chunk.layers, chunk.moe)):
@@ -522,6 +528,8 @@ def backward_unit(kind: str, chunk: ChunkCosts, comm: CommTimes, w: Workload, ov
                 _reduce(s, f"L{i} experts", "expert", 0.0)
     if chunk.embed is not None and with_b and w.sp:  # the gradient of the embedding's reduce-scatter
         s.compute("embedding tp wait", 0.0, [s.comm("tp", "backward", "all-gather", "tp all-gather (embedding)")])
+    if chunk.batch is not None and with_b:
+        s.compute("timers", chunk.batch.seconds("backward_input"))
     if chunk.embed is not None and with_w:
         s.compute("embedding grad", chunk.embed.seconds("backward_weight"))
         if red_w:

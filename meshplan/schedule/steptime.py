@@ -38,6 +38,7 @@ from meshplan.compute.ops import (
     head_cost,
     layer_cost,
     layer_workload,
+    megatron_batch_cost,
     optimizer_bandwidth,
     sequence_model_flops,
 )
@@ -87,9 +88,11 @@ def chunk_costs(plan, w: Workload, table: Optional[GemmTable] = None) -> list[li
 
     position = [{i: k for k, i in enumerate(i for chunk in chunks for i in chunk)} for chunks in plan.stages]
     v, last = plan.vpp, last_stage(plan.stages)  # last: 0 under a V-shaped schedule
+    batch = megatron_batch_cost(gpu, w) if w.megatron_ops else None  # every chunk, every stage (2755bcb)
     return [[ChunkCosts(layers=tuple(cost(i, s) for i in layers), moe=tuple(model.is_moe_layer(i) for i in layers),
                         embed=embedding_cost(model, gpu, w) if (s, c) == (0, 0) else None,
-                        head=head_cost(model, gpu, w, table) if (s, c) == (last, v - 1) else None)
+                        head=head_cost(model, gpu, w, table) if (s, c) == (last, v - 1) else None,
+                        batch=batch)
              for c, layers in enumerate(chunks)] for s, chunks in enumerate(plan.stages)]
 
 
