@@ -298,9 +298,10 @@ def _call_loads(pairs, length: int, width: int, pad: int) -> np.ndarray:
     return np.maximum(np.maximum(out, inc), 1).astype(float)
 
 
-def _call_end(e: np.ndarray, peers: np.ndarray, end: np.ndarray, pad: int, p2p_s: float):
+def _call_end(e: np.ndarray, peers: np.ndarray, end: np.ndarray, pad: int, p2p_s: "float | np.ndarray"):
     """(end of each call posted at ``e`` with peer slots ``peers`` (rows), binding peer slot or
-    -1): ``max(e, peer posts) + p2p_s`` (per call), ``e`` for an empty call."""
+    -1): ``max(e, peer posts) + p2p_s`` (seconds: one value, or one per call), ``e`` for an
+    empty call."""
     if peers.shape[1] == 0:
         return e, np.full(len(e), -1)
     val = peers != pad
