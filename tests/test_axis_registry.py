@@ -3,8 +3,9 @@ each part (foreign names, what it divides, its search column, its placement weig
 rules in the plan's order), its rules give the same verdict on one mesh (Python ints, as the
 exact plan runs them) as on the search's columns (numpy), and a toy axis registered here
 shows up in the validity rules, the search space, the search's rejections and bounds, and
-in a plan's local shapes, collective table, activation memory and step notes, without an
-edit to any other module."""
+in a plan's local shapes, collective table, activation memory and, through the timeline it
+declares, on its own stream of the step's rank timeline, without an edit to any other
+module."""
 
 from __future__ import annotations
 
@@ -27,7 +28,9 @@ from meshplan.search.memory import comm_axes
 from meshplan.search.space import OK, REASONS, RECOMPUTE, SHARDING, candidate_config, enumerate_candidates, \
     first_reason, reason_table, world_of
 from meshplan.spec.axes import KNOWN_AXES, MEGATRON_AXES, TORCHTITAN_AXES
-from meshplan.spec.axes.base import AxisDef, AxisDegrees, CollectiveKind, Dim, Rule, SearchColumn
+from meshplan.schedule.rank_timeline import simulated_groups, timeline_axes
+from meshplan.spec.axes.base import At, AxisDef, AxisDegrees, Block, CollectiveKind, Dim, Rule, SearchColumn, Slot, \
+    Timeline
 from meshplan.spec.axes.registry import AXES, Axis, rules, search_axes
 from meshplan.spec.mesh import MeshSpec
 from meshplan.units import dtype_bytes
@@ -52,6 +55,7 @@ def test_every_axis_has_each_part(axis):
     for name in a.megatron:
         assert MEGATRON_AXES[name] == axis
     assert (str(axis) in KNOWN_AXES)
+    assert a.timeline is None, f"{axis}: a built-in axis keeps its hand-written place in the rank timeline"
 
 
 def test_registry_is_complete_and_rules_are_ordered():
@@ -128,18 +132,27 @@ def _sq_heads(m, t, d):
 
 def _sq_rows(add, c):
     """The toy's rows: two all-to-alls of the rank's b x s/sq x h activation per layer and
-    micro-batch (q/k/v in, the context out), compute dtype."""
+    micro-batch in the forward (q/k/v in, the context out), compute dtype, and their two
+    gradients in the backward (an all-to-all's backward is the inverse all-to-all)."""
     t = c.training
     size = t.micro_batch * (t.seq_len // c.mesh.degree("sq")) * c.model.hidden * dtype_bytes(t.compute_dtype)
     add("sq", "forward", "all-to-all", size, t.compute_dtype, 2 * len(c.layers), "every layer (toy Ulysses)",
         "attention")
+    add("sq", "backward", "all-to-all", size, t.compute_dtype, 2 * len(c.layers), "every layer (toy Ulysses grads)",
+        "attention's backward")
 
+
+#: The toy's place in a layer's timeline: its all-to-alls wrap the attention block, blocking,
+#: in the forward and (around the attention's backward) in the backward.
+SQ_TIMELINE = Timeline(tuple(Slot(phase, "all-to-all", at, Block.ATTN)
+                             for phase in ("forward", "backward") for at in (At.BEFORE, At.AFTER)))
 
 TOY = AxisDef(doc="Ulysses sequence axis (toy)", torchtitan=("sq",),
               rules=(Rule("sq_heads", 25, "kv_heads not divisible by sq * tp", _sq_heads_bad, _sq_heads),),
               divides=(Dim.SEQUENCE,), search=SearchColumn(column="sq", option="sq"),
-              collectives=(CollectiveKind("all-to-all", "sq", "forward", "b x s/sq x h activation"),),
-              rows=_sq_rows, weights={"sq": 1e4})
+              collectives=(CollectiveKind("all-to-all", "sq", "forward", "b x s/sq x h activation"),
+                           CollectiveKind("all-to-all", "sq", "backward", "its gradient")),
+              rows=_sq_rows, timeline=SQ_TIMELINE, weights={"sq": 1e4})
 
 CFG = {"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 2},
        "training": {"global_batch": 16, "seq_len": 1024}}
@@ -183,7 +196,9 @@ def test_a_toy_axis_registered_here_shows_up_in_validity_and_search(monkeypatch)
     exact = build_plan(candidate_config(cfg, c, j))
     peak = max(exact.timelines, key=lambda tl: tl.peak.total_bytes).peak
     assert peak.phase == "backward" and est.peak_lo[j] <= peak.total_bytes <= est.peak_hi[j]
-    assert est.step_lo[j] <= step_time(exact).step_s
+    # (the search's collective-time bound leaves the toy's all-to-alls out; the exact step has them on stream sq)
+    st = step_time(exact)
+    assert st.exposed_s["sq"] > 0 and est.step_lo[j] <= st.step_s
     assert comm_axes(cfg, c)[j] == len({r.axis for rows in exact.collectives.values() for r in rows})
     with_rows = comm_axes(cfg, c)
     monkeypatch.setitem(AXES, "sq", replace(TOY, rows=None))
@@ -210,10 +225,11 @@ def test_a_toy_axis_registered_here_divides_shapes_adds_rows_and_divides_activat
     wq = [g for g in plan.gemms if g.name == "wq"][0]
     assert (wq.m, wq.n, wq.k) == (2048, 32 // 4 * 128, 4096)
     assert (plan.attention.seq_q, plan.attention.seq_kv, plan.attention.q_heads) == (2048, 4096, 8)
-    # collective table: its row, b * s/sq * h * 2 B = 16 MiB, 2 per layer = 64 per micro-batch, over ranks 0 and 4
+    # collective table: its rows, b * s/sq * h * 2 B = 16 MiB, 2 per layer = 64 per micro-batch, over ranks 0
+    # and 4, in the forward and (their gradients) in the backward
     rows = [r for r in plan.stage(0).collectives if r.axis == "sq"]
     assert [(r.op, r.phase, r.size_bytes, r.per_microbatch, r.example_ranks) for r in rows] == \
-        [("all-to-all", "forward", 1 * 2048 * 4096 * 2, 64, (0, 4))]
+        [("all-to-all", phase, 1 * 2048 * 4096 * 2, 64, (0, 4)) for phase in ("forward", "backward")]
     assert rows[0].per_step == 64 * plan.micro_batches and rows[0].time_s > 0
     # and the other axes' rows carry the rank's b x s/sq x h: tp's all-reduce 16 MiB (32 MiB without the toy)
     tp_ar = lambda p: [r.size_bytes for r in p.stage(0).collectives if (r.axis, r.op, r.phase) == ("tp", "all-reduce",
@@ -224,9 +240,55 @@ def test_a_toy_axis_registered_here_divides_shapes_adds_rows_and_divides_activat
     act = lambda p: p.timelines[0].max_by_kind["activations"]
     assert act(plan) * 2 == act(plain)
     assert act(plan) == act(_toy_plan(["dp_shard", "cp", "tp"], [2, 2, 4]))
-    # the step: the rank timeline has no stream for its rows, so it says so (never files them under ep by op)
-    assert "collective not simulated (kind unknown): sq forward all-to-all (every layer (toy Ulysses))" in \
-        step_time(plan).notes
+    # the step: without its timeline the rank timeline has no stream for its rows, so it says so
+    # (never files them under ep by op)
+    monkeypatch.setitem(AXES, "sq", replace(TOY, timeline=None))
+    notes = step_time(_toy_plan(["dp_shard", "sq", "tp"], [2, 2, 4])).notes
+    assert "collective not simulated (kind unknown): sq forward all-to-all (every layer (toy Ulysses))" in notes
+    assert "sq" not in simulated_groups() and "sq" not in step_time(plan).exposed_s
+
+
+def test_a_toy_axis_with_a_timeline_has_its_own_stream_in_the_step(monkeypatch):
+    """The toy's timeline alone puts its rows in the step: llama3-8b on dp_shard 2 x sq 2 x tp 4
+    (one stage, recompute none, no tp overlap), 16 / (b 1 x dp 2) = 8 micro-batches. Each of
+    its 4 all-to-alls per layer (2 forward, 2 backward) is blocking and the sq stream carries
+    nothing else, so the compute waits for each call's whole time: exposed on stream sq =
+    8 micro-batches x 32 layers x (2 x t_forward + 2 x t_backward), t the row's seconds per
+    call (the comm model's pairwise all-to-all of 16 MiB over ranks 0 and 4, one node's
+    NVLink), i.e. the rows' seconds times their calls per step."""
+    monkeypatch.setitem(AXES, "sq", TOY)
+    assert "sq" in simulated_groups() and timeline_axes()["sq"].stream == "sq"
+    plan = _toy_plan(["dp_shard", "sq", "tp"], [2, 2, 4])
+    assert plan.feasible and len(plan.stages) == 1 and plan.micro_batches == 8
+    fwd, bwd = sorted((r for r in plan.stage(0).collectives if r.axis == "sq"), key=lambda r: r.phase != "forward")
+    assert fwd.path.kind == bwd.path.kind == "nvlink" and fwd.time_s == bwd.time_s > 0
+    st = step_time(plan)
+    t = fwd.time_s
+    expected = 8 * 32 * (2 * t + 2 * t)
+    assert expected == pytest.approx(fwd.time_s * fwd.per_step + bwd.time_s * bwd.per_step, rel=1e-12)
+    assert st.exposed_s["sq"] == pytest.approx(expected, rel=1e-9)
+    assert not any("not simulated" in n for n in st.notes)
+    # its calls are on the sq stream of the trace: 4 per layer and micro-batch, each t long
+    calls = [e for e in st.trace_events(stage=0) if e.stream == "sq"]
+    assert len(calls) == 8 * 32 * 4 and all(e.dur_s == pytest.approx(t, rel=1e-9) for e in calls)
+    # and the step is longer than with the rows left out of the timeline, by at most what the
+    # compute waited on sq: the FSDP gathers, exposed here, run during those waits (less exposed fsdp)
+    monkeypatch.setitem(AXES, "sq", replace(TOY, timeline=None))
+    without = step_time(plan)
+    assert without.step_s < st.step_s <= without.step_s + expected
+    assert st.exposed_s["fsdp"] < without.exposed_s["fsdp"] and st.exposed_s["tp"] == without.exposed_s["tp"]
+
+
+def test_a_timeline_is_checked_when_the_timeline_reads_it(monkeypatch):
+    """A stream that a built-in axis runs on is refused (its rows would mix with tp's), and a
+    slot names a row phase the timeline passes have, with a block unless overlapped."""
+    monkeypatch.setitem(AXES, "sq", replace(TOY, timeline=Timeline(SQ_TIMELINE.slots, stream="tp")))
+    with pytest.raises(ValueError, match="stream 'tp'"):
+        timeline_axes()
+    with pytest.raises(ValueError, match="overlapped needs no block"):
+        Slot("backward", "all-to-all", At.OVERLAPPED, Block.ATTN)
+    with pytest.raises(ValueError, match="before needs a block"):
+        Slot("forward", "all-to-all", At.BEFORE)
 
 
 # --- the collective kinds each axis declares against the plan's collective table ----------

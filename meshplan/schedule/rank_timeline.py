@@ -1,7 +1,8 @@
 """Rank timeline of one pipeline unit: the forward (F), backward (B, input gradient), or
 weight-gradient (W) pass of one micro-batch through one chunk of layers, as an event
 simulation over a compute stream and one stream per collective kind (``tp``, ``cp``,
-``ep``, ``fsdp``, ``efsdp``, ``dp_replicate``, ``dp``).
+``ep``, ``fsdp``, ``efsdp``, ``dp_replicate``, ``dp``), and one per registered axis that
+declares where its rows run (:attr:`~meshplan.spec.axes.base.AxisDef.timeline`, below).
 
 Op times come from :mod:`meshplan.compute.ops` (per block of a layer), collective times from
 the plan's collective rows (``CollectiveRow.time_s`` per call, kinds by :func:`comm_kind`;
@@ -45,6 +46,13 @@ frameworks issue them:
   last gradient unit (``PipelineStage`` turns gradient sync off for every other backward).
 - **ZeRO-1/2, DDP**: on a chunk's last gradient unit the per-step reduction is issued in
   per-layer pieces (buckets) after each layer's weight gradients (``Overlap.grad_reduce``).
+- **A registered axis with a timeline** (not built-in: :func:`timeline_axes`): its rows run
+  on its own stream (the timeline's ``stream``, default the axis's name), one call per
+  layer for each :class:`~meshplan.spec.axes.base.Slot` of the pass's phase, at the slot's
+  place: ``before`` / ``after`` the attention or MLP block (in the backward, around that
+  block's backward; the compute waits for it) or ``overlapped`` after the layer's pass
+  (nothing waits). Seconds per call: the row's of that phase and op. A checkpoint's replay
+  places none. Its rows of a (phase, op) no slot names are reported as not simulated.
 
 A unit's duration is its compute-stream end; communication still running then is its
 ``tail`` (it overlaps the next unit; contention between units on a stream is ignored).
@@ -60,7 +68,8 @@ from typing import Optional
 from meshplan.comm.collectives import SCATTER_GATHER_CADENCE
 from meshplan.compute.ops import Cost, Workload
 from meshplan.pipeline.simulate import Event
-from meshplan.spec.axes.registry import Axis
+from meshplan.spec.axes.base import At, Block, Slot, Timeline
+from meshplan.spec.axes.registry import AXES, Axis
 
 LAYER_BLOCKS = ("attn_pre", "attn", "attn_post", "mlp_pre", "mlp", "mlp_post")
 
@@ -76,11 +85,56 @@ class Overlap:
     param_gather: bool = False
 
 
-#: Groups whose rows the timeline places (the built-in axes, and the derived groups their
-#: rows run over, by the name the table shows); any other axis's rows are reported as not
-#: simulated (:attr:`CommTimes.other`), never filed under a built-in stream by their op.
-SIMULATED_GROUPS = frozenset(map(str, (Axis.PP, Axis.DP_REPLICATE, Axis.DP, Axis.DP_SHARD, Axis.CP, Axis.TP,
-                                       Axis.EP))) | {"fsdp", "efsdp", "loss"}
+#: Groups whose rows the timeline places by hand (the built-in axes, and the derived groups
+#: their rows run over, by the name the table shows).
+BUILT_IN_GROUPS = frozenset(map(str, (Axis.PP, Axis.DP_REPLICATE, Axis.DP, Axis.DP_SHARD, Axis.CP, Axis.TP,
+                                      Axis.EP))) | {"fsdp", "efsdp", "loss"}
+
+#: Streams and kinds of the hand-placed collectives (:func:`comm_kind`), which a registered
+#: axis's stream may not reuse (its kind is its stream's name).
+BUILT_IN_STREAMS = frozenset({"compute", "tp", "tp_async", "loss", "cp", "ep", "pp", "pp_gather", "shard", "replica",
+                              "step", "fsdp", "efsdp", "dp_replicate", "dp", "other"})
+
+
+def timeline_axes() -> dict[str, Timeline]:
+    """``{axis name: its Timeline}`` of every registered axis (:data:`~meshplan.spec.axes.registry.AXES`,
+    read at each call) that declares one, its ``stream`` filled in (default the axis's name).
+    A built-in axis keeps its hand-written placement and declares none; a stream that is a
+    built-in one is refused (ValueError: a registration error, not a user's).
+
+    >>> timeline_axes()
+    {}
+    """
+    out: dict[str, Timeline] = {}
+    for name, a in AXES.items():
+        if a.timeline is None:
+            continue
+        stream = a.timeline.stream or str(name)
+        if str(name) in BUILT_IN_GROUPS or stream in BUILT_IN_STREAMS:
+            raise ValueError(f"axis {name}: a timeline needs an axis and stream the rank timeline does not place by "
+                             f"hand (stream {stream!r}; built-in: {', '.join(sorted(BUILT_IN_STREAMS))})")
+        out[str(name)] = Timeline(a.timeline.slots, stream)
+    return out
+
+
+def simulated_groups() -> frozenset[str]:
+    """Groups whose rows the timeline places: :data:`BUILT_IN_GROUPS` and every registered
+    axis with a timeline (:func:`timeline_axes`); any other axis's rows are reported as not
+    simulated (:attr:`CommTimes.other`), never filed under a built-in stream by their op.
+
+    >>> sorted(simulated_groups())
+    ['cp', 'dp', 'dp_replicate', 'dp_shard', 'efsdp', 'ep', 'fsdp', 'loss', 'pp', 'tp']
+    """
+    return BUILT_IN_GROUPS | frozenset(timeline_axes())
+
+
+def _placed(row) -> Optional[str]:
+    """The stream of a row of a registered axis with a timeline when a slot names its phase
+    and op, else None."""
+    tl = timeline_axes().get(row.axis)
+    if tl is None or not any((x.phase, x.op) == (row.phase, row.op) for x in tl.slots):
+        return None
+    return tl.stream
 
 
 def comm_kind(row) -> str:
@@ -89,13 +143,15 @@ def comm_kind(row) -> str:
     projections and latent norms), ``loss`` (tp, at the loss: vocab-parallel loss or logits),
     ``cp``, ``ep``, ``pp``, ``pp_gather`` (tp, rebuilding a pp receive: Megatron's
     scatter/gather), ``shard`` (FSDP units), ``replica`` (HSDP), ``step`` (per step),
-    or ``other`` (not understood: the caller reports it). Decided by phase, op and axis
-    first, then by the cadence text (``K``/``dK`` for cp, ``norm``, ``logits``). A row over
-    an axis the timeline has no stream for (:data:`SIMULATED_GROUPS`: an axis registered
-    with its own rows, :attr:`~meshplan.spec.axes.base.AxisDef.rows`) is ``other``."""
+    the stream of a registered axis with a timeline (its name by default) when one of its
+    slots names the row's phase and op, or ``other`` (not understood: the caller reports it).
+    Decided by phase, op and axis first, then by the cadence text (``K``/``dK`` for cp,
+    ``norm``, ``logits``). A row over an axis the timeline has no stream for (not in
+    :func:`simulated_groups`: an axis registered with its own rows,
+    :attr:`~meshplan.spec.axes.base.AxisDef.rows`, and no timeline) is ``other``."""
     c = row.cadence
-    if row.axis not in SIMULATED_GROUPS:
-        return "other"
+    if row.axis not in BUILT_IN_GROUPS:
+        return _placed(row) or "other"
     if row.phase == "step" or "(DDP" in c:  # DDP's all-reduce: issued in backward, once per step
         return "step"
     if row.op == "send/recv":
@@ -132,7 +188,9 @@ class CommTimes:
     collectives; ``p2p_s``: one pp send; ``p2p_gather_s``: the tp all-gather after each pp
     receive under Megatron's scatter/gather (0 without); ``other``: rows not understood (not simulated);
     ``layers``: the stage's layers over all its chunks (each chunk's last gradient unit
-    issues its layers' pieces of the per-step reduction)."""
+    issues its layers' pieces of the per-step reduction); ``slots``: (stream, slot) of the
+    registered axes with a timeline whose rows the stage has (:func:`timeline_axes`), each
+    call's seconds under (stream, "", phase, op) in ``t``."""
 
     t: dict = field(default_factory=dict)
     share: dict = field(default_factory=dict)
@@ -144,6 +202,7 @@ class CommTimes:
     p2p_gather_s: float = 0.0
     other: tuple = ()
     layers: int = 1
+    slots: tuple[tuple[str, Slot], ...] = ()
 
     @classmethod
     def from_rows(cls, rows, layers: int = 1, sm_share=None) -> "CommTimes":
@@ -176,6 +235,10 @@ class CommTimes:
                 group = _shard_group(r.cadence) if kind in ("shard", "replica") else ""
                 c.t[(kind, group, r.phase, r.op)] = r.time_s
         c.other = tuple(other)
+        placed = {k[0] for k in c.t} - BUILT_IN_STREAMS
+        if placed:
+            c.slots = tuple((tl.stream, x) for tl in timeline_axes().values() if tl.stream in placed for x in tl.slots
+                            if (tl.stream, "", x.phase, x.op) in c.t)
         return c
 
     def get(self, kind: str, phase: str, op: str, group: str = "") -> float:
@@ -419,15 +482,35 @@ def _ops_by_block(c: Cost, phase: str, names: tuple, recompute: Optional[bool] =
     return out
 
 
+def _slots(s: _Sim, phase: Optional[str], at: At, block: Optional[Block] = None) -> None:
+    """The calls of the registered axes' slots (:attr:`CommTimes.slots`) of row ``phase``
+    at ``at`` ``block``, in registry order, each on its stream after the compute so far;
+    the compute waits for a blocking one (its wait is exposed on the stream). ``phase``
+    None (a checkpoint's replay): none."""
+    if not s.c.slots or phase is None:
+        return
+    for stream, x in s.c.slots:
+        if x.phase == phase and x.at is at and x.block is block:
+            ev = s.comm(stream, phase, x.op, f"{stream} {x.op} ({at} {block})" if block else f"{stream} {x.op}")
+            if ev is not None and at is not At.OVERLAPPED:
+                s.compute(f"{stream} wait", 0.0, [ev])
+
+
 def _forward_layer(s: _Sim, c: Cost, moe: bool, phase: str = "forward", recompute=None) -> None:
     t = _times(c, phase, recompute)
+    own = "forward" if phase == "forward" else None  # the registered axes' slots: not in a replay
     s.compute("norm", t["attn_pre"])
     p = _cp_parts(c, phase, recompute) if s.w.cp > 1 else None
+    _slots(s, own, At.BEFORE, Block.ATTN)
     _block(s, "attention", t["attn"], "forward", cp=(p["kv"], p["q"], p["core"], p["out"]) if p else None,
            cp_phase="forward" if phase == "forward" else "backward")
+    _slots(s, own, At.AFTER, Block.ATTN)
     s.compute("add+norm", t["attn_post"] + t["mlp_pre"])
+    _slots(s, own, At.BEFORE, Block.MLP)
     _block(s, "mlp", t["mlp"], "forward", ep=moe)
+    _slots(s, own, At.AFTER, Block.MLP)
     s.compute("add", t["mlp_post"])
+    _slots(s, own, At.OVERLAPPED)
 
 
 def _backward_layer(s: _Sim, c: Cost, moe: bool, with_w: bool) -> None:
@@ -442,12 +525,17 @@ def _backward_layer(s: _Sim, c: Cost, moe: bool, with_w: bool) -> None:
     col = _ops_by_block(c, "backward_input", COLUMN_PARALLEL_DGRAD, False if full else None)
     s.compute("add grad", b["mlp_post"])
     mlp_row = 0.0 if moe else row["mlp"]          # MoE: the experts' own order (dispatch, combine)
+    _slots(s, "backward", At.BEFORE, Block.MLP)
     _block_backward(s, "mlp", b["mlp"], w["mlp"] - mlp_row, ep=moe, t_w_row=mlp_row, t_b_col=col["mlp"])
+    _slots(s, "backward", At.AFTER, Block.MLP)
     s.compute("norm+add grad", b["mlp_pre"] + b["attn_post"])
     p = _cp_parts(c, "backward_input", False if full else None) if s.w.cp > 1 else None
+    _slots(s, "backward", At.BEFORE, Block.ATTN)
     _block_backward(s, "attention", b["attn"], w["attn"] - row["attn"], cp=(p["core"], p["q"], p["kv"]) if p else None,
                     t_w_row=row["attn"], t_b_col=col["attn"])
+    _slots(s, "backward", At.AFTER, Block.ATTN)
     s.compute("norm grad", b["attn_pre"])
+    _slots(s, "backward", At.OVERLAPPED)
 
 
 def forward_unit(chunk: ChunkCosts, comm: CommTimes, w: Workload, ov: Overlap,

@@ -1,6 +1,6 @@
 """What a parallel axis declares: :class:`AxisDef` (one per axis, built in the axis's own
-module under :mod:`meshplan.spec.axes`) and its parts, :class:`Rule`, :class:`SearchColumn`
-and :class:`CollectiveKind`.
+module under :mod:`meshplan.spec.axes`) and its parts, :class:`Rule`, :class:`SearchColumn`,
+:class:`CollectiveKind` and :class:`Timeline` (where its rows run in a layer's timeline).
 
 Everything here is data or a small pure function of numbers, so every later layer can read
 it: the mesh validity (:mod:`meshplan.mesh.validity`) and the search's vectorised rules
@@ -119,6 +119,78 @@ class CollectiveKind:
     size: str
 
 
+class Block(StrEnum):
+    """The blocks of a transformer layer a :class:`Slot` names, as the rank timeline
+    (:mod:`meshplan.schedule.rank_timeline`) runs them: ``attn`` (the attention block:
+    projections, core attention, output projection, with tp's and cp's collectives) and
+    ``mlp`` (the MLP or MoE block, with tp's and ep's)."""
+
+    ATTN = "attn"
+    MLP = "mlp"
+
+
+class At(StrEnum):
+    """Where a :class:`Slot`'s collective runs relative to its block, in the order the
+    timeline's pass runs (in the backward, its blocks' backward in reverse order):
+
+    ============== ======================================================================
+    ``before``     issued when the compute reaches the block; the block waits for it
+                   (blocking: its whole time is exposed unless another stream delays it)
+    ``after``      issued when the block ends; the next compute waits for it (blocking)
+    ``overlapped`` issued when the layer's pass ends; nothing waits for it (it runs under
+                   the next layer's compute; what still runs when the unit ends is its tail)
+    ============== ======================================================================
+    """
+
+    BEFORE = "before"
+    AFTER = "after"
+    OVERLAPPED = "overlapped"
+
+
+#: Row phases a :class:`Slot` can place (a checkpoint's replay of a recomputed layer
+#: places none: rows that count it need their own phase and op, as cp's do).
+SLOT_PHASES = ("forward", "backward")
+
+
+@dataclass(frozen=True)
+class Slot:
+    """One call per layer of an axis's rows of ``phase`` and ``op`` (a row of its table,
+    seconds per call from the row), run ``at`` its place around ``block`` (None for
+    ``overlapped``). Two slots of one (phase, op) are two calls per layer, the count a
+    "2 per layer" row gives.
+
+    >>> Slot("forward", "all-to-all", At.BEFORE, Block.ATTN).at
+    <At.BEFORE: 'before'>
+    >>> Slot("loss", "all-reduce", At.AFTER, Block.ATTN)
+    Traceback (most recent call last):
+    ...
+    ValueError: timeline slot: phase 'loss' is not one of forward, backward
+    """
+
+    phase: str
+    op: str
+    at: At
+    block: Optional[Block] = None
+
+    def __post_init__(self):
+        if self.phase not in SLOT_PHASES:
+            raise ValueError(f"timeline slot: phase {self.phase!r} is not one of {', '.join(SLOT_PHASES)}")
+        if (self.block is None) != (self.at is At.OVERLAPPED):
+            raise ValueError(f"timeline slot: {self.at} needs {'no' if self.at is At.OVERLAPPED else 'a'} block")
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """Where an axis's collective rows run in one layer of the rank timeline: its ``slots``
+    and the ``stream`` they run on ("": the axis's name; not a built-in stream). The
+    exposed time of its rows (the compute's wait on the stream) is reported under the
+    stream's name in the step's breakdown. For axes without a hand-written placement only
+    (the built-in axes have theirs in :mod:`meshplan.schedule.rank_timeline`)."""
+
+    slots: tuple[Slot, ...]
+    stream: str = ""
+
+
 #: ``rows(add, stage)``: an axis's rows of one stage's collective table. ``stage`` is the
 #: stage's context (:class:`meshplan.comm.collectives.StageContext`: ``model``,
 #: ``training``, ``mesh``, ``layers`` (indices), ``first``, ``last``, ``stage``, ``vpp``,
@@ -144,7 +216,10 @@ class AxisDef:
     training state it shards; ``collectives``: what it sends; ``rows``: the builder of its
     rows in the collective table (:data:`RowBuilder`; None for the families
     :mod:`meshplan.comm.collectives` builds itself, see its ``LAYER_ROWS``);
-    ``search``: its search column (None: not searched); ``weights``: placement weights
+    ``timeline``: where those rows run in a layer's timeline (:class:`Timeline`; None for
+    the built-in axes, whose streams the rank timeline places by hand; an axis with rows and
+    no timeline has them in the table, not in the step); ``search``: its search column
+    (None: not searched); ``weights``: placement weights
     (relative traffic, not bytes) of the axis and of the derived axes it brings, used when no
     collective table is given (:mod:`meshplan.placement.choice`).
     """
@@ -158,6 +233,7 @@ class AxisDef:
     shards: tuple[str, ...] = ()
     collectives: tuple[CollectiveKind, ...] = ()
     rows: Optional[RowBuilder] = None
+    timeline: Optional[Timeline] = None
     search: Optional[SearchColumn] = None
     weights: Mapping[str, float] = field(default_factory=dict)
 
