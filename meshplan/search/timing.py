@@ -83,13 +83,13 @@ class TimeTables:
         self.ops = lru_cache(maxsize=None)(self._ops)
         self.path = lru_cache(maxsize=None)(self._path)
 
-    def _ops(self, tp: int, cp: int, mb: int, rc: int, ep: int, etp: int, moe: int) -> dict:
+    def _ops(self, tp: int, cp: int, mb: int, rc: int, ep: int, etp: int, layer: int) -> dict:
+        """Op seconds of layer ``layer`` (0, or the first MoE layer) by field (module docstring)."""
         cfg, m = self.cfg, self.cfg.model
         t, gpu = cfg.training, cfg.cluster.gpu
         w = Workload(seq_len=t.seq_len, micro_batch=mb, tp=tp, cp=cp, sp=tp > 1, ep=ep, etp=etp,
                      dtype=t.compute_dtype, recompute=RECOMPUTE[rc], flash=t.flash_attention,
                      vocab_pad_divisor=t.vocab_pad_divisor, routing=RoutingOptions.of(t), **framework_kernels(t))
-        layer = m.dense_layers if moe else 0
         cost = layer_cost(m, gpu, w, layer=layer)
         out = {f"{p}_{b}": cost.seconds(ph, b, rec) for p, (ph, rec) in PHASES.items() for b in LAYER_BLOCKS}
         emb, head = embedding_cost(m, gpu, w), head_cost(m, gpu, w)
@@ -153,6 +153,10 @@ def comm_times(cfg: Config, tt: TimeTables, c: Candidates) -> dict[str, np.ndarr
     unit = _padded_unit(tt.tables, c)
     out["fsdp_ag"] = np.where(on, coll_times(tt, "all-gather", c.fsdp, unit * cd, c.tp), 0.0)
     out["fsdp_rs"] = np.where(on, coll_times(tt, "reduce-scatter", c.fsdp, unit * rd, c.tp), 0.0)
+    # the routed experts' own FSDP unit, all-gathered over efsdp (expert mesh (efsdp, ep, etp):
+    # efsdp ranks ep * etp apart) when a MoE layer's forward finds it sharded
+    out["efsdp_ag"] = np.where(on, coll_times(tt, "all-gather", c.efsdp, _padded_unit(tt.tables, c, True) * cd,
+                                              c.ep * c.etp), 0.0) if m.is_moe else np.zeros(len(c))
     if m.is_moe:
         rows = a2a_rows(RoutingOptions.of(t), c.mb * (t.seq_len // c.cp) * c.etp // c.tp, m.top_k, m.experts, c.ep)
         out["ep"] = coll_times(tt, "all-to-all", c.ep, rows * m.hidden * cd, c.etp)
@@ -161,22 +165,26 @@ def comm_times(cfg: Config, tt: TimeTables, c: Candidates) -> dict[str, np.ndarr
     return out
 
 
-def _padded_unit(tables: Tables, c: Candidates) -> np.ndarray:
+def _padded_unit(tables: Tables, c: Candidates, experts: bool = False) -> np.ndarray:
     """Elements of one dense layer's FSDP unit on one rank, dim 0 padded to the shard
     degree (:func:`~meshplan.mesh.tpsplit.fsdp_padded_numel`); the dense layer of MoE models
-    with dense layers, else the MoE layer's non-expert part."""
-    moe = int(tables.model.is_moe and tables.model.dense_layers == 0)
+    with dense layers, else the MoE layer's non-expert part. ``experts``: the MoE layer's
+    routed-expert unit instead, padded to efsdp (the collective table's ``experts`` unit)."""
+    moe = int(experts or (tables.model.is_moe and tables.model.dense_layers == 0))
 
     def padded(tp, ep, etp, shards):
         return sum(padded_numel(r, n, shards) for r, n, expert in tables.layer(tp, ep, etp, moe).tensors
-                   if not expert)
-    return lookup([c.tp, c.ep, c.etp, c.fsdp], lambda *k: {"n": padded(*k)}, ("n",))["n"]
+                   if expert == experts)
+    shards = c.efsdp if experts else c.fsdp
+    return lookup([c.tp, c.ep, c.etp, shards], lambda *k: {"n": padded(*k)}, ("n",))["n"]
 
 
 def layer_ops(cfg: Config, tt: TimeTables, c: Candidates, moe: bool) -> dict[str, np.ndarray]:
     """Op seconds per block and phase of one layer kind (``f_attn``, ``bw_mlp``...), and
     the embedding, head and GEMM totals, per candidate."""
-    k = [c.tp, c.cp, c.mb, c.rc, c.ep, c.etp, np.full(len(c), int(moe))]
+    # the layer whose costs stand for the kind: 0 for dense, the first MoE layer for MoE (the
+    # same layer 0 when every layer is MoE: one call per key for both kinds)
+    k = [c.tp, c.cp, c.mb, c.rc, c.ep, c.etp, np.full(len(c), cfg.model.dense_layers if moe else 0)]
     return lookup(k, tt.ops, OP_FIELDS + EXTRA_FIELDS + ("head_gemm_flops", "head_gemm_s"), dtype=np.float64)
 
 
@@ -243,9 +251,14 @@ def unit_bounds(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: dict)
     ag_b = ag * keep
     pre, post = col(cm["tp_sp"]), col(np.maximum(cm["tp_sp"], cm["tp_ar"]))
     g_f, g_b = gathering_passes(cfg, c, st)
-    out = {"f_core": np.maximum(ag + n * cf, n * ag + cf),
+    # a MoE layer's forward that finds its experts sharded waits for their efsdp all-gather,
+    # issued when the layer starts (after the previous compute): serial with the chain; with
+    # pp 1 every forward gathers, with pp > 1 the gathering passes (``f_extra``)
+    e_ag = col(cm["efsdp_ag"]) * _expert_gathers(st, c) if m.is_moe else np.zeros_like(st.n, dtype=np.float64)
+    out = {"f_core": np.maximum(np.maximum(ag + n * cf, n * ag + cf), n * cf + col(c.pp == 1) * e_ag),
            "b_core": np.maximum(ag_b + n * cb, n * ag_b + np.maximum(n - 2, 0) * rs * keep + cb),
-           "f_extra": piped * np.maximum(ag_p + n * cf, n * ag_p + cf) - piped * n * cf,
+           "f_extra": np.maximum(piped * np.maximum(ag_p + n * cf, n * ag_p + cf) - piped * n * cf,
+                                 col(c.pp > 1) * e_ag),
            "b_extra": piped * np.maximum(ag_p + n * cb, n * ag_p + cb) - piped * n * cb,
            "g_f": g_f, "g_b": g_b,
            "emb_f": st.first * (col(od["emb_f"]) + post), "emb_b": st.first * col(od["emb_bw"]),
@@ -257,6 +270,17 @@ def unit_bounds(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: dict)
     # the last unit issues its chunk's pieces of the per-step reduction: 1/vpp of it
     out["tail"] = np.maximum(one * out["head_b"] + ag_b + cb + red / col(c.vpp) - b0, 0.0)
     return out
+
+
+def _expert_gathers(st: Stages, c: Candidates) -> np.ndarray:
+    """MoE layers per chunk (the fewest of the stage's chunks) whose forward waits for an
+    efsdp all-gather of the experts, (candidates, pp): none where the stage's collective table
+    (:func:`meshplan.plan.table_stage`: its own for the first and last stage, stage 1's for
+    the middle ones) has no MoE layer, hence no expert row."""
+    p = st.k.shape[1]
+    table = np.array([0 if k == 0 else p - 1 if k == p - 1 else 1 for k in range(p)])
+    fewest = np.maximum(st.n_moe - (c.vpp[:, None] - 1) * st.n_chunk, 0)
+    return np.where(st.n_moe[:, table] > 0, fewest, 0)
 
 
 def gathering_passes(cfg: Config, c: Candidates, st: Stages) -> tuple[np.ndarray, np.ndarray]:
