@@ -3,7 +3,10 @@
 :func:`meshplan.schedule.steptime.step_time` with the default :class:`~meshplan.schedule.rank_timeline.Overlap`),
 the goodput of :mod:`meshplan.reliability`, and a pool of forked worker processes.
 The plan's constraint rows do not depend on the mesh: they are computed once per training
-contract and passed to ``build_plan``.
+contract (up to the fields they do not read, :data:`CONSTRAINT_FREE`) and passed to
+``build_plan``. The ranking asks for the step alone (:data:`STEP_ONLY`: ``build_plan``
+without memory timelines, constraint rows or placement flags, then ``step_time``: the same step to the bit) and
+plans the top, and the memory of candidates whose memory bound does not decide, completely.
 """
 
 from __future__ import annotations
@@ -26,7 +29,10 @@ class Exact:
     """One candidate planned exactly: ``feasible`` and ``reasons`` from build_plan,
     ``peak_bytes`` of the most loaded stage, and (when simulated) ``step_s``, ``mfu``,
     ``tokens_per_s``, ``goodput`` and the step's parts
-    (:func:`~meshplan.search.explain.step_breakdown`, seconds)."""
+    (:func:`~meshplan.search.explain.step_breakdown`, seconds). ``complete`` False: a
+    step-only evaluation (:data:`STEP_ONLY`): ``step_s``, ``mfu`` and ``tokens_per_s`` as
+    the complete one gives them, no memory verdict (``feasible``: the mesh resolves), no
+    peak, goodput or parts."""
 
     index: int
     feasible: bool
@@ -37,6 +43,7 @@ class Exact:
     tokens_per_s: Optional[float] = None
     goodput: Optional[float] = None
     breakdown: Optional[dict] = None
+    complete: bool = True
 
 
 class Planner:
@@ -46,18 +53,37 @@ class Planner:
     def __init__(self, cfg: Config, cands: Candidates):
         self.cfg, self.cands = cfg, cands
         self.constraints: dict = {}
+        # a step-only plan carries no constraint rows (its step does not read them)
+        self.no_rows = cons.Constraints((), cons.usable_bytes(cfg.cluster, cfg.training))
 
-    def __call__(self, job: tuple[int, bool]) -> Exact:
-        i, simulate = job
-        cc = candidate_config(self.cfg, self.cands, i)
+    def _constraints(self, cc: Config) -> cons.Constraints:
+        """:func:`~meshplan.memory.constraints.constraints` of ``cc``, once per training
+        contract up to the fields they do not read (the capacity rows try every sharding
+        themselves; reshard_after_forward and tp_comm_overlap change no first estimate):
+        one call per (micro-batch, recompute) of the search."""
         t = cc.training
-        if t not in self.constraints:
-            self.constraints[t] = cons.constraints(cc.model, t, cc.cluster, cc.cluster.world)
-        plan = build_plan(cc, self.constraints[t])
+        key = t.model_copy(update={f: getattr(self.cfg.training, f) for f in CONSTRAINT_FREE})
+        if key not in self.constraints:
+            self.constraints[key] = cons.constraints(cc.model, t, cc.cluster, cc.cluster.world)
+        return self.constraints[key]
+
+    def __call__(self, job: tuple[int, str]) -> Exact:
+        """``job``: (candidate index, mode): :data:`PLAN_ONLY` (build_plan: the memory
+        verdict), :data:`SIMULATE` (and step_time, goodput and the step's parts) or
+        :data:`STEP_ONLY` (build_plan without memory timelines, then step_time: ``feasible``
+        True says only that the mesh resolves; the search plans the memory where its bound
+        does not decide)."""
+        i, mode = job
+        cc = candidate_config(self.cfg, self.cands, i)
+        light = mode == STEP_ONLY
+        plan = build_plan(cc, self.no_rows if light else self._constraints(cc), step_only=light)
         if isinstance(plan, Infeasible):
             return Exact(i, False, plan.reasons, float("nan"))
+        if mode == STEP_ONLY:
+            st = step_time(plan, Overlap())
+            return Exact(i, True, (), float("nan"), st.step_s, st.mfu, st.tokens_per_s, complete=False)
         peak = plan.timeline.peak.total_bytes
-        if not simulate:
+        if mode == PLAN_ONLY:
             return Exact(i, plan.feasible, plan.reasons, peak)
         st = step_time(plan, Overlap())
         o = self.cfg.search
@@ -67,6 +93,13 @@ class Planner:
         return Exact(i, plan.feasible, plan.reasons, peak, st.step_s, st.mfu, st.tokens_per_s, good,
                      step_breakdown(st))
 
+
+#: Training fields the search varies that :func:`meshplan.memory.constraints.constraints` does
+#: not read (tests/test_search_speed.py checks it).
+CONSTRAINT_FREE = ("sharding", "reshard_after_forward", "tp_comm_overlap")
+
+#: Modes of a planner job (:meth:`Planner.__call__`).
+PLAN_ONLY, SIMULATE, STEP_ONLY = "plan", "simulate", "step-only"
 
 _WORKER: Optional[Planner] = None
 

@@ -27,6 +27,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from meshplan.comm.collectives import fsdp_gather_flags
 from meshplan.pipeline.registry import get
 from meshplan.pipeline.simulate import _dep
 from meshplan.search.space import candidate_schedule
@@ -35,13 +36,14 @@ from meshplan.spec.mesh import Schedule
 
 @dataclass(frozen=True)
 class Dag:
-    """Units of one schedule in a topological order: ``stage``, ``chunk``, ``backward``
+    """Units of one schedule in a topological order: ``stage``, ``chunk``, ``mb``, ``backward``
     (0/1), ``prev`` (previous unit on the stage, or -1), ``dep`` (unit it waits for, or
     -1), ``cross`` (1 when ``dep`` is on another stage), ``levels`` (unit indices by
     depth) and ``last`` (each stage's last unit)."""
 
     stage: np.ndarray
     chunk: np.ndarray
+    mb: np.ndarray
     backward: np.ndarray
     prev: np.ndarray
     dep: np.ndarray
@@ -62,10 +64,10 @@ def build_dag(schedule: Schedule | str, p: int, m: int, v: int) -> Dag:
             index[(u.kind, u.mb, sched.virtual_stage(u.chunk, s, p, v))] = len(rows)
             rows.append((s, u, pos))
     n = len(rows)
-    stage, chunk, back, prev, dep, cross = (np.zeros(n, dtype=np.int64) for _ in range(6))
+    stage, chunk, mb, back, prev, dep, cross = (np.zeros(n, dtype=np.int64) for _ in range(7))
     first: dict[int, int] = {}
     for i, (s, u, pos) in enumerate(rows):
-        stage[i], chunk[i], back[i] = s, u.chunk, u.kind != "F"
+        stage[i], chunk[i], mb[i], back[i] = s, u.chunk, u.mb, u.kind != "F"
         prev[i] = i - 1 if pos else -1
         key = _dep(sched, u, s, p, v)
         dep[i] = index[key] if key is not None else -1
@@ -76,7 +78,7 @@ def build_dag(schedule: Schedule | str, p: int, m: int, v: int) -> Dag:
         depth[i] = 1 + max(depth[prev[i]] if prev[i] >= 0 else -1, depth[dep[i]] if dep[i] >= 0 else -1)
     levels = tuple(np.flatnonzero(depth == d) for d in range(int(depth.max()) + 1))
     last = np.array([first[s] + len(orders[s]) - 1 for s in range(p)])
-    return Dag(stage, chunk, back, prev, dep, cross, levels, last)
+    return Dag(stage, chunk, mb, back, prev, dep, cross, levels, last)
 
 
 def _topological(n: int, prev: np.ndarray, dep: np.ndarray) -> list[int]:
@@ -102,11 +104,14 @@ def _topological(n: int, prev: np.ndarray, dep: np.ndarray) -> list[int]:
     return out
 
 
-def stage_ends(dag: Dag, f: np.ndarray, b: np.ndarray, p2p: np.ndarray) -> np.ndarray:
+def stage_ends(dag: Dag, f: np.ndarray, b: np.ndarray, p2p: np.ndarray, extra: np.ndarray | None = None) -> np.ndarray:
     """End of each stage's last unit (candidates, p), given unit durations ``f``, ``b`` of
-    shape (candidates, p, v) and ``p2p`` (candidates, 1)."""
+    shape (candidates, p, v), ``p2p`` (candidates, 1) and ``extra`` (candidates, units: time
+    added to each unit, e.g. its FSDP gathers; default none)."""
     end = np.zeros((f.shape[0], dag.stage.size))
     dur = np.where(dag.backward[None, :] > 0, b[:, dag.stage, dag.chunk], f[:, dag.stage, dag.chunk])
+    if extra is not None:
+        dur = dur + extra
     for idx in dag.levels:
         prev, dep = dag.prev[idx], dag.dep[idx]
         start = np.where(prev >= 0, end[:, np.maximum(prev, 0)], 0.0)
@@ -115,9 +120,25 @@ def stage_ends(dag: Dag, f: np.ndarray, b: np.ndarray, p2p: np.ndarray) -> np.nd
     return end[:, dag.last]
 
 
-def pipeline_bound(u: dict, vpp: int, m: int) -> np.ndarray:
+@lru_cache(maxsize=64)
+def gathering_units(schedule: Schedule | str, p: int, m: int, v: int, reshard: bool) -> np.ndarray:
+    """(2, units) of :func:`build_dag`'s units: 1 where the unit is a forward (row 0) or a
+    backward (row 1) that all-gathers its chunk's FSDP units with pp > 1
+    (:func:`meshplan.comm.collectives.fsdp_gather_flags`, the rule the timeline follows)."""
+    dag = build_dag(schedule, p, m, v)
+    flags = [fsdp_gather_flags(schedule, p, m, v, s, reshard) for s in range(p)]
+    out = np.zeros((2, dag.stage.size))
+    for i in range(dag.stage.size):
+        kind = "B" if dag.backward[i] else "F"
+        out[int(dag.backward[i]), i] = flags[dag.stage[i]].get((int(dag.chunk[i]), kind, int(dag.mb[i])), False)
+    return out
+
+
+def pipeline_bound(u: dict, vpp: int, m: int, reshard: bool | None = None) -> np.ndarray:
     """Step-time lower bound of candidates sharing (pp, vpp, m), from
-    :func:`meshplan.search.timing.unit_bounds` ``u`` (module docstring)."""
+    :func:`meshplan.search.timing.unit_bounds` ``u`` (module docstring); ``reshard``
+    (``training.reshard_after_forward`` of them all; None: unknown) adds each gathering
+    unit's ``f_extra`` or ``b_extra`` (pp > 1: the passes that find their chunk sharded)."""
     n, p = u["f_core"].shape
     v = vpp
     f = np.repeat(u["f_core"][:, :, None], v, axis=2)
@@ -127,4 +148,8 @@ def pipeline_bound(u: dict, vpp: int, m: int) -> np.ndarray:
     f[:, :, v - 1] += u["head_f"]
     b[:, :, v - 1] += u["head_b"]
     dag = build_dag(candidate_schedule(v), p, m, v)
-    return (stage_ends(dag, f, b, u["p2p"]) + u["tail"] + u["end"]).max(axis=1)
+    extra = None
+    if reshard is not None and p > 1 and "f_extra" in u:
+        g = gathering_units(candidate_schedule(v), p, m, v, reshard)
+        extra = g[0][None, :] * u["f_extra"][:, dag.stage] + g[1][None, :] * u["b_extra"][:, dag.stage]
+    return (stage_ends(dag, f, b, u["p2p"], extra) + u["tail"] + u["end"]).max(axis=1)
