@@ -193,16 +193,17 @@ class Infeasible:
 
 
 
-def build_plan(config: Config, constraints: cons.Constraints | None = None, step_only: bool = False) -> Plan | Infeasible:
+def build_plan(config: Config, constraints: cons.Constraints | None = None, memory: bool = True,
+               reports: bool = True) -> Plan | Infeasible:
     """The plan of ``config``'s mesh on its cluster, or why it has none (see the module
     docstring). Raises ConfigError on bad input only. ``constraints``:
     :func:`meshplan.memory.constraints.constraints` of the same model, training and cluster
     when already computed (the search passes them; they do not depend on the mesh).
-    ``step_only``: the search's step-only evaluation (:mod:`meshplan.search.exact`) of a
-    resolved mesh leaves out what only reports and the memory verdict read: the memory
-    timelines (``timelines`` empty, no memory reasons, so ``feasible`` says nothing about
-    memory), the constraints' per-axis annotation (``constraints`` as given) and the
-    placement flags (empty); every other field is the same."""
+    For the search's exact evaluation (:mod:`meshplan.search.exact`), of a resolved mesh:
+    ``reports=False`` leaves out what only reports read, the constraints' per-axis
+    annotation (``constraints`` kept as given) and the placement flags (empty);
+    ``memory=False`` also the memory timelines (``timelines`` empty, no memory reasons, so
+    ``feasible`` says nothing about memory). Every other field is the same."""
     m, t, c, spec = config.model, config.training, config.cluster, config.mesh
     if spec is None:
         raise ConfigError("mesh", "missing table [mesh]; planning needs a mesh (meshplan search finds one)")
@@ -234,7 +235,7 @@ def build_plan(config: Config, constraints: cons.Constraints | None = None, step
     partition = [f"axis {a}: {problem}" for a in mesh.all_axes() for problem in check_partition(mesh.groups(a), world)]
     placement = place(c, world, spec.rank_to_gpu)
     failed = bool(v.reasons or partition or v.stages is None)
-    flags = tuple(placement_flags(mesh, placement)) if failed or not step_only else ()
+    flags = tuple(placement_flags(mesh, placement)) if failed or reports else ()
     if failed:
         return Infeasible(config, spec, world, v.reasons + tuple(partition), constraints, notes=v.notes,
                           derivation=mesh.derivation, mesh=mesh, placement=placement, flags=flags, vpp=v.vpp,
@@ -243,7 +244,7 @@ def build_plan(config: Config, constraints: cons.Constraints | None = None, step
     tokens = t.micro_batch * t.seq_len // cp
     gemms = layer_gemms(m, tp, tokens, ep=mesh.ep, etp=mesh.etp, routing_options=RoutingOptions.of(t))
     gemms.append(output_gemm(m, tp, tokens, padded_vocab(m.vocab, t.vocab_pad_divisor, tp)))
-    annotated = constraints if step_only else cons.annotate_axes(constraints, m, t, c, mesh, v.stages, v.micro_batches)
+    annotated = cons.annotate_axes(constraints, m, t, c, mesh, v.stages, v.micro_batches) if reports else constraints
     notes = v.notes
     if m.is_moe:  # the capacity (or the dropless rows) every ep rank uses, with its arithmetic
         ro = RoutingOptions.of(t)
@@ -254,7 +255,7 @@ def build_plan(config: Config, constraints: cons.Constraints | None = None, step
                 flags=flags, gemms=tuple(gemms), attention=attention_shape(m, tp, cp, t.micro_batch, t.seq_len),
                 state=tuple(state_bytes(m, mesh, t, v.stages)), constraints=annotated,
                 collectives=_collectives(config, spec, mesh, placement, v.stages, v.micro_batches), timelines=())
-    if step_only:
+    if not memory:
         return plan
     timelines = memory_timelines(plan)  # reads the plan's mesh, stages, state and tables
     return replace(plan, reasons=memory_reasons(timelines), timelines=timelines)

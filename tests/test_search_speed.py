@@ -24,7 +24,7 @@ from meshplan.plan import build_plan
 from meshplan.schedule.rank_timeline import Overlap
 from meshplan.schedule.steptime import step_time
 from meshplan.search.driver import BOUND, search
-from meshplan.search.exact import CONSTRAINT_FREE, SIMULATE, STEP_ONLY, Planner
+from meshplan.search.exact import SIMULATE, STEP_ONLY, Planner
 from meshplan.search.rank import ranked
 from meshplan.search.space import OK, SHARDING, candidate_config
 from meshplan.search.timing import _gathers
@@ -133,17 +133,3 @@ def test_gathering_passes_on_arrays_equal_the_gather_flags(schedule, vs):
                     checked += 1
     assert checked >= 8
 
-
-def test_constraints_do_not_read_the_fields_the_planner_leaves_out_of_its_key():
-    """The planner computes the constraint rows once per training contract up to
-    CONSTRAINT_FREE (sharding, reshard_after_forward, tp_comm_overlap): changing those
-    fields leaves the rows equal (dense model: the capacity rows are computed)."""
-    cfg = config(2)
-    t0 = cfg.training.model_copy(update={"micro_batch": 2, "recompute": "full"})
-    base = cons.constraints(cfg.model, t0, cfg.cluster, cfg.cluster.world)
-    assert len(base.rows) > 3
-    for update in ({"sharding": "zero1"}, {"sharding": "hsdp"}, {"reshard_after_forward": False},
-                   {"tp_comm_overlap": True}):
-        assert set(update) <= set(CONSTRAINT_FREE)
-        t = t0.model_copy(update=update)
-        assert cons.constraints(cfg.model, t, cfg.cluster, cfg.cluster.world) == base, update

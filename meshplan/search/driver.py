@@ -283,6 +283,8 @@ class _Runner:
             prev = self.exact.get(r.index)
             if prev is not None and prev.complete and not r.complete:  # keep the memory verdict and peak
                 r = res[k] = replace(prev, step_s=r.step_s, mfu=r.mfu, tokens_per_s=r.tokens_per_s)
+            elif prev is not None and r.step_s is None and prev.step_s is not None and r.feasible:  # keep the step
+                r = res[k] = replace(r, step_s=prev.step_s, mfu=prev.mfu, tokens_per_s=prev.tokens_per_s)
             self.exact[r.index] = r
             self._check(r)
             if self.code[r.index] != OK or not r.complete:  # step-only: the memory bound decided
@@ -309,7 +311,7 @@ def _short_of(e: Exact, mode: str) -> bool:
         return e.feasible and e.step_s is None
     if not e.complete:
         return True
-    return mode == SIMULATE and e.step_s is None
+    return mode == SIMULATE and e.breakdown is None  # simulated completely: the step's parts are there
 
 
 def _memory_reason(reasons) -> bool:
@@ -444,6 +446,6 @@ def _best_rejected(code: np.ndarray, est: Estimates, run: _Runner, top: list[Exa
     else:
         idx = np.flatnonzero(rejected)
         i = int(idx[np.argmin(est.step_lo[idx])])
-    if i in run.exact and run.exact[i].step_s is not None:
+    if i in run.exact and not _short_of(run.exact[i], SIMULATE):
         return run.exact[i]
     return run.plan([i], SIMULATE, label="best rejected")[0]

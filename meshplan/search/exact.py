@@ -2,11 +2,11 @@
 ``meshplan step`` (:func:`meshplan.plan.build_plan`, then
 :func:`meshplan.schedule.steptime.step_time` with the default :class:`~meshplan.schedule.rank_timeline.Overlap`),
 the goodput of :mod:`meshplan.reliability`, and a pool of forked worker processes.
-The plan's constraint rows do not depend on the mesh: they are computed once per training
-contract (up to the fields they do not read, :data:`CONSTRAINT_FREE`) and passed to
-``build_plan``. The ranking asks for the step alone (:data:`STEP_ONLY`: ``build_plan``
-without memory timelines, constraint rows or placement flags, then ``step_time``: the same step to the bit) and
-plans the top, and the memory of candidates whose memory bound does not decide, completely.
+Plans are built without what only reports read (constraint rows and their per-axis
+annotation, placement flags: ``build_plan(reports=False)``); an :class:`Exact` keeps none of
+it. The ranking asks for the step alone (:data:`STEP_ONLY`: ``build_plan`` without memory
+timelines either, then ``step_time``: the same step to the bit) and plans the top, and the
+memory of candidates whose memory bound does not decide, completely.
 """
 
 from __future__ import annotations
@@ -47,25 +47,12 @@ class Exact:
 
 
 class Planner:
-    """Exact evaluation of candidates, with the constraints cached per training contract
-    (they do not depend on the mesh)."""
+    """Exact evaluation of candidates (:meth:`__call__`)."""
 
     def __init__(self, cfg: Config, cands: Candidates):
         self.cfg, self.cands = cfg, cands
-        self.constraints: dict = {}
-        # a step-only plan carries no constraint rows (its step does not read them)
+        # no constraint rows: an Exact keeps none of the plan's report-only fields
         self.no_rows = cons.Constraints((), cons.usable_bytes(cfg.cluster, cfg.training))
-
-    def _constraints(self, cc: Config) -> cons.Constraints:
-        """:func:`~meshplan.memory.constraints.constraints` of ``cc``, once per training
-        contract up to the fields they do not read (the capacity rows try every sharding
-        themselves; reshard_after_forward and tp_comm_overlap change no first estimate):
-        one call per (micro-batch, recompute) of the search."""
-        t = cc.training
-        key = t.model_copy(update={f: getattr(self.cfg.training, f) for f in CONSTRAINT_FREE})
-        if key not in self.constraints:
-            self.constraints[key] = cons.constraints(cc.model, t, cc.cluster, cc.cluster.world)
-        return self.constraints[key]
 
     def __call__(self, job: tuple[int, str]) -> Exact:
         """``job``: (candidate index, mode): :data:`PLAN_ONLY` (build_plan: the memory
@@ -75,8 +62,7 @@ class Planner:
         does not decide)."""
         i, mode = job
         cc = candidate_config(self.cfg, self.cands, i)
-        light = mode == STEP_ONLY
-        plan = build_plan(cc, self.no_rows if light else self._constraints(cc), step_only=light)
+        plan = build_plan(cc, self.no_rows, memory=mode != STEP_ONLY, reports=False)
         if isinstance(plan, Infeasible):
             return Exact(i, False, plan.reasons, float("nan"))
         if mode == STEP_ONLY:
@@ -93,10 +79,6 @@ class Planner:
         return Exact(i, plan.feasible, plan.reasons, peak, st.step_s, st.mfu, st.tokens_per_s, good,
                      step_breakdown(st))
 
-
-#: Training fields the search varies that :func:`meshplan.memory.constraints.constraints` does
-#: not read (tests/test_search_speed.py checks it).
-CONSTRAINT_FREE = ("sharding", "reshard_after_forward", "tp_comm_overlap")
 
 #: Modes of a planner job (:meth:`Planner.__call__`).
 PLAN_ONLY, SIMULATE, STEP_ONLY = "plan", "simulate", "step-only"
