@@ -20,11 +20,13 @@ import pytest
 from meshplan.comm.collectives import fsdp_gather_flags
 from meshplan.memory import constraints as cons
 from meshplan.pipeline.registry import get
+from meshplan.pipeline.simulate import PipelineSpec, simulate
 from meshplan.plan import build_plan
 from meshplan.schedule.rank_timeline import Overlap
 from meshplan.schedule.steptime import step_time
 from meshplan.search.driver import BOUND, search
 from meshplan.search.exact import SIMULATE, STEP_ONLY, Planner
+from meshplan.search.pipeline import build_dag, stage_ends
 from meshplan.search.rank import ranked
 from meshplan.search.space import OK, SHARDING, candidate_config
 from meshplan.search.timing import _gathers
@@ -133,3 +135,19 @@ def test_gathering_passes_on_arrays_equal_the_gather_flags(schedule, vs):
                     checked += 1
     assert checked >= 8
 
+
+
+@pytest.mark.parametrize("schedule,p,m,v", [("1f1b", 4, 8, 1), ("1f1b", 3, 2, 1), ("interleaved_1f1b", 2, 4, 2),
+                                            ("interleaved_1f1b", 4, 8, 3)])
+def test_dag_on_arrays_gives_the_reference_simulation_stage_ends(schedule, p, m, v):
+    """The refined bound's DAG (built on arrays) run with arbitrary unit durations ends each
+    stage where the reference event simulation does (meshplan.pipeline.simulate)."""
+    rng = np.random.default_rng(p * 100 + m * 10 + v)
+    f, b = rng.uniform(1, 2, (1, p, v)), rng.uniform(2, 4, (1, p, v))
+    p2p = np.array([[0.3]])
+    ends = stage_ends(build_dag(schedule, p, m, v), f, b, p2p)[0]
+    spec = PipelineSpec(schedule, p, m, v, p2p_s=0.3,
+                        duration=lambda s, u: float((b if u.kind == "B" else f)[0, s, u.chunk]))
+    ref = simulate(spec)
+    want = [max(e.end_s for e in ref.events if e.stage == s and e.stream == "compute") for s in range(p)]
+    assert ends.tolist() == pytest.approx(want, rel=1e-12)

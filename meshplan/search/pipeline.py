@@ -28,8 +28,7 @@ from functools import lru_cache
 import numpy as np
 
 from meshplan.comm.collectives import fsdp_gather_flags
-from meshplan.pipeline.registry import get
-from meshplan.pipeline.simulate import _dep
+from meshplan.pipeline.fast import flat_units
 from meshplan.search.space import candidate_schedule
 from meshplan.spec.mesh import Schedule
 
@@ -54,54 +53,31 @@ class Dag:
 
 @lru_cache(maxsize=64)
 def build_dag(schedule: Schedule | str, p: int, m: int, v: int) -> Dag:
-    """The DAG of ``schedule`` (1F1B or interleaved 1F1B: F and B units only)."""
-    sched = get(schedule)
-    orders = [sched.order(p, m, v, s) for s in range(p)]
-    index: dict[tuple[str, int, int], int] = {}
-    rows: list[tuple] = []
-    for s, order in enumerate(orders):
-        for pos, u in enumerate(order):
-            index[(u.kind, u.mb, sched.virtual_stage(u.chunk, s, p, v))] = len(rows)
-            rows.append((s, u, pos))
-    n = len(rows)
-    stage, chunk, mb, back, prev, dep, cross = (np.zeros(n, dtype=np.int64) for _ in range(7))
-    first: dict[int, int] = {}
-    for i, (s, u, pos) in enumerate(rows):
-        stage[i], chunk[i], mb[i], back[i] = s, u.chunk, u.mb, u.kind != "F"
-        prev[i] = i - 1 if pos else -1
-        key = _dep(sched, u, s, p, v)
-        dep[i] = index[key] if key is not None else -1
-        cross[i] = key is not None and rows[dep[i]][0] != s
-        first.setdefault(s, i)
-    depth = np.full(n, -1, dtype=np.int64)
-    for i in _topological(n, prev, dep):
-        depth[i] = 1 + max(depth[prev[i]] if prev[i] >= 0 else -1, depth[dep[i]] if dep[i] >= 0 else -1)
-    levels = tuple(np.flatnonzero(depth == d) for d in range(int(depth.max()) + 1))
-    last = np.array([first[s] + len(orders[s]) - 1 for s in range(p)])
-    return Dag(stage, chunk, mb, back, prev, dep, cross, levels, last)
-
-
-def _topological(n: int, prev: np.ndarray, dep: np.ndarray) -> list[int]:
-    """Unit indices with every predecessor first (Kahn's algorithm)."""
-    succ: list[list[int]] = [[] for _ in range(n)]
-    indeg = np.zeros(n, dtype=np.int64)
-    for i in range(n):
-        for j in (prev[i], dep[i]):
-            if j >= 0:
-                succ[j].append(i)
-                indeg[i] += 1
-    ready = [i for i in range(n) if indeg[i] == 0]
-    out = []
-    while ready:
-        i = ready.pop()
-        out.append(i)
-        for k in succ[i]:
-            indeg[k] -= 1
-            if indeg[k] == 0:
-                ready.append(k)
-    if len(out) != n:
+    """The DAG of ``schedule`` (1F1B or interleaved 1F1B: F and B units only), on arrays:
+    the stage orders and dependencies of :func:`meshplan.pipeline.fast.flat_units` (units
+    stage-major; equal to the reference simulation's, ``tests/test_fast_pipeline.py``), each
+    unit's depth (1 + the larger of its previous unit's and its dependency's) by relaxation,
+    one pass per level."""
+    f = flat_units(str(Schedule(schedule)), p, m, v)
+    n = f.kind.size
+    if (f.kind > 1).any():
+        raise ValueError(f"{schedule}: weight-gradient units are not in the search's DAG")
+    idx = np.arange(n)
+    prev = np.where(idx % f.length > 0, idx - 1, -1)
+    dep = np.where(f.dep < n, f.dep, -1)
+    depth = np.zeros(n, dtype=np.int64)
+    for _ in range(n + 1):
+        new = np.maximum(np.where(prev >= 0, depth[np.maximum(prev, 0)] + 1, 0),
+                         np.where(dep >= 0, depth[np.maximum(dep, 0)] + 1, 0))
+        if (new == depth).all():
+            break
+        depth = new
+    else:
         raise RuntimeError("schedule DAG has a cycle")
-    return out
+    order = np.argsort(depth, kind="stable")
+    levels = tuple(np.split(order, np.flatnonzero(np.diff(depth[order])) + 1))
+    last = np.arange(p) * f.length + f.length - 1
+    return Dag(f.stage, f.chunk, f.mb, f.kind, prev, dep, f.cross.astype(np.int64), levels, last)
 
 
 def stage_ends(dag: Dag, f: np.ndarray, b: np.ndarray, p2p: np.ndarray, extra: np.ndarray | None = None) -> np.ndarray:
