@@ -26,7 +26,7 @@ from meshplan.schedule.rank_timeline import Overlap
 from meshplan.schedule.steptime import step_time
 from meshplan.search.driver import BOUND, search
 from meshplan.search.exact import SIMULATE, STEP_ONLY, Planner
-from meshplan.search.pipeline import build_dag, stage_ends
+from meshplan.search.pipeline import build_dag, gathering_units, stage_ends
 from meshplan.search.rank import ranked
 from meshplan.search.space import OK, SHARDING, candidate_config
 from meshplan.search.timing import _gathers
@@ -151,3 +151,16 @@ def test_dag_on_arrays_gives_the_reference_simulation_stage_ends(schedule, p, m,
     ref = simulate(spec)
     want = [max(e.end_s for e in ref.events if e.stage == s and e.stream == "compute") for s in range(p)]
     assert ends.tolist() == pytest.approx(want, rel=1e-12)
+
+
+@pytest.mark.parametrize("schedule,p,m,v", [("1f1b", 4, 8, 1), ("interleaved_1f1b", 2, 4, 2),
+                                            ("interleaved_1f1b", 4, 8, 3)])
+def test_gathering_units_of_the_dag_equal_the_gather_flags(schedule, p, m, v):
+    dag = build_dag(schedule, p, m, v)
+    for reshard in (False, True):
+        flags = [fsdp_gather_flags(schedule, p, m, v, s, reshard) for s in range(p)]
+        want = np.zeros((2, dag.stage.size))
+        for i in range(dag.stage.size):
+            kind = "B" if dag.backward[i] else "F"
+            want[int(dag.backward[i]), i] = flags[dag.stage[i]][(int(dag.chunk[i]), kind, int(dag.mb[i]))]
+        assert gathering_units(schedule, p, m, v, reshard).tolist() == want.tolist()

@@ -27,8 +27,8 @@ from functools import lru_cache
 
 import numpy as np
 
-from meshplan.comm.collectives import fsdp_gather_flags
-from meshplan.pipeline.fast import flat_units
+from meshplan.pipeline.fast import flat_units, simulate_arrays
+from meshplan.pipeline.simulate import PipelineSpec
 from meshplan.search.space import candidate_schedule
 from meshplan.spec.mesh import Schedule
 
@@ -56,8 +56,7 @@ def build_dag(schedule: Schedule | str, p: int, m: int, v: int) -> Dag:
     """The DAG of ``schedule`` (1F1B or interleaved 1F1B: F and B units only), on arrays:
     the stage orders and dependencies of :func:`meshplan.pipeline.fast.flat_units` (units
     stage-major; equal to the reference simulation's, ``tests/test_fast_pipeline.py``), each
-    unit's depth (1 + the larger of its previous unit's and its dependency's) by relaxation,
-    one pass per level."""
+    unit's depth (1 + the larger of its previous unit's and its dependency's)."""
     f = flat_units(str(Schedule(schedule)), p, m, v)
     n = f.kind.size
     if (f.kind > 1).any():
@@ -65,15 +64,10 @@ def build_dag(schedule: Schedule | str, p: int, m: int, v: int) -> Dag:
     idx = np.arange(n)
     prev = np.where(idx % f.length > 0, idx - 1, -1)
     dep = np.where(f.dep < n, f.dep, -1)
-    depth = np.zeros(n, dtype=np.int64)
-    for _ in range(n + 1):
-        new = np.maximum(np.where(prev >= 0, depth[np.maximum(prev, 0)] + 1, 0),
-                         np.where(dep >= 0, depth[np.maximum(dep, 0)] + 1, 0))
-        if (new == depth).all():
-            break
-        depth = new
-    else:
-        raise RuntimeError("schedule DAG has a cycle")
+    # depth = the unit's end when every unit lasts 1 and sends take 0, minus 1 (list scheduling
+    # in rounds, :func:`meshplan.pipeline.fast.simulate_arrays`: O(units), exact integers)
+    ones = simulate_arrays(PipelineSpec(schedule, p, m, v, p2p_s=0.0), lambda flat: np.ones(flat.kind.size))
+    depth = np.rint(ones.end).astype(np.int64) - 1
     order = np.argsort(depth, kind="stable")
     levels = tuple(np.split(order, np.flatnonzero(np.diff(depth[order])) + 1))
     last = np.arange(p) * f.length + f.length - 1
@@ -99,15 +93,19 @@ def stage_ends(dag: Dag, f: np.ndarray, b: np.ndarray, p2p: np.ndarray, extra: n
 @lru_cache(maxsize=64)
 def gathering_units(schedule: Schedule | str, p: int, m: int, v: int, reshard: bool) -> np.ndarray:
     """(2, units) of :func:`build_dag`'s units: 1 where the unit is a forward (row 0) or a
-    backward (row 1) that all-gathers its chunk's FSDP units with pp > 1
-    (:func:`meshplan.comm.collectives.fsdp_gather_flags`, the rule the timeline follows)."""
+    backward (row 1) that all-gathers its chunk's FSDP units with pp > 1: the rule of
+    :func:`meshplan.comm.collectives.fsdp_gather_flags` (the timeline's) on arrays: a pass
+    gathers when it is its chunk's first on the stage, or follows a forward of the chunk that
+    resharded (``reshard``); a backward leaves the chunk gathered."""
     dag = build_dag(schedule, p, m, v)
-    flags = [fsdp_gather_flags(schedule, p, m, v, s, reshard) for s in range(p)]
-    out = np.zeros((2, dag.stage.size))
-    for i in range(dag.stage.size):
-        kind = "B" if dag.backward[i] else "F"
-        out[int(dag.backward[i]), i] = flags[dag.stage[i]].get((int(dag.chunk[i]), kind, int(dag.mb[i])), False)
-    return out
+    key = dag.stage * v + dag.chunk
+    o = np.lexsort((np.arange(key.size), key))  # each (stage, chunk) in its order
+    k, g = dag.backward[o], key[o]
+    first = np.concatenate([[True], g[1:] != g[:-1]])
+    after_f = np.concatenate([[False], k[:-1] == 0])
+    flag = np.zeros(key.size)
+    flag[o] = first | (reshard & after_f)
+    return np.stack([flag * (dag.backward == 0), flag * (dag.backward == 1)])
 
 
 def pipeline_bound(u: dict, vpp: int, m: int, reshard: bool | None = None) -> np.ndarray:
