@@ -186,11 +186,17 @@ class Infeasible:
 
 
 
-def build_plan(config: Config, constraints: cons.Constraints | None = None) -> Plan | Infeasible:
+def build_plan(config: Config, constraints: cons.Constraints | None = None, memory: bool = True,
+               reports: bool = True) -> Plan | Infeasible:
     """The plan of ``config``'s mesh on its cluster, or why it has none (see the module
     docstring). Raises ConfigError on bad input only. ``constraints``:
     :func:`meshplan.memory.constraints.constraints` of the same model, training and cluster
-    when already computed (the search passes them; they do not depend on the mesh)."""
+    when already computed (the search passes them; they do not depend on the mesh).
+    For the search's exact evaluation (:mod:`meshplan.search.exact`), of a resolved mesh:
+    ``reports=False`` leaves out what only reports read, the constraints' per-axis
+    annotation (``constraints`` kept as given) and the placement flags (empty);
+    ``memory=False`` also the memory timelines (``timelines`` empty, no memory reasons, so
+    ``feasible`` says nothing about memory). Every other field is the same."""
     m, t, c, spec = config.model, config.training, config.cluster, config.mesh
     if spec is None:
         raise ConfigError("mesh", "missing table [mesh]; planning needs a mesh (meshplan search finds one)")
@@ -221,14 +227,15 @@ def build_plan(config: Config, constraints: cons.Constraints | None = None) -> P
     v = replace(v, reasons=v.reasons + schedule_reasons(spec.pp_schedule, pp, v.micro_batches, v.vpp))
     partition = [f"axis {a}: {problem}" for a in mesh.all_axes() for problem in check_partition(mesh.groups(a), world)]
     placement = place(c, world, spec.rank_to_gpu)
-    flags = tuple(placement_flags(mesh, placement))
-    if v.reasons or partition or v.stages is None:
+    failed = bool(v.reasons or partition or v.stages is None)
+    flags = tuple(placement_flags(mesh, placement)) if failed or reports else ()
+    if failed:
         return Infeasible(config, spec, world, v.reasons + tuple(partition), constraints, notes=v.notes,
                           derivation=mesh.derivation, mesh=mesh, placement=placement, flags=flags, vpp=v.vpp,
                           micro_batches=v.micro_batches)
     shapes = local_shapes(m, t, mesh)  # each registered axis divides the dims its descriptor names
     tp, tokens = mesh.degree("tp"), shapes.tokens
-    annotated = cons.annotate_axes(constraints, m, t, c, mesh, v.stages, v.micro_batches)
+    annotated = cons.annotate_axes(constraints, m, t, c, mesh, v.stages, v.micro_batches) if reports else constraints
     notes = v.notes
     if m.is_moe:  # the capacity (or the dropless rows) every ep rank uses, with its arithmetic
         ro = RoutingOptions.of(t)
@@ -239,6 +246,8 @@ def build_plan(config: Config, constraints: cons.Constraints | None = None) -> P
                 flags=flags, gemms=shapes.gemms, attention=shapes.attention,
                 state=tuple(state_bytes(m, mesh, t, v.stages)), constraints=annotated,
                 collectives=_collectives(config, spec, mesh, placement, v.stages, v.micro_batches), timelines=())
+    if not memory:
+        return plan
     timelines = memory_timelines(plan)  # reads the plan's mesh, stages, state and tables
     return replace(plan, reasons=memory_reasons(timelines), timelines=timelines)
 

@@ -98,6 +98,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Optional
 
 import numpy as np
@@ -550,6 +551,16 @@ def fsdp_gather_flags(schedule: Schedule, pp: int, micro: int, vpp: int, stage: 
     >>> [k for k, g in f.items() if g]  # F2 follows B0 (gathered); B1 follows F2 (resharded)
     [(0, 'F', 0), (0, 'F', 1), (0, 'B', 0), (0, 'B', 1)]
     """
+    if micro * vpp <= _CACHED_PASSES:  # the search asks for the same few orders thousands of times
+        return dict(_cached_gather_flags(schedule, pp, micro, vpp, stage, reshard, reshard_after_backward))
+    return _gather_flags(schedule, pp, micro, vpp, stage, reshard, reshard_after_backward)
+
+
+#: Largest ``micro x vpp`` whose gather flags :func:`fsdp_gather_flags` keeps (a copy is returned).
+_CACHED_PASSES = 1024
+
+
+def _gather_flags(schedule, pp, micro, vpp, stage, reshard, reshard_after_backward) -> dict:
     sharded = [True] * vpp
     out = {}
     for u in stage_order(schedule, pp, micro, vpp, stage):
@@ -558,6 +569,9 @@ def fsdp_gather_flags(schedule: Schedule, pp: int, micro: int, vpp: int, stage: 
         out[(u.chunk, u.kind, u.mb)] = sharded[u.chunk]
         sharded[u.chunk] = reshard if u.kind == "F" else reshard_after_backward
     return out
+
+
+_cached_gather_flags = lru_cache(maxsize=512)(_gather_flags)
 
 
 def _pp_ep_rows(add, c: _Ctx) -> None:

@@ -12,6 +12,7 @@ memory bounds and the exact timeline call the same formula.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache, wraps
 
 import numpy as np
 
@@ -58,6 +59,15 @@ class PipelineSchedule:
     chunked: Schedule | None = None
     chunks: int | None = None
     megatron_p2p: bool = False
+
+    def __init_subclass__(cls, **kwargs):
+        """A subclass's :meth:`order` is memoised per (p, m, v, s) for orders of at most
+        :data:`CACHED_ORDER_UNITS` units (the search plans thousands of candidates over a few
+        schedules; the FSDP gather flags, the memory schedule and the DAGs each walk the same
+        orders); each call returns a new list of the same frozen units."""
+        super().__init_subclass__(**kwargs)
+        if "order" in cls.__dict__:
+            cls.order = _memoised(cls.__dict__["order"])
 
     def order(self, p: int, m: int, v: int, s: int) -> list[Unit]:
         """The units of stage ``s`` in execution order."""
@@ -152,3 +162,20 @@ class PipelineSchedule:
         """The schedule a stage with ``v`` chunks runs under this one (``chunked`` when this
         one holds one chunk and ``v > 1``)."""
         return self.chunked if v > 1 and not self.virtual_stages and self.chunked else self.name
+
+
+#: Largest order (units: F, B and W of every micro-batch and chunk, ``3 m v``) kept by the
+#: memo of :meth:`PipelineSchedule.order`; longer ones are rebuilt on each call.
+CACHED_ORDER_UNITS = 4096
+
+
+def _memoised(order):
+    """``order`` with a memo of its result as a tuple per (schedule, p, m, v, s)."""
+    cached = lru_cache(maxsize=512)(lambda self, p, m, v, s: tuple(order(self, p, m, v, s)))
+
+    @wraps(order)
+    def wrapper(self, p: int, m: int, v: int, s: int) -> list[Unit]:
+        if 3 * m * v > CACHED_ORDER_UNITS:
+            return order(self, p, m, v, s)
+        return list(cached(self, int(p), int(m), int(v), int(s)))
+    return wrapper

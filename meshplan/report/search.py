@@ -74,8 +74,8 @@ def header_lines(r: SearchResult) -> list[str]:
             + "".join(f", pipeline schedule {x} (pp > 1, vpp 2)" for x in o.pp_schedules if x != "1f1b")
             + ("" if "1f1b" in o.pp_schedules else "; pp > 1 only under those"),
             f"{len(r.candidates):,} candidates: {sum(1 for _ in REASONS) - 2} validity rules, memory bounds, "
-            f"GEMM threshold {o.min_gemm_efficiency:.0%}; {len(r.exact)} planned exactly (build_plan + step_time) "
-            f"in {r.wall_s:.1f} s"]
+            f"GEMM threshold {o.min_gemm_efficiency:.0%}; {len(r.exact)} planned exactly (build_plan + step_time; "
+            f"memory timelines for {sum(e.complete for e in r.exact.values())} of them) in {r.wall_s:.1f} s"]
 
 
 def print_search(r: SearchResult, console: Console, top: int | None = None) -> None:

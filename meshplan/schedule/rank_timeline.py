@@ -302,6 +302,15 @@ class _Sim:
         self.exposed: defaultdict[str, float] = defaultdict(float)
         self.last: Optional[Event] = None
         self.busy: list[tuple[float, float, float]] = []   # (start, end, SM share) of collectives
+        self.memo: dict = {}  # per-Cost sums of this unit (its layers share Cost objects)
+
+    def of(self, fn, c: Cost, *args):
+        """``fn(c, *args)`` once per (fn, Cost, args) in this unit: the sums over a layer's ops
+        that every layer of the same kind repeats (the chunk's layers share their Cost)."""
+        key = (fn, id(c), args)
+        if key not in self.memo:
+            self.memo[key] = (c, fn(c, *args))  # holds c: its id stays its own
+        return self.memo[key][1]
 
     def _finish(self, start: float, dur: float) -> float:
         """End of ``dur`` seconds of compute from ``start`` while the collectives in ``busy``
@@ -442,7 +451,7 @@ def _block_backward(s: _Sim, name: str, t_b: float, t_w: float, ep=False, cp: Op
 _CP_PART = {"wk": "kv", "wv": "kv", "wq": "q", "wq_a": "q", "wq_b": "q", "wkv_a": "kv", "wkv_b": "kv"}
 
 
-def _cp_parts(c: Cost, phase: str, recompute: Optional[bool]) -> dict:
+def cp_parts(c: Cost, phase: str, recompute: Optional[bool]) -> dict:
     """Seconds of the attention block's ops of ``phase`` by part: ``kv`` (wk, wv, and RoPE in
     forward; MLA: wkv_a, wkv_b), ``q`` (wq; MLA: wq_a, wq_b), ``out`` (wo in forward), ``core``
     (the rest; in backward also wo's input gradient and RoPE, which precede dK/dV). Op names from :mod:`meshplan.compute.ops`."""
@@ -457,6 +466,9 @@ def _cp_parts(c: Cost, phase: str, recompute: Optional[bool]) -> dict:
             part = "kv" if base == "rope" else "out"
         out[part] += o.seconds
     return out
+
+
+_cp_parts = cp_parts
 
 
 def _times(c: Cost, phase: str, recompute: Optional[bool] = None) -> dict:
@@ -497,10 +509,10 @@ def _slots(s: _Sim, phase: Optional[str], at: At, block: Optional[Block] = None)
 
 
 def _forward_layer(s: _Sim, c: Cost, moe: bool, phase: str = "forward", recompute=None) -> None:
-    t = _times(c, phase, recompute)
+    t = s.of(_times, c, phase, recompute)
     own = "forward" if phase == "forward" else None  # the registered axes' slots: not in a replay
     s.compute("norm", t["attn_pre"])
-    p = _cp_parts(c, phase, recompute) if s.w.cp > 1 else None
+    p = s.of(cp_parts, c, phase, recompute) if s.w.cp > 1 else None
     _slots(s, own, At.BEFORE, Block.ATTN)
     _block(s, "attention", t["attn"], "forward", cp=(p["kv"], p["q"], p["core"], p["out"]) if p else None,
            cp_phase="forward" if phase == "forward" else "backward")
@@ -513,23 +525,27 @@ def _forward_layer(s: _Sim, c: Cost, moe: bool, phase: str = "forward", recomput
     _slots(s, own, At.OVERLAPPED)
 
 
+def _any_recompute(c: Cost) -> bool:
+    return any(o.recompute for o in c.ops)
+
+
 def _backward_layer(s: _Sim, c: Cost, moe: bool, with_w: bool) -> None:
     # a checkpointed layer (full; torchtitan per-layer or op-level AC) replays its forward's
     # recomputed ops, with their collectives, before its backward
-    full = s.w.recompute in ("full", "layer", "op") and any(o.recompute for o in c.ops)
+    full = s.w.recompute in ("full", "layer", "op") and s.of(_any_recompute, c)
     if full:
         _forward_layer(s, c, moe, "backward_input", True)
-    b = _times(c, "backward_input", False if full else None)
-    w = _times(c, "backward_weight") if with_w else dict.fromkeys(LAYER_BLOCKS, 0.0)
-    row = _ops_by_block(c, "backward_weight", ROW_PARALLEL_WGRAD) if with_w else dict.fromkeys(LAYER_BLOCKS, 0.0)
-    col = _ops_by_block(c, "backward_input", COLUMN_PARALLEL_DGRAD, False if full else None)
+    b = s.of(_times, c, "backward_input", False if full else None)
+    w = s.of(_times, c, "backward_weight") if with_w else dict.fromkeys(LAYER_BLOCKS, 0.0)
+    row = s.of(_ops_by_block, c, "backward_weight", ROW_PARALLEL_WGRAD) if with_w else dict.fromkeys(LAYER_BLOCKS, 0.0)
+    col = s.of(_ops_by_block, c, "backward_input", COLUMN_PARALLEL_DGRAD, False if full else None)
     s.compute("add grad", b["mlp_post"])
     mlp_row = 0.0 if moe else row["mlp"]          # MoE: the experts' own order (dispatch, combine)
     _slots(s, "backward", At.BEFORE, Block.MLP)
     _block_backward(s, "mlp", b["mlp"], w["mlp"] - mlp_row, ep=moe, t_w_row=mlp_row, t_b_col=col["mlp"])
     _slots(s, "backward", At.AFTER, Block.MLP)
     s.compute("norm+add grad", b["mlp_pre"] + b["attn_post"])
-    p = _cp_parts(c, "backward_input", False if full else None) if s.w.cp > 1 else None
+    p = s.of(cp_parts, c, "backward_input", False if full else None) if s.w.cp > 1 else None
     _slots(s, "backward", At.BEFORE, Block.ATTN)
     _block_backward(s, "attention", b["attn"], w["attn"] - row["attn"], cp=(p["core"], p["q"], p["kv"]) if p else None,
                     t_w_row=row["attn"], t_b_col=col["attn"])

@@ -20,7 +20,7 @@ attention, replicated KV heads, padded vocabulary), both over ``step x world x p
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from functools import cached_property
+from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import Optional
 
@@ -46,7 +46,7 @@ from meshplan.mesh.layers import last_stage
 from meshplan.pipeline.fast import KINDS, ArrayResult, Flat, simulate_arrays
 from meshplan.pipeline.registry import get as get_schedule
 from meshplan.pipeline.simulate import Event, PipelineSpec, write_trace
-from meshplan.plan import Infeasible, Plan
+from meshplan.plan import Infeasible, Plan, table_key, table_stage
 from meshplan.schedule.rank_timeline import (
     ChunkCosts,
     CommTimes,
@@ -439,7 +439,10 @@ def step_time(plan: Plan, overlap: Overlap = Overlap(), *, dropout: bool = False
     p, v, m = len(plan.stages), plan.vpp, plan.micro_batches
     overlap = config_overlap(cfg.training, overlap)
     share = nccl_sm_share(cfg.cluster)
-    comms = [CommTimes.from_rows(st.collectives, len(st.layers), share) for st in map(plan.stage, range(p))]
+    # each stage's table (plan.table_stage) and layers, read without building Stage views (a
+    # plan of the search's step-only path has no memory timelines)
+    comms = [CommTimes.from_rows(plan.collectives[table_key(table_stage(s, p))], sum(map(len, plan.stages[s])), share)
+             for s in range(p)]
     chunks = chunk_costs(plan, w, table)
     base = PipelineSpec(Schedule(schedule or plan.spec.pp_schedule), p, m, v,
                         p2p_s=max(c.p2p_s + c.p2p_gather_s for c in comms), blocking_p2p=blocking_p2p(cfg.training, Schedule(schedule or plan.spec.pp_schedule)))
@@ -472,9 +475,23 @@ def step_time(plan: Plan, overlap: Overlap = Overlap(), *, dropout: bool = False
     ranks = tuple(plan.mesh.group_of(0, "pp")) if "pp" in plan.mesh.layout.names else (0,)
     notes = tuple(f"collective not simulated (kind unknown): {o}" for o in sorted({o for c in comms for o in c.other}))
     return StepTime(res, units, tuple(ends), tuple(post), exposed[crit],
-                    sequence_model_flops(cfg.model, t.seq_len) * t.global_batch, hw, t.global_batch * t.seq_len,
+                    _sequence_flops(cfg.model, t.seq_len) * t.global_batch, hw, t.global_batch * t.seq_len,
                     plan.world, cfg.cluster.gpu.peak_flops(t.compute_dtype), ranks, notes, t.recompute_name,
                     (indexed[0], indexed[1]))
+
+
+@lru_cache(maxsize=16)
+def _cached_flops(model, seq_len: int) -> float:
+    return sequence_model_flops(model, seq_len)
+
+
+def _sequence_flops(model, seq_len: int) -> float:
+    """:func:`~meshplan.compute.ops.sequence_model_flops`, once per (model, sequence length)
+    (it walks every layer; the search asks for it once per planned candidate)."""
+    try:
+        return _cached_flops(model, seq_len)
+    except TypeError:  # a model with an unhashable field
+        return sequence_model_flops(model, seq_len)
 
 
 def config_overlap(training, overlap: Overlap = Overlap()) -> Overlap:

@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Optional
 
 import numpy as np
@@ -58,7 +58,7 @@ from meshplan.errors import ConfigError
 from meshplan.limits import MAX_SEARCH_WORLD, over as over_bound
 from meshplan.memory.constraints import usable_bytes
 from meshplan.search.bounds import bounds
-from meshplan.search.exact import Exact, Planner, Pool
+from meshplan.search.exact import PLAN_ONLY, SIMULATE, STEP_ONLY, Exact, Planner, Pool
 from meshplan.search.explain import Explanation, explain
 from meshplan.search.memory import Tables, stage_layout, state
 from meshplan.search.rank import needed, ranked
@@ -117,13 +117,14 @@ class SearchResult:
         return out
 
 
-def refine(cfg: Config, c: Candidates, est: Estimates, idx: np.ndarray) -> None:
+def refine(cfg: Config, c: Candidates, est: Estimates, idx: np.ndarray, tt: Optional[TimeTables] = None) -> None:
     """Raise the step-time bound of candidates ``idx`` to the exact pipeline schedule of
-    their unit bounds (:mod:`meshplan.search.pipeline`), in place."""
+    their unit bounds (:mod:`meshplan.search.pipeline`), in place; ``tt``: the tables
+    :func:`estimate` filled (default: new ones)."""
     if not len(idx):
         return
-    tables = Tables(cfg)
-    tt = TimeTables(cfg, tables)
+    tt = tt or TimeTables(cfg, Tables(cfg))
+    tables = tt.tables
     sub = c.take(idx)
     micro = cfg.training.global_batch // (sub.mb * sub.dp)
     for p in np.unique(sub.pp):
@@ -131,24 +132,27 @@ def refine(cfg: Config, c: Candidates, est: Estimates, idx: np.ndarray) -> None:
         g = sub.take(at)
         st = stage_layout(cfg, g, int(p))
         u = unit_bounds(cfg, tt, g, st, state(cfg, tables, g, st))
-        for v, m in sorted({(int(g.vpp[j]), int(micro[at[j]])) for j in range(len(g))}):
+        for v, m, rf in sorted({(int(g.vpp[j]), int(micro[at[j]]), bool(g.rf[j])) for j in range(len(g))}):
             # V-shaped schedules keep their closed-form bound: the unit bounds do not split the
             # backward into input and weight gradients, which those DAGs need
-            sel = np.flatnonzero((g.vpp == v) & (micro[at] == m) & (g.ps == 0))
+            sel = np.flatnonzero((g.vpp == v) & (micro[at] == m) & (g.ps == 0) & ((g.rf > 0) == rf))
+            if not len(sel):
+                continue
             part = {k: a[sel] for k, a in u.items()}
             i = idx[at[sel]]
-            est.step_lo[i] = np.maximum(est.step_lo[i], pipeline_bound(part, v, m))
+            est.step_lo[i] = np.maximum(est.step_lo[i], pipeline_bound(part, v, m, rf))
 
 
-def estimate(cfg: Config, c: Candidates, code: np.ndarray) -> Estimates:
-    """The vectorised pass over every candidate that passed the validity rules."""
+def estimate(cfg: Config, c: Candidates, code: np.ndarray, tt: Optional[TimeTables] = None) -> Estimates:
+    """The vectorised pass over every candidate that passed the validity rules; ``tt``: op
+    and path tables to fill and reuse (:func:`refine` takes them too)."""
     n = len(c)
     est = Estimates(np.full(n, np.nan), np.full(n, np.nan), np.full(n, np.nan), np.full(n, np.nan))
     ok = np.flatnonzero(code == OK)
     if not len(ok):
         return est
-    tables = Tables(cfg)
-    tt = TimeTables(cfg, tables)
+    tt = tt or TimeTables(cfg, Tables(cfg))
+    tables = tt.tables
     sub = c.take(ok)
     est.gemm[ok] = gemm_efficiency(cfg, tt, sub)
     for p in np.unique(sub.pp):
@@ -191,7 +195,8 @@ def search(cfg: Config, progress: Optional[Progress] = None, workers: Optional[i
     code = first_reason(cfg, c)
     decided = np.where(code == OK, 0, RULE)
     clock("enumerate")
-    est = estimate(cfg, c, code)
+    tt = TimeTables(cfg, Tables(cfg))
+    est = estimate(cfg, c, code, tt)
     clock("estimate")
     usable = usable_bytes(cfg.cluster, cfg.training)
     valid = code == OK
@@ -208,12 +213,12 @@ def search(cfg: Config, progress: Optional[Progress] = None, workers: Optional[i
         apply = _threshold_applies(valid & ~over & above, decided, est, run)
         eligible = np.flatnonzero((code == OK) & (above | (not apply)))
         near_top = _near_top(est, eligible, o.top, o.refine_max)
-        refine(cfg, c, est, near_top)
+        refine(cfg, c, est, near_top, tt)
         clock("refine")
         top, proven = _rank(cfg, c, est, eligible, run)
         clock("rank")
         band = np.flatnonzero((code == OK) & (decided == 0))
-        run.plan(band[np.argsort(est.step_lo[band], kind="stable")], simulate=False, label="near the memory limit",
+        run.plan(band[np.argsort(est.step_lo[band], kind="stable")], PLAN_ONLY, label="near the memory limit",
                  deadline=time.perf_counter() + o.settle_s)
         left = (code == OK) & (decided == 0)
         if left.any():
@@ -256,26 +261,34 @@ class _Runner:
         self.exact: dict[int, Exact] = {}
         self.notes: list[str] = []
 
-    def plan(self, idx, simulate: bool, label: str, deadline: float = float("inf")) -> list[Exact]:
-        """Plan (and with ``simulate`` step-time) the candidates ``idx`` in order, until
-        ``deadline`` (perf_counter seconds) passes."""
-        todo = [int(i) for i in idx if int(i) not in self.exact or (simulate and self.exact[int(i)].step_s is None)]
+    def plan(self, idx, mode, label: str, deadline: float = float("inf")) -> list[Exact]:
+        """Evaluate the candidates ``idx`` in order in ``mode`` (:meth:`Planner.__call__`; a
+        str, or one per candidate), until ``deadline`` (perf_counter seconds) passes; those
+        already evaluated as far as their mode asks are skipped."""
+        modes = [mode] * len(idx) if isinstance(mode, str) else list(mode)
+        todo = [(int(i), md) for i, md in zip(idx, modes)
+                if int(i) not in self.exact or _short_of(self.exact[int(i)], md)]
         out = []
         step = max(1, self.pool.workers)
         for k in range(0, len(todo), step * 4):
             if time.perf_counter() > deadline:
                 break
-            out += self._batch(todo[k:k + step * 4], simulate)
+            out += self._batch(todo[k:k + step * 4])
             if self.progress:
                 self.progress(label, min(k + step * 4, len(todo)), len(todo))
         return out
 
-    def _batch(self, idx: list[int], simulate: bool) -> list[Exact]:
-        res = self.pool.map([(i, simulate) for i in idx])
-        for r in res:
+    def _batch(self, jobs: list[tuple[int, str]]) -> list[Exact]:
+        res = self.pool.map(jobs)
+        for k, r in enumerate(res):
+            prev = self.exact.get(r.index)
+            if prev is not None and prev.complete and not r.complete:  # keep the memory verdict and peak
+                r = res[k] = replace(prev, step_s=r.step_s, mfu=r.mfu, tokens_per_s=r.tokens_per_s)
+            elif prev is not None and r.step_s is None and prev.step_s is not None and r.feasible:  # keep the step
+                r = res[k] = replace(r, step_s=prev.step_s, mfu=prev.mfu, tokens_per_s=prev.tokens_per_s)
             self.exact[r.index] = r
             self._check(r)
-            if self.code[r.index] != OK:
+            if self.code[r.index] != OK or not r.complete:  # step-only: the memory bound decided
                 continue
             if not r.feasible:
                 self.code[r.index] = MEMORY if _memory_reason(r.reasons) else CODE["layers"]
@@ -293,6 +306,15 @@ class _Runner:
                               f"{e.step_lo[i]:.6g} s: the ranking may not be exact")
 
 
+def _short_of(e: Exact, mode: str) -> bool:
+    """Whether evaluation ``e`` lacks what ``mode`` gives (:meth:`Planner.__call__`)."""
+    if mode == STEP_ONLY:
+        return e.feasible and e.step_s is None
+    if not e.complete:
+        return True
+    return mode == SIMULATE and e.breakdown is None  # simulated completely: the step's parts are there
+
+
 def _memory_reason(reasons) -> bool:
     return any("usable" in r for r in reasons)
 
@@ -304,7 +326,7 @@ def _threshold_applies(above_ok: np.ndarray, decided: np.ndarray, est: Estimates
         return True
     idx = np.flatnonzero(above_ok)
     for i in idx[np.argsort(est.step_lo[idx], kind="stable")]:
-        if run.plan([i], simulate=True, label="threshold")[0].feasible if int(i) not in run.exact else \
+        if run.plan([i], SIMULATE, label="threshold")[0].feasible if int(i) not in run.exact else \
                 run.exact[int(i)].feasible:
             return True
     return False
@@ -326,27 +348,67 @@ def _rank(cfg: Config, c: Candidates, est: Estimates, eligible: np.ndarray, run:
     :mod:`meshplan.search.rank`: (top, proven)."""
     o = cfg.search
     order = eligible[np.argsort(est.step_lo[eligible], kind="stable")]
-    steps: dict[int, float] = {}
+    steps: dict[int, float] = {}    # feasible: exact step times
+    pending: dict[int, float] = {}  # near the memory limit, memory not planned yet: exact step times
     batch = max(1, run.pool.workers)
     pos, planned, proven = 0, 0, True
-    while pos < len(order):
-        if len(steps) >= o.top and planned >= o.exact_min and \
-                needed(np.fromiter(steps.values(), float), o.top) < est.step_lo[order[pos]] * (1 - BOUND_SLACK):
-            break
-        if planned >= o.exact_max:
-            proven = False
-            run.notes.append(f"exact_max {o.exact_max} reached: {len(order) - pos} candidates with a lower "
-                             f"step-time bound than the top's were not planned; the top is not proven")
-            break
-        chunk = order[pos:pos + batch]
-        pos += len(chunk)
-        for r in run.plan(chunk, simulate=True, label="ranking"):
-            planned += 1
-            if r.feasible and r.step_s is not None:
-                steps[r.index] = r.step_s
-        if run.progress:
-            run.progress("ranking", planned, planned + (len(order) - pos > 0))
-    return [run.exact[i] for i in ranked(c, steps, o.top)], proven
+    while True:
+        while pos < len(order):
+            if len(steps) >= o.top and planned >= o.exact_min and \
+                    needed(np.fromiter(steps.values(), float), o.top) < est.step_lo[order[pos]] * (1 - BOUND_SLACK):
+                break
+            if planned >= o.exact_max:
+                proven = False
+                run.notes.append(f"exact_max {o.exact_max} reached: {len(order) - pos} candidates with a lower "
+                                 f"step-time bound than the top's were not planned; the top is not proven")
+                break
+            chunk = order[pos:pos + batch]
+            pos += len(chunk)
+            # the step alone (build_plan without memory timelines, then step_time); near the
+            # memory limit the memory verdict follows only where the step could enter the top
+            run.plan(chunk, STEP_ONLY, label="ranking")
+            for r in (run.exact[int(i)] for i in chunk):  # planned now or before (threshold)
+                planned += 1
+                if r.step_s is None or not r.feasible:
+                    continue
+                if r.complete or run.decided[r.index] == BOUND:
+                    steps[r.index] = r.step_s
+                else:
+                    pending[r.index] = r.step_s
+            _settle_pending(steps, pending, o.top, run)
+            if run.progress:
+                run.progress("ranking", planned, planned + (len(order) - pos > 0))
+        if not _complete_top(c, steps, o.top, run) or not proven:
+            return [run.exact[i] for i in ranked(c, steps, o.top)], proven
+
+
+def _settle_pending(steps: dict[int, float], pending: dict[int, float], top: int, run: _Runner) -> None:
+    """Plan the memory of the pending candidates (near the memory limit, step known) whose step
+    is within :func:`~meshplan.search.rank.needed` of the known feasible ones: those that fit
+    join ``steps``. The others cannot enter the top (``needed`` only falls as steps join), so
+    their memory verdict is left to the settle phase."""
+    cut = needed(np.fromiter(steps.values(), float), top)
+    due = sorted((i for i, t in pending.items() if t <= cut), key=lambda i: (pending[i], i))
+    run.plan(due, PLAN_ONLY, label="ranking")
+    for i in due:
+        step = pending.pop(i)
+        if run.exact[i].feasible:
+            steps[i] = step
+
+
+def _complete_top(c: Candidates, steps: dict[int, float], top: int, run: _Runner) -> bool:
+    """Plan the top's step-only candidates completely (peak, goodput, the step's parts); one
+    whose plan does not fit after all (its memory bound was wrong: noted) leaves ``steps``.
+    True when the top changed and the ranking must go on."""
+    light = [i for i in ranked(c, steps, top) if _short_of(run.exact[i], SIMULATE)]
+    changed = False
+    for r in run.plan(light, SIMULATE, label="top"):
+        if not r.feasible or r.step_s is None:
+            run.notes.append(f"candidate {r.index}: planned peak {r.peak_bytes:.4g} B does not fit although its "
+                             "memory upper bound did; left out of the top")
+            del steps[r.index]
+            changed = True
+    return changed
 
 
 def describe(cfg: Config, c: Candidates, est: Estimates, i: int) -> dict:
@@ -384,6 +446,6 @@ def _best_rejected(code: np.ndarray, est: Estimates, run: _Runner, top: list[Exa
     else:
         idx = np.flatnonzero(rejected)
         i = int(idx[np.argmin(est.step_lo[idx])])
-    if i in run.exact and run.exact[i].step_s is not None:
+    if i in run.exact and not _short_of(run.exact[i], SIMULATE):
         return run.exact[i]
-    return run.plan([i], simulate=True, label="best rejected")[0]
+    return run.plan([i], SIMULATE, label="best rejected")[0]

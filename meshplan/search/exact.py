@@ -2,8 +2,11 @@
 ``meshplan step`` (:func:`meshplan.plan.build_plan`, then
 :func:`meshplan.schedule.steptime.step_time` with the default :class:`~meshplan.schedule.rank_timeline.Overlap`),
 the goodput of :mod:`meshplan.reliability`, and a pool of forked worker processes.
-The plan's constraint rows do not depend on the mesh: they are computed once per training
-contract and passed to ``build_plan``.
+Plans are built without what only reports read (constraint rows and their per-axis
+annotation, placement flags: ``build_plan(reports=False)``); an :class:`Exact` keeps none of
+it. The ranking asks for the step alone (:data:`STEP_ONLY`: ``build_plan`` without memory
+timelines either, then ``step_time``: the same step to the bit) and plans the top, and the
+memory of candidates whose memory bound does not decide, completely.
 """
 
 from __future__ import annotations
@@ -26,7 +29,10 @@ class Exact:
     """One candidate planned exactly: ``feasible`` and ``reasons`` from build_plan,
     ``peak_bytes`` of the most loaded stage, and (when simulated) ``step_s``, ``mfu``,
     ``tokens_per_s``, ``goodput`` and the step's parts
-    (:func:`~meshplan.search.explain.step_breakdown`, seconds)."""
+    (:func:`~meshplan.search.explain.step_breakdown`, seconds). ``complete`` False: a
+    step-only evaluation (:data:`STEP_ONLY`): ``step_s``, ``mfu`` and ``tokens_per_s`` as
+    the complete one gives them, no memory verdict (``feasible``: the mesh resolves), no
+    peak, goodput or parts."""
 
     index: int
     feasible: bool
@@ -37,27 +43,33 @@ class Exact:
     tokens_per_s: Optional[float] = None
     goodput: Optional[float] = None
     breakdown: Optional[dict] = None
+    complete: bool = True
 
 
 class Planner:
-    """Exact evaluation of candidates, with the constraints cached per training contract
-    (they do not depend on the mesh)."""
+    """Exact evaluation of candidates (:meth:`__call__`)."""
 
     def __init__(self, cfg: Config, cands: Candidates):
         self.cfg, self.cands = cfg, cands
-        self.constraints: dict = {}
+        # no constraint rows: an Exact keeps none of the plan's report-only fields
+        self.no_rows = cons.Constraints((), cons.usable_bytes(cfg.cluster, cfg.training))
 
-    def __call__(self, job: tuple[int, bool]) -> Exact:
-        i, simulate = job
+    def __call__(self, job: tuple[int, str]) -> Exact:
+        """``job``: (candidate index, mode): :data:`PLAN_ONLY` (build_plan: the memory
+        verdict), :data:`SIMULATE` (and step_time, goodput and the step's parts) or
+        :data:`STEP_ONLY` (build_plan without memory timelines, then step_time: ``feasible``
+        True says only that the mesh resolves; the search plans the memory where its bound
+        does not decide)."""
+        i, mode = job
         cc = candidate_config(self.cfg, self.cands, i)
-        t = cc.training
-        if t not in self.constraints:
-            self.constraints[t] = cons.constraints(cc.model, t, cc.cluster, cc.cluster.world)
-        plan = build_plan(cc, self.constraints[t])
+        plan = build_plan(cc, self.no_rows, memory=mode != STEP_ONLY, reports=False)
         if isinstance(plan, Infeasible):
             return Exact(i, False, plan.reasons, float("nan"))
+        if mode == STEP_ONLY:
+            st = step_time(plan, Overlap())
+            return Exact(i, True, (), float("nan"), st.step_s, st.mfu, st.tokens_per_s, complete=False)
         peak = plan.timeline.peak.total_bytes
-        if not simulate:
+        if mode == PLAN_ONLY:
             return Exact(i, plan.feasible, plan.reasons, peak)
         st = step_time(plan, Overlap())
         o = self.cfg.search
@@ -67,6 +79,9 @@ class Planner:
         return Exact(i, plan.feasible, plan.reasons, peak, st.step_s, st.mfu, st.tokens_per_s, good,
                      step_breakdown(st))
 
+
+#: Modes of a planner job (:meth:`Planner.__call__`).
+PLAN_ONLY, SIMULATE, STEP_ONLY = "plan", "simulate", "step-only"
 
 _WORKER: Optional[Planner] = None
 

@@ -27,21 +27,22 @@ from functools import lru_cache
 
 import numpy as np
 
-from meshplan.pipeline.registry import get
-from meshplan.pipeline.simulate import _dep
+from meshplan.pipeline.fast import flat_units, simulate_arrays
+from meshplan.pipeline.simulate import PipelineSpec
 from meshplan.search.space import candidate_schedule
 from meshplan.spec.mesh import Schedule
 
 
 @dataclass(frozen=True)
 class Dag:
-    """Units of one schedule in a topological order: ``stage``, ``chunk``, ``backward``
+    """Units of one schedule in a topological order: ``stage``, ``chunk``, ``mb``, ``backward``
     (0/1), ``prev`` (previous unit on the stage, or -1), ``dep`` (unit it waits for, or
     -1), ``cross`` (1 when ``dep`` is on another stage), ``levels`` (unit indices by
     depth) and ``last`` (each stage's last unit)."""
 
     stage: np.ndarray
     chunk: np.ndarray
+    mb: np.ndarray
     backward: np.ndarray
     prev: np.ndarray
     dep: np.ndarray
@@ -52,61 +53,35 @@ class Dag:
 
 @lru_cache(maxsize=64)
 def build_dag(schedule: Schedule | str, p: int, m: int, v: int) -> Dag:
-    """The DAG of ``schedule`` (1F1B or interleaved 1F1B: F and B units only)."""
-    sched = get(schedule)
-    orders = [sched.order(p, m, v, s) for s in range(p)]
-    index: dict[tuple[str, int, int], int] = {}
-    rows: list[tuple] = []
-    for s, order in enumerate(orders):
-        for pos, u in enumerate(order):
-            index[(u.kind, u.mb, sched.virtual_stage(u.chunk, s, p, v))] = len(rows)
-            rows.append((s, u, pos))
-    n = len(rows)
-    stage, chunk, back, prev, dep, cross = (np.zeros(n, dtype=np.int64) for _ in range(6))
-    first: dict[int, int] = {}
-    for i, (s, u, pos) in enumerate(rows):
-        stage[i], chunk[i], back[i] = s, u.chunk, u.kind != "F"
-        prev[i] = i - 1 if pos else -1
-        key = _dep(sched, u, s, p, v)
-        dep[i] = index[key] if key is not None else -1
-        cross[i] = key is not None and rows[dep[i]][0] != s
-        first.setdefault(s, i)
-    depth = np.full(n, -1, dtype=np.int64)
-    for i in _topological(n, prev, dep):
-        depth[i] = 1 + max(depth[prev[i]] if prev[i] >= 0 else -1, depth[dep[i]] if dep[i] >= 0 else -1)
-    levels = tuple(np.flatnonzero(depth == d) for d in range(int(depth.max()) + 1))
-    last = np.array([first[s] + len(orders[s]) - 1 for s in range(p)])
-    return Dag(stage, chunk, back, prev, dep, cross, levels, last)
+    """The DAG of ``schedule`` (1F1B or interleaved 1F1B: F and B units only), on arrays:
+    the stage orders and dependencies of :func:`meshplan.pipeline.fast.flat_units` (units
+    stage-major; equal to the reference simulation's, ``tests/test_fast_pipeline.py``), each
+    unit's depth (1 + the larger of its previous unit's and its dependency's)."""
+    f = flat_units(str(Schedule(schedule)), p, m, v)
+    n = f.kind.size
+    if (f.kind > 1).any():
+        raise ValueError(f"{schedule}: weight-gradient units are not in the search's DAG")
+    idx = np.arange(n)
+    prev = np.where(idx % f.length > 0, idx - 1, -1)
+    dep = np.where(f.dep < n, f.dep, -1)
+    # depth = the unit's end when every unit lasts 1 and sends take 0, minus 1 (list scheduling
+    # in rounds, :func:`meshplan.pipeline.fast.simulate_arrays`: O(units), exact integers)
+    ones = simulate_arrays(PipelineSpec(schedule, p, m, v, p2p_s=0.0), lambda flat: np.ones(flat.kind.size))
+    depth = np.rint(ones.end).astype(np.int64) - 1
+    order = np.argsort(depth, kind="stable")
+    levels = tuple(np.split(order, np.flatnonzero(np.diff(depth[order])) + 1))
+    last = np.arange(p) * f.length + f.length - 1
+    return Dag(f.stage, f.chunk, f.mb, f.kind, prev, dep, f.cross.astype(np.int64), levels, last)
 
 
-def _topological(n: int, prev: np.ndarray, dep: np.ndarray) -> list[int]:
-    """Unit indices with every predecessor first (Kahn's algorithm)."""
-    succ: list[list[int]] = [[] for _ in range(n)]
-    indeg = np.zeros(n, dtype=np.int64)
-    for i in range(n):
-        for j in (prev[i], dep[i]):
-            if j >= 0:
-                succ[j].append(i)
-                indeg[i] += 1
-    ready = [i for i in range(n) if indeg[i] == 0]
-    out = []
-    while ready:
-        i = ready.pop()
-        out.append(i)
-        for k in succ[i]:
-            indeg[k] -= 1
-            if indeg[k] == 0:
-                ready.append(k)
-    if len(out) != n:
-        raise RuntimeError("schedule DAG has a cycle")
-    return out
-
-
-def stage_ends(dag: Dag, f: np.ndarray, b: np.ndarray, p2p: np.ndarray) -> np.ndarray:
+def stage_ends(dag: Dag, f: np.ndarray, b: np.ndarray, p2p: np.ndarray, extra: np.ndarray | None = None) -> np.ndarray:
     """End of each stage's last unit (candidates, p), given unit durations ``f``, ``b`` of
-    shape (candidates, p, v) and ``p2p`` (candidates, 1)."""
+    shape (candidates, p, v), ``p2p`` (candidates, 1) and ``extra`` (candidates, units: time
+    added to each unit, e.g. its FSDP gathers; default none)."""
     end = np.zeros((f.shape[0], dag.stage.size))
     dur = np.where(dag.backward[None, :] > 0, b[:, dag.stage, dag.chunk], f[:, dag.stage, dag.chunk])
+    if extra is not None:
+        dur = dur + extra
     for idx in dag.levels:
         prev, dep = dag.prev[idx], dag.dep[idx]
         start = np.where(prev >= 0, end[:, np.maximum(prev, 0)], 0.0)
@@ -115,9 +90,29 @@ def stage_ends(dag: Dag, f: np.ndarray, b: np.ndarray, p2p: np.ndarray) -> np.nd
     return end[:, dag.last]
 
 
-def pipeline_bound(u: dict, vpp: int, m: int) -> np.ndarray:
+@lru_cache(maxsize=64)
+def gathering_units(schedule: Schedule | str, p: int, m: int, v: int, reshard: bool) -> np.ndarray:
+    """(2, units) of :func:`build_dag`'s units: 1 where the unit is a forward (row 0) or a
+    backward (row 1) that all-gathers its chunk's FSDP units with pp > 1: the rule of
+    :func:`meshplan.comm.collectives.fsdp_gather_flags` (the timeline's) on arrays: a pass
+    gathers when it is its chunk's first on the stage, or follows a forward of the chunk that
+    resharded (``reshard``); a backward leaves the chunk gathered."""
+    dag = build_dag(schedule, p, m, v)
+    key = dag.stage * v + dag.chunk
+    o = np.lexsort((np.arange(key.size), key))  # each (stage, chunk) in its order
+    k, g = dag.backward[o], key[o]
+    first = np.concatenate([[True], g[1:] != g[:-1]])
+    after_f = np.concatenate([[False], k[:-1] == 0])
+    flag = np.zeros(key.size)
+    flag[o] = first | (reshard & after_f)
+    return np.stack([flag * (dag.backward == 0), flag * (dag.backward == 1)])
+
+
+def pipeline_bound(u: dict, vpp: int, m: int, reshard: bool | None = None) -> np.ndarray:
     """Step-time lower bound of candidates sharing (pp, vpp, m), from
-    :func:`meshplan.search.timing.unit_bounds` ``u`` (module docstring)."""
+    :func:`meshplan.search.timing.unit_bounds` ``u`` (module docstring); ``reshard``
+    (``training.reshard_after_forward`` of them all; None: unknown) adds each gathering
+    unit's ``f_extra`` or ``b_extra`` (pp > 1: the passes that find their chunk sharded)."""
     n, p = u["f_core"].shape
     v = vpp
     f = np.repeat(u["f_core"][:, :, None], v, axis=2)
@@ -127,4 +122,8 @@ def pipeline_bound(u: dict, vpp: int, m: int) -> np.ndarray:
     f[:, :, v - 1] += u["head_f"]
     b[:, :, v - 1] += u["head_b"]
     dag = build_dag(candidate_schedule(v), p, m, v)
-    return (stage_ends(dag, f, b, u["p2p"]) + u["tail"] + u["end"]).max(axis=1)
+    extra = None
+    if reshard is not None and p > 1 and "f_extra" in u:
+        g = gathering_units(candidate_schedule(v), p, m, v, reshard)
+        extra = g[0][None, :] * u["f_extra"][:, dag.stage] + g[1][None, :] * u["b_extra"][:, dag.stage]
+    return (stage_ends(dag, f, b, u["p2p"], extra) + u["tail"] + u["end"]).max(axis=1)

@@ -12,7 +12,9 @@ It keeps only what the simulation (:mod:`meshplan.schedule.rank_timeline`, defau
 
 - a layer's **chain**: every compute op in order, the blocking TP collectives before and
   after each block (with SP the all-gather and reduce-scatter, else the all-reduce), the
-  blocking EP all-to-alls, the CP exchange as ``max(attention, ring)``, the backward's
+  blocking EP all-to-alls, the CP exchange beside the Q projection only (the K/V
+  all-gather after the K/V projection, before the core attention: ``attention + max(0, ring -
+  Q)``; backward the dK/dV reduce-scatter before the K/V projections' input gradients), the backward's
   weight-gradient GEMMs as ``max(W, reduce-scatter)``, full recompute's forward replay;
 - a **unit** (one micro-batch through a chunk of n layers): ``max(AG + n chain,
   n AG + chain)`` forward, ``max(AG + n chain, n AG + (n-2) RS + chain)`` backward, where
@@ -46,7 +48,7 @@ from functools import lru_cache
 import numpy as np
 
 from meshplan.comm.alphabeta import collective_time
-from meshplan.comm.collectives import axis_path, fsdp_gather_flags
+from meshplan.comm.collectives import axis_path
 from meshplan.compute.ops import (
     Workload,
     embedding_cost,
@@ -59,8 +61,9 @@ from meshplan.config import Config
 from meshplan.compute.routing import RoutingOptions, a2a_rows
 from meshplan.mesh.resolve import resolved_mesh
 from meshplan.mesh.tpsplit import local_heads, padded_numel
+from meshplan.pipeline.fast import order_arrays
 from meshplan.placement.assign import place
-from meshplan.schedule.rank_timeline import LAYER_BLOCKS
+from meshplan.schedule.rank_timeline import LAYER_BLOCKS, cp_parts
 from meshplan.schedule.steptime import ZEROED_GRAD_BUFFER, optimizer_step_s
 from meshplan.search.memory import Stages, Tables, lookup, split
 from meshplan.search.space import RECOMPUTE, SHARDING, Candidates, candidate_schedule
@@ -70,7 +73,7 @@ from meshplan.units import dtype_bytes
 
 PHASES = {"f": ("forward", None), "bi": ("backward_input", None), "bin": ("backward_input", False),
           "br": ("backward_input", True), "bw": ("backward_weight", None)}
-OP_FIELDS = tuple(f"{p}_{b}" for p in PHASES for b in LAYER_BLOCKS)
+OP_FIELDS = tuple(f"{p}_{b}" for p in PHASES for b in LAYER_BLOCKS) + tuple(f"{p}_cpq" for p in PHASES if p != "bw")
 EXTRA_FIELDS = ("emb_f", "emb_bw", "head_f", "head_b", "gemm_flops", "gemm_s")
 
 
@@ -84,15 +87,18 @@ class TimeTables:
         self.ops = lru_cache(maxsize=None)(self._ops)
         self.path = lru_cache(maxsize=None)(self._path)
 
-    def _ops(self, tp: int, cp: int, mb: int, rc: int, ep: int, etp: int, moe: int) -> dict:
+    def _ops(self, tp: int, cp: int, mb: int, rc: int, ep: int, etp: int, layer: int) -> dict:
+        """Op seconds of layer ``layer`` (0, or the first MoE layer) by field (module docstring)."""
         cfg, m = self.cfg, self.cfg.model
         t, gpu = cfg.training, cfg.cluster.gpu
         w = Workload(seq_len=t.seq_len, micro_batch=mb, tp=tp, cp=cp, sp=tp > 1, ep=ep, etp=etp,
                      dtype=t.compute_dtype, recompute=RECOMPUTE[rc], flash=t.flash_attention,
                      vocab_pad_divisor=t.vocab_pad_divisor, routing=RoutingOptions.of(t), **framework_kernels(t))
-        layer = m.dense_layers if moe else 0
         cost = layer_cost(m, gpu, w, layer=layer)
         out = {f"{p}_{b}": cost.seconds(ph, b, rec) for p, (ph, rec) in PHASES.items() for b in LAYER_BLOCKS}
+        # the attention's Q projection (input gradient in backward): all the CP K/V all-gather
+        # (dK/dV reduce-scatter) may overlap (rank_timeline.cp_parts, the timeline's split)
+        out.update({f"{p}_cpq": cp_parts(cost, ph, rec)["q"] for p, (ph, rec) in PHASES.items() if p != "bw"})
         emb, head = embedding_cost(m, gpu, w), head_cost(m, gpu, w)
         out.update(emb_f=emb.seconds("forward"), emb_bw=emb.seconds("backward_weight"),
                    head_f=head.seconds("forward"), head_b=head.backward_s)
@@ -154,6 +160,13 @@ def comm_times(cfg: Config, tt: TimeTables, c: Candidates) -> dict[str, np.ndarr
     unit = _padded_unit(tt.tables, c)
     out["fsdp_ag"] = np.where(on, coll_times(tt, "all-gather", c.fsdp, unit * cd, c.tp), 0.0)
     out["fsdp_rs"] = np.where(on, coll_times(tt, "reduce-scatter", c.fsdp, unit * rd, c.tp), 0.0)
+    # HSDP: the reduced shard all-reduced over dp_replicate (ranks dp_shard * cp * tp apart)
+    out["hsdp_ar"] = np.where(c.sh == SHARDING.index("hsdp"),
+                              coll_times(tt, "all-reduce", c.dpr, unit // c.fsdp * rd, c.dps * c.cp * c.tp), 0.0)
+    # the routed experts' own FSDP unit, all-gathered over efsdp (expert mesh (efsdp, ep, etp):
+    # efsdp ranks ep * etp apart) when a MoE layer's forward finds it sharded
+    out["efsdp_ag"] = np.where(on, coll_times(tt, "all-gather", c.efsdp, _padded_unit(tt.tables, c, True) * cd,
+                                              c.ep * c.etp), 0.0) if m.is_moe else np.zeros(len(c))
     if m.is_moe:
         rows = a2a_rows(RoutingOptions.of(t), c.mb * (t.seq_len // seq) * c.etp // c.tp, m.top_k, m.experts, c.ep)
         out["ep"] = coll_times(tt, "all-to-all", c.ep, rows * m.hidden * cd, c.etp)
@@ -162,23 +175,27 @@ def comm_times(cfg: Config, tt: TimeTables, c: Candidates) -> dict[str, np.ndarr
     return out
 
 
-def _padded_unit(tables: Tables, c: Candidates) -> np.ndarray:
+def _padded_unit(tables: Tables, c: Candidates, experts: bool = False) -> np.ndarray:
     """Elements of one dense layer's FSDP unit on one rank, dim 0 padded to the shard
     degree (:func:`~meshplan.mesh.tpsplit.fsdp_padded_numel`); the dense layer of MoE models
-    with dense layers, else the MoE layer's non-expert part."""
-    moe = int(tables.model.is_moe and tables.model.dense_layers == 0)
+    with dense layers, else the MoE layer's non-expert part. ``experts``: the MoE layer's
+    routed-expert unit instead, padded to efsdp (the collective table's ``experts`` unit)."""
+    moe = int(experts or (tables.model.is_moe and tables.model.dense_layers == 0))
 
     def padded(tp, ep, etp, shards):
         return sum(padded_numel(r, n, shards) for r, n, expert in tables.layer(tp, ep, etp, moe).tensors
-                   if not expert)
-    return lookup([c.tp, c.ep, c.etp, c.fsdp], lambda *k: {"n": padded(*k)}, ("n",))["n"]
+                   if expert == experts)
+    shards = c.efsdp if experts else c.fsdp
+    return lookup([c.tp, c.ep, c.etp, shards], lambda *k: {"n": padded(*k)}, ("n",))["n"]
 
 
 def layer_ops(cfg: Config, tt: TimeTables, c: Candidates, moe: bool) -> dict[str, np.ndarray]:
     """Op seconds per block and phase of one layer kind (``f_attn``, ``bw_mlp``...), and
     the embedding, head and GEMM totals, per candidate."""
+    # the layer whose costs stand for the kind: 0 for dense, the first MoE layer for MoE (the
+    # same layer 0 when every layer is MoE: one call per key for both kinds)
     k = [split(c, Dim.HEADS), split(c, Dim.SEQUENCE), c.mb, c.rc, split(c, Dim.EXPERTS), split(c, Dim.EXPERT_FFN),
-         np.full(len(c), int(moe))]
+         np.full(len(c), cfg.model.dense_layers if moe else 0)]
     return lookup(k, tt.ops, OP_FIELDS + EXTRA_FIELDS + ("head_gemm_flops", "head_gemm_s"), dtype=np.float64)
 
 
@@ -188,19 +205,25 @@ def chains(c: Candidates, o: dict, cm: dict, moe: bool) -> tuple[np.ndarray, np.
     e = cm["ep"] if moe else 0.0
 
     def forward(p):
-        blocking = (o[f"{p}_attn_pre"] + np.maximum(pre + o[f"{p}_attn"], cm["cp_ag"]) + post + o[f"{p}_attn_post"]
+        # CP: the K/V all-gather starts after the K/V projection and the core attention waits
+        # for it; only the Q projection runs beside it
+        attn = o[f"{p}_attn"] + np.maximum(cm["cp_ag"] - o[f"{p}_cpq"], 0.0)
+        blocking = (o[f"{p}_attn_pre"] + pre + attn + post + o[f"{p}_attn_post"]
                     + o[f"{p}_mlp_pre"] + pre + e + o[f"{p}_mlp"] + e + post + o[f"{p}_mlp_post"])
         # tp_comm_overlap: a block's TP collectives (issued after the previous op, in order on
         # the tp stream) run under its GEMMs, so the block lasts at least both; the EP combine
         # is issued after the block's compute and still blocks
-        overlapped = (o[f"{p}_attn_pre"] + np.maximum(np.maximum(o[f"{p}_attn"], cm["cp_ag"]), pre + post)
+        overlapped = (o[f"{p}_attn_pre"] + np.maximum(attn, pre + post)
                       + o[f"{p}_attn_post"] + o[f"{p}_mlp_pre"] + np.maximum(o[f"{p}_mlp"], pre + post) + e
                       + o[f"{p}_mlp_post"])
         return np.where(c.ov > 0, overlapped, blocking)
     full = c.rc == RECOMPUTE.index("full")
-    b = {blk: np.where(full, o[f"bin_{blk}"], o[f"bi_{blk}"]) for blk in LAYER_BLOCKS}
+    b = {blk: np.where(full, o[f"bin_{blk}"], o[f"bi_{blk}"]) for blk in LAYER_BLOCKS + ("cpq",)}
+    # CP: the dK/dV reduce-scatter starts after the core attention's backward and the K/V
+    # projections' input gradients wait for it; only the Q projection's runs beside it
     back = (b["mlp_post"] + pre + e + b["mlp"] + np.maximum(o["bw_mlp"], post + e) + b["mlp_pre"] + b["attn_post"]
-            + np.maximum(pre + b["attn"], cm["cp_rs"]) + np.maximum(o["bw_attn"], post) + b["attn_pre"])
+            + pre + b["attn"] + np.maximum(cm["cp_rs"] - b["cpq"], 0.0) + np.maximum(o["bw_attn"], post)
+            + b["attn_pre"])
     return forward("f"), back + np.where(full, forward("br"), 0.0)
 
 
@@ -245,9 +268,14 @@ def unit_bounds(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: dict)
     ag_b = ag * keep
     pre, post = col(cm["tp_sp"]), col(np.maximum(cm["tp_sp"], cm["tp_ar"]))
     g_f, g_b = gathering_passes(cfg, c, st)
-    out = {"f_core": np.maximum(ag + n * cf, n * ag + cf),
+    # a MoE layer's forward that finds its experts sharded waits for their efsdp all-gather,
+    # issued when the layer starts (after the previous compute): serial with the chain; with
+    # pp 1 every forward gathers, with pp > 1 the gathering passes (``f_extra``)
+    e_ag = col(cm["efsdp_ag"]) * _expert_gathers(st, c) if m.is_moe else np.zeros_like(st.n, dtype=np.float64)
+    out = {"f_core": np.maximum(np.maximum(ag + n * cf, n * ag + cf), n * cf + col(c.pp == 1) * e_ag),
            "b_core": np.maximum(ag_b + n * cb, n * ag_b + np.maximum(n - 2, 0) * rs * keep + cb),
-           "f_extra": piped * np.maximum(ag_p + n * cf, n * ag_p + cf) - piped * n * cf,
+           "f_extra": np.maximum(piped * np.maximum(ag_p + n * cf, n * ag_p + cf) - piped * n * cf,
+                                 col(c.pp > 1) * e_ag),
            "b_extra": piped * np.maximum(ag_p + n * cb, n * ag_p + cb) - piped * n * cb,
            "g_f": g_f, "g_b": g_b,
            "emb_f": st.first * (col(od["emb_f"]) + post), "emb_b": st.first * col(od["emb_bw"]),
@@ -257,8 +285,26 @@ def unit_bounds(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: dict)
     b0 = out["b_core"] + out["emb_b"] + one * out["head_b"]
     out["end"], red = _stage_end(cfg, tt, c, st, s, cm)
     # the last unit issues its chunk's pieces of the per-step reduction: 1/vpp of it
-    out["tail"] = np.maximum(one * out["head_b"] + ag_b + cb + red / col(c.vpp) - b0, 0.0)
+    # the last unit reduces its chunk's FSDP gradients (every unit with pp 1, the chunk's last
+    # gradient unit with pp > 1): its first layer's reduce-scatter (and HSDP all-reduce after it)
+    # starts when that layer's backward ends, after every layer of the unit (``b_core``); only
+    # the embedding's gradient (in ``b0``) still runs beside them. Dense units only: with dense
+    # and MoE layers the unit sizes differ
+    fsdp_red = col(cm["fsdp_rs"] + cm["hsdp_ar"]) * (not m.is_moe or m.dense_layers == 0)
+    out["tail"] = np.maximum(np.maximum(one * out["head_b"] + ag_b + cb + red / col(c.vpp),
+                                        one * out["head_b"] + out["b_core"] + fsdp_red) - b0, 0.0)
     return out
+
+
+def _expert_gathers(st: Stages, c: Candidates) -> np.ndarray:
+    """MoE layers per chunk (the fewest of the stage's chunks) whose forward waits for an
+    efsdp all-gather of the experts, (candidates, pp): none where the stage's collective table
+    (:func:`meshplan.plan.table_stage`: its own for the first and last stage, stage 1's for
+    the middle ones) has no MoE layer, hence no expert row."""
+    p = st.k.shape[1]
+    table = np.array([0 if k == 0 else p - 1 if k == p - 1 else 1 for k in range(p)])
+    fewest = np.maximum(st.n_moe - (c.vpp[:, None] - 1) * st.n_chunk, 0)
+    return np.where(st.n_moe[:, table] > 0, fewest, 0)
 
 
 def gathering_passes(cfg: Config, c: Candidates, st: Stages) -> tuple[np.ndarray, np.ndarray]:
@@ -278,11 +324,22 @@ def gathering_passes(cfg: Config, c: Candidates, st: Stages) -> tuple[np.ndarray
 
 @lru_cache(maxsize=None)
 def _gathers(schedule, p: int, m: int, v: int, reshard: bool) -> np.ndarray:
-    """(2, p): gathering F and B passes per step of each stage (see :func:`gathering_passes`)."""
+    """(2, p): gathering F and B passes per step of each stage (see :func:`gathering_passes`):
+    :func:`~meshplan.comm.collectives.fsdp_gather_flags`'s rule on the stage's order as arrays
+    (:func:`~meshplan.pipeline.fast.order_arrays`): a pass gathers when it is its chunk's first,
+    or follows a forward of the chunk that resharded (``reshard``); a backward leaves the chunk
+    gathered."""
     out = np.zeros((2, p))
     for s in range(p):
-        for (_, kind, _), gathers in fsdp_gather_flags(schedule, p, m, v, s, reshard).items():
-            out[int(kind != "F"), s] += gathers
+        kind, _, chunk = order_arrays(schedule, p, m, v, s)
+        keep = kind < 2  # F and B (a W pass neither gathers nor reshards)
+        kind, chunk = kind[keep], chunk[keep]
+        o = np.argsort(chunk, kind="stable")
+        k, c = kind[o], chunk[o]
+        first = np.concatenate([[True], c[1:] != c[:-1]])
+        after_f = np.concatenate([[False], k[:-1] == 0])
+        gathers = first | (reshard & after_f)
+        out[0, s], out[1, s] = gathers[k == 0].sum(), gathers[k == 1].sum()
     return out
 
 
