@@ -229,7 +229,7 @@ def build_plan(config: Config, constraints: cons.Constraints | None = None, memo
     placement = place(c, world, spec.rank_to_gpu)
     failed = bool(v.reasons or partition or v.stages is None)
     flags = tuple(placement_flags(mesh, placement)) if failed or reports else ()
-    if failed:
+    if failed or v.stages is None:  # (the second for mypy: failed covers it)
         return Infeasible(config, spec, world, v.reasons + tuple(partition), constraints, notes=v.notes,
                           derivation=mesh.derivation, mesh=mesh, placement=placement, flags=flags, vpp=v.vpp,
                           micro_batches=v.micro_batches)

@@ -66,7 +66,7 @@ def build_dag(schedule: Schedule | str, p: int, m: int, v: int) -> Dag:
     dep = np.where(f.dep < n, f.dep, -1)
     # depth = the unit's end when every unit lasts 1 and sends take 0, minus 1 (list scheduling
     # in rounds, :func:`meshplan.pipeline.fast.simulate_arrays`: O(units), exact integers)
-    ones = simulate_arrays(PipelineSpec(schedule, p, m, v, p2p_s=0.0), lambda flat: np.ones(flat.kind.size))
+    ones = simulate_arrays(PipelineSpec(Schedule(schedule), p, m, v, p2p_s=0.0), lambda flat: np.ones(flat.kind.size))
     depth = np.rint(ones.end).astype(np.int64) - 1
     order = np.argsort(depth, kind="stable")
     levels = tuple(np.split(order, np.flatnonzero(np.diff(depth[order])) + 1))
