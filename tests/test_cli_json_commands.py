@@ -192,11 +192,13 @@ def test_bench_gemm_and_attention_json(tmp_path, capsys):
 @pytest.mark.timeout(150)
 def test_bench_comm_json_lists_the_fit_and_every_file(tmp_path, capsys):
     out, doc_path = tmp_path / "bc", tmp_path / "comm.json"
-    rc, _, err = run(["bench", "comm", "--nproc", 2, "--sizes", "64K,1M", "--out", out, "--iters", 2,
+    # 64 KiB and 16 MiB: 256x apart, so the fit's "time grows with size" holds on a loaded
+    # machine (64K and 1M, 16x apart, once measured the small size slower under load: no fit, exit 1)
+    rc, _, err = run(["bench", "comm", "--nproc", 2, "--sizes", "64K,16M", "--out", out, "--iters", 2,
                       "--budget-s", 0.05, "--timeout-s", 90, "--json", doc_path], capsys)
     doc = json.loads(doc_path.read_text())
     assert rc == 0 and errors("bench-comm", doc) == [], err
-    assert doc["sizes_bytes"] == [64 * 1024, 1024 * 1024] and doc["nproc"] == 2 and doc["testbed"] is None
+    assert doc["sizes_bytes"] == [64 * 1024, 16 * 1024 * 1024] and doc["nproc"] == 2 and doc["testbed"] is None
     assert [(f["link"], f["op"], f["n_ranks"]) for f in doc["fits"]] == [("nvlink", "all-reduce", 2)]
     on_disk = {str(p.relative_to(out)): p.stat().st_size for p in out.rglob("*") if p.is_file()}
     assert {str(Path(f["path"]).relative_to(out)): f["size_bytes"] for f in doc["files"]} == on_disk
