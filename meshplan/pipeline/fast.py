@@ -298,6 +298,20 @@ def _call_loads(pairs, length: int, width: int, pad: int) -> np.ndarray:
     return np.maximum(np.maximum(out, inc), 1).astype(float)
 
 
+def _commit(cur: np.ndarray, st: np.ndarray, ok: np.ndarray, start: np.ndarray, end: np.ndarray,
+            done: np.ndarray, d_dur: np.ndarray) -> int:
+    """One round of the list scheduling: every stage's current slot ``cur`` starts at ``st``
+    (seconds) and ends ``d_dur`` later; the stages whose dependencies are done (``ok``) keep
+    it and move on (``cur`` advanced in place). Returns how many advanced; RuntimeError when
+    none can (the schedule deadlocks)."""
+    end[cur], start[cur], done[cur] = st + d_dur[cur], st, ok
+    k = int(np.count_nonzero(ok))
+    if not k:
+        raise RuntimeError(f"schedule deadlocks at slots {cur.tolist()}")
+    cur += ok
+    return k
+
+
 def _call_end(e: np.ndarray, peers: np.ndarray, end: np.ndarray, pad: int, p2p_s: "float | np.ndarray"):
     """(end of each call posted at ``e`` with peer slots ``peers`` (rows), binding peer slot or
     -1): ``max(e, peer posts) + p2p_s`` (seconds: one value, or one per call), ``e`` for an
@@ -340,12 +354,7 @@ def _rounds(f: Flat, dur: np.ndarray, add: np.ndarray, pairs, p2p_s: float):
             dc = dep[cur]
             ok = done[dc]
             st = np.maximum(end[cur - 1], end[dc] + d_add[cur])
-            end[cur], start[cur], done[cur] = st + d_dur[cur], st, ok
-            k = int(np.count_nonzero(ok))
-            if not k:
-                raise RuntimeError(f"schedule deadlocks at slots {cur.tolist()}")
-            cur += ok
-            left -= k
+            left -= _commit(cur, st, ok, start, end, done, d_dur)
         return start[slot], end[slot], end[slot], np.zeros(p), np.full(n, -1)
     peers = _peer_table(pairs, p, length, width, pad)
     p2p = p2p_s * _call_loads(pairs, length, width, pad)  # per call: k p2p_s (simulate.call_loads)
@@ -358,12 +367,7 @@ def _rounds(f: Flat, dur: np.ndarray, add: np.ndarray, pairs, p2p_s: float):
         e = end[prev]
         free[prev] = np.where(has[prev], np.maximum(e, end[pc].max(axis=1)) + p2p[prev], e)
         st = np.maximum(free[prev], end[dc] + d_add[cur])
-        end[cur], start[cur], done[cur] = st + d_dur[cur], st, ok
-        k = int(np.count_nonzero(ok))
-        if not k:
-            raise RuntimeError(f"schedule deadlocks at slots {cur.tolist()}")
-        cur += ok
-        left -= k
+        left -= _commit(cur, st, ok, start, end, done, d_dur)
     last = cur - 1  # each stage's last slot (its leading one when it has no unit)
     free[last] = _call_end(end[last], peers[last], end, pad, p2p[last])[0]
     bind = np.full(pad + 1, -1)
