@@ -111,8 +111,9 @@ def sources(gpu: str) -> list[str]:
             "attention: non-flash (Megatron 2022): batched QK^T / PV GEMMs from the same points (A100: the 'D S7a' "
             "points, S7a's PyTorch standard attention less its softmax and copies); fused softmax and dropout over the "
             "scores as memory-bound kernels",
-            f"bandwidth: Triad {d.stream_bytes_per_s / 1e12:.2f} TB/s (BabelStream, S3); norms on the Liger curve "
-            f"{[round(x / 1e12, 2) for x in d.norm_bytes_per_s]} TB/s at hidden {list(d.norm_hidden)} (S11)",
+            f"bandwidth: Triad {d.stream_bytes_per_s / 1e12:.2f} TB/s (BabelStream, S3); norms "
+            f"{d.norm_fixed_s * 1e6:.1f} us + bytes / {d.norm_bytes_per_s / 1e12:.2f} TB/s, least squares over "
+            f"the Liger RMSNorm times (S11)",
             f"overheads: kernel issue floor {d.kernel_issue_s * 1e6:.1f} us (S21 + S22), micro-batch "
             f"{d.microbatch_overhead_s * 1e6:.1f} us (2 tp broadcasts at S18's 1 KB latency); optimizer from its bytes "
             f"at Triad",

@@ -37,8 +37,6 @@ Adam states (2 + 4 + 4 + 8 = 18 B per parameter); seq 2048, micro-batch 1, no re
 
 from __future__ import annotations
 
-from math import log2
-
 import pytest
 
 from meshplan.compute.gemm import GemmTable, Measurement
@@ -57,7 +55,7 @@ EFF_GEMM, EFF_ATTN = 0.60, 0.40
 
 # Measured kernel data (catalog/kernels.toml, [gpu.h100-sxm5-80gb] and [host]) --------------
 TRIAD = 2.97e12            # stream_tb_per_s: BabelStream Triad, every elementwise kernel and the optimizer
-NORM_ROWS = ((1024, 1.38e12), (4096, 2.30e12))   # norm_hidden / norm_tb_per_s: the first two rows (Liger RMSNorm)
+NORM_POINTS = (4096, (1024, 4096, 16384), (0.0122, 0.0292, 0.095))  # norm_rows / norm_hidden / norm_ms (Liger RMSNorm)
 ISSUE = 4.7e-6             # [host] kernel_issue_s: no kernel shorter than this (compute/ops.issue_floor)
 MB_OVERHEAD = 52e-6        # microbatch_overhead_s: the batch broadcast, once per micro-batch (ops.embedding_cost)
 
@@ -92,15 +90,18 @@ def kernel(seconds: float) -> float:
     return max(seconds, ISSUE)
 
 
-def log2_line(x: float, row0: tuple, row1: tuple) -> float:
-    """The straight line in log2(x) between two measured rows (x0, y0), (x1, y1)."""
-    (x0, y0), (x1, y1) = row0, row1
-    return y0 + (log2(x) - log2(x0)) / (log2(x1) - log2(x0)) * (y1 - y0)
+def least_squares(xs, ys) -> tuple[float, float]:
+    """(intercept, slope) of the ordinary least-squares line through the points."""
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    return my - slope * mx, slope
 
 
-# Fused-norm bandwidth at h 1024: between the rows 1024 (1.38 TB/s) and 4096 (2.30 TB/s), at the
-# first one (log2 distance 0): 1.38 TB/s (compute/measured.bandwidth, kind "norm").
-NORM_BW = log2_line(H, *NORM_ROWS)
+# A fused norm of n bytes takes NORM_T0 + n / NORM_BW: the least-squares line through the Liger
+# times against their bytes 2 x 4096 rows x H x 2 B (compute/measured.memory_seconds, kind "norm"):
+# 6.90 us + n / 3.045 TB/s.
+NORM_T0, _slope = least_squares([2 * NORM_POINTS[0] * h * 2 for h in NORM_POINTS[1]], [ms * 1e-3 for ms in NORM_POINTS[2]])
+NORM_BW = 1 / _slope
 
 
 #: the row-parallel linears: their weight gradient is computed with their input gradient
@@ -163,7 +164,7 @@ def gemm_table(tp: int) -> GemmTable:
 def layer_terms(tp: int, megatron: bool = False) -> dict:
     """Seconds of one layer per block and pass (no SP: norms and adds see all S rows), every
     kernel floored at ISSUE. ``f_*`` forward, ``b_*`` input gradient, ``w_*`` weight gradient.
-    Byte counts of compute/ops._elementwise; norms at NORM_BW, everything else at TRIAD.
+    Byte counts of compute/ops._elementwise; norms NORM_T0 + bytes at NORM_BW, everything else at TRIAD.
     ``megatron``: one fused QKV GEMM (one kernel, one floor) and fp32-accumulating weight
     gradients (:func:`wgrad_s`); Megatron-LM's fused layer norm backward reads x and dy twice
     (5 passes, compute/ops.norm_backward_passes); each norm weight's main-gradient hook
@@ -176,7 +177,7 @@ def layer_terms(tp: int, megatron: bool = False) -> dict:
                                       if b == blk and row in (None, name in ROW))            # (N, K, M)
     att_f = kernel(attention_flops(tp) / (PEAK * EFF_ATTN))          # table's forward
     att_b = kernel(2.5 * attention_flops(tp) / (PEAK * EFF_ATTN))    # table's backward
-    norm_f, norm_b = kernel(2 * B * S * H / NORM_BW), kernel((5 if megatron else 3) * B * S * H / NORM_BW)
+    norm_f, norm_b = kernel(NORM_T0 + 2 * B * S * H / NORM_BW), kernel(NORM_T0 + (5 if megatron else 3) * B * S * H / NORM_BW)
     hook = kernel(10 * H / TRIAD) if megatron else 0.0                # Megatron: norm weight main_grad add
     add = kernel(3 * B * S * H / TRIAD)                               # residual add: two in, one out (both passes)
     grad_acc = kernel(3 * B * S * H / TRIAD)                          # backward: skip + norm-branch gradient summed
@@ -222,8 +223,8 @@ def head_terms(tp: int, megatron: bool = False) -> dict:
         emb_w += kernel(10 * (V // tp) * H / TRIAD)
         head_w += kernel(10 * H / TRIAD)
     return {"emb_f": emb_f, "emb_w": emb_w, "batch_f": batch_f, "batch_b": batch_b,
-            "head_f": kernel(2 * B * S * H / NORM_BW) + kernel(gemm_s(S, V // tp, H)) + kernel(ce_f * logits / TRIAD),
-            "head_b": kernel((5 if megatron else 3) * B * S * H / NORM_BW) + kernel(gemm_s(S, H, V // tp))
+            "head_f": kernel(NORM_T0 + 2 * B * S * H / NORM_BW) + kernel(gemm_s(S, V // tp, H)) + kernel(ce_f * logits / TRIAD),
+            "head_b": kernel(NORM_T0 + (5 if megatron else 3) * B * S * H / NORM_BW) + kernel(gemm_s(S, H, V // tp))
             + kernel(ce_b * logits / TRIAD),
             "head_w": head_w}
 
@@ -322,7 +323,8 @@ def test_inputs_are_the_catalog_values():
     assert [n.bandwidth_bytes_per_s for n in c.node.nics] == [NIC] * NODE_GPUS
     k = kernel_data(c.gpu.name)
     assert (k.stream_bytes_per_s, k.kernel_issue_s, k.microbatch_overhead_s) == (TRIAD, ISSUE, MB_OVERHEAD)
-    assert tuple(zip(k.norm_hidden, k.norm_bytes_per_s))[:2] == NORM_ROWS
+    assert (k.norm_fixed_s, k.norm_bytes_per_s) == (pytest.approx(NORM_T0, rel=1e-12), pytest.approx(NORM_BW, rel=1e-12))
+    assert (round(NORM_T0 * 1e6, 2), round(NORM_BW / 1e12, 3)) == (6.9, 3.045)
     ring, nvls, nic = (c.node.busbw[kind] for kind in ("nvlink", "nvls", "nic"))
     assert dict(zip(ring.sizes_bytes, ring.busbw_gb_per_s)) == dict(RING_NVL.values())
     assert dict(zip(nvls.sizes_bytes, nvls.busbw_gb_per_s))[NVLS_4M[0]] == NVLS_4M[1] and nvls.ranks == 8

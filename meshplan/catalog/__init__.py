@@ -56,8 +56,8 @@ def _kernels() -> dict[str, Any]:
 
 def kernel_data(gpu_name: str) -> Optional[dict[str, Any]]:
     """Measured kernel data of GPU ``gpu_name`` from ``kernels.toml`` (a deep copy), with
-    ``gemm_from`` / ``attention_from`` resolved (that GPU's GEMM points per dtype, unless
-    given here, or attention rows) and the ``host`` table added; ``None`` when the catalog has
+    ``gemm_from`` / ``attention_from`` / ``norm_from`` resolved (that GPU's GEMM points per
+    dtype, unless given here, its attention rows, or its norm times) and the ``host`` table added; ``None`` when the catalog has
     no measurements for that GPU (e.g. a user-described GPU or the CPU testbed).
 
     >>> d = kernel_data("h200-sxm-141gb")
@@ -77,6 +77,9 @@ def kernel_data(gpu_name: str) -> Optional[dict[str, Any]]:
     src = out.pop("attention_from", None)
     if src is not None:
         out["attention"] = copy.deepcopy(data["gpu"][src]["attention"])
+    src = out.pop("norm_from", None)
+    if src is not None:
+        out.update({k: copy.deepcopy(data["gpu"][src][k]) for k in ("norm_rows", "norm_hidden", "norm_ms")})
     out["host"] = copy.deepcopy(data["host"])
     return out
 

@@ -30,9 +30,17 @@ its nearest head dim (log2), rate linear in log2(S_kv) between the measured leng
 at the ends. Where a kernel only has fwd+bwd rates (FA2 on A100), forward and backward are
 timed at that one rate (time split by FLOP, 1 : 2.5).
 
-**Memory-bound kernels** (:func:`bandwidth`): norms at the fused-norm bandwidth for their
-hidden size (Liger RMSNorm, linear in log2 hidden, clamped), other elementwise kernels and the
-optimizer at BabelStream Triad.
+**Memory-bound kernels** (:func:`memory_seconds`): a norm takes ``fixed + bytes / bandwidth``,
+both fitted by least squares (:func:`fit_norm`) to the catalog's fused-norm kernel times (Liger
+RMSNorm at several hidden sizes, ``bytes = 2 x rows x H x 2 B``): the bytes carry rows and hidden
+alike, so a norm over 8,192 rows is not timed at the bandwidth of 2,048. Other elementwise
+kernels and the optimizer stream at BabelStream Triad.
+
+>>> d = kernel_data("a100-sxm-80gb")
+>>> round(d.norm_fixed_s * 1e6, 2), round(d.norm_bytes_per_s / 1e12, 3)   # S11, 2048 rows
+(8.76, 1.547)
+>>> round(memory_seconds(d, 2 * 8192 * 6144 * 2, "norm") * 1e6, 1)   # 22B norm, 8192 rows: us
+138.9
 
 **Overheads**: ``kernel_issue_s`` is the host's issue floor per eager kernel (a kernel shorter
 than it runs at the host's rate); ``microbatch_overhead_s`` the per-micro-batch batch broadcast.
@@ -76,8 +84,8 @@ class KernelData:
     attention: tuple[AttentionRow, ...]
     prefer: tuple[str, ...]
     stream_bytes_per_s: float
-    norm_hidden: tuple[int, ...]
-    norm_bytes_per_s: tuple[float, ...]
+    norm_fixed_s: float
+    norm_bytes_per_s: float
     microbatch_overhead_s: float
     kernel_issue_s: float
     source: str
@@ -95,9 +103,25 @@ def kernel_data(gpu_name: str) -> Optional[KernelData]:
     rows = tuple(AttentionRow(r["kernel"], r["pass"], r["mask"], int(r["head_dim"]), tuple(r["seq"]),
                               tuple(float(x) for x in r["tflops"]), r["source"]) for r in att.get("rows", []))
     prefer = tuple(att.get("prefer", sorted({r.kernel for r in rows})))
-    return KernelData(gpu_name, gemm, rows, prefer, raw["stream_tb_per_s"] * 1e12, tuple(raw["norm_hidden"]),
-                      tuple(x * 1e12 for x in raw["norm_tb_per_s"]), raw["microbatch_overhead_s"],
+    fixed, bw = fit_norm([2 * raw["norm_rows"] * h * 2 for h in raw["norm_hidden"]],
+                         [ms * 1e-3 for ms in raw["norm_ms"]])
+    return KernelData(gpu_name, gemm, rows, prefer, raw["stream_tb_per_s"] * 1e12, fixed,
+                      bw * raw.get("norm_bandwidth_scale", 1.0), raw["microbatch_overhead_s"],
                       raw["host"]["kernel_issue_s"], raw["source"])
+
+
+def fit_norm(nbytes: list[float], seconds: list[float]) -> tuple[float, float]:
+    """(fixed s, bandwidth B/s) of ``t = fixed + bytes / bandwidth``, ordinary least squares
+    over measured (bytes, seconds) points of one kernel (at least two distinct sizes).
+
+    >>> fixed, bw = fit_norm([1e6, 3e6], [2e-6, 4e-6])   # 1 us + 1 us per MB
+    >>> round(fixed * 1e6, 9), round(bw / 1e12, 9)
+    (1.0, 1.0)
+    """
+    n = len(nbytes)
+    mx, my = sum(nbytes) / n, sum(seconds) / n
+    slope = sum((x - mx) * (y - my) for x, y in zip(nbytes, seconds)) / sum((x - mx) ** 2 for x in nbytes)
+    return my - slope * mx, 1.0 / slope
 
 
 def gemm_tflops(data: KernelData, m: int, n: int, k: int, dtype: str) -> tuple[float, str]:
@@ -183,9 +207,13 @@ def attention_seconds(data: KernelData, att: Attention, causal: bool = True) -> 
     return out[0], out[1], "; ".join(how)
 
 
-def bandwidth(data: KernelData, kind: str = "elementwise", hidden: int = 0) -> float:
-    """Achievable HBM bandwidth (B/s) of a memory-bound kernel: ``kind`` "norm" at the fused
-    norm curve for ``hidden``, anything else at BabelStream Triad."""
-    if kind == "norm":
-        return _interp_log(data.norm_hidden, data.norm_bytes_per_s, hidden)
-    return data.stream_bytes_per_s
+def bandwidth(data: KernelData, kind: str = "elementwise") -> float:
+    """Achievable HBM bandwidth (B/s) of a memory-bound kernel's streaming: ``kind`` "norm" at
+    the fused norm's fitted bandwidth, anything else at BabelStream Triad."""
+    return data.norm_bytes_per_s if kind == "norm" else data.stream_bytes_per_s
+
+
+def memory_seconds(data: KernelData, nbytes: float, kind: str = "elementwise") -> float:
+    """Seconds of a memory-bound kernel moving ``nbytes`` (read + written): a norm's fitted
+    fixed time plus its bytes at the fitted bandwidth; anything else its bytes at Triad."""
+    return (data.norm_fixed_s if kind == "norm" else 0.0) + nbytes / bandwidth(data, kind)

@@ -53,7 +53,7 @@ from math import ceil
 from typing import Optional
 
 from meshplan.compute.gemm import GemmTable, gemm_efficiency, gemm_model, gemm_time, load_gemm_table  # noqa: F401
-from meshplan.compute.measured import attention_seconds, bandwidth, kernel_data
+from meshplan.compute.measured import attention_seconds, bandwidth, kernel_data, memory_seconds
 from meshplan.compute.megatron import (TIMER_SYNCS, attention_copy_bytes, batch_bytes, cross_entropy_bytes,
                                        embedding_bytes, hook_params,
                                        norm_backward_passes, softmax_bytes)
@@ -192,14 +192,17 @@ def issue_floor(gpu: GPUSpec, seconds: float) -> float:
 
 
 def _mem(gpu: GPUSpec, name: str, block: str, phase: str, nbytes: float, recompute=False,
-         kind: str = "elementwise", hidden: int = 0) -> Op:
-    """A memory-bound kernel: bytes at the catalog's achievable bandwidth for ``kind`` (norm
-    curve at ``hidden``, else Triad), or the datasheet bandwidth for a GPU without one."""
+         kind: str = "elementwise") -> Op:
+    """A memory-bound kernel: :func:`meshplan.compute.measured.memory_seconds` of its bytes
+    for ``kind`` (a norm's fitted fixed time + bytes at its fitted bandwidth, else Triad), or the
+    datasheet bandwidth for a GPU without catalog data."""
     data = kernel_data(gpu.name)
-    bw = gpu.hbm_bandwidth_bytes_per_s if data is None else bandwidth(data, kind, hidden)
-    what = "datasheet" if data is None else ("fused norm" if kind == "norm" else "Triad")
-    t = issue_floor(gpu, nbytes / bw)
-    return Op(name, block, phase, "memory", t, size_bytes=nbytes, recompute=recompute,
+    if data is None:
+        bw, t, what = gpu.hbm_bandwidth_bytes_per_s, nbytes / gpu.hbm_bandwidth_bytes_per_s, "datasheet"
+    else:
+        bw, t = bandwidth(data, kind), memory_seconds(data, nbytes, kind)
+        what = f"fused norm, + {data.norm_fixed_s * 1e6:.1f} us" if kind == "norm" else "Triad"
+    return Op(name, block, phase, "memory", issue_floor(gpu, t), size_bytes=nbytes, recompute=recompute,
               note=f"{nbytes / 1e6:.1f} MB / {bw / 1e12:.3g} TB/s ({what})")
 
 
@@ -382,10 +385,9 @@ def _elementwise(model: ModelSpec, gpu: GPUSpec, w: Workload, gemms: list[Gemm])
         nb = 2 * b * rows * h
         spec += [("moe permute", "mlp", nb, nb), ("moe unpermute", "mlp", nb, nb)]
     out = []
-    widths = {"q_a norm": model.q_lora_rank or h, "kv_a norm": model.kv_lora_rank or h}
     for name, block, f, bw in spec:
         kind = "norm" if name.endswith("norm") else "elementwise"
-        out += [_mem(gpu, name, block, phase, nb, kind=kind, hidden=widths.get(name, h))
+        out += [_mem(gpu, name, block, phase, nb, kind=kind)
                 for phase, nb in (("forward", f), ("backward_input", bw)) if nb > 0]
     return out
 
@@ -567,9 +569,9 @@ def head_cost(model: ModelSpec, gpu: GPUSpec, w: Workload, table: Optional[GemmT
     pv = padded_vocab(model.vocab, w.vocab_pad_divisor, w.tp)
     g = Gemm("output", w.tokens, pv // w.tp, h)
     logits = w.tokens * (pv // w.tp)
-    ops = [_mem(gpu, "final norm", "head", "forward", 2 * b * r * h, kind="norm", hidden=h),
+    ops = [_mem(gpu, "final norm", "head", "forward", 2 * b * r * h, kind="norm"),
            _mem(gpu, "final norm", "head", "backward_input", norm_backward_passes(w.megatron_ops) * b * r * h,
-                kind="norm", hidden=h)]
+                kind="norm")]
     ops += _gemm_ops(gpu, g, "head", w, table, model_scale=model.vocab / pv)
     fwd_b, bwd_b = cross_entropy_bytes(b, w.megatron_ops)
     ops += [_mem(gpu, "cross entropy", "head", "forward", fwd_b * logits),
