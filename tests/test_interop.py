@@ -29,7 +29,7 @@ from meshplan.interop.foreign import (
     mesh_key,
     reimport_options,
 )
-from meshplan.interop.megatron import parse_args
+from meshplan.interop.megatron import parse_args, write
 from meshplan.interop.torchtitan import default_split
 from meshplan.plan import Plan, build_plan
 from meshplan.schedule.rank_timeline import Overlap
@@ -92,13 +92,32 @@ def test_torchtitan_hf_path_and_float8(tmp_path):
     assert cfg.model.layers == 28
 
 
+def test_megatron_bf16_reduces_gradients_in_fp32_unless_told(tmp_path):
+    """Megatron-LM's arguments.py forces accumulate_allreduce_grads_in_fp32 for --bf16 (later
+    versions: unless --grad-reduce-in-bf16): the imported config's dp reduction is fp32, bf16 with
+    the flag, and an export writes the flag back so the round trip keeps bf16."""
+    args = MG.read_text().replace("--use-distributed-optimizer ", "")  # DDP: sharding none
+    f = tmp_path / "a.args"
+    f.write_text(args)
+    cfg = load_any(f, opts=ImportOptions(cluster="dgx-h100", nodes=2))
+    assert (cfg.training.sharding, cfg.training.gradient_reduce_dtype) == ("none", "fp32")
+    dp = [r for r in build_plan(cfg).stage(0).collectives if r.axis == "dp"]
+    assert dp and {r.dtype for r in dp} == {"fp32"}
+    f.write_text(args + " --grad-reduce-in-bf16")
+    cfg = load_any(f, opts=ImportOptions(cluster="dgx-h100", nodes=2))
+    assert cfg.training.gradient_reduce_dtype == "bf16"
+    assert "--grad-reduce-in-bf16" in write(cfg)
+
+
 def test_megatron_example_by_hand():
     cfg = load_any(MG, opts=ImportOptions(cluster="dgx-h100", nodes=2))
     t = cfg.training
     # dp = 16 / (tp 2 * cp 1 * pp 2) = 4, Megatron's order tp-cp-dp-pp: outermost pp, dp, tp
     assert (cfg.mesh.names, cfg.mesh.shape, cfg.mesh.sequence_parallel) == (["pp", "dp", "tp"], [2, 4, 2], True)
     assert (t.global_batch, t.micro_batch, t.seq_len, t.sharding, t.recompute) == (128, 1, 8192, "zero1", "selective")
-    assert (t.param_dtype, t.compute_dtype, t.gradient_reduce_dtype) == ("bf16", "bf16", "bf16")
+    # --bf16 makes Megatron-LM accumulate and reduce gradients in fp32 (arguments.py: "bfloat16
+    # requires gradient accumulation and all-reduce to be done in fp32")
+    assert (t.param_dtype, t.compute_dtype, t.gradient_reduce_dtype) == ("bf16", "bf16", "fp32")
     assert cfg.model == catalog.model("llama3-8b")  # the flags give its fields exactly
     assert "megatron: the model flags give catalog model llama3-8b exactly" in cfg.notes
     assert cfg.notes[-1] == ("megatron: fields meshplan does not use: --overlap-grad-reduce, --lr, --train-iters, "

@@ -29,7 +29,8 @@ Megatron-LM                              meshplan
 --micro-batch-size, --global-batch-size  training.micro_batch, global_batch (default micro x dp)
 --seq-length                             training.seq_len
 --bf16, --fp16, --fp8-format             compute/param dtype (fp32 main parameters kept)
---accumulate-allreduce-grads-in-fp32     grad_reduce_dtype fp32 (else the parameter dtype)
+--accumulate-allreduce-grads-in-fp32     grad_reduce_dtype fp32 (forced by --bf16 unless --grad-reduce-in-bf16;
+                                         else the parameter dtype)
 --tp-comm-overlap                        training.tp_comm_overlap
 (Megatron-LM's own linears)              training.framework megatron (its backward order)
 --num-layers, --hidden-size, ...         the model, field by field (or --model)
@@ -58,7 +59,7 @@ SWITCHES = {"--sequence-parallel", "--use-distributed-optimizer", "--recompute-a
             "--add-qkv-bias", "--qk-layernorm", "--use-flash-attn", "--accumulate-allreduce-grads-in-fp32",
             "--tp-comm-overlap", "--use-torch-fsdp2", "--use-megatron-fsdp", "--overlap-grad-reduce",
             "--overlap-param-gather", "--use-mcore-models", "--no-masked-softmax-fusion", "--standalone",
-            "--multi-latent-attention"}
+            "--multi-latent-attention", "--grad-reduce-in-bf16"}
 PARALLEL = {"--tensor-model-parallel-size": "tp", "--pipeline-model-parallel-size": "pp",
             "--context-parallel-size": "cp", "--expert-model-parallel-size": "ep",
             "--expert-tensor-parallel-size": "etp"}
@@ -78,7 +79,7 @@ USED = set(PARALLEL) | MODEL_FLAGS | {
     "--recompute-num-layers", "--num-layers-per-virtual-pipeline-stage", "--num-virtual-stages-per-pipeline-rank",
     "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers", "--micro-batch-size",
     "--global-batch-size", "--seq-length", "--bf16", "--fp16", "--fp8-format", "--accumulate-allreduce-grads-in-fp32",
-    "--tp-comm-overlap", "--make-vocab-size-divisible-by", "--use-flash-attn", "--nnodes"}
+    "--tp-comm-overlap", "--make-vocab-size-divisible-by", "--use-flash-attn", "--nnodes", "--grad-reduce-in-bf16"}
 SHARDING = {"no_shard": "none", "optim": "zero1", "optim_grads": "zero2", "optim_grads_params": "zero3"}
 
 
@@ -321,7 +322,8 @@ def read(text: str, opts: ImportOptions) -> Imported:
     training = {"global_batch": _num(args, "--global-batch-size", micro * dp), "seq_len": seq, "micro_batch": micro,
                 "sharding": _sharding(args), "recompute": _recompute(args, layers // deg["pp"], notes),
                 "param_dtype": "bf16" if dtype == "fp8" else dtype, "compute_dtype": dtype,
-                "grad_reduce_dtype": "fp32" if args.get("--accumulate-allreduce-grads-in-fp32") else "param",
+                "grad_reduce_dtype": "fp32" if args.get("--accumulate-allreduce-grads-in-fp32") or (
+                    dtype == "bf16" and not args.get("--grad-reduce-in-bf16")) else "param",
                 "tp_comm_overlap": bool(args.get("--tp-comm-overlap")), "framework": "megatron",
                 "vocab_pad_divisor": _num(args, "--make-vocab-size-divisible-by", 128)}
     if dtype != "fp32" and not args.get("--use-flash-attn"):
@@ -382,6 +384,8 @@ def write(cfg: Config) -> list[str]:
             f"--seq-length {t.seq_len}", f"--make-vocab-size-divisible-by {t.vocab_pad_divisor}"]
     out += {"bf16": ["--bf16"], "fp16": ["--fp16"], "fp8": ["--bf16", "--fp8-format hybrid"]}.get(t.compute_dtype, [])
     out += ["--accumulate-allreduce-grads-in-fp32"] * (t.gradient_reduce_dtype == "fp32")
+    # Megatron-LM reduces bf16 runs' gradients in fp32 unless told otherwise
+    out += ["--grad-reduce-in-bf16"] * (t.gradient_reduce_dtype == "bf16" and "--bf16" in out)
     out += ["--tp-comm-overlap"] * t.tp_comm_overlap + ["--use-flash-attn"] * t.flash_attention
     return out
 

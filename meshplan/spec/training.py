@@ -25,8 +25,11 @@ class TrainingSpec(BaseModel):
     ``grad_reduce_dtype``: dtype of the gradient reduction over the data axes: ``fp32``
     (Megatron-LM's DDP and distributed optimizer reduce fp32 main gradients,
     ``--accumulate-allreduce-grads-in-fp32``), ``bf16``, or ``param`` (the parameter dtype);
-    unset: ``reduce_dtype`` for zero1/zero2/zero3/hsdp (FSDP2's ``MixedPrecisionPolicy``) and
-    the parameter dtype for ``none`` (torch DDP reduces the gradients as they are).
+    unset: ``reduce_dtype`` for zero1/zero2/zero3/hsdp (FSDP2's ``MixedPrecisionPolicy``); for
+    ``none`` the parameter dtype (torch DDP reduces the gradients as they are), except fp32 under
+    ``framework = "megatron"`` with bf16 parameters (Megatron-LM's ``arguments.py`` sets
+    ``accumulate_allreduce_grads_in_fp32`` for every bf16 run: "bfloat16 requires gradient
+    accumulation and all-reduce to be done in fp32"; later versions unless ``--grad-reduce-in-bf16``).
     ``tp_comm_overlap``: TP collectives overlap the GEMMs of their block (Megatron-LM
     ``--tp-comm-overlap``, Transformer Engine userbuffers); off: they block (torchtitan's
     default).
@@ -188,7 +191,11 @@ class TrainingSpec(BaseModel):
         'fp32'
         >>> TrainingSpec(global_batch=8, seq_len=16, sharding="zero3").gradient_reduce_dtype
         'fp32'
+        >>> TrainingSpec(global_batch=8, seq_len=16, sharding="none", framework="megatron").gradient_reduce_dtype
+        'fp32'
         """
         if self.grad_reduce_dtype is None:
-            return self.param_dtype if self.sharding == "none" else self.reduce_dtype
+            if self.sharding != "none":
+                return self.reduce_dtype
+            return "fp32" if self.framework == "megatron" and self.param_dtype == "bf16" else self.param_dtype
         return self.param_dtype if self.grad_reduce_dtype == "param" else self.grad_reduce_dtype
