@@ -226,3 +226,24 @@ def test_pipeline_send_recv_through_one_nic_is_the_s18_pair():
     # inside a node send/recv stays on NVLink (the p2p curve is for a NIC only)
     assert collective_time("send/recv", 2, size, 300e9, "nvlink", curves=A100) == \
         collective_time("send/recv", 2, size, 300e9, "nvlink", curves=no_pair)
+
+
+def test_one_rank_per_node_reduces_through_its_own_nic_at_the_s18_pair_rate(tmp_path):
+    # S18: 2 nodes x 1 A100, one HDR NIC each: all_reduce 1 GB at 18.65 GB/s busbw (busbw factor
+    # 2(n-1)/n = 1 with 2 ranks): t1 = 2^30 / 18.65e9 = 57.57 ms. A group with one rank on each
+    # node (a dp group beside tp 8) is that pattern: at 1 GiB its time is t1 exactly (its NCCL
+    # latency is the curve's own: same rank count and algorithm).
+    t1 = GiB / 18.65e9
+    alg, t = collective_time("all-reduce", 2, GiB, 25e9, "network", nodes=2, intra_bandwidth_bytes_per_s=300e9,
+                             curves=A100, ranks_per_node=1)
+    assert t == pytest.approx(t1, rel=1e-12) and round(t * 1e3, 2) == 57.57
+    # without the curve: the 8-NIC all-reduce's per-NIC share (183.82 of 200 GB/s), 23.0 GB/s
+    no_ring = {k: v for k, v in A100.items() if k != "nic1"}
+    _, t_nic = collective_time("all-reduce", 2, GiB, 25e9, "network", nodes=2, intra_bandwidth_bytes_per_s=300e9,
+                               curves=no_ring, ranks_per_node=1)
+    assert GiB / t_nic == pytest.approx(183.82 / 200 * 25e9, rel=0.01)
+    # a group with 8 ranks on each node keeps the 8-NIC curve
+    assert collective_time("all-reduce", 16, GiB, 200e9, "network", nodes=2, intra_bandwidth_bytes_per_s=300e9,
+                           curves=A100, ranks_per_node=8) == \
+        collective_time("all-reduce", 16, GiB, 200e9, "network", nodes=2, intra_bandwidth_bytes_per_s=300e9,
+                        curves=no_ring, ranks_per_node=8)

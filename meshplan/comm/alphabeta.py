@@ -276,7 +276,9 @@ def collective_time(op: str, n: int, size_bytes: float, bandwidth_bytes_per_s: f
       inside the node (NVLink), the op across nodes on 1/g of the buffer, all-gather inside;
     - send/recv across nodes on the "p2p" curve when there is one (a single GPU's pair
       through its own NIC, slower than a NIC's share of the 8-NIC all-reduce: [S18] 15.48
-      against 23.0 GB/s on HDR), else on "nic";
+      against 23.0 GB/s on HDR), else on "nic"; the other ops across nodes with one rank per
+      node (``ranks_per_node`` 1: each rank drives its own NIC) on the "nic1" curve when there
+      is one ([S18] all-reduce 2 x 1 A100: 18.65 GB/s), else on "nic";
     - ``pairwise`` for all-to-all across nodes (:func:`all_to_all_time`), in place of the ring
       when the rank's own NIC share ``nic_bandwidth_bytes_per_s`` and the group's
       ``ranks_per_node`` are given.
@@ -298,6 +300,8 @@ def collective_time(op: str, n: int, size_bytes: float, bandwidth_bytes_per_s: f
     link = curves.get("nic" if network else "nvlink")
     if op == "send/recv" and network and "p2p" in curves:
         link = curves["p2p"]
+    elif network and ranks_per_node == 1 and "nic1" in curves:
+        link = curves["nic1"]
     if op == "all-to-all" and network and nic_bandwidth_bytes_per_s and ranks_per_node and n > 1:
         return "pairwise", all_to_all_time(n, size_bytes, ranks_per_node, nic_bandwidth_bytes_per_s,
                                            intra_bandwidth_bytes_per_s, latency_scale, curves)

@@ -379,11 +379,12 @@ def apply_calibration(cluster: ClusterSpec, calib: dict[str, CalibratedLink]) ->
     ``pcie`` -> its PCIe link (bandwidth, per-step latency); ``nic`` -> every NIC's rate
     (GB/s x 8 = Gb/s) and every network tier's per-step latency. The calibrated link classes
     lose the catalog's measured busbw curves (``nvlink`` the "nvlink" and "nvls" curves, ``nic``
-    the "nic" curve and the cross-node send/recv pair curve "p2p", which runs over one NIC):
+    the "nic" curve and the single-NIC curves "p2p" (cross-node send/recv pair) and "nic1" (one
+    rank per node), which run over one NIC):
     the user's own fit replaces them. Other fields are kept."""
     node, tag = cluster.node, "calibrated: {}"
     upd: dict[str, Any] = {}
-    dropped = {"nvlink": ("nvlink", "nvls"), "nic": ("nic", "p2p")}
+    dropped = {"nvlink": ("nvlink", "nvls"), "nic": ("nic", "p2p", "nic1")}
     gone = {c for name in calib for c in dropped.get(name, ())}
     upd["busbw"] = {k: v for k, v in node.busbw.items() if k not in gone}
     for name, field in (("nvlink", "fabric"), ("pcie", "pcie")):

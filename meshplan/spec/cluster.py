@@ -170,7 +170,9 @@ class NodeSpec(BaseModel):
     """A server: GPUs, the intra-node fabric, CPU sockets and NICs. ``busbw``: measured
     nccl-tests curves per link class (``nvlink`` ring, ``nvls`` all-reduce with NVLink SHARP,
     ``nic`` across nodes, ``p2p`` one GPU's send/recv pair through its own NIC to another
-    node); a class without one is timed at its line rate (``p2p`` falls back to ``nic``)."""
+    node, ``nic1`` a ring or tree whose every rank is its node's only member of the group, so
+    each drives one NIC, as a dp group beside tp 8); a class without one is timed at its line
+    rate (``p2p`` and ``nic1`` fall back to ``nic``)."""
 
     model_config = _STRICT
     name: Name
@@ -180,7 +182,7 @@ class NodeSpec(BaseModel):
     sockets: list[SocketSpec] = Field(max_length=MAX_GPUS_PER_NODE)
     nics: list[NICSpec] = Field(max_length=MAX_GPUS_PER_NODE)
     nvlink_domain_gpus: int = Field(default=0, ge=0, le=MAX_WORLD)
-    busbw: dict[Literal["nvlink", "nvls", "nic", "p2p"], BusbwCurve] = Field(default_factory=dict)
+    busbw: dict[Literal["nvlink", "nvls", "nic", "p2p", "nic1"], BusbwCurve] = Field(default_factory=dict)
     source: Text = ""
 
     @model_validator(mode="after")
