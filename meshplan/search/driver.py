@@ -60,7 +60,7 @@ from meshplan.errors import ConfigError
 from meshplan.limits import MAX_SEARCH_WORLD, over as over_bound
 from meshplan.memory.constraints import usable_bytes
 from meshplan.search.bounds import bounds
-from meshplan.search.exact import PLAN_ONLY, SIMULATE, STEP_ONLY, Exact, Planner, Pool
+from meshplan.search.exact import PLAN_ONLY, SIMULATE, STEP_ONLY, Exact, Planner, Pool, merge
 from meshplan.search.explain import Explanation, explain
 from meshplan.search.frontier import Frontier
 from meshplan.search.memory import Tables, stage_layout, state
@@ -278,23 +278,21 @@ class _Runner:
         todo = [(int(i), md) for i, md in zip(idx, modes)
                 if int(i) not in self.exact or _short_of(self.exact[int(i)], md)]
         out = []
-        step = max(1, self.pool.workers)
-        for k in range(0, len(todo), step * 4):
+        # batches of 4 jobs per worker; one per worker under a deadline, so that the last batch
+        # (up to ~0.3 s a job with pp 64 memory timelines) overruns it by one job at most
+        step = max(1, self.pool.workers) * (4 if deadline == float("inf") else 1)
+        for k in range(0, len(todo), step):
             if time.perf_counter() > deadline:
                 break
-            out += self._batch(todo[k:k + step * 4])
+            out += self._batch(todo[k:k + step])
             if self.progress:
-                self.progress(label, min(k + step * 4, len(todo)), len(todo))
+                self.progress(label, min(k + step, len(todo)), len(todo))
         return out
 
     def _batch(self, jobs: list[tuple[int, str]]) -> list[Exact]:
         res = self.pool.map(jobs)
         for k, r in enumerate(res):
-            prev = self.exact.get(r.index)
-            if prev is not None and prev.complete and not r.complete:  # keep the memory verdict and peak
-                r = res[k] = replace(prev, step_s=r.step_s, mfu=r.mfu, tokens_per_s=r.tokens_per_s)
-            elif prev is not None and r.step_s is None and prev.step_s is not None and r.feasible:  # keep the step
-                r = res[k] = replace(r, step_s=prev.step_s, mfu=prev.mfu, tokens_per_s=prev.tokens_per_s)
+            r = res[k] = merge(self.exact.get(r.index), r)  # the memory verdict and the step of two passes
             self.exact[r.index] = r
             self._check(r)
             if self.code[r.index] != OK or not r.complete:  # step-only: the memory bound decided
@@ -415,8 +413,11 @@ def _complete_top(c: Candidates, steps: dict[int, float], top: int, run: _Runner
     whose plan does not fit after all (its memory bound was wrong: noted) leaves ``steps``.
     True when the top changed and the ranking must go on."""
     light = [i for i in ranked(c, steps, top) if _short_of(run.exact[i], SIMULATE)]
+    # the ranking's step-only evaluations hold the step, its parts and the goodput: the
+    # memory alone completes them (merge), no second step_time
+    modes = [PLAN_ONLY if run.exact[i].breakdown is not None else SIMULATE for i in light]
     changed = False
-    for r in run.plan(light, SIMULATE, label="top"):
+    for r in run.plan(light, modes, label="top"):
         if not r.feasible or r.step_s is None:
             run.notes.append(f"candidate {r.index}: planned peak {r.peak_bytes:.4g} B does not fit although its "
                              "memory upper bound did; left out of the top")
