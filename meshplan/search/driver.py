@@ -41,9 +41,7 @@ The config's ``[mesh]`` table is ignored (a config without one is accepted); ``[
 
 Exact ties (after the tie rule's keys) are broken by enumeration index, the same in the
 exhaustive check.
-Exact plans run on ``workers`` forked processes (default: the CPUs this process may use);
-the memory bounds of step 2 run on one of them while this process computes the step-time
-bounds (:meth:`~meshplan.search.exact.Pool.submit`).
+Exact plans run on ``workers`` forked processes (default: the CPUs this process may use).
 
 Goodput (:mod:`meshplan.reliability`, storage bandwidths and restart overhead from
 ``[search]``) is printed for the top candidates, not ranked.
@@ -152,18 +150,15 @@ def refine(cfg: Config, c: Candidates, est: Estimates, idx: np.ndarray, tt: Opti
             est.step_lo[i] = np.maximum(est.step_lo[i], pipeline_bound(part, v, m, rf))
 
 
-def estimate(cfg: Config, c: Candidates, code: np.ndarray, tt: Optional[TimeTables] = None,
-             pool: Optional[Pool] = None) -> Estimates:
+def estimate(cfg: Config, c: Candidates, code: np.ndarray, tt: Optional[TimeTables] = None) -> Estimates:
     """The vectorised pass over every candidate that passed the validity rules; ``tt``: op
-    and path tables to fill and reuse (:func:`refine` takes them too); ``pool``: where the
-    memory bounds run (one worker, beside the step-time bounds here; default: here too)."""
+    and path tables to fill and reuse (:func:`refine` takes them too)."""
     n = len(c)
     est = Estimates(np.full(n, np.nan), np.full(n, np.nan), np.full(n, np.nan), np.full(n, np.nan))
     ok = np.flatnonzero(code == OK)
     if not len(ok):
         return est
     tt = tt or TimeTables(cfg, Tables(cfg))
-    memory = pool.submit(memory_bounds, ok) if pool is not None else None
     tables = tt.tables
     sub = c.take(ok)
     est.gemm[ok] = gemm_efficiency(cfg, tt, sub)
@@ -171,25 +166,11 @@ def estimate(cfg: Config, c: Candidates, code: np.ndarray, tt: Optional[TimeTabl
         idx = np.flatnonzero(sub.pp == p)
         g = sub.take(idx)
         st = stage_layout(cfg, g, int(p))
-        est.step_lo[ok[idx]] = step_lower_bound(cfg, tt, g, st, state(cfg, tables, g, st))
-    est.peak_lo[ok], est.peak_hi[ok] = memory() if memory is not None else memory_bounds(cfg, c, ok, tables)
+        s = state(cfg, tables, g, st)
+        lo, hi = bounds(cfg, tables, g, st, s)
+        est.peak_lo[ok[idx]], est.peak_hi[ok[idx]] = lo.max(axis=1), hi.max(axis=1)
+        est.step_lo[ok[idx]] = step_lower_bound(cfg, tt, g, st, s)
     return est
-
-
-def memory_bounds(cfg: Config, c: Candidates, idx: np.ndarray, tables: Optional[Tables] = None) \
-        -> tuple[np.ndarray, np.ndarray]:
-    """Lower and upper bound on the memory-timeline peak of candidates ``idx`` (bytes, the most
-    loaded stage; :mod:`meshplan.search.bounds`), in the order of ``idx``."""
-    tables = tables or Tables(cfg)
-    sub = c.take(idx)
-    lo, hi = np.full(len(idx), np.nan), np.full(len(idx), np.nan)
-    for p in np.unique(sub.pp):
-        at = np.flatnonzero(sub.pp == p)
-        g = sub.take(at)
-        st = stage_layout(cfg, g, int(p))
-        b_lo, b_hi = bounds(cfg, tables, g, st, state(cfg, tables, g, st))
-        lo[at], hi[at] = b_lo.max(axis=1), b_hi.max(axis=1)
-    return lo, hi
 
 
 Progress = Callable[[str, int, int], None]
@@ -221,21 +202,21 @@ def search(cfg: Config, progress: Optional[Progress] = None, workers: Optional[i
     code = first_reason(cfg, c)
     decided = np.where(code == OK, 0, RULE)
     clock("enumerate")
+    tt = TimeTables(cfg, Tables(cfg))
+    est = estimate(cfg, c, code, tt)
+    clock("estimate")
+    usable = usable_bytes(cfg.cluster, cfg.training)
+    valid = code == OK
+    margin = o.memory_margin
+    over = valid & (est.peak_lo > usable * (1 + margin))
+    code[over], decided[over] = MEMORY, BOUND
+    decided[valid & (est.peak_hi * (1 + margin) <= usable)] = BOUND
+    above = est.gemm >= o.min_gemm_efficiency
     workers = workers or max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
     pool = Pool(Planner(cfg, c), workers)
+    run = _Runner(pool, code, decided, progress, est, margin)
+    notes = run.notes
     try:
-        tt = TimeTables(cfg, Tables(cfg))
-        est = estimate(cfg, c, code, tt, pool)
-        clock("estimate")
-        usable = usable_bytes(cfg.cluster, cfg.training)
-        valid = code == OK
-        margin = o.memory_margin
-        over = valid & (est.peak_lo > usable * (1 + margin))
-        code[over], decided[over] = MEMORY, BOUND
-        decided[valid & (est.peak_hi * (1 + margin) <= usable)] = BOUND
-        above = est.gemm >= o.min_gemm_efficiency
-        run = _Runner(pool, code, decided, progress, est, margin)
-        notes = run.notes
         apply = _threshold_applies(valid & ~over & above, decided, est, run)
         eligible = np.flatnonzero((code == OK) & (above | (not apply)))
         near_top = _near_top(est, eligible, o.top, o.refine_max)

@@ -13,7 +13,7 @@ does not decide; :func:`merge` joins the two into what :data:`SIMULATE` gives.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Optional
+from typing import Optional
 
 from meshplan.memory import constraints as cons
 from meshplan.plan import Infeasible, build_plan
@@ -114,10 +114,6 @@ def _work(job):
     return _WORKER(job)
 
 
-def _call(fn, args):
-    return fn(_WORKER.cfg, _WORKER.cands, *args)
-
-
 class Pool:
     """Runs planner jobs in order, on ``workers`` forked processes when > 1."""
 
@@ -133,14 +129,6 @@ class Pool:
             except (OSError, ValueError):
                 self.pool = None
         self.workers = workers if self.pool else 1
-
-    def submit(self, fn: Callable, *args) -> Callable[[], Any]:
-        """Start ``fn(cfg, candidates, *args)`` (a module-level function: it is pickled by
-        name) on one worker; the returned function waits for its result. Without workers it
-        runs when the result is asked for."""
-        if self.pool is None:
-            return lambda: fn(self.planner.cfg, self.planner.cands, *args)
-        return self.pool.apply_async(_call, (fn, args)).get
 
     def map(self, jobs: list) -> list[Exact]:
         if self.pool is None or len(jobs) < 2:
