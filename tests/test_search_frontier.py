@@ -1,7 +1,6 @@
 """The search's speed-ups that must not change a number (issue 11 item 7): the ranking's queue
 tightening bounds lazily (:mod:`meshplan.search.frontier`), a step-only and a memory-only
-evaluation merged into a complete one (:func:`meshplan.search.exact.merge`), and the memory
-bounds computed on a pool worker (:meth:`meshplan.search.exact.Pool.submit`)."""
+evaluation merged into a complete one (:func:`meshplan.search.exact.merge`)."""
 
 from __future__ import annotations
 
@@ -9,12 +8,10 @@ import numpy as np
 import pytest
 
 from meshplan.search import driver
-from meshplan.search.driver import estimate, refine, search
-from meshplan.search.exact import PLAN_ONLY, SIMULATE, STEP_ONLY, Planner, Pool, merge
+from meshplan.search.driver import refine, search
+from meshplan.search.exact import PLAN_ONLY, SIMULATE, STEP_ONLY, Planner, merge
 from meshplan.search.frontier import Frontier
-from meshplan.search.memory import Tables
 from meshplan.search.space import OK, enumerate_candidates, first_reason
-from meshplan.search.timing import TimeTables
 from test_search import CASES, config
 
 
@@ -64,23 +61,6 @@ def test_step_only_and_memory_only_merge_to_the_simulated_evaluation():
             unfit += 1
             assert got[0].feasible is False and got[0].peak_bytes == full.peak_bytes
     assert fits > 0
-
-
-def test_memory_bounds_on_a_worker_equal_the_inline_ones():
-    cfg = config(**CASES["64"])
-    c = enumerate_candidates(cfg)
-    code = first_reason(cfg, c)
-    inline = estimate(cfg, c, code, TimeTables(cfg, Tables(cfg)))
-    pool = Pool(Planner(cfg, c), 2)
-    try:
-        assert pool.workers == 2
-        worker = estimate(cfg, c, code, TimeTables(cfg, Tables(cfg)), pool)
-    finally:
-        pool.close()
-    for name in ("peak_lo", "peak_hi", "step_lo", "gemm"):
-        a, b = getattr(inline, name), getattr(worker, name)
-        assert np.array_equal(a, b, equal_nan=True), name
-    assert np.isfinite(inline.peak_lo[code == OK]).all()
 
 
 @pytest.mark.slow  # three searches of the 64-GPU case: 8.4 s on a loaded 2-core machine
