@@ -78,7 +78,7 @@ class SearchOptions(BaseModel):
       timeline's events (:mod:`meshplan.search.memory`); the margin absorbs a small change
       there, and every exact plan is checked against them.
     - ``settle_s``: seconds spent planning candidates near the memory limit that the
-      ranking did not need (their verdict changes only the counts; default 5); those left
+      ranking did not need (their verdict changes only the counts; default 2); those left
       when it runs out are counted as undecided.
     - ``checkpoint_write_gb_per_s``, ``checkpoint_read_gb_per_s``: aggregate storage bandwidth
       for the goodput column (default 2000 GB/s each: the Llama 3 paper's sustained Tectonic
