@@ -375,7 +375,9 @@ def _rank(cfg: Config, c: Candidates, est: Estimates, eligible: np.ndarray, run:
                 run.notes.append(f"exact_max {o.exact_max} reached: {len(queue)} candidates with a lower "
                                  f"step-time bound than the top's were not planned; the top is not proven")
                 break
-            chunk = queue.pop(batch)
+            # while fewer than ``top`` steps are known the stopping rule cannot hold: the next
+            # top - known candidates are planned in any case, as one batch (fewer pool round trips)
+            chunk = queue.pop(min(max(batch, o.top - len(steps)), max(batch, o.exact_max - planned)))
             # the step alone (build_plan without memory timelines, then step_time); near the
             # memory limit the memory verdict follows only where the step could enter the top
             run.plan(chunk, STEP_ONLY, label="ranking")
