@@ -5,13 +5,14 @@ the goodput of :mod:`meshplan.reliability`, and a pool of forked worker processe
 Plans are built without what only reports read (constraint rows and their per-axis
 annotation, placement flags: ``build_plan(reports=False)``); an :class:`Exact` keeps none of
 it. The ranking asks for the step alone (:data:`STEP_ONLY`: ``build_plan`` without memory
-timelines either, then ``step_time``: the same step to the bit) and plans the top, and the
-memory of candidates whose memory bound does not decide, completely.
+timelines either, then ``step_time``: the same step to the bit, its parts and the goodput),
+then the memory alone (:data:`PLAN_ONLY`) of the top and of candidates whose memory bound
+does not decide; :func:`merge` joins the two into what :data:`SIMULATE` gives.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional
 
 from meshplan.memory import constraints as cons
@@ -30,9 +31,9 @@ class Exact:
     ``peak_bytes`` of the most loaded stage, and (when simulated) ``step_s``, ``mfu``,
     ``tokens_per_s``, ``goodput`` and the step's parts
     (:func:`~meshplan.search.explain.step_breakdown`, seconds). ``complete`` False: a
-    step-only evaluation (:data:`STEP_ONLY`): ``step_s``, ``mfu`` and ``tokens_per_s`` as
-    the complete one gives them, no memory verdict (``feasible``: the mesh resolves), no
-    peak, goodput or parts."""
+    step-only evaluation (:data:`STEP_ONLY`): ``step_s``, ``mfu``, ``tokens_per_s`` and the
+    parts as the complete one gives them, ``goodput`` as if the memory fits, no memory
+    verdict (``feasible``: the mesh resolves) and no peak."""
 
     index: int
     feasible: bool
@@ -65,19 +66,42 @@ class Planner:
         plan = build_plan(cc, self.no_rows, memory=mode != STEP_ONLY, reports=False)
         if isinstance(plan, Infeasible):
             return Exact(i, False, plan.reasons, float("nan"))
-        if mode == STEP_ONLY:
+        if mode == STEP_ONLY:  # the goodput as if the memory fits (merge() drops it where it does not)
             st = step_time(plan, Overlap())
-            return Exact(i, True, (), float("nan"), st.step_s, st.mfu, st.tokens_per_s, complete=False)
+            return Exact(i, True, (), float("nan"), st.step_s, st.mfu, st.tokens_per_s, self._goodput(plan),
+                         step_breakdown(st), complete=False)
         peak = plan.timeline.peak.total_bytes
         if mode == PLAN_ONLY:
             return Exact(i, plan.feasible, plan.reasons, peak)
         st = step_time(plan, Overlap())
+        return Exact(i, plan.feasible, plan.reasons, peak, st.step_s, st.mfu, st.tokens_per_s,
+                     self._goodput(plan) if plan.feasible else None, step_breakdown(st))
+
+    def _goodput(self, plan) -> float:
+        """Daly goodput of ``plan`` (:mod:`meshplan.reliability`: checkpoint size from the
+        persistent state, failure rate from the world; neither reads the memory timelines or
+        the step time), storage and restart from ``[search]``."""
         o = self.cfg.search
-        good = reliability(plan, write_bandwidth_bytes_per_s=o.checkpoint_write_gb_per_s * 1e9,
+        return reliability(plan, write_bandwidth_bytes_per_s=o.checkpoint_write_gb_per_s * 1e9,
                            read_bandwidth_bytes_per_s=o.checkpoint_read_gb_per_s * 1e9,
-                           restart_overhead_s=o.restart_overhead_s).goodput if plan.feasible else None
-        return Exact(i, plan.feasible, plan.reasons, peak, st.step_s, st.mfu, st.tokens_per_s, good,
-                     step_breakdown(st))
+                           restart_overhead_s=o.restart_overhead_s).goodput
+
+
+def merge(prev: Optional[Exact], new: Exact) -> Exact:
+    """One candidate's two evaluations as one: a step-only one (:data:`STEP_ONLY`: step,
+    parts, goodput if it fits) and a memory one (:data:`PLAN_ONLY`: the verdict, peak,
+    reasons) give what :data:`SIMULATE` gives (the same build_plan and step_time: equal
+    fields); otherwise ``new``."""
+    if prev is None:
+        return new
+    if prev.complete and not new.complete:
+        memory, step = prev, new
+    elif new.complete and new.step_s is None and prev.step_s is not None and new.feasible:
+        memory, step = new, prev
+    else:
+        return new
+    return replace(memory, step_s=step.step_s, mfu=step.mfu, tokens_per_s=step.tokens_per_s,
+                   goodput=step.goodput if memory.feasible else None, breakdown=step.breakdown)
 
 
 #: Modes of a planner job (:meth:`Planner.__call__`).

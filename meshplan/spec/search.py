@@ -66,10 +66,11 @@ class SearchOptions(BaseModel):
       dense peak: a stated choice; H100's measured ceiling is 0.803).
     - ``exact_min``: candidates evaluated exactly (build_plan + step_time) before the bound
       may stop the search (default 1); ``exact_max``: the most evaluated exactly for the
-      ranking (default 2000); reaching it is reported. ``refine_max``: candidates near the
-      top (step-time bound within 10% of the top's) whose bound is tightened by evaluating
-      the pipeline schedule exactly on their unit bounds (default 2000;
-      :mod:`meshplan.search.pipeline`).
+      ranking (default 2000); reaching it is reported. ``refine_max``: the most candidates
+      whose bound is tightened by evaluating the pipeline schedule exactly on their unit
+      bounds (default 2000; :mod:`meshplan.search.pipeline`): first those near the top
+      (step-time bound within 10% of the top's), then each one the ranking reaches before
+      planning it (:mod:`meshplan.search.frontier`).
     - ``memory_margin``: allowance on the vectorised memory bounds (default 0.01): a
       candidate is rejected without a plan only when its lower bound exceeds usable memory
       by more than this fraction, kept without one only when its upper bound stays this
@@ -77,7 +78,7 @@ class SearchOptions(BaseModel):
       timeline's events (:mod:`meshplan.search.memory`); the margin absorbs a small change
       there, and every exact plan is checked against them.
     - ``settle_s``: seconds spent planning candidates near the memory limit that the
-      ranking did not need (their verdict changes only the counts; default 5); those left
+      ranking did not need (their verdict changes only the counts; default 2); those left
       when it runs out are counted as undecided.
     - ``checkpoint_write_gb_per_s``, ``checkpoint_read_gb_per_s``: aggregate storage bandwidth
       for the goodput column (default 2000 GB/s each: the Llama 3 paper's sustained Tectonic
