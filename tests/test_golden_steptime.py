@@ -169,7 +169,9 @@ def layer_terms(tp: int, megatron: bool = False) -> dict:
     gradients (:func:`wgrad_s`); Megatron-LM's fused layer norm backward reads x and dy twice
     (5 passes, compute/ops.norm_backward_passes); each norm weight's main-gradient hook
     (main_grad.add_: fp32 main gradient read and written, bf16 gradient read, 10 B x h: one
-    floored kernel) runs with the column-parallel weight gradients of its block."""
+    floored kernel) runs with the column-parallel weight gradients of its block, and so does
+    the ``torch.empty(1) + 1`` delay kernel Megatron issues after launching the column-parallel
+    input gradient's async all-reduce (no SP, tp > 1: one floor, compute/megatron.comm_delay_kernels)."""
     lin = linears(tp, megatron)
     fwd = lambda blk: sum(kernel(gemm_s(S, n, k)) for k, n, b in lin.values() if b == blk)      # (M, N, K)
     dgrad = lambda blk: sum(kernel(gemm_s(S, k, n)) for k, n, b in lin.values() if b == blk)    # (M, K, N)
@@ -179,6 +181,7 @@ def layer_terms(tp: int, megatron: bool = False) -> dict:
     att_b = kernel(2.5 * attention_flops(tp) / (PEAK * EFF_ATTN))    # table's backward
     norm_f, norm_b = kernel(NORM_T0 + 2 * B * S * H / NORM_BW), kernel(NORM_T0 + (5 if megatron else 3) * B * S * H / NORM_BW)
     hook = kernel(10 * H / TRIAD) if megatron else 0.0                # Megatron: norm weight main_grad add
+    delay = ISSUE if megatron and tp > 1 else 0.0                     # Megatron: empty(1) + 1 after the async all-reduce
     add = kernel(3 * B * S * H / TRIAD)                               # residual add: two in, one out (both passes)
     grad_acc = kernel(3 * B * S * H / TRIAD)                          # backward: skip + norm-branch gradient summed
     rope = kernel(2 * B * S * (2 * Q // tp) * D / TRIAD)             # q and k rotated: in and out
@@ -189,9 +192,9 @@ def layer_terms(tp: int, megatron: bool = False) -> dict:
             "f_mlp_pre": norm_f, "f_mlp": fwd("mlp") + silu_f, "f_mlp_post": add,
             "b_attn_pre": norm_b + grad_acc, "b_attn": dgrad("attn") + att_b + rope, "b_attn_post": add,
             "b_mlp_pre": norm_b + grad_acc, "b_mlp": dgrad("mlp") + silu_b, "b_mlp_post": add,
-            "w_attn": wgrad("attn") + hook, "w_mlp": wgrad("mlp") + hook,
+            "w_attn": wgrad("attn") + hook + delay, "w_mlp": wgrad("mlp") + hook + delay,
             "row_w_attn": wgrad("attn", True), "row_w_mlp": wgrad("mlp", True),
-            "col_w_attn": wgrad("attn", False) + hook, "col_w_mlp": wgrad("mlp", False) + hook}
+            "col_w_attn": wgrad("attn", False) + hook + delay, "col_w_mlp": wgrad("mlp", False) + hook + delay}
 
 
 def head_terms(tp: int, megatron: bool = False) -> dict:
@@ -209,7 +212,9 @@ def head_terms(tp: int, megatron: bool = False) -> dict:
     (compute/megatron.batch_bytes): the broadcast (MB_OVERHEAD, then not in the embedding), the
     causal mask from fp32 ones (4 S^2 B), tril (8 S^2), < 0.5 (5 S^2), 4 small kernels (labels and
     tokens copies, loss mask, position ids: at the floor), and its timers' syncs, one floor each:
-    4 in forward, 2 in backward (``batch_f``, ``batch_b``)."""
+    4 in forward, 2 in backward (``batch_f``, ``batch_b``). With tp > 1 the output layer's
+    backward issues Megatron's ``torch.empty(1) + 1`` delay after its async all-reduce (one
+    floor in ``head_w``)."""
     logits = S * V // tp
     ce_f, ce_b = (38, 14) if megatron else (B + 4, B + 4)
     emb_f = kernel(2 * B * S * H / TRIAD) + (0.0 if megatron else MB_OVERHEAD)
@@ -221,7 +226,7 @@ def head_terms(tp: int, megatron: bool = False) -> dict:
     if megatron:
         emb_f += kernel(B * S * H * (tp - 1) // tp / TRIAD) + kernel(2 * B * S * H / TRIAD)
         emb_w += kernel(10 * (V // tp) * H / TRIAD)
-        head_w += kernel(10 * H / TRIAD)
+        head_w += kernel(10 * H / TRIAD) + (ISSUE if tp > 1 else 0.0)
     return {"emb_f": emb_f, "emb_w": emb_w, "batch_f": batch_f, "batch_b": batch_b,
             "head_f": kernel(NORM_T0 + 2 * B * S * H / NORM_BW) + kernel(gemm_s(S, V // tp, H)) + kernel(ce_f * logits / TRIAD),
             "head_b": kernel(NORM_T0 + (5 if megatron else 3) * B * S * H / NORM_BW) + kernel(gemm_s(S, H, V // tp))

@@ -161,3 +161,31 @@ def test_get_batch_and_timers_in_every_chunk_on_every_stage():
         plan = plan_of(True, framework)
         chunks = [ch for stage in chunk_costs(plan, workload_of(plan)) for ch in stage]
         assert len(chunks) == 24 and all((ch.batch is not None) == has for ch in chunks)
+
+
+def test_comm_delay_kernel_after_each_async_collective_launch():
+    """mpu/layers.py LinearWithGradAccumulationAndAsyncCommunication.backward issues
+    ``torch.empty(1) + 1`` after launching each asynchronous collective: with SP after the input's
+    all-gather (before the dgrad GEMM) and after the input gradient's reduce-scatter (before the
+    wgrad GEMM); without SP after the async all-reduce (before the wgrad GEMM). Two
+    column-parallel linears per layer (query_key_value, dense_h_to_4h) and the output layer:
+    8 B each, at the 4.7 us issue floor. The SP one before the dgrad runs in the column-parallel
+    input-gradient segment of the timeline (after the re-gather is launched)."""
+    from meshplan.schedule.rank_timeline import COLUMN_PARALLEL_DGRAD, _ops_by_block
+
+    def delays(cost):
+        return sorted((o.block, o.phase, o.seconds) for o in cost.ops if "delay" in o.name)
+
+    sp = Workload(**MEGATRON)
+    assert delays(layer_cost(GPT22B, A100, sp)) == [
+        ("attn", "backward_input", ISSUE), ("attn", "backward_weight", ISSUE),
+        ("mlp", "backward_input", ISSUE), ("mlp", "backward_weight", ISSUE)]
+    assert delays(head_cost(GPT22B, A100, sp)) == [("head", "backward_input", ISSUE), ("head", "backward_weight", ISSUE)]
+    no_sp = Workload(**{**MEGATRON, "sp": False})
+    assert delays(layer_cost(GPT22B, A100, no_sp)) == [("attn", "backward_weight", ISSUE), ("mlp", "backward_weight", ISSUE)]
+    assert delays(layer_cost(GPT22B, A100, Workload(**{**MEGATRON, "tp": 1, "sp": False}))) == []
+    assert delays(layer_cost(GPT22B, A100, Workload(**{**MEGATRON, "megatron_ops": False}))) == []
+    col = _ops_by_block(layer_cost(GPT22B, A100, sp), "backward_input", COLUMN_PARALLEL_DGRAD)
+    dgrad = {o.block: o.seconds for o in layer_cost(GPT22B, A100, sp).ops
+             if o.phase == "backward_input" and o.name.endswith(".dgrad") and o.name.split(".")[0] in ("wq", "wk", "wv", "w_up")}
+    assert col["mlp"] == pytest.approx(dgrad["mlp"] + ISSUE, rel=1e-12)

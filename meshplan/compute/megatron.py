@@ -33,6 +33,14 @@ at 2755bcb (June 2022, the code Korthikanti et al. 2022 measured):
   (``megatron/global_vars.py`` ``_Timer.start``/``stop`` call ``torch.cuda.synchronize``) around
   ``forward-compute``, ``batch-generator`` and ``backward-compute`` (:func:`batch_bytes`).
 
+- the backward of every column-parallel linear (``mpu/layers.py``
+  ``LinearWithGradAccumulationAndAsyncCommunication.backward``: ``query_key_value``,
+  ``dense_h_to_4h`` and the output layer through ``language_model.py`` ``parallel_lm_logits``)
+  launches its input's all-gather (SP) or its input gradient's all-reduce (``async_grad_allreduce``,
+  no SP) and the SP reduce-scatter asynchronously, each followed by ``_ = torch.empty(1,
+  device=...) + 1`` ("Delay the start of ... computation shortly (3us) to have [the collective]
+  scheduled first"): one tiny kernel each (:func:`comm_delay_kernels`).
+
 Also Megatron's, timed elsewhere: the in-place division of the gradient buffer by the dp size
 (:func:`meshplan.schedule.steptime.optimizer_step_bytes`).
 """
@@ -43,13 +51,36 @@ from meshplan.compute.shapes import Attention
 from meshplan.spec.model import ModelSpec
 
 MEGATRON_OPS = ("layer norm backward", "causal softmax", "attention copies", "main-grad hooks", "cross entropy",
-                "embedding", "batch and timers")
+                "embedding", "batch and timers", "comm delay kernels")
+
+#: Op names of the delay kernels (:func:`comm_delay_kernels`) by pass: the one before the
+#: column-parallel input-gradient GEMM (SP, after the input's all-gather is launched) and the one
+#: before its weight-gradient GEMM (after the input gradient's reduce-scatter or all-reduce).
+COMM_DELAY_OPS = {"backward_input": "dgrad delay (empty + 1)", "backward_weight": "wgrad delay (empty + 1)"}
 
 #: ``torch.cuda.synchronize`` calls per micro-batch and chunk of Megatron-LM 2022's timers
 #: (2755bcb ``megatron/schedules.py`` ``forward_step`` / ``backward_step``, ``pretrain_gpt.py``
 #: ``forward_step``): forward-compute and batch-generator start and stop, backward-compute start
 #: and stop.
 TIMER_SYNCS = {"forward": 4, "backward_input": 2}
+
+
+def comm_delay_kernels(tp: int, sp: bool) -> dict[str, int]:
+    """Delay kernels (``torch.empty(1) + 1``) per column-parallel linear's backward, by pass, in
+    Megatron-LM 2022 (2755bcb ``megatron/mpu/layers.py``
+    ``LinearWithGradAccumulationAndAsyncCommunication.backward``): with SP one after the input's
+    all-gather is launched (before the input-gradient GEMM) and one after the input gradient's
+    reduce-scatter is launched (before the weight-gradient GEMM); without SP one after the input
+    gradient's asynchronous all-reduce (``--async-tensor-model-parallel-allreduce``, on by
+    default, off under SP: ``arguments.py``). None at tp 1 (no collective; ``arguments.py`` turns
+    SP off and ``ColumnParallelLinear`` the async all-reduce).
+
+    >>> comm_delay_kernels(8, True), comm_delay_kernels(8, False), comm_delay_kernels(1, False)
+    ({'backward_input': 1, 'backward_weight': 1}, {'backward_weight': 1}, {})
+    """
+    if tp == 1:
+        return {}
+    return {"backward_input": 1, "backward_weight": 1} if sp else {"backward_weight": 1}
 
 
 def norm_backward_passes(megatron: bool) -> int:

@@ -54,8 +54,8 @@ from typing import Optional
 
 from meshplan.compute.gemm import GemmTable, gemm_efficiency, gemm_model, gemm_time, load_gemm_table  # noqa: F401
 from meshplan.compute.measured import attention_seconds, bandwidth, kernel_data, memory_seconds
-from meshplan.compute.megatron import (TIMER_SYNCS, attention_copy_bytes, batch_bytes, cross_entropy_bytes,
-                                       embedding_bytes, hook_params,
+from meshplan.compute.megatron import (COMM_DELAY_OPS, TIMER_SYNCS, attention_copy_bytes, batch_bytes,
+                                       comm_delay_kernels, cross_entropy_bytes, embedding_bytes, hook_params,
                                        norm_backward_passes, softmax_bytes)
 from meshplan.compute.routing import RoutingOptions, routing
 from meshplan.compute.shapes import (ATTENTION_GEMMS, MLA_REPLICATED, Attention, Gemm, attention_shape,
@@ -450,6 +450,22 @@ def main_grad_hooks(model: ModelSpec, gpu: GPUSpec, w: Workload, layer: int = -1
             for name, block, n in hook_params(model, w.tp, w.fused_qkv, idx)]
 
 
+def comm_delay_ops(gpu: GPUSpec, w: Workload, blocks: tuple[str, ...]) -> list[Op]:
+    """Megatron-LM's delay kernels (:func:`meshplan.compute.megatron.comm_delay_kernels`) of the
+    column-parallel linear of each of ``blocks`` ("attn": ``query_key_value``; "mlp":
+    ``dense_h_to_4h``; "head": the output layer): ``torch.empty(1) + 1`` reads and writes one fp32
+    element (8 B), so each takes the issue floor (:func:`issue_floor`).
+
+    >>> from meshplan import catalog
+    >>> ops = comm_delay_ops(catalog.gpu("a100-sxm-80gb"), Workload(seq_len=2048, tp=8, sp=True), ("attn", "mlp"))
+    >>> [(o.block, o.phase, round(o.seconds * 1e6, 1)) for o in ops]  # doctest: +NORMALIZE_WHITESPACE
+    [('attn', 'backward_input', 4.7), ('attn', 'backward_weight', 4.7),
+     ('mlp', 'backward_input', 4.7), ('mlp', 'backward_weight', 4.7)]
+    """
+    return [_mem(gpu, COMM_DELAY_OPS[phase], block, phase, 8.0)
+            for block in blocks for phase, n in comm_delay_kernels(w.tp, w.sp).items() for _ in range(n)]
+
+
 def layer_cost(model: ModelSpec, gpu: GPUSpec, w: Workload, layer: int = -1,
                table: Optional[GemmTable] = None) -> Cost:
     """Every op of transformer layer ``layer`` (-1: the last) on one rank for one micro-batch,
@@ -472,6 +488,8 @@ def layer_cost(model: ModelSpec, gpu: GPUSpec, w: Workload, layer: int = -1,
     ops += _bias_ops(model, gpu, w, model.is_moe_layer(model.layers - 1 if layer < 0 else layer))
     if w.megatron_ops:
         ops += main_grad_hooks(model, gpu, w, layer)
+        moe = model.is_moe_layer(model.layers - 1 if layer < 0 else layer)
+        ops += comm_delay_ops(gpu, w, ("attn",) if moe else ("attn", "mlp"))
     if w.recompute in ("full", "op"):
         kept = _op_sac_kept(model) if w.recompute == "op" else ()
         ops += [replace(o, name=o.name + " (recompute)", phase="backward_input", model_flops=0.0, recompute=True)
@@ -580,6 +598,7 @@ def head_cost(model: ModelSpec, gpu: GPUSpec, w: Workload, table: Optional[GemmT
         main = 4 if w.fp32_wgrad_accumulation else b
         ops += [_mem(gpu, f"final norm {p} main_grad add", "head", "backward_weight", (2 * main + b) * h)
                 for p in (("weight", "bias") if model.norm == "layernorm" else ("weight",))]
+        ops += comm_delay_ops(gpu, w, ("head",))  # parallel_lm_logits: the same autograd function
     return Cost(tuple(ops))
 
 

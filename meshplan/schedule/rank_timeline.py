@@ -66,6 +66,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from meshplan.comm.collectives import SCATTER_GATHER_CADENCE
+from meshplan.compute.megatron import COMM_DELAY_OPS
 from meshplan.compute.ops import Cost, Workload
 from meshplan.pipeline.simulate import Event
 from meshplan.spec.axes.base import At, Block, Slot, Timeline
@@ -478,7 +479,8 @@ def _times(c: Cost, phase: str, recompute: Optional[bool] = None) -> dict:
 #: Input-gradient ops of the column-parallel linears (Megatron's ColumnParallelLinear, torch's
 #: ColwiseParallel), op names of :mod:`meshplan.compute.ops`.
 COLUMN_PARALLEL_DGRAD = ("wq.dgrad", "wk.dgrad", "wv.dgrad", "w_gate.dgrad", "w_up.dgrad",
-                         "wq_b.dgrad", "wkv_b.dgrad")  # MLA's up projections (its down projections are replicated)
+                         "wq_b.dgrad", "wkv_b.dgrad",  # MLA's up projections (its down projections are replicated)
+                         COMM_DELAY_OPS["backward_input"])  # Megatron's kernel after the re-gather's launch
 
 #: Weight-gradient ops of the row-parallel linears (Megatron's RowParallelLinear, torch's
 #: RowwiseParallel) and their biases, op names of :mod:`meshplan.compute.ops`.
