@@ -249,6 +249,18 @@ def optimizer_s(params: float, zero_grads: bool = True, megatron: bool = False) 
     return (12 + 28 + 6 + (4 if zero_grads else 0) + (8 if megatron and zero_grads else 0)) * params / TRIAD
 
 
+def megatron_step_s(tp: int) -> float:
+    """Megatron-LM 2022's per-step kernels beyond the optimizer's bulk passes, no SP
+    (compute/ops.megatron_step_cost): every parameter tensor of the rank copied master -> bf16
+    by its own ``copy_`` (6 B per element; the bulk bytes are in optimizer_s, so each adds the
+    floor's excess over them): per layer the two norm weights, the fused QKV, wo, w_gate, w_up,
+    w_down, then the word embedding (V/tp x h) and the final norm; and 23 syncs (11 timers
+    started and stopped, the gradient norm's ``.item()``), one floor each."""
+    per_layer = [H, H] + [k * n for k, n, _ in linears(tp, fused_qkv=True).values()]
+    tensors = L * per_layer + [(V // tp) * H, H]
+    return sum(max(0.0, ISSUE - 6 * n / TRIAD) for n in tensors) + 23 * ISSUE
+
+
 # Communication terms (comm/alphabeta.py measured_time, collective_time) ---------------------
 
 def latency(steps: int, network: bool = False) -> float:
@@ -367,6 +379,7 @@ def test_tp8_one_node(framework):
     backward = ht["head_b"] + ht["head_w"] + ar + L * layer_b + ht["batch_b"] + ht["emb_w"]
     params = L * layer_params(tp) + (V // tp) * H + H + (V // tp) * H    # layers, embedding, final norm, output
     step = forward + backward + optimizer_s(params, megatron=framework == "megatron")
+    step += megatron_step_s(tp) if framework == "megatron" else 0.0
 
     plan = build_plan(config({"names": ["tp"], "shape": [tp], "sequence_parallel": False}, 1, 1, "zero1", framework))
     got = step_time(plan, Overlap(), table=gemm_table(tp)).step_s

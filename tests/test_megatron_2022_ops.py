@@ -18,6 +18,7 @@ from tests.test_megatron_p2p import plan_of
 
 A100 = catalog.gpu("a100-sxm-80gb")
 GPT22B = catalog.model("megatron-22b")   # h 6144, 64 heads of 96, vocab 51200, LayerNorm, biases
+GPT175B = catalog.model("megatron-175b")  # h 12288, 96 heads
 TRIAD = 1.70e12
 ISSUE = 4.7e-6
 T, ROWS, H = 8192, 1024, 6144            # tokens, SP rows per rank, hidden
@@ -189,3 +190,39 @@ def test_comm_delay_kernel_after_each_async_collective_launch():
     dgrad = {o.block: o.seconds for o in layer_cost(GPT22B, A100, sp).ops
              if o.phase == "backward_input" and o.name.endswith(".dgrad") and o.name.split(".")[0] in ("wq", "wk", "wv", "w_up")}
     assert col["mlp"] == pytest.approx(dgrad["mlp"] + ISSUE, rel=1e-12)
+
+
+def test_step_kernels_per_parameter_copies_sp_grad_copies_and_syncs():
+    """Once per step beyond the optimizer's bulk passes (compute/ops.megatron_step_cost), 175B
+    (h 12288) SP + selective, a middle pipeline stage (12 layers, no embedding or final norm):
+
+    - bf16 master-to-model copy, one ``copy_`` per parameter (optimizer.py
+      ``_multi_tensor_copy_this_to_that`` without an overflow buffer for bf16): 12 tensors per
+      layer; the 8 small ones (4 norm weights/biases and the 2 row-parallel biases of 12,288, the
+      QKV bias 3 x 12,288 / 8 = 4,608, the h-to-4h bias 4 x 12,288 / 8 = 6,144) take the 4.7 us
+      floor instead of 6 B x n at Triad; the 4 weights (>= 18.9 M elements) are bandwidth-bound;
+    - SP (optimizer.py ``allreduce_layernorm_grads``): the 6 sequence_parallel tensors per layer
+      (norms and row-parallel biases), 72 x 12,288 = 884,736 fp32 elements, flattened by one cat
+      (8 B each: 7.08 MB, 4.16 us at Triad, floored to 4.7 us) and copied back one kernel each (72
+      floors);
+    - 11 timers started and stopped (22 syncs) and the gradient norm's ``.item()``: 23 floors."""
+    from meshplan.schedule.steptime import _optimizer_s, optimizer_step_s
+    from meshplan.compute.ops import megatron_stage_step_cost, optimizer_bandwidth
+
+    plan = plan_of(True)
+    w = workload_of(plan)
+    layers = plan.stage(1).layers
+    assert len(layers) == 12
+    small = [12288] * 6 + [4608, 6144]
+    copies = 12 * sum(ISSUE - 6 * n / TRIAD for n in small)
+    hand = copies + ISSUE + 72 * ISSUE + 23 * ISSUE
+    assert 8 * 72 * 12288 / TRIAD < ISSUE
+    c = megatron_stage_step_cost(GPT175B, A100, w, plan.config.training, layers, False, False, 8)
+    assert c.seconds() == pytest.approx(hand, rel=1e-9)
+    st = plan.state[1]
+    bulk = optimizer_step_s(st.bytes_of("params"), st.bytes_of("grads"), st.bytes_of("master"),
+                            st.bytes_of("optimizer"), plan.config.training, optimizer_bandwidth(A100))
+    assert _optimizer_s(plan, 1) == pytest.approx(bulk + hand, rel=1e-12)
+    # torch: none of it
+    assert megatron_stage_step_cost(GPT175B, A100, workload_of(plan_of(True, "torch")), plan.config.training,
+                                    layers, False, False, 8).seconds() == 0.0

@@ -215,3 +215,63 @@ def batch_bytes(micro_batch: int, seq_len: int) -> list[tuple[str, int]]:
     return [("labels copy", 2 * 8 * b * s), ("tokens copy", 2 * 8 * b * s), ("mask ones", 4 * s * s),
             ("mask tril", 2 * 4 * s * s), ("mask < 0.5", (4 + 1) * s * s), ("loss mask ones", 4 * b * s),
             ("position ids", 8 * s)]
+
+
+#: Timers Megatron-LM 2022 starts and stops once per step outside the micro-batches, each start
+#: and stop a ``torch.cuda.synchronize`` (2755bcb ``megatron/training.py`` ``train_step``;
+#: ``optimizer/optimizer.py`` ``reduce_model_grads`` and ``MixedPrecisionOptimizer.step``, no grad
+#: scaler: bf16 without ``--loss-scale``; fp16 adds ``optimizer-unscale-and-check-inf``).
+STEP_TIMERS = ("backward-reduce-model-grads", "backward-layernorm-all-reduce", "backward-params-all-reduce",
+               "backward-embedding-all-reduce", "optimizer", "optimizer-copy-to-main-grad",
+               "optimizer-clip-main-grad", "optimizer-count-zeros", "optimizer-inner-step",
+               "optimizer-copy-main-to-model-params", "backward-gather-model-params")
+
+
+def stage_param_tensors(model: ModelSpec, tp: int, vocab_rows: int, layers: list[int], first: bool, last: bool,
+                        pp: int) -> list[tuple[str, int, bool]]:
+    """``(name, local elements, sequence_parallel)`` of every parameter tensor of one pipeline
+    stage's rank as Megatron-LM 2022's GPT holds them (one tensor per ``torch.nn.Parameter``):
+    per layer the layer's tensors (:meth:`~meshplan.spec.model.ModelSpec.layer_tensors`) with Q, K
+    and V as one ``query_key_value`` weight and one bias (``model/transformer.py``), column- and
+    row-split ones holding ``1/tp``; on the first stage the word embedding (``vocab_rows`` local
+    rows x h) and the learned position embedding; on the last the final norm and, with pp > 1,
+    the output layer's own copy of the word embedding (``module.py``
+    ``initialize_word_embeddings``). ``sequence_parallel``: the attribute ``fused_layer_norm.py``
+    sets on norm weights and biases and ``mpu/layers.py`` ``RowParallelLinear`` on its bias (the
+    tensors every tp rank holds whole, ``replicated``), whose gradients
+    ``optimizer.py`` ``allreduce_layernorm_grads`` all-reduces over tp under SP. (Megatron-LM
+    2022 has no grouped-query attention: K and V split by tp as Q.)
+
+    >>> from meshplan import catalog
+    >>> t = stage_param_tensors(catalog.model("megatron-22b"), 8, 6400, [0], True, True, 1)
+    >>> [(n, e, s) for n, e, s in t]  # doctest: +NORMALIZE_WHITESPACE
+    [('attn_norm', 6144, True), ('attn_norm_bias', 6144, True), ('query_key_value', 14155776, False),
+     ('query_key_value_bias', 2304, False), ('wo', 4718592, False), ('wo_bias', 6144, True),
+     ('mlp_norm', 6144, True), ('mlp_norm_bias', 6144, True), ('w_up', 18874368, False),
+     ('w_up_bias', 3072, False), ('w_down', 18874368, False), ('w_down_bias', 6144, True),
+     ('word_embedding', 39321600, False), ('position_embedding', 12582912, False),
+     ('final_norm', 6144, True), ('final_norm_bias', 6144, True)]
+    """
+    out: list[tuple[str, int, bool]] = []
+    for i in layers:
+        qkv = {"weight": 0, "bias": 0}
+        for t in model.layer_tensors(i):
+            n = t.numel if t.split == "replicated" else t.numel // tp
+            if t.name in ("wq", "wk", "wv", "wq_bias", "wk_bias", "wv_bias"):
+                part = "bias" if t.name.endswith("_bias") else "weight"
+                qkv[part] += n
+                if t.name in ("wv", "wv_bias"):
+                    out.append(("query_key_value" + ("_bias" if part == "bias" else ""), qkv[part], False))
+                continue
+            out.append((t.name, n, t.split == "replicated"))
+    if first:
+        out.append(("word_embedding", vocab_rows * model.hidden, False))
+        if model.position_embedding == "learned":
+            out.append(("position_embedding", model.max_position * model.hidden, False))
+    if last:
+        out.append(("final_norm", model.hidden, True))
+        if model.norm == "layernorm":
+            out.append(("final_norm_bias", model.hidden, True))
+        if pp > 1:
+            out.append(("output_word_embedding", vocab_rows * model.hidden, False))
+    return out

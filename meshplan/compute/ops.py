@@ -54,8 +54,9 @@ from typing import Optional
 
 from meshplan.compute.gemm import GemmTable, gemm_efficiency, gemm_model, gemm_time, load_gemm_table  # noqa: F401
 from meshplan.compute.measured import attention_seconds, bandwidth, kernel_data, memory_seconds
-from meshplan.compute.megatron import (COMM_DELAY_OPS, TIMER_SYNCS, attention_copy_bytes, batch_bytes,
+from meshplan.compute.megatron import (COMM_DELAY_OPS, STEP_TIMERS, TIMER_SYNCS, attention_copy_bytes, batch_bytes,
                                        comm_delay_kernels, cross_entropy_bytes, embedding_bytes, hook_params,
+                                       stage_param_tensors,
                                        norm_backward_passes, softmax_bytes)
 from meshplan.compute.routing import RoutingOptions, routing
 from meshplan.compute.shapes import (ATTENTION_GEMMS, MLA_REPLICATED, Attention, Gemm, attention_shape,
@@ -577,6 +578,76 @@ def megatron_batch_cost(gpu: GPUSpec, w: Workload) -> Cost:
     ops += [Op("timer synchronize", "embed", phase, "overhead", n * data.kernel_issue_s,
                note=f"{n} torch.cuda.synchronize, one issue floor each") for phase, n in TIMER_SYNCS.items()]
     return Cost(tuple(ops))
+
+
+def megatron_step_cost(gpu: GPUSpec, tensors: list[tuple[str, int, bool]], sp: bool, per_param_copy: bool,
+                       clip: bool) -> Cost:
+    """Megatron-LM 2022's kernels and host syncs once per step beyond the optimizer's bulk passes
+    (:func:`meshplan.schedule.steptime.optimizer_step_bytes`), on one rank holding ``tensors``
+    (:func:`meshplan.compute.megatron.stage_param_tensors`); empty for a GPU without catalog data:
+
+    - ``per_param_copy`` (bf16 parameters with fp32 master weights): ``optimizer.py``
+      ``_copy_main_params_to_model_params`` -> ``_multi_tensor_copy_this_to_that`` without an
+      overflow buffer (``_dummy_overflow_buf = None`` for bf16: "We don't have a bfloat16
+      implementation") loops ``that_.copy_(this_)``, one kernel per parameter: each takes
+      ``max(6 B x elements / Triad, issue floor)``; the bulk stream already counts the bytes, so the
+      op is the floors' excess, ``sum max(0, floor - 6 n / Triad)``;
+    - ``sp``: ``allreduce_layernorm_grads`` flattens the fp32 main gradients of the
+      ``sequence_parallel`` tensors into one buffer (``_flatten_dense_tensors``: one ``cat`` kernel,
+      read + write 8 B per element) and copies each back after the all-reduce (``buf.copy_(synced)``:
+      one kernel per tensor, 8 B per element, never below the floor);
+    - the step's timers (:data:`~meshplan.compute.megatron.STEP_TIMERS`, a
+      ``torch.cuda.synchronize`` at each start and stop) and with ``clip`` the gradient norm's
+      ``total_norm.item()`` (``clip_grads.py``): one issue floor per sync (as
+      :func:`megatron_batch_cost`).
+
+    22B at tp 8 (one layer's 12 tensors, 8 of them under 1 M elements): the 8 copies each pay the
+    4.7 us floor less their 6 n B at 1.70 TB/s; the 6 sequence_parallel tensors (36,864 elements)
+    flatten in one floored kernel and copy back in 6:
+
+    >>> from meshplan import catalog
+    >>> from meshplan.compute.megatron import stage_param_tensors
+    >>> a100 = catalog.gpu("a100-sxm-80gb")
+    >>> c = megatron_step_cost(a100, stage_param_tensors(catalog.model("megatron-22b"), 8, 6400, [0], False, False, 1),
+    ...                        sp=True, per_param_copy=True, clip=True)
+    >>> small = [6144, 6144, 2304, 6144, 6144, 6144, 3072, 6144]
+    >>> round(c.seconds() * 1e6, 3) == round((sum(4.7e-6 - 6 * n / 1.7e12 for n in small) + 4.7e-6
+    ...                                         + 6 * 4.7e-6 + 23 * 4.7e-6) * 1e6, 3)
+    True
+    """
+    data = kernel_data(gpu.name)
+    if data is None:
+        return Cost(())
+    floor, bw = data.kernel_issue_s, data.stream_bytes_per_s
+    ops = []
+    if per_param_copy:
+        extra = sum(max(0.0, floor - 6 * n / bw) for _, n, _ in tensors)
+        ops.append(Op("master-to-model copy, one kernel per parameter", "head", "step", "overhead", extra,
+                      note=f"{len(tensors)} copy_ kernels (bf16: no multi-tensor copy), floors beyond the bulk bytes"))
+    if sp:
+        shared = [n for _, n, s in tensors if s]
+        if shared:
+            ops.append(_mem(gpu, "SP gradients flatten (cat)", "head", "step", 8 * sum(shared)))
+            ops.append(Op("SP gradients copy back", "head", "step", "memory",
+                          sum(issue_floor(gpu, 8 * n / bw) for n in shared), size_bytes=8 * sum(shared),
+                          note=f"{len(shared)} copy_ kernels"))
+    syncs = 2 * len(STEP_TIMERS) + (1 if clip else 0)
+    ops.append(Op("step timers and grad-norm sync", "head", "step", "overhead", syncs * floor,
+                  note=f"{syncs} torch.cuda.synchronize / .item(), one issue floor each"))
+    return Cost(tuple(ops))
+
+
+def megatron_stage_step_cost(model: ModelSpec, gpu: GPUSpec, w: Workload, training, layers: list[int], first: bool,
+                             last: bool, pp: int) -> Cost:
+    """:func:`megatron_step_cost` of one pipeline stage's rank (``layers``: its layer indices;
+    ``training``: the :class:`~meshplan.spec.training.TrainingSpec`); empty unless
+    ``w.megatron_ops``. The per-parameter copy applies to bf16 parameters with master weights."""
+    if not w.megatron_ops:
+        return Cost(())
+    rows = padded_vocab(model.vocab, w.vocab_pad_divisor, w.tp) // w.tp
+    tensors = stage_param_tensors(model, w.tp, rows, layers, first, last, pp)
+    per_param = training.param_dtype == "bf16" and training.keeps_master
+    return megatron_step_cost(gpu, tensors, w.sp and w.tp > 1, per_param, training.grad_clip)
 
 
 def head_cost(model: ModelSpec, gpu: GPUSpec, w: Workload, table: Optional[GemmTable] = None) -> Cost:

@@ -39,6 +39,7 @@ from meshplan.compute.ops import (
     layer_cost,
     layer_workload,
     megatron_batch_cost,
+    megatron_stage_step_cost,
     optimizer_bandwidth,
     sequence_model_flops,
 )
@@ -385,9 +386,14 @@ def _unit_exposure(res: ArrayResult, s: int, units: UnitTimes, keys: list, key_i
 
 
 def _optimizer_s(plan, s: int) -> float:
-    st = plan.state[s]
-    return optimizer_step_s(st.bytes_of("params"), st.bytes_of("grads"), st.bytes_of("master"),
-                            st.bytes_of("optimizer"), plan.config.training, optimizer_bandwidth(plan.config.cluster.gpu))
+    """The optimizer step's bulk passes and, under Megatron-LM, its per-step kernels and syncs
+    (:func:`meshplan.compute.ops.megatron_stage_step_cost`)."""
+    st, c = plan.state[s], plan.config
+    k = plan.stage(s)
+    extra = megatron_stage_step_cost(c.model, c.cluster.gpu, workload_of(plan), c.training, k.layers, s == 0,
+                                     s == last_stage(plan.stages), plan.pp).seconds()
+    return extra + optimizer_step_s(st.bytes_of("params"), st.bytes_of("grads"), st.bytes_of("master"),
+                                    st.bytes_of("optimizer"), c.training, optimizer_bandwidth(c.cluster.gpu))
 
 
 def blocking_p2p(training, schedule: Schedule) -> bool:
