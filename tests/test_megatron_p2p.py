@@ -207,17 +207,19 @@ def test_interleaved_steady_state_call_sends_twice_through_one_nic():
 def test_sp_norm_gradients_all_reduced_once_coalesced_under_megatron(framework):
     """Sequence-parallel norm weights get Partial gradients over tp. Megatron-LM 2755bcb
     (optimizer.py allreduce_layernorm_grads) flattens the main gradients of every
-    sequence_parallel parameter into one buffer and all-reduces it once per step over tp: stage
-    0 of the 175B SP run holds 12 layers (3 chunks of 4) x 2 LayerNorms x (weight, bias) = 48
-    tensors of 12,288 fp32 main-gradient elements: one all-reduce of 48 x 12,288 x 4 = 2,359,296
-    B. torch (DTensor Partial, measured 2.13) all-reduces each tensor at AdamW's 3 reads: 144 of
+    sequence_parallel parameter into one buffer and all-reduces it once per step over tp: the
+    norms' weights and biases (fused_layer_norm.py) and the row-parallel linears' biases
+    (mpu/layers.py RowParallelLinear: ``setattr(self.bias, 'sequence_parallel', ...)``: attention
+    ``dense`` and ``dense_4h_to_h``). Stage 0 of the 175B SP run holds 12 layers (3 chunks of 4) x
+    (2 LayerNorms x (weight, bias) + 2 biases) = 72 tensors of 12,288 fp32 main-gradient
+    elements: one all-reduce of 72 x 12,288 x 4 = 3,538,944 B. torch (DTensor Partial, measured 2.13) all-reduces each tensor at AdamW's 3 reads: 144 of
     24,576 B."""
     plan = plan_of(True, framework)
     rows0 = [r for r in rows(plan, 0) if r.axis == "tp" and r.phase == "step"]
     assert len(rows0) == 1
     r = rows0[0]
     if framework == "megatron":
-        assert (r.op, r.size_bytes, r.dtype, r.per_step) == ("all-reduce", 48 * 12288 * 4, "fp32", 1) == \
-            ("all-reduce", 2_359_296, "fp32", 1)
+        assert (r.op, r.size_bytes, r.dtype, r.per_step) == ("all-reduce", 72 * 12288 * 4, "fp32", 1) == \
+            ("all-reduce", 3_538_944, "fp32", 1)
     else:
         assert (r.op, r.size_bytes, r.per_step) == ("all-reduce", 12288 * 2, 3 * 48)
