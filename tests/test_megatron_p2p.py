@@ -223,3 +223,24 @@ def test_sp_norm_gradients_all_reduced_once_coalesced_under_megatron(framework):
             ("all-reduce", 3_538_944, "fp32", 1)
     else:
         assert (r.op, r.size_bytes, r.per_step) == ("all-reduce", 12288 * 2, 3 * 48)
+
+
+def test_megatron_reduces_gradients_after_the_backward():
+    """Megatron-LM 2022 (training.py train_step: optimizer.reduce_model_grads after
+    forward_backward_func) runs the per-step reductions after the last backward, none overlapped:
+    on stage 0 of the 175B SP run the step ends with the tied embedding's all-reduce over the
+    first and last stage (6,400 x 12,288 fp32 = 314,572,800 B) and the SP gradients' all-reduce
+    over tp (3,538,944 B), their table times added in full before the optimizer step. torch's
+    FSDP/DDP keep overlapping them with the backward."""
+    from meshplan.schedule.rank_timeline import Overlap, comm_kind
+    from meshplan.schedule.steptime import config_overlap, step_time
+
+    plan = plan_of(True)
+    assert not config_overlap(plan.config.training).grad_reduce
+    assert config_overlap(plan_of(True, "torch").config.training).grad_reduce
+    step = [r for r in rows(plan, 0) if comm_kind(r) == "step"]
+    assert sorted(r.size_bytes for r in step) == [3_538_944, 314_572_800]
+    st = step_time(plan, Overlap())
+    reduce = [e for e in st.post_events if e.name == "grad reduce (per step)"]   # one per stage, stage 0 first
+    assert len(reduce) == 8
+    assert reduce[0].end_s - reduce[0].start_s == pytest.approx(sum(r.time_s for r in step), rel=1e-12)

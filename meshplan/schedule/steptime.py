@@ -502,11 +502,17 @@ def _sequence_flops(model, seq_len: int) -> float:
 
 def config_overlap(training, overlap: Overlap = Overlap()) -> Overlap:
     """``overlap`` with what the config turns on: ``tp`` for ``training.tp_comm_overlap``
-    (Megatron ``--tp-comm-overlap``), ``tp_grad`` for ``training.framework = "megatron"``."""
+    (Megatron ``--tp-comm-overlap``), ``tp_grad`` for ``training.framework = "megatron"``; and
+    what Megatron-LM 2022 cannot do: overlap the per-step gradient reductions with the backward
+    (``grad_reduce`` off: 2755bcb ``megatron/training.py`` ``train_step`` calls
+    ``optimizer.reduce_model_grads`` after ``forward_backward_func`` returns, and it runs the SP
+    gradients' all-reduce, the local DDP buffer's all-reduce over dp and the tied embedding's
+    all-reduce one after the other, each between timer syncs; ``model/distributed.py``'s hooks
+    only accumulate into the main-gradient buffer)."""
     if training.tp_comm_overlap and not overlap.tp:
         overlap = replace(overlap, tp=True)
-    if training.framework == "megatron" and not overlap.tp_grad:
-        overlap = replace(overlap, tp_grad=True)
+    if training.framework == "megatron" and (not overlap.tp_grad or overlap.grad_reduce):
+        overlap = replace(overlap, tp_grad=True, grad_reduce=False)
     return overlap
 
 
