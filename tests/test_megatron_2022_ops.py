@@ -226,3 +226,22 @@ def test_step_kernels_per_parameter_copies_sp_grad_copies_and_syncs():
     # torch: none of it
     assert megatron_stage_step_cost(GPT175B, A100, workload_of(plan_of(True, "torch")), plan.config.training,
                                     layers, False, False, 8).seconds() == 0.0
+
+
+def test_embedding_dropout_backward_is_on_the_timeline():
+    """Megatron-LM's embedding dropout (language_model.py Embedding.forward) has a backward on
+    the rank's sequence shard under SP: 175B, micro-batch 1, tp 8: 256 rows of 12,288, read the
+    gradient and the 1 B mask, write the gradient (2 + 1 + 2 B: 15,728,640 B, 9.25 us at Triad),
+    in the first stage's first chunk's backward unit, before the gradient's all-gather over tp."""
+    from meshplan.schedule.rank_timeline import CommTimes, backward_unit, nccl_sm_share
+    from meshplan.schedule.steptime import config_overlap
+
+    plan = plan_of(True)
+    w = workload_of(plan)
+    chunk = chunk_costs(plan, w)[0][0]
+    comm = CommTimes.from_rows(plan.stage(0).collectives, sm_share=nccl_sm_share(plan.config.cluster))
+    unit = backward_unit("B", chunk, comm, w, config_overlap(plan.config.training))
+    names = [e.name for e in unit.events]
+    ev = [e for e in unit.events if e.name == "embedding dropout grad"]
+    assert len(ev) == 1 and ev[0].end_s - ev[0].start_s == pytest.approx(5 * 256 * 12288 / TRIAD, rel=1e-12)
+    assert names.index("embedding dropout grad") < names.index("embedding tp wait") < names.index("embedding grad")

@@ -632,6 +632,10 @@ def backward_unit(kind: str, chunk: ChunkCosts, comm: CommTimes, w: Workload, ov
             _reduce(s, f"L{i}", "layer", piece, red_w)
             if moe and red_w:
                 _reduce(s, f"L{i} experts", "expert", 0.0)
+    if chunk.embed is not None and with_b and chunk.embed.seconds("backward_input"):
+        # the embedding's own input-gradient ops (Megatron-LM: its dropout's backward, on the
+        # rank's sequence shard under SP, before the split's backward gathers the gradient)
+        s.compute("embedding dropout grad", chunk.embed.seconds("backward_input"))
     if chunk.embed is not None and with_b and w.sp:  # the gradient of the embedding's reduce-scatter
         s.compute("embedding tp wait", 0.0, [s.comm("tp", "backward", "all-gather", "tp all-gather (embedding)")])
     if chunk.batch is not None and with_b:
