@@ -245,3 +245,37 @@ def test_embedding_dropout_backward_is_on_the_timeline():
     ev = [e for e in unit.events if e.name == "embedding dropout grad"]
     assert len(ev) == 1 and ev[0].end_s - ev[0].start_s == pytest.approx(5 * 256 * 12288 / TRIAD, rel=1e-12)
     assert names.index("embedding dropout grad") < names.index("embedding tp wait") < names.index("embedding grad")
+
+
+def test_output_layer_backward_overlaps_its_collective_as_a_column_parallel_linear():
+    """parallel_lm_logits runs the output layer through LinearWithGradAccumulationAndAsyncCommunication
+    (mpu/layers.py), so under SP its backward gathers the input again during the input-gradient
+    GEMM and runs the input gradient's reduce-scatter beside the weight-gradient GEMM; the final
+    norm's backward waits for it. 175B SP, last stage: the table counts that extra all-gather
+    once per micro-batch on the last stage (stage 7 vs the middle stage 1, same 12 layers), and the
+    timeline issues it before the column B part and the reduce-scatter with the head's W."""
+    from meshplan.schedule.rank_timeline import CommTimes, backward_unit, nccl_sm_share
+    from meshplan.schedule.steptime import config_overlap
+
+    plan = plan_of(True)
+    ag = {k: [r for r in rows(plan, k) if (r.axis, r.phase, r.op) == ("tp", "backward", "all-gather")][0]
+          for k in (1, 7)}
+    assert ag[7].per_microbatch == ag[1].per_microbatch + 1
+    w = workload_of(plan)
+    chunk = chunk_costs(plan, w)[7][-1]
+    comm = CommTimes.from_rows(plan.stage(7).collectives, sm_share=nccl_sm_share(plan.config.cluster))
+    unit = backward_unit("B", chunk, comm, w, config_overlap(plan.config.training))
+    ev = {e.name: e for e in unit.events}
+    names = [e.name for e in unit.events]
+    head = [n for n in names if "head" in n or n == "final norm grad"]
+    assert head == ["head B", "tp all-gather (head input again, for wgrad)", "head column B",
+                    "tp reduce-scatter (head)", "head W", "head tp wait", "final norm grad"]
+    assert ev["head W"].start_s == ev["tp reduce-scatter (head)"].start_s == ev["head column B"].end_s
+    assert ev["tp all-gather (head input again, for wgrad)"].start_s == ev["head column B"].start_s
+    out = {o.name: o.seconds for o in chunk.head.ops if o.phase == "backward_input"}
+    assert ev["final norm grad"].end_s - ev["final norm grad"].start_s == pytest.approx(
+        out["final norm"] + 2 * ISSUE, rel=1e-12)   # its backward and its weight's and bias's main_grad adds
+
+
+def rows(plan, stage):
+    return plan.stage(stage).collectives

@@ -385,8 +385,11 @@ def _tp_rows(add, c: _Ctx, loss_parallel: bool) -> None:
             "every layer (SP)", "residual add")
         add("tp", "forward", "all-reduce", act, dt, embed_ar, "every micro-batch (Megatron embedding, SP)",
             "embedding's sequence split")
-        add("tp", "backward", "all-gather", act, dt, counts["backward", "all-gather"] + first, "every layer (SP)",
-            "next weight-gradient GEMM")
+        # Megatron-LM also gathers the output layer's input again in its backward (mpu/layers.py
+        # LinearWithGradAccumulationAndAsyncCommunication, parallel_lm_logits), for its wgrad
+        regather_head = last if c.training.framework == "megatron" else 0
+        add("tp", "backward", "all-gather", act, dt, counts["backward", "all-gather"] + first + regather_head,
+            "every layer (SP)", "next weight-gradient GEMM")
         add("tp", "backward", "reduce-scatter", act, dt, counts["backward", "reduce-scatter"] + last,
             "every layer (SP)", "previous layer's backward")
         per_norm = 2 if c.model.norm == "layernorm" else 1
