@@ -205,7 +205,9 @@ def head_terms(tp: int, megatron: bool = False) -> dict:
     cross entropy (reads bf16 logits, writes the fp32 softmax: (2 + 4) B per logit, both passes,
     TRIAD). ``megatron`` (compute/megatron.py): the lookup's rows of other tp ranks zeroed
     (2 B x S x h x (tp-1)/tp), the [b s h] -> [s b h] transpose copy (2 x 2 B x S x h), the
-    embedding's main-gradient hook (10 B x V/tp x h), the final norm's backward in 5 passes and
+    embedding's main-gradient hook (10 B x V/tp x h), with tp > 1 the zeroing's gradient (the
+    gradient cloned, 2 x 2 B x S x h, and its (tp-1)/tp rows zeroed; micro-batch 1: the
+    transposed gradient view is contiguous, no copy), the final norm's backward in 5 passes and
     its weight's hook (10 B x h), and the cross entropy on fp32 logits pass by pass: 38 B per
     logit forward (upcast 2 + 4, max 4, sub 8, exp 8, sum 4, div 8), 14 B backward (mul 8,
     upcast's backward 4 + 2). Megatron-LM 2022 runs ``get_batch`` in every chunk's forward
@@ -226,6 +228,8 @@ def head_terms(tp: int, megatron: bool = False) -> dict:
     if megatron:
         emb_f += kernel(B * S * H * (tp - 1) // tp / TRIAD) + kernel(2 * B * S * H / TRIAD)
         emb_w += kernel(10 * (V // tp) * H / TRIAD)
+        if tp > 1:  # the zeroed rows' gradient: index_put_'s derivative clones it and zeroes the rows again
+            emb_w += kernel((2 * B * S * H + B * S * H * (tp - 1) // tp) / TRIAD)
         head_w += kernel(10 * H / TRIAD) + (ISSUE if tp > 1 else 0.0)
     return {"emb_f": emb_f, "emb_w": emb_w, "batch_f": batch_f, "batch_b": batch_b,
             "head_f": kernel(NORM_T0 + 2 * B * S * H / NORM_BW) + kernel(gemm_s(S, V // tp, H)) + kernel(ce_f * logits / TRIAD),

@@ -108,25 +108,36 @@ def test_cross_entropy_on_fp32_logits_pass_by_pass():
 
 
 def test_embedding_gradient_and_megatron_embedding_by_hand():
-    """torch's dense embedding gradient: a zero-filled table of 51,200 / 8 = 6,400 word rows and
-    2,048 learned-position rows (2 B x 8,448 x 6,144 = 103,809,024 B) plus the scatter of the
-    8,192 token rows (read + write, 201,326,592 B). Megatron adds its main-gradient hook over both
-    tables (10 B per element: 519,045,120 B, 0.305 ms), the rows other tp ranks own zeroed (7/8 of
-    2 B x 8,192 x 6,144 = 88,080,384 B), the [b s h] -> [s b h] copy (201,326,592 B), with SP the
-    copy of the rank's 1,024 rows (25,165,824 B) and the embedding dropout on them (2 + 2 + 1 B:
-    31,457,280 B each way)."""
+    """torch's dense embedding gradient, one per table (embedding_dense_backward): zero-filled
+    tables of 51,200 / 8 = 6,400 word rows and 2,048 learned-position rows (2 B x 8,448 x 6,144 =
+    103,809,024 B) plus the scatter of the 8,192 token rows into each (read + write, 2 x
+    201,326,592 B); the learned positions are looked up too (read + write, 201,326,592 B).
+    Megatron adds its main-gradient hook over both tables (10 B per element: 519,045,120 B,
+    0.305 ms), the rows other tp ranks own zeroed (7/8 of 2 B x 8,192 x 6,144 = 88,080,384 B) and
+    in backward that zeroing's gradient (index_put_'s derivative: the gradient cloned, 201,326,592
+    B, its 7/8 masked rows zeroed), the [b s h] -> [s b h] copy (201,326,592 B), the gradient made
+    contiguous for each of the 2 lookups (micro-batch 4: the transposed [b s h] view is not
+    contiguous; 2 x 201,326,592 B), and the embedding dropout on the rank's 1,024 rows (2 + 2 + 1
+    B: 31,457,280 B each way). The SP split slices a contiguous tensor along its first dimension:
+    no copy. With micro-batch 1 the [1 s h] gradient view is contiguous: no copies."""
     table = (6400 + 2048) * H
     for mega in (True, False):
         c = ops_of(embedding_cost(GPT22B, A100, Workload(**{**MEGATRON, "megatron_ops": mega})))
-        assert c["embedding grad"].size_bytes == 2 * table + 2 * 2 * T * H == 305_135_616
+        assert c["embedding grad"].size_bytes == 2 * table + 2 * (2 * 2 * T * H) == 506_462_208
+        assert c["position lookup"].size_bytes == 2 * 2 * T * H == 201_326_592
     c = embedding_cost(GPT22B, A100, Workload(**MEGATRON))
     got = {(o.name, o.phase): o.size_bytes for o in c.ops}
     assert got[("embedding main_grad add", "backward_weight")] == 10 * table == 519_045_120
     assert got[("masked rows zeroed", "forward")] == 2 * T * H * 7 // 8 == 88_080_384
+    assert got[("masked rows zeroed", "backward_weight")] == 2 * 2 * T * H + 88_080_384 == 289_406_976
+    assert got[("gradient contiguous copy", "backward_weight")] == 2 * (2 * 2 * T * H) == 402_653_184
     assert got[("transpose copy", "forward")] == 2 * 2 * T * H
-    assert got[("sequence split copy", "forward")] == 2 * 2 * ROWS * H
+    assert not any(name == "sequence split copy" for name, _ in got)
     assert got[("embedding dropout", "forward")] == got[("embedding dropout", "backward_input")] == 5 * ROWS * H
-    assert c.seconds("backward_weight") == pytest.approx((305_135_616 + 519_045_120) / TRIAD)
+    assert c.seconds("backward_weight") == pytest.approx(
+        (506_462_208 + 519_045_120 + 289_406_976 + 402_653_184) / TRIAD)
+    one = ops_of(embedding_cost(GPT22B, A100, Workload(**{**MEGATRON, "micro_batch": 1})))
+    assert "gradient contiguous copy" not in one
 
 
 def test_causal_softmax_reads_the_lower_triangle():

@@ -23,9 +23,9 @@ at 2755bcb (June 2022, the code Korthikanti et al. 2022 measured):
   labels)``; ``mpu/cross_entropy.py``): the logits upcast to fp32, then max, ``sub_``, ``exp``, sum
   and ``div_`` as separate passes (:func:`cross_entropy_bytes`);
 - the embedding (``mpu/layers.py`` ``VocabParallelEmbedding``, ``model/language_model.py``
-  ``Embedding``): the rows other tp ranks own zeroed after the lookup, the ``[b s h] -> [s b h]``
-  transpose copy, with SP the copy of the rank's sequence shard, the embedding dropout, and the
-  tables' main-gradient hook (:func:`embedding_bytes`);
+  ``Embedding``): the rows other tp ranks own zeroed after the lookup (and its gradient), the
+  ``[b s h] -> [s b h]`` transpose copy, the gradient made contiguous for each lookup's backward,
+  the embedding dropout, and the tables' main-gradient hook (:func:`embedding_bytes`);
 - every forward step of every chunk on every stage (``pretrain_gpt.py`` ``forward_step`` ->
   ``get_batch``; ``megatron/utils.py`` ``get_ltor_masks_and_position_ids``): the batch broadcast
   over tp, the labels' and tokens' slice copies, the causal mask built again from an fp32
@@ -175,24 +175,34 @@ def hook_params(model: ModelSpec, tp: int, fused_qkv: bool, layer: int) -> list[
 
 
 def embedding_bytes(b: int, g: int, tokens: int, h: int, tp: int, shard_rows: int, table: int, sp: bool,
-                    dropout: bool) -> list[tuple[str, str, int]]:
+                    dropout: bool, lookups: int = 1, transposed: bool = False) -> list[tuple[str, str, int]]:
     """``(name, phase, bytes)`` of Megatron-LM's embedding around the lookup for one micro-batch:
     ``tokens`` rows of ``h`` in ``b`` bytes, ``shard_rows`` the rank's rows after the SP split,
     ``table`` the local table elements (word rows ``V_padded / tp`` and learned position rows, x h),
-    ``g`` bytes of a main-gradient element. The rows other ranks own zeroed (``(tp - 1) / tp`` of
-    the output, written), the transpose copy (read + write), with SP the shard's copy, with dropout
-    its pass both ways (``2 b + 1``: in, out, mask), and the tables' main-gradient hook
-    (``(2 g + b)`` per element).
+    ``g`` bytes of a main-gradient element, ``lookups`` the embedding tables looked up (word, and
+    learned positions), ``transposed``: the gradient reaching the lookups is a non-contiguous
+    view (micro-batch > 1). Forward: the rows other ranks own zeroed (``output_parallel[input_mask,
+    :] = 0.0``: ``(tp - 1) / tp`` of the output, written), the ``[b s h] -> [s b h]`` transpose copy
+    (read + write), with dropout its pass both ways (``2 b + 1``: in, out, mask); with SP the split
+    (``mpu/mappings.py`` ``_split_along_first_dim``) slices the sequence dimension of a contiguous
+    tensor, so its ``.contiguous()`` copies nothing. Backward: the zeroing's gradient (torch's
+    ``index_put_`` derivative: the gradient cloned, read + write, and its masked rows zeroed), the
+    gradient made contiguous once per lookup when it is a transposed view (torch
+    ``embedding_dense_backward_cuda``: ``grad_.contiguous()``; with micro-batch 1 the ``[1, s, h]``
+    view is contiguous), and the tables' main-gradient hook (``(2 g + b)`` per element).
 
-    >>> [(n, p, x) for n, p, x in embedding_bytes(2, 4, 8, 4, 2, 4, 100, True, True)]  # doctest: +NORMALIZE_WHITESPACE
-    [('masked rows zeroed', 'forward', 32), ('transpose copy', 'forward', 128),
-     ('embedding main_grad add', 'backward_weight', 1000), ('sequence split copy', 'forward', 64),
+    >>> [(n, p, x) for n, p, x in embedding_bytes(2, 4, 8, 4, 2, 4, 100, True, True, 2, True)]  # doctest: +NORMALIZE_WHITESPACE
+    [('masked rows zeroed', 'forward', 32), ('masked rows zeroed', 'backward_weight', 160),
+     ('transpose copy', 'forward', 128), ('embedding main_grad add', 'backward_weight', 1000),
+     ('gradient contiguous copy', 'backward_weight', 256),
      ('embedding dropout', 'forward', 80), ('embedding dropout', 'backward_input', 80)]
     """
-    out = [("masked rows zeroed", "forward", (b * tokens * h * (tp - 1)) // tp)] if tp > 1 else []
-    out += [("transpose copy", "forward", 2 * b * tokens * h), ("embedding main_grad add", "backward_weight", (2 * g + b) * table)]
-    if sp:
-        out.append(("sequence split copy", "forward", 2 * b * shard_rows * h))
+    rows = b * tokens * h
+    out = [("masked rows zeroed", "forward", (rows * (tp - 1)) // tp),
+           ("masked rows zeroed", "backward_weight", 2 * rows + (rows * (tp - 1)) // tp)] if tp > 1 else []
+    out += [("transpose copy", "forward", 2 * rows), ("embedding main_grad add", "backward_weight", (2 * g + b) * table)]
+    if transposed:
+        out.append(("gradient contiguous copy", "backward_weight", 2 * rows * lookups))
     if dropout:
         out += [("embedding dropout", phase, (2 * b + 1) * shard_rows * h) for phase in ("forward", "backward_input")]
     return out

@@ -520,31 +520,36 @@ def layer_workload(w: Workload, checkpointed: bool) -> Workload:
 
 
 def embedding_cost(model: ModelSpec, gpu: GPUSpec, w: Workload) -> Cost:
-    """Input embedding on the first stage: lookup (read + write ``tokens x h``), learned
-    position add, and in backward the dense weight gradient torch's ``embedding_dense_backward``
-    builds: a zero-filled ``(table rows) x h`` tensor (``at::zeros``; the rank's ``V_padded / tp``
-    rows, ``max_position`` for learned positions) into which the token rows are scattered.
+    """Input embedding on the first stage: lookup (read + write ``tokens x h``), with learned
+    positions their own lookup (read + write) and the add, and in backward the dense weight
+    gradient torch's ``embedding_dense_backward`` builds for each table: a zero-filled
+    ``(table rows) x h`` tensor (``at::zeros``; the rank's ``V_padded / tp`` rows,
+    ``max_position`` for learned positions) into which the token rows are scattered (read +
+    write ``tokens x h`` per table).
     Memory-bound. With ``w.megatron_ops`` also Megatron-LM's passes around it
     (:func:`meshplan.compute.megatron.embedding_bytes`).
 
     >>> from meshplan import catalog
     >>> gpt, a100 = catalog.model("megatron-22b"), catalog.gpu("a100-sxm-80gb")
     >>> c = embedding_cost(gpt, a100, Workload(seq_len=2048, micro_batch=4, tp=8))
-    >>> grad = [o for o in c.ops if o.name == "embedding grad"][0]   # 2 B x (6400 + 2048) x 6144 + scatter
-    >>> grad.size_bytes == 2 * (6400 + 2048) * 6144 + 2 * 2 * 8192 * 6144
+    >>> grad = [o for o in c.ops if o.name == "embedding grad"][0]   # 2 B x (6400 + 2048) x 6144 + 2 scatters
+    >>> grad.size_bytes == 2 * (6400 + 2048) * 6144 + 2 * (2 * 2 * 8192 * 6144)
     True
     """
     b, h, t = dtype_bytes(w.dtype), model.hidden, w.tokens
     rows = padded_vocab(model.vocab, w.vocab_pad_divisor, w.tp) // w.tp
-    pos = model.max_position if model.position_embedding == "learned" else 0
+    learned = model.position_embedding == "learned"
+    pos, lookups = (model.max_position, 2) if learned else (0, 1)
     ops = [_mem(gpu, "embedding lookup", "embed", "forward", 2 * b * t * h),
-           _mem(gpu, "embedding grad", "embed", "backward_weight", b * (rows + pos) * h + 2 * b * t * h)]
-    if model.position_embedding == "learned":
-        ops.append(_mem(gpu, "position add", "embed", "forward", 3 * b * t * h))
+           _mem(gpu, "embedding grad", "embed", "backward_weight", b * (rows + pos) * h + lookups * 2 * b * t * h)]
+    if learned:
+        ops += [_mem(gpu, "position lookup", "embed", "forward", 2 * b * t * h),
+                _mem(gpu, "position add", "embed", "forward", 3 * b * t * h)]
     if w.megatron_ops:
         g = 4 if w.fp32_wgrad_accumulation else b
         ops += [_mem(gpu, name, "embed", phase, nb)
-                for name, phase, nb in embedding_bytes(b, g, t, h, w.tp, w.row_tokens, (rows + pos) * h, w.sp, w.dropout)]
+                for name, phase, nb in embedding_bytes(b, g, t, h, w.tp, w.row_tokens, (rows + pos) * h, w.sp, w.dropout,
+                                                       lookups, w.micro_batch > 1)]
     data = kernel_data(gpu.name)
     if data is not None and not w.megatron_ops:  # per micro-batch: the batch broadcast (catalog microbatch_overhead_s)
         ops.append(Op("micro-batch overhead", "embed", "forward", "overhead", data.microbatch_overhead_s,
