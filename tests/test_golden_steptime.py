@@ -214,14 +214,16 @@ def head_terms(tp: int, megatron: bool = False) -> dict:
     (compute/megatron.batch_bytes): the broadcast (MB_OVERHEAD, then not in the embedding), the
     causal mask from fp32 ones (4 S^2 B), tril (8 S^2), < 0.5 (5 S^2), 4 small kernels (labels and
     tokens copies, loss mask, position ids: at the floor), and its timers' syncs, one floor each:
-    4 in forward, 2 in backward (``batch_f``, ``batch_b``). With tp > 1 the output layer's
+    4 in forward, 2 in backward (``batch_f``, ``batch_b``), and broadcast_data's sizes copied to
+    the GPU and back (2 floors in ``batch_f``); the loss's tiny kernels, 22 in forward and 10 in
+    backward, one floor each (compute/megatron.LOSS_KERNELS). With tp > 1 the output layer's
     backward issues Megatron's ``torch.empty(1) + 1`` delay after its async all-reduce (one
     floor in ``head_w``)."""
     logits = S * V // tp
     ce_f, ce_b = (38, 14) if megatron else (B + 4, B + 4)
     emb_f = kernel(2 * B * S * H / TRIAD) + (0.0 if megatron else MB_OVERHEAD)
     batch_f = (MB_OVERHEAD + kernel(4 * S * S / TRIAD) + kernel(8 * S * S / TRIAD) + kernel(5 * S * S / TRIAD)
-               + 4 * ISSUE + 4 * ISSUE) if megatron else 0.0
+               + 4 * ISSUE + 4 * ISSUE + 2 * ISSUE) if megatron else 0.0
     batch_b = 2 * ISSUE if megatron else 0.0
     emb_w = kernel((B * (V // tp) * H + 2 * B * S * H) / TRIAD)
     head_w = kernel(wgrad_s(V // tp, H, megatron))
@@ -231,10 +233,12 @@ def head_terms(tp: int, megatron: bool = False) -> dict:
         if tp > 1:  # the zeroed rows' gradient: index_put_'s derivative clones it and zeroes the rows again
             emb_w += kernel((2 * B * S * H + B * S * H * (tp - 1) // tp) / TRIAD)
         head_w += kernel(10 * H / TRIAD) + (ISSUE if tp > 1 else 0.0)
+    loss_f, loss_b = (22 * ISSUE, 10 * ISSUE) if megatron else (0.0, 0.0)   # compute/megatron.LOSS_KERNELS
     return {"emb_f": emb_f, "emb_w": emb_w, "batch_f": batch_f, "batch_b": batch_b,
-            "head_f": kernel(NORM_T0 + 2 * B * S * H / NORM_BW) + kernel(gemm_s(S, V // tp, H)) + kernel(ce_f * logits / TRIAD),
+            "head_f": kernel(NORM_T0 + 2 * B * S * H / NORM_BW) + kernel(gemm_s(S, V // tp, H)) + kernel(ce_f * logits / TRIAD)
+            + loss_f,
             "head_b": kernel(NORM_T0 + (5 if megatron else 3) * B * S * H / NORM_BW) + kernel(gemm_s(S, H, V // tp))
-            + kernel(ce_b * logits / TRIAD),
+            + kernel(ce_b * logits / TRIAD) + loss_b,
             "head_w": head_w}
 
 

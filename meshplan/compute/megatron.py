@@ -51,7 +51,7 @@ from meshplan.compute.shapes import Attention
 from meshplan.spec.model import ModelSpec
 
 MEGATRON_OPS = ("layer norm backward", "causal softmax", "attention copies", "main-grad hooks", "cross entropy",
-                "embedding", "batch and timers", "comm delay kernels")
+                "embedding", "batch and timers", "comm delay kernels", "loss kernels")
 
 #: Op names of the delay kernels (:func:`comm_delay_kernels`) by pass: the one before the
 #: column-parallel input-gradient GEMM (SP, after the input's all-gather is launched) and the one
@@ -63,6 +63,27 @@ COMM_DELAY_OPS = {"backward_input": "dgrad delay (empty + 1)", "backward_weight"
 #: ``forward_step``): forward-compute and batch-generator start and stop, backward-compute start
 #: and stop.
 TIMER_SYNCS = {"forward": 4, "backward_input": 2}
+
+#: Host syncs and copies of ``mpu/data.py`` ``broadcast_data`` in every ``get_batch`` besides its
+#: two broadcasts: ``torch.cuda.LongTensor(sizes)`` (a host-to-device copy) and
+#: ``sizes_cuda.cpu()`` (a device-to-host copy that waits for the GPU).
+BATCH_SYNCS = 2
+
+#: Tiny kernels (one or a few elements per token, each at the issue floor) of Megatron-LM 2022's
+#: loss on the last stage per micro-batch, by pass, read at 2755bcb. Forward: in
+#: ``mpu/cross_entropy.py`` ``_VocabParallelCrossEntropy.forward`` the target mask (``<``,
+#: ``>=``, ``|``), ``target.clone() - start`` (2), ``masked_target[target_mask] = 0``, ``arange``,
+#: the target logits' gather and ``.clone()``, ``predicted_logits[target_mask] = 0.0``,
+#: ``log`` and ``-`` (12); ``model/gpt_model.py`` the labels' and the loss's ``transpose(0, 1)
+#: .contiguous()`` (2); ``pretrain_gpt.py`` ``loss_func`` ``losses * loss_mask``, ``sum``,
+#: ``loss_mask.sum()``, ``/`` (4) and ``utils.py`` ``average_losses_across_data_parallel_group``
+#: ``clone``, ``cat``, ``/`` (3); ``schedules.py`` ``forward_step`` ``loss / num_microbatches``
+#: (1): 22. Backward: ``torch.autograd.backward``'s ones gradient, the backward of
+#: ``/ num_microbatches``, of ``/ loss_mask.sum()`` and of ``* loss_mask`` (4; the transposes,
+#: views and ``sum``'s expand copy nothing), in ``_VocabParallelCrossEntropy.backward``
+#: ``arange``, ``.float()``, ``1.0 - ...`` and ``grad_2d[arange, target] -= ...`` (gather,
+#: subtract, put: 3) (6): 10. The logit-sized passes are :func:`cross_entropy_bytes`'.
+LOSS_KERNELS = {"forward": 22, "backward_input": 10}
 
 
 def comm_delay_kernels(tp: int, sp: bool) -> dict[str, int]:

@@ -54,7 +54,7 @@ from typing import Optional
 
 from meshplan.compute.gemm import GemmTable, gemm_efficiency, gemm_model, gemm_time, load_gemm_table  # noqa: F401
 from meshplan.compute.measured import attention_seconds, bandwidth, kernel_data, memory_seconds
-from meshplan.compute.megatron import (COMM_DELAY_OPS, STEP_TIMERS, TIMER_SYNCS, attention_copy_bytes, batch_bytes,
+from meshplan.compute.megatron import (BATCH_SYNCS, COMM_DELAY_OPS, LOSS_KERNELS, STEP_TIMERS, TIMER_SYNCS, attention_copy_bytes, batch_bytes,
                                        comm_delay_kernels, cross_entropy_bytes, embedding_bytes, hook_params,
                                        stage_param_tensors,
                                        norm_backward_passes, softmax_bytes)
@@ -567,12 +567,13 @@ def megatron_batch_cost(gpu: GPUSpec, w: Workload) -> Cost:
 
     22B, micro-batch 4, seq 2048 on A100: the mask passes 16.8 + 33.6 + 21.0 MB at Triad 1.70 TB/s
     (9.87 + 19.74 + 12.34 us), 4 small kernels at the 4.7 us floor (18.8), 33.92 us of broadcasts, 4 syncs
-    (18.8): 113.5 us in forward; 2 syncs (9.4 us) in backward:
+    (18.8), the broadcast sizes' two copies (:data:`~meshplan.compute.megatron.BATCH_SYNCS`, 9.4):
+    122.9 us in forward; 2 syncs (9.4 us) in backward:
 
     >>> from meshplan import catalog
     >>> c = megatron_batch_cost(catalog.gpu("a100-sxm-80gb"), Workload(seq_len=2048, micro_batch=4, megatron_ops=True))
     >>> round(c.seconds("forward") * 1e6, 1), round(c.seconds("backward_input") * 1e6, 1)
-    (113.5, 9.4)
+    (122.9, 9.4)
     """
     data = kernel_data(gpu.name)
     if data is None:
@@ -582,6 +583,8 @@ def megatron_batch_cost(gpu: GPUSpec, w: Workload) -> Cost:
     ops += [_mem(gpu, name, "embed", "forward", nb) for name, nb in batch_bytes(w.micro_batch, w.seq_len)]
     ops += [Op("timer synchronize", "embed", phase, "overhead", n * data.kernel_issue_s,
                note=f"{n} torch.cuda.synchronize, one issue floor each") for phase, n in TIMER_SYNCS.items()]
+    ops.append(Op("broadcast_data sizes copies", "embed", "forward", "overhead", BATCH_SYNCS * data.kernel_issue_s,
+                  note="torch.cuda.LongTensor(sizes) and sizes_cuda.cpu(), one issue floor each"))
     return Cost(tuple(ops))
 
 
@@ -675,6 +678,11 @@ def head_cost(model: ModelSpec, gpu: GPUSpec, w: Workload, table: Optional[GemmT
         ops += [_mem(gpu, f"final norm {p} main_grad add", "head", "backward_weight", (2 * main + b) * h)
                 for p in (("weight", "bias") if model.norm == "layernorm" else ("weight",))]
         ops += comm_delay_ops(gpu, w, ("head",))  # parallel_lm_logits: the same autograd function
+        data = kernel_data(gpu.name)
+        if data is not None:  # the loss's tiny kernels (compute.megatron.LOSS_KERNELS), one issue floor each
+            ops += [Op("loss tiny kernels", "head", phase, "overhead", n * data.kernel_issue_s,
+                       note=f"{n} kernels of a few elements per token, one issue floor each")
+                    for phase, n in LOSS_KERNELS.items()]
     return Cost(tuple(ops))
 
 
