@@ -204,7 +204,7 @@ def head_terms(tp: int, megatron: bool = False) -> dict:
     write S x h), one kernel here; final norm (NORM_BW), output GEMM (S, V/tp, h), vocab-parallel
     cross entropy (reads bf16 logits, writes the fp32 softmax: (2 + 4) B per logit, both passes,
     TRIAD). ``megatron`` (compute/megatron.py): the lookup's rows of other tp ranks zeroed
-    (2 B x S x h x (tp-1)/tp), the [b s h] -> [s b h] transpose copy (2 x 2 B x S x h), the
+    (2 B x S x h x (tp-1)/tp), no [b s h] -> [s b h] transpose copy (micro-batch 1: a view), the
     embedding's main-gradient hook (10 B x V/tp x h), with tp > 1 the zeroing's gradient (the
     gradient cloned, 2 x 2 B x S x h, and its (tp-1)/tp rows zeroed; micro-batch 1: the
     transposed gradient view is contiguous, no copy), the final norm's backward in 5 passes and
@@ -216,7 +216,8 @@ def head_terms(tp: int, megatron: bool = False) -> dict:
     tokens copies, loss mask, position ids: at the floor), and its timers' syncs, one floor each:
     4 in forward, 2 in backward (``batch_f``, ``batch_b``), and broadcast_data's sizes copied to
     the GPU and back (2 floors in ``batch_f``); the loss's tiny kernels, 22 in forward and 10 in
-    backward, one floor each (compute/megatron.LOSS_KERNELS). With tp > 1 the output layer's
+    backward (20 in forward at micro-batch 1: the two transposes are views), one floor each
+    (compute/megatron.loss_kernels). With tp > 1 the output layer's
     backward issues Megatron's ``torch.empty(1) + 1`` delay after its async all-reduce (one
     floor in ``head_w``)."""
     logits = S * V // tp
@@ -228,12 +229,12 @@ def head_terms(tp: int, megatron: bool = False) -> dict:
     emb_w = kernel((B * (V // tp) * H + 2 * B * S * H) / TRIAD)
     head_w = kernel(wgrad_s(V // tp, H, megatron))
     if megatron:
-        emb_f += kernel(B * S * H * (tp - 1) // tp / TRIAD) + kernel(2 * B * S * H / TRIAD)
+        emb_f += kernel(B * S * H * (tp - 1) // tp / TRIAD)   # micro-batch 1: the transpose's .contiguous() copies nothing
         emb_w += kernel(10 * (V // tp) * H / TRIAD)
         if tp > 1:  # the zeroed rows' gradient: index_put_'s derivative clones it and zeroes the rows again
             emb_w += kernel((2 * B * S * H + B * S * H * (tp - 1) // tp) / TRIAD)
         head_w += kernel(10 * H / TRIAD) + (ISSUE if tp > 1 else 0.0)
-    loss_f, loss_b = (22 * ISSUE, 10 * ISSUE) if megatron else (0.0, 0.0)   # compute/megatron.LOSS_KERNELS
+    loss_f, loss_b = (20 * ISSUE, 10 * ISSUE) if megatron else (0.0, 0.0)   # compute/megatron.loss_kernels(1)
     return {"emb_f": emb_f, "emb_w": emb_w, "batch_f": batch_f, "batch_b": batch_b,
             "head_f": kernel(NORM_T0 + 2 * B * S * H / NORM_BW) + kernel(gemm_s(S, V // tp, H)) + kernel(ce_f * logits / TRIAD)
             + loss_f,

@@ -119,7 +119,9 @@ def test_embedding_gradient_and_megatron_embedding_by_hand():
     contiguous for each of the 2 lookups (micro-batch 4: the transposed [b s h] view is not
     contiguous; 2 x 201,326,592 B), and the embedding dropout on the rank's 1,024 rows (2 + 2 + 1
     B: 31,457,280 B each way). The SP split slices a contiguous tensor along its first dimension:
-    no copy. With micro-batch 1 the [1 s h] gradient view is contiguous: no copies."""
+    no copy. With micro-batch 1 the [1 s h] views are contiguous: neither the forward transpose
+    nor the gradient copies (transformer.py ParallelTransformer.forward: "'.contiguous()' is a
+    pass-through")."""
     table = (6400 + 2048) * H
     for mega in (True, False):
         c = ops_of(embedding_cost(GPT22B, A100, Workload(**{**MEGATRON, "megatron_ops": mega})))
@@ -137,7 +139,7 @@ def test_embedding_gradient_and_megatron_embedding_by_hand():
     assert c.seconds("backward_weight") == pytest.approx(
         (506_462_208 + 519_045_120 + 289_406_976 + 402_653_184) / TRIAD)
     one = ops_of(embedding_cost(GPT22B, A100, Workload(**{**MEGATRON, "micro_batch": 1})))
-    assert "gradient contiguous copy" not in one
+    assert "gradient contiguous copy" not in one and "transpose copy" not in one   # [1 s h] views
 
 
 def test_causal_softmax_reads_the_lower_triangle():
@@ -305,3 +307,6 @@ def test_loss_tiny_kernels_on_the_last_stage():
     assert tiny == {"forward": pytest.approx(22 * ISSUE, rel=1e-12), "backward_input": pytest.approx(10 * ISSUE, rel=1e-12)}
     plain = head_cost(GPT22B, A100, Workload(**{**MEGATRON, "megatron_ops": False}))
     assert not any(o.name == "loss tiny kernels" for o in plain.ops)
+    one = head_cost(GPT22B, A100, Workload(**{**MEGATRON, "micro_batch": 1}))   # the 2 transposes: views
+    assert sum(o.seconds for o in one.ops if o.name == "loss tiny kernels" and o.phase == "forward") == \
+        pytest.approx(20 * ISSUE, rel=1e-12)

@@ -86,6 +86,17 @@ BATCH_SYNCS = 2
 LOSS_KERNELS = {"forward": 22, "backward_input": 10}
 
 
+def loss_kernels(micro_batch: int) -> dict[str, int]:
+    """:data:`LOSS_KERNELS` at ``micro_batch``: with one sequence the two ``transpose(0, 1)
+    .contiguous()`` of ``gpt_model.py`` copy nothing (a ``[s, 1]`` / ``[1, s]`` transpose is already
+    contiguous; ``model/transformer.py`` ``ParallelTransformer.forward`` says so of the embedding's).
+
+    >>> loss_kernels(4), loss_kernels(1)
+    ({'forward': 22, 'backward_input': 10}, {'forward': 20, 'backward_input': 10})
+    """
+    return dict(LOSS_KERNELS) if micro_batch > 1 else {**LOSS_KERNELS, "forward": LOSS_KERNELS["forward"] - 2}
+
+
 def comm_delay_kernels(tp: int, sp: bool) -> dict[str, int]:
     """Delay kernels (``torch.empty(1) + 1``) per column-parallel linear's backward, by pass, in
     Megatron-LM 2022 (2755bcb ``megatron/mpu/layers.py``
@@ -204,7 +215,8 @@ def embedding_bytes(b: int, g: int, tokens: int, h: int, tp: int, shard_rows: in
     learned positions), ``transposed``: the gradient reaching the lookups is a non-contiguous
     view (micro-batch > 1). Forward: the rows other ranks own zeroed (``output_parallel[input_mask,
     :] = 0.0``: ``(tp - 1) / tp`` of the output, written), the ``[b s h] -> [s b h]`` transpose copy
-    (read + write), with dropout its pass both ways (``2 b + 1``: in, out, mask); with SP the split
+    (read + write; with micro-batch 1 ``.contiguous()`` passes the view through, as
+    ``model/transformer.py`` ``ParallelTransformer.forward`` notes), with dropout its pass both ways (``2 b + 1``: in, out, mask); with SP the split
     (``mpu/mappings.py`` ``_split_along_first_dim``) slices the sequence dimension of a contiguous
     tensor, so its ``.contiguous()`` copies nothing. Backward: the zeroing's gradient (torch's
     ``index_put_`` derivative: the gradient cloned, read + write, and its masked rows zeroed), the
@@ -214,16 +226,16 @@ def embedding_bytes(b: int, g: int, tokens: int, h: int, tp: int, shard_rows: in
 
     >>> [(n, p, x) for n, p, x in embedding_bytes(2, 4, 8, 4, 2, 4, 100, True, True, 2, True)]  # doctest: +NORMALIZE_WHITESPACE
     [('masked rows zeroed', 'forward', 32), ('masked rows zeroed', 'backward_weight', 160),
-     ('transpose copy', 'forward', 128), ('embedding main_grad add', 'backward_weight', 1000),
+     ('embedding main_grad add', 'backward_weight', 1000), ('transpose copy', 'forward', 128),
      ('gradient contiguous copy', 'backward_weight', 256),
      ('embedding dropout', 'forward', 80), ('embedding dropout', 'backward_input', 80)]
     """
     rows = b * tokens * h
     out = [("masked rows zeroed", "forward", (rows * (tp - 1)) // tp),
            ("masked rows zeroed", "backward_weight", 2 * rows + (rows * (tp - 1)) // tp)] if tp > 1 else []
-    out += [("transpose copy", "forward", 2 * rows), ("embedding main_grad add", "backward_weight", (2 * g + b) * table)]
+    out.append(("embedding main_grad add", "backward_weight", (2 * g + b) * table))
     if transposed:
-        out.append(("gradient contiguous copy", "backward_weight", 2 * rows * lookups))
+        out += [("transpose copy", "forward", 2 * rows), ("gradient contiguous copy", "backward_weight", 2 * rows * lookups)]
     if dropout:
         out += [("embedding dropout", phase, (2 * b + 1) * shard_rows * h) for phase in ("forward", "backward_input")]
     return out

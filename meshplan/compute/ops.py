@@ -54,9 +54,9 @@ from typing import Optional
 
 from meshplan.compute.gemm import GemmTable, gemm_efficiency, gemm_model, gemm_time, load_gemm_table  # noqa: F401
 from meshplan.compute.measured import attention_seconds, bandwidth, kernel_data, memory_seconds
-from meshplan.compute.megatron import (BATCH_SYNCS, COMM_DELAY_OPS, LOSS_KERNELS, STEP_TIMERS, TIMER_SYNCS, attention_copy_bytes, batch_bytes,
+from meshplan.compute.megatron import (BATCH_SYNCS, COMM_DELAY_OPS, STEP_TIMERS, TIMER_SYNCS, attention_copy_bytes, batch_bytes,
                                        comm_delay_kernels, cross_entropy_bytes, embedding_bytes, hook_params,
-                                       stage_param_tensors,
+                                       loss_kernels, stage_param_tensors,
                                        norm_backward_passes, softmax_bytes)
 from meshplan.compute.routing import RoutingOptions, routing
 from meshplan.compute.shapes import (ATTENTION_GEMMS, MLA_REPLICATED, Attention, Gemm, attention_shape,
@@ -679,10 +679,10 @@ def head_cost(model: ModelSpec, gpu: GPUSpec, w: Workload, table: Optional[GemmT
                 for p in (("weight", "bias") if model.norm == "layernorm" else ("weight",))]
         ops += comm_delay_ops(gpu, w, ("head",))  # parallel_lm_logits: the same autograd function
         data = kernel_data(gpu.name)
-        if data is not None:  # the loss's tiny kernels (compute.megatron.LOSS_KERNELS), one issue floor each
+        if data is not None:  # the loss's tiny kernels (compute.megatron.loss_kernels), one issue floor each
             ops += [Op("loss tiny kernels", "head", phase, "overhead", n * data.kernel_issue_s,
                        note=f"{n} kernels of a few elements per token, one issue floor each")
-                    for phase, n in LOSS_KERNELS.items()]
+                    for phase, n in loss_kernels(w.micro_batch).items()]
     return Cost(tuple(ops))
 
 
