@@ -212,8 +212,9 @@ def head_terms(tp: int, megatron: bool = False) -> dict:
     logit forward (upcast 2 + 4, max 4, sub 8, exp 8, sum 4, div 8), 14 B backward (mul 8,
     upcast's backward 4 + 2). Megatron-LM 2022 runs ``get_batch`` in every chunk's forward
     (compute/megatron.batch_bytes): the broadcast (MB_OVERHEAD, then not in the embedding), the
-    causal mask from fp32 ones (4 S^2 B), tril (8 S^2), < 0.5 (5 S^2), 4 small kernels (labels and
-    tokens copies, loss mask, position ids: at the floor), and its timers' syncs, one floor each:
+    causal mask from fp32 ones (4 S^2 B), tril (8 S^2), < 0.5 (5 S^2), 2 small kernels (loss mask,
+    position ids: at the floor; micro-batch 1: the labels' and tokens' slices are contiguous, no
+    copies), and its timers' syncs, one floor each:
     4 in forward, 2 in backward (``batch_f``, ``batch_b``), and broadcast_data's sizes copied to
     the GPU and back (2 floors in ``batch_f``); the loss's tiny kernels, 22 in forward and 10 in
     backward (20 in forward at micro-batch 1: the two transposes are views), one floor each
@@ -224,7 +225,7 @@ def head_terms(tp: int, megatron: bool = False) -> dict:
     ce_f, ce_b = (38, 14) if megatron else (B + 4, B + 4)
     emb_f = kernel(2 * B * S * H / TRIAD) + (0.0 if megatron else MB_OVERHEAD)
     batch_f = (MB_OVERHEAD + kernel(4 * S * S / TRIAD) + kernel(8 * S * S / TRIAD) + kernel(5 * S * S / TRIAD)
-               + 4 * ISSUE + 4 * ISSUE + 2 * ISSUE) if megatron else 0.0
+               + 2 * ISSUE + 4 * ISSUE + 2 * ISSUE) if megatron else 0.0
     batch_b = 2 * ISSUE if megatron else 0.0
     emb_w = kernel((B * (V // tp) * H + 2 * B * S * H) / TRIAD)
     head_w = kernel(wgrad_s(V // tp, H, megatron))

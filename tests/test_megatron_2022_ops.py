@@ -173,6 +173,8 @@ def test_get_batch_and_timers_in_every_chunk_on_every_stage():
     want = 33.92e-6 + (17 * s * s) / TRIAD + 10 * ISSUE
     assert megatron_batch_cost(A100, Workload(**MEGATRON)).seconds("forward") == pytest.approx(want, rel=1e-12)
     assert megatron_batch_cost(A100, Workload(**MEGATRON)).seconds("backward_input") == pytest.approx(2 * ISSUE)
+    one = megatron_batch_cost(A100, Workload(**{**MEGATRON, "micro_batch": 1}))   # [1, s] slices: contiguous
+    assert one.seconds("forward") == pytest.approx(want - 2 * ISSUE, rel=1e-12)
     for framework, has in (("megatron", True), ("torch", False)):
         plan = plan_of(True, framework)
         chunks = [ch for stage in chunk_costs(plan, workload_of(plan)) for ch in stage]

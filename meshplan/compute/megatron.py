@@ -250,12 +250,18 @@ def batch_bytes(micro_batch: int, seq_len: int) -> list[tuple[str, int]]:
     (fp32 read, bool written), the loss mask ``ones(b, s)`` (fp32) and the position ids
     ``arange(s)`` (int64).
 
-    >>> [(n, x) for n, x in batch_bytes(1, 4)]  # doctest: +NORMALIZE_WHITESPACE
-    [('labels copy', 64), ('tokens copy', 64), ('mask ones', 64), ('mask tril', 128),
-     ('mask < 0.5', 80), ('loss mask ones', 16), ('position ids', 32)]
+    With one sequence the slices ``[1, s]`` of ``[1, s + 1]`` are already contiguous (a size-1
+    dimension's stride does not count): no copies.
+
+    >>> [(n, x) for n, x in batch_bytes(2, 4)]  # doctest: +NORMALIZE_WHITESPACE
+    [('labels copy', 128), ('tokens copy', 128), ('mask ones', 64), ('mask tril', 128),
+     ('mask < 0.5', 80), ('loss mask ones', 32), ('position ids', 32)]
+    >>> [n for n, _ in batch_bytes(1, 4)]
+    ['mask ones', 'mask tril', 'mask < 0.5', 'loss mask ones', 'position ids']
     """
     b, s = micro_batch, seq_len
-    return [("labels copy", 2 * 8 * b * s), ("tokens copy", 2 * 8 * b * s), ("mask ones", 4 * s * s),
+    copies = [("labels copy", 2 * 8 * b * s), ("tokens copy", 2 * 8 * b * s)] if b > 1 else []
+    return copies + [("mask ones", 4 * s * s),
             ("mask tril", 2 * 4 * s * s), ("mask < 0.5", (4 + 1) * s * s), ("loss mask ones", 4 * b * s),
             ("position ids", 8 * s)]
 
