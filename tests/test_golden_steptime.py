@@ -264,11 +264,12 @@ def megatron_step_s(tp: int) -> float:
     (compute/ops.megatron_step_cost): every parameter tensor of the rank copied master -> bf16
     by its own ``copy_`` (6 B per element; the bulk bytes are in optimizer_s, so each adds the
     floor's excess over them): per layer the two norm weights, the fused QKV, wo, w_gate, w_up,
-    w_down, then the word embedding (V/tp x h) and the final norm; and 23 syncs (11 timers
-    started and stopped, the gradient norm's ``.item()``), one floor each."""
+    w_down, then the word embedding (V/tp x h) and the final norm; 23 syncs (11 timers
+    started and stopped, the gradient norm's ``.item()``), one floor each; and the loss of the one
+    micro-batch averaged and logged (0 + loss, / 1, training_log's H2D zero and add: 4 floors)."""
     per_layer = [H, H] + [k * n for k, n, _ in linears(tp, fused_qkv=True).values()]
     tensors = L * per_layer + [(V // tp) * H, H]
-    return sum(max(0.0, ISSUE - 6 * n / TRIAD) for n in tensors) + 23 * ISSUE
+    return sum(max(0.0, ISSUE - 6 * n / TRIAD) for n in tensors) + 23 * ISSUE + (1 + 3) * ISSUE
 
 
 # Communication terms (comm/alphabeta.py measured_time, collective_time) ---------------------

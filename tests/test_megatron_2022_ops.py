@@ -240,6 +240,10 @@ def test_step_kernels_per_parameter_copies_sp_grad_copies_and_syncs():
     bulk = optimizer_step_s(st.bytes_of("params"), st.bytes_of("grads"), st.bytes_of("master"),
                             st.bytes_of("optimizer"), plan.config.training, optimizer_bandwidth(A100))
     assert _optimizer_s(plan, 1) == pytest.approx(bulk + hand, rel=1e-12)
+    # the last stage also averages its 64 micro-batches' losses (64 adds from 0, a division) and logs
+    # the step's (a blocking H2D zero, an add): 67 floors; its layers are the same 12 kinds
+    last = megatron_stage_step_cost(GPT175B, A100, w, plan.config.training, plan.stage(7).layers, False, True, 8, 64)
+    assert [o.seconds for o in last.ops if o.name == "loss average and log"] == [pytest.approx(67 * ISSUE, rel=1e-12)]
     # torch: none of it
     assert megatron_stage_step_cost(GPT175B, A100, workload_of(plan_of(True, "torch")), plan.config.training,
                                     layers, False, False, 8).seconds() == 0.0

@@ -589,7 +589,7 @@ def megatron_batch_cost(gpu: GPUSpec, w: Workload) -> Cost:
 
 
 def megatron_step_cost(gpu: GPUSpec, tensors: list[tuple[str, int, bool]], sp: bool, per_param_copy: bool,
-                       clip: bool) -> Cost:
+                       clip: bool, loss_micro_batches: int = 0) -> Cost:
     """Megatron-LM 2022's kernels and host syncs once per step beyond the optimizer's bulk passes
     (:func:`meshplan.schedule.steptime.optimizer_step_bytes`), on one rank holding ``tensors``
     (:func:`meshplan.compute.megatron.stage_param_tensors`); empty for a GPU without catalog data:
@@ -607,7 +607,12 @@ def megatron_step_cost(gpu: GPUSpec, tensors: list[tuple[str, int, bool]], sp: b
     - the step's timers (:data:`~meshplan.compute.megatron.STEP_TIMERS`, a
       ``torch.cuda.synchronize`` at each start and stop) and with ``clip`` the gradient norm's
       ``total_norm.item()`` (``clip_grads.py``): one issue floor per sync (as
-      :func:`megatron_batch_cost`).
+      :func:`megatron_batch_cost`);
+    - on the last stage (``loss_micro_batches``: the micro-batches whose losses it holds) the
+      loss averaged over them (``training.py`` ``train_step``: ``sum(losses) / len(losses)``,
+      Python's ``sum`` from 0: one add per micro-batch and the division) and ``training_log``'s
+      running total (``total_loss_dict.get(key, torch.cuda.FloatTensor([0.0])) + loss``: a
+      blocking host-to-device copy and an add): ``n + 3`` issue floors.
 
     22B at tp 8 (one layer's 12 tensors, 8 of them under 1 M elements): the 8 copies each pay the
     4.7 us floor less their 6 n B at 1.70 TB/s; the 6 sequence_parallel tensors (36,864 elements)
@@ -642,20 +647,26 @@ def megatron_step_cost(gpu: GPUSpec, tensors: list[tuple[str, int, bool]], sp: b
     syncs = 2 * len(STEP_TIMERS) + (1 if clip else 0)
     ops.append(Op("step timers and grad-norm sync", "head", "step", "overhead", syncs * floor,
                   note=f"{syncs} torch.cuda.synchronize / .item(), one issue floor each"))
+    if loss_micro_batches:
+        n = loss_micro_batches + 3
+        ops.append(Op("loss average and log", "head", "step", "overhead", n * floor,
+                      note=f"{n} tiny kernels and copies, one issue floor each"))
     return Cost(tuple(ops))
 
 
 def megatron_stage_step_cost(model: ModelSpec, gpu: GPUSpec, w: Workload, training, layers: list[int], first: bool,
-                             last: bool, pp: int) -> Cost:
+                             last: bool, pp: int, micro_batches: int = 1) -> Cost:
     """:func:`megatron_step_cost` of one pipeline stage's rank (``layers``: its layer indices;
-    ``training``: the :class:`~meshplan.spec.training.TrainingSpec`); empty unless
-    ``w.megatron_ops``. The per-parameter copy applies to bf16 parameters with master weights."""
+    ``training``: the :class:`~meshplan.spec.training.TrainingSpec`; ``micro_batches`` per step);
+    empty unless ``w.megatron_ops``. The per-parameter copy applies to bf16 parameters with
+    master weights."""
     if not w.megatron_ops:
         return Cost(())
     rows = padded_vocab(model.vocab, w.vocab_pad_divisor, w.tp) // w.tp
     tensors = stage_param_tensors(model, w.tp, rows, layers, first, last, pp)
     per_param = training.param_dtype == "bf16" and training.keeps_master
-    return megatron_step_cost(gpu, tensors, w.sp and w.tp > 1, per_param, training.grad_clip)
+    return megatron_step_cost(gpu, tensors, w.sp and w.tp > 1, per_param, training.grad_clip,
+                              micro_batches if last else 0)
 
 
 def head_cost(model: ModelSpec, gpu: GPUSpec, w: Workload, table: Optional[GemmTable] = None) -> Cost:
