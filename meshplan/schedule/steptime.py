@@ -389,9 +389,11 @@ def _optimizer_s(plan, s: int) -> float:
     """The optimizer step's bulk passes and, under Megatron-LM, its per-step kernels and syncs
     (:func:`meshplan.compute.ops.megatron_stage_step_cost`)."""
     st, c = plan.state[s], plan.config
-    k = plan.stage(s)
-    extra = megatron_stage_step_cost(c.model, c.cluster.gpu, workload_of(plan), c.training, k.layers, s == 0,
-                                     s == last_stage(plan.stages), plan.pp, plan.micro_batches).seconds()
+    extra = 0.0
+    if c.training.framework == "megatron":
+        layers = [i for chunk in plan.stages[s] for i in chunk]
+        extra = megatron_stage_step_cost(c.model, c.cluster.gpu, workload_of(plan), c.training, layers, s == 0,
+                                         s == last_stage(plan.stages), plan.pp, plan.micro_batches).seconds()
     return extra + optimizer_step_s(st.bytes_of("params"), st.bytes_of("grads"), st.bytes_of("master"),
                                     st.bytes_of("optimizer"), c.training, optimizer_bandwidth(c.cluster.gpu))
 
