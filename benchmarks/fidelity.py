@@ -126,14 +126,18 @@ def sources(gpu: str) -> list[str]:
             "receives through the rank's one NIC; interleaved steady-state "
             "forward output sent with the next backward's, schedules.py), scatter/gather without SP; the "
             "embedding all-reduced under SP (mpu/layers.py VocabParallelEmbedding); get_batch in every chunk's "
-            "forward on every stage (2 tp broadcasts, causal mask rebuilt: ones/tril/< 0.5) and the timers' "
+            "forward on every stage (2 tp broadcasts and their sizes copied to the GPU and back, causal mask rebuilt: "
+            "ones/tril/< 0.5) and the timers' "
             "cuda.synchronize (4 per forward, 2 per backward, one issue floor each); fused QKV "
             "GEMM (transformer.py query_key_value); wgrad accumulated into fp32 main_grad "
             "(layers.py wgrad_gemm_accum_fp32: C read + written in fp32, roofline at Triad); its own kernels "
             "(compute/megatron.py: fused layer norm backward in 5 passes, causal softmax on the lower triangle, fp32 cross entropy pass by pass, "
             "context permute copy, baddbmm alpha on dQ/dK, QKV split-backward cat, main_grad hooks, embedding "
-            "mask/transpose/split/dropout); grad buffer /= dp in place before the optimizer (distributed.py "
-            "allreduce_gradients): 58 B per parameter",
+            "mask/transpose/split/dropout, the empty(1) + 1 delay kernel after each async tp collective launch in "
+            "a column-parallel backward, the loss's 22 + 10 tiny kernels per micro-batch); grad buffer /= dp in place before the optimizer (distributed.py "
+            "allreduce_gradients): 58 B per parameter; per step (optimizer.py): the bf16 master -> model copy one "
+            "copy_ per parameter (no multi-tensor copy for bf16), under SP the sequence_parallel gradients "
+            "flattened and copied back one kernel each, the 11 step timers' syncs and the grad norm's .item()",
             "GEMM interpolation nodes: measurements of their own shape; the MAMF maximum (S1) is the ceiling only"]
 
 

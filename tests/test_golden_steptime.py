@@ -169,7 +169,9 @@ def layer_terms(tp: int, megatron: bool = False) -> dict:
     gradients (:func:`wgrad_s`); Megatron-LM's fused layer norm backward reads x and dy twice
     (5 passes, compute/ops.norm_backward_passes); each norm weight's main-gradient hook
     (main_grad.add_: fp32 main gradient read and written, bf16 gradient read, 10 B x h: one
-    floored kernel) runs with the column-parallel weight gradients of its block."""
+    floored kernel) runs with the column-parallel weight gradients of its block, and so does
+    the ``torch.empty(1) + 1`` delay kernel Megatron issues after launching the column-parallel
+    input gradient's async all-reduce (no SP, tp > 1: one floor, compute/megatron.comm_delay_kernels)."""
     lin = linears(tp, megatron)
     fwd = lambda blk: sum(kernel(gemm_s(S, n, k)) for k, n, b in lin.values() if b == blk)      # (M, N, K)
     dgrad = lambda blk: sum(kernel(gemm_s(S, k, n)) for k, n, b in lin.values() if b == blk)    # (M, K, N)
@@ -179,6 +181,7 @@ def layer_terms(tp: int, megatron: bool = False) -> dict:
     att_b = kernel(2.5 * attention_flops(tp) / (PEAK * EFF_ATTN))    # table's backward
     norm_f, norm_b = kernel(NORM_T0 + 2 * B * S * H / NORM_BW), kernel(NORM_T0 + (5 if megatron else 3) * B * S * H / NORM_BW)
     hook = kernel(10 * H / TRIAD) if megatron else 0.0                # Megatron: norm weight main_grad add
+    delay = ISSUE if megatron and tp > 1 else 0.0                     # Megatron: empty(1) + 1 after the async all-reduce
     add = kernel(3 * B * S * H / TRIAD)                               # residual add: two in, one out (both passes)
     grad_acc = kernel(3 * B * S * H / TRIAD)                          # backward: skip + norm-branch gradient summed
     rope = kernel(2 * B * S * (2 * Q // tp) * D / TRIAD)             # q and k rotated: in and out
@@ -189,9 +192,9 @@ def layer_terms(tp: int, megatron: bool = False) -> dict:
             "f_mlp_pre": norm_f, "f_mlp": fwd("mlp") + silu_f, "f_mlp_post": add,
             "b_attn_pre": norm_b + grad_acc, "b_attn": dgrad("attn") + att_b + rope, "b_attn_post": add,
             "b_mlp_pre": norm_b + grad_acc, "b_mlp": dgrad("mlp") + silu_b, "b_mlp_post": add,
-            "w_attn": wgrad("attn") + hook, "w_mlp": wgrad("mlp") + hook,
+            "w_attn": wgrad("attn") + hook + delay, "w_mlp": wgrad("mlp") + hook + delay,
             "row_w_attn": wgrad("attn", True), "row_w_mlp": wgrad("mlp", True),
-            "col_w_attn": wgrad("attn", False) + hook, "col_w_mlp": wgrad("mlp", False) + hook}
+            "col_w_attn": wgrad("attn", False) + hook + delay, "col_w_mlp": wgrad("mlp", False) + hook + delay}
 
 
 def head_terms(tp: int, megatron: bool = False) -> dict:
@@ -201,31 +204,43 @@ def head_terms(tp: int, megatron: bool = False) -> dict:
     write S x h), one kernel here; final norm (NORM_BW), output GEMM (S, V/tp, h), vocab-parallel
     cross entropy (reads bf16 logits, writes the fp32 softmax: (2 + 4) B per logit, both passes,
     TRIAD). ``megatron`` (compute/megatron.py): the lookup's rows of other tp ranks zeroed
-    (2 B x S x h x (tp-1)/tp), the [b s h] -> [s b h] transpose copy (2 x 2 B x S x h), the
-    embedding's main-gradient hook (10 B x V/tp x h), the final norm's backward in 5 passes and
+    (2 B x S x h x (tp-1)/tp), no [b s h] -> [s b h] transpose copy (micro-batch 1: a view), the
+    embedding's main-gradient hook (10 B x V/tp x h), with tp > 1 the zeroing's gradient (the
+    gradient cloned, 2 x 2 B x S x h, and its (tp-1)/tp rows zeroed; micro-batch 1: the
+    transposed gradient view is contiguous, no copy), the final norm's backward in 5 passes and
     its weight's hook (10 B x h), and the cross entropy on fp32 logits pass by pass: 38 B per
     logit forward (upcast 2 + 4, max 4, sub 8, exp 8, sum 4, div 8), 14 B backward (mul 8,
     upcast's backward 4 + 2). Megatron-LM 2022 runs ``get_batch`` in every chunk's forward
     (compute/megatron.batch_bytes): the broadcast (MB_OVERHEAD, then not in the embedding), the
-    causal mask from fp32 ones (4 S^2 B), tril (8 S^2), < 0.5 (5 S^2), 4 small kernels (labels and
-    tokens copies, loss mask, position ids: at the floor), and its timers' syncs, one floor each:
-    4 in forward, 2 in backward (``batch_f``, ``batch_b``)."""
+    causal mask from fp32 ones (4 S^2 B), tril (8 S^2), < 0.5 (5 S^2), 2 small kernels (loss mask,
+    position ids: at the floor; micro-batch 1: the labels' and tokens' slices are contiguous, no
+    copies), and its timers' syncs, one floor each:
+    4 in forward, 2 in backward (``batch_f``, ``batch_b``), and broadcast_data's sizes copied to
+    the GPU and back (2 floors in ``batch_f``); the loss's tiny kernels, 22 in forward and 10 in
+    backward (20 in forward at micro-batch 1: the two transposes are views), one floor each
+    (compute/megatron.loss_kernels). With tp > 1 the output layer's
+    backward issues Megatron's ``torch.empty(1) + 1`` delay after its async all-reduce (one
+    floor in ``head_w``)."""
     logits = S * V // tp
     ce_f, ce_b = (38, 14) if megatron else (B + 4, B + 4)
     emb_f = kernel(2 * B * S * H / TRIAD) + (0.0 if megatron else MB_OVERHEAD)
     batch_f = (MB_OVERHEAD + kernel(4 * S * S / TRIAD) + kernel(8 * S * S / TRIAD) + kernel(5 * S * S / TRIAD)
-               + 4 * ISSUE + 4 * ISSUE) if megatron else 0.0
+               + 2 * ISSUE + 4 * ISSUE + 2 * ISSUE) if megatron else 0.0
     batch_b = 2 * ISSUE if megatron else 0.0
     emb_w = kernel((B * (V // tp) * H + 2 * B * S * H) / TRIAD)
     head_w = kernel(wgrad_s(V // tp, H, megatron))
     if megatron:
-        emb_f += kernel(B * S * H * (tp - 1) // tp / TRIAD) + kernel(2 * B * S * H / TRIAD)
+        emb_f += kernel(B * S * H * (tp - 1) // tp / TRIAD)   # micro-batch 1: the transpose's .contiguous() copies nothing
         emb_w += kernel(10 * (V // tp) * H / TRIAD)
-        head_w += kernel(10 * H / TRIAD)
+        if tp > 1:  # the zeroed rows' gradient: index_put_'s derivative clones it and zeroes the rows again
+            emb_w += kernel((2 * B * S * H + B * S * H * (tp - 1) // tp) / TRIAD)
+        head_w += kernel(10 * H / TRIAD) + (ISSUE if tp > 1 else 0.0)
+    loss_f, loss_b = (20 * ISSUE, 10 * ISSUE) if megatron else (0.0, 0.0)   # compute/megatron.loss_kernels(1)
     return {"emb_f": emb_f, "emb_w": emb_w, "batch_f": batch_f, "batch_b": batch_b,
-            "head_f": kernel(NORM_T0 + 2 * B * S * H / NORM_BW) + kernel(gemm_s(S, V // tp, H)) + kernel(ce_f * logits / TRIAD),
+            "head_f": kernel(NORM_T0 + 2 * B * S * H / NORM_BW) + kernel(gemm_s(S, V // tp, H)) + kernel(ce_f * logits / TRIAD)
+            + loss_f,
             "head_b": kernel(NORM_T0 + (5 if megatron else 3) * B * S * H / NORM_BW) + kernel(gemm_s(S, H, V // tp))
-            + kernel(ce_b * logits / TRIAD),
+            + kernel(ce_b * logits / TRIAD) + loss_b,
             "head_w": head_w}
 
 
@@ -242,6 +257,19 @@ def optimizer_s(params: float, zero_grads: bool = True, megatron: bool = False) 
     (write 4), FSDP2 (zero3) frees it instead: 50 or 46 B. Megatron-LM also divides that buffer
     by the dp size in place (read + write 4 B, at dp 1 too): 58 B."""
     return (12 + 28 + 6 + (4 if zero_grads else 0) + (8 if megatron and zero_grads else 0)) * params / TRIAD
+
+
+def megatron_step_s(tp: int) -> float:
+    """Megatron-LM 2022's per-step kernels beyond the optimizer's bulk passes, no SP
+    (compute/ops.megatron_step_cost): every parameter tensor of the rank copied master -> bf16
+    by its own ``copy_`` (6 B per element; the bulk bytes are in optimizer_s, so each adds the
+    floor's excess over them): per layer the two norm weights, the fused QKV, wo, w_gate, w_up,
+    w_down, then the word embedding (V/tp x h) and the final norm; 23 syncs (11 timers
+    started and stopped, the gradient norm's ``.item()``), one floor each; and the loss of the one
+    micro-batch averaged and logged (0 + loss, / 1, training_log's H2D zero and add: 4 floors)."""
+    per_layer = [H, H] + [k * n for k, n, _ in linears(tp, fused_qkv=True).values()]
+    tensors = L * per_layer + [(V // tp) * H, H]
+    return sum(max(0.0, ISSUE - 6 * n / TRIAD) for n in tensors) + 23 * ISSUE + (1 + 3) * ISSUE
 
 
 # Communication terms (comm/alphabeta.py measured_time, collective_time) ---------------------
@@ -341,8 +369,9 @@ def test_tp8_one_node(framework):
     its all-reduce, per layer each block's input gradient and its row-parallel linear's weight
     gradient, then the column-parallel linears' weight gradients and the block's all-reduce:
     torch issues the all-reduce after them and waits (W + AR); Megatron-LM issues it before
-    them and they run beside it, slowed by its 24 of 132 SMs (beside()). Then the embedding
-    gradient and the optimizer step.
+    them and they run beside it, slowed by its 24 of 132 SMs (beside()), the output layer's
+    too (its input gradient's all-reduce beside its weight gradient, the final norm's backward
+    after it). Then the embedding gradient and the optimizer step.
     At tp 8 nearly every kernel is under the 4.7 us issue floor: the GEMMs (e.g. wq 0.9 us),
     the attention (2.7 us forward), the adds; only the norms, the output GEMM and the cross
     entropy are longer. Megatron-LM's fused QKV GEMM is one kernel (one floor where torch pays
@@ -359,9 +388,15 @@ def test_tp8_one_node(framework):
     grad = (lambda w: beside(w, ar)) if framework == "megatron" else (lambda w: w + ar)
     layer_b = (lt["b_mlp_post"] + lt["b_mlp"] + lt["row_w_mlp"] + grad(lt["col_w_mlp"]) + lt["b_mlp_pre"]
                + lt["b_attn_post"] + lt["b_attn"] + lt["row_w_attn"] + grad(lt["col_w_attn"]) + lt["b_attn_pre"])
-    backward = ht["head_b"] + ht["head_w"] + ar + L * layer_b + ht["batch_b"] + ht["emb_w"]
+    if framework == "megatron":  # the output layer's all-reduce beside its weight gradient, then the final norm
+        hook = kernel(10 * H / TRIAD)                     # the final norm weight's main_grad add, after the wait
+        head = ht["head_b"] + hook + beside(ht["head_w"] - hook, ar)
+    else:
+        head = ht["head_b"] + ht["head_w"] + ar
+    backward = head + L * layer_b + ht["batch_b"] + ht["emb_w"]
     params = L * layer_params(tp) + (V // tp) * H + H + (V // tp) * H    # layers, embedding, final norm, output
     step = forward + backward + optimizer_s(params, megatron=framework == "megatron")
+    step += megatron_step_s(tp) if framework == "megatron" else 0.0
 
     plan = build_plan(config({"names": ["tp"], "shape": [tp], "sequence_parallel": False}, 1, 1, "zero1", framework))
     got = step_time(plan, Overlap(), table=gemm_table(tp)).step_s

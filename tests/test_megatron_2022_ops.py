@@ -18,6 +18,7 @@ from tests.test_megatron_p2p import plan_of
 
 A100 = catalog.gpu("a100-sxm-80gb")
 GPT22B = catalog.model("megatron-22b")   # h 6144, 64 heads of 96, vocab 51200, LayerNorm, biases
+GPT175B = catalog.model("megatron-175b")  # h 12288, 96 heads
 TRIAD = 1.70e12
 ISSUE = 4.7e-6
 T, ROWS, H = 8192, 1024, 6144            # tokens, SP rows per rank, hidden
@@ -107,25 +108,38 @@ def test_cross_entropy_on_fp32_logits_pass_by_pass():
 
 
 def test_embedding_gradient_and_megatron_embedding_by_hand():
-    """torch's dense embedding gradient: a zero-filled table of 51,200 / 8 = 6,400 word rows and
-    2,048 learned-position rows (2 B x 8,448 x 6,144 = 103,809,024 B) plus the scatter of the
-    8,192 token rows (read + write, 201,326,592 B). Megatron adds its main-gradient hook over both
-    tables (10 B per element: 519,045,120 B, 0.305 ms), the rows other tp ranks own zeroed (7/8 of
-    2 B x 8,192 x 6,144 = 88,080,384 B), the [b s h] -> [s b h] copy (201,326,592 B), with SP the
-    copy of the rank's 1,024 rows (25,165,824 B) and the embedding dropout on them (2 + 2 + 1 B:
-    31,457,280 B each way)."""
+    """torch's dense embedding gradient, one per table (embedding_dense_backward): zero-filled
+    tables of 51,200 / 8 = 6,400 word rows and 2,048 learned-position rows (2 B x 8,448 x 6,144 =
+    103,809,024 B) plus the scatter of the 8,192 token rows into each (read + write, 2 x
+    201,326,592 B); the learned positions are looked up too (read + write, 201,326,592 B).
+    Megatron adds its main-gradient hook over both tables (10 B per element: 519,045,120 B,
+    0.305 ms), the rows other tp ranks own zeroed (7/8 of 2 B x 8,192 x 6,144 = 88,080,384 B) and
+    in backward that zeroing's gradient (index_put_'s derivative: the gradient cloned, 201,326,592
+    B, its 7/8 masked rows zeroed), the [b s h] -> [s b h] copy (201,326,592 B), the gradient made
+    contiguous for each of the 2 lookups (micro-batch 4: the transposed [b s h] view is not
+    contiguous; 2 x 201,326,592 B), and the embedding dropout on the rank's 1,024 rows (2 + 2 + 1
+    B: 31,457,280 B each way). The SP split slices a contiguous tensor along its first dimension:
+    no copy. With micro-batch 1 the [1 s h] views are contiguous: neither the forward transpose
+    nor the gradient copies (transformer.py ParallelTransformer.forward: "'.contiguous()' is a
+    pass-through")."""
     table = (6400 + 2048) * H
     for mega in (True, False):
         c = ops_of(embedding_cost(GPT22B, A100, Workload(**{**MEGATRON, "megatron_ops": mega})))
-        assert c["embedding grad"].size_bytes == 2 * table + 2 * 2 * T * H == 305_135_616
+        assert c["embedding grad"].size_bytes == 2 * table + 2 * (2 * 2 * T * H) == 506_462_208
+        assert c["position lookup"].size_bytes == 2 * 2 * T * H == 201_326_592
     c = embedding_cost(GPT22B, A100, Workload(**MEGATRON))
     got = {(o.name, o.phase): o.size_bytes for o in c.ops}
     assert got[("embedding main_grad add", "backward_weight")] == 10 * table == 519_045_120
     assert got[("masked rows zeroed", "forward")] == 2 * T * H * 7 // 8 == 88_080_384
+    assert got[("masked rows zeroed", "backward_weight")] == 2 * 2 * T * H + 88_080_384 == 289_406_976
+    assert got[("gradient contiguous copy", "backward_weight")] == 2 * (2 * 2 * T * H) == 402_653_184
     assert got[("transpose copy", "forward")] == 2 * 2 * T * H
-    assert got[("sequence split copy", "forward")] == 2 * 2 * ROWS * H
+    assert not any(name == "sequence split copy" for name, _ in got)
     assert got[("embedding dropout", "forward")] == got[("embedding dropout", "backward_input")] == 5 * ROWS * H
-    assert c.seconds("backward_weight") == pytest.approx((305_135_616 + 519_045_120) / TRIAD)
+    assert c.seconds("backward_weight") == pytest.approx(
+        (506_462_208 + 519_045_120 + 289_406_976 + 402_653_184) / TRIAD)
+    one = ops_of(embedding_cost(GPT22B, A100, Workload(**{**MEGATRON, "micro_batch": 1})))
+    assert "gradient contiguous copy" not in one and "transpose copy" not in one   # [1 s h] views
 
 
 def test_causal_softmax_reads_the_lower_triangle():
@@ -149,15 +163,156 @@ def test_get_batch_and_timers_in_every_chunk_on_every_stage():
     every stage (data iterators on every tp rank 0, broadcast_data over tp), rebuilding the causal
     mask: fp32 ones(1, s, s) 4 s^2 B, tril 8 s^2, < 0.5 5 s^2; at s 2048: 16,777,216 + 33,554,432 +
     20,971,520 B at Triad (9.87 + 19.74 + 12.34 us); 4 small kernels and 4 timer syncs at the issue
-    floor, and the 2 broadcasts (33.92 us): 113.5 us per chunk forward, 2 syncs (9.4 us) per backward.
+    floor, the 2 broadcasts (33.92 us) and broadcast_data's sizes copied to the GPU and back
+    (torch.cuda.LongTensor(sizes), sizes_cuda.cpu(): 2 floors): 122.9 us per chunk forward, 2
+    syncs (9.4 us) per backward.
     D4's 175B (pp 8 x vpp 3, micro-batch 1): the same on each of the 24 chunks; torch: none."""
     s = 2048
     c = ops_of(megatron_batch_cost(A100, Workload(**MEGATRON)))
     assert [c[n].size_bytes for n in ("mask ones", "mask tril", "mask < 0.5")] == [4 * s * s, 8 * s * s, 5 * s * s]
-    want = 33.92e-6 + (17 * s * s) / TRIAD + 8 * ISSUE
+    want = 33.92e-6 + (17 * s * s) / TRIAD + 10 * ISSUE
     assert megatron_batch_cost(A100, Workload(**MEGATRON)).seconds("forward") == pytest.approx(want, rel=1e-12)
     assert megatron_batch_cost(A100, Workload(**MEGATRON)).seconds("backward_input") == pytest.approx(2 * ISSUE)
+    one = megatron_batch_cost(A100, Workload(**{**MEGATRON, "micro_batch": 1}))   # [1, s] slices: contiguous
+    assert one.seconds("forward") == pytest.approx(want - 2 * ISSUE, rel=1e-12)
     for framework, has in (("megatron", True), ("torch", False)):
         plan = plan_of(True, framework)
         chunks = [ch for stage in chunk_costs(plan, workload_of(plan)) for ch in stage]
         assert len(chunks) == 24 and all((ch.batch is not None) == has for ch in chunks)
+
+
+def test_comm_delay_kernel_after_each_async_collective_launch():
+    """mpu/layers.py LinearWithGradAccumulationAndAsyncCommunication.backward issues
+    ``torch.empty(1) + 1`` after launching each asynchronous collective: with SP after the input's
+    all-gather (before the dgrad GEMM) and after the input gradient's reduce-scatter (before the
+    wgrad GEMM); without SP after the async all-reduce (before the wgrad GEMM). Two
+    column-parallel linears per layer (query_key_value, dense_h_to_4h) and the output layer:
+    8 B each, at the 4.7 us issue floor. The SP one before the dgrad runs in the column-parallel
+    input-gradient segment of the timeline (after the re-gather is launched)."""
+    from meshplan.schedule.rank_timeline import COLUMN_PARALLEL_DGRAD, _ops_by_block
+
+    def delays(cost):
+        return sorted((o.block, o.phase, o.seconds) for o in cost.ops if "delay" in o.name)
+
+    sp = Workload(**MEGATRON)
+    assert delays(layer_cost(GPT22B, A100, sp)) == [
+        ("attn", "backward_input", ISSUE), ("attn", "backward_weight", ISSUE),
+        ("mlp", "backward_input", ISSUE), ("mlp", "backward_weight", ISSUE)]
+    assert delays(head_cost(GPT22B, A100, sp)) == [("head", "backward_input", ISSUE), ("head", "backward_weight", ISSUE)]
+    no_sp = Workload(**{**MEGATRON, "sp": False})
+    assert delays(layer_cost(GPT22B, A100, no_sp)) == [("attn", "backward_weight", ISSUE), ("mlp", "backward_weight", ISSUE)]
+    assert delays(layer_cost(GPT22B, A100, Workload(**{**MEGATRON, "tp": 1, "sp": False}))) == []
+    assert delays(layer_cost(GPT22B, A100, Workload(**{**MEGATRON, "megatron_ops": False}))) == []
+    col = _ops_by_block(layer_cost(GPT22B, A100, sp), "backward_input", COLUMN_PARALLEL_DGRAD)
+    dgrad = {o.block: o.seconds for o in layer_cost(GPT22B, A100, sp).ops
+             if o.phase == "backward_input" and o.name.endswith(".dgrad") and o.name.split(".")[0] in ("wq", "wk", "wv", "w_up")}
+    assert col["mlp"] == pytest.approx(dgrad["mlp"] + ISSUE, rel=1e-12)
+
+
+def test_step_kernels_per_parameter_copies_sp_grad_copies_and_syncs():
+    """Once per step beyond the optimizer's bulk passes (compute/ops.megatron_step_cost), 175B
+    (h 12288) SP + selective, a middle pipeline stage (12 layers, no embedding or final norm):
+
+    - bf16 master-to-model copy, one ``copy_`` per parameter (optimizer.py
+      ``_multi_tensor_copy_this_to_that`` without an overflow buffer for bf16): 12 tensors per
+      layer; the 8 small ones (4 norm weights/biases and the 2 row-parallel biases of 12,288, the
+      QKV bias 3 x 12,288 / 8 = 4,608, the h-to-4h bias 4 x 12,288 / 8 = 6,144) take the 4.7 us
+      floor instead of 6 B x n at Triad; the 4 weights (>= 18.9 M elements) are bandwidth-bound;
+    - SP (optimizer.py ``allreduce_layernorm_grads``): the 6 sequence_parallel tensors per layer
+      (norms and row-parallel biases), 72 x 12,288 = 884,736 fp32 elements, flattened by one cat
+      (8 B each: 7.08 MB, 4.16 us at Triad, floored to 4.7 us) and copied back one kernel each (72
+      floors);
+    - 11 timers started and stopped (22 syncs) and the gradient norm's ``.item()``: 23 floors."""
+    from meshplan.schedule.steptime import _optimizer_s, optimizer_step_s
+    from meshplan.compute.ops import megatron_stage_step_cost, optimizer_bandwidth
+
+    plan = plan_of(True)
+    w = workload_of(plan)
+    layers = plan.stage(1).layers
+    assert len(layers) == 12
+    small = [12288] * 6 + [4608, 6144]
+    copies = 12 * sum(ISSUE - 6 * n / TRIAD for n in small)
+    hand = copies + ISSUE + 72 * ISSUE + 23 * ISSUE
+    assert 8 * 72 * 12288 / TRIAD < ISSUE
+    c = megatron_stage_step_cost(GPT175B, A100, w, plan.config.training, layers, False, False, 8)
+    assert c.seconds() == pytest.approx(hand, rel=1e-9)
+    st = plan.state[1]
+    bulk = optimizer_step_s(st.bytes_of("params"), st.bytes_of("grads"), st.bytes_of("master"),
+                            st.bytes_of("optimizer"), plan.config.training, optimizer_bandwidth(A100))
+    assert _optimizer_s(plan, 1) == pytest.approx(bulk + hand, rel=1e-12)
+    # the last stage also averages its 64 micro-batches' losses (64 adds from 0, a division) and logs
+    # the step's (a blocking H2D zero, an add): 67 floors; its layers are the same 12 kinds
+    last = megatron_stage_step_cost(GPT175B, A100, w, plan.config.training, plan.stage(7).layers, False, True, 8, 64)
+    assert [o.seconds for o in last.ops if o.name == "loss average and log"] == [pytest.approx(67 * ISSUE, rel=1e-12)]
+    # torch: none of it
+    assert megatron_stage_step_cost(GPT175B, A100, workload_of(plan_of(True, "torch")), plan.config.training,
+                                    layers, False, False, 8).seconds() == 0.0
+
+
+def test_embedding_dropout_backward_is_on_the_timeline():
+    """Megatron-LM's embedding dropout (language_model.py Embedding.forward) has a backward on
+    the rank's sequence shard under SP: 175B, micro-batch 1, tp 8: 256 rows of 12,288, read the
+    gradient and the 1 B mask, write the gradient (2 + 1 + 2 B: 15,728,640 B, 9.25 us at Triad),
+    in the first stage's first chunk's backward unit, before the gradient's all-gather over tp."""
+    from meshplan.schedule.rank_timeline import CommTimes, backward_unit, nccl_sm_share
+    from meshplan.schedule.steptime import config_overlap
+
+    plan = plan_of(True)
+    w = workload_of(plan)
+    chunk = chunk_costs(plan, w)[0][0]
+    comm = CommTimes.from_rows(plan.stage(0).collectives, sm_share=nccl_sm_share(plan.config.cluster))
+    unit = backward_unit("B", chunk, comm, w, config_overlap(plan.config.training))
+    names = [e.name for e in unit.events]
+    ev = [e for e in unit.events if e.name == "embedding dropout grad"]
+    assert len(ev) == 1 and ev[0].end_s - ev[0].start_s == pytest.approx(5 * 256 * 12288 / TRIAD, rel=1e-12)
+    assert names.index("embedding dropout grad") < names.index("embedding tp wait") < names.index("embedding grad")
+
+
+def test_output_layer_backward_overlaps_its_collective_as_a_column_parallel_linear():
+    """parallel_lm_logits runs the output layer through LinearWithGradAccumulationAndAsyncCommunication
+    (mpu/layers.py), so under SP its backward gathers the input again during the input-gradient
+    GEMM and runs the input gradient's reduce-scatter beside the weight-gradient GEMM; the final
+    norm's backward waits for it. 175B SP, last stage: the table counts that extra all-gather
+    once per micro-batch on the last stage (stage 7 vs the middle stage 1, same 12 layers), and the
+    timeline issues it before the column B part and the reduce-scatter with the head's W."""
+    from meshplan.schedule.rank_timeline import CommTimes, backward_unit, nccl_sm_share
+    from meshplan.schedule.steptime import config_overlap
+
+    plan = plan_of(True)
+    ag = {k: [r for r in rows(plan, k) if (r.axis, r.phase, r.op) == ("tp", "backward", "all-gather")][0]
+          for k in (1, 7)}
+    assert ag[7].per_microbatch == ag[1].per_microbatch + 1
+    w = workload_of(plan)
+    chunk = chunk_costs(plan, w)[7][-1]
+    comm = CommTimes.from_rows(plan.stage(7).collectives, sm_share=nccl_sm_share(plan.config.cluster))
+    unit = backward_unit("B", chunk, comm, w, config_overlap(plan.config.training))
+    ev = {e.name: e for e in unit.events}
+    names = [e.name for e in unit.events]
+    head = [n for n in names if "head" in n or n == "final norm grad"]
+    assert head == ["head B", "tp all-gather (head input again, for wgrad)", "head column B",
+                    "tp reduce-scatter (head)", "head W", "head tp wait", "final norm grad"]
+    assert ev["head W"].start_s == ev["tp reduce-scatter (head)"].start_s == ev["head column B"].end_s
+    assert ev["tp all-gather (head input again, for wgrad)"].start_s == ev["head column B"].start_s
+    out = {o.name: o.seconds for o in chunk.head.ops if o.phase == "backward_input"}
+    assert ev["final norm grad"].end_s - ev["final norm grad"].start_s == pytest.approx(
+        out["final norm"] + 2 * ISSUE, rel=1e-12)   # its backward and its weight's and bias's main_grad adds
+
+
+def rows(plan, stage):
+    return plan.stage(stage).collectives
+
+
+def test_loss_tiny_kernels_on_the_last_stage():
+    """Megatron-LM 2022's loss per micro-batch beyond its logit-sized passes (compute/megatron.py
+    LOSS_KERNELS, counted line by line in mpu/cross_entropy.py, gpt_model.py, pretrain_gpt.py
+    loss_func, utils.py average_losses_across_data_parallel_group, schedules.py forward_step):
+    22 kernels of a few elements per token in forward, 10 in backward, each at the 4.7 us floor;
+    none under torch."""
+    c = head_cost(GPT22B, A100, Workload(**MEGATRON))
+    tiny = {o.phase: o.seconds for o in c.ops if o.name == "loss tiny kernels"}
+    assert tiny == {"forward": pytest.approx(22 * ISSUE, rel=1e-12), "backward_input": pytest.approx(10 * ISSUE, rel=1e-12)}
+    plain = head_cost(GPT22B, A100, Workload(**{**MEGATRON, "megatron_ops": False}))
+    assert not any(o.name == "loss tiny kernels" for o in plain.ops)
+    one = head_cost(GPT22B, A100, Workload(**{**MEGATRON, "micro_batch": 1}))   # the 2 transposes: views
+    assert sum(o.seconds for o in one.ops if o.name == "loss tiny kernels" and o.phase == "forward") == \
+        pytest.approx(20 * ISSUE, rel=1e-12)

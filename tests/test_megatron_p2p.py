@@ -207,17 +207,40 @@ def test_interleaved_steady_state_call_sends_twice_through_one_nic():
 def test_sp_norm_gradients_all_reduced_once_coalesced_under_megatron(framework):
     """Sequence-parallel norm weights get Partial gradients over tp. Megatron-LM 2755bcb
     (optimizer.py allreduce_layernorm_grads) flattens the main gradients of every
-    sequence_parallel parameter into one buffer and all-reduces it once per step over tp: stage
-    0 of the 175B SP run holds 12 layers (3 chunks of 4) x 2 LayerNorms x (weight, bias) = 48
-    tensors of 12,288 fp32 main-gradient elements: one all-reduce of 48 x 12,288 x 4 = 2,359,296
-    B. torch (DTensor Partial, measured 2.13) all-reduces each tensor at AdamW's 3 reads: 144 of
+    sequence_parallel parameter into one buffer and all-reduces it once per step over tp: the
+    norms' weights and biases (fused_layer_norm.py) and the row-parallel linears' biases
+    (mpu/layers.py RowParallelLinear: ``setattr(self.bias, 'sequence_parallel', ...)``: attention
+    ``dense`` and ``dense_4h_to_h``). Stage 0 of the 175B SP run holds 12 layers (3 chunks of 4) x
+    (2 LayerNorms x (weight, bias) + 2 biases) = 72 tensors of 12,288 fp32 main-gradient
+    elements: one all-reduce of 72 x 12,288 x 4 = 3,538,944 B. torch (DTensor Partial, measured 2.13) all-reduces each tensor at AdamW's 3 reads: 144 of
     24,576 B."""
     plan = plan_of(True, framework)
     rows0 = [r for r in rows(plan, 0) if r.axis == "tp" and r.phase == "step"]
     assert len(rows0) == 1
     r = rows0[0]
     if framework == "megatron":
-        assert (r.op, r.size_bytes, r.dtype, r.per_step) == ("all-reduce", 48 * 12288 * 4, "fp32", 1) == \
-            ("all-reduce", 2_359_296, "fp32", 1)
+        assert (r.op, r.size_bytes, r.dtype, r.per_step) == ("all-reduce", 72 * 12288 * 4, "fp32", 1) == \
+            ("all-reduce", 3_538_944, "fp32", 1)
     else:
         assert (r.op, r.size_bytes, r.per_step) == ("all-reduce", 12288 * 2, 3 * 48)
+
+
+def test_megatron_reduces_gradients_after_the_backward():
+    """Megatron-LM 2022 (training.py train_step: optimizer.reduce_model_grads after
+    forward_backward_func) runs the per-step reductions after the last backward, none overlapped:
+    on stage 0 of the 175B SP run the step ends with the tied embedding's all-reduce over the
+    first and last stage (6,400 x 12,288 fp32 = 314,572,800 B) and the SP gradients' all-reduce
+    over tp (3,538,944 B), their table times added in full before the optimizer step. torch's
+    FSDP/DDP keep overlapping them with the backward."""
+    from meshplan.schedule.rank_timeline import Overlap, comm_kind
+    from meshplan.schedule.steptime import config_overlap, step_time
+
+    plan = plan_of(True)
+    assert not config_overlap(plan.config.training).grad_reduce
+    assert config_overlap(plan_of(True, "torch").config.training).grad_reduce
+    step = [r for r in rows(plan, 0) if comm_kind(r) == "step"]
+    assert sorted(r.size_bytes for r in step) == [3_538_944, 314_572_800]
+    st = step_time(plan, Overlap())
+    reduce = [e for e in st.post_events if e.name == "grad reduce (per step)"]   # one per stage, stage 0 first
+    assert len(reduce) == 8
+    assert reduce[0].end_s - reduce[0].start_s == pytest.approx(sum(r.time_s for r in step), rel=1e-12)

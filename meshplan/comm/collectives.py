@@ -104,6 +104,7 @@ from typing import Optional
 import numpy as np
 
 from meshplan.comm.alphabeta import REFERENCE_STEP_S, busbw_factor, collective_time
+from meshplan.compute.megatron import stage_param_tensors
 from meshplan.compute.routing import RoutingOptions, routing
 from meshplan.compute.shapes import local_split
 from meshplan.mesh.resolve import Mesh
@@ -325,7 +326,7 @@ def _tp_layer_ops(c: _Ctx, layer: int) -> tuple[list[str], list[str]]:
 
 
 #: Cadence of Megatron-LM 2022's coalesced all-reduce of the SP norm gradients (one per step).
-SP_NORM_COALESCED_CADENCE = "once per step (Megatron SP norm weight gradients, coalesced)"
+SP_NORM_COALESCED_CADENCE = "once per step (Megatron SP norm and row-parallel bias gradients, coalesced)"
 
 
 def _replicated_grad_rows(add, c: _Ctx, size: int, count: int, cadence: str) -> None:
@@ -384,18 +385,25 @@ def _tp_rows(add, c: _Ctx, loss_parallel: bool) -> None:
             "every layer (SP)", "residual add")
         add("tp", "forward", "all-reduce", act, dt, embed_ar, "every micro-batch (Megatron embedding, SP)",
             "embedding's sequence split")
-        add("tp", "backward", "all-gather", act, dt, counts["backward", "all-gather"] + first, "every layer (SP)",
-            "next weight-gradient GEMM")
+        # Megatron-LM also gathers the output layer's input again in its backward (mpu/layers.py
+        # LinearWithGradAccumulationAndAsyncCommunication, parallel_lm_logits), for its wgrad
+        regather_head = last if c.training.framework == "megatron" else 0
+        add("tp", "backward", "all-gather", act, dt, counts["backward", "all-gather"] + first + regather_head,
+            "every layer (SP)", "next weight-gradient GEMM")
         add("tp", "backward", "reduce-scatter", act, dt, counts["backward", "reduce-scatter"] + last,
             "every layer (SP)", "previous layer's backward")
         per_norm = 2 if c.model.norm == "layernorm" else 1
         norms = per_norm * (2 * len(c.layers) + last)
         if c.training.framework == "megatron":
             # Megatron-LM 2755bcb optimizer.py allreduce_layernorm_grads: the main gradients of
-            # every sequence_parallel parameter flattened into one buffer, one all-reduce over tp
-            # per step, copied back (the copies: schedule.steptime's optimizer step)
+            # every sequence_parallel parameter (the norms' weights and biases and, set by
+            # mpu/layers.py RowParallelLinear, its bias: compute.megatron.stage_param_tensors)
+            # flattened into one buffer, one all-reduce over tp per step, copied back (the
+            # flatten and copies: compute.ops.megatron_step_cost in the optimizer step)
             g = c.training.grad_dtype
-            add("tp", "step", "all-reduce", norms * c.model.hidden * dtype_bytes(g), g, 0,
+            shared = sum(n for _, n, sp in stage_param_tensors(c.model, c.mesh.degree("tp"), 0, list(c.layers), False,
+                                                               bool(last), 1) if sp)
+            add("tp", "step", "all-reduce", shared * dtype_bytes(g), g, 0,
                 SP_NORM_COALESCED_CADENCE, "optimizer step", depth=0, per_step=1)
         else:
             _replicated_grad_rows(add, c, c.model.hidden * dtype_bytes(dt), norms, "every norm (SP weight gradients)")

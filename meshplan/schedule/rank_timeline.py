@@ -66,6 +66,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from meshplan.comm.collectives import SCATTER_GATHER_CADENCE
+from meshplan.compute.megatron import COMM_DELAY_OPS
 from meshplan.compute.ops import Cost, Workload
 from meshplan.pipeline.simulate import Event
 from meshplan.spec.axes.base import At, Block, Slot, Timeline
@@ -478,7 +479,8 @@ def _times(c: Cost, phase: str, recompute: Optional[bool] = None) -> dict:
 #: Input-gradient ops of the column-parallel linears (Megatron's ColumnParallelLinear, torch's
 #: ColwiseParallel), op names of :mod:`meshplan.compute.ops`.
 COLUMN_PARALLEL_DGRAD = ("wq.dgrad", "wk.dgrad", "wv.dgrad", "w_gate.dgrad", "w_up.dgrad",
-                         "wq_b.dgrad", "wkv_b.dgrad")  # MLA's up projections (its down projections are replicated)
+                         "wq_b.dgrad", "wkv_b.dgrad",  # MLA's up projections (its down projections are replicated)
+                         COMM_DELAY_OPS["backward_input"])  # Megatron's kernel after the re-gather's launch
 
 #: Weight-gradient ops of the row-parallel linears (Megatron's RowParallelLinear, torch's
 #: RowwiseParallel) and their biases, op names of :mod:`meshplan.compute.ops`.
@@ -594,6 +596,29 @@ def _reduce(s: _Sim, name: str, group: str, step_piece: float, shard: bool = Tru
         s.compute("grad reduce wait", 0.0, [rs, red])
 
 
+def _head_backward(s: _Sim, head: Cost) -> None:
+    """The last stage's head backward under ``Overlap.tp_grad`` (Megatron-LM 2022: the output
+    layer is ``language_model.py`` ``parallel_lm_logits`` through ``mpu/layers.py``
+    ``LinearWithGradAccumulationAndAsyncCommunication``, a column-parallel linear): the cross
+    entropy's backward, then with SP the output layer's input all-gathered again during its
+    input-gradient GEMM, the input gradient's reduce-scatter (SP) or all-reduce launched before
+    its weight-gradient GEMM and run beside it, then the final norm's backward (and its
+    main-gradient hooks) once the reduced gradient is there."""
+    after = _tp(s.w)[1]
+    part = lambda phase, keep: sum(o.seconds for o in head.ops if o.phase == phase and keep(o.name))
+    is_norm = lambda name: name.startswith("final norm")
+    norm = part("backward_input", is_norm) + part("backward_weight", is_norm)
+    col = part("backward_input", lambda name: name in ("output.dgrad", *COLUMN_PARALLEL_DGRAD)) if s.w.sp else 0.0
+    s.compute("head B", part("backward_input", lambda name: not is_norm(name)) - col)
+    ag = s.comm("tp", "backward", "all-gather", "tp all-gather (head input again, for wgrad)") if s.w.sp else None
+    if s.w.sp:
+        s.compute("head column B", col)
+    post = s.comm("tp", "backward", after, f"tp {after} (head)")
+    s.compute("head W", part("backward_weight", lambda name: not is_norm(name)), [ag], [post] if s.ov.tp else [])
+    s.compute("head tp wait", 0.0, [post])
+    s.compute("final norm grad", norm)
+
+
 def backward_unit(kind: str, chunk: ChunkCosts, comm: CommTimes, w: Workload, ov: Overlap,
                   last_grad_unit: bool = False, gather: bool = True, reduce: bool = True) -> UnitSim:
     """``kind`` "B" (input and weight gradients), "Bx" (input gradient only, ZB) or "W"
@@ -606,7 +631,9 @@ def backward_unit(kind: str, chunk: ChunkCosts, comm: CommTimes, w: Workload, ov
     red_w = with_w and reduce
     n = len(chunk.layers)
     piece = comm.step_reduce_s / max(comm.layers, n) if last_grad_unit and ov.grad_reduce and with_w else 0.0
-    if chunk.head is not None:
+    if chunk.head is not None and with_b and with_w and ov.tp_grad:
+        _head_backward(s, chunk.head)
+    elif chunk.head is not None:
         s.compute("head grad", (chunk.head.seconds("backward_input") if with_b else 0.0)
                   + (chunk.head.seconds("backward_weight") if with_w else 0.0))
         if with_b:
@@ -630,6 +657,10 @@ def backward_unit(kind: str, chunk: ChunkCosts, comm: CommTimes, w: Workload, ov
             _reduce(s, f"L{i}", "layer", piece, red_w)
             if moe and red_w:
                 _reduce(s, f"L{i} experts", "expert", 0.0)
+    if chunk.embed is not None and with_b and chunk.embed.seconds("backward_input"):
+        # the embedding's own input-gradient ops (Megatron-LM: its dropout's backward, on the
+        # rank's sequence shard under SP, before the split's backward gathers the gradient)
+        s.compute("embedding dropout grad", chunk.embed.seconds("backward_input"))
     if chunk.embed is not None and with_b and w.sp:  # the gradient of the embedding's reduce-scatter
         s.compute("embedding tp wait", 0.0, [s.comm("tp", "backward", "all-gather", "tp all-gather (embedding)")])
     if chunk.batch is not None and with_b:

@@ -39,6 +39,7 @@ from meshplan.compute.ops import (
     layer_cost,
     layer_workload,
     megatron_batch_cost,
+    megatron_stage_step_cost,
     optimizer_bandwidth,
     sequence_model_flops,
 )
@@ -385,9 +386,16 @@ def _unit_exposure(res: ArrayResult, s: int, units: UnitTimes, keys: list, key_i
 
 
 def _optimizer_s(plan, s: int) -> float:
-    st = plan.state[s]
-    return optimizer_step_s(st.bytes_of("params"), st.bytes_of("grads"), st.bytes_of("master"),
-                            st.bytes_of("optimizer"), plan.config.training, optimizer_bandwidth(plan.config.cluster.gpu))
+    """The optimizer step's bulk passes and, under Megatron-LM, its per-step kernels and syncs
+    (:func:`meshplan.compute.ops.megatron_stage_step_cost`)."""
+    st, c = plan.state[s], plan.config
+    extra = 0.0
+    if c.training.framework == "megatron":
+        layers = [i for chunk in plan.stages[s] for i in chunk]
+        extra = megatron_stage_step_cost(c.model, c.cluster.gpu, workload_of(plan), c.training, layers, s == 0,
+                                         s == last_stage(plan.stages), plan.pp, plan.micro_batches).seconds()
+    return extra + optimizer_step_s(st.bytes_of("params"), st.bytes_of("grads"), st.bytes_of("master"),
+                                    st.bytes_of("optimizer"), c.training, optimizer_bandwidth(c.cluster.gpu))
 
 
 def blocking_p2p(training, schedule: Schedule) -> bool:
@@ -496,11 +504,17 @@ def _sequence_flops(model, seq_len: int) -> float:
 
 def config_overlap(training, overlap: Overlap = Overlap()) -> Overlap:
     """``overlap`` with what the config turns on: ``tp`` for ``training.tp_comm_overlap``
-    (Megatron ``--tp-comm-overlap``), ``tp_grad`` for ``training.framework = "megatron"``."""
+    (Megatron ``--tp-comm-overlap``), ``tp_grad`` for ``training.framework = "megatron"``; and
+    what Megatron-LM 2022 cannot do: overlap the per-step gradient reductions with the backward
+    (``grad_reduce`` off: 2755bcb ``megatron/training.py`` ``train_step`` calls
+    ``optimizer.reduce_model_grads`` after ``forward_backward_func`` returns, and it runs the SP
+    gradients' all-reduce, the local DDP buffer's all-reduce over dp and the tied embedding's
+    all-reduce one after the other, each between timer syncs; ``model/distributed.py``'s hooks
+    only accumulate into the main-gradient buffer)."""
     if training.tp_comm_overlap and not overlap.tp:
         overlap = replace(overlap, tp=True)
-    if training.framework == "megatron" and not overlap.tp_grad:
-        overlap = replace(overlap, tp_grad=True)
+    if training.framework == "megatron" and (not overlap.tp_grad or overlap.grad_reduce):
+        overlap = replace(overlap, tp_grad=True, grad_reduce=False)
     return overlap
 
 
