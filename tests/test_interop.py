@@ -145,6 +145,11 @@ def test_megatron_world_and_nnodes_errors(tmp_path):
                  "--tensor-model-parallel-size 8 --pipeline-model-parallel-size 3\ntorchrun --nnodes $NNODES x.py\n")
     with pytest.raises(ConfigError, match=r"^--nodes: the launch script's --nnodes is '\$NNODES', not a node count"):
         load_any(f, opts=ImportOptions(cluster="dgx-h100"))
+    for bad in ("9" * 5000, "\u00b2"):  # str.isdigit() accepts both, int() raises on both
+        g = tmp_path / "b.args"
+        g.write_text(f.read_text().replace("$NNODES", bad))
+        with pytest.raises(ConfigError, match=r"^--nodes: the launch script's --nnodes is"):
+            load_any(g, opts=ImportOptions(cluster="dgx-h100"))
     # 2 nodes = 16 GPUs: tp 8 * pp 3 = 24 does not divide it
     with pytest.raises(ConfigError, match=r"^--tensor-model-parallel-size: tp\(8\) \* cp\(1\) \* pp\(3\) = 24 does "
                                           r"not divide world 16 .* a multiple of 24"):

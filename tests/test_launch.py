@@ -171,6 +171,14 @@ def test_parse_endpoint_ipv6_brackets():
     assert parse_endpoint("[fe80::1]:29500") == ("[fe80::1]", 29500)
 
 
+@pytest.mark.parametrize("port", ["9" * 5000, "\u00b2", "\u0661\u0662"])  # 5,000 digits; superscript 2; Arabic-Indic 12
+def test_parse_endpoint_port_digits_python_int_refuses_are_a_one_line_error(port):
+    """str.isdigit() accepts these and int() raises ValueError on them (the 4,300-digit
+    limit, non-ASCII digits): found by benchmarks/fuzz.py; each is the endpoint's error."""
+    with pytest.raises(ConfigError, match=r"^--rdzv-endpoint: .* is not HOST:PORT"):
+        parse_endpoint(f"node-1:{port}")
+
+
 def _cli(*args, cwd=None):
     return subprocess.run([sys.executable, "-m", "meshplan.cli", "launch", *args], capture_output=True, text=True,
                           env=ENV, cwd=cwd, timeout=120)

@@ -305,3 +305,8 @@ def test_megatron_round_trip_of_the_v3_example_keeps_its_dense_layers(tmp_path):
     with pytest.raises(ConfigError) as err:
         load_any(out, "megatron", reimport_options(cfg, "megatron"))
     assert err.value.field == "--moe-layer-freq" and "K + M = --num-layers (61)" in str(err.value)
+    # a 5,000-digit K (int() of it raises ValueError past Python's 4,300 digits): the same error
+    out.write_text(text.replace("'[0]*3+[1]*58'", "'[0]*" + "9" * 5000 + "+[1]*58'"))
+    with pytest.raises(ConfigError) as err:
+        load_any(out, "megatron", reimport_options(cfg, "megatron"))
+    assert err.value.field == "--moe-layer-freq"

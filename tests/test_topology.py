@@ -151,6 +151,15 @@ def test_dgx_with_all_nics_and_explicit_list():
         node_from_topology(t, node("dgx-h100"), nics=["mlx5_99"])
 
 
+def test_nic_names_with_long_digit_runs_sort_without_int():
+    """NICs named in the topology but not in the base node are sorted naturally (mlx5_9 before
+    mlx5_10) without int() of their digit runs: a 5,000-digit run raised ValueError (Python's
+    4,300-digit limit), found by benchmarks/fuzz.py."""
+    from meshplan.placement.topology import _natural
+    names = ["mlx5_10", "mlx5_9", "mlx5_" + "1" + "0" * 5000, "mlx5_009"]
+    assert sorted(names, key=_natural) == ["mlx5_009", "mlx5_9", "mlx5_10", names[2]]
+
+
 def test_seed_two_nics_by_affinity():
     n = node_from_topology(load_topology(DATA / "seed-8gpu-2nic_topo-m.txt"), node("seed-8x8-2nic"))
     assert [(x.name, x.gpus, x.socket, x.rail) for x in n.nics] == [

@@ -133,7 +133,7 @@ def _dense_layers(freq: Any, layers: Optional[int]) -> int:
     (0, 3)
     """
     text = str(freq).replace(" ", "")
-    m = re.fullmatch(r"\[0\]\*(\d+)\+\[1\]\*(\d+)", text)
+    m = re.fullmatch(r"\[0\]\*([0-9]{1,9})\+\[1\]\*([0-9]{1,9})", text)
     if text == "1":
         return 0
     if m and layers is not None and int(m.group(1)) + int(m.group(2)) == layers:
@@ -174,7 +174,7 @@ def _nnodes(args: dict) -> Optional[int]:
     v = args.get("--nnodes")
     if v is None:
         return None
-    if not str(v).isdigit() or int(v) < 1:
+    if not (str(v).isascii() and str(v).isdigit() and len(str(v)) <= 9) or int(v) < 1:
         raise ConfigError("--nodes", f"the launch script's --nnodes is {v!r}, not a node count; give --nodes N")
     return int(v)
 

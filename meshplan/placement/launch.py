@@ -115,7 +115,8 @@ def parse_endpoint(text: str, field_name: str = "--rdzv-endpoint") -> tuple[str,
     """
     host, sep, port = text.rpartition(":")
     bad = ConfigError(field_name, f"{text!r} is not HOST:PORT (host: letters, digits, '.', '-'; port 1-65535)")
-    if not sep or not _HOST.match(host) or not port.isdigit() or not 1 <= int(port) <= 65535:
+    if not sep or not _HOST.match(host) or not (port.isascii() and port.isdigit() and len(port) <= 5) \
+            or not 1 <= int(port) <= 65535:
         raise bad
     return host, int(port)
 

@@ -372,7 +372,18 @@ def _chosen_nics(topo: TopoMatrix, base: NodeSpec, nics: Optional[Sequence[str]]
         return list(nics)
     if base.nics and all(n.name in topo.nics for n in base.nics):
         return [n.name for n in base.nics]
-    return sorted(topo.nics, key=lambda n: [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", n)])
+    return sorted(topo.nics, key=_natural)
+
+
+def _natural(name: str) -> list:
+    """Sort key: ``name``'s digit runs compared as numbers (by length without leading zeros, then
+    digits: no int() of an unbounded run), the text between them as text. ``re.split`` with a
+    group alternates text and digits, so every position compares like with like.
+
+    >>> sorted(["mlx5_10", "mlx5_9", "mlx5_1" + "0" * 5000], key=_natural)[:2]
+    ['mlx5_9', 'mlx5_10']
+    """
+    return [(len(t.lstrip("0")), t.lstrip("0"), t) if i % 2 else t for i, t in enumerate(re.split(r"([0-9]+)", name))]
 
 
 def _nic_rate(topo: TopoMatrix, base: NodeSpec, name: str) -> float:
