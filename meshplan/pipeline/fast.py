@@ -19,7 +19,7 @@ key, given as a table. Events are built only when asked for (trace, evidence).
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from functools import cached_property
+from functools import cached_property, lru_cache
 from typing import Callable, Optional
 
 import numpy as np
@@ -30,52 +30,89 @@ from meshplan.pipeline.simulate import BubbleStats, Event, PipelineSpec, Unit
 KINDS = ("F", "B", "W")
 
 
-def _interleave(*cols: np.ndarray, keep: np.ndarray | None = None) -> np.ndarray:
-    """Columns side by side, read row by row (``keep``: mask of the same shape)."""
-    a = np.stack(cols, axis=1)
-    return a.reshape(-1) if keep is None else a[keep]
+def _pairs(w: np.ndarray, total: int) -> tuple[np.ndarray, np.ndarray]:
+    """(kind, unit index) of ``w`` warm-up forwards, then forward/backward pairs, then the
+    remaining backwards over ``total`` forward and ``total`` backward units, one row per entry
+    of ``w`` (shape (rows, 1)): position c holds forward c while c < w, backward
+    ``c - total`` from ``2 total - w`` on, and between them, from ``j = c - w``, forward
+    ``w + j / 2`` (j even) or backward ``(j - 1) / 2`` (j odd): :func:`~meshplan.pipeline.one_f_one_b.warmup_pairs_drain`'s
+    list, closed form on a (rows, 2 total) grid.
+
+    >>> k, i = _pairs(np.array([[2]]), 4)
+    >>> " ".join(f"{KINDS[a]}{b}" for a, b in zip(k[0], i[0]))
+    'F0 F1 F2 B0 F3 B1 B2 B3'
+    """
+    c = np.arange(2 * total)[None, :]
+    j = c - w
+    odd = j & 1
+    warm, drain = c < w, c >= 2 * total - w
+    kind = np.where(warm, 0, np.where(drain, 1, odd))
+    idx = np.where(warm, c, np.where(drain, c - total, np.where(odd == 1, j >> 1, w + (j >> 1))))
+    return kind.astype(np.int64), idx.astype(np.int64)
+
+
+def _zb_h1(p: int, m: int) -> tuple[np.ndarray, np.ndarray]:
+    """(kind, micro-batch) of ZB-H1 on every stage, (p, 3 m): per stage a grid of ``w``
+    warm-up forwards, then per nb ``F(w + nb)`` while any is left, ``B(nb)``, ``W(nb - s)`` once
+    ``nb >= s``, then the remaining W (:class:`~meshplan.pipeline.zb_h1.ZBH1`), kept by a mask
+    that leaves exactly 3 m units on every row."""
+    s = np.arange(p)[:, None]
+    w = np.minimum(p - s - 1, m)
+    i = np.arange(m)[None, :]
+    nb = np.broadcast_to(i, (p, m))
+    mid_mb = np.stack([w + nb, nb, nb - s], axis=2).reshape(p, 3 * m)
+    mid_keep = np.stack([w + nb < m, np.ones((p, m), dtype=bool), nb >= s], axis=2).reshape(p, 3 * m)
+    mb = np.concatenate([np.broadcast_to(i, (p, m)), mid_mb, np.broadcast_to(i, (p, m))], axis=1)
+    keep = np.concatenate([i < w, mid_keep, i >= np.maximum(0, m - s)], axis=1)
+    kind = np.concatenate([np.zeros(m, np.int64), np.tile(np.arange(3), m), np.full(m, 2)])
+    return np.broadcast_to(kind, mb.shape)[keep].reshape(p, 3 * m), mb[keep].reshape(p, 3 * m)
+
+
+@lru_cache(maxsize=4)
+def stage_orders(schedule: str, p: int, m: int, v: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(kind index into :data:`KINDS`, micro-batch, chunk) of every unit of every stage, each
+    (p, units per stage), row s equal to :func:`~meshplan.pipeline.simulate.stage_order` of
+    stage s; built for all stages at once on arrays (the orders of 1F1B, GPipe and
+    interleaved 1F1B are :func:`_pairs` with the stage's warm-up; ZB-H1 :func:`_zb_h1`; the
+    V-shaped ones from their unit lists), kept for the last few (schedule, p, m, v) and read-only
+    (``meshplan step`` reads them for the memory timelines and again for the simulation).
+
+    >>> k, mb, c = stage_orders("1f1b", 2, 3, 1)
+    >>> [" ".join(f"{KINDS[a]}{b}" for a, b in zip(k[s], mb[s])) for s in range(2)]
+    ['F0 F1 B0 F2 B1 B2', 'F0 B0 F1 B1 F2 B2']
+    """
+    z, s = np.zeros, np.arange(p)[:, None]
+    if schedule in ("gpipe", "1f1b"):
+        kind, mb = _pairs(np.full((p, 1), m) if schedule == "gpipe" else np.minimum(p - s - 1, m), m)
+        out = kind, mb, z(kind.shape, dtype=np.int64)
+    elif schedule == "zb_h1":
+        kind, mb = _zb_h1(p, m)
+        out = kind, mb, z(kind.shape, dtype=np.int64)
+    elif schedule == "interleaved_1f1b":
+        total = m * v
+        kind, fk = _pairs(np.minimum(total, 2 * (p - s - 1) + (v - 1) * p), total)
+        chunk = (fk % (p * v)) // p
+        out = kind, (fk // (p * v)) * p + fk % p, np.where(kind == 0, chunk, v - 1 - chunk)
+    else:  # the others (ZB-V, DualPipeV): from the unit lists
+        rows = [[(KINDS.index(u.kind), u.mb, u.chunk) for u in get(schedule).order(p, m, v, st)] for st in range(p)]
+        a = np.array(rows, dtype=np.int64).reshape(p, len(rows[0]), 3)
+        out = a[:, :, 0].copy(), a[:, :, 1].copy(), a[:, :, 2].copy()
+    for a in out:
+        a.flags.writeable = False
+    return out
 
 
 def order_arrays(schedule: str, p: int, m: int, v: int, s: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(kind index into :data:`KINDS`, micro-batch, chunk) of every unit of
-    :func:`~meshplan.pipeline.simulate.stage_order` on stage ``s``, in order.
+    :func:`~meshplan.pipeline.simulate.stage_order` on stage ``s``, in order: row s of
+    :func:`stage_orders` (read-only views).
 
     >>> k, mb, c = order_arrays("1f1b", 4, 5, 1, 1)
     >>> " ".join(f"{KINDS[a]}{b}" for a, b in zip(k, mb))
     'F0 F1 F2 B0 F3 B1 F4 B2 B3 B4'
     """
-    z = np.zeros
-    if schedule == "gpipe":
-        i = np.arange(m)
-        return np.repeat([0, 1], m), np.concatenate([i, i]), z(2 * m, dtype=np.int64)
-    if schedule in ("1f1b", "zb_h1"):
-        w = min(p - s - 1, m)
-        i = np.arange(m - w)
-        if schedule == "1f1b":
-            kind = np.concatenate([z(w, np.int64), _interleave(0 * i, 0 * i + 1), np.ones(w, np.int64)])
-            mb = np.concatenate([np.arange(w), _interleave(w + i, i), np.arange(m - w, m)])
-            return kind, mb, z(2 * m, dtype=np.int64)
-        nb = np.arange(m)  # ZB-H1: per nb, F(w + nb) while any is left, B(nb), W(nb - s) once nb >= s
-        keep = np.stack([w + nb < m, nb >= 0, nb >= s], axis=1)
-        kind = _interleave(0 * nb, 0 * nb + 1, 0 * nb + 2, keep=keep)
-        mb = _interleave(w + nb, nb, nb - s, keep=keep)
-        rest = np.arange(max(0, m - s), m)
-        return (np.concatenate([z(w, np.int64), kind, np.full(len(rest), 2)]),
-                np.concatenate([np.arange(w), mb, rest]), z(3 * m, dtype=np.int64))
-    if schedule == "interleaved_1f1b":
-        total = m * v
-        warm = min(total, 2 * (p - s - 1) + (v - 1) * p)
-        k = np.arange(total - warm)
-        fk = np.concatenate([np.arange(warm), _interleave(warm + k, k), np.arange(total - warm, total)])
-        kind = np.concatenate([z(warm, np.int64), _interleave(0 * k, 0 * k + 1), np.ones(warm, np.int64)])
-        chunk = (fk % (p * v)) // p
-        return kind, (fk // (p * v)) * p + fk % p, np.where(kind == 0, chunk, v - 1 - chunk)
-    units = get(schedule).order(p, m, v, s)  # the others (ZB-V, DualPipeV): from the unit list
-    if units:
-        rows = [(KINDS.index(u.kind), u.mb, u.chunk) for u in units]
-        kinds, mbs, chunks = (np.array(col, dtype=np.int64) for col in zip(*rows))
-        return kinds, mbs, chunks
-    return z(0, np.int64), z(0, np.int64), z(0, np.int64)
+    kind, mb, chunk = stage_orders(str(schedule), int(p), int(m), int(v))
+    return kind[s], mb[s], chunk[s]
 
 
 @dataclass(frozen=True)
@@ -101,9 +138,8 @@ def flat_units(schedule: str, p: int, m: int, v: int) -> Flat:
     """Orders of every stage and the dependency of each unit, as the reference's ``_dep``:
     F of virtual stage j waits for F of j-1, B of j for B of j+1 (the last virtual stage for
     its own F), W for its B."""
-    rows = [order_arrays(schedule, p, m, v, s) for s in range(p)]
-    length = len(rows[0][0])
-    kind, mb, chunk = (np.concatenate([r[i] for r in rows]) for i in range(3))
+    kind, mb, chunk = (a.reshape(-1) for a in stage_orders(str(schedule), int(p), int(m), int(v)))
+    length = len(kind) // p
     stage = np.repeat(np.arange(p), length)
     n, pv = p * length, p * v
     j = np.asarray(get(schedule).virtual_stage(chunk, stage, p, v), dtype=np.int64)
@@ -326,6 +362,40 @@ def _call_end(e: np.ndarray, peers: np.ndarray, end: np.ndarray, pad: int, p2p_s
     return np.where(val.any(axis=1), np.maximum(e, top) + p2p_s, e), bind
 
 
+#: Rounds :func:`_rounds_async` runs between two checks for the end and for a deadlock.
+ROUNDS_PER_CHECK = 64
+
+
+def _rounds_async(dep: np.ndarray, d_add: np.ndarray, d_dur: np.ndarray, cur: np.ndarray, length: int):
+    """:func:`_rounds` with asynchronous sends and finite times, in fewer array operations per
+    round (one round per unit position: ~10^4 rounds at pp 128 x 4,096 micro-batches, so the
+    per-round overhead is the cost): a unit not done has end NaN, so ``max(stream free, dep end +
+    add)`` is NaN exactly when the dependency is not done (``np.maximum`` propagates NaN) and the
+    stage keeps its unit; the same additions and maxima as :func:`_rounds` in the same order, so
+    every time is bitwise equal. ``dep``, ``d_add``, ``d_dur``: per slot; ``cur``: each stage's
+    first unit slot (its leading slot, end 0, just before). Returns (start, end) per slot."""
+    end = np.full(len(dep), np.nan)
+    end[cur - 1] = 0.0
+    start = np.zeros(len(dep))
+    free = np.zeros(len(cur))  # end of each stage's previous unit
+    cur, stop = cur.copy(), cur + length
+    while True:
+        before = cur.copy()
+        for _ in range(ROUNDS_PER_CHECK):
+            ready = end[dep[cur]]
+            ready += d_add[cur]
+            st = np.maximum(free, ready)
+            e = st + d_dur[cur]
+            end[cur], start[cur] = e, st
+            ok = e == e  # not NaN: the dependency was done
+            np.copyto(free, e, where=ok)
+            cur += ok
+        if (cur == stop).all():
+            return start, end
+        if (cur == before).all():
+            raise RuntimeError(f"schedule deadlocks at slots {cur.tolist()}")
+
+
 def _rounds(f: Flat, dur: np.ndarray, add: np.ndarray, pairs, p2p_s: float):
     """Start and end of every flat unit by list scheduling in rounds: each round, every
     stage whose next unit's dependency is done and whose previous call's peers have all posted
@@ -349,6 +419,9 @@ def _rounds(f: Flat, dur: np.ndarray, add: np.ndarray, pairs, p2p_s: float):
     d_add[slot], d_dur[slot] = add, dur
     cur = np.arange(p) * width + 1
     left = n
+    if pairs is None and n and np.isfinite(dur).all() and np.isfinite(add).all():
+        start, end = _rounds_async(dep, d_add, d_dur, cur, length)
+        return start[slot], end[slot], end[slot], np.zeros(p), np.full(n, -1)
     if pairs is None:  # asynchronous sends: the stream is free when the previous unit ends
         while left:  # every stage computes its next unit; only those whose dependency is done keep it
             dc = dep[cur]

@@ -276,7 +276,7 @@ class UnitTimes:
             sl = slice(s * f.length, (s + 1) * f.length)
             gl[sl], gr[sl] = lay[f.chunk[sl], fb[sl], f.mb[sl]], root[f.chunk[sl], fb[sl], f.mb[sl]]
         code = ((((f.stage * sp.v + f.chunk) * len(KINDS) + f.kind) * 2 + last) * 2 + gl) * 4 + gr * 2 + red
-        uniq, inv = np.unique(code, return_inverse=True)
+        uniq, inv = _unique_small(code)
         keys = []
         for c in uniq.tolist():
             red_, gr_, gl_ = c & 1, (c >> 1) & 1, (c >> 2) & 1
@@ -286,6 +286,23 @@ class UnitTimes:
             kind, c = c % len(KINDS), c // len(KINDS)
             keys.append((c // sp.v, c % sp.v, KINDS[kind], bool(last_), (bool(gl_), bool(gr_)), bool(red_)))
         return keys, inv
+
+
+def _unique_small(code: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(code, return_inverse=True)`` for non-negative integer codes below a small
+    bound (here p v 96: stage, chunk and flag bits), by a table of the codes present instead of
+    a sort of every unit (10^6 units at pp 128 x 4,096 micro-batches).
+
+    >>> [a.tolist() for a in _unique_small(np.array([5, 2, 5, 0]))]
+    [[0, 2, 5], [2, 1, 2, 0]]
+    """
+    if not len(code):
+        return np.unique(code, return_inverse=True)
+    present = np.zeros(int(code.max()) + 1, dtype=bool)
+    present[code] = True
+    uniq = np.flatnonzero(present)
+    rank = np.cumsum(present) - 1
+    return uniq, rank[code]
 
 
 #: Shardings whose gradients live in a contiguous buffer zeroed every step (Megatron-LM's DDP
