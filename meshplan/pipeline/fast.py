@@ -178,12 +178,32 @@ class ArrayResult(BubbleStats):
         return slice(s * self.flat.length, (s + 1) * self.flat.length)
 
     def _event(self, i: int) -> Event:
+        return self._events([i])[0]
+
+    def _events(self, idx) -> list[Event]:
+        """The compute event of each flat unit in ``idx`` (indices, in that order), its fields
+        read from the arrays once for all (``tolist``: the same Python ints and floats as
+        ``int()``/``float()`` of each element)."""
         f, v = self.flat, self.spec.v
-        kind, mb, chunk = KINDS[f.kind[i]], int(f.mb[i]), int(f.chunk[i])
-        name = f"{kind}{mb}" + (f".c{chunk}" if v > 1 else "")
-        return Event(i // f.length, "compute", name, float(self.start[i]), float(self.end[i]),
-                     {"kind": kind, "mb": mb, "chunk": chunk, "via": "p2p" if self.via_p2p[i] else "stream",
-                      "wait_s": float(self.wait[i])})
+        idx = np.asarray(idx, dtype=np.int64)
+        cols = (f.kind[idx], f.mb[idx], f.chunk[idx], self.start[idx], self.end[idx], self.via_p2p[idx],
+                self.wait[idx], idx // f.length)
+        out = []
+        for kind, mb, chunk, t0, t1, via, wait, stage in zip(*(c.tolist() for c in cols)):
+            kind = KINDS[kind]
+            name = f"{kind}{mb}.c{chunk}" if v > 1 else f"{kind}{mb}"
+            out.append(Event(stage, "compute", name, t0, t1, {"kind": kind, "mb": mb, "chunk": chunk,
+                                                             "via": "p2p" if via else "stream", "wait_s": wait}))
+        return out
+
+    def unit_names(self, idx) -> list[str]:
+        """The event name of each flat unit in ``idx`` (``F3``, ``B0.c1``): :meth:`_events`'s,
+        without the events."""
+        f, idx = self.flat, np.asarray(idx, dtype=np.int64)
+        if self.spec.v > 1:
+            return [f"{KINDS[k]}{mb}.c{c}" for k, mb, c in zip(f.kind[idx].tolist(), f.mb[idx].tolist(),
+                                                               f.chunk[idx].tolist())]
+        return [f"{KINDS[k]}{mb}" for k, mb in zip(f.kind[idx].tolist(), f.mb[idx].tolist())]
 
     def _send(self, i: int, d: Event) -> Event:
         """The "pp" event of the transfer of producer ``d``'s output to unit ``i``: from the
@@ -196,12 +216,13 @@ class ArrayResult(BubbleStats):
         """Every unit (and each p2p send before the unit that waits on it), stage by stage;
         ``args['pred']`` links the critical predecessor as the reference does."""
         n, f = len(self.end), self.flat
-        units = [self._event(i) for i in range(n)]
+        units = self._events(np.arange(n))
+        send = (f.cross & (self.spec.p2p_s > 0)).tolist()
         out = []
-        for i, ev in enumerate(units):
-            ev.args["pred"] = units[self.pred[i]] if self.pred[i] >= 0 else None
-            if f.cross[i] and self.spec.p2p_s > 0:
-                out.append(self._send(i, units[f.dep[i]]))
+        for i, (ev, pred, dep) in enumerate(zip(units, self.pred.tolist(), f.dep.tolist())):
+            ev.args["pred"] = units[pred] if pred >= 0 else None
+            if send[i]:
+                out.append(self._send(i, units[dep]))
             out.append(ev)
         return tuple(out)
 
@@ -214,31 +235,32 @@ class ArrayResult(BubbleStats):
             waiting = np.flatnonzero(f.cross & (np.minimum(f.dep, n - 1) // f.length == s) & (f.dep < n))
         else:
             waiting = np.zeros(0, dtype=np.int64)
-        items = sorted([(i, 1) for i in range(sl.start, sl.stop)] + [(int(i), 0) for i in waiting])
-        out = []
-        for i, unit in items:
-            if unit:
-                ev = self._event(i)
-                ev.args["pred"] = None
-                out.append(ev)
-            else:
-                out.append(self._send(i, self._event(int(f.dep[i]))))
-        return out
+        units = self._events(np.arange(sl.start, sl.stop))
+        for ev in units:
+            ev.args["pred"] = None
+        producers = dict(zip(waiting.tolist(), self._events(f.dep[waiting])))
+        items = sorted([(i, 1) for i in range(sl.start, sl.stop)] + [(i, 0) for i in producers])
+        return [units[i - sl.start] if unit else self._send(i, producers[i]) for i, unit in items]
+
+    @cached_property
+    def critical_units(self) -> np.ndarray:
+        """Flat indices of the units of :attr:`critical_path`, first to last."""
+        last = [self.stage_slice(s).stop - 1 for s in range(self.flat.p)]
+        i = last[max(range(self.flat.p), key=lambda s: self.end[last[s]])]
+        path, pred = [], self.pred
+        while i >= 0:
+            path.append(i)
+            i = int(pred[i])
+        return np.array(path[::-1], dtype=np.int64)
 
     @cached_property
     def critical_path(self) -> tuple[Event, ...]:
         """From the first unit to the last unit of the stage that ends last."""
-        last = [self.stage_slice(s).stop - 1 for s in range(self.flat.p)]
-        i = last[max(range(self.flat.p), key=lambda s: self.end[last[s]])]
-        path = []
-        while i >= 0:
-            path.append(i)
-            i = int(self.pred[i])
-        evs = {i: self._event(i) for i in path}
-        for a, b in zip(path, path[1:]):
-            evs[a].args["pred"] = evs[b]
-        evs[path[-1]].args["pred"] = None
-        return tuple(evs[i] for i in reversed(path))
+        evs = self._events(self.critical_units)
+        for a, b in zip(evs[1:], evs):
+            a.args["pred"] = b
+        evs[0].args["pred"] = None
+        return tuple(evs)
 
 
 def simulate_arrays(spec: PipelineSpec, durations: Optional[Callable[[Flat], np.ndarray]] = None) -> ArrayResult:

@@ -137,10 +137,19 @@ class StepTime:
         return self.hardware_flops / (self.step_s * self.world * self.peak_flops)
 
     def critical_path(self) -> list[str]:
-        """Pipeline units on the critical path, then the critical stage's step-end ops."""
-        out = [f"stage {e.stage} (rank {self.example_ranks[e.stage]}) {e.name} "
-               f"{e.start_s * 1e3:.3f}-{e.end_s * 1e3:.3f} ms (after {e.args.get('via')})"
-               for e in self.pipeline.critical_path]
+        """Pipeline units on the critical path, then the critical stage's step-end ops (built
+        once: the step command prints them and writes them to --json)."""
+        if "critical_path" not in self._trace_cache:
+            self._trace_cache["critical_path"] = self._critical_path_lines()
+        return list(self._trace_cache["critical_path"])
+
+    def _critical_path_lines(self) -> list[str]:
+        res = self.pipeline
+        idx = res.critical_units  # the fields of pipeline.critical_path's events, without the events
+        out = [f"stage {s} (rank {self.example_ranks[s]}) {name} {t0 * 1e3:.3f}-{t1 * 1e3:.3f} ms "
+               f"(after {'p2p' if via else 'stream'})"
+               for s, name, t0, t1, via in zip((idx // res.flat.length).tolist(), res.unit_names(idx),
+                                               res.start[idx].tolist(), res.end[idx].tolist(), res.via_p2p[idx].tolist())]
         s = self.critical_stage
         out += [f"stage {s} (rank {self.example_ranks[s]}) {e.name} {e.start_s * 1e3:.3f}-{e.end_s * 1e3:.3f} ms"
                 for e in self.post_events if e.stage == s]
