@@ -338,9 +338,10 @@ def _peer_table(pairs, p: int, length: int, width: int, pad: int) -> np.ndarray:
     to_slot = lambda packed: (packed // (length + 1)) * width + packed % (length + 1)  # noqa: E731
     a = np.concatenate([to_slot(send), to_slot(recv)])
     b = np.concatenate([to_slot(recv), to_slot(send)])
-    order = np.lexsort((b, a))
-    a, b = a[order], b[order]
-    col = np.arange(len(a)) - np.searchsorted(a, a, side="left")
+    ab = np.sort(a * (pad + 1) + b)  # by slot, then peer slot (both <= pad)
+    a, b = ab // (pad + 1), ab % (pad + 1)
+    first = np.flatnonzero(np.concatenate([[True], a[1:] != a[:-1]])) if len(a) else np.zeros(0, dtype=np.int64)
+    col = np.arange(len(a)) - np.repeat(first, np.diff(np.append(first, len(a))))  # rank within its slot
     table = np.full((pad + 1, int(col.max()) + 1 if len(a) else 1), pad, dtype=np.int64)
     table[a, col] = b
     return table
@@ -371,17 +372,21 @@ def _commit(cur: np.ndarray, st: np.ndarray, ok: np.ndarray, start: np.ndarray, 
 
 
 def _call_end(e: np.ndarray, peers: np.ndarray, end: np.ndarray, pad: int, p2p_s: "float | np.ndarray"):
-    """(end of each call posted at ``e`` with peer slots ``peers`` (rows), binding peer slot or
-    -1): ``max(e, peer posts) + p2p_s`` (seconds: one value, or one per call), ``e`` for an
-    empty call."""
-    if peers.shape[1] == 0:
+    """(end of each call posted at ``e`` with peer slots ``peers`` (columns: shape (peers, calls)),
+    binding peer slot or -1): ``max(e, peer posts) + p2p_s`` (seconds: one value, or one per
+    call), ``e`` for an empty call. The binding peer is the first latest one (``argmax``), taken
+    column by column."""
+    if peers.shape[0] == 0:
         return e, np.full(len(e), -1)
-    val = peers != pad
-    posts = np.where(val, end[peers], -np.inf)
-    top = posts.max(axis=1)
-    k = np.argmax(posts, axis=1)
-    bind = np.where(top > e, peers[np.arange(len(e)), k], -1)
-    return np.where(val.any(axis=1), np.maximum(e, top) + p2p_s, e), bind
+    top, best = np.full(len(e), -np.inf), np.full(len(e), pad)
+    for col in peers:
+        post = np.where(col != pad, end[col], -np.inf)
+        later = post > top
+        best = np.where(later, col, best)
+        top = np.where(later, post, top)
+    has = (peers != pad).any(axis=0)
+    bind = np.where(top > e, best, -1)  # top > e: some peer posted later than e
+    return np.where(has, np.maximum(e, top) + p2p_s, e), bind
 
 
 #: Rounds :func:`_rounds_async` runs between two checks for the end and for a deadlock.
@@ -414,6 +419,44 @@ def _rounds_async(dep: np.ndarray, d_add: np.ndarray, d_dur: np.ndarray, cur: np
             cur += ok
         if (cur == stop).all():
             return start, end
+        if (cur == before).all():
+            raise RuntimeError(f"schedule deadlocks at slots {cur.tolist()}")
+
+
+def _rounds_blocking(dep: np.ndarray, d_add: np.ndarray, d_dur: np.ndarray, cur: np.ndarray, length: int,
+                     peers: np.ndarray, p2p: np.ndarray):
+    """:func:`_rounds` with blocking calls (``pairs``) and finite times, as
+    :func:`_rounds_async` does it: ends NaN until done and the padding peer posted at -inf, so
+    the end of the call before each stage's next unit, ``max(previous end, peer posts) + p2p``,
+    is NaN while a peer has not posted, and so is the unit's start. ``peers``: (peers, slots);
+    ``p2p``: per slot, 0 for a call without peers (``e + 0 = e``). Returns (start, end, stream
+    free after each slot's call) per slot; the free time after each stage's last unit is
+    computed by the caller."""
+    end = np.full(len(dep), np.nan)
+    end[cur - 1], end[-1] = 0.0, -np.inf
+    start, free = np.zeros(len(dep)), np.zeros(len(dep))
+    prev_end = np.zeros(len(cur))
+    cur, stop = cur.copy(), cur + length
+    while True:
+        before = cur.copy()
+        for _ in range(ROUNDS_PER_CHECK):
+            prev = cur - 1
+            posts = end[peers.take(prev, axis=1)]  # (peers, stages)
+            fr = np.maximum(prev_end, posts[0])
+            for row in posts[1:]:  # max(e, posts) + p2p, NaN while one has not posted
+                np.maximum(fr, row, out=fr)
+            fr += p2p[prev]
+            free[prev] = fr
+            ready = end[dep[cur]]
+            ready += d_add[cur]
+            st = np.maximum(fr, ready)
+            e = st + d_dur[cur]
+            end[cur], start[cur] = e, st
+            ok = e == e  # not NaN: the dependency was done and the peers had posted
+            np.copyto(prev_end, e, where=ok)
+            cur += ok
+        if (cur == stop).all():
+            return start, end, free
         if (cur == before).all():
             raise RuntimeError(f"schedule deadlocks at slots {cur.tolist()}")
 
@@ -453,20 +496,25 @@ def _rounds(f: Flat, dur: np.ndarray, add: np.ndarray, pairs, p2p_s: float):
         return start[slot], end[slot], end[slot], np.zeros(p), np.full(n, -1)
     peers = _peer_table(pairs, p, length, width, pad)
     p2p = p2p_s * _call_loads(pairs, length, width, pad)  # per call: k p2p_s (simulate.call_loads)
-    end[pad], done[pad] = -np.inf, True  # the padding peer: posted, never the latest
     has = (peers != pad).any(axis=1)
-    free = np.zeros(pad + 1)
-    while left:  # as above, and the previous call's peers must all have posted
-        dc, pc, prev = dep[cur], peers[cur - 1], cur - 1
-        ok = done[dc] & done[pc].all(axis=1)
-        e = end[prev]
-        free[prev] = np.where(has[prev], np.maximum(e, end[pc].max(axis=1)) + p2p[prev], e)
-        st = np.maximum(free[prev], end[dc] + d_add[cur])
-        left -= _commit(cur, st, ok, start, end, done, d_dur)
+    peers = np.ascontiguousarray(peers.T)  # (peers, slots): a column per peer
+    if n and np.isfinite(dur).all() and not np.signbit(dur).any() and np.isfinite(p2p).all():
+        start, end, free = _rounds_blocking(dep, d_add, d_dur, cur, length, peers, np.where(has, p2p, 0.0))
+        cur = cur + length
+    else:
+        end[pad], done[pad] = -np.inf, True  # the padding peer: posted, never the latest
+        free = np.zeros(pad + 1)
+        while left:  # as above, and the previous call's peers must all have posted
+            dc, pc, prev = dep[cur], peers[:, cur - 1].T, cur - 1
+            ok = done[dc] & done[pc].all(axis=1)
+            e = end[prev]
+            free[prev] = np.where(has[prev], np.maximum(e, end[pc].max(axis=1)) + p2p[prev], e)
+            st = np.maximum(free[prev], end[dc] + d_add[cur])
+            left -= _commit(cur, st, ok, start, end, done, d_dur)
     last = cur - 1  # each stage's last slot (its leading one when it has no unit)
-    free[last] = _call_end(end[last], peers[last], end, pad, p2p[last])[0]
+    free[last] = _call_end(end[last], peers[:, last], end, pad, p2p[last])[0]
     bind = np.full(pad + 1, -1)
-    bind[slot] = _call_end(end[slot - 1], peers[slot - 1], end, pad, p2p[slot - 1])[1]
+    bind[slot] = _call_end(end[slot - 1], peers[:, slot - 1], end, pad, p2p[slot - 1])[1]
     flat_of = np.full(pad + 1, -1)
     flat_of[slot] = np.arange(n)
     return start[slot], end[slot], free[slot], free[np.arange(p) * width], flat_of[bind[slot]]
