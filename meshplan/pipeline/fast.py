@@ -423,40 +423,36 @@ def _rounds_async(dep: np.ndarray, d_add: np.ndarray, d_dur: np.ndarray, cur: np
             raise RuntimeError(f"schedule deadlocks at slots {cur.tolist()}")
 
 
-def _rounds_blocking(dep: np.ndarray, d_add: np.ndarray, d_dur: np.ndarray, cur: np.ndarray, length: int,
-                     peers: np.ndarray, p2p: np.ndarray):
-    """:func:`_rounds` with blocking calls (``pairs``) and finite times, as
-    :func:`_rounds_async` does it: ends NaN until done and the padding peer posted at -inf, so
+def _rounds_blocking(d_dur: np.ndarray, cur: np.ndarray, length: int, peers: np.ndarray, p2p: np.ndarray):
+    """:func:`_rounds` with blocking calls (``pairs``), finite times and every dependency an
+    earlier unit of the same stage (the blocking path's: cross-stage inputs come in the calls),
+    as :func:`_rounds_async` does it: ends NaN until done and the padding peer posted at -inf, so
     the end of the call before each stage's next unit, ``max(previous end, peer posts) + p2p``,
-    is NaN while a peer has not posted, and so is the unit's start. ``peers``: (peers, slots);
-    ``p2p``: per slot, 0 for a call without peers (``e + 0 = e``). Returns (start, end, stream
-    free after each slot's call) per slot; the free time after each stage's last unit is
-    computed by the caller."""
-    end = np.full(len(dep), np.nan)
+    is NaN while a peer has not posted, and so is the unit's start. That call's end is the
+    unit's start: :func:`_rounds`' ``max(free, dep end)`` is ``free``, a same-stage dependency
+    having ended before the previous unit did. ``peers`` (peers, slots) and ``p2p`` (0 for a
+    call without peers: ``e + 0 = e``) are those of the call before each slot; ``d_dur`` NaN on
+    the trailing slots (never run). Returns (start, end) per slot."""
+    end = np.full(len(d_dur), np.nan)
     end[cur - 1], end[-1] = 0.0, -np.inf
-    start, free = np.zeros(len(dep)), np.zeros(len(dep))
+    start = np.zeros(len(d_dur))
     prev_end = np.zeros(len(cur))
     cur, stop = cur.copy(), cur + length
     while True:
         before = cur.copy()
         for _ in range(ROUNDS_PER_CHECK):
-            prev = cur - 1
-            posts = end[peers.take(prev, axis=1)]  # (peers, stages)
-            fr = np.maximum(prev_end, posts[0])
+            posts = end[peers.take(cur, axis=1)]  # (peers, stages)
+            st = np.maximum(prev_end, posts[0])
             for row in posts[1:]:  # max(e, posts) + p2p, NaN while one has not posted
-                np.maximum(fr, row, out=fr)
-            fr += p2p[prev]
-            free[prev] = fr
-            ready = end[dep[cur]]
-            ready += d_add[cur]
-            st = np.maximum(fr, ready)
+                np.maximum(st, row, out=st)
+            st += p2p[cur]
             e = st + d_dur[cur]
             end[cur], start[cur] = e, st
-            ok = e == e  # not NaN: the dependency was done and the peers had posted
+            ok = e == e  # not NaN: the peers had posted
             np.copyto(prev_end, e, where=ok)
             cur += ok
         if (cur == stop).all():
-            return start, end, free
+            return start, end
         if (cur == before).all():
             raise RuntimeError(f"schedule deadlocks at slots {cur.tolist()}")
 
@@ -470,7 +466,49 @@ def _rounds(f: Flat, dur: np.ndarray, add: np.ndarray, pairs, p2p_s: float):
     leading slot (end 0, done: the step's start, where the receives of the first unit are
     posted) and a trailing one that never runs. Returns (start, end, stream free after each
     unit's call, free after each stage's leading call, flat index of the peer that bound the
-    call before each unit or -1)."""
+    call before each unit or -1). Finite, non-negative times run the leaner loops
+    :func:`_rounds_async` and :func:`_rounds_blocking` (bitwise the same times); others
+    :func:`_rounds_general`."""
+    p, length = f.p, f.length
+    n, width = p * length, length + 2
+    pos = np.arange(n)
+    slot = pos + 2 * (pos // max(length, 1)) + 1  # stage s * width + position + 1
+    pad = p * width + 1  # the padding peer of a call (p * width: a slot that never runs)
+    cur = np.arange(p) * width + 1
+    finite = bool(n) and np.isfinite(dur).all() and not np.signbit(dur).any()
+    if pairs is None and finite and np.isfinite(add).all():
+        dep = np.full(pad + 1, pad - 1, dtype=np.int64)
+        dep[slot] = np.where(f.dep < n, slot[np.minimum(f.dep, n - 1)], cur.repeat(length) - 1)
+        d_add, d_dur = np.zeros(pad + 1), np.zeros(pad + 1)
+        d_add[slot], d_dur[slot] = add, dur
+        start, end = _rounds_async(dep, d_add, d_dur, cur, length)
+        return start[slot], end[slot], end[slot], np.zeros(p), np.full(n, -1)
+    if pairs is None:
+        return _rounds_general(f, dur, add, None, p2p_s)
+    peers = _peer_table(pairs, p, length, width, pad)
+    p2p = p2p_s * _call_loads(pairs, length, width, pad)  # per call: k p2p_s (simulate.call_loads)
+    local = (f.dep >= n) | ((f.dep // max(length, 1) == pos // max(length, 1)) & (f.dep < pos))
+    if not (finite and local.all() and np.isfinite(p2p).all() and not np.signbit(p2p).any()):
+        return _rounds_general(f, dur, add, pairs, p2p_s)
+    has = (peers != pad).any(axis=1)
+    peers = np.ascontiguousarray(peers.T)  # (peers, slots): a column per peer
+    before = np.full(peers.shape, pad)  # the call before each slot
+    before[:, 1:] = peers[:, :-1]
+    p2p_before = np.zeros(pad + 1)
+    p2p_before[1:] = np.where(has, p2p, 0.0)[:-1]
+    run = np.full(pad + 1, np.nan)  # NaN: the trailing slots never run
+    run[slot] = dur
+    start, end = _rounds_blocking(run, cur, length, before, p2p_before)
+    calls = np.concatenate([slot - 1, cur + length - 1])  # each stage's leading and unit slots
+    free, bind = np.zeros(pad + 1), np.full(pad + 1, -1)
+    free[calls], bind[calls] = _call_end(end[calls], peers[:, calls], end, pad, p2p[calls])
+    flat_of = np.full(pad + 1, -1)
+    flat_of[slot] = pos
+    return start[slot], end[slot], free[slot], free[cur - 1], flat_of[bind[slot - 1]]
+
+
+def _rounds_general(f: Flat, dur: np.ndarray, add: np.ndarray, pairs, p2p_s: float):
+    """:func:`_rounds` for any times (a ``done`` table, one round at a time)."""
     p, length = f.p, f.length
     n, width = p * length, length + 2
     slot = (np.arange(n) // length) * width + np.arange(n) % length + 1
@@ -484,9 +522,6 @@ def _rounds(f: Flat, dur: np.ndarray, add: np.ndarray, pairs, p2p_s: float):
     d_add[slot], d_dur[slot] = add, dur
     cur = np.arange(p) * width + 1
     left = n
-    if pairs is None and n and np.isfinite(dur).all() and np.isfinite(add).all():
-        start, end = _rounds_async(dep, d_add, d_dur, cur, length)
-        return start[slot], end[slot], end[slot], np.zeros(p), np.full(n, -1)
     if pairs is None:  # asynchronous sends: the stream is free when the previous unit ends
         while left:  # every stage computes its next unit; only those whose dependency is done keep it
             dc = dep[cur]
@@ -496,25 +531,20 @@ def _rounds(f: Flat, dur: np.ndarray, add: np.ndarray, pairs, p2p_s: float):
         return start[slot], end[slot], end[slot], np.zeros(p), np.full(n, -1)
     peers = _peer_table(pairs, p, length, width, pad)
     p2p = p2p_s * _call_loads(pairs, length, width, pad)  # per call: k p2p_s (simulate.call_loads)
+    end[pad], done[pad] = -np.inf, True  # the padding peer: posted, never the latest
     has = (peers != pad).any(axis=1)
-    peers = np.ascontiguousarray(peers.T)  # (peers, slots): a column per peer
-    if n and np.isfinite(dur).all() and not np.signbit(dur).any() and np.isfinite(p2p).all():
-        start, end, free = _rounds_blocking(dep, d_add, d_dur, cur, length, peers, np.where(has, p2p, 0.0))
-        cur = cur + length
-    else:
-        end[pad], done[pad] = -np.inf, True  # the padding peer: posted, never the latest
-        free = np.zeros(pad + 1)
-        while left:  # as above, and the previous call's peers must all have posted
-            dc, pc, prev = dep[cur], peers[:, cur - 1].T, cur - 1
-            ok = done[dc] & done[pc].all(axis=1)
-            e = end[prev]
-            free[prev] = np.where(has[prev], np.maximum(e, end[pc].max(axis=1)) + p2p[prev], e)
-            st = np.maximum(free[prev], end[dc] + d_add[cur])
-            left -= _commit(cur, st, ok, start, end, done, d_dur)
+    free = np.zeros(pad + 1)
+    while left:  # as above, and the previous call's peers must all have posted
+        dc, pc, prev = dep[cur], peers[cur - 1], cur - 1
+        ok = done[dc] & done[pc].all(axis=1)
+        e = end[prev]
+        free[prev] = np.where(has[prev], np.maximum(e, end[pc].max(axis=1)) + p2p[prev], e)
+        st = np.maximum(free[prev], end[dc] + d_add[cur])
+        left -= _commit(cur, st, ok, start, end, done, d_dur)
     last = cur - 1  # each stage's last slot (its leading one when it has no unit)
-    free[last] = _call_end(end[last], peers[:, last], end, pad, p2p[last])[0]
+    free[last] = _call_end(end[last], peers[last].T, end, pad, p2p[last])[0]
     bind = np.full(pad + 1, -1)
-    bind[slot] = _call_end(end[slot - 1], peers[:, slot - 1], end, pad, p2p[slot - 1])[1]
+    bind[slot] = _call_end(end[slot - 1], peers[slot - 1].T, end, pad, p2p[slot - 1])[1]
     flat_of = np.full(pad + 1, -1)
     flat_of[slot] = np.arange(n)
     return start[slot], end[slot], free[slot], free[np.arange(p) * width], flat_of[bind[slot]]
