@@ -143,12 +143,13 @@ def flat_units(schedule: str, p: int, m: int, v: int) -> Flat:
     stage = np.repeat(np.arange(p), length)
     n, pv = p * length, p * v
     j = np.asarray(get(schedule).virtual_stage(chunk, stage, p, v), dtype=np.int64)
-    where = np.full((3, m, pv), n, dtype=np.int64)
-    where[kind, mb, j] = np.arange(n)
-    dj = np.where(kind == 0, j - 1, np.where(kind == 2, j, np.minimum(j + 1, pv - 1)))
-    dkind = np.where(kind == 0, 0, np.where((kind == 1) & (j == pv - 1), 0, 1))
-    dep = where[dkind, mb, np.maximum(dj, 0)]
-    dep = np.where((kind == 0) & (j == 0), n, dep)
+    where = np.full(3 * m * pv, n, dtype=np.int64)  # flat unit of (kind, mb, virtual stage), flattened
+    where[(kind * m + mb) * pv + j] = np.arange(n)
+    last_b = (kind == 1) & (j == pv - 1)  # B of the last virtual stage waits for its own F
+    dj = np.minimum(j + np.array([-1, 1, 0])[kind], pv - 1)  # F: j - 1, B: j + 1, W: j
+    dkind = np.where(last_b, 0, np.array([0, 1, 1])[kind])  # F: F, B: B, W: its B
+    dep = where[(dkind * m + mb) * pv + np.maximum(dj, 0)]
+    dep[(kind == 0) & (j == 0)] = n
     cross = (dep < n) & ((np.minimum(dep, n - 1) // length) != stage)
     return Flat(p, length, kind, mb, chunk, dep, cross)
 
@@ -475,14 +476,22 @@ def _rounds(f: Flat, dur: np.ndarray, add: np.ndarray, pairs, p2p_s: float):
     slot = pos + 2 * (pos // max(length, 1)) + 1  # stage s * width + position + 1
     pad = p * width + 1  # the padding peer of a call (p * width: a slot that never runs)
     cur = np.arange(p) * width + 1
+
+    def slots(x: np.ndarray, fill) -> np.ndarray:  # per flat unit -> per slot (slices, no scatter)
+        out = np.full(pad + 1, fill, dtype=x.dtype)
+        out[:pad - 1].reshape(p, width)[:, 1:length + 1] = x.reshape(p, length)
+        return out
+
+    def units(x: np.ndarray) -> np.ndarray:  # per slot -> per flat unit
+        return x[:pad - 1].reshape(p, width)[:, 1:length + 1].reshape(-1)
+
     finite = bool(n) and np.isfinite(dur).all() and not np.signbit(dur).any()
     if pairs is None and finite and np.isfinite(add).all():
-        dep = np.full(pad + 1, pad - 1, dtype=np.int64)
-        dep[slot] = np.where(f.dep < n, slot[np.minimum(f.dep, n - 1)], cur.repeat(length) - 1)
-        d_add, d_dur = np.zeros(pad + 1), np.zeros(pad + 1)
-        d_add[slot], d_dur[slot] = add, dur
-        start, end = _rounds_async(dep, d_add, d_dur, cur, length)
-        return start[slot], end[slot], end[slot], np.zeros(p), np.full(n, -1)
+        d = f.dep  # its slot, or the unit's stage's leading slot when it has none
+        dep = slots(np.where(d < n, d + 2 * (d // length) + 1, pos - pos % length + 2 * (pos // length)), pad - 1)
+        start, end = _rounds_async(dep, slots(add, 0.0), slots(dur, 0.0), cur, length)
+        end = units(end)
+        return units(start), end, end, np.zeros(p), np.full(n, -1)
     if pairs is None:
         return _rounds_general(f, dur, add, None, p2p_s)
     peers = _peer_table(pairs, p, length, width, pad)
@@ -496,15 +505,11 @@ def _rounds(f: Flat, dur: np.ndarray, add: np.ndarray, pairs, p2p_s: float):
     before[:, 1:] = peers[:, :-1]
     p2p_before = np.zeros(pad + 1)
     p2p_before[1:] = np.where(has, p2p, 0.0)[:-1]
-    run = np.full(pad + 1, np.nan)  # NaN: the trailing slots never run
-    run[slot] = dur
-    start, end = _rounds_blocking(run, cur, length, before, p2p_before)
-    calls = np.concatenate([slot - 1, cur + length - 1])  # each stage's leading and unit slots
+    start, end = _rounds_blocking(slots(dur, np.nan), cur, length, before, p2p_before)  # NaN: never runs
+    calls = np.arange(pad - 1).reshape(p, width)[:, :length + 1].reshape(-1)  # leading and unit slots
     free, bind = np.zeros(pad + 1), np.full(pad + 1, -1)
     free[calls], bind[calls] = _call_end(end[calls], peers[:, calls], end, pad, p2p[calls])
-    flat_of = np.full(pad + 1, -1)
-    flat_of[slot] = pos
-    return start[slot], end[slot], free[slot], free[cur - 1], flat_of[bind[slot - 1]]
+    return units(start), units(end), units(free), free[cur - 1], slots(pos, -1)[bind[slot - 1]]
 
 
 def _rounds_general(f: Flat, dur: np.ndarray, add: np.ndarray, pairs, p2p_s: float):
