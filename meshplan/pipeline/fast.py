@@ -332,30 +332,22 @@ def rendezvous(spec: PipelineSpec, f: Flat) -> tuple[np.ndarray, np.ndarray, np.
     return pack(prod + delay[prod]), (cons // length) * (length + 1) + cons % length - lead[cons] + 1, cons
 
 
-def _peer_table(pairs, p: int, length: int, width: int, pad: int) -> np.ndarray:
-    """Per slot of :func:`_rounds`, the slots of the peers of the call issued after it
-    (columns sorted by slot, at least one; ``pad`` pads)."""
+def _call_table(pairs, length: int, width: int, pad: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per slot of :func:`_rounds`, the call issued after it: (the slots of its peers, shape
+    (peers, slots), each column's peers sorted by slot, ``pad`` padding; the larger of its sends
+    and receives, at least 1 (:func:`meshplan.pipeline.simulate.call_loads`); whether it has a
+    peer)."""
     send, recv, _ = pairs
     to_slot = lambda packed: (packed // (length + 1)) * width + packed % (length + 1)  # noqa: E731
-    a = np.concatenate([to_slot(send), to_slot(recv)])
-    b = np.concatenate([to_slot(recv), to_slot(send)])
-    ab = np.sort(a * (pad + 1) + b)  # by slot, then peer slot (both <= pad)
-    a, b = ab // (pad + 1), ab % (pad + 1)
-    first = np.flatnonzero(np.concatenate([[True], a[1:] != a[:-1]])) if len(a) else np.zeros(0, dtype=np.int64)
-    col = np.arange(len(a)) - np.repeat(first, np.diff(np.append(first, len(a))))  # rank within its slot
-    table = np.full((pad + 1, int(col.max()) + 1 if len(a) else 1), pad, dtype=np.int64)
-    table[a, col] = b
-    return table
-
-
-def _call_loads(pairs, length: int, width: int, pad: int) -> np.ndarray:
-    """Per slot of :func:`_rounds`, the larger of its call's sends and receives, at least 1
-    (:func:`meshplan.pipeline.simulate.call_loads`)."""
-    send, recv, _ = pairs
-    to_slot = lambda packed: (packed // (length + 1)) * width + packed % (length + 1)  # noqa: E731
-    out = np.bincount(to_slot(send), minlength=pad + 1)[:pad + 1]
-    inc = np.bincount(to_slot(recv), minlength=pad + 1)[:pad + 1]
-    return np.maximum(np.maximum(out, inc), 1).astype(float)
+    s_, r_ = to_slot(send), to_slot(recv)
+    ab = np.sort(np.concatenate([s_, r_]) * (pad + 1) + np.concatenate([r_, s_]), kind="stable")
+    a, b = np.divmod(ab, pad + 1)  # by slot, then peer slot
+    count = np.bincount(a, minlength=pad + 1)
+    col = np.arange(len(a)) - (np.cumsum(count) - count)[a]  # rank within its slot
+    table = np.full((max(int(count.max()), 1), pad + 1), pad, dtype=np.int64)
+    table[col, a] = b
+    loads = np.maximum(np.maximum(np.bincount(s_, minlength=pad + 1), np.bincount(r_, minlength=pad + 1)), 1)
+    return table, loads.astype(float), count > 0
 
 
 def _commit(cur: np.ndarray, st: np.ndarray, ok: np.ndarray, start: np.ndarray, end: np.ndarray,
@@ -372,21 +364,22 @@ def _commit(cur: np.ndarray, st: np.ndarray, ok: np.ndarray, start: np.ndarray, 
     return k
 
 
-def _call_end(e: np.ndarray, peers: np.ndarray, end: np.ndarray, pad: int, p2p_s: "float | np.ndarray"):
+def _call_end(e: np.ndarray, peers: np.ndarray, end: np.ndarray, pad: int, p2p_s: "float | np.ndarray",
+              has: Optional[np.ndarray] = None):
     """(end of each call posted at ``e`` with peer slots ``peers`` (columns: shape (peers, calls)),
     binding peer slot or -1): ``max(e, peer posts) + p2p_s`` (seconds: one value, or one per
-    call), ``e`` for an empty call. The binding peer is the first latest one (``argmax``), taken
-    column by column."""
+    call), ``e`` for an empty call (``has``: whether each call has a peer, default from
+    ``peers``). ``end[pad]`` is -inf (the padding peer never binds); the binding peer is the
+    first latest one (``argmax``)."""
     if peers.shape[0] == 0:
         return e, np.full(len(e), -1)
-    top, best = np.full(len(e), -np.inf), np.full(len(e), pad)
-    for col in peers:
-        post = np.where(col != pad, end[col], -np.inf)
-        later = post > top
-        best = np.where(later, col, best)
-        top = np.where(later, post, top)
-    has = (peers != pad).any(axis=0)
+    posts = end[peers]
+    top = posts.max(axis=0) if len(posts) > 1 else posts[0]
+    best = peers[-1].copy()
+    for col, post in zip(peers[::-1], posts[::-1]):  # the first column holding the latest post wins
+        np.copyto(best, col, where=post == top)
     bind = np.where(top > e, best, -1)  # top > e: some peer posted later than e
+    has = (peers != pad).any(axis=0) if has is None else has
     return np.where(has, np.maximum(e, top) + p2p_s, e), bind
 
 
@@ -482,8 +475,9 @@ def _rounds(f: Flat, dur: np.ndarray, add: np.ndarray, pairs, p2p_s: float):
         out[:pad - 1].reshape(p, width)[:, 1:length + 1] = x.reshape(p, length)
         return out
 
-    def units(x: np.ndarray) -> np.ndarray:  # per slot -> per flat unit
-        return x[:pad - 1].reshape(p, width)[:, 1:length + 1].reshape(-1)
+    def units(x: np.ndarray, shift: int = 0) -> np.ndarray:  # per slot (last axis) -> per flat unit
+        rows = x[..., :pad - 1].reshape(x.shape[:-1] + (p, width))[..., 1 + shift:length + 1 + shift]
+        return rows.reshape(x.shape[:-1] + (n,))
 
     finite = bool(n) and np.isfinite(dur).all() and not np.signbit(dur).any()
     if pairs is None and finite and np.isfinite(add).all():
@@ -494,22 +488,22 @@ def _rounds(f: Flat, dur: np.ndarray, add: np.ndarray, pairs, p2p_s: float):
         return units(start), end, end, np.zeros(p), np.full(n, -1)
     if pairs is None:
         return _rounds_general(f, dur, add, None, p2p_s)
-    peers = _peer_table(pairs, p, length, width, pad)
-    p2p = p2p_s * _call_loads(pairs, length, width, pad)  # per call: k p2p_s (simulate.call_loads)
+    peers, loads, has = _call_table(pairs, length, width, pad)
+    p2p = p2p_s * loads  # per call: k p2p_s (simulate.call_loads)
     local = (f.dep >= n) | ((f.dep // max(length, 1) == pos // max(length, 1)) & (f.dep < pos))
     if not (finite and local.all() and np.isfinite(p2p).all() and not np.signbit(p2p).any()):
         return _rounds_general(f, dur, add, pairs, p2p_s)
-    has = (peers != pad).any(axis=1)
-    peers = np.ascontiguousarray(peers.T)  # (peers, slots): a column per peer
     before = np.full(peers.shape, pad)  # the call before each slot
     before[:, 1:] = peers[:, :-1]
     p2p_before = np.zeros(pad + 1)
     p2p_before[1:] = np.where(has, p2p, 0.0)[:-1]
     start, end = _rounds_blocking(slots(dur, np.nan), cur, length, before, p2p_before)  # NaN: never runs
-    calls = np.arange(pad - 1).reshape(p, width)[:, :length + 1].reshape(-1)  # leading and unit slots
-    free, bind = np.zeros(pad + 1), np.full(pad + 1, -1)
-    free[calls], bind[calls] = _call_end(end[calls], peers[:, calls], end, pad, p2p[calls])
-    return units(start), units(end), units(free), free[cur - 1], slots(pos, -1)[bind[slot - 1]]
+    free = np.zeros(pad + 1)  # after each slot's call: its next unit's start (the call ends it waited for)
+    free[:-1] = start[1:]
+    last = cur + length - 1
+    free[last] = _call_end(end[last], peers[:, last], end, pad, p2p[last], has[last])[0]
+    bind = _call_end(units(end, -1), units(before, 0), end, pad, units(p2p_before, 0), units(has, -1))[1]
+    return units(start), units(end), units(free), free[cur - 1], slots(pos, -1)[bind]
 
 
 def _rounds_general(f: Flat, dur: np.ndarray, add: np.ndarray, pairs, p2p_s: float):
@@ -534,8 +528,9 @@ def _rounds_general(f: Flat, dur: np.ndarray, add: np.ndarray, pairs, p2p_s: flo
             st = np.maximum(end[cur - 1], end[dc] + d_add[cur])
             left -= _commit(cur, st, ok, start, end, done, d_dur)
         return start[slot], end[slot], end[slot], np.zeros(p), np.full(n, -1)
-    peers = _peer_table(pairs, p, length, width, pad)
-    p2p = p2p_s * _call_loads(pairs, length, width, pad)  # per call: k p2p_s (simulate.call_loads)
+    peers, loads, _ = _call_table(pairs, length, width, pad)
+    peers = peers.T  # a row per slot
+    p2p = p2p_s * loads  # per call: k p2p_s (simulate.call_loads)
     end[pad], done[pad] = -np.inf, True  # the padding peer: posted, never the latest
     has = (peers != pad).any(axis=1)
     free = np.zeros(pad + 1)
