@@ -95,10 +95,10 @@ def stage_orders(schedule: str, p: int, m: int, v: int) -> tuple[np.ndarray, np.
         out = kind, (fk // (p * v)) * p + fk % p, np.where(kind == 0, chunk, v - 1 - chunk)
     else:  # the others (ZB-V, DualPipeV): from the unit lists
         rows = [[(KINDS.index(u.kind), u.mb, u.chunk) for u in get(schedule).order(p, m, v, st)] for st in range(p)]
-        a = np.array(rows, dtype=np.int64).reshape(p, len(rows[0]), 3)
-        out = a[:, :, 0].copy(), a[:, :, 1].copy(), a[:, :, 2].copy()
-    for a in out:
-        a.flags.writeable = False
+        table = np.array(rows, dtype=np.int64).reshape(p, len(rows[0]), 3)
+        out = table[:, :, 0].copy(), table[:, :, 1].copy(), table[:, :, 2].copy()
+    for col in out:
+        col.flags.writeable = False
     return out
 
 
