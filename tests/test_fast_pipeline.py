@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from meshplan.config import config_from_dict
-from meshplan.pipeline.fast import KINDS, _rounds, _rounds_general, flat_units, order_arrays, rendezvous, simulate_arrays
+from meshplan.pipeline.fast import (KINDS, _rounds, _rounds_general, flat_units, order_arrays, rendezvous,
+                                     simulate_arrays)
 from meshplan.pipeline.simulate import PipelineSpec, simulate, stage_order
 from meshplan.plan import build_plan
 from meshplan.schedule.rank_timeline import Overlap

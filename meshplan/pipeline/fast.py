@@ -35,8 +35,8 @@ def _pairs(w: np.ndarray, total: int) -> tuple[np.ndarray, np.ndarray]:
     remaining backwards over ``total`` forward and ``total`` backward units, one row per entry
     of ``w`` (shape (rows, 1)): position c holds forward c while c < w, backward
     ``c - total`` from ``2 total - w`` on, and between them, from ``j = c - w``, forward
-    ``w + j / 2`` (j even) or backward ``(j - 1) / 2`` (j odd): :func:`~meshplan.pipeline.one_f_one_b.warmup_pairs_drain`'s
-    list, closed form on a (rows, 2 total) grid.
+    ``w + j / 2`` (j even) or backward ``(j - 1) / 2`` (j odd): the list of
+    :func:`~meshplan.pipeline.one_f_one_b.warmup_pairs_drain`, closed form on a (rows, 2 total) grid.
 
     >>> k, i = _pairs(np.array([[2]]), 4)
     >>> " ".join(f"{KINDS[a]}{b}" for a, b in zip(k[0], i[0]))
@@ -93,10 +93,9 @@ def stage_orders(schedule: str, p: int, m: int, v: int) -> tuple[np.ndarray, np.
         kind, fk = _pairs(np.minimum(total, 2 * (p - s - 1) + (v - 1) * p), total)
         chunk = (fk % (p * v)) // p
         out = kind, (fk // (p * v)) * p + fk % p, np.where(kind == 0, chunk, v - 1 - chunk)
-    else:  # the others (ZB-V, DualPipeV): from the unit lists
-        rows = [[(KINDS.index(u.kind), u.mb, u.chunk) for u in get(schedule).order(p, m, v, st)] for st in range(p)]
-        table = np.array(rows, dtype=np.int64).reshape(p, len(rows[0]), 3)
-        out = table[:, :, 0].copy(), table[:, :, 1].copy(), table[:, :, 2].copy()
+    else:  # the others (ZB-V, DualPipeV): from the unit lists (as many units on every stage)
+        rows = [_listed(schedule, p, m, v, st) for st in range(p)]
+        out = np.stack([r[0] for r in rows]), np.stack([r[1] for r in rows]), np.stack([r[2] for r in rows])
     for col in out:
         col.flags.writeable = False
     return out
@@ -111,8 +110,23 @@ def order_arrays(schedule: str, p: int, m: int, v: int, s: int) -> tuple[np.ndar
     >>> " ".join(f"{KINDS[a]}{b}" for a, b in zip(k, mb))
     'F0 F1 F2 B0 F3 B1 F4 B2 B3 B4'
     """
+    if str(schedule) not in CLOSED_FORM:
+        return _listed(schedule, p, m, v, s)
     kind, mb, chunk = stage_orders(str(schedule), int(p), int(m), int(v))
     return kind[s], mb[s], chunk[s]
+
+
+#: Schedules whose orders :func:`stage_orders` builds in closed form for all stages at once.
+CLOSED_FORM = ("gpipe", "1f1b", "zb_h1", "interleaved_1f1b")
+
+
+def _listed(schedule: str, p: int, m: int, v: int, s: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The order of stage ``s`` from the schedule's unit list, as (kind, micro-batch, chunk)."""
+    rows = [(KINDS.index(u.kind), u.mb, u.chunk) for u in get(schedule).order(p, m, v, s)]
+    if not rows:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64)
+    kinds, mbs, chunks = (np.array(col, dtype=np.int64) for col in zip(*rows))
+    return kinds, mbs, chunks
 
 
 @dataclass(frozen=True)

@@ -146,10 +146,10 @@ class StepTime:
     def _critical_path_lines(self) -> list[str]:
         res = self.pipeline
         idx = res.critical_units  # the fields of pipeline.critical_path's events, without the events
+        cols = ((idx // res.flat.length).tolist(), res.unit_names(idx), res.start[idx].tolist(),
+                res.end[idx].tolist(), res.via_p2p[idx].tolist())
         out = [f"stage {s} (rank {self.example_ranks[s]}) {name} {t0 * 1e3:.3f}-{t1 * 1e3:.3f} ms "
-               f"(after {'p2p' if via else 'stream'})"
-               for s, name, t0, t1, via in zip((idx // res.flat.length).tolist(), res.unit_names(idx),
-                                               res.start[idx].tolist(), res.end[idx].tolist(), res.via_p2p[idx].tolist())]
+               f"(after {'p2p' if via else 'stream'})" for s, name, t0, t1, via in zip(*cols)]
         s = self.critical_stage
         out += [f"stage {s} (rank {self.example_ranks[s]}) {e.name} {e.start_s * 1e3:.3f}-{e.end_s * 1e3:.3f} ms"
                 for e in self.post_events if e.stage == s]
