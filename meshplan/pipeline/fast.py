@@ -297,18 +297,19 @@ def simulate_arrays(spec: PipelineSpec, durations: Optional[Callable[[Flat], np.
     add = np.where(f.cross, spec.p2p_s, 0.0) if pairs is None else np.zeros(n)
     dep = f.dep if pairs is None else np.where(f.cross, n, f.dep)  # blocking: the input comes in a call
     start, end, free, lead_free, bind = _rounds(replace(f, dep=dep), dur, add, pairs, spec.p2p_s)
-    pos = np.arange(n) % length
     prev = np.concatenate([[0.0], free[:-1]])  # stream free at start: after the previous unit's call
+    before = np.arange(-1, n - 1)  # the previous unit of the stage, -1 for a stage's first
     if length:
         prev[::length] = lead_free  # (a stage's first unit: after the call before it)
+        before[::length] = -1
     if pairs is None:
         ready = np.where(f.dep < n, np.concatenate([end, [0.0]])[f.dep] + add, 0.0)
         via = (f.dep < n) & (ready > prev)
-        pred = np.where(via, f.dep, np.where(pos > 0, np.arange(n) - 1, -1))
+        pred = np.where(via, f.dep, before)
         xfer = None
     else:
         via = bind >= 0
-        pred = np.where(via, bind, np.where(pos > 0, np.arange(n) - 1, -1))
+        pred = np.where(via, bind, before)
         send, recv, cons = pairs
         at = lambda packed: np.concatenate([[0.0], end])[np.where(packed % (length + 1) > 0,  # noqa: E731
                                                                   (packed // (length + 1)) * length + packed % (length + 1), 0)]
