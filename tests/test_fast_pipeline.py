@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from meshplan.config import config_from_dict
-from meshplan.pipeline.fast import (KINDS, _rounds, _rounds_general, flat_units, order_arrays, rendezvous,
-                                     simulate_arrays)
+from meshplan.pipeline.fast import KINDS, flat_units, order_arrays, rendezvous, simulate_arrays
+from meshplan.pipeline.rounds import run_rounds, run_rounds_general
 from meshplan.pipeline.simulate import PipelineSpec, simulate, stage_order
 from meshplan.plan import build_plan
 from meshplan.schedule.rank_timeline import Overlap
@@ -157,6 +157,6 @@ def test_lean_rounds_equal_the_general_loop(sch, p, m, v, blocking):
     pairs = rendezvous(spec, f) if blocking else None
     add = np.zeros(len(dur)) if blocking else np.where(f.cross, 0.1, 0.0)
     g = replace(f, dep=np.where(f.cross, len(dur), f.dep)) if blocking else f
-    lean, general = _rounds(g, dur, add, pairs, 0.1), _rounds_general(g, dur, add, pairs, 0.1)
+    lean, general = run_rounds(g, dur, add, pairs, 0.1), run_rounds_general(g, dur, add, pairs, 0.1)
     for a, b in zip(lean, general):
         assert a.tolist() == b.tolist()
