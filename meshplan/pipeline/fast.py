@@ -5,15 +5,23 @@ per unit (issue 11 item 4: ``meshplan step`` of pp 128 x 4,096 micro-batches in 
 :func:`simulate` (the reference) walks every unit of every stage in Python and keeps an
 :class:`~meshplan.pipeline.simulate.Event` per unit, then sums busy time over all events once
 per stage (p x units): measured 35 s of ``step_time``'s 39 s for the 393,216 units of GPT-1T at
-pp 64 x 3,072 micro-batches (benchmarks/configs, 2 loaded cores; 0.85 s on arrays). Here each stage's order is an integer array (:func:`order_arrays`, equal
-to :func:`~meshplan.pipeline.simulate.stage_order`), dependencies are flat indices, and the
+pp 64 x 3,072 micro-batches (benchmarks/configs, 2 loaded cores; 0.85 s on arrays). Here each
+stage's order is an integer array (:func:`order_arrays`, equal to
+:func:`~meshplan.pipeline.simulate.stage_order`), dependencies are flat indices, and the
 list scheduling runs in rounds: in each round every stage whose next unit's dependency is
 done starts it, all stages at once in numpy. A unit's start and end are computed exactly as
 the reference computes them (``ready = dep end + p2p`` across stages, ``start = max(stream
 free, ready)``, ``end = start + duration``), so every time is bitwise equal; rounds number
-about the longest chain of units (``L + 2p`` for 1F1B with ``L = 2m`` units per stage).
+about the longest chain of units (``L + 2p`` for 1F1B with ``L = 2m`` units per stage), so the
+cost is the numpy calls per round: the loops (:mod:`~meshplan.pipeline.rounds`) mark
+a unit not done by a NaN end instead of a done table (about 12 calls a round; 1F1B at pp 128 x
+4,096 micro-batches, 8,448 rounds: 0.42 s -> 0.13 s; Megatron's blocking interleaved 1F1B at pp
+64 x 2 chunks, 16,512 rounds: 2.7 s -> 0.5-0.75 s; cProfile on 2 loaded cores), and the orders of
+all stages are built at once (:func:`~meshplan.pipeline.orders.stage_orders`).
 Durations depend only on (stage, chunk, kind, last gradient unit), the step model's unit
-key, given as a table. Events are built only when asked for (trace, evidence).
+key, given as a table. Events are built only when asked for (trace, evidence). The orders and
+dependencies are :mod:`meshplan.pipeline.orders` (re-exported here), the round loops
+:mod:`meshplan.pipeline.rounds`.
 """
 
 from __future__ import annotations
@@ -24,97 +32,12 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from meshplan.pipeline.registry import get
+from meshplan.pipeline.orders import KINDS, Flat, flat_units, order_arrays, stage_orders
+from meshplan.pipeline.rounds import run_rounds
 from meshplan.pipeline.simulate import BubbleStats, Event, PipelineSpec, Unit
 
-KINDS = ("F", "B", "W")
-
-
-def _interleave(*cols: np.ndarray, keep: np.ndarray | None = None) -> np.ndarray:
-    """Columns side by side, read row by row (``keep``: mask of the same shape)."""
-    a = np.stack(cols, axis=1)
-    return a.reshape(-1) if keep is None else a[keep]
-
-
-def order_arrays(schedule: str, p: int, m: int, v: int, s: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(kind index into :data:`KINDS`, micro-batch, chunk) of every unit of
-    :func:`~meshplan.pipeline.simulate.stage_order` on stage ``s``, in order.
-
-    >>> k, mb, c = order_arrays("1f1b", 4, 5, 1, 1)
-    >>> " ".join(f"{KINDS[a]}{b}" for a, b in zip(k, mb))
-    'F0 F1 F2 B0 F3 B1 F4 B2 B3 B4'
-    """
-    z = np.zeros
-    if schedule == "gpipe":
-        i = np.arange(m)
-        return np.repeat([0, 1], m), np.concatenate([i, i]), z(2 * m, dtype=np.int64)
-    if schedule in ("1f1b", "zb_h1"):
-        w = min(p - s - 1, m)
-        i = np.arange(m - w)
-        if schedule == "1f1b":
-            kind = np.concatenate([z(w, np.int64), _interleave(0 * i, 0 * i + 1), np.ones(w, np.int64)])
-            mb = np.concatenate([np.arange(w), _interleave(w + i, i), np.arange(m - w, m)])
-            return kind, mb, z(2 * m, dtype=np.int64)
-        nb = np.arange(m)  # ZB-H1: per nb, F(w + nb) while any is left, B(nb), W(nb - s) once nb >= s
-        keep = np.stack([w + nb < m, nb >= 0, nb >= s], axis=1)
-        kind = _interleave(0 * nb, 0 * nb + 1, 0 * nb + 2, keep=keep)
-        mb = _interleave(w + nb, nb, nb - s, keep=keep)
-        rest = np.arange(max(0, m - s), m)
-        return (np.concatenate([z(w, np.int64), kind, np.full(len(rest), 2)]),
-                np.concatenate([np.arange(w), mb, rest]), z(3 * m, dtype=np.int64))
-    if schedule == "interleaved_1f1b":
-        total = m * v
-        warm = min(total, 2 * (p - s - 1) + (v - 1) * p)
-        k = np.arange(total - warm)
-        fk = np.concatenate([np.arange(warm), _interleave(warm + k, k), np.arange(total - warm, total)])
-        kind = np.concatenate([z(warm, np.int64), _interleave(0 * k, 0 * k + 1), np.ones(warm, np.int64)])
-        chunk = (fk % (p * v)) // p
-        return kind, (fk // (p * v)) * p + fk % p, np.where(kind == 0, chunk, v - 1 - chunk)
-    units = get(schedule).order(p, m, v, s)  # the others (ZB-V, DualPipeV): from the unit list
-    if units:
-        rows = [(KINDS.index(u.kind), u.mb, u.chunk) for u in units]
-        kinds, mbs, chunks = (np.array(col, dtype=np.int64) for col in zip(*rows))
-        return kinds, mbs, chunks
-    return z(0, np.int64), z(0, np.int64), z(0, np.int64)
-
-
-@dataclass(frozen=True)
-class Flat:
-    """All units, stage-major (unit ``s * L + i`` is position i of stage s): ``kind``,
-    ``mb``, ``chunk``; ``dep``: flat index of the unit it waits for (``N`` = none);
-    ``cross``: the dependency is on another stage."""
-
-    p: int
-    length: int
-    kind: np.ndarray
-    mb: np.ndarray
-    chunk: np.ndarray
-    dep: np.ndarray
-    cross: np.ndarray
-
-    @property
-    def stage(self) -> np.ndarray:
-        return np.arange(len(self.kind)) // self.length
-
-
-def flat_units(schedule: str, p: int, m: int, v: int) -> Flat:
-    """Orders of every stage and the dependency of each unit, as the reference's ``_dep``:
-    F of virtual stage j waits for F of j-1, B of j for B of j+1 (the last virtual stage for
-    its own F), W for its B."""
-    rows = [order_arrays(schedule, p, m, v, s) for s in range(p)]
-    length = len(rows[0][0])
-    kind, mb, chunk = (np.concatenate([r[i] for r in rows]) for i in range(3))
-    stage = np.repeat(np.arange(p), length)
-    n, pv = p * length, p * v
-    j = np.asarray(get(schedule).virtual_stage(chunk, stage, p, v), dtype=np.int64)
-    where = np.full((3, m, pv), n, dtype=np.int64)
-    where[kind, mb, j] = np.arange(n)
-    dj = np.where(kind == 0, j - 1, np.where(kind == 2, j, np.minimum(j + 1, pv - 1)))
-    dkind = np.where(kind == 0, 0, np.where((kind == 1) & (j == pv - 1), 0, 1))
-    dep = where[dkind, mb, np.maximum(dj, 0)]
-    dep = np.where((kind == 0) & (j == 0), n, dep)
-    cross = (dep < n) & ((np.minimum(dep, n - 1) // length) != stage)
-    return Flat(p, length, kind, mb, chunk, dep, cross)
+__all__ = ["KINDS", "order_arrays", "stage_orders", "Flat", "flat_units", "ArrayResult", "simulate_arrays",
+           "rendezvous", "spec_durations"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -142,12 +65,32 @@ class ArrayResult(BubbleStats):
         return slice(s * self.flat.length, (s + 1) * self.flat.length)
 
     def _event(self, i: int) -> Event:
+        return self._events([i])[0]
+
+    def _events(self, idx) -> list[Event]:
+        """The compute event of each flat unit in ``idx`` (indices, in that order), its fields
+        read from the arrays once for all (``tolist``: the same Python ints and floats as
+        ``int()``/``float()`` of each element)."""
         f, v = self.flat, self.spec.v
-        kind, mb, chunk = KINDS[f.kind[i]], int(f.mb[i]), int(f.chunk[i])
-        name = f"{kind}{mb}" + (f".c{chunk}" if v > 1 else "")
-        return Event(i // f.length, "compute", name, float(self.start[i]), float(self.end[i]),
-                     {"kind": kind, "mb": mb, "chunk": chunk, "via": "p2p" if self.via_p2p[i] else "stream",
-                      "wait_s": float(self.wait[i])})
+        idx = np.asarray(idx, dtype=np.int64)
+        cols = (f.kind[idx], f.mb[idx], f.chunk[idx], self.start[idx], self.end[idx], self.via_p2p[idx],
+                self.wait[idx], idx // f.length)
+        out = []
+        for kind, mb, chunk, t0, t1, via, wait, stage in zip(*(c.tolist() for c in cols)):
+            kind = KINDS[kind]
+            name = f"{kind}{mb}.c{chunk}" if v > 1 else f"{kind}{mb}"
+            out.append(Event(stage, "compute", name, t0, t1, {"kind": kind, "mb": mb, "chunk": chunk,
+                                                             "via": "p2p" if via else "stream", "wait_s": wait}))
+        return out
+
+    def unit_names(self, idx) -> list[str]:
+        """The event name of each flat unit in ``idx`` (``F3``, ``B0.c1``): :meth:`_events`'s,
+        without the events."""
+        f, idx = self.flat, np.asarray(idx, dtype=np.int64)
+        if self.spec.v > 1:
+            return [f"{KINDS[k]}{mb}.c{c}" for k, mb, c in zip(f.kind[idx].tolist(), f.mb[idx].tolist(),
+                                                               f.chunk[idx].tolist())]
+        return [f"{KINDS[k]}{mb}" for k, mb in zip(f.kind[idx].tolist(), f.mb[idx].tolist())]
 
     def _send(self, i: int, d: Event) -> Event:
         """The "pp" event of the transfer of producer ``d``'s output to unit ``i``: from the
@@ -160,12 +103,13 @@ class ArrayResult(BubbleStats):
         """Every unit (and each p2p send before the unit that waits on it), stage by stage;
         ``args['pred']`` links the critical predecessor as the reference does."""
         n, f = len(self.end), self.flat
-        units = [self._event(i) for i in range(n)]
+        units = self._events(np.arange(n))
+        send = (f.cross & (self.spec.p2p_s > 0)).tolist()
         out = []
-        for i, ev in enumerate(units):
-            ev.args["pred"] = units[self.pred[i]] if self.pred[i] >= 0 else None
-            if f.cross[i] and self.spec.p2p_s > 0:
-                out.append(self._send(i, units[f.dep[i]]))
+        for i, (ev, pred, dep) in enumerate(zip(units, self.pred.tolist(), f.dep.tolist())):
+            ev.args["pred"] = units[pred] if pred >= 0 else None
+            if send[i]:
+                out.append(self._send(i, units[dep]))
             out.append(ev)
         return tuple(out)
 
@@ -178,31 +122,32 @@ class ArrayResult(BubbleStats):
             waiting = np.flatnonzero(f.cross & (np.minimum(f.dep, n - 1) // f.length == s) & (f.dep < n))
         else:
             waiting = np.zeros(0, dtype=np.int64)
-        items = sorted([(i, 1) for i in range(sl.start, sl.stop)] + [(int(i), 0) for i in waiting])
-        out = []
-        for i, unit in items:
-            if unit:
-                ev = self._event(i)
-                ev.args["pred"] = None
-                out.append(ev)
-            else:
-                out.append(self._send(i, self._event(int(f.dep[i]))))
-        return out
+        units = self._events(np.arange(sl.start, sl.stop))
+        for ev in units:
+            ev.args["pred"] = None
+        producers = dict(zip(waiting.tolist(), self._events(f.dep[waiting])))
+        items = sorted([(i, 1) for i in range(sl.start, sl.stop)] + [(i, 0) for i in producers])
+        return [units[i - sl.start] if unit else self._send(i, producers[i]) for i, unit in items]
+
+    @cached_property
+    def critical_units(self) -> np.ndarray:
+        """Flat indices of the units of :attr:`critical_path`, first to last."""
+        last = [self.stage_slice(s).stop - 1 for s in range(self.flat.p)]
+        i = last[max(range(self.flat.p), key=lambda s: self.end[last[s]])]
+        path, pred = [], self.pred
+        while i >= 0:
+            path.append(i)
+            i = int(pred[i])
+        return np.array(path[::-1], dtype=np.int64)
 
     @cached_property
     def critical_path(self) -> tuple[Event, ...]:
         """From the first unit to the last unit of the stage that ends last."""
-        last = [self.stage_slice(s).stop - 1 for s in range(self.flat.p)]
-        i = last[max(range(self.flat.p), key=lambda s: self.end[last[s]])]
-        path = []
-        while i >= 0:
-            path.append(i)
-            i = int(self.pred[i])
-        evs = {i: self._event(i) for i in path}
-        for a, b in zip(path, path[1:]):
-            evs[a].args["pred"] = evs[b]
-        evs[path[-1]].args["pred"] = None
-        return tuple(evs[i] for i in reversed(path))
+        evs = self._events(self.critical_units)
+        for a, b in zip(evs[1:], evs):
+            a.args["pred"] = b
+        evs[0].args["pred"] = None
+        return tuple(evs)
 
 
 def simulate_arrays(spec: PipelineSpec, durations: Optional[Callable[[Flat], np.ndarray]] = None) -> ArrayResult:
@@ -223,19 +168,20 @@ def simulate_arrays(spec: PipelineSpec, durations: Optional[Callable[[Flat], np.
     pairs = rendezvous(spec, f) if spec.blocking_p2p else None
     add = np.where(f.cross, spec.p2p_s, 0.0) if pairs is None else np.zeros(n)
     dep = f.dep if pairs is None else np.where(f.cross, n, f.dep)  # blocking: the input comes in a call
-    start, end, free, lead_free, bind = _rounds(replace(f, dep=dep), dur, add, pairs, spec.p2p_s)
-    pos = np.arange(n) % length
+    start, end, free, lead_free, bind = run_rounds(replace(f, dep=dep), dur, add, pairs, spec.p2p_s)
     prev = np.concatenate([[0.0], free[:-1]])  # stream free at start: after the previous unit's call
+    before = np.arange(-1, n - 1)  # the previous unit of the stage, -1 for a stage's first
     if length:
         prev[::length] = lead_free  # (a stage's first unit: after the call before it)
+        before[::length] = -1
     if pairs is None:
         ready = np.where(f.dep < n, np.concatenate([end, [0.0]])[f.dep] + add, 0.0)
         via = (f.dep < n) & (ready > prev)
-        pred = np.where(via, f.dep, np.where(pos > 0, np.arange(n) - 1, -1))
+        pred = np.where(via, f.dep, before)
         xfer = None
     else:
         via = bind >= 0
-        pred = np.where(via, bind, np.where(pos > 0, np.arange(n) - 1, -1))
+        pred = np.where(via, bind, before)
         send, recv, cons = pairs
         at = lambda packed: np.concatenate([[0.0], end])[np.where(packed % (length + 1) > 0,  # noqa: E731
                                                                   (packed // (length + 1)) * length + packed % (length + 1), 0)]
@@ -271,110 +217,6 @@ def rendezvous(spec: PipelineSpec, f: Flat) -> tuple[np.ndarray, np.ndarray, np.
         return (flat // length) * (length + 1) + flat % length + 1
 
     return pack(prod + delay[prod]), (cons // length) * (length + 1) + cons % length - lead[cons] + 1, cons
-
-
-def _peer_table(pairs, p: int, length: int, width: int, pad: int) -> np.ndarray:
-    """Per slot of :func:`_rounds`, the slots of the peers of the call issued after it
-    (columns sorted by slot, at least one; ``pad`` pads)."""
-    send, recv, _ = pairs
-    to_slot = lambda packed: (packed // (length + 1)) * width + packed % (length + 1)  # noqa: E731
-    a = np.concatenate([to_slot(send), to_slot(recv)])
-    b = np.concatenate([to_slot(recv), to_slot(send)])
-    order = np.lexsort((b, a))
-    a, b = a[order], b[order]
-    col = np.arange(len(a)) - np.searchsorted(a, a, side="left")
-    table = np.full((pad + 1, int(col.max()) + 1 if len(a) else 1), pad, dtype=np.int64)
-    table[a, col] = b
-    return table
-
-
-def _call_loads(pairs, length: int, width: int, pad: int) -> np.ndarray:
-    """Per slot of :func:`_rounds`, the larger of its call's sends and receives, at least 1
-    (:func:`meshplan.pipeline.simulate.call_loads`)."""
-    send, recv, _ = pairs
-    to_slot = lambda packed: (packed // (length + 1)) * width + packed % (length + 1)  # noqa: E731
-    out = np.bincount(to_slot(send), minlength=pad + 1)[:pad + 1]
-    inc = np.bincount(to_slot(recv), minlength=pad + 1)[:pad + 1]
-    return np.maximum(np.maximum(out, inc), 1).astype(float)
-
-
-def _commit(cur: np.ndarray, st: np.ndarray, ok: np.ndarray, start: np.ndarray, end: np.ndarray,
-            done: np.ndarray, d_dur: np.ndarray) -> int:
-    """One round of the list scheduling: every stage's current slot ``cur`` starts at ``st``
-    (seconds) and ends ``d_dur`` later; the stages whose dependencies are done (``ok``) keep
-    it and move on (``cur`` advanced in place). Returns how many advanced; RuntimeError when
-    none can (the schedule deadlocks)."""
-    end[cur], start[cur], done[cur] = st + d_dur[cur], st, ok
-    k = int(np.count_nonzero(ok))
-    if not k:
-        raise RuntimeError(f"schedule deadlocks at slots {cur.tolist()}")
-    cur += ok
-    return k
-
-
-def _call_end(e: np.ndarray, peers: np.ndarray, end: np.ndarray, pad: int, p2p_s: "float | np.ndarray"):
-    """(end of each call posted at ``e`` with peer slots ``peers`` (rows), binding peer slot or
-    -1): ``max(e, peer posts) + p2p_s`` (seconds: one value, or one per call), ``e`` for an
-    empty call."""
-    if peers.shape[1] == 0:
-        return e, np.full(len(e), -1)
-    val = peers != pad
-    posts = np.where(val, end[peers], -np.inf)
-    top = posts.max(axis=1)
-    k = np.argmax(posts, axis=1)
-    bind = np.where(top > e, peers[np.arange(len(e)), k], -1)
-    return np.where(val.any(axis=1), np.maximum(e, top) + p2p_s, e), bind
-
-
-def _rounds(f: Flat, dur: np.ndarray, add: np.ndarray, pairs, p2p_s: float):
-    """Start and end of every flat unit by list scheduling in rounds: each round, every
-    stage whose next unit's dependency is done and whose previous call's peers have all posted
-    runs it (``ready = dep end + add``, ``start = max(end of the call after the previous unit,
-    ready)``, ``end = start + dur``); a unit not yet ready gets provisional times nobody reads
-    (its successors wait for ``done``) and is computed again. Slots: each stage's units between a
-    leading slot (end 0, done: the step's start, where the receives of the first unit are
-    posted) and a trailing one that never runs. Returns (start, end, stream free after each
-    unit's call, free after each stage's leading call, flat index of the peer that bound the
-    call before each unit or -1)."""
-    p, length = f.p, f.length
-    n, width = p * length, length + 2
-    slot = (np.arange(n) // length) * width + np.arange(n) % length + 1
-    never, pad = p * width, p * width + 1  # a slot that never runs; the padding peer of a call
-    dep = np.full(pad + 1, never, dtype=np.int64)
-    dep[slot] = np.where(f.dep < n, slot[np.minimum(f.dep, n - 1)], np.arange(p).repeat(length) * width)
-    done = np.zeros(pad + 1, dtype=bool)
-    done[np.arange(p) * width] = True
-    end, start = np.zeros(pad + 1), np.zeros(pad + 1)
-    d_add, d_dur = np.zeros(pad + 1), np.zeros(pad + 1)
-    d_add[slot], d_dur[slot] = add, dur
-    cur = np.arange(p) * width + 1
-    left = n
-    if pairs is None:  # asynchronous sends: the stream is free when the previous unit ends
-        while left:  # every stage computes its next unit; only those whose dependency is done keep it
-            dc = dep[cur]
-            ok = done[dc]
-            st = np.maximum(end[cur - 1], end[dc] + d_add[cur])
-            left -= _commit(cur, st, ok, start, end, done, d_dur)
-        return start[slot], end[slot], end[slot], np.zeros(p), np.full(n, -1)
-    peers = _peer_table(pairs, p, length, width, pad)
-    p2p = p2p_s * _call_loads(pairs, length, width, pad)  # per call: k p2p_s (simulate.call_loads)
-    end[pad], done[pad] = -np.inf, True  # the padding peer: posted, never the latest
-    has = (peers != pad).any(axis=1)
-    free = np.zeros(pad + 1)
-    while left:  # as above, and the previous call's peers must all have posted
-        dc, pc, prev = dep[cur], peers[cur - 1], cur - 1
-        ok = done[dc] & done[pc].all(axis=1)
-        e = end[prev]
-        free[prev] = np.where(has[prev], np.maximum(e, end[pc].max(axis=1)) + p2p[prev], e)
-        st = np.maximum(free[prev], end[dc] + d_add[cur])
-        left -= _commit(cur, st, ok, start, end, done, d_dur)
-    last = cur - 1  # each stage's last slot (its leading one when it has no unit)
-    free[last] = _call_end(end[last], peers[last], end, pad, p2p[last])[0]
-    bind = np.full(pad + 1, -1)
-    bind[slot] = _call_end(end[slot - 1], peers[slot - 1], end, pad, p2p[slot - 1])[1]
-    flat_of = np.full(pad + 1, -1)
-    flat_of[slot] = np.arange(n)
-    return start[slot], end[slot], free[slot], free[np.arange(p) * width], flat_of[bind[slot]]
 
 
 def spec_durations(spec: PipelineSpec, f: Flat) -> np.ndarray:

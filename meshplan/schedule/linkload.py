@@ -149,6 +149,15 @@ def timings(st, stage: int = 0) -> list[Timing]:
     on ``stage`` (see the module docstring), from the stage's events on arrays
     (:class:`StageDetail`): the earliest event of each
     kind, ties in the trace's order."""
+    key = ("timings", stage)
+    if key not in st._trace_cache:  # the step command prints them and writes them to --json
+        st._trace_cache[key] = _timings(st, stage)
+    return list(st._trace_cache[key])
+
+
+def _timings(st, stage: int) -> list[Timing]:
+    """:func:`timings`: the events sorted by start (stable), each labelled by its (stream,
+    phase, op) as an integer, and the first event of each label kept, in that order."""
     d = StageDetail.cached(st, stage)
     ops = [_op_of(n) for n in d.names]
     comm = [s not in ("compute", "p2p") and not s.startswith("stage") and bool(o) for s, o in zip(d.streams, ops)]
@@ -157,13 +166,17 @@ def timings(st, stage: int = 0) -> list[Timing]:
     posts = np.flatnonzero(d.unit < 0).tolist()
     opt = next((float(d.start[i]) for i in posts if "optimizer" in d.names[d.code[i]]),
                max(float(d.end.max()), float(st.pipeline.end[st.pipeline.stage_slice(stage)].max())))
-    seen, out = set(), []
-    for i in cand.tolist():
-        c, kind = int(d.code[i]), int(d.kind[i])
-        key = (d.streams[c], "forward" if kind == KINDS.index("F") else "step" if kind < 0 else "backward", ops[c])
-        if key in seen:
-            continue
-        seen.add(key)
+    phases = ("forward", "backward", "step")
+    labels = sorted({(s, o) for s, o in zip(d.streams, ops)})
+    row = np.array([labels.index((s, o)) for s, o in zip(d.streams, ops)], dtype=np.int64)
+    kind = d.kind[cand]
+    phase = np.where(kind == KINDS.index("F"), 0, np.where(kind < 0, 2, 1))
+    label = row[d.code[cand]] * len(phases) + phase
+    _, first = np.unique(label, return_index=True)
+    out = []
+    for i in cand[np.sort(first)].tolist():
+        c = int(d.code[i])
+        key = (d.streams[c], phases[0 if d.kind[i] == KINDS.index("F") else 2 if d.kind[i] < 0 else 1], ops[c])
         out.append(Timing(key[0], key[1], key[2], float(d.start[i]), _deadline(d, i, opt),
                           float(d.end[i] - d.start[i])))
     return out

@@ -1,0 +1,158 @@
+"""Pipeline stage orders on arrays: the (kind, micro-batch, chunk) of every unit of every stage
+as integer arrays, equal to each schedule's :meth:`~meshplan.pipeline.base.PipelineSchedule.order`
+(:func:`~meshplan.pipeline.simulate.stage_order`), for the array simulation
+(:mod:`meshplan.pipeline.fast`), the memory timeline and the search. GPipe, 1F1B, interleaved
+1F1B and ZB-H1 in closed form for all stages at once (10^6 units at pp 128 x 4,096
+micro-batches); any other schedule (ZB-V, DualPipeV, a new one) from its unit list, stage by
+stage; ``tests/test_fast_pipeline.py`` compares both with the lists. :func:`flat_units`: every
+stage's order with the unit each one waits for, as flat indices.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from meshplan.pipeline.registry import get
+
+KINDS = ("F", "B", "W")
+
+
+def _pairs(w: np.ndarray, total: int) -> tuple[np.ndarray, np.ndarray]:
+    """(kind, unit index) of ``w`` warm-up forwards, then forward/backward pairs, then the
+    remaining backwards over ``total`` forward and ``total`` backward units, one row per entry
+    of ``w`` (shape (rows, 1)): position c holds forward c while c < w, backward
+    ``c - total`` from ``2 total - w`` on, and between them, from ``j = c - w``, forward
+    ``w + j / 2`` (j even) or backward ``(j - 1) / 2`` (j odd): the list of
+    :func:`~meshplan.pipeline.one_f_one_b.warmup_pairs_drain`, closed form on a (rows, 2 total) grid.
+
+    >>> k, i = _pairs(np.array([[2]]), 4)
+    >>> " ".join(f"{KINDS[a]}{b}" for a, b in zip(k[0], i[0]))
+    'F0 F1 F2 B0 F3 B1 B2 B3'
+    """
+    c = np.arange(2 * total)[None, :]
+    j = c - w
+    odd = j & 1
+    warm, drain = c < w, c >= 2 * total - w
+    kind = np.where(warm, 0, np.where(drain, 1, odd))
+    idx = np.where(warm, c, np.where(drain, c - total, np.where(odd == 1, j >> 1, w + (j >> 1))))
+    return kind.astype(np.int64), idx.astype(np.int64)
+
+
+def _zb_h1(p: int, m: int) -> tuple[np.ndarray, np.ndarray]:
+    """(kind, micro-batch) of ZB-H1 on every stage, (p, 3 m): per stage a grid of ``w``
+    warm-up forwards, then per nb ``F(w + nb)`` while any is left, ``B(nb)``, ``W(nb - s)`` once
+    ``nb >= s``, then the remaining W (:class:`~meshplan.pipeline.zb_h1.ZBH1`), kept by a mask
+    that leaves exactly 3 m units on every row."""
+    s = np.arange(p)[:, None]
+    w = np.minimum(p - s - 1, m)
+    i = np.arange(m)[None, :]
+    nb = np.broadcast_to(i, (p, m))
+    mid_mb = np.stack([w + nb, nb, nb - s], axis=2).reshape(p, 3 * m)
+    mid_keep = np.stack([w + nb < m, np.ones((p, m), dtype=bool), nb >= s], axis=2).reshape(p, 3 * m)
+    mb = np.concatenate([np.broadcast_to(i, (p, m)), mid_mb, np.broadcast_to(i, (p, m))], axis=1)
+    keep = np.concatenate([i < w, mid_keep, i >= np.maximum(0, m - s)], axis=1)
+    kind = np.concatenate([np.zeros(m, np.int64), np.tile(np.arange(3), m), np.full(m, 2)])
+    return np.broadcast_to(kind, mb.shape)[keep].reshape(p, 3 * m), mb[keep].reshape(p, 3 * m)
+
+
+@lru_cache(maxsize=4)
+def stage_orders(schedule: str, p: int, m: int, v: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(kind index into :data:`KINDS`, micro-batch, chunk) of every unit of every stage, each
+    (p, units per stage), row s equal to :func:`~meshplan.pipeline.simulate.stage_order` of
+    stage s; built for all stages at once on arrays (the orders of 1F1B, GPipe and
+    interleaved 1F1B are :func:`_pairs` with the stage's warm-up; ZB-H1 :func:`_zb_h1`; the
+    V-shaped ones from their unit lists), kept for the last few (schedule, p, m, v) and read-only
+    (``meshplan step`` reads them for the memory timelines and again for the simulation).
+
+    >>> k, mb, c = stage_orders("1f1b", 2, 3, 1)
+    >>> [" ".join(f"{KINDS[a]}{b}" for a, b in zip(k[s], mb[s])) for s in range(2)]
+    ['F0 F1 B0 F2 B1 B2', 'F0 B0 F1 B1 F2 B2']
+    """
+    z, s = np.zeros, np.arange(p)[:, None]
+    if schedule in ("gpipe", "1f1b"):
+        kind, mb = _pairs(np.full((p, 1), m) if schedule == "gpipe" else np.minimum(p - s - 1, m), m)
+        out = kind, mb, z(kind.shape, dtype=np.int64)
+    elif schedule == "zb_h1":
+        kind, mb = _zb_h1(p, m)
+        out = kind, mb, z(kind.shape, dtype=np.int64)
+    elif schedule == "interleaved_1f1b":
+        total = m * v
+        kind, fk = _pairs(np.minimum(total, 2 * (p - s - 1) + (v - 1) * p), total)
+        chunk = (fk % (p * v)) // p
+        out = kind, (fk // (p * v)) * p + fk % p, np.where(kind == 0, chunk, v - 1 - chunk)
+    else:  # the others (ZB-V, DualPipeV): from the unit lists (as many units on every stage)
+        rows = [_listed(schedule, p, m, v, st) for st in range(p)]
+        out = np.stack([r[0] for r in rows]), np.stack([r[1] for r in rows]), np.stack([r[2] for r in rows])
+    for col in out:
+        col.flags.writeable = False
+    return out
+
+
+def order_arrays(schedule: str, p: int, m: int, v: int, s: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(kind index into :data:`KINDS`, micro-batch, chunk) of every unit of
+    :func:`~meshplan.pipeline.simulate.stage_order` on stage ``s``, in order: row s of
+    :func:`stage_orders` (read-only views).
+
+    >>> k, mb, c = order_arrays("1f1b", 4, 5, 1, 1)
+    >>> " ".join(f"{KINDS[a]}{b}" for a, b in zip(k, mb))
+    'F0 F1 F2 B0 F3 B1 F4 B2 B3 B4'
+    """
+    if str(schedule) not in CLOSED_FORM:
+        return _listed(schedule, p, m, v, s)
+    kind, mb, chunk = stage_orders(str(schedule), int(p), int(m), int(v))
+    return kind[s], mb[s], chunk[s]
+
+
+#: Schedules whose orders :func:`stage_orders` builds in closed form for all stages at once.
+CLOSED_FORM = ("gpipe", "1f1b", "zb_h1", "interleaved_1f1b")
+
+
+def _listed(schedule: str, p: int, m: int, v: int, s: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The order of stage ``s`` from the schedule's unit list, as (kind, micro-batch, chunk)."""
+    rows = [(KINDS.index(u.kind), u.mb, u.chunk) for u in get(schedule).order(p, m, v, s)]
+    if not rows:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64)
+    kinds, mbs, chunks = (np.array(col, dtype=np.int64) for col in zip(*rows))
+    return kinds, mbs, chunks
+
+
+@dataclass(frozen=True)
+class Flat:
+    """All units, stage-major (unit ``s * L + i`` is position i of stage s): ``kind``,
+    ``mb``, ``chunk``; ``dep``: flat index of the unit it waits for (``N`` = none);
+    ``cross``: the dependency is on another stage."""
+
+    p: int
+    length: int
+    kind: np.ndarray
+    mb: np.ndarray
+    chunk: np.ndarray
+    dep: np.ndarray
+    cross: np.ndarray
+
+    @property
+    def stage(self) -> np.ndarray:
+        return np.arange(len(self.kind)) // self.length
+
+
+def flat_units(schedule: str, p: int, m: int, v: int) -> Flat:
+    """Orders of every stage and the dependency of each unit, as the reference's ``_dep``:
+    F of virtual stage j waits for F of j-1, B of j for B of j+1 (the last virtual stage for
+    its own F), W for its B."""
+    kind, mb, chunk = (a.reshape(-1) for a in stage_orders(str(schedule), int(p), int(m), int(v)))
+    length = len(kind) // p
+    stage = np.repeat(np.arange(p), length)
+    n, pv = p * length, p * v
+    j = np.asarray(get(schedule).virtual_stage(chunk, stage, p, v), dtype=np.int64)
+    where = np.full(3 * m * pv, n, dtype=np.int64)  # flat unit of (kind, mb, virtual stage), flattened
+    where[(kind * m + mb) * pv + j] = np.arange(n)
+    last_b = (kind == 1) & (j == pv - 1)  # B of the last virtual stage waits for its own F
+    dj = np.minimum(j + np.array([-1, 1, 0])[kind], pv - 1)  # F: j - 1, B: j + 1, W: j
+    dkind = np.where(last_b, 0, np.array([0, 1, 1])[kind])  # F: F, B: B, W: its B
+    dep = where[(dkind * m + mb) * pv + np.maximum(dj, 0)]
+    dep[(kind == 0) & (j == 0)] = n
+    cross = (dep < n) & ((np.minimum(dep, n - 1) // length) != stage)
+    return Flat(p, length, kind, mb, chunk, dep, cross)
