@@ -39,7 +39,7 @@ from meshplan.units import GiB
 from meshplan.memory.constraints import usable_hbm_bytes
 from meshplan.memory import reference as ref
 from meshplan.memory.passes import KINDS
-from meshplan.memory.passtable import Pass, PassTable, pass_table, scan
+from meshplan.memory.passtable import Pass, PassTable, pass_table, scan, template_stats
 from meshplan.memory.schedule import stage_op_arrays, stage_ops
 from meshplan.pipeline.registry import get
 from meshplan.memory.sizes import CommonSizes, common_sizes, stage_sizes
@@ -218,13 +218,16 @@ def _timeline(plan, stage: int, common: tuple[list[str], CommonSizes], reference
     sizes = stage_sizes(c.model, t, plan.mesh, plan.stages, plan.state[stage], opts, common[0], common[1])
     where = (c.mesh.pp_schedule, stage, len(plan.stages), plan.micro_batches, plan.vpp)
     passes, templates = ref.passes(sizes, stage_ops(*where)) if reference else pass_table(sizes, *stage_op_arrays(*where))
-    peak_of = ref.scan if reference else scan
+    stats = None if reference else [template_stats(t) for t in templates]
+    peak_of = ref.scan if reference else lambda p, t: scan(p, t, stats)
     n, off, at_peak, kmax = peak_of(passes, templates)
     if opts.fragmentation_fraction:
         frag = int(opts.fragmentation_fraction * int(at_peak.sum()))
         templates[0] = templates[0] + ((None, "fragmentation", frag,
                                         f"allocator allowance {opts.fragmentation_fraction:.0%} of the peak"),)
         passes = passes.shifted(1)
+        if stats is not None:  # only the init template changed: the others' stats stand
+            stats[0] = template_stats(templates[0])
         n, off, at_peak, kmax = peak_of(passes, templates)
     p = passes[n]
     layer, kind, delta, label = templates[p.template][off]
