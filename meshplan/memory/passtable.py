@@ -255,23 +255,74 @@ def at_offset(cur: np.ndarray, entries: tuple, off: int) -> np.ndarray:
     return out
 
 
-def scan(table: PassTable, templates: Sequence[tuple], stats: Optional[list] = None) -> tuple[int, int, np.ndarray, dict]:
-    """(peak pass index, offset in it, bytes per kind at the peak, max per kind) on arrays
-    (see the module docstring). ``stats``: :func:`template_stats` of each template when the
-    caller has them (the timeline scans twice, the second time with only the init
-    template changed)."""
-    stats = [template_stats(t) for t in templates] if stats is None else stats
-    vec, tk = np.array([s[0] for s in stats]), np.array([s[3] for s in stats])
-    best, off = np.array([s[1] for s in stats], dtype=np.int64), np.array([s[2] for s in stats])
+@dataclass(frozen=True, eq=False)
+class Scores:
+    """What the peak scan reduces (see the module docstring): ``score`` (passes,) the
+    largest running total inside each pass (int64 minimum for an empty template),
+    ``after_first`` (kinds,) the largest bytes of each kind over passes 1 on, bytes."""
+
+    score: np.ndarray
+    after_first: np.ndarray
+
+    def with_init_event(self, init_best: int, kind: str, delta: int) -> Scores:
+        """The scores once the init template (pass 0 only) ends with one more event of
+        ``delta`` bytes of ``kind`` (the timeline's fragmentation allowance) and its largest
+        prefix total is ``init_best``: every later pass starts ``delta`` higher, in total
+        and in ``kind``; nothing else changes, so nothing is scanned again.
+
+        >>> Scores(np.array([5, 9, 7]), np.zeros(len(KINDS), np.int64)).with_init_event(6, "fragmentation", 2).score.tolist()
+        [6, 11, 9]
+        """
+        score = self.score.copy()
+        live = score[1:] != np.iinfo(np.int64).min
+        score[1:][live] += delta
+        score[0] = init_best
+        after = self.after_first.copy()
+        after[_K[kind]] += delta
+        return Scores(score, after)
+
+
+def _stat_arrays(stats: list) -> tuple[np.ndarray, ...]:
+    """(net per kind, max prefix per kind, max prefix total, its offset) as arrays, one row per template."""
+    return (np.array([s[0] for s in stats]), np.array([s[3] for s in stats]),
+            np.array([s[1] for s in stats], dtype=np.int64), np.array([s[2] for s in stats]))
+
+
+def scores(table: PassTable, templates: Sequence[tuple], stats: list) -> Scores:
+    """:class:`Scores` of a pass table (``stats``: :func:`template_stats` of each template)."""
+    vec, tk, best, _ = _stat_arrays(stats)
     tid = table.template
     net = vec.sum(axis=1)[tid]
     live = np.array([bool(t) for t in templates])[tid]
-    score = np.where(live, np.cumsum(net) - net + best[tid], np.iinfo(np.int64).min)
-    n = int(np.argmax(score)) if live.any() else 0
-    o = int(off[tid[n]]) if live.any() else 0
+    return Scores(np.where(live, np.cumsum(net) - net + best[tid], np.iinfo(np.int64).min),
+                  _kind_max_after_first(vec, tk, tid))
+
+
+def peak(table: PassTable, templates: Sequence[tuple], stats: list, sc: Scores) -> tuple[int, int, np.ndarray, dict]:
+    """(peak pass index, offset in it, bytes per kind at the peak, max per kind) from the
+    scores (``argmax``: the first maximum, as the reference's strict ``>``)."""
+    vec, tk, _, off = _stat_arrays(stats)
+    tid = table.template
+    any_live = any(bool(templates[t]) for t in present(tid, len(templates)).tolist())
+    n = int(np.argmax(sc.score)) if any_live else 0
+    o = int(off[tid[n]]) if any_live else 0
     cur = np.bincount(tid[:n], minlength=len(templates)) @ vec  # bytes per kind before pass n
-    kmax = np.maximum(np.maximum(tk[tid[0]], 0), _kind_max_after_first(vec, tk, tid))
+    kmax = np.maximum(np.maximum(tk[tid[0]], 0), sc.after_first)
     return n, o, at_offset(cur, templates[tid[n]], o), {k: int(kmax[i]) for i, k in enumerate(KINDS)}
+
+
+def scan(table: PassTable, templates: Sequence[tuple], stats: Optional[list] = None) -> tuple[int, int, np.ndarray, dict]:
+    """(peak pass index, offset in it, bytes per kind at the peak, max per kind) on arrays
+    (see the module docstring). ``stats``: :func:`template_stats` of each template when the
+    caller has them."""
+    stats = [template_stats(t) for t in templates] if stats is None else stats
+    return peak(table, templates, stats, scores(table, templates, stats))
+
+
+def init_only_at_first(table: PassTable) -> bool:
+    """Whether the init template (0) is used by pass 0 alone and a later pass exists (then
+    :meth:`Scores.with_init_event` applies)."""
+    return len(table) > 1 and int(table.template[0]) == 0 and not (table.template[1:] == 0).any()
 
 
 def _kind_max_after_first(vec: np.ndarray, tk: np.ndarray, tid: np.ndarray) -> np.ndarray:
