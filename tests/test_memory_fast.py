@@ -14,7 +14,10 @@ import numpy as np
 import pytest
 
 from meshplan.config import config_from_dict
-from meshplan.memory.passtable import backward_flags, first_use_order, states_before
+from meshplan.memory.passes import KINDS
+from meshplan.memory.passtable import (Pass, PassTable, backward_flags, first_use_order, init_only_at_first, peak, scan,
+                                       scores, states_before, template_stats)
+from meshplan.memory.reference import scan as ref_scan
 from meshplan.memory.schedule import stage_op_arrays, stage_ops
 from meshplan.memory.timeline import memory_timeline
 from meshplan.plan import build_plan
@@ -117,3 +120,40 @@ def test_flags_and_first_use():
     first, last = backward_flags(phase, chunk)
     assert np.flatnonzero(first).tolist() == [2, 4] and np.flatnonzero(last).tolist() == [5, 6]
     assert first_use_order(np.array([5, 5, 1, 3, 1, 0])).tolist() == [5, 1, 3, 0]
+
+
+def _hand_table(init):
+    """init, two passes of one template (5 B of activations saved then freed), the step."""
+    fwd = ((0, "activations", 5, "a"), (0, "activations", -5, "free a"))
+    step = ((None, "temporaries", 3, "s"), (None, "temporaries", -3, "free s"))
+    templates = [init, fwd, step]
+    passes = [Pass("init", 0, None, 0, 0), Pass("forward", 0, 0, 1, len(init)),
+              Pass("forward", 0, 1, 1, len(init) + 2), Pass("step", 0, None, 2, len(init) + 4)]
+    return PassTable.of(passes), templates
+
+
+@pytest.mark.parametrize("frag,want", [
+    # init peaks at its 30 B spike (params 10 + temporaries 20); + 8 B allowance: the passes reach 10 + 8 + 5 = 23
+    # < 30, so init keeps the peak (its first maximum, offset 1)
+    (8, (0, 1, {"params": 10, "temporaries": 20})),
+    # + 25 B: init's prefix ends at 35, the passes reach 10 + 25 + 5 = 40 > 35: pass 1 at its first event
+    (25, (1, 0, {"params": 10, "fragmentation": 25, "activations": 5})),
+])
+def test_allowance_shift_equals_a_new_scan(frag, want):
+    """Scores.with_init_event (the timeline's fragmentation allowance without a second scan)
+    against a scan from scratch and the pass-by-pass reference, on a table derived by hand."""
+    table, templates = _hand_table(((None, "params", 10, "p"), (None, "temporaries", 20, "t"),
+                                    (None, "temporaries", -20, "free t")))
+    stats = [template_stats(t) for t in templates]
+    sc = scores(table, templates, stats)
+    assert peak(table, templates, stats, sc)[:2] == (0, 1)  # 30 B in init before the allowance
+    templates[0] = templates[0] + ((None, "fragmentation", frag, "allowance"),)
+    table = table.shifted(1)
+    stats[0] = template_stats(templates[0])
+    assert init_only_at_first(table)
+    n, off, at, kmax = peak(table, templates, stats, sc.with_init_event(stats[0][1], "fragmentation", frag))
+    assert (n, off, {k: int(v) for k, v in zip(KINDS, at) if v}) == want
+    assert kmax == {**dict.fromkeys(KINDS, 0), "params": 10, "temporaries": 20, "fragmentation": frag,
+                    "activations": 5}
+    for other in (scan(table, templates), ref_scan(table, templates)):
+        assert (other[0], other[1], other[2].tolist(), other[3]) == (n, off, at.tolist(), kmax)

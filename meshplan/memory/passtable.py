@@ -147,7 +147,8 @@ def first_use_order(values: np.ndarray) -> np.ndarray:
     [4, 2, 0]
     """
     used = present(values)
-    return used[np.argsort((values[:, None] == used[None, :]).argmax(axis=0))]
+    first = np.array([int(np.argmax(values == u)) for u in used.tolist()], dtype=np.int64)  # one pass per value
+    return used[np.argsort(first)]
 
 
 def _automaton(sizes: StageSizes, tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray, list[tuple]]:
@@ -194,7 +195,7 @@ def states_before(maps: np.ndarray) -> np.ndarray:
     while d < len(g):
         g[d:] = np.take_along_axis(g[d:], g[:-d], axis=1)  # apply op i-d's prefix, then op i's
         d *= 2
-    return np.concatenate([[0], g[:-1, 0]]).astype(np.int64)
+    return np.concatenate([[0], g[:-1, 0]]).astype(np.int64, copy=False)
 
 
 def pass_table(sizes: StageSizes, phase: np.ndarray, chunk: np.ndarray, mb: np.ndarray) -> tuple[PassTable, list[tuple]]:
@@ -215,27 +216,35 @@ def pass_table(sizes: StageSizes, phase: np.ndarray, chunk: np.ndarray, mb: np.n
     rank = np.zeros(len(built), np.int64)
     rank[order] = np.arange(1, len(order) + 1)
     templates = [sizes.init] + [built[k][1] for k in order] + [sizes.step]
-    tid = np.concatenate([[0], rank[key], [len(templates) - 1]]).astype(np.int64)
+    tid = np.concatenate([[0], rank[key], [len(templates) - 1]]).astype(np.int64, copy=False)
     lengths = np.array([len(t) for t in templates], dtype=np.int64)[tid]
     n = len(phase)
-    table = PassTable(phase=np.concatenate([[0], np.asarray(phase) + 1, [3]]).astype(np.int64),
-                      chunk=np.concatenate([[0], chunk, [0]]).astype(np.int64),
-                      microbatch=np.concatenate([[-1], mb, [-1]]).astype(np.int64), template=tid,
-                      first_event=np.concatenate([[0], np.cumsum(lengths)[:n + 1]]).astype(np.int64))
+    table = PassTable(phase=np.concatenate([[0], np.asarray(phase) + 1, [3]]).astype(np.int64, copy=False),
+                      chunk=np.concatenate([[0], chunk, [0]]).astype(np.int64, copy=False),
+                      microbatch=np.concatenate([[-1], mb, [-1]]).astype(np.int64, copy=False), template=tid,
+                      first_event=np.concatenate([[0], np.cumsum(lengths)[:n + 1]]).astype(np.int64, copy=False))
     return table, templates
 
 
 def template_stats(entries: tuple) -> tuple[np.ndarray, int, int, np.ndarray]:
-    """(net per kind, max prefix total, its offset, max prefix per kind) of one template."""
-    vec, kmax = np.zeros(len(KINDS), dtype=np.int64), np.zeros(len(KINDS), dtype=np.int64)
+    """(net per kind, max prefix total, its offset, max prefix per kind) of one template,
+    bytes (int64 arrays over :data:`KINDS`; offset: event index in the template).
+
+    >>> [x.tolist() if hasattr(x, "tolist") else x for x in template_stats(((None, "activations", 5, ""),
+    ...  (None, "activations", -2, ""), (None, "temporaries", 4, "")))][:3]
+    [[0, 0, 0, 0, 0, 0, 0, 0, 0, 3, 4], 7, 2]
+    """
+    vec, kmax = [0] * len(KINDS), [0] * len(KINDS)  # Python ints: one loop step per event, no numpy scalars
     best, at, total = None, 0, 0
     for i, (_, kind, delta, _) in enumerate(entries):
-        vec[_K[kind]] += delta
+        k = _K[kind]
+        vec[k] += delta
         total += delta
-        kmax[_K[kind]] = max(kmax[_K[kind]], vec[_K[kind]])
+        if vec[k] > kmax[k]:
+            kmax[k] = vec[k]
         if best is None or total > best:
             best, at = total, i
-    return vec, (best if best is not None else 0), at, kmax
+    return np.array(vec, dtype=np.int64), (best if best is not None else 0), at, np.array(kmax, dtype=np.int64)
 
 
 def at_offset(cur: np.ndarray, entries: tuple, off: int) -> np.ndarray:
@@ -246,21 +255,74 @@ def at_offset(cur: np.ndarray, entries: tuple, off: int) -> np.ndarray:
     return out
 
 
-def scan(table: PassTable, templates: Sequence[tuple]) -> tuple[int, int, np.ndarray, dict]:
-    """(peak pass index, offset in it, bytes per kind at the peak, max per kind) on arrays
-    (see the module docstring)."""
-    stats = [template_stats(t) for t in templates]
-    vec, tk = np.array([s[0] for s in stats]), np.array([s[3] for s in stats])
-    best, off = np.array([s[1] for s in stats], dtype=np.int64), np.array([s[2] for s in stats])
+@dataclass(frozen=True, eq=False)
+class Scores:
+    """What the peak scan reduces (see the module docstring): ``score`` (passes,) the
+    largest running total inside each pass (int64 minimum for an empty template),
+    ``after_first`` (kinds,) the largest bytes of each kind over passes 1 on, bytes."""
+
+    score: np.ndarray
+    after_first: np.ndarray
+
+    def with_init_event(self, init_best: int, kind: str, delta: int) -> Scores:
+        """The scores once the init template (pass 0 only) ends with one more event of
+        ``delta`` bytes of ``kind`` (the timeline's fragmentation allowance) and its largest
+        prefix total is ``init_best``: every later pass starts ``delta`` higher, in total
+        and in ``kind``; nothing else changes, so nothing is scanned again.
+
+        >>> Scores(np.array([5, 9, 7]), np.zeros(len(KINDS), np.int64)).with_init_event(6, "fragmentation", 2).score.tolist()
+        [6, 11, 9]
+        """
+        score = self.score.copy()
+        live = score[1:] != np.iinfo(np.int64).min
+        score[1:][live] += delta
+        score[0] = init_best
+        after = self.after_first.copy()
+        after[_K[kind]] += delta
+        return Scores(score, after)
+
+
+def _stat_arrays(stats: list) -> tuple[np.ndarray, ...]:
+    """(net per kind, max prefix per kind, max prefix total, its offset) as arrays, one row per template."""
+    return (np.array([s[0] for s in stats]), np.array([s[3] for s in stats]),
+            np.array([s[1] for s in stats], dtype=np.int64), np.array([s[2] for s in stats]))
+
+
+def scores(table: PassTable, templates: Sequence[tuple], stats: list) -> Scores:
+    """:class:`Scores` of a pass table (``stats``: :func:`template_stats` of each template)."""
+    vec, tk, best, _ = _stat_arrays(stats)
     tid = table.template
     net = vec.sum(axis=1)[tid]
     live = np.array([bool(t) for t in templates])[tid]
-    score = np.where(live, np.cumsum(net) - net + best[tid], np.iinfo(np.int64).min)
-    n = int(np.argmax(score)) if live.any() else 0
-    o = int(off[tid[n]]) if live.any() else 0
+    return Scores(np.where(live, np.cumsum(net) - net + best[tid], np.iinfo(np.int64).min),
+                  _kind_max_after_first(vec, tk, tid))
+
+
+def peak(table: PassTable, templates: Sequence[tuple], stats: list, sc: Scores) -> tuple[int, int, np.ndarray, dict]:
+    """(peak pass index, offset in it, bytes per kind at the peak, max per kind) from the
+    scores (``argmax``: the first maximum, as the reference's strict ``>``)."""
+    vec, tk, _, off = _stat_arrays(stats)
+    tid = table.template
+    any_live = any(bool(templates[t]) for t in present(tid, len(templates)).tolist())
+    n = int(np.argmax(sc.score)) if any_live else 0
+    o = int(off[tid[n]]) if any_live else 0
     cur = np.bincount(tid[:n], minlength=len(templates)) @ vec  # bytes per kind before pass n
-    kmax = np.maximum(np.maximum(tk[tid[0]], 0), _kind_max_after_first(vec, tk, tid))
+    kmax = np.maximum(np.maximum(tk[tid[0]], 0), sc.after_first)
     return n, o, at_offset(cur, templates[tid[n]], o), {k: int(kmax[i]) for i, k in enumerate(KINDS)}
+
+
+def scan(table: PassTable, templates: Sequence[tuple], stats: Optional[list] = None) -> tuple[int, int, np.ndarray, dict]:
+    """(peak pass index, offset in it, bytes per kind at the peak, max per kind) on arrays
+    (see the module docstring). ``stats``: :func:`template_stats` of each template when the
+    caller has them."""
+    stats = [template_stats(t) for t in templates] if stats is None else stats
+    return peak(table, templates, stats, scores(table, templates, stats))
+
+
+def init_only_at_first(table: PassTable) -> bool:
+    """Whether the init template (0) is used by pass 0 alone and a later pass exists (then
+    :meth:`Scores.with_init_event` applies)."""
+    return len(table) > 1 and int(table.template[0]) == 0 and not (table.template[1:] == 0).any()
 
 
 def _kind_max_after_first(vec: np.ndarray, tk: np.ndarray, tid: np.ndarray) -> np.ndarray:

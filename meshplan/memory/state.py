@@ -145,16 +145,21 @@ def stage_params(model: ModelSpec, mesh: Mesh, training: TrainingSpec,
     pp = len(stages)
     out = []
     per_layer: dict[bool, dict[str, int]] = {}  # a layer's tensors differ only by is_moe_layer
+    moe_of: dict[int, bool] = {}
     last = last_stage(stages)  # the output layer's stage (0 under a V)
     for k, chunks in enumerate(stages):
         ids = tuple(i for chunk in chunks for i in chunk)
         counts = {"layer": 0, "norm": 0, "expert": 0, "embedding": 0, "output": 0}
+        n_moe = 0
         for i in ids:
-            moe = model.is_moe_layer(i)
-            if moe not in per_layer:
-                per_layer[moe] = _layer_counts(model, i, tp, ep, etp)
-            for key, n in per_layer[moe].items():
-                counts[key] += n
+            if i not in moe_of:
+                moe_of[i] = model.is_moe_layer(i)
+                if moe_of[i] not in per_layer:
+                    per_layer[moe_of[i]] = _layer_counts(model, i, tp, ep, etp)
+            n_moe += moe_of[i]
+        for moe, n_layers in ((False, len(ids) - n_moe), (True, n_moe)):  # integer sums: n x one layer's counts
+            for key, n in per_layer.get(moe, {}).items():
+                counts[key] += n_layers * n
         if k == 0:
             counts["embedding"] = sum(local_numel(t, model, tp) for t in model.embedding_tensors(pv))
         tied_copy = False
@@ -267,27 +272,38 @@ def stage_state_bytes(params: StageParams, mesh: Mesh, training: TrainingSpec) -
     ``fsdp`` (dense) or ``efsdp`` (expert) for the kinds ``training.sharding`` shards,
     else 1. Kinds with no bytes (no master copy, SGD without momentum) are left out.
     """
+    return _stage_state_bytes(params, _item_specs(mesh, training))
+
+
+def _item_specs(mesh: Mesh, training: TrainingSpec) -> tuple[tuple[str, str, str, int, int], ...]:
+    """(group, kind, axis, divisor, bytes per element) of every item with bytes, in
+    :func:`stage_state_bytes`'s order: what every stage of one mesh shares."""
     sharded = SHARDED_KINDS[training.sharding]
-    items = []
+    out = []
     for group in ("dense", "expert"):
-        numel = params.count(group)
-        if numel == 0:
-            continue
         for kind in STATE_KINDS:
             per = _bytes_per_element(kind, training)
             if per == 0:
                 continue
             axis = SHARD_AXIS[group] if kind in sharded else ""
             divisor = mesh.degree(axis) if axis else 1
-            items.append(StateItem(kind, group, numel, axis if divisor > 1 else "", divisor, per))
-    return StateBytes(stage=params.stage, params=params, items=tuple(items))
+            out.append((group, kind, axis if divisor > 1 else "", divisor, per))
+    return tuple(out)
+
+
+def _stage_state_bytes(params: StageParams, specs: tuple) -> StateBytes:
+    numel = {"dense": params.count("dense"), "expert": params.count("expert")}
+    items = tuple(StateItem(kind, group, numel[group], axis, divisor, per)
+                  for group, kind, axis, divisor, per in specs if numel[group])
+    return StateBytes(stage=params.stage, params=params, items=items)
 
 
 def state_bytes(model: ModelSpec, mesh: Mesh, training: TrainingSpec,
                 stages: Union[list, str]) -> list[StateBytes]:
     """:func:`stage_state_bytes` of every stage of ``stages`` (``pipeline.stage_layers``),
     one :class:`StateBytes` per stage. Raises ConfigError if ``stages`` is a reason."""
-    return [stage_state_bytes(p, mesh, training) for p in stage_params(model, mesh, training, stages)]
+    specs = _item_specs(mesh, training)
+    return [_stage_state_bytes(p, specs) for p in stage_params(model, mesh, training, stages)]
 
 
 def most_loaded(states: list[StateBytes]) -> StateBytes:

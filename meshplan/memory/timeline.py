@@ -39,7 +39,8 @@ from meshplan.units import GiB
 from meshplan.memory.constraints import usable_hbm_bytes
 from meshplan.memory import reference as ref
 from meshplan.memory.passes import KINDS
-from meshplan.memory.passtable import Pass, PassTable, pass_table, scan
+from meshplan.memory import passtable as fast
+from meshplan.memory.passtable import Pass, PassTable, pass_table, template_stats
 from meshplan.memory.schedule import stage_op_arrays, stage_ops
 from meshplan.pipeline.registry import get
 from meshplan.memory.sizes import CommonSizes, common_sizes, stage_sizes
@@ -218,14 +219,8 @@ def _timeline(plan, stage: int, common: tuple[list[str], CommonSizes], reference
     sizes = stage_sizes(c.model, t, plan.mesh, plan.stages, plan.state[stage], opts, common[0], common[1])
     where = (c.mesh.pp_schedule, stage, len(plan.stages), plan.micro_batches, plan.vpp)
     passes, templates = ref.passes(sizes, stage_ops(*where)) if reference else pass_table(sizes, *stage_op_arrays(*where))
-    peak_of = ref.scan if reference else scan
-    n, off, at_peak, kmax = peak_of(passes, templates)
-    if opts.fragmentation_fraction:
-        frag = int(opts.fragmentation_fraction * int(at_peak.sum()))
-        templates[0] = templates[0] + ((None, "fragmentation", frag,
-                                        f"allocator allowance {opts.fragmentation_fraction:.0%} of the peak"),)
-        passes = passes.shifted(1)
-        n, off, at_peak, kmax = peak_of(passes, templates)
+    peak_of = _reference_peak if reference else _fast_peak
+    passes, n, off, at_peak, kmax = peak_of(passes, templates, opts.fragmentation_fraction)
     p = passes[n]
     layer, kind, delta, label = templates[p.template][off]
     peak = Peak(int(at_peak.sum()), p.first_event + off, p.phase, layer, p.microbatch, label,
@@ -236,6 +231,41 @@ def _timeline(plan, stage: int, common: tuple[list[str], CommonSizes], reference
                     templates=tuple(templates), hbm_bytes=c.cluster.gpu.hbm_bytes, reserve=t.memory_reserve,
                     peak=peak, max_by_kind=kmax, n_events=n_events, title=title,
                     notes=_notes(plan, stage, sizes.fsdp))
+
+
+def _allowance(fraction: float, at_peak: np.ndarray) -> tuple:
+    """The fragmentation event appended to init: ``fraction`` of the peak's total bytes."""
+    return (None, "fragmentation", int(fraction * int(at_peak.sum())), f"allocator allowance {fraction:.0%} of the peak")
+
+
+def _reference_peak(passes: PassTable, templates: list, fraction: float) -> tuple:
+    """(passes, peak pass, offset, bytes per kind there, max per kind), pass by pass; with a
+    fragmentation ``fraction`` the init template (``templates[0]``, changed in place) ends
+    with its allowance and the passes are scanned again."""
+    n, off, at_peak, kmax = ref.scan(passes, templates)
+    if fraction:
+        templates[0] = templates[0] + (_allowance(fraction, at_peak),)
+        passes = passes.shifted(1)
+        n, off, at_peak, kmax = ref.scan(passes, templates)
+    return passes, n, off, at_peak, kmax
+
+
+def _fast_peak(passes: PassTable, templates: list, fraction: float) -> tuple:
+    """:func:`_reference_peak` on arrays (:mod:`meshplan.memory.passtable`); the allowance
+    changes only the init template, so the other templates' stats and the passes' scores
+    are kept (:meth:`~meshplan.memory.passtable.Scores.with_init_event`)."""
+    stats = [template_stats(t) for t in templates]
+    sc = fast.scores(passes, templates, stats)
+    n, off, at_peak, kmax = fast.peak(passes, templates, stats, sc)
+    if fraction:
+        event = _allowance(fraction, at_peak)
+        templates[0] = templates[0] + (event,)
+        passes = passes.shifted(1)
+        stats[0] = template_stats(templates[0])
+        sc = (sc.with_init_event(stats[0][1], "fragmentation", event[2]) if fast.init_only_at_first(passes)
+              else fast.scores(passes, templates, stats))
+        n, off, at_peak, kmax = fast.peak(passes, templates, stats, sc)
+    return passes, n, off, at_peak, kmax
 
 
 def _notes(plan, stage: int, fsdp: bool) -> tuple[str, ...]:
