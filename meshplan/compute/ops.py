@@ -49,6 +49,7 @@ True
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import cached_property
 from math import ceil
 from typing import Optional
 
@@ -143,7 +144,23 @@ class Cost:
 
     def seconds(self, phase: Optional[str] = None, block: Optional[str] = None,
                 recompute: Optional[bool] = None) -> float:
+        """Sum of the seconds of the ops of ``phase``, ``block`` and ``recompute`` (None: any),
+        added in op order (with a phase and a block: :attr:`_block_seconds`, the same sum)."""
+        if phase is not None and block is not None:
+            return self._block_seconds.get((phase, block, recompute), 0)
         return sum(o.seconds for o in self._sel(phase, block, recompute))
+
+    @cached_property
+    def _block_seconds(self) -> dict:
+        """:meth:`seconds` of every (phase, block, recompute or None) at once: one pass files
+        each op's seconds under its two keys in op order, and each list is summed as
+        :meth:`seconds` sums its selection, so the floats are the same (the search asks ~35
+        such sums of each of thousands of layers; a frozen dataclass: never stale)."""
+        lists: dict = {}
+        for o in self.ops:
+            lists.setdefault((o.phase, o.block, o.recompute), []).append(o.seconds)
+            lists.setdefault((o.phase, o.block, None), []).append(o.seconds)
+        return {k: sum(v) for k, v in lists.items()}
 
     def flops(self, which: str = "model", phase: Optional[str] = None) -> float:
         """``which``: "model" or "hardware"."""

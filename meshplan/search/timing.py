@@ -86,6 +86,7 @@ class TimeTables:
         self.placement = place(cfg.cluster, self.world)
         self.ops = lru_cache(maxsize=None)(self._ops)
         self.path = lru_cache(maxsize=None)(self._path)
+        self.coll = lru_cache(maxsize=None)(self._coll)
 
     def _ops(self, tp: int, cp: int, mb: int, rc: int, ep: int, etp: int, layer: int) -> dict:
         """Op seconds of layer ``layer`` (0, or the first MoE layer) by field (module docstring)."""
@@ -116,9 +117,10 @@ class TimeTables:
         mesh = resolved_mesh(MeshSpec(names=["outer", "axis", "inner"], shape=[outer, degree, stride]), self.world)
         return axis_path(mesh, self.placement, self.cfg.cluster, "axis")
 
-    def coll(self, op: str, n: int, size: int, stride: int) -> float:
+    def _coll(self, op: str, n: int, size: int, stride: int) -> float:
         """Seconds of ``op`` over ``n`` ranks ``stride`` apart on a ``size``-byte buffer, as
-        :func:`meshplan.comm.collectives.collective_table` times a row."""
+        :func:`meshplan.comm.collectives.collective_table` times a row (``coll``: memoised,
+        the pp groups of :func:`~meshplan.search.driver.estimate` ask the same rows)."""
         if n <= 1 or size <= 0:
             return 0.0
         p, fabric = self.path(stride, n), self.cfg.cluster.node.fabric
@@ -316,30 +318,36 @@ def gathering_passes(cfg: Config, c: Candidates, st: Stages) -> tuple[np.ndarray
     g = np.zeros((2, len(c), p))
     if p == 1:
         return g[0], g[1]
-    for m, v, rf, ps in {(int(a), int(b), bool(r), int(x)) for a, b, r, x in zip(st.m[:, 0], c.vpp, c.rf, c.ps)}:
-        rows = (st.m[:, 0] == m) & (c.vpp == v) & ((c.rf > 0) == rf) & (c.ps == ps)
-        g[:, rows, :] = _gathers(candidate_schedule(v, ps), p, m, v, rf)[:, None, :]
+    m, v, ps, rf = (np.asarray(a, dtype=np.int64) for a in (st.m[:, 0], c.vpp, c.ps, c.rf > 0))
+    code = ((m * (int(v.max()) + 1) + v) * (int(ps.max()) + 1) + ps) * 2 + rf  # one int per distinct key
+    for key in np.unique(code).tolist():
+        rows = code == key
+        j = int(np.argmax(rows))
+        g[:, rows, :] = _gathers(candidate_schedule(int(v[j]), int(ps[j])), p, int(m[j]), int(v[j]))[int(rf[j])][:, None, :]
     return g[0], g[1]
 
 
 @lru_cache(maxsize=None)
-def _gathers(schedule, p: int, m: int, v: int, reshard: bool) -> np.ndarray:
-    """(2, p): gathering F and B passes per step of each stage (see :func:`gathering_passes`):
+def _gathers(schedule, p: int, m: int, v: int) -> np.ndarray:
+    """(2 reshard, 2, p): gathering F and B passes per step of each stage (see
+    :func:`gathering_passes`), without and with resharding after forward:
     :func:`~meshplan.comm.collectives.fsdp_gather_flags`'s rule on the stage's order as arrays
-    (:func:`~meshplan.pipeline.fast.order_arrays`): a pass gathers when it is its chunk's first,
-    or follows a forward of the chunk that resharded (``reshard``); a backward leaves the chunk
-    gathered."""
-    out = np.zeros((2, p))
+    (:func:`~meshplan.pipeline.fast.order_arrays`, one call per stage for both): a pass gathers
+    when it is its chunk's first, or follows a forward of the chunk that resharded; a backward
+    leaves the chunk gathered."""
+    out = np.zeros((2, 2, p))
     for s in range(p):
         kind, _, chunk = order_arrays(schedule, p, m, v, s)
         keep = kind < 2  # F and B (a W pass neither gathers nor reshards)
         kind, chunk = kind[keep], chunk[keep]
-        o = np.argsort(chunk, kind="stable")
-        k, c = kind[o], chunk[o]
-        first = np.concatenate([[True], c[1:] != c[:-1]])
-        after_f = np.concatenate([[False], k[:-1] == 0])
-        gathers = first | (reshard & after_f)
-        out[0, s], out[1, s] = gathers[k == 0].sum(), gathers[k == 1].sum()
+        if v > 1:
+            o = np.argsort(chunk, kind="stable")
+            kind, chunk = kind[o], chunk[o]
+        first = np.concatenate([[True], chunk[1:] != chunk[:-1]])
+        after_f = np.concatenate([[False], kind[:-1] == 0])
+        fwd = kind == 0
+        for r, gathers in enumerate((first, first | after_f)):
+            out[r, 0, s], out[r, 1, s] = gathers[fwd].sum(), gathers[~fwd].sum()
     return out
 
 
