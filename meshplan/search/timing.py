@@ -2,8 +2,8 @@
 efficiency of their local GEMMs, as numpy arrays.
 
 The bound uses the same numbers as :func:`meshplan.schedule.steptime.step_time`: op times from
-:func:`meshplan.compute.ops.layer_cost` (one call per distinct (tp, cp, micro-batch,
-recompute, ep, etp)), collective times from :func:`meshplan.comm.alphabeta.collective_time` on the path
+:func:`meshplan.compute.ops.layer_costs` (one call per distinct (tp, cp, micro-batch, ep,
+etp), every recompute policy from the same ops), collective times from :func:`meshplan.comm.alphabeta.collective_time` on the path
 :func:`meshplan.comm.collectives.axis_path` gives each axis (one call per distinct (stride,
 degree): with the canonical order and node-major placement an axis's groups are ranks
 ``r0 + i * stride``), with the sizes of :func:`meshplan.comm.collectives.collective_table`.
@@ -54,7 +54,7 @@ from meshplan.compute.ops import (
     embedding_cost,
     framework_kernels,
     head_cost,
-    layer_cost,
+    layer_costs,
     optimizer_bandwidth,
 )
 from meshplan.config import Config
@@ -85,29 +85,40 @@ class TimeTables:
         self.world = cfg.cluster.world
         self.placement = place(cfg.cluster, self.world)
         self.ops = lru_cache(maxsize=None)(self._ops)
+        self.shape = lru_cache(maxsize=None)(self._shape)
         self.path = lru_cache(maxsize=None)(self._path)
         self.coll = lru_cache(maxsize=None)(self._coll)
 
-    def _ops(self, tp: int, cp: int, mb: int, rc: int, ep: int, etp: int, layer: int) -> dict:
-        """Op seconds of layer ``layer`` (0, or the first MoE layer) by field (module docstring)."""
+    def _shape(self, tp: int, cp: int, mb: int, ep: int, etp: int, layer: int) -> tuple[dict, dict]:
+        """(layer ``layer``'s Cost by recompute policy of :data:`~meshplan.search.space.RECOMPUTE`,
+        :func:`~meshplan.compute.ops.layer_costs`; the fields no policy changes: the embedding,
+        the head and the GEMM totals, which count no recompute op) of one shape key."""
         cfg, m = self.cfg, self.cfg.model
         t, gpu = cfg.training, cfg.cluster.gpu
         w = Workload(seq_len=t.seq_len, micro_batch=mb, tp=tp, cp=cp, sp=tp > 1, ep=ep, etp=etp,
-                     dtype=t.compute_dtype, recompute=RECOMPUTE[rc], flash=t.flash_attention,
+                     dtype=t.compute_dtype, recompute="none", flash=t.flash_attention,
                      vocab_pad_divisor=t.vocab_pad_divisor, routing=RoutingOptions.of(t), **framework_kernels(t))
-        cost = layer_cost(m, gpu, w, layer=layer)
-        out = {f"{p}_{b}": cost.seconds(ph, b, rec) for p, (ph, rec) in PHASES.items() for b in LAYER_BLOCKS}
-        # the attention's Q projection (input gradient in backward): all the CP K/V all-gather
-        # (dK/dV reduce-scatter) may overlap (rank_timeline.cp_parts, the timeline's split)
-        out.update({f"{p}_cpq": cp_parts(cost, ph, rec)["q"] for p, (ph, rec) in PHASES.items() if p != "bw"})
+        costs = layer_costs(m, gpu, w, RECOMPUTE, layer=layer)
         emb, head = embedding_cost(m, gpu, w), head_cost(m, gpu, w)
-        out.update(emb_f=emb.seconds("forward"), emb_bw=emb.seconds("backward_weight"),
+        out = dict(emb_f=emb.seconds("forward"), emb_bw=emb.seconds("backward_weight"),
                    head_f=head.seconds("forward"), head_b=head.backward_s)
-        gemms = [o for o in cost.ops + head.ops if o.kind == "gemm" and not o.recompute]
+        # a policy only adds recompute ops: every policy's GEMMs are these, in this order
+        gemms = [o for o in costs["none"].ops + head.ops if o.kind == "gemm" and not o.recompute]
         out.update(gemm_flops=sum(o.hardware_flops for o in gemms if o.block != "head"),
                    gemm_s=sum(o.seconds for o in gemms if o.block != "head"),
                    head_gemm_flops=sum(o.hardware_flops for o in gemms if o.block == "head"),
                    head_gemm_s=sum(o.seconds for o in gemms if o.block == "head"))
+        return costs, out
+
+    def _ops(self, tp: int, cp: int, mb: int, rc: int, ep: int, etp: int, layer: int) -> dict:
+        """Op seconds of layer ``layer`` (0, or the first MoE layer) by field (module docstring)."""
+        costs, shared = self.shape(tp, cp, mb, ep, etp, layer)
+        cost = costs[RECOMPUTE[rc]]
+        out = {f"{p}_{b}": cost.seconds(ph, b, rec) for p, (ph, rec) in PHASES.items() for b in LAYER_BLOCKS}
+        # the attention's Q projection (input gradient in backward): all the CP K/V all-gather
+        # (dK/dV reduce-scatter) may overlap (rank_timeline.cp_parts, the timeline's split)
+        out.update({f"{p}_cpq": cp_parts(cost, ph, rec)["q"] for p, (ph, rec) in PHASES.items() if p != "bw"})
+        out.update(shared)
         return out
 
     def _path(self, stride: int, degree: int):
