@@ -159,12 +159,11 @@ def lookup(keys: list[np.ndarray], fn, fields: tuple[str, ...], dtype=np.int64) 
     else:
         _, first, inv = np.unique(np.stack(cols, axis=1), axis=0, return_index=True, return_inverse=True)
     inv = inv.reshape(-1)
-    vals = [fn(*(int(col[j]) for col in cols)) for j in first]
-    out = {}
-    for f in fields:
-        col = np.array([v[f] if isinstance(v, dict) else getattr(v, f) for v in vals], dtype=dtype)
-        out[f] = col[inv]
-    return out
+    at = np.stack([col[first] for col in cols], axis=1).tolist()  # each distinct key as Python ints
+    vals = [fn(*k) for k in at]
+    rows = [[v[f] for f in fields] if isinstance(v, dict) else [getattr(v, f) for f in fields] for v in vals]
+    table = np.array(rows, dtype=dtype).reshape(len(vals), len(fields)).T  # (fields, distinct keys)
+    return {f: table[i][inv] for i, f in enumerate(fields)}
 
 
 @dataclass

@@ -160,7 +160,8 @@ def comm_times(cfg: Config, tt: TimeTables, c: Candidates) -> dict[str, np.ndarr
     cd, rd = dtype_bytes(t.compute_dtype), dtype_bytes(t.reduce_dtype)
     sp, seq = c.tp > 1, split(c, Dim.SEQUENCE)  # the sequence as the registered axes divide it
     act = c.mb * (t.seq_len // seq) * m.hidden * cd
-    kv_l = np.array([local_heads(m, int(x))[1] for x in c.tp])
+    tps, at = np.unique(c.tp, return_inverse=True)
+    kv_l = np.array([local_heads(m, x)[1] for x in tps.tolist()], dtype=np.int64)[at.reshape(-1)]
     kv = c.mb * t.seq_len * kv_l * (m.d_head + m.d_v) * cd  # K and V (MLA: value head dim d_v)
     one = np.ones_like(c.tp)
     out = {"tp_sp": np.where(sp, coll_times(tt, "all-gather", c.tp, act, one), 0.0),
