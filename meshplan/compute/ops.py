@@ -540,11 +540,18 @@ def layer_costs(model: ModelSpec, gpu: GPUSpec, w: Workload, recomputes: tuple[s
         every = ops + (attn_sel if rc == "selective" else attn_plain) + rest
         if rc in ("full", "op"):
             kept = _op_sac_kept(model) if rc == "op" else ()
-            every += [replace(o, name=o.name + " (recompute)", phase="backward_input", model_flops=0.0, recompute=True)
-                      for o in every if o.phase == "forward" and o.name not in kept
+            every += [_replay(o) for o in every if o.phase == "forward" and o.name not in kept
                       and not (kept and o.kind == "attention")]
         out[rc] = Cost(tuple(sorted(every, key=lambda o: (PHASES.index(o.phase), order[o.block]))))
     return out
+
+
+def _replay(o: Op) -> Op:
+    """Forward op ``o`` re-run in backward by recompute: ``replace(o, name=o.name + " (recompute)",
+    phase="backward_input", model_flops=0.0, recompute=True)``, built directly (a layer has
+    dozens, the search asks thousands of layers)."""
+    return Op(o.name + " (recompute)", o.block, "backward_input", o.kind, o.seconds, 0.0, o.hardware_flops,
+              o.size_bytes, True, o.note)
 
 
 #: Forward GEMMs of a layer whose outputs torchtitan's op-level selective AC saves (the

@@ -116,8 +116,11 @@ class TimeTables:
         cost = costs[RECOMPUTE[rc]]
         out = {f"{p}_{b}": cost.seconds(ph, b, rec) for p, (ph, rec) in PHASES.items() for b in LAYER_BLOCKS}
         # the attention's Q projection (input gradient in backward): all the CP K/V all-gather
-        # (dK/dV reduce-scatter) may overlap (rank_timeline.cp_parts, the timeline's split)
-        out.update({f"{p}_cpq": cp_parts(cost, ph, rec)["q"] for p, (ph, rec) in PHASES.items() if p != "bw"})
+        # (dK/dV reduce-scatter) may overlap (rank_timeline.cp_parts, the timeline's split); with
+        # the sequence unsplit (cp 1) there is no exchange and ``chains`` adds max(0 - q, 0) = 0
+        # whatever q: not asked
+        out.update({f"{p}_cpq": cp_parts(cost, ph, rec)["q"] if cp > 1 else 0.0
+                    for p, (ph, rec) in PHASES.items() if p != "bw"})
         out.update(shared)
         return out
 
