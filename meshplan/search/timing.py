@@ -338,12 +338,18 @@ def gathering_passes(cfg: Config, c: Candidates, st: Stages) -> tuple[np.ndarray
     for key in np.unique(code).tolist():
         rows = code == key
         j = int(np.argmax(rows))
-        g[:, rows, :] = _gathers(candidate_schedule(int(v[j]), int(ps[j])), p, int(m[j]), int(v[j]))[int(rf[j])][:, None, :]
+        g[:, rows, :] = _gathers(candidate_schedule(int(v[j]), int(ps[j])), p, int(m[j]), int(v[j]), bool(rf[j]))[:, None, :]
     return g[0], g[1]
 
 
+def _gathers(schedule, p: int, m: int, v: int, reshard: bool) -> np.ndarray:
+    """(2, p): gathering F and B passes per step of each stage (see :func:`gathering_passes`),
+    resharding after forward or not (``reshard``): :func:`_gathers_both`'s."""
+    return _gathers_both(schedule, p, m, v)[int(reshard)]
+
+
 @lru_cache(maxsize=None)
-def _gathers(schedule, p: int, m: int, v: int) -> np.ndarray:
+def _gathers_both(schedule, p: int, m: int, v: int) -> np.ndarray:
     """(2 reshard, 2, p): gathering F and B passes per step of each stage (see
     :func:`gathering_passes`), without and with resharding after forward:
     :func:`~meshplan.comm.collectives.fsdp_gather_flags`'s rule on the stage's order as arrays
