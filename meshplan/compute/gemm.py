@@ -318,7 +318,10 @@ def _catalog_time(gpu_name: str, source: str, peak_flops: float, m: int, n: int,
     :func:`~meshplan.compute.measured.gemm_tflops` keys its memo): the search times the same
     shapes for every recompute policy and across thousands of meshes. A pure function's
     results: a cache, not state."""
-    t, how = gemm_seconds(kernel_data(gpu_name), m, n, k, dtype, count)
+    data = kernel_data(gpu_name)
+    if data is None:  # gemm_time asks only for a GPU with catalog points
+        raise KeyError(f"{gpu_name}: no catalog kernel data")
+    t, how = gemm_seconds(data, m, n, k, dtype, count)
     eff = 2.0 * m * n * k * count / t / peak_flops
     shape = f"{m}x{n}x{k}" + (f" x{count}" if count > 1 else "")
     return GemmEstimate(t, eff, "catalog", f"{shape} {dtype}: {how} -> {eff:.1%} of peak")
