@@ -342,6 +342,7 @@ def gathering_passes(cfg: Config, c: Candidates, st: Stages) -> tuple[np.ndarray
     return g[0], g[1]
 
 
+@lru_cache(maxsize=None)
 def _gathers(schedule, p: int, m: int, v: int, reshard: bool) -> np.ndarray:
     """(2, p): gathering F and B passes per step of each stage (see :func:`gathering_passes`),
     resharding after forward or not (``reshard``): :func:`_gathers_both`'s."""
