@@ -8,14 +8,20 @@ wall, and the vectorised phase alone), how many were planned exactly, and the ra
 goal to the wall time (> 1 means the goal is met). Run on 2 cores:
 ``taskset -c 0,1 .venv/bin/python benchmarks/bench_search.py``.
 
-Usage: ``bench_search.py [CONFIG ...] [--workers N] [--settle-s S]`` (default: the 405B example
-and the seed example; workers = CPUs this process may use).
+Usage: ``bench_search.py [CONFIG ...] [--workers N] [--settle-s S] [--profile N]`` (default: the
+405B example and the seed example; workers = CPUs this process may use). ``--profile N`` runs
+each search under cProfile (use ``--workers 1``: the forked workers' time is not seen) and prints
+its N functions of largest cumulative and own time; the wall times then include the profiler's
+overhead.
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
+import io
 import os
+import pstats
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -28,12 +34,17 @@ CONFIGS = [ROOT / "examples" / "llama3-405b_16384xh100_tp8-pp16-dp128.toml", ROO
 GOAL_S = 10.0
 
 
-def bench(path: Path, workers: int, settle_s: float | None) -> None:
+def bench(path: Path, workers: int, settle_s: float | None, profile: int = 0) -> None:
     cfg = load_config(path, require_mesh=False)
     if settle_s is not None:
         cfg = replace(cfg, search=cfg.search.model_copy(update={"settle_s": settle_s}))
+    prof = cProfile.Profile() if profile else None
     t0 = time.perf_counter()
+    if prof:
+        prof.enable()
     r = search(cfg, workers=workers)
+    if prof:
+        prof.disable()
     wall = time.perf_counter() - t0
     n, counts = len(r.candidates), r.counts()
     valid = n - sum(v for k, v in counts.items() if k not in ("feasible", "undecided", "memory", "gemm"))
@@ -50,6 +61,12 @@ def bench(path: Path, workers: int, settle_s: float | None) -> None:
     if r.explanation is not None:
         print(f"  {r.explanation.line()}")
     print(f"  top proven exact: {r.proven}")
+    if prof:
+        for key in ("cumulative", "tottime"):
+            out = io.StringIO()
+            pstats.Stats(prof, stream=out).sort_stats(key).print_stats(profile)
+            print(f"  profile by {key}:")
+            print("\n".join("    " + line for line in out.getvalue().splitlines()[4:] if line.strip()))
 
 
 def main() -> None:
@@ -58,9 +75,11 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
                     else os.cpu_count())
     ap.add_argument("--settle-s", type=float, default=None, help="override [search] settle_s")
+    ap.add_argument("--profile", type=int, default=0, metavar="N",
+                    help="run under cProfile and print the N functions of largest cumulative and own time")
     args = ap.parse_args()
     for path in args.configs:
-        bench(path, args.workers, args.settle_s)
+        bench(path, args.workers, args.settle_s, args.profile)
 
 
 if __name__ == "__main__":

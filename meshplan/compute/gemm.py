@@ -48,6 +48,7 @@ from __future__ import annotations
 import csv
 import io
 from dataclasses import dataclass, field
+from functools import lru_cache
 from math import ceil, isfinite
 from pathlib import Path
 from typing import Optional
@@ -301,11 +302,26 @@ def gemm_time(gpu: GPUSpec, m: int, n: int, k: int, dtype: str = "bf16", count: 
         data = kernel_data(gpu.name)
         if data is None or dtype not in data.gemm or min(m, n, k, count) <= 0:
             return gemm_model(gpu, m, n, k, dtype, count)
-        t, how = gemm_seconds(data, m, n, k, dtype, count)
-        eff = 2.0 * m * n * k * count / t / gpu.peak_flops(dtype)
-        shape = f"{m}x{n}x{k}" + (f" x{count}" if count > 1 else "")
-        return GemmEstimate(t, eff, "catalog", f"{shape} {dtype}: {how} -> {eff:.1%} of peak")
+        return _catalog_time(data.gpu, data.source, gpu.peak_flops(dtype), m, n, k, dtype, count)
     eff = 2.0 * m * n * k / hit.seconds / gpu.peak_flops(dtype)
     why = (f"{m}x{n}x{k} {dtype}: measured {hit.seconds * 1e6:.1f} us on {hit.device} (torch {hit.torch}) "
            f"-> {eff:.1%} of {gpu.name} peak")
     return GemmEstimate(hit.seconds * count, eff, "measured", why)
+
+
+@lru_cache(maxsize=1 << 16)
+def _catalog_time(gpu_name: str, source: str, peak_flops: float, m: int, n: int, k: int, dtype: str,
+                  count: int) -> GemmEstimate:
+    """:func:`gemm_time` from the catalog's points of ``gpu_name``
+    (:func:`meshplan.compute.measured.gemm_seconds`), efficiency against ``peak_flops``;
+    memoised on everything it reads (the catalog entry by GPU and source, as
+    :func:`~meshplan.compute.measured.gemm_tflops` keys its memo): the search times the same
+    shapes for every recompute policy and across thousands of meshes. A pure function's
+    results: a cache, not state."""
+    data = kernel_data(gpu_name)
+    if data is None:  # gemm_time asks only for a GPU with catalog points
+        raise KeyError(f"{gpu_name}: no catalog kernel data")
+    t, how = gemm_seconds(data, m, n, k, dtype, count)
+    eff = 2.0 * m * n * k * count / t / peak_flops
+    shape = f"{m}x{n}x{k}" + (f" x{count}" if count > 1 else "")
+    return GemmEstimate(t, eff, "catalog", f"{shape} {dtype}: {how} -> {eff:.1%} of peak")

@@ -49,6 +49,7 @@ True
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import cached_property
 from math import ceil
 from typing import Optional
 
@@ -143,7 +144,23 @@ class Cost:
 
     def seconds(self, phase: Optional[str] = None, block: Optional[str] = None,
                 recompute: Optional[bool] = None) -> float:
+        """Sum of the seconds of the ops of ``phase``, ``block`` and ``recompute`` (None: any),
+        added in op order (with a phase and a block: :attr:`_block_seconds`, the same sum)."""
+        if phase is not None and block is not None:
+            return self._block_seconds.get((phase, block, recompute), 0)
         return sum(o.seconds for o in self._sel(phase, block, recompute))
+
+    @cached_property
+    def _block_seconds(self) -> dict:
+        """:meth:`seconds` of every (phase, block, recompute or None) at once: one pass files
+        each op's seconds under its two keys in op order, and each list is summed as
+        :meth:`seconds` sums its selection, so the floats are the same (the search asks ~35
+        such sums of each of thousands of layers; a frozen dataclass: never stale)."""
+        lists: dict = {}
+        for o in self.ops:
+            lists.setdefault((o.phase, o.block, o.recompute), []).append(o.seconds)
+            lists.setdefault((o.phase, o.block, None), []).append(o.seconds)
+        return {k: sum(v) for k, v in lists.items()}
 
     def flops(self, which: str = "model", phase: Optional[str] = None) -> float:
         """``which``: "model" or "hardware"."""
@@ -470,7 +487,32 @@ def comm_delay_ops(gpu: GPUSpec, w: Workload, blocks: tuple[str, ...]) -> list[O
 def layer_cost(model: ModelSpec, gpu: GPUSpec, w: Workload, layer: int = -1,
                table: Optional[GemmTable] = None) -> Cost:
     """Every op of transformer layer ``layer`` (-1: the last) on one rank for one micro-batch,
-    forward, backward (B and W) and recompute, per the module conventions."""
+    forward, backward (B and W) and recompute, per the module conventions
+    (:func:`layer_costs` under ``w.recompute``)."""
+    return layer_costs(model, gpu, w, (w.recompute,), layer, table)[w.recompute]
+
+
+def layer_costs(model: ModelSpec, gpu: GPUSpec, w: Workload, recomputes: tuple[str, ...], layer: int = -1,
+                table: Optional[GemmTable] = None) -> dict[str, Cost]:
+    """:func:`layer_cost` of ``w`` under each recompute policy of ``recomputes`` (``w.recompute``
+    is not read), by policy. The ops no policy changes (GEMMs, the attention's own ops,
+    memory-bound ops, Megatron-LM's kernels) are built once; each policy adds its recompute
+    ops where :func:`layer_cost` has them (``selective``: the attention's replay after the
+    attention ops; ``full``, ``op``: the forward's replay at the end), so each Cost lists the
+    same ops in the same order (the search asks every policy of each shape).
+
+    >>> from meshplan import catalog
+    >>> gpt, a100 = catalog.model("megatron-22b"), catalog.gpu("a100-sxm-80gb")
+    >>> w = Workload(seq_len=2048, micro_batch=4, tp=8, flash=False)
+    >>> both = layer_costs(gpt, a100, w, ("none", "full"))
+    >>> both["full"] == layer_cost(gpt, a100, replace(w, recompute="full"))
+    True
+    >>> both["full"].seconds("backward_input", "mlp", True) == both["none"].seconds("forward", "mlp")
+    True
+    """
+    for rc in recomputes:
+        if rc not in RECOMPUTE + ("layer",):
+            raise ValueError(f"recompute {rc!r} is not one of {RECOMPUTE}")
     gemms = layer_gemms(model, w.tp, w.tokens, layer=layer, ep=w.ep, etp=w.etp, routing_options=w.routing)
     _, _, rep = local_heads(model, w.tp)
     ops = []
@@ -483,20 +525,33 @@ def layer_cost(model: ModelSpec, gpu: GPUSpec, w: Workload, layer: int = -1,
         scale = 1.0 / rep if g.name in ("wk", "wv") else 1.0 / w.tp if g.name in MLA_REPLICATED else 1.0
         ops += _gemm_ops(gpu, g, "attn" if g.name in ATTENTION_GEMMS else "mlp", w, table, scale)
     att = attention_shape(model, w.tp, w.cp, w.micro_batch, w.seq_len)
-    selective = w.recompute == "selective"
-    ops += _flash_ops(gpu, att, w, selective, table) if w.flash else _score_ops(gpu, att, w, table, selective)
-    ops += _elementwise(model, gpu, w, gemms)
-    ops += _bias_ops(model, gpu, w, model.is_moe_layer(model.layers - 1 if layer < 0 else layer))
+    # the attention's ops with selective recompute: its own ops, then their replay (appended last)
+    attn_sel = _flash_ops(gpu, att, w, True, table) if w.flash else _score_ops(gpu, att, w, table, True)
+    attn_plain = [o for o in attn_sel if not o.recompute]
+    rest = _elementwise(model, gpu, w, gemms)
+    rest += _bias_ops(model, gpu, w, model.is_moe_layer(model.layers - 1 if layer < 0 else layer))
     if w.megatron_ops:
-        ops += main_grad_hooks(model, gpu, w, layer)
+        rest += main_grad_hooks(model, gpu, w, layer)
         moe = model.is_moe_layer(model.layers - 1 if layer < 0 else layer)
-        ops += comm_delay_ops(gpu, w, ("attn",) if moe else ("attn", "mlp"))
-    if w.recompute in ("full", "op"):
-        kept = _op_sac_kept(model) if w.recompute == "op" else ()
-        ops += [replace(o, name=o.name + " (recompute)", phase="backward_input", model_flops=0.0, recompute=True)
-                for o in ops if o.phase == "forward" and o.name not in kept and not (kept and o.kind == "attention")]
+        rest += comm_delay_ops(gpu, w, ("attn",) if moe else ("attn", "mlp"))
     order = {b: i for i, b in enumerate(BLOCKS)}
-    return Cost(tuple(sorted(ops, key=lambda o: (PHASES.index(o.phase), order[o.block]))))
+    out = {}
+    for rc in recomputes:
+        every = ops + (attn_sel if rc == "selective" else attn_plain) + rest
+        if rc in ("full", "op"):
+            kept = _op_sac_kept(model) if rc == "op" else ()
+            every += [_replay(o) for o in every if o.phase == "forward" and o.name not in kept
+                      and not (kept and o.kind == "attention")]
+        out[rc] = Cost(tuple(sorted(every, key=lambda o: (PHASES.index(o.phase), order[o.block]))))
+    return out
+
+
+def _replay(o: Op) -> Op:
+    """Forward op ``o`` re-run in backward by recompute: ``replace(o, name=o.name + " (recompute)",
+    phase="backward_input", model_flops=0.0, recompute=True)``, built directly (a layer has
+    dozens, the search asks thousands of layers)."""
+    return Op(o.name + " (recompute)", o.block, "backward_input", o.kind, o.seconds, 0.0, o.hardware_flops,
+              o.size_bytes, True, o.note)
 
 
 #: Forward GEMMs of a layer whose outputs torchtitan's op-level selective AC saves (the

@@ -49,6 +49,7 @@ units in proportion to their elements (exact total).
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import lru_cache
 from typing import Optional
 from math import ceil
 
@@ -172,16 +173,26 @@ def backward_steps(model: ModelSpec, training: TrainingSpec, mesh: Mesh, opts: M
     full = {t.name: t.size_bytes for t in layer_terms(dims, **{**lo, "recompute": "none"})}
     kept = {t.name: t.size_bytes for t in layer_terms(dims, **lo)}
     comp = dtype_bytes(training.compute_dtype) if fsdp_active(training, mesh)["dense"] else 0
-    grads = dict.fromkeys(STEP_WEIGHTS, 0)
-    dense = next((i for i in range(model.layers) if not model.is_moe_layer(i)), None)
-    for t in model.layer_tensors(dense) if dense is not None else ():
-        step = next((k for k, ps in STEP_WEIGHTS.items() if any(t.name.startswith(p) for p in ps)), "attn norm")
-        grads[step] += local_numel(t, model, tp, mesh.ep, mesh.etp) * comp
+    grads = {k: n * comp for k, n in step_numels(model, tp, mesh.ep, mesh.etp)}
     frees = {k: sum(full.get(n, 0) for n in names) for k, names in STEP_TERMS.items()}
     frees["attn norm"] += sum(full.values()) - sum(frees.values())  # anything unlisted: freed last
     if "layer input (checkpoint)" in kept:
         frees["attn norm"] += kept["layer input (checkpoint)"] - full.get("attn norm input", 0)
     return tuple(BackStep(k, work[k], grads[k], frees[k]) for k in STEP_WEIGHTS)
+
+
+@lru_cache(maxsize=1024)
+def step_numels(model: ModelSpec, tp: int, ep: int, etp: int) -> tuple[tuple[str, int], ...]:
+    """(step, local elements) of the weights whose gradients each backward step of a dense
+    layer writes (:data:`STEP_WEIGHTS`; a weight no step names: ``attn norm``), in step order;
+    every step 0 for a model without a dense layer. Memoised (a pure function of the model
+    and the degrees; the search asks it for every micro-batch and recompute policy)."""
+    grads = dict.fromkeys(STEP_WEIGHTS, 0)
+    dense = next((i for i in range(model.layers) if not model.is_moe_layer(i)), None)
+    for t in model.layer_tensors(dense) if dense is not None else ():
+        step = next((k for k, ps in STEP_WEIGHTS.items() if any(t.name.startswith(p) for p in ps)), "attn norm")
+        grads[step] += local_numel(t, model, tp, ep, etp)
+    return tuple(grads.items())
 
 
 def _numel(tensors, model: ModelSpec, mesh: Mesh, training: TrainingSpec) -> dict[str, int]:

@@ -58,7 +58,7 @@ def bounds(cfg: Config, tables: Tables, c: Candidates, st: Stages, s: dict) -> t
     col = lambda a: a[:, None]
     key = [split(c, Dim.HEADS), split(c, Dim.SEQUENCE), c.mb, c.rc, split(c, Dim.EXPERTS), split(c, Dim.EXPERT_FFN)]
     fields = tuple(f"{p}{f}" for p in ("d_", "m_") for f in ACT)
-    a = lookup(key, lambda *k: {f: tables.acts(*k).get(f, 0) for f in fields + HEAD}, fields + HEAD)
+    a = lookup(key, tables.acts, fields + HEAD)  # Tables.acts has every field (head_sizes' keys)
     hs = {f: col(a[f]) for f in HEAD}
     u = units(cfg, tables, c, st)
     kinds = {f: (col(a["d_" + f]), col(a["m_" + f])) for f in ACT}

@@ -66,6 +66,8 @@ class Tables:
         self.layer = lru_cache(maxsize=None)(self._layer)
         self.acts = lru_cache(maxsize=None)(self._acts)
         self.roots = lru_cache(maxsize=None)(self._roots)
+        self.mesh = lru_cache(maxsize=None)(self._mesh)
+        self.heads = lru_cache(maxsize=None)(self._heads)
 
     def _layer(self, tp: int, ep: int, etp: int, moe: bool) -> LayerNumel:
         m = self.model
@@ -93,6 +95,19 @@ class Tables:
         out = sum(n for (_, n, _), t in zip(head, m.head_tensors(pv)) if "norm" not in t.name)
         return sum(n for _, n, _ in emb), norm, out, tuple(emb), tuple(head)
 
+    def _mesh(self, tp: int, cp: int, ep: int, etp: int):
+        """A resolved mesh with these degrees (dp_shard 2 ep etp: FSDP on, every MoE axis fits)."""
+        names, shape = ["dp_shard", "cp", "tp"], [2 * ep * etp, cp, tp]
+        if self.model.is_moe:
+            names, shape = names + ["ep", "etp"], shape + [ep, etp]
+        return resolved_mesh(MeshSpec(names=names, shape=shape, sequence_parallel=tp > 1), 2 * ep * etp * cp * tp)
+
+    def _heads(self, tp: int, cp: int, mb: int, ep: int, etp: int) -> dict:
+        """:func:`~meshplan.memory.sizes.head_sizes` of a workload key (the recompute policy
+        does not change them: one call for every policy)."""
+        t = self.t.model_copy(update={"micro_batch": mb, "sharding": "zero3"})
+        return head_sizes(self.model, t, self.mesh(tp, cp, ep, etp), self.cfg.memory)
+
     def _acts(self, tp: int, cp: int, mb: int, rc: int, ep: int, etp: int) -> dict:
         """Activation and head sizes of one workload key, bytes, flat: per layer kind
         (prefix ``d_`` dense, ``m_`` MoE) ``saved``, ``rework``, ``fwd``, ``bwd``, ``single``
@@ -100,15 +115,12 @@ class Tables:
         (largest running total of the layer's backward steps, without and with the weight
         gradients they write when the layer is FSDP-sharded), and every ``head_sizes`` entry."""
         m = self.model
-        names, shape = ["dp_shard", "cp", "tp"], [2 * ep * etp, cp, tp]
-        if m.is_moe:
-            names, shape = names + ["ep", "etp"], shape + [ep, etp]
-        mesh = resolved_mesh(MeshSpec(names=names, shape=shape, sequence_parallel=tp > 1), 2 * ep * etp * cp * tp)
+        mesh = self.mesh(tp, cp, ep, etp)
         t = self.t.model_copy(update={"micro_batch": mb, "recompute": RECOMPUTE[rc], "sharding": "zero3"})
         opts = self.cfg.memory
         dense = layer_act_sizes(m, t, mesh, opts)
         moe = layer_act_sizes(m, t, mesh, opts, moe=True) if m.is_moe else dense
-        out = dict(head_sizes(m, t, mesh, opts))
+        out = dict(self.heads(tp, cp, mb, ep, etp))
         for prefix, a in (("d_", dense), ("m_", moe)):
             steps = tuple(getattr(a, "steps", ()) or ())
             peak0 = peakg = a.bwd_temp
@@ -147,12 +159,11 @@ def lookup(keys: list[np.ndarray], fn, fields: tuple[str, ...], dtype=np.int64) 
     else:
         _, first, inv = np.unique(np.stack(cols, axis=1), axis=0, return_index=True, return_inverse=True)
     inv = inv.reshape(-1)
-    vals = [fn(*(int(col[j]) for col in cols)) for j in first]
-    out = {}
-    for f in fields:
-        col = np.array([v[f] if isinstance(v, dict) else getattr(v, f) for v in vals], dtype=dtype)
-        out[f] = col[inv]
-    return out
+    at = np.stack([col[first] for col in cols], axis=1).tolist()  # each distinct key as Python ints
+    vals = [fn(*k) for k in at]
+    rows = [[v[f] for f in fields] if isinstance(v, dict) else [getattr(v, f) for f in fields] for v in vals]
+    table = np.array(rows, dtype=dtype).reshape(len(vals), len(fields)).T  # (fields, distinct keys)
+    return {f: table[i][inv] for i, f in enumerate(fields)}
 
 
 @dataclass

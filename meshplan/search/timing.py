@@ -2,8 +2,8 @@
 efficiency of their local GEMMs, as numpy arrays.
 
 The bound uses the same numbers as :func:`meshplan.schedule.steptime.step_time`: op times from
-:func:`meshplan.compute.ops.layer_cost` (one call per distinct (tp, cp, micro-batch,
-recompute, ep, etp)), collective times from :func:`meshplan.comm.alphabeta.collective_time` on the path
+:func:`meshplan.compute.ops.layer_costs` (one call per distinct (tp, cp, micro-batch, ep,
+etp), every recompute policy from the same ops), collective times from :func:`meshplan.comm.alphabeta.collective_time` on the path
 :func:`meshplan.comm.collectives.axis_path` gives each axis (one call per distinct (stride,
 degree): with the canonical order and node-major placement an axis's groups are ranks
 ``r0 + i * stride``), with the sizes of :func:`meshplan.comm.collectives.collective_table`.
@@ -54,7 +54,7 @@ from meshplan.compute.ops import (
     embedding_cost,
     framework_kernels,
     head_cost,
-    layer_cost,
+    layer_costs,
     optimizer_bandwidth,
 )
 from meshplan.config import Config
@@ -85,28 +85,43 @@ class TimeTables:
         self.world = cfg.cluster.world
         self.placement = place(cfg.cluster, self.world)
         self.ops = lru_cache(maxsize=None)(self._ops)
+        self.shape = lru_cache(maxsize=None)(self._shape)
         self.path = lru_cache(maxsize=None)(self._path)
+        self.coll = lru_cache(maxsize=None)(self._coll)
 
-    def _ops(self, tp: int, cp: int, mb: int, rc: int, ep: int, etp: int, layer: int) -> dict:
-        """Op seconds of layer ``layer`` (0, or the first MoE layer) by field (module docstring)."""
+    def _shape(self, tp: int, cp: int, mb: int, ep: int, etp: int, layer: int) -> tuple[dict, dict]:
+        """(layer ``layer``'s Cost by recompute policy of :data:`~meshplan.search.space.RECOMPUTE`,
+        :func:`~meshplan.compute.ops.layer_costs`; the fields no policy changes: the embedding,
+        the head and the GEMM totals, which count no recompute op) of one shape key."""
         cfg, m = self.cfg, self.cfg.model
         t, gpu = cfg.training, cfg.cluster.gpu
         w = Workload(seq_len=t.seq_len, micro_batch=mb, tp=tp, cp=cp, sp=tp > 1, ep=ep, etp=etp,
-                     dtype=t.compute_dtype, recompute=RECOMPUTE[rc], flash=t.flash_attention,
+                     dtype=t.compute_dtype, recompute="none", flash=t.flash_attention,
                      vocab_pad_divisor=t.vocab_pad_divisor, routing=RoutingOptions.of(t), **framework_kernels(t))
-        cost = layer_cost(m, gpu, w, layer=layer)
-        out = {f"{p}_{b}": cost.seconds(ph, b, rec) for p, (ph, rec) in PHASES.items() for b in LAYER_BLOCKS}
-        # the attention's Q projection (input gradient in backward): all the CP K/V all-gather
-        # (dK/dV reduce-scatter) may overlap (rank_timeline.cp_parts, the timeline's split)
-        out.update({f"{p}_cpq": cp_parts(cost, ph, rec)["q"] for p, (ph, rec) in PHASES.items() if p != "bw"})
+        costs = layer_costs(m, gpu, w, RECOMPUTE, layer=layer)
         emb, head = embedding_cost(m, gpu, w), head_cost(m, gpu, w)
-        out.update(emb_f=emb.seconds("forward"), emb_bw=emb.seconds("backward_weight"),
+        out = dict(emb_f=emb.seconds("forward"), emb_bw=emb.seconds("backward_weight"),
                    head_f=head.seconds("forward"), head_b=head.backward_s)
-        gemms = [o for o in cost.ops + head.ops if o.kind == "gemm" and not o.recompute]
+        # a policy only adds recompute ops: every policy's GEMMs are these, in this order
+        gemms = [o for o in costs["none"].ops + head.ops if o.kind == "gemm" and not o.recompute]
         out.update(gemm_flops=sum(o.hardware_flops for o in gemms if o.block != "head"),
                    gemm_s=sum(o.seconds for o in gemms if o.block != "head"),
                    head_gemm_flops=sum(o.hardware_flops for o in gemms if o.block == "head"),
                    head_gemm_s=sum(o.seconds for o in gemms if o.block == "head"))
+        return costs, out
+
+    def _ops(self, tp: int, cp: int, mb: int, rc: int, ep: int, etp: int, layer: int) -> dict:
+        """Op seconds of layer ``layer`` (0, or the first MoE layer) by field (module docstring)."""
+        costs, shared = self.shape(tp, cp, mb, ep, etp, layer)
+        cost = costs[RECOMPUTE[rc]]
+        out = {f"{p}_{b}": cost.seconds(ph, b, rec) for p, (ph, rec) in PHASES.items() for b in LAYER_BLOCKS}
+        # the attention's Q projection (input gradient in backward): all the CP K/V all-gather
+        # (dK/dV reduce-scatter) may overlap (rank_timeline.cp_parts, the timeline's split); with
+        # the sequence unsplit (cp 1) there is no exchange and ``chains`` adds max(0 - q, 0) = 0
+        # whatever q: not asked
+        out.update({f"{p}_cpq": cp_parts(cost, ph, rec)["q"] if cp > 1 else 0.0
+                    for p, (ph, rec) in PHASES.items() if p != "bw"})
+        out.update(shared)
         return out
 
     def _path(self, stride: int, degree: int):
@@ -116,9 +131,10 @@ class TimeTables:
         mesh = resolved_mesh(MeshSpec(names=["outer", "axis", "inner"], shape=[outer, degree, stride]), self.world)
         return axis_path(mesh, self.placement, self.cfg.cluster, "axis")
 
-    def coll(self, op: str, n: int, size: int, stride: int) -> float:
+    def _coll(self, op: str, n: int, size: int, stride: int) -> float:
         """Seconds of ``op`` over ``n`` ranks ``stride`` apart on a ``size``-byte buffer, as
-        :func:`meshplan.comm.collectives.collective_table` times a row."""
+        :func:`meshplan.comm.collectives.collective_table` times a row (``coll``: memoised,
+        the pp groups of :func:`~meshplan.search.driver.estimate` ask the same rows)."""
         if n <= 1 or size <= 0:
             return 0.0
         p, fabric = self.path(stride, n), self.cfg.cluster.node.fabric
@@ -147,7 +163,8 @@ def comm_times(cfg: Config, tt: TimeTables, c: Candidates) -> dict[str, np.ndarr
     cd, rd = dtype_bytes(t.compute_dtype), dtype_bytes(t.reduce_dtype)
     sp, seq = c.tp > 1, split(c, Dim.SEQUENCE)  # the sequence as the registered axes divide it
     act = c.mb * (t.seq_len // seq) * m.hidden * cd
-    kv_l = np.array([local_heads(m, int(x))[1] for x in c.tp])
+    tps, at = np.unique(c.tp, return_inverse=True)
+    kv_l = np.array([local_heads(m, x)[1] for x in tps.tolist()], dtype=np.int64)[at.reshape(-1)]
     kv = c.mb * t.seq_len * kv_l * (m.d_head + m.d_v) * cd  # K and V (MLA: value head dim d_v)
     one = np.ones_like(c.tp)
     out = {"tp_sp": np.where(sp, coll_times(tt, "all-gather", c.tp, act, one), 0.0),
@@ -316,30 +333,43 @@ def gathering_passes(cfg: Config, c: Candidates, st: Stages) -> tuple[np.ndarray
     g = np.zeros((2, len(c), p))
     if p == 1:
         return g[0], g[1]
-    for m, v, rf, ps in {(int(a), int(b), bool(r), int(x)) for a, b, r, x in zip(st.m[:, 0], c.vpp, c.rf, c.ps)}:
-        rows = (st.m[:, 0] == m) & (c.vpp == v) & ((c.rf > 0) == rf) & (c.ps == ps)
-        g[:, rows, :] = _gathers(candidate_schedule(v, ps), p, m, v, rf)[:, None, :]
+    m, v, ps, rf = (np.asarray(a, dtype=np.int64) for a in (st.m[:, 0], c.vpp, c.ps, c.rf > 0))
+    code = ((m * (int(v.max()) + 1) + v) * (int(ps.max()) + 1) + ps) * 2 + rf  # one int per distinct key
+    for key in np.unique(code).tolist():
+        rows = code == key
+        j = int(np.argmax(rows))
+        g[:, rows, :] = _gathers(candidate_schedule(int(v[j]), int(ps[j])), p, int(m[j]), int(v[j]), bool(rf[j]))[:, None, :]
     return g[0], g[1]
 
 
 @lru_cache(maxsize=None)
 def _gathers(schedule, p: int, m: int, v: int, reshard: bool) -> np.ndarray:
-    """(2, p): gathering F and B passes per step of each stage (see :func:`gathering_passes`):
+    """(2, p): gathering F and B passes per step of each stage (see :func:`gathering_passes`),
+    resharding after forward or not (``reshard``): :func:`_gathers_both`'s."""
+    return _gathers_both(schedule, p, m, v)[int(reshard)]
+
+
+@lru_cache(maxsize=None)
+def _gathers_both(schedule, p: int, m: int, v: int) -> np.ndarray:
+    """(2 reshard, 2, p): gathering F and B passes per step of each stage (see
+    :func:`gathering_passes`), without and with resharding after forward:
     :func:`~meshplan.comm.collectives.fsdp_gather_flags`'s rule on the stage's order as arrays
-    (:func:`~meshplan.pipeline.fast.order_arrays`): a pass gathers when it is its chunk's first,
-    or follows a forward of the chunk that resharded (``reshard``); a backward leaves the chunk
-    gathered."""
-    out = np.zeros((2, p))
+    (:func:`~meshplan.pipeline.fast.order_arrays`, one call per stage for both): a pass gathers
+    when it is its chunk's first, or follows a forward of the chunk that resharded; a backward
+    leaves the chunk gathered."""
+    out = np.zeros((2, 2, p))
     for s in range(p):
         kind, _, chunk = order_arrays(schedule, p, m, v, s)
         keep = kind < 2  # F and B (a W pass neither gathers nor reshards)
         kind, chunk = kind[keep], chunk[keep]
-        o = np.argsort(chunk, kind="stable")
-        k, c = kind[o], chunk[o]
-        first = np.concatenate([[True], c[1:] != c[:-1]])
-        after_f = np.concatenate([[False], k[:-1] == 0])
-        gathers = first | (reshard & after_f)
-        out[0, s], out[1, s] = gathers[k == 0].sum(), gathers[k == 1].sum()
+        if v > 1:
+            o = np.argsort(chunk, kind="stable")
+            kind, chunk = kind[o], chunk[o]
+        first = np.concatenate([[True], chunk[1:] != chunk[:-1]])
+        after_f = np.concatenate([[False], kind[:-1] == 0])
+        fwd = kind == 0
+        for r, gathers in enumerate((first, first | after_f)):
+            out[r, 0, s], out[r, 1, s] = gathers[fwd].sum(), gathers[~fwd].sum()
     return out
 
 
