@@ -79,18 +79,31 @@ def _rounds_async(dep: np.ndarray, d_add: np.ndarray, d_dur: np.ndarray, cur: np
     first unit slot (its leading slot, end 0, just before). Returns (start, end) per slot."""
     end = np.full(len(dep), np.nan)
     end[cur - 1] = 0.0
-    start = np.zeros(len(dep))
     free = np.zeros(len(cur))  # end of each stage's previous unit
+
+    def starts(at: np.ndarray) -> np.ndarray:
+        ready = end[dep[at]]
+        ready += d_add[at]
+        return np.maximum(free, ready)
+
+    return _lean_rounds(starts, end, free, d_dur, cur, length)
+
+
+def _lean_rounds(starts, end: np.ndarray, free: np.ndarray, d_dur: np.ndarray, cur: np.ndarray, length: int):
+    """The rounds :func:`_rounds_async` and :func:`_rounds_blocking` share: each round every
+    stage's current slot starts at ``starts(cur)`` (NaN while it cannot) and ends ``d_dur`` later;
+    the stages whose end is not NaN keep it (``free`` and ``end`` updated in place) and move on;
+    every :data:`ROUNDS_PER_CHECK` rounds, stop when all are past their ``length`` units or
+    raise RuntimeError when none moved (the schedule deadlocks). Returns (start, end) per slot."""
+    start = np.zeros(len(end))
     cur, stop = cur.copy(), cur + length
     while True:
         before = cur.copy()
         for _ in range(ROUNDS_PER_CHECK):
-            ready = end[dep[cur]]
-            ready += d_add[cur]
-            st = np.maximum(free, ready)
+            st = starts(cur)
             e = st + d_dur[cur]
             end[cur], start[cur] = e, st
-            ok = e == e  # not NaN: the dependency was done
+            ok = e == e  # not NaN: the dependency was done / the peers had posted
             np.copyto(free, e, where=ok)
             cur += ok
         if (cur == stop).all():
@@ -111,26 +124,17 @@ def _rounds_blocking(d_dur: np.ndarray, cur: np.ndarray, length: int, peers: np.
     the trailing slots (never run). Returns (start, end) per slot."""
     end = np.full(len(d_dur), np.nan)
     end[cur - 1], end[-1] = 0.0, -np.inf
-    start = np.zeros(len(d_dur))
     prev_end = np.zeros(len(cur))
-    cur, stop = cur.copy(), cur + length
-    while True:
-        before = cur.copy()
-        for _ in range(ROUNDS_PER_CHECK):
-            posts = end[peers.take(cur, axis=1)]  # (peers, stages)
-            st = np.maximum(prev_end, posts[0])
-            for row in posts[1:]:  # max(e, posts) + p2p, NaN while one has not posted
-                np.maximum(st, row, out=st)
-            st += p2p[cur]
-            e = st + d_dur[cur]
-            end[cur], start[cur] = e, st
-            ok = e == e  # not NaN: the peers had posted
-            np.copyto(prev_end, e, where=ok)
-            cur += ok
-        if (cur == stop).all():
-            return start, end
-        if (cur == before).all():
-            raise RuntimeError(f"schedule deadlocks at slots {cur.tolist()}")
+
+    def starts(at: np.ndarray) -> np.ndarray:
+        posts = end[peers.take(at, axis=1)]  # (peers, stages)
+        st = np.maximum(prev_end, posts[0])
+        for row in posts[1:]:  # max(e, posts) + p2p, NaN while one has not posted
+            np.maximum(st, row, out=st)
+        st += p2p[at]
+        return st
+
+    return _lean_rounds(starts, end, prev_end, d_dur, cur, length)
 
 
 def run_rounds(f: Flat, dur: np.ndarray, add: np.ndarray, pairs, p2p_s: float):
