@@ -100,7 +100,7 @@ BOUNDS: dict[str, Bound] = {
     "cpu id": Bound(MAX_CPU_ID, "8x Linux's largest NR_CPUS (8,192)"),
     "line": Bound(MAX_LINE_CHARS, "NCCL, nccl-tests and nvidia-smi print lines of at most a few hundred characters"),
     "search world": Bound(MAX_SEARCH_WORLD, "the search builds its exact plans rank by rank: 16,384 GPUs take about "
-                                           "10 s on 2 cores, 2^18 over 5 minutes; `meshplan plan` of one mesh goes to "
+                                           "6 s on 2 cores, 2^18 over 5 minutes; `meshplan plan` of one mesh goes to "
                                            "2^20"),
     "micro-batches": Bound(MAX_MICRO_BATCHES, "per step and pipeline: the scale the step model is held to "
                                               "(issue 11: GPT 1T on 16,384 GPUs, benchmarks/configs), 32x the ~128 "
