@@ -550,8 +550,8 @@ def _replay(o: Op) -> Op:
     """Forward op ``o`` re-run in backward by recompute: ``replace(o, name=o.name + " (recompute)",
     phase="backward_input", model_flops=0.0, recompute=True)``, built directly (a layer has
     dozens, the search asks thousands of layers)."""
-    return Op(o.name + " (recompute)", o.block, "backward_input", o.kind, o.seconds, 0.0, o.hardware_flops,
-              o.size_bytes, True, o.note)
+    return Op(name=o.name + " (recompute)", block=o.block, phase="backward_input", kind=o.kind, seconds=o.seconds,
+              model_flops=0.0, hardware_flops=o.hardware_flops, size_bytes=o.size_bytes, recompute=True, note=o.note)
 
 
 #: Forward GEMMs of a layer whose outputs torchtitan's op-level selective AC saves (the
