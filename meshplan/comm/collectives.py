@@ -103,7 +103,9 @@ from typing import Optional
 
 import numpy as np
 
+from meshplan.comm import deepspeed
 from meshplan.comm.alphabeta import REFERENCE_STEP_S, busbw_factor, collective_time
+from meshplan.compute.measured import kernel_data
 from meshplan.compute.megatron import stage_param_tensors
 from meshplan.compute.routing import RoutingOptions, routing
 from meshplan.compute.shapes import local_split
@@ -250,12 +252,15 @@ def collective_table(model: ModelSpec, training: TrainingSpec, mesh: Mesh, clust
     rows: list[CollectiveRow] = []
     paths: dict[str, Path] = {}
 
-    def add(axis, phase, op, size, dtype, per_mb, cadence, waits="", depth=1, per_step=None, ranks=None):
+    def add(axis, phase, op, size, dtype, per_mb, cadence, waits="", depth=1, per_step=None, ranks=None,
+            list_copies=False):
         n = mesh.degree(axis) if ranks is None else len(ranks)  # ranks: rank 0's group, a subset of axis's
         if n <= 1 or size <= 0 or (per_mb == 0 and not per_step):
             return
         path = paths.setdefault(axis, axis_path(mesh, placement, cluster, axis))
         alg, t = path_time(op, n, size, path, cluster)
+        if list_copies:  # torch 2021's list-based all_gather / reduce_scatter: n copies on the NCCL stream
+            t += deepspeed.list_copy_seconds(n, size, kernel_data(cluster.gpu.name))
         rows.append(CollectiveRow(mesh.display_name(axis), phase, op, n, mesh.world // n,
                                   tuple(mesh.group_of(0, axis) if ranks is None else ranks), float(size), dtype, per_mb,
                                   per_step if per_step is not None else per_mb * micro_batches,
@@ -470,6 +475,9 @@ def _dp_rows(add, c: _Ctx) -> None:
     t, mesh = c.training, c.mesh
     shards = {"fsdp": mesh.degree("fsdp"), "efsdp": mesh.degree("efsdp")}
     ag, rs = t.compute_dtype, t.gradient_reduce_dtype
+    if t.sharding == "zero3" and t.zero3_engine == "deepspeed":
+        _deepspeed_rows(add, c)
+        return
     if t.sharding in ("zero3", "hsdp"):
         pipelined = mesh.degree("pp") > 1
         units = _units(c, shards)
@@ -507,6 +515,59 @@ def _dp_rows(add, c: _Ctx) -> None:
         else:
             add("loss" if axis == "fsdp" else axis, "backward", "all-reduce", numel * dtype_bytes(rs),
                 rs, 0, "once per step (DDP, one bucket)", "optimizer step", per_step=1)
+
+
+def _deepspeed_params(c: _Ctx, layers: list[int], first: bool, last: bool) -> list[tuple[str, int]]:
+    """(name, local elements) of the parameter tensors of ``layers`` (and the root's on the
+    first / last stage) as the model code holds them: Megatron-LM's (fused QKV,
+    :func:`~meshplan.compute.megatron.stage_param_tensors`) under ``framework = "megatron"``,
+    else one per :class:`~meshplan.spec.model.Tensor`."""
+    m, mesh, t = c.model, c.mesh, c.training
+    tp = mesh.degree("tp")
+    v = padded_vocab(m.vocab, t.vocab_pad_divisor, tp)
+    if t.framework == "megatron":
+        return [(n, k) for n, k, _ in stage_param_tensors(m, tp, v // tp, layers, first, last, mesh.degree("pp"))]
+    ts = [x for i in layers for x in m.layer_tensors(i)]
+    ts += (m.embedding_tensors(v) if first else []) + [x for x in (m.head_tensors(v) if last else [])
+                                                        if not (x.tied and first)]
+    return [(x.name, local_numel(x, m, tp, mesh.ep, mesh.etp)) for x in ts]
+
+
+def _deepspeed_rows(add, c: _Ctx) -> None:
+    """DeepSpeed ZeRO-3 of 2021 (:mod:`meshplan.comm.deepspeed`): per micro-batch one
+    all-gather per gathered parameter tensor in forward, its re-gathers in backward, one
+    reduce-scatter per parameter tensor, over the data-parallel group; one row per (phase, op,
+    padded size), ``per_microbatch`` its calls, each timed with the ``n`` list copies. The root
+    (embedding, positions, final norm, an untied output layer) is gathered once in forward and
+    once in backward; a tied output layer reuses the embedding's weight (one more forward
+    gather at the logits, kept for their backward)."""
+    t, mesh = c.training, c.mesh
+    n = mesh.degree("fsdp")
+    later = 0
+    calls: Counter = Counter()
+    for k, i in reversed(list(enumerate(c.layers))):
+        params = _deepspeed_params(c, [i], False, False)
+        for name, numel in params:
+            fwd, bwd, red = deepspeed.layer_calls(params, t.layer_recomputed(k), 2 * later)[name]
+            size = deepspeed.padded(numel, n)
+            calls[("layer", "forward", "all-gather", size)] += fwd
+            calls[("layer", "backward", "all-gather", size)] += bwd
+            calls[("layer", "backward", "reduce-scatter", size)] += red
+        later += sum(x for _, x in params)
+    tied = c.model.tied_embeddings and c.first and c.last
+    for name, numel in _deepspeed_params(c, [], c.first, c.last):
+        size, gathered = deepspeed.padded(numel, n), numel >= deepspeed.PERSISTENCE_THRESHOLD
+        extra = 1 if tied and name in ("embedding", "word_embedding") else 0
+        calls[("root", "forward", "all-gather", size)] += gathered * (1 + extra)
+        calls[("root", "backward", "all-gather", size)] += gathered
+        calls[("root", "backward", "reduce-scatter", size)] += 1
+    for (unit, phase, op, size), count in sorted(calls.items(), key=lambda kv: (kv[0][0] != "layer", kv[0][1:])):
+        dt = t.compute_dtype if op == "all-gather" else t.gradient_reduce_dtype
+        label = "root (embedding/norm/output)" if unit == "root" else "layer"
+        add("fsdp", phase, op, size * dtype_bytes(dt), dt, count,
+            f"{deepspeed.CADENCE}, every {label}, list of {n} outputs/inputs)",
+            f"the {label}'s GEMMs" if op == "all-gather" else "optimizer step", 7 if op == "all-gather" else 1,
+            list_copies=True)
 
 
 def _pipelined_gathers(c: _Ctx, root: bool, chunks: list[int]) -> tuple[int, int]:

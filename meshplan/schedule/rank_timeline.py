@@ -44,6 +44,8 @@ frameworks issue them:
   finds its chunk sharded (:func:`meshplan.comm.collectives.fsdp_gather_flags`: with
   ``reshard_after_forward = false`` once per step and chunk) and reduces only on the chunk's
   last gradient unit (``PipelineStage`` turns gradient sync off for every other backward).
+  DeepSpeed ZeRO-3 of 2021 (``training.zero3_engine``): a layer's gather (reduce-scatter) is
+  the sum of its per-parameter calls (:mod:`meshplan.comm.deepspeed`), placed as one unit's.
 - **ZeRO-1/2, DDP**: on a chunk's last gradient unit the per-step reduction is issued in
   per-layer pieces (buckets) after each layer's weight gradients (``Overlap.grad_reduce``).
 - **A registered axis with a timeline** (not built-in: :func:`timeline_axes`): its rows run
@@ -66,6 +68,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from meshplan.comm.collectives import SCATTER_GATHER_CADENCE
+from meshplan.comm.deepspeed import CADENCE as DEEPSPEED_CADENCE
 from meshplan.compute.megatron import COMM_DELAY_OPS
 from meshplan.compute.ops import Cost, Workload
 from meshplan.pipeline.simulate import Event
@@ -232,6 +235,10 @@ class CommTimes:
                 c.async_s += r.time_s * r.per_microbatch / max(layers, 1)
             elif kind == "other":
                 other.append(f"{r.axis} {r.phase} {r.op} ({r.cadence})")
+            elif kind == "shard" and DEEPSPEED_CADENCE in r.cadence:  # per-parameter calls: their sum per unit
+                group = _shard_group(r.cadence)
+                key = (kind, group, r.phase, r.op)
+                c.t[key] = c.t.get(key, 0.0) + r.time_s * r.per_microbatch / (max(layers, 1) if group == "layer" else 1)
             else:
                 group = _shard_group(r.cadence) if kind in ("shard", "replica") else ""
                 c.t[(kind, group, r.phase, r.op)] = r.time_s
