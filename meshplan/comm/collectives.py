@@ -146,7 +146,9 @@ class Path:
 @dataclass(frozen=True)
 class CollectiveRow:
     """One collective kind on one axis in one phase (see the module docstring).
-    ``waits``: what compute waits on it; ``depth``: how many compute ops wait on it."""
+    ``waits``: what compute waits on it; ``depth``: how many compute ops wait on it;
+    ``host_s``: host seconds per call that delay the compute's issue (DeepSpeed ZeRO-3's
+    list-based calls, :func:`meshplan.comm.deepspeed.host_seconds`; 0 for the others)."""
 
     axis: str
     phase: str
@@ -165,6 +167,7 @@ class CollectiveRow:
     depth: int = 0
     algorithm: str = "ring"
     per_layer: float = 0.0
+    host_s: float = 0.0
 
     @property
     def algbw_bytes_per_s(self) -> float:
@@ -225,19 +228,21 @@ def axis_path(mesh: Mesh, placement, cluster: ClusterSpec, axis: str) -> Path:
                 len(np.unique(node[0])), int((node[0] == n0).sum()), share)
 
 
-def path_time(op: str, n: int, size_bytes: float, path: Path, cluster: ClusterSpec) -> tuple[str, float]:
+def path_time(op: str, n: int, size_bytes: float, path: Path, cluster: ClusterSpec,
+              hierarchical: bool = True) -> tuple[str, float]:
     """(algorithm, seconds) of ``op`` over ``n`` ranks on a ``size_bytes`` buffer (nccl-tests
     ``S``) along ``path`` (:func:`axis_path`) of ``cluster``:
     :func:`meshplan.comm.alphabeta.collective_time` with the path's bandwidth, kind, latency
     scale, nodes and NIC share, and the cluster's fabric, library and measured curves. The
     one call behind every table row and the predicted message curves of ``validate``
-    (:mod:`meshplan.runtime.validation.staged`)."""
+    (:mod:`meshplan.runtime.validation.staged`). ``hierarchical``: whether NCCL may run the
+    hierarchical algorithm (false for DeepSpeed ZeRO-3 of 2021, on NCCL 2.8-2.9's rings)."""
     return collective_time(op, n, size_bytes, path.bandwidth_bytes_per_s, path.kind, nvls=cluster.node.fabric.nvls,
                            latency_scale=path.latency_scale, nodes=path.nodes,
                            intra_bandwidth_bytes_per_s=cluster.node.fabric.bandwidth_bytes_per_s,
                            library=cluster.collective_library, curves=cluster.node.busbw,
                            nic_bandwidth_bytes_per_s=path.nic_bandwidth_bytes_per_s,
-                           ranks_per_node=path.ranks_per_node)
+                           ranks_per_node=path.ranks_per_node, hierarchical=hierarchical)
 
 
 def collective_table(model: ModelSpec, training: TrainingSpec, mesh: Mesh, cluster: ClusterSpec,
@@ -258,13 +263,16 @@ def collective_table(model: ModelSpec, training: TrainingSpec, mesh: Mesh, clust
         if n <= 1 or size <= 0 or (per_mb == 0 and not per_step):
             return
         path = paths.setdefault(axis, axis_path(mesh, placement, cluster, axis))
-        alg, t = path_time(op, n, size, path, cluster)
-        if list_copies:  # torch 2021's list-based all_gather / reduce_scatter: n copies on the NCCL stream
-            t += deepspeed.list_copy_seconds(n, size, kernel_data(cluster.gpu.name))
+        alg, t = path_time(op, n, size, path, cluster, hierarchical=not list_copies)
+        host = 0.0
+        if list_copies:  # torch 2021's list-based all_gather / reduce_scatter: n views and n copies
+            data = kernel_data(cluster.gpu.name)
+            t += deepspeed.list_copy_seconds(n, size, data)
+            host = deepspeed.host_seconds(n, data)
         rows.append(CollectiveRow(mesh.display_name(axis), phase, op, n, mesh.world // n,
                                   tuple(mesh.group_of(0, axis) if ranks is None else ranks), float(size), dtype, per_mb,
                                   per_step if per_step is not None else per_mb * micro_batches,
-                                  cadence, path, t, waits, depth, alg, per_mb / max(len(stage_layers), 1)))
+                                  cadence, path, t, waits, depth, alg, per_mb / max(len(stage_layers), 1), host))
 
     if chunks is None:
         per = max(len(stage_layers) // vpp, 1)
@@ -475,7 +483,7 @@ def _dp_rows(add, c: _Ctx) -> None:
     t, mesh = c.training, c.mesh
     shards = {"fsdp": mesh.degree("fsdp"), "efsdp": mesh.degree("efsdp")}
     ag, rs = t.compute_dtype, t.gradient_reduce_dtype
-    if t.sharding == "zero3" and t.zero3_engine == "deepspeed":
+    if t.sharding == "zero3" and t.zero3_engine == "deepspeed-2021":
         _deepspeed_rows(add, c)
         return
     if t.sharding in ("zero3", "hsdp"):

@@ -1,7 +1,8 @@
-"""DeepSpeed ZeRO stage 3 as released in 2021 (``training.zero3_engine = "deepspeed"``): the
+"""DeepSpeed ZeRO stage 3 as released in 2021 (``training.zero3_engine = "deepspeed-2021"``): the
 collectives it issues per micro-batch, one per parameter tensor.
 
-Read in microsoft/DeepSpeed at v0.3.13 (2021-03-16; the same logic through v0.5.x, Sep 2021),
+Read in microsoft/DeepSpeed at v0.3.13 (2021-03-16; the same logic through v0.5.4, Oct 2021:
+v0.5.5 coalesced the all-gathers, PR #1188),
 the engine Narayanan et al. (SC'21, arXiv 2104.04473, section 5.2) integrated into Megatron-LM
 for their ZeRO-3 comparison (Table 2):
 
@@ -36,8 +37,8 @@ for their ZeRO-3 comparison (Table 2):
 torch's ProcessGroupNCCL of 2021 (``allgather`` with a list of outputs, ``reduce_scatter`` with a
 list of inputs; torch 1.8/1.9 ``ProcessGroupNCCL.cpp``) stages the list through one flat buffer
 (``flatten_for_scatter_gather``) and copies each of the ``world`` pieces out (all-gather) or in
-(reduce-scatter) with its own ``copy_`` on the NCCL stream: ``world`` copy kernels per call
-(:func:`list_copy_seconds`). Defaults: v0.3.13 ``runtime/zero/constants.py``.
+(reduce-scatter) with its own ``copy_`` on the NCCL stream: ``world`` copy kernels per call,
+issued by the host (:func:`host_seconds`) and run on the GPU (:func:`list_copy_seconds`). Defaults: v0.3.13 ``runtime/zero/constants.py``.
 """
 
 from __future__ import annotations
@@ -118,20 +119,44 @@ def layer_calls(params: list[tuple[str, int]], recompute: bool,
     return out
 
 
-def list_copy_seconds(world: int, size_bytes: float, data: Optional[KernelData]) -> float:
-    """Seconds of the ``world`` copies ProcessGroupNCCL of 2021 runs around one list-based
-    all-gather or reduce-scatter of a ``size_bytes`` buffer (module docstring): they run one
-    after another on the NCCL stream, each issued by the host at the catalog's per-kernel
-    issue floor (``kernels.toml`` ``[host] kernel_issue_s``: S21 + S22), and together they read
-    and write the whole buffer at the GPU's BabelStream rate; the slower of the two. 0 without
+#: Host time of one eager PyTorch op issued from Python: ~2 us (S21, pytorch/pytorch issue
+#: 41383, ngimel: "~2 us via Python, about half parsing"; public-microbenchmarks.md section 5).
+#: DeepSpeed's ``_allgather_param`` / ``_reduce_scatter_gradient`` build their list of ``world``
+#: partitions with one ``narrow`` each in a Python loop.
+PYTHON_OP_S = 2e-6
+
+
+def host_seconds(world: int, data: Optional[KernelData]) -> float:
+    """Host seconds of one list-based call over ``world`` ranks (module docstring): the Python
+    loop of ``world`` partition views (:data:`PYTHON_OP_S` each) and the ``world`` copies
+    ProcessGroupNCCL issues on the host right after the collective (the catalog's per-kernel
+    issue floor, ``kernels.toml`` ``[host] kernel_issue_s``: S21 + S22). The module's compute is
+    enqueued only after them, so the rank timeline adds them to the compute stream. 0 without
     kernel data for the GPU.
 
-    1,536 ranks, 4.7 us per issued copy: 7.22 ms whatever the buffer up to 6 GB on an A100:
+    1,536 ranks on an A100 (4.7 us per issued kernel): 1536 x 6.7 us = 10.29 ms per call:
 
     >>> from meshplan.compute.measured import kernel_data
-    >>> round(list_copy_seconds(1536, 1.2e9, kernel_data("a100-sxm-80gb")) * 1e3, 2)
-    7.22
+    >>> round(host_seconds(1536, kernel_data("a100-sxm-80gb")) * 1e3, 2)
+    10.29
     """
     if data is None or world <= 1:
         return 0.0
-    return max(world * data.kernel_issue_s, memory_seconds(data, 2 * size_bytes))
+    return world * (PYTHON_OP_S + data.kernel_issue_s)
+
+
+def list_copy_seconds(world: int, size_bytes: float, data: Optional[KernelData]) -> float:
+    """GPU seconds of the ``world`` copies ProcessGroupNCCL of 2021 runs on the NCCL stream
+    around one list-based all-gather or reduce-scatter of a ``size_bytes`` buffer: together
+    they read and write the whole buffer, at the GPU's BabelStream Triad rate (the catalog's
+    memory-bound rate). 0 without kernel data for the GPU or with one rank.
+
+    A 1.2 GB buffer on an A100 (1.70 TB/s): 2.4 GB, 1.41 ms:
+
+    >>> from meshplan.compute.measured import kernel_data
+    >>> round(list_copy_seconds(1536, 1.2e9, kernel_data("a100-sxm-80gb")) * 1e3, 2)
+    1.41
+    """
+    if data is None or world <= 1:
+        return 0.0
+    return memory_seconds(data, 2 * size_bytes)
