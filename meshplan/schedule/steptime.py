@@ -541,6 +541,10 @@ def config_overlap(training, overlap: Overlap = Overlap()) -> Overlap:
         overlap = replace(overlap, tp=True)
     if training.framework == "megatron" and (not overlap.tp_grad or overlap.grad_reduce):
         overlap = replace(overlap, tp_grad=True, grad_reduce=False)
+    if training.zero3_engine == "deepspeed-2021" and overlap.grad_reduce:
+        # DeepSpeed ZeRO-3 of 2021: every module's fetch ends in torch.cuda.synchronize()
+        # (stage3.py _synchronize_communication), which waits for the reduce-scatters in flight
+        overlap = replace(overlap, grad_reduce=False)
     return overlap
 
 
