@@ -92,7 +92,7 @@ def test_ring_latency_of_1536_ranks_from_nccl_constants():
     # S20: ring LL base 6.6 us + 1535 network steps x 2.7 us = 4151.1 us (LL the fastest
     # protocol at any latency-bound size); with unlimited bandwidth the time is the latency
     alg, t = collective_time("all-gather", 1536, 1.0, 1e30, "network", nodes=192, intra_bandwidth_bytes_per_s=1e30,
-                             hierarchical=False)
+                             nccl_era="2021")
     assert (alg, t) == ("ring", pytest.approx(4151.1e-6, rel=1e-9))
     # the hierarchical algorithm NCCL 2.8-2.9 did not have for all-gather: ring over 192 nodes
     # (191 network steps) and over 8 GPUs (7 steps, NVLink latency scaled as the network's here)

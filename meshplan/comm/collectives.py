@@ -229,20 +229,20 @@ def axis_path(mesh: Mesh, placement, cluster: ClusterSpec, axis: str) -> Path:
 
 
 def path_time(op: str, n: int, size_bytes: float, path: Path, cluster: ClusterSpec,
-              hierarchical: bool = True) -> tuple[str, float]:
+              nccl_era: str = "current") -> tuple[str, float]:
     """(algorithm, seconds) of ``op`` over ``n`` ranks on a ``size_bytes`` buffer (nccl-tests
     ``S``) along ``path`` (:func:`axis_path`) of ``cluster``:
     :func:`meshplan.comm.alphabeta.collective_time` with the path's bandwidth, kind, latency
     scale, nodes and NIC share, and the cluster's fabric, library and measured curves. The
     one call behind every table row and the predicted message curves of ``validate``
-    (:mod:`meshplan.runtime.validation.staged`). ``hierarchical``: whether NCCL may run the
-    hierarchical algorithm (false for DeepSpeed ZeRO-3 of 2021, on NCCL 2.8-2.9's rings)."""
+    (:mod:`meshplan.runtime.validation.staged`). ``nccl_era`` "2021": NCCL 2.8-2.9, the
+    library of DeepSpeed ZeRO-3 of 2021, without the hierarchical algorithm."""
     return collective_time(op, n, size_bytes, path.bandwidth_bytes_per_s, path.kind, nvls=cluster.node.fabric.nvls,
                            latency_scale=path.latency_scale, nodes=path.nodes,
                            intra_bandwidth_bytes_per_s=cluster.node.fabric.bandwidth_bytes_per_s,
                            library=cluster.collective_library, curves=cluster.node.busbw,
                            nic_bandwidth_bytes_per_s=path.nic_bandwidth_bytes_per_s,
-                           ranks_per_node=path.ranks_per_node, hierarchical=hierarchical)
+                           ranks_per_node=path.ranks_per_node, nccl_era=nccl_era)
 
 
 def collective_table(model: ModelSpec, training: TrainingSpec, mesh: Mesh, cluster: ClusterSpec,
@@ -263,7 +263,7 @@ def collective_table(model: ModelSpec, training: TrainingSpec, mesh: Mesh, clust
         if n <= 1 or size <= 0 or (per_mb == 0 and not per_step):
             return
         path = paths.setdefault(axis, axis_path(mesh, placement, cluster, axis))
-        alg, t = path_time(op, n, size, path, cluster, hierarchical=not list_copies)
+        alg, t = path_time(op, n, size, path, cluster, nccl_era="2021" if list_copies else "current")
         host = 0.0
         if list_copies:  # torch 2021's list-based all_gather / reduce_scatter: n views and n copies
             data = kernel_data(cluster.gpu.name)

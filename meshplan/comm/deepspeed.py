@@ -102,7 +102,7 @@ def layer_calls(params: list[tuple[str, int]], recompute: bool,
     ((1, 1, 1), (1, 2, 1), (0, 0, 1))
     """
     order = list(dict.fromkeys(module_of(n) for n, _ in params))
-    module_numel = Counter()
+    module_numel: Counter[str] = Counter()
     for n, k in params:
         module_numel[module_of(n)] += k
     out = {}
