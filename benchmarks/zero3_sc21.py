@@ -19,15 +19,14 @@ meshplan: ``meshplan step`` of benchmarks/zero3/*.toml (DeepSpeed ZeRO-3 of 2021
 the same configs under FSDP2's per-layer gathers (``zero3_engine = "fsdp2"``, the model before
 this engine). Nothing is fitted to these numbers.
 
-What the model gives (deepspeed-2021, 2026-12 on this branch): 61.2 / 42.4 / 43.7 s against the
-published 81.6 / 66.7 / 66.7 s (-25%, -36%, -35%); FSDP2's per-layer gathers give 55.8 / 30.2 /
-17.3 s. The step no longer halves from 768 to 1,536 GPUs: every micro-batch issues the same 2,217
+What the model gives (deepspeed-2021): 61.3 / 42.4 / 43.8 s against the published 81.6 / 66.7 /
+66.7 s (-25%, -36%, -34%); FSDP2's per-layer gathers give 55.8 / 30.2 / 17.3 s. The step no longer halves from 768 to 1,536 GPUs: every micro-batch issues the same 2,217
 calls (96 layers x (4 + 7 all-gathers + 12 reduce-scatters) + the root's 9), each paying NCCL's
 ring latency over the whole group (1535 steps at 1,536 ranks: 4.15 ms) and the host's n partition
-views and n list copies (10.3 ms at 1,536 ranks, 22.7 s per step), while the bytes each GPU sends
+views and n list copies (10.3 ms at 1,536 ranks, 22.8 s per step), while the bytes each GPU sends
 stay 1.28 TB per step.
 
-What is still missing: the gap to the published step is 20-24 s at every size (20.3, 24.4, 23.1 s),
+What is still missing: the gap to the published step is 20-24 s at every size (20.3, 24.3, 23.0 s),
 nearly flat in the GPU count while the compute per GPU halves, so it behaves like a term per byte
 or per call (both constant per GPU), not like compute or a latency that grows with the group.
 Closing it with bandwidth alone would take the 1.28 TB at about 45 GB/s bus bandwidth, against the
@@ -95,7 +94,7 @@ def predict(run: Run, engine: str) -> dict:
     flops = paper_flops(cfg.training.global_batch, cfg.training.seq_len, m.layers, m.hidden, m.vocab)
     rows = plan.collectives[table_key(0)]
     return {"step_s": st.step_s, "tflops": flops / (run.gpus * st.step_s) / 1e12,
-            "host_s": sum(comm.host.get(("layer", ph), 0.0) for ph in ("forward", "backward")) * layers,
+            "host_s": sum(v * (layers if g == "layer" else 1) for (g, _), v in comm.host.items()),
             "exposed_s": sum(st.exposed_s.values()), "flops": flops,
             "sent_gb": sum(r.sent_bytes_per_step for r in rows) / 1e9, "calls": sum(r.per_step for r in rows)}
 

@@ -579,7 +579,8 @@ def forward_unit(chunk: ChunkCosts, comm: CommTimes, w: Workload, ov: Overlap,
     if chunk.batch is not None:
         s.compute("get_batch and timers", chunk.batch.seconds("forward"))
     if chunk.embed is not None:
-        s.compute("embedding", chunk.embed.seconds("forward"), [root_ag()])
+        s.compute("embedding", chunk.embed.seconds("forward") + (comm.host.get(("root", "forward"), 0.0)
+                                                                 if gather_root else 0.0), [root_ag()])
         op = "all-reduce" if w.megatron_ops else _tp(w)[1]  # Megatron 2022 all-reduces it under SP too
         s.compute("embedding tp wait", 0.0, [s.comm("tp", "forward", op, f"tp {op}")])
     gather = lambda i: s.comm("shard", "forward", "all-gather", f"fsdp AG L{i}", "layer") if gather_layers else None
@@ -679,7 +680,8 @@ def backward_unit(kind: str, chunk: ChunkCosts, comm: CommTimes, w: Workload, ov
     if chunk.batch is not None and with_b:
         s.compute("timers", chunk.batch.seconds("backward_input"))
     if chunk.embed is not None and with_w:
-        s.compute("embedding grad", chunk.embed.seconds("backward_weight"))
+        s.compute("embedding grad", chunk.embed.seconds("backward_weight") + (comm.host.get(("root", "backward"), 0.0)
+                                                                              if red_w else 0.0))
         if red_w:
             _reduce(s, "root", "root", 0.0)
     return s.finish()
