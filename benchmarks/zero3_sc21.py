@@ -5,10 +5,12 @@ Published: Narayanan et al., "Efficient Large-Scale Language Model Training on G
 Using Megatron-LM" (SC'21, arXiv 2104.04473), section 5.2, Table 2, "ZeRO-3 without Model
 Parallelism", 174.6B GPT-3 (96 layers, h 12,288, 96 heads, seq 2,048, vocab 51,200), global
 batch 1,536: 384 / 768 / 1,536 GPUs, micro-batch 4 / 2 / 1, 144 / 88 / 44 achieved teraFLOP/s
-per GPU (training time for 300B tokens 90 / 74 / 74 days). Read in transcriptions of Table 2
-found with the search tool (find_string "ZeRO-3 without Model Parallelism": a Markdown copy of
-the table, and a description of the table image listing "ZeRO-3 ... 144/88/44 teraFLOP/s and
-90/74/74 days"); the days column agrees with the step below (300e9 / (1536 x 2048) steps).
+per GPU (training time for 300B tokens 90 / 74 / 74 days). Read in a Markdown transcription of the
+paper (its section 5.2, Table 2 whole and the appendix's FLOP count; found with the search tool's
+find_string "integrated ZeRO into our codebase", file id 63285939983) and checked against two other
+copies of Table 2; the days column agrees with the step below (300e9 / (1536 x 2048) steps).
+Section 5.2 says only "We integrated ZeRO into our codebase using the DeepSpeed Python library":
+no DeepSpeed version or configuration, so the configs take DeepSpeed's 2021 defaults.
 
 The published step follows from the paper's FLOP count per iteration (eq. 3, activation
 recomputation included): F = 96 B s l h^2 (1 + s / (6 h) + V / (16 l h)); step = F / (GPUs x
@@ -20,11 +22,12 @@ the same configs under FSDP2's per-layer gathers (``zero3_engine = "fsdp2"``, th
 this engine). Nothing is fitted to these numbers.
 
 What the model gives (deepspeed-2021): 61.3 / 42.4 / 43.8 s against the published 81.6 / 66.7 /
-66.7 s (-25%, -36%, -34%); FSDP2's per-layer gathers give 55.8 / 30.2 / 17.3 s. The step no longer halves from 768 to 1,536 GPUs: every micro-batch issues the same 2,217
-calls (96 layers x (4 + 7 all-gathers + 12 reduce-scatters) + the root's 9), each paying NCCL's
-ring latency over the whole group (1535 steps at 1,536 ranks: 4.15 ms) and the host's n partition
-views and n list copies (10.3 ms at 1,536 ranks, 22.8 s per step), while the bytes each GPU sends
-stay 1.28 TB per step.
+66.7 s (-25%, -36%, -34%); FSDP2's per-layer gathers give 55.8 / 30.2 / 17.3 s. The step no
+longer halves from 768 to 1,536 GPUs: every micro-batch issues the same 2,217 calls (96 layers x
+(4 + 7 all-gathers + 12 reduce-scatters) + the root's 9), each paying NCCL's ring latency over
+the whole group (1,535 steps at 1,536 ranks: 4.15 ms) and the host's n partition views and n list
+copies (10.3 ms at 1,536 ranks, 22.8 s per step), while the bytes each GPU sends stay 1.28 TB
+per step.
 
 What is still missing: the gap to the published step is 20-24 s at every size (20.3, 24.3, 23.0 s),
 nearly flat in the GPU count while the compute per GPU halves, so it behaves like a term per byte
@@ -32,11 +35,13 @@ or per call (both constant per GPU), not like compute or a latency that grows wi
 Closing it with bandwidth alone would take the 1.28 TB at about 45 GB/s bus bandwidth, against the
 177 GB/s nccl-tests measured for an all-gather over 2 x 8 A100 [S18] (the curve the model uses);
 meshplan has no measured all-gather or reduce-scatter of DGX A100 at 48-192 nodes, nor of NCCL
-2.8-2.9 (2021), to say whether the large-scale rings ran that slowly. Not modelled either: the
-caching allocator's frees and mallocs of a full parameter buffer per gather (two per call:
-``torch.zeros`` of the aligned parameter and ProcessGroupNCCL's flat list buffer), and
-DeepSpeed's one-parameter-ahead prefetch (the timeline prefetches one layer ahead). Nothing here
-is fitted: the gap is reported, not absorbed.
+2.8-2.9 (2021), to say whether the large-scale rings ran that slowly (the paper's section 5.9
+reports in-run "effective bisection bandwidths" on 3,072 GPUs, not a microbenchmark: not used).
+Not modelled either: the caching allocator's frees and mallocs of a full parameter buffer per
+gather (two per call: ``torch.zeros`` of the aligned parameter, zero-filled, and
+ProcessGroupNCCL's flat list buffer), the root's backward gathers on the communication stream
+(their host time is placed), and DeepSpeed's one-parameter-ahead prefetch (the timeline
+prefetches one layer ahead). Nothing here is fitted: the gap is reported, not absorbed.
 
 Run: PYTHONPATH=. .venv/bin/python benchmarks/zero3_sc21.py
 """
