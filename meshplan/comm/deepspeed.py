@@ -30,15 +30,21 @@ for their ZeRO-3 comparison (Table 2):
 - Each parameter is padded to a multiple of the world (``_aligned_size``).
 - Prefetch (``prefetch_next_sub_modules``) after a fetch, only when nothing is in flight, of the
   next parameters of the recorded trace up to ``stage3_prefetch_bucket_size`` = 5e7 elements
-  (:data:`PREFETCH_BUCKET`): at most one weight ahead for a GPT of h >= 4096. The rank timeline
-  keeps its one-unit-ahead prefetch (a layer's gathers overlap the previous layer's compute);
-  with the gathers much longer than the compute the exposed time is the same.
+  (:data:`PREFETCH_BUCKET`): one weight ahead once every weight has h^2 >= 5e7 elements
+  (h >= 7,072; GPT-3 175B). The rank timeline keeps its one-unit-ahead prefetch (a layer's
+  gathers overlap the previous layer's compute); with the gathers much longer than the compute
+  the exposed time is the same.
+- ``torch.cuda.synchronize()`` ends every fetch, so it also waits for the reduce-scatters in
+  flight (the step model turns ``Overlap.grad_reduce`` off for this engine).
+- NCCL of 2021 (2.8-2.9) ran all-gather and reduce-scatter on rings only (``tuning.cc``
+  v2.9.9-1): the table times them with ``nccl_era = "2021"`` (no hierarchical algorithm).
 
 torch's ProcessGroupNCCL of 2021 (``allgather`` with a list of outputs, ``reduce_scatter`` with a
 list of inputs; torch 1.8/1.9 ``ProcessGroupNCCL.cpp``) stages the list through one flat buffer
 (``flatten_for_scatter_gather``) and copies each of the ``world`` pieces out (all-gather) or in
 (reduce-scatter) with its own ``copy_`` on the NCCL stream: ``world`` copy kernels per call,
-issued by the host (:func:`host_seconds`) and run on the GPU (:func:`list_copy_seconds`). Defaults: v0.3.13 ``runtime/zero/constants.py``.
+issued by the host (:func:`host_seconds`) and run on the GPU (:func:`list_copy_seconds`).
+Defaults: v0.3.13 ``runtime/zero/constants.py``.
 """
 
 from __future__ import annotations
