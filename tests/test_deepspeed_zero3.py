@@ -131,3 +131,20 @@ def test_engine_needs_zero3():
     with pytest.raises(ConfigError, match="remove grad_accumulation"):
         config_from_dict({**base, "training": {"global_batch": 16, "seq_len": 1024, "zero3_engine": "deepspeed-2021",
                                                "grad_accumulation": "no_sync"}})
+
+
+def test_verdict_cause_offers_no_fsdp2_knob():
+    # the FSDP2 knobs (grad_accumulation, reshard_after_forward) do nothing to DeepSpeed 2021's
+    # per-parameter calls: the cause names the engine and offers FSDP2's coalesced calls and a
+    # doubled micro-batch (global_batch 1024 / (2 x 1 x 512) = 1)
+    from meshplan.schedule.verdict import _fsdp_cause
+
+    cfg = config_from_dict({"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-a100", "nodes": 64},
+                            "training": {"global_batch": 1024, "seq_len": 256, "micro_batch": 1, "sharding": "zero3",
+                                         "zero3_engine": "deepspeed-2021", "recompute": "full"},
+                            "mesh": {"names": ["dp"], "shape": [512]}})
+    line = _fsdp_cause(build_plan(cfg, memory=False), "fsdp", None)
+    assert line == ("cause: DeepSpeed ZeRO-3 (2021) all-gathers every parameter tensor in forward and again in "
+                    "backward and reduce-scatters every one, each micro-batch, 2 micro-batches per step; fewer with "
+                    'training.zero3_engine = "fsdp2" (per-layer coalesced calls, as DeepSpeed >= v0.5.5) or '
+                    "training.micro_batch = 2")
