@@ -69,7 +69,7 @@ def _fsdp_cause(plan: Plan, stream: str, alternatives) -> str:
         return ""
     gathers = "all-gathered in forward and again in backward (training.reshard_after_forward = true)" \
         if t.reshard_after_forward else "all-gathered in forward (kept for backward: reshard_after_forward = false)"
-    mode = t.grad_accumulation
+    mode: str = t.grad_accumulation
     if mode == "no_sync_unsharded":
         gathers = gathers.replace("all-gathered in forward", "all-gathered in micro-batch 0's forward")
     reduce = "once per micro-batch" if mode == "sync" else f"once per step (training.grad_accumulation = {mode})"
