@@ -33,6 +33,7 @@ bench: $(VENV)/.base
 	$(PY) benchmarks/bench_step.py
 	$(PY) benchmarks/fidelity.py
 	$(PY) benchmarks/fidelity_components.py
+	$(PY) benchmarks/zero3_sc21.py
 
 clean:
 	rm -rf $(VENV)

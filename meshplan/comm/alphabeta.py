@@ -261,7 +261,8 @@ def collective_time(op: str, n: int, size_bytes: float, bandwidth_bytes_per_s: f
                     nvls: bool = False, latency_scale: float = 1.0, nodes: int = 1,
                     intra_bandwidth_bytes_per_s: float = 0.0, library: str = "nccl",
                     curves: Mapping[Any, BusbwCurve] = MappingProxyType({}),
-                    nic_bandwidth_bytes_per_s: float = 0.0, ranks_per_node: int = 0) -> tuple[str, float]:
+                    nic_bandwidth_bytes_per_s: float = 0.0, ranks_per_node: int = 0,
+                    nccl_era: str = "current") -> tuple[str, float]:
     """(algorithm, seconds): the fastest of the algorithms NCCL can run for ``op`` on a path of
     ``kind`` ("nvlink" inside a node or NVLink domain, "network" across ``nodes`` nodes), each
     timed on the link's measured curve in ``curves`` ("nvlink", "nvls", "nic") when there is
@@ -273,7 +274,9 @@ def collective_time(op: str, n: int, size_bytes: float, bandwidth_bytes_per_s: f
       ``NVLS_GAIN`` x the link rate without one, after :data:`NVLS`'s latency;
     - ``tree`` for all-reduce across nodes (:func:`tree_time`): fewer latency steps;
     - ``hierarchical`` across nodes with ``n / nodes`` > 1 ranks per node: reduce-scatter
-      inside the node (NVLink), the op across nodes on 1/g of the buffer, all-gather inside;
+      inside the node (NVLink), the op across nodes on 1/g of the buffer, all-gather inside
+      (left out for ``nccl_era`` "2021": NCCL 2.8-2.9 ran all-gather and reduce-scatter on
+      the ring only, ``tuning.cc`` ``ncclTopoTuneModel`` at v2.9.9-1);
     - send/recv across nodes on the "p2p" curve when there is one (a single GPU's pair
       through its own NIC, slower than a NIC's share of the 8-NIC all-reduce: [S18] 15.48
       against 23.0 GB/s on HDR), else on "nic"; the other ops across nodes with one rank per
@@ -318,7 +321,7 @@ def collective_time(op: str, n: int, size_bytes: float, bandwidth_bytes_per_s: f
     if op == "all-reduce" and network:
         options.append(("tree", tree_time(n, size_bytes, bandwidth_bytes_per_s, True, latency_scale, link)))
     g = n // max(nodes, 1)
-    if network and nodes > 1 and g > 1 and intra_bandwidth_bytes_per_s and op in ("all-reduce", "all-gather",
+    if nccl_era != "2021" and network and nodes > 1 and g > 1 and intra_bandwidth_bytes_per_s and op in ("all-reduce", "all-gather",
                                                                                   "reduce-scatter"):
         intra = intra_bandwidth_bytes_per_s
         inter = ring_time(op, nodes, size_bytes / g, bandwidth_bytes_per_s / g, True, latency_scale=latency_scale,

@@ -103,7 +103,9 @@ from typing import Optional
 
 import numpy as np
 
+from meshplan.comm import deepspeed
 from meshplan.comm.alphabeta import REFERENCE_STEP_S, busbw_factor, collective_time
+from meshplan.compute.measured import kernel_data
 from meshplan.compute.megatron import stage_param_tensors
 from meshplan.compute.routing import RoutingOptions, routing
 from meshplan.compute.shapes import local_split
@@ -144,7 +146,9 @@ class Path:
 @dataclass(frozen=True)
 class CollectiveRow:
     """One collective kind on one axis in one phase (see the module docstring).
-    ``waits``: what compute waits on it; ``depth``: how many compute ops wait on it."""
+    ``waits``: what compute waits on it; ``depth``: how many compute ops wait on it;
+    ``host_s``: host seconds per call that delay the compute's issue (DeepSpeed ZeRO-3's
+    list-based calls, :func:`meshplan.comm.deepspeed.host_seconds`; 0 for the others)."""
 
     axis: str
     phase: str
@@ -163,6 +167,7 @@ class CollectiveRow:
     depth: int = 0
     algorithm: str = "ring"
     per_layer: float = 0.0
+    host_s: float = 0.0
 
     @property
     def algbw_bytes_per_s(self) -> float:
@@ -223,19 +228,21 @@ def axis_path(mesh: Mesh, placement, cluster: ClusterSpec, axis: str) -> Path:
                 len(np.unique(node[0])), int((node[0] == n0).sum()), share)
 
 
-def path_time(op: str, n: int, size_bytes: float, path: Path, cluster: ClusterSpec) -> tuple[str, float]:
+def path_time(op: str, n: int, size_bytes: float, path: Path, cluster: ClusterSpec,
+              nccl_era: str = "current") -> tuple[str, float]:
     """(algorithm, seconds) of ``op`` over ``n`` ranks on a ``size_bytes`` buffer (nccl-tests
     ``S``) along ``path`` (:func:`axis_path`) of ``cluster``:
     :func:`meshplan.comm.alphabeta.collective_time` with the path's bandwidth, kind, latency
     scale, nodes and NIC share, and the cluster's fabric, library and measured curves. The
     one call behind every table row and the predicted message curves of ``validate``
-    (:mod:`meshplan.runtime.validation.staged`)."""
+    (:mod:`meshplan.runtime.validation.staged`). ``nccl_era`` "2021": NCCL 2.8-2.9, the
+    library of DeepSpeed ZeRO-3 of 2021, without the hierarchical algorithm."""
     return collective_time(op, n, size_bytes, path.bandwidth_bytes_per_s, path.kind, nvls=cluster.node.fabric.nvls,
                            latency_scale=path.latency_scale, nodes=path.nodes,
                            intra_bandwidth_bytes_per_s=cluster.node.fabric.bandwidth_bytes_per_s,
                            library=cluster.collective_library, curves=cluster.node.busbw,
                            nic_bandwidth_bytes_per_s=path.nic_bandwidth_bytes_per_s,
-                           ranks_per_node=path.ranks_per_node)
+                           ranks_per_node=path.ranks_per_node, nccl_era=nccl_era)
 
 
 def collective_table(model: ModelSpec, training: TrainingSpec, mesh: Mesh, cluster: ClusterSpec,
@@ -250,16 +257,22 @@ def collective_table(model: ModelSpec, training: TrainingSpec, mesh: Mesh, clust
     rows: list[CollectiveRow] = []
     paths: dict[str, Path] = {}
 
-    def add(axis, phase, op, size, dtype, per_mb, cadence, waits="", depth=1, per_step=None, ranks=None):
+    def add(axis, phase, op, size, dtype, per_mb, cadence, waits="", depth=1, per_step=None, ranks=None,
+            list_copies=False):
         n = mesh.degree(axis) if ranks is None else len(ranks)  # ranks: rank 0's group, a subset of axis's
         if n <= 1 or size <= 0 or (per_mb == 0 and not per_step):
             return
         path = paths.setdefault(axis, axis_path(mesh, placement, cluster, axis))
-        alg, t = path_time(op, n, size, path, cluster)
+        alg, t = path_time(op, n, size, path, cluster, nccl_era="2021" if list_copies else "current")
+        host = 0.0
+        if list_copies:  # torch 2021's list-based all_gather / reduce_scatter: n views and n copies
+            data = kernel_data(cluster.gpu.name)
+            t += deepspeed.list_copy_seconds(n, size, data)
+            host = deepspeed.host_seconds(n, data)
         rows.append(CollectiveRow(mesh.display_name(axis), phase, op, n, mesh.world // n,
                                   tuple(mesh.group_of(0, axis) if ranks is None else ranks), float(size), dtype, per_mb,
                                   per_step if per_step is not None else per_mb * micro_batches,
-                                  cadence, path, t, waits, depth, alg, per_mb / max(len(stage_layers), 1)))
+                                  cadence, path, t, waits, depth, alg, per_mb / max(len(stage_layers), 1), host))
 
     if chunks is None:
         per = max(len(stage_layers) // vpp, 1)
@@ -470,6 +483,9 @@ def _dp_rows(add, c: _Ctx) -> None:
     t, mesh = c.training, c.mesh
     shards = {"fsdp": mesh.degree("fsdp"), "efsdp": mesh.degree("efsdp")}
     ag, rs = t.compute_dtype, t.gradient_reduce_dtype
+    if t.sharding == "zero3" and t.zero3_engine == "deepspeed-2021":
+        _deepspeed_rows(add, c)
+        return
     if t.sharding in ("zero3", "hsdp"):
         pipelined = mesh.degree("pp") > 1
         units = _units(c, shards)
@@ -507,6 +523,59 @@ def _dp_rows(add, c: _Ctx) -> None:
         else:
             add("loss" if axis == "fsdp" else axis, "backward", "all-reduce", numel * dtype_bytes(rs),
                 rs, 0, "once per step (DDP, one bucket)", "optimizer step", per_step=1)
+
+
+def _deepspeed_params(c: _Ctx, layers: list[int], first: bool, last: bool) -> list[tuple[str, int]]:
+    """(name, local elements) of the parameter tensors of ``layers`` (and the root's on the
+    first / last stage) as the model code holds them: Megatron-LM's (fused QKV,
+    :func:`~meshplan.compute.megatron.stage_param_tensors`) under ``framework = "megatron"``,
+    else one per :class:`~meshplan.spec.model.Tensor`."""
+    m, mesh, t = c.model, c.mesh, c.training
+    tp = mesh.degree("tp")
+    v = padded_vocab(m.vocab, t.vocab_pad_divisor, tp)
+    if t.framework == "megatron":
+        return [(n, k) for n, k, _ in stage_param_tensors(m, tp, v // tp, layers, first, last, mesh.degree("pp"))]
+    ts = [x for i in layers for x in m.layer_tensors(i)]
+    ts += (m.embedding_tensors(v) if first else []) + [x for x in (m.head_tensors(v) if last else [])
+                                                        if not (x.tied and first)]
+    return [(x.name, local_numel(x, m, tp, mesh.ep, mesh.etp)) for x in ts]
+
+
+def _deepspeed_rows(add, c: _Ctx) -> None:
+    """DeepSpeed ZeRO-3 of 2021 (:mod:`meshplan.comm.deepspeed`): per micro-batch one
+    all-gather per gathered parameter tensor in forward, its re-gathers in backward, one
+    reduce-scatter per parameter tensor, over the data-parallel group; one row per (phase, op,
+    padded size), ``per_microbatch`` its calls, each timed with the ``n`` list copies. The root
+    (embedding, positions, final norm, an untied output layer) is gathered once in forward and
+    once in backward; a tied output layer reuses the embedding's weight (one more forward
+    gather at the logits, kept for their backward)."""
+    t, mesh = c.training, c.mesh
+    n = mesh.degree("fsdp")
+    later = 0
+    calls: Counter = Counter()
+    for k, i in reversed(list(enumerate(c.layers))):
+        params = _deepspeed_params(c, [i], False, False)
+        for name, numel in params:
+            fwd, bwd, red = deepspeed.layer_calls(params, t.layer_recomputed(k), 2 * later)[name]
+            size = deepspeed.padded(numel, n)
+            calls[("layer", "forward", "all-gather", size)] += fwd
+            calls[("layer", "backward", "all-gather", size)] += bwd
+            calls[("layer", "backward", "reduce-scatter", size)] += red
+        later += sum(x for _, x in params)
+    tied = c.model.tied_embeddings and c.first and c.last
+    for name, numel in _deepspeed_params(c, [], c.first, c.last):
+        size, gathered = deepspeed.padded(numel, n), numel >= deepspeed.PERSISTENCE_THRESHOLD
+        extra = 1 if tied and name in ("embedding", "word_embedding") else 0
+        calls[("root", "forward", "all-gather", size)] += gathered * (1 + extra)
+        calls[("root", "backward", "all-gather", size)] += gathered
+        calls[("root", "backward", "reduce-scatter", size)] += 1
+    for (unit, phase, op, size), count in sorted(calls.items(), key=lambda kv: (kv[0][0] != "layer", kv[0][1:])):
+        dt = t.compute_dtype if op == "all-gather" else t.gradient_reduce_dtype
+        label = "root (embedding/norm/output)" if unit == "root" else "layer"
+        add("fsdp", phase, op, size * dtype_bytes(dt), dt, count,
+            f"{deepspeed.CADENCE}, every {label}, list of {n} outputs/inputs)",
+            f"the {label}'s GEMMs" if op == "all-gather" else "optimizer step", 7 if op == "all-gather" else 1,
+            list_copies=True)
 
 
 def _pipelined_gathers(c: _Ctx, root: bool, chunks: list[int]) -> tuple[int, int]:

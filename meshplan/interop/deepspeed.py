@@ -81,6 +81,10 @@ def read(d: dict, opts: ImportOptions) -> Imported:
                                 "sharding": STAGES[stage], "param_dtype": dtype, "compute_dtype": dtype}
     notes = ["activation checkpointing is the model code's choice in DeepSpeed: planned with recompute = "
              "\"selective\" (meshplan's default)"]
+    if stage == 3:
+        notes.append("ZeRO stage 3 planned with per-layer coalesced gathers (training.zero3_engine = \"fsdp2\"), as "
+                     "DeepSpeed >= v0.5.5 gathers (PR #1188); for DeepSpeed v0.3.13-v0.5.4 (2021) set zero3_engine = "
+                     "\"deepspeed-2021\" (one all-gather and reduce-scatter per parameter tensor)")
     unused = tuple(k for k in flatten(d) if k not in USED)
     return Imported("deepspeed", {"model": model_option(opts.model), "cluster": cluster, "training": training,
                                   "mesh": {"names": ["dp"], "shape": [world]}}, unused, tuple(notes))

@@ -44,6 +44,10 @@ frameworks issue them:
   finds its chunk sharded (:func:`meshplan.comm.collectives.fsdp_gather_flags`: with
   ``reshard_after_forward = false`` once per step and chunk) and reduces only on the chunk's
   last gradient unit (``PipelineStage`` turns gradient sync off for every other backward).
+  DeepSpeed ZeRO-3 of 2021 (``training.zero3_engine``): a layer's gather (reduce-scatter) is
+  the sum of its per-parameter calls (:mod:`meshplan.comm.deepspeed`), placed as one unit's;
+  their host time (partition views, list copies issued) runs on the compute stream at the
+  layer's start (``CommTimes.host``).
 - **ZeRO-1/2, DDP**: on a chunk's last gradient unit the per-step reduction is issued in
   per-layer pieces (buckets) after each layer's weight gradients (``Overlap.grad_reduce``).
 - **A registered axis with a timeline** (not built-in: :func:`timeline_axes`): its rows run
@@ -66,6 +70,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from meshplan.comm.collectives import SCATTER_GATHER_CADENCE
+from meshplan.comm.deepspeed import CADENCE as DEEPSPEED_CADENCE
 from meshplan.compute.megatron import COMM_DELAY_OPS
 from meshplan.compute.ops import Cost, Workload
 from meshplan.pipeline.simulate import Event
@@ -191,7 +196,9 @@ class CommTimes:
     ``layers``: the stage's layers over all its chunks (each chunk's last gradient unit
     issues its layers' pieces of the per-step reduction); ``slots``: (stream, slot) of the
     registered axes with a timeline whose rows the stage has (:func:`timeline_axes`), each
-    call's seconds under (stream, "", phase, op) in ``t``."""
+    call's seconds under (stream, "", phase, op) in ``t``; ``host``: (group, phase) -> host
+    seconds per unit of DeepSpeed ZeRO-3's list-based calls (``CollectiveRow.host_s``), run on
+    the compute stream before the unit's compute."""
 
     t: dict = field(default_factory=dict)
     share: dict = field(default_factory=dict)
@@ -204,6 +211,7 @@ class CommTimes:
     other: tuple = ()
     layers: int = 1
     slots: tuple[tuple[str, Slot], ...] = ()
+    host: dict = field(default_factory=dict)
 
     @classmethod
     def from_rows(cls, rows, layers: int = 1, sm_share=None) -> "CommTimes":
@@ -232,6 +240,11 @@ class CommTimes:
                 c.async_s += r.time_s * r.per_microbatch / max(layers, 1)
             elif kind == "other":
                 other.append(f"{r.axis} {r.phase} {r.op} ({r.cadence})")
+            elif kind == "shard" and DEEPSPEED_CADENCE in r.cadence:  # per-parameter calls: their sum per unit
+                group = _shard_group(r.cadence)
+                key, per = (kind, group, r.phase, r.op), r.per_microbatch / (max(layers, 1) if group == "layer" else 1)
+                c.t[key] = c.t.get(key, 0.0) + r.time_s * per
+                c.host[(group, r.phase)] = c.host.get((group, r.phase), 0.0) + r.host_s * per
             else:
                 group = _shard_group(r.cadence) if kind in ("shard", "replica") else ""
                 c.t[(kind, group, r.phase, r.op)] = r.time_s
@@ -566,7 +579,8 @@ def forward_unit(chunk: ChunkCosts, comm: CommTimes, w: Workload, ov: Overlap,
     if chunk.batch is not None:
         s.compute("get_batch and timers", chunk.batch.seconds("forward"))
     if chunk.embed is not None:
-        s.compute("embedding", chunk.embed.seconds("forward"), [root_ag()])
+        s.compute("embedding", chunk.embed.seconds("forward") + (comm.host.get(("root", "forward"), 0.0)
+                                                                 if gather_root else 0.0), [root_ag()])
         op = "all-reduce" if w.megatron_ops else _tp(w)[1]  # Megatron 2022 all-reduces it under SP too
         s.compute("embedding tp wait", 0.0, [s.comm("tp", "forward", op, f"tp {op}")])
     gather = lambda i: s.comm("shard", "forward", "all-gather", f"fsdp AG L{i}", "layer") if gather_layers else None
@@ -574,7 +588,7 @@ def forward_unit(chunk: ChunkCosts, comm: CommTimes, w: Workload, ov: Overlap,
     for i, (c, moe) in enumerate(zip(chunk.layers, chunk.moe)):
         ag = ag if ov.fsdp_prefetch else gather(i)
         ag_e = s.comm("shard", "forward", "all-gather", f"efsdp AG L{i}", "expert") if moe and gather_layers else None
-        s.compute(f"L{i}", 0.0, [ag, ag_e])
+        s.compute(f"L{i}", comm.host.get(("layer", "forward"), 0.0) if gather_layers else 0.0, [ag, ag_e])
         ag = gather(i + 1) if ov.fsdp_prefetch and i + 1 < n else None
         _forward_layer(s, c, moe)
     if chunk.head is not None:
@@ -646,7 +660,7 @@ def backward_unit(kind: str, chunk: ChunkCosts, comm: CommTimes, w: Workload, ov
     for i in reversed(range(n)):
         c, moe = chunk.layers[i], chunk.moe[i]
         ag = ag if ov.fsdp_prefetch else gather_(i)
-        s.compute(f"L{i}", 0.0, [ag])
+        s.compute(f"L{i}", comm.host.get(("layer", "backward"), 0.0) if with_b and gather else 0.0, [ag])
         ag = gather_(i - 1) if ov.fsdp_prefetch and i > 0 else None
         if with_b:
             _backward_layer(s, c, moe, with_w)
@@ -666,7 +680,8 @@ def backward_unit(kind: str, chunk: ChunkCosts, comm: CommTimes, w: Workload, ov
     if chunk.batch is not None and with_b:
         s.compute("timers", chunk.batch.seconds("backward_input"))
     if chunk.embed is not None and with_w:
-        s.compute("embedding grad", chunk.embed.seconds("backward_weight"))
+        s.compute("embedding grad", chunk.embed.seconds("backward_weight") + (comm.host.get(("root", "backward"), 0.0)
+                                                                              if red_w else 0.0))
         if red_w:
             _reduce(s, "root", "root", 0.0)
     return s.finish()

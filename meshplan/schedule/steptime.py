@@ -508,6 +508,11 @@ def step_time(plan: Plan, overlap: Overlap = Overlap(), *, dropout: bool = False
     t = cfg.training
     ranks = tuple(plan.mesh.group_of(0, "pp")) if "pp" in plan.mesh.layout.names else (0,)
     notes = tuple(f"collective not simulated (kind unknown): {o}" for o in sorted({o for c in comms for o in c.other}))
+    host = [sum(v * (c.layers if g == "layer" else 1) for (g, _), v in c.host.items()) for c in comms]
+    if any(host):
+        notes += (f"DeepSpeed ZeRO-3 (2021) host time on the compute stream: {max(host) * 1e3:.1f} ms per "
+                  f"micro-batch (stage {host.index(max(host))}): each per-parameter call's partition views and list "
+                  f"copies issued (meshplan.comm.deepspeed.host_seconds)",)
     return StepTime(res, units, tuple(ends), tuple(post), exposed[crit],
                     _sequence_flops(cfg.model, t.seq_len) * t.global_batch, hw, t.global_batch * t.seq_len,
                     plan.world, cfg.cluster.gpu.peak_flops(t.compute_dtype), ranks, notes, t.recompute_name,
@@ -541,6 +546,10 @@ def config_overlap(training, overlap: Overlap = Overlap()) -> Overlap:
         overlap = replace(overlap, tp=True)
     if training.framework == "megatron" and (not overlap.tp_grad or overlap.grad_reduce):
         overlap = replace(overlap, tp_grad=True, grad_reduce=False)
+    if training.zero3_engine == "deepspeed-2021" and overlap.grad_reduce:
+        # DeepSpeed ZeRO-3 of 2021: every module's fetch ends in torch.cuda.synchronize()
+        # (stage3.py _synchronize_communication), which waits for the reduce-scatters in flight
+        overlap = replace(overlap, grad_reduce=False)
     return overlap
 
 

@@ -69,7 +69,7 @@ def _fsdp_cause(plan: Plan, stream: str, alternatives) -> str:
         return ""
     gathers = "all-gathered in forward and again in backward (training.reshard_after_forward = true)" \
         if t.reshard_after_forward else "all-gathered in forward (kept for backward: reshard_after_forward = false)"
-    mode = t.grad_accumulation
+    mode: str = t.grad_accumulation
     if mode == "no_sync_unsharded":
         gathers = gathers.replace("all-gathered in forward", "all-gathered in micro-batch 0's forward")
     reduce = "once per micro-batch" if mode == "sync" else f"once per step (training.grad_accumulation = {mode})"
@@ -77,9 +77,15 @@ def _fsdp_cause(plan: Plan, stream: str, alternatives) -> str:
             f"{reduce}, {m} micro-batches per step (global_batch {t.global_batch} / (micro_batch "
             f"{t.micro_batch} x dp {plan.mesh.dp}))")
     knobs: list[tuple[str, dict]] = []
+    if t.zero3_engine != "fsdp2":  # DeepSpeed 2021: per-parameter calls, none of FSDP2's knobs
+        line = (f"cause: DeepSpeed ZeRO-3 (2021) all-gathers every parameter tensor in forward and again in backward "
+                f"and reduce-scatters every one, each micro-batch, {m} micro-batches per step")
+        knobs.append(('training.zero3_engine = "fsdp2" (per-layer coalesced calls, as DeepSpeed >= v0.5.5)',
+                      {"zero3_engine": "fsdp2"}))
+        mode = ""
     for other in {"sync": ("no_sync", "no_sync_unsharded"), "no_sync": ("no_sync_unsharded",)}.get(mode, ()):
         knobs.append((f'training.grad_accumulation = "{other}"', {"grad_accumulation": other}))
-    if t.reshard_after_forward:
+    if t.reshard_after_forward and t.zero3_engine == "fsdp2":
         knobs.append(("training.reshard_after_forward = false", {"reshard_after_forward": False}))
     if t.global_batch % (2 * t.micro_batch * plan.mesh.dp) == 0:
         knobs.append((f"training.micro_batch = {2 * t.micro_batch}", {"micro_batch": 2 * t.micro_batch}))

@@ -41,6 +41,15 @@ class TrainingSpec(BaseModel):
     parallelism their input is all-gathered again in backward, during their input-gradient
     GEMM, because only its sequence shard is saved; ``LinearWithGradAccumulationAndAsyncCommunication``).
     ``validate`` runs torch: it takes ``torch`` only.
+    ``zero3_engine``: which runtime shards the parameters under ``sharding = "zero3"``:
+    ``fsdp2`` (torch FSDP2: one unit per layer, one coalesced all-gather and reduce-scatter
+    each) or ``deepspeed-2021`` (DeepSpeed ZeRO stage 3 v0.3.13-v0.5.4, Mar-Oct 2021, before
+    v0.5.5 coalesced its all-gathers, DeepSpeed PR #1188; the engine of Narayanan et al.
+    SC'21's ZeRO-3 runs): one all-gather per parameter tensor, in forward and again in
+    backward, and one reduce-scatter per parameter tensor, each over the whole data-parallel
+    group with list-based outputs (:mod:`meshplan.comm.deepspeed`). Its gradients are reduced
+    in the parameter dtype (``_reduce_scatter_gradient`` reduces ``param.grad``) unless
+    ``grad_reduce_dtype`` says otherwise.
     ``grad_clip``: gradient-norm clipping before the optimizer step (torchtitan
     ``training.max_norm`` 1.0 and Megatron-LM ``--clip-grad`` 1.0 by default): one read of the
     gradients for the norm and one read and write to scale them
@@ -103,6 +112,7 @@ class TrainingSpec(BaseModel):
     tp_comm_overlap: bool = False
     grad_clip: bool = True
     framework: Literal["torch", "megatron"] = "torch"
+    zero3_engine: Literal["fsdp2", "deepspeed-2021"] = "fsdp2"
     grad_accumulation: Literal["sync", "no_sync", "no_sync_unsharded"] = "sync"
     fp8_all_gather: bool = False
     fp8_output_layer: bool = False
@@ -123,6 +133,14 @@ class TrainingSpec(BaseModel):
         if self.fp8_output_layer and not self.fp8_all_gather:
             raise ValueError("fp8_output_layer says whether the output layer joins the float8 all-gather; "
                              "set fp8_all_gather = true or remove it")
+        if self.zero3_engine != "fsdp2" and self.sharding != "zero3":
+            raise ValueError(f"zero3_engine {self.zero3_engine!r} is DeepSpeed's ZeRO stage 3 (sharding zero3); "
+                             f"sharding {self.sharding!r} has no parameter gathers: remove the key")
+        if self.zero3_engine == "deepspeed-2021" and (self.grad_accumulation != "sync" or not self.reshard_after_forward
+                                                 or self.fp8_all_gather):
+            raise ValueError("zero3_engine 'deepspeed-2021' gathers every parameter in forward and again in backward and "
+                             "reduces every micro-batch: remove grad_accumulation, reshard_after_forward and "
+                             "fp8_all_gather (FSDP2 options)")
         if self.grad_accumulation != "sync" and self.sharding not in ("zero3", "hsdp"):
             raise ValueError(f"grad_accumulation {self.grad_accumulation!r} is an FSDP2 mode (sharding zero3 or "
                              f"hsdp); sharding {self.sharding!r} keeps the default 'sync': remove the key")
@@ -193,8 +211,12 @@ class TrainingSpec(BaseModel):
         'fp32'
         >>> TrainingSpec(global_batch=8, seq_len=16, sharding="none", framework="megatron").gradient_reduce_dtype
         'fp32'
+        >>> TrainingSpec(global_batch=8, seq_len=16, param_dtype="fp16", zero3_engine="deepspeed-2021").gradient_reduce_dtype
+        'fp16'
         """
         if self.grad_reduce_dtype is None:
+            if self.zero3_engine == "deepspeed-2021":
+                return self.param_dtype
             if self.sharding != "none":
                 return self.reduce_dtype
             return "fp32" if self.framework == "megatron" and self.param_dtype == "bf16" else self.param_dtype

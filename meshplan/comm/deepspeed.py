@@ -1,0 +1,168 @@
+"""DeepSpeed ZeRO stage 3 as released in 2021 (``training.zero3_engine = "deepspeed-2021"``): the
+collectives it issues per micro-batch, one per parameter tensor.
+
+Read in microsoft/DeepSpeed at v0.3.13 (2021-03-16; the same logic through v0.5.4, Oct 2021:
+v0.5.5 coalesced the all-gathers, PR #1188),
+the engine Narayanan et al. (SC'21, arXiv 2104.04473, section 5.2) integrated into Megatron-LM
+for their ZeRO-3 comparison (Table 2):
+
+- ``runtime/zero/stage3.py`` ``PartitionedParameterCoordinator.fetch_sub_module``: a module's
+  forward pre-hook all-gathers each of its own parameters that is not available, one
+  ``partition_parameters.py`` ``_allgather_param`` per parameter tensor (one
+  ``torch.distributed.all_gather`` over the whole data-parallel group, its output a list of
+  ``world`` partition views, no coalescing), waits for them (``_synchronize_communication``:
+  ``handle.wait()``, ``torch.cuda.synchronize()``) and ``release_sub_module`` re-partitions
+  them after the module's forward. The backward pre-hook fetches them again
+  (``pre_sub_module_backward_function``), so every gathered parameter is all-gathered in
+  forward and again in backward; under activation checkpointing the replayed forward fires
+  the forward hooks again: one more gather in backward.
+- A parameter stays gathered between two uses when the elements of the parameters used in
+  between are fewer than ``stage3_max_reuse_distance`` (``_keep_for_later``,
+  ``get_reuse_distance_in_numel``): :data:`MAX_REUSE_DISTANCE`. Under full recompute this keeps
+  the layer's last module (its replayed forward is followed at once by its backward).
+- Parameters with fewer elements than ``stage3_param_persistence_threshold``
+  (:data:`PERSISTENCE_THRESHOLD`) are never partitioned (``persistent_parameters``): no gather
+  (norm weights and biases, linear biases).
+- Gradients: every parameter's gradient goes to the bucket of ``reduce_bucket_size``
+  elements; a full bucket is reduced by ``_reduce_scatter_gradients``: one
+  ``torch.distributed.reduce_scatter`` per parameter tensor (list input of ``world`` views),
+  persistent ones included, in the gradient's dtype (``param.grad``, the parameter dtype).
+- Each parameter is padded to a multiple of the world (``_aligned_size``).
+- Prefetch (``prefetch_next_sub_modules``) after a fetch, only when nothing is in flight, of the
+  next parameters of the recorded trace up to ``stage3_prefetch_bucket_size`` = 5e7 elements
+  (:data:`PREFETCH_BUCKET`): one weight ahead once every weight has h^2 >= 5e7 elements
+  (h >= 7,072; GPT-3 175B). The rank timeline keeps its one-unit-ahead prefetch (a layer's
+  gathers overlap the previous layer's compute); with the gathers much longer than the compute
+  the exposed time is the same.
+- ``torch.cuda.synchronize()`` ends every fetch, so it also waits for the reduce-scatters in
+  flight (the step model turns ``Overlap.grad_reduce`` off for this engine).
+- NCCL of 2021 (2.8-2.9) ran all-gather and reduce-scatter on rings only (``tuning.cc``
+  v2.9.9-1): the table times them with ``nccl_era = "2021"`` (no hierarchical algorithm).
+
+torch's ProcessGroupNCCL of 2021 (``allgather`` with a list of outputs, ``reduce_scatter`` with a
+list of inputs; torch 1.8/1.9 ``ProcessGroupNCCL.cpp``) stages the list through one flat buffer
+(``flatten_for_scatter_gather``) and copies each of the ``world`` pieces out (all-gather) or in
+(reduce-scatter) with its own ``copy_`` on the NCCL stream: ``world`` copy kernels per call,
+issued by the host (:func:`host_seconds`) and run on the GPU (:func:`list_copy_seconds`).
+Defaults: v0.3.13 ``runtime/zero/constants.py``.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Optional
+
+from meshplan.compute.measured import KernelData, memory_seconds
+
+#: ``stage3_param_persistence_threshold`` default (elements): smaller parameters are never
+#: partitioned (DeepSpeed v0.3.13 ``runtime/zero/constants.py``).
+PERSISTENCE_THRESHOLD = 100_000
+#: ``stage3_max_reuse_distance`` default (elements), same file.
+MAX_REUSE_DISTANCE = 1_000_000_000
+#: ``stage3_prefetch_bucket_size`` default (elements), same file.
+PREFETCH_BUCKET = 50_000_000
+#: Marks the table rows of this module (the rank timeline sums their calls per layer).
+CADENCE = "per parameter tensor (DeepSpeed ZeRO-3"
+
+
+def module_of(name: str) -> str:
+    """The torch module holding parameter ``name``: a weight and its bias share one.
+
+    >>> module_of("w_up_bias"), module_of("attn_norm")
+    ('w_up', 'attn_norm')
+    """
+    return name[:-5] if name.endswith("_bias") else name
+
+
+def padded(numel: int, world: int) -> int:
+    """Elements of a parameter padded to a multiple of ``world`` (``_aligned_size``).
+
+    >>> padded(12288, 1536), padded(12289, 1536)
+    (12288, 13824)
+    """
+    return -(-numel // world) * world
+
+
+def layer_calls(params: list[tuple[str, int]], recompute: bool,
+                after_numel: int = 0) -> dict[str, tuple[int, int, int]]:
+    """``{parameter: (forward all-gathers, backward all-gathers, reduce-scatters)}`` per
+    micro-batch for one layer's ``params`` ((name, local elements) in forward order), by the
+    module docstring's rules. ``recompute``: the layer is replayed in backward (full
+    recompute); ``after_numel``: elements of the parameters used after this layer's forward
+    and before its backward without recompute (later layers twice, forward and backward,
+    and the head).
+
+    GPT-3 175B as Megatron-LM holds a layer (QKV fused; h = 12288), full recompute: 4 weights
+    gathered in forward; in backward the replay gathers the 4 again and the backward gathers
+    3 (the MLP's second linear, replayed last, is reused at once); 12 reduce-scatters:
+
+    >>> h = 12288
+    >>> p = [("attn_norm", h), ("attn_norm_bias", h), ("query_key_value", 3 * h * h),
+    ...      ("query_key_value_bias", 3 * h), ("wo", h * h), ("wo_bias", h), ("mlp_norm", h),
+    ...      ("mlp_norm_bias", h), ("w_up", 4 * h * h), ("w_up_bias", 4 * h), ("w_down", 4 * h * h),
+    ...      ("w_down_bias", h)]
+    >>> calls = layer_calls(p, recompute=True)
+    >>> [sum(c[k] for c in calls.values()) for k in range(3)]
+    [4, 7, 12]
+    >>> calls["w_down"], calls["w_up"], calls["wo_bias"]
+    ((1, 1, 1), (1, 2, 1), (0, 0, 1))
+    """
+    order = list(dict.fromkeys(module_of(n) for n, _ in params))
+    module_numel: Counter[str] = Counter()
+    for n, k in params:
+        module_numel[module_of(n)] += k
+    out = {}
+    for name, numel in params:
+        if numel < PERSISTENCE_THRESHOLD:
+            out[name] = (0, 0, 1)
+            continue
+        later = sum(module_numel[m] for m in order[order.index(module_of(name)) + 1:])
+        # elements used between this module's last forward use and its backward use:
+        # the later modules' forward (replayed) and backward, plus what lies outside the layer
+        reuse = 2 * later + (0 if recompute else after_numel)
+        backward = (1 if recompute else 0) + (0 if reuse < MAX_REUSE_DISTANCE else 1)
+        out[name] = (1, backward, 1)
+    return out
+
+
+#: Host time of one eager PyTorch op issued from Python: ~2 us (S21, pytorch/pytorch issue
+#: 41383, ngimel: "~2 us via Python, about half parsing"; public-microbenchmarks.md section 5).
+#: DeepSpeed's ``_allgather_param`` / ``_reduce_scatter_gradient`` build their list of ``world``
+#: partitions with one ``narrow`` each in a Python loop.
+PYTHON_OP_S = 2e-6
+
+
+def host_seconds(world: int, data: Optional[KernelData]) -> float:
+    """Host seconds of one list-based call over ``world`` ranks (module docstring): the Python
+    loop of ``world`` partition views (:data:`PYTHON_OP_S` each) and the ``world`` copies
+    ProcessGroupNCCL issues on the host right after the collective (the catalog's per-kernel
+    issue floor, ``kernels.toml`` ``[host] kernel_issue_s``: S21 + S22). The module's compute is
+    enqueued only after them, so the rank timeline adds them to the compute stream. 0 without
+    kernel data for the GPU.
+
+    1,536 ranks on an A100 (4.7 us per issued kernel): 1536 x 6.7 us = 10.29 ms per call:
+
+    >>> from meshplan.compute.measured import kernel_data
+    >>> round(host_seconds(1536, kernel_data("a100-sxm-80gb")) * 1e3, 2)
+    10.29
+    """
+    if data is None or world <= 1:
+        return 0.0
+    return world * (PYTHON_OP_S + data.kernel_issue_s)
+
+
+def list_copy_seconds(world: int, size_bytes: float, data: Optional[KernelData]) -> float:
+    """GPU seconds of the ``world`` copies ProcessGroupNCCL of 2021 runs on the NCCL stream
+    around one list-based all-gather or reduce-scatter of a ``size_bytes`` buffer: together
+    they read and write the whole buffer, at the GPU's BabelStream Triad rate (the catalog's
+    memory-bound rate). 0 without kernel data for the GPU or with one rank.
+
+    A 1.2 GB buffer on an A100 (1.70 TB/s): 2.4 GB, 1.41 ms:
+
+    >>> from meshplan.compute.measured import kernel_data
+    >>> round(list_copy_seconds(1536, 1.2e9, kernel_data("a100-sxm-80gb")) * 1e3, 2)
+    1.41
+    """
+    if data is None or world <= 1:
+        return 0.0
+    return memory_seconds(data, 2 * size_bytes)

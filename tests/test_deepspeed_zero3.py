@@ -1,0 +1,150 @@
+"""DeepSpeed ZeRO-3 of 2021 (training.zero3_engine = "deepspeed-2021", meshplan.comm.deepspeed):
+collective counts per micro-batch derived by hand from DeepSpeed v0.3.13's stage3.py and
+partition_parameters.py, NCCL's ring latency at 1,536 ranks from the S20 constants, the host
+time of the list-based calls, and the SC'21 ZeRO-3 scaling (Narayanan et al. Table 2)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from meshplan import catalog
+from meshplan.comm import deepspeed
+from meshplan.comm.alphabeta import collective_time
+from meshplan.compute.megatron import stage_param_tensors
+from meshplan.compute.measured import kernel_data
+from meshplan.config import config_from_dict, load_config
+from meshplan.errors import ConfigError
+from meshplan.plan import build_plan, table_key
+from meshplan.schedule.steptime import step_time
+
+ZERO3 = Path(__file__).resolve().parent.parent / "benchmarks" / "zero3"
+H = 12288
+
+
+def _layer(i: int = 0) -> list[tuple[str, int]]:
+    """One GPT-3 175B layer as Megatron-LM holds it (tp 1: fused QKV), names and elements."""
+    return [(n, k) for n, k, _ in stage_param_tensors(catalog.model("megatron-175b"), 1, 51200, [i], False, False, 1)]
+
+
+def test_one_layer_as_megatron_holds_it():
+    # 6 modules x (weight, bias); only the four weights reach the persistence threshold (1e5)
+    names = [n for n, _ in _layer()]
+    assert names == ["attn_norm", "attn_norm_bias", "query_key_value", "query_key_value_bias", "wo", "wo_bias",
+                     "mlp_norm", "mlp_norm_bias", "w_up", "w_up_bias", "w_down", "w_down_bias"]
+    big = {n: k for n, k in _layer() if k >= deepspeed.PERSISTENCE_THRESHOLD}
+    assert big == {"query_key_value": 3 * H * H, "wo": H * H, "w_up": 4 * H * H, "w_down": 4 * H * H}
+
+
+def test_calls_per_microbatch_of_one_layer_full_recompute():
+    # forward: 4 weight gathers; backward: the checkpoint replay gathers the 4 again and the
+    # backward hooks gather 3 (w_down is used again at once: 0 elements in between < 1e9; w_up
+    # has w_down's 2 x (4 h^2 + h) = 1.208e9 elements between its replay and its backward);
+    # every one of the 12 parameters is reduce-scattered once
+    calls = deepspeed.layer_calls(_layer(), recompute=True)
+    assert [sum(c[k] for c in calls.values()) for k in range(3)] == [4, 7, 12]
+    assert 2 * (4 * H * H + H) == 1_207_984_128 > deepspeed.MAX_REUSE_DISTANCE
+
+
+def test_calls_without_recompute_depend_on_what_follows_the_layer():
+    # a middle layer: the rest of the model lies between a weight's forward and its backward
+    calls = deepspeed.layer_calls(_layer(), recompute=False, after_numel=10 ** 10)
+    assert [sum(c[k] for c in calls.values()) for k in range(3)] == [4, 4, 12]
+    # the last layer with nothing after it: w_down is kept from its forward to its backward
+    calls = deepspeed.layer_calls(_layer(), recompute=False, after_numel=0)
+    assert [sum(c[k] for c in calls.values()) for k in range(3)] == [4, 3, 12]
+
+
+@pytest.fixture(scope="module")
+def plan_1536():
+    return build_plan(load_config(ZERO3 / "gpt3-175b_1536xa100_zero3-deepspeed_mb1.toml"))
+
+
+def test_table_counts_1536(plan_1536):
+    rows = plan_1536.collectives[table_key(0)]
+    per = Counter()
+    for r in rows:
+        per[(r.phase, r.op)] += r.per_microbatch
+    # 96 layers x (4, 7, 12) + the root: word embedding gathered twice in forward (embedding
+    # and the tied logits), once in backward; position embedding once each; final norm
+    # weight and bias persistent; 4 root reduce-scatters
+    assert per == {("forward", "all-gather"): 96 * 4 + 3, ("backward", "all-gather"): 96 * 7 + 2,
+                   ("backward", "reduce-scatter"): 96 * 12 + 4}
+    # each parameter padded to a multiple of the world: QKV 3 h^2 = 452,984,832 = 1536 x 294,912
+    sizes = {r.size_bytes for r in rows if r.phase == "forward"}
+    assert 3 * H * H * 2 in sizes and all(s % (1536 * 2) == 0 for s in sizes)
+    assert all(r.dtype == "fp16" for r in rows)  # DeepSpeed reduces param.grad: the fp16 gradient
+    assert all(r.algorithm == "ring" for r in rows)  # NCCL 2.8-2.9: AG and RS on rings only
+
+
+def test_host_time_of_a_list_based_call(plan_1536):
+    # 1536 partition views through Python (2 us, S21) + 1536 copies issued (4.7 us, kernels.toml)
+    data = kernel_data("a100-sxm-80gb")
+    assert data.kernel_issue_s == pytest.approx(4.7e-6)
+    for r in plan_1536.collectives[table_key(0)]:
+        assert r.host_s == pytest.approx(1536 * 6.7e-6, rel=1e-12)
+
+
+def test_ring_latency_of_1536_ranks_from_nccl_constants():
+    # S20: ring LL base 6.6 us + 1535 network steps x 2.7 us = 4151.1 us (LL the fastest
+    # protocol at any latency-bound size); with unlimited bandwidth the time is the latency
+    alg, t = collective_time("all-gather", 1536, 1.0, 1e30, "network", nodes=192, intra_bandwidth_bytes_per_s=1e30,
+                             nccl_era="2021")
+    assert (alg, t) == ("ring", pytest.approx(4151.1e-6, rel=1e-9))
+    # the hierarchical algorithm NCCL 2.8-2.9 did not have for all-gather: ring over 192 nodes
+    # (191 network steps) and over 8 GPUs (7 steps, NVLink latency scaled as the network's here)
+    alg, t = collective_time("all-gather", 1536, 1.0, 1e30, "network", nodes=192, intra_bandwidth_bytes_per_s=1e30)
+    assert alg == "hierarchical" and t < 1e-3
+
+
+def test_smallest_reduce_scatter_is_latency_and_host(plan_1536):
+    # a bias of h = 12288 fp16 elements (24,576 B, 16 B per rank): its time is NCCL's latency
+    # and the buffer's bytes, far from the 1.2 GB weights' but above the ring latency alone
+    small = min(plan_1536.collectives[table_key(0)], key=lambda r: r.size_bytes)
+    assert (small.op, small.size_bytes, small.per_microbatch) == ("reduce-scatter", 24576, 96 * 6)
+    assert 4151.1e-6 < small.time_s < 4151.1e-6 * 1.05
+
+
+def test_sc21_collapse_comes_out_of_the_model():
+    # Narayanan et al. Table 2: 768 -> 1536 GPUs at global batch 1536, TFLOP/s per GPU 88 -> 44
+    # (the step stays 66.7 s). DeepSpeed-2021's step stays within 5% of 768's; FSDP2's
+    # per-layer gathers halve it.
+    steps = {}
+    for engine in ("deepspeed-2021", "fsdp2"):
+        for n, mb in ((768, 2), (1536, 1)):
+            cfg = load_config(ZERO3 / f"gpt3-175b_{n}xa100_zero3-deepspeed_mb{mb}.toml")
+            cfg = replace(cfg, training=cfg.training.model_copy(update={"zero3_engine": engine}))
+            steps[(engine, n)] = step_time(build_plan(cfg)).step_s
+    assert abs(steps[("deepspeed-2021", 1536)] / steps[("deepspeed-2021", 768)] - 1) < 0.05
+    assert steps[("fsdp2", 1536)] / steps[("fsdp2", 768)] < 0.6
+
+
+def test_engine_needs_zero3():
+    base = {"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 1},
+            "mesh": {"names": ["dp"], "shape": [8]}}
+    with pytest.raises(ConfigError, match="zero3_engine 'deepspeed-2021' is DeepSpeed's ZeRO stage 3"):
+        config_from_dict({**base, "training": {"global_batch": 8, "seq_len": 1024, "sharding": "zero2",
+                                               "zero3_engine": "deepspeed-2021"}})
+    with pytest.raises(ConfigError, match="remove grad_accumulation"):
+        config_from_dict({**base, "training": {"global_batch": 16, "seq_len": 1024, "zero3_engine": "deepspeed-2021",
+                                               "grad_accumulation": "no_sync"}})
+
+
+def test_verdict_cause_offers_no_fsdp2_knob():
+    # the FSDP2 knobs (grad_accumulation, reshard_after_forward) do nothing to DeepSpeed 2021's
+    # per-parameter calls: the cause names the engine and offers FSDP2's coalesced calls and a
+    # doubled micro-batch (global_batch 1024 / (2 x 1 x 512) = 1)
+    from meshplan.schedule.verdict import _fsdp_cause
+
+    cfg = config_from_dict({"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-a100", "nodes": 64},
+                            "training": {"global_batch": 1024, "seq_len": 256, "micro_batch": 1, "sharding": "zero3",
+                                         "zero3_engine": "deepspeed-2021", "recompute": "full"},
+                            "mesh": {"names": ["dp"], "shape": [512]}})
+    line = _fsdp_cause(build_plan(cfg, memory=False), "fsdp", None)
+    assert line == ("cause: DeepSpeed ZeRO-3 (2021) all-gathers every parameter tensor in forward and again in "
+                    "backward and reduce-scatters every one, each micro-batch, 2 micro-batches per step; fewer with "
+                    'training.zero3_engine = "fsdp2" (per-layer coalesced calls, as DeepSpeed >= v0.5.5) or '
+                    "training.micro_batch = 2")
