@@ -209,6 +209,10 @@ def build_plan(config: Config, constraints: cons.Constraints | None = None, memo
         raise ConfigError("training.grad_accumulation", f"{t.grad_accumulation!r} is for pp 1; with pp "
                           f"{mesh.degree('pp')} torch.distributed.pipelining turns gradient sync and "
                           "reshard-after-backward off itself: remove the key")
+    if t.zero3_engine == "deepspeed-2021" and not isinstance(mesh, resolve.Infeasible) and mesh.degree("pp") > 1:
+        raise ConfigError("training.zero3_engine", f"'deepspeed-2021' with pp {mesh.degree('pp')}: DeepSpeed's "
+                          "pipeline engine refuses ZeRO stages 2 and 3 (runtime/pipe/engine.py); use pp 1 or "
+                          "zero3_engine = \"fsdp2\"")
     if t.recompute == "op" and not isinstance(mesh, resolve.Infeasible) and \
             max(mesh.degree("tp"), mesh.degree("cp"), mesh.ep) > 1:
         raise ConfigError("training.recompute", "'op' (torchtitan op-level selective AC) is planned with tp = cp = "

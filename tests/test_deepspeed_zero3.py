@@ -148,3 +148,15 @@ def test_verdict_cause_offers_no_fsdp2_knob():
                     "backward and reduce-scatters every one, each micro-batch, 2 micro-batches per step; fewer with "
                     'training.zero3_engine = "fsdp2" (per-layer coalesced calls, as DeepSpeed >= v0.5.5) or '
                     "training.micro_batch = 2")
+
+
+def test_engine_refuses_pipeline_parallelism():
+    # DeepSpeed's PipelineEngine refuses ZeRO stages 2 and 3 (runtime/pipe/engine.py; DeepSpeed
+    # issue 1110): a deepspeed-2021 mesh with pp > 1 is a config error naming the field, not a plan
+    cfg = config_from_dict({"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-a100", "nodes": 2},
+                            "training": {"global_batch": 16, "seq_len": 256, "micro_batch": 1, "sharding": "zero3",
+                                         "zero3_engine": "deepspeed-2021"},
+                            "mesh": {"names": ["pp", "dp"], "shape": [2, 8]}})
+    with pytest.raises(ConfigError, match="'deepspeed-2021' with pp 2") as e:
+        build_plan(cfg)
+    assert e.value.field == "training.zero3_engine"
