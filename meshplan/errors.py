@@ -48,6 +48,11 @@ class ConfigError(ValueError):
         self.message = printable(str(message))
         super().__init__(f"{self.field}: {self.message}")
 
+    def __reduce__(self):
+        """Rebuilt from (field, message) when pickled (the search's worker processes send it
+        back to the parent; the default would call ``__init__`` with the one formatted line)."""
+        return type(self), (self.field, self.message)
+
 
 class CheckpointError(ConfigError):
     """A checkpoint that cannot be loaded as asked: missing or incomplete, or holding state

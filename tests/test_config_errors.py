@@ -204,3 +204,16 @@ def test_mistyped_axis_is_an_error_unless_custom(tmp_path):
     r = subprocess.run([sys.executable, "-m", "meshplan.cli", "groups", str(p), "--rank", "0"], capture_output=True,
                        text=True, timeout=60)
     assert (r.returncode, r.stderr) == (0, "")
+
+
+def test_config_error_survives_pickling():
+    # the search evaluates candidates in worker processes, which send a ConfigError back to
+    # the parent pickled; it must arrive with its field and message (not a TypeError)
+    import pickle
+
+    from meshplan.errors import CheckpointError, ConfigError
+
+    for cls in (ConfigError, CheckpointError):
+        e = pickle.loads(pickle.dumps(cls("training.zero3_engine", "use pp 1")))
+        assert type(e) is cls and e.field == "training.zero3_engine" and e.message == "use pp 1"
+        assert str(e) == "training.zero3_engine: use pp 1"
