@@ -378,7 +378,7 @@ def _training_knobs(cfg: Config, c: Candidates, i: int) -> dict:
     ``grad_accumulation`` back to ``sync`` outside :func:`accumulates`, ``fp8_all_gather`` (and
     ``fp8_output_layer``) off without FSDP (ZeRO-1 gathers no parameters), as
     :class:`~meshplan.spec.training.TrainingSpec` requires of a config."""
-    t, out = cfg.training, {}
+    t, out = cfg.training, dict[str, object]()
     if t.grad_accumulation != "sync" and not accumulates(cfg, c.pp[i], c.sh[i]):
         out["grad_accumulation"] = "sync"
     if t.fp8_all_gather and int(c.sh[i]) not in FSDP_SHARDINGS:

@@ -347,9 +347,9 @@ def gathering_passes(cfg: Config, c: Candidates, st: Stages) -> tuple[np.ndarray
     g = np.zeros((2, len(c), p))
     if p == 1:
         acc = accumulates(cfg, c.pp, c.sh)
-        m, rf = st.m[:, 0], c.rf > 0
-        for mm, r in sorted(set(zip(m[acc].tolist(), rf[acc].tolist()))):
-            rows = acc & (m == mm) & (rf == r)
+        micro, keep = st.m[:, 0], c.rf > 0
+        for mm, r in sorted(set(zip(micro[acc].tolist(), keep[acc].tolist()))):
+            rows = acc & (micro == mm) & (keep == r)
             flags = fsdp_gather_flags(candidate_schedule(1), 1, mm, 1, 0, r,
                                       reshard_after_backward=cfg.training.grad_accumulation == "no_sync")
             g[0, rows, 0] = sum(1 for (_, kind, _), on in flags.items() if on and kind == "F")
