@@ -572,7 +572,9 @@ def search_cmd(config: Path = typer.Argument(..., help="TOML config: [model], [c
     each. Order: by step time; candidates within 1% of the fastest not yet listed go toward fewer axes,
     then lower tp*pp*cp*ep, then lower tp. The output names what makes the top faster than #2 (compute,
     bubble, exposed communication per axis, with their seconds). --export N --to FORMAT -o FILE writes row N
-    (its layer split included) as a meshplan TOML, torchtitan TOML, Megatron-LM arguments or DeepSpeed JSON."""
+    (its layer split included) as a meshplan TOML, torchtitan TOML, Megatron-LM arguments or DeepSpeed JSON.
+    training.fp8_all_gather and training.grad_accumulation apply to the FSDP candidates (grad_accumulation
+    with pp 1); the others are planned without them (a note says so)."""
 
     if export_rank is not None:
         if export_rank < 1:

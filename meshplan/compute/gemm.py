@@ -314,10 +314,10 @@ def _catalog_time(gpu_name: str, source: str, peak_flops: float, m: int, n: int,
                   count: int) -> GemmEstimate:
     """:func:`gemm_time` from the catalog's points of ``gpu_name``
     (:func:`meshplan.compute.measured.gemm_seconds`), efficiency against ``peak_flops``;
-    memoised on everything it reads (the catalog entry by GPU and source, as
-    :func:`~meshplan.compute.measured.gemm_tflops` keys its memo): the search times the same
-    shapes for every recompute policy and across thousands of meshes. A pure function's
-    results: a cache, not state."""
+    memoised on everything it reads (the catalog entry by GPU and source): the search times the
+    same shapes for every recompute policy and across thousands of meshes. The flow's one GEMM
+    memo (every catalog lookup of the flow comes through here; the interpolation below it is
+    not memoised). A pure function's results: a cache, not state."""
     data = kernel_data(gpu_name)
     if data is None:  # gemm_time asks only for a GPU with catalog points
         raise KeyError(f"{gpu_name}: no catalog kernel data")

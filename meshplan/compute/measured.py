@@ -126,19 +126,10 @@ def fit_norm(nbytes: list[float], seconds: list[float]) -> tuple[float, float]:
 
 def gemm_tflops(data: KernelData, m: int, n: int, k: int, dtype: str) -> tuple[float, str]:
     """(TFLOP/s, how) of one (M, N, K) GEMM interpolated from ``data``'s points for ``dtype``
-    (module docstring). Raises KeyError when there are no points for ``dtype``. Memoised per
-    (GPU, shape, dtype): the search asks for the same shapes across thousands of meshes."""
-    key = (data.gpu, data.source, m, n, k, dtype)
-    hit = _TFLOPS_MEMO.get(key)
-    if hit is None:
-        if len(_TFLOPS_MEMO) >= _MEMO_LIMIT:
-            _TFLOPS_MEMO.clear()
-        hit = _TFLOPS_MEMO[key] = _interpolate(data.gemm[dtype], m, n, k)
-    return hit
-
-
-_TFLOPS_MEMO: dict[tuple, tuple[float, str]] = {}  # a pure function's results: a cache, not state
-_MEMO_LIMIT = 1 << 18
+    (module docstring). Raises KeyError when there are no points for ``dtype``. Not memoised
+    here: its one caller in the flow, :func:`meshplan.compute.gemm.gemm_time`, memoises the
+    whole estimate above it (``_catalog_time``)."""
+    return _interpolate(data.gemm[dtype], m, n, k)
 
 
 def _interpolate(pts, m: int, n: int, k: int) -> tuple[float, str]:

@@ -155,7 +155,10 @@ class Cost:
         """:meth:`seconds` of every (phase, block, recompute or None) at once: one pass files
         each op's seconds under its two keys in op order, and each list is summed as
         :meth:`seconds` sums its selection, so the floats are the same (the search asks ~35
-        such sums of each of thousands of layers; a frozen dataclass: never stale)."""
+        such sums of each of thousands of layers; a frozen dataclass: never stale). Kept beside
+        the selection for the other sums: one table of all 8 selections per op for every call
+        (or a memoised selection) took 0.37 s (0.39 s) of Cost.seconds against 0.13 s in a
+        profiled Llama-3-405B / 16,384 H100 search (benchmarks/bench_search.py)."""
         lists: dict = {}
         for o in self.ops:
             lists.setdefault((o.phase, o.block, o.recompute), []).append(o.seconds)

@@ -42,7 +42,7 @@ import numpy as np
 
 from meshplan.pipeline.interleaved import INTERLEAVED
 from meshplan.search.memory import Stages, Tables, comm_axes, lookup, split
-from meshplan.search.space import SHARDING, Candidates
+from meshplan.search.space import SHARDING, Candidates, accumulates
 from meshplan.config import Config
 from meshplan.spec.axes.base import Dim
 from meshplan.units import dtype_bytes
@@ -97,17 +97,17 @@ def _layer_peak(kinds: dict, u: dict, which: str) -> tuple[np.ndarray, np.ndarra
 def _lower(cfg, c, st, s, u, lo, layer_peak, hs, fixed) -> np.ndarray:
     """The largest of the running totals F, P, Q, H, W of the module docstring."""
     o, F = cfg.memory, u["fsdp"]
-    per_mb = o.fsdp_reduce == "per_microbatch"
+    per_mb = u["per_mb"]
     init = s["total"] - np.where(F, s["grads"], 0) + fixed
     v = c.vpp[:, None]
     c0 = np.where(v == 1, st.w, INTERLEAVED.chunk_forwards(st.k.shape[1], v, st.w))  # chunk-0 passes in flight
-    kept = np.where(F, u["roots"], 0)
+    kept = np.where(F, u["roots_g"], 0)
     f_end = init + st.w * st.n_chunk * lo["saved"] + st.first * c0 * hs["embedding_saved"] + st.last * hs["head_saved"] + kept
     pf = o.prefetch_layers >= 1
-    near = lambda n: np.where(F, u["unit_min"] * (1 + ((n >= 2) & pf)), 0)
+    near = lambda n: np.where(F, u["unit_min_g"] * (1 + ((n >= 2) & pf)), 0)
     head_reduce = np.where(F & ~u["root"], st.last * u["head"] * u["r"], 0).astype(np.int64)
     # P1/P2: the first backward's layers (after the head's backward on the last stage)
-    base = f_end - st.last * hs["head_saved"] + hs["dy"] - np.where(F & ~u["root"], st.last * u["head"], 0)
+    base = f_end - st.last * hs["head_saved"] + hs["dy"] - np.where(F & ~u["root"], st.last * u["head_g"], 0)
     base = base + np.where(u["root"] & F, u["early"], 0)
     p1 = base + head_reduce + near(st.n_chunk) + layer_peak
     reduce = np.where(F & per_mb, u["reduce_min"], 0)
@@ -115,20 +115,21 @@ def _lower(cfg, c, st, s, u, lo, layer_peak, hs, fixed) -> np.ndarray:
     out = np.maximum(np.maximum(f_end, p1), np.where(st.n_chunk >= 2, p2, 0))
     # H: the loss's backward on the last stage
     h1 = f_end + hs["loss_grad_extra"] + hs["logits_grad_temp"]
-    h2 = f_end - hs["head_loss_saved"] + hs["logits_grad_temp"] + hs["dy"] + np.where(F & pf, u["unit_min"], 0)
+    h2 = f_end - hs["head_loss_saved"] + hs["logits_grad_temp"] + hs["dy"] + np.where(F & pf, u["unit_min_g"], 0)
     out = np.maximum(out, np.where(st.last, np.maximum(h1, h2), 0))
     # W: the w-th forward's last layer with its working set
     keep_output = getattr(o, "forward_prefetch_layers", 0) == 0
-    gathered = np.where(F, st.first * (u["emb"] + np.where(u["root"], u["head"], 0)) + u["unit_min"] * (1 + keep_output), 0)
+    gathered = np.where(F, st.first * (u["emb_g"] + np.where(u["root"], u["head_g"], 0))
+                        + u["unit_min_g"] * (1 + keep_output), 0)
     pw = init + (st.w * st.n_chunk - 1) * lo["saved"] + gathered + lo["fwd"]
     out = np.maximum(out, pw)
-    if per_mb:
-        out = np.maximum(out, _steady(cfg, c, st, s, u, lo, layer_peak, hs, fixed, near, reduce))
+    if per_mb.any():
+        out = np.where(per_mb, np.maximum(out, _steady(cfg, c, st, s, u, lo, layer_peak, hs, fixed, near, reduce)), out)
     # V-shaped schedules (ZB-V, DualPipeV): only the terms that hold for any order, F and W
     # without the embedding's, the head's and the kept roots' shares (the w-th forward may be
     # either chunk's, and DualPipeV's first backward comes before its peak)
     plain = init + st.w * st.n_chunk * lo["saved"]
-    pw_v = init + (st.w * st.n_chunk - 1) * lo["saved"] + np.where(F, u["unit_min"] * (1 + keep_output), 0) + lo["fwd"]
+    pw_v = init + (st.w * st.n_chunk - 1) * lo["saved"] + np.where(F, u["unit_min_g"] * (1 + keep_output), 0) + lo["fwd"]
     return np.where(st.vshape, np.maximum(plain, pw_v), out)
 
 
@@ -159,10 +160,10 @@ def _upper(cfg, c, st, s, u, hi, layer_peak, hs, fixed) -> np.ndarray:
     acts = st.w * (st.n_chunk * hi["saved"] + st.first * hs["embedding_saved"]) \
         + np.where(st.vshape, st.w, 1) * st.last * hs["head_saved"]
     depth = max(1, o.prefetch_layers, getattr(o, "forward_prefetch_layers", 0))
-    few = (o.fsdp_reduce == "per_microbatch") & (c.rf[:, None] > 0)  # the candidate's reshard_after_forward
+    few = u["per_mb"] & (c.rf[:, None] > 0)  # the candidate's reshard_after_forward
     held = np.where(few, (1 + depth) * u["unit_max"], 2 * st.n * u["unit_max"])  # copies and outputs of layers
     red = lambda x: (x * r).astype(np.int64)
-    accum = 0 if o.fsdp_reduce == "per_microbatch" else red(st.n * u["unit_max"] + u["roots"]) + u["unit_max"]
+    accum = np.where(u["per_mb"], 0, red(st.n * u["unit_max"] + u["roots"]) + u["unit_max"])
     in_flight = red(np.maximum(u["unit_max"], np.maximum(u["head"], u["emb"])))
     layer = hs["dy"] + layer_peak + in_flight
     unit_reduce = hs["dy"] + u["unit_max"] + red(u["unit_max"])
@@ -200,9 +201,24 @@ def units(cfg: Config, tables: Tables, c: Candidates, st: Stages) -> dict:
     umax = np.where(has_d & has_m, np.maximum(ud, um), np.where(has_m, um, ud))
     emb, head = col(rt["emb"]) * act_d * comp, (col(rt["norm"]) + out_on) * act_d * comp
     root = np.broadcast_to(((c.pp == 1) & (c.vpp == 1))[:, None], st.n.shape)
+    # all-gather outputs and their copies in the gather dtype (float8 Linear weights under
+    # fp8_all_gather: sizes.units' ``gathered``); gradients and reduce inputs by elements
+    dg = lookup([c.tp, c.ep, c.etp, z], tables.layer, ("dense_gather", "expert_gather"))
+    mg = lookup([c.tp, c.ep, c.etp, z + 1], tables.layer, ("dense_gather", "expert_gather")) if m.is_moe else dg
+    rg = lookup([c.tp], tables.roots_gather, ("emb", "norm", "out"))
+    gd = col(dg["dense_gather"]) * act_d + col(dg["expert_gather"]) * act_e
+    gm = col(mg["dense_gather"]) * act_d + col(mg["expert_gather"]) * act_e
+    emb_g = col(rg["emb"]) * act_d
+    head_g = (col(rg["norm"]) + col(rg["out"]) * ((not m.tied_embeddings) or (st.k.shape[1] > 1))) * act_d
+    # fsdp_reduce per micro-batch, except where training.grad_accumulation runs (FSDP2 without
+    # gradient sync before the last micro-batch: memory.sizes.stage_sizes' "after_last")
+    per_mb = col(np.broadcast_to(cfg.memory.fsdp_reduce == "per_microbatch", c.pp.shape)
+                 & ~accumulates(cfg, c.pp, c.sh))
     return {"unit_min": umin, "unit_max": umax, "emb": emb, "head": head, "roots": st.first * emb + st.last * head,
             "root": root, "early": head, "grad_d": ud, "grad_m": um, "reduce_min": (umin * r).astype(np.int64),
-            "r": r, "act_d": act_d, "fsdp": act_d | (act_e & has_m)}
+            "r": r, "act_d": act_d, "fsdp": act_d | (act_e & has_m),
+            "unit_min_g": np.where(has_d & has_m, np.minimum(gd, gm), np.where(has_m, gm, gd)), "emb_g": emb_g,
+            "head_g": head_g, "roots_g": st.first * emb_g + st.last * head_g, "per_mb": per_mb}
 
 
 def _bucket(cfg: Config, c: Candidates, s: dict) -> np.ndarray:

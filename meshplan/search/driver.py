@@ -65,8 +65,8 @@ from meshplan.search.explain import Explanation, explain
 from meshplan.search.frontier import Frontier
 from meshplan.search.memory import Tables, stage_layout, state
 from meshplan.search.rank import needed, ranked
-from meshplan.search.space import CODE, OK, REASONS, RECOMPUTE, SHARDING, Candidates, enumerate_candidates, \
-    first_reason
+from meshplan.search.space import CODE, FSDP_SHARDINGS, OK, REASONS, RECOMPUTE, SHARDING, Candidates, accumulates, \
+    enumerate_candidates, first_reason
 from meshplan.search.pipeline import pipeline_bound
 from meshplan.search.timing import TimeTables, gemm_efficiency, step_lower_bound, unit_bounds
 from meshplan.config import Config
@@ -188,13 +188,6 @@ def search(cfg: Config, progress: Optional[Progress] = None, workers: Optional[i
         raise ConfigError("cluster.nodes", f"{cfg.cluster.nodes} nodes x {cfg.cluster.node.gpus} GPUs = "
                                            f"{cfg.cluster.world} GPUs: {over_bound('search world', cfg.cluster.world)}; "
                                            "plan a chosen mesh with `meshplan plan`")
-    if cfg.training.fp8_all_gather:  # its bounds gather every weight in the compute dtype
-        raise ConfigError("training.fp8_all_gather", "search bounds compute-dtype all-gathers only: remove the key "
-                          "to search, then plan the chosen mesh with it")
-    if cfg.training.grad_accumulation != "sync":  # its bounds model FSDP2's per-micro-batch reduce
-        raise ConfigError("training.grad_accumulation", f"search bounds FSDP2's default 'sync' accumulation only "
-                          f"(the candidates include pp > 1, where {cfg.training.grad_accumulation!r} does not "
-                          "apply): remove the key to search, then plan the chosen mesh with it")
     t0 = time.perf_counter()
     clock = _Clock()
     o = cfg.search
@@ -241,11 +234,28 @@ def search(cfg: Config, progress: Optional[Progress] = None, workers: Optional[i
         clock("best rejected")
     finally:
         pool.close()
+    notes += _settings_notes(cfg, c)
     if not apply:
         notes.append(f"no candidate with local GEMM efficiency >= {o.min_gemm_efficiency:.0%} fits: capacity "
                      f"requires narrower GEMMs, so the below-threshold candidates are kept")
     return SearchResult(cfg, c, code, decided, est, usable, top, run.exact, best, not apply, proven,
                         time.perf_counter() - t0, notes, clock.laps, _explanation(cfg, c, est, top))
+
+
+def _settings_notes(cfg: Config, c: Candidates) -> list[str]:
+    """Where ``training.grad_accumulation`` or ``training.fp8_all_gather`` does not apply to
+    every candidate (:func:`meshplan.search.space.candidate_config`), one line saying how those
+    candidates were planned."""
+    t, out = cfg.training, []
+    fsdp = np.isin(c.sh, FSDP_SHARDINGS)
+    if t.grad_accumulation != "sync" and not accumulates(cfg, c.pp, c.sh).all():
+        out.append(f"training.grad_accumulation {t.grad_accumulation!r} applies to candidates with pp 1 and FSDP "
+                   "(zero3, hsdp); the others are planned with 'sync' (with pp > 1 torch.distributed.pipelining "
+                   "reduces once per step itself; ZeRO-1 reduces once per step)")
+    if t.fp8_all_gather and not fsdp.all():
+        out.append("training.fp8_all_gather applies to FSDP candidates (zero3, hsdp); zero1 candidates gather no "
+                   "parameters with FSDP2 and are planned without it")
+    return out
 
 
 class _Clock:

@@ -44,12 +44,17 @@ HEAD_FIELDS = ("embedding_saved", "head_saved", "logits_temp", "logits_grad_temp
 @dataclass(frozen=True)
 class LayerNumel:
     """One layer kind on one rank: ``nonnorm`` (StageParams' layer count, experts included),
-    ``norm``, ``expert`` elements; ``tensors``: (rows, elements, expert) per weight, local."""
+    ``norm``, ``expert`` elements; ``tensors``: (rows, elements, expert, gather bytes per
+    element) per weight, local; ``dense_gather``, ``expert_gather``: the groups' bytes in the
+    dtype FSDP2 all-gathers each weight in (``training.gather_dtype``: 1 for float8 Linear
+    weights under ``fp8_all_gather``, else the compute dtype's)."""
 
     nonnorm: int
     norm: int
     expert: int
     tensors: tuple
+    dense_gather: int = 0
+    expert_gather: int = 0
 
     @property
     def dense(self) -> int:
@@ -66,6 +71,7 @@ class Tables:
         self.layer = lru_cache(maxsize=None)(self._layer)
         self.acts = lru_cache(maxsize=None)(self._acts)
         self.roots = lru_cache(maxsize=None)(self._roots)
+        self.roots_gather = lru_cache(maxsize=None)(self._roots_gather)
         self.mesh = lru_cache(maxsize=None)(self._mesh)
         self.heads = lru_cache(maxsize=None)(self._heads)
 
@@ -73,16 +79,17 @@ class Tables:
         m = self.model
         idx = m.dense_layers if moe else 0
         nonnorm = norm = expert = 0
-        tensors = []
+        tensors, gather = [], {False: 0, True: 0}
         for t in m.layer_tensors(idx):
-            n = local_numel(t, m, tp, ep, etp)
-            tensors.append((local_rows(t, m, tp, ep) or 0, n, t.expert))
+            n, gb = local_numel(t, m, tp, ep, etp), dtype_bytes(self.t.gather_dtype(t))
+            tensors.append((local_rows(t, m, tp, ep) or 0, n, t.expert, gb))
+            gather[t.expert] += n * gb
             if "norm" in t.name:
                 norm += n
             else:
                 nonnorm += n
             expert += n if t.expert else 0
-        return LayerNumel(nonnorm, norm, expert, tuple(tensors))
+        return LayerNumel(nonnorm, norm, expert, tuple(tensors), gather[False], gather[True])
 
     def _roots(self, tp: int) -> tuple:
         """(embedding elements, head norm elements, output elements, embedding tensors,
@@ -94,6 +101,16 @@ class Tables:
         norm = sum(n for (_, n, _), t in zip(head, m.head_tensors(pv)) if "norm" in t.name)
         out = sum(n for (_, n, _), t in zip(head, m.head_tensors(pv)) if "norm" not in t.name)
         return sum(n for _, n, _ in emb), norm, out, tuple(emb), tuple(head)
+
+    def _roots_gather(self, tp: int) -> dict[str, int]:
+        """Bytes one rank all-gathers of the roots' tensors (``emb``, head ``norm`` and ``out``)
+        in their gather dtypes (``training.gather_dtype``; :meth:`_roots`' element counts)."""
+        m = self.model
+        pv = padded_vocab(m.vocab, self.t.vocab_pad_divisor, tp)
+        size = lambda ts: sum(local_numel(t, m, tp) * dtype_bytes(self.t.gather_dtype(t)) for t in ts)
+        head = m.head_tensors(pv)
+        return {"emb": size(m.embedding_tensors(pv)), "norm": size(t for t in head if "norm" in t.name),
+                "out": size(t for t in head if "norm" not in t.name)}
 
     def _mesh(self, tp: int, cp: int, ep: int, etp: int):
         """A resolved mesh with these degrees (dp_shard 2 ep etp: FSDP on, every MoE axis fits)."""

@@ -351,11 +351,47 @@ def stage_split(layers: int, pp: int, vpp: int, short: bool = False):
     return balanced_split(layers, pp)
 
 
+#: The searched shardings whose parameters FSDP2 shards (zero3, hsdp): the ones
+#: ``training.fp8_all_gather`` and ``training.grad_accumulation`` apply to.
+FSDP_SHARDINGS = tuple(i for i, s in enumerate(SHARDING) if s in ("zero3", "hsdp"))
+
+
+def accumulates(cfg: Config, pp, sh) -> np.ndarray:
+    """Whether candidates of pipeline degree ``pp`` and sharding ``sh`` (arrays or ints) run
+    ``training.grad_accumulation`` when it is not ``sync``: pp 1 and FSDP (zero3, hsdp). With pp
+    > 1 torch.distributed.pipelining turns gradient sync and reshard-after-backward off itself
+    (:func:`meshplan.plan.build_plan` refuses the key there) and ZeRO-1 reduces once per step
+    anyway: those candidates are planned with ``sync`` (:func:`candidate_config`).
+
+    >>> from meshplan.config import config_from_dict
+    >>> cfg = config_from_dict({"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 1},
+    ...     "training": {"global_batch": 8, "seq_len": 1024, "grad_accumulation": "no_sync"}}, require_mesh=False)
+    >>> accumulates(cfg, np.array([1, 1, 2]), np.array([SHARDING.index(s) for s in ("zero3", "zero1", "zero3")]))
+    array([ True, False, False])
+    """
+    on = (np.asarray(pp) == 1) & np.isin(sh, FSDP_SHARDINGS)
+    return on & (cfg.training.grad_accumulation != "sync")
+
+
+def _training_knobs(cfg: Config, c: Candidates, i: int) -> dict:
+    """The training fields of candidate ``i`` where a config setting does not apply to it:
+    ``grad_accumulation`` back to ``sync`` outside :func:`accumulates`, ``fp8_all_gather`` (and
+    ``fp8_output_layer``) off without FSDP (ZeRO-1 gathers no parameters), as
+    :class:`~meshplan.spec.training.TrainingSpec` requires of a config."""
+    t, out = cfg.training, dict[str, object]()
+    if t.grad_accumulation != "sync" and not accumulates(cfg, c.pp[i], c.sh[i]):
+        out["grad_accumulation"] = "sync"
+    if t.fp8_all_gather and int(c.sh[i]) not in FSDP_SHARDINGS:
+        out.update(fp8_all_gather=False, fp8_output_layer=False)
+    return out
+
+
 def candidate_config(cfg: Config, c: Candidates, i: int) -> Config:
     """The plan input of candidate ``i``: ``cfg`` with its mesh (canonical order, degree-1
     axes left out, SP on when tp > 1, its pipeline schedule, its layer split) and the
     candidate's micro-batch, recompute, sharding, reshard_after_forward and tp_comm_overlap
-    in the training contract."""
+    in the training contract; ``grad_accumulation`` and ``fp8_all_gather`` where they apply
+    (:func:`_training_knobs`)."""
     degs = [(str(n), c.degree(col.column)) for n, col in search_axes()]
     named = [(n, int(a[i])) for n, a in degs if a[i] > 1] or [("dp_shard", 1)]
     pp, vpp, tp = int(c.pp[i]), int(c.vpp[i]), int(c.tp[i])
@@ -365,7 +401,7 @@ def candidate_config(cfg: Config, c: Candidates, i: int) -> Config:
     training = cfg.training.model_copy(update={"micro_batch": int(c.mb[i]), "recompute": RECOMPUTE[c.rc[i]],
                                                "sharding": SHARDING[c.sh[i]],
                                                "reshard_after_forward": bool(c.rf[i]),
-                                               "tp_comm_overlap": bool(c.ov[i])})
+                                               "tp_comm_overlap": bool(c.ov[i]), **_training_knobs(cfg, c, i)})
     return replace(cfg, mesh=mesh, training=training)
 
 

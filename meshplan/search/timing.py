@@ -19,8 +19,11 @@ It keeps only what the simulation (:mod:`meshplan.schedule.rank_timeline`, defau
 - a **unit** (one micro-batch through a chunk of n layers): ``max(AG + n chain,
   n AG + chain)`` forward, ``max(AG + n chain, n AG + (n-2) RS + chain)`` backward, where
   AG, RS are the FSDP all-gather and reduce-scatter of one layer, serial on their stream
-  (FSDP2 prefetches one layer; the layer waits for its gather; 0 with pp > 1, where a unit
-  gathers only when it finds its chunk sharded and reduces once per step); plus the embedding and the
+  (FSDP2 prefetches one layer; the layer waits for its gather; 0 with pp > 1, and with pp 1
+  under ``training.grad_accumulation`` ``no_sync`` or ``no_sync_unsharded``, where a unit
+  gathers only when it finds its chunk sharded and reduces once per step: those gathers are
+  counted per gathering pass); the all-gather in each weight's gather dtype (float8 Linear
+  weights under ``training.fp8_all_gather``); plus the embedding and the
   head (and the loss collectives) where the chunk holds them;
 - the **pipeline**: stage k cannot start before micro-batch 0 went forward through stages
   0..k-1 (each unit + one p2p send), runs all its units one after another, and stage 0
@@ -48,7 +51,7 @@ from functools import lru_cache
 import numpy as np
 
 from meshplan.comm.alphabeta import collective_time
-from meshplan.comm.collectives import axis_path
+from meshplan.comm.collectives import axis_path, fsdp_gather_flags
 from meshplan.compute.ops import (
     Workload,
     embedding_cost,
@@ -66,7 +69,7 @@ from meshplan.placement.assign import place
 from meshplan.schedule.rank_timeline import LAYER_BLOCKS, cp_parts
 from meshplan.schedule.steptime import ZEROED_GRAD_BUFFER, optimizer_step_s
 from meshplan.search.memory import Stages, Tables, lookup, split
-from meshplan.search.space import RECOMPUTE, SHARDING, Candidates, candidate_schedule
+from meshplan.search.space import RECOMPUTE, SHARDING, Candidates, accumulates, candidate_schedule
 from meshplan.spec.axes.base import Dim
 from meshplan.spec.mesh import MeshSpec
 from meshplan.units import dtype_bytes
@@ -175,7 +178,10 @@ def comm_times(cfg: Config, tt: TimeTables, c: Candidates) -> dict[str, np.ndarr
            "p2p": coll_times(tt, "send/recv", c.pp, act // np.where(sp, c.tp, 1), c.dpr * c.dps * c.cp * c.tp)}
     on = (c.sh == SHARDING.index("zero3")) | (c.sh == SHARDING.index("hsdp"))
     unit = _padded_unit(tt.tables, c)
-    out["fsdp_ag"] = np.where(on, coll_times(tt, "all-gather", c.fsdp, unit * cd, c.tp), 0.0)
+    # each weight in its gather dtype (training.gather_dtype: float8 Linear weights under
+    # fp8_all_gather), as the collective table sizes the unit's all-gather
+    out["fsdp_ag"] = np.where(on, coll_times(tt, "all-gather", c.fsdp, _padded_unit(tt.tables, c, gather=True), c.tp),
+                              0.0)
     out["fsdp_rs"] = np.where(on, coll_times(tt, "reduce-scatter", c.fsdp, unit * rd, c.tp), 0.0)
     # HSDP: the reduced shard all-reduced over dp_replicate (ranks dp_shard * cp * tp apart)
     out["hsdp_ar"] = np.where(c.sh == SHARDING.index("hsdp"),
@@ -192,16 +198,18 @@ def comm_times(cfg: Config, tt: TimeTables, c: Candidates) -> dict[str, np.ndarr
     return out
 
 
-def _padded_unit(tables: Tables, c: Candidates, experts: bool = False) -> np.ndarray:
+def _padded_unit(tables: Tables, c: Candidates, experts: bool = False, gather: bool = False) -> np.ndarray:
     """Elements of one dense layer's FSDP unit on one rank, dim 0 padded to the shard
     degree (:func:`~meshplan.mesh.tpsplit.fsdp_padded_numel`); the dense layer of MoE models
     with dense layers, else the MoE layer's non-expert part. ``experts``: the MoE layer's
-    routed-expert unit instead, padded to efsdp (the collective table's ``experts`` unit)."""
+    routed-expert unit instead, padded to efsdp (the collective table's ``experts`` unit).
+    ``gather``: its all-gather bytes instead, each weight in its gather dtype
+    (:class:`~meshplan.search.memory.LayerNumel` ``tensors``)."""
     moe = int(experts or (tables.model.is_moe and tables.model.dense_layers == 0))
 
     def padded(tp, ep, etp, shards):
-        return sum(padded_numel(r, n, shards) for r, n, expert in tables.layer(tp, ep, etp, moe).tensors
-                   if expert == experts)
+        return sum(padded_numel(r, n, shards) * (gb if gather else 1)
+                   for r, n, expert, gb in tables.layer(tp, ep, etp, moe).tensors if expert == experts)
     shards = c.efsdp if experts else c.fsdp
     return lookup([c.tp, c.ep, c.etp, shards], lambda *k: {"n": padded(*k)}, ("n",))["n"]
 
@@ -276,9 +284,12 @@ def unit_bounds(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: dict)
     # MoE models: routed experts gather over efsdp in their own units, which ``fsdp_ag`` (the
     # dense unit's) does not bound from below: no extra counted (measured: pp 4 x dp_shard 2
     # Mixtral-shaped, bound 0.1% above the simulated step with it)
-    piped = col((c.pp > 1) & (not m.is_moe))
-    ag, rs = (col(np.where(c.pp > 1, 0.0, cm[k])) for k in ("fsdp_ag", "fsdp_rs"))
-    ag_p = col(np.where(c.pp > 1, cm["fsdp_ag"], 0.0))
+    # pp 1 under training.grad_accumulation (``accumulates``) follows the same flags: a pass
+    # gathers only when it finds the units sharded, the last gradient unit alone reduces
+    lazy = (c.pp > 1) | accumulates(cfg, c.pp, c.sh)
+    piped = col(lazy & (not m.is_moe))
+    ag, rs = (col(np.where(lazy, 0.0, cm[k])) for k in ("fsdp_ag", "fsdp_rs"))
+    ag_p = col(np.where(lazy, cm["fsdp_ag"], 0.0))
     # reshard_after_forward false: the table has no backward all-gather, so the layers'
     # reduce-scatters queue on the fsdp stream without holding up a gather (they end in the tail)
     keep = col(c.rf > 0)
@@ -289,10 +300,10 @@ def unit_bounds(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: dict)
     # issued when the layer starts (after the previous compute): serial with the chain; with
     # pp 1 every forward gathers, with pp > 1 the gathering passes (``f_extra``)
     e_ag = col(cm["efsdp_ag"]) * _expert_gathers(st, c) if m.is_moe else np.zeros_like(st.n, dtype=np.float64)
-    out = {"f_core": np.maximum(np.maximum(ag + n * cf, n * ag + cf), n * cf + col(c.pp == 1) * e_ag),
+    out = {"f_core": np.maximum(np.maximum(ag + n * cf, n * ag + cf), n * cf + col(~lazy) * e_ag),
            "b_core": np.maximum(ag_b + n * cb, n * ag_b + np.maximum(n - 2, 0) * rs * keep + cb),
            "f_extra": np.maximum(piped * np.maximum(ag_p + n * cf, n * ag_p + cf) - piped * n * cf,
-                                 col(c.pp > 1) * e_ag),
+                                 col(lazy) * e_ag),
            "b_extra": piped * np.maximum(ag_p + n * cb, n * ag_p + cb) - piped * n * cb,
            "g_f": g_f, "g_b": g_b,
            "emb_f": st.first * (col(od["emb_f"]) + post), "emb_b": st.first * col(od["emb_bw"]),
@@ -328,10 +339,21 @@ def gathering_passes(cfg: Config, c: Candidates, st: Stages) -> tuple[np.ndarray
     """Forward and backward passes per step (candidates, pp) that all-gather their chunk's FSDP
     units on each stage when pp > 1, summed over the stage's chunks: the passes that find the
     chunk sharded (:func:`meshplan.comm.collectives.fsdp_gather_flags`, the rule the collective
-    table and the timeline count); 0 with pp 1, where every unit gathers (``f_core``)."""
+    table and the timeline count); with pp 1 the same rule under ``training.grad_accumulation``
+    (:func:`~meshplan.search.space.accumulates`: ``no_sync`` reshards after every backward but
+    the last, ``no_sync_unsharded`` keeps the units gathered), else 0: every unit gathers
+    (``f_core``)."""
     p = st.k.shape[1]
     g = np.zeros((2, len(c), p))
     if p == 1:
+        acc = accumulates(cfg, c.pp, c.sh)
+        micro, keep = st.m[:, 0], c.rf > 0
+        for mm, r in sorted(set(zip(micro[acc].tolist(), keep[acc].tolist()))):
+            rows = acc & (micro == mm) & (keep == r)
+            flags = fsdp_gather_flags(candidate_schedule(1), 1, mm, 1, 0, r,
+                                      reshard_after_backward=cfg.training.grad_accumulation == "no_sync")
+            g[0, rows, 0] = sum(1 for (_, kind, _), on in flags.items() if on and kind == "F")
+            g[1, rows, 0] = sum(1 for (_, kind, _), on in flags.items() if on and kind == "B")
         return g[0], g[1]
     m, v, ps, rf = (np.asarray(a, dtype=np.int64) for a in (st.m[:, 0], c.vpp, c.ps, c.rf > 0))
     code = ((m * (int(v.max()) + 1) + v) * (int(ps.max()) + 1) + ps) * 2 + rf  # one int per distinct key

@@ -1,0 +1,178 @@
+"""``meshplan search`` with ``training.fp8_all_gather`` and ``training.grad_accumulation``
+(issue 11, items 1 and 7: the search used to refuse both).
+
+fp8 all-gather shrinks the FSDP all-gather of the dense Linear weights to 1 byte per element
+(norms stay in the compute dtype in the same buffer); ``no_sync`` reduce-scatters once per step
+(pp 1) and ``no_sync_unsharded`` also gathers in forward only in micro-batch 0. The search's
+step-time bound must stay below the exact step with either, and its memory bounds around the
+planned peak: checked on every candidate of a small world, with the same top as planning and
+simulating every candidate (the slow lane), and term by term against the collective table and
+the gather flags (hand-derived values, fast).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from meshplan.comm.collectives import fsdp_gather_flags
+from meshplan.config import config_from_dict
+from meshplan.plan import build_plan, table_key
+from meshplan.search.driver import search
+from meshplan.search.memory import Tables, stage_layout
+from meshplan.search.rank import ranked
+from meshplan.search.space import FSDP_SHARDINGS, OK, SHARDING, accumulates, candidate_config, enumerate_candidates
+from meshplan.search.timing import _padded_unit, gathering_passes
+from meshplan.spec.training import TrainingSpec
+from test_search import MOE, SMALL, gpu, plan_all
+
+SETTINGS = {
+    "fp8": ("small", {"fp8_all_gather": True, "fp8_output_layer": True}),
+    "no_sync": ("small", {"grad_accumulation": "no_sync"}),
+    "no_sync_unsharded": ("small", {"grad_accumulation": "no_sync_unsharded"}),
+    "moe-no_sync_unsharded": ("moe", {"grad_accumulation": "no_sync_unsharded"}),
+}
+
+
+def config(training: dict, model=None, hbm_gb: float = 6.0, **search_opts):
+    return config_from_dict({"model": model or SMALL, "cluster": {"system": "dgx-h100", "nodes": 1, "gpu": gpu(hbm_gb)},
+                             "training": {"global_batch": 64, "seq_len": 2048, **training},
+                             "search": {"settle_s": 600, **search_opts}}, require_mesh=False)
+
+
+@pytest.fixture(scope="module", params=sorted(SETTINGS))
+def case(request):
+    """8 GPUs, every pp, sharding and reshard choice; one recompute policy (the settings change
+    no compute op) and micro-batches 1 and 2 (micro-batches per step 4..64)."""
+    model, training = SETTINGS[request.param]
+    cfg = config(training, MOE if model == "moe" else None, 2.0 if model == "moe" else 6.0,
+                 micro_batch=[1, 2], recompute=["selective"], top=5)
+    result = search(cfg, workers=1)
+    return cfg, result, plan_all(cfg, result), request.param
+
+
+@pytest.mark.slow
+def test_top_equals_exhaustive_exact_ranking(case):
+    cfg, r, plans, _ = case
+    steps = {int(i): plans[i][3] for i in np.flatnonzero(r.code == OK)}
+    want = ranked(r.candidates, steps, cfg.search.top)
+    assert [e.index for e in r.top] == want and [e.step_s for e in r.top] == [steps[i] for i in want]
+    assert r.proven and not [n for n in r.notes if "bound" in n]
+    # the setting reaches the candidates it applies to: some of them are planned with it
+    on = np.isin(r.candidates.sh, FSDP_SHARDINGS) & (r.candidates.dps * r.candidates.cp > 1)
+    if cfg.training.grad_accumulation != "sync":
+        on &= accumulates(cfg, r.candidates.pp, r.candidates.sh)
+    assert on[np.flatnonzero(r.code == OK)].any()
+
+
+@pytest.mark.slow
+def test_bounds_hold_for_every_candidate(case):
+    cfg, r, plans, _ = case
+    m = cfg.search.memory_margin
+    for i, (feasible, _, peak, step) in enumerate(plans):
+        if feasible:
+            assert r.est.step_lo[i] <= step * (1 + 1e-9), r.candidates.label(i)
+        if peak is not None and np.isfinite(r.est.peak_lo[i]):
+            assert r.est.peak_lo[i] / (1 + m) <= peak <= r.est.peak_hi[i] * (1 + m), r.candidates.label(i)
+
+
+#: (largest, median) bound / exact step on the candidates each setting changes, a little below
+#: the measured values: fp8 0.992, 0.951; no_sync 0.920, 0.856; no_sync_unsharded 0.982, 0.900;
+#: MoE no_sync_unsharded 0.977, 0.748 (for scale, the same pp 1 FSDP candidates under sync:
+#: 0.909, 0.84).
+TIGHT = {"fp8": (0.99, 0.93), "no_sync": (0.9, 0.83), "no_sync_unsharded": (0.95, 0.88),
+         "moe-no_sync_unsharded": (0.95, 0.72)}
+
+
+@pytest.mark.slow
+def test_bound_stays_tight_where_the_setting_applies(case):
+    """Tightness: on the candidates the setting changes (pp 1 FSDP under accumulation, FSDP
+    with fp8) the bounds stay as close to the exact steps as measured (:data:`TIGHT`): a bound
+    that dropped their FSDP gathers would fall further."""
+    cfg, r, plans, name = case
+    c = r.candidates
+    on = np.isin(c.sh, FSDP_SHARDINGS) & (c.dps * c.cp > 1)
+    if cfg.training.grad_accumulation != "sync":
+        on &= accumulates(cfg, c.pp, c.sh)
+    ratio = np.array([r.est.step_lo[i] / plans[i][3] for i in np.flatnonzero(on) if plans[i][0]])
+    best, median = TIGHT[name]
+    assert ratio.size > 20 and ratio.max() >= best and np.median(ratio) >= median, (ratio.max(), np.median(ratio))
+
+
+def _one(cfg, **cols):
+    """The index of the first candidate of ``cfg`` whose columns equal ``cols``."""
+    c = enumerate_candidates(cfg)
+    sel = np.ones(len(c), bool)
+    for k, v in cols.items():
+        sel &= c.degree(k) == v if k in ("pp", "dps", "tp", "cp", "dpr") else getattr(c, k) == v
+    return c, int(np.flatnonzero(sel)[0])
+
+
+def test_fp8_gather_bytes_equal_the_collective_table():
+    """SMALL at tp 1: Linear weights wq, wo 2048 x 2048, wk, wv 512 x 2048, w1, w3 5632 x 2048,
+    w2 2048 x 5632 = 45,088,768 elements, 1 byte each in float8; two norms of 2048 in bf16
+    (8,192 B); dp_shard 8 divides every dim 0 (no padding): 45,096,960 B per layer unit, the
+    plan table's all-gather, against 90,185,728 B in bf16."""
+    cfg = config({"fp8_all_gather": True})
+    c, i = _one(cfg, pp=1, dps=8, tp=1, sh=SHARDING.index("zero3"), mb=1)
+    sub = c.take([i])
+    assert int(_padded_unit(Tables(cfg), sub, gather=True)[0]) == 45_096_960
+    assert int(_padded_unit(Tables(cfg), sub)[0]) * 2 == 90_185_728
+    plan = build_plan(candidate_config(cfg, c, i))
+    rows = [x for x in plan.collectives[table_key(0)] if x.op == "all-gather" and "every layer" in x.cadence]
+    assert rows and {x.size_bytes for x in rows} == {45_096_960}
+
+
+@pytest.mark.parametrize("mode,reshard,want", [
+    ("no_sync", True, (4, 4)), ("no_sync", False, (4, 0)),
+    ("no_sync_unsharded", True, (1, 4)), ("no_sync_unsharded", False, (1, 0)),
+])
+def test_accumulation_gathering_passes(mode, reshard, want):
+    """pp 1, m = 64 / (mb 2 x dp_shard 8) = 4 micro-batches: ``no_sync`` reshards after every
+    backward, so every forward gathers, and every backward too when reshard_after_forward;
+    ``no_sync_unsharded`` keeps the units gathered after a backward: only micro-batch 0's
+    forward gathers (hand count, torch FSDP2's behaviour per spec/training.py), the same as
+    the flags rule and the plan table's per-step all-gathers of one layer unit."""
+    cfg = config({"grad_accumulation": mode})
+    c, i = _one(cfg, pp=1, dps=8, tp=1, sh=SHARDING.index("zero3"), mb=2, rf=int(reshard))
+    sub = c.take([i])
+    g_f, g_b = gathering_passes(cfg, sub, stage_layout(cfg, sub, 1))
+    assert (int(g_f[0, 0]), int(g_b[0, 0])) == want
+    flags = fsdp_gather_flags("1f1b", 1, 4, 1, 0, reshard, reshard_after_backward=mode == "no_sync")
+    assert tuple(sum(g for (_, k, _), g in flags.items() if k == kind) for kind in "FB") == want
+    plan = build_plan(candidate_config(cfg, c, i))
+    gathers = {x.phase: x.per_step for x in plan.collectives[table_key(0)]
+               if x.op == "all-gather" and "every layer" in x.cadence}
+    layers = cfg.model.layers
+    assert (gathers.get("forward", 0) // layers, gathers.get("backward", 0) // layers) == want
+    # sync: no gathering pass counted (every micro-batch gathers inside the unit bound)
+    s = config({})
+    cs, j = _one(s, pp=1, dps=8, tp=1, sh=SHARDING.index("zero3"), mb=2, rf=int(reshard))
+    sub = cs.take([j])
+    assert not np.any(gathering_passes(s, sub, stage_layout(s, sub, 1)))
+
+
+def test_candidates_get_the_setting_where_it_applies():
+    """grad_accumulation runs on pp 1 FSDP candidates and is 'sync' elsewhere (pipelining does it
+    itself; ZeRO-1 reduces once per step); fp8_all_gather on FSDP candidates only. Every
+    candidate's training contract is a valid config (the validators' rules)."""
+    cfg = config({"grad_accumulation": "no_sync", "fp8_all_gather": True, "fp8_output_layer": True})
+    c = enumerate_candidates(cfg)
+    seen = set()
+    for i in range(len(c)):
+        t = candidate_config(cfg, c, i).training
+        TrainingSpec.model_validate(t.model_dump())
+        fsdp = SHARDING[c.sh[i]] in ("zero3", "hsdp")
+        assert t.grad_accumulation == ("no_sync" if fsdp and c.pp[i] == 1 else "sync")
+        assert t.fp8_all_gather == t.fp8_output_layer == fsdp
+        seen.add((fsdp, int(c.pp[i]) == 1))
+    assert seen == {(True, True), (True, False), (False, True), (False, False)}
+
+
+def test_search_notes_how_other_candidates_are_planned():
+    cfg = config({"grad_accumulation": "no_sync", "fp8_all_gather": True}, micro_batch=[2], recompute=["selective"],
+                 pp=[1, 2], top=2)
+    r = search(cfg, workers=1)
+    assert r.top and r.proven
+    assert any("grad_accumulation 'no_sync' applies to candidates with pp 1" in n for n in r.notes)
+    assert any("fp8_all_gather applies to FSDP candidates" in n for n in r.notes)
