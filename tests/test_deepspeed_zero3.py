@@ -160,3 +160,30 @@ def test_engine_refuses_pipeline_parallelism():
     with pytest.raises(ConfigError, match="'deepspeed-2021' with pp 2") as e:
         build_plan(cfg)
     assert e.value.field == "training.zero3_engine"
+
+
+def test_search_keeps_the_engine_to_zero3_with_pp_1():
+    # a search under zero3_engine deepspeed-2021 rejects the zero3 candidates DeepSpeed cannot run
+    # (pp > 1: its pipeline engine refuses ZeRO 3; parameters kept gathered: an FSDP2 knob) by the
+    # rule 'engine', and plans zero1 / hsdp candidates with FSDP2 (a note says so)
+    import numpy as np
+
+    from meshplan.search.driver import _settings_notes
+    from meshplan.search.space import CODE, OK, SHARDING, candidate_config, enumerate_candidates, first_reason
+
+    cfg = config_from_dict({"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-a100", "nodes": 2},
+                            "training": {"global_batch": 32, "seq_len": 1024, "sharding": "zero3",
+                                         "zero3_engine": "deepspeed-2021"}}, require_mesh=False)
+    c = enumerate_candidates(cfg)
+    code = first_reason(cfg, c)
+    z3 = c.sh == SHARDING.index("zero3")
+    bad = z3 & ((c.pp > 1) | (c.rf == 0))
+    assert bad.any() and (~bad & z3).any()
+    # never OK; 'engine' unless an axis rule found earlier (build_plan's order) rejects it first
+    assert (code[bad] != OK).all() and (code[bad] == CODE["engine"]).any()
+    assert not (code[~bad] == CODE["engine"]).any()
+    i = int(np.flatnonzero(c.sh == SHARDING.index("hsdp"))[0])
+    assert candidate_config(cfg, c, i).training.zero3_engine == "fsdp2"
+    j = int(np.flatnonzero(~bad & z3)[0])
+    assert candidate_config(cfg, c, j).training.zero3_engine == "deepspeed-2021"
+    assert any("zero3_engine 'deepspeed-2021' applies to zero3 candidates with pp 1" in n for n in _settings_notes(cfg, c))

@@ -243,7 +243,7 @@ def search(cfg: Config, progress: Optional[Progress] = None, workers: Optional[i
 
 
 def _settings_notes(cfg: Config, c: Candidates) -> list[str]:
-    """Where ``training.grad_accumulation`` or ``training.fp8_all_gather`` does not apply to
+    """Where ``training.grad_accumulation``, ``training.fp8_all_gather`` or ``training.zero3_engine`` does not apply to
     every candidate (:func:`meshplan.search.space.candidate_config`), one line saying how those
     candidates were planned."""
     t, out = cfg.training, []
@@ -252,6 +252,9 @@ def _settings_notes(cfg: Config, c: Candidates) -> list[str]:
         out.append(f"training.grad_accumulation {t.grad_accumulation!r} applies to candidates with pp 1 and FSDP "
                    "(zero3, hsdp); the others are planned with 'sync' (with pp > 1 torch.distributed.pipelining "
                    "reduces once per step itself; ZeRO-1 reduces once per step)")
+    if t.zero3_engine != "fsdp2" and not (c.sh == SHARDING.index("zero3")).all():
+        out.append(f"training.zero3_engine {t.zero3_engine!r} applies to zero3 candidates with pp 1; zero1 and hsdp "
+                   "candidates are planned with FSDP2")
     if t.fp8_all_gather and not fsdp.all():
         out.append("training.fp8_all_gather applies to FSDP candidates (zero3, hsdp); zero1 candidates gather no "
                    "parameters with FSDP2 and are planned without it")

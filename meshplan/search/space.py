@@ -69,6 +69,7 @@ SHARDING = ("zero1", "zero3", "hsdp")
 _SCHEDULE_REASONS = (
     ("interleaved", "interleaved 1F1B: micro-batches not divisible by pp"),
     ("dualpipev", "DualPipeV: micro-batches fewer than 2 pp"),
+    ("engine", "zero3_engine deepspeed-2021: pp > 1 or parameters kept gathered (not DeepSpeed ZeRO-3's)"),
 )
 _LATE_REASONS = (
     ("memory", "memory peak > usable"),
@@ -312,6 +313,10 @@ def first_reason(cfg: Config, c: Candidates) -> np.ndarray:
         ("interleaved", (c.ps == 0) & (c.vpp > 1) & (micro % c.pp != 0)),
         # DualPipeV.reasons: m >= 2 pp (torch ScheduleDualPipeV)
         ("dualpipev", (c.ps == PIPELINE.index("dualpipev")) & (micro < 2 * c.pp)),
+        # build_plan and TrainingSpec: DeepSpeed's pipeline engine refuses ZeRO 3 (pp 1 only), and
+        # its ZeRO-3 re-gathers in backward (reshard_after_forward is an FSDP2 knob)
+        ("engine", (t.zero3_engine == "deepspeed-2021") & (c.sh == SHARDING.index("zero3"))
+         & ((c.pp > 1) | (c.rf == 0))),
     ]
     code = {key: i for i, (key, _) in enumerate(reason_table())}
     out = np.full(len(c), OK, dtype=np.int64)
@@ -376,13 +381,16 @@ def accumulates(cfg: Config, pp, sh) -> np.ndarray:
 def _training_knobs(cfg: Config, c: Candidates, i: int) -> dict:
     """The training fields of candidate ``i`` where a config setting does not apply to it:
     ``grad_accumulation`` back to ``sync`` outside :func:`accumulates`, ``fp8_all_gather`` (and
-    ``fp8_output_layer``) off without FSDP (ZeRO-1 gathers no parameters), as
+    ``fp8_output_layer``) off without FSDP (ZeRO-1 gathers no parameters), ``zero3_engine``
+    back to ``fsdp2`` outside sharding zero3 (DeepSpeed's engine is for ZeRO stage 3), as
     :class:`~meshplan.spec.training.TrainingSpec` requires of a config."""
     t, out = cfg.training, dict[str, object]()
     if t.grad_accumulation != "sync" and not accumulates(cfg, c.pp[i], c.sh[i]):
         out["grad_accumulation"] = "sync"
     if t.fp8_all_gather and int(c.sh[i]) not in FSDP_SHARDINGS:
         out.update(fp8_all_gather=False, fp8_output_layer=False)
+    if t.zero3_engine != "fsdp2" and SHARDING[c.sh[i]] != "zero3":
+        out["zero3_engine"] = "fsdp2"
     return out
 
 
