@@ -212,8 +212,9 @@ def simulate_arrays(spec: PipelineSpec, durations: Optional[Callable[[Flat], np.
     else:
         via = bind >= 0
         pred = np.where(via, bind, before)
-    busy = tuple(sum((end[s * length:(s + 1) * length] - start[s * length:(s + 1) * length]).tolist())
-                 for s in range(p))
+    # each stage's busy time, its units' durations added one after another (Python's sum of
+    # floats before 3.12, the reference's: a running sum along each row)
+    busy = tuple(np.cumsum((end - start).reshape(p, length), axis=1)[:, -1].tolist()) if length else (0.0,) * p
     last = free[length - 1::length] if length else lead_free
     return ArrayResult(spec, f, start, end, start - prev, via, pred, float(last.max()), busy, free - end, pairs)
 
