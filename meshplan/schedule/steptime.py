@@ -411,15 +411,25 @@ def _unit_exposure(res: ArrayResult, s: int, units: UnitTimes, keys: list, key_i
     return ex
 
 
-def _optimizer_s(plan, s: int) -> float:
+def _optimizer_s(plan, s: int, memo: Optional[dict] = None) -> float:
     """The optimizer step's bulk passes and, under Megatron-LM, its per-step kernels and syncs
-    (:func:`meshplan.compute.ops.megatron_stage_step_cost`)."""
+    (:func:`meshplan.compute.ops.megatron_stage_step_cost`). ``memo``: a dict kept across the
+    stages of one plan, which then computes the Megatron-LM part once per distinct stage: it
+    depends on the stage's layers only through their sequence of MoE flags
+    (:meth:`~meshplan.spec.model.ModelSpec.layer_tensors`) and on whether the stage is the first
+    or the last (pp 128 of one dense kind: 3 computations instead of 128)."""
     st, c = plan.state[s], plan.config
     extra = 0.0
     if c.training.framework == "megatron":
+        memo = {} if memo is None else memo
+        if "workload" not in memo:
+            memo["workload"], memo["last"] = workload_of(plan), last_stage(plan.stages)
         layers = [i for chunk in plan.stages[s] for i in chunk]
-        extra = megatron_stage_step_cost(c.model, c.cluster.gpu, workload_of(plan), c.training, layers, s == 0,
-                                         s == last_stage(plan.stages), plan.pp, plan.micro_batches).seconds()
+        key = (tuple(map(c.model.is_moe_layer, layers)), s == 0, s == memo["last"])
+        if key not in memo:
+            memo[key] = megatron_stage_step_cost(c.model, c.cluster.gpu, memo["workload"], c.training, layers, s == 0,
+                                                 s == memo["last"], plan.pp, plan.micro_batches).seconds()
+        extra = memo[key]
     return extra + optimizer_step_s(st.bytes_of("params"), st.bytes_of("grads"), st.bytes_of("master"),
                                     st.bytes_of("optimizer"), c.training, optimizer_bandwidth(c.cluster.gpu))
 
@@ -439,16 +449,17 @@ def _last_hold(res: ArrayResult, s: int) -> float:
     return 0.0 if res.hold is None else float(res.hold[res.stage_slice(s)][-1])
 
 
-def _stage_end(plan, s, spec, mine, units, comm: CommTimes, ov, hold: float = 0.0) -> tuple[float, list[Event], dict]:
+def _stage_end(plan, s, spec, mine, units, comm: CommTimes, ov, hold: float = 0.0,
+               memo: Optional[dict] = None) -> tuple[float, list[Event], dict]:
     """End of stage s after its last unit (``mine``: its compute events) and the blocking
     send it issues (``hold`` seconds, overlapping its communication tail), with the step-end
-    events and their exposure."""
+    events and their exposure (``memo``: :func:`_optimizer_s`')."""
     last = max(mine, key=lambda e: e.end_s)
     u = units.of_event(last)
     t = last.end_s + max(u.tail_s, hold)
     post, exposed = [], ({u.tail_stream: u.tail_s} if u.tail_s >= hold and u.tail_s else ({"pp": hold} if hold else {}))
     steps = [("grad reduce (per step)", 0.0 if ov.grad_reduce else comm.step_reduce_s, "dp"),
-             ("optimizer step", _optimizer_s(plan, s), "compute")]
+             ("optimizer step", _optimizer_s(plan, s, memo), "compute")]
     first_f = min((e for e in mine if e.args["kind"] == "F"), key=lambda e: e.start_s)
     gather = comm.step_gather_s
     steps.append(("param all-gather (per step)", max(0.0, gather - first_f.dur_s) if ov.param_gather else gather, "dp"))
@@ -492,9 +503,9 @@ def step_time(plan: Plan, overlap: Overlap = Overlap(), *, dropout: bool = False
         return np.array([units.by_key(k).duration_s for k in keys])[idx]
 
     res = simulate_arrays(spec, durations)
-    ends, post, exposed = [], [], []
+    ends, post, exposed, memo = [], [], [], {}
     for s in range(p):
-        end, ev, ex = _stage_end(plan, s, spec, _ends_of(res, s), units, comms[s], overlap, _last_hold(res, s))
+        end, ev, ex = _stage_end(plan, s, spec, _ends_of(res, s), units, comms[s], overlap, _last_hold(res, s), memo)
         ends.append(end)
         post += ev
         exposed.append(ex)
