@@ -381,14 +381,16 @@ def optimizer_step_s(params, grads, master, optimizer, training, hbm_bandwidth_b
     return optimizer_step_bytes(params, grads, master, optimizer, training, zero_grads) / hbm_bandwidth_bytes_per_s
 
 
-def _ends_of(res: ArrayResult, s: int) -> list[Event]:
-    """Stage s's last unit (the first to reach the latest end) and its first forward (the
-    first to start earliest): the only events :func:`_stage_end` reads."""
-    sl = res.stage_slice(s)
-    last = sl.start + int(np.argmax(res.end[sl]))
-    fs = np.flatnonzero(res.flat.kind[sl] == 0)
-    first_f = sl.start + int(fs[np.argmin(res.start[sl][fs])])
-    return [res._event(last), res._event(first_f)]
+def _ends_of(res: ArrayResult) -> list[list[Event]]:
+    """Per stage, its last unit (the first to reach the latest end) and its first forward (the
+    first to start earliest): the only events :func:`_stage_end` reads; every stage at once
+    (stage-major rows of ``res.flat.length`` units)."""
+    p, length = res.flat.p, res.flat.length
+    rows = np.arange(p) * length
+    last = rows + res.end.reshape(p, length).argmax(axis=1)
+    first_f = rows + np.where(res.flat.kind.reshape(p, length) == 0, res.start.reshape(p, length), np.inf).argmin(axis=1)
+    evs = res._events(np.stack([last, first_f], axis=1).reshape(-1))
+    return [evs[2 * s:2 * s + 2] for s in range(p)]
 
 
 def _unit_exposure(res: ArrayResult, s: int, units: UnitTimes, keys: list, key_idx: np.ndarray, ex: dict) -> dict:
@@ -504,8 +506,8 @@ def step_time(plan: Plan, overlap: Overlap = Overlap(), *, dropout: bool = False
 
     res = simulate_arrays(spec, durations)
     ends, post, exposed, memo = [], [], [], {}
-    for s in range(p):
-        end, ev, ex = _stage_end(plan, s, spec, _ends_of(res, s), units, comms[s], overlap, _last_hold(res, s), memo)
+    for s, mine in enumerate(_ends_of(res)):
+        end, ev, ex = _stage_end(plan, s, spec, mine, units, comms[s], overlap, _last_hold(res, s), memo)
         ends.append(end)
         post += ev
         exposed.append(ex)
