@@ -40,26 +40,57 @@ __all__ = ["KINDS", "order_arrays", "stage_orders", "Flat", "flat_units", "Array
            "rendezvous", "Transfers", "spec_durations"]
 
 
+#: Units before a unit of the critical path whose predecessors :attr:`ArrayResult.critical_units`
+#: asks for at once: the path runs backwards along a stage (pred = the unit before) until a
+#: transfer takes it to another one (GPT-1T pp 128, blocking: 8,446 units, 254 changes of stage).
+WALK_WINDOW = 512
+
+
 @dataclass(frozen=True, eq=False)
 class ArrayResult(BubbleStats):
     """:class:`~meshplan.pipeline.simulate.PipelineResult`'s interface on arrays (flat,
-    stage-major): ``start``, ``end``, ``wait`` (start - stream free), ``via_p2p``, ``pred``
-    (flat index of the critical predecessor, -1 none); ``hold`` (seconds, the blocking call after
-    each unit holds its stream: 0 with asynchronous sends); ``transfers`` (blocking only:
-    :class:`Transfers`, whence :attr:`xfer`); ``events`` and ``critical_path`` are built on
-    demand."""
+    stage-major): ``start``, ``end``, ``wait`` (start - stream free); ``links(idx)``: for the flat
+    units ``idx``, whether each waited on a p2p transfer and its critical predecessor (flat
+    index, -1 none), every unit's as :attr:`via_p2p` and :attr:`pred` (built on first use; the
+    blocking simulation finds them per unit asked for, :class:`~meshplan.pipeline.rounds.Binding`);
+    ``hold`` (seconds, the blocking call after each unit holds its stream: 0 with asynchronous
+    sends); ``transfers`` (blocking only: :class:`Transfers`, whence :attr:`xfer`); ``events``
+    and ``critical_path`` are built on demand."""
 
     spec: PipelineSpec
     flat: Flat
     start: np.ndarray
     end: np.ndarray
     wait: np.ndarray
-    via_p2p: np.ndarray
-    pred: np.ndarray
+    links: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]
     step_s: float
     busy_s: tuple[float, ...]
     hold: Optional[np.ndarray] = None
     transfers: Optional["Transfers"] = None
+
+    @cached_property
+    def _all_links(self) -> tuple[np.ndarray, np.ndarray]:
+        return self.links(np.arange(len(self.end)))
+
+    @property
+    def via_p2p(self) -> np.ndarray:
+        """Per flat unit: it waited on a p2p transfer (its start set by the transfer)."""
+        return self._all_links[0]
+
+    @property
+    def pred(self) -> np.ndarray:
+        """Per flat unit: the flat index of its critical predecessor, -1 none."""
+        return self._all_links[1]
+
+    def via_at(self, idx) -> np.ndarray:
+        """:attr:`via_p2p` of the flat units ``idx``, without every unit's."""
+        idx = np.asarray(idx, dtype=np.int64)
+        return self.via_p2p[idx] if "_all_links" in self.__dict__ else self.links(idx)[0]
+
+    def pred_at(self, idx) -> np.ndarray:
+        """:attr:`pred` of the flat units ``idx``, without every unit's."""
+        idx = np.asarray(idx, dtype=np.int64)
+        return self.pred[idx] if "_all_links" in self.__dict__ else self.links(idx)[1]
 
     @cached_property
     def xfer(self) -> Optional[np.ndarray]:
@@ -99,7 +130,7 @@ class ArrayResult(BubbleStats):
         ``int()``/``float()`` of each element)."""
         f, v = self.flat, self.spec.v
         idx = np.asarray(idx, dtype=np.int64)
-        cols = (f.kind[idx], f.mb[idx], f.chunk[idx], self.start[idx], self.end[idx], self.via_p2p[idx],
+        cols = (f.kind[idx], f.mb[idx], f.chunk[idx], self.start[idx], self.end[idx], self.via_at(idx),
                 self.wait[idx], idx // f.length)
         out = []
         for kind, mb, chunk, t0, t1, via, wait, stage in zip(*(c.tolist() for c in cols)):
@@ -164,10 +195,13 @@ class ArrayResult(BubbleStats):
         """Flat indices of the units of :attr:`critical_path`, first to last."""
         last = [self.stage_slice(s).stop - 1 for s in range(self.flat.p)]
         i = last[max(range(self.flat.p), key=lambda s: self.end[last[s]])]
-        path, pred = [], self.pred
+        length, path, lo, block = self.flat.length, [], 0, []
         while i >= 0:
             path.append(i)
-            i = int(pred[i])
+            if not lo <= i < lo + len(block):  # the predecessors of a window of units before i, on its stage
+                lo = max(i - WALK_WINDOW + 1, i - i % length)
+                block = self.pred_at(np.arange(lo, i + 1)).tolist()
+            i = block[i - lo]
         return np.array(path[::-1], dtype=np.int64)
 
     @cached_property
@@ -201,22 +235,26 @@ def simulate_arrays(spec: PipelineSpec, durations: Optional[Callable[[Flat], np.
     dep = f.dep if pairs is None else np.where(f.cross, n, f.dep)  # blocking: the input comes in a call
     start, end, free, lead_free, bind = run_rounds(replace(f, dep=dep), dur, add, pairs, spec.p2p_s)
     prev = np.concatenate([[0.0], free[:-1]])  # stream free at start: after the previous unit's call
-    before = np.arange(-1, n - 1)  # the previous unit of the stage, -1 for a stage's first
     if length:
         prev[::length] = lead_free  # (a stage's first unit: after the call before it)
-        before[::length] = -1
     if pairs is None:
+        before = np.arange(-1, n - 1)  # the previous unit of the stage, -1 for a stage's first
+        before[::max(length, 1)] = -1
         ready = np.where(f.dep < n, np.concatenate([end, [0.0]])[f.dep] + add, 0.0)
         via = (f.dep < n) & (ready > prev)
         pred = np.where(via, f.dep, before)
+
+        def links(idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            return via[idx], pred[idx]
     else:
-        via = bind >= 0
-        pred = np.where(via, bind, before)
+        def links(idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:  # the peer that bound the call before
+            b = bind.at(idx)
+            return b >= 0, np.where(b >= 0, b, np.where(idx % length > 0, idx - 1, -1))
     # each stage's busy time, its units' durations added one after another (Python's sum of
     # floats before 3.12, the reference's: a running sum along each row)
     busy = tuple(np.cumsum((end - start).reshape(p, length), axis=1)[:, -1].tolist()) if length else (0.0,) * p
     last = free[length - 1::length] if length else lead_free
-    return ArrayResult(spec, f, start, end, start - prev, via, pred, float(last.max()), busy, free - end, pairs)
+    return ArrayResult(spec, f, start, end, start - prev, links, float(last.max()), busy, free - end, pairs)
 
 
 def _posted(end: np.ndarray, slot: np.ndarray, length: int) -> np.ndarray:

@@ -8,7 +8,7 @@ same order.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 
@@ -151,6 +151,25 @@ def _rounds_blocking(d_dur: np.ndarray, cur: np.ndarray, length: int, waits: np.
     return _lean_rounds(starts, end, d_dur, cur, length)
 
 
+class Binding:
+    """Per flat unit, the flat index of the peer whose post bound the call before it (it waited
+    for that peer), or -1 (:func:`run_rounds`): for the units asked for (:meth:`at`), from a
+    table of every unit or computed on demand (the blocking round loop's: the critical path
+    visits a few thousand of 10^6 units)."""
+
+    def __init__(self, n: int, at: "np.ndarray | Callable[[np.ndarray], np.ndarray]"):
+        self.n, self._at = n, at
+
+    def at(self, idx: np.ndarray) -> np.ndarray:
+        """The binding peer of each flat unit in ``idx`` (-1: none)."""
+        idx = np.asarray(idx, dtype=np.int64)
+        return self._at[idx] if isinstance(self._at, np.ndarray) else self._at(idx)
+
+    def all(self) -> np.ndarray:
+        """:meth:`at` of every unit."""
+        return self.at(np.arange(self.n))
+
+
 def run_rounds(f: Flat, dur: np.ndarray, add: np.ndarray, pairs, p2p_s: float):
     """Start and end of every flat unit by list scheduling in rounds: each round, every
     stage whose next unit's dependency is done and whose previous call's peers have all posted
@@ -161,8 +180,8 @@ def run_rounds(f: Flat, dur: np.ndarray, add: np.ndarray, pairs, p2p_s: float):
     posted) and a trailing one that never runs. ``pairs``: the blocking calls
     (:class:`~meshplan.pipeline.fast.Transfers`, in these slots), None for asynchronous sends
     (cross-stage inputs then wait ``add``). Returns (start, end, stream free after each
-    unit's call, free after each stage's leading call, flat index of the peer that bound the
-    call before each unit or -1). Finite, non-negative times run the leaner loops
+    unit's call, free after each stage's leading call, the peer that bound the call before each
+    unit: :class:`Binding`). Finite, non-negative times run the leaner loops
     :func:`_rounds_async` and :func:`_rounds_blocking` (bitwise the same times); others
     :func:`run_rounds_general`."""
     p, length = f.p, f.length
@@ -185,7 +204,7 @@ def run_rounds(f: Flat, dur: np.ndarray, add: np.ndarray, pairs, p2p_s: float):
         dep = slots(np.where(d < n, d + 2 * (d // length) + 1, pos - pos % length + 2 * (pos // length)), pad - 1)
         start, end = _rounds_async(dep, slots(add, 0.0), slots(dur, 0.0), cur, length)
         end = units(end)
-        return units(start), end, end, np.zeros(p), np.full(n, -1)
+        return units(start), end, end, np.zeros(p), Binding(n, np.full(n, -1))
     if pairs is None:
         return run_rounds_general(f, dur, add, None, p2p_s)
     waits, loads, has = _call_table(pairs, width, pad)
@@ -198,9 +217,14 @@ def run_rounds(f: Flat, dur: np.ndarray, add: np.ndarray, pairs, p2p_s: float):
     free[:-1] = start[1:]
     last = cur + length  # each stage's trailing slot: the call after its last unit
     free[last - 1] = _call_end(end[last - 1], waits[1:, last], end, pad, p2p[last], has[last])[0]
-    bind = np.full(pad + 1, -1)
-    bind[1:] = _call_end(end[:-1], waits[1:, 1:], end, pad, 0.0, has[1:])[1]  # slot t's call: posted when t - 1 ends
-    return units(start), units(end), units(free), free[cur - 1], slots(pos, -1)[units(bind)]
+    peers = waits[1:]
+
+    def bound(idx: np.ndarray) -> np.ndarray:  # the call before each unit: posted when the slot before ends
+        t = idx + 2 * (idx // length) + 1
+        b = _call_end(end[t - 1], peers.take(t, axis=1), end, pad, 0.0, has[t])[1]
+        return np.where((b >= 0) & (b % width > 0), b - 2 * (b // width) - 1, -1)  # (a leading slot posts at 0)
+
+    return units(start), units(end), units(free), free[cur - 1], Binding(n, bound)
 
 
 def run_rounds_general(f: Flat, dur: np.ndarray, add: np.ndarray, pairs, p2p_s: float):
@@ -224,7 +248,7 @@ def run_rounds_general(f: Flat, dur: np.ndarray, add: np.ndarray, pairs, p2p_s: 
             ok = done[dc]
             st = np.maximum(end[cur - 1], end[dc] + d_add[cur])
             left -= _commit(cur, st, ok, start, end, done, d_dur)
-        return start[slot], end[slot], end[slot], np.zeros(p), np.full(n, -1)
+        return start[slot], end[slot], end[slot], np.zeros(p), Binding(n, np.full(n, -1))
     table, loads, has = _call_table(pairs, width, pad)
     peers = table[1:].T  # a row per slot: the peers of the call before it
     p2p = p2p_s * loads  # per call: k p2p_s (simulate.call_loads)
@@ -243,4 +267,4 @@ def run_rounds_general(f: Flat, dur: np.ndarray, add: np.ndarray, pairs, p2p_s: 
     bind[slot] = _call_end(end[slot - 1], peers[slot].T, end, pad, p2p[slot])[1]
     flat_of = np.full(pad + 1, -1)
     flat_of[slot] = np.arange(n)
-    return start[slot], end[slot], free[slot], free[np.arange(p) * width], flat_of[bind[slot]]
+    return start[slot], end[slot], free[slot], free[np.arange(p) * width], Binding(n, flat_of[bind[slot]])

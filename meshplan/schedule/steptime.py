@@ -148,7 +148,7 @@ class StepTime:
         res = self.pipeline
         idx = res.critical_units  # the fields of pipeline.critical_path's events, without the events
         cols = ((idx // res.flat.length).tolist(), res.unit_names(idx), res.start[idx].tolist(),
-                res.end[idx].tolist(), res.via_p2p[idx].tolist())
+                res.end[idx].tolist(), res.via_at(idx).tolist())
         out = [f"stage {s} (rank {self.example_ranks[s]}) {name} {t0 * 1e3:.3f}-{t1 * 1e3:.3f} ms "
                f"(after {'p2p' if via else 'stream'})" for s, name, t0, t1, via in zip(*cols)]
         s = self.critical_stage
@@ -398,15 +398,15 @@ def _unit_exposure(res: ArrayResult, s: int, units: UnitTimes, keys: list, key_i
     that waited on a p2p receive, ``min(p2p, wait)`` on "pp"; added in unit order, so the
     sums are the per-event loop's to the bit."""
     sl = res.stage_slice(s)
-    kidx = key_idx[sl]
+    kidx, via = key_idx[sl], res.via_at(np.arange(sl.start, sl.stop))
     streams = sorted({k for key in set(kidx.tolist()) for k in units.by_key(keys[key]).exposed_s})
     for k in streams:
         vals = np.array([units.by_key(key).exposed_s.get(k, 0.0) for key in keys])[kidx]
         if k == "pp":
-            vals = np.stack([vals, np.where(res.via_p2p[sl], np.minimum(res.spec.p2p_s, res.wait[sl]), 0.0)], 1)
+            vals = np.stack([vals, np.where(via, np.minimum(res.spec.p2p_s, res.wait[sl]), 0.0)], 1)
         ex[k] = sum(vals.reshape(-1).tolist(), ex.get(k, 0.0))
-    if "pp" not in streams and res.via_p2p[sl].any():
-        waits = np.minimum(res.spec.p2p_s, res.wait[sl][res.via_p2p[sl]])
+    if "pp" not in streams and via.any():
+        waits = np.minimum(res.spec.p2p_s, res.wait[sl][via])
         ex["pp"] = sum(waits.tolist(), ex.get("pp", 0.0))
     if res.hold is not None and res.hold[sl].any():  # blocking sends hold the stream (the last: _stage_end)
         ex["pp"] = sum(res.hold[sl][:-1].tolist(), ex.get("pp", 0.0))
