@@ -195,7 +195,8 @@ class ArrayResult(BubbleStats):
         """Flat indices of the units of :attr:`critical_path`, first to last."""
         last = [self.stage_slice(s).stop - 1 for s in range(self.flat.p)]
         i = last[max(range(self.flat.p), key=lambda s: self.end[last[s]])]
-        length, path, lo, block = self.flat.length, [], 0, []
+        length, path, lo = self.flat.length, [], 0
+        block: list[int] = []
         while i >= 0:
             path.append(i)
             if not lo <= i < lo + len(block):  # the predecessors of a window of units before i, on its stage

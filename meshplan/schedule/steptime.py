@@ -505,7 +505,8 @@ def step_time(plan: Plan, overlap: Overlap = Overlap(), *, dropout: bool = False
         return np.array([units.by_key(k).duration_s for k in keys])[idx]
 
     res = simulate_arrays(spec, durations)
-    ends, post, exposed, memo = [], [], [], {}
+    ends, post, exposed = [], [], []
+    memo: dict = {}
     for s, mine in enumerate(_ends_of(res)):
         end, ev, ex = _stage_end(plan, s, spec, mine, units, comms[s], overlap, _last_hold(res, s), memo)
         ends.append(end)
