@@ -16,11 +16,20 @@ from meshplan.pipeline.orders import Flat
 
 def _rows_of(key: np.ndarray, first: int) -> tuple[int, "int | np.ndarray"]:
     """(how many distinct values the small integers ``key`` take, the row of each entry:
-    ``first`` plus the rank of its value among them) by a count per value in their range, no
-    sort."""
+    ``first`` plus the rank of its value among them): from the least and the largest value when
+    they are at most one apart (1F1B: one value; interleaved 1F1B: two), else by a count per
+    value in their range; no sort.
+
+    >>> _rows_of(np.array([5, 5]), 1)
+    (1, 1)
+    >>> [(n, r.tolist()) for n, r in (_rows_of(np.array([2, 1, 2]), 1), _rows_of(np.array([0, 3, 7, 3]), 2))]
+    [(2, [2, 1, 2]), (3, [2, 3, 4, 3])]
+    """
     if not len(key):
         return 0, first
-    low = int(key.min())
+    low, high = int(key.min()), int(key.max())
+    if high - low <= 1:  # both values occur
+        return high - low + 1, (first if high == low else key + (first - low))
     present = np.bincount(key - low) > 0
     if present.all():  # consecutive values (1F1B: one)
         return len(present), (first if len(present) == 1 else key + (first - low))
