@@ -17,7 +17,13 @@ cost is the numpy calls per round: the loops (:mod:`~meshplan.pipeline.rounds`) 
 a unit not done by a NaN end instead of a done table (about 12 calls a round; 1F1B at pp 128 x
 4,096 micro-batches, 8,448 rounds: 0.42 s -> 0.13 s; Megatron's blocking interleaved 1F1B at pp
 64 x 2 chunks, 16,512 rounds: 2.7 s -> 0.5-0.75 s; cProfile on 2 loaded cores), and the orders of
-all stages are built at once (:func:`~meshplan.pipeline.orders.stage_orders`).
+all stages are built at once (:func:`~meshplan.pipeline.orders.stage_orders`). The blocking loop
+reads, per stage, the slot before and the peers of the call before its unit from one table
+(one gather, one maximum a round), built without a sort (one row per send delay and per
+receive lead), and the peer that bound each call is found only for the units asked for (the
+critical path, a stage's exposure): the whole simulation of GPT-1T under Megatron-LM's blocking
+sends, 1F1B at pp 128 x 4,096 micro-batches 0.43 s -> 0.31 s, interleaved at pp 64 x 2 chunks
+0.83 s -> 0.41 s (CPU seconds, best of 4, 2 loaded cores).
 Durations depend only on (stage, chunk, kind, last gradient unit), the step model's unit
 key, given as a table. Events are built only when asked for (trace, evidence). The orders and
 dependencies are :mod:`meshplan.pipeline.orders` (re-exported here), the round loops
