@@ -100,27 +100,29 @@ def _rounds_async(dep: np.ndarray, d_add: np.ndarray, d_dur: np.ndarray, cur: np
     round (one round per unit position: ~10^4 rounds at pp 128 x 4,096 micro-batches, so the
     per-round overhead is the cost): a unit not done has end NaN, so ``max(stream free, dep end +
     add)`` is NaN exactly when the dependency is not done (``np.maximum`` propagates NaN) and the
-    stage keeps its unit; the stream is free at the end of the slot before (the previous unit,
-    or the leading slot's 0). The same additions and maxima as :func:`run_rounds` in the same
-    order, so every time is bitwise equal. ``dep``, ``d_add``, ``d_dur``: per slot; ``cur``: each
-    stage's first unit slot (its leading slot, end 0, just before). Returns (start, end) per slot."""
+    stage keeps its unit; the same additions and maxima as :func:`run_rounds` in the same order, so
+    every time is bitwise equal. ``dep``, ``d_add``, ``d_dur``: per slot; ``cur``: each stage's
+    first unit slot (its leading slot, end 0, just before). Returns (start, end) per slot."""
     end = np.full(len(dep), np.nan)
     end[cur - 1] = 0.0
+    free = np.zeros(len(cur))  # end of each stage's previous unit (kept: cheaper than a gather)
 
     def starts(at: np.ndarray) -> np.ndarray:
         ready = end[dep[at]]
         ready += d_add[at]
-        return np.maximum(end[at - 1], ready)
+        return np.maximum(free, ready)
 
-    return _lean_rounds(starts, end, d_dur, cur, length)
+    return _lean_rounds(starts, end, d_dur, cur, length, free)
 
 
-def _lean_rounds(starts, end: np.ndarray, d_dur: np.ndarray, cur: np.ndarray, length: int):
+def _lean_rounds(starts, end: np.ndarray, d_dur: np.ndarray, cur: np.ndarray, length: int,
+                 free: Optional[np.ndarray] = None):
     """The rounds :func:`_rounds_async` and :func:`_rounds_blocking` share: each round every
     stage's current slot starts at ``starts(cur)`` (NaN while it cannot) and ends ``d_dur`` later
-    (``end`` updated in place); the stages whose end is not NaN keep it and move on; every
-    :data:`ROUNDS_PER_CHECK` rounds, stop when all are past their ``length`` units or raise
-    RuntimeError when none moved (the schedule deadlocks). Returns (start, end) per slot."""
+    (``end``, and ``free`` per stage if given, updated in place); the stages whose end is not NaN
+    keep it and move on; every :data:`ROUNDS_PER_CHECK` rounds, stop when all are past their
+    ``length`` units or raise RuntimeError when none moved (the schedule deadlocks). Returns
+    (start, end) per slot."""
     start = np.zeros(len(end))
     cur, stop = cur.copy(), cur + length
     while True:
@@ -129,7 +131,10 @@ def _lean_rounds(starts, end: np.ndarray, d_dur: np.ndarray, cur: np.ndarray, le
             st = starts(cur)
             e = st + d_dur[cur]
             end[cur], start[cur] = e, st
-            cur += e == e  # not NaN: the dependency was done / the peers had posted
+            ok = e == e  # not NaN: the dependency was done / the peers had posted
+            if free is not None:
+                np.copyto(free, e, where=ok)
+            cur += ok
         if (cur == stop).all():
             return start, end
         if (cur == before).all():
