@@ -49,15 +49,15 @@ __all__ = ["KINDS", "order_arrays", "stage_orders", "Flat", "flat_units", "Array
 #: Units before a unit of the critical path whose predecessors :attr:`ArrayResult.critical_units`
 #: asks for at once: the path runs backwards along a stage (pred = the unit before) until a
 #: transfer takes it to another one (GPT-1T pp 128, blocking: 8,446 units, 254 changes of stage).
-WALK_WINDOW = 512
+WALK_WINDOW = 256
 
 
 @dataclass(frozen=True, eq=False)
 class ArrayResult(BubbleStats):
     """:class:`~meshplan.pipeline.simulate.PipelineResult`'s interface on arrays (flat,
     stage-major): ``start``, ``end``, ``wait`` (start - stream free); ``links(idx)``: for the flat
-    units ``idx``, whether each waited on a p2p transfer and its critical predecessor (flat
-    index, -1 none), every unit's as :attr:`via_p2p` and :attr:`pred` (built on first use; the
+    units ``idx`` (None: all), whether each waited on a p2p transfer and its critical predecessor
+    (flat index, -1 none), every unit's as :attr:`via_p2p` and :attr:`pred` (built on first use; the
     blocking simulation finds them per unit asked for, :class:`~meshplan.pipeline.rounds.Binding`);
     ``hold`` (seconds, the blocking call after each unit holds its stream: 0 with asynchronous
     sends); ``transfers`` (blocking only: :class:`Transfers`, whence :attr:`xfer`); ``events``
@@ -68,7 +68,7 @@ class ArrayResult(BubbleStats):
     start: np.ndarray
     end: np.ndarray
     wait: np.ndarray
-    links: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]
+    links: Callable[[Optional[np.ndarray]], tuple[np.ndarray, np.ndarray]]
     step_s: float
     busy_s: tuple[float, ...]
     hold: Optional[np.ndarray] = None
@@ -76,7 +76,7 @@ class ArrayResult(BubbleStats):
 
     @cached_property
     def _all_links(self) -> tuple[np.ndarray, np.ndarray]:
-        return self.links(np.arange(len(self.end)))
+        return self.links(None)
 
     @property
     def via_p2p(self) -> np.ndarray:
@@ -201,13 +201,24 @@ class ArrayResult(BubbleStats):
         """Flat indices of the units of :attr:`critical_path`, first to last."""
         last = [self.stage_slice(s).stop - 1 for s in range(self.flat.p)]
         i = last[max(range(self.flat.p), key=lambda s: self.end[last[s]])]
-        length, path, lo = self.flat.length, [], 0
+        if self.transfers is None:  # asynchronous sends: every unit's predecessor is at hand
+            path, pred = [], self.pred
+            while i >= 0:
+                path.append(i)
+                i = int(pred[i])
+            return np.array(path[::-1], dtype=np.int64)
+        length, path, lo, hi = self.flat.length, [], 0, 0
         block: list[int] = []
+        windows: dict[int, tuple[int, list[int]]] = {}  # per stage, the last window asked for
         while i >= 0:
             path.append(i)
-            if not lo <= i < lo + len(block):  # the predecessors of a window of units before i, on its stage
-                lo = max(i - WALK_WINDOW + 1, i - i % length)
-                block = self.pred_at(np.arange(lo, i + 1)).tolist()
+            if not lo <= i < hi:  # another window: this stage's last one, or the units before i on it
+                lo, block = windows.get(i // length, (0, []))
+                if not lo <= i < lo + len(block):
+                    lo = max(i - WALK_WINDOW + 1, i - i % length)
+                    block = self.pred_at(np.arange(lo, i + 1)).tolist()
+                    windows[i // length] = (lo, block)
+                hi = lo + len(block)
             i = block[i - lo]
         return np.array(path[::-1], dtype=np.int64)
 
@@ -251,10 +262,11 @@ def simulate_arrays(spec: PipelineSpec, durations: Optional[Callable[[Flat], np.
         via = (f.dep < n) & (ready > prev)
         pred = np.where(via, f.dep, before)
 
-        def links(idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-            return via[idx], pred[idx]
+        def links(idx: Optional[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+            return (via, pred) if idx is None else (via[idx], pred[idx])
     else:
-        def links(idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:  # the peer that bound the call before
+        def links(idx: Optional[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:  # the peer that bound the call before
+            idx = np.arange(n) if idx is None else idx
             b = bind.at(idx)
             return b >= 0, np.where(b >= 0, b, np.where(idx % length > 0, idx - 1, -1))
     # each stage's busy time, its units' durations added one after another (Python's sum of

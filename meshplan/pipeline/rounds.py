@@ -83,12 +83,18 @@ def _call_end(e: np.ndarray, peers: np.ndarray, end: np.ndarray, pad: int, p2p_s
     first latest one in (stage, position) order: the lowest slot among the latest posts."""
     if peers.shape[0] == 0:
         return e, np.full(len(e), -1)
+    top, bind = _binding(e, peers, end, pad)
+    has = (peers != pad).any(axis=0) if has is None else has
+    return np.where(has, np.maximum(e, top) + p2p_s, e), bind
+
+
+def _binding(e: np.ndarray, peers: np.ndarray, end: np.ndarray, pad: int) -> tuple[np.ndarray, np.ndarray]:
+    """(the latest post of each call's peers, the binding peer slot or -1) for :func:`_call_end`
+    (``peers``: at least one row)."""
     posts = end[peers]
     top = np.maximum.reduce(posts, axis=0)
     best = peers[0] if len(peers) == 1 else np.where(posts == top, peers, pad).min(axis=0)
-    bind = np.where(top > e, best, -1)  # top > e: some peer posted later than e
-    has = (peers != pad).any(axis=0) if has is None else has
-    return np.where(has, np.maximum(e, top) + p2p_s, e), bind
+    return top, np.where(top > e, best, -1)  # top > e: some peer posted later than e
 
 
 #: Rounds :func:`_lean_rounds` runs between two checks for the end and for a deadlock.
@@ -235,7 +241,7 @@ def run_rounds(f: Flat, dur: np.ndarray, add: np.ndarray, pairs, p2p_s: float):
 
     def bound(idx: np.ndarray) -> np.ndarray:  # the call before each unit: posted when the slot before ends
         t = idx + 2 * (idx // length) + 1
-        b = _call_end(end[t - 1], peers.take(t, axis=1), end, pad, 0.0, has[t])[1]
+        b = _binding(end[t - 1], peers.take(t, axis=1), end, pad)[1] if len(peers) else np.full(len(t), -1)
         return np.where((b >= 0) & (b % width > 0), b - 2 * (b // width) - 1, -1)  # (a leading slot posts at 0)
 
     return units(start), units(end), units(free), free[cur - 1], Binding(n, bound)
