@@ -6,6 +6,8 @@ norms on the fused-norm curve, no kernel below the 4.7 us issue floor."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from meshplan import catalog
@@ -247,6 +249,32 @@ def test_step_kernels_per_parameter_copies_sp_grad_copies_and_syncs():
     # torch: none of it
     assert megatron_stage_step_cost(GPT175B, A100, workload_of(plan_of(True, "torch")), plan.config.training,
                                     layers, False, False, 8).seconds() == 0.0
+
+
+def test_optimizer_step_computed_once_per_distinct_stage():
+    """step_time's memo of the Megatron-LM optimizer step (:func:`_optimizer_s` with ``memo``)
+    keys a stage by its layers' MoE flags and whether it is the first or the last: DeepSeek-V3
+    (3 dense layers, then MoE) at pp 16 under Megatron-LM, split [2, 4 x 14, 3]: stage 0 holds
+    dense layers 0-1, stage 1 layers 2-5 (dense, then MoE), stages 2-14 four MoE layers each.
+    Every stage's time equals the one computed alone, stage 1's differs from stage 2's (the key
+    is more than first/last), and 4 distinct stages are computed for 16."""
+    from dataclasses import replace as dc_replace
+
+    from meshplan.config import load_config
+    from meshplan.plan import build_plan
+    from meshplan.schedule.steptime import _optimizer_s
+
+    cfg = load_config(Path(__file__).resolve().parent.parent / "examples" / "deepseek-v3_2048xh100_pp16-ep64-dp128.toml")
+    plan = build_plan(dc_replace(cfg, mesh=cfg.mesh.model_copy(update={"pp_layer_split": [2] + [4] * 14 + [3]}),
+                                 training=cfg.training.model_copy(update={"framework": "megatron"})))
+    assert plan.stages[1] == [[2, 3, 4, 5]]
+    memo: dict = {}
+    kept = [_optimizer_s(plan, s, memo) for s in range(16)]
+    assert kept == [_optimizer_s(plan, s) for s in range(16)]
+    assert kept[1] != kept[2] and len({kept[s] for s in range(2, 15)}) == 1
+    assert sorted(k for k in memo if isinstance(k, tuple)) == [
+        ((False, False), True, False), ((False, True, True, True), False, False), ((True, True, True), False, True),
+        ((True, True, True, True), False, False)]
 
 
 def test_embedding_dropout_backward_is_on_the_timeline():

@@ -17,7 +17,13 @@ cost is the numpy calls per round: the loops (:mod:`~meshplan.pipeline.rounds`) 
 a unit not done by a NaN end instead of a done table (about 12 calls a round; 1F1B at pp 128 x
 4,096 micro-batches, 8,448 rounds: 0.42 s -> 0.13 s; Megatron's blocking interleaved 1F1B at pp
 64 x 2 chunks, 16,512 rounds: 2.7 s -> 0.5-0.75 s; cProfile on 2 loaded cores), and the orders of
-all stages are built at once (:func:`~meshplan.pipeline.orders.stage_orders`).
+all stages are built at once (:func:`~meshplan.pipeline.orders.stage_orders`). The blocking loop
+reads, per stage, the slot before and the peers of the call before its unit from one table
+(one gather, one maximum a round), built without a sort (one row per send delay and per
+receive lead), and the peer that bound each call is found only for the units asked for (the
+critical path, a stage's exposure): the whole simulation of GPT-1T under Megatron-LM's blocking
+sends, 1F1B at pp 128 x 4,096 micro-batches 0.43 s -> 0.31 s, interleaved at pp 64 x 2 chunks
+0.83 s -> 0.41 s (CPU seconds, best of 4, 2 loaded cores).
 Durations depend only on (stage, chunk, kind, last gradient unit), the step model's unit
 key, given as a table. Events are built only when asked for (trace, evidence). The orders and
 dependencies are :mod:`meshplan.pipeline.orders` (re-exported here), the round loops
@@ -28,7 +34,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from functools import cached_property
-from typing import Callable, Optional
+from typing import Callable, NamedTuple, Optional
 
 import numpy as np
 
@@ -37,29 +43,86 @@ from meshplan.pipeline.rounds import run_rounds
 from meshplan.pipeline.simulate import BubbleStats, Event, PipelineSpec, Unit
 
 __all__ = ["KINDS", "order_arrays", "stage_orders", "Flat", "flat_units", "ArrayResult", "simulate_arrays",
-           "rendezvous", "spec_durations"]
+           "rendezvous", "Transfers", "spec_durations"]
+
+
+#: Units before a unit of the critical path whose predecessors :attr:`ArrayResult.critical_units`
+#: asks for at once: the path runs backwards along a stage (pred = the unit before) until a
+#: transfer takes it to another one (GPT-1T pp 128, blocking: 8,446 units, 254 changes of stage).
+WALK_WINDOW = 256
 
 
 @dataclass(frozen=True, eq=False)
 class ArrayResult(BubbleStats):
     """:class:`~meshplan.pipeline.simulate.PipelineResult`'s interface on arrays (flat,
-    stage-major): ``start``, ``end``, ``wait`` (start - stream free), ``via_p2p``, ``pred``
-    (flat index of the critical predecessor, -1 none); ``hold`` (seconds, the blocking call after
-    each unit holds its stream: 0 with asynchronous sends); ``xfer`` (blocking only: when the
-    transfer feeding each unit starts, both calls posted; NaN for a unit with no cross-stage
-    input); ``events`` and ``critical_path`` are built on demand."""
+    stage-major): ``start``, ``end``, ``wait`` (start - stream free); ``links(idx)``: for the flat
+    units ``idx`` (None: all), whether each waited on a p2p transfer and its critical predecessor
+    (flat index, -1 none), every unit's as :attr:`via_p2p` and :attr:`pred` (built on first use; the
+    blocking simulation finds them per unit asked for, :class:`~meshplan.pipeline.rounds.Binding`);
+    ``hold`` (seconds, the blocking call after each unit holds its stream: 0 with asynchronous
+    sends); ``transfers`` (blocking only: :class:`Transfers`, whence :attr:`xfer`); ``events``
+    and ``critical_path`` are built on demand."""
 
     spec: PipelineSpec
     flat: Flat
     start: np.ndarray
     end: np.ndarray
     wait: np.ndarray
-    via_p2p: np.ndarray
-    pred: np.ndarray
+    links: Callable[[Optional[np.ndarray]], tuple[np.ndarray, np.ndarray]]
     step_s: float
     busy_s: tuple[float, ...]
     hold: Optional[np.ndarray] = None
-    xfer: Optional[np.ndarray] = None
+    transfers: Optional["Transfers"] = None
+
+    @cached_property
+    def _all_links(self) -> tuple[np.ndarray, np.ndarray]:
+        return self.links(None)
+
+    @property
+    def via_p2p(self) -> np.ndarray:
+        """Per flat unit: it waited on a p2p transfer (its start set by the transfer)."""
+        return self._all_links[0]
+
+    @property
+    def pred(self) -> np.ndarray:
+        """Per flat unit: the flat index of its critical predecessor, -1 none."""
+        return self._all_links[1]
+
+    def via_at(self, idx) -> np.ndarray:
+        """:attr:`via_p2p` of the flat units ``idx``, without every unit's."""
+        idx = np.asarray(idx, dtype=np.int64)
+        return self.via_p2p[idx] if "_all_links" in self.__dict__ else self.links(idx)[0]
+
+    def pred_at(self, idx) -> np.ndarray:
+        """:attr:`pred` of the flat units ``idx``, without every unit's."""
+        idx = np.asarray(idx, dtype=np.int64)
+        return self.pred[idx] if "_all_links" in self.__dict__ else self.links(idx)[1]
+
+    @cached_property
+    def xfer(self) -> Optional[np.ndarray]:
+        """Blocking only (None otherwise): when the transfer feeding each unit starts, both its
+        calls posted; NaN for a unit with no cross-stage input. Built on first use (the trace,
+        the events); :meth:`xfer_at` gives some units' without it."""
+        if self.transfers is None:
+            return None
+        out = np.full(len(self.end), np.nan)
+        out[self.transfers.cons] = self._xfer_of(self.transfers, np.arange(len(self.transfers.cons)))
+        return out
+
+    def xfer_at(self, idx: np.ndarray) -> Optional[np.ndarray]:
+        """:attr:`xfer` of the flat units ``idx`` (None with asynchronous sends)."""
+        t = self.transfers
+        if t is None:
+            return None
+        idx = np.asarray(idx, dtype=np.int64)
+        if not len(t.cons):
+            return np.full(len(idx), np.nan)
+        k = np.minimum(np.searchsorted(t.cons, idx), len(t.cons) - 1)  # t.cons ascending
+        return np.where(t.cons[k] == idx, self._xfer_of(t, k), np.nan)
+
+    def _xfer_of(self, t: "Transfers", k: np.ndarray) -> np.ndarray:
+        """When transfers ``k`` (entries of ``t``) start: the later post of their two calls."""
+        return np.maximum(_posted(self.end, t.send[k], self.flat.length), _posted(self.end, t.recv[k], self.flat.length))
 
     def stage_slice(self, s: int) -> slice:
         return slice(s * self.flat.length, (s + 1) * self.flat.length)
@@ -73,7 +136,7 @@ class ArrayResult(BubbleStats):
         ``int()``/``float()`` of each element)."""
         f, v = self.flat, self.spec.v
         idx = np.asarray(idx, dtype=np.int64)
-        cols = (f.kind[idx], f.mb[idx], f.chunk[idx], self.start[idx], self.end[idx], self.via_p2p[idx],
+        cols = (f.kind[idx], f.mb[idx], f.chunk[idx], self.start[idx], self.end[idx], self.via_at(idx),
                 self.wait[idx], idx // f.length)
         out = []
         for kind, mb, chunk, t0, t1, via, wait, stage in zip(*(c.tolist() for c in cols)):
@@ -92,10 +155,11 @@ class ArrayResult(BubbleStats):
                                                                f.chunk[idx].tolist())]
         return [f"{KINDS[k]}{mb}" for k, mb in zip(f.kind[idx].tolist(), f.mb[idx].tolist())]
 
-    def _send(self, i: int, d: Event) -> Event:
-        """The "pp" event of the transfer of producer ``d``'s output to unit ``i``: from the
-        producer's end (asynchronous) or from the rendezvous of both calls (blocking)."""
-        t0 = d.end_s if self.xfer is None else float(self.xfer[i])
+    def _send(self, d: Event, xfer: Optional[float]) -> Event:
+        """The "pp" event of the transfer of producer ``d``'s output: from the producer's end
+        (asynchronous: ``xfer`` None) or from the rendezvous of both calls (blocking: ``xfer``,
+        the consumer's :attr:`xfer`)."""
+        t0 = d.end_s if xfer is None else xfer
         return Event(d.stage, "pp", f"send {d.name}", t0, t0 + self.spec.p2p_s)
 
     @cached_property
@@ -105,11 +169,12 @@ class ArrayResult(BubbleStats):
         n, f = len(self.end), self.flat
         units = self._events(np.arange(n))
         send = (f.cross & (self.spec.p2p_s > 0)).tolist()
+        xfer = [None] * n if self.xfer is None else self.xfer.tolist()
         out = []
         for i, (ev, pred, dep) in enumerate(zip(units, self.pred.tolist(), f.dep.tolist())):
             ev.args["pred"] = units[pred] if pred >= 0 else None
             if send[i]:
-                out.append(self._send(i, units[dep]))
+                out.append(self._send(units[dep], xfer[i]))
             out.append(ev)
         return tuple(out)
 
@@ -126,18 +191,35 @@ class ArrayResult(BubbleStats):
         for ev in units:
             ev.args["pred"] = None
         producers = dict(zip(waiting.tolist(), self._events(f.dep[waiting])))
+        xfer = self.xfer_at(waiting)
+        at = dict(zip(waiting.tolist(), xfer.tolist())) if xfer is not None else {}
         items = sorted([(i, 1) for i in range(sl.start, sl.stop)] + [(i, 0) for i in producers])
-        return [units[i - sl.start] if unit else self._send(i, producers[i]) for i, unit in items]
+        return [units[i - sl.start] if unit else self._send(producers[i], at.get(i)) for i, unit in items]
 
     @cached_property
     def critical_units(self) -> np.ndarray:
         """Flat indices of the units of :attr:`critical_path`, first to last."""
         last = [self.stage_slice(s).stop - 1 for s in range(self.flat.p)]
         i = last[max(range(self.flat.p), key=lambda s: self.end[last[s]])]
-        path, pred = [], self.pred
+        if self.transfers is None:  # asynchronous sends: every unit's predecessor is at hand
+            path, pred = [], self.pred
+            while i >= 0:
+                path.append(i)
+                i = int(pred[i])
+            return np.array(path[::-1], dtype=np.int64)
+        length, path, lo, hi = self.flat.length, [], 0, 0
+        block: list[int] = []
+        windows: dict[int, tuple[int, list[int]]] = {}  # per stage, the last window asked for
         while i >= 0:
             path.append(i)
-            i = int(pred[i])
+            if not lo <= i < hi:  # another window: this stage's last one, or the units before i on it
+                lo, block = windows.get(i // length, (0, []))
+                if not lo <= i < lo + len(block):
+                    lo = max(i - WALK_WINDOW + 1, i - i % length)
+                    block = self.pred_at(np.arange(lo, i + 1)).tolist()
+                    windows[i // length] = (lo, block)
+                hi = lo + len(block)
+            i = block[i - lo]
         return np.array(path[::-1], dtype=np.int64)
 
     @cached_property
@@ -155,8 +237,9 @@ def simulate_arrays(spec: PipelineSpec, durations: Optional[Callable[[Flat], np.
     seconds of every flat unit (default: the spec's own
     :meth:`~meshplan.pipeline.simulate.PipelineSpec.unit_s`, :func:`spec_durations`). Start,
     end, wait, critical path and busy time equal the reference's (module docstring).
-    ``blocking_p2p``: Megatron-LM 2022's rendezvous calls (:func:`rendezvous`); ``hold`` is then
-    the seconds each unit's call holds its stream after it (``free - end``).
+    ``blocking_p2p``: Megatron-LM 2022's rendezvous calls (:func:`rendezvous`, kept as
+    ``transfers``); ``hold`` is then the seconds each unit's call holds its stream after it
+    (``free - end``).
 
     >>> r = simulate_arrays(PipelineSpec("1f1b", p=4, m=8))
     >>> r.step_s, round(r.bubble, 4), [e.name for e in r.critical_path][:5]
@@ -170,53 +253,72 @@ def simulate_arrays(spec: PipelineSpec, durations: Optional[Callable[[Flat], np.
     dep = f.dep if pairs is None else np.where(f.cross, n, f.dep)  # blocking: the input comes in a call
     start, end, free, lead_free, bind = run_rounds(replace(f, dep=dep), dur, add, pairs, spec.p2p_s)
     prev = np.concatenate([[0.0], free[:-1]])  # stream free at start: after the previous unit's call
-    before = np.arange(-1, n - 1)  # the previous unit of the stage, -1 for a stage's first
     if length:
         prev[::length] = lead_free  # (a stage's first unit: after the call before it)
-        before[::length] = -1
     if pairs is None:
+        before = np.arange(-1, n - 1)  # the previous unit of the stage, -1 for a stage's first
+        before[::max(length, 1)] = -1
         ready = np.where(f.dep < n, np.concatenate([end, [0.0]])[f.dep] + add, 0.0)
         via = (f.dep < n) & (ready > prev)
         pred = np.where(via, f.dep, before)
-        xfer = None
+
+        def links(idx: Optional[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+            return (via, pred) if idx is None else (via[idx], pred[idx])
     else:
-        via = bind >= 0
-        pred = np.where(via, bind, before)
-        send, recv, cons = pairs
-        at = lambda packed: np.concatenate([[0.0], end])[np.where(packed % (length + 1) > 0,  # noqa: E731
-                                                                  (packed // (length + 1)) * length + packed % (length + 1), 0)]
-        xfer = np.full(n, np.nan)
-        xfer[cons] = np.maximum(at(send), at(recv))
-    busy = tuple(sum((end[s * length:(s + 1) * length] - start[s * length:(s + 1) * length]).tolist())
-                 for s in range(p))
+        def links(idx: Optional[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:  # the peer that bound the call before
+            idx = np.arange(n) if idx is None else idx
+            b = bind.at(idx)
+            return b >= 0, np.where(b >= 0, b, np.where(idx % length > 0, idx - 1, -1))
+    # each stage's busy time, its units' durations added one after another (Python's sum of
+    # floats before 3.12, the reference's: a running sum along each row)
+    busy = tuple(np.cumsum((end - start).reshape(p, length), axis=1)[:, -1].tolist()) if length else (0.0,) * p
     last = free[length - 1::length] if length else lead_free
-    return ArrayResult(spec, f, start, end, start - prev, via, pred, float(last.max()), busy, free - end, xfer)
+    return ArrayResult(spec, f, start, end, start - prev, links, float(last.max()), busy, free - end, pairs)
 
 
-def rendezvous(spec: PipelineSpec, f: Flat) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _posted(end: np.ndarray, slot: np.ndarray, length: int) -> np.ndarray:
+    """When each call at ``slot`` (:class:`Transfers`) is posted: the end of the unit it follows
+    (``end``: per flat unit), 0 before a stage's first unit."""
+    width = length + 2
+    pos = slot % width  # position + 1
+    return np.where(pos > 0, end[np.maximum(slot - 2 * (slot // width) - 1, 0)], 0.0)
+
+
+class Transfers(NamedTuple):
+    """Megatron-LM 2022's rendezvous p2p (:func:`rendezvous`): per cross-stage input, one entry
+    per unit with ``f.cross`` in flat order: ``send`` and ``recv``, the calls that send and
+    receive it, each as the slot of :func:`~meshplan.pipeline.rounds.run_rounds` it is issued
+    after (``stage * (L + 2) + position + 1``; position -1: before the first unit, the stage's
+    leading slot); ``cons``, the flat index of the consumer; ``delay``, how many units after its
+    producer the send is issued; ``lead``, how many units before the consumer the receive is."""
+
+    send: np.ndarray
+    recv: np.ndarray
+    cons: np.ndarray
+    delay: np.ndarray
+    lead: np.ndarray
+
+
+def rendezvous(spec: PipelineSpec, f: Flat) -> Transfers:
     """Megatron-LM 2022's rendezvous p2p (:mod:`meshplan.pipeline.simulate` docstring,
-    :func:`~meshplan.pipeline.simulate.calls`) on the flat units: per cross-stage input (one
-    entry per unit with ``f.cross``, in flat order) the call that sends it and the call that
-    receives it, each as (stage, position) packed ``stage * (L + 1) + position + 1`` (position
-    -1: before the first unit), and the flat indices of those consumers.
+    :func:`~meshplan.pipeline.simulate.calls`) on the flat units: per cross-stage input the call
+    that sends it and the call that receives it (:class:`Transfers`).
 
     >>> f = flat_units("1f1b", 2, 2, 1)  # stage 0: F0 F1 B0 B1; stage 1: F0 B0 F1 B1
-    >>> send, recv, cons = rendezvous(PipelineSpec("1f1b", p=2, m=2, blocking_p2p=True), f)
-    >>> cons.tolist()  # stage 0's B0, B1; stage 1's F0, F1
+    >>> t = rendezvous(PipelineSpec("1f1b", p=2, m=2, blocking_p2p=True), f)
+    >>> t.cons.tolist()  # stage 0's B0, B1; stage 1's F0, F1
     [2, 3, 4, 6]
-    >>> [(int(x) // 5, int(x) % 5 - 1) for x in send], [(int(x) // 5, int(x) % 5 - 1) for x in recv]
+    >>> [(int(x) // 6, int(x) % 6 - 1) for x in t.send], [(int(x) // 6, int(x) % 6 - 1) for x in t.recv]
     ([(1, 1), (1, 3), (0, 0), (0, 1)], [(0, 1), (0, 2), (1, -1), (1, 1)])
     """
-    n, length, p = len(f.kind), f.length, spec.p
+    length, p = f.length, spec.p
     delay = np.concatenate([spec.sched.send_delay(p, spec.m, spec.v, s, length) for s in range(p)])
     lead = np.concatenate([spec.sched.recv_lead(p, spec.m, spec.v, s, length) for s in range(p)])
     cons = np.flatnonzero(f.cross)
     prod = f.dep[cons]
-
-    def pack(flat: np.ndarray) -> np.ndarray:
-        return (flat // length) * (length + 1) + flat % length + 1
-
-    return pack(prod + delay[prod]), (cons // length) * (length + 1) + cons % length - lead[cons] + 1, cons
+    delay, lead = delay[prod], lead[cons]
+    slot = lambda flat: flat + 2 * (flat // length) + 1  # noqa: E731
+    return Transfers(slot(prod) + delay, slot(cons) - lead, cons, delay, lead)
 
 
 def spec_durations(spec: PipelineSpec, f: Flat) -> np.ndarray:

@@ -8,28 +8,56 @@ same order.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 
 from meshplan.pipeline.orders import Flat
 
-def _call_table(pairs, length: int, width: int, pad: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per slot of :func:`run_rounds`, the call issued after it: (the slots of its peers, shape
-    (peers, slots), each column's peers sorted by slot, ``pad`` padding; the larger of its sends
-    and receives, at least 1 (:func:`meshplan.pipeline.simulate.call_loads`); whether it has a
-    peer)."""
-    send, recv, _ = pairs
-    to_slot = lambda packed: (packed // (length + 1)) * width + packed % (length + 1)  # noqa: E731
-    s_, r_ = to_slot(send), to_slot(recv)
-    ab = np.sort(np.concatenate([s_, r_]) * (pad + 1) + np.concatenate([r_, s_]), kind="stable")
-    a, b = np.divmod(ab, pad + 1)  # by slot, then peer slot
-    count = np.bincount(a, minlength=pad + 1)
-    col = np.arange(len(a)) - (np.cumsum(count) - count)[a]  # rank within its slot
-    table = np.full((max(int(count.max()), 1), pad + 1), pad, dtype=np.int64)
-    table[col, a] = b
-    loads = np.maximum(np.maximum(np.bincount(s_, minlength=pad + 1), np.bincount(r_, minlength=pad + 1)), 1)
-    return table, loads.astype(float), count > 0
+def _rows_of(key: np.ndarray, first: int) -> tuple[int, "int | np.ndarray"]:
+    """(how many distinct values the small integers ``key`` take, the row of each entry:
+    ``first`` plus the rank of its value among them): from the least and the largest value when
+    they are at most one apart (1F1B: one value; interleaved 1F1B: two), else by a count per
+    value in their range; no sort.
+
+    >>> _rows_of(np.array([5, 5]), 1)
+    (1, 1)
+    >>> [(n, r.tolist()) for n, r in (_rows_of(np.array([2, 1, 2]), 1), _rows_of(np.array([0, 3, 7, 3]), 2))]
+    [(2, [2, 1, 2]), (3, [2, 3, 4, 3])]
+    """
+    if not len(key):
+        return 0, first
+    low, high = int(key.min()), int(key.max())
+    if high - low <= 1:  # both values occur
+        return high - low + 1, (first if high == low else key + (first - low))
+    present = np.bincount(key - low) > 0
+    if present.all():  # consecutive values (1F1B: one)
+        return len(present), (first if len(present) == 1 else key + (first - low))
+    return int(present.sum()), (np.cumsum(present) + (first - 1))[key - low]
+
+
+def _call_table(pairs, width: int, pad: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per slot of :func:`run_rounds`, the call issued just before it (after the slot before),
+    from ``pairs`` (:class:`~meshplan.pipeline.fast.Transfers`): (shape (1 + peers, slots): the
+    slot before, whose end posts the call, then the slots of the calls the call meets, ``pad``
+    padding, in no particular order; how many of its transfers share its link, the larger of
+    its sends and its receives (:func:`meshplan.pipeline.simulate.call_loads`; 0 for a call
+    without transfers); whether it has a peer). One row per send delay and one per receive
+    lead (1F1B: one each; interleaved 1F1B: two each), filled by one scatter per side: a call
+    sends at most one output per delay (its producer ``delay`` units before the call) and posts
+    at most one receive per lead (its consumer ``lead`` units after)."""
+    send, recv, _, delay, lead = pairs
+    after_send, after_recv = send + 1, recv + 1  # the slot whose unit waits for each call
+    n_send, send_row = _rows_of(delay, 1)
+    n_recv, recv_row = _rows_of(lead, 1 + n_send)
+    cols = pad + 1
+    table = np.full((1 + n_send + n_recv, cols), pad, dtype=np.int64)
+    table[0] = np.arange(-1, pad)
+    flat = table.reshape(-1)
+    flat[send_row * cols + after_send] = recv
+    flat[recv_row * cols + after_recv] = send
+    loads = np.maximum(np.bincount(after_send, minlength=cols), np.bincount(after_recv, minlength=cols))
+    return table, loads.astype(float), loads > 0
 
 
 def _commit(cur: np.ndarray, st: np.ndarray, ok: np.ndarray, start: np.ndarray, end: np.ndarray,
@@ -48,24 +76,28 @@ def _commit(cur: np.ndarray, st: np.ndarray, ok: np.ndarray, start: np.ndarray, 
 
 def _call_end(e: np.ndarray, peers: np.ndarray, end: np.ndarray, pad: int, p2p_s: "float | np.ndarray",
               has: Optional[np.ndarray] = None):
-    """(end of each call posted at ``e`` with peer slots ``peers`` (columns: shape (peers, calls)),
-    binding peer slot or -1): ``max(e, peer posts) + p2p_s`` (seconds: one value, or one per
-    call), ``e`` for an empty call (``has``: whether each call has a peer, default from
-    ``peers``). ``end[pad]`` is -inf (the padding peer never binds); the binding peer is the
-    first latest one (``argmax``)."""
+    """(end of each call posted at ``e`` with peer slots ``peers`` (columns: shape (peers, calls),
+    in any order), binding peer slot or -1): ``max(e, peer posts) + p2p_s`` (seconds: one value,
+    or one per call), ``e`` for an empty call (``has``: whether each call has a peer, default
+    from ``peers``). ``end[pad]`` is -inf (the padding peer never binds); the binding peer is the
+    first latest one in (stage, position) order: the lowest slot among the latest posts."""
     if peers.shape[0] == 0:
         return e, np.full(len(e), -1)
-    posts = end[peers]
-    top = posts.max(axis=0) if len(posts) > 1 else posts[0]
-    best = peers[-1].copy()
-    for col, post in zip(peers[::-1], posts[::-1]):  # the first column holding the latest post wins
-        np.copyto(best, col, where=post == top)
-    bind = np.where(top > e, best, -1)  # top > e: some peer posted later than e
+    top, bind = _binding(e, peers, end, pad)
     has = (peers != pad).any(axis=0) if has is None else has
     return np.where(has, np.maximum(e, top) + p2p_s, e), bind
 
 
-#: Rounds :func:`_rounds_async` runs between two checks for the end and for a deadlock.
+def _binding(e: np.ndarray, peers: np.ndarray, end: np.ndarray, pad: int) -> tuple[np.ndarray, np.ndarray]:
+    """(the latest post of each call's peers, the binding peer slot or -1) for :func:`_call_end`
+    (``peers``: at least one row)."""
+    posts = end[peers]
+    top = np.maximum.reduce(posts, axis=0)
+    best = peers[0] if len(peers) == 1 else np.where(posts == top, peers, pad).min(axis=0)
+    return top, np.where(top > e, best, -1)  # top > e: some peer posted later than e
+
+
+#: Rounds :func:`_lean_rounds` runs between two checks for the end and for a deadlock.
 ROUNDS_PER_CHECK = 64
 
 
@@ -79,22 +111,24 @@ def _rounds_async(dep: np.ndarray, d_add: np.ndarray, d_dur: np.ndarray, cur: np
     first unit slot (its leading slot, end 0, just before). Returns (start, end) per slot."""
     end = np.full(len(dep), np.nan)
     end[cur - 1] = 0.0
-    free = np.zeros(len(cur))  # end of each stage's previous unit
+    free = np.zeros(len(cur))  # end of each stage's previous unit (kept: cheaper than a gather)
 
     def starts(at: np.ndarray) -> np.ndarray:
         ready = end[dep[at]]
         ready += d_add[at]
         return np.maximum(free, ready)
 
-    return _lean_rounds(starts, end, free, d_dur, cur, length)
+    return _lean_rounds(starts, end, d_dur, cur, length, free)
 
 
-def _lean_rounds(starts, end: np.ndarray, free: np.ndarray, d_dur: np.ndarray, cur: np.ndarray, length: int):
+def _lean_rounds(starts, end: np.ndarray, d_dur: np.ndarray, cur: np.ndarray, length: int,
+                 free: Optional[np.ndarray] = None):
     """The rounds :func:`_rounds_async` and :func:`_rounds_blocking` share: each round every
-    stage's current slot starts at ``starts(cur)`` (NaN while it cannot) and ends ``d_dur`` later;
-    the stages whose end is not NaN keep it (``free`` and ``end`` updated in place) and move on;
-    every :data:`ROUNDS_PER_CHECK` rounds, stop when all are past their ``length`` units or
-    raise RuntimeError when none moved (the schedule deadlocks). Returns (start, end) per slot."""
+    stage's current slot starts at ``starts(cur)`` (NaN while it cannot) and ends ``d_dur`` later
+    (``end``, and ``free`` per stage if given, updated in place); the stages whose end is not NaN
+    keep it and move on; every :data:`ROUNDS_PER_CHECK` rounds, stop when all are past their
+    ``length`` units or raise RuntimeError when none moved (the schedule deadlocks). Returns
+    (start, end) per slot."""
     start = np.zeros(len(end))
     cur, stop = cur.copy(), cur + length
     while True:
@@ -104,7 +138,8 @@ def _lean_rounds(starts, end: np.ndarray, free: np.ndarray, d_dur: np.ndarray, c
             e = st + d_dur[cur]
             end[cur], start[cur] = e, st
             ok = e == e  # not NaN: the dependency was done / the peers had posted
-            np.copyto(free, e, where=ok)
+            if free is not None:
+                np.copyto(free, e, where=ok)
             cur += ok
         if (cur == stop).all():
             return start, end
@@ -112,29 +147,47 @@ def _lean_rounds(starts, end: np.ndarray, free: np.ndarray, d_dur: np.ndarray, c
             raise RuntimeError(f"schedule deadlocks at slots {cur.tolist()}")
 
 
-def _rounds_blocking(d_dur: np.ndarray, cur: np.ndarray, length: int, peers: np.ndarray, p2p: np.ndarray):
+def _rounds_blocking(d_dur: np.ndarray, cur: np.ndarray, length: int, waits: np.ndarray, p2p: np.ndarray):
     """:func:`run_rounds` with blocking calls (``pairs``), finite times and every dependency an
     earlier unit of the same stage (the blocking path's: cross-stage inputs come in the calls),
     as :func:`_rounds_async` does it: ends NaN until done and the padding peer posted at -inf, so
     the end of the call before each stage's next unit, ``max(previous end, peer posts) + p2p``,
     is NaN while a peer has not posted, and so is the unit's start. That call's end is the
     unit's start: :func:`run_rounds`' ``max(free, dep end)`` is ``free``, a same-stage dependency
-    having ended before the previous unit did. ``peers`` (peers, slots) and ``p2p`` (0 for a
-    call without peers: ``e + 0 = e``) are those of the call before each slot; ``d_dur`` NaN on
-    the trailing slots (never run). Returns (start, end) per slot."""
+    having ended before the previous unit did. ``waits`` (1 + peers, slots): per slot the slot
+    before it (the previous unit, whose end posts the call) and the peers of that call (any
+    order: a maximum); ``p2p``: that call's seconds (0 for a call without peers: ``e + 0 = e``);
+    ``d_dur`` NaN on the trailing slots (never run). Returns (start, end) per slot."""
     end = np.full(len(d_dur), np.nan)
     end[cur - 1], end[-1] = 0.0, -np.inf
-    prev_end = np.zeros(len(cur))
+
+    latest = np.maximum.reduce  # (ndarray.max adds a Python call per round)
 
     def starts(at: np.ndarray) -> np.ndarray:
-        posts = end[peers.take(at, axis=1)]  # (peers, stages)
-        st = np.maximum(prev_end, posts[0])
-        for row in posts[1:]:  # max(e, posts) + p2p, NaN while one has not posted
-            np.maximum(st, row, out=st)
+        st = latest(end[waits.take(at, axis=1)], axis=0)  # NaN while one has not posted
         st += p2p[at]
         return st
 
-    return _lean_rounds(starts, end, prev_end, d_dur, cur, length)
+    return _lean_rounds(starts, end, d_dur, cur, length)
+
+
+class Binding:
+    """Per flat unit, the flat index of the peer whose post bound the call before it (it waited
+    for that peer), or -1 (:func:`run_rounds`): for the units asked for (:meth:`at`), from a
+    table of every unit or computed on demand (the blocking round loop's: the critical path
+    visits a few thousand of 10^6 units)."""
+
+    def __init__(self, n: int, at: "np.ndarray | Callable[[np.ndarray], np.ndarray]"):
+        self.n, self._at = n, at
+
+    def at(self, idx: np.ndarray) -> np.ndarray:
+        """The binding peer of each flat unit in ``idx`` (-1: none)."""
+        idx = np.asarray(idx, dtype=np.int64)
+        return self._at[idx] if isinstance(self._at, np.ndarray) else self._at(idx)
+
+    def all(self) -> np.ndarray:
+        """:meth:`at` of every unit."""
+        return self.at(np.arange(self.n))
 
 
 def run_rounds(f: Flat, dur: np.ndarray, add: np.ndarray, pairs, p2p_s: float):
@@ -144,15 +197,16 @@ def run_rounds(f: Flat, dur: np.ndarray, add: np.ndarray, pairs, p2p_s: float):
     ready)``, ``end = start + dur``); a unit not yet ready gets provisional times nobody reads
     (its successors wait for ``done``) and is computed again. Slots: each stage's units between a
     leading slot (end 0, done: the step's start, where the receives of the first unit are
-    posted) and a trailing one that never runs. Returns (start, end, stream free after each
-    unit's call, free after each stage's leading call, flat index of the peer that bound the
-    call before each unit or -1). Finite, non-negative times run the leaner loops
+    posted) and a trailing one that never runs. ``pairs``: the blocking calls
+    (:class:`~meshplan.pipeline.fast.Transfers`, in these slots), None for asynchronous sends
+    (cross-stage inputs then wait ``add``). Returns (start, end, stream free after each
+    unit's call, free after each stage's leading call, the peer that bound the call before each
+    unit: :class:`Binding`). Finite, non-negative times run the leaner loops
     :func:`_rounds_async` and :func:`_rounds_blocking` (bitwise the same times); others
     :func:`run_rounds_general`."""
     p, length = f.p, f.length
     n, width = p * length, length + 2
     pos = np.arange(n)
-    slot = pos + 2 * (pos // max(length, 1)) + 1  # stage s * width + position + 1
     pad = p * width + 1  # the padding peer of a call (p * width: a slot that never runs)
     cur = np.arange(p) * width + 1
 
@@ -161,9 +215,8 @@ def run_rounds(f: Flat, dur: np.ndarray, add: np.ndarray, pairs, p2p_s: float):
         out[:pad - 1].reshape(p, width)[:, 1:length + 1] = x.reshape(p, length)
         return out
 
-    def units(x: np.ndarray, shift: int = 0) -> np.ndarray:  # per slot (last axis) -> per flat unit
-        rows = x[..., :pad - 1].reshape(x.shape[:-1] + (p, width))[..., 1 + shift:length + 1 + shift]
-        return rows.reshape(x.shape[:-1] + (n,))
+    def units(x: np.ndarray) -> np.ndarray:  # per slot -> per flat unit
+        return x[:pad - 1].reshape(p, width)[:, 1:length + 1].reshape(n)
 
     finite = bool(n) and np.isfinite(dur).all() and not np.signbit(dur).any()
     if pairs is None and finite and np.isfinite(add).all():
@@ -171,25 +224,27 @@ def run_rounds(f: Flat, dur: np.ndarray, add: np.ndarray, pairs, p2p_s: float):
         dep = slots(np.where(d < n, d + 2 * (d // length) + 1, pos - pos % length + 2 * (pos // length)), pad - 1)
         start, end = _rounds_async(dep, slots(add, 0.0), slots(dur, 0.0), cur, length)
         end = units(end)
-        return units(start), end, end, np.zeros(p), np.full(n, -1)
+        return units(start), end, end, np.zeros(p), Binding(n, np.full(n, -1))
     if pairs is None:
         return run_rounds_general(f, dur, add, None, p2p_s)
-    peers, loads, has = _call_table(pairs, length, width, pad)
-    p2p = p2p_s * loads  # per call: k p2p_s (simulate.call_loads)
+    waits, loads, has = _call_table(pairs, width, pad)
+    p2p = p2p_s * loads  # per call: k p2p_s (simulate.call_loads), 0 without transfers
     local = (f.dep >= n) | ((f.dep // max(length, 1) == pos // max(length, 1)) & (f.dep < pos))
     if not (finite and local.all() and np.isfinite(p2p).all() and not np.signbit(p2p).any()):
         return run_rounds_general(f, dur, add, pairs, p2p_s)
-    before = np.full(peers.shape, pad)  # the call before each slot
-    before[:, 1:] = peers[:, :-1]
-    p2p_before = np.zeros(pad + 1)
-    p2p_before[1:] = np.where(has, p2p, 0.0)[:-1]
-    start, end = _rounds_blocking(slots(dur, np.nan), cur, length, before, p2p_before)  # NaN: never runs
+    start, end = _rounds_blocking(slots(dur, np.nan), cur, length, waits, p2p)  # NaN: never runs
     free = np.zeros(pad + 1)  # after each slot's call: its next unit's start (the call ends it waited for)
     free[:-1] = start[1:]
-    last = cur + length - 1
-    free[last] = _call_end(end[last], peers[:, last], end, pad, p2p[last], has[last])[0]
-    bind = _call_end(units(end, -1), units(before, 0), end, pad, units(p2p_before, 0), units(has, -1))[1]
-    return units(start), units(end), units(free), free[cur - 1], slots(pos, -1)[bind]
+    last = cur + length  # each stage's trailing slot: the call after its last unit
+    free[last - 1] = _call_end(end[last - 1], waits[1:, last], end, pad, p2p[last], has[last])[0]
+    peers = waits[1:]
+
+    def bound(idx: np.ndarray) -> np.ndarray:  # the call before each unit: posted when the slot before ends
+        t = idx + 2 * (idx // length) + 1
+        b = _binding(end[t - 1], peers.take(t, axis=1), end, pad)[1] if len(peers) else np.full(len(t), -1)
+        return np.where((b >= 0) & (b % width > 0), b - 2 * (b // width) - 1, -1)  # (a leading slot posts at 0)
+
+    return units(start), units(end), units(free), free[cur - 1], Binding(n, bound)
 
 
 def run_rounds_general(f: Flat, dur: np.ndarray, add: np.ndarray, pairs, p2p_s: float):
@@ -213,24 +268,23 @@ def run_rounds_general(f: Flat, dur: np.ndarray, add: np.ndarray, pairs, p2p_s: 
             ok = done[dc]
             st = np.maximum(end[cur - 1], end[dc] + d_add[cur])
             left -= _commit(cur, st, ok, start, end, done, d_dur)
-        return start[slot], end[slot], end[slot], np.zeros(p), np.full(n, -1)
-    peers, loads, _ = _call_table(pairs, length, width, pad)
-    peers = peers.T  # a row per slot
+        return start[slot], end[slot], end[slot], np.zeros(p), Binding(n, np.full(n, -1))
+    table, loads, has = _call_table(pairs, width, pad)
+    peers = table[1:].T  # a row per slot: the peers of the call before it
     p2p = p2p_s * loads  # per call: k p2p_s (simulate.call_loads)
     end[pad], done[pad] = -np.inf, True  # the padding peer: posted, never the latest
-    has = (peers != pad).any(axis=1)
     free = np.zeros(pad + 1)
     while left:  # as above, and the previous call's peers must all have posted
-        dc, pc, prev = dep[cur], peers[cur - 1], cur - 1
+        dc, pc, prev = dep[cur], peers[cur], cur - 1
         ok = done[dc] & done[pc].all(axis=1)
         e = end[prev]
-        free[prev] = np.where(has[prev], np.maximum(e, end[pc].max(axis=1)) + p2p[prev], e)
+        free[prev] = np.where(has[cur], np.maximum(e, end[pc].max(axis=1, initial=-np.inf)) + p2p[cur], e)
         st = np.maximum(free[prev], end[dc] + d_add[cur])
         left -= _commit(cur, st, ok, start, end, done, d_dur)
     last = cur - 1  # each stage's last slot (its leading one when it has no unit)
-    free[last] = _call_end(end[last], peers[last].T, end, pad, p2p[last])[0]
+    free[last] = _call_end(end[last], peers[cur].T, end, pad, p2p[cur], has[cur])[0]
     bind = np.full(pad + 1, -1)
-    bind[slot] = _call_end(end[slot - 1], peers[slot - 1].T, end, pad, p2p[slot - 1])[1]
+    bind[slot] = _call_end(end[slot - 1], peers[slot].T, end, pad, p2p[slot])[1]
     flat_of = np.full(pad + 1, -1)
     flat_of[slot] = np.arange(n)
-    return start[slot], end[slot], free[slot], free[np.arange(p) * width], flat_of[bind[slot]]
+    return start[slot], end[slot], free[slot], free[np.arange(p) * width], Binding(n, flat_of[bind[slot]])

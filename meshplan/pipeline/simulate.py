@@ -286,7 +286,7 @@ def simulate(spec: PipelineSpec) -> PipelineResult:
             stuck = {s: orders[s][ptr[s]].label(v) for s in range(p) if ptr[s] < len(orders[s])}
             raise RuntimeError(f"schedule {spec.schedule} deadlocks at {stuck}")
     step = max(free)
-    busy = tuple(sum(e.dur_s for e in events if e.stage == s and e.stream == "compute") for s in range(p))
+    busy = _busy(events, p)
     return PipelineResult(spec, tuple(events), step, busy, _critical_path(last, free))
 
 
@@ -347,9 +347,20 @@ def _simulate_rendezvous(spec: PipelineSpec, orders: list[list[Unit]]) -> Pipeli
             stuck = {s: orders[s][len(ends[s])].label(v) for s in range(p) if len(ends[s]) < len(orders[s])}
             raise RuntimeError(f"schedule {spec.schedule} deadlocks at {stuck}")
     stage_ends = [got[0] for s in range(p) if (got := call_end(s, len(orders[s]) - 1)) is not None]
-    busy = tuple(sum(e.dur_s for e in events if e.stage == s and e.stream == "compute") for s in range(p))
+    busy = _busy(events, p)
     last = [evs[s][-1] if evs[s] else None for s in range(p)]
     return PipelineResult(spec, tuple(events), max(stage_ends), busy, _critical_path(last, stage_ends))
+
+
+def _busy(events, p: int) -> tuple[float, ...]:
+    """Each stage's compute time: its units' durations added one after another in event order
+    (a plain running sum, as Python's ``sum`` of floats before 3.12 and the array path's
+    ``cumsum``: the same to the bit on every Python)."""
+    busy = [0.0] * p
+    for e in events:
+        if e.stream == "compute":
+            busy[e.stage] += e.dur_s
+    return tuple(busy)
 
 
 def _critical_path(last: list, free: list[float]) -> tuple[Event, ...]:

@@ -111,7 +111,8 @@ class StageDetail:
         waiting = np.flatnonzero(f.cross & (np.minimum(f.dep, len(f.dep) - 1) // length == stage)
                                  & (f.dep < len(f.dep))) if res.spec.p2p_s > 0 else np.zeros(0, dtype=np.int64)
         # a transfer starts at its producer's end, or at the rendezvous of both calls (blocking: ArrayResult._send)
-        send_s = res.end[f.dep[waiting]] if res.xfer is None else res.xfer[waiting]
+        xfer = res.xfer_at(waiting)
+        send_s = res.end[f.dep[waiting]] if xfer is None else xfer
         post = [e for e in st.post_events if e.stage == stage]
         rest = len(waiting) + len(post)
         return cls(np.concatenate([src, np.full(len(waiting), len(flat)), len(flat) + 1 + np.arange(len(post))]),

@@ -148,7 +148,7 @@ class StepTime:
         res = self.pipeline
         idx = res.critical_units  # the fields of pipeline.critical_path's events, without the events
         cols = ((idx // res.flat.length).tolist(), res.unit_names(idx), res.start[idx].tolist(),
-                res.end[idx].tolist(), res.via_p2p[idx].tolist())
+                res.end[idx].tolist(), res.via_at(idx).tolist())
         out = [f"stage {s} (rank {self.example_ranks[s]}) {name} {t0 * 1e3:.3f}-{t1 * 1e3:.3f} ms "
                f"(after {'p2p' if via else 'stream'})" for s, name, t0, t1, via in zip(*cols)]
         s = self.critical_stage
@@ -381,14 +381,16 @@ def optimizer_step_s(params, grads, master, optimizer, training, hbm_bandwidth_b
     return optimizer_step_bytes(params, grads, master, optimizer, training, zero_grads) / hbm_bandwidth_bytes_per_s
 
 
-def _ends_of(res: ArrayResult, s: int) -> list[Event]:
-    """Stage s's last unit (the first to reach the latest end) and its first forward (the
-    first to start earliest): the only events :func:`_stage_end` reads."""
-    sl = res.stage_slice(s)
-    last = sl.start + int(np.argmax(res.end[sl]))
-    fs = np.flatnonzero(res.flat.kind[sl] == 0)
-    first_f = sl.start + int(fs[np.argmin(res.start[sl][fs])])
-    return [res._event(last), res._event(first_f)]
+def _ends_of(res: ArrayResult) -> list[list[Event]]:
+    """Per stage, its last unit (the first to reach the latest end) and its first forward (the
+    first to start earliest): the only events :func:`_stage_end` reads; every stage at once
+    (stage-major rows of ``res.flat.length`` units)."""
+    p, length = res.flat.p, res.flat.length
+    rows = np.arange(p) * length
+    last = rows + res.end.reshape(p, length).argmax(axis=1)
+    first_f = rows + np.where(res.flat.kind.reshape(p, length) == 0, res.start.reshape(p, length), np.inf).argmin(axis=1)
+    evs = res._events(np.stack([last, first_f], axis=1).reshape(-1))
+    return [evs[2 * s:2 * s + 2] for s in range(p)]
 
 
 def _unit_exposure(res: ArrayResult, s: int, units: UnitTimes, keys: list, key_idx: np.ndarray, ex: dict) -> dict:
@@ -396,30 +398,40 @@ def _unit_exposure(res: ArrayResult, s: int, units: UnitTimes, keys: list, key_i
     that waited on a p2p receive, ``min(p2p, wait)`` on "pp"; added in unit order, so the
     sums are the per-event loop's to the bit."""
     sl = res.stage_slice(s)
-    kidx = key_idx[sl]
+    kidx, via = key_idx[sl], res.via_at(np.arange(sl.start, sl.stop))
     streams = sorted({k for key in set(kidx.tolist()) for k in units.by_key(keys[key]).exposed_s})
     for k in streams:
         vals = np.array([units.by_key(key).exposed_s.get(k, 0.0) for key in keys])[kidx]
         if k == "pp":
-            vals = np.stack([vals, np.where(res.via_p2p[sl], np.minimum(res.spec.p2p_s, res.wait[sl]), 0.0)], 1)
+            vals = np.stack([vals, np.where(via, np.minimum(res.spec.p2p_s, res.wait[sl]), 0.0)], 1)
         ex[k] = sum(vals.reshape(-1).tolist(), ex.get(k, 0.0))
-    if "pp" not in streams and res.via_p2p[sl].any():
-        waits = np.minimum(res.spec.p2p_s, res.wait[sl][res.via_p2p[sl]])
+    if "pp" not in streams and via.any():
+        waits = np.minimum(res.spec.p2p_s, res.wait[sl][via])
         ex["pp"] = sum(waits.tolist(), ex.get("pp", 0.0))
     if res.hold is not None and res.hold[sl].any():  # blocking sends hold the stream (the last: _stage_end)
         ex["pp"] = sum(res.hold[sl][:-1].tolist(), ex.get("pp", 0.0))
     return ex
 
 
-def _optimizer_s(plan, s: int) -> float:
+def _optimizer_s(plan, s: int, memo: Optional[dict] = None) -> float:
     """The optimizer step's bulk passes and, under Megatron-LM, its per-step kernels and syncs
-    (:func:`meshplan.compute.ops.megatron_stage_step_cost`)."""
+    (:func:`meshplan.compute.ops.megatron_stage_step_cost`). ``memo``: a dict kept across the
+    stages of one plan, which then computes the Megatron-LM part once per distinct stage: it
+    depends on the stage's layers only through their sequence of MoE flags
+    (:meth:`~meshplan.spec.model.ModelSpec.layer_tensors`) and on whether the stage is the first
+    or the last (pp 128 of one dense kind: 3 computations instead of 128)."""
     st, c = plan.state[s], plan.config
     extra = 0.0
     if c.training.framework == "megatron":
+        memo = {} if memo is None else memo
+        if "workload" not in memo:
+            memo["workload"], memo["last"] = workload_of(plan), last_stage(plan.stages)
         layers = [i for chunk in plan.stages[s] for i in chunk]
-        extra = megatron_stage_step_cost(c.model, c.cluster.gpu, workload_of(plan), c.training, layers, s == 0,
-                                         s == last_stage(plan.stages), plan.pp, plan.micro_batches).seconds()
+        key = (tuple(map(c.model.is_moe_layer, layers)), s == 0, s == memo["last"])
+        if key not in memo:
+            memo[key] = megatron_stage_step_cost(c.model, c.cluster.gpu, memo["workload"], c.training, layers, s == 0,
+                                                 s == memo["last"], plan.pp, plan.micro_batches).seconds()
+        extra = memo[key]
     return extra + optimizer_step_s(st.bytes_of("params"), st.bytes_of("grads"), st.bytes_of("master"),
                                     st.bytes_of("optimizer"), c.training, optimizer_bandwidth(c.cluster.gpu))
 
@@ -439,16 +451,17 @@ def _last_hold(res: ArrayResult, s: int) -> float:
     return 0.0 if res.hold is None else float(res.hold[res.stage_slice(s)][-1])
 
 
-def _stage_end(plan, s, spec, mine, units, comm: CommTimes, ov, hold: float = 0.0) -> tuple[float, list[Event], dict]:
+def _stage_end(plan, s, spec, mine, units, comm: CommTimes, ov, hold: float = 0.0,
+               memo: Optional[dict] = None) -> tuple[float, list[Event], dict]:
     """End of stage s after its last unit (``mine``: its compute events) and the blocking
     send it issues (``hold`` seconds, overlapping its communication tail), with the step-end
-    events and their exposure."""
+    events and their exposure (``memo``: :func:`_optimizer_s`')."""
     last = max(mine, key=lambda e: e.end_s)
     u = units.of_event(last)
     t = last.end_s + max(u.tail_s, hold)
     post, exposed = [], ({u.tail_stream: u.tail_s} if u.tail_s >= hold and u.tail_s else ({"pp": hold} if hold else {}))
     steps = [("grad reduce (per step)", 0.0 if ov.grad_reduce else comm.step_reduce_s, "dp"),
-             ("optimizer step", _optimizer_s(plan, s), "compute")]
+             ("optimizer step", _optimizer_s(plan, s, memo), "compute")]
     first_f = min((e for e in mine if e.args["kind"] == "F"), key=lambda e: e.start_s)
     gather = comm.step_gather_s
     steps.append(("param all-gather (per step)", max(0.0, gather - first_f.dur_s) if ov.param_gather else gather, "dp"))
@@ -493,8 +506,9 @@ def step_time(plan: Plan, overlap: Overlap = Overlap(), *, dropout: bool = False
 
     res = simulate_arrays(spec, durations)
     ends, post, exposed = [], [], []
-    for s in range(p):
-        end, ev, ex = _stage_end(plan, s, spec, _ends_of(res, s), units, comms[s], overlap, _last_hold(res, s))
+    memo: dict = {}
+    for s, mine in enumerate(_ends_of(res)):
+        end, ev, ex = _stage_end(plan, s, spec, mine, units, comms[s], overlap, _last_hold(res, s), memo)
         ends.append(end)
         post += ev
         exposed.append(ex)
