@@ -186,6 +186,26 @@ class Infeasible:
 
 
 
+#: Axes DeepSpeed ZeRO-3 of 2021 (``training.zero3_engine = "deepspeed-2021"``) cannot run
+#: beside it, and why (its parameters are partitioned over the data-parallel group only; tp is
+#: Megatron-DeepSpeed's ``mpu``).
+DEEPSPEED_2021_AXES = {
+    "pp": "DeepSpeed's pipeline engine refuses ZeRO stages 2 and 3 (runtime/pipe/engine.py)",
+    "dp_replicate": "ZeRO-3 of 2021 partitions over the whole data-parallel group (hierarchical "
+                    "partitioning came with ZeRO++ in 2023)",
+    "cp": "DeepSpeed of 2021 has no context parallelism",
+    "ep": "experts with ZeRO-3 are not modelled for DeepSpeed of 2021",
+}
+
+
+def _check_deepspeed_2021(mesh) -> None:
+    """ConfigError on the first axis of :data:`DEEPSPEED_2021_AXES` with degree > 1."""
+    for axis, why in DEEPSPEED_2021_AXES.items():
+        if mesh.degree(axis) > 1:
+            raise ConfigError("training.zero3_engine", f"'deepspeed-2021' with {axis} {mesh.degree(axis)}: {why}; "
+                              f"use {axis} 1 or zero3_engine = \"fsdp2\"")
+
+
 def build_plan(config: Config, constraints: cons.Constraints | None = None, memory: bool = True,
                reports: bool = True) -> Plan | Infeasible:
     """The plan of ``config``'s mesh on its cluster, or why it has none (see the module
@@ -209,10 +229,8 @@ def build_plan(config: Config, constraints: cons.Constraints | None = None, memo
         raise ConfigError("training.grad_accumulation", f"{t.grad_accumulation!r} is for pp 1; with pp "
                           f"{mesh.degree('pp')} torch.distributed.pipelining turns gradient sync and "
                           "reshard-after-backward off itself: remove the key")
-    if t.zero3_engine == "deepspeed-2021" and not isinstance(mesh, resolve.Infeasible) and mesh.degree("pp") > 1:
-        raise ConfigError("training.zero3_engine", f"'deepspeed-2021' with pp {mesh.degree('pp')}: DeepSpeed's "
-                          "pipeline engine refuses ZeRO stages 2 and 3 (runtime/pipe/engine.py); use pp 1 or "
-                          "zero3_engine = \"fsdp2\"")
+    if t.zero3_engine == "deepspeed-2021" and not isinstance(mesh, resolve.Infeasible):
+        _check_deepspeed_2021(mesh)
     if t.recompute == "op" and not isinstance(mesh, resolve.Infeasible) and \
             max(mesh.degree("tp"), mesh.degree("cp"), mesh.ep) > 1:
         raise ConfigError("training.recompute", "'op' (torchtitan op-level selective AC) is planned with tp = cp = "

@@ -177,7 +177,7 @@ def test_search_keeps_the_engine_to_zero3_with_pp_1():
     c = enumerate_candidates(cfg)
     code = first_reason(cfg, c)
     z3 = c.sh == SHARDING.index("zero3")
-    bad = z3 & ((c.pp > 1) | (c.rf == 0))
+    bad = z3 & ((c.pp > 1) | (c.cp > 1) | (c.rf == 0))
     assert bad.any() and (~bad & z3).any()
     # never OK; 'engine' unless an axis rule found earlier (build_plan's order) rejects it first
     assert (code[bad] != OK).all() and (code[bad] == CODE["engine"]).any()
@@ -187,3 +187,16 @@ def test_search_keeps_the_engine_to_zero3_with_pp_1():
     j = int(np.flatnonzero(~bad & z3)[0])
     assert candidate_config(cfg, c, j).training.zero3_engine == "deepspeed-2021"
     assert any("zero3_engine 'deepspeed-2021' applies to zero3 candidates with pp 1" in n for n in _settings_notes(cfg, c))
+
+
+@pytest.mark.parametrize("names,shape,msg", [
+    (["dp_replicate", "dp_shard"], [2, 8], "'deepspeed-2021' with dp_replicate 2: ZeRO-3 of 2021 partitions"),
+    (["dp_shard", "cp"], [8, 2], "'deepspeed-2021' with cp 2: DeepSpeed of 2021 has no context parallelism"),
+])
+def test_engine_refuses_axes_it_did_not_have(names, shape, msg):
+    cfg = config_from_dict({"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-a100", "nodes": 2},
+                            "training": {"global_batch": 16, "seq_len": 256, "micro_batch": 1, "sharding": "zero3",
+                                         "zero3_engine": "deepspeed-2021"},
+                            "mesh": {"names": names, "shape": shape}})
+    with pytest.raises(ConfigError, match=msg):
+        build_plan(cfg)

@@ -69,7 +69,7 @@ SHARDING = ("zero1", "zero3", "hsdp")
 _SCHEDULE_REASONS = (
     ("interleaved", "interleaved 1F1B: micro-batches not divisible by pp"),
     ("dualpipev", "DualPipeV: micro-batches fewer than 2 pp"),
-    ("engine", "zero3_engine deepspeed-2021: pp > 1 or parameters kept gathered (not DeepSpeed ZeRO-3's)"),
+    ("engine", "zero3_engine deepspeed-2021: pp > 1, cp > 1 or parameters kept gathered (not DeepSpeed ZeRO-3's)"),
 )
 _LATE_REASONS = (
     ("memory", "memory peak > usable"),
@@ -313,10 +313,10 @@ def first_reason(cfg: Config, c: Candidates) -> np.ndarray:
         ("interleaved", (c.ps == 0) & (c.vpp > 1) & (micro % c.pp != 0)),
         # DualPipeV.reasons: m >= 2 pp (torch ScheduleDualPipeV)
         ("dualpipev", (c.ps == PIPELINE.index("dualpipev")) & (micro < 2 * c.pp)),
-        # build_plan and TrainingSpec: DeepSpeed's pipeline engine refuses ZeRO 3 (pp 1 only), and
-        # its ZeRO-3 re-gathers in backward (reshard_after_forward is an FSDP2 knob)
+        # build_plan and TrainingSpec: DeepSpeed's pipeline engine refuses ZeRO 3 (pp 1 only), no CP
+        # in 2021, and its ZeRO-3 re-gathers in backward (reshard_after_forward is an FSDP2 knob)
         ("engine", (t.zero3_engine == "deepspeed-2021") & (c.sh == SHARDING.index("zero3"))
-         & ((c.pp > 1) | (c.rf == 0))),
+         & ((c.pp > 1) | (c.cp > 1) | (c.rf == 0))),
     ]
     code = {key: i for i, (key, _) in enumerate(reason_table())}
     out = np.full(len(c), OK, dtype=np.int64)
