@@ -120,3 +120,23 @@ def test_schedule_refusal_names_the_option(capsys):
     assert err.splitlines()[-1] == ("error: --schedule: zbv: ZB-V needs virtual_stages = 2 (two chunks per rank, a "
                                     "V), got 1; choose a schedule this mesh allows, or set the config's virtual "
                                     "stages to what zbv needs")
+
+
+def test_compare_shows_dash_for_every_quantity_of_an_unresolved_mesh(tmp_path, capsys):
+    """The seed with mesh shape [8, 16] needs 128 GPUs of 64: no groups, no collectives, so
+    no traffic either (it printed 0.0 GB per link)."""
+    bad = tmp_path / "impossible.toml"
+    bad.write_text(SEED.read_text().replace("shape = [8, 8]", "shape = [8, 16]"))
+    rc, text, err = run(["compare", TP4, bad, "--out", tmp_path / "cmp"], capsys)
+    assert rc == 1
+    rows = [[c.strip() for c in line.split("│")[1:-1]] for line in text.splitlines() if line.startswith("│")]
+    assert rows[0] == ["mesh", "dp_shard 16 x tp 4", "unresolved"]
+    assert [r[0] for r in rows[2:7]] == ["step time (s)", "MFU", "peak memory (GiB)", "network GB/rank/step",
+                                         "nvlink GB/rank/step"]
+    assert [r[1] for r in rows[2:7]] == ["169.693", "17.5%", "70.2", "4202.1", "2074.6"]
+    assert all(r[2] == "-" for r in rows[2:]) and len(rows) == 15  # 8 GEMMs shown for tp4, "-" for impossible
+    flat = " ".join(text.split())
+    assert "- network bytes sent per rank per step: seed-64gpu-tp4 4202.1 GB, impossible -" in flat
+    assert "- nvlink bytes sent per rank per step: seed-64gpu-tp4 2074.6 GB, impossible -" in flat
+    assert "0.0" not in flat
+    assert "infeasible: impossible: dp_shard(8) * tp(16) = 128 != world(64)" in err
