@@ -8,6 +8,8 @@ Calibration fixture: ``meshplan calibrate`` of tests/data/nccl/all_reduce_perf_8
 from __future__ import annotations
 
 import json
+import os
+import stat
 import re
 from pathlib import Path
 
@@ -140,3 +142,21 @@ def test_compare_shows_dash_for_every_quantity_of_an_unresolved_mesh(tmp_path, c
     assert "- nvlink bytes sent per rank per step: seed-64gpu-tp4 2074.6 GB, impossible -" in flat
     assert "0.0" not in flat
     assert "infeasible: impossible: dp_shard(8) * tp(16) = 128 != world(64)" in err
+
+
+def test_place_bindings_script_is_0755_and_json_0644_as_the_readme_says(tmp_path, capsys):
+    """README: every file 0644, the shell scripts 0755 (launch's are checked in test_launch.py),
+    whatever the umask (0077 here, which mkstemp-style writes would keep)."""
+    mini = EXAMPLES / "mini_2x4_tp2-dp4.toml"
+    old = os.umask(0o077)
+    try:
+        for fmt, want in (("sh", 0o755), ("json", 0o644)):
+            path = tmp_path / f"b.{fmt}"
+            rc, _, err = run(["place", mini, "--bindings", path, "--format", fmt], capsys)
+            assert rc == 0, err
+            assert stat.S_IMODE(path.stat().st_mode) == want
+    finally:
+        os.umask(old)
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert ("Every file is written 0644, except the shell scripts, written 0755 so they run as they are: `launch`'s "
+            "`bind.sh`, `torchrun.sh` and `job.sbatch`, and `place --bindings PATH --format sh`") in readme
