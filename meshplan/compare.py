@@ -176,7 +176,8 @@ def _to_fit(win: Side, lose: Side) -> str:
     """What would make the faster mesh ``lose`` (resolved, infeasible) fit, true of the two
     meshes compared: when ``win`` fits with a larger tensor degree, a larger tp is a way to fit
     (``win`` shows it) that gives up the shorter step; else larger tp is one of the untried ways."""
-    tw, tl = win.plan.mesh.degree("tp"), lose.plan.mesh.degree("tp")
+    mw, ml = win.plan.mesh, lose.plan.mesh
+    tw, tl = (mw.degree("tp") if mw else 1), (ml.degree("tp") if ml else 1)
     if tw > tl:
         return (f"a larger tensor degree fits ({win.name}, tp {tw} against tp {tl}) but gives up that step; "
                 f"to keep it, {lose.name} needs another axis (cp, pp) or more memory")
