@@ -130,6 +130,10 @@ NodesOpt = Annotated[Optional[int], typer.Option("--nodes", help=NODES_HELP)]
 GpuOpt = Annotated[Optional[str], typer.Option("--gpu", help=GPU_HELP)]
 ModelOpt = Annotated[Optional[str], typer.Option("--model", help=MODEL_HELP)]
 SeqLenOpt = Annotated[Optional[int], typer.Option("--seq-len", help=SEQ_HELP)]
+CALIBRATION_HELP = ("calibration TOML (meshplan calibrate or bench comm): its alpha-beta fit per link class replaces "
+                    "the cluster's link bandwidths and latencies")
+# Shared by plan, step, compare (both configs) and search: the measured links they all time with.
+CalibrationOpt = Annotated[Optional[Path], typer.Option("--calibration", help=CALIBRATION_HELP)]
 
 
 def _opts(cluster, nodes, gpu, model, seq_len) -> ImportOptions:
@@ -157,17 +161,24 @@ def _load(config: Path, topology: Optional[Path] = None, calibration: Optional[P
 
     cfg = load_any(config, fmt, opts or ImportOptions(), foreign=opts is not None)
     _notes(cfg)
-    if topology or calibration:
-        cluster = cfg.cluster
-        if topology:
-            node = node_from_topology(load_topology(topology), cluster.node)
-            for w in check_identity_nic_map(node):
-                _echo(f"warning: {w}", err=True)
-            cluster = cluster.model_copy(update={"node": node})
-        if calibration:
-            cluster = apply_calibration(cluster, load_calibration(calibration))
-        cfg = replace(cfg, cluster=cluster)
-    return build_plan(cfg)
+    return build_plan(_measured_cluster(cfg, topology, calibration))
+
+
+def _measured_cluster(cfg, topology: Optional[Path] = None, calibration: Optional[Path] = None):
+    """``cfg`` with its cluster's node replaced by ``topology`` (nvidia-smi topo -m text or
+    NCCL topology XML) and its links by ``calibration`` (:func:`apply_calibration`); ``cfg``
+    itself when neither is given. The one place plan, step, compare and search apply them."""
+    if not (topology or calibration):
+        return cfg
+    cluster = cfg.cluster
+    if topology:
+        node = node_from_topology(load_topology(topology), cluster.node)
+        for w in check_identity_nic_map(node):
+            _echo(f"warning: {w}", err=True)
+        cluster = cluster.model_copy(update={"node": node})
+    if calibration:
+        cluster = apply_calibration(cluster, load_calibration(calibration))
+    return replace(cfg, cluster=cluster)
 
 
 def _notes(cfg) -> None:
@@ -293,7 +304,7 @@ def plan(config: Path = typer.Argument(..., help="TOML config with [model], [clu
          html_path: Optional[Path] = _html_option("the plan report"),
          force: bool = typer.Option(False, "--force", help="replace existing --json and --html files"),
          topology: Optional[Path] = typer.Option(None, "--topology", help="nvidia-smi topo -m text or NCCL topology XML"),
-         calibration: Optional[Path] = typer.Option(None, "--calibration", help="calibration TOML (bench comm)"),
+         calibration: CalibrationOpt = None,
          fmt: FormatOpt = None,
          cluster: ClusterOpt = None,
          nodes: NodesOpt = None,
@@ -392,6 +403,7 @@ def step(config: Path = typer.Argument(..., help="TOML config"),
                                                                         "(zbv and dualpipev: virtual_stages 2, a V)"),
          json_path: Optional[Path] = _json_option("step"),
          force: bool = typer.Option(False, "--force", help="replace existing --trace and --json files"),
+         calibration: CalibrationOpt = None,
          fmt: FormatOpt = None,
          cluster: ClusterOpt = None,
          nodes: NodesOpt = None,
@@ -407,12 +419,12 @@ def step(config: Path = typer.Argument(..., help="TOML config"),
     if trace:
         check_destination(trace, "--trace", force)
     _refuse_existing(json_path, force, "--json")
-    p = _load(config, fmt=fmt, opts=_opts(cluster, nodes, gpu, model, seq_len))
+    p = _load(config, calibration=calibration, fmt=fmt, opts=_opts(cluster, nodes, gpu, model, seq_len))
     if isinstance(p, Infeasible):
         _write_doc(json_path, envelope("step", p, step_s=None), force)
         _exit_infeasible(p)
     table = load_gemm_table(gemm_table) if gemm_table else None
-    st = step_time(p, _overlap(overlap_tp, no_prefetch), table=table, schedule=schedule)
+    st = _step_with(p, _overlap(overlap_tp, no_prefetch), table, schedule)
     if not p.feasible:
         _echo(f"step would be {st.step_s:.3f} s ({st.pipeline.spec.schedule}, MFU {st.mfu:.1%}) if it fit; "
                    f"it does not fit")
@@ -421,8 +433,7 @@ def step(config: Path = typer.Argument(..., help="TOML config"),
     for line in st.lines():
         _echo(line)
 
-    again = rebuilt_step(p, lambda alt: step_time(alt, _overlap(overlap_tp, no_prefetch), table=table,
-                                                  schedule=schedule))
+    again = rebuilt_step(p, lambda alt: _step_with(alt, _overlap(overlap_tp, no_prefetch), table, schedule))
     verdict = network_verdict(p, st, again)
     for line in verdict:
         _echo(line)
@@ -434,6 +445,19 @@ def step(config: Path = typer.Argument(..., help="TOML config"),
     if trace:
         _wrote(st.write_trace(trace, force=force))
     _write_doc(json_path, step_doc(p, st, verdict, str(trace) if trace else None), force)
+
+
+def _step_with(p, overlap, table, schedule: Optional[str]):
+    """``step_time`` of ``p``; with ``--schedule`` given, the schedule's own refusal (ZB-V
+    without virtual_stages 2, interleaved 1F1B with m not a multiple of p, a chunked mesh
+    under a one-chunk schedule) names ``--schedule``, the value that brought it."""
+    try:
+        return step_time(p, overlap, table=table, schedule=schedule)
+    except ConfigError as e:
+        if schedule is None or e.field not in ("mesh.pp_schedule", "mesh.virtual_stages"):
+            raise
+        raise ConfigError("--schedule", f"{schedule}: {e.message}; choose a schedule this mesh allows, or set "
+                          f"the config's virtual stages to what {schedule} needs") from None
 
 
 def _print_links(p, st) -> None:
@@ -505,14 +529,15 @@ def compare_cmd(config_a: Path = typer.Argument(..., help="TOML config of mesh A
                 html_path: Optional[Path] = _html_option("both meshes side by side"),
                 json_path: Optional[Path] = _json_option("compare"),
                 force: bool = typer.Option(False, "--force", help="replace an existing evidence folder, --html and "
-                                                                  "--json files")):
+                                                                  "--json files"),
+                calibration: CalibrationOpt = None):
     """Compare two meshes of one workload side by side and keep the rejected one's evidence. Exit 0 when a mesh
     that fits wins, 1 when neither fits (both reasons printed)."""
 
     check_destination(out, "--out", force=True, folder=True)  # a writable folder before the work
     _refuse_existing(html_path, force, "--html")
     _refuse_existing(json_path, force, "--json")
-    a, b = _load(config_a), _load(config_b)
+    a, b = _load(config_a, calibration=calibration), _load(config_b, calibration=calibration)
     ca, cb = a.config, b.config
     if (ca.model != cb.model or ca.training != cb.training) or ca.cluster.world != cb.cluster.world:
         raise ConfigError("compare", "A and B must share [model], [training] and the cluster size; only [mesh] differs")
@@ -557,6 +582,7 @@ def search_cmd(config: Path = typer.Argument(..., help="TOML config: [model], [c
                                                          "(1 = the fastest) with --to and -o"),
                to: str = typer.Option("meshplan", "--to", help="export format: " + ", ".join(FORMATS)),
                out: Optional[Path] = typer.Option(None, "-o", "--out", help="file the --export row is written to"),
+               calibration: CalibrationOpt = None,
                fmt: FormatOpt = None,
                cluster: ClusterOpt = None,
                nodes: NodesOpt = None,
@@ -589,6 +615,7 @@ def search_cmd(config: Path = typer.Argument(..., help="TOML config: [model], [c
             raise ConfigError("-o", f"{out} exists; choose another path or pass --force to replace it")
     cfg = load_any(config, fmt, _opts(cluster, nodes, gpu, model, seq_len), require_mesh=False)
     _notes(cfg)
+    cfg = _measured_cluster(cfg, calibration=calibration)
     if top is not None:
         check_number("--top", top, 1, 10_000)
         cfg = replace(cfg, search=cfg.search.model_copy(update={"top": top}))

@@ -51,6 +51,16 @@ class Side:
     step: Optional[StepTime] = None
 
     @property
+    def resolved(self) -> bool:
+        """Whether the mesh resolved to a plan (groups, stages, collectives); an unresolved one
+        has no quantity to show ("-" in every row)."""
+        return not isinstance(self.plan, Infeasible)
+
+    def gb_sent(self, kind: str) -> str:
+        """GB one rank sends per step on link class ``kind``, or "-" when unresolved."""
+        return f"{self.link_bytes.get(kind, 0) / GB:.1f}" if self.resolved else "-"
+
+    @property
     def mesh_text(self) -> str:
         m = self.plan.mesh
         return " x ".join(f"{n} {d}" for n, d in zip(m.layout.names, m.layout.shape)) if m else "unresolved"
@@ -142,8 +152,7 @@ def compare(plan_a: Plan | Infeasible, plan_b: Plan | Infeasible, names: tuple[s
         why.append(f"{lose.name} ({lose.mesh_text}) is infeasible: " + "; ".join(lose.reasons))
         if lose.step_s and win.step_s and lose.step_s < win.step_s:
             why.append(f"{lose.name} would predict a {1 - lose.step_s / win.step_s:.0%} shorter step "
-                       f"({lose.step_s:.3f} s vs {win.step_s:.3f} s) if it fit: it needs another axis "
-                       f"(cp, pp) or more memory, not a larger tensor degree")
+                       f"({lose.step_s:.3f} s vs {win.step_s:.3f} s) if it fit: " + _to_fit(win, lose))
     elif not a.feasible:
         return Comparison(a, b, "", "", tuple(f"{s.name} ({s.mesh_text}) is infeasible: " + "; ".join(s.reasons)
                                               for s in (a, b)) + tuple(_evidence_lines(a, b)), rule, none_fit=True)
@@ -163,6 +172,18 @@ def compare(plan_a: Plan | Infeasible, plan_b: Plan | Infeasible, names: tuple[s
     return Comparison(a, b, win.name, lose.name, tuple(why), rule)
 
 
+def _to_fit(win: Side, lose: Side) -> str:
+    """What would make the faster mesh ``lose`` (resolved, infeasible) fit, true of the two
+    meshes compared: when ``win`` fits with a larger tensor degree, a larger tp is a way to fit
+    (``win`` shows it) that gives up the shorter step; else larger tp is one of the untried ways."""
+    mw, ml = win.plan.mesh, lose.plan.mesh
+    tw, tl = (mw.degree("tp") if mw else 1), (ml.degree("tp") if ml else 1)
+    if tw > tl:
+        return (f"a larger tensor degree fits ({win.name}, tp {tw} against tp {tl}) but gives up that step; "
+                f"to keep it, {lose.name} needs another axis (cp, pp) or more memory")
+    return "it needs another axis (cp, pp), a larger tensor degree or more memory"
+
+
 def _evidence_lines(a: Side, b: Side) -> list[str]:
     out = []
     if a.gemms and b.gemms:
@@ -177,8 +198,7 @@ def _evidence_lines(a: Side, b: Side) -> list[str]:
         out.append(f"peak memory: {a.name} {a.peak_bytes / GiB:.1f} GiB, {b.name} {b.peak_bytes / GiB:.1f} GiB "
                    f"(usable {a.usable_bytes / GiB:.1f} GiB)")
     for kind in sorted(set(a.link_bytes) | set(b.link_bytes)):
-        out.append(f"{kind} bytes sent per rank per step: {a.name} {a.link_bytes.get(kind, 0) / GB:.1f} GB, "
-                   f"{b.name} {b.link_bytes.get(kind, 0) / GB:.1f} GB")
+        out.append(f"{kind} bytes sent per rank per step: {a.name} {_gb(a, kind)}, {b.name} {_gb(b, kind)}")
     for s in (a, b):
         if s.exposed_s:
             ex = ", ".join(f"{k} {v / MS:.1f} ms" for k, v in sorted(s.exposed_s.items()) if v > 0)
@@ -198,12 +218,12 @@ def table_rows(c: Comparison) -> list[tuple[str, str, str]]:
             ("peak memory (GiB)", f(c.a.peak_bytes, lambda x: f"{x / GiB:.1f}"),
              f(c.b.peak_bytes, lambda x: f"{x / GiB:.1f}"))]
     for kind in sorted(set(c.a.link_bytes) | set(c.b.link_bytes)):
-        rows.append((f"{kind} GB/rank/step", f"{c.a.link_bytes.get(kind, 0) / GB:.1f}",
-                     f"{c.b.link_bytes.get(kind, 0) / GB:.1f}"))
+        rows.append((f"{kind} GB/rank/step", c.a.gb_sent(kind), c.b.gb_sent(kind)))
     ga, gb = {g[0]: g for g in c.a.gemms}, {g[0]: g for g in c.b.gemms}
-    for name in ga:
-        if name in gb:
-            rows.append((f"{name} (M,N,K) eff", _g(ga[name]), _g(gb[name])))
+    both = c.a.resolved and c.b.resolved  # both resolved: the GEMMs they share; else the resolved one's, "-" beside
+    for name in dict.fromkeys([*ga, *gb]):
+        if (name in ga and name in gb) or not both:
+            rows.append((f"{name} (M,N,K) eff", _g(ga[name]) if name in ga else "-", _g(gb[name]) if name in gb else "-"))
     return rows
 
 
@@ -236,6 +256,12 @@ def compare_html(c: Comparison) -> str:
                    + "".join(plan_sections(s.plan, s.step, s.name)) + "</div>" for s in (c.a, c.b))
     return page(f"meshplan compare: {c.a.name} vs {c.b.name}", f"verdict: {verdict}; GB = 1e9 B, GiB = 2^30 B",
                 [head, f'<div class="cols">{cols}</div>'])
+
+
+def _gb(s: Side, kind: str) -> str:
+    """``s.gb_sent(kind)`` with its unit, "-" alone for an unresolved mesh."""
+    v = s.gb_sent(kind)
+    return v if v == "-" else f"{v} GB"
 
 
 def _g(g) -> str:

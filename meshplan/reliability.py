@@ -358,9 +358,13 @@ def _batch(global_batch: int, micro_batch: int, dp: int, interleaved: bool, pp: 
     """(contract holds, micro-batches per step, notes) at data-parallel degree ``dp``."""
     if global_batch % (micro_batch * dp):
         m = global_batch / (micro_batch * dp)
+        head = f"global batch {global_batch} / (micro_batch {micro_batch} x dp {dp}) = {m:.2f}: not whole micro-batches; "
         fits = [b for b in range(1, micro_batch + 1) if global_batch % (b * dp) == 0]
-        return False, m, [f"global batch {global_batch} / (micro_batch {micro_batch} x dp {dp}) = {m:.2f}: not "
-                          f"whole micro-batches; the contract holds only with micro_batch in {fits or 'none'} or a "
+        if not fits:  # dp does not divide the global batch: no micro-batch size helps, not even 1
+            return False, m, [head + f"no micro_batch helps (dp {dp} does not divide global batch {global_batch}): "
+                              f"the contract holds only with a different global batch (which changes the "
+                              f"optimisation)"]
+        return False, m, [head + f"the contract holds only with micro_batch {' or '.join(map(str, fits))}, or a "
                           f"different global batch (which changes the optimisation)"]
     m = global_batch // (micro_batch * dp)
     if interleaved and m % pp:

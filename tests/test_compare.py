@@ -105,3 +105,14 @@ def test_cli_refuses_existing_out_before_the_report(tmp_path):
     assert again.returncode == 2 and again.stdout == ""
     assert again.stderr == (f"error: --out: {tmp_path / 'rejected-seed-64gpu-tp4'} exists; choose another path or "
                             "pass --force to replace it\n")
+
+
+def test_advice_for_the_faster_mesh_that_does_not_fit(seed_pair):
+    """tp 4 would be faster but does not fit; tp 8, the larger tensor degree, fits: the advice
+    names the larger tp as a way to fit (at tp 8's longer step), not as one that does not help."""
+    c = compare(*seed_pair, names=("tp8", "tp4"))
+    assert c.reasons[1] == (f"tp4 would predict a {1 - c.b.step_s / c.a.step_s:.0%} shorter step "
+                            f"({c.b.step_s:.3f} s vs {c.a.step_s:.3f} s) if it fit: a larger tensor degree fits "
+                            f"(tp8, tp 8 against tp 4) but gives up that step; to keep it, tp4 needs another axis "
+                            f"(cp, pp) or more memory")
+    assert c.b.step_s < c.a.step_s and not c.b.feasible and c.a.feasible

@@ -137,3 +137,20 @@ def test_restart_expert_mesh_must_still_divide():
     r = restart_on_fewer_nodes(m, 1, gpus_per_node=2, global_batch=64, micro_batch=1)
     assert r.names == ("dp_shard", "tp") and r.shape == (3, 2)  # the dense mesh; ep re-factors its block
     assert not r.feasible and "ep 8" in r.reasons[0]  # 3 x 2 = 6 ranks cannot hold ep 8
+
+
+def test_restart_batch_note_when_no_micro_batch_works_and_when_some_do():
+    """Seed mesh, one node lost: dp 7 does not divide 512, so no micro_batch (not even 1)
+    gives whole micro-batches: the note says so instead of listing an empty set. Global
+    batch 60, micro_batch 4, dp_shard 8 on 2-GPU nodes losing one: dp 6, 60 / 24 = 2.5; 60 is
+    a multiple of 1 x 6 and 2 x 6, not of 3 x 6 = 18."""
+    r = restart_on_fewer_nodes(_mesh(["dp_shard", "tp"], [8, 8]), 1, gpus_per_node=8, global_batch=512,
+                               micro_batch=1)
+    assert r.notes[0] == ("global batch 512 / (micro_batch 1 x dp 7) = 73.14: not whole micro-batches; no "
+                          "micro_batch helps (dp 7 does not divide global batch 512): the contract holds only "
+                          "with a different global batch (which changes the optimisation)")
+    some = restart_on_fewer_nodes(_mesh(["dp_shard"], [8]), 1, gpus_per_node=2, global_batch=60, micro_batch=4)
+    assert some.shape == (6,) and not some.batch_contract
+    assert some.notes[0] == ("global batch 60 / (micro_batch 4 x dp 6) = 2.50: not whole micro-batches; the "
+                             "contract holds only with micro_batch 1 or 2, or a different global batch (which "
+                             "changes the optimisation)")
