@@ -11,9 +11,12 @@ collective with its start and end in the step):
   ready - duration``; negative slack is exposed time.
 - **concurrency**: pairs of collectives of different axes whose intervals overlap, with the
   total overlapped time per step: they share the GPU's copy engines and links.
-- **edge load**: bytes per step on each physical edge: each GPU's NVLink (bytes the rank
-  sends on its NVLink-local rows), each NIC of node 0 (the ring traffic of every group
-  leaving the node, split over the NICs its members use there), and each rail's uplink
+- **edge load**: bytes per step on each physical edge: rank 0's NVLink (what the rank sends
+  inside its node: all of its NVLink-local rows and, of the rows whose groups span nodes, the
+  part the row's algorithm keeps inside the node, :func:`meshplan.comm.collectives.link_bytes`:
+  7/8 of a ring's bytes with 8 ranks of the group per node), each NIC of node 0 (what every
+  group's members on node 0 send out of it, by the same split: one rank's ring bytes for a
+  ring, split over the NICs its members use there), and each rail's uplink
   (traffic of groups whose members sit on different rails, or span more nodes than one leaf
   holds, goes up to the spine). Each edge's busy time (bytes / capacity) is checked against
   the interval it must fit in: the stage's compute time per step, and per layer and
@@ -26,6 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from meshplan.comm.collectives import link_bytes
 from meshplan.pipeline.fast import KINDS
 from meshplan.plan import Plan
 
@@ -234,9 +238,8 @@ def edge_loads(plan: Plan, st, stage: int = 0) -> list[EdgeLoad]:
     n_layers = len(plan.stage(stage).layers)
     layer_s = compute_s / max(plan.micro_batches * n_layers, 1)
     cluster = plan.config.cluster
-    nv = sum(r.sent_bytes_per_step for r in rows if r.path.kind == "nvlink")
-    nv_layer = sum(r.sent_bytes * r.per_microbatch / max(n_layers, 1)
-                   for r in rows if r.path.kind == "nvlink" and r.per_microbatch)
+    nv = sum(r.link_bytes[0] * r.per_step for r in rows)
+    nv_layer = sum(r.link_bytes[0] * r.per_microbatch / max(n_layers, 1) for r in rows if r.per_microbatch)
     out = [EdgeLoad(f"rank 0 {cluster.node.fabric.name}", nv, cluster.node.fabric.bandwidth_bytes_per_s,
                     compute_s, nv_layer, layer_s)]
     nics, uplink = _network_loads(plan, rows, n_layers)
@@ -263,11 +266,14 @@ def _network_loads(plan, rows, n_layers):
         if r.path.kind != "network" or r.axis not in axis_name:
             continue
         groups = mesh.groups(axis_name[r.axis])
-        sent = r.sent_bytes
-        per_layer = sent * r.per_microbatch / max(n_layers, 1)
         on0 = np.flatnonzero((p.node[groups] == 0).any(axis=1))
         for g in on0:
             members = groups[g][p.node[groups[g]] == 0]
+            # what the group's members on node 0 send out of it per call (link_bytes: one rank's
+            # ring bytes for a ring, each member's off-node share for all-to-all)
+            sent = len(members) * link_bytes(r.op, r.algorithm, r.group_size, r.size_bytes,
+                                             len(np.unique(p.node[groups[g]])), len(members))[1]
+            per_layer = sent * r.per_microbatch / max(n_layers, 1)
             used = sorted({int(x) for x in p.nic[members] if x >= 0})
             cross_rail = len(np.unique(p.rail[groups[g]])) > 1
             wide = leaf and len(np.unique(p.node[groups[g]] // leaf)) > 1
