@@ -178,6 +178,9 @@ def test_ring_across_two_nodes_loads_nvlink_and_nics():
     per_layer = 15 / 16 * (2 * LAYER_NUMEL * 2 + LAYER_NUMEL * 4 + (ROOT_NUMEL * 6) / 32)
     assert nv.per_layer_bytes == pytest.approx(7 / 8 * per_layer, rel=1e-12)
     assert nics[0].per_layer_bytes == pytest.approx(per_layer / 8, rel=1e-12)
+    # each node holds the ring on all 8 rails: NCCL keeps every channel on its NIC's rail, so
+    # nothing goes up to the spine (the two nodes share a leaf)
+    assert not [k for k in loads if "uplink" in k]
     # 101.9 GB at 450 GB/s hides behind the step's compute: the verdict reads "fits"
     assert nv.busy_s == pytest.approx(7 / 8 * sent / 450e9, rel=1e-12) and nv.fits
 
@@ -225,6 +228,10 @@ def test_all_to_all_across_nodes_sends_each_members_off_node_share():
     nic = loads["node 0 NIC mlx5_0 (rail 0)"].bytes_per_step
     # 8 ranks x 8/16 S leave the node per call, over its 8 NICs; the FSDP rings as in the dp16 case
     assert nic == pytest.approx(104 * 8 * (8 / 16 * S) / 8 + sum(r.sent_bytes_per_step for r in ring) / 8, rel=1e-12)
+    # of each rank's 8 peers on the other node, 7 sit on other rails: 7/8 of the all-to-all's
+    # bytes between nodes go up to the spine, the rings' stay on their rails
+    assert loads["rail 0 uplink to spine (node 0)"].bytes_per_step == pytest.approx(
+        7 / 8 * 104 * 8 * (8 / 16 * S) / 8, rel=1e-12)
     nv = loads["rank 0 nvlink4"].bytes_per_step
     assert nv == pytest.approx(104 * 7 / 16 * S + 7 / 8 * sum(r.sent_bytes_per_step for r in ring), rel=1e-12)
 

@@ -17,8 +17,8 @@ collective with its start and end in the step):
   7/8 of a ring's bytes with 8 ranks of the group per node), each NIC of node 0 (what every
   group's members on node 0 send out of it, by the same split: one rank's ring bytes for a
   ring, split over the NICs its members use there), and each rail's uplink
-  (traffic of groups whose members sit on different rails, or span more nodes than one leaf
-  holds, goes up to the spine). Each edge's busy time (bytes / capacity) is checked against
+  (traffic of groups whose hops between nodes change rail, :func:`_spine_share`, or span
+  more nodes than one leaf holds, goes up to the spine). Each edge's busy time (bytes / capacity) is checked against
   the interval it must fit in: the stage's compute time per step, and per layer and
   micro-batch, the layer's forward + backward time.
 """
@@ -275,14 +275,40 @@ def _network_loads(plan, rows, n_layers):
                                              len(np.unique(p.node[groups[g]])), len(members))[1]
             per_layer = sent * r.per_microbatch / max(n_layers, 1)
             used = sorted({int(x) for x in p.nic[members] if x >= 0})
-            cross_rail = len(np.unique(p.rail[groups[g]])) > 1
             wide = leaf and len(np.unique(p.node[groups[g]] // leaf)) > 1
+            up = 1.0 if wide else _spine_share(r.op, p.node[groups[g]], p.rail[groups[g]])
             for i in used:
                 share = [sent * r.per_step / len(used), per_layer / len(used)]
                 _acc(nics, i, share)
-                if cross_rail or wide:
-                    _acc(uplink, cluster.node.nics[i].rail, share)
+                if up:
+                    _acc(uplink, cluster.node.nics[i].rail, [up * x for x in share])
     return ({k: tuple(v) for k, v in nics.items()}, {k: tuple(v) for k, v in uplink.items()})
+
+
+def _spine_share(op: str, node: np.ndarray, rail: np.ndarray) -> float:
+    """Share of a group's bytes between nodes that changes rail (so goes up to the spine),
+    from its members' ``node`` and ``rail`` (one entry per member, node 0 the one reported).
+    All-to-all sends S/n from each member to each peer: the share of node 0's members' peers
+    on other nodes that sit on another rail. Rings and trees enter and leave each node
+    through the same NIC rails when every node of the group holds members on the same rails:
+    NCCL keeps a channel on one NIC rail across nodes (``NCCL_CROSS_NIC``, default 2: the same
+    NIC where it costs no bandwidth; NCCL's environment-variable documentation), so 0;
+    otherwise some hop between nodes joins two rails: all of it (as before).
+
+    >>> _spine_share("all-gather", np.array([0, 0, 1, 1]), np.array([0, 1, 1, 0]))
+    0.0
+    >>> _spine_share("all-gather", np.array([0, 1]), np.array([0, 1]))
+    1.0
+    >>> _spine_share("all-to-all", np.array([0, 0, 1, 1]), np.array([0, 1, 1, 0]))
+    0.5
+    """
+    if op == "all-to-all":
+        mine, away = rail[node == 0], rail[node != 0]
+        if not len(mine) or not len(away):
+            return 0.0
+        return float((mine[:, None] != away[None, :]).mean())
+    per_node = [frozenset(rail[node == n].tolist()) for n in np.unique(node)]
+    return 1.0 if any(x != per_node[0] for x in per_node) else 0.0
 
 
 def _has(mesh, axis) -> bool:
