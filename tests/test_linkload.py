@@ -130,3 +130,124 @@ def test_arrays_equal_the_event_loops(seed, which):
         events = st.trace_events(detail=True, stage=stage)
         compute_s = sum(e.end_s - e.start_s for e in events if e.stream == "compute" and "unit" in e.args)
         assert edge_loads(p, st, stage)[0].interval_s == pytest.approx(compute_s, rel=1e-12)
+
+
+# Issue 11 (links): a ring that spans nodes sends (g-1)/g of a rank's ring bytes to its NVLink
+# neighbour and 1/g through a NIC (g = the group's ranks per node; NCCL's multi-node rings leave
+# each node once per channel). Bytes derived by hand from Llama 3 8B's shapes.
+
+#: Llama 3 8B (h 4096, ffn 14336, 32 heads of 128, 8 KV heads, vocab 128,256): elements of one
+#: FSDP layer unit (wq, wk, wv, wo, w1, w2, w3, two norms) and of the root unit (embedding,
+#: output layer, final norm); every dim 0 divides by 16, so no FSDP padding.
+LAYER_NUMEL = 2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336 + 2 * 4096   # 218,112,000
+ROOT_NUMEL = 2 * 128256 * 4096 + 4096                                             # 1,050,677,248
+
+
+def _dp_plan(nodes: int, global_batch: int, shape: int):
+    from meshplan.config import config_from_dict
+    d = {"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": nodes},
+         "training": {"global_batch": global_batch, "seq_len": 4096},
+         "mesh": {"names": ["dp_shard"], "shape": [shape]}}
+    p = build_plan(config_from_dict(d))
+    return p, {e.edge: e for e in edge_loads(p, step_time(p))}
+
+
+def _zero3_buffer_bytes_per_step(micro_batches: int) -> int:
+    """S summed over a step's FSDP calls: per micro-batch each of the 32 layer units gathered in
+    forward and again in backward (bf16, resharded after forward) and its gradient
+    reduce-scattered (fp32); the root unit gathered once and reduced once per micro-batch."""
+    layers = 32 * micro_batches * (2 * LAYER_NUMEL * 2 + LAYER_NUMEL * 4)
+    root = micro_batches * (ROOT_NUMEL * 2 + ROOT_NUMEL * 4)
+    return layers + root
+
+
+def test_ring_across_two_nodes_loads_nvlink_and_nics():
+    # the issue's dp16.toml: dp_shard 16 over 2 DGX H100 (8 GPUs, 8 NICs each), 2 micro-batches
+    p, loads = _dp_plan(2, 32, 16)
+    assert {r.algorithm for r in p.collectives["stage 0"]} == {"ring"}
+    sent = 15 / 16 * _zero3_buffer_bytes_per_step(2)   # ring all-gather / reduce-scatter: (n-1)/n S
+    assert sent == pytest.approx(116.513878e9, rel=1e-8)  # the rank's 116.5 GB of step --json
+    nv = loads["rank 0 nvlink4"]
+    assert nv.bytes_per_step == pytest.approx(7 / 8 * sent, rel=1e-12)   # 101.9 GB, was 0.0
+    nics = [e for k, e in loads.items() if k.startswith("node 0 NIC")]
+    assert len(nics) == 8
+    # each rank sends 1/8 of its bytes out of the node; the node's 8 ranks over its 8 NICs
+    for e in nics:
+        assert e.bytes_per_step == pytest.approx(8 * (sent / 8) / 8, rel=1e-12)   # 14.56 GB
+    # per layer and micro-batch: the layer units' three calls plus the root's two spread over 32 layers
+    per_layer = 15 / 16 * (2 * LAYER_NUMEL * 2 + LAYER_NUMEL * 4 + (ROOT_NUMEL * 6) / 32)
+    assert nv.per_layer_bytes == pytest.approx(7 / 8 * per_layer, rel=1e-12)
+    assert nics[0].per_layer_bytes == pytest.approx(per_layer / 8, rel=1e-12)
+    # each node holds the ring on all 8 rails: NCCL keeps every channel on its NIC's rail, so
+    # nothing goes up to the spine (the two nodes share a leaf)
+    assert not [k for k in loads if "uplink" in k]
+    # 101.9 GB at 450 GB/s hides behind the step's compute: the verdict reads "fits"
+    assert nv.busy_s == pytest.approx(7 / 8 * sent / 450e9, rel=1e-12) and nv.fits
+
+
+def test_one_node_ring_is_all_nvlink():
+    # dp_shard 8 on one node, 2 micro-batches: every byte on NVLink, as before, and no NIC
+    p, loads = _dp_plan(1, 16, 8)
+    assert list(loads) == ["rank 0 nvlink4"]
+    assert loads["rank 0 nvlink4"].bytes_per_step == pytest.approx(7 / 8 * _zero3_buffer_bytes_per_step(2),
+                                                                  rel=1e-12)
+
+
+def test_link_split_of_each_algorithm():
+    from meshplan.comm.collectives import link_bytes
+    S = 1e9
+    # hierarchical all-reduce, 4 nodes x 8: reduce-scatter and all-gather inside on S, the
+    # all-reduce across the 4 nodes on S/8
+    assert link_bytes("all-reduce", "hierarchical", 32, S, 4, 8) == pytest.approx((2 * 7 / 8 * S, 2 * 3 / 4 * S / 8))
+    # the double binary tree sends the same: chain hops inside, tree edges between nodes
+    assert link_bytes("all-reduce", "tree", 32, S, 4, 8) == link_bytes("all-reduce", "hierarchical", 32, S, 4, 8)
+    # ring all-reduce: 2 (n-1)/n S, 7/8 of it on NVLink
+    assert link_bytes("all-reduce", "ring", 32, S, 4, 8) == pytest.approx((2 * 31 / 32 * S * 7 / 8, 2 * 31 / 32 * S / 8))
+    # one rank per node: everything through the NIC
+    assert link_bytes("all-gather", "ring", 4, S, 4, 1) == (0.0, 3 / 4 * S)
+    # pipeline of 4 stages, 2 per node: 1 of 3 hops crosses nodes
+    assert link_bytes("send/recv", "ring", 4, S, 2, 2) == pytest.approx((2 / 3 * S, 1 / 3 * S))
+    # all-to-all over 16 = 2 x 8: S/16 to each peer, 7 on the node, 8 on the other
+    assert link_bytes("all-to-all", "pairwise", 16, S, 2, 8) == pytest.approx((7 / 16 * S, 8 / 16 * S))
+
+
+def test_all_to_all_across_nodes_sends_each_members_off_node_share():
+    from meshplan.config import config_from_dict
+    # DeepSeek-V2-Lite, ep 16 = dp_shard 16 over 2 nodes of 8: every rank sends S/16 to each
+    # peer, 8 of them on the other node, through its own NIC (one rank per NIC)
+    d = {"model": {"catalog": "deepseek-v2-lite"}, "cluster": {"system": "dgx-h100", "nodes": 2},
+         "training": {"global_batch": 16, "seq_len": 2048}, "mesh": {"names": ["dp_shard", "ep"], "shape": [16, 16]}}
+    p = build_plan(config_from_dict(d))
+    loads = {e.edge: e for e in edge_loads(p, step_time(p))}
+    rows = p.collectives["stage 0"]
+    # dispatch buffer: 2048 tokens x top-6 rows of h 2048 in bf16; dispatch and combine in each of the
+    # 26 MoE layers, forward and backward: 104 calls per step
+    S = 2048 * 6 * 2048 * 2
+    assert sum(r.per_step for r in rows if r.axis == "ep") == 104
+    ring = [r for r in rows if r.axis != "ep"]
+    nic = loads["node 0 NIC mlx5_0 (rail 0)"].bytes_per_step
+    # 8 ranks x 8/16 S leave the node per call, over its 8 NICs; the FSDP rings as in the dp16 case
+    assert nic == pytest.approx(104 * 8 * (8 / 16 * S) / 8 + sum(r.sent_bytes_per_step for r in ring) / 8, rel=1e-12)
+    # of each rank's 8 peers on the other node, 7 sit on other rails: 7/8 of the all-to-all's
+    # bytes between nodes go up to the spine, the rings' stay on their rails
+    assert loads["rail 0 uplink to spine (node 0)"].bytes_per_step == pytest.approx(
+        7 / 8 * 104 * 8 * (8 / 16 * S) / 8, rel=1e-12)
+    nv = loads["rank 0 nvlink4"].bytes_per_step
+    assert nv == pytest.approx(104 * 7 / 16 * S + 7 / 8 * sum(r.sent_bytes_per_step for r in ring), rel=1e-12)
+
+
+def test_tree_all_reduce_across_four_nodes():
+    from meshplan.config import config_from_dict
+    # DDP (sharding none) over 32 = 4 nodes x 8: one bf16 all-reduce of all 8.03e9 gradients per
+    # step, on NCCL's double binary tree. Chains inside a node carry 2 (g-1)/g S per rank; the tree
+    # edges between nodes 2 (N-1)/N S per node, over its 8 NICs
+    d = {"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 4},
+         "training": {"global_batch": 64, "seq_len": 4096, "sharding": "none"},
+         "mesh": {"names": ["dp_shard"], "shape": [32]}}
+    p = build_plan(config_from_dict(d))
+    [row] = p.collectives["stage 0"]
+    S = 2 * (32 * LAYER_NUMEL + ROOT_NUMEL)
+    assert (row.op, row.algorithm, row.size_bytes, row.per_step) == ("all-reduce", "tree", S, 1)
+    loads = {e.edge: e for e in edge_loads(p, step_time(p))}
+    assert loads["rank 0 nvlink4"].bytes_per_step == pytest.approx(2 * 7 / 8 * S, rel=1e-12)
+    assert loads["node 0 NIC mlx5_0 (rail 0)"].bytes_per_step == pytest.approx(2 * 3 / 4 * S / 8, rel=1e-12)

@@ -189,6 +189,77 @@ class CollectiveRow:
         one traffic unit of every report (printed in GB, 1e9 B)."""
         return self.sent_bytes * self.per_step
 
+    @property
+    def link_bytes(self) -> tuple[float, float]:
+        """(NVLink, network) bytes one rank of rank 0's group sends per call: all of
+        :attr:`sent_bytes` on the fabric inside a node or NVLink domain, nothing with no
+        peers, and across nodes the split of :func:`link_bytes` for the row's algorithm on its
+        path's ``nodes`` and ``ranks_per_node``."""
+        if self.path.kind == "local":
+            return 0.0, 0.0
+        if self.path.kind == "nvlink":
+            return self.sent_bytes, 0.0
+        return link_bytes(self.op, self.algorithm, self.group_size, self.size_bytes, self.path.nodes,
+                          self.path.ranks_per_node)
+
+
+def link_bytes(op: str, algorithm: str, n: int, size_bytes: float, nodes: int,
+               ranks_per_node: int) -> tuple[float, float]:
+    """(NVLink, network) bytes one rank sends per call of ``op`` on ``size_bytes`` (nccl-tests
+    S) over a group of ``n`` ranks spread on ``nodes`` nodes, ``ranks_per_node`` (g) of them
+    on each, when ``algorithm`` (the table's choice, :func:`path_time`) runs it. The two
+    parts are what the rank puts on its NVLink and what leaves its node through a NIC; a node
+    sends g x the network part. With g = 1 (or no node count) every byte crosses the network.
+
+    - ring (every op but all-to-all; NCCL's multi-node rings enter and leave each node once
+      per channel, NCCL ``graph/rings.cc``; with one channel per NIC every GPU is the exit of
+      one): of the rank's ring bytes ``sent = busbw_factor(op, n) S`` (nccl-tests
+      PERFORMANCE.md), ``(g-1)/g`` go to its NVLink neighbour and ``1/g`` through a NIC, so a
+      node sends one rank's ring bytes, as each ring edge carries them;
+    - hierarchical (:func:`meshplan.comm.alphabeta.collective_time`): inside the node the
+      reduce-scatter and/or all-gather over g ranks on S (``(g-1)/g S`` each), across nodes
+      the op over the ``nodes`` ranks of the same local index on S/g;
+    - tree all-reduce (NCCL's double binary tree: inside a node a chain of g ranks, across
+      nodes a tree of chains, each of the two trees on S/2, NCCL ``graph/trees.cc``): each of
+      the g - 1 chain hops carries S/2 up and S/2 down per tree, ``2 (g-1)/g S`` per rank on
+      NVLink; the N - 1 tree edges between nodes carry S/2 each way per tree, so a node sends
+      ``2 (N-1)/N S`` on average, ``2 (N-1)/N S / g`` per rank: the hierarchical all-reduce's
+      split;
+    - pairwise all-to-all (:func:`meshplan.comm.alphabeta.all_to_all_time`): S/n to each
+      peer, ``(g-1)/n S`` to the node's own and ``(n-g)/n S`` through the NIC;
+    - send/recv along a pipeline of n stages, g consecutive ones per node: N - 1 of the n - 1
+      hops cross nodes, so ``(N-1)/(n-1)`` of the bytes go through a NIC on average over the
+      stages (all of them with one stage per node).
+
+    2 nodes x 8 GPUs, ring all-gather of 16 GB: 15 GB sent, 7/8 on NVLink, 1/8 on the NIC;
+    hierarchical: 7/8 x 16 GB inside, (1/2) x 16/8 GB across:
+
+    >>> link_bytes("all-gather", "ring", 16, 16e9, 2, 8)
+    (13125000000.0, 1875000000.0)
+    >>> link_bytes("all-gather", "hierarchical", 16, 16e9, 2, 8)
+    (14000000000.0, 1000000000.0)
+    >>> link_bytes("all-reduce", "tree", 16, 16e9, 2, 8)
+    (28000000000.0, 2000000000.0)
+    >>> link_bytes("all-to-all", "pairwise", 16, 16e9, 2, 8)
+    (7000000000.0, 8000000000.0)
+    """
+    sent = size_bytes * busbw_factor(op, n)
+    g = min(max(ranks_per_node, 1), n)
+    big_n = max(nodes, 1)
+    if g <= 1 or big_n <= 1:
+        return 0.0, sent
+    if algorithm == "pairwise" or op == "all-to-all":
+        return (g - 1) / n * size_bytes, (n - g) / n * size_bytes
+    if op == "send/recv":
+        cross = (big_n - 1) / (n - 1)
+        return sent * (1 - cross), sent * cross
+    if algorithm in ("hierarchical", "tree"):
+        local = {"all-reduce": ("reduce-scatter", "all-gather"), "all-gather": ("all-gather",),
+                 "reduce-scatter": ("reduce-scatter",)}.get(op, (op,))
+        return (sum(busbw_factor(o, g) for o in local) * size_bytes,
+                busbw_factor(op, big_n) * size_bytes / g)
+    return sent * (g - 1) / g, sent / g
+
 
 def axis_path(mesh: Mesh, placement, cluster: ClusterSpec, axis: str) -> Path:
     """Path of ``axis``'s collectives when all its groups run at once (SPMD).

@@ -11,11 +11,14 @@ collective with its start and end in the step):
   ready - duration``; negative slack is exposed time.
 - **concurrency**: pairs of collectives of different axes whose intervals overlap, with the
   total overlapped time per step: they share the GPU's copy engines and links.
-- **edge load**: bytes per step on each physical edge: each GPU's NVLink (bytes the rank
-  sends on its NVLink-local rows), each NIC of node 0 (the ring traffic of every group
-  leaving the node, split over the NICs its members use there), and each rail's uplink
-  (traffic of groups whose members sit on different rails, or span more nodes than one leaf
-  holds, goes up to the spine). Each edge's busy time (bytes / capacity) is checked against
+- **edge load**: bytes per step on each physical edge: rank 0's NVLink (what the rank sends
+  inside its node: all of its NVLink-local rows and, of the rows whose groups span nodes, the
+  part the row's algorithm keeps inside the node, :func:`meshplan.comm.collectives.link_bytes`:
+  7/8 of a ring's bytes with 8 ranks of the group per node), each NIC of node 0 (what every
+  group's members on node 0 send out of it, by the same split: one rank's ring bytes for a
+  ring, split over the NICs its members use there), and each rail's uplink
+  (traffic of groups whose hops between nodes change rail, :func:`_spine_share`, or span
+  more nodes than one leaf holds, goes up to the spine). Each edge's busy time (bytes / capacity) is checked against
   the interval it must fit in: the stage's compute time per step, and per layer and
   micro-batch, the layer's forward + backward time.
 """
@@ -26,6 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from meshplan.comm.collectives import link_bytes
 from meshplan.pipeline.fast import KINDS
 from meshplan.plan import Plan
 
@@ -234,9 +238,8 @@ def edge_loads(plan: Plan, st, stage: int = 0) -> list[EdgeLoad]:
     n_layers = len(plan.stage(stage).layers)
     layer_s = compute_s / max(plan.micro_batches * n_layers, 1)
     cluster = plan.config.cluster
-    nv = sum(r.sent_bytes_per_step for r in rows if r.path.kind == "nvlink")
-    nv_layer = sum(r.sent_bytes * r.per_microbatch / max(n_layers, 1)
-                   for r in rows if r.path.kind == "nvlink" and r.per_microbatch)
+    nv = sum(r.link_bytes[0] * r.per_step for r in rows)
+    nv_layer = sum(r.link_bytes[0] * r.per_microbatch / max(n_layers, 1) for r in rows if r.per_microbatch)
     out = [EdgeLoad(f"rank 0 {cluster.node.fabric.name}", nv, cluster.node.fabric.bandwidth_bytes_per_s,
                     compute_s, nv_layer, layer_s)]
     nics, uplink = _network_loads(plan, rows, n_layers)
@@ -263,20 +266,49 @@ def _network_loads(plan, rows, n_layers):
         if r.path.kind != "network" or r.axis not in axis_name:
             continue
         groups = mesh.groups(axis_name[r.axis])
-        sent = r.sent_bytes
-        per_layer = sent * r.per_microbatch / max(n_layers, 1)
         on0 = np.flatnonzero((p.node[groups] == 0).any(axis=1))
         for g in on0:
             members = groups[g][p.node[groups[g]] == 0]
+            # what the group's members on node 0 send out of it per call (link_bytes: one rank's
+            # ring bytes for a ring, each member's off-node share for all-to-all)
+            sent = len(members) * link_bytes(r.op, r.algorithm, r.group_size, r.size_bytes,
+                                             len(np.unique(p.node[groups[g]])), len(members))[1]
+            per_layer = sent * r.per_microbatch / max(n_layers, 1)
             used = sorted({int(x) for x in p.nic[members] if x >= 0})
-            cross_rail = len(np.unique(p.rail[groups[g]])) > 1
             wide = leaf and len(np.unique(p.node[groups[g]] // leaf)) > 1
+            up = 1.0 if wide else _spine_share(r.op, p.node[groups[g]], p.rail[groups[g]])
             for i in used:
                 share = [sent * r.per_step / len(used), per_layer / len(used)]
                 _acc(nics, i, share)
-                if cross_rail or wide:
-                    _acc(uplink, cluster.node.nics[i].rail, share)
+                if up:
+                    _acc(uplink, cluster.node.nics[i].rail, [up * x for x in share])
     return ({k: tuple(v) for k, v in nics.items()}, {k: tuple(v) for k, v in uplink.items()})
+
+
+def _spine_share(op: str, node: np.ndarray, rail: np.ndarray) -> float:
+    """Share of a group's bytes between nodes that changes rail (so goes up to the spine),
+    from its members' ``node`` and ``rail`` (one entry per member, node 0 the one reported).
+    All-to-all sends S/n from each member to each peer: the share of node 0's members' peers
+    on other nodes that sit on another rail. Rings and trees enter and leave each node
+    through the same NIC rails when every node of the group holds members on the same rails:
+    NCCL keeps a channel on one NIC rail across nodes (``NCCL_CROSS_NIC``, default 2: the same
+    NIC where it costs no bandwidth; NCCL's environment-variable documentation), so 0;
+    otherwise some hop between nodes joins two rails: all of it (as before).
+
+    >>> _spine_share("all-gather", np.array([0, 0, 1, 1]), np.array([0, 1, 1, 0]))
+    0.0
+    >>> _spine_share("all-gather", np.array([0, 1]), np.array([0, 1]))
+    1.0
+    >>> _spine_share("all-to-all", np.array([0, 0, 1, 1]), np.array([0, 1, 1, 0]))
+    0.5
+    """
+    if op == "all-to-all":
+        mine, away = rail[node == 0], rail[node != 0]
+        if not len(mine) or not len(away):
+            return 0.0
+        return float((mine[:, None] != away[None, :]).mean())
+    per_node = [frozenset(rail[node == n].tolist()) for n in np.unique(node)]
+    return 1.0 if any(x != per_node[0] for x in per_node) else 0.0
 
 
 def _has(mesh, axis) -> bool:
