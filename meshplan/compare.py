@@ -33,8 +33,9 @@ from meshplan.units import GB, MS, GiB
 
 @dataclass(frozen=True)
 class Side:
-    """One mesh's numbers. ``link_bytes``: bytes one rank sends per step by link class
-    (stage 0's table: size x busbw factor x count); ``exposed_s``: exposed communication of
+    """One mesh's numbers. ``link_bytes``: bytes one rank sends per step by link class,
+    "nvlink" and "network" (stage 0's table: size x busbw factor x count, each row split over
+    the links it uses, :attr:`~meshplan.comm.collectives.CollectiveRow.link_bytes`); ``exposed_s``: exposed communication of
     the critical stage by stream; ``gemms``: (name, M, N, K, efficiency)."""
 
     name: str
@@ -122,8 +123,10 @@ def side_of(name: str, plan: Plan | Infeasible, overlap: Optional[Overlap] = Non
     gpu, dt = plan.config.cluster.gpu, plan.config.training.compute_dtype
     gemms = tuple((g.name, g.m, g.n, g.k, gemm_efficiency(gpu, g.m, g.n, g.k, dt)[0]) for g in plan.gemms)
     links: dict[str, float] = {}
-    for r in plan.stage(0).collectives:
-        links[r.path.kind] = links.get(r.path.kind, 0.0) + r.sent_bytes_per_step
+    for r in plan.stage(0).collectives:  # each row's bytes on the links it uses (a ring across nodes: its hops
+        for kind, b in zip(("nvlink", "network"), r.link_bytes):  # inside a node on NVLink)
+            if b and r.path.kind != "local":
+                links[kind] = links.get(kind, 0.0) + b * r.per_step
     tl = plan.timeline
     st = step_time(plan, overlap or Overlap())
     return Side(name, plan, plan.feasible, plan.reasons, st.step_s, st.mfu, tl.peak.total_bytes,

@@ -135,11 +135,11 @@ def test_compare_shows_dash_for_every_quantity_of_an_unresolved_mesh(tmp_path, c
     assert rows[0] == ["mesh", "dp_shard 16 x tp 4", "unresolved"]
     assert [r[0] for r in rows[2:7]] == ["step time (s)", "MFU", "peak memory (GiB)", "network GB/rank/step",
                                          "nvlink GB/rank/step"]
-    assert [r[1] for r in rows[2:7]] == ["169.693", "17.5%", "70.2", "4202.1", "2074.6"]
+    assert [r[1] for r in rows[2:7]] == ["169.693", "17.5%", "70.2", "1961.0", "4315.7"]
     assert all(r[2] == "-" for r in rows[2:]) and len(rows) == 15  # 8 GEMMs shown for tp4, "-" for impossible
     flat = " ".join(text.split())
-    assert "- network bytes sent per rank per step: seed-64gpu-tp4 4202.1 GB, impossible -" in flat
-    assert "- nvlink bytes sent per rank per step: seed-64gpu-tp4 2074.6 GB, impossible -" in flat
+    assert "- network bytes sent per rank per step: seed-64gpu-tp4 1961.0 GB, impossible -" in flat
+    assert "- nvlink bytes sent per rank per step: seed-64gpu-tp4 4315.7 GB, impossible -" in flat
     assert "0.0" not in flat
     assert "infeasible: impossible: dp_shard(8) * tp(16) = 128 != world(64)" in err
 

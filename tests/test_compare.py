@@ -25,7 +25,19 @@ def test_tp8_chosen_tp4_rejected_by_memory(seed_pair):
     assert rows["wq (M,N,K) eff"][0].startswith("(8192,1024,8192)")
     assert rows["wq (M,N,K) eff"][1].startswith("(8192,2048,8192)")
     # tensor traffic on NVLink halves from tp 8 to tp 4: b*s*h per collective, 2(n-1)/n -> (n-1)/n factors
-    assert float(rows["nvlink GB/rank/step"][0]) > 2 * float(rows["nvlink GB/rank/step"][1])
+    tp = [sum(r.sent_bytes_per_step for r in p.stage(0).collectives if r.axis == "tp") for p in seed_pair]
+    assert tp[0] > 2 * tp[1]
+    # tp8: dp_shard 8 has one rank per node (8 nodes): its ring sends everything through the NIC.
+    # tp4: dp_shard 16 has 2 ranks per node: the hierarchical algorithm sends (g-1)/g S = S/2 inside
+    # the node and (N-1)/N S/g = 7/8 x S/2 across nodes per call (S: the row's buffer)
+    dp = [[r for r in p.stage(0).collectives if r.axis == "dp_shard"] for p in seed_pair]
+    assert all(r.algorithm == "hierarchical" for r in dp[1])
+    inside = sum(r.size_bytes / 2 * r.per_step for r in dp[1])
+    across = sum(7 / 8 * r.size_bytes / 2 * r.per_step for r in dp[1])
+    assert float(rows["nvlink GB/rank/step"][0]) == pytest.approx(tp[0] / 1e9, abs=0.05)
+    assert float(rows["network GB/rank/step"][0]) == pytest.approx(sum(r.sent_bytes_per_step for r in dp[0]) / 1e9, abs=0.05)
+    assert float(rows["nvlink GB/rank/step"][1]) == pytest.approx((tp[1] + inside) / 1e9, abs=0.05)
+    assert float(rows["network GB/rank/step"][1]) == pytest.approx(across / 1e9, abs=0.05)
 
 
 def test_evidence_folder(seed_pair, tmp_path):
