@@ -67,8 +67,9 @@ def test_torchtitan_example_by_hand():
     assert (cfg.mesh.names, cfg.mesh.shape) == (["dp_shard"], [-1])  # -1: 8 GPUs / 1 = 8
     # global batch = local_batch_size 1 x dp (dp_replicate 1 x dp_shard 8) = 8
     assert (t.global_batch, t.micro_batch, t.seq_len) == (8, 1, 8192)
+    # [activation_checkpoint] mode "selective", selective_ac_option "op": torchtitan's op-level SAC
     assert (t.sharding, t.param_dtype, t.compute_dtype, t.reduce_dtype, t.recompute, t.reshard_after_forward) == (
-        "zero3", "fp32", "bf16", "fp32", "selective", True)
+        "zero3", "fp32", "bf16", "fp32", "op", True)
     assert cfg.notes[-1] == ("torchtitan: fields meshplan does not use: job.dump_folder, job.description, "
                              "model.hf_assets_path, optimizer.name, optimizer.lr, metrics.log_freq, training.steps, "
                              "training.dataset, checkpoint.enable")
@@ -213,6 +214,55 @@ def test_torchtitan_pipeline_and_hsdp_by_hand(tmp_path):
     # global = local 8 x dp (2 x 2) = 32; micro-batch = the pipeline micro-batch; default: no reshard under pp
     t = cfg.training
     assert (t.global_batch, t.micro_batch, t.sharding, t.reshard_after_forward) == (32, 2, "hsdp", False)
+
+
+def _tt_ac(tmp_path, option: str, tp: int = 1, mode: str = "selective"):
+    f = tmp_path / f"ac-{option}-{tp}.toml"
+    f.write_text(f'[model]\nname = "llama3"\nflavor = "8B"\n[training]\nlocal_batch_size = 1\nseq_len = 4096\n'
+                 f'[parallelism]\ndata_parallel_shard_degree = -1\ntensor_parallel_degree = {tp}\n'
+                 f'[activation_checkpoint]\nmode = "{mode}"\nselective_ac_option = "{option}"\n')
+    return load_any(f, opts=H100)
+
+
+def test_torchtitan_activation_checkpointing_options(tmp_path):
+    # torchtitan's selective AC: option "op" is op-level SAC, an integer k every k-th block in full
+    assert _tt_ac(tmp_path, "op").training.recompute == "op"
+    t = _tt_ac(tmp_path, "3").training
+    assert (t.recompute, t.ac_freq) == ("layer", 3)
+    assert _tt_ac(tmp_path, "3", mode="full").training.recompute == "full"
+    # op-level SAC is modelled with tp = cp = ep = 1 only: tp 2 is planned as selective, and says so
+    cfg = _tt_ac(tmp_path, "op", tp=2)
+    assert cfg.training.recompute == "selective"
+    assert any("op-level SAC" in n and "with tp 2 planned as Megatron-LM's selective" in n for n in cfg.notes)
+    for bad in ("0", "two"):
+        with pytest.raises(ConfigError, match=r"^activation_checkpoint.selective_ac_option: "):
+            _tt_ac(tmp_path, bad)
+
+
+@pytest.mark.parametrize("recompute,ac_freq,option", [("layer", 2, "2"), ("layer", 1, "1"), ("op", 1, "op")])
+def test_torchtitan_ac_round_trip_and_megatron_refusal(tmp_path, recompute, ac_freq, option):
+    cfg = config_from_dict({"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 1},
+                            "training": {"global_batch": 8, "seq_len": 4096, "micro_batch": 1, "param_dtype": "fp32",
+                                         "recompute": recompute, "ac_freq": ac_freq},
+                            "mesh": {"names": ["dp_shard"], "shape": [8]}})
+    text, header = export(cfg, "torchtitan", "ac")
+    assert f'selective_ac_option = "{option}"' in text and 'mode = "selective"' in text
+    assert not [h for h in header if h.startswith("not expressed")], header
+    out = tmp_path / "x.toml"
+    out.write_text(text)
+    assert differences(cfg, load_any(out, "torchtitan", reimport_options(cfg, "torchtitan"))) == []
+    with pytest.raises(ConfigError, match=rf"^--to: Megatron-LM has no flag for torchtitan's recompute '{recompute}'"):
+        export(replace(cfg, training=cfg.training.model_copy(update={"framework": "megatron"})), "megatron", "ac")
+
+
+def test_megatron_selective_exported_to_torchtitan_lists_the_change():
+    # torchtitan has no attention-core recompute: written as op-level SAC, and the header says so
+    cfg = config_from_dict({"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 1},
+                            "training": {"global_batch": 8, "seq_len": 4096, "micro_batch": 1, "param_dtype": "fp32",
+                                         "recompute": "selective"},
+                            "mesh": {"names": ["dp_shard"], "shape": [8]}})
+    _, header = export(cfg, "torchtitan", "sel")
+    assert "not expressed in torchtitan: training.recompute: 'selective' -> 'op'" in header
 
 
 @pytest.mark.parametrize("path,opts,to", [

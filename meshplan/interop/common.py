@@ -115,3 +115,13 @@ def model_layers(table: dict) -> int:
     if table.get("hf_config"):
         return model_from_hf_config(Path(table["hf_config"])).layers
     return positive_int(table.get("layers"), "model.layers")
+
+
+def model_is_mla(table: dict) -> bool:
+    """Whether a [model] table (catalog name, HF config path or fields) has multi-head latent
+    attention (a table of fields: its ``kv_lora_rank`` given)."""
+    if table.get("catalog"):
+        return catalog.model(table["catalog"]).is_mla
+    if table.get("hf_config"):
+        return model_from_hf_config(Path(table["hf_config"])).is_mla
+    return table.get("kv_lora_rank") is not None

@@ -25,7 +25,9 @@ parallelism.module_fqns_per_model_part,        mesh.pp_layer_split (torchtitan's
   pipeline_parallel_first/last_stage_less_layers generate_llm_fqn_per_model_part)
 parallelism.disable_loss_parallel              mesh.loss_parallel
 parallelism.enable_async_tensor_parallel       training.tp_comm_overlap
-activation_checkpoint.mode                     training.recompute (none, selective, full)
+activation_checkpoint.mode                     training.recompute: none, full; selective with
+  + selective_ac_option                          option "op" -> op (tp = cp = ep = 1, no MLA; else
+                                                 selective, with a note), "<k>" -> layer, ac_freq k
 ============================================== ==============================================
 
 Sharding follows torchtitan's parallelize: FSDP2 (zero3) when dp_shard * cp > 1, HSDP when
@@ -46,6 +48,7 @@ from meshplan.interop.common import (
     catalog_model_name,
     cluster_table,
     flatten,
+    model_is_mla,
     model_layers,
     model_option,
     positive_int,
@@ -164,17 +167,33 @@ def _pipeline(par: dict, pp: int, layers: int, notes: list[str]) -> dict:
     return {"pp_schedule": sched, "virtual_stages": vpp, "pp_layer_split": split}
 
 
-def _recompute(d: dict, notes: list[str]) -> str:
+def _recompute(d: dict, deg: dict[str, int], model: dict, notes: list[str]) -> dict[str, Any]:
+    """training.recompute (and ac_freq) of torchtitan's [activation_checkpoint]: mode none and
+    full as they are; selective with selective_ac_option "op" is op-level SAC (``op``), with
+    an integer k every k-th layer in full (``layer``, ``ac_freq`` k; torchtitan's default
+    option "2"). ``op`` is planned with tp = cp = ep = 1 and no MLA only (build_plan says why),
+    so a mesh outside that is planned with Megatron-LM's selective recompute, with a note."""
     ac = d.get("activation_checkpoint", {})
     mode = ac.get("mode", "selective")
-    if mode not in RECOMPUTE:
+    if mode not in ("none", "selective", "full"):
         raise ConfigError("activation_checkpoint.mode", f"{mode!r} is not planned by meshplan; use none, selective "
                           f"or full")
+    if mode != "selective":
+        return {"recompute": mode}
     opt = str(ac.get("selective_ac_option", "2"))
-    if mode == "selective" and opt != "op":
-        notes.append(f"activation_checkpoint selective_ac_option {opt!r} (full recompute of every {opt}th layer) "
-                     f"is planned as selective recompute (meshplan's selective: attention recomputed)")
-    return mode
+    if opt == "op":
+        why = [f"{a} {deg[a]}" for a in ("tp", "cp", "ep") if deg[a] > 1] + ["MLA"] * model_is_mla(model)
+        if not why:
+            return {"recompute": "op"}
+        notes.append(f"activation_checkpoint selective_ac_option \"op\" (op-level SAC) is modelled with tp = cp = "
+                     f"ep = 1 and no MLA only; with {', '.join(why)} planned as Megatron-LM's selective recompute "
+                     f"(attention core recomputed, the other activations kept): more activation memory, less "
+                     f"recompute time than op-level SAC")
+        return {"recompute": "selective"}
+    if not opt.isdigit() or int(opt) < 1:
+        raise ConfigError("activation_checkpoint.selective_ac_option", f"{opt!r}; use \"op\" or a whole number "
+                          f"k >= 1 (every k-th layer checkpointed in full)")
+    return {"recompute": "layer", "ac_freq": int(opt)}
 
 
 def _mesh(deg: dict[str, int], par: dict, layers: int, notes: list[str]) -> dict[str, Any]:
@@ -187,7 +206,8 @@ def _mesh(deg: dict[str, int], par: dict, layers: int, notes: list[str]) -> dict
     return mesh | _pipeline(par, deg["pp"], layers, notes)
 
 
-def _training(d: dict, deg: dict[str, int], shard: int, opts: ImportOptions, notes: list[str]) -> dict[str, Any]:
+def _training(d: dict, deg: dict[str, int], shard: int, opts: ImportOptions, model: dict,
+              notes: list[str]) -> dict[str, Any]:
     """[training]: batch (torchtitan's global = local x dp unless given), sequence, sharding
     as torchtitan applies it, dtypes, resharding policy, recompute, float8."""
     tr, par = d.get("training", {}), d.get("parallelism", {})
@@ -212,8 +232,8 @@ def _training(d: dict, deg: dict[str, int], shard: int, opts: ImportOptions, not
                 "reduce_dtype": DTYPES.get(tr.get("mixed_precision_reduce", "float32"), "fp32"),
                 # torchtitan's parallelize: "default" is reshard_after_forward = not pp_enabled
                 "reshard_after_forward": policy == "always" or (policy == "default" and deg["pp"] == 1),
-                "recompute": _recompute(d, notes),
                 "tp_comm_overlap": bool(par.get("enable_async_tensor_parallel", False))}
+    training |= _recompute(d, deg, model, notes)
     if dtype == "bf16":  # training.dtype bfloat16: everything in bf16, no fp32 copy
         training |= {"master_weights": False, "grad_dtype": "bf16", "optimizer_dtype": "bf16"}
     if any("float8" in str(c) for c in d.get("model", {}).get("converters", [])):
@@ -237,7 +257,7 @@ def read(d: dict, base: Path, opts: ImportOptions) -> Imported:
         raise ConfigError("parallelism.data_parallel_shard_degree", f"-1 cannot be inferred: world {world} is not "
                           f"divisible by pp * dp_replicate * cp * tp = {dense}; give --nodes so that the world is a "
                           f"multiple of {dense}")
-    tables = {"model": model, "cluster": cluster, "training": _training(d, deg, shard, opts, notes),
+    tables = {"model": model, "cluster": cluster, "training": _training(d, deg, shard, opts, model, notes),
               "mesh": _mesh(deg, par, model_layers(model), notes)}
     unused = tuple(k for k in flatten(d) if k not in USED | used)
     return Imported("torchtitan", tables, unused, tuple(notes))
@@ -276,8 +296,16 @@ def write(cfg: Config) -> dict[str, dict]:
     return {"job": {"description": f"meshplan export: {cfg.model.name} on {cfg.cluster.nodes}x "
                                    f"{cfg.cluster.node.name}"},
             "model": model, "training": training, "parallelism": par,
-            "activation_checkpoint": {"mode": t.recompute} | ({"selective_ac_option": "op"}
-                                                              if t.recompute == "selective" else {})}
+            "activation_checkpoint": _write_recompute(t)}
+
+
+def _write_recompute(t) -> dict[str, str]:
+    """[activation_checkpoint] of ``t``: none and full as they are; op and layer as torchtitan's
+    selective options "op" and "<ac_freq>"; Megatron-LM's selective (attention core), which
+    torchtitan has no option for, as op-level SAC (the re-import lists the difference)."""
+    if t.recompute in ("none", "full"):
+        return {"mode": t.recompute}
+    return {"mode": "selective", "selective_ac_option": str(t.ac_freq) if t.recompute == "layer" else "op"}
 
 
 def _write_degrees(cfg: Config, mesh: Mesh) -> dict[str, int]:
