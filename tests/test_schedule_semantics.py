@@ -292,7 +292,9 @@ def test_uneven_first_and_last_stage_with_virtual_stages():
             for s in range(2):
                 assert timeline_counts(st, s) == table_counts(plan, s)
     bad = plan_of({**mesh, "pp_layer_split": [1, 5]}, model={**TINY, "layers": 6})
-    assert not bad.feasible and "pp_layer_split [1, 5] sums to 6, must be 6 layers with >= 2 per stage" in bad.reasons
+    assert not bad.feasible
+    assert "pp_layer_split gives stage 0 fewer than 2 layers: each stage needs >= 2 (one per virtual stage)" \
+        in bad.reasons
 
 
 # Whose backward order: torch (DTensor) or Megatron-LM ---------------------------------------

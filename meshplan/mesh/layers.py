@@ -83,9 +83,15 @@ def _virtual_counts(layers: int, pp: int, vpp: int, split: list[int],
         return (f"pp_layer_split has {len(split)} entries for pp {pp}"
                 + (f" (or {pp * vpp} virtual stages)" if vpp > 1 else ""))
     per = vpp > 1 and len(split) == pp * vpp
-    if sum(split) != layers or min(split) < (1 if per else vpp):
-        return (f"pp_layer_split {split} sums to {sum(split)}, must be {layers} layers with >= "
-                f"{1 if per else vpp} per {'virtual stage' if per else 'stage'}")
+    if sum(split) != layers:
+        return f"pp_layer_split {split} sums to {sum(split)}, must be {layers} layers"
+    least, unit = (1, "virtual stage") if per else (vpp, "stage")
+    if min(split) < least:
+        short = [k for k, n in enumerate(split) if n < least]
+        return (f"pp_layer_split gives {unit}{'s' if len(short) > 1 else ''} "
+                f"{', '.join(map(str, short[:8]))}{' ...' if len(short) > 8 else ''} fewer than {least} "
+                f"layer{'s' if least > 1 else ''}: each {unit} needs >= {least}"
+                + (" (one per virtual stage)" if not per else ""))
     if per:
         return list(split)
     counts = [0] * (pp * vpp)
