@@ -87,6 +87,8 @@ def _timings_loop(st, stage=0):
         words = e.name.split()
         if e.stream in ("fsdp", "efsdp") and "AG" in words:
             dl = next((c.start_s for c in compute if c.name == words[-1] and c.start_s >= e.start_s), e.end_s)
+        elif e.stream in ("dp_replicate", "dp") and "all-gather" in e.name:
+            dl = e.end_s  # ZeRO-1's parameter all-gather after the optimizer ends the step
         elif "RS" in words or "norm-grad" in e.name or e.stream in ("dp_replicate", "dp"):
             dl = opt
         else:
@@ -117,6 +119,25 @@ def _pp_plan(framework):
                      "recompute": "selective", "framework": framework},
         "mesh": {"names": ["pp", "dp_shard", "tp"], "shape": [4, 2, 4], "sequence_parallel": True,
                  "pp_schedule": "interleaved_1f1b", "virtual_stages": 2}}))
+
+
+def test_zero1_parameter_all_gather_ends_the_step():
+    """ZeRO-1 all-gathers the updated parameters after the optimizer step: nothing later waits
+    on it but the step's end, so its deadline is its own end (slack 0, all exposed), never the
+    optimizer's start (before it is even issued: a negative slack)."""
+    from meshplan.config import config_from_dict
+    p = build_plan(config_from_dict({
+        "model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 2},
+        "training": {"global_batch": 16, "seq_len": 2048, "sharding": "zero1"},
+        "mesh": {"names": ["dp"], "shape": [16]}}))
+    st = step_time(p)
+    t = {(x.stream, x.phase, x.op): x for x in timings(st)}
+    ag = t[("dp", "step", "all-gather")]
+    opt = next(e for e in st.post_events if e.stage == 0 and "optimizer" in e.name)
+    assert ag.ready_s >= opt.end_s - 1e-12  # issued after the optimizer step
+    assert ag.deadline_s == pytest.approx(ag.ready_s + ag.duration_s) and ag.slack_s == pytest.approx(0.0)
+    assert ag.deadline_s == pytest.approx(st.step_s)
+    assert all(x.slack_s >= -1e-12 for x in t.values() if x.stream == "dp")
 
 
 @pytest.mark.parametrize("which", ["seed", "pp-torch", "pp-megatron"])

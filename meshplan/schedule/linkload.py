@@ -7,7 +7,8 @@ collective with its start and end in the step):
   in the step: ready = when it is issued (its input exists and its stream is free);
   deadline = when compute needs its result: the start of the layer it gathers for (FSDP
   all-gather, marker ``L<i>``), the optimizer step for gradient reductions, and its own
-  end for blocking collectives (TP, CP, EP: the next op waits on it). ``slack = deadline -
+  end for blocking collectives (TP, CP, EP: the next op waits on it) and for ZeRO-1/2's
+  parameter all-gather after the optimizer (the step ends with it). ``slack = deadline -
   ready - duration``; negative slack is exposed time.
 - **concurrency**: pairs of collectives of different axes whose intervals overlap, with the
   total overlapped time per step: they share the GPU's copy engines and links.
@@ -196,6 +197,8 @@ def _deadline(d, i: int, opt: float) -> float:
         rows = [k for k, (s, n) in enumerate(zip(d.streams, d.names)) if s == "compute" and n == words[-1]]
         hits = np.flatnonzero(np.isin(d.code, rows) & (d.start >= d.start[i]) & (d.unit >= d.unit[i]))
         return float(d.start[hits[np.argmin(d.start[hits])]]) if len(hits) else float(d.end[i])
+    if stream in ("dp_replicate", "dp") and "all-gather" in name:
+        return float(d.end[i])  # ZeRO-1/2's parameter all-gather after the optimizer: the step ends with it
     if "RS" in words or "norm-grad" in name or stream in ("dp_replicate", "dp"):
         return opt
     return float(d.end[i])  # blocking: the next op waits for it
