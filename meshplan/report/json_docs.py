@@ -95,7 +95,8 @@ def step_doc(plan: Plan, st, verdict: Sequence[str], trace: Optional[str]) -> di
     return envelope("step", plan, step_s=st.step_s, schedule=str(p.spec.schedule), stages=p.spec.p,
                     micro_batches=p.spec.m, virtual_stages=p.spec.v, critical_stage=st.critical_stage,
                     stage_end_s=list(st.stage_end_s), bubble_idle_over_ideal=p.bubble,
-                    bubble_idle_over_total=p.bubble_of_total, exposed_s=dict(st.exposed_s), mfu=st.mfu, hfu=st.hfu,
+                    bubble_idle_over_total=p.bubble_of_total, exposed_s=dict(st.exposed_s),
+                    most_exposed_stage=_most_exposed(st), mfu=st.mfu, hfu=st.hfu,
                     tokens_per_s=st.tokens_per_s, critical_path=st.critical_path(),
                     collectives=[dict(_plain(t), slack_s=t.slack_s) for t in timings(st)],
                     concurrency_s=[{"streams": list(k), "seconds": v} for k, v in sorted(concurrency(st).items())],
@@ -105,6 +106,11 @@ def step_doc(plan: Plan, st, verdict: Sequence[str], trace: Optional[str]) -> di
                             "layer_interval_s": e.layer_interval_s, "fits": e.fits} for e in edge_loads(plan, st)],
                     sent_bytes_per_step=weights_from_table(plan.stage(st.critical_stage).collectives),
                     verdict=list(verdict), notes=list(st.notes), trace=trace)
+
+
+def _most_exposed(st) -> Optional[dict[str, Any]]:
+    most = st.most_exposed_stage()
+    return None if most is None else {"stage": most[0], "exposed_s": dict(most[1])}
 
 
 def step_infeasible_doc(plan: Plan, st) -> dict[str, Any]:

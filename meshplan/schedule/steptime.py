@@ -156,15 +156,42 @@ class StepTime:
                 for e in self.post_events if e.stage == s]
         return out
 
+    def most_exposed_stage(self) -> Optional[tuple[int, dict]]:
+        """The stage whose units expose the most communication (seconds per step, every stream
+        but the pp waits, summed over its units), with its exposed seconds per stream as
+        :attr:`exposed_s` counts them (pp waits included, step-end ops not), when that stage is
+        not the critical one and exposes more than it; else None. A MoE model's dense first
+        stage can end last while the expert stages spend their time in all-to-alls the critical
+        stage never issues."""
+        if "most_exposed" not in self._trace_cache:
+            self._trace_cache["most_exposed"] = self._most_exposed()
+        return self._trace_cache["most_exposed"]
+
+    def _most_exposed(self) -> Optional[tuple[int, dict]]:
+        res = self.pipeline
+        keys, idx = self.unit_index if self.unit_index else self.units.index(res.flat)
+        per_key = np.array([sum(v for k, v in self.units.by_key(key).exposed_s.items() if k != "pp") for key in keys])
+        totals = np.bincount(np.arange(len(idx)) // res.flat.length, weights=per_key[idx],
+                             minlength=len(self.stage_end_s))
+        s = int(np.argmax(totals))
+        crit = sum(v for k, v in self.exposed_s.items() if k != "pp")
+        if s == self.critical_stage or totals[s] <= crit * (1 + 1e-9):
+            return None
+        return s, _unit_exposure(res, s, self.units, keys, idx, {})
+
     def lines(self) -> list[str]:
         """Printable summary with the definitions named."""
         p = self.pipeline
         exp = ", ".join(f"{k} {v * 1e3:.2f} ms" for k, v in sorted(self.exposed_s.items()) if v > 0) or "none"
+        most = self.most_exposed_stage()
+        other = [] if most is None else [
+            f"most exposed communication: stage {most[0]} (not the critical stage; its units): "
+            + ", ".join(f"{k} {v * 1e3:.2f} ms" for k, v in sorted(most[1].items()) if v > 0)]
         return [f"step {self.step_s * 1e3:.2f} ms ({p.spec.schedule}, p {p.spec.p}, m {p.spec.m}, v {p.spec.v}); "
                 f"critical stage {self.critical_stage}",
                 f"bubble {p.bubble:.4f} as idle/ideal, {p.bubble_of_total:.4f} as idle/total "
                 f"(busiest stage {p.busiest_stage}, pipeline only)",
-                f"exposed communication on stage {self.critical_stage}: {exp}",
+                f"exposed communication on stage {self.critical_stage}: {exp}"] + other + [
                 self.recompute_line(),
                 f"tokens/s {self.tokens_per_s:,.0f}; MFU {self.mfu:.1%} (model FLOP: per-op, causal-half "
                 f"attention, no recompute); HFU {self.hfu:.1%} (executed FLOP, recompute included)"] + \

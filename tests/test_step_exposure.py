@@ -1,0 +1,35 @@
+"""The step's exposed communication beyond the critical stage (a new user's finding: on
+DeepSeek-V3, pp 16 x ep 64, the dense first stage ends last, so the step printed only its dp
+and pp exposure while every expert stage spent half the step in ep all-to-alls)."""
+
+import pytest
+
+from meshplan.config import load_config
+from meshplan.plan import build_plan
+from meshplan.schedule.steptime import step_time
+from tests.conftest import EXAMPLES
+
+
+@pytest.fixture(scope="module")
+def deepseek():
+    return step_time(build_plan(load_config(EXAMPLES / "deepseek-v3_2048xh100_pp16-ep64-dp128.toml")))
+
+
+def test_expert_stage_exposure_is_reported(deepseek):
+    st = deepseek
+    assert st.critical_stage == 0 and "ep" not in st.exposed_s  # stage 0: the 3 dense layers
+    s, ex = st.most_exposed_stage()
+    assert s != 0 and ex["ep"] > 0
+    # 1F1B: every micro-batch runs one F and one B unit of the stage's single chunk, each exposing
+    # its blocking all-to-alls; the stage's ep exposure is m times the pair's
+    m = st.pipeline.spec.m
+    per_mb = sum(st.units.get(s, 0, kind, 0).exposed_s.get("ep", 0.0) for kind in ("F", "B"))
+    assert ex["ep"] == pytest.approx(m * per_mb, rel=1e-9)
+    line = next(x for x in st.lines() if x.startswith("most exposed communication"))
+    assert f"stage {s} (not the critical stage" in line and f"ep {ex['ep'] * 1e3:.2f} ms" in line
+
+
+def test_dense_model_has_no_extra_line():
+    st = step_time(build_plan(load_config(EXAMPLES / "seed-64gpu.toml")))
+    assert st.most_exposed_stage() is None
+    assert not [x for x in st.lines() if x.startswith("most exposed")]
