@@ -378,9 +378,11 @@ def megatron_estimate(model: ModelSpec, mesh: Mesh, training: TrainingSpec) -> E
     block = dense * (model.layers - moe_layers) + moe * moe_layers + n * h
     emb = h * pv
     shard = (block / pp + emb) / tp
+    untied = ""
     if not model.tied_embeddings and pp == 1:
         shard += emb / tp
+        untied = f" + {emb} / tp {tp} (untied output layer at pp 1)"
     per = 18.0 if training.sharding == "none" else 6 + 12 / dp
     return Estimate(label=MEGATRON_LABEL, size_bytes=shard * per, params=shard,
-                    formula=f"({block:.0f} / pp {pp} + {emb}) / tp {tp} = {shard:.0f} params "
+                    formula=f"({block:.0f} / pp {pp} + {emb}) / tp {tp}{untied} = {shard:.0f} params "
                             f"x {per:g} B = {shard * per:.0f} B")
