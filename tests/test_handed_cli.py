@@ -165,6 +165,9 @@ def test_c9_tiny_gpt_exact_beside_the_labelled_estimate(tmp_path, capsys):
     rc, out, _ = run(capsys, "plan", cfg)
     assert ("Megatron-LM report_theoretical_memory estimate (approximation): 29.88 KiB "
             "((12576 / pp 2 + 512) / tp 2 = 3400 params x 9 B = 30600 B)") in out
+    # the textbook accounting says which ZeRO stage and which pipeline stage: 4 x 3488 + 12 x 3488 / 4 = 24416
+    assert ("textbook accounting (ZeRO paper), ZeRO stage 1 on pipeline stage 1 (the most loaded): 23.84 KiB "
+            "(4 psi + K psi / N with psi 3488, N 4, K 12 = 24416 B)") in out
 
 
 @pytest.mark.parametrize("tp,sp,recompute,per_layer", [

@@ -343,7 +343,7 @@ def zero_textbook_bytes(params: float, n: int, k: float = 12, *, stage: int) -> 
     if stage not in forms:
         raise ConfigError("stage", f"ZeRO stage {stage} is not one of 0 (DDP), 1, 2, 3")
     value, form = forms[stage]
-    return Estimate(label=f"{TEXTBOOK_LABEL}, stage {stage}", size_bytes=value,
+    return Estimate(label=f"{TEXTBOOK_LABEL}, ZeRO stage {stage}", size_bytes=value,
                     formula=f"{form} with psi {params:g}, N {n}, K {k:g} = {value:g} B")
 
 

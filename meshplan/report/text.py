@@ -215,7 +215,8 @@ def _accounting_lines(plan: Plan, state) -> list[str]:
     n = next((i.divisor for i in dense if i.kind == "optimizer"), 1)
     z = zero_textbook_bytes(psi, n, stage=ZERO_STAGE[plan.config.training.sharding])
     meg = megatron_estimate(plan.config.model, plan.mesh, plan.config.training)
-    return [f"{z.label}: {human_bytes(z.size_bytes)} ({z.formula})",
+    where = f" on pipeline stage {state.stage} (the most loaded)" if len(plan.state) > 1 else ""
+    return [f"{z.label}{where}: {human_bytes(z.size_bytes)} ({z.formula})",
             f"{meg.label}: {human_bytes(meg.size_bytes)} ({meg.formula})"]
 
 
