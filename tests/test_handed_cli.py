@@ -194,16 +194,22 @@ def test_c10_activation_bytes_per_layer(tmp_path, capsys, tp, sp, recompute, per
     assert got[1] - got[0] == per_layer
 
 
-def test_c11_step_names_both_bubble_definitions(tmp_path, capsys):
-    """p 4, m 8 (1F1B): the step prints the bubble as idle/ideal and as idle/total. With real
-    stage costs (embedding on the first stage, output layer on the last) the value is not the
-    uniform-stage 0.375 (checked in test_schedule.py::test_c11_exact); the two definitions of
-    the same idle time x must still relate as x / (1 + x)."""
-    cfg = config(tmp_path, 'names = ["pp", "dp"]\nshape = [4, 1]\nworld = 4', layers=8, batch=8)
-    rc, d, err = doc(capsys, "step", cfg)
+@pytest.mark.parametrize("vpp,closed", [(1, "0.3750 idle/ideal, 0.2727 idle/total"),
+                                         (2, "0.1875 idle/ideal, 0.1579 idle/total")])
+def test_c11_step_names_both_bubble_definitions(tmp_path, capsys, vpp, closed):
+    """p 4, m 8: 1F1B (p-1)/m = 3/8 idle/ideal, 3/11 idle/total; interleaved v 2 (p-1)/(v m)
+    = 3/16, 3/19. The step prints the simulated bubble (real stage costs: the embedding on the
+    first stage, the output layer on the last) under both definitions, and the closed form
+    for uniform stages beside it; the two definitions of one idle time x relate as x / (1 + x)."""
+    mesh = 'names = ["pp", "dp"]\nshape = [4, 1]\nworld = 4'
+    if vpp > 1:
+        mesh += f'\nvirtual_stages = {vpp}\npp_schedule = "interleaved_1f1b"'
+    rc, d, err = doc(capsys, "step", config(tmp_path, mesh, layers=8, batch=8))
     x = d["bubble_idle_over_ideal"]
     assert rc == 0 and d["bubble_idle_over_total"] == pytest.approx(x / (1 + x))
-    assert f"bubble {x:.4f} as idle/ideal, {x / (1 + x):.4f} as idle/total" in err
+    text = " ".join(err.split())  # the console wraps long lines
+    assert f"bubble {x:.4f} as idle/ideal, {x / (1 + x):.4f} as idle/total" in text
+    assert f"closed form for uniform stages: {closed}" in text
 
 
 def test_c12_busbw_over_algbw(tmp_path, capsys):
