@@ -1,9 +1,10 @@
 """Handed cases C1, C2, C3 and C5 (shared/cases/handed-cases.md): their rank lists as Layout tests.
 
-Only the rank math is checked here. Not covered (no meshplan API for them yet): C3's
-"flag it as a placement fault" (the node span is computed below with a local helper, to pin
-the facts such a flag must report), C5's "ep 3: reject" rule (dp_shard * cp * tp) % ep == 0.
-C5's expert groups are checked as plain Layouts of the expert region.
+Only the rank math is checked here (the node span with a local helper, C5's expert region as
+a plain Layout built by hand). The tool's own verdicts are checked elsewhere: C3's placement
+faults by meshplan.placement in test_placement.py (test_c3_*), C5's expert mesh as
+resolve_mesh builds it and its "ep 3: reject" rule (dp_shard * cp * tp) % (ep * etp) == 0 in
+test_expert_mesh.py, and every case through the CLI in test_handed_cli.py.
 """
 
 from __future__ import annotations

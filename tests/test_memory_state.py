@@ -151,6 +151,18 @@ def test_megatron_estimate_is_labelled_beside_exact():
     assert none.size_bytes == 3400 * 18
 
 
+def test_megatron_estimate_formula_adds_up_untied_at_pp1():
+    """Megatron adds the untied output layer's embedding_size / tp at pp 1; the printed formula
+    must show that term, or its arithmetic does not give the number beside it. TINY untied at
+    tp 2, pp 1, dp 4: block 4 x 3136 + final norm 2 x 16 = 12576, embedding 16 x 32 = 512,
+    (12576 + 512) / 2 + 512 / 2 = 6800 params x (6 + 12 / 4) B = 61200 B."""
+    untied = TINY.model_copy(update={"tied_embeddings": False})
+    est = megatron_estimate(untied, mesh(["pp", "dp", "tp"], [1, 4, 2]), training("zero1", vocab_pad_divisor=1))
+    assert (est.params, est.size_bytes) == (6800, 61200)
+    assert est.formula == ("(12576 / pp 1 + 512) / tp 2 + 512 / tp 2 (untied output layer at pp 1) "
+                           "= 6800 params x 9 B = 61200 B")
+
+
 def test_lines_show_the_derivation():
     _, _, states = tiny_states("zero1")
     text = "\n".join(states[1].lines())

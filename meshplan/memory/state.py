@@ -343,7 +343,7 @@ def zero_textbook_bytes(params: float, n: int, k: float = 12, *, stage: int) -> 
     if stage not in forms:
         raise ConfigError("stage", f"ZeRO stage {stage} is not one of 0 (DDP), 1, 2, 3")
     value, form = forms[stage]
-    return Estimate(label=f"{TEXTBOOK_LABEL}, stage {stage}", size_bytes=value,
+    return Estimate(label=f"{TEXTBOOK_LABEL}, ZeRO stage {stage}", size_bytes=value,
                     formula=f"{form} with psi {params:g}, N {n}, K {k:g} = {value:g} B")
 
 
@@ -378,9 +378,11 @@ def megatron_estimate(model: ModelSpec, mesh: Mesh, training: TrainingSpec) -> E
     block = dense * (model.layers - moe_layers) + moe * moe_layers + n * h
     emb = h * pv
     shard = (block / pp + emb) / tp
+    untied = ""
     if not model.tied_embeddings and pp == 1:
         shard += emb / tp
+        untied = f" + {emb} / tp {tp} (untied output layer at pp 1)"
     per = 18.0 if training.sharding == "none" else 6 + 12 / dp
     return Estimate(label=MEGATRON_LABEL, size_bytes=shard * per, params=shard,
-                    formula=f"({block:.0f} / pp {pp} + {emb}) / tp {tp} = {shard:.0f} params "
+                    formula=f"({block:.0f} / pp {pp} + {emb}) / tp {tp}{untied} = {shard:.0f} params "
                             f"x {per:g} B = {shard * per:.0f} B")

@@ -44,6 +44,32 @@ def fmt_ranks(ranks) -> str:
     return ",".join(map(str, ranks[:6])) + f",... ({n} ranks)"
 
 
+def fmt_layers(chunks: list[list[int]]) -> str:
+    """Layers of one pipeline stage, chunk by chunk (a chunk per virtual stage, in the order
+    the stage holds them), so the interleaving shows (handed case C8).
+
+    >>> fmt_layers([[0, 1, 2, 3]])
+    'layers 0..3'
+    >>> fmt_layers([[0, 1], [4, 5]])
+    'layers 0,1 | 4,5 (2 chunks of 2 layers)'
+    >>> fmt_layers([[4 * c, 4 * c + 1] for c in range(10)])
+    'layers 0,1 | 4,5 | 8,9 | ... | 36,37 (10 chunks of 2 layers)'
+    >>> fmt_layers([[0], [3, 4]])
+    'layers 0 | 3,4 (2 chunks of 1, 2 layers)'
+    """
+    def one(c: list[int]) -> str:
+        contiguous = all(b - a == 1 for a, b in zip(c, c[1:]))
+        return f"{c[0]}..{c[-1]}" if contiguous and len(c) > 2 else ",".join(map(str, c))
+
+    if len(chunks) == 1:
+        return f"layers {one(chunks[0])}"
+    shown_chunks = [one(c) for c in chunks] if len(chunks) <= 4 else \
+        [one(c) for c in chunks[:3]] + ["...", one(chunks[-1])]
+    sizes = sorted({len(c) for c in chunks})
+    return (f"layers {' | '.join(shown_chunks)} ({len(chunks)} chunks of "
+            f"{', '.join(map(str, sizes))} layers)")
+
+
 def print_plan(plan: Plan | Infeasible, rank: int = 0, console: Console | None = None) -> None:
     """Print the whole plan for the point of view of ``rank``; of an :class:`Infeasible`
     mesh, what was resolved (mesh, groups, placement when it has them) and the reasons."""
@@ -148,9 +174,8 @@ def _shapes(plan: Plan, con: Console) -> None:
               + (f" (v {a.d_v})" if a.d_v != a.head_dim else "") + ", "
               f"{a.flops() / 1e9:.1f} GFLOP forward (causal, half of the full QK^T and PV)")
     for k, chunks in enumerate(plan.stages[:4]):
-        layers = [i for c in chunks for i in c]
         extra = (" + embedding" if k == 0 else "") + (" + final norm, output" if plan.stage(k).last else "")
-        con.print(f"stage {k}: layers {fmt_ranks(layers)}{extra}")
+        con.print(f"stage {k}: {fmt_layers(chunks)}{extra}")
     if len(plan.stages) > 4:
         con.print(f"... {len(plan.stages)} stages in all")
 
@@ -190,7 +215,8 @@ def _accounting_lines(plan: Plan, state) -> list[str]:
     n = next((i.divisor for i in dense if i.kind == "optimizer"), 1)
     z = zero_textbook_bytes(psi, n, stage=ZERO_STAGE[plan.config.training.sharding])
     meg = megatron_estimate(plan.config.model, plan.mesh, plan.config.training)
-    return [f"{z.label}: {human_bytes(z.size_bytes)} ({z.formula})",
+    where = f" on pipeline stage {state.stage} (the most loaded)" if len(plan.state) > 1 else ""
+    return [f"{z.label}{where}: {human_bytes(z.size_bytes)} ({z.formula})",
             f"{meg.label}: {human_bytes(meg.size_bytes)} ({meg.formula})"]
 
 

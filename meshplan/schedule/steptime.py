@@ -179,6 +179,17 @@ class StepTime:
             return None
         return s, _unit_exposure(res, s, self.units, keys, idx, {})
 
+    def _closed_form_bubble(self) -> str:
+        """The schedule's closed-form bubble for uniform stages without p2p time, beside the
+        simulated one (handed case C11: 1F1B at p 4, m 8 gives 0.375 idle/ideal, 0.2727
+        idle/total); only where it does not depend on the F, B, W unit times (schedules that
+        do not split the backward), else empty."""
+        spec = self.pipeline.spec
+        if spec.p == 1 or spec.sched.splits_backward:
+            return ""
+        x = spec.sched.bubble(spec.p, spec.m, spec.v)
+        return f"; closed form for uniform stages: {x:.4f} idle/ideal, {x / (1 + x):.4f} idle/total"
+
     def lines(self) -> list[str]:
         """Printable summary with the definitions named."""
         p = self.pipeline
@@ -190,7 +201,7 @@ class StepTime:
         return [f"step {self.step_s * 1e3:.2f} ms ({p.spec.schedule}, p {p.spec.p}, m {p.spec.m}, v {p.spec.v}); "
                 f"critical stage {self.critical_stage}",
                 f"bubble {p.bubble:.4f} as idle/ideal, {p.bubble_of_total:.4f} as idle/total "
-                f"(busiest stage {p.busiest_stage}, pipeline only)",
+                f"(busiest stage {p.busiest_stage}, pipeline only){self._closed_form_bubble()}",
                 f"exposed communication on stage {self.critical_stage}: {exp}"] + other + [
                 self.recompute_line(),
                 f"tokens/s {self.tokens_per_s:,.0f}; MFU {self.mfu:.1%} (model FLOP: per-op, causal-half "

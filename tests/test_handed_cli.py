@@ -1,0 +1,225 @@
+"""Handed cases (shared/cases/handed-cases.md) re-run through the CLI, as a user runs them: a
+config file written here, `meshplan groups / plan / memory --json -`, and each expected value
+from the case text checked in what the command prints. The library-level tests of the same
+cases: test_handed_rank_cases.py, test_handed_validity.py, test_expert_mesh.py,
+test_placement.py, test_memory_state.py, test_activations.py, test_schedule.py, test_comm.py,
+test_checkpoint.py (C13 has no CLI command: checkpoints are the runtime's API)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from meshplan.cli import main
+
+MODEL = '[model]\nlayers = {layers}\nhidden = 1024\nffn = 4096\nq_heads = 16\nvocab = 32000\n'
+REST = ('[cluster]\nsystem = "dgx-h100"\nnodes = {nodes}\n'
+        '[training]\nglobal_batch = {batch}\nseq_len = 1024\nmicro_batch = 1\nsharding = "zero1"\n'
+        '[mesh]\n{mesh}\n')
+
+
+def config(tmp_path, mesh: str, *, layers=4, nodes=1, batch=16, model=None) -> str:
+    p = tmp_path / "case.toml"
+    p.write_text((model or MODEL.format(layers=layers)) + REST.format(nodes=nodes, batch=batch, mesh=mesh))
+    return str(p)
+
+
+def run(capsys, *argv) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as done:
+        main([str(a) for a in argv])
+    out = capsys.readouterr()
+    return done.value.code or 0, out.out, out.err
+
+
+def doc(capsys, *argv) -> tuple[int, dict, str]:
+    rc, out, err = run(capsys, *argv, "--json", "-")
+    return rc, json.loads(out), err
+
+
+def test_c1_cp_coordinate_and_micro_batches(tmp_path, capsys):
+    """world 32, cp 16, dp 2, order tp-cp-ep-dp-pp; global batch 16 (not a multiple of 32)."""
+    cfg = config(tmp_path, 'order = "tp-cp-ep-dp-pp"\ndegrees = {tp = 1, cp = 16, ep = 1, dp = 2, pp = 1}', nodes=4)
+    rc, g, _ = doc(capsys, "groups", cfg, "--rank", "17")
+    assert rc == 0 and g["group_of_rank"]["cp"] == list(range(16, 32)) and g["group_of_rank"]["dp"] == [1, 17]
+    rc, p, _ = doc(capsys, "plan", cfg)
+    assert rc == 0 and p["feasible"] and p["mesh"]["micro_batches"] == 16 // (1 * 2)
+
+
+def test_c2_custom_axes_through_the_config(tmp_path, capsys):
+    """order tp-sp-pp-cfg-dp, degrees tp 1, sp 2, pp 2, cfg 2, dp 2 (world 16); sp and cfg are
+    the user's axes (sp listed in custom_axes, being close to tp)."""
+    cfg = config(tmp_path, 'order = "tp-sp-pp-cfg-dp"\ndegrees = {tp = 1, sp = 2, pp = 2, cfg = 2, dp = 2}\n'
+                           'custom_axes = ["sp"]', nodes=2)
+    rc, g, _ = doc(capsys, "groups", cfg, "--rank", "3")
+    assert rc == 0 and g["names"] == ["dp", "cfg", "pp", "sp", "tp"] and g["shape"] == [2, 2, 2, 2, 1]
+    # stride of an axis = product of the degrees after it (fastest first in the order string)
+    strides = {n: 1 for n in g["names"]}
+    for i, n in enumerate(g["names"]):
+        for d in g["shape"][i + 1:]:
+            strides[n] *= d
+    assert strides == {"tp": 1, "sp": 1, "pp": 2, "cfg": 4, "dp": 8}
+    assert len(g["groups"]["dp"]) == 8 and all(len(x) == 2 for x in g["groups"]["dp"])  # world / degree groups
+    assert g["group_of_rank"]["dp"] == [3, 11]
+    assert doc(capsys, "groups", cfg, "--rank", "9")[1]["group_of_rank"]["cfg"] == [9, 13]
+    assert doc(capsys, "groups", cfg, "--rank", "1")[1]["group_of_rank"]["pp"] == [1, 3]
+    rc, out, _ = run(capsys, "plan", cfg)
+    assert "Megatron order 'tp-sp-pp-cfg-dp'" in out  # both spellings: the canonical names beside it
+
+
+def test_c3_tp_across_nodes_is_flagged(tmp_path, capsys):
+    """2 nodes x 8: names (dp, tp, pp), dp 1, tp 8, pp 2: TP(0) = [0,2,...,14] spans both nodes."""
+    cfg = config(tmp_path, 'names = ["dp", "tp", "pp"]\nshape = [1, 8, 2]', nodes=2)
+    rc, out, _ = run(capsys, "plan", cfg)
+    assert "error tp: tp groups span 2 nodes" in out and "tp(0) = [0,2,4,6,8,10,12,14]" in out
+
+
+@pytest.mark.parametrize("mesh,line", [
+    ('names = ["dp_shard", "cp"]\nshape = [8, 8]', "infeasible: dp_shard(8) * cp(8) = 64 != world(8)"),
+    ('names = ["dp", "tp", "pp"]\nshape = [-1, 2, 3]',
+     "infeasible: dp = -1 cannot be inferred: world 8 is not divisible by tp 2 * pp 3 = 6"),
+])
+def test_c4_rejections_are_one_line_with_the_numbers(tmp_path, capsys, mesh, line):
+    rc, _, err = run(capsys, "groups", config(tmp_path, mesh))
+    assert rc == 1 and [x for x in err.splitlines() if x.startswith("infeasible")][0].startswith(line)
+
+
+@pytest.mark.parametrize("bad", [0, -2])
+def test_c4_degree_zero_or_below_minus_one_is_an_input_error(tmp_path, capsys, bad):
+    rc, out, err = run(capsys, "groups", config(tmp_path, f'names = ["dp", "tp"]\nshape = [-1, {bad}]'))
+    assert (rc, out) == (2, "") and err == f"error: mesh.tp: degree {bad} is not allowed; use a positive integer or -1 to infer\n"
+
+
+def test_c4_minus_one_inferred(tmp_path, capsys):
+    rc, out, _ = run(capsys, "plan", config(tmp_path, 'names = ["dp_replicate", "dp_shard", "tp"]\nshape = [2, -1, 2]'))
+    assert "dp_shard = 8 / (dp_replicate 2 * tp 2) = 2" in out
+
+
+def test_c5_ep_3_rejected_with_the_rule(tmp_path, capsys):
+    moe = MODEL.format(layers=2) + "experts = 8\ntop_k = 2\nexpert_ffn = 1024\n"
+    cfg = config(tmp_path, 'names = ["pp", "dp_replicate", "dp_shard", "cp", "tp", "ep"]\nshape = [1, 1, 2, 2, 2, 3]',
+                 model=moe)
+    rc, _, err = run(capsys, "groups", cfg)
+    assert rc == 1 and ("infeasible: ep(3) * etp(1) = 3 does not divide dp_shard(2) * cp(2) * tp(2) = 8; "
+                        "rule: (dp_shard * cp * tp) % (ep * etp) == 0") in err
+
+
+def test_c6_kv_replication_is_named(tmp_path, capsys):
+    """32 q heads, 4 KV heads, head_dim 128, tp 8: KV heads replicated 2x, 4 q heads per rank."""
+    m = ('[model]\nlayers = 2\nhidden = 4096\nffn = 16384\nq_heads = 32\nkv_heads = 4\nhead_dim = 128\n'
+         'vocab = 32000\n')
+    rc, p, _ = doc(capsys, "plan", config(tmp_path, 'names = ["dp", "tp"]\nshape = [1, 8]', model=m))
+    note = [n for n in p["notes"] if n.startswith("kv_heads 4 < tp 8")]
+    assert note and "KV heads replicated 2x (tp ranks {2i..2i+1} hold KV head i" in note[0]
+    assert "each rank holds 4 q heads and 128 K and V" in note[0]
+
+
+def test_c7_padding_note_and_output_gemm(tmp_path, capsys):
+    """V 32002, divisor 128, tp 2 -> 32256, 16128 rows per rank; the loss keeps 32002."""
+    m = MODEL.format(layers=2).replace("vocab = 32000", "vocab = 32002")
+    rc, p, _ = doc(capsys, "plan", config(tmp_path, 'names = ["dp", "tp"]\nshape = [-1, 2]', model=m))
+    assert ("vocab padded 32002 -> 32256 = ceil(V / (128 * tp 2)) * 256 (16128 per tp rank); "
+            "memory and FLOPs use 32256, the loss uses 32002") in p["notes"]
+    out_gemm = [g for g in p["shapes"]["gemms_forward"] if g["name"] == "output"]
+    assert out_gemm[0]["n"] == 32256 // 2
+
+
+def test_c8_interleaved_stages_print_their_chunks(tmp_path, capsys):
+    """8 layers, pp 2, vpp 2: stage 0 holds {0,1} and {4,5}, stage 1 {2,3} and {6,7}."""
+    cfg = config(tmp_path, 'names = ["pp", "dp"]\nshape = [2, -1]\nvirtual_stages = 2', layers=8)
+    rc, out, _ = run(capsys, "plan", cfg)
+    assert "stage 0: layers 0,1 | 4,5 (2 chunks of 2 layers) + embedding" in out
+    assert "stage 1: layers 2,3 | 6,7 (2 chunks of 2 layers) + final norm, output" in out
+    # 40 layers, pp 2, vpp 10: 2 layers per chunk
+    rc, out, _ = run(capsys, "plan", config(tmp_path, 'names = ["pp", "dp"]\nshape = [2, -1]\nvirtual_stages = 10',
+                                            layers=40))
+    assert "(10 chunks of 2 layers)" in out and "ranks)" not in out.split("stage 0:")[1].splitlines()[0]
+
+
+@pytest.mark.parametrize("layers,mesh,reason", [
+    (80, 'shape = [16, 1]\nlayers_per_virtual_stage = 2',
+     "5 layers per stage (80 / pp 16) are not a multiple of 2 layers per virtual stage"),
+    (30, 'shape = [4, -1]', "30 layers do not divide into pp 4 stages"),
+    (30, 'shape = [4, -1]\npp_layer_split = [8, 7, 7, 7]', "sums to 29, must be 30"),
+    (40, 'shape = [2, -1]\nvirtual_stages = 12', "do not divide into vpp 12 virtual stages"),
+])
+def test_c8_rejections(tmp_path, capsys, layers, mesh, reason):
+    rc, _, err = run(capsys, "plan", config(tmp_path, 'names = ["pp", "dp"]\n' + mesh, layers=layers, nodes=2))
+    assert rc == 1 and reason in err
+
+
+def test_c9_tiny_gpt_exact_beside_the_labelled_estimate(tmp_path, capsys):
+    """Tiny GPT, tp 2, pp 2, dp 4, zero1: stage 0 3456 params, stage 1 3488 = 31392 B at 9 B/param;
+    Megatron's estimate 3400 params (30600 B), labelled as such."""
+    m = ('[model]\nlayers = 4\nhidden = 16\nffn = 64\ngated_mlp = false\nq_heads = 4\nvocab = 32\n'
+         'tied_embeddings = true\nnorm = "layernorm"\n')
+    cfg = config(tmp_path, 'names = ["pp", "dp", "tp"]\nshape = [2, 4, 2]', nodes=2, batch=64, model=m)
+    text = open(cfg).read().replace('sharding = "zero1"\n', 'sharding = "zero1"\nvocab_pad_divisor = 1\n')
+    open(cfg, "w").write(text)
+    rc, p, _ = doc(capsys, "plan", cfg)
+    # bytes per rank: each item's elements split over its divisor (rounded up) x its bytes per element
+    per_stage = [sum(-(-i["numel"] // i["divisor"]) * i["bytes_per_element"] for i in s["items"])
+                 for s in p["memory"]]
+    assert [s["items"][0]["numel"] for s in p["memory"]] == [3456, 3488]
+    assert per_stage == [3456 * 9, 3488 * 9] and max(per_stage) == 31392
+    rc, out, _ = run(capsys, "plan", cfg)
+    assert ("Megatron-LM report_theoretical_memory estimate (approximation): 29.88 KiB "
+            "((12576 / pp 2 + 512) / tp 2 = 3400 params x 9 B = 30600 B)") in out
+    # the textbook accounting says which ZeRO stage and which pipeline stage: 4 x 3488 + 12 x 3488 / 4 = 24416
+    assert ("textbook accounting (ZeRO paper), ZeRO stage 1 on pipeline stage 1 (the most loaded): 23.84 KiB "
+            "(4 psi + K psi / N with psi 3488, N 4, K 12 = 24416 B)") in out
+
+
+@pytest.mark.parametrize("tp,sp,recompute,per_layer", [
+    (8, False, "none", 192_937_984),     # s b h (10 + 24/t + 5 a s / (h t))
+    (8, True, "selective", 35_651_584),  # s b h / t * 34
+    (8, True, "full", 2 * 2048 * 4096 // 8),
+])
+def test_c10_activation_bytes_per_layer(tmp_path, capsys, tp, sp, recompute, per_layer):
+    """s 2048, b 1, h 4096, a 32, GPT layer with dropout, no flash: the timeline's activations
+    grow by the Table 2 bytes per added layer."""
+    got = []
+    for layers in (1, 2):
+        m = (f'[model]\nlayers = {layers}\nhidden = 4096\nffn = 16384\ngated_mlp = false\nq_heads = 32\n'
+             'vocab = 32000\nnorm = "layernorm"\n')
+        sub = tmp_path / str(layers)
+        sub.mkdir()
+        cfg = config(sub, f'names = ["dp", "tp"]\nshape = [1, {tp}]\nsequence_parallel = {str(sp).lower()}',
+                     batch=1, model=m)
+        text = open(cfg).read().replace("seq_len = 1024", "seq_len = 2048").replace(
+            'sharding = "zero1"\n', f'sharding = "zero1"\nrecompute = "{recompute}"\nflash_attention = false\n')
+        open(cfg, "w").write(text + "[memory]\ndropout = true\n")
+        rc, d, _ = doc(capsys, "memory", cfg, "--out", sub / "png")
+        got.append(d["stages"][0]["max_by_kind_bytes"]["activations"])
+    assert got[1] - got[0] == per_layer
+
+
+@pytest.mark.parametrize("vpp,closed", [(1, "0.3750 idle/ideal, 0.2727 idle/total"),
+                                         (2, "0.1875 idle/ideal, 0.1579 idle/total")])
+def test_c11_step_names_both_bubble_definitions(tmp_path, capsys, vpp, closed):
+    """p 4, m 8: 1F1B (p-1)/m = 3/8 idle/ideal, 3/11 idle/total; interleaved v 2 (p-1)/(v m)
+    = 3/16, 3/19. The step prints the simulated bubble (real stage costs: the embedding on the
+    first stage, the output layer on the last) under both definitions, and the closed form
+    for uniform stages beside it; the two definitions of one idle time x relate as x / (1 + x)."""
+    mesh = 'names = ["pp", "dp"]\nshape = [4, 1]\nworld = 4'
+    if vpp > 1:
+        mesh += f'\nvirtual_stages = {vpp}\npp_schedule = "interleaved_1f1b"'
+    rc, d, err = doc(capsys, "step", config(tmp_path, mesh, layers=8, batch=8))
+    x = d["bubble_idle_over_ideal"]
+    assert rc == 0 and d["bubble_idle_over_total"] == pytest.approx(x / (1 + x))
+    text = " ".join(err.split())  # the console wraps long lines
+    assert f"bubble {x:.4f} as idle/ideal, {x / (1 + x):.4f} as idle/total" in text
+    assert f"closed form for uniform stages: {closed}" in text
+
+
+def test_c12_busbw_over_algbw(tmp_path, capsys):
+    """nccl-tests convention at n 8: busbw = algbw x 2(n-1)/n = 1.75x for all-reduce, (n-1)/n
+    for all-gather and reduce-scatter."""
+    for sharding, ops in (("none", {"all-reduce": 1.75}), ("zero3", {"all-gather": 0.875, "reduce-scatter": 0.875})):
+        cfg = config(tmp_path, 'names = ["dp"]\nshape = [8]', batch=8)
+        text = open(cfg).read().replace('"zero1"', f'"{sharding}"')
+        open(cfg, "w").write(text)
+        rc, p, _ = doc(capsys, "plan", cfg)
+        rows = [r for rows in p["collectives"].values() for r in rows if r["op"] in ops]
+        assert rows and all(r["busbw_bytes_per_s"] / r["algbw_bytes_per_s"] == pytest.approx(ops[r["op"]])
+                            for r in rows)
