@@ -38,6 +38,7 @@ CASES = [
     (with_("model.catalog", "llama9"), "model.catalog", "unknown model 'llama9'; known: deepseek-v2, deepseek-v2-lite, deepseek-v3, gpt3-175b"),
     (with_("training.recompute", "partial"), "training.recompute", "Input should be 'none', 'selective', 'full', 'layer' or 'op'"),
     (with_("training.global_batch", None), "training.global_batch", "required key missing in [training]"),
+    (with_("mesh.shape", [8]), "mesh", "2 names but 1 degrees in shape; give one degree per name"),
     (with_("training.memory_reserve", 1.5), "training.memory_reserve", "less than 1"),
     (with_("cluster.system", "dgx-z"), "cluster.system", "unknown node 'dgx-z'; known: dgx-a100"),
     (with_("cluster.nodes", None), "cluster.nodes", "required with system"),
@@ -45,7 +46,7 @@ CASES = [
     (with_("cluster.gpu", "h900"), "cluster.gpu", "unknown gpu 'h900'; known: a100-sxm-80gb"),
     (with_("cluster.colour", "red"), "cluster.colour", "unknown key beside system"),
     (with_("mesh.order", "tp-dp"), "mesh", "give either names + shape"),
-    (with_("mesh.shape", [4]), "mesh", "names and shape must both be given"),
+    (with_("mesh.shape", None), "mesh", "names and shape must both be given"),
     (with_("extra", {}), "extra", "unknown table"),
     (with_("mesh", None), "mesh", "missing table [mesh]"),
 ]

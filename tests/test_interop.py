@@ -224,6 +224,12 @@ def _tt_ac(tmp_path, option: str, tp: int = 1, mode: str = "selective"):
     return load_any(f, opts=H100)
 
 
+def test_nodes_over_the_world_bound_names_the_option():
+    with pytest.raises(ConfigError, match=r"^--nodes: 99999999 nodes x 8 GPUs = 799,999,992 ranks is over the bound "
+                                          r"1,048,576"):
+        load_any(TT, opts=ImportOptions(cluster="dgx-h100", nodes=99999999))
+
+
 def test_torchtitan_activation_checkpointing_options(tmp_path):
     # torchtitan's selective AC: option "op" is op-level SAC, an integer k every k-th block in full
     assert _tt_ac(tmp_path, "op").training.recompute == "op"

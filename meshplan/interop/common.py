@@ -13,6 +13,7 @@ from typing import Any, Optional
 
 from meshplan import catalog
 from meshplan.errors import ConfigError
+from meshplan.limits import MAX_WORLD
 from meshplan.spec.hf import model_from_hf_config
 
 FORMATS = ("meshplan", "torchtitan", "megatron", "deepspeed")
@@ -76,6 +77,9 @@ def cluster_table(opts: ImportOptions, fmt: str, nodes: Optional[int] = None) ->
     if n < 1:
         raise ConfigError("--nodes", f"{n} must be >= 1")
     gpus = catalog.node(opts.cluster).gpus  # ConfigError naming the known nodes
+    if n * gpus > MAX_WORLD:
+        raise ConfigError("--nodes" if opts.nodes is not None else "nodes", f"{n} nodes x {gpus} GPUs = {n * gpus:,} "
+                          f"ranks is over the bound {MAX_WORLD:,} (meshplan's world bound); give fewer nodes")
     table = {"system": opts.cluster, "nodes": n} | ({"gpu": opts.gpu} if opts.gpu else {})
     return table, n * gpus
 

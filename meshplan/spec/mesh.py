@@ -72,8 +72,11 @@ class MeshSpec(BaseModel):
         megatron = self.order is not None or self.degrees is not None
         if canonical == megatron:
             raise ValueError("give either names + shape (outermost first) or order + degrees (Megatron, fastest first)")
-        if canonical and (self.names is None or self.shape is None or len(self.names) != len(self.shape)):
+        if canonical and (self.names is None or self.shape is None):
             raise ValueError("names and shape must both be given, one degree per name")
+        if canonical and len(self.names or ()) != len(self.shape or ()):
+            raise ValueError(f"{len(self.names or ())} names but {len(self.shape or ())} degrees in shape; give "
+                             f"one degree per name")
         if megatron and (self.order is None or self.degrees is None):
             raise ValueError("order and degrees must both be given")
         degrees = list(self.shape or []) + list((self.degrees or {}).values())
