@@ -195,7 +195,7 @@ def _result(c) -> str:
         parts = (f"{_fmt(before.total, b)}: network {_fmt(before.network_bytes, b)}, spine "
                  f"{_fmt(before.spine_bytes, b)}, socket {_fmt(before.socket_bytes, b)}")
         if not c.searched:
-            return f"{given} placement as given: weak-path bytes {parts} (not searched)"
+            return f"{given} placement as given: weak-path bytes (all ranks, per step) {parts} (not searched)"
         if c.step_before_s is not None:
             return (f"kept the {given} placement: no candidate predicts a shorter step than its "
                     f"{c.step_before_s:.4f} s (step-time model; weak-path bytes {parts})")

@@ -20,7 +20,7 @@ def axis_rows(c: Choice) -> list[str]:
     "cross" when a group holds members on both sockets of a node), weak-path traffic: the bytes
     per step all the axis's groups send over weak links (ring hops x bytes each rank sends), GB."""
     b = c.weights_source != "default"
-    head = f"{'axis':<13}{'size':>6}{'groups':>8}  {'link':<8}{'nodes':>6}{'rails':>7}{'':<6}{'sockets':>8}  weak-path GB/step"
+    head = f"{'axis':<13}{'size':>6}{'groups':>8}  {'link':<8}{'nodes':>6}{'rails':>7}{'':<6}{'sockets':>8}  weak-path GB/step, all ranks"
     out = [head]
     axes = [a for a in c.mesh.all_axes() if c.mesh.degree(a) > 1]
     for a in axes:

@@ -116,6 +116,7 @@ class StepTime:
     notes: tuple[str, ...] = ()
     recompute_name: str = ""
     unit_index: tuple = ()  # (distinct unit keys, key index of every flat unit): UnitTimes.index
+    peak_dtype: str = ""  # the dtype of peak_flops (the compute dtype: fp8 runs against the fp8 peak)
 
     @property
     def step_s(self) -> float:
@@ -205,7 +206,8 @@ class StepTime:
                 f"exposed communication on stage {self.critical_stage}: {exp}"] + other + [
                 self.recompute_line(),
                 f"tokens/s {self.tokens_per_s:,.0f}; MFU {self.mfu:.1%} (model FLOP: per-op, causal-half "
-                f"attention, no recompute); HFU {self.hfu:.1%} (executed FLOP, recompute included)"] + \
+                f"attention, no recompute); HFU {self.hfu:.1%} (executed FLOP, recompute included); of the "
+                f"{self.peak_flops / 1e12:,.0f} TFLOP/s {self.peak_dtype} dense peak per GPU".rstrip()] + \
             [f"note: {n}" for n in self.notes]
 
     def recompute_s(self, stage: Optional[int] = None) -> float:
@@ -568,7 +570,7 @@ def step_time(plan: Plan, overlap: Overlap = Overlap(), *, dropout: bool = False
     return StepTime(res, units, tuple(ends), tuple(post), exposed[crit],
                     _sequence_flops(cfg.model, t.seq_len) * t.global_batch, hw, t.global_batch * t.seq_len,
                     plan.world, cfg.cluster.gpu.peak_flops(t.compute_dtype), ranks, notes, t.recompute_name,
-                    (indexed[0], indexed[1]))
+                    (indexed[0], indexed[1]), t.compute_dtype)
 
 
 @lru_cache(maxsize=16)
