@@ -140,6 +140,7 @@ def _opts(cluster, nodes, gpu, model, seq_len) -> ImportOptions:
     return ImportOptions(cluster=cluster, nodes=nodes, gpu=gpu, model=model, seq_len=seq_len)
 
 
+
 def _echo(text, err: bool = False) -> None:
     """``typer.echo`` with whatever came from input made printable (control characters and
     escape sequences escaped, :func:`meshplan.errors.printable`); newlines of multi-line text
@@ -327,11 +328,17 @@ def plan(config: Path = typer.Argument(..., help="TOML config with [model], [clu
 
 
 @app.command()
-def report(config: Path = typer.Argument(..., help="TOML config"),
+def report(config: Path = typer.Argument(..., help="TOML config (or a foreign config with --cluster/--nodes)"),
            out: Optional[Path] = typer.Option(None, "--out", help="HTML file (default: CONFIG's name with .html, "
                                                                   "in the current folder)"),
            json_path: Optional[Path] = _json_option("report"),
-           force: bool = typer.Option(False, "--force", help="replace existing --out and --json files")):
+           force: bool = typer.Option(False, "--force", help="replace existing --out and --json files"),
+           fmt: FormatOpt = None,
+           cluster: ClusterOpt = None,
+           nodes: NodesOpt = None,
+           gpu: GpuOpt = None,
+           model: ModelOpt = None,
+           seq_len: SeqLenOpt = None):
     """One self-contained HTML page of the plan: verdict, input, groups, shapes, memory timeline plot, collective
     table, step time with the pipeline Gantt chart and link-load bars. A mesh that does not fit is still reported,
     then exits 1 with its reasons."""
@@ -339,22 +346,28 @@ def report(config: Path = typer.Argument(..., help="TOML config"),
     path = out or Path(config.stem + ".html")
     _refuse_existing(path, force, "--out")
     _refuse_existing(json_path, force, "--json")
-    p = _load(config)
+    p = _load(config, fmt=fmt, opts=_opts(cluster, nodes, gpu, model, seq_len))
     _write_plan_html(p, path, config.name, force, "--out")
     _write_doc(json_path, report_doc(p, _written([path])), force)
     _verdict_exit(p)
 
 
 @app.command()
-def groups(config: Path = typer.Argument(..., help="TOML config"),
+def groups(config: Path = typer.Argument(..., help="TOML config (or a foreign config with --cluster/--nodes)"),
            rank: int = typer.Option(0, "--rank", help="the rank whose start-up print is shown"),
            json_path: Optional[Path] = _json_option("groups"),
-           force: bool = typer.Option(False, "--force", help="replace an existing --json file")):
+           force: bool = typer.Option(False, "--force", help="replace an existing --json file"),
+           fmt: FormatOpt = None,
+           cluster: ClusterOpt = None,
+           nodes: NodesOpt = None,
+           gpu: GpuOpt = None,
+           model: ModelOpt = None,
+           seq_len: SeqLenOpt = None):
     """Print what RANK would print at start-up: its coordinates and every group's ranks. A mesh that does not
     fit is still printed, then exits 1 with its reasons."""
 
     _refuse_existing(json_path, force, "--json")
-    p = _load(config)
+    p = _load(config, fmt=fmt, opts=_opts(cluster, nodes, gpu, model, seq_len))
     if p.mesh is None:
         _write_doc(json_path, groups_doc(p, rank), force)
         _exit_infeasible(p)
@@ -365,16 +378,22 @@ def groups(config: Path = typer.Argument(..., help="TOML config"),
 
 
 @app.command()
-def memory(config: Path = typer.Argument(..., help="TOML config (an optional [memory] table sets the timeline parameters)"),
+def memory(config: Path = typer.Argument(..., help="TOML config (an optional [memory] table sets the timeline parameters; or a foreign config with --cluster/--nodes)"),
            out: Path = typer.Option(Path("."), "--out", help="folder for the PNG plot(s)"),
            all_stages: bool = typer.Option(False, "--all-stages", help="every pipeline stage, not only the most loaded"),
            json_path: Optional[Path] = _json_option("memory"),
-           force: bool = typer.Option(False, "--force", help="replace existing PNG and --json files")):
+           force: bool = typer.Option(False, "--force", help="replace existing PNG and --json files"),
+           fmt: FormatOpt = None,
+           cluster: ClusterOpt = None,
+           nodes: NodesOpt = None,
+           gpu: GpuOpt = None,
+           model: ModelOpt = None,
+           seq_len: SeqLenOpt = None):
     """Memory timeline of one training step: peak, headroom, events by kind, and a PNG per stage shown."""
 
     check_destination(out, "--out", force=True, folder=True)  # a writable folder before the work
     _refuse_existing(json_path, force, "--json")
-    p = _load(config)
+    p = _load(config, fmt=fmt, opts=_opts(cluster, nodes, gpu, model, seq_len))
     if isinstance(p, Infeasible):
         _write_doc(json_path, envelope("memory", p, stages=[], persistent_bytes={}, pngs=[]), force)
         _exit_infeasible(p)
@@ -479,7 +498,7 @@ def _print_links(p, st) -> None:
 
 
 @app.command()
-def reliability(config: Path = typer.Argument(..., help="TOML config"),
+def reliability(config: Path = typer.Argument(..., help="TOML config (or a foreign config with --cluster/--nodes)"),
                 write_gbps: float = typer.Option(..., "--write-gbps", help="aggregate checkpoint write bandwidth, GB/s"),
                 read_gbps: float = typer.Option(..., "--read-gbps", help="aggregate checkpoint read bandwidth, GB/s"),
                 rank_gbps: Optional[float] = typer.Option(
@@ -490,7 +509,13 @@ def reliability(config: Path = typer.Argument(..., help="TOML config"),
                 lost_nodes: int = typer.Option(1, "--lost-nodes", help="nodes lost in the restart scenario"),
                 spare_nodes: int = typer.Option(0, "--spare-nodes", help="spare nodes available"),
                 json_path: Optional[Path] = _json_option("reliability"),
-                force: bool = typer.Option(False, "--force", help="replace an existing --json file")):
+                force: bool = typer.Option(False, "--force", help="replace an existing --json file"),
+                fmt: FormatOpt = None,
+                cluster: ClusterOpt = None,
+                nodes: NodesOpt = None,
+                gpu: GpuOpt = None,
+                model: ModelOpt = None,
+                seq_len: SeqLenOpt = None):
     """Failure domains, interruptions per day, checkpoint size and interval, goodput, restart."""
 
     for name, v in (("--write-gbps", write_gbps), ("--read-gbps", read_gbps)) + ((("--rank-gbps", rank_gbps),)
@@ -501,7 +526,7 @@ def reliability(config: Path = typer.Argument(..., help="TOML config"),
     check_number("--lost-nodes", lost_nodes, 0, 10 ** 7, "nodes")
     check_number("--spare-nodes", spare_nodes, 0, 10 ** 7, "nodes")
     _refuse_existing(json_path, force, "--json")
-    p = _load(config)
+    p = _load(config, fmt=fmt, opts=_opts(cluster, nodes, gpu, model, seq_len))
     if isinstance(p, Infeasible):
         _write_doc(json_path, envelope("reliability", p), force)
         _exit_infeasible(p)

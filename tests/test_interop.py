@@ -423,6 +423,27 @@ def test_cli_plan_reads_a_foreign_file_and_search_exports_a_row(tmp_path):
 
 
 @pytest.mark.slow
+def test_cli_groups_memory_reliability_report_read_a_foreign_file(tmp_path):
+    import json
+    opts = ["--cluster", "dgx-h100", "--nodes", "2"]
+    mine = tmp_path / "mg.toml"
+    assert _cli("import", "megatron", str(MG), *opts, "-o", str(mine)).returncode == 0
+    for cmd, extra in (("groups", ["--rank", "3"]), ("memory", ["--out", str(tmp_path)]),
+                       ("reliability", ["--write-gbps", "100", "--read-gbps", "100", "--restart-overhead-s", "600"])):
+        direct = _cli(cmd, str(MG), *opts, *extra, "--json", "-")
+        assert direct.returncode == 0, direct.stderr
+        via = _cli(cmd, str(mine), *extra, "--json", "-", "--force")
+        a, b = json.loads(direct.stdout), json.loads(via.stdout)
+        for doc in (a, b):
+            doc.pop("config"), doc.pop("pngs", None)  # named after each file
+        assert a == b, cmd  # the same plan as its meshplan import's
+    r = _cli("report", str(MG), *opts, "--out", str(tmp_path / "r.html"))
+    assert r.returncode == 0 and (tmp_path / "r.html").stat().st_size > 0, r.stderr
+    r = _cli("groups", str(MG))  # the cluster is still needed
+    assert r.returncode == 2 and r.stderr.startswith("error: --cluster: a Megatron-LM config does not say the cluster")
+
+
+@pytest.mark.slow
 def test_cli_export_writes_and_refuses(tmp_path):
     out = tmp_path / "seed.args"
     r = _cli("export", str(EX / "seed-64gpu.toml"), "--to", "megatron", "-o", str(out))

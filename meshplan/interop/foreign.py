@@ -104,8 +104,8 @@ def load_any(path, fmt: str | None = None, opts: ImportOptions = ImportOptions()
         return load_config(p, require_mesh=require_mesh)
     if not foreign:
         raise ConfigError("config", f"{p} is a {fmt} config; this command reads meshplan TOML: run meshplan import "
-                          f"{fmt} {p} --cluster NODE --nodes N -o plan.toml first (plan, step, search and export "
-                          f"read it directly)")
+                          f"{fmt} {p} --cluster NODE --nodes N -o plan.toml first (plan, report, groups, memory, step, "
+                          f"reliability, search and export read it directly)")
     imp = read_foreign(p, fmt, opts)
     cfg = config_from_dict(imp.tables, base=p.parent, path=str(p), require_mesh=require_mesh)
     return replace(cfg, notes=cfg.notes + imp.all_notes())
