@@ -925,8 +925,9 @@ def launch_cmd(config: Path = typer.Argument(..., help="TOML config"),
     for path in written:
         _wrote(path)
     nodes = int(c.placement.node.max()) + 1
-    run = (f"on each of the {nodes} node(s) NODE_RANK=<k> MESHPLAN_RDZV_ENDPOINT=<node 0 host:port> "
-           f"{out / 'torchrun.sh'}; or with Slurm: sbatch {out / 'job.sbatch'}")
+    endpoint = "" if rdzv_endpoint else " MESHPLAN_RDZV_ENDPOINT=<node 0 host:port>"
+    run = (f"on each of the {nodes} node(s) NODE_RANK=<k>{endpoint} {out / 'torchrun.sh'}; or with Slurm: "
+           f"sbatch {out / 'job.sbatch'}")
     typer.echo(f"run: {run}")
     _write_doc(json_path, launch_doc(p, nodes, _written(written), run), force)
 

@@ -107,6 +107,10 @@ def test_launch_json_to_stdout_lists_the_four_files(tmp_path, capsys):
     assert doc["nodes"] == 1 and doc["feasible"] is True  # dgx-h100 x 1: the 8 ranks on one node
     assert f"wrote {folder / 'bind.sh'}" in err and f"run: {doc['run']}" in err
     assert len(json.loads((folder / "bindings.json").read_text())) == 8  # one binding per rank
+    assert "MESHPLAN_RDZV_ENDPOINT=<node 0 host:port>" in doc["run"]  # no endpoint given: the user sets it
+    rc, out, err = run(["launch", MINI, "--out", tmp_path / "l2", "--rdzv-endpoint", "node0:29500", "--json", "-",
+                        "--", "python", "train.py"], capsys)
+    assert rc == 0 and "MESHPLAN_RDZV_ENDPOINT" not in json.loads(out)["run"]  # given: written into torchrun.sh
 
 
 def test_errors_stay_one_line_on_stderr_with_json_to_stdout(tmp_path, capsys):
