@@ -138,8 +138,9 @@ def test_text_errors():
     lines[19] = "          16             4     float     sum      -1"
     with pytest.raises(ConfigError, match=r"^short.txt:20: 5 fields for 13 columns"):
         parse_nccl_tests_text("\n".join(lines), source="short.txt")
-    with pytest.raises(ConfigError, match="pass op="):
+    with pytest.raises(ConfigError, match="no '# Collective test starting: <test>' line .*put that line back"):
         parse_nccl_tests_text(text.replace("# Collective test starting: all_reduce_perf", "#"))
+    assert parse_nccl_tests_text(text.replace("# Collective test starting: all_reduce_perf", "#"), op="all-reduce")
     with pytest.raises(ConfigError, match="busbw/algbw = 1.750 but all-reduce over 4 ranks gives 1.500"):
         parse_nccl_tests_text(text, n_ranks=4)
     with pytest.raises(ConfigError, match="not one meshplan models"):
