@@ -87,7 +87,7 @@ def test_missing_header_lines_say_what_to_give(tmp_path, capsys):
     text = EXACT.read_text()
     cut = {"no-test.txt": text.replace("# Collective test starting: all_reduce_perf\n", ""),
            "no-ranks.txt": "\n".join(ln for ln in text.splitlines() if not ln.startswith("#  Rank"))}
-    want = {"no-test.txt": "error: no-test.txt: no '# Collective test starting: <test>' line (e.g. '# Collective test "
+    want = {"no-test.txt": "error: no-test.txt: no '# Collective test starting' line (e.g. '# Collective test "
                            "starting: all_reduce_perf'), which names the collective; give the whole output of one "
                            "nccl-tests run, or put that line back at its top\n",
             "no-ranks.txt": "error: no-ranks.txt: no '#  Rank <r> Group <g> Pid <p> on <host> device <d> ...' lines, "
@@ -120,3 +120,16 @@ def test_json_output_reads_the_hosts(tmp_path, capsys):
     nic = load_calibration(out)["nic"]
     assert nic.latency_us == pytest.approx(20.0, rel=0.01) and nic.bandwidth_gb_per_s == pytest.approx(40.0, rel=0.01)
     assert "8 host(s)" in nic.source
+
+
+def test_step_with_a_bad_calibration_file_names_the_option_once(tmp_path, capsys):
+    """It printed 'error: X.toml: X.toml: not valid TOML': the file twice and no option."""
+    seed = DATA.parents[2] / "examples" / "seed-64gpu.toml"
+    (tmp_path / "X.toml").write_text("x = [")
+    (tmp_path / "Y.toml").write_text("[link.nic]\nlatency_us = -1\nbandwidth_gb_per_s = 5\nsource = 'x'\n")
+    rc, out, err = run(["step", str(seed), "--calibration", str(tmp_path / "X.toml")], capsys)
+    assert (rc, out) == (2, "")
+    assert err == "error: --calibration: X.toml: not valid TOML (Invalid value (at end of document))\n"
+    rc, out, err = run(["step", str(seed), "--calibration", str(tmp_path / "Y.toml")], capsys)
+    assert (rc, out) == (2, "")
+    assert err.startswith("error: --calibration: Y.toml: link.nic.latency_us: ") and err.count("\n") == 1

@@ -132,7 +132,7 @@ def parse_nccl_tests_text(text: str, source: str = "nccl-tests output", op: Opti
     if ranks and max(ranks) >= MAX_WORLD:
         raise ConfigError(source, f"rank {over('world', max(ranks))}; pass the output unmodified")
     if op is None and not found_op:
-        raise ConfigError(source, "no '# Collective test starting: <test>' line (e.g. '# Collective test starting: "
+        raise ConfigError(source, "no '# Collective test starting' line (e.g. '# Collective test starting: "
                                   "all_reduce_perf'), which names the collective; give the whole output of one "
                                   "nccl-tests run, or put that line back at its top")
     op = _op_name(op or (found_op[1] if found_op else ""), source)
@@ -353,32 +353,34 @@ def calibration_toml(fits: list[LinkFit], source: str) -> str:
 
 def load_calibration(path) -> dict[str, CalibratedLink]:
     """Read a calibration file: ``{link class: CalibratedLink}``. Unknown link classes,
-    unknown keys and bad values are ConfigErrors naming ``file: link.<class>.<key>``."""
+    unknown keys and bad values are ConfigErrors naming ``--calibration: file: link.<class>.<key>``
+    (a file that is not TOML: ``--calibration: file: not valid TOML``)."""
     p = Path(path)
     text = read_text_limited(p, "--calibration", FILE_BYTES["calibration"],
                              "give the calibration TOML that bench comm or calibrate wrote")
-    doc = parse_toml(text, p.name, p.name)
+    where = f"--calibration: {p.name}"  # the option and the file, each named once
+    doc = parse_toml(text, p.name, "--calibration")
     extra = sorted(set(doc) - {"link"})
     if extra or not isinstance(doc.get("link"), dict):
-        raise ConfigError(p.name, f"expected only [link.<class>] tables (got {extra or 'no [link]'}); "
-                                  f"use classes {', '.join(LINK_CLASSES)}")
+        raise ConfigError(where, f"expected only [link.<class>] tables (got {extra or 'no [link]'}); "
+                                 f"use classes {', '.join(LINK_CLASSES)}")
     out = {}
     for name, table in doc["link"].items():
         if name not in LINK_CLASSES:
-            raise ConfigError(f"{p.name}: link.{name}", f"unknown link class; use one of {', '.join(LINK_CLASSES)}")
+            raise ConfigError(f"{where}: link.{name}", f"unknown link class; use one of {', '.join(LINK_CLASSES)}")
         if not isinstance(table, dict):
-            raise ConfigError(f"{p.name}: link.{name}", "must be a table [link.<class>] with latency_us, "
-                                                        "bandwidth_gb_per_s and source; see meshplan.comm.calibration")
+            raise ConfigError(f"{where}: link.{name}", "must be a table [link.<class>] with latency_us, "
+                                                      "bandwidth_gb_per_s and source; see meshplan.comm.calibration")
         try:
             out[name] = CalibratedLink(**table)
         except ValidationError as err:
             first = err.errors()[0]
             key = ".".join(str(x) for x in first["loc"])
             why = bound_message(first) or first["msg"]
-            raise ConfigError(f"{p.name}: link.{name}.{key}", f"{why}; see meshplan.comm.calibration") from None
+            raise ConfigError(f"{where}: link.{name}.{key}", f"{why}; see meshplan.comm.calibration") from None
     for name, c in out.items():
         if c.op is not None and c.op not in OPS:
-            raise ConfigError(f"{p.name}: link.{name}.op", f"unknown op '{c.op}'; use one of {', '.join(OPS)}")
+            raise ConfigError(f"{where}: link.{name}.op", f"unknown op '{c.op}'; use one of {', '.join(OPS)}")
     return out
 
 
@@ -405,7 +407,7 @@ def apply_calibration(cluster: ClusterSpec, calib: dict[str, CalibratedLink]) ->
     if "nic" in calib:
         c = calib["nic"]
         if not node.nics:
-            raise ConfigError("calibration: link.nic", f"node {node.name} has no NIC; drop [link.nic] or add NICs")
+            raise ConfigError("--calibration: link.nic", f"node {node.name} has no NIC; drop [link.nic] or add NICs")
         upd["nics"] = [n.model_copy(update={"rate_gbit_per_s": c.bandwidth_gb_per_s * 8}) for n in node.nics]
         network = [t.model_copy(update={"latency_us": c.step_latency_us}) for t in cluster.network]
     sources = "; ".join(f"{k}: {v.source}" for k, v in calib.items())
