@@ -39,7 +39,7 @@ from meshplan.comm.calibration import (
     calibration_toml,
     load_calibration,
 )
-from meshplan.comm.nccl_log import check_against_placement, read_nccl_log
+from meshplan.comm.nccl_log import check_against_placement, read_nccl_log, unchecked_ranks
 from meshplan.compare import compare, compare_html, compare_to_dict, evidence_folder, table_rows, write_evidence
 from meshplan.compute.gemm import load_gemm_table
 from meshplan.errors import ConfigError, check_number, printable
@@ -108,7 +108,7 @@ from meshplan.spec.mesh import Schedule
 EXIT_CODES = ("exit status: 0 feasible (compare: a mesh that fits wins; search: some candidate fits), "
               "1 infeasible (the reasons on stderr as 'infeasible: ...'; groups, place, nccl-check and step still print "
               "what they show, step labelled 'would be ... if it fit') or a measured difference, "
-              "2 malformed input (one line 'error: <field>: <what is wrong>')")
+              "2 malformed input, or a log nccl-check cannot check (one line 'error: <field>: <what is wrong>')")
 
 app = typer.Typer(add_completion=True, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
                   help="Design, check and validate parallel meshes for distributed training. " + EXIT_CODES + ".")
@@ -736,15 +736,19 @@ def nccl_check(config: Path = typer.Argument(..., help="TOML config whose placem
                log: Path = typer.Argument(..., help="NCCL_DEBUG=INFO output of the run"),
                json_path: Optional[Path] = _json_option("nccl-check"),
                force: bool = typer.Option(False, "--force", help="replace an existing --json file")):
-    """Check that each communicator used the NICs and intra-node links the placement meant. A mesh that does not
-    fit is still checked when it can be placed, then exits 1 with its reasons."""
+    """Check that each communicator used the NICs and intra-node links the placement meant. Global ranks come from
+    the log's communicator of every rank; a log without one cannot be checked (exit 2). A mesh that does not fit is
+    still checked when it can be placed, then exits 1 with its reasons."""
 
     _refuse_existing(json_path, force, "--json")
     p = _load(config)
     if p.placement is None:
         _exit_infeasible(p)
     expected = {r: rank_row(p.placement, r)["nic"] for r in range(p.world)}
-    diffs = check_against_placement(read_nccl_log(log), expected)
+    report = read_nccl_log(log)
+    diffs = check_against_placement(report, expected)  # a log without the world communicator: exit 2
+    for n in (*report.notes, *unchecked_ranks(report, p.world)):
+        _echo(f"note: {n}", err=True)
     for d in diffs:
         _echo(d)
     _echo(f"{len(diffs)} difference(s) between the NCCL log and the placement")

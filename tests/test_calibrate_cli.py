@@ -82,6 +82,23 @@ def test_bad_input_is_one_line(tmp_path, capsys, args, words):
     assert not (tmp_path / "c.toml").exists()
 
 
+def test_missing_header_lines_say_what_to_give(tmp_path, capsys):
+    """The CLI has no op or n_ranks option: the error names the missing line (it said 'pass op=')."""
+    text = EXACT.read_text()
+    cut = {"no-test.txt": text.replace("# Collective test starting: all_reduce_perf\n", ""),
+           "no-ranks.txt": "\n".join(ln for ln in text.splitlines() if not ln.startswith("#  Rank"))}
+    want = {"no-test.txt": "error: no-test.txt: no '# Collective test starting' line (e.g. '# Collective test "
+                           "starting: all_reduce_perf'), which names the collective; give the whole output of one "
+                           "nccl-tests run, or put that line back at its top\n",
+            "no-ranks.txt": "error: no-ranks.txt: no '#  Rank <r> Group <g> Pid <p> on <host> device <d> ...' lines, "
+                            "which give the ranks; give the whole output of one nccl-tests run, with its '# Using "
+                            "devices' block\n"}
+    for name, body in cut.items():
+        (tmp_path / name).write_text(body)
+        rc, _, err = run(["calibrate", str(tmp_path / name), "--out", str(tmp_path / "c.toml")], capsys)
+        assert (rc, err) == (2, want[name])
+
+
 def test_mixed_run_recorded_as_asked(tmp_path, capsys):
     # --link nic records the S18 2 x 8 run: alpha-beta through its three rows (1 KB 35.85 us,
     # 1G 183.82 and 4G 188.18 GB/s busbw); the 4G row's time is within 2% of the fitted line
@@ -103,3 +120,16 @@ def test_json_output_reads_the_hosts(tmp_path, capsys):
     nic = load_calibration(out)["nic"]
     assert nic.latency_us == pytest.approx(20.0, rel=0.01) and nic.bandwidth_gb_per_s == pytest.approx(40.0, rel=0.01)
     assert "8 host(s)" in nic.source
+
+
+def test_step_with_a_bad_calibration_file_names_the_option_once(tmp_path, capsys):
+    """It printed 'error: X.toml: X.toml: not valid TOML': the file twice and no option."""
+    seed = DATA.parents[2] / "examples" / "seed-64gpu.toml"
+    (tmp_path / "X.toml").write_text("x = [")
+    (tmp_path / "Y.toml").write_text("[link.nic]\nlatency_us = -1\nbandwidth_gb_per_s = 5\nsource = 'x'\n")
+    rc, out, err = run(["step", str(seed), "--calibration", str(tmp_path / "X.toml")], capsys)
+    assert (rc, out) == (2, "")
+    assert err == "error: --calibration: X.toml: not valid TOML (Invalid value (at end of document))\n"
+    rc, out, err = run(["step", str(seed), "--calibration", str(tmp_path / "Y.toml")], capsys)
+    assert (rc, out) == (2, "")
+    assert err.startswith("error: --calibration: Y.toml: link.nic.latency_us: ") and err.count("\n") == 1

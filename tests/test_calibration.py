@@ -138,8 +138,9 @@ def test_text_errors():
     lines[19] = "          16             4     float     sum      -1"
     with pytest.raises(ConfigError, match=r"^short.txt:20: 5 fields for 13 columns"):
         parse_nccl_tests_text("\n".join(lines), source="short.txt")
-    with pytest.raises(ConfigError, match="pass op="):
+    with pytest.raises(ConfigError, match="no '# Collective test starting' line .*put that line back"):
         parse_nccl_tests_text(text.replace("# Collective test starting: all_reduce_perf", "#"))
+    assert parse_nccl_tests_text(text.replace("# Collective test starting: all_reduce_perf", "#"), op="all-reduce")
     with pytest.raises(ConfigError, match="busbw/algbw = 1.750 but all-reduce over 4 ranks gives 1.500"):
         parse_nccl_tests_text(text, n_ranks=4)
     with pytest.raises(ConfigError, match="not one meshplan models"):
@@ -182,18 +183,21 @@ def test_toml_round_trip_and_apply(tmp_path):
     assert "calibrated" in new.node.fabric.source and "nccl-tests" in new.source
 
 
+CAL = "--calibration: c.toml"  # the option and the file, each once
+
+
 @pytest.mark.parametrize("text, where", [
-    ("[link.ib]\nlatency_us = 1\nbandwidth_gb_per_s = 1\nsource = 'x'\n", "c.toml: link.ib"),
-    ("[link.nic]\nlatency_us = 1\nbandwidth_gb_per_s = 0\nsource = 'x'\n", "c.toml: link.nic.bandwidth_gb_per_s"),
-    ("[link.nic]\nlatency_us = 1\nbandwidth_gb_per_s = 1\nsource = 'x'\nspeed = 3\n", "c.toml: link.nic.speed"),
-    ("[link.nic]\nlatency_us = 1\nbandwidth_gb_per_s = 1\n", "c.toml: link.nic.source"),
-    ("[link.nic]\nlatency_us = 1\nbandwidth_gb_per_s = 1\nsource = 'x'\nop = 'allreduce'\n", "c.toml: link.nic.op"),
-    ("[nic]\nlatency_us = 1\n", "c.toml"),
-    ("[link.nic\n", "c.toml"),
+    ("[link.ib]\nlatency_us = 1\nbandwidth_gb_per_s = 1\nsource = 'x'\n", f"{CAL}: link.ib"),
+    ("[link.nic]\nlatency_us = 1\nbandwidth_gb_per_s = 0\nsource = 'x'\n", f"{CAL}: link.nic.bandwidth_gb_per_s"),
+    ("[link.nic]\nlatency_us = 1\nbandwidth_gb_per_s = 1\nsource = 'x'\nspeed = 3\n", f"{CAL}: link.nic.speed"),
+    ("[link.nic]\nlatency_us = 1\nbandwidth_gb_per_s = 1\n", f"{CAL}: link.nic.source"),
+    ("[link.nic]\nlatency_us = 1\nbandwidth_gb_per_s = 1\nsource = 'x'\nop = 'allreduce'\n", f"{CAL}: link.nic.op"),
+    ("[nic]\nlatency_us = 1\n", CAL),
+    ("[link.nic\n", "--calibration"),
 ])
 def test_calibration_file_errors(tmp_path, text, where):
     path = tmp_path / "c.toml"
     path.write_text(text)
     with pytest.raises(ConfigError) as err:
         load_calibration(path)
-    assert err.value.field == where and "\n" not in str(err.value)
+    assert err.value.field == where and "\n" not in str(err.value) and str(err.value).count("c.toml") == 1

@@ -18,7 +18,7 @@ import pytest
 
 from meshplan.catalog import system
 from meshplan.errors import ConfigError
-from meshplan.comm.nccl_log import check_against_placement, parse_nccl_log, read_nccl_log
+from meshplan.comm.nccl_log import check_against_placement, parse_nccl_log, read_nccl_log, unchecked_ranks
 from meshplan.placement.assign import place, rank_row
 
 DATA = Path(__file__).parent / "data" / "nccl"
@@ -152,3 +152,145 @@ def test_notes_and_errors():
     assert err.value.field == "run.log" and "NCCL_DEBUG=INFO" in err.value.message
     with pytest.raises(ConfigError, match="LOG: no such file .*missing.log"):
         read_nccl_log(DATA / "missing.log")
+
+
+# ------------------------------------------------------- global ranks, ids, device indices
+#
+# Two DGX-H100 hosts a and b; process (host h, GPU g) has pid 100 + 8h + g. Its rank in the
+# 16-rank world communicator 0x77 is 8h + g (the order dgx-h100's placement gives: rank 8 is
+# host b's GPU 0, whose NIC is mlx5_0); in the 2-rank dp communicator 0xc0ffee of GPU 0 on
+# both hosts, host b's process is rank 1. Both processes list [0]mlx5_0 [1]mlx5_3 only.
+
+TWO_NICS = "NET/IB : Using [0]mlx5_0:1/IB [1]mlx5_3:1/IB ; OOB eth0:10.0.0.1<0>"
+
+
+def _dp_log(b_dev: int = 0, world: bool = True, comm_b: str = "0xa1") -> str:
+    """World communicator (when ``world``), then the dp communicator of GPU 0 on a and b; host
+    b's network channel goes through NET/IB/``b_dev``, its comm line names ``comm_b``."""
+    out = []
+    for h, host in enumerate("ab"):
+        for g in range(8) if world else ():
+            pid = 100 + 8 * h + g
+            out += [_line(host, pid, g, f"comm 0x{pid} rank {8 * h + g} nRanks 16 nNodes 2 localRanks 8 "
+                                        f"localRank {g} MNNVL 0"),
+                    _line(host, pid, g, f"ncclCommInitRank comm 0x{pid} rank {8 * h + g} nranks 16 cudaDev {g} "
+                                        f"nvmlDev {g} busId {g + 1}8000 commId 0x77 - Init COMPLETE")]
+    for r, host in enumerate("ab"):
+        pid, ptr, dev = 100 + 8 * r, ("0xa0", comm_b)[r], (0, b_dev)[r]
+        out += [_line(host, pid, 0, TWO_NICS),
+                _line(host, pid, 0, f"comm {ptr} rank {r} nRanks 2 nNodes 2 localRanks 1 localRank 0 MNNVL 0"),
+                _line(host, pid, 0, f"Channel 00/0 : {r}[0] -> {1 - r}[0] [send] via NET/IB/{dev}/GDRDMA"),
+                _line(host, pid, 0, f"ncclCommInitRank comm {ptr} rank {r} nranks 2 cudaDev 0 nvmlDev 0 busId 18000 "
+                                    "commId 0xc0ffee - Init COMPLETE")]
+    return "\n".join(out)
+
+
+def test_ranks_of_a_smaller_communicator_are_mapped_to_global_ranks(expected):
+    """dp rank 1 is global rank 8 (host b, GPU 0, NIC mlx5_0): the right NIC is no difference
+    and mlx5_3 is one, named by the global rank."""
+    assert expected[8] == "mlx5_0" and expected[1] == "mlx5_3"
+    assert check_against_placement(parse_nccl_log(_dp_log(0)), expected) == []
+    assert check_against_placement(parse_nccl_log(_dp_log(1)), expected) == [
+        "comm 0xc0ffee (2 ranks): rank 8 used mlx5_3 but the placement meant mlx5_0"]
+
+
+def test_a_log_without_the_world_communicator_cannot_be_checked(expected):
+    """Before: dp rank 1 was taken for global rank 1, so the right NIC (mlx5_0) was reported
+    as a difference ('placement meant mlx5_3') and the wrong one (mlx5_3) passed."""
+    for b_dev in (0, 1):
+        with pytest.raises(ConfigError) as err:
+            check_against_placement(parse_nccl_log(_dp_log(b_dev, world=False), source="dp.log"), expected)
+        assert err.value.field == "dp.log"
+        assert err.value.message.startswith("cannot check: no communicator of all 16 ranks in the log (the largest, "
+                                            "commId 0xc0ffee, has 2)")
+    four = parse_nccl_log(_mini_log([]), source="four.log")  # 4 ranks against a world of 2
+    with pytest.raises(ConfigError, match="a communicator of 4 ranks .* but the config's world is 2"):
+        check_against_placement(four, {0: "mlx5_0", 1: "mlx5_1"})
+
+
+def test_a_comm_id_that_is_not_hex_is_a_note(expected):
+    rep = parse_nccl_log(_dp_log(0, comm_b="0xzz"), source="x.log")
+    # host b's comm line (38) and Init COMPLETE line (40) are skipped with a note; its channel line
+    # (39) then fits no communicator of that process
+    assert rep.notes == (
+        "x.log:38: comm id '0xzz' is not hexadecimal (0x...); line skipped, so this process's rank is missing from "
+        "that communicator",
+        "x.log:39: 'Channel 00/0 : 1[0] -> 0[0] [send] via NET/IB/0/GDRDMA' fits no communicator of this process",
+        "x.log:40: comm id '0xzz' is not hexadecimal (0x...); line skipped, so this process's rank is missing from "
+        "that communicator")
+    dp = next(c for c in rep.communicators if c.comm_id == "0xc0ffee")
+    assert sorted(dp.ranks) == [0]
+    bad_commid = _dp_log(0).replace("commId 0xc0ffee", "commId c0ffee")
+    notes = parse_nccl_log(bad_commid).notes
+    assert [n for n in notes if "c0ffee" in n] == [
+        f"NCCL log:{ln}: comm id 'c0ffee' is not hexadecimal (0x...); line skipped, so this process's rank is "
+        "missing from that communicator" for ln in (36, 40)]
+
+
+def test_a_net_device_index_past_the_listed_devices_says_so(expected):
+    """Host b sends through NET/IB/3 but its NCCL listed two devices: no NIC name to compare."""
+    rep = parse_nccl_log(_dp_log(3))
+    conn = next(c for c in rep.communicators[-1].connections if c.reporter == 1)
+    assert (conn.net_dev, conn.nic) == (3, None)
+    assert check_against_placement(rep, expected) == [
+        "comm 0xc0ffee (2 ranks): rank 8 used NET/IB/3 but its NCCL listed 2 net device(s), mlx5_0, mlx5_3; the "
+        "log does not say which NIC that is"]
+    no_list = parse_nccl_log(_dp_log(0).replace(TWO_NICS, "NET/IB : No device found."))
+    assert check_against_placement(no_list, expected) == [
+        f"comm 0xc0ffee (2 ranks): rank {g} used NET/IB/0 but its NCCL listed no net devices (no 'NET/IB : Using' "
+        "line from its process); the log does not say which NIC that is" for g in (0, 8)]
+
+
+def test_processes_outside_the_world_communicator_are_noted(expected):
+    """Host b's GPU 0 has no world lines (its output cut): its dp rank is not checked, and said so."""
+    text = "\n".join(ln for ln in _dp_log(1).splitlines() if not (ln.startswith("b:108:") and "anks 16" in ln))
+    rep = parse_nccl_log(text)
+    assert sorted(rep.communicators[0].ranks) == [r for r in range(16) if r != 8]
+    assert unchecked_ranks(rep, 16) == [
+        "comm 0xc0ffee (2 ranks): rank 1 (b:108, GPU 0) is no rank of the log's 16-rank communicator; not checked"]
+    assert check_against_placement(rep, expected) == []
+
+
+H100X2 = """[model]
+catalog = "llama3-8b"
+[cluster]
+system = "dgx-h100"
+nodes = 2
+[training]
+global_batch = 32
+seq_len = 4096
+[mesh]
+names = ["dp_shard", "tp"]
+shape = [2, 8]
+"""
+
+
+def _cli(tmp_path, capsys, log_text: str) -> tuple[int, str, str]:
+    from meshplan.cli import main
+
+    (tmp_path / "c.toml").write_text(H100X2)
+    (tmp_path / "run.log").write_text(log_text)
+    with pytest.raises(SystemExit) as done:
+        main(["nccl-check", str(tmp_path / "c.toml"), str(tmp_path / "run.log")])
+    out = capsys.readouterr()
+    return done.value.code or 0, out.out, out.err
+
+
+def test_cli_cannot_check_without_the_world_communicator(tmp_path, capsys):
+    """Exit 2 with one line (exit 1 is a difference found), for the right and the wrong NIC alike."""
+    for b_dev in (0, 1):
+        assert _cli(tmp_path, capsys, _dp_log(b_dev, world=False)) == (
+            2, "", "error: run.log: cannot check: no communicator of all 16 ranks in the log (the largest, commId "
+                   "0xc0ffee, has 2), so its ranks are not global ranks; log the run from the world communicator's "
+                   "init on (a collective on the default process group, e.g. dist.barrier(), creates it) with "
+                   "NCCL_DEBUG=INFO\n")
+
+
+def test_cli_prints_the_difference_and_the_notes(tmp_path, capsys):
+    assert _cli(tmp_path, capsys, _dp_log(1)) == (
+        1, "comm 0xc0ffee (2 ranks): rank 8 used mlx5_3 but the placement meant mlx5_0\n"
+           "1 difference(s) between the NCCL log and the placement\n", "")
+    code, out, err = _cli(tmp_path, capsys, _dp_log(0, comm_b="0xzz"))
+    assert (code, out) == (0, "0 difference(s) between the NCCL log and the placement\n")
+    assert err.splitlines()[0] == ("note: run.log:38: comm id '0xzz' is not hexadecimal (0x...); line skipped, so "
+                                   "this process's rank is missing from that communicator")

@@ -73,16 +73,38 @@ def test_groups_and_place_print_then_give_the_verdict(tp4_plan):
     assert "CUDA_VISIBLE_DEVICES" in pl.stdout and pl.stderr == _reason_lines(tp4_plan)
 
 
+def _world_log(path: Path, world: int, per_node: int = 8) -> Path:
+    """An NCCL_DEBUG=INFO log of one world communicator: process r on host n<r // per_node>, its
+    GPU r % per_node, rank r; no channel lines, so nothing to differ from the placement."""
+    lines = [f"n{r // per_node}:{100 + r}:{100 + r} [{r % per_node}] NCCL INFO ncclCommInitRank comm 0x{r + 1:x} "
+             f"rank {r} nranks {world} cudaDev {r % per_node} busId 18000 commId 0xabc - Init COMPLETE"
+             for r in range(world)]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
 def test_nccl_check_checks_then_gives_the_verdict(tp4_plan, tmp_path):
     """nccl-check on a mesh that does not fit exited 1 and printed nothing (114 cases of
     issue 13): it now checks the log against the placement and ends with plan's reasons."""
-    log = Path(__file__).parent / "data" / "nccl" / "dgx-h100x2_world16_dp2_ok.log"  # another cluster's run
+    log = _world_log(tmp_path / "world64.log", 64)
     r = _run("nccl-check", str(TP4), str(log))
     assert r.returncode == 1
-    assert r.stdout.endswith("22 difference(s) between the NCCL log and the placement\n")
+    assert r.stdout == "0 difference(s) between the NCCL log and the placement\n"
     assert r.stderr == _reason_lines(tp4_plan)
     seed = _run("nccl-check", str(SEED), str(log))
-    assert seed.stdout.endswith("22 difference(s) between the NCCL log and the placement\n") and seed.stderr == ""
+    assert seed.returncode == 0 and seed.stdout == r.stdout and seed.stderr == ""
+
+
+def test_nccl_check_of_another_worlds_log_cannot_check(tmp_path):
+    """A 16-rank run's log against a 64-rank config: its ranks are not the config's global
+    ranks, so no check (exit 2, one line), where it reported 22 differences before."""
+    log = Path(__file__).parent / "data" / "nccl" / "dgx-h100x2_world16_dp2_ok.log"
+    r = _run("nccl-check", str(SEED), str(log))
+    assert (r.returncode, r.stdout) == (2, "")
+    assert r.stderr == ("error: dgx-h100x2_world16_dp2_ok.log: cannot check: no communicator of all 64 ranks in the "
+                        "log (the largest, commId 0x7d2f3c1b8e4a9a10, has 16), so its ranks are not global ranks; log "
+                        "the run from the world communicator's init on (a collective on the default process group, "
+                        "e.g. dist.barrier(), creates it) with NCCL_DEBUG=INFO\n")
 
 
 def test_nccl_check_of_a_mesh_without_placement_says_why(tmp_path):

@@ -102,7 +102,8 @@ def _check_ranks(rows: list[BenchRow], where: str) -> list[BenchRow]:
         ratio, want = best.busbw_bytes_per_s / best.algbw_bytes_per_s, busbw_factor(best.op, best.n_ranks)
         if abs(ratio - want) > 0.02 * want + 0.005:
             raise ConfigError(where, f"busbw/algbw = {ratio:.3f} but {best.op} over {best.n_ranks} ranks gives "
-                                     f"{want:.3f}; pass n_ranks= with the real number of ranks")
+                                     f"{want:.3f}, so the rows were measured over another number of ranks; "
+                                     "give the whole output of one run, with every '#  Rank' line")
     return rows
 
 
@@ -123,18 +124,23 @@ def float_str(value: float, width: int) -> str:
 def parse_nccl_tests_text(text: str, source: str = "nccl-tests output", op: Optional[str] = None,
                           n_ranks: Optional[int] = None) -> list[BenchRow]:
     """Rows of nccl-tests text output (out-of-place, then in-place, per size). ``op`` and
-    ``n_ranks`` override what the header says ("Collective test starting", "# Rank" lines).
+    ``n_ranks`` (for callers of this function; the CLI has no such options) override what the
+    header says ("Collective test starting", "# Rank" lines).
     Raises ConfigError naming ``source:line`` for a short row or a missing header."""
     found_op = re.search(r"^# Collective test starting: (\S+)", text, flags=re.M)
     ranks = [int(r) for r in re.findall(r"^#[ \t]+Rank[ \t]+([0-9]{1,9})[ \t]", text, flags=re.M)]
     if ranks and max(ranks) >= MAX_WORLD:
         raise ConfigError(source, f"rank {over('world', max(ranks))}; pass the output unmodified")
     if op is None and not found_op:
-        raise ConfigError(source, "no '# Collective test starting' line; pass op= (e.g. 'all-reduce')")
+        raise ConfigError(source, "no '# Collective test starting' line (e.g. '# Collective test starting: "
+                                  "all_reduce_perf'), which names the collective; give the whole output of one "
+                                  "nccl-tests run, or put that line back at its top")
     op = _op_name(op or (found_op[1] if found_op else ""), source)
     n = n_ranks or (max(ranks) + 1 if ranks else None)
     if not n:
-        raise ConfigError(source, "no '#  Rank' lines; pass n_ranks=")
+        raise ConfigError(source, "no '#  Rank <r> Group <g> Pid <p> on <host> device <d> ...' lines, which give "
+                                  "the ranks; give the whole output of one nccl-tests run, with its '# Using devices' "
+                                  "block")
     cols: list[str] = []
     rows: list[BenchRow] = []
     for ln, line in enumerate(text.splitlines(), 1):
@@ -196,7 +202,8 @@ def parse_nccl_tests_json(text: str, source: str = "nccl-tests JSON", op: Option
         raise ConfigError(f"{source}: config", "'config' must be an object and 'args' a list of strings; "
                                                "pass the file nccl-tests -J wrote")
     if op is None and not args:
-        raise ConfigError(f"{source}: args", "no program name; pass op=")
+        raise ConfigError(f"{source}: args", "no program name (e.g. [\"./build/all_reduce_perf\", \"-b\", \"8\"]), "
+                                             "which names the collective; pass the file nccl-tests -J wrote")
     op = _op_name(op or args[0], f"{source}: args")
     devices, threads, gpus = cfg.get("devices", []), cfg.get("nthreads", 1), cfg.get("ngpus", 1)
     if not isinstance(devices, list) or not all(isinstance(x, int) and not isinstance(x, bool) and 0 < x <= 1024
@@ -205,7 +212,8 @@ def parse_nccl_tests_json(text: str, source: str = "nccl-tests JSON", op: Option
                                                "pass the file nccl-tests -J wrote")
     n = n_ranks or len(devices) * threads * gpus
     if not n:
-        raise ConfigError(f"{source}: config.devices", "no devices listed; pass n_ranks=")
+        raise ConfigError(f"{source}: config.devices", "no devices listed, so no ranks; pass the file nccl-tests -J "
+                                                       "wrote")
     if n > MAX_WORLD:
         raise ConfigError(f"{source}: config.devices", f"{n} ranks; {over('world', n)}")
     rows = []
@@ -345,32 +353,34 @@ def calibration_toml(fits: list[LinkFit], source: str) -> str:
 
 def load_calibration(path) -> dict[str, CalibratedLink]:
     """Read a calibration file: ``{link class: CalibratedLink}``. Unknown link classes,
-    unknown keys and bad values are ConfigErrors naming ``file: link.<class>.<key>``."""
+    unknown keys and bad values are ConfigErrors naming ``--calibration: file: link.<class>.<key>``
+    (a file that is not TOML: ``--calibration: file: not valid TOML``)."""
     p = Path(path)
     text = read_text_limited(p, "--calibration", FILE_BYTES["calibration"],
                              "give the calibration TOML that bench comm or calibrate wrote")
-    doc = parse_toml(text, p.name, p.name)
+    where = f"--calibration: {p.name}"  # the option and the file, each named once
+    doc = parse_toml(text, p.name, "--calibration")
     extra = sorted(set(doc) - {"link"})
     if extra or not isinstance(doc.get("link"), dict):
-        raise ConfigError(p.name, f"expected only [link.<class>] tables (got {extra or 'no [link]'}); "
-                                  f"use classes {', '.join(LINK_CLASSES)}")
+        raise ConfigError(where, f"expected only [link.<class>] tables (got {extra or 'no [link]'}); "
+                                 f"use classes {', '.join(LINK_CLASSES)}")
     out = {}
     for name, table in doc["link"].items():
         if name not in LINK_CLASSES:
-            raise ConfigError(f"{p.name}: link.{name}", f"unknown link class; use one of {', '.join(LINK_CLASSES)}")
+            raise ConfigError(f"{where}: link.{name}", f"unknown link class; use one of {', '.join(LINK_CLASSES)}")
         if not isinstance(table, dict):
-            raise ConfigError(f"{p.name}: link.{name}", "must be a table [link.<class>] with latency_us, "
-                                                        "bandwidth_gb_per_s and source; see meshplan.comm.calibration")
+            raise ConfigError(f"{where}: link.{name}", "must be a table [link.<class>] with latency_us, "
+                                                      "bandwidth_gb_per_s and source; see meshplan.comm.calibration")
         try:
             out[name] = CalibratedLink(**table)
         except ValidationError as err:
             first = err.errors()[0]
             key = ".".join(str(x) for x in first["loc"])
             why = bound_message(first) or first["msg"]
-            raise ConfigError(f"{p.name}: link.{name}.{key}", f"{why}; see meshplan.comm.calibration") from None
+            raise ConfigError(f"{where}: link.{name}.{key}", f"{why}; see meshplan.comm.calibration") from None
     for name, c in out.items():
         if c.op is not None and c.op not in OPS:
-            raise ConfigError(f"{p.name}: link.{name}.op", f"unknown op '{c.op}'; use one of {', '.join(OPS)}")
+            raise ConfigError(f"{where}: link.{name}.op", f"unknown op '{c.op}'; use one of {', '.join(OPS)}")
     return out
 
 
@@ -397,7 +407,7 @@ def apply_calibration(cluster: ClusterSpec, calib: dict[str, CalibratedLink]) ->
     if "nic" in calib:
         c = calib["nic"]
         if not node.nics:
-            raise ConfigError("calibration: link.nic", f"node {node.name} has no NIC; drop [link.nic] or add NICs")
+            raise ConfigError("--calibration: link.nic", f"node {node.name} has no NIC; drop [link.nic] or add NICs")
         upd["nics"] = [n.model_copy(update={"rate_gbit_per_s": c.bandwidth_gb_per_s * 8}) for n in node.nics]
         network = [t.model_copy(update={"latency_us": c.step_latency_us}) for t in cluster.network]
     sources = "; ".join(f"{k}: {v.source}" for k, v in calib.items())

@@ -28,7 +28,7 @@ init). Other lines are ignored.
 ... h:1:1 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[0] [send] via NET/IB/1/GDRDMA
 ... h:1:1 [0] NCCL INFO ncclCommInitRank comm 0x1 rank 0 nranks 2 cudaDev 0 nvmlDev 0 busId 18000 \\
 ... commId 0xab - Init COMPLETE'''
->>> check_against_placement(parse_nccl_log(log), {0: "mlx5_0"})
+>>> check_against_placement(parse_nccl_log(log), {0: "mlx5_0", 1: "mlx5_3"})
 ['comm 0xab (2 ranks): rank 0 used mlx5_3 but the placement meant mlx5_0']
 """
 
@@ -61,6 +61,10 @@ _NET_LIST = re.compile(r"^NET/(\w+) ?: Using (.*)$")
 _NET_ITEM = re.compile(rf"\[({_N})\]([^\s:\[<\x00-\x1f\x7f]+)")
 _NET_VIA = re.compile(rf"^NET/(\w+)/({_N})(?:\(({_N})\))?")
 _NETWORK = re.compile(r"^Using network (\S+)")
+# A comm or Init COMPLETE line whose ids are not hexadecimal (so the strict forms above miss it).
+_COMM_PTR = re.compile(r"^(?:\w+ )?comm (\S{1,64}) rank ")
+_COMM_ID = re.compile(r" commId (\S{1,64}) - Init COMPLETE$")
+_HEX = re.compile(r"0x[0-9a-fA-F]{1,32}")
 
 
 @dataclass(frozen=True)
@@ -68,7 +72,8 @@ class Connection:
     """One ``Channel c/i : src[dev] -> dst[dev] [send|receive] via ...`` line. ``transport``
     is the first word of ``via`` (P2P, SHM, NET, COLLNET...); ``reporter`` the rank that
     printed it (the sender, or the receiver for ``[receive]``); for NET, ``nic`` is the
-    reporter's device ``net_dev`` and ``proxy_rank`` the PXN rank whose NIC carries it."""
+    reporter's device ``net_dev`` (None when its process listed fewer devices) and
+    ``proxy_rank`` the PXN rank whose NIC carries it."""
 
     channel: int
     src: int
@@ -130,14 +135,16 @@ class Communicator:
 @dataclass(frozen=True)
 class NcclLogReport:
     """Communicators found in a log (in order of first appearance), the network NCCL chose,
-    and notes on lines that could not be attributed."""
+    notes on lines that could not be attributed, and the log's name (``source``) for errors."""
 
     communicators: tuple[Communicator, ...]
     network: Optional[str] = None
     notes: tuple[str, ...] = ()
+    source: str = "NCCL log"
 
     def largest(self) -> Communicator:
-        """The communicator with the most ranks (the world), first on ties."""
+        """The communicator with the most ranks, first on ties (the world only when the log
+        has a communicator of every rank: :func:`world_ranks`)."""
         return max(self.communicators, key=lambda c: c.n_ranks)
 
 
@@ -170,6 +177,16 @@ def _find(proc: _Proc, rank: int, peers: Sequence[int] = (), listed: Optional[in
                 listed is None or listed == min(rec.n_ranks, 20)):
             return rec
     return None
+
+
+def _bad_comm_id(msg: str) -> Optional[str]:
+    """A note for a ``comm``/``Init COMPLETE`` line whose comm pointer or commId is not
+    hexadecimal (the line is skipped, so its communicator may lack this rank)."""
+    ptr = _COMM_PTR.match(msg)
+    done = _COMM_ID.search(msg) if ptr else None
+    bad = [m[1] for m in (ptr, done) if m is not None and not _HEX.fullmatch(m[1])]
+    return (f"comm id '{bad[0]}' is not hexadecimal (0x...); line skipped, so this process's rank is missing "
+            "from that communicator") if bad else None
 
 
 def _on_comm(proc: _Proc, msg: str) -> bool:
@@ -231,7 +248,7 @@ def _on_conn(proc: _Proc, msg: str) -> Optional[str]:
     net = _NET_VIA.match(via)
     if net:
         net_dev, proxy = int(net[2]), None if net[3] is None else int(net[3])
-        nic = proc.nets[net_dev] if net_dev < len(proc.nets) else f"NET/{net[1]}/{net_dev}"
+        nic = proc.nets[net_dev] if net_dev < len(proc.nets) else None  # see Communicator.unlisted_net_devs
     rec.conns.append(Connection(channel, src, dst, direction, via, reporter, nic, net_dev, proxy))
     return None
 
@@ -252,6 +269,10 @@ def parse_nccl_log(text: str, source: str = "NCCL log") -> NcclLogReport:
         proc = procs.setdefault(key, _Proc())
         if _on_comm(proc, msg):
             continue
+        bad_id = _bad_comm_id(msg)
+        if bad_id:
+            notes.append(printable(f"{source}:{ln}: {bad_id}"))
+            continue
         nets = _NET_LIST.match(msg)
         if nets:
             devices = nets[2].split(";")[0]  # "[0]mlx5_0:1/IB ... ; OOB eth0:..."
@@ -268,7 +289,7 @@ def parse_nccl_log(text: str, source: str = "NCCL log") -> NcclLogReport:
     if not comms:
         raise ConfigError(source, "no communicator reached 'Init COMPLETE'; run with NCCL_DEBUG=INFO "
                                   "(NCCL_DEBUG_SUBSYS must include INIT) and keep every rank's output")
-    return NcclLogReport(tuple(comms), network, tuple(notes))
+    return NcclLogReport(tuple(comms), network, tuple(notes), source)
 
 
 def _assemble(procs: dict, notes: list) -> list[Communicator]:
@@ -308,10 +329,55 @@ def read_nccl_log(path) -> NcclLogReport:
 # --------------------------------------------------------------------------- check
 
 
-def _global_ranks(report: NcclLogReport) -> dict[tuple, int]:
-    """(host, pid, cuda_dev) -> rank in the largest communicator."""
-    world = report.largest()
-    return {(r.host, r.pid, r.cuda_dev): r.rank for r in world.ranks.values()}
+def world_ranks(report: NcclLogReport, world: int) -> dict[tuple[str, int, int], int]:
+    """(host, pid, CUDA device) of each process -> its global rank: its rank in the log's first
+    communicator of ``world`` ranks (NCCL numbers ranks per communicator, so only one spanning
+    the world gives global ranks). Raises ConfigError naming the log when there is none: the
+    log cannot be checked, and guessing would check the wrong ranks.
+
+    >>> log = ("h:1:1 [0] NCCL INFO init comm 0x1 rank 0 nranks 2 cudaDev 0 busId 1 commId 0xa - Init COMPLETE\\n"
+    ...        "g:2:2 [3] NCCL INFO init comm 0x2 rank 1 nranks 2 cudaDev 3 busId 2 commId 0xa - Init COMPLETE")
+    >>> world_ranks(parse_nccl_log(log), 2)
+    {('h', 1, 0): 0, ('g', 2, 3): 1}
+    >>> world_ranks(parse_nccl_log(log, "run.log"), 16)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    meshplan.errors.ConfigError: run.log: cannot check: no communicator of all 16 ranks in the log (the largest, ...
+    """
+    biggest = report.largest()
+    if biggest.n_ranks > world:
+        raise ConfigError(report.source, f"a communicator of {biggest.n_ranks} ranks (commId {biggest.comm_id}) but "
+                                         f"the config's world is {world}; give the log of this config's run")
+    full = next((c for c in report.communicators if c.n_ranks == world), None)
+    if full is None:
+        raise ConfigError(report.source, f"cannot check: no communicator of all {world} ranks in the log (the "
+                                         f"largest, commId {biggest.comm_id}, has {biggest.n_ranks}), so its ranks "
+                                         "are not global ranks; log the run from the world communicator's init on "
+                                         "(a collective on the default process group, e.g. dist.barrier(), creates "
+                                         "it) with NCCL_DEBUG=INFO")
+    return {(r.host, r.pid, r.cuda_dev): r.rank for r in full.ranks.values()}
+
+
+def unchecked_ranks(report: NcclLogReport, world: int) -> list[str]:
+    """One note per communicator rank whose process is no rank of the world communicator in
+    the log (part of the output is missing): its lines are not checked."""
+    to_global = world_ranks(report, world)
+    return [f"comm {c.comm_id} ({c.n_ranks} ranks): rank {r} ({i.host}:{i.pid}, GPU {i.cuda_dev}) is no rank of "
+            f"the log's {world}-rank communicator; not checked"
+            for c in report.communicators for r, i in c.ranks.items() if (i.host, i.pid, i.cuda_dev) not in to_global]
+
+
+def _unlisted(comm: Communicator, rank: int) -> Optional[str]:
+    """Why ``rank``'s NIC is unknown: a ``NET/<x>/<i>`` index past the devices its process's
+    NCCL listed; None when every index was listed."""
+    info = comm.ranks[rank]
+    devs = sorted({"/".join(c.via.split("/")[:3]) for c in comm.connections
+                   if c.reporter == rank and c.net_dev is not None and c.nic is None})
+    if not devs:
+        return None
+    listed = (f"listed {len(info.net_devices)} net device(s), {', '.join(info.net_devices)}" if info.net_devices
+              else "listed no net devices (no 'NET/IB : Using' line from its process)")
+    return f"{', '.join(devs)} but its NCCL {listed}; the log does not say which NIC that is"
 
 
 def _nic_lines(comm: Communicator, label: str, to_global, expected: dict[int, str]) -> list[str]:
@@ -319,8 +385,13 @@ def _nic_lines(comm: Communicator, label: str, to_global, expected: dict[int, st
     for rank in comm.ranks:
         g = to_global(rank)
         meant = expected.get(g) if g is not None else None
+        if meant is None:
+            continue
+        unlisted = _unlisted(comm, rank)
+        if unlisted:
+            out.append(f"{label}: rank {g} used {unlisted}")
         used = sorted(comm.net_nics(rank))
-        if meant is None or not used or used == [meant]:
+        if not used or used == [meant]:
             continue
         proxies = sorted({c.proxy_rank for c in comm.connections if c.reporter == rank and c.proxy_rank is not None})
         pxn = f" (through PXN proxy rank {', '.join(map(str, proxies))})" if proxies else ""
@@ -350,16 +421,18 @@ def check_against_placement(report: NcclLogReport, expected: dict[int, str],
                             expected_intra: Union[str, Sequence[str]] = "P2P") -> list[str]:
     """Differences between what NCCL used and what the placement meant, one line each:
 
-    - ``expected``: global rank (rank in the largest communicator) -> the NIC name the
-      placement gives it (``rank_row(p, r)["nic"]``). For every communicator, a rank whose
-      network channels went through another NIC: "comm 0x.. (2 ranks): rank 5 used mlx5_0
-      but the placement meant mlx5_9". Ranks of smaller communicators are mapped to global
-      ranks by (host, pid, CUDA device).
+    - ``expected``: global rank -> the NIC name the placement gives it
+      (``rank_row(p, r)["nic"]``), for every rank 0..world-1. A process is known by the
+      ``host:pid`` prefix of its lines and its CUDA device; its global rank is its rank in the
+      log's communicator of all ``world`` ranks (:func:`world_ranks`: a ConfigError, "cannot
+      check", when the log has none). For every communicator, a rank whose network channels
+      went through another NIC: "comm 0x.. (2 ranks): rank 5 used mlx5_0 but the placement
+      meant mlx5_9"; one that sent through a device index its NCCL did not list says so.
     - ``expected_intra``: the transport(s) meant between ranks on one host (P2P = NVLink or
       PCIe peer access); any other (SHM, NET) is reported.
     """
     accepted = (expected_intra,) if isinstance(expected_intra, str) else tuple(expected_intra)
-    to_global_key = _global_ranks(report)
+    to_global_key = world_ranks(report, len(expected))
     out = []
     for comm in report.communicators:
         label = f"comm {comm.comm_id} ({comm.n_ranks} ranks)"
