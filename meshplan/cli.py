@@ -940,12 +940,30 @@ def launch_cmd(config: Path = typer.Argument(..., help="TOML config"),
 def catalog_cmd(kind: str = typer.Argument("model", help="gpu, node, network or model"),
                 json_path: Optional[Path] = _json_option("catalog"),
                 force: bool = typer.Option(False, "--force", help="replace an existing --json file")):
-    """List the built-in catalog entries of KIND with their sources."""
+    """List the built-in catalog entries of KIND: each one's values (scalars, and a table's scalars
+    inline), then its sources. --json has every field."""
 
     _refuse_existing(json_path, force, "--json")
     for name in catalog.names(kind):
-        _echo(f"{name}: {catalog.entry(kind, name).get('source', '')}")
+        entry = catalog.entry(kind, name)
+        _echo(f"{name}: {_catalog_values(entry)}")
+        _echo(f"  source: {entry.get('source', '')}")
     _write_doc(json_path, catalog_doc(kind, {n: catalog.entry(kind, n) for n in catalog.names(kind)}), force)
+
+
+def _catalog_values(entry: dict) -> str:
+    """The scalar fields of a catalog entry as ``key value`` (a table of scalars as
+    ``key {k v, ...}``, without its source; lists and deeper tables by their length), in the
+    catalog's units (named in the keys)."""
+    def one(v):
+        if isinstance(v, dict):
+            inner = [f"{k} {x:g}" if isinstance(x, float) else f"{k} {x}" for k, x in v.items()
+                     if not isinstance(x, (dict, list)) and k != "source"]
+            return "{" + ", ".join(inner) + "}" if inner else f"({len(v)} entries)"
+        if isinstance(v, list):
+            return f"({len(v)} entries)"
+        return f"{v:g}" if isinstance(v, float) else str(v)
+    return "; ".join(f"{k} {one(v)}" for k, v in entry.items() if k != "source")
 
 
 @app.command("calibrate")

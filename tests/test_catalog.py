@@ -181,3 +181,17 @@ def test_mi300x_node_uses_rccl_timed_as_nccl_not_as_gloo():
     args = ("all-reduce", 8, 1 << 28, cl.node.fabric.bandwidth_bytes_per_s, "nvlink")
     assert collective_time(*args, library="rccl") == collective_time(*args, library="nccl")
     assert collective_time(*args, library="rccl") != collective_time(*args, library="gloo")
+
+
+def test_catalog_command_prints_each_entrys_values(capsys):
+    """`meshplan catalog gpu` gives the values beside the sources (a new user found only prose):
+    H100 SXM5 from its datasheet, 989.4 dense bf16 TFLOP/s, 80 GB at 3.35 TB/s, 132 SMs."""
+    from meshplan.cli import main
+    with pytest.raises(SystemExit) as e:
+        main(["catalog", "gpu"])
+    out = capsys.readouterr().out.splitlines()
+    assert e.value.code in (0, None)
+    line = next(x for x in out if x.startswith("h100-sxm5-80gb: "))
+    assert "peak_tflops {bf16 989.4, fp16 989.4, fp8 1978.9" in line
+    assert "hbm_gb 80; hbm_bandwidth_tb_per_s 3.35; sms 132" in line
+    assert out[out.index(line) + 1].startswith("  source: NVIDIA H100 Tensor Core GPU datasheet")
