@@ -367,3 +367,28 @@ def test_attention_gemm_points_derived_from_s7a():
         assert batch * s == 262144
         assert pts[(262144, s, 128)] == pts[(262144, 128, s)] == pytest.approx(derived, abs=0.05)
     assert pts[(262144, 2048, 128)] == 92.2
+
+
+def test_attention_kernel_follows_the_framework():
+    """torch's scaled_dot_product_attention runs FlashAttention-2 on an H100 (its flash backend;
+    torchtitan adds cuDNN only on compute capability 10.0), Megatron-LM the catalog's FA3. Llama 3
+    8B, one sequence of 8,192 tokens, tp 1: 32 heads of 128, causal forward FLOP
+    4 x 32 x 8192^2 x 128 / 2 = 549.8 GFLOP; FA2 333 TFLOP/s forward (S7c) and 318 backward (S8)
+    at S 8192, FA3 602 and 559."""
+    from meshplan.compute.ops import framework_kernels
+    from meshplan.spec.training import TrainingSpec
+    llama, h100 = catalog.model("llama3-8b"), catalog.gpu("h100-sxm5-80gb")
+    fwd_flop = 4 * 32 * 8192 ** 2 * 128 / 2
+    for framework, f_rate, b_rate in (("torch", 333, 318), ("megatron", 602, 559)):
+        t = TrainingSpec(global_batch=1, seq_len=8192, framework=framework)
+        w = Workload(seq_len=8192, micro_batch=1, recompute="none", **framework_kernels(t))
+        ops = {(o.phase, o.name): o for o in layer_cost(llama, h100, w).ops if o.kind == "attention"}
+        assert ops[("forward", "attention")].seconds == pytest.approx(fwd_flop / (f_rate * 1e12), rel=1e-9)
+        assert ops[("backward_input", "attention")].seconds == pytest.approx(2.5 * fwd_flop / (b_rate * 1e12),
+                                                                             rel=1e-9)
+    # the A100 has FA2 alone: the same rates under both frameworks
+    a100 = catalog.gpu("a100-sxm-80gb")
+    times = {fw: [o.seconds for o in layer_cost(llama, a100, Workload(seq_len=8192, recompute="none", **framework_kernels(
+        TrainingSpec(global_batch=1, seq_len=8192, framework=fw)))).ops if o.kind == "attention"] for fw in
+        ("torch", "megatron")}
+    assert times["torch"] == times["megatron"]

@@ -170,8 +170,9 @@ def _interp_log(xs, ys, x: float) -> float:
     return ys[-1]
 
 
-def _attention_row(data: KernelData, pass_: str, mask: str, head_dim: int) -> Optional[AttentionRow]:
-    for kernel in data.prefer:
+def _attention_row(data: KernelData, pass_: str, mask: str, head_dim: int,
+                   prefer: tuple[str, ...] = ()) -> Optional[AttentionRow]:
+    for kernel in dict.fromkeys(prefer + data.prefer):
         for masks in ((mask,), ("any",)):
             rows = [r for r in data.attention if r.kernel == kernel and r.pass_ == pass_ and r.mask in masks]
             if rows:
@@ -179,16 +180,27 @@ def _attention_row(data: KernelData, pass_: str, mask: str, head_dim: int) -> Op
     return None
 
 
-def attention_seconds(data: KernelData, att: Attention, causal: bool = True) -> tuple[float, float, str]:
-    """(forward s, backward s, how) of one fused attention call ``att`` (module docstring).
-    Raises KeyError when ``data`` has no attention rows for the mask."""
+def attention_seconds(data: KernelData, att: Attention, causal: bool = True,
+                      prefer: tuple[str, ...] = ()) -> tuple[float, float, str]:
+    """(forward s, backward s, how) of one fused attention call ``att`` (module docstring);
+    ``prefer``: kernels tried before the GPU's ``prefer`` list (the framework's, e.g. torch's
+    SDPA runs FA2). Raises KeyError when ``data`` has no attention rows for the mask.
+
+    >>> from meshplan.compute.shapes import Attention
+    >>> d = kernel_data("h100-sxm5-80gb")
+    >>> a = Attention(batch=1, q_heads=32, kv_heads=8, seq_q=8192, seq_kv=8192, head_dim=128)
+    >>> [h.split(" [")[0] for h in attention_seconds(d, a)[2].split("; ")]
+    ['fwd FA3 fwd causal d128 602 TFLOP/s at S 8192', 'bwd FA3 bwd any d128 559 TFLOP/s at S 8192']
+    >>> [h.split(" [")[0] for h in attention_seconds(d, a, prefer=("FA2",))[2].split("; ")]
+    ['fwd FA2 fwd causal d128 333 TFLOP/s at S 8192', 'bwd FA2 bwd any d128 318 TFLOP/s at S 8192']
+    """
     mask = "causal" if causal else "none"
     fwd_flops = att.flops(causal_half=causal)
     out, how = [], []
     for pass_, factor in (("fwd", 1.0), ("bwd", 2.5)):
-        row = _attention_row(data, pass_, mask, att.head_dim)
+        row = _attention_row(data, pass_, mask, att.head_dim, prefer)
         if row is None:
-            row = _attention_row(data, "fwd+bwd", mask, att.head_dim)
+            row = _attention_row(data, "fwd+bwd", mask, att.head_dim, prefer)
         if row is None:
             raise KeyError(f"{data.gpu}: no attention rows for a {mask} mask")
         rate = _interp_log(row.seq, row.tflops, att.seq_kv)

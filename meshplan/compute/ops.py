@@ -80,7 +80,9 @@ class Workload:
     ``fused_qkv``: Q, K and V projected by one GEMM (:func:`qkv_fused_ops`);
     ``fp32_wgrad_accumulation``: weight-gradient GEMMs accumulate into fp32 main gradients
     (:func:`_gemm_ops`); ``megatron_ops``: Megatron-LM's (2022, NVIDIA/Megatron-LM 2755bcb) own
-    kernels around the GEMMs (:mod:`meshplan.compute.megatron`)."""
+    kernels around the GEMMs (:mod:`meshplan.compute.megatron`); ``attention_kernels``: the
+    fused-attention kernels the framework runs, tried before the catalog's ``prefer`` list
+    (:func:`meshplan.compute.measured.attention_seconds`; empty: the catalog's order)."""
 
     seq_len: int
     micro_batch: int = 1
@@ -98,6 +100,7 @@ class Workload:
     fused_qkv: bool = False
     fp32_wgrad_accumulation: bool = False
     megatron_ops: bool = False
+    attention_kernels: tuple[str, ...] = ()
 
     def __post_init__(self):
         if self.recompute not in RECOMPUTE + ("layer",):
@@ -193,15 +196,29 @@ def framework_kernels(training) -> dict:
     GEMM (``fused_qkv``) and, with fp32 gradients, accumulates weight gradients into them
     inside the GEMM (``fp32_wgrad_accumulation``: its ``gradient_accumulation_fusion``, on by
     default); torch does neither. Megatron-LM also runs its own kernels around the GEMMs
-    (``megatron_ops``, :mod:`meshplan.compute.megatron`). One rule for the step model and the search's bound.
+    (``megatron_ops``, :mod:`meshplan.compute.megatron`). The fused attention is the
+    framework's too (``attention_kernels``, :data:`SDPA_KERNELS`): torch runs
+    ``F.scaled_dot_product_attention``, whose flash backend is FlashAttention-2 (PyTorch 2.2
+    release notes: "FlashAttention-2 support in scaled_dot_product_attention"; torchtitan's
+    ``ScaledDotProductAttention`` orders the backends FLASH, EFFICIENT, MATH and puts cuDNN first
+    only on compute capability 10.0, ``models/attention.py``), so FA2's published rates, not
+    FA3's, on an H100; Megatron-LM keeps the catalog's order (Transformer Engine's fused
+    attention: FA3 where the catalog has it). One rule for the step model and the search's bound.
 
     >>> from meshplan.spec.training import TrainingSpec
     >>> framework_kernels(TrainingSpec(global_batch=8, seq_len=16, framework="megatron", grad_dtype="fp32"))
-    {'fused_qkv': True, 'fp32_wgrad_accumulation': True, 'megatron_ops': True}
+    {'fused_qkv': True, 'fp32_wgrad_accumulation': True, 'megatron_ops': True, 'attention_kernels': ()}
+    >>> framework_kernels(TrainingSpec(global_batch=8, seq_len=16))["attention_kernels"]
+    ('FA2',)
     """
     megatron = training.framework == "megatron"
     return {"fused_qkv": megatron, "fp32_wgrad_accumulation": megatron and training.grad_dtype == "fp32",
-            "megatron_ops": megatron}
+            "megatron_ops": megatron, "attention_kernels": () if megatron else SDPA_KERNELS}
+
+
+#: The fused-attention kernels torch's ``scaled_dot_product_attention`` runs on an NVIDIA GPU
+#: before compute capability 10.0 (its flash backend: FlashAttention-2; :func:`framework_kernels`).
+SDPA_KERNELS = ("FA2",)
 
 
 def issue_floor(gpu: GPUSpec, seconds: float) -> float:
@@ -315,7 +332,7 @@ def _flash_ops(gpu: GPUSpec, att: Attention, w: Workload, recompute: bool, table
         return out + ([timed("backward_input", measured[0], 0.0, fwd, True)] if recompute else [])
     data = kernel_data(gpu.name)
     if data is not None and data.attention:  # published FlashAttention rates (catalog)
-        f_s, b_s, how = attention_seconds(data, att, causal=True)
+        f_s, b_s, how = attention_seconds(data, att, causal=True, prefer=w.attention_kernels)
         fwd = att.flops(causal_half=True)
         rated = lambda phase, t, model, hw, rec=False: Op("attention" + (" (recompute)" if rec else ""), "attn",
                                                           phase, "attention", issue_floor(gpu, t), model, hw,
