@@ -138,7 +138,7 @@ def count_lines(r: SearchResult) -> list[str]:
     out = [f"candidates per outcome ({sum(counts.values()):,} in all):",
            f"  feasible: {counts['feasible']:,}"]
     if counts["undecided"]:
-        out.append(f"  undecided (near the memory limit, not planned within settle_s): {counts['undecided']:,}")
+        out.append(f"  undecided (near the memory limit, beyond [search] settle_max): {counts['undecided']:,}")
     for key, text in REASONS:
         if counts[key]:
             out.append(f"  rejected, {text}: {counts[key]:,}")

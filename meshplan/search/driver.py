@@ -36,12 +36,16 @@ The config's ``[mesh]`` table is ignored (a config without one is accepted); ``[
    the one an exhaustive exact evaluation gives. ``exact_max`` caps the planned
    candidates; reaching it is reported (the top is then not proven). The top's step is
    split into parts and compared with the runner-up's (:mod:`meshplan.search.explain`).
-7. **Settle the rest near the memory limit** within ``settle_s`` seconds (their verdict only
-   changes the counts); any left are counted as undecided, never as feasible or rejected.
+7. **Settle the rest near the memory limit**: the first ``settle_max`` of them by step-time
+   bound, then index, are planned (their verdict only changes the counts); any left are
+   counted as undecided, never as feasible or rejected.
 
 Exact ties (after the tie rule's keys) are broken by enumeration index, the same in the
 exhaustive check.
 Exact plans run on ``workers`` forked processes (default: the CPUs this process may use).
+The output does not depend on the clock or on ``workers``: every budget is a count, the
+ranking plans :data:`RANK_BATCH` candidates a round whatever the pool's size, and the pool
+returns results in job order. Only ``wall_s`` and ``timings`` are measured times.
 
 Goodput (:mod:`meshplan.reliability`, storage bandwidths and restart overhead from
 ``[search]``) is printed for the top candidates, not ranked.
@@ -78,6 +82,12 @@ BOUND_SLACK = 1e-9
 #: 0.3 s of :func:`refine` per block on Llama-3-405B / 16,384 H100 (~1 ms each plus a fixed
 #: cost per pp degree), against 0.1-0.3 s per exact plan.
 TIGHTEN_BLOCK = 256
+#: Candidates the exact ranking plans per round (step 6) before it checks its stopping rule:
+#: fixed, not the number of workers, so that which candidates are planned (and so the
+#: ``exact_max`` cut, the planned count and the memory verdicts settled on the way) is the
+#: same on every machine. 4: two jobs per worker on 2 cores; a larger pool gets fewer
+#: than one job per worker a round (a run a few tenths of a second longer on 16 cores).
+RANK_BATCH = 4
 
 
 @dataclass
@@ -115,8 +125,8 @@ class SearchResult:
     explanation: Optional[Explanation] = None
 
     def counts(self) -> dict[str, int]:
-        """Candidates per outcome: ``feasible``, ``undecided`` (near the memory limit, not
-        planned within ``settle_s``) and one key per rejection reason; they add up to the
+        """Candidates per outcome: ``feasible``, ``undecided`` (near the memory limit, beyond
+        ``settle_max`` and not needed by the ranking) and one key per rejection reason; they add up to the
         number of candidates."""
         out = {"feasible": int((self.code == OK).sum()), "undecided": int((self.code == UNDECIDED).sum())}
         for i, (key, _) in enumerate(REASONS):
@@ -175,7 +185,7 @@ def estimate(cfg: Config, c: Candidates, code: np.ndarray, tt: Optional[TimeTabl
 
 Progress = Callable[[str, int, int], None]
 RULE, BOUND, PLAN = 1, 2, 3
-#: Code of a candidate near the memory limit left unplanned when ``settle_s`` ran out.
+#: Code of a candidate near the memory limit left unplanned (beyond ``settle_max``).
 UNDECIDED = -2
 MEMORY, GEMM = CODE["memory"], CODE["gemm"]
 
@@ -219,14 +229,15 @@ def search(cfg: Config, progress: Optional[Progress] = None, workers: Optional[i
         tight[near_top] = True
         top, proven = _rank(cfg, c, est, eligible, run, tt, tight)
         clock("rank")
-        band = np.flatnonzero((code == OK) & (decided == 0))
-        run.plan(band[np.argsort(est.step_lo[band], kind="stable")], PLAN_ONLY, label="near the memory limit",
-                 deadline=time.perf_counter() + o.settle_s)
+        band = np.flatnonzero((code == OK) & (decided == 0))  # in index order: the stable sort breaks ties
+        run.plan(band[np.argsort(est.step_lo[band], kind="stable")][:o.settle_max], PLAN_ONLY,
+                 label="near the memory limit")
         left = (code == OK) & (decided == 0)
         if left.any():
             code[left] = UNDECIDED
-            notes.append(f"{int(left.sum())} candidates near the memory limit were not planned within settle_s "
-                         f"{o.settle_s:g} s (their step-time bounds keep them out of the top); counted as undecided")
+            notes.append(f"{int(left.sum())} candidates near the memory limit were not planned (settle_max "
+                         f"{o.settle_max} plans the first by step-time bound; their bounds keep them out of the "
+                         "top); counted as undecided")
         clock("memory limit")
         if apply:
             code[(code == OK) & ~above] = GEMM
@@ -283,20 +294,16 @@ class _Runner:
         self.exact: dict[int, Exact] = {}
         self.notes: list[str] = []
 
-    def plan(self, idx, mode, label: str, deadline: float = float("inf")) -> list[Exact]:
+    def plan(self, idx, mode, label: str) -> list[Exact]:
         """Evaluate the candidates ``idx`` in order in ``mode`` (:meth:`Planner.__call__`; a
-        str, or one per candidate), until ``deadline`` (perf_counter seconds) passes; those
-        already evaluated as far as their mode asks are skipped."""
+        str, or one per candidate); those already evaluated as far as their mode asks are
+        skipped."""
         modes = [mode] * len(idx) if isinstance(mode, str) else list(mode)
         todo = [(int(i), md) for i, md in zip(idx, modes)
                 if int(i) not in self.exact or _short_of(self.exact[int(i)], md)]
         out = []
-        # batches of 4 jobs per worker; one per worker under a deadline, so that the last batch
-        # (up to ~0.3 s a job with pp 64 memory timelines) overruns it by one job at most
-        step = max(1, self.pool.workers) * (4 if deadline == float("inf") else 1)
+        step = max(1, self.pool.workers) * 4  # batches of 4 jobs per worker (progress between them)
         for k in range(0, len(todo), step):
-            if time.perf_counter() > deadline:
-                break
             out += self._batch(todo[k:k + step])
             if self.progress:
                 self.progress(label, min(k + step, len(todo)), len(todo))
@@ -376,7 +383,7 @@ def _rank(cfg: Config, c: Candidates, est: Estimates, eligible: np.ndarray, run:
                      most=o.refine_max)
     steps: dict[int, float] = {}    # feasible: exact step times
     pending: dict[int, float] = {}  # near the memory limit, memory not planned yet: exact step times
-    batch = max(1, run.pool.workers)
+    batch = RANK_BATCH
     planned, proven = 0, True
     while True:
         while len(queue):
