@@ -105,6 +105,11 @@ def test_top_against_runner_up_by_hand():
     doc = search_to_dict(r)
     assert doc["top_vs_runner_up"]["parts"][0]["part"] == expected and doc["order_rule"] == RULE_LINE
     assert doc["top"][0]["step_parts_s"]["step"] == a.step_s
+    # the step's parts are seconds only; the critical stage's layer passes are a count beside
+    # them: 8 layers on pp 2 is 4 a stage, x 64 / (mb 1 x dp 4) = 16 micro-batches (top), x 32 (#2)
+    assert all("layer_passes" not in d["step_parts_s"] for d in doc["top"])
+    assert (doc["top"][0]["layer_passes"], doc["top"][1]["layer_passes"]) == (64, 128)
+    assert f"per layer pass 0 ms vs {sb.exposed_s['cp'] / 128 * 1e3:.3g} ms" in cp.context
 
 
 def test_explain_by_hand_with_the_tie_rule():
@@ -112,9 +117,10 @@ def test_explain_by_hand_with_the_tie_rule():
     2.2, exposed tp 0.1, exposed cp 0.2): differences #2 - top: bubble +0.7, compute -0.5,
     tp -0.45, cp +0.2, so by size bubble, compute, tp, cp. The top is 0.5% slower
     (10.05 / 10.0 - 1) and first only by the tie rule."""
-    top = {"step": 10.05, "compute": 8.0, "bubble": 1.5, "exposed tp": 0.55, "layer_passes": 100.0}
-    two = {"step": 10.0, "compute": 7.5, "bubble": 2.2, "exposed tp": 0.1, "exposed cp": 0.2, "layer_passes": 100.0}
-    x = explain(top, two, {"pp": 8, "cp": 1, "tp": 8}, {"pp": 16, "cp": 2, "tp": 4}, by_tie_rule=True)
+    top = {"step": 10.05, "compute": 8.0, "bubble": 1.5, "exposed tp": 0.55}
+    two = {"step": 10.0, "compute": 7.5, "bubble": 2.2, "exposed tp": 0.1, "exposed cp": 0.2}
+    x = explain(top, two, {"pp": 8, "cp": 1, "tp": 8, "layer_passes": 100},
+                {"pp": 16, "cp": 2, "tp": 4, "layer_passes": 100}, by_tie_rule=True)
     assert [d.part for d in x.parts] == ["bubble", "compute", "exposed tp", "exposed cp"]
     assert np.allclose([d.gain_s for d in x.parts], [0.7, -0.5, -0.45, 0.2])
     assert x.parts[0].context == "pp 8 vs 16" and x.parts[3].context == "cp 1 vs 2, per layer pass 0 ms vs 2 ms"

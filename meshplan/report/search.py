@@ -31,7 +31,9 @@ SCHEMA = "meshplan.search.driver/v1"
 
 
 def row(r: SearchResult, e: Exact) -> dict[str, Any]:
-    """One candidate as plain data (SI units)."""
+    """One candidate as plain data (SI units): ``step_parts_s`` the step's parts in seconds
+    (:func:`~meshplan.search.explain.step_breakdown`), ``layer_passes`` a count apart
+    (:func:`~meshplan.search.explain.layer_passes`)."""
     c, i = r.candidates, e.index
     degrees = {str(n): c.degree(col.column) for n, col in search_axes()}  # the registered axes, mesh order
     return {"index": i, "mesh": {k: int(v[i]) for k, v in degrees.items()}, "micro_batch": int(c.mb[i]),
@@ -41,7 +43,7 @@ def row(r: SearchResult, e: Exact) -> dict[str, Any]:
             "ends_short_stages": bool(c.us[i]), "pp_schedule": str(candidate_schedule(int(c.vpp[i]), int(c.ps[i]))),
             "mfu": e.mfu, "tokens_per_s": e.tokens_per_s, "goodput": e.goodput,
             "gemm_efficiency": float(r.est.gemm[i]), "step_lower_bound_s": float(r.est.step_lo[i]),
-            "step_parts_s": e.breakdown}
+            "step_parts_s": e.breakdown, "layer_passes": e.layer_passes}
 
 
 def search_to_dict(r: SearchResult) -> dict[str, Any]:

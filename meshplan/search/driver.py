@@ -448,12 +448,13 @@ def _complete_top(c: Candidates, steps: dict[int, float], top: int, run: _Runner
     return changed
 
 
-def describe(cfg: Config, c: Candidates, est: Estimates, i: int) -> dict:
-    """What sets candidate ``i``'s step parts, for :func:`meshplan.search.explain.explain`."""
+def describe(cfg: Config, c: Candidates, est: Estimates, e: Exact) -> dict:
+    """What sets candidate ``e``'s step parts, for :func:`meshplan.search.explain.explain`."""
+    i = e.index
     out: dict = {str(axis): int(c.degree(col.column)[i]) for axis, col in search_axes()}  # every searched axis
     out.update(vpp=int(c.vpp[i]), micro_batch=int(c.mb[i]), m=cfg.training.global_batch // int(c.mb[i] * c.dp[i]),
                recompute=RECOMPUTE[c.rc[i]], sharding=SHARDING[c.sh[i]], gemm_efficiency=float(est.gemm[i]),
-               reshard_after_forward=bool(c.rf[i]), tp_comm_overlap=bool(c.ov[i]))
+               reshard_after_forward=bool(c.rf[i]), tp_comm_overlap=bool(c.ov[i]), layer_passes=e.layer_passes)
     return out
 
 
@@ -464,7 +465,7 @@ def _explanation(cfg: Config, c: Candidates, est: Estimates, top: list[Exact]) -
     a, b = top[0], top[1]
     if a.breakdown is None or b.breakdown is None:
         return None
-    return explain(a.breakdown, b.breakdown, describe(cfg, c, est, a.index), describe(cfg, c, est, b.index),
+    return explain(a.breakdown, b.breakdown, describe(cfg, c, est, a), describe(cfg, c, est, b),
                    by_tie_rule=(a.step_s or 0.0) > (b.step_s or 0.0))
 
 

@@ -13,7 +13,9 @@ stage (the stage that ends last) into parts that add up to the step, seconds:
   and, for pp, the p2p waits.
 
 ``compute + bubble + sum(exposed) = step_s`` (the stage's last unit end + its tail + its
-step-end ops). :func:`explain` lines up two breakdowns and names the largest differences.
+step-end ops). :func:`layer_passes` counts the critical stage's layer passes (a count, kept
+apart from the seconds). :func:`explain` lines up two breakdowns and names the largest
+differences.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from meshplan.schedule.steptime import StepTime
 
 def step_breakdown(st: StepTime) -> dict[str, float]:
     """Parts of ``st`` on its critical stage (module docstring), seconds; key ``step`` is
-    the step time itself, ``layer_passes`` the critical stage's layers x micro-batches."""
+    the step time itself. Every value is seconds."""
     res, s = st.pipeline, st.critical_stage
     sl = res.stage_slice(s)
     last_end, busy = float(res.end[sl].max()), float(res.busy_s[s])
@@ -35,11 +37,15 @@ def step_breakdown(st: StepTime) -> dict[str, float]:
     tail = st.step_s - last_end - opt - post_comm
     pp = st.exposed_s.get("pp", 0.0)
     inside = sum(st.exposed_s.values()) - pp - tail - post_comm
-    layers = sum(len(ch.layers) for ch in st.units.chunks[s])
-    out = {"step": st.step_s, "compute": busy - inside + opt, "bubble": last_end - busy - pp,
-           "layer_passes": float(layers * res.spec.m)}
+    out = {"step": st.step_s, "compute": busy - inside + opt, "bubble": last_end - busy - pp}
     out.update({f"exposed {k}": v for k, v in st.exposed_s.items() if v > 0})
     return out
+
+
+def layer_passes(st: StepTime) -> int:
+    """Forward passes of one layer on ``st``'s critical stage per step: the layers of its
+    chunks x the micro-batches (what a per-layer cost such as cp's all-gathers is paid per)."""
+    return sum(len(ch.layers) for ch in st.units.chunks[st.critical_stage]) * st.pipeline.spec.m
 
 
 @dataclass(frozen=True)
@@ -134,8 +140,9 @@ def _context(part: str, a: dict, b: dict) -> str:
 
 def explain(top: dict, runner: dict, top_desc: dict, runner_desc: dict, by_tie_rule: bool = False) -> Explanation:
     """The parts of two :func:`step_breakdown` results ordered by ``|runner - top|``, largest
-    first; parts equal in both are left out. ``*_desc``: what :func:`_context` reads."""
-    keys = [k for k in dict.fromkeys([*top, *runner]) if k not in ("step", "layer_passes")]
+    first; parts equal in both are left out. ``*_desc``: what :func:`_context` reads
+    (``layer_passes`` among them)."""
+    keys = [k for k in dict.fromkeys([*top, *runner]) if k != "step"]
     a, b = {**top_desc, **top}, {**runner_desc, **runner}
     diffs = [Difference(k, top.get(k, 0.0), runner.get(k, 0.0), _context(k, a, b)) for k in keys]
     diffs = [d for d in diffs if abs(d.gain_s) > 1e-12 * max(top["step"], 1e-30)]
