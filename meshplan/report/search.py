@@ -3,7 +3,8 @@
 Text: the space searched (axis order and placement named), the top candidates (mesh,
 micro-batch, recompute, vpp, sharding, knobs, peak GiB, step s, MFU, tokens/s, goodput), the
 order rule (:mod:`meshplan.search.rank`), what makes the top faster than the runner-up
-(:mod:`meshplan.search.explain`), the best rejected one with why, and the candidates per
+(:mod:`meshplan.search.explain`; where the tie rule listed a slower top first, how much
+slower than the fastest, named), the best rejected one with why, and the candidates per
 outcome. JSON (schema
 ``meshplan.search.driver/v1``): the same, SI units, with each top candidate's plan input so
 ``meshplan plan`` can replay it.
@@ -80,11 +81,12 @@ def header_lines(r: SearchResult) -> list[str]:
             f"memory timelines for {sum(e.complete for e in r.exact.values())} of them) in {r.wall_s:.1f} s"]
 
 
-def print_search(r: SearchResult, console: Console, top: int | None = None) -> None:
-    """The report of the module docstring on ``console``."""
+def print_search(r: SearchResult, console: Console) -> None:
+    """The report of the module docstring on ``console`` (every row of ``r.top``: the line on
+    the top against #2 may name any of them)."""
     for line in header_lines(r):
         console.print(line, highlight=False, markup=False)
-    shown = r.top[:top] if top else r.top
+    shown = r.top
     tab = Table(title=f"top {len(shown)} by predicted step time", title_justify="left")
     for col in ("#", "mesh", "mb", "recompute", "vpp", "sharding", "knobs", "peak GiB", "step s", "MFU", "tokens/s",
                 "goodput", "GEMM eff"):

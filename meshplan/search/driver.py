@@ -227,7 +227,7 @@ def search(cfg: Config, progress: Optional[Progress] = None, workers: Optional[i
         clock("refine")
         tight = np.zeros(len(c), bool)
         tight[near_top] = True
-        top, proven = _rank(cfg, c, est, eligible, run, tt, tight)
+        top, proven, fastest = _rank(cfg, c, est, eligible, run, tt, tight)
         clock("rank")
         band = np.flatnonzero((code == OK) & (decided == 0))  # in index order: the stable sort breaks ties
         run.plan(band[np.argsort(est.step_lo[band], kind="stable")][:o.settle_max], PLAN_ONLY,
@@ -250,7 +250,7 @@ def search(cfg: Config, progress: Optional[Progress] = None, workers: Optional[i
         notes.append(f"no candidate with local GEMM efficiency >= {o.min_gemm_efficiency:.0%} fits: capacity "
                      f"requires narrower GEMMs, so the below-threshold candidates are kept")
     return SearchResult(cfg, c, code, decided, est, usable, top, run.exact, best, not apply, proven,
-                        time.perf_counter() - t0, notes, clock.laps, _explanation(cfg, c, est, top))
+                        time.perf_counter() - t0, notes, clock.laps, _explanation(cfg, c, est, top, fastest))
 
 
 def _settings_notes(cfg: Config, c: Candidates) -> list[str]:
@@ -371,9 +371,10 @@ def _near_top(est: Estimates, eligible: np.ndarray, top: int, most: int) -> np.n
 
 
 def _rank(cfg: Config, c: Candidates, est: Estimates, eligible: np.ndarray, run: _Runner, tt: TimeTables,
-          tight: np.ndarray) -> tuple[list[Exact], bool]:
+          tight: np.ndarray) -> tuple[list[Exact], bool, Optional[Exact]]:
     """Best-first exact ranking (module docstring, step 6) under the tie rule of
-    :mod:`meshplan.search.rank`: (top, proven). The queue (:mod:`meshplan.search.frontier`)
+    :mod:`meshplan.search.rank`: (top, proven, the fastest feasible candidate planned: the
+    tie rule may list it below the top, or leave it out). The queue (:mod:`meshplan.search.frontier`)
     tightens each bound before its candidate is planned, on its own copy: ``est`` keeps the
     bounds the vectorised pass and :func:`refine` gave (``tight``: the candidates refined)."""
     o = cfg.search
@@ -413,7 +414,9 @@ def _rank(cfg: Config, c: Candidates, est: Estimates, eligible: np.ndarray, run:
             if run.progress:
                 run.progress("ranking", planned, planned + (len(queue) > 0))
         if not _complete_top(c, steps, o.top, run) or not proven:
-            return [run.exact[i] for i in ranked(c, steps, o.top)], proven
+            fastest = min(steps, key=lambda i: (steps[i], i)) if steps else None
+            return [run.exact[i] for i in ranked(c, steps, o.top)], proven, \
+                None if fastest is None else run.exact[fastest]
 
 
 def _settle_pending(steps: dict[int, float], pending: dict[int, float], top: int, run: _Runner) -> None:
@@ -458,15 +461,20 @@ def describe(cfg: Config, c: Candidates, est: Estimates, e: Exact) -> dict:
     return out
 
 
-def _explanation(cfg: Config, c: Candidates, est: Estimates, top: list[Exact]) -> Optional[Explanation]:
-    """The top against the runner-up (:mod:`meshplan.search.explain`), when both are simulated."""
+def _explanation(cfg: Config, c: Candidates, est: Estimates, top: list[Exact],
+                 fastest: Optional[Exact]) -> Optional[Explanation]:
+    """The top against the runner-up (:mod:`meshplan.search.explain`), when both are
+    simulated, naming ``fastest`` (the fastest feasible candidate planned) where the tie rule
+    listed the top before it."""
     if len(top) < 2:
         return None
     a, b = top[0], top[1]
     if a.breakdown is None or b.breakdown is None:
         return None
+    f = fastest if fastest is not None and fastest.step_s is not None else a
+    row = next((k for k, e in enumerate(top, 1) if e.index == f.index), None)
     return explain(a.breakdown, b.breakdown, describe(cfg, c, est, a), describe(cfg, c, est, b),
-                   by_tie_rule=(a.step_s or 0.0) > (b.step_s or 0.0))
+                   fastest_step_s=f.step_s, fastest_row=row, fastest_label=c.label(f.index))
 
 
 def _best_rejected(code: np.ndarray, est: Estimates, run: _Runner, top: list[Exact]) -> Optional[Exact]:
