@@ -80,8 +80,9 @@ class SearchOptions(BaseModel):
     - ``settle_max``: candidates near the memory limit that the ranking did not need to
       plan, planned after it to settle their memory verdict (it changes only the counts):
       the first ``settle_max`` of them by step-time lower bound, then candidate index
-      (default 32: about 1 s on 2 cores for the seed's 64 GPUs, 3 s for Llama-3-405B on
-      16,384 H100, ``benchmarks/bench_search.py``); those left are counted as undecided. A
+      (default 32: measured 0.4 s of CPU for the seed's 64 GPUs, 1.5 s for Llama-3-405B on
+      16,384 H100, one worker, against ``settle_max = 0``; the former 2 s wall-clock budget
+      on 2 cores cost more); those left are counted as undecided. A
       count, not seconds, so that the same input gives the same counts on any machine. The
       former ``settle_s`` (seconds) is refused with a message naming this key.
     - ``checkpoint_write_gb_per_s``, ``checkpoint_read_gb_per_s``: aggregate storage bandwidth
