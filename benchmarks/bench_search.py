@@ -8,7 +8,7 @@ wall, and the vectorised phase alone), how many were planned exactly, and the ra
 goal to the wall time (> 1 means the goal is met). Run on 2 cores:
 ``taskset -c 0,1 .venv/bin/python benchmarks/bench_search.py``.
 
-Usage: ``bench_search.py [CONFIG ...] [--workers N] [--settle-s S] [--profile N]`` (default: the
+Usage: ``bench_search.py [CONFIG ...] [--workers N] [--settle-max N] [--profile N]`` (default: the
 405B example and the seed example; workers = CPUs this process may use). ``--profile N`` runs
 each search under cProfile (use ``--workers 1``: the forked workers' time is not seen) and prints
 its N functions of largest cumulative and own time; the wall times then include the profiler's
@@ -34,10 +34,10 @@ CONFIGS = [ROOT / "examples" / "llama3-405b_16384xh100_tp8-pp16-dp128.toml", ROO
 GOAL_S = 10.0
 
 
-def bench(path: Path, workers: int, settle_s: float | None, profile: int = 0) -> None:
+def bench(path: Path, workers: int, settle_max: int | None, profile: int = 0) -> None:
     cfg = load_config(path, require_mesh=False)
-    if settle_s is not None:
-        cfg = replace(cfg, search=cfg.search.model_copy(update={"settle_s": settle_s}))
+    if settle_max is not None:
+        cfg = replace(cfg, search=cfg.search.model_copy(update={"settle_max": settle_max}))
     prof = cProfile.Profile() if profile else None
     t0 = time.perf_counter()
     if prof:
@@ -74,12 +74,12 @@ def main() -> None:
     ap.add_argument("configs", nargs="*", type=Path, default=CONFIGS)
     ap.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
                     else os.cpu_count())
-    ap.add_argument("--settle-s", type=float, default=None, help="override [search] settle_s")
+    ap.add_argument("--settle-max", type=int, default=None, help="override [search] settle_max")
     ap.add_argument("--profile", type=int, default=0, metavar="N",
                     help="run under cProfile and print the N functions of largest cumulative and own time")
     args = ap.parse_args()
     for path in args.configs:
-        bench(path, args.workers, args.settle_s, args.profile)
+        bench(path, args.workers, args.settle_max, args.profile)
 
 
 if __name__ == "__main__":

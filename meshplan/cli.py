@@ -622,12 +622,14 @@ def search_cmd(config: Path = typer.Argument(..., help="TOML config: [model], [c
     (tp > 1) and the Llama 3 layer split with lighter first and last stages (pp >= 3); [search] narrows
     each. Order: by step time; candidates within 1% of the fastest not yet listed go toward fewer axes,
     then lower tp*pp*cp*ep, then lower tp. The output names what makes the top faster than #2 (compute,
-    bubble, exposed communication per axis, with their seconds). --export N --to FORMAT -o FILE writes row N
-    (its layer split included) as a meshplan TOML, torchtitan TOML, Megatron-LM arguments or DeepSpeed JSON.
-    training.fp8_all_gather and training.grad_accumulation apply to the FSDP candidates (grad_accumulation
-    with pp 1); the others are planned without them (a note says so). training.zero3_engine
-    deepspeed-2021 applies to zero3 candidates with pp 1 (the others with zero3 are rejected, rule
-    'engine'; zero1 and hsdp are planned with FSDP2)."""
+    bubble, exposed communication per axis, with their seconds), or, where the tie rule listed it before a
+    faster candidate, how much longer its step is than the fastest's, naming it. The same input gives the
+    same output on any machine ([search] budgets are counts: settle_max, exact_max, refine_max).
+    --export N --to FORMAT -o FILE writes row N (its layer split included) as a meshplan TOML, torchtitan
+    TOML, Megatron-LM arguments or DeepSpeed JSON. training.fp8_all_gather and training.grad_accumulation
+    apply to the FSDP candidates (grad_accumulation with pp 1); the others are planned without them (a note
+    says so). training.zero3_engine deepspeed-2021 applies to zero3 candidates with pp 1 (the others with
+    zero3 are rejected, rule 'engine'; zero1 and hsdp are planned with FSDP2)."""
 
     if export_rank is not None:
         if export_rank < 1:

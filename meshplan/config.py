@@ -215,6 +215,9 @@ def _one_line(e: ValidationError, cls: type[BaseModel], table: str) -> ConfigErr
     err = next((x for x in errs if x["type"] == "extra_forbidden"), errs[0])
     loc = ".".join(str(x) for x in err["loc"])
     field = f"{table}.{loc}" if loc else table
+    removed = getattr(cls, "REMOVED", {})
+    if err["type"] == "extra_forbidden" and loc in removed:
+        return ConfigError(field, removed[loc])
     if err["type"] == "extra_forbidden":
         return ConfigError(field, f"unknown key in [{table}]; allowed keys: {', '.join(cls.model_fields)}")
     if err["type"] == "missing":

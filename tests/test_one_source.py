@@ -34,7 +34,7 @@ def planned():
     """The 8-GPU search (bf16 gradients, fp32 reduction) and 12 of its candidates planned."""
     cfg = config_from_dict({"model": SMALL, "cluster": {"system": "dgx-h100", "nodes": 1, "gpu": gpu(6.0)},
                             "training": {"global_batch": 64, "seq_len": 2048, "grad_dtype": "bf16"},
-                            "search": {"micro_batch": [1, 2], "settle_s": 600}}, require_mesh=False)
+                            "search": {"micro_batch": [1, 2], "settle_max": 1_000_000}}, require_mesh=False)
     r = search(cfg, workers=1)
     valid = np.flatnonzero(np.isfinite(r.est.step_lo))
     pick = valid[np.linspace(0, len(valid) - 1, 12).astype(int)]

@@ -45,7 +45,8 @@ MOE = {"name": "small-moe", "layers": 4, "hidden": 1024, "ffn": 2816, "q_heads":
 def config(nodes: int, hbm_gb: float = 6.0, model=None, **search):
     return config_from_dict({"model": model or SMALL, "cluster": {"system": "dgx-h100", "nodes": nodes,
                                                                    "gpu": gpu(hbm_gb)},
-                             "training": {"global_batch": 64, "seq_len": 2048}, "search": {"settle_s": 600, **search}},
+                             "training": {"global_batch": 64, "seq_len": 2048},
+                             "search": {"settle_max": 1_000_000, **search}},
                             require_mesh=False)
 
 

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import numpy as np
 
+from meshplan.config import config_from_dict
 from meshplan.plan import build_plan
 from meshplan.report.search import search_to_dict
 from meshplan.schedule.rank_timeline import Overlap
 from meshplan.schedule.steptime import step_time
 from meshplan.search.driver import search
 from meshplan.search.explain import explain
-from meshplan.search.rank import RULE_LINE, tie_order
+from meshplan.search.rank import RULE_LINE, TIE, tie_order
 from meshplan.search.space import candidate_config, ends_short_split, enumerate_candidates
 from test_search import config
 
@@ -105,6 +106,11 @@ def test_top_against_runner_up_by_hand():
     doc = search_to_dict(r)
     assert doc["top_vs_runner_up"]["parts"][0]["part"] == expected and doc["order_rule"] == RULE_LINE
     assert doc["top"][0]["step_parts_s"]["step"] == a.step_s
+    # the step's parts are seconds only; the critical stage's layer passes are a count beside
+    # them: 8 layers on pp 2 is 4 a stage, x 64 / (mb 1 x dp 4) = 16 micro-batches (top), x 32 (#2)
+    assert all("layer_passes" not in d["step_parts_s"] for d in doc["top"])
+    assert (doc["top"][0]["layer_passes"], doc["top"][1]["layer_passes"]) == (64, 128)
+    assert f"per layer pass 0 ms vs {sb.exposed_s['cp'] / 128 * 1e3:.3g} ms" in cp.context
 
 
 def test_explain_by_hand_with_the_tie_rule():
@@ -112,11 +118,53 @@ def test_explain_by_hand_with_the_tie_rule():
     2.2, exposed tp 0.1, exposed cp 0.2): differences #2 - top: bubble +0.7, compute -0.5,
     tp -0.45, cp +0.2, so by size bubble, compute, tp, cp. The top is 0.5% slower
     (10.05 / 10.0 - 1) and first only by the tie rule."""
-    top = {"step": 10.05, "compute": 8.0, "bubble": 1.5, "exposed tp": 0.55, "layer_passes": 100.0}
-    two = {"step": 10.0, "compute": 7.5, "bubble": 2.2, "exposed tp": 0.1, "exposed cp": 0.2, "layer_passes": 100.0}
-    x = explain(top, two, {"pp": 8, "cp": 1, "tp": 8}, {"pp": 16, "cp": 2, "tp": 4}, by_tie_rule=True)
+    top = {"step": 10.05, "compute": 8.0, "bubble": 1.5, "exposed tp": 0.55}
+    two = {"step": 10.0, "compute": 7.5, "bubble": 2.2, "exposed tp": 0.1, "exposed cp": 0.2}
+    x = explain(top, two, {"pp": 8, "cp": 1, "tp": 8, "layer_passes": 100},
+                {"pp": 16, "cp": 2, "tp": 4, "layer_passes": 100}, fastest_step_s=10.0, fastest_row=2)
+    assert x.by_tie_rule
     assert [d.part for d in x.parts] == ["bubble", "compute", "exposed tp", "exposed cp"]
     assert np.allclose([d.gain_s for d in x.parts], [0.7, -0.5, -0.45, 0.2])
     assert x.parts[0].context == "pp 8 vs 16" and x.parts[3].context == "cp 1 vs 2, per layer pass 0 ms vs 2 ms"
-    assert x.line(2) == ("top's step is 0.5% longer than #2's, within 1%: listed first by the tie rule (fewer axes / "
-                         "lower degrees); parts: bubble 1.5 s vs 2.2 s (pp 8 vs 16), compute 8 s vs 7.5 s (tp 8 vs 4)")
+    assert x.line(2) == ("top's step 10.050 s is 0.50% longer than the fastest's (#2, 10.000 s), within 1%: listed "
+                         "first by the tie rule (fewer axes / lower degrees); parts against #2: bubble 1.5 s vs 2.2 s "
+                         "(pp 8 vs 16), compute 8 s vs 7.5 s (tp 8 vs 4)")
+    # the fastest lower down (#4: 12.326 s; top 12.337 s, #2 12.348 s): 12.337 / 12.326 - 1 = 0.089%,
+    # 12.348 / 12.337 - 1 = 0.089%; or left out of the rows (its label named)
+    a, b = {"step": 12.337, "bubble": 0.418}, {"step": 12.348, "bubble": 0.434}
+    y = explain(a, b, {"vpp": 8}, {"vpp": 5}, fastest_step_s=12.326, fastest_row=4)
+    assert y.line() == ("top's step 12.337 s is 0.09% longer than the fastest's (#4, 12.326 s), within 1%: listed "
+                        "first by the tie rule (fewer axes / lower degrees); against #2 (12.348 s, 0.09% longer): "
+                        "bubble 418 ms vs 434 ms (vpp 8 vs 5)")
+    z = explain(a, b, {"vpp": 8}, {"vpp": 5}, fastest_step_s=12.326, fastest_row=None, fastest_label="pp 4 x tp 2")
+    assert "(pp 4 x tp 2, not listed, 12.326 s)" in z.line() and z.to_dict()["fastest_row"] is None
+    # the top the fastest: the plain line
+    assert explain(a, b, {}, {}).line().startswith("top is 0.1% faster than #2: bubble")
+
+
+def test_no_row_is_faster_than_the_line_says_llama3_70b():
+    """A user's report: Llama 3 70B on 8 dgx-h100 nodes, global batch 128 x 8192, FSDP (zero3,
+    kept gathered) with tp 4 and tp overlap, no recompute, pp 2, cp 2 or 4, mb 1 or 2, vpp 4, 5
+    or 8 (12 candidates, 9 fit). The tie rule lists the 4-axis meshes with tp*pp*cp 16
+    (cp 2, vpp 8, 5, 4) before those with 32 (cp 4), although cp 4 mb 2 vpp 8 (#4) is the
+    fastest and cp 4 vpp 5 (#5) is faster than #1 too: the line must not call the top faster,
+    and must name #4 as the fastest."""
+    cfg = config_from_dict({"model": {"catalog": "llama3-70b"}, "cluster": {"system": "dgx-h100", "nodes": 8},
+                            "training": {"global_batch": 128, "seq_len": 8192},
+                            "search": {"pp": [2], "tp": [4], "cp": [2, 4], "vpp": [4, 5, 8], "micro_batch": [1, 2],
+                                       "recompute": ["none"], "sharding": ["zero3"],
+                                       "reshard_after_forward": [False], "tp_comm_overlap": [True]}},
+                           require_mesh=False)
+    r = search(cfg, workers=1)
+    steps = [e.step_s for e in r.top]
+    assert len(steps) == 9 and r.candidates.label(r.top[3].index).startswith("pp 2 x dp_shard 2 x cp 4 x tp 4, mb 2,")
+    fastest = min(range(len(steps)), key=lambda k: steps[k])
+    assert fastest == 3 and steps[4] < steps[0] < steps[1]  # #4 and #5 faster than #1, #2 slower
+    x = r.explanation
+    assert x is not None and x.by_tie_rule and x.fastest_row == 4 and x.fastest_step_s == steps[3]
+    assert steps[0] <= steps[3] * (1 + TIE)  # the tie rule's window
+    line = x.line()
+    assert not line.startswith("top is") and f"(#4, {steps[3]:.3f} s), within 1%" in line
+    assert f"against #2 ({steps[1]:.3f} s, {steps[1] / steps[0] - 1:.2%} longer)" in line
+    doc = search_to_dict(r)["top_vs_runner_up"]
+    assert doc["by_tie_rule"] and doc["fastest_row"] == 4 and doc["line"] == line

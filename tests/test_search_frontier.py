@@ -67,9 +67,9 @@ def test_step_only_and_memory_only_merge_to_the_simulated_evaluation():
 def test_ranking_tightens_lazily_and_keeps_the_top(monkeypatch):
     # the same top and numbers with the queue's tightening off (only the near-top refine) and
     # with every refine off; the lazy tightening plans fewer candidates exactly than either
-    cfg = config(**CASES["64"], settle_s=0)
+    cfg = config(**CASES["64"], settle_max=0)
     lazy = search(cfg, workers=1)
-    plain = search(config(**CASES["64"], settle_s=0, refine_max=0), workers=1)
+    plain = search(config(**CASES["64"], settle_max=0, refine_max=0), workers=1)
 
     class Eager(Frontier):
         def _front(self, k):

@@ -37,7 +37,7 @@ SETTINGS = {
 def config(training: dict, model=None, hbm_gb: float = 6.0, **search_opts):
     return config_from_dict({"model": model or SMALL, "cluster": {"system": "dgx-h100", "nodes": 1, "gpu": gpu(hbm_gb)},
                              "training": {"global_batch": 64, "seq_len": 2048, **training},
-                             "search": {"settle_s": 600, **search_opts}}, require_mesh=False)
+                             "search": {"settle_max": 1_000_000, **search_opts}}, require_mesh=False)
 
 
 @pytest.fixture(scope="module", params=sorted(SETTINGS))

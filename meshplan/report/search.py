@@ -3,7 +3,8 @@
 Text: the space searched (axis order and placement named), the top candidates (mesh,
 micro-batch, recompute, vpp, sharding, knobs, peak GiB, step s, MFU, tokens/s, goodput), the
 order rule (:mod:`meshplan.search.rank`), what makes the top faster than the runner-up
-(:mod:`meshplan.search.explain`), the best rejected one with why, and the candidates per
+(:mod:`meshplan.search.explain`; where the tie rule listed a slower top first, how much
+slower than the fastest, named), the best rejected one with why, and the candidates per
 outcome. JSON (schema
 ``meshplan.search.driver/v1``): the same, SI units, with each top candidate's plan input so
 ``meshplan plan`` can replay it.
@@ -31,7 +32,9 @@ SCHEMA = "meshplan.search.driver/v1"
 
 
 def row(r: SearchResult, e: Exact) -> dict[str, Any]:
-    """One candidate as plain data (SI units)."""
+    """One candidate as plain data (SI units): ``step_parts_s`` the step's parts in seconds
+    (:func:`~meshplan.search.explain.step_breakdown`), ``layer_passes`` a count apart
+    (:func:`~meshplan.search.explain.layer_passes`)."""
     c, i = r.candidates, e.index
     degrees = {str(n): c.degree(col.column) for n, col in search_axes()}  # the registered axes, mesh order
     return {"index": i, "mesh": {k: int(v[i]) for k, v in degrees.items()}, "micro_batch": int(c.mb[i]),
@@ -41,7 +44,7 @@ def row(r: SearchResult, e: Exact) -> dict[str, Any]:
             "ends_short_stages": bool(c.us[i]), "pp_schedule": str(candidate_schedule(int(c.vpp[i]), int(c.ps[i]))),
             "mfu": e.mfu, "tokens_per_s": e.tokens_per_s, "goodput": e.goodput,
             "gemm_efficiency": float(r.est.gemm[i]), "step_lower_bound_s": float(r.est.step_lo[i]),
-            "step_parts_s": e.breakdown}
+            "step_parts_s": e.breakdown, "layer_passes": e.layer_passes}
 
 
 def search_to_dict(r: SearchResult) -> dict[str, Any]:
@@ -78,11 +81,12 @@ def header_lines(r: SearchResult) -> list[str]:
             f"memory timelines for {sum(e.complete for e in r.exact.values())} of them) in {r.wall_s:.1f} s"]
 
 
-def print_search(r: SearchResult, console: Console, top: int | None = None) -> None:
-    """The report of the module docstring on ``console``."""
+def print_search(r: SearchResult, console: Console) -> None:
+    """The report of the module docstring on ``console`` (every row of ``r.top``: the line on
+    the top against #2 may name any of them)."""
     for line in header_lines(r):
         console.print(line, highlight=False, markup=False)
-    shown = r.top[:top] if top else r.top
+    shown = r.top
     tab = Table(title=f"top {len(shown)} by predicted step time", title_justify="left")
     for col in ("#", "mesh", "mb", "recompute", "vpp", "sharding", "knobs", "peak GiB", "step s", "MFU", "tokens/s",
                 "goodput", "GEMM eff"):
@@ -138,7 +142,7 @@ def count_lines(r: SearchResult) -> list[str]:
     out = [f"candidates per outcome ({sum(counts.values()):,} in all):",
            f"  feasible: {counts['feasible']:,}"]
     if counts["undecided"]:
-        out.append(f"  undecided (near the memory limit, not planned within settle_s): {counts['undecided']:,}")
+        out.append(f"  undecided (near the memory limit, beyond [search] settle_max): {counts['undecided']:,}")
     for key, text in REASONS:
         if counts[key]:
             out.append(f"  rejected, {text}: {counts[key]:,}")

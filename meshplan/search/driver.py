@@ -36,12 +36,16 @@ The config's ``[mesh]`` table is ignored (a config without one is accepted); ``[
    the one an exhaustive exact evaluation gives. ``exact_max`` caps the planned
    candidates; reaching it is reported (the top is then not proven). The top's step is
    split into parts and compared with the runner-up's (:mod:`meshplan.search.explain`).
-7. **Settle the rest near the memory limit** within ``settle_s`` seconds (their verdict only
-   changes the counts); any left are counted as undecided, never as feasible or rejected.
+7. **Settle the rest near the memory limit**: the first ``settle_max`` of them by step-time
+   bound, then index, are planned (their verdict only changes the counts); any left are
+   counted as undecided, never as feasible or rejected.
 
 Exact ties (after the tie rule's keys) are broken by enumeration index, the same in the
 exhaustive check.
 Exact plans run on ``workers`` forked processes (default: the CPUs this process may use).
+The output does not depend on the clock or on ``workers``: every budget is a count, the
+ranking plans :data:`RANK_BATCH` candidates a round whatever the pool's size, and the pool
+returns results in job order. Only ``wall_s`` and ``timings`` are measured times.
 
 Goodput (:mod:`meshplan.reliability`, storage bandwidths and restart overhead from
 ``[search]``) is printed for the top candidates, not ranked.
@@ -78,6 +82,12 @@ BOUND_SLACK = 1e-9
 #: 0.3 s of :func:`refine` per block on Llama-3-405B / 16,384 H100 (~1 ms each plus a fixed
 #: cost per pp degree), against 0.1-0.3 s per exact plan.
 TIGHTEN_BLOCK = 256
+#: Candidates the exact ranking plans per round (step 6) before it checks its stopping rule:
+#: fixed, not the number of workers, so that which candidates are planned (and so the
+#: ``exact_max`` cut, the planned count and the memory verdicts settled on the way) is the
+#: same on every machine. 4: two jobs per worker on 2 cores; a larger pool gets fewer
+#: than one job per worker a round (a run a few tenths of a second longer on 16 cores).
+RANK_BATCH = 4
 
 
 @dataclass
@@ -115,8 +125,8 @@ class SearchResult:
     explanation: Optional[Explanation] = None
 
     def counts(self) -> dict[str, int]:
-        """Candidates per outcome: ``feasible``, ``undecided`` (near the memory limit, not
-        planned within ``settle_s``) and one key per rejection reason; they add up to the
+        """Candidates per outcome: ``feasible``, ``undecided`` (near the memory limit, beyond
+        ``settle_max`` and not needed by the ranking) and one key per rejection reason; they add up to the
         number of candidates."""
         out = {"feasible": int((self.code == OK).sum()), "undecided": int((self.code == UNDECIDED).sum())}
         for i, (key, _) in enumerate(REASONS):
@@ -175,7 +185,7 @@ def estimate(cfg: Config, c: Candidates, code: np.ndarray, tt: Optional[TimeTabl
 
 Progress = Callable[[str, int, int], None]
 RULE, BOUND, PLAN = 1, 2, 3
-#: Code of a candidate near the memory limit left unplanned when ``settle_s`` ran out.
+#: Code of a candidate near the memory limit left unplanned (beyond ``settle_max``).
 UNDECIDED = -2
 MEMORY, GEMM = CODE["memory"], CODE["gemm"]
 
@@ -217,16 +227,17 @@ def search(cfg: Config, progress: Optional[Progress] = None, workers: Optional[i
         clock("refine")
         tight = np.zeros(len(c), bool)
         tight[near_top] = True
-        top, proven = _rank(cfg, c, est, eligible, run, tt, tight)
+        top, proven, fastest = _rank(cfg, c, est, eligible, run, tt, tight)
         clock("rank")
-        band = np.flatnonzero((code == OK) & (decided == 0))
-        run.plan(band[np.argsort(est.step_lo[band], kind="stable")], PLAN_ONLY, label="near the memory limit",
-                 deadline=time.perf_counter() + o.settle_s)
+        band = np.flatnonzero((code == OK) & (decided == 0))  # in index order: the stable sort breaks ties
+        run.plan(band[np.argsort(est.step_lo[band], kind="stable")][:o.settle_max], PLAN_ONLY,
+                 label="near the memory limit")
         left = (code == OK) & (decided == 0)
         if left.any():
             code[left] = UNDECIDED
-            notes.append(f"{int(left.sum())} candidates near the memory limit were not planned within settle_s "
-                         f"{o.settle_s:g} s (their step-time bounds keep them out of the top); counted as undecided")
+            notes.append(f"{int(left.sum())} candidates near the memory limit were not planned (settle_max "
+                         f"{o.settle_max} plans the first by step-time bound; their bounds keep them out of the "
+                         "top); counted as undecided")
         clock("memory limit")
         if apply:
             code[(code == OK) & ~above] = GEMM
@@ -239,7 +250,7 @@ def search(cfg: Config, progress: Optional[Progress] = None, workers: Optional[i
         notes.append(f"no candidate with local GEMM efficiency >= {o.min_gemm_efficiency:.0%} fits: capacity "
                      f"requires narrower GEMMs, so the below-threshold candidates are kept")
     return SearchResult(cfg, c, code, decided, est, usable, top, run.exact, best, not apply, proven,
-                        time.perf_counter() - t0, notes, clock.laps, _explanation(cfg, c, est, top))
+                        time.perf_counter() - t0, notes, clock.laps, _explanation(cfg, c, est, top, fastest))
 
 
 def _settings_notes(cfg: Config, c: Candidates) -> list[str]:
@@ -283,20 +294,16 @@ class _Runner:
         self.exact: dict[int, Exact] = {}
         self.notes: list[str] = []
 
-    def plan(self, idx, mode, label: str, deadline: float = float("inf")) -> list[Exact]:
+    def plan(self, idx, mode, label: str) -> list[Exact]:
         """Evaluate the candidates ``idx`` in order in ``mode`` (:meth:`Planner.__call__`; a
-        str, or one per candidate), until ``deadline`` (perf_counter seconds) passes; those
-        already evaluated as far as their mode asks are skipped."""
+        str, or one per candidate); those already evaluated as far as their mode asks are
+        skipped."""
         modes = [mode] * len(idx) if isinstance(mode, str) else list(mode)
         todo = [(int(i), md) for i, md in zip(idx, modes)
                 if int(i) not in self.exact or _short_of(self.exact[int(i)], md)]
         out = []
-        # batches of 4 jobs per worker; one per worker under a deadline, so that the last batch
-        # (up to ~0.3 s a job with pp 64 memory timelines) overruns it by one job at most
-        step = max(1, self.pool.workers) * (4 if deadline == float("inf") else 1)
+        step = max(1, self.pool.workers) * 4  # batches of 4 jobs per worker (progress between them)
         for k in range(0, len(todo), step):
-            if time.perf_counter() > deadline:
-                break
             out += self._batch(todo[k:k + step])
             if self.progress:
                 self.progress(label, min(k + step, len(todo)), len(todo))
@@ -364,9 +371,10 @@ def _near_top(est: Estimates, eligible: np.ndarray, top: int, most: int) -> np.n
 
 
 def _rank(cfg: Config, c: Candidates, est: Estimates, eligible: np.ndarray, run: _Runner, tt: TimeTables,
-          tight: np.ndarray) -> tuple[list[Exact], bool]:
+          tight: np.ndarray) -> tuple[list[Exact], bool, Optional[Exact]]:
     """Best-first exact ranking (module docstring, step 6) under the tie rule of
-    :mod:`meshplan.search.rank`: (top, proven). The queue (:mod:`meshplan.search.frontier`)
+    :mod:`meshplan.search.rank`: (top, proven, the fastest feasible candidate planned: the
+    tie rule may list it below the top, or leave it out). The queue (:mod:`meshplan.search.frontier`)
     tightens each bound before its candidate is planned, on its own copy: ``est`` keeps the
     bounds the vectorised pass and :func:`refine` gave (``tight``: the candidates refined)."""
     o = cfg.search
@@ -376,7 +384,7 @@ def _rank(cfg: Config, c: Candidates, est: Estimates, eligible: np.ndarray, run:
                      most=o.refine_max)
     steps: dict[int, float] = {}    # feasible: exact step times
     pending: dict[int, float] = {}  # near the memory limit, memory not planned yet: exact step times
-    batch = max(1, run.pool.workers)
+    batch = RANK_BATCH
     planned, proven = 0, True
     while True:
         while len(queue):
@@ -406,7 +414,9 @@ def _rank(cfg: Config, c: Candidates, est: Estimates, eligible: np.ndarray, run:
             if run.progress:
                 run.progress("ranking", planned, planned + (len(queue) > 0))
         if not _complete_top(c, steps, o.top, run) or not proven:
-            return [run.exact[i] for i in ranked(c, steps, o.top)], proven
+            fastest = min(steps, key=lambda i: (steps[i], i)) if steps else None
+            return [run.exact[i] for i in ranked(c, steps, o.top)], proven, \
+                None if fastest is None else run.exact[fastest]
 
 
 def _settle_pending(steps: dict[int, float], pending: dict[int, float], top: int, run: _Runner) -> None:
@@ -441,24 +451,30 @@ def _complete_top(c: Candidates, steps: dict[int, float], top: int, run: _Runner
     return changed
 
 
-def describe(cfg: Config, c: Candidates, est: Estimates, i: int) -> dict:
-    """What sets candidate ``i``'s step parts, for :func:`meshplan.search.explain.explain`."""
+def describe(cfg: Config, c: Candidates, est: Estimates, e: Exact) -> dict:
+    """What sets candidate ``e``'s step parts, for :func:`meshplan.search.explain.explain`."""
+    i = e.index
     out: dict = {str(axis): int(c.degree(col.column)[i]) for axis, col in search_axes()}  # every searched axis
     out.update(vpp=int(c.vpp[i]), micro_batch=int(c.mb[i]), m=cfg.training.global_batch // int(c.mb[i] * c.dp[i]),
                recompute=RECOMPUTE[c.rc[i]], sharding=SHARDING[c.sh[i]], gemm_efficiency=float(est.gemm[i]),
-               reshard_after_forward=bool(c.rf[i]), tp_comm_overlap=bool(c.ov[i]))
+               reshard_after_forward=bool(c.rf[i]), tp_comm_overlap=bool(c.ov[i]), layer_passes=e.layer_passes)
     return out
 
 
-def _explanation(cfg: Config, c: Candidates, est: Estimates, top: list[Exact]) -> Optional[Explanation]:
-    """The top against the runner-up (:mod:`meshplan.search.explain`), when both are simulated."""
+def _explanation(cfg: Config, c: Candidates, est: Estimates, top: list[Exact],
+                 fastest: Optional[Exact]) -> Optional[Explanation]:
+    """The top against the runner-up (:mod:`meshplan.search.explain`), when both are
+    simulated, naming ``fastest`` (the fastest feasible candidate planned) where the tie rule
+    listed the top before it."""
     if len(top) < 2:
         return None
     a, b = top[0], top[1]
     if a.breakdown is None or b.breakdown is None:
         return None
-    return explain(a.breakdown, b.breakdown, describe(cfg, c, est, a.index), describe(cfg, c, est, b.index),
-                   by_tie_rule=(a.step_s or 0.0) > (b.step_s or 0.0))
+    f = fastest if fastest is not None and fastest.step_s is not None else a
+    row = next((k for k, e in enumerate(top, 1) if e.index == f.index), None)
+    return explain(a.breakdown, b.breakdown, describe(cfg, c, est, a), describe(cfg, c, est, b),
+                   fastest_step_s=f.step_s, fastest_row=row, fastest_label=c.label(f.index))
 
 
 def _best_rejected(code: np.ndarray, est: Estimates, run: _Runner, top: list[Exact]) -> Optional[Exact]:

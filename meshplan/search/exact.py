@@ -19,7 +19,7 @@ from meshplan.memory import constraints as cons
 from meshplan.plan import Infeasible, build_plan
 from meshplan.schedule.rank_timeline import Overlap
 from meshplan.reliability import reliability
-from meshplan.search.explain import step_breakdown
+from meshplan.search.explain import layer_passes, step_breakdown
 from meshplan.search.space import Candidates, candidate_config
 from meshplan.config import Config
 from meshplan.schedule.steptime import step_time
@@ -29,8 +29,9 @@ from meshplan.schedule.steptime import step_time
 class Exact:
     """One candidate planned exactly: ``feasible`` and ``reasons`` from build_plan,
     ``peak_bytes`` of the most loaded stage, and (when simulated) ``step_s``, ``mfu``,
-    ``tokens_per_s``, ``goodput`` and the step's parts
-    (:func:`~meshplan.search.explain.step_breakdown`, seconds). ``complete`` False: a
+    ``tokens_per_s``, ``goodput``, the step's parts
+    (:func:`~meshplan.search.explain.step_breakdown`, seconds) and ``layer_passes`` (its
+    critical stage's layer passes, :func:`~meshplan.search.explain.layer_passes`). ``complete`` False: a
     step-only evaluation (:data:`STEP_ONLY`): ``step_s``, ``mfu``, ``tokens_per_s`` and the
     parts as the complete one gives them, ``goodput`` as if the memory fits, no memory
     verdict (``feasible``: the mesh resolves) and no peak."""
@@ -45,6 +46,7 @@ class Exact:
     goodput: Optional[float] = None
     breakdown: Optional[dict] = None
     complete: bool = True
+    layer_passes: Optional[int] = None
 
 
 class Planner:
@@ -69,13 +71,13 @@ class Planner:
         if mode == STEP_ONLY:  # the goodput as if the memory fits (merge() drops it where it does not)
             st = step_time(plan, Overlap())
             return Exact(i, True, (), float("nan"), st.step_s, st.mfu, st.tokens_per_s, self._goodput(plan),
-                         step_breakdown(st), complete=False)
+                         step_breakdown(st), complete=False, layer_passes=layer_passes(st))
         peak = plan.timeline.peak.total_bytes
         if mode == PLAN_ONLY:
             return Exact(i, plan.feasible, plan.reasons, peak)
         st = step_time(plan, Overlap())
         return Exact(i, plan.feasible, plan.reasons, peak, st.step_s, st.mfu, st.tokens_per_s,
-                     self._goodput(plan) if plan.feasible else None, step_breakdown(st))
+                     self._goodput(plan) if plan.feasible else None, step_breakdown(st), layer_passes=layer_passes(st))
 
     def _goodput(self, plan) -> float:
         """Daly goodput of ``plan`` (:mod:`meshplan.reliability`: checkpoint size from the
@@ -101,7 +103,8 @@ def merge(prev: Optional[Exact], new: Exact) -> Exact:
     else:
         return new
     return replace(memory, step_s=step.step_s, mfu=step.mfu, tokens_per_s=step.tokens_per_s,
-                   goodput=step.goodput if memory.feasible else None, breakdown=step.breakdown)
+                   goodput=step.goodput if memory.feasible else None, breakdown=step.breakdown,
+                   layer_passes=step.layer_passes)
 
 
 #: Modes of a planner job (:meth:`Planner.__call__`).

@@ -13,19 +13,22 @@ stage (the stage that ends last) into parts that add up to the step, seconds:
   and, for pp, the p2p waits.
 
 ``compute + bubble + sum(exposed) = step_s`` (the stage's last unit end + its tail + its
-step-end ops). :func:`explain` lines up two breakdowns and names the largest differences.
+step-end ops). :func:`layer_passes` counts the critical stage's layer passes (a count, kept
+apart from the seconds). :func:`explain` lines up two breakdowns and names the largest
+differences.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 from meshplan.schedule.steptime import StepTime
 
 
 def step_breakdown(st: StepTime) -> dict[str, float]:
     """Parts of ``st`` on its critical stage (module docstring), seconds; key ``step`` is
-    the step time itself, ``layer_passes`` the critical stage's layers x micro-batches."""
+    the step time itself. Every value is seconds."""
     res, s = st.pipeline, st.critical_stage
     sl = res.stage_slice(s)
     last_end, busy = float(res.end[sl].max()), float(res.busy_s[s])
@@ -35,11 +38,15 @@ def step_breakdown(st: StepTime) -> dict[str, float]:
     tail = st.step_s - last_end - opt - post_comm
     pp = st.exposed_s.get("pp", 0.0)
     inside = sum(st.exposed_s.values()) - pp - tail - post_comm
-    layers = sum(len(ch.layers) for ch in st.units.chunks[s])
-    out = {"step": st.step_s, "compute": busy - inside + opt, "bubble": last_end - busy - pp,
-           "layer_passes": float(layers * res.spec.m)}
+    out = {"step": st.step_s, "compute": busy - inside + opt, "bubble": last_end - busy - pp}
     out.update({f"exposed {k}": v for k, v in st.exposed_s.items() if v > 0})
     return out
+
+
+def layer_passes(st: StepTime) -> int:
+    """Forward passes of one layer on ``st``'s critical stage per step: the layers of its
+    chunks x the micro-batches (what a per-layer cost such as cp's all-gathers is paid per)."""
+    return sum(len(ch.layers) for ch in st.units.chunks[st.critical_stage]) * st.pipeline.spec.m
 
 
 @dataclass(frozen=True)
@@ -60,30 +67,51 @@ class Difference:
 @dataclass(frozen=True)
 class Explanation:
     """The top against the runner-up: relative step difference (runner / top - 1), the
-    parts ordered by how much they differ, and whether the tie rule placed the top."""
+    parts ordered by how much they differ, and the fastest feasible candidate the search
+    knows: ``fastest_step_s`` (seconds), ``fastest_row`` (its row, 1 = the top; None when
+    the rows listed leave it out) and ``fastest_label``. When it is faster than the top
+    (``by_tie_rule``), the top is within the tie rule's 1% of it and was listed first for
+    its simpler mesh; the line then says so and names it, so that no row listed is faster
+    than the line claims the top to be."""
 
     top_step_s: float
     runner_step_s: float
     parts: tuple[Difference, ...]
-    by_tie_rule: bool
+    fastest_step_s: float
+    fastest_row: Optional[int] = 1
+    fastest_label: str = ""
 
     @property
     def faster(self) -> float:
         return self.runner_step_s / self.top_step_s - 1
 
+    @property
+    def by_tie_rule(self) -> bool:
+        """Whether a candidate faster than the top exists (the tie rule listed the top first)."""
+        return self.fastest_step_s < self.top_step_s
+
     def line(self, most: int = 3) -> str:
-        """``top is 4.1% faster than #2: bubble 3.2 s vs 5.0 s (pp 16 vs 32), ...``."""
+        """``top is 4.1% faster than #2: bubble 3.2 s vs 5.0 s (pp 16 vs 32), ...`` when the top
+        is the fastest; else ``top's step 12.337 s is 0.09% longer than the fastest's (#4,
+        12.326 s), within 1%: ...; against #2 (12.348 s, 0.09% longer): ...``."""
         parts = ", ".join(_part_text(d) for d in self.parts[:most]) or "no part differs"
-        if self.by_tie_rule:
-            head = (f"top's step is {self.top_step_s / self.runner_step_s - 1:.1%} longer than #2's, within 1%: "
-                    f"listed first by the tie rule (fewer axes / lower degrees); parts")
-        else:
-            head = f"top is {self.faster:.1%} faster than #2"
-        return f"{head}: {parts}"
+        if not self.by_tie_rule:
+            return f"top is {self.faster:.1%} faster than #2: {parts}"
+        where = f"#{self.fastest_row}" if self.fastest_row else f"{self.fastest_label}, not listed"
+        head = (f"top's step {self.top_step_s:.3f} s is {self.top_step_s / self.fastest_step_s - 1:.2%} longer than "
+                f"the fastest's ({where}, {self.fastest_step_s:.3f} s), within 1%: listed first by the tie rule "
+                "(fewer axes / lower degrees)")
+        if self.fastest_row == 2:
+            return f"{head}; parts against #2: {parts}"
+        rel = self.faster
+        runner = f"{self.runner_step_s:.3f} s, {abs(rel):.2%} {'longer' if rel >= 0 else 'shorter'}"
+        return f"{head}; against #2 ({runner}): {parts}"
 
     def to_dict(self) -> dict:
         return {"top_step_s": self.top_step_s, "runner_up_step_s": self.runner_step_s,
                 "runner_up_slower_by": self.faster, "by_tie_rule": self.by_tie_rule,
+                "fastest_step_s": self.fastest_step_s, "fastest_row": self.fastest_row,
+                "fastest_label": self.fastest_label,
                 "parts": [{"part": d.part, "top_s": d.top_s, "runner_up_s": d.runner_s, "context": d.context}
                           for d in self.parts],
                 "line": self.line()}
@@ -132,12 +160,16 @@ def _context(part: str, a: dict, b: dict) -> str:
     return ", ".join(out)
 
 
-def explain(top: dict, runner: dict, top_desc: dict, runner_desc: dict, by_tie_rule: bool = False) -> Explanation:
+def explain(top: dict, runner: dict, top_desc: dict, runner_desc: dict, fastest_step_s: Optional[float] = None,
+            fastest_row: Optional[int] = 1, fastest_label: str = "") -> Explanation:
     """The parts of two :func:`step_breakdown` results ordered by ``|runner - top|``, largest
-    first; parts equal in both are left out. ``*_desc``: what :func:`_context` reads."""
-    keys = [k for k in dict.fromkeys([*top, *runner]) if k not in ("step", "layer_passes")]
+    first; parts equal in both are left out. ``*_desc``: what :func:`_context` reads
+    (``layer_passes`` among them). ``fastest_*``: the fastest feasible candidate
+    (:class:`Explanation`; default: the top)."""
+    keys = [k for k in dict.fromkeys([*top, *runner]) if k != "step"]
     a, b = {**top_desc, **top}, {**runner_desc, **runner}
     diffs = [Difference(k, top.get(k, 0.0), runner.get(k, 0.0), _context(k, a, b)) for k in keys]
     diffs = [d for d in diffs if abs(d.gain_s) > 1e-12 * max(top["step"], 1e-30)]
     diffs.sort(key=lambda d: -abs(d.gain_s))
-    return Explanation(top["step"], runner["step"], tuple(diffs), by_tie_rule)
+    fastest = top["step"] if fastest_step_s is None else fastest_step_s
+    return Explanation(top["step"], runner["step"], tuple(diffs), fastest, fastest_row, fastest_label)

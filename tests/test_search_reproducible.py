@@ -1,0 +1,62 @@
+"""``meshplan search`` gives the same output for the same input on any machine: no budget
+reads the clock (``[search] settle_max`` counts candidates; the former ``settle_s`` seconds
+is refused with a message naming it) and the ranking plans the same candidates whatever the
+number of workers (:data:`meshplan.search.driver.RANK_BATCH`)."""
+
+from __future__ import annotations
+
+import itertools
+import types
+
+import pytest
+
+from meshplan.errors import ConfigError
+from meshplan.report.search import count_lines, search_to_dict
+from meshplan.search import driver
+from meshplan.search.driver import search
+from test_search import CASES, config
+
+
+def _doc(r) -> dict:
+    """The --json document less what is measured (wall time and the phases' times)."""
+    doc = search_to_dict(r)
+    del doc["wall_s"], doc["timings_s"]
+    return doc
+
+
+def test_same_json_on_a_fast_and_a_slow_machine(monkeypatch):
+    """The 64-GPU case leaves 158 candidates near the memory limit after its ranking; with
+    settle_max 20 the first 20 by step-time bound are planned, 138 stay undecided. A second
+    run on 2 workers under a clock that jumps 1,000 s per reading (a machine far slower than
+    any budget in seconds) must write the same JSON: the old settle_s budget planned none of
+    them there, and the ranking planned 2 a round on 2 workers against 1 on 1."""
+    cfg = config(**CASES["64"], settle_max=20)
+    fast = search(cfg, workers=1)
+    ticks = itertools.count()
+    monkeypatch.setattr(driver, "time", types.SimpleNamespace(perf_counter=lambda: 1000.0 * next(ticks)))
+    slow = search(cfg, workers=2)
+    assert fast.counts()["undecided"] == 138
+    assert slow.wall_s >= 1000.0  # the fake clock was read
+    assert _doc(slow) == _doc(fast)
+    assert search(cfg, workers=1).counts() == fast.counts()  # and a plain second run
+
+
+def test_settle_max_plans_that_many_candidates_near_the_memory_limit():
+    """Each candidate near the memory limit that settle_max lets through leaves the undecided
+    count (it is planned: feasible or rejected for memory); the counts add up either way."""
+    none = search(config(**CASES["64"], settle_max=0), workers=1)
+    some = search(config(**CASES["64"], settle_max=20), workers=1)
+    n, s = none.counts(), some.counts()
+    assert n["undecided"] == 158 and s["undecided"] == 158 - 20
+    assert s["feasible"] + s["memory"] - n["feasible"] - n["memory"] == 20
+    assert sum(n.values()) == sum(s.values()) == len(none.candidates)
+    assert any("beyond [search] settle_max" in line for line in count_lines(some))
+    assert any(note.startswith("138 candidates near the memory limit were not planned (settle_max 20")
+               for note in some.notes)
+
+
+def test_settle_s_is_refused_naming_settle_max():
+    with pytest.raises(ConfigError) as e:
+        config(1, settle_s=2.0)
+    assert e.value.field == "search.settle_s"
+    assert "settle_max" in e.value.message and "\n" not in str(e.value)
