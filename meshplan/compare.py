@@ -18,8 +18,8 @@ memory peak above usable HBM) loses to one that fits; between two that fit, the 
 predicted step wins when it is shorter by more than ``tie_fraction`` (default 2%, below the
 model's resolution); within that band, the lower peak memory wins (more headroom). Two
 configs of the same mesh with the same knobs are reported as identical: nothing is chosen
-or rejected. When neither mesh fits, nothing is chosen either (``none_fit``; each side's reasons are given and
-the CLI exits 1, as ``meshplan plan`` does for an infeasible mesh).
+or rejected. When neither mesh fits, nothing is chosen either (``none_fit``; each side's
+reasons are given and the CLI exits 1, as ``meshplan plan`` does for an infeasible mesh).
 """
 
 from __future__ import annotations
