@@ -1,15 +1,25 @@
-"""Side-by-side comparison of two meshes of one workload (the seed's tensor 8 against
+"""Side-by-side comparison of two plans of one workload (the seed's tensor 8 against
 tensor 4): local GEMM shapes and their efficiency, peak memory, bytes per link, exposed
-communication, step time, and a verdict with its reasons. The rejected mesh and its
+communication, step time, and a verdict with its reasons. The rejected plan and its
 evidence are written to an output folder.
+
+The workload is the model, the cluster, the [training] fields that say what the step
+computes (global batch, sequence length, dtypes, optimizer ...) and the [memory] assumptions
+(NCCL buffers, fragmentation ...); both sides must share it
+(:func:`check_workload`: a one-line error names the first field that differs). A plan is the
+mesh and its knobs (:data:`~meshplan.spec.training.PLAN_KNOBS`: micro_batch, recompute,
+sharding ..., the [mesh] schedule, virtual stages, layer split, and
+:data:`~meshplan.spec.memory.MEMORY_KNOBS`: prefetch depth, when FSDP reduces): each
+knob that differs is a row of the table, and the verdict says when the difference is not the
+mesh's alone.
 
 Verdict rule (stated, no hidden weights): a mesh that does not fit (infeasible plan or
 memory peak above usable HBM) loses to one that fits; between two that fit, the shorter
 predicted step wins when it is shorter by more than ``tie_fraction`` (default 2%, below the
 model's resolution); within that band, the lower peak memory wins (more headroom). Two
-configs of the same mesh are reported as identical: nothing is chosen or rejected. When
-neither mesh fits, nothing is chosen either (``none_fit``; each side's reasons are given and
-the CLI exits 1, as ``meshplan plan`` does for an infeasible mesh).
+configs of the same mesh with the same knobs are reported as identical: nothing is chosen
+or rejected. When neither mesh fits, nothing is chosen either (``none_fit``; each side's
+reasons are given and the CLI exits 1, as ``meshplan plan`` does for an infeasible mesh).
 """
 
 from __future__ import annotations
@@ -17,10 +27,12 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Any, Callable, Optional
 
 from meshplan import __version__
 from meshplan.compute.gemm import gemm_efficiency
+from meshplan.config import Differences, config_differences
+from meshplan.errors import ConfigError
 from meshplan.fileio import check_destination, staged_folder, write_output
 from meshplan.plan import Infeasible, Plan
 from meshplan.report.html import esc, lines, page, section, table
@@ -69,8 +81,10 @@ class Side:
 
 @dataclass(frozen=True)
 class Comparison:
-    """``winner`` and ``rejected`` are "" when the two meshes are the same (``identical``) or
-    when neither fits (``none_fit``); ``rule``: the verdict rule in words."""
+    """``winner`` and ``rejected`` are "" when the two plans are the same (``identical``: the
+    same mesh and knobs) or when neither fits (``none_fit``); ``rule``: the verdict rule in
+    words; ``knobs``: (field, A's value, B's value) of each plan knob that differs
+    (:attr:`meshplan.config.Differences.knobs`)."""
 
     a: Side
     b: Side
@@ -80,6 +94,7 @@ class Comparison:
     rule: str = ""
     identical: bool = False
     none_fit: bool = False
+    knobs: tuple[tuple[str, Any, Any], ...] = ()
 
 
 def rule_text(tie_fraction: float = 0.02) -> str:
@@ -140,25 +155,54 @@ def _fit(s: Side) -> tuple[float, float]:
     return s.step_s, s.peak_bytes
 
 
+def check_workload(plan_a: Plan | Infeasible, plan_b: Plan | Infeasible,
+                   names: tuple[str, str] = ("A", "B")) -> Differences:
+    """The two configs' :class:`~meshplan.config.Differences`; a ConfigError naming the first
+    workload field that differs and its two values (a comparison weighs plans of one workload
+    on one cluster: a faster GPU or a larger batch is not a better mesh)."""
+    d = config_differences(plan_a.config, plan_b.config)
+    if d.workload:
+        where, va, vb = d.workload[0]
+        more = f" (and {len(d.workload) - 1} more workload fields)" if len(d.workload) > 1 else ""
+        ca, cb = plan_a.config.cluster, plan_b.config.cluster
+        hint = (f"give both the same [cluster] ({names[0]} is on {ca.name}, {names[1]} on {cb.name}), or run "
+                f"meshplan step on each to compare clusters" if where.startswith("cluster.") else
+                f"give both the same {where}; only the mesh and the plan's knobs (micro_batch, recompute, "
+                f"sharding ...) may differ")
+        raise ConfigError("compare", f"{where} differs: {names[0]} {_short(va)}, {names[1]} {_short(vb)}{more}; "
+                                     f"compare weighs two plans of one workload: {hint}")
+    return d
+
+
+def _short(v: Any) -> str:
+    """A config value for a one-line message: tables and long lists abridged."""
+    text = json.dumps(v) if isinstance(v, (dict, list)) else str(v)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def compare(plan_a: Plan | Infeasible, plan_b: Plan | Infeasible, names: tuple[str, str] = ("A", "B"),
             tie_fraction: float = 0.02, overlap: Optional[Overlap] = None) -> Comparison:
-    """Compare two plans of one workload (see the module docstring for the rule)."""
+    """Compare two plans of one workload (see the module docstring for the rule); a ConfigError
+    when the workloads differ (:func:`check_workload`)."""
+    knobs = check_workload(plan_a, plan_b, names).knobs
     a, b = side_of(names[0], plan_a, overlap), side_of(names[1], plan_b, overlap)
     rule = rule_text(tie_fraction)
-    if same_mesh(plan_a, plan_b):
+    if same_mesh(plan_a, plan_b) and not knobs:
         what = f"{a.name} and {b.name} are" if a.name != b.name else f"both configs ({a.name}) are"
-        return Comparison(a, b, "", "", (f"{what} the same mesh ({a.mesh_text}): nothing to choose; "
-                                         f"give two meshes of the workload",), rule, identical=True)
+        return Comparison(a, b, "", "", (f"{what} the same plan (mesh {a.mesh_text}, the same knobs) of one "
+                                         f"workload: nothing to choose; give two meshes or plans of the workload",),
+                          rule, identical=True)
     why = []
     if a.feasible != b.feasible:
         win, lose = (a, b) if a.feasible else (b, a)
         why.append(f"{lose.name} ({lose.mesh_text}) is infeasible: " + "; ".join(lose.reasons))
         if lose.step_s and win.step_s and lose.step_s < win.step_s:
             why.append(f"{lose.name} would predict a {1 - lose.step_s / win.step_s:.0%} shorter step "
-                       f"({lose.step_s:.3f} s vs {win.step_s:.3f} s) if it fit: " + _to_fit(win, lose))
+                       f"({lose.step_s:.3f} s vs {win.step_s:.3f} s) if it fit: " + _to_fit(win, lose, knobs, win is a))
     elif not a.feasible:
         return Comparison(a, b, "", "", tuple(f"{s.name} ({s.mesh_text}) is infeasible: " + "; ".join(s.reasons)
-                                              for s in (a, b)) + tuple(_evidence_lines(a, b)), rule, none_fit=True)
+                                              for s in (a, b)) + tuple(_evidence_lines(a, b, knobs)), rule,
+                          none_fit=True, knobs=knobs)
     else:
         (sa, pa), (sb, pb) = _fit(a), _fit(b)
         (fast, fs), (slow, ss) = ((a, sa), (b, sb)) if sa <= sb else ((b, sb), (a, sa))
@@ -171,24 +215,57 @@ def compare(plan_a: Plan | Infeasible, plan_b: Plan | Infeasible, names: tuple[s
             win, lose = (a, b) if pa <= pb else (b, a)
             why.append(f"step times within {tie_fraction:.0%} ({sa:.3f} s vs {sb:.3f} s): "
                        f"{win.name} has more memory headroom")
-    why += _evidence_lines(a, b)
-    return Comparison(a, b, win.name, lose.name, tuple(why), rule)
+    why += _evidence_lines(a, b, knobs)
+    return Comparison(a, b, win.name, lose.name, tuple(why), rule, knobs=knobs)
 
 
-def _to_fit(win: Side, lose: Side) -> str:
-    """What would make the faster mesh ``lose`` (resolved, infeasible) fit, true of the two
-    meshes compared: when ``win`` fits with a larger tensor degree, a larger tp is a way to fit
-    (``win`` shows it) that gives up the shorter step; else larger tp is one of the untried ways."""
+def _knob_text(knobs: tuple[tuple[str, Any, Any], ...], a_first: bool) -> str:
+    """``training.recompute full against none, ...``: each knob's value on A's side against
+    B's, or B's against A's when not ``a_first``."""
+    return ", ".join(f"{k} {_knob(x if a_first else y)} against {_knob(y if a_first else x)}" for k, x, y in knobs)
+
+
+def _knob(v: Any) -> str:
+    """A knob's value as its TOML spelling (``true``, ``40, 40``; ``unset`` for None)."""
+    if v is None:
+        return "unset"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, list):
+        return f"[{', '.join(map(str, v))}]" if len(v) <= 8 else f"[{len(v)} values]"
+    return str(v)
+
+
+def _to_fit(win: Side, lose: Side, knobs: tuple = (), win_is_a: bool = True) -> str:
+    """What would make the faster plan ``lose`` (resolved, infeasible) fit, true of the two
+    plans compared: when ``win`` fits with a larger tensor degree and the same knobs, a larger
+    tp is a way to fit (``win`` shows it) that gives up the shorter step; when knobs differ too,
+    ``win`` fits with its mesh and those knobs together, named as such; else larger tp is one of
+    the untried ways."""
     mw, ml = win.plan.mesh, lose.plan.mesh
     tw, tl = (mw.degree("tp") if mw else 1), (ml.degree("tp") if ml else 1)
+    if knobs:
+        mesh = (f"the same mesh and " if win.mesh_text == lose.mesh_text
+                else f"{win.mesh_text} against {lose.mesh_text} and ")
+        full = lose.plan.config.training.recompute == "full"
+        return (f"{win.name} fits with {mesh}{_knob_text(knobs, win_is_a)}, but gives up that step; to keep it, "
+                f"{lose.name} needs another axis (cp, pp), a larger tensor degree, "
+                f"{'' if full else 'more recompute, '}or more memory")
     if tw > tl:
         return (f"a larger tensor degree fits ({win.name}, tp {tw} against tp {tl}) but gives up that step; "
                 f"to keep it, {lose.name} needs another axis (cp, pp) or more memory")
     return "it needs another axis (cp, pp), a larger tensor degree or more memory"
 
 
-def _evidence_lines(a: Side, b: Side) -> list[str]:
+def _evidence_lines(a: Side, b: Side, knobs: tuple = ()) -> list[str]:
     out = []
+    if knobs and a.mesh_text == b.mesh_text:
+        out.append(f"same mesh ({a.mesh_text}); the plans differ in {_knob_text(knobs, True)} ({a.name} against "
+                   f"{b.name}): the difference comes from these knobs, not from the mesh")
+    elif knobs:
+        out.append(f"the meshes differ ({a.name} {a.mesh_text}, {b.name} {b.mesh_text}) and so do "
+                   f"{_knob_text(knobs, True)} ({a.name} against {b.name}): the difference is theirs together, "
+                   f"not the mesh's alone")
     if a.gemms and b.gemms:
         ea = {g[0]: g for g in a.gemms}
         for name, m, n, k, eff in b.gemms:
@@ -209,25 +286,63 @@ def _evidence_lines(a: Side, b: Side) -> list[str]:
     return out
 
 
-def table_rows(c: Comparison) -> list[tuple[str, str, str]]:
-    """(quantity, A, B) rows for printing."""
-    def f(x, fmt):
-        return "-" if x is None else fmt(x)
+@dataclass(frozen=True)
+class Row:
+    """One quantity of the side-by-side table: ``label`` as printed (human units), ``key`` as in
+    ``--json`` (SI units, named), A's and B's values in SI (None: not resolved, printed "-"),
+    ``show`` formats one value for printing, ``missing`` is printed for None."""
 
-    rows = [("mesh", c.a.mesh_text, c.b.mesh_text),
-            ("feasible", str(c.a.feasible), str(c.b.feasible)),
-            ("step time (s)", f(c.a.step_s, "{:.3f}".format), f(c.b.step_s, "{:.3f}".format)),
-            ("MFU", f(c.a.mfu, "{:.1%}".format), f(c.b.mfu, "{:.1%}".format)),
-            ("peak memory (GiB)", f(c.a.peak_bytes, lambda x: f"{x / GiB:.1f}"),
-             f(c.b.peak_bytes, lambda x: f"{x / GiB:.1f}"))]
+    label: str
+    key: str
+    a: Any
+    b: Any
+    show: Callable[[Any], str] = str
+    missing: str = "-"
+
+
+def rows(c: Comparison) -> list[Row]:
+    """The comparison's quantities: mesh, each differing knob, feasibility, step time (s), MFU
+    (fraction), peak memory (B), bytes sent per rank per step by link class, and each GEMM's
+    local (M, N, K) and efficiency."""
+    out = [Row("mesh", "mesh", c.a.mesh_text, c.b.mesh_text)]
+    out += [Row(k, k, x, y, _knob, "unset") for k, x, y in c.knobs]
+    out += [Row("feasible", "feasible", c.a.feasible, c.b.feasible),
+            Row("step time (s)", "step time (s)", c.a.step_s, c.b.step_s, "{:.3f}".format),
+            Row("MFU", "MFU (fraction of peak)", c.a.mfu, c.b.mfu, "{:.1%}".format),
+            Row("peak memory (GiB)", "peak memory (B)", c.a.peak_bytes, c.b.peak_bytes, lambda x: f"{x / GiB:.1f}")]
     for kind in sorted(set(c.a.link_bytes) | set(c.b.link_bytes)):
-        rows.append((f"{kind} GB/rank/step", c.a.gb_sent(kind), c.b.gb_sent(kind)))
+        out.append(Row(f"{kind} GB/rank/step", f"{kind} bytes sent per rank per step", _sent(c.a, kind),
+                       _sent(c.b, kind), lambda x: f"{x / GB:.1f}"))
     ga, gb = {g[0]: g for g in c.a.gemms}, {g[0]: g for g in c.b.gemms}
     both = c.a.resolved and c.b.resolved  # both resolved: the GEMMs they share; else the resolved one's, "-" beside
     for name in dict.fromkeys([*ga, *gb]):
         if (name in ga and name in gb) or not both:
-            rows.append((f"{name} (M,N,K) eff", _g(ga[name]) if name in ga else "-", _g(gb[name]) if name in gb else "-"))
-    return rows
+            out.append(Row(f"{name} (M,N,K) eff", f"{name} (M,N,K) efficiency", _gemm(ga.get(name)),
+                           _gemm(gb.get(name)), _g))
+    return out
+
+
+def table_rows(c: Comparison) -> list[tuple[str, str, str]]:
+    """(quantity, A, B) rows for printing ("-" for a quantity of an unresolved mesh)."""
+    def text(r: Row, v: Any) -> str:
+        return r.missing if v is None else r.show(v)
+
+    return [(r.label, text(r, r.a), text(r, r.b)) for r in rows(c)]
+
+
+def table_values(c: Comparison) -> list[list]:
+    """[quantity, A, B] rows for ``--json``: numbers in SI, booleans, knob values as in the
+    config, a GEMM as {m, n, k, efficiency}, null where unresolved."""
+    return [[r.key, r.a, r.b] for r in rows(c)]
+
+
+def _sent(s: Side, kind: str) -> Optional[float]:
+    """Bytes one rank sends per step on link class ``kind``; None when unresolved."""
+    return s.link_bytes.get(kind, 0.0) if s.resolved else None
+
+
+def _gemm(g) -> Optional[dict]:
+    return None if g is None else {"m": g[1], "n": g[2], "k": g[3], "efficiency": g[4]}
 
 
 def _side_dict(s: Side) -> dict:
@@ -239,18 +354,19 @@ def _side_dict(s: Side) -> dict:
 
 def compare_to_dict(c: Comparison) -> dict:
     """The ``compare --json`` document (schema ``meshplan.compare/v1``): both sides' numbers
-    (SI; traffic as bytes each rank sends per step by link class), the verdict and the rule."""
+    (SI; traffic as bytes each rank sends per step by link class), the knobs that differ, the
+    verdict and the rule, and the table as values (:func:`table_values`)."""
     return {"schema": "meshplan.compare/v1", "meshplan_version": __version__, "a": _side_dict(c.a),
             "b": _side_dict(c.b), "winner": c.winner, "rejected": c.rejected, "identical": c.identical,
             "none_fit": c.none_fit, "reasons": list(c.reasons), "rule": c.rule,
-            "table": [list(r) for r in table_rows(c)]}
+            "knobs": [{"knob": k, "a": x, "b": y} for k, x, y in c.knobs], "table": table_values(c)}
 
 
 def compare_html(c: Comparison) -> str:
     """The comparison as one HTML page: the side-by-side table, the verdict with its reasons
     and rule, then each mesh's plan report (memory plot, Gantt chart, link loads) in two
     columns, A left and B right."""
-    verdict = ("identical meshes" if c.identical else "neither mesh fits" if c.none_fit
+    verdict = ("identical plans" if c.identical else "neither mesh fits" if c.none_fit
                else f"{c.winner} (rejected: {c.rejected})")
     head = section("Side by side", table(["quantity", c.a.name, c.b.name], table_rows(c))
                    + f"<p><b>verdict:</b> {esc(verdict)}</p>" + lines([f"- {r}" for r in c.reasons])
@@ -267,8 +383,8 @@ def _gb(s: Side, kind: str) -> str:
     return v if v == "-" else f"{v} GB"
 
 
-def _g(g) -> str:
-    return f"({g[1]},{g[2]},{g[3]}) {g[4]:.0%}"
+def _g(g: dict) -> str:
+    return f"({g['m']},{g['n']},{g['k']}) {g['efficiency']:.0%}"
 
 
 def evidence_folder(c: Comparison, out_dir: str | Path, force: bool = False) -> Path:
@@ -308,7 +424,7 @@ def _write_evidence_files(c: Comparison, folder: Path) -> list[str]:
     paths.append(_atomic_text(folder / "summary.md", "\n".join(summary) + "\n"))
     paths.append(_atomic_text(folder / "comparison.json", json.dumps(
         {"winner": c.winner, "rejected": c.rejected, "reasons": list(c.reasons),
-         "table": [list(r) for r in table_rows(c)]}, indent=1)))
+         "table": table_values(c)}, indent=1)))
     return [p.name for p in paths]
 
 

@@ -36,11 +36,11 @@ from meshplan.fileio import read_text_limited
 from meshplan.limits import FILE_BYTES, MAX_STRING, MAX_TOML_DEPTH, MAX_WORLD, bound_message, over
 from meshplan.spec.cluster import ClusterSpec
 from meshplan.spec.hf import model_from_hf_config
-from meshplan.spec.memory import MemoryOptions
+from meshplan.spec.memory import MEMORY_KNOBS, MemoryOptions
 from meshplan.spec.mesh import MeshSpec
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.search import SearchOptions
-from meshplan.spec.training import TrainingSpec
+from meshplan.spec.training import PLAN_KNOBS, TrainingSpec
 
 TABLES = ("model", "cluster", "training", "mesh")
 OPTIONAL_TABLES = ("memory", "search")
@@ -302,3 +302,57 @@ def _as_field(field: str, where: str = ""):
         if where and msg.startswith("no such file"):
             msg = msg.replace(";", where + ";", 1)
         raise ConfigError(field, msg) from None
+
+
+# [mesh] fields that spell the layout (compared as the resolved layout, :func:`meshplan.compare.same_mesh`)
+# or only name it; every other [mesh] field is a knob of the plan (schedule, virtual stages, layer split,
+# sequence and loss parallelism, rank order).
+_MESH_SPELLING = ("names", "shape", "order", "degrees", "world", "custom_axes")
+
+
+@dataclass(frozen=True)
+class Differences:
+    """What two configs of ``meshplan compare`` differ in, besides the mesh layout.
+    ``workload``: (field, A's value, B's value) where the workload differs ([model], the cluster
+    but its free-text name and sources, the [training] fields outside
+    :data:`~meshplan.spec.training.PLAN_KNOBS`, the [memory] assumptions outside
+    :data:`~meshplan.spec.memory.MEMORY_KNOBS`); ``knobs``: the same for the plan's design
+    choices (those knobs and the [mesh] fields besides the layout), values as in the specs.
+
+    >>> base = {"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 1},
+    ...         "training": {"global_batch": 8, "seq_len": 1024}, "mesh": {"names": ["dp_shard"], "shape": [8]}}
+    >>> a = config_from_dict(base)
+    >>> b = config_from_dict({**base, "training": {"global_batch": 8, "seq_len": 1024, "recompute": "full"}})
+    >>> c = config_from_dict({**base, "cluster": {"system": "dgx-a100", "nodes": 1}})
+    >>> config_differences(a, b).knobs, config_differences(a, c).workload[0]
+    ((('training.recompute', 'selective', 'full'),), ('cluster.gpu.name', 'h100-sxm5-80gb', 'a100-sxm-80gb'))
+    """
+
+    workload: tuple[tuple[str, Any, Any], ...]
+    knobs: tuple[tuple[str, Any, Any], ...]
+
+
+def config_differences(a: Config, b: Config) -> Differences:
+    """:class:`Differences` of two configs (each field's path from its table, ``training.recompute``)."""
+    work = _leaf_differences("model", a.model.model_dump(), b.model.model_dump())
+    work += _leaf_differences("cluster", a.cluster.model_dump(exclude={"name"}), b.cluster.model_dump(exclude={"name"}))
+    ta, tb = a.training.model_dump(), b.training.model_dump()
+    work += [(f"training.{k}", ta[k], tb[k]) for k in ta if k not in PLAN_KNOBS and ta[k] != tb[k]]
+    knobs = [(f"training.{k}", ta[k], tb[k]) for k in PLAN_KNOBS if ta[k] != tb[k]]
+    if a.mesh is not None and b.mesh is not None:
+        ma, mb = a.mesh.model_dump(exclude=set(_MESH_SPELLING)), b.mesh.model_dump(exclude=set(_MESH_SPELLING))
+        knobs += [(f"mesh.{k}", ma[k], mb[k]) for k in ma if ma[k] != mb[k]]
+    oa, ob = a.memory.model_dump(), b.memory.model_dump()
+    work += [(f"memory.{k}", oa[k], ob[k]) for k in oa if k not in MEMORY_KNOBS and oa[k] != ob[k]]
+    knobs += [(f"memory.{k}", oa[k], ob[k]) for k in MEMORY_KNOBS if oa[k] != ob[k]]
+    return Differences(tuple(work), tuple(knobs))
+
+
+def _leaf_differences(where: str, a: Any, b: Any) -> list[tuple[str, Any, Any]]:
+    """(path, a, b) of every leaf (nested tables and equal-length lists walked) where two dumped
+    specs differ; ``source`` texts (citations) are not compared."""
+    if isinstance(a, dict) and isinstance(b, dict) and a.keys() == b.keys():
+        return [d for k in a if k != "source" for d in _leaf_differences(f"{where}.{k}", a[k], b[k])]
+    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        return [d for i, (x, y) in enumerate(zip(a, b)) for d in _leaf_differences(f"{where}[{i}]", x, y)]
+    return [] if a == b else [(where, a, b)]

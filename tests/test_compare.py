@@ -88,8 +88,8 @@ def test_reasons_list_only_differences(seed_pair):
 def test_same_mesh_is_identical_not_a_verdict(seed_pair, tmp_path):
     c = compare(seed_pair[0], seed_pair[0], names=("seed-64gpu", "seed-64gpu"))
     assert c.identical and (c.winner, c.rejected) == ("", "")
-    assert c.reasons == ("both configs (seed-64gpu) are the same mesh (dp_shard 8 x tp 8): nothing to choose; "
-                         "give two meshes of the workload",)
+    assert c.reasons == ("both configs (seed-64gpu) are the same plan (mesh dp_shard 8 x tp 8, the same knobs) of "
+                         "one workload: nothing to choose; give two meshes or plans of the workload",)
     assert write_evidence(c, tmp_path) == [] and not list(tmp_path.iterdir())
 
 
@@ -128,3 +128,186 @@ def test_advice_for_the_faster_mesh_that_does_not_fit(seed_pair):
                             f"(tp8, tp 8 against tp 4) but gives up that step; to keep it, tp4 needs another axis "
                             f"(cp, pp) or more memory")
     assert c.b.step_s < c.a.step_s and not c.b.feasible and c.a.feasible
+
+
+# --- compare weighs plans of one workload: the cluster and the workload must match, the knobs may differ ---
+
+def _run(argv, capsys) -> tuple[int, str, str]:
+    """``meshplan ARGV`` in this process: (exit status, stdout, stderr)."""
+    from meshplan.cli import main
+    with pytest.raises(SystemExit) as done:
+        main([str(a) for a in argv])
+    out = capsys.readouterr()
+    return done.value.code or 0, out.out, out.err
+
+
+def _seed_text() -> str:
+    from tests.conftest import EXAMPLES
+    return (EXAMPLES / "seed-64gpu.toml").read_text()
+
+
+# What `meshplan search examples/seed-64gpu.toml --export 1 --to meshplan -o top.toml` wrote (its [training]
+# keeps the seed's workload and changes three knobs; its [mesh] adds pp, cp and an interleaved schedule).
+TOP = '''[model]
+catalog = "llama3-70b"
+
+[cluster]
+system = "seed-8x8-2nic"
+nodes = 8
+
+[training]
+global_batch = 512
+seq_len = 8192
+param_dtype = "fp32"
+reshard_after_forward = false
+recompute = "none"
+tp_comm_overlap = true
+
+[mesh]
+names = ["pp", "dp_shard", "cp", "tp"]
+shape = [2, 4, 2, 4]
+sequence_parallel = true
+virtual_stages = 8
+pp_schedule = "interleaved_1f1b"
+pp_layer_split = [40, 40]
+'''
+
+
+def test_another_cluster_is_refused_not_called_identical(tmp_path, capsys):
+    """The seed on dgx-a100 nodes is the same mesh on another cluster: it was 'identical meshes'
+    (exit 0) beside a step 34% shorter. A different cluster, node count or workload field is
+    refused, naming the first field and both values."""
+    from tests.conftest import EXAMPLES
+    seed = EXAMPLES / "seed-64gpu.toml"
+    a100 = tmp_path / "a100.toml"
+    a100.write_text(_seed_text().replace('system = "seed-8x8-2nic"', 'system = "dgx-a100"'))
+    rc, out, err = _run(["compare", seed, a100, "--out", tmp_path / "cmp"], capsys)
+    assert (rc, out) == (2, "")
+    assert err == ("error: compare: cluster.gpu.name differs: seed-64gpu h100-sxm5-80gb, a100 a100-sxm-80gb (and 15 "
+                   "more workload fields); compare weighs two plans of one workload: give both the same [cluster] "
+                   "(seed-64gpu is on 8x seed-8x8-2nic, a100 on 8x dgx-a100), or run meshplan step on each to "
+                   "compare clusters\n")
+    nodes = tmp_path / "n16.toml"
+    nodes.write_text(_seed_text().replace("nodes = 8", "nodes = 16").replace("shape = [8, 8]", "shape = [16, 8]"))
+    rc, out, err = _run(["compare", seed, nodes, "--out", tmp_path / "cmp"], capsys)
+    assert rc == 2 and err.startswith("error: compare: cluster.nodes differs: seed-64gpu 8, n16 16; ")
+    batch = tmp_path / "gb256.toml"
+    batch.write_text(_seed_text().replace("global_batch = 512", "global_batch = 256"))
+    rc, out, err = _run(["compare", seed, batch, "--out", tmp_path / "cmp"], capsys)
+    assert (rc, err) == (2, "error: compare: training.global_batch differs: seed-64gpu 512, gb256 256; compare "
+                            "weighs two plans of one workload: give both the same training.global_batch; only the "
+                            "mesh and the plan's knobs (micro_batch, recompute, sharding ...) may differ\n")
+
+
+def test_knobs_differ_search_top_against_the_seed(tmp_path, capsys):
+    """The seed against search's own top: each differing knob is a row and a --json entry, and
+    each side's step and peak memory are what ``meshplan step`` and ``meshplan memory`` give."""
+    import jsonschema
+    from tests.conftest import EXAMPLES
+    seed, top = EXAMPLES / "seed-64gpu.toml", tmp_path / "top.toml"
+    top.write_text(TOP)
+    doc_path = tmp_path / "c.json"
+    rc, out, err = _run(["compare", seed, top, "--out", tmp_path / "cmp", "--json", doc_path], capsys)
+    assert rc == 0, err
+    doc = json.loads(doc_path.read_text())
+    knobs = [("training.reshard_after_forward", True, False), ("training.recompute", "selective", "none"),
+             ("training.tp_comm_overlap", False, True), ("mesh.virtual_stages", 1, 8),
+             ("mesh.pp_layer_split", None, [40, 40]), ("mesh.pp_schedule", "1f1b", "interleaved_1f1b")]
+    assert [(k["knob"], k["a"], k["b"]) for k in doc["knobs"]] == knobs
+    assert [tuple(r) for r in doc["table"][1:7]] == knobs
+    printed = [[c.strip() for c in line.split("│")[1:-1]] for line in out.splitlines() if line.startswith("│")]
+    assert printed[1:7] == [["training.reshard_after_forward", "true", "false"], ["training.recompute", "selective",
+                            "none"], ["training.tp_comm_overlap", "false", "true"], ["mesh.virtual_stages", "1", "8"],
+                            ["mesh.pp_layer_split", "unset", "[40, 40]"],
+                            ["mesh.pp_schedule", "1f1b", "interleaved_1f1b"]]
+    assert (doc["identical"], doc["winner"], doc["rejected"]) == (False, "top", "seed-64gpu")
+    assert doc["reasons"][1].startswith("the meshes differ (seed-64gpu dp_shard 8 x tp 8, top pp 2 x dp_shard 4 x "
+                                        "cp 2 x tp 4) and so do training.reshard_after_forward true against false, ")
+    assert doc["reasons"][1].endswith(": the difference is theirs together, not the mesh's alone")
+    schema = json.loads((EXAMPLES.parent / "meshplan" / "schemas" / "compare.v1.schema.json").read_text())
+    assert list(jsonschema.Draft202012Validator(schema).iter_errors(doc)) == []
+    for side, path in (("a", seed), ("b", top)):
+        for cmd in ("step", "memory"):
+            extra = ["--out", tmp_path / f"png-{side}"] if cmd == "memory" else []
+            rc, _, err = _run([cmd, path, "--json", tmp_path / f"{cmd}-{side}.json", *extra], capsys)
+            assert rc == 0, err
+        step = json.loads((tmp_path / f"step-{side}.json").read_text())
+        memory = json.loads((tmp_path / f"memory-{side}.json").read_text())
+        assert doc[side]["step_s"] == step["step_s"] and doc[side]["mfu"] == step["mfu"]
+        assert doc[side]["peak_bytes"] == max(s["peak_bytes"] for s in memory["stages"])
+    rows = {r[0]: r[1:] for r in doc["table"]}
+    assert rows["step time (s)"] == [doc["a"]["step_s"], doc["b"]["step_s"]]
+    assert rows["peak memory (B)"] == [doc["a"]["peak_bytes"], doc["b"]["peak_bytes"]]
+
+
+def test_json_table_holds_numbers_and_booleans(seed_pair, tmp_path):
+    """--json's table (and the evidence's comparison.json) in SI: numbers, booleans, a GEMM as
+    its shape and efficiency, null where unresolved; not the printed strings."""
+    from meshplan.compare import compare_to_dict
+    from meshplan.units import GiB
+    c = compare(*seed_pair, names=("tp8", "tp4"))
+    rows = {r[0]: r[1:] for r in compare_to_dict(c)["table"]}
+    assert rows["feasible"] == [True, False]
+    assert rows["step time (s)"] == [c.a.step_s, c.b.step_s] and isinstance(c.a.step_s, float)
+    assert rows["MFU (fraction of peak)"] == [c.a.mfu, c.b.mfu]
+    assert rows["peak memory (B)"] == [c.a.peak_bytes, c.b.peak_bytes]
+    assert f"{rows['peak memory (B)'][1] / GiB:.1f}" == dict((q, y) for q, x, y in table_rows(c))["peak memory (GiB)"]
+    assert rows["wq (M,N,K) efficiency"][0] == {"m": 8192, "n": 1024, "k": 8192, "efficiency": c.a.gemms[0][4]}
+    assert rows["network bytes sent per rank per step"] == [c.a.link_bytes["network"], c.b.link_bytes["network"]]
+    write_evidence(c, tmp_path)
+    assert json.loads((tmp_path / "rejected-tp4" / "comparison.json").read_text())["table"][1] == ["feasible", True,
+                                                                                                  False]
+
+
+def _seed_with(**training):
+    import tomllib
+
+    from meshplan.config import config_from_dict
+    from tests.conftest import EXAMPLES
+    d = tomllib.loads((EXAMPLES / "seed-64gpu.toml").read_text())
+    return build_plan(config_from_dict({**d, "training": {**d["training"], **training}}))
+
+
+def test_same_mesh_other_recompute_is_weighed_as_the_knob(seed_pair):
+    """The seed mesh with selective and with full recompute: not identical; full recompute keeps
+    each layer's input only (20.8 GiB against 43.6 GiB peak) at a step within 2% (the seed's
+    step is bound by exposed FSDP traffic), so the headroom decides, and the reason names the
+    knob, not the mesh."""
+    full = _seed_with(recompute="full")
+    c = compare(seed_pair[0], full, names=("selective", "full"))
+    assert not c.identical and (c.winner, c.rejected) == ("full", "selective")
+    assert c.knobs == (("training.recompute", "selective", "full"),)
+    assert c.reasons[:3] == (
+        f"step times within 2% ({c.a.step_s:.3f} s vs {c.b.step_s:.3f} s): full has more memory headroom",
+        "same mesh (dp_shard 8 x tp 8); the plans differ in training.recompute selective against full (selective "
+        "against full): the difference comes from these knobs, not from the mesh",
+        "peak memory: selective 43.6 GiB, full 20.8 GiB (usable 67.1 GiB)")
+    assert c.a.step_s < c.b.step_s < 1.02 * c.a.step_s  # recompute costs time, less than the 2% band here
+
+
+def test_advice_does_not_credit_the_mesh_for_a_knob(seed_pair):
+    """tp 8 with full recompute fits where tp 4 with selective does not: the advice names the
+    mesh and the recompute together; it said 'a larger tensor degree fits' as if tp alone did."""
+    c = compare(_seed_with(recompute="full"), seed_pair[1], names=("tp8-full", "tp4"))
+    assert (c.winner, c.rejected) == ("tp8-full", "tp4")
+    assert c.reasons[1] == (f"tp4 would predict a {1 - c.b.step_s / c.a.step_s:.0%} shorter step ({c.b.step_s:.3f} "
+                            f"s vs {c.a.step_s:.3f} s) if it fit: tp8-full fits with dp_shard 8 x tp 8 against "
+                            f"dp_shard 16 x tp 4 and training.recompute full against selective, but gives up that "
+                            f"step; to keep it, tp4 needs another axis (cp, pp), a larger tensor degree, more "
+                            f"recompute, or more memory")
+
+
+def test_memory_prefetch_is_a_knob_fragmentation_an_assumption(seed_pair):
+    """[memory] prefetch_layers is FSDP2's backward prefetch (a runtime choice): a knob row.
+    fragmentation_fraction is an assumption about the allocator: both sides must state the same."""
+    import tomllib
+
+    from meshplan.config import config_from_dict
+    from tests.conftest import EXAMPLES
+    d = tomllib.loads((EXAMPLES / "seed-64gpu.toml").read_text())
+    two = build_plan(config_from_dict({**d, "memory": {"prefetch_layers": 2}}))
+    c = compare(seed_pair[0], two, names=("seed", "prefetch2"))
+    assert c.knobs == (("memory.prefetch_layers", 1, 2),) and not c.identical
+    frag = build_plan(config_from_dict({**d, "memory": {"fragmentation_fraction": 0.1}}))
+    with pytest.raises(ConfigError, match=r"^compare: memory.fragmentation_fraction differs: seed 0.0, frag 0.1; "):
+        compare(seed_pair[0], frag, names=("seed", "frag"))

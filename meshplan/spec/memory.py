@@ -23,6 +23,13 @@ from meshplan.units import dtype_bytes
 MiB = 2**20
 
 
+# The [memory] fields that are runtime choices of the plan (prefetch depth, when FSDP reduces,
+# the gradient bucket), which ``meshplan compare`` weighs as knobs; the others are stated
+# assumptions about the software and the allocator (NCCL buffers, workspace, fragmentation,
+# dropout, the loss kernel ...) that both sides of a comparison must share.
+MEMORY_KNOBS = ("prefetch_layers", "forward_prefetch_layers", "fsdp_reduce", "grad_bucket_elements")
+
+
 class MemoryOptions(BaseModel):
     """Stated parameters of :func:`meshplan.memory.timeline.memory_timeline`.
 

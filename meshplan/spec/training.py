@@ -11,6 +11,17 @@ from meshplan.limits import BOUNDS
 Dtype = Literal["fp32", "bf16", "fp16", "fp8"]
 
 
+# The [training] fields that are design choices of the plan (how the step runs), which
+# ``meshplan compare`` weighs as it weighs the mesh; every other field is the workload (what
+# the step computes: batch, sequence, the model's dtypes and reductions, optimizer, clipping,
+# vocabulary padding, MoE routing, the HBM kept free) and must be equal on both sides.
+# ``fp8_all_gather``/``fp8_output_layer`` (torchtitan's float8 all-gather of the weights) are
+# knobs: they change the bytes FSDP gathers, the compute dtype stays the workload's.
+PLAN_KNOBS = ("micro_batch", "sharding", "reshard_after_forward", "recompute", "ac_freq", "flash_attention",
+              "tp_comm_overlap", "framework", "zero3_engine", "grad_accumulation", "fp8_all_gather",
+              "fp8_output_layer")
+
+
 class TrainingSpec(BaseModel):
     """What one optimizer step must do and how state is kept.
 
