@@ -84,7 +84,11 @@ def test_torchtitan_hf_path_and_float8(tmp_path):
     cfg = load_any(f, opts=H100)
     assert cfg.model.layers == 28 and cfg.model.hidden == 1024  # Qwen3-0.6B config.json
     assert (cfg.training.compute_dtype, cfg.training.global_batch) == ("fp8", 16)  # 2 x dp_shard 8
-    assert cfg.notes[-1] == "torchtitan: fields meshplan does not use: quantize.linear.float8.enable_fsdp_float8_all_gather"
+    # enable_fsdp_float8_all_gather with dp_shard 8: FSDP2 gathers float8 weights; filter_fqns defaults to []
+    # in job_config.py, so the output layer is converted too
+    assert (cfg.training.fp8_all_gather, cfg.training.fp8_output_layer) == (True, True)
+    assert not any("fields meshplan does not use" in n for n in cfg.notes)
+    assert any("precompute_float8_dynamic_scale_for_fsdp is false" in n for n in cfg.notes)
     f.write_text('[model]\nname = "qwen3"\nflavor = "0.6B"\n')
     with pytest.raises(ConfigError, match=r"^model.flavor: torchtitan model 'qwen3' flavor '0.6B' is not in "
                                           r"meshplan's catalog .* give --model"):
