@@ -72,6 +72,8 @@ def test_torchtitan_real_keys_are_listed_not_refused(tmp_path):
     ("--seq-length 8192", "--seq-len 8192", r"^--seq-len: .* did you mean --seq-length\?"),
     ("--tensor-model-parallel-size 2", "--tensor-model-parralel-size 2",
      r"^--tensor-model-parralel-size: .* --tensor-model-parallel-size\?"),
+    ("--pipeline-model-parallel-size 2", "--pipeline_model_parallel_size 2",
+     r"^--pipeline_model_parallel_size: .* --pipeline-model-parallel-size\?"),
 ])
 def test_megatron_near_miss_is_an_error(tmp_path, old, new, error):
     text = MG.read_text()

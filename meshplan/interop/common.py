@@ -152,8 +152,9 @@ def edits(a: str, b: str) -> int:
 
 def near_miss(name: str, read: Iterable[str]) -> Optional[str]:
     """The name of ``read`` that ``name`` looks like a typo of, or None: one edit
-    (:func:`edits`) from a name under 8 characters, two from a longer one, or its start cut
-    off (``seq-len`` of ``seq-length``, 4 characters or more). Two edits in a long name keep
+    (:func:`edits`) from a name under 8 characters, two from a longer one, its start cut
+    off (``seq-len`` of ``seq-length``, 4 characters or more), or the same with ``_`` for
+    ``-`` or the reverse (``tensor_model_parallel_size``). Two edits in a long name keep
     real neighbours apart (torchtitan's ``pipeline_parallel_schedule_csv`` is four from
     ``pipeline_parallel_schedule``); the few real names that close are the readers' exceptions.
 
@@ -161,10 +162,13 @@ def near_miss(name: str, read: Iterable[str]) -> Optional[str]:
     'tensor_parallel_degree'
     >>> near_miss("seq-len", ["seq-length"]), near_miss("steps", ["seq_len", "dtype"])
     ('seq-length', None)
+    >>> near_miss("tensor_model_parallel_size", ["tensor-model-parallel-size"])
+    'tensor-model-parallel-size'
     """
     names = sorted(set(read))
     for r in names:
-        if name != r and (edits(name, r) <= (1 if len(r) < 8 else 2) or (len(name) >= 4 and r.startswith(name))):
+        if name != r and (edits(name, r) <= (1 if len(r) < 8 else 2) or (len(name) >= 4 and r.startswith(name))
+                          or name.replace("-", "_") == r.replace("-", "_")):
             return r
     return None
 
