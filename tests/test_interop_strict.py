@@ -51,6 +51,20 @@ def test_torchtitan_near_miss_is_an_error(tmp_path, old, new, error):
         load_any(_write(tmp_path, "t.toml", text.replace(old, new)), opts=H100)
 
 
+def test_torchtitan_key_under_an_older_table_is_an_error(tmp_path):
+    # torchtitan before its [parallelism] table kept the degrees under [training], pp and cp under [experimental]
+    # (train_configs/llama3_8b.toml at b19456a98, January 2025)
+    text = TT.read_text().replace("tensor_parallel_degree = 1\n", "").replace(
+        "steps = 1000", "steps = 1000\ntensor_parallel_degree = 2")
+    with pytest.raises(ConfigError, match=r"^training.tensor_parallel_degree: torchtitan reads this key as "
+                                          r"parallelism.tensor_parallel_degree \(older torchtitan kept it under "
+                                          r"\[training\]\); move it there$"):
+        load_any(_write(tmp_path, "t.toml", text), opts=H100)
+    with pytest.raises(ConfigError, match=r"^experimental.pipeline_parallel_degree: .* parallelism."):
+        load_any(_write(tmp_path, "t.toml", TT.read_text() + "[experimental]\npipeline_parallel_degree = 2\n"),
+                 opts=H100)
+
+
 def test_torchtitan_real_keys_are_listed_not_refused(tmp_path):
     # keys of torchtitan's job_config.py (e347b1e) that meshplan does not read, some close to read ones
     extra = ('\n[lr_scheduler]\nwarmup_steps = 200\n[compile]\nenable = true\n'

@@ -36,7 +36,8 @@ activation_checkpoint.mode                     training.recompute: none, full; s
 A key of a table the reader reads ([model], [training], [parallelism],
 [activation_checkpoint], [quantize.linear.float8]) that is a near miss of one it reads
 (``tensor_parallel_degre``; :func:`~meshplan.interop.common.misspelt`) is an error naming the
-likely key; other keys are listed as unused.
+likely key, and so is a read key under another of those tables or [experimental]
+(``[training] tensor_parallel_degree`` of older torchtitan); other keys are listed as unused.
 
 Sharding follows torchtitan's parallelize: FSDP2 (zero3) when dp_shard * cp > 1, HSDP when
 dp_replicate > 1 too, DDP (none) with dp_replicate alone; sequence parallel with tp > 1.
@@ -300,6 +301,7 @@ def read(d: dict, base: Path, opts: ImportOptions) -> Imported:
     if typo:
         raise ConfigError(typo[0], f"not a torchtitan key; did you mean {typo[1]}? (meshplan reads that one; "
                           f"misspelt, the setting would stay at its default)")
+    _moved(flatten(d))
     notes: list[str] = []
     model, used = _model(d, base, opts, notes)
     if any("float8" in str(c) for c in d.get("model", {}).get("converters", [])):
@@ -317,6 +319,25 @@ def read(d: dict, base: Path, opts: ImportOptions) -> Imported:
               "mesh": _mesh(deg, par, model_layers(model), notes)}
     unused = tuple(k for k in flatten(d) if k not in USED | used)
     return Imported("torchtitan", tables, unused, tuple(notes))
+
+def _moved(keys) -> None:
+    """ConfigError for a key meshplan reads under another table (older torchtitan kept the
+    degrees under [training] and pp/cp degrees under [experimental]): misplaced, it would be
+    ignored and its setting left at the default.
+
+    >>> _moved(["training.tensor_parallel_degree"])
+    Traceback (most recent call last):
+    ...
+    meshplan.errors.ConfigError: training.tensor_parallel_degree: torchtitan reads this key as parallelism.tensor_parallel_degree (older torchtitan kept it under [training]); move it there
+    """
+    tables = {r.rpartition(".")[0] for r in READ} | {"experimental"}
+    for key in keys:
+        table, _, leaf = key.rpartition(".")
+        home = [r for r in READ if r.rpartition(".")[2] == leaf and r != key]
+        if key not in READ and table in tables and len(home) == 1:
+            raise ConfigError(key, f"torchtitan reads this key as {home[0]} (older torchtitan kept it under "
+                              f"[{table}]); move it there")
+
 
 def write(cfg: Config) -> dict[str, dict]:
     """torchtitan job tables of ``cfg`` (the inverse of :func:`read`). ConfigError naming
