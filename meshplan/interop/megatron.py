@@ -46,7 +46,6 @@ Megatron-LM                              meshplan
 from __future__ import annotations
 
 import re
-import shlex
 from typing import Any, Optional
 
 from pydantic import ValidationError
@@ -55,6 +54,7 @@ from meshplan import catalog
 from meshplan.config import Config
 from meshplan.errors import ConfigError, printable
 from meshplan.interop.common import Imported, ImportOptions, cluster_table, model_layers, model_option, near_miss
+from meshplan.interop.launch import parse_launch
 from meshplan.interop.tomlout import mesh_spec, resolved, virtual_split
 from meshplan.spec.axes import MEGATRON_AXES
 from meshplan.spec.model import ModelSpec
@@ -89,8 +89,6 @@ USED = set(PARALLEL) | MODEL_FLAGS | {
 #: Megatron-LM flags (its parser at d98e8a6: 877 flags) within three edits of a flag meshplan reads, so
 #: never taken for a misspelling of it (``--vocab-file`` is two edits from ``--vocab-size``).
 NEAR_FLAGS = {"--fp4-format", "--vocab-file", "--ckpt-format", "--moe-router-dtype", "--num-channels"}
-#: Launchers whose options precede the training script (torch.distributed.run's torchrun).
-LAUNCHERS = ("torchrun", "torch.distributed.run", "torch.distributed.launch")
 SHARDING = {"no_shard": "none", "optim": "zero1", "optim_grads": "zero2", "optim_grads_params": "zero3"}
 
 
@@ -101,75 +99,7 @@ def parse_args(text: str) -> dict[str, Any]:
     >>> parse_args("--tensor-model-parallel-size 4 --bf16 --seq-length=4096 --lr 1e-4")
     {'--tensor-model-parallel-size': '4', '--bf16': True, '--seq-length': '4096', '--lr': '1e-4'}
     """
-    return parse_launch(text)[0]
-
-
-def parse_launch(text: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(Megatron-LM's flags, the launcher's options) of an arguments file or launch script.
-
-    >>> parse_launch('A="--nnodes 2"\\ntorchrun $A --nproc_per_node 8 pretrain_gpt.py --num-layers 4')
-    ({'--num-layers': '4'}, {'--nnodes': '2', '--nproc_per_node': '8'})
-    """
-    env: dict[str, str] = {}
-    tokens: list[str] = []
-    for tok in _words(text):
-        m = re.fullmatch(r"(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)=(.*)", tok, re.S)
-        if m and not tok.startswith("-"):
-            env[m.group(1)] = _subst(m.group(2), env)
-            continue
-        tokens.extend(shlex.split(_subst(tok, env)) if "$" in tok else [tok])
-    launcher: list[str] = []
-    for i, tok in enumerate(tokens):
-        if tok.rsplit("/", 1)[-1] in LAUNCHERS:
-            end = next((j for j in range(i + 1, len(tokens)) if tokens[j].endswith(".py")), len(tokens))
-            launcher, tokens = tokens[i + 1:end], tokens[:i] + tokens[end:]
-            break
-    return _pairs(tokens), _pairs(launcher)
-
-
-def _words(text: str) -> list[str]:
-    """Shell words of ``text``: lines joined at ``\\``, comments dropped, a quoted string
-    spanning lines kept whole (read on until it closes, as the shell does)."""
-    lines = text.splitlines()
-    out: list[str] = []
-    i = 0
-    while i < len(lines):
-        start, chunk = i, lines[i]
-        while True:
-            while chunk.endswith("\\") and i + 1 < len(lines):
-                i += 1
-                chunk = chunk[:-1] + " " + lines[i]
-            try:
-                out.extend(shlex.split(chunk, comments=True))
-                break
-            except ValueError as e:
-                i += 1
-                if i == len(lines):
-                    raise ConfigError("megatron", f"cannot split {lines[start].strip()[:60]!r} (line {start + 1}) "
-                                      f"into words ({e}); close the quote or give the flags without it") from None
-                chunk += "\n" + lines[i]
-        i += 1
-    return out
-
-
-def _pairs(tokens: list[str]) -> dict[str, Any]:
-    """``--flag [value]`` pairs of shell words (a switch, or a flag before another flag, is True)."""
-    out: dict[str, Any] = {}
-    i = 0
-    while i < len(tokens):
-        tok = tokens[i].strip("()")
-        i += 1
-        if not tok.startswith("--"):
-            continue
-        if "=" in tok:
-            key, val = tok.split("=", 1)
-            out[key] = val
-        elif tok in SWITCHES or i >= len(tokens) or tokens[i].startswith("-") or tokens[i] in ("(", ")"):
-            out[tok] = True
-        else:
-            out[tok] = tokens[i].strip("()")
-            i += 1
-    return out
+    return parse_launch(text, SWITCHES)[0]
 
 
 def _dense_layers(freq: Any, layers: Optional[int]) -> int:
@@ -189,11 +119,6 @@ def _dense_layers(freq: Any, layers: Optional[int]) -> int:
         return int(m.group(1))
     raise ConfigError("--moe-layer-freq", f"{printable(text)[:60]!r}: meshplan plans the first K layers dense and "
                       f"the rest MoE; give 1 or '[0]*K+[1]*M' with K + M = --num-layers ({layers})")
-
-
-def _subst(s: str, env: dict[str, str]) -> str:
-    """``$NAME`` / ``${NAME}`` / ``${NAME[@]}`` replaced by known variables (others kept)."""
-    return re.sub(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)(?:\[@\])?\}?", lambda m: env.get(m.group(1), m.group(0)), s)
 
 
 def _int(args: dict, flag: str) -> Optional[int]:
@@ -350,7 +275,7 @@ def _pipeline(args: dict, pp: int, layers: int) -> dict:
 
 def read(text: str, opts: ImportOptions) -> Imported:
     """meshplan tables of Megatron-LM arguments (module docstring)."""
-    args, launcher = parse_launch(text)
+    args, launcher = parse_launch(text, SWITCHES)
     bare = {f[2:] for f in USED}
     for flag in args:
         hit = None if flag in USED or flag in NEAR_FLAGS else near_miss(flag[2:], bare)
