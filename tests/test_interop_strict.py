@@ -133,6 +133,14 @@ def test_deepspeed_real_keys_are_listed_not_refused(tmp_path):
         assert key in cfg.notes[-1], key
 
 
+def test_deepspeed_old_bfloat16_name(tmp_path):
+    # DeepSpeed's constants.py: BFLOAT16 = "bf16", BFLOAT16_OLD = "bfloat16" (kept for backwards compatibility)
+    d = json.loads(DS.read_text())
+    d["bfloat16"] = d.pop("bf16")
+    t = load_any(_write(tmp_path, "d.json", json.dumps(d)), opts=DSOPTS).training
+    assert (t.param_dtype, t.compute_dtype) == ("bf16", "bf16")
+
+
 # torchtitan float8 all-gather -------------------------------------------------------------
 
 def _float8(tmp_path, f8: str, shard: int = -1, tp: int = 1):
