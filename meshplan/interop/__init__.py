@@ -3,8 +3,10 @@
 arguments (:mod:`~meshplan.interop.megatron`) and DeepSpeed JSON
 (:mod:`~meshplan.interop.deepspeed`) read into meshplan's tables and written from a
 :class:`~meshplan.config.Config`; a small TOML writer and the meshplan TOML of a config with
-its layer split (:mod:`~meshplan.interop.tomlout`); format detection and the loader that
-``plan``/``step``/``search`` use for any of them (:mod:`~meshplan.interop.foreign`).
+its layer split (:mod:`~meshplan.interop.tomlout`); the flags of a launch script or
+arguments file, the launcher's apart (:mod:`~meshplan.interop.launch`); format detection and
+the loader that ``plan``/``step``/``search`` use for any of them
+(:mod:`~meshplan.interop.foreign`).
 
 Every reader lists by name the fields of the foreign file that meshplan does not use (never
 dropped silently); what the file does not say (the cluster; the model and sequence length of
@@ -12,4 +14,4 @@ a DeepSpeed config) comes from :class:`~meshplan.interop.common.ImportOptions`, 
 one-line error naming the option when it is missing.
 """
 
-__all__ = ["common", "deepspeed", "foreign", "megatron", "tomlout", "torchtitan"]
+__all__ = ["common", "deepspeed", "foreign", "launch", "megatron", "tomlout", "torchtitan"]

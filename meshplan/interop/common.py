@@ -3,13 +3,17 @@ the result of a reading (meshplan tables, unused fields, notes), and small helpe
 
 >>> flatten({"a": {"b": 1, "c": {"d": 2}}, "e": 3})
 {'a.b': 1, 'a.c.d': 2, 'e': 3}
+
+A field of a foreign file that meshplan does not read is listed, never refused, unless it is
+a near miss of one it reads (:func:`near_miss`): a misspelt key would leave the setting at
+its default and change the plan silently, so it is a one-line error naming the likely key.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterable, Optional
 
 from meshplan import catalog
 from meshplan.errors import ConfigError
@@ -129,3 +133,77 @@ def model_is_mla(table: dict) -> bool:
     if table.get("hf_config"):
         return model_from_hf_config(Path(table["hf_config"])).is_mla
     return table.get("kv_lora_rank") is not None
+
+
+def edits(a: str, b: str) -> int:
+    """Edits (insert, delete, substitute, swap of neighbours) between ``a`` and ``b``: the
+    optimal string alignment distance (Damerau 1964's four typing errors).
+
+    >>> edits("sequence-paralel", "sequence-parallel"), edits("dtpye", "dtype"), edits("steps", "seq_len")
+    (1, 1, 6)
+    """
+    prev2: list[int] = []
+    prev = list(range(len(b) + 1))
+    for i, ca in enumerate(a, 1):
+        row = [i] + [0] * len(b)
+        for j, cb in enumerate(b, 1):
+            row[j] = min(prev[j] + 1, row[j - 1] + 1, prev[j - 1] + (ca != cb))
+            if i > 1 and j > 1 and ca == b[j - 2] and a[i - 2] == cb:
+                row[j] = min(row[j], prev2[j - 2] + 1)
+        prev2, prev = prev, row
+    return prev[-1]
+
+
+def near_miss(name: str, read: Iterable[str]) -> Optional[str]:
+    """The name of ``read`` that ``name`` looks like a typo of, or None: one edit
+    (:func:`edits`) from a name under 8 characters, two from a longer one, its start cut
+    off (``seq-len`` of ``seq-length``, 4 characters or more), or the same with ``_`` for
+    ``-`` or the reverse (``tensor_model_parallel_size``). Two edits in a long name keep
+    real neighbours apart (torchtitan's ``pipeline_parallel_schedule_csv`` is four from
+    ``pipeline_parallel_schedule``); the few real names that close are the readers' exceptions.
+
+    >>> near_miss("tensor_parallel_degre", ["tensor_parallel_degree", "seq_len"])
+    'tensor_parallel_degree'
+    >>> near_miss("seq-len", ["seq-length"]), near_miss("steps", ["seq_len", "dtype"])
+    ('seq-length', None)
+    >>> near_miss("tensor_model_parallel_size", ["tensor-model-parallel-size"])
+    'tensor-model-parallel-size'
+    """
+    names = sorted(set(read))
+    for r in names:
+        if name != r and (edits(name, r) <= (1 if len(r) < 8 else 2) or (len(name) >= 4 and r.startswith(name))
+                          or name.replace("-", "_") == r.replace("-", "_")):
+            return r
+    return None
+
+
+def misspelt(keys: Iterable[str], read: Iterable[str], real: Iterable[str] = ()) -> Optional[tuple[str, str]]:
+    """(key, the read key it looks like) for the first of ``keys`` (dotted, as
+    :func:`flatten` writes them) that is a near miss of a key of ``read``, or None.
+    Compared part by part: a part on the path of a read key continues; any other part is
+    a typo when :func:`near_miss` finds a read name in its place and the path so far is not
+    in ``real`` (the foreign tool's own keys and tables that close to a read one).
+
+    >>> read = ["parallelism.tensor_parallel_degree", "training.seq_len"]
+    >>> misspelt(["training.steps", "parallelism.tensor_parallel_degre"], read)
+    ('parallelism.tensor_parallel_degre', 'parallelism.tensor_parallel_degree')
+    >>> misspelt(["paralelism.tensor_parallel_degree"], read)
+    ('paralelism', 'parallelism')
+    >>> misspelt(["optimizer.lr", "training.seqlen"], read, real=["training.seqlen"]) is None
+    True
+    """
+    split = [r.split(".") for r in read]
+    exempt = set(real)
+    for key in keys:
+        parts = key.split(".")
+        for i, part in enumerate(parts):
+            here = [r for r in split if r[:i] == parts[:i] and len(r) > i]
+            names = {r[i] for r in here}
+            if part in names:
+                continue
+            path = ".".join(parts[: i + 1])
+            hit = None if path in exempt else near_miss(part, names)
+            if hit is not None:
+                return path, ".".join(parts[:i] + [hit])
+            break
+    return None

@@ -2,7 +2,8 @@
 
 Key names from DeepSpeed's configuration reference (deepspeed.ai/docs/config-json:
 ``train_batch_size``, ``train_micro_batch_size_per_gpu``, ``gradient_accumulation_steps``,
-``zero_optimization.stage``, ``bf16.enabled``, ``fp16.enabled``). The batch rule is
+``zero_optimization.stage``, ``bf16.enabled`` (or its old name ``bfloat16.enabled``),
+``fp16.enabled``, ``gradient_clipping``). The batch rule is
 DeepSpeed's: ``train_batch_size = train_micro_batch_size_per_gpu * gradient_accumulation_steps
 * dp`` (any two give the third); ``"auto"`` values (the HF Trainer's) count as not given.
 A DeepSpeed config names neither the model nor the sequence length nor the cluster: they
@@ -11,6 +12,14 @@ come from ``--model``, ``--seq-len``, ``--cluster``/``--nodes``.
 ZeRO stage 0, 1, 2, 3 -> sharding none, zero1, zero2, zero3 over one data axis ``dp`` (every
 rank); bf16/fp16 keep fp32 master weights (DeepSpeed's mixed precision), so the parameters
 are stored in bf16/fp16 with an fp32 copy (meshplan's ``master_weights``).
+``gradient_clipping`` > 0 clips the gradient norm (meshplan's ``training.grad_clip``), 0
+does not; absent, DeepSpeed's default applies: 1.0 since v0.19.3 (PR #8068, June 2026), 0
+before (a note says so). Export writes the value, 1.0 or 0.0, so either version reads it
+the same.
+
+A key that is a near miss of one the reader reads (``zero_optimisation``,
+``train_micro_batch_size_per_gp``; :func:`~meshplan.interop.common.misspelt`) is an error
+naming the likely key; other keys are listed as unused.
 """
 
 from __future__ import annotations
@@ -19,12 +28,15 @@ from typing import Any, Optional
 
 from meshplan.config import Config
 from meshplan.errors import ConfigError
-from meshplan.interop.common import Imported, ImportOptions, cluster_table, flatten, model_option
+from meshplan.interop.common import Imported, ImportOptions, cluster_table, flatten, misspelt, model_option
 from meshplan.interop.tomlout import resolved
 
 STAGES = {0: "none", 1: "zero1", 2: "zero2", 3: "zero3"}
 USED = {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
-        "zero_optimization.stage", "bf16.enabled", "fp16.enabled"}
+        "zero_optimization.stage", "bf16.enabled", "bfloat16.enabled", "fp16.enabled", "gradient_clipping"}
+#: DeepSpeed keys (deepspeed/runtime/constants.py, zero/config.py at edaa722) within three edits of
+#: a read one: ``fp32`` (its fp32 table) is two from ``fp16``.
+NEAR_KEYS = {"fp32"}
 
 
 def _given(d: dict, key: str) -> Optional[int]:
@@ -71,16 +83,22 @@ def read(d: dict, opts: ImportOptions) -> Imported:
                           "config.json path")
     if not opts.seq_len:
         raise ConfigError("--seq-len", "a DeepSpeed config does not hold the sequence length; give --seq-len N")
+    typo = misspelt(flatten(d), USED, NEAR_KEYS)
+    if typo:
+        raise ConfigError(typo[0], f"not a DeepSpeed key; did you mean {typo[1]}? (meshplan reads that one: "
+                          f"misspelt, the setting would stay at its default)")
     cluster, world = cluster_table(opts, "DeepSpeed")
     stage = d.get("zero_optimization", {}).get("stage", 0)
     if stage not in STAGES:
         raise ConfigError("zero_optimization.stage", f"{stage!r}; use 0, 1, 2 or 3")
     global_batch, micro = batch(d, world)
-    dtype = "bf16" if d.get("bf16", {}).get("enabled") else "fp16" if d.get("fp16", {}).get("enabled") else "fp32"
-    training: dict[str, Any] = {"global_batch": global_batch, "seq_len": opts.seq_len, "micro_batch": micro,
-                                "sharding": STAGES[stage], "param_dtype": dtype, "compute_dtype": dtype}
+    bf16 = d.get("bf16", d.get("bfloat16", {})).get("enabled")  # DeepSpeed's BFLOAT16 and BFLOAT16_OLD
+    dtype = "bf16" if bf16 else "fp16" if d.get("fp16", {}).get("enabled") else "fp32"
     notes = ["activation checkpointing is the model code's choice in DeepSpeed: planned with recompute = "
              "\"selective\" (meshplan's default)"]
+    training: dict[str, Any] = {"global_batch": global_batch, "seq_len": opts.seq_len, "micro_batch": micro,
+                                "sharding": STAGES[stage], "param_dtype": dtype, "compute_dtype": dtype,
+                                "grad_clip": _clip(d, notes)}
     if stage == 3:
         notes.append("ZeRO stage 3 planned with per-layer coalesced gathers (training.zero3_engine = \"fsdp2\"), as "
                      "DeepSpeed >= v0.5.5 gathers (PR #1188); for DeepSpeed v0.3.13-v0.5.4 (2021) set zero3_engine = "
@@ -88,6 +106,21 @@ def read(d: dict, opts: ImportOptions) -> Imported:
     unused = tuple(k for k in flatten(d) if k not in USED)
     return Imported("deepspeed", {"model": model_option(opts.model), "cluster": cluster, "training": training,
                                   "mesh": {"names": ["dp"], "shape": [world]}}, unused, tuple(notes))
+
+
+def _clip(d: dict, notes: list[str]) -> bool:
+    """Whether DeepSpeed clips the gradient norm (module docstring); ConfigError for a value
+    that is not a number >= 0."""
+    v = d.get("gradient_clipping")
+    if v is None:
+        notes.append("gradient_clipping not given: planned with clipping (DeepSpeed >= v0.19.3 clips at 1.0 by "
+                     "default; before v0.19.3 it did not: write gradient_clipping 0.0 for that)")
+        return True
+    if v == "auto":  # the HF Trainer fills it from max_grad_norm (1.0 by default)
+        return True
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0:
+        raise ConfigError("gradient_clipping", f"must be a number >= 0 (0: no clipping) or \"auto\"; got {v!r}")
+    return v > 0
 
 
 def write(cfg: Config) -> dict[str, Any]:
@@ -112,4 +145,5 @@ def write(cfg: Config) -> dict[str, Any]:
     stage = {v: k for k, v in STAGES.items()}[t.sharding]
     return {"train_batch_size": t.global_batch, "train_micro_batch_size_per_gpu": t.micro_batch,
             "gradient_accumulation_steps": accumulate, "zero_optimization": {"stage": stage},
-            "bf16": {"enabled": t.compute_dtype == "bf16"}, "fp16": {"enabled": t.compute_dtype == "fp16"}}
+            "bf16": {"enabled": t.compute_dtype == "bf16"}, "fp16": {"enabled": t.compute_dtype == "fp16"},
+            "gradient_clipping": 1.0 if t.grad_clip else 0.0}

@@ -4,10 +4,16 @@ Flag names from ``megatron/training/arguments.py`` (NVIDIA/Megatron-LM at d98e8a
 flags are the fields of ``ModelParallelConfig``, ``TransformerConfig`` and ``TrainingConfig``
 turned into ``--dashed-names`` by its ``ArgumentGroupFactory``) and the rank order of
 ``megatron/core/parallel_state.py`` (``order="tp-cp-ep-dp-pp"``, tp fastest). Read from an
-arguments file (one or more flags a line) or a launch script: lines joined at ``\\``,
-comments dropped, ``NAME=value`` shell variables substituted, then every ``--flag [value]``
-token pair collected (torchrun's ``--nnodes`` gives the node count when ``--nodes`` is not
-given).
+arguments file (one or more flags a line) or a launch script: lines joined at ``\\``, a
+quoted string spanning lines read whole (``GPT_ARGS="`` of Megatron-LM's
+``examples/pretrain_gpt.sh``), comments dropped, ``NAME=value`` shell variables substituted,
+then every ``--flag [value]`` token pair collected. The options between a launcher
+(``torchrun``, ``python -m torch.distributed.run`` or ``.launch``) and its script are the
+launcher's, not Megatron-LM's: its ``--nnodes`` gives the node count when ``--nodes`` is not
+given (a note says which one is used when both are), the others are neither read nor listed.
+A flag that is a near miss of one meshplan reads (``--sequence-paralel``;
+:func:`~meshplan.interop.common.near_miss`) is an error naming the likely flag, as
+Megatron-LM's own parser (``allow_abbrev=False``) refuses it; other flags are listed.
 
 ======================================== ===================================================
 Megatron-LM                              meshplan
@@ -40,7 +46,6 @@ Megatron-LM                              meshplan
 from __future__ import annotations
 
 import re
-import shlex
 from typing import Any, Optional
 
 from pydantic import ValidationError
@@ -48,7 +53,8 @@ from pydantic import ValidationError
 from meshplan import catalog
 from meshplan.config import Config
 from meshplan.errors import ConfigError, printable
-from meshplan.interop.common import Imported, ImportOptions, cluster_table, model_layers, model_option
+from meshplan.interop.common import Imported, ImportOptions, cluster_table, model_layers, model_option, near_miss
+from meshplan.interop.launch import parse_launch
 from meshplan.interop.tomlout import mesh_spec, resolved, virtual_split
 from meshplan.spec.axes import MEGATRON_AXES
 from meshplan.spec.model import ModelSpec
@@ -80,47 +86,20 @@ USED = set(PARALLEL) | MODEL_FLAGS | {
     "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers", "--micro-batch-size",
     "--global-batch-size", "--seq-length", "--bf16", "--fp16", "--fp8-format", "--accumulate-allreduce-grads-in-fp32",
     "--tp-comm-overlap", "--make-vocab-size-divisible-by", "--use-flash-attn", "--nnodes", "--grad-reduce-in-bf16"}
+#: Megatron-LM flags (its parser at d98e8a6: 877 flags) within three edits of a flag meshplan reads, so
+#: never taken for a misspelling of it (``--vocab-file`` is two edits from ``--vocab-size``).
+NEAR_FLAGS = {"--fp4-format", "--vocab-file", "--ckpt-format", "--moe-router-dtype", "--num-channels"}
 SHARDING = {"no_shard": "none", "optim": "zero1", "optim_grads": "zero2", "optim_grads_params": "zero3"}
 
 
 def parse_args(text: str) -> dict[str, Any]:
-    """``--flag value`` pairs of an arguments file or launch script (module docstring);
-    a switch maps to True; the last occurrence wins.
+    """Megatron-LM's ``--flag value`` pairs of an arguments file or launch script (module
+    docstring); a switch maps to True; the last occurrence wins.
 
     >>> parse_args("--tensor-model-parallel-size 4 --bf16 --seq-length=4096 --lr 1e-4")
     {'--tensor-model-parallel-size': '4', '--bf16': True, '--seq-length': '4096', '--lr': '1e-4'}
     """
-    text = re.sub(r"\\\n", " ", text)
-    lines = []
-    for line in text.splitlines():
-        try:
-            lines.extend(shlex.split(line, comments=True))
-        except ValueError as e:
-            raise ConfigError("megatron", f"cannot split {line.strip()[:60]!r} into words ({e})") from None
-    env: dict[str, str] = {}
-    tokens: list[str] = []
-    for tok in lines:
-        m = re.fullmatch(r"(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)=(.*)", tok, re.S)
-        if m and not tok.startswith("-"):
-            env[m.group(1)] = _subst(m.group(2), env)
-            continue
-        tokens.extend(shlex.split(_subst(tok, env)) if "$" in tok else [tok])
-    out: dict[str, Any] = {}
-    i = 0
-    while i < len(tokens):
-        tok = tokens[i].strip("()")
-        i += 1
-        if not tok.startswith("--"):
-            continue
-        if "=" in tok:
-            key, val = tok.split("=", 1)
-            out[key] = val
-        elif tok in SWITCHES or i >= len(tokens) or tokens[i].startswith("-") or tokens[i] in ("(", ")"):
-            out[tok] = True
-        else:
-            out[tok] = tokens[i].strip("()")
-            i += 1
-    return out
+    return parse_launch(text, SWITCHES)[0]
 
 
 def _dense_layers(freq: Any, layers: Optional[int]) -> int:
@@ -140,11 +119,6 @@ def _dense_layers(freq: Any, layers: Optional[int]) -> int:
         return int(m.group(1))
     raise ConfigError("--moe-layer-freq", f"{printable(text)[:60]!r}: meshplan plans the first K layers dense and "
                       f"the rest MoE; give 1 or '[0]*K+[1]*M' with K + M = --num-layers ({layers})")
-
-
-def _subst(s: str, env: dict[str, str]) -> str:
-    """``$NAME`` / ``${NAME}`` / ``${NAME[@]}`` replaced by known variables (others kept)."""
-    return re.sub(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)(?:\[@\])?\}?", lambda m: env.get(m.group(1), m.group(0)), s)
 
 
 def _int(args: dict, flag: str) -> Optional[int]:
@@ -168,11 +142,16 @@ def _num(args: dict, flag: str, default: int) -> int:
     return default if n is None else n
 
 
-def _nnodes(args: dict) -> Optional[int]:
-    """torchrun's ``--nnodes`` of a launch script (None when absent); an elastic range or an
-    unresolved variable asks for ``--nodes``."""
+def _nnodes(args: dict, opts: ImportOptions, notes: list[str]) -> Optional[int]:
+    """torchrun's ``--nnodes`` of a launch script (None when absent or ``--nodes`` is
+    given: then a note when they differ); an elastic range or an unresolved variable asks
+    for ``--nodes``."""
     v = args.get("--nnodes")
     if v is None:
+        return None
+    if opts.nodes is not None:
+        if str(v) != str(opts.nodes):
+            notes.append(f"--nodes {opts.nodes} used; the launch script's --nnodes {v} is not")
         return None
     if not (str(v).isascii() and str(v).isdigit() and len(str(v)) <= 9) or int(v) < 1:
         raise ConfigError("--nodes", f"the launch script's --nnodes is {v!r}, not a node count; give --nodes N")
@@ -188,8 +167,11 @@ def _model(args: dict, opts: ImportOptions, notes: list[str]) -> dict:
         return model_option(opts.model)
     need = [f for f in ("--num-layers", "--hidden-size", "--num-attention-heads", "--vocab-size") if f not in args]
     if need:
-        raise ConfigError(need[0], "the arguments do not give the model fully (--vocab-size comes from the "
-                          "tokenizer in Megatron-LM); add the flag or give --model CATALOG_NAME or a config.json")
+        why = " (Megatron-LM takes the vocabulary size from its tokenizer, so its arguments often lack it)" \
+            if "--vocab-size" in need else ""
+        raise ConfigError("--model", f"the arguments lack the model flag{'s' * (len(need) > 1)} {', '.join(need)}"
+                          f"{why}; give --model CATALOG_NAME or --model path/config.json, or add "
+                          f"{'them' if len(need) > 1 else 'it'} to the arguments")
     h, heads = _num(args, "--hidden-size", 0), _num(args, "--num-attention-heads", 0)  # both given: checked above
     swiglu = bool(args.get("--swiglu"))
     ffn = _int(args, "--ffn-hidden-size") or (int(4 * h * 2 / 3 / 64) * 64 if swiglu else 4 * h)
@@ -293,10 +275,16 @@ def _pipeline(args: dict, pp: int, layers: int) -> dict:
 
 def read(text: str, opts: ImportOptions) -> Imported:
     """meshplan tables of Megatron-LM arguments (module docstring)."""
-    args = parse_args(text)
+    args, launcher = parse_launch(text, SWITCHES)
+    bare = {f[2:] for f in USED}
+    for flag in args:
+        hit = None if flag in USED or flag in NEAR_FLAGS else near_miss(flag[2:], bare)
+        if hit is not None:
+            raise ConfigError(flag, f"not a Megatron-LM flag (its parser refuses it); did you mean --{hit}? "
+                              f"(meshplan reads that one: misspelt, the setting would stay at its default)")
     notes: list[str] = []
     model = _model(args, opts, notes)
-    cluster, world = cluster_table(opts, "Megatron-LM", None if opts.nodes else _nnodes(args))
+    cluster, world = cluster_table(opts, "Megatron-LM", _nnodes(launcher | args, opts, notes))
     deg = {axis: _num(args, flag, 1) for flag, axis in PARALLEL.items()}
     if "--expert-tensor-parallel-size" not in args:
         deg["etp"] = deg["tp"] if deg["ep"] > 1 else 1  # Megatron: expert tp defaults to tp

@@ -1,0 +1,95 @@
+"""Shell launch scripts and arguments files as flags: the words of the text (lines joined at
+``\\``, comments dropped, a quoted string spanning lines read whole, as
+``GPT_ARGS="`` of Megatron-LM's ``examples/pretrain_gpt.sh``), ``NAME=value`` variables
+substituted, then ``--flag [value]`` pairs, split into the training script's and those of
+its launcher (the options between ``torchrun``, ``python -m torch.distributed.run`` or
+``.launch`` and the script).
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from typing import Any, Collection
+
+from meshplan.errors import ConfigError
+
+#: Launchers whose options precede the training script (torch.distributed.run's torchrun).
+LAUNCHERS = ("torchrun", "torch.distributed.run", "torch.distributed.launch")
+#: torchrun's options that take no value (torch/distributed/run.py, action=check_env).
+SWITCHES = ("--standalone", "--no-python", "--no_python", "--run-path", "--run_path", "-m", "--module",
+            "--virtual-local-rank", "--virtual_local_rank")
+
+
+def parse_launch(text: str, switches: Collection[str] = ()) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(the script's flags, the launcher's options) of an arguments file or launch script
+    (module docstring); ``switches``: the flags that take no value.
+
+    >>> parse_launch('A="--nnodes 2"\\ntorchrun $A --nproc_per_node 8 pretrain_gpt.py --num-layers 4')
+    ({'--num-layers': '4'}, {'--nnodes': '2', '--nproc_per_node': '8'})
+    """
+    env: dict[str, str] = {}
+    tokens: list[str] = []
+    for tok in words(text):
+        m = re.fullmatch(r"(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)=(.*)", tok, re.S)
+        if m and not tok.startswith("-"):
+            env[m.group(1)] = subst(m.group(2), env)
+            continue
+        tokens.extend(shlex.split(subst(tok, env)) if "$" in tok else [tok])
+    launcher: list[str] = []
+    for i, tok in enumerate(tokens):
+        if tok.rsplit("/", 1)[-1] in LAUNCHERS:
+            end = next((j for j in range(i + 1, len(tokens)) if tokens[j].endswith(".py")), len(tokens))
+            launcher, tokens = tokens[i + 1:end], tokens[:i] + tokens[end:]
+            break
+    return pairs(tokens, switches), pairs(launcher, SWITCHES)
+
+
+def words(text: str) -> list[str]:
+    """Shell words of ``text``: lines joined at ``\\``, comments dropped, a quoted string
+    spanning lines kept whole (read on until it closes, as the shell does)."""
+    lines = text.splitlines()
+    out: list[str] = []
+    i = 0
+    while i < len(lines):
+        start, chunk = i, lines[i]
+        while True:
+            while chunk.endswith("\\") and i + 1 < len(lines):
+                i += 1
+                chunk = chunk[:-1] + " " + lines[i]
+            try:
+                out.extend(shlex.split(chunk, comments=True))
+                break
+            except ValueError as e:
+                i += 1
+                if i == len(lines):
+                    raise ConfigError("megatron", f"cannot split {lines[start].strip()[:60]!r} (line {start + 1}) "
+                                      f"into words ({e}); close the quote or give the flags without it") from None
+                chunk += "\n" + lines[i]
+        i += 1
+    return out
+
+
+def pairs(tokens: list[str], switches: Collection[str]) -> dict[str, Any]:
+    """``--flag [value]`` pairs of shell words (a switch, or a flag before another flag, is True)."""
+    out: dict[str, Any] = {}
+    i = 0
+    while i < len(tokens):
+        tok = tokens[i].strip("()")
+        i += 1
+        if not tok.startswith("--"):
+            continue
+        if "=" in tok:
+            key, val = tok.split("=", 1)
+            out[key] = val
+        elif tok in switches or i >= len(tokens) or tokens[i].startswith("-") or tokens[i] in ("(", ")"):
+            out[tok] = True
+        else:
+            out[tok] = tokens[i].strip("()")
+            i += 1
+    return out
+
+
+def subst(s: str, env: dict[str, str]) -> str:
+    """``$NAME`` / ``${NAME}`` / ``${NAME[@]}`` replaced by known variables (others kept)."""
+    return re.sub(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)(?:\[@\])?\}?", lambda m: env.get(m.group(1), m.group(0)), s)

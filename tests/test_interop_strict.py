@@ -1,0 +1,257 @@
+"""Foreign configs do not drop or mistype settings silently (issue: interop).
+
+A key or flag that is a near miss of one meshplan reads is an error naming the likely one
+(Megatron-LM's own parser refuses unknown flags; a misspelt torchtitan or DeepSpeed key would
+leave the setting at its default), while the tools' real keys that meshplan does not use are
+listed. Expected values from the tools' documented rules: torchtitan's Float8LinearConverter
+(float8 all-gather only with dp_shard > 1, never with a recipe; the output layer converted
+unless filtered), DeepSpeed's gradient_clipping (> 0 clips, 0 does not, default 1.0 since
+v0.19.3), Megatron-LM's pretrain_gpt.sh (``GPT_ARGS="`` spanning lines).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from meshplan.config import config_from_dict
+from meshplan.errors import ConfigError
+from meshplan.interop.common import ImportOptions
+from meshplan.interop.foreign import differences, export, load_any, reimport_options
+
+ROOT = Path(__file__).resolve().parents[1]
+EX = ROOT / "examples"
+TT = EX / "torchtitan_llama3-8b_8xh100.toml"
+MG = EX / "megatron_llama3-8b_16xh100_tp2-pp2.args"
+DS = EX / "deepspeed_zero2_16xh100.json"
+H100 = ImportOptions(cluster="dgx-h100", nodes=1)
+H100x2 = ImportOptions(cluster="dgx-h100", nodes=2)
+DSOPTS = ImportOptions(cluster="dgx-h100", nodes=2, model="llama3-8b", seq_len=4096)
+
+
+def _write(tmp_path, name: str, text: str) -> Path:
+    f = tmp_path / name
+    f.write_text(text)
+    return f
+
+
+@pytest.mark.parametrize("old,new,error", [
+    ("tensor_parallel_degree = 1", "tensor_parallel_degre = 2",
+     r"^parallelism.tensor_parallel_degre: not a torchtitan key; did you mean parallelism.tensor_parallel_degree\?"),
+    ("[parallelism]", "[paralelism]", r"^paralelism: not a torchtitan key; did you mean parallelism\?"),
+    ("seq_len = 8192", "seqlen = 8192", r"^training.seqlen: .* did you mean training.seq_len\?"),
+    ('mode = "selective"', 'mdoe = "selective"', r"^activation_checkpoint.mdoe: .* activation_checkpoint.mode\?"),
+])
+def test_torchtitan_near_miss_is_an_error(tmp_path, old, new, error):
+    text = TT.read_text()
+    assert old in text
+    with pytest.raises(ConfigError, match=error):
+        load_any(_write(tmp_path, "t.toml", text.replace(old, new)), opts=H100)
+
+
+def test_torchtitan_key_under_an_older_table_is_an_error(tmp_path):
+    # torchtitan before its [parallelism] table kept the degrees under [training], pp and cp under [experimental]
+    # (train_configs/llama3_8b.toml at b19456a98, January 2025)
+    text = TT.read_text().replace("tensor_parallel_degree = 1\n", "").replace(
+        "steps = 1000", "steps = 1000\ntensor_parallel_degree = 2")
+    with pytest.raises(ConfigError, match=r"^training.tensor_parallel_degree: torchtitan reads this key as "
+                                          r"parallelism.tensor_parallel_degree \(older torchtitan kept it under "
+                                          r"\[training\]\); move it there$"):
+        load_any(_write(tmp_path, "t.toml", text), opts=H100)
+    with pytest.raises(ConfigError, match=r"^experimental.pipeline_parallel_degree: .* parallelism."):
+        load_any(_write(tmp_path, "t.toml", TT.read_text() + "[experimental]\npipeline_parallel_degree = 2\n"),
+                 opts=H100)
+
+
+def test_torchtitan_real_keys_are_listed_not_refused(tmp_path):
+    # keys of torchtitan's job_config.py (e347b1e) that meshplan does not read, some close to read ones
+    extra = ('\n[lr_scheduler]\nwarmup_steps = 200\n[compile]\nenable = true\n'
+             '[quantize.linear.mx]\nrecipe_name = "mxfp8"\n')
+    text = TT.read_text().replace("steps = 1000", "steps = 1000\nmax_norm = 1.0\ndataset_path = \"c4\"").replace(
+        "context_parallel_degree = 1", "context_parallel_degree = 1\ncontext_parallel_rotate_method = \"allgather\"\n"
+        "pipeline_parallel_schedule_csv = \"\"\nexpert_parallel_comm_backend = \"standard\"") + extra
+    cfg = load_any(_write(tmp_path, "t.toml", text), opts=H100)
+    unused = cfg.notes[-1]
+    for key in ("training.steps", "optimizer.lr", "training.max_norm", "parallelism.context_parallel_rotate_method",
+                "parallelism.pipeline_parallel_schedule_csv", "parallelism.expert_parallel_comm_backend",
+                "lr_scheduler.warmup_steps", "compile.enable", "quantize.linear.mx.recipe_name"):
+        assert key in unused, key
+
+
+@pytest.mark.parametrize("old,new,error", [
+    ("--sequence-parallel", "--sequence-paralel",
+     r"^--sequence-paralel: not a Megatron-LM flag \(its parser refuses it\); did you mean --sequence-parallel\?"),
+    ("--seq-length 8192", "--seq-len 8192", r"^--seq-len: .* did you mean --seq-length\?"),
+    ("--tensor-model-parallel-size 2", "--tensor-model-parralel-size 2",
+     r"^--tensor-model-parralel-size: .* --tensor-model-parallel-size\?"),
+    ("--pipeline-model-parallel-size 2", "--pipeline_model_parallel_size 2",
+     r"^--pipeline_model_parallel_size: .* --pipeline-model-parallel-size\?"),
+])
+def test_megatron_near_miss_is_an_error(tmp_path, old, new, error):
+    text = MG.read_text()
+    assert old in text
+    with pytest.raises(ConfigError, match=error):
+        load_any(_write(tmp_path, "m.args", text.replace(old, new)), opts=H100x2)
+
+
+def test_megatron_real_flags_are_listed_not_refused(tmp_path):
+    # real Megatron-LM flags (arguments.py); --vocab-file is two edits from --vocab-size, --fp4-format one
+    # from --fp8-format
+    flags = ("--save /ckpt --load /ckpt --tokenizer-type GPT2BPETokenizer --data-path /data --vocab-file v.json "
+             "--merge-file m.txt --split 949,50,1 --clip-grad 1.0 --ckpt-format torch_dist --eval-iters 10")
+    cfg = load_any(_write(tmp_path, "m.args", MG.read_text() + flags + "\n"), opts=H100x2)
+    assert cfg.notes[-1] == ("megatron: fields meshplan does not use: --overlap-grad-reduce, --lr, --train-iters, "
+                             "--tokenizer-type, --save, --load, --data-path, --vocab-file, --merge-file, --split, "
+                             "--clip-grad, --ckpt-format, --eval-iters")
+
+
+@pytest.mark.parametrize("edit,error", [
+    (lambda d: d | {"zero_optimisation": d.pop("zero_optimization")},
+     r"^zero_optimisation: not a DeepSpeed key; did you mean zero_optimization\?"),
+    (lambda d: d | {"train_micro_batch_size_per_gp": 1},
+     r"^train_micro_batch_size_per_gp: .* did you mean train_micro_batch_size_per_gpu\?"),
+    (lambda d: d | {"bf16": {"enable": True}}, r"^bf16.enable: .* did you mean bf16.enabled\?"),
+    (lambda d: d | {"gradient_cliping": 1.0}, r"^gradient_cliping: .* did you mean gradient_clipping\?"),
+])
+def test_deepspeed_near_miss_is_an_error(tmp_path, edit, error):
+    d = edit(json.loads(DS.read_text()))
+    with pytest.raises(ConfigError, match=error):
+        load_any(_write(tmp_path, "d.json", json.dumps(d)), opts=DSOPTS)
+
+
+def test_deepspeed_real_keys_are_listed_not_refused(tmp_path):
+    d = json.loads(DS.read_text()) | {
+        "optimizer": {"type": "AdamW", "params": {"lr": 3e-4, "betas": [0.9, 0.95], "eps": 1e-8,
+                                                  "weight_decay": 0.1}},
+        "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 100}},
+        "fp32": {"enabled": False}, "wall_clock_breakdown": False, "prescale_gradients": False}
+    cfg = load_any(_write(tmp_path, "d.json", json.dumps(d)), opts=DSOPTS)
+    for key in ("optimizer.params.lr", "optimizer.params.weight_decay", "scheduler.params.warmup_num_steps",
+                "fp32.enabled", "prescale_gradients"):
+        assert key in cfg.notes[-1], key
+
+
+def test_deepspeed_old_bfloat16_name(tmp_path):
+    # DeepSpeed's constants.py: BFLOAT16 = "bf16", BFLOAT16_OLD = "bfloat16" (kept for backwards compatibility)
+    d = json.loads(DS.read_text())
+    d["bfloat16"] = d.pop("bf16")
+    t = load_any(_write(tmp_path, "d.json", json.dumps(d)), opts=DSOPTS).training
+    assert (t.param_dtype, t.compute_dtype) == ("bf16", "bf16")
+
+
+# torchtitan float8 all-gather -------------------------------------------------------------
+
+def _float8(tmp_path, f8: str, shard: int = -1, tp: int = 1):
+    text = ('[model]\nname = "llama3"\nflavor = "8B"\nconverters = ["float8"]\n[training]\nlocal_batch_size = 1\n'
+            f'seq_len = 4096\n[parallelism]\ndata_parallel_shard_degree = {shard}\ntensor_parallel_degree = {tp}\n'
+            f'[quantize.linear.float8]\n{f8}\n')
+    return load_any(_write(tmp_path, "f8.toml", text), opts=H100)
+
+
+def test_torchtitan_float8_all_gather(tmp_path):
+    # llama3_8b.toml's preset: output filtered; with the precompute, one amax all-reduce
+    t = _float8(tmp_path, 'enable_fsdp_float8_all_gather = true\nprecompute_float8_dynamic_scale_for_fsdp = true\n'
+                          'filter_fqns = ["output"]').training
+    assert (t.compute_dtype, t.sharding, t.fp8_all_gather, t.fp8_output_layer) == ("fp8", "zero3", True, False)
+    assert _float8(tmp_path, "enable_fsdp_float8_all_gather = false").training.fp8_all_gather is False
+    # dp_shard 1 (tp 8 on 8 GPUs): torchtitan's dp_shard_enabled is false, nothing gathered
+    cfg = _float8(tmp_path, "enable_fsdp_float8_all_gather = true", shard=1, tp=8)
+    assert cfg.training.fp8_all_gather is False
+    assert any("data_parallel_shard_degree 1: torchtitan gathers no weights" in n for n in cfg.notes)
+    with pytest.raises(ConfigError, match=r"^quantize.linear.float8.recipe_name: 'rowwise' with "
+                                          r"enable_fsdp_float8_all_gather = true: torchtitan refuses the pair"):
+        _float8(tmp_path, 'enable_fsdp_float8_all_gather = true\nrecipe_name = "rowwise"')
+
+
+@pytest.mark.parametrize("output", [False, True])
+def test_torchtitan_float8_round_trip(tmp_path, output):
+    cfg = config_from_dict({"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 1},
+                            "training": {"global_batch": 8, "seq_len": 4096, "param_dtype": "fp32",
+                                         "recompute": "full", "compute_dtype": "fp8", "fp8_all_gather": True,
+                                         "fp8_output_layer": output},
+                            "mesh": {"names": ["dp_shard"], "shape": [8]}})
+    text, header = export(cfg, "torchtitan", "f8")
+    assert "enable_fsdp_float8_all_gather = true" in text
+    assert ('filter_fqns = []' if output else 'filter_fqns = ["output"]') in text
+    assert not [h for h in header if h.startswith("not expressed")], header
+    again = load_any(_write(tmp_path, "x.toml", text), "torchtitan", reimport_options(cfg, "torchtitan"))
+    assert differences(cfg, again) == []
+
+
+# DeepSpeed gradient clipping --------------------------------------------------------------
+
+@pytest.mark.parametrize("value,clip", [(1.0, True), (0.3, True), (0.0, False), (0, False), (None, True)])
+def test_deepspeed_gradient_clipping(tmp_path, value, clip):
+    d = json.loads(DS.read_text())
+    d.pop("gradient_clipping")
+    if value is not None:
+        d["gradient_clipping"] = value
+    cfg = load_any(_write(tmp_path, "d.json", json.dumps(d)), opts=DSOPTS)
+    assert cfg.training.grad_clip is clip
+    # absent: DeepSpeed's default, 1.0 since v0.19.3 (0 before), with a note
+    assert any("gradient_clipping not given" in n for n in cfg.notes) is (value is None)
+    again = load_any(_write(tmp_path, "e.json", export(cfg, "deepspeed", "d")[0]), "deepspeed", DSOPTS)
+    assert differences(cfg, again) == []
+    with pytest.raises(ConfigError, match=r"^gradient_clipping: must be a number >= 0"):
+        load_any(_write(tmp_path, "f.json", json.dumps(d | {"gradient_clipping": -1})), opts=DSOPTS)
+
+
+# Megatron launch scripts ------------------------------------------------------------------
+
+PRETRAIN_GPT = """#!/bin/bash
+GPUS_PER_NODE=8
+NNODES=2
+DISTRIBUTED_ARGS="
+    --nproc_per_node $GPUS_PER_NODE \\
+    --nnodes $NNODES \\
+    --master_addr localhost \\
+    --master_port 6000
+"
+GPT_ARGS="
+    --num-layers 24 \\
+    --hidden-size 1024 \\
+    --num-attention-heads 16 \\
+    --seq-length 1024 \\
+    --max-position-embeddings 1024 \\
+    --micro-batch-size 4 \\
+    --global-batch-size 64 \\
+    --lr 0.00015 \\
+    --fp16
+"
+torchrun $DISTRIBUTED_ARGS pretrain_gpt.py \\
+    $GPT_ARGS \\
+    --vocab-size 50257 \\
+    --save $CHECKPOINT_PATH
+"""
+
+
+def test_megatron_pretrain_gpt_sh_multiline_strings(tmp_path):
+    f = _write(tmp_path, "pretrain_gpt.sh", PRETRAIN_GPT)
+    cfg = load_any(f, "megatron", ImportOptions(cluster="dgx-h100"))
+    # GPT-2 345M of pretrain_gpt.sh: 24 layers, 1024 hidden; 2 nodes from torchrun's --nnodes; dp = 16
+    assert (cfg.model.layers, cfg.model.hidden, cfg.model.q_heads, cfg.cluster.nodes) == (24, 1024, 16, 2)
+    assert (cfg.mesh.names, cfg.mesh.shape, cfg.training.global_batch, cfg.training.micro_batch) == (
+        ["dp"], [16], 64, 4)
+    assert cfg.notes[-1] == "megatron: fields meshplan does not use: --lr, --save"  # no torchrun options
+    cfg = load_any(f, "megatron", ImportOptions(cluster="dgx-h100", nodes=4))
+    assert cfg.cluster.nodes == 4
+    assert "megatron: --nodes 4 used; the launch script's --nnodes 2 is not" in cfg.notes
+    with pytest.raises(ConfigError, match=r"^megatron: cannot split 'GPT_ARGS=\"' \(line 10\) into words \(No "
+                                          r"closing quotation\); close the quote"):
+        load_any(_write(tmp_path, "bad.sh", PRETRAIN_GPT.replace('    --fp16\n"', "    --fp16\n")), "megatron",
+                 ImportOptions(cluster="dgx-h100"))
+
+
+def test_megatron_missing_model_flags_name_them_and_the_fix(tmp_path):
+    f = _write(tmp_path, "m.args", "--hidden-size 4096 --num-attention-heads 32 --seq-length 4096\n")
+    with pytest.raises(ConfigError, match=r"^--model: the arguments lack the model flags --num-layers, --vocab-size "
+                                          r"\(Megatron-LM takes the vocabulary size from its tokenizer, so its "
+                                          r"arguments often lack it\); give --model CATALOG_NAME or --model "
+                                          r"path/config.json, or add them to the arguments$"):
+        load_any(f, opts=H100)
+    f.write_text("--num-layers 32 --hidden-size 4096 --vocab-size 128256 --seq-length 4096\n")
+    with pytest.raises(ConfigError, match=r"^--model: the arguments lack the model flag --num-attention-heads; "
+                                          r"give --model .*, or add it to the arguments$"):
+        load_any(f, opts=H100)
