@@ -460,7 +460,7 @@ def test_cli_export_writes_and_refuses(tmp_path):
     assert r.returncode == 2 and r.stderr.startswith("error: --to: a DeepSpeed config applies to ZeRO over one data "
                                                      "axis without TP/PP/CP/EP; this mesh has tp 8")
     assert r.stderr.count("\n") == 1 and not (tmp_path / "ds.json").exists()
-    r = _cli("groups", str(TT))
+    r = _cli("place", str(TT))  # place reads meshplan TOML only (its --format is the bindings')
     assert r.returncode == 2 and r.stderr.startswith(f"error: config: {TT} is a torchtitan config; this command "
                                                      f"reads meshplan TOML: run meshplan import torchtitan")
 
