@@ -255,3 +255,15 @@ def test_megatron_missing_model_flags_name_them_and_the_fix(tmp_path):
     with pytest.raises(ConfigError, match=r"^--model: the arguments lack the model flag --num-attention-heads; "
                                           r"give --model .*, or add it to the arguments$"):
         load_any(f, opts=H100)
+
+
+def test_torchtitan_degrees_off_the_world_name_the_torchtitan_key(tmp_path):
+    """torchtitan's ParallelDims asserts dp_replicate * dp_shard * cp * tp * pp == world size: a
+    file with dp_shard 3 on 8 GPUs is planned (infeasible, a result) and a note names the key."""
+    f = tmp_path / "tt.toml"
+    f.write_text('[model]\nname = "llama3"\nflavor = "8B"\n[training]\nlocal_batch_size = 1\nseq_len = 2048\n'
+                 '[parallelism]\ndata_parallel_shard_degree = 3\n')
+    cfg = load_any(f, opts=ImportOptions(cluster="dgx-h100", nodes=1))
+    assert "torchtitan: parallelism: pp * dp_replicate * dp_shard * cp * tp = 3, the world is 8 (1 node(s)); " \
+           "torchtitan refuses that at start-up (ParallelDims): set parallelism.data_parallel_shard_degree = 8 " \
+           "or -1" in cfg.notes

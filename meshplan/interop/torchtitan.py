@@ -315,6 +315,12 @@ def read(d: dict, base: Path, opts: ImportOptions) -> Imported:
         raise ConfigError("parallelism.data_parallel_shard_degree", f"-1 cannot be inferred: world {world} is not "
                           f"divisible by pp * dp_replicate * cp * tp = {dense}; give --nodes so that the world is a "
                           f"multiple of {dense}")
+    if dense * shard != world:  # torchtitan's ParallelDims._validate asserts the product is the world size
+        fix = f"data_parallel_shard_degree = {world // dense} or -1" if world % dense == 0 else \
+            f"degrees whose product is {world}"
+        notes.append(f"parallelism: pp * dp_replicate * dp_shard * cp * tp = {dense * shard}, the world is {world} "
+                     f"({cluster['nodes']} node(s)); torchtitan refuses that at start-up (ParallelDims): set "
+                     f"parallelism.{fix}")
     tables = {"model": model, "cluster": cluster, "training": _training(d, deg, shard, opts, model, notes),
               "mesh": _mesh(deg, par, model_layers(model), notes)}
     unused = tuple(k for k in flatten(d) if k not in USED | used)
