@@ -267,3 +267,23 @@ def test_torchtitan_degrees_off_the_world_name_the_torchtitan_key(tmp_path):
     assert "torchtitan: parallelism: pp * dp_replicate * dp_shard * cp * tp = 3, the world is 8 (1 node(s)); " \
            "torchtitan refuses that at start-up (ParallelDims): set parallelism.data_parallel_shard_degree = 8 " \
            "or -1" in cfg.notes
+
+
+def test_megatron_clip_grad_zero_turns_clipping_off_and_round_trips(tmp_path):
+    """Megatron-LM computes the gradient norm only with --clip-grad > 0 (default 1.0)."""
+    base = ("--num-layers 32 --hidden-size 4096 --num-attention-heads 32 --seq-length 4096 --vocab-size 128256 "
+            "--ffn-hidden-size 14336 --swiglu --normalization RMSNorm --position-embedding-type rope "
+            "--untie-embeddings-and-output-weights --group-query-attention --num-query-groups 8 --bf16 "
+            "--tensor-model-parallel-size 8")
+    opts = ImportOptions(cluster="dgx-h100", nodes=1)
+    for extra, clip in (("", True), (" --clip-grad 1.0", True), (" --clip-grad 0", False), (" --clip-grad 0.0", False)):
+        f = tmp_path / "m.args"
+        f.write_text(base + extra + "\n")
+        cfg = load_any(f, "megatron", opts)
+        assert cfg.training.grad_clip is clip, extra
+        text, header = export(cfg, "megatron", "m")
+        assert ("--clip-grad 0" in text.splitlines()) is (not clip)
+        assert not [h for h in header if "grad_clip" in h]
+    f.write_text(base + " --clip-grad x\n")
+    with pytest.raises(ConfigError, match=r"^--clip-grad: 'x' is not a number"):
+        load_any(f, "megatron", opts)

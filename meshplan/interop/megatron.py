@@ -38,6 +38,7 @@ Megatron-LM                              meshplan
 --accumulate-allreduce-grads-in-fp32     grad_reduce_dtype fp32 (forced by --bf16 unless --grad-reduce-in-bf16;
                                          else the parameter dtype)
 --tp-comm-overlap                        training.tp_comm_overlap
+--clip-grad (default 1.0)                training.grad_clip (0: false, no norm computed)
 (Megatron-LM's own linears)              training.framework megatron (its backward order)
 --num-layers, --hidden-size, ...         the model, field by field (or --model)
 ======================================== ===================================================
@@ -85,7 +86,8 @@ USED = set(PARALLEL) | MODEL_FLAGS | {
     "--recompute-num-layers", "--num-layers-per-virtual-pipeline-stage", "--num-virtual-stages-per-pipeline-rank",
     "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers", "--micro-batch-size",
     "--global-batch-size", "--seq-length", "--bf16", "--fp16", "--fp8-format", "--accumulate-allreduce-grads-in-fp32",
-    "--tp-comm-overlap", "--make-vocab-size-divisible-by", "--use-flash-attn", "--nnodes", "--grad-reduce-in-bf16"}
+    "--tp-comm-overlap", "--make-vocab-size-divisible-by", "--use-flash-attn", "--nnodes", "--grad-reduce-in-bf16",
+    "--clip-grad"}
 #: Megatron-LM flags (its parser at d98e8a6: 877 flags) within three edits of a flag meshplan reads, so
 #: never taken for a misspelling of it (``--vocab-file`` is two edits from ``--vocab-size``).
 NEAR_FLAGS = {"--fp4-format", "--vocab-file", "--ckpt-format", "--moe-router-dtype", "--num-channels"}
@@ -140,6 +142,19 @@ def _num(args: dict, flag: str, default: int) -> int:
     """:func:`_int` with a default that is a number."""
     n = _int(args, flag)
     return default if n is None else n
+
+
+def _clip(args: dict) -> bool:
+    """``--clip-grad`` (default 1.0): Megatron-LM's optimizer computes the gradient norm and
+    clips only when it is > 0 (``optimizer.py``: ``if self.clip_grad > 0.0``)."""
+    v = args.get("--clip-grad")
+    if v is None:
+        return True
+    try:
+        return float(v) > 0.0
+    except (TypeError, ValueError):
+        raise ConfigError("--clip-grad", f"{v!r} is not a number; give the norm to clip to, or 0 for no "
+                          f"clipping") from None
 
 
 def _nnodes(args: dict, opts: ImportOptions, notes: list[str]) -> Optional[int]:
@@ -313,7 +328,7 @@ def read(text: str, opts: ImportOptions) -> Imported:
                 "grad_reduce_dtype": "fp32" if args.get("--accumulate-allreduce-grads-in-fp32") or (
                     dtype == "bf16" and not args.get("--grad-reduce-in-bf16")) else "param",
                 "tp_comm_overlap": bool(args.get("--tp-comm-overlap")), "framework": "megatron",
-                "vocab_pad_divisor": _num(args, "--make-vocab-size-divisible-by", 128)}
+                "vocab_pad_divisor": _num(args, "--make-vocab-size-divisible-by", 128), "grad_clip": _clip(args)}
     if dtype != "fp32" and not args.get("--use-flash-attn"):
         notes.append("--use-flash-attn not given: planned with flash attention (Transformer Engine's fused "
                      "attention, Megatron-Core's default)")
@@ -380,6 +395,7 @@ def write(cfg: Config) -> list[str]:
     # Megatron-LM reduces bf16 runs' gradients in fp32 unless told otherwise
     out += ["--grad-reduce-in-bf16"] * (t.gradient_reduce_dtype == "bf16" and "--bf16" in out)
     out += ["--tp-comm-overlap"] * t.tp_comm_overlap + ["--use-flash-attn"] * t.flash_attention
+    out += ["--clip-grad 0"] * (not t.grad_clip)  # Megatron-LM's default 1.0 clips
     return out
 
 
