@@ -287,3 +287,21 @@ def test_megatron_clip_grad_zero_turns_clipping_off_and_round_trips(tmp_path):
     f.write_text(base + " --clip-grad x\n")
     with pytest.raises(ConfigError, match=r"^--clip-grad: 'x' is not a number"):
         load_any(f, "megatron", opts)
+
+
+def test_deepspeed_activation_checkpointing_section_is_full_recompute(tmp_path):
+    """A DeepSpeed config with an activation_checkpointing section configures
+    deepspeed.checkpointing.checkpoint, which models call on whole blocks: planned as full
+    recompute (with a note); without it, meshplan's default; export writes the section back."""
+    base = {"train_batch_size": 16, "train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3},
+            "bf16": {"enabled": True}}
+    opts = ImportOptions(cluster="dgx-h100", nodes=2, model="llama3-8b", seq_len=4096)
+    for section, recompute in (({"activation_checkpointing": {"partition_activations": False}}, "full"), ({}, "selective")):
+        f = tmp_path / "ds.json"
+        f.write_text(json.dumps(base | section))
+        cfg = load_any(f, opts=opts)
+        assert cfg.training.recompute == recompute
+        assert any(("planned with recompute = \"full\"" in n) is (recompute == "full") for n in cfg.notes)
+        text, header = export(cfg, "deepspeed", "ds")
+        assert ("activation_checkpointing" in json.loads(text)) is (recompute == "full")
+        assert not [h for h in header if "recompute" in h], header

@@ -15,7 +15,9 @@ are stored in bf16/fp16 with an fp32 copy (meshplan's ``master_weights``).
 ``gradient_clipping`` > 0 clips the gradient norm (meshplan's ``training.grad_clip``), 0
 does not; absent, DeepSpeed's default applies: 1.0 since v0.19.3 (PR #8068, June 2026), 0
 before (a note says so). Export writes the value, 1.0 or 0.0, so either version reads it
-the same.
+the same. An ``activation_checkpointing`` section configures ``deepspeed.checkpointing``,
+which model code calls on whole blocks: recompute ``full`` (a note); without one, meshplan's
+default ``selective`` (a note); export writes an empty section for ``full``.
 
 A key that is a near miss of one the reader reads (``zero_optimisation``,
 ``train_micro_batch_size_per_gp``; :func:`~meshplan.interop.common.misspelt`) is an error
@@ -94,11 +96,18 @@ def read(d: dict, opts: ImportOptions) -> Imported:
     global_batch, micro = batch(d, world)
     bf16 = d.get("bf16", d.get("bfloat16", {})).get("enabled")  # DeepSpeed's BFLOAT16 and BFLOAT16_OLD
     dtype = "bf16" if bf16 else "fp16" if d.get("fp16", {}).get("enabled") else "fp32"
-    notes = ["activation checkpointing is the model code's choice in DeepSpeed: planned with recompute = "
-             "\"selective\" (meshplan's default)"]
+    if "activation_checkpointing" in d:
+        recompute = "full"
+        notes = ["activation_checkpointing configures deepspeed.checkpointing.checkpoint, which the model code calls "
+                 "on whole blocks (Megatron-DeepSpeed's --checkpoint-activations): planned with recompute = \"full\"; "
+                 "set training.recompute if the model checkpoints otherwise"]
+    else:
+        recompute = "selective"
+        notes = ["activation checkpointing is the model code's choice in DeepSpeed: planned with recompute = "
+                 "\"selective\" (meshplan's default)"]
     training: dict[str, Any] = {"global_batch": global_batch, "seq_len": opts.seq_len, "micro_batch": micro,
                                 "sharding": STAGES[stage], "param_dtype": dtype, "compute_dtype": dtype,
-                                "grad_clip": _clip(d, notes)}
+                                "grad_clip": _clip(d, notes), "recompute": recompute}
     if stage == 3:
         notes.append("ZeRO stage 3 planned with per-layer coalesced gathers (training.zero3_engine = \"fsdp2\"), as "
                      "DeepSpeed >= v0.5.5 gathers (PR #1188); for DeepSpeed v0.3.13-v0.5.4 (2021) set zero3_engine = "
@@ -146,4 +155,5 @@ def write(cfg: Config) -> dict[str, Any]:
     return {"train_batch_size": t.global_batch, "train_micro_batch_size_per_gpu": t.micro_batch,
             "gradient_accumulation_steps": accumulate, "zero_optimization": {"stage": stage},
             "bf16": {"enabled": t.compute_dtype == "bf16"}, "fp16": {"enabled": t.compute_dtype == "fp16"},
-            "gradient_clipping": 1.0 if t.grad_clip else 0.0}
+            "gradient_clipping": 1.0 if t.grad_clip else 0.0} | (
+        {"activation_checkpointing": {}} if t.recompute == "full" else {})
