@@ -88,7 +88,7 @@ def kv_replica_sync(modules: list[torch.nn.Module], spec: ModelSpec, mesh) -> Op
             mine = pg
     layers = []
     for module in modules:
-        for block in module.layers.values():
+        for block in getattr(module, "layers").values():  # a Transformer or a StageModule
             att = block.attention
             layers.append([p for p in (att.wk.weight, att.wv.weight, att.wk.bias, att.wv.bias) if p is not None])
     return KVReplicaSync(layers, mine)

@@ -130,7 +130,10 @@ TP = AxisDef(
                  CollectiveKind("all-gather", "tp", "backward", "its gradient (SP)"),
                  CollectiveKind("reduce-scatter", "tp", "backward", "its gradient (SP)"),
                  CollectiveKind("all-reduce", "tp", "loss", "b x s/cp fp32 (vocab-parallel loss, 3 per micro-batch)"),
-                 CollectiveKind("all-reduce", "tp", "step", "replicated weights' gradients (SP norms, router)")),
+                 CollectiveKind("all-reduce", "tp", "step", "replicated weights' gradients (SP norms, router)"),
+                 CollectiveKind("all-reduce", "kv_replica", "step",
+                                "a layer's wk/wv gradients over the tp / kv_heads ranks holding one KV head "
+                                "(tp > kv_heads)")),
     search=SearchColumn(column="tp", option="tp", bound=max_tp),
     weights={"tp": 1e5, "sp": 1e4},
 )
