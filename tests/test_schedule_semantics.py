@@ -396,3 +396,31 @@ def test_validate_refuses_a_megatron_plan():
     assert "training.framework" in why and 'framework = "torch"' in why
     torch_plan = plan_of(mesh)
     assert torch_plan.mesh is not None and not_runnable(torch_plan.config, torch_plan.mesh) is None
+
+
+def test_search_counts_the_kv_replica_communicator():
+    """The search's NCCL communicator count (``comm_axes``, behind its memory bounds) equals
+    the distinct axes of the exact plan's collective rows, the kv_replica groups included
+    when tp > kv_heads (8 q / 2 KV heads: at tp 4 and 8, not at tp 1 or 2)."""
+    import numpy as np
+
+    from meshplan.search.memory import comm_axes
+    from meshplan.search.space import OK, candidate_config, enumerate_candidates, first_reason
+
+    model = {"layers": 2, "hidden": 1024, "ffn": 4096, "q_heads": 8, "kv_heads": 2, "head_dim": 128, "vocab": 32000}
+    cfg = config_from_dict({"model": model, "cluster": {"system": "dgx-h100", "nodes": 2},
+                            "training": {"global_batch": 16, "seq_len": 1024}}, require_mesh=False)
+    c = enumerate_candidates(cfg)
+    ok = np.flatnonzero(first_reason(cfg, c) == OK)
+    n = comm_axes(cfg, c)
+    seen = set()
+    for j in ok.tolist():
+        key = (int(c.tp[j]), int(c.pp[j]) > 1)
+        if key in seen:
+            continue
+        seen.add(key)
+        plan = build_plan(candidate_config(cfg, c, j))
+        axes = {r.axis for rows in plan.collectives.values() for r in rows}
+        assert n[j] == len(axes), (c.label(j), sorted(axes))
+        assert ("kv_replica" in axes) == (c.tp[j] > 2)
+    assert {t for t, _ in seen} >= {1, 2, 4, 8}
