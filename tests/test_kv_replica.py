@@ -181,3 +181,30 @@ def test_gloo_copies_stay_equal_and_torch_issues_the_table_row(tmp_path):
         extra = rank_extra_groups(mesh, C6, rank)
         assert differences(tally_records(recs, mesh, rank, extra),
                            tally_table(table, mesh, rank, per_step=True, extra=extra)) == []
+
+
+def test_copies_compute_the_real_models_logits():
+    """Built for tp 4 (4 KV heads: each of the 2 real heads copied twice) and initialised,
+    the single-process model gives the real 2-KV-head model's logits: the copies hold the
+    real heads (drawn once, in the same order), and the q heads of a copy's rank use it. A
+    pipeline stage (``init_stage_weights``) draws the same."""
+    from meshplan.runtime.execution.model import Transformer
+    from meshplan.runtime.execution.pipelined_stage import StageModule, init_stage_weights
+
+    ref = Transformer(C6)
+    ref.init_weights(seed=3)
+    copied = Transformer(C6, tp=4)
+    copied.init_weights(seed=3)
+    assert copied.kv_heads == 4 and copied.layers["0"].attention.wk.weight.shape == (32, 64)
+    wk = copied.layers["1"].attention.wk.weight.view(4, 8, 64)
+    real = ref.layers["1"].attention.wk.weight.view(2, 8, 64)
+    assert torch.equal(wk[0], real[0]) and torch.equal(wk[1], real[0]) and torch.equal(wk[3], real[1])
+    assert torch.equal(copied.output.weight, ref.output.weight)  # drawn after the copies: same order
+    tokens = torch.randint(0, 256, (2, 8), generator=torch.Generator().manual_seed(0))
+    assert torch.allclose(copied(tokens), ref(tokens), atol=1e-6)
+    with torch.device("meta"):
+        full = Transformer(C6, tp=4)
+    stage = StageModule(full, [0, 1], first=True, last=True)
+    stage.to_empty(device="cpu")
+    init_stage_weights(full, seed=3)
+    assert torch.equal(stage.layers["1"].attention.wv.weight, copied.layers["1"].attention.wv.weight)
