@@ -208,3 +208,18 @@ def test_copies_compute_the_real_models_logits():
     stage.to_empty(device="cpu")
     init_stage_weights(full, seed=3)
     assert torch.equal(stage.layers["1"].attention.wv.weight, copied.layers["1"].attention.wv.weight)
+
+
+def test_validate_probes_the_kv_replica_groups():
+    """``validate``'s collective probe times the kv_replica all-reduce on its own groups (no
+    mesh axis has them): dp_shard 2 x tp 4, pairs of consecutive tp ranks, 2048 B."""
+    from meshplan.config import config_from_dict
+    from meshplan.plan import build_plan
+    from meshplan.runtime.validation.probe import probe_spec
+
+    plan = build_plan(config_from_dict({
+        "model": C6.model_dump(exclude={"name"}), "cluster": {"system": "dgx-h100", "nodes": 1},
+        "training": {"global_batch": 8, "seq_len": 16, "sharding": "zero3", **FP32},
+        "mesh": {"names": ["dp_shard", "tp"], "shape": [2, 4]}}))
+    assert [e for e in probe_spec(plan) if e["axis"] == "kv_replica"] == [
+        {"axis": "kv_replica", "op": "all-reduce", "size_bytes": 2048, "groups": [[0, 1], [2, 3], [4, 5], [6, 7]]}]
