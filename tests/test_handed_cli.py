@@ -122,6 +122,10 @@ def test_c6_kv_replication_is_named(tmp_path, capsys):
     assert p["groups"]["kv_replica"] == [[0, 1], [2, 3], [4, 5], [6, 7]]
     rc, g, _ = doc(capsys, "groups", config(tmp_path, 'names = ["dp", "tp"]\nshape = [1, 8]', model=m), "--rank", "5")
     assert g["group_of_rank"]["kv_replica"] == [4, 5] and g["groups"]["kv_replica"][0] == [0, 1]
+    rc, out, _ = run(capsys, "groups", config(tmp_path, 'names = ["dp", "tp"]\nshape = [1, 8]', model=m), "--rank", "5")
+    row = [line for line in out.splitlines() if "kv_replica" in line]
+    assert [c.strip() for c in row[0].split("│")[1:7]] == ["kv_replica", "2", "4", "4,5", "[(0,4)..(0,5)]",
+                                                          "0,1; 2,3; ..."]
 
 
 def test_c7_padding_note_and_output_gemm(tmp_path, capsys):
