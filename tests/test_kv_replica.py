@@ -223,3 +223,49 @@ def test_validate_probes_the_kv_replica_groups():
         "mesh": {"names": ["dp_shard", "tp"], "shape": [2, 4]}}))
     assert [e for e in probe_spec(plan) if e["axis"] == "kv_replica"] == [
         {"axis": "kv_replica", "op": "all-reduce", "size_bytes": 2048, "groups": [[0, 1], [2, 3], [4, 5], [6, 7]]}]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(360)
+def test_validate_pp2_tp4_kv_replicated_matches_the_plan_exactly(tmp_path):
+    """``meshplan validate`` on 8 gloo ranks: Llama-3-8B shapes scaled down with 2 KV heads,
+    pp 2 (1F1B) x tp 4 + SP, so each KV head is copied on 2 tp ranks. The pipelined runtime's
+    collectives equal the plan's on every rank, the kv_replica all-reduce included (2 per
+    step on each rank, one per layer of its stage), and step 0's loss on a last-stage rank is
+    the single-process 2-KV-head model's (the copies start as the real heads)."""
+    import dataclasses
+    from pathlib import Path
+
+    import torch.nn.functional as F
+
+    from meshplan.config import load_config
+    from meshplan.mesh.tpsplit import padded_vocab
+    from meshplan.runtime.execution.model import Transformer
+    from meshplan.runtime.execution.trainstep import batch
+    from meshplan.runtime.execution.worker import load_plan
+    from meshplan.runtime.validation.validate import Options, validate
+
+    cfg = load_config(Path(__file__).parent / "data" / "validate_llama8b_pp2_tp2_sp.toml")
+    cfg = dataclasses.replace(cfg, model=cfg.model.model_copy(update={"kv_heads": 2}),
+                              mesh=cfg.mesh.model_copy(update={"shape": [2, 1, 4]}))
+    out = tmp_path / "ev"
+    code, res = validate(cfg, Options(worlds=(8,), layers=4, seq_len=32, vocab=512, steps=1, micro_batches=4,
+                                      timeout_s=300), out, echo=lambda *_: None)
+    r = res[0]
+    assert r.get("stage") == "compare", r["message"]
+    comp = r["comparison"]
+    assert comp["differences"] == []
+    kv = [row for row in comp["collectives"] if row["axis"] == "kv_replica"]
+    assert len(kv) == 1 and kv[0]["phase"] == "step" and kv[0]["op"] == "all-reduce"
+    assert [kv[0][f"rank{k}"] for k in range(8)] == [2] * 8
+    folder = out / "world8"
+    plan, spec, training, mesh = load_plan(folder / "plan.json")
+    vocab = padded_vocab(spec.vocab, training.vocab_pad_divisor, mesh.degree("tp"))
+    ref = Transformer(spec, vocab=vocab)
+    ref.init_weights(seed=0)
+    with torch.no_grad():
+        losses = [F.cross_entropy(ref(t).flatten(0, 1), y.flatten()).item()
+                  for t, y in (batch(training, mesh, 4, 0, mb, vocab, 0) for mb in range(plan["mesh"]["micro_batches"]))]
+    loss = json.loads((folder / "rank4" / "timings.json").read_text())["steps"][0]["loss"]
+    assert loss == pytest.approx(sum(losses) / len(losses), rel=1e-5)
+    assert code == 0
