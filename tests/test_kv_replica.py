@@ -269,3 +269,21 @@ def test_validate_pp2_tp4_kv_replicated_matches_the_plan_exactly(tmp_path):
     loss = json.loads((folder / "rank4" / "timings.json").read_text())["steps"][0]["loss"]
     assert loss == pytest.approx(sum(losses) / len(losses), rel=1e-5)
     assert code == 0
+
+
+@pytest.mark.parametrize("sp,names,shape,extra", [
+    (True, ("dp_shard", "tp"), (2, 4), {}),
+    (False, ("dp_replicate", "dp_shard", "tp"), (2, 2, 4), {"sharding": "hsdp", "micro_batch": 2})])
+def test_fake_pg_biases_mixed_precision_hsdp(sp, names, shape, extra):
+    """With K/V biases (``qkv_bias``), bf16 compute (FSDP2 mixed precision, fp32 reduce), SP
+    or HSDP: rank 5's buffer per layer is wk + wv (4 of 8 rows x 64 each) + their biases (4 of
+    8 each) = 520 fp32 elements = 2080 B, twice, and the whole step matches the table."""
+    model = C6.model_copy(update={"qkv_bias": True})
+    training = TrainingSpec(global_batch=8, seq_len=16, param_dtype="fp32", compute_dtype="bf16",
+                            reduce_dtype="fp32", recompute="none", **extra)
+    mesh = resolve_mesh(MeshSpec(names=list(names), shape=list(shape), sequence_parallel=sp), world=prod(shape))
+    run = dry_run(model, training, mesh, rank=5, optimizer_step=False, mixed_precision=True)
+    ex = rank_extra_groups(mesh, model, 5)
+    recorded = tally_records(run.records, mesh, 5, ex)
+    assert recorded[("kv_replica", "step", "all-reduce", (2 * 4 * 64 + 2 * 4) * 4, "fp32")] == 2
+    assert differences(recorded, tally_table(_table(model, training, mesh), mesh, 5, extra=ex)) == []
