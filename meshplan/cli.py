@@ -46,6 +46,7 @@ from meshplan.errors import ConfigError, check_number, printable
 from meshplan.fileio import check_destination, write_output
 from meshplan.interop.common import FORMATS, ImportOptions
 from meshplan.interop.foreign import export, import_text, load_any
+from meshplan.mesh.tpsplit import model_groups
 from meshplan.placement.assign import rank_row
 from meshplan.placement.bindings import bindings, write_bindings
 from meshplan.placement.choice import choose_placement, weights_from_plan
@@ -372,7 +373,7 @@ def groups(config: Path = typer.Argument(..., help="TOML config (or a foreign co
         _write_doc(json_path, groups_doc(p, rank), force)
         _exit_infeasible(p)
     _check_rank(p, rank)
-    print_groups(p.mesh, rank, _console())
+    print_groups(p.mesh, rank, _console(), model_groups(p.mesh, p.config.model))
     _write_doc(json_path, groups_doc(p, rank), force)
     _verdict_exit(p)
 

@@ -16,7 +16,11 @@ Sources and conventions:
   not counted). Per rank: the most loaded rank. In total: every distinct shard once (a
   replicated copy is written by one rank, as DCP deduplicates): ``tp x shards`` pieces of
   the dense state of each stage, ``ep x etp x shards`` of the expert state (norms, held
-  whole by every tp rank, are counted tp times: small). Write time at a stated storage
+  whole by every tp rank, are counted tp times: small). KV heads replicated past
+  ``kv_heads`` (tp > kv_heads, handed case C6) are one head's state per rank but are counted
+  once per KV head, ``kv_heads`` per stage, not ``tp`` (a checkpoint in the model's layout,
+  as Megatron-LM and HF save it, holds each head once; the copies are equal, kept so by the
+  ``kv_replica`` all-reduce). Write time at a stated storage
   bandwidth: ``max(total / aggregate bandwidth, per rank / per-rank bandwidth)``.
 - **Interval.** Young (1974), "A first order approximation to the optimum checkpoint
   interval", CACM 17(9): ``tau = sqrt(2 C M)``; Daly (2006), "A higher order estimate of
@@ -39,6 +43,7 @@ from dataclasses import dataclass
 from math import ceil, exp, sqrt
 from typing import Optional
 
+from meshplan.mesh.tpsplit import local_heads, local_numel
 from meshplan.spec.cluster import ClusterSpec
 
 #: Llama 3 (arXiv 2407.21783, section 3.3.4): unexpected interruptions, days, GPUs.
@@ -102,16 +107,55 @@ class CheckpointSize:
     written_per_rank_bytes: float = 0.0
 
 
-def checkpoint_size(states, mesh) -> CheckpointSize:
+def checkpoint_size(states, mesh, model=None) -> CheckpointSize:
     """Checkpoint bytes from :func:`meshplan.memory.state.state_bytes` (one StateBytes per
-    stage) of ``mesh``: kinds params, master and optimizer (module docstring)."""
+    stage) of ``mesh``: kinds params, master and optimizer (module docstring). ``model``
+    (the :class:`~meshplan.spec.model.ModelSpec`): count replicated KV heads once
+    (:func:`kv_copy_numel`); without it every tp rank's copy counts, as meshplan's runtime
+    saves them (its model holds the ``tp`` copies as one tp-sharded tensor, which DCP stores
+    whole: the measured runs of ``validate`` compare against that)."""
     tp, ep, etp = mesh.degree("tp"), mesh.degree("ep"), mesh.degree("etp")
-    per_rank, total = 0.0, 0.0
+    per_rank = 0.0
+    for st in states:
+        per_rank = max(per_rank, sum(i.size_bytes for i in st.items if i.kind in CHECKPOINT_KINDS))
+    totals = _stage_totals(states, mesh, model)
+    ranks = mesh.world / mesh.degree("pp")
+    return CheckpointSize(per_rank, sum(totals), max(t / ranks for t in totals))
+
+
+def kv_copy_numel(st, model, mesh) -> int:
+    """Elements of stage ``st``'s dense state (per kind, before data-parallel sharding) that
+    the tp ranks of one group hold as copies of replicated KV heads: with ``r = tp / kv_heads
+    > 1`` each rank holds one KV head's wk, wv (and biases), ``k`` elements per layer, so the
+    group holds ``tp k`` of which ``kv_heads k`` are distinct: ``(tp - kv_heads) k`` per layer.
+
+    128 q / 8 KV heads of 128, h 16384, tp 16 (C6): k = 2 x 128 x 16384 = 4,194,304; 8 copies
+    of it per layer:
+
+    >>> from types import SimpleNamespace as N
+    >>> from meshplan.spec.model import ModelSpec
+    >>> m = ModelSpec(layers=1, hidden=16384, ffn=1, q_heads=128, kv_heads=8, head_dim=128, vocab=1)
+    >>> kv_copy_numel(N(params=N(layer_ids=(0,))), m, N(degree=lambda a: 16))
+    33554432
+    """
+    tp = mesh.degree("tp")
+    if local_heads(model, tp)[2] == 1:
+        return 0
+    per_layer = sum(local_numel(t, model, tp) for t in model.layer_tensors(0) if t.split == "kv_column")
+    return (tp - model.n_kv_heads) * per_layer * len(st.params.layer_ids)
+
+
+def _stage_totals(states, mesh, model=None) -> list[float]:
+    """Checkpoint bytes of each stage, every distinct shard once (:func:`_distinct`), less
+    the replicated KV heads' copies when ``model`` is given (:func:`kv_copy_numel`)."""
+    tp, ep, etp = mesh.degree("tp"), mesh.degree("ep"), mesh.degree("etp")
+    out = []
     for st in states:
         items = [i for i in st.items if i.kind in CHECKPOINT_KINDS]
-        per_rank = max(per_rank, sum(i.size_bytes for i in items))
-        total += sum(i.size_bytes * _distinct(i, tp, ep, etp) for i in items)
-    return CheckpointSize(per_rank, total, max(dcp_write_bytes(states, mesh)))
+        copies = kv_copy_numel(st, model, mesh) if model is not None else 0
+        out.append(sum(i.size_bytes * _distinct(i, tp, ep, etp) for i in items)
+                   - sum(copies * i.bytes_per_element for i in items if copies and i.group == "dense"))
+    return out
 
 
 def _distinct(item, tp: int, ep: int, etp: int) -> int:
@@ -120,7 +164,7 @@ def _distinct(item, tp: int, ep: int, etp: int) -> int:
     return (ep * etp if item.group == "expert" else tp) * item.divisor
 
 
-def dcp_write_bytes(states, mesh) -> list[float]:
+def dcp_write_bytes(states, mesh, model=None) -> list[float]:
     """Bytes one rank of each stage writes under DCP (torch.distributed.checkpoint): the
     default save planner deduplicates replicated shards (``dedup_save_plans``), writing each
     once, from the replica whose plan is smallest so far, so the ``r`` ranks holding the same
@@ -137,10 +181,8 @@ def dcp_write_bytes(states, mesh) -> list[float]:
     >>> dcp_write_bytes([N(items=[item])], mesh)
     [250.0]
     """
-    tp, ep, etp, pp = mesh.degree("tp"), mesh.degree("ep"), mesh.degree("etp"), mesh.degree("pp")
-    ranks = mesh.world / pp
-    return [sum(i.size_bytes * _distinct(i, tp, ep, etp) / ranks for i in st.items if i.kind in CHECKPOINT_KINDS)
-            for st in states]
+    ranks = mesh.world / mesh.degree("pp")
+    return [t / ranks for t in _stage_totals(states, mesh, model)]
 
 
 def write_time_s(size: CheckpointSize, bandwidth_bytes_per_s: float,
@@ -247,7 +289,7 @@ def reliability(plan, *, write_bandwidth_bytes_per_s: float, read_bandwidth_byte
                 per_rank_bandwidth_bytes_per_s: Optional[float] = None) -> Reliability:
     """Reliability account of a plan. Storage bandwidths and the restart overhead are
     stated by the caller: there is no default for them."""
-    size = checkpoint_size(plan.state, plan.mesh)
+    size = checkpoint_size(plan.state, plan.mesh, plan.config.model)
     return Reliability(plan.world, rate_per_gpu_day, tuple(failure_domains(plan.config.cluster, plan.world)), size,
                        write_time_s(size, write_bandwidth_bytes_per_s, per_rank_bandwidth_bytes_per_s),
                        write_time_s(size, read_bandwidth_bytes_per_s, per_rank_bandwidth_bytes_per_s, read=True),

@@ -112,6 +112,20 @@ def test_c6_kv_replication_is_named(tmp_path, capsys):
     note = [n for n in p["notes"] if n.startswith("kv_heads 4 < tp 8")]
     assert note and "KV heads replicated 2x (tp ranks {2i..2i+1} hold KV head i" in note[0]
     assert "each rank holds 4 q heads and 128 K and V" in note[0]
+    # the copies are kept equal: one all-reduce per layer of wk + wv gradients over each pair,
+    # 2 x (128 x 4096) fp32 elements = 4,194,304 B, once per step for each of the 2 layers
+    assert "kept equal by one all-reduce (sum) of each layer's wk/wv gradients over the 2 ranks" in note[0]
+    kv = [r for r in p["collectives"]["stage 0"] if r["axis"] == "kv_replica"]
+    assert [(r["phase"], r["op"], r["group_size"], r["n_groups"], r["example_ranks"], r["size_bytes"], r["dtype"],
+             r["per_microbatch"], r["per_step"]) for r in kv] == [
+        ("step", "all-reduce", 2, 4, [0, 1], 2 * 128 * 4096 * 4, "fp32", 0, 2)]
+    assert p["groups"]["kv_replica"] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    rc, g, _ = doc(capsys, "groups", config(tmp_path, 'names = ["dp", "tp"]\nshape = [1, 8]', model=m), "--rank", "5")
+    assert g["group_of_rank"]["kv_replica"] == [4, 5] and g["groups"]["kv_replica"][0] == [0, 1]
+    rc, out, _ = run(capsys, "groups", config(tmp_path, 'names = ["dp", "tp"]\nshape = [1, 8]', model=m), "--rank", "5")
+    row = [line for line in out.splitlines() if "kv_replica" in line]
+    assert [c.strip() for c in row[0].split("│")[1:7]] == ["kv_replica", "2", "4", "4,5", "[(0,4)..(0,5)]",
+                                                          "0,1; 2,3; ..."]
 
 
 def test_c7_padding_note_and_output_gemm(tmp_path, capsys):

@@ -1,7 +1,9 @@
 """Reliability: failure rate from Llama 3, Young/Daly intervals, Daly goodput, checkpoint
 size from the persistent state, failure domains, and restarting on fewer nodes."""
 
+import dataclasses
 from math import exp, prod, sqrt
+from pathlib import Path
 
 import pytest
 
@@ -154,3 +156,46 @@ def test_restart_batch_note_when_no_micro_batch_works_and_when_some_do():
     assert some.notes[0] == ("global batch 60 / (micro_batch 4 x dp 6) = 2.50: not whole micro-batches; the "
                              "contract holds only with micro_batch 1 or 2, or a different global batch (which "
                              "changes the optimisation)")
+
+
+def test_checkpoint_counts_each_replicated_kv_head_once():
+    """Handed case C6: 8 q / 2 KV heads of 8, h 64, ffn 128 (SwiGLU), vocab 256 untied, 1
+    layer, tp 4 (KV heads replicated 2x), DDP. Per rank: wq 64 x 64 / 4 = 1024, wk + wv one
+    head each 2 x 8 x 64 = 1024, wo 1024, MLP 3 x 128 x 64 / 4 = 6144, norms 3 x 64 = 192,
+    embedding and output 256 x 64 / 4 = 4096 each: 17600 elements, 14 B each in the
+    checkpoint (bf16 param 2 + fp32 master 4 + Adam 8). Every tp rank's state: 4 x 17600 x 14
+    = 985,600 B; the 4 ranks hold 4 KV heads' wk/wv (4096 elements) of which 2 heads (2048)
+    are distinct: 985,600 - 2048 x 14 = 956,928 B. (The norms are still counted on every tp
+    rank: 3 x 192 x 14 = 8064 B above the model's 67,776 params x 14 = 948,864 B.) The DCP
+    share per rank is the total over the 4 ranks."""
+    m = ModelSpec(layers=1, hidden=64, ffn=128, q_heads=8, kv_heads=2, head_dim=8, vocab=256)
+    mesh = resolve_mesh(MeshSpec(names=["tp"], shape=[4]), world=4)
+    train = TrainingSpec(global_batch=4, seq_len=16, sharding="none", vocab_pad_divisor=1)
+    states = state_bytes(m, mesh, train, stage_layers(1, 1))
+    assert states[0].params.total == 17600 and m.param_count() == 67776
+    assert checkpoint_size(states, mesh).total_bytes == 4 * 17600 * 14 == 985600  # the runtime's copies
+    size = checkpoint_size(states, mesh, m)
+    assert size.total_bytes == 985600 - 2048 * 14 == 956928
+    assert size.total_bytes - 67776 * 14 == 3 * 192 * 14
+    assert size.per_rank_bytes == 17600 * 14  # a rank still holds (and reads back) its copy
+    assert size.written_per_rank_bytes == 956928 / 4
+    # no copies at tp 2 (one KV head per rank): the model changes nothing
+    mesh2 = resolve_mesh(MeshSpec(names=["tp"], shape=[2]), world=2)
+    s2 = state_bytes(m, mesh2, train, stage_layers(1, 1))
+    assert checkpoint_size(s2, mesh2, m) == checkpoint_size(s2, mesh2)
+
+
+def test_reliability_c6_405b_shape_counts_eight_kv_heads():
+    """128 q / 8 KV heads (Llama 3 405B), tp 16: the reliability command's checkpoint holds 8
+    KV heads per layer: the total with the model is the runtime-copies total less 8 heads'
+    wk/wv (2 x 128 x 16384 elements each) per layer x 12 B (the example's fp32 params 4, no
+    master copy, Adam 8), 126 x 8 x 4,194,304 x 12 = 50.7 GB."""
+    cfg = load_config(Path(__file__).resolve().parents[1] / "examples" / "llama3-405b_16384xh100_tp8-pp16-dp128.toml")
+    cfg = dataclasses.replace(cfg, mesh=cfg.mesh.model_copy(update={"shape": [16, 64, 16]}))
+    plan = build_plan(cfg)
+    rel = reliability(plan, write_bandwidth_bytes_per_s=1e12, read_bandwidth_bytes_per_s=1e12, restart_overhead_s=60)
+    copies = checkpoint_size(plan.state, plan.mesh).total_bytes
+    per_byte = sum(i.bytes_per_element for i in plan.state[0].items if i.kind in ("params", "master", "optimizer")
+                   and i.group == "dense")
+    assert per_byte == 12
+    assert copies - rel.checkpoint.total_bytes == 126 * 8 * 2 * 128 * 16384 * 12 == 50_734_301_184

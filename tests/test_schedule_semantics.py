@@ -18,7 +18,7 @@ from meshplan.units import dtype_bytes
 
 # 4 layers, h 64, f 256 (GeLU), 4 heads of 16, vocab 256, untied: small enough for every schedule
 TINY = dict(layers=4, hidden=64, ffn=256, gated_mlp=False, q_heads=4, vocab=256)
-COUNTED = ("shard", "replica", "cp", "step")  # data-parallel and CP collectives
+COUNTED = ("shard", "replica", "cp", "step", "kv")  # data-parallel, CP and KV-replica collectives
 
 
 def plan_of(mesh: dict, model=TINY, system="dgx-h100", nodes=1, **training):
@@ -56,7 +56,9 @@ def timeline_counts(st, s: int) -> Counter:
             elif a.get("kind") in COUNTED:
                 out[(a["kind"], a["group"], a["phase"], a["op"])] += 1
     for e in st.post_events:
-        if e.stage == s and "grad reduce" in e.name:
+        if e.stage == s and e.stream == "kv":  # one step-end event per layer's K/V gradient all-reduce
+            out[("kv", "", "step", "all-reduce")] += 1
+        elif e.stage == s and "grad reduce" in e.name:
             step_reduce = True
         elif e.stage == s and "param all-gather" in e.name:
             out[("step", "", "step", "all-gather")] += 1
@@ -94,6 +96,35 @@ def test_timeline_issues_the_collectives_the_table_counts(schedule, vpp, shardin
     if sharding in ("zero3", "hsdp") and not reshard and vpp == 1:  # once per step: 2 layers + root
         assert table_counts(plan, 0)[("shard", "layer", "forward", "all-gather")] == 2
         assert table_counts(plan, 0)[("shard", "layer", "backward", "all-gather")] == 0
+
+
+@pytest.mark.parametrize("schedule,vpp", SCHEDULES)
+@pytest.mark.parametrize("sharding", ["zero3", "none"])
+def test_timeline_issues_the_kv_replica_all_reduces(schedule, vpp, sharding):
+    """Handed case C6 at small size: 4 q / 2 KV heads of 16, h 64, tp 4 (KV heads replicated
+    2x: tp ranks {0,1} hold KV head 0, {2,3} head 1), pp 2 x dp 2. Each stage all-reduces its
+    2 layers' wk+wv gradients over the replica group once per step, before the optimizer:
+    one step-end event each, of the row's time. Bytes by hand: one KV head per rank, wk and
+    wv (16 x 64) = 2 x 1024 elements in fp32 (grad_dtype): 8192 B; under FSDP2 over dp_shard
+    2, each tensor's local shard is 8 of its 16 rows: 4096 B."""
+    data = "dp" if sharding == "none" else "dp_shard"
+    mesh = {"names": ["pp", data, "tp"], "shape": [2, 2, 4], "world": 16, "pp_schedule": schedule,
+            "virtual_stages": vpp}
+    plan = plan_of(mesh, model=dict(TINY, kv_heads=2), nodes=2, sharding=sharding, global_batch=8)
+    st = step_time(plan)
+    expect = 8192 if sharding == "none" else 4096
+    for s in range(2):
+        rows = [r for r in plan.stage(s).collectives if comm_kind(r) == "kv"]
+        assert [(r.axis, r.phase, r.op, r.size_bytes, r.dtype, r.per_microbatch, r.per_step, r.group_size,
+                 r.n_groups) for r in rows] == [("kv_replica", "step", "all-reduce", expect, "fp32", 0, 2, 2, 8)]
+        assert rows[0].example_ranks == (0, 1)
+        counts = timeline_counts(st, s)
+        assert counts == table_counts(plan, s), (s, table_counts(plan, s))
+        assert counts[("kv", "", "step", "all-reduce")] == 2
+        assert [e.end_s - e.start_s for e in st.post_events if e.stage == s and e.stream == "kv"] == \
+            pytest.approx([rows[0].time_s] * 2)
+    opt = [e for e in st.post_events if e.stage == 0 and e.name == "optimizer step"][0]
+    assert all(e.end_s <= opt.start_s for e in st.post_events if e.stage == 0 and e.stream == "kv")
 
 
 @pytest.mark.parametrize("reshard", [True, False])
@@ -370,3 +401,31 @@ def test_validate_refuses_a_megatron_plan():
     assert "training.framework" in why and 'framework = "torch"' in why
     torch_plan = plan_of(mesh)
     assert torch_plan.mesh is not None and not_runnable(torch_plan.config, torch_plan.mesh) is None
+
+
+def test_search_counts_the_kv_replica_communicator():
+    """The search's NCCL communicator count (``comm_axes``, behind its memory bounds) equals
+    the distinct axes of the exact plan's collective rows, the kv_replica groups included
+    when tp > kv_heads (8 q / 2 KV heads: at tp 4 and 8, not at tp 1 or 2)."""
+    import numpy as np
+
+    from meshplan.search.memory import comm_axes
+    from meshplan.search.space import OK, candidate_config, enumerate_candidates, first_reason
+
+    model = {"layers": 2, "hidden": 1024, "ffn": 4096, "q_heads": 8, "kv_heads": 2, "head_dim": 128, "vocab": 32000}
+    cfg = config_from_dict({"model": model, "cluster": {"system": "dgx-h100", "nodes": 2},
+                            "training": {"global_batch": 16, "seq_len": 1024}}, require_mesh=False)
+    c = enumerate_candidates(cfg)
+    ok = np.flatnonzero(first_reason(cfg, c) == OK)
+    n = comm_axes(cfg, c)
+    seen = set()
+    for j in ok.tolist():
+        key = (int(c.tp[j]), int(c.pp[j]) > 1)
+        if key in seen:
+            continue
+        seen.add(key)
+        plan = build_plan(candidate_config(cfg, c, j))
+        axes = {r.axis for rows in plan.collectives.values() for r in rows}
+        assert n[j] == len(axes), (c.label(j), sorted(axes))
+        assert ("kv_replica" in axes) == (c.tp[j] > 2)
+    assert {t for t, _ in seen} >= {1, 2, 4, 8}

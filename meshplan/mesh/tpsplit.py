@@ -8,11 +8,75 @@ element counts that use them.
 
 from __future__ import annotations
 
+import numpy as np
+
 from meshplan.spec.axes.tp import heads_reason, local_heads, padded_vocab
 from meshplan.spec.model import ModelSpec, Tensor
 
-__all__ = ["fsdp_padded_numel", "heads_reason", "local_heads", "local_numel", "local_rows", "padded_numel",
-           "padded_vocab"]
+__all__ = ["KV_REPLICA", "fsdp_padded_numel", "heads_reason", "kv_replica_group_of", "kv_replica_groups",
+           "local_heads", "local_numel", "local_rows", "model_groups", "padded_numel", "padded_vocab"]
+
+#: Name of the groups of tp ranks that hold copies of the same KV head (tp > kv_heads).
+KV_REPLICA = "kv_replica"
+
+
+def kv_replica_groups(mesh, model: ModelSpec) -> np.ndarray:
+    """Groups (n_groups, r) of the ranks that hold the same KV head when tp > kv_heads, ``r =
+    tp / kv_heads`` (:func:`local_heads`): inside each tp group (its ranks in tp order) the
+    ``r`` consecutive ranks ``{r i, ..., r i + r - 1}`` hold KV head ``i``, the copies the
+    replicated K and V weights' gradients are summed over (HF transformers PR 47811's KV
+    replication group; bigcode Megatron-LM PR 39 for MQA). Shape (0, 1) when no head is
+    replicated (tp <= kv_heads). ``mesh``: a resolved :class:`~meshplan.mesh.resolve.Mesh`.
+
+    32 q heads, 4 KV heads, tp 8 x dp_shard 2 (handed case C6): tp groups {0..7}, {8..15}:
+
+    >>> from meshplan.mesh.resolve import resolve_mesh
+    >>> from meshplan.spec.mesh import MeshSpec
+    >>> mesh = resolve_mesh(MeshSpec(names=["dp_shard", "tp"], shape=[2, 8]), world=16)
+    >>> m = ModelSpec(layers=1, hidden=4096, ffn=1, q_heads=32, kv_heads=4, head_dim=128, vocab=1)
+    >>> kv_replica_groups(mesh, m).tolist()
+    [[0, 1], [2, 3], [4, 5], [6, 7], [8, 9], [10, 11], [12, 13], [14, 15]]
+    >>> kv_replica_groups(resolve_mesh(MeshSpec(names=["tp", "dp_shard"], shape=[8, 2]), world=16), m)[:2].tolist()
+    [[0, 2], [4, 6]]
+    """
+    _, _, r = local_heads(model, mesh.degree("tp"))
+    if r == 1:
+        return np.zeros((0, 1), dtype=np.int64)
+    tp_groups = np.asarray(mesh.groups("tp"))
+    return tp_groups.reshape(-1, r)
+
+
+def model_groups(mesh, model: ModelSpec) -> dict[str, np.ndarray]:
+    """Groups that depend on the model as well as the mesh, by name, beside the mesh axes'
+    (``groups`` output): ``kv_replica`` (:func:`kv_replica_groups`) when tp > kv_heads and
+    tp can split the heads; empty otherwise.
+
+    >>> from meshplan.mesh.resolve import resolve_mesh
+    >>> from meshplan.spec.mesh import MeshSpec
+    >>> m = ModelSpec(layers=1, hidden=4096, ffn=1, q_heads=32, kv_heads=4, head_dim=128, vocab=1)
+    >>> {k: v.tolist() for k, v in model_groups(resolve_mesh(MeshSpec(names=["tp"], shape=[8]), world=8), m).items()}
+    {'kv_replica': [[0, 1], [2, 3], [4, 5], [6, 7]]}
+    """
+    if heads_reason(model, mesh.degree("tp")):
+        return {}
+    groups = kv_replica_groups(mesh, model)
+    return {KV_REPLICA: groups} if len(groups) else {}
+
+
+def kv_replica_group_of(mesh, model: ModelSpec, rank: int) -> list[int]:
+    """Ranks holding the same KV head as ``rank`` (:func:`kv_replica_groups`); ``[rank]``
+    when no head is replicated.
+
+    >>> from meshplan.mesh.resolve import resolve_mesh
+    >>> from meshplan.spec.mesh import MeshSpec
+    >>> mesh = resolve_mesh(MeshSpec(names=["tp"], shape=[16]), world=16)
+    >>> m = ModelSpec(layers=1, hidden=16384, ffn=1, q_heads=128, kv_heads=8, head_dim=128, vocab=1)
+    >>> kv_replica_group_of(mesh, m, 5), kv_replica_group_of(mesh, m.model_copy(update={"kv_heads": 16}), 5)
+    ([4, 5], [5])
+    """
+    groups = kv_replica_groups(mesh, model)
+    hit = np.flatnonzero((groups == rank).any(axis=1))
+    return [int(x) for x in groups[hit[0]]] if len(hit) else [rank]
 
 
 def local_numel(t: Tensor, model: ModelSpec, tp: int, ep: int = 1, etp: int = 1) -> int:

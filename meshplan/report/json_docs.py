@@ -19,6 +19,7 @@ from importlib import resources
 from typing import Any, Optional, Sequence
 
 from meshplan import __version__
+from meshplan.mesh.tpsplit import model_groups
 from meshplan.placement.choice import weights_from_table
 from meshplan.plan import Infeasible, Plan
 from meshplan.report.json_out import _plain, _timeline
@@ -73,10 +74,13 @@ def groups_doc(plan: Plan | Infeasible, rank: int) -> dict[str, Any]:
     if mesh is None:
         return envelope("groups", plan, rank=rank, names=[], shape=[], coordinates={}, group_of_rank={}, groups={})
     coords = mesh.layout.coords_of(rank)
+    extra = model_groups(mesh, plan.config.model)  # kv_replica (tp > kv_heads)
+    mine = {a: [int(r) for r in g[(g == rank).any(axis=1)][0]] for a, g in extra.items()}
     return envelope("groups", plan, rank=rank, names=list(mesh.layout.names), shape=list(mesh.layout.shape),
                     coordinates={n: int(c) for n, c in zip(mesh.layout.names, coords)},
-                    group_of_rank={a: [int(r) for r in mesh.group_of(rank, a)] for a in mesh.all_axes()},
-                    groups={a: mesh.groups(a).tolist() for a in mesh.all_axes()})
+                    group_of_rank={**{a: [int(r) for r in mesh.group_of(rank, a)] for a in mesh.all_axes()}, **mine},
+                    groups={**{a: mesh.groups(a).tolist() for a in mesh.all_axes()},
+                            **{a: g.tolist() for a, g in extra.items()}})
 
 
 def memory_doc(plan: Plan, all_stages: bool, pngs: Sequence[str]) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from typing import Any
 from meshplan import __version__
 from meshplan.fileio import write_output
 from meshplan.memory.timeline import Timeline
+from meshplan.mesh.tpsplit import model_groups
 from meshplan.plan import SCHEMA, Infeasible, Plan
 
 
@@ -43,6 +44,7 @@ def plan_to_dict(plan: Plan | Infeasible) -> dict[str, Any]:
                    "stages": plan.stages if isinstance(plan, Plan) else None, "virtual_stages": plan.vpp,
                    "micro_batches": plan.micro_batches}
     out["groups"] = {a: mesh.groups(a).tolist() for a in mesh.all_axes()}
+    out["groups"].update({a: g.tolist() for a, g in model_groups(mesh, c.model).items()})  # kv_replica
     out["placement"] = {k: getattr(p, k).tolist() for k in
                         ("node", "local_gpu", "global_gpu", "socket", "core_first", "core_last", "nic", "rail")}
     out["placement"]["nic_names"] = [n.name for n in c.cluster.node.nics]

@@ -10,6 +10,7 @@ from rich.table import Table
 
 from meshplan.memory.state import megatron_estimate, zero_textbook_bytes
 from meshplan.mesh.resolve import Mesh
+from meshplan.mesh.tpsplit import model_groups
 from meshplan.placement.assign import Placement, rank_row
 from meshplan.plan import Infeasible, Plan
 from meshplan.report import shown
@@ -78,7 +79,7 @@ def print_plan(plan: Plan | Infeasible, rank: int = 0, console: Console | None =
     _constraints(plan, con)
     if plan.mesh is not None and plan.placement is not None:
         _mesh(plan, plan.mesh, con)
-        print_groups(plan.mesh, rank, con)
+        print_groups(plan.mesh, rank, con, model_groups(plan.mesh, plan.config.model))
         _placement(plan, plan.placement, rank, con)
     if isinstance(plan, Plan):
         _shapes(plan, con)
@@ -125,8 +126,10 @@ def _mesh(plan: Plan | Infeasible, mesh: Mesh, con: Console) -> None:
         con.print(f"  axis {axis}: {why}")
 
 
-def print_groups(mesh: Mesh, rank: int, con: Console | None = None) -> None:
-    """What ``rank`` would print at start-up: coordinates and every group's ranks."""
+def print_groups(mesh: Mesh, rank: int, con: Console | None = None, extra: dict | None = None) -> None:
+    """What ``rank`` would print at start-up: coordinates and every group's ranks; ``extra``:
+    groups that depend on the model (:func:`meshplan.mesh.tpsplit.model_groups`: kv_replica),
+    one row each after the axes'."""
     con = con or Console()
     coords = mesh.layout.coords_of(rank)
     con.print(f"\n[bold]rank {rank}[/] = coordinates {_c(coords)} ("
@@ -142,6 +145,11 @@ def print_groups(mesh: Mesh, rank: int, con: Console | None = None) -> None:
         ends = [mesh.layout.coords_of(r) for r in (mine[0], mine[-1])]
         span = f"[{_c(ends[0])}..{_c(ends[1])}]" if len(mine) > 1 else f"[{_c(ends[0])}]"
         tab.add_row(axis, str(g.shape[1]), str(g.shape[0]), fmt_ranks(mine), span, first)
+    for name, g in (extra or {}).items():
+        mine = [int(r) for r in g[(g == rank).any(axis=1)][0]]
+        first = "; ".join(fmt_ranks(row) for row in g[:2]) + ("; ..." if len(g) > 2 else "")
+        ends = [mesh.layout.coords_of(r) for r in (mine[0], mine[-1])]
+        tab.add_row(name, str(g.shape[1]), str(g.shape[0]), fmt_ranks(mine), f"[{_c(ends[0])}..{_c(ends[1])}]", first)
     con.print(tab)
 
 

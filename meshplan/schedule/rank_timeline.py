@@ -73,6 +73,7 @@ from meshplan.comm.collectives import SCATTER_GATHER_CADENCE
 from meshplan.comm.deepspeed import CADENCE as DEEPSPEED_CADENCE
 from meshplan.compute.megatron import COMM_DELAY_OPS
 from meshplan.compute.ops import Cost, Workload
+from meshplan.mesh.tpsplit import KV_REPLICA
 from meshplan.pipeline.simulate import Event
 from meshplan.spec.axes.base import At, Block, Slot, Timeline
 from meshplan.spec.axes.registry import AXES, Axis
@@ -94,12 +95,12 @@ class Overlap:
 #: Groups whose rows the timeline places by hand (the built-in axes, and the derived groups
 #: their rows run over, by the name the table shows).
 BUILT_IN_GROUPS = frozenset(map(str, (Axis.PP, Axis.DP_REPLICATE, Axis.DP, Axis.DP_SHARD, Axis.CP, Axis.TP,
-                                      Axis.EP))) | {"fsdp", "efsdp", "loss"}
+                                      Axis.EP))) | {"fsdp", "efsdp", "loss", KV_REPLICA}
 
 #: Streams and kinds of the hand-placed collectives (:func:`comm_kind`), which a registered
 #: axis's stream may not reuse (its kind is its stream's name).
 BUILT_IN_STREAMS = frozenset({"compute", "tp", "tp_async", "loss", "cp", "ep", "pp", "pp_gather", "shard", "replica",
-                              "step", "fsdp", "efsdp", "dp_replicate", "dp", "other"})
+                              "step", "fsdp", "efsdp", "dp_replicate", "dp", "kv", "other"})
 
 
 def timeline_axes() -> dict[str, Timeline]:
@@ -129,7 +130,7 @@ def simulated_groups() -> frozenset[str]:
     simulated (:attr:`CommTimes.other`), never filed under a built-in stream by their op.
 
     >>> sorted(simulated_groups())
-    ['cp', 'dp', 'dp_replicate', 'dp_shard', 'efsdp', 'ep', 'fsdp', 'loss', 'pp', 'tp']
+    ['cp', 'dp', 'dp_replicate', 'dp_shard', 'efsdp', 'ep', 'fsdp', 'kv_replica', 'loss', 'pp', 'tp']
     """
     return BUILT_IN_GROUPS | frozenset(timeline_axes())
 
@@ -149,6 +150,8 @@ def comm_kind(row) -> str:
     projections and latent norms), ``loss`` (tp, at the loss: vocab-parallel loss or logits),
     ``cp``, ``ep``, ``pp``, ``pp_gather`` (tp, rebuilding a pp receive: Megatron's
     scatter/gather), ``shard`` (FSDP units), ``replica`` (HSDP), ``step`` (per step),
+    ``kv`` (the per-step, per-layer all-reduces of replicated KV heads' gradients, axis
+    ``kv_replica``: one step-end event each, before the optimizer),
     the stream of a registered axis with a timeline (its name by default) when one of its
     slots names the row's phase and op, or ``other`` (not understood: the caller reports it).
     Decided by phase, op and axis first, then by the cadence text (``K``/``dK`` for cp,
@@ -156,6 +159,8 @@ def comm_kind(row) -> str:
     :func:`simulated_groups`: an axis registered with its own rows,
     :attr:`~meshplan.spec.axes.base.AxisDef.rows`, and no timeline) is ``other``."""
     c = row.cadence
+    if row.axis == KV_REPLICA:
+        return "kv"
     if row.axis not in BUILT_IN_GROUPS:
         return _placed(row) or "other"
     if row.phase == "step" or "(DDP" in c:  # DDP's all-reduce: issued in backward, once per step
@@ -198,7 +203,8 @@ class CommTimes:
     registered axes with a timeline whose rows the stage has (:func:`timeline_axes`), each
     call's seconds under (stream, "", phase, op) in ``t``; ``host``: (group, phase) -> host
     seconds per unit of DeepSpeed ZeRO-3's list-based calls (``CollectiveRow.host_s``), run on
-    the compute stream before the unit's compute."""
+    the compute stream before the unit's compute; ``kv_s``/``kv_calls``: seconds of one
+    all-reduce of a layer's replicated K/V gradients and how many per step (step-end events)."""
 
     t: dict = field(default_factory=dict)
     share: dict = field(default_factory=dict)
@@ -212,6 +218,8 @@ class CommTimes:
     layers: int = 1
     slots: tuple[tuple[str, Slot], ...] = ()
     host: dict = field(default_factory=dict)
+    kv_s: float = 0.0
+    kv_calls: int = 0
 
     @classmethod
     def from_rows(cls, rows, layers: int = 1, sm_share=None) -> "CommTimes":
@@ -230,6 +238,8 @@ class CommTimes:
                     c.step_gather_s += r.time_s
                 else:
                     c.step_reduce_s += r.time_s
+            elif kind == "kv":
+                c.kv_s, c.kv_calls = r.time_s, c.kv_calls + r.per_step
             elif kind == "pp":
                 c.p2p_s = max(c.p2p_s, r.time_s)
             elif kind == "pp_gather":

@@ -500,8 +500,10 @@ def _stage_end(plan, s, spec, mine, units, comm: CommTimes, ov, hold: float = 0.
     u = units.of_event(last)
     t = last.end_s + max(u.tail_s, hold)
     post, exposed = [], ({u.tail_stream: u.tail_s} if u.tail_s >= hold and u.tail_s else ({"pp": hold} if hold else {}))
-    steps = [("grad reduce (per step)", 0.0 if ov.grad_reduce else comm.step_reduce_s, "dp"),
-             ("optimizer step", _optimizer_s(plan, s, memo), "compute")]
+    steps = [("grad reduce (per step)", 0.0 if ov.grad_reduce else comm.step_reduce_s, "dp")]
+    # replicated KV heads: one all-reduce per layer of the reduced K/V gradients, before the optimizer
+    steps += [(f"kv replica all-reduce {i}", comm.kv_s, "kv") for i in range(comm.kv_calls)]
+    steps.append(("optimizer step", _optimizer_s(plan, s, memo), "compute"))
     first_f = min((e for e in mine if e.args["kind"] == "F"), key=lambda e: e.start_s)
     gather = comm.step_gather_s
     steps.append(("param all-gather (per step)", max(0.0, gather - first_f.dur_s) if ov.param_gather else gather, "dp"))

@@ -282,8 +282,8 @@ def comm_axes(cfg: Config, c: Candidates) -> np.ndarray:
     """NCCL communicators per rank: distinct axis names with collective rows in the plan's
     stage tables (:func:`meshplan.comm.collectives.collective_table`, named as
     :meth:`meshplan.mesh.resolve.Mesh.display_name` names them: fsdp is ``dp_shard`` or ``cp``
-    when it stands for one axis), one more for each searched axis of degree > 1 that builds
-    its own rows (:attr:`~meshplan.spec.axes.base.AxisDef.rows`)."""
+    when it stands for one axis; ``kv_replica`` when tp > kv_heads), one more for each
+    searched axis of degree > 1 that builds its own rows (:attr:`~meshplan.spec.axes.base.AxisDef.rows`)."""
     moe = cfg.model.is_moe
     fsdp_name = np.where((c.dps > 1) & (c.cp > 1), 3, np.where(c.dps > 1, 2, 1))  # fsdp / dp_shard / cp
     n = (c.tp > 1).astype(np.int64) + (c.pp > 1) + (c.ep > 1)
@@ -291,6 +291,7 @@ def comm_axes(cfg: Config, c: Candidates) -> np.ndarray:
     n += (c.fsdp > 1) & (fsdp_name != 1)
     n += moe & (c.efsdp > 1)
     n += (c.sh == SHARDING.index("hsdp")) & (c.dpr > 1)
+    n += c.tp > cfg.model.n_kv_heads  # KV heads replicated: the kv_replica all-reduces' groups
     for axis, col in search_axes():  # an axis with its own row builder (cp's are counted above): its rows' group
         if AXES[axis].rows is not None and axis != Axis.CP:
             n += c.degree(col.column) > 1

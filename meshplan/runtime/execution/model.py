@@ -23,7 +23,9 @@ parallelism (:mod:`meshplan.runtime.execution.cp`) it gathers K and V over cp an
 positions.
 When ``tp > kv_heads`` (and ``tp % kv_heads == 0``) the model is built with ``tp`` KV heads,
 each real head copied ``tp / kv_heads`` times, which is the per-rank layout meshplan assumes
-(:func:`meshplan.mesh.tpsplit.local_heads`); the copies are independent parameters here.
+(:func:`meshplan.mesh.tpsplit.local_heads`). The copies start equal (:meth:`Transformer.init_weights`
+draws the real heads) and stay equal when their gradients are summed over each replica group
+before the optimizer (:mod:`meshplan.runtime.execution.kvsync`).
 
 An MoE layer (``spec.is_moe_layer``) has ``layers.<i>.moe`` (router, routed experts as
 stacked weights, shared experts) in place of ``mlp``: :mod:`meshplan.runtime.execution.moe`.
@@ -49,6 +51,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from meshplan.errors import ConfigError
+from meshplan.runtime.execution.kvsync import KV_PARAMS, replicated_kv_value
 from meshplan.runtime.execution.mla import LatentAttention, apply_rope
 from meshplan.spec.model import ModelSpec
 
@@ -210,12 +213,13 @@ class Transformer(nn.Module):
         single-process model. Call after ``to_empty``; on a sharded (DTensor) parameter each
         rank keeps its own slice (``distribute_tensor(..., src_data_rank=None)``, no
         communication). Routed experts held under EP (``Experts.offset``) draw all
-        ``full_rows`` experts and keep their own rows."""
+        ``full_rows`` experts and keep their own rows; replicated KV heads (tp > kv_heads)
+        draw the real heads and copy them (:func:`~meshplan.runtime.execution.kvsync.replicated_kv_value`)."""
         gen = torch.Generator().manual_seed(seed)
         for name, p in self.named_parameters():
             owner = self.get_submodule(name.rpartition(".")[0])
             rows = getattr(owner, "full_rows", p.shape[0])
-            full = initial_value(name, (rows,) + tuple(p.shape[1:]), gen, std)
+            full = draw_initial(self, name, p, gen, std)
             if rows != p.shape[0]:
                 full = full[owner.offset:owner.offset + p.shape[0]]
             if hasattr(p, "device_mesh"):
@@ -225,6 +229,19 @@ class Transformer(nn.Module):
                 p.to_local().copy_(full)
             else:
                 p.copy_(full)
+
+
+def draw_initial(model: "Transformer", name: str, p, gen: "torch.Generator", std: float) -> torch.Tensor:
+    """The full initial value of ``model``'s parameter ``name`` (``p``: the parameter, its
+    global shape), drawn from ``gen`` in the single-process model's order: routed experts'
+    ``full_rows``, replicated KV heads' real heads copied ``tp / kv_heads`` times."""
+    owner = model.get_submodule(name.rpartition(".")[0])
+    rows = getattr(owner, "full_rows", p.shape[0])
+    r = model.kv_heads // model.spec.n_kv_heads if not model.spec.is_mla else 1
+    if r > 1 and name.endswith(KV_PARAMS):
+        full = initial_value(name, (rows // r,) + tuple(p.shape[1:]), gen, std)
+        return replicated_kv_value(name, full, model.spec.n_kv_heads, r)
+    return initial_value(name, (rows,) + tuple(p.shape[1:]), gen, std)
 
 
 def kv_heads_built(spec: ModelSpec, tp: int) -> int:

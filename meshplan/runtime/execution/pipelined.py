@@ -70,6 +70,7 @@ from torch.profiler import record_function
 from meshplan.errors import ConfigError
 from meshplan.pipeline.registry import SCHEDULES, get
 from meshplan.spec.mesh import Schedule
+from meshplan.runtime.execution.kvsync import kv_replica_sync
 from meshplan.runtime.execution.model import Transformer
 from meshplan.runtime.execution.pipelined_stage import (  # noqa: F401
     StageModule,
@@ -170,6 +171,7 @@ def build_stages(plan: dict, model_spec, training, mesh, dm, vocab: int, seed: i
     sched.meshplan_loss = loss
     sched.meshplan_splits_backward = get(schedule).splits_backward
     sched.meshplan_tied = tied_embedding_sync(modules, mesh, dm)
+    sched.meshplan_kv = kv_replica_sync(modules, model_spec, mesh)  # tp > kv_heads: KV copies summed
     return modules, pstages, sched, expert_mesh
 
 
@@ -334,6 +336,8 @@ class PipelineRunner:
         with record_function("optimizer"):
             if self.sched.meshplan_tied is not None:  # tied embedding: the two copies' gradients summed
                 self.sched.meshplan_tied()
+            if self.sched.meshplan_kv is not None:  # replicated KV heads: the copies' gradients summed
+                self.sched.meshplan_kv()
             self.opt.step()
             self.opt.zero_grad()
         t_opt = time.perf_counter() - t0

@@ -36,7 +36,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from meshplan.runtime.execution.model import Transformer, initial_value, rope_cos_sin, rope_head_dim
+from meshplan.runtime.execution.model import Transformer, draw_initial, rope_cos_sin, rope_head_dim
 
 
 class StageModule(nn.Module):
@@ -99,7 +99,7 @@ def init_stage_weights(full: Transformer, seed: int = 0, std: float = 0.02) -> N
         else:
             owner = full.get_submodule(name.rpartition(".")[0])
             rows = getattr(owner, "full_rows", p.shape[0])
-            value = initial_value(name, (rows,) + tuple(p.shape[1:]), gen, std)
+            value = draw_initial(full, name, p, gen, std)
             if rows != p.shape[0]:
                 value = value[owner.offset:owner.offset + p.shape[0]]
             drawn[name] = value

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 from torch.profiler import record_function
 
+from meshplan.runtime.execution.kvsync import kv_replica_sync
 from meshplan.runtime.execution.cp import rank_chunks
 from meshplan.runtime.execution.recorder import CollectiveRecorder
 from meshplan.spec.training import TrainingSpec
@@ -70,6 +71,9 @@ class Runner:
         self.micro = max(1, training.global_batch // (training.micro_batch * mesh.dp))
         self.loss_parallel = mesh.degree("tp") > 1
         self.tracker = None  # the memory step's MemTracker/FSDPMemTracker while it runs
+        inner = getattr(model, "module", model)  # DDP's wrapped model
+        # tp > kv_heads: the KV copies' gradients summed before the optimizer (runtime.execution.kvsync)
+        self.kv_sync = kv_replica_sync([inner], inner.spec, mesh)
 
     def _sync(self):
         if self.device == "cuda":
@@ -120,6 +124,8 @@ class Runner:
         phase("optimizer", "step")
         t0 = time.perf_counter()
         with record_function("optimizer"):
+            if self.kv_sync is not None:
+                self.kv_sync()
             self.opt.step()
             self.opt.zero_grad()
         self._sync()

@@ -20,9 +20,10 @@ the dp_shard group when ep is 1. Both sides then use the first such axis in
 from __future__ import annotations
 
 from collections import Counter
-from typing import Iterable
+from typing import Iterable, Optional
 
 from meshplan.mesh.resolve import Mesh
+from meshplan.mesh.tpsplit import model_groups
 from meshplan.runtime.execution.recorder import Collective
 
 
@@ -32,11 +33,14 @@ from meshplan.runtime.execution.recorder import Collective
 SETUP_PHASES = ("schedule-setup",)
 
 
-def axis_of(mesh: Mesh, rank: int, group: Iterable[int], op: str = "") -> str:
+def axis_of(mesh: Mesh, rank: int, group: Iterable[int], op: str = "", extra: Optional[dict] = None) -> str:
     """Name of the axis whose group of ``rank`` is ``group`` (``ep`` for an all-to-all on
-    the ep group, else the first in ``Mesh.all_axes()``); ``?[ranks]`` when none is."""
+    the ep group, else the first in ``Mesh.all_axes()``, then the first of ``extra``, the
+    rank's groups that depend on the model: ``{"kv_replica": [0, 1]}``,
+    :func:`rank_extra_groups`); ``?[ranks]`` when none is."""
     group = list(group)
     hits = [axis for axis in mesh.all_axes() if mesh.group_of(rank, axis) == group]
+    hits += [name for name, ranks in (extra or {}).items() if list(ranks) == group]
     if not hits and mesh.group_of(rank, "efsdp") == group:  # ep = etp = 1, tp > 1: experts over fsdp x tp
         hits = ["efsdp"]
     if op == "all-to-all" and "ep" in hits:
@@ -44,21 +48,32 @@ def axis_of(mesh: Mesh, rank: int, group: Iterable[int], op: str = "") -> str:
     return hits[0] if hits else f"?{group}"
 
 
-def canonical_axis(mesh: Mesh, rank: int, axis: str, op: str = "") -> str:
+def canonical_axis(mesh: Mesh, rank: int, axis: str, op: str = "", extra: Optional[dict] = None) -> str:
     """The name a table row's ``axis`` gets in the comparison: that of the recorded
     collective on the same group (:func:`axis_of`); ``axis`` itself when no axis of
     ``Mesh.all_axes()`` has its group (efsdp when ep = etp = 1 and tp > 1, which
-    :func:`axis_of` names efsdp too)."""
-    name = axis_of(mesh, rank, mesh.group_of(rank, axis), op)
+    :func:`axis_of` names efsdp too). ``extra``: as :func:`axis_of` (a table row on
+    ``kv_replica`` is named like a recorded collective on that group)."""
+    group = (extra or {})[axis] if axis in (extra or {}) else mesh.group_of(rank, axis)
+    name = axis_of(mesh, rank, group, op, extra)
     return axis if name.startswith("?") else name
 
 
-def tally_records(records: list[Collective], mesh: Mesh, rank: int) -> Counter:
-    """Recorded collectives counted by (axis, phase, op, size_bytes, dtype)."""
-    return Counter((axis_of(mesh, rank, r.group, r.op), r.phase, r.op, r.size_bytes, r.dtype) for r in records)
+def rank_extra_groups(mesh: Mesh, model, rank: int) -> dict[str, list[int]]:
+    """``rank``'s group in each model-dependent group set
+    (:func:`meshplan.mesh.tpsplit.model_groups`: ``kv_replica`` when tp > kv_heads)."""
+    return {name: [int(r) for r in g[(g == rank).any(axis=1)][0]] for name, g in model_groups(mesh, model).items()}
 
 
-def tally_table(rows, mesh: Mesh | None = None, rank: int = 0, per_step: bool = False) -> Counter:
+def tally_records(records: list[Collective], mesh: Mesh, rank: int, extra: Optional[dict] = None) -> Counter:
+    """Recorded collectives counted by (axis, phase, op, size_bytes, dtype); ``extra``: the
+    rank's model-dependent groups (:func:`rank_extra_groups`)."""
+    return Counter((axis_of(mesh, rank, r.group, r.op, extra), r.phase, r.op, r.size_bytes, r.dtype)
+                   for r in records)
+
+
+def tally_table(rows, mesh: Mesh | None = None, rank: int = 0, per_step: bool = False,
+                extra: Optional[dict] = None) -> Counter:
     """Rows of :func:`meshplan.comm.collectives.collective_table` counted the same way:
     ``per_microbatch`` times (``per_step`` for once-per-step rows), or ``per_step`` times
     when ``per_step``. ``mesh``: name axes as :func:`canonical_axis` does for ``rank``."""
@@ -66,7 +81,7 @@ def tally_table(rows, mesh: Mesh | None = None, rank: int = 0, per_step: bool = 
     for r in rows:
         n = r.per_step if per_step else r.per_microbatch if r.per_microbatch else r.per_step
         size = int(r.size_bytes) if float(r.size_bytes).is_integer() else r.size_bytes
-        axis = canonical_axis(mesh, rank, r.axis, r.op) if mesh is not None else r.axis
+        axis = canonical_axis(mesh, rank, r.axis, r.op, extra) if mesh is not None else r.axis
         out[(axis, r.phase, r.op, size, r.dtype)] += n
     return out
 

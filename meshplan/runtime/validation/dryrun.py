@@ -30,6 +30,7 @@ from meshplan.errors import ConfigError
 from meshplan.mesh.resolve import Mesh
 from meshplan.mesh.tpsplit import padded_vocab
 from meshplan.runtime.execution.model import Transformer
+from meshplan.runtime.execution.kvsync import kv_replica_sync
 from meshplan.runtime.execution.parallelize import check_groups, init_mesh, parallelize
 from meshplan.runtime.execution.recorder import Collective, CollectiveRecorder
 from meshplan.runtime.execution.trainstep import set_accumulation
@@ -103,6 +104,7 @@ def dry_run(model_spec: ModelSpec, training: TrainingSpec, mesh: Mesh, rank: int
         if model.kv_heads != model_spec.n_kv_heads:
             notes.append(f"KV heads copied {model_spec.n_kv_heads} -> {model.kv_heads} for tp {tp}")
         parallelize(model, dm, mesh, training, loss_parallel=loss_parallel, mixed_precision=mixed_precision)
+        kv_sync = kv_replica_sync([model], model_spec, mesh)
         if hasattr(model, "expert_mesh"):
             from meshplan.runtime.execution.moe import check_expert_groups
 
@@ -110,17 +112,19 @@ def dry_run(model_spec: ModelSpec, training: TrainingSpec, mesh: Mesh, rank: int
         with FakeTensorMode(allow_non_fake_inputs=True):
             model.to_empty(device="cpu")
             records = _step(model, training, loss_parallel and tp > 1, optimizer_step, mesh.degree("cp"),
-                            micro_batches)
+                            micro_batches, kv_sync)
     return DryRun(rank=rank, records=records, group_differences=diffs, notes=notes)
 
 
 def _step(model, training: TrainingSpec, loss_parallel: bool, optimizer_step: bool, cp: int = 1,
-          micro_batches: int = 1) -> list[Collective]:
+          micro_batches: int = 1, kv_sync=None) -> list[Collective]:
     """Forward, loss (fp32, on vocabulary-sharded logits under loss parallel) and backward of
     each micro-batch (FSDP2's accumulation mode set before each:
     :func:`~meshplan.runtime.execution.trainstep.set_accumulation`), then an AdamW step, each
     labelled as a phase of the recorder. ``cp``: the rank holds ``seq_len / cp`` tokens of
-    each sequence (:mod:`meshplan.runtime.execution.cp`)."""
+    each sequence (:mod:`meshplan.runtime.execution.cp`). ``kv_sync``: the replicated KV
+    heads' gradient all-reduces (:mod:`meshplan.runtime.execution.kvsync`), in phase
+    ``step`` before the optimizer (also without ``optimizer_step``)."""
     b, s = training.micro_batch, training.seq_len // cp
     tokens = torch.zeros(b, s, dtype=torch.long)
     labels = torch.zeros(b, s, dtype=torch.long)
@@ -138,8 +142,10 @@ def _step(model, training: TrainingSpec, loss_parallel: bool, optimizer_step: bo
                 loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
                 rec.phase = "backward"
                 loss.backward()
+        rec.phase = "step"
+        if kv_sync is not None:
+            kv_sync()
         if opt is not None:
-            rec.phase = "step"
             opt.step()
             opt.zero_grad()
     return rec.records

@@ -36,7 +36,8 @@ from meshplan.reliability import checkpoint_size
 from meshplan.runtime.execution.recorder import Collective
 from meshplan.runtime.execution.worker import write_atomic, write_json
 from meshplan.runtime.validation.breakdown import breakdown_rows
-from meshplan.runtime.validation.compare import SETUP_PHASES, axis_of, differences, tally_records, tally_table
+from meshplan.runtime.validation.compare import (SETUP_PHASES, axis_of, differences, rank_extra_groups, tally_records,
+                                                 tally_table)
 from meshplan.runtime.validation.host import line as host_line
 from meshplan.runtime.validation.probe import calibrated_plan
 from meshplan.runtime.validation.staged import cross_world_lines, csv_text, staged_world, world_lines, write_staged
@@ -44,10 +45,11 @@ from meshplan.schedule.steptime import step_time
 from meshplan.units import MiB
 
 
-def tally_table_per_step(rows, mesh=None) -> Counter:
+def tally_table_per_step(rows, mesh=None, extra=None) -> Counter:
     """Table rows counted once per step (``per_step``), keyed like the recorded tally
-    (axes named by :func:`~meshplan.runtime.validation.compare.canonical_axis` when ``mesh`` is given)."""
-    return tally_table(rows, mesh, per_step=True)
+    (axes named by :func:`~meshplan.runtime.validation.compare.canonical_axis` when ``mesh`` is given;
+    ``extra``: rank 0's model-dependent groups, :func:`~meshplan.runtime.validation.compare.rank_extra_groups`)."""
+    return tally_table(rows, mesh, per_step=True, extra=extra)
 
 
 def _load(folder: Path, rank: int, name: str) -> dict:
@@ -71,9 +73,10 @@ def compare_collectives(plan: Plan, folder: Path) -> tuple[list[str], list[dict]
     for r in range(plan.world):
         stage = plan.stage_of(r)  # each rank against its own pipeline stage's table
         if stage.table_stage not in tables:
-            tables[stage.table_stage] = tally_table_per_step(stage.collectives, plan.mesh)
+            tables[stage.table_stage] = tally_table_per_step(stage.collectives, plan.mesh,
+                                                             rank_extra_groups(plan.mesh, plan.config.model, 0))
         per_rank[r] = tables[stage.table_stage]
-        tallies[r] = tally_records(records[r], plan.mesh, r)
+        tallies[r] = tally_records(records[r], plan.mesh, r, rank_extra_groups(plan.mesh, plan.config.model, r))
         for line in differences(tallies[r], per_rank[r]):
             by_line.setdefault(line, []).append(r)
         g = _load(folder, r, "startup.json")["group_differences"]
@@ -302,7 +305,8 @@ def compare_world(plan, folder: Path, table, tolerance: Optional[float] = None,
            if not diffs else f"{len(diffs)} collective/group difference(s)")
     if gated:
         msg += f"; outside the tolerance: {'; '.join(gated)}"
-    staged = staged_world(plan, folder, lambda r, g, op: axis_of(plan.mesh, r, g, op), checkpoint_bytes_per_s)
+    staged = staged_world(plan, folder, lambda r, g, op: axis_of(plan.mesh, r, g, op, rank_extra_groups(
+        plan.mesh, plan.config.model, r)), checkpoint_bytes_per_s)
     return {"ok": ok, "message": msg, "differences": diffs + gated, "collectives": coll_rows,
             "predicted_vs_measured": rows, "prediction_note": pred_note, "calibration_note": cal_note,
             "group_differences": groups, "staged": staged}

@@ -43,6 +43,7 @@ import time
 from dataclasses import replace
 from typing import Optional
 
+from meshplan.mesh.tpsplit import model_groups
 from meshplan.plan import Plan
 from meshplan.runtime.bench.comm import chunked
 
@@ -55,13 +56,15 @@ def probe_spec(plan: Plan) -> list[dict]:
     (ops in :data:`PROBED_OPS`): ``{"axis", "op", "size_bytes", "groups"}``, ``groups`` every
     rank list of the axis (ascending), as :meth:`meshplan.mesh.resolve.Mesh.groups` gives them."""
     seen, out = set(), []
+    extra = model_groups(plan.mesh, plan.config.model)  # kv_replica: no mesh axis
     for rows in plan.collectives.values():
         for r in rows:
             key = (r.axis, r.op, int(r.size_bytes))
             if r.op not in PROBED_OPS or key in seen:
                 continue
             seen.add(key)
-            groups = sorted(sorted(int(x) for x in g) for g in plan.mesh.groups(r.axis).tolist())
+            every = extra[r.axis] if r.axis in extra else plan.mesh.groups(r.axis)
+            groups = sorted(sorted(int(x) for x in g) for g in every.tolist())
             out.append({"axis": r.axis, "op": r.op, "size_bytes": key[2], "groups": groups})
     return sorted(out, key=lambda e: (e["axis"], e["op"], e["size_bytes"]))
 

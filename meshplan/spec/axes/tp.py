@@ -5,7 +5,9 @@ Rules (handed cases C6, C7):
 
 - ``q_heads % tp == 0`` and (``kv_heads % tp == 0`` or ``tp % kv_heads == 0``); when
   tp > kv_heads each KV head is replicated on ``tp / kv_heads`` ranks (TP ranks
-  {2i, 2i+1} hold KV head i at kv_heads 4, tp 8), as Megatron-Core and vLLM do;
+  {2i, 2i+1} hold KV head i at kv_heads 4, tp 8), as Megatron-Core and vLLM do; in
+  training the copies' wk/wv gradients are summed over those ranks once per step
+  (:func:`meshplan.comm.collectives.kv_replica_grad_numel`, axis ``kv_replica``), so they stay equal;
 - the MLP width divisible by tp (where the model has a dense MLP);
 - padded vocabulary = ceil(V / (divisor * tp)) * divisor * tp (Megatron-LM
   ``_vocab_size_with_padding``), a note;
@@ -71,7 +73,9 @@ def _heads(m, t, d):
         return (), ()
     return (), (f"kv_heads {m.n_kv_heads} < tp {d.tp}: KV heads replicated {rep}x (tp ranks "
                 f"{{{rep}i..{rep}i+{rep - 1}}} hold KV head i; the model still has {m.n_kv_heads} "
-                f"KV heads); each rank holds {q} q heads and {kv * m.d_head} K and V features",)
+                f"KV heads); each rank holds {q} q heads and {kv * m.d_head} K and V features; the copies are "
+                f"kept equal by one all-reduce (sum) of each layer's wk/wv gradients over the {rep} ranks of "
+                f"a KV head, once per step before the optimizer (collectives: kv_replica)",)
 
 
 def _ffn_bad(m, t, d):
@@ -126,7 +130,10 @@ TP = AxisDef(
                  CollectiveKind("all-gather", "tp", "backward", "its gradient (SP)"),
                  CollectiveKind("reduce-scatter", "tp", "backward", "its gradient (SP)"),
                  CollectiveKind("all-reduce", "tp", "loss", "b x s/cp fp32 (vocab-parallel loss, 3 per micro-batch)"),
-                 CollectiveKind("all-reduce", "tp", "step", "replicated weights' gradients (SP norms, router)")),
+                 CollectiveKind("all-reduce", "tp", "step", "replicated weights' gradients (SP norms, router)"),
+                 CollectiveKind("all-reduce", "kv_replica", "step",
+                                "a layer's wk/wv gradients over the tp / kv_heads ranks holding one KV head "
+                                "(tp > kv_heads)")),
     search=SearchColumn(column="tp", option="tp", bound=max_tp),
     weights={"tp": 1e5, "sp": 1e4},
 )

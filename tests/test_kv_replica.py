@@ -1,0 +1,289 @@
+"""Replicated KV heads kept in sync (handed case C6, tp > kv_heads): the runtime sums the
+copies' wk/wv gradients over each replica group before the optimizer, and what torch issues
+equals the plan's ``kv_replica`` row (count, bytes, dtype, group).
+
+- fake process group, one process per recorded rank (as tests/test_table_vs_torch.py): the
+  whole step's collectives against the table, under FSDP2 (dp_shard 2 x tp 4);
+- gloo, 4 processes (tp 4, 2 KV heads: replica groups [0, 1] and [2, 3]): the copies start
+  equal, are equal after a step with the sync, and differ after a step without it; the
+  recorded all-reduces are the table's row.
+
+Model: 8 q heads, 2 KV heads of 8, h 64, 2 layers. At tp 4 each rank holds one KV head: wk
+and wv of 8 x 64 = 512 elements each, one flattened buffer of 1024 fp32 elements (4096 B)
+per layer; FSDP2 over dp_shard 2 keeps 4 of the 8 rows of each: 2048 B.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import time
+from datetime import timedelta
+from math import prod
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.distributed as dist  # noqa: E402
+import torch.multiprocessing as mp  # noqa: E402
+
+from meshplan import catalog  # noqa: E402
+from meshplan.comm.collectives import collective_table  # noqa: E402
+from meshplan.mesh.resolve import resolve_mesh  # noqa: E402
+from meshplan.placement.assign import place  # noqa: E402
+from meshplan.runtime.validation.compare import (differences, rank_extra_groups, tally_records,  # noqa: E402
+                                                 tally_table)
+from meshplan.runtime.validation.dryrun import dry_run  # noqa: E402
+from meshplan.spec.mesh import MeshSpec  # noqa: E402
+from meshplan.spec.model import ModelSpec  # noqa: E402
+from meshplan.spec.training import TrainingSpec  # noqa: E402
+
+pytestmark = pytest.mark.timeout(240)
+
+C6 = ModelSpec(name="c6-tiny", layers=2, hidden=64, ffn=128, q_heads=8, kv_heads=2, head_dim=8, vocab=256)
+FP32 = dict(param_dtype="fp32", compute_dtype="fp32", reduce_dtype="fp32", recompute="none")
+TIMEOUT_S = 120
+
+
+def _mesh(names, shape):
+    return resolve_mesh(MeshSpec(names=list(names), shape=list(shape)), world=prod(shape))
+
+
+def _table(model, training, mesh):
+    cluster = catalog.system("dgx-h100", nodes=max(1, mesh.world // 8))
+    return collective_table(model, training, mesh, cluster, place(cluster, mesh.world), list(range(model.layers)),
+                            micro_batches=1)
+
+
+def _kv_rows(rows):
+    return [(r.axis, r.phase, r.op, r.size_bytes, r.dtype, r.per_microbatch, r.per_step, r.example_ranks)
+            for r in rows if r.axis == "kv_replica"]
+
+
+@pytest.mark.parametrize("rank", [0, 5])
+def test_fake_pg_fsdp2_step_matches_the_table(rank):
+    """dp_shard 2 x tp 4 (world 8): rank 5's replica group is [4, 5]; its two all-reduces (one
+    per layer) of 2 x 4 x 64 fp32 = 2048 B, in phase step, are the table's row, and every other
+    collective of the step matches too."""
+    training = TrainingSpec(global_batch=8, seq_len=16, **FP32)
+    mesh = _mesh(("dp_shard", "tp"), (2, 4))
+    run = dry_run(C6, training, mesh, rank=rank, optimizer_step=False)
+    extra = rank_extra_groups(mesh, C6, rank)
+    assert extra == {"kv_replica": [0, 1] if rank == 0 else [4, 5]}
+    kv = [r for r in run.records if tuple(r.group) == tuple(extra["kv_replica"])]
+    assert [(r.phase, r.op, r.size_bytes, r.dtype) for r in kv] == [("step", "all-reduce", 2048, "fp32")] * 2
+    table = _table(C6, training, mesh)
+    assert _kv_rows(table) == [("kv_replica", "step", "all-reduce", 2 * 4 * 64 * 4, "fp32", 0, 2, (0, 1))]
+    assert differences(tally_records(run.records, mesh, rank, extra),
+                       tally_table(table, mesh, rank, extra=extra)) == []
+    # without the model's groups the copies' all-reduce is on no axis: the comparison says so
+    assert any(k[0] == "?[0, 1]" or k[0] == "?[4, 5]" for k in tally_records(run.records, mesh, rank))
+
+
+def test_no_replication_no_sync():
+    """tp 2 with 2 KV heads: one head per rank, no copies, no kv_replica row or collective."""
+    training = TrainingSpec(global_batch=8, seq_len=16, **FP32)
+    mesh = _mesh(("dp_shard", "tp"), (2, 2))
+    run = dry_run(C6, training, mesh, rank=0, optimizer_step=False)
+    assert _kv_rows(_table(C6, training, mesh)) == []
+    assert rank_extra_groups(mesh, C6, 0) == {}
+    assert differences(tally_records(run.records, mesh, 0), tally_table(_table(C6, training, mesh))) == []
+
+
+# --------------------------------------------------------------------------- gloo, 4 ranks
+
+
+class _Status:
+    def set(self, *a, **kw):
+        pass
+
+
+def _worker(rank, world, tmp, sync):
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{tmp}/store-{sync}", rank=rank, world_size=world,
+                            timeout=timedelta(seconds=60))
+    try:
+        from meshplan.mesh.tpsplit import padded_vocab
+        from meshplan.runtime.execution.model import Transformer
+        from meshplan.runtime.execution.parallelize import init_mesh, parallelize
+        from meshplan.runtime.execution.recorder import CollectiveRecorder
+        from meshplan.runtime.execution.trainstep import Runner
+
+        mesh = _mesh(("tp",), (4,))
+        training = TrainingSpec(global_batch=1, seq_len=16, micro_batch=1, sharding="zero3", **FP32)
+        vocab = padded_vocab(C6.vocab, training.vocab_pad_divisor, 4)
+        dm = init_mesh(mesh)
+        with torch.device("meta"):
+            model = Transformer(C6, vocab=vocab, tp=4)
+        parallelize(model, dm, mesh, training, loss_parallel=True)
+        model.to_empty(device="cpu")
+        model.init_weights(seed=0)
+        runner = Runner(model, training, mesh, rank, vocab, 0, _Status(), "cpu")
+        if not sync:
+            runner.kv_sync = None
+
+        def heads():  # (layer, tensor) -> 4 heads of (8, 64), the copies in tp order
+            return {(i, n): getattr(b.attention, n).weight.full_tensor().view(4, 8, 64).clone()
+                    for i, b in model.layers.items() for n in ("wk", "wv")}
+
+        before = heads()
+        with CollectiveRecorder() as rec:
+            runner.step(0, rec)
+        after = heads()
+        out = {"equal_before": all(torch.equal(h[0], h[1]) and torch.equal(h[2], h[3]) for h in before.values()),
+               "equal_after": all(torch.equal(h[0], h[1]) and torch.equal(h[2], h[3]) for h in after.values()),
+               "moved": all(not torch.equal(before[k], after[k]) for k in before),
+               "records": [{**r.__dict__, "group": list(r.group)} for r in rec.records]}
+        with open(f"{tmp}/rank{rank}-{sync}.json", "w") as f:
+            json.dump(out, f)
+    finally:
+        dist.destroy_process_group()
+
+
+def _spawn(world, *args):
+    multiprocessing.get_context("forkserver").set_forkserver_preload(["torch", __name__])
+    ctx = mp.start_processes(_worker, args=(world, *args), nprocs=world, join=False, start_method="forkserver")
+    deadline = time.monotonic() + TIMEOUT_S
+    while not ctx.join(timeout=1.0):
+        if time.monotonic() > deadline:
+            for p in ctx.processes:
+                p.kill()
+            pytest.fail(f"{world}-rank run did not finish in {TIMEOUT_S} s")
+
+
+@pytest.mark.slow
+def test_gloo_copies_stay_equal_and_torch_issues_the_table_row(tmp_path):
+    """tp 4 on 4 gloo ranks, one AdamW step through the worker's Runner: with the sync the
+    copies (heads 0 = 1, 2 = 3 of the global wk and wv) are equal before and after the step
+    and did move; without it they differ after the step. Torch's collectives of the step,
+    rank by rank, equal the table's (the kv_replica row: 2 all-reduces of 4096 B fp32 on
+    [0, 1] or [2, 3], phase step)."""
+    from meshplan.runtime.execution.recorder import Collective
+
+    for sync in (True, False):
+        _spawn(4, str(tmp_path), sync)
+    training = TrainingSpec(global_batch=1, seq_len=16, micro_batch=1, sharding="zero3", **FP32)
+    mesh = _mesh(("tp",), (4,))
+    table = _table(C6, training, mesh)
+    assert _kv_rows(table) == [("kv_replica", "step", "all-reduce", 2 * 8 * 64 * 4, "fp32", 0, 2, (0, 1))]
+    for rank in range(4):
+        on = json.loads((tmp_path / f"rank{rank}-True.json").read_text())
+        off = json.loads((tmp_path / f"rank{rank}-False.json").read_text())
+        assert on["equal_before"] and on["equal_after"] and on["moved"]
+        assert off["equal_before"] and not off["equal_after"]
+        mine = [0, 1] if rank < 2 else [2, 3]
+        kv = [(r["phase"], r["op"], r["size_bytes"], r["dtype"]) for r in on["records"] if r["group"] == mine]
+        assert kv == [("step", "all-reduce", 4096, "fp32")] * 2
+        assert not [r for r in off["records"] if r["group"] == mine]
+        recs = [Collective(**{**r, "group": tuple(r["group"])}) for r in on["records"]]
+        extra = rank_extra_groups(mesh, C6, rank)
+        assert differences(tally_records(recs, mesh, rank, extra),
+                           tally_table(table, mesh, rank, per_step=True, extra=extra)) == []
+
+
+def test_copies_compute_the_real_models_logits():
+    """Built for tp 4 (4 KV heads: each of the 2 real heads copied twice) and initialised,
+    the single-process model gives the real 2-KV-head model's logits: the copies hold the
+    real heads (drawn once, in the same order), and the q heads of a copy's rank use it. A
+    pipeline stage (``init_stage_weights``) draws the same."""
+    from meshplan.runtime.execution.model import Transformer
+    from meshplan.runtime.execution.pipelined_stage import StageModule, init_stage_weights
+
+    ref = Transformer(C6)
+    ref.init_weights(seed=3)
+    copied = Transformer(C6, tp=4)
+    copied.init_weights(seed=3)
+    assert copied.kv_heads == 4 and copied.layers["0"].attention.wk.weight.shape == (32, 64)
+    wk = copied.layers["1"].attention.wk.weight.view(4, 8, 64)
+    real = ref.layers["1"].attention.wk.weight.view(2, 8, 64)
+    assert torch.equal(wk[0], real[0]) and torch.equal(wk[1], real[0]) and torch.equal(wk[3], real[1])
+    assert torch.equal(copied.output.weight, ref.output.weight)  # drawn after the copies: same order
+    tokens = torch.randint(0, 256, (2, 8), generator=torch.Generator().manual_seed(0))
+    assert torch.allclose(copied(tokens), ref(tokens), atol=1e-6)
+    with torch.device("meta"):
+        full = Transformer(C6, tp=4)
+    stage = StageModule(full, [0, 1], first=True, last=True)
+    stage.to_empty(device="cpu")
+    init_stage_weights(full, seed=3)
+    assert torch.equal(stage.layers["1"].attention.wv.weight, copied.layers["1"].attention.wv.weight)
+
+
+def test_validate_probes_the_kv_replica_groups():
+    """``validate``'s collective probe times the kv_replica all-reduce on its own groups (no
+    mesh axis has them): dp_shard 2 x tp 4, pairs of consecutive tp ranks, 2048 B."""
+    from meshplan.config import config_from_dict
+    from meshplan.plan import build_plan
+    from meshplan.runtime.validation.probe import probe_spec
+
+    plan = build_plan(config_from_dict({
+        "model": C6.model_dump(exclude={"name"}), "cluster": {"system": "dgx-h100", "nodes": 1},
+        "training": {"global_batch": 8, "seq_len": 16, "sharding": "zero3", **FP32},
+        "mesh": {"names": ["dp_shard", "tp"], "shape": [2, 4]}}))
+    assert [e for e in probe_spec(plan) if e["axis"] == "kv_replica"] == [
+        {"axis": "kv_replica", "op": "all-reduce", "size_bytes": 2048, "groups": [[0, 1], [2, 3], [4, 5], [6, 7]]}]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(360)
+def test_validate_pp2_tp4_kv_replicated_matches_the_plan_exactly(tmp_path):
+    """``meshplan validate`` on 8 gloo ranks: Llama-3-8B shapes scaled down with 2 KV heads,
+    pp 2 (1F1B) x tp 4 + SP, so each KV head is copied on 2 tp ranks. The pipelined runtime's
+    collectives equal the plan's on every rank, the kv_replica all-reduce included (2 per
+    step on each rank, one per layer of its stage), and step 0's loss on a last-stage rank is
+    the single-process 2-KV-head model's (the copies start as the real heads)."""
+    import dataclasses
+    from pathlib import Path
+
+    import torch.nn.functional as F
+
+    from meshplan.config import load_config
+    from meshplan.mesh.tpsplit import padded_vocab
+    from meshplan.runtime.execution.model import Transformer
+    from meshplan.runtime.execution.trainstep import batch
+    from meshplan.runtime.execution.worker import load_plan
+    from meshplan.runtime.validation.validate import Options, validate
+
+    cfg = load_config(Path(__file__).parent / "data" / "validate_llama8b_pp2_tp2_sp.toml")
+    cfg = dataclasses.replace(cfg, model=cfg.model.model_copy(update={"kv_heads": 2}),
+                              mesh=cfg.mesh.model_copy(update={"shape": [2, 1, 4]}))
+    out = tmp_path / "ev"
+    code, res = validate(cfg, Options(worlds=(8,), layers=4, seq_len=32, vocab=512, steps=1, micro_batches=4,
+                                      timeout_s=300), out, echo=lambda *_: None)
+    r = res[0]
+    assert r.get("stage") == "compare", r["message"]
+    comp = r["comparison"]
+    assert comp["differences"] == []
+    kv = [row for row in comp["collectives"] if row["axis"] == "kv_replica"]
+    assert len(kv) == 1 and kv[0]["phase"] == "step" and kv[0]["op"] == "all-reduce"
+    assert [kv[0][f"rank{k}"] for k in range(8)] == [2] * 8
+    folder = out / "world8"
+    plan, spec, training, mesh = load_plan(folder / "plan.json")
+    vocab = padded_vocab(spec.vocab, training.vocab_pad_divisor, mesh.degree("tp"))
+    ref = Transformer(spec, vocab=vocab)
+    ref.init_weights(seed=0)
+    with torch.no_grad():
+        losses = [F.cross_entropy(ref(t).flatten(0, 1), y.flatten()).item()
+                  for t, y in (batch(training, mesh, 4, 0, mb, vocab, 0) for mb in range(plan["mesh"]["micro_batches"]))]
+    loss = json.loads((folder / "rank4" / "timings.json").read_text())["steps"][0]["loss"]
+    assert loss == pytest.approx(sum(losses) / len(losses), rel=1e-5)
+    assert code == 0
+
+
+@pytest.mark.parametrize("sp,names,shape,extra", [
+    (True, ("dp_shard", "tp"), (2, 4), {}),
+    (False, ("dp_replicate", "dp_shard", "tp"), (2, 2, 4), {"sharding": "hsdp", "micro_batch": 2})])
+def test_fake_pg_biases_mixed_precision_hsdp(sp, names, shape, extra):
+    """With K/V biases (``qkv_bias``), bf16 compute (FSDP2 mixed precision, fp32 reduce), SP
+    or HSDP: rank 5's buffer per layer is wk + wv (4 of 8 rows x 64 each) + their biases (4 of
+    8 each) = 520 fp32 elements = 2080 B, twice, and the whole step matches the table."""
+    model = C6.model_copy(update={"qkv_bias": True})
+    training = TrainingSpec(global_batch=8, seq_len=16, param_dtype="fp32", compute_dtype="bf16",
+                            reduce_dtype="fp32", recompute="none", **extra)
+    mesh = resolve_mesh(MeshSpec(names=list(names), shape=list(shape), sequence_parallel=sp), world=prod(shape))
+    run = dry_run(model, training, mesh, rank=5, optimizer_step=False, mixed_precision=True)
+    ex = rank_extra_groups(mesh, model, 5)
+    recorded = tally_records(run.records, mesh, 5, ex)
+    assert recorded[("kv_replica", "step", "all-reduce", (2 * 4 * 64 + 2 * 4) * 4, "fp32")] == 2
+    assert differences(recorded, tally_table(_table(model, training, mesh), mesh, 5, extra=ex)) == []
