@@ -233,11 +233,11 @@ class CommTimes:
                 key = (kind, _shard_group(r.cadence) if kind in ("shard", "replica") else "", r.phase, r.op)
                 c.share[key] = f
                 c.share[(kind,)] = max(f, c.share.get((kind,), 0.0))
-            if kind == "step":
+            if kind == "step":  # every call of the row (torch's SP norm gradients: 3 per norm per step)
                 if r.op == "all-gather":
-                    c.step_gather_s += r.time_s
+                    c.step_gather_s += r.time_s * max(r.per_step, 1)
                 else:
-                    c.step_reduce_s += r.time_s
+                    c.step_reduce_s += r.time_s * max(r.per_step, 1)
             elif kind == "kv":
                 c.kv_s, c.kv_calls = r.time_s, c.kv_calls + r.per_step
             elif kind == "pp":
