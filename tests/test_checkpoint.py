@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import math
-import multiprocessing
 import os
 import time
 from dataclasses import asdict
@@ -23,7 +22,6 @@ import pytest
 
 torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
-import torch.multiprocessing as mp  # noqa: E402
 
 from meshplan.errors import CheckpointError, ConfigError  # noqa: E402
 from meshplan.fileio import write_json_atomic  # noqa: E402
@@ -32,6 +30,7 @@ from meshplan.runtime.execution import checkpoint as C  # noqa: E402
 from meshplan.spec.mesh import MeshSpec  # noqa: E402
 from meshplan.spec.model import ModelSpec  # noqa: E402
 from meshplan.spec.training import TrainingSpec  # noqa: E402
+from tests.conftest import spawn_ranks  # noqa: E402
 
 SPEC = ModelSpec(layers=2, hidden=32, ffn=64, q_heads=4, kv_heads=2, vocab=64)
 TRAINING = TrainingSpec(global_batch=4, seq_len=8, micro_batch=1, param_dtype="fp32", compute_dtype="fp32")
@@ -109,18 +108,8 @@ def test_meta_file_round_trip_and_refusals(tmp_path):
 
 
 def _spawn(fn, world, *args):
-    """Run fn(rank, world, *args) on ``world`` processes; fail on error or timeout. The
-    processes fork from a forkserver that imported torch and this module once (a fresh
-    single-threaded process, so fork-safe): about 2 s of start-up instead of 10-15 s of
-    spawn re-imports on 2 cores."""
-    multiprocessing.get_context("forkserver").set_forkserver_preload(["torch", fn.__module__])
-    ctx = mp.start_processes(fn, args=(world, *args), nprocs=world, join=False, start_method="forkserver")
-    deadline = time.monotonic() + TIMEOUT_S
-    while not ctx.join(timeout=1.0):
-        if time.monotonic() > deadline:
-            for p in ctx.processes:
-                p.kill()
-            pytest.fail(f"{world}-rank run did not finish in {TIMEOUT_S} s")
+    """Run fn(rank, world, *args) on ``world`` gloo processes (tests.conftest.spawn_ranks)."""
+    spawn_ranks(fn, world, *args, timeout_s=TIMEOUT_S)
 
 
 def _init(rank, world, tmp, tag):

@@ -16,9 +16,7 @@ per layer; FSDP2 over dp_shard 2 keeps 4 of the 8 rows of each: 2048 B.
 from __future__ import annotations
 
 import json
-import multiprocessing
 import os
-import time
 from datetime import timedelta
 from math import prod
 
@@ -26,7 +24,6 @@ import pytest
 
 torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
-import torch.multiprocessing as mp  # noqa: E402
 
 from meshplan import catalog  # noqa: E402
 from meshplan.comm.collectives import collective_table  # noqa: E402
@@ -38,6 +35,7 @@ from meshplan.runtime.validation.dryrun import dry_run  # noqa: E402
 from meshplan.spec.mesh import MeshSpec  # noqa: E402
 from meshplan.spec.model import ModelSpec  # noqa: E402
 from meshplan.spec.training import TrainingSpec  # noqa: E402
+from tests.conftest import spawn_ranks  # noqa: E402
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -143,14 +141,7 @@ def _worker(rank, world, tmp, sync):
 
 
 def _spawn(world, *args):
-    multiprocessing.get_context("forkserver").set_forkserver_preload(["torch", __name__])
-    ctx = mp.start_processes(_worker, args=(world, *args), nprocs=world, join=False, start_method="forkserver")
-    deadline = time.monotonic() + TIMEOUT_S
-    while not ctx.join(timeout=1.0):
-        if time.monotonic() > deadline:
-            for p in ctx.processes:
-                p.kill()
-            pytest.fail(f"{world}-rank run did not finish in {TIMEOUT_S} s")
+    spawn_ranks(_worker, world, *args, timeout_s=TIMEOUT_S)
 
 
 @pytest.mark.slow

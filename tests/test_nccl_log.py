@@ -20,6 +20,7 @@ from meshplan.catalog import system
 from meshplan.errors import ConfigError
 from meshplan.comm.nccl_log import check_against_placement, parse_nccl_log, read_nccl_log, unchecked_ranks
 from meshplan.placement.assign import place, rank_row
+from tests.test_cli_json import H100X2
 
 DATA = Path(__file__).parent / "data" / "nccl"
 OK = DATA / "dgx-h100x2_world16_dp2_ok.log"
@@ -251,18 +252,6 @@ def test_processes_outside_the_world_communicator_are_noted(expected):
     assert check_against_placement(rep, expected) == []
 
 
-H100X2 = """[model]
-catalog = "llama3-8b"
-[cluster]
-system = "dgx-h100"
-nodes = 2
-[training]
-global_batch = 32
-seq_len = 4096
-[mesh]
-names = ["dp_shard", "tp"]
-shape = [2, 8]
-"""
 
 
 def _cli(tmp_path, capsys, log_text: str) -> tuple[int, str, str]:
