@@ -305,3 +305,20 @@ def test_deepspeed_activation_checkpointing_section_is_full_recompute(tmp_path):
         text, header = export(cfg, "deepspeed", "ds")
         assert ("activation_checkpointing" in json.loads(text)) is (recompute == "full")
         assert not [h for h in header if "recompute" in h], header
+
+
+def test_megatron_negative_clip_grad_is_a_value_and_a_bare_one_an_error(tmp_path):
+    """argparse reads ``--clip-grad -1`` as the value -1 (no clipping: Megatron-LM clips only
+    when it is > 0); a bare ``--clip-grad`` is refused by Megatron-LM's parser."""
+    base = ("--num-layers 32 --hidden-size 4096 --num-attention-heads 32 --seq-length 4096 --vocab-size 128256 "
+            "--ffn-hidden-size 14336 --swiglu --normalization RMSNorm --position-embedding-type rope "
+            "--untie-embeddings-and-output-weights --group-query-attention --num-query-groups 8 --bf16 "
+            "--tensor-model-parallel-size 8")
+    opts = ImportOptions(cluster="dgx-h100", nodes=1)
+    f = tmp_path / "m.args"
+    f.write_text(base + " --clip-grad -1 --lr 3e-4\n")
+    cfg = load_any(f, "megatron", opts)
+    assert cfg.training.grad_clip is False
+    f.write_text(base + " --clip-grad --lr 3e-4\n")
+    with pytest.raises(ConfigError, match=r"^--clip-grad: needs a value"):
+        load_any(f, "megatron", opts)

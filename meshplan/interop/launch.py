@@ -70,6 +70,15 @@ def words(text: str) -> list[str]:
     return out
 
 
+_NEGATIVE = re.compile(r"-[0-9.][0-9.eE+-]*")
+
+
+def _is_option(token: str) -> bool:
+    """Whether a shell word is an option, not a value: ``--x``, ``-x``; a negative number
+    (``--clip-grad -1``) is a value, as argparse reads it."""
+    return token.startswith("-") and len(token) > 1 and not _NEGATIVE.fullmatch(token)
+
+
 def pairs(tokens: list[str], switches: Collection[str]) -> dict[str, Any]:
     """``--flag [value]`` pairs of shell words (a switch, or a flag before another flag, is True)."""
     out: dict[str, Any] = {}
@@ -82,7 +91,7 @@ def pairs(tokens: list[str], switches: Collection[str]) -> dict[str, Any]:
         if "=" in tok:
             key, val = tok.split("=", 1)
             out[key] = val
-        elif tok in switches or i >= len(tokens) or tokens[i].startswith("-") or tokens[i] in ("(", ")"):
+        elif tok in switches or i >= len(tokens) or _is_option(tokens[i]) or tokens[i] in ("(", ")"):
             out[tok] = True
         else:
             out[tok] = tokens[i].strip("()")

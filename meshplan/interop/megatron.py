@@ -150,6 +150,9 @@ def _clip(args: dict) -> bool:
     v = args.get("--clip-grad")
     if v is None:
         return True
+    if v is True:
+        raise ConfigError("--clip-grad", "needs a value (Megatron-LM's parser refuses it bare): the norm to clip "
+                          "to, or 0 for no clipping")
     try:
         return float(v) > 0.0
     except (TypeError, ValueError):
