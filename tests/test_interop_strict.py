@@ -322,3 +322,15 @@ def test_megatron_negative_clip_grad_is_a_value_and_a_bare_one_an_error(tmp_path
     f.write_text(base + " --clip-grad --lr 3e-4\n")
     with pytest.raises(ConfigError, match=r"^--clip-grad: needs a value"):
         load_any(f, "megatron", opts)
+
+
+def test_cli_import_options_below_one_name_the_option(capsys):
+    """--seq-len 0 was dropped silently (``opts.seq_len or ...``) and -5 named training.seq_len."""
+    from meshplan.cli import main
+    for opt, value in (("--seq-len", "0"), ("--seq-len", "-5"), ("--nodes", "0")):
+        argv = ["plan", str(ROOT / "examples" / "torchtitan_llama3-8b_8xh100.toml"), "--cluster", "dgx-h100",
+                "--nodes", "1", opt, value]
+        with pytest.raises(SystemExit) as e:
+            main(argv)
+        assert e.value.code == 2
+        assert capsys.readouterr().err == f"error: {opt}: {value} must be a whole number >= 1\n"
