@@ -100,6 +100,10 @@ def test_tp4_sp_dp_shard2():
         ("backward", "all-gather", dp, layer, "fp32"): 2,
         ("backward", "reduce-scatter", dp, layer, "fp32"): 2,
         ("backward", "reduce-scatter", dp, root, "fp32"): 1,
+        # KV heads copied 2 -> 4: per layer the wk and wv gradients (1024 elements each on a tp
+        # rank), this rank's dp_shard half, summed over tp ranks 4, 5 (the copies of KV head 0)
+        # once per step before the optimizer (handed case C6)
+        ("step", "all-reduce", (4, 5), 2 * 1024 * 4 // 2, "fp32"): 2,
     })
 
 

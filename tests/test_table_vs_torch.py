@@ -16,7 +16,8 @@ from meshplan import catalog  # noqa: E402
 from meshplan.comm.collectives import collective_table  # noqa: E402
 from meshplan.mesh.resolve import resolve_mesh  # noqa: E402
 from meshplan.placement.assign import place  # noqa: E402
-from meshplan.runtime.validation.compare import differences, tally_records, tally_table  # noqa: E402
+from meshplan.runtime.validation.compare import (differences, rank_extra_groups, tally_records,  # noqa: E402
+                                                 tally_table)
 from meshplan.runtime.validation.dryrun import dry_run  # noqa: E402
 from meshplan.spec.mesh import MeshSpec  # noqa: E402
 from meshplan.spec.model import ModelSpec  # noqa: E402
@@ -62,7 +63,7 @@ def test_table_matches_torch(name):
     mesh = resolve_mesh(MeshSpec(names=list(names), shape=list(shape), sequence_parallel=sp), world=prod(shape))
     run = dry_run(model, training, mesh, rank=rank, mixed_precision=dtypes is MP, optimizer_step=False)
     assert run.group_differences == []
-    recorded = tally_records(run.records, mesh, rank)
+    recorded = tally_records(run.records, mesh, rank, rank_extra_groups(mesh, model, rank))  # kv_replica: C6
     predicted = tally_table(table_for(model, training, mesh))
     assert differences(recorded, predicted) == []
     assert sum(recorded.values()) > 0
@@ -105,7 +106,7 @@ def test_moe_table_matches_torch(name):
     mesh = resolve_mesh(MeshSpec(names=list(names) + ["ep"], shape=list(shape) + [ep]), world=prod(shape))
     run = dry_run(model, training, mesh, rank=rank, mixed_precision=dtypes is MP, optimizer_step=False)
     assert run.group_differences == []
-    recorded = tally_records(run.records, mesh, rank)
+    recorded = tally_records(run.records, mesh, rank, rank_extra_groups(mesh, model, rank))  # kv_replica: C6
     predicted = tally_table(table_for(model, training, mesh), mesh, rank)
     assert differences(recorded, predicted) == []
     a2a = [r for r in run.records if r.op == "all-to-all"]
@@ -137,7 +138,8 @@ def test_cp_table_matches_torch(name):
     mesh = resolve_mesh(MeshSpec(names=list(names), shape=list(shape), sequence_parallel=sp), world=prod(shape))
     run = dry_run(model, training, mesh, rank=rank, mixed_precision=dtypes is MP, optimizer_step=False)
     assert run.group_differences == []
-    assert differences(tally_records(run.records, mesh, rank), tally_table(table_for(model, training, mesh))) == []
+    assert differences(tally_records(run.records, mesh, rank, rank_extra_groups(mesh, model, rank)),
+                       tally_table(table_for(model, training, mesh))) == []
     cp_group = tuple(mesh.group_of(rank, "cp"))
     cp = [(r.phase, r.op) for r in run.records if r.group == cp_group]
     full = training.recompute == "full"
@@ -183,8 +185,9 @@ def test_moe_tp_table_matches_torch(name):
                         world=prod(shape))
     run = dry_run(model, training, mesh, rank=rank, mixed_precision=dtypes is MP, optimizer_step=False)
     assert run.group_differences == []
-    recorded = tally_records(run.records, mesh, rank)
-    assert differences(recorded, tally_table(table_for(model, training, mesh), mesh, rank)) == []
+    extra = rank_extra_groups(mesh, model, rank)  # kv_replica (tp > kv_heads: handed case C6)
+    recorded = tally_records(run.records, mesh, rank, extra)
+    assert differences(recorded, tally_table(table_for(model, training, mesh), mesh, rank, extra=extra)) == []
     tp, nbytes = mesh.degree("tp"), 2 if dtypes is MP else 4
     tokens = training.micro_batch * training.seq_len // tp  # routed by each rank
     a2a = {r.size_bytes for r in run.records if r.op == "all-to-all"}
