@@ -334,3 +334,12 @@ def test_cli_import_options_below_one_name_the_option(capsys):
             main(argv)
         assert e.value.code == 2
         assert capsys.readouterr().err == f"error: {opt}: {value} must be a whole number >= 1\n"
+
+
+def test_a_toml_syntax_error_is_reported_before_the_foreign_options(tmp_path):
+    """A torchtitan file with a TOML syntax error is detected as meshplan (it cannot be read);
+    with --cluster given the user must see the syntax error, not 'only for a foreign config'."""
+    f = tmp_path / "tt.toml"
+    f.write_text('[model]\nname = "llama3"\nflavor = "8B\n')
+    with pytest.raises(ConfigError, match=r"^config: .*not valid TOML"):
+        load_any(f, opts=ImportOptions(cluster="dgx-h100", nodes=1))

@@ -99,6 +99,10 @@ def load_any(path, fmt: str | None = None, opts: ImportOptions = ImportOptions()
     if fmt == "meshplan":
         given = [k for k, v in vars(opts).items() if v is not None]
         if given:
+            try:
+                tomllib.loads(_text(p))
+            except (tomllib.TOMLDecodeError, RecursionError, ValueError):
+                load_config(p, require_mesh=require_mesh)  # not valid TOML: its one-line error first
             raise ConfigError(f"--{given[0].replace('_', '-')}", "only for a foreign config; a meshplan TOML says "
                               "its model, cluster and training itself")
         return load_config(p, require_mesh=require_mesh)
