@@ -325,7 +325,7 @@ def test_bindings_conventions():
     assert bindings(p, 0, transport="socket")["env"] == {
         "CUDA_VISIBLE_DEVICES": "1", "NCCL_SOCKET_IFNAME": "=mlx5_1", "GLOO_SOCKET_IFNAME": "mlx5_1",
         "NCCL_IB_DISABLE": "1"}
-    with pytest.raises(ConfigError, match="transport: 'roce' is not one of"):
+    with pytest.raises(ConfigError, match="^--transport: 'roce' is not one of"):
         bindings(p, 0, transport="roce")
     with pytest.raises(ConfigError, match="rank: 2 outside 0..1"):
         bindings(p, 2)

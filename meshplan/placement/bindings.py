@@ -60,7 +60,7 @@ def launch_mode(placement: Placement) -> str:
 def _check(opts: dict) -> None:
     for k, v in opts.items():
         if v not in _CHOICES[k]:
-            raise ConfigError(k, f"{v!r} is not one of {list(_CHOICES[k])}")
+            raise ConfigError("--" + k.replace("_", "-"), f"{v!r} is not one of {list(_CHOICES[k])}")  # the CLI options
 
 
 def _nic_names(placement: Placement, rank: int, scope: str) -> list[str]:
