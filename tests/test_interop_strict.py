@@ -343,3 +343,14 @@ def test_a_toml_syntax_error_is_reported_before_the_foreign_options(tmp_path):
     f.write_text('[model]\nname = "llama3"\nflavor = "8B\n')
     with pytest.raises(ConfigError, match=r"^config: .*not valid TOML"):
         load_any(f, opts=ImportOptions(cluster="dgx-h100", nodes=1))
+
+
+def test_torchtitan_mixed_precision_values_are_checked(tmp_path):
+    """torchtitan's mixed_precision_param / _reduce take float32 or bfloat16; anything else fell
+    back to bf16 / fp32 silently."""
+    for key in ("mixed_precision_param", "mixed_precision_reduce"):
+        f = tmp_path / f"{key}.toml"
+        f.write_text(f'[model]\nname = "llama3"\nflavor = "8B"\n[training]\nlocal_batch_size = 1\nseq_len = 2048\n'
+                     f'{key} = "float16"\n')
+        with pytest.raises(ConfigError, match=rf"^training.{key}: 'float16'; use float32 or bfloat16"):
+            load_any(f, opts=ImportOptions(cluster="dgx-h100", nodes=1))

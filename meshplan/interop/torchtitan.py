@@ -247,8 +247,8 @@ def _training(d: dict, deg: dict[str, int], shard: int, opts: ImportOptions, mod
     training = {"global_batch": global_batch, "seq_len": opts.seq_len or tr.get("seq_len", 2048),
                 "micro_batch": micro, "param_dtype": dtype,
                 "sharding": ("hsdp" if deg["dp_replicate"] > 1 else "zero3") if fsdp else "none",
-                "compute_dtype": DTYPES.get(tr.get("mixed_precision_param", "bfloat16"), "bf16"),
-                "reduce_dtype": DTYPES.get(tr.get("mixed_precision_reduce", "float32"), "fp32"),
+                "compute_dtype": _dtype(tr, "mixed_precision_param", "bfloat16"),
+                "reduce_dtype": _dtype(tr, "mixed_precision_reduce", "float32"),
                 # torchtitan's parallelize: "default" is reshard_after_forward = not pp_enabled
                 "reshard_after_forward": policy == "always" or (policy == "default" and deg["pp"] == 1),
                 "tp_comm_overlap": bool(par.get("enable_async_tensor_parallel", False))}
@@ -292,6 +292,15 @@ def _float8(f8: dict, shard: int, notes: list[str]) -> dict[str, Any]:
         notes.append(f"filter_fqns {others}: planned with every dense linear weight gathered in float8 (meshplan "
                      f"filters the output layer only)")
     return {"fp8_all_gather": True, "fp8_output_layer": not any(str(f) in "output" for f in fqns)}
+
+
+def _dtype(tr: dict, key: str, default: str) -> str:
+    """meshplan's dtype of torchtitan's ``[training] key`` (float32 or bfloat16, its choices);
+    ConfigError naming the key otherwise."""
+    value = tr.get(key, default)
+    if value not in DTYPES:
+        raise ConfigError(f"training.{key}", f"{value!r}; use float32 or bfloat16")
+    return DTYPES[value]
 
 
 def read(d: dict, base: Path, opts: ImportOptions) -> Imported:
