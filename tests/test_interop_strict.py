@@ -21,12 +21,7 @@ from meshplan.errors import ConfigError
 from meshplan.interop.common import ImportOptions
 from meshplan.interop.foreign import differences, export, load_any, reimport_options
 
-ROOT = Path(__file__).resolve().parents[1]
-EX = ROOT / "examples"
-TT = EX / "torchtitan_llama3-8b_8xh100.toml"
-MG = EX / "megatron_llama3-8b_16xh100_tp2-pp2.args"
-DS = EX / "deepspeed_zero2_16xh100.json"
-H100 = ImportOptions(cluster="dgx-h100", nodes=1)
+from tests.test_interop import DS, EX, H100, MG, ROOT, TT  # noqa: F401  (the examples and options both use)
 H100x2 = ImportOptions(cluster="dgx-h100", nodes=2)
 DSOPTS = ImportOptions(cluster="dgx-h100", nodes=2, model="llama3-8b", seq_len=4096)
 
