@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from meshplan import catalog
-from meshplan.config import Config, config_from_dict, load_config
+from meshplan.config import Config, config_from_dict, load_config, parse_toml
 from meshplan.errors import ConfigError
 from meshplan.fileio import parse_json, read_text_limited
 from meshplan.limits import FILE_BYTES
@@ -40,7 +40,7 @@ MEGATRON_HINT = re.compile(r"--(num-layers|tensor-model-parallel-size|pipeline-m
 def detect(path: Path, text: str) -> str:
     """The format of a config file (module docstring); ConfigError asking for --format."""
     if path.suffix == ".json":
-        d = parse_json(text, "config", str(path), "give a DeepSpeed JSON config")
+        d = parse_json(text, "config", str(path), "give a DeepSpeed JSON config", unique_keys=True)
         if isinstance(d, dict) and ({"train_batch_size", "train_micro_batch_size_per_gpu",
                                      "zero_optimization"} & set(d)):
             return "deepspeed"
@@ -64,17 +64,11 @@ def read_foreign(path: Path, fmt: str, opts: ImportOptions) -> Imported:
     """Read ``path`` as ``fmt`` (torchtitan, megatron or deepspeed) into meshplan tables."""
     text = _text(path)
     if fmt == "torchtitan":
-        try:
-            data = tomllib.loads(text)
-        except tomllib.TOMLDecodeError as e:
-            raise ConfigError("config", f"{path}: not valid TOML ({str(e).splitlines()[0]})") from None
-        except (RecursionError, ValueError) as e:
-            raise ConfigError("config", f"{path}: cannot read this TOML ({str(e).splitlines()[0][:120]})") from None
-        return torchtitan.read(data, path.parent, opts)
+        return torchtitan.read(parse_toml(text, str(path)), path.parent, opts)
     if fmt == "megatron":
         return megatron.read(text, opts)
     if fmt == "deepspeed":
-        data = parse_json(text, "config", str(path), "give a DeepSpeed JSON config")
+        data = parse_json(text, "config", str(path), "give a DeepSpeed JSON config", unique_keys=True)
         if not isinstance(data, dict):
             raise ConfigError("config", f"{path}: a DeepSpeed config is a JSON object")
         return deepspeed.read(data, opts)

@@ -1,0 +1,76 @@
+"""Interop leftovers (issue: interop, helper 'interop'): repeated keys and flags, DeepSpeed
+near misses against DeepSpeed's own key list, export suggestions that name a target which
+accepts the config, ``-o -`` as stdout, torchtitan's pre-2025 ``[float8]`` table.
+
+Expected values: DeepSpeed's keys from deepspeed/runtime/constants.py, precision_config.py
+and zero/config.py at edaa722 (``zero_optimization`` is a pydantic model with
+``extra="forbid"``: DeepSpeed itself refuses unknown keys there); argparse keeps the last
+value of a repeated flag (Megatron-LM's parser is argparse with ``allow_abbrev=False`` and no
+duplicate check); tomllib refuses a repeated key (TOML 1.0: "Defining a key multiple times is
+invalid"); torchtitan's job config before its ``[quantize.linear.float8]`` table read
+``[float8]`` with the same keys (train_configs/llama3_8b.toml, 2024-2025).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from meshplan.errors import ConfigError
+from meshplan.interop.common import ImportOptions
+from meshplan.interop.foreign import load_any
+
+from tests.test_interop import DS, MG, TT
+
+H100 = ImportOptions(cluster="dgx-h100", nodes=1)
+H100x2 = ImportOptions(cluster="dgx-h100", nodes=2)
+DSOPTS = ImportOptions(cluster="dgx-h100", nodes=2, model="llama3-8b", seq_len=4096)
+
+
+def _write(tmp_path, name: str, text: str) -> Path:
+    f = tmp_path / name
+    f.write_text(text)
+    return f
+
+
+# repeated keys and flags -------------------------------------------------------------------
+
+@pytest.mark.parametrize("old,new,error", [
+    ('"train_micro_batch_size_per_gpu": 1,', '"train_micro_batch_size_per_gpu": 1, "train_micro_batch_size_per_gpu": 2,',
+     "train_micro_batch_size_per_gpu: given twice in {} (JSON readers keep the last one silently); keep one"),
+    ('"stage": 2,', '"stage": 2, "stage": 3,',
+     "zero_optimization.stage: given twice in {} (JSON readers keep the last one silently); keep one"),
+])
+def test_deepspeed_key_given_twice_is_an_error(tmp_path, old, new, error):
+    """json.loads kept the last of two keys silently: train_micro_batch_size_per_gpu 2, stage 3."""
+    text = DS.read_text()
+    assert old in text
+    f = _write(tmp_path, "d.json", text.replace(old, new))
+    for fmt in (None, "deepspeed"):  # detected, and named with --format
+        with pytest.raises(ConfigError) as e:
+            load_any(f, fmt, opts=DSOPTS)
+        assert str(e.value) == error.format(f)
+
+
+def test_torchtitan_key_given_twice_names_the_key(tmp_path):
+    """tomllib refuses it, but said only "Cannot overwrite a value (at line 31, column 15)"."""
+    text = TT.read_text()
+    f = _write(tmp_path, "t.toml", text.replace("seq_len = 8192\n", "seq_len = 8192\nseq_len = 4096\n"))
+    row = text.splitlines().index("seq_len = 8192") + 2
+    for fmt in (None, "torchtitan"):
+        with pytest.raises(ConfigError) as e:
+            load_any(f, fmt, opts=H100)
+        assert str(e.value) == f"config: {f}: not valid TOML (training.seq_len given twice (line {row}); keep one)"
+
+
+def test_megatron_flag_given_twice_keeps_the_last_with_a_note(tmp_path):
+    """argparse (Megatron-LM's parser) keeps the last value; launch scripts append overrides, so
+    meshplan does the same and says so when the values differ (the same value twice: no note)."""
+    text = MG.read_text() + "--seq-length 4096 --micro-batch-size 1\n"
+    cfg = load_any(_write(tmp_path, "m.args", text), opts=H100x2)
+    assert (cfg.training.seq_len, cfg.training.micro_batch) == (4096, 1)
+    assert [n for n in cfg.notes if "times" in n] == [
+        "megatron: --seq-length given 2 times (8192, 4096): planned with the last, 4096, as Megatron-LM's argparse "
+        "keeps it"]
