@@ -74,3 +74,43 @@ def test_megatron_flag_given_twice_keeps_the_last_with_a_note(tmp_path):
     assert [n for n in cfg.notes if "times" in n] == [
         "megatron: --seq-length given 2 times (8192, 4096): planned with the last, 4096, as Megatron-LM's argparse "
         "keeps it"]
+
+
+# DeepSpeed near misses ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("edit,error", [
+    (lambda d: d | {"zero_optimizaton_x": d.pop("zero_optimization")},
+     "zero_optimizaton_x: not a DeepSpeed key; did you mean zero_optimization?"),
+    (lambda d: d | {"fp16x": {"enabled": True}}, "fp16x: not a DeepSpeed key; did you mean fp16?"),
+    (lambda d: d | {"bf_16": d.pop("bf16")}, "bf_16: not a DeepSpeed key; did you mean bf16?"),
+    (lambda d: d | {"Train_Batch_Size": d.pop("train_batch_size")},
+     "Train_Batch_Size: not a DeepSpeed key; did you mean train_batch_size?"),
+    (lambda d: d | {"zero_optimization_config": d.pop("zero_optimization")},
+     "zero_optimization_config: not a DeepSpeed key; did you mean zero_optimization?"),
+    (lambda d: d | {"zero_optimization": {"stage_3": True}},
+     "zero_optimization.stage_3: not a DeepSpeed key; did you mean zero_optimization.stage?"),
+])
+def test_deepspeed_loose_near_miss_is_an_error(tmp_path, edit, error):
+    """Three edits, case, ``_`` and a tail added slipped through (listed as unused: the setting
+    stayed at its default, ZeRO stage 0 or fp32)."""
+    d = edit(json.loads(DS.read_text()))
+    with pytest.raises(ConfigError) as e:
+        load_any(_write(tmp_path, "d.json", json.dumps(d)), opts=DSOPTS)
+    assert str(e.value).startswith(error + " (meshplan reads that one"), str(e.value)
+
+
+def test_deepspeed_own_keys_and_other_sections_are_listed(tmp_path):
+    """DeepSpeed's own keys close to read ones (stage3_* begin with ``stage``) and sections that
+    are nobody's near miss (``my_launcher``, ``fp16_opt_level``: ``fp16`` is under 5
+    characters) are listed as unused, not refused."""
+    d = json.loads(DS.read_text())
+    d["zero_optimization"] |= {"stage3_max_live_parameters": 1e9, "stage3_prefetch_bucket_size": 5e7}
+    d |= {"my_launcher": {"nodes": 2}, "fp16_opt_level": "O2", "data_types": {"grad_accum_dtype": "fp32"},
+          "communication_data_type": "fp32"}
+    cfg = load_any(_write(tmp_path, "d.json", json.dumps(d)), opts=DSOPTS)
+    assert cfg.training.sharding == "zero2"
+    assert cfg.notes[-1] == (
+        "deepspeed: fields meshplan does not use: zero_optimization.overlap_comm, "
+        "zero_optimization.reduce_bucket_size, zero_optimization.stage3_max_live_parameters, "
+        "zero_optimization.stage3_prefetch_bucket_size, steps_per_print, my_launcher.nodes, fp16_opt_level, "
+        "data_types.grad_accum_dtype, communication_data_type")
