@@ -114,3 +114,63 @@ def test_deepspeed_own_keys_and_other_sections_are_listed(tmp_path):
         "zero_optimization.reduce_bucket_size, zero_optimization.stage3_max_live_parameters, "
         "zero_optimization.stage3_prefetch_bucket_size, steps_per_print, my_launcher.nodes, fp16_opt_level, "
         "data_types.grad_accum_dtype, communication_data_type")
+
+
+# export refusals name a target that takes the config ----------------------------------------
+
+def test_export_refusal_suggests_a_target_that_accepts_it():
+    """The Megatron-LM example (zero1, tp 2, pp 2) refused by DeepSpeed suggested torchtitan,
+    which refuses zero1 too; only Megatron-LM takes it."""
+    from meshplan.interop.foreign import export
+    cfg = load_any(MG, opts=H100x2)
+    with pytest.raises(ConfigError) as e:
+        export(cfg, "deepspeed", "m")
+    assert str(e.value) == ("--to: a DeepSpeed config applies to ZeRO over one data axis without TP/PP/CP/EP; this "
+                            "mesh has pp 2, tp 2 (zero1); export --to megatron instead")
+    with pytest.raises(ConfigError, match=r"sharding zero1 has no torchtitan key; export --to megatron instead$"):
+        export(cfg, "torchtitan", "m")
+
+
+@pytest.mark.parametrize("name", ["seed-64gpu.toml", "mixtral-8x7b_32xh100_ep8-dp32.toml",
+                                  "deepseek-v3_2048xh100_pp16-ep64-dp128.toml", "megatron_llama3-8b_16xh100_tp2-pp2.args",
+                                  "torchtitan_llama3-8b_8xh100.toml", "deepspeed_zero2_16xh100.json"])
+def test_every_export_refusal_names_only_targets_that_accept(name):
+    """For each example and each foreign target: a refusal's ``export --to X`` names targets
+    that export the same config without an error, and says so when there is none."""
+    from meshplan.interop.foreign import export
+    from tests.test_interop import EX
+    opts = DSOPTS if name.endswith(".json") else H100x2 if name.startswith(("megatron", "torchtitan")) else \
+        ImportOptions()
+    cfg = load_any(EX / name, opts=opts)
+    for to in ("torchtitan", "megatron", "deepspeed"):
+        try:
+            export(cfg, to, name)
+            continue
+        except ConfigError as e:
+            message = str(e)
+        assert message.startswith("--to: "), message
+        named = message.rpartition("export --to ")[2].removesuffix(" instead").split(" or ") \
+            if message.endswith(" instead") else []
+        assert named or message.endswith("keep the meshplan TOML"), message
+        for other in named:
+            export(cfg, other, name)  # raises if the suggestion is refused in turn
+
+
+def test_export_refused_by_every_format_says_so():
+    """A Mixtral HSDP mesh with tp: torchtitan has no Mixtral flavor, Megatron-LM one data
+    axis, DeepSpeed no tp: each refusal says no other format takes it."""
+    from meshplan.config import config_from_dict
+    from meshplan.interop.foreign import export
+    cfg = config_from_dict({"model": {"catalog": "mixtral-8x7b"}, "cluster": {"system": "dgx-h100", "nodes": 2},
+                            "training": {"global_batch": 64, "seq_len": 4096, "micro_batch": 1, "sharding": "hsdp"},
+                            "mesh": {"names": ["dp_replicate", "dp_shard", "tp"], "shape": [2, 4, 2],
+                                     "sequence_parallel": True}})
+    why = {"torchtitan": "torchtitan knows models by flavor (llama3 8B, 70B, 405B); model 'mixtral-8x7b' has none",
+           "megatron": "Megatron-LM has one data-parallel axis; the mesh has ['dp_replicate', 'dp_shard'] (hsdp)",
+           "deepspeed": "a DeepSpeed config applies to ZeRO over one data axis without TP/PP/CP/EP; this mesh has "
+                        "tp 2 (hsdp)"}
+    for to, reason in why.items():
+        with pytest.raises(ConfigError) as e:
+            export(cfg, to, "x")
+        assert str(e.value) == f"--to: {reason}; torchtitan, Megatron-LM and DeepSpeed all refuse it: keep the " \
+                               f"meshplan TOML"

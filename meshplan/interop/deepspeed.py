@@ -182,11 +182,11 @@ def write(cfg: Config) -> dict[str, Any]:
              if a not in ("dp", "dp_shard", "dp_replicate") and mesh.layout.degree(a) > 1]
     if mesh.ep > 1:
         other.append(f"ep {mesh.ep}")
-    data = [a for a in mesh.layout.names if a in ("dp", "dp_shard", "dp_replicate") and mesh.layout.degree(a) > 1]
+    data = [f"{a} {mesh.layout.degree(a)}" for a in mesh.layout.names
+            if a in ("dp", "dp_shard", "dp_replicate") and mesh.layout.degree(a) > 1]
     if other or len(data) > 1 or t.sharding == "hsdp":
         raise ConfigError("--to", f"a DeepSpeed config applies to ZeRO over one data axis without TP/PP/CP/EP; this "
-                          f"mesh has {', '.join(other + data[1:] if other else data)} ({t.sharding}): "
-                          f"export --to megatron or torchtitan")
+                          f"mesh has {', '.join(other or data)} ({t.sharding})")
     if t.compute_dtype != t.param_dtype or t.param_dtype == "fp8":
         raise ConfigError("--to", f"DeepSpeed stores parameters in the compute dtype (bf16/fp16 with an fp32 master "
                           f"copy); param_dtype {t.param_dtype} with compute_dtype {t.compute_dtype} has no key")

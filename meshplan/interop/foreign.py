@@ -139,9 +139,33 @@ def export(cfg: Config, to: str, source: str) -> tuple[str, list[str]]:
     """(file text, header lines) of ``cfg`` written as ``to``. The header names the source,
     how to import the file again, and every meshplan field the re-imported file does not
     give back (``not expressed in <to>: ...``, module docstring); it opens TOML and
-    arguments files as comments (a DeepSpeed JSON has none: the caller prints it)."""
+    arguments files as comments (a DeepSpeed JSON has none: the caller prints it). A target
+    that cannot hold ``cfg`` is a ConfigError naming ``--to`` and the foreign formats that
+    do (each tried: a suggestion is never refused in turn), or saying that none does."""
     if to not in FORMATS:
         raise ConfigError("--to", f"{to!r}; use {', '.join(FORMATS)}")
+    try:
+        return _export(cfg, to, source)
+    except ConfigError as e:
+        if e.field != "--to":
+            raise
+        others = [t for t in FORMATS[1:] if t != to and _takes(cfg, t, source)]
+        fix = f"export --to {' or '.join(others)} instead" if others else \
+            "torchtitan, Megatron-LM and DeepSpeed all refuse it: keep the meshplan TOML"
+        raise ConfigError("--to", f"{e.message}; {fix}") from None
+
+
+def _takes(cfg: Config, to: str, source: str) -> bool:
+    """Whether ``cfg`` exports to ``to`` without a ConfigError."""
+    try:
+        _export(cfg, to, source)
+    except ConfigError:
+        return False
+    return True
+
+
+def _export(cfg: Config, to: str, source: str) -> tuple[str, list[str]]:
+    """:func:`export` without the suggestion of another target."""
     opts = reimport_options(cfg, to)
     head = [f"meshplan export of {source} ({cfg.model.name} on {cfg.cluster.nodes}x {cfg.cluster.node.name})"]
     if to == "meshplan":

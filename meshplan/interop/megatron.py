@@ -391,7 +391,7 @@ def write(cfg: Config) -> list[str]:
         what = f"every {t.ac_freq}-th layer in full" if t.recompute == "layer" else "op-level SAC"
         raise ConfigError("--to", f"Megatron-LM has no flag for torchtitan's recompute {t.recompute!r} ({what}; "
                           f"--recompute-method block recomputes the first n layers of each stage): set "
-                          f"training.recompute to full or selective, or export --to torchtitan")
+                          f"training.recompute to full or selective")
     if t.recompute != "none":
         out.append(f"--recompute-granularity {t.recompute}")
         out += ["--recompute-method uniform", "--recompute-num-layers 1"] if t.recompute == "full" else []

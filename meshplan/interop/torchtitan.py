@@ -364,7 +364,7 @@ def write(cfg: Config) -> dict[str, dict]:
     flavor = next((k for k, v in FLAVORS.items() if v == name), None)
     if flavor is None:
         raise ConfigError("--to", f"torchtitan knows models by flavor (llama3 8B, 70B, 405B); model "
-                          f"{cfg.model.name!r} has none: export --to meshplan or megatron")
+                          f"{cfg.model.name!r} has none")
     deg = _write_degrees(cfg, mesh)
     pp, dpn = deg.get("pp", 1), deg.get("dp_replicate", 1) * deg.get("dp_shard", 1)
     par: dict[str, Any] = {k: deg.get(a, 1) for k, a in DEGREES.items()}
@@ -417,7 +417,7 @@ def _write_degrees(cfg: Config, mesh: Mesh) -> dict[str, int]:
                           f"dp_shard, cp, tp, ep, etp)")
     if t.sharding in ("zero1", "zero2"):
         raise ConfigError("--to", f"torchtitan shards with FSDP2 (zero3, hsdp) or replicates (none); sharding "
-                          f"{t.sharding} has no torchtitan key: export --to megatron or deepspeed")
+                          f"{t.sharding} has no torchtitan key")
     dp = "dp_replicate" if t.sharding == "none" else "dp_shard"
     axes = [dp if a == "dp" else a for a in axes]
     canon = [a for a in ("pp", "dp_replicate", "dp_shard", "cp", "tp") if a in axes]
