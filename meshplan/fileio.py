@@ -89,8 +89,9 @@ def taken(dest: Path, field: str) -> ConfigError:
 def check_destination(path, field: str = "--out", force: bool = False, folder: bool = False) -> Path:
     """Refuse, before any work, an output that cannot be written: ``path`` exists and not
     ``force`` (a folder counts only when not empty, ``folder=True``), is a folder where a file
-    goes or a file where a folder goes, or its nearest existing ancestor is not a writable
-    folder with free space. Raises ConfigError naming ``field``; returns the path.
+    goes or a file where a folder goes, its nearest existing ancestor is not a writable
+    folder with free space, or it is ``-`` (stdout: the CLI passes it on only for the
+    options that print there). Raises ConfigError naming ``field``; returns the path.
 
     >>> import tempfile, pathlib
     >>> f = pathlib.Path(tempfile.mkdtemp()) / "f"
@@ -101,6 +102,9 @@ def check_destination(path, field: str = "--out", force: bool = False, folder: b
     meshplan.errors.ConfigError: --json: cannot write .../f/out.json: .../f is a file, not a folder; choose another path
     """
     dest = Path(path)
+    if str(path) == "-":  # Unix tools' stdout: only the options that print there take it (the CLI says which)
+        raise ConfigError(field, f"'-' (stdout) is not taken here; give a {'folder' if folder else 'file'} path "
+                          f"(./- for one named '-')")
     if dest.is_dir() and not folder:
         raise ConfigError(field, f"{dest} is a folder; give a file path")
     if folder and dest.exists() and not dest.is_dir():

@@ -174,3 +174,56 @@ def test_export_refused_by_every_format_says_so():
             export(cfg, to, "x")
         assert str(e.value) == f"--to: {reason}; torchtitan, Megatron-LM and DeepSpeed all refuse it: keep the " \
                                f"meshplan TOML"
+
+
+# -o - is stdout -------------------------------------------------------------------------------
+
+def _main(argv, capsys) -> tuple[int, str, str]:
+    """``meshplan ARGV`` in this process: (exit status, stdout, stderr)."""
+    from meshplan.cli import main
+    with pytest.raises(SystemExit) as done:
+        main([str(a) for a in argv])
+    out = capsys.readouterr()
+    return done.value.code or 0, out.out, out.err
+
+
+def test_dash_o_is_stdout_for_import_export_and_search(tmp_path, monkeypatch, capsys):
+    """``-o -`` wrote a file named '-'; now the file goes to stdout and the rest to stderr (a
+    DeepSpeed JSON on stdout parses as it is)."""
+    from meshplan.interop.foreign import export, import_text
+    from tests.test_interop import EX
+    monkeypatch.chdir(tmp_path)
+    mini = EX / "mini_2x4_tp2-dp4.toml"
+    rc, out, err = _main(["import", "auto", DS, "--cluster", "dgx-h100", "--nodes", "2", "--model", "llama3-8b",
+                          "--seq-len", "4096", "-o", "-"], capsys)
+    assert (rc, out) == (0, import_text(DS, None, DSOPTS)[0])
+    rc, out, err = _main(["export", mini, "--to", "torchtitan", "-o", "-"], capsys)
+    from meshplan.config import load_config
+    text, header = export(load_config(mini), "torchtitan", str(mini))
+    assert (rc, out, err.splitlines()) == (0, text, header[1:])
+    rc, out, err = _main(["search", mini, "--export", "1", "--to", "deepspeed", "-o", "-"], capsys)
+    assert rc == 0 and json.loads(out)["zero_optimization"] == {"stage": 3}, out
+    assert "import with: meshplan import deepspeed FILE" in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_dash_is_refused_by_every_other_output_option(tmp_path, monkeypatch, capsys):
+    """Options that write no stream (HTML, PNG folders, traces) and two documents on one
+    stdout refuse ``-`` in one line instead of creating a file named '-'."""
+    from tests.test_interop import EX
+    monkeypatch.chdir(tmp_path)
+    mini = EX / "mini_2x4_tp2-dp4.toml"
+    for argv, error in (
+            (["export", mini, "--to", "torchtitan", "-o", "-", "--json", "-"],
+             "error: -o: -o - and --json - both write to stdout; give one of them a file path\n"),
+            (["plan", mini, "--html", "-"],
+             "error: --html: '-' (stdout) is not taken here; give a file path (./- for one named '-')\n"),
+            (["report", mini, "--out", "-"],
+             "error: --out: '-' (stdout) is not taken here; give a file path (./- for one named '-')\n"),
+            (["step", mini, "--trace", "-"],
+             "error: --trace: '-' (stdout) is not taken here; give a file path (./- for one named '-')\n"),
+            (["memory", mini, "--out", "-"],
+             "error: --out: '-' (stdout) is not taken here; give a folder path (./- for one named '-')\n")):
+        rc, out, err = _main(argv, capsys)
+        assert (rc, err) == (2, error), argv
+    assert list(tmp_path.iterdir()) == []
