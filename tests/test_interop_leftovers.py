@@ -227,3 +227,34 @@ def test_dash_is_refused_by_every_other_output_option(tmp_path, monkeypatch, cap
         rc, out, err = _main(argv, capsys)
         assert (rc, err) == (2, error), argv
     assert list(tmp_path.iterdir()) == []
+
+
+# torchtitan's pre-2025 [float8] table ---------------------------------------------------------
+
+OLD_FLOAT8 = ("\n[float8]\nenable_fsdp_float8_all_gather = true\nprecompute_float8_dynamic_scale_for_fsdp = true\n"
+              "filter_fqns = \"output\"\nforce_recompute_fp8_weight_in_bwd = true\n")
+
+
+@pytest.mark.parametrize("converter,table", [
+    ('converters = "float8"', ""),  # early 2025: the converter as a string list, the settings in [float8]
+    ("", "enable_float8_linear = true\n"),  # 2024: [float8] enable_float8_linear
+])
+def test_torchtitan_old_float8_table_is_read_as_the_new_one(tmp_path, converter, table):
+    """Was listed as unused (and ``converters = "float8"`` missed): planned in bf16 without the
+    float8 all-gather. Read as [quantize.linear.float8]: fp8 GEMMs, weights gathered in float8
+    (dp_shard 8 > 1), the output layer filtered ("output")."""
+    text = TT.read_text().replace('flavor = "8B"', f'flavor = "8B"\n{converter}') + OLD_FLOAT8 + table
+    cfg = load_any(_write(tmp_path, "t.toml", text), opts=H100)
+    t = cfg.training
+    assert (t.compute_dtype, t.fp8_all_gather, t.fp8_output_layer) == ("fp8", True, False)
+    assert cfg.notes[0] == ("torchtitan: [float8] read as [quantize.linear.float8] (torchtitan's name for it since "
+                            "2025; its keys are listed under that name)" +
+                            (", enable_float8_linear as model.converters = [\"float8\"]" if table else ""))
+    assert cfg.notes[-1].endswith("checkpoint.enable, quantize.linear.float8.force_recompute_fp8_weight_in_bwd")
+
+
+def test_torchtitan_old_and_new_float8_tables_together_are_an_error(tmp_path):
+    text = TT.read_text() + OLD_FLOAT8 + "\n[quantize.linear.float8]\nfilter_fqns = [\"output\"]\n"
+    with pytest.raises(ConfigError, match=r"^float8: the pre-2025 \[float8\] table and \[quantize.linear.float8\] are "
+                                          r"both given; torchtitan reads \[quantize.linear.float8\]: keep that one$"):
+        load_any(_write(tmp_path, "t.toml", text), opts=H100)

@@ -303,15 +303,49 @@ def _dtype(tr: dict, key: str, default: str) -> str:
     return DTYPES[value]
 
 
+def _old_float8(d: dict) -> tuple[dict, list[str]]:
+    """``d`` in the current layout when it has torchtitan's pre-2025 float8 settings, with a
+    note: the ``[float8]`` table read as ``[quantize.linear.float8]`` (same keys), its
+    ``enable_float8_linear = true`` (2024) as the float8 converter, and ``model.converters``
+    given as a comma-separated string (``converters = "float8"``, its old string-list form)
+    as a list. ConfigError when both tables are given (which one holds is unclear).
+
+    >>> d, notes = _old_float8({"model": {"converters": "float8"}, "float8": {"filter_fqns": "output"}})
+    >>> d
+    {'model': {'converters': ['float8']}, 'quantize': {'linear': {'float8': {'filter_fqns': 'output'}}}}
+    """
+    model, old, quantize = d.get("model", {}), d.get("float8"), d.get("quantize", {})
+    if not isinstance(model, dict) or not isinstance(quantize, dict) or not isinstance(quantize.get("linear", {}), dict):
+        return d, []  # malformed: the reader names the field
+    if isinstance(model.get("converters"), str):
+        model = model | {"converters": [c.strip() for c in model["converters"].split(",") if c.strip()]}
+    if not isinstance(old, dict):
+        return (d | {"model": model} if "model" in d else d), []
+    if "float8" in quantize.get("linear", {}):
+        raise ConfigError("float8", "the pre-2025 [float8] table and [quantize.linear.float8] are both given; "
+                          "torchtitan reads [quantize.linear.float8]: keep that one")
+    old = dict(old)
+    converters = model.get("converters", [])
+    if old.pop("enable_float8_linear", False) and isinstance(converters, list) and "float8" not in converters:
+        model = model | {"converters": [*converters, "float8"]}
+    note = "[float8] read as [quantize.linear.float8] (torchtitan's name for it since 2025; its keys are listed " \
+           "under that name)" + (", enable_float8_linear as model.converters = [\"float8\"]"
+                                 if "enable_float8_linear" in d["float8"] else "")
+    rest = {k: v for k, v in d.items() if k != "float8"}
+    return rest | {"model": model, "quantize": quantize | {"linear": quantize.get("linear", {}) | {"float8": old}}}, \
+        [note]
+
+
 def read(d: dict, base: Path, opts: ImportOptions) -> Imported:
     """meshplan tables of a parsed torchtitan job TOML (module docstring); ``base``: the
     file's folder (for a relative ``hf_assets_path``)."""
+    d, old_notes = _old_float8(d)
     typo = misspelt(flatten(d), READ, NEAR_KEYS)
     if typo:
         raise ConfigError(typo[0], f"not a torchtitan key; did you mean {typo[1]}? (meshplan reads that one; "
                           f"misspelt, the setting would stay at its default)")
     _moved(flatten(d))
-    notes: list[str] = []
+    notes: list[str] = old_notes
     model, used = _model(d, base, opts, notes)
     if any("float8" in str(c) for c in d.get("model", {}).get("converters", [])):
         used |= FLOAT8
