@@ -258,3 +258,24 @@ def test_torchtitan_old_and_new_float8_tables_together_are_an_error(tmp_path):
     with pytest.raises(ConfigError, match=r"^float8: the pre-2025 \[float8\] table and \[quantize.linear.float8\] are "
                                           r"both given; torchtitan reads \[quantize.linear.float8\]: keep that one$"):
         load_any(_write(tmp_path, "t.toml", text), opts=H100)
+
+
+def test_deepspeed_export_of_a_model_outside_the_catalog():
+    """Was '--model: a DeepSpeed config does not name the model' (the re-import had no model
+    to take), so torchtitan's refusal could not suggest DeepSpeed either. A DeepSpeed config
+    holds no model: the file is written, the header asks for --model on import."""
+    from meshplan.config import config_from_dict
+    from meshplan.interop.foreign import export
+    cfg = config_from_dict({"model": {"name": "tiny", "layers": 4, "hidden": 512, "ffn": 2048, "q_heads": 8,
+                                      "vocab": 32000},
+                            "cluster": {"system": "dgx-h100", "nodes": 1},
+                            "training": {"global_batch": 64, "seq_len": 4096, "micro_batch": 1, "sharding": "zero2"},
+                            "mesh": {"names": ["dp"], "shape": [8]}})
+    text, header = export(cfg, "deepspeed", "x")
+    assert json.loads(text)["zero_optimization"] == {"stage": 2}
+    assert json.loads(text)["gradient_accumulation_steps"] == 64 // (1 * 8)
+    assert header == ["meshplan export of x (tiny on 1x dgx-h100)",
+                      "import with: meshplan import deepspeed FILE --cluster dgx-h100 --nodes 1 --model MODEL "
+                      "--seq-len 4096"]
+    with pytest.raises(ConfigError, match=r"model 'tiny' has none; export --to megatron or deepspeed instead$"):
+        export(cfg, "torchtitan", "x")

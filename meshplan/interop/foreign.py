@@ -29,7 +29,7 @@ from meshplan.fileio import parse_json, read_text_limited
 from meshplan.limits import FILE_BYTES
 from meshplan.interop import deepspeed, megatron, torchtitan
 from meshplan.interop.common import FORMATS, Imported, ImportOptions, catalog_model_name
-from meshplan.interop.tomlout import dumps, mesh_spec, meshplan_tables, resolved, virtual_split
+from meshplan.interop.tomlout import dumps, mesh_spec, meshplan_tables, model_table, resolved, virtual_split
 
 TORCHTITAN_TABLES = {"parallelism", "job", "activation_checkpoint", "optimizer", "lr_scheduler", "checkpoint",
                      "metrics", "profiling", "compile", "quantize"}
@@ -179,10 +179,11 @@ def _export(cfg: Config, to: str, source: str) -> tuple[str, list[str]]:
     elif to == "megatron":
         body = "\n".join(megatron.write(cfg)) + "\n"
         again = megatron.read(body, opts)
-    else:
+    else:  # a DeepSpeed config holds no model: re-imported with the config's own (a catalog name, or its fields)
         doc = deepspeed.write(cfg)
         body = json.dumps(doc, indent=2) + "\n"
-        again = deepspeed.read(doc, opts)
+        again = deepspeed.read(doc, replace(opts, model=opts.model or catalog.names("model")[0]))
+        again = replace(again, tables=again.tables | {"model": model_table(cfg)})
     lost = differences(cfg, config_from_dict(again.tables))
     head += [f"not expressed in {to}: {d}" for d in lost]
     if to == "deepspeed":  # JSON has no comments: the caller prints the header
