@@ -13,7 +13,8 @@ when neither fits; ``search`` exits 0 when some candidate fits and 1 when none d
 Every command takes ``--json PATH`` (its document, schema ``meshplan/schemas/<command>.v1.schema.json``,
 a group's command as ``<group>-<command>``); ``--json -`` prints the document alone on stdout and
 moves everything else the command prints to stderr (:func:`_json_to_stdout`, applied to every
-command once they are registered).
+command once they are registered); so does ``-o -`` of import, export and search --export (the
+file on stdout). Every other output option refuses ``-``.
 """
 
 from __future__ import annotations
@@ -244,16 +245,27 @@ class _Stdout:
         return "-"
 
 
+#: Commands whose ``-o``/``--out`` is a file a Unix user may send to stdout with ``-o -``
+#: (import, export, search --export); every other output option refuses ``-``
+#: (:func:`meshplan.fileio.check_destination`).
+STDOUT_OUT = ("import_cmd", "export_cmd", "search_cmd")
+
+
 def _json_to_stdout(command):
-    """Wrap a command so that ``--json -`` prints its one JSON document on stdout and moves its
-    human output (echo, rich tables, progress, the runtime's prints) to stderr."""
+    """Wrap a command so that ``--json -`` (or, for :data:`STDOUT_OUT`, ``-o -``) prints its
+    one document on stdout and moves its human output (echo, rich tables, progress, the
+    runtime's prints) to stderr; both at once is a ConfigError (one stdout)."""
     @functools.wraps(command)
     def run(*args, **kwargs):
-        if str(kwargs.get("json_path")) != "-":
+        json_out = str(kwargs.get("json_path")) == "-"
+        file_out = command.__name__ in STDOUT_OUT and str(kwargs.get("out")) == "-"
+        if json_out and file_out:
+            raise ConfigError("-o", "-o - and --json - both write to stdout; give one of them a file path")
+        if not (json_out or file_out):
             return command(*args, **kwargs)
         out = _Stdout(sys.stdout)
         with contextlib.redirect_stdout(sys.stderr):
-            return command(*args, **{**kwargs, "json_path": out})
+            return command(*args, **{**kwargs, "json_path" if json_out else "out": out})
     return run
 
 
@@ -610,7 +622,8 @@ def search_cmd(config: Path = typer.Argument(..., help="TOML config: [model], [c
                export_rank: Optional[int] = typer.Option(None, "--export", help="export the top row of this rank "
                                                          "(1 = the fastest) with --to and -o"),
                to: str = typer.Option("meshplan", "--to", help="export format: " + ", ".join(FORMATS)),
-               out: Optional[Path] = typer.Option(None, "-o", "--out", help="file the --export row is written to"),
+               out: Optional[Path] = typer.Option(None, "-o", "--out", help="file the --export row is written to "
+                                                  "(-: stdout, the rest of the output then on stderr)"),
                calibration: CalibrationOpt = None,
                fmt: FormatOpt = None,
                cluster: ClusterOpt = None,
@@ -642,7 +655,7 @@ def search_cmd(config: Path = typer.Argument(..., help="TOML config: [model], [c
             raise ConfigError("-o", "--export needs -o FILE")
         if to not in FORMATS:
             raise ConfigError("--to", f"{to!r}; use {', '.join(FORMATS)}")
-        if out.exists() and not force:
+        if not isinstance(out, _Stdout) and out.exists() and not force:
             raise ConfigError("-o", f"{out} exists; choose another path or pass --force to replace it")
     cfg = load_any(config, fmt, _opts(cluster, nodes, gpu, model, seq_len), require_mesh=False)
     _notes(cfg)
@@ -667,13 +680,17 @@ def search_cmd(config: Path = typer.Argument(..., help="TOML config: [model], [c
     raise typer.Exit(0 if result.top else 1)
 
 
-def _write_export(cfg, to: str, out: Path, source: str, force: bool) -> list[str]:
-    """Write ``cfg`` as ``to`` to ``out``, printing the header (source, how to import it,
-    what the format does not express); returns the header."""
+def _write_export(cfg, to: str, out: Path | _Stdout, source: str, force: bool) -> list[str]:
+    """Write ``cfg`` as ``to`` to ``out`` (``-o -``: stdout), printing the header (source,
+    how to import it, what the format does not express); returns the header."""
     text, header = export(replace(cfg, notes=()), to, source)
     for line in header[1:]:
         typer.echo(line)
-    _wrote(write_output(out, text, force=force, field='-o'))
+    if isinstance(out, _Stdout):
+        out.stream.write(text)
+        out.stream.flush()
+    else:
+        _wrote(write_output(out, text, force=force, field='-o'))
     return header
 
 
@@ -681,8 +698,8 @@ def _write_export(cfg, to: str, out: Path, source: str, force: bool) -> list[str
 def import_cmd(fmt: str = typer.Argument(..., metavar="FORMAT", help="torchtitan, megatron or deepspeed (auto: "
                                          "detect)"),
                source: Path = typer.Argument(..., metavar="FILE", help="the foreign config"),
-               out: Optional[Path] = typer.Option(None, "-o", "--out", help="meshplan TOML to write (default: "
-                                                  "print it)"),
+               out: Optional[Path] = typer.Option(None, "-o", "--out", help="meshplan TOML to write (default, "
+                                                  "or -: print it)"),
                force: bool = typer.Option(False, "--force", help="replace existing -o and --json files"),
                json_path: Optional[Path] = _json_option("import"),
                cluster: ClusterOpt = None,
@@ -697,23 +714,28 @@ def import_cmd(fmt: str = typer.Argument(..., metavar="FORMAT", help="torchtitan
 
     if fmt not in ("auto",) + FORMATS[1:]:
         raise ConfigError("FORMAT", f"{fmt!r}; use torchtitan, megatron, deepspeed or auto")
-    if out and out.exists() and not force:
-        raise ConfigError("-o", f"{out} exists; choose another path or pass --force to replace it")
+    file = out if isinstance(out, Path) else None  # None: printed (no -o, or -o -)
+    if file and file.exists() and not force:
+        raise ConfigError("-o", f"{file} exists; choose another path or pass --force to replace it")
     _refuse_existing(json_path, force, "--json")
     text, imp = import_text(source, None if fmt == "auto" else fmt, _opts(cluster, nodes, gpu, model, seq_len))
-    if out is None:
+    if isinstance(out, _Stdout):
+        out.stream.write(text)
+        out.stream.flush()
+    elif file is None:
         typer.echo(text, nl=False)
     else:
         for n in imp.all_notes():
             typer.echo(f"note: {n}")
-        _wrote(write_output(out, text, force=force, field='-o'))
-    _write_doc(json_path, import_doc(imp.fmt, str(source), imp, text, _written([out] if out else [])), force)
+        _wrote(write_output(file, text, force=force, field='-o'))
+    _write_doc(json_path, import_doc(imp.fmt, str(source), imp, text, _written([file] if file else [])), force)
 
 
 @app.command("export")
 def export_cmd(config: Path = typer.Argument(..., help="config of the plan (meshplan TOML or a foreign one)"),
                to: str = typer.Option(..., "--to", help="meshplan, torchtitan, megatron or deepspeed"),
-               out: Path = typer.Option(..., "-o", "--out", help="file to write"),
+               out: Path = typer.Option(..., "-o", "--out", help="file to write (-: stdout, the header then on "
+                                                                   "stderr)"),
                force: bool = typer.Option(False, "--force", help="replace existing -o and --json files"),
                json_path: Optional[Path] = _json_option("export"),
                fmt: FormatOpt = None,
@@ -728,13 +750,14 @@ def export_cmd(config: Path = typer.Argument(..., help="config of the plan (mesh
 
     if to not in FORMATS:
         raise ConfigError("--to", f"{to!r}; use {', '.join(FORMATS)}")
-    if out.exists() and not force:
+    if not isinstance(out, _Stdout) and out.exists() and not force:
         raise ConfigError("-o", f"{out} exists; choose another path or pass --force to replace it")
     _refuse_existing(json_path, force, "--json")
     cfg = load_any(config, fmt, _opts(cluster, nodes, gpu, model, seq_len))
     _notes(cfg)
     header = _write_export(cfg, to, out, str(config), force)
-    _write_doc(json_path, export_doc(str(config), to, header, _written([out])), force)
+    _write_doc(json_path, export_doc(str(config), to, header, _written([] if isinstance(out, _Stdout) else [out])),
+               force)
 
 
 @app.command("nccl-check")

@@ -21,6 +21,7 @@ command needs it.
 from __future__ import annotations
 
 import math
+import re
 import tomllib
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -86,13 +87,32 @@ def parse_toml(text: str, name: str, field: str = "config") -> dict[str, Any]:
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
-        raise ConfigError(field, f"{name}: not valid TOML ({e})") from None
+        raise ConfigError(field, f"{name}: not valid TOML ({_given_twice(str(e), text) or e})") from None
     except RecursionError:
         raise ConfigError(field, f"{name}: arrays or tables nested too deeply to read; "
                                  f"{over('toml depth', 'the nesting')}") from None
     except ValueError as e:  # e.g. an integer of more than 4,300 digits
         raise ConfigError(field, f"{name}: not valid TOML ({str(e).splitlines()[0]}); "
                                  f"numbers are bounded (see meshplan/limits.py)") from None
+
+
+def _given_twice(message: str, text: str) -> str | None:
+    """tomllib's "Cannot overwrite a value (at line L, ...)" of a key given twice, with the
+    key's dotted name (its table header and the key before ``=`` on line L); None for other
+    errors.
+
+    >>> _given_twice("Cannot overwrite a value (at line 3, column 6)", "[training]\\nsteps = 1\\nsteps = 2")
+    'training.steps given twice (line 3); keep one'
+    """
+    m = re.fullmatch(r"Cannot overwrite a value \(at line (\d+), column \d+\)", message)
+    lines = text.splitlines()
+    if m is None or not 0 < int(m.group(1)) <= len(lines):
+        return None
+    row = int(m.group(1))
+    key = lines[row - 1].split("=", 1)[0].strip().replace('"', "").replace("'", "")
+    heads = (re.fullmatch(r"\s*\[\[?\s*([\w.\-\"' ]+?)\s*\]\]?\s*(#.*)?", x) for x in reversed(lines[:row - 1]))
+    table = next((h.group(1).replace('"', "").replace("'", "") for h in heads if h), None)
+    return f"{table + '.' if table else ''}{key} given twice (line {row}); keep one"
 
 
 def check_values(value: Any, where: str, depth: int = 0) -> None:

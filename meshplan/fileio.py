@@ -89,8 +89,9 @@ def taken(dest: Path, field: str) -> ConfigError:
 def check_destination(path, field: str = "--out", force: bool = False, folder: bool = False) -> Path:
     """Refuse, before any work, an output that cannot be written: ``path`` exists and not
     ``force`` (a folder counts only when not empty, ``folder=True``), is a folder where a file
-    goes or a file where a folder goes, or its nearest existing ancestor is not a writable
-    folder with free space. Raises ConfigError naming ``field``; returns the path.
+    goes or a file where a folder goes, its nearest existing ancestor is not a writable
+    folder with free space, or it is ``-`` (stdout: the CLI passes it on only for the
+    options that print there). Raises ConfigError naming ``field``; returns the path.
 
     >>> import tempfile, pathlib
     >>> f = pathlib.Path(tempfile.mkdtemp()) / "f"
@@ -101,6 +102,9 @@ def check_destination(path, field: str = "--out", force: bool = False, folder: b
     meshplan.errors.ConfigError: --json: cannot write .../f/out.json: .../f is a file, not a folder; choose another path
     """
     dest = Path(path)
+    if str(path) == "-":  # Unix tools' stdout: only the options that print there take it (the CLI says which)
+        raise ConfigError(field, f"'-' (stdout) is not taken here; give a {'folder' if folder else 'file'} path "
+                          f"(./- for one named '-')")
     if dest.is_dir() and not folder:
         raise ConfigError(field, f"{dest} is a folder; give a file path")
     if folder and dest.exists() and not dest.is_dir():
@@ -383,26 +387,63 @@ def read_text_limited(path, field: str, limit: int | FileLimit, hint: str = "che
     return decode_text(read_bytes_limited(path, field, limit, hint), field, os.fspath(path), errors)
 
 
-def parse_json(text: str, field: str, name: str, hint: str) -> Any:
+def parse_json(text: str, field: str, name: str, hint: str, unique_keys: bool = False) -> Any:
     """``json.loads(text)`` with every failure one ConfigError naming ``field``, the file
     ``name`` and its line, and ending with ``hint``: syntax, NaN and Infinity (not JSON
     numbers), integers past Python's 4,300-digit limit, nesting past the interpreter's
-    recursion limit.
+    recursion limit. ``unique_keys`` (a config a person edits): a key given twice in one
+    object is a ConfigError naming its dotted path (``json`` keeps the last one silently).
 
     >>> parse_json('{"a": NaN}', "t", "t.json", "fix it")
     Traceback (most recent call last):
     ...
     meshplan.errors.ConfigError: t: t.json: NaN is not a JSON number; fix it
+    >>> parse_json('{"z": {"stage": 1, "stage": 3}}', "t", "t.json", "fix it", unique_keys=True)
+    Traceback (most recent call last):
+    ...
+    meshplan.errors.ConfigError: z.stage: given twice in t.json (JSON readers keep the last one silently); keep one
     """
 
     def constant(word: str):
         raise ValueError(f"{word} is not a JSON number")
 
     try:
-        return json.loads(text, parse_constant=constant)
+        doc = json.loads(text, parse_constant=constant, object_pairs_hook=_KeyCheck if unique_keys else None)
     except json.JSONDecodeError as err:
         raise ConfigError(field, f"{name}:{err.lineno}: invalid JSON ({err.msg}); {hint}") from None
     except RecursionError:
         raise ConfigError(field, f"{name}: nested too deeply to read; {hint}") from None
     except ValueError as err:
         raise ConfigError(field, f"{name}: {str(err).splitlines()[0][:120]}; {hint}") from None
+    twice = _given_twice(doc, "") if unique_keys else None
+    if twice is not None:
+        raise ConfigError(twice, f"given twice in {name} (JSON readers keep the last one silently); keep one")
+    return doc
+
+
+class _KeyCheck(dict):
+    """A JSON object as ``json``'s ``object_pairs_hook`` builds it, remembering the first key
+    given twice in it (``twice``, None when every key is given once)."""
+
+    def __init__(self, pairs: list[tuple[str, Any]]) -> None:
+        super().__init__(pairs)
+        self.twice: str | None = None
+        seen: set[str] = set()
+        for k, _ in pairs if len(self) < len(pairs) else ():
+            if k in seen:
+                self.twice = k
+                break
+            seen.add(k)
+
+
+def _given_twice(doc: Any, path: str) -> str | None:
+    """The dotted path (``[i]`` for list items) of the first key given twice in ``doc``
+    (objects built by :class:`_KeyCheck`), in document order; None when there is none."""
+    if isinstance(doc, _KeyCheck) and doc.twice is not None:
+        return f"{path}.{doc.twice}" if path else doc.twice
+    items = doc.items() if isinstance(doc, dict) else enumerate(doc) if isinstance(doc, list) else ()
+    for k, v in items:
+        hit = _given_twice(v, f"{path}[{k}]" if isinstance(k, int) else f"{path}.{k}" if path else k)
+        if hit is not None:
+            return hit
+    return None

@@ -291,12 +291,18 @@ def test_deepspeed_activation_checkpointing_section_is_full_recompute(tmp_path):
     base = {"train_batch_size": 16, "train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3},
             "bf16": {"enabled": True}}
     opts = ImportOptions(cluster="dgx-h100", nodes=2, model="llama3-8b", seq_len=4096)
-    for section, recompute in (({"activation_checkpointing": {"partition_activations": False}}, "full"), ({}, "selective")):
+    full = ("deepspeed: activation_checkpointing configures deepspeed.checkpointing.checkpoint, which the model code "
+            "calls on whole blocks (Megatron-DeepSpeed's --checkpoint-activations): planned with recompute = \"full\"; "
+            "set training.recompute if the model checkpoints otherwise")
+    selective = ("deepspeed: activation checkpointing is the model code's choice in DeepSpeed: planned with recompute "
+                 "= \"selective\" (meshplan's default)")
+    for section, recompute, note in (({"activation_checkpointing": {"partition_activations": False}}, "full", full),
+                                     ({}, "selective", selective)):
         f = tmp_path / "ds.json"
         f.write_text(json.dumps(base | section))
         cfg = load_any(f, opts=opts)
         assert cfg.training.recompute == recompute
-        assert any(("planned with recompute = \"full\"" in n) is (recompute == "full") for n in cfg.notes)
+        assert [n for n in cfg.notes if "recompute" in n] == [note]
         text, header = export(cfg, "deepspeed", "ds")
         assert ("activation_checkpointing" in json.loads(text)) is (recompute == "full")
         assert not [h for h in header if "recompute" in h], header

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 from meshplan import catalog
 from meshplan.errors import ConfigError
@@ -177,12 +177,48 @@ def near_miss(name: str, read: Iterable[str]) -> Optional[str]:
     return None
 
 
-def misspelt(keys: Iterable[str], read: Iterable[str], real: Iterable[str] = ()) -> Optional[tuple[str, str]]:
+def normalised(name: str) -> str:
+    """``name`` lower-case without ``_`` and ``-``: the spelling a reader of a JSON key hears.
+
+    >>> normalised("Zero_Optimization"), normalised("bf_16")
+    ('zerooptimization', 'bf16')
+    """
+    return name.lower().replace("_", "").replace("-", "")
+
+
+def loose_near_miss(name: str, read: Iterable[str]) -> Optional[str]:
+    """The name of ``read`` closest to ``name`` (fewest :func:`edits`) when, both
+    :func:`normalised`, they are equal, within one edit of a name under 8 characters or
+    three of a longer one, or the shorter (5 characters or more) begins or ends the longer
+    (``zero_optimization_config``); else None. Looser than :func:`near_miss`: for a format
+    whose real keys are all known, so that each one is exempt (DeepSpeed's).
+
+    >>> loose_near_miss("zero_optimizaton_x", ["zero_optimization", "train_batch_size"])
+    'zero_optimization'
+    >>> loose_near_miss("bf_16", ["bf16", "fp16"]), loose_near_miss("fp16x", ["bf16", "fp16"])
+    ('bf16', 'fp16')
+    >>> loose_near_miss("fp16_opt_level", ["fp16"]), loose_near_miss("my_section", ["fp16", "stage"])
+    (None, None)
+    """
+    n = normalised(name)
+    hits = []
+    for r in sorted(set(read)):
+        m = normalised(r)
+        short, long_ = sorted((n, m), key=len)
+        if name != r and (edits(n, m) <= (1 if len(m) < 8 else 3)
+                          or (len(short) >= 5 and (long_.startswith(short) or long_.endswith(short)))):
+            hits.append((edits(n, m), r))
+    return min(hits)[1] if hits else None
+
+
+def misspelt(keys: Iterable[str], read: Iterable[str], real: Iterable[str] = (),
+             near: Callable[[str, Iterable[str]], Optional[str]] = near_miss) -> Optional[tuple[str, str]]:
     """(key, the read key it looks like) for the first of ``keys`` (dotted, as
     :func:`flatten` writes them) that is a near miss of a key of ``read``, or None.
     Compared part by part: a part on the path of a read key continues; any other part is
-    a typo when :func:`near_miss` finds a read name in its place and the path so far is not
-    in ``real`` (the foreign tool's own keys and tables that close to a read one).
+    a typo when ``near`` (:func:`near_miss`, or :func:`loose_near_miss`) finds a read name
+    in its place and the path so far is not in ``real`` (the foreign tool's own keys and
+    tables that close to a read one).
 
     >>> read = ["parallelism.tensor_parallel_degree", "training.seq_len"]
     >>> misspelt(["training.steps", "parallelism.tensor_parallel_degre"], read)
@@ -202,7 +238,7 @@ def misspelt(keys: Iterable[str], read: Iterable[str], real: Iterable[str] = ())
             if part in names:
                 continue
             path = ".".join(parts[: i + 1])
-            hit = None if path in exempt else near_miss(part, names)
+            hit = None if path in exempt else near(part, names)
             if hit is not None:
                 return path, ".".join(parts[:i] + [hit])
             break

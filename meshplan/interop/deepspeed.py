@@ -19,9 +19,10 @@ the same. An ``activation_checkpointing`` section configures ``deepspeed.checkpo
 which model code calls on whole blocks: recompute ``full`` (a note); without one, meshplan's
 default ``selective`` (a note); export writes an empty section for ``full``.
 
-A key that is a near miss of one the reader reads (``zero_optimisation``,
-``train_micro_batch_size_per_gp``; :func:`~meshplan.interop.common.misspelt`) is an error
-naming the likely key; other keys are listed as unused.
+A key that is not one of DeepSpeed's own (:data:`DEEPSPEED_KEYS`) and is a near miss of one
+the reader reads (``zero_optimisation``, ``zero_optimizaton_x``, ``bf_16``, ``fp16x``;
+:func:`~meshplan.interop.common.loose_near_miss`) is an error naming the likely key; any other
+key, DeepSpeed's or not, is listed as unused.
 """
 
 from __future__ import annotations
@@ -30,15 +31,55 @@ from typing import Any, Optional
 
 from meshplan.config import Config
 from meshplan.errors import ConfigError
-from meshplan.interop.common import Imported, ImportOptions, cluster_table, flatten, misspelt, model_option
+from meshplan.interop.common import (
+    Imported,
+    ImportOptions,
+    cluster_table,
+    flatten,
+    loose_near_miss,
+    misspelt,
+    model_option,
+)
 from meshplan.interop.tomlout import resolved
 
 STAGES = {0: "none", 1: "zero1", 2: "zero2", 3: "zero3"}
 USED = {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
         "zero_optimization.stage", "bf16.enabled", "bfloat16.enabled", "fp16.enabled", "gradient_clipping"}
-#: DeepSpeed keys (deepspeed/runtime/constants.py, zero/config.py at edaa722) within three edits of
-#: a read one: ``fp32`` (its fp32 table) is two from ``fp16``.
-NEAR_KEYS = {"fp32"}
+#: DeepSpeed's own keys (deepspeedai/DeepSpeed at edaa722): the top-level ones its
+#: ``DeepSpeedConfig._initialize_params`` reads (runtime/config.py with the names of
+#: runtime/constants.py, the monitor, comm, profiling, autotuning, elasticity, nebula, datastates,
+#: compression, data-pipeline, tensor-parallel and pipeline configs), and within the tables
+#: meshplan reads, every field and alias of ``DeepSpeedZeroConfig`` (zero/config.py) and of
+#: ``DeepSpeedFP16Config`` / ``DeepSpeedBF16Config`` (precision_config.py). Never a misspelling:
+#: listed as unused when meshplan does not read them.
+DEEPSPEED_KEYS = frozenset(
+    "train_batch_size train_micro_batch_size_per_gpu gradient_accumulation_steps managed_gradient_accumulation "
+    "steps_per_print dump_state wall_clock_breakdown memory_breakdown optimizer scheduler "
+    "zero_allow_untested_optimizer zero_force_ds_cpu_optimizer sparse_gradients bf16 bfloat16 fp16 amp "
+    "torch_autocast communication_data_type seq_parallel_communication_data_type prescale_gradients "
+    "gradient_predivide_factor gradient_allreduce_op disable_allgather gradient_clipping graph_harvesting eigenvalue "
+    "progressive_layer_drop checkpoint data_types dataloader_drop_last use_data_before_expert_parallelism log_level "
+    "sparse_attention vocabulary_size elasticity zero_optimization activation_checkpointing flops_profiler "
+    "autotuning nebula datastates_ckpt comms_logger aio compression_training data_efficiency curriculum_learning "
+    "tensorboard wandb csv_monitor comet timers hybrid_engine quantize_training weight_quantization compile "
+    "tensor_parallel expert_parallel pipeline".split()) | {f"zero_optimization.{k}" for k in (
+        "stage contiguous_gradients reduce_scatter reduce_bucket_size use_multi_rank_bucket_allreduce "
+        "allgather_partitions allgather_bucket_size overlap_comm load_from_fp32_weights elastic_checkpoint "
+        "offload_param offload_optimizer zenflow sub_group_size cpu_offload_param cpu_offload_use_pin_memory "
+        "cpu_offload prefetch_bucket_size stage3_prefetch_bucket_size param_persistence_threshold "
+        "stage3_param_persistence_threshold model_persistence_threshold stage3_model_persistence_threshold "
+        "max_live_parameters stage3_max_live_parameters max_reuse_distance stage3_max_reuse_distance "
+        "gather_16bit_weights_on_model_save stage3_gather_16bit_weights_on_model_save module_granularity_threshold "
+        "stage3_module_granularity_threshold use_all_reduce_for_fetch_params stage3_use_all_reduce_for_fetch_params "
+        "allgather_sequential stage3_allgather_sequential stage3_gather_fp16_weights_on_model_save "
+        "ignore_unused_parameters legacy_stage1 round_robin_gradients zero_hpz_partition_size zero_quantized_weights "
+        "zero_quantized_nontrainable_weights zero_quantized_gradients zeropp_loco_param mics_shard_size "
+        "mics_hierarchical_params_gather memory_efficient_linear pipeline_loading_checkpoint override_module_apply "
+        "log_trace_cache_warnings enable_sanity_checks save_muon_momentum_buffer_in_memory leaf_module").split()} | {
+    f"fp16.{k}" for k in ("enabled auto_cast loss_scale initial_scale_power loss_scale_window hysteresis "
+                          "consecutive_hysteresis min_loss_scale fp16_master_weights_and_grads").split()} | {
+    f"{t}.{k}" for t in ("bf16", "bfloat16") for k in ("enabled immediate_grad_update check_grad_overflow "
+                                                      "bf16_master_weights_and_grads bf16_optimizer_states").split()}
 
 
 def _given(d: dict, key: str) -> Optional[int]:
@@ -85,7 +126,7 @@ def read(d: dict, opts: ImportOptions) -> Imported:
                           "config.json path")
     if not opts.seq_len:
         raise ConfigError("--seq-len", "a DeepSpeed config does not hold the sequence length; give --seq-len N")
-    typo = misspelt(flatten(d), USED, NEAR_KEYS)
+    typo = misspelt(flatten(d), USED, DEEPSPEED_KEYS, loose_near_miss)
     if typo:
         raise ConfigError(typo[0], f"not a DeepSpeed key; did you mean {typo[1]}? (meshplan reads that one: "
                           f"misspelt, the setting would stay at its default)")
@@ -141,11 +182,11 @@ def write(cfg: Config) -> dict[str, Any]:
              if a not in ("dp", "dp_shard", "dp_replicate") and mesh.layout.degree(a) > 1]
     if mesh.ep > 1:
         other.append(f"ep {mesh.ep}")
-    data = [a for a in mesh.layout.names if a in ("dp", "dp_shard", "dp_replicate") and mesh.layout.degree(a) > 1]
+    data = [f"{a} {mesh.layout.degree(a)}" for a in mesh.layout.names
+            if a in ("dp", "dp_shard", "dp_replicate") and mesh.layout.degree(a) > 1]
     if other or len(data) > 1 or t.sharding == "hsdp":
         raise ConfigError("--to", f"a DeepSpeed config applies to ZeRO over one data axis without TP/PP/CP/EP; this "
-                          f"mesh has {', '.join(other + data[1:] if other else data)} ({t.sharding}): "
-                          f"export --to megatron or torchtitan")
+                          f"mesh has {', '.join(other or data)} ({t.sharding})")
     if t.compute_dtype != t.param_dtype or t.param_dtype == "fp8":
         raise ConfigError("--to", f"DeepSpeed stores parameters in the compute dtype (bf16/fp16 with an fp32 master "
                           f"copy); param_dtype {t.param_dtype} with compute_dtype {t.compute_dtype} has no key")

@@ -23,13 +23,13 @@ from pathlib import Path
 from typing import Any
 
 from meshplan import catalog
-from meshplan.config import Config, config_from_dict, load_config
+from meshplan.config import Config, config_from_dict, load_config, parse_toml
 from meshplan.errors import ConfigError
 from meshplan.fileio import parse_json, read_text_limited
 from meshplan.limits import FILE_BYTES
 from meshplan.interop import deepspeed, megatron, torchtitan
 from meshplan.interop.common import FORMATS, Imported, ImportOptions, catalog_model_name
-from meshplan.interop.tomlout import dumps, mesh_spec, meshplan_tables, resolved, virtual_split
+from meshplan.interop.tomlout import dumps, mesh_spec, meshplan_tables, model_table, resolved, virtual_split
 
 TORCHTITAN_TABLES = {"parallelism", "job", "activation_checkpoint", "optimizer", "lr_scheduler", "checkpoint",
                      "metrics", "profiling", "compile", "quantize"}
@@ -40,7 +40,7 @@ MEGATRON_HINT = re.compile(r"--(num-layers|tensor-model-parallel-size|pipeline-m
 def detect(path: Path, text: str) -> str:
     """The format of a config file (module docstring); ConfigError asking for --format."""
     if path.suffix == ".json":
-        d = parse_json(text, "config", str(path), "give a DeepSpeed JSON config")
+        d = parse_json(text, "config", str(path), "give a DeepSpeed JSON config", unique_keys=True)
         if isinstance(d, dict) and ({"train_batch_size", "train_micro_batch_size_per_gpu",
                                      "zero_optimization"} & set(d)):
             return "deepspeed"
@@ -64,17 +64,11 @@ def read_foreign(path: Path, fmt: str, opts: ImportOptions) -> Imported:
     """Read ``path`` as ``fmt`` (torchtitan, megatron or deepspeed) into meshplan tables."""
     text = _text(path)
     if fmt == "torchtitan":
-        try:
-            data = tomllib.loads(text)
-        except tomllib.TOMLDecodeError as e:
-            raise ConfigError("config", f"{path}: not valid TOML ({str(e).splitlines()[0]})") from None
-        except (RecursionError, ValueError) as e:
-            raise ConfigError("config", f"{path}: cannot read this TOML ({str(e).splitlines()[0][:120]})") from None
-        return torchtitan.read(data, path.parent, opts)
+        return torchtitan.read(parse_toml(text, str(path)), path.parent, opts)
     if fmt == "megatron":
         return megatron.read(text, opts)
     if fmt == "deepspeed":
-        data = parse_json(text, "config", str(path), "give a DeepSpeed JSON config")
+        data = parse_json(text, "config", str(path), "give a DeepSpeed JSON config", unique_keys=True)
         if not isinstance(data, dict):
             raise ConfigError("config", f"{path}: a DeepSpeed config is a JSON object")
         return deepspeed.read(data, opts)
@@ -145,9 +139,33 @@ def export(cfg: Config, to: str, source: str) -> tuple[str, list[str]]:
     """(file text, header lines) of ``cfg`` written as ``to``. The header names the source,
     how to import the file again, and every meshplan field the re-imported file does not
     give back (``not expressed in <to>: ...``, module docstring); it opens TOML and
-    arguments files as comments (a DeepSpeed JSON has none: the caller prints it)."""
+    arguments files as comments (a DeepSpeed JSON has none: the caller prints it). A target
+    that cannot hold ``cfg`` is a ConfigError naming ``--to`` and the foreign formats that
+    do (each tried: a suggestion is never refused in turn), or saying that none does."""
     if to not in FORMATS:
         raise ConfigError("--to", f"{to!r}; use {', '.join(FORMATS)}")
+    try:
+        return _export(cfg, to, source)
+    except ConfigError as e:
+        if e.field != "--to":
+            raise
+        others = [t for t in FORMATS[1:] if t != to and _takes(cfg, t, source)]
+        fix = f"export --to {' or '.join(others)} instead" if others else \
+            "torchtitan, Megatron-LM and DeepSpeed all refuse it: keep the meshplan TOML"
+        raise ConfigError("--to", f"{e.message}; {fix}") from None
+
+
+def _takes(cfg: Config, to: str, source: str) -> bool:
+    """Whether ``cfg`` exports to ``to`` without a ConfigError."""
+    try:
+        _export(cfg, to, source)
+    except ConfigError:
+        return False
+    return True
+
+
+def _export(cfg: Config, to: str, source: str) -> tuple[str, list[str]]:
+    """:func:`export` without the suggestion of another target."""
     opts = reimport_options(cfg, to)
     head = [f"meshplan export of {source} ({cfg.model.name} on {cfg.cluster.nodes}x {cfg.cluster.node.name})"]
     if to == "meshplan":
@@ -161,10 +179,11 @@ def export(cfg: Config, to: str, source: str) -> tuple[str, list[str]]:
     elif to == "megatron":
         body = "\n".join(megatron.write(cfg)) + "\n"
         again = megatron.read(body, opts)
-    else:
+    else:  # a DeepSpeed config holds no model: re-imported with the config's own (a catalog name, or its fields)
         doc = deepspeed.write(cfg)
         body = json.dumps(doc, indent=2) + "\n"
-        again = deepspeed.read(doc, opts)
+        again = deepspeed.read(doc, replace(opts, model=opts.model or catalog.names("model")[0]))
+        again = replace(again, tables=again.tables | {"model": model_table(cfg)})
     lost = differences(cfg, config_from_dict(again.tables))
     head += [f"not expressed in {to}: {d}" for d in lost]
     if to == "deepspeed":  # JSON has no comments: the caller prints the header

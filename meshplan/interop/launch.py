@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 import shlex
-from typing import Any, Collection
+from typing import Any, Collection, Optional
 
 from meshplan.errors import ConfigError
 
@@ -21,9 +21,12 @@ SWITCHES = ("--standalone", "--no-python", "--no_python", "--run-path", "--run_p
             "--virtual-local-rank", "--virtual_local_rank")
 
 
-def parse_launch(text: str, switches: Collection[str] = ()) -> tuple[dict[str, Any], dict[str, Any]]:
+def parse_launch(text: str, switches: Collection[str] = (),
+                 repeated: Optional[dict[str, list[Any]]] = None) -> tuple[dict[str, Any], dict[str, Any]]:
     """(the script's flags, the launcher's options) of an arguments file or launch script
-    (module docstring); ``switches``: the flags that take no value.
+    (module docstring); ``switches``: the flags that take no value; ``repeated`` (when
+    given) receives each script flag given more than once with its values in order
+    (:func:`pairs`).
 
     >>> parse_launch('A="--nnodes 2"\\ntorchrun $A --nproc_per_node 8 pretrain_gpt.py --num-layers 4')
     ({'--num-layers': '4'}, {'--nnodes': '2', '--nproc_per_node': '8'})
@@ -42,7 +45,7 @@ def parse_launch(text: str, switches: Collection[str] = ()) -> tuple[dict[str, A
             end = next((j for j in range(i + 1, len(tokens)) if tokens[j].endswith(".py")), len(tokens))
             launcher, tokens = tokens[i + 1:end], tokens[:i] + tokens[end:]
             break
-    return pairs(tokens, switches), pairs(launcher, SWITCHES)
+    return pairs(tokens, switches, repeated), pairs(launcher, SWITCHES)
 
 
 def words(text: str) -> list[str]:
@@ -79,9 +82,18 @@ def _is_option(token: str) -> bool:
     return token.startswith("-") and len(token) > 1 and not _NEGATIVE.fullmatch(token)
 
 
-def pairs(tokens: list[str], switches: Collection[str]) -> dict[str, Any]:
-    """``--flag [value]`` pairs of shell words (a switch, or a flag before another flag, is True)."""
+def pairs(tokens: list[str], switches: Collection[str],
+          repeated: Optional[dict[str, list[Any]]] = None) -> dict[str, Any]:
+    """``--flag [value]`` pairs of shell words (a switch, or a flag before another flag, is
+    True); a flag given twice keeps its last value, as argparse does, and ``repeated`` (when
+    given) receives it with all its values in order.
+
+    >>> seen = {}
+    >>> pairs(["--seq-length", "2048", "--bf16", "--seq-length=4096"], ["--bf16"], seen), seen
+    ({'--seq-length': '4096', '--bf16': True}, {'--seq-length': ['2048', '4096']})
+    """
     out: dict[str, Any] = {}
+    every: dict[str, list[Any]] = {}
     i = 0
     while i < len(tokens):
         tok = tokens[i].strip("()")
@@ -96,6 +108,10 @@ def pairs(tokens: list[str], switches: Collection[str]) -> dict[str, Any]:
         else:
             out[tok] = tokens[i].strip("()")
             i += 1
+        key = tok.split("=", 1)[0]
+        every.setdefault(key, []).append(out[key])
+    if repeated is not None:
+        repeated.update({k: v for k, v in every.items() if len(v) > 1})
     return out
 
 

@@ -11,7 +11,9 @@ then every ``--flag [value]`` token pair collected. The options between a launch
 (``torchrun``, ``python -m torch.distributed.run`` or ``.launch``) and its script are the
 launcher's, not Megatron-LM's: its ``--nnodes`` gives the node count when ``--nodes`` is not
 given (a note says which one is used when both are), the others are neither read nor listed.
-A flag that is a near miss of one meshplan reads (``--sequence-paralel``;
+A flag given twice keeps its last value, as Megatron-LM's argparse parser does (a launch
+script often appends overrides to a shared list), with a note naming both values when they
+differ. A flag that is a near miss of one meshplan reads (``--sequence-paralel``;
 :func:`~meshplan.interop.common.near_miss`) is an error naming the likely flag, as
 Megatron-LM's own parser (``allow_abbrev=False``) refuses it; other flags are listed.
 
@@ -293,14 +295,16 @@ def _pipeline(args: dict, pp: int, layers: int) -> dict:
 
 def read(text: str, opts: ImportOptions) -> Imported:
     """meshplan tables of Megatron-LM arguments (module docstring)."""
-    args, launcher = parse_launch(text, SWITCHES)
+    repeated: dict[str, list[Any]] = {}
+    args, launcher = parse_launch(text, SWITCHES, repeated)
     bare = {f[2:] for f in USED}
     for flag in args:
         hit = None if flag in USED or flag in NEAR_FLAGS else near_miss(flag[2:], bare)
         if hit is not None:
             raise ConfigError(flag, f"not a Megatron-LM flag (its parser refuses it); did you mean --{hit}? "
                               f"(meshplan reads that one: misspelt, the setting would stay at its default)")
-    notes: list[str] = []
+    notes = [f"{flag} given {len(vals)} times ({', '.join(map(str, vals))}): planned with the last, "
+             f"{vals[-1]}, as Megatron-LM's argparse keeps it" for flag, vals in repeated.items() if len(set(vals)) > 1]
     model = _model(args, opts, notes)
     cluster, world = cluster_table(opts, "Megatron-LM", _nnodes(launcher | args, opts, notes))
     deg = {axis: _num(args, flag, 1) for flag, axis in PARALLEL.items()}
@@ -387,7 +391,7 @@ def write(cfg: Config) -> list[str]:
         what = f"every {t.ac_freq}-th layer in full" if t.recompute == "layer" else "op-level SAC"
         raise ConfigError("--to", f"Megatron-LM has no flag for torchtitan's recompute {t.recompute!r} ({what}; "
                           f"--recompute-method block recomputes the first n layers of each stage): set "
-                          f"training.recompute to full or selective, or export --to torchtitan")
+                          f"training.recompute to full or selective")
     if t.recompute != "none":
         out.append(f"--recompute-granularity {t.recompute}")
         out += ["--recompute-method uniform", "--recompute-num-layers 1"] if t.recompute == "full" else []

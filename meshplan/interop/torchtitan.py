@@ -303,15 +303,49 @@ def _dtype(tr: dict, key: str, default: str) -> str:
     return DTYPES[value]
 
 
+def _old_float8(d: dict) -> tuple[dict, list[str]]:
+    """``d`` in the current layout when it has torchtitan's pre-2025 float8 settings, with a
+    note: the ``[float8]`` table read as ``[quantize.linear.float8]`` (same keys), its
+    ``enable_float8_linear = true`` (2024) as the float8 converter, and ``model.converters``
+    given as a comma-separated string (``converters = "float8"``, its old string-list form)
+    as a list. ConfigError when both tables are given (which one holds is unclear).
+
+    >>> d, notes = _old_float8({"model": {"converters": "float8"}, "float8": {"filter_fqns": "output"}})
+    >>> d
+    {'model': {'converters': ['float8']}, 'quantize': {'linear': {'float8': {'filter_fqns': 'output'}}}}
+    """
+    model, old, quantize = d.get("model", {}), d.get("float8"), d.get("quantize", {})
+    if not isinstance(model, dict) or not isinstance(quantize, dict) or not isinstance(quantize.get("linear", {}), dict):
+        return d, []  # malformed: the reader names the field
+    if isinstance(model.get("converters"), str):
+        model = model | {"converters": [c.strip() for c in model["converters"].split(",") if c.strip()]}
+    if not isinstance(old, dict):
+        return (d | {"model": model} if "model" in d else d), []
+    if "float8" in quantize.get("linear", {}):
+        raise ConfigError("float8", "the pre-2025 [float8] table and [quantize.linear.float8] are both given; "
+                          "torchtitan reads [quantize.linear.float8]: keep that one")
+    old = dict(old)
+    converters = model.get("converters", [])
+    if old.pop("enable_float8_linear", False) and isinstance(converters, list) and "float8" not in converters:
+        model = model | {"converters": [*converters, "float8"]}
+    note = "[float8] read as [quantize.linear.float8] (torchtitan's name for it since 2025; its keys are listed " \
+           "under that name)" + (", enable_float8_linear as model.converters = [\"float8\"]"
+                                 if "enable_float8_linear" in d["float8"] else "")
+    rest = {k: v for k, v in d.items() if k != "float8"}
+    return rest | {"model": model, "quantize": quantize | {"linear": quantize.get("linear", {}) | {"float8": old}}}, \
+        [note]
+
+
 def read(d: dict, base: Path, opts: ImportOptions) -> Imported:
     """meshplan tables of a parsed torchtitan job TOML (module docstring); ``base``: the
     file's folder (for a relative ``hf_assets_path``)."""
+    d, old_notes = _old_float8(d)
     typo = misspelt(flatten(d), READ, NEAR_KEYS)
     if typo:
         raise ConfigError(typo[0], f"not a torchtitan key; did you mean {typo[1]}? (meshplan reads that one; "
                           f"misspelt, the setting would stay at its default)")
     _moved(flatten(d))
-    notes: list[str] = []
+    notes: list[str] = old_notes
     model, used = _model(d, base, opts, notes)
     if any("float8" in str(c) for c in d.get("model", {}).get("converters", [])):
         used |= FLOAT8
@@ -364,7 +398,7 @@ def write(cfg: Config) -> dict[str, dict]:
     flavor = next((k for k, v in FLAVORS.items() if v == name), None)
     if flavor is None:
         raise ConfigError("--to", f"torchtitan knows models by flavor (llama3 8B, 70B, 405B); model "
-                          f"{cfg.model.name!r} has none: export --to meshplan or megatron")
+                          f"{cfg.model.name!r} has none")
     deg = _write_degrees(cfg, mesh)
     pp, dpn = deg.get("pp", 1), deg.get("dp_replicate", 1) * deg.get("dp_shard", 1)
     par: dict[str, Any] = {k: deg.get(a, 1) for k, a in DEGREES.items()}
@@ -417,7 +451,7 @@ def _write_degrees(cfg: Config, mesh: Mesh) -> dict[str, int]:
                           f"dp_shard, cp, tp, ep, etp)")
     if t.sharding in ("zero1", "zero2"):
         raise ConfigError("--to", f"torchtitan shards with FSDP2 (zero3, hsdp) or replicates (none); sharding "
-                          f"{t.sharding} has no torchtitan key: export --to megatron or deepspeed")
+                          f"{t.sharding} has no torchtitan key")
     dp = "dp_replicate" if t.sharding == "none" else "dp_shard"
     axes = [dp if a == "dp" else a for a in axes]
     canon = [a for a in ("pp", "dp_replicate", "dp_shard", "cp", "tp") if a in axes]

@@ -1,7 +1,8 @@
 """Side-by-side comparison of two plans of one workload (the seed's tensor 8 against
 tensor 4): local GEMM shapes and their efficiency, peak memory, bytes per link, exposed
-communication, step time, and a verdict with its reasons. The rejected plan and its
-evidence are written to an output folder.
+communication, step time, and a verdict with its reasons, as rows of one table
+(:func:`rows`). Its outputs (the ``--json`` document, the HTML page, the rejected plan's
+evidence folder) are :mod:`meshplan.compare.output`.
 
 The workload is the model, the cluster, the [training] fields that say what the step
 computes (global batch, sequence length, dtypes, optimizer ...) and the [memory] assumptions
@@ -26,22 +27,15 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable, Optional
 
-from meshplan import __version__
 from meshplan.compute.gemm import gemm_efficiency
 from meshplan.config import Differences, config_differences
 from meshplan.errors import ConfigError
-from meshplan.fileio import check_destination, staged_folder, write_output
 from meshplan.plan import Infeasible, Plan
-from meshplan.report.html import esc, lines, page, section, table
-from meshplan.report.html_pages import plan_sections
-from meshplan.report.json_out import write_json
 from meshplan.schedule.rank_timeline import Overlap
 from meshplan.schedule.steptime import StepTime, step_time
 from meshplan.units import GB, MS, GiB
-
 
 @dataclass(frozen=True)
 class Side:
@@ -345,38 +339,6 @@ def _gemm(g) -> Optional[dict]:
     return None if g is None else {"m": g[1], "n": g[2], "k": g[3], "efficiency": g[4]}
 
 
-def _side_dict(s: Side) -> dict:
-    return {"name": s.name, "mesh": s.mesh_text, "feasible": s.feasible, "reasons": list(s.reasons), "step_s": s.step_s,
-            "mfu": s.mfu, "peak_bytes": s.peak_bytes, "usable_bytes": s.usable_bytes,
-            "gemms": [{"name": g[0], "m": g[1], "n": g[2], "k": g[3], "efficiency": g[4]} for g in s.gemms],
-            "sent_bytes_per_step_by_link": dict(s.link_bytes), "exposed_s": dict(s.exposed_s)}
-
-
-def compare_to_dict(c: Comparison) -> dict:
-    """The ``compare --json`` document (schema ``meshplan.compare/v1``): both sides' numbers
-    (SI; traffic as bytes each rank sends per step by link class), the knobs that differ, the
-    verdict and the rule, and the table as values (:func:`table_values`)."""
-    return {"schema": "meshplan.compare/v1", "meshplan_version": __version__, "a": _side_dict(c.a),
-            "b": _side_dict(c.b), "winner": c.winner, "rejected": c.rejected, "identical": c.identical,
-            "none_fit": c.none_fit, "reasons": list(c.reasons), "rule": c.rule,
-            "knobs": [{"knob": k, "a": x, "b": y} for k, x, y in c.knobs], "table": table_values(c)}
-
-
-def compare_html(c: Comparison) -> str:
-    """The comparison as one HTML page: the side-by-side table, the verdict with its reasons
-    and rule, then each mesh's plan report (memory plot, Gantt chart, link loads) in two
-    columns, A left and B right."""
-    verdict = ("identical plans" if c.identical else "neither mesh fits" if c.none_fit
-               else f"{c.winner} (rejected: {c.rejected})")
-    head = section("Side by side", table(["quantity", c.a.name, c.b.name], table_rows(c))
-                   + f"<p><b>verdict:</b> {esc(verdict)}</p>" + lines([f"- {r}" for r in c.reasons])
-                   + lines([f"rule: {c.rule}"]))
-    cols = "".join(f"<div><h2>{esc(s.name)}: {esc(s.mesh_text)}</h2>"
-                   + "".join(plan_sections(s.plan, s.step, s.name)) + "</div>" for s in (c.a, c.b))
-    return page(f"meshplan compare: {c.a.name} vs {c.b.name}", f"verdict: {verdict}; GB = 1e9 B, GiB = 2^30 B",
-                [head, f'<div class="cols">{cols}</div>'])
-
-
 def _gb(s: Side, kind: str) -> str:
     """``s.gb_sent(kind)`` with its unit, "-" alone for an unresolved mesh."""
     v = s.gb_sent(kind)
@@ -385,48 +347,3 @@ def _gb(s: Side, kind: str) -> str:
 
 def _g(g: dict) -> str:
     return f"({g['m']},{g['n']},{g['k']}) {g['efficiency']:.0%}"
-
-
-def evidence_folder(c: Comparison, out_dir: str | Path, force: bool = False) -> Path:
-    """``out_dir/rejected-<name>/``; ConfigError (``--out``) when it exists (not empty) and not
-    ``force``, or cannot be written, so the CLI can refuse before printing the report."""
-    folder = Path(out_dir) / f"rejected-{c.rejected}"
-    if not (c.identical or c.none_fit):
-        check_destination(folder, "--out", force, folder=True)
-    return folder
-
-
-def write_evidence(c: Comparison, out_dir: str | Path, force: bool = False) -> list[Path]:
-    """Write the rejected mesh's plan, its predicted trace, and a summary of the comparison
-    to ``out_dir/rejected-<name>/``, built under a temporary name and renamed into place at
-    the end (:func:`meshplan.fileio.staged_folder`: an interrupted or failed run leaves nothing
-    that blocks the rerun). Refuses to replace an existing folder unless ``force``. Returns
-    the written paths (under their final name)."""
-    if c.identical or c.none_fit:
-        return []
-    dest = evidence_folder(c, out_dir, force)
-    with staged_folder(dest, "--out", force) as folder:
-        names = _write_evidence_files(c, folder)
-    return [dest / n for n in names]
-
-
-def _write_evidence_files(c: Comparison, folder: Path) -> list[str]:
-    """The evidence files of :func:`write_evidence` in ``folder``; returns their names."""
-    rejected = c.a if c.rejected == c.a.name else c.b
-    paths = [write_json(rejected.plan, folder / "plan.json", force=True)]
-    if rejected.step is not None:
-        paths.append(rejected.step.write_trace(folder / "predicted-trace.json", force=True))
-    summary = [f"# Rejected: {rejected.name} ({rejected.mesh_text})", "",
-               f"Chosen: {c.winner}. Rule: {c.rule or rule_text()}.", "", "| quantity | "
-               f"{c.a.name} | {c.b.name} |", "|---|---|---|"]
-    summary += [f"| {q} | {x} | {y} |" for q, x, y in table_rows(c)]
-    summary += ["", "## Reasons", ""] + [f"- {r}" for r in c.reasons]
-    paths.append(_atomic_text(folder / "summary.md", "\n".join(summary) + "\n"))
-    paths.append(_atomic_text(folder / "comparison.json", json.dumps(
-        {"winner": c.winner, "rejected": c.rejected, "reasons": list(c.reasons),
-         "table": table_values(c)}, indent=1)))
-    return [p.name for p in paths]
-
-
-def _atomic_text(path: Path, text: str) -> Path:
-    return write_output(path, text, force=True)
