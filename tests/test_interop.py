@@ -30,7 +30,7 @@ from meshplan.interop.foreign import (
     reimport_options,
 )
 from meshplan.interop.megatron import parse_args, write
-from meshplan.interop.torchtitan import default_split
+from meshplan.interop.torchtitan_tables import default_split
 from meshplan.plan import Plan, build_plan
 from meshplan.schedule.rank_timeline import Overlap
 from meshplan.schedule.steptime import step_time

@@ -33,11 +33,13 @@ activation_checkpoint.mode                     training.recompute: none, full; s
                                                  selective, with a note), "<k>" -> layer, ac_freq k
 ============================================== ==============================================
 
-A key of a table the reader reads ([model], [training], [parallelism],
-[activation_checkpoint], [quantize.linear.float8]) that is a near miss of one it reads
-(``tensor_parallel_degre``; :func:`~meshplan.interop.common.misspelt`) is an error naming the
-likely key, and so is a read key under another of those tables or [experimental]
-(``[training] tensor_parallel_degree`` of older torchtitan); other keys are listed as unused.
+The pipeline split and [activation_checkpoint] are read and written by
+:mod:`meshplan.interop.torchtitan_tables`. A key of a table the reader reads ([model],
+[training], [parallelism], [activation_checkpoint], [quantize.linear.float8]) that is a near
+miss of one it reads (``tensor_parallel_degre``; :func:`~meshplan.interop.common.misspelt`) is
+an error naming the likely key, and so is a read key under another of those tables or
+[experimental] (``[training] tensor_parallel_degree`` of older torchtitan); other keys are
+listed as unused.
 
 Sharding follows torchtitan's parallelize: FSDP2 (zero3) when dp_shard * cp > 1, HSDP when
 dp_replicate > 1 too, DDP (none) with dp_replicate alone; sequence parallel with tp > 1.
@@ -58,12 +60,19 @@ from meshplan.interop.common import (
     cluster_table,
     flatten,
     misspelt,
-    model_is_mla,
     model_layers,
     model_option,
     positive_int,
 )
 from meshplan.interop.tomlout import mesh_spec, resolved, virtual_split
+from meshplan.interop.torchtitan_tables import (
+    SCHEDULE_NAMES,
+    SCHEDULES,
+    default_split,
+    model_parts,
+    read_recompute,
+    write_recompute,
+)
 from meshplan.mesh.resolve import Mesh
 from meshplan.spec.axes import TORCHTITAN_AXES
 
@@ -73,10 +82,6 @@ FLAVORS = {("llama3", "8B"): "llama3-8b", ("llama3", "70B"): "llama3-70b", ("lla
 DEGREES = {"pipeline_parallel_degree": "pp", "data_parallel_replicate_degree": "dp_replicate",
            "data_parallel_shard_degree": "dp_shard", "context_parallel_degree": "cp",
            "tensor_parallel_degree": "tp", "expert_parallel_degree": "ep", "expert_tensor_parallel_degree": "etp"}
-#: torchtitan schedule name -> meshplan schedule; torch.distributed.pipelining names.
-SCHEDULES = {"gpipe": "gpipe", "1f1b": "1f1b", "interleaved1f1b": "interleaved_1f1b"}
-SCHEDULE_NAMES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved_1f1b": "Interleaved1F1B"}
-RECOMPUTE = ("none", "selective", "full")
 DTYPES = {"float32": "fp32", "bfloat16": "bf16"}
 #: Keys the reader uses (everything else is listed as unused).
 USED = {"model.name", "model.flavor", "model.converters", "training.local_batch_size",
@@ -96,34 +101,6 @@ FLOAT8 = {f"quantize.linear.float8.{k}" for k in ("enable_fsdp_float8_all_gather
 NEAR_KEYS: frozenset[str] = frozenset()
 #: Every key a misspelling is checked against (:func:`~meshplan.interop.common.misspelt`).
 READ = USED | FLOAT8 | {"model.hf_assets_path"}
-
-
-def default_split(stages: int, layers: int, first_less: int = 1, last_less: int = 1) -> list[int]:
-    """Layers per (virtual) stage as torchtitan cuts them without an explicit
-    ``module_fqns_per_model_part``: the embedding counts as ``first_less`` layers and the
-    norm + output as ``last_less``, ``layers + first_less + last_less`` spread evenly with
-    the remainder on the first stages (pipeline_parallel.generate_llm_fqn_per_model_part).
-
-    >>> default_split(16, 126)
-    [7, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 7]
-    >>> default_split(4, 32)
-    [8, 9, 8, 7]
-    """
-    if stages == 1:
-        return [layers]
-    effective = layers + first_less + last_less
-    base, extra = divmod(effective, stages)
-    if base == 0 or first_less > base or last_less > base:
-        raise ConfigError("parallelism.pipeline_parallel_degree",
-                          f"{stages} stages cannot hold {layers} layers with first/last stage less "
-                          f"{first_less}/{last_less} ({effective} effective layers)")
-    want = [base + (k < extra) - (first_less if k == 0 else last_less if k == stages - 1 else 0)
-            for k in range(stages)]
-    out, left = [], layers
-    for w in want:
-        out.append(min(w, left))
-        left -= out[-1]
-    return out
 
 
 def _model(d: dict, base: Path, opts: ImportOptions, notes: list[str]) -> tuple[dict, set[str]]:
@@ -186,35 +163,6 @@ def _pipeline(par: dict, pp: int, layers: int, notes: list[str]) -> dict:
     return {"pp_schedule": sched, "virtual_stages": vpp, "pp_layer_split": split}
 
 
-def _recompute(d: dict, deg: dict[str, int], model: dict, notes: list[str]) -> dict[str, Any]:
-    """training.recompute (and ac_freq) of torchtitan's [activation_checkpoint]: mode none and
-    full as they are; selective with selective_ac_option "op" is op-level SAC (``op``), with
-    an integer k every k-th layer in full (``layer``, ``ac_freq`` k; torchtitan's default
-    option "2"). ``op`` is planned with tp = cp = ep = 1 and no MLA only (build_plan says why),
-    so a mesh outside that is planned with Megatron-LM's selective recompute, with a note."""
-    ac = d.get("activation_checkpoint", {})
-    mode = ac.get("mode", "selective")
-    if mode not in ("none", "selective", "full"):
-        raise ConfigError("activation_checkpoint.mode", f"{mode!r} is not planned by meshplan; use none, selective "
-                          f"or full")
-    if mode != "selective":
-        return {"recompute": mode}
-    opt = str(ac.get("selective_ac_option", "2"))
-    if opt == "op":
-        why = [f"{a} {deg[a]}" for a in ("tp", "cp", "ep") if deg[a] > 1] + ["MLA"] * model_is_mla(model)
-        if not why:
-            return {"recompute": "op"}
-        notes.append(f"activation_checkpoint selective_ac_option \"op\" (op-level SAC) is modelled with tp = cp = "
-                     f"ep = 1 and no MLA only; with {', '.join(why)} planned as Megatron-LM's selective recompute "
-                     f"(attention core recomputed, the other activations kept): more activation memory, less "
-                     f"recompute time than op-level SAC")
-        return {"recompute": "selective"}
-    if not opt.isdigit() or int(opt) < 1:
-        raise ConfigError("activation_checkpoint.selective_ac_option", f"{opt!r}; use \"op\" or a whole number "
-                          f"k >= 1 (every k-th layer checkpointed in full)")
-    return {"recompute": "layer", "ac_freq": int(opt)}
-
-
 def _mesh(deg: dict[str, int], par: dict, layers: int, notes: list[str]) -> dict[str, Any]:
     """[mesh]: the axes of degree != 1 in torchtitan's order (dp_shard -1 kept: meshplan
     infers it exactly), SP with tp, loss parallel, the pipeline."""
@@ -252,7 +200,7 @@ def _training(d: dict, deg: dict[str, int], shard: int, opts: ImportOptions, mod
                 # torchtitan's parallelize: "default" is reshard_after_forward = not pp_enabled
                 "reshard_after_forward": policy == "always" or (policy == "default" and deg["pp"] == 1),
                 "tp_comm_overlap": bool(par.get("enable_async_tensor_parallel", False))}
-    training |= _recompute(d, deg, model, notes)
+    training |= read_recompute(d, deg, model, notes)
     if dtype == "bf16":  # training.dtype bfloat16: everything in bf16, no fp32 copy
         training |= {"master_weights": False, "grad_dtype": "bf16", "optimizer_dtype": "bf16"}
     if any("float8" in str(c) for c in d.get("model", {}).get("converters", [])):
@@ -374,7 +322,7 @@ def write(cfg: Config) -> dict[str, dict]:
     if pp > 1:
         par |= {"pipeline_parallel_schedule": SCHEDULE_NAMES.get(str(mesh_spec(cfg).pp_schedule), "")
                 or _no_schedule(cfg), "pipeline_parallel_microbatch_size": t.micro_batch,
-                "module_fqns_per_model_part": _parts(virtual_split(cfg, mesh) or [])}
+                "module_fqns_per_model_part": model_parts(virtual_split(cfg, mesh) or [])}
     training = {"local_batch_size": t.global_batch // dpn if pp > 1 else t.micro_batch,
                 "global_batch_size": t.global_batch, "seq_len": t.seq_len,
                 # bf16 storage without an fp32 copy is torchtitan's dtype bfloat16; any fp32 copy is
@@ -393,16 +341,7 @@ def write(cfg: Config) -> dict[str, dict]:
     return {"job": {"description": f"meshplan export: {cfg.model.name} on {cfg.cluster.nodes}x "
                                    f"{cfg.cluster.node.name}"},
             "model": model, "training": training, "parallelism": par,
-            "activation_checkpoint": _write_recompute(t)} | quantize
-
-
-def _write_recompute(t) -> dict[str, str]:
-    """[activation_checkpoint] of ``t``: none and full as they are; op and layer as torchtitan's
-    selective options "op" and "<ac_freq>"; Megatron-LM's selective (attention core), which
-    torchtitan has no option for, as op-level SAC (the re-import lists the difference)."""
-    if t.recompute in ("none", "full"):
-        return {"mode": t.recompute}
-    return {"mode": "selective", "selective_ac_option": str(t.ac_freq) if t.recompute == "layer" else "op"}
+            "activation_checkpoint": write_recompute(t)} | quantize
 
 
 def _write_degrees(cfg: Config, mesh: Mesh) -> dict[str, int]:
@@ -433,19 +372,6 @@ def _write_degrees(cfg: Config, mesh: Mesh) -> dict[str, int]:
         raise ConfigError("--to", "torchtitan runs tp with sequence parallel; set mesh.sequence_parallel = true")
     return deg
 
-
-def _parts(split: list[int]) -> list[list[str]]:
-    """torchtitan's ``module_fqns_per_model_part`` of layers per virtual stage: the
-    embedding on the first part, the norm and output on the last.
-
-    >>> _parts([1, 2])
-    [['tok_embeddings', 'layers.0'], ['layers.1', 'layers.2', 'norm', 'output']]
-    """
-    starts = [sum(split[:i]) for i in range(len(split))]
-    parts = [[f"layers.{j}" for j in range(s, s + n)] for s, n in zip(starts, split)]
-    parts[0].insert(0, "tok_embeddings")
-    parts[-1] += ["norm", "output"]
-    return parts
 
 def _no_schedule(cfg: Config) -> str:
     raise ConfigError("--to", f"schedule {mesh_spec(cfg).pp_schedule} is not one torchtitan's TOML names here; use "
