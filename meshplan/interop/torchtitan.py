@@ -10,10 +10,10 @@ torchtitan                                     meshplan
 ============================================== ==============================================
 model.name + model.flavor (llama3 8B/70B/405B) model.catalog llama3-8b / -70b / -405b
 model.hf_assets_path (other flavors)           model.hf_config = <path>/config.json
-model.converters = ["float8"]                  training.compute_dtype = "fp8"
-quantize.linear.float8                         training.fp8_all_gather (with the float8 converter
-  .enable_fsdp_float8_all_gather,                and dp_shard > 1, as torchtitan applies it),
-  .filter_fqns                                   fp8_output_layer (output not filtered)
+model.converters "quantize.linear.float8"      training.linear_dtype = "fp8": the converted
+  (or "float8")                                  Linears' GEMMs in fp8, activations in compute_dtype
+quantize.linear.float8.filter_fqns,            training.fp8_output_layer (output not filtered),
+  .enable_fsdp_float8_all_gather                 fp8_all_gather (with dp_shard > 1, as torchtitan)
 training.local_batch_size                      micro_batch (pp 1); per-rank batch per step
 parallelism.pipeline_parallel_microbatch_size  micro_batch (pp > 1)
 training.global_batch_size (-1: local x dp)    training.global_batch
@@ -33,7 +33,7 @@ activation_checkpoint.mode                     training.recompute: none, full; s
                                                  selective, with a note), "<k>" -> layer, ac_freq k
 ============================================== ==============================================
 
-The pipeline split and [activation_checkpoint] are read and written by
+The pipeline split, [activation_checkpoint] and float8 are read and written by
 :mod:`meshplan.interop.torchtitan_tables`. A key of a table the reader reads ([model],
 [training], [parallelism], [activation_checkpoint], [quantize.linear.float8]) that is a near
 miss of one it reads (``tensor_parallel_degre``; :func:`~meshplan.interop.common.misspelt`) is
@@ -66,11 +66,15 @@ from meshplan.interop.common import (
 )
 from meshplan.interop.tomlout import mesh_spec, resolved, virtual_split
 from meshplan.interop.torchtitan_tables import (
+    FLOAT8,
     SCHEDULE_NAMES,
     SCHEDULES,
     default_split,
+    float8_used,
     model_parts,
+    read_float8,
     read_recompute,
+    write_float8,
     write_recompute,
 )
 from meshplan.mesh.resolve import Mesh
@@ -92,10 +96,6 @@ USED = {"model.name", "model.flavor", "model.converters", "training.local_batch_
         "parallelism.pipeline_parallel_layers_per_stage", "parallelism.pipeline_parallel_first_stage_less_layers",
         "parallelism.pipeline_parallel_last_stage_less_layers", "parallelism.disable_loss_parallel",
         "parallelism.enable_async_tensor_parallel"} | {f"parallelism.{k}" for k in DEGREES}
-#: [quantize.linear.float8] keys (Float8Linear of job_config.py), read with the float8 converter.
-FLOAT8 = {f"quantize.linear.float8.{k}" for k in ("enable_fsdp_float8_all_gather",
-                                                  "precompute_float8_dynamic_scale_for_fsdp", "recipe_name",
-                                                  "filter_fqns")}
 #: torchtitan keys (job_config.py at e347b1e) within three edits of a key the reader reads:
 #: none there; a later torchtitan key that close goes here so that it is listed, not refused.
 NEAR_KEYS: frozenset[str] = frozenset()
@@ -203,43 +203,7 @@ def _training(d: dict, deg: dict[str, int], shard: int, opts: ImportOptions, mod
     training |= read_recompute(d, deg, model, notes)
     if dtype == "bf16":  # training.dtype bfloat16: everything in bf16, no fp32 copy
         training |= {"master_weights": False, "grad_dtype": "bf16", "optimizer_dtype": "bf16"}
-    if any("float8" in str(c) for c in d.get("model", {}).get("converters", [])):
-        training["compute_dtype"] = "fp8"
-        notes.append("float8 converter: the linear layers' GEMMs planned in fp8 (compute_dtype fp8)")
-        training |= _float8(d.get("quantize", {}).get("linear", {}).get("float8", {}), shard, notes)
-    return training
-
-
-def _float8(f8: dict, shard: int, notes: list[str]) -> dict[str, Any]:
-    """training.fp8_all_gather and fp8_output_layer of [quantize.linear.float8] as
-    torchtitan's Float8LinearConverter (components/quantization/float8.py at e347b1e) applies
-    it: the float8 all-gather only with dp_shard > 1 (``parallel_dims.dp_shard_enabled``) and
-    never with a ``recipe_name`` (an assertion there); the output layer converted unless a
-    ``filter_fqns`` entry is part of its name ``output`` (``module_filter_fn``; default [],
-    torchtitan's llama3 presets filter ``"output"``)."""
-    key = "quantize.linear.float8."
-    if not f8.get("enable_fsdp_float8_all_gather", False):
-        return {}
-    if f8.get("recipe_name") is not None:
-        raise ConfigError(key + "recipe_name", f"{f8['recipe_name']!r} with enable_fsdp_float8_all_gather = true: "
-                          f"torchtitan refuses the pair (the float8 all-gather is tensorwise scaling only); "
-                          f"remove one")
-    if shard == 1:
-        notes.append("enable_fsdp_float8_all_gather with data_parallel_shard_degree 1: torchtitan gathers no "
-                      "weights then (dp_shard disabled), planned without the float8 all-gather")
-        return {}
-    fqns = f8.get("filter_fqns", [])
-    fqns = fqns.split(",") if isinstance(fqns, str) else fqns
-    if not isinstance(fqns, list):
-        raise ConfigError(key + "filter_fqns", f"{fqns!r}; give a list of module names, e.g. [\"output\"]")
-    if not f8.get("precompute_float8_dynamic_scale_for_fsdp", False):
-        notes.append("precompute_float8_dynamic_scale_for_fsdp is false: torchao all-reduces each float8 weight's "
-                     "amax on its own; planned as one all-reduce of all of them (the precompute)")
-    others = [str(f) for f in fqns if str(f) not in "output"]
-    if others:
-        notes.append(f"filter_fqns {others}: planned with every dense linear weight gathered in float8 (meshplan "
-                     f"filters the output layer only)")
-    return {"fp8_all_gather": True, "fp8_output_layer": not any(str(f) in "output" for f in fqns)}
+    return training | read_float8(d, shard, notes)
 
 
 def _dtype(tr: dict, key: str, default: str) -> str:
@@ -261,8 +225,7 @@ def read(d: dict, base: Path, opts: ImportOptions) -> Imported:
     _moved(flatten(d))
     notes: list[str] = []
     model, used = _model(d, base, opts, notes)
-    if any("float8" in str(c) for c in d.get("model", {}).get("converters", [])):
-        used |= FLOAT8
+    used |= float8_used(d)
     cluster, world = cluster_table(opts, "torchtitan")
     par = d.get("parallelism", {})
     deg = _degrees(par)
@@ -331,13 +294,9 @@ def write(cfg: Config) -> dict[str, dict]:
                 "mixed_precision_param": "float32" if t.compute_dtype == "fp32" else "bfloat16",
                 "mixed_precision_reduce": "float32"}
     model: dict[str, Any] = {"name": flavor[0], "flavor": flavor[1]}
-    quantize: dict[str, Any] = {}
-    if t.compute_dtype == "fp8":
-        model["converters"] = ["float8"]
-        quantize = {"quantize": {"linear": {"float8": {
-            "enable_fsdp_float8_all_gather": t.fp8_all_gather,
-            "precompute_float8_dynamic_scale_for_fsdp": t.fp8_all_gather,
-            "filter_fqns": [] if t.fp8_output_layer else ["output"]}}}}
+    converters, quantize = write_float8(t)
+    if converters:
+        model["converters"] = converters
     return {"job": {"description": f"meshplan export: {cfg.model.name} on {cfg.cluster.nodes}x "
                                    f"{cfg.cluster.node.name}"},
             "model": model, "training": training, "parallelism": par,
