@@ -39,7 +39,7 @@ from meshplan.comm.calibration import (
     calibration_toml,
     load_calibration,
 )
-from meshplan.comm.nccl_log import check_against_placement, read_nccl_log, unchecked_ranks
+from meshplan.comm.nccl_log import check_log, read_nccl_log
 from meshplan.compare import compare, compare_html, compare_to_dict, evidence_folder, table_rows, write_evidence
 from meshplan.compute.gemm import load_gemm_table
 from meshplan.errors import ConfigError, check_number, printable
@@ -752,9 +752,12 @@ def nccl_check(config: Path = typer.Argument(..., help="TOML config whose placem
         _exit_infeasible(p)
     expected = {r: rank_row(p.placement, r)["nic"] for r in range(p.world)}
     report = read_nccl_log(log)
-    diffs = check_against_placement(report, expected)  # a log without the world communicator: exit 2
-    for n in (*report.notes, *unchecked_ranks(report, p.world)):
+    for n in report.notes:  # before the check: they name the lines a "cannot check" (exit 2) comes from
         _echo(f"note: {n}", err=True)
+    check = check_log(report, expected)  # a log without the world communicator: exit 2
+    for n in check.unchecked:
+        _echo(f"note: {n}", err=True)
+    diffs = list(check.differences)
     for d in diffs:
         _echo(d)
     _echo(f"{len(diffs)} difference(s) between the NCCL log and the placement")
