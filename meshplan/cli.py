@@ -138,9 +138,6 @@ CalibrationOpt = Annotated[Optional[Path], typer.Option("--calibration", help=CA
 
 
 def _opts(cluster, nodes, gpu, model, seq_len) -> ImportOptions:
-    for name, v in (("--nodes", nodes), ("--seq-len", seq_len)):
-        if v is not None and v < 1:
-            raise ConfigError(name, f"{v} must be a whole number >= 1")
     return ImportOptions(cluster=cluster, nodes=nodes, gpu=gpu, model=model, seq_len=seq_len)
 
 
