@@ -900,9 +900,11 @@ def launch_cmd(config: Path = typer.Argument(..., help="TOML config"),
                nic_scope: str = typer.Option("rank", "--nic-scope", help="rank (only the rank's NIC) or node "
                                                                         "(every compute NIC, NCCL chooses)"),
                socket_ifname: Optional[str] = typer.Option(None, "--socket-ifname",
-                                                           help="with --transport ib: the IP interface for NCCL's "
-                                                                "bootstrap and gloo (NCCL_SOCKET_IFNAME, "
-                                                                "GLOO_SOCKET_IFNAME)"),
+                                                           help="the IP interface (NCCL_SOCKET_IFNAME, "
+                                                                "GLOO_SOCKET_IFNAME): NCCL's bootstrap and gloo's "
+                                                                "with --transport ib, every rank's data with "
+                                                                "socket (default: each NIC's ifname; required "
+                                                                "when the node's NICs have none)"),
                cpu_bind: str = typer.Option("numactl", "--cpu-bind", help="numactl (cores and memory node), taskset "
                                                                          "(cores) or none"),
                job_name: str = typer.Option("meshplan", "--job-name", help="Slurm job name"),
