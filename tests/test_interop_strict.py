@@ -342,6 +342,16 @@ def test_cli_import_options_below_one_name_the_option(capsys):
         assert capsys.readouterr().err == f"error: {opt}: {value} must be a whole number >= 1\n"
 
 
+def test_import_options_are_checked_where_they_are_built():
+    """One home for the --nodes / --seq-len bound (ImportOptions): before, the CLI and
+    cluster_table each checked --nodes (two messages), and ImportOptions(nodes=0) passed."""
+    for field, kw in (("--nodes", dict(nodes=0)), ("--nodes", dict(nodes=-2)), ("--seq-len", dict(seq_len=0))):
+        value = next(iter(kw.values()))
+        with pytest.raises(ConfigError, match=f"^{field}: {value} must be a whole number >= 1$"):
+            ImportOptions(cluster="dgx-h100", **kw)
+    assert ImportOptions(cluster="dgx-h100", nodes=1, seq_len=1).nodes == 1
+
+
 def test_a_toml_syntax_error_is_reported_before_the_foreign_options(tmp_path):
     """A torchtitan file with a TOML syntax error is detected as meshplan (it cannot be read);
     with --cluster given the user must see the syntax error, not 'only for a foreign config'."""

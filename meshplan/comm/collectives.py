@@ -638,8 +638,9 @@ def _dp_rows(add, c: _Ctx) -> None:
             gdt = ag if not fp8 else "uint8" if gbytes != numel else "fp8"  # FSDP2: mixed dtypes in a byte buffer
             per_step = _pipelined_gathers(c, root, [u[3] for u in units if u[:3] == (label, axis, numel)]) \
                 if pipelined else _accumulation_gathers(c, root, n)
-            fwd = (0, per_step[0]) if per_step is not None else (n, None)
-            back = (0, per_step[1]) if per_step is not None else (0 if root or not t.reshard_after_forward else n, None)
+            fwd = _per_microbatch(per_step[0], n, c.micro, pipelined) if per_step is not None else (n, None)
+            back = _per_microbatch(per_step[1], n, c.micro, pipelined) if per_step is not None \
+                else (0 if root or not t.reshard_after_forward else n, None)
             red = (0, n) if pipelined or t.grad_accumulation != "sync" else (n, None)
             add(axis, "forward", "all-gather", gbytes, gdt, fwd[0], cadence, f"the {label}'s GEMMs", 7,
                 per_step=fwd[1])
@@ -731,6 +732,14 @@ def _pipelined_gathers(c: _Ctx, root: bool, chunks: list[int]) -> tuple[int, int
                               c.training.reshard_after_forward and not root)
     per = Counter((ch, k) for (ch, k, _), g in flags.items() if g)
     return sum(per[(ch, "F")] for ch in chunks), sum(per[(ch, "B")] for ch in chunks)
+
+
+def _per_microbatch(count: int, n: int, micro: int, pipelined: bool) -> tuple[int, Optional[int]]:
+    """``add``'s (per_mb, per_step) of a row of ``count`` calls per step of ``n`` units: (n,
+    None) when it is ``n`` calls in every one of ``micro`` micro-batches (no_sync gathers as
+    sync does), else (0, count): a row not issued alike in every micro-batch (no_sync_unsharded's
+    forward, pipelined stages' gathers), which the table shows per step only."""
+    return (n, None) if not pipelined and count == n * micro else (0, count)
 
 
 def _accumulation_gathers(c: _Ctx, root: bool, n: int) -> Optional[tuple[int, int]]:

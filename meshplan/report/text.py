@@ -228,6 +228,15 @@ def _accounting_lines(plan: Plan, state) -> list[str]:
             f"{meg.label}: {human_bytes(meg.size_bytes)} ({meg.formula})"]
 
 
+def _per_columns(row) -> tuple[str, str]:
+    """The "per layer" and "per mb" cells of a collective row: calls per layer and per
+    micro-batch of a row issued alike in every micro-batch, "-" for one that is not (once per
+    step, e.g. no_sync's reduce-scatter or DDP's all-reduce: the "per step" cell counts it)."""
+    if not row.per_microbatch:
+        return "-", "-"
+    return f"{row.per_layer:.2f}", str(row.per_microbatch)
+
+
 def _collectives(plan: Plan, con: Console) -> None:
     for stage, rows in plan.collectives.items():
         tab = Table(title=f"Collectives, {stage} (alpha-beta time of the fastest NCCL algorithm on the path; what waits on each row: --json)", title_justify="left")
@@ -236,7 +245,7 @@ def _collectives(plan: Plan, con: Console) -> None:
             tab.add_column(col, justify="right")
         for r in rows:
             tab.add_row(r.axis, r.phase, r.op, str(r.group_size), f"{r.size_bytes:,.0f}", r.dtype,
-                        f"{r.per_layer:.2f}", str(r.per_microbatch), str(r.per_step), r.path.kind, r.algorithm,
+                        *_per_columns(r), str(r.per_step), r.path.kind, r.algorithm,
                         f"{r.time_s / US:,.1f}", f"{r.algbw_bytes_per_s / GB:.1f}", f"{r.busbw_bytes_per_s / GB:.1f}")
         con.print(tab)
 
