@@ -482,8 +482,8 @@ _CP_PART = {"wk": "kv", "wv": "kv", "wq": "q", "wq_a": "q", "wq_b": "q", "wkv_a"
 
 
 def cp_parts(c: Cost, phase: str, recompute: Optional[bool]) -> dict:
-    """Seconds of the attention block's ops of ``phase`` by part: ``kv`` (wk, wv, and RoPE in
-    forward; MLA: wkv_a, wkv_b), ``q`` (wq; MLA: wq_a, wq_b), ``out`` (wo in forward), ``core``
+    """Seconds of the attention block's ops of ``phase`` by part: ``kv`` (wk, wv, and RoPE and
+    torch's repeat_kv in forward; MLA: wkv_a, wkv_b), ``q`` (wq; MLA: wq_a, wq_b), ``out`` (wo in forward), ``core``
     (the rest; in backward also wo's input gradient and RoPE, which precede dK/dV). Op names from :mod:`meshplan.compute.ops`."""
     fwd = phase == "forward" or recompute
     out = dict.fromkeys(("kv", "q", "core", "out"), 0.0)
@@ -492,8 +492,8 @@ def cp_parts(c: Cost, phase: str, recompute: Optional[bool]) -> dict:
             continue
         base = o.name.split(" ")[0].split(".")[0]
         part = _CP_PART.get(base, "core")
-        if fwd and base in ("rope", "wo"):
-            part = "kv" if base == "rope" else "out"
+        if fwd and base in ("rope", "repeat_kv", "wo"):
+            part = "out" if base == "wo" else "kv"
         out[part] += o.seconds
     return out
 
