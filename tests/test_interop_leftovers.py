@@ -241,12 +241,12 @@ OLD_FLOAT8 = ("\n[float8]\nenable_fsdp_float8_all_gather = true\nprecompute_floa
 ])
 def test_torchtitan_old_float8_table_is_read_as_the_new_one(tmp_path, converter, table):
     """Was listed as unused (and ``converters = "float8"`` missed): planned in bf16 without the
-    float8 all-gather. Read as [quantize.linear.float8]: fp8 GEMMs, weights gathered in float8
+    float8 all-gather. Read as [quantize.linear.float8]: fp8 Linear GEMMs (activations bf16), weights gathered in float8
     (dp_shard 8 > 1), the output layer filtered ("output")."""
     text = TT.read_text().replace('flavor = "8B"', f'flavor = "8B"\n{converter}') + OLD_FLOAT8 + table
     cfg = load_any(_write(tmp_path, "t.toml", text), opts=H100)
     t = cfg.training
-    assert (t.compute_dtype, t.fp8_all_gather, t.fp8_output_layer) == ("fp8", True, False)
+    assert (t.compute_dtype, t.linear_dtype, t.fp8_all_gather, t.fp8_output_layer) == ("bf16", "fp8", True, False)
     assert cfg.notes[0] == ("torchtitan: [float8] read as [quantize.linear.float8] (torchtitan's name for it since "
                             "2025; its keys are listed under that name)" +
                             (", enable_float8_linear as model.converters = [\"float8\"]" if table else ""))

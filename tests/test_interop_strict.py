@@ -150,8 +150,12 @@ def test_torchtitan_float8_all_gather(tmp_path):
     # llama3_8b.toml's preset: output filtered; with the precompute, one amax all-reduce
     t = _float8(tmp_path, 'enable_fsdp_float8_all_gather = true\nprecompute_float8_dynamic_scale_for_fsdp = true\n'
                           'filter_fqns = ["output"]').training
-    assert (t.compute_dtype, t.sharding, t.fp8_all_gather, t.fp8_output_layer) == ("fp8", "zero3", True, False)
-    assert _float8(tmp_path, "enable_fsdp_float8_all_gather = false").training.fp8_all_gather is False
+    assert (t.compute_dtype, t.linear_dtype, t.sharding, t.fp8_all_gather, t.fp8_output_layer) == (
+        "bf16", "fp8", "zero3", True, False)
+    # without the all-gather: the GEMMs still in fp8, the weights gathered in bf16; filter_fqns
+    # defaults to [] (job_config.py), so the output layer is converted too
+    t = _float8(tmp_path, "enable_fsdp_float8_all_gather = false").training
+    assert (t.compute_dtype, t.linear_dtype, t.fp8_all_gather, t.fp8_output_layer) == ("bf16", "fp8", False, True)
     # dp_shard 1 (tp 8 on 8 GPUs): torchtitan's dp_shard_enabled is false, nothing gathered
     cfg = _float8(tmp_path, "enable_fsdp_float8_all_gather = true", shard=1, tp=8)
     assert cfg.training.fp8_all_gather is False
@@ -161,15 +165,16 @@ def test_torchtitan_float8_all_gather(tmp_path):
         _float8(tmp_path, 'enable_fsdp_float8_all_gather = true\nrecipe_name = "rowwise"')
 
 
-@pytest.mark.parametrize("output", [False, True])
-def test_torchtitan_float8_round_trip(tmp_path, output):
+@pytest.mark.parametrize("gather,output", [(True, False), (True, True), (False, False), (False, True)])
+def test_torchtitan_float8_round_trip(tmp_path, gather, output):
     cfg = config_from_dict({"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 1},
                             "training": {"global_batch": 8, "seq_len": 4096, "param_dtype": "fp32",
-                                         "recompute": "full", "compute_dtype": "fp8", "fp8_all_gather": True,
+                                         "recompute": "full", "linear_dtype": "fp8", "fp8_all_gather": gather,
                                          "fp8_output_layer": output},
                             "mesh": {"names": ["dp_shard"], "shape": [8]}})
     text, header = export(cfg, "torchtitan", "f8")
-    assert "enable_fsdp_float8_all_gather = true" in text
+    assert f"enable_fsdp_float8_all_gather = {str(gather).lower()}" in text
+    assert 'converters = ["quantize.linear.float8"]' in text  # the registry name at e347b1e
     assert ('filter_fqns = []' if output else 'filter_fqns = ["output"]') in text
     assert not [h for h in header if h.startswith("not expressed")], header
     again = load_any(_write(tmp_path, "x.toml", text), "torchtitan", reimport_options(cfg, "torchtitan"))

@@ -49,7 +49,7 @@ True
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from functools import cached_property
+from functools import cached_property, lru_cache
 from math import ceil
 from typing import Optional
 
@@ -78,7 +78,9 @@ RECOMPUTE = ("none", "selective", "full", "op")  # torchtitan's "layer": "full" 
 class Workload:
     """What one rank computes per micro-batch: ``micro_batch`` sequences of ``seq_len``
     tokens, split by ``cp`` along the sequence and by ``tp``/``ep``/``etp`` across
-    features; ``sp``: sequence parallel; ``dtype`` of GEMMs and activations.
+    features; ``sp``: sequence parallel; ``dtype`` of activations and of every GEMM but the
+    float8 Linears': the GEMMs of the weights named in ``float8_gemms`` run in ``linear_dtype``
+    (:meth:`gemm_dtype`; :func:`float8_gemms` of a training contract).
     ``fused_qkv``: Q, K and V projected by one GEMM (:func:`qkv_fused_ops`);
     ``fp32_wgrad_accumulation``: weight-gradient GEMMs accumulate into fp32 main gradients
     (:func:`_gemm_ops`); ``megatron_ops``: Megatron-LM's (2022, NVIDIA/Megatron-LM 2755bcb) own
@@ -106,6 +108,20 @@ class Workload:
     megatron_ops: bool = False
     attention_kernels: tuple[str, ...] = ()
     torch_eager: bool = False
+    linear_dtype: str = ""
+    float8_gemms: frozenset[str] = frozenset()
+
+    def gemm_dtype(self, name: str) -> str:
+        """The dtype of GEMM ``name`` (a :class:`~meshplan.compute.shapes.Gemm` name, its
+        ``.dgrad``/``.wgrad`` and `` (hottest)`` forms too; Megatron-LM's fused ``qkv`` is its
+        Q, K and V projections'): ``linear_dtype`` for a float8 Linear's, else ``dtype``.
+
+        >>> w = Workload(seq_len=8, linear_dtype="fp8", float8_gemms=frozenset({"wq", "w_up"}))
+        >>> [w.gemm_dtype(n) for n in ("wq.wgrad", "qkv", "qk^T", "output", "expert_w_up (hottest)")]
+        ['fp8', 'fp8', 'bf16', 'bf16', 'bf16']
+        """
+        base = name.split(" ")[0].split(".")[0]
+        return self.linear_dtype if ("wq" if base == "qkv" else base) in self.float8_gemms else self.dtype
 
     def __post_init__(self):
         if self.recompute not in RECOMPUTE + ("layer",):
@@ -227,6 +243,28 @@ def framework_kernels(training) -> dict:
             "torch_eager": not megatron and not training.torch_compile}
 
 
+@lru_cache(maxsize=64)
+def float8_gemms(model: ModelSpec, training) -> dict:
+    """The :class:`Workload` fields of a training contract's float8 Linears: ``linear_dtype``
+    and ``float8_gemms``, the names of the weights whose GEMMs run in it
+    (:meth:`~meshplan.spec.training.TrainingSpec.float8_linear`, the one rule, over a dense
+    and an MoE layer and the output layer of ``model``; the output's dims unpadded, as
+    torchtitan does not pad the vocabulary). Empty without ``linear_dtype``.
+
+    >>> from meshplan import catalog
+    >>> from meshplan.spec.training import TrainingSpec
+    >>> f = float8_gemms(catalog.model("llama3-8b"), TrainingSpec(global_batch=8, seq_len=16, linear_dtype="fp8"))
+    >>> f["linear_dtype"], sorted(f["float8_gemms"])
+    ('fp8', ['w_down', 'w_gate', 'w_up', 'wk', 'wo', 'wq', 'wv'])
+    """
+    if training.linear_dtype is None:
+        return {}
+    kinds = {model.is_moe_layer(i): i for i in range(model.layers)}
+    tensors = [x for i in kinds.values() for x in model.layer_tensors(i)] + model.head_tensors(model.vocab)
+    return {"linear_dtype": training.linear_dtype,
+            "float8_gemms": frozenset(x.name for x in tensors if training.float8_linear(x))}
+
+
 #: The fused-attention kernels torch's ``scaled_dot_product_attention`` runs on an NVIDIA GPU
 #: before compute capability 10.0 (its flash backend: FlashAttention-2; :func:`framework_kernels`).
 SDPA_KERNELS = ("FA2",)
@@ -276,11 +314,12 @@ def _gemm_ops(gpu: GPUSpec, g: Gemm, block: str, w: Workload, table, model_scale
     the weight gradient of a ``weight`` (not the attention scores' batched products, whose
     second operand is an activation) is :func:`wgrad_accumulate_s`'s."""
     out = []
+    dtype = w.gemm_dtype(g.name)  # float8 Linears: fp8 forward, data- and weight-gradient GEMMs
     for gg, phase in zip([g] + backward_gemms(g), PHASES):
-        e = gemm_time(gpu, gg.m, gg.n, gg.k, w.dtype, gg.count, table)
+        e = gemm_time(gpu, gg.m, gg.n, gg.k, dtype, gg.count, table)
         t, note = e.seconds, e.explanation
         if phase == "backward_weight" and w.fp32_wgrad_accumulation and weight:
-            t, how = wgrad_accumulate_s(gpu, gg, w.dtype, t)
+            t, how = wgrad_accumulate_s(gpu, gg, dtype, t)
             note += how
         out.append(Op(gg.name, block, phase, "gemm", issue_floor(gpu, t), gg.flops * model_scale,
                       gg.flops, note=note))

@@ -35,6 +35,7 @@ from meshplan.compute.ops import (
     Cost,
     Workload,
     embedding_cost,
+    float8_gemms,
     framework_kernels,
     head_cost,
     layer_cost,
@@ -74,7 +75,8 @@ def workload_of(plan, dropout: bool = False) -> Workload:
     return Workload(seq_len=t.seq_len, micro_batch=t.micro_batch, tp=split[Dim.HEADS], cp=split[Dim.SEQUENCE],
                     sp=mesh.sequence_parallel, ep=split[Dim.EXPERTS], etp=split[Dim.EXPERT_FFN], dtype=t.compute_dtype,
                     recompute=t.recompute, flash=t.flash_attention, dropout=dropout,
-                    vocab_pad_divisor=t.vocab_pad_divisor, routing=RoutingOptions.of(t), **framework_kernels(t))
+                    vocab_pad_divisor=t.vocab_pad_divisor, routing=RoutingOptions.of(t), **framework_kernels(t),
+                    **float8_gemms(plan.config.model, t))
 
 
 def chunk_costs(plan, w: Workload, table: Optional[GemmTable] = None) -> list[list[ChunkCosts]]:
@@ -117,7 +119,7 @@ class StepTime:
     notes: tuple[str, ...] = ()
     recompute_name: str = ""
     unit_index: tuple = ()  # (distinct unit keys, key index of every flat unit): UnitTimes.index
-    peak_dtype: str = ""  # the dtype of peak_flops (the compute dtype: fp8 runs against the fp8 peak)
+    peak_dtype: str = ""  # the dtype of peak_flops (TrainingSpec.peak_dtype: float8 Linears run against the fp8 peak)
 
     @property
     def step_s(self) -> float:
@@ -578,8 +580,8 @@ def step_time(plan: Plan, overlap: Overlap = Overlap(), *, dropout: bool = False
                   f"reduce-scatter (meshplan.comm.fsdp2)",)
     return StepTime(res, units, tuple(ends), tuple(post), exposed[crit],
                     _sequence_flops(cfg.model, t.seq_len) * t.global_batch, hw, t.global_batch * t.seq_len,
-                    plan.world, cfg.cluster.gpu.peak_flops(t.compute_dtype), ranks, notes, t.recompute_name,
-                    (indexed[0], indexed[1]), t.compute_dtype)
+                    plan.world, cfg.cluster.gpu.peak_flops(t.peak_dtype), ranks, notes, t.recompute_name,
+                    (indexed[0], indexed[1]), t.peak_dtype)
 
 
 @lru_cache(maxsize=16)

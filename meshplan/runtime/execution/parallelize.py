@@ -121,8 +121,8 @@ def _unsupported(mesh: Mesh, training: TrainingSpec, pipeline: bool = False, moe
         return "pp > 1: pipeline stages are not built by parallelize(); use torch.distributed.pipelining"
     if moe and mesh.degree("cp") > 1:
         return "cp > 1 with MoE layers: context parallelism is built for dense models only"
-    if training.fp8_all_gather:
-        return ("fp8_all_gather: torchtitan's float8 training (torchao Float8Linear) is not built in the runtime "
+    if training.linear_dtype is not None:
+        return ("linear_dtype fp8: torchtitan's float8 training (torchao Float8Linear) is not built in the runtime "
                 "model (and float8 GEMMs need an sm89+ GPU)")
     if training.recompute == "op":
         return ("recompute 'op' (torchtitan op-level selective AC): the runtime model checkpoints whole layers "
