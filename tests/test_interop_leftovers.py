@@ -188,8 +188,8 @@ def _main(argv, capsys) -> tuple[int, str, str]:
 
 
 def test_dash_o_is_stdout_for_import_export_and_search(tmp_path, monkeypatch, capsys):
-    """``-o -`` wrote a file named '-'; now the file goes to stdout and the rest to stderr (a
-    DeepSpeed JSON on stdout parses as it is)."""
+    """``-o -`` wrote a file named '-'; now the file goes to stdout and the rest to stderr (the
+    imported TOML, the torchtitan TOML and Megatron-LM's arguments as they are)."""
     from meshplan.interop.foreign import export, import_text
     from tests.test_interop import EX
     monkeypatch.chdir(tmp_path)
@@ -201,9 +201,9 @@ def test_dash_o_is_stdout_for_import_export_and_search(tmp_path, monkeypatch, ca
     from meshplan.config import load_config
     text, header = export(load_config(mini), "torchtitan", str(mini))
     assert (rc, out, err.splitlines()) == (0, text, header[1:])
-    rc, out, err = _main(["search", mini, "--export", "1", "--to", "deepspeed", "-o", "-"], capsys)
-    assert rc == 0 and json.loads(out)["zero_optimization"] == {"stage": 3}, out
-    assert "import with: meshplan import deepspeed FILE" in err
+    rc, out, err = _main(["search", mini, "--export", "1", "--to", "megatron", "-o", "-"], capsys)
+    assert rc == 0 and "--num-layers 32" in out.splitlines(), out   # the arguments file on stdout
+    assert "import with: meshplan import megatron FILE" in err
     assert list(tmp_path.iterdir()) == []
 
 

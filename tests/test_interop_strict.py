@@ -62,7 +62,7 @@ def test_torchtitan_key_under_an_older_table_is_an_error(tmp_path):
 
 def test_torchtitan_real_keys_are_listed_not_refused(tmp_path):
     # keys of torchtitan's job_config.py (e347b1e) that meshplan does not read, some close to read ones
-    extra = ('\n[lr_scheduler]\nwarmup_steps = 200\n[compile]\nenable = true\n'
+    extra = ('\n[lr_scheduler]\nwarmup_steps = 200\n[compile]\nenable = true\nbackend = "inductor"\n'
              '[quantize.linear.mx]\nrecipe_name = "mxfp8"\n')
     text = TT.read_text().replace("steps = 1000", "steps = 1000\nmax_norm = 1.0\ndataset_path = \"c4\"").replace(
         "context_parallel_degree = 1", "context_parallel_degree = 1\ncontext_parallel_rotate_method = \"allgather\"\n"
@@ -71,8 +71,9 @@ def test_torchtitan_real_keys_are_listed_not_refused(tmp_path):
     unused = cfg.notes[-1]
     for key in ("training.steps", "optimizer.lr", "training.max_norm", "parallelism.context_parallel_rotate_method",
                 "parallelism.pipeline_parallel_schedule_csv", "parallelism.expert_parallel_comm_backend",
-                "lr_scheduler.warmup_steps", "compile.enable", "quantize.linear.mx.recipe_name"):
+                "lr_scheduler.warmup_steps", "compile.backend", "quantize.linear.mx.recipe_name"):
         assert key in unused, key
+    assert "compile.enable" not in unused and cfg.training.torch_compile   # read: torch.compile on
 
 
 @pytest.mark.parametrize("old,new,error", [

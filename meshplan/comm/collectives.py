@@ -107,7 +107,7 @@ from typing import Optional
 
 import numpy as np
 
-from meshplan.comm import deepspeed
+from meshplan.comm import deepspeed, fsdp2
 from meshplan.comm.alphabeta import REFERENCE_STEP_S, busbw_factor, collective_time
 from meshplan.compute.measured import kernel_data
 from meshplan.compute.megatron import stage_param_tensors
@@ -128,7 +128,7 @@ from meshplan.pipeline.registry import get as get_schedule
 from meshplan.pipeline.simulate import stage_order
 from meshplan.spec.axes.base import Dim
 from meshplan.spec.axes.registry import AXES, Axis
-from meshplan.spec.cluster import ClusterSpec
+from meshplan.spec.cluster import ClusterSpec, GPUSpec
 from meshplan.spec.mesh import Schedule
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.training import TrainingSpec
@@ -343,7 +343,7 @@ def collective_table(model: ModelSpec, training: TrainingSpec, mesh: Mesh, clust
     paths: dict[str, Path] = {}
 
     def add(axis, phase, op, size, dtype, per_mb, cadence, waits="", depth=1, per_step=None, ranks=None,
-            list_copies=False, groups=None):
+            list_copies=False, groups=None, host_s=0.0):
         # ranks: rank 0's group, a subset of axis's; groups: every group of a named set that is
         # no mesh axis (KV replicas), rank 0's in ranks
         n = mesh.degree(axis) if ranks is None else len(ranks)
@@ -352,7 +352,7 @@ def collective_table(model: ModelSpec, training: TrainingSpec, mesh: Mesh, clust
         path = paths.setdefault(axis, axis_path(mesh, placement, cluster, axis) if groups is None
                                 else groups_path(groups, placement, cluster))
         alg, t = path_time(op, n, size, path, cluster, nccl_era="2021" if list_copies else "current")
-        host = 0.0
+        host = host_s
         if list_copies:  # torch 2021's list-based all_gather / reduce_scatter: n views and n copies
             data = kernel_data(cluster.gpu.name)
             t += deepspeed.list_copy_seconds(n, size, data)
@@ -367,7 +367,7 @@ def collective_table(model: ModelSpec, training: TrainingSpec, mesh: Mesh, clust
         chunks = [stage_layers[k * per:(k + 1) * per] for k in range(vpp)]
     chunk_of = {i: k for k, ls in enumerate(chunks) for i in ls}
     ctx = _Ctx(model, training, mesh, stage_layers, first_stage, last_stage, stage, vpp, schedule, micro_batches,
-               chunk_of, loss_parallel)
+               chunk_of, loss_parallel, cluster.gpu)
     for axis in TABLE_ORDER + tuple(a for a in AXES if a not in TABLE_ORDER):
         build = AXES[axis].rows or LAYER_ROWS.get(axis)
         if build is not None:
@@ -389,6 +389,7 @@ class _Ctx:
     micro: int = 1
     chunk_of: Optional[dict] = None  # layer -> local chunk
     loss_parallel: bool = True
+    gpu: Optional[GPUSpec] = None  # the GPU the compute-stream copies run on (FSDP2)
 
     @property
     def seq_local(self) -> int:
@@ -630,6 +631,16 @@ def _dp_rows(add, c: _Ctx) -> None:
         _deepspeed_rows(add, c)
         return
     if t.sharding in ("zero3", "hsdp"):
+        data = kernel_data(c.gpu.name) if c.gpu is not None else None
+        hbm = c.gpu.hbm_bandwidth_bytes_per_s if c.gpu is not None else float("inf")
+        grad_b = dtype_bytes(t.compute_dtype if t.compute_dtype != "fp8" else "bf16")  # unsharded gradients
+
+        def copies(gathered: float, numel: int) -> tuple[float, float]:
+            # FSDP2's copy-out after each all-gather and copy-in before each reduce-scatter, on the
+            # compute stream (meshplan.comm.fsdp2)
+            return (fsdp2.copy_out_seconds(gathered, data, hbm),
+                    fsdp2.copy_in_seconds(numel, grad_b, dtype_bytes(rs), data, hbm))
+
         pipelined = mesh.degree("pp") > 1
         units = _units(c, shards)
         for (label, axis, numel, gbytes, fp8), n in Counter(u[:3] + u[4:] for u in units).items():
@@ -642,12 +653,13 @@ def _dp_rows(add, c: _Ctx) -> None:
             back = _per_microbatch(per_step[1], n, c.micro, pipelined) if per_step is not None \
                 else (0 if root or not t.reshard_after_forward else n, None)
             red = (0, n) if pipelined or t.grad_accumulation != "sync" else (n, None)
+            out_s, in_s = copies(gbytes, numel)
             add(axis, "forward", "all-gather", gbytes, gdt, fwd[0], cadence, f"the {label}'s GEMMs", 7,
-                per_step=fwd[1])
+                per_step=fwd[1], host_s=out_s)
             add(axis, "backward", "all-gather", gbytes, gdt, back[0], cadence,
-                f"the {label}'s backward", 7, per_step=back[1])
+                f"the {label}'s backward", 7, per_step=back[1], host_s=out_s)
             add(axis, "backward", "reduce-scatter", numel * dtype_bytes(rs), rs, red[0], cadence, "optimizer step",
-                per_step=red[1])
+                per_step=red[1], host_s=in_s)
             if "dp_replicate" in mesh.layout.names:
                 add("dp_replicate", "backward", "all-reduce", numel // shards[axis] * dtype_bytes(rs), rs, red[0],
                     cadence + " (HSDP replicas)", "optimizer step", per_step=red[1])

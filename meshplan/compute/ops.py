@@ -62,6 +62,8 @@ from meshplan.compute.megatron import (BATCH_SYNCS, COMM_DELAY_OPS, STEP_TIMERS,
 from meshplan.compute.routing import RoutingOptions, routing
 from meshplan.compute.shapes import (ATTENTION_GEMMS, MLA_REPLICATED, Attention, Gemm, attention_shape,
                                      backward_gemms, layer_gemms)
+from meshplan.compute.torch_eager import cross_entropy_bytes as torch_cross_entropy_bytes
+from meshplan.compute.torch_eager import repeat_kv_bytes, rope_bytes, swiglu_bytes
 from meshplan.spec.cluster import GPUSpec
 from meshplan.spec.model import ModelSpec
 from meshplan.mesh.tpsplit import local_heads, padded_vocab
@@ -84,7 +86,9 @@ class Workload:
     (:func:`_gemm_ops`); ``megatron_ops``: Megatron-LM's (2022, NVIDIA/Megatron-LM 2755bcb) own
     kernels around the GEMMs (:mod:`meshplan.compute.megatron`); ``attention_kernels``: the
     fused-attention kernels the framework runs, tried before the catalog's ``prefer`` list
-    (:func:`meshplan.compute.measured.attention_seconds`; empty: the catalog's order)."""
+    (:func:`meshplan.compute.measured.attention_seconds`; empty: the catalog's order);
+    ``torch_eager``: torch runs the elementwise ops one kernel each, uncompiled
+    (:mod:`meshplan.compute.torch_eager`)."""
 
     seq_len: int
     micro_batch: int = 1
@@ -103,6 +107,7 @@ class Workload:
     fp32_wgrad_accumulation: bool = False
     megatron_ops: bool = False
     attention_kernels: tuple[str, ...] = ()
+    torch_eager: bool = False
     linear_dtype: str = ""
     float8_gemms: frozenset[str] = frozenset()
 
@@ -220,16 +225,22 @@ def framework_kernels(training) -> dict:
     only on compute capability 10.0, ``models/attention.py``), so FA2's published rates, not
     FA3's, on an H100; Megatron-LM keeps the catalog's order (Transformer Engine's fused
     attention: FA3 where the catalog has it). One rule for the step model and the search's bound.
+    torch without ``training.torch_compile`` runs its elementwise ops eagerly (``torch_eager``,
+    :mod:`meshplan.compute.torch_eager`); Megatron-LM's own kernels are :mod:`~meshplan.compute.megatron`'s.
 
     >>> from meshplan.spec.training import TrainingSpec
     >>> framework_kernels(TrainingSpec(global_batch=8, seq_len=16, framework="megatron", grad_dtype="fp32"))
-    {'fused_qkv': True, 'fp32_wgrad_accumulation': True, 'megatron_ops': True, 'attention_kernels': ()}
+    {'fused_qkv': True, 'fp32_wgrad_accumulation': True, 'megatron_ops': True, 'attention_kernels': (), \
+'torch_eager': False}
+    >>> framework_kernels(TrainingSpec(global_batch=8, seq_len=16))["torch_eager"]
+    True
     >>> framework_kernels(TrainingSpec(global_batch=8, seq_len=16))["attention_kernels"]
     ('FA2',)
     """
     megatron = training.framework == "megatron"
     return {"fused_qkv": megatron, "fp32_wgrad_accumulation": megatron and training.grad_dtype == "fp32",
-            "megatron_ops": megatron, "attention_kernels": () if megatron else SDPA_KERNELS}
+            "megatron_ops": megatron, "attention_kernels": () if megatron else SDPA_KERNELS,
+            "torch_eager": not megatron and not training.torch_compile}
 
 
 @lru_cache(maxsize=64)
@@ -438,25 +449,34 @@ def _elementwise(model: ModelSpec, gpu: GPUSpec, w: Workload, gemms: list[Gemm])
     res_f = (3 * b + (1 if w.dropout else 0)) * r * h
     res_b = (3 * b if not w.dropout else 2 * b + 1) * r * h
     nb_norm = norm_backward_passes(w.megatron_ops) * b * r * h
-    spec = [("attn norm", "attn_pre", 2 * b * r * h, nb_norm),
+    spec: list[tuple[str, str, float, float]] = [("attn norm", "attn_pre", 2 * b * r * h, nb_norm),
             ("residual add" + (" + dropout" if w.dropout else ""), "attn_post", res_f, res_b),
             ("mlp norm", "mlp_pre", 2 * b * r * h, nb_norm),
-            ("residual add" + (" + dropout" if w.dropout else ""), "mlp_post", res_f, res_b),
-            ("silu x up" if model.gated_mlp else "gelu", "mlp",
-             (3 if model.gated_mlp else 2) * b * act, (5 if model.gated_mlp else 3) * b * act)]
+            ("residual add" + (" + dropout" if w.dropout else ""), "mlp_post", res_f, res_b)]
+    if model.gated_mlp:  # torch_eager: silu and the multiply apart (compute.torch_eager)
+        fwd, bwd = swiglu_bytes(b, w.torch_eager)
+        spec += [(name, "mlp", nb * act, 0.0) for name, nb in fwd] + [(name, "mlp", 0.0, nb * act) for name, nb in bwd]
+    else:
+        spec.append(("gelu", "mlp", 2 * b * act, 3 * b * act))
     # backward: the residual stream's gradient is the sum of two branches (the skip path and the
     # norm's input gradient); autograd accumulates them with one add per fork (torch
     # autograd InputBuffer::accumulate: read both, write one), before each norm's backward
     spec += [("residual grad accumulate", "attn_pre", 0.0, 3 * b * r * h),
              ("residual grad accumulate", "mlp_pre", 0.0, 3 * b * r * h)]
-    if model.is_mla:  # RoPE on each local head's q_pe and on the one shared k_pe (DeepSeek-V2 eq. 13-14)
-        rope = model.qk_rope_head_dim or 0
-        nb = 2 * b * t * (q_l + 1) * rope
-        spec.append(("rope", "attn", nb, nb))
+    # RoPE: one fused kernel over q and k, or eagerly three kernels on each (compute.torch_eager);
+    # MLA: on each local head's q_pe and on the one shared k_pe (DeepSeek-V2 eq. 13-14)
+    roped = ((q_l, 1), model.qk_rope_head_dim or 0) if model.is_mla else \
+        ((q_l, kv_l), model.d_head if model.position_embedding == "rope" else 0)
+    if roped[1]:
+        parts = roped[0] if w.torch_eager else (sum(roped[0]),)
+        spec += [(name, "attn", nb * t * heads * roped[1], nb * t * heads * roped[1])
+                 for heads in parts for name, nb in rope_bytes(b, w.torch_eager)]
+    if model.is_mla:
         spec += _latent_norms(model, b, t)
-    elif model.position_embedding == "rope":
-        nb = 2 * b * t * (q_l + kv_l) * model.d_head
-        spec.append(("rope", "attn", nb, nb))
+    if not w.megatron_ops and not model.is_mla:  # torchtitan's repeat_kv before SDPA
+        rep_f, rep_b = repeat_kv_bytes(b, q_l, kv_l, t, model.d_head)
+        if rep_f:
+            spec.append(("repeat_kv", "attn", rep_f, rep_b))
     if any(g.name.startswith("expert_") for g in gemms):  # the dispatch buffer's rows (compute.routing)
         rows = routing(w.routing, max(1, t * w.etp // w.tp), model.top_k, model.experts, w.ep).recv_rows
         nb = 2 * b * rows * h
@@ -795,9 +815,14 @@ def head_cost(model: ModelSpec, gpu: GPUSpec, w: Workload, table: Optional[GemmT
            _mem(gpu, "final norm", "head", "backward_input", norm_backward_passes(w.megatron_ops) * b * r * h,
                 kind="norm")]
     ops += _gemm_ops(gpu, g, "head", w, table, model_scale=model.vocab / pv)
-    fwd_b, bwd_b = cross_entropy_bytes(b, w.megatron_ops)
-    ops += [_mem(gpu, "cross entropy", "head", "forward", fwd_b * logits),
-            _mem(gpu, "cross entropy", "head", "backward_input", bwd_b * logits)]
+    if w.megatron_ops:
+        fwd_b, bwd_b = cross_entropy_bytes(b)
+        ops += [_mem(gpu, "cross entropy", "head", "forward", fwd_b * logits),
+                _mem(gpu, "cross entropy", "head", "backward_input", bwd_b * logits)]
+    else:  # torch: fused when compiled, else kernel by kernel (compute.torch_eager)
+        fwd, bwd = torch_cross_entropy_bytes(b, w.torch_eager)
+        ops += [_mem(gpu, name, "head", phase, nb * logits)
+                for phase, kernels in (("forward", fwd), ("backward_input", bwd)) for name, nb in kernels]
     if w.megatron_ops:  # the final norm's weight (and bias) main-gradient hooks (main_grad_hooks)
         main = 4 if w.fp32_wgrad_accumulation else b
         ops += [_mem(gpu, f"final norm {p} main_grad add", "head", "backward_weight", (2 * main + b) * h)

@@ -28,6 +28,7 @@ parallelism.module_fqns_per_model_part,        mesh.pp_layer_split (torchtitan's
   pipeline_parallel_first/last_stage_less_layers generate_llm_fqn_per_model_part)
 parallelism.disable_loss_parallel              mesh.loss_parallel
 parallelism.enable_async_tensor_parallel       training.tp_comm_overlap
+compile.enable (+ components model, loss)      training.torch_compile (default off: eager)
 activation_checkpoint.mode                     training.recompute: none, full; selective with
   + selective_ac_option                          option "op" -> op (tp = cp = ep = 1, no MLA; else
                                                  selective, with a note), "<k>" -> layer, ac_freq k
@@ -95,7 +96,8 @@ USED = {"model.name", "model.flavor", "model.converters", "training.local_batch_
         "parallelism.pipeline_parallel_microbatch_size", "parallelism.module_fqns_per_model_part",
         "parallelism.pipeline_parallel_layers_per_stage", "parallelism.pipeline_parallel_first_stage_less_layers",
         "parallelism.pipeline_parallel_last_stage_less_layers", "parallelism.disable_loss_parallel",
-        "parallelism.enable_async_tensor_parallel"} | {f"parallelism.{k}" for k in DEGREES}
+        "parallelism.enable_async_tensor_parallel", "compile.enable", "compile.components"} | \
+    {f"parallelism.{k}" for k in DEGREES}
 #: torchtitan keys (job_config.py at e347b1e) within three edits of a key the reader reads:
 #: none there; a later torchtitan key that close goes here so that it is listed, not refused.
 NEAR_KEYS: frozenset[str] = frozenset()
@@ -201,9 +203,28 @@ def _training(d: dict, deg: dict[str, int], shard: int, opts: ImportOptions, mod
                 "reshard_after_forward": policy == "always" or (policy == "default" and deg["pp"] == 1),
                 "tp_comm_overlap": bool(par.get("enable_async_tensor_parallel", False))}
     training |= read_recompute(d, deg, model, notes)
+    training["torch_compile"] = _compile(d.get("compile", {}), notes)
     if dtype == "bf16":  # training.dtype bfloat16: everything in bf16, no fp32 copy
         training |= {"master_weights": False, "grad_dtype": "bf16", "optimizer_dtype": "bf16"}
     return training | read_float8(d, shard, notes)
+
+
+def _compile(c: dict, notes: list[str]) -> bool:
+    """training.torch_compile of torchtitan's [compile]: ``enable`` (default false) with
+    ``components`` (default model and loss). meshplan compiles the two together: a list with
+    only one of them is planned as that one's choice for both, with a note."""
+    enable = c.get("enable", False)
+    if not isinstance(enable, bool):
+        raise ConfigError("compile.enable", f"{enable!r}; use true or false")
+    parts = c.get("components", ["model", "loss"])
+    if not isinstance(parts, list) or not all(isinstance(x, str) for x in parts):
+        raise ConfigError("compile.components", f"{parts!r}; use a list such as [\"model\", \"loss\"]")
+    if enable and set(parts) & {"model", "loss"} != {"model", "loss"}:
+        on = "model" in parts
+        notes.append(f"compile.components {parts}: meshplan plans the model and the loss compiled together; "
+                     f"planned {'compiled' if on else 'eager'} (the model's choice)")
+        return on
+    return enable
 
 
 def _dtype(tr: dict, key: str, default: str) -> str:
@@ -334,7 +355,8 @@ def write(cfg: Config) -> dict[str, dict]:
     return {"job": {"description": f"meshplan export: {cfg.model.name} on {cfg.cluster.nodes}x "
                                    f"{cfg.cluster.node.name}"},
             "model": model, "training": training, "parallelism": par,
-            "activation_checkpoint": write_recompute(t)} | quantize
+            "activation_checkpoint": write_recompute(t)} | quantize \
+        | ({"compile": {"enable": True, "components": ["model", "loss"]}} if t.torch_compile else {})
 
 
 def _write_degrees(cfg: Config, mesh: Mesh) -> dict[str, int]:

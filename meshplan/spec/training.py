@@ -19,7 +19,8 @@ Dtype = Literal["fp32", "bf16", "fp16", "fp8"]
 # changes the bytes FSDP gathers, not what the GEMMs compute; ``linear_dtype`` and
 # ``fp8_output_layer`` (which GEMMs run in float8) are the workload's numerics.
 PLAN_KNOBS = ("micro_batch", "sharding", "reshard_after_forward", "recompute", "ac_freq", "flash_attention",
-              "tp_comm_overlap", "framework", "zero3_engine", "grad_accumulation", "fp8_all_gather")
+              "tp_comm_overlap", "framework", "zero3_engine", "grad_accumulation", "fp8_all_gather",
+              "torch_compile")
 
 #: The weights of ``nn.Linear`` modules (torchtitan's model files; Megatron-LM's Transformer Engine
 #: linears): attention (dense and MLA), the dense MLP and the shared experts, the MoE router's gate
@@ -59,6 +60,10 @@ class TrainingSpec(BaseModel):
     parallelism their input is all-gathered again in backward, during their input-gradient
     GEMM, because only its sequence shard is saved; ``LinearWithGradAccumulationAndAsyncCommunication``).
     ``validate`` runs torch: it takes ``torch`` only.
+    ``torch_compile``: under ``framework = "torch"``, the model and loss run under torch.compile
+    (torchtitan ``[compile] enable``), which fuses each chain of elementwise ops between the GEMMs
+    into one kernel; off (torchtitan's default), torch runs them one kernel each
+    (:mod:`meshplan.compute.torch_eager`). Megatron-LM runs its own kernels either way.
     ``zero3_engine``: which runtime shards the parameters under ``sharding = "zero3"``:
     ``fsdp2`` (torch FSDP2: one unit per layer, one coalesced all-gather and reduce-scatter
     each) or ``deepspeed-2021`` (DeepSpeed ZeRO stage 3 v0.3.13-v0.5.4, Mar-Oct 2021, before
@@ -142,6 +147,7 @@ class TrainingSpec(BaseModel):
     tp_comm_overlap: bool = False
     grad_clip: bool = True
     framework: Literal["torch", "megatron"] = "torch"
+    torch_compile: bool = False
     zero3_engine: Literal["fsdp2", "deepspeed-2021"] = "fsdp2"
     grad_accumulation: Literal["sync", "no_sync", "no_sync_unsharded"] = "sync"
     linear_dtype: Optional[Literal["fp8"]] = None
@@ -176,6 +182,9 @@ class TrainingSpec(BaseModel):
             raise ValueError("zero3_engine 'deepspeed-2021' gathers every parameter in forward and again in backward and "
                              "reduces every micro-batch: remove grad_accumulation, reshard_after_forward and "
                              "fp8_all_gather (FSDP2 options)")
+        if self.torch_compile and self.framework != "torch":
+            raise ValueError(f"torch_compile is torch.compile of a torch model; framework {self.framework!r} runs its "
+                             f"own kernels: remove the key")
         if self.grad_accumulation != "sync" and self.sharding not in ("zero3", "hsdp"):
             raise ValueError(f"grad_accumulation {self.grad_accumulation!r} is an FSDP2 mode (sharding zero3 or "
                              f"hsdp); sharding {self.sharding!r} keeps the default 'sync': remove the key")
