@@ -30,8 +30,11 @@ Conventions (framework accounting):
   alike (Megatron's ``num_distributed_optimizer_instances``).
 - A shard of n elements over d ranks holds ``ceil(n / d)`` elements on the most loaded
   rank, taken over the stage's flat buffer of each group (dense, expert), as Megatron's
-  distributed optimizer pads its contiguous buffer. (FSDP2 pads each tensor's dim 0
-  instead, which can add up to d - 1 rows per tensor; not modelled.)
+  distributed optimizer pads its contiguous buffer. (FSDP2 pads each tensor's sharded dim
+  instead, which can add up to d - 1 rows per tensor; not modelled. The routed experts'
+  sharded dim is torchtitan's, dim 1 past efsdp x ep > experts
+  (:func:`~meshplan.mesh.tpsplit.fsdp_shard_len`), so e.g. one Mixtral expert per rank over
+  efsdp 4 pads nothing and its shard is this count, as the collective table's all-gather.)
 - Transient state (ZeRO-3 all-gathered parameters, reduce-scatter buffers) is not
   persistent and belongs to the memory timeline, not here.
 
