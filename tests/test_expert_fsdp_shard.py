@@ -1,6 +1,6 @@
 """Routed experts under FSDP2 (newcomer findings on examples/mixtral-8x7b_32xh100_ep8-dp32.toml):
-the dim torchtitan shards them on, the bytes of their all-gather and the persistent memory
-that agrees with it. Values derived by hand below.
+the dim torchtitan shards them on, the bytes of their all-gather, the persistent memory that
+agrees with it, and the ZeRO textbook line counting them. Values derived by hand below.
 
 Mixtral-8x7B at dp_shard 32, ep 8: one expert per rank and layer, efsdp = 32 / 8 = 4, and
 4 x 8 > 8 experts, so FSDP2 shards dim 1 (torchtitan ``apply_fsdp``: ``Shard(1)`` past
@@ -16,8 +16,10 @@ from pathlib import Path
 import pytest
 
 from meshplan.config import load_config
+from meshplan.memory.state import zero_textbook_bytes
 from meshplan.mesh.tpsplit import expert_shard_dim, fsdp_padded_numel, fsdp_shard_len
 from meshplan.plan import build_plan
+from meshplan.report.text import _accounting_lines
 from meshplan.spec.model import ModelSpec
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "mixtral-8x7b_32xh100_ep8-dp32.toml"
@@ -62,3 +64,18 @@ def test_mixtral_memory_agrees_with_the_gather(plan):
     assert (params.count, params.axis, params.divisor) == (1_409_286_144, "efsdp", 4)
     gather = next(r for r in plan.stage(0).collectives if r.axis == "efsdp" and r.op == "all-gather")
     assert params.size_bytes == gather.size_bytes / 4 * 32 == 2_818_572_288
+
+
+def test_zero_line_counts_the_experts(plan):
+    """16 B per parameter (2 + 2 + 12): dense 1,605,636,096 / 32 + experts 5,637,144,576 / 4
+    = 1,459,462,272 parameters per rank, 23,351,396,352 B (21.75 GiB), next to the framework
+    table's 24.47 GiB at 18 B (fp32 gradients)."""
+    line = _accounting_lines(plan, plan.state[0])[0]
+    assert line.startswith("textbook accounting (ZeRO paper), ZeRO stage 3: 21.75 GiB ((2 + 2 + K) (psi / N + psi_e / "
+                           "N_e) with psi 1.60564e+09 (dense), N 32, psi_e 5.63714e+09 (routed experts), N_e 4")
+    z = zero_textbook_bytes(1_605_636_096, 32, stage=3, expert_params=5_637_144_576, expert_n=4)
+    assert z.size_bytes == 16 * (1_605_636_096 // 32 + 5_637_144_576 // 4) == 23_351_396_352
+    # a dense model's line is the paper's own
+    assert zero_textbook_bytes(7.5e9, 64, stage=1).formula.startswith("4 psi + K psi / N with psi 7.5e+09, N 64,")
+    # stages 0-2 with experts: the unsharded terms count both groups
+    assert zero_textbook_bytes(10, 2, stage=1, expert_params=20, expert_n=4).size_bytes == 4 * 30 + 12 * (5 + 5)
