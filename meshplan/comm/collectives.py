@@ -46,7 +46,9 @@ Conventions, matched op by op against what torch 2.13 issues for DTensor TP/SP a
   and its gradients reduce-scattered in backward, every micro-batch. FSDP2 pads dim 0 of each
   parameter to a multiple of the shard degree (:func:`~meshplan.mesh.tpsplit.fsdp_padded_numel`).
   HSDP all-reduces each unit's gradient shard over dp_replicate. Expert weights form their
-  own unit over efsdp (torchtitan). Gradient accumulation with pp 1
+  own unit over efsdp (torchtitan), sharded on dim 1 when efsdp x ep > experts (torchtitan's
+  ``shard_placement_fn``, :func:`~meshplan.spec.axes.ep.expert_shard_dim`), so a rank's one
+  expert over efsdp 4 is gathered unpadded, not as 4 experts' rows. Gradient accumulation with pp 1
   (``training.grad_accumulation``): ``no_sync`` reduce-scatters (and HSDP all-reduces) once
   per step, in the last micro-batch; ``no_sync_unsharded`` also gathers in forward only in
   micro-batch 0 (:func:`_accumulation_gathers`); measured with torch 2.13's FSDP2 on the

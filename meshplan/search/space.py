@@ -132,6 +132,12 @@ class Candidates:
         return self.more[column] if column in self.more else getattr(self, column)
 
     @property
+    def fsdp2(self) -> np.ndarray:
+        """FSDP2 shards the parameters (zero3 or hsdp), the column the ep axis's
+        ``expert_dim1`` rule reads (:func:`meshplan.spec.axes.ep._fsdp2`)."""
+        return (self.sh == SHARDING.index("zero3")) | (self.sh == SHARDING.index("hsdp"))
+
+    @property
     def sp(self) -> np.ndarray:
         """Sequence parallel: on exactly where tp > 1."""
         return self.tp > 1

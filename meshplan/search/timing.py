@@ -64,7 +64,7 @@ from meshplan.compute.ops import (
 from meshplan.config import Config
 from meshplan.compute.routing import RoutingOptions, a2a_rows
 from meshplan.mesh.resolve import resolved_mesh
-from meshplan.mesh.tpsplit import local_heads, padded_numel
+from meshplan.mesh.tpsplit import expert_shard_dim, local_heads, padded_numel
 from meshplan.pipeline.fast import order_arrays
 from meshplan.placement.assign import place
 from meshplan.schedule.rank_timeline import LAYER_BLOCKS, cp_parts
@@ -206,14 +206,17 @@ def _padded_unit(tables: Tables, c: Candidates, experts: bool = False, gather: b
     """Elements of one dense layer's FSDP unit on one rank, dim 0 padded to the shard
     degree (:func:`~meshplan.mesh.tpsplit.fsdp_padded_numel`); the dense layer of MoE models
     with dense layers, else the MoE layer's non-expert part. ``experts``: the MoE layer's
-    routed-expert unit instead, padded to efsdp (the collective table's ``experts`` unit).
+    routed-expert unit instead, padded to efsdp on the dim FSDP2 shards (dim 1 past efsdp x ep
+    > experts, :func:`~meshplan.mesh.tpsplit.fsdp_shard_len`; the collective table's
+    ``experts`` unit).
     ``gather``: its all-gather bytes instead, each weight in its gather dtype
     (:class:`~meshplan.search.memory.LayerNumel` ``tensors``)."""
     moe = int(experts or (tables.model.is_moe and tables.model.dense_layers == 0))
 
     def padded(tp, ep, etp, shards):
-        return sum(padded_numel(r, n, shards) * (gb if gather else 1)
-                   for r, n, expert, gb in tables.layer(tp, ep, etp, moe).tensors if expert == experts)
+        dim1 = experts and expert_shard_dim(tables.model.experts, shards, ep) == 1
+        return sum(padded_numel(d1 if dim1 and d1 else r, n, shards) * (gb if gather else 1)
+                   for r, n, expert, gb, d1 in tables.layer(tp, ep, etp, moe).tensors if expert == experts)
     shards = c.efsdp if experts else c.fsdp
     return lookup([c.tp, c.ep, c.etp, shards], lambda *k: {"n": padded(*k)}, ("n",))["n"]
 

@@ -270,8 +270,9 @@ def ep_global(model: torch.nn.Module, msd: dict, osd: dict) -> tuple[dict, dict]
     and offsets, and DCP's planner takes them for replicas and writes one (measured by
     ``meshplan validate``: a 4-rank dp_shard 4 x ep 2 run wrote half the experts). Here each
     becomes a DTensor on the (other dims, ep, efsdp) mesh placed ``Shard(0)`` over ep, then
-    its own placement over efsdp: rows ``ep_index x E/ep + efsdp_index x E/ep/efsdp`` of the
-    ``E``-row tensor. The local tensors are shared (no copy), so a ``dcp.load`` into the
+    its own placement over efsdp (``Shard(0)``: rows ``ep_index x E/ep + efsdp_index x
+    E/ep/efsdp`` of the ``E``-row tensor; ``Shard(1)`` past efsdp x ep > experts: this ep
+    rank's ``E/ep`` rows, its efsdp slice of dim 1). The local tensors are shared (no copy), so a ``dcp.load`` into the
     returned dicts loads the model's and the optimizer's own tensors. Without ep > 1: the
     dicts unchanged."""
     from torch.distributed.device_mesh import DeviceMesh
