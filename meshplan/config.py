@@ -181,9 +181,12 @@ def config_from_dict(data: dict[str, Any], base: Path | None = None, path: str |
         raise ConfigError("training.linear_dtype", f"{cluster.gpu.name} has no {training.linear_dtype} peak "
                           f"(float8 GEMMs need fp8 tensor cores, sm89+; its peaks: "
                           f"{', '.join(sorted(cluster.gpu.peak_tflops))}); remove it or plan another GPU")
+    search = build(SearchOptions, data.get("search", {}), "search")
+    if True in (search.tp_comm_overlap or []) and training.framework == "torch" and not training.torch_compile:
+        raise ConfigError("search.tp_comm_overlap", "true under framework \"torch\" is torchtitan's async TP, which "
+                          "needs torch.compile: set training.torch_compile = true, or allow only false")
     return Config(model=model, cluster=cluster, training=training, mesh=mesh, path=path,
-                  memory=build(MemoryOptions, data.get("memory", {}), "memory"),
-                  search=build(SearchOptions, data.get("search", {}), "search"), notes=notes)
+                  memory=build(MemoryOptions, data.get("memory", {}), "memory"), search=search, notes=notes)
 
 
 def _mesh(t: dict) -> tuple[MeshSpec, tuple[str, ...]]:

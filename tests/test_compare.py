@@ -149,7 +149,7 @@ def _seed_text() -> str:
 
 
 # What `meshplan search examples/seed-64gpu.toml --export 1 --to meshplan -o top.toml` wrote (its [training]
-# keeps the seed's workload and changes three knobs; its [mesh] adds pp, cp and an interleaved schedule).
+# keeps the seed's workload and changes two knobs; its [mesh] adds pp, cp and an interleaved schedule).
 TOP = '''[model]
 catalog = "llama3-70b"
 
@@ -163,7 +163,6 @@ seq_len = 8192
 param_dtype = "fp32"
 reshard_after_forward = false
 recompute = "none"
-tp_comm_overlap = true
 
 [mesh]
 names = ["pp", "dp_shard", "cp", "tp"]
@@ -213,14 +212,13 @@ def test_knobs_differ_search_top_against_the_seed(tmp_path, capsys):
     assert rc == 0, err
     doc = json.loads(doc_path.read_text())
     knobs = [("training.reshard_after_forward", True, False), ("training.recompute", "selective", "none"),
-             ("training.tp_comm_overlap", False, True), ("mesh.virtual_stages", 1, 8),
-             ("mesh.pp_layer_split", None, [40, 40]), ("mesh.pp_schedule", "1f1b", "interleaved_1f1b")]
+             ("mesh.virtual_stages", 1, 8), ("mesh.pp_layer_split", None, [40, 40]),
+             ("mesh.pp_schedule", "1f1b", "interleaved_1f1b")]
     assert [(k["knob"], k["a"], k["b"]) for k in doc["knobs"]] == knobs
-    assert [tuple(r) for r in doc["table"][1:7]] == knobs
+    assert [tuple(r) for r in doc["table"][1:6]] == knobs
     printed = [[c.strip() for c in line.split("│")[1:-1]] for line in out.splitlines() if line.startswith("│")]
-    assert printed[1:7] == [["training.reshard_after_forward", "true", "false"], ["training.recompute", "selective",
-                            "none"], ["training.tp_comm_overlap", "false", "true"], ["mesh.virtual_stages", "1", "8"],
-                            ["mesh.pp_layer_split", "unset", "[40, 40]"],
+    assert printed[1:6] == [["training.reshard_after_forward", "true", "false"], ["training.recompute", "selective",
+                            "none"], ["mesh.virtual_stages", "1", "8"], ["mesh.pp_layer_split", "unset", "[40, 40]"],
                             ["mesh.pp_schedule", "1f1b", "interleaved_1f1b"]]
     assert (doc["identical"], doc["winner"], doc["rejected"]) == (False, "top", "seed-64gpu")
     assert doc["reasons"][1].startswith("the meshes differ (seed-64gpu dp_shard 8 x tp 8, top pp 2 x dp_shard 4 x "

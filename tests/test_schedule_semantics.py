@@ -292,9 +292,13 @@ def test_grad_reduce_dtype_is_checked():
 
 def test_tp_comm_overlap_is_a_training_option():
     """Default: TP collectives block (Overlap.tp False, what step, compare and search use).
-    training.tp_comm_overlap = true gives the same step as step --overlap-tp."""
+    training.tp_comm_overlap = true gives the same step as step --overlap-tp (under torch with
+    torch_compile: torchtitan's async TP needs it, a config without is refused)."""
     mesh = {"names": ["dp_shard", "tp"], "shape": [2, 4], "sequence_parallel": True}
-    kw = dict(model={"catalog": "llama3-8b"}, global_batch=4, seq_len=4096)
+    with pytest.raises(ConfigError, match="^training: tp_comm_overlap under framework \"torch\" is torchtitan's "
+                                          "async TP, which needs torch.compile"):
+        plan_of(mesh, model={"catalog": "llama3-8b"}, global_batch=4, seq_len=4096, tp_comm_overlap=True)
+    kw = dict(model={"catalog": "llama3-8b"}, global_batch=4, seq_len=4096, torch_compile=True)
     base = step_time(plan_of(mesh, **kw))
     opt = step_time(plan_of(mesh, tp_comm_overlap=True, **kw))
     flag = step_time(plan_of(mesh, **kw), Overlap(tp=True))

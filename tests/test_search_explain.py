@@ -3,6 +3,8 @@ rule (search/rank.py) and the top-vs-runner-up explanation (search/explain.py)."
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from meshplan.config import config_from_dict
@@ -39,7 +41,10 @@ def test_ends_short_split_by_hand():
 
 
 def test_new_dimensions_are_enumerated_where_they_apply():
-    cfg = config(2, micro_batch=[1], recompute=["selective"], pp=[1, 4], vpp=[1])
+    eager = config(2, micro_batch=[1], recompute=["selective"], pp=[1, 4], vpp=[1])
+    # torch without torch.compile has no async TP (torchtitan: "Async TP requires torch.compile")
+    assert set(enumerate_candidates(eager).ov.tolist()) == {0}
+    cfg = dataclasses.replace(eager, training=eager.training.model_copy(update={"torch_compile": True}))
     c = enumerate_candidates(cfg)
     fsdp = (c.sh != 0) & (c.dps * c.cp > 1)
     # reshard_after_forward both ways exactly where FSDP shards parameters; elsewhere true
@@ -144,13 +149,13 @@ def test_explain_by_hand_with_the_tie_rule():
 
 def test_no_row_is_faster_than_the_line_says_llama3_70b():
     """A user's report: Llama 3 70B on 8 dgx-h100 nodes, global batch 128 x 8192, FSDP (zero3,
-    kept gathered) with tp 4 and tp overlap, no recompute, pp 2, cp 2 or 4, mb 1 or 2, vpp 4, 5
+    kept gathered) with tp 4 and tp overlap (async TP: torch.compile on), no recompute, pp 2, cp 2 or 4, mb 1 or 2, vpp 4, 5
     or 8 (12 candidates, 9 fit). The tie rule lists the 4-axis meshes with tp*pp*cp 16
     (cp 2, vpp 8, 5, 4) before those with 32 (cp 4), although cp 4 mb 2 vpp 8 (#4) is the
     fastest and cp 4 vpp 5 (#5) is faster than #1 too: the line must not call the top faster,
     and must name #4 as the fastest."""
     cfg = config_from_dict({"model": {"catalog": "llama3-70b"}, "cluster": {"system": "dgx-h100", "nodes": 8},
-                            "training": {"global_batch": 128, "seq_len": 8192},
+                            "training": {"global_batch": 128, "seq_len": 8192, "torch_compile": True},
                             "search": {"pp": [2], "tp": [4], "cp": [2, 4], "vpp": [4, 5, 8], "micro_batch": [1, 2],
                                        "recompute": ["none"], "sharding": ["zero3"],
                                        "reshard_after_forward": [False], "tp_comm_overlap": [True]}},

@@ -106,3 +106,24 @@ def test_uncompiled_step_is_longer():
         steps[c] = step_time(build_plan(cfg)).step_s
     extra_fwd = 32 * (2 * 2 * A + 16 * (Q + K)) / 2.97e12      # silu apart, RoPE's fp32 casts: forward only
     assert steps[False] - steps[True] > extra_fwd
+
+
+def test_async_tp_needs_compile():
+    """torchtitan's parallelize raises "Async TP requires torch.compile": its
+    enable_async_tensor_parallel without [compile] enable is refused at import, a meshplan config
+    with tp_comm_overlap under torch without torch_compile too, and the search leaves the overlap
+    off there (tests/test_search_explain.py)."""
+    def titan(par: dict, compile_table: dict | None):
+        d = {"model": {"name": "llama3", "flavor": "8B"}, "training": {"local_batch_size": 1, "seq_len": 8192},
+             "parallelism": {"data_parallel_shard_degree": -1, "tensor_parallel_degree": 2} | par}
+        if compile_table is not None:
+            d["compile"] = compile_table
+        return read(d, Path("."), ImportOptions(cluster="dgx-h100", nodes=1))
+    with pytest.raises(ConfigError, match="^parallelism.enable_async_tensor_parallel: torchtitan raises \"Async TP "
+                                          "requires torch.compile\" without \\[compile\\] enable = true"):
+        titan({"enable_async_tensor_parallel": True}, None)
+    t = titan({"enable_async_tensor_parallel": True}, {"enable": True}).tables["training"]
+    assert t["tp_comm_overlap"] and t["torch_compile"]
+    assert TrainingSpec(global_batch=8, seq_len=16, tp_comm_overlap=True, framework="megatron").tp_comm_overlap
+    with pytest.raises(ValueError, match="needs torch.compile"):
+        TrainingSpec(global_batch=8, seq_len=16, tp_comm_overlap=True)

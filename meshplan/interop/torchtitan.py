@@ -204,6 +204,10 @@ def _training(d: dict, deg: dict[str, int], shard: int, opts: ImportOptions, mod
                 "tp_comm_overlap": bool(par.get("enable_async_tensor_parallel", False))}
     training |= read_recompute(d, deg, model, notes)
     training["torch_compile"] = _compile(d.get("compile", {}), notes)
+    if training["tp_comm_overlap"] and not training["torch_compile"]:
+        raise ConfigError("parallelism.enable_async_tensor_parallel", "torchtitan raises \"Async TP requires "
+                          "torch.compile\" without [compile] enable = true (components with \"model\"): set it, or "
+                          "set enable_async_tensor_parallel = false")
     if dtype == "bf16":  # training.dtype bfloat16: everything in bf16, no fp32 copy
         training |= {"master_weights": False, "grad_dtype": "bf16", "optimizer_dtype": "bf16"}
     return training | read_float8(d, shard, notes)

@@ -23,7 +23,8 @@ from meshplan import __version__
 from meshplan.search.driver import SearchResult
 from meshplan.search.exact import Exact
 from meshplan.search.rank import RULE_LINE
-from meshplan.search.space import RECOMPUTE, REASONS, SHARDING, candidate_config, candidate_schedule, max_tp
+from meshplan.search.space import (RECOMPUTE, REASONS, SHARDING, candidate_config, candidate_schedule, max_tp,
+                                   overlap_searched)
 from meshplan.spec.axes.registry import search_axes
 from meshplan.spec.mesh import Schedule
 from meshplan.units import GiB
@@ -72,13 +73,17 @@ def header_lines(r: SearchResult) -> list[str]:
             f"{t.global_batch} x {t.seq_len} tokens; usable {r.usable_bytes / GiB:.1f} GiB per GPU",
             "mesh order (pp, dp_replicate, dp_shard, cp, tp), tp innermost, ranks node-major; SP on when tp > 1; "
             f"tp <= {max_tp(cfg)}; [mesh] of the config ignored",
-            "also searched: training.reshard_after_forward (FSDP-sharded parameters), training.tp_comm_overlap "
-            "(tp > 1), first and last stage lighter by one layer each (Llama 3 split, pp >= 3, vpp 1)"
+            "also searched: training.reshard_after_forward (FSDP-sharded parameters), "
+            + ("training.tp_comm_overlap (tp > 1), " if overlap_searched(t) else "")
+            + "first and last stage lighter by one layer each (Llama 3 split, pp >= 3, vpp 1)"
             + "".join(f", pipeline schedule {x} (pp > 1, vpp 2)" for x in o.pp_schedules if x != "1f1b")
             + ("" if "1f1b" in o.pp_schedules else "; pp > 1 only under those"),
             f"{len(r.candidates):,} candidates: {sum(1 for _ in REASONS) - 2} validity rules, memory bounds, "
             f"GEMM threshold {o.min_gemm_efficiency:.0%}; {len(r.exact)} planned exactly (build_plan + step_time; "
-            f"memory timelines for {sum(e.complete for e in r.exact.values())} of them) in {r.wall_s:.1f} s"]
+            f"memory timelines for {sum(e.complete for e in r.exact.values())} of them) in {r.wall_s:.1f} s"] + \
+        ([] if overlap_searched(t) else ["not searched: training.tp_comm_overlap (torch without torch_compile: "
+                                         "torchtitan's async TP needs torch.compile; set training.torch_compile "
+                                         "= true to search it)"])
 
 
 def print_search(r: SearchResult, console: Console) -> None:

@@ -260,7 +260,9 @@ def enumerate_candidates(cfg: Config) -> Candidates:
     fsdp = (cols["sh"] != SHARDING.index("zero1")) & ((cols["dps"] * cols["cp"] > 1) | (
         cfg.model.is_moe & (cols["dps"] * cols["cp"] * cols["tp"] > cols["ep"] * cols["etp"])))
     cols = _expand(cols, "rf", _flags(o.reshard_after_forward, True), fsdp, 1)
-    cols = _expand(cols, "ov", _flags(o.tp_comm_overlap, False), cols["tp"] > 1, 0)
+    # torch's async TP needs torch.compile (TrainingSpec): without it tp_comm_overlap stays off
+    cols = _expand(cols, "ov", _flags(o.tp_comm_overlap, False) if overlap_searched(cfg.training) else [0],
+                   cols["tp"] > 1, 0)
     short = np.array([ends_short_split(layers, int(p)) is not None for p in range(cfg.cluster.world + 1)])
     cols = _expand(cols, "us", _flags(o.uneven_stages, False), short[cols["pp"]] & (cols["vpp"] == 1), 0)
     piped = cols["pp"] > 1
@@ -271,6 +273,12 @@ def enumerate_candidates(cfg: Config) -> Candidates:
         cols = {k: v[keep] for k, v in cols.items()}
     own = {f.name for f in fields(Candidates)}
     return Candidates(**{k: v for k, v in cols.items() if k in own}, more={k: v for k, v in cols.items() if k not in own})
+
+
+def overlap_searched(training) -> bool:
+    """Whether the search varies ``training.tp_comm_overlap``: under Megatron-LM, and under torch
+    with ``torch_compile`` (torchtitan's async TP needs torch.compile)."""
+    return training.framework == "megatron" or training.torch_compile
 
 
 def _flags(allowed, default: bool) -> list[int]:

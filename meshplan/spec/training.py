@@ -50,8 +50,9 @@ class TrainingSpec(BaseModel):
     ``accumulate_allreduce_grads_in_fp32`` for every bf16 run: "bfloat16 requires gradient
     accumulation and all-reduce to be done in fp32"; later versions unless ``--grad-reduce-in-bf16``).
     ``tp_comm_overlap``: TP collectives overlap the GEMMs of their block (Megatron-LM
-    ``--tp-comm-overlap``, Transformer Engine userbuffers); off: they block (torchtitan's
-    default).
+    ``--tp-comm-overlap``, Transformer Engine userbuffers; torchtitan's
+    ``enable_async_tensor_parallel``, which needs ``torch_compile``: its parallelize raises "Async
+    TP requires torch.compile"); off: they block (torchtitan's default).
     ``framework``: whose runtime order the step model follows where they differ: ``torch``
     (torchtitan: DTensor tensor parallelism; a block's input-gradient collective is issued
     after its linears' backward, input and weight gradients, and blocks the next block) or
@@ -182,6 +183,10 @@ class TrainingSpec(BaseModel):
             raise ValueError("zero3_engine 'deepspeed-2021' gathers every parameter in forward and again in backward and "
                              "reduces every micro-batch: remove grad_accumulation, reshard_after_forward and "
                              "fp8_all_gather (FSDP2 options)")
+        if self.tp_comm_overlap and self.framework == "torch" and not self.torch_compile:
+            raise ValueError("tp_comm_overlap under framework \"torch\" is torchtitan's async TP, which needs "
+                             "torch.compile (torchtitan raises \"Async TP requires torch.compile\"): set "
+                             "torch_compile = true, or remove tp_comm_overlap")
         if self.torch_compile and self.framework != "torch":
             raise ValueError(f"torch_compile is torch.compile of a torch model; framework {self.framework!r} runs its "
                              f"own kernels: remove the key")
