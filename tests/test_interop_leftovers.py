@@ -14,7 +14,6 @@ invalid"); torchtitan's job config before its ``[quantize.linear.float8]`` table
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
@@ -23,16 +22,7 @@ from meshplan.interop.common import ImportOptions
 from meshplan.interop.foreign import load_any
 
 from tests.test_interop import DS, MG, TT
-
-H100 = ImportOptions(cluster="dgx-h100", nodes=1)
-H100x2 = ImportOptions(cluster="dgx-h100", nodes=2)
-DSOPTS = ImportOptions(cluster="dgx-h100", nodes=2, model="llama3-8b", seq_len=4096)
-
-
-def _write(tmp_path, name: str, text: str) -> Path:
-    f = tmp_path / name
-    f.write_text(text)
-    return f
+from tests.test_interop_strict import DSOPTS, H100, H100x2, _write  # noqa: F401  (shared with the strict tests)
 
 
 # repeated keys and flags -------------------------------------------------------------------
