@@ -392,7 +392,8 @@ def groups(config: Path = typer.Argument(..., help="TOML config (or a foreign co
 
 @app.command()
 def memory(config: Path = typer.Argument(..., help="TOML config (an optional [memory] table sets the timeline parameters; or a foreign config with --cluster/--nodes)"),
-           out: Path = typer.Option(Path("."), "--out", help="folder for the PNG plot(s)"),
+           out: Path = typer.Option(Path("out/memory"), "--out",
+                                    help="folder for the PNG plot(s) (created; out/ is git-ignored)"),
            all_stages: bool = typer.Option(False, "--all-stages", help="every pipeline stage, not only the most loaded"),
            json_path: Optional[Path] = _json_option("memory"),
            force: bool = typer.Option(False, "--force", help="replace existing PNG and --json files"),

@@ -127,3 +127,45 @@ def test_async_tp_needs_compile():
     assert TrainingSpec(global_batch=8, seq_len=16, tp_comm_overlap=True, framework="megatron").tp_comm_overlap
     with pytest.raises(ValueError, match="needs torch.compile"):
         TrainingSpec(global_batch=8, seq_len=16, tp_comm_overlap=True)
+
+
+def test_torchtitan_ddp_beside_tp_and_unknown_converters():
+    """torchtitan's parallelize raises "DDP has not supported > 1D parallelism" for a replicated,
+    unsharded model beside pp or tp: refused at import and at export; a converter meshplan does
+    not model is named in a note, not dropped silently."""
+    def titan(par: dict, model: dict | None = None):
+        d = {"model": {"name": "llama3", "flavor": "8B"} | (model or {}),
+             "training": {"local_batch_size": 8, "seq_len": 8192}, "parallelism": par}
+        return read(d, Path("."), ImportOptions(cluster="dgx-h100", nodes=1))
+    with pytest.raises(ConfigError, match="^parallelism.data_parallel_replicate_degree: replicated without sharding "
+                                          "\\(DDP\\) beside pp or tp: torchtitan raises"):
+        titan({"data_parallel_replicate_degree": 4, "data_parallel_shard_degree": 1, "tensor_parallel_degree": 2})
+    assert titan({"data_parallel_replicate_degree": 8, "data_parallel_shard_degree": 1}).tables["training"][
+        "sharding"] == "none"
+    notes = titan({"data_parallel_shard_degree": -1}, {"converters": ["quantize.linear.mx"]}).notes
+    assert "model.converters ['quantize.linear.mx']: not modelled (meshplan models the float8 Linear converter " \
+           "'quantize.linear.float8' only); planned without it" in notes
+    from meshplan.interop.torchtitan import write
+    cfg = config_from_dict({"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 1},
+                            "training": {"global_batch": 8, "seq_len": 8192, "sharding": "none"},
+                            "mesh": {"names": ["dp_replicate", "tp"], "shape": [4, 2], "sequence_parallel": True}})
+    with pytest.raises(ConfigError, match="^--to: DDP \\(sharding none\\) beside pp or tp"):
+        write(cfg)
+
+
+def test_torchtitan_accumulation_under_pp_is_named():
+    """global 32 = 4 x local 2 x dp 4 with pp 2: torchtitan runs the 1F1B schedule 4 times (2
+    micro-batches each); meshplan plans one schedule of 8, and says so."""
+    d = {"model": {"name": "llama3", "flavor": "8B"},
+         "training": {"local_batch_size": 2, "global_batch_size": 32, "seq_len": 8192},
+         "parallelism": {"data_parallel_shard_degree": -1, "pipeline_parallel_degree": 2,
+                         "pipeline_parallel_schedule": "1F1B", "pipeline_parallel_microbatch_size": 1}}
+    got = read(d, Path("."), ImportOptions(cluster="dgx-h100", nodes=1))
+    assert got.tables["training"]["micro_batch"] == 1 and got.tables["training"]["global_batch"] == 32
+    assert ("training.global_batch_size 32 = 4 x local_batch_size 2 x dp 4: torchtitan runs 4 gradient-accumulation "
+            "steps, each a pipeline schedule of 2 micro-batches; meshplan plans one schedule of 8 (the pipeline filled "
+            "and drained once, not 4 times): its bubble and step are optimistic by the 3 extra fills and drains"
+            ) in got.notes
+    d["training"]["local_batch_size"] = 8
+    assert not [n for n in read(d, Path("."), ImportOptions(cluster="dgx-h100", nodes=1)).notes
+                if "gradient-accumulation" in n]

@@ -186,6 +186,17 @@ def _training(d: dict, deg: dict[str, int], shard: int, opts: ImportOptions, mod
     micro = positive_int(par.get("pipeline_parallel_microbatch_size", 1),
                          "parallelism.pipeline_parallel_microbatch_size") if deg["pp"] > 1 else local
     fsdp = shard * deg["cp"] > 1
+    accum = global_batch // max(local * deg["dp_replicate"] * shard, 1)
+    if deg["pp"] > 1 and accum > 1:
+        notes.append(f"training.global_batch_size {global_batch} = {accum} x local_batch_size {local} x dp "
+                     f"{deg['dp_replicate'] * shard}: torchtitan runs {accum} gradient-accumulation steps, each a "
+                     f"pipeline schedule of {local // micro} micro-batches; meshplan plans one schedule of "
+                     f"{accum * (local // micro)} (the pipeline filled and drained once, not {accum} times): its "
+                     f"bubble and step are optimistic by the {accum - 1} extra fills and drains")
+    if not fsdp and deg["dp_replicate"] > 1 and deg["pp"] * deg["tp"] > 1:
+        raise ConfigError("parallelism.data_parallel_replicate_degree", "replicated without sharding (DDP) beside "
+                          "pp or tp: torchtitan raises \"DDP has not supported > 1D parallelism\"; shard too "
+                          "(data_parallel_shard_degree > 1: HSDP) or drop the other degrees")
     policy = par.get("fsdp_reshard_after_forward", "default")
     if policy not in ("default", "always", "never"):
         raise ConfigError("parallelism.fsdp_reshard_after_forward", f"{policy!r}; use default, always or never")
@@ -387,6 +398,9 @@ def _write_degrees(cfg: Config, mesh: Mesh) -> dict[str, int]:
     if (deg.get("dp_shard", 1) > 1 and t.sharding == "none") or both != (t.sharding == "hsdp"):
         raise ConfigError("--to", f"sharding {t.sharding} over {axes} is not what torchtitan applies (FSDP2 on "
                           f"dp_shard, HSDP with dp_replicate too, DDP on dp_replicate alone)")
+    if t.sharding == "none" and deg.get("dp_replicate", 1) > 1 and deg.get("pp", 1) * deg.get("tp", 1) > 1:
+        raise ConfigError("--to", "DDP (sharding none) beside pp or tp: torchtitan raises \"DDP has not supported > "
+                          "1D parallelism\"; shard (zero3 or hsdp) to export it")
     if deg.get("tp", 1) > 1 and not mesh_spec(cfg).sequence_parallel:
         raise ConfigError("--to", "torchtitan runs tp with sequence parallel; set mesh.sequence_parallel = true")
     return deg

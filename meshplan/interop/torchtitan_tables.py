@@ -125,6 +125,10 @@ def read_float8(d: dict, shard: int, notes: list[str]) -> dict[str, Any]:
     filter ``"output"``); the float8 all-gather only with dp_shard > 1
     (``parallel_dims.dp_shard_enabled``) and never with a ``recipe_name`` (an assertion there)."""
     converters = [str(c) for c in d.get("model", {}).get("converters", [])]
+    other = [c for c in converters if c not in LINEAR_CONVERTERS + (GROUPED_CONVERTER,)]
+    if other:
+        notes.append(f"model.converters {other}: not modelled (meshplan models the float8 Linear converter "
+                     f"{LINEAR_CONVERTERS[1]!r} only); planned without {'it' if len(other) == 1 else 'them'}")
     if GROUPED_CONVERTER in converters:
         notes.append(f"{GROUPED_CONVERTER}: the routed experts' float8 grouped GEMMs are not modelled; planned in "
                      f"the compute dtype")
@@ -136,7 +140,10 @@ def read_float8(d: dict, shard: int, notes: list[str]) -> dict[str, Any]:
     if not isinstance(fqns, list):
         raise ConfigError(key + "filter_fqns", f"{fqns!r}; give a list of module names, e.g. [\"output\"]")
     names = [str(f) for f in fqns if str(f) != AUTO_FILTER]
-    others = [f for f in names if f not in "output"]
+    # torchtitan's module_filter_fn skips a Linear when a filter_fqns entry is part of its fqn:
+    # "output" (or "outp") filters the output layer only; an entry such as "o" or "w" filters
+    # more than that, which meshplan does not model (the note below)
+    others = [f for f in names if f not in "output" or len(f) < 3]
     notes.append("float8 converter: the converted Linear layers' GEMMs planned in fp8 (training.linear_dtype); "
                  "activations, attention, norms and embeddings in the compute dtype")
     if others or AUTO_FILTER in fqns:
