@@ -33,8 +33,14 @@ Calibration file (TOML, one table per link class ``nvlink``, ``pcie`` or ``nic``
     source = "nccl-tests all_reduce_perf 2026-03-02, 8 nodes x 1 GPU"
 
 ``nic`` is meant for runs with one GPU per node, so that each rank's traffic crosses one
-NIC. Applying a calibration writes the bandwidth and the per-step latency
-``latency_us / steps(op, ranks)`` (the meaning of :class:`LinkSpec.latency_us`).
+NIC. Applying a calibration writes the bandwidth, the per-step latency
+``latency_us / steps(op, ranks)`` (the meaning of :class:`LinkSpec.latency_us`) and marks the
+class ``calibrated``: :func:`meshplan.comm.alphabeta.collective_time` then times it as
+``steps(op', n') * latency_us / steps(op, ranks) + busbw_factor(op', n') * S / beta`` with no
+NCCL base latency or protocol choice and no NVLS or tree (the fit holds whatever algorithm
+NCCL ran), so the measured op over the measured ranks is predicted at the fit itself
+(``latency_us`` per call, never less) and no algorithm beats the fitted bus bandwidth; other
+ops and rank counts scale alpha per algorithm step.
 
 >>> rows = [BenchRow("all-reduce", 8, s, 20e-6 + 1.75 * s / 40e9, 0.0, 0.0) for s in (8, 2**20, 2**30)]
 >>> fit = fit_alpha_beta(rows, "nic")
@@ -391,7 +397,8 @@ def apply_calibration(cluster: ClusterSpec, calib: dict[str, CalibratedLink]) ->
     lose the catalog's measured busbw curves (``nvlink`` the "nvlink" and "nvls" curves, ``nic``
     the "nic" curve and the single-NIC curves "p2p" (cross-node send/recv pair) and "nic1" (one
     rank per node), which run over one NIC):
-    the user's own fit replaces them. Other fields are kept."""
+    the user's own fit replaces them. Each calibrated class is marked ``calibrated`` (timed on
+    the fit alone: module docstring). Other fields are kept."""
     node, tag = cluster.node, "calibrated: {}"
     upd: dict[str, Any] = {}
     dropped = {"nvlink": ("nvlink", "nvls"), "nic": ("nic", "p2p", "nic1")}
@@ -402,14 +409,15 @@ def apply_calibration(cluster: ClusterSpec, calib: dict[str, CalibratedLink]) ->
             c = calib[name]
             upd[field] = getattr(node, field).model_copy(update={
                 "bandwidth_gb_per_s": c.bandwidth_gb_per_s, "latency_us": c.step_latency_us,
-                "source": tag.format(c.source)})
+                "calibrated": True, "source": tag.format(c.source)})
     network = cluster.network
     if "nic" in calib:
         c = calib["nic"]
         if not node.nics:
             raise ConfigError("--calibration: link.nic", f"node {node.name} has no NIC; drop [link.nic] or add NICs")
         upd["nics"] = [n.model_copy(update={"rate_gbit_per_s": c.bandwidth_gb_per_s * 8}) for n in node.nics]
-        network = [t.model_copy(update={"latency_us": c.step_latency_us}) for t in cluster.network]
+        network = [t.model_copy(update={"latency_us": c.step_latency_us, "calibrated": True})
+                   for t in cluster.network]
     sources = "; ".join(f"{k}: {v.source}" for k, v in calib.items())
     return cluster.model_copy(update={"node": node.model_copy(update=upd), "network": network,
                                       "source": f"{cluster.source} (calibrated: {sources})".strip()})

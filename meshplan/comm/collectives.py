@@ -141,7 +141,9 @@ class Path:
     and the per-step latency scale against NCCL's defaults (1 = NCCL's constants). Across
     nodes: ``nodes`` spanned, ``ranks_per_node`` of the group on a node, and
     ``nic_bandwidth_bytes_per_s``, the share of its own NIC a rank gets while every group of
-    the axis runs (all-to-all's cross-node bytes leave through it)."""
+    the axis runs (all-to-all's cross-node bytes leave through it). ``calibrated``: the link
+    class carries the user's nccl-tests fit (:func:`meshplan.comm.calibration.apply_calibration`),
+    timed as :func:`meshplan.comm.alphabeta.collective_time` says."""
 
     kind: str  # "local" | "nvlink" | "network"
     bandwidth_bytes_per_s: float
@@ -150,6 +152,7 @@ class Path:
     nodes: int = 1
     ranks_per_node: int = 0
     nic_bandwidth_bytes_per_s: float = 0.0
+    calibrated: bool = False
 
 
 @dataclass(frozen=True)
@@ -293,11 +296,14 @@ def groups_path(groups: np.ndarray, placement, cluster: ClusterSpec) -> Path:
     node = placement.node[groups]
     fabric = cluster.node.fabric
     if (placement.domain[groups] == placement.domain[groups][:, :1]).all():
-        return Path("nvlink", fabric.bandwidth_bytes_per_s, fabric.name, fabric.latency_s / REFERENCE_STEP_S["nvlink"])
+        return Path("nvlink", fabric.bandwidth_bytes_per_s, fabric.name, fabric.latency_s / REFERENCE_STEP_S["nvlink"],
+                    calibrated=fabric.calibrated)
     nics = cluster.node.nics
     tier = cluster.network[0].latency_s / REFERENCE_STEP_S["network"] if cluster.network else 1.0
+    calibrated = bool(cluster.network) and cluster.network[0].calibrated
     if not nics:
-        return Path("network", cluster.node.pcie.bandwidth_bytes_per_s, "no NIC in catalog: PCIe bound", tier)
+        return Path("network", cluster.node.pcie.bandwidth_bytes_per_s, "no NIC in catalog: PCIe bound", tier,
+                    calibrated=cluster.node.pcie.calibrated)
     n0 = int(node[0, 0])
     on_node = np.flatnonzero((node == n0).any(axis=1))
     members = groups[on_node][node[on_node] == n0]
@@ -310,7 +316,7 @@ def groups_path(groups: np.ndarray, placement, cluster: ClusterSpec) -> Path:
     share = min((nics[i].bandwidth_bytes_per_s / users[i] for i in own), default=0.0)
     return Path("network", bw, f"{len(on_node)} group(s) per node share NIC(s) "
                 f"{','.join(nics[i].name for i in used)}; rails {rails.tolist()}", tier,
-                len(np.unique(node[0])), int((node[0] == n0).sum()), share)
+                len(np.unique(node[0])), int((node[0] == n0).sum()), share, calibrated)
 
 
 def path_time(op: str, n: int, size_bytes: float, path: Path, cluster: ClusterSpec,
@@ -327,7 +333,7 @@ def path_time(op: str, n: int, size_bytes: float, path: Path, cluster: ClusterSp
                            intra_bandwidth_bytes_per_s=cluster.node.fabric.bandwidth_bytes_per_s,
                            library=cluster.collective_library, curves=cluster.node.busbw,
                            nic_bandwidth_bytes_per_s=path.nic_bandwidth_bytes_per_s,
-                           ranks_per_node=path.ranks_per_node, nccl_era=nccl_era)
+                           ranks_per_node=path.ranks_per_node, nccl_era=nccl_era, calibrated=path.calibrated)
 
 
 def collective_table(model: ModelSpec, training: TrainingSpec, mesh: Mesh, cluster: ClusterSpec,
