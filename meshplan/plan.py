@@ -300,7 +300,8 @@ def _collectives(config: Config, spec: MeshSpec, mesh: Mesh, placement: Placemen
         out[table_key(k)] = collective_table(config.model, config.training, mesh, config.cluster, placement,
                                              layers, micro, first_stage=k == 0, last_stage=k == last_stage(stages),
                                              loss_parallel=spec.loss_parallel, stage=k, vpp=vpp,
-                                             schedule=spec.pp_schedule, chunks=stages[k])
+                                             schedule=spec.pp_schedule, chunks=stages[k],
+                                             grad_bucket_elements=config.memory.grad_bucket_elements)
     return out
 
 
