@@ -699,7 +699,8 @@ def ddp_buckets(sizes_bytes: list[int], cap_bytes: int, first_cap_bytes: int) ->
     >>> ddp_buckets([4, 600, 300, 300, 300, 10], 500, 100)
     [604, 600, 310]
     """
-    out, cur = [], 0
+    out: list[int] = []
+    cur = 0
     for b in sizes_bytes:
         cur += b
         if cur >= (first_cap_bytes if not out else cap_bytes):
