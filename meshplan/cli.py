@@ -40,7 +40,7 @@ from meshplan.comm.calibration import (
     calibration_toml,
     load_calibration,
 )
-from meshplan.comm.nccl_log import check_against_placement, read_nccl_log, unchecked_ranks
+from meshplan.comm.nccl_log import check_log, read_nccl_log
 from meshplan.compare import compare, compare_html, compare_to_dict, evidence_folder, table_rows, write_evidence
 from meshplan.compute.gemm import load_gemm_table
 from meshplan.errors import ConfigError, check_number, printable
@@ -139,9 +139,6 @@ CalibrationOpt = Annotated[Optional[Path], typer.Option("--calibration", help=CA
 
 
 def _opts(cluster, nodes, gpu, model, seq_len) -> ImportOptions:
-    for name, v in (("--nodes", nodes), ("--seq-len", seq_len)):
-        if v is not None and v < 1:
-            raise ConfigError(name, f"{v} must be a whole number >= 1")
     return ImportOptions(cluster=cluster, nodes=nodes, gpu=gpu, model=model, seq_len=seq_len)
 
 
@@ -775,9 +772,12 @@ def nccl_check(config: Path = typer.Argument(..., help="TOML config whose placem
         _exit_infeasible(p)
     expected = {r: rank_row(p.placement, r)["nic"] for r in range(p.world)}
     report = read_nccl_log(log)
-    diffs = check_against_placement(report, expected)  # a log without the world communicator: exit 2
-    for n in (*report.notes, *unchecked_ranks(report, p.world)):
+    for n in report.notes:  # before the check: they name the lines a "cannot check" (exit 2) comes from
         _echo(f"note: {n}", err=True)
+    check = check_log(report, expected)  # a log without the world communicator: exit 2
+    for n in check.unchecked:
+        _echo(f"note: {n}", err=True)
+    diffs = list(check.differences)
     for d in diffs:
         _echo(d)
     _echo(f"{len(diffs)} difference(s) between the NCCL log and the placement")
@@ -923,9 +923,11 @@ def launch_cmd(config: Path = typer.Argument(..., help="TOML config"),
                nic_scope: str = typer.Option("rank", "--nic-scope", help="rank (only the rank's NIC) or node "
                                                                         "(every compute NIC, NCCL chooses)"),
                socket_ifname: Optional[str] = typer.Option(None, "--socket-ifname",
-                                                           help="with --transport ib: the IP interface for NCCL's "
-                                                                "bootstrap and gloo (NCCL_SOCKET_IFNAME, "
-                                                                "GLOO_SOCKET_IFNAME)"),
+                                                           help="the IP interface (NCCL_SOCKET_IFNAME, "
+                                                                "GLOO_SOCKET_IFNAME): NCCL's bootstrap and gloo's "
+                                                                "with --transport ib, every rank's data with "
+                                                                "socket (default: each NIC's ifname; required "
+                                                                "when the node's NICs have none)"),
                cpu_bind: str = typer.Option("numactl", "--cpu-bind", help="numactl (cores and memory node), taskset "
                                                                          "(cores) or none"),
                job_name: str = typer.Option("meshplan", "--job-name", help="Slurm job name"),

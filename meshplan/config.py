@@ -176,7 +176,12 @@ def config_from_dict(data: dict[str, Any], base: Path | None = None, path: str |
     mesh, notes = _mesh(data["mesh"]) if "mesh" in data else (None, ())
     model, training = _model(data["model"], base), build(TrainingSpec, data["training"], "training")
     _check_routing(model, training)
-    return Config(model=model, cluster=_cluster(data["cluster"]), training=training, mesh=mesh, path=path,
+    cluster = _cluster(data["cluster"])
+    if training.linear_dtype is not None and training.linear_dtype not in cluster.gpu.peak_tflops:
+        raise ConfigError("training.linear_dtype", f"{cluster.gpu.name} has no {training.linear_dtype} peak "
+                          f"(float8 GEMMs need fp8 tensor cores, sm89+; its peaks: "
+                          f"{', '.join(sorted(cluster.gpu.peak_tflops))}); remove it or plan another GPU")
+    return Config(model=model, cluster=cluster, training=training, mesh=mesh, path=path,
                   memory=build(MemoryOptions, data.get("memory", {}), "memory"),
                   search=build(SearchOptions, data.get("search", {}), "search"), notes=notes)
 

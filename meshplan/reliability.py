@@ -111,9 +111,9 @@ def checkpoint_size(states, mesh, model=None) -> CheckpointSize:
     """Checkpoint bytes from :func:`meshplan.memory.state.state_bytes` (one StateBytes per
     stage) of ``mesh``: kinds params, master and optimizer (module docstring). ``model``
     (the :class:`~meshplan.spec.model.ModelSpec`): count replicated KV heads once
-    (:func:`kv_copy_numel`); without it every tp rank's copy counts, as meshplan's runtime
-    saves them (its model holds the ``tp`` copies as one tp-sharded tensor, which DCP stores
-    whole: the measured runs of ``validate`` compare against that)."""
+    (:func:`kv_copy_numel`), as meshplan's runtime saves them
+    (:func:`meshplan.runtime.execution.kvsync.dedup_kv_state`); without it every tp rank's
+    copy counts."""
     tp, ep, etp = mesh.degree("tp"), mesh.degree("ep"), mesh.degree("etp")
     per_rank = 0.0
     for st in states:

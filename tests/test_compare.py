@@ -59,8 +59,10 @@ def test_both_feasible_faster_wins():
     a = build_plan(config_from_dict({**base, "mesh": {"names": ["dp_shard", "tp"], "shape": [8, 2]}}))
     b = build_plan(config_from_dict({**base, "mesh": {"names": ["dp_shard", "tp"], "shape": [2, 8]}}))
     c = compare(a, b)
-    # tp 8 on Llama-3-8B makes 512-wide q shards and 8x the TP traffic: tp 2 wins by about half
-    assert c.winner == "A" and c.a.step_s < 0.6 * c.b.step_s
+    # tp 8 on Llama-3-8B makes 512-wide q shards and 8x the TP traffic: tp 2 wins by about 40%
+    # (the uncompiled elementwise kernels, the same bytes per rank on either mesh's tp-split
+    # activations, weigh on both)
+    assert c.winner == "A" and c.a.step_s < 0.65 * c.b.step_s
     assert c.reasons[0] == (f"A predicts a {1 - c.a.step_s / c.b.step_s:.1%} shorter step "
                             f"({c.a.step_s:.3f} s vs {c.b.step_s:.3f} s)")
 

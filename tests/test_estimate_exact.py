@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from meshplan import catalog
-from meshplan.compute.ops import (BLOCKS, PHASES, RECOMPUTE, Workload, embedding_cost, framework_kernels, head_cost,
-                                  layer_cost, layer_costs)
+from meshplan.compute.ops import (BLOCKS, PHASES, RECOMPUTE, Workload, embedding_cost, float8_gemms, framework_kernels,
+                                  head_cost, layer_cost, layer_costs)
 from meshplan.compute.routing import RoutingOptions
 from meshplan.schedule.rank_timeline import LAYER_BLOCKS, cp_parts
 from meshplan.search.memory import Tables
@@ -77,7 +77,8 @@ def _reference_ops(cfg, tp, cp, mb, rc, ep, etp, layer):
     m, t, gpu = cfg.model, cfg.training, cfg.cluster.gpu
     w = Workload(seq_len=t.seq_len, micro_batch=mb, tp=tp, cp=cp, sp=tp > 1, ep=ep, etp=etp,
                  dtype=t.compute_dtype, recompute=SEARCHED[rc], flash=t.flash_attention,
-                 vocab_pad_divisor=t.vocab_pad_divisor, routing=RoutingOptions.of(t), **framework_kernels(t))
+                 vocab_pad_divisor=t.vocab_pad_divisor, routing=RoutingOptions.of(t), **framework_kernels(t),
+                 **float8_gemms(m, t))
     cost = layer_cost(m, gpu, w, layer=layer)
     out = {f"{p}_{b}": cost.seconds(ph, b, r) for p, (ph, r) in FIELD_PHASES.items() for b in LAYER_BLOCKS}
     out.update({f"{p}_cpq": cp_parts(cost, ph, r)["q"] for p, (ph, r) in FIELD_PHASES.items() if p != "bw"})
@@ -85,16 +86,21 @@ def _reference_ops(cfg, tp, cp, mb, rc, ep, etp, layer):
     out.update(emb_f=emb.seconds("forward"), emb_bw=emb.seconds("backward_weight"),
                head_f=head.seconds("forward"), head_b=head.backward_s)
     gemms = [o for o in cost.ops + head.ops if o.kind == "gemm" and not o.recompute]
-    out.update(gemm_flops=sum(o.hardware_flops for o in gemms if o.block != "head"),
+    peak = [o.hardware_flops / gpu.peak_flops(w.gemm_dtype(o.name)) for o in gemms]  # each at its dtype's peak
+    out.update(gemm_peak_s=sum(p for o, p in zip(gemms, peak) if o.block != "head"),
                gemm_s=sum(o.seconds for o in gemms if o.block != "head"),
-               head_gemm_flops=sum(o.hardware_flops for o in gemms if o.block == "head"),
+               head_gemm_peak_s=sum(p for o, p in zip(gemms, peak) if o.block == "head"),
                head_gemm_s=sum(o.seconds for o in gemms if o.block == "head"))
     return out
 
 
-@pytest.mark.parametrize("model", [None, MOE], ids=["dense", "moe"])
-def test_time_tables_ops_equal_one_layer_cost_per_policy(model):
+@pytest.mark.parametrize("model,float8", [(None, False), (MOE, False), (None, True)], ids=["dense", "moe", "float8"])
+def test_time_tables_ops_equal_one_layer_cost_per_policy(model, float8):
     cfg = config(1, model=model)
+    if float8:  # the Linears' GEMMs in fp8 (training.linear_dtype), each GEMM at its own dtype's peak
+        gpu = cfg.cluster.gpu.model_copy(update={"peak_tflops": cfg.cluster.gpu.peak_tflops | {"fp8": 1978.9}})
+        cfg = replace(cfg, cluster=cfg.cluster.model_copy(update={"gpu": gpu}),
+                      training=cfg.training.model_copy(update={"linear_dtype": "fp8"}))
     tt = TimeTables(cfg, Tables(cfg))
     layer = cfg.model.dense_layers if cfg.model.is_moe else 0
     ep = 2 if cfg.model.is_moe else 1

@@ -14,6 +14,9 @@ time to 1e-6 relative:
 - memory-bound ops = bytes read + written / measured bandwidth (compute/ops.py's byte counts):
   norms on the fused-norm curve by hidden size, everything else at BabelStream Triad
   (catalog/kernels.toml); the backward's residual-gradient accumulation before each norm;
+- torch plans run uncompiled (``training.torch_compile`` off): SwiGLU, RoPE and the fp32 cross
+  entropy kernel by kernel (compute/torch_eager.py); FSDP2's copy-out after each all-gather and
+  copy-in before each reduce-scatter on the compute stream (comm/fsdp2.py);
 - every kernel at least the host's issue floor (4.7 us), and one per-micro-batch overhead in
   the embedding's forward (kernels.toml ``microbatch_overhead_s``);
 - each collective from the measured nccl-tests curves of catalog/nccl.toml
@@ -184,9 +187,16 @@ def layer_terms(tp: int, megatron: bool = False) -> dict:
     delay = ISSUE if megatron and tp > 1 else 0.0                     # Megatron: empty(1) + 1 after the async all-reduce
     add = kernel(3 * B * S * H / TRIAD)                               # residual add: two in, one out (both passes)
     grad_acc = kernel(3 * B * S * H / TRIAD)                          # backward: skip + norm-branch gradient summed
-    rope = kernel(2 * B * S * (2 * Q // tp) * D / TRIAD)             # q and k rotated: in and out
-    silu_f = kernel(3 * B * S * (F // tp) / TRIAD)                    # silu(gate) x up: gate, up in, out
-    silu_b = kernel(5 * B * S * (F // tp) / TRIAD)                    # gate, up, dy in; d gate, d up out
+    e, a = S * (Q // tp) * D, S * (F // tp)                           # elements of q (= of k: no GQA); of the gate
+    if megatron:  # fused kernels
+        rope = kernel(2 * B * 2 * e / TRIAD)                          # q and k rotated: in and out
+        silu_f = kernel(3 * B * a / TRIAD)                            # silu(gate) x up: gate, up in, out
+        silu_b = kernel(5 * B * a / TRIAD)                            # gate, up, dy in; d gate, d up out
+    else:  # torch without torch.compile (compute/torch_eager.py), each pass: on q, then on k, the
+        # upcast (2 in, 4 out), the complex multiply (4 in, 4 out) and the downcast (4 in, 2 out)
+        rope = 2 * (kernel((B + 4) * e / TRIAD) + kernel(8 * e / TRIAD) + kernel((4 + B) * e / TRIAD))
+        silu_f = kernel(2 * B * a / TRIAD) + kernel(3 * B * a / TRIAD)  # silu (1 in, 1 out), x up (2 in, 1 out)
+        silu_b = kernel(3 * B * a / TRIAD) + kernel(6 * B * a / TRIAD)  # silu_backward; mul's two products
     # no linear biases (model: linear_bias and qkv_bias false): ops._bias_ops adds nothing
     return {"f_attn_pre": norm_f, "f_attn": fwd("attn") + att_f + rope, "f_attn_post": add,
             "f_mlp_pre": norm_f, "f_mlp": fwd("mlp") + silu_f, "f_mlp_post": add,
@@ -222,7 +232,12 @@ def head_terms(tp: int, megatron: bool = False) -> dict:
     backward issues Megatron's ``torch.empty(1) + 1`` delay after its async all-reduce (one
     floor in ``head_w``)."""
     logits = S * V // tp
-    ce_f, ce_b = (38, 14) if megatron else (B + 4, B + 4)
+    # torch without torch.compile (compute/torch_eager.py): forward the upcast (2 in, 4 out) and
+    # log_softmax (4 in, 4 out); backward nll_loss's zero-filled gradient (4 out), log_softmax's
+    # backward (4 + 4 in, 4 out) and the upcast's gradient (4 in, 2 out); one kernel each
+    ce_f = kernel(38 * logits / TRIAD) if megatron else kernel((B + 4) * logits / TRIAD) + kernel(8 * logits / TRIAD)
+    ce_b = kernel(14 * logits / TRIAD) if megatron else \
+        kernel(4 * logits / TRIAD) + kernel(12 * logits / TRIAD) + kernel((4 + B) * logits / TRIAD)
     emb_f = kernel(2 * B * S * H / TRIAD) + (0.0 if megatron else MB_OVERHEAD)
     batch_f = (MB_OVERHEAD + kernel(4 * S * S / TRIAD) + kernel(8 * S * S / TRIAD) + kernel(5 * S * S / TRIAD)
                + 2 * ISSUE + 4 * ISSUE + 2 * ISSUE) if megatron else 0.0
@@ -237,10 +252,10 @@ def head_terms(tp: int, megatron: bool = False) -> dict:
         head_w += kernel(10 * H / TRIAD) + (ISSUE if tp > 1 else 0.0)
     loss_f, loss_b = (20 * ISSUE, 10 * ISSUE) if megatron else (0.0, 0.0)   # compute/megatron.loss_kernels(1)
     return {"emb_f": emb_f, "emb_w": emb_w, "batch_f": batch_f, "batch_b": batch_b,
-            "head_f": kernel(NORM_T0 + 2 * B * S * H / NORM_BW) + kernel(gemm_s(S, V // tp, H)) + kernel(ce_f * logits / TRIAD)
+            "head_f": kernel(NORM_T0 + 2 * B * S * H / NORM_BW) + kernel(gemm_s(S, V // tp, H)) + ce_f
             + loss_f,
             "head_b": kernel(NORM_T0 + (5 if megatron else 3) * B * S * H / NORM_BW) + kernel(gemm_s(S, H, V // tp))
-            + kernel(ce_b * logits / TRIAD) + loss_b,
+            + ce_b + loss_b,
             "head_w": head_w}
 
 
@@ -423,16 +438,23 @@ def test_fsdp16_two_nodes():
     rs = cross_node_s("reduce-scatter", n, 4 * n_layer, nodes=2)
     ag_root = cross_node_s("all-gather", n, B * n_root, nodes=2)
     rs_root = cross_node_s("reduce-scatter", n, 4 * n_root, nodes=2)
+    # FSDP2's compute-stream copies (comm/fsdp2.py): after each all-gather its copy-out reads the
+    # gathered buffer and writes the parameters (2 x bf16 bytes); before each reduce-scatter its
+    # copy-in reads the bf16 gradients and writes the fp32 send buffer (2 + 4 B per parameter)
+    co, co_root = kernel(2 * B * n_layer / TRIAD), kernel(2 * B * n_root / TRIAD)
+    ci, ci_root = kernel((B + 4) * n_layer / TRIAD), kernel((B + 4) * n_root / TRIAD)
     layer_f = sum(lt[f"f_{b}"] for b in ("attn_pre", "attn", "attn_post", "mlp_pre", "mlp", "mlp_post"))
     layer_b = sum(lt[k] for k in lt if k[0] in "bw")           # no TP: B then W of each block
-    forward = ag_root + ht["emb_f"] + ag + max(layer_f, ag) + layer_f + ht["head_f"]
+    # layer 1's all-gather is issued once layer 0's copy-out is done
+    forward = ag_root + ht["emb_f"] + co_root + ag + co + max(layer_f, ag) + co + layer_f + ht["head_f"]
     # backward, from its start
     head_b = ht["head_b"] + ht["head_w"]
-    l1_end = head_b + ag + layer_b                       # layer 1 waited for its all-gather
-    l0_end = max(l1_end, head_b + 2 * ag) + layer_b      # layer 0's all-gather ran after layer 1's
-    rs1_end = max(head_b + 2 * ag, l1_end) + rs          # FSDP stream busy with the prefetch until then
-    rs0_end = max(rs1_end, l0_end) + rs
-    rs_root_end = max(rs0_end, l0_end + ht["emb_w"]) + rs_root
+    ag0_end = head_b + ag + co + ag                      # layer 0's all-gather: after layer 1's copy-out
+    l1_end = head_b + ag + co + layer_b                  # layer 1 waited for its all-gather, then copied out
+    l0_end = max(l1_end + ci, ag0_end) + co + layer_b    # after layer 1's copy-in
+    rs1_end = max(ag0_end, l1_end + ci) + rs             # FSDP stream busy with the prefetch until then
+    rs0_end = max(rs1_end, l0_end + ci) + rs
+    rs_root_end = max(rs0_end, l0_end + ci + ht["emb_w"] + ci_root) + rs_root
     params = (L * n_layer + n_root) / n                  # every kind sharded 16 ways (exact: 6,291,776)
     step = forward + rs_root_end + optimizer_s(params, zero_grads=False)
 

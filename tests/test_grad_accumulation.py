@@ -71,6 +71,27 @@ def test_table_counts_by_hand(mode, raf):
     assert got == want
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_table_per_layer_and_per_mb_columns_by_hand(mode):
+    """``meshplan plan``'s "per layer", "per mb" and "per step" cells, m = 3, raf: a row issued
+    alike in every micro-batch shows its calls per micro-batch (2 layer units: per layer 1.00;
+    the root: 1 per micro-batch, 0.50 per layer), a once-per-step row "-" (its count is per
+    step). Before, every FSDP row of no_sync and no_sync_unsharded showed per layer 0.00 and
+    per mb 0 beside per step 6, though no_sync gathers 2 units in each micro-batch as sync does."""
+    from meshplan.report.text import _per_columns
+    every = {"sync": (("1.00", "2", 6),) * 3 + (("0.50", "1", 3),) * 2,
+             "no_sync": (("1.00", "2", 6),) * 2 + (("-", "-", 2), ("0.50", "1", 3), ("-", "-", 1)),
+             "no_sync_unsharded": (("-", "-", 2), ("1.00", "2", 6), ("-", "-", 2), ("-", "-", 1), ("-", "-", 1))}
+    keys = [("forward", "all-gather", "every layer"), ("backward", "all-gather", "every layer"),
+            ("backward", "reduce-scatter", "every layer"), ("forward", "all-gather", "per root (embedding/norm/output)"),
+            ("backward", "reduce-scatter", "per root (embedding/norm/output)")]
+    mesh = resolve_mesh(MeshSpec(names=["dp_shard"], shape=[4]), world=4)
+    cluster = catalog.system("dgx-h100", nodes=1)
+    t = TrainingSpec(global_batch=12, seq_len=16, grad_accumulation=mode, **FP32)
+    rows = collective_table(SMALL, t, mesh, cluster, place(cluster, 4), [0, 1], micro_batches=3)
+    assert {(r.phase, r.op, r.cadence): (*_per_columns(r), r.per_step) for r in rows} == dict(zip(keys, every[mode]))
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_table_matches_torch_fsdp2_per_mode():

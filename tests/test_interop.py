@@ -30,7 +30,7 @@ from meshplan.interop.foreign import (
     reimport_options,
 )
 from meshplan.interop.megatron import parse_args, write
-from meshplan.interop.torchtitan import default_split
+from meshplan.interop.torchtitan_tables import default_split
 from meshplan.plan import Plan, build_plan
 from meshplan.schedule.rank_timeline import Overlap
 from meshplan.schedule.steptime import step_time
@@ -83,7 +83,9 @@ def test_torchtitan_hf_path_and_float8(tmp_path):
                  '[training]\nlocal_batch_size = 2\nseq_len = 2048\n')
     cfg = load_any(f, opts=H100)
     assert cfg.model.layers == 28 and cfg.model.hidden == 1024  # Qwen3-0.6B config.json
-    assert (cfg.training.compute_dtype, cfg.training.global_batch) == ("fp8", 16)  # 2 x dp_shard 8
+    # float8: the Linears' GEMMs in fp8, activations in the compute dtype (bf16)
+    t = cfg.training
+    assert (t.compute_dtype, t.linear_dtype, t.global_batch) == ("bf16", "fp8", 16)  # 2 x dp_shard 8
     # enable_fsdp_float8_all_gather with dp_shard 8: FSDP2 gathers float8 weights; filter_fqns defaults to []
     # in job_config.py, so the output layer is converted too
     assert (cfg.training.fp8_all_gather, cfg.training.fp8_output_layer) == (True, True)

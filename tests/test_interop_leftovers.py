@@ -188,8 +188,8 @@ def _main(argv, capsys) -> tuple[int, str, str]:
 
 
 def test_dash_o_is_stdout_for_import_export_and_search(tmp_path, monkeypatch, capsys):
-    """``-o -`` wrote a file named '-'; now the file goes to stdout and the rest to stderr (a
-    DeepSpeed JSON on stdout parses as it is)."""
+    """``-o -`` wrote a file named '-'; now the file goes to stdout and the rest to stderr (the
+    imported TOML, the torchtitan TOML and Megatron-LM's arguments as they are)."""
     from meshplan.interop.foreign import export, import_text
     from tests.test_interop import EX
     monkeypatch.chdir(tmp_path)
@@ -201,9 +201,9 @@ def test_dash_o_is_stdout_for_import_export_and_search(tmp_path, monkeypatch, ca
     from meshplan.config import load_config
     text, header = export(load_config(mini), "torchtitan", str(mini))
     assert (rc, out, err.splitlines()) == (0, text, header[1:])
-    rc, out, err = _main(["search", mini, "--export", "1", "--to", "deepspeed", "-o", "-"], capsys)
-    assert rc == 0 and json.loads(out)["zero_optimization"] == {"stage": 3}, out
-    assert "import with: meshplan import deepspeed FILE" in err
+    rc, out, err = _main(["search", mini, "--export", "1", "--to", "megatron", "-o", "-"], capsys)
+    assert rc == 0 and "--num-layers 32" in out.splitlines(), out   # the arguments file on stdout
+    assert "import with: meshplan import megatron FILE" in err
     assert list(tmp_path.iterdir()) == []
 
 
@@ -241,12 +241,12 @@ OLD_FLOAT8 = ("\n[float8]\nenable_fsdp_float8_all_gather = true\nprecompute_floa
 ])
 def test_torchtitan_old_float8_table_is_read_as_the_new_one(tmp_path, converter, table):
     """Was listed as unused (and ``converters = "float8"`` missed): planned in bf16 without the
-    float8 all-gather. Read as [quantize.linear.float8]: fp8 GEMMs, weights gathered in float8
+    float8 all-gather. Read as [quantize.linear.float8]: fp8 Linear GEMMs (activations bf16), weights gathered in float8
     (dp_shard 8 > 1), the output layer filtered ("output")."""
     text = TT.read_text().replace('flavor = "8B"', f'flavor = "8B"\n{converter}') + OLD_FLOAT8 + table
     cfg = load_any(_write(tmp_path, "t.toml", text), opts=H100)
     t = cfg.training
-    assert (t.compute_dtype, t.fp8_all_gather, t.fp8_output_layer) == ("fp8", True, False)
+    assert (t.compute_dtype, t.linear_dtype, t.fp8_all_gather, t.fp8_output_layer) == ("bf16", "fp8", True, False)
     assert cfg.notes[0] == ("torchtitan: [float8] read as [quantize.linear.float8] (torchtitan's name for it since "
                             "2025; its keys are listed under that name)" +
                             (", enable_float8_linear as model.converters = [\"float8\"]" if table else ""))

@@ -62,7 +62,7 @@ def test_torchtitan_key_under_an_older_table_is_an_error(tmp_path):
 
 def test_torchtitan_real_keys_are_listed_not_refused(tmp_path):
     # keys of torchtitan's job_config.py (e347b1e) that meshplan does not read, some close to read ones
-    extra = ('\n[lr_scheduler]\nwarmup_steps = 200\n[compile]\nenable = true\n'
+    extra = ('\n[lr_scheduler]\nwarmup_steps = 200\n[compile]\nenable = true\nbackend = "inductor"\n'
              '[quantize.linear.mx]\nrecipe_name = "mxfp8"\n')
     text = TT.read_text().replace("steps = 1000", "steps = 1000\nmax_norm = 1.0\ndataset_path = \"c4\"").replace(
         "context_parallel_degree = 1", "context_parallel_degree = 1\ncontext_parallel_rotate_method = \"allgather\"\n"
@@ -71,8 +71,9 @@ def test_torchtitan_real_keys_are_listed_not_refused(tmp_path):
     unused = cfg.notes[-1]
     for key in ("training.steps", "optimizer.lr", "training.max_norm", "parallelism.context_parallel_rotate_method",
                 "parallelism.pipeline_parallel_schedule_csv", "parallelism.expert_parallel_comm_backend",
-                "lr_scheduler.warmup_steps", "compile.enable", "quantize.linear.mx.recipe_name"):
+                "lr_scheduler.warmup_steps", "compile.backend", "quantize.linear.mx.recipe_name"):
         assert key in unused, key
+    assert "compile.enable" not in unused and cfg.training.torch_compile   # read: torch.compile on
 
 
 @pytest.mark.parametrize("old,new,error", [
@@ -149,8 +150,12 @@ def test_torchtitan_float8_all_gather(tmp_path):
     # llama3_8b.toml's preset: output filtered; with the precompute, one amax all-reduce
     t = _float8(tmp_path, 'enable_fsdp_float8_all_gather = true\nprecompute_float8_dynamic_scale_for_fsdp = true\n'
                           'filter_fqns = ["output"]').training
-    assert (t.compute_dtype, t.sharding, t.fp8_all_gather, t.fp8_output_layer) == ("fp8", "zero3", True, False)
-    assert _float8(tmp_path, "enable_fsdp_float8_all_gather = false").training.fp8_all_gather is False
+    assert (t.compute_dtype, t.linear_dtype, t.sharding, t.fp8_all_gather, t.fp8_output_layer) == (
+        "bf16", "fp8", "zero3", True, False)
+    # without the all-gather: the GEMMs still in fp8, the weights gathered in bf16; filter_fqns
+    # defaults to [] (job_config.py), so the output layer is converted too
+    t = _float8(tmp_path, "enable_fsdp_float8_all_gather = false").training
+    assert (t.compute_dtype, t.linear_dtype, t.fp8_all_gather, t.fp8_output_layer) == ("bf16", "fp8", False, True)
     # dp_shard 1 (tp 8 on 8 GPUs): torchtitan's dp_shard_enabled is false, nothing gathered
     cfg = _float8(tmp_path, "enable_fsdp_float8_all_gather = true", shard=1, tp=8)
     assert cfg.training.fp8_all_gather is False
@@ -160,15 +165,16 @@ def test_torchtitan_float8_all_gather(tmp_path):
         _float8(tmp_path, 'enable_fsdp_float8_all_gather = true\nrecipe_name = "rowwise"')
 
 
-@pytest.mark.parametrize("output", [False, True])
-def test_torchtitan_float8_round_trip(tmp_path, output):
+@pytest.mark.parametrize("gather,output", [(True, False), (True, True), (False, False), (False, True)])
+def test_torchtitan_float8_round_trip(tmp_path, gather, output):
     cfg = config_from_dict({"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 1},
                             "training": {"global_batch": 8, "seq_len": 4096, "param_dtype": "fp32",
-                                         "recompute": "full", "compute_dtype": "fp8", "fp8_all_gather": True,
+                                         "recompute": "full", "linear_dtype": "fp8", "fp8_all_gather": gather,
                                          "fp8_output_layer": output},
                             "mesh": {"names": ["dp_shard"], "shape": [8]}})
     text, header = export(cfg, "torchtitan", "f8")
-    assert "enable_fsdp_float8_all_gather = true" in text
+    assert f"enable_fsdp_float8_all_gather = {str(gather).lower()}" in text
+    assert 'converters = ["quantize.linear.float8"]' in text  # the registry name at e347b1e
     assert ('filter_fqns = []' if output else 'filter_fqns = ["output"]') in text
     assert not [h for h in header if h.startswith("not expressed")], header
     again = load_any(_write(tmp_path, "x.toml", text), "torchtitan", reimport_options(cfg, "torchtitan"))
@@ -335,6 +341,16 @@ def test_cli_import_options_below_one_name_the_option(capsys):
             main(argv)
         assert e.value.code == 2
         assert capsys.readouterr().err == f"error: {opt}: {value} must be a whole number >= 1\n"
+
+
+def test_import_options_are_checked_where_they_are_built():
+    """One home for the --nodes / --seq-len bound (ImportOptions): before, the CLI and
+    cluster_table each checked --nodes (two messages), and ImportOptions(nodes=0) passed."""
+    for field, kw in (("--nodes", dict(nodes=0)), ("--nodes", dict(nodes=-2)), ("--seq-len", dict(seq_len=0))):
+        value = next(iter(kw.values()))
+        with pytest.raises(ConfigError, match=f"^{field}: {value} must be a whole number >= 1$"):
+            ImportOptions(cluster="dgx-h100", **kw)
+    assert ImportOptions(cluster="dgx-h100", nodes=1, seq_len=1).nodes == 1
 
 
 def test_a_toml_syntax_error_is_reported_before_the_foreign_options(tmp_path):

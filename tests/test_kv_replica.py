@@ -278,3 +278,84 @@ def test_fake_pg_biases_mixed_precision_hsdp(sp, names, shape, extra):
     recorded = tally_records(run.records, mesh, 5, ex)
     assert recorded[("kv_replica", "step", "all-reduce", (2 * 4 * 64 + 2 * 4) * 4, "fp32")] == 2
     assert differences(recorded, tally_table(_table(model, training, mesh), mesh, 5, extra=ex)) == []
+
+
+# --------------------------------------------------------------------------- DCP, 4 gloo ranks
+
+MQA = ModelSpec(name="mqa-tiny", layers=2, hidden=32, ffn=64, q_heads=4, kv_heads=1, head_dim=8, vocab=64)
+
+
+def _kv_ckpt_worker(rank, world, tmp):
+    """dp_shard 2 x tp 2 on an MQA model: 1 real KV head, built twice (tp ranks 0, 1 of each
+    tp group hold a copy); FSDP2 halves every copy. One AdamW step with the KV sync, a DCP
+    save, the copies and the optimizer moments made to differ, a load; then a load into
+    dp_shard 4 x tp 1 (no copies). Writes what it saw to ``tmp/kv<rank>.json``."""
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{tmp}/store-kv", rank=rank, world_size=world,
+                            timeout=timedelta(seconds=60))
+    try:
+        from meshplan.runtime.execution import checkpoint as C
+        from meshplan.runtime.execution.kvsync import kv_replica_sync
+        from meshplan.runtime.execution.model import Transformer
+        from meshplan.runtime.execution.parallelize import init_mesh, parallelize
+
+        training = TrainingSpec(global_batch=4, seq_len=8, micro_batch=1, **FP32)
+
+        def build(shape, seed):
+            mesh = _mesh(("dp_shard", "tp"), shape)
+            dm = init_mesh(mesh)
+            model = Transformer(MQA, tp=shape[1])
+            model.init_weights(seed=seed)
+            parallelize(model, dm, mesh, training, loss_parallel=False)
+            return mesh, model, torch.optim.AdamW(model.parameters(), lr=1e-2)
+
+        mesh, model, opt = build((2, 2), seed=0)
+        sync = kv_replica_sync([model], MQA, mesh)
+        tokens = torch.randint(0, MQA.vocab, (1, 9), generator=torch.Generator().manual_seed(C.dp_rank(mesh, rank)))
+        torch.nn.functional.cross_entropy(model(tokens[:, :-1]).flatten(0, 1), tokens[:, 1:].flatten()).backward()
+        sync()
+        opt.step()
+        ref = C.full_state(model, opt)
+        C.save_checkpoint(tmp / "ckpt", model, opt, mesh, step=1)
+        att = model.layers["0"].attention
+        with torch.no_grad():  # every rank's local halves of both copies, weights and moments, made different
+            for p in (att.wk.weight, att.wv.weight):
+                p.to_local().add_(1.0 + rank)
+                opt.state[p]["exp_avg"].to_local().mul_(3.0 + rank)
+        C.load_checkpoint(tmp / "ckpt", model, opt, mesh)
+        got = C.full_state(model, opt)
+        kv = [k for k in got if ("attention.wk.weight" in k or "attention.wv.weight" in k) and got[k].dim()]
+        out = {"restored": C.bitwise_differences(ref, got), "kv_tensors": len(kv),
+               "copies_equal": all(torch.equal(got[k].view(2, -1)[0], got[k].view(2, -1)[1]) for k in kv)}
+        _, one, opt1 = build((4, 1), seed=1)  # no copies: the checkpoint's shape is the real model's
+        C.load_checkpoint(tmp / "ckpt", one, opt1, _mesh(("dp_shard", "tp"), (4, 1)))
+        tp1 = C.full_state(one, opt1)
+        out["tp1_equal"] = [torch.equal(tp1[k], ref[k][:8]) for k in kv]
+        with open(f"{tmp}/kv{rank}.json", "w") as f:
+            json.dump(out, f)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_dcp_saves_each_kv_head_once_and_loads_it_into_every_copy(tmp_path):
+    """The checkpoint holds the real model's KV tensors: wk/wv of 1 head x 8 rows x 32 and
+    their AdamW moments, each element written once (two chunks of 4 rows: FSDP2's halves;
+    before: 16 rows, both copies written, a shape only tp 2 could load). A load makes the
+    copies equal again (weights and moments bit-identical to before the save) and loads at
+    tp 1 too."""
+    import torch.distributed.checkpoint as dcp
+
+    spawn_ranks(_kv_ckpt_worker, 4, tmp_path, timeout_s=TIMEOUT_S)
+    meta = dcp.FileSystemReader(str(tmp_path / "ckpt" / "dcp")).read_metadata().state_dict_metadata
+    kv = {k: v for k, v in meta.items() if k.endswith(("attention.wk.weight", "attention.wv.weight"))
+          or ".attention.wk.weight." in k or ".attention.wv.weight." in k}
+    kv = {k: v for k, v in kv.items() if hasattr(v, "chunks") and len(v.size) == 2}
+    assert len(kv) == 2 * 2 * 3  # 2 layers x (wk, wv) x (weight, exp_avg, exp_avg_sq)
+    for k, v in kv.items():
+        assert tuple(v.size) == (8, 32), k
+        assert sorted((tuple(c.offsets), tuple(c.sizes)) for c in v.chunks) == [((0, 0), (4, 32)), ((4, 0), (4, 32))], k
+    for rank in range(4):
+        out = json.loads((tmp_path / f"kv{rank}.json").read_text())
+        assert out == {"restored": [], "kv_tensors": 12, "copies_equal": True, "tp1_equal": [True] * 12}, rank

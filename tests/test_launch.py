@@ -59,9 +59,32 @@ def test_nic_environment_per_transport():
     ib = launch_bindings(p, LaunchOptions(program=("x",), socket_ifname="bond0", nic_scope="node"))[0]["env"]
     assert ib["NCCL_IB_HCA"].startswith("=mlx5_0:1,mlx5_3:1,") and ib["NCCL_CROSS_NIC"] == "0"
     assert ib["NCCL_SOCKET_IFNAME"] == "=bond0" and ib["GLOO_SOCKET_IFNAME"] == "bond0"
-    sock = launch_bindings(p, LaunchOptions(program=("x",), transport="socket"))[3]["env"]
-    assert (sock["NCCL_SOCKET_IFNAME"], sock["GLOO_SOCKET_IFNAME"], sock["NCCL_IB_DISABLE"]) == ("=mlx5_5", "mlx5_5", "1")
+    sock = launch_bindings(p, LaunchOptions(program=("x",), transport="socket", socket_ifname="eth0"))[3]["env"]
+    assert (sock["NCCL_SOCKET_IFNAME"], sock["GLOO_SOCKET_IFNAME"], sock["NCCL_IB_DISABLE"]) == ("=eth0", "eth0", "1")
     assert "NCCL_IB_HCA" not in sock and "NCCL_CROSS_NIC" not in sock
+
+
+def test_socket_transport_names_ip_interfaces_not_hcas():
+    """NCCL_SOCKET_IFNAME selects IP interfaces; dgx-h100's NICs are the HCAs mlx5_0..mlx5_11
+    (no interface is called that, so NCCL would find none). Before, socket transport wrote
+    NCCL_SOCKET_IFNAME==mlx5_5 for rank 3. Without an interface name: a one-line error naming
+    --socket-ifname; with each NIC's ifname (IPoIB ib0..ib7 here): rank 3's own, or the
+    node's with nic_scope node."""
+    p = place(system("dgx-h100", 2), 16)
+    with pytest.raises(ConfigError, match=r"^--socket-ifname: --transport socket sets NCCL_SOCKET_IFNAME, which names "
+                                          r"IP interfaces, but node dgx-h100's NIC mlx5_0 has no IP interface name "
+                                          r"\(ifname\); give --socket-ifname IFACE"):
+        launch_bindings(p, LaunchOptions(program=("x",), transport="socket"))
+    nics = [n.model_copy(update={"ifname": f"ib{k}"}) for k, n in enumerate(p.cluster.node.nics)]
+    cluster = p.cluster.model_copy(update={"node": p.cluster.node.model_copy(update={"nics": nics})})
+    named = place(cluster, 16)
+    sock = launch_bindings(named, LaunchOptions(program=("x",), transport="socket"))[3]["env"]
+    assert (sock["NCCL_SOCKET_IFNAME"], sock["GLOO_SOCKET_IFNAME"], sock["NCCL_IB_DISABLE"]) == ("=ib3", "ib3", "1")
+    node = launch_bindings(named, LaunchOptions(program=("x",), transport="socket", nic_scope="node"))[3]["env"]
+    assert node["NCCL_SOCKET_IFNAME"] == "=" + ",".join(f"ib{k}" for k in range(8))
+    ib = launch_bindings(named, LaunchOptions(program=("x",)))[3]["env"]
+    assert ib == {"CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7", "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+                  "NCCL_IB_HCA": "=mlx5_5:1"}
 
 
 def test_bind_sh_runs_the_rank_with_its_environment_and_literal_arguments(tmp_path):
@@ -199,6 +222,24 @@ def test_cli_writes_modes_refuses_overwrite_and_bad_input(tmp_path):
     r = _cli(str(CFG), "--out", str(tmp_path / "m"), "--rdzv-endpoint", "$(id):1", "--", "python", "t.py")
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
     assert r.stderr.startswith("error: --rdzv-endpoint: ") and not (tmp_path / "m").exists()
+
+
+def test_cli_socket_transport_without_an_interface_name(tmp_path, capsys):
+    """dgx-h100's catalog NICs have no IP interface name: one line naming --socket-ifname, no
+    files; with --socket-ifname the bindings carry it."""
+    from meshplan.cli import main
+    cfg, out = ROOT / "examples" / "mini_2x4_tp2-dp4.toml", tmp_path / "l"
+    with pytest.raises(SystemExit) as e:
+        main(["launch", str(cfg), "--out", str(out), "--transport", "socket", "--", "python", "t.py"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.startswith("error: --socket-ifname: --transport socket sets NCCL_SOCKET_IFNAME")
+    assert len(err.splitlines()) == 1 and not out.exists()
+    with pytest.raises(SystemExit) as e:
+        main(["launch", str(cfg), "--out", str(out), "--transport", "socket", "--socket-ifname", "eth0", "--",
+              "python", "t.py"])
+    assert e.value.code in (0, None)
+    rows = json.loads((out / "bindings.json").read_text())
+    assert {r["env"]["NCCL_SOCKET_IFNAME"] for r in rows} == {"=eth0"}
 
 
 @pytest.mark.slow

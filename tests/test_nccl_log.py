@@ -18,7 +18,7 @@ import pytest
 
 from meshplan.catalog import system
 from meshplan.errors import ConfigError
-from meshplan.comm.nccl_log import check_against_placement, parse_nccl_log, read_nccl_log, unchecked_ranks
+from meshplan.comm.nccl_log import check_against_placement, check_log, parse_nccl_log, read_nccl_log
 from meshplan.placement.assign import place, rank_row
 from tests.test_cli_json import H100X2
 
@@ -228,6 +228,72 @@ def test_a_comm_id_that_is_not_hex_is_a_note(expected):
         "missing from that communicator" for ln in (36, 40)]
 
 
+def _split(text: str, count: str) -> str:
+    """``_dp_log`` text with the dp communicator made by ncclCommSplit of the world, as NCCL
+    prints it since 2.23 (init.cc: no commId; ``count`` e.g. "splitCount 1 " for 2.24-2.29,
+    "childCount 1 " for 2.30, "" for 2.23): parent = the process's world comm pointer."""
+    for r, pid in ((0, 100), (1, 108)):
+        ptr = ("0xa0", "0xa1")[r]
+        text = text.replace(f"ncclCommInitRank comm {ptr} rank {r} nranks 2 cudaDev 0 nvmlDev 0 busId 18000 "
+                            "commId 0xc0ffee - Init COMPLETE",
+                            f"ncclCommSplit comm {ptr} rank {r} nranks 2 cudaDev 0 nvmlDev 0 busId 18000 parent "
+                            f"0x{pid} {count}color 0 key {r} - Init COMPLETE")
+    return text
+
+
+@pytest.mark.parametrize("count, comm_id", [("childCount 1 ", "0x77/split 1 color 0"),
+                                            ("splitCount 1 ", "0x77/split 1 color 0"), ("", "0x77/color 0")])
+def test_split_communicators_without_a_comm_id(expected, count, comm_id):
+    """NCCL >= 2.23 prints a split's Init COMPLETE without a commId; its ranks are matched by
+    their parents' commId, the split count and the color. Before, those lines were ignored:
+    the dp communicator vanished and its wrong NIC (host b through mlx5_3) passed unseen."""
+    text = _split(_dp_log(1), count)
+    assert "commId 0xc0ffee" not in text
+    rep = parse_nccl_log(text)
+    dp = rep.communicators[-1]
+    assert (dp.comm_id, dp.n_ranks, sorted(dp.ranks)) == (comm_id, 2, [0, 1]) and rep.notes == ()
+    assert check_against_placement(rep, expected) == [
+        f"comm {comm_id} (2 ranks): rank 8 used mlx5_3 but the placement meant mlx5_0"]
+    assert check_against_placement(parse_nccl_log(_split(_dp_log(0), count)), expected) == []
+
+
+def test_a_split_whose_parent_is_not_in_the_log_is_a_note(expected):
+    text = "\n".join(ln for ln in _split(_dp_log(1), "childCount 1 ").splitlines() if not ln.startswith("b:108:")
+                     or "nranks 2" in ln or "nRanks 2" in ln or "Channel" in ln or "Using" in ln)
+    rep = parse_nccl_log(text, source="x.log")
+    assert rep.notes[-1] == ("x.log:38: Init COMPLETE line with a split of comm 0x108 without a commId, and that "
+                             "parent's Init COMPLETE is not in this process's output before it; keep the log from "
+                             "the parent communicator's init on")
+    assert [sorted(c.ranks) for c in rep.communicators] == [[r for r in range(16) if r != 8], [0]]
+
+
+def test_init_lines_without_a_comm_id_cannot_be_checked(tmp_path, capsys):
+    """NCCL before 2.16 prints no commId (``comm 0x.. rank r nranks n cudaDev d busId b - Init
+    COMPLETE``): no communicator can be matched across processes; before, the log was
+    refused as if it had no Init COMPLETE at all."""
+    old = "\n".join(ln.replace("ncclCommInitRank ", "").replace(" commId 0x77", "").replace(" commId 0xc0ffee", "")
+                    for ln in _dp_log(0).splitlines())
+    with pytest.raises(ConfigError) as err:
+        parse_nccl_log(old, source="old.log")
+    assert err.value.message.startswith("no communicator reached 'Init COMPLETE' (first old.log:2: no commId (NCCL "
+                                        "before 2.16 prints none), so its communicator cannot be matched across "
+                                        "processes; log the run with NCCL 2.16 or later)")
+
+
+def test_cli_cannot_check_when_the_world_init_lines_are_unreadable(tmp_path, capsys):
+    """Every world Init COMPLETE line has a commId that is not hex: the world communicator is
+    gone. Before, the error blamed the log ("no communicator of all 16 ranks ... log the run
+    from the world communicator's init on") and the notes naming the lines were never printed."""
+    code, out, err = _cli(tmp_path, capsys, _dp_log(1).replace("commId 0x77", "commId 77"))
+    lines = err.splitlines()
+    assert (code, out, len(lines)) == (2, "", 17)
+    assert lines[0] == ("note: run.log:2: comm id '77' is not hexadecimal (0x...); line skipped, so this process's "
+                        "rank is missing from that communicator")
+    assert lines[-1] == ("error: run.log: cannot check: no 16-rank communicator could be read: 16 of its Init "
+                         "COMPLETE lines name none it can be matched by (first run.log:2: comm id '77', not "
+                         "hexadecimal (0x...)), so the global ranks are unknown")
+
+
 def test_a_net_device_index_past_the_listed_devices_says_so(expected):
     """Host b sends through NET/IB/3 but its NCCL listed two devices: no NIC name to compare."""
     rep = parse_nccl_log(_dp_log(3))
@@ -247,8 +313,8 @@ def test_processes_outside_the_world_communicator_are_noted(expected):
     text = "\n".join(ln for ln in _dp_log(1).splitlines() if not (ln.startswith("b:108:") and "anks 16" in ln))
     rep = parse_nccl_log(text)
     assert sorted(rep.communicators[0].ranks) == [r for r in range(16) if r != 8]
-    assert unchecked_ranks(rep, 16) == [
-        "comm 0xc0ffee (2 ranks): rank 1 (b:108, GPU 0) is no rank of the log's 16-rank communicator; not checked"]
+    assert check_log(rep, expected).unchecked == (
+        "comm 0xc0ffee (2 ranks): rank 1 (b:108, GPU 0) is no rank of the log's 16-rank communicator; not checked",)
     assert check_against_placement(rep, expected) == []
 
 

@@ -322,9 +322,11 @@ def test_bindings_conventions():
     every = bindings(p, 0, visible="all")
     assert every["env"]["CUDA_VISIBLE_DEVICES"] == "1,0" and every["device"] == "cuda:0"
     assert bindings(p, 1, visible="all")["device"] == "cuda:1"
-    assert bindings(p, 0, transport="socket")["env"] == {
-        "CUDA_VISIBLE_DEVICES": "1", "NCCL_SOCKET_IFNAME": "=mlx5_1", "GLOO_SOCKET_IFNAME": "mlx5_1",
+    assert bindings(p, 0, transport="socket", socket_ifname="eth1")["env"] == {
+        "CUDA_VISIBLE_DEVICES": "1", "NCCL_SOCKET_IFNAME": "=eth1", "GLOO_SOCKET_IFNAME": "eth1",
         "NCCL_IB_DISABLE": "1"}
+    with pytest.raises(ConfigError, match="^--socket-ifname: .* NIC mlx5_1 has no IP interface name"):
+        bindings(p, 0, transport="socket")
     with pytest.raises(ConfigError, match="^--transport: 'roce' is not one of"):
         bindings(p, 0, transport="roce")
     with pytest.raises(ConfigError, match="rank: 2 outside 0..1"):

@@ -9,7 +9,8 @@ weights q, k, v, o 4 x 256 + w_in 1024 + w_out 1024 = 3072 elements x 1 B, norms
 final norm 16, output 2048 elements): bf16 8224 B, the output excluded from float8 as
 torchtitan's default ``filter_fqns = ["output"]``; with ``fp8_output_layer`` 4096 + 32 + 2048
 = 6176 B. Float8 scales: one fp32 amax per float8 weight, all-reduced once per step:
-6 weights x 2 layers = 12 -> 48 B (13 -> 52 B with the output layer).
+6 weights x 2 layers = 12 -> 48 B (13 -> 52 B with the output layer). Float8 Linears without
+the float8 all-gather (``linear_dtype`` alone) gather everything in bf16, as without float8.
 """
 
 import pytest
@@ -31,16 +32,18 @@ def amax(plan):
 
 def test_float8_all_gather_sizes_by_hand():
     assert gathers(plan_of()) == [("every layer", 6208, "bf16"), ("per root (embedding/norm/output)", 8224, "bf16")]
-    fp8 = plan_of(fp8_all_gather=True)
+    assert gathers(plan_of(linear_dtype="fp8")) == gathers(plan_of())
+    assert amax(plan_of(linear_dtype="fp8")) == []
+    fp8 = plan_of(linear_dtype="fp8", fp8_all_gather=True)
     assert gathers(fp8) == [("every layer", 3136, "uint8"), ("per root (embedding/norm/output)", 8224, "bf16")]
     assert amax(fp8) == [(48, "fp32", 1)] and amax(plan_of()) == []
-    out = plan_of(fp8_all_gather=True, fp8_output_layer=True)
+    out = plan_of(linear_dtype="fp8", fp8_all_gather=True, fp8_output_layer=True)
     assert gathers(out) == [("every layer", 3136, "uint8"), ("per root (embedding/norm/output)", 6176, "uint8")]
     assert amax(out) == [(52, "fp32", 1)]
 
 
 def test_float8_gathered_memory():
-    tl = plan_of(fp8_all_gather=True).timeline
+    tl = plan_of(linear_dtype="fp8", fp8_all_gather=True).timeline
     copy_out = {e.delta_bytes for e in tl.events() if e.label == "layer 0: copy-out to unsharded parameters"}
     assert copy_out == {3136}
     # the unsharded gradients stay in the compute dtype: 3104 elements x 2 B
@@ -63,6 +66,13 @@ def test_tied_embedding_all_reduce_in_main_gradient_dtype():
 
 def test_errors():
     with pytest.raises(ConfigError, match="fp8_all_gather is FSDP2's float8 all-gather"):
-        plan_of(sharding="zero1", fp8_all_gather=True)
-    with pytest.raises(ConfigError, match="set fp8_all_gather = true or remove it"):
-        plan_of(fp8_output_layer=True)
+        plan_of(sharding="zero1", linear_dtype="fp8", fp8_all_gather=True)
+    for key in ("fp8_all_gather", "fp8_output_layer"):
+        with pytest.raises(ConfigError, match=f"^training: {key} applies to the float8 Linear layers; set "
+                                              f"linear_dtype = \"fp8\" or remove it$"):
+            plan_of(**{key: True})
+    # the old spelling of float8 training: a migration error naming the fields to set
+    with pytest.raises(ConfigError, match=r"^training: compute_dtype \"fp8\" would make activations, norms and "
+                                          r"gathers 1 byte; .* set compute_dtype = \"bf16\" and linear_dtype = "
+                                          r"\"fp8\"$"):
+        plan_of(compute_dtype="fp8")

@@ -173,7 +173,7 @@ def test_checkpoint_counts_each_replicated_kv_head_once():
     train = TrainingSpec(global_batch=4, seq_len=16, sharding="none", vocab_pad_divisor=1)
     states = state_bytes(m, mesh, train, stage_layers(1, 1))
     assert states[0].params.total == 17600 and m.param_count() == 67776
-    assert checkpoint_size(states, mesh).total_bytes == 4 * 17600 * 14 == 985600  # the runtime's copies
+    assert checkpoint_size(states, mesh).total_bytes == 4 * 17600 * 14 == 985600  # every copy counted
     size = checkpoint_size(states, mesh, m)
     assert size.total_bytes == 985600 - 2048 * 14 == 956928
     assert size.total_bytes - 67776 * 14 == 3 * 192 * 14

@@ -245,7 +245,8 @@ def test_step_time_of_plans(mesh, training, overlap):
     assert st.mfu == pytest.approx(st.model_flops / (st.step_s * plan.world * 989.4e12))
     assert 0 < st.mfu <= st.hfu < 1
     assert st.tokens_per_s == pytest.approx(32 * 4096 / st.step_s)
-    assert "idle/ideal" in st.lines()[1] and st.critical_path() and not st.notes
+    assert "idle/ideal" in st.lines()[1] and st.critical_path()
+    assert not [n for n in st.notes if not n.startswith("FSDP2 copies on the compute stream")]
 
 
 def test_zb_h1_reduces_the_plan_bubble():

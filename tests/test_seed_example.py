@@ -144,7 +144,9 @@ def test_step_cli_prints_verdict():
     assert r.returncode == 0, r.stderr
     out = r.stdout.splitlines()
     i = next(k for k, line in enumerate(out) if line.startswith("verdict: network-bound"))
-    assert out[i - 1].startswith("tokens/s") and out[i + 1].startswith("cause: FSDP re-gathers per micro-batch")
+    t = next(k for k, line in enumerate(out) if line.startswith("tokens/s"))
+    assert t < i and all(line.startswith("note: ") for line in out[t + 1:i])   # the summary, its notes, the verdict
+    assert out[i + 1].startswith("cause: FSDP re-gathers per micro-batch")
 
 
 def test_no_verdict_when_compute_bound():

@@ -36,13 +36,15 @@ def test_dense_model_has_no_extra_line():
 
 
 def test_mfu_line_names_the_peak_it_divides_by():
-    """MFU of an fp8 run is against the fp8 peak (steptime: cluster.gpu.peak_flops(compute_dtype));
-    the line says which peak: H100 SXM dense 989 TFLOP/s bf16, 1,979 fp8 (datasheet, catalog)."""
+    """MFU of a run with float8 Linears is against the fp8 peak (steptime:
+    cluster.gpu.peak_flops(training.peak_dtype)); the line says which peak: H100 SXM dense 989
+    TFLOP/s bf16, 1,979 fp8 (datasheet, catalog)."""
     from meshplan.config import config_from_dict
     for dtype, peak in (("bf16", "989"), ("fp8", "1,979")):
         p = build_plan(config_from_dict({
             "model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 1},
-            "training": {"global_batch": 8, "seq_len": 2048, "compute_dtype": dtype, "param_dtype": "fp32"},
+            "training": {"global_batch": 8, "seq_len": 2048, "param_dtype": "fp32"}
+            | ({"linear_dtype": "fp8"} if dtype == "fp8" else {}),
             "mesh": {"names": ["dp_shard"], "shape": [8]}}))
         st = step_time(p)
         line = next(x for x in st.lines() if x.startswith("tokens/s"))

@@ -96,6 +96,9 @@ MOE_CASES = {
     "8 ranks ep8 = dp_shard8 (efsdp 1)": (MOE, ("dp_shard",), (8,), 8, FP32, {}, 3),
     "32 ranks HSDP 2x16 ep4 bf16 gathers": (MOE, ("dp_replicate", "dp_shard"), (2, 16), 4, MP,
                                             {"sharding": "hsdp", "global_batch": 32}, 21),
+    # efsdp 2 x ep 2 <= 6 experts: dim 0, each rank's 3 experts padded to 4 rows
+    "4 ranks dp_shard4 ep2 6 experts (experts on dim 0, padded)": (
+        MOE.model_copy(update=dict(experts=6)), ("dp_shard",), (4,), 2, FP32, {}, 1),
 }
 
 
@@ -116,6 +119,50 @@ def test_moe_table_matches_torch(name):
     tokens = training.micro_batch * training.seq_len
     rows = model.experts * -(-tokens * model.top_k // model.experts)
     assert {r.size_bytes for r in a2a} == {rows * model.hidden * (2 if dtypes is MP else 4)}
+
+
+#: Bytes of one MoE layer's routed-expert all-gather over efsdp, derived by hand (fp32):
+#: 8 experts over ep 4 (2 per rank) and efsdp 4: 4 x 4 > 8, so dim 1 (torchtitan), even:
+#: (w_gate, w_up 2 x 32 x 64, w_down 2 x 64 x 32) = 12,288 elements x 4 B = 49,152 B (dim 0
+#: would pad 2 experts to 4 rows: 98,304 B); 6 experts over ep 2 and efsdp 2: 2 x 2 <= 6, so
+#: dim 0, 3 experts padded to 4 rows: 4 x 32 x 64 x 3 weights x 4 B = 98,304 B (dim 1 would
+#: be 73,728 B).
+EXPERT_GATHER_BYTES = {"16 ranks dp_shard16 ep4 shared expert, 1 dense layer": 49_152,
+                       "4 ranks dp_shard4 ep2 6 experts (experts on dim 0, padded)": 98_304}
+
+
+@pytest.mark.parametrize("name", list(EXPERT_GATHER_BYTES))
+def test_expert_gather_bytes_by_hand(name):
+    """torch's FSDP2 all-gather of the routed experts and the table's row both have the
+    by-hand size of the dim torchtitan's rule shards (efsdp x ep > experts: dim 1)."""
+    model, names, shape, ep, dtypes, extra, rank = MOE_CASES[name]
+    training = TrainingSpec(**{"global_batch": prod(shape), "seq_len": 16, **dtypes, **extra})
+    mesh = resolve_mesh(MeshSpec(names=list(names) + ["ep"], shape=list(shape) + [ep]), world=prod(shape))
+    run = dry_run(model, training, mesh, rank=rank, optimizer_step=False)
+    efsdp = tuple(mesh.group_of(rank, "efsdp"))
+    assert {r.size_bytes for r in run.records if r.op == "all-gather" and r.group == efsdp} == {EXPERT_GATHER_BYTES[name]}
+    rows = [r for r in table_for(model, training, mesh) if r.axis == "efsdp" and r.op == "all-gather"]
+    assert {r.size_bytes for r in rows} == {EXPERT_GATHER_BYTES[name]}
+
+
+def test_uneven_expert_dim1_is_refused_by_torch_and_by_the_plan():
+    """efsdp 4 x ep 4 > 8 experts puts the experts on dim 1, and an expert width of 30 does
+    not split 4 ways: torch 2.13's FSDP2 raises NotImplementedError (uneven sharding on a
+    nonzero dim), so meshplan's ep rule ``expert_dim1`` rejects the mesh."""
+    from meshplan.mesh.validity import check
+
+    model = MOE.model_copy(update=dict(expert_ffn=30))
+    training = TrainingSpec(global_batch=16, seq_len=16, **FP32)
+    spec = MeshSpec(names=["dp_shard", "ep"], shape=[16, 4])
+    mesh = resolve_mesh(spec, world=16)
+    with pytest.raises(NotImplementedError, match="uneven sharding on dim 1"):
+        dry_run(model, training, mesh, rank=5, optimizer_step=False)
+    reasons = check(model, training, mesh, spec).reasons
+    assert [r for r in reasons if "dim 1" in r] == [
+        "routed experts sharded on dim 1 (efsdp 4 x ep 4 > experts 8, torchtitan's shard_placement_fn): expert_ffn 30 "
+        "/ etp 1 and hidden 64 must both divide by efsdp 4; FSDP2 refuses uneven sharding on dim 1 (torch "
+        "NotImplementedError)"]
+    assert check(model, training.model_copy(update={"sharding": "zero1"}), mesh, spec).reasons == ()
 
 
 # Context parallelism (meshplan.runtime.execution.cp, Llama 3's all-gather CP): each rank holds seq/cp

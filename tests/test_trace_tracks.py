@@ -50,7 +50,7 @@ def test_lanes_by_hand():
 
 
 def test_step_trace_slices_nest_on_every_track(tmp_path):
-    plan = build_plan(load_config(ROOT / "examples" / "mini_2x4_tp2-dp4.toml"))
+    plan = build_plan(load_config(ROOT / "examples" / "mini_2x4_tp4-dp2.toml"))
     st = step_time(plan)
     doc = json.loads(st.write_trace(tmp_path / "trace.json").read_text())
     per_stream = by_track(doc, lambda e: (e["pid"], e["cat"]))

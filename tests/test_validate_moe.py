@@ -22,6 +22,7 @@ torch = pytest.importorskip("torch")
 
 MOE_EP2 = Path(__file__).parent / "data" / "validate_mixtral_ep2_fsdp.toml"
 MOE_TP2_EP2 = Path(__file__).parent / "data" / "validate_mixtral_tp2sp_ep2_fsdp.toml"
+MOE_DIM1 = Path(__file__).parent / "data" / "validate_mixtral_2experts_ep2_dim1.toml"
 
 
 def test_runner_refuses_etp_by_name_and_builds_moe_with_tp():
@@ -93,6 +94,26 @@ def test_4_ranks_ep2_dp_shard4_match_the_plan_exactly(tmp_path):
         "local": [2, 896, 256], "global": [4, 896, 256], "placements": ["S(0)"]}
     # numerics: EP + FSDP2 give each rank the single-process model's losses, before and
     # after one optimizer step
+    ref = _reference_losses(out / "world4" / "plan.json", 4)
+    for step, kind in enumerate(("recorded", "memory")):
+        got = [next(s["loss"] for s in json.loads((out / "world4" / f"rank{r}" / "timings.json").read_text())["steps"]
+                    if s["kind"] == kind) for r in range(4)]
+        assert got == pytest.approx(ref[step], rel=1e-5), (kind, got, ref[step])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_4_ranks_experts_on_dim1_match_the_plan_exactly(tmp_path):
+    """2 experts over ep 2 and efsdp 2: 2 x 2 > 2, so FSDP2 shards each rank's one expert on
+    dim 1 (torchtitan's shard_placement_fn), unpadded: one MoE layer's gather is 1 expert x 3
+    weights x 896 x 256 x 4 B (dim 0 would pad 1 expert to 2 rows, twice that); the losses
+    equal the single-process model's."""
+    out, rows = _validated_exactly(MOE_DIM1, tmp_path)
+    assert {row["size_bytes"] for row in rows if row["axis"] == "efsdp"} == {1 * 3 * 896 * 256 * 4}
+    start = json.loads((out / "world4" / "rank1" / "startup.json").read_text())
+    assert start["local_shapes"]["layers.0.moe.experts.w_gate"] == {
+        "local": [1, 448, 256], "global": [1, 896, 256], "placements": ["S(1)"]}
+    assert start["local_shapes"]["layers.0.moe.experts.w_down"]["local"] == [1, 128, 896]
     ref = _reference_losses(out / "world4" / "plan.json", 4)
     for step, kind in enumerate(("recorded", "memory")):
         got = [next(s["loss"] for s in json.loads((out / "world4" / f"rank{r}" / "timings.json").read_text())["steps"]

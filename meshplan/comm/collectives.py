@@ -46,7 +46,9 @@ Conventions, matched op by op against what torch 2.13 issues for DTensor TP/SP a
   and its gradients reduce-scattered in backward, every micro-batch. FSDP2 pads dim 0 of each
   parameter to a multiple of the shard degree (:func:`~meshplan.mesh.tpsplit.fsdp_padded_numel`).
   HSDP all-reduces each unit's gradient shard over dp_replicate. Expert weights form their
-  own unit over efsdp (torchtitan). Gradient accumulation with pp 1
+  own unit over efsdp (torchtitan), sharded on dim 1 when efsdp x ep > experts (torchtitan's
+  ``shard_placement_fn``, :func:`~meshplan.spec.axes.ep.expert_shard_dim`), so a rank's one
+  expert over efsdp 4 is gathered unpadded, not as 4 experts' rows. Gradient accumulation with pp 1
   (``training.grad_accumulation``): ``no_sync`` reduce-scatters (and HSDP all-reduces) once
   per step, in the last micro-batch; ``no_sync_unsharded`` also gathers in forward only in
   micro-batch 0 (:func:`_accumulation_gathers`); measured with torch 2.13's FSDP2 on the
@@ -110,7 +112,7 @@ from typing import Optional
 
 import numpy as np
 
-from meshplan.comm import deepspeed
+from meshplan.comm import deepspeed, fsdp2
 from meshplan.comm.alphabeta import REFERENCE_STEP_S, busbw_factor, collective_time
 from meshplan.compute.measured import kernel_data
 from meshplan.compute.megatron import stage_param_tensors
@@ -131,7 +133,7 @@ from meshplan.pipeline.registry import get as get_schedule
 from meshplan.pipeline.simulate import stage_order
 from meshplan.spec.axes.base import Dim
 from meshplan.spec.axes.registry import AXES, Axis
-from meshplan.spec.cluster import ClusterSpec
+from meshplan.spec.cluster import ClusterSpec, GPUSpec
 from meshplan.spec.mesh import Schedule
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.training import TrainingSpec
@@ -354,7 +356,7 @@ def collective_table(model: ModelSpec, training: TrainingSpec, mesh: Mesh, clust
     paths: dict[str, Path] = {}
 
     def add(axis, phase, op, size, dtype, per_mb, cadence, waits="", depth=1, per_step=None, ranks=None,
-            list_copies=False, groups=None):
+            list_copies=False, groups=None, host_s=0.0):
         # ranks: rank 0's group, a subset of axis's; groups: every group of a named set that is
         # no mesh axis (KV replicas), rank 0's in ranks
         n = mesh.degree(axis) if ranks is None else len(ranks)
@@ -363,7 +365,7 @@ def collective_table(model: ModelSpec, training: TrainingSpec, mesh: Mesh, clust
         path = paths.setdefault(axis, axis_path(mesh, placement, cluster, axis) if groups is None
                                 else groups_path(groups, placement, cluster))
         alg, t = path_time(op, n, size, path, cluster, nccl_era="2021" if list_copies else "current")
-        host = 0.0
+        host = host_s
         if list_copies:  # torch 2021's list-based all_gather / reduce_scatter: n views and n copies
             data = kernel_data(cluster.gpu.name)
             t += deepspeed.list_copy_seconds(n, size, data)
@@ -378,7 +380,7 @@ def collective_table(model: ModelSpec, training: TrainingSpec, mesh: Mesh, clust
         chunks = [stage_layers[k * per:(k + 1) * per] for k in range(vpp)]
     chunk_of = {i: k for k, ls in enumerate(chunks) for i in ls}
     ctx = _Ctx(model, training, mesh, stage_layers, first_stage, last_stage, stage, vpp, schedule, micro_batches,
-               chunk_of, loss_parallel, grad_bucket_elements)
+               chunk_of, loss_parallel, cluster.gpu, grad_bucket_elements)
     for axis in TABLE_ORDER + tuple(a for a in AXES if a not in TABLE_ORDER):
         build = AXES[axis].rows or LAYER_ROWS.get(axis)
         if build is not None:
@@ -400,6 +402,7 @@ class _Ctx:
     micro: int = 1
     chunk_of: Optional[dict] = None  # layer -> local chunk
     loss_parallel: bool = True
+    gpu: Optional[GPUSpec] = None  # the GPU the compute-stream copies run on (FSDP2)
     bucket_elements: Optional[int] = None  # [memory] grad_bucket_elements (DDP's bucket cap)
 
     @property
@@ -642,6 +645,16 @@ def _dp_rows(add, c: _Ctx) -> None:
         _deepspeed_rows(add, c)
         return
     if t.sharding in ("zero3", "hsdp"):
+        data = kernel_data(c.gpu.name) if c.gpu is not None else None
+        hbm = c.gpu.hbm_bandwidth_bytes_per_s if c.gpu is not None else float("inf")
+        grad_b = dtype_bytes(t.compute_dtype if t.compute_dtype != "fp8" else "bf16")  # unsharded gradients
+
+        def copies(gathered: float, numel: int) -> tuple[float, float]:
+            # FSDP2's copy-out after each all-gather and copy-in before each reduce-scatter, on the
+            # compute stream (meshplan.comm.fsdp2)
+            return (fsdp2.copy_out_seconds(gathered, data, hbm),
+                    fsdp2.copy_in_seconds(numel, grad_b, dtype_bytes(rs), data, hbm))
+
         pipelined = mesh.degree("pp") > 1
         units = _units(c, shards)
         for (label, axis, numel, gbytes, fp8), n in Counter(u[:3] + u[4:] for u in units).items():
@@ -650,15 +663,17 @@ def _dp_rows(add, c: _Ctx) -> None:
             gdt = ag if not fp8 else "uint8" if gbytes != numel else "fp8"  # FSDP2: mixed dtypes in a byte buffer
             per_step = _pipelined_gathers(c, root, [u[3] for u in units if u[:3] == (label, axis, numel)]) \
                 if pipelined else _accumulation_gathers(c, root, n)
-            fwd = (0, per_step[0]) if per_step is not None else (n, None)
-            back = (0, per_step[1]) if per_step is not None else (0 if root or not t.reshard_after_forward else n, None)
+            fwd = _per_microbatch(per_step[0], n, c.micro, pipelined) if per_step is not None else (n, None)
+            back = _per_microbatch(per_step[1], n, c.micro, pipelined) if per_step is not None \
+                else (0 if root or not t.reshard_after_forward else n, None)
             red = (0, n) if pipelined or t.grad_accumulation != "sync" else (n, None)
+            out_s, in_s = copies(gbytes, numel)
             add(axis, "forward", "all-gather", gbytes, gdt, fwd[0], cadence, f"the {label}'s GEMMs", 7,
-                per_step=fwd[1])
+                per_step=fwd[1], host_s=out_s)
             add(axis, "backward", "all-gather", gbytes, gdt, back[0], cadence,
-                f"the {label}'s backward", 7, per_step=back[1])
+                f"the {label}'s backward", 7, per_step=back[1], host_s=out_s)
             add(axis, "backward", "reduce-scatter", numel * dtype_bytes(rs), rs, red[0], cadence, "optimizer step",
-                per_step=red[1])
+                per_step=red[1], host_s=in_s)
             if "dp_replicate" in mesh.layout.names:
                 add("dp_replicate", "backward", "all-reduce", numel // shards[axis] * dtype_bytes(rs), rs, red[0],
                     cadence + " (HSDP replicas)", "optimizer step", per_step=red[1])
@@ -799,6 +814,14 @@ def _pipelined_gathers(c: _Ctx, root: bool, chunks: list[int]) -> tuple[int, int
                               c.training.reshard_after_forward and not root)
     per = Counter((ch, k) for (ch, k, _), g in flags.items() if g)
     return sum(per[(ch, "F")] for ch in chunks), sum(per[(ch, "B")] for ch in chunks)
+
+
+def _per_microbatch(count: int, n: int, micro: int, pipelined: bool) -> tuple[int, Optional[int]]:
+    """``add``'s (per_mb, per_step) of a row of ``count`` calls per step of ``n`` units: (n,
+    None) when it is ``n`` calls in every one of ``micro`` micro-batches (no_sync gathers as
+    sync does), else (0, count): a row not issued alike in every micro-batch (no_sync_unsharded's
+    forward, pipelined stages' gathers), which the table shows per step only."""
+    return (n, None) if not pipelined and count == n * micro else (0, count)
 
 
 def _accumulation_gathers(c: _Ctx, root: bool, n: int) -> Optional[tuple[int, int]]:

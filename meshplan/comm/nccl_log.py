@@ -5,8 +5,16 @@ transport/net_ib.cc), each after the prefix ``host:pid:tid [cudaDev] NCCL INFO``
 
 - ``comm 0x55d0c8a0 rank 0 nRanks 16 nNodes 2 localRanks 8 localRank 0 MNNVL 0``
 - ``ncclCommInitRankConfig comm 0x55d0c8a0 rank 0 nranks 16 cudaDev 0 nvmlDev 0 busId 18000
-  commId 0x7d2f3c1b8e4a9a10 - Init COMPLETE`` (``ncclCommSplit ... parent 0x.. color c key
-  k commId ...`` for splits); the commId is common to all ranks of a communicator.
+  commId 0x7d2f3c1b8e4a9a10 - Init COMPLETE``: the commId (a hash of the unique id, printed
+  ``0x%llx``) is common to all ranks of a communicator. As NCCL versions print it (init.cc):
+  2.16-2.20 ``comm ... commId 0x.. - Init COMPLETE`` (nvmlDev from 2.18.3); 2.21-2.22 a
+  function name first, splits ``ncclCommSplit comm .. parent 0x.. color c key k commId 0x..``;
+  from 2.23 splits print no commId: ``parent 0x.. color c key k - Init COMPLETE`` (2.23),
+  ``parent 0x.. splitCount n color c key k`` (2.24-2.29), ``... childCount n ...`` (2.30). A
+  split is then known by its parent's communicator, the split count and the color (what NCCL
+  hashes into the child's commHash): id ``<parent id>/split <n> color <c>``. Before 2.16 the
+  line has no commId at all (``comm 0x.. rank r nranks n cudaDev d busId b - Init COMPLETE``)
+  and communicators cannot be matched across processes: noted, not guessed.
 - ``Channel 00/02 :    0   1   2   3`` (rank 0 only; at most 20 ranks are printed) and the
   old ``Ring 00 : 0 1 2 3``; ``Ring 00 : 7 -> 0 -> 1`` (prev -> rank -> next, subsystem
   GRAPH); ``Trees [0] 1/-1/-1->0->-1 [1] ...`` (down/down/down->rank->up).
@@ -51,7 +59,8 @@ _N = r"[0-9]{1,9}"
 _PREFIX = re.compile(rf"^(?P<host>[^\s:\x00-\x1f\x7f]{{1,255}}):(?P<pid>{_N}):(?P<tid>{_N}) \[(?P<dev>{_N})\] NCCL INFO (?P<msg>.*)$")
 _COMM = re.compile(rf"^comm (0x[0-9a-fA-F]+) rank ({_N}) nRanks ({_N}) nNodes ({_N}) localRanks ({_N}) localRank ({_N})")
 _DONE = re.compile(rf"^(?:\w+ )?comm (0x[0-9a-fA-F]+) rank ({_N}) nranks ({_N}) cudaDev ({_N})(?: nvmlDev ({_N}))?"
-                   r" busId ([0-9a-fA-F]+) .*commId (0x[0-9a-fA-F]+) - Init COMPLETE")
+                   rf" busId ([0-9a-fA-F]+)(?: parent (0x[0-9a-fA-F]+)(?: (?:splitCount|childCount) ({_N}))?"
+                   rf" color (-?{_N}) key (-?{_N}))?(?: commId (0x[0-9a-fA-F]+))? ?- Init COMPLETE$")
 _RING_LIST = re.compile(rf"^(?:Channel|Ring) ({_N})(?:/{_N})? :((?: +{_N})+)$")
 _RING = re.compile(rf"^Ring ({_N}) : (-?{_N}) -> ({_N}) -> (-?{_N})$")
 _TREE = re.compile(rf"\[({_N})\] (-?{_N})/(-?{_N})/(-?{_N})->({_N})->(-?{_N})")
@@ -65,6 +74,7 @@ _NETWORK = re.compile(r"^Using network (\S+)")
 _COMM_PTR = re.compile(r"^(?:\w+ )?comm (\S{1,64}) rank ")
 _COMM_ID = re.compile(r" commId (\S{1,64}) - Init COMPLETE$")
 _HEX = re.compile(r"0x[0-9a-fA-F]{1,32}")
+_NRANKS = re.compile(rf" nranks ({_N}) ")
 
 
 @dataclass(frozen=True)
@@ -133,14 +143,27 @@ class Communicator:
 
 
 @dataclass(frozen=True)
+class UnreadInit:
+    """An ``Init COMPLETE`` line whose communicator is unknown, so its process's rank is
+    missing from it: ``where`` (``log:line``), the line's ``n_ranks`` (None when not
+    readable) and ``why`` (with the fix)."""
+
+    where: str
+    n_ranks: Optional[int]
+    why: str
+
+
+@dataclass(frozen=True)
 class NcclLogReport:
     """Communicators found in a log (in order of first appearance), the network NCCL chose,
-    notes on lines that could not be attributed, and the log's name (``source``) for errors."""
+    notes on lines that could not be attributed, the ``Init COMPLETE`` lines whose
+    communicator is unknown (``unread``), and the log's name (``source``) for errors."""
 
     communicators: tuple[Communicator, ...]
     network: Optional[str] = None
     notes: tuple[str, ...] = ()
     source: str = "NCCL log"
+    unread: tuple[UnreadInit, ...] = ()
 
     def largest(self) -> Communicator:
         """The communicator with the most ranks, first on ties (the world only when the log
@@ -157,6 +180,7 @@ class _Rec:
     n_ranks: int
     n_nodes: Optional[int] = None
     done: Optional[tuple] = None  # (cuda_dev, nvml_dev, bus_id, comm_id)
+    unread: bool = False  # its Init COMPLETE line was seen but names no known communicator
     rings: dict = field(default_factory=dict)
     links: list = field(default_factory=list)
     trees: list = field(default_factory=list)
@@ -180,33 +204,75 @@ def _find(proc: _Proc, rank: int, peers: Sequence[int] = (), listed: Optional[in
 
 
 def _bad_comm_id(msg: str) -> Optional[str]:
-    """A note for a ``comm``/``Init COMPLETE`` line whose comm pointer or commId is not
-    hexadecimal (the line is skipped, so its communicator may lack this rank)."""
+    """The comm pointer or commId of a ``comm``/``Init COMPLETE`` line that is not
+    hexadecimal (the line is skipped, so its communicator may lack this rank), or None."""
     ptr = _COMM_PTR.match(msg)
     done = _COMM_ID.search(msg) if ptr else None
     bad = [m[1] for m in (ptr, done) if m is not None and not _HEX.fullmatch(m[1])]
-    return (f"comm id '{bad[0]}' is not hexadecimal (0x...); line skipped, so this process's rank is missing "
-            "from that communicator") if bad else None
+    return bad[0] if bad else None
 
 
-def _on_comm(proc: _Proc, msg: str) -> bool:
+def _split_id(proc: _Proc, m: re.Match) -> tuple[Optional[str], str]:
+    """(communicator id, "") of an ``Init COMPLETE`` line ``m`` of :data:`_DONE`, or (None,
+    why) when the line does not identify its communicator (module docstring)."""
+    if m[11] is not None:
+        return m[11], ""
+    if m[7] is None:
+        return None, ("no commId (NCCL before 2.16 prints none), so its communicator cannot be matched across "
+                      "processes; log the run with NCCL 2.16 or later")
+    parent = next((r for r in reversed(proc.recs) if r.ptr == m[7] and r.done is not None), None)
+    if parent is None:
+        return None, (f"a split of comm {m[7]} without a commId, and that parent's Init COMPLETE is not in this "
+                      "process's output before it; keep the log from the parent communicator's init on")
+    return f"{parent.done[3]}/{'' if m[8] is None else f'split {m[8]} '}color {m[9]}", ""
+
+
+def _record(proc: _Proc, ptr: str, rank: int, n_ranks: int) -> _Rec:
+    rec = next((r for r in proc.recs if r.ptr == ptr), None)
+    if rec is None:
+        rec = _Rec(ptr, rank, n_ranks)
+        proc.recs.append(rec)
+    return rec
+
+
+def _on_comm(proc: _Proc, msg: str) -> tuple[bool, str, int]:
+    """(whether ``msg`` is a comm or Init COMPLETE line, why its communicator is unknown or
+    "", the line's nranks)."""
     m = _COMM.match(msg)
     if m:
-        rec = next((r for r in proc.recs if r.ptr == m[1]), None)
-        if rec is None:
-            rec = _Rec(m[1], int(m[2]), int(m[3]))
-            proc.recs.append(rec)
-        rec.n_nodes = int(m[4])
-        return True
+        _record(proc, m[1], int(m[2]), int(m[3])).n_nodes = int(m[4])
+        return True, "", int(m[3])
     m = _DONE.match(msg)
-    if m:
-        rec = next((r for r in proc.recs if r.ptr == m[1]), None)
-        if rec is None:
-            rec = _Rec(m[1], int(m[2]), int(m[3]))
-            proc.recs.append(rec)
-        rec.done = (int(m[4]), None if m[5] is None else int(m[5]), m[6], m[7])
-        return True
-    return False
+    if not m:
+        return False, "", 0
+    rec = _record(proc, m[1], int(m[2]), int(m[3]))
+    comm_id, why = _split_id(proc, m)
+    if comm_id is None:
+        rec.unread = True
+        return True, why, int(m[3])
+    rec.done = (int(m[4]), None if m[5] is None else int(m[5]), m[6], comm_id)
+    return True, "", int(m[3])
+
+
+def _on_bad_id(proc: _Proc, msg: str) -> Optional[int]:
+    """Mark the record of a skipped ``Init COMPLETE`` line with a non-hexadecimal id as
+    unread; its ``nranks`` (None when that is not readable either)."""
+    n = _NRANKS.search(msg)
+    ptr = _COMM_PTR.match(msg)
+    if ptr is not None:
+        for rec in proc.recs:
+            if rec.ptr == ptr[1]:
+                rec.unread = True
+    return None if n is None else int(n[1])
+
+
+def _unread_notes(unread: list[UnreadInit]) -> list[str]:
+    """One note per reason: its first line, and how many more lines share it."""
+    firsts: dict[str, list[UnreadInit]] = {}
+    for u in unread:
+        firsts.setdefault(u.why, []).append(u)
+    return [f"{us[0].where}: Init COMPLETE line with {why}"
+            + (f" ({len(us) - 1} more such line(s))" if len(us) > 1 else "") for why, us in firsts.items()]
 
 
 def _on_graph(proc: _Proc, msg: str) -> Optional[str]:
@@ -258,7 +324,8 @@ def parse_nccl_log(text: str, source: str = "NCCL log") -> NcclLogReport:
     ``NCCL_DEBUG=INFO`` log (any mix of processes). Raises ConfigError when no
     communicator reached ``Init COMPLETE``."""
     procs: dict[tuple[str, int], _Proc] = {}
-    network, notes = None, []
+    network, notes, unread = None, [], []
+    unmatched: list[UnreadInit] = []  # lines read but naming no communicator (bad ids have their own notes)
     for ln, line in enumerate(io.StringIO(text), 1):
         if len(line) > MAX_LINE_CHARS:
             raise ConfigError(f"{source}:{ln}", f"a line of {len(line)} characters; {over('line', len(line))}")
@@ -267,11 +334,19 @@ def parse_nccl_log(text: str, source: str = "NCCL log") -> NcclLogReport:
             continue
         key, msg = (m["host"], int(m["pid"])), m["msg"].rstrip()
         proc = procs.setdefault(key, _Proc())
-        if _on_comm(proc, msg):
+        handled, why, n_ranks = _on_comm(proc, msg)
+        if why:
+            unmatched.append(UnreadInit(printable(f"{source}:{ln}"), n_ranks, printable(why)))
+            unread.append(unmatched[-1])
+        if handled:
             continue
         bad_id = _bad_comm_id(msg)
         if bad_id:
-            notes.append(printable(f"{source}:{ln}: {bad_id}"))
+            notes.append(printable(f"{source}:{ln}: comm id '{bad_id}' is not hexadecimal (0x...); line skipped, so "
+                                   "this process's rank is missing from that communicator"))
+            if _COMM_ID.search(msg):
+                unread.append(UnreadInit(printable(f"{source}:{ln}"), _on_bad_id(proc, msg),
+                                         printable(f"comm id '{bad_id}', not hexadecimal (0x...)")))
             continue
         nets = _NET_LIST.match(msg)
         if nets:
@@ -285,11 +360,13 @@ def parse_nccl_log(text: str, source: str = "NCCL log") -> NcclLogReport:
         note = _on_conn(proc, msg) if _CONN.match(msg) else _on_graph(proc, msg)
         if note:
             notes.append(printable(f"{source}:{ln}: {note}"))
+    notes += _unread_notes(unmatched)
     comms = _assemble(procs, notes)
     if not comms:
-        raise ConfigError(source, "no communicator reached 'Init COMPLETE'; run with NCCL_DEBUG=INFO "
+        first = f" (first {unread[0].where}: {unread[0].why})" if unread else ""
+        raise ConfigError(source, f"no communicator reached 'Init COMPLETE'{first}; run with NCCL_DEBUG=INFO "
                                   "(NCCL_DEBUG_SUBSYS must include INIT) and keep every rank's output")
-    return NcclLogReport(tuple(comms), network, tuple(notes), source)
+    return NcclLogReport(tuple(comms), network, tuple(notes), source, tuple(unread))
 
 
 def _assemble(procs: dict, notes: list) -> list[Communicator]:
@@ -298,7 +375,8 @@ def _assemble(procs: dict, notes: list) -> list[Communicator]:
     for (host, pid), proc in procs.items():
         for rec in proc.recs:
             if rec.done is None:
-                notes.append(f"{host}:{pid} comm {rec.ptr} rank {rec.rank} never reached Init COMPLETE")
+                if not rec.unread:
+                    notes.append(f"{host}:{pid} comm {rec.ptr} rank {rec.rank} never reached Init COMPLETE")
                 continue
             groups.setdefault(rec.done[3], []).append((host, pid, proc, rec))
     out = []
@@ -349,6 +427,11 @@ def world_ranks(report: NcclLogReport, world: int) -> dict[tuple[str, int, int],
         raise ConfigError(report.source, f"a communicator of {biggest.n_ranks} ranks (commId {biggest.comm_id}) but "
                                          f"the config's world is {world}; give the log of this config's run")
     full = next((c for c in report.communicators if c.n_ranks == world), None)
+    lost = [u for u in report.unread if u.n_ranks in (world, None)]
+    if full is None and lost:
+        raise ConfigError(report.source, f"cannot check: no {world}-rank communicator could be read: {len(lost)} of its "
+                                         f"Init COMPLETE lines name none it can be matched by (first {lost[0].where}: "
+                                         f"{lost[0].why}), so the global ranks are unknown")
     if full is None:
         raise ConfigError(report.source, f"cannot check: no communicator of all {world} ranks in the log (the "
                                          f"largest, commId {biggest.comm_id}, has {biggest.n_ranks}), so its ranks "
@@ -358,10 +441,9 @@ def world_ranks(report: NcclLogReport, world: int) -> dict[tuple[str, int, int],
     return {(r.host, r.pid, r.cuda_dev): r.rank for r in full.ranks.values()}
 
 
-def unchecked_ranks(report: NcclLogReport, world: int) -> list[str]:
+def _unchecked(report: NcclLogReport, to_global: dict[tuple[str, int, int], int], world: int) -> list[str]:
     """One note per communicator rank whose process is no rank of the world communicator in
     the log (part of the output is missing): its lines are not checked."""
-    to_global = world_ranks(report, world)
     return [f"comm {c.comm_id} ({c.n_ranks} ranks): rank {r} ({i.host}:{i.pid}, GPU {i.cuda_dev}) is no rank of "
             f"the log's {world}-rank communicator; not checked"
             for c in report.communicators for r, i in c.ranks.items() if (i.host, i.pid, i.cuda_dev) not in to_global]
@@ -431,9 +513,27 @@ def check_against_placement(report: NcclLogReport, expected: dict[int, str],
     - ``expected_intra``: the transport(s) meant between ranks on one host (P2P = NVLink or
       PCIe peer access); any other (SHM, NET) is reported.
     """
+    return list(check_log(report, expected, expected_intra).differences)
+
+
+@dataclass(frozen=True)
+class NcclCheck:
+    """What :func:`check_log` finds: ``differences`` (:func:`check_against_placement`) and
+    ``unchecked``: one note per communicator rank whose process is no rank of the log's world
+    communicator (part of the output is missing), so its lines were not checked."""
+
+    differences: tuple[str, ...]
+    unchecked: tuple[str, ...]
+
+
+def check_log(report: NcclLogReport, expected: dict[int, str],
+              expected_intra: Union[str, Sequence[str]] = "P2P") -> NcclCheck:
+    """:func:`check_against_placement`'s differences and the ranks it could not check, from
+    one :func:`world_ranks` (ConfigError "cannot check" when the log has no world
+    communicator)."""
     accepted = (expected_intra,) if isinstance(expected_intra, str) else tuple(expected_intra)
     to_global_key = world_ranks(report, len(expected))
-    out = []
+    out: list[str] = []
     for comm in report.communicators:
         label = f"comm {comm.comm_id} ({comm.n_ranks} ranks)"
 
@@ -443,4 +543,4 @@ def check_against_placement(report: NcclLogReport, expected: dict[int, str],
 
         out += _nic_lines(comm, label, to_global, expected)
         out += _intra_lines(comm, label, to_global, accepted)
-    return out
+    return NcclCheck(tuple(out), tuple(_unchecked(report, to_global_key, len(expected))))

@@ -34,7 +34,7 @@ from meshplan.config import Differences, config_differences
 from meshplan.errors import ConfigError
 from meshplan.plan import Infeasible, Plan
 from meshplan.schedule.rank_timeline import Overlap
-from meshplan.schedule.steptime import StepTime, step_time
+from meshplan.schedule.steptime import StepTime, step_time, workload_of
 from meshplan.units import GB, MS, GiB
 
 @dataclass(frozen=True)
@@ -129,8 +129,9 @@ def side_of(name: str, plan: Plan | Infeasible, overlap: Optional[Overlap] = Non
     """Numbers of one plan; the step time only for a plan that resolved its stages."""
     if isinstance(plan, Infeasible):
         return Side(name, plan, False, plan.reasons)
-    gpu, dt = plan.config.cluster.gpu, plan.config.training.compute_dtype
-    gemms = tuple((g.name, g.m, g.n, g.k, gemm_efficiency(gpu, g.m, g.n, g.k, dt)[0]) for g in plan.gemms)
+    gpu, w = plan.config.cluster.gpu, workload_of(plan)  # each GEMM in its dtype (float8 Linears: fp8)
+    gemms = tuple((g.name, g.m, g.n, g.k, gemm_efficiency(gpu, g.m, g.n, g.k, w.gemm_dtype(g.name))[0])
+                  for g in plan.gemms)
     links: dict[str, float] = {}
     for r in plan.stage(0).collectives:  # each row's bytes on the links it uses (a ring across nodes: its hops
         for kind, b in zip(("nvlink", "network"), r.link_bytes):  # inside a node on NVLink)

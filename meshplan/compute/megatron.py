@@ -163,18 +163,17 @@ def attention_copy_bytes(att: Attention, b: int) -> tuple[list[tuple[str, int]],
             [("baddbmm alpha (dQ, dK)", 2 * b * (q + k)), ("qkv split grad (cat)", 2 * b * (q + k + v))])
 
 
-def cross_entropy_bytes(b: int, megatron: bool) -> tuple[int, int]:
-    """(forward, backward) HBM bytes per local logit of the vocab-parallel cross entropy (``b``:
-    bytes of a logit). One fused kernel: forward reads the logits (b) and keeps the fp32 softmax
-    (4 B), backward reads it and writes the gradient (4 + b). Megatron-LM 2022: the logits upcast
-    (read b, write 4), max (read 4), ``sub_`` (4 + 4), ``exp`` (4 + 4), sum (4), ``div_`` (4 + 4):
-    b + 36 forward; backward ``mul_`` by the loss gradient (4 + 4) and the upcast's backward
-    (read 4, write b): 12 + b.
+def cross_entropy_bytes(b: int) -> tuple[int, int]:
+    """(forward, backward) HBM bytes per local logit of Megatron-LM 2022's vocab-parallel cross
+    entropy (``b``: bytes of a logit): the logits upcast (read b, write 4), max (read 4),
+    ``sub_`` (4 + 4), ``exp`` (4 + 4), sum (4), ``div_`` (4 + 4): b + 36 forward; backward
+    ``mul_`` by the loss gradient (4 + 4) and the upcast's backward (read 4, write b): 12 + b.
+    (torch's: :func:`meshplan.compute.torch_eager.cross_entropy_bytes`.)
 
-    >>> cross_entropy_bytes(2, False), cross_entropy_bytes(2, True)
-    ((6, 6), (38, 14))
+    >>> cross_entropy_bytes(2)
+    (38, 14)
     """
-    return (b + 36, 12 + b) if megatron else (b + 4, 4 + b)
+    return b + 36, 12 + b
 
 
 #: Block whose weight-gradient pass issues a hooked parameter's add (:func:`hook_params`;

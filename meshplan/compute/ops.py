@@ -49,7 +49,7 @@ True
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from functools import cached_property
+from functools import cached_property, lru_cache
 from math import ceil
 from typing import Optional
 
@@ -62,6 +62,8 @@ from meshplan.compute.megatron import (BATCH_SYNCS, COMM_DELAY_OPS, STEP_TIMERS,
 from meshplan.compute.routing import RoutingOptions, routing
 from meshplan.compute.shapes import (ATTENTION_GEMMS, MLA_REPLICATED, Attention, Gemm, attention_shape,
                                      backward_gemms, layer_gemms)
+from meshplan.compute.torch_eager import cross_entropy_bytes as torch_cross_entropy_bytes
+from meshplan.compute.torch_eager import repeat_kv_bytes, rope_bytes, swiglu_bytes
 from meshplan.spec.cluster import GPUSpec
 from meshplan.spec.model import ModelSpec
 from meshplan.mesh.tpsplit import local_heads, padded_vocab
@@ -76,13 +78,17 @@ RECOMPUTE = ("none", "selective", "full", "op")  # torchtitan's "layer": "full" 
 class Workload:
     """What one rank computes per micro-batch: ``micro_batch`` sequences of ``seq_len``
     tokens, split by ``cp`` along the sequence and by ``tp``/``ep``/``etp`` across
-    features; ``sp``: sequence parallel; ``dtype`` of GEMMs and activations.
+    features; ``sp``: sequence parallel; ``dtype`` of activations and of every GEMM but the
+    float8 Linears': the GEMMs of the weights named in ``float8_gemms`` run in ``linear_dtype``
+    (:meth:`gemm_dtype`; :func:`float8_gemms` of a training contract).
     ``fused_qkv``: Q, K and V projected by one GEMM (:func:`qkv_fused_ops`);
     ``fp32_wgrad_accumulation``: weight-gradient GEMMs accumulate into fp32 main gradients
     (:func:`_gemm_ops`); ``megatron_ops``: Megatron-LM's (2022, NVIDIA/Megatron-LM 2755bcb) own
     kernels around the GEMMs (:mod:`meshplan.compute.megatron`); ``attention_kernels``: the
     fused-attention kernels the framework runs, tried before the catalog's ``prefer`` list
-    (:func:`meshplan.compute.measured.attention_seconds`; empty: the catalog's order)."""
+    (:func:`meshplan.compute.measured.attention_seconds`; empty: the catalog's order);
+    ``torch_eager``: torch runs the elementwise ops one kernel each, uncompiled
+    (:mod:`meshplan.compute.torch_eager`)."""
 
     seq_len: int
     micro_batch: int = 1
@@ -101,6 +107,21 @@ class Workload:
     fp32_wgrad_accumulation: bool = False
     megatron_ops: bool = False
     attention_kernels: tuple[str, ...] = ()
+    torch_eager: bool = False
+    linear_dtype: str = ""
+    float8_gemms: frozenset[str] = frozenset()
+
+    def gemm_dtype(self, name: str) -> str:
+        """The dtype of GEMM ``name`` (a :class:`~meshplan.compute.shapes.Gemm` name, its
+        ``.dgrad``/``.wgrad`` and `` (hottest)`` forms too; Megatron-LM's fused ``qkv`` is its
+        Q, K and V projections'): ``linear_dtype`` for a float8 Linear's, else ``dtype``.
+
+        >>> w = Workload(seq_len=8, linear_dtype="fp8", float8_gemms=frozenset({"wq", "w_up"}))
+        >>> [w.gemm_dtype(n) for n in ("wq.wgrad", "qkv", "qk^T", "output", "expert_w_up (hottest)")]
+        ['fp8', 'fp8', 'bf16', 'bf16', 'bf16']
+        """
+        base = name.split(" ")[0].split(".")[0]
+        return self.linear_dtype if ("wq" if base == "qkv" else base) in self.float8_gemms else self.dtype
 
     def __post_init__(self):
         if self.recompute not in RECOMPUTE + ("layer",):
@@ -204,16 +225,44 @@ def framework_kernels(training) -> dict:
     only on compute capability 10.0, ``models/attention.py``), so FA2's published rates, not
     FA3's, on an H100; Megatron-LM keeps the catalog's order (Transformer Engine's fused
     attention: FA3 where the catalog has it). One rule for the step model and the search's bound.
+    torch without ``training.torch_compile`` runs its elementwise ops eagerly (``torch_eager``,
+    :mod:`meshplan.compute.torch_eager`); Megatron-LM's own kernels are :mod:`~meshplan.compute.megatron`'s.
 
     >>> from meshplan.spec.training import TrainingSpec
     >>> framework_kernels(TrainingSpec(global_batch=8, seq_len=16, framework="megatron", grad_dtype="fp32"))
-    {'fused_qkv': True, 'fp32_wgrad_accumulation': True, 'megatron_ops': True, 'attention_kernels': ()}
+    {'fused_qkv': True, 'fp32_wgrad_accumulation': True, 'megatron_ops': True, 'attention_kernels': (), \
+'torch_eager': False}
+    >>> framework_kernels(TrainingSpec(global_batch=8, seq_len=16))["torch_eager"]
+    True
     >>> framework_kernels(TrainingSpec(global_batch=8, seq_len=16))["attention_kernels"]
     ('FA2',)
     """
     megatron = training.framework == "megatron"
     return {"fused_qkv": megatron, "fp32_wgrad_accumulation": megatron and training.grad_dtype == "fp32",
-            "megatron_ops": megatron, "attention_kernels": () if megatron else SDPA_KERNELS}
+            "megatron_ops": megatron, "attention_kernels": () if megatron else SDPA_KERNELS,
+            "torch_eager": not megatron and not training.torch_compile}
+
+
+@lru_cache(maxsize=64)
+def float8_gemms(model: ModelSpec, training) -> dict:
+    """The :class:`Workload` fields of a training contract's float8 Linears: ``linear_dtype``
+    and ``float8_gemms``, the names of the weights whose GEMMs run in it
+    (:meth:`~meshplan.spec.training.TrainingSpec.float8_linear`, the one rule, over a dense
+    and an MoE layer and the output layer of ``model``; the output's dims unpadded, as
+    torchtitan does not pad the vocabulary). Empty without ``linear_dtype``.
+
+    >>> from meshplan import catalog
+    >>> from meshplan.spec.training import TrainingSpec
+    >>> f = float8_gemms(catalog.model("llama3-8b"), TrainingSpec(global_batch=8, seq_len=16, linear_dtype="fp8"))
+    >>> f["linear_dtype"], sorted(f["float8_gemms"])
+    ('fp8', ['w_down', 'w_gate', 'w_up', 'wk', 'wo', 'wq', 'wv'])
+    """
+    if training.linear_dtype is None:
+        return {}
+    kinds = {model.is_moe_layer(i): i for i in range(model.layers)}
+    tensors = [x for i in kinds.values() for x in model.layer_tensors(i)] + model.head_tensors(model.vocab)
+    return {"linear_dtype": training.linear_dtype,
+            "float8_gemms": frozenset(x.name for x in tensors if training.float8_linear(x))}
 
 
 #: The fused-attention kernels torch's ``scaled_dot_product_attention`` runs on an NVIDIA GPU
@@ -265,11 +314,12 @@ def _gemm_ops(gpu: GPUSpec, g: Gemm, block: str, w: Workload, table, model_scale
     the weight gradient of a ``weight`` (not the attention scores' batched products, whose
     second operand is an activation) is :func:`wgrad_accumulate_s`'s."""
     out = []
+    dtype = w.gemm_dtype(g.name)  # float8 Linears: fp8 forward, data- and weight-gradient GEMMs
     for gg, phase in zip([g] + backward_gemms(g), PHASES):
-        e = gemm_time(gpu, gg.m, gg.n, gg.k, w.dtype, gg.count, table)
+        e = gemm_time(gpu, gg.m, gg.n, gg.k, dtype, gg.count, table)
         t, note = e.seconds, e.explanation
         if phase == "backward_weight" and w.fp32_wgrad_accumulation and weight:
-            t, how = wgrad_accumulate_s(gpu, gg, w.dtype, t)
+            t, how = wgrad_accumulate_s(gpu, gg, dtype, t)
             note += how
         out.append(Op(gg.name, block, phase, "gemm", issue_floor(gpu, t), gg.flops * model_scale,
                       gg.flops, note=note))
@@ -399,25 +449,34 @@ def _elementwise(model: ModelSpec, gpu: GPUSpec, w: Workload, gemms: list[Gemm])
     res_f = (3 * b + (1 if w.dropout else 0)) * r * h
     res_b = (3 * b if not w.dropout else 2 * b + 1) * r * h
     nb_norm = norm_backward_passes(w.megatron_ops) * b * r * h
-    spec = [("attn norm", "attn_pre", 2 * b * r * h, nb_norm),
+    spec: list[tuple[str, str, float, float]] = [("attn norm", "attn_pre", 2 * b * r * h, nb_norm),
             ("residual add" + (" + dropout" if w.dropout else ""), "attn_post", res_f, res_b),
             ("mlp norm", "mlp_pre", 2 * b * r * h, nb_norm),
-            ("residual add" + (" + dropout" if w.dropout else ""), "mlp_post", res_f, res_b),
-            ("silu x up" if model.gated_mlp else "gelu", "mlp",
-             (3 if model.gated_mlp else 2) * b * act, (5 if model.gated_mlp else 3) * b * act)]
+            ("residual add" + (" + dropout" if w.dropout else ""), "mlp_post", res_f, res_b)]
+    if model.gated_mlp:  # torch_eager: silu and the multiply apart (compute.torch_eager)
+        fwd, bwd = swiglu_bytes(b, w.torch_eager)
+        spec += [(name, "mlp", nb * act, 0.0) for name, nb in fwd] + [(name, "mlp", 0.0, nb * act) for name, nb in bwd]
+    else:
+        spec.append(("gelu", "mlp", 2 * b * act, 3 * b * act))
     # backward: the residual stream's gradient is the sum of two branches (the skip path and the
     # norm's input gradient); autograd accumulates them with one add per fork (torch
     # autograd InputBuffer::accumulate: read both, write one), before each norm's backward
     spec += [("residual grad accumulate", "attn_pre", 0.0, 3 * b * r * h),
              ("residual grad accumulate", "mlp_pre", 0.0, 3 * b * r * h)]
-    if model.is_mla:  # RoPE on each local head's q_pe and on the one shared k_pe (DeepSeek-V2 eq. 13-14)
-        rope = model.qk_rope_head_dim or 0
-        nb = 2 * b * t * (q_l + 1) * rope
-        spec.append(("rope", "attn", nb, nb))
+    # RoPE: one fused kernel over q and k, or eagerly three kernels on each (compute.torch_eager);
+    # MLA: on each local head's q_pe and on the one shared k_pe (DeepSeek-V2 eq. 13-14)
+    roped = ((q_l, 1), model.qk_rope_head_dim or 0) if model.is_mla else \
+        ((q_l, kv_l), model.d_head if model.position_embedding == "rope" else 0)
+    if roped[1]:
+        parts = roped[0] if w.torch_eager else (sum(roped[0]),)
+        spec += [(name, "attn", nb * t * heads * roped[1], nb * t * heads * roped[1])
+                 for heads in parts for name, nb in rope_bytes(b, w.torch_eager)]
+    if model.is_mla:
         spec += _latent_norms(model, b, t)
-    elif model.position_embedding == "rope":
-        nb = 2 * b * t * (q_l + kv_l) * model.d_head
-        spec.append(("rope", "attn", nb, nb))
+    if not w.megatron_ops and not model.is_mla:  # torchtitan's repeat_kv before SDPA
+        rep_f, rep_b = repeat_kv_bytes(b, q_l, kv_l, t, model.d_head)
+        if rep_f:
+            spec.append(("repeat_kv", "attn", rep_f, rep_b))
     if any(g.name.startswith("expert_") for g in gemms):  # the dispatch buffer's rows (compute.routing)
         rows = routing(w.routing, max(1, t * w.etp // w.tp), model.top_k, model.experts, w.ep).recv_rows
         nb = 2 * b * rows * h
@@ -756,9 +815,14 @@ def head_cost(model: ModelSpec, gpu: GPUSpec, w: Workload, table: Optional[GemmT
            _mem(gpu, "final norm", "head", "backward_input", norm_backward_passes(w.megatron_ops) * b * r * h,
                 kind="norm")]
     ops += _gemm_ops(gpu, g, "head", w, table, model_scale=model.vocab / pv)
-    fwd_b, bwd_b = cross_entropy_bytes(b, w.megatron_ops)
-    ops += [_mem(gpu, "cross entropy", "head", "forward", fwd_b * logits),
-            _mem(gpu, "cross entropy", "head", "backward_input", bwd_b * logits)]
+    if w.megatron_ops:
+        fwd_b, bwd_b = cross_entropy_bytes(b)
+        ops += [_mem(gpu, "cross entropy", "head", "forward", fwd_b * logits),
+                _mem(gpu, "cross entropy", "head", "backward_input", bwd_b * logits)]
+    else:  # torch: fused when compiled, else kernel by kernel (compute.torch_eager)
+        fwd, bwd = torch_cross_entropy_bytes(b, w.torch_eager)
+        ops += [_mem(gpu, name, "head", phase, nb * logits)
+                for phase, kernels in (("forward", fwd), ("backward_input", bwd)) for name, nb in kernels]
     if w.megatron_ops:  # the final norm's weight (and bias) main-gradient hooks (main_grad_hooks)
         main = 4 if w.fp32_wgrad_accumulation else b
         ops += [_mem(gpu, f"final norm {p} main_grad add", "head", "backward_weight", (2 * main + b) * h)

@@ -29,13 +29,19 @@ class ImportOptions:
     ``nodes``: how many; ``gpu``: optional catalog GPU replacing the node's; ``model``: a
     catalog model name or a Hugging Face ``config.json`` path (overrides the file's model);
     ``seq_len``: tokens per sequence (DeepSpeed configs do not hold it; for the others it
-    replaces the file's, with a note)."""
+    replaces the file's, with a note). ``nodes`` and ``seq_len`` are checked here, their one
+    home: a ConfigError naming the option when not a whole number >= 1."""
 
     cluster: Optional[str] = None
     nodes: Optional[int] = None
     gpu: Optional[str] = None
     model: Optional[str] = None
     seq_len: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        for name, v in (("--nodes", self.nodes), ("--seq-len", self.seq_len)):
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+                raise ConfigError(name, f"{v} must be a whole number >= 1")
 
 
 @dataclass(frozen=True)
@@ -78,8 +84,6 @@ def cluster_table(opts: ImportOptions, fmt: str, nodes: Optional[int] = None) ->
     n = opts.nodes if opts.nodes is not None else nodes
     if n is None:
         raise ConfigError("--nodes", f"a {fmt} config does not say how many nodes; give --nodes N")
-    if n < 1:
-        raise ConfigError("--nodes", f"{n} must be >= 1")
     gpus = catalog.node(opts.cluster).gpus  # ConfigError naming the known nodes
     if n * gpus > MAX_WORLD:
         raise ConfigError("--nodes" if opts.nodes is not None else "nodes", f"{n} nodes x {gpus} GPUs = {n * gpus:,} "

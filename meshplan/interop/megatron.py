@@ -36,7 +36,9 @@ Megatron-LM                              meshplan
 --decoder-first/last-pipeline-num-layers mesh.pp_layer_split
 --micro-batch-size, --global-batch-size  training.micro_batch, global_batch (default micro x dp)
 --seq-length                             training.seq_len
---bf16, --fp16, --fp8-format             compute/param dtype (fp32 main parameters kept)
+--bf16, --fp16                           compute/param dtype (fp32 main parameters kept)
+--fp8-format                             training.linear_dtype fp8 (Transformer Engine's linears; activations,
+                                         attention, output layer and router in bf16 or fp16)
 --accumulate-allreduce-grads-in-fp32     grad_reduce_dtype fp32 (forced by --bf16 unless --grad-reduce-in-bf16;
                                          else the parameter dtype)
 --tp-comm-overlap                        training.tp_comm_overlap
@@ -327,11 +329,11 @@ def read(text: str, opts: ImportOptions) -> Imported:
         raise ConfigError("--seq-length", "not in the arguments; add it or give --seq-len")
     if opts.seq_len and "--seq-length" in args:
         notes.append(f"--seq-len {opts.seq_len} replaces --seq-length {args['--seq-length']}")
-    dtype = "fp8" if args.get("--fp8-format") else "fp16" if args.get("--fp16") else \
-        "bf16" if args.get("--bf16") else "fp32"
+    fp8 = bool(args.get("--fp8-format"))  # Transformer Engine's fp8 runs beside --bf16 (or --fp16)
+    dtype = "fp16" if args.get("--fp16") else "bf16" if args.get("--bf16") or fp8 else "fp32"
     training = {"global_batch": _num(args, "--global-batch-size", micro * dp), "seq_len": seq, "micro_batch": micro,
                 "sharding": _sharding(args), "recompute": _recompute(args, layers // deg["pp"], notes),
-                "param_dtype": "bf16" if dtype == "fp8" else dtype, "compute_dtype": dtype,
+                "param_dtype": dtype, "compute_dtype": dtype, **({"linear_dtype": "fp8"} if fp8 else {}),
                 "grad_reduce_dtype": "fp32" if args.get("--accumulate-allreduce-grads-in-fp32") or (
                     dtype == "bf16" and not args.get("--grad-reduce-in-bf16")) else "param",
                 "tp_comm_overlap": bool(args.get("--tp-comm-overlap")), "framework": "megatron",
@@ -397,7 +399,8 @@ def write(cfg: Config) -> list[str]:
         out += ["--recompute-method uniform", "--recompute-num-layers 1"] if t.recompute == "full" else []
     out += [f"--micro-batch-size {t.micro_batch}", f"--global-batch-size {t.global_batch}",
             f"--seq-length {t.seq_len}", f"--make-vocab-size-divisible-by {t.vocab_pad_divisor}"]
-    out += {"bf16": ["--bf16"], "fp16": ["--fp16"], "fp8": ["--bf16", "--fp8-format hybrid"]}.get(t.compute_dtype, [])
+    out += {"bf16": ["--bf16"], "fp16": ["--fp16"]}.get(t.compute_dtype, [])
+    out += ["--fp8-format hybrid"] * (t.linear_dtype == "fp8")
     out += ["--accumulate-allreduce-grads-in-fp32"] * (t.gradient_reduce_dtype == "fp32")
     # Megatron-LM reduces bf16 runs' gradients in fp32 unless told otherwise
     out += ["--grad-reduce-in-bf16"] * (t.gradient_reduce_dtype == "bf16" and "--bf16" in out)

@@ -10,10 +10,10 @@ torchtitan                                     meshplan
 ============================================== ==============================================
 model.name + model.flavor (llama3 8B/70B/405B) model.catalog llama3-8b / -70b / -405b
 model.hf_assets_path (other flavors)           model.hf_config = <path>/config.json
-model.converters = ["float8"]                  training.compute_dtype = "fp8"
-quantize.linear.float8                         training.fp8_all_gather (with the float8 converter
-  .enable_fsdp_float8_all_gather,                and dp_shard > 1, as torchtitan applies it),
-  .filter_fqns                                   fp8_output_layer (output not filtered)
+model.converters "quantize.linear.float8"      training.linear_dtype = "fp8": the converted
+  (or "float8")                                  Linears' GEMMs in fp8, activations in compute_dtype
+quantize.linear.float8.filter_fqns,            training.fp8_output_layer (output not filtered),
+  .enable_fsdp_float8_all_gather                 fp8_all_gather (with dp_shard > 1, as torchtitan)
 training.local_batch_size                      micro_batch (pp 1); per-rank batch per step
 parallelism.pipeline_parallel_microbatch_size  micro_batch (pp > 1)
 training.global_batch_size (-1: local x dp)    training.global_batch
@@ -28,16 +28,19 @@ parallelism.module_fqns_per_model_part,        mesh.pp_layer_split (torchtitan's
   pipeline_parallel_first/last_stage_less_layers generate_llm_fqn_per_model_part)
 parallelism.disable_loss_parallel              mesh.loss_parallel
 parallelism.enable_async_tensor_parallel       training.tp_comm_overlap
+compile.enable (+ components model, loss)      training.torch_compile (default off: eager)
 activation_checkpoint.mode                     training.recompute: none, full; selective with
   + selective_ac_option                          option "op" -> op (tp = cp = ep = 1, no MLA; else
                                                  selective, with a note), "<k>" -> layer, ac_freq k
 ============================================== ==============================================
 
-A key of a table the reader reads ([model], [training], [parallelism],
-[activation_checkpoint], [quantize.linear.float8]) that is a near miss of one it reads
-(``tensor_parallel_degre``; :func:`~meshplan.interop.common.misspelt`) is an error naming the
-likely key, and so is a read key under another of those tables or [experimental]
-(``[training] tensor_parallel_degree`` of older torchtitan); other keys are listed as unused.
+The pipeline split, [activation_checkpoint] and float8 are read and written by
+:mod:`meshplan.interop.torchtitan_tables`. A key of a table the reader reads ([model],
+[training], [parallelism], [activation_checkpoint], [quantize.linear.float8]) that is a near
+miss of one it reads (``tensor_parallel_degre``; :func:`~meshplan.interop.common.misspelt`) is
+an error naming the likely key, and so is a read key under another of those tables or
+[experimental] (``[training] tensor_parallel_degree`` of older torchtitan); other keys are
+listed as unused.
 
 Sharding follows torchtitan's parallelize: FSDP2 (zero3) when dp_shard * cp > 1, HSDP when
 dp_replicate > 1 too, DDP (none) with dp_replicate alone; sequence parallel with tp > 1.
@@ -58,12 +61,23 @@ from meshplan.interop.common import (
     cluster_table,
     flatten,
     misspelt,
-    model_is_mla,
     model_layers,
     model_option,
     positive_int,
 )
 from meshplan.interop.tomlout import mesh_spec, resolved, virtual_split
+from meshplan.interop.torchtitan_tables import (
+    FLOAT8,
+    SCHEDULE_NAMES,
+    SCHEDULES,
+    default_split,
+    float8_used,
+    model_parts,
+    read_float8,
+    read_recompute,
+    write_float8,
+    write_recompute,
+)
 from meshplan.mesh.resolve import Mesh
 from meshplan.spec.axes import TORCHTITAN_AXES
 
@@ -73,10 +87,6 @@ FLAVORS = {("llama3", "8B"): "llama3-8b", ("llama3", "70B"): "llama3-70b", ("lla
 DEGREES = {"pipeline_parallel_degree": "pp", "data_parallel_replicate_degree": "dp_replicate",
            "data_parallel_shard_degree": "dp_shard", "context_parallel_degree": "cp",
            "tensor_parallel_degree": "tp", "expert_parallel_degree": "ep", "expert_tensor_parallel_degree": "etp"}
-#: torchtitan schedule name -> meshplan schedule; torch.distributed.pipelining names.
-SCHEDULES = {"gpipe": "gpipe", "1f1b": "1f1b", "interleaved1f1b": "interleaved_1f1b"}
-SCHEDULE_NAMES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved_1f1b": "Interleaved1F1B"}
-RECOMPUTE = ("none", "selective", "full")
 DTYPES = {"float32": "fp32", "bfloat16": "bf16"}
 #: Keys the reader uses (everything else is listed as unused).
 USED = {"model.name", "model.flavor", "model.converters", "training.local_batch_size",
@@ -86,44 +96,13 @@ USED = {"model.name", "model.flavor", "model.converters", "training.local_batch_
         "parallelism.pipeline_parallel_microbatch_size", "parallelism.module_fqns_per_model_part",
         "parallelism.pipeline_parallel_layers_per_stage", "parallelism.pipeline_parallel_first_stage_less_layers",
         "parallelism.pipeline_parallel_last_stage_less_layers", "parallelism.disable_loss_parallel",
-        "parallelism.enable_async_tensor_parallel"} | {f"parallelism.{k}" for k in DEGREES}
-#: [quantize.linear.float8] keys (Float8Linear of job_config.py), read with the float8 converter.
-FLOAT8 = {f"quantize.linear.float8.{k}" for k in ("enable_fsdp_float8_all_gather",
-                                                  "precompute_float8_dynamic_scale_for_fsdp", "recipe_name",
-                                                  "filter_fqns")}
+        "parallelism.enable_async_tensor_parallel", "compile.enable", "compile.components"} | \
+    {f"parallelism.{k}" for k in DEGREES}
 #: torchtitan keys (job_config.py at e347b1e) within three edits of a key the reader reads:
 #: none there; a later torchtitan key that close goes here so that it is listed, not refused.
 NEAR_KEYS: frozenset[str] = frozenset()
 #: Every key a misspelling is checked against (:func:`~meshplan.interop.common.misspelt`).
 READ = USED | FLOAT8 | {"model.hf_assets_path"}
-
-
-def default_split(stages: int, layers: int, first_less: int = 1, last_less: int = 1) -> list[int]:
-    """Layers per (virtual) stage as torchtitan cuts them without an explicit
-    ``module_fqns_per_model_part``: the embedding counts as ``first_less`` layers and the
-    norm + output as ``last_less``, ``layers + first_less + last_less`` spread evenly with
-    the remainder on the first stages (pipeline_parallel.generate_llm_fqn_per_model_part).
-
-    >>> default_split(16, 126)
-    [7, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 7]
-    >>> default_split(4, 32)
-    [8, 9, 8, 7]
-    """
-    if stages == 1:
-        return [layers]
-    effective = layers + first_less + last_less
-    base, extra = divmod(effective, stages)
-    if base == 0 or first_less > base or last_less > base:
-        raise ConfigError("parallelism.pipeline_parallel_degree",
-                          f"{stages} stages cannot hold {layers} layers with first/last stage less "
-                          f"{first_less}/{last_less} ({effective} effective layers)")
-    want = [base + (k < extra) - (first_less if k == 0 else last_less if k == stages - 1 else 0)
-            for k in range(stages)]
-    out, left = [], layers
-    for w in want:
-        out.append(min(w, left))
-        left -= out[-1]
-    return out
 
 
 def _model(d: dict, base: Path, opts: ImportOptions, notes: list[str]) -> tuple[dict, set[str]]:
@@ -186,35 +165,6 @@ def _pipeline(par: dict, pp: int, layers: int, notes: list[str]) -> dict:
     return {"pp_schedule": sched, "virtual_stages": vpp, "pp_layer_split": split}
 
 
-def _recompute(d: dict, deg: dict[str, int], model: dict, notes: list[str]) -> dict[str, Any]:
-    """training.recompute (and ac_freq) of torchtitan's [activation_checkpoint]: mode none and
-    full as they are; selective with selective_ac_option "op" is op-level SAC (``op``), with
-    an integer k every k-th layer in full (``layer``, ``ac_freq`` k; torchtitan's default
-    option "2"). ``op`` is planned with tp = cp = ep = 1 and no MLA only (build_plan says why),
-    so a mesh outside that is planned with Megatron-LM's selective recompute, with a note."""
-    ac = d.get("activation_checkpoint", {})
-    mode = ac.get("mode", "selective")
-    if mode not in ("none", "selective", "full"):
-        raise ConfigError("activation_checkpoint.mode", f"{mode!r} is not planned by meshplan; use none, selective "
-                          f"or full")
-    if mode != "selective":
-        return {"recompute": mode}
-    opt = str(ac.get("selective_ac_option", "2"))
-    if opt == "op":
-        why = [f"{a} {deg[a]}" for a in ("tp", "cp", "ep") if deg[a] > 1] + ["MLA"] * model_is_mla(model)
-        if not why:
-            return {"recompute": "op"}
-        notes.append(f"activation_checkpoint selective_ac_option \"op\" (op-level SAC) is modelled with tp = cp = "
-                     f"ep = 1 and no MLA only; with {', '.join(why)} planned as Megatron-LM's selective recompute "
-                     f"(attention core recomputed, the other activations kept): more activation memory, less "
-                     f"recompute time than op-level SAC")
-        return {"recompute": "selective"}
-    if not opt.isdigit() or int(opt) < 1:
-        raise ConfigError("activation_checkpoint.selective_ac_option", f"{opt!r}; use \"op\" or a whole number "
-                          f"k >= 1 (every k-th layer checkpointed in full)")
-    return {"recompute": "layer", "ac_freq": int(opt)}
-
-
 def _mesh(deg: dict[str, int], par: dict, layers: int, notes: list[str]) -> dict[str, Any]:
     """[mesh]: the axes of degree != 1 in torchtitan's order (dp_shard -1 kept: meshplan
     infers it exactly), SP with tp, loss parallel, the pipeline."""
@@ -252,46 +202,29 @@ def _training(d: dict, deg: dict[str, int], shard: int, opts: ImportOptions, mod
                 # torchtitan's parallelize: "default" is reshard_after_forward = not pp_enabled
                 "reshard_after_forward": policy == "always" or (policy == "default" and deg["pp"] == 1),
                 "tp_comm_overlap": bool(par.get("enable_async_tensor_parallel", False))}
-    training |= _recompute(d, deg, model, notes)
+    training |= read_recompute(d, deg, model, notes)
+    training["torch_compile"] = _compile(d.get("compile", {}), notes)
     if dtype == "bf16":  # training.dtype bfloat16: everything in bf16, no fp32 copy
         training |= {"master_weights": False, "grad_dtype": "bf16", "optimizer_dtype": "bf16"}
-    if any("float8" in str(c) for c in d.get("model", {}).get("converters", [])):
-        training["compute_dtype"] = "fp8"
-        notes.append("float8 converter: the linear layers' GEMMs planned in fp8 (compute_dtype fp8)")
-        training |= _float8(d.get("quantize", {}).get("linear", {}).get("float8", {}), shard, notes)
-    return training
+    return training | read_float8(d, shard, notes)
 
 
-def _float8(f8: dict, shard: int, notes: list[str]) -> dict[str, Any]:
-    """training.fp8_all_gather and fp8_output_layer of [quantize.linear.float8] as
-    torchtitan's Float8LinearConverter (components/quantization/float8.py at e347b1e) applies
-    it: the float8 all-gather only with dp_shard > 1 (``parallel_dims.dp_shard_enabled``) and
-    never with a ``recipe_name`` (an assertion there); the output layer converted unless a
-    ``filter_fqns`` entry is part of its name ``output`` (``module_filter_fn``; default [],
-    torchtitan's llama3 presets filter ``"output"``)."""
-    key = "quantize.linear.float8."
-    if not f8.get("enable_fsdp_float8_all_gather", False):
-        return {}
-    if f8.get("recipe_name") is not None:
-        raise ConfigError(key + "recipe_name", f"{f8['recipe_name']!r} with enable_fsdp_float8_all_gather = true: "
-                          f"torchtitan refuses the pair (the float8 all-gather is tensorwise scaling only); "
-                          f"remove one")
-    if shard == 1:
-        notes.append("enable_fsdp_float8_all_gather with data_parallel_shard_degree 1: torchtitan gathers no "
-                      "weights then (dp_shard disabled), planned without the float8 all-gather")
-        return {}
-    fqns = f8.get("filter_fqns", [])
-    fqns = fqns.split(",") if isinstance(fqns, str) else fqns
-    if not isinstance(fqns, list):
-        raise ConfigError(key + "filter_fqns", f"{fqns!r}; give a list of module names, e.g. [\"output\"]")
-    if not f8.get("precompute_float8_dynamic_scale_for_fsdp", False):
-        notes.append("precompute_float8_dynamic_scale_for_fsdp is false: torchao all-reduces each float8 weight's "
-                     "amax on its own; planned as one all-reduce of all of them (the precompute)")
-    others = [str(f) for f in fqns if str(f) not in "output"]
-    if others:
-        notes.append(f"filter_fqns {others}: planned with every dense linear weight gathered in float8 (meshplan "
-                     f"filters the output layer only)")
-    return {"fp8_all_gather": True, "fp8_output_layer": not any(str(f) in "output" for f in fqns)}
+def _compile(c: dict, notes: list[str]) -> bool:
+    """training.torch_compile of torchtitan's [compile]: ``enable`` (default false) with
+    ``components`` (default model and loss). meshplan compiles the two together: a list with
+    only one of them is planned as that one's choice for both, with a note."""
+    enable = c.get("enable", False)
+    if not isinstance(enable, bool):
+        raise ConfigError("compile.enable", f"{enable!r}; use true or false")
+    parts = c.get("components", ["model", "loss"])
+    if not isinstance(parts, list) or not all(isinstance(x, str) for x in parts):
+        raise ConfigError("compile.components", f"{parts!r}; use a list such as [\"model\", \"loss\"]")
+    if enable and set(parts) & {"model", "loss"} != {"model", "loss"}:
+        on = "model" in parts
+        notes.append(f"compile.components {parts}: meshplan plans the model and the loss compiled together; "
+                     f"planned {'compiled' if on else 'eager'} (the model's choice)")
+        return on
+    return enable
 
 
 def _dtype(tr: dict, key: str, default: str) -> str:
@@ -347,8 +280,7 @@ def read(d: dict, base: Path, opts: ImportOptions) -> Imported:
     _moved(flatten(d))
     notes: list[str] = old_notes
     model, used = _model(d, base, opts, notes)
-    if any("float8" in str(c) for c in d.get("model", {}).get("converters", [])):
-        used |= FLOAT8
+    used |= float8_used(d)
     cluster, world = cluster_table(opts, "torchtitan")
     par = d.get("parallelism", {})
     deg = _degrees(par)
@@ -408,7 +340,7 @@ def write(cfg: Config) -> dict[str, dict]:
     if pp > 1:
         par |= {"pipeline_parallel_schedule": SCHEDULE_NAMES.get(str(mesh_spec(cfg).pp_schedule), "")
                 or _no_schedule(cfg), "pipeline_parallel_microbatch_size": t.micro_batch,
-                "module_fqns_per_model_part": _parts(virtual_split(cfg, mesh) or [])}
+                "module_fqns_per_model_part": model_parts(virtual_split(cfg, mesh) or [])}
     training = {"local_batch_size": t.global_batch // dpn if pp > 1 else t.micro_batch,
                 "global_batch_size": t.global_batch, "seq_len": t.seq_len,
                 # bf16 storage without an fp32 copy is torchtitan's dtype bfloat16; any fp32 copy is
@@ -417,26 +349,14 @@ def write(cfg: Config) -> dict[str, dict]:
                 "mixed_precision_param": "float32" if t.compute_dtype == "fp32" else "bfloat16",
                 "mixed_precision_reduce": "float32"}
     model: dict[str, Any] = {"name": flavor[0], "flavor": flavor[1]}
-    quantize: dict[str, Any] = {}
-    if t.compute_dtype == "fp8":
-        model["converters"] = ["float8"]
-        quantize = {"quantize": {"linear": {"float8": {
-            "enable_fsdp_float8_all_gather": t.fp8_all_gather,
-            "precompute_float8_dynamic_scale_for_fsdp": t.fp8_all_gather,
-            "filter_fqns": [] if t.fp8_output_layer else ["output"]}}}}
+    converters, quantize = write_float8(t)
+    if converters:
+        model["converters"] = converters
     return {"job": {"description": f"meshplan export: {cfg.model.name} on {cfg.cluster.nodes}x "
                                    f"{cfg.cluster.node.name}"},
             "model": model, "training": training, "parallelism": par,
-            "activation_checkpoint": _write_recompute(t)} | quantize
-
-
-def _write_recompute(t) -> dict[str, str]:
-    """[activation_checkpoint] of ``t``: none and full as they are; op and layer as torchtitan's
-    selective options "op" and "<ac_freq>"; Megatron-LM's selective (attention core), which
-    torchtitan has no option for, as op-level SAC (the re-import lists the difference)."""
-    if t.recompute in ("none", "full"):
-        return {"mode": t.recompute}
-    return {"mode": "selective", "selective_ac_option": str(t.ac_freq) if t.recompute == "layer" else "op"}
+            "activation_checkpoint": write_recompute(t)} | quantize \
+        | ({"compile": {"enable": True, "components": ["model", "loss"]}} if t.torch_compile else {})
 
 
 def _write_degrees(cfg: Config, mesh: Mesh) -> dict[str, int]:
@@ -467,19 +387,6 @@ def _write_degrees(cfg: Config, mesh: Mesh) -> dict[str, int]:
         raise ConfigError("--to", "torchtitan runs tp with sequence parallel; set mesh.sequence_parallel = true")
     return deg
 
-
-def _parts(split: list[int]) -> list[list[str]]:
-    """torchtitan's ``module_fqns_per_model_part`` of layers per virtual stage: the
-    embedding on the first part, the norm and output on the last.
-
-    >>> _parts([1, 2])
-    [['tok_embeddings', 'layers.0'], ['layers.1', 'layers.2', 'norm', 'output']]
-    """
-    starts = [sum(split[:i]) for i in range(len(split))]
-    parts = [[f"layers.{j}" for j in range(s, s + n)] for s, n in zip(starts, split)]
-    parts[0].insert(0, "tok_embeddings")
-    parts[-1] += ["norm", "output"]
-    return parts
 
 def _no_schedule(cfg: Config) -> str:
     raise ConfigError("--to", f"schedule {mesh_spec(cfg).pp_schedule} is not one torchtitan's TOML names here; use "

@@ -116,8 +116,9 @@ def estimate(model: ModelSpec, training: TrainingSpec, mesh: Mesh, stages, micro
             act += sum(t.size_bytes for t in head_terms(dims, v, tp=tp, sp=sp, cp=cp))
         gathered = 0.0
         if training.sharding in ("zero3", "hsdp") and mesh.degree("fsdp") > 1:
-            layer = sum(local_numel(t, model, tp, mesh.ep, mesh.etp) for t in model.layer_tensors(stages[k][0][0]))
-            gathered = 2 * layer * dtype_bytes(training.compute_dtype)  # current + prefetched layer
+            layer = sum(local_numel(t, model, tp, mesh.ep, mesh.etp) * dtype_bytes(training.gather_dtype(t))
+                        for t in model.layer_tensors(stages[k][0][0]))  # float8 Linears: 1 B under fp8_all_gather
+            gathered = 2 * layer  # current + prefetched layer
         per_stage.append(Estimate(st.total_bytes, act, gathered, k))
     return max(per_stage, key=lambda e: e.total_bytes)  # the first stage on a tie
 

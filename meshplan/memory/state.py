@@ -30,8 +30,11 @@ Conventions (framework accounting):
   alike (Megatron's ``num_distributed_optimizer_instances``).
 - A shard of n elements over d ranks holds ``ceil(n / d)`` elements on the most loaded
   rank, taken over the stage's flat buffer of each group (dense, expert), as Megatron's
-  distributed optimizer pads its contiguous buffer. (FSDP2 pads each tensor's dim 0
-  instead, which can add up to d - 1 rows per tensor; not modelled.)
+  distributed optimizer pads its contiguous buffer. (FSDP2 pads each tensor's sharded dim
+  instead, which can add up to d - 1 rows per tensor; not modelled. The routed experts'
+  sharded dim is torchtitan's, dim 1 past efsdp x ep > experts
+  (:func:`~meshplan.mesh.tpsplit.fsdp_shard_len`), so e.g. one Mixtral expert per rank over
+  efsdp 4 pads nothing and its shard is this count, as the collective table's all-gather.)
 - Transient state (ZeRO-3 all-gathered parameters, reduce-scatter buffers) is not
   persistent and belongs to the memory timeline, not here.
 
@@ -322,7 +325,8 @@ class Estimate:
     params: Optional[float] = None
 
 
-def zero_textbook_bytes(params: float, n: int, k: float = 12, *, stage: int) -> Estimate:
+def zero_textbook_bytes(params: float, n: int, k: float = 12, *, stage: int, expert_params: float = 0,
+                        expert_n: int = 1) -> Estimate:
     """Model-state bytes per rank, textbook accounting (ZeRO paper).
 
     Rajbhandari et al. 2020 (arXiv 1910.02054), section 5 and Figure 1, psi parameters,
@@ -333,18 +337,31 @@ def zero_textbook_bytes(params: float, n: int, k: float = 12, *, stage: int) -> 
 
     >>> [zero_textbook_bytes(7.5e9, 64, stage=s).size_bytes / 1e9 for s in range(4)]
     [120.0, 31.40625, 16.640625, 1.875]
+
+    MoE (``expert_params`` psi_e > 0): the paper's one group becomes two, the dense
+    parameters sharded over N (fsdp) and this rank's routed experts (its ep x etp share)
+    over N_e (efsdp), as FSDP2 (torchtitan) and Megatron-Core's expert data parallelism
+    shard them: psi becomes ``psi + psi_e`` and psi / N becomes ``psi / N + psi_e / N_e``.
+    Mixtral-8x7B at dp_shard 32, ep 8 (efsdp 4), stage 3: 16 x (1,605,636,096 / 32 +
+    5,637,144,576 / 4) = 23,351,396,352 B:
+
+    >>> zero_textbook_bytes(1605636096, 32, stage=3, expert_params=5637144576, expert_n=4).size_bytes
+    23351396352.0
     """
-    forms = {
-        0: ((2 + 2 + k) * params, "(2 + 2 + K) psi"),
-        1: (4 * params + k * params / n, "4 psi + K psi / N"),
-        2: (2 * params + (2 + k) * params / n, "2 psi + (2 + K) psi / N"),
-        3: ((2 + 2 + k) * params / n, "(2 + 2 + K) psi / N"),
-    }
+    forms = {0: (4 + k, 0.0), 1: (4.0, k), 2: (2.0, 2 + k), 3: (0.0, 4 + k)}
+    texts = {0: "(2 + 2 + K) {p}", 1: "4 {p} + K {s}", 2: "2 {p} + (2 + K) {s}", 3: "(2 + 2 + K) {s}"}
     if stage not in forms:
         raise ConfigError("stage", f"ZeRO stage {stage} is not one of 0 (DDP), 1, 2, 3")
-    value, form = forms[stage]
+    u, sh = forms[stage]
+    value = u * (params + expert_params) + sh * (params / n + expert_params / expert_n)
+    if expert_params:
+        form = texts[stage].format(p="(psi + psi_e)", s="(psi / N + psi_e / N_e)")
+        given = f"psi {params:g} (dense), N {n}, psi_e {expert_params:g} (routed experts), N_e {expert_n}"
+    else:
+        form = texts[stage].format(p="psi", s="psi / N")
+        given = f"psi {params:g}, N {n}"
     return Estimate(label=f"{TEXTBOOK_LABEL}, ZeRO stage {stage}", size_bytes=value,
-                    formula=f"{form} with psi {params:g}, N {n}, K {k:g} = {value:g} B")
+                    formula=f"{form} with {given}, K {k:g} = {value:g} B")
 
 
 def megatron_estimate(model: ModelSpec, mesh: Mesh, training: TrainingSpec) -> Estimate:

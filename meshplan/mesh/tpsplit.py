@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from meshplan.spec.axes.ep import expert_shard_dim
 from meshplan.spec.axes.tp import heads_reason, local_heads, padded_vocab
 from meshplan.spec.model import ModelSpec, Tensor
 
-__all__ = ["KV_REPLICA", "fsdp_padded_numel", "heads_reason", "kv_replica_group_of", "kv_replica_groups",
+__all__ = ["KV_REPLICA", "expert_shard_dim", "fsdp_padded_numel", "fsdp_shard_len", "heads_reason", "kv_replica_group_of", "kv_replica_groups",
            "local_heads", "local_numel", "local_rows", "model_groups", "padded_numel", "padded_vocab"]
 
 #: Name of the groups of tp ranks that hold copies of the same KV head (tp > kv_heads).
@@ -111,22 +112,58 @@ def local_rows(t: Tensor, model: ModelSpec, tp: int, ep: int = 1) -> int:
     return rows
 
 
+def local_dim1(t: Tensor, etp: int = 1) -> int:
+    """Dim 1 of routed expert weight ``t`` on one rank: etp cuts the expert width, dim 1 of
+    w_gate/w_up (E, f, h) and dim 2 of w_down (E, h, f) (torchtitan ``ExpertTensorParallel``:
+    ``Shard(1)`` and ``Shard(2)``); 0 for a tensor without ``dim1``."""
+    return t.dim1 // etp if t.split == "expert_column" else t.dim1
+
+
+def fsdp_shard_len(t: Tensor, model: ModelSpec, shards: int, tp: int, ep: int = 1, etp: int = 1) -> int:
+    """Length on one rank of the dim FSDP2 shards ``t`` on over ``shards`` ranks: dim 0
+    (:func:`local_rows`), or dim 1 for routed experts when efsdp ``shards`` x ep > experts
+    (:func:`~meshplan.spec.axes.ep.expert_shard_dim`, torchtitan's ``shard_placement_fn``).
+
+    Mixtral's w_gate (8, 14336, 4096) at ep 8: 1 expert per rank; over efsdp 4 FSDP2 shards
+    dim 1 (14336), over efsdp 1 dim 0 (1 row):
+
+    >>> from meshplan.spec.model import ModelSpec
+    >>> m = ModelSpec(layers=1, hidden=4096, ffn=14336, q_heads=32, vocab=1, experts=8, top_k=2)
+    >>> gate = next(t for t in m.layer_tensors(0) if t.name == "experts_w_gate")
+    >>> fsdp_shard_len(gate, m, 4, tp=1, ep=8), fsdp_shard_len(gate, m, 1, tp=1, ep=8)
+    (14336, 1)
+    """
+    if t.expert and t.dim1 and expert_shard_dim(model.experts, shards, ep) == 1:
+        return local_dim1(t, etp)
+    return local_rows(t, model, tp, ep)
+
+
 def fsdp_padded_numel(t: Tensor, model: ModelSpec, shards: int, tp: int, ep: int = 1, etp: int = 1) -> int:
-    """Elements of ``t``'s unsharded FSDP2 buffer on one rank: FSDP2 shards dim 0 and pads
-    it to a multiple of the shard degree (torch ``fully_shard``: ``Shard(0)`` with padding),
-    so the all-gather output is ``ceil(rows / shards) * shards * (numel / rows)``.
+    """Elements of ``t``'s unsharded FSDP2 buffer on one rank: FSDP2 shards one dim
+    (:func:`fsdp_shard_len`: dim 0, or dim 1 of the routed experts past efsdp x ep > experts)
+    and pads it to a multiple of the shard degree (torch ``fully_shard``), so the all-gather
+    output is ``ceil(len / shards) * shards * (numel / len)``.
 
     >>> from meshplan.spec.model import Tensor, ModelSpec
     >>> m = ModelSpec(layers=1, hidden=64, ffn=128, q_heads=4, vocab=256)
     >>> fsdp_padded_numel(Tensor("wq", 64 * 64, "column", rows=64), m, shards=3, tp=2)
     2112
+
+    Mixtral's w_gate at ep 8 over efsdp 4 (dim 1, no padding) and, were it dim 0, 1 expert
+    padded to 4:
+
+    >>> m = ModelSpec(layers=1, hidden=4096, ffn=14336, q_heads=32, vocab=1, experts=8, top_k=2)
+    >>> gate = next(t for t in m.layer_tensors(0) if t.name == "experts_w_gate")
+    >>> fsdp_padded_numel(gate, m, 4, tp=1, ep=8), padded_numel(1, 14336 * 4096, 4)
+    (58720256, 234881024)
     """
-    return padded_numel(local_rows(t, model, tp, ep), local_numel(t, model, tp, ep, etp), shards)
+    return padded_numel(fsdp_shard_len(t, model, shards, tp, ep, etp), local_numel(t, model, tp, ep, etp), shards)
 
 
 def padded_numel(rows: int, numel: int, shards: int) -> int:
     """Elements of a local tensor of ``numel`` elements in ``rows`` rows once FSDP2 pads
-    dim 0 to a multiple of ``shards``: ``ceil(rows / shards) x shards x (numel / rows)``;
+    its sharded dim (``rows`` long: dim 0, or dim 1 of routed experts, :func:`fsdp_shard_len`)
+    to a multiple of ``shards``: ``ceil(rows / shards) x shards x (numel / rows)``;
     0 for a tensor without rows. The rule of :func:`fsdp_padded_numel`, also called by the
     search (:func:`meshplan.search.timing.comm_times`) on its per-rank tables.
 

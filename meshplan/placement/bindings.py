@@ -19,7 +19,11 @@ Conventions (each one a choice; the docstrings say which):
   names exactly (without it ``mlx5_1`` also selects ``mlx5_10``..``mlx5_19``; NVIDIA NCCL
   user guide, Environment Variables, NCCL_IB_HCA), port 1 unless the name has one.
   ``transport="socket"``: NCCL_SOCKET_IFNAME ``=name`` (exact), GLOO_SOCKET_IFNAME ``name``
-  and NCCL_IB_DISABLE=1; the NIC name is then the IP interface's name. ``nic_scope="rank"``
+  and NCCL_IB_DISABLE=1, where ``name`` is an IP interface: ``socket_ifname`` when given,
+  else the NIC's ``ifname`` (:class:`~meshplan.spec.cluster.NICSpec`); a NIC without one is
+  a ConfigError naming ``--socket-ifname`` (its ``name`` is an HCA such as ``mlx5_0``, which
+  NCCL_SOCKET_IFNAME would match no interface with). Under ``ib``, ``socket_ifname`` is the
+  bootstrap interface (NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME). ``nic_scope="rank"``
   lists only the rank's NIC (NodeSpec.nic_of: under its PCIe switch); ``"node"`` lists the
   node's compute NICs and lets NCCL choose by its own topology search (and use PXN).
 - CPU. ``numactl --physcpubind=a-b --membind=<socket>`` and ``taskset -c a-b`` with the
@@ -40,12 +44,14 @@ import json
 import re
 import shlex
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 
 from meshplan.errors import ConfigError
 from meshplan.fileio import write_output
 from meshplan.placement.assign import Placement
+from meshplan.spec.cluster import NICSpec
 
 _CHOICES = {"transport": ("ib", "socket"), "nic_scope": ("rank", "node"), "visible": ("one", "all")}
 _SAFE = re.compile(r"[A-Za-z0-9_.:=,+@%/-]*")
@@ -63,21 +69,36 @@ def _check(opts: dict) -> None:
             raise ConfigError("--" + k.replace("_", "-"), f"{v!r} is not one of {list(_CHOICES[k])}")  # the CLI options
 
 
-def _nic_names(placement: Placement, rank: int, scope: str) -> list[str]:
+def _nics(placement: Placement, rank: int, scope: str) -> list[NICSpec]:
     nics, i = placement.cluster.node.nics, int(placement.nic[rank])
     if i < 0:
         return []
-    chosen = [n.name for n in nics] if scope == "node" else [nics[i].name]
-    return list(dict.fromkeys(chosen))
+    return list(nics) if scope == "node" else [nics[i]]
 
 
-def _nic_env(names: list[str], transport: str, port: int) -> dict[str, str]:
-    if not names:
-        return {}
+def _ifnames(nics: list[NICSpec], node: str) -> list[str]:
+    """The IP interfaces of ``nics`` (module docstring, NIC); ConfigError naming
+    --socket-ifname for a NIC without one."""
+    missing = [n.name for n in nics if n.ifname is None]
+    if missing:
+        raise ConfigError("--socket-ifname", f"--transport socket sets NCCL_SOCKET_IFNAME, which names IP interfaces, "
+                                             f"but node {node}'s NIC {missing[0]} has no IP interface name (ifname); "
+                                             "give --socket-ifname IFACE (e.g. eth0) or ifname on each "
+                                             "cluster.node.nics entry")
+    return list(dict.fromkeys(n.ifname for n in nics if n.ifname is not None))
+
+
+def _nic_env(nics: list[NICSpec], node: str, transport: str, port: int,
+             socket_ifname: Optional[str] = None) -> dict[str, str]:
     if transport == "socket":
+        names = [socket_ifname] if socket_ifname else _ifnames(nics, node) if nics else []
         return {"NCCL_SOCKET_IFNAME": "=" + ",".join(names), "GLOO_SOCKET_IFNAME": ",".join(names),
-                "NCCL_IB_DISABLE": "1"}
-    return {"NCCL_IB_HCA": "=" + ",".join(n if ":" in n else f"{n}:{port}" for n in names)}
+                "NCCL_IB_DISABLE": "1"} if names else {}
+    hcas = list(dict.fromkeys(n.name for n in nics))
+    env = {"NCCL_IB_HCA": "=" + ",".join(n if ":" in n else f"{n}:{port}" for n in hcas)} if hcas else {}
+    if socket_ifname:  # the bootstrap (and gloo) interface
+        env.update(NCCL_SOCKET_IFNAME="=" + socket_ifname, GLOO_SOCKET_IFNAME=socket_ifname)
+    return env
 
 
 def _process(placement: Placement, rank: int, mode: str) -> tuple[int, int]:
@@ -96,18 +117,19 @@ def _visible_all(placement: Placement, mode: str) -> dict[int, str]:
 
 
 def bindings(placement: Placement, rank: int, transport: str = "ib", nic_scope: str = "rank",
-             visible: str = "one", port: int = 1) -> dict:
+             visible: str = "one", port: int = 1, socket_ifname: Optional[str] = None) -> dict:
     """Binding of mesh rank ``rank`` (see the module docstring for each convention):
     rank, process_rank and local_rank (torchrun's RANK and LOCAL_RANK of the process that
     hosts it), node, gpu (local index), device, socket, cores, nic, env (variables to
-    export), numactl and taskset prefixes. Raises ConfigError for an unknown option or a
-    rank out of range."""
+    export), numactl and taskset prefixes. ``socket_ifname``: the IP interface (module
+    docstring, NIC). Raises ConfigError for an unknown option, a rank out of range, or a
+    socket transport without an IP interface name."""
     return all_bindings(placement, transport=transport, nic_scope=nic_scope, visible=visible, port=port,
-                        ranks=[rank])[0]
+                        ranks=[rank], socket_ifname=socket_ifname)[0]
 
 
 def all_bindings(placement: Placement, transport: str = "ib", nic_scope: str = "rank", visible: str = "one",
-                 port: int = 1, ranks=None) -> list[dict]:
+                 port: int = 1, ranks=None, socket_ifname: Optional[str] = None) -> list[dict]:
     """:func:`bindings` of ``ranks`` (default every rank), in that order."""
     _check({"transport": transport, "nic_scope": nic_scope, "visible": visible})
     p, mode = placement, launch_mode(placement)
@@ -116,17 +138,17 @@ def all_bindings(placement: Placement, transport: str = "ib", nic_scope: str = "
         if not 0 <= rank < p.world:
             raise ConfigError("rank", f"{rank} outside 0..{p.world - 1}")
     seen = _visible_all(p, mode) if visible == "all" else {}
-    return [_binding(p, int(r), mode, transport, nic_scope, visible, port, seen) for r in ranks]
+    return [_binding(p, int(r), mode, transport, nic_scope, visible, port, seen, socket_ifname) for r in ranks]
 
 
 def _binding(p: Placement, rank: int, mode: str, transport: str, nic_scope: str, visible: str, port: int,
-             seen: dict[int, str]) -> dict:
+             seen: dict[int, str], socket_ifname: Optional[str] = None) -> dict:
     proc, local = _process(p, rank, mode)
     node, gpu, sock = int(p.node[rank]), int(p.local_gpu[rank]), int(p.socket[rank])
     lo, hi = int(p.core_first[rank]), int(p.core_last[rank])
     cores = f"{lo}-{hi}" if hi > lo else str(lo)
     env = {"CUDA_VISIBLE_DEVICES": str(gpu) if visible == "one" else seen[node]}
-    env.update(_nic_env(_nic_names(p, rank, nic_scope), transport, port))
+    env.update(_nic_env(_nics(p, rank, nic_scope), p.cluster.node.name, transport, port, socket_ifname))
     nic = int(p.nic[rank])
     return {"rank": rank, "process_rank": proc, "local_rank": local, "node": node, "gpu": gpu,
             "device": "cuda:0" if visible == "one" else f"cuda:{local}", "socket": sock, "cores": cores,

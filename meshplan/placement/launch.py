@@ -36,8 +36,10 @@ Environment of each rank (``env`` of :func:`launch_bindings`, each documented in
   ``GLOO_SOCKET_IFNAME`` when ``socket_ifname`` is given; with ``nic_scope="node"`` on a
   rail-optimized node ``NCCL_CROSS_NIC=0`` keeps each ring on one rail (NCCL user guide,
   "Environment Variables", NCCL_CROSS_NIC).
-- Sockets (``transport="socket"``): ``NCCL_SOCKET_IFNAME==<nic>``, ``GLOO_SOCKET_IFNAME``,
-  ``NCCL_IB_DISABLE=1``.
+- Sockets (``transport="socket"``): ``NCCL_SOCKET_IFNAME==<iface>``, ``GLOO_SOCKET_IFNAME``,
+  ``NCCL_IB_DISABLE=1``, ``<iface>`` an IP interface: ``socket_ifname`` for every rank, else
+  the rank's NIC's ``ifname``; without either a ConfigError names ``--socket-ifname``
+  (the catalog's NIC names are InfiniBand HCAs, which no IP interface is called).
 
 Every value that comes from input (program arguments, endpoint, host names, NIC names, job
 name) is either checked against a strict pattern (:func:`check_options`; a ConfigError
@@ -87,7 +89,8 @@ class LaunchOptions:
     """What ``meshplan launch`` writes. ``program``: the training command (argv); the
     rendezvous endpoint ``host:port`` (None: Slurm's first host at ``port``); ``hosts``:
     Slurm ``--nodelist``; ``transport``/``nic_scope`` as in :mod:`~meshplan.placement.bindings`;
-    ``socket_ifname``: the bootstrap interface under ``ib``; ``cpu_bind``: numactl, taskset
+    ``socket_ifname``: the bootstrap interface under ``ib``, the data interface under
+    ``socket``; ``cpu_bind``: numactl, taskset
     or none; Slurm ``job_name``, ``partition``, ``time_limit``."""
 
     program: tuple[str, ...]
@@ -144,8 +147,9 @@ def check_options(placement: Placement, opts: LaunchOptions) -> None:
     if opts.cpu_bind not in CPU_BIND:
         raise ConfigError("--cpu-bind", f"{opts.cpu_bind!r} is not one of {list(CPU_BIND)}")
     for nic in placement.cluster.node.nics:
-        if not _NAME.match(nic.name):
-            raise ConfigError("cluster.node.nics", f"NIC name {nic.name!r}: use letters, digits, '_', '.', '-'")
+        for name in (nic.name, nic.ifname or "x"):
+            if not _NAME.match(name):
+                raise ConfigError("cluster.node.nics", f"NIC name {name!r}: use letters, digits, '_', '.', '-'")
 
 
 def launch_bindings(placement: Placement, opts: LaunchOptions) -> list[dict]:
@@ -153,13 +157,12 @@ def launch_bindings(placement: Placement, opts: LaunchOptions) -> list[dict]:
     node's GPUs visible in LOCAL_RANK order), its ``env`` completed as the module docstring
     says, and ``cpu``: the argv prefix that binds its cores (empty with ``cpu_bind="none"``)."""
     check_options(placement, opts)
-    rows = all_bindings(placement, transport=opts.transport, nic_scope=opts.nic_scope, visible="all")
+    rows = all_bindings(placement, transport=opts.transport, nic_scope=opts.nic_scope, visible="all",
+                        socket_ifname=opts.socket_ifname)
     rails = {n.rail for n in placement.cluster.node.nics}
     for b in rows:
         env = {"CUDA_VISIBLE_DEVICES": b["env"].pop("CUDA_VISIBLE_DEVICES"), "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
         env.update(b["env"])
-        if opts.transport == "ib" and opts.socket_ifname:
-            env.update(NCCL_SOCKET_IFNAME="=" + opts.socket_ifname, GLOO_SOCKET_IFNAME=opts.socket_ifname)
         if opts.transport == "ib" and opts.nic_scope == "node" and len(rails) > 1:
             env["NCCL_CROSS_NIC"] = "0"
         b["env"] = env

@@ -213,19 +213,38 @@ def _memory(plan: Plan, con: Console) -> None:
 ZERO_STAGE = {"none": 0, "zero1": 1, "zero2": 2, "zero3": 3, "hsdp": 3}
 
 
+def _group_psi(state, group: str) -> tuple[int, int]:
+    """(parameters per rank before data parallelism, degree its optimizer state is sharded
+    over) of one group (dense, expert) of ``state``."""
+    items = [i for i in state.items if i.group == group]
+    return (sum(i.numel for i in items if i.kind == "params"),
+            next((i.divisor for i in items if i.kind == "optimizer"), 1))
+
+
 def _accounting_lines(plan: Plan, state) -> list[str]:
     """The two closed-form accountings beside the exact one (README "Conventions"): the ZeRO
     paper's textbook bytes for the most loaded stage's ``psi`` parameters per rank (before data
-    parallelism), N the degree its optimizer state is sharded over, K 12; and Megatron-LM's
-    estimate. Both ignore what the exact count holds (dtypes as configured, padding, norms)."""
-    dense = [i for i in state.items if i.group == "dense"]
-    psi = sum(i.numel for i in dense if i.kind == "params")
-    n = next((i.divisor for i in dense if i.kind == "optimizer"), 1)
-    z = zero_textbook_bytes(psi, n, stage=ZERO_STAGE[plan.config.training.sharding])
+    parallelism), N the degree its optimizer state is sharded over, K 12, with a MoE model's
+    routed experts as a second group (psi_e, this rank's ep x etp share, over N_e = efsdp), so
+    the line counts the same parameters as the framework table; and Megatron-LM's estimate.
+    Both ignore what the exact count holds (dtypes as configured, padding, norms)."""
+    psi, n = _group_psi(state, "dense")
+    psi_e, n_e = _group_psi(state, "expert")
+    z = zero_textbook_bytes(psi, n, stage=ZERO_STAGE[plan.config.training.sharding], expert_params=psi_e,
+                            expert_n=n_e)
     meg = megatron_estimate(plan.config.model, plan.mesh, plan.config.training)
     where = f" on pipeline stage {state.stage} (the most loaded)" if len(plan.state) > 1 else ""
     return [f"{z.label}{where}: {human_bytes(z.size_bytes)} ({z.formula})",
             f"{meg.label}: {human_bytes(meg.size_bytes)} ({meg.formula})"]
+
+
+def _per_columns(row) -> tuple[str, str]:
+    """The "per layer" and "per mb" cells of a collective row: calls per layer and per
+    micro-batch of a row issued alike in every micro-batch, "-" for one that is not (once per
+    step, e.g. no_sync's reduce-scatter or DDP's all-reduce: the "per step" cell counts it)."""
+    if not row.per_microbatch:
+        return "-", "-"
+    return f"{row.per_layer:.2f}", str(row.per_microbatch)
 
 
 def _collectives(plan: Plan, con: Console) -> None:
@@ -236,7 +255,7 @@ def _collectives(plan: Plan, con: Console) -> None:
             tab.add_column(col, justify="right")
         for r in rows:
             tab.add_row(r.axis, r.phase, r.op, str(r.group_size), f"{r.size_bytes:,.0f}", r.dtype,
-                        f"{r.per_layer:.2f}", str(r.per_microbatch), str(r.per_step), r.path.kind, r.algorithm,
+                        *_per_columns(r), str(r.per_step), r.path.kind, r.algorithm,
                         f"{r.time_s / US:,.1f}", f"{r.algbw_bytes_per_s / GB:.1f}", f"{r.busbw_bytes_per_s / GB:.1f}")
         con.print(tab)
 

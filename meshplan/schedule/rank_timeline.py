@@ -207,8 +207,11 @@ class CommTimes:
     seconds per unit of DeepSpeed ZeRO-3's list-based calls (``CollectiveRow.host_s``), run on
     the compute stream before the unit's compute; ``kv_s``/``kv_calls``: seconds of one
     all-reduce of a layer's replicated K/V gradients and how many per step (step-end events);
-    ``ddp_buckets``: DDP's gradient buckets per step (rows of cadence "(DDP"), which place the
-    per-step reduction's pieces (:func:`reduce_pieces`)."""
+    ``copies``: (group, op) -> compute-stream seconds of FSDP2's copy-out after one all-gather
+    of the group's unit and its copy-in before one reduce-scatter (:mod:`meshplan.comm.fsdp2`;
+    the largest unit's when a group has units of several sizes); ``ddp_buckets``: DDP's gradient
+    buckets per step (rows of cadence "(DDP"), which place the per-step reduction's pieces
+    (:func:`reduce_pieces`)."""
 
     t: dict = field(default_factory=dict)
     share: dict = field(default_factory=dict)
@@ -224,6 +227,7 @@ class CommTimes:
     host: dict = field(default_factory=dict)
     kv_s: float = 0.0
     kv_calls: int = 0
+    copies: dict = field(default_factory=dict)
     ddp_buckets: int = 0
 
     @classmethod
@@ -264,6 +268,8 @@ class CommTimes:
             else:
                 group = _shard_group(r.cadence) if kind in ("shard", "replica") else ""
                 c.t[(kind, group, r.phase, r.op)] = r.time_s
+                if kind == "shard" and r.host_s:
+                    c.copies[(group, r.op)] = max(r.host_s, c.copies.get((group, r.op), 0.0))
         c.other = tuple(other)
         placed = {k[0] for k in c.t} - BUILT_IN_STREAMS
         if placed:
@@ -482,8 +488,8 @@ _CP_PART = {"wk": "kv", "wv": "kv", "wq": "q", "wq_a": "q", "wq_b": "q", "wkv_a"
 
 
 def cp_parts(c: Cost, phase: str, recompute: Optional[bool]) -> dict:
-    """Seconds of the attention block's ops of ``phase`` by part: ``kv`` (wk, wv, and RoPE in
-    forward; MLA: wkv_a, wkv_b), ``q`` (wq; MLA: wq_a, wq_b), ``out`` (wo in forward), ``core``
+    """Seconds of the attention block's ops of ``phase`` by part: ``kv`` (wk, wv, and RoPE and
+    torch's repeat_kv in forward; MLA: wkv_a, wkv_b), ``q`` (wq; MLA: wq_a, wq_b), ``out`` (wo in forward), ``core``
     (the rest; in backward also wo's input gradient and RoPE, which precede dK/dV). Op names from :mod:`meshplan.compute.ops`."""
     fwd = phase == "forward" or recompute
     out = dict.fromkeys(("kv", "q", "core", "out"), 0.0)
@@ -492,8 +498,8 @@ def cp_parts(c: Cost, phase: str, recompute: Optional[bool]) -> dict:
             continue
         base = o.name.split(" ")[0].split(".")[0]
         part = _CP_PART.get(base, "core")
-        if fwd and base in ("rope", "wo"):
-            part = "kv" if base == "rope" else "out"
+        if fwd and base in ("rope", "repeat_kv", "wo"):
+            part = "out" if base == "wo" else "kv"
         out[part] += o.seconds
     return out
 
@@ -596,6 +602,7 @@ def forward_unit(chunk: ChunkCosts, comm: CommTimes, w: Workload, ov: Overlap,
         s.compute("get_batch and timers", chunk.batch.seconds("forward"))
     if chunk.embed is not None:
         s.compute("embedding", chunk.embed.seconds("forward") + (comm.host.get(("root", "forward"), 0.0)
+                                                                 + comm.copies.get(("root", "all-gather"), 0.0)
                                                                  if gather_root else 0.0), [root_ag()])
         op = "all-reduce" if w.megatron_ops else _tp(w)[1]  # Megatron 2022 all-reduces it under SP too
         s.compute("embedding tp wait", 0.0, [s.comm("tp", "forward", op, f"tp {op}")])
@@ -604,13 +611,16 @@ def forward_unit(chunk: ChunkCosts, comm: CommTimes, w: Workload, ov: Overlap,
     for i, (c, moe) in enumerate(zip(chunk.layers, chunk.moe)):
         ag = ag if ov.fsdp_prefetch else gather(i)
         ag_e = s.comm("shard", "forward", "all-gather", f"efsdp AG L{i}", "expert") if moe and gather_layers else None
-        s.compute(f"L{i}", comm.host.get(("layer", "forward"), 0.0) if gather_layers else 0.0, [ag, ag_e])
+        s.compute(f"L{i}", comm.host.get(("layer", "forward"), 0.0) + comm.copies.get(("layer", "all-gather"), 0.0)
+                  + (comm.copies.get(("expert", "all-gather"), 0.0) if moe else 0.0) if gather_layers else 0.0,
+                  [ag, ag_e])
         ag = gather(i + 1) if ov.fsdp_prefetch and i + 1 < n else None
         _forward_layer(s, c, moe)
     if chunk.head is not None:
         pre = s.comm("tp", "forward", "all-gather", "tp all-gather (head)") if w.sp else None
         root = root_ag() if chunk.embed is None else None
-        s.compute("head", chunk.head.seconds("forward"), [pre, root])
+        s.compute("head", chunk.head.seconds("forward") + (comm.copies.get(("root", "all-gather"), 0.0)
+                                                           if root is not None else 0.0), [pre, root])
         s.compute("loss tp wait", 0.0, [s.comm("tp", "loss", "all-reduce", "tp loss collectives", seconds=comm.loss_s)])
     return s.finish()
 
@@ -618,6 +628,8 @@ def forward_unit(chunk: ChunkCosts, comm: CommTimes, w: Workload, ov: Overlap,
 def _reduce(s: _Sim, name: str, group: str, step_piece: float, shard: bool = True) -> None:
     """FSDP reduce-scatter (+ HSDP all-reduce) of a unit when ``shard``; ``step_piece``:
     seconds of this layer's piece (bucket) of the per-step ZeRO-1/2 or DDP reduction."""
+    if shard and (copy_in := s.c.copies.get((group, "reduce-scatter"), 0.0)):
+        s.compute(f"fsdp RS copy-in {name}", copy_in)  # FSDP2: on the compute stream (comm.fsdp2)
     rs = s.comm("shard", "backward", "reduce-scatter", f"fsdp RS {name}", group) if shard else None
     rs = (s.comm("replica", "backward", "all-reduce", f"hsdp AR {name}", group, after=[rs or s.last]) or rs) \
         if shard else None
@@ -698,7 +710,8 @@ def backward_unit(kind: str, chunk: ChunkCosts, comm: CommTimes, w: Workload, ov
     for i in reversed(range(n)):
         c, moe = chunk.layers[i], chunk.moe[i]
         ag = ag if ov.fsdp_prefetch else gather_(i)
-        s.compute(f"L{i}", comm.host.get(("layer", "backward"), 0.0) if with_b and gather else 0.0, [ag])
+        s.compute(f"L{i}", comm.host.get(("layer", "backward"), 0.0) + comm.copies.get(("layer", "all-gather"), 0.0)
+                  if with_b and gather else 0.0, [ag])
         ag = gather_(i - 1) if ov.fsdp_prefetch and i > 0 else None
         if with_b:
             _backward_layer(s, c, moe, with_w)

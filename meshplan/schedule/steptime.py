@@ -27,6 +27,7 @@ from typing import Optional
 import numpy as np
 
 from meshplan.comm.collectives import fsdp_gather_flags
+from meshplan.comm.deepspeed import CADENCE as DEEPSPEED_CADENCE
 from meshplan.compute.gemm import GemmTable
 from meshplan.compute.routing import RoutingOptions
 from meshplan.compute.shapes import local_split
@@ -34,6 +35,7 @@ from meshplan.compute.ops import (
     Cost,
     Workload,
     embedding_cost,
+    float8_gemms,
     framework_kernels,
     flop_gap,
     head_cost,
@@ -74,7 +76,8 @@ def workload_of(plan, dropout: bool = False) -> Workload:
     return Workload(seq_len=t.seq_len, micro_batch=t.micro_batch, tp=split[Dim.HEADS], cp=split[Dim.SEQUENCE],
                     sp=mesh.sequence_parallel, ep=split[Dim.EXPERTS], etp=split[Dim.EXPERT_FFN], dtype=t.compute_dtype,
                     recompute=t.recompute, flash=t.flash_attention, dropout=dropout,
-                    vocab_pad_divisor=t.vocab_pad_divisor, routing=RoutingOptions.of(t), **framework_kernels(t))
+                    vocab_pad_divisor=t.vocab_pad_divisor, routing=RoutingOptions.of(t), **framework_kernels(t),
+                    **float8_gemms(plan.config.model, t))
 
 
 def chunk_costs(plan, w: Workload, table: Optional[GemmTable] = None) -> list[list[ChunkCosts]]:
@@ -117,7 +120,7 @@ class StepTime:
     notes: tuple[str, ...] = ()
     recompute_name: str = ""
     unit_index: tuple = ()  # (distinct unit keys, key index of every flat unit): UnitTimes.index
-    peak_dtype: str = ""  # the dtype of peak_flops (the compute dtype: fp8 runs against the fp8 peak)
+    peak_dtype: str = ""  # the dtype of peak_flops (TrainingSpec.peak_dtype: float8 Linears run against the fp8 peak)
     flop_gap: tuple[tuple[str, float], ...] = ()  # (cause, FLOP per step) of hardware - model: compute.ops.flop_gap
 
     @property
@@ -584,10 +587,16 @@ def step_time(plan: Plan, overlap: Overlap = Overlap(), *, dropout: bool = False
         notes += (f"DeepSpeed ZeRO-3 (2021) host time on the compute stream: {max(host) * 1e3:.1f} ms per "
                   f"micro-batch (stage {host.index(max(host))}): each per-parameter call's partition views and list "
                   f"copies issued (meshplan.comm.deepspeed.host_seconds)",)
+    copies = [sum(r.host_s * r.per_step for r in plan.collectives[table_key(table_stage(s, p))]
+                  if r.host_s and DEEPSPEED_CADENCE not in r.cadence) for s in range(p)]
+    if any(copies):
+        notes += (f"FSDP2 copies on the compute stream: {max(copies) * 1e3:.1f} ms per step (stage "
+                  f"{copies.index(max(copies))}): the copy-out after each all-gather and the copy-in before each "
+                  f"reduce-scatter (meshplan.comm.fsdp2)",)
     return StepTime(res, units, tuple(ends), tuple(post), exposed[crit],
                     _sequence_flops(cfg.model, t.seq_len) * t.global_batch, hw, t.global_batch * t.seq_len,
-                    plan.world, cfg.cluster.gpu.peak_flops(t.compute_dtype), ranks, notes, t.recompute_name,
-                    (indexed[0], indexed[1]), t.compute_dtype, tuple(gap.items()))
+                    plan.world, cfg.cluster.gpu.peak_flops(t.peak_dtype), ranks, notes, t.recompute_name,
+                    (indexed[0], indexed[1]), t.peak_dtype, tuple(gap.items()))
 
 
 @lru_cache(maxsize=16)

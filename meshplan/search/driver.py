@@ -268,7 +268,7 @@ def _settings_notes(cfg: Config, c: Candidates) -> list[str]:
                    "candidates are planned with FSDP2")
     if t.fp8_all_gather and not fsdp.all():
         out.append("training.fp8_all_gather applies to FSDP candidates (zero3, hsdp); zero1 candidates gather no "
-                   "parameters with FSDP2 and are planned without it")
+                   "parameters with FSDP2 and are planned without it (their Linear GEMMs still in fp8)")
     return out
 
 

@@ -22,7 +22,7 @@ from meshplan.config import Config
 from meshplan.memory.sizes import head_sizes, layer_act_sizes
 from meshplan.memory.state import SHARDED_KINDS
 from meshplan.mesh.resolve import resolved_mesh
-from meshplan.mesh.tpsplit import local_numel, local_rows, padded_vocab
+from meshplan.mesh.tpsplit import local_dim1, local_numel, local_rows, padded_vocab
 from meshplan.pipeline.registry import get
 from meshplan.search.space import (
     PIPELINE,
@@ -45,7 +45,8 @@ HEAD_FIELDS = ("embedding_saved", "head_saved", "logits_temp", "logits_grad_temp
 class LayerNumel:
     """One layer kind on one rank: ``nonnorm`` (StageParams' layer count, experts included),
     ``norm``, ``expert`` elements; ``tensors``: (rows, elements, expert, gather bytes per
-    element) per weight, local; ``dense_gather``, ``expert_gather``: the groups' bytes in the
+    element, dim 1 of a routed expert (:func:`~meshplan.mesh.tpsplit.local_dim1`, else 0)) per
+    weight, local; ``dense_gather``, ``expert_gather``: the groups' bytes in the
     dtype FSDP2 all-gathers each weight in (``training.gather_dtype``: 1 for float8 Linear
     weights under ``fp8_all_gather``, else the compute dtype's)."""
 
@@ -82,7 +83,7 @@ class Tables:
         tensors, gather = [], {False: 0, True: 0}
         for t in m.layer_tensors(idx):
             n, gb = local_numel(t, m, tp, ep, etp), dtype_bytes(self.t.gather_dtype(t))
-            tensors.append((local_rows(t, m, tp, ep) or 0, n, t.expert, gb))
+            tensors.append((local_rows(t, m, tp, ep) or 0, n, t.expert, gb, local_dim1(t, etp)))
             gather[t.expert] += n * gb
             if "norm" in t.name:
                 norm += n

@@ -132,6 +132,12 @@ class Candidates:
         return self.more[column] if column in self.more else getattr(self, column)
 
     @property
+    def fsdp2(self) -> np.ndarray:
+        """FSDP2 shards the parameters (zero3 or hsdp), the column the ep axis's
+        ``expert_dim1`` rule reads (:func:`meshplan.spec.axes.ep._fsdp2`)."""
+        return (self.sh == SHARDING.index("zero3")) | (self.sh == SHARDING.index("hsdp"))
+
+    @property
     def sp(self) -> np.ndarray:
         """Sequence parallel: on exactly where tp > 1."""
         return self.tp > 1
@@ -380,15 +386,15 @@ def accumulates(cfg: Config, pp, sh) -> np.ndarray:
 
 def _training_knobs(cfg: Config, c: Candidates, i: int) -> dict:
     """The training fields of candidate ``i`` where a config setting does not apply to it:
-    ``grad_accumulation`` back to ``sync`` outside :func:`accumulates`, ``fp8_all_gather`` (and
-    ``fp8_output_layer``) off without FSDP (ZeRO-1 gathers no parameters), ``zero3_engine``
+    ``grad_accumulation`` back to ``sync`` outside :func:`accumulates`, ``fp8_all_gather`` off
+    without FSDP (ZeRO-1 gathers no parameters; the float8 GEMMs stay), ``zero3_engine``
     back to ``fsdp2`` outside sharding zero3 (DeepSpeed's engine is for ZeRO stage 3), as
     :class:`~meshplan.spec.training.TrainingSpec` requires of a config."""
     t, out = cfg.training, dict[str, object]()
     if t.grad_accumulation != "sync" and not accumulates(cfg, c.pp[i], c.sh[i]):
         out["grad_accumulation"] = "sync"
     if t.fp8_all_gather and int(c.sh[i]) not in FSDP_SHARDINGS:
-        out.update(fp8_all_gather=False, fp8_output_layer=False)
+        out["fp8_all_gather"] = False
     if t.zero3_engine != "fsdp2" and SHARDING[c.sh[i]] != "zero3":
         out["zero3_engine"] = "fsdp2"
     return out

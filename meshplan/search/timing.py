@@ -54,6 +54,7 @@ from meshplan.comm.collectives import axis_path, fsdp_gather_flags, path_time
 from meshplan.compute.ops import (
     Workload,
     embedding_cost,
+    float8_gemms,
     framework_kernels,
     head_cost,
     layer_costs,
@@ -62,7 +63,7 @@ from meshplan.compute.ops import (
 from meshplan.config import Config
 from meshplan.compute.routing import RoutingOptions, a2a_rows
 from meshplan.mesh.resolve import resolved_mesh
-from meshplan.mesh.tpsplit import local_heads, padded_numel
+from meshplan.mesh.tpsplit import expert_shard_dim, local_heads, padded_numel
 from meshplan.pipeline.fast import order_arrays
 from meshplan.placement.assign import place
 from meshplan.schedule.rank_timeline import LAYER_BLOCKS, cp_parts
@@ -76,7 +77,7 @@ from meshplan.units import dtype_bytes
 PHASES = {"f": ("forward", None), "bi": ("backward_input", None), "bin": ("backward_input", False),
           "br": ("backward_input", True), "bw": ("backward_weight", None)}
 OP_FIELDS = tuple(f"{p}_{b}" for p in PHASES for b in LAYER_BLOCKS) + tuple(f"{p}_cpq" for p in PHASES if p != "bw")
-EXTRA_FIELDS = ("emb_f", "emb_bw", "head_f", "head_b", "gemm_flops", "gemm_s")
+EXTRA_FIELDS = ("emb_f", "emb_bw", "head_f", "head_b", "gemm_peak_s", "gemm_s")
 
 
 class TimeTables:
@@ -99,16 +100,19 @@ class TimeTables:
         t, gpu = cfg.training, cfg.cluster.gpu
         w = Workload(seq_len=t.seq_len, micro_batch=mb, tp=tp, cp=cp, sp=tp > 1, ep=ep, etp=etp,
                      dtype=t.compute_dtype, recompute="none", flash=t.flash_attention,
-                     vocab_pad_divisor=t.vocab_pad_divisor, routing=RoutingOptions.of(t), **framework_kernels(t))
+                     vocab_pad_divisor=t.vocab_pad_divisor, routing=RoutingOptions.of(t), **framework_kernels(t),
+                     **float8_gemms(m, t))
         costs = layer_costs(m, gpu, w, RECOMPUTE, layer=layer)
         emb, head = embedding_cost(m, gpu, w), head_cost(m, gpu, w)
         out = dict(emb_f=emb.seconds("forward"), emb_bw=emb.seconds("backward_weight"),
                    head_f=head.seconds("forward"), head_b=head.backward_s)
         # a policy only adds recompute ops: every policy's GEMMs are these, in this order
         gemms = [o for o in costs["none"].ops + head.ops if o.kind == "gemm" and not o.recompute]
-        out.update(gemm_flops=sum(o.hardware_flops for o in gemms if o.block != "head"),
+        # each GEMM's seconds at the dense peak of its own dtype (float8 Linears: fp8's)
+        at_peak = [o.hardware_flops / gpu.peak_flops(w.gemm_dtype(o.name)) for o in gemms]
+        out.update(gemm_peak_s=sum(p for o, p in zip(gemms, at_peak) if o.block != "head"),
                    gemm_s=sum(o.seconds for o in gemms if o.block != "head"),
-                   head_gemm_flops=sum(o.hardware_flops for o in gemms if o.block == "head"),
+                   head_gemm_peak_s=sum(p for o, p in zip(gemms, at_peak) if o.block == "head"),
                    head_gemm_s=sum(o.seconds for o in gemms if o.block == "head"))
         return costs, out
 
@@ -195,14 +199,17 @@ def _padded_unit(tables: Tables, c: Candidates, experts: bool = False, gather: b
     """Elements of one dense layer's FSDP unit on one rank, dim 0 padded to the shard
     degree (:func:`~meshplan.mesh.tpsplit.fsdp_padded_numel`); the dense layer of MoE models
     with dense layers, else the MoE layer's non-expert part. ``experts``: the MoE layer's
-    routed-expert unit instead, padded to efsdp (the collective table's ``experts`` unit).
+    routed-expert unit instead, padded to efsdp on the dim FSDP2 shards (dim 1 past efsdp x ep
+    > experts, :func:`~meshplan.mesh.tpsplit.fsdp_shard_len`; the collective table's
+    ``experts`` unit).
     ``gather``: its all-gather bytes instead, each weight in its gather dtype
     (:class:`~meshplan.search.memory.LayerNumel` ``tensors``)."""
     moe = int(experts or (tables.model.is_moe and tables.model.dense_layers == 0))
 
     def padded(tp, ep, etp, shards):
-        return sum(padded_numel(r, n, shards) * (gb if gather else 1)
-                   for r, n, expert, gb in tables.layer(tp, ep, etp, moe).tensors if expert == experts)
+        dim1 = experts and expert_shard_dim(tables.model.experts, shards, ep) == 1
+        return sum(padded_numel(d1 if dim1 and d1 else r, n, shards) * (gb if gather else 1)
+                   for r, n, expert, gb, d1 in tables.layer(tp, ep, etp, moe).tensors if expert == experts)
     shards = c.efsdp if experts else c.fsdp
     return lookup([c.tp, c.ep, c.etp, shards], lambda *k: {"n": padded(*k)}, ("n",))["n"]
 
@@ -214,7 +221,7 @@ def layer_ops(cfg: Config, tt: TimeTables, c: Candidates, moe: bool) -> dict[str
     # same layer 0 when every layer is MoE: one call per key for both kinds)
     k = [split(c, Dim.HEADS), split(c, Dim.SEQUENCE), c.mb, c.rc, split(c, Dim.EXPERTS), split(c, Dim.EXPERT_FFN),
          np.full(len(c), cfg.model.dense_layers if moe else 0)]
-    return lookup(k, tt.ops, OP_FIELDS + EXTRA_FIELDS + ("head_gemm_flops", "head_gemm_s"), dtype=np.float64)
+    return lookup(k, tt.ops, OP_FIELDS + EXTRA_FIELDS + ("head_gemm_peak_s", "head_gemm_s"), dtype=np.float64)
 
 
 def chains(c: Candidates, o: dict, cm: dict, moe: bool) -> tuple[np.ndarray, np.ndarray]:
@@ -437,14 +444,15 @@ def _stage_end(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: dict, 
 def gemm_efficiency(cfg: Config, tt: TimeTables, c: Candidates) -> np.ndarray:
     """FLOP-weighted efficiency of a step's local GEMMs per candidate: every layer's
     forward, data- and weight-gradient GEMMs and the output layer's, as
-    :func:`meshplan.compute.gemm.gemm_model` times them: ``sum FLOP / (sum seconds x peak)``."""
+    :func:`meshplan.compute.gemm.gemm_model` times them: ``sum (FLOP / peak) / sum seconds``,
+    each GEMM against the dense peak of its dtype (float8 Linears: fp8; one dtype: ``sum FLOP
+    / (sum seconds x peak)``)."""
     m = cfg.model
-    peak = cfg.cluster.gpu.peak_flops(cfg.training.compute_dtype)
     n_moe = m.layers - m.dense_layers if m.is_moe else 0
     od = layer_ops(cfg, tt, c, False)
-    flops = (m.layers - n_moe) * od["gemm_flops"] + od["head_gemm_flops"]
+    ideal = (m.layers - n_moe) * od["gemm_peak_s"] + od["head_gemm_peak_s"]
     secs = (m.layers - n_moe) * od["gemm_s"] + od["head_gemm_s"]
     if n_moe:
         om = layer_ops(cfg, tt, c, True)
-        flops, secs = flops + n_moe * om["gemm_flops"], secs + n_moe * om["gemm_s"]
-    return flops / (secs * peak)
+        ideal, secs = ideal + n_moe * om["gemm_peak_s"], secs + n_moe * om["gemm_s"]
+    return ideal / secs

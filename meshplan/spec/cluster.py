@@ -99,7 +99,11 @@ class SocketSpec(BaseModel):
 
 class NICSpec(BaseModel):
     """A compute NIC: line rate, the GPUs sharing its PCIe switch, its socket and rail.
-    In a rail-optimized fabric NIC k of every node connects to leaf (rail) ``rail``."""
+    In a rail-optimized fabric NIC k of every node connects to leaf (rail) ``rail``.
+    ``name``: the device NCCL's IB transport selects (NCCL_IB_HCA, e.g. ``mlx5_0``);
+    ``ifname``: the Linux IP interface that carries this NIC's TCP traffic (e.g. ``ib0``
+    for IPoIB on ``mlx5_0``, ``eth2`` for an Ethernet port), None when not known: NCCL's
+    socket transport selects IP interfaces (NCCL_SOCKET_IFNAME), never HCA names."""
 
     model_config = _STRICT
     name: Name
@@ -107,6 +111,7 @@ class NICSpec(BaseModel):
     gpus: list[int] = Field(max_length=MAX_GPUS_PER_NODE)
     socket: int = Field(default=0, ge=0, le=MAX_GPUS_PER_NODE)
     rail: int = Field(ge=0, le=MAX_GPUS_PER_NODE)
+    ifname: Optional[Name] = None
 
     @property
     def bandwidth_bytes_per_s(self) -> float:

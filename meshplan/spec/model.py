@@ -227,8 +227,8 @@ class ModelSpec(BaseModel):
         h, e, f = self.hidden, self.experts, self.moe_ffn
         out = [Tensor("router", h * e, "replicated", rows=e)]
         names = ("experts_w_gate", "experts_w_up") if self.gated_mlp else ("experts_w_up",)
-        out += [Tensor(n, e * h * f, "expert_column", expert=True, rows=e) for n in names]
-        out.append(Tensor("experts_w_down", e * f * h, "expert_row", expert=True, rows=e))
+        out += [Tensor(n, e * h * f, "expert_column", expert=True, rows=e, dim1=f) for n in names]
+        out.append(Tensor("experts_w_down", e * f * h, "expert_row", expert=True, rows=e, dim1=h))
         if self.shared_experts:
             sf = (self.shared_expert_ffn or f) * self.shared_experts
             out += _mlp("shared_", h, sf, self.gated_mlp, False, "column", "row")
@@ -303,7 +303,9 @@ class Tensor:
     - ``replicated``: every tp rank holds all of it (norms, router, biases after a row split).
     ``tied``: the output layer shares the embedding's weight. ``rows``: dim 0 of the full
     weight as torch holds it ((out, in) for Linear; experts (E, ...)), which FSDP2 shards and
-    pads (0 = unknown, treated as numel).
+    pads (0 = unknown, treated as numel). ``dim1``: dim 1 of a routed expert's full weight
+    ((E, f, h) for w_gate/w_up, (E, h, f) for w_down), which FSDP2 shards instead when
+    efsdp x ep > experts (:func:`meshplan.spec.axes.ep.expert_shard_dim`); 0 for the others.
     """
 
     name: str
@@ -312,8 +314,9 @@ class Tensor:
     expert: bool = False
     tied: bool = False
     rows: int = 0
+    dim1: int = 0
 
     def renamed(self, prefix: str) -> "Tensor":
         """A norm parameter named after its module: ``attn_norm`` (weight), ``attn_norm_bias``."""
         name = prefix if self.name == "weight" else f"{prefix}_{self.name}"
-        return Tensor(name, self.numel, self.split, self.expert, self.tied, self.rows)
+        return Tensor(name, self.numel, self.split, self.expert, self.tied, self.rows, self.dim1)

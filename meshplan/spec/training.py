@@ -15,11 +15,19 @@ Dtype = Literal["fp32", "bf16", "fp16", "fp8"]
 # ``meshplan compare`` weighs as it weighs the mesh; every other field is the workload (what
 # the step computes: batch, sequence, the model's dtypes and reductions, optimizer, clipping,
 # vocabulary padding, MoE routing, the HBM kept free) and must be equal on both sides.
-# ``fp8_all_gather``/``fp8_output_layer`` (torchtitan's float8 all-gather of the weights) are
-# knobs: they change the bytes FSDP gathers, the compute dtype stays the workload's.
+# ``fp8_all_gather`` (torchtitan's float8 all-gather of the float8 Linear weights) is a knob: it
+# changes the bytes FSDP gathers, not what the GEMMs compute; ``linear_dtype`` and
+# ``fp8_output_layer`` (which GEMMs run in float8) are the workload's numerics.
 PLAN_KNOBS = ("micro_batch", "sharding", "reshard_after_forward", "recompute", "ac_freq", "flash_attention",
               "tp_comm_overlap", "framework", "zero3_engine", "grad_accumulation", "fp8_all_gather",
-              "fp8_output_layer")
+              "torch_compile")
+
+#: The weights of ``nn.Linear`` modules (torchtitan's model files; Megatron-LM's Transformer Engine
+#: linears): attention (dense and MLA), the dense MLP and the shared experts, the MoE router's gate
+#: and the output layer. Everything else is a norm, an embedding, a bias or a routed experts'
+#: grouped weight (``GroupedExperts``, which the Linear converter leaves alone).
+LINEAR_WEIGHTS = frozenset({"wq", "wk", "wv", "wo", "wq_a", "wq_b", "wkv_a", "wkv_b", "w_gate", "w_up", "w_down",
+                            "shared_w_gate", "shared_w_up", "shared_w_down", "router", "output"})
 
 
 class TrainingSpec(BaseModel):
@@ -52,6 +60,10 @@ class TrainingSpec(BaseModel):
     parallelism their input is all-gathered again in backward, during their input-gradient
     GEMM, because only its sequence shard is saved; ``LinearWithGradAccumulationAndAsyncCommunication``).
     ``validate`` runs torch: it takes ``torch`` only.
+    ``torch_compile``: under ``framework = "torch"``, the model and loss run under torch.compile
+    (torchtitan ``[compile] enable``), which fuses each chain of elementwise ops between the GEMMs
+    into one kernel; off (torchtitan's default), torch runs them one kernel each
+    (:mod:`meshplan.compute.torch_eager`). Megatron-LM runs its own kernels either way.
     ``zero3_engine``: which runtime shards the parameters under ``sharding = "zero3"``:
     ``fsdp2`` (torch FSDP2: one unit per layer, one coalesced all-gather and reduce-scatter
     each) or ``deepspeed-2021`` (DeepSpeed ZeRO stage 3 v0.3.13-v0.5.4, Mar-Oct 2021, before
@@ -84,14 +96,26 @@ class TrainingSpec(BaseModel):
     count runs over the rank's own layers), ``op`` saves the outputs of matmuls (all but every
     second mm of a layer), of SDPA and of reduce-scatters, and recomputes the rest
     (``selective_ac_option = "op"``). :attr:`recompute_name` names each in the framework's words.
-    ``fp8_all_gather``: torchtitan float8 training with ``enable_fsdp_float8_all_gather``: FSDP2
-    all-gathers the dense Linear weights (wq, wk, wv, wo, the MLP's; not biases, routers or
-    experts) in float8 (1 byte), while norms and embeddings stay in the compute dtype in the
-    same unit's buffer (one uint8 all-gather per unit), and the float8 scales take one
-    all-reduce (max) of one fp32 amax per float8 weight per step
-    (``precompute_float8_dynamic_scale_for_fsdp``); ``fp8_output_layer``: the output layer is
-    float8 too (torchtitan's ``filter_fqns`` without "output"; default: excluded, as
-    torchtitan; a tied output layer is the embedding and stays in the compute dtype).
+    ``compute_dtype``: the dtype of activations (what autograd saves, what TP, CP and PP send)
+    and of every GEMM that is not a float8 Linear; FSDP2's ``MixedPrecisionPolicy.param_dtype``.
+    ``linear_dtype = "fp8"``: float8 training as torchtitan's float8 converter (torchao
+    ``Float8Linear``, ``[model] converters = ["quantize.linear.float8"]``) and Megatron-LM's
+    ``--fp8-format`` (Transformer Engine linears) run it: only the GEMMs of the converted
+    ``nn.Linear`` modules (:meth:`float8_linear`) run in fp8 (forward, data- and weight-gradient:
+    their input, weight and output gradient are cast to fp8 per GEMM, the output is in the
+    compute dtype); the attention core, norms, embeddings and routed experts stay in the compute
+    dtype, and so do the activations: ``Float8Linear`` saves its high-precision input for
+    backward (torchao ``float8_linear.py``, ``matmul_with_hp_or_float8_args``:
+    ``ctx.save_for_backward(input_hp, weight_hp_t)``). Unset: every GEMM in the compute dtype.
+    ``fp8_output_layer``: the output layer is converted too (torchtitan's ``filter_fqns``
+    without "output"; default: excluded, as torchtitan's presets and Megatron-LM do).
+    ``fp8_all_gather``: torchtitan's ``enable_fsdp_float8_all_gather``: FSDP2 all-gathers the
+    float8 Linear weights in float8 (1 byte), while norms and embeddings stay in the compute
+    dtype in the same unit's buffer (one uint8 all-gather per unit), and the float8 scales
+    take one all-reduce (max) of one fp32 amax per float8 weight per step
+    (``precompute_float8_dynamic_scale_for_fsdp``); a tied output layer is the embedding and
+    is gathered in the compute dtype. Gradients are reduce-scattered in the reduce dtype
+    either way.
     ``moe_capacity_factor``, ``moe_dropless``, ``moe_hottest_expert_share``: MoE routing
     (:mod:`meshplan.compute.routing`): the capacity factor f of the dropping dispatch
     (``C = ceil(f x tokens x top_k / experts)``, Megatron-LM ``--moe-expert-capacity-factor``;
@@ -123,8 +147,10 @@ class TrainingSpec(BaseModel):
     tp_comm_overlap: bool = False
     grad_clip: bool = True
     framework: Literal["torch", "megatron"] = "torch"
+    torch_compile: bool = False
     zero3_engine: Literal["fsdp2", "deepspeed-2021"] = "fsdp2"
     grad_accumulation: Literal["sync", "no_sync", "no_sync_unsharded"] = "sync"
+    linear_dtype: Optional[Literal["fp8"]] = None
     fp8_all_gather: bool = False
     fp8_output_layer: bool = False
     moe_capacity_factor: float = Field(default=1.0, gt=0)
@@ -138,12 +164,16 @@ class TrainingSpec(BaseModel):
         if self.ac_freq != 1 and self.recompute != "layer":
             raise ValueError(f"ac_freq is torchtitan's per-layer checkpointing interval; set recompute = \"layer\" "
                              f"or remove it (recompute is {self.recompute!r})")
+        if self.compute_dtype == "fp8":
+            raise ValueError("compute_dtype \"fp8\" would make activations, norms and gathers 1 byte; float8 "
+                             "training runs only the Linear GEMMs in fp8 with bf16 activations: set compute_dtype = "
+                             "\"bf16\" and linear_dtype = \"fp8\"")
+        if (self.fp8_all_gather or self.fp8_output_layer) and self.linear_dtype != "fp8":
+            key = "fp8_all_gather" if self.fp8_all_gather else "fp8_output_layer"
+            raise ValueError(f"{key} applies to the float8 Linear layers; set linear_dtype = \"fp8\" or remove it")
         if self.fp8_all_gather and self.sharding not in ("zero3", "hsdp"):
             raise ValueError(f"fp8_all_gather is FSDP2's float8 all-gather (sharding zero3 or hsdp); sharding "
                              f"{self.sharding!r} gathers nothing: remove it")
-        if self.fp8_output_layer and not self.fp8_all_gather:
-            raise ValueError("fp8_output_layer says whether the output layer joins the float8 all-gather; "
-                             "set fp8_all_gather = true or remove it")
         if self.zero3_engine != "fsdp2" and self.sharding != "zero3":
             raise ValueError(f"zero3_engine {self.zero3_engine!r} is DeepSpeed's ZeRO stage 3 (sharding zero3); "
                              f"sharding {self.sharding!r} has no parameter gathers: remove the key")
@@ -152,6 +182,9 @@ class TrainingSpec(BaseModel):
             raise ValueError("zero3_engine 'deepspeed-2021' gathers every parameter in forward and again in backward and "
                              "reduces every micro-batch: remove grad_accumulation, reshard_after_forward and "
                              "fp8_all_gather (FSDP2 options)")
+        if self.torch_compile and self.framework != "torch":
+            raise ValueError(f"torch_compile is torch.compile of a torch model; framework {self.framework!r} runs its "
+                             f"own kernels: remove the key")
         if self.grad_accumulation != "sync" and self.sharding not in ("zero3", "hsdp"):
             raise ValueError(f"grad_accumulation {self.grad_accumulation!r} is an FSDP2 mode (sharding zero3 or "
                              f"hsdp); sharding {self.sharding!r} keeps the default 'sync': remove the key")
@@ -181,24 +214,51 @@ class TrainingSpec(BaseModel):
                       "matmul outputs saved but every second mm, SDPA outputs saved, the rest recomputed)",
                 }[self.recompute]
 
-    def gather_dtype(self, tensor) -> Dtype:
-        """The dtype FSDP2 all-gathers one weight in (a :class:`~meshplan.spec.model.Tensor`):
-        float8 for a dense Linear weight under ``fp8_all_gather`` (the output layer only with
-        ``fp8_output_layer`` and untied), else the compute dtype.
+    def float8_linear(self, tensor) -> bool:
+        """Whether the GEMMs of weight ``tensor`` (a :class:`~meshplan.spec.model.Tensor`) run in
+        float8 (``linear_dtype = "fp8"``): the one rule for the GEMM timing and the float8
+        all-gather. As torchtitan's ``module_filter_fn`` (components/quantization/utils.py):
+        ``nn.Linear`` weights (:data:`LINEAR_WEIGHTS`) whose two dims are multiples of 16
+        (float8 tensor cores), not filtered: the output layer only with ``fp8_output_layer``;
+        under ``framework = "megatron"`` the router stays in the compute dtype (Megatron-Core's
+        ``TopKRouter`` multiplies with ``torch.nn.functional.linear``, not a Transformer Engine
+        linear).
 
         >>> from meshplan.spec.model import Tensor
-        >>> t = TrainingSpec(global_batch=8, seq_len=16, fp8_all_gather=True)
-        >>> [t.gather_dtype(Tensor(n, 4, s)) for n, s in [("wq", "column"), ("wo_bias", "replicated"),
-        ...                                                 ("attn_norm", "replicated"), ("output", "vocab")]]
+        >>> t = TrainingSpec(global_batch=8, seq_len=16, linear_dtype="fp8")
+        >>> [t.float8_linear(Tensor(n, r * c, "column", rows=r)) for n, r, c in
+        ...  [("wq", 64, 32), ("router", 60, 32), ("attn_norm", 32, 1), ("output", 128, 32)]]
+        [True, False, False, False]
+        """
+        if self.linear_dtype != "fp8" or tensor.name not in LINEAR_WEIGHTS:
+            return False
+        if (tensor.name == "output" and not self.fp8_output_layer) or (
+                tensor.name == "router" and self.framework == "megatron"):
+            return False
+        rows = tensor.rows or tensor.numel
+        return rows % 16 == 0 and (tensor.numel // rows) % 16 == 0
+
+    def gather_dtype(self, tensor) -> Dtype:
+        """The dtype FSDP2 all-gathers one weight in (a :class:`~meshplan.spec.model.Tensor`):
+        float8 for a float8 Linear weight (:meth:`float8_linear`) under ``fp8_all_gather``
+        (not a tied output layer: that weight is the embedding's), else the compute dtype.
+
+        >>> from meshplan.spec.model import Tensor
+        >>> t = TrainingSpec(global_batch=8, seq_len=16, linear_dtype="fp8", fp8_all_gather=True)
+        >>> [t.gather_dtype(Tensor(n, 16 * r, s, rows=r)) for n, r, s in [("wq", 64, "column"),
+        ...  ("wo_bias", 1, "replicated"), ("attn_norm", 1, "replicated"), ("output", 128, "vocab")]]
         ['fp8', 'bf16', 'bf16', 'bf16']
         """
-        if not self.fp8_all_gather or tensor.expert or tensor.name.endswith("bias"):
-            return self.compute_dtype
-        if tensor.split in ("column", "row", "kv_column"):
-            return "fp8"
-        if tensor.name == "output" and self.fp8_output_layer and not tensor.tied:
+        if self.fp8_all_gather and self.float8_linear(tensor) and not tensor.tied:
             return "fp8"
         return self.compute_dtype
+
+    @property
+    def peak_dtype(self) -> Dtype:
+        """The dtype whose dense peak MFU divides by: fp8 when the Linear GEMMs run in fp8
+        (``linear_dtype``; the bound they run against), else the compute dtype. torchtitan's
+        own MFU divides by the bf16 peak in both cases (``get_peak_flops``)."""
+        return self.linear_dtype or self.compute_dtype
 
     @property
     def optimizer_states(self) -> int:

@@ -20,6 +20,9 @@ What DCP reshards and what it cannot:
   [gate_i; up_i]; the global tensor DCP sees at tp 2 is [g0 g1 u0 u1 g2 g3 u2 u3], which is
   not the tp 1 weight [g0 g1 g2 g3 u0 u1 u2 u3] (NVIDIA-NeMo/Megatron-Bridge issue 5637).
   :func:`unfuse_gate_up` and :func:`refuse_gate_up` convert between the two.
+- KV heads replicated past ``kv_heads`` (tp > kv_heads) are saved once per real head and
+  loaded into every copy (:func:`dcp_view`), so the checkpoint has the real model's KV shape
+  at any tp.
 - Per-dp-rank state (a data-loader position per dp rank) has no meaning at another dp
   degree: spreading 4 positions over 2 ranks drops or repeats samples. Loading it at another
   dp degree raises :class:`~meshplan.errors.CheckpointError` unless the caller explicitly
@@ -53,6 +56,7 @@ from torch.distributed.tensor import DTensor
 from meshplan.errors import CheckpointError, ConfigError
 from meshplan.fileio import write_json_atomic
 from meshplan.mesh.resolve import Mesh
+from meshplan.runtime.execution.kvsync import dedup_kv_state
 
 META_NAME = "meshplan.json"
 DCP_DIR = "dcp"
@@ -209,7 +213,7 @@ def save_checkpoint(path, model: torch.nn.Module, optimizer: torch.optim.Optimiz
         path.mkdir(parents=True, exist_ok=True)
         (path / META_NAME).unlink(missing_ok=True)
     dist.barrier()
-    model_sd, optim_sd = ep_global(model, *get_state_dict(model, optimizer))
+    model_sd, optim_sd = dcp_view(model, *get_state_dict(model, optimizer))
     dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(path / DCP_DIR))
     meta = CheckpointMeta(tuple(mesh.layout.names), tuple(mesh.layout.shape), mesh.world, mesh.dp, int(step),
                           per_dp, dict(state or {}))
@@ -237,7 +241,7 @@ def load_checkpoint(path, model: torch.nn.Module, optimizer: torch.optim.Optimiz
     meta = read_meta(path)
     check_resume(meta, mesh, str(path), discard_dp_state)
     model_sd, optim_sd = get_state_dict(model, optimizer)
-    dcp.load(dict(zip(("model", "optim"), ep_global(model, model_sd, optim_sd))), checkpoint_id=str(path / DCP_DIR))
+    dcp.load(dict(zip(("model", "optim"), dcp_view(model, model_sd, optim_sd))), checkpoint_id=str(path / DCP_DIR))
     set_state_dict(model, optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd)
     mine = None
     if meta.dp_state and meta.dp == mesh.dp and not discard_dp_state:
@@ -249,6 +253,14 @@ def load_checkpoint(path, model: torch.nn.Module, optimizer: torch.optim.Optimiz
 # --------------------------------------------------------------------------- comparison
 
 
+def dcp_view(model: torch.nn.Module, msd: dict, osd: dict) -> tuple[dict, dict]:
+    """The state dicts as DCP saves and loads them, every tensor the model's and the
+    optimizer's own (no copy): routed experts as the global tensor of all experts
+    (:func:`ep_global`), replicated KV heads once per real head
+    (:func:`meshplan.runtime.execution.kvsync.dedup_kv_state`)."""
+    return dedup_kv_state(model, *ep_global(model, msd, osd))
+
+
 def ep_global(model: torch.nn.Module, msd: dict, osd: dict) -> tuple[dict, dict]:
     """The state dicts with every routed expert's DTensor (model weights and optimizer
     states, keys with ``moe.experts.``) as the global tensor of all ``experts`` rows.
@@ -258,8 +270,9 @@ def ep_global(model: torch.nn.Module, msd: dict, osd: dict) -> tuple[dict, dict]
     and offsets, and DCP's planner takes them for replicas and writes one (measured by
     ``meshplan validate``: a 4-rank dp_shard 4 x ep 2 run wrote half the experts). Here each
     becomes a DTensor on the (other dims, ep, efsdp) mesh placed ``Shard(0)`` over ep, then
-    its own placement over efsdp: rows ``ep_index x E/ep + efsdp_index x E/ep/efsdp`` of the
-    ``E``-row tensor. The local tensors are shared (no copy), so a ``dcp.load`` into the
+    its own placement over efsdp (``Shard(0)``: rows ``ep_index x E/ep + efsdp_index x
+    E/ep/efsdp`` of the ``E``-row tensor; ``Shard(1)`` past efsdp x ep > experts: this ep
+    rank's ``E/ep`` rows, its efsdp slice of dim 1). The local tensors are shared (no copy), so a ``dcp.load`` into the
     returned dicts loads the model's and the optimizer's own tensors. Without ep > 1: the
     dicts unchanged."""
     from torch.distributed.device_mesh import DeviceMesh
@@ -297,7 +310,7 @@ def measure_dcp(model: torch.nn.Module, optimizer: torch.optim.Optimizer, folder
     on this rank (between barriers) and the bytes of the files this rank wrote
     (``__<rank>_*.distcp``: the shards DCP's planner gave it, replicated ones deduplicated)."""
     folder = Path(folder)
-    msd, osd = ep_global(model, *get_state_dict(model, optimizer))
+    msd, osd = dcp_view(model, *get_state_dict(model, optimizer))
     state = {"model": msd, "optim": osd}
     dist.barrier()
     t0 = time.perf_counter()

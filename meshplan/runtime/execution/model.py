@@ -51,7 +51,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from meshplan.errors import ConfigError
-from meshplan.runtime.execution.kvsync import KV_PARAMS, replicated_kv_value
+from meshplan.runtime.execution.kvsync import KV_PARAMS, kv_copies, replicated_kv_value
 from meshplan.runtime.execution.mla import LatentAttention, apply_rope
 from meshplan.spec.model import ModelSpec
 
@@ -237,7 +237,7 @@ def draw_initial(model: "Transformer", name: str, p, gen: "torch.Generator", std
     ``full_rows``, replicated KV heads' real heads copied ``tp / kv_heads`` times."""
     owner = model.get_submodule(name.rpartition(".")[0])
     rows = getattr(owner, "full_rows", p.shape[0])
-    r = model.kv_heads // model.spec.n_kv_heads if not model.spec.is_mla else 1
+    r = kv_copies(model)[1]
     if r > 1 and name.endswith(KV_PARAMS):
         full = initial_value(name, (rows // r,) + tuple(p.shape[1:]), gen, std)
         return replicated_kv_value(name, full, model.spec.n_kv_heads, r)

@@ -56,6 +56,7 @@ from torch import nn
 
 from meshplan.compute.routing import expert_capacity
 from meshplan.errors import ConfigError
+from meshplan.spec.axes.ep import expert_shard_dim
 from meshplan.spec.model import ModelSpec
 
 
@@ -272,6 +273,27 @@ class _ScaleGrad(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         return grad * ctx.scale, None
+
+
+def expert_placement_fn(spec: ModelSpec, mesh):
+    """``shard_placement_fn`` of the routed experts' FSDP2 unit: ``Shard(1)`` for every
+    parameter when efsdp x ep > experts, else None (FSDP2's default ``Shard(0)``): torchtitan's
+    rule, :func:`meshplan.spec.axes.ep.expert_shard_dim`, which meshplan's collective table
+    sizes the expert all-gathers by. ``mesh``: the resolved meshplan
+    :class:`~meshplan.mesh.resolve.Mesh`.
+
+    >>> from meshplan.mesh.resolve import resolve_mesh
+    >>> from meshplan.spec.mesh import MeshSpec
+    >>> spec = ModelSpec(layers=1, hidden=16, ffn=32, q_heads=2, vocab=10, experts=4, top_k=2, expert_ffn=8)
+    >>> fn = expert_placement_fn(spec, resolve_mesh(MeshSpec(names=["dp_shard", "ep"], shape=[8, 4]), world=8))
+    >>> fn(None), expert_placement_fn(spec, resolve_mesh(MeshSpec(names=["dp_shard", "ep"], shape=[4, 2]), world=4))
+    (Shard(dim=1), None)
+    """
+    from torch.distributed.tensor import Shard
+
+    if expert_shard_dim(spec.experts, mesh.degree("efsdp"), mesh.ep) == 0:
+        return None
+    return lambda _param: Shard(1)
 
 
 def init_expert_mesh(mesh, device: str = "cpu"):

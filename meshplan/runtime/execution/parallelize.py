@@ -121,8 +121,8 @@ def _unsupported(mesh: Mesh, training: TrainingSpec, pipeline: bool = False, moe
         return "pp > 1: pipeline stages are not built by parallelize(); use torch.distributed.pipelining"
     if moe and mesh.degree("cp") > 1:
         return "cp > 1 with MoE layers: context parallelism is built for dense models only"
-    if training.fp8_all_gather:
-        return ("fp8_all_gather: torchtitan's float8 training (torchao Float8Linear) is not built in the runtime "
+    if training.linear_dtype is not None:
+        return ("linear_dtype fp8: torchtitan's float8 training (torchao Float8Linear) is not built in the runtime "
                 "model (and float8 GEMMs need an sm89+ GPU)")
     if training.recompute == "op":
         return ("recompute 'op' (torchtitan op-level selective AC): the runtime model checkpoints whole layers "
@@ -235,17 +235,21 @@ def apply_ddp(model: nn.Module, device_mesh: DeviceMesh, mesh: Mesh) -> nn.Modul
 
 
 def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, reshard_after_forward: bool = True,
-               mp_policy: Optional[MixedPrecisionPolicy] = None, expert_mesh: Optional[DeviceMesh] = None) -> None:
+               mp_policy: Optional[MixedPrecisionPolicy] = None, expert_mesh: Optional[DeviceMesh] = None,
+               expert_placement: Optional[Callable] = None) -> None:
     """FSDP2 ``fully_shard`` on every layer, then on the root (embedding, final norm and
     output stay in the root's unit). ``expert_mesh``: the mesh the routed experts of an MoE
-    layer are sharded over as a unit of their own (FSDP ignores them when it is one rank)."""
+    layer are sharded over as a unit of their own (FSDP ignores them when it is one rank);
+    ``expert_placement``: that unit's ``shard_placement_fn``
+    (:func:`meshplan.runtime.execution.moe.expert_placement_fn`: ``Shard(1)`` past efsdp x ep >
+    experts, as torchtitan)."""
     kw = dict(mesh=dp_mesh, reshard_after_forward=reshard_after_forward)
     if mp_policy is not None:
         kw["mp_policy"] = mp_policy
     for block in model.layers.values():
         experts = block.moe.experts if hasattr(block, "moe") else None
         if experts is not None and expert_mesh is not None and expert_mesh.size() > 1:
-            fully_shard(experts, **{**kw, "mesh": expert_mesh})
+            fully_shard(experts, **{**kw, "mesh": expert_mesh, "shard_placement_fn": expert_placement})
         elif experts is not None:
             kw_block = {**kw, "ignored_params": set(experts.parameters())}
             fully_shard(block, **kw_block)
@@ -258,7 +262,8 @@ def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, reshard_after_forward: boo
 @dataclass
 class _Apply:
     """What each axis's apply reads, and what it leaves for the next (``expert_dp``: the
-    mesh the routed experts are sharded over, set by the ep apply for the data axes')."""
+    mesh the routed experts are sharded over, ``expert_placement`` their FSDP2
+    ``shard_placement_fn``, both set by the ep apply for the data axes')."""
 
     model: nn.Module
     device_mesh: DeviceMesh
@@ -267,6 +272,7 @@ class _Apply:
     loss_parallel: bool = True
     mixed_precision: bool = False
     expert_dp: Optional[DeviceMesh] = None
+    expert_placement: Optional[Callable] = None
 
 
 def _apply_cp(run: _Apply) -> None:
@@ -291,7 +297,7 @@ def _apply_ep(run: _Apply) -> None:
     model, mesh, training = run.model, run.mesh, run.training
     if not model.spec.is_moe:
         return
-    from meshplan.runtime.execution.moe import apply_ep, init_expert_mesh, set_capacity_factor
+    from meshplan.runtime.execution.moe import apply_ep, expert_placement_fn, init_expert_mesh, set_capacity_factor
 
     set_capacity_factor(model, training.moe_capacity_factor)
 
@@ -301,6 +307,7 @@ def _apply_ep(run: _Apply) -> None:
         apply_ep(model, edm["ep"].get_group(), mesh.ep, ranks.index(dist.get_rank()))
     hsdp = training.sharding == "hsdp" or mesh.degree("dp_replicate") > 1
     run.expert_dp = edm["dp_replicate", "efsdp"] if hsdp and "dp_replicate" in edm.mesh_dim_names else edm["efsdp"]
+    run.expert_placement = expert_placement_fn(model.spec, mesh)
 
 
 def _apply_fsdp(run: _Apply) -> None:
@@ -317,11 +324,13 @@ def _apply_fsdp(run: _Apply) -> None:
                                       f"dtype here; use one of {sorted(TORCH_DTYPES)}")
             mp = MixedPrecisionPolicy(param_dtype=TORCH_DTYPES[training.compute_dtype],
                                       reduce_dtype=TORCH_DTYPES[training.reduce_dtype])
-        apply_fsdp(model, fsdp_mesh(run.device_mesh, mesh, training), training.reshard_after_forward, mp, expert_dp)
+        apply_fsdp(model, fsdp_mesh(run.device_mesh, mesh, training), training.reshard_after_forward, mp, expert_dp,
+                   run.expert_placement)
     elif expert_dp is not None and expert_dp.size() > 1:  # fsdp 1, efsdp = tp / ep > 1: experts alone
         for block in model.layers.values():
             if hasattr(block, "moe"):
-                fully_shard(block.moe.experts, mesh=expert_dp, reshard_after_forward=training.reshard_after_forward)
+                fully_shard(block.moe.experts, mesh=expert_dp, reshard_after_forward=training.reshard_after_forward,
+                            shard_placement_fn=run.expert_placement)
 
 
 #: Each axis's runtime apply, run by :func:`parallelize` in this order (torchtitan's: cp, tp,

@@ -91,8 +91,8 @@ def unsupported(mesh, training, schedule: str, model_spec=None) -> Optional[str]
         return f"pp_schedule {str(schedule)!r}: only {', '.join(BUILT)} are built"
     if mesh.etp > 1:
         return "etp > 1: expert tensor parallelism is not built (experts are whole on each ep rank)"
-    if training.fp8_all_gather:
-        return "fp8_all_gather: torchtitan's float8 training is not built in the runtime model"
+    if training.linear_dtype is not None:
+        return "linear_dtype fp8: torchtitan's float8 training is not built in the runtime model"
     if training.recompute in ("layer", "op"):
         return (f"recompute {training.recompute!r} (torchtitan selective AC) under pp: the stage modules checkpoint "
                 "all layers or none; use 'full' or 'none'")

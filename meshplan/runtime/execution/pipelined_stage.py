@@ -125,11 +125,12 @@ def parallelize_stage(modules: list[StageModule], mesh, training, dm, loss_paral
     tp, cp = mesh.degree("tp"), mesh.degree("cp")
     sp = tp > 1 and mesh.sequence_parallel
     cp_group = dm["cp"].get_group() if cp > 1 else None
-    edm = expert_dp = None
+    edm = expert_dp = placement = None
     if modules[0].spec.is_moe:
-        from meshplan.runtime.execution.moe import init_expert_mesh
+        from meshplan.runtime.execution.moe import expert_placement_fn, init_expert_mesh
 
         edm = init_expert_mesh(mesh, dm.device_type)
+        placement = expert_placement_fn(modules[0].spec, mesh)
         hsdp = training.sharding == "hsdp" or mesh.degree("dp_replicate") > 1
         expert_dp = edm["dp_replicate", "efsdp"] if hsdp and "dp_replicate" in edm.mesh_dim_names else edm["efsdp"]
     shard = mesh.degree("fsdp") * mesh.degree("dp_replicate") > 1
@@ -147,7 +148,7 @@ def parallelize_stage(modules: list[StageModule], mesh, training, dm, loss_paral
 
             apply_ep(m, edm["ep"].get_group(), mesh.ep, mesh.group_of(rank, "ep").index(rank))
         if shard:
-            apply_fsdp(m, fsdp_mesh(dm, mesh, training), training.reshard_after_forward, None, expert_dp)
+            apply_fsdp(m, fsdp_mesh(dm, mesh, training), training.reshard_after_forward, None, expert_dp, placement)
         m.to_empty(device=device)
     return edm
 

@@ -39,7 +39,7 @@ def testbed_cluster(prefix: str, world: int) -> tuple[ClusterSpec, str]:
         raise ConfigError("--worlds", f"world {world} is not a multiple of the testbed's {tb.nodes} nodes")
     per_node = world // tb.nodes
     base, why = cpu_cluster(world)
-    nics = [NICSpec(name=tb.ifname(k), rate_gbit_per_s=tb.rate_mbit / 1000, rail=k, socket=0,
+    nics = [NICSpec(name=tb.ifname(k), ifname=tb.ifname(k), rate_gbit_per_s=tb.rate_mbit / 1000, rail=k, socket=0,
                     gpus=[g for g in range(per_node) if local_nic(g, tb.nics_per_node) == k])
             for k in range(tb.nics_per_node)]
     node = base.node.model_copy(update=dict(

@@ -230,7 +230,7 @@ def checkpoint_rows(plan, folder: Path, bytes_per_s: Optional[float] = None) -> 
                      note=f"DCP save failed on {len(errors)} rank(s): {errors[0]['error']}")]
     if not recs:
         return []
-    size = checkpoint_size(plan.state, plan.mesh)
+    size = checkpoint_size(plan.state, plan.mesh, plan.config.model)  # KV copies saved once, as the runtime does
     pred = size.written_per_rank_bytes
     top = max(recs, key=lambda x: x["bytes_written"])
     rows = [dict(quantity="checkpoint bytes written per rank", unit="B", predicted=pred, measured=top["bytes_written"],

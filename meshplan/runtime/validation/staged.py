@@ -226,7 +226,7 @@ def checkpoint_rank_rows(plan, records: list[dict], bytes_per_s: Optional[float]
     ``bytes_per_s`` (None without ``--checkpoint-gbps``). Records with an ``error`` keep it."""
     if not records:
         return []
-    written = dcp_write_bytes(plan.state, plan.mesh)
+    written = dcp_write_bytes(plan.state, plan.mesh, plan.config.model)  # KV copies saved once, as the runtime does
     held = checkpoint_size(plan.state, plan.mesh).per_rank_bytes
     out = []
     for rec in sorted(records, key=lambda x: x["rank"]):

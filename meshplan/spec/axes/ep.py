@@ -7,11 +7,64 @@ routed experts' parameters as ``fsdp`` does the dense ones.
 >>> m = N(is_moe=True, experts=8, moe_ffn=1536)
 >>> [bool(EP.rules[1].bad(m, None, N(ep=e))) for e in (1, 3, 8)]
 [False, True, False]
+
+How FSDP2 shards the routed experts over efsdp (:func:`expert_shard_dim`) is this axis's
+rule too: torchtitan's, so the collective table, the search and the runtime agree.
 """
 
 from __future__ import annotations
 
 from meshplan.spec.axes.base import AxisDef, CollectiveKind, Dim, Rule, SearchColumn, divisors
+
+
+def expert_shard_dim(experts: int, efsdp: int, ep: int) -> int:
+    """Tensor dim FSDP2 shards the routed experts' weights on over efsdp: 1 when
+    ``efsdp x ep > experts``, else 0 (the expert dim).
+
+    torchtitan ``apply_fsdp`` (``torchtitan/models/llama4/infra/parallelize.py``, also used by
+    DeepSeek-V3 and Qwen3): EP already cuts dim 0 to ``experts / ep`` experts per rank, and
+    sharding those over more efsdp ranks than there are (FSDP2's default ``Shard(0)`` pads dim 0
+    to a multiple of the shard degree) would gather padding rows, so past that point it passes
+    ``shard_placement_fn`` returning ``Shard(1)``. With ep 1 it compares the data-parallel
+    degree with the experts the same way (efsdp x 1). Weights (E, f, h) and (E, h, f): dim 1 is
+    the expert width for w_gate/w_up and the hidden size for w_down.
+
+    Mixtral (8 experts) at ep 8, efsdp 4: dim 1; at ep 2, efsdp 4: dim 0 (4 local experts,
+    one per efsdp rank):
+
+    >>> expert_shard_dim(8, 4, 8), expert_shard_dim(8, 4, 2), expert_shard_dim(8, 32, 1)
+    (1, 0, 1)
+    """
+    return 1 if efsdp * ep > experts else 0
+
+
+def _fsdp2(t, d):
+    """True where FSDP2 shards the routed experts: sharding zero3 (FSDP2 engine) or hsdp. The
+    search's candidates carry their sharding as a column (``Candidates.fsdp2``); one mesh reads
+    ``training.sharding``."""
+    col = getattr(d, "fsdp2", None)
+    on = col if col is not None else t.sharding in ("zero3", "hsdp")
+    return on & (t.zero3_engine != "deepspeed-2021")
+
+
+def _uneven_dim1_bad(m, t, d):
+    """Experts sharded on dim 1 (efsdp x ep > experts, :func:`expert_shard_dim`) whose dim 1
+    does not split evenly over efsdp: the expert width ``expert_ffn / etp`` (w_gate, w_up) or
+    the hidden size (w_down)."""
+    efsdp = d.dps * d.cp * d.tp // (d.ep * d.etp)
+    efsdp = efsdp + (efsdp == 0)  # ep * etp not dividing the block: the expert_block rule's
+    dim1 = (efsdp * d.ep > m.experts) & (efsdp > 1)
+    uneven = ((m.moe_ffn // d.etp) % efsdp != 0) | (m.hidden % efsdp != 0)
+    return m.is_moe & dim1 & uneven & _fsdp2(t, d)
+
+
+def _uneven_dim1(m, t, d):
+    if not _uneven_dim1_bad(m, t, d):
+        return (), ()
+    efsdp = d.dps * d.cp * d.tp // (d.ep * d.etp)
+    return (f"routed experts sharded on dim 1 (efsdp {efsdp} x ep {d.ep} > experts {m.experts}, torchtitan's "
+            f"shard_placement_fn): expert_ffn {m.moe_ffn} / etp {d.etp} and hidden {m.hidden} must both divide by "
+            f"efsdp {efsdp}; FSDP2 refuses uneven sharding on dim 1 (torch NotImplementedError)",), ()
 
 
 def _block_bad(m, t, d):
@@ -63,7 +116,9 @@ EP = AxisDef(
     torchtitan=("ep",), megatron=("ep",),
     rules=(Rule("expert_block", 10, "ep * etp does not divide dp_shard * cp * tp", _block_bad,
                 where="meshplan.mesh.resolve.resolve_mesh (the expert mesh)"),
-           Rule("experts", 60, "experts not divisible by ep", _experts_bad, _experts)),
+           Rule("experts", 60, "experts not divisible by ep", _experts_bad, _experts),
+           Rule("expert_dim1", 65, "experts on dim 1 (efsdp x ep > experts) not divisible by efsdp",
+                _uneven_dim1_bad, _uneven_dim1)),
     divides=(Dim.EXPERTS,),
     shards=("routed experts' parameters, gradients, optimizer state (with efsdp)",),
     collectives=(CollectiveKind("all-to-all", "ep", "forward", "dispatch and combine: routed tokens x h"),

@@ -1,0 +1,70 @@
+"""FSDP2's copies on the compute stream around its collectives (torch 2.13,
+``torch/distributed/fsdp/_fully_shard``).
+
+FSDP2 gathers and reduces each unit's parameters as one flat buffer, so every collective has a
+copy between that buffer and the per-parameter tensors:
+
+- **all-gather copy-out.** ``FSDPParamGroup.wait_for_unshard`` (record_function
+  ``FSDP::all_gather_copy_out``) runs ``foreach_all_gather_copy_out`` on the *current* stream
+  once the all-gather's event is waited: ``torch.ops.fsdp.split_with_sizes_copy`` reads the
+  all-gather output (the unit's gathered bytes ``S``, nccl-tests' size) and writes each
+  unsharded parameter (``S`` again): ``2 S`` bytes before the unit's first GEMM, in forward and
+  in every backward that gathers again.
+- **reduce-scatter copy-in.** ``FSDPParamGroup.post_backward`` (record_function
+  ``FSDP::post_backward_reduce``) calls ``foreach_reduce``, which allocates the reduce-scatter
+  input in the reduce dtype and fills it with ``foreach_reduce_scatter_copy_in``
+  (``torch.ops.fsdp.chunk_cat``) on the current stream, *before* ``reduce_scatter_stream``
+  waits on it: it reads every unsharded gradient (the parameter dtype) and writes the buffer
+  (the reduce dtype), ``numel x (param bytes + reduce bytes)``.
+
+The all-gather copy-in (the rank's shards into the send buffer) runs on FSDP2's own copy-in
+stream and the reduce-scatter's pre- and post-divide on its reduce-scatter stream: beside the
+compute, not on it, so they are not counted here.
+
+Both copies are memory-bound kernels, timed like every other one
+(:func:`meshplan.compute.measured.memory_seconds`: bytes at the catalog's BabelStream Triad,
+never below the per-kernel issue floor; the datasheet bandwidth for a GPU without catalog data).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from meshplan.compute.measured import KernelData, memory_seconds
+
+
+def _seconds(nbytes: float, data: Optional[KernelData], datasheet_bytes_per_s: float) -> float:
+    if nbytes <= 0:
+        return 0.0
+    if data is None:
+        return nbytes / datasheet_bytes_per_s
+    return max(memory_seconds(data, nbytes), data.kernel_issue_s)
+
+
+def copy_out_seconds(gathered_bytes: float, data: Optional[KernelData], datasheet_bytes_per_s: float) -> float:
+    """Compute-stream seconds of one all-gather's copy-out: ``2 x gathered_bytes`` (read the
+    all-gather output, write the unsharded parameters).
+
+    Llama 3 8B's decoder layer in bf16 (218,112,000 parameters, 436.2 MB gathered) on an H100
+    (Triad 2.97 TB/s): 872.4 MB, 293.8 us:
+
+    >>> from meshplan.compute.measured import kernel_data
+    >>> round(copy_out_seconds(2 * 218_112_000, kernel_data("h100-sxm5-80gb"), 3.35e12) * 1e6, 1)
+    293.8
+    """
+    return _seconds(2 * gathered_bytes, data, datasheet_bytes_per_s)
+
+
+def copy_in_seconds(numel: int, grad_bytes: int, reduce_bytes: int, data: Optional[KernelData],
+                    datasheet_bytes_per_s: float) -> float:
+    """Compute-stream seconds of one reduce-scatter's copy-in: ``numel x (grad_bytes +
+    reduce_bytes)`` (read the unsharded gradients in the parameter dtype, write the send buffer
+    in the reduce dtype).
+
+    The same layer, bf16 gradients reduced in fp32: 218,112,000 x 6 B = 1.309 GB, 440.6 us:
+
+    >>> from meshplan.compute.measured import kernel_data
+    >>> round(copy_in_seconds(218_112_000, 2, 4, kernel_data("h100-sxm5-80gb"), 3.35e12) * 1e6, 1)
+    440.6
+    """
+    return _seconds(numel * (grad_bytes + reduce_bytes), data, datasheet_bytes_per_s)

@@ -1,0 +1,172 @@
+"""torchtitan's pipeline split, [activation_checkpoint] and float8 tables, read and written
+(:mod:`meshplan.interop.torchtitan` maps the rest of the job TOML and names the sources).
+
+Float8 as torchtitan at e347b1e applies it (``components/quantization/float8.py``,
+``utils.module_filter_fn``): the Linear converter (``[model] converters`` entry ``float8``, or
+``quantize.linear.float8`` as its registry names it there) swaps every ``nn.Linear`` whose dims
+are multiples of 16 and whose name contains no ``filter_fqns`` entry for torchao's
+``Float8Linear``: those GEMMs run in fp8, activations stay in the compute dtype
+(``training.linear_dtype``, :meth:`~meshplan.spec.training.TrainingSpec.float8_linear`);
+``enable_fsdp_float8_all_gather`` gathers those weights in float8 (``training.fp8_all_gather``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from meshplan.errors import ConfigError
+from meshplan.interop.common import model_is_mla
+
+#: torchtitan schedule name -> meshplan schedule; torch.distributed.pipelining names.
+SCHEDULES = {"gpipe": "gpipe", "1f1b": "1f1b", "interleaved1f1b": "interleaved_1f1b"}
+SCHEDULE_NAMES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved_1f1b": "Interleaved1F1B"}
+#: [model] converters that swap nn.Linear for Float8Linear: the older name and e347b1e's registry name.
+LINEAR_CONVERTERS = ("float8", "quantize.linear.float8")
+#: The converter of the routed experts' grouped GEMMs (torchao's MoE training), not modelled.
+GROUPED_CONVERTER = "quantize.grouped_mm.float8"
+#: [quantize.linear.float8] keys (Float8Linear of job_config.py), read with the Linear converter.
+FLOAT8 = {f"quantize.linear.float8.{k}" for k in ("enable_fsdp_float8_all_gather",
+                                                  "precompute_float8_dynamic_scale_for_fsdp", "recipe_name",
+                                                  "filter_fqns")}
+#: torchao's size filter named in ``filter_fqns`` (``_auto_filter_for_recipe``), not a module name.
+AUTO_FILTER = "auto_filter_small_kn"
+
+
+def default_split(stages: int, layers: int, first_less: int = 1, last_less: int = 1) -> list[int]:
+    """Layers per (virtual) stage as torchtitan cuts them without an explicit
+    ``module_fqns_per_model_part``: the embedding counts as ``first_less`` layers and the
+    norm + output as ``last_less``, ``layers + first_less + last_less`` spread evenly with
+    the remainder on the first stages (pipeline_parallel.generate_llm_fqn_per_model_part).
+
+    >>> default_split(16, 126)
+    [7, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 7]
+    >>> default_split(4, 32)
+    [8, 9, 8, 7]
+    """
+    if stages == 1:
+        return [layers]
+    effective = layers + first_less + last_less
+    base, extra = divmod(effective, stages)
+    if base == 0 or first_less > base or last_less > base:
+        raise ConfigError("parallelism.pipeline_parallel_degree",
+                          f"{stages} stages cannot hold {layers} layers with first/last stage less "
+                          f"{first_less}/{last_less} ({effective} effective layers)")
+    want = [base + (k < extra) - (first_less if k == 0 else last_less if k == stages - 1 else 0)
+            for k in range(stages)]
+    out, left = [], layers
+    for w in want:
+        out.append(min(w, left))
+        left -= out[-1]
+    return out
+
+
+def model_parts(split: list[int]) -> list[list[str]]:
+    """torchtitan's ``module_fqns_per_model_part`` of layers per virtual stage: the
+    embedding on the first part, the norm and output on the last.
+
+    >>> model_parts([1, 2])
+    [['tok_embeddings', 'layers.0'], ['layers.1', 'layers.2', 'norm', 'output']]
+    """
+    starts = [sum(split[:i]) for i in range(len(split))]
+    parts = [[f"layers.{j}" for j in range(s, s + n)] for s, n in zip(starts, split)]
+    parts[0].insert(0, "tok_embeddings")
+    parts[-1] += ["norm", "output"]
+    return parts
+
+
+def read_recompute(d: dict, deg: dict[str, int], model: dict, notes: list[str]) -> dict[str, Any]:
+    """training.recompute (and ac_freq) of torchtitan's [activation_checkpoint]: mode none and
+    full as they are; selective with selective_ac_option "op" is op-level SAC (``op``), with
+    an integer k every k-th layer in full (``layer``, ``ac_freq`` k; torchtitan's default
+    option "2"). ``op`` is planned with tp = cp = ep = 1 and no MLA only (build_plan says why),
+    so a mesh outside that is planned with Megatron-LM's selective recompute, with a note."""
+    ac = d.get("activation_checkpoint", {})
+    mode = ac.get("mode", "selective")
+    if mode not in ("none", "selective", "full"):
+        raise ConfigError("activation_checkpoint.mode", f"{mode!r} is not planned by meshplan; use none, selective "
+                          f"or full")
+    if mode != "selective":
+        return {"recompute": mode}
+    opt = str(ac.get("selective_ac_option", "2"))
+    if opt == "op":
+        why = [f"{a} {deg[a]}" for a in ("tp", "cp", "ep") if deg[a] > 1] + ["MLA"] * model_is_mla(model)
+        if not why:
+            return {"recompute": "op"}
+        notes.append(f"activation_checkpoint selective_ac_option \"op\" (op-level SAC) is modelled with tp = cp = "
+                     f"ep = 1 and no MLA only; with {', '.join(why)} planned as Megatron-LM's selective recompute "
+                     f"(attention core recomputed, the other activations kept): more activation memory, less "
+                     f"recompute time than op-level SAC")
+        return {"recompute": "selective"}
+    if not opt.isdigit() or int(opt) < 1:
+        raise ConfigError("activation_checkpoint.selective_ac_option", f"{opt!r}; use \"op\" or a whole number "
+                          f"k >= 1 (every k-th layer checkpointed in full)")
+    return {"recompute": "layer", "ac_freq": int(opt)}
+
+
+def write_recompute(t) -> dict[str, str]:
+    """[activation_checkpoint] of ``t``: none and full as they are; op and layer as torchtitan's
+    selective options "op" and "<ac_freq>"; Megatron-LM's selective (attention core), which
+    torchtitan has no option for, as op-level SAC (the re-import lists the difference)."""
+    if t.recompute in ("none", "full"):
+        return {"mode": t.recompute}
+    return {"mode": "selective", "selective_ac_option": str(t.ac_freq) if t.recompute == "layer" else "op"}
+
+
+def float8_used(d: dict) -> set[str]:
+    """The float8 keys the reader uses: [quantize.linear.float8] with a Linear converter."""
+    converters = [str(c) for c in d.get("model", {}).get("converters", [])]
+    return set(FLOAT8) if any(c in LINEAR_CONVERTERS for c in converters) else set()
+
+
+def read_float8(d: dict, shard: int, notes: list[str]) -> dict[str, Any]:
+    """training.linear_dtype, fp8_output_layer and fp8_all_gather of the [model] converters and
+    [quantize.linear.float8] (module docstring): the output layer converted unless a
+    ``filter_fqns`` entry is part of its name ``output`` (default [], torchtitan's presets
+    filter ``"output"``); the float8 all-gather only with dp_shard > 1
+    (``parallel_dims.dp_shard_enabled``) and never with a ``recipe_name`` (an assertion there)."""
+    converters = [str(c) for c in d.get("model", {}).get("converters", [])]
+    if GROUPED_CONVERTER in converters:
+        notes.append(f"{GROUPED_CONVERTER}: the routed experts' float8 grouped GEMMs are not modelled; planned in "
+                     f"the compute dtype")
+    if not any(c in LINEAR_CONVERTERS for c in converters):
+        return {}
+    key, f8 = "quantize.linear.float8.", d.get("quantize", {}).get("linear", {}).get("float8", {})
+    fqns = f8.get("filter_fqns", [])
+    fqns = fqns.split(",") if isinstance(fqns, str) else fqns
+    if not isinstance(fqns, list):
+        raise ConfigError(key + "filter_fqns", f"{fqns!r}; give a list of module names, e.g. [\"output\"]")
+    names = [str(f) for f in fqns if str(f) != AUTO_FILTER]
+    others = [f for f in names if f not in "output"]
+    notes.append("float8 converter: the converted Linear layers' GEMMs planned in fp8 (training.linear_dtype); "
+                 "activations, attention, norms and embeddings in the compute dtype")
+    if others or AUTO_FILTER in fqns:
+        notes.append(f"filter_fqns {others + [AUTO_FILTER] * (AUTO_FILTER in fqns)}: planned with every Linear whose "
+                     f"dims are multiples of 16 converted (meshplan filters the output layer only)")
+    if f8.get("recipe_name") == "rowwise_with_gw_hp":
+        notes.append("recipe rowwise_with_gw_hp keeps the weight-gradient GEMMs in high precision; planned in fp8")
+    out: dict[str, Any] = {"linear_dtype": "fp8", "fp8_output_layer": not any(f in "output" for f in names)}
+    if not f8.get("enable_fsdp_float8_all_gather", False):
+        return out
+    if f8.get("recipe_name") is not None:
+        raise ConfigError(key + "recipe_name", f"{f8['recipe_name']!r} with enable_fsdp_float8_all_gather = true: "
+                          f"torchtitan refuses the pair (the float8 all-gather is tensorwise scaling only); "
+                          f"remove one")
+    if shard == 1:
+        notes.append("enable_fsdp_float8_all_gather with data_parallel_shard_degree 1: torchtitan gathers no "
+                     "weights then (dp_shard disabled), planned without the float8 all-gather")
+        return out
+    if not f8.get("precompute_float8_dynamic_scale_for_fsdp", False):
+        notes.append("precompute_float8_dynamic_scale_for_fsdp is false: torchao all-reduces each float8 weight's "
+                     "amax on its own; planned as one all-reduce of all of them (the precompute)")
+    return out | {"fp8_all_gather": True}
+
+
+def write_float8(t) -> tuple[list[str], dict[str, Any]]:
+    """([model] converters, the [quantize] table) of ``t``'s float8 Linears (the inverse of
+    :func:`read_float8`); nothing without ``linear_dtype``."""
+    if t.linear_dtype != "fp8":
+        return [], {}
+    return [LINEAR_CONVERTERS[1]], {"quantize": {"linear": {"float8": {
+        "enable_fsdp_float8_all_gather": t.fp8_all_gather,
+        "precompute_float8_dynamic_scale_for_fsdp": t.fp8_all_gather,
+        "filter_fqns": [] if t.fp8_output_layer else ["output"]}}}}

@@ -1,0 +1,81 @@
+"""Routed experts under FSDP2 (newcomer findings on examples/mixtral-8x7b_32xh100_ep8-dp32.toml):
+the dim torchtitan shards them on, the bytes of their all-gather, the persistent memory that
+agrees with it, and the ZeRO textbook line counting them. Values derived by hand below.
+
+Mixtral-8x7B at dp_shard 32, ep 8: one expert per rank and layer, efsdp = 32 / 8 = 4, and
+4 x 8 > 8 experts, so FSDP2 shards dim 1 (torchtitan ``apply_fsdp``: ``Shard(1)`` past
+efsdp x ep > experts): no padding. One layer's expert weights: 3 x 4096 x 14336 =
+176,160,768 elements, gathered in bf16 (352,321,536 B), gradients reduce-scattered in fp32
+(704,643,072 B). Per rank over 32 layers: 176,160,768 x 32 / 4 = 1,409,286,144 elements.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from meshplan.config import load_config
+from meshplan.memory.state import zero_textbook_bytes
+from meshplan.mesh.tpsplit import expert_shard_dim, fsdp_padded_numel, fsdp_shard_len
+from meshplan.plan import build_plan
+from meshplan.report.text import _accounting_lines
+from meshplan.spec.model import ModelSpec
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "mixtral-8x7b_32xh100_ep8-dp32.toml"
+LAYER_EXPERT = 3 * 4096 * 14336  # one expert's w_gate, w_up, w_down
+
+
+@pytest.fixture(scope="module")
+def plan():
+    return build_plan(load_config(EXAMPLE))
+
+
+def test_the_rule_is_torchtitans():
+    # efsdp x ep > experts -> dim 1; equal or below -> dim 0
+    assert [expert_shard_dim(8, f, e) for f, e in ((4, 8), (1, 8), (4, 2), (2, 4), (32, 1), (8, 1))] == [1, 0, 0, 0,
+                                                                                                        1, 0]
+
+
+def test_dim1_per_weight():
+    """w_gate/w_up (E, f, h) shard f (cut by etp first), w_down (E, h, f) shards h."""
+    m = ModelSpec(layers=1, hidden=4096, ffn=14336, q_heads=32, vocab=1, experts=8, top_k=2)
+    ts = {t.name: t for t in m.layer_tensors(0) if t.expert}
+    assert {n: fsdp_shard_len(t, m, 4, tp=2, ep=4, etp=2) for n, t in ts.items()} == {
+        "experts_w_gate": 7168, "experts_w_up": 7168, "experts_w_down": 4096}
+    assert {n: fsdp_shard_len(t, m, 2, tp=1, ep=2) for n, t in ts.items()} == dict.fromkeys(ts, 4)  # 2 x 2 <= 8: dim 0
+    # 8 / ep 2 = 4 rows over efsdp 3 (3 x 2 <= 8: dim 0), padded to 6 rows
+    assert fsdp_padded_numel(ts["experts_w_up"], m, 3, tp=1, ep=2) == 6 * 14336 * 4096
+
+
+def test_mixtral_expert_rows_are_one_expert(plan):
+    rows = {(r.phase, r.op): r for r in plan.stage(0).collectives if r.axis == "efsdp"}
+    assert {k: (r.size_bytes, r.dtype, r.per_step) for k, r in rows.items()} == {
+        ("forward", "all-gather"): (LAYER_EXPERT * 2, "bf16", 256),
+        ("backward", "all-gather"): (LAYER_EXPERT * 2, "bf16", 256),
+        ("backward", "reduce-scatter"): (LAYER_EXPERT * 4, "fp32", 256)}
+    assert LAYER_EXPERT * 2 == 352_321_536
+
+
+def test_mixtral_memory_agrees_with_the_gather(plan):
+    """The persistent expert parameters per rank are the gathered bytes / efsdp x layers."""
+    state = plan.state[0]
+    params = next(i for i in state.items if i.kind == "params" and i.group == "expert")
+    assert (params.count, params.axis, params.divisor) == (1_409_286_144, "efsdp", 4)
+    gather = next(r for r in plan.stage(0).collectives if r.axis == "efsdp" and r.op == "all-gather")
+    assert params.size_bytes == gather.size_bytes / 4 * 32 == 2_818_572_288
+
+
+def test_zero_line_counts_the_experts(plan):
+    """16 B per parameter (2 + 2 + 12): dense 1,605,636,096 / 32 + experts 5,637,144,576 / 4
+    = 1,459,462,272 parameters per rank, 23,351,396,352 B (21.75 GiB), next to the framework
+    table's 24.47 GiB at 18 B (fp32 gradients)."""
+    line = _accounting_lines(plan, plan.state[0])[0]
+    assert line.startswith("textbook accounting (ZeRO paper), ZeRO stage 3: 21.75 GiB ((2 + 2 + K) (psi / N + psi_e / "
+                           "N_e) with psi 1.60564e+09 (dense), N 32, psi_e 5.63714e+09 (routed experts), N_e 4")
+    z = zero_textbook_bytes(1_605_636_096, 32, stage=3, expert_params=5_637_144_576, expert_n=4)
+    assert z.size_bytes == 16 * (1_605_636_096 // 32 + 5_637_144_576 // 4) == 23_351_396_352
+    # a dense model's line is the paper's own
+    assert zero_textbook_bytes(7.5e9, 64, stage=1).formula.startswith("4 psi + K psi / N with psi 7.5e+09, N 64,")
+    # stages 0-2 with experts: the unsharded terms count both groups
+    assert zero_textbook_bytes(10, 2, stage=1, expert_params=20, expert_n=4).size_bytes == 4 * 30 + 12 * (5 + 5)

@@ -1,0 +1,76 @@
+"""FSDP2's copy-out after each all-gather and copy-in before each reduce-scatter, on the
+compute stream (meshplan.comm.fsdp2): the plan's rows carry them, torch runs one per call.
+
+torch 2.13 names them with record_function: ``FSDP::all_gather_copy_out`` (in
+``FSDPParamGroup.wait_for_unshard``) and ``FSDP::post_backward_reduce`` (``post_backward``, around
+``foreach_reduce`` whose ``chunk_cat`` copy-in runs on the current stream). One step of the runtime's
+model on the fake process group, profiled on the CPU, must show as many of each as the plan's
+table has all-gathers and reduce-scatters with a copy, with and without reshard_after_forward.
+"""
+
+from collections import Counter
+from math import ceil
+
+import pytest
+
+pytest.importorskip("torch")
+
+from torch.profiler import ProfilerActivity, profile  # noqa: E402
+
+from meshplan import catalog  # noqa: E402
+from meshplan.comm.collectives import collective_table  # noqa: E402
+from meshplan.compute.measured import kernel_data  # noqa: E402
+from meshplan.mesh.resolve import resolve_mesh  # noqa: E402
+from meshplan.placement.assign import place  # noqa: E402
+from meshplan.runtime.validation.dryrun import dry_run  # noqa: E402
+from meshplan.spec.mesh import MeshSpec  # noqa: E402
+from meshplan.spec.model import ModelSpec  # noqa: E402
+from meshplan.spec.training import TrainingSpec  # noqa: E402
+
+pytestmark = pytest.mark.timeout(120)
+
+TINY = ModelSpec(name="tiny", layers=2, hidden=64, ffn=128, q_heads=4, kv_heads=2, vocab=256)
+FP32 = dict(param_dtype="fp32", compute_dtype="fp32", reduce_dtype="fp32", recompute="none")
+
+
+def _rows(model, training, mesh):
+    cluster = catalog.system("dgx-h100", nodes=ceil(mesh.world / 8))
+    return collective_table(model, training, mesh, cluster, place(cluster, mesh.world),
+                            list(range(model.layers)), micro_batches=1)
+
+
+@pytest.mark.parametrize("reshard", [True, False])
+def test_one_copy_per_fsdp_collective_as_torch_runs_them(reshard):
+    training = TrainingSpec(global_batch=8, seq_len=16, reshard_after_forward=reshard, **FP32)
+    mesh = resolve_mesh(MeshSpec(names=["dp_shard"], shape=[8]), world=8)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        dry_run(TINY, training, mesh, rank=0, optimizer_step=False)
+    ran = Counter(e.name.split(" (")[0] for e in prof.events() if e.name.startswith("FSDP::"))
+    rows = [r for r in _rows(TINY, training, mesh) if r.axis == "dp_shard"]
+    planned = Counter(r.op for r in rows if r.host_s > 0 for _ in range(r.per_step))
+    # 3 units (2 layers + the root): 3 forward gathers, 2 backward re-gathers with reshard
+    assert planned == {"all-gather": 5 if reshard else 3, "reduce-scatter": 3}
+    assert ran["FSDP::all_gather_copy_out"] == planned["all-gather"]
+    assert ran["FSDP::post_backward_reduce"] == planned["reduce-scatter"]
+
+
+def test_copy_seconds_of_a_llama3_8b_layer():
+    """Llama 3 8B on 8 H100, FSDP2 over 8: a layer's 218,112,000 parameters gathered in bf16 and
+    reduced in fp32. Copy-out 2 x 2 B x 218,112,000 / 2.97 TB/s (catalog Triad) = 293.8 us;
+    copy-in (2 + 4) B x 218,112,000 / 2.97 TB/s = 440.6 us; every other row has none."""
+    model = catalog.model("llama3-8b")
+    training = TrainingSpec(global_batch=8, seq_len=8192, param_dtype="fp32", compute_dtype="bf16",
+                            reduce_dtype="fp32", recompute="full")
+    mesh = resolve_mesh(MeshSpec(names=["dp_shard"], shape=[8]), world=8)
+    triad = kernel_data("h100-sxm5-80gb").stream_bytes_per_s
+    assert triad == 2.97e12
+    n = 218_112_000
+    rows = {(r.phase, r.op, r.cadence): r for r in _rows(model, training, mesh)}
+    layer = {k[:2]: r for k, r in rows.items() if k[2] == "every layer"}
+    assert layer[("forward", "all-gather")].size_bytes == 2 * n
+    assert layer[("forward", "all-gather")].host_s == pytest.approx(2 * 2 * n / triad)
+    assert layer[("backward", "all-gather")].host_s == pytest.approx(2 * 2 * n / triad)
+    assert layer[("backward", "reduce-scatter")].host_s == pytest.approx(6 * n / triad)
+    assert round(layer[("backward", "reduce-scatter")].host_s * 1e6, 1) == 440.6
+    others = [r for k, r in rows.items() if k[2] != "every layer" and not k[2].startswith("per root")]
+    assert all(r.host_s == 0 for r in others)

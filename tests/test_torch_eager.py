@@ -1,0 +1,108 @@
+"""torch without torch.compile runs its elementwise ops one kernel each (compute/torch_eager.py):
+the layer's op list, the head's cross entropy, the torchtitan [compile] table and the step.
+
+Llama 3 8B on one H100 rank, 8,192 tokens (one sequence), bf16: gate activation A = 8192 x
+14336 = 117,440,512 elements; q = 8192 x 32 x 128 = 33,554,432 elements, k = 8192 x 8 x 128 =
+8,388,608; logits 8192 x 128,256 = 1,050,673,152.
+"""
+
+from pathlib import Path
+
+import pytest
+
+from meshplan import catalog
+from meshplan.compute.ops import Workload, framework_kernels, head_cost, layer_cost
+from meshplan.config import config_from_dict
+from meshplan.errors import ConfigError
+from meshplan.interop.common import ImportOptions
+from meshplan.interop.torchtitan import read
+from meshplan.plan import build_plan
+from meshplan.schedule.steptime import step_time
+from meshplan.spec.training import TrainingSpec
+
+A, Q, K, LOGITS = 8192 * 14336, 8192 * 32 * 128, 8192 * 8 * 128, 8192 * 128256
+LLAMA, H100 = catalog.model("llama3-8b"), catalog.gpu("h100-sxm5-80gb")
+
+
+def _bytes(cost, phase):
+    return {o.name: o.size_bytes for o in cost.ops if o.phase == phase and o.kind == "memory" and not o.recompute}
+
+
+def _work(eager: bool) -> Workload:
+    return Workload(seq_len=8192, micro_batch=1, recompute="none", attention_kernels=("FA2",), torch_eager=eager)
+
+
+def test_eager_layer_kernels_by_hand():
+    fused, eager = layer_cost(LLAMA, H100, _work(False)), layer_cost(LLAMA, H100, _work(True))
+    f, e = _bytes(fused, "forward"), _bytes(eager, "forward")
+    assert f["silu x up"] == 6 * A and "silu" not in f                       # one fused kernel: 2 in, 1 out
+    assert (e["silu"], e["silu x up"]) == (4 * A, 6 * A)                      # silu; then the multiply
+    assert f["rope"] == 4 * (Q + K)
+    # eager: per tensor upcast (2 + 4), complex multiply (4 + 4), downcast (4 + 2); q's ops then k's
+    rope = [(o.name, o.size_bytes) for o in eager.ops if o.phase == "forward" and o.name.startswith("rope")]
+    assert rope == [("rope upcast", 6 * Q), ("rope complex mul", 8 * Q), ("rope downcast", 6 * Q),
+                    ("rope upcast", 6 * K), ("rope complex mul", 8 * K), ("rope downcast", 6 * K)]
+    # repeat_kv (32 q heads over 8 KV heads) in both: K and V each read once, written 4 times
+    assert f["repeat_kv"] == e["repeat_kv"] == 2 * 2 * (K + Q)
+    b = _bytes(eager, "backward_input")
+    assert (b["silu grad"], b["silu x up grad"]) == (6 * A, 12 * A)
+    assert _bytes(fused, "backward_input")["silu x up"] == 10 * A
+    # everything else is the same op list
+    same = lambda c: [(o.name, o.phase) for o in c.ops if not o.name.startswith(("rope", "silu"))]
+    assert same(fused) == same(eager)
+    assert eager.forward_s > fused.forward_s and eager.backward_s > fused.backward_s
+
+
+def test_eager_cross_entropy_by_hand():
+    fused, eager = head_cost(LLAMA, H100, _work(False)), head_cost(LLAMA, H100, _work(True))
+    assert _bytes(fused, "forward")["cross entropy"] == 6 * LOGITS
+    assert _bytes(fused, "backward_input")["cross entropy"] == 6 * LOGITS
+    f = _bytes(eager, "forward")
+    assert f == {"final norm": 2 * 2 * 8192 * 4096, "logits upcast": 6 * LOGITS, "log_softmax": 8 * LOGITS}
+    b = _bytes(eager, "backward_input")
+    assert (b["nll_loss grad"], b["log_softmax grad"], b["logits upcast grad"]) == (4 * LOGITS, 12 * LOGITS,
+                                                                                   6 * LOGITS)
+
+
+def test_framework_and_compile_set_eager():
+    kernels = lambda **kw: framework_kernels(TrainingSpec(global_batch=8, seq_len=16, **kw))["torch_eager"]
+    assert kernels() is True
+    assert kernels(torch_compile=True) is False
+    assert kernels(framework="megatron") is False
+    with pytest.raises(ValueError, match="torch_compile is torch.compile of a torch model"):
+        TrainingSpec(global_batch=8, seq_len=16, framework="megatron", torch_compile=True)
+
+
+def _titan(compile_table: dict | None):
+    d = {"model": {"name": "llama3", "flavor": "8B"}, "training": {"local_batch_size": 1, "seq_len": 8192},
+         "parallelism": {"data_parallel_shard_degree": -1}}
+    if compile_table is not None:
+        d["compile"] = compile_table
+    return read(d, Path("."), ImportOptions(cluster="dgx-h100", nodes=1))
+
+
+def test_torchtitan_compile_table():
+    assert _titan(None).tables["training"]["torch_compile"] is False
+    assert _titan({"enable": True}).tables["training"]["torch_compile"] is True
+    assert _titan({"enable": False, "components": ["model"]}).tables["training"]["torch_compile"] is False
+    half = _titan({"enable": True, "components": ["loss"]})
+    assert half.tables["training"]["torch_compile"] is False
+    assert any("compile.components ['loss']" in n and "planned eager" in n for n in half.notes)
+    assert "compile.enable" not in _titan({"enable": True}).unused
+    with pytest.raises(ConfigError, match="compile.enable: 'yes'; use true or false"):
+        _titan({"enable": "yes"})
+
+
+def test_uncompiled_step_is_longer():
+    """The torchtitan example's mesh (FSDP2 over 8 H100, Llama 3 8B, op-level SAC): eager runs
+    longer than compiled by at least its extra forward bytes at Triad (32 layers)."""
+    base = {"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 1},
+            "training": {"global_batch": 8, "seq_len": 8192, "micro_batch": 1, "param_dtype": "fp32",
+                         "recompute": "op"},
+            "mesh": {"names": ["dp_shard"], "shape": [8]}}
+    steps = {}
+    for c in (False, True):
+        cfg = config_from_dict(base | {"training": base["training"] | {"torch_compile": c}})
+        steps[c] = step_time(build_plan(cfg)).step_s
+    extra_fwd = 32 * (2 * 2 * A + 16 * (Q + K)) / 2.97e12      # silu apart, RoPE's fp32 casts: forward only
+    assert steps[False] - steps[True] > extra_fwd
