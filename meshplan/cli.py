@@ -1130,12 +1130,23 @@ def _bench_target(config: Path, device: str, dtype: Optional[str], json_path: Op
     dt = dtype or (p.config.training.compute_dtype if device == "cuda" else "fp32")
     if dt not in ("fp32", "bf16", "fp16"):
         raise ConfigError("--dtype", f"{dt!r}; use fp32, bf16 or fp16")
+    if device == "cpu":
+        _echo(cpu_headline(dt))
     return p, device, dt
+
+
+def cpu_headline(dtype: str) -> str:
+    """What a bench on the CPU measures (said first: its rows are not a GPU's)."""
+    from meshplan.runtime.bench.gemm import device_name
+
+    return (f"no GPU: timing on the CPU, {device_name('cpu')}, {dtype}; the table describes this CPU, not "
+            f"the plan's GPU, and --gemm-table with it predicts this CPU's compute")
 
 
 @bench_app.command("gemm")
 def bench_gemm(config: Path = typer.Argument(..., help="TOML config whose local GEMM shapes are timed"),
-               out: Path = typer.Option(Path("gemm.csv"), "--out", help="CSV table for --gemm-table"),
+               out: Path = typer.Option(Path("out/bench/gemm.csv"), "--out", help="CSV table for --gemm-table "
+                                        "(default under out/, which git ignores)"),
                device: str = typer.Option("auto", "--device", help="cpu, cuda or auto (cuda when present)"),
                dtype: Optional[str] = typer.Option(None, "--dtype", help="fp32, bf16 or fp16 (default: compute dtype "
                                                    "on a GPU, fp32 on the CPU)"),
@@ -1167,7 +1178,8 @@ def bench_gemm(config: Path = typer.Argument(..., help="TOML config whose local 
 
 @bench_app.command("attention")
 def bench_attention(config: Path = typer.Argument(..., help="TOML config whose local attention is timed"),
-                    out: Path = typer.Option(Path("attention.json"), "--out", help="JSON table for --gemm-table"),
+                    out: Path = typer.Option(Path("out/bench/attention.json"), "--out", help="JSON table for "
+                                             "--gemm-table (default under out/, which git ignores)"),
                     device: str = typer.Option("auto", "--device", help="cpu, cuda or auto (cuda when present)"),
                     dtype: Optional[str] = typer.Option(None, "--dtype", help="fp32, bf16 or fp16 (default: compute "
                                                         "dtype on a GPU, fp32 on the CPU)"),

@@ -114,24 +114,50 @@ def check_destination(path, field: str = "--out", force: bool = False, folder: b
     anc = dest.parent
     while not anc.exists() and anc != anc.parent:
         anc = anc.parent
-    why = (f"{anc} is a file, not a folder" if not anc.is_dir() else
-           f"{anc} is not writable" if not os.access(anc, os.W_OK | os.X_OK) else
-           f"no space left on the device of {anc}" if _no_space(anc) else "")
+    why = _unwritable(anc)
     if why:
         raise ConfigError(field, f"cannot write {dest}: {why}; choose another path")
     return dest
 
 
-def _no_space(folder: Path) -> bool:
+def _unwritable(folder: Path) -> str:
+    """Why files cannot be made in the existing ``folder`` ("" when they can), from
+    ``statvfs``: a read-only mount (``ST_RDONLY``), a pseudo file system with no storage at
+    all (``f_blocks`` 0: /proc, /sys, whose "free blocks" are 0 without being full), no write
+    permission, or no free block on a real one."""
+    if not folder.is_dir():
+        return f"{folder} is a file, not a folder"
     try:
         st = os.statvfs(folder)
     except OSError:
-        return False
-    return (st.f_bfree if os.geteuid() == 0 else st.f_bavail) == 0
+        st = None
+    if st is not None and st.f_flag & os.ST_RDONLY:
+        return f"{folder} is on a read-only file system"
+    if st is not None and st.f_blocks == 0:
+        return f"{folder} is on a pseudo file system with no storage (such as /proc or /sys)"
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return f"{folder} is not writable (permission denied)"
+    if st is not None and (st.f_bfree if os.geteuid() == 0 else st.f_bavail) == 0:
+        return f"no space left on the device of {folder}"
+    return ""
+
+
+#: errno -> the cause in words, for a write that failed (:func:`_oserror`).
+WRITE_ERRORS = {errno.EROFS: "read-only file system", errno.EACCES: "permission denied",
+                errno.EPERM: "operation not permitted", errno.ENOENT: "a folder on the way does not exist",
+                errno.ENOSPC: "no space left on the device", errno.EDQUOT: "disk quota exceeded",
+                errno.ENOTDIR: "a part of the path is a file, not a folder", errno.EISDIR: "it is a folder",
+                errno.ENAMETOOLONG: "the name is too long", errno.EEXIST: "it exists"}
 
 
 def _oserror(dest: Path, field: str, err: OSError) -> ConfigError:
-    return ConfigError(field, f"cannot write {dest}: {err.strerror or err}; choose another path")
+    """One line for a failed write: the errno's cause (:data:`WRITE_ERRORS`, else the OS's words).
+
+    >>> _oserror(Path("/sys/x.json"), "--json", OSError(errno.EROFS, "x")).message
+    'cannot write /sys/x.json: read-only file system; choose another path'
+    """
+    why = WRITE_ERRORS.get(err.errno or 0) or err.strerror or str(err)
+    return ConfigError(field, f"cannot write {dest}: {why}; choose another path")
 
 
 def write_text_atomic(path, text: str) -> Path:

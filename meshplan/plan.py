@@ -38,6 +38,7 @@ from meshplan.pipeline.registry import get as get_schedule
 from meshplan.pipeline.registry import reasons as schedule_reasons
 from meshplan.placement.assign import Flag, Placement, place, placement_flags
 from meshplan.spec.mesh import MeshSpec
+from meshplan.units import counted
 
 SCHEMA = "meshplan.plan/v1"
 
@@ -223,7 +224,7 @@ def build_plan(config: Config, constraints: cons.Constraints | None = None, memo
     world = spec.world or c.world
     if world > c.world:
         raise ConfigError("mesh.world", f"{world} ranks but the cluster has {c.world} GPUs "
-                          f"({c.nodes} nodes x {c.node.gpus}); use fewer ranks or more nodes")
+                          f"({counted(c.nodes, 'node')} x {c.node.gpus}); use fewer ranks or more nodes")
     mesh = resolve_mesh(spec, world, gpus_per_node=c.node.gpus)
     if t.grad_accumulation != "sync" and not isinstance(mesh, resolve.Infeasible) and mesh.degree("pp") > 1:
         raise ConfigError("training.grad_accumulation", f"{t.grad_accumulation!r} is for pp 1; with pp "
@@ -299,7 +300,8 @@ def _collectives(config: Config, spec: MeshSpec, mesh: Mesh, placement: Placemen
         out[table_key(k)] = collective_table(config.model, config.training, mesh, config.cluster, placement,
                                              layers, micro, first_stage=k == 0, last_stage=k == last_stage(stages),
                                              loss_parallel=spec.loss_parallel, stage=k, vpp=vpp,
-                                             schedule=spec.pp_schedule, chunks=stages[k])
+                                             schedule=spec.pp_schedule, chunks=stages[k],
+                                             grad_bucket_elements=config.memory.grad_bucket_elements)
     return out
 
 

@@ -47,3 +47,12 @@ def human_bytes(n: float) -> str:
         if abs(n) >= size:
             return f"{n / size:.2f} {unit}"
     return f"{n:.0f} B"
+
+
+def counted(n: int, noun: str) -> str:
+    """``n`` and ``noun``, plural (an added "s") unless ``n`` is 1, for printing.
+
+    >>> counted(1, "node"), counted(2048, "node")
+    ('1 node', '2048 nodes')
+    """
+    return f"{n} {noun}{'' if n == 1 else 's'}"

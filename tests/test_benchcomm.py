@@ -56,13 +56,39 @@ def test_two_nics_get_their_own_files_and_the_slowest_goes_to_calibration(tmp_pa
     assert sorted(p.name for p in tmp_path.glob("*_perf.*")) == ["all_reduce_perf.nic.nic0.txt",
                                                                  "all_reduce_perf.nic.nic1.txt"]
     text1 = (tmp_path / "all_reduce_perf.nic.nic1.txt").read_text()
-    assert "link class nic on nic1 of every node" in text1 and "[node 1 nic1]" in text1
+    assert ("link class nic (gloo: TCP over the testbed's veth links, not an RDMA NIC) on nic1 of every node" in text1
+            and "[node 1 nic1]" in text1)
     assert [(f.link, f.n_ranks) for f in fits] == [("nic", 2)]
     assert fits[0].bandwidth_bytes_per_s == pytest.approx(12.5e6, rel=0.01)      # nic1's, the slower
     assert any("slowest of 2 NICs" in n and "nic1" in n for n in notes)
     assert load_calibration(tmp_path / "calibration.toml")["nic"].bandwidth_gb_per_s == pytest.approx(0.0125, rel=0.01)
     assert "# NIC of rank: 0 nic0 10.77.0.1, 1 nic1 10.77.1.1, 2 nic0 10.77.0.2, 3 nic1 10.77.1.2" in blocks[-1]
     assert json.loads((tmp_path / "pairs.json").read_text())["nic_of_rank"] == ["nic0", "nic1", "nic0", "nic1"]
+
+
+def test_a_gloo_run_is_labelled_and_refused_for_a_gpu_link(tmp_path):
+    # what bench comm on a CPU host wrote as [link.nvlink] at 1.169 GB/s: loopback TCP
+    rows = [{"size_bytes": s, "count": s // 4, "time_s": 50e-6 + 1.5 * s / 1.169e9, "iters": 5, "wrong": 0}
+            for s in B.parse_sizes("64K..8M")]
+    raw = _raw("all-reduce", 4, rows)
+    raw["pairs"] = {"size_bytes": 10 ** 6, "iters": 3, "one_way_s": [[0 if i == j else 1e-3 for j in range(4)]
+                                                                     for i in range(4)]}
+    blocks, fits, notes = B.write_results(tmp_path, raw, "test")
+    text = (tmp_path / "all_reduce_perf.nvlink.txt").read_text()
+    assert "link class nvlink (gloo: loopback TCP inside one host, not NVLink)" in text
+    assert "all-reduce over nvlink (gloo: loopback TCP inside one host, not NVLink) (4 ranks)" in notes[0]
+    toml = (tmp_path / "calibration.toml").read_text()
+    assert 'backend = "gloo"' in toml and "# measured with gloo over TCP, no GPU" in toml
+    calib = load_calibration(tmp_path / "calibration.toml")
+    assert calib["nvlink"].bandwidth_gb_per_s == pytest.approx(1.169, rel=1e-3)
+    with pytest.raises(ConfigError) as err:
+        apply_calibration(system("dgx-h100", nodes=1), calib)
+    assert str(err.value) == ("--calibration: link.nvlink: measured with gloo (loopback TCP inside one host, 1.169 "
+                              "GB/s), not with nccl on the 1x dgx-h100 nvlink; calibrate the GPUs (nccl-tests + "
+                              "meshplan calibrate, or bench comm on a GPU host) or plan a gloo cluster")
+    from meshplan.runtime.testbed.cpu import cpu_cluster
+    gloo = apply_calibration(cpu_cluster(4)[0], calib)  # the CPU testbed's own links: taken
+    assert gloo.node.fabric.bandwidth_gb_per_s == pytest.approx(1.169, rel=1e-3) and gloo.node.fabric.calibrated
 
 
 def _raw(op, n, rows):
@@ -158,9 +184,13 @@ def test_four_rank_gloo_run_gives_nccl_tests_files_a_fit_and_a_pair_matrix(tmp_p
     calib = load_calibration(tmp_path / "calibration.toml")
     assert set(calib) == {"nvlink"} and calib["nvlink"].ranks == 4 and calib["nvlink"].op == "all-reduce"
     assert calib["nvlink"].bandwidth_gb_per_s == pytest.approx(fits[0].bandwidth_bytes_per_s / 1e9, rel=1e-3)
-    cluster = apply_calibration(system("dgx-h100", nodes=1), calib)
+    from meshplan.runtime.testbed.cpu import cpu_cluster
+    cluster = apply_calibration(cpu_cluster(4)[0], calib)
     assert cluster.node.fabric.bandwidth_gb_per_s == calib["nvlink"].bandwidth_gb_per_s
     assert "meshplan bench comm" in cluster.node.fabric.source
+    assert calib["nvlink"].backend == "gloo" and B.GLOO_HEADLINE in lines  # said, and refused for NVLink:
+    with pytest.raises(ConfigError, match=r"link.nvlink: measured with gloo \(loopback TCP inside one host"):
+        apply_calibration(system("dgx-h100", nodes=1), calib)
     assert elapsed < 60, f"bench took {elapsed:.1f} s"
 
 
@@ -236,3 +266,17 @@ def test_testbed_with_two_nics_measures_each_rail(tmp_path):
         assert f"on nic{k} of every node" in text and "# Out of bounds values : 0 OK" in text
     nic = {f.link: f for f in fits}["nic"]
     assert nic.n_ranks == 2 and 0.5 * rate < nic.bandwidth_bytes_per_s < 1.6 * rate
+
+
+def test_calibrate_of_a_gloo_bench_file_keeps_backend_gloo(tmp_path):
+    from meshplan.comm.calibrate import calibrate
+    from meshplan.comm.calibration import calibration_toml
+    rows = [{"size_bytes": s, "count": s // 4, "time_s": 50e-6 + 1.5 * s / 1.169e9, "iters": 5, "wrong": 0}
+            for s in B.parse_sizes("64K..8M")]
+    raw = _raw("all-reduce", 4, rows)
+    path = tmp_path / "all_reduce_perf.nvlink.txt"
+    path.write_text(B.nccl_tests_text(raw["collectives"][0], raw))
+    fits, _, source = calibrate([path])
+    assert [(f.link, f.backend) for f in fits] == [("nvlink", "gloo")]
+    (tmp_path / "c.toml").write_text(calibration_toml(fits, source))
+    assert load_calibration(tmp_path / "c.toml")["nvlink"].backend == "gloo"

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from meshplan.comm.calibration import (BenchRow, float_str, apply_calibration, calibration_toml, fit_alpha_beta,
+from meshplan.comm.calibration import (BenchRow, CalibratedLink, float_str, apply_calibration, calibration_toml, fit_alpha_beta,
                                   load_calibration, parse_nccl_tests_json, parse_nccl_tests_text,
                                   read_nccl_tests)
 from meshplan.catalog import system
@@ -201,3 +201,54 @@ def test_calibration_file_errors(tmp_path, text, where):
     with pytest.raises(ConfigError) as err:
         load_calibration(path)
     assert err.value.field == where and "\n" not in str(err.value) and str(err.value).count("c.toml") == 1
+
+
+# --------------------------------------------------------------------------- calibrated links are never beaten
+
+
+def _calibrated_h100(nodes: int = 1):
+    """dgx-h100 with the newcomer's fit: nvlink all-reduce over 8 ranks, alpha 28.0 us per call,
+    busbw 424.4 GB/s (nccl-tests max 437 GB/s in the fitted log)."""
+    link = CalibratedLink(latency_us=28.0, bandwidth_gb_per_s=424.4, op="all-reduce", ranks=8, source="made up")
+    nic = CalibratedLink(latency_us=42.0, bandwidth_gb_per_s=40.0, op="all-reduce", ranks=2, source="made up")
+    return apply_calibration(system("dgx-h100", nodes=nodes), {"nvlink": link, "nic": nic})
+
+
+def _path(cluster, shape, names=("outer", "axis")):
+    from meshplan.comm.collectives import axis_path
+    from meshplan.mesh.resolve import resolved_mesh
+    from meshplan.placement.assign import place
+    from meshplan.spec.mesh import MeshSpec
+    mesh = resolved_mesh(MeshSpec(names=list(names), shape=shape), cluster.world)
+    return axis_path(mesh, place(cluster, cluster.world), cluster, "axis")
+
+
+def test_calibrated_nvlink_is_the_fit_at_the_measured_op_and_ranks():
+    from meshplan.comm.collectives import path_time
+    cluster = _calibrated_h100()
+    path = _path(cluster, [1, 8])
+    assert (path.kind, path.calibrated) == ("nvlink", True)
+    # 16 KiB tp all-reduce: 28.0 us + 1.75 * 16384 B / 424.4 GB/s = 28.0 + 0.0676 = 28.0676 us
+    # (before: NCCL's LL base 6.6 us + 14 steps x 0.6 us x (2.0 / 3.4) = 11.5 us, below the fit)
+    alg, t = path_time("all-reduce", 8, 16384, path, cluster)
+    assert alg == "ring" and t * 1e6 == pytest.approx(28.0676, abs=1e-4)
+    # 16 GB all-reduce: 28 us + 1.75 * 16e9 / 424.4e9 = 65.9755 ms, busbw 424.22 GB/s: no NVLS
+    # (uncalibrated dgx-h100 picks NVLS at ~480 GB/s, more than the log ever measured)
+    alg, t = path_time("all-reduce", 8, 16e9, path, cluster)
+    assert alg == "ring" and t * 1e3 == pytest.approx(66.0035, abs=1e-3)
+    assert 1.75 * 16e9 / t / 1e9 == pytest.approx(424.22, abs=0.01)
+    # another op and rank count: alpha per step 28 / 14 = 2 us; all-gather over 4 ranks, 3 steps:
+    # 6 us + 0.75 * 1 MB / 424.4 GB/s = 6 + 1.7672 = 7.7672 us
+    path4 = _path(cluster, [2, 4])
+    assert path_time("all-gather", 4, 1e6, path4, cluster)[1] * 1e6 == pytest.approx(7.7672, abs=1e-4)
+
+
+def test_calibrated_nic_has_no_tree_below_its_fit():
+    from meshplan.comm.collectives import path_time
+    cluster = _calibrated_h100(nodes=2)
+    path = _path(cluster, [2, 8], ("axis", "inner"))  # one rank per node: the fitted configuration
+    assert (path.kind, path.calibrated, path.ranks_per_node) == ("network", True, 1)
+    # all-reduce over 2 nodes, 8 KB: alpha 42 us (2 steps of 21 us) + 1.0 * 8000 / 40e9 = 42.2 us;
+    # NCCL's tree would have given 2 steps of its own latency, below the fitted 42 us
+    alg, t = path_time("all-reduce", 2, 8000, path, cluster)
+    assert alg == "ring" and t * 1e6 == pytest.approx(42.2, abs=1e-6)

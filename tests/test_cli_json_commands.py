@@ -193,6 +193,19 @@ def test_bench_gemm_and_attention_json(tmp_path, capsys):
     assert json.loads(table.read_text())["rows"][-1]["forward_s"] == a["forward_s"]
 
 
+def test_bench_gemm_on_the_cpu_says_so_and_writes_under_out(tmp_path, capsys, monkeypatch):
+    pytest.importorskip("torch")
+    cfg = tmp_path / "tiny.toml"
+    cfg.write_text(TINY)
+    monkeypatch.chdir(tmp_path)
+    rc, printed, err = run(["bench", "gemm", cfg, "--device", "cpu", "--max-elements", 256], capsys)
+    assert rc == 0, err
+    lines = printed.splitlines()
+    assert lines[0].startswith("no GPU: timing on the CPU, cpu (") and ", fp32; the table describes this CPU" in lines[0]
+    assert lines[-1] == "wrote out/bench/gemm.csv" and (tmp_path / "out" / "bench" / "gemm.csv").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "tiny.toml"]  # nothing else in the folder
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(150)
 def test_bench_comm_json_lists_the_fit_and_every_file(tmp_path, capsys):

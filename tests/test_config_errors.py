@@ -66,7 +66,7 @@ def test_world_larger_than_cluster():
     d["mesh"]["world"] = 16
     with pytest.raises(ConfigError) as e:
         build_plan(config_from_dict(d))
-    assert str(e.value) == ("mesh.world: 16 ranks but the cluster has 8 GPUs (1 nodes x 8); "
+    assert str(e.value) == ("mesh.world: 16 ranks but the cluster has 8 GPUs (1 node x 8); "
                             "use fewer ranks or more nodes")
     # without an explicit world, a product above the cluster is an infeasible result
     assert build_plan(config_from_dict(with_("mesh.shape", [8, 2]))).reasons == (
@@ -156,6 +156,10 @@ def test_world_mismatch_names_the_fix():
                             "or -1 there to infer it), or cluster.nodes = 4 (32 GPUs)",)
     fixed = build_plan(replace(cfg, mesh=cfg.mesh.model_copy(update={"shape": [16, 4]})))
     assert fixed.mesh is not None and fixed.world == 64
+    # two other axes: their product in brackets, 64 / (pp 4 * tp 8) = 2 (not "64 / pp 4 * tp 8")
+    three = cfg.mesh.model_copy(update={"names": ["pp", "dp_shard", "tp"], "shape": [4, 4, 8]})
+    assert build_plan(replace(cfg, mesh=three)).reasons[0].startswith(
+        "pp(4) * dp_shard(4) * tp(8) = 128 != world(64); fix: shape [4, 2, 8] (dp_shard = 64 / (pp 4 * tp 8) = 2; ")
     # Megatron spelling: the fix names [mesh.degrees]; no axis rescales to 3 x 5 = 15 of 8
     d = with_("mesh", None)
     d["mesh"] = {"order": "tp-dp_shard", "degrees": {"tp": 2, "dp_shard": 2}}

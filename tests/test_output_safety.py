@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import subprocess
@@ -94,6 +95,46 @@ def test_unwritable_destinations_are_one_line_errors(tmp_path, case):
     with pytest.raises(ConfigError) as err:
         check_destination(path, "--json")
     assert err.value.field == "--json" and words in str(err.value)
+
+
+class _Vfs:
+    """What ``os.statvfs`` returns, with the fields check_destination reads."""
+
+    def __init__(self, flag=0, blocks=1000, free=1000):
+        self.f_flag, self.f_blocks, self.f_bfree, self.f_bavail = flag, blocks, free, free
+
+
+@pytest.mark.parametrize("vfs, words", [
+    (_Vfs(flag=os.ST_RDONLY), "is on a read-only file system"),
+    (_Vfs(blocks=0, free=0), "is on a pseudo file system with no storage (such as /proc or /sys)"),
+    (_Vfs(free=0), "no space left on the device of"),
+])
+def test_unwritable_file_systems_are_named_by_their_cause(tmp_path, monkeypatch, vfs, words):
+    # /sys and /proc report 0 free blocks: before, every one of them read "no space left"
+    monkeypatch.setattr(fileio.os, "statvfs", lambda p: vfs)
+    with pytest.raises(ConfigError) as err:
+        check_destination(tmp_path / "x.json", "--json")
+    assert str(err.value) == f"--json: cannot write {tmp_path / 'x.json'}: " + (
+        f"{words} {tmp_path}" if words.startswith("no space") else f"{tmp_path} {words}") + "; choose another path"
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="Linux /proc")
+def test_proc_is_a_pseudo_file_system_not_a_full_disk():
+    with pytest.raises(ConfigError, match=r"cannot write /proc/nope/x.json: /proc is on a pseudo file system"):
+        check_destination("/proc/nope/x.json", "--json")
+
+
+@pytest.mark.parametrize("code, words", [(errno.EROFS, "read-only file system"), (errno.EACCES, "permission denied"),
+                                         (errno.ENOENT, "a folder on the way does not exist"),
+                                         (errno.ENOSPC, "no space left on the device")])
+def test_a_failed_write_names_its_errno(tmp_path, monkeypatch, code, words):
+    def refuse(*a, **k):
+        raise OSError(code, os.strerror(code))
+    monkeypatch.setattr(fileio.os, "fsync", refuse)
+    with pytest.raises(ConfigError) as err:
+        write_output(tmp_path / "x.json", "{}")
+    assert str(err.value) == f"--out: cannot write {tmp_path / 'x.json'}: {words}; choose another path"
+    assert list(tmp_path.iterdir()) == []  # the temporary file is gone
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")

@@ -29,6 +29,17 @@ def test_batch_forces_model_parallelism():
     assert p.constraints.axes["tp"].startswith("compute/batch: tp*pp*cp >= 4")
 
 
+def test_axes_optional_alone_but_one_needed_for_the_batch():
+    # 64 GPUs, global batch 16: tp*pp*cp >= 4. tp 4 x pp 4: without tp 4 >= 4, without pp 4 >= 4,
+    # without both 1 < 4: neither "solves no stated constraint" (as the 405B plan said of both)
+    p = plan_of({"catalog": "llama3-8b"}, 8, {"names": ["pp", "dp_shard", "tp"], "shape": [4, 4, 4]},
+                global_batch=16, param_dtype="fp32")
+    assert p.constraints.unforced == ()
+    assert p.constraints.axes["tp"] == ("compute/batch: optional alone (tp*pp*cp 4 >= 4 without it), but one of pp, "
+                                        "tp is needed: without both tp*pp*cp is 1 < 4 (keep it or pp 4)")
+    assert p.constraints.axes["pp"].endswith("without both tp*pp*cp is 1 < 4 (keep it or tp 4)")
+
+
 def test_hsdp_megatron_order_and_groups():
     p = plan_of({"catalog": "llama3-8b"}, 4,
                 {"order": "tp-dp_shard-dp_replicate", "degrees": {"tp": 4, "dp_shard": 4, "dp_replicate": 2}},

@@ -144,7 +144,12 @@ def test_explain_by_hand_with_the_tie_rule():
     z = explain(a, b, {"vpp": 8}, {"vpp": 5}, fastest_step_s=12.326, fastest_row=None, fastest_label="pp 4 x tp 2")
     assert "(pp 4 x tp 2, not listed, 12.326 s)" in z.line() and z.to_dict()["fastest_row"] is None
     # the top the fastest: the plain line
-    assert explain(a, b, {}, {}).line().startswith("top is 0.1% faster than #2: bubble")
+    assert explain(a, b, {}, {}).line().startswith("top is 0.089% faster than #2: bubble")
+    # below 0.1% two significant digits (12.342 / 12.337 - 1 = 0.0405%), not "0.0% faster";
+    # equal steps: "as fast as"
+    assert explain(a, {**b, "step": 12.342}, {}, {}).line().startswith("top is 0.041% faster than #2: bubble")
+    assert explain(a, {**b, "step": 12.337}, {}, {}).line().startswith(
+        "top is as fast as #2 (12.337 s both, within 0.001%): bubble")
 
 
 def test_no_row_is_faster_than_the_line_says_llama3_70b():

@@ -108,6 +108,12 @@ NO_LATENCY = (Protocol("ideal", 0.0, 0.0, 0.0, 1.0),)
 GLOO_RING = (Protocol("gloo", 0.0, REFERENCE_STEP_S["nvlink"], REFERENCE_STEP_S["network"], 1.0),)
 #: NVLS all-reduce latency, an assumption (NCCL's NVLS latency is not in public-facts.md): the
 #: Simple ring base plus one NVLink step up to the switch and one down (:data:`NVLS_STEPS`).
+#: A link class calibrated by the user's nccl-tests fit (``meshplan calibrate``, ``bench comm``):
+#: ``t = steps(op, n) * alpha_step + bytes_sent / beta``, one protocol with no base and full
+#: bandwidth, ``alpha_step`` the link's ``latency_us`` (the fitted per-call alpha / the steps of
+#: the measured op over the measured ranks, :class:`meshplan.comm.calibration.CalibratedLink`), so
+#: at the measured op and rank count it is the fit itself; other rank counts scale alpha per step.
+CALIBRATED = (Protocol("calibrated", 0.0, REFERENCE_STEP_S["nvlink"], REFERENCE_STEP_S["network"], 1.0),)
 NVLS = (Protocol("NVLS", NCCL_RING[2].base_s, NCCL_RING[2].step_nvlink_s, NCCL_RING[2].step_network_s, 1.0),)
 NVLS_STEPS = 2
 
@@ -262,7 +268,7 @@ def collective_time(op: str, n: int, size_bytes: float, bandwidth_bytes_per_s: f
                     intra_bandwidth_bytes_per_s: float = 0.0, library: str = "nccl",
                     curves: Mapping[Any, BusbwCurve] = MappingProxyType({}),
                     nic_bandwidth_bytes_per_s: float = 0.0, ranks_per_node: int = 0,
-                    nccl_era: str = "current") -> tuple[str, float]:
+                    nccl_era: str = "current", calibrated: bool = False) -> tuple[str, float]:
     """(algorithm, seconds): the fastest of the algorithms NCCL can run for ``op`` on a path of
     ``kind`` ("nvlink" inside a node or NVLink domain, "network" across ``nodes`` nodes), each
     timed on the link's measured curve in ``curves`` ("nvlink", "nvls", "nic") when there is
@@ -286,6 +292,13 @@ def collective_time(op: str, n: int, size_bytes: float, bandwidth_bytes_per_s: f
       when the rank's own NIC share ``nic_bandwidth_bytes_per_s`` and the group's
       ``ranks_per_node`` are given.
 
+    ``calibrated``: the path's link class carries the user's nccl-tests fit (alpha per call of the
+    measured collective, beta its bus bandwidth): the ring alone, timed with :data:`CALIBRATED`
+    (no NCCL base latency, no protocol choice), and neither NVLS nor tree, whose gain the fit
+    already holds (nccl-tests ran whatever NCCL picked): a calibrated class is never predicted
+    faster than its own measurements. The hierarchical algorithm across nodes stays (its
+    network part on the calibrated link at 1/g of the buffer and bandwidth).
+
     ``library`` other than "nccl" or "rccl" (gloo): the ring only, with :data:`GLOO_RING`'s single protocol
     (per step exactly the link's latency, full bandwidth); a reduce-scatter costs an all-reduce
     of its full buffer, since ProcessGroupGloo runs it as one (torch 2.13; measured on the
@@ -307,25 +320,28 @@ def collective_time(op: str, n: int, size_bytes: float, bandwidth_bytes_per_s: f
         link = curves["nic1"]
     if op == "all-to-all" and network and nic_bandwidth_bytes_per_s and ranks_per_node and n > 1:
         return "pairwise", all_to_all_time(n, size_bytes, ranks_per_node, nic_bandwidth_bytes_per_s,
-                                           intra_bandwidth_bytes_per_s, latency_scale, curves)
-    best = ("ring", ring_time(op, n, size_bytes, bandwidth_bytes_per_s, network, latency_scale=latency_scale,
-                              curve=link))
+                                           intra_bandwidth_bytes_per_s, latency_scale,
+                                           {k: v for k, v in curves.items() if k != "nic"} if calibrated else curves,
+                                           CALIBRATED if calibrated else NCCL_RING)
+    proto = CALIBRATED if calibrated else NCCL_RING
+    best = ("ring", ring_time(op, n, size_bytes, bandwidth_bytes_per_s, network, proto, latency_scale,
+                              None if calibrated else link))
     if n <= 1:
         return best
     options = []
-    if op == "all-reduce" and kind == "nvlink" and nvls:
+    if op == "all-reduce" and kind == "nvlink" and nvls and not calibrated:
         sent = busbw_factor(op, n) * size_bytes
         curve = curves.get("nvls")
         bw = bandwidth_bytes_per_s * (rank_factor(curve, n) if curve else NVLS_GAIN)
         options.append(("NVLS", _time(size_bytes, sent, NVLS_STEPS, False, bw, NVLS, latency_scale, curve, NVLS_STEPS)))
-    if op == "all-reduce" and network:
+    if op == "all-reduce" and network and not calibrated:
         options.append(("tree", tree_time(n, size_bytes, bandwidth_bytes_per_s, True, latency_scale, link)))
     g = n // max(nodes, 1)
     if nccl_era != "2021" and network and nodes > 1 and g > 1 and intra_bandwidth_bytes_per_s and op in ("all-reduce", "all-gather",
                                                                                   "reduce-scatter"):
         intra = intra_bandwidth_bytes_per_s
-        inter = ring_time(op, nodes, size_bytes / g, bandwidth_bytes_per_s / g, True, latency_scale=latency_scale,
-                          curve=link)
+        inter = ring_time(op, nodes, size_bytes / g, bandwidth_bytes_per_s / g, True, proto, latency_scale,
+                          None if calibrated else link)
         local = {"all-reduce": ("reduce-scatter", "all-gather"), "all-gather": ("all-gather",),
                  "reduce-scatter": ("reduce-scatter",)}[op]
         options.append(("hierarchical", inter + sum(ring_time(o, g, size_bytes, intra, curve=curves.get("nvlink"))
@@ -338,13 +354,14 @@ def collective_time(op: str, n: int, size_bytes: float, bandwidth_bytes_per_s: f
 
 def all_to_all_time(n: int, size_bytes: float, ranks_per_node: int, nic_bandwidth_bytes_per_s: float,
                     intra_bandwidth_bytes_per_s: float, latency_scale: float = 1.0,
-                    curves: Mapping[str, BusbwCurve] = MappingProxyType({})) -> float:
+                    curves: Mapping[str, BusbwCurve] = MappingProxyType({}), latency=NCCL_RING) -> float:
     """Pairwise all-to-all over ``n`` ranks, ``ranks_per_node`` (g) of them on each node: each
     rank sends S/n to every peer at once, the ``(n - g) / n * S`` bound for other nodes
     through its own NIC share ``nic_bandwidth_bytes_per_s`` (the rank's NIC rate divided among
     the ranks that use it) and the ``(g - 1) / n * S`` for its node's peers over NVLink; the
     two run concurrently, so the slower one sets the time (each after NCCL's latency for
-    n - 1 network or g - 1 NVLink steps; on the "nic" and "nvlink" curves when given).
+    n - 1 network or g - 1 NVLink steps; on the "nic" and "nvlink" curves when given; ``latency``:
+    the network part's protocols, :data:`CALIBRATED` on a calibrated NIC class).
 
     2 nodes x 8 A100, one 25 GB/s HDR NIC per GPU, 1 GiB at line rate: 2^29 B through the NIC,
     21.475 ms, after the Simple ring latency 8.4 + 15 x 14 us = 218.4 us: 21.69 ms; busbw =
@@ -358,7 +375,7 @@ def all_to_all_time(n: int, size_bytes: float, ranks_per_node: int, nic_bandwidt
         return 0.0
     g = max(1, min(ranks_per_node, n))
     nic, nvl = curves.get("nic"), curves.get("nvlink")
-    out = _time(size_bytes, (n - g) / n * size_bytes, n - 1, True, nic_bandwidth_bytes_per_s, NCCL_RING,
+    out = _time(size_bytes, (n - g) / n * size_bytes, n - 1, True, nic_bandwidth_bytes_per_s, latency,
                 latency_scale, nic, steps(nic.op, nic.ranks) if nic else 0)
     if g > 1 and intra_bandwidth_bytes_per_s:
         out = max(out, _time(size_bytes, (g - 1) / n * size_bytes, g - 1, False, intra_bandwidth_bytes_per_s,

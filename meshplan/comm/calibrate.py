@@ -14,6 +14,8 @@ names of the ``#  Rank`` lines, or ``config.devices[].hostname`` in JSON):
 Per link class, one alpha-beta fit (:func:`~meshplan.comm.calibration.fit_alpha_beta`) per
 file; the class keeps the all-reduce fit when there is one (as ``bench comm`` does), and of
 several the slowest bus bandwidth (a collective over every rail waits for the slowest NIC).
+A file ``meshplan bench comm`` wrote from a gloo run (its first line says ``(gloo,``) keeps
+``backend = "gloo"``, so that ``--calibration`` refuses it for NCCL links.
 
 >>> hosts_of("#  Rank  0 Group  0 Pid   7 on     node01 device  0 [0000:18:00] NVIDIA A100\\n"
 ...          "#  Rank  1 Group  0 Pid   8 on     node01 device  1 [0000:1a:00] NVIDIA A100\\n")
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 from collections import Counter
 from pathlib import Path
 from typing import Optional, Sequence
@@ -99,6 +102,8 @@ def calibrate(paths: Sequence[Path], link: Optional[str] = None) -> tuple[list[L
             fit = fit_alpha_beta(rows, cls)
         except ConfigError as err:
             raise ConfigError(path.name, err.message) from None
+        if re.search(r"^# meshplan bench comm \(gloo,", text, flags=re.M):  # bench comm without a GPU
+            fit = replace(fit, backend="gloo")
         source = _source(path, text, rows, hosts)
         by_link.setdefault(cls, []).append((fit, source))
         notes.append(f"{path.name}: {cls} {fit.op} over {fit.n_ranks} ranks, alpha {fit.latency_s * 1e6:.1f} us, "

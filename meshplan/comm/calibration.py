@@ -31,10 +31,22 @@ Calibration file (TOML, one table per link class ``nvlink``, ``pcie`` or ``nic``
     residual = 0.001             # RMS relative residual of the fit
     points = 31
     source = "nccl-tests all_reduce_perf 2026-03-02, 8 nodes x 1 GPU"
+    backend = "gloo"             # optional: what measured it when not NCCL (bench comm on a CPU host)
+
+``backend = "gloo"`` (``meshplan bench comm`` without a GPU) says the numbers are torch's gloo
+over TCP (loopback inside a host, the testbed's veth links between its nodes), not NVLink or a
+NIC: :func:`apply_calibration` refuses them for a cluster whose collectives run on NCCL or RCCL
+and applies them to a gloo cluster (the CPU testbed's) only.
 
 ``nic`` is meant for runs with one GPU per node, so that each rank's traffic crosses one
-NIC. Applying a calibration writes the bandwidth and the per-step latency
-``latency_us / steps(op, ranks)`` (the meaning of :class:`LinkSpec.latency_us`).
+NIC. Applying a calibration writes the bandwidth, the per-step latency
+``latency_us / steps(op, ranks)`` (the meaning of :class:`LinkSpec.latency_us`) and marks the
+class ``calibrated``: :func:`meshplan.comm.alphabeta.collective_time` then times it as
+``steps(op', n') * latency_us / steps(op, ranks) + busbw_factor(op', n') * S / beta`` with no
+NCCL base latency or protocol choice and no NVLS or tree (the fit holds whatever algorithm
+NCCL ran), so the measured op over the measured ranks is predicted at the fit itself
+(``latency_us`` per call, never less) and no algorithm beats the fitted bus bandwidth; other
+ops and rank counts scale alpha per algorithm step.
 
 >>> rows = [BenchRow("all-reduce", 8, s, 20e-6 + 1.75 * s / 40e9, 0.0, 0.0) for s in (8, 2**20, 2**30)]
 >>> fit = fit_alpha_beta(rows, "nic")
@@ -49,7 +61,7 @@ import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Literal, Optional
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -260,7 +272,7 @@ class LinkFit:
     """Fitted alpha (``latency_s`` per call) and beta (``bandwidth_bytes_per_s``, bus
     bandwidth per rank) of one link class from ``points`` rows of ``op`` over ``n_ranks``;
     residuals are relative to the measured times; ``clamped``: alpha came out negative and
-    was fixed at 0."""
+    was fixed at 0; ``backend``: "gloo" for a measurement of gloo (calibrates a gloo cluster only)."""
 
     link: str
     op: str
@@ -271,6 +283,7 @@ class LinkFit:
     max_residual: float
     points: int
     clamped: bool = False
+    backend: Optional[str] = None  # "gloo" when gloo measured it (bench comm without a GPU), else NCCL
 
     def predict(self, size_bytes: float) -> float:
         """Seconds for one call on a ``size_bytes`` buffer."""
@@ -325,6 +338,7 @@ class CalibratedLink(BaseModel):
     residual: Optional[float] = Field(default=None, ge=0)
     points: Optional[int] = Field(default=None, ge=0, le=1 << 30)
     source: str = Field(max_length=MAX_STRING)
+    backend: Optional[Literal["nccl", "rccl", "gloo"]] = None
 
     @property
     def bandwidth_bytes_per_s(self) -> float:
@@ -339,15 +353,34 @@ class CalibratedLink(BaseModel):
         return self.latency_us / max(steps(self.op, self.ranks), 1)
 
 
-def calibration_toml(fits: list[LinkFit], source: str) -> str:
+#: What a gloo measurement of each link class ran over (``meshplan bench comm`` without a GPU).
+GLOO_MEDIUM = {"nvlink": "loopback TCP inside one host", "pcie": "loopback TCP inside one host",
+               "nic": "TCP over the testbed's veth links"}
+
+
+def measured_over(link: str, backend: Optional[str]) -> str:
+    """``link`` as measured: ``nvlink (gloo: loopback TCP inside one host, not NVLink)`` for a
+    gloo run, ``link`` itself for NCCL (nccl-tests, or bench comm on GPUs)."""
+    if backend != "gloo":
+        return link
+    hardware = {"nvlink": "NVLink", "pcie": "PCIe", "nic": "an RDMA NIC"}.get(link, link)
+    return f"{link} (gloo: {GLOO_MEDIUM.get(link, 'TCP')}, not {hardware})"
+
+
+def calibration_toml(fits: list[LinkFit], source: str, backend: Optional[str] = None) -> str:
     """The calibration file for ``fits`` (one table per link class), ``source`` naming the
-    measurement (tool, date, machines)."""
+    measurement (tool, date, machines); ``backend`` "gloo" when gloo measured it (written, and
+    said in a comment: such a file calibrates only a gloo cluster)."""
     out = ["# meshplan calibration: alpha-beta per link class fitted from nccl-tests (meshplan.comm.calibration)"]
+    if backend == "gloo" or any(f.backend == "gloo" for f in fits):
+        out.append("# measured with gloo over TCP, no GPU: not NVLink or NIC figures; --calibration takes it only "
+                   "for a gloo cluster (the CPU testbed)")
     for f in fits:
         out += [f"\n[link.{f.link}]", f"latency_us = {f.latency_s / US:.4g}",
                 f"bandwidth_gb_per_s = {f.bandwidth_bytes_per_s / GB:.4g}", f'op = "{f.op}"',
                 f"ranks = {f.n_ranks}", f"residual = {f.rms_residual:.3g}", f"points = {f.points}",
-                f"source = {json.dumps(source)}"]
+                f"source = {json.dumps(source)}"] + ([f'backend = "{f.backend or backend}"']
+                                                     if f.backend or backend else [])
     return "\n".join(out) + "\n"
 
 
@@ -391,7 +424,15 @@ def apply_calibration(cluster: ClusterSpec, calib: dict[str, CalibratedLink]) ->
     lose the catalog's measured busbw curves (``nvlink`` the "nvlink" and "nvls" curves, ``nic``
     the "nic" curve and the single-NIC curves "p2p" (cross-node send/recv pair) and "nic1" (one
     rank per node), which run over one NIC):
-    the user's own fit replaces them. Other fields are kept."""
+    the user's own fit replaces them. A gloo measurement (``backend = "gloo"``) on a cluster whose
+    library is not gloo is a ConfigError naming the table. Each calibrated class is marked ``calibrated`` (timed on
+    the fit alone: module docstring). Other fields are kept."""
+    for name, c in calib.items():
+        if c.backend == "gloo" and cluster.collective_library != "gloo":
+            raise ConfigError(f"--calibration: link.{name}", f"measured with gloo ({GLOO_MEDIUM.get(name, 'TCP')}, "
+                              f"{c.bandwidth_gb_per_s:g} GB/s), not with {cluster.collective_library} on the "
+                              f"{cluster.name} {name}; calibrate the GPUs (nccl-tests + meshplan calibrate, or bench "
+                              "comm on a GPU host) or plan a gloo cluster")
     node, tag = cluster.node, "calibrated: {}"
     upd: dict[str, Any] = {}
     dropped = {"nvlink": ("nvlink", "nvls"), "nic": ("nic", "p2p", "nic1")}
@@ -402,14 +443,15 @@ def apply_calibration(cluster: ClusterSpec, calib: dict[str, CalibratedLink]) ->
             c = calib[name]
             upd[field] = getattr(node, field).model_copy(update={
                 "bandwidth_gb_per_s": c.bandwidth_gb_per_s, "latency_us": c.step_latency_us,
-                "source": tag.format(c.source)})
+                "calibrated": True, "source": tag.format(c.source)})
     network = cluster.network
     if "nic" in calib:
         c = calib["nic"]
         if not node.nics:
             raise ConfigError("--calibration: link.nic", f"node {node.name} has no NIC; drop [link.nic] or add NICs")
         upd["nics"] = [n.model_copy(update={"rate_gbit_per_s": c.bandwidth_gb_per_s * 8}) for n in node.nics]
-        network = [t.model_copy(update={"latency_us": c.step_latency_us}) for t in cluster.network]
+        network = [t.model_copy(update={"latency_us": c.step_latency_us, "calibrated": True})
+                   for t in cluster.network]
     sources = "; ".join(f"{k}: {v.source}" for k, v in calib.items())
     return cluster.model_copy(update={"node": node.model_copy(update=upd), "network": network,
                                       "source": f"{cluster.source} (calibrated: {sources})".strip()})

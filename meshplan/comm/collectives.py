@@ -54,8 +54,11 @@ Conventions, matched op by op against what torch 2.13 issues for DTensor TP/SP a
   micro-batch 0 (:func:`_accumulation_gathers`); measured with torch 2.13's FSDP2 on the
   fake process group (``tests/test_grad_accumulation.py``).
 - ZeRO-1/2 (Megatron distributed optimizer): one gradient reduce-scatter and one parameter
-  all-gather per step, as one bucket per stage. DDP (none): one backward all-reduce of all gradients
-  in the parameter dtype, torch 2.13's first step (:func:`meshplan.runtime.execution.parallelize.apply_ddp`).
+  all-gather per step, as one bucket per stage. DDP (none): one all-reduce per gradient bucket in
+  the backward of the step's last micro-batch, the buckets of torch 2.13's reducer after its first
+  step (25 MiB, the first 1 MiB, or ``[memory] grad_bucket_elements``; :func:`_ddp_rows`; the very
+  first step sends one bucket of all, :func:`meshplan.runtime.execution.parallelize.apply_ddp`);
+  Megatron-LM 2022 (``framework = "megatron"``): one all-reduce of its contiguous gradient buffer.
   Every gradient reduction (FSDP reduce-scatter, HSDP all-reduce, ZeRO-1/2 reduce-scatter, DDP
   all-reduce) is in ``training.gradient_reduce_dtype``: ``training.grad_reduce_dtype = "fp32"``
   gives Megatron-LM's fp32 main-gradient reduction.
@@ -143,7 +146,9 @@ class Path:
     and the per-step latency scale against NCCL's defaults (1 = NCCL's constants). Across
     nodes: ``nodes`` spanned, ``ranks_per_node`` of the group on a node, and
     ``nic_bandwidth_bytes_per_s``, the share of its own NIC a rank gets while every group of
-    the axis runs (all-to-all's cross-node bytes leave through it)."""
+    the axis runs (all-to-all's cross-node bytes leave through it). ``calibrated``: the link
+    class carries the user's nccl-tests fit (:func:`meshplan.comm.calibration.apply_calibration`),
+    timed as :func:`meshplan.comm.alphabeta.collective_time` says."""
 
     kind: str  # "local" | "nvlink" | "network"
     bandwidth_bytes_per_s: float
@@ -152,6 +157,7 @@ class Path:
     nodes: int = 1
     ranks_per_node: int = 0
     nic_bandwidth_bytes_per_s: float = 0.0
+    calibrated: bool = False
 
 
 @dataclass(frozen=True)
@@ -295,11 +301,14 @@ def groups_path(groups: np.ndarray, placement, cluster: ClusterSpec) -> Path:
     node = placement.node[groups]
     fabric = cluster.node.fabric
     if (placement.domain[groups] == placement.domain[groups][:, :1]).all():
-        return Path("nvlink", fabric.bandwidth_bytes_per_s, fabric.name, fabric.latency_s / REFERENCE_STEP_S["nvlink"])
+        return Path("nvlink", fabric.bandwidth_bytes_per_s, fabric.name, fabric.latency_s / REFERENCE_STEP_S["nvlink"],
+                    calibrated=fabric.calibrated)
     nics = cluster.node.nics
     tier = cluster.network[0].latency_s / REFERENCE_STEP_S["network"] if cluster.network else 1.0
+    calibrated = bool(cluster.network) and cluster.network[0].calibrated
     if not nics:
-        return Path("network", cluster.node.pcie.bandwidth_bytes_per_s, "no NIC in catalog: PCIe bound", tier)
+        return Path("network", cluster.node.pcie.bandwidth_bytes_per_s, "no NIC in catalog: PCIe bound", tier,
+                    calibrated=cluster.node.pcie.calibrated)
     n0 = int(node[0, 0])
     on_node = np.flatnonzero((node == n0).any(axis=1))
     members = groups[on_node][node[on_node] == n0]
@@ -312,7 +321,7 @@ def groups_path(groups: np.ndarray, placement, cluster: ClusterSpec) -> Path:
     share = min((nics[i].bandwidth_bytes_per_s / users[i] for i in own), default=0.0)
     return Path("network", bw, f"{len(on_node)} group(s) per node share NIC(s) "
                 f"{','.join(nics[i].name for i in used)}; rails {rails.tolist()}", tier,
-                len(np.unique(node[0])), int((node[0] == n0).sum()), share)
+                len(np.unique(node[0])), int((node[0] == n0).sum()), share, calibrated)
 
 
 def path_time(op: str, n: int, size_bytes: float, path: Path, cluster: ClusterSpec,
@@ -329,7 +338,7 @@ def path_time(op: str, n: int, size_bytes: float, path: Path, cluster: ClusterSp
                            intra_bandwidth_bytes_per_s=cluster.node.fabric.bandwidth_bytes_per_s,
                            library=cluster.collective_library, curves=cluster.node.busbw,
                            nic_bandwidth_bytes_per_s=path.nic_bandwidth_bytes_per_s,
-                           ranks_per_node=path.ranks_per_node, nccl_era=nccl_era)
+                           ranks_per_node=path.ranks_per_node, nccl_era=nccl_era, calibrated=path.calibrated)
 
 
 def collective_table(model: ModelSpec, training: TrainingSpec, mesh: Mesh, cluster: ClusterSpec,
@@ -337,10 +346,12 @@ def collective_table(model: ModelSpec, training: TrainingSpec, mesh: Mesh, clust
                      first_stage: bool = True, last_stage: bool = True,
                      loss_parallel: bool = True, stage: int = 0, vpp: int = 1,
                      schedule: Schedule = Schedule.ONE_F_ONE_B,
-                     chunks: Optional[list[list[int]]] = None) -> list[CollectiveRow]:
+                     chunks: Optional[list[list[int]]] = None,
+                     grad_bucket_elements: Optional[int] = None) -> list[CollectiveRow]:
     """Rows for pipeline stage ``stage`` holding ``stage_layers`` (layer indices) in ``vpp``
     chunks (``chunks``: the layers of each; default ``vpp`` equal runs of ``stage_layers``),
-    run under ``schedule`` with ``micro_batches`` micro-batches."""
+    run under ``schedule`` with ``micro_batches`` micro-batches; ``grad_bucket_elements``: DDP's
+    bucket cap (``[memory] grad_bucket_elements``; None: torch's default, :func:`_ddp_rows`)."""
     rows: list[CollectiveRow] = []
     paths: dict[str, Path] = {}
 
@@ -369,7 +380,7 @@ def collective_table(model: ModelSpec, training: TrainingSpec, mesh: Mesh, clust
         chunks = [stage_layers[k * per:(k + 1) * per] for k in range(vpp)]
     chunk_of = {i: k for k, ls in enumerate(chunks) for i in ls}
     ctx = _Ctx(model, training, mesh, stage_layers, first_stage, last_stage, stage, vpp, schedule, micro_batches,
-               chunk_of, loss_parallel, cluster.gpu)
+               chunk_of, loss_parallel, cluster.gpu, grad_bucket_elements)
     for axis in TABLE_ORDER + tuple(a for a in AXES if a not in TABLE_ORDER):
         build = AXES[axis].rows or LAYER_ROWS.get(axis)
         if build is not None:
@@ -392,6 +403,7 @@ class _Ctx:
     chunk_of: Optional[dict] = None  # layer -> local chunk
     loss_parallel: bool = True
     gpu: Optional[GPUSpec] = None  # the GPU the compute-stream copies run on (FSDP2)
+    bucket_elements: Optional[int] = None  # [memory] grad_bucket_elements (DDP's bucket cap)
 
     @property
     def seq_local(self) -> int:
@@ -678,9 +690,65 @@ def _dp_rows(add, c: _Ctx) -> None:
                 per_step=1)
             add(axis, "step", "all-gather", numel * dtype_bytes(t.param_dtype), t.param_dtype, 0,
                 "once per step (updated params)", "next step's forward", per_step=1)
-        else:
+        elif t.framework == "megatron":  # Megatron-LM 2022's local DDP: one all-reduce of its contiguous buffer
             add("loss" if axis == "fsdp" else axis, "backward", "all-reduce", numel * dtype_bytes(rs),
-                rs, 0, "once per step (DDP, one bucket)", "optimizer step", per_step=1)
+                rs, 0, "once per step (DDP, one bucket: Megatron-LM's contiguous buffer)", "optimizer step",
+                per_step=1)
+        else:
+            _ddp_rows(add, c, axis)
+
+
+#: torch DDP's bucket caps (torch 2.13 ``torch/nn/parallel/distributed.py``: ``bucket_cap_mb``
+#: default 25 MiB, ``dist._DEFAULT_FIRST_BUCKET_BYTES`` 1 MiB for the first bucket when the cap
+#: is the default).
+DDP_BUCKET_BYTES = 25 * 2 ** 20
+DDP_FIRST_BUCKET_BYTES = 2 ** 20
+
+
+def ddp_buckets(sizes_bytes: list[int], cap_bytes: int, first_cap_bytes: int) -> list[int]:
+    """Bytes of each gradient bucket when tensors of ``sizes_bytes`` (in gradient-ready order)
+    fill buckets as torch's reducer does (``compute_bucket_assignment_by_size``): whole tensors
+    are added to the open bucket, which closes once it holds at least its cap, the first bucket's
+    ``first_cap_bytes``, every later one's ``cap_bytes``.
+
+    >>> ddp_buckets([4, 600, 300, 300, 300, 10], 500, 100)
+    [604, 600, 310]
+    """
+    out: list[int] = []
+    cur = 0
+    for b in sizes_bytes:
+        cur += b
+        if cur >= (first_cap_bytes if not out else cap_bytes):
+            out.append(cur)
+            cur = 0
+    return out + ([cur] if cur else [])
+
+
+def _ddp_rows(add, c: _Ctx, axis: str) -> None:
+    """DDP's gradient all-reduces of the stage in steady state: one per bucket, issued in the
+    backward as each bucket fills (torch's reducer, after the first step's rebuild in
+    gradient-ready order; the table takes that order as the reverse of the parameters'). The
+    bucket cap is ``[memory] grad_bucket_elements`` x the reduce dtype's bytes, for the first
+    bucket too; by default torch's 25 MiB, the first 1 MiB (:func:`ddp_buckets`). One row per
+    bucket size, ``per_step`` buckets of that size (micro-batches before the last run under
+    ``no_sync``). torch's very first step sends one bucket of every gradient (its initial
+    bucketing with ``find_unused_parameters=False``); ``validate`` records that step and sets
+    the bucket to the whole model to match it."""
+    m, mesh, rs = c.model, c.mesh, c.training.gradient_reduce_dtype
+    b, tp = dtype_bytes(rs), mesh.degree("tp")
+    v = padded_vocab(m.vocab, c.training.vocab_pad_divisor, tp)
+    ts = (m.embedding_tensors(v) if c.first else []) + [x for i in c.layers for x in m.layer_tensors(i)]
+    ts += [x for x in (m.head_tensors(v) if c.last else []) if not (x.tied and c.first)]  # registration order
+    sizes = [local_numel(x, m, tp, mesh.ep, mesh.etp) * b for x in reversed(ts) if x.expert == (axis == "efsdp")]
+    if c.bucket_elements is None:
+        cap, first = DDP_BUCKET_BYTES, DDP_FIRST_BUCKET_BYTES
+    else:
+        cap = first = c.bucket_elements * b
+    buckets = ddp_buckets([x for x in sizes if x > 0], cap, first)
+    how = (f"{c.bucket_elements:,} elements" if c.bucket_elements is not None else "torch's 25 MiB, the first 1 MiB")
+    for size, k in sorted(Counter(buckets).items(), key=lambda kv: -kv[1]):
+        add("loss" if axis == "fsdp" else axis, "backward", "all-reduce", size, rs, 0,
+            f"per step, {k} of {len(buckets)} buckets (DDP, bucket cap {how})", "optimizer step", per_step=k)
 
 
 def _deepspeed_params(c: _Ctx, layers: list[int], first: bool, last: bool) -> list[tuple[str, int]]:

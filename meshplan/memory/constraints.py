@@ -210,9 +210,33 @@ def annotate_axes(cons: Constraints, model: ModelSpec, training: TrainingSpec, c
         axes[name] = why or "solves no stated constraint (memory fits and the batch allows it without it)"
         if not why:
             unforced.append(name)
+    joint = _jointly_needed(mesh, unforced, need, mp)
+    axes.update(joint)
+    unforced = [a for a in unforced if a not in joint]
     if mesh.ep > 1:
         axes["ep"] = f"capacity: {model.experts} experts split {mesh.ep} ways"
     return replace(cons, axes=axes, unforced=tuple(unforced), estimate=est)
+
+
+def _jointly_needed(mesh: Mesh, unforced: list[str], need: int, mp: int) -> dict[str, str]:
+    """Reasons for the tp, pp, cp axes that the batch allows dropping one at a time but not all
+    together (tp*pp*cp >= ``need``): each is optional alone, one of them is needed.
+
+    405B on 16384 GPUs, global batch 2048 (need tp*pp*cp >= 8), tp 8 x pp 16: without tp
+    128 / 8 = 16 >= 8, without pp 8 >= 8, without both 1 < 8."""
+    free = [a for a in unforced if a in ("tp", "pp", "cp")]
+    rest = mp
+    for a in free:
+        rest //= mesh.degree(a)
+    if len(free) < 2 or rest >= need:
+        return {}
+    out = {}
+    for a in free:
+        others = " and ".join(f"{o} {mesh.degree(o)}" for o in free if o != a)
+        out[a] = (f"compute/batch: optional alone (tp*pp*cp {mp // mesh.degree(a)} >= {need} without it), but "
+                  f"one of {', '.join(free)} is needed: without {'both' if len(free) == 2 else 'all of them'} tp*pp*cp is {rest} < {need} "
+                  f"(keep it or {others})")
+    return out
 
 
 def _axis_reason(name, d, model, training, mesh, usable, need, mp) -> str:

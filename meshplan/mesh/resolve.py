@@ -166,7 +166,8 @@ def _world_fix(spec: MeshSpec, pairs, world: int, total: int, gpus_per_node: int
         rest = total // dense[i][1]
         if world % rest == 0:
             new = world // rest
-            others = " * ".join(f"{n} {d}" for n, d in dense if n != name) or "1"
+            factors = [f"{n} {d}" for n, d in dense if n != name]
+            others = " * ".join(factors) if len(factors) == 1 else f"({' * '.join(factors)})" if factors else "1"
             if spec.names is not None:
                 shape = [new if n == name else d for n, d in pairs]
                 fixes.append(f"fix: shape {shape} ({name} = {world} / {others} = {new}; or -1 there to infer it)")
@@ -196,6 +197,10 @@ def resolve_mesh(spec: MeshSpec, world: int, gpus_per_node: int = 0) -> Union[Me
     ... # doctest: +NORMALIZE_WHITESPACE
     dp_shard(8) * tp(4) = 32 != world(64); fix: shape [16, 4] (dp_shard = 64 / tp 4 = 16;
     or -1 there to infer it), or cluster.nodes = 4 (32 GPUs)
+    >>> print(resolve_mesh(MeshSpec(names=["pp", "dp_shard", "tp"], shape=[4, 4, 8]), 64).reasons[0])
+    ... # doctest: +NORMALIZE_WHITESPACE
+    pp(4) * dp_shard(4) * tp(8) = 128 != world(64); fix: shape [4, 2, 8] (dp_shard = 64 / (pp 4 * tp 8) = 2;
+    or -1 there to infer it)
     """
     world = spec.world or world
     if spec.names is not None and spec.shape is not None:

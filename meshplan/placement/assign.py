@@ -44,6 +44,7 @@ import numpy as np
 from meshplan.errors import ConfigError
 from meshplan.mesh.resolve import Mesh
 from meshplan.spec.cluster import ClusterSpec, NodeSpec
+from meshplan.units import counted
 
 #: Axes whose groups communicate inside every layer (seed: "tensor ranks communicate inside
 #: each layer"); ``sp`` is the user-named sequence axis (Ulysses-style all-to-all).
@@ -161,7 +162,7 @@ def place(cluster: ClusterSpec, world: int, rank_to_gpu: Optional[list[int]] = N
     node_spec, n_gpus = cluster.node, cluster.world
     if world < 1 or world > n_gpus:
         raise ConfigError("world", f"world {world} does not fit the cluster's {n_gpus} GPUs "
-                                   f"({cluster.nodes} nodes x {node_spec.gpus}); use 1..{n_gpus} ranks or add nodes")
+                                   f"({counted(cluster.nodes, 'node')} x {node_spec.gpus}); use 1..{n_gpus} ranks or add nodes")
     if rank_to_gpu is None:
         gpu = np.arange(world, dtype=np.int64)
     else:

@@ -36,7 +36,7 @@ from meshplan.schedule.steptime import StepTime
 from meshplan.search.driver import SearchResult
 from meshplan.search.rank import RULE_LINE
 from meshplan.search.space import REASONS
-from meshplan.units import GB, US, GiB
+from meshplan.units import GB, US, GiB, counted
 
 
 def summary_rows(plan: Plan | Infeasible) -> list[tuple[str, str]]:
@@ -46,7 +46,7 @@ def summary_rows(plan: Plan | Infeasible) -> list[tuple[str, str]]:
     out = [("model", f"{m.name}: {m.layers} layers, hidden {m.hidden}, ffn {m.ffn}, {m.attention_summary}, "
                      f"vocab {m.vocab}, {m.param_count() / 1e9:.2f} B params"
                      + (f", {m.experts} experts top-{m.top_k}" if m.is_moe else "")),
-           ("cluster", f"{cl.name}: {cl.nodes} nodes x {cl.node.gpus} {cl.gpu.name} "
+           ("cluster", f"{cl.name}: {counted(cl.nodes, 'node')} x {cl.node.gpus} {cl.gpu.name} "
                        f"({cl.gpu.hbm_bytes / GiB:.1f} GiB), world {plan.world}"),
            ("training", f"global batch {t.global_batch} x seq {t.seq_len}, micro-batch {t.micro_batch}, sharding "
                         f"{t.sharding}, recompute {t.recompute}, params {t.param_dtype}, "

@@ -15,7 +15,7 @@ from meshplan.placement.assign import Placement, rank_row
 from meshplan.plan import Infeasible, Plan
 from meshplan.report import shown
 from meshplan.report.memory import timeline_table
-from meshplan.units import GB, US, GiB, human_bytes
+from meshplan.units import GB, US, GiB, counted, human_bytes
 
 MAX_LIST = 8
 
@@ -97,7 +97,7 @@ def _header(plan: Plan | Infeasible, con: Console) -> None:
               f"{m.param_count() / 1e9:.2f} B params" + (f", {m.experts} experts top-{m.top_k}" if m.is_moe else ""))
     if "; not modelled: " in m.source:  # what a Hugging Face family has that ModelSpec does not (spec.hf)
         con.print(f"        not modelled: {shown(m.source.split('; not modelled: ', 1)[1])}")
-    con.print(f"cluster {shown(cl.name)}: {cl.nodes} nodes x {cl.node.gpus} {cl.gpu.name} "
+    con.print(f"cluster {shown(cl.name)}: {counted(cl.nodes, 'node')} x {cl.node.gpus} {cl.gpu.name} "
               f"({cl.gpu.hbm_bytes / GiB:.1f} GiB HBM), {len(cl.node.nics)} NIC(s)/node, world {plan.world}")
     tokens = t.global_batch * t.seq_len
     con.print(f"train   global batch {t.global_batch} x seq {t.seq_len} = {tokens:,} tokens/step, micro-batch "

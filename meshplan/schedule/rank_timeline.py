@@ -49,7 +49,9 @@ frameworks issue them:
   their host time (partition views, list copies issued) runs on the compute stream at the
   layer's start (``CommTimes.host``).
 - **ZeRO-1/2, DDP**: on a chunk's last gradient unit the per-step reduction is issued in
-  per-layer pieces (buckets) after each layer's weight gradients (``Overlap.grad_reduce``).
+  per-layer pieces (buckets) after each layer's weight gradients (``Overlap.grad_reduce``);
+  DDP with fewer buckets than layers issues each bucket once its layers are done
+  (:func:`reduce_pieces`).
 - **A registered axis with a timeline** (not built-in: :func:`timeline_axes`): its rows run
   on its own stream (the timeline's ``stream``, default the axis's name), one call per
   layer for each :class:`~meshplan.spec.axes.base.Slot` of the pass's phase, at the slot's
@@ -207,7 +209,9 @@ class CommTimes:
     all-reduce of a layer's replicated K/V gradients and how many per step (step-end events);
     ``copies``: (group, op) -> compute-stream seconds of FSDP2's copy-out after one all-gather
     of the group's unit and its copy-in before one reduce-scatter (:mod:`meshplan.comm.fsdp2`;
-    the largest unit's when a group has units of several sizes)."""
+    the largest unit's when a group has units of several sizes); ``ddp_buckets``: DDP's gradient
+    buckets per step (rows of cadence "(DDP"), which place the per-step reduction's pieces
+    (:func:`reduce_pieces`)."""
 
     t: dict = field(default_factory=dict)
     share: dict = field(default_factory=dict)
@@ -224,6 +228,7 @@ class CommTimes:
     kv_s: float = 0.0
     kv_calls: int = 0
     copies: dict = field(default_factory=dict)
+    ddp_buckets: int = 0
 
     @classmethod
     def from_rows(cls, rows, layers: int = 1, sm_share=None) -> "CommTimes":
@@ -242,6 +247,7 @@ class CommTimes:
                     c.step_gather_s += r.time_s * max(r.per_step, 1)
                 else:
                     c.step_reduce_s += r.time_s * max(r.per_step, 1)
+                    c.ddp_buckets += max(r.per_step, 1) if "(DDP" in r.cadence else 0
             elif kind == "kv":
                 c.kv_s, c.kv_calls = r.time_s, c.kv_calls + r.per_step
             elif kind == "pp":
@@ -655,6 +661,28 @@ def _head_backward(s: _Sim, head: Cost) -> None:
     s.compute("final norm grad", norm)
 
 
+def reduce_pieces(comm: CommTimes, n: int) -> list[float]:
+    """Seconds of the per-step gradient reduction issued after each of the ``n`` layers of a
+    chunk's last gradient unit, in backward order (the last layer first). Each layer's share,
+    ``step_reduce_s / max(layers, n)``; but when DDP fills fewer buckets than the stage has
+    layers (one chunk), a bucket goes out only once its layers' gradients are all there: after
+    the ``j``-th layer ``floor((j+1) B / n) - floor(j B / n)`` buckets of ``step_reduce_s / B``
+    each, so one bucket (the whole model) is issued after the first layer's backward, the last
+    of the pass.
+
+    >>> reduce_pieces(CommTimes(step_reduce_s=6.0, layers=3, ddp_buckets=1), 3)
+    [0.0, 0.0, 6.0]
+    >>> reduce_pieces(CommTimes(step_reduce_s=6.0, layers=3), 3)
+    [2.0, 2.0, 2.0]
+    >>> reduce_pieces(CommTimes(step_reduce_s=6.0, layers=4, ddp_buckets=2), 4)
+    [0.0, 3.0, 0.0, 3.0]
+    """
+    big_b = comm.ddp_buckets
+    if not big_b or big_b >= n or n != comm.layers:
+        return [comm.step_reduce_s / max(comm.layers, n)] * n
+    return [((j + 1) * big_b // n - j * big_b // n) * comm.step_reduce_s / big_b for j in range(n)]
+
+
 def backward_unit(kind: str, chunk: ChunkCosts, comm: CommTimes, w: Workload, ov: Overlap,
                   last_grad_unit: bool = False, gather: bool = True, reduce: bool = True) -> UnitSim:
     """``kind`` "B" (input and weight gradients), "Bx" (input gradient only, ZB) or "W"
@@ -666,7 +694,7 @@ def backward_unit(kind: str, chunk: ChunkCosts, comm: CommTimes, w: Workload, ov
     with_b, with_w = kind in ("B", "Bx"), kind in ("B", "W")
     red_w = with_w and reduce
     n = len(chunk.layers)
-    piece = comm.step_reduce_s / max(comm.layers, n) if last_grad_unit and ov.grad_reduce and with_w else 0.0
+    pieces = reduce_pieces(comm, n) if last_grad_unit and ov.grad_reduce and with_w else [0.0] * n
     if chunk.head is not None and with_b and with_w and ov.tp_grad:
         _head_backward(s, chunk.head)
     elif chunk.head is not None:
@@ -691,7 +719,7 @@ def backward_unit(kind: str, chunk: ChunkCosts, comm: CommTimes, w: Workload, ov
         else:
             s.compute(f"L{i} W", c.seconds("backward_weight"))
         if with_w:
-            _reduce(s, f"L{i}", "layer", piece, red_w)
+            _reduce(s, f"L{i}", "layer", pieces[n - 1 - i], red_w)
             if moe and red_w:
                 _reduce(s, f"L{i} experts", "expert", 0.0)
     if chunk.embed is not None and with_b and chunk.embed.seconds("backward_input"):

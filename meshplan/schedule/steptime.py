@@ -37,6 +37,7 @@ from meshplan.compute.ops import (
     embedding_cost,
     float8_gemms,
     framework_kernels,
+    flop_gap,
     head_cost,
     layer_cost,
     layer_workload,
@@ -120,6 +121,7 @@ class StepTime:
     recompute_name: str = ""
     unit_index: tuple = ()  # (distinct unit keys, key index of every flat unit): UnitTimes.index
     peak_dtype: str = ""  # the dtype of peak_flops (TrainingSpec.peak_dtype: float8 Linears run against the fp8 peak)
+    flop_gap: tuple[tuple[str, float], ...] = ()  # (cause, FLOP per step) of hardware - model: compute.ops.flop_gap
 
     @property
     def step_s(self) -> float:
@@ -209,9 +211,17 @@ class StepTime:
                 f"exposed communication on stage {self.critical_stage}: {exp}"] + other + [
                 self.recompute_line(),
                 f"tokens/s {self.tokens_per_s:,.0f}; MFU {self.mfu:.1%} (model FLOP: per-op, causal-half "
-                f"attention, no recompute); HFU {self.hfu:.1%} (executed FLOP, recompute included); of the "
+                f"attention, no recompute); HFU {self.hfu:.1%} (executed FLOP, recompute included{self._gap_text()}); "
+                f"of the "
                 f"{self.peak_flops / 1e12:,.0f} TFLOP/s {self.peak_dtype} dense peak per GPU".rstrip()] + \
             [f"note: {n}" for n in self.notes]
+
+    def _gap_text(self) -> str:
+        """``; above MFU by: flash backward recomputes QK^T 1.1 pp``: each cause of
+        :attr:`flop_gap` in percentage points of HFU (so HFU above MFU with recompute none says why)."""
+        den = self.step_s * self.world * self.peak_flops
+        parts = [f"{c} {f / den * 100:.1f} pp" for c, f in self.flop_gap if f / den >= 5e-4]
+        return "; above MFU by: " + ", ".join(parts) if parts else ""
 
     def recompute_s(self, stage: Optional[int] = None) -> float:
         """Seconds of recomputed forward ops per micro-batch on ``stage`` (default: the
@@ -564,6 +574,11 @@ def step_time(plan: Plan, overlap: Overlap = Overlap(), *, dropout: bool = False
     hw = sum(m * sum(sum(x.flops("hardware") for x in ch.layers)
                      + sum(x.flops("hardware") for x in (ch.embed, ch.head) if x is not None) for ch in stage)
              for stage in chunks) * plan.world // p
+    gap: dict[str, float] = {}
+    for stage in chunks:
+        for ch in stage:
+            for cause, f in flop_gap(o for x in (*ch.layers, ch.embed, ch.head) if x is not None for o in x.ops).items():
+                gap[cause] = gap.get(cause, 0.0) + m * f * plan.world / p
     t = cfg.training
     ranks = tuple(plan.mesh.group_of(0, "pp")) if "pp" in plan.mesh.layout.names else (0,)
     notes = tuple(f"collective not simulated (kind unknown): {o}" for o in sorted({o for c in comms for o in c.other}))
@@ -581,7 +596,7 @@ def step_time(plan: Plan, overlap: Overlap = Overlap(), *, dropout: bool = False
     return StepTime(res, units, tuple(ends), tuple(post), exposed[crit],
                     _sequence_flops(cfg.model, t.seq_len) * t.global_batch, hw, t.global_batch * t.seq_len,
                     plan.world, cfg.cluster.gpu.peak_flops(t.peak_dtype), ranks, notes, t.recompute_name,
-                    (indexed[0], indexed[1]), t.peak_dtype)
+                    (indexed[0], indexed[1]), t.peak_dtype, tuple(gap.items()))
 
 
 @lru_cache(maxsize=16)

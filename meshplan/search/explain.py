@@ -64,6 +64,23 @@ class Difference:
         return self.runner_s - self.top_s
 
 
+def _faster_words(rel: float, top_s: float, runner_s: float) -> str:
+    """``4.1% faster than #2``, with more digits below 0.1% (``0.042% faster``), and ``as fast
+    as #2`` with both steps when they agree to 0.001% (a "0.0% faster" says nothing).
+
+    >>> _faster_words(0.041, 10.0, 10.41), _faster_words(0.00042, 12.0, 12.005)
+    ('4.1% faster than #2', '0.042% faster than #2')
+    >>> _faster_words(0.0, 12.3456, 12.3456)
+    'as fast as #2 (12.346 s both, within 0.001%)'
+    """
+    if rel >= 1e-3:
+        return f"{rel:.1%} faster than #2"
+    if rel >= 1e-5:
+        return f"{rel * 100:.2g}% faster than #2"
+    both = f"{top_s:.3f} s both" if f"{top_s:.3f}" == f"{runner_s:.3f}" else f"{top_s:.3f} s vs {runner_s:.3f} s"
+    return f"as fast as #2 ({both}, within 0.001%)"
+
+
 @dataclass(frozen=True)
 class Explanation:
     """The top against the runner-up: relative step difference (runner / top - 1), the
@@ -96,7 +113,7 @@ class Explanation:
         12.326 s), within 1%: ...; against #2 (12.348 s, 0.09% longer): ...``."""
         parts = ", ".join(_part_text(d) for d in self.parts[:most]) or "no part differs"
         if not self.by_tie_rule:
-            return f"top is {self.faster:.1%} faster than #2: {parts}"
+            return f"top is {_faster_words(self.faster, self.top_step_s, self.runner_step_s)}: {parts}"
         where = f"#{self.fastest_row}" if self.fastest_row else f"{self.fastest_label}, not listed"
         head = (f"top's step {self.top_step_s:.3f} s is {self.top_step_s / self.fastest_step_s - 1:.2%} longer than "
                 f"the fastest's ({where}, {self.fastest_step_s:.3f} s), within 1%: listed first by the tie rule "

@@ -50,8 +50,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from meshplan.comm.alphabeta import collective_time
-from meshplan.comm.collectives import axis_path, fsdp_gather_flags
+from meshplan.comm.collectives import axis_path, fsdp_gather_flags, path_time
 from meshplan.compute.ops import (
     Workload,
     embedding_cost,
@@ -144,13 +143,7 @@ class TimeTables:
         the pp groups of :func:`~meshplan.search.driver.estimate` ask the same rows)."""
         if n <= 1 or size <= 0:
             return 0.0
-        p, fabric = self.path(stride, n), self.cfg.cluster.node.fabric
-        extra = {"library": self.cfg.cluster.collective_library} if hasattr(self.cfg.cluster, "collective_library") else {}
-        return collective_time(op, n, size, p.bandwidth_bytes_per_s, p.kind, nvls=getattr(fabric, "nvls", False),
-                               latency_scale=p.latency_scale, nodes=getattr(p, "nodes", 1),
-                               intra_bandwidth_bytes_per_s=fabric.bandwidth_bytes_per_s,
-                               curves=self.cfg.cluster.node.busbw, ranks_per_node=p.ranks_per_node,
-                               nic_bandwidth_bytes_per_s=p.nic_bandwidth_bytes_per_s, **extra)[1]
+        return path_time(op, n, size, self.path(stride, n), self.cfg.cluster)[1]
 
 
 def coll_times(tt: "TimeTables", op: str, n: np.ndarray, size: np.ndarray, stride: np.ndarray) -> np.ndarray:

@@ -67,7 +67,9 @@ class LinkSpec(BaseModel):
     ``nccl_channels``: channels NCCL runs a collective on over this link (one thread block
     per channel, each holding one SM while it runs; the ``NCCL INFO Channel xx/NN`` lines);
     0: not known, and compute beside these collectives is not slowed
-    (:mod:`meshplan.schedule.rank_timeline`)."""
+    (:mod:`meshplan.schedule.rank_timeline`). ``calibrated``: bandwidth and latency are the
+    user's nccl-tests fit (:func:`meshplan.comm.calibration.apply_calibration`), which
+    :func:`meshplan.comm.alphabeta.collective_time` never beats."""
 
     model_config = _STRICT
     name: Name
@@ -75,6 +77,7 @@ class LinkSpec(BaseModel):
     latency_us: float = Field(ge=0, le=_le("latency_us"))
     nvls: bool = False
     nccl_channels: int = Field(default=0, ge=0)
+    calibrated: bool = False
     source: Text = ""
 
     @property
@@ -118,13 +121,16 @@ class NICSpec(BaseModel):
 class NetworkTier(BaseModel):
     """One inter-node tier (rail/leaf, spine...): the per-step latency of an algorithm step
     whose path reaches this tier (not an increment to add per tier: NCCL uses one network
-    figure per step), and the oversubscription ratio (1 = non-blocking). ``nodes_per_domain``: nodes under one switch of this tier (0 = all)."""
+    figure per step), and the oversubscription ratio (1 = non-blocking). ``nodes_per_domain``: nodes under one switch of this tier (0 = all).
+    ``calibrated``: the latency (and the NICs' rate) come from the user's nccl-tests fit, as
+    :attr:`LinkSpec.calibrated`."""
 
     model_config = _STRICT
     name: Name
     latency_us: float = Field(ge=0, le=_le("latency_us"))
     oversubscription: float = Field(default=1.0, ge=1, le=1e3)
     nodes_per_domain: int = Field(default=0, ge=0, le=MAX_WORLD)
+    calibrated: bool = False
 
     @property
     def latency_s(self) -> float:

@@ -49,8 +49,14 @@ class MemoryOptions(BaseModel):
       ``backward_maybe_with_nosync`` and ``perform_reduce_grad``): unsharded parameters stay
       gathered and unsharded gradients accumulate in the reduce dtype.
     - ``grad_bucket_elements``: gradient bucket of the non-FSDP shardings (none, zero1,
-      zero2). None: Megatron-Core's default ``max(40_000_000, 1_000_000 x dp_size)``
-      elements (``DistributedDataParallelConfig.bucket_size``; dp_size includes cp). FSDP
+      zero2). For ``none`` (torch DDP) it sets the bucket cap of the table's all-reduces, one per
+      bucket, and where the step's timeline issues them as the buckets fill
+      (:func:`meshplan.comm.collectives.ddp_buckets`, :func:`meshplan.schedule.rank_timeline.reduce_pieces`);
+      None there: torch's ``bucket_cap_mb`` 25 MiB, the first bucket 1 MiB. For the memory
+      model (the bucket held during backward by zero2, or by a reduce-dtype cast) None is
+      Megatron-Core's default ``max(40_000_000, 1_000_000 x dp_size)`` elements
+      (``DistributedDataParallelConfig.bucket_size``; dp_size includes cp). ZeRO-1/2's per-step
+      reduce-scatter and all-gather are timed as one call per stage whatever the bucket. FSDP
       (zero3/hsdp) always reduces one unit (one layer) at a time (FSDP2).
     - ``nccl_buffsize_bytes`` x ``nccl_channels`` x ``nccl_peers`` per communicator (one per
       mesh axis with collectives): ``NCCL_BUFFSIZE`` default 4 MiB (NCCL environment

@@ -18,7 +18,8 @@ rank 0 writes ``raw.json``; this module then writes, atomically, into ``--out``:
   the fast domains it shows and whether they agree with the node placement.
 
 Link classes (calibration's names): ``nvlink`` = the node's internal fabric (on a CPU
-machine: loopback TCP through gloo), ``nic`` = one rank per node across the testbed's
+machine: loopback TCP through gloo, labelled so in the text files, the notes and
+``calibration.toml``'s ``backend = "gloo"``, which only a gloo cluster accepts), ``nic`` = one rank per node across the testbed's
 rate-limited veth links, one group per NIC. On a testbed with ``K`` NICs per node, local
 rank ``i`` uses NIC ``i mod K`` (:func:`meshplan.runtime.testbed.nics.apply_local_nic`, as
 ``validate --testbed`` places ranks), so the ``nic`` groups and the pairs measure every rail
@@ -55,6 +56,7 @@ from meshplan.comm.calibration import (
     calibration_toml,
     fit_alpha_beta,
     float_str,
+    measured_over,
     parse_nccl_tests_text,
 )
 from meshplan.errors import ConfigError
@@ -66,6 +68,10 @@ from meshplan.runtime.testbed.nics import bind_shim, node_env
 #: meshplan op -> nccl-tests program (the "Collective test starting" name).
 BENCH_OPS = {"all-reduce": "all_reduce_perf", "all-gather": "all_gather_perf",
              "reduce-scatter": "reduce_scatter_perf", "all-to-all": "alltoall_perf"}
+#: Said before and after a run without a GPU: what gloo measured, and what its calibration is for.
+GLOO_HEADLINE = ("no GPU: measured torch gloo over TCP on the CPU (loopback inside a host, the testbed's veth "
+                 "between its nodes), not NVLink or a NIC; the link classes keep the calibration file's names, "
+                 "marked backend = \"gloo\", and --calibration takes it only for a gloo cluster (the CPU testbed)")
 MAX_SIZE_BYTES = 1 << 30          # 1 GiB: the worker holds about 2x this per rank
 MAX_RANKS = 64
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
@@ -141,7 +147,8 @@ def nccl_tests_text(entry: dict, raw: dict) -> str:
     n, sizes = len(ranks), [r["size_bytes"] for r in entry["rows"]]
     redop = "sum" if op in ("all-reduce", "reduce-scatter") else "none"
     on = f" on {entry['nic']} of every node" if entry.get("nic") else ""
-    lines = [f"# meshplan bench comm ({raw['backend']}, torch.distributed), link class {entry['link']}{on}",
+    lines = [f"# meshplan bench comm ({raw['backend']}, torch.distributed), link class "
+             f"{measured_over(entry['link'], raw['backend'])}{on}",
              f"# Collective test starting: {program}",
              f"# nThread 1 nGpus 1 minBytes {min(sizes)} maxBytes {max(sizes)} step: 2(factor) warmup iters: "
              f"{raw['warmup']} iters: {raw['iters']} agg iters: 1 validation: 1 graph: 0", "#", "# Using devices"]
@@ -289,7 +296,7 @@ def write_results(out: Path, raw: dict, source: str) -> tuple[list[str], list[Li
         text, name = nccl_tests_text(entry, raw), f"{BENCH_OPS[entry['op']]}.{file_tag(entry, raw)}.txt"
         write_text_atomic(out / name, text)
         blocks.append(text)
-        over = entry["link"] + (f" {entry['nic']}" if entry.get("nic") else "")
+        over = measured_over(entry["link"], raw["backend"]) + (f" {entry['nic']}" if entry.get("nic") else "")
         try:
             fit, used = fit_link(parse_nccl_tests_text(text, source=name), entry["link"])
         except ConfigError as err:
@@ -313,7 +320,7 @@ def write_results(out: Path, raw: dict, source: str) -> tuple[list[str], list[Li
                                            "nic_of_rank": [r.get("nic") for r in raw["ranks"]]})
     blocks.append(text)
     if fits:
-        write_text_atomic(out / "calibration.toml", calibration_toml(fits, source))
+        write_text_atomic(out / "calibration.toml", calibration_toml(fits, source, raw["backend"]))
     return blocks, fits, notes
 
 
@@ -405,6 +412,8 @@ def _measure(nproc: int, sizes: Sequence[int], out: Path, testbed: Optional[str]
     else:
         echo(_run_testbed(testbed, nproc, wargs, out, timeout_s, testbed_state_dir))
     raw = json.loads((out / "raw.json").read_text(encoding="utf-8"))
+    if raw["backend"] == "gloo":
+        echo(GLOO_HEADLINE)
     nodes = len({r["node"] for r in raw["ranks"]})
     source = (f"meshplan bench comm {time.strftime('%Y-%m-%d')}, {raw['world']} ranks on {nodes} node(s), "
               f"{raw['backend']}" + (f", testbed {testbed}" if testbed else f", host {raw['ranks'][0]['host']}"))
@@ -413,5 +422,7 @@ def _measure(nproc: int, sizes: Sequence[int], out: Path, testbed: Optional[str]
         echo(b)
     for line in notes:
         echo(line)
+    if raw["backend"] == "gloo":
+        echo(GLOO_HEADLINE)  # again after the tables, where the fits are read
     echo(f"measured in {time.monotonic() - t0:.1f} s")
     return fits

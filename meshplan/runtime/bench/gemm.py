@@ -26,6 +26,7 @@ import torch
 from meshplan.compute.shapes import Gemm, backward_gemms
 from meshplan.errors import ConfigError
 from meshplan.fileio import write_output
+from meshplan.units import counted
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -58,7 +59,7 @@ def device_name(device: str) -> str:
     """A readable device name: the CUDA device's name, or the CPU with its thread count."""
     if device.startswith("cuda"):
         return torch.cuda.get_device_name(torch.device(device))
-    return f"cpu ({torch.get_num_threads()} threads)"
+    return f"cpu ({counted(torch.get_num_threads(), 'thread')})"
 
 
 def time_gemm(m: int, n: int, k: int, dtype: str = "fp32", device: str = "cpu", warmup: int = 2,

@@ -65,6 +65,7 @@ from typing import Optional
 
 from meshplan.config import Config, load_config
 from meshplan.errors import ConfigError
+from meshplan.limits import BOUNDS
 from meshplan.fileio import check_destination, staged_folder
 from meshplan.mesh.resolve import Infeasible, resolve_mesh
 from meshplan.plan import Infeasible as NoPlan
@@ -229,10 +230,12 @@ def scale_config(config: Config, world: int, opt: Options) -> tuple[Config, list
              "whole vocabulary)"]
     if recompute != t.recompute:
         notes.append("recompute 'selective' runs as none (the runtime model has no selective recompute)")
-    if t.sharding == "none":
+    if t.sharding == "none":  # the recorded first step: one bucket of every gradient (table: one row)
+        memory = memory.model_copy(update={"grad_bucket_elements": BOUNDS["bytes"].value})
         notes.append("DDP (sharding none): the recorded first step all-reduces every gradient as one bucket "
-                     "(torch 2.13, find_unused_parameters=False), as the table says; later steps send the "
-                     "rebuilt 1 MiB / 25 MiB buckets")
+                     "(torch 2.13, find_unused_parameters=False), so the plan is made with [memory] "
+                     "grad_bucket_elements covering the model; later steps send the rebuilt 1 MiB / 25 MiB "
+                     "buckets the table shows by default")
     cfg = Config(model=scaled.spec, cluster=cluster, training=training, mesh=mesh_spec, path=config.path,
                  memory=memory)
     return cfg, notes

@@ -53,6 +53,6 @@ DP = AxisDef(
     rules=(Rule("batch", 90, "global_batch not divisible by micro_batch * dp", _batch_bad, _batch),),
     divides=(Dim.BATCH,),
     shards=("optimizer state (zero1)", "gradients (zero2)", "parameters (zero3)"),
-    collectives=(CollectiveKind("all-reduce", "loss", "backward", "every gradient (DDP, one bucket, over dp x cp)"),),
+    collectives=(CollectiveKind("all-reduce", "loss", "backward", "every gradient (DDP, one per bucket, over dp x cp)"),),
     weights={"dp": 10.0},
 )
