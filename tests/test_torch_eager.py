@@ -169,3 +169,18 @@ def test_torchtitan_accumulation_under_pp_is_named():
     d["training"]["local_batch_size"] = 8
     assert not [n for n in read(d, Path("."), ImportOptions(cluster="dgx-h100", nodes=1)).notes
                 if "gradient-accumulation" in n]
+
+
+@pytest.mark.parametrize("name,sched", [("ZBVZeroBubble", "zbv"), ("DualPipeV", "dualpipev")])
+def test_torchtitan_v_schedules_import(name, sched):
+    """torch.distributed.pipelining's V-shaped schedules, as torchtitan names them: 2 x pp model
+    parts (2 stages per rank), split as torchtitan splits them (first and last part one layer
+    lighter: (32 + 2) / 4 parts -> 8, 9, 8, 7); another count of parts per rank is refused."""
+    par = {"data_parallel_shard_degree": -1, "pipeline_parallel_degree": 2, "pipeline_parallel_schedule": name}
+    d = {"model": {"name": "llama3", "flavor": "8B"}, "training": {"local_batch_size": 8, "seq_len": 8192},
+         "parallelism": par}
+    mesh = read(d, Path("."), ImportOptions(cluster="dgx-h100", nodes=1)).tables["mesh"]
+    assert (mesh["pp_schedule"], mesh["virtual_stages"], mesh["pp_layer_split"]) == (sched, 2, [8, 9, 8, 7])
+    par["pipeline_parallel_layers_per_stage"] = 6    # (32 + 2) / 6 -> 6 parts: 3 per rank
+    with pytest.raises(ConfigError, match=f"^parallelism.pipeline_parallel_schedule: {name} with 3 stages per rank"):
+        read(d, Path("."), ImportOptions(cluster="dgx-h100", nodes=1))

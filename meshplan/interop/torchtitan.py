@@ -22,7 +22,8 @@ training.dtype float32 / bfloat16              param_dtype fp32 / bf16 (bf16: no
 training.mixed_precision_param / _reduce       compute_dtype / reduce_dtype
 parallelism.*_degree                           mesh [pp, dp_replicate, dp_shard, cp, tp] + ep, etp
 parallelism.fsdp_reshard_after_forward         reshard_after_forward (default: not pp, as torchtitan)
-parallelism.pipeline_parallel_schedule         mesh.pp_schedule (GPipe, 1F1B, Interleaved1F1B)
+parallelism.pipeline_parallel_schedule         mesh.pp_schedule (GPipe, 1F1B, Interleaved1F1B;
+                                                 ZBVZeroBubble, DualPipeV as zbv, dualpipev)
 parallelism.module_fqns_per_model_part,        mesh.pp_layer_split (torchtitan's split of layers
   pipeline_parallel_layers_per_stage,            with embedding and output weighted as layers,
   pipeline_parallel_first/last_stage_less_layers generate_llm_fqn_per_model_part)
@@ -70,6 +71,7 @@ from meshplan.interop.torchtitan_tables import (
     FLOAT8,
     SCHEDULE_NAMES,
     SCHEDULES,
+    V_SCHEDULES,
     default_split,
     float8_used,
     model_parts,
@@ -153,12 +155,16 @@ def _pipeline(par: dict, pp: int, layers: int, notes: list[str]) -> dict:
         stages = len(parts)
     else:
         per = par.get("pipeline_parallel_layers_per_stage")
-        stages = math.ceil((layers + first + last) / per) if per else pp * (1 if sched != "interleaved_1f1b" else 2)
+        stages = math.ceil((layers + first + last) / per) if per else \
+            pp * (1 if sched not in ("interleaved_1f1b",) + V_SCHEDULES else 2)
         split = default_split(stages, layers, first, last)
     if stages % pp:
         raise ConfigError("parallelism.pipeline_parallel_degree", f"{stages} model parts do not divide over pp {pp}")
     vpp = stages // pp
-    if (vpp > 1) != (sched == "interleaved_1f1b"):
+    if sched in V_SCHEDULES and vpp != 2:
+        raise ConfigError("parallelism.pipeline_parallel_schedule", f"{raw} with {vpp} stages per rank; a V-shaped "
+                          f"schedule holds exactly 2 (2 x pp model parts)")
+    if sched not in V_SCHEDULES and (vpp > 1) != (sched == "interleaved_1f1b"):
         raise ConfigError("parallelism.pipeline_parallel_schedule", f"{raw} with {vpp} stages per rank; a "
                           f"single-stage schedule needs 1, Interleaved1F1B at least 2")
     notes.append(f"layers per {'virtual ' if vpp > 1 else ''}stage {split} (torchtitan's split)")

@@ -18,8 +18,13 @@ from meshplan.errors import ConfigError
 from meshplan.interop.common import model_is_mla
 
 #: torchtitan schedule name -> meshplan schedule; torch.distributed.pipelining names.
-SCHEDULES = {"gpipe": "gpipe", "1f1b": "1f1b", "interleaved1f1b": "interleaved_1f1b"}
-SCHEDULE_NAMES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved_1f1b": "Interleaved1F1B"}
+SCHEDULES = {"gpipe": "gpipe", "1f1b": "1f1b", "interleaved1f1b": "interleaved_1f1b", "zbvzerobubble": "zbv",
+             "dualpipev": "dualpipev"}
+SCHEDULE_NAMES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved_1f1b": "Interleaved1F1B", "zbv": "ZBVZeroBubble",
+                  "dualpipev": "DualPipeV"}
+#: Schedules with two stages per rank in a V (torch.distributed.pipelining ScheduleZBVZeroBubble,
+#: ScheduleDualPipeV): torchtitan builds 2 x pp model parts for them.
+V_SCHEDULES = ("zbv", "dualpipev")
 #: [model] converters that swap nn.Linear for Float8Linear: the older name and e347b1e's registry name.
 LINEAR_CONVERTERS = ("float8", "quantize.linear.float8")
 #: The converter of the routed experts' grouped GEMMs (torchao's MoE training), not modelled.
