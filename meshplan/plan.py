@@ -229,6 +229,8 @@ def build_plan(config: Config, constraints: cons.Constraints | None = None, memo
         raise ConfigError("training.grad_accumulation", f"{t.grad_accumulation!r} is for pp 1; with pp "
                           f"{mesh.degree('pp')} torch.distributed.pipelining turns gradient sync and "
                           "reshard-after-backward off itself: remove the key")
+    if not isinstance(mesh, resolve.Infeasible):  # an explicit [memory] fsdp_reduce must state the table's rule
+        config.memory.fsdp_reduce_for(t, mesh.degree("pp"))
     if t.zero3_engine == "deepspeed-2021" and not isinstance(mesh, resolve.Infeasible):
         _check_deepspeed_2021(mesh)
     if t.recompute == "op" and not isinstance(mesh, resolve.Infeasible) and \

@@ -17,6 +17,12 @@ workload   step lower bound / step     memory lower bound / peak   memory upper 
 8 MoE      0.617 / 0.726 / 0.887 / 1   0.771 / 0.862 / 0.955 / 1   1 / 1 / 1.094 / 1.345
 ========== =========================== =========================== ===========================
 
+Since FSDP with pp > 1 reduces after the last micro-batch, as torch.distributed.pipelining does
+(the timeline holds each stage's unsharded gradients and gathered layers; the bounds' term A),
+on the 40 sampled candidates (``min / median / max``): memory lower bound 0.784 / 0.980 / 1,
+0.789 / 0.940 / 1, 0.823 / 0.909 / 1; upper bound 1 / 1.075 / 1.372, 1 / 1.177 / 1.461,
+1 / 1.132 / 1.308 (8, 16 GPUs, 8 MoE).
+
 Bands asserted (each with a margin below the worst measured value, so that a legitimate change
 of either model does not trip them, while a bound that loses a whole term does):
 

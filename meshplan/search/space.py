@@ -399,7 +399,8 @@ def candidate_config(cfg: Config, c: Candidates, i: int) -> Config:
     axes left out, SP on when tp > 1, its pipeline schedule, its layer split) and the
     candidate's micro-batch, recompute, sharding, reshard_after_forward and tp_comm_overlap
     in the training contract; ``grad_accumulation`` and ``fp8_all_gather`` where they apply
-    (:func:`_training_knobs`)."""
+    (:func:`_training_knobs`); ``[memory] fsdp_reduce`` unset, so each candidate reduces as its
+    pp and grad_accumulation say (:meth:`~meshplan.spec.memory.MemoryOptions.fsdp_reduce_for`)."""
     degs = [(str(n), c.degree(col.column)) for n, col in search_axes()]
     named = [(n, int(a[i])) for n, a in degs if a[i] > 1] or [("dp_shard", 1)]
     pp, vpp, tp = int(c.pp[i]), int(c.vpp[i]), int(c.tp[i])
@@ -410,7 +411,8 @@ def candidate_config(cfg: Config, c: Candidates, i: int) -> Config:
                                                "sharding": SHARDING[c.sh[i]],
                                                "reshard_after_forward": bool(c.rf[i]),
                                                "tp_comm_overlap": bool(c.ov[i]), **_training_knobs(cfg, c, i)})
-    return replace(cfg, mesh=mesh, training=training)
+    memory = cfg.memory.model_copy(update={"fsdp_reduce": None})  # each candidate's own rule (fsdp_reduce_for)
+    return replace(cfg, mesh=mesh, training=training, memory=memory)
 
 
 def world_of(c: Candidates, i: int) -> int:
