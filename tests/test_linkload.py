@@ -292,9 +292,9 @@ def test_per_layer_load_counts_pipelined_fsdp_rows():
     dp = sorted((r.phase, r.op, r.size_bytes, r.per_microbatch, r.per_step) for r in p.collectives["stage 0"]
                 if r.axis == "dp_shard")
     emb = 128256 * 4096
-    assert dp == [("backward", "all-gather", 2 * LAYER_NUMEL, 0, 16), ("backward", "reduce-scatter", 4 * LAYER_NUMEL, 0, 16),
-                  ("backward", "reduce-scatter", 4 * emb, 0, 1), ("forward", "all-gather", 2 * LAYER_NUMEL, 0, 32),
-                  ("forward", "all-gather", 2 * emb, 0, 1)]
+    assert dp == [("backward", "all-gather", 2 * LAYER_NUMEL, 0, 16),
+                  ("backward", "reduce-scatter", 4 * LAYER_NUMEL, 0, 16), ("backward", "reduce-scatter", 4 * emb, 0, 1),
+                  ("forward", "all-gather", 2 * LAYER_NUMEL, 0, 32), ("forward", "all-gather", 2 * emb, 0, 1)]
     loads = {e.edge: e for e in edge_loads(p, step_time(p))}
     fsdp = 15 / 16 * (2 * LAYER_NUMEL * 48 / 32 + 4 * LAYER_NUMEL * 16 / 32 + 6 * emb / 32)
     pp_sends = 33_554_432 * 4 / 32

@@ -30,11 +30,11 @@ is held as its all-gather output and as the unsharded copy (:mod:`meshplan.memor
   passes at the largest layer kind (embedding terms each pass; head terms once: the last
   stage runs a head pass's backward right after its forward) + the root units (copy and
   all-gather output) + ``1 + max(1, prefetch)`` layer units (a copy and one output, or the
-  prefetched ones; when layers stay gathered every layer's copy and ``2 + depth`` outputs) + every accumulator with
-  ``fsdp_reduce = "after_last"`` + the largest phase: a layer's backward (dY, its largest
-  step with the gradients written, the previous unit's reduce input), a unit's reduce
-  (its gradient and reduce input), the loss's backward, the embedding's gradient, a
-  forward's working set; the gradient bucket without FSDP; or (S) if larger.
+  prefetched ones; when layers stay gathered every layer's copy and ``2 + depth``
+  outputs) + every accumulator with ``fsdp_reduce = "after_last"`` + the largest phase: a
+  layer's backward (dY, its largest step with the gradients written, the previous unit's
+  reduce input), a unit's reduce (its gradient and reduce input), the loss's backward, the
+  embedding's gradient, a forward's working set; the gradient bucket without FSDP; or (S) if larger.
 
 The bounds mirror the timeline's event order; a change there can move them. The search
 plans exactly every candidate within ``[search] memory_margin`` of usable memory and checks
@@ -149,8 +149,8 @@ def _lower(cfg, c, st, s, u, lo, layer_peak, hs, fixed) -> np.ndarray:
     every = np.where(c.rf[:, None] > 0, st.n_chunk, st.n) * keeps * u["unit_min_g"]
     done = (v - 1) * c.pp[:, None] + 1  # backwards run by then; the passes still in flight:
     live = np.maximum(np.minimum(st.w - 1, st.m * v - done), 0)  # steady state w - 1, fewer in the cool-down
-    acc_all = init + kept + live * st.n_chunk * lo["saved"] + np.where(after & rounds, st.n * u["reduce_min"] + every
-                                                                   + (head_acc + emb_acc).astype(np.int64), 0)
+    held_all = st.n * u["reduce_min"] + every + (head_acc + emb_acc).astype(np.int64)
+    acc_all = init + kept + live * st.n_chunk * lo["saved"] + np.where(after & rounds, held_all, 0)
     out = np.maximum(out, np.maximum(acc, acc_all))
     # V-shaped schedules (ZB-V, DualPipeV): only the terms that hold for any order, F and W
     # without the embedding's, the head's and the kept roots' shares (the w-th forward may be
