@@ -34,6 +34,7 @@ from meshplan.mesh.layers import last_stage
 from meshplan.mesh.layout import check_partition
 from meshplan.mesh.resolve import Mesh, resolve_mesh
 from meshplan.mesh.validity import check
+from meshplan.pipeline.registry import check_chunks
 from meshplan.pipeline.registry import get as get_schedule
 from meshplan.pipeline.registry import reasons as schedule_reasons
 from meshplan.placement.assign import Flag, Placement, place, placement_flags
@@ -230,6 +231,8 @@ def build_plan(config: Config, constraints: cons.Constraints | None = None, memo
         raise ConfigError("training.grad_accumulation", f"{t.grad_accumulation!r} is for pp 1; with pp "
                           f"{mesh.degree('pp')} torch.distributed.pipelining turns gradient sync and "
                           "reshard-after-backward off itself: remove the key")
+    if not isinstance(mesh, resolve.Infeasible):  # an explicit [memory] fsdp_reduce must state the table's rule
+        config.memory.fsdp_reduce_for(t, mesh.degree("pp"))
     if t.zero3_engine == "deepspeed-2021" and not isinstance(mesh, resolve.Infeasible):
         _check_deepspeed_2021(mesh)
     if t.recompute == "op" and not isinstance(mesh, resolve.Infeasible) and \
@@ -246,6 +249,7 @@ def build_plan(config: Config, constraints: cons.Constraints | None = None, memo
     if isinstance(mesh, resolve.Infeasible):
         return Infeasible(config, spec, world, mesh.reasons, constraints)
     v = check(m, t, mesh, spec, get_schedule(spec.pp_schedule).virtual_stage)  # the schedule's chunk map
+    check_chunks(spec.pp_schedule, v.vpp)  # a one-chunk schedule with virtual stages: the same error everywhere
     pp = mesh.degree("pp")  # the pipeline schedule's own rules (meshplan.pipeline), after the mesh's
     v = replace(v, reasons=v.reasons + schedule_reasons(spec.pp_schedule, pp, v.micro_batches, v.vpp))
     partition = [f"axis {a}: {problem}" for a in mesh.all_axes() for problem in check_partition(mesh.groups(a), world)]

@@ -17,6 +17,13 @@ workload   step lower bound / step     memory lower bound / peak   memory upper 
 8 MoE      0.617 / 0.726 / 0.887 / 1   0.771 / 0.862 / 0.955 / 1   1 / 1 / 1.094 / 1.345
 ========== =========================== =========================== ===========================
 
+Since FSDP with pp > 1 reduces after the last micro-batch, as torch.distributed.pipelining does
+(the timeline holds each stage's unsharded gradients and gathered layers; the bounds' term A),
+and tp overlap is searched only under torch_compile (torchtitan's async TP), on the 40 sampled
+candidates (``min / median / max``): memory lower bound 0.713 / 1.0 / 1, 0.704 / 0.907 / 1,
+0.776 / 0.913 / 1; upper bound 1 / 1.031 / 1.499, 1 / 1.264 / 1.58, 1 / 1.153 / 1.476 (8, 16
+GPUs, 8 MoE).
+
 Bands asserted (each with a margin below the worst measured value, so that a legitimate change
 of either model does not trip them, while a bound that loses a whole term does):
 
@@ -24,8 +31,9 @@ of either model does not trip them, while a bound that loses a whole term does):
   simulation can overlap (FSDP prefetch, weight-gradient reduce-scatters, the pipeline's
   interleaving beyond fill and drain); 0.5 would mean it misses half the step.
 - memory lower bound: every ratio in [0.7, 1], median >= 0.9;
-- memory upper bound: every ratio in [1, 1.6], median <= 1.2 (it adds every transient at
-  its largest at once; 1.6 is above the worst 1.42 measured).
+- memory upper bound: every ratio in [1, 1.6], median <= 1.3 (it adds every transient at
+  its largest at once; the median was <= 1.2 before the held gradients and layers above, which
+  it adds at their largest with everything else).
 
 The constraints' first memory estimate (:func:`meshplan.memory.constraints.estimate`: state of
 the most loaded stage + the saved activations of the micro-batches 1F1B holds in flight + the
@@ -63,7 +71,7 @@ from test_search import CASES, config
 SAMPLES = 40
 STEP_BAND, STEP_MEDIAN = (0.5, 1.0), 0.8
 LO_BAND, LO_MEDIAN = (0.7, 1.0), 0.9
-HI_BAND, HI_MEDIAN = (1.0, 1.6), 1.2
+HI_BAND, HI_MEDIAN = (1.0, 1.6), 1.3
 EST_BAND, EST_MEDIAN = (0.65, 1.3), (0.85, 1.1)
 #: relative slack for "bound <= exact" (floating-point rounding, as the search's BOUND_SLACK)
 EPS = 1e-9

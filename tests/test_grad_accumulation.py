@@ -133,9 +133,12 @@ def test_memory_per_mode_by_hand():
     f1 = lambda tl: [e for e in tl.events() if e.phase == "forward" and e.microbatch == 1  # noqa: E731
                      and e.kind == "gathered_params" and e.delta_bytes > 0]
     assert len(f1(no_sync)) == 2 * 3 and f1(kept) == []  # all-gather output + copy-out of 3 units
-    # the pipelining model of [memory] fsdp_reduce = "after_last" is no_sync_unsharded
-    after_last = plan_of(memory={**MEM, "fsdp_reduce": "after_last"}).timeline
+    # [memory] fsdp_reduce states the mode's rule (after_last); with sync it is refused
+    after_last = plan_of(grad_accumulation="no_sync_unsharded", memory={**MEM, "fsdp_reduce": "after_last"}).timeline
     assert after_last.templates == kept.templates and after_last.peak == kept.peak
+    with pytest.raises(ConfigError, match="memory.fsdp_reduce: 'per_microbatch' contradicts training.grad_accumulation "
+                                          "'no_sync'"):
+        plan_of(grad_accumulation="no_sync", memory={**MEM, "fsdp_reduce": "per_microbatch"})
     # the peak (last micro-batch, layer 1's reduce-scatter input) holds every unit gathered in
     # both modes (layer 0 prefetched), and the fp32 accumulators beside the sync peak's
     # bf16 gradients of the units in flight

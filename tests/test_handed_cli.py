@@ -140,22 +140,37 @@ def test_c7_padding_note_and_output_gemm(tmp_path, capsys):
 
 def test_c8_interleaved_stages_print_their_chunks(tmp_path, capsys):
     """8 layers, pp 2, vpp 2: stage 0 holds {0,1} and {4,5}, stage 1 {2,3} and {6,7}."""
-    cfg = config(tmp_path, 'names = ["pp", "dp"]\nshape = [2, -1]\nvirtual_stages = 2', layers=8)
+    cfg = config(tmp_path, 'names = ["pp", "dp"]\nshape = [2, -1]\nvirtual_stages = 2\n'
+                 'pp_schedule = "interleaved_1f1b"', layers=8)
     rc, out, _ = run(capsys, "plan", cfg)
     assert "stage 0: layers 0,1 | 4,5 (2 chunks of 2 layers) + embedding" in out
     assert "stage 1: layers 2,3 | 6,7 (2 chunks of 2 layers) + final norm, output" in out
     # 40 layers, pp 2, vpp 10: 2 layers per chunk
-    rc, out, _ = run(capsys, "plan", config(tmp_path, 'names = ["pp", "dp"]\nshape = [2, -1]\nvirtual_stages = 10',
-                                            layers=40))
+    rc, out, _ = run(capsys, "plan", config(tmp_path, 'names = ["pp", "dp"]\nshape = [2, -1]\nvirtual_stages = 10\n'
+                                            'pp_schedule = "interleaved_1f1b"', layers=40))
     assert "(10 chunks of 2 layers)" in out and "ranks)" not in out.split("stage 0:")[1].splitlines()[0]
 
 
+def test_c8_one_chunk_schedule_with_virtual_stages_is_one_error_everywhere(tmp_path, capsys):
+    """pp_schedule "1f1b" (one chunk per rank) with virtual_stages 2: plan, memory, groups and
+    reliability exited 0 (plan printed 2 chunks per stage, walked as interleaved 1F1B) while step
+    and report exited 2. Every command now gives the same one-line error, exit 2 (the rule's one
+    home: meshplan.pipeline.registry.check_chunks)."""
+    cfg = config(tmp_path, 'names = ["pp", "dp"]\nshape = [2, -1]\nvirtual_stages = 2\npp_schedule = "1f1b"', layers=8)
+    want = ("error: mesh.virtual_stages: v 2 needs schedule interleaved_1f1b or zbv or dualpipev (1f1b runs one "
+            "chunk per rank); set mesh.pp_schedule to one of them, or virtual_stages = 1\n")
+    for argv in (["plan"], ["memory", "--out", tmp_path], ["groups"], ["step"], ["report", "--out", tmp_path / "r"],
+                 ["reliability", "--write-gbps", "10", "--read-gbps", "10", "--restart-overhead-s", "60"]):
+        rc, out, err = run(capsys, argv[0], cfg, *argv[1:])
+        assert (rc, err) == (2, want), argv
+
+
 @pytest.mark.parametrize("layers,mesh,reason", [
-    (80, 'shape = [16, 1]\nlayers_per_virtual_stage = 2',
+    (80, 'shape = [16, 1]\nlayers_per_virtual_stage = 2\npp_schedule = "interleaved_1f1b"',
      "5 layers per stage (80 / pp 16) are not a multiple of 2 layers per virtual stage"),
     (30, 'shape = [4, -1]', "30 layers do not divide into pp 4 stages"),
     (30, 'shape = [4, -1]\npp_layer_split = [8, 7, 7, 7]', "sums to 29, must be 30"),
-    (40, 'shape = [2, -1]\nvirtual_stages = 12', "do not divide into vpp 12 virtual stages"),
+    (40, 'shape = [2, -1]\nvirtual_stages = 12\npp_schedule = "interleaved_1f1b"', "do not divide into vpp 12 virtual stages"),
 ])
 def test_c8_rejections(tmp_path, capsys, layers, mesh, reason):
     rc, _, err = run(capsys, "plan", config(tmp_path, 'names = ["pp", "dp"]\n' + mesh, layers=layers, nodes=2))

@@ -26,15 +26,19 @@ TINY = dict(layers=8, hidden=16, ffn=64, gated_mlp=False, q_heads=4, vocab=128)
 MEM = dict(nccl_buffsize_bytes=1000, nccl_channels=2, nccl_peers=2, workspace_bytes=500)
 SCHEDULES = [("gpipe", 1), ("1f1b", 1), ("zb_h1", 1), ("interleaved_1f1b", 2), ("1f1b", 2), ("zbv", 2),
              ("dualpipev", 2)]
+#: The schedules a plan runs: a one-chunk schedule with vpp > 1 is refused (mesh.virtual_stages);
+#: its chunked order stays in SCHEDULES for the op arrays (memory.schedule walks it).
+PLANNED = [s for s in SCHEDULES if s != ("1f1b", 2)]
 V_M = {"zbv": (9,), "dualpipev": (9,)}  # V-shaped: any m (DualPipeV >= 2 pp), here one not a multiple of pp
 
 
-def plan_of(pp=2, schedule="1f1b", vpp=1, m=4, sharding="zero3", reshard=True, recompute="selective", memory=None):
+def plan_of(pp=2, schedule="1f1b", vpp=1, m=4, sharding="zero3", reshard=True, recompute="selective", memory=None,
+            **training):
     hsdp = sharding == "hsdp"
     names, shape = (["pp", "dp_replicate", "dp_shard"], [pp, 2, 2]) if hsdp else (["pp", "dp_shard"], [pp, 2])
     world = pp * (4 if hsdp else 2)
     t = dict(global_batch=m * world // pp, seq_len=8, micro_batch=1, sharding=sharding, param_dtype="fp32",
-             compute_dtype="bf16", recompute=recompute, reshard_after_forward=reshard)
+             compute_dtype="bf16", recompute=recompute, reshard_after_forward=reshard, **training)
     mesh = dict(names=names, shape=shape, world=world, pp_schedule=schedule, virtual_stages=vpp)
     cfg = {"model": TINY, "cluster": {"system": "dgx-h100", "nodes": 2}, "training": t, "mesh": mesh,
            "memory": {**MEM, **(memory or {})}}
@@ -57,7 +61,7 @@ def assert_same(plan):
         assert fast.peak.total_bytes == r.sum(axis=1).max() and fast.peak.t_index == int(r.sum(axis=1).argmax())
 
 
-@pytest.mark.parametrize("schedule,vpp", SCHEDULES)
+@pytest.mark.parametrize("schedule,vpp", PLANNED)
 def test_fast_equals_reference_over_schedules(schedule, vpp):
     cases = 0
     for pp, m, reshard, recompute in itertools.product((1, 2, 4), (1, 3, 8) if vpp == 1 else (4, 8) + V_M.get(schedule, ()),
@@ -70,7 +74,7 @@ def test_fast_equals_reference_over_schedules(schedule, vpp):
     assert cases >= 24
 
 
-MEMORY_KNOBS = ({}, {"fsdp_reduce": "after_last"}, {"prefetch_layers": 2, "forward_prefetch_layers": 1},
+MEMORY_KNOBS = ({}, {"prefetch_layers": 2, "forward_prefetch_layers": 1},
                 {"prefetch_layers": 0}, {"fragmentation_fraction": 0.05})
 
 
@@ -80,6 +84,8 @@ def test_fast_equals_reference_over_shardings_and_knobs(sharding):
         assert_same(plan_of(pp=4, schedule=schedule, vpp=vpp, m=8, sharding=sharding, reshard=False, memory=memory))
     for memory in MEMORY_KNOBS:
         assert_same(plan_of(pp=1, schedule="1f1b", m=3, sharding=sharding, memory=memory))
+    for mode in ("no_sync", "no_sync_unsharded") if sharding in ("zero3", "hsdp") else ():  # pp 1, FSDP2 modes
+        assert_same(plan_of(pp=1, schedule="1f1b", m=3, sharding=sharding, grad_accumulation=mode))
 
 
 def test_unsharded_units_carry_over_passes():

@@ -181,13 +181,48 @@ def test_fragmentation_allowance_is_a_stated_fraction_of_the_peak():
 
 
 def test_after_last_reduce_accumulates_unsharded_grads():
-    tl = plan_of(memory={**MEM, "fsdp_reduce": "after_last"}).timeline
+    # pp 1: reducing after the last micro-batch is training.grad_accumulation's (the table's rule)
+    tl = plan_of(grad_accumulation="no_sync_unsharded", memory={**MEM, "fsdp_reduce": "after_last"}).timeline
     end_b0 = tl.passes[3].first_event - 1
     r = tl.running()[end_b0]
     assert r[KINDS.index("grad_buffers")] == 10320 * 4  # every unit's unsharded fp32 accumulator
     assert r[KINDS.index("gathered_params")] == 10320 * 2  # not resharded after backward
     assert r[KINDS.index("grads")] == 0
     assert {e.microbatch for e in tl.events() if e.kind == "grads" and e.delta_bytes > 0} == {1}
+
+
+PP2 = dict(names=["pp", "dp_shard"], shape=[2, 2], world=4)
+
+
+def test_pipelined_fsdp_reduces_after_the_last_microbatch_as_the_table_counts():
+    """pp 2 x dp_shard 2, 2 micro-batches; stage 1 holds layer 1 (3104 elements) and the root
+    unit of the head (final norm + output, 2064), runs F0 B0 F1 B1. torch.distributed.pipelining
+    turns gradient sync and reshard-after-backward off for every backward and reduces once
+    (stage.py backward_maybe_with_nosync, perform_reduce_grad): at the end of B0 both units'
+    unsharded fp32 accumulators (5168 x 4 B) and their gathered bf16 parameters (5168 x 2 B)
+    are held and no sharded gradient exists yet; the table counts one reduce-scatter per unit
+    per step. Before, the timeline reduced every micro-batch by default and its peak was not
+    the table's."""
+    plan = plan_of(mesh=PP2)
+    tl = plan.timelines[1]
+    r = tl.running()[tl.passes[3].first_event - 1]  # the last event of B0
+    assert [(p.phase, p.microbatch) for p in tl.passes] == [("init", None), ("forward", 0), ("backward", 0),
+                                                           ("forward", 1), ("backward", 1), ("step", None)]
+    assert r[KINDS.index("grad_buffers")] == (3104 + 2064) * 4
+    assert r[KINDS.index("gathered_params")] == (3104 + 2064) * 2
+    assert r[KINDS.index("grads")] == 0
+    rs = [x for x in plan.collectives["stage 1"] if x.op == "reduce-scatter"]
+    assert sorted((x.size_bytes, x.per_microbatch, x.per_step) for x in rs) == [(2064 * 4, 0, 1), (3104 * 4, 0, 1)]
+    assert "FSDP reduces once per step, after each chunk's last backward" in " ".join(tl.notes)
+    # stating the rule changes nothing; contradicting it is refused with the fix
+    same = plan_of(mesh=PP2, memory={**MEM, "fsdp_reduce": "after_last"}).timelines[1]
+    assert same.peak == tl.peak and same.templates == tl.templates
+    with pytest.raises(ConfigError, match=r"^memory\.fsdp_reduce: 'per_microbatch' contradicts pp 2: "
+                                          r"torch\.distributed\.pipelining reduce-scatters once per step.*remove the key$"):
+        plan_of(mesh=PP2, memory={**MEM, "fsdp_reduce": "per_microbatch"})
+    with pytest.raises(ConfigError, match=r"'after_last' contradicts training\.grad_accumulation 'sync'.*"
+                                          r"no_sync_unsharded"):
+        plan_of(memory={**MEM, "fsdp_reduce": "after_last"})
 
 
 def test_buckets_without_fsdp():

@@ -11,7 +11,9 @@ Kinds (the seed's "List the constraints before choosing degrees"):
 - contract: global batch, micro-batch, reduction dtype.
 
 Memory here is a first estimate (persistent state of the most loaded stage + activations
-of the micro-batches in flight (1F1B) + two gathered FSDP layers); the per-rank timeline
+of the micro-batches in flight (1F1B) + two gathered FSDP layers; where FSDP reduces after
+the last micro-batch, pp > 1 or gradient accumulation, a chunk's layers gathered and their
+unsharded gradients); the per-rank timeline
 refines it. An axis is said to solve a constraint when setting its degree to 1 (its ranks
 moved to the data axis) breaks that constraint.
 """
@@ -50,15 +52,18 @@ class Estimate:
     activation_bytes: float
     gathered_bytes: float
     stage: int
+    accumulator_bytes: float = 0.0
 
     @property
     def total_bytes(self) -> float:
-        return self.state_bytes + self.activation_bytes + self.gathered_bytes
+        return self.state_bytes + self.activation_bytes + self.gathered_bytes + self.accumulator_bytes
 
     def line(self) -> str:
+        acc = (f" + unsharded gradients till the last micro-batch {self.accumulator_bytes / GiB:.2f} GiB"
+               if self.accumulator_bytes else "")
         return (f"stage {self.stage}: state {self.state_bytes / GiB:.2f} GiB + activations "
-                f"{self.activation_bytes / GiB:.2f} GiB + gathered FSDP layers {self.gathered_bytes / GiB:.2f} GiB "
-                f"= {self.total_bytes / GiB:.2f} GiB")
+                f"{self.activation_bytes / GiB:.2f} GiB + gathered FSDP layers {self.gathered_bytes / GiB:.2f} GiB"
+                f"{acc} = {self.total_bytes / GiB:.2f} GiB")
 
 
 @dataclass(frozen=True)
@@ -114,12 +119,26 @@ def estimate(model: ModelSpec, training: TrainingSpec, mesh: Mesh, stages, micro
             act += sum(t.size_bytes for t in embedding_terms(dims, tp=tp, sp=sp, cp=cp))
         if k == pp - 1:
             act += sum(t.size_bytes for t in head_terms(dims, v, tp=tp, sp=sp, cp=cp))
-        gathered = 0.0
+        gathered, accum = 0.0, 0.0
         if training.sharding in ("zero3", "hsdp") and mesh.degree("fsdp") > 1:
+            ts = model.layer_tensors(stages[k][0][0])
+            numel = sum(local_numel(t, model, tp, mesh.ep, mesh.etp) for t in ts)
             layer = sum(local_numel(t, model, tp, mesh.ep, mesh.etp) * dtype_bytes(training.gather_dtype(t))
-                        for t in model.layer_tensors(stages[k][0][0]))  # float8 Linears: 1 B under fp8_all_gather
-            gathered = 2 * layer  # current + prefetched layer
-        per_stage.append(Estimate(st.total_bytes, act, gathered, k))
+                        for t in ts)  # float8 Linears: 1 B under fp8_all_gather
+            # current + prefetched layer; kept gathered from forward to backward
+            # (reshard_after_forward false): every layer of the stage at the forward's end
+            kept = 2 if training.reshard_after_forward else max(2, sum(map(len, stages[k])))
+            if pp > 1 or training.grad_accumulation != "sync":  # reduced after the last micro-batch
+                # (MemoryOptions.fsdp_reduce_for): a chunk's unsharded gradients from its first
+                # backward on (every chunk's under interleaving with m > pp: chunk 0's first
+                # backward precedes the last chunk's last), and its layers kept gathered unless
+                # no_sync reshards them
+                held = chunk * (vpp if vpp > 1 and micro > pp else 1)
+                accum = held * numel * dtype_bytes(training.gradient_reduce_dtype)
+                kept = 2 if training.grad_accumulation == "no_sync" else \
+                    max(2, chunk if training.reshard_after_forward else held)
+            gathered = kept * layer
+        per_stage.append(Estimate(st.total_bytes, act, gathered, k, accum))
     return max(per_stage, key=lambda e: e.total_bytes)  # the first stage on a tie
 
 

@@ -379,7 +379,7 @@ def stage_sizes(model: ModelSpec, training: TrainingSpec, mesh: Mesh, stages, st
         logits_grad_temp=hs["logits_grad_temp"], dy=hs["dy"], final_norm_work=hs["final_norm_work"],
         embedding_grad_extra=hs["embedding_grad_extra"] if k == 0 and fsdp else 0, fsdp=fsdp,
         reshard_after_forward=training.reshard_after_forward,
-        fsdp_reduce="after_last" if training.grad_accumulation != "sync" else opts.fsdp_reduce,
+        fsdp_reduce=opts.fsdp_reduce_for(training, mesh.degree("pp")),
         reshard_after_backward=training.grad_accumulation == "no_sync",
         prefetch=opts.prefetch_layers, forward_prefetch=opts.forward_prefetch_layers, bucket=bucket,
         bucket_every_backward=training.sharding == "zero2",

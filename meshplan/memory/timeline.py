@@ -277,9 +277,9 @@ def _notes(plan, stage: int, fsdp: bool) -> tuple[str, ...]:
     if sched.splits_backward and (stage > 0 or sched.virtual_stages):
         out.append(f"{sched.name}: activations freed at the input-gradient pass (B); what a delayed weight-gradient "
                    "pass (W) still holds (layer inputs, output gradients) is not counted")
-    if fsdp and len(plan.stages) > 1 and c.memory.fsdp_reduce == "per_microbatch":
-        out.append("FSDP reduces every micro-batch; torch.distributed.pipelining defers it to the last one "
-                   "(set [memory] fsdp_reduce = \"after_last\" to model that)")
+    if fsdp and len(plan.stages) > 1:
+        out.append("FSDP reduces once per step, after each chunk's last backward, as torch.distributed.pipelining "
+                   "does (the collective table's count): gathered parameters and unsharded gradients held till then")
     out.append("steady state (second step on); NCCL buffers are outside PyTorch's caching allocator")
     return tuple(out)
 

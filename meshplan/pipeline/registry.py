@@ -32,6 +32,23 @@ def get(schedule: Schedule | str) -> PipelineSchedule:
         raise ConfigError("mesh.pp_schedule", f"unknown schedule {schedule!r}; known: {', '.join(SCHEDULES)}") from None
 
 
+def check_chunks(schedule: Schedule | str, v: int) -> None:
+    """ConfigError on ``mesh.virtual_stages`` when ``schedule`` runs one chunk per rank and
+    ``v > 1`` (the one home of this rule: :func:`meshplan.plan.build_plan` calls it for every
+    command, :class:`meshplan.pipeline.simulate.PipelineSpec` for ``step --schedule``).
+
+    >>> check_chunks("interleaved_1f1b", 2); check_chunks("1f1b", 1)
+    >>> check_chunks("1f1b", 2)
+    Traceback (most recent call last):
+    meshplan.errors.ConfigError: mesh.virtual_stages: v 2 needs schedule interleaved_1f1b or zbv or dualpipev (1f1b runs one chunk per rank); set mesh.pp_schedule to one of them, or virtual_stages = 1
+    """
+    sched = get(schedule)
+    if v > 1 and not sched.virtual_stages:
+        chunked = " or ".join(s.name for s in SCHEDULES.values() if s.virtual_stages)
+        raise ConfigError("mesh.virtual_stages", f"v {v} needs schedule {chunked} ({sched.name} runs one chunk per "
+                          "rank); set mesh.pp_schedule to one of them, or virtual_stages = 1")
+
+
 def reasons(schedule: Schedule | str, p: int, m: int, v: int) -> tuple[str, ...]:
     """Infeasibility reasons of running ``schedule`` with ``p`` stages, ``m`` micro-batches
     and ``v`` chunks per rank (the plan adds them to the mesh's validity reasons)."""

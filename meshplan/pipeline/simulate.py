@@ -68,7 +68,7 @@ from typing import Callable, Optional
 from meshplan.errors import ConfigError
 from meshplan.fileio import write_output
 from meshplan.pipeline.base import PipelineSchedule, Unit
-from meshplan.pipeline.registry import SCHEDULES, get
+from meshplan.pipeline.registry import SCHEDULES, check_chunks, get
 from meshplan.spec.mesh import Schedule
 
 __all__ = ["SCHEDULES", "Unit", "PipelineSpec", "PipelineResult", "Event", "simulate", "stage_order", "bubble_formula",
@@ -104,9 +104,7 @@ class PipelineSpec:
         object.__setattr__(self, "schedule", get(self.schedule).name)  # a name parses to the enum
         if self.p < 1 or self.m < 1 or self.v < 1:
             raise ConfigError("pipeline", f"p {self.p}, m {self.m}, v {self.v} must all be >= 1")
-        if self.v > 1 and not self.sched.virtual_stages:
-            chunked = " or ".join(s.name for s in SCHEDULES.values() if s.virtual_stages)
-            raise ConfigError("mesh.virtual_stages", f"v {self.v} needs schedule {chunked}")
+        check_chunks(self.schedule, self.v)
         fixed = self.sched.chunks is not None
         bad = self.sched.reasons(self.p, self.m, self.v) if self.sched.virtual_stages and (self.v > 1 or fixed) else []
         if bad:  # the schedule's own rule (interleaved: m a multiple of p; V-shaped: v 2, DualPipeV m >= 2p)

@@ -49,7 +49,7 @@ def timeline_table(plan: Plan, all_stages: bool = False) -> Table:
     tab = Table(title="Memory timeline per rank, one training step (meshplan memory CONFIG for the events)",
                 title_justify="left",
                 caption=f"activations: {plan.config.training.recompute_name}; "
-                        f"prefetch {o.prefetch_layers} unit(s), FSDP reduce {o.fsdp_reduce}, NCCL "
+                        f"prefetch {o.prefetch_layers} unit(s), FSDP reduce {o.fsdp_reduce_for(plan.config.training, plan.pp)}, NCCL "
                         f"{o.comm_bytes_per_group / MiB:g} MiB per communicator, workspace {o.workspace_bytes / MiB:g} "
                         f"MiB, fragmentation {o.fragmentation_fraction:.0%}; set them in \\[memory]",
                 caption_justify="left")

@@ -20,8 +20,10 @@ collective with its start and end in the step):
   ring, split over the NICs its members use there), and each rail's uplink
   (traffic of groups whose hops between nodes change rail, :func:`_spine_share`, or span
   more nodes than one leaf holds, goes up to the spine). Each edge's busy time (bytes / capacity) is checked against
-  the interval it must fit in: the stage's compute time per step, and per layer and
-  micro-batch, the layer's forward + backward time.
+  the interval it must fit in: the stage's compute time per step, and per layer pass (one
+  layer's forward + backward of one micro-batch) that pass's time; every row that runs in
+  the passes counts there, those counted per step (FSDP under a pipeline schedule) with
+  their step average (:func:`layer_pass_calls`).
 """
 
 from __future__ import annotations
@@ -241,11 +243,12 @@ def edge_loads(plan: Plan, st, stage: int = 0) -> list[EdgeLoad]:
     n_layers = len(plan.stage(stage).layers)
     layer_s = compute_s / max(plan.micro_batches * n_layers, 1)
     cluster = plan.config.cluster
+    passes = plan.micro_batches * n_layers
     nv = sum(r.link_bytes[0] * r.per_step for r in rows)
-    nv_layer = sum(r.link_bytes[0] * r.per_microbatch / max(n_layers, 1) for r in rows if r.per_microbatch)
+    nv_layer = sum(r.link_bytes[0] * layer_pass_calls(r, passes) for r in rows)
     out = [EdgeLoad(f"rank 0 {cluster.node.fabric.name}", nv, cluster.node.fabric.bandwidth_bytes_per_s,
                     compute_s, nv_layer, layer_s)]
-    nics, uplink = _network_loads(plan, rows, n_layers)
+    nics, uplink = _network_loads(plan, rows, passes)
     for i, (per_step, per_layer) in sorted(nics.items()):
         nic = cluster.node.nics[i]
         out.append(EdgeLoad(f"node 0 NIC {nic.name} (rail {nic.rail})", per_step, nic.bandwidth_bytes_per_s,
@@ -258,8 +261,31 @@ def edge_loads(plan: Plan, st, stage: int = 0) -> list[EdgeLoad]:
     return out
 
 
-def _network_loads(plan, rows, n_layers):
-    """{nic: (bytes/step, bytes/layer)} on node 0 and {rail: ...} going up to the spine."""
+def layer_pass_calls(row, passes: int) -> float:
+    """Calls of collective-table ``row`` per layer pass (one layer's forward + backward of one
+    micro-batch; ``passes`` = micro-batches x the stage's layers per step): its calls per step
+    spread evenly over the passes, ``per_step / passes``. For a row counted per micro-batch
+    that is ``per_microbatch / layers``; a row counted per step (FSDP under a pipeline
+    schedule: gathers when a pass finds its unit sharded, one reduce-scatter per unit) enters
+    with its step average. Rows of the ``step`` phase (after the schedule: optimizer-step
+    reductions, ZeRO-1/2's parameter all-gather) run in no layer pass: 0.
+
+    Llama 3 405B, pp 16, stage 0 (7 layers, 16 micro-batches, 112 passes): the FSDP forward
+    all-gather, 112 per step (every forward finds its layer resharded), is 1 call per pass;
+    the backward all-gather and the reduce-scatter, 7 per step (one per layer), 1/16.
+
+    >>> from types import SimpleNamespace as R
+    >>> layer_pass_calls(R(phase="forward", per_step=112), 112), layer_pass_calls(R(phase="backward", per_step=7), 112)
+    (1.0, 0.0625)
+    >>> layer_pass_calls(R(phase="step", per_step=1), 112)
+    0.0
+    """
+    return 0.0 if row.phase == "step" else row.per_step / max(passes, 1)
+
+
+def _network_loads(plan, rows, passes):
+    """{nic: (bytes/step, bytes/layer pass)} on node 0 and {rail: ...} going up to the spine
+    (``passes``: layer passes per step, :func:`layer_pass_calls`)."""
     mesh, p, cluster = plan.mesh, plan.placement, plan.config.cluster
     leaf = cluster.network[0].nodes_per_domain if cluster.network else 0
     nics: dict[int, list[float]] = {}
@@ -276,7 +302,7 @@ def _network_loads(plan, rows, n_layers):
             # ring bytes for a ring, each member's off-node share for all-to-all)
             sent = len(members) * link_bytes(r.op, r.algorithm, r.group_size, r.size_bytes,
                                              len(np.unique(p.node[groups[g]])), len(members))[1]
-            per_layer = sent * r.per_microbatch / max(n_layers, 1)
+            per_layer = sent * layer_pass_calls(r, passes)
             used = sorted({int(x) for x in p.nic[members] if x >= 0})
             wide = leaf and len(np.unique(p.node[groups[g]] // leaf)) > 1
             up = 1.0 if wide else _spine_share(r.op, p.node[groups[g]], p.rail[groups[g]])

@@ -16,7 +16,13 @@ is held as its all-gather output and as the unsharded copy (:mod:`meshplan.memor
   (Q) the same once every unit has its sharded gradient; (H) the loss's backward on the
   last stage; (W) the last layer of the ``w``-th forward with its working set, its copy
   and (FSDP2's implicit forward prefetch) its all-gather output; (S) the
-  optimizer step (all state + its foreach temporaries).
+  optimizer step (all state + its foreach temporaries); (A) where FSDP reduces after the
+  last micro-batch (pp > 1, ``training.grad_accumulation``), the end of the first backward:
+  init + the other passes' saved activations + the kept roots + its chunk's layers'
+  unsharded accumulators and (but under ``no_sync``) their gathered copies; with vpp > 1
+  and m > pp, at the end of chunk 0's first backward, init + the kept roots + the passes
+  in flight + every chunk's accumulators (and gathered layers without
+  ``reshard_after_forward``).
 - **V-shaped schedules** (ZB-V, DualPipeV, ``Stages.vshape``): the lower bound keeps F and W
   without the embedding's, the head's and the kept roots' terms; the upper bound counts the
   head's saved activations once per pass in flight.
@@ -24,11 +30,11 @@ is held as its all-gather output and as the unsharded copy (:mod:`meshplan.memor
   passes at the largest layer kind (embedding terms each pass; head terms once: the last
   stage runs a head pass's backward right after its forward) + the root units (copy and
   all-gather output) + ``1 + max(1, prefetch)`` layer units (a copy and one output, or the
-  prefetched ones; every layer twice when layers stay gathered) + every accumulator with
-  ``fsdp_reduce = "after_last"`` + the largest phase: a layer's backward (dY, its largest
-  step with the gradients written, the previous unit's reduce input), a unit's reduce
-  (its gradient and reduce input), the loss's backward, the embedding's gradient, a
-  forward's working set; the gradient bucket without FSDP; or (S) if larger.
+  prefetched ones; when layers stay gathered every layer's copy and ``2 + depth``
+  outputs) + every accumulator with ``fsdp_reduce = "after_last"`` + the largest phase: a
+  layer's backward (dY, its largest step with the gradients written, the previous unit's
+  reduce input), a unit's reduce (its gradient and reduce input), the loss's backward, the
+  embedding's gradient, a forward's working set; the gradient bucket without FSDP; or (S) if larger.
 
 The bounds mirror the timeline's event order; a change there can move them. The search
 plans exactly every candidate within ``[search] memory_margin`` of usable memory and checks
@@ -125,6 +131,27 @@ def _lower(cfg, c, st, s, u, lo, layer_peak, hs, fixed) -> np.ndarray:
     out = np.maximum(out, pw)
     if per_mb.any():
         out = np.where(per_mb, np.maximum(out, _steady(cfg, c, st, s, u, lo, layer_peak, hs, fixed, near, reduce)), out)
+    # A: FSDP reducing after the last micro-batch (pp > 1, or grad_accumulation), the end of
+    # the first backward: its chunk's unsharded reduce-dtype accumulators and (unless no_sync
+    # reshards after backward) its layers still gathered, the other passes' saved activations
+    keeps = (c.pp[:, None] > 1) | (cfg.training.grad_accumulation != "no_sync")  # no_sync: pp-1 candidates only
+    after = F & ~per_mb
+    # the roots' accumulators: the head's in the last stage's first backward, the embedding's
+    # at the end of chunk 0's (the first backward's when vpp is 1)
+    head_acc, emb_acc = st.last * u["head"] * u["r"], st.first * u["emb"] * u["r"]
+    acc = init + (st.w * st.n_chunk - st.n_chunk) * lo["saved"] + kept \
+        + np.where(after, st.n_chunk * (u["reduce_min"] + keeps * u["unit_min_g"])
+                   + (head_acc + (v == 1) * emb_acc).astype(np.int64), 0)
+    # interleaved with m > pp: chunk 0's first backward comes before the last chunk's last
+    # one, so at its end every chunk holds its accumulators (and, without
+    # reshard_after_forward, its gathered layers)
+    rounds = (v > 1) & (st.m > c.pp[:, None])
+    every = np.where(c.rf[:, None] > 0, st.n_chunk, st.n) * keeps * u["unit_min_g"]
+    done = (v - 1) * c.pp[:, None] + 1  # backwards run by then; the passes still in flight:
+    live = np.maximum(np.minimum(st.w - 1, st.m * v - done), 0)  # steady state w - 1, fewer in the cool-down
+    held_all = st.n * u["reduce_min"] + every + (head_acc + emb_acc).astype(np.int64)
+    acc_all = init + kept + live * st.n_chunk * lo["saved"] + np.where(after & rounds, held_all, 0)
+    out = np.maximum(out, np.maximum(acc, acc_all))
     # V-shaped schedules (ZB-V, DualPipeV): only the terms that hold for any order, F and W
     # without the embedding's, the head's and the kept roots' shares (the w-th forward may be
     # either chunk's, and DualPipeV's first backward comes before its peak)
@@ -161,7 +188,10 @@ def _upper(cfg, c, st, s, u, hi, layer_peak, hs, fixed) -> np.ndarray:
         + np.where(st.vshape, st.w, 1) * st.last * hs["head_saved"]
     depth = max(1, o.prefetch_layers, getattr(o, "forward_prefetch_layers", 0))
     few = u["per_mb"] & (c.rf[:, None] > 0)  # the candidate's reshard_after_forward
-    held = np.where(few, (1 + depth) * u["unit_max"], 2 * st.n * u["unit_max"])  # copies and outputs of layers
+    # copies and outputs of layers: with every layer kept gathered, its n copies and at most
+    # 2 + depth all-gather outputs (the current unit's, the previous one's until this copy-out,
+    # the prefetched ones: memory.passes PassBuilder._unshard)
+    held = np.where(few, (1 + depth) * u["unit_max"], np.minimum(2 * st.n, st.n + 2 + depth) * u["unit_max"])
     red = lambda x: (x * r).astype(np.int64)
     accum = np.where(u["per_mb"], 0, red(st.n * u["unit_max"] + u["roots"]) + u["unit_max"])
     in_flight = red(np.maximum(u["unit_max"], np.maximum(u["head"], u["emb"])))
@@ -210,10 +240,10 @@ def units(cfg: Config, tables: Tables, c: Candidates, st: Stages) -> dict:
     gm = col(mg["dense_gather"]) * act_d + col(mg["expert_gather"]) * act_e
     emb_g = col(rg["emb"]) * act_d
     head_g = (col(rg["norm"]) + col(rg["out"]) * ((not m.tied_embeddings) or (st.k.shape[1] > 1))) * act_d
-    # fsdp_reduce per micro-batch, except where training.grad_accumulation runs (FSDP2 without
-    # gradient sync before the last micro-batch: memory.sizes.stage_sizes' "after_last")
-    per_mb = col(np.broadcast_to(cfg.memory.fsdp_reduce == "per_microbatch", c.pp.shape)
-                 & ~accumulates(cfg, c.pp, c.sh))
+    # FSDP reduces per micro-batch with pp 1 and grad_accumulation sync only
+    # (MemoryOptions.fsdp_reduce_for, as memory.sizes.stage_sizes runs it); candidates outside
+    # accumulates() are planned with sync (search.space.candidate_config)
+    per_mb = col((c.pp == 1) & ~accumulates(cfg, c.pp, c.sh))
     return {"unit_min": umin, "unit_max": umax, "emb": emb, "head": head, "roots": st.first * emb + st.last * head,
             "root": root, "early": head, "grad_d": ud, "grad_m": um, "reduce_min": (umin * r).astype(np.int64),
             "r": r, "act_d": act_d, "fsdp": act_d | (act_e & has_m),

@@ -263,6 +263,10 @@ def _settings_notes(cfg: Config, c: Candidates) -> list[str]:
         out.append(f"training.grad_accumulation {t.grad_accumulation!r} applies to candidates with pp 1 and FSDP "
                    "(zero3, hsdp); the others are planned with 'sync' (with pp > 1 torch.distributed.pipelining "
                    "reduces once per step itself; ZeRO-1 reduces once per step)")
+    if cfg.memory.fsdp_reduce is not None:
+        out.append(f"[memory] fsdp_reduce {cfg.memory.fsdp_reduce!r} is not searched: each candidate reduces as its "
+                   "pp and grad_accumulation say (after the last micro-batch with pp > 1, as "
+                   "torch.distributed.pipelining does)")
     if t.zero3_engine != "fsdp2" and not (c.sh == SHARDING.index("zero3")).all():
         out.append(f"training.zero3_engine {t.zero3_engine!r} applies to zero3 candidates with pp 1; zero1 and hsdp "
                    "candidates are planned with FSDP2")

@@ -38,8 +38,8 @@ Dimensions (each narrowed by :class:`~meshplan.spec.search.SearchOptions`):
 >>> cfg = config_from_dict({"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 1},
 ...                         "training": {"global_batch": 8, "seq_len": 1024}}, require_mesh=False)
 >>> c = enumerate_candidates(cfg)
->>> len(c), int(c.tp.max())  # 1,536 without the three knobs (reshard, tp overlap, short ends)
-(3120, 8)
+>>> len(c), int(c.tp.max())  # 1,536 without the knobs (reshard, short ends; tp overlap only with torch_compile)
+(2292, 8)
 >>> candidate_config(cfg, c, 0).mesh.names
 ['dp_shard']
 """
@@ -413,7 +413,8 @@ def candidate_config(cfg: Config, c: Candidates, i: int) -> Config:
     axes left out, SP on when tp > 1, its pipeline schedule, its layer split) and the
     candidate's micro-batch, recompute, sharding, reshard_after_forward and tp_comm_overlap
     in the training contract; ``grad_accumulation`` and ``fp8_all_gather`` where they apply
-    (:func:`_training_knobs`)."""
+    (:func:`_training_knobs`); ``[memory] fsdp_reduce`` unset, so each candidate reduces as its
+    pp and grad_accumulation say (:meth:`~meshplan.spec.memory.MemoryOptions.fsdp_reduce_for`)."""
     degs = [(str(n), c.degree(col.column)) for n, col in search_axes()]
     named = [(n, int(a[i])) for n, a in degs if a[i] > 1] or [("dp_shard", 1)]
     pp, vpp, tp = int(c.pp[i]), int(c.vpp[i]), int(c.tp[i])
@@ -424,7 +425,8 @@ def candidate_config(cfg: Config, c: Candidates, i: int) -> Config:
                                                "sharding": SHARDING[c.sh[i]],
                                                "reshard_after_forward": bool(c.rf[i]),
                                                "tp_comm_overlap": bool(c.ov[i]), **_training_knobs(cfg, c, i)})
-    return replace(cfg, mesh=mesh, training=training)
+    memory = cfg.memory.model_copy(update={"fsdp_reduce": None})  # each candidate's own rule (fsdp_reduce_for)
+    return replace(cfg, mesh=mesh, training=training, memory=memory)
 
 
 def world_of(c: Candidates, i: int) -> int:

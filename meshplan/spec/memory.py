@@ -15,6 +15,7 @@ from typing import Literal, Optional
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from meshplan.errors import ConfigError
 from meshplan.limits import BOUNDS
 
 from meshplan.spec.training import TrainingSpec
@@ -42,12 +43,19 @@ class MemoryOptions(BaseModel):
       copy-out instead, so the next all-gather overlaps this copy-out
       (``FSDPParamGroup.wait_for_unshard``). ``set_modules_to_forward_prefetch``: 1 or more
       (each all-gather output is then freed right after its copy-out).
-    - ``fsdp_reduce``: when FSDP (zero3/hsdp) reduce-scatters gradients. ``per_microbatch``
-      (FSDP2's default, and what :mod:`meshplan.comm.collectives` counts); ``after_last``:
-      ``set_requires_gradient_sync(False)`` and ``set_reshard_after_backward(False)`` on all
-      but the last micro-batch, as ``torch.distributed.pipelining`` does (stage.py,
-      ``backward_maybe_with_nosync`` and ``perform_reduce_grad``): unsharded parameters stay
-      gathered and unsharded gradients accumulate in the reduce dtype.
+    - ``fsdp_reduce``: when FSDP (zero3/hsdp) reduce-scatters gradients. Not a free choice:
+      it follows what :mod:`meshplan.comm.collectives` counts and the runtime runs
+      (:meth:`fsdp_reduce_for`), so the memory verdict, the table and the step agree. With
+      pp > 1 ``after_last``: ``torch.distributed.pipelining`` turns gradient sync and
+      reshard-after-backward off for every micro-batch's backward
+      (``_PipelineStageBase.backward_maybe_with_nosync``: ``set_requires_gradient_sync(False)``,
+      ``set_reshard_after_backward(False)``) and reduces once, in the ``REDUCE_GRAD`` action the
+      schedule places after a stage's last backward (schedules.py ``_add_reduce_grad``,
+      stage.py ``perform_reduce_grad``; torch 2.13): unsharded parameters stay gathered and
+      unsharded gradients accumulate in the reduce dtype until then. With pp 1
+      ``training.grad_accumulation`` decides: ``sync`` reduces every micro-batch
+      (``per_microbatch``, FSDP2's default), ``no_sync``/``no_sync_unsharded`` ``after_last``.
+      Unset (default): that rule. Set: only to state it; a value that contradicts it is an error.
     - ``grad_bucket_elements``: gradient bucket of the non-FSDP shardings (none, zero1,
       zero2). For ``none`` (torch DDP) it sets the bucket cap of the table's all-reduces, one per
       bucket, and where the step's timeline issues them as the buckets fill
@@ -102,7 +110,7 @@ class MemoryOptions(BaseModel):
 
     prefetch_layers: int = Field(default=1, ge=0, le=BOUNDS["layers"].value)
     forward_prefetch_layers: int = Field(default=0, ge=0, le=BOUNDS["layers"].value)
-    fsdp_reduce: Literal["per_microbatch", "after_last"] = "per_microbatch"
+    fsdp_reduce: Optional[Literal["per_microbatch", "after_last"]] = None
     grad_bucket_elements: Optional[int] = Field(default=None, gt=0, le=BOUNDS["bytes"].value)
     nccl_buffsize_bytes: int = Field(default=4 * MiB, ge=0, le=BOUNDS["bytes"].value)
     nccl_channels: int = Field(default=16, ge=0, le=BOUNDS["nccl_channels"].value)
@@ -117,6 +125,33 @@ class MemoryOptions(BaseModel):
     unfused_norm: bool = False
     kv_expanded: bool = False
     embedding_grad_full_vocab: bool = False
+
+    def fsdp_reduce_for(self, training: TrainingSpec, pp: int) -> str:
+        """When FSDP reduces on a plan with ``pp`` stages (class docstring, ``fsdp_reduce``):
+        ``after_last`` when pp > 1 or ``training.grad_accumulation`` is not ``sync``, else
+        ``per_microbatch``. ConfigError when ``fsdp_reduce`` is set to the other value.
+
+        >>> t = TrainingSpec(global_batch=8, seq_len=16, sharding="zero3")
+        >>> MemoryOptions().fsdp_reduce_for(t, 1), MemoryOptions().fsdp_reduce_for(t, 4)
+        ('per_microbatch', 'after_last')
+        >>> MemoryOptions(fsdp_reduce="per_microbatch").fsdp_reduce_for(t, 4)
+        Traceback (most recent call last):
+        meshplan.errors.ConfigError: memory.fsdp_reduce: 'per_microbatch' contradicts pp 4: torch.distributed.pipelining reduce-scatters once per step, after each stage's last backward (what the collective table and the step count); remove the key
+        """
+        rule = "per_microbatch" if pp == 1 and training.grad_accumulation == "sync" else "after_last"
+        if self.fsdp_reduce is None or self.fsdp_reduce == rule:
+            return rule
+        if pp > 1:
+            why = (f"pp {pp}: torch.distributed.pipelining reduce-scatters once per step, after each stage's last "
+                   "backward (what the collective table and the step count); remove the key")
+        elif rule == "per_microbatch":
+            why = ("training.grad_accumulation 'sync' (the collective table reduce-scatters every micro-batch); "
+                   "for one reduce after the last micro-batch set training.grad_accumulation = "
+                   "\"no_sync_unsharded\" (parameters kept gathered) or \"no_sync\" and remove the key")
+        else:
+            why = (f"training.grad_accumulation {training.grad_accumulation!r} (one reduce-scatter after the last "
+                   "micro-batch); remove the key")
+        raise ConfigError("memory.fsdp_reduce", f"{self.fsdp_reduce!r} contradicts {why}")
 
     @property
     def variants(self) -> dict[str, bool]:
