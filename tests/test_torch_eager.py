@@ -184,3 +184,11 @@ def test_torchtitan_v_schedules_import(name, sched):
     par["pipeline_parallel_layers_per_stage"] = 6    # (32 + 2) / 6 -> 6 parts: 3 per rank
     with pytest.raises(ConfigError, match=f"^parallelism.pipeline_parallel_schedule: {name} with 3 stages per rank"):
         read(d, Path("."), ImportOptions(cluster="dgx-h100", nodes=1))
+
+
+def test_torchtitan_degree_message_says_which_takes_minus_one():
+    d = {"model": {"name": "llama3", "flavor": "8B"}, "training": {"local_batch_size": 8, "seq_len": 8192},
+         "parallelism": {"pipeline_parallel_degree": -1}}
+    with pytest.raises(ConfigError, match=r"^parallelism.pipeline_parallel_degree: must be a whole number >= 1 "
+                                          r"\(only data_parallel_shard_degree takes -1\); got -1$"):
+        read(d, Path("."), ImportOptions(cluster="dgx-h100", nodes=1))

@@ -132,8 +132,9 @@ def _degrees(par: dict) -> dict[str, int]:
     for key, axis in DEGREES.items():
         v = par.get(key, -1 if axis == "dp_shard" else 1)
         if isinstance(v, bool) or not isinstance(v, int) or v == 0 or (v < 0 and axis != "dp_shard") or v < -1:
-            raise ConfigError(f"parallelism.{key}", f"must be a whole number >= 1 (or -1 for the shard degree); "
-                              f"got {v!r}")
+            raise ConfigError(f"parallelism.{key}", f"must be a whole number >= 1"
+                              + (" (or -1: the rest of the world)" if axis == "dp_shard" else
+                                 " (only data_parallel_shard_degree takes -1)") + f"; got {v!r}")
         out[axis] = v
     return out
 
