@@ -59,7 +59,13 @@ def _key(k: str) -> str:
 
 def dumps(tables: dict[str, dict], header: tuple[str, ...] = ()) -> str:
     """Tables as TOML text: ``header`` lines as comments first; within a table, scalars and
-    lists first, then sub-tables as ``[table.sub]``; None values left out."""
+    lists first, then sub-tables as ``[table.sub]`` (a table of sub-tables only gets no header
+    line of its own: ``[quantize.linear.float8]`` alone); None values left out.
+
+    >>> print(dumps({"quantize": {"linear": {"float8": {"filter_fqns": ["output"]}}}}), end="")
+    [quantize.linear.float8]
+    filter_fqns = ["output"]
+    """
     out = [f"# {h}" for h in header] + ([""] if header else [])
     for name, table in tables.items():
         _table(out, name, table)
@@ -67,12 +73,12 @@ def dumps(tables: dict[str, dict], header: tuple[str, ...] = ()) -> str:
 
 
 def _table(out: list[str], name: str, table: dict) -> None:
-    out.append(f"[{name}]")
     subs = {k: v for k, v in table.items() if isinstance(v, dict) and v}
-    for k, v in table.items():
-        if v is not None and k not in subs:
-            out.append(f"{_key(k)} = {value(v)}")
-    out.append("")
+    keys = [(k, v) for k, v in table.items() if v is not None and k not in subs]
+    if keys or not subs:  # a table holding only sub-tables needs no header of its own
+        out.append(f"[{name}]")
+        out += [f"{_key(k)} = {value(v)}" for k, v in keys]
+        out.append("")
     for k, v in subs.items():
         _table(out, f"{name}.{_key(k)}", v)
 
