@@ -80,11 +80,13 @@ def test_bounds_hold_for_every_candidate(case):
 
 
 #: (largest, median) bound / exact step on the candidates each setting changes, a little below
-#: the measured values: fp8 0.987, 0.931 (its Linears' GEMMs in fp8 too since linear_dtype:
-#: 0.992, 0.951 with bf16 GEMMs); no_sync 0.920, 0.856; no_sync_unsharded 0.982, 0.900;
+#: the measured values: fp8 0.979, 0.925 (its Linears' GEMMs in fp8 too since linear_dtype:
+#: 0.992, 0.951 with bf16 GEMMs); no_sync 0.899, 0.803; no_sync_unsharded 0.982, 0.900;
 #: MoE no_sync_unsharded 0.977, 0.748 (for scale, the same pp 1 FSDP candidates under sync:
-#: 0.909, 0.84).
-TIGHT = {"fp8": (0.98, 0.92), "no_sync": (0.9, 0.83), "no_sync_unsharded": (0.95, 0.88),
+#: 0.909, 0.84). fp8 and no_sync fell from 0.987, 0.931 and 0.920, 0.856 when the step model
+#: put FSDP2's copy-out and copy-in on the compute stream (comm/fsdp2.py): the bound leaves them
+#: out (still a lower bound; adding them to search/timing.py is open).
+TIGHT = {"fp8": (0.97, 0.92), "no_sync": (0.89, 0.79), "no_sync_unsharded": (0.95, 0.88),
          "moe-no_sync_unsharded": (0.95, 0.72)}
 
 
