@@ -633,7 +633,7 @@ def _units(c: _Ctx, shards: dict[str, int]) -> list[tuple[str, str, int, int, in
     emb = m.embedding_tensors(v) if c.first else []
     head = [x for x in (m.head_tensors(v) if c.last else []) if not (x.tied and c.first)]
     tied = any(x.tied for x in m.head_tensors(v)) if c.first and c.last else False
-    if c.first and c.last and (c.vpp > 1 or (t.torchtitan_units and not tied)):
+    if c.first and c.last and (c.vpp > 1 or (t.torchtitan_units and not tied and mesh.degree("pp") == 1)):
         # a V (the embedding's chunk and the output layer's, two FSDP roots), or torchtitan's
         # units (the embedding, and [norm, output]; TrainingSpec.torchtitan_units)
         out += [unit("root (embedding)", "fsdp", emb, 0), unit("root (norm/output)", "fsdp", head, c.vpp - 1)]
@@ -673,7 +673,7 @@ def _dp_rows(add, c: _Ctx) -> None:
         pipelined = mesh.degree("pp") > 1
         units = _units(c, shards)
         for (label, axis, numel, gbytes, fp8), n in Counter(u[:3] + u[4:] for u in units).items():
-            root = kept_gathered(label, t)
+            root = kept_gathered(label, t) or (pipelined and label.startswith("root"))  # pp > 1: one root
             cadence = f"per {label}" if label.startswith("root") else f"every {label}"
             gdt = ag if not fp8 else "uint8" if gbytes != numel else "fp8"  # FSDP2: mixed dtypes in a byte buffer
             per_step = _pipelined_gathers(c, root, [u[3] for u in units if u[:3] == (label, axis, numel)]) \

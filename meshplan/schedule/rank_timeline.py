@@ -612,7 +612,7 @@ def forward_unit(chunk: ChunkCosts, comm: CommTimes, w: Workload, ov: Overlap,
     n = len(chunk.layers)
     emb_g, head_g = _root_groups(comm)
     # the embedding's own unit (torchtitan) reshards after forward as the layers do
-    gather_emb = gather_layers if emb_g == "root_embed" else gather_root
+    gather_emb = gather_layers if ("shard", emb_g, "backward", "all-gather") in comm.t else gather_root
     root_ag = lambda g, on: s.comm("shard", "forward", "all-gather", f"fsdp AG {g}", g) if on else None
     if chunk.batch is not None:
         s.compute("get_batch and timers", chunk.batch.seconds("forward"))

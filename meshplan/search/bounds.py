@@ -241,7 +241,7 @@ def units(cfg: Config, tables: Tables, c: Candidates, st: Stages) -> dict:
     # output] are two units even at pp 1, the embedding resharded after forward with the layers
     titan = t.framework == "torch" and t.zero3_engine == "fsdp2" and not m.tied_embeddings
     root = np.broadcast_to(((c.pp == 1) & (c.vpp == 1) & (not titan))[:, None], st.n.shape)
-    emb_kept = col(np.broadcast_to(not titan, c.rf.shape) | (c.rf == 0))
+    emb_kept = col(np.broadcast_to(not titan, c.rf.shape) | (c.rf == 0) | (c.pp > 1))
     # all-gather outputs and their copies in the gather dtype (float8 Linear weights under
     # fp8_all_gather: sizes.units' ``gathered``); gradients and reduce inputs by elements
     dg = lookup([c.tp, c.ep, c.etp, z], tables.layer, ("dense_gather", "expert_gather"))
