@@ -15,8 +15,9 @@ stages, run by the schedule the config names.
   parallelism on the ``tp`` sub-mesh with :func:`~meshplan.runtime.execution.parallelize.apply_tp` (the
   embedding, final norm and output where the chunk has them; loss parallel on the last stage
   as the plan's ``mesh.loss_parallel`` says), then FSDP2 where the mesh has a data-parallel
-  shard axis (``fully_shard`` on every layer, then on the chunk: the chunk's root unit holds
-  the embedding / final norm / output where present), then
+  shard axis (:func:`~meshplan.runtime.execution.parallelize.apply_fsdp`: the embedding and
+  [final norm, output] as their own units where present, as torchtitan, every layer, then the
+  chunk), then
   :class:`torch.distributed.pipelining.PipelineStage` on the DeviceMesh's ``pp`` group, in
   static mode (input and output shapes given, no shape inference).
 - What a stage sends: the residual stream as the TP plan leaves it between layers, a plain
