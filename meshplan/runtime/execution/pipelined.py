@@ -282,7 +282,6 @@ class PipelineRunner:
         :func:`instrument`), so the per-module snapshots are the last micro-batch's; the
         peak snapshot covers the whole step. Refused (NotImplementedError, the worker then
         samples the resident set) under a schedule that splits the backward."""
-        from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
         from torch.distributed._tools.mem_tracker import MemTracker
         from torch.distributed.fsdp import FSDPModule
 
@@ -292,7 +291,9 @@ class PipelineRunner:
                                       "autograd.grad meets their multi-grad hooks, 'A leaf node was passed to "
                                       "_will_engine_execute_node'); ZB-V and DualPipeV are measured by resident set")
         if isinstance(self.model, FSDPModule):
-            self.tracker, name = FSDPMemTracker(self.model, self.opt), "FSDPMemTracker"
+            from meshplan.runtime.execution.memtracker import UnitMemTracker  # units of several modules
+
+            self.tracker, name = UnitMemTracker(self.model, self.opt), "FSDPMemTracker"
         else:
             self.tracker, name = MemTracker(), "MemTracker"
             self.tracker.track_external(self.model, self.opt)
