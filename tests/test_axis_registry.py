@@ -190,7 +190,9 @@ def test_a_toy_axis_registered_here_shows_up_in_validity_and_search(monkeypatch)
     assert "sq 2" in c.label(i)
     # the search's bounds split the sequence and count its rows' communicator as the plan does:
     # on the valid sq 2 candidate with the most activations (zero3, no recompute, the largest
-    # micro-batch; its peak is in the backward) the exact peak lies between the memory bounds
+    # micro-batch; its peak is foreach Adam's state-sized temporary in the optimizer step, above
+    # its backward's since torchtitan's FSDP2 units reduce the head right after its backward
+    # and reshard the embedding after forward) the exact peak lies between the memory bounds
     # (keyed on cp alone, the lower bound would pass it) and the step above its lower bound
     est = estimate(cfg, c, code)
     ok = np.flatnonzero((sq == 2) & (c.tp == 2) & (code == OK) & (c.pp == 1) & (c.sh == SHARDING.index("zero3"))
@@ -198,7 +200,7 @@ def test_a_toy_axis_registered_here_shows_up_in_validity_and_search(monkeypatch)
     j = int(ok[np.argmax(c.mb[ok])])
     exact = build_plan(candidate_config(cfg, c, j))
     peak = max(exact.timelines, key=lambda tl: tl.peak.total_bytes).peak
-    assert peak.phase == "backward" and est.peak_lo[j] <= peak.total_bytes <= est.peak_hi[j]
+    assert peak.phase == "step" and est.peak_lo[j] <= peak.total_bytes <= est.peak_hi[j]
     # (the search's collective-time bound leaves the toy's all-to-alls out; the exact step has them on stream sq)
     st = step_time(exact)
     assert st.exposed_s["sq"] > 0 and est.step_lo[j] <= st.step_s
@@ -274,11 +276,13 @@ def test_a_toy_axis_with_a_timeline_has_its_own_stream_in_the_step(monkeypatch):
     # its calls are on the sq stream of the trace: 4 per layer and micro-batch, each t long
     calls = [e for e in st.trace_events(stage=0) if e.stream == "sq"]
     assert len(calls) == 8 * 32 * 4 and all(e.dur_s == pytest.approx(t, rel=1e-9) for e in calls)
-    # and the step is longer than with the rows left out of the timeline, by at most what the
-    # compute waited on sq: the FSDP gathers, exposed here, run during those waits (less exposed fsdp)
+    # and the step is no shorter than with the rows left out of the timeline, longer by at most
+    # what the compute waited on sq: the FSDP gathers, exposed here, run during those waits (less
+    # exposed fsdp). Here not longer at all: the FSDP stream bounds the step (its calls, with
+    # torchtitan's units the embedding's re-gather in every backward, fill 1.350 of its 1.356 s)
     monkeypatch.setitem(AXES, "sq", replace(TOY, timeline=None))
     without = step_time(plan)
-    assert without.step_s < st.step_s <= without.step_s + expected
+    assert without.step_s <= st.step_s <= without.step_s + expected
     # tp's exposure is unchanged (the same per-unit waits, summed over units in the step's order: to the last bits)
     assert st.exposed_s["fsdp"] < without.exposed_s["fsdp"]
     assert st.exposed_s["tp"] == pytest.approx(without.exposed_s["tp"], rel=1e-12)

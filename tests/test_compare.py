@@ -20,7 +20,8 @@ def seed_pair():
 def test_tp8_chosen_tp4_rejected_by_memory(seed_pair):
     c = compare(*seed_pair, names=("tp8", "tp4"))
     assert (c.winner, c.rejected) == ("tp8", "tp4")
-    assert c.reasons[0].startswith("tp4 (dp_shard 16 x tp 4) is infeasible: peak 70.2 GiB")
+    # 69.7 GiB at the head's reduce-scatter (torchtitan's FSDP2 units; one root unit: 70.2 GiB)
+    assert c.reasons[0].startswith("tp4 (dp_shard 16 x tp 4) is infeasible: peak 69.7 GiB")
     rows = dict((q, (x, y)) for q, x, y in table_rows(c))
     assert rows["wq (M,N,K) eff"][0].startswith("(8192,1024,8192)")
     assert rows["wq (M,N,K) eff"][1].startswith("(8192,2048,8192)")
@@ -270,7 +271,7 @@ def _seed_with(**training):
 
 def test_same_mesh_other_recompute_is_weighed_as_the_knob(seed_pair):
     """The seed mesh with selective and with full recompute: not identical; full recompute keeps
-    each layer's input only (20.8 GiB against 43.6 GiB peak) at a step within 2% (the seed's
+    each layer's input only (20.8 GiB against 43.3 GiB peak) at a step within 2% (the seed's
     step is bound by exposed FSDP traffic), so the headroom decides, and the reason names the
     knob, not the mesh."""
     full = _seed_with(recompute="full")
@@ -281,8 +282,10 @@ def test_same_mesh_other_recompute_is_weighed_as_the_knob(seed_pair):
         f"step times within 2% ({c.a.step_s:.3f} s vs {c.b.step_s:.3f} s): full has more memory headroom",
         "same mesh (dp_shard 8 x tp 8); the plans differ in training.recompute selective against full (selective "
         "against full): the difference comes from these knobs, not from the mesh",
-        "peak memory: selective 43.6 GiB, full 20.8 GiB (usable 67.1 GiB)")
-    assert c.a.step_s < c.b.step_s < 1.02 * c.a.step_s  # recompute costs time, less than the 2% band here
+        "peak memory: selective 43.3 GiB, full 20.8 GiB (usable 67.1 GiB)")
+    # recompute costs no time here: with torchtitan's FSDP2 units (the embedding re-gathered in
+    # every backward) the FSDP stream alone bounds the seed's step, whatever the compute
+    assert c.a.step_s <= c.b.step_s < 1.02 * c.a.step_s
 
 
 def test_advice_does_not_credit_the_mesh_for_a_knob(seed_pair):

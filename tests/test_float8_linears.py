@@ -63,7 +63,10 @@ def rows(plan, op, phase):
 
 
 def test_llama3_8b_all_gather_bytes_by_hand(tmp_path):
-    bf16 = [("every layer", (LINEARS + NORMS) * 2, "bf16"), ("per root (embedding/norm/output)", 2_101_354_496, "bf16")]
+    # torchtitan's units: the embedding 128256 x 4096 and [norm, output] 4096 + 128256 x 4096 apart
+    # (one root before: 2,101,354,496 B in bf16)
+    emb, head = ("per root (embedding)", 1_050_673_152, "bf16"), ("per root (norm/output)", 1_050_681_344, "bf16")
+    bf16 = [("every layer", (LINEARS + NORMS) * 2, "bf16"), emb, head]
     off = titan(tmp_path, float8=False)
     assert rows(off, "all-gather", "forward") == bf16
     # float8 GEMMs without the float8 all-gather: every weight gathered in bf16, as without float8
@@ -73,15 +76,16 @@ def test_llama3_8b_all_gather_bytes_by_hand(tmp_path):
     assert rows(f8, "all-gather", "forward") == bf16
     assert rows(f8, "all-reduce", "step") == []
     both = titan(tmp_path, float8=True, gather=True)
-    assert rows(both, "all-gather", "forward") == [("every layer", LINEARS + NORMS * 2, "uint8"),
-                                                   ("per root (embedding/norm/output)", 2_101_354_496, "bf16")]
+    assert rows(both, "all-gather", "forward") == [("every layer", LINEARS + NORMS * 2, "uint8"), emb, head]
     assert [r[1:] for r in rows(both, "all-reduce", "step")] == [(224 * 4, "fp32")]
     out = titan(tmp_path, float8=True, gather=True, filters="[]")
-    assert rows(out, "all-gather", "forward")[1] == ("per root (embedding/norm/output)", 1_576_017_920, "uint8")
+    # the float8 output layer (1 B) beside the bf16 final norm: 4096 x 2 + 128256 x 4096 x 1
+    assert rows(out, "all-gather", "forward")[1:] == [emb, ("per root (norm/output)", 525_344_768, "uint8")]
     assert [r[1:] for r in rows(out, "all-reduce", "step")] == [(225 * 4, "fp32")]
     # gradients are reduce-scattered in the reduce dtype (fp32) whatever the all-gather
     assert rows(both, "reduce-scatter", "backward") == rows(off, "reduce-scatter", "backward") == [
-        ("every layer", (LINEARS + NORMS) * 4, "fp32"), ("per root (embedding/norm/output)", 4_202_708_992, "fp32")]
+        ("every layer", (LINEARS + NORMS) * 4, "fp32"), ("per root (embedding)", 2_101_346_304, "fp32"),
+        ("per root (norm/output)", 2_101_362_688, "fp32")]
 
 
 def test_activations_stay_in_the_compute_dtype(tmp_path):

@@ -421,46 +421,66 @@ def test_tp8_one_node(framework):
 def test_fsdp16_two_nodes():
     """dp_shard 16 (ZeRO-3) over two DGX H100 nodes, one micro-batch per rank.
 
-    FSDP units: each layer (16,779,264 parameters) and the root (embedding, final norm, output);
-    all-gathered in bf16 forward and again in backward, reduce-scattered in fp32. Each rank's
-    ring leaves its node through its own NIC: 8 NICs x 50 GB/s = 400 GB/s per group.
-    Forward: root all-gather (exposed), embedding, layer 0's all-gather (issued after the
-    embedding, exposed), layer 1's all-gather issued when layer 0 starts (waited for only if
-    longer than layer 0), head. Backward: head gradient, layer 1's all-gather (exposed), layer
-    0's prefetched during layer 1; each layer's reduce-scatter after its backward, serial on
-    the FSDP stream; the root's after the embedding gradient; the step ends when the last
-    reduce-scatter does, then the optimizer step on the 1/16 shard."""
+    FSDP units as torchtitan wraps them (torchtitan/distributed/fsdp.py apply_fsdp_to_decoder
+    at b5bcd76): the embedding (resharded after forward as the layers are), each layer
+    (16,779,264 parameters) and [final norm, output] (kept gathered from forward to backward);
+    all-gathered in bf16, reduce-scattered in fp32. Each rank's ring leaves its node through
+    its own NIC: 8 NICs x 50 GB/s = 400 GB/s per group.
+    Forward: the embedding's all-gather (exposed), embedding, layer 0's all-gather (issued
+    after the embedding, exposed), layer 1's all-gather issued after layer 0's copy-out, the
+    head's after layer 1's (each waited for only if longer than the layer before), head.
+    Backward: the head's pre-backward prefetches layer 1 before the head's gradient; the head's
+    reduce-scatter right after it (serial after that all-gather on the FSDP stream); layer 0
+    prefetched after layer 1's copy-out, the embedding after layer 0's (FSDP2's backward
+    prefetch), each layer's reduce-scatter after its backward; the embedding's after the
+    embedding gradient; the step ends when that reduce-scatter does, then the optimizer step
+    on the 1/16 shard."""
     n = 16
     lt, ht = layer_terms(1), head_terms(1)
     n_layer = layer_params(1)
-    n_root = V * H + H + V * H
+    n_emb, n_head = V * H, H + V * H
     ag = cross_node_s("all-gather", n, B * n_layer, nodes=2)
     rs = cross_node_s("reduce-scatter", n, 4 * n_layer, nodes=2)
-    ag_root = cross_node_s("all-gather", n, B * n_root, nodes=2)
-    rs_root = cross_node_s("reduce-scatter", n, 4 * n_root, nodes=2)
+    ag_emb = cross_node_s("all-gather", n, B * n_emb, nodes=2)
+    rs_emb = cross_node_s("reduce-scatter", n, 4 * n_emb, nodes=2)
+    ag_head = cross_node_s("all-gather", n, B * n_head, nodes=2)
+    rs_head = cross_node_s("reduce-scatter", n, 4 * n_head, nodes=2)
     # FSDP2's compute-stream copies (comm/fsdp2.py): after each all-gather its copy-out reads the
     # gathered buffer and writes the parameters (2 x bf16 bytes); before each reduce-scatter its
     # copy-in reads the bf16 gradients and writes the fp32 send buffer (2 + 4 B per parameter)
-    co, co_root = kernel(2 * B * n_layer / TRIAD), kernel(2 * B * n_root / TRIAD)
-    ci, ci_root = kernel((B + 4) * n_layer / TRIAD), kernel((B + 4) * n_root / TRIAD)
+    co, co_emb, co_head = (kernel(2 * B * x / TRIAD) for x in (n_layer, n_emb, n_head))
+    ci, ci_emb, ci_head = (kernel((B + 4) * x / TRIAD) for x in (n_layer, n_emb, n_head))
     layer_f = sum(lt[f"f_{b}"] for b in ("attn_pre", "attn", "attn_post", "mlp_pre", "mlp", "mlp_post"))
     layer_b = sum(lt[k] for k in lt if k[0] in "bw")           # no TP: B then W of each block
-    # layer 1's all-gather is issued once layer 0's copy-out is done
-    forward = ag_root + ht["emb_f"] + co_root + ag + co + max(layer_f, ag) + co + layer_f + ht["head_f"]
+    forward = ag_emb + ht["emb_f"] + co_emb + ag + co + max(layer_f, ag) + co + max(layer_f, ag_head) \
+        + co_head + ht["head_f"]
     # backward, from its start
     head_b = ht["head_b"] + ht["head_w"]
-    ag0_end = head_b + ag + co + ag                      # layer 0's all-gather: after layer 1's copy-out
-    l1_end = head_b + ag + co + layer_b                  # layer 1 waited for its all-gather, then copied out
-    l0_end = max(l1_end + ci, ag0_end) + co + layer_b    # after layer 1's copy-in
-    rs1_end = max(ag0_end, l1_end + ci) + rs             # FSDP stream busy with the prefetch until then
-    rs0_end = max(rs1_end, l0_end + ci) + rs
-    rs_root_end = max(rs0_end, l0_end + ci + ht["emb_w"] + ci_root) + rs_root
-    params = (L * n_layer + n_root) / n                  # every kind sharded 16 ways (exact: 6,291,776)
-    step = forward + rs_root_end + optimizer_s(params, zero_grads=False)
+    rs_head_end = max(ag, head_b + ci_head) + rs_head     # after layer 1's prefetch on the FSDP stream
+    l1_co = max(head_b + ci_head, ag) + co                 # layer 1's copy-out
+    ag0_end = max(rs_head_end, l1_co) + ag                 # layer 0's all-gather: after layer 1's copy-out
+    l1_end = l1_co + layer_b
+    rs1_end = max(ag0_end, l1_end + ci) + rs
+    l0_co = max(l1_end + ci, ag0_end) + co                 # after layer 1's copy-in
+    ag_emb_end = max(rs1_end, l0_co) + ag_emb              # the embedding's, after layer 0's copy-out
+    l0_end = l0_co + layer_b
+    rs0_end = max(ag_emb_end, l0_end + ci) + rs
+    emb_end = max(l0_end + ci, ag_emb_end) + ht["emb_w"] + co_emb
+    rs_emb_end = max(rs0_end, emb_end + ci_emb) + rs_emb
+    params = (L * n_layer + n_emb + n_head) / n            # every kind sharded 16 ways (exact: 6,291,776)
+    step = forward + rs_emb_end + optimizer_s(params, zero_grads=False)
 
     plan = build_plan(config({"names": ["dp_shard"], "shape": [n]}, 2, 16, "zero3"))
-    got = step_time(plan, Overlap(), table=gemm_table(1)).step_s
-    assert got == pytest.approx(step, rel=1e-6)
+    st = step_time(plan, Overlap(), table=gemm_table(1))
+    assert st.step_s == pytest.approx(step, rel=1e-6)
+    # the FSDP stream of the backward, event by event (the step hides some of them)
+    fsdp = [(e.name, e.start_s, e.end_s) for e in st.units.get(0, 0, "B", 0).events if e.stream == "fsdp"]
+    by_hand = [("fsdp AG L1", 0.0, ag), ("fsdp RS root_head", rs_head_end - rs_head, rs_head_end),
+               ("fsdp AG L0", ag0_end - ag, ag0_end), ("fsdp RS L1", rs1_end - rs, rs1_end),
+               ("fsdp AG root_embed", ag_emb_end - ag_emb, ag_emb_end), ("fsdp RS L0", rs0_end - rs, rs0_end),
+               ("fsdp RS root_embed", rs_emb_end - rs_emb, rs_emb_end)]
+    assert [x[0] for x in fsdp] == [x[0] for x in by_hand]
+    assert [t for x in fsdp for t in x[1:]] == pytest.approx([t for x in by_hand for t in x[1:]], rel=1e-9, abs=1e-12)
 
 
 def test_pp2_1f1b():

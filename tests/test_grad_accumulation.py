@@ -6,15 +6,16 @@ per step and keeps each unit's unsharded fp32 gradient between micro-batches;
 ``no_sync_unsharded`` (also ``set_reshard_after_backward(False)``) keeps the parameters
 gathered from a backward to the next forward, so only micro-batch 0's forward all-gathers.
 
-Collective counts by hand, 2 layer units + the root unit (embedding, final norm, output;
-FSDP2 never reshards the root after forward), m micro-batches, reshard_after_forward (raf):
+Collective counts by hand, 4 units as torchtitan wraps them: the embedding (resharded after
+forward as the layers are), 2 layers, [final norm, output] (never resharded after forward),
+m micro-batches, reshard_after_forward (raf):
 
 ============================  ==================  ==================  ============
 mode                          forward AG          backward AG (raf)   reduce-scatter
 ============================  ==================  ==================  ============
-sync                          3 m                 2 m                 3 m
-no_sync                       3 m                 2 m                 3
-no_sync_unsharded             3                   2 m                 3
+sync                          4 m                 3 m                 4 m
+no_sync                       4 m                 3 m                 4
+no_sync_unsharded             4                   3 m                 4
 ============================  ==================  ==================  ============
 
 (backward all-gathers 0 without raf), checked against what torch 2.13's FSDP2 issues on the
@@ -47,9 +48,9 @@ MODES = ("sync", "no_sync", "no_sync_unsharded")
 
 def by_hand(mode: str, raf: bool, m: int) -> dict:
     """(phase, op) -> count per step of the table above."""
-    fwd = 3 if mode == "no_sync_unsharded" else 3 * m
-    return {("forward", "all-gather"): fwd, ("backward", "all-gather"): 2 * m if raf else 0,
-            ("backward", "reduce-scatter"): 3 * m if mode == "sync" else 3}
+    fwd = 4 if mode == "no_sync_unsharded" else 4 * m
+    return {("forward", "all-gather"): fwd, ("backward", "all-gather"): 3 * m if raf else 0,
+            ("backward", "reduce-scatter"): 4 * m if mode == "sync" else 4}
 
 
 def table_counts(training: TrainingSpec, mesh, m: int) -> dict:
@@ -75,16 +76,19 @@ def test_table_counts_by_hand(mode, raf):
 def test_table_per_layer_and_per_mb_columns_by_hand(mode):
     """``meshplan plan``'s "per layer", "per mb" and "per step" cells, m = 3, raf: a row issued
     alike in every micro-batch shows its calls per micro-batch (2 layer units: per layer 1.00;
-    the root: 1 per micro-batch, 0.50 per layer), a once-per-step row "-" (its count is per
-    step). Before, every FSDP row of no_sync and no_sync_unsharded showed per layer 0.00 and
+    the embedding's and [norm, output]'s units: 1 per micro-batch, 0.50 per layer), a
+    once-per-step row "-" (its count is per step). Before, every FSDP row of no_sync and no_sync_unsharded showed per layer 0.00 and
     per mb 0 beside per step 6, though no_sync gathers 2 units in each micro-batch as sync does."""
     from meshplan.report.text import _per_columns
-    every = {"sync": (("1.00", "2", 6),) * 3 + (("0.50", "1", 3),) * 2,
-             "no_sync": (("1.00", "2", 6),) * 2 + (("-", "-", 2), ("0.50", "1", 3), ("-", "-", 1)),
-             "no_sync_unsharded": (("-", "-", 2), ("1.00", "2", 6), ("-", "-", 2), ("-", "-", 1), ("-", "-", 1))}
+    mb, once = ("0.50", "1", 3), ("-", "-", 1)  # a root unit every micro-batch, once per step
+    every = {"sync": (("1.00", "2", 6),) * 3 + (mb,) * 5,
+             "no_sync": (("1.00", "2", 6),) * 2 + (("-", "-", 2), mb, mb, once, mb, once),
+             "no_sync_unsharded": (("-", "-", 2), ("1.00", "2", 6), ("-", "-", 2), once, mb, once, once, once)}
+    emb, head = "per root (embedding)", "per root (norm/output)"
     keys = [("forward", "all-gather", "every layer"), ("backward", "all-gather", "every layer"),
-            ("backward", "reduce-scatter", "every layer"), ("forward", "all-gather", "per root (embedding/norm/output)"),
-            ("backward", "reduce-scatter", "per root (embedding/norm/output)")]
+            ("backward", "reduce-scatter", "every layer"), ("forward", "all-gather", emb),
+            ("backward", "all-gather", emb), ("backward", "reduce-scatter", emb), ("forward", "all-gather", head),
+            ("backward", "reduce-scatter", head)]
     mesh = resolve_mesh(MeshSpec(names=["dp_shard"], shape=[4]), world=4)
     cluster = catalog.system("dgx-h100", nodes=1)
     t = TrainingSpec(global_batch=12, seq_len=16, grad_accumulation=mode, **FP32)
@@ -132,17 +136,22 @@ def test_memory_per_mode_by_hand():
     # micro-batch 1's forward gathers again under no_sync, never under no_sync_unsharded
     f1 = lambda tl: [e for e in tl.events() if e.phase == "forward" and e.microbatch == 1  # noqa: E731
                      and e.kind == "gathered_params" and e.delta_bytes > 0]
-    assert len(f1(no_sync)) == 2 * 3 and f1(kept) == []  # all-gather output + copy-out of 3 units
+    assert len(f1(no_sync)) == 2 * 4 and f1(kept) == []  # all-gather output + copy-out of 4 units
     # [memory] fsdp_reduce states the mode's rule (after_last); with sync it is refused
     after_last = plan_of(grad_accumulation="no_sync_unsharded", memory={**MEM, "fsdp_reduce": "after_last"}).timeline
     assert after_last.templates == kept.templates and after_last.peak == kept.peak
     with pytest.raises(ConfigError, match="memory.fsdp_reduce: 'per_microbatch' contradicts training.grad_accumulation "
                                           "'no_sync'"):
         plan_of(grad_accumulation="no_sync", memory={**MEM, "fsdp_reduce": "per_microbatch"})
-    # the peak (last micro-batch, layer 1's reduce-scatter input) holds every unit gathered in
-    # both modes (layer 0 prefetched), and the fp32 accumulators beside the sync peak's
-    # bf16 gradients of the units in flight
-    assert kept.peak.by_kind["gathered_params"] == no_sync.peak.by_kind["gathered_params"] == 10320 * 2
+    # the peak in both modes: the last micro-batch's reduce-scatter input of [norm, output]'s unit
+    # (torchtitan's units: reduced right after the head's backward), the head (2064 x 2 B)
+    # gathered beside layer 1's prefetched all-gather output (3104 x 2 B), every unit's fp32
+    # accumulator (10320 x 4 B) and the head's fp32 reduce-scatter input (2064 x 4 B); above
+    # the sync peak's bf16 gradients of the units in flight
+    for tl in (kept, no_sync):
+        assert tl.peak.label == "head: reduce-scatter input (reduce dtype)"
+        assert tl.peak.by_kind["gathered_params"] == (2064 + 3104) * 2
+        assert tl.peak.by_kind["grad_buffers"] == 10320 * 4 + 2064 * 4
     assert kept.peak.total_bytes == no_sync.peak.total_bytes > plan_of().timeline.peak.total_bytes
 
 

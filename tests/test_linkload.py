@@ -162,6 +162,7 @@ def test_arrays_equal_the_event_loops(seed, which):
 #: output layer, final norm); every dim 0 divides by 16, so no FSDP padding.
 LAYER_NUMEL = 2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336 + 2 * 4096   # 218,112,000
 ROOT_NUMEL = 2 * 128256 * 4096 + 4096                                             # 1,050,677,248
+EMB_NUMEL = 128256 * 4096                            # the embedding's own FSDP2 unit: 525,336,576
 
 
 def _dp_plan(nodes: int, global_batch: int, shape: int):
@@ -176,9 +177,10 @@ def _dp_plan(nodes: int, global_batch: int, shape: int):
 def _zero3_buffer_bytes_per_step(micro_batches: int) -> int:
     """S summed over a step's FSDP calls: per micro-batch each of the 32 layer units gathered in
     forward and again in backward (bf16, resharded after forward) and its gradient
-    reduce-scattered (fp32); the root unit gathered once and reduced once per micro-batch."""
+    reduce-scattered (fp32); the ends as torchtitan's two units, each gathered once and reduced
+    once per micro-batch, the embedding's (resharded after forward) gathered again in backward."""
     layers = 32 * micro_batches * (2 * LAYER_NUMEL * 2 + LAYER_NUMEL * 4)
-    root = micro_batches * (ROOT_NUMEL * 2 + ROOT_NUMEL * 4)
+    root = micro_batches * (ROOT_NUMEL * 2 + ROOT_NUMEL * 4 + EMB_NUMEL * 2)
     return layers + root
 
 
@@ -187,22 +189,22 @@ def test_ring_across_two_nodes_loads_nvlink_and_nics():
     p, loads = _dp_plan(2, 32, 16)
     assert {r.algorithm for r in p.collectives["stage 0"]} == {"ring"}
     sent = 15 / 16 * _zero3_buffer_bytes_per_step(2)   # ring all-gather / reduce-scatter: (n-1)/n S
-    assert sent == pytest.approx(116.513878e9, rel=1e-8)  # the rank's 116.5 GB of step --json
+    assert sent == pytest.approx(118.483891e9, rel=1e-8)  # the rank's 118.5 GB of step --json
     nv = loads["rank 0 nvlink4"]
-    assert nv.bytes_per_step == pytest.approx(7 / 8 * sent, rel=1e-12)   # 101.9 GB, was 0.0
+    assert nv.bytes_per_step == pytest.approx(7 / 8 * sent, rel=1e-12)   # 103.7 GB, was 0.0
     nics = [e for k, e in loads.items() if k.startswith("node 0 NIC")]
     assert len(nics) == 8
     # each rank sends 1/8 of its bytes out of the node; the node's 8 ranks over its 8 NICs
     for e in nics:
-        assert e.bytes_per_step == pytest.approx(8 * (sent / 8) / 8, rel=1e-12)   # 14.56 GB
-    # per layer and micro-batch: the layer units' three calls plus the root's two spread over 32 layers
-    per_layer = 15 / 16 * (2 * LAYER_NUMEL * 2 + LAYER_NUMEL * 4 + (ROOT_NUMEL * 6) / 32)
+        assert e.bytes_per_step == pytest.approx(8 * (sent / 8) / 8, rel=1e-12)   # 14.81 GB
+    # per layer and micro-batch: the layer units' three calls plus the ends' five spread over 32 layers
+    per_layer = 15 / 16 * (2 * LAYER_NUMEL * 2 + LAYER_NUMEL * 4 + (ROOT_NUMEL * 6 + EMB_NUMEL * 2) / 32)
     assert nv.per_layer_bytes == pytest.approx(7 / 8 * per_layer, rel=1e-12)
     assert nics[0].per_layer_bytes == pytest.approx(per_layer / 8, rel=1e-12)
     # each node holds the ring on all 8 rails: NCCL keeps every channel on its NIC's rail, so
     # nothing goes up to the spine (the two nodes share a leaf)
     assert not [k for k in loads if "uplink" in k]
-    # 101.9 GB at 450 GB/s hides behind the step's compute: the verdict reads "fits"
+    # 103.7 GB at 450 GB/s hides behind the step's compute: the verdict reads "fits"
     assert nv.busy_s == pytest.approx(7 / 8 * sent / 450e9, rel=1e-12) and nv.fits
 
 

@@ -42,8 +42,10 @@ LAYER = 1664 + 2560
 EMBED = 8 * 8              # token ids, int64
 HEAD = 256 + 256 + 4 * 8 * 128 + 13 * 8  # final norm in, output in, fp32 logits, loss
 DY = 2 * 8 * 16
-# FSDP2 units: each layer, and the root (embedding + final norm + output, one unit at pp 1)
-GATHER = {"root": (2048 + 2064) * 2, "layer": 3104 * 2}  # bf16 unsharded: 8224, 6208
+# FSDP2 units as torchtitan wraps them (TrainingSpec.torchtitan_units): the embedding (resharded
+# after forward as the layers are), each layer, and [final norm, output] (kept gathered
+# from its forward to its backward); bf16 unsharded: 4096, 6208, 4128
+GATHER = {"embedding": 2048 * 2, "layer": 3104 * 2, "head": 2064 * 2}
 INIT = 20640 + 41280 + 4000 + 500        # params, optimizer, NCCL, workspace
 # Backward of a layer, step by step (H = 2sbh = 256, F = 2sbf = 1024, Q = 2s*a*d = 256):
 # (working set, weight gradient bf16, activations freed)
@@ -78,41 +80,50 @@ def test_tiny_zero3_every_number_by_hand():
     assert [(e[1], e[2]) for e in tl.templates[0]] == [("params", 20640), ("optimizer", 41280),
                                                        ("comm_buffers", 4000), ("workspace", 500)]
     # forward of micro-batch 0 (FSDP2): each unit's all-gather output, then its copy-out; the
-    # output is kept until the next unit's copy-out, the last one until the model returns
-    # the logits (the root's post-forward); the root is not resharded after forward
-    r, lay = GATHER["root"], GATHER["layer"]
-    f0 = [(e[1], e[2]) for e in tl.templates[tl.passes[1].template]]
-    assert f0 == [("gathered_params", r), ("gathered_params", r), ("activations", EMBED),
-                  ("gathered_params", lay), ("gathered_params", lay), ("gathered_params", -r),
+    # output is kept until the next unit's copy-out, the last one (the head's) until the model
+    # returns the logits (the root's post-forward); the embedding and the layers are resharded
+    # after their forward, the head is not
+    e, lay, h = GATHER["embedding"], GATHER["layer"], GATHER["head"]
+    f0 = [(e_[1], e_[2]) for e_ in tl.templates[tl.passes[1].template]]
+    assert f0 == [("gathered_params", e), ("gathered_params", e), ("activations", EMBED), ("gathered_params", -e),
+                  ("gathered_params", lay), ("gathered_params", lay), ("gathered_params", -e),
                   ("activations", LAYER), ("gathered_params", -lay),
                   ("gathered_params", lay), ("gathered_params", lay), ("gathered_params", -lay),
                   ("activations", LAYER), ("gathered_params", -lay),
-                  ("temporaries", 2 * 8 * 128), ("gathered_params", -lay),
+                  ("gathered_params", h), ("gathered_params", h), ("gathered_params", -lay),
+                  ("temporaries", 2 * 8 * 128), ("gathered_params", -h),
                   ("activations", HEAD), ("temporaries", -2 * 8 * 128)]
     # backward of micro-batch 1, layer 1 (every sharded grad exists since micro-batch 0): after
     # its last step layer 1's activations are freed and its bf16 gradients (6208) are all
     # written; its fp32 reduce-scatter input (12416) is allocated before they are freed: the
-    # peak. Layer 0's all-gather output is prefetched, the root's head gradient (4128) waits
-    # for the root's reduce after the embedding.
+    # peak. Layer 0's all-gather output is prefetched; the head's unit was reduced (and
+    # resharded) right after the head's backward, its reduce-scatter input freed when layer
+    # 1's reduce begins; the embedding is sharded until layer 0's backward prefetches it.
     pk = tl.peak
     assert (pk.phase, pk.layer, pk.microbatch) == ("backward", 1, 1)
     assert pk.where() == "backward of layer 1 (micro-batch 1)"
     assert pk.label == "layer 1: reduce-scatter input (reduce dtype)"
     by_hand = {"params": 20640, "master": 0, "optimizer": 41280, "grads": 20640, "comm_buffers": 4000,
                "workspace": 500, "fragmentation": 0,
-               "gathered_params": r + 2 * lay,            # root + layer 1 + layer 0's all-gather output
-               "grad_buffers": 2064 * 2 + 3104 * 2 + 3104 * 4,  # root's head grad, layer 1 grad, its RS input
+               "gathered_params": 2 * lay,                # layer 1 + layer 0's all-gather output
+               "grad_buffers": 3104 * 2 + 3104 * 4,       # layer 1 grad, its RS input
                "activations": EMBED + LAYER,              # layer 0 and the token ids left
                "temporaries": DY}
     assert sum(st[1] for st in STEPS) == lay and sum(st[2] for st in STEPS) == LAYER
     assert pk.by_kind == by_hand
-    assert pk.total_bytes == sum(by_hand.values()) == 134996
-    # events: init 4, forward 17, first backward 93, forward 17, then 43 into the last
-    # backward: loss 2, prefetch 1, head 7, layer 1's copy-out, output freed, prefetch 3,
-    # steps 30 (a step: working set +/-, gradient, activations freed; no zero-byte events)
+    assert pk.total_bytes == sum(by_hand.values()) == 122644
+    # events: init 4, forward 21, first backward 101, forward 21, then 47 into the last
+    # backward: loss 2, prefetch 1, head 6, the head's reduce 4 (gradient, reduce-scatter
+    # input, gradient freed, resharded), layer 1's copy-out, output freed, prefetch 3, steps 30
+    # (a step: working set +/-, gradient, activations freed; no zero-byte events), the head's
+    # reduce-scatter done 1. Against one root unit (forward 17, backwards 93 and 90): forward
+    # + the embedding resharded, the head's all-gather output, copy-out and output freed (4);
+    # backward + the embedding gathered again (output, copy-out, output freed: 3) and a second
+    # unit reduced (reduce-scatter input, gradient freed, resharded, done: 4; the first
+    # backward also allocates its sharded gradient: 1)
     steps = sum(4 - (g == 0) for _, g, _ in STEPS)
-    assert steps == 30 and pk.t_index == 4 + 17 + 93 + 17 + 2 + 1 + 7 + 3 + steps == 174
-    assert tl.n_events == 4 + 17 + 93 + 17 + 90 + 3 == 224
+    assert steps == 30 and pk.t_index == 4 + 21 + 101 + 21 + 2 + 1 + 6 + 4 + 3 + steps + 1 == 194
+    assert tl.n_events == 4 + (17 + 4) + (93 + 3 + 4 + 1) + (17 + 4) + (90 + 3 + 4) + 3 == 247
     total = running(tl)
     assert total.max() == pk.total_bytes and int(np.argmax(total)) == pk.t_index
     assert total[-1] == INIT  # steady state: the step ends where it began
@@ -123,9 +134,9 @@ def test_tiny_zero3_every_number_by_hand():
 def test_sharded_grads_appear_per_unit_at_first_reduce_and_go_at_zero_grad():
     tl = plan_of().timeline
     allocs = [(e.microbatch, e.delta_bytes) for e in tl.events() if e.kind == "grads" and e.delta_bytes > 0]
-    # layer 1, layer 0, then the root (reduced after the embedding's backward): each unit's
-    # share of the 20640 B (proportional to elements)
-    assert allocs == [(0, 3104 * 2), (0, 3104 * 2), (0, (2048 + 2064) * 2)]
+    # the head (reduced right after its backward), layer 1, layer 0, then the embedding: each
+    # unit's share of the 20640 B (proportional to elements: 2064, 3104, 3104, 2048 of 10320)
+    assert allocs == [(0, 2064 * 2), (0, 3104 * 2), (0, 3104 * 2), (0, 2048 * 2)]
     frees = [e for e in tl.events() if e.kind == "grads" and e.delta_bytes < 0]
     assert [(e.phase, e.delta_bytes) for e in frees] == [("step", -20640)]
 
@@ -136,29 +147,32 @@ def gathered_at(tl, label, phase="backward"):
 
 
 def test_prefetch_depth_sets_gathered_layers():
-    r, lay = GATHER["root"], GATHER["layer"]
-    # forward, FSDP2 implicit: at layer 0's copy-out the root's all-gather output is still held
-    assert plan_of().timeline.max_by_kind["gathered_params"] == 2 * r + 2 * lay
+    lay = GATHER["layer"]
+    # forward, FSDP2 implicit: at layer 1's copy-out layer 0's all-gather output is still held
+    # (the embedding was resharded after its forward, its output freed at layer 0's copy-out)
+    assert plan_of().timeline.max_by_kind["gathered_params"] == 3 * lay
     # explicit forward prefetch: every output freed after its copy-out, the next one issued
     explicit = plan_of(memory={**MEM, "forward_prefetch_layers": 1}).timeline
-    assert explicit.max_by_kind["gathered_params"] == r + 2 * lay
-    # backward: layer 0's all-gather is issued before layer 1's backward (prefetch 1), or not
+    assert explicit.max_by_kind["gathered_params"] == 2 * lay
+    # backward: layer 0's all-gather is issued before layer 1's backward (prefetch 1), or not;
+    # the head's unit was resharded after its backward, the embedding's after its forward
     at = "layer 1 backward mlp w_out: working set (gradients of activations)"
-    assert gathered_at(plan_of().timeline, at) == r + 2 * lay
-    assert gathered_at(plan_of(memory={**MEM, "prefetch_layers": 0}).timeline, at) == r + lay
+    assert gathered_at(plan_of().timeline, at) == 2 * lay
+    assert gathered_at(plan_of(memory={**MEM, "prefetch_layers": 0}).timeline, at) == lay
 
 
 def test_reshard_after_forward_false_keeps_params_gathered_through_backward():
     tl = plan_of(reshard_after_forward=False).timeline
     gathered = running(tl, "gathered_params")
     end_f0 = tl.passes[2].first_event - 1
-    assert gathered[end_f0] == GATHER["root"] + 2 * GATHER["layer"]  # whole stage
+    assert gathered[end_f0] == GATHER["embedding"] + GATHER["head"] + 2 * GATHER["layer"]  # whole stage
     b0 = [e for e in tl.events() if e.phase == "backward" and e.microbatch == 0 and e.kind == "gathered_params"]
     assert all(e.delta_bytes < 0 for e in b0)  # backward gathers nothing again, only reshards
     default = plan_of().timeline
-    # default: each layer's all-gather output and copy-out, in both backward passes
+    # default: each layer's and the embedding's all-gather output and copy-out, in both
+    # backward passes (the head's unit stays gathered from its forward)
     assert sum(e.delta_bytes > 0 for e in default.events()
-               if e.kind == "gathered_params" and e.phase == "backward") == 8
+               if e.kind == "gathered_params" and e.phase == "backward") == 12
 
 
 def test_full_recompute_keeps_layer_inputs_and_one_working_set():
@@ -176,8 +190,8 @@ def test_full_recompute_keeps_layer_inputs_and_one_working_set():
 
 def test_fragmentation_allowance_is_a_stated_fraction_of_the_peak():
     tl = plan_of(memory={**MEM, "fragmentation_fraction": 0.1}).timeline
-    assert tl.peak.by_kind["fragmentation"] == int(0.1 * 134996)
-    assert tl.peak.total_bytes == 134996 + 13499 and tl.peak.t_index == 175  # one init event more
+    assert tl.peak.by_kind["fragmentation"] == int(0.1 * 122644)
+    assert tl.peak.total_bytes == 122644 + 12264 and tl.peak.t_index == 195  # one init event more
 
 
 def test_after_last_reduce_accumulates_unsharded_grads():
@@ -295,15 +309,17 @@ def test_v_shaped_activations_follow_the_schedule():
 
 
 def test_infeasible_reason_and_boundary():
-    gpu = {"name": "tiny", "peak_tflops": {"bf16": 1.0}, "hbm_gb": 134996 / 0.9 / 1e9 * 0.999,
+    gpu = {"name": "tiny", "peak_tflops": {"bf16": 1.0}, "hbm_gb": 122644 / 0.9 / 1e9 * 0.999,
            "hbm_bandwidth_tb_per_s": 1.0, "sms": 1, "source": "test"}
     small = plan_of(system={"system": "dgx-h100", "nodes": 1, "gpu": gpu})
     assert not small.feasible and small.timeline.headroom_bytes < 0
     assert small.reasons[0].startswith("peak 0.0 GiB at backward of layer 1 (micro-batch 1) on stage 0 > ")
-    fits = plan_of(system={"system": "dgx-h100", "nodes": 1, "gpu": {**gpu, "hbm_gb": 134996 / 0.9 / 1e9 * 1.001}})
+    fits = plan_of(system={"system": "dgx-h100", "nodes": 1, "gpu": {**gpu, "hbm_gb": 122644 / 0.9 / 1e9 * 1.001}})
     assert fits.feasible
     tp4 = build_plan(__import__("meshplan.config", fromlist=["x"]).load_config(EXAMPLES / "seed-64gpu-tp4.toml"))
-    assert re.fullmatch(r"peak \d+\.\d GiB at backward of layer 79 \(micro-batch 1\) on stage 0 > 67\.1 GiB usable "
+    # tp 4: the peak is the head's fp32 reduce-scatter input (its own unit, torchtitan's [norm,
+    # output], reduced right after the head's backward, every layer's activations still live)
+    assert re.fullmatch(r"peak \d+\.\d GiB at backward of the head \(micro-batch 1\) on stage 0 > 67\.1 GiB usable "
                         r"\(74\.5 GiB - 10% reserve\)", tp4.reasons[0]), tp4.reasons
 
 
@@ -321,7 +337,7 @@ def test_comparison_helpers():
     tl = plan_of().timeline
     groups = tl.by_group()
     assert sum(groups.values()) + sum(tl.peak.by_kind[k] for k in UNTRACKED_KINDS) == tl.peak.total_bytes
-    assert groups["params"] == 20640 + GATHER["root"] + 2 * GATHER["layer"]
+    assert groups["params"] == 20640 + 2 * GATHER["layer"]  # at the peak: layer 1 and layer 0's prefetch
     assert tracker_to_kinds({"Sharded Grad": 5, "Unsharded Grad": 1, "Reduce Scatter": 2, "OptState": 3}) == \
         {"grads": 5, "grad_buffers": 3, "optimizer": 3}
 
@@ -333,16 +349,18 @@ def test_seed_example_peak_and_headroom(capsys):
     tl = p.timeline
     # Llama-3-70B, tp 8 + SP, selective recompute, flash: per layer (s 8192, h 8192, t 8)
     # [r] 4 x 2sh/t = 67108864, q 2*s*8*128 = 16777216, k + v 4194304, context 16777216,
-    # gated MLP 4 x 2*s*28672/8 = 234881024 -> 339738624 B. The peak is in layer 78's
-    # backward (micro-batch 1), when its w_gate/w_up gradients are written while layer 79's
-    # fp32 reduce-scatter input is still in flight (one at a time, FSDP2): layers 0-77 and
-    # the token ids 8s are live, and of layer 78 all but what its w_out and activation steps
+    # gated MLP 4 x 2*s*28672/8 = 234881024 -> 339738624 B. The peak is in layer 79's
+    # backward (micro-batch 1), when its w_gate/w_up gradients are written while the head's
+    # fp32 reduce-scatter input (its own FSDP2 unit, torchtitan's [norm, output], reduced right
+    # after the head's backward) is still in flight (one at a time, FSDP2): layers 0-78 and
+    # the token ids 8s are live, and of layer 79 all but what its w_out and activation steps
     # freed (w_out input 2*s*28672/8; silu output and up, twice that), plus its recomputed
-    # flash statistics 4*(64/8)*s.
-    assert tl.peak.where() == "backward of layer 78 (micro-batch 1)"
-    assert tl.peak.label == "layer 78: unsharded gradient (mlp w_in) (compute dtype)"
+    # flash statistics 4*(64/8)*s. (With one root unit, reduced after the embedding, the
+    # peak was one layer later in the backward, layer 78's, behind layer 79's reduce.)
+    assert tl.peak.where() == "backward of layer 79 (micro-batch 1)"
+    assert tl.peak.label == "layer 79: unsharded gradient (mlp w_in) (compute dtype)"
     f = 2 * 8192 * 28672 // 8
-    assert tl.peak.by_kind["activations"] == 78 * 339738624 + (339738624 - 3 * f + 4 * 8 * 8192) + 8 * 8192
+    assert tl.peak.by_kind["activations"] == 79 * 339738624 + (339738624 - 3 * f + 4 * 8 * 8192) + 8 * 8192
     print(f"\nseed example: {tl.summary()}")
     assert 40 * GiB < tl.peak.total_bytes < 48 * GiB and tl.headroom_bytes > 19 * GiB
     assert len(tl.passes) == 2 * 64 + 2 and tl.n_events > 80_000  # run-length, expanded on demand
@@ -352,7 +370,7 @@ def test_cli_memory_writes_png_once(tmp_path):
     cmd = [sys.executable, "-m", "meshplan.cli", "memory", str(EXAMPLES / "seed-64gpu.toml"), "--out", str(tmp_path)]
     r = subprocess.run(cmd, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
-    assert "backward of layer 78 (micro-batch 1)" in r.stdout and "events around the peak" in r.stdout
+    assert "backward of layer 79 (micro-batch 1)" in r.stdout and "events around the peak" in r.stdout
     png = tmp_path / "seed-64gpu_memory_stage0.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     again = subprocess.run(cmd, capture_output=True, text=True)

@@ -31,14 +31,17 @@ def amax(plan):
 
 
 def test_float8_all_gather_sizes_by_hand():
-    assert gathers(plan_of()) == [("every layer", 6208, "bf16"), ("per root (embedding/norm/output)", 8224, "bf16")]
+    # torchtitan's units: the embedding (2048 x 2 B) and [norm, output] ((16 + 2048) x 2 B) apart
+    emb, head = ("per root (embedding)", 4096, "bf16"), ("per root (norm/output)", 4128, "bf16")
+    assert gathers(plan_of()) == [("every layer", 6208, "bf16"), emb, head]
     assert gathers(plan_of(linear_dtype="fp8")) == gathers(plan_of())
     assert amax(plan_of(linear_dtype="fp8")) == []
     fp8 = plan_of(linear_dtype="fp8", fp8_all_gather=True)
-    assert gathers(fp8) == [("every layer", 3136, "uint8"), ("per root (embedding/norm/output)", 8224, "bf16")]
+    assert gathers(fp8) == [("every layer", 3136, "uint8"), emb, head]
     assert amax(fp8) == [(48, "fp32", 1)] and amax(plan_of()) == []
     out = plan_of(linear_dtype="fp8", fp8_all_gather=True, fp8_output_layer=True)
-    assert gathers(out) == [("every layer", 3136, "uint8"), ("per root (embedding/norm/output)", 6176, "uint8")]
+    # the float8 output layer (2048 x 1 B) beside the bf16 final norm (16 x 2 B) in one byte buffer
+    assert gathers(out) == [("every layer", 3136, "uint8"), emb, ("per root (norm/output)", 2080, "uint8")]
     assert amax(out) == [(52, "fp32", 1)]
 
 

@@ -5,9 +5,12 @@ step (op, group ranks, bytes, dtype, count) against a derivation by hand.
 Conventions of the hand derivations (torch 2.13, see meshplan/runtime/execution/parallelize.py):
 - sizes are nccl-tests buffers: all-gather output, reduce-scatter input, all-reduce buffer;
 - TP activation buffer = b * s * h * bytes (with SP too: the gathered buffer);
-- FSDP units: each layer, then the root (embedding + final_norm + output); the root keeps
-  its parameters after forward (FSDP2's default for the root), so it is not gathered again
-  in backward; its buffer is the tp-local parameter count;
+- FSDP units as torchtitan's apply_fsdp wraps them (parallelize.apply_fsdp): the embedding,
+  each layer, [final_norm, output], then the root (no parameters left: no collectives). The
+  embedding reshards after forward as the layers do (gathered again in backward when
+  reshard_after_forward); [final_norm, output] keeps its parameters after forward, so it is
+  not gathered again in backward; a unit's buffer is its tp-local parameter count; tied
+  embeddings: one unit of the three, kept gathered;
 - loss parallel: cross-entropy on vocabulary-sharded logits issues 3 all-reduces of b*s
   fp32 values on tp (max, sum of exp, target logit).
 """
@@ -56,18 +59,22 @@ def test_tp2_dp_shard4_no_sp():
     # per layer on one tp rank: norms 2*64 + wq 64*64/2 + wk, wv 64*32/2 each + wo 64*64/2
     # + w_gate, w_up, w_down 64*128/2 each = 128 + 2048 + 2*1024 + 2048 + 3*4096 = 18560
     layer = 18560 * 4
-    root = (256 * 64 // 2 * 2 + 64) * 4  # embedding and output split over vocab, final_norm: 16448
+    emb = 256 * 64 // 2 * 4  # embedding split over vocab: 8192 elements
+    head = (256 * 64 // 2 + 64) * 4  # output split over vocab + final_norm: 8256 elements
     assert tally(run) == Counter({
         # embedding all-reduce + 2 per layer (after wo, after w_down)
         ("forward", "all-reduce", tp, act, "fp32"): 1 + 2 * 2,
-        ("forward", "all-gather", dp, root, "fp32"): 1,
+        ("forward", "all-gather", dp, emb, "fp32"): 1,
+        ("forward", "all-gather", dp, head, "fp32"): 1,
         ("forward", "all-gather", dp, layer, "fp32"): 2,
         ("loss", "all-reduce", tp, 1 * 16 * 4, "fp32"): 3,
         # 2 per layer (input grads of wq/wk/wv and w_gate/w_up) + the output layer's input grad
         ("backward", "all-reduce", tp, act, "fp32"): 2 * 2 + 1,
         ("backward", "all-gather", dp, layer, "fp32"): 2,  # layers resharded after forward
+        ("backward", "all-gather", dp, emb, "fp32"): 1,  # the embedding too; [norm, output] kept
         ("backward", "reduce-scatter", dp, layer, "fp32"): 2,
-        ("backward", "reduce-scatter", dp, root, "fp32"): 1,
+        ("backward", "reduce-scatter", dp, emb, "fp32"): 1,
+        ("backward", "reduce-scatter", dp, head, "fp32"): 1,
     })
     by_axis = tally_records(run.records, mesh_of(("dp_shard", "tp"), (4, 2)), 3)
     assert by_axis[("tp", "forward", "all-reduce", act, "fp32")] == 5
@@ -86,11 +93,12 @@ def test_tp4_sp_dp_shard2():
     # per layer per tp rank: norms 128 + wq 1024 + wk, wv (4 heads * 16) * 64 / 4 = 1024 each
     # + wo 1024 + 3 * 64 * 128 / 4 = 6144 -> 10368
     layer = 10368 * 4
-    root = (512 * 64 // 4 * 2 + 64) * 4
+    emb, head = 512 * 64 // 4 * 4, (512 * 64 // 4 + 64) * 4  # 8192 and 8256 elements
     assert tally(run) == Counter({
         ("forward", "reduce-scatter", tp, act, "fp32"): 1 + 2 * 2,  # embedding out + wo, w_down
         ("forward", "all-gather", tp, act, "fp32"): 2 * 2 + 1,  # attention, mlp in + output layer in
-        ("forward", "all-gather", dp, root, "fp32"): 1,
+        ("forward", "all-gather", dp, emb, "fp32"): 1,
+        ("forward", "all-gather", dp, head, "fp32"): 1,
         ("forward", "all-gather", dp, layer, "fp32"): 2,
         ("loss", "all-reduce", tp, 16 * 4, "fp32"): 3,
         ("backward", "all-gather", tp, act, "fp32"): 2 * 2 + 1,  # + the embedding's output grad
@@ -98,8 +106,10 @@ def test_tp4_sp_dp_shard2():
         # SequenceParallel norms: replicated weights, sharded inputs -> weight grad all-reduce
         ("backward", "all-reduce", tp, 64 * 4, "fp32"): 2 * 2 + 1,
         ("backward", "all-gather", dp, layer, "fp32"): 2,
+        ("backward", "all-gather", dp, emb, "fp32"): 1,
         ("backward", "reduce-scatter", dp, layer, "fp32"): 2,
-        ("backward", "reduce-scatter", dp, root, "fp32"): 1,
+        ("backward", "reduce-scatter", dp, emb, "fp32"): 1,
+        ("backward", "reduce-scatter", dp, head, "fp32"): 1,
         # KV heads copied 2 -> 4: per layer the wk and wv gradients (1024 elements each on a tp
         # rank), this rank's dp_shard half, summed over tp ranks 4, 5 (the copies of KV head 0)
         # once per step before the optimizer (handed case C6)
@@ -115,17 +125,24 @@ def test_hsdp_2x2_tp2_sp():
     assert run.group_differences == []
     tp, shard, rep = (6, 7), (4, 6), (2, 6)
     act = 2 * 16 * 64 * 4
-    layer, root = 18560, 16448  # tp-local elements, as in test_tp2_dp_shard4_no_sp
+    layer, emb, head = 18560, 8192, 8256  # tp-local elements, as in test_tp2_dp_shard4_no_sp
     t = tally(run)
     assert t[("backward", "all-reduce", rep, layer // 2 * 4, "fp32")] == 2  # shard of each layer
-    assert t[("backward", "all-reduce", rep, root // 2 * 4, "fp32")] == 1
+    assert t[("backward", "all-reduce", rep, emb // 2 * 4, "fp32")] == 1
+    assert t[("backward", "all-reduce", rep, head // 2 * 4, "fp32")] == 1
+    assert t[("forward", "all-gather", shard, emb * 4, "fp32")] == 1
+    assert t[("backward", "all-gather", shard, emb * 4, "fp32")] == 1  # resharded after forward
+    assert t[("forward", "all-gather", shard, head * 4, "fp32")] == 1
+    assert t[("backward", "all-gather", shard, head * 4, "fp32")] == 0  # kept gathered
     assert t[("backward", "reduce-scatter", shard, layer * 4, "fp32")] == 2
     assert t[("forward", "all-gather", shard, layer * 4, "fp32")] == 2
     assert t[("backward", "all-gather", shard, layer * 4, "fp32")] == 2
     assert t[("forward", "all-gather", tp, act, "fp32")] == 5
     assert t[("backward", "all-reduce", tp, 64 * 4, "fp32")] == 5
     assert t[("loss", "all-reduce", tp, 2 * 16 * 4, "fp32")] == 3
-    assert sum(t.values()) == 39
+    # 39 with one root unit (AG, RS, AR); apart: +1 AG (head) +1 AG (embedding in backward)
+    # +1 RS +1 AR (a second unit)
+    assert sum(t.values()) == 43
 
 
 def test_hsdp_every_rank_groups_and_counts():
@@ -155,19 +172,22 @@ def test_64_ranks_h8192_bf16():
     act = 64 * 8192 * 2
     # per tp rank: wq, wo 8192*8192/8; wk, wv 8192*1024/8; 3 MLP 8192*28672/8; norms 2*8192
     layer = 2 * 8388608 + 2 * 1048576 + 3 * 29360128 + 16384  # 106971136
-    root = 2 * 1024 * 8192 // 8 + 8192  # 2105344
+    emb, head = 1024 * 8192 // 8, 1024 * 8192 // 8 + 8192  # 1048576, 1056768
     assert tally(run) == Counter({
-        ("forward", "all-gather", dp, root * 2, "bf16"): 1,
+        ("forward", "all-gather", dp, emb * 2, "bf16"): 1,
+        ("forward", "all-gather", dp, head * 2, "bf16"): 1,
         ("forward", "all-gather", dp, layer * 2, "bf16"): 1,
         ("forward", "reduce-scatter", tp, act, "bf16"): 3,
         ("forward", "all-gather", tp, act, "bf16"): 3,
         ("loss", "all-reduce", tp, 64 * 4, "fp32"): 3,
         ("backward", "all-gather", dp, layer * 2, "bf16"): 1,
+        ("backward", "all-gather", dp, emb * 2, "bf16"): 1,
         ("backward", "all-gather", tp, act, "bf16"): 3,
         ("backward", "reduce-scatter", tp, act, "bf16"): 3,
         ("backward", "all-reduce", tp, 8192 * 2, "bf16"): 3,  # norm weight grads, in param dtype
         ("backward", "reduce-scatter", dp, layer * 4, "fp32"): 1,
-        ("backward", "reduce-scatter", dp, root * 4, "fp32"): 1,
+        ("backward", "reduce-scatter", dp, emb * 4, "fp32"): 1,
+        ("backward", "reduce-scatter", dp, head * 4, "fp32"): 1,
     })
 
 
@@ -178,12 +198,14 @@ def test_fsdp_only_no_reshard_layernorm():
     run = dry_run(model, tr, mesh_of(("dp_shard",), (8,)), rank=1)
     dp = tuple(range(8))
     layer = 2 * 128 + 4 * 64 * 64 + 2 * 64 * 128  # 33024
-    root = 2 * 256 * 64 + 128  # 32896
+    emb, head = 256 * 64, 256 * 64 + 128  # final LayerNorm weight + bias with the output
     assert tally(run) == Counter({
-        ("forward", "all-gather", dp, root * 4, "fp32"): 1,
+        ("forward", "all-gather", dp, emb * 4, "fp32"): 1,
+        ("forward", "all-gather", dp, head * 4, "fp32"): 1,
         ("forward", "all-gather", dp, layer * 4, "fp32"): 2,
         ("backward", "reduce-scatter", dp, layer * 4, "fp32"): 2,
-        ("backward", "reduce-scatter", dp, root * 4, "fp32"): 1,
+        ("backward", "reduce-scatter", dp, emb * 4, "fp32"): 1,
+        ("backward", "reduce-scatter", dp, head * 4, "fp32"): 1,
     })
 
 
@@ -256,8 +278,55 @@ def test_scaled_model_matches_param_count():
 
 
 def test_tied_embeddings_gathered_once():
-    # tied output layer: one (vocab/tp, h) weight in the root unit -> 256*64/2 + final_norm 64
+    # tied output layer: one (vocab/tp, h) weight in one unit of embedding, final_norm and
+    # output -> 256*64/2 + final_norm 64
     tr = TrainingSpec(global_batch=8, seq_len=16, micro_batch=1, **FP32)
     tied = TINY.model_copy(update=dict(tied_embeddings=True))
     run = dry_run(tied, tr, mesh_of(("dp_shard", "tp"), (4, 2), sp=True), rank=3)
-    assert tally(run)[("forward", "all-gather", (1, 3, 5, 7), (256 * 64 // 2 + 64) * 4, "fp32")] == 1
+    t = tally(run)
+    assert t[("forward", "all-gather", (1, 3, 5, 7), (256 * 64 // 2 + 64) * 4, "fp32")] == 1
+    assert t[("backward", "all-gather", (1, 3, 5, 7), (256 * 64 // 2 + 64) * 4, "fp32")] == 0  # kept gathered
+    assert t[("backward", "reduce-scatter", (1, 3, 5, 7), (256 * 64 // 2 + 64) * 4, "fp32")] == 1
+
+
+def test_memory_step_leaves_grouped_units_as_fully_shard_made_them():
+    # [final_norm, output] is one FSDP unit of two modules. torch 2.13's FSDPMemTracker
+    # instruments module by module, keeps one hook handle per unit, leaves its hook on
+    # final_norm after exit and the next forward raises ("multiple iterative calls");
+    # meshplan's UnitMemTracker instruments the unit once. The forward hooks on each module
+    # (FSDP's, and TP's on the embedding, final_norm and output) are the same after two
+    # tracked steps, the unit's backward methods are FSDP's own, and the steps after run.
+    import torch
+    from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
+
+    from meshplan.runtime.execution.memtracker import fsdp_units
+    from meshplan.runtime.execution.trainstep import Runner, memory_step
+
+    class Status:
+        def set(self, *a, **k):
+            pass
+
+    tr = TrainingSpec(global_batch=4, seq_len=16, micro_batch=1, **FP32)
+    mesh = mesh_of(("dp_shard", "tp"), (2, 2), sp=True)
+    with fake_process_group(4, rank=3):
+        dm = init_mesh(mesh)
+        with torch.device("meta"):
+            model = Transformer(TINY, vocab=256, tp=2)
+        parallelize(model, dm, mesh, tr, loss_parallel=True)
+        model.to_empty(device="cpu")
+        model.init_weights(seed=0)
+        named = dict(model.named_modules())
+        hooks = lambda: {n: (len(named[n]._forward_pre_hooks), len(named[n]._forward_hooks))
+                         for n in ("", "embedding", "layers.0", "final_norm", "output")}
+        before = hooks()
+        assert before == {"": (1, 1), "embedding": (2, 2), "layers.0": (1, 1), "final_norm": (2, 2), "output": (2, 2)}
+        assert [len(s._modules) for _, s in fsdp_units(model)] == [1, 1, 1, 2]  # embedding, 2 layers, head
+        runner = Runner(model, tr, mesh, 3, 256, 0, Status(), "cpu")
+        runner.step(0)
+        for index in (1, 3):
+            _, mem = memory_step(runner, index)
+            assert mem["method"].startswith("FSDPMemTracker"), mem["method"]
+            assert hooks() == before
+            runner.step(index + 1)
+        for _, state in fsdp_units(model):
+            assert state._fsdp_param_group.pre_backward.__func__ is FSDPParamGroup.pre_backward

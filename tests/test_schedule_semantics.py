@@ -231,6 +231,7 @@ def test_cp_full_recompute_replays_the_gather_before_the_replayed_attention():
 # 2 x 64 x 256 = 32,768, two RMSNorm weights 128: 49,280; root: embedding 256 x 64, final norm
 # 64, output 256 x 64 = 32,832; total 4 x 49,280 + 32,832 = 229,952.
 PARAMS, LAYER_PARAMS, ROOT_PARAMS = 229_952, 49_280, 32_832
+EMB_PARAMS, HEAD_PARAMS = 256 * 64, 64 + 256 * 64  # the root's two FSDP2 units (torchtitan): 16,384 + 16,448
 
 
 def _dp_rows(sharding, **training):
@@ -251,8 +252,9 @@ def _dp_rows(sharding, **training):
 ])
 def test_gradient_reduce_bytes_follow_the_config(sharding, option, dtype):
     """DDP all-reduces all 229,952 gradients in one bucket; ZeRO-1 reduce-scatters them once
-    per step; FSDP/HSDP reduce-scatter each layer's 49,280 and the root's 32,832, HSDP then
-    all-reduces the shard (half) over dp_replicate; bytes = elements x the reduce dtype's size."""
+    per step; FSDP/HSDP reduce-scatter each layer's 49,280 and the root's 32,832 as torchtitan's
+    two units, the embedding's 16,384 and [norm, output]'s 16,448, HSDP then all-reduces the
+    shard (half) over dp_replicate; bytes = elements x the reduce dtype's size."""
     extra = {} if option is None else {"grad_reduce_dtype": option}
     plan, rows = _dp_rows(sharding, **extra)
     b = dtype_bytes(dtype)
@@ -261,9 +263,10 @@ def test_gradient_reduce_bytes_follow_the_config(sharding, option, dtype):
     if sharding in ("none", "zero1"):
         assert sizes == [PARAMS * b]
     elif sharding == "zero3":
-        assert sizes == [ROOT_PARAMS * b, LAYER_PARAMS * b]
+        assert EMB_PARAMS + HEAD_PARAMS == ROOT_PARAMS
+        assert sizes == [EMB_PARAMS * b, HEAD_PARAMS * b, LAYER_PARAMS * b]
     else:  # hsdp: reduce-scatter over dp_shard 2, then all-reduce of the half shard over dp_replicate 2
-        assert sizes == [ROOT_PARAMS * b // 2, LAYER_PARAMS * b // 2, ROOT_PARAMS * b, LAYER_PARAMS * b]
+        assert sizes == sorted(x * b // k for x in (EMB_PARAMS, HEAD_PARAMS, LAYER_PARAMS) for k in (1, 2))
 
 
 def test_ddp_fp32_reduction_is_what_the_timeline_spends():

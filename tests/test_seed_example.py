@@ -134,7 +134,8 @@ def test_step_verdict_names_fsdp_regather(plan8):
             and "(training.reshard_after_forward = true)" in lines[1])
     assert f"training.reshard_after_forward = false: step {alt_s:.1f} s, peak" in lines[1] and alt.feasible
     assert alt_s < 0.5 * st.step_s
-    assert "training.micro_batch = 2: does not fit (peak 69.4 GiB > 67.1 GiB usable)" in lines[1]
+    # (69.4 GiB with one root unit; torchtitan's FSDP2 units reduce the head right after its backward)
+    assert "training.micro_batch = 2: does not fit (peak 69.1 GiB > 67.1 GiB usable)" in lines[1]
 
 
 def test_step_cli_prints_verdict():

@@ -50,7 +50,12 @@ def test_lanes_by_hand():
 
 
 def test_step_trace_slices_nest_on_every_track(tmp_path):
-    plan = build_plan(load_config(ROOT / "examples" / "mini_2x4_tp4-dp2.toml"))
+    # the mini example's Llama 3 8B on dp_shard 8 x tp 1: with torchtitan's FSDP2 units the
+    # embedding's fp32 reduce-scatter (the backward's tail) outlasts the next forward's embedding
+    # all-gather and embedding, so layer 0's all-gather starts under it (at tp 4 it nests instead)
+    text = (ROOT / "examples" / "mini_2x4_tp4-dp2.toml").read_text().replace("shape = [2, 4]", "shape = [8, 1]")
+    (tmp_path / "dp8.toml").write_text(text)
+    plan = build_plan(load_config(tmp_path / "dp8.toml"))
     st = step_time(plan)
     doc = json.loads(st.write_trace(tmp_path / "trace.json").read_text())
     per_stream = by_track(doc, lambda e: (e["pid"], e["cat"]))

@@ -87,7 +87,9 @@ def test_4_ranks_ep2_dp_shard4_match_the_plan_exactly(tmp_path):
     assert experts == [("backward", "all-gather", 2), ("backward", "reduce-scatter", 2), ("forward", "all-gather", 2)]
     assert {row["size_bytes"] for row in rows if row["axis"] == "efsdp"} == {3 * 4 * 896 * 256 * 4}
     n = len(json.loads((out / "world4" / "rank0" / "collectives.json").read_text())["records"])
-    assert n == sum(row["meshplan"] for row in rows) == 22
+    # all-to-all 4 + 4, efsdp 6, dp_shard: 2 layers x (gather, re-gather, reduce) + the ends as
+    # torchtitan wraps them (embedding: gather, re-gather, reduce; [norm, output]: gather, reduce)
+    assert n == sum(row["meshplan"] for row in rows) == 8 + 6 + 6 + 3 + 2
     start = json.loads((out / "world4" / "rank1" / "startup.json").read_text())
     assert start["groups"]["ep"] == [0, 1] and start["groups"]["efsdp"] == [1, 3]
     assert start["local_shapes"]["layers.0.moe.experts.w_gate"] == {

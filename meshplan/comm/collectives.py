@@ -40,10 +40,12 @@ Conventions, matched op by op against what torch 2.13 issues for DTensor TP/SP a
   saved tensor, so it repeats every forward TP collective except the last one of the layer;
   torchtitan's per-layer AC (``recompute = "layer"``) does so in its checkpointed layers
   (``TrainingSpec.layer_recomputed``); its op-level AC is planned with tp = cp = ep = 1 only.
-- FSDP2 (zero3, hsdp): one unit per transformer layer and a root unit (embedding, final norm,
-  output on the stages that hold them). Each unit is all-gathered in forward, again in
-  backward when ``reshard_after_forward`` (never for the root, which FSDP2 keeps gathered),
-  and its gradients reduce-scattered in backward, every micro-batch. FSDP2 pads dim 0 of each
+- FSDP2 (zero3, hsdp): one unit per transformer layer and the ends as torchtitan wraps them
+  (``TrainingSpec.torchtitan_units``: the embedding, and [final norm, output], on the stages
+  that hold them; tied embeddings, Megatron and DeepSpeed: one root unit of both). Each unit is
+  all-gathered in forward, again in backward when ``reshard_after_forward`` (never for the
+  unit holding the output layer, which FSDP2 keeps gathered), and its gradients
+  reduce-scattered in backward, every micro-batch. FSDP2 pads dim 0 of each
   parameter to a multiple of the shard degree (:func:`~meshplan.mesh.tpsplit.fsdp_padded_numel`).
   HSDP all-reduces each unit's gradient shard over dp_replicate. Expert weights form their
   own unit over efsdp (torchtitan), sharded on dim 1 when efsdp x ep > experts (torchtitan's
@@ -630,11 +632,24 @@ def _units(c: _Ctx, shards: dict[str, int]) -> list[tuple[str, str, int, int, in
     v = padded_vocab(m.vocab, t.vocab_pad_divisor, tp)
     emb = m.embedding_tensors(v) if c.first else []
     head = [x for x in (m.head_tensors(v) if c.last else []) if not (x.tied and c.first)]
-    if c.first and c.last and c.vpp > 1:  # a V: the embedding's chunk and the output layer's are two FSDP roots
+    tied = any(x.tied for x in m.head_tensors(v)) if c.first and c.last else False
+    if c.first and c.last and (c.vpp > 1 or (t.torchtitan_units and not tied and mesh.degree("pp") == 1)):
+        # a V (the embedding's chunk and the output layer's, two FSDP roots), or torchtitan's
+        # units (the embedding, and [norm, output]; TrainingSpec.torchtitan_units)
         out += [unit("root (embedding)", "fsdp", emb, 0), unit("root (norm/output)", "fsdp", head, c.vpp - 1)]
     else:
         out.append(unit("root (embedding/norm/output)", "fsdp", emb + head, 0 if c.first else c.vpp - 1))
     return [u for u in out if u[2] > 0]
+
+
+def kept_gathered(label: str, t) -> bool:
+    """Whether the FSDP unit ``label`` stays gathered from its forward to its backward
+    whatever ``reshard_after_forward`` says: the root, or under torchtitan's units
+    (:attr:`~meshplan.spec.training.TrainingSpec.torchtitan_units`) the unit holding the
+    output layer (the embedding's own unit reshards as a layer)."""
+    if not label.startswith("root"):
+        return False
+    return not t.torchtitan_units or label != "root (embedding)"
 
 
 def _dp_rows(add, c: _Ctx) -> None:
@@ -658,8 +673,8 @@ def _dp_rows(add, c: _Ctx) -> None:
         pipelined = mesh.degree("pp") > 1
         units = _units(c, shards)
         for (label, axis, numel, gbytes, fp8), n in Counter(u[:3] + u[4:] for u in units).items():
-            root = label.startswith("root")
-            cadence = f"per {label}" if root else f"every {label}"
+            root = kept_gathered(label, t) or (pipelined and label.startswith("root"))  # pp > 1: one root
+            cadence = f"per {label}" if label.startswith("root") else f"every {label}"
             gdt = ag if not fp8 else "uint8" if gbytes != numel else "fp8"  # FSDP2: mixed dtypes in a byte buffer
             per_step = _pipelined_gathers(c, root, [u[3] for u in units if u[:3] == (label, axis, numel)]) \
                 if pipelined else _accumulation_gathers(c, root, n)

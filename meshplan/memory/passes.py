@@ -11,7 +11,10 @@ Conventions (bytes on one rank; sizes from :mod:`meshplan.memory.sizes`):
 FSDP units (zero3/hsdp, shard degree > 1) follow FSDP2 (torch ``fully_shard``,
 ``_fsdp_param_group.py``): one unit per layer, and the chunk's root unit, which holds the
 embedding and the head (final norm, output) of the stage and is never resharded after
-forward; on a one-stage pipeline both are one unit (``root``), as
+forward; on a one-stage pipeline both are one unit (``root``). Under torchtitan's units
+(:attr:`~meshplan.spec.training.TrainingSpec.torchtitan_units`, untied) the embedding
+(``embedding``) and the head (``head``) are two units, the embedding resharded after forward
+as the layers are (``embedding_reshards``) and gathered again before its backward; as
 :func:`meshplan.runtime.execution.parallelize.apply_fsdp` wraps them and
 :mod:`meshplan.comm.collectives` counts them. Unsharding a unit allocates its all-gather output
 and then copies it out into the unsharded parameters (``gathered_params``, twice the
@@ -142,6 +145,7 @@ class StageSizes:
     init: tuple
     step: tuple
     reshard_after_backward: bool = False  # without a reduce (fsdp_reduce "after_last"): grad_accumulation no_sync
+    embedding_reshards: bool = False  # the embedding's own unit resharded after forward (torchtitan's units)
 
     def chunk_units(self, chunk: int) -> tuple[UnitKey, ...]:
         """FSDP units used by a pass of ``chunk``, in forward order."""
@@ -229,6 +233,8 @@ class PassBuilder:
         for key in (k for k in ("root", "embedding") if k in keys):
             self._unshard(key, list(sz.chunks[self.chunk]), depth, keep)
             self._add(None, "activations", sz.embedding_saved, "embedding: token ids (+ dropout mask) saved")
+            if key == "embedding" and sz.embedding_reshards:
+                self._release(key, "after forward")
         layers = sz.chunks[self.chunk]
         for i, layer in enumerate(layers):
             self._unshard(layer, list(layers[i + 1:]) + [k for k in keys if k == "head"], depth, keep)
@@ -270,9 +276,12 @@ class PassBuilder:
             self._head_backward()
         else:
             self._add(None, "temporaries", sz.dy, "output gradient dY received")
+        emb = ["embedding"] if "embedding" in keys and sz.embedding_reshards else []
         for i, layer in enumerate(order):
-            self._unshard(layer, order[i + 1:], sz.prefetch, False)
+            self._unshard(layer, order[i + 1:] + emb, sz.prefetch, False)
             self._layer_backward(layer)
+        for key in emb:  # gathered again for its backward (prefetched by the layers')
+            self._unshard(key, [], sz.prefetch, False)
         for key in (k for k in ("embedding", "root") if k in keys):
             self._add(None, "activations", -sz.embedding_saved, "embedding: saved activations freed")
             self._add(None, "grad_buffers", sz.embedding_grad_extra,

@@ -39,7 +39,9 @@ the fp32 router logits ``4 experts`` per token.
 FSDP units: every layer, plus the stage's embedding (stage 0) and head (final norm and
 output on the last stage, the output counted as in :mod:`meshplan.memory.state`); on a
 stage that holds both in one chunk (pp 1) they are one unit, FSDP2's root (``root``;
-:mod:`meshplan.memory.passes`).
+:mod:`meshplan.memory.passes`), except under torchtitan's units
+(:attr:`~meshplan.spec.training.TrainingSpec.torchtitan_units`, untied): the embedding and the
+head apart, the embedding resharded after forward as the layers are (``embedding_reshards``).
 Gathered bytes are the tp-local unsharded elements in the compute dtype (FSDP2
 ``MixedPrecisionPolicy(param_dtype)``); the reduce-scatter input is in the reduce dtype.
 The sharded gradients of :func:`~meshplan.memory.state.state_bytes` are split over the
@@ -239,7 +241,8 @@ def units(model: ModelSpec, training: TrainingSpec, mesh: Mesh, stages, state: S
     numels = _unit_numels(model, training, mesh, stages, state.stage)
     active = fsdp_active(training, mesh)
     head = {}
-    if "embedding" in numels and "head" in numels and len(stages[state.stage]) == 1:  # one FSDP2 root
+    if "embedding" in numels and "head" in numels and len(stages[state.stage]) == 1 \
+            and (model.tied_embeddings or not training.torchtitan_units):  # one FSDP2 root (torchtitan: two units)
         emb, head = numels.pop("embedding"), numels.pop("head")
         numels = {"root": {g: emb[g] + head[g] for g in emb}, **numels}
     comp, red = dtype_bytes(training.compute_dtype), dtype_bytes(training.reduce_dtype)
@@ -380,6 +383,7 @@ def stage_sizes(model: ModelSpec, training: TrainingSpec, mesh: Mesh, stages, st
         embedding_grad_extra=hs["embedding_grad_extra"] if k == 0 and fsdp else 0, fsdp=fsdp,
         reshard_after_forward=training.reshard_after_forward,
         fsdp_reduce=opts.fsdp_reduce_for(training, mesh.degree("pp")),
+        embedding_reshards=training.torchtitan_units and training.reshard_after_forward and len(stages) == 1,
         reshard_after_backward=training.grad_accumulation == "no_sync",
         prefetch=opts.prefetch_layers, forward_prefetch=opts.forward_prefetch_layers, bucket=bucket,
         bucket_every_backward=training.sharding == "zero2",

@@ -44,6 +44,13 @@ frameworks issue them:
   finds its chunk sharded (:func:`meshplan.comm.collectives.fsdp_gather_flags`: with
   ``reshard_after_forward = false`` once per step and chunk) and reduces only on the chunk's
   last gradient unit (``PipelineStage`` turns gradient sync off for every other backward).
+  The ends (torchtitan's units, ``TrainingSpec.torchtitan_units``): the embedding's unit is
+  gathered before the embedding (and, resharded, again after the first layer's backward
+  copy-out, FSDP2's backward prefetch) and reduce-scattered after its gradient; the [norm,
+  output] unit is gathered after the last layer's copy-out (prefetched as a layer's) and
+  reduce-scattered right after the head's backward, its pre-backward having prefetched the
+  last layer first. One root unit (tied, Megatron): gathered before the embedding, reduced
+  after the embedding's gradient.
   DeepSpeed ZeRO-3 of 2021 (``training.zero3_engine``): a layer's gather (reduce-scatter) is
   the sum of its per-parameter calls (:mod:`meshplan.comm.deepspeed`), placed as one unit's;
   their host time (partition views, list copies issued) runs on the compute stream at the
@@ -186,16 +193,22 @@ def comm_kind(row) -> str:
     return "other"
 
 
+#: Timeline group of each FSDP root unit label (:func:`meshplan.comm.collectives._units`): one
+#: root, or the embedding's unit and the [norm, output] unit apart (torchtitan, a V).
+ROOT_GROUPS = {"root (embedding)": "root_embed", "root (norm/output)": "root_head"}
+
+
 def _shard_group(cadence: str) -> str:
     if "root" in cadence:
-        return "root"
+        return next((g for label, g in ROOT_GROUPS.items() if label in cadence), "root")
     return "expert" if ("expert" in cadence or "MoE" in cadence) else "layer"
 
 
 @dataclass
 class CommTimes:
     """Seconds per call of one stage's collectives keyed (kind, group, phase, op); group is
-    "layer", "expert" or "root" for shard/replica rows. ``loss_s``: seconds of the loss
+    "layer", "expert", "root" (one root unit), "root_embed" or "root_head" (the embedding's
+    and [norm, output]'s units apart, :data:`ROOT_GROUPS`) for shard/replica rows. ``loss_s``: seconds of the loss
     collectives per micro-batch; ``async_s``: per-layer overlapped tp collectives (norm
     weight gradients); ``step_reduce_s``/``step_gather_s``: per-step ZeRO-1/2 or DDP
     collectives; ``p2p_s``: one pp send; ``p2p_gather_s``: the tp all-gather after each pp
@@ -597,13 +610,16 @@ def forward_unit(chunk: ChunkCosts, comm: CommTimes, w: Workload, ov: Overlap,
     ``gather_root``: whether this pass finds the layers' / the root's FSDP units sharded."""
     s = _Sim(comm, w, ov)
     n = len(chunk.layers)
-    root_ag = lambda: s.comm("shard", "forward", "all-gather", "fsdp AG root", "root") if gather_root else None
+    emb_g, head_g = _root_groups(comm)
+    # the embedding's own unit (torchtitan) reshards after forward as the layers do
+    gather_emb = gather_layers if ("shard", emb_g, "backward", "all-gather") in comm.t else gather_root
+    root_ag = lambda g, on: s.comm("shard", "forward", "all-gather", f"fsdp AG {g}", g) if on else None
     if chunk.batch is not None:
         s.compute("get_batch and timers", chunk.batch.seconds("forward"))
     if chunk.embed is not None:
-        s.compute("embedding", chunk.embed.seconds("forward") + (comm.host.get(("root", "forward"), 0.0)
-                                                                 + comm.copies.get(("root", "all-gather"), 0.0)
-                                                                 if gather_root else 0.0), [root_ag()])
+        s.compute("embedding", chunk.embed.seconds("forward") + (comm.host.get((emb_g, "forward"), 0.0)
+                                                                 + comm.copies.get((emb_g, "all-gather"), 0.0)
+                                                                 if gather_emb else 0.0), [root_ag(emb_g, gather_emb)])
         op = "all-reduce" if w.megatron_ops else _tp(w)[1]  # Megatron 2022 all-reduces it under SP too
         s.compute("embedding tp wait", 0.0, [s.comm("tp", "forward", op, f"tp {op}")])
     gather = lambda i: s.comm("shard", "forward", "all-gather", f"fsdp AG L{i}", "layer") if gather_layers else None
@@ -615,14 +631,26 @@ def forward_unit(chunk: ChunkCosts, comm: CommTimes, w: Workload, ov: Overlap,
                   + (comm.copies.get(("expert", "all-gather"), 0.0) if moe else 0.0) if gather_layers else 0.0,
                   [ag, ag_e])
         ag = gather(i + 1) if ov.fsdp_prefetch and i + 1 < n else None
+        if ov.fsdp_prefetch and i + 1 == n and chunk.head is not None and head_g == "root_head":
+            ag = root_ag(head_g, gather_root)  # the head's unit, prefetched behind the last layer
         _forward_layer(s, c, moe)
     if chunk.head is not None:
         pre = s.comm("tp", "forward", "all-gather", "tp all-gather (head)") if w.sp else None
-        root = root_ag() if chunk.embed is None else None
-        s.compute("head", chunk.head.seconds("forward") + (comm.copies.get(("root", "all-gather"), 0.0)
+        if head_g == "root_head":
+            root = ag if ov.fsdp_prefetch and n else root_ag(head_g, gather_root)
+        else:
+            root = root_ag(head_g, gather_root) if chunk.embed is None else None
+        s.compute("head", chunk.head.seconds("forward") + (comm.copies.get((head_g, "all-gather"), 0.0)
                                                            if root is not None else 0.0), [pre, root])
         s.compute("loss tp wait", 0.0, [s.comm("tp", "loss", "all-reduce", "tp loss collectives", seconds=comm.loss_s)])
     return s.finish()
+
+
+def _root_groups(comm: CommTimes) -> tuple[str, str]:
+    """Timeline groups of the embedding's and the head's FSDP units: "root_embed" and
+    "root_head" when the stage's table has them apart, else both "root" (one root unit)."""
+    groups = {k[1] for k in comm.t if k[0] == "shard"}
+    return ("root_embed" if "root_embed" in groups else "root", "root_head" if "root_head" in groups else "root")
 
 
 def _reduce(s: _Sim, name: str, group: str, step_piece: float, shard: bool = True) -> None:
@@ -694,7 +722,18 @@ def backward_unit(kind: str, chunk: ChunkCosts, comm: CommTimes, w: Workload, ov
     with_b, with_w = kind in ("B", "Bx"), kind in ("B", "W")
     red_w = with_w and reduce
     n = len(chunk.layers)
+    emb_g, head_g = _root_groups(comm)
+    # the embedding's own unit, resharded after forward (torchtitan), is gathered again
+    embed_ag = (lambda: s.comm("shard", "backward", "all-gather", f"fsdp AG {emb_g}", emb_g)) \
+        if chunk.embed is not None and emb_g == "root_embed" and with_b and gather else None
+    emb_ev = None
     pieces = reduce_pieces(comm, n) if last_grad_unit and ov.grad_reduce and with_w else [0.0] * n
+    gather_ = lambda i: s.comm("shard", "backward", "all-gather", f"fsdp AG L{i}", "layer") \
+        if with_b and gather else None
+    # the head's own unit (torchtitan): its pre-backward prefetches the last layer before the
+    # head's backward runs, ahead of the head's reduce-scatter on the FSDP stream
+    early = ov.fsdp_prefetch and chunk.head is not None and head_g == "root_head" and n > 0
+    ag = gather_(n - 1) if early else None
     if chunk.head is not None and with_b and with_w and ov.tp_grad:
         _head_backward(s, chunk.head)
     elif chunk.head is not None:
@@ -702,17 +741,17 @@ def backward_unit(kind: str, chunk: ChunkCosts, comm: CommTimes, w: Workload, ov
                   + (chunk.head.seconds("backward_weight") if with_w else 0.0))
         if with_b:
             s.compute("head tp wait", 0.0, [s.comm("tp", "backward", _tp(w)[1], f"tp {_tp(w)[1]} (head)")])
-        if red_w and chunk.embed is None:  # one root unit: reduced once, after the embedding when held
-            _reduce(s, "root", "root", 0.0)
-    gather_ = lambda i: s.comm("shard", "backward", "all-gather", f"fsdp AG L{i}", "layer") \
-        if with_b and gather else None
-    ag = gather_(n - 1) if ov.fsdp_prefetch else None
+        if red_w and (head_g == "root_head" or chunk.embed is None):  # one root unit: reduced after the embedding
+            _reduce(s, head_g, head_g, 0.0)
+    ag = ag if early else gather_(n - 1) if ov.fsdp_prefetch else None
     for i in reversed(range(n)):
         c, moe = chunk.layers[i], chunk.moe[i]
         ag = ag if ov.fsdp_prefetch else gather_(i)
         s.compute(f"L{i}", comm.host.get(("layer", "backward"), 0.0) + comm.copies.get(("layer", "all-gather"), 0.0)
                   if with_b and gather else 0.0, [ag])
         ag = gather_(i - 1) if ov.fsdp_prefetch and i > 0 else None
+        if i == 0 and embed_ag is not None and ov.fsdp_prefetch:
+            emb_ev = embed_ag()  # FSDP2's backward prefetch: the embedding's unit after the first layer
         if with_b:
             _backward_layer(s, c, moe, with_w)
             s.comm("tp", "backward", "all-reduce", f"tp norm-grad all-reduce L{i}", seconds=comm.async_s)
@@ -730,9 +769,15 @@ def backward_unit(kind: str, chunk: ChunkCosts, comm: CommTimes, w: Workload, ov
         s.compute("embedding tp wait", 0.0, [s.comm("tp", "backward", "all-gather", "tp all-gather (embedding)")])
     if chunk.batch is not None and with_b:
         s.compute("timers", chunk.batch.seconds("backward_input"))
+    if embed_ag is not None and not with_w:  # Bx (ZB): the embedding's pre-backward gathers it
+        ag_e = emb_ev if emb_ev is not None else embed_ag()
+        s.compute("embedding unshard", comm.copies.get((emb_g, "all-gather"), 0.0) if ag_e is not None else 0.0,
+                  [ag_e])
     if chunk.embed is not None and with_w:
-        s.compute("embedding grad", chunk.embed.seconds("backward_weight") + (comm.host.get(("root", "backward"), 0.0)
-                                                                              if red_w else 0.0))
+        ag_e = emb_ev if emb_ev is not None or embed_ag is None else embed_ag()
+        s.compute("embedding grad", chunk.embed.seconds("backward_weight")
+                  + (comm.host.get((emb_g, "backward"), 0.0) if red_w else 0.0)
+                  + (comm.copies.get((emb_g, "all-gather"), 0.0) if ag_e is not None else 0.0), [ag_e])
         if red_w:
-            _reduce(s, "root", "root", 0.0)
+            _reduce(s, emb_g, emb_g, 0.0)
     return s.finish()

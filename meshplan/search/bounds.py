@@ -123,9 +123,16 @@ def _lower(cfg, c, st, s, u, lo, layer_peak, hs, fixed) -> np.ndarray:
     h1 = f_end + hs["loss_grad_extra"] + hs["logits_grad_temp"]
     h2 = f_end - hs["head_loss_saved"] + hs["logits_grad_temp"] + hs["dy"] + np.where(F & pf, u["unit_min_g"], 0)
     out = np.maximum(out, np.where(st.last, np.maximum(h1, h2), 0))
+    # torchtitan's [norm, output] unit at pp 1: its reduce-scatter input allocated right after
+    # the head's backward, beside its unsharded gradient, every layer's activations still saved
+    # and, without reshard_after_forward, every layer still gathered (else the next one prefetched)
+    kept_layers = (c.rf == 0)[:, None]
+    h3 = f_end - hs["head_saved"] + hs["dy"] + u["head"] + head_reduce \
+        + np.where(F, np.where(kept_layers, st.n * u["unit_min_g"], np.where(pf, u["unit_min_g"], 0)), 0)
+    out = np.maximum(out, np.where(st.last & F & ~u["root"] & u["pp1"] & per_mb, h3, 0))
     # W: the w-th forward's last layer with its working set
     keep_output = getattr(o, "forward_prefetch_layers", 0) == 0
-    gathered = np.where(F, st.first * (u["emb_g"] + np.where(u["root"], u["head_g"], 0))
+    gathered = np.where(F, st.first * (u["emb_g"] * u["emb_kept"] + np.where(u["root"], u["head_g"], 0))
                         + u["unit_min_g"] * (1 + keep_output), 0)
     pw = init + (st.w * st.n_chunk - 1) * lo["saved"] + gathered + lo["fwd"]
     out = np.maximum(out, pw)
@@ -230,7 +237,11 @@ def units(cfg: Config, tables: Tables, c: Candidates, st: Stages) -> dict:
     umin = np.where(has_d & has_m, np.minimum(ud, um), np.where(has_m, um, ud))
     umax = np.where(has_d & has_m, np.maximum(ud, um), np.where(has_m, um, ud))
     emb, head = col(rt["emb"]) * act_d * comp, (col(rt["norm"]) + out_on) * act_d * comp
-    root = np.broadcast_to(((c.pp == 1) & (c.vpp == 1))[:, None], st.n.shape)
+    # torchtitan's units (TrainingSpec.torchtitan_units, untied): the embedding and [norm,
+    # output] are two units even at pp 1, the embedding resharded after forward with the layers
+    titan = t.framework == "torch" and t.zero3_engine == "fsdp2" and not m.tied_embeddings
+    root = np.broadcast_to(((c.pp == 1) & (c.vpp == 1) & (not titan))[:, None], st.n.shape)
+    emb_kept = col(np.broadcast_to(not titan, c.rf.shape) | (c.rf == 0) | (c.pp > 1))
     # all-gather outputs and their copies in the gather dtype (float8 Linear weights under
     # fp8_all_gather: sizes.units' ``gathered``); gradients and reduce inputs by elements
     dg = lookup([c.tp, c.ep, c.etp, z], tables.layer, ("dense_gather", "expert_gather"))
@@ -248,7 +259,8 @@ def units(cfg: Config, tables: Tables, c: Candidates, st: Stages) -> dict:
             "root": root, "early": head, "grad_d": ud, "grad_m": um, "reduce_min": (umin * r).astype(np.int64),
             "r": r, "act_d": act_d, "fsdp": act_d | (act_e & has_m),
             "unit_min_g": np.where(has_d & has_m, np.minimum(gd, gm), np.where(has_m, gm, gd)), "emb_g": emb_g,
-            "head_g": head_g, "roots_g": st.first * emb_g + st.last * head_g, "per_mb": per_mb}
+            "head_g": head_g, "roots_g": st.first * emb_g * emb_kept + st.last * head_g, "per_mb": per_mb,
+            "emb_kept": emb_kept, "pp1": np.broadcast_to(((c.pp == 1) & (c.vpp == 1))[:, None], st.n.shape)}
 
 
 def _bucket(cfg: Config, c: Candidates, s: dict) -> np.ndarray:

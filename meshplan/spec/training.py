@@ -208,6 +208,22 @@ class TrainingSpec(BaseModel):
         return self.recompute == "full"
 
     @property
+    def torchtitan_units(self) -> bool:
+        """Whether the model's ends are FSDP2 units as torchtitan wraps them (framework torch,
+        FSDP2 sharding): the embedding one unit, resharded after forward as the layers are,
+        ``[norm, output]`` another, never resharded after forward (torchtitan
+        ``torchtitan/distributed/fsdp.py`` ``apply_fsdp_to_decoder`` at b5bcd76, 2026-08-21;
+        these units since #1094, 83e6941); tied embeddings: one unit of the three, never
+        resharded. Megatron and DeepSpeed-2021 keep one root unit of both ends.
+
+        >>> TrainingSpec(global_batch=8, seq_len=16, sharding="zero3").torchtitan_units
+        True
+        >>> TrainingSpec(global_batch=8, seq_len=16, sharding="zero3", zero3_engine="deepspeed-2021").torchtitan_units
+        False
+        """
+        return self.framework == "torch" and self.sharding in ("zero3", "hsdp") and self.zero3_engine == "fsdp2"
+
+    @property
     def recompute_name(self) -> str:
         """The recompute policy in its framework's own words."""
         return {"none": "no activation checkpointing",

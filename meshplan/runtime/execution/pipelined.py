@@ -15,8 +15,9 @@ stages, run by the schedule the config names.
   parallelism on the ``tp`` sub-mesh with :func:`~meshplan.runtime.execution.parallelize.apply_tp` (the
   embedding, final norm and output where the chunk has them; loss parallel on the last stage
   as the plan's ``mesh.loss_parallel`` says), then FSDP2 where the mesh has a data-parallel
-  shard axis (``fully_shard`` on every layer, then on the chunk: the chunk's root unit holds
-  the embedding / final norm / output where present), then
+  shard axis (:func:`~meshplan.runtime.execution.parallelize.apply_fsdp`: the embedding and
+  [final norm, output] as their own units where present, as torchtitan, every layer, then the
+  chunk), then
   :class:`torch.distributed.pipelining.PipelineStage` on the DeviceMesh's ``pp`` group, in
   static mode (input and output shapes given, no shape inference).
 - What a stage sends: the residual stream as the TP plan leaves it between layers, a plain
@@ -281,7 +282,6 @@ class PipelineRunner:
         :func:`instrument`), so the per-module snapshots are the last micro-batch's; the
         peak snapshot covers the whole step. Refused (NotImplementedError, the worker then
         samples the resident set) under a schedule that splits the backward."""
-        from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
         from torch.distributed._tools.mem_tracker import MemTracker
         from torch.distributed.fsdp import FSDPModule
 
@@ -291,7 +291,9 @@ class PipelineRunner:
                                       "autograd.grad meets their multi-grad hooks, 'A leaf node was passed to "
                                       "_will_engine_execute_node'); ZB-V and DualPipeV are measured by resident set")
         if isinstance(self.model, FSDPModule):
-            self.tracker, name = FSDPMemTracker(self.model, self.opt), "FSDPMemTracker"
+            from meshplan.runtime.execution.memtracker import UnitMemTracker  # units of several modules
+
+            self.tracker, name = UnitMemTracker(self.model, self.opt), "FSDPMemTracker"
         else:
             self.tracker, name = MemTracker(), "MemTracker"
             self.tracker.track_external(self.model, self.opt)

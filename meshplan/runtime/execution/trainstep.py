@@ -3,7 +3,8 @@
 :func:`memory_step`, the step measured for peak memory.
 
 Peak memory: ``torch.cuda.max_memory_allocated`` on a GPU; on CPU FSDPMemTracker
-(``torch.distributed._tools``; MemTracker when the model has no FSDP; for pp > 1 the one
+(``torch.distributed._tools``, as :class:`~meshplan.runtime.execution.memtracker.UnitMemTracker`
+instruments FSDP units of several modules; MemTracker when the model has no FSDP; for pp > 1 the one
 ``PipelineRunner.memory_tracker`` gives) over one steady-state step, each micro-batch's
 forward restarting the root module's tracker entry (the tracker refuses a second forward of
 a root module otherwise); the growth of the resident set (``/proc/self/statm`` sampled every
@@ -176,9 +177,9 @@ def memory_step(runner: Runner, index: int) -> tuple[dict, dict]:
         if hasattr(runner, "memory_tracker"):  # pipeline stages: runtime.pipelined builds it
             tracker, name = runner.memory_tracker()
         elif isinstance(runner.model, FSDPModule):
-            from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+            from meshplan.runtime.execution.memtracker import UnitMemTracker  # units of several modules
 
-            tracker, name = FSDPMemTracker(runner.model, runner.opt), "FSDPMemTracker"
+            tracker, name = UnitMemTracker(runner.model, runner.opt), "FSDPMemTracker"
         else:  # FSDPMemTracker asserts on a model without fully_shard
             from torch.distributed._tools.mem_tracker import MemTracker
 

@@ -52,13 +52,14 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker, _FSDPRefType
+from torch.distributed._tools.fsdp2_mem_tracker import _FSDPRefType
 from torch.distributed._tools.mem_tracker import _UpdateType
 
 from meshplan.config import Config
 from meshplan.memory.timeline import TRACKER_CATEGORIES, UNTRACKED_KINDS, Timeline
 from meshplan.mesh.tpsplit import padded_vocab
 from meshplan.plan import Infeasible, Plan, build_plan
+from meshplan.runtime.execution.memtracker import UnitMemTracker, fsdp_units
 from meshplan.runtime.execution.model import Transformer
 from meshplan.runtime.execution.parallelize import init_mesh, parallelize
 from meshplan.runtime.validation.dryrun import fake_process_group
@@ -90,8 +91,9 @@ def _label(reftype) -> str:
     return str(getattr(reftype, "value", reftype))
 
 
-class _Tracker(FSDPMemTracker):
-    """FSDPMemTracker that also logs every update of its running snapshot, so the step can
+class _Tracker(UnitMemTracker):
+    """FSDPMemTracker (instrumenting FSDP units of several modules once,
+    :class:`~meshplan.runtime.execution.memtracker.UnitMemTracker`) that also logs every update of its running snapshot, so the step can
     be re-read with the refined labels of :func:`_relabelled_kinds`. ``phase`` is set by
     the step (forward, backward, step)."""
 
@@ -122,13 +124,8 @@ class _Tracker(FSDPMemTracker):
         def hook(p):
             self._update_and_maybe_create_winfos(p.grad, _FSDPRefType.UNSHARDED_GRAD)
 
-        handles = []
-        for m in model.modules():
-            state = getattr(m, "_get_fsdp_state", None)
-            group = state()._fsdp_param_group if state else None
-            for fp in (group.fsdp_params if group else ()):
-                handles.append(fp.unsharded_param.register_post_accumulate_grad_hook(hook))
-        return handles
+        return [fp.unsharded_param.register_post_accumulate_grad_hook(hook)
+                for _, state in fsdp_units(model) for fp in state._fsdp_param_group.fsdp_params]
 
 
 def _step(model, opt, b: int, s: int, loss_parallel: bool, tracker: Optional[_Tracker] = None) -> None:
