@@ -165,7 +165,10 @@ class CollectiveRow:
     """One collective kind on one axis in one phase (see the module docstring).
     ``waits``: what compute waits on it; ``depth``: how many compute ops wait on it;
     ``host_s``: host seconds per call that delay the compute's issue (DeepSpeed ZeRO-3's
-    list-based calls, :func:`meshplan.comm.deepspeed.host_seconds`; 0 for the others)."""
+    list-based calls, :func:`meshplan.comm.deepspeed.host_seconds`; 0 for the others);
+    ``copy_s``: GPU seconds per call of FSDP2's copy on the compute stream, the copy-out after
+    an all-gather or the copy-in before a reduce-scatter (:mod:`meshplan.comm.fsdp2`: bytes at
+    the catalog's BabelStream Triad, never below the issue floor; 0 for the others)."""
 
     axis: str
     phase: str
@@ -185,6 +188,7 @@ class CollectiveRow:
     algorithm: str = "ring"
     per_layer: float = 0.0
     host_s: float = 0.0
+    copy_s: float = 0.0
 
     @property
     def algbw_bytes_per_s(self) -> float:
@@ -356,7 +360,7 @@ def collective_table(model: ModelSpec, training: TrainingSpec, mesh: Mesh, clust
     paths: dict[str, Path] = {}
 
     def add(axis, phase, op, size, dtype, per_mb, cadence, waits="", depth=1, per_step=None, ranks=None,
-            list_copies=False, groups=None, host_s=0.0):
+            list_copies=False, groups=None, copy_s=0.0):
         # ranks: rank 0's group, a subset of axis's; groups: every group of a named set that is
         # no mesh axis (KV replicas), rank 0's in ranks
         n = mesh.degree(axis) if ranks is None else len(ranks)
@@ -365,7 +369,7 @@ def collective_table(model: ModelSpec, training: TrainingSpec, mesh: Mesh, clust
         path = paths.setdefault(axis, axis_path(mesh, placement, cluster, axis) if groups is None
                                 else groups_path(groups, placement, cluster))
         alg, t = path_time(op, n, size, path, cluster, nccl_era="2021" if list_copies else "current")
-        host = host_s
+        host = 0.0
         if list_copies:  # torch 2021's list-based all_gather / reduce_scatter: n views and n copies
             data = kernel_data(cluster.gpu.name)
             t += deepspeed.list_copy_seconds(n, size, data)
@@ -373,7 +377,8 @@ def collective_table(model: ModelSpec, training: TrainingSpec, mesh: Mesh, clust
         rows.append(CollectiveRow(mesh.display_name(axis), phase, op, n, mesh.world // n,
                                   tuple(mesh.group_of(0, axis) if ranks is None else ranks), float(size), dtype, per_mb,
                                   per_step if per_step is not None else per_mb * micro_batches,
-                                  cadence, path, t, waits, depth, alg, per_mb / max(len(stage_layers), 1), host))
+                                  cadence, path, t, waits, depth, alg, per_mb / max(len(stage_layers), 1), host,
+                                  copy_s))
 
     if chunks is None:
         per = max(len(stage_layers) // vpp, 1)
@@ -669,11 +674,11 @@ def _dp_rows(add, c: _Ctx) -> None:
             red = (0, n) if pipelined or t.grad_accumulation != "sync" else (n, None)
             out_s, in_s = copies(gbytes, numel)
             add(axis, "forward", "all-gather", gbytes, gdt, fwd[0], cadence, f"the {label}'s GEMMs", 7,
-                per_step=fwd[1], host_s=out_s)
+                per_step=fwd[1], copy_s=out_s)
             add(axis, "backward", "all-gather", gbytes, gdt, back[0], cadence,
-                f"the {label}'s backward", 7, per_step=back[1], host_s=out_s)
+                f"the {label}'s backward", 7, per_step=back[1], copy_s=out_s)
             add(axis, "backward", "reduce-scatter", numel * dtype_bytes(rs), rs, red[0], cadence, "optimizer step",
-                per_step=red[1], host_s=in_s)
+                per_step=red[1], copy_s=in_s)
             if "dp_replicate" in mesh.layout.names:
                 add("dp_replicate", "backward", "all-reduce", numel // shards[axis] * dtype_bytes(rs), rs, red[0],
                     cadence + " (HSDP replicas)", "optimizer step", per_step=red[1])
