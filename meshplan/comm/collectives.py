@@ -384,8 +384,9 @@ def collective_table(model: ModelSpec, training: TrainingSpec, mesh: Mesh, clust
         per = max(len(stage_layers) // vpp, 1)
         chunks = [stage_layers[k * per:(k + 1) * per] for k in range(vpp)]
     chunk_of = {i: k for k, ls in enumerate(chunks) for i in ls}
-    ctx = _Ctx(model, training, mesh, stage_layers, first_stage, last_stage, stage, vpp, schedule, micro_batches,
-               chunk_of, loss_parallel, cluster.gpu, grad_bucket_elements)
+    ctx = _Ctx(model=model, training=training, mesh=mesh, layers=stage_layers, first=first_stage, last=last_stage,
+               gpu=cluster.gpu, stage=stage, vpp=vpp, schedule=schedule, micro=micro_batches, chunk_of=chunk_of,
+               loss_parallel=loss_parallel, bucket_elements=grad_bucket_elements)
     for axis in TABLE_ORDER + tuple(a for a in AXES if a not in TABLE_ORDER):
         build = AXES[axis].rows or LAYER_ROWS.get(axis)
         if build is not None:
@@ -401,13 +402,13 @@ class _Ctx:
     layers: list[int]
     first: bool
     last: bool
+    gpu: GPUSpec  # the GPU the compute-stream copies run on (FSDP2)
     stage: int = 0
     vpp: int = 1
     schedule: Schedule = Schedule.ONE_F_ONE_B
     micro: int = 1
     chunk_of: Optional[dict] = None  # layer -> local chunk
     loss_parallel: bool = True
-    gpu: Optional[GPUSpec] = None  # the GPU the compute-stream copies run on (FSDP2)
     bucket_elements: Optional[int] = None  # [memory] grad_bucket_elements (DDP's bucket cap)
 
     @property
@@ -650,8 +651,7 @@ def _dp_rows(add, c: _Ctx) -> None:
         _deepspeed_rows(add, c)
         return
     if t.sharding in ("zero3", "hsdp"):
-        data = kernel_data(c.gpu.name) if c.gpu is not None else None
-        hbm = c.gpu.hbm_bandwidth_bytes_per_s if c.gpu is not None else float("inf")
+        data, hbm = kernel_data(c.gpu.name), c.gpu.hbm_bandwidth_bytes_per_s
         grad_b = dtype_bytes(t.compute_dtype if t.compute_dtype != "fp8" else "bf16")  # unsharded gradients
 
         def copies(gathered: float, numel: int) -> tuple[float, float]:
