@@ -302,7 +302,8 @@ def chains(c: Candidates, o: dict, cm: dict, moe: bool) -> tuple[np.ndarray, np.
                       + o[f"{p}_attn_post"] + o[f"{p}_mlp_pre"] + np.maximum(o[f"{p}_mlp"], pre + post) + e
                       + o[f"{p}_mlp_post"])
         return np.where(c.ov > 0, overlapped, blocking)
-    full = c.rc == RECOMPUTE.index("full")
+    # op-level selective AC replays its recomputed ops before the layer's backward, as full does
+    full = (c.rc == RECOMPUTE.index("full")) | (c.rc == RECOMPUTE.index("op"))
     b = {blk: np.where(full, o[f"bin_{blk}"], o[f"bi_{blk}"]) for blk in LAYER_BLOCKS + ("cpq",)}
     # CP: the dK/dV reduce-scatter starts after the core attention's backward and the K/V
     # projections' input gradients wait for it; only the Q projection's runs beside it
