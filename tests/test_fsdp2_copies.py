@@ -75,3 +75,30 @@ def test_copy_seconds_of_a_llama3_8b_layer():
     others = [r for k, r in rows.items() if k[2] != "every layer" and not k[2].startswith("per root")]
     assert all(r.copy_s == 0 for r in others)
     assert all(r.host_s == 0 for r in rows.values())  # host issue time is DeepSpeed 2021's only
+
+
+@pytest.mark.parametrize("reshard", [True, False])
+def test_timeline_copies_out_only_after_a_gather(reshard):
+    """The simulated step runs a backward copy-out (the compute before each layer's backward,
+    ``L{i}`` of a B unit) only where the table has a backward all-gather: with
+    reshard_after_forward false FSDP2 keeps the forward's unsharded parameters, so it neither
+    gathers nor copies out again (torch runs 3 copy-outs there, not 5: the test above). Llama 3 8B
+    cut to 4 layers on 8 H100, FSDP over 8, 2 micro-batches: 4 x 2 backward copy-outs of
+    293.75 us each (at least: SM sharing with a collective only stretches them) or none."""
+    from meshplan.config import config_from_dict
+    from meshplan.plan import build_plan
+    from meshplan.schedule.steptime import step_time
+
+    cfg = config_from_dict({"model": {"catalog": "llama3-8b", "layers": 4}, "cluster": {"system": "dgx-h100", "nodes": 1},
+                            "training": {"global_batch": 16, "seq_len": 4096, "reshard_after_forward": reshard},
+                            "mesh": {"names": ["dp_shard"], "shape": [8]}})
+    plan = build_plan(cfg)
+    rows = plan.stage(0).collectives
+    assert any(r.phase == "backward" and r.op == "all-gather" for r in rows) == reshard
+    st = step_time(plan)
+    copy_out = [e.end_s - e.start_s for e in st.trace_events(True)
+                if e.args.get("unit", "").startswith("B") and e.name[1:].isdigit() and e.name[0] == "L"]
+    if reshard:
+        assert len(copy_out) == 4 * 2 and min(copy_out) >= 293.75e-6
+    else:
+        assert copy_out == []

@@ -711,7 +711,10 @@ def backward_unit(kind: str, chunk: ChunkCosts, comm: CommTimes, w: Workload, ov
     for i in reversed(range(n)):
         c, moe = chunk.layers[i], chunk.moe[i]
         ag = ag if ov.fsdp_prefetch else gather_(i)
-        s.compute(f"L{i}", comm.host.get(("layer", "backward"), 0.0) + comm.copies.get(("layer", "all-gather"), 0.0)
+        # FSDP2's copy-out follows an all-gather only: none where the table has no backward one
+        # (reshard_after_forward false keeps the forward's unsharded parameters)
+        s.compute(f"L{i}", comm.host.get(("layer", "backward"), 0.0)
+                  + (comm.copies.get(("layer", "all-gather"), 0.0) if ag is not None else 0.0)
                   if with_b and gather else 0.0, [ag])
         ag = gather_(i - 1) if ov.fsdp_prefetch and i > 0 else None
         if with_b:
