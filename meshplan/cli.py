@@ -632,8 +632,8 @@ def search_cmd(config: Path = typer.Argument(..., help="TOML config: [model], [c
     """Search every mesh of the workload: reject with reasons, rank by predicted step time. Exit 0 when some
     candidate fits, 1 when none does.
 
-    Searched: degrees of pp, dp_replicate, dp_shard, cp, tp (ep, etp for MoE), micro-batch, recompute,
-    vpp (interleaved 1F1B), sharding, training.reshard_after_forward (FSDP), training.tp_comm_overlap
+    Searched: degrees of pp, dp_replicate, dp_shard, cp, tp (ep, etp for MoE), micro-batch, recompute
+    (op-level "op" under framework torch, tp = cp = ep = 1), vpp (interleaved 1F1B), sharding, training.reshard_after_forward (FSDP), training.tp_comm_overlap
     (tp > 1) and the Llama 3 layer split with lighter first and last stages (pp >= 3); [search] narrows
     each. Order: by step time; candidates within 1% of the fastest not yet listed go toward fewer axes,
     then lower tp*pp*cp*ep, then lower tp. The output names what makes the top faster than #2 (compute,

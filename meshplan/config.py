@@ -185,6 +185,10 @@ def config_from_dict(data: dict[str, Any], base: Path | None = None, path: str |
     if True in (search.tp_comm_overlap or []) and training.framework == "torch" and not training.torch_compile:
         raise ConfigError("search.tp_comm_overlap", "true under framework \"torch\" is torchtitan's async TP, which "
                           "needs torch.compile: set training.torch_compile = true, or allow only false")
+    if "recompute" in search.model_fields_set and "op" in search.recompute and not training.has_op_recompute:
+        what = "framework \"megatron\"" if training.framework == "megatron" else "zero3_engine \"deepspeed-2021\""
+        raise ConfigError("search.recompute", f"'op' is torchtitan's op-level selective AC, which {what} does not "
+                          "have: remove it from the list")
     return Config(model=model, cluster=cluster, training=training, mesh=mesh, path=path,
                   memory=build(MemoryOptions, data.get("memory", {}), "memory"), search=search, notes=notes)
 

@@ -86,6 +86,7 @@ def test_host_time_of_a_list_based_call(plan_1536):
     assert data.kernel_issue_s == pytest.approx(4.7e-6)
     for r in plan_1536.collectives[table_key(0)]:
         assert r.host_s == pytest.approx(1536 * 6.7e-6, rel=1e-12)
+        assert r.copy_s == 0  # the list copies are in time_s; copy_s is FSDP2's copy kernels only
 
 
 def test_ring_latency_of_1536_ranks_from_nccl_constants():

@@ -47,7 +47,7 @@ def test_one_copy_per_fsdp_collective_as_torch_runs_them(reshard):
         dry_run(TINY, training, mesh, rank=0, optimizer_step=False)
     ran = Counter(e.name.split(" (")[0] for e in prof.events() if e.name.startswith("FSDP::"))
     rows = [r for r in _rows(TINY, training, mesh) if r.axis == "dp_shard"]
-    planned = Counter(r.op for r in rows if r.host_s > 0 for _ in range(r.per_step))
+    planned = Counter(r.op for r in rows if r.copy_s > 0 for _ in range(r.per_step))
     # 4 units as torchtitan wraps them (the embedding, 2 layers, [norm, output]): 4 forward
     # gathers, with reshard 3 backward re-gathers (the layers and the embedding; [norm, output]
     # stays gathered), 4 reduce-scatters
@@ -70,9 +70,37 @@ def test_copy_seconds_of_a_llama3_8b_layer():
     rows = {(r.phase, r.op, r.cadence): r for r in _rows(model, training, mesh)}
     layer = {k[:2]: r for k, r in rows.items() if k[2] == "every layer"}
     assert layer[("forward", "all-gather")].size_bytes == 2 * n
-    assert layer[("forward", "all-gather")].host_s == pytest.approx(2 * 2 * n / triad)
-    assert layer[("backward", "all-gather")].host_s == pytest.approx(2 * 2 * n / triad)
-    assert layer[("backward", "reduce-scatter")].host_s == pytest.approx(6 * n / triad)
-    assert round(layer[("backward", "reduce-scatter")].host_s * 1e6, 1) == 440.6
+    assert layer[("forward", "all-gather")].copy_s == pytest.approx(2 * 2 * n / triad)
+    assert layer[("backward", "all-gather")].copy_s == pytest.approx(2 * 2 * n / triad)
+    assert layer[("backward", "reduce-scatter")].copy_s == pytest.approx(6 * n / triad)
+    assert round(layer[("backward", "reduce-scatter")].copy_s * 1e6, 1) == 440.6
     others = [r for k, r in rows.items() if k[2] != "every layer" and not k[2].startswith("per root")]
-    assert all(r.host_s == 0 for r in others)
+    assert all(r.copy_s == 0 for r in others)
+    assert all(r.host_s == 0 for r in rows.values())  # host issue time is DeepSpeed 2021's only
+
+
+@pytest.mark.parametrize("reshard", [True, False])
+def test_timeline_copies_out_only_after_a_gather(reshard):
+    """The simulated step runs a backward copy-out (the compute before each layer's backward,
+    ``L{i}`` of a B unit) only where the table has a backward all-gather: with
+    reshard_after_forward false FSDP2 keeps the forward's unsharded parameters, so it neither
+    gathers nor copies out again (torch runs 3 copy-outs there, not 5: the test above). Llama 3 8B
+    cut to 4 layers on 8 H100, FSDP over 8, 2 micro-batches: 4 x 2 backward copy-outs of
+    293.75 us each (at least: SM sharing with a collective only stretches them) or none."""
+    from meshplan.config import config_from_dict
+    from meshplan.plan import build_plan
+    from meshplan.schedule.steptime import step_time
+
+    cfg = config_from_dict({"model": {"catalog": "llama3-8b", "layers": 4}, "cluster": {"system": "dgx-h100", "nodes": 1},
+                            "training": {"global_batch": 16, "seq_len": 4096, "reshard_after_forward": reshard},
+                            "mesh": {"names": ["dp_shard"], "shape": [8]}})
+    plan = build_plan(cfg)
+    rows = plan.stage(0).collectives
+    assert any(r.phase == "backward" and r.op == "all-gather" for r in rows) == reshard
+    st = step_time(plan)
+    copy_out = [e.end_s - e.start_s for e in st.trace_events(True)
+                if e.args.get("unit", "").startswith("B") and e.name[1:].isdigit() and e.name[0] == "L"]
+    if reshard:
+        assert len(copy_out) == 4 * 2 and min(copy_out) >= 293.75e-6
+    else:
+        assert copy_out == []

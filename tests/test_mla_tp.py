@@ -144,8 +144,8 @@ def test_the_step_counts_the_mla_gradient_all_reduces():
     st, st0 = step_time(plan), step_time(without)
     assert not [n for n in st.notes if "not simulated" in n]
     rows = plan.collectives[next(iter(plan.collectives))]
-    layer = sorted(r.host_s for r in rows if r.op == "reduce-scatter" and r.cadence == "every layer")
-    experts = [r.host_s for r in rows if r.op == "reduce-scatter" and r.axis == "efsdp"]
+    layer = sorted(r.copy_s for r in rows if r.op == "reduce-scatter" and r.cadence == "every layer")
+    experts = [r.copy_s for r in rows if r.op == "reduce-scatter" and r.axis == "efsdp"]
     # the dense layer's copy-in alone, a MoE layer's attention part and then its experts'
     assert len(layer) == 2 and len(experts) == 1
     assert sum(r.time_s for r in mla) < min(layer[1], layer[0] + experts[0])

@@ -23,7 +23,7 @@ from meshplan.plan import build_plan
 from meshplan.schedule.rank_timeline import Overlap
 from meshplan.search.driver import refine, search
 from meshplan.search.rank import ranked
-from meshplan.search.space import CODE, OK, REASONS, candidate_config
+from meshplan.search.space import CODE, OK, REASONS, RECOMPUTE, candidate_config, enumerate_candidates
 from meshplan.config import config_from_dict
 from meshplan.schedule.steptime import step_time
 
@@ -240,3 +240,37 @@ def test_cli_search_writes_json_and_refuses_to_overwrite(tmp_path):
     assert sum(doc["counts"].values()) == doc["candidates"]
     again = subprocess.run(cmd, capture_output=True, text=True)
     assert again.returncode == 2 and "error: --json" in again.stderr
+
+
+def _framework(framework: str = "torch", **training):
+    return config_from_dict({"model": SMALL, "cluster": {"system": "dgx-h100", "nodes": 1, "gpu": gpu(6.0)},
+                             "training": {"global_batch": 64, "seq_len": 2048, "framework": framework, **training},
+                             "search": {"micro_batch": [1], "pp": [1], "top": 3}}, require_mesh=False)
+
+
+def test_torch_search_tries_op_level_recompute_and_megatron_does_not():
+    """torchtitan's op-level selective AC (``recompute = "op"``) is a torch policy: a torch
+    search enumerates it where meshplan plans it (tp = cp = ep = 1; build_plan refuses the rest)
+    and plans its candidates as such; Megatron-LM and DeepSpeed's 2021 ZeRO-3 engine have no
+    such policy: not searched by default, and an error naming search.recompute when listed."""
+    op = RECOMPUTE.index("op")
+    cfg = _framework()
+    r = search(cfg, workers=1)
+    c = r.candidates
+    ops = np.flatnonzero(c.rc == op)
+    assert len(ops) and (c.tp[ops] == 1).all() and (c.cp[ops] == 1).all()
+    assert (c.rc[c.tp > 1] != op).all()
+    assert any("recompute 'op'" in n and "tp = cp = ep = 1" in n for n in r.notes)
+    feasible = [i for i in ops if r.code[i] == OK]
+    assert feasible
+    i = feasible[0]
+    cc = candidate_config(cfg, c, i)
+    assert cc.training.recompute == "op"
+    assert r.est.step_lo[i] <= step_time(build_plan(cc), Overlap()).step_s * (1 + 1e-9)
+    for other in (_framework("megatron"), _framework(sharding="zero3", zero3_engine="deepspeed-2021")):
+        assert not (enumerate_candidates(other).rc == op).any()
+    with pytest.raises(ConfigError) as e:
+        config_from_dict({"model": SMALL, "cluster": {"system": "dgx-h100", "nodes": 1},
+                          "training": {"global_batch": 64, "seq_len": 2048, "framework": "megatron"},
+                          "search": {"recompute": ["full", "op"]}}, require_mesh=False)
+    assert e.value.field == "search.recompute" and "\n" not in str(e.value)

@@ -167,7 +167,10 @@ class CollectiveRow:
     """One collective kind on one axis in one phase (see the module docstring).
     ``waits``: what compute waits on it; ``depth``: how many compute ops wait on it;
     ``host_s``: host seconds per call that delay the compute's issue (DeepSpeed ZeRO-3's
-    list-based calls, :func:`meshplan.comm.deepspeed.host_seconds`; 0 for the others)."""
+    list-based calls, :func:`meshplan.comm.deepspeed.host_seconds`; 0 for the others);
+    ``copy_s``: GPU seconds per call of FSDP2's copy on the compute stream, the copy-out after
+    an all-gather or the copy-in before a reduce-scatter (:mod:`meshplan.comm.fsdp2`: bytes at
+    the catalog's BabelStream Triad, never below the issue floor; 0 for the others)."""
 
     axis: str
     phase: str
@@ -187,6 +190,7 @@ class CollectiveRow:
     algorithm: str = "ring"
     per_layer: float = 0.0
     host_s: float = 0.0
+    copy_s: float = 0.0
 
     @property
     def algbw_bytes_per_s(self) -> float:
@@ -358,7 +362,7 @@ def collective_table(model: ModelSpec, training: TrainingSpec, mesh: Mesh, clust
     paths: dict[str, Path] = {}
 
     def add(axis, phase, op, size, dtype, per_mb, cadence, waits="", depth=1, per_step=None, ranks=None,
-            list_copies=False, groups=None, host_s=0.0):
+            list_copies=False, groups=None, copy_s=0.0):
         # ranks: rank 0's group, a subset of axis's; groups: every group of a named set that is
         # no mesh axis (KV replicas), rank 0's in ranks
         n = mesh.degree(axis) if ranks is None else len(ranks)
@@ -367,7 +371,7 @@ def collective_table(model: ModelSpec, training: TrainingSpec, mesh: Mesh, clust
         path = paths.setdefault(axis, axis_path(mesh, placement, cluster, axis) if groups is None
                                 else groups_path(groups, placement, cluster))
         alg, t = path_time(op, n, size, path, cluster, nccl_era="2021" if list_copies else "current")
-        host = host_s
+        host = 0.0
         if list_copies:  # torch 2021's list-based all_gather / reduce_scatter: n views and n copies
             data = kernel_data(cluster.gpu.name)
             t += deepspeed.list_copy_seconds(n, size, data)
@@ -375,14 +379,16 @@ def collective_table(model: ModelSpec, training: TrainingSpec, mesh: Mesh, clust
         rows.append(CollectiveRow(mesh.display_name(axis), phase, op, n, mesh.world // n,
                                   tuple(mesh.group_of(0, axis) if ranks is None else ranks), float(size), dtype, per_mb,
                                   per_step if per_step is not None else per_mb * micro_batches,
-                                  cadence, path, t, waits, depth, alg, per_mb / max(len(stage_layers), 1), host))
+                                  cadence, path, t, waits, depth, alg, per_mb / max(len(stage_layers), 1), host,
+                                  copy_s))
 
     if chunks is None:
         per = max(len(stage_layers) // vpp, 1)
         chunks = [stage_layers[k * per:(k + 1) * per] for k in range(vpp)]
     chunk_of = {i: k for k, ls in enumerate(chunks) for i in ls}
-    ctx = _Ctx(model, training, mesh, stage_layers, first_stage, last_stage, stage, vpp, schedule, micro_batches,
-               chunk_of, loss_parallel, cluster.gpu, grad_bucket_elements)
+    ctx = _Ctx(model=model, training=training, mesh=mesh, layers=stage_layers, first=first_stage, last=last_stage,
+               gpu=cluster.gpu, stage=stage, vpp=vpp, schedule=schedule, micro=micro_batches, chunk_of=chunk_of,
+               loss_parallel=loss_parallel, bucket_elements=grad_bucket_elements)
     for axis in TABLE_ORDER + tuple(a for a in AXES if a not in TABLE_ORDER):
         build = AXES[axis].rows or LAYER_ROWS.get(axis)
         if build is not None:
@@ -398,13 +404,13 @@ class _Ctx:
     layers: list[int]
     first: bool
     last: bool
+    gpu: GPUSpec  # the GPU the compute-stream copies run on (FSDP2)
     stage: int = 0
     vpp: int = 1
     schedule: Schedule = Schedule.ONE_F_ONE_B
     micro: int = 1
     chunk_of: Optional[dict] = None  # layer -> local chunk
     loss_parallel: bool = True
-    gpu: Optional[GPUSpec] = None  # the GPU the compute-stream copies run on (FSDP2)
     bucket_elements: Optional[int] = None  # [memory] grad_bucket_elements (DDP's bucket cap)
 
     @property
@@ -660,8 +666,7 @@ def _dp_rows(add, c: _Ctx) -> None:
         _deepspeed_rows(add, c)
         return
     if t.sharding in ("zero3", "hsdp"):
-        data = kernel_data(c.gpu.name) if c.gpu is not None else None
-        hbm = c.gpu.hbm_bandwidth_bytes_per_s if c.gpu is not None else float("inf")
+        data, hbm = kernel_data(c.gpu.name), c.gpu.hbm_bandwidth_bytes_per_s
         grad_b = dtype_bytes(t.compute_dtype if t.compute_dtype != "fp8" else "bf16")  # unsharded gradients
 
         def copies(gathered: float, numel: int) -> tuple[float, float]:
@@ -684,11 +689,11 @@ def _dp_rows(add, c: _Ctx) -> None:
             red = (0, n) if pipelined or t.grad_accumulation != "sync" else (n, None)
             out_s, in_s = copies(gbytes, numel)
             add(axis, "forward", "all-gather", gbytes, gdt, fwd[0], cadence, f"the {label}'s GEMMs", 7,
-                per_step=fwd[1], host_s=out_s)
+                per_step=fwd[1], copy_s=out_s)
             add(axis, "backward", "all-gather", gbytes, gdt, back[0], cadence,
-                f"the {label}'s backward", 7, per_step=back[1], host_s=out_s)
+                f"the {label}'s backward", 7, per_step=back[1], copy_s=out_s)
             add(axis, "backward", "reduce-scatter", numel * dtype_bytes(rs), rs, red[0], cadence, "optimizer step",
-                per_step=red[1], host_s=in_s)
+                per_step=red[1], copy_s=in_s)
             if "dp_replicate" in mesh.layout.names:
                 add("dp_replicate", "backward", "all-reduce", numel // shards[axis] * dtype_bytes(rs), rs, red[0],
                     cadence + " (HSDP replicas)", "optimizer step", per_step=red[1])

@@ -21,24 +21,22 @@ The all-gather copy-in (the rank's shards into the send buffer) runs on FSDP2's 
 stream and the reduce-scatter's pre- and post-divide on its reduce-scatter stream: beside the
 compute, not on it, so they are not counted here.
 
-Both copies are memory-bound kernels, timed like every other one
-(:func:`meshplan.compute.measured.memory_seconds`: bytes at the catalog's BabelStream Triad,
-never below the per-kernel issue floor; the datasheet bandwidth for a GPU without catalog data).
+Both copies are memory-bound kernels, timed by the rule of every other one
+(:func:`meshplan.compute.measured.memory_kernel_seconds`: bytes at the catalog's BabelStream
+Triad, never below the per-kernel issue floor; the datasheet bandwidth for a GPU without catalog
+data).
 """
 
 from __future__ import annotations
 
 from typing import Optional
 
-from meshplan.compute.measured import KernelData, memory_seconds
+from meshplan.compute.measured import KernelData, memory_kernel_seconds
 
 
 def _seconds(nbytes: float, data: Optional[KernelData], datasheet_bytes_per_s: float) -> float:
-    if nbytes <= 0:
-        return 0.0
-    if data is None:
-        return nbytes / datasheet_bytes_per_s
-    return max(memory_seconds(data, nbytes), data.kernel_issue_s)
+    """One copy kernel's seconds; none at all without bytes (no collective, no copy)."""
+    return memory_kernel_seconds(data, nbytes, datasheet_bytes_per_s) if nbytes > 0 else 0.0
 
 
 def copy_out_seconds(gathered_bytes: float, data: Optional[KernelData], datasheet_bytes_per_s: float) -> float:

@@ -42,6 +42,10 @@ kernels and the optimizer stream at BabelStream Triad.
 >>> round(memory_seconds(d, 2 * 8192 * 6144 * 2, "norm") * 1e6, 1)   # 22B norm, 8192 rows: us
 138.9
 
+One memory-bound kernel on the step (:func:`memory_kernel_seconds`, the one rule the layer's ops
+and FSDP2's copies share): :func:`memory_seconds`, never below the issue floor; the datasheet
+HBM bandwidth for a GPU without catalog data.
+
 **Overheads**: ``kernel_issue_s`` is the host's issue floor per eager kernel (a kernel shorter
 than it runs at the host's rate); ``microbatch_overhead_s`` the per-micro-batch batch broadcast.
 """
@@ -220,3 +224,23 @@ def memory_seconds(data: KernelData, nbytes: float, kind: str = "elementwise") -
     """Seconds of a memory-bound kernel moving ``nbytes`` (read + written): a norm's fitted
     fixed time plus its bytes at the fitted bandwidth; anything else its bytes at Triad."""
     return (data.norm_fixed_s if kind == "norm" else 0.0) + nbytes / bandwidth(data, kind)
+
+
+def memory_kernel_seconds(data: Optional[KernelData], nbytes: float, datasheet_bytes_per_s: float,
+                          kind: str = "elementwise") -> float:
+    """Seconds on the step of one memory-bound kernel moving ``nbytes`` (read + written):
+    :func:`memory_seconds` for ``kind``, never below the host's issue floor
+    (``data.kernel_issue_s``); for a GPU without catalog data (``data`` None) ``nbytes /
+    datasheet_bytes_per_s``, the datasheet HBM bandwidth (B/s), with no floor.
+
+    >>> d = kernel_data("h100-sxm5-80gb")
+    >>> round(memory_kernel_seconds(d, 2.97e9, 3.35e12) * 1e3, 3)   # 2.97 GB at Triad 2.97 TB/s
+    1.0
+    >>> memory_kernel_seconds(d, 8.0, 3.35e12) == d.kernel_issue_s   # one element: the issue floor
+    True
+    >>> round(memory_kernel_seconds(None, 3.35e9, 3.35e12) * 1e3, 3)   # no catalog data: datasheet
+    1.0
+    """
+    if data is None:
+        return nbytes / datasheet_bytes_per_s
+    return max(memory_seconds(data, nbytes, kind), data.kernel_issue_s)

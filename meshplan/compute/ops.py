@@ -54,7 +54,7 @@ from math import ceil
 from typing import Optional
 
 from meshplan.compute.gemm import GemmTable, gemm_efficiency, gemm_model, gemm_time, load_gemm_table  # noqa: F401
-from meshplan.compute.measured import attention_seconds, bandwidth, kernel_data, memory_seconds
+from meshplan.compute.measured import attention_seconds, bandwidth, kernel_data, memory_kernel_seconds
 from meshplan.compute.megatron import (BATCH_SYNCS, COMM_DELAY_OPS, STEP_TIMERS, TIMER_SYNCS, attention_copy_bytes, batch_bytes,
                                        comm_delay_kernels, cross_entropy_bytes, embedding_bytes, hook_params,
                                        loss_kernels, stage_param_tensors,
@@ -280,16 +280,17 @@ def issue_floor(gpu: GPUSpec, seconds: float) -> float:
 
 def _mem(gpu: GPUSpec, name: str, block: str, phase: str, nbytes: float, recompute=False,
          kind: str = "elementwise") -> Op:
-    """A memory-bound kernel: :func:`meshplan.compute.measured.memory_seconds` of its bytes
-    for ``kind`` (a norm's fitted fixed time + bytes at its fitted bandwidth, else Triad), or the
-    datasheet bandwidth for a GPU without catalog data."""
+    """A memory-bound kernel: :func:`meshplan.compute.measured.memory_kernel_seconds` of its
+    bytes for ``kind`` (a norm's fitted fixed time + bytes at its fitted bandwidth, else Triad,
+    never below the issue floor), or the datasheet bandwidth for a GPU without catalog data."""
     data = kernel_data(gpu.name)
+    t = memory_kernel_seconds(data, nbytes, gpu.hbm_bandwidth_bytes_per_s, kind)
     if data is None:
-        bw, t, what = gpu.hbm_bandwidth_bytes_per_s, nbytes / gpu.hbm_bandwidth_bytes_per_s, "datasheet"
+        bw, what = gpu.hbm_bandwidth_bytes_per_s, "datasheet"
     else:
-        bw, t = bandwidth(data, kind), memory_seconds(data, nbytes, kind)
+        bw = bandwidth(data, kind)
         what = f"fused norm, + {data.norm_fixed_s * 1e6:.1f} us" if kind == "norm" else "Triad"
-    return Op(name, block, phase, "memory", issue_floor(gpu, t), size_bytes=nbytes, recompute=recompute,
+    return Op(name, block, phase, "memory", t, size_bytes=nbytes, recompute=recompute,
               note=f"{nbytes / 1e6:.1f} MB / {bw / 1e12:.3g} TB/s ({what})")
 
 

@@ -221,7 +221,8 @@ class CommTimes:
     the compute stream before the unit's compute; ``kv_s``/``kv_calls``: seconds of one
     all-reduce of a layer's replicated K/V gradients and how many per step (step-end events);
     ``copies``: (group, op) -> compute-stream seconds of FSDP2's copy-out after one all-gather
-    of the group's unit and its copy-in before one reduce-scatter (:mod:`meshplan.comm.fsdp2`;
+    of the group's unit and its copy-in before one reduce-scatter (``CollectiveRow.copy_s``,
+    :mod:`meshplan.comm.fsdp2`;
     the largest unit's when a group has units of several sizes); ``ddp_buckets``: DDP's gradient
     buckets per step (rows of cadence "(DDP"), which place the per-step reduction's pieces
     (:func:`reduce_pieces`)."""
@@ -281,8 +282,8 @@ class CommTimes:
             else:
                 group = _shard_group(r.cadence) if kind in ("shard", "replica") else ""
                 c.t[(kind, group, r.phase, r.op)] = r.time_s
-                if kind == "shard" and r.host_s:
-                    c.copies[(group, r.op)] = max(r.host_s, c.copies.get((group, r.op), 0.0))
+                if kind == "shard" and r.copy_s:
+                    c.copies[(group, r.op)] = max(r.copy_s, c.copies.get((group, r.op), 0.0))
         c.other = tuple(other)
         placed = {k[0] for k in c.t} - BUILT_IN_STREAMS
         if placed:
@@ -747,7 +748,10 @@ def backward_unit(kind: str, chunk: ChunkCosts, comm: CommTimes, w: Workload, ov
     for i in reversed(range(n)):
         c, moe = chunk.layers[i], chunk.moe[i]
         ag = ag if ov.fsdp_prefetch else gather_(i)
-        s.compute(f"L{i}", comm.host.get(("layer", "backward"), 0.0) + comm.copies.get(("layer", "all-gather"), 0.0)
+        # FSDP2's copy-out follows an all-gather only: none where the table has no backward one
+        # (reshard_after_forward false keeps the forward's unsharded parameters)
+        s.compute(f"L{i}", comm.host.get(("layer", "backward"), 0.0)
+                  + (comm.copies.get(("layer", "all-gather"), 0.0) if ag is not None else 0.0)
                   if with_b and gather else 0.0, [ag])
         ag = gather_(i - 1) if ov.fsdp_prefetch and i > 0 else None
         if i == 0 and embed_ag is not None and ov.fsdp_prefetch:

@@ -27,7 +27,6 @@ from typing import Optional
 import numpy as np
 
 from meshplan.comm.collectives import fsdp_gather_flags
-from meshplan.comm.deepspeed import CADENCE as DEEPSPEED_CADENCE
 from meshplan.compute.gemm import GemmTable
 from meshplan.compute.routing import RoutingOptions
 from meshplan.compute.shapes import local_split
@@ -587,8 +586,8 @@ def step_time(plan: Plan, overlap: Overlap = Overlap(), *, dropout: bool = False
         notes += (f"DeepSpeed ZeRO-3 (2021) host time on the compute stream: {max(host) * 1e3:.1f} ms per "
                   f"micro-batch (stage {host.index(max(host))}): each per-parameter call's partition views and list "
                   f"copies issued (meshplan.comm.deepspeed.host_seconds)",)
-    copies = [sum(r.host_s * r.per_step for r in plan.collectives[table_key(table_stage(s, p))]
-                  if r.host_s and DEEPSPEED_CADENCE not in r.cadence) for s in range(p)]
+    copies = [sum(r.copy_s * r.per_step for r in plan.collectives[table_key(table_stage(s, p))])
+              for s in range(p)]
     if any(copies):
         notes += (f"FSDP2 copies on the compute stream: {max(copies) * 1e3:.1f} ms per step (stage "
                   f"{copies.index(max(copies))}): the copy-out after each all-gather and the copy-in before each "

@@ -256,7 +256,8 @@ def search(cfg: Config, progress: Optional[Progress] = None, workers: Optional[i
 def _settings_notes(cfg: Config, c: Candidates) -> list[str]:
     """Where ``training.grad_accumulation``, ``training.fp8_all_gather`` or ``training.zero3_engine`` does not apply to
     every candidate (:func:`meshplan.search.space.candidate_config`), one line saying how those
-    candidates were planned."""
+    candidates were planned; where ``recompute = "op"`` is searched on some candidates only
+    (:func:`meshplan.search.space.op_recompute_ok`), one line saying so."""
     t, out = cfg.training, []
     fsdp = np.isin(c.sh, FSDP_SHARDINGS)
     if t.grad_accumulation != "sync" and not accumulates(cfg, c.pp, c.sh).all():
@@ -270,6 +271,12 @@ def _settings_notes(cfg: Config, c: Candidates) -> list[str]:
     if t.zero3_engine != "fsdp2" and not (c.sh == SHARDING.index("zero3")).all():
         out.append(f"training.zero3_engine {t.zero3_engine!r} applies to zero3 candidates with pp 1; zero1 and hsdp "
                    "candidates are planned with FSDP2")
+    if "op" in cfg.search.recompute and t.has_op_recompute and cfg.model.is_mla:
+        out.append("recompute 'op' (torchtitan's op-level selective AC) is not searched with multi-head latent "
+                   "attention: which of its mms the policy saves is not modelled")
+    elif "op" in cfg.search.recompute and t.has_op_recompute and ((c.tp > 1) | (c.cp > 1) | (c.ep > 1)).any():
+        out.append("recompute 'op' (torchtitan's op-level selective AC) is searched on candidates with tp = cp = ep = 1 "
+                   "only: which TP, CP and EP collectives its replay runs is not modelled yet")
     if t.fp8_all_gather and not fsdp.all():
         out.append("training.fp8_all_gather applies to FSDP candidates (zero3, hsdp); zero1 candidates gather no "
                    "parameters with FSDP2 and are planned without it (their Linear GEMMs still in fp8)")

@@ -112,7 +112,8 @@ def pipeline_bound(u: dict, vpp: int, m: int, reshard: bool | None = None) -> np
     """Step-time lower bound of candidates sharing (pp, vpp, m), from
     :func:`meshplan.search.timing.unit_bounds` ``u`` (module docstring); ``reshard``
     (``training.reshard_after_forward`` of them all; None: unknown) adds each gathering
-    unit's ``f_extra`` or ``b_extra`` (pp > 1: the passes that find their chunk sharded)."""
+    unit's ``f_extra`` or ``b_extra`` (pp > 1: the passes that find their chunk sharded); each
+    chunk's last gradient unit gets ``b_red``."""
     n, p = u["f_core"].shape
     v = vpp
     f = np.repeat(u["f_core"][:, :, None], v, axis=2)
@@ -126,4 +127,7 @@ def pipeline_bound(u: dict, vpp: int, m: int, reshard: bool | None = None) -> np
     if reshard is not None and p > 1 and "f_extra" in u:
         g = gathering_units(candidate_schedule(v), p, m, v, reshard)
         extra = g[0][None, :] * u["f_extra"][:, dag.stage] + g[1][None, :] * u["b_extra"][:, dag.stage]
+    if "b_red" in u:  # each chunk's last gradient unit (micro-batch m-1's backward): its FSDP2 copy-ins
+        red = ((dag.backward == 1) & (dag.mb == m - 1))[None, :] * u["b_red"][:, dag.stage]
+        extra = red if extra is None else extra + red
     return (stage_ends(dag, f, b, u["p2p"], extra) + u["tail"] + u["end"]).max(axis=1)

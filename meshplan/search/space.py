@@ -16,7 +16,9 @@ Dimensions (each narrowed by :class:`~meshplan.spec.search.SearchOptions`):
 - degrees: every factorization of the world over the registered dense axes (five today:
   :func:`~meshplan.spec.axes.registry.search_axes`), tp <= ``max_tp``;
 - sequence parallel: on exactly when tp > 1;
-- micro-batch sizes; recompute none, selective, full;
+- micro-batch sizes; recompute none, selective, full, and under a framework that has it
+  (:attr:`~meshplan.spec.training.TrainingSpec.has_op_recompute`: torch with FSDP2)
+  torchtitan's op-level selective AC ``op`` where meshplan plans it (:func:`op_recompute_ok`);
 - virtual stages: 1, and when pp > 1 divides the layers the divisors of layers / pp up to
   ``max_vpp``, run with interleaved 1F1B; vpp 1 runs 1F1B. When pp does not divide the
   layers the stages get :func:`~meshplan.mesh.layers.balanced_split` (first and last stage
@@ -38,8 +40,11 @@ Dimensions (each narrowed by :class:`~meshplan.spec.search.SearchOptions`):
 >>> cfg = config_from_dict({"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 1},
 ...                         "training": {"global_batch": 8, "seq_len": 1024}}, require_mesh=False)
 >>> c = enumerate_candidates(cfg)
->>> len(c), int(c.tp.max())  # 1,536 without the knobs (reshard, short ends; tp overlap only with torch_compile)
-(2292, 8)
+>>> len(c), int(c.tp.max())  # 1,536 none/selective/full without the knobs (reshard, short ends; tp
+...                            # overlap only with torch_compile), + 240 with op (tp = cp = 1)
+(2532, 8)
+>>> int((c.rc == RECOMPUTE.index("op")).sum()), int(c.tp[c.rc == RECOMPUTE.index("op")].max())
+(240, 1)
 >>> candidate_config(cfg, c, 0).mesh.names
 ['dp_shard']
 """
@@ -60,7 +65,7 @@ from meshplan.spec.axes.registry import AXES, rules, search_axes
 from meshplan.spec.axes.tp import max_tp
 from meshplan.spec.mesh import MeshSpec, Schedule
 
-RECOMPUTE = ("none", "selective", "full")
+RECOMPUTE = ("none", "selective", "full", "op")
 SHARDING = ("zero1", "zero3", "hsdp")
 
 #: The pipeline schedules' own rules the search evaluates (:meth:`Interleaved1F1B.reasons`:
@@ -236,6 +241,20 @@ def _vpp_ok(layers: int, pp: np.ndarray, v: int) -> np.ndarray:
     return (pp > 1) & (layers % pp == 0) & ((layers // np.maximum(pp, 1)) % v == 0)
 
 
+def op_recompute_ok(cfg: Config, tp: np.ndarray, cp: np.ndarray, ep: np.ndarray) -> np.ndarray:
+    """Where ``recompute = "op"`` is planned (:func:`meshplan.plan.build_plan` refuses the rest):
+    tp = cp = ep = 1 (which TP, CP and EP collectives its replay runs is not modelled) and no
+    multi-head latent attention (which of its mms the policy saves is not modelled).
+
+    >>> from meshplan.config import config_from_dict
+    >>> cfg = config_from_dict({"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 1},
+    ...                         "training": {"global_batch": 8, "seq_len": 1024}}, require_mesh=False)
+    >>> op_recompute_ok(cfg, np.array([1, 2, 1]), np.array([1, 1, 2]), np.array([1, 1, 1])).tolist()
+    [True, False, False]
+    """
+    return (tp == 1) & (cp == 1) & (ep == 1) & (not cfg.model.is_mla)
+
+
 def enumerate_candidates(cfg: Config) -> Candidates:
     """The whole search space of ``cfg`` (module docstring), before any rule."""
     o, layers = cfg.search, cfg.model.layers
@@ -251,12 +270,17 @@ def enumerate_candidates(cfg: Config) -> Candidates:
     names = [col.column for _, col in search_axes()]
     base = np.vstack(blocks) if blocks else np.zeros((0, len(names) + 2), dtype=np.int64)
     mbs = np.array(sorted(set(o.micro_batch)), dtype=np.int64)
-    rcs = np.array(sorted(RECOMPUTE.index(r) for r in set(o.recompute)), dtype=np.int64)
+    rcs = np.array(sorted(RECOMPUTE.index(r) for r in set(o.recompute) if r != "op" or cfg.training.has_op_recompute),
+                   dtype=np.int64)
     n, a, b = len(base), len(mbs), len(rcs)
     rows = np.repeat(base, a * b, axis=0)
     c = rows.T
     cols = {name: c[k] for k, name in enumerate(names)}
     cols.update(mb=np.tile(np.repeat(mbs, b), n), rc=np.tile(rcs, n * a), vpp=c[len(names)], sh=c[len(names) + 1])
+    op = cols["rc"] == RECOMPUTE.index("op")
+    if op.any():
+        keep = ~op | op_recompute_ok(cfg, cols["tp"], cols["cp"], cols["ep"])
+        cols = {k: v[keep] for k, v in cols.items()}
     fsdp = (cols["sh"] != SHARDING.index("zero1")) & ((cols["dps"] * cols["cp"] > 1) | (
         cfg.model.is_moe & (cols["dps"] * cols["cp"] * cols["tp"] > cols["ep"] * cols["etp"])))
     cols = _expand(cols, "rf", _flags(o.reshard_after_forward, True), fsdp, 1)

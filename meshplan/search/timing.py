@@ -25,6 +25,13 @@ It keeps only what the simulation (:mod:`meshplan.schedule.rank_timeline`, defau
   counted per gathering pass); the all-gather in each weight's gather dtype (float8 Linear
   weights under ``training.fp8_all_gather``); plus the embedding and the
   head (and the loss collectives) where the chunk holds them;
+- FSDP2's **copies on the compute stream** (:func:`fsdp_copies`, :mod:`meshplan.comm.fsdp2`):
+  a layer's copy-out after each all-gather its pass waits for (forward; backward with
+  ``reshard_after_forward``) before the layer's compute, its copy-in before each reduce-scatter
+  after it (every backward with pp 1 under ``sync``, else the chunk's last gradient unit); with
+  pp 1 the root unit's copy-out before the embedding (every forward under ``sync``, else
+  the forwards that gather it) and copy-in after its gradient (every backward under ``sync``,
+  else once); each counted as compute time serial with the chain;
 - the **pipeline**: stage k cannot start before micro-batch 0 went forward through stages
   0..k-1 (each unit + one p2p send), runs all its units one after another, and stage 0
   cannot end before micro-batch m-1's gradient came back through stages k-1..0; the
@@ -50,6 +57,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from meshplan.comm import fsdp2
 from meshplan.comm.collectives import axis_path, fsdp_gather_flags, path_time
 from meshplan.compute.ops import (
     Workload,
@@ -61,6 +69,7 @@ from meshplan.compute.ops import (
     optimizer_bandwidth,
 )
 from meshplan.config import Config
+from meshplan.compute.measured import kernel_data
 from meshplan.compute.routing import RoutingOptions, a2a_rows
 from meshplan.mesh.resolve import resolved_mesh
 from meshplan.mesh.tpsplit import expert_shard_dim, local_heads, padded_numel
@@ -214,6 +223,57 @@ def _padded_unit(tables: Tables, c: Candidates, experts: bool = False, gather: b
     return lookup([c.tp, c.ep, c.etp, shards], lambda *k: {"n": padded(*k)}, ("n",))["n"]
 
 
+def fsdp_copies(cfg: Config, tables: Tables, c: Candidates) -> dict[str, np.ndarray]:
+    """Seconds per call of FSDP2's copies on the compute stream (:mod:`meshplan.comm.fsdp2`, as
+    :func:`meshplan.comm.collectives.collective_table` times them) per candidate: ``out`` and
+    ``in``, a layer unit's copy-out (twice its all-gather bytes, each weight in its gather dtype)
+    and copy-in (its padded elements x (gradient + reduce dtype bytes)), of the smaller layer
+    kind (the dense layer, a MoE layer's non-expert part; the routed experts' own unit left out);
+    ``root_out``, ``root_in`` the same of pp 1's one root unit (embedding, final norm, output
+    layer unless tied; without dim-0 padding, so never above the table's). 0 where the
+    candidate has no FSDP2 unit over more than one rank (no zero3 or hsdp, dp_shard x cp 1, or
+    zero3 under DeepSpeed's 2021 engine: its list copies are in its collectives' time).
+
+    >>> from meshplan.config import config_from_dict
+    >>> from meshplan.search.memory import Tables
+    >>> from meshplan.search.space import enumerate_candidates
+    >>> cfg = config_from_dict({"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 1},
+    ...     "training": {"global_batch": 8, "seq_len": 8192, "param_dtype": "fp32", "reduce_dtype": "fp32"},
+    ...     "mesh": {"names": ["dp_shard"], "shape": [8]}})
+    >>> c = enumerate_candidates(cfg)
+    >>> i = int(np.flatnonzero((c.fsdp == 8) & (c.tp == 1) & (c.sh == SHARDING.index("zero3")))[0])
+    >>> {k: round(float(v[0]) * 1e6, 1) for k, v in fsdp_copies(cfg, Tables(cfg), c.take([i])).items()}
+    {'out': 293.8, 'in': 440.6, 'root_out': 1415.1, 'root_in': 2122.6}
+    """
+    m, t, gpu = cfg.model, cfg.training, cfg.cluster.gpu
+    data, hbm = kernel_data(gpu.name), gpu.hbm_bandwidth_bytes_per_s
+    grad_b = dtype_bytes(t.compute_dtype if t.compute_dtype != "fp8" else "bf16")  # unsharded gradients
+    red_b = dtype_bytes(t.model_copy(update={"sharding": "zero3", "zero3_engine": "fsdp2"}).gradient_reduce_dtype)
+    kinds = [1] if m.is_moe and m.dense_layers == 0 else [0, 1] if m.is_moe else [0]
+
+    def layer(tp: int, ep: int, etp: int, shards: int) -> dict[str, float]:
+        out, inn = [], []
+        for moe in kinds:
+            ts = [x for x in tables.layer(tp, ep, etp, moe).tensors if not x[2]]
+            out.append(fsdp2.copy_out_seconds(sum(padded_numel(r, n, shards) * gb for r, n, _, gb, _ in ts), data, hbm))
+            inn.append(fsdp2.copy_in_seconds(sum(padded_numel(r, n, shards) for r, n, *_ in ts), grad_b, red_b,
+                                             data, hbm))
+        return {"out": min(out), "in": min(inn)}
+
+    def root(tp: int) -> dict[str, float]:
+        emb, norm, out = tables.roots(tp)[:3]
+        g = tables.roots_gather(tp)
+        tied = m.tied_embeddings
+        return {"root_out": fsdp2.copy_out_seconds(g["emb"] + g["norm"] + (0 if tied else g["out"]), data, hbm),
+                "root_in": fsdp2.copy_in_seconds(emb + norm + (0 if tied else out), grad_b, red_b, data, hbm)}
+
+    on = ((c.sh == SHARDING.index("hsdp")) | ((c.sh == SHARDING.index("zero3")) & (t.zero3_engine == "fsdp2"))) \
+        & (c.fsdp > 1)
+    lay = lookup([c.tp, c.ep, c.etp, c.fsdp], layer, ("out", "in"), dtype=np.float64)
+    rt = lookup([c.tp], root, ("root_out", "root_in"), dtype=np.float64)
+    return {k: np.where(on, v, 0.0) for k, v in {**lay, **rt}.items()}
+
+
 def layer_ops(cfg: Config, tt: TimeTables, c: Candidates, moe: bool) -> dict[str, np.ndarray]:
     """Op seconds per block and phase of one layer kind (``f_attn``, ``bw_mlp``...), and
     the embedding, head and GEMM totals, per candidate."""
@@ -242,7 +302,8 @@ def chains(c: Candidates, o: dict, cm: dict, moe: bool) -> tuple[np.ndarray, np.
                       + o[f"{p}_attn_post"] + o[f"{p}_mlp_pre"] + np.maximum(o[f"{p}_mlp"], pre + post) + e
                       + o[f"{p}_mlp_post"])
         return np.where(c.ov > 0, overlapped, blocking)
-    full = c.rc == RECOMPUTE.index("full")
+    # op-level selective AC replays its recomputed ops before the layer's backward, as full does
+    full = (c.rc == RECOMPUTE.index("full")) | (c.rc == RECOMPUTE.index("op"))
     b = {blk: np.where(full, o[f"bin_{blk}"], o[f"bi_{blk}"]) for blk in LAYER_BLOCKS + ("cpq",)}
     # CP: the dK/dV reduce-scatter starts after the core attention's backward and the K/V
     # projections' input gradients wait for it; only the Q projection's runs beside it
@@ -255,8 +316,10 @@ def chains(c: Candidates, o: dict, cm: dict, moe: bool) -> tuple[np.ndarray, np.
 def unit_bounds(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: dict) -> dict[str, np.ndarray]:
     """Per-stage lower bounds (candidates, pp), seconds: ``f_core``, ``b_core`` (one chunk's
     layers, forward and backward), the embedding's and the head's extra time in their
-    chunk's units (``emb_f``, ``emb_b``, ``head_f``, ``head_b``), the p2p send ``p2p``
-    (candidates, 1), the last unit's ``tail`` beyond its duration and the stage's ``end``
+    chunk's units (``emb_f``, ``emb_b``, ``head_f``, ``head_b``), a gathering pass's extra
+    (``f_extra``, ``b_extra``; ``g_f``, ``g_b`` such passes per step), the extra of each chunk's
+    last gradient unit (``b_red``: FSDP2's copy-ins where that unit alone reduces), the p2p send
+    ``p2p`` (candidates, 1), the last unit's ``tail`` beyond its duration and the stage's ``end``
     (optimizer step, exposed ZeRO-1 all-gather); module docstring."""
     m = cfg.model
     col = lambda a: np.asarray(a)[:, None]
@@ -300,13 +363,24 @@ def unit_bounds(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: dict)
     # issued when the layer starts (after the previous compute): serial with the chain; with
     # pp 1 every forward gathers, with pp > 1 the gathering passes (``f_extra``)
     e_ag = col(cm["efsdp_ag"]) * _expert_gathers(st, c) if m.is_moe else np.zeros_like(st.n, dtype=np.float64)
-    out = {"f_core": np.maximum(np.maximum(ag + n * cf, n * ag + cf), n * cf + col(~lazy) * e_ag),
-           "b_core": np.maximum(ag_b + n * cb, n * ag_b + np.maximum(n - 2, 0) * rs * keep + cb),
-           "f_extra": np.maximum(piped * np.maximum(ag_p + n * cf, n * ag_p + cf) - piped * n * cf,
-                                 col(lazy) * e_ag),
-           "b_extra": piped * np.maximum(ag_p + n * cb, n * ag_p + cb) - piped * n * cb,
+    # FSDP2's copies on the compute stream (fsdp_copies): a gathering pass's copy-out before each
+    # layer's compute, a reducing pass's copy-in after it; every pass with pp 1 under sync (the
+    # backward's copy-out only when it gathers again: reshard_after_forward), else the gathering
+    # passes (``f_extra``, ``b_extra``) and the chunk's last gradient unit (``b_red``)
+    cp = fsdp_copies(cfg, tt.tables, c)
+    co, ci = col(np.where(lazy, 0.0, cp["out"])), col(np.where(lazy, 0.0, cp["in"]))
+    co_p, ci_p = col(np.where(lazy, cp["out"], 0.0)), col(np.where(lazy, cp["in"], 0.0))
+    cf_c, cb_c = cf + co, cb + co * keep + ci
+    out = {"f_core": np.maximum(np.maximum(ag + n * cf_c, n * ag + cf_c), n * cf_c + col(~lazy) * e_ag),
+           "b_core": np.maximum(ag_b + n * cb_c, n * ag_b + np.maximum(n - 2, 0) * rs * keep + cb_c),
+           "f_extra": np.maximum(piped * (np.maximum(ag_p + n * (cf + co_p), n * ag_p + cf + co_p) - n * cf),
+                                 col(lazy) * e_ag + n * co_p),
+           "b_extra": np.maximum(piped * (np.maximum(ag_p + n * (cb + co_p), n * ag_p + cb + co_p) - n * cb),
+                                 n * co_p),
+           "b_red": n * ci_p,
            "g_f": g_f, "g_b": g_b,
-           "emb_f": st.first * (col(od["emb_f"]) + post), "emb_b": st.first * col(od["emb_bw"]),
+           "emb_f": st.first * (col(od["emb_f"]) + post + col(np.where(lazy, 0.0, cp["root_out"]))),
+           "emb_b": st.first * (col(od["emb_bw"]) + col(np.where(lazy, 0.0, cp["root_in"]))),
            "head_f": st.last * (pre + col(od["head_f"]) + col(cm["loss"])),
            "head_b": st.last * (col(od["head_b"]) + post), "p2p": col(cm["p2p"])}
     one = col(c.vpp) == 1
@@ -319,8 +393,14 @@ def unit_bounds(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: dict)
     # the embedding's gradient (in ``b0``) still runs beside them. Dense units only: with dense
     # and MoE layers the unit sizes differ
     fsdp_red = col(cm["fsdp_rs"] + cm["hsdp_ar"]) * (not m.is_moe or m.dense_layers == 0)
+    # pp 1 under accumulation: the root's copy-out in each forward that gathers it and its copy-in
+    # once, in the last unit after its layers' reduce-scatters are issued, which it may overlap:
+    # not counted in the tail too (with pp > 1 the root's copies are left out)
+    root_in = col(cp["root_in"]) * col(lazy & (c.pp == 1))
+    out["root_extra"] = root_in + (gathering_passes(cfg, c, st, root=True)[0] * col(cp["root_out"]) * col(lazy)
+                                   if st.k.shape[1] == 1 else 0.0)
     out["tail"] = np.maximum(np.maximum(one * out["head_b"] + ag_b + cb + red / col(c.vpp),
-                                        one * out["head_b"] + out["b_core"] + fsdp_red) - b0, 0.0)
+                                        one * out["head_b"] + out["b_core"] + fsdp_red) - b0 - root_in, 0.0)
     return out
 
 
@@ -335,19 +415,20 @@ def _expert_gathers(st: Stages, c: Candidates) -> np.ndarray:
     return np.where(st.n_moe[:, table] > 0, fewest, 0)
 
 
-def gathering_passes(cfg: Config, c: Candidates, st: Stages) -> tuple[np.ndarray, np.ndarray]:
+def gathering_passes(cfg: Config, c: Candidates, st: Stages, root: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """Forward and backward passes per step (candidates, pp) that all-gather their chunk's FSDP
     units on each stage when pp > 1, summed over the stage's chunks: the passes that find the
     chunk sharded (:func:`meshplan.comm.collectives.fsdp_gather_flags`, the rule the collective
     table and the timeline count); with pp 1 the same rule under ``training.grad_accumulation``
     (:func:`~meshplan.search.space.accumulates`: ``no_sync`` reshards after every backward but
     the last, ``no_sync_unsharded`` keeps the units gathered), else 0: every unit gathers
-    (``f_core``)."""
+    (``f_core``). ``root``: the root unit's passes, pp 1 only (it never reshards after forward,
+    :class:`meshplan.schedule.steptime.UnitTimes`)."""
     p = st.k.shape[1]
     g = np.zeros((2, len(c), p))
     if p == 1:
         acc = accumulates(cfg, c.pp, c.sh)
-        micro, keep = st.m[:, 0], c.rf > 0
+        micro, keep = st.m[:, 0], (c.rf > 0) & (not root)
         for mm, r in sorted(set(zip(micro[acc].tolist(), keep[acc].tolist()))):
             rows = acc & (micro == mm) & (keep == r)
             flags = fsdp_gather_flags(candidate_schedule(1), 1, mm, 1, 0, r,
@@ -402,7 +483,7 @@ def step_lower_bound(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: 
     v = c.vpp[:, None]
     one = v == 1
     busy = st.m * (v * (u["f_core"] + u["b_core"]) + u["emb_f"] + u["emb_b"] + u["head_f"] + u["head_b"]) \
-        + u["g_f"] * u["f_extra"] + u["g_b"] * u["b_extra"]
+        + u["g_f"] * u["f_extra"] + u["g_b"] * u["b_extra"] + v * u["b_red"] + u["root_extra"]
     f0 = u["f_core"] + u["emb_f"] + one * u["head_f"]       # chunk 0's forward unit on each stage
     b0 = u["b_core"] + u["emb_b"] + one * u["head_b"]       # chunk 0's backward unit on each stage
     p2p, tail, end = u["p2p"], u["tail"], u["end"]
@@ -415,8 +496,9 @@ def step_lower_bound(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: 
     # 1F1B: micro-batch 0 forward through every stage and back to stage k, then stage k's
     # units after its first backward ((m - 1) B and (m - w) F), then micro-batch m-1's
     # gradient back to stage 0.
+    # (stage k's last gradient unit, with its copy-ins ``b_red``, is one of its backward units)
     path = (f0.sum(axis=1, keepdims=True) + b0.sum(axis=1, keepdims=True) + (st.m - 1) * b0
-            + (st.m - st.w) * f0 + 2 * (st.k.shape[1] - 1) * p2p)
+            + (st.m - st.w) * f0 + 2 * (st.k.shape[1] - 1) * p2p + u["b_red"])
     one_f = np.maximum(path + tail[:, :1] + end[:, :1], path - drain + tail + end).max(axis=1)
     # V-shaped schedules: stage k still starts after micro-batch 0's chunk-0 forward through
     # stages 0..k-1 and runs every unit, but its last unit is a weight gradient (tail not

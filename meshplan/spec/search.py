@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from meshplan.limits import BOUNDS
 
-Recompute = Literal["none", "selective", "full"]
+Recompute = Literal["none", "selective", "full", "op"]
 Sharding = Literal["zero1", "zero3", "hsdp"]
 #: Pipeline schedules the search plans: ``1f1b`` (1F1B with vpp 1, interleaved 1F1B with
 #: vpp > 1) and the V-shaped ``zbv`` and ``dualpipev`` (vpp 2).
@@ -27,7 +27,7 @@ SearchedSchedule = Literal["1f1b", "zbv", "dualpipev"]
 
 
 def _all_recompute() -> list[Recompute]:
-    return ["none", "selective", "full"]
+    return ["none", "selective", "full", "op"]
 
 
 def _default_sharding() -> list[Sharding]:
@@ -45,7 +45,11 @@ class SearchOptions(BaseModel):
       of each axis (default: every divisor of the world that fits the axis's rules).
     - ``micro_batch``: allowed micro-batch sizes (default ``[1, 2, 4, 8]``; the training
       contract's ``micro_batch`` is ignored, its ``global_batch`` and ``seq_len`` are kept).
-    - ``recompute``: allowed policies (default all three); ``sharding``: allowed among
+    - ``recompute``: allowed policies (default all four: ``none``, ``selective``, ``full``, and
+      torchtitan's op-level selective AC ``op``, searched under ``training.framework = "torch"``
+      with FSDP2 only, on candidates with tp = cp = ep = 1 as meshplan plans it: Megatron-LM and
+      DeepSpeed have no such policy, and a config listing it for them gets an error naming
+      ``search.recompute``); ``sharding``: allowed among
       ``zero1``, ``zero3`` (both with dp_replicate 1) and ``hsdp`` (dp_replicate > 1).
     - ``vpp``: allowed virtual stages per rank; ``max_vpp``: the bound on them (default 8).
       Searched: 1, and the divisors of layers / pp up to ``max_vpp`` when pp > 1.

@@ -224,6 +224,19 @@ class TrainingSpec(BaseModel):
         return self.framework == "torch" and self.sharding in ("zero3", "hsdp") and self.zero3_engine == "fsdp2"
 
     @property
+    def has_op_recompute(self) -> bool:
+        """Whether the training's framework has torchtitan's op-level selective AC
+        (``recompute = "op"``): torch with FSDP2, not Megatron-LM nor DeepSpeed's ZeRO-3 engine
+        (what ``meshplan search`` tries).
+
+        >>> TrainingSpec(global_batch=8, seq_len=16).has_op_recompute
+        True
+        >>> TrainingSpec(global_batch=8, seq_len=16, framework="megatron").has_op_recompute
+        False
+        """
+        return self.framework == "torch" and self.zero3_engine == "fsdp2"
+
+    @property
     def recompute_name(self) -> str:
         """The recompute policy in its framework's own words."""
         return {"none": "no activation checkpointing",
