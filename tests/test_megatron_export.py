@@ -1,0 +1,27 @@
+"""What ``export`` and ``compare`` report about a Megatron-LM plan (newcomer findings, s22):
+a difference only where the effective value differs, and files that end in a newline."""
+
+from __future__ import annotations
+
+from meshplan import catalog
+from meshplan.config import config_from_dict
+from meshplan.interop.foreign import differences, export
+
+#: GPT-3 175B from the catalog (head_dim unset: 12288 / 96 = 128) as Megatron-LM runs it.
+TABLES = {"model": {"catalog": "megatron-175b"}, "cluster": {"system": "dgx-a100", "nodes": 128},
+          "training": {"global_batch": 1536, "seq_len": 2048, "sharding": "zero1", "framework": "megatron",
+                       "grad_reduce_dtype": "fp32"},
+          "mesh": {"names": ["pp", "dp", "tp"], "shape": [16, 8, 8], "sequence_parallel": True},
+          "memory": {"dropout": True}}
+
+
+def test_export_reports_no_difference_for_the_default_head_dim():
+    cfg = config_from_dict(TABLES)
+    assert catalog.model("megatron-175b").head_dim is None  # --kv-channels 128 comes back as head_dim 128
+    text, header = export(cfg, "megatron", "gpt3")
+    assert "--kv-channels 128" in text.splitlines()
+    assert [h for h in header if h.startswith("not expressed")] == []
+    # a real difference is still reported: head_dim 64 (q projection 96 x 64 wide) is not the default 128
+    other = cfg.model.model_copy(update={"head_dim": 64})
+    assert differences(cfg, config_from_dict(TABLES | {"model": other.model_dump()})) == \
+        ["model.head_dim: 128 -> 64"]
