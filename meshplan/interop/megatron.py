@@ -42,6 +42,9 @@ Megatron-LM                              meshplan
 --accumulate-allreduce-grads-in-fp32     grad_reduce_dtype fp32 (forced by --bf16 unless --grad-reduce-in-bf16;
                                          else the parameter dtype)
 --tp-comm-overlap                        training.tp_comm_overlap
+--hidden-dropout, --attention-dropout    memory.dropout: on unless both are 0.0 (Megatron-LM's TransformerConfig:
+  (default 0.1 each)                       0.1 each); meshplan has one switch for both (the residual and
+                                           embedding masks, and the attention-score mask of non-flash attention)
 --clip-grad (default 1.0)                training.grad_clip (0: false, no norm computed)
 (Megatron-LM's own linears)              training.framework megatron (its backward order)
 --num-layers, --hidden-size, ...         the model, field by field (or --model)
@@ -91,7 +94,10 @@ USED = set(PARALLEL) | MODEL_FLAGS | {
     "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers", "--micro-batch-size",
     "--global-batch-size", "--seq-length", "--bf16", "--fp16", "--fp8-format", "--accumulate-allreduce-grads-in-fp32",
     "--tp-comm-overlap", "--make-vocab-size-divisible-by", "--use-flash-attn", "--nnodes", "--grad-reduce-in-bf16",
-    "--clip-grad"}
+    "--clip-grad", "--hidden-dropout", "--attention-dropout"}
+#: Megatron-LM's dropout flags and their default probability (TransformerConfig ``hidden_dropout`` and
+#: ``attention_dropout``, 0.1 each, at d98e8a6).
+DROPOUT = {"--hidden-dropout": 0.1, "--attention-dropout": 0.1}
 #: Megatron-LM flags (its parser at d98e8a6: 877 flags) within three edits of a flag meshplan reads, so
 #: never taken for a misspelling of it (``--vocab-file`` is two edits from ``--vocab-size``).
 NEAR_FLAGS = {"--fp4-format", "--vocab-file", "--ckpt-format", "--moe-router-dtype", "--num-channels"}
@@ -162,6 +168,32 @@ def _clip(args: dict) -> bool:
     except (TypeError, ValueError):
         raise ConfigError("--clip-grad", f"{v!r} is not a number; give the norm to clip to, or 0 for no "
                           f"clipping") from None
+
+
+def _dropout(args: dict, notes: list[str]) -> bool:
+    """``[memory] dropout`` from ``--hidden-dropout`` and ``--attention-dropout`` (default 0.1
+    each, :data:`DROPOUT`): on unless both are 0.0. meshplan has one switch for both; when one
+    is 0.0 and the other not, a note says both are planned on. ConfigError naming the flag
+    for a value that is not a probability in [0, 1).
+
+    >>> _dropout({}, []), _dropout({"--hidden-dropout": "0.0", "--attention-dropout": "0"}, [])
+    (True, False)
+    """
+    p = {}
+    for flag, default in DROPOUT.items():
+        v = args.get(flag, default)
+        try:
+            p[flag] = float(v)
+        except (TypeError, ValueError):
+            p[flag] = -1.0
+        if not 0.0 <= p[flag] < 1.0:
+            raise ConfigError(flag, f"{v!r} is not a dropout probability; give a number in [0, 1) (0.0: no dropout)")
+    on = [f for f, v in p.items() if v > 0.0]
+    if len(on) == 1:
+        off = next(f for f in p if f not in on)
+        notes.append(f"{off} 0.0 but {on[0]} {p[on[0]]}: meshplan has one dropout switch ([memory] dropout), "
+                     f"planned on for both")
+    return bool(on)
 
 
 def _nnodes(args: dict, opts: ImportOptions, notes: list[str]) -> Optional[int]:
@@ -342,8 +374,10 @@ def read(text: str, opts: ImportOptions) -> Imported:
         notes.append("--use-flash-attn not given: planned with flash attention (Transformer Engine's fused "
                      "attention, Megatron-Core's default)")
     unused = tuple(k for k in args if k not in USED)
-    return Imported("megatron", {"model": model, "cluster": cluster, "training": training, "mesh": mesh},
-                    unused, tuple(notes))
+    tables = {"model": model, "cluster": cluster, "training": training, "mesh": mesh}
+    if _dropout(args, notes):
+        tables["memory"] = {"dropout": True}
+    return Imported("megatron", tables, unused, tuple(notes))
 
 
 def write(cfg: Config) -> list[str]:
@@ -406,6 +440,8 @@ def write(cfg: Config) -> list[str]:
     out += ["--grad-reduce-in-bf16"] * (t.gradient_reduce_dtype == "bf16" and "--bf16" in out)
     out += ["--tp-comm-overlap"] * t.tp_comm_overlap + ["--use-flash-attn"] * t.flash_attention
     out += ["--clip-grad 0"] * (not t.grad_clip)  # Megatron-LM's default 1.0 clips
+    # Megatron-LM's default dropout is 0.1 (:data:`DROPOUT`): a plan without dropout says 0.0
+    out += [] if cfg.memory.dropout else [f"{flag} 0.0" for flag in DROPOUT]
     return out
 
 
