@@ -73,3 +73,82 @@ def test_dropout_round_trips_exactly_both_ways(tmp_path, extra):
     again = _load(tmp_path, text, reimport_options(cfg, "megatron"), "b.args")
     assert differences(cfg, again) == [] and again.memory == cfg.memory
     assert write(again) == args
+
+
+#: Llama 3 8B as Megatron-LM runs it (examples/megatron_llama3-8b_16xh100_tp2-pp2.args): tp 2 with SP.
+LLAMA = """--num-layers 32 --hidden-size 4096 --ffn-hidden-size 14336 --num-attention-heads 32
+--group-query-attention --num-query-groups 8 --kv-channels 128 --swiglu --normalization RMSNorm
+--position-embedding-type rope --max-position-embeddings 8192 --untie-embeddings-and-output-weights
+--disable-bias-linear --vocab-size 128256 --attention-dropout 0.0 --hidden-dropout 0.0
+--tensor-model-parallel-size 2 --sequence-parallel --pipeline-model-parallel-size 2
+--use-distributed-optimizer --recompute-activations --micro-batch-size 1 --global-batch-size 128
+--seq-length 8192 --bf16 --use-flash-attn
+"""
+H100x2 = ImportOptions(cluster="dgx-h100", nodes=2)
+
+
+def test_fused_swiglu_is_megatron_default_and_saves_three_f_columns(tmp_path):
+    fused = _load(tmp_path, LLAMA, H100x2)
+    unfused = _load(tmp_path, LLAMA + "--no-bias-swiglu-fusion\n", H100x2)
+    assert (fused.memory.fused_glu, unfused.memory.fused_glu) == (None, False)
+    assert fused.memory.fused_glu_for(fused.training) and not unfused.memory.fused_glu_for(unfused.training)
+    # Korthikanti-style per layer, 2-byte activations, f/t = 14336 / 2 = 7168 columns per rank:
+    # unfused gate, SiLU output, up and product 4 x 2 s b f/t; fused fc1 output (2f) and product 3 x 2 s b f/t
+    sbf_t = 8192 * 1 * 14336 // 2
+    assert _saved(unfused) - _saved(fused) == 2 * sbf_t == 117_440_512
+    torch = fused.training.model_copy(update={"framework": "torch"})  # torchtitan: w2(silu(w1 x) * w3 x)
+    assert layer_act_sizes(fused.model, torch, resolved(fused), fused.memory).saved == _saved(unfused)
+    assert "--no-bias-swiglu-fusion" in write(unfused) and "--no-bias-swiglu-fusion" not in write(fused)
+    assert "--no-bias-swiglu-fusion" not in " ".join(unfused.notes)  # read, not listed as unused
+
+
+#: Mixtral 8x7B on 4 x 8 H100: tp 2 with SP, ep 8 (expert tp defaults to tp 2), dp 16.
+MIXTRAL = """--num-layers 32 --hidden-size 4096 --ffn-hidden-size 14336 --num-attention-heads 32
+--group-query-attention --num-query-groups 8 --kv-channels 128 --swiglu --normalization RMSNorm
+--position-embedding-type rope --max-position-embeddings 32768 --untie-embeddings-and-output-weights
+--disable-bias-linear --vocab-size 32000 --num-experts 8 --moe-router-topk 2 --expert-model-parallel-size 8
+--tensor-model-parallel-size 2 --sequence-parallel --use-distributed-optimizer --recompute-activations
+--micro-batch-size 1 --global-batch-size 256 --seq-length 4096 --bf16 --use-flash-attn
+"""
+H100x4 = ImportOptions(cluster="dgx-h100", nodes=4)
+
+
+def _moe_saved(cfg) -> int:
+    return layer_act_sizes(cfg.model, cfg.training, resolved(cfg), cfg.memory, moe=True).saved
+
+
+def test_capacity_factor_is_read_and_its_absence_is_dropless(tmp_path):
+    dropless = _load(tmp_path, MIXTRAL, H100x4)
+    assert dropless.training.moe_dropless  # Megatron-LM's default: no capacity factor, nothing dropped
+    assert _load(tmp_path, MIXTRAL + "--moe-expert-capacity-factor -1\n", H100x4).training.moe_dropless
+    padded = _load(tmp_path, MIXTRAL + "--moe-expert-capacity-factor 1.25 --moe-pad-expert-input-to-capacity\n",
+                   H100x4)
+    assert (padded.training.moe_dropless, padded.training.moe_capacity_factor) == (False, 1.25)
+    assert not any("capacity" in n for n in padded.notes)
+    # the busiest rank's routed rows: T = 4096 tokens (b s etp / tp), k 2, E 8, ep 8, one local expert;
+    # dropless balanced T k = 8192; capacity C = ceil(1.25 x 4096 x 2 / 8) = 1280, ep C = 10240 padded rows;
+    # per row the fused expert MLP keeps 3 x 2 B x 7168 (expert ffn / etp) plus input and output 2 x 2 B x 4096
+    assert _moe_saved(padded) - _moe_saved(dropless) == (10240 - 8192) * (3 * 2 * 7168 + 2 * 2 * 4096)
+    unfused = _load(tmp_path, MIXTRAL + "--no-bias-swiglu-fusion\n", H100x4)
+    assert _moe_saved(unfused) - _moe_saved(dropless) == 8192 * 2 * 7168  # the fourth f column of each row
+    bare = _load(tmp_path, MIXTRAL + "--moe-expert-capacity-factor 1.25\n", H100x4)
+    assert bare.training.moe_capacity_factor == 1.25
+    assert ("megatron: --moe-expert-capacity-factor 1.25 without --moe-pad-expert-input-to-capacity: Megatron-LM "
+            "sends only the routed copies (at most the capacity per expert); planned with the padded experts x "
+            "capacity buffer, an upper bound") in bare.notes
+    assert not any("--moe-expert-capacity-factor" in n for n in bare.notes if "does not use" in n)
+
+
+@pytest.mark.parametrize("extra", ["", "--moe-expert-capacity-factor 1.25 --moe-pad-expert-input-to-capacity\n"])
+def test_moe_routing_round_trips(tmp_path, extra):
+    cfg = _load(tmp_path, MIXTRAL + extra, H100x4)
+    text, header = export(cfg, "megatron", "test")
+    assert not [h for h in header if h.startswith("not expressed")], header
+    again = _load(tmp_path, text, reimport_options(cfg, "megatron"), "b.args")
+    assert differences(cfg, again) == [] and again.training == cfg.training
+
+
+@pytest.mark.parametrize("value", ["0", "x"])
+def test_capacity_factor_malformed_is_one_line(tmp_path, value):
+    with pytest.raises(ConfigError, match=r"^--moe-expert-capacity-factor: '.*' (is not a number|leaves no capacity)"):
+        _load(tmp_path, MIXTRAL + f"--moe-expert-capacity-factor {value}\n", H100x4)

@@ -42,6 +42,11 @@ Megatron-LM                              meshplan
 --accumulate-allreduce-grads-in-fp32     grad_reduce_dtype fp32 (forced by --bf16 unless --grad-reduce-in-bf16;
                                          else the parameter dtype)
 --tp-comm-overlap                        training.tp_comm_overlap
+--moe-expert-capacity-factor,            training.moe_capacity_factor; absent or < 0: moe_dropless (Megatron-LM's
+  --moe-pad-expert-input-to-capacity       default); meshplan plans the padded E x C buffer (a note without the
+                                           padding flag, which Megatron-LM sends only the routed copies)
+--no-bias-swiglu-fusion (with --swiglu)  memory.fused_glu false (unset: Megatron-LM's fused bias-SwiGLU, the
+                                           default of framework megatron)
 --hidden-dropout, --attention-dropout    memory.dropout: on unless both are 0.0 (Megatron-LM's TransformerConfig:
   (default 0.1 each)                       0.1 each); meshplan has one switch for both (the residual and
                                            embedding masks, and the attention-score mask of non-flash attention)
@@ -61,7 +66,8 @@ from pydantic import ValidationError
 from meshplan import catalog
 from meshplan.config import Config
 from meshplan.errors import ConfigError, printable
-from meshplan.interop.common import Imported, ImportOptions, cluster_table, model_layers, model_option, near_miss
+from meshplan.interop.common import (Imported, ImportOptions, cluster_table, model_is_moe, model_layers, model_option,
+                                     near_miss)
 from meshplan.interop.launch import parse_launch
 from meshplan.interop.tomlout import mesh_spec, resolved, virtual_split
 from meshplan.spec.axes import MEGATRON_AXES
@@ -73,7 +79,8 @@ SWITCHES = {"--sequence-parallel", "--use-distributed-optimizer", "--recompute-a
             "--add-qkv-bias", "--qk-layernorm", "--use-flash-attn", "--accumulate-allreduce-grads-in-fp32",
             "--tp-comm-overlap", "--use-torch-fsdp2", "--use-megatron-fsdp", "--overlap-grad-reduce",
             "--overlap-param-gather", "--use-mcore-models", "--no-masked-softmax-fusion", "--standalone",
-            "--multi-latent-attention", "--grad-reduce-in-bf16"}
+            "--multi-latent-attention", "--grad-reduce-in-bf16", "--no-bias-swiglu-fusion",
+            "--moe-pad-expert-input-to-capacity"}
 PARALLEL = {"--tensor-model-parallel-size": "tp", "--pipeline-model-parallel-size": "pp",
             "--context-parallel-size": "cp", "--expert-model-parallel-size": "ep",
             "--expert-tensor-parallel-size": "etp"}
@@ -94,7 +101,8 @@ USED = set(PARALLEL) | MODEL_FLAGS | {
     "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers", "--micro-batch-size",
     "--global-batch-size", "--seq-length", "--bf16", "--fp16", "--fp8-format", "--accumulate-allreduce-grads-in-fp32",
     "--tp-comm-overlap", "--make-vocab-size-divisible-by", "--use-flash-attn", "--nnodes", "--grad-reduce-in-bf16",
-    "--clip-grad", "--hidden-dropout", "--attention-dropout"}
+    "--clip-grad", "--hidden-dropout", "--attention-dropout", "--no-bias-swiglu-fusion",
+    "--moe-expert-capacity-factor", "--moe-pad-expert-input-to-capacity"}
 #: Megatron-LM's dropout flags and their default probability (TransformerConfig ``hidden_dropout`` and
 #: ``attention_dropout``, 0.1 each, at d98e8a6).
 DROPOUT = {"--hidden-dropout": 0.1, "--attention-dropout": 0.1}
@@ -194,6 +202,37 @@ def _dropout(args: dict, notes: list[str]) -> bool:
         notes.append(f"{off} 0.0 but {on[0]} {p[on[0]]}: meshplan has one dropout switch ([memory] dropout), "
                      f"planned on for both")
     return bool(on)
+
+
+def _routing(args: dict, notes: list[str]) -> dict:
+    """MoE routing keys of [training] from ``--moe-expert-capacity-factor`` (Megatron-LM's
+    TransformerConfig: None, the default, or a negative value is dropless; else tokens over
+    ``C = ceil(f x tokens x top_k / experts)`` per expert are dropped). Without
+    ``--moe-pad-expert-input-to-capacity`` Megatron-LM sends only the routed copies (at most C
+    per expert), while meshplan plans the padded ``E x C`` buffer: a note says so.
+
+    >>> _routing({}, []), _routing({"--moe-expert-capacity-factor": "1.25",
+    ...                             "--moe-pad-expert-input-to-capacity": True}, [])
+    ({'moe_dropless': True}, {'moe_capacity_factor': 1.25})
+    """
+    v = args.get("--moe-expert-capacity-factor")
+    if v is None:
+        return {"moe_dropless": True}
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        raise ConfigError("--moe-expert-capacity-factor", f"{v!r} is not a number; give the capacity factor "
+                          f"(e.g. 1.25), or leave it out for dropless routing") from None
+    if f < 0:
+        return {"moe_dropless": True}
+    if f == 0 or f != f or f == float("inf"):
+        raise ConfigError("--moe-expert-capacity-factor", f"{v!r} leaves no capacity; give a factor > 0 "
+                          f"(e.g. 1.25), or leave it out for dropless routing")
+    if not args.get("--moe-pad-expert-input-to-capacity"):
+        notes.append(f"--moe-expert-capacity-factor {v} without --moe-pad-expert-input-to-capacity: Megatron-LM "
+                     f"sends only the routed copies (at most the capacity per expert); planned with the padded "
+                     f"experts x capacity buffer, an upper bound")
+    return {"moe_capacity_factor": f}
 
 
 def _nnodes(args: dict, opts: ImportOptions, notes: list[str]) -> Optional[int]:
@@ -370,13 +409,17 @@ def read(text: str, opts: ImportOptions) -> Imported:
                     dtype == "bf16" and not args.get("--grad-reduce-in-bf16")) else "param",
                 "tp_comm_overlap": bool(args.get("--tp-comm-overlap")), "framework": "megatron",
                 "vocab_pad_divisor": _num(args, "--make-vocab-size-divisible-by", 128), "grad_clip": _clip(args)}
+    if model_is_moe(model):
+        training |= _routing(args, notes)
     if dtype != "fp32" and not args.get("--use-flash-attn"):
         notes.append("--use-flash-attn not given: planned with flash attention (Transformer Engine's fused "
                      "attention, Megatron-Core's default)")
     unused = tuple(k for k in args if k not in USED)
+    memory = {"dropout": True} if _dropout(args, notes) else {}
+    if args.get("--no-bias-swiglu-fusion") and args.get("--swiglu"):
+        memory["fused_glu"] = False  # unset: fused, Megatron-LM's default (MemoryOptions.fused_glu)
     tables = {"model": model, "cluster": cluster, "training": training, "mesh": mesh}
-    if _dropout(args, notes):
-        tables["memory"] = {"dropout": True}
+    tables |= {"memory": memory} if memory else {}
     return Imported("megatron", tables, unused, tuple(notes))
 
 
@@ -442,6 +485,9 @@ def write(cfg: Config) -> list[str]:
     out += ["--clip-grad 0"] * (not t.grad_clip)  # Megatron-LM's default 1.0 clips
     # Megatron-LM's default dropout is 0.1 (:data:`DROPOUT`): a plan without dropout says 0.0
     out += [] if cfg.memory.dropout else [f"{flag} 0.0" for flag in DROPOUT]
+    out += ["--no-bias-swiglu-fusion"] * (m.gated_mlp and cfg.memory.fused_glu is False)
+    if m.is_moe and not t.moe_dropless:  # Megatron-LM's default is dropless; meshplan plans padded buffers
+        out += [f"--moe-expert-capacity-factor {t.moe_capacity_factor!r}", "--moe-pad-expert-input-to-capacity"]
     return out
 
 
