@@ -152,3 +152,53 @@ def test_moe_routing_round_trips(tmp_path, extra):
 def test_capacity_factor_malformed_is_one_line(tmp_path, value):
     with pytest.raises(ConfigError, match=r"^--moe-expert-capacity-factor: '.*' (is not a number|leaves no capacity)"):
         _load(tmp_path, MIXTRAL + f"--moe-expert-capacity-factor {value}\n", H100x4)
+
+
+def test_bf16_with_fp16_is_refused_as_megatron_does(tmp_path):
+    with pytest.raises(ConfigError, match=r"^--fp16: given with --bf16; Megatron-LM refuses both \(arguments.py "
+                                          r"asserts one dtype\): keep one$"):
+        _load(tmp_path, GPT3 + "--fp16\n")
+
+
+def test_sequence_longer_than_learned_positions_is_refused(tmp_path):
+    longer = GPT3.replace("--seq-length 2048", "--seq-length 4096")
+    with pytest.raises(ConfigError, match=r"^--seq-length: 4096 is more than --max-position-embeddings 2048, the rows "
+                                          r"of the learned position table"):
+        _load(tmp_path, longer)
+    with pytest.raises(ConfigError, match=r"^--seq-len: 8192 is more than --max-position-embeddings 2048"):
+        _load(tmp_path, GPT3, ImportOptions(cluster="dgx-a100", nodes=128, seq_len=8192))
+    # RoPE has no table: planned, with Megatron-LM's own assertion in a note
+    rope = _load(tmp_path, LLAMA.replace("--seq-length 8192", "--seq-length 16384"), H100x2)
+    assert rope.training.seq_len == 16384
+    assert ("megatron: --seq-length 16384 is more than --max-position-embeddings 8192: planned (RoPE has no table), "
+            "but Megatron-LM asserts max_position_embeddings >= seq_length; raise it to run") in rope.notes
+
+
+def test_json_read_as_megatron_says_it_is_json(tmp_path):
+    f = tmp_path / "ds.json"
+    f.write_text('{"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 1}}')
+    with pytest.raises(ConfigError, match=rf"^config: {f} is a JSON file \(DeepSpeed\?\), not Megatron-LM arguments: "
+                                          rf"use meshplan import deepspeed {f}, or --format deepspeed$"):
+        load_any(f, "megatron", A100x128)
+
+
+@pytest.mark.parametrize("schedule", ["zbv", "dualpipev", "zb_h1", "gpipe"])
+def test_megatron_refuses_schedules_it_does_not_have(tmp_path, schedule):
+    from meshplan.config import config_from_dict
+    from meshplan.plan import build_plan
+    from meshplan.schedule.rank_timeline import Overlap
+    from meshplan.schedule.steptime import step_time
+    cfg = _load(tmp_path, GPT3)
+    with pytest.raises(ConfigError, match=rf"^--schedule: {schedule} is not a Megatron-LM schedule \(training.framework "
+                                          r"\"megatron\" runs 1f1b, or interleaved_1f1b with virtual stages"):
+        step_time(build_plan(cfg), Overlap(), schedule=schedule)
+    vs = 2 if schedule in ("zbv", "dualpipev") else 1
+    tables = {"model": {"catalog": "megatron-175b"}, "cluster": {"system": "dgx-a100", "nodes": 128},
+              "training": {"global_batch": 1536, "seq_len": 2048, "sharding": "zero1", "framework": "megatron"},
+              "mesh": {"names": ["pp", "dp", "tp"], "shape": [16, 8, 8], "sequence_parallel": True,
+                       "pp_schedule": schedule, "virtual_stages": vs}}
+    with pytest.raises(ConfigError, match=rf"^mesh.pp_schedule: {schedule} is not a Megatron-LM schedule"):
+        build_plan(config_from_dict(tables))
+    tables["training"]["framework"] = "torch"  # torch.distributed.pipelining runs it: planned (gpipe: over HBM)
+    assert build_plan(config_from_dict(tables)).feasible == (schedule != "gpipe")
+

@@ -66,6 +66,9 @@ def read_foreign(path: Path, fmt: str, opts: ImportOptions) -> Imported:
     if fmt == "torchtitan":
         return torchtitan.read(parse_toml(text, str(path)), path.parent, opts)
     if fmt == "megatron":
+        if path.suffix == ".json" or text.lstrip().startswith("{"):  # arguments never open with a brace
+            raise ConfigError("config", f"{path} is a JSON file (DeepSpeed?), not Megatron-LM arguments: use "
+                              f"meshplan import deepspeed {path}, or --format deepspeed")
         return megatron.read(text, opts)
     if fmt == "deepspeed":
         data = parse_json(text, "config", str(path), "give a DeepSpeed JSON config", unique_keys=True)

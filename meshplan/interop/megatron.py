@@ -178,6 +178,28 @@ def _clip(args: dict) -> bool:
                           f"clipping") from None
 
 
+def _check_positions(model: dict, seq: int, flag: str, notes: list[str]) -> None:
+    """Megatron-LM asserts ``max_position_embeddings >= seq_length`` (arguments.py). With
+    learned positions the table has that many rows, so a longer sequence is a ConfigError
+    naming both; with RoPE the plan holds (no table) and a note says Megatron-LM refuses it."""
+    spec = model if "catalog" not in model and "hf_config" not in model else None
+    if spec is None:
+        m = catalog.model(model["catalog"]) if "catalog" in model else None
+        if m is None:
+            return  # a Hugging Face config: its max_position is not Megatron-LM's flag
+        pos, rows = m.position_embedding, m.max_position
+    else:
+        pos, rows = spec.get("position_embedding", "rope"), spec.get("max_position", 0)
+    if not rows or seq <= rows:
+        return
+    if pos == "learned":
+        raise ConfigError(flag, f"{seq} is more than --max-position-embeddings {rows}, the rows of the learned "
+                          f"position table (Megatron-LM asserts max_position_embeddings >= seq_length); raise "
+                          f"--max-position-embeddings or shorten the sequence")
+    notes.append(f"{flag} {seq} is more than --max-position-embeddings {rows}: planned (RoPE has no table), but "
+                 f"Megatron-LM asserts max_position_embeddings >= seq_length; raise it to run")
+
+
 def _dropout(args: dict, notes: list[str]) -> bool:
     """``[memory] dropout`` from ``--hidden-dropout`` and ``--attention-dropout`` (default 0.1
     each, :data:`DROPOUT`): on unless both are 0.0. meshplan has one switch for both; when one
@@ -400,6 +422,10 @@ def read(text: str, opts: ImportOptions) -> Imported:
         raise ConfigError("--seq-length", "not in the arguments; add it or give --seq-len")
     if opts.seq_len and "--seq-length" in args:
         notes.append(f"--seq-len {opts.seq_len} replaces --seq-length {args['--seq-length']}")
+    if args.get("--bf16") and args.get("--fp16"):  # arguments.py: assert not args.bf16 (and the reverse)
+        raise ConfigError("--fp16", "given with --bf16; Megatron-LM refuses both (arguments.py asserts one dtype): "
+                          "keep one")
+    _check_positions(model, seq, "--seq-len" if opts.seq_len else "--seq-length", notes)
     fp8 = bool(args.get("--fp8-format"))  # Transformer Engine's fp8 runs beside --bf16 (or --fp16)
     dtype = "fp16" if args.get("--fp16") else "bf16" if args.get("--bf16") or fp8 else "fp32"
     training = {"global_batch": _num(args, "--global-batch-size", micro * dp), "seq_len": seq, "micro_batch": micro,
