@@ -11,6 +11,8 @@ input for backward (megatron/core/fusions/fused_bias_swiglu.py).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from meshplan.errors import ConfigError
@@ -202,3 +204,18 @@ def test_megatron_refuses_schedules_it_does_not_have(tmp_path, schedule):
     tables["training"]["framework"] = "torch"  # torch.distributed.pipelining runs it: planned (gpipe: over HBM)
     assert build_plan(config_from_dict(tables)).feasible == (schedule != "gpipe")
 
+
+def test_selective_recompute_with_flash_replays_the_flash_forward(tmp_path):
+    """Megatron-Core checkpoints core_attn under selective granularity whatever the attention
+    backend (attention.py ``checkpoint_core_attention``), so the flash forward runs again in
+    backward; the plan says so in the recompute policy's words."""
+    from meshplan import catalog
+    from meshplan.compute.ops import Workload, layer_cost
+    cfg = _load(tmp_path, GPT3)
+    assert "flash kernels included: Megatron-Core checkpoints core_attn" in cfg.training.recompute_name
+    gpu, model = catalog.gpu("a100-sxm-80gb"), catalog.model("megatron-175b")
+    w = Workload(seq_len=2048, tp=8, sp=True, flash=True, recompute="selective")
+    extra = layer_cost(model, gpu, w).flops("hardware") - layer_cost(model, gpu, replace(w, recompute="none")).flops(
+        "hardware")
+    # causal attention forward of 12 local heads: QK^T and PV, 2 x 2 s^2 d a/t FLOP, halved: 12.88 GFLOP
+    assert extra == 2 * 2 * 2048 * 2048 * 128 * 12 // 2
