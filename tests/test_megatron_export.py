@@ -25,3 +25,23 @@ def test_export_reports_no_difference_for_the_default_head_dim():
     other = cfg.model.model_copy(update={"head_dim": 64})
     assert differences(cfg, config_from_dict(TABLES | {"model": other.model_dump()})) == \
         ["model.head_dim: 128 -> 64"]
+
+
+def test_compare_treats_an_explicit_even_split_as_unset():
+    """A split equal to the even one the mesh gets anyway is no knob that differs (it printed
+    ``mesh.pp_layer_split unset against [6, ..., 6]``); an uneven one still is."""
+    from meshplan.compare.verdict import check_workload
+    from meshplan.plan import build_plan
+    a = build_plan(config_from_dict(TABLES))
+    even = build_plan(config_from_dict(TABLES | {"mesh": TABLES["mesh"] | {"pp_layer_split": [6] * 16}}))
+    uneven_split = [5] + [6] * 14 + [7]
+    uneven = build_plan(config_from_dict(TABLES | {"mesh": TABLES["mesh"] | {"pp_layer_split": uneven_split}}))
+    assert check_workload(a, even).knobs == ()
+    assert check_workload(a, uneven).knobs == (("mesh.pp_layer_split", None, uneven_split),)
+
+
+def test_exported_files_end_with_a_newline():
+    cfg = config_from_dict(TABLES)
+    for to in ("meshplan", "megatron"):
+        text, _ = export(cfg, to, "gpt3")
+        assert text.endswith("\n") and not text.endswith("\n\n"), to
