@@ -43,8 +43,8 @@ Megatron-LM                              meshplan
                                          else the parameter dtype)
 --tp-comm-overlap                        training.tp_comm_overlap
 --moe-expert-capacity-factor,            training.moe_capacity_factor; absent or < 0: moe_dropless (Megatron-LM's
-  --moe-pad-expert-input-to-capacity       default); meshplan plans the padded E x C buffer (a note without the
-                                           padding flag, which Megatron-LM sends only the routed copies)
+  --moe-pad-expert-input-to-capacity       default); meshplan plans the padded E x C buffer (without the padding
+                                           flag Megatron-LM sends only the routed copies: a note says so)
 --no-bias-swiglu-fusion (with --swiglu)  memory.fused_glu false (unset: Megatron-LM's fused bias-SwiGLU, the
                                            default of framework megatron)
 --hidden-dropout, --attention-dropout    memory.dropout: on unless both are 0.0 (Megatron-LM's TransformerConfig:
@@ -217,7 +217,8 @@ def _dropout(args: dict, notes: list[str]) -> bool:
         except (TypeError, ValueError):
             p[flag] = -1.0
         if not 0.0 <= p[flag] < 1.0:
-            raise ConfigError(flag, f"{v!r} is not a dropout probability; give a number in [0, 1) (0.0: no dropout)")
+            raise ConfigError(flag, f"{printable(str(v))[:40]!r} is not a dropout probability; give a number in "
+                              f"[0, 1) (0.0: no dropout)")
     on = [f for f, v in p.items() if v > 0.0]
     if len(on) == 1:
         off = next(f for f in p if f not in on)
@@ -243,13 +244,13 @@ def _routing(args: dict, notes: list[str]) -> dict:
     try:
         f = float(v)
     except (TypeError, ValueError):
-        raise ConfigError("--moe-expert-capacity-factor", f"{v!r} is not a number; give the capacity factor "
-                          f"(e.g. 1.25), or leave it out for dropless routing") from None
+        raise ConfigError("--moe-expert-capacity-factor", f"{printable(str(v))[:40]!r} is not a number; give the "
+                          f"capacity factor (e.g. 1.25), or leave it out for dropless routing") from None
     if f < 0:
         return {"moe_dropless": True}
     if f == 0 or f != f or f == float("inf"):
-        raise ConfigError("--moe-expert-capacity-factor", f"{v!r} leaves no capacity; give a factor > 0 "
-                          f"(e.g. 1.25), or leave it out for dropless routing")
+        raise ConfigError("--moe-expert-capacity-factor", f"{printable(str(v))[:40]!r} leaves no capacity; give a "
+                          f"factor > 0 (e.g. 1.25), or leave it out for dropless routing")
     if not args.get("--moe-pad-expert-input-to-capacity"):
         notes.append(f"--moe-expert-capacity-factor {v} without --moe-pad-expert-input-to-capacity: Megatron-LM "
                      f"sends only the routed copies (at most the capacity per expert); planned with the padded "
