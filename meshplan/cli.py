@@ -116,6 +116,11 @@ app = typer.Typer(add_completion=True, no_args_is_help=True, pretty_exceptions_e
                   help="Design, check and validate parallel meshes for distributed training. " + EXIT_CODES + ".")
 
 
+#: CONFIG of a command that reads foreign configs directly (plan, report, groups, memory, step, reliability,
+#: search, export), and of one that reads meshplan TOML only (a foreign config: import it first).
+CONFIG_HELP = ("meshplan TOML config ([model], [cluster], [training], [mesh]), or a torchtitan job TOML, Megatron-LM "
+               "arguments (file or launch script) or DeepSpeed JSON, read directly with --cluster/--nodes")
+TOML_ONLY_HELP = "meshplan TOML config (a torchtitan, Megatron-LM or DeepSpeed file: meshplan import it first)"
 FORMAT_HELP = ("format of CONFIG: " + ", ".join(FORMATS) + " (default: detected; a torchtitan job TOML, Megatron-LM "
                "arguments or a DeepSpeed JSON is read directly)")
 CLUSTER_HELP = "foreign configs: catalog node of the cluster (e.g. dgx-h100), which they do not say"
@@ -310,7 +315,7 @@ def _check_rank(plan, rank: int) -> None:
 
 
 @app.command()
-def plan(config: Path = typer.Argument(..., help="TOML config with [model], [cluster], [training], [mesh]"),
+def plan(config: Path = typer.Argument(..., help=CONFIG_HELP),
          json_path: Optional[Path] = typer.Option(None, "--json", help="write the whole plan (every group) as JSON "
                                                   "to PATH, or with - to stdout (the rest of the output then on "
                                                   "stderr)"),
@@ -341,7 +346,7 @@ def plan(config: Path = typer.Argument(..., help="TOML config with [model], [clu
 
 
 @app.command()
-def report(config: Path = typer.Argument(..., help="TOML config (or a foreign config with --cluster/--nodes)"),
+def report(config: Path = typer.Argument(..., help=CONFIG_HELP),
            out: Optional[Path] = typer.Option(None, "--out", help="HTML file (default: CONFIG's name with .html, "
                                                                   "in the current folder)"),
            json_path: Optional[Path] = _json_option("report"),
@@ -366,7 +371,7 @@ def report(config: Path = typer.Argument(..., help="TOML config (or a foreign co
 
 
 @app.command()
-def groups(config: Path = typer.Argument(..., help="TOML config (or a foreign config with --cluster/--nodes)"),
+def groups(config: Path = typer.Argument(..., help=CONFIG_HELP),
            rank: int = typer.Option(0, "--rank", help="the rank whose start-up print is shown"),
            json_path: Optional[Path] = _json_option("groups"),
            force: bool = typer.Option(False, "--force", help="replace an existing --json file"),
@@ -391,7 +396,7 @@ def groups(config: Path = typer.Argument(..., help="TOML config (or a foreign co
 
 
 @app.command()
-def memory(config: Path = typer.Argument(..., help="TOML config (an optional [memory] table sets the timeline parameters; or a foreign config with --cluster/--nodes)"),
+def memory(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshplan TOML's optional [memory] table sets the timeline parameters"),
            out: Path = typer.Option(Path("out/memory"), "--out",
                                     help="folder for the PNG plot(s) (created; out/ is git-ignored)"),
            all_stages: bool = typer.Option(False, "--all-stages", help="every pipeline stage, not only the most loaded"),
@@ -427,7 +432,7 @@ def _overlap(overlap_tp: bool, no_prefetch: bool):
 
 
 @app.command()
-def step(config: Path = typer.Argument(..., help="TOML config"),
+def step(config: Path = typer.Argument(..., help=CONFIG_HELP),
          trace: Optional[Path] = typer.Option(None, "--trace", help="write the predicted timeline (Chrome/Perfetto JSON)"),
          overlap_tp: bool = typer.Option(False, "--overlap-tp", help="assume TP communication overlaps compute"),
          no_prefetch: bool = typer.Option(False, "--no-prefetch", help="no FSDP all-gather prefetch"),
@@ -512,7 +517,7 @@ def _print_links(p, st) -> None:
 
 
 @app.command()
-def reliability(config: Path = typer.Argument(..., help="TOML config (or a foreign config with --cluster/--nodes)"),
+def reliability(config: Path = typer.Argument(..., help=CONFIG_HELP),
                 write_gbps: float = typer.Option(..., "--write-gbps", help="aggregate checkpoint write bandwidth, GB/s"),
                 read_gbps: float = typer.Option(..., "--read-gbps", help="aggregate checkpoint read bandwidth, GB/s"),
                 rank_gbps: Optional[float] = typer.Option(
@@ -562,8 +567,8 @@ def reliability(config: Path = typer.Argument(..., help="TOML config (or a forei
 
 
 @app.command("compare")
-def compare_cmd(config_a: Path = typer.Argument(..., help="TOML config of mesh A"),
-                config_b: Path = typer.Argument(..., help="TOML config of mesh B (same model, cluster and workload)"),
+def compare_cmd(config_a: Path = typer.Argument(..., help="mesh A: " + TOML_ONLY_HELP),
+                config_b: Path = typer.Argument(..., help="mesh B (same model, cluster and workload): " + TOML_ONLY_HELP),
                 out: Path = typer.Option(Path("out/compare"), "--out", help="folder for the rejected mesh's evidence"),
                 html_path: Optional[Path] = _html_option("both meshes side by side"),
                 json_path: Optional[Path] = _json_option("compare"),
@@ -609,8 +614,8 @@ def compare_cmd(config_a: Path = typer.Argument(..., help="TOML config of mesh A
 
 
 @app.command("search")
-def search_cmd(config: Path = typer.Argument(..., help="TOML config: [model], [cluster], [training], optional "
-                                                      "[search]; a [mesh] table is ignored"),
+def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshplan TOML's optional [search] "
+                                                      "table sets the search, its [mesh] table is ignored"),
                top: Optional[int] = typer.Option(None, "--top", help="candidates ranked and shown (default: "
                                                                     "[search] top, 10)"),
                json_path: Optional[Path] = typer.Option(None, "--json", help="write the result as JSON to PATH, or "
@@ -730,7 +735,7 @@ def import_cmd(fmt: str = typer.Argument(..., metavar="FORMAT", help="torchtitan
 
 
 @app.command("export")
-def export_cmd(config: Path = typer.Argument(..., help="config of the plan (meshplan TOML or a foreign one)"),
+def export_cmd(config: Path = typer.Argument(..., help="the plan's " + CONFIG_HELP),
                to: str = typer.Option(..., "--to", help="meshplan, torchtitan, megatron or deepspeed"),
                out: Path = typer.Option(..., "-o", "--out", help="file to write (-: stdout, the header then on "
                                                                    "stderr)"),
@@ -759,7 +764,7 @@ def export_cmd(config: Path = typer.Argument(..., help="config of the plan (mesh
 
 
 @app.command("nccl-check")
-def nccl_check(config: Path = typer.Argument(..., help="TOML config whose placement is checked"),
+def nccl_check(config: Path = typer.Argument(..., help=TOML_ONLY_HELP + "; its placement is checked"),
                log: Path = typer.Argument(..., help="NCCL_DEBUG=INFO output of the run"),
                json_path: Optional[Path] = _json_option("nccl-check"),
                force: bool = typer.Option(False, "--force", help="replace an existing --json file")):
@@ -788,7 +793,7 @@ def nccl_check(config: Path = typer.Argument(..., help="TOML config whose placem
 
 
 @app.command()
-def validate(config: Path = typer.Argument(..., help="TOML config; its mesh is scaled to each world size"),
+def validate(config: Path = typer.Argument(..., help=TOML_ONLY_HELP + "; its mesh is scaled to each world size"),
              worlds: str = typer.Option("2,4", "--worlds", help="world sizes run in this order, e.g. 2,4,8"),
              layers: int = typer.Option(2, "--layers", help="layers of the scaled-down model"),
              hidden_div: Optional[int] = typer.Option(None, "--hidden-div",
@@ -864,7 +869,7 @@ def _check_run_options(layers: int, seq_len: int, vocab: int, steps: int, hidden
 
 
 @app.command("place")
-def place_cmd(config: Path = typer.Argument(..., help="TOML config"),
+def place_cmd(config: Path = typer.Argument(..., help=TOML_ONLY_HELP),
               choose: bool = typer.Option(False, "--choose", help="search the rank -> GPU permutation with the shortest predicted step (fewest weak-path bytes at equal steps)"),
               bindings_path: Optional[Path] = typer.Option(None, "--bindings", help="write every rank's binding to this file"),
               fmt: str = typer.Option("json", "--format", help="bindings file format: json (list) or sh (launcher)"),
@@ -906,7 +911,7 @@ def place_cmd(config: Path = typer.Argument(..., help="TOML config"),
 
 
 @app.command("launch")
-def launch_cmd(config: Path = typer.Argument(..., help="TOML config"),
+def launch_cmd(config: Path = typer.Argument(..., help=TOML_ONLY_HELP),
                program: Optional[list[str]] = typer.Argument(None, metavar="-- PROGRAM...",
                                                             help="the training command each rank runs, after `--` "
                                                                  "(e.g. -- python train.py --job.config_file x.toml)"),
@@ -1144,7 +1149,7 @@ def cpu_headline(dtype: str) -> str:
 
 
 @bench_app.command("gemm")
-def bench_gemm(config: Path = typer.Argument(..., help="TOML config whose local GEMM shapes are timed"),
+def bench_gemm(config: Path = typer.Argument(..., help=TOML_ONLY_HELP + "; its local GEMM shapes are timed"),
                out: Path = typer.Option(Path("out/bench/gemm.csv"), "--out", help="CSV table for --gemm-table "
                                         "(default under out/, which git ignores)"),
                device: str = typer.Option("auto", "--device", help="cpu, cuda or auto (cuda when present)"),
@@ -1177,7 +1182,7 @@ def bench_gemm(config: Path = typer.Argument(..., help="TOML config whose local 
 
 
 @bench_app.command("attention")
-def bench_attention(config: Path = typer.Argument(..., help="TOML config whose local attention is timed"),
+def bench_attention(config: Path = typer.Argument(..., help=TOML_ONLY_HELP + "; its local attention is timed"),
                     out: Path = typer.Option(Path("out/bench/attention.json"), "--out", help="JSON table for "
                                              "--gemm-table (default under out/, which git ignores)"),
                     device: str = typer.Option("auto", "--device", help="cpu, cuda or auto (cuda when present)"),

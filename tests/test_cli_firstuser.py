@@ -115,9 +115,21 @@ def test_calibration_help_is_the_same_on_every_command(capsys):
     assert len(set(helps)) == 1 and "meshplan calibrate" in helps[0]
 
 
-def test_schedule_refusal_names_the_option(capsys):
+def test_schedule_refusal_names_the_option(tmp_path, capsys):
+    # Megatron-LM has no ZB-V (its schedules: 1F1B, interleaved 1F1B)
     rc, out, err = run(["step", EXAMPLES / "megatron_llama3-8b_16xh100_tp2-pp2.args", "--cluster", "dgx-h100",
                         "--nodes", "2", "--schedule", "zbv"], capsys)
+    assert rc == 2 and out == ""
+    assert err.splitlines()[-1] == ("error: --schedule: zbv is not a Megatron-LM schedule (training.framework "
+                                    "\"megatron\" runs 1f1b, or interleaved_1f1b with virtual stages: "
+                                    "get_forward_backward_func in megatron/core/pipeline_parallel/schedules.py); use "
+                                    "one of them, or training.framework = \"torch\"")
+    # the same mesh run by torch: ZB-V's own rule
+    toml = tmp_path / "t.toml"
+    toml.write_text('[model]\ncatalog = "llama3-8b"\n[cluster]\nsystem = "dgx-h100"\nnodes = 2\n[training]\n'
+                    'global_batch = 128\nseq_len = 8192\nsharding = "zero1"\n[mesh]\nnames = ["pp", "dp", "tp"]\n'
+                    'shape = [2, 4, 2]\nsequence_parallel = true\n')
+    rc, out, err = run(["step", toml, "--schedule", "zbv"], capsys)
     assert rc == 2 and out == ""
     assert err.splitlines()[-1] == ("error: --schedule: zbv: ZB-V needs virtual_stages = 2 (two chunks per rank, a "
                                     "V), got 1; choose a schedule this mesh allows, or set the config's virtual "

@@ -214,13 +214,13 @@ def test_knobs_differ_search_top_against_the_seed(tmp_path, capsys):
     rc, out, err = _run(["compare", seed, top, "--out", tmp_path / "cmp", "--json", doc_path], capsys)
     assert rc == 0, err
     doc = json.loads(doc_path.read_text())
-    knobs = [("training.reshard_after_forward", True, False), ("training.recompute", "selective", "none"),
-             ("mesh.pp_layer_split", None, [20, 20, 20, 20])]
+    # the top's explicit pp_layer_split [20, 20, 20, 20] is the even split of 80 layers over pp 4: no knob
+    knobs = [("training.reshard_after_forward", True, False), ("training.recompute", "selective", "none")]
     assert [(k["knob"], k["a"], k["b"]) for k in doc["knobs"]] == knobs
-    assert [tuple(r) for r in doc["table"][1:4]] == knobs
+    assert [tuple(r) for r in doc["table"][1:3]] == knobs and doc["table"][3][0] == "feasible"
     printed = [[c.strip() for c in line.split("│")[1:-1]] for line in out.splitlines() if line.startswith("│")]
     assert printed[1:4] == [["training.reshard_after_forward", "true", "false"], ["training.recompute", "selective",
-                            "none"], ["mesh.pp_layer_split", "unset", "[20, 20, 20, 20]"]]
+                            "none"], ["feasible", "True", "True"]]
     assert (doc["identical"], doc["winner"], doc["rejected"]) == (False, "top", "seed-64gpu")
     assert doc["reasons"][1].startswith("the meshes differ (seed-64gpu dp_shard 8 x tp 8, top pp 4 x dp_shard 2 x "
                                         "cp 2 x tp 4) and so do training.reshard_after_forward true against false, ")

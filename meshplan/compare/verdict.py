@@ -32,6 +32,8 @@ from typing import Any, Callable, Optional
 from meshplan.compute.gemm import gemm_efficiency
 from meshplan.config import Differences, config_differences
 from meshplan.errors import ConfigError
+from meshplan.mesh.layers import stage_layers
+from meshplan.pipeline.registry import get as get_schedule
 from meshplan.plan import Infeasible, Plan
 from meshplan.schedule.rank_timeline import Overlap
 from meshplan.schedule.steptime import StepTime, step_time, workload_of
@@ -156,6 +158,8 @@ def check_workload(plan_a: Plan | Infeasible, plan_b: Plan | Infeasible,
     workload field that differs and its two values (a comparison weighs plans of one workload
     on one cluster: a faster GPU or a larger batch is not a better mesh)."""
     d = config_differences(plan_a.config, plan_b.config)
+    d = Differences(d.workload, tuple(k for k in d.knobs if k[0] != "mesh.pp_layer_split"
+                                      or _split(plan_a, k[1]) != _split(plan_b, k[2])))
     if d.workload:
         where, va, vb = d.workload[0]
         more = f" (and {len(d.workload) - 1} more workload fields)" if len(d.workload) > 1 else ""
@@ -167,6 +171,18 @@ def check_workload(plan_a: Plan | Infeasible, plan_b: Plan | Infeasible,
         raise ConfigError("compare", f"{where} differs: {names[0]} {_short(va)}, {names[1]} {_short(vb)}{more}; "
                                      f"compare weighs two plans of one workload: {hint}")
     return d
+
+
+def _split(plan: Plan | Infeasible, split: Optional[list[int]]) -> Optional[list[int]]:
+    """``mesh.pp_layer_split`` as it acts: None (unset) when the plan's stages are the even
+    split the same mesh gets without one, so an explicit ``[12, ..., 12]`` equal to the
+    default is no knob that differs."""
+    if split is None or not isinstance(plan, Plan):
+        return split
+    cfg = plan.config
+    even = stage_layers(cfg.model.layers, plan.pp, plan.vpp,
+                        virtual_stage=get_schedule(plan.spec.pp_schedule).virtual_stage)
+    return None if even == plan.stages else split
 
 
 def _short(v: Any) -> str:

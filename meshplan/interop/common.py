@@ -139,6 +139,15 @@ def model_is_mla(table: dict) -> bool:
     return table.get("kv_lora_rank") is not None
 
 
+def model_is_moe(table: dict) -> bool:
+    """Whether a [model] table (catalog name, HF config path or fields) has routed experts."""
+    if table.get("catalog"):
+        return catalog.model(table["catalog"]).is_moe
+    if table.get("hf_config"):
+        return model_from_hf_config(Path(table["hf_config"])).is_moe
+    return bool(table.get("experts"))
+
+
 def edits(a: str, b: str) -> int:
     """Edits (insert, delete, substitute, swap of neighbours) between ``a`` and ``b``: the
     optimal string alignment distance (Damerau 1964's four typing errors).

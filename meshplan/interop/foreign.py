@@ -66,6 +66,9 @@ def read_foreign(path: Path, fmt: str, opts: ImportOptions) -> Imported:
     if fmt == "torchtitan":
         return torchtitan.read(parse_toml(text, str(path)), path.parent, opts)
     if fmt == "megatron":
+        if path.suffix == ".json" or text.lstrip().startswith("{"):  # arguments never open with a brace
+            raise ConfigError("config", f"{path} is a JSON file (DeepSpeed?), not Megatron-LM arguments: use "
+                              f"meshplan import deepspeed {path}, or --format deepspeed")
         return megatron.read(text, opts)
     if fmt == "deepspeed":
         data = parse_json(text, "config", str(path), "give a DeepSpeed JSON config", unique_keys=True)
@@ -196,7 +199,7 @@ def differences(a: Config, b: Config) -> list[str]:
     ``table.key: A -> B`` lines; the model by its fields (not its name or source), the mesh
     by its degrees, options and layer split, the [memory] table when ``a`` sets it."""
     out = []
-    ma, mb = (m.model_dump(exclude={"name", "source"}) for m in (a.model, b.model))
+    ma, mb = (effective_model(m) for m in (a.model, b.model))
     out += [f"model.{k}: {ma[k]!r} -> {mb[k]!r}" for k in ma if ma[k] != mb[k]]
     ta, tb = (t.model_dump(exclude={"grad_reduce_dtype"}) for t in (a.training, b.training))
     out += [f"training.{k}: {ta[k]!r} -> {tb[k]!r}" for k in ta if ta[k] != tb[k]]
@@ -207,6 +210,25 @@ def differences(a: Config, b: Config) -> list[str]:
     out += [f"mesh.{k}: {ka[k]!r} -> {kb[k]!r}" for k in ka if ka[k] != kb[k]]
     if a.memory != b.memory:
         out.append(f"memory: {a.memory.model_dump(exclude_defaults=True)} -> defaults")
+    return out
+
+
+def effective_model(model) -> dict[str, Any]:
+    """A ModelSpec's fields (not its name or source) with the defaults it resolves filled in:
+    ``head_dim`` (``hidden / q_heads``), ``kv_heads`` (``q_heads``) and, for an MoE model,
+    ``expert_ffn`` (``ffn``), so that a field left unset and the same value given are no
+    difference (Megatron-LM writes ``--kv-channels`` whatever the source said).
+
+    >>> from meshplan.spec.model import ModelSpec
+    >>> m = ModelSpec(layers=2, hidden=64, ffn=256, q_heads=4, vocab=100)
+    >>> effective_model(m) == effective_model(m.model_copy(update={"head_dim": 16, "kv_heads": 4}))
+    True
+    """
+    out = model.model_dump(exclude={"name", "source"})
+    if not model.is_mla:
+        out |= {"head_dim": model.d_head, "kv_heads": model.n_kv_heads}
+    if model.is_moe:
+        out["expert_ffn"] = model.moe_ffn
     return out
 
 

@@ -42,6 +42,14 @@ Megatron-LM                              meshplan
 --accumulate-allreduce-grads-in-fp32     grad_reduce_dtype fp32 (forced by --bf16 unless --grad-reduce-in-bf16;
                                          else the parameter dtype)
 --tp-comm-overlap                        training.tp_comm_overlap
+--moe-expert-capacity-factor,            training.moe_capacity_factor; absent or < 0: moe_dropless (Megatron-LM's
+  --moe-pad-expert-input-to-capacity       default); meshplan plans the padded E x C buffer (without the padding
+                                           flag Megatron-LM sends only the routed copies: a note says so)
+--no-bias-swiglu-fusion (with --swiglu)  memory.fused_glu false (unset: Megatron-LM's fused bias-SwiGLU, the
+                                           default of framework megatron)
+--hidden-dropout, --attention-dropout    memory.dropout: on unless both are 0.0 (Megatron-LM's TransformerConfig:
+  (default 0.1 each)                       0.1 each); meshplan has one switch for both (the residual and
+                                           embedding masks, and the attention-score mask of non-flash attention)
 --clip-grad (default 1.0)                training.grad_clip (0: false, no norm computed)
 (Megatron-LM's own linears)              training.framework megatron (its backward order)
 --num-layers, --hidden-size, ...         the model, field by field (or --model)
@@ -58,7 +66,8 @@ from pydantic import ValidationError
 from meshplan import catalog
 from meshplan.config import Config
 from meshplan.errors import ConfigError, printable
-from meshplan.interop.common import Imported, ImportOptions, cluster_table, model_layers, model_option, near_miss
+from meshplan.interop.common import (Imported, ImportOptions, cluster_table, model_is_moe, model_layers, model_option,
+                                     near_miss)
 from meshplan.interop.launch import parse_launch
 from meshplan.interop.tomlout import mesh_spec, resolved, virtual_split
 from meshplan.spec.axes import MEGATRON_AXES
@@ -70,7 +79,8 @@ SWITCHES = {"--sequence-parallel", "--use-distributed-optimizer", "--recompute-a
             "--add-qkv-bias", "--qk-layernorm", "--use-flash-attn", "--accumulate-allreduce-grads-in-fp32",
             "--tp-comm-overlap", "--use-torch-fsdp2", "--use-megatron-fsdp", "--overlap-grad-reduce",
             "--overlap-param-gather", "--use-mcore-models", "--no-masked-softmax-fusion", "--standalone",
-            "--multi-latent-attention", "--grad-reduce-in-bf16"}
+            "--multi-latent-attention", "--grad-reduce-in-bf16", "--no-bias-swiglu-fusion",
+            "--moe-pad-expert-input-to-capacity"}
 PARALLEL = {"--tensor-model-parallel-size": "tp", "--pipeline-model-parallel-size": "pp",
             "--context-parallel-size": "cp", "--expert-model-parallel-size": "ep",
             "--expert-tensor-parallel-size": "etp"}
@@ -91,7 +101,11 @@ USED = set(PARALLEL) | MODEL_FLAGS | {
     "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers", "--micro-batch-size",
     "--global-batch-size", "--seq-length", "--bf16", "--fp16", "--fp8-format", "--accumulate-allreduce-grads-in-fp32",
     "--tp-comm-overlap", "--make-vocab-size-divisible-by", "--use-flash-attn", "--nnodes", "--grad-reduce-in-bf16",
-    "--clip-grad"}
+    "--clip-grad", "--hidden-dropout", "--attention-dropout", "--no-bias-swiglu-fusion",
+    "--moe-expert-capacity-factor", "--moe-pad-expert-input-to-capacity"}
+#: Megatron-LM's dropout flags and their default probability (TransformerConfig ``hidden_dropout`` and
+#: ``attention_dropout``, 0.1 each, at d98e8a6).
+DROPOUT = {"--hidden-dropout": 0.1, "--attention-dropout": 0.1}
 #: Megatron-LM flags (its parser at d98e8a6: 877 flags) within three edits of a flag meshplan reads, so
 #: never taken for a misspelling of it (``--vocab-file`` is two edits from ``--vocab-size``).
 NEAR_FLAGS = {"--fp4-format", "--vocab-file", "--ckpt-format", "--moe-router-dtype", "--num-channels"}
@@ -162,6 +176,86 @@ def _clip(args: dict) -> bool:
     except (TypeError, ValueError):
         raise ConfigError("--clip-grad", f"{v!r} is not a number; give the norm to clip to, or 0 for no "
                           f"clipping") from None
+
+
+def _check_positions(model: dict, seq: int, flag: str, notes: list[str]) -> None:
+    """Megatron-LM asserts ``max_position_embeddings >= seq_length`` (arguments.py). With
+    learned positions the table has that many rows, so a longer sequence is a ConfigError
+    naming both; with RoPE the plan holds (no table) and a note says Megatron-LM refuses it."""
+    spec = model if "catalog" not in model and "hf_config" not in model else None
+    if spec is None:
+        m = catalog.model(model["catalog"]) if "catalog" in model else None
+        if m is None:
+            return  # a Hugging Face config: its max_position is not Megatron-LM's flag
+        pos, rows = m.position_embedding, m.max_position
+    else:
+        pos, rows = spec.get("position_embedding", "rope"), spec.get("max_position", 0)
+    if not rows or seq <= rows:
+        return
+    if pos == "learned":
+        raise ConfigError(flag, f"{seq} is more than --max-position-embeddings {rows}, the rows of the learned "
+                          f"position table (Megatron-LM asserts max_position_embeddings >= seq_length); raise "
+                          f"--max-position-embeddings or shorten the sequence")
+    notes.append(f"{flag} {seq} is more than --max-position-embeddings {rows}: planned (RoPE has no table), but "
+                 f"Megatron-LM asserts max_position_embeddings >= seq_length; raise it to run")
+
+
+def _dropout(args: dict, notes: list[str]) -> bool:
+    """``[memory] dropout`` from ``--hidden-dropout`` and ``--attention-dropout`` (default 0.1
+    each, :data:`DROPOUT`): on unless both are 0.0. meshplan has one switch for both; when one
+    is 0.0 and the other not, a note says both are planned on. ConfigError naming the flag
+    for a value that is not a probability in [0, 1).
+
+    >>> _dropout({}, []), _dropout({"--hidden-dropout": "0.0", "--attention-dropout": "0"}, [])
+    (True, False)
+    """
+    p = {}
+    for flag, default in DROPOUT.items():
+        v = args.get(flag, default)
+        try:
+            p[flag] = float(v)
+        except (TypeError, ValueError):
+            p[flag] = -1.0
+        if not 0.0 <= p[flag] < 1.0:
+            raise ConfigError(flag, f"{printable(str(v))[:40]!r} is not a dropout probability; give a number in "
+                              f"[0, 1) (0.0: no dropout)")
+    on = [f for f, v in p.items() if v > 0.0]
+    if len(on) == 1:
+        off = next(f for f in p if f not in on)
+        notes.append(f"{off} 0.0 but {on[0]} {p[on[0]]}: meshplan has one dropout switch ([memory] dropout), "
+                     f"planned on for both")
+    return bool(on)
+
+
+def _routing(args: dict, notes: list[str]) -> dict:
+    """MoE routing keys of [training] from ``--moe-expert-capacity-factor`` (Megatron-LM's
+    TransformerConfig: None, the default, or a negative value is dropless; else tokens over
+    ``C = ceil(f x tokens x top_k / experts)`` per expert are dropped). Without
+    ``--moe-pad-expert-input-to-capacity`` Megatron-LM sends only the routed copies (at most C
+    per expert), while meshplan plans the padded ``E x C`` buffer: a note says so.
+
+    >>> _routing({}, []), _routing({"--moe-expert-capacity-factor": "1.25",
+    ...                             "--moe-pad-expert-input-to-capacity": True}, [])
+    ({'moe_dropless': True}, {'moe_capacity_factor': 1.25})
+    """
+    v = args.get("--moe-expert-capacity-factor")
+    if v is None:
+        return {"moe_dropless": True}
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        raise ConfigError("--moe-expert-capacity-factor", f"{printable(str(v))[:40]!r} is not a number; give the "
+                          f"capacity factor (e.g. 1.25), or leave it out for dropless routing") from None
+    if f < 0:
+        return {"moe_dropless": True}
+    if f == 0 or f != f or f == float("inf"):
+        raise ConfigError("--moe-expert-capacity-factor", f"{printable(str(v))[:40]!r} leaves no capacity; give a "
+                          f"factor > 0 (e.g. 1.25), or leave it out for dropless routing")
+    if not args.get("--moe-pad-expert-input-to-capacity"):
+        notes.append(f"--moe-expert-capacity-factor {v} without --moe-pad-expert-input-to-capacity: Megatron-LM "
+                     f"sends only the routed copies (at most the capacity per expert); planned with the padded "
+                     f"experts x capacity buffer, an upper bound")
+    return {"moe_capacity_factor": f}
 
 
 def _nnodes(args: dict, opts: ImportOptions, notes: list[str]) -> Optional[int]:
@@ -329,6 +423,10 @@ def read(text: str, opts: ImportOptions) -> Imported:
         raise ConfigError("--seq-length", "not in the arguments; add it or give --seq-len")
     if opts.seq_len and "--seq-length" in args:
         notes.append(f"--seq-len {opts.seq_len} replaces --seq-length {args['--seq-length']}")
+    if args.get("--bf16") and args.get("--fp16"):  # arguments.py: assert not args.bf16 (and the reverse)
+        raise ConfigError("--fp16", "given with --bf16; Megatron-LM refuses both (arguments.py asserts one dtype): "
+                          "keep one")
+    _check_positions(model, seq, "--seq-len" if opts.seq_len else "--seq-length", notes)
     fp8 = bool(args.get("--fp8-format"))  # Transformer Engine's fp8 runs beside --bf16 (or --fp16)
     dtype = "fp16" if args.get("--fp16") else "bf16" if args.get("--bf16") or fp8 else "fp32"
     training = {"global_batch": _num(args, "--global-batch-size", micro * dp), "seq_len": seq, "micro_batch": micro,
@@ -338,12 +436,18 @@ def read(text: str, opts: ImportOptions) -> Imported:
                     dtype == "bf16" and not args.get("--grad-reduce-in-bf16")) else "param",
                 "tp_comm_overlap": bool(args.get("--tp-comm-overlap")), "framework": "megatron",
                 "vocab_pad_divisor": _num(args, "--make-vocab-size-divisible-by", 128), "grad_clip": _clip(args)}
+    if model_is_moe(model):
+        training |= _routing(args, notes)
     if dtype != "fp32" and not args.get("--use-flash-attn"):
         notes.append("--use-flash-attn not given: planned with flash attention (Transformer Engine's fused "
                      "attention, Megatron-Core's default)")
     unused = tuple(k for k in args if k not in USED)
-    return Imported("megatron", {"model": model, "cluster": cluster, "training": training, "mesh": mesh},
-                    unused, tuple(notes))
+    memory = {"dropout": True} if _dropout(args, notes) else {}
+    if args.get("--no-bias-swiglu-fusion") and args.get("--swiglu"):
+        memory["fused_glu"] = False  # unset: fused, Megatron-LM's default (MemoryOptions.fused_glu)
+    tables = {"model": model, "cluster": cluster, "training": training, "mesh": mesh}
+    tables |= {"memory": memory} if memory else {}
+    return Imported("megatron", tables, unused, tuple(notes))
 
 
 def write(cfg: Config) -> list[str]:
@@ -406,6 +510,11 @@ def write(cfg: Config) -> list[str]:
     out += ["--grad-reduce-in-bf16"] * (t.gradient_reduce_dtype == "bf16" and "--bf16" in out)
     out += ["--tp-comm-overlap"] * t.tp_comm_overlap + ["--use-flash-attn"] * t.flash_attention
     out += ["--clip-grad 0"] * (not t.grad_clip)  # Megatron-LM's default 1.0 clips
+    # Megatron-LM's default dropout is 0.1 (:data:`DROPOUT`): a plan without dropout says 0.0
+    out += [] if cfg.memory.dropout else [f"{flag} 0.0" for flag in DROPOUT]
+    out += ["--no-bias-swiglu-fusion"] * (m.gated_mlp and cfg.memory.fused_glu is False)
+    if m.is_moe and not t.moe_dropless:  # Megatron-LM's default is dropless; meshplan plans padded buffers
+        out += [f"--moe-expert-capacity-factor {t.moe_capacity_factor!r}", "--moe-pad-expert-input-to-capacity"]
     return out
 
 

@@ -35,8 +35,10 @@ MLP (Table 2: ``19 s b h``):
   non-gated: activation input 2sbf/t + activation output (w_out input) 2sbf/t = 4sbf/t
   (16 sbh/t at f = 4h); gated, each op keeping its inputs: gate (SiLU input) 2sbf/t,
   SiLU output 2sbf/t, up 2sbf/t, product (w_out input) 2sbf/t = 8sbf/t; gated with
-  ``fused_glu`` (Megatron's fused bias-SwiGLU keeps the 2f-wide fc1 output and recomputes
-  SiLU): 6sbf/t.
+  ``fused_glu`` (Megatron-Core's fused bias-SwiGLU, its default: ``BiasSwiGLUFunction`` saves
+  only its input, the 2f-wide fc1 output, and recomputes SiLU in backward; the product is
+  fc2's saved input; megatron/core/fusions/fused_bias_swiglu.py at d98e8a6;
+  :attr:`~meshplan.spec.memory.MemoryOptions.fused_glu`): 6sbf/t.
 Sum for GPT: [r] 10 sbh, split 24 sbh / t, scores 5 a s^2 b / t: Table 2.
 
 Multi-head latent attention (DeepSeek-V2/V3; c_q = q_lora_rank, c_kv = kv_lora_rank, r the

@@ -33,7 +33,7 @@ of width ``shared_experts x shared_expert_ffn``; routed experts keep, per row th
 rank's local experts compute (:func:`meshplan.compute.routing.routing` of the ``tokens *
 etp / tp`` each rank routes: ``experts x C`` padded rows with a capacity, the hottest
 expert's rank's share when dropless), the expert MLP terms at width
-``expert_ffn / etp`` plus the dispatched input and the expert output (``2 a h`` each) and
+``expert_ffn / etp`` (gated: 4 columns, 3 with ``fused_glu``; GeLU: 2) plus the dispatched input and the expert output (``2 a h`` each) and
 the fp32 router logits ``4 experts`` per token.
 
 FSDP units: every layer, plus the stage's embedding (stage 0) and head (final norm and
@@ -98,7 +98,8 @@ def layer_act_sizes(model: ModelSpec, training: TrainingSpec, mesh: Mesh, opts: 
     layer checkpointed in full or one that keeps everything."""
     if training.recompute == "layer":
         training = training.model_copy(update={"recompute": "full" if checkpointed else "none"})
-    lo = {**layer_options(mesh, training), **opts.variants}
+    fused = opts.fused_glu_for(training) and model.gated_mlp
+    lo = {**layer_options(mesh, training), **opts.variants, "fused_glu": fused}
     tp, a = lo["tp"], dtype_bytes(training.compute_dtype)
     tok, rtok = _tokens(training, mesh)
     h, gate = model.hidden, 2 if model.gated_mlp else 1
@@ -109,7 +110,8 @@ def layer_act_sizes(model: ModelSpec, training: TrainingSpec, mesh: Mesh, opts: 
         routed_tok = ceil(tok * mesh.etp / tp)  # tp ranks split the tokens (runtime.moe), with or without SP
         r = routing(RoutingOptions.of(training), routed_tok, model.top_k, model.experts, mesh.ep)
         copies, width = r.recv_rows, ceil(model.moe_ffn / mesh.etp)  # rows the busiest rank computes
-        routed_full = copies * (a * width * (4 if model.gated_mlp else 2) + 2 * a * h) + 4 * routed_tok * model.experts
+        kept = 3 if fused else 4 if model.gated_mlp else 2  # f-wide columns per row (activations module)
+        routed_full = copies * (a * width * kept + 2 * a * h) + 4 * routed_tok * model.experts
         routed = routed_full if training.recompute != "full" else 0
         widest = a * copies * width * gate
     saved = layer_bytes(dims, **lo) + routed

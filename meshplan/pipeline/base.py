@@ -43,10 +43,13 @@ class PipelineSchedule:
     - ``chunked``: the schedule whose order a stage with ``v > 1`` chunks runs when this
       one holds a single chunk (None: this order, which ignores v).
     - ``chunks``: the chunks per rank the schedule needs (2 for the V-shaped ones; None: any).
-    - ``megatron_p2p``: Megatron-LM 2022 ran it with its blocking p2p calls (1F1B and
-      interleaved 1F1B, ``megatron/schedules.py``), so ``training.framework = "megatron"``
-      simulates them (``PipelineSpec.blocking_p2p``); the others (no such schedule in
-      Megatron-LM 2022; the V-shaped ones deadlock under one combined call per unit) send
+    - ``megatron_p2p``: a Megatron-LM schedule, the only ones ``training.framework =
+      "megatron"`` accepts with pp > 1 (:func:`meshplan.pipeline.registry.check_framework`):
+      1F1B and interleaved 1F1B, in 2022 (``megatron/schedules.py``) as at d98e8a6
+      (``megatron/core/pipeline_parallel/schedules.py``, ``get_forward_backward_func``:
+      without or with interleaving). Megatron-LM 2022 ran them with its blocking p2p calls,
+      so ``framework = "megatron"`` simulates them (``PipelineSpec.blocking_p2p``); the
+      others (the V-shaped ones deadlock under one combined call per unit) send
       asynchronously.
     """
 

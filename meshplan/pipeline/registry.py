@@ -49,6 +49,25 @@ def check_chunks(schedule: Schedule | str, v: int) -> None:
                           "rank); set mesh.pp_schedule to one of them, or virtual_stages = 1")
 
 
+def check_framework(schedule: Schedule | str, framework: str, pp: int, field: str = "mesh.pp_schedule") -> None:
+    """ConfigError on ``field`` when ``training.framework`` is megatron, ``pp > 1`` and
+    ``schedule`` is not one Megatron-LM runs (``megatron_p2p``: 1F1B, interleaved 1F1B).
+
+    >>> check_framework("interleaved_1f1b", "megatron", 4); check_framework("zbv", "torch", 4)
+    >>> check_framework("zbv", "megatron", 4)
+    Traceback (most recent call last):
+    meshplan.errors.ConfigError: mesh.pp_schedule: zbv is not a Megatron-LM schedule (training.framework "megatron" runs 1f1b, or interleaved_1f1b with virtual stages: get_forward_backward_func in megatron/core/pipeline_parallel/schedules.py); use one of them, or training.framework = "torch"
+    """
+    if framework != "megatron" or pp <= 1 or get(schedule).megatron_p2p:
+        return
+    ours = " or ".join(f"{s.name}" + (" with virtual stages" if s.virtual_stages else "")
+                       for s in SCHEDULES.values() if s.megatron_p2p)
+    raise ConfigError(field, f"{Schedule(schedule)} is not a Megatron-LM schedule (training.framework \"megatron\" "
+                      f"runs {ours.replace(' or ', ', or ')}: get_forward_backward_func in "
+                      f"megatron/core/pipeline_parallel/schedules.py); use one of them, or training.framework = "
+                      f"\"torch\"")
+
+
 def reasons(schedule: Schedule | str, p: int, m: int, v: int) -> tuple[str, ...]:
     """Infeasibility reasons of running ``schedule`` with ``p`` stages, ``m`` micro-batches
     and ``v`` chunks per rank (the plan adds them to the mesh's validity reasons)."""

@@ -47,7 +47,7 @@ from meshplan.compute.ops import (
 )
 from meshplan.mesh.layers import last_stage
 from meshplan.pipeline.fast import KINDS, ArrayResult, Flat, simulate_arrays
-from meshplan.pipeline.registry import get as get_schedule
+from meshplan.pipeline.registry import check_framework, get as get_schedule
 from meshplan.pipeline.simulate import Event, PipelineSpec, write_trace
 from meshplan.plan import Infeasible, Plan, table_key, table_stage
 from meshplan.schedule.rank_timeline import (
@@ -538,6 +538,8 @@ def step_time(plan: Plan, overlap: Overlap = Overlap(), *, dropout: bool = False
                          + "; ".join(plan.reasons))
     cfg, w = plan.config, workload_of(plan, dropout)
     p, v, m = len(plan.stages), plan.vpp, plan.micro_batches
+    if schedule is not None:  # the config's own schedule was checked by build_plan
+        check_framework(schedule, cfg.training.framework, p, "--schedule")
     overlap = config_overlap(cfg.training, overlap)
     share = nccl_sm_share(cfg.cluster)
     # each stage's table (plan.table_stage) and layers, read without building Stage views (a

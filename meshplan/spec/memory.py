@@ -97,6 +97,17 @@ class MemoryOptions(BaseModel):
       torch keeps for a DTensor SP Llama (all-gathered GEMM inputs), for ``rms_norm`` on CPU
       (decomposed: normalised input kept, four temporaries in backward) and for
       ``repeat_kv`` before SDPA (torchtitan); see :mod:`meshplan.memory.activations`.
+    - ``fused_glu``: the gated MLP's activation runs as one fused kernel that saves only its
+      input, the ``2f``-wide fc1 output, and recomputes SiLU in backward (Megatron-Core's
+      ``BiasSwiGLUFunction``/``SwiGLUFunction``, megatron/core/fusions/fused_bias_swiglu.py:
+      ``ctx.save_for_backward(input_for_backward, bias)``; the product is kept by fc2 as its
+      input), so ``3 f`` columns per token instead of ``4 f``
+      (:mod:`meshplan.memory.activations`); the routed experts alike (``TEGroupedMLP``:
+      ``weighted_bias_swiglu_impl``). Unset: Megatron-LM's default under ``training.framework =
+      "megatron"`` (``--no-bias-swiglu-fusion`` unset, so ``bias_swiglu_fusion`` is True;
+      megatron/training/argument_utils.py passes it as ``bias_activation_fusion`` for
+      ``--swiglu``), off under ``torch`` (torchtitan's ``w2(silu(w1(x)) * w3(x))``). No effect
+      on a non-gated MLP. :meth:`fused_glu_for` resolves it.
     - ``embedding_grad_full_vocab``: with tp > 1 the vocabulary-parallel embedding's weight
       gradient is first computed over the whole vocabulary on every rank, then
       reduce-scattered to the rank's rows: DTensor has no row-sharded strategy for
@@ -125,6 +136,7 @@ class MemoryOptions(BaseModel):
     unfused_norm: bool = False
     kv_expanded: bool = False
     embedding_grad_full_vocab: bool = False
+    fused_glu: Optional[bool] = None
 
     def fsdp_reduce_for(self, training: TrainingSpec, pp: int) -> str:
         """When FSDP reduces on a plan with ``pp`` stages (class docstring, ``fsdp_reduce``):
@@ -152,6 +164,18 @@ class MemoryOptions(BaseModel):
             why = (f"training.grad_accumulation {training.grad_accumulation!r} (one reduce-scatter after the last "
                    "micro-batch); remove the key")
         raise ConfigError("memory.fsdp_reduce", f"{self.fsdp_reduce!r} contradicts {why}")
+
+    def fused_glu_for(self, training: TrainingSpec) -> bool:
+        """Whether the gated MLP's activation is the fused SwiGLU (class docstring,
+        ``fused_glu``): the field when set, else whether ``training.framework`` is megatron.
+
+        >>> t = TrainingSpec(global_batch=8, seq_len=16, framework="megatron")
+        >>> MemoryOptions().fused_glu_for(t), MemoryOptions(fused_glu=False).fused_glu_for(t)
+        (True, False)
+        >>> MemoryOptions().fused_glu_for(t.model_copy(update={"framework": "torch"}))
+        False
+        """
+        return self.fused_glu if self.fused_glu is not None else training.framework == "megatron"
 
     @property
     def variants(self) -> dict[str, bool]:

@@ -238,9 +238,21 @@ class TrainingSpec(BaseModel):
 
     @property
     def recompute_name(self) -> str:
-        """The recompute policy in its framework's own words."""
+        """The recompute policy in its framework's own words. ``selective`` with flash
+        attention replays the flash forward in backward: Megatron-Core wraps the core attention
+        in ``tensor_parallel.checkpoint`` whenever ``recompute_granularity == "selective"`` and
+        ``"core_attn"`` is in ``recompute_modules`` (the default), whatever the backend
+        (megatron/core/transformer/attention.py at d98e8a6, ``checkpoint_core_attention``);
+        only the legacy model (megatron/legacy/model/transformer.py, removed in 8de8238)
+        skipped the checkpoint on its ``--use-flash-attn`` path.
+
+        >>> TrainingSpec(global_batch=8, seq_len=16, flash_attention=False).recompute_name
+        'Megatron-LM selective recompute (--recompute-activations: attention core)'
+        """
+        core = ("attention core; flash kernels included: Megatron-Core checkpoints core_attn for every attention "
+                "backend, megatron/core/transformer/attention.py" if self.flash_attention else "attention core")
         return {"none": "no activation checkpointing",
-                "selective": "Megatron-LM selective recompute (--recompute-activations: attention core)",
+                "selective": f"Megatron-LM selective recompute (--recompute-activations: {core})",
                 "full": "Megatron-LM full recompute (--recompute-granularity full; torchtitan mode = \"full\")",
                 "layer": f"torchtitan selective AC per layer (mode = \"selective\", selective_ac_option = "
                          f"\"{self.ac_freq}\": every {self.ac_freq} layer(s) checkpointed in full)",
