@@ -371,3 +371,32 @@ def test_torchtitan_mixed_precision_values_are_checked(tmp_path):
                      f'{key} = "float16"\n')
         with pytest.raises(ConfigError, match=rf"^training.{key}: 'float16'; use float32 or bfloat16"):
             load_any(f, opts=ImportOptions(cluster="dgx-h100", nodes=1))
+
+
+@pytest.mark.parametrize("zero,key,device", [
+    ({"offload_optimizer": {"device": "cpu", "pin_memory": True}}, "zero_optimization.offload_optimizer", "'cpu'"),
+    ({"offload_optimizer": {"device": "none"}, "offload_param": {"device": "nvme", "nvme_path": "/n"}},
+     "zero_optimization.offload_param", "'nvme'"),
+    ({"cpu_offload": True}, "zero_optimization.cpu_offload", None),
+    ({"cpu_offload_param": True}, "zero_optimization.cpu_offload_param", None),
+])
+def test_deepspeed_offload_is_refused_naming_the_key(tmp_path, zero, key, device):
+    """DeepSpeed's zero/config.py: offload_optimizer/offload_param hold a device (default "none");
+    the deprecated cpu_offload/cpu_offload_param true mean device "cpu". meshplan does not model
+    ZeRO-Offload: planning the state on the GPU would call a fitting config infeasible."""
+    d = json.loads(DS.read_text())
+    d["zero_optimization"] |= zero
+    with pytest.raises(ConfigError) as e:
+        load_any(_write(tmp_path, "o.json", json.dumps(d)), opts=DSOPTS)
+    assert e.value.field == key
+    assert e.value.message.startswith(f"device {device}: " if device else "meshplan does not model ZeRO-Offload")
+    assert e.value.message.endswith("to plan the GPU-resident equivalent")
+
+
+def test_deepspeed_offload_to_device_none_is_planned(tmp_path):
+    d = json.loads(DS.read_text())
+    d["zero_optimization"] |= {"offload_optimizer": {"device": "none"}, "offload_param": {},
+                               "cpu_offload": False, "cpu_offload_param": False}
+    cfg = load_any(_write(tmp_path, "n.json", json.dumps(d)), opts=DSOPTS)
+    assert cfg.training.sharding == "zero2"
+    assert "zero_optimization.offload_optimizer.device" in cfg.notes[-1]  # read, not used: it changes nothing

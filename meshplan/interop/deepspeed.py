@@ -19,6 +19,13 @@ the same. An ``activation_checkpointing`` section configures ``deepspeed.checkpo
 which model code calls on whole blocks: recompute ``full`` (a note); without one, meshplan's
 default ``selective`` (a note); export writes an empty section for ``full``.
 
+Offload is refused: ``zero_optimization.offload_optimizer`` / ``offload_param`` with a
+``device`` other than ``"none"`` (DeepSpeed's default when the table has no ``device``), and
+their deprecated booleans ``cpu_offload`` / ``cpu_offload_param`` when true (zero/config.py maps
+them to device ``cpu``). meshplan models neither the CPU optimizer step nor the PCIe/NVMe traffic,
+and planning the state as GPU-resident would report a fitting config infeasible: the error names
+the key; removing it plans the GPU-resident equivalent.
+
 A key that is not one of DeepSpeed's own (:data:`DEEPSPEED_KEYS`) and is a near miss of one
 the reader reads (``zero_optimisation``, ``zero_optimizaton_x``, ``bf_16``, ``fp16x``;
 :func:`~meshplan.interop.common.loose_near_miss`) is an error naming the likely key; any other
@@ -130,6 +137,7 @@ def read(d: dict, opts: ImportOptions) -> Imported:
     if typo:
         raise ConfigError(typo[0], f"not a DeepSpeed key; did you mean {typo[1]}? (meshplan reads that one: "
                           f"misspelt, the setting would stay at its default)")
+    _refuse_offload(d.get("zero_optimization", {}))
     cluster, world = cluster_table(opts, "DeepSpeed")
     stage = d.get("zero_optimization", {}).get("stage", 0)
     if stage not in STAGES:
@@ -156,6 +164,29 @@ def read(d: dict, opts: ImportOptions) -> Imported:
     unused = tuple(k for k in flatten(d) if k not in USED)
     return Imported("deepspeed", {"model": model_option(opts.model), "cluster": cluster, "training": training,
                                   "mesh": {"names": ["dp"], "shape": [world]}}, unused, tuple(notes))
+
+
+def _refuse_offload(zero: Any) -> None:
+    """ConfigError naming the first offload key of ``zero`` (the ``zero_optimization`` table)
+    that moves state off the GPU (module docstring).
+
+    >>> _refuse_offload({"offload_param": {"device": "none"}, "offload_optimizer": {}, "cpu_offload": False})
+    >>> _refuse_offload({"cpu_offload": True})
+    Traceback (most recent call last):
+    meshplan.errors.ConfigError: zero_optimization.cpu_offload: meshplan does not model ZeRO-Offload (CPU optimizer step, host-device traffic); remove it (or set false) to plan the GPU-resident equivalent
+    """
+    if not isinstance(zero, dict):
+        return
+    fix = "meshplan does not model ZeRO-Offload (CPU optimizer step, host-device traffic); remove it"
+    for key in ("offload_optimizer", "offload_param"):
+        table = zero.get(key)
+        device = table.get("device", "none") if isinstance(table, dict) else table
+        if device is not None and device != "none":
+            raise ConfigError(f"zero_optimization.{key}", f"device {device!r}: {fix} (or set its device to "
+                              f"\"none\") to plan the GPU-resident equivalent")
+    for key in ("cpu_offload", "cpu_offload_param"):  # deprecated booleans: true means device "cpu"
+        if zero.get(key):
+            raise ConfigError(f"zero_optimization.{key}", f"{fix} (or set false) to plan the GPU-resident equivalent")
 
 
 def _clip(d: dict, notes: list[str]) -> bool:
