@@ -19,6 +19,11 @@ the same. An ``activation_checkpointing`` section configures ``deepspeed.checkpo
 which model code calls on whole blocks: recompute ``full`` (a note); without one, meshplan's
 default ``selective`` (a note); export writes an empty section for ``full``.
 
+ZeRO stage 2 reduces each micro-batch's gradients in buckets of ``zero_optimization.reduce_bucket_size``
+elements (DeepSpeed's default 5e8): read into ``[memory] grad_bucket_elements``, the bucket of
+meshplan's zero2 table, timeline and memory (:func:`meshplan.comm.collectives._zero2_rows`);
+export writes the plan's bucket back. Other stages list the key as unused.
+
 Offload is refused: ``zero_optimization.offload_optimizer`` / ``offload_param`` with a
 ``device`` other than ``"none"`` (DeepSpeed's default when the table has no ``device``), and
 their deprecated booleans ``cpu_offload`` / ``cpu_offload_param`` when true (zero/config.py maps
@@ -161,9 +166,29 @@ def read(d: dict, opts: ImportOptions) -> Imported:
         notes.append("ZeRO stage 3 planned with per-layer coalesced gathers (training.zero3_engine = \"fsdp2\"), as "
                      "DeepSpeed >= v0.5.5 gathers (PR #1188); for DeepSpeed v0.3.13-v0.5.4 (2021) set zero3_engine = "
                      "\"deepspeed-2021\" (one all-gather and reduce-scatter per parameter tensor)")
-    unused = tuple(k for k in flatten(d) if k not in USED)
-    return Imported("deepspeed", {"model": model_option(opts.model), "cluster": cluster, "training": training,
-                                  "mesh": {"names": ["dp"], "shape": [world]}}, unused, tuple(notes))
+    tables = {"model": model_option(opts.model), "cluster": cluster, "training": training,
+              "mesh": {"names": ["dp"], "shape": [world]}}
+    used = USED | ({"zero_optimization.reduce_bucket_size"} if stage == 2 else set())
+    if stage == 2:
+        tables["memory"] = {"grad_bucket_elements": _bucket(d["zero_optimization"])}
+    unused = tuple(k for k in flatten(d) if k not in used)
+    return Imported("deepspeed", tables, unused, tuple(notes))
+
+
+#: DeepSpeed's ``reduce_bucket_size`` default, elements (zero/config.py ``pp_int(5e8)``).
+REDUCE_BUCKET_ELEMENTS = 500_000_000
+
+
+def _bucket(zero: dict) -> int:
+    """ZeRO-2's gradient bucket, elements: ``reduce_bucket_size`` (a number >= 1; absent or
+    "auto": DeepSpeed's default 5e8)."""
+    v = zero.get("reduce_bucket_size")
+    if v is None or v == "auto":
+        return REDUCE_BUCKET_ELEMENTS
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 1 or v != int(v):
+        raise ConfigError("zero_optimization.reduce_bucket_size", f"must be a whole number of elements >= 1 or "
+                          f"\"auto\"; got {v!r}")
+    return int(v)
 
 
 def _refuse_offload(zero: Any) -> None:
@@ -224,8 +249,11 @@ def write(cfg: Config) -> dict[str, Any]:
     dp = mesh.degree("dp")
     accumulate = t.global_batch // (t.micro_batch * dp)
     stage = {v: k for k, v in STAGES.items()}[t.sharding]
+    zero: dict[str, Any] = {"stage": stage}
+    if stage == 2:  # the plan's bucket (meshplan.comm.collectives._zero2_rows)
+        zero["reduce_bucket_size"] = cfg.memory.bucket_elements(mesh.degree("fsdp"))
     return {"train_batch_size": t.global_batch, "train_micro_batch_size_per_gpu": t.micro_batch,
-            "gradient_accumulation_steps": accumulate, "zero_optimization": {"stage": stage},
+            "gradient_accumulation_steps": accumulate, "zero_optimization": zero,
             "bf16": {"enabled": t.compute_dtype == "bf16"}, "fp16": {"enabled": t.compute_dtype == "fp16"},
             "gradient_clipping": 1.0 if t.grad_clip else 0.0} | (
         {"activation_checkpointing": {}} if t.recompute == "full" else {})
