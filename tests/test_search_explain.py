@@ -208,3 +208,26 @@ def test_blocking_pp_waits_are_bubble_the_transfers_exposed_pp():
     assert parts["bubble"] > 100 * parts["exposed pp"]  # the 1F1B fill and drain, not the sends
     assert abs(sum(v for k, v in parts.items() if k != "step") - st.step_s) <= 1e-12 * st.step_s
 
+
+def test_compute_cause_is_named_only_when_it_explains_the_direction():
+    """The DeepSpeed search (llama3-8b, 32 H100) said "compute 26.5 s vs 27 s (GEMM efficiency
+    69.6% vs 71.3%)": the top computes less at the lower efficiency, so the efficiency does not
+    explain it. Both execute the same FLOP per GPU (1.377e16, recompute none); the runner-up,
+    FSDP2 (zero3) over dp_shard 32, spends 865 ms per step in FSDP2's copy-out and copy-in on its
+    compute stream, the top (zero1) none: that is named."""
+    top = {"step": 26.56, "compute": 26.516, "exposed dp": 0.0436}
+    two = {"step": 27.177, "compute": 26.951, "exposed fsdp": 0.2255}
+    d_top = {"gemm_efficiency": 0.696, "stage_flops": 1.377e16, "recompute": "none", "copies_s": 0.0,
+             "micro_batch": 1, "tp": 1}
+    d_two = {**d_top, "gemm_efficiency": 0.713, "copies_s": 0.865}
+    compute = explain(top, two, d_top, d_two).parts[0]
+    assert (compute.part, compute.context) == ("compute", "copies on the compute stream 0 ms vs 865 ms")
+    # the top at the higher efficiency: the efficiency is named too
+    faster = explain(top, two, {**d_top, "gemm_efficiency": 0.72}, d_two).parts[0]
+    assert faster.context == "GEMM efficiency 72.0% vs 71.3%, copies on the compute stream 0 ms vs 865 ms"
+    # more FLOP (full recompute) on the runner-up, same copies: the FLOP and the recompute
+    more = explain(top, two, {**d_top, "copies_s": 0.865}, {**d_two, "stage_flops": 1.8e16, "recompute": "full"})
+    assert more.parts[0].context == "FLOP per GPU 1.38e+16 vs 1.8e+16, recompute none vs full"
+    # micro-batch and tp move compute either way: stated as differences after the causes
+    mb = explain(top, two, d_top, {**d_two, "micro_batch": 2}).parts[0]
+    assert mb.context == "copies on the compute stream 0 ms vs 865 ms, micro-batch 1 vs 2"

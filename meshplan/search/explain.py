@@ -31,6 +31,7 @@ from typing import Optional
 import numpy as np
 
 from meshplan.pipeline.fast import KINDS, ArrayResult
+from meshplan.plan import Plan, table_key, table_stage
 from meshplan.schedule.steptime import StepTime
 
 
@@ -98,6 +99,22 @@ def step_breakdown(st: StepTime) -> dict[str, float]:
     if pp > 0:
         out["exposed pp"] = pp - partner
     return out
+
+
+def stage_flops(st: StepTime) -> float:
+    """FLOP one GPU of ``st``'s critical stage executes per step (hardware FLOP: recompute
+    included), what its ``compute`` part is spent on: the micro-batches x its chunks' layers,
+    embedding and head."""
+    return st.pipeline.spec.m * sum(x.flops("hardware") for ch in st.units.chunks[st.critical_stage]
+                                    for x in (*ch.layers, ch.embed, ch.head) if x is not None)
+
+
+def compute_stream_copies_s(plan: Plan, st: StepTime) -> float:
+    """Seconds per step ``st``'s critical stage spends on its compute stream in its collectives'
+    host work (``CollectiveRow.host_s``: FSDP2's copy-out and copy-in, DeepSpeed ZeRO-3 2021's
+    list copies issued), part of its ``compute`` without being FLOP."""
+    rows = plan.collectives[table_key(table_stage(st.critical_stage, len(plan.stages)))]
+    return float(sum(r.host_s * r.per_step for r in rows if r.host_s))
 
 
 def layer_passes(st: StepTime) -> int:
@@ -200,7 +217,42 @@ def _part_text(d: Difference) -> str:
 
 
 #: How a description key is printed where its own name would not read well.
-LABELS = {"gemm_efficiency": "GEMM efficiency", "m": "micro-batches", "micro_batch": "micro-batch"}
+LABELS = {"gemm_efficiency": "GEMM efficiency", "m": "micro-batches", "micro_batch": "micro-batch",
+          "stage_flops": "FLOP per GPU", "copies_s": "copies on the compute stream"}
+
+#: Recompute policies from the least to the most recomputed: more recompute, more compute.
+RECOMPUTE_ORDER = ("none", "selective", "op", "layer", "full")
+
+
+def _compute_causes(a: dict, b: dict) -> list[str]:
+    """What explains the compute part's direction (top ``a``, runner-up ``b``, each with its
+    ``compute`` seconds): a higher GEMM efficiency, fewer executed FLOP per GPU, less recompute,
+    less time in collectives' copies on the compute stream (``copies_s``: FSDP2's) on the side
+    with less compute; a cause pointing the other way is not named. Micro-batch and tp follow
+    as plain differences (they move compute either way).
+
+    >>> a = {"compute": 26.5, "gemm_efficiency": 0.696, "stage_flops": 1.6e16, "recompute": "none"}
+    >>> _compute_causes(a, {"compute": 27.0, "gemm_efficiency": 0.713, "stage_flops": 1.8e16, "recompute": "full"})
+    ['FLOP per GPU 1.6e+16 vs 1.8e+16', 'recompute none vs full']
+    >>> _compute_causes(a, {"compute": 27.0, "gemm_efficiency": 0.6, "stage_flops": 1.6e16, "recompute": "none"})
+    ['GEMM efficiency 69.6% vs 60.0%']
+    >>> _compute_causes({**a, "copies_s": 0.0}, {"compute": 27.0, "gemm_efficiency": 0.713, "stage_flops": 1.6e16,
+    ...                                         "recompute": "none", "copies_s": 0.433})
+    ['copies on the compute stream 0 ms vs 433 ms']
+    """
+    less = b.get("compute", 0.0) - a.get("compute", 0.0)  # > 0: the top computes less
+    out = []
+    if "gemm_efficiency" in a and "gemm_efficiency" in b and (a["gemm_efficiency"] - b["gemm_efficiency"]) * less > 0:
+        out.append(_vs(a, b, "gemm_efficiency", "{:.1%}"))
+    if a.get("stage_flops") and b.get("stage_flops") and (b["stage_flops"] - a["stage_flops"]) * less > 0:
+        out.append(_vs(a, b, "stage_flops", "{:.3g}"))
+    ra, rb = (RECOMPUTE_ORDER.index(x["recompute"]) if x.get("recompute") in RECOMPUTE_ORDER else None for x in (a, b))
+    if ra is not None and rb is not None and (rb - ra) * less > 0:
+        out.append(_vs(a, b, "recompute"))
+    if a.get("copies_s") is not None and b.get("copies_s") is not None and (b["copies_s"] - a["copies_s"]) * less > 0:
+        out.append(f"{LABELS['copies_s']} {_fmt(a['copies_s'])} vs {_fmt(b['copies_s'])}")
+    return out + [t for t in (_vs(a, b, "micro_batch"), _vs(a, b, "tp")) if t]
+
 
 def _vs(a: dict, b: dict, key: str, fmt: str = "{}") -> str:
     if key not in a or key not in b or a[key] == b[key]:
@@ -214,7 +266,7 @@ def _context(part: str, a: dict, b: dict) -> str:
     if part == "bubble":
         keys = [("pp", "{}"), ("vpp", "{}"), ("m", "{}")]
     elif part == "compute":
-        keys = [("gemm_efficiency", "{:.1%}"), ("recompute", "{}"), ("micro_batch", "{}"), ("tp", "{}")]
+        return ", ".join(_compute_causes(a, b))
     elif part in ("exposed tp", "exposed loss"):
         keys = [("tp", "{}"), ("tp_comm_overlap", "{}")]
     elif part in ("exposed fsdp", "exposed efsdp", "exposed dp", "exposed dp_replicate"):
