@@ -400,3 +400,25 @@ def test_deepspeed_offload_to_device_none_is_planned(tmp_path):
     cfg = load_any(_write(tmp_path, "n.json", json.dumps(d)), opts=DSOPTS)
     assert cfg.training.sharding == "zero2"
     assert "zero_optimization.offload_optimizer.device" in cfg.notes[-1]  # read, not used: it changes nothing
+
+
+def test_deepspeed_config_searches_only_meshes_deepspeed_runs():
+    """A DeepSpeed config runs ZeRO over one data axis (export --to deepspeed refuses tp, pp, cp,
+    ep and HSDP): its [search] keeps the search there, the header says so, and every row listed
+    exports back to DeepSpeed. Was: dp_shard x cp and HSDP rows from a DeepSpeed config."""
+    import dataclasses
+    from meshplan.report.search import header_lines
+    from meshplan.search.driver import search
+    from meshplan.search.space import candidate_config
+    cfg = load_any(DS, opts=DSOPTS)
+    o = cfg.search
+    assert (o.pp, o.dp_replicate, o.cp, o.tp, o.ep, o.etp, o.sharding) == ([1], [1], [1], [1], [1], [1],
+                                                                           ["zero1", "zero3"])
+    assert any(n.startswith("deepspeed: meshplan search keeps to what a DeepSpeed config runs") for n in cfg.notes)
+    r = search(dataclasses.replace(cfg, search=o.model_copy(update={"top": 5})), workers=1)
+    assert r.top and "only these, by [search]: pp 1, dp_replicate 1, cp 1, tp 1, ep 1, etp 1, sharding zero1/zero3" \
+        in header_lines(r)
+    for e in r.top:
+        row = candidate_config(r.config, r.candidates, e.index)
+        assert [(a, d) for a, d in zip(row.mesh.names, row.mesh.shape) if d > 1] == [("dp_shard", 16)]
+        assert json.loads(export(row, "deepspeed", "row")[0])["zero_optimization"]["stage"] in (1, 3)

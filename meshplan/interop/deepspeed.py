@@ -24,6 +24,11 @@ elements (DeepSpeed's default 5e8): read into ``[memory] grad_bucket_elements``,
 meshplan's zero2 table, timeline and memory (:func:`meshplan.comm.collectives._zero2_rows`);
 export writes the plan's bucket back. Other stages list the key as unused.
 
+A DeepSpeed config runs ZeRO over one data axis: its ``[search]`` table (written on import)
+keeps ``meshplan search`` to those meshes (:data:`SEARCH`: pp, dp_replicate, cp, tp, ep, etp
+1; sharding zero1 or zero3, no HSDP), the rows ``export --to deepspeed`` can write; a note says
+so, and widening ``[search]`` in an imported TOML searches beyond it.
+
 Offload is refused: ``zero_optimization.offload_optimizer`` / ``offload_param`` with a
 ``device`` other than ``"none"`` (DeepSpeed's default when the table has no ``device``), and
 their deprecated booleans ``cpu_offload`` / ``cpu_offload_param`` when true (zero/config.py maps
@@ -171,9 +176,17 @@ def read(d: dict, opts: ImportOptions) -> Imported:
     used = USED | ({"zero_optimization.reduce_bucket_size"} if stage == 2 else set())
     if stage == 2:
         tables["memory"] = {"grad_bucket_elements": _bucket(d["zero_optimization"])}
+    tables["search"] = {k: list(v) for k, v in SEARCH.items()}
+    notes.append("meshplan search keeps to what a DeepSpeed config runs, ZeRO over one data axis ([search] "
+                 + ", ".join(f"{k} = {v!r}" for k, v in SEARCH.items()).replace("'", '"')
+                 + "); import it to a TOML and widen [search] to search other meshes")
     unused = tuple(k for k in flatten(d) if k not in used)
     return Imported("deepspeed", tables, unused, tuple(notes))
 
+
+#: The ``[search]`` table of a DeepSpeed config: the meshes :func:`write` exports (one data
+#: axis, dp_shard; ZeRO-1 or ZeRO-3, the search's shardings without HSDP).
+SEARCH = {"pp": [1], "dp_replicate": [1], "cp": [1], "tp": [1], "ep": [1], "etp": [1], "sharding": ["zero1", "zero3"]}
 
 #: DeepSpeed's ``reduce_bucket_size`` default, elements (zero/config.py ``pp_int(5e8)``).
 REDUCE_BUCKET_ELEMENTS = 500_000_000
