@@ -653,14 +653,16 @@ def search_cmd(config: Path = typer.Argument(..., help="TOML config: [model], [c
             raise ConfigError("-o", "--export needs -o FILE")
         if to not in FORMATS:
             raise ConfigError("--to", f"{to!r}; use {', '.join(FORMATS)}")
-        if not isinstance(out, _Stdout) and out.exists() and not force:
-            raise ConfigError("-o", f"{out} exists; choose another path or pass --force to replace it")
+        _refuse_existing(out, force, "-o")
     cfg = load_any(config, fmt, _opts(cluster, nodes, gpu, model, seq_len), require_mesh=False)
     _notes(cfg)
     cfg = _measured_cluster(cfg, calibration=calibration)
     if top is not None:
         check_number("--top", top, 1, 10_000)
         cfg = replace(cfg, search=cfg.search.model_copy(update={"top": top}))
+    if export_rank is not None and export_rank > cfg.search.top:  # before the search, not after it
+        raise ConfigError("--export", f"{export_rank} > --top {cfg.search.top}: the search lists {cfg.search.top} "
+                          f"row(s); pass --top {export_rank} or export a lower rank")
     _refuse_existing(json_path, force, "--json")
     _refuse_existing(html_path, force, "--html")
     with ProgressBar() as bar:
@@ -713,8 +715,7 @@ def import_cmd(fmt: str = typer.Argument(..., metavar="FORMAT", help="torchtitan
     if fmt not in ("auto",) + FORMATS[1:]:
         raise ConfigError("FORMAT", f"{fmt!r}; use torchtitan, megatron, deepspeed or auto")
     file = out if isinstance(out, Path) else None  # None: printed (no -o, or -o -)
-    if file and file.exists() and not force:
-        raise ConfigError("-o", f"{file} exists; choose another path or pass --force to replace it")
+    _refuse_existing(file, force, "-o")
     _refuse_existing(json_path, force, "--json")
     text, imp = import_text(source, None if fmt == "auto" else fmt, _opts(cluster, nodes, gpu, model, seq_len))
     if isinstance(out, _Stdout):
@@ -748,8 +749,7 @@ def export_cmd(config: Path = typer.Argument(..., help="config of the plan (mesh
 
     if to not in FORMATS:
         raise ConfigError("--to", f"{to!r}; use {', '.join(FORMATS)}")
-    if not isinstance(out, _Stdout) and out.exists() and not force:
-        raise ConfigError("-o", f"{out} exists; choose another path or pass --force to replace it")
+    _refuse_existing(out, force, "-o")
     _refuse_existing(json_path, force, "--json")
     cfg = load_any(config, fmt, _opts(cluster, nodes, gpu, model, seq_len))
     _notes(cfg)

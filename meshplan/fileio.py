@@ -7,9 +7,11 @@ before the work starts, and leaving nothing behind when interrupted.
   check-then-replace race) or, with ``force``, ``os.replace``; a filesystem without hard links
   falls back to an exclusive create (``O_CREAT | O_EXCL``).
 - :func:`check_destination`: the same refusal, plus a writable folder (the nearest existing
-  ancestor is a folder, writable, with free space), called by the CLI before planning,
-  searching or measuring, so an unwritable destination is a one-line error, not a traceback
-  after the work.
+  ancestor is a folder, writable, with free space) that exists, called by the CLI before
+  planning, searching or measuring, so an unwritable destination is a one-line error, not a
+  traceback after the work. Missing folders are created only under :data:`OUTPUT_ROOT` (the
+  commands' defaults, ``out/memory``, ``out/bench/gemm.csv``); a user's ``-o /nodir/x.args``
+  is refused (a typo in a folder name would otherwise make a new tree silently).
 - :func:`staged_folder` (evidence folders): built under a hidden temporary name beside the
   destination and renamed into place at the end; an exception, Ctrl-C or SIGTERM removes it,
   so an interrupted run leaves nothing that blocks the rerun.
@@ -49,6 +51,9 @@ from typing import Any, Iterator
 
 from meshplan.errors import ConfigError
 from meshplan.limits import FileLimit
+
+#: The relative folder under which missing folders are created (the commands' default outputs).
+OUTPUT_ROOT = "out"
 
 #: Mode of every file meshplan writes (rw-r--r--), whatever mkstemp created.
 FILE_MODE = 0o644
@@ -117,6 +122,9 @@ def check_destination(path, field: str = "--out", force: bool = False, folder: b
     why = _unwritable(anc)
     if why:
         raise ConfigError(field, f"cannot write {dest}: {why}; choose another path")
+    if anc != dest.parent and not (not dest.is_absolute() and dest.parts[:1] == (OUTPUT_ROOT,)):
+        raise ConfigError(field, f"cannot write {dest}: folder {dest.parent} does not exist; create it or choose "
+                          f"another path")
     return dest
 
 
@@ -194,7 +202,7 @@ def write_output(path, data: str | bytes, force: bool = False, field: str = "--o
     folder, full disk) is a one-line ConfigError; the temporary file never outlives the call.
 
     >>> import tempfile, pathlib
-    >>> p = pathlib.Path(tempfile.mkdtemp()) / "sub" / "x.json"
+    >>> p = pathlib.Path(tempfile.mkdtemp()) / "x.json"
     >>> write_output(p, "{}").read_text()
     '{}'
     >>> write_output(p, "{}")
@@ -203,6 +211,10 @@ def write_output(path, data: str | bytes, force: bool = False, field: str = "--o
     meshplan.errors.ConfigError: --out: ... exists; choose another path or pass --force to replace it
     >>> sorted(x.name for x in p.parent.iterdir())
     ['x.json']
+    >>> write_output(p.parent / "sub" / "x.json", "{}")
+    Traceback (most recent call last):
+    ...
+    meshplan.errors.ConfigError: --out: cannot write .../sub/x.json: folder .../sub does not exist; create it or choose another path
     """
     dest = check_destination(path, field, force)
     raw = data.encode("utf-8") if isinstance(data, str) else data
