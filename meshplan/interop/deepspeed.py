@@ -186,7 +186,8 @@ def read(d: dict, opts: ImportOptions) -> Imported:
 
 #: The ``[search]`` table of a DeepSpeed config: the meshes :func:`write` exports (one data
 #: axis, dp_shard; ZeRO-1 or ZeRO-3, the search's shardings without HSDP).
-SEARCH = {"pp": [1], "dp_replicate": [1], "cp": [1], "tp": [1], "ep": [1], "etp": [1], "sharding": ["zero1", "zero3"]}
+SEARCH: dict[str, list[Any]] = {"pp": [1], "dp_replicate": [1], "cp": [1], "tp": [1], "ep": [1], "etp": [1],
+                                 "sharding": ["zero1", "zero3"]}
 
 #: DeepSpeed's ``reduce_bucket_size`` default, elements (zero/config.py ``pp_int(5e8)``).
 REDUCE_BUCKET_ELEMENTS = 500_000_000
