@@ -414,7 +414,7 @@ def memory(config: Path = typer.Argument(..., help="TOML config (an optional [me
     shown = p.timelines if all_stages else (p.timeline,)
     paths = [out / f"{config.stem}_memory_stage{tl.stage}.png" for tl in shown]
     for path in paths:
-        check_destination(path, "--out", force)
+        check_destination(path, "--out", force, create_folders=True)  # in the folder checked above
     print_memory(p, _console(), all_stages=all_stages)
     for tl, path in zip(shown, paths):
         _wrote(write_png(tl, path, name=config.name, force=force))

@@ -11,7 +11,9 @@ before the work starts, and leaving nothing behind when interrupted.
   planning, searching or measuring, so an unwritable destination is a one-line error, not a
   traceback after the work. Missing folders are created only under :data:`OUTPUT_ROOT` (the
   commands' defaults, ``out/memory``, ``out/bench/gemm.csv``); a user's ``-o /nodir/x.args``
-  is refused (a typo in a folder name would otherwise make a new tree silently).
+  is refused (a typo in a folder name would otherwise make a new tree silently). Files inside a
+  command's own output folder (``memory --out DIR``, ``compare --out DIR``, ``launch --out DIR``:
+  DIR checked first, its parent existing) pass ``create_folders`` to make DIR.
 - :func:`staged_folder` (evidence folders): built under a hidden temporary name beside the
   destination and renamed into place at the end; an exception, Ctrl-C or SIGTERM removes it,
   so an interrupted run leaves nothing that blocks the rerun.
@@ -91,12 +93,15 @@ def taken(dest: Path, field: str) -> ConfigError:
     return ConfigError(field, f"{dest} exists; choose another path or pass --force to replace it")
 
 
-def check_destination(path, field: str = "--out", force: bool = False, folder: bool = False) -> Path:
+def check_destination(path, field: str = "--out", force: bool = False, folder: bool = False,
+                      create_folders: bool = False) -> Path:
     """Refuse, before any work, an output that cannot be written: ``path`` exists and not
     ``force`` (a folder counts only when not empty, ``folder=True``), is a folder where a file
     goes or a file where a folder goes, its nearest existing ancestor is not a writable
-    folder with free space, or it is ``-`` (stdout: the CLI passes it on only for the
-    options that print there). Raises ConfigError naming ``field``; returns the path.
+    folder with free space, its folder does not exist (unless under :data:`OUTPUT_ROOT` or
+    ``create_folders``: a file of a command's own output folder, checked itself), or it is
+    ``-`` (stdout: the CLI passes it on only for the options that print there). Raises
+    ConfigError naming ``field``; returns the path.
 
     >>> import tempfile, pathlib
     >>> f = pathlib.Path(tempfile.mkdtemp()) / "f"
@@ -122,7 +127,7 @@ def check_destination(path, field: str = "--out", force: bool = False, folder: b
     why = _unwritable(anc)
     if why:
         raise ConfigError(field, f"cannot write {dest}: {why}; choose another path")
-    if anc != dest.parent and not (not dest.is_absolute() and dest.parts[:1] == (OUTPUT_ROOT,)):
+    if anc != dest.parent and not create_folders and not (not dest.is_absolute() and dest.parts[:1] == (OUTPUT_ROOT,)):
         raise ConfigError(field, f"cannot write {dest}: folder {dest.parent} does not exist; create it or choose "
                           f"another path")
     return dest
@@ -194,7 +199,8 @@ def write_json_atomic(path, doc: Any) -> Path:
     return write_text_atomic(path, json.dumps(doc, indent=1, sort_keys=True) + "\n")
 
 
-def write_output(path, data: str | bytes, force: bool = False, field: str = "--out", mode: int = FILE_MODE) -> Path:
+def write_output(path, data: str | bytes, force: bool = False, field: str = "--out", mode: int = FILE_MODE,
+                 create_folders: bool = False) -> Path:
     """Write a user-facing output file (text or bytes): refuse (ConfigError naming ``field``)
     to replace an existing file unless ``force``, create the folder, write a temporary file
     with ``mode``, then link it to ``path`` (exclusive: a file that appeared meanwhile is
@@ -216,7 +222,7 @@ def write_output(path, data: str | bytes, force: bool = False, field: str = "--o
     ...
     meshplan.errors.ConfigError: --out: cannot write .../sub/x.json: folder .../sub does not exist; create it or choose another path
     """
-    dest = check_destination(path, field, force)
+    dest = check_destination(path, field, force, create_folders=create_folders)
     raw = data.encode("utf-8") if isinstance(data, str) else data
     try:
         dest.parent.mkdir(parents=True, exist_ok=True)
@@ -270,7 +276,7 @@ def _link_new(tmp: Path, dest: Path, field: str, raw: bytes, mode: int) -> None:
 
 
 @contextmanager
-def staged_folder(out, field: str = "--out", force: bool = False) -> Iterator[Path]:
+def staged_folder(out, field: str = "--out", force: bool = False, create_folders: bool = False) -> Iterator[Path]:
     """Build a folder under a temporary name and rename it to ``out`` at the end.
 
     Yields a new empty folder beside ``out`` (``.<name>.<random>.partial``). When the block
@@ -293,7 +299,7 @@ def staged_folder(out, field: str = "--out", force: bool = False) -> Iterator[Pa
     >>> sorted(p.name for p in d.iterdir())
     ['ev']
     """
-    dest = check_destination(out, field, force, folder=True)
+    dest = check_destination(out, field, force, folder=True, create_folders=create_folders)
     try:
         dest.parent.mkdir(parents=True, exist_ok=True)
     except OSError as err:
