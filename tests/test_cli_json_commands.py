@@ -125,7 +125,9 @@ def test_search_export_refusal_comes_before_the_json_document(tmp_path, capsys):
     rc, out, err = run(["search", MINI, "--top", 2, "--export", 5, "-o", tmp_path / "row.toml", "--json", "-"],
                        capsys)
     assert (rc, out) == (2, "") and not (tmp_path / "row.toml").exists()
-    assert err.splitlines()[-1] == "error: --export: 5: the search ranked 2 row(s); raise --top or export a lower rank"
+    # refused before the search runs (--top is known): no search output either
+    assert err.splitlines()[-1] == ("error: --export: 5 > --top 2: the search lists 2 row(s); pass --top 5 or export a "
+                                    "lower rank")
 
 
 def test_plan_json_to_stdout_is_the_plan_document(capsys):
