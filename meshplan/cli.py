@@ -419,7 +419,7 @@ def memory(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshplan T
     shown = p.timelines if all_stages else (p.timeline,)
     paths = [out / f"{config.stem}_memory_stage{tl.stage}.png" for tl in shown]
     for path in paths:
-        check_destination(path, "--out", force)
+        check_destination(path, "--out", force, create_folders=True)  # in the folder checked above
     print_memory(p, _console(), all_stages=all_stages)
     for tl, path in zip(shown, paths):
         _wrote(write_png(tl, path, name=config.name, force=force))
@@ -658,14 +658,16 @@ def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshpl
             raise ConfigError("-o", "--export needs -o FILE")
         if to not in FORMATS:
             raise ConfigError("--to", f"{to!r}; use {', '.join(FORMATS)}")
-        if not isinstance(out, _Stdout) and out.exists() and not force:
-            raise ConfigError("-o", f"{out} exists; choose another path or pass --force to replace it")
+        _refuse_existing(out, force, "-o")
     cfg = load_any(config, fmt, _opts(cluster, nodes, gpu, model, seq_len), require_mesh=False)
     _notes(cfg)
     cfg = _measured_cluster(cfg, calibration=calibration)
     if top is not None:
         check_number("--top", top, 1, 10_000)
         cfg = replace(cfg, search=cfg.search.model_copy(update={"top": top}))
+    if export_rank is not None and export_rank > cfg.search.top:  # before the search, not after it
+        raise ConfigError("--export", f"{export_rank} > --top {cfg.search.top}: the search lists {cfg.search.top} "
+                          f"row(s); pass --top {export_rank} or export a lower rank")
     _refuse_existing(json_path, force, "--json")
     _refuse_existing(html_path, force, "--html")
     with ProgressBar() as bar:
@@ -718,8 +720,7 @@ def import_cmd(fmt: str = typer.Argument(..., metavar="FORMAT", help="torchtitan
     if fmt not in ("auto",) + FORMATS[1:]:
         raise ConfigError("FORMAT", f"{fmt!r}; use torchtitan, megatron, deepspeed or auto")
     file = out if isinstance(out, Path) else None  # None: printed (no -o, or -o -)
-    if file and file.exists() and not force:
-        raise ConfigError("-o", f"{file} exists; choose another path or pass --force to replace it")
+    _refuse_existing(file, force, "-o")
     _refuse_existing(json_path, force, "--json")
     text, imp = import_text(source, None if fmt == "auto" else fmt, _opts(cluster, nodes, gpu, model, seq_len))
     if isinstance(out, _Stdout):
@@ -753,8 +754,7 @@ def export_cmd(config: Path = typer.Argument(..., help="the plan's " + CONFIG_HE
 
     if to not in FORMATS:
         raise ConfigError("--to", f"{to!r}; use {', '.join(FORMATS)}")
-    if not isinstance(out, _Stdout) and out.exists() and not force:
-        raise ConfigError("-o", f"{out} exists; choose another path or pass --force to replace it")
+    _refuse_existing(out, force, "-o")
     _refuse_existing(json_path, force, "--json")
     cfg = load_any(config, fmt, _opts(cluster, nodes, gpu, model, seq_len))
     _notes(cfg)

@@ -7,9 +7,13 @@ before the work starts, and leaving nothing behind when interrupted.
   check-then-replace race) or, with ``force``, ``os.replace``; a filesystem without hard links
   falls back to an exclusive create (``O_CREAT | O_EXCL``).
 - :func:`check_destination`: the same refusal, plus a writable folder (the nearest existing
-  ancestor is a folder, writable, with free space), called by the CLI before planning,
-  searching or measuring, so an unwritable destination is a one-line error, not a traceback
-  after the work.
+  ancestor is a folder, writable, with free space) that exists, called by the CLI before
+  planning, searching or measuring, so an unwritable destination is a one-line error, not a
+  traceback after the work. Missing folders are created only under :data:`OUTPUT_ROOT` (the
+  commands' defaults, ``out/memory``, ``out/bench/gemm.csv``); a user's ``-o /nodir/x.args``
+  is refused (a typo in a folder name would otherwise make a new tree silently). Files inside a
+  command's own output folder (``memory --out DIR``, ``compare --out DIR``, ``launch --out DIR``:
+  DIR checked first, its parent existing) pass ``create_folders`` to make DIR.
 - :func:`staged_folder` (evidence folders): built under a hidden temporary name beside the
   destination and renamed into place at the end; an exception, Ctrl-C or SIGTERM removes it,
   so an interrupted run leaves nothing that blocks the rerun.
@@ -50,6 +54,9 @@ from typing import Any, Iterator
 from meshplan.errors import ConfigError
 from meshplan.limits import FileLimit
 
+#: The relative folder under which missing folders are created (the commands' default outputs).
+OUTPUT_ROOT = "out"
+
 #: Mode of every file meshplan writes (rw-r--r--), whatever mkstemp created.
 FILE_MODE = 0o644
 
@@ -86,12 +93,15 @@ def taken(dest: Path, field: str) -> ConfigError:
     return ConfigError(field, f"{dest} exists; choose another path or pass --force to replace it")
 
 
-def check_destination(path, field: str = "--out", force: bool = False, folder: bool = False) -> Path:
+def check_destination(path, field: str = "--out", force: bool = False, folder: bool = False,
+                      create_folders: bool = False) -> Path:
     """Refuse, before any work, an output that cannot be written: ``path`` exists and not
     ``force`` (a folder counts only when not empty, ``folder=True``), is a folder where a file
     goes or a file where a folder goes, its nearest existing ancestor is not a writable
-    folder with free space, or it is ``-`` (stdout: the CLI passes it on only for the
-    options that print there). Raises ConfigError naming ``field``; returns the path.
+    folder with free space, its folder does not exist (unless under :data:`OUTPUT_ROOT` or
+    ``create_folders``: a file of a command's own output folder, checked itself), or it is
+    ``-`` (stdout: the CLI passes it on only for the options that print there). Raises
+    ConfigError naming ``field``; returns the path.
 
     >>> import tempfile, pathlib
     >>> f = pathlib.Path(tempfile.mkdtemp()) / "f"
@@ -117,6 +127,9 @@ def check_destination(path, field: str = "--out", force: bool = False, folder: b
     why = _unwritable(anc)
     if why:
         raise ConfigError(field, f"cannot write {dest}: {why}; choose another path")
+    if anc != dest.parent and not create_folders and not (not dest.is_absolute() and dest.parts[:1] == (OUTPUT_ROOT,)):
+        raise ConfigError(field, f"cannot write {dest}: folder {dest.parent} does not exist; create it or choose "
+                          f"another path")
     return dest
 
 
@@ -186,7 +199,8 @@ def write_json_atomic(path, doc: Any) -> Path:
     return write_text_atomic(path, json.dumps(doc, indent=1, sort_keys=True) + "\n")
 
 
-def write_output(path, data: str | bytes, force: bool = False, field: str = "--out", mode: int = FILE_MODE) -> Path:
+def write_output(path, data: str | bytes, force: bool = False, field: str = "--out", mode: int = FILE_MODE,
+                 create_folders: bool = False) -> Path:
     """Write a user-facing output file (text or bytes): refuse (ConfigError naming ``field``)
     to replace an existing file unless ``force``, create the folder, write a temporary file
     with ``mode``, then link it to ``path`` (exclusive: a file that appeared meanwhile is
@@ -194,7 +208,7 @@ def write_output(path, data: str | bytes, force: bool = False, field: str = "--o
     folder, full disk) is a one-line ConfigError; the temporary file never outlives the call.
 
     >>> import tempfile, pathlib
-    >>> p = pathlib.Path(tempfile.mkdtemp()) / "sub" / "x.json"
+    >>> p = pathlib.Path(tempfile.mkdtemp()) / "x.json"
     >>> write_output(p, "{}").read_text()
     '{}'
     >>> write_output(p, "{}")
@@ -203,8 +217,12 @@ def write_output(path, data: str | bytes, force: bool = False, field: str = "--o
     meshplan.errors.ConfigError: --out: ... exists; choose another path or pass --force to replace it
     >>> sorted(x.name for x in p.parent.iterdir())
     ['x.json']
+    >>> write_output(p.parent / "sub" / "x.json", "{}")
+    Traceback (most recent call last):
+    ...
+    meshplan.errors.ConfigError: --out: cannot write .../sub/x.json: folder .../sub does not exist; create it or choose another path
     """
-    dest = check_destination(path, field, force)
+    dest = check_destination(path, field, force, create_folders=create_folders)
     raw = data.encode("utf-8") if isinstance(data, str) else data
     try:
         dest.parent.mkdir(parents=True, exist_ok=True)
@@ -258,7 +276,7 @@ def _link_new(tmp: Path, dest: Path, field: str, raw: bytes, mode: int) -> None:
 
 
 @contextmanager
-def staged_folder(out, field: str = "--out", force: bool = False) -> Iterator[Path]:
+def staged_folder(out, field: str = "--out", force: bool = False, create_folders: bool = False) -> Iterator[Path]:
     """Build a folder under a temporary name and rename it to ``out`` at the end.
 
     Yields a new empty folder beside ``out`` (``.<name>.<random>.partial``). When the block
@@ -281,7 +299,7 @@ def staged_folder(out, field: str = "--out", force: bool = False) -> Iterator[Pa
     >>> sorted(p.name for p in d.iterdir())
     ['ev']
     """
-    dest = check_destination(out, field, force, folder=True)
+    dest = check_destination(out, field, force, folder=True, create_folders=create_folders)
     try:
         dest.parent.mkdir(parents=True, exist_ok=True)
     except OSError as err:

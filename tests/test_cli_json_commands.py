@@ -67,10 +67,9 @@ def test_import_json_lists_the_unused_fields_and_the_file(tmp_path, capsys):
                       "--seq-len", "4096", "-o", out, "--json", doc_path], capsys)
     doc = json.loads(doc_path.read_text())
     assert rc == 0 and errors("import", doc) == [], err
-    # the three keys of the example that meshplan does not model (tests/test_interop.py reads them by hand;
-    # gradient_clipping is training.grad_clip)
-    assert doc["unused"] == ["zero_optimization.overlap_comm", "zero_optimization.reduce_bucket_size",
-                             "steps_per_print"]
+    # the two keys of the example that meshplan does not model (tests/test_interop.py reads them by hand;
+    # gradient_clipping is training.grad_clip, reduce_bucket_size ZeRO-2's memory.grad_bucket_elements)
+    assert doc["unused"] == ["zero_optimization.overlap_comm", "steps_per_print"]
     assert (doc["format"], doc["source"]) == ("deepspeed", str(DS)) and doc["toml"] == out.read_text()
     assert doc["files"] == [{"path": str(out), "size_bytes": len(out.read_bytes())}]
     assert load_config(out).training.global_batch == 256  # micro 1 x accumulation 16 x dp 16
@@ -126,7 +125,9 @@ def test_search_export_refusal_comes_before_the_json_document(tmp_path, capsys):
     rc, out, err = run(["search", MINI, "--top", 2, "--export", 5, "-o", tmp_path / "row.toml", "--json", "-"],
                        capsys)
     assert (rc, out) == (2, "") and not (tmp_path / "row.toml").exists()
-    assert err.splitlines()[-1] == "error: --export: 5: the search ranked 2 row(s); raise --top or export a lower rank"
+    # refused before the search runs (--top is known): no search output either
+    assert err.splitlines()[-1] == ("error: --export: 5 > --top 2: the search lists 2 row(s); pass --top 5 or export a "
+                                    "lower rank")
 
 
 def test_plan_json_to_stdout_is_the_plan_document(capsys):

@@ -102,3 +102,41 @@ def test_place_states_traffic_as_bytes_sent_per_rank_per_step_in_gb():
         for a, b in per_axis.items():
             want[a] = max(want.get(a, 0.0), b)
     assert printed == {a: round(b / 1e9, 1) for a, b in want.items()}
+
+
+@pytest.mark.parametrize("argv,field", [
+    (["export", MINI, "--to", "megatron", "-o", "{d}/x.args"], "-o"),
+    (["plan", MINI, "--json", "{d}/plan.json"], "--json"),
+    (["plan", MINI, "--html", "{d}/plan.html"], "--html"),
+    (["step", MINI, "--trace", "{d}/trace.json"], "--trace"),
+    (["memory", MINI, "--out", "{d}/sub/mem"], "--out"),
+])
+def test_a_missing_folder_is_refused_not_created(tmp_path, capsys, argv, field):
+    """Was: ``export -o /nonexistent_dir/x.args`` made the folder (a typo in a folder name made a
+    new tree). Every output refuses a missing folder in one line before any work; only the
+    commands' defaults under out/ are created (``fileio.OUTPUT_ROOT``)."""
+    d = tmp_path / "nodir"
+    rc, err = run([str(a).format(d=d) for a in argv], capsys)
+    target = Path(str(argv[-1]).format(d=d))
+    assert rc == 2 and err.strip().splitlines()[-1] == (
+        f"error: {field}: cannot write {target}: folder {target.parent} does not exist; create it or choose "
+        "another path"), err
+    assert not d.exists()
+
+
+def test_default_outputs_under_out_are_created(tmp_path):
+    r = cli("export", str(MINI), "--to", "megatron", "-o", "out/a/b/x.args", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "out" / "a" / "b" / "x.args").is_file()
+
+
+def test_search_export_beyond_top_is_refused_before_searching(tmp_path, capsys):
+    """Was: the whole search ran, then "--export: 99: the search ranked 10 row(s)"."""
+    from meshplan.cli import main
+
+    with pytest.raises(SystemExit) as done:
+        main(["search", str(MINI), "--top", "3", "--export", "4", "--to", "meshplan", "-o", str(tmp_path / "r.toml")])
+    cap = capsys.readouterr()
+    assert done.value.code == 2 and cap.err.strip().splitlines()[-1] == (
+        "error: --export: 4 > --top 3: the search lists 3 row(s); pass --top 4 or export a lower rank"), cap.err
+    assert "candidates" not in cap.out  # no search header: refused before searching

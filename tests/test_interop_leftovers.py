@@ -101,7 +101,7 @@ def test_deepspeed_own_keys_and_other_sections_are_listed(tmp_path):
     assert cfg.training.sharding == "zero2"
     assert cfg.notes[-1] == (
         "deepspeed: fields meshplan does not use: zero_optimization.overlap_comm, "
-        "zero_optimization.reduce_bucket_size, zero_optimization.stage3_max_live_parameters, "
+        "zero_optimization.stage3_max_live_parameters, "
         "zero_optimization.stage3_prefetch_bucket_size, steps_per_print, my_launcher.nodes, fp16_opt_level, "
         "data_types.grad_accum_dtype, communication_data_type")
 
@@ -262,7 +262,8 @@ def test_deepspeed_export_of_a_model_outside_the_catalog():
                             "training": {"global_batch": 64, "seq_len": 4096, "micro_batch": 1, "sharding": "zero2"},
                             "mesh": {"names": ["dp"], "shape": [8]}})
     text, header = export(cfg, "deepspeed", "x")
-    assert json.loads(text)["zero_optimization"] == {"stage": 2}
+    # zero2's bucket of the plan: Megatron-Core's default max(40e6, 1e6 x dp 8) elements
+    assert json.loads(text)["zero_optimization"] == {"stage": 2, "reduce_bucket_size": 40_000_000}
     assert json.loads(text)["gradient_accumulation_steps"] == 64 // (1 * 8)
     assert header == ["meshplan export of x (tiny on 1x dgx-h100)",
                       "import with: meshplan import deepspeed FILE --cluster dgx-h100 --nodes 1 --model MODEL "

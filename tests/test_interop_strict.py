@@ -371,3 +371,54 @@ def test_torchtitan_mixed_precision_values_are_checked(tmp_path):
                      f'{key} = "float16"\n')
         with pytest.raises(ConfigError, match=rf"^training.{key}: 'float16'; use float32 or bfloat16"):
             load_any(f, opts=ImportOptions(cluster="dgx-h100", nodes=1))
+
+
+@pytest.mark.parametrize("zero,key,device", [
+    ({"offload_optimizer": {"device": "cpu", "pin_memory": True}}, "zero_optimization.offload_optimizer", "'cpu'"),
+    ({"offload_optimizer": {"device": "none"}, "offload_param": {"device": "nvme", "nvme_path": "/n"}},
+     "zero_optimization.offload_param", "'nvme'"),
+    ({"cpu_offload": True}, "zero_optimization.cpu_offload", None),
+    ({"cpu_offload_param": True}, "zero_optimization.cpu_offload_param", None),
+])
+def test_deepspeed_offload_is_refused_naming_the_key(tmp_path, zero, key, device):
+    """DeepSpeed's zero/config.py: offload_optimizer/offload_param hold a device (default "none");
+    the deprecated cpu_offload/cpu_offload_param true mean device "cpu". meshplan does not model
+    ZeRO-Offload: planning the state on the GPU would call a fitting config infeasible."""
+    d = json.loads(DS.read_text())
+    d["zero_optimization"] |= zero
+    with pytest.raises(ConfigError) as e:
+        load_any(_write(tmp_path, "o.json", json.dumps(d)), opts=DSOPTS)
+    assert e.value.field == key
+    assert e.value.message.startswith(f"device {device}: " if device else "meshplan does not model ZeRO-Offload")
+    assert e.value.message.endswith("to plan the GPU-resident equivalent")
+
+
+def test_deepspeed_offload_to_device_none_is_planned(tmp_path):
+    d = json.loads(DS.read_text())
+    d["zero_optimization"] |= {"offload_optimizer": {"device": "none"}, "offload_param": {},
+                               "cpu_offload": False, "cpu_offload_param": False}
+    cfg = load_any(_write(tmp_path, "n.json", json.dumps(d)), opts=DSOPTS)
+    assert cfg.training.sharding == "zero2"
+    assert "zero_optimization.offload_optimizer.device" in cfg.notes[-1]  # read, not used: it changes nothing
+
+
+def test_deepspeed_config_searches_only_meshes_deepspeed_runs():
+    """A DeepSpeed config runs ZeRO over one data axis (export --to deepspeed refuses tp, pp, cp,
+    ep and HSDP): its [search] keeps the search there, the header says so, and every row listed
+    exports back to DeepSpeed. Was: dp_shard x cp and HSDP rows from a DeepSpeed config."""
+    import dataclasses
+    from meshplan.report.search import header_lines
+    from meshplan.search.driver import search
+    from meshplan.search.space import candidate_config
+    cfg = load_any(DS, opts=DSOPTS)
+    o = cfg.search
+    assert (o.pp, o.dp_replicate, o.cp, o.tp, o.ep, o.etp, o.sharding) == ([1], [1], [1], [1], [1], [1],
+                                                                           ["zero1", "zero3"])
+    assert any(n.startswith("deepspeed: meshplan search keeps to what a DeepSpeed config runs") for n in cfg.notes)
+    r = search(dataclasses.replace(cfg, search=o.model_copy(update={"top": 5})), workers=1)
+    assert r.top and "only these, by [search]: pp 1, dp_replicate 1, cp 1, tp 1, ep 1, etp 1, sharding zero1/zero3" \
+        in header_lines(r)
+    for e in r.top:
+        row = candidate_config(r.config, r.candidates, e.index)
+        assert [(a, d) for a, d in zip(row.mesh.names, row.mesh.shape) if d > 1] == [("dp_shard", 16)]
+        assert json.loads(export(row, "deepspeed", "row")[0])["zero_optimization"]["stage"] in (1, 3)

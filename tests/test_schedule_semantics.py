@@ -43,9 +43,10 @@ def table_counts(plan, s: int) -> Counter:
 def timeline_counts(st, s: int) -> Counter:
     """Per step, the same keys from stage s's rank timeline: every unit's collectives; the
     per-step ZeRO-1/2 / DDP reduction counts once (one bucket per stage, issued in per-layer
-    pieces on each chunk's last gradient unit, or after the last unit when not overlapped),
-    the ZeRO-1/2 parameter all-gather once (a step-end event)."""
-    out, step_reduce = Counter(), False
+    pieces on each chunk's last gradient unit, or after the last unit when not overlapped;
+    ZeRO-2's buckets in every micro-batch that issues pieces), the ZeRO-1/2 parameter all-gather
+    once (a step-end event)."""
+    out, step_reduce, mbs = Counter(), False, set()
     for e in st.pipeline.events:
         if e.stage != s or e.stream != "compute":
             continue
@@ -53,6 +54,7 @@ def timeline_counts(st, s: int) -> Counter:
             a = ie.args
             if a.get("kind") == "dp":
                 step_reduce = True
+                mbs.add(e.args["mb"])
             elif a.get("kind") in COUNTED:
                 out[(a["kind"], a["group"], a["phase"], a["op"])] += 1
     for e in st.post_events:
@@ -63,7 +65,8 @@ def timeline_counts(st, s: int) -> Counter:
         elif e.stage == s and "param all-gather" in e.name:
             out[("step", "", "step", "all-gather")] += 1
     if step_reduce:
-        out[("step", "", "step", "reduce")] += 1
+        buckets = st.units.comms[s].mb_buckets  # ZeRO-2: per micro-batch
+        out[("step", "", "step", "reduce")] += len(mbs) * buckets if buckets else 1
     return out
 
 

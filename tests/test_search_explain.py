@@ -182,3 +182,52 @@ def test_no_row_is_faster_than_the_line_says_llama3_70b():
     assert f"against #2 ({steps[1]:.3f} s, {steps[1] / steps[0] - 1:.2%} longer)" in line
     doc = search_to_dict(r)["top_vs_runner_up"]
     assert doc["by_tie_rule"] and doc["fastest_row"] == 4 and doc["line"] == line
+
+
+def test_blocking_pp_waits_are_bubble_the_transfers_exposed_pp():
+    """Megatron-LM 2022's blocking p2p (framework megatron), pp 2 x dp 4, 1F1B, 16 / (mb 1 x
+    dp 4) = 4 micro-batches. Stage 0 (critical) runs F0 F1 B0 F2 B1 F3 B2 B3 and calls after
+    each: F0 send; F1 send + receive B0's gradient; B0 nothing (no earlier stage, no input to
+    receive); F2, F3 send + receive; B2 receive B3's gradient; B3 nothing: 5 calls of one
+    transfer each, so exposed pp = 5 x p2p. The rest of every hold (stage 1 late to its call)
+    and the idle time between units is bubble. Was: every hold counted as exposed pp, bubble ~0."""
+    from meshplan.search.explain import step_breakdown
+    d = {"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 1},
+         "training": {"global_batch": 16, "seq_len": 1024, "micro_batch": 1, "sharding": "zero1",
+                      "param_dtype": "bf16", "recompute": "full", "framework": "megatron"},
+         "mesh": {"names": ["pp", "dp"], "shape": [2, 4]}}
+    st = step_time(build_plan(config_from_dict(d)))
+    res, s = st.pipeline, st.critical_stage
+    assert s == 0 and res.hold is not None
+    sl = res.stage_slice(s)
+    p2p = res.spec.p2p_s
+    parts = step_breakdown(st)
+    assert abs(parts["exposed pp"] - 5 * p2p) <= 1e-12 * p2p
+    idle = float(res.end[sl].max()) - float(res.busy_s[s])  # holds and gaps before the last unit ends
+    assert abs(parts["bubble"] - (idle - 5 * p2p)) <= 1e-12 * st.step_s
+    assert parts["bubble"] > 100 * parts["exposed pp"]  # the 1F1B fill and drain, not the sends
+    assert abs(sum(v for k, v in parts.items() if k != "step") - st.step_s) <= 1e-12 * st.step_s
+
+
+def test_compute_cause_is_named_only_when_it_explains_the_direction():
+    """The DeepSpeed search (llama3-8b, 32 H100) said "compute 26.5 s vs 27 s (GEMM efficiency
+    69.6% vs 71.3%)": the top computes less at the lower efficiency, so the efficiency does not
+    explain it. Both execute the same FLOP per GPU (1.377e16, recompute none); the runner-up,
+    FSDP2 (zero3) over dp_shard 32, spends 865 ms per step in FSDP2's copy-out and copy-in on its
+    compute stream, the top (zero1) none: that is named."""
+    top = {"step": 26.56, "compute": 26.516, "exposed dp": 0.0436}
+    two = {"step": 27.177, "compute": 26.951, "exposed fsdp": 0.2255}
+    d_top = {"gemm_efficiency": 0.696, "stage_flops": 1.377e16, "recompute": "none", "copies_s": 0.0,
+             "micro_batch": 1, "tp": 1}
+    d_two = {**d_top, "gemm_efficiency": 0.713, "copies_s": 0.865}
+    compute = explain(top, two, d_top, d_two).parts[0]
+    assert (compute.part, compute.context) == ("compute", "copies on the compute stream 0 ms vs 865 ms")
+    # the top at the higher efficiency: the efficiency is named too
+    faster = explain(top, two, {**d_top, "gemm_efficiency": 0.72}, d_two).parts[0]
+    assert faster.context == "GEMM efficiency 72.0% vs 71.3%, copies on the compute stream 0 ms vs 865 ms"
+    # more FLOP (full recompute) on the runner-up, same copies: the FLOP and the recompute
+    more = explain(top, two, {**d_top, "copies_s": 0.865}, {**d_two, "stage_flops": 1.8e16, "recompute": "full"})
+    assert more.parts[0].context == "FLOP per GPU 1.38e+16 vs 1.8e+16, recompute none vs full"
+    # micro-batch and tp move compute either way: stated as differences after the causes
+    mb = explain(top, two, d_top, {**d_two, "micro_batch": 2}).parts[0]
+    assert mb.context == "copies on the compute stream 0 ms vs 865 ms, micro-batch 1 vs 2"

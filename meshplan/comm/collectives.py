@@ -55,8 +55,15 @@ Conventions, matched op by op against what torch 2.13 issues for DTensor TP/SP a
   per step, in the last micro-batch; ``no_sync_unsharded`` also gathers in forward only in
   micro-batch 0 (:func:`_accumulation_gathers`); measured with torch 2.13's FSDP2 on the
   fake process group (``tests/test_grad_accumulation.py``).
-- ZeRO-1/2 (Megatron distributed optimizer): one gradient reduce-scatter and one parameter
-  all-gather per step, as one bucket per stage. DDP (none): one all-reduce per gradient bucket in
+- ZeRO-1 (Megatron distributed optimizer): one gradient reduce-scatter and one parameter
+  all-gather per step, as one bucket per stage. ZeRO-2 (gradients sharded, so they cannot
+  accumulate unreduced): every micro-batch's backward reduce-scatters its gradients one bucket
+  at a time, as the buckets fill (DeepSpeed's ``allreduce_gradients``: "ZeRO stage >= 2
+  communicates during non gradient accumulation boundaries as well", ``stage_1_and_2.py``
+  ``reduce_independent_p_g_buckets_and_remove_grads`` / ``reduce_ipg_grads``), the bucket the
+  memory model holds (:meth:`~meshplan.spec.memory.MemoryOptions.bucket_elements`: ``[memory]
+  grad_bucket_elements``, DeepSpeed's ``reduce_bucket_size``), then one parameter all-gather
+  per step (:func:`_zero2_rows`). DDP (none): one all-reduce per gradient bucket in
   the backward of the step's last micro-batch, the buckets of torch 2.13's reducer after its first
   step (25 MiB, the first 1 MiB, or ``[memory] grad_bucket_elements``; :func:`_ddp_rows`; the very
   first step sends one bucket of all, :func:`meshplan.runtime.execution.parallelize.apply_ddp`);
@@ -136,6 +143,7 @@ from meshplan.pipeline.simulate import stage_order
 from meshplan.spec.axes.base import Dim
 from meshplan.spec.axes.registry import AXES, Axis
 from meshplan.spec.cluster import ClusterSpec, GPUSpec
+from meshplan.spec.memory import MemoryOptions
 from meshplan.spec.mesh import Schedule
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.training import TrainingSpec
@@ -706,8 +714,11 @@ def _dp_rows(add, c: _Ctx) -> None:
         by_axis[axis] += numel
     for axis, numel in by_axis.items():
         if t.sharding in ("zero1", "zero2"):
-            add(axis, "step", "reduce-scatter", numel * dtype_bytes(rs), rs, 0, "once per step", "optimizer step",
-                per_step=1)
+            if t.sharding == "zero1":
+                add(axis, "step", "reduce-scatter", numel * dtype_bytes(rs), rs, 0, "once per step", "optimizer step",
+                    per_step=1)
+            else:
+                _zero2_rows(add, c, axis, numel)
             add(axis, "step", "all-gather", numel * dtype_bytes(t.param_dtype), t.param_dtype, 0,
                 "once per step (updated params)", "next step's forward", per_step=1)
         elif t.framework == "megatron":  # Megatron-LM 2022's local DDP: one all-reduce of its contiguous buffer
@@ -716,6 +727,25 @@ def _dp_rows(add, c: _Ctx) -> None:
                 per_step=1)
         else:
             _ddp_rows(add, c, axis)
+
+
+#: Cadence mark of ZeRO-2's per-micro-batch bucket reduce-scatters (:func:`_zero2_rows`).
+ZERO2_CADENCE = "(ZeRO-2 bucket"
+
+
+def _zero2_rows(add, c: _Ctx, axis: str, numel: int) -> None:
+    """ZeRO-2's gradient reduce-scatters of the stage's ``numel`` gradient elements over
+    ``axis`` in one micro-batch: ``numel // B`` buckets of ``B`` elements and one of the rest,
+    ``B`` = :meth:`~meshplan.spec.memory.MemoryOptions.bucket_elements` of the fsdp degree (the
+    bucket the memory model holds during every backward). Issued in every micro-batch's
+    backward as each bucket fills; e.g. 8.03e9 elements, B 5e8: 16 of 5e8 and 1 of 3e7."""
+    bucket = MemoryOptions(grad_bucket_elements=c.bucket_elements).bucket_elements(c.mesh.degree("fsdp"))
+    full, rest = divmod(numel, bucket)
+    rs = c.training.gradient_reduce_dtype
+    for size, k in ((bucket, full), (rest, 1 if rest else 0)):
+        add(axis, "backward", "reduce-scatter", size * dtype_bytes(rs), rs, k,
+            f"every micro-batch, {k} of {full + (1 if rest else 0)} buckets {ZERO2_CADENCE} {bucket:,} elements, "
+            f"issued as it fills)", "optimizer step")
 
 
 #: torch DDP's bucket caps (torch 2.13 ``torch/nn/parallel/distributed.py``: ``bucket_cap_mb``

@@ -54,7 +54,7 @@ def evidence_folder(c: Comparison, out_dir: str | Path, force: bool = False) -> 
     ``force``, or cannot be written, so the CLI can refuse before printing the report."""
     folder = Path(out_dir) / f"rejected-{c.rejected}"
     if not (c.identical or c.none_fit):
-        check_destination(folder, "--out", force, folder=True)
+        check_destination(folder, "--out", force, folder=True, create_folders=True)  # in --out, checked first
     return folder
 
 
@@ -67,7 +67,7 @@ def write_evidence(c: Comparison, out_dir: str | Path, force: bool = False) -> l
     if c.identical or c.none_fit:
         return []
     dest = evidence_folder(c, out_dir, force)
-    with staged_folder(dest, "--out", force) as folder:
+    with staged_folder(dest, "--out", force, create_folders=True) as folder:
         names = _write_evidence_files(c, folder)
     return [dest / n for n in names]
 

@@ -19,6 +19,23 @@ the same. An ``activation_checkpointing`` section configures ``deepspeed.checkpo
 which model code calls on whole blocks: recompute ``full`` (a note); without one, meshplan's
 default ``selective`` (a note); export writes an empty section for ``full``.
 
+ZeRO stage 2 reduces each micro-batch's gradients in buckets of ``zero_optimization.reduce_bucket_size``
+elements (DeepSpeed's default 5e8): read into ``[memory] grad_bucket_elements``, the bucket of
+meshplan's zero2 table, timeline and memory (:func:`meshplan.comm.collectives._zero2_rows`);
+export writes the plan's bucket back. Other stages list the key as unused.
+
+A DeepSpeed config runs ZeRO over one data axis: its ``[search]`` table (written on import)
+keeps ``meshplan search`` to those meshes (:data:`SEARCH`: pp, dp_replicate, cp, tp, ep, etp
+1; sharding zero1 or zero3, no HSDP), the rows ``export --to deepspeed`` can write; a note says
+so, and widening ``[search]`` in an imported TOML searches beyond it.
+
+Offload is refused: ``zero_optimization.offload_optimizer`` / ``offload_param`` with a
+``device`` other than ``"none"`` (DeepSpeed's default when the table has no ``device``), and
+their deprecated booleans ``cpu_offload`` / ``cpu_offload_param`` when true (zero/config.py maps
+them to device ``cpu``). meshplan models neither the CPU optimizer step nor the PCIe/NVMe traffic,
+and planning the state as GPU-resident would report a fitting config infeasible: the error names
+the key; removing it plans the GPU-resident equivalent.
+
 A key that is not one of DeepSpeed's own (:data:`DEEPSPEED_KEYS`) and is a near miss of one
 the reader reads (``zero_optimisation``, ``zero_optimizaton_x``, ``bf_16``, ``fp16x``;
 :func:`~meshplan.interop.common.loose_near_miss`) is an error naming the likely key; any other
@@ -130,6 +147,7 @@ def read(d: dict, opts: ImportOptions) -> Imported:
     if typo:
         raise ConfigError(typo[0], f"not a DeepSpeed key; did you mean {typo[1]}? (meshplan reads that one: "
                           f"misspelt, the setting would stay at its default)")
+    _refuse_offload(d.get("zero_optimization", {}))
     cluster, world = cluster_table(opts, "DeepSpeed")
     stage = d.get("zero_optimization", {}).get("stage", 0)
     if stage not in STAGES:
@@ -153,9 +171,61 @@ def read(d: dict, opts: ImportOptions) -> Imported:
         notes.append("ZeRO stage 3 planned with per-layer coalesced gathers (training.zero3_engine = \"fsdp2\"), as "
                      "DeepSpeed >= v0.5.5 gathers (PR #1188); for DeepSpeed v0.3.13-v0.5.4 (2021) set zero3_engine = "
                      "\"deepspeed-2021\" (one all-gather and reduce-scatter per parameter tensor)")
-    unused = tuple(k for k in flatten(d) if k not in USED)
-    return Imported("deepspeed", {"model": model_option(opts.model), "cluster": cluster, "training": training,
-                                  "mesh": {"names": ["dp"], "shape": [world]}}, unused, tuple(notes))
+    tables = {"model": model_option(opts.model), "cluster": cluster, "training": training,
+              "mesh": {"names": ["dp"], "shape": [world]}}
+    used = USED | ({"zero_optimization.reduce_bucket_size"} if stage == 2 else set())
+    if stage == 2:
+        tables["memory"] = {"grad_bucket_elements": _bucket(d["zero_optimization"])}
+    tables["search"] = {k: list(v) for k, v in SEARCH.items()}
+    notes.append("meshplan search keeps to what a DeepSpeed config runs, ZeRO over one data axis ([search] "
+                 + ", ".join(f"{k} = {v!r}" for k, v in SEARCH.items()).replace("'", '"')
+                 + "); import it to a TOML and widen [search] to search other meshes")
+    unused = tuple(k for k in flatten(d) if k not in used)
+    return Imported("deepspeed", tables, unused, tuple(notes))
+
+
+#: The ``[search]`` table of a DeepSpeed config: the meshes :func:`write` exports (one data
+#: axis, dp_shard; ZeRO-1 or ZeRO-3, the search's shardings without HSDP).
+SEARCH: dict[str, list[Any]] = {"pp": [1], "dp_replicate": [1], "cp": [1], "tp": [1], "ep": [1], "etp": [1],
+                                 "sharding": ["zero1", "zero3"]}
+
+#: DeepSpeed's ``reduce_bucket_size`` default, elements (zero/config.py ``pp_int(5e8)``).
+REDUCE_BUCKET_ELEMENTS = 500_000_000
+
+
+def _bucket(zero: dict) -> int:
+    """ZeRO-2's gradient bucket, elements: ``reduce_bucket_size`` (a number >= 1; absent or
+    "auto": DeepSpeed's default 5e8)."""
+    v = zero.get("reduce_bucket_size")
+    if v is None or v == "auto":
+        return REDUCE_BUCKET_ELEMENTS
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 1 or v != int(v):
+        raise ConfigError("zero_optimization.reduce_bucket_size", f"must be a whole number of elements >= 1 or "
+                          f"\"auto\"; got {v!r}")
+    return int(v)
+
+
+def _refuse_offload(zero: Any) -> None:
+    """ConfigError naming the first offload key of ``zero`` (the ``zero_optimization`` table)
+    that moves state off the GPU (module docstring).
+
+    >>> _refuse_offload({"offload_param": {"device": "none"}, "offload_optimizer": {}, "cpu_offload": False})
+    >>> _refuse_offload({"cpu_offload": True})
+    Traceback (most recent call last):
+    meshplan.errors.ConfigError: zero_optimization.cpu_offload: meshplan does not model ZeRO-Offload (CPU optimizer step, host-device traffic); remove it (or set false) to plan the GPU-resident equivalent
+    """
+    if not isinstance(zero, dict):
+        return
+    fix = "meshplan does not model ZeRO-Offload (CPU optimizer step, host-device traffic); remove it"
+    for key in ("offload_optimizer", "offload_param"):
+        table = zero.get(key)
+        device = table.get("device", "none") if isinstance(table, dict) else table
+        if device is not None and device != "none":
+            raise ConfigError(f"zero_optimization.{key}", f"device {device!r}: {fix} (or set its device to "
+                              f"\"none\") to plan the GPU-resident equivalent")
+    for key in ("cpu_offload", "cpu_offload_param"):  # deprecated booleans: true means device "cpu"
+        if zero.get(key):
+            raise ConfigError(f"zero_optimization.{key}", f"{fix} (or set false) to plan the GPU-resident equivalent")
 
 
 def _clip(d: dict, notes: list[str]) -> bool:
@@ -193,8 +263,11 @@ def write(cfg: Config) -> dict[str, Any]:
     dp = mesh.degree("dp")
     accumulate = t.global_batch // (t.micro_batch * dp)
     stage = {v: k for k, v in STAGES.items()}[t.sharding]
+    zero: dict[str, Any] = {"stage": stage}
+    if stage == 2:  # the plan's bucket (meshplan.comm.collectives._zero2_rows)
+        zero["reduce_bucket_size"] = cfg.memory.bucket_elements(mesh.degree("fsdp"))
     return {"train_batch_size": t.global_batch, "train_micro_batch_size_per_gpu": t.micro_batch,
-            "gradient_accumulation_steps": accumulate, "zero_optimization": {"stage": stage},
+            "gradient_accumulation_steps": accumulate, "zero_optimization": zero,
             "bf16": {"enabled": t.compute_dtype == "bf16"}, "fp16": {"enabled": t.compute_dtype == "fp16"},
             "gradient_clipping": 1.0 if t.grad_clip else 0.0} | (
         {"activation_checkpointing": {}} if t.recompute == "full" else {})

@@ -208,7 +208,7 @@ def differences(a: Config, b: Config) -> list[str]:
                    f"{b.training.gradient_reduce_dtype!r}")
     ka, kb = mesh_key(a), mesh_key(b)
     out += [f"mesh.{k}: {ka[k]!r} -> {kb[k]!r}" for k in ka if ka[k] != kb[k]]
-    if a.memory != b.memory:
+    if _memory(a) != _memory(b):
         out.append(f"memory: {a.memory.model_dump(exclude_defaults=True)} -> defaults")
     return out
 
@@ -230,6 +230,15 @@ def effective_model(model) -> dict[str, Any]:
     if model.is_moe:
         out["expert_ffn"] = model.moe_ffn
     return out
+
+
+def _memory(cfg: Config):
+    """``cfg.memory`` with zero2's gradient bucket as the elements it resolves to (a DeepSpeed
+    export writes that number as ``reduce_bucket_size``; unset, it is a default of dp)."""
+    if cfg.training.sharding != "zero2":
+        return cfg.memory
+    return cfg.memory.model_copy(update={"grad_bucket_elements": cfg.memory.bucket_elements(
+        resolved(cfg).degree("fsdp"))})
 
 
 def mesh_key(cfg: Config) -> dict[str, Any]:

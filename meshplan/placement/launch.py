@@ -62,7 +62,7 @@ from pathlib import Path
 from typing import Optional
 
 from meshplan.errors import ConfigError
-from meshplan.fileio import write_output
+from meshplan.fileio import check_destination, write_output
 from meshplan.placement.assign import Placement
 from meshplan.placement.bindings import all_bindings, launch_mode
 
@@ -273,12 +273,12 @@ FILES = ("bind.sh", "torchrun.sh", "job.sbatch", "bindings.json")
 def write_launch(folder, placement: Placement, opts: LaunchOptions, force: bool = False) -> list[Path]:
     """Write :data:`FILES` into ``folder`` (scripts 0755, JSON 0644). Refuses, before writing
     anything, when one of them exists unless ``force`` (ConfigError naming --out)."""
-    folder = Path(folder)
+    folder = check_destination(folder, "--out", force=True, folder=True)  # its parent must exist
     texts = {"bind.sh": bind_script(placement, opts), "torchrun.sh": torchrun_script(placement, opts),
              "job.sbatch": sbatch_script(placement, opts, folder),
              "bindings.json": json.dumps(launch_bindings(placement, opts), indent=1) + "\n"}
     taken = [name for name in FILES if (folder / name).exists()]
     if taken and not force:
         raise ConfigError("--out", f"{folder / taken[0]} exists; choose another folder or pass --force to replace it")
-    return [write_output(folder / name, texts[name], force=True, mode=0o644 if name.endswith(".json") else 0o755)
-            for name in FILES]
+    return [write_output(folder / name, texts[name], force=True, mode=0o644 if name.endswith(".json") else 0o755,
+                         create_folders=True) for name in FILES]

@@ -110,8 +110,9 @@ def _figure(tl: Timeline, name: str, max_points: int):
 def write_png(tl: Timeline, path: str | Path, name: str = "meshplan", force: bool = False,
               max_points: int = 20000) -> Path:
     """Write the timeline plot with :func:`meshplan.fileio.write_output` (atomic; an existing
-    file refused unless ``force``, ConfigError naming --out)."""
-    check_destination(path, "--out", force)
+    file refused unless ``force``, ConfigError naming --out); the folder is the command's own
+    (``memory --out``), made when missing."""
+    check_destination(path, "--out", force, create_folders=True)
     fig = _figure(tl, name, max_points)
     buf = io.BytesIO()
     try:
@@ -120,7 +121,7 @@ def write_png(tl: Timeline, path: str | Path, name: str = "meshplan", force: boo
         import matplotlib.pyplot as plt
 
         plt.close(fig)
-    return write_output(path, buf.getvalue(), force=force, field="--out")
+    return write_output(path, buf.getvalue(), force=force, field="--out", create_folders=True)
 
 
 def png_bytes(tl: Timeline, name: str = "meshplan", max_points: int = 20000) -> bytes:

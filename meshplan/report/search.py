@@ -83,7 +83,24 @@ def header_lines(r: SearchResult) -> list[str]:
             f"memory timelines for {sum(e.complete for e in r.exact.values())} of them) in {r.wall_s:.1f} s"] + \
         ([] if overlap_searched(t) else ["not searched: training.tp_comm_overlap (torch without torch_compile: "
                                          "torchtitan's async TP needs torch.compile; set training.torch_compile "
-                                         "= true to search it)"])
+                                         "= true to search it)"]) + narrowed_lines(o)
+
+
+def narrowed_lines(o) -> list[str]:
+    """The [search] narrowing of the mesh axes and sharding, when the config sets it (a
+    DeepSpeed config sets it to what DeepSpeed runs: :data:`meshplan.interop.deepspeed.SEARCH`).
+
+    >>> from meshplan.spec.search import SearchOptions
+    >>> narrowed_lines(SearchOptions(pp=[1], tp=[1, 2], sharding=["zero1", "zero3"]))
+    ['only these, by [search]: pp 1, tp 1/2, sharding zero1/zero3']
+    >>> narrowed_lines(SearchOptions())
+    []
+    """
+    given = [(k, getattr(o, k)) for k in ("pp", "dp_replicate", "dp_shard", "cp", "tp", "ep", "etp")
+             if getattr(o, k) is not None]
+    if o.sharding != type(o)().sharding:
+        given.append(("sharding", o.sharding))
+    return ["only these, by [search]: " + ", ".join(f"{k} {'/'.join(map(str, v))}" for k, v in given)] if given else []
 
 
 def print_search(r: SearchResult, console: Console) -> None:

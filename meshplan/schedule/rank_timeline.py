@@ -55,10 +55,11 @@ frameworks issue them:
   the sum of its per-parameter calls (:mod:`meshplan.comm.deepspeed`), placed as one unit's;
   their host time (partition views, list copies issued) runs on the compute stream at the
   layer's start (``CommTimes.host``).
-- **ZeRO-1/2, DDP**: on a chunk's last gradient unit the per-step reduction is issued in
+- **ZeRO-1, DDP**: on a chunk's last gradient unit the per-step reduction is issued in
   per-layer pieces (buckets) after each layer's weight gradients (``Overlap.grad_reduce``);
   DDP with fewer buckets than layers issues each bucket once its layers are done
-  (:func:`reduce_pieces`).
+  (:func:`reduce_pieces`). **ZeRO-2**: every gradient unit issues its micro-batch's bucket
+  reduce-scatters the same way (overlapped under ``Overlap.grad_reduce``, else each blocks).
 - **A registered axis with a timeline** (not built-in: :func:`timeline_axes`): its rows run
   on its own stream (the timeline's ``stream``, default the axis's name), one call per
   layer for each :class:`~meshplan.spec.axes.base.Slot` of the pass's phase, at the slot's
@@ -78,7 +79,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Optional
 
-from meshplan.comm.collectives import SCATTER_GATHER_CADENCE
+from meshplan.comm.collectives import SCATTER_GATHER_CADENCE, ZERO2_CADENCE
 from meshplan.comm.deepspeed import CADENCE as DEEPSPEED_CADENCE
 from meshplan.compute.megatron import COMM_DELAY_OPS
 from meshplan.compute.ops import Cost, Workload
@@ -172,7 +173,7 @@ def comm_kind(row) -> str:
         return "kv"
     if row.axis not in BUILT_IN_GROUPS:
         return _placed(row) or "other"
-    if row.phase == "step" or "(DDP" in c:  # DDP's all-reduce: issued in backward, once per step
+    if row.phase == "step" or "(DDP" in c or ZERO2_CADENCE in c:  # DDP, ZeRO-2: issued in backward, bucketed
         return "step"
     if row.op == "send/recv":
         return "pp"
@@ -225,7 +226,9 @@ class CommTimes:
     :mod:`meshplan.comm.fsdp2`;
     the largest unit's when a group has units of several sizes); ``ddp_buckets``: DDP's gradient
     buckets per step (rows of cadence "(DDP"), which place the per-step reduction's pieces
-    (:func:`reduce_pieces`)."""
+    (:func:`reduce_pieces`); ``mb_reduce_s``/``mb_buckets``: seconds and buckets of one
+    micro-batch's ZeRO-2 reduce-scatters (rows of cadence :data:`ZERO2_CADENCE`), issued by
+    every gradient unit."""
 
     t: dict = field(default_factory=dict)
     share: dict = field(default_factory=dict)
@@ -243,6 +246,8 @@ class CommTimes:
     kv_calls: int = 0
     copies: dict = field(default_factory=dict)
     ddp_buckets: int = 0
+    mb_reduce_s: float = 0.0
+    mb_buckets: int = 0
 
     @classmethod
     def from_rows(cls, rows, layers: int = 1, sm_share=None) -> "CommTimes":
@@ -256,7 +261,10 @@ class CommTimes:
                 key = (kind, _shard_group(r.cadence) if kind in ("shard", "replica") else "", r.phase, r.op)
                 c.share[key] = f
                 c.share[(kind,)] = max(f, c.share.get((kind,), 0.0))
-            if kind == "step":  # every call of the row (torch's SP norm gradients: 3 per norm per step)
+            if kind == "step" and ZERO2_CADENCE in r.cadence:  # one micro-batch's buckets
+                c.mb_reduce_s += r.time_s * r.per_microbatch
+                c.mb_buckets += r.per_microbatch
+            elif kind == "step":  # every call of the row (torch's SP norm gradients: 3 per norm per step)
                 if r.op == "all-gather":
                     c.step_gather_s += r.time_s * max(r.per_step, 1)
                 else:
@@ -690,14 +698,17 @@ def _head_backward(s: _Sim, head: Cost) -> None:
     s.compute("final norm grad", norm)
 
 
-def reduce_pieces(comm: CommTimes, n: int) -> list[float]:
-    """Seconds of the per-step gradient reduction issued after each of the ``n`` layers of a
-    chunk's last gradient unit, in backward order (the last layer first). Each layer's share,
-    ``step_reduce_s / max(layers, n)``; but when DDP fills fewer buckets than the stage has
-    layers (one chunk), a bucket goes out only once its layers' gradients are all there: after
-    the ``j``-th layer ``floor((j+1) B / n) - floor(j B / n)`` buckets of ``step_reduce_s / B``
-    each, so one bucket (the whole model) is issued after the first layer's backward, the last
-    of the pass.
+def reduce_pieces(comm: CommTimes, n: int, last_grad_unit: bool = True, overlapped: bool = True) -> list[float]:
+    """Seconds of the gradient reduction issued after each of the ``n`` layers of a gradient
+    unit, in backward order (the last layer first): ZeRO-2's micro-batch reduction
+    (``mb_reduce_s`` in ``mb_buckets`` buckets) on every unit, overlapped or not; else the
+    per-step reduction (``step_reduce_s``, DDP's ``ddp_buckets``) on a chunk's
+    ``last_grad_unit`` when ``overlapped`` (``Overlap.grad_reduce``; otherwise it runs at the
+    step's end), nothing elsewhere. Each layer's share, ``S / max(layers, n)``; but when there
+    are fewer buckets ``B`` than the stage has layers (one chunk), a bucket goes out only once
+    its layers' gradients are all there: after the ``j``-th layer ``floor((j+1) B / n) -
+    floor(j B / n)`` buckets of ``S / B`` each, so one bucket (the whole model) is issued after
+    the first layer's backward, the last of the pass.
 
     >>> reduce_pieces(CommTimes(step_reduce_s=6.0, layers=3, ddp_buckets=1), 3)
     [0.0, 0.0, 6.0]
@@ -705,11 +716,20 @@ def reduce_pieces(comm: CommTimes, n: int) -> list[float]:
     [2.0, 2.0, 2.0]
     >>> reduce_pieces(CommTimes(step_reduce_s=6.0, layers=4, ddp_buckets=2), 4)
     [0.0, 3.0, 0.0, 3.0]
+    >>> reduce_pieces(CommTimes(step_reduce_s=6.0, layers=3), 3, last_grad_unit=False)
+    [0.0, 0.0, 0.0]
+    >>> reduce_pieces(CommTimes(mb_reduce_s=2.0, mb_buckets=1, layers=4), 4, last_grad_unit=False, overlapped=False)
+    [0.0, 0.0, 0.0, 2.0]
     """
-    big_b = comm.ddp_buckets
+    if comm.mb_reduce_s:
+        total, big_b = comm.mb_reduce_s, comm.mb_buckets
+    elif last_grad_unit and overlapped:
+        total, big_b = comm.step_reduce_s, comm.ddp_buckets
+    else:
+        return [0.0] * n
     if not big_b or big_b >= n or n != comm.layers:
-        return [comm.step_reduce_s / max(comm.layers, n)] * n
-    return [((j + 1) * big_b // n - j * big_b // n) * comm.step_reduce_s / big_b for j in range(n)]
+        return [total / max(comm.layers, n)] * n
+    return [((j + 1) * big_b // n - j * big_b // n) * total / big_b for j in range(n)]
 
 
 def backward_unit(kind: str, chunk: ChunkCosts, comm: CommTimes, w: Workload, ov: Overlap,
@@ -728,7 +748,7 @@ def backward_unit(kind: str, chunk: ChunkCosts, comm: CommTimes, w: Workload, ov
     embed_ag = (lambda: s.comm("shard", "backward", "all-gather", f"fsdp AG {emb_g}", emb_g)) \
         if chunk.embed is not None and emb_g == "root_embed" and with_b and gather else None
     emb_ev = None
-    pieces = reduce_pieces(comm, n) if last_grad_unit and ov.grad_reduce and with_w else [0.0] * n
+    pieces = reduce_pieces(comm, n, last_grad_unit, ov.grad_reduce) if with_w else [0.0] * n
     gather_ = lambda i: s.comm("shard", "backward", "all-gather", f"fsdp AG L{i}", "layer") \
         if with_b and gather else None
     # the head's own unit (torchtitan): its pre-backward prefetches the last layer before the

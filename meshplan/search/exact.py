@@ -19,7 +19,7 @@ from meshplan.memory import constraints as cons
 from meshplan.plan import Infeasible, build_plan
 from meshplan.schedule.rank_timeline import Overlap
 from meshplan.reliability import reliability
-from meshplan.search.explain import layer_passes, step_breakdown
+from meshplan.search.explain import compute_stream_copies_s, layer_passes, stage_flops, step_breakdown
 from meshplan.search.space import Candidates, candidate_config
 from meshplan.config import Config
 from meshplan.schedule.steptime import step_time
@@ -31,7 +31,11 @@ class Exact:
     ``peak_bytes`` of the most loaded stage, and (when simulated) ``step_s``, ``mfu``,
     ``tokens_per_s``, ``goodput``, the step's parts
     (:func:`~meshplan.search.explain.step_breakdown`, seconds) and ``layer_passes`` (its
-    critical stage's layer passes, :func:`~meshplan.search.explain.layer_passes`). ``complete`` False: a
+    critical stage's layer passes, :func:`~meshplan.search.explain.layer_passes`), ``stage_flops``
+    (FLOP its critical stage executes per step on one GPU, recompute included,
+    :func:`~meshplan.search.explain.stage_flops`) and ``copies_s`` (its seconds of collectives'
+    copies on the compute stream, :func:`~meshplan.search.explain.compute_stream_copies_s`).
+    ``complete`` False: a
     step-only evaluation (:data:`STEP_ONLY`): ``step_s``, ``mfu``, ``tokens_per_s`` and the
     parts as the complete one gives them, ``goodput`` as if the memory fits, no memory
     verdict (``feasible``: the mesh resolves) and no peak."""
@@ -47,6 +51,8 @@ class Exact:
     breakdown: Optional[dict] = None
     complete: bool = True
     layer_passes: Optional[int] = None
+    stage_flops: Optional[float] = None
+    copies_s: Optional[float] = None
 
 
 class Planner:
@@ -71,13 +77,15 @@ class Planner:
         if mode == STEP_ONLY:  # the goodput as if the memory fits (merge() drops it where it does not)
             st = step_time(plan, Overlap())
             return Exact(i, True, (), float("nan"), st.step_s, st.mfu, st.tokens_per_s, self._goodput(plan),
-                         step_breakdown(st), complete=False, layer_passes=layer_passes(st))
+                         step_breakdown(st), complete=False, layer_passes=layer_passes(st), stage_flops=stage_flops(st),
+                         copies_s=compute_stream_copies_s(plan, st))
         peak = plan.timeline.peak.total_bytes
         if mode == PLAN_ONLY:
             return Exact(i, plan.feasible, plan.reasons, peak)
         st = step_time(plan, Overlap())
         return Exact(i, plan.feasible, plan.reasons, peak, st.step_s, st.mfu, st.tokens_per_s,
-                     self._goodput(plan) if plan.feasible else None, step_breakdown(st), layer_passes=layer_passes(st))
+                     self._goodput(plan) if plan.feasible else None, step_breakdown(st), layer_passes=layer_passes(st),
+                     stage_flops=stage_flops(st), copies_s=compute_stream_copies_s(plan, st))
 
     def _goodput(self, plan) -> float:
         """Daly goodput of ``plan`` (:mod:`meshplan.reliability`: checkpoint size from the
@@ -104,7 +112,8 @@ def merge(prev: Optional[Exact], new: Exact) -> Exact:
         return new
     return replace(memory, step_s=step.step_s, mfu=step.mfu, tokens_per_s=step.tokens_per_s,
                    goodput=step.goodput if memory.feasible else None, breakdown=step.breakdown,
-                   layer_passes=step.layer_passes)
+                   layer_passes=step.layer_passes, stage_flops=step.stage_flops,
+                   copies_s=step.copies_s)
 
 
 #: Modes of a planner job (:meth:`Planner.__call__`).

@@ -7,10 +7,15 @@ stage (the stage that ends last) into parts that add up to the step, seconds:
 - ``compute``: the stage's pipeline units minus the communication exposed inside them
   (GEMMs, attention, memory-bound ops, recompute), plus the optimizer step;
 - ``bubble``: the time the stage's compute stream is idle between (and before) its units,
-  less the p2p waits (pipeline fill and drain);
+  less the p2p transfers (pipeline fill and drain), including the part of a blocking send's
+  hold (Megatron-LM 2022's rendezvous, :mod:`meshplan.pipeline.simulate`) spent waiting for
+  the partner stage to post its call;
 - ``exposed <stream>``: :attr:`StepTime.exposed_s` per stream (tp, cp, ep, fsdp, efsdp,
   dp_replicate, dp, pp): waits inside units, the last unit's tail, the step-end collectives
-  and, for pp, the p2p waits.
+  and, for pp, the transfers themselves: a receive wait's ``min(p2p, wait)``
+  (``steptime._unit_exposure``) and a blocking call's ``k x p2p`` (its ``k`` transfers one
+  after another on the link, :func:`meshplan.pipeline.simulate.call_loads`), never the wait
+  for the partner (:func:`_pp_partner_wait_s`).
 
 ``compute + bubble + sum(exposed) = step_s`` (the stage's last unit end + its tail + its
 step-end ops). :func:`layer_passes` counts the critical stage's layer passes (a count, kept
@@ -23,7 +28,55 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+import numpy as np
+
+from meshplan.pipeline.fast import KINDS, ArrayResult
+from meshplan.plan import Plan, table_key, table_stage
 from meshplan.schedule.steptime import StepTime
+
+
+def call_transfer_s(res: ArrayResult, s: int) -> np.ndarray:
+    """Per unit of stage ``s`` (flat order), seconds the blocking call issued after it spends
+    on its own transfers: ``k x p2p_s``, ``k`` the larger of the call's sends and receives
+    (:func:`meshplan.pipeline.simulate.call_loads`; slot ``s (L + 2) + position + 1`` of
+    :class:`~meshplan.pipeline.fast.Transfers`); 0 for a call without transfers and without
+    blocking sends. A call's hold is its partner's lateness plus this.
+
+    >>> from meshplan.pipeline.fast import simulate_arrays
+    >>> from meshplan.pipeline.simulate import PipelineSpec
+    >>> r = simulate_arrays(PipelineSpec("1f1b", p=2, m=2, p2p_s=0.5, blocking_p2p=True))
+    >>> call_transfer_s(r, 0).tolist(), r.hold[r.stage_slice(0)].tolist()  # F0 F1 B0 B1
+    ([0.5, 0.5, 0.5, 0.0], [0.5, 2.5, 1.5, 0.0])
+
+    (F 1 s, B 2 s: stage 0's call after F1, posted at 2.5, meets stage 1's after its B0, posted
+    at 4.5: free at 4.5 + 0.5, hold 2.5 = 2 waiting for stage 1 + 0.5 transfer.)
+    """
+    sl = res.stage_slice(s)
+    out = np.zeros(sl.stop - sl.start)
+    if res.transfers is None:
+        return out
+    length = res.flat.length
+    slots = s * (length + 2) + np.arange(length) + 1
+    sends = np.bincount(res.transfers.send.astype(np.int64), minlength=res.flat.p * (length + 2))
+    recvs = np.bincount(res.transfers.recv.astype(np.int64), minlength=res.flat.p * (length + 2))
+    return np.maximum(sends[slots], recvs[slots]) * res.spec.p2p_s
+
+
+def _pp_partner_wait_s(st: StepTime) -> tuple[float, float]:
+    """(seconds of the critical stage's exposed pp spent waiting for the partner of a
+    blocking call, of them after its last unit's end): each hold counted in
+    :attr:`StepTime.exposed_s` (every unit's but the last; the last's when it outlasts the
+    unit's communication tail, ``steptime._stage_end``) less :func:`call_transfer_s`."""
+    res, s = st.pipeline, st.critical_stage
+    if res.hold is None:
+        return 0.0, 0.0
+    sl = res.stage_slice(s)
+    hold, xfer = res.hold[sl], call_transfer_s(res, s)
+    inside = float(np.maximum(hold[:-1] - xfer[:-1], 0.0).sum())
+    i = sl.stop - 1
+    unit = st.units.get(s, int(res.flat.chunk[i]), KINDS[int(res.flat.kind[i])], int(res.flat.mb[i]))
+    last = float(hold[-1]) if hold[-1] and not (unit.tail_s >= hold[-1] and unit.tail_s) else 0.0
+    return inside + max(last - float(xfer[-1]), 0.0), last
 
 
 def step_breakdown(st: StepTime) -> dict[str, float]:
@@ -37,10 +90,31 @@ def step_breakdown(st: StepTime) -> dict[str, float]:
     post_comm = sum(e.end_s - e.start_s for e in post if e.stream != "compute")
     tail = st.step_s - last_end - opt - post_comm
     pp = st.exposed_s.get("pp", 0.0)
-    inside = sum(st.exposed_s.values()) - pp - tail - post_comm
-    out = {"step": st.step_s, "compute": busy - inside + opt, "bubble": last_end - busy - pp}
+    partner, last_hold = _pp_partner_wait_s(st)
+    # a last hold counted as pp replaces the tail's own stream in exposed_s (steptime._stage_end)
+    inside = sum(st.exposed_s.values()) - pp - (0.0 if last_hold else tail) - post_comm
+    out = {"step": st.step_s, "compute": busy - inside + opt,
+           "bubble": last_end - busy - (pp - last_hold) + partner}
     out.update({f"exposed {k}": v for k, v in st.exposed_s.items() if v > 0})
+    if pp > 0:
+        out["exposed pp"] = pp - partner
     return out
+
+
+def stage_flops(st: StepTime) -> float:
+    """FLOP one GPU of ``st``'s critical stage executes per step (hardware FLOP: recompute
+    included), what its ``compute`` part is spent on: the micro-batches x its chunks' layers,
+    embedding and head."""
+    return st.pipeline.spec.m * sum(x.flops("hardware") for ch in st.units.chunks[st.critical_stage]
+                                    for x in (*ch.layers, ch.embed, ch.head) if x is not None)
+
+
+def compute_stream_copies_s(plan: Plan, st: StepTime) -> float:
+    """Seconds per step ``st``'s critical stage spends on its compute stream in its collectives'
+    host work (``CollectiveRow.host_s``: FSDP2's copy-out and copy-in, DeepSpeed ZeRO-3 2021's
+    list copies issued), part of its ``compute`` without being FLOP."""
+    rows = plan.collectives[table_key(table_stage(st.critical_stage, len(plan.stages)))]
+    return float(sum(r.host_s * r.per_step for r in rows if r.host_s))
 
 
 def layer_passes(st: StepTime) -> int:
@@ -143,7 +217,41 @@ def _part_text(d: Difference) -> str:
 
 
 #: How a description key is printed where its own name would not read well.
-LABELS = {"gemm_efficiency": "GEMM efficiency", "m": "micro-batches", "micro_batch": "micro-batch"}
+LABELS = {"gemm_efficiency": "GEMM efficiency", "m": "micro-batches", "micro_batch": "micro-batch",
+          "stage_flops": "FLOP per GPU", "copies_s": "copies on the compute stream"}
+
+#: Recompute policies from the least to the most recomputed: more recompute, more compute.
+RECOMPUTE_ORDER = ("none", "selective", "op", "layer", "full")
+
+
+def _compute_causes(a: dict, b: dict) -> list[str]:
+    """What explains the compute part's direction (top ``a``, runner-up ``b``, each with its
+    ``compute`` seconds): a higher GEMM efficiency, fewer executed FLOP per GPU, less recompute,
+    less time in collectives' copies on the compute stream (``copies_s``: FSDP2's) on the side
+    with less compute; a cause pointing the other way is not named. Micro-batch and tp follow
+    as plain differences (they move compute either way).
+
+    >>> a = {"compute": 26.5, "gemm_efficiency": 0.696, "stage_flops": 1.6e16, "recompute": "none"}
+    >>> _compute_causes(a, {"compute": 27.0, "gemm_efficiency": 0.713, "stage_flops": 1.8e16, "recompute": "full"})
+    ['FLOP per GPU 1.6e+16 vs 1.8e+16', 'recompute none vs full']
+    >>> _compute_causes(a, {"compute": 27.0, "gemm_efficiency": 0.6, "stage_flops": 1.6e16, "recompute": "none"})
+    ['GEMM efficiency 69.6% vs 60.0%']
+    >>> _compute_causes({**a, "copies_s": 0.0}, {"compute": 27.0, "gemm_efficiency": 0.713, "stage_flops": 1.6e16,
+    ...                                         "recompute": "none", "copies_s": 0.433})
+    ['copies on the compute stream 0 ms vs 433 ms']
+    """
+    less = b.get("compute", 0.0) - a.get("compute", 0.0)  # > 0: the top computes less
+    out = []
+    if "gemm_efficiency" in a and "gemm_efficiency" in b and (a["gemm_efficiency"] - b["gemm_efficiency"]) * less > 0:
+        out.append(_vs(a, b, "gemm_efficiency", "{:.1%}"))
+    if a.get("stage_flops") and b.get("stage_flops") and (b["stage_flops"] - a["stage_flops"]) * less > 0:
+        out.append(_vs(a, b, "stage_flops", "{:.3g}"))
+    ra, rb = (RECOMPUTE_ORDER.index(x["recompute"]) if x.get("recompute") in RECOMPUTE_ORDER else None for x in (a, b))
+    if ra is not None and rb is not None and (rb - ra) * less > 0:
+        out.append(_vs(a, b, "recompute"))
+    if a.get("copies_s") is not None and b.get("copies_s") is not None and (b["copies_s"] - a["copies_s"]) * less > 0:
+        out.append(f"{LABELS['copies_s']} {_fmt(a['copies_s'])} vs {_fmt(b['copies_s'])}")
+    return out + [t for t in (_vs(a, b, "micro_batch"), _vs(a, b, "tp")) if t]
 
 
 def _vs(a: dict, b: dict, key: str, fmt: str = "{}") -> str:
@@ -158,7 +266,7 @@ def _context(part: str, a: dict, b: dict) -> str:
     if part == "bubble":
         keys = [("pp", "{}"), ("vpp", "{}"), ("m", "{}")]
     elif part == "compute":
-        keys = [("gemm_efficiency", "{:.1%}"), ("recompute", "{}"), ("micro_batch", "{}"), ("tp", "{}")]
+        return ", ".join(_compute_causes(a, b))
     elif part in ("exposed tp", "exposed loss"):
         keys = [("tp", "{}"), ("tp_comm_overlap", "{}")]
     elif part in ("exposed fsdp", "exposed efsdp", "exposed dp", "exposed dp_replicate"):
