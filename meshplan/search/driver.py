@@ -254,7 +254,8 @@ def search(cfg: Config, progress: Optional[Progress] = None, workers: Optional[i
 
 
 def _settings_notes(cfg: Config, c: Candidates) -> list[str]:
-    """Where ``training.grad_accumulation``, ``training.fp8_all_gather`` or ``training.zero3_engine`` does not apply to
+    """Where ``training.grad_accumulation``, ``training.fp8_all_gather``, ``training.zero3_engine`` or
+    ``training.pp_schedule_runs`` does not apply to
     every candidate (:func:`meshplan.search.space.candidate_config`), one line saying how those
     candidates were planned."""
     t, out = cfg.training, []
@@ -270,6 +271,10 @@ def _settings_notes(cfg: Config, c: Candidates) -> list[str]:
     if t.zero3_engine != "fsdp2" and not (c.sh == SHARDING.index("zero3")).all():
         out.append(f"training.zero3_engine {t.zero3_engine!r} applies to zero3 candidates with pp 1; zero1 and hsdp "
                    "candidates are planned with FSDP2")
+    if t.pp_schedule_runs > 1:
+        out.append(f"training.pp_schedule_runs {t.pp_schedule_runs} applies to candidates with pp > 1: each runs its "
+                   f"micro-batches as {t.pp_schedule_runs} pipeline schedules (a candidate whose micro-batches it does "
+                   "not divide is rejected); with pp 1 it changes nothing")
     if t.fp8_all_gather and not fsdp.all():
         out.append("training.fp8_all_gather applies to FSDP candidates (zero3, hsdp); zero1 candidates gather no "
                    "parameters with FSDP2 and are planned without it (their Linear GEMMs still in fp8)")
