@@ -172,8 +172,10 @@ def run_reasons(schedule, pp: int, m: int, v: int, runs: int) -> tuple[str, ...]
     ``m`` micro-batches run as ``runs`` schedules of ``m / runs`` each (``training.pp_schedule_runs``,
     pp > 1 only), or why ``runs`` does not divide ``m``.
 
-    >>> run_reasons("1f1b", 4, 6, 1, 4)[0][:60]
-    'training.pp_schedule_runs 4 does not divide the step\'s 6 mic'
+    >>> print(run_reasons("1f1b", 4, 6, 1, 4)[0])
+    training.pp_schedule_runs 4 does not divide the step's 6 micro-batches (global_batch / (micro_batch x dp)); use a divisor of 6
+    >>> len(run_reasons("interleaved_1f1b", 4, 8, 2, 4))  # 4 runs of 2: fewer than pp
+    1
     >>> run_reasons("interleaved_1f1b", 4, 8, 2, 2)  # 2 runs of 4: each a multiple of pp
     ()
     """
