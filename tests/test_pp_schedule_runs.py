@@ -29,10 +29,10 @@ from tests.test_memory_timeline import TINY, MEM
 PP2 = dict(names=["pp", "dp_shard"], shape=[2, 2], world=4)
 
 
-def plan_of(runs=1, global_batch=8, mesh=PP2, **training):
+def plan_of(runs=1, global_batch=8, mesh=PP2, model=TINY, **training):
     t = {**dict(global_batch=global_batch, seq_len=8, micro_batch=1, sharding="zero3", param_dtype="fp32",
                 recompute="none", pp_schedule_runs=runs), **training}
-    cfg = {"model": TINY, "cluster": {"system": "dgx-h100", "nodes": 1}, "training": t,
+    cfg = {"model": model, "cluster": {"system": "dgx-h100", "nodes": 1}, "training": t,
            "mesh": {**mesh, "pp_schedule": "1f1b"}, "memory": MEM}
     return build_plan(config_from_dict(cfg))
 
@@ -164,3 +164,30 @@ def test_validate_two_schedule_runs_match_the_plan(tmp_path):
         assert all(s["micro_batches"] == 4 for s in steps)
         assert all((s["loss"] is not None and math.isfinite(s["loss"])) == (rank in (2, 3)) for s in steps)
     assert comp["differences"] == [] and code == 0
+
+
+# torch 2.13's PipelineStage with FSDP2: every backward runs with gradient sync off
+# (stage.py backward_maybe_with_nosync), and after a chunk's last one perform_reduce_grad runs
+# each unit's post_backward (copy-in, reduce-scatter) and the final callback, whose waits hold
+# the compute stream until every reduce-scatter is done. The pass's send goes out before.
+
+def test_reduce_scatters_wait_for_the_whole_last_backward():
+    from meshplan.memory.timeline import KINDS
+
+    p = plan_of(runs=1, global_batch=2, model=dict(TINY, layers=4))  # m 1: the first backward is the last
+    # every unreduced accumulator (fp32, unsharded) is held at the end of the pass: layer 3104
+    # parameters x 4 B = 12416 each, embedding 2048 x 4 = 8192, norm + output (2048 + 16) x 4 =
+    # 8256; then the first unit in FSDP's (forward) order copies in its reduce-scatter input
+    gb = [tl.running()[:, KINDS.index("grad_buffers")].max() for tl in p.timelines]
+    assert gb == [8192 + 2 * 12416 + 8192, 8256 + 2 * 12416 + 12416]
+    st = step_time(p)
+    for s in (0, 1):
+        b = [e for e in st.pipeline.stage_events(s) if e.args.get("kind") == "B"][-1]
+        sim = st.units.of_event(b)
+        rs = [e for e in sim.events if e.name.startswith("fsdp RS") and e.stream == "fsdp"]
+        compute_end = max(e.end_s for e in sim.events if e.stream == "compute" and "copy-in" not in e.name)
+        assert len(rs) == 3 and min(e.start_s for e in rs) >= compute_end  # root + 2 layers, after the pass
+        assert sim.duration_s == pytest.approx(compute_end)  # the send is not held back: the tail is
+        assert sim.tail_s >= sum(e.dur_s for e in rs)
+    assert st.exposed_s["fsdp"] >= st.units.of_event(
+        [e for e in st.pipeline.stage_events(st.critical_stage) if e.args.get("kind") == "B"][-1]).tail_s

@@ -315,7 +315,8 @@ class UnitTimes:
                     sim = forward_unit(ch, comm, self.w, self.ov, gather_layers=k[4][0], gather_root=k[4][1])
                 else:
                     uk = "Bx" if kind == "B" and self.spec.sched.splits_backward else kind
-                    sim = backward_unit(uk, ch, comm, self.w, self.ov, last_grad_unit=k[3], gather=k[4][0], reduce=k[5])
+                    sim = backward_unit(uk, ch, comm, self.w, self.ov, last_grad_unit=k[3], gather=k[4][0], reduce=k[5],
+                                        deferred=self.spec.p > 1, stage_last=chunk == 0)
                 twins.append((ch, comm, sim))
             self.cache[k] = sim
         return self.cache[k]
