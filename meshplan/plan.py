@@ -139,6 +139,16 @@ class Plan:
         return len(self.stages)
 
     @property
+    def schedule_runs(self) -> int:
+        """Pipeline schedules per step (``training.pp_schedule_runs`` with pp > 1, else 1)."""
+        return self.config.training.pp_schedule_runs if self.pp > 1 else 1
+
+    @property
+    def run_micro_batches(self) -> int:
+        """Micro-batches of one pipeline schedule run: ``micro_batches / schedule_runs``."""
+        return self.micro_batches // self.schedule_runs
+
+    @property
     def tokens_per_microbatch(self) -> int:
         return self.config.training.micro_batch * self.config.training.seq_len // self.mesh.degree("cp")
 
@@ -155,6 +165,27 @@ class Plan:
         """The stage rank ``rank`` runs: its pp coordinate (0 without a pp axis)."""
         names = self.mesh.layout.names
         return self.stage(self.mesh.layout.coords_of(rank)[names.index("pp")] if "pp" in names else 0)
+
+
+def run_reasons(schedule, pp: int, m: int, v: int, runs: int) -> tuple[str, ...]:
+    """The schedule's infeasibility reasons (:func:`meshplan.pipeline.registry.reasons`) for
+    ``m`` micro-batches run as ``runs`` schedules of ``m / runs`` each (``training.pp_schedule_runs``,
+    pp > 1 only), or why ``runs`` does not divide ``m``.
+
+    >>> print(run_reasons("1f1b", 4, 6, 1, 4)[0])
+    training.pp_schedule_runs 4 does not divide the step's 6 micro-batches (global_batch / (micro_batch x dp)); use a divisor of 6
+    >>> len(run_reasons("interleaved_1f1b", 4, 8, 2, 4))  # 4 runs of 2: fewer than pp
+    1
+    >>> run_reasons("interleaved_1f1b", 4, 8, 2, 2)  # 2 runs of 4: each a multiple of pp
+    ()
+    """
+    if pp == 1 or runs == 1:
+        return schedule_reasons(schedule, pp, m, v)
+    if m % runs:
+        return (f"training.pp_schedule_runs {runs} does not divide the step's {m} micro-batches (global_batch / "
+                f"(micro_batch x dp)); use a divisor of {m}",)
+    return tuple(f"each of the {runs} schedule runs (training.pp_schedule_runs): {r}"
+                 for r in schedule_reasons(schedule, pp, m // runs, v))
 
 
 @dataclass(frozen=True)
@@ -252,7 +283,8 @@ def build_plan(config: Config, constraints: cons.Constraints | None = None, memo
     check_chunks(spec.pp_schedule, v.vpp)  # a one-chunk schedule with virtual stages: the same error everywhere
     check_framework(spec.pp_schedule, t.framework, mesh.degree("pp"))  # Megatron-LM runs 1F1B and interleaved only
     pp = mesh.degree("pp")  # the pipeline schedule's own rules (meshplan.pipeline), after the mesh's
-    v = replace(v, reasons=v.reasons + schedule_reasons(spec.pp_schedule, pp, v.micro_batches, v.vpp))
+    v = replace(v, reasons=v.reasons + run_reasons(spec.pp_schedule, pp, v.micro_batches, v.vpp,
+                                                   t.pp_schedule_runs))
     partition = [f"axis {a}: {problem}" for a in mesh.all_axes() for problem in check_partition(mesh.groups(a), world)]
     placement = place(c, world, spec.rank_to_gpu)
     failed = bool(v.reasons or partition or v.stages is None)
@@ -265,6 +297,9 @@ def build_plan(config: Config, constraints: cons.Constraints | None = None, memo
     tp, tokens = mesh.degree("tp"), shapes.tokens
     annotated = cons.annotate_axes(constraints, m, t, c, mesh, v.stages, v.micro_batches) if reports else constraints
     notes = v.notes
+    if t.pp_schedule_runs > 1 and pp == 1:
+        notes += (f"training.pp_schedule_runs {t.pp_schedule_runs} applies with pp > 1; with pp 1 each micro-batch "
+                  "is its own forward and backward either way",)
     if m.is_moe:  # the capacity (or the dropless rows) every ep rank uses, with its arithmetic
         ro = RoutingOptions.of(t)
         notes += (routing(ro, max(1, tokens * mesh.etp // tp), m.top_k, m.experts, mesh.ep).describe(

@@ -42,10 +42,10 @@ MOE = {"name": "small-moe", "layers": 4, "hidden": 1024, "ffn": 2816, "q_heads":
        "vocab": 32000, "experts": 4, "top_k": 2, "expert_ffn": 1408, "dense_layers": 1}
 
 
-def config(nodes: int, hbm_gb: float = 6.0, model=None, **search):
+def config(nodes: int, hbm_gb: float = 6.0, model=None, training=None, **search):
     return config_from_dict({"model": model or SMALL, "cluster": {"system": "dgx-h100", "nodes": nodes,
                                                                    "gpu": gpu(hbm_gb)},
-                             "training": {"global_batch": 64, "seq_len": 2048},
+                             "training": {"global_batch": 64, "seq_len": 2048, **(training or {})},
                              "search": {"settle_max": 1_000_000, **search}},
                             require_mesh=False)
 
@@ -54,6 +54,10 @@ CASES = {
     "8": dict(nodes=1, micro_batch=[1, 2], top=8),
     "8-moe": dict(nodes=1, hbm_gb=2.0, model=MOE, micro_batch=[1, 2], recompute=["selective"], top=5),
     "16": dict(nodes=2, hbm_gb=4.0, micro_batch=[1, 4], recompute=["none", "full"], top=8),
+    # torchtitan's accumulation under pp: 4 schedule runs per step (pp > 1 candidates whose
+    # micro-batches 4 does not divide are rejected, interleaving checked per run)
+    "16-runs": dict(nodes=2, hbm_gb=4.0, micro_batch=[1, 4], recompute=["full"], pp=[1, 2, 4], top=6,
+                    training={"pp_schedule_runs": 4}),
     "64": dict(nodes=8, hbm_gb=3.0, micro_batch=[1], recompute=["selective", "full"], cp=[1, 2], pp=[1, 2, 4, 8],
              top=5),
 }
@@ -63,10 +67,13 @@ STARTS = (("ep(", "expert_block"), ("q_heads", "heads"), ("kv_heads", "heads"), 
           ("ffn", "ffn"), ("pp_layer_split", "layers"), ("experts", "experts"),
           ("routed experts sharded on dim 1", "expert_dim1"), ("seq_len", "seq_cp"),
           ("sequence parallel", "seq_tp"), ("global_batch", "batch"), ("interleaved", "interleaved"),
+          ("training.pp_schedule_runs", "runs"),
           ("peak", "memory"))
 
 
 def category(reason: str) -> str:
+    if reason.startswith("each of the ") and " schedule runs (training.pp_schedule_runs): " in reason:
+        return category(reason.split("): ", 1)[1])  # a schedule rule of one run
     for start, key in STARTS:
         if reason.startswith(start):
             return key
@@ -274,3 +281,18 @@ def test_torch_search_tries_op_level_recompute_and_megatron_does_not():
                           "training": {"global_batch": 64, "seq_len": 2048, "framework": "megatron"},
                           "search": {"recompute": ["full", "op"]}}, require_mesh=False)
     assert e.value.field == "search.recompute" and "\n" not in str(e.value)
+
+
+def test_schedule_runs_reject_and_plan(case):
+    """With training.pp_schedule_runs 4 (the "16-runs" case): pp > 1 candidates whose
+    micro-batches 4 does not divide are rejected by their own rule (64 sequences, micro-batch 4,
+    dp 8 under pp 2: 2 micro-batches), and feasible pp > 1 candidates exist (planned as 4 runs)."""
+    cfg, r, plans = case
+    if cfg.training.pp_schedule_runs == 1:
+        pytest.skip("the case without schedule runs")
+    counts = r.counts()
+    assert counts["runs"] > 0
+    c = r.candidates
+    assert ((r.code == OK) & (c.pp > 1)).any()
+    bad = (r.code == CODE["runs"])
+    assert (c.pp[bad] > 1).all() and ((64 // (c.mb[bad] * c.dp[bad])) % 4 != 0).all()

@@ -153,22 +153,22 @@ def test_torchtitan_ddp_beside_tp_and_unknown_converters():
         write(cfg)
 
 
-def test_torchtitan_accumulation_under_pp_is_named():
+def test_torchtitan_accumulation_under_pp_is_planned_as_schedule_runs():
     """global 32 = 4 x local 2 x dp 4 with pp 2: torchtitan runs the 1F1B schedule 4 times (2
-    micro-batches each); meshplan plans one schedule of 8, and says so."""
+    micro-batches each, one schedule.step() per accumulation step): training.pp_schedule_runs 4."""
     d = {"model": {"name": "llama3", "flavor": "8B"},
          "training": {"local_batch_size": 2, "global_batch_size": 32, "seq_len": 8192},
          "parallelism": {"data_parallel_shard_degree": -1, "pipeline_parallel_degree": 2,
                          "pipeline_parallel_schedule": "1F1B", "pipeline_parallel_microbatch_size": 1}}
     got = read(d, Path("."), ImportOptions(cluster="dgx-h100", nodes=1))
-    assert got.tables["training"]["micro_batch"] == 1 and got.tables["training"]["global_batch"] == 32
+    t = got.tables["training"]
+    assert (t["micro_batch"], t["global_batch"], t["pp_schedule_runs"]) == (1, 32, 4)
     assert ("training.global_batch_size 32 = 4 x local_batch_size 2 x dp 4: torchtitan runs 4 gradient-accumulation "
-            "steps, each a pipeline schedule of 2 micro-batches; meshplan plans one schedule of 8 (the pipeline filled "
-            "and drained once, not 4 times): its bubble and step are optimistic by the 3 extra fills and drains"
-            ) in got.notes
+            "steps, each a pipeline schedule of 2 micro-batches: training.pp_schedule_runs = 4") in got.notes
     d["training"]["local_batch_size"] = 8
-    assert not [n for n in read(d, Path("."), ImportOptions(cluster="dgx-h100", nodes=1)).notes
-                if "gradient-accumulation" in n]
+    got = read(d, Path("."), ImportOptions(cluster="dgx-h100", nodes=1))
+    assert "pp_schedule_runs" not in got.tables["training"]
+    assert not [n for n in got.notes if "gradient-accumulation" in n]
 
 
 @pytest.mark.parametrize("name,sched", [("ZBVZeroBubble", "zbv"), ("DualPipeV", "dualpipev")])

@@ -422,6 +422,11 @@ class _Ctx:
     bucket_elements: Optional[int] = None  # [memory] grad_bucket_elements (DDP's bucket cap)
 
     @property
+    def runs(self) -> int:
+        """Pipeline schedule runs per step (``training.pp_schedule_runs`` with pp > 1, else 1)."""
+        return self.training.pp_schedule_runs if self.mesh.degree("pp") > 1 else 1
+
+    @property
     def seq_local(self) -> int:
         """Tokens of a sequence on one rank: s / cp, the sequence as the registered axes split
         it (:func:`meshplan.compute.shapes.local_split`)."""
@@ -694,7 +699,8 @@ def _dp_rows(add, c: _Ctx) -> None:
             fwd = _per_microbatch(per_step[0], n, c.micro, pipelined) if per_step is not None else (n, None)
             back = _per_microbatch(per_step[1], n, c.micro, pipelined) if per_step is not None \
                 else (0 if root or not t.reshard_after_forward else n, None)
-            red = (0, n) if pipelined or t.grad_accumulation != "sync" else (n, None)
+            # pp: one reduce-scatter per unit per schedule run (PipelineStage.perform_reduce_grad)
+            red = (0, n * c.runs) if pipelined or t.grad_accumulation != "sync" else (n, None)
             out_s, in_s = copies(gbytes, numel)
             add(axis, "forward", "all-gather", gbytes, gdt, fwd[0], cadence, f"the {label}'s GEMMs", 7,
                 per_step=fwd[1], copy_s=out_s)
@@ -859,11 +865,13 @@ def _pipelined_gathers(c: _Ctx, root: bool, chunks: list[int]) -> tuple[int, int
     each local chunk of ``chunks``, as torch ``PipelineStage`` runs FSDP2
     (:func:`fsdp_gather_flags`). Counted per chunk: under interleaved 1F1B with
     ``reshard_after_forward`` the chunks' orders differ (pp 2, vpp 2, m 4, stage 0: chunk 0
-    gathers 4 F + 1 B, chunk 1 3 F + 2 B)."""
-    flags = fsdp_gather_flags(c.schedule, c.mesh.degree("pp"), c.micro, c.vpp, c.stage,
+    gathers 4 F + 1 B, chunk 1 3 F + 2 B). With ``training.pp_schedule_runs`` r, each of the r
+    runs of ``micro / r`` micro-batches starts from sharded parameters (the previous run's
+    ``perform_reduce_grad`` resharded them): r times one run's gathers."""
+    flags = fsdp_gather_flags(c.schedule, c.mesh.degree("pp"), c.micro // c.runs, c.vpp, c.stage,
                               c.training.reshard_after_forward and not root)
     per = Counter((ch, k) for (ch, k, _), g in flags.items() if g)
-    return sum(per[(ch, "F")] for ch in chunks), sum(per[(ch, "B")] for ch in chunks)
+    return c.runs * sum(per[(ch, "F")] for ch in chunks), c.runs * sum(per[(ch, "B")] for ch in chunks)
 
 
 def _per_microbatch(count: int, n: int, micro: int, pipelined: bool) -> tuple[int, Optional[int]]:

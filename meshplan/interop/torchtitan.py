@@ -15,6 +15,8 @@ model.converters "quantize.linear.float8"      training.linear_dtype = "fp8": th
 quantize.linear.float8.filter_fqns,            training.fp8_output_layer (output not filtered),
   .enable_fsdp_float8_all_gather                 fp8_all_gather (with dp_shard > 1, as torchtitan)
 training.local_batch_size                      micro_batch (pp 1); per-rank batch per step
+                                                 (pp > 1: per schedule.step(), pp_schedule_runs =
+                                                 global / (local x dp) accumulation steps)
 parallelism.pipeline_parallel_microbatch_size  micro_batch (pp > 1)
 training.global_batch_size (-1: local x dp)    training.global_batch
 training.seq_len                               training.seq_len
@@ -197,9 +199,7 @@ def _training(d: dict, deg: dict[str, int], shard: int, opts: ImportOptions, mod
     if deg["pp"] > 1 and accum > 1:
         notes.append(f"training.global_batch_size {global_batch} = {accum} x local_batch_size {local} x dp "
                      f"{deg['dp_replicate'] * shard}: torchtitan runs {accum} gradient-accumulation steps, each a "
-                     f"pipeline schedule of {local // micro} micro-batches; meshplan plans one schedule of "
-                     f"{accum * (local // micro)} (the pipeline filled and drained once, not {accum} times): its "
-                     f"bubble and step are optimistic by the {accum - 1} extra fills and drains")
+                     f"pipeline schedule of {local // micro} micro-batches: training.pp_schedule_runs = {accum}")
     if not fsdp and deg["dp_replicate"] > 1 and deg["pp"] * deg["tp"] > 1:
         raise ConfigError("parallelism.data_parallel_replicate_degree", "replicated without sharding (DDP) beside "
                           "pp or tp: torchtitan raises \"DDP has not supported > 1D parallelism\"; shard too "
@@ -220,6 +220,8 @@ def _training(d: dict, deg: dict[str, int], shard: int, opts: ImportOptions, mod
                 # torchtitan's parallelize: "default" is reshard_after_forward = not pp_enabled
                 "reshard_after_forward": policy == "always" or (policy == "default" and deg["pp"] == 1),
                 "tp_comm_overlap": bool(par.get("enable_async_tensor_parallel", False))}
+    if deg["pp"] > 1 and accum > 1:
+        training["pp_schedule_runs"] = accum
     training |= read_recompute(d, deg, model, notes)
     training["torch_compile"] = _compile(d.get("compile", {}), notes)
     if training["tp_comm_overlap"] and not training["torch_compile"]:
@@ -363,7 +365,8 @@ def write(cfg: Config) -> dict[str, dict]:
         par |= {"pipeline_parallel_schedule": SCHEDULE_NAMES.get(str(mesh_spec(cfg).pp_schedule), "")
                 or _no_schedule(cfg), "pipeline_parallel_microbatch_size": t.micro_batch,
                 "module_fqns_per_model_part": model_parts(virtual_split(cfg, mesh) or [])}
-    training = {"local_batch_size": t.global_batch // dpn if pp > 1 else t.micro_batch,
+    # pp: one schedule.step() per accumulation step, local_batch_size / microbatch_size micro-batches each
+    training = {"local_batch_size": t.global_batch // (dpn * t.pp_schedule_runs) if pp > 1 else t.micro_batch,
                 "global_batch_size": t.global_batch, "seq_len": t.seq_len,
                 # bf16 storage without an fp32 copy is torchtitan's dtype bfloat16; any fp32 copy is
                 # its mixed precision (fp32 FSDP2 shards, bf16 compute)

@@ -146,6 +146,7 @@ class StageSizes:
     step: tuple
     reshard_after_backward: bool = False  # without a reduce (fsdp_reduce "after_last"): grad_accumulation no_sync
     embedding_reshards: bool = False  # the embedding's own unit resharded after forward (torchtitan's units)
+    reduce_deferred: bool = False  # pp > 1: the last backward reduces after the pass (PipelineStage.perform_reduce_grad)
 
     def chunk_units(self, chunk: int) -> tuple[UnitKey, ...]:
         """FSDP units used by a pass of ``chunk``, in forward order."""
@@ -220,7 +221,7 @@ class PassBuilder:
 
     @property
     def _reduce_now(self) -> bool:
-        return self.sz.fsdp_reduce == "per_microbatch" or self.last
+        return self.sz.fsdp_reduce == "per_microbatch" or (self.last and not self.sz.reduce_deferred)
 
     @property
     def _head_here(self) -> bool:
@@ -288,8 +289,26 @@ class PassBuilder:
                       "embedding gradient over the whole vocabulary (DTensor), before its reduce-scatter over tp")
             self._unit_grads(key, extra=sz.embedding_grad_extra)
         self._add(None, "temporaries", -sz.dy, "dY freed")
+        if self.last and sz.reduce_deferred:
+            self._perform_reduce_grad()
         self._flush()
         self._add(None, "grad_buffers", -bucket, "gradient bucket freed")
+
+    def _perform_reduce_grad(self) -> None:
+        """pp > 1 (``reduce_deferred``): torch 2.13's ``PipelineStage`` runs every backward with
+        gradient sync off, then after the chunk's last one ``perform_reduce_grad`` runs each
+        unit's ``post_backward`` in FSDP's state order (forward order): the reduce-scatter of its
+        accumulator, its sharded gradient, and its reshard (``set_reshard_after_backward(True)``)."""
+        for key in self.keys:
+            u = self._sharded(key)
+            if u is None:
+                continue
+            self._flush()
+            self._add(u.layer, "grad_buffers", u.reduce_input, f"{u.name}: reduce-scatter input (reduce dtype)")
+            self._add(u.layer, "grad_buffers", -u.reduce_input, f"{u.name}: unsharded gradient freed")
+            self.in_flight = key
+            self._add(u.layer, "grads", u.grads, f"{u.name}: sharded gradient allocated (perform_reduce_grad)")
+            self._release(key, "after perform_reduce_grad")
 
     def _loss_backward(self) -> None:
         sz = self.sz

@@ -387,6 +387,7 @@ def stage_sizes(model: ModelSpec, training: TrainingSpec, mesh: Mesh, stages, st
         fsdp_reduce=opts.fsdp_reduce_for(training, mesh.degree("pp")),
         embedding_reshards=training.torchtitan_units and training.reshard_after_forward and len(stages) == 1,
         reshard_after_backward=training.grad_accumulation == "no_sync",
+        reduce_deferred=mesh.degree("pp") > 1,
         prefetch=opts.prefetch_layers, forward_prefetch=opts.forward_prefetch_layers, bucket=bucket,
         bucket_every_backward=training.sharding == "zero2",
         recompute=training.recompute, init=init_entries(state, fsdp, comm_axes, opts),

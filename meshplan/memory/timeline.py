@@ -217,7 +217,8 @@ def _timeline(plan, stage: int, common: tuple[list[str], CommonSizes], reference
     c = plan.config
     t, opts = c.training, c.memory
     sizes = stage_sizes(c.model, t, plan.mesh, plan.stages, plan.state[stage], opts, common[0], common[1])
-    where = (c.mesh.pp_schedule, stage, len(plan.stages), plan.micro_batches, plan.vpp)
+    # one pipeline schedule run (training.pp_schedule_runs): each run starts from sharded parameters
+    where = (c.mesh.pp_schedule, stage, len(plan.stages), plan.run_micro_batches, plan.vpp)
     passes, templates = ref.passes(sizes, stage_ops(*where)) if reference else pass_table(sizes, *stage_op_arrays(*where))
     peak_of = _reference_peak if reference else _fast_peak
     passes, n, off, at_peak, kmax = peak_of(passes, templates, opts.fragmentation_fraction)
@@ -227,7 +228,7 @@ def _timeline(plan, stage: int, common: tuple[list[str], CommonSizes], reference
                 {k: int(at_peak[i]) for i, k in enumerate(KINDS)})
     n_events = passes[-1].first_event + len(templates[-1])
     title = f"{c.model.name}, {' x '.join(f'{a} {d}' for a, d in zip(plan.mesh.layout.names, plan.mesh.layout.shape))}"
-    return Timeline(stage=stage, schedule=c.mesh.pp_schedule, micro_batches=plan.micro_batches, passes=passes,
+    return Timeline(stage=stage, schedule=c.mesh.pp_schedule, micro_batches=plan.run_micro_batches, passes=passes,
                     templates=tuple(templates), hbm_bytes=c.cluster.gpu.hbm_bytes, reserve=t.memory_reserve,
                     peak=peak, max_by_kind=kmax, n_events=n_events, title=title,
                     notes=_notes(plan, stage, sizes.fsdp))
@@ -277,9 +278,14 @@ def _notes(plan, stage: int, fsdp: bool) -> tuple[str, ...]:
     if sched.splits_backward and (stage > 0 or sched.virtual_stages):
         out.append(f"{sched.name}: activations freed at the input-gradient pass (B); what a delayed weight-gradient "
                    "pass (W) still holds (layer inputs, output gradients) is not counted")
+    runs = plan.schedule_runs
     if fsdp and len(plan.stages) > 1:
-        out.append("FSDP reduces once per step, after each chunk's last backward, as torch.distributed.pipelining "
-                   "does (the collective table's count): gathered parameters and unsharded gradients held till then")
+        out.append(f"FSDP reduces once per {'schedule run' if runs > 1 else 'step'}, after each chunk's last backward, "
+                   "as torch.distributed.pipelining does (the collective table's count): gathered parameters and "
+                   "unsharded gradients held till then")
+    if runs > 1:
+        out.append(f"one of the step's {runs} pipeline schedule runs of {plan.run_micro_batches} micro-batches "
+                   "(training.pp_schedule_runs); every run repeats it")
     out.append("steady state (second step on); NCCL buffers are outside PyTorch's caching allocator")
     return tuple(out)
 

@@ -239,7 +239,7 @@ def edge_loads(plan: Plan, st, stage: int = 0) -> list[EdgeLoad]:
     rows = plan.stage(stage).collectives
     d = StageDetail.cached(st, stage)
     inner = d.of_table([s == "compute" for s in d.streams]) & (d.unit >= 0)
-    compute_s = float((d.end[inner] - d.start[inner]).sum())
+    compute_s = float((d.end[inner] - d.start[inner]).sum()) * st.runs  # every schedule run's
     n_layers = len(plan.stage(stage).layers)
     layer_s = compute_s / max(plan.micro_batches * n_layers, 1)
     cluster = plan.config.cluster

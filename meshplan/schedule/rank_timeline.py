@@ -733,15 +733,25 @@ def reduce_pieces(comm: CommTimes, n: int, last_grad_unit: bool = True, overlapp
 
 
 def backward_unit(kind: str, chunk: ChunkCosts, comm: CommTimes, w: Workload, ov: Overlap,
-                  last_grad_unit: bool = False, gather: bool = True, reduce: bool = True) -> UnitSim:
+                  last_grad_unit: bool = False, gather: bool = True, reduce: bool = True,
+                  deferred: bool = False, stage_last: bool = True) -> UnitSim:
     """``kind`` "B" (input and weight gradients), "Bx" (input gradient only, ZB) or "W"
     (weight gradient only, ZB) of one micro-batch through ``chunk``. On the chunk's
     ``last_grad_unit`` the per-step gradient reduction is spread over its layers.
     ``gather``: the pass finds the FSDP units sharded; ``reduce``: it reduce-scatters the
-    FSDP gradients (every micro-batch without pp, the chunk's last gradient unit with pp)."""
+    FSDP gradients (every micro-batch without pp, the chunk's last gradient unit with pp).
+    ``deferred`` (pp > 1): the reduce-scatters wait for the whole pass, as torch 2.13's
+    ``PipelineStage`` runs FSDP2: every backward runs with gradient sync off, and after the
+    chunk's last one ``perform_reduce_grad`` calls each unit's ``post_backward`` (copy-in,
+    reduce-scatter) and ``_root_post_backward_final_callback``, whose ``finalize_backward`` and
+    reduce-scatter-state waits hold the compute stream until every one is done. The pass's send
+    goes out before (the schedule issues it after the backward, REDUCE_GRAD next), so on the
+    stage's last pass (``stage_last``: chunk 0's, the last every registered schedule runs) the
+    reduction is the unit's tail, which the stage's end waits for; on an earlier chunk's last
+    pass it holds the stream in the unit (the send then waits with it: a little early)."""
     s = _Sim(comm, w, ov)
     with_b, with_w = kind in ("B", "Bx"), kind in ("B", "W")
-    red_w = with_w and reduce
+    red_w = with_w and reduce and not deferred
     n = len(chunk.layers)
     emb_g, head_g = _root_groups(comm)
     # the embedding's own unit, resharded after forward (torchtitan), is gathered again
@@ -804,4 +814,33 @@ def backward_unit(kind: str, chunk: ChunkCosts, comm: CommTimes, w: Workload, ov
                   + (comm.copies.get((emb_g, "all-gather"), 0.0) if ag_e is not None else 0.0), [ag_e])
         if red_w:
             _reduce(s, emb_g, emb_g, 0.0)
+    if deferred and with_w and reduce:
+        _perform_reduce_grad(s, chunk, tail=stage_last)
     return s.finish()
+
+
+def _perform_reduce_grad(s: _Sim, chunk: ChunkCosts, tail: bool) -> None:
+    """torch ``PipelineStage.perform_reduce_grad`` after a chunk's last backward: each FSDP
+    unit's ``post_backward`` in FSDP's state order (the root, then the layers in forward order):
+    its copy-in on the compute stream, then its reduce-scatter (and HSDP all-reduce) on their
+    stream; the compute stream waits for them all (``_root_post_backward_final_callback``):
+    within the unit, or after it (``tail``: events past its compute end, the unit's tail)."""
+    emb_g, head_g = _root_groups(s.c)
+    ends = [g for g, here in ((emb_g, chunk.embed is not None), (head_g, chunk.head is not None)) if here]
+    names = [(g, g) for g in dict.fromkeys(ends)]  # the root unit(s) this chunk holds, once each
+    for i, moe in enumerate(chunk.moe):
+        names.append((f"L{i}", "layer"))
+        if moe:
+            names.append((f"L{i} experts", "expert"))
+    done, prev = [], s.last
+    for name, group in names:
+        if copy_in := s.c.copies.get((group, "reduce-scatter"), 0.0):
+            if tail:  # on the compute stream after the unit, not moving its end
+                t0 = max(s.free["compute"], prev.end_s if prev is not None else 0.0)
+                prev = s._add("compute", f"fsdp RS copy-in {name}", t0, t0 + copy_in)
+            else:
+                prev = s.compute(f"fsdp RS copy-in {name}", copy_in)
+        rs = s.comm("shard", "backward", "reduce-scatter", f"fsdp RS {name}", group, after=[prev])
+        done.append(s.comm("replica", "backward", "all-reduce", f"hsdp AR {name}", group, after=[rs or prev]) or rs)
+    if not tail:
+        s.compute("perform_reduce_grad wait", 0.0, done)

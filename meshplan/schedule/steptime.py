@@ -121,6 +121,7 @@ class StepTime:
     unit_index: tuple = ()  # (distinct unit keys, key index of every flat unit): UnitTimes.index
     peak_dtype: str = ""  # the dtype of peak_flops (TrainingSpec.peak_dtype: float8 Linears run against the fp8 peak)
     flop_gap: tuple[tuple[str, float], ...] = ()  # (cause, FLOP per step) of hardware - model: compute.ops.flop_gap
+    runs: int = 1  # pipeline schedule runs per step (training.pp_schedule_runs): ``pipeline`` is the first
 
     @property
     def step_s(self) -> float:
@@ -176,13 +177,13 @@ class StepTime:
         res = self.pipeline
         keys, idx = self.unit_index if self.unit_index else self.units.index(res.flat)
         per_key = np.array([sum(v for k, v in self.units.by_key(key).exposed_s.items() if k != "pp") for key in keys])
-        totals = np.bincount(np.arange(len(idx)) // res.flat.length, weights=per_key[idx],
-                             minlength=len(self.stage_end_s))
+        totals = self.runs * np.bincount(np.arange(len(idx)) // res.flat.length, weights=per_key[idx],
+                                         minlength=len(self.stage_end_s))
         s = int(np.argmax(totals))
         crit = sum(v for k, v in self.exposed_s.items() if k != "pp")
         if s == self.critical_stage or totals[s] <= crit * (1 + 1e-9):
             return None
-        return s, _unit_exposure(res, s, self.units, keys, idx, {})
+        return s, {k: self.runs * x for k, x in _unit_exposure(res, s, self.units, keys, idx, {}).items()}
 
     def _closed_form_bubble(self) -> str:
         """The schedule's closed-form bubble for uniform stages without p2p time, beside the
@@ -203,10 +204,12 @@ class StepTime:
         other = [] if most is None else [
             f"most exposed communication: stage {most[0]} (not the critical stage; its units): "
             + ", ".join(f"{k} {v * 1e3:.2f} ms" for k, v in sorted(most[1].items()) if v > 0)]
-        return [f"step {self.step_s * 1e3:.2f} ms ({p.spec.schedule}, p {p.spec.p}, m {p.spec.m}, v {p.spec.v}); "
+        runs = f" x {self.runs} runs" if self.runs > 1 else ""
+        return [f"step {self.step_s * 1e3:.2f} ms ({p.spec.schedule}, p {p.spec.p}, m {p.spec.m}{runs}, v {p.spec.v}); "
                 f"critical stage {self.critical_stage}",
                 f"bubble {p.bubble:.4f} as idle/ideal, {p.bubble_of_total:.4f} as idle/total "
-                f"(busiest stage {p.busiest_stage}, pipeline only){self._closed_form_bubble()}",
+                f"(busiest stage {p.busiest_stage}, pipeline only{', each run' if self.runs > 1 else ''})"
+                f"{self._closed_form_bubble()}",
                 f"exposed communication on stage {self.critical_stage}: {exp}"] + other + [
                 self.recompute_line(),
                 f"tokens/s {self.tokens_per_s:,.0f}; MFU {self.mfu:.1%} (model FLOP: per-op, causal-half "
@@ -230,7 +233,7 @@ class StepTime:
 
     def recompute_line(self) -> str:
         """The recompute policy in its framework's words and what it costs per step."""
-        t, m = self.recompute_name, self.pipeline.spec.m
+        t, m = self.recompute_name, self.pipeline.spec.m * self.runs
         r = self.recompute_s()
         return (f"recompute: {t}: {r * 1e3:.3f} ms per micro-batch on stage {self.critical_stage}, "
                 f"{r * m * 1e3:.2f} ms per step ({m} micro-batches)")
@@ -311,7 +314,8 @@ class UnitTimes:
                     sim = forward_unit(ch, comm, self.w, self.ov, gather_layers=k[4][0], gather_root=k[4][1])
                 else:
                     uk = "Bx" if kind == "B" and self.spec.sched.splits_backward else kind
-                    sim = backward_unit(uk, ch, comm, self.w, self.ov, last_grad_unit=k[3], gather=k[4][0], reduce=k[5])
+                    sim = backward_unit(uk, ch, comm, self.w, self.ov, last_grad_unit=k[3], gather=k[4][0], reduce=k[5],
+                                        deferred=self.spec.p > 1, stage_last=chunk == 0)
                 twins.append((ch, comm, sim))
             self.cache[k] = sim
         return self.cache[k]
@@ -503,15 +507,48 @@ def _last_hold(res: ArrayResult, s: int) -> float:
     return 0.0 if res.hold is None else float(res.hold[res.stage_slice(s)][-1])
 
 
+def _run_end(mine, units: "UnitTimes", hold: float = 0.0) -> float:
+    """End of a stage's pipeline run: its last unit (``mine``: its compute events) and the
+    communication tail or blocking send after it (``hold`` seconds), before the step-end ops."""
+    last = max(mine, key=lambda e: e.end_s)
+    return last.end_s + max(units.of_event(last).tail_s, hold)
+
+
+def run_shift(res: ArrayResult, units: "UnitTimes") -> float:
+    """Seconds from one pipeline schedule run's start to the next's (``training.pp_schedule_runs``):
+    the least uniform shift at which every stage is free when its first unit of the next run
+    starts, ``max_s (run end_s - first start_s)`` (stage 0 starts the next run when its own run
+    ends; stage s's first unit starts ``first start_s`` after it, on the same inputs). Every run
+    starts from sharded parameters (``PipelineStage.perform_reduce_grad`` resharded them), so each
+    repeats the first."""
+    out = 0.0
+    for s, mine in enumerate(_ends_of(res)):
+        first = float(res.start[res.stage_slice(s)].min())
+        out = max(out, _run_end(mine, units, _last_hold(res, s)) - first)
+    return out
+
+
+def _later_runs(runs: int) -> str:
+    """``run 2`` or ``runs 2-4``: the schedule runs after the simulated first."""
+    return "run 2" if runs == 2 else f"runs 2-{runs}"
+
+
 def _stage_end(plan, s, spec, mine, units, comm: CommTimes, ov, hold: float = 0.0,
-               memo: Optional[dict] = None) -> tuple[float, list[Event], dict]:
+               memo: Optional[dict] = None, shift: float = 0.0, runs: int = 1) -> tuple[float, list[Event], dict]:
     """End of stage s after its last unit (``mine``: its compute events) and the blocking
     send it issues (``hold`` seconds, overlapping its communication tail), with the step-end
-    events and their exposure (``memo``: :func:`_optimizer_s`')."""
+    events and their exposure (``memo``: :func:`_optimizer_s`'). ``shift``: seconds the step's
+    later schedule runs add after the simulated first (:func:`run_shift` x (``runs`` - 1)), shown
+    as one event after the stage's first run."""
     last = max(mine, key=lambda e: e.end_s)
     u = units.of_event(last)
-    t = last.end_s + max(u.tail_s, hold)
+    t = _run_end(mine, units, hold)
     post, exposed = [], ({u.tail_stream: u.tail_s} if u.tail_s >= hold and u.tail_s else ({"pp": hold} if hold else {}))
+    if runs > 1:  # each later run ends with the same tail
+        exposed = {k: x * runs for k, x in exposed.items()}
+        post.append(Event(s, "compute", f"schedule {_later_runs(runs)} ({runs - 1} x {shift / (runs - 1) * 1e3:.3f} "
+                          f"ms, each as run 1)", t, t + shift))
+        t += shift
     steps = [("grad reduce (per step)", 0.0 if ov.grad_reduce else comm.step_reduce_s, "dp")]
     # replicated KV heads: one all-reduce per layer of the reduced K/V gradients, before the optimizer
     steps += [(f"kv replica all-reduce {i}", comm.kv_s, "kv") for i in range(comm.kv_calls)]
@@ -540,6 +577,8 @@ def step_time(plan: Plan, overlap: Overlap = Overlap(), *, dropout: bool = False
     p, v, m = len(plan.stages), plan.vpp, plan.micro_batches
     if schedule is not None:  # the config's own schedule was checked by build_plan
         check_framework(schedule, cfg.training.framework, p, "--schedule")
+    runs = plan.schedule_runs  # training.pp_schedule_runs: the schedule simulated once, over m / runs micro-batches
+    mr = m // runs
     overlap = config_overlap(cfg.training, overlap)
     share = nccl_sm_share(cfg.cluster)
     # each stage's table (plan.table_stage) and layers, read without building Stage views (a
@@ -547,11 +586,11 @@ def step_time(plan: Plan, overlap: Overlap = Overlap(), *, dropout: bool = False
     comms = [CommTimes.from_rows(plan.collectives[table_key(table_stage(s, p))], sum(map(len, plan.stages[s])), share)
              for s in range(p)]
     chunks = chunk_costs(plan, w, table)
-    base = PipelineSpec(Schedule(schedule or plan.spec.pp_schedule), p, m, v,
+    base = PipelineSpec(Schedule(schedule or plan.spec.pp_schedule), p, mr, v,
                         p2p_s=max(c.p2p_s + c.p2p_gather_s for c in comms), blocking_p2p=blocking_p2p(cfg.training, Schedule(schedule or plan.spec.pp_schedule)))
     units = UnitTimes(base, chunks, comms, w, overlap, cfg.training.reshard_after_forward,
                       cfg.training.sharding in ("zero3", "hsdp"), cfg.training.grad_accumulation)
-    spec = PipelineSpec(base.schedule, p, m, v, p2p_s=base.p2p_s, blocking_p2p=base.blocking_p2p,
+    spec = PipelineSpec(base.schedule, p, mr, v, p2p_s=base.p2p_s, blocking_p2p=base.blocking_p2p,
                         duration=lambda s, u: units.get(s, u.chunk, u.kind, u.mb).duration_s)
     indexed: list = []
 
@@ -563,15 +602,17 @@ def step_time(plan: Plan, overlap: Overlap = Overlap(), *, dropout: bool = False
     res = simulate_arrays(spec, durations)
     ends, post, exposed = [], [], []
     memo: dict = {}
+    shift = (runs - 1) * run_shift(res, units) if runs > 1 else 0.0
     for s, mine in enumerate(_ends_of(res)):
-        end, ev, ex = _stage_end(plan, s, spec, mine, units, comms[s], overlap, _last_hold(res, s), memo)
+        end, ev, ex = _stage_end(plan, s, spec, mine, units, comms[s], overlap, _last_hold(res, s), memo, shift, runs)
         ends.append(end)
         post += ev
         exposed.append(ex)
     crit = max(range(p), key=lambda s: ends[s])
     if not indexed:
         indexed[:] = list(units.index(res.flat))
-    exposed[crit] = _unit_exposure(res, crit, units, indexed[0], indexed[1], exposed[crit])
+    for k, x in _unit_exposure(res, crit, units, indexed[0], indexed[1], {}).items():
+        exposed[crit][k] = exposed[crit].get(k, 0.0) + runs * x  # every run exposes what the first does
     hw = sum(m * sum(sum(x.flops("hardware") for x in ch.layers)
                      + sum(x.flops("hardware") for x in (ch.embed, ch.head) if x is not None) for ch in stage)
              for stage in chunks) * plan.world // p
@@ -583,6 +624,11 @@ def step_time(plan: Plan, overlap: Overlap = Overlap(), *, dropout: bool = False
     t = cfg.training
     ranks = tuple(plan.mesh.group_of(0, "pp")) if "pp" in plan.mesh.layout.names else (0,)
     notes = tuple(f"collective not simulated (kind unknown): {o}" for o in sorted({o for c in comms for o in c.other}))
+    if runs > 1:
+        notes += (f"{runs} pipeline schedule runs of {mr} micro-batches per step (training.pp_schedule_runs: "
+                  f"torchtitan's gradient accumulation under pp): each fills and drains the pipeline, gathers "
+                  f"and reduce-scatters the FSDP units; the timeline shows run 1, {_later_runs(runs)} follow"
+                  f"{'s' if runs == 2 else ''} it {shift / (runs - 1) * 1e3:.3f} ms apart",)
     host = [sum(v * (c.layers if g == "layer" else 1) for (g, _), v in c.host.items()) for c in comms]
     if any(host):
         notes += (f"DeepSpeed ZeRO-3 (2021) host time on the compute stream: {max(host) * 1e3:.1f} ms per "
@@ -597,7 +643,7 @@ def step_time(plan: Plan, overlap: Overlap = Overlap(), *, dropout: bool = False
     return StepTime(res, units, tuple(ends), tuple(post), exposed[crit],
                     _sequence_flops(cfg.model, t.seq_len) * t.global_batch, hw, t.global_batch * t.seq_len,
                     plan.world, cfg.cluster.gpu.peak_flops(t.peak_dtype), ranks, notes, t.recompute_name,
-                    (indexed[0], indexed[1]), t.peak_dtype, tuple(gap.items()))
+                    (indexed[0], indexed[1]), t.peak_dtype, tuple(gap.items()), runs)
 
 
 @lru_cache(maxsize=16)

@@ -152,10 +152,10 @@ def _lower(cfg, c, st, s, u, lo, layer_peak, hs, fixed) -> np.ndarray:
     # interleaved with m > pp: chunk 0's first backward comes before the last chunk's last
     # one, so at its end every chunk holds its accumulators (and, without
     # reshard_after_forward, its gathered layers)
-    rounds = (v > 1) & (st.m > c.pp[:, None])
+    rounds = (v > 1) & (st.m_run > c.pp[:, None])
     every = np.where(c.rf[:, None] > 0, st.n_chunk, st.n) * keeps * u["unit_min_g"]
     done = (v - 1) * c.pp[:, None] + 1  # backwards run by then; the passes still in flight:
-    live = np.maximum(np.minimum(st.w - 1, st.m * v - done), 0)  # steady state w - 1, fewer in the cool-down
+    live = np.maximum(np.minimum(st.w - 1, st.m_run * v - done), 0)  # steady state w - 1, fewer in the cool-down
     held_all = st.n * u["reduce_min"] + every + (head_acc + emb_acc).astype(np.int64)
     acc_all = init + kept + live * st.n_chunk * lo["saved"] + np.where(after & rounds, held_all, 0)
     out = np.maximum(out, np.maximum(acc, acc_all))
@@ -171,7 +171,7 @@ def _steady(cfg, c, st, s, u, lo, layer_peak, hs, fixed, near, reduce) -> np.nda
     """Q: the first backward after every unit's first reduce-scatter (all sharded gradients
     allocated), at its first and second layer (roots not counted)."""
     v = c.vpp[:, None]
-    total = st.m * v
+    total = st.m_run * v
     j = np.where(v == 1, 1, st.k.shape[1] * v)
     live = np.minimum(total - j, st.w)
     # every unit's sharded gradient is allocated by then when the dense group is sharded (a

@@ -254,7 +254,8 @@ def search(cfg: Config, progress: Optional[Progress] = None, workers: Optional[i
 
 
 def _settings_notes(cfg: Config, c: Candidates) -> list[str]:
-    """Where ``training.grad_accumulation``, ``training.fp8_all_gather`` or ``training.zero3_engine`` does not apply to
+    """Where ``training.grad_accumulation``, ``training.fp8_all_gather``, ``training.zero3_engine`` or
+    ``training.pp_schedule_runs`` does not apply to
     every candidate (:func:`meshplan.search.space.candidate_config`), one line saying how those
     candidates were planned; where ``recompute = "op"`` is searched on some candidates only
     (:func:`meshplan.search.space.op_recompute_ok`), one line saying so."""
@@ -277,6 +278,10 @@ def _settings_notes(cfg: Config, c: Candidates) -> list[str]:
     elif "op" in cfg.search.recompute and t.has_op_recompute and ((c.tp > 1) | (c.cp > 1) | (c.ep > 1)).any():
         out.append("recompute 'op' (torchtitan's op-level selective AC) is searched on candidates with tp = cp = ep = 1 "
                    "only: which TP, CP and EP collectives its replay runs is not modelled yet")
+    if t.pp_schedule_runs > 1:
+        out.append(f"training.pp_schedule_runs {t.pp_schedule_runs} applies to candidates with pp > 1: each runs its "
+                   f"micro-batches as {t.pp_schedule_runs} pipeline schedules (a candidate whose micro-batches it does "
+                   "not divide is rejected); with pp 1 it changes nothing")
     if t.fp8_all_gather and not fsdp.all():
         out.append("training.fp8_all_gather applies to FSDP candidates (zero3, hsdp); zero1 candidates gather no "
                    "parameters with FSDP2 and are planned without it (their Linear GEMMs still in fp8)")

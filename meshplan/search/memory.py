@@ -194,8 +194,10 @@ class Stages:
     n: np.ndarray          # layers of the stage
     n_moe: np.ndarray      # MoE layers of the stage
     n_chunk: np.ndarray    # layers per chunk (virtual stage)
-    w: np.ndarray          # chunk passes in flight at the first backward
+    w: np.ndarray          # chunk passes in flight at the first backward (of one schedule run: memory)
     m: np.ndarray          # micro-batches per step (per candidate, broadcast)
+    m_run: np.ndarray      # micro-batches per schedule run (training.pp_schedule_runs; m with one run)
+    w_step: np.ndarray     # w of one schedule over all m micro-batches (the step-time bounds': valid for runs)
     vshape: np.ndarray     # a V-shaped schedule (ZB-V, DualPipeV; per candidate, broadcast)
 
 
@@ -223,17 +225,27 @@ def stage_layout(cfg: Config, c: Candidates, p: int) -> Stages:
             vs = np.where(ps > 0, get(Schedule.ZBV).virtual_stage(np.full_like(k, j), k, p, 2), j * p + k)
             n_dense += np.where(j < v, np.clip(D - vs * ch, 0, ch), 0)
     m = (cfg.training.global_batch // (c.mb * c.dp))[:, None]
-    # chunk passes in flight: the candidate's schedule's own count (1F1B with vpp 1, else
-    # interleaved, or the V-shaped one its ps names)
-    w = np.where(v == 1, get(candidate_schedule(1)).in_flight(p, m, 1, k),
-                 get(candidate_schedule(2)).in_flight(p, m, v, k))
-    for i in range(1, len(PIPELINE)):
-        w = np.where(ps == i, get(candidate_schedule(2, i)).in_flight(p, m, 2, k), w)
+    # training.pp_schedule_runs: memory is one run's (each starts from sharded parameters); a
+    # single schedule over all m is never slower than the runs, so the time bounds keep it
+    mr = np.maximum(m // (cfg.training.pp_schedule_runs if p > 1 else 1), 1)
+
+    def in_flight(mm):
+        # chunk passes in flight: the candidate's schedule's own count (1F1B with vpp 1, else
+        # interleaved, or the V-shaped one its ps names)
+        w = np.where(v == 1, get(candidate_schedule(1)).in_flight(p, mm, 1, k),
+                     get(candidate_schedule(2)).in_flight(p, mm, v, k))
+        for i in range(1, len(PIPELINE)):
+            w = np.where(ps == i, get(candidate_schedule(2, i)).in_flight(p, mm, 2, k), w)
+        return w
+
+    w = in_flight(mr)
+    w_step = w if p == 1 or cfg.training.pp_schedule_runs == 1 else in_flight(m)
     # the output layer's stage: the last, or stage 0 under a V (the schedule's last_stage)
     last = np.where(ps > 0, k == 0, k == p - 1)
     return Stages(k=np.broadcast_to(k, n.shape), first=np.broadcast_to(k == 0, n.shape),
                   last=np.broadcast_to(last, n.shape), n=n, n_moe=n - n_dense, n_chunk=n // v, w=w,
-                  m=np.broadcast_to(m, n.shape), vshape=np.broadcast_to(ps > 0, n.shape))
+                  m=np.broadcast_to(m, n.shape), m_run=np.broadcast_to(mr, n.shape), w_step=w_step,
+                  vshape=np.broadcast_to(ps > 0, n.shape))
 
 
 def _ceil_div(a, b):

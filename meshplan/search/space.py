@@ -72,6 +72,7 @@ SHARDING = ("zero1", "zero3", "hsdp")
 #: micro-batches a multiple of pp, for candidates with vpp > 1; :meth:`DualPipeV.reasons`:
 #: m >= 2 pp, torch ScheduleDualPipeV), then the rules applied after the plan's checks.
 _SCHEDULE_REASONS = (
+    ("runs", "training.pp_schedule_runs does not divide the micro-batches (pp > 1)"),
     ("interleaved", "interleaved 1F1B: micro-batches not divisible by pp"),
     ("dualpipev", "DualPipeV: micro-batches fewer than 2 pp"),
     ("engine", "zero3_engine deepspeed-2021: pp > 1, cp > 1 or parameters kept gathered (not DeepSpeed ZeRO-3's)"),
@@ -346,11 +347,14 @@ def first_reason(cfg: Config, c: Candidates) -> np.ndarray:
     (the ones :func:`meshplan.mesh.validity.check` runs on one mesh) over the columns."""
     m, t = cfg.model, cfg.training
     micro = t.global_batch // np.maximum(c.mb * c.dp, 1)
+    runs = np.where(c.pp > 1, t.pp_schedule_runs, 1)  # build_plan's run_reasons: each run is one schedule
+    run_micro = micro // runs
     checks = [(r.key, r.bad(m, t, c)) for r in rules() if r.bad is not None] + [
+        ("runs", micro % runs != 0),
         # Interleaved1F1B.reasons: micro-batches a multiple of pp (candidates with vpp > 1 run it)
-        ("interleaved", (c.ps == 0) & (c.vpp > 1) & (micro % c.pp != 0)),
+        ("interleaved", (c.ps == 0) & (c.vpp > 1) & (run_micro % c.pp != 0)),
         # DualPipeV.reasons: m >= 2 pp (torch ScheduleDualPipeV)
-        ("dualpipev", (c.ps == PIPELINE.index("dualpipev")) & (micro < 2 * c.pp)),
+        ("dualpipev", (c.ps == PIPELINE.index("dualpipev")) & (run_micro < 2 * c.pp)),
         # build_plan and TrainingSpec: DeepSpeed's pipeline engine refuses ZeRO 3 (pp 1 only), no CP
         # in 2021, and its ZeRO-3 re-gathers in backward (reshard_after_forward is an FSDP2 knob)
         ("engine", (t.zero3_engine == "deepspeed-2021") & (c.sh == SHARDING.index("zero3"))

@@ -498,7 +498,7 @@ def step_lower_bound(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: 
     # gradient back to stage 0.
     # (stage k's last gradient unit, with its copy-ins ``b_red``, is one of its backward units)
     path = (f0.sum(axis=1, keepdims=True) + b0.sum(axis=1, keepdims=True) + (st.m - 1) * b0
-            + (st.m - st.w) * f0 + 2 * (st.k.shape[1] - 1) * p2p + u["b_red"])
+            + (st.m - st.w_step) * f0 + 2 * (st.k.shape[1] - 1) * p2p + u["b_red"])
     one_f = np.maximum(path + tail[:, :1] + end[:, :1], path - drain + tail + end).max(axis=1)
     # V-shaped schedules: stage k still starts after micro-batch 0's chunk-0 forward through
     # stages 0..k-1 and runs every unit, but its last unit is a weight gradient (tail not

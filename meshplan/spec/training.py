@@ -20,7 +20,7 @@ Dtype = Literal["fp32", "bf16", "fp16", "fp8"]
 # ``fp8_output_layer`` (which GEMMs run in float8) are the workload's numerics.
 PLAN_KNOBS = ("micro_batch", "sharding", "reshard_after_forward", "recompute", "ac_freq", "flash_attention",
               "tp_comm_overlap", "framework", "zero3_engine", "grad_accumulation", "fp8_all_gather",
-              "torch_compile")
+              "torch_compile", "pp_schedule_runs")
 
 #: The weights of ``nn.Linear`` modules (torchtitan's model files; Megatron-LM's Transformer Engine
 #: linears): attention (dense and MLA), the dense MLP and the shared experts, the MoE router's gate
@@ -88,6 +88,15 @@ class TrainingSpec(BaseModel):
     stay gathered from a backward to the next forward, so only micro-batch 0's forward
     all-gathers (what ``torch.distributed.pipelining`` does itself with pp > 1). The last
     micro-batch always syncs and reshards.
+    ``pp_schedule_runs`` (pp > 1, ``framework = "torch"``): the step's micro-batches run as this
+    many back-to-back pipeline schedules, as torchtitan runs gradient accumulation under pp: its
+    train step calls ``schedule.step()`` once per accumulation step (``global_batch_size /
+    (local_batch_size x dp)``), each over ``local_batch_size / microbatch_size`` micro-batches, so
+    each run fills and drains the pipeline, and ``PipelineStage.perform_reduce_grad`` reduces the
+    FSDP gradients and reshards the parameters at the end of every run (torch 2.13
+    ``distributed/pipelining/stage.py``). Megatron-LM and DeepSpeed run one schedule over all the
+    step's micro-batches (1, the default). With pp 1 it changes nothing (each micro-batch is its
+    own forward and backward either way).
     ``recompute`` (activation checkpointing): ``selective`` and ``full`` as Megatron-LM
     (``--recompute-activations``: the attention core; ``--recompute-granularity full``: every
     layer keeps its input only); ``layer`` and ``op`` as torchtitan's selective AC
@@ -151,6 +160,7 @@ class TrainingSpec(BaseModel):
     torch_compile: bool = False
     zero3_engine: Literal["fsdp2", "deepspeed-2021"] = "fsdp2"
     grad_accumulation: Literal["sync", "no_sync", "no_sync_unsharded"] = "sync"
+    pp_schedule_runs: int = Field(default=1, ge=1, le=BOUNDS["global_batch"].value)
     linear_dtype: Optional[Literal["fp8"]] = None
     fp8_all_gather: bool = False
     fp8_output_layer: bool = False
@@ -193,6 +203,10 @@ class TrainingSpec(BaseModel):
         if self.grad_accumulation != "sync" and self.sharding not in ("zero3", "hsdp"):
             raise ValueError(f"grad_accumulation {self.grad_accumulation!r} is an FSDP2 mode (sharding zero3 or "
                              f"hsdp); sharding {self.sharding!r} keeps the default 'sync': remove the key")
+        if self.pp_schedule_runs > 1 and self.framework != "torch":
+            raise ValueError(f"pp_schedule_runs {self.pp_schedule_runs} is torchtitan's gradient accumulation under pp "
+                             f"(one schedule.step() per accumulation step); framework {self.framework!r} runs one "
+                             f"schedule over the step's micro-batches: remove the key")
         return self
 
     def layer_recomputed(self, position: int) -> bool:

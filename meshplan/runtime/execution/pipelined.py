@@ -34,7 +34,9 @@ stages, run by the schedule the config names.
   (``mesh.pp_schedule``: the registered schedule's ``torch_class``, :mod:`meshplan.pipeline`:
   gpipe -> ScheduleGPipe, 1f1b -> Schedule1F1B, interleaved_1f1b -> ScheduleInterleaved1F1B,
   zbv -> ScheduleZBVZeroBubble, dualpipev -> ScheduleDualPipeV; those with ``runs_in_validate``)
-  with the plan's micro-batch count; the loss function (cross entropy)
+  with the plan's micro-batch count (``training.pp_schedule_runs`` > 1: that many ``schedule.step``
+  calls, each over its share of the micro-batches, as torchtitan accumulates gradients under pp:
+  FSDP reduces and reshards after each); the loss function (cross entropy)
   runs on the last stage inside the schedule (under ``loss_parallel()`` when the logits are
   vocabulary-sharded; its collectives are phase ``loss``), backward too; then AdamW.
 - Memory (:meth:`PipelineRunner.memory_tracker`): FSDPMemTracker / MemTracker work under a
@@ -160,7 +162,9 @@ def build_stages(plan: dict, model_spec, training, mesh, dm, vocab: int, seed: i
         out = torch.empty(b, s, vocab, device="meta", requires_grad=True) if v == n_virtual - 1 else act
         pstages.append(PipelineStage(m, v, n_virtual, torch.device(device), input_args=(inp,), output_args=(out,),
                                      group=group))
-    micro = plan["mesh"]["micro_batches"]
+    # training.pp_schedule_runs: the step's micro-batches as that many schedule.step() calls (torchtitan's
+    # gradient accumulation under pp), each schedule over its share
+    micro = plan["mesh"]["micro_batches"] // training.pp_schedule_runs
     cls = getattr(S, get(schedule).torch_class)
     loss = StageLoss()
     if issubclass(cls, S.PipelineScheduleMulti):  # torch's multi-stage schedules take every local stage
@@ -322,15 +326,17 @@ class PipelineRunner:
         losses: list = []
         self.set_phase("schedule")  # what a schedule issues before its first stage computation (FSDP unshard)
         t_step = time.perf_counter()
-        args = (tokens,) if self.has_first else ()
-        kw = dict(target=labels, losses=losses) if self.has_last else {}
         lp = contextlib.nullcontext()
         if self.loss_parallel:  # the last stage's loss and its backward run inside the schedule
             from torch.distributed.tensor.parallel import loss_parallel as lp_ctx
 
             lp = lp_ctx()
+        runs = self.training.pp_schedule_runs  # one schedule.step() per run, as torchtitan accumulates under pp
         with record_function("schedule"), lp:
-            self.sched.step(*args, **kw)
+            for j in range(runs):
+                part = slice(j * len(tokens) // runs, (j + 1) * len(tokens) // runs)
+                self.sched.step(*((tokens[part],) if self.has_first else ()),
+                                **(dict(target=labels[part], losses=losses) if self.has_last else {}))
         t_sched = time.perf_counter() - t_step
         self.set_phase("step")
         self.status.set(index, "optimizer")
