@@ -157,7 +157,8 @@ def test_no_row_is_faster_than_the_line_says_llama3_70b():
     kept gathered) with tp 4 and tp overlap (async TP: torch.compile on), no recompute, pp 2, cp 2 or 4, mb 1 or 2, vpp 4, 5
     or 8 (12 candidates, 9 fit). The tie rule lists the 4-axis meshes with tp*pp*cp 16
     (cp 2, vpp 8, 5, 4) before those with 32 (cp 4), although cp 4 mb 2 vpp 8 (#4) is the
-    fastest and cp 4 vpp 5 (#5) is faster than #1 too: the line must not call the top faster,
+    fastest (cp 4 vpp 5, #5, was faster than #1 too until FSDP's reduce-scatters under pp waited
+    for each chunk's last backward, as torch's perform_reduce_grad runs them): the line must not call the top faster,
     and must name #4 as the fastest. On H200 GPUs (141 GB): with pp 2, FSDP under
     torch.distributed.pipelining holds each stage's unsharded gradients and gathered layers
     until the last micro-batch (78-93 GiB), which 80 GB H100s do not fit; the order of the 9 is
@@ -173,7 +174,7 @@ def test_no_row_is_faster_than_the_line_says_llama3_70b():
     steps = [e.step_s for e in r.top]
     assert len(steps) == 9 and r.candidates.label(r.top[3].index).startswith("pp 2 x dp_shard 2 x cp 4 x tp 4, mb 2,")
     fastest = min(range(len(steps)), key=lambda k: steps[k])
-    assert fastest == 3 and steps[4] < steps[0] < steps[1]  # #4 and #5 faster than #1, #2 slower
+    assert fastest == 3 and steps[3] < steps[0] < steps[1]  # #4 faster than #1, #2 slower
     x = r.explanation
     assert x is not None and x.by_tie_rule and x.fastest_row == 4 and x.fastest_step_s == steps[3]
     assert steps[0] <= steps[3] * (1 + TIE)  # the tie rule's window
