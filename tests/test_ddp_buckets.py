@@ -27,9 +27,9 @@ from meshplan.schedule.steptime import step_time
 BUCKETS = {263_192_576: 1, 29_368_320: 1, 29_360_128: 64, 50_348_032: 31, 284_180_480: 1}
 
 
-def _plan(**memory):
+def _plan(sharding="none", **memory):
     d = {"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 1},
-         "training": {"global_batch": 8, "seq_len": 1024, "micro_batch": 1, "sharding": "none",
+         "training": {"global_batch": 8, "seq_len": 1024, "micro_batch": 1, "sharding": sharding,
                       "param_dtype": "bf16", "recompute": "full"},
          "mesh": {"names": ["dp", "tp"], "shape": [2, 4]}}
     if memory:

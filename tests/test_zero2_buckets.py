@@ -15,24 +15,14 @@ from __future__ import annotations
 
 import pytest
 
-from meshplan.config import config_from_dict
-from meshplan.plan import build_plan
 from meshplan.schedule.rank_timeline import CommTimes
 from meshplan.schedule.steptime import step_time
 
+from tests.test_ddp_buckets import _dp, _plan as ddp_plan
+
 
 def _plan(sharding="zero2", **memory):
-    d = {"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 1},
-         "training": {"global_batch": 8, "seq_len": 1024, "micro_batch": 1, "sharding": sharding,
-                      "param_dtype": "bf16", "recompute": "full"},
-         "mesh": {"names": ["dp", "tp"], "shape": [2, 4]}}
-    if memory:
-        d["memory"] = memory
-    return build_plan(config_from_dict(d))
-
-
-def _dp(plan):
-    return [r for r in plan.stage(0).collectives if r.axis == "dp"]
+    return ddp_plan(sharding, **memory)  # the same llama3-8b on dp 2 x tp 4 as the DDP bucket tests
 
 
 def test_table_reduce_scatters_every_micro_batch_per_bucket():
