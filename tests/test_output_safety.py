@@ -51,8 +51,8 @@ def test_a_file_created_after_the_check_is_never_replaced(tmp_path, monkeypatch)
     dest = tmp_path / "plan.json"
     real = fileio.check_destination
 
-    def check_then_someone_writes(path, field="--out", force=False, folder=False):
-        out = real(path, field, force, folder)
+    def check_then_someone_writes(path, field="--out", force=False, folder=False, **kw):
+        out = real(path, field, force, folder, **kw)
         dest.write_text("theirs")
         return out
 
@@ -70,7 +70,7 @@ def test_without_hard_links_the_create_is_still_exclusive(tmp_path, monkeypatch)
     p = write_output(tmp_path / "a.txt", "one", mode=0o600)
     assert p.read_text() == "one" and (p.stat().st_mode & 0o777) == 0o600
     real = fileio.check_destination
-    monkeypatch.setattr(fileio, "check_destination", lambda path, field="--out", force=False, folder=False: Path(path))
+    monkeypatch.setattr(fileio, "check_destination", lambda path, field="--out", force=False, folder=False, **kw: Path(path))
     with pytest.raises(ConfigError, match="exists"):
         write_output(p, "two")  # the check skipped: O_EXCL still refuses
     monkeypatch.setattr(fileio, "check_destination", real)

@@ -66,7 +66,7 @@ def test_step_only_and_memory_only_merge_to_the_simulated_evaluation():
 @pytest.mark.slow  # three searches of the 64-GPU case: 8.4 s on a loaded 2-core machine
 def test_ranking_tightens_lazily_and_keeps_the_top(monkeypatch):
     # the same top and numbers with the queue's tightening off (only the near-top refine) and
-    # with every refine off; the lazy tightening plans fewer candidates exactly than either
+    # with every refine off; the lazy tightening plans no more candidates exactly than either
     cfg = config(**CASES["64"], settle_max=0)
     lazy = search(cfg, workers=1)
     plain = search(config(**CASES["64"], settle_max=0, refine_max=0), workers=1)
@@ -78,7 +78,7 @@ def test_ranking_tightens_lazily_and_keeps_the_top(monkeypatch):
     eager = search(cfg, workers=1)
     key = lambda r: [(e.index, e.step_s, e.peak_bytes, e.goodput, e.breakdown) for e in r.top]  # noqa: E731
     assert key(lazy) == key(plain) == key(eager)
-    assert len(lazy.exact) < len(eager.exact) <= len(plain.exact)
+    assert len(lazy.exact) <= len(eager.exact) <= len(plain.exact)  # equal once the bounds count the copies (22)
     # a bound the queue tightened is still at most the exact step
     steps = {i: e.step_s for i, e in lazy.exact.items() if e.step_s is not None}
     idx = np.array(sorted(steps))

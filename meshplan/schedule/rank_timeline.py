@@ -746,7 +746,7 @@ def backward_unit(kind: str, chunk: ChunkCosts, comm: CommTimes, w: Workload, ov
     reduce-scatter) and ``_root_post_backward_final_callback``, whose ``finalize_backward`` and
     reduce-scatter-state waits hold the compute stream until every one is done. The pass's send
     goes out before (the schedule issues it after the backward, REDUCE_GRAD next), so on the
-    stage's last pass (``stage_last``: chunk 0's, the last every registered schedule runs) the
+    stage's last pass (``stage_last``: the chunk whose last gradient unit ends the stage's order) the
     reduction is the unit's tail, which the stage's end waits for; on an earlier chunk's last
     pass it holds the stream in the unit (the send then waits with it: a little early)."""
     s = _Sim(comm, w, ov)
@@ -763,7 +763,8 @@ def backward_unit(kind: str, chunk: ChunkCosts, comm: CommTimes, w: Workload, ov
         if with_b and gather else None
     # the head's own unit (torchtitan): its pre-backward prefetches the last layer before the
     # head's backward runs, ahead of the head's reduce-scatter on the FSDP stream
-    early = ov.fsdp_prefetch and chunk.head is not None and head_g == "root_head" and n > 0
+    # (pp 1: under pp the schedule runs the stage's units, modelled without this prefetch)
+    early = ov.fsdp_prefetch and chunk.head is not None and head_g == "root_head" and n > 0 and not deferred
     ag = gather_(n - 1) if early else None
     if chunk.head is not None and with_b and with_w and ov.tp_grad:
         _head_backward(s, chunk.head)

@@ -27,6 +27,7 @@ from typing import Optional
 import numpy as np
 
 from meshplan.comm.collectives import fsdp_gather_flags
+from meshplan.pipeline.simulate import stage_order
 from meshplan.compute.gemm import GemmTable
 from meshplan.compute.routing import RoutingOptions
 from meshplan.compute.shapes import local_split
@@ -290,6 +291,10 @@ class UnitTimes:
         self.cache: dict = {}
         self.shared: dict = {}
         self.flags: dict = {}
+        # each stage's chunk whose last gradient unit is the stage's last unit (its FSDP reduce,
+        # torch's perform_reduce_grad, is then the stage's tail; rank_timeline.backward_unit)
+        self.final = {s: stage_order(spec.schedule, spec.p, spec.m, spec.v, s)[-1].chunk
+                      for s in range(spec.p)} if fsdp and spec.p > 1 else {}
         if fsdp and (spec.p > 1 or accumulation != "sync"):
             rab = spec.p == 1 and accumulation == "no_sync"
             for s in range(spec.p):
@@ -307,7 +312,8 @@ class UnitTimes:
         if k not in self.cache:
             s, chunk, kind = k[0], k[1], k[2]
             ch, comm = self.chunks[s][chunk], self.comms[s]
-            twins = self.shared.setdefault(k[2:], [])
+            stage_last = self.final.get(s, 0) == chunk
+            twins = self.shared.setdefault(k[2:] + (stage_last,), [])
             sim = next((x for c, m, x in twins if c == ch and m == comm), None)
             if sim is None:
                 if kind == "F":
@@ -315,7 +321,7 @@ class UnitTimes:
                 else:
                     uk = "Bx" if kind == "B" and self.spec.sched.splits_backward else kind
                     sim = backward_unit(uk, ch, comm, self.w, self.ov, last_grad_unit=k[3], gather=k[4][0], reduce=k[5],
-                                        deferred=self.spec.p > 1, stage_last=chunk == 0)
+                                        deferred=self.spec.p > 1, stage_last=stage_last)
                 twins.append((ch, comm, sim))
             self.cache[k] = sim
         return self.cache[k]

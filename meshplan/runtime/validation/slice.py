@@ -252,6 +252,7 @@ def run_slice(configs: list[str], testbed: str, out: Path, opt: Optional[Options
             echo(f"mesh {name} ({path}): {k} micro-batch(es) per step; tp groups " + (", ".join(
                 f"{g} on node(s) {sorted({x // per_node for x in g})}" for g in groups) or "none"))
             runs[name] = out / "runs" / name
+            runs[name].parent.mkdir(parents=True, exist_ok=True)  # validate refuses an --out whose parent is missing
             _, res = validate(cfg, replace(opt, micro_batches=k), runs[name], echo=lambda s, n=name: echo(f"  {s}"))
             results.append(_result(name, str(path), res[0], runs[name], world))
             r = results[-1]
