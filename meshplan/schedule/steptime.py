@@ -540,19 +540,20 @@ def _later_runs(runs: int) -> str:
 
 
 def _stage_end(plan, s, spec, mine, units, comm: CommTimes, ov, hold: float = 0.0,
-               memo: Optional[dict] = None, shift: float = 0.0, runs: int = 1) -> tuple[float, list[Event], dict]:
+               memo: Optional[dict] = None, run_s: float = 0.0, runs: int = 1) -> tuple[float, list[Event], dict]:
     """End of stage s after its last unit (``mine``: its compute events) and the blocking
     send it issues (``hold`` seconds, overlapping its communication tail), with the step-end
-    events and their exposure (``memo``: :func:`_optimizer_s`'). ``shift``: seconds the step's
-    later schedule runs add after the simulated first (:func:`run_shift` x (``runs`` - 1)), shown
-    as one event after the stage's first run."""
+    events and their exposure (``memo``: :func:`_optimizer_s`'). ``run_s``: seconds from one
+    schedule run to the next (:func:`run_shift`); the ``runs`` - 1 later runs are shown as one
+    event after the stage's first run."""
     last = max(mine, key=lambda e: e.end_s)
     u = units.of_event(last)
     t = _run_end(mine, units, hold)
     post, exposed = [], ({u.tail_stream: u.tail_s} if u.tail_s >= hold and u.tail_s else ({"pp": hold} if hold else {}))
     if runs > 1:  # each later run ends with the same tail
         exposed = {k: x * runs for k, x in exposed.items()}
-        post.append(Event(s, "compute", f"schedule {_later_runs(runs)} ({runs - 1} x {shift / (runs - 1) * 1e3:.3f} "
+        shift = (runs - 1) * run_s
+        post.append(Event(s, "compute", f"schedule {_later_runs(runs)} ({runs - 1} x {run_s * 1e3:.3f} "
                           f"ms, each as run 1)", t, t + shift))
         t += shift
     steps = [("grad reduce (per step)", 0.0 if ov.grad_reduce else comm.step_reduce_s, "dp")]
@@ -608,9 +609,9 @@ def step_time(plan: Plan, overlap: Overlap = Overlap(), *, dropout: bool = False
     res = simulate_arrays(spec, durations)
     ends, post, exposed = [], [], []
     memo: dict = {}
-    shift = (runs - 1) * run_shift(res, units) if runs > 1 else 0.0
+    run_s = run_shift(res, units) if runs > 1 else 0.0
     for s, mine in enumerate(_ends_of(res)):
-        end, ev, ex = _stage_end(plan, s, spec, mine, units, comms[s], overlap, _last_hold(res, s), memo, shift, runs)
+        end, ev, ex = _stage_end(plan, s, spec, mine, units, comms[s], overlap, _last_hold(res, s), memo, run_s, runs)
         ends.append(end)
         post += ev
         exposed.append(ex)
@@ -634,7 +635,7 @@ def step_time(plan: Plan, overlap: Overlap = Overlap(), *, dropout: bool = False
         notes += (f"{runs} pipeline schedule runs of {mr} micro-batches per step (training.pp_schedule_runs: "
                   f"torchtitan's gradient accumulation under pp): each fills and drains the pipeline, gathers "
                   f"and reduce-scatters the FSDP units; the timeline shows run 1, {_later_runs(runs)} follow"
-                  f"{'s' if runs == 2 else ''} it {shift / (runs - 1) * 1e3:.3f} ms apart",)
+                  f"{'s' if runs == 2 else ''} it {run_s * 1e3:.3f} ms apart",)
     host = [sum(v * (c.layers if g == "layer" else 1) for (g, _), v in c.host.items()) for c in comms]
     if any(host):
         notes += (f"DeepSpeed ZeRO-3 (2021) host time on the compute stream: {max(host) * 1e3:.1f} ms per "
