@@ -303,12 +303,7 @@ class PassBuilder:
             u = self._sharded(key)
             if u is None:
                 continue
-            self._flush()
-            self._add(u.layer, "grad_buffers", u.reduce_input, f"{u.name}: reduce-scatter input (reduce dtype)")
-            self._add(u.layer, "grad_buffers", -u.reduce_input, f"{u.name}: unsharded gradient freed")
-            self.in_flight = key
-            self._add(u.layer, "grads", u.grads, f"{u.name}: sharded gradient allocated (perform_reduce_grad)")
-            self._release(key, "after perform_reduce_grad")
+            self._reduce_scatter(key, u, u.reduce_input, True, "(perform_reduce_grad)", "after perform_reduce_grad")
 
     def _loss_backward(self) -> None:
         sz = self.sz
@@ -370,16 +365,23 @@ class PassBuilder:
                            what=" (embedding)" if u.early else "")
         self._add(u.layer, "grad_buffers", -extra, "whole-vocabulary embedding gradient freed")
         if self._reduce_now:
-            self._flush()
-            self._add(u.layer, "grad_buffers", u.reduce_input, f"{u.name}: reduce-scatter input (reduce dtype)")
             done = u.grad_unsharded if self.sz.fsdp_reduce == "per_microbatch" else u.reduce_input
-            self._add(u.layer, "grad_buffers", -done, f"{u.name}: unsharded gradient freed")
-            self.in_flight = key
-            if self.first or self.sz.fsdp_reduce == "after_last":
-                self._add(u.layer, "grads", u.grads, f"{u.name}: sharded gradient allocated (first reduce-scatter)")
-            self._release(key, "after backward")
+            self._reduce_scatter(key, u, done, self.first or self.sz.fsdp_reduce == "after_last",
+                                 "(first reduce-scatter)", "after backward")
         elif self.sz.reshard_after_backward:
             self._release(key, "after backward (gradient sync off, reshard on)")
+
+    def _reduce_scatter(self, key: UnitKey, u, done: int, allocate: bool, when: str, why: str) -> None:
+        """One unit's reduce-scatter: the one in flight completes, this one's input (reduce
+        dtype) is copied in, its unsharded gradient (``done`` bytes) freed, its sharded gradient
+        allocated when ``allocate`` (``when`` says at which reduce), then its reshard (``why``)."""
+        self._flush()
+        self._add(u.layer, "grad_buffers", u.reduce_input, f"{u.name}: reduce-scatter input (reduce dtype)")
+        self._add(u.layer, "grad_buffers", -done, f"{u.name}: unsharded gradient freed")
+        self.in_flight = key
+        if allocate:
+            self._add(u.layer, "grads", u.grads, f"{u.name}: sharded gradient allocated {when}")
+        self._release(key, why)
 
     def _flush(self) -> None:
         """The reduce-scatter in flight completes: free its input."""
