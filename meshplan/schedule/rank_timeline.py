@@ -667,12 +667,17 @@ def _reduce(s: _Sim, name: str, group: str, step_piece: float, shard: bool = Tru
     seconds of this layer's piece (bucket) of the per-step ZeRO-1/2 or DDP reduction."""
     if shard and (copy_in := s.c.copies.get((group, "reduce-scatter"), 0.0)):
         s.compute(f"fsdp RS copy-in {name}", copy_in)  # FSDP2: on the compute stream (comm.fsdp2)
-    rs = s.comm("shard", "backward", "reduce-scatter", f"fsdp RS {name}", group) if shard else None
-    rs = (s.comm("replica", "backward", "all-reduce", f"hsdp AR {name}", group, after=[rs or s.last]) or rs) \
-        if shard else None
+    rs = _reduce_scatter(s, name, group, s.last) if shard else None
     red = s.comm("dp", "step", "reduce", f"grad reduce {name}", seconds=step_piece) if step_piece else None
     if not s.ov.grad_reduce:
         s.compute("grad reduce wait", 0.0, [rs, red])
+
+
+def _reduce_scatter(s: _Sim, name: str, group: str, after: Optional[Event]) -> Optional[Event]:
+    """A unit's FSDP reduce-scatter issued after ``after`` and its HSDP all-reduce after it:
+    the event the gradient is done with (None when the stage has neither)."""
+    rs = s.comm("shard", "backward", "reduce-scatter", f"fsdp RS {name}", group, after=[after])
+    return s.comm("replica", "backward", "all-reduce", f"hsdp AR {name}", group, after=[rs or after]) or rs
 
 
 def _head_backward(s: _Sim, head: Cost) -> None:
@@ -841,7 +846,6 @@ def _perform_reduce_grad(s: _Sim, chunk: ChunkCosts, tail: bool) -> None:
                 prev = s._add("compute", f"fsdp RS copy-in {name}", t0, t0 + copy_in)
             else:
                 prev = s.compute(f"fsdp RS copy-in {name}", copy_in)
-        rs = s.comm("shard", "backward", "reduce-scatter", f"fsdp RS {name}", group, after=[prev])
-        done.append(s.comm("replica", "backward", "all-reduce", f"hsdp AR {name}", group, after=[rs or prev]) or rs)
+        done.append(_reduce_scatter(s, name, group, prev))
     if not tail:
         s.compute("perform_reduce_grad wait", 0.0, done)
