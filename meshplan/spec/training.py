@@ -14,13 +14,15 @@ Dtype = Literal["fp32", "bf16", "fp16", "fp8"]
 # The [training] fields that are design choices of the plan (how the step runs), which
 # ``meshplan compare`` weighs as it weighs the mesh; every other field is the workload (what
 # the step computes: batch, sequence, the model's dtypes and reductions, optimizer, clipping,
-# vocabulary padding, MoE routing, the HBM kept free) and must be equal on both sides.
+# MoE routing, the HBM kept free) and must be equal on both sides. ``vocab_pad_divisor`` is
+# the framework's layout of the same vocabulary (the loss is over V either way; unset it
+# follows ``framework``), so a knob with it.
 # ``fp8_all_gather`` (torchtitan's float8 all-gather of the float8 Linear weights) is a knob: it
 # changes the bytes FSDP gathers, not what the GEMMs compute; ``linear_dtype`` and
 # ``fp8_output_layer`` (which GEMMs run in float8) are the workload's numerics.
 PLAN_KNOBS = ("micro_batch", "sharding", "reshard_after_forward", "recompute", "ac_freq", "flash_attention",
               "tp_comm_overlap", "framework", "zero3_engine", "grad_accumulation", "fp8_all_gather",
-              "torch_compile", "pp_schedule_runs")
+              "torch_compile", "pp_schedule_runs", "vocab_pad_divisor")
 
 #: The weights of ``nn.Linear`` modules (torchtitan's model files; Megatron-LM's Transformer Engine
 #: linears): attention (dense and MLA), the dense MLP and the shared experts, the MoE router's gate
