@@ -46,7 +46,7 @@ from meshplan.compute.gemm import load_gemm_table
 from meshplan.errors import ConfigError, check_number, printable
 from meshplan.fileio import check_destination, write_output
 from meshplan.interop.common import FORMATS, ImportOptions
-from meshplan.interop.foreign import export, import_text, load_any
+from meshplan.interop.foreign import export, import_text, load_any, torchtitan_source
 from meshplan.mesh.tpsplit import model_groups
 from meshplan.placement.assign import rank_row
 from meshplan.placement.bindings import bindings, write_bindings
@@ -678,17 +678,19 @@ def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshpl
             raise ConfigError("--export", f"{export_rank}: the search ranked {len(result.top)} row(s); raise --top "
                               f"or export a lower rank")
         row = candidate_config(result.config, result.candidates, result.top[export_rank - 1].index)
-        _write_export(row, to, out, f"search {config} row {export_rank}", force)
+        _write_export(row, to, out, f"search {config} row {export_rank}", force, torchtitan_source(config, fmt))
     _write_text(json_path, json.dumps(search_to_dict(result), indent=1), force)
     if html_path:
         _wrote(write_output(html_path, search_page(result, config.name), force, '--html'))
     raise typer.Exit(0 if result.top else 1)
 
 
-def _write_export(cfg, to: str, out: Path | _Stdout, source: str, force: bool) -> list[str]:
+def _write_export(cfg, to: str, out: Path | _Stdout, source: str, force: bool,
+                  user: Optional[dict] = None) -> list[str]:
     """Write ``cfg`` as ``to`` to ``out`` (``-o -``: stdout), printing the header (source,
-    how to import it, what the format does not express); returns the header."""
-    text, header = export(replace(cfg, notes=()), to, source)
+    how to import it, what the format does not express, the torchtitan settings ``user``'s
+    file carries or not); returns the header."""
+    text, header = export(replace(cfg, notes=()), to, source, user)
     for line in header[1:]:
         typer.echo(line)
     if isinstance(out, _Stdout):
@@ -750,7 +752,9 @@ def export_cmd(config: Path = typer.Argument(..., help="the plan's " + CONFIG_HE
                seq_len: SeqLenOpt = None):
     """Write a plan's config as a meshplan TOML (its layer split written out), a torchtitan job TOML,
     Megatron-LM arguments or a DeepSpeed config (ZeRO without TP/PP). Every meshplan field the target does not
-    express is listed (re-imported and compared); a mesh the target cannot run is refused with the reason."""
+    express is listed (re-imported and compared); a mesh the target cannot run is refused with the reason. From a
+    torchtitan job TOML, a torchtitan file carries the settings meshplan does not plan ([optimizer],
+    [lr_scheduler], [checkpoint], training.steps, ...) unchanged; another target lists them as not carried."""
 
     if to not in FORMATS:
         raise ConfigError("--to", f"{to!r}; use {', '.join(FORMATS)}")
@@ -758,7 +762,7 @@ def export_cmd(config: Path = typer.Argument(..., help="the plan's " + CONFIG_HE
     _refuse_existing(json_path, force, "--json")
     cfg = load_any(config, fmt, _opts(cluster, nodes, gpu, model, seq_len))
     _notes(cfg)
-    header = _write_export(cfg, to, out, str(config), force)
+    header = _write_export(cfg, to, out, str(config), force, torchtitan_source(config, fmt))
     _write_doc(json_path, export_doc(str(config), to, header, _written([] if isinstance(out, _Stdout) else [out])),
                force)
 

@@ -288,6 +288,15 @@ def test_same_mesh_other_recompute_is_weighed_as_the_knob(seed_pair):
     assert c.a.step_s <= c.b.step_s < 1.02 * c.a.step_s
 
 
+def test_framework_and_its_vocabulary_padding_are_knobs(seed_pair):
+    """The seed under Megatron-LM: its vocabulary padding (divisor 128: 128256 -> 129024 at tp 8)
+    comes with the framework, a knob beside it, not a workload difference that refuses the
+    comparison (torch keeps 128256)."""
+    mg = _seed_with(framework="megatron")
+    c = compare(seed_pair[0], mg, names=("torch", "megatron"))
+    assert ("training.vocab_pad_divisor", 1, 128) in c.knobs and ("training.framework", "torch", "megatron") in c.knobs
+
+
 def test_advice_does_not_credit_the_mesh_for_a_knob(seed_pair):
     """tp 8 with full recompute fits where tp 4 with selective does not: the advice names the
     mesh and the recompute together; it said 'a larger tensor degree fits' as if tp alone did."""

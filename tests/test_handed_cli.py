@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 
+from pathlib import Path
+
 import pytest
 
 from meshplan.cli import main
@@ -129,9 +131,12 @@ def test_c6_kv_replication_is_named(tmp_path, capsys):
 
 
 def test_c7_padding_note_and_output_gemm(tmp_path, capsys):
-    """V 32002, divisor 128, tp 2 -> 32256, 16128 rows per rank; the loss keeps 32002."""
+    """V 32002, divisor 128 (Megatron-LM's, given: framework torch does not pad), tp 2 -> 32256,
+    16128 rows per rank; the loss keeps 32002."""
     m = MODEL.format(layers=2).replace("vocab = 32000", "vocab = 32002")
-    rc, p, _ = doc(capsys, "plan", config(tmp_path, 'names = ["dp", "tp"]\nshape = [-1, 2]', model=m))
+    cfg = Path(config(tmp_path, 'names = ["dp", "tp"]\nshape = [-1, 2]', model=m))
+    cfg.write_text(cfg.read_text().replace("[training]\n", "[training]\nvocab_pad_divisor = 128\n"))
+    rc, p, _ = doc(capsys, "plan", cfg)
     assert ("vocab padded 32002 -> 32256 = ceil(V / (128 * tp 2)) * 256 (16128 per tp rank); "
             "memory and FLOPs use 32256, the loss uses 32002") in p["notes"]
     out_gemm = [g for g in p["shapes"]["gemms_forward"] if g["name"] == "output"]

@@ -270,13 +270,19 @@ def test_torchtitan_ac_round_trip_and_megatron_refusal(tmp_path, recompute, ac_f
 
 
 def test_megatron_selective_exported_to_torchtitan_lists_the_change():
-    # torchtitan has no attention-core recompute: written as op-level SAC, and the header says so
+    # torchtitan has no attention-core recompute: with flash attention written as mode "none" (the
+    # same activations kept but the flash softmax statistics; op-level SAC keeps others), and the
+    # header says so; without flash attention as "full" (the softmax output is not kept)
     cfg = config_from_dict({"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 1},
                             "training": {"global_batch": 8, "seq_len": 4096, "micro_batch": 1, "param_dtype": "fp32",
                                          "recompute": "selective"},
                             "mesh": {"names": ["dp_shard"], "shape": [8]}})
-    _, header = export(cfg, "torchtitan", "sel")
-    assert "not expressed in torchtitan: training.recompute: 'selective' -> 'op'" in header
+    text, header = export(cfg, "torchtitan", "sel")
+    assert "not expressed in torchtitan: training.recompute: 'selective' -> 'none'" in header
+    assert 'mode = "none"' in text and "selective_ac_option" not in text
+    slow = replace(cfg, training=cfg.training.model_copy(update={"flash_attention": False}))
+    assert "not expressed in torchtitan: training.recompute: 'selective' -> 'full'" in export(slow, "torchtitan",
+                                                                                             "sel")[1]
 
 
 @pytest.mark.parametrize("path,opts,to", [
@@ -288,6 +294,8 @@ def test_megatron_selective_exported_to_torchtitan_lists_the_change():
 ])
 def test_round_trip_plans_the_same(tmp_path, path, opts, to):
     cfg = load_any(path, opts=opts)
+    if to == "torchtitan":  # the seed's Megatron-LM selective has no torchtitan option (the test above)
+        cfg = replace(cfg, training=cfg.training.model_copy(update={"recompute": "full"}))
     text, header = export(cfg, to, str(path))
     assert not [h for h in header if h.startswith("not expressed")], header
     out = tmp_path / f"x.{ {'deepspeed': 'json', 'megatron': 'args'}.get(to, 'toml') }"

@@ -69,11 +69,12 @@ def test_torchtitan_real_keys_are_listed_not_refused(tmp_path):
         "pipeline_parallel_schedule_csv = \"\"\nexpert_parallel_comm_backend = \"standard\"") + extra
     cfg = load_any(_write(tmp_path, "t.toml", text), opts=H100)
     unused = cfg.notes[-1]
-    for key in ("training.steps", "optimizer.lr", "training.max_norm", "parallelism.context_parallel_rotate_method",
+    for key in ("training.steps", "optimizer.lr", "parallelism.context_parallel_rotate_method",
                 "parallelism.pipeline_parallel_schedule_csv", "parallelism.expert_parallel_comm_backend",
                 "lr_scheduler.warmup_steps", "compile.backend", "quantize.linear.mx.recipe_name"):
         assert key in unused, key
     assert "compile.enable" not in unused and cfg.training.torch_compile   # read: torch.compile on
+    assert "training.max_norm" not in unused and cfg.training.grad_clip  # read: torchtitan clips every step
 
 
 @pytest.mark.parametrize("old,new,error", [

@@ -70,9 +70,13 @@ def test_tied_output_not_counted_twice_at_pp1():
 
 def test_padded_vocab_is_used():
     m = mesh(["dp", "tp"], [1, 2])
-    t = training("none")  # divisor 128: vocab 32 -> 256
+    t = training("none", vocab_pad_divisor=128)  # divisor 128: vocab 32 -> 256
     (s,) = stage_params(TINY, m, t, stage_layers(4, 1))
     assert s.embedding_params == 256 * 16 // 2
+    # unset, the framework's: Megatron-LM pads (128), torch does not (32 / tp 2 = 16 rows)
+    (mg,) = stage_params(TINY, m, training("none", framework="megatron"), stage_layers(4, 1))
+    (tt,) = stage_params(TINY, m, training("none"), stage_layers(4, 1))
+    assert (mg.embedding_params, tt.embedding_params) == (256 * 16 // 2, 32 * 16 // 2)
 
 
 def test_unsharded_mixed_precision_adam_is_18_bytes_per_param():

@@ -138,9 +138,15 @@ def test_explain_by_hand_with_the_tie_rule():
     # 12.348 / 12.337 - 1 = 0.089%; or left out of the rows (its label named)
     a, b = {"step": 12.337, "bubble": 0.418}, {"step": 12.348, "bubble": 0.434}
     y = explain(a, b, {"vpp": 8}, {"vpp": 5}, fastest_step_s=12.326, fastest_row=4)
-    assert y.line() == ("top's step 12.337 s is 0.09% longer than the fastest's (#4, 12.326 s), within 1%: listed "
-                        "first by the tie rule (fewer axes / lower degrees); against #2 (12.348 s, 0.09% longer): "
-                        "bubble 418 ms vs 434 ms (vpp 8 vs 5)")
+    assert y.line() == ("top's step 12.337 s is 0.089% longer than the fastest's (#4, 12.326 s), within 1%: listed "
+                        "first by the tie rule (fewer axes / lower degrees); against #2 (12.348 s, 0.089% longer than "
+                        "the top's): bubble 418 ms vs 434 ms (vpp 8 vs 5)")
+    # a runner-up 0.4 ms longer (12.3374 / 12.337 - 1 = 0.0032%): its two digits, not "0.00% longer";
+    # 12.33701 / 12.337 - 1 = 8.1e-7, below 0.001%: "equal within 0.001%"
+    assert "against #2 (12.337 s, 0.0032% longer than the top's)" in \
+        explain(a, {**b, "step": 12.3374}, {}, {}, fastest_step_s=12.326, fastest_row=4).line()
+    assert "against #2 (12.337 s, equal to the top's within 0.001%)" in \
+        explain(a, {**b, "step": 12.33701}, {}, {}, fastest_step_s=12.326, fastest_row=4).line()
     z = explain(a, b, {"vpp": 8}, {"vpp": 5}, fastest_step_s=12.326, fastest_row=None, fastest_label="pp 4 x tp 2")
     assert "(pp 4 x tp 2, not listed, 12.326 s)" in z.line() and z.to_dict()["fastest_row"] is None
     # the top the fastest: the plain line
@@ -180,7 +186,9 @@ def test_no_row_is_faster_than_the_line_says_llama3_70b():
     assert steps[0] <= steps[3] * (1 + TIE)  # the tie rule's window
     line = x.line()
     assert not line.startswith("top is") and f"(#4, {steps[3]:.3f} s), within 1%" in line
-    assert f"against #2 ({steps[1]:.3f} s, {steps[1] / steps[0] - 1:.2%} longer)" in line
+    rel = steps[1] / steps[0] - 1  # two decimals from 0.1%, two significant digits below
+    assert f"against #2 ({steps[1]:.3f} s, {f'{rel:.2%}' if rel >= 1e-3 else f'{rel * 100:.2g}%'} longer than " \
+        "the top's)" in line
     doc = search_to_dict(r)["top_vs_runner_up"]
     assert doc["by_tie_rule"] and doc["fastest_row"] == 4 and doc["line"] == line
 
@@ -232,3 +240,20 @@ def test_compute_cause_is_named_only_when_it_explains_the_direction():
     # micro-batch and tp move compute either way: stated as differences after the causes
     mb = explain(top, two, d_top, {**d_two, "micro_batch": 2}).parts[0]
     assert mb.context == "copies on the compute stream 0 ms vs 865 ms, micro-batch 1 vs 2"
+
+
+def test_replica_part_names_dp_replicate():
+    """A user's report: Llama 3 8B on 64 H100, full recompute, FSDP resharded, dp_shard 64 (top)
+    against dp_replicate 2 x dp_shard 32 (HSDP, #2): the replicas' all-reduce (exposed
+    dp_replicate, none on the top) was explained by "dp_shard 64 vs 32" alone; the axis that
+    sets it, dp_replicate 1 vs 2, comes first now, and fsdp's own group (dp_shard) first for fsdp."""
+    cfg = config_from_dict({"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 8},
+                            "training": {"global_batch": 64, "seq_len": 8192},
+                            "search": {"pp": [1], "tp": [1], "cp": [1], "dp_replicate": [1, 2], "micro_batch": [1],
+                                       "recompute": ["full"], "sharding": ["zero3", "hsdp"],
+                                       "reshard_after_forward": [True]}}, require_mesh=False)
+    r = search(cfg, workers=1)
+    assert [r.candidates.label(e.index).split(",")[0] for e in r.top] == ["dp_shard 64", "dp_replicate 2 x dp_shard 32"]
+    parts = {d.part: d.context for d in r.explanation.parts}
+    assert parts["exposed dp_replicate"] == "dp_replicate 1 vs 2, dp_shard 64 vs 32, sharding zero3 vs hsdp"
+    assert parts["exposed fsdp"] == "dp_shard 64 vs 32, dp_replicate 1 vs 2, sharding zero3 vs hsdp"

@@ -68,9 +68,10 @@ def test_feasibility_and_axis_annotation(plan8, plan4):
 
 def test_persistent_state_fsdp2(plan8):
     s = plan8.state[0]
-    # 70.55e9 params / tp 8 (plus replicated norms) sharded 8 ways: fp32 params + fp32 grads + Adam 8 B
-    assert s.params.total == 8_821_940_224
-    assert s.total_bytes == pytest.approx(8_821_940_224 / 8 * 16, rel=1e-6)
+    # 70.55e9 params / tp 8 (plus replicated norms) sharded 8 ways: fp32 params + fp32 grads + Adam 8 B;
+    # vocabulary unpadded (framework torch): 2 x 128256 x 8192 / 8 = 262,668,288 for embedding and output
+    assert s.params.total == 8_820_367_360 and s.params.embedding_params == 128256 * 8192 // 8
+    assert s.total_bytes == pytest.approx(8_820_367_360 / 8 * 16, rel=1e-6)
 
 
 def test_json_has_every_group_and_schema(plan8, tmp_path):

@@ -22,15 +22,15 @@ def _plan(schedule: str, vpp: int = 2, global_batch: int = 64):
 
 @pytest.mark.parametrize("schedule", ["zbv", "dualpipev"])
 def test_v_layers_parameters_and_send_recv(schedule):
-    """Llama-3-8B (32 layers, vocab 128256 padded to 128512 for tp 4), pp 4 x vpp 2: stage s
+    """Llama-3-8B (32 layers, vocab 128256, unpadded under framework torch), pp 4 x vpp 2: stage s
     holds virtual stages s and 7 - s of 4 layers each. Stage 0's parameters per tp rank are
-    stage 1's plus the embedding and the output layer (128512 x 4096 / tp 4 = 131,596,288
-    each) and the final norm (4096, replicated): 263,196,672 more. Send/recv per micro-batch
+    stage 1's plus the embedding and the output layer (128256 x 4096 / tp 4 = 131,334,144
+    each) and the final norm (4096, replicated): 262,672,384 more. Send/recv per micro-batch
     each way: 2 on stages 0 and 3, 4 on stages 1 and 2 (looped interleaved: 3, 4, 4, 3)."""
     p = _plan(schedule)
     assert p.stages[0] == [[0, 1, 2, 3], [28, 29, 30, 31]] and p.stages[3] == [[12, 13, 14, 15], [16, 17, 18, 19]]
     assert [p.stage(k).last for k in range(4)] == [True, False, False, False]
-    assert p.state[0].params.total - p.state[1].params.total == 2 * 128512 * 4096 // 4 + 4096
+    assert p.state[0].params.total - p.state[1].params.total == 2 * 128256 * 4096 // 4 + 4096 == 262_672_384
     assert p.state[1].params.total == p.state[3].params.total
     sends = [[r.per_microbatch for r in p.stage(k).collectives if r.axis == "pp" and r.op == "send/recv"]
              for k in range(4)]

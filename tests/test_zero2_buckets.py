@@ -5,10 +5,11 @@ gradient accumulation boundaries as well"; ``stage_1_and_2.py``
 elements are in it): the collective table, the step timeline and the memory timeline count the
 same buckets. Values by hand.
 
-Llama-3-8B, dp 2 x tp 4: a rank holds 2,008,289,280 parameters (``tests/test_ddp_buckets.py``).
+Llama-3-8B, dp 2 x tp 4: a rank holds 2,007,764,992 parameters (``tests/test_ddp_buckets.py``; the
+vocabulary unpadded, framework torch).
 Bucket: Megatron-Core's default ``max(40e6, 1e6 x dp 2)`` = 40,000,000 elements, fp32 (the
-reduce dtype): 160,000,000 B. 2,008,289,280 = 50 x 40,000,000 + 8,289,280: 50 full buckets and
-one of 33,157,120 B per micro-batch; global batch 8 / (micro-batch 1 x dp 2) = 4 micro-batches.
+reduce dtype): 160,000,000 B. 2,007,764,992 = 50 x 40,000,000 + 7,764,992: 50 full buckets and
+one of 31,059,968 B per micro-batch; global batch 8 / (micro-batch 1 x dp 2) = 4 micro-batches.
 """
 
 from __future__ import annotations
@@ -28,13 +29,13 @@ def _plan(sharding="zero2", **memory):
 def test_table_reduce_scatters_every_micro_batch_per_bucket():
     rows = _dp(_plan())
     rs = {int(r.size_bytes): (r.phase, r.dtype, r.per_microbatch, r.per_step) for r in rows if r.op == "reduce-scatter"}
-    assert rs == {160_000_000: ("backward", "fp32", 50, 200), 33_157_120: ("backward", "fp32", 1, 4)}
-    assert sum(r.size_bytes * r.per_step for r in rows if r.op == "reduce-scatter") == 4 * 2_008_289_280 * 4
+    assert rs == {160_000_000: ("backward", "fp32", 50, 200), 31_059_968: ("backward", "fp32", 1, 4)}
+    assert sum(r.size_bytes * r.per_step for r in rows if r.op == "reduce-scatter") == 4 * 2_007_764_992 * 4
     [ag] = [r for r in rows if r.op == "all-gather"]  # the updated parameters, once per step, bf16
-    assert (ag.phase, ag.size_bytes, ag.per_step) == ("step", 2_008_289_280 * 2, 1)
+    assert (ag.phase, ag.size_bytes, ag.per_step) == ("step", 2_007_764_992 * 2, 1)
     # ZeRO-1 keeps the gradients whole: one reduce-scatter of them all, once per step
     [rs1] = [r for r in _dp(_plan("zero1")) if r.op == "reduce-scatter"]
-    assert (rs1.phase, rs1.size_bytes, rs1.per_step) == ("step", 2_008_289_280 * 4, 1)
+    assert (rs1.phase, rs1.size_bytes, rs1.per_step) == ("step", 2_007_764_992 * 4, 1)
 
 
 def test_timeline_issues_the_buckets_in_every_backward():

@@ -138,17 +138,31 @@ def reimport_options(cfg: Config, to: str) -> ImportOptions:
                          seq_len=cfg.training.seq_len)
 
 
-def export(cfg: Config, to: str, source: str) -> tuple[str, list[str]]:
+def torchtitan_source(path, fmt: str | None = None) -> dict | None:
+    """The parsed torchtitan job TOML at ``path`` (its pre-2025 ``[float8]`` read as
+    ``[quantize.linear.float8]``) when the config is one (``fmt`` or detected), else None:
+    what :func:`export` carries into a torchtitan file."""
+    p = Path(path)
+    if (fmt or detect(p, _text(p))) != "torchtitan":
+        return None
+    return torchtitan.current_layout(parse_toml(_text(p), str(p)))
+
+
+def export(cfg: Config, to: str, source: str, user: dict | None = None) -> tuple[str, list[str]]:
     """(file text, header lines) of ``cfg`` written as ``to``. The header names the source,
     how to import the file again, and every meshplan field the re-imported file does not
     give back (``not expressed in <to>: ...``, module docstring); it opens TOML and
     arguments files as comments (a DeepSpeed JSON has none: the caller prints it). A target
     that cannot hold ``cfg`` is a ConfigError naming ``--to`` and the foreign formats that
-    do (each tried: a suggestion is never refused in turn), or saying that none does."""
+    do (each tried: a suggestion is never refused in turn), or saying that none does.
+    ``user``: the torchtitan job TOML ``cfg`` was read from (:func:`torchtitan_source`):
+    a torchtitan file carries its settings meshplan does not plan (optimizer, schedule,
+    checkpoints, ...) unchanged (:func:`meshplan.interop.torchtitan.carried`), the header
+    names them; another target lists them as not carried."""
     if to not in FORMATS:
         raise ConfigError("--to", f"{to!r}; use {', '.join(FORMATS)}")
     try:
-        return _export(cfg, to, source)
+        return _export(cfg, to, source, user)
     except ConfigError as e:
         if e.field != "--to":
             raise
@@ -167,17 +181,25 @@ def _takes(cfg: Config, to: str, source: str) -> bool:
     return True
 
 
-def _export(cfg: Config, to: str, source: str) -> tuple[str, list[str]]:
+def _export(cfg: Config, to: str, source: str, user: dict | None = None) -> tuple[str, list[str]]:
     """:func:`export` without the suggestion of another target."""
     opts = reimport_options(cfg, to)
     head = [f"meshplan export of {source} ({cfg.model.name} on {cfg.cluster.nodes}x {cfg.cluster.node.name})"]
+    if to != "torchtitan" and user is not None:
+        _, kept = torchtitan.carried(user, {})
+        head.append(f"not carried to {to}: the torchtitan settings meshplan does not plan: {', '.join(kept)}")
     if to == "meshplan":
         return dumps(meshplan_tables(cfg), tuple(head)), head
     head.append(f"import with: meshplan import {to} FILE --cluster {opts.cluster} --nodes {opts.nodes}"
                 + (f" --gpu {opts.gpu}" if opts.gpu else "")
                 + ("" if to != "deepspeed" else f" --model {opts.model or 'MODEL'} --seq-len {opts.seq_len}"))
     if to == "torchtitan":
-        body = dumps(torchtitan.write(cfg))
+        tables, kept = torchtitan.carried(user, torchtitan.write(cfg)) if user is not None else \
+            (torchtitan.write(cfg), [])
+        if kept:
+            head.append(f"carried unchanged from {source}: {', '.join(kept)}")
+        head += torchtitan.write_notes(cfg)
+        body = dumps(tables)
         again = torchtitan.read(tomllib.loads(body), Path("."), opts)
     elif to == "megatron":
         body = "\n".join(megatron.write(cfg)) + "\n"

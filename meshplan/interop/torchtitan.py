@@ -32,6 +32,10 @@ parallelism.module_fqns_per_model_part,        mesh.pp_layer_split (torchtitan's
 parallelism.disable_loss_parallel              mesh.loss_parallel
 parallelism.enable_async_tensor_parallel       training.tp_comm_overlap
 compile.enable (+ components model, loss)      training.torch_compile (default off: eager)
+training.max_norm                              training.grad_clip = true whatever its value: the
+                                                 train step calls clip_grad_norm_ every step (norm,
+                                                 then a multiply by min(max_norm / norm, 1), never
+                                                 skipped: torch clip_grads_with_norm_)
 activation_checkpoint.mode                     training.recompute: none, full; selective with
   + selective_ac_option                          option "op" -> op (tp = cp = ep = 1, no MLA; else
                                                  selective, with a note), "<k>" -> layer, ac_freq k
@@ -71,6 +75,7 @@ from meshplan.interop.common import (
 from meshplan.interop.tomlout import mesh_spec, resolved, virtual_split
 from meshplan.interop.torchtitan_tables import (
     FLOAT8,
+    LINEAR_CONVERTERS,
     SCHEDULE_NAMES,
     SCHEDULES,
     V_SCHEDULES,
@@ -100,7 +105,7 @@ USED = {"model.name", "model.flavor", "model.converters", "training.local_batch_
         "parallelism.pipeline_parallel_microbatch_size", "parallelism.module_fqns_per_model_part",
         "parallelism.pipeline_parallel_layers_per_stage", "parallelism.pipeline_parallel_first_stage_less_layers",
         "parallelism.pipeline_parallel_last_stage_less_layers", "parallelism.disable_loss_parallel",
-        "parallelism.enable_async_tensor_parallel", "compile.enable", "compile.components"} | \
+        "parallelism.enable_async_tensor_parallel", "compile.enable", "compile.components", "training.max_norm"} | \
     {f"parallelism.{k}" for k in DEGREES}
 #: torchtitan keys (job_config.py at e347b1e) within three edits of a key the reader reads:
 #: none there; a later torchtitan key that close goes here so that it is listed, not refused.
@@ -228,6 +233,11 @@ def _training(d: dict, deg: dict[str, int], shard: int, opts: ImportOptions, mod
         raise ConfigError("parallelism.enable_async_tensor_parallel", "torchtitan raises \"Async TP requires "
                           "torch.compile\" without [compile] enable = true (components with \"model\"): set it, or "
                           "set enable_async_tensor_parallel = false")
+    norm = tr.get("max_norm", 1.0)
+    if isinstance(norm, bool) or not isinstance(norm, (int, float)) or not norm > 0:
+        raise ConfigError("training.max_norm", f"{norm!r}; give the gradient-norm bound, a number > 0 (torchtitan's "
+                          f"default 1.0)")
+    training["grad_clip"] = True  # torchtitan clips every step (module docstring)
     if dtype == "bf16":  # training.dtype bfloat16: everything in bf16, no fp32 copy
         training |= {"master_weights": False, "grad_dtype": "bf16", "optimizer_dtype": "bf16"}
     return training | read_float8(d, shard, notes)
@@ -382,6 +392,85 @@ def write(cfg: Config) -> dict[str, dict]:
             "model": model, "training": training, "parallelism": par,
             "activation_checkpoint": write_recompute(t)} | quantize \
         | ({"compile": {"enable": True, "components": ["model", "loss"]}} if t.torch_compile else {})
+
+
+#: Keys the reader reads whose values the plan leaves as they were (the tokenizer and weights'
+#: folder; the clipping bound, read as clipping on): carried by :func:`carried`, not rewritten.
+KEPT = {"model.hf_assets_path", "training.max_norm"}
+
+
+def carried(user: dict, written: dict) -> tuple[dict, list[str]]:
+    """(tables, what was carried) of ``written`` (:func:`write`) with the user's torchtitan
+    job TOML ``user`` carried through: every key meshplan does not read (``[job]``,
+    ``[optimizer]``, ``[lr_scheduler]``, ``[metrics]``, ``[checkpoint]``, ``training.steps``,
+    ...) and :data:`KEPT` unchanged (``job.description`` the user's where it has one), the
+    converters meshplan does not model kept beside the written ones; every other read key is
+    what :func:`write` says (the plan), absent where it writes none. ``model.hf_assets_path`` only while the model is still the user's. What was
+    carried: whole tables as ``[name]``, single keys dotted.
+
+    >>> user = {"job": {"dump_folder": "./o"}, "training": {"seq_len": 4096, "steps": 10},
+    ...         "activation_checkpoint": {"mode": "full", "early_stop": True}}
+    >>> tables, names = carried(user, {"training": {"seq_len": 8192}, "activation_checkpoint": {"mode": "none"}})
+    >>> tables["training"], tables["activation_checkpoint"]
+    ({'steps': 10, 'seq_len': 8192}, {'early_stop': True, 'mode': 'none'})
+    >>> names
+    ['[job]', 'training.steps', 'activation_checkpoint.early_stop']
+    """
+    moved = "model" in written and _model_key(user) != _model_key(written)
+    keep = _strip(user, (READ - KEPT) | ({"model.hf_assets_path"} if moved else set()))
+    tables = _merge(keep, _strip(written, set(flatten(keep))))  # the user's description of the job stays
+    other = [str(c) for c in user.get("model", {}).get("converters", []) if str(c) not in LINEAR_CONVERTERS]
+    if other:
+        model = tables.get("model", {})
+        tables["model"] = {**model, "converters": [*model.get("converters", []), *other]}
+    read = {r.partition(".")[0] for r in READ} | set(written)
+    names = [f"[{k}]" for k in keep if k not in read] + list(flatten({k: v for k, v in keep.items() if k in read}))
+    return tables, names + [f"model.converters {other}"] * bool(other)
+
+
+def current_layout(d: dict) -> dict:
+    """A parsed torchtitan job TOML in the current layout (:func:`_old_float8`)."""
+    return _old_float8(d)[0]
+
+
+def write_notes(cfg: Config) -> list[str]:
+    """Header notes of a torchtitan export: a recompute policy torchtitan has no option for,
+    written as the nearest one (:func:`~meshplan.interop.torchtitan_tables.write_recompute`)."""
+    t = cfg.training
+    if t.recompute != "selective":
+        return []
+    written = write_recompute(t)["mode"]
+    return [f"note: the plan modelled Megatron-LM's selective recompute (attention core only), which torchtitan "
+            f"has no option for (op-level SAC \"op\" is planned with tp = cp = ep = 1 only, so not at this mesh); "
+            f"written as mode = \"{written}\", " + ("the same activations kept but the flash softmax statistics, "
+            "attention not replayed" if written == "none" else "without flash attention the nearest that keeps "
+            "no more than the plan")]
+
+
+def _model_key(d: dict) -> tuple:
+    m = d.get("model", {})
+    return m.get("name", "llama3"), m.get("flavor", "debugmodel")
+
+
+def _strip(d: dict, drop: set[str], prefix: str = "") -> dict:
+    """``d`` without the dotted keys in ``drop`` (a table emptied by it left out)."""
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and v:
+            sub = _strip(v, drop, f"{prefix}{k}.")
+            if sub:
+                out[k] = sub
+        elif f"{prefix}{k}" not in drop:
+            out[k] = v
+    return out
+
+
+def _merge(base: dict, top: dict) -> dict:
+    """``base`` with ``top`` over it, table by table (``top`` wins a key both hold)."""
+    out = dict(base)
+    for k, v in top.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
 
 
 def _write_degrees(cfg: Config, mesh: Mesh) -> dict[str, int]:

@@ -110,8 +110,14 @@ def read_recompute(d: dict, deg: dict[str, int], model: dict, notes: list[str]) 
 
 def write_recompute(t) -> dict[str, str]:
     """[activation_checkpoint] of ``t``: none and full as they are; op and layer as torchtitan's
-    selective options "op" and "<ac_freq>"; Megatron-LM's selective (attention core), which
-    torchtitan has no option for, as op-level SAC (the re-import lists the difference)."""
+    selective options "op" and "<ac_freq>". Megatron-LM's selective (attention core
+    recomputed), which torchtitan has no option for, as what keeps what the plan kept: with
+    flash attention ``none`` (the same activations but the flash softmax statistics,
+    :func:`meshplan.memory.activations.layer_terms`), without it ``full`` (the softmax output
+    is not kept); not op-level SAC, which saves and recomputes other tensors (the export's
+    header says so, the re-import lists the difference)."""
+    if t.recompute == "selective":
+        return {"mode": "none" if t.flash_attention else "full"}
     if t.recompute in ("none", "full"):
         return {"mode": t.recompute}
     return {"mode": "selective", "selective_ac_option": str(t.ac_freq) if t.recompute == "layer" else "op"}

@@ -155,6 +155,25 @@ def _faster_words(rel: float, top_s: float, runner_s: float) -> str:
     return f"as fast as #2 ({both}, within 0.001%)"
 
 
+def _relative(rel: float, than: str) -> str:
+    """``|rel|`` as a percentage, ``longer`` or ``shorter`` (rel < 0) ``than``: two decimals
+    from 0.1%, two significant digits below (``0.0042% longer``), and ``equal to ... within
+    0.001%`` where the two agree that closely (never a "0.00% longer").
+
+    >>> _relative(0.0123, "the top's"), _relative(-4.2e-5, "the top's")
+    ("1.23% longer than the top's", "0.0042% shorter than the top's")
+    >>> _relative(3e-6, "the top's")
+    "equal to the top's within 0.001%"
+    """
+    a = abs(rel)
+    word = "longer" if rel >= 0 else "shorter"
+    if a >= 1e-3:
+        return f"{a:.2%} {word} than {than}"
+    if a >= 1e-5:
+        return f"{a * 100:.2g}% {word} than {than}"
+    return f"equal to {than} within 0.001%"
+
+
 @dataclass(frozen=True)
 class Explanation:
     """The top against the runner-up: relative step difference (runner / top - 1), the
@@ -183,19 +202,19 @@ class Explanation:
 
     def line(self, most: int = 3) -> str:
         """``top is 4.1% faster than #2: bubble 3.2 s vs 5.0 s (pp 16 vs 32), ...`` when the top
-        is the fastest; else ``top's step 12.337 s is 0.09% longer than the fastest's (#4,
-        12.326 s), within 1%: ...; against #2 (12.348 s, 0.09% longer): ...``."""
+        is the fastest; else ``top's step 12.337 s is 0.089% longer than the fastest's (#4,
+        12.326 s), within 1%: ...; against #2 (12.348 s, 0.089% longer than the top's): ...``
+        (:func:`_relative`: never a "0.00%")."""
         parts = ", ".join(_part_text(d) for d in self.parts[:most]) or "no part differs"
         if not self.by_tie_rule:
             return f"top is {_faster_words(self.faster, self.top_step_s, self.runner_step_s)}: {parts}"
         where = f"#{self.fastest_row}" if self.fastest_row else f"{self.fastest_label}, not listed"
-        head = (f"top's step {self.top_step_s:.3f} s is {self.top_step_s / self.fastest_step_s - 1:.2%} longer than "
-                f"the fastest's ({where}, {self.fastest_step_s:.3f} s), within 1%: listed first by the tie rule "
-                "(fewer axes / lower degrees)")
+        longer = _relative(self.top_step_s / self.fastest_step_s - 1, "the fastest's")
+        head = (f"top's step {self.top_step_s:.3f} s is {longer} ({where}, {self.fastest_step_s:.3f} s), within 1%: "
+                "listed first by the tie rule (fewer axes / lower degrees)")
         if self.fastest_row == 2:
             return f"{head}; parts against #2: {parts}"
-        rel = self.faster
-        runner = f"{self.runner_step_s:.3f} s, {abs(rel):.2%} {'longer' if rel >= 0 else 'shorter'}"
+        runner = f"{self.runner_step_s:.3f} s, " + _relative(self.faster, "the top's")
         return f"{head}; against #2 ({runner}): {parts}"
 
     def to_dict(self) -> dict:
@@ -262,7 +281,16 @@ def _vs(a: dict, b: dict, key: str, fmt: str = "{}") -> str:
 
 def _context(part: str, a: dict, b: dict) -> str:
     """What sets ``part`` in the two candidates' descriptions (``a``, ``b``: mesh degrees,
-    micro-batches ``m``, ``vpp``, ``gemm_efficiency``, ``recompute``, flags)."""
+    micro-batches ``m``, ``vpp``, ``gemm_efficiency``, ``recompute``, flags): the keys that
+    differ among those that set it.
+
+    >>> a = {"dp_replicate": 1, "dp_shard": 64, "cp": 1, "sharding": "zero3"}
+    >>> b = {"dp_replicate": 2, "dp_shard": 32, "cp": 1, "sharding": "hsdp"}
+    >>> _context("exposed dp_replicate", a, b)
+    'dp_replicate 1 vs 2, dp_shard 64 vs 32, sharding zero3 vs hsdp'
+    >>> _context("exposed fsdp", a, {**b, "dp_shard": 64, "cp": 2, "dp_replicate": 1})
+    'cp 1 vs 2, sharding zero3 vs hsdp'
+    """
     if part == "bubble":
         keys = [("pp", "{}"), ("vpp", "{}"), ("m", "{}")]
     elif part == "compute":
@@ -270,8 +298,12 @@ def _context(part: str, a: dict, b: dict) -> str:
     elif part in ("exposed tp", "exposed loss"):
         keys = [("tp", "{}"), ("tp_comm_overlap", "{}")]
     elif part in ("exposed fsdp", "exposed efsdp", "exposed dp", "exposed dp_replicate"):
-        keys = [("dp_shard", "{}"), ("cp", "{}"), ("sharding", "{}"), ("reshard_after_forward", "{}"),
-                ("micro_batch", "{}")]
+        # the data axes that differ, the part's own group first: fsdp = dp_shard x cp, the
+        # replicas' all-reduce over dp_replicate (at one world, a change of one moves another)
+        axes = ["dp_replicate", "dp_shard", "cp"] if part in ("exposed dp", "exposed dp_replicate") else \
+            ["dp_shard", "cp", "dp_replicate"]
+        keys = [(k, "{}") for k in axes] + [("sharding", "{}"), ("reshard_after_forward", "{}"),
+                                             ("micro_batch", "{}")]
     elif part == "exposed cp":
         keys = [("cp", "{}")]
     elif part == "exposed ep":

@@ -14,13 +14,15 @@ Dtype = Literal["fp32", "bf16", "fp16", "fp8"]
 # The [training] fields that are design choices of the plan (how the step runs), which
 # ``meshplan compare`` weighs as it weighs the mesh; every other field is the workload (what
 # the step computes: batch, sequence, the model's dtypes and reductions, optimizer, clipping,
-# vocabulary padding, MoE routing, the HBM kept free) and must be equal on both sides.
+# MoE routing, the HBM kept free) and must be equal on both sides. ``vocab_pad_divisor`` is
+# the framework's layout of the same vocabulary (the loss is over V either way; unset it
+# follows ``framework``), so a knob with it.
 # ``fp8_all_gather`` (torchtitan's float8 all-gather of the float8 Linear weights) is a knob: it
 # changes the bytes FSDP gathers, not what the GEMMs compute; ``linear_dtype`` and
 # ``fp8_output_layer`` (which GEMMs run in float8) are the workload's numerics.
 PLAN_KNOBS = ("micro_batch", "sharding", "reshard_after_forward", "recompute", "ac_freq", "flash_attention",
               "tp_comm_overlap", "framework", "zero3_engine", "grad_accumulation", "fp8_all_gather",
-              "torch_compile", "pp_schedule_runs")
+              "torch_compile", "pp_schedule_runs", "vocab_pad_divisor")
 
 #: The weights of ``nn.Linear`` modules (torchtitan's model files; Megatron-LM's Transformer Engine
 #: linears): attention (dense and MLA), the dense MLP and the shared experts, the MoE router's gate
@@ -40,7 +42,14 @@ class TrainingSpec(BaseModel):
     chooses ZeRO-3 (true) or keeps gathered parameters from forward to backward (false)),
     ``hsdp`` (zero3 within dp_shard, replicated over dp_replicate).
     ``memory_reserve``: fraction of HBM kept free (allocator, NCCL, headroom).
-    ``vocab_pad_divisor``: Megatron's ``make-vocab-size-divisible-by`` (default 128).
+    ``vocab_pad_divisor``: the vocabulary is padded to a multiple of ``vocab_pad_divisor x tp``
+    (:func:`meshplan.spec.axes.tp.padded_vocab`). Unset, it follows the framework: 128 under
+    ``framework = "megatron"`` (Megatron-LM's ``--make-vocab-size-divisible-by`` default,
+    ``_vocab_size_with_padding``), 1 under ``torch``: torchtitan builds the embedding and the
+    output layer with the tokenizer's ``vocab_size`` as given (``nn.Embedding(vocab_size, dim)``,
+    ``nn.Linear(dim, vocab_size)`` in ``torchtitan/models/llama3/model``) and tp shards their
+    rows with DTensor, unevenly where tp does not divide V (``torch.chunk``: ``ceil(V / tp)``
+    rows on the first ranks), which divisor 1 models by the largest shard.
     ``grad_reduce_dtype``: dtype of the gradient reduction over the data axes: ``fp32``
     (Megatron-LM's DDP and distributed optimizer reduce fp32 main gradients,
     ``--accumulate-allreduce-grads-in-fp32``), ``bf16``, or ``param`` (the parameter dtype);
@@ -152,7 +161,7 @@ class TrainingSpec(BaseModel):
     ac_freq: int = Field(default=1, ge=1)
     flash_attention: bool = True
     memory_reserve: float = Field(default=0.10, ge=0, lt=1)
-    vocab_pad_divisor: int = Field(default=128, gt=0, le=BOUNDS["vocab_pad_divisor"].value)
+    vocab_pad_divisor: int = Field(gt=0, le=BOUNDS["vocab_pad_divisor"].value)
     grad_reduce_dtype: Optional[Literal["fp32", "bf16", "param"]] = None
     tp_comm_overlap: bool = False
     grad_clip: bool = True
@@ -167,6 +176,20 @@ class TrainingSpec(BaseModel):
     moe_capacity_factor: float = Field(default=1.0, gt=0)
     moe_dropless: bool = False
     moe_hottest_expert_share: Optional[float] = Field(default=None, gt=0, le=1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _framework_padding(cls, data):
+        """``vocab_pad_divisor`` unset: the framework's (class docstring).
+
+        >>> TrainingSpec(global_batch=8, seq_len=16).vocab_pad_divisor
+        1
+        >>> TrainingSpec(global_batch=8, seq_len=16, framework="megatron").vocab_pad_divisor
+        128
+        """
+        if isinstance(data, dict) and data.get("vocab_pad_divisor") is None:
+            data = {**data, "vocab_pad_divisor": 128 if data.get("framework") == "megatron" else 1}
+        return data
 
     @model_validator(mode="after")
     def _check(self):

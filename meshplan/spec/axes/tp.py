@@ -10,7 +10,8 @@ Rules (handed cases C6, C7):
   (:func:`meshplan.comm.collectives.kv_replica_grad_numel`, axis ``kv_replica``), so they stay equal;
 - the MLP width divisible by tp (where the model has a dense MLP);
 - padded vocabulary = ceil(V / (divisor * tp)) * divisor * tp (Megatron-LM
-  ``_vocab_size_with_padding``), a note;
+  ``_vocab_size_with_padding``; divisor 128 under Megatron, 1 under torch, which does not pad
+  but shards the rows unevenly where tp does not divide V), a note;
 - under SP the local sequence s / cp divisible by tp.
 """
 
@@ -91,6 +92,11 @@ def _vocab(m, t, d):
     v = padded_vocab(m.vocab, div, tp)
     if v == m.vocab:
         return (), ()
+    if div == 1:
+        return (), (f"vocab {m.vocab} does not divide by tp {tp}: the embedding and output rows are sharded "
+                    f"unevenly (DTensor, torch.chunk: {v // tp} rows on the first ranks, "
+                    f"{m.vocab - (ceil(m.vocab / (v // tp)) - 1) * (v // tp)} on the last holding any); memory and "
+                    f"FLOPs use the largest shard ({v // tp} x tp {tp} = {v}), the loss uses {m.vocab}",)
     return (), (f"vocab padded {m.vocab} -> {v} = ceil(V / ({div} * tp {tp})) * {div * tp} ({v // tp} per tp rank); "
                 f"memory and FLOPs use {v}, the loss uses {m.vocab}",)
 
@@ -99,10 +105,20 @@ def _seq_bad(m, t, d):
     return d.sp & ((t.seq_len // d.cp) % d.tp != 0)
 
 
+def _exact(num: int, den: int) -> str:
+    """``num / den`` as printed in a reason: a whole number as it is, a fraction to 6
+    significant digits (never floored).
+
+    >>> _exact(8192, 4), _exact(8192, 3)
+    ('2048', '2730.67')
+    """
+    return str(num // den) if num % den == 0 else f"{num / den:.6g}"
+
+
 def _seq(m, t, d):
     s, cp, tp = t.seq_len, d.cp, d.tp
     if _seq_bad(m, t, d):
-        return (f"sequence parallel: local seq {s // cp} (seq_len {s} / cp {cp}) is not divisible by tp {tp}",), ()
+        return (f"sequence parallel: local seq = seq_len {s} / cp {cp} = {_exact(s, cp)} is not a multiple of tp {tp}",), ()
     return (), ()
 
 
