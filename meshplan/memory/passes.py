@@ -47,9 +47,10 @@ allocated at its first reduce of the step (FSDP2 sets grads to None at ``zero_gr
 root's head gradients are written in the head's backward and wait for the root's reduce
 after the embedding's backward. The inter-layer gradient dY (``temporaries``) lives
 through the pass. Without FSDP the gradients are persistent (Megatron's contiguous grad
-buffer) and a bucket (``grad_buffers``) exists during backward: every backward for zero2,
-the last backward of the chunk for none/zero1 when grads are reduced in another dtype
-(else in place: 0).
+buffer) and a bucket (``grad_buffers``) exists during backward: every backward for zero2
+and for DeepSpeed's ZeRO-1/2 (``training.zero12_engine``: its bucket buffers,
+:meth:`~meshplan.spec.memory.MemoryOptions.deepspeed_bucket_bytes`), the last backward of the
+chunk for none/zero1 when grads are reduced in another dtype (else in place: 0).
 
 Gradient accumulation (``training.grad_accumulation``, pp 1): ``no_sync`` and
 ``no_sync_unsharded`` run the units as ``fsdp_reduce = "after_last"`` (one reduce-dtype
