@@ -1,6 +1,6 @@
 """DeepSpeed's own ZeRO-1/2 (``training.zero12_engine = "deepspeed"``,
 :mod:`meshplan.comm.deepspeed_zero12`): buckets, all-reduces per step, exposed time and bucket
-memory, by hand.
+memory, by hand; the DeepSpeed reader and writer carry its keys.
 
 The model: 8 layers, hidden 1024, ffn 4096 (gated), 16 heads of 64, vocab 32000 (a multiple of
 128: no padding), untied, RMSNorm; dp 8, bf16, micro-batch 1, global batch 32: m = 4
@@ -21,15 +21,20 @@ The embedding, at 0..32,768,000: 24,971,392 in partition 0 (passes B: flushed), 
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from meshplan.comm.collectives import axis_path, path_time
 from meshplan.comm.deepspeed_zero12 import allreduce_elements
 from meshplan.config import config_from_dict
 from meshplan.errors import ConfigError
+from meshplan.interop.foreign import export, load_any
 from meshplan.plan import build_plan
 from meshplan.schedule.steptime import step_time
 from meshplan.spec.training import TrainingSpec
+
+from tests.test_interop_strict import DSOPTS, _write
 
 LAYER = 4 * 1_048_576 + 3 * 4_194_304 + 2 * 1_024
 EMB = 32_000 * 1_024
@@ -141,3 +146,22 @@ def test_config_errors_name_the_key():
     with pytest.raises(ConfigError, match="DeepSpeed's pipeline engine refuses ZeRO-2"):
         build_plan(config_from_dict(base))
 
+
+def test_deepspeed_config_round_trip(tmp_path):
+    d = {"train_batch_size": 64, "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 4,
+         "zero_optimization": {"stage": 1, "reduce_bucket_size": 200_000_000, "overlap_comm": True},
+         "communication_data_type": "fp32", "bf16": {"enabled": True}, "gradient_clipping": 1.0}
+    cfg = load_any(_write(tmp_path, "z1.json", json.dumps(d)), opts=DSOPTS)
+    t = cfg.training
+    assert (t.sharding, t.zero12_engine, t.overlap_comm, t.gradient_reduce_dtype) == ("zero1", "deepspeed", True,
+                                                                                       "fp32")
+    assert cfg.memory.grad_bucket_elements == 200_000_000
+    text, header = export(cfg, "deepspeed", "x")
+    back = json.loads(text)
+    assert back["zero_optimization"] == {"stage": 1, "reduce_bucket_size": 200_000_000, "overlap_comm": True}
+    assert back["communication_data_type"] == "fp32"
+    assert not [h for h in header if h.startswith("not expressed")]
+    # the older per-rank reduce path is refused by name
+    d["zero_optimization"]["use_multi_rank_bucket_allreduce"] = False
+    with pytest.raises(ConfigError, match="^zero_optimization.use_multi_rank_bucket_allreduce: false is DeepSpeed"):
+        load_any(_write(tmp_path, "z1b.json", json.dumps(d)), opts=DSOPTS)
