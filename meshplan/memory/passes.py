@@ -148,6 +148,7 @@ class StageSizes:
     reshard_after_backward: bool = False  # without a reduce (fsdp_reduce "after_last"): grad_accumulation no_sync
     embedding_reshards: bool = False  # the embedding's own unit resharded after forward (torchtitan's units)
     reduce_deferred: bool = False  # pp > 1: the last backward reduces after the pass (PipelineStage.perform_reduce_grad)
+    bucket_what: str = "gradient bucket (reduce dtype)"  # the bucket's label in the timeline
 
     def chunk_units(self, chunk: int) -> tuple[UnitKey, ...]:
         """FSDP units used by a pass of ``chunk``, in forward order."""
@@ -269,7 +270,7 @@ class PassBuilder:
     def _backward(self) -> None:
         sz, keys = self.sz, self.keys
         bucket = sz.bucket if (sz.bucket_every_backward or self.last) and not sz.fsdp else 0
-        self._add(None, "grad_buffers", bucket, "gradient bucket (reduce dtype)")
+        self._add(None, "grad_buffers", bucket, sz.bucket_what)
         layers = sz.chunks[self.chunk]
         order = list(reversed(layers))
         if self._head_here:
