@@ -64,7 +64,9 @@ frameworks issue them:
   its bucket all-reduces are placed as ZeRO-2's (zero2) or ZeRO-1's (zero1), overlapped only
   under ``training.overlap_comm`` (else on the compute stream: each blocks, and zero1's run
   after the last backward), where each piece first waits for the previous one and the unit
-  ends waiting for the last (``CommTimes.bucket_wait``).
+  ends waiting for the last (``CommTimes.bucket_wait``). As ZeRO-2's, the pieces follow the
+  layers (:func:`reduce_pieces`): the embedding's and output layer's buckets are spread over
+  them, not placed at the ends (the exposed sum without overlap is the same).
 - **A registered axis with a timeline** (not built-in: :func:`timeline_axes`): its rows run
   on its own stream (the timeline's ``stream``, default the axis's name), one call per
   layer for each :class:`~meshplan.spec.axes.base.Slot` of the pass's phase, at the slot's
