@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from meshplan.comm import deepspeed_zero12
 from meshplan.comm.collectives import CollectiveRow, collective_table
 from meshplan.compute.shapes import Attention, Gemm, local_shapes
 from meshplan.compute.routing import RoutingOptions, routing
@@ -266,6 +267,8 @@ def build_plan(config: Config, constraints: cons.Constraints | None = None, memo
         config.memory.fsdp_reduce_for(t, mesh.degree("pp"))
     if t.zero3_engine == "deepspeed-2021" and not isinstance(mesh, resolve.Infeasible):
         _check_deepspeed_2021(mesh)
+    if not isinstance(mesh, resolve.Infeasible):
+        deepspeed_zero12.check_mesh(t, mesh.degree)
     if t.recompute == "op" and not isinstance(mesh, resolve.Infeasible) and \
             max(mesh.degree("tp"), mesh.degree("cp"), mesh.ep) > 1:
         raise ConfigError("training.recompute", "'op' (torchtitan op-level selective AC) is planned with tp = cp = "

@@ -181,7 +181,10 @@ def test_deepspeed_example_by_hand():
         256, 1, "zero2", "bf16", True)
     assert t.grad_clip  # "gradient_clipping": 1.0 > 0
     assert cfg.memory.grad_bucket_elements == 500_000_000  # zero2: "reduce_bucket_size": 500000000
-    assert cfg.notes[-1] == "deepspeed: fields meshplan does not use: zero_optimization.overlap_comm, steps_per_print"
+    # ZeRO-2 as DeepSpeed runs it, "overlap_comm": true; no communication_data_type: the model's bf16
+    assert (t.zero12_engine, t.overlap_comm, t.grad_reduce_dtype, t.gradient_reduce_dtype) == (
+        "deepspeed", True, None, "bf16")
+    assert cfg.notes[-1] == "deepspeed: fields meshplan does not use: steps_per_print"
 
 
 def test_deepspeed_batch_rule():
@@ -429,7 +432,7 @@ def test_cli_import_writes_and_refuses_to_overwrite(tmp_path):
 def test_cli_plan_reads_a_foreign_file_and_search_exports_a_row(tmp_path):
     r = _cli("plan", str(DS), "--cluster", "dgx-h100", "--nodes", "2", "--model", "llama3-8b", "--seq-len", "4096")
     assert r.returncode == 0, r.stderr
-    assert "note: deepspeed: fields meshplan does not use: zero_optimization.overlap_comm" in r.stderr
+    assert "note: deepspeed: fields meshplan does not use: steps_per_print" in r.stderr
     out = tmp_path / "row2.toml"
     r = _cli("search", str(TT), "--cluster", "dgx-h100", "--nodes", "1", "--top", "3", "--export", "2", "--to",
              "meshplan", "-o", str(out))

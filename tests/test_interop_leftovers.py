@@ -100,10 +100,10 @@ def test_deepspeed_own_keys_and_other_sections_are_listed(tmp_path):
     cfg = load_any(_write(tmp_path, "d.json", json.dumps(d)), opts=DSOPTS)
     assert cfg.training.sharding == "zero2"
     assert cfg.notes[-1] == (
-        "deepspeed: fields meshplan does not use: zero_optimization.overlap_comm, "
-        "zero_optimization.stage3_max_live_parameters, "
+        "deepspeed: fields meshplan does not use: zero_optimization.stage3_max_live_parameters, "
         "zero_optimization.stage3_prefetch_bucket_size, steps_per_print, my_launcher.nodes, fp16_opt_level, "
-        "data_types.grad_accum_dtype, communication_data_type")
+        "data_types.grad_accum_dtype")
+    assert cfg.training.grad_reduce_dtype == "fp32"  # communication_data_type: DeepSpeed ZeRO-2's reduce dtype
 
 
 # export refusals name a target that takes the config ----------------------------------------
@@ -265,8 +265,12 @@ def test_deepspeed_export_of_a_model_outside_the_catalog():
     # zero2's bucket of the plan: Megatron-Core's default max(40e6, 1e6 x dp 8) elements
     assert json.loads(text)["zero_optimization"] == {"stage": 2, "reduce_bucket_size": 40_000_000}
     assert json.loads(text)["gradient_accumulation_steps"] == 64 // (1 * 8)
+    # the plan's fp32 reduction (reduce_dtype) is not DeepSpeed's default (the model's bf16): written
+    assert json.loads(text)["communication_data_type"] == "fp32"
+    # a DeepSpeed config runs DeepSpeed's own ZeRO-2 (all-reduces), not Megatron's reduce-scatters: said
     assert header == ["meshplan export of x (tiny on 1x dgx-h100)",
                       "import with: meshplan import deepspeed FILE --cluster dgx-h100 --nodes 1 --model MODEL "
-                      "--seq-len 4096"]
+                      "--seq-len 4096",
+                      "not expressed in deepspeed: training.zero12_engine: 'megatron' -> 'deepspeed'"]
     with pytest.raises(ConfigError, match=r"model 'tiny' has none; export --to megatron or deepspeed instead$"):
         export(cfg, "torchtitan", "x")

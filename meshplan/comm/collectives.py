@@ -68,6 +68,9 @@ Conventions, matched op by op against what torch 2.13 issues for DTensor TP/SP a
   step (25 MiB, the first 1 MiB, or ``[memory] grad_bucket_elements``; :func:`_ddp_rows`; the very
   first step sends one bucket of all, :func:`meshplan.runtime.execution.parallelize.apply_ddp`);
   Megatron-LM 2022 (``framework = "megatron"``): one all-reduce of its contiguous gradient buffer.
+  DeepSpeed's own ZeRO-1/2 (``training.zero12_engine = "deepspeed"``): one all-reduce per
+  bucket of whole parameters, every micro-batch (zero2) or once per step (zero1), then one
+  all-gather of the padded flat parameters (:mod:`meshplan.comm.deepspeed_zero12`).
   Every gradient reduction (FSDP reduce-scatter, HSDP all-reduce, ZeRO-1/2 reduce-scatter, DDP
   all-reduce) is in ``training.gradient_reduce_dtype``: ``training.grad_reduce_dtype = "fp32"``
   gives Megatron-LM's fp32 main-gradient reduction.
@@ -121,7 +124,7 @@ from typing import Optional
 
 import numpy as np
 
-from meshplan.comm import deepspeed, fsdp2
+from meshplan.comm import deepspeed, deepspeed_zero12, fsdp2
 from meshplan.comm.alphabeta import REFERENCE_STEP_S, busbw_factor, collective_time
 from meshplan.compute.measured import kernel_data
 from meshplan.compute.megatron import stage_param_tensors
@@ -715,6 +718,10 @@ def _dp_rows(add, c: _Ctx) -> None:
         add("fsdp", "step", "all-reduce", amax * 4, "fp32", 0, "once per step (float8 amax of every float8 weight, "
             "precompute_float8_dynamic_scale_for_fsdp)", "next step's forward", depth=0, per_step=1)
         return
+    if t.sharding in ("zero1", "zero2") and t.zero12_engine == "deepspeed":
+        deepspeed_zero12.bucket_rows(add, t, "fsdp", _registration_numels(c), mesh.degree("fsdp"),
+                                     MemoryOptions(grad_bucket_elements=c.bucket_elements).deepspeed_bucket_elements())
+        return
     by_axis: Counter[str] = Counter()
     for _, axis, numel, *_ in _units(c, shards):
         by_axis[axis] += numel
@@ -792,10 +799,8 @@ def _ddp_rows(add, c: _Ctx, axis: str) -> None:
     the bucket to the whole model to match it."""
     m, mesh, rs = c.model, c.mesh, c.training.gradient_reduce_dtype
     b, tp = dtype_bytes(rs), mesh.degree("tp")
-    v = padded_vocab(m.vocab, c.training.vocab_pad_divisor, tp)
-    ts = (m.embedding_tensors(v) if c.first else []) + [x for i in c.layers for x in m.layer_tensors(i)]
-    ts += [x for x in (m.head_tensors(v) if c.last else []) if not (x.tied and c.first)]  # registration order
-    sizes = [local_numel(x, m, tp, mesh.ep, mesh.etp) * b for x in reversed(ts) if x.expert == (axis == "efsdp")]
+    sizes = [local_numel(x, m, tp, mesh.ep, mesh.etp) * b for x in reversed(_registered(c))
+             if x.expert == (axis == "efsdp")]
     if c.bucket_elements is None:
         cap, first = DDP_BUCKET_BYTES, DDP_FIRST_BUCKET_BYTES
     else:
@@ -805,6 +810,28 @@ def _ddp_rows(add, c: _Ctx, axis: str) -> None:
     for size, k in sorted(Counter(buckets).items(), key=lambda kv: -kv[1]):
         add("loss" if axis == "fsdp" else axis, "backward", "all-reduce", size, rs, 0,
             f"per step, {k} of {len(buckets)} buckets (DDP, bucket cap {how})", "optimizer step", per_step=k)
+
+
+def _registered(c: _Ctx) -> list:
+    """The stage's parameter tensors (:class:`~meshplan.spec.model.Tensor`) in registration
+    order: the embedding (first stage), the layers, the head (last stage; a tied output layer
+    on the embedding's stage is the embedding)."""
+    m = c.model
+    v = padded_vocab(m.vocab, c.training.vocab_pad_divisor, c.mesh.degree("tp"))
+    ts = (m.embedding_tensors(v) if c.first else []) + [x for i in c.layers for x in m.layer_tensors(i)]
+    return ts + [x for x in (m.head_tensors(v) if c.last else []) if not (x.tied and c.first)]
+
+
+def _registration_numels(c: _Ctx) -> list[int]:
+    """Local elements of each of the stage rank's parameters in registration order, as the
+    model code holds them (:func:`_deepspeed_params`: Megatron-LM's fused QKV under
+    ``framework = "megatron"``): the order DeepSpeed ZeRO-1/2 flattens them in
+    (:mod:`meshplan.comm.deepspeed_zero12`)."""
+    if c.training.framework == "megatron":
+        parts = [([], c.first, False), (list(c.layers), False, False), ([], False, c.last)]
+        return [k for layers, first, last in parts for _, k in _deepspeed_params(c, layers, first, last)]
+    mesh = c.mesh
+    return [local_numel(x, c.model, mesh.degree("tp"), mesh.ep, mesh.etp) for x in _registered(c)]
 
 
 def _deepspeed_params(c: _Ctx, layers: list[int], first: bool, last: bool) -> list[tuple[str, int]]:

@@ -19,10 +19,18 @@ the same. An ``activation_checkpointing`` section configures ``deepspeed.checkpo
 which model code calls on whole blocks: recompute ``full`` (a note); without one, meshplan's
 default ``selective`` (a note); export writes an empty section for ``full``.
 
-ZeRO stage 2 reduces each micro-batch's gradients in buckets of ``zero_optimization.reduce_bucket_size``
-elements (DeepSpeed's default 5e8): read into ``[memory] grad_bucket_elements``, the bucket of
-meshplan's zero2 table, timeline and memory (:func:`meshplan.comm.collectives._zero2_rows`);
-export writes the plan's bucket back. Other stages list the key as unused.
+ZeRO stages 1 and 2 run DeepSpeed's own engine (``training.zero12_engine = "deepspeed"``,
+:mod:`meshplan.comm.deepspeed_zero12`: one all-reduce per bucket of whole parameters, stage 2
+every micro-batch, stage 1 once per step): ``zero_optimization.reduce_bucket_size`` (DeepSpeed's
+default 5e8) is read into ``[memory] grad_bucket_elements``, ``zero_optimization.overlap_comm``
+(default false for these stages) into ``training.overlap_comm``, ``communication_data_type``
+(fp32, bf16, fp16, any case) into ``training.grad_reduce_dtype`` (unset: the model's dtype, as
+DeepSpeed reduces). ``use_multi_rank_bucket_allreduce: false`` (the per-rank ``dist.reduce``
+path before PR #4695) and ``data_types.grad_accum_dtype = "fp32"`` with bf16 at stage 1 (the
+engine then runs ``BF16_Optimizer``, not ZeRO's, ``engine.py`` ``_do_optimizer_sanity_check``)
+are refused by name. Export writes them back: the plan's bucket, ``overlap_comm``, and
+``communication_data_type`` when ``grad_reduce_dtype`` is set or the reduce dtype is not the
+model's. Other stages list these keys as unused.
 
 A DeepSpeed config runs ZeRO over one data axis: its ``[search]`` table (written on import)
 keeps ``meshplan search`` to those meshes (:data:`SEARCH`: pp, dp_replicate, cp, tp, ep, etp
@@ -58,6 +66,7 @@ from meshplan.interop.common import (
     model_option,
 )
 from meshplan.interop.tomlout import resolved
+from meshplan.spec.memory import DEEPSPEED_REDUCE_BUCKET_ELEMENTS
 
 STAGES = {0: "none", 1: "zero1", 2: "zero2", 3: "zero3"}
 USED = {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
@@ -167,14 +176,16 @@ def read(d: dict, opts: ImportOptions) -> Imported:
     training: dict[str, Any] = {"global_batch": global_batch, "seq_len": opts.seq_len, "micro_batch": micro,
                                 "sharding": STAGES[stage], "param_dtype": dtype, "compute_dtype": dtype,
                                 "grad_clip": _clip(d, notes), "recompute": recompute}
+    if stage in (1, 2):
+        training |= _zero12(d, dtype)
     if stage == 3:
         notes.append("ZeRO stage 3 planned with per-layer coalesced gathers (training.zero3_engine = \"fsdp2\"), as "
                      "DeepSpeed >= v0.5.5 gathers (PR #1188); for DeepSpeed v0.3.13-v0.5.4 (2021) set zero3_engine = "
                      "\"deepspeed-2021\" (one all-gather and reduce-scatter per parameter tensor)")
     tables = {"model": model_option(opts.model), "cluster": cluster, "training": training,
               "mesh": {"names": ["dp"], "shape": [world]}}
-    used = USED | ({"zero_optimization.reduce_bucket_size"} if stage == 2 else set())
-    if stage == 2:
+    used = USED | (ZERO12_USED if stage in (1, 2) else set())
+    if stage in (1, 2):
         tables["memory"] = {"grad_bucket_elements": _bucket(d["zero_optimization"])}
     tables["search"] = {k: list(v) for k, v in SEARCH.items()}
     notes.append("meshplan search keeps to what a DeepSpeed config runs, ZeRO over one data axis ([search] "
@@ -189,16 +200,50 @@ def read(d: dict, opts: ImportOptions) -> Imported:
 SEARCH: dict[str, list[Any]] = {"pp": [1], "dp_replicate": [1], "cp": [1], "tp": [1], "ep": [1], "etp": [1],
                                  "sharding": ["zero1", "zero3"]}
 
-#: DeepSpeed's ``reduce_bucket_size`` default, elements (zero/config.py ``pp_int(5e8)``).
-REDUCE_BUCKET_ELEMENTS = 500_000_000
+#: The keys ZeRO stages 1 and 2 read besides :data:`USED` (module docstring).
+ZERO12_USED = frozenset({"zero_optimization.reduce_bucket_size", "zero_optimization.overlap_comm",
+                         "zero_optimization.use_multi_rank_bucket_allreduce", "communication_data_type"})
+#: ``communication_data_type`` values (runtime/config.py ``get_communication_data_type``, lower-cased).
+COMM_DTYPES = ("fp32", "bf16", "fp16")
+
+
+def _zero12(d: dict, dtype: str) -> dict[str, Any]:
+    """The ``[training]`` keys of DeepSpeed's ZeRO-1/2 engine (module docstring); ConfigError
+    for what it does not model or a malformed value.
+
+    >>> _zero12({"zero_optimization": {"stage": 2, "overlap_comm": True}, "communication_data_type": "FP32"}, "bf16")
+    {'zero12_engine': 'deepspeed', 'overlap_comm': True, 'grad_reduce_dtype': 'fp32'}
+    >>> _zero12({"zero_optimization": {"stage": 1, "use_multi_rank_bucket_allreduce": False}}, "bf16")
+    Traceback (most recent call last):
+    meshplan.errors.ConfigError: zero_optimization.use_multi_rank_bucket_allreduce: false is DeepSpeed's older reduce path (one dist.reduce per destination rank, before PR #4695), which meshplan does not model; remove it (default true: one all-reduce per bucket)
+    """
+    zero = d.get("zero_optimization", {})
+    if zero.get("use_multi_rank_bucket_allreduce", True) is not True:
+        raise ConfigError("zero_optimization.use_multi_rank_bucket_allreduce", "false is DeepSpeed's older reduce path "
+                          "(one dist.reduce per destination rank, before PR #4695), which meshplan does not model; "
+                          "remove it (default true: one all-reduce per bucket)")
+    accum = d.get("data_types", {}).get("grad_accum_dtype") if isinstance(d.get("data_types"), dict) else None
+    if zero.get("stage") == 1 and dtype == "bf16" and str(accum).lower() == "fp32":
+        raise ConfigError("data_types.grad_accum_dtype", "fp32 with bf16 at ZeRO stage 1 runs DeepSpeed's "
+                          "BF16_Optimizer, not its ZeRO-1 engine (not modelled); remove it to plan ZeRO-1")
+    overlap = zero.get("overlap_comm", False)
+    if not isinstance(overlap, bool):
+        raise ConfigError("zero_optimization.overlap_comm", f"must be true or false; got {overlap!r}")
+    out: dict[str, Any] = {"zero12_engine": "deepspeed", "overlap_comm": overlap}
+    comm = d.get("communication_data_type")
+    if comm is not None:
+        if not isinstance(comm, str) or comm.lower() not in COMM_DTYPES:
+            raise ConfigError("communication_data_type", f"{comm!r}; use one of {', '.join(COMM_DTYPES)}")
+        out["grad_reduce_dtype"] = comm.lower()
+    return out
 
 
 def _bucket(zero: dict) -> int:
-    """ZeRO-2's gradient bucket, elements: ``reduce_bucket_size`` (a number >= 1; absent or
+    """ZeRO-1/2's gradient bucket, elements: ``reduce_bucket_size`` (a number >= 1; absent or
     "auto": DeepSpeed's default 5e8)."""
     v = zero.get("reduce_bucket_size")
     if v is None or v == "auto":
-        return REDUCE_BUCKET_ELEMENTS
+        return DEEPSPEED_REDUCE_BUCKET_ELEMENTS
     if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 1 or v != int(v):
         raise ConfigError("zero_optimization.reduce_bucket_size", f"must be a whole number of elements >= 1 or "
                           f"\"auto\"; got {v!r}")
@@ -264,10 +309,15 @@ def write(cfg: Config) -> dict[str, Any]:
     accumulate = t.global_batch // (t.micro_batch * dp)
     stage = {v: k for k, v in STAGES.items()}[t.sharding]
     zero: dict[str, Any] = {"stage": stage}
-    if stage == 2:  # the plan's bucket (meshplan.comm.collectives._zero2_rows)
+    comm: dict[str, Any] = {}
+    if t.zero12_engine == "deepspeed":  # the plan's bucket and stream (meshplan.comm.deepspeed_zero12)
+        zero |= {"reduce_bucket_size": cfg.memory.deepspeed_bucket_elements(), "overlap_comm": t.overlap_comm}
+    elif stage == 2:  # the plan's bucket (meshplan.comm.collectives._zero2_rows)
         zero["reduce_bucket_size"] = cfg.memory.bucket_elements(mesh.degree("fsdp"))
+    if stage in (1, 2) and (t.grad_reduce_dtype is not None or t.gradient_reduce_dtype != t.param_dtype):
+        comm["communication_data_type"] = t.gradient_reduce_dtype  # DeepSpeed's unset is the model's dtype
     return {"train_batch_size": t.global_batch, "train_micro_batch_size_per_gpu": t.micro_batch,
-            "gradient_accumulation_steps": accumulate, "zero_optimization": zero,
+            "gradient_accumulation_steps": accumulate, "zero_optimization": zero} | comm | {
             "bf16": {"enabled": t.compute_dtype == "bf16"}, "fp16": {"enabled": t.compute_dtype == "fp16"},
             "gradient_clipping": 1.0 if t.grad_clip else 0.0} | (
         {"activation_checkpointing": {}} if t.recompute == "full" else {})

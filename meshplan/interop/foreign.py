@@ -256,7 +256,10 @@ def effective_model(model) -> dict[str, Any]:
 
 def _memory(cfg: Config):
     """``cfg.memory`` with zero2's gradient bucket as the elements it resolves to (a DeepSpeed
-    export writes that number as ``reduce_bucket_size``; unset, it is a default of dp)."""
+    export writes that number as ``reduce_bucket_size``; unset, it is a default of dp), and
+    under ``training.zero12_engine = "deepspeed"`` DeepSpeed's (default 5e8)."""
+    if cfg.training.zero12_engine == "deepspeed":
+        return cfg.memory.model_copy(update={"grad_bucket_elements": cfg.memory.deepspeed_bucket_elements()})
     if cfg.training.sharding != "zero2":
         return cfg.memory
     return cfg.memory.model_copy(update={"grad_bucket_elements": cfg.memory.bucket_elements(

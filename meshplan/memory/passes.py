@@ -47,9 +47,10 @@ allocated at its first reduce of the step (FSDP2 sets grads to None at ``zero_gr
 root's head gradients are written in the head's backward and wait for the root's reduce
 after the embedding's backward. The inter-layer gradient dY (``temporaries``) lives
 through the pass. Without FSDP the gradients are persistent (Megatron's contiguous grad
-buffer) and a bucket (``grad_buffers``) exists during backward: every backward for zero2,
-the last backward of the chunk for none/zero1 when grads are reduced in another dtype
-(else in place: 0).
+buffer) and a bucket (``grad_buffers``) exists during backward: every backward for zero2
+and for DeepSpeed's ZeRO-1/2 (``training.zero12_engine``: its bucket buffers,
+:meth:`~meshplan.spec.memory.MemoryOptions.deepspeed_bucket_bytes`), the last backward of the
+chunk for none/zero1 when grads are reduced in another dtype (else in place: 0).
 
 Gradient accumulation (``training.grad_accumulation``, pp 1): ``no_sync`` and
 ``no_sync_unsharded`` run the units as ``fsdp_reduce = "after_last"`` (one reduce-dtype
@@ -147,6 +148,7 @@ class StageSizes:
     reshard_after_backward: bool = False  # without a reduce (fsdp_reduce "after_last"): grad_accumulation no_sync
     embedding_reshards: bool = False  # the embedding's own unit resharded after forward (torchtitan's units)
     reduce_deferred: bool = False  # pp > 1: the last backward reduces after the pass (PipelineStage.perform_reduce_grad)
+    bucket_what: str = "gradient bucket (reduce dtype)"  # the bucket's label in the timeline
 
     def chunk_units(self, chunk: int) -> tuple[UnitKey, ...]:
         """FSDP units used by a pass of ``chunk``, in forward order."""
@@ -268,7 +270,7 @@ class PassBuilder:
     def _backward(self) -> None:
         sz, keys = self.sz, self.keys
         bucket = sz.bucket if (sz.bucket_every_backward or self.last) and not sz.fsdp else 0
-        self._add(None, "grad_buffers", bucket, "gradient bucket (reduce dtype)")
+        self._add(None, "grad_buffers", bucket, sz.bucket_what)
         layers = sz.chunks[self.chunk]
         order = list(reversed(layers))
         if self._head_here:

@@ -389,6 +389,9 @@ def stage_sizes(model: ModelSpec, training: TrainingSpec, mesh: Mesh, stages, st
         reshard_after_backward=training.grad_accumulation == "no_sync",
         reduce_deferred=mesh.degree("pp") > 1,
         prefetch=opts.prefetch_layers, forward_prefetch=opts.forward_prefetch_layers, bucket=bucket,
-        bucket_every_backward=training.sharding == "zero2",
+        # DeepSpeed ZeRO-1/2 allocates its bucket buffers at every backward's first gradient hook
+        bucket_every_backward=training.sharding == "zero2" or training.zero12_engine == "deepspeed",
+        bucket_what=("DeepSpeed bucket buffer(s) (model dtype) and the bucket being reduced"
+                     if training.zero12_engine == "deepspeed" else "gradient bucket (reduce dtype)"),
         recompute=training.recompute, init=init_entries(state, fsdp, comm_axes, opts),
         step=step_entries(state, training, opts, fsdp_grads))

@@ -60,6 +60,13 @@ frameworks issue them:
   DDP with fewer buckets than layers issues each bucket once its layers are done
   (:func:`reduce_pieces`). **ZeRO-2**: every gradient unit issues its micro-batch's bucket
   reduce-scatters the same way (overlapped under ``Overlap.grad_reduce``, else each blocks).
+  **DeepSpeed ZeRO-1/2** (``training.zero12_engine``, :mod:`meshplan.comm.deepspeed_zero12`):
+  its bucket all-reduces are placed as ZeRO-2's (zero2) or ZeRO-1's (zero1), overlapped only
+  under ``training.overlap_comm`` (else on the compute stream: each blocks, and zero1's run
+  after the last backward), where each piece first waits for the previous one and the unit
+  ends waiting for the last (``CommTimes.bucket_wait``). As ZeRO-2's, the pieces follow the
+  layers (:func:`reduce_pieces`): the embedding's and output layer's buckets are spread over
+  them, not placed at the ends (the exposed sum without overlap is the same).
 - **A registered axis with a timeline** (not built-in: :func:`timeline_axes`): its rows run
   on its own stream (the timeline's ``stream``, default the axis's name), one call per
   layer for each :class:`~meshplan.spec.axes.base.Slot` of the pass's phase, at the slot's
@@ -81,6 +88,7 @@ from typing import Optional
 
 from meshplan.comm.collectives import SCATTER_GATHER_CADENCE, ZERO2_CADENCE
 from meshplan.comm.deepspeed import CADENCE as DEEPSPEED_CADENCE
+from meshplan.comm.deepspeed_zero12 import CADENCE as DEEPSPEED_BUCKET_CADENCE
 from meshplan.compute.megatron import COMM_DELAY_OPS
 from meshplan.compute.ops import Cost, Workload
 from meshplan.mesh.tpsplit import KV_REPLICA
@@ -173,7 +181,8 @@ def comm_kind(row) -> str:
         return "kv"
     if row.axis not in BUILT_IN_GROUPS:
         return _placed(row) or "other"
-    if row.phase == "step" or "(DDP" in c or ZERO2_CADENCE in c:  # DDP, ZeRO-2: issued in backward, bucketed
+    if row.phase == "step" or "(DDP" in c or ZERO2_CADENCE in c or DEEPSPEED_BUCKET_CADENCE in c:
+        # DDP, ZeRO-2, DeepSpeed ZeRO-1/2: issued in backward, bucketed
         return "step"
     if row.op == "send/recv":
         return "pp"
@@ -227,8 +236,12 @@ class CommTimes:
     the largest unit's when a group has units of several sizes); ``ddp_buckets``: DDP's gradient
     buckets per step (rows of cadence "(DDP"), which place the per-step reduction's pieces
     (:func:`reduce_pieces`); ``mb_reduce_s``/``mb_buckets``: seconds and buckets of one
-    micro-batch's ZeRO-2 reduce-scatters (rows of cadence :data:`ZERO2_CADENCE`), issued by
-    every gradient unit."""
+    micro-batch's ZeRO-2 reduce-scatters (rows of cadence :data:`ZERO2_CADENCE`) or DeepSpeed
+    ZeRO-2 all-reduces, issued by every gradient unit (DeepSpeed ZeRO-1's per-step all-reduces
+    count in ``step_reduce_s`` and ``ddp_buckets``); ``bucket_wait``: the reductions are
+    DeepSpeed ZeRO-1/2's (:mod:`meshplan.comm.deepspeed_zero12`), which under ``overlap_comm``
+    make the compute stream wait for the previous bucket's all-reduce before it issues the next
+    and for the last at the backward's end (``synchronize()``)."""
 
     t: dict = field(default_factory=dict)
     share: dict = field(default_factory=dict)
@@ -248,6 +261,7 @@ class CommTimes:
     ddp_buckets: int = 0
     mb_reduce_s: float = 0.0
     mb_buckets: int = 0
+    bucket_wait: bool = False
 
     @classmethod
     def from_rows(cls, rows, layers: int = 1, sm_share=None) -> "CommTimes":
@@ -261,7 +275,9 @@ class CommTimes:
                 key = (kind, _shard_group(r.cadence) if kind in ("shard", "replica") else "", r.phase, r.op)
                 c.share[key] = f
                 c.share[(kind,)] = max(f, c.share.get((kind,), 0.0))
-            if kind == "step" and ZERO2_CADENCE in r.cadence:  # one micro-batch's buckets
+            ds = DEEPSPEED_BUCKET_CADENCE in r.cadence
+            c.bucket_wait = c.bucket_wait or ds
+            if kind == "step" and (ZERO2_CADENCE in r.cadence or (ds and r.per_microbatch)):  # one micro-batch's
                 c.mb_reduce_s += r.time_s * r.per_microbatch
                 c.mb_buckets += r.per_microbatch
             elif kind == "step":  # every call of the row (torch's SP norm gradients: 3 per norm per step)
@@ -269,7 +285,7 @@ class CommTimes:
                     c.step_gather_s += r.time_s * max(r.per_step, 1)
                 else:
                     c.step_reduce_s += r.time_s * max(r.per_step, 1)
-                    c.ddp_buckets += max(r.per_step, 1) if "(DDP" in r.cadence else 0
+                    c.ddp_buckets += max(r.per_step, 1) if "(DDP" in r.cadence or ds else 0
             elif kind == "kv":
                 c.kv_s, c.kv_calls = r.time_s, c.kv_calls + r.per_step
             elif kind == "pp":
@@ -361,6 +377,7 @@ class _Sim:
         self.last: Optional[Event] = None
         self.busy: list[tuple[float, float, float]] = []   # (start, end, SM share) of collectives
         self.memo: dict = {}  # per-Cost sums of this unit (its layers share Cost objects)
+        self.reduced: Optional[Event] = None  # the last piece of the gradient reduction issued
 
     def of(self, fn, c: Cost, *args):
         """``fn(c, *args)`` once per (fn, Cost, args) in this unit: the sums over a layer's ops
@@ -668,7 +685,12 @@ def _reduce(s: _Sim, name: str, group: str, step_piece: float, shard: bool = Tru
     if shard and (copy_in := s.c.copies.get((group, "reduce-scatter"), 0.0)):
         s.compute(f"fsdp RS copy-in {name}", copy_in)  # FSDP2: on the compute stream (comm.fsdp2)
     rs = _reduce_scatter(s, name, group, s.last) if shard else None
+    if step_piece and s.c.bucket_wait and s.ov.grad_reduce and s.reduced is not None:
+        # DeepSpeed overlap_comm: the compute stream waits for the reduction stream (the
+        # previous bucket's all-reduce) before issuing the next (deepspeed_zero12)
+        s.compute("bucket wait (DeepSpeed overlap_comm)", 0.0, [s.reduced])
     red = s.comm("dp", "step", "reduce", f"grad reduce {name}", seconds=step_piece) if step_piece else None
+    s.reduced = red or s.reduced
     if not s.ov.grad_reduce:
         s.compute("grad reduce wait", 0.0, [rs, red])
 
@@ -822,6 +844,8 @@ def backward_unit(kind: str, chunk: ChunkCosts, comm: CommTimes, w: Workload, ov
             _reduce(s, emb_g, emb_g, 0.0)
     if deferred and with_w and reduce:
         _perform_reduce_grad(s, chunk, tail=stage_last)
+    if comm.bucket_wait and s.reduced is not None and ov.grad_reduce:  # DeepSpeed's epilogue synchronize()
+        s.compute("DeepSpeed epilogue synchronize", 0.0, [s.reduced])
     return s.finish()
 
 

@@ -675,11 +675,16 @@ def config_overlap(training, overlap: Overlap = Overlap()) -> Overlap:
     ``optimizer.reduce_model_grads`` after ``forward_backward_func`` returns, and it runs the SP
     gradients' all-reduce, the local DDP buffer's all-reduce over dp and the tied embedding's
     all-reduce one after the other, each between timer syncs; ``model/distributed.py``'s hooks
-    only accumulate into the main-gradient buffer)."""
+    only accumulate into the main-gradient buffer). Under ``training.zero12_engine =
+    "deepspeed"``, ``grad_reduce`` is ``training.overlap_comm``."""
     if training.tp_comm_overlap and not overlap.tp:
         overlap = replace(overlap, tp=True)
     if training.framework == "megatron" and (not overlap.tp_grad or overlap.grad_reduce):
         overlap = replace(overlap, tp_grad=True, grad_reduce=False)
+    if training.zero12_engine == "deepspeed" and overlap.grad_reduce != training.overlap_comm:
+        # DeepSpeed ZeRO-1/2: its reductions run on a side stream under overlap_comm only, else
+        # on the compute stream (comm.deepspeed_zero12); whatever the framework runs the model
+        overlap = replace(overlap, grad_reduce=training.overlap_comm)
     if training.zero3_engine == "deepspeed-2021" and overlap.grad_reduce:
         # DeepSpeed ZeRO-3 of 2021: every module's fetch ends in torch.cuda.synchronize()
         # (stage3.py _synchronize_communication), which waits for the reduce-scatters in flight

@@ -272,6 +272,10 @@ def _settings_notes(cfg: Config, c: Candidates) -> list[str]:
     if t.zero3_engine != "fsdp2" and not (c.sh == SHARDING.index("zero3")).all():
         out.append(f"training.zero3_engine {t.zero3_engine!r} applies to zero3 candidates with pp 1; zero1 and hsdp "
                    "candidates are planned with FSDP2")
+    if t.zero12_engine != "megatron" and not (c.sh == SHARDING.index("zero1")).all():
+        out.append(f"training.zero12_engine {t.zero12_engine!r} applies to zero1 candidates (DeepSpeed's ZeRO-1: "
+                   "bucket all-reduces, ranked by the Megatron-style estimate, planned exactly as DeepSpeed runs "
+                   "them); zero3 and hsdp candidates are planned with FSDP2")
     if "op" in cfg.search.recompute and t.has_op_recompute and cfg.model.is_mla:
         out.append("recompute 'op' (torchtitan's op-level selective AC) is not searched with multi-head latent "
                    "attention: which of its mms the policy saves is not modelled")

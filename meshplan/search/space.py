@@ -75,7 +75,8 @@ _SCHEDULE_REASONS = (
     ("runs", "training.pp_schedule_runs does not divide the micro-batches (pp > 1)"),
     ("interleaved", "interleaved 1F1B: micro-batches not divisible by pp"),
     ("dualpipev", "DualPipeV: micro-batches fewer than 2 pp"),
-    ("engine", "zero3_engine deepspeed-2021: pp > 1, cp > 1 or parameters kept gathered (not DeepSpeed ZeRO-3's)"),
+    ("engine", "zero3_engine deepspeed-2021: pp > 1, cp > 1 or parameters kept gathered (not DeepSpeed ZeRO-3's); "
+               "zero12_engine deepspeed: cp > 1, ep > 1, or pp > 1 with overlap_comm"),
 )
 _LATE_REASONS = (
     ("memory", "memory peak > usable"),
@@ -357,8 +358,11 @@ def first_reason(cfg: Config, c: Candidates) -> np.ndarray:
         ("dualpipev", (c.ps == PIPELINE.index("dualpipev")) & (run_micro < 2 * c.pp)),
         # build_plan and TrainingSpec: DeepSpeed's pipeline engine refuses ZeRO 3 (pp 1 only), no CP
         # in 2021, and its ZeRO-3 re-gathers in backward (reshard_after_forward is an FSDP2 knob)
-        ("engine", (t.zero3_engine == "deepspeed-2021") & (c.sh == SHARDING.index("zero3"))
-         & ((c.pp > 1) | (c.cp > 1) | (c.rf == 0))),
+        ("engine", ((t.zero3_engine == "deepspeed-2021") & (c.sh == SHARDING.index("zero3"))
+                    & ((c.pp > 1) | (c.cp > 1) | (c.rf == 0)))
+         # DeepSpeed's ZeRO-1 (comm.deepspeed_zero12.check_mesh; zero1 has dp_replicate 1 here)
+         | ((t.zero12_engine == "deepspeed") & (c.sh == SHARDING.index("zero1"))
+            & ((c.cp > 1) | (c.ep > 1) | ((c.pp > 1) & t.overlap_comm)))),
     ]
     code = {key: i for i, (key, _) in enumerate(reason_table())}
     out = np.full(len(c), OK, dtype=np.int64)
@@ -424,7 +428,8 @@ def _training_knobs(cfg: Config, c: Candidates, i: int) -> dict:
     """The training fields of candidate ``i`` where a config setting does not apply to it:
     ``grad_accumulation`` back to ``sync`` outside :func:`accumulates`, ``fp8_all_gather`` off
     without FSDP (ZeRO-1 gathers no parameters; the float8 GEMMs stay), ``zero3_engine``
-    back to ``fsdp2`` outside sharding zero3 (DeepSpeed's engine is for ZeRO stage 3), as
+    back to ``fsdp2`` outside sharding zero3 (DeepSpeed's engine is for ZeRO stage 3),
+    ``zero12_engine`` back to ``megatron`` (and ``overlap_comm`` off) outside zero1, as
     :class:`~meshplan.spec.training.TrainingSpec` requires of a config."""
     t, out = cfg.training, dict[str, object]()
     if t.grad_accumulation != "sync" and not accumulates(cfg, c.pp[i], c.sh[i]):
@@ -433,6 +438,8 @@ def _training_knobs(cfg: Config, c: Candidates, i: int) -> dict:
         out["fp8_all_gather"] = False
     if t.zero3_engine != "fsdp2" and SHARDING[c.sh[i]] != "zero3":
         out["zero3_engine"] = "fsdp2"
+    if t.zero12_engine != "megatron" and SHARDING[c.sh[i]] != "zero1":  # DeepSpeed's ZeRO-1/2 engine
+        out |= {"zero12_engine": "megatron", "overlap_comm": False}
     return out
 
 

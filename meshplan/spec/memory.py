@@ -23,6 +23,11 @@ from meshplan.units import dtype_bytes
 
 MiB = 2**20
 
+#: DeepSpeed's ``zero_optimization.reduce_bucket_size`` default, elements (deepspeedai/DeepSpeed
+#: edaa722 ``runtime/zero/config.py``: ``reduce_bucket_size: int = Field(pp_int(5e8), ge=0)``): the
+#: bucket of ``training.zero12_engine = "deepspeed"`` when ``grad_bucket_elements`` is unset.
+DEEPSPEED_REDUCE_BUCKET_ELEMENTS = 500_000_000
+
 
 # The [memory] fields that are runtime choices of the plan (prefetch depth, when FSDP reduces,
 # the gradient bucket), which ``meshplan compare`` weighs as knobs; the others are stated
@@ -64,7 +69,10 @@ class MemoryOptions(BaseModel):
       model (the bucket held during backward by zero2, or by a reduce-dtype cast) None is
       Megatron-Core's default ``max(40_000_000, 1_000_000 x dp_size)`` elements
       (``DistributedDataParallelConfig.bucket_size``; dp_size includes cp). ZeRO-1/2's per-step
-      reduce-scatter and all-gather are timed as one call per stage whatever the bucket. FSDP
+      reduce-scatter and all-gather are timed as one call per stage whatever the bucket. Under
+      ``training.zero12_engine = "deepspeed"`` it is ``reduce_bucket_size``, None there:
+      DeepSpeed's 5e8 (:data:`DEEPSPEED_REDUCE_BUCKET_ELEMENTS`), for the all-reduces and
+      the buffers alike (:mod:`meshplan.comm.deepspeed_zero12`, :meth:`grad_bucket_bytes`). FSDP
       (zero3/hsdp) always reduces one unit (one layer) at a time (FSDP2).
     - ``nccl_buffsize_bytes`` x ``nccl_channels`` x ``nccl_peers`` per communicator (one per
       mesh axis with collectives): ``NCCL_BUFFSIZE`` default 4 MiB (NCCL environment
@@ -223,13 +231,61 @@ class MemoryOptions(BaseModel):
         gradients are reduced in a bucket: zero2 (reduce-scatter per bucket every backward)
         or a reduce dtype that differs from the gradient dtype (a cast copy); else 0.
         ``dp_size`` and ``params_numel`` (the rank's parameter elements): ints, or numpy
-        arrays that broadcast, as in the search's (candidates, stages) arrays.
+        arrays that broadcast, as in the search's (candidates, stages) arrays. Under
+        ``training.zero12_engine = "deepspeed"``: :meth:`deepspeed_bucket_bytes`.
 
         >>> t = TrainingSpec(global_batch=8, seq_len=16, sharding="zero1", grad_dtype="bf16", reduce_dtype="fp32")
         >>> MemoryOptions().grad_bucket_bytes(t, 8, 10**9) == 40_000_000 * 4
         True
         """
+        if training.zero12_engine == "deepspeed":
+            return self.deepspeed_bucket_bytes(training, params_numel)
         if training.sharding != "zero2" and training.grad_dtype == training.reduce_dtype:
             return 0 * params_numel
         out = np.minimum(self.bucket_elements(dp_size), params_numel) * dtype_bytes(training.reduce_dtype)
+        return out if np.ndim(out) else int(out)
+
+    def deepspeed_bucket_elements(self) -> int:
+        """DeepSpeed ZeRO-1/2's ``reduce_bucket_size``, elements: ``grad_bucket_elements``, or
+        DeepSpeed's default 5e8 (:data:`DEEPSPEED_REDUCE_BUCKET_ELEMENTS`).
+
+        >>> MemoryOptions().deepspeed_bucket_elements(), MemoryOptions(grad_bucket_elements=1000).deepspeed_bucket_elements()
+        (500000000, 1000)
+        """
+        return self.grad_bucket_elements or DEEPSPEED_REDUCE_BUCKET_ELEMENTS
+
+    def deepspeed_bucket_bytes(self, training: TrainingSpec, params_numel):
+        """Bytes DeepSpeed ZeRO-1/2 holds for its gradient buckets during a backward
+        (``training.zero12_engine = "deepspeed"``; deepspeedai/DeepSpeed edaa722
+        ``runtime/zero/stage_1_and_2.py``), with ``B`` = :meth:`deepspeed_bucket_elements` and
+        ``k = min(B, params_numel)`` (``params_numel``: the rank's parameter elements, an int or
+        a numpy array):
+
+        - the ipg buffers: ``setup_buckets`` allocates ``torch.empty(reduce_bucket_size)`` in the
+          model dtype (``self.dtype``, the parameter dtype) at a backward's first gradient hook,
+          and a second one with ``overlap_comm`` ("double buffers"): ``B x param bytes`` once
+          or twice, whatever the model's size;
+        - the bucket being reduced: ``allreduce_bucket`` flattens its gradient slices into one
+          new tensor (``self.flatten``) and casts it to ``communication_data_type`` when that
+          differs from the gradients' dtype (``tensor.to(...)``): ``k x param bytes`` plus
+          ``k x reduce bytes`` with a cast (counted whatever the slices: one slice is not
+          copied; a bucket spanning a partition boundary, the usual case at dp > 1, is).
+
+        An extra-large parameter (more than ``B`` elements) is reduced from its own gradient
+        and flattened in pieces of up to its size: counted as ``k`` here.
+
+        bf16, B 5e8, overlap_comm: 2 buffers + one flattened bucket, 3 x 5e8 x 2 B = 3 GB:
+
+        >>> t = TrainingSpec(global_batch=8, seq_len=16, sharding="zero2", zero12_engine="deepspeed", overlap_comm=True)
+        >>> MemoryOptions().deepspeed_bucket_bytes(t, 8 * 10**9)
+        3000000000
+        >>> MemoryOptions().deepspeed_bucket_bytes(t.model_copy(update={"grad_reduce_dtype": "fp32",
+        ...     "overlap_comm": False}), 10**8) == 5 * 10**8 * 2 + 10**8 * (2 + 4)
+        True
+        """
+        big_b, p = self.deepspeed_bucket_elements(), dtype_bytes(training.param_dtype)
+        cast = dtype_bytes(training.gradient_reduce_dtype) if training.gradient_reduce_dtype != training.param_dtype \
+            else 0
+        k = np.minimum(big_b, params_numel)
+        out = big_b * p * (2 if training.overlap_comm else 1) + k * (p + cast)
         return out if np.ndim(out) else int(out)

@@ -21,8 +21,8 @@ Dtype = Literal["fp32", "bf16", "fp16", "fp8"]
 # changes the bytes FSDP gathers, not what the GEMMs compute; ``linear_dtype`` and
 # ``fp8_output_layer`` (which GEMMs run in float8) are the workload's numerics.
 PLAN_KNOBS = ("micro_batch", "sharding", "reshard_after_forward", "recompute", "ac_freq", "flash_attention",
-              "tp_comm_overlap", "framework", "zero3_engine", "grad_accumulation", "fp8_all_gather",
-              "torch_compile", "pp_schedule_runs", "vocab_pad_divisor")
+              "tp_comm_overlap", "framework", "zero3_engine", "zero12_engine", "overlap_comm", "grad_accumulation",
+              "fp8_all_gather", "torch_compile", "pp_schedule_runs", "vocab_pad_divisor")
 
 #: The weights of ``nn.Linear`` modules (torchtitan's model files; Megatron-LM's Transformer Engine
 #: linears): attention (dense and MLA), the dense MLP and the shared experts, the MoE router's gate
@@ -52,8 +52,10 @@ class TrainingSpec(BaseModel):
     rows on the first ranks), which divisor 1 models by the largest shard.
     ``grad_reduce_dtype``: dtype of the gradient reduction over the data axes: ``fp32``
     (Megatron-LM's DDP and distributed optimizer reduce fp32 main gradients,
-    ``--accumulate-allreduce-grads-in-fp32``), ``bf16``, or ``param`` (the parameter dtype);
-    unset: ``reduce_dtype`` for zero1/zero2/zero3/hsdp (FSDP2's ``MixedPrecisionPolicy``); for
+    ``--accumulate-allreduce-grads-in-fp32``), ``bf16``, ``fp16`` (DeepSpeed's
+    ``communication_data_type``) or ``param`` (the parameter dtype); unset: the parameter dtype
+    under ``zero12_engine = "deepspeed"`` (DeepSpeed reduces in the model's dtype), else
+    ``reduce_dtype`` for zero1/zero2/zero3/hsdp (FSDP2's ``MixedPrecisionPolicy``); for
     ``none`` the parameter dtype (torch DDP reduces the gradients as they are), except fp32 under
     ``framework = "megatron"`` with bf16 parameters (Megatron-LM's ``arguments.py`` sets
     ``accumulate_allreduce_grads_in_fp32`` for every bf16 run: "bfloat16 requires gradient
@@ -83,6 +85,17 @@ class TrainingSpec(BaseModel):
     group with list-based outputs (:mod:`meshplan.comm.deepspeed`). Its gradients are reduced
     in the parameter dtype (``_reduce_scatter_gradient`` reduces ``param.grad``) unless
     ``grad_reduce_dtype`` says otherwise.
+    ``zero12_engine``: which runtime reduces the gradients under ``sharding = "zero1"`` or
+    ``"zero2"``: ``megatron`` (Megatron-LM's distributed optimizer: reduce-scatters of gradient
+    buckets, :func:`meshplan.comm.collectives._zero2_rows`) or ``deepspeed`` (DeepSpeed's
+    ``stage_1_and_2.py`` since v0.12.4, PR #4695: one all-reduce per bucket of whole
+    parameters, ``[memory] grad_bucket_elements`` = ``reduce_bucket_size``, default 5e8;
+    zero2 every micro-batch in the backward hooks, zero1 once per step; in
+    ``communication_data_type``, else the parameter dtype; :mod:`meshplan.comm.deepspeed_zero12`).
+    ``overlap_comm`` (``zero12_engine = "deepspeed"`` only): DeepSpeed's
+    ``zero_optimization.overlap_comm``: the bucket all-reduces run on a side stream and overlap
+    the backward (two bucket buffers held); off (DeepSpeed's default for stages 1 and 2) they
+    run on the compute stream and block it.
     ``grad_clip``: gradient-norm clipping before the optimizer step (torchtitan
     ``training.max_norm`` 1.0 and Megatron-LM ``--clip-grad`` 1.0 by default): one read of the
     gradients for the norm and one read and write to scale them
@@ -162,12 +175,14 @@ class TrainingSpec(BaseModel):
     flash_attention: bool = True
     memory_reserve: float = Field(default=0.10, ge=0, lt=1)
     vocab_pad_divisor: int = Field(gt=0, le=BOUNDS["vocab_pad_divisor"].value)
-    grad_reduce_dtype: Optional[Literal["fp32", "bf16", "param"]] = None
+    grad_reduce_dtype: Optional[Literal["fp32", "bf16", "fp16", "param"]] = None
     tp_comm_overlap: bool = False
     grad_clip: bool = True
     framework: Literal["torch", "megatron"] = "torch"
     torch_compile: bool = False
     zero3_engine: Literal["fsdp2", "deepspeed-2021"] = "fsdp2"
+    zero12_engine: Literal["megatron", "deepspeed"] = "megatron"
+    overlap_comm: bool = False
     grad_accumulation: Literal["sync", "no_sync", "no_sync_unsharded"] = "sync"
     pp_schedule_runs: int = Field(default=1, ge=1, le=BOUNDS["global_batch"].value)
     linear_dtype: Optional[Literal["fp8"]] = None
@@ -216,6 +231,12 @@ class TrainingSpec(BaseModel):
             raise ValueError("zero3_engine 'deepspeed-2021' gathers every parameter in forward and again in backward and "
                              "reduces every micro-batch: remove grad_accumulation, reshard_after_forward and "
                              "fp8_all_gather (FSDP2 options)")
+        if self.zero12_engine != "megatron" and self.sharding not in ("zero1", "zero2"):
+            raise ValueError(f"zero12_engine {self.zero12_engine!r} is DeepSpeed's ZeRO stage 1/2 (sharding zero1 or "
+                             f"zero2); sharding {self.sharding!r} does not run it: remove the key")
+        if self.overlap_comm and self.zero12_engine != "deepspeed":
+            raise ValueError("overlap_comm is DeepSpeed's zero_optimization.overlap_comm (sharding zero1 or zero2 with "
+                             "zero12_engine = \"deepspeed\"): set zero12_engine = \"deepspeed\" or remove it")
         if self.tp_comm_overlap and self.framework == "torch" and not self.torch_compile:
             raise ValueError("tp_comm_overlap under framework \"torch\" is torchtitan's async TP, which needs "
                              "torch.compile (torchtitan raises \"Async TP requires torch.compile\"): set "
@@ -367,9 +388,13 @@ class TrainingSpec(BaseModel):
         'fp32'
         >>> TrainingSpec(global_batch=8, seq_len=16, param_dtype="fp16", zero3_engine="deepspeed-2021").gradient_reduce_dtype
         'fp16'
+        >>> TrainingSpec(global_batch=8, seq_len=16, sharding="zero2", zero12_engine="deepspeed").gradient_reduce_dtype
+        'bf16'
         """
         if self.grad_reduce_dtype is None:
-            if self.zero3_engine == "deepspeed-2021":
+            # DeepSpeed: communication_data_type unset is the model's dtype (engine.py
+            # ``communication_data_type``: fp16 / bf16 when enabled, else fp32)
+            if self.zero3_engine == "deepspeed-2021" or self.zero12_engine == "deepspeed":
                 return self.param_dtype
             if self.sharding != "none":
                 return self.reduce_dtype

@@ -273,6 +273,9 @@ def not_runnable(cfg: Config, mesh) -> Optional[str]:
     if cfg.training.zero3_engine != "fsdp2":
         return (f"training.zero3_engine is '{cfg.training.zero3_engine}': validate shards parameters with torch's "
                 "FSDP2; set zero3_engine = \"fsdp2\" to validate this mesh")
+    if cfg.training.zero12_engine != "megatron":
+        return (f"training.zero12_engine is '{cfg.training.zero12_engine}': validate runs torch.distributed, not "
+                "DeepSpeed's ZeRO-1/2 engine; remove the key to validate this mesh")
     why = _unsupported(mesh, cfg.training, pipeline=True, moe=cfg.model.is_moe)
     if not why and mesh.degree("pp") > 1:
         from meshplan.runtime.execution.pipelined import unsupported
