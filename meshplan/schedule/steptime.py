@@ -241,6 +241,41 @@ class StepTime:
         terms = " + ".join(f"{k} {c / 100:.2f}" for k, c in cents.items())
         return f"step on stage {self.critical_stage} = {terms} = {round(self.step_s * 1e5) / 100:.2f} ms"
 
+    def without_fsdp_waits(self) -> Optional[ArrayResult]:
+        """The pipeline simulated again with every unit shortened by the time its compute
+        stream waits inside it for FSDP (:data:`FSDP_STREAMS`: an all-gather not hidden, and
+        after a chunk's last backward torch 2.13's ``PipelineStage.perform_reduce_grad``:
+        ``_add_reduce_grad`` schedules it right after that backward, and its
+        ``_root_post_backward_final_callback`` -> ``FSDPParamGroup.finalize_backward`` makes the
+        compute stream wait for the chunk's reduce-scatters before the stage's next unit); None
+        with pp 1 or no such wait. Its bubble is the schedule's alone; the difference in
+        ``step_s`` is what the FSDP waits add to the pipeline (:meth:`lines`)."""
+        if "no_fsdp" not in self._trace_cache:
+            self._trace_cache["no_fsdp"] = self._without_fsdp_waits()
+        return self._trace_cache["no_fsdp"]
+
+    def _without_fsdp_waits(self) -> Optional[ArrayResult]:
+        res = self.pipeline
+        if res.spec.p == 1:
+            return None
+        keys, idx = self.unit_index if self.unit_index else self.units.index(res.flat)
+        waits = np.array([sum(v for k, v in self.units.by_key(key).exposed_s.items() if k in FSDP_STREAMS)
+                          for key in keys])[idx]
+        return pipeline_without(res, waits) if waits.any() else None
+
+    def _fsdp_wait_line(self) -> list[str]:
+        """The bubble line's FSDP waits as their own term (:meth:`without_fsdp_waits`)."""
+        bare = self.without_fsdp_waits()
+        if bare is None:
+            return []
+        p = self.pipeline
+        where = f", busiest stage {bare.busiest_stage}" if bare.busiest_stage != p.busiest_stage else ""
+        return [f"bubble {p.bubble:.4f} = pipeline {bare.bubble:.4f} (the schedule, simulated without the units' FSDP "
+                f"waits{where}) + FSDP waits {p.bubble - bare.bubble:.4f} (all-gathers not hidden; after each chunk's "
+                f"last backward perform_reduce_grad's reduce-scatters, which the compute stream waits for: they "
+                f"lengthen the pipeline {bare.step_s * 1e3:.2f} -> {p.step_s * 1e3:.2f} ms"
+                f"{', each run' if self.runs > 1 else ''})"]
+
     def _closed_form_bubble(self) -> str:
         """The schedule's closed-form bubble for uniform stages without p2p time, beside the
         simulated one (handed case C11: 1F1B at p 4, m 8 gives 0.375 idle/ideal, 0.2727
@@ -264,8 +299,9 @@ class StepTime:
         return [f"step {self.step_s * 1e3:.2f} ms ({p.spec.schedule}, p {p.spec.p}, m {p.spec.m}{runs}, v {p.spec.v}); "
                 f"critical stage {self.critical_stage}",
                 f"bubble {p.bubble:.4f} as idle/ideal, {p.bubble_of_total:.4f} as idle/total "
-                f"(busiest stage {p.busiest_stage}, pipeline only{', each run' if self.runs > 1 else ''})"
-                f"{self._closed_form_bubble()}",
+                f"(busiest stage {p.busiest_stage}, pipeline only{', each run' if self.runs > 1 else ''}"
+                f"{', FSDP waits included' if self.without_fsdp_waits() is not None else ''})"
+                f"{self._closed_form_bubble()}"] + self._fsdp_wait_line() + [
                 f"exposed communication on stage {self.critical_stage}: {exp}", self.parts_line()] + other + [
                 self.recompute_line(),
                 f"tokens/s {self.tokens_per_s:,.0f}; MFU {self.mfu:.1%} (model FLOP: per-op, causal-half "
@@ -339,6 +375,33 @@ def _rounded_to_total(values: dict, total: int) -> dict:
     for k in (order if left >= 0 else order[::-1])[:abs(left)]:
         out[k] += 1 if left > 0 else -1
     return out
+
+
+def pipeline_without(res: ArrayResult, waits_s: np.ndarray) -> ArrayResult:
+    """``res``'s pipeline simulated again with every flat unit shortened by ``waits_s`` (seconds,
+    per flat unit): what the schedule does without those waits (:meth:`StepTime.without_fsdp_waits`).
+
+    Interleaved 1F1B, p 2, m 2, v 2, a chunk's F 0.5 s and B 1 s: stage 0 runs F0.c0 F1.c0 F0.c1
+    F1.c1 B0.c1 B1.c1 B0.c0 B1.c0, bubble 1.5 / 6 = (p - 1) / (v m) = 0.25, step 7.5 s. With a
+    0.5 s wait after each stage's last backward of chunk 1 (perform_reduce_grad), stage 1's B1.c1
+    ends at 5, stage 0's B1.c1 runs 5-6.5, its B0.c0 B1.c0 6.5-8.5: step 8.5 s, bubble (8.5 -
+    6.5) / 6.5 = 0.3077; removing the waits gives back the schedule's 0.25:
+
+    >>> from meshplan.pipeline.simulate import PipelineSpec
+    >>> spec = PipelineSpec("interleaved_1f1b", 2, 2, v=2, forward_s=1.0, backward_s=2.0)
+    >>> f = simulate_arrays(spec).flat
+    >>> waits = np.where((f.kind == 1) & (f.chunk == 1) & (f.mb == 1), 0.5, 0.0)
+    >>> r = simulate_arrays(spec, lambda flat: np.where(flat.kind == 0, 0.5, 1.0) + waits)
+    >>> r.step_s, round(r.bubble, 4), pipeline_without(r, waits).step_s, pipeline_without(r, waits).bubble
+    (8.5, 0.3077, 7.5, 0.25)
+    """
+    dur = res.end - res.start
+    return simulate_arrays(res.spec, lambda f: dur - waits_s)
+
+
+#: Streams of FSDP's collectives a unit's compute stream can wait for: fsdp (dp_shard x cp),
+#: efsdp (the routed experts'), dp_replicate (HSDP's all-reduce after the reduce-scatter).
+FSDP_STREAMS = ("fsdp", "efsdp", "dp_replicate")
 
 
 def _grad_kind(spec: PipelineSpec) -> str:
