@@ -27,7 +27,8 @@ def _plan(sharding: str = "zero3"):
         "model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 1},
         "training": {"global_batch": 16, "seq_len": 4096, "micro_batch": 1, "sharding": sharding,
                      "param_dtype": "bf16", "recompute": "full", "framework": "torch"},
-        "mesh": {"names": ["pp", "dp_shard"], "shape": [P, 2], "virtual_stages": V, "pp_schedule": "interleaved_1f1b"}}))
+        "mesh": {"names": ["pp", "dp_shard"], "shape": [P, 2], "virtual_stages": V,
+                 "pp_schedule": "interleaved_1f1b"}}))
 
 
 def test_torch_reduces_each_chunk_right_after_its_last_backward():
@@ -79,7 +80,8 @@ def test_bubble_line_shows_the_fsdp_waits_apart():
     assert "pipeline only, FSDP waits included)" in lines[1]
     assert lines[2].startswith(f"bubble {p.bubble:.4f} = pipeline {bare.bubble:.4f} (the schedule, simulated "
                                f"without the units' FSDP waits) + FSDP waits {p.bubble - bare.bubble:.4f}")
-    a, b, c = (float(x) for x in (lines[2].split()[1], lines[2].split()[4], lines[2].split(" + FSDP waits ")[1].split()[0]))
+    words = lines[2].split()
+    a, b, c = float(words[1]), float(words[4]), float(lines[2].split(" + FSDP waits ")[1].split()[0])
     assert abs(a - b - c) <= 1e-4 + 1e-12
     zero1 = step_time(_plan("zero1"))  # ZeRO-1: no FSDP collective inside the units
     assert zero1.without_fsdp_waits() is None and "FSDP waits" not in "\n".join(zero1.lines())

@@ -168,7 +168,7 @@ class StepTime:
     def most_exposed_stage(self) -> Optional[tuple[int, dict]]:
         """The stage whose units expose the most communication (seconds per step, every stream
         but the pp waits, summed over its units), with its exposed seconds per stream as
-        :attr:`exposed_s` counts them (pp waits included, step-end ops not), when that stage is
+        :attr:`exposed_s` counts them (pp: its calls' transfers, step-end ops not), when that stage is
         not the critical one and exposes more than it; else None. A MoE model's dense first
         stage can end last while the expert stages spend their time in all-to-alls the critical
         stage never issues."""
@@ -229,7 +229,8 @@ class StepTime:
             bubble += later[0].args["later_runs"] * (later[0].args["run_s"] - (run_end - bubble))
         compute = self.runs * (float(res.busy_s[s]) - float(inner.sum()))
         compute += sum(e.dur_s for e in post if e.stream == "compute" and "later_runs" not in e.args)  # the optimizer
-        return {"compute": compute, "bubble": bubble, **{f"exposed {k}": v for k, v in sorted(self.exposed_s.items()) if v > 0}}
+        exposed = {f"exposed {k}": v for k, v in sorted(self.exposed_s.items()) if v > 0}
+        return {"compute": compute, "bubble": bubble, **exposed}
 
     def parts_line(self) -> str:
         """``step on stage 0 = compute 11114.23 + bubble 673.90 + exposed tp 1394.47 + ... =
