@@ -448,7 +448,8 @@ def step(config: Path = typer.Argument(..., help=CONFIG_HELP),
          gpu: GpuOpt = None,
          model: ModelOpt = None,
          seq_len: SeqLenOpt = None):
-    """Scheduled rank timeline: step time, critical path, exposed communication, bubble, MFU; when the step is
+    """Scheduled rank timeline: step time and its parts on the critical stage (compute + bubble + exposed
+    communication), critical path, exposed communication, bubble (FSDP waits apart under pp), MFU; when the step is
     network-bound, a verdict naming the communication and its cause. A mesh that does not fit exits 1 with its
     reasons after one line 'step would be X s ... if it fit'."""
 

@@ -115,6 +115,11 @@ def test_json_of_each_command_is_valid(argv, tmp_path, capsys):
         plan = build_plan(load_config(MINI))
         st = step_time(plan)
         assert doc["step_s"] == pytest.approx(st.step_s) and doc["mfu"] == pytest.approx(st.mfu)
+        # the step's parts on the critical stage add up to it (pp 1: no bubble, no pp)
+        parts = doc["step_parts_s"]
+        assert parts["step"] == doc["step_s"] and parts["bubble"] == 0 and "exposed pp" not in parts
+        assert sum(v for k, v in parts.items() if k != "step") == pytest.approx(doc["step_s"], rel=1e-12)
+        assert validate("step", {**doc, "step_parts_s": {"step": 1.0, "compute": 1.0}}) != []  # bubble required
         # bytes one rank sends per step on tp: ring of 2 sends half of each buffer
         tp = sum(r.size_bytes * (1 if r.op == "all-reduce" else 0.5) * r.per_step
                  for r in plan.stage(0).collectives if r.axis == "tp")

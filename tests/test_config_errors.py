@@ -222,3 +222,34 @@ def test_config_error_survives_pickling():
         e = pickle.loads(pickle.dumps(cls("training.zero3_engine", "use pp 1")))
         assert type(e) is cls and e.field == "training.zero3_engine" and e.message == "use pp 1"
         assert str(e) == "training.zero3_engine: use pp 1"
+
+
+@pytest.mark.parametrize("schedules,named", [(["1f1b", "zbv"], "zbv is not a Megatron-LM schedule"),
+                                             (["dualpipev"], "dualpipev is not a Megatron-LM schedule"),
+                                             (["zbv", "dualpipev"], "zbv, dualpipev are not Megatron-LM schedules")])
+def test_megatron_search_of_schedules_it_does_not_run(schedules, named, tmp_path, capsys):
+    """Megatron-LM runs 1F1B and interleaved 1F1B only: searching ZB-V or DualPipeV under it is
+    refused up front, naming search.pp_schedules (it was a mesh.pp_schedule error from the
+    middle of the search, after the candidates were estimated)."""
+    from meshplan.cli import main
+    from meshplan.pipeline.registry import check_searched
+    from meshplan.search.driver import search
+    d = with_("training.framework", "megatron")
+    del d["mesh"]
+    d["search"] = {"pp_schedules": schedules, "pp": [2], "tp": [1]}
+    with pytest.raises(ConfigError) as e:
+        search(config_from_dict(d, require_mesh=False))
+    assert e.value.field == "search.pp_schedules" and named in e.value.message
+    assert e.value.message.endswith('remove them from the list, or set training.framework = "torch"'.replace(
+        "them", "them" if "are" in named else "it"))
+    assert "1f1b, or interleaved_1f1b with virtual stages" in e.value.message
+    p = tmp_path / "c.toml"
+    p.write_text('[model]\ncatalog = "llama3-8b"\n[cluster]\nsystem = "dgx-h100"\nnodes = 1\n[training]\n'
+                 'global_batch = 8\nseq_len = 1024\nframework = "megatron"\n[search]\npp_schedules = '
+                 + str(schedules).replace("'", '"') + "\n")
+    with pytest.raises(SystemExit) as done:
+        main(["search", str(p)])
+    err = capsys.readouterr().err
+    assert done.value.code == 2 and err.count("\n") == 1 and err.startswith("error: search.pp_schedules: ")
+    check_searched(schedules, "torch")  # torch's pipelining runs them
+    check_searched(["1f1b"], "megatron")  # Megatron-LM's own (interleaved with vpp > 1)

@@ -683,13 +683,13 @@ def _dp_rows(add, c: _Ctx) -> None:
         return
     if t.sharding in ("zero3", "hsdp"):
         data, hbm = kernel_data(c.gpu.name), c.gpu.hbm_bandwidth_bytes_per_s
-        grad_b = dtype_bytes(t.compute_dtype if t.compute_dtype != "fp8" else "bf16")  # unsharded gradients
+        grad_b, red_b = fsdp2.copy_in_element_bytes(t)  # unsharded gradients, reduce-scatter input
 
         def copies(gathered: float, numel: int) -> tuple[float, float]:
             # FSDP2's copy-out after each all-gather and copy-in before each reduce-scatter, on the
             # compute stream (meshplan.comm.fsdp2)
             return (fsdp2.copy_out_seconds(gathered, data, hbm),
-                    fsdp2.copy_in_seconds(numel, grad_b, dtype_bytes(rs), data, hbm))
+                    fsdp2.copy_in_seconds(numel, grad_b, red_b, data, hbm))
 
         pipelined = mesh.degree("pp") > 1
         units = _units(c, shards)

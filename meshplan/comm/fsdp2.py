@@ -32,6 +32,7 @@ from __future__ import annotations
 from typing import Optional
 
 from meshplan.compute.measured import KernelData, memory_kernel_seconds
+from meshplan.units import dtype_bytes
 
 
 def _seconds(nbytes: float, data: Optional[KernelData], datasheet_bytes_per_s: float) -> float:
@@ -53,11 +54,32 @@ def copy_out_seconds(gathered_bytes: float, data: Optional[KernelData], datashee
     return _seconds(2 * gathered_bytes, data, datasheet_bytes_per_s)
 
 
+def copy_in_element_bytes(training) -> tuple[int, int]:
+    """(bytes read, bytes written) per gradient element by FSDP2's reduce-scatter copy-in under
+    ``training`` (a :class:`~meshplan.spec.training.TrainingSpec`): the unsharded gradient in
+    the compute dtype (``MixedPrecisionPolicy.param_dtype``: autograd's gradients take the
+    parameters' unsharded dtype), the send buffer in FSDP's reduce dtype
+    (:attr:`~meshplan.spec.training.TrainingSpec.gradient_reduce_dtype` as FSDP2 sharding sees
+    it: ``reduce_dtype`` unless ``grad_reduce_dtype`` says otherwise), whatever the sharding
+    ``training`` itself names (the search asks for candidates of every sharding). The one rule
+    for :func:`copy_in_seconds`' element bytes (the collective table, the search's timing).
+
+    >>> from meshplan.spec.training import TrainingSpec
+    >>> copy_in_element_bytes(TrainingSpec(global_batch=8, seq_len=16, sharding="none"))
+    (2, 4)
+    >>> copy_in_element_bytes(TrainingSpec(global_batch=8, seq_len=16, sharding="zero3", grad_reduce_dtype="bf16"))
+    (2, 2)
+    """
+    if training.sharding not in ("zero3", "hsdp") or training.zero3_engine != "fsdp2":
+        training = training.model_copy(update={"sharding": "zero3", "zero3_engine": "fsdp2"})
+    return dtype_bytes(training.compute_dtype), dtype_bytes(training.gradient_reduce_dtype)
+
+
 def copy_in_seconds(numel: int, grad_bytes: int, reduce_bytes: int, data: Optional[KernelData],
                     datasheet_bytes_per_s: float) -> float:
     """Compute-stream seconds of one reduce-scatter's copy-in: ``numel x (grad_bytes +
     reduce_bytes)`` (read the unsharded gradients in the parameter dtype, write the send buffer
-    in the reduce dtype).
+    in the reduce dtype; :func:`copy_in_element_bytes`).
 
     The same layer, bf16 gradients reduced in fp32: 218,112,000 x 6 B = 1.309 GB, 440.6 us:
 

@@ -60,12 +60,35 @@ def check_framework(schedule: Schedule | str, framework: str, pp: int, field: st
     """
     if framework != "megatron" or pp <= 1 or get(schedule).megatron_p2p:
         return
+    raise ConfigError(field, f"{Schedule(schedule)} is not a Megatron-LM schedule ({_megatron_runs()}); use one of "
+                      f"them, or training.framework = \"torch\"")
+
+
+def _megatron_runs() -> str:
+    """What Megatron-LM runs, with the source: the schedules with ``megatron_p2p``."""
     ours = " or ".join(f"{s.name}" + (" with virtual stages" if s.virtual_stages else "")
                        for s in SCHEDULES.values() if s.megatron_p2p)
-    raise ConfigError(field, f"{Schedule(schedule)} is not a Megatron-LM schedule (training.framework \"megatron\" "
-                      f"runs {ours.replace(' or ', ', or ')}: get_forward_backward_func in "
-                      f"megatron/core/pipeline_parallel/schedules.py); use one of them, or training.framework = "
-                      f"\"torch\"")
+    return (f"training.framework \"megatron\" runs {ours.replace(' or ', ', or ')}: get_forward_backward_func in "
+            f"megatron/core/pipeline_parallel/schedules.py")
+
+
+def check_searched(schedules, framework: str) -> None:
+    """ConfigError on ``search.pp_schedules`` when ``training.framework`` is megatron and the
+    list holds schedules Megatron-LM does not run (:func:`check_framework`'s rule, for the
+    search's candidates with pp > 1).
+
+    >>> check_searched(["1f1b", "zbv"], "torch")
+    >>> check_searched(["1f1b", "zbv", "dualpipev"], "megatron")
+    Traceback (most recent call last):
+    meshplan.errors.ConfigError: search.pp_schedules: zbv, dualpipev are not Megatron-LM schedules (training.framework "megatron" runs 1f1b, or interleaved_1f1b with virtual stages: get_forward_backward_func in megatron/core/pipeline_parallel/schedules.py); remove them from the list, or set training.framework = "torch"
+    """
+    foreign = [str(Schedule(s)) for s in schedules if not get(s).megatron_p2p]
+    if framework != "megatron" or not foreign:
+        return
+    one = len(foreign) == 1
+    raise ConfigError("search.pp_schedules", f"{', '.join(foreign)} {'is not a' if one else 'are not'} Megatron-LM "
+                      f"schedule{'' if one else 's'} ({_megatron_runs()}); remove {'it' if one else 'them'} from the "
+                      f"list, or set training.framework = \"torch\"")
 
 
 def reasons(schedule: Schedule | str, p: int, m: int, v: int) -> tuple[str, ...]:

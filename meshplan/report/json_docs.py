@@ -92,7 +92,8 @@ def memory_doc(plan: Plan, all_stages: bool, pngs: Sequence[str]) -> dict[str, A
 
 
 def step_doc(plan: Plan, st, verdict: Sequence[str], trace: Optional[str]) -> dict[str, Any]:
-    """The predicted step: time, schedule, bubble, exposure, MFU, critical path, readiness of
+    """The predicted step: time, schedule, bubble, exposure, the step's parts on the critical
+    stage (``step_parts_s``: StepTime.parts_s and the step, as the search's), MFU, critical path, readiness of
     each collective, concurrency, load per physical link, bytes each rank of the critical
     stage sends per step by axis, the network verdict."""
     p = st.pipeline
@@ -100,6 +101,7 @@ def step_doc(plan: Plan, st, verdict: Sequence[str], trace: Optional[str]) -> di
                     micro_batches=p.spec.m, virtual_stages=p.spec.v, critical_stage=st.critical_stage,
                     stage_end_s=list(st.stage_end_s), bubble_idle_over_ideal=p.bubble,
                     bubble_idle_over_total=p.bubble_of_total, exposed_s=dict(st.exposed_s),
+                    step_parts_s={"step": st.step_s, **st.parts_s()},
                     most_exposed_stage=_most_exposed(st), mfu=st.mfu, hfu=st.hfu,
                     tokens_per_s=st.tokens_per_s, critical_path=st.critical_path(),
                     collectives=[dict(_plain(t), slack_s=t.slack_s) for t in timings(st)],

@@ -4,7 +4,9 @@ collectives and the optimizer step; critical path, exposed communication per axi
 tokens/s, MFU and HFU, and the Chrome/Perfetto trace of the predicted timeline.
 
 Pipeline sends block their stage under Megatron-LM (:func:`blocking_p2p`): each call holds its
-stage until the peer stage posts its side and the transfer ends (``hold``, exposed on "pp"). Each
+stage until the peer stage posts its side and the transfer ends (``hold``); of a hold only the
+transfers (``k x p2p``) are exposed on "pp", the wait for the peer is bubble (:func:`pp_hold_split`,
+:meth:`StepTime.parts_s`). Each
 stage ends at its last unit plus that unit's communication tail (or its blocking call), then (in order) the
 per-step gradient reduction when it was not overlapped, the optimizer step and the
 ZeRO-1/2 parameter all-gather (``Overlap.param_gather``: hidden behind the next step's
@@ -22,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from functools import cached_property, lru_cache
 from pathlib import Path
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import numpy as np
 
@@ -166,7 +168,7 @@ class StepTime:
     def most_exposed_stage(self) -> Optional[tuple[int, dict]]:
         """The stage whose units expose the most communication (seconds per step, every stream
         but the pp waits, summed over its units), with its exposed seconds per stream as
-        :attr:`exposed_s` counts them (pp waits included, step-end ops not), when that stage is
+        :attr:`exposed_s` counts them (pp: its calls' transfers, step-end ops not), when that stage is
         not the critical one and exposes more than it; else None. A MoE model's dense first
         stage can end last while the expert stages spend their time in all-to-alls the critical
         stage never issues."""
@@ -185,6 +187,95 @@ class StepTime:
         if s == self.critical_stage or totals[s] <= crit * (1 + 1e-9):
             return None
         return s, {k: self.runs * x for k, x in _unit_exposure(res, s, self.units, keys, idx, {}).items()}
+
+    def parts_s(self) -> dict[str, float]:
+        """The step on the critical stage s split into parts that add up to :attr:`step_s`,
+        seconds (every part >= 0; streams that expose nothing left out):
+
+        - ``compute``: s's pipeline units less the communication exposed inside them (GEMMs,
+          attention, memory-bound ops, recompute, copies on the compute stream), every
+          schedule run, plus the optimizer step;
+        - ``bubble``: s's compute stream idle: before its first unit, between units (a receive
+          wait beyond its transfer), the part of each blocking call's hold spent waiting for its
+          partner stage (:func:`pp_hold_split`), and with ``training.pp_schedule_runs`` > 1 each
+          later run's idle (its :func:`run_shift` less run 1's busy and exposed time);
+        - ``exposed <stream>``: :attr:`exposed_s` (pp: the transfers only).
+
+        D4 (Korthikanti et al. 2022 175B, Megatron-LM interleaved 1F1B p 8 x v 3, 64
+        micro-batches): compute 11,114.23 + bubble 673.90 + exposed tp 1,394.47 + pp 141.31
+        (340 transfers of 0.4156 ms) + dp 16.98 = 13,340.89 ms (tests/test_step_parts.py)."""
+        if "parts" not in self._trace_cache:
+            self._trace_cache["parts"] = self._parts()
+        return dict(self._trace_cache["parts"])
+
+    def _parts(self) -> dict[str, float]:
+        res, s = self.pipeline, self.critical_stage
+        sl = res.stage_slice(s)
+        keys, idx = self.unit_index if self.unit_index else self.units.index(res.flat)
+        inner = np.array([sum(self.units.by_key(k).exposed_s.values()) for k in keys])[idx[sl]]
+        split = pp_hold_split(res, s)
+        wait = res.wait[sl]
+        via = res.via_at(np.arange(sl.start, sl.stop)) if wait.any() else np.zeros(len(wait), dtype=bool)
+        received = np.where(via, np.minimum(res.spec.p2p_s, wait), 0.0)  # exposed on "pp" (_unit_exposure)
+        i = sl.stop - 1
+        unit = self.units.get(s, int(res.flat.chunk[i]), KINDS[int(res.flat.kind[i])], int(res.flat.mb[i]))
+        hold = float(res.hold[i]) if res.hold is not None else 0.0
+        last_wait = float(split.wait_s[-1]) if hold and not (unit.tail_s >= hold and unit.tail_s) else 0.0
+        bubble = sum([split.lead_wait_s, last_wait] + (wait - received).tolist() + split.wait_s[:-1].tolist())
+        run_end = float(res.end[i]) + max(unit.tail_s, hold)  # run 1 on stage s (_run_end)
+        post = [e for e in self.post_events if e.stage == s]
+        later = [e for e in post if "later_runs" in e.args]
+        if later:  # each later run as run 1, run_s apart: its idle is run_s less run 1's busy and exposed time
+            bubble += later[0].args["later_runs"] * (later[0].args["run_s"] - (run_end - bubble))
+        compute = self.runs * (float(res.busy_s[s]) - float(inner.sum()))
+        compute += sum(e.dur_s for e in post if e.stream == "compute" and "later_runs" not in e.args)  # the optimizer
+        exposed = {f"exposed {k}": v for k, v in sorted(self.exposed_s.items()) if v > 0}
+        return {"compute": compute, "bubble": bubble, **exposed}
+
+    def parts_line(self) -> str:
+        """``step on stage 0 = compute 11114.23 + bubble 673.90 + exposed tp 1394.47 + ... =
+        13340.89 ms``: :meth:`parts_s` in ms to 0.01, each part rounded so that the printed
+        parts add up to the printed step (largest remainder: every part within 0.01 ms of its
+        value)."""
+        parts = self.parts_s()
+        cents = _rounded_to_total({k: v * 1e5 for k, v in parts.items()}, round(self.step_s * 1e5))
+        terms = " + ".join(f"{k} {c / 100:.2f}" for k, c in cents.items())
+        return f"step on stage {self.critical_stage} = {terms} = {round(self.step_s * 1e5) / 100:.2f} ms"
+
+    def without_fsdp_waits(self) -> Optional[ArrayResult]:
+        """The pipeline simulated again with every unit shortened by the time its compute
+        stream waits inside it for FSDP (:data:`FSDP_STREAMS`: an all-gather not hidden, and
+        after a chunk's last backward torch 2.13's ``PipelineStage.perform_reduce_grad``:
+        ``_add_reduce_grad`` schedules it right after that backward, and its
+        ``_root_post_backward_final_callback`` -> ``FSDPParamGroup.finalize_backward`` makes the
+        compute stream wait for the chunk's reduce-scatters before the stage's next unit); None
+        with pp 1 or no such wait. Its bubble is the schedule's alone; the difference in
+        ``step_s`` is what the FSDP waits add to the pipeline (:meth:`lines`)."""
+        if "no_fsdp" not in self._trace_cache:
+            self._trace_cache["no_fsdp"] = self._without_fsdp_waits()
+        return self._trace_cache["no_fsdp"]
+
+    def _without_fsdp_waits(self) -> Optional[ArrayResult]:
+        res = self.pipeline
+        if res.spec.p == 1:
+            return None
+        keys, idx = self.unit_index if self.unit_index else self.units.index(res.flat)
+        waits = np.array([sum(v for k, v in self.units.by_key(key).exposed_s.items() if k in FSDP_STREAMS)
+                          for key in keys])[idx]
+        return pipeline_without(res, waits) if waits.any() else None
+
+    def _fsdp_wait_line(self) -> list[str]:
+        """The bubble line's FSDP waits as their own term (:meth:`without_fsdp_waits`)."""
+        bare = self.without_fsdp_waits()
+        if bare is None:
+            return []
+        p = self.pipeline
+        where = f", busiest stage {bare.busiest_stage}" if bare.busiest_stage != p.busiest_stage else ""
+        return [f"bubble {p.bubble:.4f} = pipeline {bare.bubble:.4f} (the schedule, simulated without the units' FSDP "
+                f"waits{where}) + FSDP waits {p.bubble - bare.bubble:.4f} (all-gathers not hidden; after each chunk's "
+                f"last backward perform_reduce_grad's reduce-scatters, which the compute stream waits for: they "
+                f"lengthen the pipeline {bare.step_s * 1e3:.2f} -> {p.step_s * 1e3:.2f} ms"
+                f"{', each run' if self.runs > 1 else ''})"]
 
     def _closed_form_bubble(self) -> str:
         """The schedule's closed-form bubble for uniform stages without p2p time, beside the
@@ -209,9 +300,10 @@ class StepTime:
         return [f"step {self.step_s * 1e3:.2f} ms ({p.spec.schedule}, p {p.spec.p}, m {p.spec.m}{runs}, v {p.spec.v}); "
                 f"critical stage {self.critical_stage}",
                 f"bubble {p.bubble:.4f} as idle/ideal, {p.bubble_of_total:.4f} as idle/total "
-                f"(busiest stage {p.busiest_stage}, pipeline only{', each run' if self.runs > 1 else ''})"
-                f"{self._closed_form_bubble()}",
-                f"exposed communication on stage {self.critical_stage}: {exp}"] + other + [
+                f"(busiest stage {p.busiest_stage}, pipeline only{', each run' if self.runs > 1 else ''}"
+                f"{', FSDP waits included' if self.without_fsdp_waits() is not None else ''})"
+                f"{self._closed_form_bubble()}"] + self._fsdp_wait_line() + [
+                f"exposed communication on stage {self.critical_stage}: {exp}", self.parts_line()] + other + [
                 self.recompute_line(),
                 f"tokens/s {self.tokens_per_s:,.0f}; MFU {self.mfu:.1%} (model FLOP: per-op, causal-half "
                 f"attention, no recompute); HFU {self.hfu:.1%} (executed FLOP, recompute included{self._gap_text()}); "
@@ -268,6 +360,49 @@ class StepTime:
                 "bubble_idle_over_ideal": self.pipeline.bubble}
         return write_trace(self.trace_events(detail), path, meta, force=force,
                            ranks=dict(enumerate(self.example_ranks)))
+
+
+def _rounded_to_total(values: dict, total: int) -> dict:
+    """``values`` rounded to integers that add up to ``total`` (largest remainder: floors,
+    then one more to the largest fractions; when the floors already exceed ``total``, one
+    less from the smallest), each within 1 of its value when ``total`` is the rounded sum.
+
+    >>> _rounded_to_total({"a": 1.4, "b": 1.4, "c": 1.2}, 4)
+    {'a': 2, 'b': 1, 'c': 1}
+    """
+    out = {k: int(np.floor(v)) for k, v in values.items()}
+    order = sorted(values, key=lambda k: out[k] - values[k])  # the largest fraction first
+    left = total - sum(out.values())
+    for k in (order if left >= 0 else order[::-1])[:abs(left)]:
+        out[k] += 1 if left > 0 else -1
+    return out
+
+
+def pipeline_without(res: ArrayResult, waits_s: np.ndarray) -> ArrayResult:
+    """``res``'s pipeline simulated again with every flat unit shortened by ``waits_s`` (seconds,
+    per flat unit): what the schedule does without those waits (:meth:`StepTime.without_fsdp_waits`).
+
+    Interleaved 1F1B, p 2, m 2, v 2, a chunk's F 0.5 s and B 1 s: stage 0 runs F0.c0 F1.c0 F0.c1
+    F1.c1 B0.c1 B1.c1 B0.c0 B1.c0, bubble 1.5 / 6 = (p - 1) / (v m) = 0.25, step 7.5 s. With a
+    0.5 s wait after each stage's last backward of chunk 1 (perform_reduce_grad), stage 1's B1.c1
+    ends at 5, stage 0's B1.c1 runs 5-6.5, its B0.c0 B1.c0 6.5-8.5: step 8.5 s, bubble (8.5 -
+    6.5) / 6.5 = 0.3077; removing the waits gives back the schedule's 0.25:
+
+    >>> from meshplan.pipeline.simulate import PipelineSpec
+    >>> spec = PipelineSpec("interleaved_1f1b", 2, 2, v=2, forward_s=1.0, backward_s=2.0)
+    >>> f = simulate_arrays(spec).flat
+    >>> waits = np.where((f.kind == 1) & (f.chunk == 1) & (f.mb == 1), 0.5, 0.0)
+    >>> r = simulate_arrays(spec, lambda flat: np.where(flat.kind == 0, 0.5, 1.0) + waits)
+    >>> r.step_s, round(r.bubble, 4), pipeline_without(r, waits).step_s, pipeline_without(r, waits).bubble
+    (8.5, 0.3077, 7.5, 0.25)
+    """
+    dur = res.end - res.start
+    return simulate_arrays(res.spec, lambda f: dur - waits_s)
+
+
+#: Streams of FSDP's collectives a unit's compute stream can wait for: fsdp (dp_shard x cp),
+#: efsdp (the routed experts'), dp_replicate (HSDP's all-reduce after the reduce-scatter).
+FSDP_STREAMS = ("fsdp", "efsdp", "dp_replicate")
 
 
 def _grad_kind(spec: PipelineSpec) -> str:
@@ -455,9 +590,88 @@ def _ends_of(res: ArrayResult) -> list[list[Event]]:
     return [evs[2 * s:2 * s + 2] for s in range(p)]
 
 
+def call_transfer_s(res: ArrayResult, s: int) -> np.ndarray:
+    """Per unit of stage ``s`` (flat order), seconds the blocking call issued after it spends
+    on its own transfers: ``k x p2p_s``, ``k`` the larger of the call's sends and receives
+    (:func:`meshplan.pipeline.simulate.call_loads`: they share the rank's link; slot
+    ``s (L + 2) + position + 1`` of :class:`~meshplan.pipeline.fast.Transfers`); 0 for a call
+    without transfers and without blocking sends. A call's hold is its partner's lateness plus
+    this (:func:`pp_hold_split`).
+
+    >>> from meshplan.pipeline.fast import simulate_arrays
+    >>> from meshplan.pipeline.simulate import PipelineSpec
+    >>> r = simulate_arrays(PipelineSpec("1f1b", p=2, m=2, p2p_s=0.5, blocking_p2p=True))
+    >>> call_transfer_s(r, 0).tolist(), r.hold[r.stage_slice(0)].tolist()  # F0 F1 B0 B1
+    ([0.5, 0.5, 0.5, 0.0], [0.5, 2.5, 1.5, 0.0])
+
+    (F 1 s, B 2 s: stage 0's call after F1, posted at 2.5, meets stage 1's after its B0, posted
+    at 4.5: free at 4.5 + 0.5, hold 2.5 = 2 waiting for stage 1 + 0.5 transfer.)
+    """
+    return call_loads(res)[s, 1:] * res.spec.p2p_s
+
+
+def call_loads(res: ArrayResult) -> np.ndarray:
+    """``k`` of every stage's calls (:func:`call_transfer_s`), shape (p, L + 1): per stage its
+    leading call (receives posted before its first unit), then the call after each unit;
+    zeros without blocking sends. One count over all transfers (pass it to
+    :func:`pp_hold_split` when splitting every stage)."""
+    p, length = res.flat.p, res.flat.length
+    if res.transfers is None:
+        return np.zeros((p, length + 1))
+    width = p * (length + 2)  # per stage: the leading slot, a slot after each unit, a trailing one
+    sends = np.bincount(res.transfers.send.astype(np.int64), minlength=width)
+    recvs = np.bincount(res.transfers.recv.astype(np.int64), minlength=width)
+    return np.maximum(sends, recvs).reshape(p, length + 2)[:, :length + 1].astype(float)
+
+
+class HoldSplit(NamedTuple):
+    """Stage s's blocking calls (Megatron-LM 2022's rendezvous, :mod:`meshplan.pipeline.simulate`)
+    split into their transfers and the wait for their partner, seconds: ``lead_*`` the call
+    before its first unit (free at ``lead_transfer_s + lead_wait_s``), ``transfer_s`` and
+    ``wait_s`` (arrays, one per unit, flat order) the call after each unit, ``hold = transfer +
+    wait``. All zero with asynchronous sends."""
+
+    lead_transfer_s: float
+    lead_wait_s: float
+    transfer_s: np.ndarray
+    wait_s: np.ndarray
+
+
+def pp_hold_split(res: ArrayResult, s: int, loads: Optional[np.ndarray] = None) -> HoldSplit:
+    """Each blocking call of stage ``s`` as (its transfers on the critical path: ``k x p2p``,
+    :func:`call_transfer_s`; the rest of its hold: waiting for the partner stage to post its
+    call, pipeline bubble): a call ends at ``max(own post, partner posts) + k p2p``, so a hold
+    is the partner's lateness plus ``k p2p``. The step exposes the transfers on "pp"
+    (:func:`_unit_exposure`, :func:`_stage_end`), the waits are bubble (:meth:`StepTime.parts_s`).
+    ``loads``: :func:`call_loads` (default: counted here).
+
+    >>> from meshplan.pipeline.fast import simulate_arrays
+    >>> from meshplan.pipeline.simulate import PipelineSpec
+    >>> r = simulate_arrays(PipelineSpec("1f1b", p=2, m=2, p2p_s=0.5, blocking_p2p=True))
+    >>> h = pp_hold_split(r, 0)  # stage 0: F0 F1 B0 B1 (F 1 s, B 2 s)
+    >>> h.transfer_s.tolist(), h.wait_s.tolist()
+    ([0.5, 0.5, 0.5, 0.0], [0.0, 2.0, 1.0, 0.0])
+    >>> h = pp_hold_split(r, 1)  # stage 1 receives F0 before its first unit: posted at 0, F0 at 1
+    >>> h.lead_transfer_s, h.lead_wait_s
+    (0.5, 1.0)
+    """
+    sl = res.stage_slice(s)
+    n = sl.stop - sl.start
+    if res.hold is None or not n:
+        return HoldSplit(0.0, 0.0, np.zeros(n), np.zeros(n))
+    xfer = (call_loads(res) if loads is None else loads)[s] * res.spec.p2p_s
+    lead_free = float(res.start[sl.start] - res.wait[sl.start])  # the leading call's end (0 without)
+    lead = min(lead_free, float(xfer[0]))
+    hold = res.hold[sl]
+    moved = np.minimum(hold, xfer[1:])
+    return HoldSplit(lead, lead_free - lead, moved, hold - moved)
+
+
 def _unit_exposure(res: ArrayResult, s: int, units: UnitTimes, keys: list, key_idx: np.ndarray, ex: dict) -> dict:
     """``ex`` plus the exposed time of every unit of stage s by stream and, for each unit
-    that waited on a p2p receive, ``min(p2p, wait)`` on "pp"; added in unit order, so the
+    that waited on a p2p receive, ``min(p2p, wait)`` on "pp", and with blocking sends the
+    transfers of the stage's calls (its leading call's and every unit's but the last's,
+    :func:`pp_hold_split`; the last's: :func:`_stage_end`); added in unit order, so the
     sums are the per-event loop's to the bit."""
     sl = res.stage_slice(s)
     kidx, via = key_idx[sl], res.via_at(np.arange(sl.start, sl.stop))
@@ -470,8 +684,10 @@ def _unit_exposure(res: ArrayResult, s: int, units: UnitTimes, keys: list, key_i
     if "pp" not in streams and via.any():
         waits = np.minimum(res.spec.p2p_s, res.wait[sl][via])
         ex["pp"] = sum(waits.tolist(), ex.get("pp", 0.0))
-    if res.hold is not None and res.hold[sl].any():  # blocking sends hold the stream (the last: _stage_end)
-        ex["pp"] = sum(res.hold[sl][:-1].tolist(), ex.get("pp", 0.0))
+    if res.hold is not None:  # blocking sends: their transfers (the last call's: _stage_end)
+        split = pp_hold_split(res, s)
+        if split.lead_transfer_s or split.transfer_s[:-1].any():
+            ex["pp"] = sum([split.lead_transfer_s] + split.transfer_s[:-1].tolist(), ex.get("pp", 0.0))
     return ex
 
 
@@ -540,21 +756,25 @@ def _later_runs(runs: int) -> str:
 
 
 def _stage_end(plan, s, spec, mine, units, comm: CommTimes, ov, hold: float = 0.0,
-               memo: Optional[dict] = None, run_s: float = 0.0, runs: int = 1) -> tuple[float, list[Event], dict]:
+               memo: Optional[dict] = None, run_s: float = 0.0, runs: int = 1,
+               hold_transfer_s: float = 0.0) -> tuple[float, list[Event], dict]:
     """End of stage s after its last unit (``mine``: its compute events) and the blocking
-    send it issues (``hold`` seconds, overlapping its communication tail), with the step-end
+    send it issues (``hold`` seconds, overlapping its communication tail; of it
+    ``hold_transfer_s`` the transfers, exposed on "pp" when the hold outlasts the tail, the
+    rest waiting for the partner: bubble, :func:`pp_hold_split`), with the step-end
     events and their exposure (``memo``: :func:`_optimizer_s`'). ``run_s``: seconds from one
     schedule run to the next (:func:`run_shift`); the ``runs`` - 1 later runs are shown as one
-    event after the stage's first run."""
+    event after the stage's first run (``args``: ``later_runs``, ``run_s``)."""
     last = max(mine, key=lambda e: e.end_s)
     u = units.of_event(last)
     t = _run_end(mine, units, hold)
-    post, exposed = [], ({u.tail_stream: u.tail_s} if u.tail_s >= hold and u.tail_s else ({"pp": hold} if hold else {}))
+    post, exposed = [], ({u.tail_stream: u.tail_s} if u.tail_s >= hold and u.tail_s else
+                         ({"pp": hold_transfer_s} if hold_transfer_s else {}))
     if runs > 1:  # each later run ends with the same tail
         exposed = {k: x * runs for k, x in exposed.items()}
         shift = (runs - 1) * run_s
         post.append(Event(s, "compute", f"schedule {_later_runs(runs)} ({runs - 1} x {run_s * 1e3:.3f} "
-                          f"ms, each as run 1)", t, t + shift))
+                          f"ms, each as run 1)", t, t + shift, {"later_runs": runs - 1, "run_s": run_s}))
         t += shift
     steps = [("grad reduce (per step)", 0.0 if ov.grad_reduce else comm.step_reduce_s, "dp")]
     # replicated KV heads: one all-reduce per layer of the reduced K/V gradients, before the optimizer
@@ -610,8 +830,11 @@ def step_time(plan: Plan, overlap: Overlap = Overlap(), *, dropout: bool = False
     ends, post, exposed = [], [], []
     memo: dict = {}
     run_s = run_shift(res, units) if runs > 1 else 0.0
+    loads = call_loads(res) if res.hold is not None else None
     for s, mine in enumerate(_ends_of(res)):
-        end, ev, ex = _stage_end(plan, s, spec, mine, units, comms[s], overlap, _last_hold(res, s), memo, run_s, runs)
+        last_xfer = float(pp_hold_split(res, s, loads).transfer_s[-1]) if loads is not None else 0.0
+        end, ev, ex = _stage_end(plan, s, spec, mine, units, comms[s], overlap, _last_hold(res, s), memo, run_s, runs,
+                                 last_xfer)
         ends.append(end)
         post += ev
         exposed.append(ex)

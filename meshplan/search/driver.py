@@ -63,6 +63,7 @@ import numpy as np
 from meshplan.errors import ConfigError
 from meshplan.limits import MAX_SEARCH_WORLD, over as over_bound
 from meshplan.memory.constraints import usable_bytes
+from meshplan.pipeline.registry import check_searched
 from meshplan.search.bounds import bounds
 from meshplan.search.exact import PLAN_ONLY, SIMULATE, STEP_ONLY, Exact, Planner, Pool, merge
 from meshplan.search.explain import Explanation, explain
@@ -198,6 +199,7 @@ def search(cfg: Config, progress: Optional[Progress] = None, workers: Optional[i
         raise ConfigError("cluster.nodes", f"{cfg.cluster.nodes} nodes x {cfg.cluster.node.gpus} GPUs = "
                                            f"{cfg.cluster.world} GPUs: {over_bound('search world', cfg.cluster.world)}; "
                                            "plan a chosen mesh with `meshplan plan`")
+    check_searched(cfg.search.pp_schedules, cfg.training.framework)
     t0 = time.perf_counter()
     clock = _Clock()
     o = cfg.search

@@ -2,23 +2,11 @@
 into the same parts, and the parts that differ most, with their numbers.
 
 :func:`step_breakdown` splits a :class:`~meshplan.schedule.steptime.StepTime` on its critical
-stage (the stage that ends last) into parts that add up to the step, seconds:
+stage (the stage that ends last) into parts that add up to the step, seconds
+(:meth:`~meshplan.schedule.steptime.StepTime.parts_s`: ``compute``, ``bubble`` with a blocking
+pp call's wait for its partner, ``exposed <stream>`` with pp's transfers only).
 
-- ``compute``: the stage's pipeline units minus the communication exposed inside them
-  (GEMMs, attention, memory-bound ops, recompute), plus the optimizer step;
-- ``bubble``: the time the stage's compute stream is idle between (and before) its units,
-  less the p2p transfers (pipeline fill and drain), including the part of a blocking send's
-  hold (Megatron-LM 2022's rendezvous, :mod:`meshplan.pipeline.simulate`) spent waiting for
-  the partner stage to post its call;
-- ``exposed <stream>``: :attr:`StepTime.exposed_s` per stream (tp, cp, ep, fsdp, efsdp,
-  dp_replicate, dp, pp): waits inside units, the last unit's tail, the step-end collectives
-  and, for pp, the transfers themselves: a receive wait's ``min(p2p, wait)``
-  (``steptime._unit_exposure``) and a blocking call's ``k x p2p`` (its ``k`` transfers one
-  after another on the link, :func:`meshplan.pipeline.simulate.call_loads`), never the wait
-  for the partner (:func:`_pp_partner_wait_s`).
-
-``compute + bubble + sum(exposed) = step_s`` (the stage's last unit end + its tail + its
-step-end ops). :func:`layer_passes` counts the critical stage's layer passes (a count, kept
+:func:`layer_passes` counts the critical stage's layer passes (a count, kept
 apart from the seconds). :func:`explain` lines up two breakdowns and names the largest
 differences.
 """
@@ -28,77 +16,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-import numpy as np
-
-from meshplan.pipeline.fast import KINDS, ArrayResult
 from meshplan.plan import Plan, table_key, table_stage
 from meshplan.schedule.steptime import StepTime
 
 
-def call_transfer_s(res: ArrayResult, s: int) -> np.ndarray:
-    """Per unit of stage ``s`` (flat order), seconds the blocking call issued after it spends
-    on its own transfers: ``k x p2p_s``, ``k`` the larger of the call's sends and receives
-    (:func:`meshplan.pipeline.simulate.call_loads`; slot ``s (L + 2) + position + 1`` of
-    :class:`~meshplan.pipeline.fast.Transfers`); 0 for a call without transfers and without
-    blocking sends. A call's hold is its partner's lateness plus this.
-
-    >>> from meshplan.pipeline.fast import simulate_arrays
-    >>> from meshplan.pipeline.simulate import PipelineSpec
-    >>> r = simulate_arrays(PipelineSpec("1f1b", p=2, m=2, p2p_s=0.5, blocking_p2p=True))
-    >>> call_transfer_s(r, 0).tolist(), r.hold[r.stage_slice(0)].tolist()  # F0 F1 B0 B1
-    ([0.5, 0.5, 0.5, 0.0], [0.5, 2.5, 1.5, 0.0])
-
-    (F 1 s, B 2 s: stage 0's call after F1, posted at 2.5, meets stage 1's after its B0, posted
-    at 4.5: free at 4.5 + 0.5, hold 2.5 = 2 waiting for stage 1 + 0.5 transfer.)
-    """
-    sl = res.stage_slice(s)
-    out = np.zeros(sl.stop - sl.start)
-    if res.transfers is None:
-        return out
-    length = res.flat.length
-    slots = s * (length + 2) + np.arange(length) + 1
-    sends = np.bincount(res.transfers.send.astype(np.int64), minlength=res.flat.p * (length + 2))
-    recvs = np.bincount(res.transfers.recv.astype(np.int64), minlength=res.flat.p * (length + 2))
-    return np.maximum(sends[slots], recvs[slots]) * res.spec.p2p_s
-
-
-def _pp_partner_wait_s(st: StepTime) -> tuple[float, float]:
-    """(seconds of the critical stage's exposed pp spent waiting for the partner of a
-    blocking call, of them after its last unit's end): each hold counted in
-    :attr:`StepTime.exposed_s` (every unit's but the last; the last's when it outlasts the
-    unit's communication tail, ``steptime._stage_end``) less :func:`call_transfer_s`."""
-    res, s = st.pipeline, st.critical_stage
-    if res.hold is None:
-        return 0.0, 0.0
-    sl = res.stage_slice(s)
-    hold, xfer = res.hold[sl], call_transfer_s(res, s)
-    inside = float(np.maximum(hold[:-1] - xfer[:-1], 0.0).sum())
-    i = sl.stop - 1
-    unit = st.units.get(s, int(res.flat.chunk[i]), KINDS[int(res.flat.kind[i])], int(res.flat.mb[i]))
-    last = float(hold[-1]) if hold[-1] and not (unit.tail_s >= hold[-1] and unit.tail_s) else 0.0
-    return inside + max(last - float(xfer[-1]), 0.0), last
-
-
 def step_breakdown(st: StepTime) -> dict[str, float]:
-    """Parts of ``st`` on its critical stage (module docstring), seconds; key ``step`` is
-    the step time itself. Every value is seconds."""
-    res, s = st.pipeline, st.critical_stage
-    sl = res.stage_slice(s)
-    last_end, busy = float(res.end[sl].max()), float(res.busy_s[s])
-    post = [e for e in st.post_events if e.stage == s]
-    opt = sum(e.end_s - e.start_s for e in post if e.stream == "compute")
-    post_comm = sum(e.end_s - e.start_s for e in post if e.stream != "compute")
-    tail = st.step_s - last_end - opt - post_comm
-    pp = st.exposed_s.get("pp", 0.0)
-    partner, last_hold = _pp_partner_wait_s(st)
-    # a last hold counted as pp replaces the tail's own stream in exposed_s (steptime._stage_end)
-    inside = sum(st.exposed_s.values()) - pp - (0.0 if last_hold else tail) - post_comm
-    out = {"step": st.step_s, "compute": busy - inside + opt,
-           "bubble": last_end - busy - (pp - last_hold) + partner}
-    out.update({f"exposed {k}": v for k, v in st.exposed_s.items() if v > 0})
-    if pp > 0:
-        out["exposed pp"] = pp - partner
-    return out
+    """Parts of ``st`` on its critical stage (:meth:`StepTime.parts_s`), seconds; key ``step``
+    is the step time itself."""
+    return {"step": st.step_s, **st.parts_s()}
 
 
 def stage_flops(st: StepTime) -> float:

@@ -247,8 +247,7 @@ def fsdp_copies(cfg: Config, tables: Tables, c: Candidates) -> dict[str, np.ndar
     """
     m, t, gpu = cfg.model, cfg.training, cfg.cluster.gpu
     data, hbm = kernel_data(gpu.name), gpu.hbm_bandwidth_bytes_per_s
-    grad_b = dtype_bytes(t.compute_dtype if t.compute_dtype != "fp8" else "bf16")  # unsharded gradients
-    red_b = dtype_bytes(t.model_copy(update={"sharding": "zero3", "zero3_engine": "fsdp2"}).gradient_reduce_dtype)
+    grad_b, red_b = fsdp2.copy_in_element_bytes(t)  # unsharded gradients, reduce-scatter input
     kinds = [1] if m.is_moe and m.dense_layers == 0 else [0, 1] if m.is_moe else [0]
 
     def layer(tp: int, ep: int, etp: int, shards: int) -> dict[str, float]:

@@ -61,7 +61,9 @@ class SearchOptions(BaseModel):
     - ``pp_schedules``: pipeline schedules of candidates with pp > 1 (default ``["1f1b"]``:
       1F1B with vpp 1, interleaved 1F1B with vpp > 1); ``zbv`` and ``dualpipev`` add the
       V-shaped schedules (torch ``ScheduleZBVZeroBubble``, ``ScheduleDualPipeV``) on
-      candidates with vpp 2; leaving ``1f1b`` out keeps only those with pp > 1.
+      candidates with vpp 2; leaving ``1f1b`` out keeps only those with pp > 1. Under
+      ``training.framework = "megatron"`` they are an error (Megatron-LM runs neither:
+      :func:`meshplan.pipeline.registry.check_searched`, at the search's start).
     - ``max_tp``: largest tp (default: GPUs per NVLink domain, so tp groups stay on NVLink).
     - ``top``: candidates printed (default 10).
     - ``min_gemm_efficiency``: the declared kernel-efficiency threshold: FLOP-weighted

@@ -1,0 +1,87 @@
+"""Interleaved 1F1B with FSDP2 under torch 2.13's pipelining: the compute stream waits for each
+chunk's reduce-scatters after the chunk's last backward (``PipelineStage.perform_reduce_grad``),
+a real wait, so the bubble line names the FSDP waits as their own term beside the schedule's
+bubble (StepTime.without_fsdp_waits)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from torch.distributed.pipelining import schedules as S
+
+from meshplan.config import config_from_dict
+from meshplan.pipeline.fast import simulate_arrays
+from meshplan.pipeline.simulate import PipelineSpec
+from meshplan.plan import build_plan
+from meshplan.schedule.steptime import pipeline_without, step_time
+
+from tests.test_schedule_registry import FakeStage
+
+P, V, M = 4, 2, 8
+
+
+def _plan(sharding: str = "zero3"):
+    """A Llama-3-8B on 8 H100: pp 4 x dp_shard 2, interleaved 1F1B with 2 chunks per stage (4
+    layers each), 16 sequences / dp 2 = 8 micro-batches, zero3 (FSDP2), torch."""
+    return build_plan(config_from_dict({
+        "model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 1},
+        "training": {"global_batch": 16, "seq_len": 4096, "micro_batch": 1, "sharding": sharding,
+                     "param_dtype": "bf16", "recompute": "full", "framework": "torch"},
+        "mesh": {"names": ["pp", "dp_shard"], "shape": [P, 2], "virtual_stages": V,
+                 "pp_schedule": "interleaved_1f1b"}}))
+
+
+def test_torch_reduces_each_chunk_right_after_its_last_backward():
+    """torch 2.13's ScheduleInterleaved1F1B lowers its order with ``_add_reduce_grad``: a
+    REDUCE_GRAD of a stage right after its m-th backward. On rank 0 (virtual stages 0 and 4) that
+    of stage 4 (chunk 1) comes after B7 of stage 4, before chunk 0's last backwards: its
+    ``perform_reduce_grad`` ends in ``_root_post_backward_final_callback``, whose
+    ``finalize_backward`` makes the compute stream wait for the reduce-scatters, so chunk 0's
+    next backward waits for them. meshplan puts that wait inside the unit (B7 of chunk 1) and
+    the stage's last chunk's reduction after its last unit (the tail)."""
+    stages = [FakeStage(c * P, P * V, P, 0, []) for c in range(V)]
+    order = [(a.computation_type, a.microbatch_index, a.stage_index)
+             for a in S.ScheduleInterleaved1F1B(stages, M).pipeline_order_with_comms[0]
+             if a is not None and a.computation_type in (S.FULL_BACKWARD, S.REDUCE_GRAD)]
+    i = order.index((S.REDUCE_GRAD, None, 4))
+    assert order[i - 1] == (S.FULL_BACKWARD, M - 1, 4)
+    assert [x for x in order[i + 1:] if x[0] == S.FULL_BACKWARD] == [(S.FULL_BACKWARD, mb, 0) for mb in range(4, M)]
+    assert order[-1] == (S.REDUCE_GRAD, None, 0)
+    st = step_time(_plan())
+    names = [e.name for e in st.units.get(0, 1, "B", M - 1).events]
+    assert "perform_reduce_grad wait" in names
+    assert "perform_reduce_grad wait" not in [e.name for e in st.units.get(0, 0, "B", M - 1).events]
+
+
+def test_hand_derived_wait_lengthens_the_pipeline():
+    """Interleaved 1F1B p 2, m 2, v 2, a chunk's F 0.5 s, B 1 s (bubble (p - 1) / (v m) = 0.25,
+    step 7.5 s); a 0.5 s reduce-scatter wait after each stage's last backward of chunk 1:
+    stage 1's B1.c1 runs 3.5-5, stage 0's B1.c1 5-6.5 (it needs stage 1's), B0.c0 6.5-7.5, B1.c0
+    7.5-8.5: step 8.5 s; busy 6.5 s on each stage, bubble (8.5 - 6.5) / 6.5 = 4 / 13 = 0.25 +
+    3 / 52: the schedule's 0.25 and the waits' 0.0577."""
+    spec = PipelineSpec("interleaved_1f1b", 2, 2, v=2, forward_s=1.0, backward_s=2.0)
+    f = simulate_arrays(spec).flat
+    waits = np.where((f.kind == 1) & (f.chunk == 1) & (f.mb == 1), 0.5, 0.0)
+    r = simulate_arrays(spec, lambda flat: np.where(flat.kind == 0, 0.5, 1.0) + waits)
+    assert r.step_s == 8.5 and r.busy_s == (6.5, 6.5) and r.bubble == pytest.approx(4 / 13, abs=1e-15)
+    s1 = r.stage_slice(1)
+    assert (r.start[s1][5], r.end[s1][5]) == (3.5, 5.0)
+    bare = pipeline_without(r, waits)
+    assert bare.step_s == 7.5 and bare.bubble == 0.25
+    assert r.bubble - bare.bubble == pytest.approx(3 / 52, abs=1e-15)
+
+
+def test_bubble_line_shows_the_fsdp_waits_apart():
+    st = step_time(_plan())
+    bare = st.without_fsdp_waits()
+    p = st.pipeline
+    assert bare is not None and bare.step_s < p.step_s and bare.bubble < p.bubble
+    lines = st.lines()
+    assert "pipeline only, FSDP waits included)" in lines[1]
+    assert lines[2].startswith(f"bubble {p.bubble:.4f} = pipeline {bare.bubble:.4f} (the schedule, simulated "
+                               f"without the units' FSDP waits) + FSDP waits {p.bubble - bare.bubble:.4f}")
+    words = lines[2].split()
+    a, b, c = float(words[1]), float(words[4]), float(lines[2].split(" + FSDP waits ")[1].split()[0])
+    assert abs(a - b - c) <= 1e-4 + 1e-12
+    zero1 = step_time(_plan("zero1"))  # ZeRO-1: no FSDP collective inside the units
+    assert zero1.without_fsdp_waits() is None and "FSDP waits" not in "\n".join(zero1.lines())

@@ -1,0 +1,159 @@
+"""The step split on its critical stage (StepTime.parts_s): compute + bubble + exposed per stream
+= the step, where a blocking pp send (Megatron-LM 2022's rendezvous) exposes its transfers
+only and its wait for the partner stage is bubble (steptime.pp_hold_split)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from meshplan.cli import main
+from meshplan.schedule.steptime import call_loads, pp_hold_split, step_time
+
+from tests.test_pp_schedule_runs import plan_of as runs_plan
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from fidelity import plan_of as fidelity_plan  # noqa: E402
+
+D4 = "megatron-175b_64xa100_tp8-pp8-vpp3_sp-selective.toml"
+
+
+@pytest.fixture(scope="module")
+def d4():
+    plan = fidelity_plan(D4)
+    return plan, step_time(plan)
+
+
+def test_d4_parts_by_hand(d4):
+    """D4 (Korthikanti et al. 2022, GPT-3 175B, tp 8 x pp 8, interleaved 1F1B v 3, 64
+    micro-batches of 1, SP + selective, Megatron-LM 2022: blocking sends), stage 0 critical.
+
+    p2p: one send of 1/tp of the activation with SP, 1 x 2048 x 12288 x 2 B / 8 = 6,291,456 B,
+    through one HDR NIC on the S18 pair curve (tests/test_busbw.py): 9.3 us + (0.5 GiB /
+    15.48 GB/s - 9.3 us) x 6,291,456 / 0.5 GiB = 415.616 us.
+
+    Transfers of stage 0's calls (each call takes k p2p, k = max(sends, receives): they share
+    the NIC). Megatron's order: warm-up (p - 1) 2 + (v - 1) p = 30 forwards, 192 - 30 = 162
+    steady F+B pairs, 30 cool-down backwards. Forward k of stage 0 runs chunk (k mod 24) // 8,
+    backward k chunk 2 - (k mod 24) // 8. Warm-up: one call after each F, sending its output
+    and receiving at most the next F's input (chunk 1, 2: from stage 7; the last warm-up call
+    also receives B0's gradient, the next F30 is chunk 0): k = 1, 30 calls. Steady pair j
+    (F30+j, Bj): the call after Bj sends F30+j's output and, for Bj of chunk 1 or 2 (j mod 24 <
+    16), Bj's input gradient to stage 7; receives Bj+1's gradient and, for F31+j of chunk 1 or 2
+    ((31 + j) mod 24 >= 8: j mod 24 not in {0, 17..23}), its input: k = 1 when j mod 24 in
+    17..23 (7 of every 24: 6 x 7 over j < 144, plus j = 161: 43), else 2 (119): 43 + 238 =
+    281. Cool-down: after B162..B190 one receive (the next B's gradient), sending at most one: k
+    = 1, 29 calls; B191 (chunk 0) sends nothing. 30 + 281 + 29 = 340 transfers, exposed pp =
+    340 x 415.616 us = 141.31 ms (it was 815.21 ms: every hold). The rest of the holds (815.21 -
+    141.31 = 673.90 ms) is stage 0 waiting for its partner stages: bubble (stage 0 never waits
+    between units otherwise: its input comes in the calls). compute = stage 0's 384 units (12,411.50
+    ms) less the tp exposed inside them (1,394.47 ms) + the optimizer step (97.20 ms) = 11,114.23
+    ms; dp 16.98 ms (the per-step gradient all-reduce, after the last unit). The step itself is
+    the one before the split: 13,340.89 ms."""
+    plan, st = d4
+    res, s = st.pipeline, st.critical_stage
+    send = [r for r in plan.stage(0).collectives if r.op == "send/recv"][0]
+    t1 = 0.5 * 2**30 / 15.48e9
+    p2p = 9.3e-6 + (t1 - 9.3e-6) * 6291456 / (0.5 * 2**30)
+    assert send.size_bytes == 6291456 and res.spec.p2p_s == pytest.approx(p2p, rel=1e-9) == send.time_s
+    assert s == 0 and round(st.step_s * 1e5) == 1334089  # 13,340.89 ms, as before the split
+    loads = call_loads(res)[0]  # the leading call (none on stage 0), then one after each unit
+    assert loads[0] == 0 and loads.sum() == 340
+    assert np.bincount(loads[1:].astype(int)).tolist() == [162 + 1, 30 + 43 + 29, 119]  # + 1: after B191
+    parts = st.parts_s()
+    assert parts["exposed pp"] == pytest.approx(340 * p2p, rel=1e-9) == st.exposed_s["pp"]
+    assert round(parts["exposed pp"] * 1e5) == 14131
+    sl = res.stage_slice(0)
+    held = float(res.hold[sl].sum())
+    assert round(held * 1e5) == 81521 and not res.wait[sl].any()
+    assert parts["bubble"] == pytest.approx(held - 340 * p2p, rel=1e-12)
+    opt = [e.dur_s for e in st.post_events if e.stage == 0 and e.name == "optimizer step"][0]
+    assert parts["compute"] == pytest.approx(res.busy_s[0] - st.exposed_s["tp"] + opt, rel=1e-12)
+    assert [round(parts[k] * 1e5) for k in ("compute", "bubble", "exposed tp", "exposed dp")] == \
+        [1111423, 67390, 139447, 1698]
+    assert set(parts) == {"compute", "bubble", "exposed tp", "exposed pp", "exposed dp"}
+    assert sum(parts.values()) == pytest.approx(st.step_s, abs=1e-9)
+    split = pp_hold_split(res, 0)
+    assert np.allclose(split.transfer_s + split.wait_s, res.hold[sl], rtol=0, atol=1e-15)
+
+
+def _main(argv) -> None:
+    with pytest.raises(SystemExit) as done:
+        main(argv)
+    assert not done.value.code
+
+
+def test_d4_prints_parts_adding_to_the_step(capsys):
+    _main(["step", str(ROOT / "benchmarks" / "fidelity" / D4)])
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if x.startswith("step on stage"))
+    assert line == ("step on stage 0 = compute 11114.23 + bubble 673.90 + exposed dp 16.98 + exposed pp 141.31 + "
+                    "exposed tp 1394.47 = 13340.89 ms")
+    assert "exposed communication on stage 0: dp 16.98 ms, pp 141.31 ms, tp 1394.47 ms" in out
+    assert out.splitlines()[0].startswith("step 13340.89 ms")
+
+
+def test_printed_parts_add_up_to_the_printed_step():
+    """Each part rounded to 0.01 ms alone can miss the rounded step by a few 0.01 ms; the line
+    rounds by largest remainder, so its terms add up to its step exactly, each within 0.01 ms."""
+    st = step_time(runs_plan(runs=2))
+    line = st.parts_line()
+    terms, total = line.split(" = ")[1], line.split(" = ")[2]
+    cents = [round(float(t.split()[-1]) * 100) for t in terms.split(" + ")]
+    assert sum(cents) == round(float(total.split()[0]) * 100) == round(st.step_s * 1e5)
+    for t, c in zip(terms.split(" + "), cents):
+        assert abs(c - st.parts_s()[t.rsplit(" ", 1)[0]] * 1e5) < 1
+
+
+def test_later_runs_repeat_run_one():
+    """training.pp_schedule_runs 2 (1F1B, p 2, zero3): each run is one run of 2 micro-batches
+    (tests/test_pp_schedule_runs.py), so every part but the optimizer step doubles."""
+    two, half = step_time(runs_plan(runs=2)), step_time(runs_plan(runs=1, global_batch=4))
+    a, b = two.parts_s(), half.parts_s()
+    opt = [e.dur_s for e in half.post_events if e.name == "optimizer step" and e.stage == half.critical_stage][0]
+    assert a["compute"] - opt == pytest.approx(2 * (b["compute"] - opt), rel=1e-12)
+    assert a["bubble"] == pytest.approx(2 * b["bubble"], rel=1e-9) and b["bubble"] > 0
+    for parts, st in ((a, two), (b, half)):
+        assert sum(parts.values()) == pytest.approx(st.step_s, rel=1e-12)
+
+
+def test_step_json_holds_the_parts(tmp_path, capsys):
+    out = tmp_path / "step.json"
+    _main(["step", str(ROOT / "benchmarks" / "fidelity" / D4), "--json", str(out)])
+    capsys.readouterr()
+    doc = json.loads(out.read_text())
+    parts = doc["step_parts_s"]
+    assert parts["step"] == doc["step_s"]
+    assert sum(v for k, v in parts.items() if k != "step") == pytest.approx(doc["step_s"], abs=1e-9)
+    assert parts["exposed pp"] == doc["exposed_s"]["pp"]
+
+
+@pytest.mark.parametrize("schedule,vpp,framework", [
+    ("1f1b", 1, "torch"), ("gpipe", 1, "torch"), ("zb_h1", 1, "torch"), ("interleaved_1f1b", 2, "torch"),
+    ("zbv", 2, "torch"), ("dualpipev", 2, "torch"), ("1f1b", 1, "megatron"), ("interleaved_1f1b", 2, "megatron")])
+def test_parts_add_up_on_every_schedule(schedule, vpp, framework):
+    """Llama-3-8B, pp 4 x dp_shard 2 x tp 4 on 4 DGX H100 (tests/test_fast_pipeline.py's mesh):
+    every part >= 0 and compute + bubble + exposed = the step, under torch's asynchronous sends
+    and Megatron-LM's blocking ones (whose exposed pp is then exactly the calls' transfers)."""
+    from dataclasses import replace
+    from meshplan.plan import build_plan
+    from tests.test_fast_pipeline import _plan
+    plan = _plan(schedule, vpp)
+    if framework == "megatron":
+        cfg = plan.config
+        plan = build_plan(replace(cfg, training=cfg.training.model_copy(update={"framework": "megatron",
+                                                                              "sharding": "zero1"})))
+    st = step_time(plan)
+    parts = st.parts_s()
+    assert min(parts.values()) >= 0 and parts["compute"] > 0
+    assert sum(parts.values()) == pytest.approx(st.step_s, rel=1e-12)
+    if framework == "megatron":
+        res, s = st.pipeline, st.critical_stage
+        xfer = call_loads(res)[s] * res.spec.p2p_s
+        last = 0.0 if not res.hold[res.stage_slice(s)][-1] else float(xfer[-1])
+        assert parts.get("exposed pp", 0.0) == pytest.approx(float(xfer.sum()) - float(xfer[-1]) + last, rel=1e-12)
