@@ -57,7 +57,7 @@ from meshplan.placement.topology import (
     load_topology,
     node_from_topology,
 )
-from meshplan.plan import Infeasible, Plan, build_plan
+from meshplan.plan import Infeasible, Plan, build_plan, run_reasons
 from meshplan.reliability import reliability as rel
 from meshplan.reliability import restart_on_fewer_nodes
 from meshplan.report import shown
@@ -559,7 +559,8 @@ def reliability(config: Path = typer.Argument(..., help=CONFIG_HELP),
     t = p.config.training
     rs = restart_on_fewer_nodes(p.mesh, lost_nodes, gpus_per_node=p.config.cluster.node.gpus,
                                 global_batch=t.global_batch, micro_batch=t.micro_batch, spare_nodes=spare_nodes,
-                                interleaved=p.vpp > 1)
+                                micro_batch_reasons=lambda m: run_reasons(p.spec.pp_schedule, p.pp, m, p.vpp,
+                                                                          t.pp_schedule_runs, t.framework))
     for line in rs.lines():
         _echo(line)
     _write_doc(json_path, reliability_doc(p, r, rs), force)

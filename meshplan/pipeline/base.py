@@ -156,15 +156,48 @@ class PipelineSchedule:
         """Closed-form bubble (idle / ideal) for uniform stages and no p2p time."""
         return (p - 1) / m
 
-    def reasons(self, p: int, m: int, v: int) -> list[str]:
+    def refused(self, p, m, framework: str = "torch"):
+        """Whether ``framework``'s runtime refuses ``m`` micro-batches at ``p`` stages (ints
+        or arrays): the micro-batch rule :meth:`reasons` words and the search evaluates on
+        its columns (one formula); none here.
+
+        >>> bool(PipelineSchedule().refused(4, 2))
+        False
+        """
+        return np.zeros(np.shape(m), dtype=bool) if np.ndim(m) else False
+
+    def reasons(self, p: int, m: int, v: int, framework: str = "torch") -> list[str]:
         """Why this schedule cannot run ``p`` stages, ``m`` micro-batches (0: unknown), ``v``
-        chunks per rank (infeasibility reasons, empty when it can)."""
+        chunks per rank under ``framework`` (``training.framework``: whose runtime refuses
+        what; infeasibility reasons, empty when it can)."""
         return []
 
     def for_chunks(self, v: int) -> Schedule:
         """The schedule a stage with ``v`` chunks runs under this one (``chunked`` when this
         one holds one chunk and ``v > 1``)."""
         return self.chunked if v > 1 and not self.virtual_stages and self.chunked else self.name
+
+
+def torch_rounds(p, m):
+    """Rounds of torch 2.13's looped multi-chunk schedules (``ScheduleInterleaved1F1B``,
+    ``ScheduleInterleavedZeroBubble``: ``number_of_rounds = max(1, n_microbatches //
+    pp_group_size)``, torch/distributed/pipelining/schedules.py); ints or arrays. torch
+    refuses m that is not a multiple of them.
+
+    >>> [int(torch_rounds(4, m)) for m in (3, 6, 8, 10)]
+    [1, 1, 2, 2]
+    """
+    return np.maximum(1, m // p)
+
+
+def per_round(p, m):
+    """Micro-batches per round of those schedules, ``m // torch_rounds(p, m)`` (torch's
+    ``microbatches_per_round``): p when p divides m, m when m < 2p; ints or arrays.
+
+    >>> [int(per_round(4, m)) for m in (3, 6, 8, 10)]
+    [3, 6, 4, 5]
+    """
+    return m // torch_rounds(p, m)
 
 
 #: Largest order (units: F, B and W of every micro-batch and chunk, ``3 m v``) kept by the
