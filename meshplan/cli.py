@@ -57,7 +57,7 @@ from meshplan.placement.topology import (
     load_topology,
     node_from_topology,
 )
-from meshplan.plan import Infeasible, Plan, build_plan, run_reasons
+from meshplan.plan import Infeasible, Plan, build_plan, config_warnings, run_reasons
 from meshplan.reliability import reliability as rel
 from meshplan.reliability import restart_on_fewer_nodes
 from meshplan.report import shown
@@ -602,6 +602,9 @@ def compare_cmd(config_a: Path = typer.Argument(..., help="mesh A: " + TOML_ONLY
               if c.none_fit else f"[bold]verdict:[/] {shown(c.winner)} (rejected: {shown(c.rejected)})")
     for r in c.reasons:
         con.print(f"  - {shown(r)}")
+    for side in (c.a, c.b):  # what the framework's runtime does differently (plan prints them as notes)
+        for w in config_warnings(side.plan.config):
+            con.print(f"warning ({shown(side.name)}): {shown(w)}", highlight=False)
     for path in write_evidence(c, out, force=force):
         con.print(f"wrote {printable(str(path))}", markup=False)
     if html_path:
@@ -689,7 +692,7 @@ def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshpl
 def _write_export(cfg, to: str, out: Path | _Stdout, source: str, force: bool) -> list[str]:
     """Write ``cfg`` as ``to`` to ``out`` (``-o -``: stdout), printing the header (source,
     how to import it, what the format does not express); returns the header."""
-    text, header = export(replace(cfg, notes=()), to, source)
+    text, header = export(replace(cfg, notes=()), to, source, config_warnings(cfg))
     for line in header[1:]:
         typer.echo(line)
     if isinstance(out, _Stdout):

@@ -188,6 +188,27 @@ def run_reasons(schedule, pp: int, m: int, v: int, runs: int, framework: str = "
                  for r in schedule_reasons(schedule, pp, m // runs, v, framework))
 
 
+def runtime_warnings(training, schedule, mesh: Mesh) -> tuple[str, ...]:
+    """What the framework's runtime is known to run differently from the plan of ``mesh``
+    under ``schedule`` (the schedule's :meth:`~meshplan.pipeline.base.PipelineSchedule.warnings`,
+    FSDP2 over a data axis when ``training.sharding`` is zero3 or hsdp and fsdp x dp_replicate
+    > 1): the one source of the lines plan and step print as notes, compare prints per side
+    and export writes in its header (:func:`config_warnings`)."""
+    fsdp2 = training.sharding in ("zero3", "hsdp") and mesh.degree("fsdp") * mesh.degree("dp_replicate") > 1
+    return get_schedule(schedule).warnings(training.framework, mesh.degree("pp"), fsdp2)
+
+
+def config_warnings(config: Config) -> tuple[str, ...]:
+    """:func:`runtime_warnings` of ``config``'s mesh (none when it has no [mesh] or its mesh
+    does not resolve: nothing runs then)."""
+    if config.mesh is None:
+        return ()
+    mesh = resolve.resolve_mesh(config.mesh, config.cluster.world, config.cluster.node.gpus)
+    if isinstance(mesh, resolve.Infeasible):
+        return ()
+    return runtime_warnings(config.training, config.mesh.pp_schedule, mesh)
+
+
 @dataclass(frozen=True)
 class Infeasible:
     """A mesh with no plan, and why. ``mesh`` is None when the degrees do not make the
@@ -284,7 +305,8 @@ def build_plan(config: Config, constraints: cons.Constraints | None = None, memo
     check_framework(spec.pp_schedule, t.framework, mesh.degree("pp"))  # Megatron-LM runs 1F1B and interleaved only
     pp = mesh.degree("pp")  # the pipeline schedule's own rules (meshplan.pipeline), after the mesh's
     v = replace(v, reasons=v.reasons + run_reasons(spec.pp_schedule, pp, v.micro_batches, v.vpp,
-                                                   t.pp_schedule_runs, t.framework))
+                                                   t.pp_schedule_runs, t.framework),
+                notes=v.notes + runtime_warnings(t, spec.pp_schedule, mesh))
     partition = [f"axis {a}: {problem}" for a in mesh.all_axes() for problem in check_partition(mesh.groups(a), world)]
     placement = place(c, world, spec.rank_to_gpu)
     failed = bool(v.reasons or partition or v.stages is None)

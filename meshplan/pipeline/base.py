@@ -166,6 +166,17 @@ class PipelineSchedule:
         """
         return np.zeros(np.shape(m), dtype=bool) if np.ndim(m) else False
 
+    def warnings(self, framework: str, p: int, fsdp2_over_data: bool) -> tuple[str, ...]:
+        """What ``framework``'s runtime is known to run differently from this plan with ``p``
+        stages, ``fsdp2_over_data`` when FSDP2 shards or replicates over a data axis (zero3 or
+        hsdp, fsdp x dp_replicate > 1): plan, step and compare print them, export writes them in
+        its header; none here.
+
+        >>> PipelineSchedule().warnings("torch", 4, True)
+        ()
+        """
+        return ()
+
     def reasons(self, p: int, m: int, v: int, framework: str = "torch") -> list[str]:
         """Why this schedule cannot run ``p`` stages, ``m`` micro-batches (0: unknown), ``v``
         chunks per rank under ``framework`` (``training.framework``: whose runtime refuses

@@ -51,7 +51,7 @@ from meshplan.mesh.layers import last_stage
 from meshplan.pipeline.fast import KINDS, ArrayResult, Flat, simulate_arrays
 from meshplan.pipeline.registry import check_framework, get as get_schedule
 from meshplan.pipeline.simulate import Event, PipelineSpec, write_trace
-from meshplan.plan import Infeasible, Plan, run_reasons, table_key, table_stage
+from meshplan.plan import Infeasible, Plan, run_reasons, runtime_warnings, table_key, table_stage
 from meshplan.schedule.rank_timeline import (
     ChunkCosts,
     CommTimes,
@@ -637,6 +637,7 @@ def step_time(plan: Plan, overlap: Overlap = Overlap(), *, dropout: bool = False
     t = cfg.training
     ranks = tuple(plan.mesh.group_of(0, "pp")) if "pp" in plan.mesh.layout.names else (0,)
     notes = tuple(f"collective not simulated (kind unknown): {o}" for o in sorted({o for c in comms for o in c.other}))
+    notes += runtime_warnings(t, schedule or plan.spec.pp_schedule, plan.mesh)  # plan's notes say it for its own
     if runs > 1:
         notes += (f"{runs} pipeline schedule runs of {mr} micro-batches per step (training.pp_schedule_runs: "
                   f"torchtitan's gradient accumulation under pp): each fills and drains the pipeline, gathers "
