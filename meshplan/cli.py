@@ -905,7 +905,8 @@ def place_cmd(config: Path = typer.Argument(..., help=TOML_ONLY_HELP),
     if choose and isinstance(p, Plan):
         score = step_scorer(p)
     c = choose_placement(p.mesh, p.config.cluster, (weights_from_plan(p) or None) if isinstance(p, Plan) else None,
-                         rank_to_gpu=p.spec.rank_to_gpu, search=choose, source="collective table", step_s=score)
+                         rank_to_gpu=p.spec.rank_to_gpu, search=choose, source="collective table", step_s=score,
+                         schedule=p.spec.pp_schedule, vpp=p.vpp)
     for line in place_lines(c, shown):
         _echo(line)
     if bindings_path:
@@ -961,7 +962,8 @@ def launch_cmd(config: Path = typer.Argument(..., help=TOML_ONLY_HELP),
         _exit_infeasible(p)
     score = step_scorer(p) if choose and isinstance(p, Plan) else None
     c = choose_placement(p.mesh, p.config.cluster, (weights_from_plan(p) or None) if isinstance(p, Plan) else None,
-                         rank_to_gpu=p.spec.rank_to_gpu, search=choose, source="collective table", step_s=score)
+                         rank_to_gpu=p.spec.rank_to_gpu, search=choose, source="collective table", step_s=score,
+                         schedule=p.spec.pp_schedule, vpp=p.vpp)
     opts = LaunchOptions(program=tuple(program or ()), rdzv_endpoint=rdzv_endpoint, port=port,
                          hosts=tuple(h for h in (hosts or "").split(",") if h), transport=transport,
                          nic_scope=nic_scope, socket_ifname=socket_ifname, cpu_bind=cpu_bind, job_name=job_name,

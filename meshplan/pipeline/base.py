@@ -115,6 +115,19 @@ class PipelineSchedule:
             out += (j > 0 and self.stage_of(j - 1, p, v) != s) + (j < p * v - 1 and self.stage_of(j + 1, p, v) != s)
         return out
 
+    def crossings(self, p: int, v: int) -> int:
+        """Times one micro-batch's activations cross the busiest pair of adjacent stages
+        (its gradients cross as many back): the hops ``j -> j + 1`` of the chunk map between
+        stages s and s + 1, either way; 1 with one chunk per rank, v looped (p 2: 2v - 1, the
+        wrap from the last chunk of stage 1 to the next of stage 0 joins the same pair), 2 for
+        a V.
+
+        >>> PipelineSchedule().crossings(4, 1), PipelineSchedule().crossings(4, 2), PipelineSchedule().crossings(2, 2)
+        (1, 2, 3)
+        """
+        hops = [frozenset((self.stage_of(j, p, v), self.stage_of(j + 1, p, v))) for j in range(p * v - 1)]
+        return max((hops.count(frozenset((s, s + 1))) for s in range(p - 1)), default=0)
+
     def send_delay(self, p: int, m: int, v: int, s: int, length: int) -> np.ndarray:
         """For each of the ``length`` units of stage ``s``'s order: how many units later the
         blocking p2p call that sends its output is issued (Megatron-LM 2022,
