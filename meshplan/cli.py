@@ -754,7 +754,8 @@ def export_cmd(config: Path = typer.Argument(..., help="the plan's " + CONFIG_HE
                seq_len: SeqLenOpt = None):
     """Write a plan's config as a meshplan TOML (its layer split written out), a torchtitan job TOML,
     Megatron-LM arguments or a DeepSpeed config (ZeRO without TP/PP). Every meshplan field the target does not
-    express is listed (re-imported and compared); a mesh the target cannot run is refused with the reason."""
+    express is listed (re-imported and compared), and what the framework's runtime is known to run differently
+    as warning lines; a mesh the target cannot run is refused with the reason."""
 
     if to not in FORMATS:
         raise ConfigError("--to", f"{to!r}; use {', '.join(FORMATS)}")
