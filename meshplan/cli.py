@@ -57,7 +57,7 @@ from meshplan.placement.topology import (
     load_topology,
     node_from_topology,
 )
-from meshplan.plan import Infeasible, Plan, build_plan
+from meshplan.plan import Infeasible, Plan, build_plan, config_warnings, run_reasons
 from meshplan.reliability import reliability as rel
 from meshplan.reliability import restart_on_fewer_nodes
 from meshplan.report import shown
@@ -560,7 +560,8 @@ def reliability(config: Path = typer.Argument(..., help=CONFIG_HELP),
     t = p.config.training
     rs = restart_on_fewer_nodes(p.mesh, lost_nodes, gpus_per_node=p.config.cluster.node.gpus,
                                 global_batch=t.global_batch, micro_batch=t.micro_batch, spare_nodes=spare_nodes,
-                                interleaved=p.vpp > 1)
+                                micro_batch_reasons=lambda m: run_reasons(p.spec.pp_schedule, p.pp, m, p.vpp,
+                                                                          t.pp_schedule_runs, t.framework))
     for line in rs.lines():
         _echo(line)
     _write_doc(json_path, reliability_doc(p, r, rs), force)
@@ -602,6 +603,9 @@ def compare_cmd(config_a: Path = typer.Argument(..., help="mesh A: " + TOML_ONLY
               if c.none_fit else f"[bold]verdict:[/] {shown(c.winner)} (rejected: {shown(c.rejected)})")
     for r in c.reasons:
         con.print(f"  - {shown(r)}")
+    for side in (c.a, c.b):  # what the framework's runtime does differently (plan prints them as notes)
+        for w in config_warnings(side.plan.config):
+            con.print(f"warning ({shown(side.name)}): {shown(w)}", highlight=False)
     for path in write_evidence(c, out, force=force):
         con.print(f"wrote {printable(str(path))}", markup=False)
     if html_path:
@@ -691,7 +695,7 @@ def _write_export(cfg, to: str, out: Path | _Stdout, source: str, force: bool,
     """Write ``cfg`` as ``to`` to ``out`` (``-o -``: stdout), printing the header (source,
     how to import it, what the format does not express, the torchtitan settings ``user``'s
     file carries or not); returns the header."""
-    text, header = export(replace(cfg, notes=()), to, source, user)
+    text, header = export(replace(cfg, notes=()), to, source, user, config_warnings(cfg))
     for line in header[1:]:
         typer.echo(line)
     if isinstance(out, _Stdout):
@@ -753,9 +757,10 @@ def export_cmd(config: Path = typer.Argument(..., help="the plan's " + CONFIG_HE
                seq_len: SeqLenOpt = None):
     """Write a plan's config as a meshplan TOML (its layer split written out), a torchtitan job TOML,
     Megatron-LM arguments or a DeepSpeed config (ZeRO without TP/PP). Every meshplan field the target does not
-    express is listed (re-imported and compared); a mesh the target cannot run is refused with the reason. From a
-    torchtitan job TOML, a torchtitan file carries the settings meshplan does not plan ([optimizer],
-    [lr_scheduler], [checkpoint], training.steps, ...) unchanged; another target lists them as not carried."""
+    express is listed (re-imported and compared), and what the framework's runtime is known to run differently
+    as warning lines; a mesh the target cannot run is refused with the reason. From a torchtitan job TOML, a
+    torchtitan file carries the settings meshplan does not plan ([optimizer], [lr_scheduler], [checkpoint],
+    training.steps, ...) unchanged; another target lists them as not carried."""
 
     if to not in FORMATS:
         raise ConfigError("--to", f"{to!r}; use {', '.join(FORMATS)}")
@@ -906,7 +911,8 @@ def place_cmd(config: Path = typer.Argument(..., help=TOML_ONLY_HELP),
     if choose and isinstance(p, Plan):
         score = step_scorer(p)
     c = choose_placement(p.mesh, p.config.cluster, (weights_from_plan(p) or None) if isinstance(p, Plan) else None,
-                         rank_to_gpu=p.spec.rank_to_gpu, search=choose, source="collective table", step_s=score)
+                         rank_to_gpu=p.spec.rank_to_gpu, search=choose, source="collective table", step_s=score,
+                         schedule=p.spec.pp_schedule, vpp=p.vpp)
     for line in place_lines(c, shown):
         _echo(line)
     if bindings_path:
@@ -962,7 +968,8 @@ def launch_cmd(config: Path = typer.Argument(..., help=TOML_ONLY_HELP),
         _exit_infeasible(p)
     score = step_scorer(p) if choose and isinstance(p, Plan) else None
     c = choose_placement(p.mesh, p.config.cluster, (weights_from_plan(p) or None) if isinstance(p, Plan) else None,
-                         rank_to_gpu=p.spec.rank_to_gpu, search=choose, source="collective table", step_s=score)
+                         rank_to_gpu=p.spec.rank_to_gpu, search=choose, source="collective table", step_s=score,
+                         schedule=p.spec.pp_schedule, vpp=p.vpp)
     opts = LaunchOptions(program=tuple(program or ()), rdzv_endpoint=rdzv_endpoint, port=port,
                          hosts=tuple(h for h in (hosts or "").split(",") if h), transport=transport,
                          nic_scope=nic_scope, socket_ifname=socket_ifname, cpu_bind=cpu_bind, job_name=job_name,

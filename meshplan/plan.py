@@ -168,25 +168,46 @@ class Plan:
         return self.stage(self.mesh.layout.coords_of(rank)[names.index("pp")] if "pp" in names else 0)
 
 
-def run_reasons(schedule, pp: int, m: int, v: int, runs: int) -> tuple[str, ...]:
-    """The schedule's infeasibility reasons (:func:`meshplan.pipeline.registry.reasons`) for
-    ``m`` micro-batches run as ``runs`` schedules of ``m / runs`` each (``training.pp_schedule_runs``,
-    pp > 1 only), or why ``runs`` does not divide ``m``.
+def run_reasons(schedule, pp: int, m: int, v: int, runs: int, framework: str = "torch") -> tuple[str, ...]:
+    """The schedule's infeasibility reasons (:func:`meshplan.pipeline.registry.reasons`, under
+    ``framework``) for ``m`` micro-batches run as ``runs`` schedules of ``m / runs`` each
+    (``training.pp_schedule_runs``, pp > 1 only), or why ``runs`` does not divide ``m``.
 
     >>> print(run_reasons("1f1b", 4, 6, 1, 4)[0])
     training.pp_schedule_runs 4 does not divide the step's 6 micro-batches (global_batch / (micro_batch x dp)); use a divisor of 6
-    >>> len(run_reasons("interleaved_1f1b", 4, 8, 2, 4))  # 4 runs of 2: fewer than pp
-    1
-    >>> run_reasons("interleaved_1f1b", 4, 8, 2, 2)  # 2 runs of 4: each a multiple of pp
-    ()
+    >>> print(run_reasons("1f1b", 4, 8, 1, 4)[0])  # 4 runs of 2: fewer than pp
+    each of the 4 schedule runs (training.pp_schedule_runs): 1F1B needs micro-batches (2) >= pp (4) (torch Schedule1F1B)
+    >>> run_reasons("interleaved_1f1b", 4, 8, 2, 2), run_reasons("interleaved_1f1b", 4, 6, 2, 1, "megatron")
+    ((), ('interleaved 1F1B needs micro-batches (6) divisible by pp (4) (Megatron-LM)',))
     """
     if pp == 1 or runs == 1:
-        return schedule_reasons(schedule, pp, m, v)
+        return schedule_reasons(schedule, pp, m, v, framework)
     if m % runs:
         return (f"training.pp_schedule_runs {runs} does not divide the step's {m} micro-batches (global_batch / "
                 f"(micro_batch x dp)); use a divisor of {m}",)
     return tuple(f"each of the {runs} schedule runs (training.pp_schedule_runs): {r}"
-                 for r in schedule_reasons(schedule, pp, m // runs, v))
+                 for r in schedule_reasons(schedule, pp, m // runs, v, framework))
+
+
+def runtime_warnings(training, schedule, mesh: Mesh) -> tuple[str, ...]:
+    """What the framework's runtime is known to run differently from the plan of ``mesh``
+    under ``schedule`` (the schedule's :meth:`~meshplan.pipeline.base.PipelineSchedule.warnings`,
+    FSDP2 over a data axis when ``training.sharding`` is zero3 or hsdp and fsdp x dp_replicate
+    > 1): the one source of the lines plan and step print as notes, compare prints per side
+    and export writes in its header (:func:`config_warnings`)."""
+    fsdp2 = training.sharding in ("zero3", "hsdp") and mesh.degree("fsdp") * mesh.degree("dp_replicate") > 1
+    return get_schedule(schedule).warnings(training.framework, mesh.degree("pp"), fsdp2)
+
+
+def config_warnings(config: Config) -> tuple[str, ...]:
+    """:func:`runtime_warnings` of ``config``'s mesh (none when it has no [mesh] or its mesh
+    does not resolve: nothing runs then)."""
+    if config.mesh is None:
+        return ()
+    mesh = resolve.resolve_mesh(config.mesh, config.cluster.world, config.cluster.node.gpus)
+    if isinstance(mesh, resolve.Infeasible):
+        return ()
+    return runtime_warnings(config.training, config.mesh.pp_schedule, mesh)
 
 
 @dataclass(frozen=True)
@@ -287,7 +308,8 @@ def build_plan(config: Config, constraints: cons.Constraints | None = None, memo
     check_framework(spec.pp_schedule, t.framework, mesh.degree("pp"))  # Megatron-LM runs 1F1B and interleaved only
     pp = mesh.degree("pp")  # the pipeline schedule's own rules (meshplan.pipeline), after the mesh's
     v = replace(v, reasons=v.reasons + run_reasons(spec.pp_schedule, pp, v.micro_batches, v.vpp,
-                                                   t.pp_schedule_runs))
+                                                   t.pp_schedule_runs, t.framework),
+                notes=v.notes + runtime_warnings(t, spec.pp_schedule, mesh))
     partition = [f"axis {a}: {problem}" for a in mesh.all_axes() for problem in check_partition(mesh.groups(a), world)]
     placement = place(c, world, spec.rank_to_gpu)
     failed = bool(v.reasons or partition or v.stages is None)

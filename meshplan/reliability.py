@@ -41,7 +41,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from math import ceil, exp, sqrt
-from typing import Optional
+from typing import Callable, Optional
 
 from meshplan.mesh.tpsplit import local_heads, local_numel
 from meshplan.spec.cluster import ClusterSpec
@@ -342,13 +342,16 @@ def _new_dp(names, shape, new_dp: int) -> Optional[dict]:
 
 
 def restart_on_fewer_nodes(mesh, lost_nodes: int, *, gpus_per_node: int, global_batch: int, micro_batch: int,
-                           spare_nodes: int = 0, interleaved: bool = False,
+                           spare_nodes: int = 0,
+                           micro_batch_reasons: Callable[[int], tuple[str, ...]] = lambda m: (),
                            dataloader_state: str = "per_rank") -> Restart:
     """Can the job restart on ``lost_nodes`` fewer nodes (after using ``spare_nodes``)?
     tp, pp, cp, ep and etp keep their degrees (they fix the model's split and the
     checkpoint's tensor layout); dp_replicate shrinks first, then dp_shard (or dp).
     ``dataloader_state``: "per_rank" (saved per dp rank, e.g. a StatefulDataLoader) or
     "global" (a global consumed-samples counter, as Megatron-LM keeps).
+    ``micro_batch_reasons(m)``: why the pipeline schedule cannot run m micro-batches per step
+    (the plan's :func:`meshplan.plan.run_reasons` under its framework; none by default).
 
     >>> from meshplan.mesh.resolve import resolve_mesh
     >>> from meshplan.spec.mesh import MeshSpec
@@ -390,14 +393,16 @@ def restart_on_fewer_nodes(mesh, lost_nodes: int, *, gpus_per_node: int, global_
     block = deg.get("dp_shard", deg.get("dp", 1)) * mesh.degree("cp") * mesh.degree("tp")
     if mesh.ep * mesh.etp > 1 and block % (mesh.ep * mesh.etp):
         reasons.append(f"ep {mesh.ep} x etp {mesh.etp} does not divide the new dense block {block}")
-    contract, new_m, batch_notes = _batch(global_batch, micro_batch, new_dp, interleaved, mesh.degree("pp"))
+    contract, new_m, batch_notes = _batch(global_batch, micro_batch, new_dp, micro_batch_reasons)
     reshard, dl_ok, ckpt_notes = _state_notes(changed, old_dp, new_dp, dataloader_state)
     return Restart(not reasons, world, new_world, names, shape, new_shape, changed, (old_m, new_m), contract,
                    reshard, dl_ok, tuple(reasons), tuple(notes + batch_notes + ckpt_notes))
 
 
-def _batch(global_batch: int, micro_batch: int, dp: int, interleaved: bool, pp: int):
-    """(contract holds, micro-batches per step, notes) at data-parallel degree ``dp``."""
+def _batch(global_batch: int, micro_batch: int, dp: int, micro_batch_reasons: Callable[[int], tuple[str, ...]]):
+    """(contract holds, micro-batches per step, notes) at data-parallel degree ``dp``; the
+    contract fails where the schedule refuses the new micro-batch count
+    (``micro_batch_reasons``)."""
     if global_batch % (micro_batch * dp):
         m = global_batch / (micro_batch * dp)
         head = f"global batch {global_batch} / (micro_batch {micro_batch} x dp {dp}) = {m:.2f}: not whole micro-batches; "
@@ -409,8 +414,9 @@ def _batch(global_batch: int, micro_batch: int, dp: int, interleaved: bool, pp: 
         return False, m, [head + f"the contract holds only with micro_batch {' or '.join(map(str, fits))}, or a "
                           f"different global batch (which changes the optimisation)"]
     m = global_batch // (micro_batch * dp)
-    if interleaved and m % pp:
-        return False, m, [f"interleaved 1F1B needs micro-batches {m} divisible by pp {pp}"]
+    refused = micro_batch_reasons(m)
+    if refused:
+        return False, m, list(refused)
     return True, m, [f"global batch {global_batch} = micro_batch {micro_batch} x dp {dp} x {m} micro-batches"]
 
 

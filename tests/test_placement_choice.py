@@ -456,3 +456,20 @@ def test_with_rank_to_gpu_equals_a_plan_built_with_that_permutation():
     assert fast.collectives == full.collectives and fast.flags == full.flags
     assert placed_step(p, r2g).step_s == step_time(full, Overlap()).step_s
     assert placed_step(p, r2g).step_s > step_time(p, Overlap()).step_s
+
+
+@pytest.mark.parametrize("pp,schedule,vpp,how", [
+    (4, "1f1b", 1, "once each way (1f1b)"),
+    (4, "interleaved_1f1b", 2, "twice each way (interleaved_1f1b, 2 chunks per rank)"),
+    (4, "interleaved_1f1b", 4, "4 times each way (interleaved_1f1b, 4 chunks per rank)"),
+    # p 2: chunk c's hand-off from stage 1 to chunk c + 1 on stage 0 crosses the same boundary
+    (2, "interleaved_1f1b", 2, "3 times each way (interleaved_1f1b, 2 chunks per rank)"),
+    (4, "zbv", 2, "twice each way (zbv, 2 chunks per rank)"),  # down on chunk 0, back up on chunk 1
+])
+def test_pp_line_counts_the_schedules_boundary_crossings(pp, schedule, vpp, how):
+    """A micro-batch crosses each stage boundary once under 1F1B, v times looped (chunk
+    ``c`` of stage s hands to chunk c of s + 1), twice under a V; the place text says how often."""
+    m = resolve_mesh(MeshSpec(names=["pp", "dp_shard"], shape=[pp, 8 // pp]), world=8)
+    c = choose_placement(m, system("dgx-h100", 1), schedule=schedule, vpp=vpp)
+    line = next(d for d in c.decisions if d.startswith(f"pp {pp}:"))
+    assert line.startswith(f"pp {pp}: each micro-batch crosses a stage boundary {how}, the lightest traffic")

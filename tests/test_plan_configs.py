@@ -74,12 +74,31 @@ def test_pipeline_with_virtual_stages():
     assert p.micro_batches == 256
 
 
-def test_interleaved_needs_divisible_microbatches():
-    p = plan_of({"catalog": "llama3-70b"}, 8, {"names": ["pp", "dp_shard", "tp"], "shape": [4, 2, 8],
-                                                "virtual_stages": 2, "pp_schedule": "interleaved_1f1b"},
-                global_batch=10)
-    assert not p.feasible
-    assert "interleaved 1F1B needs micro-batches (5) divisible by pp (4)" in p.reasons
+def test_interleaved_micro_batch_rule_is_the_frameworks():
+    """global batch 10 over dp 2: m 5 at pp 4. Megatron-LM needs pp | m; torch 2.13 runs one
+    round of 5 (its rounds max(1, 5 // 4) = 1 divide 5): no schedule reason, only memory;
+    m 9 (global batch 18): two rounds, 9 odd, torch refuses too."""
+    mesh = {"names": ["pp", "dp_shard", "tp"], "shape": [4, 2, 8], "virtual_stages": 2,
+            "pp_schedule": "interleaved_1f1b"}
+    meg = plan_of({"catalog": "llama3-70b"}, 8, mesh, global_batch=10, framework="megatron")
+    assert "interleaved 1F1B needs micro-batches (5) divisible by pp (4) (Megatron-LM)" in meg.reasons
+    torch5 = plan_of({"catalog": "llama3-70b"}, 8, mesh, global_batch=10)
+    assert torch5.micro_batches == 5 and not any("interleaved" in r for r in torch5.reasons)
+    torch9 = plan_of({"catalog": "llama3-70b"}, 8, mesh, global_batch=18)
+    assert not torch9.feasible
+    assert ("interleaved 1F1B needs micro-batches (9) a multiple of torch's rounds max(1, m // pp 4) = 2 "
+            "(torch ScheduleInterleaved1F1B)") in torch9.reasons
+
+
+def test_1f1b_with_fewer_micro_batches_than_stages():
+    """m 8 at pp 16 (global batch 8, dp 1): torch's Schedule1F1B refuses it (a reason, not
+    an error); Megatron-LM's 1F1B runs it."""
+    mesh = {"names": ["pp", "tp"], "shape": [16, 4], "pp_schedule": "1f1b"}
+    p = plan_of({"catalog": "llama3-70b"}, 8, mesh, global_batch=8)
+    assert p.micro_batches == 8 and not p.feasible
+    assert "1F1B needs micro-batches (8) >= pp (16) (torch Schedule1F1B)" in p.reasons
+    meg = plan_of({"catalog": "llama3-70b"}, 8, mesh, global_batch=8, framework="megatron")
+    assert not any("1F1B needs" in r for r in meg.reasons)
 
 
 def test_context_parallel_rows_and_seq_check():

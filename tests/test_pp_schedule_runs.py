@@ -29,11 +29,11 @@ from tests.test_memory_timeline import TINY, MEM
 PP2 = dict(names=["pp", "dp_shard"], shape=[2, 2], world=4)
 
 
-def plan_of(runs=1, global_batch=8, mesh=PP2, model=TINY, **training):
+def plan_of(runs=1, global_batch=8, mesh=PP2, model=TINY, schedule="1f1b", **training):
     t = {**dict(global_batch=global_batch, seq_len=8, micro_batch=1, sharding="zero3", param_dtype="fp32",
                 recompute="none", pp_schedule_runs=runs), **training}
     cfg = {"model": model, "cluster": {"system": "dgx-h100", "nodes": 1}, "training": t,
-           "mesh": {**mesh, "pp_schedule": "1f1b"}, "memory": MEM}
+           "mesh": {**mesh, "pp_schedule": schedule}, "memory": MEM}
     return build_plan(config_from_dict(cfg))
 
 
@@ -174,7 +174,9 @@ def test_validate_two_schedule_runs_match_the_plan(tmp_path):
 def test_reduce_scatters_wait_for_the_whole_last_backward():
     from meshplan.memory.timeline import KINDS
 
-    p = plan_of(runs=1, global_batch=2, model=dict(TINY, layers=4))  # m 1: the first backward is the last
+    # m 1: the first backward is the last; GPipe (F0 B0 on both stages, 1F1B's order at m 1,
+    # which torch's Schedule1F1B refuses at m 1 < pp 2)
+    p = plan_of(runs=1, global_batch=2, model=dict(TINY, layers=4), schedule="gpipe")
     # every unreduced accumulator (fp32, unsharded) is held at the end of the pass: layer 3104
     # parameters x 4 B = 12416 each, embedding 2048 x 4 = 8192, norm + output (2048 + 16) x 4 =
     # 8256; then the first unit in FSDP's (forward) order copies in its reduce-scatter input

@@ -11,7 +11,7 @@ from meshplan import catalog
 from meshplan.memory.state import state_bytes
 from meshplan.mesh.resolve import resolve_mesh
 from meshplan.mesh.layers import stage_layers
-from meshplan.plan import build_plan
+from meshplan.plan import build_plan, run_reasons
 from meshplan.reliability import (DEFAULT_RATE_PER_GPU_DAY, CheckpointSize, checkpoint_size, daly_interval_s,
                                   failure_domains, goodput, interruptions_per_day, mtbf_s, reliability,
                                   restart_on_fewer_nodes, write_time_s, young_interval_s)
@@ -130,8 +130,21 @@ def test_restart_with_spares_and_impossible_restarts():
     # fewer GPUs than one model replica: no mesh
     bad = restart_on_fewer_nodes(m, 7, gpus_per_node=8, global_batch=64, micro_batch=1)
     assert not bad.feasible and "fewer than tp 8 x pp 2 x cp 1 = 16" in bad.reasons[0]
-    ok = restart_on_fewer_nodes(m, 2, gpus_per_node=8, global_batch=64, micro_batch=1, interleaved=True)
+    ok = restart_on_fewer_nodes(m, 2, gpus_per_node=8, global_batch=64, micro_batch=1)
     assert ok.shape == (2, 3, 8) and not ok.batch_contract  # 64 / 3 is not whole
+
+
+def test_restart_keeps_the_schedules_micro_batch_rule():
+    """pp 2 x dp 4 x tp 8 loses 2 nodes: dp 3, global batch 9 gives m 3. Interleaved 1F1B
+    under Megatron-LM needs pp | m (3 is odd): the contract breaks with that reason; under
+    torch (one round of 3) it holds."""
+    m = _mesh(["pp", "dp_shard", "tp"], [2, 4, 8])
+    why = lambda fw: (lambda mm: run_reasons("interleaved_1f1b", 2, mm, 2, 1, fw))
+    meg = restart_on_fewer_nodes(m, 2, gpus_per_node=8, global_batch=9, micro_batch=1, micro_batch_reasons=why("megatron"))
+    assert meg.micro_batches[1] == 3 and not meg.batch_contract
+    assert meg.lines()[1] == "- interleaved 1F1B needs micro-batches (3) divisible by pp (2) (Megatron-LM)"
+    tor = restart_on_fewer_nodes(m, 2, gpus_per_node=8, global_batch=9, micro_batch=1, micro_batch_reasons=why("torch"))
+    assert tor.batch_contract
 
 
 def test_restart_expert_mesh_must_still_divide():

@@ -115,8 +115,9 @@ def test_critical_path_is_a_chain_from_zero_to_the_step_end():
 def test_bad_inputs():
     with pytest.raises(ConfigError, match="unknown schedule"):
         PipelineSpec("dualpipe", p=2, m=2)
-    with pytest.raises(ConfigError, match="divisible by p"):
-        PipelineSpec("interleaved_1f1b", p=4, m=6, v=2)
+    with pytest.raises(ConfigError, match="a multiple of torch's rounds"):  # 2 rounds do not divide 9
+        PipelineSpec("interleaved_1f1b", p=4, m=9, v=2)
+    assert PipelineSpec("interleaved_1f1b", p=4, m=6, v=2).m == 6  # one round of 6: torch's order
     with pytest.raises(ConfigError, match="interleaved"):
         PipelineSpec("1f1b", p=4, m=8, v=2)
     assert set(SCHEDULES) == {"gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zbv", "dualpipev"}

@@ -95,8 +95,12 @@ def meshplan_order(sched: PipelineSchedule, p: int, m: int, v: int, s: int) -> l
 CASES = {
     Schedule.GPIPE: [(1, 3, 1), (2, 1, 1), (2, 4, 1), (4, 3, 1), (4, 8, 1)],
     Schedule.ONE_F_ONE_B: [(2, 2, 1), (2, 5, 1), (3, 7, 1), (4, 4, 1), (4, 8, 1)],
-    Schedule.INTERLEAVED_1F1B: [(2, 2, 2), (2, 4, 2), (3, 6, 3), (4, 4, 2), (4, 8, 2), (4, 8, 4)],
-    Schedule.ZB_H1: [(2, 2, 1), (2, 6, 1), (3, 9, 1), (4, 2, 1), (3, 2, 1), (4, 4, 1), (4, 8, 1), (4, 12, 1)],
+    Schedule.INTERLEAVED_1F1B: [(2, 2, 2), (2, 4, 2), (3, 6, 3), (4, 4, 2), (4, 8, 2), (4, 8, 4),
+                                # torch's rounds max(1, m // p) other than m / p: one round of m (m < 2p),
+                                # two of 5 (m 10), three of 5 (m 15 at p 5)
+                                (4, 6, 2), (4, 10, 2), (4, 3, 2), (4, 2, 2), (3, 4, 2), (4, 5, 3), (5, 15, 2)],
+    Schedule.ZB_H1: [(2, 2, 1), (2, 6, 1), (3, 9, 1), (4, 2, 1), (3, 2, 1), (4, 4, 1), (4, 8, 1), (4, 12, 1),
+                     (4, 6, 1), (4, 10, 1)],
     Schedule.ZBV: [(2, 1, 2), (2, 2, 2), (2, 3, 2), (2, 4, 2), (2, 7, 2), (3, 4, 2), (3, 9, 2), (4, 5, 2),
                    (4, 8, 2), (4, 16, 2), (8, 16, 2)],
     Schedule.DUALPIPEV: [(2, 4, 2), (2, 5, 2), (2, 9, 2), (3, 6, 2), (3, 7, 2), (4, 8, 2), (4, 11, 2),
@@ -116,32 +120,58 @@ def test_order_per_rank_equals_torch(name, p, m, v):
         assert meshplan_order(sched, p, m, v, rank) == torch_order(sched, p, m, v, rank), (name, p, m, v, rank)
 
 
-def test_1f1b_with_fewer_micro_batches_than_stages_is_meshplans_only():
-    """meshplan plans 1F1B with m < p (warm-up min(p - s - 1, m): GPipe's order); torch's
-    Schedule1F1B refuses it, so there is no torch order to compare."""
-    assert [u.kind for u in get("1f1b").order(4, 2, 1, 0)] == ["F", "F", "B", "B"]
+def test_1f1b_with_fewer_micro_batches_than_stages_is_refused_under_torch_only():
+    """torch's Schedule1F1B refuses m < p (its __init__ raises), so framework torch makes it a
+    reason; Megatron-LM's 1F1B warms up min(p - s - 1, m) and runs it (GPipe's order)."""
     with pytest.raises(ValueError, match="greater than"):
         S.Schedule1F1B(FakeStage(0, 4, 4, 0, []), 2)
+    S.Schedule1F1B(FakeStage(0, 4, 4, 0, []), 4)  # m == p: accepted
+    one = get("1f1b")
+    assert one.reasons(4, 2, 1) == ["1F1B needs micro-batches (2) >= pp (4) (torch Schedule1F1B)"]
+    assert one.reasons(4, 4, 1) == [] and one.reasons(4, 2, 1, "megatron") == []
+    assert [u.kind for u in one.order(4, 2, 1, 0)] == ["F", "F", "B", "B"]
+    assert get("gpipe").reasons(4, 2, 1) == []  # ScheduleGPipe has no such rule
+    S.ScheduleGPipe(FakeStage(0, 4, 4, 0, []), 2)
 
 
-def test_zb_h1_with_m_not_a_multiple_of_its_rounds_is_meshplans_only():
-    """torch's ZB class runs m // p rounds and refuses m that is not a multiple of them
-    (p 2, m 5: 2 rounds); with one chunk per rank the rounds do not change the order, and
-    meshplan plans any m (its ZB-H1 bubble test covers p 2, m 5). Stage 1 runs W of j after
-    B of j + 1."""
-    assert [u.kind + str(u.mb) for u in get("zb_h1").order(2, 5, 1, 1)][:5] == ["F0", "B0", "F1", "B1", "W0"]
-    with pytest.raises(ValueError, match="multiple of the number of rounds"):
-        S.ScheduleInterleavedZeroBubble([FakeStage(0, 2, 2, 0, [])], 5)
+def _torch_refuses(cls, stages, m) -> bool:
+    try:
+        cls(stages, m)
+    except ValueError as e:
+        assert "multiple of the number of rounds" in str(e)
+        return True
+    return False
 
 
-@pytest.mark.parametrize("p,m,v", [(2, 2, 2), (4, 8, 2), (4, 4, 3), (8, 16, 4), (3, 9, 2)])
+@pytest.mark.parametrize("name", [Schedule.INTERLEAVED_1F1B, Schedule.ZB_H1])
+def test_rounds_rule_is_torchs(name):
+    """meshplan refuses exactly the m torch's class refuses (its rounds max(1, m // p) must
+    divide m; p 2, m 5: 2 rounds; p 4, m 9: 2 rounds) for p 2..5 and m 1..3p+2, under
+    framework torch; Megatron-LM's interleaved rule is p | m."""
+    sched = get(name)
+    v = 2 if sched.virtual_stages else 1
+    for p in range(2, 6):
+        for m in range(1, 3 * p + 3):
+            stages = [FakeStage(sched.virtual_stage(c, 0, p, v), p * v, p, 0, []) for c in range(v)]
+            refused = _torch_refuses(getattr(S, sched.torch_class), stages, m)
+            assert bool(sched.refused(p, m)) == refused == bool(sched.reasons(p, m, v)), (name, p, m)
+    assert "multiple of torch's rounds max(1, m // pp 4) = 2" in get(name).reasons(4, 9, v)[0]
+    if name == Schedule.INTERLEAVED_1F1B:
+        assert sched.reasons(4, 6, 2, "megatron") == ["interleaved 1F1B needs micro-batches (6) divisible by pp (4) "
+                                                      "(Megatron-LM)"]
+        assert sched.reasons(4, 8, 2, "megatron") == []
+
+
+@pytest.mark.parametrize("p,m,v", [(2, 2, 2), (4, 8, 2), (4, 4, 3), (8, 16, 4), (3, 9, 2), (4, 6, 2), (4, 10, 2),
+                                   (4, 3, 2), (5, 15, 3)])
 def test_interleaved_warmup_is_torchs(p, m, v):
-    """torch's ``_get_warmup_ops`` with m a multiple of p (micro-batches per round p,
-    factor 2) = Megatron-Core's min(m v, 2(p - s - 1) + (v - 1) p); the memory module's
-    in-flight count is that + 1."""
+    """torch's ``_get_warmup_ops`` (factor 2) with its micro-batches per round
+    ``m // max(1, m // p)`` (p when p divides m: Megatron-Core's min(m v, 2(p - s - 1) +
+    (v - 1) p); 6 at p 4, m 6; 5 at m 10); the memory module's in-flight count is that + 1."""
     sched = get(Schedule.INTERLEAVED_1F1B)
+    g = m // max(1, m // p)
     for s in range(p):
-        warm = S._get_warmup_ops(s, v, p, p, m, multiply_factor=2)
+        warm = S._get_warmup_ops(s, v, g, p, m, multiply_factor=2)
         assert sched.warmup(p, m, v, s) == warm
         assert in_flight_chunks(s, p, m, v) == min(m * v, warm + 1)
 

@@ -67,7 +67,7 @@ STARTS = (("ep(", "expert_block"), ("q_heads", "heads"), ("kv_heads", "heads"), 
           ("ffn", "ffn"), ("pp_layer_split", "layers"), ("experts", "experts"),
           ("routed experts sharded on dim 1", "expert_dim1"), ("seq_len", "seq_cp"),
           ("sequence parallel", "seq_tp"), ("global_batch", "batch"), ("interleaved", "interleaved"),
-          ("training.pp_schedule_runs", "runs"),
+          ("training.pp_schedule_runs", "runs"), ("1F1B needs", "1f1b"),
           ("peak", "memory"))
 
 

@@ -20,7 +20,7 @@ import re
 import tomllib
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from meshplan import catalog
 from meshplan.config import Config, config_from_dict, load_config, parse_toml
@@ -148,10 +148,13 @@ def torchtitan_source(path, fmt: str | None = None) -> dict | None:
     return torchtitan.current_layout(parse_toml(_text(p), str(p)))
 
 
-def export(cfg: Config, to: str, source: str, user: dict | None = None) -> tuple[str, list[str]]:
+def export(cfg: Config, to: str, source: str, user: dict | None = None,
+           warnings: Sequence[str] = ()) -> tuple[str, list[str]]:
     """(file text, header lines) of ``cfg`` written as ``to``. The header names the source,
-    how to import the file again, and every meshplan field the re-imported file does not
-    give back (``not expressed in <to>: ...``, module docstring); it opens TOML and
+    each of ``warnings`` (``warning: ...``: what the framework's runtime does differently,
+    :func:`meshplan.plan.config_warnings`), how to import the file again, and every meshplan
+    field the re-imported file does not give back (``not expressed in <to>: ...``, module
+    docstring); it opens TOML and
     arguments files as comments (a DeepSpeed JSON has none: the caller prints it). A target
     that cannot hold ``cfg`` is a ConfigError naming ``--to`` and the foreign formats that
     do (each tried: a suggestion is never refused in turn), or saying that none does.
@@ -162,7 +165,7 @@ def export(cfg: Config, to: str, source: str, user: dict | None = None) -> tuple
     if to not in FORMATS:
         raise ConfigError("--to", f"{to!r}; use {', '.join(FORMATS)}")
     try:
-        return _export(cfg, to, source, user)
+        return _export(cfg, to, source, user, tuple(warnings))
     except ConfigError as e:
         if e.field != "--to":
             raise
@@ -181,10 +184,12 @@ def _takes(cfg: Config, to: str, source: str) -> bool:
     return True
 
 
-def _export(cfg: Config, to: str, source: str, user: dict | None = None) -> tuple[str, list[str]]:
+def _export(cfg: Config, to: str, source: str, user: dict | None = None,
+            warnings: tuple[str, ...] = ()) -> tuple[str, list[str]]:
     """:func:`export` without the suggestion of another target."""
     opts = reimport_options(cfg, to)
     head = [f"meshplan export of {source} ({cfg.model.name} on {cfg.cluster.nodes}x {cfg.cluster.node.name})"]
+    head += [f"warning: {w}" for w in warnings]
     if to != "torchtitan" and user is not None:
         _, kept = torchtitan.carried(user, {})
         head.append(f"not carried to {to}: the torchtitan settings meshplan does not plan: {', '.join(kept)}")

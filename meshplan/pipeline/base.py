@@ -115,6 +115,19 @@ class PipelineSchedule:
             out += (j > 0 and self.stage_of(j - 1, p, v) != s) + (j < p * v - 1 and self.stage_of(j + 1, p, v) != s)
         return out
 
+    def crossings(self, p: int, v: int) -> int:
+        """Times one micro-batch's activations cross the busiest pair of adjacent stages
+        (its gradients cross as many back): the hops ``j -> j + 1`` of the chunk map between
+        stages s and s + 1, either way; 1 with one chunk per rank, v looped (p 2: 2v - 1, the
+        wrap from the last chunk of stage 1 to the next of stage 0 joins the same pair), 2 for
+        a V.
+
+        >>> PipelineSchedule().crossings(4, 1), PipelineSchedule().crossings(4, 2), PipelineSchedule().crossings(2, 2)
+        (1, 2, 3)
+        """
+        hops = [frozenset((self.stage_of(j, p, v), self.stage_of(j + 1, p, v))) for j in range(p * v - 1)]
+        return max((hops.count(frozenset((s, s + 1))) for s in range(p - 1)), default=0)
+
     def send_delay(self, p: int, m: int, v: int, s: int, length: int) -> np.ndarray:
         """For each of the ``length`` units of stage ``s``'s order: how many units later the
         blocking p2p call that sends its output is issued (Megatron-LM 2022,
@@ -156,15 +169,59 @@ class PipelineSchedule:
         """Closed-form bubble (idle / ideal) for uniform stages and no p2p time."""
         return (p - 1) / m
 
-    def reasons(self, p: int, m: int, v: int) -> list[str]:
+    def refused(self, p, m, framework: str = "torch"):
+        """Whether ``framework``'s runtime refuses ``m`` micro-batches at ``p`` stages (ints
+        or arrays): the micro-batch rule :meth:`reasons` words and the search evaluates on
+        its columns (one formula); none here.
+
+        >>> bool(PipelineSchedule().refused(4, 2))
+        False
+        """
+        return np.zeros(np.shape(m), dtype=bool) if np.ndim(m) else False
+
+    def warnings(self, framework: str, p: int, fsdp2_over_data: bool) -> tuple[str, ...]:
+        """What ``framework``'s runtime is known to run differently from this plan with ``p``
+        stages, ``fsdp2_over_data`` when FSDP2 shards or replicates over a data axis (zero3 or
+        hsdp, fsdp x dp_replicate > 1): plan, step and compare print them, export writes them in
+        its header; none here.
+
+        >>> PipelineSchedule().warnings("torch", 4, True)
+        ()
+        """
+        return ()
+
+    def reasons(self, p: int, m: int, v: int, framework: str = "torch") -> list[str]:
         """Why this schedule cannot run ``p`` stages, ``m`` micro-batches (0: unknown), ``v``
-        chunks per rank (infeasibility reasons, empty when it can)."""
+        chunks per rank under ``framework`` (``training.framework``: whose runtime refuses
+        what; infeasibility reasons, empty when it can)."""
         return []
 
     def for_chunks(self, v: int) -> Schedule:
         """The schedule a stage with ``v`` chunks runs under this one (``chunked`` when this
         one holds one chunk and ``v > 1``)."""
         return self.chunked if v > 1 and not self.virtual_stages and self.chunked else self.name
+
+
+def torch_rounds(p, m):
+    """Rounds of torch 2.13's looped multi-chunk schedules (``ScheduleInterleaved1F1B``,
+    ``ScheduleInterleavedZeroBubble``: ``number_of_rounds = max(1, n_microbatches //
+    pp_group_size)``, torch/distributed/pipelining/schedules.py); ints or arrays. torch
+    refuses m that is not a multiple of them.
+
+    >>> [int(torch_rounds(4, m)) for m in (3, 6, 8, 10)]
+    [1, 1, 2, 2]
+    """
+    return np.maximum(1, m // p)
+
+
+def per_round(p, m):
+    """Micro-batches per round of those schedules, ``m // torch_rounds(p, m)`` (torch's
+    ``microbatches_per_round``): p when p divides m, m when m < 2p; ints or arrays.
+
+    >>> [int(per_round(4, m)) for m in (3, 6, 8, 10)]
+    [3, 6, 4, 5]
+    """
+    return m // torch_rounds(p, m)
 
 
 #: Largest order (units: F, B and W of every micro-batch and chunk, ``3 m v``) kept by the

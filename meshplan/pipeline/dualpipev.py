@@ -111,9 +111,18 @@ class DualPipeV(VShaped):
             return float("nan")
         return (p - 1) / (6 * m)
 
-    def reasons(self, p: int, m: int, v: int) -> list[str]:
-        out = super().reasons(p, m, v)
-        if m and m < 2 * p:
+    def refused(self, p, m, framework: str = "torch"):
+        """``ScheduleDualPipeV.__init__`` (torch 2.13) raises when m < its 2p stages; ints or
+        arrays.
+
+        >>> bool(DUALPIPEV.refused(4, 7)), bool(DUALPIPEV.refused(4, 8))
+        (True, False)
+        """
+        return m < 2 * p
+
+    def reasons(self, p: int, m: int, v: int, framework: str = "torch") -> list[str]:
+        out = super().reasons(p, m, v, framework)
+        if m and self.refused(p, m, framework):
             out.append(f"DualPipeV needs micro-batches ({m}) >= 2 pp ({2 * p}) (torch ScheduleDualPipeV)")
         return out
 

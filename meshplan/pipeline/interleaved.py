@@ -1,24 +1,29 @@
 """Interleaved 1F1B (Narayanan et al. SC'21 2.2.2; Megatron-LM
-``forward_backward_pipelining_with_interleaving``, Megatron-Core order): stage s holds the
-looped chunks ``s, s + p, ...`` (virtual stage ``chunk p + s``); ``m v`` chunk units;
-forward unit k runs micro-batch ``(k // (p v)) p + k mod p`` on chunk ``(k mod p v) // p``,
-backward unit k the chunk ``v - 1 -`` that; warm-up ``min(m v, 2 (p - s - 1) + (v - 1) p)``
-units (Megatron-Core; torch's ``_get_warmup_ops`` with micro-batches per round p), then
-1F1B over units. Needs m a multiple of p and v > 1. Bubble ``(p - 1) / (v m)``. Older
-Megatron-LM ran every unit as warm-up when m == p (same bubble, more activation memory):
-not reproduced. torch: ``ScheduleInterleaved1F1B``.
+``forward_backward_pipelining_with_interleaving``, Megatron-Core order; torch
+``ScheduleInterleaved1F1B``): stage s holds the looped chunks ``s, s + p, ...`` (virtual
+stage ``chunk p + s``); ``m v`` chunk units in rounds of ``g`` micro-batches per chunk
+(:func:`~.base.per_round`: g = p when p divides m); forward unit k runs micro-batch
+``(k // (g v)) g + k mod g`` on chunk ``(k mod g v) // g``, backward unit k the chunk
+``v - 1 -`` that; warm-up ``min(m v, 2 (p - s - 1) + (v - 1) g)`` units (Megatron-Core;
+torch's ``_get_warmup_ops`` with ``microbatches_per_round`` g), then 1F1B over units. Needs
+v > 1 and, by framework (:meth:`Interleaved1F1B.reasons`): Megatron-LM m a multiple of p;
+torch 2.13 m a multiple of its rounds ``max(1, m // p)`` (m 6 at p 4: one round of 6;
+m 10: two of 5). Bubble ``(p - 1) / (v m)`` when p divides m. Older Megatron-LM ran every
+unit as warm-up when m == p (same bubble, more activation memory): not reproduced.
 
 >>> " ".join(u.label(2) for u in INTERLEAVED.order(2, 2, 2, 1))
 'F0.c0 F1.c0 F0.c1 B0.c1 F1.c1 B1.c1 B0.c0 B1.c0'
 >>> int(INTERLEAVED.in_flight(4, 8, 2, 0)), int(INTERLEAVED.in_flight(4, 8, 2, 3))
 (11, 5)
+>>> " ".join(u.label(2) for u in INTERLEAVED.order(4, 3, 2, 3))  # torch: one round of 3
+'F0.c0 F1.c0 F2.c0 F0.c1 B0.c1 F1.c1 B1.c1 F2.c1 B2.c1 B0.c0 B1.c0 B2.c0'
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from meshplan.pipeline.base import PipelineSchedule, Unit
+from meshplan.pipeline.base import PipelineSchedule, Unit, per_round, torch_rounds
 from meshplan.spec.mesh import Schedule
 
 
@@ -30,15 +35,17 @@ class Interleaved1F1B(PipelineSchedule):
     megatron_p2p = True
 
     def warmup(self, p, m, v, s):
-        """``min(m v, 2 (p - s - 1) + (v - 1) p)`` chunk forwards (Megatron-Core)."""
-        return np.minimum(m * v, 2 * (p - s - 1) + (v - 1) * p)
+        """``min(m v, 2 (p - s - 1) + (v - 1) g)`` chunk forwards, g micro-batches per round
+        (:func:`~.base.per_round`; Megatron-Core's with g = p; torch's ``_get_warmup_ops``,
+        factor 2)."""
+        return np.minimum(m * v, 2 * (p - s - 1) + (v - 1) * per_round(p, m))
 
     def order(self, p: int, m: int, v: int, s: int) -> list[Unit]:
-        total = m * v
+        total, g = m * v, int(per_round(p, m))
 
         def unit(kind: str, k: int) -> Unit:
-            chunk = (k % (p * v)) // p
-            return Unit(kind, (k // (p * v)) * p + k % p, chunk if kind == "F" else v - 1 - chunk)
+            chunk = (k % (g * v)) // g
+            return Unit(kind, (k // (g * v)) * g + k % g, chunk if kind == "F" else v - 1 - chunk)
 
         warm = int(self.warmup(p, m, v, s))
         out = [unit("F", k) for k in range(warm)]
@@ -78,22 +85,44 @@ class Interleaved1F1B(PipelineSchedule):
         out[warm + 1:warm + 2 * (total - warm):2] = 2
         return out
 
-    def chunk_forwards(self, p, v, n, chunk: int = 0):
+    def chunk_forwards(self, g, v, n, chunk: int = 0):
         """Forward units of local ``chunk`` among the first ``n`` of a stage (ints or arrays):
-        each round of ``p v`` units runs p of each chunk, chunk 0 first.
+        each round of ``g v`` units (g micro-batches per round, :func:`~.base.per_round`) runs
+        g of each chunk, chunk 0 first.
 
         >>> int(INTERLEAVED.chunk_forwards(4, 2, 11)), int(INTERLEAVED.chunk_forwards(4, 2, 11, chunk=1))
         (7, 4)
         """
-        return (n // (p * v)) * p + np.clip(n % (p * v) - chunk * p, 0, p)
+        return (n // (g * v)) * g + np.clip(n % (g * v) - chunk * g, 0, g)
 
     def bubble(self, p, m, v=1, forward_s=1.0, backward_s=2.0, weight_s=0.0) -> float:
-        return (p - 1) / (v * m)
+        """``(p - 1) / (v m)`` (Narayanan et al. 2.2.2) when p divides m; NaN for torch's
+        other rounds (no closed form here: the simulation gives it)."""
+        return (p - 1) / (v * m) if m % p == 0 else float("nan")
 
-    def reasons(self, p: int, m: int, v: int) -> list[str]:
+    def refused(self, p, m, framework: str = "torch"):
+        """Whether ``framework``'s runtime refuses ``m`` micro-batches at ``p`` stages (ints
+        or arrays; the one formula :meth:`reasons` and the search's rule use): Megatron-LM
+        when p does not divide m (2022's ``forward_backward_pipelining_with_interleaving``
+        asserts it; Megatron-Core's with its default ``microbatch_group_size_per_vp_stage``
+        = p refuses a last group of 0 < m mod p < p micro-batches,
+        megatron/core/pipeline_parallel/schedules.py); torch 2.13 when its rounds
+        (:func:`~.base.torch_rounds`) do not divide m (``ScheduleInterleaved1F1B.__init__``).
+
+        >>> [bool(INTERLEAVED.refused(4, m)) for m in (3, 6, 9, 10)], bool(INTERLEAVED.refused(4, 6, "megatron"))
+        ([False, False, True, False], True)
+        """
+        if framework == "megatron":
+            return m % p != 0
+        return m % torch_rounds(p, m) != 0
+
+    def reasons(self, p: int, m: int, v: int, framework: str = "torch") -> list[str]:
         out = []
-        if m and m % p:
-            out.append(f"interleaved 1F1B needs micro-batches ({m}) divisible by pp ({p})")
+        if m and self.refused(p, m, framework):
+            out.append(f"interleaved 1F1B needs micro-batches ({m}) divisible by pp ({p}) (Megatron-LM)"
+                       if framework == "megatron" else
+                       f"interleaved 1F1B needs micro-batches ({m}) a multiple of torch's rounds max(1, m // pp "
+                       f"{p}) = {int(torch_rounds(p, m))} (torch ScheduleInterleaved1F1B)")
         if v == 1 and p > 1:
             out.append("interleaved 1F1B needs virtual_stages > 1")
         return out

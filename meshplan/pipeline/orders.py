@@ -15,6 +15,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from meshplan.pipeline.base import per_round
 from meshplan.pipeline.registry import get
 
 KINDS = ("F", "B", "W")
@@ -78,11 +79,11 @@ def stage_orders(schedule: str, p: int, m: int, v: int) -> tuple[np.ndarray, np.
     elif schedule == "zb_h1":
         kind, mb = _zb_h1(p, m)
         out = kind, mb, z(kind.shape, dtype=np.int64)
-    elif schedule == "interleaved_1f1b":
-        total = m * v
-        kind, fk = _pairs(np.minimum(total, 2 * (p - s - 1) + (v - 1) * p), total)
-        chunk = (fk % (p * v)) // p
-        out = kind, (fk // (p * v)) * p + fk % p, np.where(kind == 0, chunk, v - 1 - chunk)
+    elif schedule == "interleaved_1f1b":  # rounds of g micro-batches per chunk (g = p when p divides m)
+        total, g, sched = m * v, int(per_round(p, m)), get(schedule)
+        kind, fk = _pairs(sched.warmup(p, m, v, s), total)
+        chunk = (fk % (g * v)) // g
+        out = kind, (fk // (g * v)) * g + fk % g, np.where(kind == 0, chunk, v - 1 - chunk)
     else:  # the others (ZB-V, DualPipeV): from the unit lists (as many units on every stage)
         rows = [_listed(schedule, p, m, v, st) for st in range(p)]
         out = np.stack([r[0] for r in rows]), np.stack([r[1] for r in rows]), np.stack([r[2] for r in rows])

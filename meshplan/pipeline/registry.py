@@ -91,7 +91,13 @@ def check_searched(schedules, framework: str) -> None:
                       f"list, or set training.framework = \"torch\"")
 
 
-def reasons(schedule: Schedule | str, p: int, m: int, v: int) -> tuple[str, ...]:
+def reasons(schedule: Schedule | str, p: int, m: int, v: int, framework: str = "torch") -> tuple[str, ...]:
     """Infeasibility reasons of running ``schedule`` with ``p`` stages, ``m`` micro-batches
-    and ``v`` chunks per rank (the plan adds them to the mesh's validity reasons)."""
-    return tuple(get(schedule).reasons(p, m, v))
+    and ``v`` chunks per rank under ``framework`` (``training.framework``; the plan adds them
+    to the mesh's validity reasons). A one-chunk schedule with ``v > 1`` runs its ``chunked``
+    order, under that order's rules.
+
+    >>> reasons("1f1b", 16, 8, 1), reasons("1f1b", 16, 8, 1, "megatron"), reasons("interleaved_1f1b", 4, 6, 2)
+    (('1F1B needs micro-batches (8) >= pp (16) (torch Schedule1F1B)',), (), ())
+    """
+    return tuple(get(get(schedule).for_chunks(v)).reasons(p, m, v, framework))

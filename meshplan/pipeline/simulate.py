@@ -107,7 +107,7 @@ class PipelineSpec:
         check_chunks(self.schedule, self.v)
         fixed = self.sched.chunks is not None
         bad = self.sched.reasons(self.p, self.m, self.v) if self.sched.virtual_stages and (self.v > 1 or fixed) else []
-        if bad:  # the schedule's own rule (interleaved: m a multiple of p; V-shaped: v 2, DualPipeV m >= 2p)
+        if bad:  # the rule its order needs (interleaved: torch's rounds divide m; V-shaped: v 2, DualPipeV m >= 2p)
             raise ConfigError("mesh.pp_schedule", bad[0])
 
     @property

@@ -34,7 +34,7 @@ class VShaped(PipelineSchedule):
             return np.where(np.asarray(chunk) % 2 == 0, down, up)
         return down if chunk % 2 == 0 else up
 
-    def reasons(self, p: int, m: int, v: int) -> list[str]:
+    def reasons(self, p: int, m: int, v: int, framework: str = "torch") -> list[str]:
         if v == self.chunks:
             return []
         return [f"{self.title} needs virtual_stages = 2 (two chunks per rank, a V), got {v}"]

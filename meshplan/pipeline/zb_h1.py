@@ -6,7 +6,9 @@ the end. Per stage idle ``(p-1)(F+B-W)`` against 1F1B's ``(p-1)(F+B+W)``: bubble
 Every stage holds up to p micro-batches from F to W (``p-s-1`` warm-up + ``s+1`` lagged W);
 its F/B order is 1F1B's, so F to B it holds 1F1B's ``min(m, p - s)``. torch:
 ``ScheduleInterleavedZeroBubble`` with one stage per rank (torch calls it ZB1P); not built
-by ``meshplan validate``.
+by ``meshplan validate``. torch refuses m that is not a multiple of its rounds
+``max(1, m // p)`` (:func:`~.base.torch_rounds`; with one chunk the rounds do not change
+the order).
 
 >>> " ".join(u.label() for u in ZB_H1.order(3, 4, 1, 1))
 'F0 F1 B0 F2 B1 W0 F3 B2 W1 B3 W2 W3'
@@ -16,7 +18,7 @@ by ``meshplan validate``.
 
 from __future__ import annotations
 
-from meshplan.pipeline.base import PipelineSchedule, Unit
+from meshplan.pipeline.base import PipelineSchedule, Unit, torch_rounds
 from meshplan.spec.mesh import Schedule
 
 
@@ -41,6 +43,21 @@ class ZBH1(PipelineSchedule):
                 out.append(Unit("W", nw))
                 nw += 1
         return out + [Unit("W", j) for j in range(nw, m)]
+
+    def refused(self, p, m, framework: str = "torch"):
+        """``ScheduleInterleavedZeroBubble.__init__`` (torch 2.13) raises when its rounds
+        ``max(1, m // p)`` do not divide m (p 2, m 5: 2 rounds); ints or arrays.
+
+        >>> bool(ZB_H1.refused(2, 5)), bool(ZB_H1.refused(4, 6)), bool(ZB_H1.refused(4, 9))
+        (True, False, True)
+        """
+        return m % torch_rounds(p, m) != 0
+
+    def reasons(self, p: int, m: int, v: int, framework: str = "torch") -> list[str]:
+        if v > 1 or not m or not self.refused(p, m, framework):  # v > 1: the interleaved order's own rule
+            return []
+        return [f"ZB-H1 needs micro-batches ({m}) a multiple of torch's rounds max(1, m // pp {p}) = "
+                f"{int(torch_rounds(p, m))} (torch ScheduleInterleavedZeroBubble)"]
 
     def bubble(self, p, m, v=1, forward_s=1.0, backward_s=2.0, weight_s=0.0) -> float:
         f, b, w = forward_s, backward_s, weight_s

@@ -37,6 +37,14 @@ from meshplan.pipeline.vshape import VShaped
 from meshplan.spec.mesh import Schedule
 
 
+#: What torch 2.13's ``ScheduleZBVZeroBubble`` does with FSDP2 over a data axis, measured by
+#: ``meshplan validate`` (pp 2 x dp_shard 2, 4 layers; its refusal and the plan's warning,
+#: :meth:`ZBVZeroBubble.warnings`, quote it).
+FSDP2_DEFECT = ("torch 2.13's ScheduleZBVZeroBubble reduce-scattered one of pp rank 0's two layer units once per "
+                "step and the other never (measured: pp 2 x dp_shard 2, 4 layers), unlike the plan's table; "
+                "dualpipev reduces both")
+
+
 class ZBVZeroBubble(VShaped):
     name = Schedule.ZBV
     title = "ZB-V"
@@ -90,6 +98,18 @@ class ZBVZeroBubble(VShaped):
         """Chunk forwards held at the peak: the warm-up's (the steady state trades one F for
         one B), ``min(2p, 2m, m + s + 1)``, counted on the order in the tests."""
         return self.warmup(p, m, v, s)
+
+    def warnings(self, framework: str, p: int, fsdp2_over_data: bool) -> tuple[str, ...]:
+        """Under framework torch with pp > 1 and FSDP2 over a data axis: :data:`FSDP2_DEFECT`
+        (``meshplan validate`` refuses the mesh for it).
+
+        >>> ZBV.warnings("torch", 4, False), len(ZBV.warnings("torch", 4, True))
+        ((), 1)
+        """
+        if framework != "torch" or p <= 1 or not fsdp2_over_data:
+            return ()
+        return (f"zbv with FSDP2 over a data axis under framework torch: {FSDP2_DEFECT}; meshplan validate refuses "
+                "this mesh, and the predicted gradients, collectives and step are not what torch runs",)
 
     def bubble(self, p, m, v=2, forward_s=1.0, backward_s=2.0, weight_s=0.0) -> float:
         """``(p - 1) / (6 m)`` for F = B = W (see the module docstring); NaN otherwise (no

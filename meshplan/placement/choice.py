@@ -45,6 +45,7 @@ from meshplan.placement.bindings import all_bindings, bindings, write_bindings  
 from meshplan.placement.explain import explain
 from meshplan.spec.axes.registry import AXES, placement_weights
 from meshplan.spec.cluster import ClusterSpec
+from meshplan.spec.mesh import Schedule
 
 #: Relative weights (not bytes) when no collective table is given, each axis's own
 #: (:attr:`~meshplan.spec.axes.base.AxisDef.weights`): the seed's frequency order tp > cp > ep >
@@ -291,7 +292,9 @@ class Choice:
     was kept); ``searched``: False when only the given placement was scored;
     ``step_before_s`` / ``step_after_s``: the predicted step of the given and the chosen
     placement when the choice was scored by the step-time model (None otherwise);
-    ``decisions`` and ``warnings``: one line each."""
+    ``decisions`` and ``warnings``: one line each; ``schedule`` and ``vpp``: the plan's
+    pipeline schedule and chunks per rank (the pp line counts the schedule's own boundary
+    crossings per micro-batch)."""
 
     mesh: Mesh
     rank_to_gpu: np.ndarray
@@ -309,6 +312,8 @@ class Choice:
     step_after_s: Optional[float] = None
     decisions: tuple[str, ...] = ()
     warnings: tuple[str, ...] = field(default=())
+    schedule: Schedule = Schedule.ONE_F_ONE_B
+    vpp: int = 1
 
 
 def _equivalent_names(mesh: Mesh, inner, outer, r2g: np.ndarray) -> Optional[tuple[str, ...]]:
@@ -329,7 +334,8 @@ def _equivalent_names(mesh: Mesh, inner, outer, r2g: np.ndarray) -> Optional[tup
 
 def choose_placement(mesh: Mesh, cluster: ClusterSpec, weights: Optional[Mapping[str, float]] = None,
                      rank_to_gpu=None, search: bool = True, source: str = "given",
-                     step_s: Optional[Callable[[np.ndarray], float]] = None) -> Choice:
+                     step_s: Optional[Callable[[np.ndarray], float]] = None,
+                     schedule: Schedule | str = Schedule.ONE_F_ONE_B, vpp: int = 1) -> Choice:
     """Choose the rank -> GPU permutation with the fewest weak-path bytes (:func:`weak_bytes`),
     or, with ``step_s``, the shortest predicted step.
 
@@ -342,6 +348,7 @@ def choose_placement(mesh: Mesh, cluster: ClusterSpec, weights: Optional[Mapping
 
     ``weights``: bytes per step per rank by axis (:func:`weights_from_table`), default the
     frequency order :data:`DEFAULT_WEIGHTS`; ``source`` names where given weights come from.
+    ``schedule``, ``vpp``: the pipeline schedule and chunks per rank (the explanation's pp line).
     ``rank_to_gpu``: the placement to compare with
     and keep on a tie (default node-major); ``search=False`` only scores and explains it.
     Candidates: for each fill order
@@ -379,6 +386,7 @@ def choose_placement(mesh: Mesh, cluster: ClusterSpec, weights: Optional[Mapping
     choice = Choice(mesh=mesh, rank_to_gpu=r2g, placement=p, before=before, after=after, weights=w,
                     weights_source=source if given else "default", changed=changed, searched=search,
                     inner=tuple(inner), outer=tuple(outer), step_before_s=t_before, step_after_s=t_best,
-                    equivalent_names=_equivalent_names(mesh, inner, outer, r2g) if changed else None)
+                    equivalent_names=_equivalent_names(mesh, inner, outer, r2g) if changed else None,
+                    schedule=Schedule(schedule), vpp=vpp)
     decisions, warnings = explain(choice)
     return replace(choice, decisions=tuple(decisions), warnings=tuple(warnings))

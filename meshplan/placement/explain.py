@@ -15,6 +15,7 @@ from math import prod
 import numpy as np
 
 from meshplan.placement.assign import PER_LAYER_AXES, GroupLocality, group_locality, same_rails
+from meshplan.pipeline.registry import get
 from meshplan.placement.topology import check_identity_nic_map
 from meshplan.units import traffic_gb
 
@@ -41,8 +42,7 @@ def explain(c) -> tuple[list[str], list[str]]:
         if axis in PER_LAYER_AXES:
             (dec if loc.max_domains == 1 else warn).append(_per_layer(c, axis, loc))
         elif axis == "pp":
-            dec.append(f"pp {loc.size}: stage sends once per micro-batch, the lightest traffic; "
-                       f"groups span {loc.max_nodes} node(s) (assumes activations are small next to tp traffic)")
+            dec.append(_pp_line(c, loc))
         else:  # data, shard and other axes (dp, dp_replicate, dp_shard, fsdp, efsdp, loss, user-named)
             line, ok = _data(c, axis, loc)
             (dec if ok else warn).append(line)
@@ -50,6 +50,19 @@ def explain(c) -> tuple[list[str], list[str]]:
     warn += _hierarchy(c)
     dec.append(_result(c))
     return dec, warn
+
+
+def _pp_line(c, loc: GroupLocality) -> str:
+    """The pp decision: how often a micro-batch crosses a stage boundary under the choice's
+    schedule (:meth:`~meshplan.pipeline.base.PipelineSchedule.crossings`: once with one chunk
+    per rank, v times looped, twice for a V)."""
+    sched = get(get(c.schedule).for_chunks(c.vpp))
+    n = sched.crossings(loc.size, c.vpp) if loc.size > 1 else 1
+    how = "once" if n == 1 else "twice" if n == 2 else f"{n} times"
+    chunks = f", {c.vpp} chunks per rank" if c.vpp > 1 else ""
+    return (f"pp {loc.size}: each micro-batch crosses a stage boundary {how} each way ({sched.name}{chunks}), the "
+            f"lightest traffic; groups span {loc.max_nodes} node(s) (assumes activations are small next to tp "
+            f"traffic)")
 
 
 def _axes(c) -> list[str]:

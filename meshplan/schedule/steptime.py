@@ -48,11 +48,12 @@ from meshplan.compute.ops import (
     optimizer_bandwidth,
     sequence_model_flops,
 )
+from meshplan.errors import ConfigError
 from meshplan.mesh.layers import last_stage
 from meshplan.pipeline.fast import KINDS, ArrayResult, Flat, simulate_arrays
 from meshplan.pipeline.registry import check_framework, get as get_schedule
 from meshplan.pipeline.simulate import Event, PipelineSpec, write_trace
-from meshplan.plan import Infeasible, Plan, table_key, table_stage
+from meshplan.plan import Infeasible, Plan, run_reasons, runtime_warnings, table_key, table_stage
 from meshplan.schedule.rank_timeline import (
     ChunkCosts,
     CommTimes,
@@ -286,6 +287,8 @@ class StepTime:
         if spec.p == 1 or spec.sched.splits_backward:
             return ""
         x = spec.sched.bubble(spec.p, spec.m, spec.v)
+        if x != x:  # NaN: no closed form for this m (interleaved 1F1B with torch's other rounds)
+            return ""
         return f"; closed form for uniform stages: {x:.4f} idle/ideal, {x / (1 + x):.4f} idle/total"
 
     def lines(self) -> list[str]:
@@ -802,9 +805,12 @@ def step_time(plan: Plan, overlap: Overlap = Overlap(), *, dropout: bool = False
                          + "; ".join(plan.reasons))
     cfg, w = plan.config, workload_of(plan, dropout)
     p, v, m = len(plan.stages), plan.vpp, plan.micro_batches
-    if schedule is not None:  # the config's own schedule was checked by build_plan
-        check_framework(schedule, cfg.training.framework, p, "--schedule")
     runs = plan.schedule_runs  # training.pp_schedule_runs: the schedule simulated once, over m / runs micro-batches
+    if schedule is not None:  # the config's own schedule was checked by build_plan; this one's rules likewise
+        check_framework(schedule, cfg.training.framework, p, "--schedule")
+        bad = run_reasons(schedule, p, m, v, runs, cfg.training.framework)
+        if bad:
+            raise ConfigError("mesh.pp_schedule", bad[0])
     mr = m // runs
     overlap = config_overlap(cfg.training, overlap)
     share = nccl_sm_share(cfg.cluster)
@@ -854,6 +860,7 @@ def step_time(plan: Plan, overlap: Overlap = Overlap(), *, dropout: bool = False
     t = cfg.training
     ranks = tuple(plan.mesh.group_of(0, "pp")) if "pp" in plan.mesh.layout.names else (0,)
     notes = tuple(f"collective not simulated (kind unknown): {o}" for o in sorted({o for c in comms for o in c.other}))
+    notes += runtime_warnings(t, schedule or plan.spec.pp_schedule, plan.mesh)  # plan's notes say it for its own
     if runs > 1:
         notes += (f"{runs} pipeline schedule runs of {mr} micro-batches per step (training.pp_schedule_runs: "
                   f"torchtitan's gradient accumulation under pp): each fills and drains the pipeline, gathers "

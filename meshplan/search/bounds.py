@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from meshplan.pipeline.base import per_round
 from meshplan.pipeline.interleaved import INTERLEAVED
 from meshplan.search.memory import Stages, Tables, comm_axes, lookup, split
 from meshplan.search.space import SHARDING, Candidates, accumulates
@@ -106,7 +107,8 @@ def _lower(cfg, c, st, s, u, lo, layer_peak, hs, fixed) -> np.ndarray:
     per_mb = u["per_mb"]
     init = s["total"] - np.where(F, s["grads"], 0) + fixed
     v = c.vpp[:, None]
-    c0 = np.where(v == 1, st.w, INTERLEAVED.chunk_forwards(st.k.shape[1], v, st.w))  # chunk-0 passes in flight
+    g = per_round(c.pp[:, None], st.m_run)  # interleaved: micro-batches per round (pp when pp divides m)
+    c0 = np.where(v == 1, st.w, INTERLEAVED.chunk_forwards(g, v, st.w))  # chunk-0 passes in flight
     kept = np.where(F, u["roots_g"], 0)
     f_end = init + st.w * st.n_chunk * lo["saved"] + st.first * c0 * hs["embedding_saved"] + st.last * hs["head_saved"] + kept
     pf = o.prefetch_layers >= 1
@@ -149,12 +151,12 @@ def _lower(cfg, c, st, s, u, lo, layer_peak, hs, fixed) -> np.ndarray:
     acc = init + (st.w * st.n_chunk - st.n_chunk) * lo["saved"] + kept \
         + np.where(after, st.n_chunk * (u["reduce_min"] + keeps * u["unit_min_g"])
                    + (head_acc + (v == 1) * emb_acc).astype(np.int64), 0)
-    # interleaved with m > pp: chunk 0's first backward comes before the last chunk's last
-    # one, so at its end every chunk holds its accumulators (and, without
+    # interleaved with more than one round (m > g): chunk 0's first backward comes before the
+    # last chunk's last one, so at its end every chunk holds its accumulators (and, without
     # reshard_after_forward, its gathered layers)
-    rounds = (v > 1) & (st.m_run > c.pp[:, None])
+    rounds = (v > 1) & (st.m_run > g)
     every = np.where(c.rf[:, None] > 0, st.n_chunk, st.n) * keeps * u["unit_min_g"]
-    done = (v - 1) * c.pp[:, None] + 1  # backwards run by then; the passes still in flight:
+    done = (v - 1) * g + 1  # backwards run by then; the passes still in flight:
     live = np.maximum(np.minimum(st.w - 1, st.m_run * v - done), 0)  # steady state w - 1, fewer in the cool-down
     held_all = st.n * u["reduce_min"] + every + (head_acc + emb_acc).astype(np.int64)
     acc_all = init + kept + live * st.n_chunk * lo["saved"] + np.where(after & rounds, held_all, 0)
@@ -172,7 +174,7 @@ def _steady(cfg, c, st, s, u, lo, layer_peak, hs, fixed, near, reduce) -> np.nda
     allocated), at its first and second layer (roots not counted)."""
     v = c.vpp[:, None]
     total = st.m_run * v
-    j = np.where(v == 1, 1, st.k.shape[1] * v)
+    j = np.where(v == 1, 1, per_round(c.pp[:, None], st.m_run) * v)  # interleaved: one round of g v backwards
     live = np.minimum(total - j, st.w)
     # every unit's sharded gradient is allocated by then when the dense group is sharded (a
     # unit without FSDP-sharded parameters never allocates its share: not counted)

@@ -68,12 +68,15 @@ from meshplan.spec.mesh import MeshSpec, Schedule
 RECOMPUTE = ("none", "selective", "full", "op")
 SHARDING = ("zero1", "zero3", "hsdp")
 
-#: The pipeline schedules' own rules the search evaluates (:meth:`Interleaved1F1B.reasons`:
-#: micro-batches a multiple of pp, for candidates with vpp > 1; :meth:`DualPipeV.reasons`:
-#: m >= 2 pp, torch ScheduleDualPipeV), then the rules applied after the plan's checks.
+#: The pipeline schedules' own rules the search evaluates (each schedule's ``refused`` under
+#: ``training.framework``: :meth:`OneFOneB.refused`, torch's m >= pp for candidates with vpp 1;
+#: :meth:`Interleaved1F1B.refused`, m a multiple of pp under Megatron-LM or of torch's rounds
+#: max(1, m // pp), for candidates with vpp > 1; :meth:`DualPipeV.refused`: m >= 2 pp, torch
+#: ScheduleDualPipeV), then the rules applied after the plan's checks.
 _SCHEDULE_REASONS = (
     ("runs", "training.pp_schedule_runs does not divide the micro-batches (pp > 1)"),
-    ("interleaved", "interleaved 1F1B: micro-batches not divisible by pp"),
+    ("1f1b", "1F1B: micro-batches fewer than pp (torch Schedule1F1B)"),
+    ("interleaved", "interleaved 1F1B: micro-batches not a multiple of pp (megatron) or of torch's rounds"),
     ("dualpipev", "DualPipeV: micro-batches fewer than 2 pp"),
     ("engine", "zero3_engine deepspeed-2021: pp > 1, cp > 1 or parameters kept gathered (not DeepSpeed ZeRO-3's); "
                "zero12_engine deepspeed: cp > 1, ep > 1, or pp > 1 with overlap_comm"),
@@ -352,10 +355,12 @@ def first_reason(cfg: Config, c: Candidates) -> np.ndarray:
     run_micro = micro // runs
     checks = [(r.key, r.bad(m, t, c)) for r in rules() if r.bad is not None] + [
         ("runs", micro % runs != 0),
-        # Interleaved1F1B.reasons: micro-batches a multiple of pp (candidates with vpp > 1 run it)
-        ("interleaved", (c.ps == 0) & (c.vpp > 1) & (run_micro % c.pp != 0)),
-        # DualPipeV.reasons: m >= 2 pp (torch ScheduleDualPipeV)
-        ("dualpipev", (c.ps == PIPELINE.index("dualpipev")) & (run_micro < 2 * c.pp)),
+        # the schedules' own micro-batch rules (their refused, as build_plan's reasons): 1F1B
+        # with vpp 1, interleaved 1F1B with vpp > 1, DualPipeV
+        ("1f1b", (c.pp > 1) & (c.ps == 0) & (c.vpp == 1) & get(SEARCHED).refused(c.pp, run_micro, t.framework)),
+        ("interleaved", (c.ps == 0) & (c.vpp > 1)
+         & get(get(SEARCHED).for_chunks(2)).refused(c.pp, run_micro, t.framework)),
+        ("dualpipev", (c.ps == PIPELINE.index("dualpipev")) & get("dualpipev").refused(c.pp, run_micro, t.framework)),
         # build_plan and TrainingSpec: DeepSpeed's pipeline engine refuses ZeRO 3 (pp 1 only), no CP
         # in 2021, and its ZeRO-3 re-gathers in backward (reshard_after_forward is an FSDP2 knob)
         ("engine", ((t.zero3_engine == "deepspeed-2021") & (c.sh == SHARDING.index("zero3"))

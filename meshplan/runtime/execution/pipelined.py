@@ -72,6 +72,7 @@ from torch.profiler import record_function
 
 from meshplan.errors import ConfigError
 from meshplan.pipeline.registry import SCHEDULES, get
+from meshplan.pipeline.zbv import FSDP2_DEFECT
 from meshplan.spec.mesh import Schedule
 from meshplan.runtime.execution.kvsync import kv_replica_sync
 from meshplan.runtime.execution.model import Transformer
@@ -109,9 +110,7 @@ def unsupported(mesh, training, schedule: str, model_spec=None) -> Optional[str]
     if training.sharding not in ("zero3", "hsdp"):
         return f"sharding {training.sharding!r}: only zero3 (FSDP2) and hsdp are built"
     if get(schedule).name is Schedule.ZBV and mesh.degree("fsdp") * mesh.degree("dp_replicate") > 1:
-        return ("zbv with FSDP2 over a data axis: torch 2.13's ScheduleZBVZeroBubble reduce-scattered one of pp rank "
-                "0's two layer units once per step and the other never (measured: pp 2 x dp_shard 2, 4 layers), unlike "
-                "the plan's table; dualpipev reduces both")
+        return f"zbv with FSDP2 over a data axis: {FSDP2_DEFECT}"
     if model_spec is not None and model_spec.tied_embeddings and get(schedule).last_stage(mesh.degree("pp"), 2) == 0:
         return (f"tied embeddings with {schedule}: the embedding and the output layer are two chunks of rank 0 "
                 "(a V); sharing one weight across two pipeline stages is not built")
