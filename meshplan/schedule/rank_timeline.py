@@ -49,7 +49,7 @@ frameworks issue them:
   layer's backward copy-out, FSDP2's backward prefetch) and reduce-scattered after its
   gradient; the [norm, output] unit is gathered after the last layer's copy-out (prefetched as
   a layer's) and reduce-scattered right after the head's backward, its pre-backward having
-  prefetched the last layer first (with pp 1; with pp > 1 the reduce-scatters wait for
+  prefetched the last layer first (with pp > 1 too; there the reduce-scatters wait for
   ``perform_reduce_grad``, the embedding's first and [norm, output]'s after the layers'). One
   root unit (tied at pp 1, Megatron): gathered before the embedding, reduced after the
   embedding's gradient.
@@ -769,10 +769,10 @@ def backward_unit(kind: str, chunk: ChunkCosts, comm: CommTimes, w: Workload, ov
     pieces = reduce_pieces(comm, n, last_grad_unit, ov.grad_reduce) if with_w else [0.0] * n
     gather_ = lambda i: s.comm("shard", "backward", "all-gather", f"fsdp AG L{i}", "layer") \
         if with_b and gather else None
-    # the head's own unit (torchtitan): its pre-backward prefetches the last layer before the
-    # head's backward runs, ahead of the head's reduce-scatter on the FSDP stream
-    # (pp 1: under pp the schedule runs the stage's units, modelled without this prefetch)
-    early = ov.fsdp_prefetch and chunk.head is not None and head_g == "root_head" and n > 0 and not deferred
+    # the head's own unit (torchtitan, every pp): its pre-backward prefetches the last layer
+    # before the head's backward runs (FSDP2's backward prefetch in post-forward order), ahead of
+    # the head's reduce-scatter on the FSDP stream
+    early = ov.fsdp_prefetch and chunk.head is not None and head_g == "root_head" and n > 0
     ag = gather_(n - 1) if early else None
     if chunk.head is not None and with_b and with_w and ov.tp_grad:
         _head_backward(s, chunk.head)

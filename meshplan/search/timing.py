@@ -24,7 +24,10 @@ It keeps only what the simulation (:mod:`meshplan.schedule.rank_timeline`, defau
   gathers only when it finds its chunk sharded and reduces once per step: those gathers are
   counted per gathering pass); the all-gather in each weight's gather dtype (float8 Linear
   weights under ``training.fp8_all_gather``); plus the embedding and the
-  head (and the loss collectives) where the chunk holds them;
+  head (and the loss collectives) where the chunk holds them; where [norm, output] is its own
+  unit (torchtitan's units) its pre-backward prefetches the last layer's all-gather, which then
+  runs beside the head's backward: a gathering backward of the head's stage counts its first
+  gather less the head's backward time;
 - FSDP2's **copies on the compute stream** (:func:`fsdp_copies`, :mod:`meshplan.comm.fsdp2`):
   a layer's copy-out after each all-gather its pass waits for (forward; backward with
   ``reshard_after_forward``) before the layer's compute, its copy-in before each reduce-scatter
@@ -371,18 +374,26 @@ def unit_bounds(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: dict)
     co, ci = col(np.where(lazy, 0.0, cp["out"])), col(np.where(lazy, 0.0, cp["in"]))
     co_p, ci_p = col(np.where(lazy, cp["out"], 0.0)), col(np.where(lazy, cp["in"], 0.0))
     cf_c, cb_c = cf + co, cb + co * keep + ci
+    head_b = st.last * (col(od["head_b"]) + post)
+    # torchtitan's [norm, output] unit (every pp): its pre-backward prefetches the last layer's
+    # all-gather before the head's backward runs (rank_timeline.backward_unit), so a gathering
+    # backward pass of the head's chunk exposes its first gather less the head's backward (taken
+    # off every gathering backward of the head's stage: never more than the simulation's)
+    hb = head_b * _head_unit_apart(cfg, c)
+    hb1 = hb * col((c.pp == 1) & (c.vpp == 1))  # pp 1: every backward of the head's chunk gathers (sync)
     out = {"f_core": np.maximum(np.maximum(ag + n * cf_c, n * ag + cf_c), n * cf_c + col(~lazy) * e_ag),
-           "b_core": np.maximum(ag_b + n * cb_c, n * ag_b + np.maximum(n - 2, 0) * rs * keep + cb_c),
+           "b_core": np.maximum(np.maximum(ag_b - hb1, 0.0) + n * cb_c,
+                                n * ag_b + np.maximum(n - 2, 0) * rs * keep + cb_c - hb1),
            "f_extra": np.maximum(piped * (np.maximum(ag_p + n * (cf + co_p), n * ag_p + cf + co_p) - n * cf),
                                  col(lazy) * e_ag + n * co_p),
-           "b_extra": np.maximum(piped * (np.maximum(ag_p + n * (cb + co_p), n * ag_p + cb + co_p) - n * cb),
-                                 n * co_p),
+           "b_extra": np.maximum(piped * (np.maximum(np.maximum(ag_p - hb, 0.0) + n * (cb + co_p),
+                                                     n * ag_p + cb + co_p - hb) - n * cb), n * co_p),
            "b_red": n * ci_p,
            "g_f": g_f, "g_b": g_b,
            "emb_f": st.first * (col(od["emb_f"]) + post + col(np.where(lazy, 0.0, cp["root_out"]))),
            "emb_b": st.first * (col(od["emb_bw"]) + col(np.where(lazy, 0.0, cp["root_in"]))),
            "head_f": st.last * (pre + col(od["head_f"]) + col(cm["loss"])),
-           "head_b": st.last * (col(od["head_b"]) + post), "p2p": col(cm["p2p"])}
+           "head_b": head_b, "p2p": col(cm["p2p"])}
     one = col(c.vpp) == 1
     b0 = out["b_core"] + out["emb_b"] + one * out["head_b"]
     out["end"], red = _stage_end(cfg, tt, c, st, s, cm)
@@ -402,6 +413,16 @@ def unit_bounds(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: dict)
     out["tail"] = np.maximum(np.maximum(one * out["head_b"] + ag_b + cb + red / col(c.vpp),
                                         one * out["head_b"] + out["b_core"] + fsdp_red) - b0 - root_in, 0.0)
     return out
+
+
+def _head_unit_apart(cfg: Config, c: Candidates) -> np.ndarray:
+    """(candidates, 1) 1 where the stage holding the output layer has [norm, output] as an FSDP
+    unit of its own (:func:`meshplan.comm.collectives._units`: torchtitan's units, but a tied
+    model at pp 1, one unit of both ends; a V's two chunk roots), else 0."""
+    t, m = cfg.training, cfg.model
+    titan = t.framework == "torch" and t.zero3_engine == "fsdp2"
+    apart = (c.pp > 1) | (c.vpp > 1) | np.bool_(not m.tied_embeddings)
+    return (np.bool_(titan) & apart | (c.vpp > 1))[:, None].astype(np.float64)
 
 
 def _expert_gathers(st: Stages, c: Candidates) -> np.ndarray:
