@@ -86,8 +86,15 @@ def test_bounds_hold_for_every_candidate(case):
 #: MoE no_sync_unsharded 0.976, 0.773 (for scale, the FSDP candidates of SMALL under sync:
 #: 0.989, 0.949), measured with the bound counting FSDP2's copies on the compute stream
 #: (search.timing.fsdp_copies). Without them: fp8 0.979, 0.925; no_sync 0.899, 0.803;
-#: no_sync_unsharded 0.980, 0.882; MoE 0.973, 0.771; sync 0.983, 0.924.
-TIGHT = {"fp8": (0.98, 0.93), "no_sync": (0.92, 0.85), "no_sync_unsharded": (0.975, 0.91),
+#: no_sync_unsharded 0.980, 0.882; MoE 0.973, 0.771; sync 0.983, 0.924. Since the [norm, output]
+#: unit's pre-backward prefetches the last layer at every pp and the bound takes the head's
+#: backward off that gather (search.timing.unit_bounds ``hb``): fp8 0.991, 0.920 (pp > 1: the
+#: simulation and the bound both lose up to min(gather, head backward) per gathering backward of
+#: the last stage, so the ratio falls), no_sync_unsharded 0.985, 0.908 (pp 1: its gathering
+#: backwards already ran the prefetch; the bound counted the whole gather, within slack; without
+#: the ``hb`` term the bound exceeds the simulated step on pp 4 x dp_shard 2 and pp 2 x cp 4
+#: candidates of these workloads: tests above).
+TIGHT = {"fp8": (0.98, 0.91), "no_sync": (0.92, 0.85), "no_sync_unsharded": (0.975, 0.90),
          "moe-no_sync_unsharded": (0.97, 0.76)}
 
 

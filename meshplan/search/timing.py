@@ -194,6 +194,10 @@ def comm_times(cfg: Config, tt: TimeTables, c: Candidates) -> dict[str, np.ndarr
     out["fsdp_ag"] = np.where(on, coll_times(tt, "all-gather", c.fsdp, _padded_unit(tt.tables, c, gather=True), c.tp),
                               0.0)
     out["fsdp_rs"] = np.where(on, coll_times(tt, "reduce-scatter", c.fsdp, unit * rd, c.tp), 0.0)
+    # the [norm, output] unit's reduce-scatter (unpadded elements: never above the table's; the
+    # output layer counted, a tied one being its own unit only under pp)
+    head = lookup([c.tp], lambda tp: {"n": sum(tt.tables.roots(tp)[1:3])}, ("n",))["n"]
+    out["head_rs"] = np.where(on, coll_times(tt, "reduce-scatter", c.fsdp, head * rd, c.tp), 0.0)
     # HSDP: the reduced shard all-reduced over dp_replicate (ranks dp_shard * cp * tp apart)
     out["hsdp_ar"] = np.where(c.sh == SHARDING.index("hsdp"),
                               coll_times(tt, "all-reduce", c.dpr, unit // c.fsdp * rd, c.dps * c.cp * c.tp), 0.0)
@@ -407,9 +411,12 @@ def unit_bounds(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: dict)
     # off every gathering backward of the head's stage: never more than the simulation's)
     hb = head_b * _head_unit_apart(cfg, c)
     hb1 = hb * col((c.pp == 1) & (c.vpp == 1))  # pp 1: every backward of the head's chunk gathers (sync)
+    # there the head's reduce-scatter, issued after its backward, runs on the FSDP stream between
+    # the last layer's prefetched all-gather and the next layer's (every micro-batch under sync)
+    h_rs = col(cm["head_rs"]) * (hb1 > 0) * keep * (n >= 2)
     out = {"f_core": np.maximum(np.maximum(ag + n * cf_c, n * ag + cf_c), n * cf_c + col(~lazy) * e_ag),
            "b_core": np.maximum(np.maximum(ag_b - hb1, 0.0) + n * cb_c + e_ci,
-                                n * ag_b + np.maximum(n - 2, 0) * rs * keep + cb_c - hb1),
+                                n * ag_b + np.maximum(n - 2, 0) * rs * keep + h_rs + cb_c - hb1),
            "f_extra": np.maximum(piped * (np.maximum(ag_p + n * (cf + co_p), n * ag_p + cf + co_p) - n * cf),
                                  col(lazy) * e_ag + n * co_p),
            "b_extra": np.maximum(piped * (np.maximum(np.maximum(ag_p - hb, 0.0) + n * (cb + co_p),
