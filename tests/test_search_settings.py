@@ -201,13 +201,25 @@ def test_bound_copies_are_the_tables():
     45,092,864 elements, no padding at 8): copy-out 2 x 2 B x 45,092,864 / 3.35e12 = 53.842 us,
     copy-in (2 + 4) B x 45,092,864 / 3.35e12 = 80.763 us; the root (embedding and output 32,000 x
     2,048, final norm 2,048: 131,074,048 elements, torchtitan's embedding and [norm, output]
-    units together) 156.506 us and 234.759 us; under fp8_all_gather
-    the Linear weights gather in 1 B: (45,088,768 + 2 x 4,096) x 2 / 3.35e12 = 26.924 us."""
+    units together) 156.506 us and 234.759 us; each end unit apart: the embedding (65,536,000
+    elements) 2 x 2 B x 65,536,000 / 3.35e12 = 78.252 us and 6 B x 65,536,000 / 3.35e12 = 117.378
+    us, [norm, output] (65,538,048) 78.254 us and 117.382 us; no experts; under fp8_all_gather
+    the Linear weights gather in 1 B: (45,088,768 + 2 x 4,096) x 2 / 3.35e12 = 26.924 us. At pp 2
+    (dp_shard 4) stage 0's embedding unit and stage 1's [norm, output] unit carry those copies in
+    the plan's table."""
+    ends = {"emb_out": 78.252, "emb_in": 117.378, "head_out": 78.254, "head_in": 117.382, "e_out": 0.0, "e_in": 0.0}
     for training, out in (({}, 53.842), ({"linear_dtype": "fp8", "fp8_all_gather": True}, 26.924)):
         cfg = config(training)
         c, i = _one(cfg, pp=1, dps=8, tp=1, sh=SHARDING.index("zero3"), mb=2)
         got = {k: round(float(v[0]) * 1e6, 3) for k, v in fsdp_copies(cfg, Tables(cfg), c.take([i])).items()}
-        assert got == {"out": out, "in": 80.763, "root_out": 156.506, "root_in": 234.759}
+        assert got == {"out": out, "in": 80.763, "root_out": 156.506, "root_in": 234.759, **ends}
+        c2, i2 = _one(cfg, pp=2, dps=4, tp=1, sh=SHARDING.index("zero3"), mb=2)
+        plan2 = build_plan(candidate_config(cfg, c2, i2))
+        for stage, unit, key in ((0, "per root (embedding)", "emb"), (1, "per root (norm/output)", "head")):
+            rows = {r.op: round(r.copy_s * 1e6, 3) for r in plan2.collectives[table_key(stage)]
+                    if r.cadence == unit and r.phase == ("forward" if r.op == "all-gather" else "backward")}
+            assert rows == pytest.approx({"all-gather": ends[f"{key}_out"], "reduce-scatter": ends[f"{key}_in"]},
+                                         abs=0.002)
         rows = build_plan(candidate_config(cfg, c, i)).collectives[table_key(0)]
         table: dict = {}
         for r in rows:  # torchtitan's two end units (embedding; norm and output) sum to the bound's root
