@@ -244,7 +244,8 @@ def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, reshard_after_forward: boo
     (``reshard_after_forward`` as the layers), ``[final_norm, output]`` when it holds them (never
     resharded after forward: FSDP2 would prefetch it at once for backward; torchtitan reshards it
     only under its policy "always", which meshplan does not plan), every layer, then the root (no
-    parameters left but learned positions). Tied embeddings (``spec.tied_embeddings``): on one
+    parameters left; learned positions, which torchtitan's models lack, are in the embedding's
+    unit). Tied embeddings (``spec.tied_embeddings``): on one
     module, embedding, final norm and output are one unit, never resharded after forward; split
     over pipeline stages (the last stage's output a copy, :mod:`meshplan.runtime.execution.pipelined_stage`)
     the first stage's embedding is its own unit, never resharded after forward either
@@ -267,14 +268,16 @@ def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, reshard_after_forward: boo
             continue
         fully_shard(block, **kw)
     kept = {**kw, "reshard_after_forward": False}
-    emb = [model.embedding] if hasattr(model, "embedding") else []
+    # learned positions (not in torchtitan) join the embedding's unit, as the plan counts them
+    # (ModelSpec.embedding_tensors); left in the root they were a unit of their own
+    emb = [getattr(model, k) for k in ("embedding", "position_embedding") if hasattr(model, k)]
     head = [getattr(model, k) for k in ("final_norm", "output") if hasattr(model, k)]
     tied = getattr(getattr(model, "spec", None), "tied_embeddings", False)
     if tied and emb and head:
         fully_shard(emb + head, **kept)
     else:
         if emb:
-            fully_shard(emb[0], **(kept if tied else kw))
+            fully_shard(emb if len(emb) > 1 else emb[0], **(kept if tied else kw))
         if head:
             fully_shard(head, **kept)
     kw.pop("reshard_after_forward")
