@@ -281,10 +281,12 @@ def test_per_layer_load_counts_pipelined_fsdp_rows():
     """pp 2 x dp_shard 16 on 4 DGX H100, Llama 3 8B, 2 micro-batches; stage 0 (layers 0-15 and
     the embedding) runs F0 F1 B0 B1. Under torch.distributed.pipelining FSDP2 counts per step
     (the table's per_step, per_microbatch 0): each layer unit gathered in F0, F1 (resharded after
-    forward) and B0 (kept after backward), reduce-scattered once; the embedding gathered once,
-    reduced once. The per-layer load spreads those calls over the step's 2 x 16 = 32 layer passes:
+    forward) and B0 (kept after backward), reduce-scattered once; the embedding, its own unit as
+    torchtitan wraps it at every pp, likewise: gathered in F0, F1 and B0, reduced once. The
+    per-layer load spreads those calls over the step's 2 x 16 = 32 layer passes:
     bf16 all-gathers 2 x 218,112,000 B x (32 + 16) / 32, fp32 reduce-scatters 4 x 218,112,000 B x
-    16 / 32, the embedding's 6 x 525,336,576 B / 32; a ring of 16 sends 15/16 of each; 7/8 of it on
+    16 / 32, the embedding's (2 x 3 + 4) x 525,336,576 B / 32 (6 x before, when it stayed in the
+    stage's root unit, gathered once: 975.4 MB, 143.5 MB below); a ring of 16 sends 15/16 of each; 7/8 of it on
     rank 0's NVLink, 1/8 through each node-0 NIC (8 members, 8 NICs), which also carries its pp
     group's sends: 33,554,432 B (b s h bf16) forward and backward, 2 per step each, 4/32 per pass.
     Before, the per-layer figure held only the pp sends (4,194,304 B per NIC)."""
@@ -295,14 +297,14 @@ def test_per_layer_load_counts_pipelined_fsdp_rows():
     dp = sorted((r.phase, r.op, r.size_bytes, r.per_microbatch, r.per_step) for r in p.collectives["stage 0"]
                 if r.axis == "dp_shard")
     emb = 128256 * 4096
-    assert dp == [("backward", "all-gather", 2 * LAYER_NUMEL, 0, 16),
+    assert dp == [("backward", "all-gather", 2 * LAYER_NUMEL, 0, 16), ("backward", "all-gather", 2 * emb, 0, 1),
                   ("backward", "reduce-scatter", 4 * LAYER_NUMEL, 0, 16), ("backward", "reduce-scatter", 4 * emb, 0, 1),
-                  ("forward", "all-gather", 2 * LAYER_NUMEL, 0, 32), ("forward", "all-gather", 2 * emb, 0, 1)]
+                  ("forward", "all-gather", 2 * LAYER_NUMEL, 0, 32), ("forward", "all-gather", 2 * emb, 0, 2)]
     loads = {e.edge: e for e in edge_loads(p, step_time(p))}
-    fsdp = 15 / 16 * (2 * LAYER_NUMEL * 48 / 32 + 4 * LAYER_NUMEL * 16 / 32 + 6 * emb / 32)
+    fsdp = 15 / 16 * (2 * LAYER_NUMEL * 48 / 32 + 4 * LAYER_NUMEL * 16 / 32 + (2 * 3 + 4) * emb / 32)
     pp_sends = 33_554_432 * 4 / 32
-    assert loads["rank 0 nvlink4"].per_layer_bytes == pytest.approx(7 / 8 * fsdp, rel=1e-12)  # 975.4 MB
+    assert loads["rank 0 nvlink4"].per_layer_bytes == pytest.approx(7 / 8 * fsdp, rel=1e-12)  # 1029.3 MB
     nics = [e for k, e in loads.items() if k.startswith("node 0 NIC")]
     assert len(nics) == 8
     for e in nics:
-        assert e.per_layer_bytes == pytest.approx(fsdp / 8 + pp_sends, rel=1e-12)  # 143.5 MB, was 4.19 MB
+        assert e.per_layer_bytes == pytest.approx(fsdp / 8 + pp_sends, rel=1e-12)  # 151.2 MB, was 4.19 MB

@@ -9,8 +9,10 @@ Counts below are derived by hand from the 1F1B order (torch's Schedule1F1B, p 2)
 stage 0 runs F0 F1 B0 B1 (one warm-up forward), stage 1 F0 B0 F1 B1. With
 reshard_after_forward true a layer unit is gathered whenever a pass finds it sharded, and
 stays gathered after a backward (gradient sync off until the run's last): stage 0 gathers
-F0, F1, B0 (2 forward + 1 backward per run), stage 1 F0, B0, B1 (1 + 2); the root is never
-resharded after forward: 1 forward gather per run. One reduce-scatter per unit per run.
+F0, F1, B0 (2 forward + 1 backward per run), stage 1 F0, B0, B1 (1 + 2); so is stage 0's
+embedding, its own unit resharded as the layers (torchtitan's units at every pp); stage 1's
+[norm, output] is never resharded after forward: 1 forward gather per run. One reduce-scatter
+per unit per run.
 """
 
 import dataclasses
@@ -52,10 +54,14 @@ def test_table_counts_every_run_by_hand():
     assert s0[("every layer", "backward", "all-gather")] == 2 * 1 * layers
     assert s1[("every layer", "forward", "all-gather")] == 2 * 1 * layers
     assert s1[("every layer", "backward", "all-gather")] == 2 * 2 * layers
-    for s in (s0, s1):
+    ends = {0: {("per root (embedding)", "forward", "all-gather"): 2 * 2,
+                ("per root (embedding)", "backward", "all-gather"): 2 * 1,
+                ("per root (embedding)", "backward", "reduce-scatter"): 2},
+            1: {("per root (norm/output)", "forward", "all-gather"): 2,
+                ("per root (norm/output)", "backward", "reduce-scatter"): 2}}
+    for k, s in enumerate((s0, s1)):
         assert s[("every layer", "backward", "reduce-scatter")] == 2
-        root = [k for k in s if k[0].startswith("per root")]
-        assert {k[1:]: s[k] for k in root} == {("forward", "all-gather"): 2, ("backward", "reduce-scatter"): 2}
+        assert {key: s[key] for key in s if key[0].startswith("per root")} == ends[k]
     # one schedule of 4 (Megatron's way, runs 1): stage 0 F0 F1 B0 F2 B1 F3 B2 B3 gathers in F0 F1
     # (F2 and F3 find the unit left gathered by B0 and B1) and in B0 B1 B2; one reduce-scatter
     one = fsdp_counts(plan_of(runs=1), 0)
@@ -145,7 +151,8 @@ def test_validate_two_schedule_runs_match_the_plan(tmp_path):
     assert plan["mesh"]["micro_batches"] == 4 and plan["input"]["training"]["pp_schedule_runs"] == 2
     # by hand (module docstring; 2 layers per stage, ranks 0-1 stage 0, 2-3 stage 1): layer units
     # gathered 2 x 2 x 2 forward and 2 x 1 x 2 backward on stage 0, the reverse on stage 1, reduced
-    # once per run; each stage's root (embedding / norm and output) gathered and reduced once per run
+    # once per run; stage 0's embedding unit (torchtitan's, resharded as the layers) gathered 2 x 2
+    # forward and 2 x 1 backward, stage 1's [norm, output] once per run; each reduced once per run
     fsdp = {(row["phase"], row["op"], row["size_bytes"] == max(r["size_bytes"] for r in comp["collectives"]
                                                                if r["axis"] == "dp_shard")):
             [row[f"rank{k}"] for k in range(4)] for row in comp["collectives"] if row["axis"] == "dp_shard"
@@ -155,7 +162,7 @@ def test_validate_two_schedule_runs_match_the_plan(tmp_path):
     assert fsdp[("backward", "reduce-scatter", True)] == [4, 4, 4, 4]
     roots = sorted([row[f"rank{k}"] for k in range(4)] for row in comp["collectives"]
                    if row["axis"] == "dp_shard" and row["size_bytes"] < 1e6)
-    assert roots == [[0, 0, 2, 2], [0, 0, 2, 2], [2, 2, 0, 0], [2, 2, 0, 0]]
+    assert roots == [[0, 0, 2, 2], [0, 0, 2, 2], [2, 2, 0, 0], [2, 2, 0, 0], [4, 4, 0, 0]]
     for row in comp["collectives"]:
         if row["phase"] != "schedule-setup":
             assert [row[f"rank{k}"] for k in range(4)] == [row[f"meshplan_rank{k}"] for k in range(4)], row

@@ -89,14 +89,25 @@ def test_timeline_issues_the_collectives_the_table_counts(schedule, vpp, shardin
     per (kind, group, phase, op) equal the table's per-step counts. Before this fix a
     reshard_after_forward = false stage re-gathered every layer in every micro-batch (here 4
     layer gathers x m 4 = 16 per stage for the table's 2 + 1 root) and reduce-scattered every
-    micro-batch where PipelineStage reduces once per step."""
+    micro-batch where PipelineStage reduces once per step. The ends are torchtitan's units at
+    pp 2 too: the embedding's on stage 0 (gathered again in backward when resharded, as chunk
+    0's layers), [norm, output] on the stage holding the last chunk (once per step)."""
     # DualPipeV needs m >= 2 pp: 4 micro-batches also with hsdp's dp 4
     batch = {"global_batch": 16} if schedule == "dualpipev" and sharding == "hsdp" else {}
     plan = plan_of(_mesh(sharding, schedule, vpp), sharding=sharding, reshard_after_forward=reshard, **batch)
     st = step_time(plan)
     for s in range(2):
         assert timeline_counts(st, s) == table_counts(plan, s), (s, table_counts(plan, s))
-    if sharding in ("zero3", "hsdp") and not reshard and vpp == 1:  # once per step: 2 layers + root
+    if sharding in ("zero3", "hsdp"):  # torchtitan's end units at pp 2, not one root unit per stage
+        head = 0 if schedule in ("zbv", "dualpipev") else 1  # a V's stage 0 holds the last chunk
+        counts = table_counts(plan, 0) + table_counts(plan, 1)
+        assert table_counts(plan, 0)[("shard", "root_embed", "forward", "all-gather")] >= 1
+        assert table_counts(plan, head)[("shard", "root_head", "forward", "all-gather")] == 1
+        assert table_counts(plan, 0)[("shard", "root_embed", "backward", "all-gather")] == \
+            (reshard and sum(g for (c, k, _), g in fsdp_gather_flags(schedule, 2, plan.micro_batches, vpp, 0, True).items()
+                             if c == 0 and k == "B"))
+        assert not any(k[1] == "root" for k in counts), counts
+    if sharding in ("zero3", "hsdp") and not reshard and vpp == 1:  # once per step: 2 layers + the end unit
         assert table_counts(plan, 0)[("shard", "layer", "forward", "all-gather")] == 2
         assert table_counts(plan, 0)[("shard", "layer", "backward", "all-gather")] == 0
 

@@ -43,6 +43,11 @@ CASES = {
     "full recompute tp2": (TINY, ("dp_shard", "tp"), (4, 2), False, dict(FP32, recompute="full"), {}, 2),
     "uneven shards dp_shard3 x tp2": (TINY, ("dp_shard", "tp"), (3, 2), True, FP32, {"global_batch": 6}, 4),
     "tied tp2+SP": (TINY.model_copy(update=dict(tied_embeddings=True)), ("dp_shard", "tp"), (4, 2), True, FP32, {}, 3),
+    # learned positions share the embedding's unit: (256 + 64) x 64 x 4 B = 81,920 B gathered, not
+    # 65,536 B and a 16,384 B root of their own (as the runtime wrapped them before)
+    "learned positions dp_shard4": (TINY.model_copy(update=dict(position_embedding="learned", max_position=64,
+                                                                 gated_mlp=False, norm="layernorm", kv_heads=4)),
+                                    ("dp_shard",), (4,), False, FP32, {}, 1),
     "64 ranks dp_shard8 x tp8+SP h8192 bf16": (WIDE, ("dp_shard", "tp"), (8, 8), True, MP,
                                                {"global_batch": 64, "seq_len": 64}, 29),
     "64 ranks HSDP 2x4 x tp8 h8192 bf16": (WIDE, ("dp_replicate", "dp_shard", "tp"), (2, 4, 8), False, MP,

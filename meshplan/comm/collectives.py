@@ -41,8 +41,10 @@ Conventions, matched op by op against what torch 2.13 issues for DTensor TP/SP a
   torchtitan's per-layer AC (``recompute = "layer"``) does so in its checkpointed layers
   (``TrainingSpec.layer_recomputed``); its op-level AC is planned with tp = cp = ep = 1 only.
 - FSDP2 (zero3, hsdp): one unit per transformer layer and the ends as torchtitan wraps them
-  (``TrainingSpec.torchtitan_units``: the embedding, and [final norm, output], on the stages
-  that hold them; tied embeddings, Megatron and DeepSpeed: one root unit of both). Each unit is
+  (``TrainingSpec.torchtitan_units``: the embedding on the stage holding it, chunk 0 of stage
+  0, and [final norm, output] on the stage holding the last chunk, at every pp and vpp; tied
+  embeddings at pp 1, Megatron and DeepSpeed: one root unit of both ends; tied under pp: the
+  embedding's unit kept gathered, the last stage's [norm, output] with its output copy). Each unit is
   all-gathered in forward, again in backward when ``reshard_after_forward`` (never for the
   unit holding the output layer, which FSDP2 keeps gathered), and its gradients
   reduce-scattered in backward, every micro-batch. FSDP2 pads dim 0 of each
@@ -654,24 +656,29 @@ def _units(c: _Ctx, shards: dict[str, int]) -> list[tuple[str, str, int, int, in
     v = padded_vocab(m.vocab, t.vocab_pad_divisor, tp)
     emb = m.embedding_tensors(v) if c.first else []
     head = [x for x in (m.head_tensors(v) if c.last else []) if not (x.tied and c.first)]
-    tied = any(x.tied for x in m.head_tensors(v)) if c.first and c.last else False
-    if c.first and c.last and (c.vpp > 1 or (t.torchtitan_units and not tied and mesh.degree("pp") == 1)):
-        # a V (the embedding's chunk and the output layer's, two FSDP roots), or torchtitan's
-        # units (the embedding, and [norm, output]; TrainingSpec.torchtitan_units)
+    one_module = c.first and c.last and c.vpp == 1  # pp 1: both ends in one chunk module
+    if one_module and (m.tied_embeddings or not t.torchtitan_units):
+        # tied (torchtitan: one unit of the three), or Megatron and DeepSpeed: one root unit
+        out.append(unit("root (embedding/norm/output)", "fsdp", emb + head, 0))
+    elif t.torchtitan_units or c.first and c.last:
+        # torchtitan's units at every pp (TrainingSpec.torchtitan_units): the embedding on the
+        # stage holding it (chunk 0), [norm, output] on the stage holding them (its last chunk);
+        # otherwise a V, whose stage 0 holds both in two chunk modules (two FSDP roots)
         out += [unit("root (embedding)", "fsdp", emb, 0), unit("root (norm/output)", "fsdp", head, c.vpp - 1)]
     else:
         out.append(unit("root (embedding/norm/output)", "fsdp", emb + head, 0 if c.first else c.vpp - 1))
     return [u for u in out if u[2] > 0]
 
 
-def kept_gathered(label: str, t) -> bool:
+def kept_gathered(label: str, t, tied: bool = False) -> bool:
     """Whether the FSDP unit ``label`` stays gathered from its forward to its backward
     whatever ``reshard_after_forward`` says: the root, or under torchtitan's units
     (:attr:`~meshplan.spec.training.TrainingSpec.torchtitan_units`) the unit holding the
-    output layer (the embedding's own unit reshards as a layer)."""
+    output layer; the embedding's own unit reshards as a layer unless ``tied`` (torchtitan's
+    tied branch never reshards the ends after forward, on the first pipeline stage too)."""
     if not label.startswith("root"):
         return False
-    return not t.torchtitan_units or label != "root (embedding)"
+    return not t.torchtitan_units or label != "root (embedding)" or tied
 
 
 def _dp_rows(add, c: _Ctx) -> None:
@@ -694,7 +701,7 @@ def _dp_rows(add, c: _Ctx) -> None:
         pipelined = mesh.degree("pp") > 1
         units = _units(c, shards)
         for (label, axis, numel, gbytes, fp8), n in Counter(u[:3] + u[4:] for u in units).items():
-            root = kept_gathered(label, t) or (pipelined and label.startswith("root"))  # pp > 1: one root
+            root = kept_gathered(label, t, c.model.tied_embeddings)
             cadence = f"per {label}" if label.startswith("root") else f"every {label}"
             gdt = ag if not fp8 else "uint8" if gbytes != numel else "fp8"  # FSDP2: mixed dtypes in a byte buffer
             per_step = _pipelined_gathers(c, root, [u[3] for u in units if u[:3] == (label, axis, numel)]) \

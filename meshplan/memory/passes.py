@@ -9,12 +9,14 @@ timeline repeats it (run-length, not millions of events).
 Conventions (bytes on one rank; sizes from :mod:`meshplan.memory.sizes`):
 
 FSDP units (zero3/hsdp, shard degree > 1) follow FSDP2 (torch ``fully_shard``,
-``_fsdp_param_group.py``): one unit per layer, and the chunk's root unit, which holds the
-embedding and the head (final norm, output) of the stage and is never resharded after
-forward; on a one-stage pipeline both are one unit (``root``). Under torchtitan's units
-(:attr:`~meshplan.spec.training.TrainingSpec.torchtitan_units`, untied) the embedding
-(``embedding``) and the head (``head``) are two units, the embedding resharded after forward
-as the layers are (``embedding_reshards``) and gathered again before its backward; as
+``_fsdp_param_group.py``): one unit per layer, the embedding (``embedding``, the first
+stage's chunk 0) and the head (``head``: final norm, output; the last chunk of the stage
+holding it), the head never resharded after forward; on a one-chunk one-stage pipeline
+Megatron, DeepSpeed and a tied model keep both ends in one root unit (``root``), never
+resharded. Under torchtitan's units
+(:attr:`~meshplan.spec.training.TrainingSpec.torchtitan_units`, untied) the embedding is
+resharded after forward as the layers are (``embedding_reshards``, at every pp) and gathered
+again before its backward; as
 :func:`meshplan.runtime.execution.parallelize.apply_fsdp` wraps them and
 :mod:`meshplan.comm.collectives` counts them. Unsharding a unit allocates its all-gather output
 and then copies it out into the unsharded parameters (``gathered_params``, twice the

@@ -41,7 +41,9 @@ output on the last stage, the output counted as in :mod:`meshplan.memory.state`)
 stage that holds both in one chunk (pp 1) they are one unit, FSDP2's root (``root``;
 :mod:`meshplan.memory.passes`), except under torchtitan's units
 (:attr:`~meshplan.spec.training.TrainingSpec.torchtitan_units`, untied): the embedding and the
-head apart, the embedding resharded after forward as the layers are (``embedding_reshards``).
+head apart, the embedding resharded after forward as the layers are (``embedding_reshards``,
+at every pp; tied under pp the first stage's embedding stays gathered, as torchtitan's tied
+branch wraps it).
 Gathered bytes are the tp-local unsharded elements in the compute dtype (FSDP2
 ``MixedPrecisionPolicy(param_dtype)``); the reduce-scatter input is in the reduce dtype.
 The sharded gradients of :func:`~meshplan.memory.state.state_bytes` are split over the
@@ -385,7 +387,7 @@ def stage_sizes(model: ModelSpec, training: TrainingSpec, mesh: Mesh, stages, st
         embedding_grad_extra=hs["embedding_grad_extra"] if k == 0 and fsdp else 0, fsdp=fsdp,
         reshard_after_forward=training.reshard_after_forward,
         fsdp_reduce=opts.fsdp_reduce_for(training, mesh.degree("pp")),
-        embedding_reshards=training.torchtitan_units and training.reshard_after_forward and len(stages) == 1,
+        embedding_reshards=training.torchtitan_units and training.reshard_after_forward and not model.tied_embeddings,
         reshard_after_backward=training.grad_accumulation == "no_sync",
         reduce_deferred=mesh.degree("pp") > 1,
         prefetch=opts.prefetch_layers, forward_prefetch=opts.forward_prefetch_layers, bucket=bucket,

@@ -44,13 +44,15 @@ frameworks issue them:
   finds its chunk sharded (:func:`meshplan.comm.collectives.fsdp_gather_flags`: with
   ``reshard_after_forward = false`` once per step and chunk) and reduces only on the chunk's
   last gradient unit (``PipelineStage`` turns gradient sync off for every other backward).
-  The ends (torchtitan's units, ``TrainingSpec.torchtitan_units``): the embedding's unit is
-  gathered before the embedding (and, resharded, again after the first layer's backward
-  copy-out, FSDP2's backward prefetch) and reduce-scattered after its gradient; the [norm,
-  output] unit is gathered after the last layer's copy-out (prefetched as a layer's) and
-  reduce-scattered right after the head's backward, its pre-backward having prefetched the
-  last layer first. One root unit (tied, Megatron): gathered before the embedding, reduced
-  after the embedding's gradient.
+  The ends (torchtitan's units, ``TrainingSpec.torchtitan_units``, at every pp): the
+  embedding's unit is gathered before the embedding (and, resharded, again after the first
+  layer's backward copy-out, FSDP2's backward prefetch) and reduce-scattered after its
+  gradient; the [norm, output] unit is gathered after the last layer's copy-out (prefetched as
+  a layer's) and reduce-scattered right after the head's backward, its pre-backward having
+  prefetched the last layer first (with pp > 1 too; there the reduce-scatters wait for
+  ``perform_reduce_grad``, the embedding's first and [norm, output]'s after the layers'). One
+  root unit (tied at pp 1, Megatron): gathered before the embedding, reduced after the
+  embedding's gradient.
   DeepSpeed ZeRO-3 of 2021 (``training.zero3_engine``): a layer's gather (reduce-scatter) is
   the sum of its per-parameter calls (:mod:`meshplan.comm.deepspeed`), placed as one unit's;
   their host time (partition views, list copies issued) runs on the compute stream at the
@@ -783,15 +785,16 @@ def backward_unit(kind: str, chunk: ChunkCosts, comm: CommTimes, w: Workload, ov
     emb_g, head_g = _root_groups(comm)
     # the embedding's own unit, resharded after forward (torchtitan), is gathered again
     embed_ag = (lambda: s.comm("shard", "backward", "all-gather", f"fsdp AG {emb_g}", emb_g)) \
-        if chunk.embed is not None and emb_g == "root_embed" and with_b and gather else None
+        if chunk.embed is not None and ("shard", emb_g, "backward", "all-gather") in comm.t and with_b and gather \
+        else None
     emb_ev = None
     pieces = reduce_pieces(comm, n, last_grad_unit, ov.grad_reduce) if with_w else [0.0] * n
     gather_ = lambda i: s.comm("shard", "backward", "all-gather", f"fsdp AG L{i}", "layer") \
         if with_b and gather else None
-    # the head's own unit (torchtitan): its pre-backward prefetches the last layer before the
-    # head's backward runs, ahead of the head's reduce-scatter on the FSDP stream
-    # (pp 1: under pp the schedule runs the stage's units, modelled without this prefetch)
-    early = ov.fsdp_prefetch and chunk.head is not None and head_g == "root_head" and n > 0 and not deferred
+    # the head's own unit (torchtitan, every pp): its pre-backward prefetches the last layer
+    # before the head's backward runs (FSDP2's backward prefetch in post-forward order), ahead of
+    # the head's reduce-scatter on the FSDP stream
+    early = ov.fsdp_prefetch and chunk.head is not None and head_g == "root_head" and n > 0
     ag = gather_(n - 1) if early else None
     if chunk.head is not None and with_b and with_w and ov.tp_grad:
         _head_backward(s, chunk.head)
@@ -851,17 +854,22 @@ def backward_unit(kind: str, chunk: ChunkCosts, comm: CommTimes, w: Workload, ov
 
 def _perform_reduce_grad(s: _Sim, chunk: ChunkCosts, tail: bool) -> None:
     """torch ``PipelineStage.perform_reduce_grad`` after a chunk's last backward: each FSDP
-    unit's ``post_backward`` in FSDP's state order (the root, then the layers in forward order):
+    unit's ``post_backward`` in FSDP's state order (module order: the one root unit or the
+    embedding's, the layers in forward order, then the [norm, output] unit):
     its copy-in on the compute stream, then its reduce-scatter (and HSDP all-reduce) on their
     stream; the compute stream waits for them all (``_root_post_backward_final_callback``):
     within the unit, or after it (``tail``: events past its compute end, the unit's tail)."""
     emb_g, head_g = _root_groups(s.c)
-    ends = [g for g, here in ((emb_g, chunk.embed is not None), (head_g, chunk.head is not None)) if here]
-    names = [(g, g) for g in dict.fromkeys(ends)]  # the root unit(s) this chunk holds, once each
+    # FSDP's states in module order: one root unit first; the embedding's own unit first and
+    # [norm, output]'s last (torchtitan's units)
+    first = emb_g if chunk.embed is not None else head_g if chunk.head is not None and head_g == "root" else None
+    names = [(first, first)] if first is not None else []
     for i, moe in enumerate(chunk.moe):
         names.append((f"L{i}", "layer"))
         if moe:
             names.append((f"L{i} experts", "expert"))
+    if chunk.head is not None and head_g != "root":
+        names.append((head_g, head_g))
     done, prev = [], s.last
     for name, group in names:
         if copy_in := s.c.copies.get((group, "reduce-scatter"), 0.0):

@@ -241,9 +241,10 @@ def units(cfg: Config, tables: Tables, c: Candidates, st: Stages) -> dict:
     emb, head = col(rt["emb"]) * act_d * comp, (col(rt["norm"]) + out_on) * act_d * comp
     # torchtitan's units (TrainingSpec.torchtitan_units, untied): the embedding and [norm,
     # output] are two units even at pp 1, the embedding resharded after forward with the layers
+    # at every pp (tied: one unit at pp 1; under pp the first stage's embedding kept gathered)
     titan = t.framework == "torch" and t.zero3_engine == "fsdp2" and not m.tied_embeddings
     root = np.broadcast_to(((c.pp == 1) & (c.vpp == 1) & (not titan))[:, None], st.n.shape)
-    emb_kept = col(np.broadcast_to(not titan, c.rf.shape) | (c.rf == 0) | (c.pp > 1))
+    emb_kept = col(np.broadcast_to(not titan, c.rf.shape) | (c.rf == 0))
     # all-gather outputs and their copies in the gather dtype (float8 Linear weights under
     # fp8_all_gather: sizes.units' ``gathered``); gradients and reduce inputs by elements
     dg = lookup([c.tp, c.ep, c.etp, z], tables.layer, ("dense_gather", "expert_gather"))

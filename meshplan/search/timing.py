@@ -24,14 +24,19 @@ It keeps only what the simulation (:mod:`meshplan.schedule.rank_timeline`, defau
   gathers only when it finds its chunk sharded and reduces once per step: those gathers are
   counted per gathering pass); the all-gather in each weight's gather dtype (float8 Linear
   weights under ``training.fp8_all_gather``); plus the embedding and the
-  head (and the loss collectives) where the chunk holds them;
+  head (and the loss collectives) where the chunk holds them; where [norm, output] is its own
+  unit (torchtitan's units) its pre-backward prefetches the last layer's all-gather, which then
+  runs beside the head's backward: a gathering backward of the head's stage counts its first
+  gather less the head's backward time;
 - FSDP2's **copies on the compute stream** (:func:`fsdp_copies`, :mod:`meshplan.comm.fsdp2`):
   a layer's copy-out after each all-gather its pass waits for (forward; backward with
   ``reshard_after_forward``) before the layer's compute, its copy-in before each reduce-scatter
   after it (every backward with pp 1 under ``sync``, else the chunk's last gradient unit); with
   pp 1 the root unit's copy-out before the embedding (every forward under ``sync``, else
   the forwards that gather it) and copy-in after its gradient (every backward under ``sync``,
-  else once); each counted as compute time serial with the chain;
+  else once); with pp > 1 each end unit's copy-out and copy-in once per step on the stage
+  holding it; a MoE layer's routed experts' copy-in (their own unit over efsdp > 1) after each
+  backward that reduces them; each counted as compute time serial with the chain;
 - the **pipeline**: stage k cannot start before micro-batch 0 went forward through stages
   0..k-1 (each unit + one p2p send), runs all its units one after another, and stage 0
   cannot end before micro-batch m-1's gradient came back through stages k-1..0; the
@@ -189,6 +194,10 @@ def comm_times(cfg: Config, tt: TimeTables, c: Candidates) -> dict[str, np.ndarr
     out["fsdp_ag"] = np.where(on, coll_times(tt, "all-gather", c.fsdp, _padded_unit(tt.tables, c, gather=True), c.tp),
                               0.0)
     out["fsdp_rs"] = np.where(on, coll_times(tt, "reduce-scatter", c.fsdp, unit * rd, c.tp), 0.0)
+    # the [norm, output] unit's reduce-scatter (unpadded elements: never above the table's; the
+    # output layer counted, a tied one being its own unit only under pp)
+    head = lookup([c.tp], lambda tp: {"n": sum(tt.tables.roots(tp)[1:3])}, ("n",))["n"]
+    out["head_rs"] = np.where(on, coll_times(tt, "reduce-scatter", c.fsdp, head * rd, c.tp), 0.0)
     # HSDP: the reduced shard all-reduced over dp_replicate (ranks dp_shard * cp * tp apart)
     out["hsdp_ar"] = np.where(c.sh == SHARDING.index("hsdp"),
                               coll_times(tt, "all-reduce", c.dpr, unit // c.fsdp * rd, c.dps * c.cp * c.tp), 0.0)
@@ -230,7 +239,12 @@ def fsdp_copies(cfg: Config, tables: Tables, c: Candidates) -> dict[str, np.ndar
     and copy-in (its padded elements x (gradient + reduce dtype bytes)), of the smaller layer
     kind (the dense layer, a MoE layer's non-expert part; the routed experts' own unit left out);
     ``root_out``, ``root_in`` the same of pp 1's one root unit (embedding, final norm, output
-    layer unless tied; without dim-0 padding, so never above the table's). 0 where the
+    layer unless tied; without dim-0 padding, so never above the table's); ``emb_out``,
+    ``emb_in``, ``head_out``, ``head_in`` of the end units apart (torchtitan's embedding and
+    [norm, output] units; the output layer counted, a tied one being the last stage's own copy
+    under pp); ``e_out``, ``e_in`` of a MoE layer's routed experts, their own unit over efsdp
+    (unpadded; 0 where efsdp is 1). Llama 3 8B's embedding in bf16 (525,336,576 elements): copy-out
+    2 x 1.051 GB, copy-in 525,336,576 x (2 + 4) B, at Triad 2.97 TB/s. 0 where the
     candidate has no FSDP2 unit over more than one rank (no zero3 or hsdp, dp_shard x cp 1, or
     zero3 under DeepSpeed's 2021 engine: its list copies are in its collectives' time).
 
@@ -243,7 +257,9 @@ def fsdp_copies(cfg: Config, tables: Tables, c: Candidates) -> dict[str, np.ndar
     >>> c = enumerate_candidates(cfg)
     >>> i = int(np.flatnonzero((c.fsdp == 8) & (c.tp == 1) & (c.sh == SHARDING.index("zero3")))[0])
     >>> {k: round(float(v[0]) * 1e6, 1) for k, v in fsdp_copies(cfg, Tables(cfg), c.take([i])).items()}
-    {'out': 293.8, 'in': 440.6, 'root_out': 1415.1, 'root_in': 2122.6}
+    ... # doctest: +NORMALIZE_WHITESPACE
+    {'out': 293.8, 'in': 440.6, 'root_out': 1415.1, 'root_in': 2122.6, 'emb_out': 707.5, 'emb_in': 1061.3,
+     'head_out': 707.5, 'head_in': 1061.3, 'e_out': 0.0, 'e_in': 0.0}
     """
     m, t, gpu = cfg.model, cfg.training, cfg.cluster.gpu
     data, hbm = kernel_data(gpu.name), gpu.hbm_bandwidth_bytes_per_s
@@ -263,14 +279,27 @@ def fsdp_copies(cfg: Config, tables: Tables, c: Candidates) -> dict[str, np.ndar
         emb, norm, out = tables.roots(tp)[:3]
         g = tables.roots_gather(tp)
         tied = m.tied_embeddings
-        return {"root_out": fsdp2.copy_out_seconds(g["emb"] + g["norm"] + (0 if tied else g["out"]), data, hbm),
-                "root_in": fsdp2.copy_in_seconds(emb + norm + (0 if tied else out), grad_b, red_b, data, hbm)}
+        out_of = lambda gathered, numel: {"out": fsdp2.copy_out_seconds(gathered, data, hbm),
+                                          "in": fsdp2.copy_in_seconds(numel, grad_b, red_b, data, hbm)}
+        one, e, h = out_of(g["emb"] + g["norm"] + (0 if tied else g["out"]), emb + norm + (0 if tied else out)), \
+            out_of(g["emb"], emb), out_of(g["norm"] + g["out"], norm + out)  # under pp the head holds its own copy
+        return {"root_out": one["out"], "root_in": one["in"], "emb_out": e["out"], "emb_in": e["in"],
+                "head_out": h["out"], "head_in": h["in"]}
 
-    on = ((c.sh == SHARDING.index("hsdp")) | ((c.sh == SHARDING.index("zero3")) & (t.zero3_engine == "fsdp2"))) \
-        & (c.fsdp > 1)
+    def experts(tp: int, ep: int, etp: int) -> dict[str, float]:
+        # a MoE layer's routed experts, their own unit over efsdp: unpadded elements (the table
+        # pads each expert tensor on the dim it shards, so never more than its bytes)
+        ts = [x for x in tables.layer(tp, ep, etp, 1).tensors if x[2]] if m.is_moe else []
+        return {"e_out": fsdp2.copy_out_seconds(sum(n * gb for _, n, _, gb, _ in ts), data, hbm),
+                "e_in": fsdp2.copy_in_seconds(sum(n for _, n, *_ in ts), grad_b, red_b, data, hbm)}
+
+    fsdp2_on = (c.sh == SHARDING.index("hsdp")) | ((c.sh == SHARDING.index("zero3")) & (t.zero3_engine == "fsdp2"))
+    on = fsdp2_on & (c.fsdp > 1)
     lay = lookup([c.tp, c.ep, c.etp, c.fsdp], layer, ("out", "in"), dtype=np.float64)
-    rt = lookup([c.tp], root, ("root_out", "root_in"), dtype=np.float64)
-    return {k: np.where(on, v, 0.0) for k, v in {**lay, **rt}.items()}
+    rt = lookup([c.tp], root, ("root_out", "root_in", "emb_out", "emb_in", "head_out", "head_in"), dtype=np.float64)
+    ex = lookup([c.tp, c.ep, c.etp], experts, ("e_out", "e_in"), dtype=np.float64)
+    return {**{k: np.where(on, v, 0.0) for k, v in {**lay, **rt}.items()},
+            **{k: np.where(fsdp2_on & (c.efsdp > 1), v, 0.0) for k, v in ex.items()}}
 
 
 def layer_ops(cfg: Config, tt: TimeTables, c: Candidates, moe: bool) -> dict[str, np.ndarray]:
@@ -369,19 +398,34 @@ def unit_bounds(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: dict)
     cp = fsdp_copies(cfg, tt.tables, c)
     co, ci = col(np.where(lazy, 0.0, cp["out"])), col(np.where(lazy, 0.0, cp["in"]))
     co_p, ci_p = col(np.where(lazy, cp["out"], 0.0)), col(np.where(lazy, cp["in"], 0.0))
+    # the routed experts' own unit (efsdp > 1): its copy-in after each MoE layer's backward that
+    # reduces (rank_timeline._reduce, _perform_reduce_grad), in the chunk with the fewest of them
+    moe_n = _expert_gathers(st, c) if m.is_moe else 0
+    e_ci, e_ci_p = moe_n * col(np.where(lazy, 0.0, cp["e_in"])), moe_n * col(np.where(lazy, cp["e_in"], 0.0))
     cf_c, cb_c = cf + co, cb + co * keep + ci
+    head_b = st.last * (col(od["head_b"]) + post)
+    # torchtitan's [norm, output] unit (every pp): its pre-backward prefetches the last layer's
+    # all-gather before the head's backward runs (rank_timeline.backward_unit), so a gathering
+    # backward pass of the head's chunk exposes its first gather less the head's backward (taken
+    # off every gathering backward of the head's stage: never more than the simulation's)
+    hb = head_b * _head_unit_apart(cfg, c)
+    hb1 = hb * col((c.pp == 1) & (c.vpp == 1))  # pp 1: every backward of the head's chunk gathers (sync)
+    # there the head's reduce-scatter, issued after its backward, runs on the FSDP stream between
+    # the last layer's prefetched all-gather and the next layer's (every micro-batch under sync)
+    h_rs = col(cm["head_rs"]) * (hb1 > 0) * keep * (n >= 2)
     out = {"f_core": np.maximum(np.maximum(ag + n * cf_c, n * ag + cf_c), n * cf_c + col(~lazy) * e_ag),
-           "b_core": np.maximum(ag_b + n * cb_c, n * ag_b + np.maximum(n - 2, 0) * rs * keep + cb_c),
+           "b_core": np.maximum(np.maximum(ag_b - hb1, 0.0) + n * cb_c + e_ci,
+                                n * ag_b + np.maximum(n - 2, 0) * rs * keep + h_rs + cb_c - hb1),
            "f_extra": np.maximum(piped * (np.maximum(ag_p + n * (cf + co_p), n * ag_p + cf + co_p) - n * cf),
                                  col(lazy) * e_ag + n * co_p),
-           "b_extra": np.maximum(piped * (np.maximum(ag_p + n * (cb + co_p), n * ag_p + cb + co_p) - n * cb),
-                                 n * co_p),
-           "b_red": n * ci_p,
+           "b_extra": np.maximum(piped * (np.maximum(np.maximum(ag_p - hb, 0.0) + n * (cb + co_p),
+                                                     n * ag_p + cb + co_p - hb) - n * cb), n * co_p),
+           "b_red": n * ci_p + e_ci_p,
            "g_f": g_f, "g_b": g_b,
            "emb_f": st.first * (col(od["emb_f"]) + post + col(np.where(lazy, 0.0, cp["root_out"]))),
            "emb_b": st.first * (col(od["emb_bw"]) + col(np.where(lazy, 0.0, cp["root_in"]))),
            "head_f": st.last * (pre + col(od["head_f"]) + col(cm["loss"])),
-           "head_b": st.last * (col(od["head_b"]) + post), "p2p": col(cm["p2p"])}
+           "head_b": head_b, "p2p": col(cm["p2p"])}
     one = col(c.vpp) == 1
     b0 = out["b_core"] + out["emb_b"] + one * out["head_b"]
     out["end"], red = _stage_end(cfg, tt, c, st, s, cm)
@@ -396,11 +440,26 @@ def unit_bounds(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: dict)
     # once, in the last unit after its layers' reduce-scatters are issued, which it may overlap:
     # not counted in the tail too (with pp > 1 the root's copies are left out)
     root_in = col(cp["root_in"]) * col(lazy & (c.pp == 1))
+    # pp > 1: the end units' copies once per step each (torchtitan's units, or the V's two
+    # roots): the first forward finds them sharded (copy-out), perform_reduce_grad copies their
+    # gradients in (the embedding's first, [norm, output]'s after the layers'); the embedding's
+    # copy-out in a forward that gathers it again is left out
+    ends = st.first * col(cp["emb_out"] + cp["emb_in"]) + st.last * col(cp["head_out"] + cp["head_in"])
     out["root_extra"] = root_in + (gathering_passes(cfg, c, st, root=True)[0] * col(cp["root_out"]) * col(lazy)
-                                   if st.k.shape[1] == 1 else 0.0)
+                                   if st.k.shape[1] == 1 else ends * col(c.pp > 1))
     out["tail"] = np.maximum(np.maximum(one * out["head_b"] + ag_b + cb + red / col(c.vpp),
                                         one * out["head_b"] + out["b_core"] + fsdp_red) - b0 - root_in, 0.0)
     return out
+
+
+def _head_unit_apart(cfg: Config, c: Candidates) -> np.ndarray:
+    """(candidates, 1) 1 where the stage holding the output layer has [norm, output] as an FSDP
+    unit of its own (:func:`meshplan.comm.collectives._units`: torchtitan's units, but a tied
+    model at pp 1, one unit of both ends; a V's two chunk roots), else 0."""
+    t, m = cfg.training, cfg.model
+    titan = t.framework == "torch" and t.zero3_engine == "fsdp2"
+    apart = (c.pp > 1) | (c.vpp > 1) | np.bool_(not m.tied_embeddings)
+    return (np.bool_(titan) & apart | (c.vpp > 1))[:, None].astype(np.float64)
 
 
 def _expert_gathers(st: Stages, c: Candidates) -> np.ndarray:

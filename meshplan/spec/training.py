@@ -271,8 +271,10 @@ class TrainingSpec(BaseModel):
         FSDP2 sharding): the embedding one unit, resharded after forward as the layers are,
         ``[norm, output]`` another, never resharded after forward (torchtitan
         ``torchtitan/distributed/fsdp.py`` ``apply_fsdp_to_decoder`` at b5bcd76, 2026-08-21;
-        these units since #1094, 83e6941); tied embeddings: one unit of the three, never
-        resharded. Megatron and DeepSpeed-2021 keep one root unit of both ends.
+        these units since #1094, 83e6941), at every pp on the stages holding them (torchtitan
+        applies it to each pipeline model part); tied embeddings: one unit of the three, never
+        resharded (under pp the first stage's embedding alone, never resharded). Megatron and
+        DeepSpeed-2021 keep one root unit of both ends.
 
         >>> TrainingSpec(global_batch=8, seq_len=16, sharding="zero3").torchtitan_units
         True

@@ -236,15 +236,21 @@ def apply_ddp(model: nn.Module, device_mesh: DeviceMesh, mesh: Mesh) -> nn.Modul
 
 def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, reshard_after_forward: bool = True,
                mp_policy: Optional[MixedPrecisionPolicy] = None, expert_mesh: Optional[DeviceMesh] = None,
-               expert_placement: Optional[Callable] = None, ends_apart: bool = True) -> None:
+               expert_placement: Optional[Callable] = None) -> None:
     """FSDP2 ``fully_shard`` as torchtitan wraps a decoder (``torchtitan/distributed/fsdp.py``
-    ``apply_fsdp_to_decoder`` at b5bcd76, 2026-08-21; units since #1094, 83e6941): the embedding
-    (``reshard_after_forward`` as the layers), ``[final_norm, output]`` (never resharded after
-    forward: FSDP2 would prefetch it at once for backward; torchtitan reshards it only under its
-    policy "always", which meshplan does not plan), every layer, then the root (no parameters
-    left). Tied embeddings: embedding, final norm and output are one unit, never resharded
-    after forward. ``ends_apart`` False (a pipeline stage, :mod:`meshplan.runtime.execution.pipelined_stage`):
-    the ends stay in the stage's root unit, as the plan counts them under pp > 1. ``expert_mesh``: the mesh the routed experts of an MoE
+    ``apply_fsdp_to_decoder`` at b5bcd76, 2026-08-21; units since #1094, 83e6941), on the whole
+    model or on a pipeline stage's module alike (torchtitan applies it to each stage's model part,
+    whose missing ends are None): the embedding when the module holds it
+    (``reshard_after_forward`` as the layers), ``[final_norm, output]`` when it holds them (never
+    resharded after forward: FSDP2 would prefetch it at once for backward; torchtitan reshards it
+    only under its policy "always", which meshplan does not plan), every layer, then the root (no
+    parameters left; learned positions, which torchtitan's models lack, are in the embedding's
+    unit). Tied embeddings (``spec.tied_embeddings``): on one
+    module, embedding, final norm and output are one unit, never resharded after forward; split
+    over pipeline stages (the last stage's output a copy, :mod:`meshplan.runtime.execution.pipelined_stage`)
+    the first stage's embedding is its own unit, never resharded after forward either
+    (torchtitan's tied branch wraps the ends the part holds as one unit). ``expert_mesh``: the
+    mesh the routed experts of an MoE
     layer are sharded over as a unit of their own (FSDP ignores them when it is one rank);
     ``expert_placement``: that unit's ``shard_placement_fn``
     (:func:`meshplan.runtime.execution.moe.expert_placement_fn`: ``Shard(1)`` past efsdp x ep >
@@ -261,17 +267,19 @@ def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, reshard_after_forward: boo
             fully_shard(block, **kw_block)
             continue
         fully_shard(block, **kw)
-    ends = [getattr(model, k) for k in ("embedding", "final_norm", "output") if hasattr(model, k)]
-    tied = any(hasattr(model, k) for k in ("final_norm", "output")) and getattr(model, "embedding", None) is not None \
-        and getattr(getattr(model, "output", None), "weight", None) is model.embedding.weight
-    if ends_apart and tied:
-        fully_shard(ends, **{**kw, "reshard_after_forward": False})
-    elif ends_apart:
-        if hasattr(model, "embedding"):
-            fully_shard(model.embedding, **kw)
-        if hasattr(model, "final_norm") or hasattr(model, "output"):
-            fully_shard([m for m in ends if m is not getattr(model, "embedding", None)],
-                        **{**kw, "reshard_after_forward": False})
+    kept = {**kw, "reshard_after_forward": False}
+    # learned positions (not in torchtitan) join the embedding's unit, as the plan counts them
+    # (ModelSpec.embedding_tensors); left in the root they were a unit of their own
+    emb = [getattr(model, k) for k in ("embedding", "position_embedding") if hasattr(model, k)]
+    head = [getattr(model, k) for k in ("final_norm", "output") if hasattr(model, k)]
+    tied = getattr(getattr(model, "spec", None), "tied_embeddings", False)
+    if tied and emb and head:
+        fully_shard(emb + head, **kept)
+    else:
+        if emb:
+            fully_shard(emb if len(emb) > 1 else emb[0], **(kept if tied else kw))
+        if head:
+            fully_shard(head, **kept)
     kw.pop("reshard_after_forward")
     fully_shard(model, **kw)  # the root: no parameters of its own left
 
