@@ -434,7 +434,8 @@ def _overlap(overlap_tp: bool, no_prefetch: bool):
 @app.command()
 def step(config: Path = typer.Argument(..., help=CONFIG_HELP),
          trace: Optional[Path] = typer.Option(None, "--trace", help="write the predicted timeline (Chrome/Perfetto JSON)"),
-         overlap_tp: bool = typer.Option(False, "--overlap-tp", help="assume TP communication overlaps compute"),
+         overlap_tp: bool = typer.Option(False, "--overlap-tp", help="assume TP communication overlaps compute, ideally (whole "
+                                         "GEMMs); training.tp_comm_overlap models the runtimes' decomposed GEMMs"),
          no_prefetch: bool = typer.Option(False, "--no-prefetch", help="no FSDP all-gather prefetch"),
          gemm_table: Optional[Path] = typer.Option(None, "--gemm-table", help="measured GEMM times (meshplan bench gemm)"),
          schedule: Optional[str] = typer.Option(None, "--schedule", help="gpipe, 1f1b, interleaved_1f1b, zb_h1, zbv or dualpipev "

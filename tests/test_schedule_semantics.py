@@ -309,8 +309,10 @@ def test_grad_reduce_dtype_is_checked():
 
 def test_tp_comm_overlap_is_a_training_option():
     """Default: TP collectives block (Overlap.tp False, what step, compare and search use).
-    training.tp_comm_overlap = true gives the same step as step --overlap-tp (under torch with
-    torch_compile: torchtitan's async TP needs it, a config without is refused)."""
+    training.tp_comm_overlap = true (under torch with torch_compile: torchtitan's async TP needs
+    it, a config without is refused) runs the decomposed GEMMs (meshplan.compute.asynctp): faster
+    than blocking, slower than step --overlap-tp's ideal overlap (whole GEMMs, every TP collective
+    hidden up to its block's compute)."""
     mesh = {"names": ["dp_shard", "tp"], "shape": [2, 4], "sequence_parallel": True}
     with pytest.raises(ConfigError, match="^training: tp_comm_overlap under framework \"torch\" is torchtitan's "
                                           "async TP, which needs torch.compile"):
@@ -319,7 +321,7 @@ def test_tp_comm_overlap_is_a_training_option():
     base = step_time(plan_of(mesh, **kw))
     opt = step_time(plan_of(mesh, tp_comm_overlap=True, **kw))
     flag = step_time(plan_of(mesh, **kw), Overlap(tp=True))
-    assert opt.step_s == pytest.approx(flag.step_s) and opt.step_s < base.step_s
+    assert flag.step_s < opt.step_s < base.step_s
     assert opt.exposed_s.get("tp", 0.0) < base.exposed_s["tp"]
 
 

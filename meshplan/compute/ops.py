@@ -53,6 +53,7 @@ from functools import cached_property, lru_cache
 from math import ceil
 from typing import Optional
 
+from meshplan.compute import asynctp
 from meshplan.compute.gemm import GemmTable, gemm_efficiency, gemm_model, gemm_time, load_gemm_table  # noqa: F401
 from meshplan.compute.measured import attention_seconds, bandwidth, kernel_data, memory_kernel_seconds
 from meshplan.compute.megatron import (BATCH_SYNCS, COMM_DELAY_OPS, STEP_TIMERS, TIMER_SYNCS, attention_copy_bytes, batch_bytes,
@@ -88,7 +89,9 @@ class Workload:
     fused-attention kernels the framework runs, tried before the catalog's ``prefer`` list
     (:func:`meshplan.compute.measured.attention_seconds`; empty: the catalog's order);
     ``torch_eager``: torch runs the elementwise ops one kernel each, uncompiled
-    (:mod:`meshplan.compute.torch_eager`)."""
+    (:mod:`meshplan.compute.torch_eager`); ``async_tp``: the framework ("torch" or "megatron")
+    whose decomposed TP GEMMs run (``training.tp_comm_overlap`` with sequence parallelism,
+    :mod:`meshplan.compute.asynctp`), "" for none."""
 
     seq_len: int
     micro_batch: int = 1
@@ -110,6 +113,7 @@ class Workload:
     torch_eager: bool = False
     linear_dtype: str = ""
     float8_gemms: frozenset[str] = frozenset()
+    async_tp: str = ""
 
     def gemm_dtype(self, name: str) -> str:
         """The dtype of GEMM ``name`` (a :class:`~meshplan.compute.shapes.Gemm` name, its
@@ -317,6 +321,13 @@ def _gemm_ops(gpu: GPUSpec, g: Gemm, block: str, w: Workload, table, model_scale
     out = []
     dtype = w.gemm_dtype(g.name)  # float8 Linears: fp8 forward, data- and weight-gradient GEMMs
     for gg, phase in zip([g] + backward_gemms(g), PHASES):
+        n = asynctp.pieces(w.async_tp, w.tp, gg.name, phase) if w.sp else 0
+        if n:  # async TP: n GEMMs of M / n rows, each at its own shape (and launch floor)
+            e = gemm_time(gpu, asynctp.piece_rows(gg.m, n), gg.n, gg.k, dtype, gg.count, table)
+            t = n * issue_floor(gpu, e.seconds * asynctp.sm_margin(w.async_tp, gg.name, phase, gpu.sms))
+            out.append(Op(gg.name, block, phase, "gemm", t, gg.flops * model_scale, gg.flops,
+                          note=f"async TP ({w.async_tp}): {n} pieces of {e.explanation}"))
+            continue
         e = gemm_time(gpu, gg.m, gg.n, gg.k, dtype, gg.count, table)
         t, note = e.seconds, e.explanation
         if phase == "backward_weight" and w.fp32_wgrad_accumulation and weight:
@@ -608,7 +619,7 @@ def layer_costs(model: ModelSpec, gpu: GPUSpec, w: Workload, recomputes: tuple[s
     # the attention's ops with selective recompute: its own ops, then their replay (appended last)
     attn_sel = _flash_ops(gpu, att, w, True, table) if w.flash else _score_ops(gpu, att, w, table, True)
     attn_plain = [o for o in attn_sel if not o.recompute]
-    rest = _elementwise(model, gpu, w, gemms)
+    rest = _elementwise(model, gpu, w, gemms) + async_tp_ops(model, gpu, w, gemms)
     rest += _bias_ops(model, gpu, w, model.is_moe_layer(model.layers - 1 if layer < 0 else layer))
     if w.megatron_ops:
         rest += main_grad_hooks(model, gpu, w, layer)
@@ -623,6 +634,25 @@ def layer_costs(model: ModelSpec, gpu: GPUSpec, w: Workload, recomputes: tuple[s
             every += [_replay(o) for o in every if o.phase == "forward" and o.name not in kept
                       and not (kept and o.kind == "attention")]
         out[rc] = Cost(tuple(sorted(every, key=lambda o: (PHASES.index(o.phase), order[o.block]))))
+    return out
+
+
+def async_tp_ops(model: ModelSpec, gpu: GPUSpec, w: Workload, gemms: list[Gemm]) -> list[Op]:
+    """The kernels torch's async TP adds on the compute stream (:func:`meshplan.compute.asynctp.torch_extra_bytes`):
+    per block with fused GEMMs, the shard copy before each fused all-gather (forward, and
+    backward's gathered output gradient) and the partial sum after each fused reduce-scatter
+    (forward); none under Megatron-LM (TE's norm writes into the userbuffer) or without async TP."""
+    if w.async_tp != "torch" or not w.sp or w.tp < 2:
+        return []
+    size = asynctp.torch_extra_bytes(w.tokens, model.hidden, w.tp, dtype_bytes(w.dtype))
+    names = {g.name for g in gemms}
+    out = []
+    for block, ag, rs in (("attn", "wq", "wo"), ("mlp", "w_up", "w_down")):
+        if ag in names:
+            out.append(_mem(gpu, f"async-TP shard copy ({block})", block, "forward", size["shard copy"]))
+        if rs in names:
+            out.append(_mem(gpu, f"async-TP partial sum ({rs})", block, "forward", size["partial sum"]))
+            out.append(_mem(gpu, f"async-TP shard copy ({rs} grad)", block, "backward_input", size["shard copy"]))
     return out
 
 

@@ -12,7 +12,11 @@ frameworks issue them:
 - **TP**, per layer forward: ``norm (AG) attention-block (RS|AR) add+norm (AG) mlp-block
   (RS|AR) add`` (AG/RS with sequence parallel, AR without; Korthikanti et al. 2022 4.2.2).
   A collective blocks the next compute unless ``Overlap.tp``: then a block's collectives
-  run during its GEMMs (block time = max(compute, communication), an ideal decomposition).
+  run during its GEMMs (block time = max(compute, communication), an ideal decomposition),
+  except under ``training.tp_comm_overlap`` with SP (``Workload.async_tp``): there the fused
+  all-gather + column-parallel GEMMs and row-parallel GEMM + reduce-scatter run as the runtime
+  decomposes them (:mod:`meshplan.compute.asynctp`, :meth:`_Sim.fused`; forward blocks without
+  CP or EP; in backward the gathered output gradient with the row-parallel input gradient).
   Backward: with SP an AG before each block; the row-parallel linear's (wo, w_down) weight
   gradient is computed with its input gradient at the block's start. torch (``training.framework``,
   the default): the input-gradient RS|AR of the column-parallel linears (wq/wk/wv, w_up/w_gate)
@@ -91,6 +95,7 @@ from typing import Optional
 from meshplan.comm.collectives import SCATTER_GATHER_CADENCE, ZERO2_CADENCE
 from meshplan.comm.deepspeed import CADENCE as DEEPSPEED_CADENCE
 from meshplan.comm.deepspeed_zero12 import CADENCE as DEEPSPEED_BUCKET_CADENCE
+from meshplan.compute import asynctp
 from meshplan.compute.megatron import COMM_DELAY_OPS
 from meshplan.compute.ops import Cost, Workload
 from meshplan.mesh.tpsplit import KV_REPLICA
@@ -443,6 +448,27 @@ class _Sim:
             self.busy.append((start, start + t, f))
         return self._add(stream, name, start, start + t, {"kind": kind, "group": group, "phase": phase, "op": op})
 
+    def fused(self, name: str, gemm_s: float, collective_s: float, n: int, reduce_scatter: bool) -> Event:
+        """A fused all-gather + GEMM (``reduce_scatter`` False) or GEMM + reduce-scatter of ``n``
+        pieces (:mod:`meshplan.compute.asynctp`): the compute stream runs it for
+        :func:`~meshplan.compute.asynctp.fused_seconds` of its GEMMs (``gemm_s``, the pieces')
+        and one piece's transfer (``collective_s``: the whole collective's model time); the time
+        beyond the GEMMs is exposed on "tp". The transfers (``collective_s`` in all) are shown on
+        the tp stream from the op's start (all-gather: the local piece first) or after its first
+        GEMM piece (reduce-scatter)."""
+        fw = self.w.async_tp
+        c = asynctp.piece_comm_s(fw, collective_s, self.w.tp, reduce_scatter)
+        total = asynctp.fused_seconds(gemm_s, c, n, trail=reduce_scatter and fw == "megatron")
+        ev = self.compute(name, total)
+        if total > gemm_s:
+            self.exposed["tp"] += total - gemm_s
+        if collective_s > 0:
+            t0 = ev.start_s + (gemm_s / n if reduce_scatter else 0.0)
+            self.events.append(Event(0, "tp", f"tp {name} ({n} pieces)", t0, t0 + collective_s,
+                                     {"kind": "tp", "group": "", "phase": "", "op": "fused"}))
+            self.free["tp"] = max(self.free["tp"], t0 + collective_s)
+        return ev
+
     def finish(self) -> UnitSim:
         end = self.last.end_s if self.last else 0.0
         final = max(self.events, key=lambda e: e.end_s, default=None)
@@ -457,9 +483,13 @@ def _tp(w: Workload) -> tuple[str, str]:
 
 
 def _block(s: _Sim, name: str, t: float, phase: str, ep: bool = False, cp: Optional[tuple] = None,
-           cp_phase: str = "forward") -> None:
+           cp_phase: str = "forward", fused: Optional[dict] = None) -> None:
     """One forward block; ``cp``: the attention's (K/V proj, Q proj, core, out proj) seconds
-    under all-gather CP (module docstring)."""
+    under all-gather CP (module docstring); ``fused``: the block's async-TP GEMMs
+    (:func:`fused_gemms`), run as their runtime decomposes them (:func:`_fused_block`)."""
+    if fused and cp is None and not ep and {"ag", "rs"} <= fused.keys():
+        _fused_block(s, name, t, phase, fused)
+        return
     before, after = _tp(s.w)
     pre = s.comm("tp", phase, before, f"tp {before}")
     if ep:
@@ -481,8 +511,36 @@ def _block(s: _Sim, name: str, t: float, phase: str, ep: bool = False, cp: Optio
         s.compute(name + " tp wait", 0.0, [s.comm("tp", phase, after, f"tp {after}")])
 
 
+def _fused_block(s: _Sim, name: str, t: float, phase: str, fused: dict) -> None:
+    """A forward block under async TP (:mod:`meshplan.compute.asynctp`): the all-gather fused
+    with the column-parallel GEMMs, the block's other ops, the row-parallel GEMM fused with the
+    reduce-scatter; ``t``: the block's seconds (pieces' GEMMs and the runtime's copies included)."""
+    (ag_s, ag_n), (rs_s, rs_n) = fused["ag"], fused["rs"]
+    s.fused(name + " all-gather+GEMMs", ag_s, s.c.get("tp", phase, "all-gather"), ag_n, False)
+    s.compute(name, t - ag_s - rs_s)
+    s.fused(name + " GEMM+reduce-scatter", rs_s, s.c.get("tp", phase, "reduce-scatter"), rs_n, True)
+
+
+def fused_gemms(c: Cost, phase: str, recompute: Optional[bool], framework: str, tp: int) -> dict:
+    """``{block: {"ag" | "rs": (seconds, pieces)}}`` of the async-TP fused GEMMs among ``c``'s
+    ops of ``phase`` and ``recompute`` (a replayed forward GEMM as its forward), summed per side
+    (:func:`meshplan.compute.asynctp.pieces`; an all-gather feeds several GEMMs)."""
+    out: dict = {}
+    for o in c.ops:
+        if o.kind != "gemm" or o.phase != phase or recompute not in (None, o.recompute):
+            continue
+        base = o.name.removesuffix(" (recompute)")
+        ph = "forward" if o.recompute else phase
+        n = asynctp.pieces(framework, tp, base, ph)
+        if n:
+            side = "rs" if ph == "forward" and base in asynctp.RS_FORWARD else "ag"
+            g, _ = out.setdefault(o.block, {}).get(side, (0.0, n))
+            out[o.block][side] = (g + o.seconds, n)
+    return out
+
+
 def _block_backward(s: _Sim, name: str, t_b: float, t_w: float, ep=False, cp: Optional[tuple] = None,
-                    t_w_row: float = 0.0, t_b_col: float = 0.0) -> None:
+                    t_w_row: float = 0.0, t_b_col: float = 0.0, fused: Optional[dict] = None) -> None:
     """One block's backward; ``cp``: the attention's input-gradient seconds (core incl. wo
     and RoPE, Q proj, K/V proj) under all-gather CP (module docstring). ``t_w_row``: the
     weight gradients of the block's row-parallel linear (wo, w_down) and its bias, computed
@@ -494,14 +552,23 @@ def _block_backward(s: _Sim, name: str, t_b: float, t_w: float, ep=False, cp: Op
     column-parallel input gradients and runs during their weight gradients; with SP their
     input is all-gathered again first, during their input-gradient GEMM. Otherwise (torch):
     the collective is issued after the weight gradients and the next block waits for it;
-    ``Overlap.tp`` overlaps it with the weight gradients whatever the framework."""
+    ``Overlap.tp`` overlaps it with the weight gradients whatever the framework.
+    ``fused``: async TP's gathered output gradient fused with the row-parallel input-gradient
+    GEMM (:func:`fused_gemms`, backward side "ag"), the rest of the input gradients after it."""
     before, after = _tp(s.w)
-    pre = s.comm("tp", "backward", before, f"tp {before}")
+    ag_fused = fused.get("ag") if fused and cp is None and not ep and s.w.sp else None
+    pre = None if ag_fused else s.comm("tp", "backward", before, f"tp {before}")
     if ep:
         pre = s.comm("ep", "backward", "all-to-all", "ep combine grad", after=[pre or s.last]) or pre
     regather = s.ov.tp_grad and s.w.sp and not ep and t_w > 0
     ag = None
-    if cp is None:
+    if ag_fused:
+        s.fused(name + " all-gather+dgrad", ag_fused[0], s.c.get("tp", "backward", before), ag_fused[1], False)
+        s.compute(name + " B", t_b - ag_fused[0] - (t_b_col if regather else 0.0) + t_w_row)
+        if regather:
+            ag = s.comm("tp", "backward", "all-gather", "tp all-gather (input again, for wgrad)")
+            s.compute(name + " column B", t_b_col)
+    elif cp is None:
         s.compute(name + " B", t_b - (t_b_col if regather else 0.0) + t_w_row, [pre])
         if regather:
             ag = s.comm("tp", "backward", "all-gather", "tp all-gather (input again, for wgrad)")
@@ -588,16 +655,17 @@ def _slots(s: _Sim, phase: Optional[str], at: At, block: Optional[Block] = None)
 
 def _forward_layer(s: _Sim, c: Cost, moe: bool, phase: str = "forward", recompute=None) -> None:
     t = s.of(_times, c, phase, recompute)
+    f = s.of(fused_gemms, c, phase, recompute, s.w.async_tp, s.w.tp) if s.w.async_tp and s.w.sp else {}
     own = "forward" if phase == "forward" else None  # the registered axes' slots: not in a replay
     s.compute("norm", t["attn_pre"])
     p = s.of(cp_parts, c, phase, recompute) if s.w.cp > 1 else None
     _slots(s, own, At.BEFORE, Block.ATTN)
     _block(s, "attention", t["attn"], "forward", cp=(p["kv"], p["q"], p["core"], p["out"]) if p else None,
-           cp_phase="forward" if phase == "forward" else "backward")
+           cp_phase="forward" if phase == "forward" else "backward", fused=f.get("attn"))
     _slots(s, own, At.AFTER, Block.ATTN)
     s.compute("add+norm", t["attn_post"] + t["mlp_pre"])
     _slots(s, own, At.BEFORE, Block.MLP)
-    _block(s, "mlp", t["mlp"], "forward", ep=moe)
+    _block(s, "mlp", t["mlp"], "forward", ep=moe, fused=f.get("mlp"))
     _slots(s, own, At.AFTER, Block.MLP)
     s.compute("add", t["mlp_post"])
     _slots(s, own, At.OVERLAPPED)
@@ -617,16 +685,18 @@ def _backward_layer(s: _Sim, c: Cost, moe: bool, with_w: bool) -> None:
     w = s.of(_times, c, "backward_weight") if with_w else dict.fromkeys(LAYER_BLOCKS, 0.0)
     row = s.of(_ops_by_block, c, "backward_weight", ROW_PARALLEL_WGRAD) if with_w else dict.fromkeys(LAYER_BLOCKS, 0.0)
     col = s.of(_ops_by_block, c, "backward_input", COLUMN_PARALLEL_DGRAD, False if full else None)
+    f = s.of(fused_gemms, c, "backward_input", False if full else None, s.w.async_tp, s.w.tp) if s.w.async_tp else {}
     s.compute("add grad", b["mlp_post"])
     mlp_row = 0.0 if moe else row["mlp"]          # MoE: the experts' own order (dispatch, combine)
     _slots(s, "backward", At.BEFORE, Block.MLP)
-    _block_backward(s, "mlp", b["mlp"], w["mlp"] - mlp_row, ep=moe, t_w_row=mlp_row, t_b_col=col["mlp"])
+    _block_backward(s, "mlp", b["mlp"], w["mlp"] - mlp_row, ep=moe, t_w_row=mlp_row, t_b_col=col["mlp"],
+                    fused=f.get("mlp"))
     _slots(s, "backward", At.AFTER, Block.MLP)
     s.compute("norm+add grad", b["mlp_pre"] + b["attn_post"])
     p = s.of(cp_parts, c, "backward_input", False if full else None) if s.w.cp > 1 else None
     _slots(s, "backward", At.BEFORE, Block.ATTN)
     _block_backward(s, "attention", b["attn"], w["attn"] - row["attn"], cp=(p["core"], p["q"], p["kv"]) if p else None,
-                    t_w_row=row["attn"], t_b_col=col["attn"])
+                    t_w_row=row["attn"], t_b_col=col["attn"], fused=f.get("attn"))
     _slots(s, "backward", At.AFTER, Block.ATTN)
     s.compute("norm grad", b["attn_pre"])
     _slots(s, "backward", At.OVERLAPPED)

@@ -72,15 +72,17 @@ def workload_of(plan, dropout: bool = False) -> Workload:
     contract. ``dropout``: GPT-style dropout, also on when the config's ``[memory] dropout`` is.
     Megatron-LM (``training.framework``) projects Q, K and V with one GEMM and, with fp32
     gradients, accumulates the weight gradients into them inside the GEMM (its
-    ``gradient_accumulation_fusion``, on by default)."""
+    ``gradient_accumulation_fusion``, on by default). ``training.tp_comm_overlap`` with sequence
+    parallelism and tp > 1: the framework's decomposed TP GEMMs (:mod:`meshplan.compute.asynctp`)."""
     t, mesh = plan.config.training, plan.mesh
     dropout = dropout or plan.config.memory.dropout
     split = local_split(mesh)  # the dims each registered axis divides, as the plan's shapes
+    async_tp = t.framework if t.tp_comm_overlap and mesh.sequence_parallel and split[Dim.HEADS] > 1 else ""
     return Workload(seq_len=t.seq_len, micro_batch=t.micro_batch, tp=split[Dim.HEADS], cp=split[Dim.SEQUENCE],
                     sp=mesh.sequence_parallel, ep=split[Dim.EXPERTS], etp=split[Dim.EXPERT_FFN], dtype=t.compute_dtype,
                     recompute=t.recompute, flash=t.flash_attention, dropout=dropout,
                     vocab_pad_divisor=t.vocab_pad_divisor, routing=RoutingOptions.of(t), **framework_kernels(t),
-                    **float8_gemms(plan.config.model, t))
+                    **float8_gemms(plan.config.model, t), async_tp=async_tp)
 
 
 def chunk_costs(plan, w: Workload, table: Optional[GemmTable] = None) -> list[list[ChunkCosts]]:

@@ -323,9 +323,10 @@ def chains(c: Candidates, o: dict, cm: dict, moe: bool) -> tuple[np.ndarray, np.
         attn = o[f"{p}_attn"] + np.maximum(cm["cp_ag"] - o[f"{p}_cpq"], 0.0)
         blocking = (o[f"{p}_attn_pre"] + pre + attn + post + o[f"{p}_attn_post"]
                     + o[f"{p}_mlp_pre"] + pre + e + o[f"{p}_mlp"] + e + post + o[f"{p}_mlp_post"])
-        # tp_comm_overlap: a block's TP collectives (issued after the previous op, in order on
-        # the tp stream) run under its GEMMs, so the block lasts at least both; the EP combine
-        # is issued after the block's compute and still blocks
+        # tp_comm_overlap: a block's TP collectives run under its GEMMs, decomposed into pieces
+        # (compute.asynctp: each fused op lasts at least its collective and its pieces' GEMMs,
+        # at least the whole GEMM's), so the block lasts at least both; the EP combine is issued
+        # after the block's compute and still blocks
         overlapped = (o[f"{p}_attn_pre"] + np.maximum(attn, pre + post)
                       + o[f"{p}_attn_post"] + o[f"{p}_mlp_pre"] + np.maximum(o[f"{p}_mlp"], pre + post) + e
                       + o[f"{p}_mlp_post"])
@@ -335,8 +336,12 @@ def chains(c: Candidates, o: dict, cm: dict, moe: bool) -> tuple[np.ndarray, np.
     b = {blk: np.where(full, o[f"bin_{blk}"], o[f"bi_{blk}"]) for blk in LAYER_BLOCKS + ("cpq",)}
     # CP: the dK/dV reduce-scatter starts after the core attention's backward and the K/V
     # projections' input gradients wait for it; only the Q projection's runs beside it
-    back = (b["mlp_post"] + pre + e + b["mlp"] + np.maximum(o["bw_mlp"], post + e) + b["mlp_pre"] + b["attn_post"]
-            + pre + b["attn"] + np.maximum(cm["cp_rs"] - b["cpq"], 0.0) + np.maximum(o["bw_attn"], post)
+    # tp_comm_overlap: async TP fuses the gathered output gradient with the row-parallel
+    # input-gradient GEMM (compute.asynctp), which lasts at least both (pieces' GEMMs at least
+    # the whole's); the other input gradients follow it
+    gathered = lambda blk: np.where(c.ov > 0, np.maximum(pre, b[blk]), pre + b[blk])
+    back = (b["mlp_post"] + e + gathered("mlp") + np.maximum(o["bw_mlp"], post + e) + b["mlp_pre"] + b["attn_post"]
+            + gathered("attn") + np.maximum(cm["cp_rs"] - b["cpq"], 0.0) + np.maximum(o["bw_attn"], post)
             + b["attn_pre"])
     return forward("f"), back + np.where(full, forward("br"), 0.0)
 

@@ -1,0 +1,142 @@
+"""TP communication overlap as the runtimes run it (``training.tp_comm_overlap``): each fused
+all-gather + GEMM and GEMM + reduce-scatter is decomposed into pieces along the token rows;
+each piece's GEMM (M / pieces rows, timed at that shape by :func:`meshplan.compute.gemm.gemm_time`)
+runs while the next piece's transfer is in flight. This module is the one home of which GEMMs are
+fused, into how many pieces, what the runtime adds around them, and the pipeline formula; the
+ops (:mod:`meshplan.compute.ops`) take the pieces' GEMM times and extra kernels from it, the rank
+timeline (:mod:`meshplan.schedule.rank_timeline`) the fused op's time and exposed communication.
+Sequence parallelism only: both runtimes fuse all-gathers and reduce-scatters (Megatron-LM
+refuses ``--tp-comm-overlap`` without ``--sequence-parallel``); without it the TP all-reduces keep
+the timeline's ideal overlap (``Overlap.tp``, ``step --overlap-tp``).
+
+**torch** (torchtitan ``enable_async_tensor_parallel``: torch 2.13
+``torch/_inductor/fx_passes/micro_pipeline_tp.py`` on the compiled forward and backward graphs,
+``torch/distributed/_symmetric_memory/__init__.py`` ops):
+
+- ``fuse_all_gather_matmul``: an all-gather whose result feeds matmuls as their left operand
+  becomes one ``fused_all_gather_matmul`` over all of them (forward: wq, wk, wv after the
+  attention norm's gather; w_gate, w_up after the MLP norm's; backward: the gathered gradient of
+  wo's and w_down's output feeds their input-gradient GEMM; their weight gradient reads it
+  transposed and gets the gathered tensor back, ``return_A``).
+  ``_pipelined_multi_all_gather_and_consume``: the rank copies its shard into its symmetric
+  buffer (``copy_shard``, not overlapped: "giving up the chance to overlap mv and b with the
+  first shard_consumer"), a barrier, then its own shard's GEMMs, then tp - 1 steps, each
+  pulling one peer's shard (a device copy, copy engine) and running its GEMMs, on two
+  alternating streams: piece i+1's copy runs beside piece i's GEMMs. **tp pieces**; exposed:
+  the shard copy, then each step's copy beyond its piece's GEMM.
+- ``fuse_matmul_reduce_scatter``: a reduce-scatter whose input is one matmul's output (forward:
+  wo, w_down) becomes ``fused_matmul_reduce_scatter``; ``_pipelined_produce_and_all2all``
+  computes the rows for peer (rank + step) into a symmetric buffer, barrier, the peer pulls them,
+  tp - 1 steps on two streams, its own rows last (beside the last pull), then one kernel sums
+  the tp partial row blocks (reads M x N, writes M / tp x N: exposed on the compute stream).
+  **tp pieces**. Backward's input-gradient reduce-scatter of wq/wk/wv (w_gate/w_up) is not fused:
+  its input is the sum of their input-gradient matmuls, not one matmul (``_find_producer_matmul``
+  accepts mm or reshape-mm-reshape only): it keeps the timeline's placement.
+
+**megatron** (``--tp-comm-overlap``: Transformer Engine userbuffers; defaults of TE's
+``transformer_engine/pytorch/module/base.py`` ``initialize_ub``): ``ring_exchange`` for
+qkv_fprop, fc1_fprop, proj_dgrad, fc2_dgrad (num_splits = tp, copy-engine sends, 1 SM): **tp
+pieces**, the local chunk's GEMM first (the norm writes straight into the userbuffer: no copy);
+``pipeline`` for proj_fprop, fc2_fprop (num_splits 4, 16 SMs of reduce-scatter kernel, and from
+TE 2.0 ``set_sm_margin``: the GEMMs run on the other SMs): **4 pieces**, each piece's
+reduce-scatter after its GEMM, the last one exposed; ``bulk`` for qkv/fc1 dgrad and wgrad (the
+re-gather beside the input-gradient GEMM, the reduce-scatter beside the weight-gradient GEMM:
+what the timeline already does for Megatron-LM, ``Overlap.tp_grad``).
+
+One piece's transfer: a ring all-gather or reduce-scatter of the whole tensor is tp - 1 steps
+of one shard each, so a piece's is the collective model's time / (tp - 1); a pipeline split's
+reduce-scatter is the whole one's time / 4 (its latency term counted once in four: optimistic).
+Not modelled: the barriers (one signal-pad write each), the launches of the pieces' kernels
+(the issue floor applies per GEMM op, not per piece), copy-engine contention with the GEMMs'
+HBM traffic.
+"""
+
+from __future__ import annotations
+
+from math import ceil
+
+#: Forward GEMMs fed by the gathered block input (column-parallel; Megatron-LM's fused "qkv").
+AG_FORWARD = ("wq", "wk", "wv", "qkv", "w_gate", "w_up")
+#: Forward GEMMs whose output is reduce-scattered (row-parallel).
+RS_FORWARD = ("wo", "w_down")
+#: Backward input-gradient GEMMs fed by the gathered output gradient (row-parallel's dgrad).
+AG_BACKWARD = ("wo.dgrad", "w_down.dgrad")
+#: TE userbuffers' ``pipeline`` method: num_splits and communication SMs (``initialize_ub`` defaults).
+TE_PIPELINE_SPLITS = 4
+TE_PIPELINE_SMS = 16
+FRAMEWORKS = ("torch", "megatron")
+
+
+def pieces(framework: str, tp: int, name: str, phase: str) -> int:
+    """Pieces GEMM ``name`` (an op name of :mod:`meshplan.compute.ops`) of ``phase`` is cut into
+    under ``framework``'s async TP at ``tp`` (module docstring); 0: not decomposed.
+
+    >>> [pieces("torch", 8, n, "forward") for n in ("wq", "wo", "qk^T")]
+    [8, 8, 0]
+    >>> pieces("megatron", 8, "wo", "forward"), pieces("megatron", 8, "wo.dgrad", "backward_input")
+    (4, 8)
+    """
+    if framework not in FRAMEWORKS or tp < 2:
+        return 0
+    if phase == "forward" and name in AG_FORWARD:
+        return tp
+    if phase == "forward" and name in RS_FORWARD:
+        return TE_PIPELINE_SPLITS if framework == "megatron" else tp
+    if phase == "backward_input" and name in AG_BACKWARD:
+        return tp
+    return 0
+
+
+def piece_rows(m: int, n_pieces: int) -> int:
+    """Rows of one piece: ``ceil(M / pieces)`` (SP makes M a multiple of tp)."""
+    return ceil(m / n_pieces)
+
+
+def sm_margin(framework: str, name: str, phase: str, sms: int) -> float:
+    """Slowdown of a piece's GEMM from SMs the runtime keeps for its communication kernel:
+    ``sms / (sms - 16)`` for TE's ``pipeline`` reduce-scatter GEMMs (``set_sm_margin``, TE >= 2.0
+    default for non-ring methods), else 1 (copy-engine transfers)."""
+    if framework == "megatron" and phase == "forward" and name in RS_FORWARD and sms > TE_PIPELINE_SMS:
+        return sms / (sms - TE_PIPELINE_SMS)
+    return 1.0
+
+
+def torch_extra_bytes(tokens: int, hidden: int, tp: int, dtype_bytes: int) -> dict[str, float]:
+    """HBM bytes of the kernels torch's fused ops add on the compute stream, per fused op:
+    ``shard copy`` (each all-gather+matmul: its shard read and written, ``tokens / tp x hidden``)
+    and ``partial sum`` (each matmul+reduce-scatter: tp partial blocks of ``tokens / tp x hidden``
+    read, one written).
+
+    >>> torch_extra_bytes(8192, 4096, 8, 2)
+    {'shard copy': 16777216.0, 'partial sum': 75497472.0}
+    """
+    shard = tokens / tp * hidden * dtype_bytes
+    return {"shard copy": 2.0 * shard, "partial sum": shard * (tp + 1)}
+
+
+def fused_seconds(gemm_s: float, comm_s: float, n_pieces: int, trail: bool = False) -> float:
+    """Seconds of one fused op: ``n_pieces`` GEMM pieces of ``gemm_s / n_pieces`` each, piece
+    i + 1's transfer (``comm_s`` each) beside piece i's GEMM:
+    ``g + (n - 1) max(g, c)``, plus one more ``c`` when the last piece's transfer follows its
+    GEMM (``trail``: TE's pipeline reduce-scatter). An all-gather's first piece is the local
+    shard; torch's reduce-scatter computes the local rows last, beside the last pull.
+
+    8 pieces of 1 ms GEMM against 0.5 ms transfers: 8 ms (hidden); against 2 ms: 1 + 7 x 2 = 15 ms:
+
+    >>> round(fused_seconds(8e-3, 0.5e-3, 8), 12), round(fused_seconds(8e-3, 2e-3, 8), 12)
+    (0.008, 0.015)
+    >>> round(fused_seconds(4e-3, 0.5e-3, 4, trail=True), 12)  # 4 x 1 ms + the last 0.5 ms reduce-scatter
+    0.0045
+    """
+    if n_pieces < 1:
+        return gemm_s
+    g = gemm_s / n_pieces
+    return g + (n_pieces - 1) * max(g, comm_s) + (comm_s if trail else 0.0)
+
+
+def piece_comm_s(framework: str, collective_s: float, tp: int, reduce_scatter: bool) -> float:
+    """One piece's transfer from the collective model's time of the whole collective
+    (module docstring): ``/ (tp - 1)`` (ring step), or ``/ 4`` for TE's pipeline reduce-scatter."""
+    if reduce_scatter and framework == "megatron":
+        return collective_s / TE_PIPELINE_SPLITS
+    return collective_s / max(tp - 1, 1)
