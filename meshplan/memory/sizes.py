@@ -249,7 +249,7 @@ def units(model: ModelSpec, training: TrainingSpec, mesh: Mesh, stages, state: S
             and (model.tied_embeddings or not training.torchtitan_units):  # one FSDP2 root (torchtitan: two units)
         emb, head = numels.pop("embedding"), numels.pop("head")
         numels = {"root": {g: emb[g] + head[g] for g in emb}, **numels}
-    comp, red = dtype_bytes(training.compute_dtype), dtype_bytes(training.reduce_dtype)
+    comp, red = dtype_bytes(training.compute_dtype), dtype_bytes(training.fsdp_reduce_dtype)  # the table's
     shares = {g: _split(state.bytes_of("grads", g), [n[g] for n in numels.values()]) for g in ("dense", "expert")}
     out = {}
     for i, (key, n) in enumerate(numels.items()):

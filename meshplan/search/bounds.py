@@ -225,7 +225,7 @@ def units(cfg: Config, tables: Tables, c: Candidates, st: Stages) -> dict:
     m, t = cfg.model, cfg.training
     col = lambda a: a[:, None]
     comp = dtype_bytes(t.compute_dtype)
-    r = dtype_bytes(t.reduce_dtype) / comp
+    r = dtype_bytes(t.fsdp_reduce_dtype) / comp  # the table's reduce-scatter dtype
     on = (c.sh == SHARDING.index("zero3")) | (c.sh == SHARDING.index("hsdp"))
     act_d, act_e = col(on & (c.fsdp > 1)), col(on & (c.efsdp > 1))
     z = np.zeros_like(c.tp)

@@ -377,6 +377,29 @@ class TrainingSpec(BaseModel):
         return self.master_weights and self.param_dtype != "fp32"
 
     @property
+    def fsdp_reduce_dtype(self) -> Dtype:
+        """The dtype of the FSDP reduce-scatter (and HSDP's all-reduce of its output) of a
+        zero3/hsdp plan under this training, whatever sharding ``training`` itself names (the
+        search asks it for candidates of every sharding): ``grad_reduce_dtype`` when set, else
+        the parameter dtype under ``zero3_engine = "deepspeed-2021"`` (it reduces ``param.grad``),
+        else ``reduce_dtype`` (FSDP2's ``MixedPrecisionPolicy.reduce_dtype``). It is
+        :attr:`gradient_reduce_dtype` of the zero3/hsdp plan: the one rule for the collective
+        table's FSDP rows, the memory timeline's reduce-scatter input, FSDP2's copy-in and the
+        search's bounds and timing.
+
+        >>> t = TrainingSpec(global_batch=8, seq_len=16, sharding="hsdp", grad_reduce_dtype="bf16")
+        >>> t.fsdp_reduce_dtype, t.reduce_dtype, t.gradient_reduce_dtype
+        ('bf16', 'fp32', 'bf16')
+        >>> TrainingSpec(global_batch=8, seq_len=16, sharding="none").fsdp_reduce_dtype
+        'fp32'
+        """
+        if self.grad_reduce_dtype is not None:
+            return self.param_dtype if self.grad_reduce_dtype == "param" else self.grad_reduce_dtype
+        if self.sharding == "zero3" and self.zero3_engine == "deepspeed-2021":
+            return self.param_dtype
+        return self.reduce_dtype
+
+    @property
     def gradient_reduce_dtype(self) -> Dtype:
         """The dtype gradients are reduced in over the data axes (see ``grad_reduce_dtype``).
 
@@ -393,10 +416,12 @@ class TrainingSpec(BaseModel):
         >>> TrainingSpec(global_batch=8, seq_len=16, sharding="zero2", zero12_engine="deepspeed").gradient_reduce_dtype
         'bf16'
         """
+        if self.sharding in ("zero3", "hsdp"):
+            return self.fsdp_reduce_dtype
         if self.grad_reduce_dtype is None:
             # DeepSpeed: communication_data_type unset is the model's dtype (engine.py
             # ``communication_data_type``: fp16 / bf16 when enabled, else fp32)
-            if self.zero3_engine == "deepspeed-2021" or self.zero12_engine == "deepspeed":
+            if self.zero12_engine == "deepspeed":
                 return self.param_dtype
             if self.sharding != "none":
                 return self.reduce_dtype
