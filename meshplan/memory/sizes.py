@@ -387,7 +387,9 @@ def stage_sizes(model: ModelSpec, training: TrainingSpec, mesh: Mesh, stages, st
         embedding_grad_extra=hs["embedding_grad_extra"] if k == 0 and fsdp else 0, fsdp=fsdp,
         reshard_after_forward=training.reshard_after_forward,
         fsdp_reduce=opts.fsdp_reduce_for(training, mesh.degree("pp")),
-        embedding_reshards=training.torchtitan_units and training.reshard_after_forward and not model.tied_embeddings,
+        embedding_reshards=training.torchtitan_units and training.reshard_after_forward and (
+            not model.tied_embeddings or training.reshard_head_after_forward),
+        head_reshards=training.reshard_head_after_forward,
         reshard_after_backward=training.grad_accumulation == "no_sync",
         reduce_deferred=mesh.degree("pp") > 1,
         prefetch=opts.prefetch_layers, forward_prefetch=opts.forward_prefetch_layers, bucket=bucket,

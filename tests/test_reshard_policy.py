@@ -1,0 +1,120 @@
+"""torchtitan's ``parallelism.fsdp_reshard_after_forward`` ("default" | "always" | "never")
+mapped both ways onto meshplan's ``training.reshard_after_forward`` (the blocks and the
+embedding's unit) and ``training.reshard_head_after_forward`` (the [norm, output] unit), as
+torchtitan's ``apply_fsdp_to_decoder`` (``torchtitan/distributed/fsdp.py`` at b5bcd76) wraps
+them: the blocks and the embedding resharded under "always", under "default" when pp is off;
+[norm, output] only under "always".
+
+Llama 3 8B (32 layers), 8 GPUs, local batch 1 and m = 4 micro-batches per step. FSDP all-gathers
+per step by hand, units: 32 layers + embedding + [norm, output] at pp 1; at pp 2 (1F1B)
+stage 0 holds 16 layers + the embedding, stage 1 16 layers + [norm, output]:
+
+- pp 1, each unit gathered in every forward (4) and, when resharded, in every backward (4):
+  default 32 x 8 + 1 x 8 + 1 x 4 = 268; never (nothing regathered) 34 x 4 = 136; always
+  34 x 8 = 272.
+- pp 2: "default" is "never" there (pp on): each unit gathered once per step and kept
+  (17 + 17). "always": a unit resharded after each forward and kept from a backward to the
+  next forward (PipelineStage keeps gradient sync and the post-backward reshard off until
+  the last): stage 0 runs F0 F1 B0 F2 B1 F3 B2 B3, gathering in F0, F1, B0, B1, B2 (5 per unit,
+  85); stage 1 runs F0 B0 F1 B1 F2 B2 F3 B3, gathering in F0 and every B (5 per unit, 85).
+"""
+
+from __future__ import annotations
+
+import tomllib
+
+import pytest
+
+from meshplan.interop.common import ImportOptions
+from meshplan.interop.foreign import export, load_any
+from meshplan.interop.torchtitan import reshard_policy
+from meshplan.plan import build_plan
+
+ONE_NODE = ImportOptions(cluster="dgx-h100", nodes=1)
+
+
+def _toml(tmp_path, policy: str, pp: int):
+    pipe = (f"pipeline_parallel_degree = {pp}\npipeline_parallel_schedule = \"1F1B\"\n"
+            f"pipeline_parallel_microbatch_size = 1\n") if pp > 1 else "pipeline_parallel_degree = 1\n"
+    local, global_ = (4, 16) if pp > 1 else (1, 32)  # m = 4 either way
+    text = (f'[model]\nname = "llama3"\nflavor = "8B"\n[training]\nlocal_batch_size = {local}\n'
+            f'global_batch_size = {global_}\nseq_len = 2048\n[parallelism]\ndata_parallel_shard_degree = -1\n'
+            f'{pipe}fsdp_reshard_after_forward = "{policy}"\n[activation_checkpoint]\nmode = "full"\n')
+    path = tmp_path / f"tt-{policy}-{pp}.toml"
+    path.write_text(text)
+    return path
+
+
+def _all_gathers(plan) -> list[int]:
+    return [sum(r.per_step for r in plan.stage(k).collectives if r.op == "all-gather" and r.axis == "dp_shard")
+            for k in range(len(plan.stages))]
+
+
+@pytest.mark.parametrize("pp,policy,flags,gathers", [
+    (1, "default", (True, False), [268]),
+    (1, "never", (False, False), [136]),
+    (1, "always", (True, True), [272]),
+    (2, "default", (False, False), [17, 17]),
+    (2, "never", (False, False), [17, 17]),
+    (2, "always", (True, True), [85, 85]),
+])
+def test_policy_imports_and_all_gathers_per_step_by_hand(tmp_path, pp, policy, flags, gathers):
+    cfg = load_any(_toml(tmp_path, policy, pp), opts=ONE_NODE)
+    t = cfg.training
+    assert (t.reshard_after_forward, t.reshard_head_after_forward) == flags
+    plan = build_plan(cfg)
+    assert [sum(map(len, s)) for s in plan.stages] == ([32] if pp == 1 else [16, 16])
+    assert plan.micro_batches == 4
+    assert _all_gathers(plan) == gathers
+
+
+@pytest.mark.parametrize("pp", [1, 2])
+@pytest.mark.parametrize("policy", ["default", "always", "never"])
+def test_policy_round_trip(tmp_path, pp, policy):
+    """Import, export, import: the same meshplan fields; the written policy is the one read,
+    except "never" under pp, which torchtitan resolves as "default" does (written "default")."""
+    cfg = load_any(_toml(tmp_path, policy, pp), opts=ONE_NODE)
+    text, header = export(cfg, "torchtitan", "x")
+    assert not [h for h in header if h.startswith("not expressed")], header
+    written = tomllib.loads(text.split("\n\n", 1)[1])["parallelism"]["fsdp_reshard_after_forward"]
+    assert written == ("default" if (pp, policy) == (2, "never") else policy)
+    out = tmp_path / "back.toml"
+    out.write_text(text)
+    again = load_any(out, "torchtitan", ONE_NODE)
+    assert (again.training.reshard_after_forward, again.training.reshard_head_after_forward) == (
+        cfg.training.reshard_after_forward, cfg.training.reshard_head_after_forward)
+
+
+def test_blocks_resharded_under_pp_with_the_head_kept_has_no_policy(tmp_path):
+    """reshard_after_forward true at pp 2 with the head kept: torchtitan's "always" would
+    reshard the head too; the export writes it and says so."""
+    cfg = load_any(_toml(tmp_path, "always", 2), opts=ONE_NODE)
+    kept = cfg.training.model_copy(update={"reshard_head_after_forward": False})
+    assert reshard_policy(kept, 2) == "always"
+    from dataclasses import replace
+    _, header = export(replace(cfg, training=kept), "torchtitan", "x")
+    assert "not expressed in torchtitan: training.reshard_head_after_forward: False -> True" in header
+
+
+def test_memory_reshards_the_head_after_forward_and_gathers_it_for_backward():
+    """The tiny model of test_memory_timeline (the [norm, output] unit 16 + 128 x 16 = 2,064
+    elements, 4,128 B in bf16), dp_shard 2, m = 2: under "always" each forward frees the
+    head's unsharded parameters as the logits come out and each backward gathers them again
+    (all-gather output, copy-out); kept gathered otherwise."""
+    from meshplan.config import config_from_dict
+    from tests.test_reduce_dtype import TINY
+
+    def events(head: bool):
+        p = build_plan(config_from_dict({
+            "model": TINY, "cluster": {"system": "dgx-h100", "nodes": 1},
+            "training": {"global_batch": 4, "seq_len": 8, "param_dtype": "fp32", "recompute": "none",
+                         "reshard_head_after_forward": head},
+            "mesh": {"names": ["dp_shard"], "shape": [2], "world": 2}}))
+        return [(e.phase, e.microbatch, e.delta_bytes, e.label.split(": ")[1]) for e in p.timeline.events()
+                if e.kind == "gathered_params" and e.label.startswith("head:")]
+
+    assert [e for e in events(False) if e[0] == "backward" and e[2] > 0] == []
+    again = events(True)
+    assert [e for e in again if e[3] == "resharded after forward"] == [("forward", mb, -4128, "resharded after forward")
+                                                                      for mb in (0, 1)]
+    assert [e[:3] for e in again if e[0] == "backward" and e[2] > 0] == [("backward", mb, 4128) for mb in (0, 0, 1, 1)]
