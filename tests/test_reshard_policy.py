@@ -118,3 +118,51 @@ def test_memory_reshards_the_head_after_forward_and_gathers_it_for_backward():
     assert [e for e in again if e[3] == "resharded after forward"] == [("forward", mb, -4128, "resharded after forward")
                                                                       for mb in (0, 1)]
     assert [e[:3] for e in again if e[0] == "backward" and e[2] > 0] == [("backward", mb, 4128) for mb in (0, 0, 1, 1)]
+
+
+def test_step_regathers_the_head_before_its_backward_by_hand():
+    """test_golden_steptime's dp_shard 16 over two nodes with the head resharded after forward
+    (torchtitan's "always"). The forward is unchanged; the backward starts with the head's
+    pre-backward: its all-gather (exposed), then layer 1's prefetch behind it on the FSDP stream,
+    the head's copy-out, then everything as before, shifted: the head's backward starts at
+    ag_head + co_head instead of 0, layer 1's gather at ag_head."""
+    from dataclasses import replace
+
+    from meshplan.schedule.rank_timeline import Overlap
+    from meshplan.schedule.steptime import step_time
+    from tests.test_golden_steptime import (TRIAD, B, H, L, V, config, cross_node_s, gemm_table, head_terms, kernel,
+                                            layer_params, layer_terms, optimizer_s)
+    n = 16
+    lt, ht = layer_terms(1), head_terms(1)
+    n_layer, n_emb, n_head = layer_params(1), V * H, H + V * H
+    ag, rs = (cross_node_s(op, n, b * n_layer, nodes=2) for op, b in (("all-gather", B), ("reduce-scatter", 4)))
+    ag_emb, rs_emb = (cross_node_s(op, n, b * n_emb, nodes=2) for op, b in (("all-gather", B), ("reduce-scatter", 4)))
+    ag_head, rs_head = (cross_node_s(op, n, b * n_head, nodes=2) for op, b in (("all-gather", B),
+                                                                               ("reduce-scatter", 4)))
+    co, co_emb, co_head = (kernel(2 * B * x / TRIAD) for x in (n_layer, n_emb, n_head))
+    ci, ci_emb, ci_head = (kernel((B + 4) * x / TRIAD) for x in (n_layer, n_emb, n_head))
+    layer_f = sum(lt[f"f_{b}"] for b in ("attn_pre", "attn", "attn_post", "mlp_pre", "mlp", "mlp_post"))
+    layer_b = sum(lt[k] for k in lt if k[0] in "bw")
+    forward = ag_emb + ht["emb_f"] + co_emb + ag + co + max(layer_f, ag) + co + max(layer_f, ag_head) \
+        + co_head + ht["head_f"]
+    head_b = ht["head_b"] + ht["head_w"]
+    start, l1_ag = ag_head + co_head, ag_head + ag          # the head's backward; layer 1's gather done
+    rs_head_end = max(l1_ag, start + head_b + ci_head) + rs_head
+    l1_co = max(start + head_b + ci_head, l1_ag) + co
+    ag0_end = max(rs_head_end, l1_co) + ag
+    l1_end = l1_co + layer_b
+    rs1_end = max(ag0_end, l1_end + ci) + rs
+    l0_co = max(l1_end + ci, ag0_end) + co
+    ag_emb_end = max(rs1_end, l0_co) + ag_emb
+    l0_end = l0_co + layer_b
+    rs0_end = max(ag_emb_end, l0_end + ci) + rs
+    emb_end = max(l0_end + ci, ag_emb_end) + ht["emb_w"] + co_emb
+    rs_emb_end = max(rs0_end, emb_end + ci_emb) + rs_emb
+    step = forward + rs_emb_end + optimizer_s((L * n_layer + n_emb + n_head) / n, zero_grads=False)
+
+    cfg = config({"names": ["dp_shard"], "shape": [n]}, 2, 16, "zero3")
+    cfg = replace(cfg, training=cfg.training.model_copy(update={"reshard_head_after_forward": True}))
+    st = step_time(build_plan(cfg), Overlap(), table=gemm_table(1))
+    assert st.step_s == pytest.approx(step, rel=1e-6)
+    fsdp = [e.name for e in st.units.get(0, 0, "B", 0).events if e.stream == "fsdp"]
+    assert fsdp[:3] == ["fsdp AG root_head", "fsdp AG L1", "fsdp RS root_head"]
