@@ -166,3 +166,32 @@ def test_step_regathers_the_head_before_its_backward_by_hand():
     assert st.step_s == pytest.approx(step, rel=1e-6)
     fsdp = [e.name for e in st.units.get(0, 0, "B", 0).events if e.stream == "fsdp"]
     assert fsdp[:3] == ["fsdp AG root_head", "fsdp AG L1", "fsdp RS root_head"]
+
+
+@pytest.mark.parametrize("head", [False, True])
+def test_torch_fsdp2_gathers_what_the_table_counts(head):
+    """torch's own FSDP2 on a fake process group (dp_shard 8, one micro-batch of 2, fp32, the
+    LayerNorm model of test_runtime_dryrun) as the oracle: with the head resharded after forward
+    ("always") torch all-gathers [norm, output] ((256 x 64 + 128) x 4 B) again in backward, once,
+    as the table counts; without, only in forward. Layers and the embedding: forward and backward."""
+    pytest.importorskip("torch")
+    from meshplan.runtime.validation.dryrun import dry_run
+    from meshplan.spec.training import TrainingSpec
+    from tests.test_runtime_dryrun import FP32, TINY, mesh_of, tally
+
+    model = TINY.model_copy(update=dict(gated_mlp=False, norm="layernorm", kv_heads=4))
+    tr = TrainingSpec(global_batch=16, seq_len=16, micro_batch=2, reshard_head_after_forward=head, **FP32)
+    run = dry_run(model, tr, mesh_of(("dp_shard",), (8,)), rank=1)
+    dp = tuple(range(8))
+    layer, emb, out = 2 * 128 + 4 * 64 * 64 + 2 * 64 * 128, 256 * 64, 256 * 64 + 128
+    gathers = {k[3] // 4: v for k, v in tally(run, "backward").items() if k[1] == "all-gather" and k[2] == dp}
+    assert gathers == {layer: 2, emb: 1} | ({out: 1} if head else {})
+    from meshplan.config import config_from_dict
+    plan = build_plan(config_from_dict({
+        "model": model.model_dump(exclude_none=True), "cluster": {"system": "dgx-h100", "nodes": 1},
+        "training": tr.model_dump(include={"global_batch", "seq_len", "micro_batch", "reshard_head_after_forward",
+                                           *FP32}) | {"recompute": "none"},
+        "mesh": {"names": ["dp_shard"], "shape": [8]}}))
+    table = {r.size_bytes // 4: r.per_step for r in plan.stage(0).collectives
+             if r.op == "all-gather" and r.phase == "backward"}
+    assert table == {k: v * 1 for k, v in gathers.items()}  # one micro-batch per step
