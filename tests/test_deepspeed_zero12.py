@@ -165,3 +165,30 @@ def test_deepspeed_config_round_trip(tmp_path):
     d["zero_optimization"]["use_multi_rank_bucket_allreduce"] = False
     with pytest.raises(ConfigError, match="^zero_optimization.use_multi_rank_bucket_allreduce: false is DeepSpeed"):
         load_any(_write(tmp_path, "z1b.json", json.dumps(d)), opts=DSOPTS)
+
+
+@pytest.mark.parametrize("stage,precision,accum,grad_dtype,grad_bytes", [
+    # Llama 3 8B, 8,030,261,248 parameters over dp 16 (2 DGX H100 nodes): ZeRO-2 keeps the
+    # rank's partition, 8,030,261,248 / 16 = 501,891,328 elements, in the model's dtype
+    # (stage_1_and_2.py grads_in_partition, dtype=self.dtype), grad_accum_dtype or not
+    (2, "bf16", None, "bf16", 501_891_328 * 2),
+    (2, "fp16", "fp32", "fp16", 501_891_328 * 2),
+    # ZeRO-1 keeps every parameter's gradient: param.grad in the model's dtype, or
+    # param.grad_accum in grad_accum_dtype (fp16 model, fp32 accumulation)
+    (1, "bf16", None, "bf16", 8_030_261_248 * 2),
+    (1, "fp16", "fp32", "fp32", 8_030_261_248 * 4),
+])
+def test_deepspeed_gradients_live_in_the_model_dtype(tmp_path, stage, precision, accum, grad_dtype, grad_bytes):
+    """Imported ZeRO-1/2 configs plan DeepSpeed's gradient dtype (the importer's docstring),
+    gradient bytes per rank by hand; before, every one planned fp32 (4 B per element); the
+    export writes grad_accum_dtype back where DeepSpeed has the key."""
+    d = {"train_batch_size": 32, "train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": stage},
+         precision: {"enabled": True}} | ({"data_types": {"grad_accum_dtype": accum}} if accum else {})
+    cfg = load_any(_write(tmp_path, "z.json", json.dumps(d)), opts=DSOPTS)
+    assert cfg.training.grad_dtype == grad_dtype
+    plan = build_plan(cfg)
+    assert plan.state[0].params.total == 8_030_261_248
+    assert plan.state[0].bytes_of("grads") == grad_bytes
+    text, header = export(cfg, "deepspeed", "x")
+    assert json.loads(text).get("data_types") == ({"grad_accum_dtype": "fp32"} if grad_dtype == "fp32" else None)
+    assert not [h for h in header if h.startswith("not expressed")], header

@@ -318,10 +318,12 @@ def _seventy(mesh: dict, **training) -> dict:
     # torchtitan under pp: FSDP2 keeps fp32 shards, no reshard after forward (its default with pp)
     (_seventy({"names": ["pp", "dp_shard", "tp"], "shape": [4, 2, 4], "sequence_parallel": True},
               param_dtype="fp32", reshard_after_forward=False), "torchtitan"),
-    # interleaved, an uneven split per virtual stage (torchtitan's module_fqns_per_model_part holds any)
+    # interleaved, an uneven split per virtual stage (torchtitan's module_fqns_per_model_part holds any);
+    # resharded after forward under pp is torchtitan's "always", which reshards [norm, output] too
     (_seventy({"names": ["pp", "dp_shard", "tp"], "shape": [4, 2, 4], "sequence_parallel": True,
                "virtual_stages": 2, "pp_schedule": "interleaved_1f1b",
-               "pp_layer_split": [9, 10, 10, 11, 11, 10, 10, 9]}, param_dtype="fp32"), "torchtitan"),
+               "pp_layer_split": [9, 10, 10, 11, 11, 10, 10, 9]}, param_dtype="fp32",
+              reshard_head_after_forward=True), "torchtitan"),
     # Megatron: distributed optimizer, interleaved 1F1B with 10 layers per virtual stage
     (_seventy({"names": ["pp", "dp", "tp"], "shape": [4, 2, 4], "sequence_parallel": True, "virtual_stages": 2,
                "pp_schedule": "interleaved_1f1b"}, sharding="zero1", grad_reduce_dtype="fp32", framework="megatron"),

@@ -267,10 +267,12 @@ def test_deepspeed_export_of_a_model_outside_the_catalog():
     assert json.loads(text)["gradient_accumulation_steps"] == 64 // (1 * 8)
     # the plan's fp32 reduction (reduce_dtype) is not DeepSpeed's default (the model's bf16): written
     assert json.loads(text)["communication_data_type"] == "fp32"
-    # a DeepSpeed config runs DeepSpeed's own ZeRO-2 (all-reduces), not Megatron's reduce-scatters: said
+    # a DeepSpeed config runs DeepSpeed's own ZeRO-2 (all-reduces), not Megatron's reduce-scatters,
+    # and keeps ZeRO-2's gradient partition in the model's dtype (bf16), not the plan's fp32: said
     assert header == ["meshplan export of x (tiny on 1x dgx-h100)",
                       "import with: meshplan import deepspeed FILE --cluster dgx-h100 --nodes 1 --model MODEL "
                       "--seq-len 4096",
+                      "not expressed in deepspeed: training.grad_dtype: 'fp32' -> 'bf16'",
                       "not expressed in deepspeed: training.zero12_engine: 'megatron' -> 'deepspeed'"]
     with pytest.raises(ConfigError, match=r"model 'tiny' has none; export --to megatron or deepspeed instead$"):
         export(cfg, "torchtitan", "x")

@@ -45,8 +45,9 @@ Conventions, matched op by op against what torch 2.13 issues for DTensor TP/SP a
   0, and [final norm, output] on the stage holding the last chunk, at every pp and vpp; tied
   embeddings at pp 1, Megatron and DeepSpeed: one root unit of both ends; tied under pp: the
   embedding's unit kept gathered, the last stage's [norm, output] with its output copy). Each unit is
-  all-gathered in forward, again in backward when ``reshard_after_forward`` (never for the
-  unit holding the output layer, which FSDP2 keeps gathered), and its gradients
+  all-gathered in forward, again in backward when ``reshard_after_forward`` (not the
+  unit holding the output layer, which torchtitan keeps gathered unless
+  ``training.reshard_head_after_forward``, its policy ``"always"``: :func:`kept_gathered`), and its gradients
   reduce-scattered in backward, every micro-batch. FSDP2 pads dim 0 of each
   parameter to a multiple of the shard degree (:func:`~meshplan.mesh.tpsplit.fsdp_padded_numel`).
   HSDP all-reduces each unit's gradient shard over dp_replicate. Expert weights form their
@@ -675,8 +676,18 @@ def kept_gathered(label: str, t, tied: bool = False) -> bool:
     whatever ``reshard_after_forward`` says: the root, or under torchtitan's units
     (:attr:`~meshplan.spec.training.TrainingSpec.torchtitan_units`) the unit holding the
     output layer; the embedding's own unit reshards as a layer unless ``tied`` (torchtitan's
-    tied branch never reshards the ends after forward, on the first pipeline stage too)."""
-    if not label.startswith("root"):
+    tied branch reshards the ends after forward only under ``"always"``, on the first pipeline
+    stage too). With ``training.reshard_head_after_forward`` (torchtitan's ``"always"``) no unit
+    is kept: each reshards as a layer.
+
+    >>> from meshplan.spec.training import TrainingSpec
+    >>> t = TrainingSpec(global_batch=8, seq_len=16)
+    >>> [kept_gathered(u, t) for u in ("layer", "root (embedding)", "root (norm/output)")]
+    [False, False, True]
+    >>> kept_gathered("root (norm/output)", t.model_copy(update={"reshard_head_after_forward": True}))
+    False
+    """
+    if not label.startswith("root") or t.reshard_head_after_forward:
         return False
     return not t.torchtitan_units or label != "root (embedding)" or tied
 

@@ -59,10 +59,10 @@ def copy_in_element_bytes(training) -> tuple[int, int]:
     ``training`` (a :class:`~meshplan.spec.training.TrainingSpec`): the unsharded gradient in
     the compute dtype (``MixedPrecisionPolicy.param_dtype``: autograd's gradients take the
     parameters' unsharded dtype), the send buffer in FSDP's reduce dtype
-    (:attr:`~meshplan.spec.training.TrainingSpec.gradient_reduce_dtype` as FSDP2 sharding sees
-    it: ``reduce_dtype`` unless ``grad_reduce_dtype`` says otherwise), whatever the sharding
-    ``training`` itself names (the search asks for candidates of every sharding). The one rule
-    for :func:`copy_in_seconds`' element bytes (the collective table, the search's timing).
+    (:attr:`~meshplan.spec.training.TrainingSpec.fsdp_reduce_dtype`: ``reduce_dtype`` unless
+    ``grad_reduce_dtype`` says otherwise), whatever the sharding ``training`` itself names (the
+    search asks for candidates of every sharding). The one rule for :func:`copy_in_seconds`'
+    element bytes (the collective table, the search's timing).
 
     >>> from meshplan.spec.training import TrainingSpec
     >>> copy_in_element_bytes(TrainingSpec(global_batch=8, seq_len=16, sharding="none"))
@@ -70,9 +70,9 @@ def copy_in_element_bytes(training) -> tuple[int, int]:
     >>> copy_in_element_bytes(TrainingSpec(global_batch=8, seq_len=16, sharding="zero3", grad_reduce_dtype="bf16"))
     (2, 2)
     """
-    if training.sharding not in ("zero3", "hsdp") or training.zero3_engine != "fsdp2":
-        training = training.model_copy(update={"sharding": "zero3", "zero3_engine": "fsdp2"})
-    return dtype_bytes(training.compute_dtype), dtype_bytes(training.gradient_reduce_dtype)
+    if training.zero3_engine != "fsdp2":  # the copy-in is FSDP2's: its reduce dtype
+        training = training.model_copy(update={"zero3_engine": "fsdp2"})
+    return dtype_bytes(training.compute_dtype), dtype_bytes(training.fsdp_reduce_dtype)
 
 
 def copy_in_seconds(numel: int, grad_bytes: int, reduce_bytes: int, data: Optional[KernelData],

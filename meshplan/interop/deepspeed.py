@@ -32,6 +32,17 @@ are refused by name. Export writes them back: the plan's bucket, ``overlap_comm`
 ``communication_data_type`` when ``grad_reduce_dtype`` is set or the reduce dtype is not the
 model's. Other stages list these keys as unused.
 
+The gradients these stages keep (``training.grad_dtype``) are in the model's dtype, not fp32
+(``stage_1_and_2.py`` at edaa722): stage 2 copies each reduced gradient into its partition,
+``grads_in_partition``, allocated in ``self.dtype`` (the parameters' dtype) whatever
+``data_types.grad_accum_dtype`` says; stage 1 keeps ``param.grad`` (the model's dtype) until the
+step, or, when ``grad_accum_dtype`` differs from the model's dtype, accumulates each micro-batch's
+``param.grad`` into ``param.grad_accum`` in that dtype (``_fill_param_grad_accum_attribute``) and
+frees ``param.grad``: ``grad_dtype`` is then ``grad_accum_dtype`` (fp32 with fp16, the one mix its
+ZeRO-1 runs). Both convert the rank's partition to fp32 only inside ``step``, one parameter group
+at a time (``single_grad_partition``). Export writes ``data_types.grad_accum_dtype`` at stage 1
+when ``grad_dtype`` is not the model's (fp32 with bf16 has no key: that is ``BF16_Optimizer``).
+
 A DeepSpeed config runs ZeRO over one data axis: its ``[search]`` table (written on import)
 keeps ``meshplan search`` to those meshes (:data:`SEARCH`: pp, dp_replicate, cp, tp, ep, etp
 1; sharding zero1 or zero3, no HSDP), the rows ``export --to deepspeed`` can write; a note says
@@ -184,7 +195,8 @@ def read(d: dict, opts: ImportOptions) -> Imported:
                      "\"deepspeed-2021\" (one all-gather and reduce-scatter per parameter tensor)")
     tables = {"model": model_option(opts.model), "cluster": cluster, "training": training,
               "mesh": {"names": ["dp"], "shape": [world]}}
-    used = USED | (ZERO12_USED if stage in (1, 2) else set())
+    used = USED | (ZERO12_USED if stage in (1, 2) else set()) | (
+        {"data_types.grad_accum_dtype"} if stage == 1 else set())  # stage 2 keeps model-dtype grads anyway
     if stage in (1, 2):
         tables["memory"] = {"grad_bucket_elements": _bucket(d["zero_optimization"])}
     tables["search"] = {k: list(v) for k, v in SEARCH.items()}
@@ -212,7 +224,7 @@ def _zero12(d: dict, dtype: str) -> dict[str, Any]:
     for what it does not model or a malformed value.
 
     >>> _zero12({"zero_optimization": {"stage": 2, "overlap_comm": True}, "communication_data_type": "FP32"}, "bf16")
-    {'zero12_engine': 'deepspeed', 'overlap_comm': True, 'grad_reduce_dtype': 'fp32'}
+    {'zero12_engine': 'deepspeed', 'overlap_comm': True, 'grad_dtype': 'bf16', 'grad_reduce_dtype': 'fp32'}
     >>> _zero12({"zero_optimization": {"stage": 1, "use_multi_rank_bucket_allreduce": False}}, "bf16")
     Traceback (most recent call last):
     meshplan.errors.ConfigError: zero_optimization.use_multi_rank_bucket_allreduce: false is DeepSpeed's older reduce path (one dist.reduce per destination rank, before PR #4695), which meshplan does not model; remove it (default true: one all-reduce per bucket)
@@ -222,20 +234,43 @@ def _zero12(d: dict, dtype: str) -> dict[str, Any]:
         raise ConfigError("zero_optimization.use_multi_rank_bucket_allreduce", "false is DeepSpeed's older reduce path "
                           "(one dist.reduce per destination rank, before PR #4695), which meshplan does not model; "
                           "remove it (default true: one all-reduce per bucket)")
-    accum = d.get("data_types", {}).get("grad_accum_dtype") if isinstance(d.get("data_types"), dict) else None
-    if zero.get("stage") == 1 and dtype == "bf16" and str(accum).lower() == "fp32":
+    accum = _accum_dtype(d)
+    if zero.get("stage") == 1 and dtype == "bf16" and accum == "fp32":
         raise ConfigError("data_types.grad_accum_dtype", "fp32 with bf16 at ZeRO stage 1 runs DeepSpeed's "
                           "BF16_Optimizer, not its ZeRO-1 engine (not modelled); remove it to plan ZeRO-1")
     overlap = zero.get("overlap_comm", False)
     if not isinstance(overlap, bool):
         raise ConfigError("zero_optimization.overlap_comm", f"must be true or false; got {overlap!r}")
-    out: dict[str, Any] = {"zero12_engine": "deepspeed", "overlap_comm": overlap}
+    out: dict[str, Any] = {"zero12_engine": "deepspeed", "overlap_comm": overlap,
+                           "grad_dtype": accum if zero.get("stage") == 1 and accum else dtype}
     comm = d.get("communication_data_type")
     if comm is not None:
         if not isinstance(comm, str) or comm.lower() not in COMM_DTYPES:
             raise ConfigError("communication_data_type", f"{comm!r}; use one of {', '.join(COMM_DTYPES)}")
         out["grad_reduce_dtype"] = comm.lower()
     return out
+
+
+#: ``data_types.grad_accum_dtype`` spellings (DeepSpeed's ``DtypeEnum``, inference/config.py).
+ACCUM_DTYPES = {"fp32": "fp32", "float32": "fp32", "float": "fp32", "torch.float32": "fp32", "bf16": "bf16",
+                "bfloat16": "bf16", "bfloat": "bf16", "torch.bfloat16": "bf16", "fp16": "fp16", "float16": "fp16",
+                "half": "fp16", "torch.float16": "fp16"}
+
+
+def _accum_dtype(d: dict) -> Optional[str]:
+    """meshplan's name of ``data_types.grad_accum_dtype`` (None when absent); ConfigError for
+    a value DeepSpeed's ``DtypeEnum`` does not take.
+
+    >>> _accum_dtype({"data_types": {"grad_accum_dtype": "float32"}}), _accum_dtype({})
+    ('fp32', None)
+    """
+    table = d.get("data_types")
+    v = table.get("grad_accum_dtype") if isinstance(table, dict) else None
+    if v is None:
+        return None
+    if not isinstance(v, str) or v.lower() not in ACCUM_DTYPES:
+        raise ConfigError("data_types.grad_accum_dtype", f"{v!r}; use fp32, bf16 or fp16")
+    return ACCUM_DTYPES[v.lower()]
 
 
 def _bucket(zero: dict) -> int:
@@ -316,6 +351,8 @@ def write(cfg: Config) -> dict[str, Any]:
         zero["reduce_bucket_size"] = cfg.memory.bucket_elements(mesh.degree("fsdp"))
     if stage in (1, 2) and (t.grad_reduce_dtype is not None or t.gradient_reduce_dtype != t.param_dtype):
         comm["communication_data_type"] = t.gradient_reduce_dtype  # DeepSpeed's unset is the model's dtype
+    if stage == 1 and t.grad_dtype != t.param_dtype and not (t.param_dtype == "bf16" and t.grad_dtype == "fp32"):
+        comm["data_types"] = {"grad_accum_dtype": t.grad_dtype}  # ZeRO-1's param.grad_accum (module docstring)
     return {"train_batch_size": t.global_batch, "train_micro_batch_size_per_gpu": t.micro_batch,
             "gradient_accumulation_steps": accumulate, "zero_optimization": zero} | comm | {
             "bf16": {"enabled": t.compute_dtype == "bf16"}, "fp16": {"enabled": t.compute_dtype == "fp16"},

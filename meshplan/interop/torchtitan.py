@@ -23,7 +23,9 @@ training.seq_len                               training.seq_len
 training.dtype float32 / bfloat16              param_dtype fp32 / bf16 (bf16: no fp32 copy)
 training.mixed_precision_param / _reduce       compute_dtype / reduce_dtype
 parallelism.*_degree                           mesh [pp, dp_replicate, dp_shard, cp, tp] + ep, etp
-parallelism.fsdp_reshard_after_forward         reshard_after_forward (default: not pp, as torchtitan)
+parallelism.fsdp_reshard_after_forward         reshard_after_forward (default: not pp, as torchtitan),
+                                                 reshard_head_after_forward (always only):
+                                                 :func:`reshard_policy`
 parallelism.pipeline_parallel_schedule         mesh.pp_schedule (GPipe, 1F1B, Interleaved1F1B;
                                                  ZBVZeroBubble, DualPipeV as zbv, dualpipev)
 parallelism.module_fqns_per_model_part,        mesh.pp_layer_split (torchtitan's split of layers
@@ -224,6 +226,8 @@ def _training(d: dict, deg: dict[str, int], shard: int, opts: ImportOptions, mod
                 "reduce_dtype": _dtype(tr, "mixed_precision_reduce", "float32"),
                 # torchtitan's parallelize: "default" is reshard_after_forward = not pp_enabled
                 "reshard_after_forward": policy == "always" or (policy == "default" and deg["pp"] == 1),
+                # and [norm, output] (tied: the one end unit) resharded only under "always"
+                "reshard_head_after_forward": policy == "always" and fsdp,
                 "tp_comm_overlap": bool(par.get("enable_async_tensor_parallel", False))}
     if deg["pp"] > 1 and accum > 1:
         training["pp_schedule_runs"] = accum
@@ -354,6 +358,31 @@ def _moved(keys) -> None:
                               f"[{table}]); move it there")
 
 
+def reshard_policy(t, pp: int) -> str:
+    """torchtitan's ``parallelism.fsdp_reshard_after_forward`` for ``t`` (a
+    :class:`~meshplan.spec.training.TrainingSpec`) at pipeline degree ``pp``. torchtitan
+    (``torchtitan/distributed/fsdp.py`` at b5bcd76, ``get_fsdp_reshard_after_forward_policy``,
+    ``apply_fsdp_to_decoder``) reshards the blocks and the embedding's unit under ``"always"``,
+    under ``"default"`` when pp is off, never under ``"never"``, and the ``[norm, output]`` unit
+    (tied: the unit of the three) under ``"always"`` only. So: the head resharded ->
+    ``"always"``; the blocks resharded as pp says -> ``"default"``; kept -> ``"never"``; the
+    blocks resharded under pp with the head kept has no policy: ``"always"`` (it reshards the
+    head too; the export's round trip says so).
+
+    >>> from meshplan.spec.training import TrainingSpec
+    >>> t = TrainingSpec(global_batch=8, seq_len=16)
+    >>> [reshard_policy(t, 1), reshard_policy(t, 2), reshard_policy(t.model_copy(update={
+    ...     "reshard_after_forward": False}), 1), reshard_policy(t.model_copy(update={
+    ...     "reshard_head_after_forward": True}), 1)]
+    ['default', 'always', 'never', 'always']
+    """
+    if t.reshard_head_after_forward:
+        return "always"
+    if t.reshard_after_forward == (pp == 1):
+        return "default"
+    return "always" if t.reshard_after_forward else "never"
+
+
 def write(cfg: Config) -> dict[str, dict]:
     """torchtitan job tables of ``cfg`` (the inverse of :func:`read`). ConfigError naming
     what torchtitan cannot run: a model without a torchtitan flavor, sharding zero1/zero2,
@@ -368,7 +397,7 @@ def write(cfg: Config) -> dict[str, dict]:
     deg = _write_degrees(cfg, mesh)
     pp, dpn = deg.get("pp", 1), deg.get("dp_replicate", 1) * deg.get("dp_shard", 1)
     par: dict[str, Any] = {k: deg.get(a, 1) for k, a in DEGREES.items()}
-    par |= {"fsdp_reshard_after_forward": "always" if t.reshard_after_forward else "never",
+    par |= {"fsdp_reshard_after_forward": reshard_policy(t, pp),
             "disable_loss_parallel": not mesh_spec(cfg).loss_parallel,
             "enable_async_tensor_parallel": t.tp_comm_overlap}
     if pp > 1:

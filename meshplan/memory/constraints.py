@@ -134,7 +134,7 @@ def estimate(model: ModelSpec, training: TrainingSpec, mesh: Mesh, stages, micro
                 # backward precedes the last chunk's last), and its layers kept gathered unless
                 # no_sync reshards them
                 held = chunk * (vpp if vpp > 1 and micro > pp else 1)
-                accum = held * numel * dtype_bytes(training.gradient_reduce_dtype)
+                accum = held * numel * dtype_bytes(training.fsdp_reduce_dtype)
                 kept = 2 if training.grad_accumulation == "no_sync" else \
                     max(2, chunk if training.reshard_after_forward else held)
             gathered = kept * layer
@@ -183,7 +183,7 @@ def constraints(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, 
                               f"world {world}", f"tp*pp*cp >= {need}"))
     rows.append(ConstraintRow("contract", f"global batch {training.global_batch} sequences x {training.seq_len} tokens "
                               f"= {training.global_batch * training.seq_len:,} tokens/step; micro-batch "
-                              f"{training.micro_batch}; gradients reduced in {training.reduce_dtype}", "fixed"))
+                              f"{training.micro_batch}; gradients reduced in {training.gradient_reduce_dtype}", "fixed"))
     return Constraints(tuple(rows), usable)
 
 

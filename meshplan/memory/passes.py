@@ -11,12 +11,14 @@ Conventions (bytes on one rank; sizes from :mod:`meshplan.memory.sizes`):
 FSDP units (zero3/hsdp, shard degree > 1) follow FSDP2 (torch ``fully_shard``,
 ``_fsdp_param_group.py``): one unit per layer, the embedding (``embedding``, the first
 stage's chunk 0) and the head (``head``: final norm, output; the last chunk of the stage
-holding it), the head never resharded after forward; on a one-chunk one-stage pipeline
+holding it), the head not resharded after forward (unless ``head_reshards``, below); on a one-chunk one-stage pipeline
 Megatron, DeepSpeed and a tied model keep both ends in one root unit (``root``), never
 resharded. Under torchtitan's units
 (:attr:`~meshplan.spec.training.TrainingSpec.torchtitan_units`, untied) the embedding is
 resharded after forward as the layers are (``embedding_reshards``, at every pp) and gathered
-again before its backward; as
+again before its backward; with ``training.reshard_head_after_forward`` (torchtitan's
+``"always"``) so is the unit holding the output layer (``head_reshards``: the head, or the tied
+root), released as the output layer returns the logits; as
 :func:`meshplan.runtime.execution.parallelize.apply_fsdp` wraps them and
 :mod:`meshplan.comm.collectives` counts them. Unsharding a unit allocates its all-gather output
 and then copies it out into the unsharded parameters (``gathered_params``, twice the
@@ -149,6 +151,7 @@ class StageSizes:
     step: tuple
     reshard_after_backward: bool = False  # without a reduce (fsdp_reduce "after_last"): grad_accumulation no_sync
     embedding_reshards: bool = False  # the embedding's own unit resharded after forward (torchtitan's units)
+    head_reshards: bool = False  # the unit holding the output layer too (training.reshard_head_after_forward)
     reduce_deferred: bool = False  # pp > 1: the last backward reduces after the pass (PipelineStage.perform_reduce_grad)
     bucket_what: str = "gradient bucket (reduce dtype)"  # the bucket's label in the timeline
 
@@ -262,6 +265,8 @@ class PassBuilder:
     def _head_forward(self) -> None:
         sz = self.sz
         self._add(None, "temporaries", sz.logits_temp, "head: logits in compute dtype (+ the loss's x - max)")
+        if sz.head_reshards:  # its post-forward, as the output layer returns the logits
+            self._release("head" if "head" in self.keys else "root", "after forward")
         self._free_outputs()  # the model's forward returns the logits before the loss runs
         self._add(None, "temporaries", sz.logits_extra, "loss forward: exp(x - max)")
         self._add(None, "temporaries", -sz.logits_extra, "loss forward: exp(x - max) freed")

@@ -249,7 +249,7 @@ def units(model: ModelSpec, training: TrainingSpec, mesh: Mesh, stages, state: S
             and (model.tied_embeddings or not training.torchtitan_units):  # one FSDP2 root (torchtitan: two units)
         emb, head = numels.pop("embedding"), numels.pop("head")
         numels = {"root": {g: emb[g] + head[g] for g in emb}, **numels}
-    comp, red = dtype_bytes(training.compute_dtype), dtype_bytes(training.reduce_dtype)
+    comp, red = dtype_bytes(training.compute_dtype), dtype_bytes(training.fsdp_reduce_dtype)  # the table's
     shares = {g: _split(state.bytes_of("grads", g), [n[g] for n in numels.values()]) for g in ("dense", "expert")}
     out = {}
     for i, (key, n) in enumerate(numels.items()):
@@ -387,7 +387,9 @@ def stage_sizes(model: ModelSpec, training: TrainingSpec, mesh: Mesh, stages, st
         embedding_grad_extra=hs["embedding_grad_extra"] if k == 0 and fsdp else 0, fsdp=fsdp,
         reshard_after_forward=training.reshard_after_forward,
         fsdp_reduce=opts.fsdp_reduce_for(training, mesh.degree("pp")),
-        embedding_reshards=training.torchtitan_units and training.reshard_after_forward and not model.tied_embeddings,
+        embedding_reshards=training.torchtitan_units and training.reshard_after_forward and (
+            not model.tied_embeddings or training.reshard_head_after_forward),
+        head_reshards=training.reshard_head_after_forward,
         reshard_after_backward=training.grad_accumulation == "no_sync",
         reduce_deferred=mesh.degree("pp") > 1,
         prefetch=opts.prefetch_layers, forward_prefetch=opts.forward_prefetch_layers, bucket=bucket,

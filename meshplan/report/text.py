@@ -102,7 +102,7 @@ def _header(plan: Plan | Infeasible, con: Console) -> None:
     tokens = t.global_batch * t.seq_len
     con.print(f"train   global batch {t.global_batch} x seq {t.seq_len} = {tokens:,} tokens/step, micro-batch "
               f"{t.micro_batch}, sharding {t.sharding}, recompute {t.recompute} ({t.recompute_name}), params {t.param_dtype}, "
-              f"grads {t.grad_dtype}, reduce {t.reduce_dtype}, reserve {t.memory_reserve:.0%}")
+              f"grads {t.grad_dtype}, reduce {t.gradient_reduce_dtype}, reserve {t.memory_reserve:.0%}")
 
 
 def _constraints(plan: Plan | Infeasible, con: Console) -> None:

@@ -53,7 +53,8 @@ frameworks issue them:
   layer's backward copy-out, FSDP2's backward prefetch) and reduce-scattered after its
   gradient; the [norm, output] unit is gathered after the last layer's copy-out (prefetched as
   a layer's) and reduce-scattered right after the head's backward, its pre-backward having
-  prefetched the last layer first (with pp > 1 too; there the reduce-scatters wait for
+  prefetched the last layer first (resharded after forward, ``training.reshard_head_after_forward``:
+  all-gathered again just before, with its copy-out) (with pp > 1 too; there the reduce-scatters wait for
   ``perform_reduce_grad``, the embedding's first and [norm, output]'s after the layers'). One
   root unit (tied at pp 1, Megatron): gathered before the embedding, reduced after the
   embedding's gradient.
@@ -833,7 +834,7 @@ def reduce_pieces(comm: CommTimes, n: int, last_grad_unit: bool = True, overlapp
 
 def backward_unit(kind: str, chunk: ChunkCosts, comm: CommTimes, w: Workload, ov: Overlap,
                   last_grad_unit: bool = False, gather: bool = True, reduce: bool = True,
-                  deferred: bool = False, stage_last: bool = True) -> UnitSim:
+                  deferred: bool = False, stage_last: bool = True, gather_root: bool = True) -> UnitSim:
     """``kind`` "B" (input and weight gradients), "Bx" (input gradient only, ZB) or "W"
     (weight gradient only, ZB) of one micro-batch through ``chunk``. On the chunk's
     ``last_grad_unit`` the per-step gradient reduction is spread over its layers.
@@ -865,7 +866,15 @@ def backward_unit(kind: str, chunk: ChunkCosts, comm: CommTimes, w: Workload, ov
     # before the head's backward runs (FSDP2's backward prefetch in post-forward order), ahead of
     # the head's reduce-scatter on the FSDP stream
     early = ov.fsdp_prefetch and chunk.head is not None and head_g == "root_head" and n > 0
+    # the head's unit resharded after forward (training.reshard_head_after_forward, torchtitan's
+    # "always"; ``gather_root``: this pass finds it sharded): its pre-backward all-gathers it
+    # first, then prefetches the last layer; its copy-out precedes the head's backward
+    head_ag = s.comm("shard", "backward", "all-gather", f"fsdp AG {head_g}", head_g) \
+        if chunk.head is not None and with_b and gather_root \
+        and ("shard", head_g, "backward", "all-gather") in comm.t else None
     ag = gather_(n - 1) if early else None
+    if head_ag is not None:
+        s.compute(f"{head_g} copy-out", comm.copies.get((head_g, "all-gather"), 0.0), [head_ag])
     if chunk.head is not None and with_b and with_w and ov.tp_grad:
         _head_backward(s, chunk.head)
     elif chunk.head is not None:

@@ -426,7 +426,7 @@ class UnitTimes:
     reuses its timelines: they are pure functions of those inputs, times from the unit start."""
 
     def __init__(self, spec: PipelineSpec, chunks, comms, w, ov, reshard: bool, fsdp: bool,
-                 accumulation: str = "sync"):
+                 accumulation: str = "sync", reshard_root: bool = False):
         self.spec, self.chunks, self.comms, self.w, self.ov = spec, chunks, comms, w, ov
         self.cache: dict = {}
         self.shared: dict = {}
@@ -439,7 +439,9 @@ class UnitTimes:
             rab = spec.p == 1 and accumulation == "no_sync"
             for s in range(spec.p):
                 lay = fsdp_gather_flags(spec.schedule, spec.p, spec.m, spec.v, s, reshard, rab)
-                root = fsdp_gather_flags(spec.schedule, spec.p, spec.m, spec.v, s, False, rab)
+                # the root units: kept gathered unless resharded as the layers (reshard_root:
+                # training.reshard_head_after_forward, torchtitan's "always")
+                root = fsdp_gather_flags(spec.schedule, spec.p, spec.m, spec.v, s, reshard and reshard_root, rab)
                 self.flags[s] = {k: (g, root[k]) for k, g in lay.items()}
 
     def key(self, s: int, chunk: int, kind: str, mb: int) -> tuple:
@@ -461,7 +463,7 @@ class UnitTimes:
                 else:
                     uk = "Bx" if kind == "B" and self.spec.sched.splits_backward else kind
                     sim = backward_unit(uk, ch, comm, self.w, self.ov, last_grad_unit=k[3], gather=k[4][0], reduce=k[5],
-                                        deferred=self.spec.p > 1, stage_last=stage_last)
+                                        deferred=self.spec.p > 1, stage_last=stage_last, gather_root=k[4][1])
                 twins.append((ch, comm, sim))
             self.cache[k] = sim
         return self.cache[k]
@@ -824,7 +826,8 @@ def step_time(plan: Plan, overlap: Overlap = Overlap(), *, dropout: bool = False
     base = PipelineSpec(Schedule(schedule or plan.spec.pp_schedule), p, mr, v,
                         p2p_s=max(c.p2p_s + c.p2p_gather_s for c in comms), blocking_p2p=blocking_p2p(cfg.training, Schedule(schedule or plan.spec.pp_schedule)))
     units = UnitTimes(base, chunks, comms, w, overlap, cfg.training.reshard_after_forward,
-                      cfg.training.sharding in ("zero3", "hsdp"), cfg.training.grad_accumulation)
+                      cfg.training.sharding in ("zero3", "hsdp"), cfg.training.grad_accumulation,
+                      cfg.training.reshard_head_after_forward)
     spec = PipelineSpec(base.schedule, p, mr, v, p2p_s=base.p2p_s, blocking_p2p=base.blocking_p2p,
                         duration=lambda s, u: units.get(s, u.chunk, u.kind, u.mb).duration_s)
     indexed: list = []

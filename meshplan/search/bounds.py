@@ -225,7 +225,7 @@ def units(cfg: Config, tables: Tables, c: Candidates, st: Stages) -> dict:
     m, t = cfg.model, cfg.training
     col = lambda a: a[:, None]
     comp = dtype_bytes(t.compute_dtype)
-    r = dtype_bytes(t.reduce_dtype) / comp
+    r = dtype_bytes(t.fsdp_reduce_dtype) / comp  # the table's reduce-scatter dtype
     on = (c.sh == SHARDING.index("zero3")) | (c.sh == SHARDING.index("hsdp"))
     act_d, act_e = col(on & (c.fsdp > 1)), col(on & (c.efsdp > 1))
     z = np.zeros_like(c.tp)
@@ -244,7 +244,11 @@ def units(cfg: Config, tables: Tables, c: Candidates, st: Stages) -> dict:
     # at every pp (tied: one unit at pp 1; under pp the first stage's embedding kept gathered)
     titan = t.framework == "torch" and t.zero3_engine == "fsdp2" and not m.tied_embeddings
     root = np.broadcast_to(((c.pp == 1) & (c.vpp == 1) & (not titan))[:, None], st.n.shape)
-    emb_kept = col(np.broadcast_to(not titan, c.rf.shape) | (c.rf == 0))
+    # training.reshard_head_after_forward (torchtitan's "always", candidates with
+    # reshard_after_forward): neither end kept gathered from its forward
+    again = t.reshard_head_after_forward
+    emb_kept = col(np.broadcast_to(not titan and not again, c.rf.shape) | (c.rf == 0))
+    head_kept = col(np.broadcast_to(not again, c.rf.shape) | (c.rf == 0))
     # all-gather outputs and their copies in the gather dtype (float8 Linear weights under
     # fp8_all_gather: sizes.units' ``gathered``); gradients and reduce inputs by elements
     dg = lookup([c.tp, c.ep, c.etp, z], tables.layer, ("dense_gather", "expert_gather"))
@@ -262,7 +266,8 @@ def units(cfg: Config, tables: Tables, c: Candidates, st: Stages) -> dict:
             "root": root, "early": head, "grad_d": ud, "grad_m": um, "reduce_min": (umin * r).astype(np.int64),
             "r": r, "act_d": act_d, "fsdp": act_d | (act_e & has_m),
             "unit_min_g": np.where(has_d & has_m, np.minimum(gd, gm), np.where(has_m, gm, gd)), "emb_g": emb_g,
-            "head_g": head_g, "roots_g": st.first * emb_g * emb_kept + st.last * head_g, "per_mb": per_mb,
+            "head_g": head_g, "roots_g": st.first * emb_g * emb_kept + st.last * head_g * head_kept,
+            "per_mb": per_mb,
             "emb_kept": emb_kept, "pp1": np.broadcast_to(((c.pp == 1) & (c.vpp == 1))[:, None], st.n.shape)}
 
 

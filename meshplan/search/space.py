@@ -434,13 +434,16 @@ def _training_knobs(cfg: Config, c: Candidates, i: int) -> dict:
     ``grad_accumulation`` back to ``sync`` outside :func:`accumulates`, ``fp8_all_gather`` off
     without FSDP (ZeRO-1 gathers no parameters; the float8 GEMMs stay), ``zero3_engine``
     back to ``fsdp2`` outside sharding zero3 (DeepSpeed's engine is for ZeRO stage 3),
-    ``zero12_engine`` back to ``megatron`` (and ``overlap_comm`` off) outside zero1, as
+    ``zero12_engine`` back to ``megatron`` (and ``overlap_comm`` off) outside zero1,
+    ``reshard_head_after_forward`` off without FSDP or ``reshard_after_forward``, as
     :class:`~meshplan.spec.training.TrainingSpec` requires of a config."""
     t, out = cfg.training, dict[str, object]()
     if t.grad_accumulation != "sync" and not accumulates(cfg, c.pp[i], c.sh[i]):
         out["grad_accumulation"] = "sync"
     if t.fp8_all_gather and int(c.sh[i]) not in FSDP_SHARDINGS:
         out["fp8_all_gather"] = False
+    if t.reshard_head_after_forward and (int(c.sh[i]) not in FSDP_SHARDINGS or not c.rf[i]):
+        out["reshard_head_after_forward"] = False  # torchtitan's "always" reshards what FSDP2 shards
     if t.zero3_engine != "fsdp2" and SHARDING[c.sh[i]] != "zero3":
         out["zero3_engine"] = "fsdp2"
     if t.zero12_engine != "megatron" and SHARDING[c.sh[i]] != "zero1":  # DeepSpeed's ZeRO-1/2 engine

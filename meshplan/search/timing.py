@@ -174,7 +174,7 @@ def comm_times(cfg: Config, tt: TimeTables, c: Candidates) -> dict[str, np.ndarr
     """Seconds per call of each collective the bound uses, per candidate (sizes of
     :func:`meshplan.comm.collectives.collective_table`)."""
     m, t = cfg.model, cfg.training
-    cd, rd = dtype_bytes(t.compute_dtype), dtype_bytes(t.reduce_dtype)
+    cd, rd = dtype_bytes(t.compute_dtype), dtype_bytes(t.fsdp_reduce_dtype)  # the table's FSDP dtypes
     sp, seq = c.tp > 1, split(c, Dim.SEQUENCE)  # the sequence as the registered axes divide it
     act = c.mb * (t.seq_len // seq) * m.hidden * cd
     tps, at = np.unique(c.tp, return_inverse=True)

@@ -20,7 +20,7 @@ Dtype = Literal["fp32", "bf16", "fp16", "fp8"]
 # ``fp8_all_gather`` (torchtitan's float8 all-gather of the float8 Linear weights) is a knob: it
 # changes the bytes FSDP gathers, not what the GEMMs compute; ``linear_dtype`` and
 # ``fp8_output_layer`` (which GEMMs run in float8) are the workload's numerics.
-PLAN_KNOBS = ("micro_batch", "sharding", "reshard_after_forward", "recompute", "ac_freq", "flash_attention",
+PLAN_KNOBS = ("micro_batch", "sharding", "reshard_after_forward", "reshard_head_after_forward", "recompute", "ac_freq", "flash_attention",
               "tp_comm_overlap", "framework", "zero3_engine", "zero12_engine", "overlap_comm", "grad_accumulation",
               "fp8_all_gather", "torch_compile", "pp_schedule_runs", "vocab_pad_divisor")
 
@@ -41,6 +41,13 @@ class TrainingSpec(BaseModel):
     ``zero2`` (+ gradients), ``zero3`` (+ parameters: FSDP, ``reshard_after_forward``
     chooses ZeRO-3 (true) or keeps gathered parameters from forward to backward (false)),
     ``hsdp`` (zero3 within dp_shard, replicated over dp_replicate).
+    ``reshard_head_after_forward`` (torchtitan's units, :attr:`torchtitan_units`, with
+    ``reshard_after_forward``): the unit holding the output layer, ``[norm, output]`` (tied:
+    ``[embedding, norm, output]``), is resharded after forward as well and all-gathered again
+    for its backward, as torchtitan's ``fsdp_reshard_after_forward = "always"`` wraps it
+    (``apply_fsdp_to_decoder``: ``reshard_after_forward=policy == "always"`` for that unit;
+    ``"default"`` and ``"never"`` keep it gathered). Off (default): kept gathered from its forward
+    to its backward.
     ``memory_reserve``: fraction of HBM kept free (allocator, NCCL, headroom).
     ``vocab_pad_divisor``: the vocabulary is padded to a multiple of ``vocab_pad_divisor x tp``
     (:func:`meshplan.spec.axes.tp.padded_vocab`). Unset, it follows the framework: 128 under
@@ -171,6 +178,7 @@ class TrainingSpec(BaseModel):
     optimizer: Literal["adam", "adamw", "sgd"] = "adam"
     sharding: Literal["none", "zero1", "zero2", "zero3", "hsdp"] = "zero3"
     reshard_after_forward: bool = True
+    reshard_head_after_forward: bool = False
     recompute: Literal["none", "selective", "full", "layer", "op"] = "selective"
     ac_freq: int = Field(default=1, ge=1)
     flash_attention: bool = True
@@ -245,6 +253,11 @@ class TrainingSpec(BaseModel):
         if self.torch_compile and self.framework != "torch":
             raise ValueError(f"torch_compile is torch.compile of a torch model; framework {self.framework!r} runs its "
                              f"own kernels: remove the key")
+        if self.reshard_head_after_forward and not (self.torchtitan_units and self.reshard_after_forward):
+            raise ValueError("reshard_head_after_forward is torchtitan's fsdp_reshard_after_forward = \"always\" "
+                             "(framework torch, sharding zero3 or hsdp with FSDP2, reshard_after_forward true); "
+                             f"here framework {self.framework!r}, sharding {self.sharding!r}, reshard_after_forward "
+                             f"{str(self.reshard_after_forward).lower()}: remove it")
         if self.grad_accumulation != "sync" and self.sharding not in ("zero3", "hsdp"):
             raise ValueError(f"grad_accumulation {self.grad_accumulation!r} is an FSDP2 mode (sharding zero3 or "
                              f"hsdp); sharding {self.sharding!r} keeps the default 'sync': remove the key")
@@ -270,11 +283,13 @@ class TrainingSpec(BaseModel):
     def torchtitan_units(self) -> bool:
         """Whether the model's ends are FSDP2 units as torchtitan wraps them (framework torch,
         FSDP2 sharding): the embedding one unit, resharded after forward as the layers are,
-        ``[norm, output]`` another, never resharded after forward (torchtitan
+        ``[norm, output]`` another, not resharded after forward unless
+        ``reshard_head_after_forward`` (torchtitan
         ``torchtitan/distributed/fsdp.py`` ``apply_fsdp_to_decoder`` at b5bcd76, 2026-08-21;
         these units since #1094, 83e6941), at every pp on the stages holding them (torchtitan
-        applies it to each pipeline model part); tied embeddings: one unit of the three, never
-        resharded (under pp the first stage's embedding alone, never resharded). Megatron and
+        applies it to each pipeline model part); tied embeddings: one unit of the three, resharded
+        only with ``reshard_head_after_forward`` (under pp the first stage's embedding alone,
+        likewise). Megatron and
         DeepSpeed-2021 keep one root unit of both ends.
 
         >>> TrainingSpec(global_batch=8, seq_len=16, sharding="zero3").torchtitan_units
@@ -378,6 +393,29 @@ class TrainingSpec(BaseModel):
         return self.master_weights and self.param_dtype != "fp32"
 
     @property
+    def fsdp_reduce_dtype(self) -> Dtype:
+        """The dtype of the FSDP reduce-scatter (and HSDP's all-reduce of its output) of a
+        zero3/hsdp plan under this training, whatever sharding ``training`` itself names (the
+        search asks it for candidates of every sharding): ``grad_reduce_dtype`` when set, else
+        the parameter dtype under ``zero3_engine = "deepspeed-2021"`` (it reduces ``param.grad``),
+        else ``reduce_dtype`` (FSDP2's ``MixedPrecisionPolicy.reduce_dtype``). It is
+        :attr:`gradient_reduce_dtype` of the zero3/hsdp plan: the one rule for the collective
+        table's FSDP rows, the memory timeline's reduce-scatter input, FSDP2's copy-in and the
+        search's bounds and timing.
+
+        >>> t = TrainingSpec(global_batch=8, seq_len=16, sharding="hsdp", grad_reduce_dtype="bf16")
+        >>> t.fsdp_reduce_dtype, t.reduce_dtype, t.gradient_reduce_dtype
+        ('bf16', 'fp32', 'bf16')
+        >>> TrainingSpec(global_batch=8, seq_len=16, sharding="none").fsdp_reduce_dtype
+        'fp32'
+        """
+        if self.grad_reduce_dtype is not None:
+            return self.param_dtype if self.grad_reduce_dtype == "param" else self.grad_reduce_dtype
+        if self.sharding == "zero3" and self.zero3_engine == "deepspeed-2021":
+            return self.param_dtype
+        return self.reduce_dtype
+
+    @property
     def gradient_reduce_dtype(self) -> Dtype:
         """The dtype gradients are reduced in over the data axes (see ``grad_reduce_dtype``).
 
@@ -394,10 +432,12 @@ class TrainingSpec(BaseModel):
         >>> TrainingSpec(global_batch=8, seq_len=16, sharding="zero2", zero12_engine="deepspeed").gradient_reduce_dtype
         'bf16'
         """
+        if self.sharding in ("zero3", "hsdp"):
+            return self.fsdp_reduce_dtype
         if self.grad_reduce_dtype is None:
             # DeepSpeed: communication_data_type unset is the model's dtype (engine.py
             # ``communication_data_type``: fp16 / bf16 when enabled, else fp32)
-            if self.zero3_engine == "deepspeed-2021" or self.zero12_engine == "deepspeed":
+            if self.zero12_engine == "deepspeed":
                 return self.param_dtype
             if self.sharding != "none":
                 return self.reduce_dtype

@@ -236,14 +236,15 @@ def apply_ddp(model: nn.Module, device_mesh: DeviceMesh, mesh: Mesh) -> nn.Modul
 
 def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, reshard_after_forward: bool = True,
                mp_policy: Optional[MixedPrecisionPolicy] = None, expert_mesh: Optional[DeviceMesh] = None,
-               expert_placement: Optional[Callable] = None) -> None:
+               expert_placement: Optional[Callable] = None, reshard_head: bool = False) -> None:
     """FSDP2 ``fully_shard`` as torchtitan wraps a decoder (``torchtitan/distributed/fsdp.py``
     ``apply_fsdp_to_decoder`` at b5bcd76, 2026-08-21; units since #1094, 83e6941), on the whole
     model or on a pipeline stage's module alike (torchtitan applies it to each stage's model part,
     whose missing ends are None): the embedding when the module holds it
     (``reshard_after_forward`` as the layers), ``[final_norm, output]`` when it holds them (never
     resharded after forward: FSDP2 would prefetch it at once for backward; torchtitan reshards it
-    only under its policy "always", which meshplan does not plan), every layer, then the root (no
+    only under its policy "always": ``reshard_head``, ``training.reshard_head_after_forward``,
+    which reshards the tied unit too), every layer, then the root (no
     parameters left; learned positions, which torchtitan's models lack, are in the embedding's
     unit). Tied embeddings (``spec.tied_embeddings``): on one
     module, embedding, final norm and output are one unit, never resharded after forward; split
@@ -267,7 +268,7 @@ def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, reshard_after_forward: boo
             fully_shard(block, **kw_block)
             continue
         fully_shard(block, **kw)
-    kept = {**kw, "reshard_after_forward": False}
+    kept = {**kw, "reshard_after_forward": reshard_after_forward and reshard_head}
     # learned positions (not in torchtitan) join the embedding's unit, as the plan counts them
     # (ModelSpec.embedding_tensors); left in the root they were a unit of their own
     emb = [getattr(model, k) for k in ("embedding", "position_embedding") if hasattr(model, k)]
@@ -343,14 +344,15 @@ def _apply_fsdp(run: _Apply) -> None:
     if training.sharding != "none" and mesh.degree("fsdp") * mesh.degree("dp_replicate") > 1:
         mp = None
         if run.mixed_precision:
-            for key in ("compute_dtype", "reduce_dtype"):
+            for key in ("compute_dtype", "fsdp_reduce_dtype"):
                 if getattr(training, key) not in TORCH_DTYPES:
-                    raise ConfigError(f"training.{key}", f"{getattr(training, key)} has no FSDP2 mixed-precision "
+                    field = "grad_reduce_dtype" if training.grad_reduce_dtype else key.removeprefix("fsdp_")
+                    raise ConfigError(f"training.{field}", f"{getattr(training, key)} has no FSDP2 mixed-precision "
                                       f"dtype here; use one of {sorted(TORCH_DTYPES)}")
             mp = MixedPrecisionPolicy(param_dtype=TORCH_DTYPES[training.compute_dtype],
-                                      reduce_dtype=TORCH_DTYPES[training.reduce_dtype])
+                                      reduce_dtype=TORCH_DTYPES[training.fsdp_reduce_dtype])  # the table's
         apply_fsdp(model, fsdp_mesh(run.device_mesh, mesh, training), training.reshard_after_forward, mp, expert_dp,
-                   run.expert_placement)
+                   run.expert_placement, reshard_head=training.reshard_head_after_forward)
     elif expert_dp is not None and expert_dp.size() > 1:  # fsdp 1, efsdp = tp / ep > 1: experts alone
         for block in model.layers.values():
             if hasattr(block, "moe"):

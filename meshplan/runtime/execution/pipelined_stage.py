@@ -148,7 +148,8 @@ def parallelize_stage(modules: list[StageModule], mesh, training, dm, loss_paral
 
             apply_ep(m, edm["ep"].get_group(), mesh.ep, mesh.group_of(rank, "ep").index(rank))
         if shard:
-            apply_fsdp(m, fsdp_mesh(dm, mesh, training), training.reshard_after_forward, None, expert_dp, placement)
+            apply_fsdp(m, fsdp_mesh(dm, mesh, training), training.reshard_after_forward, None, expert_dp, placement,
+                       reshard_head=training.reshard_head_after_forward)
         m.to_empty(device=device)
     return edm
 
