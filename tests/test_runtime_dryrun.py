@@ -83,8 +83,9 @@ def test_tp2_dp_shard4_no_sp():
 
 def test_tp4_sp_dp_shard2():
     # rank 5 of (dp_shard 2, tp 4): tp [4..7], dp_shard [1, 5]; vocab padded 256 -> 512
-    # (128 * tp 4); KV heads copied 2 -> 4 (one per tp rank)
-    tr = TrainingSpec(global_batch=8, seq_len=16, micro_batch=1, **FP32)
+    # (Megatron's divisor 128 * tp 4, set explicitly: framework torch does not pad by default);
+    # KV heads copied 2 -> 4 (one per tp rank)
+    tr = TrainingSpec(global_batch=8, seq_len=16, micro_batch=1, vocab_pad_divisor=128, **FP32)
     run = dry_run(TINY, tr, mesh_of(("dp_shard", "tp"), (2, 4), sp=True), rank=5)
     assert run.group_differences == []
     assert run.notes == ["vocab 256 -> 512 rows", "KV heads copied 2 -> 4 for tp 4"]
