@@ -351,7 +351,9 @@ def unit_bounds(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: dict)
     layers, forward and backward), the embedding's and the head's extra time in their
     chunk's units (``emb_f``, ``emb_b``, ``head_f``, ``head_b``), a gathering pass's extra
     (``f_extra``, ``b_extra``; ``g_f``, ``g_b`` such passes per step), the extra of each chunk's
-    last gradient unit (``b_red``: FSDP2's copy-ins where that unit alone reduces), the p2p send
+    last gradient unit (``b_red``: FSDP2's copy-ins where that unit alone reduces), each at the
+    stage's shortest chunk, and at its longest (``f_core_hi``, ``b_core_hi``, ``b_red_hi``; ``n_long``
+    chunks of that length, ``f_core0``, ``b_core0`` chunk 0's: the Llama 3 split with vpp > 1), the p2p send
     ``p2p`` (candidates, 1), the last unit's ``tail`` beyond its duration and the stage's ``end``
     (optimizer step, exposed ZeRO-1 all-gather); module docstring."""
     m = cfg.model
