@@ -21,6 +21,7 @@ import numpy as np
 from meshplan.config import Config
 from meshplan.memory.sizes import head_sizes, layer_act_sizes
 from meshplan.memory.state import SHARDED_KINDS
+from meshplan.mesh.layers import stage_layers
 from meshplan.mesh.resolve import resolved_mesh
 from meshplan.mesh.tpsplit import local_dim1, local_numel, local_rows, padded_vocab
 from meshplan.pipeline.registry import get
@@ -31,6 +32,7 @@ from meshplan.search.space import (
     Candidates,
     candidate_schedule,
     ends_short_split,
+    stage_split,
 )
 from meshplan.spec.axes.base import Dim
 from meshplan.spec.axes.registry import AXES, Axis, divisor, search_axes
@@ -253,9 +255,6 @@ def _dense_of_chunks(cfg: Config, c: Candidates, p: int) -> np.ndarray:
     """Dense layers per stage (candidates, p) with vpp > 1: :func:`~meshplan.mesh.layers.stage_layers`
     of each distinct (vpp, schedule, split) key, its chunks in the schedule's virtual-stage map
     (the plan's own assignment), counted below the model's dense layers."""
-    from meshplan.mesh.layers import stage_layers
-    from meshplan.search.space import stage_split
-
     L, D = cfg.model.layers, cfg.model.dense_layers
     out = np.zeros((len(c), p), dtype=np.int64)
     keys = np.stack([c.vpp, c.ps, c.us], axis=1)
