@@ -34,11 +34,12 @@ Dimensions (each narrowed by :class:`~meshplan.spec.search.SearchOptions`):
   where asked with pp > 1 and vpp 2 the V-shaped ZB-V (1) and DualPipeV (2);
 - with pp >= 3, also :func:`ends_short_split` (first and last stage lighter by the embedding
   and the output layer, Llama 3's rule): with vpp 1 where it differs from the default split;
-  with vpp > 1 (interleaved 1F1B) wherever every stage gets at least vpp layers, each stage's
-  layers spread over its chunks by :func:`~meshplan.mesh.layers.stage_layers` (the short
-  chunks at the model's ends: 14 layers, pp 4, vpp 2 give stages 3, 4, 4, 3 and virtual
-  stages 1, 2, 2, 2 | 2, 2, 2, 1), as Llama 3 405B ran its 126 layers at pp 16 (Dubey et al.
-  2024, 3.3.2). The V-shaped schedules keep even chunks. The bounds take the stage's
+  with vpp > 1 (interleaved 1F1B) where (layers + 2) / (pp x vpp) is a whole number >= 2
+  (Llama 3's rule: the embedding and the output layer each take a layer's slot, every virtual
+  stage the same slots), each stage's layers spread over its chunks by
+  :func:`~meshplan.mesh.layers.stage_layers` (the short chunks at the model's ends: 14
+  layers, pp 4, vpp 2 give stages 3, 4, 4, 3 and virtual stages 1, 2, 2, 2 | 2, 2, 2, 1), as
+  Llama 3 405B ran its 126 layers at pp 16 (Dubey et al. 2024, 3.3.2). The V-shaped schedules keep even chunks. The bounds take the stage's
   shortest chunk (``Stages.n_chunk``) where a smaller count lowers them and its longest
   (``n_chunk_hi``) where a larger one raises them.
 
@@ -47,20 +48,11 @@ Dimensions (each narrowed by :class:`~meshplan.spec.search.SearchOptions`):
 ...                         "training": {"global_batch": 8, "seq_len": 1024}}, require_mesh=False)
 >>> c = enumerate_candidates(cfg)
 >>> len(c), int(c.tp.max())  # 1,536 none/selective/full without the knobs (reshard, short ends; tp
-...                            # overlap only with torch_compile), + 240 with op (tp = cp = 1), + 808
-...                            # with the Llama 3 split at vpp > 1 (below)
-(3340, 8)
->>> ends_short_split(32, 4, 7), ends_short_split(32, 8, 3), ends_short_split(32, 8, 4)
-([7, 9, 9, 7], [3, 5, 5, 4, 4, 4, 4, 3], None)
->>> short = (c.us == 1) & (c.vpp > 1)  # pp 4: vpp 2..7, pp 8: vpp 2, 3; each as many rows as even vpp 2 has
->>> [(p, v, int((short & (c.pp == p) & (c.vpp == v)).sum())) for p, v in ((4, 2), (4, 7), (8, 3))]
-[(4, 2, 124), (4, 7, 124), (8, 3, 32)]
->>> int(((c.us == 0) & (c.pp == 4) & (c.vpp == 2)).sum()), int(((c.us == 0) & (c.pp == 8) & (c.vpp == 2)).sum())
-(124, 32)
->>> int((c.rc == RECOMPUTE.index("op")).sum()), int(c.tp[c.rc == RECOMPUTE.index("op")].max())  # 240 + 112 short
-(352, 1)
->>> int((short & (c.rc == RECOMPUTE.index("op"))).sum())
-112
+...                            # overlap only with torch_compile), + 240 with op (tp = cp = 1); 32 + 2 layers
+...                            # are not a multiple of pp x vpp: no short-ends interleaved candidate
+(2532, 8)
+>>> int((c.rc == RECOMPUTE.index("op")).sum()), int(c.tp[c.rc == RECOMPUTE.index("op")].max())
+(240, 1)
 >>> candidate_config(cfg, c, 0).mesh.names
 ['dp_shard']
 """
@@ -375,20 +367,29 @@ def ends_short_split(layers: int, pp: int, vpp: int = 1) -> Optional[list[int]]:
     """Layers per stage with the embedding and the output layer each counted as one layer
     (Llama 3, Dubey et al. 2024, 3.3.2: "one layer fewer on the first and the last stage"):
     :func:`~meshplan.mesh.layers.balanced_split` of ``layers + 2``, one layer then taken off
-    the first and the last stage. With ``vpp`` > 1 each stage's layers go to its chunks as
-    :func:`~meshplan.mesh.layers.stage_layers` spreads a per-stage split (the short chunks at
-    the model's ends), so every stage needs >= vpp layers. None (no new candidate) with pp < 3,
-    when a stage gets fewer than vpp layers, or, with vpp 1, when it equals the default split
-    (:func:`stage_split`; with vpp > 1 the default is even chunks only, so the split is a new
-    candidate even where it equals :func:`~meshplan.mesh.layers.balanced_split`: Llama 3 405B's
-    126 layers at pp 16 are interleaved only this way).
+    the first and the last stage. With ``vpp`` > 1 Llama 3's rule per virtual stage: every
+    virtual stage holds (layers + 2) / (pp x vpp) slots, the embedding one of the first's and
+    the output layer one of the last's, so that whole number must be >= 2; each stage's layers
+    then go to its chunks as :func:`~meshplan.mesh.layers.stage_layers` spreads a per-stage
+    split (the short chunk at the model's ends), which is exactly that layout, and the split
+    Megatron-LM runs with ``--account-for-embedding-in-pipeline-split
+    --account-for-loss-in-pipeline-split`` (other uneven chunkings are not searched: Megatron-Core
+    refuses them, and each adds a whole block of candidates). None (no new candidate) with pp <
+    3, with vpp 1 when it equals the default split (:func:`stage_split`), with vpp > 1 when the
+    rule does not hold (the default there is even chunks only, so the split is a new candidate
+    even where it equals :func:`~meshplan.mesh.layers.balanced_split`: Llama 3 405B's 126 layers
+    at pp 16 are interleaved only this way, 128 / 16 = 8 slots per stage, vpp 2 or 4).
 
     >>> ends_short_split(32, 4), ends_short_split(126, 16), ends_short_split(8, 2)
     ([7, 9, 9, 7], None, None)
-    >>> ends_short_split(126, 16, 2)[:3], ends_short_split(14, 4, 2), ends_short_split(14, 4, 4)
-    ([7, 8, 8], [3, 4, 4, 3], None)
+    >>> ends_short_split(126, 16, 2)[:3], ends_short_split(126, 16, 8), ends_short_split(32, 4, 2)
+    ([7, 8, 8], None, None)
+    >>> ends_short_split(14, 4, 2), ends_short_split(14, 4, 3)
+    ([3, 4, 4, 3], None)
     """
     if pp < 3 or pp > layers:
+        return None
+    if vpp > 1 and ((layers + 2) % (pp * vpp) or (layers + 2) // (pp * vpp) < 2):
         return None
     split = balanced_split(layers + 2, pp)
     split[0], split[-1] = split[0] - 1, split[-1] - 1
