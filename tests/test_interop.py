@@ -332,6 +332,22 @@ def _seventy(mesh: dict, **training) -> dict:
     (_seventy({"names": ["pp", "dp", "tp"], "shape": [4, 2, 4], "sequence_parallel": True,
                "pp_layer_split": [19, 21, 21, 19]}, sharding="zero1", grad_reduce_dtype="param", framework="megatron"),
      "megatron"),
+    # Megatron, interleaved with the first and last stage lighter: each stage's layers a multiple of
+    # vpp 2 (TransformerConfig), so --decoder-first/last-pipeline-num-layers 18 with 2 virtual stages
+    (_seventy({"names": ["pp", "dp", "tp"], "shape": [4, 2, 4], "sequence_parallel": True, "virtual_stages": 2,
+               "pp_schedule": "interleaved_1f1b", "pp_layer_split": [18, 22, 22, 18]}, sharding="zero1",
+              grad_reduce_dtype="param", framework="megatron"), "megatron"),
+    # Llama 3 405B's split interleaved (126 layers + embedding + loss = 128 = pp 16 x vpp 2 x 4): Megatron's
+    # --account-for-embedding/loss-in-pipeline-split; torchtitan's parts of 3, 4, ..., 4, 3 layers
+    ({"model": {"catalog": "llama3-405b"}, "cluster": {"system": "dgx-h100", "nodes": 16},
+      "training": {"global_batch": 32, "seq_len": 4096, "recompute": "full", "sharding": "zero1",
+                   "grad_reduce_dtype": "param", "framework": "megatron"},
+      "mesh": {"names": ["pp", "tp"], "shape": [16, 8], "sequence_parallel": True, "virtual_stages": 2,
+               "pp_schedule": "interleaved_1f1b", "pp_layer_split": [7] + [8] * 14 + [7]}}, "megatron"),
+    ({"model": {"catalog": "llama3-405b"}, "cluster": {"system": "dgx-h100", "nodes": 32},
+      "training": {"global_batch": 32, "seq_len": 4096, "recompute": "full", "param_dtype": "fp32"},
+      "mesh": {"names": ["pp", "dp_shard", "tp"], "shape": [16, 2, 8], "sequence_parallel": True, "virtual_stages": 2,
+               "pp_schedule": "interleaved_1f1b", "pp_layer_split": [7] + [8] * 14 + [7]}}, "torchtitan"),
     # MoE: Mixtral's experts over ep 8 under Megatron FSDP (the example's mesh, in Megatron's order)
     (load_config(EX / "mixtral-8x7b_32xh100_ep8-dp32.toml"), "megatron"),
 ])
@@ -347,6 +363,22 @@ def test_pipeline_and_moe_round_trips(tmp_path, tables, to):
     assert differences(cfg, again) == []
     a, b = _outcome(cfg), _outcome(again)
     assert a[0] == b[0] and a[1] == b[1] and a[2] == pytest.approx(b[2], rel=1e-12)
+
+
+def test_megatron_export_of_uneven_chunks():
+    """The flags Megatron-LM takes for a split with virtual stages, and the refusal where none fits:
+    Llama 3 8B's 32 layers as [7, 9, 9, 7] over vpp 2 give chunks 3+4 | 5+4 | 5+4 | 4+3 (stage_layers):
+    neither each stage a multiple of 2 (--decoder-first/last-pipeline-num-layers) nor 34 slots over 8
+    virtual stages (--account-for-embedding/loss-in-pipeline-split)."""
+    mesh = {"names": ["pp", "dp", "tp"], "shape": [4, 2, 1], "virtual_stages": 2, "pp_schedule": "interleaved_1f1b"}
+    base = {"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 1},
+            "training": {"global_batch": 16, "seq_len": 4096, "sharding": "zero1", "framework": "megatron"}}
+    cfg = config_from_dict(base | {"mesh": mesh | {"pp_layer_split": [7, 9, 9, 7]}})
+    with pytest.raises(ConfigError, match=r"^--to: virtual stages \[3, 5, 5, 4, 4, 4, 4, 3\] differ within a stage"):
+        export(cfg, "megatron", "x")
+    text, _ = export(config_from_dict(base | {"mesh": mesh | {"pp_layer_split": [6, 10, 10, 6]}}), "megatron", "x")
+    assert "--num-virtual-stages-per-pipeline-rank 2" in text and "--decoder-first-pipeline-num-layers 6" in text \
+        and "--decoder-last-pipeline-num-layers 6" in text
 
 
 def test_export_lists_what_the_target_does_not_express():

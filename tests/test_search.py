@@ -58,6 +58,10 @@ CASES = {
     # micro-batches 4 does not divide are rejected, interleaving checked per run)
     "16-runs": dict(nodes=2, hbm_gb=4.0, micro_batch=[1, 4], recompute=["full"], pp=[1, 2, 4], top=6,
                     training={"pp_schedule_runs": 4}),
+    # 14 layers: pp 4 interleaved only with the Llama 3 split (stages 3, 4, 4, 3; vpp 2, uneven
+    # chunks within the end stages: test_search_vppsplit)
+    "8-short": dict(nodes=1, model=dict(SMALL, layers=14, name="small14"), micro_batch=[1, 2], recompute=["full"],
+                    pp=[1, 2, 4], top=5),
     "64": dict(nodes=8, hbm_gb=3.0, micro_batch=[1], recompute=["selective", "full"], cp=[1, 2], pp=[1, 2, 4, 8],
              top=5),
 }

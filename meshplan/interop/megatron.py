@@ -33,7 +33,11 @@ Megatron-LM                              meshplan
                                            planned as full, with a note)
 --num-layers-per-virtual-pipeline-stage, mesh.virtual_stages, pp_schedule interleaved_1f1b
 --num-virtual-stages-per-pipeline-rank
---decoder-first/last-pipeline-num-layers mesh.pp_layer_split
+--decoder-first/last-pipeline-num-layers mesh.pp_layer_split (with virtual stages each stage's layers
+                                           a multiple of vpp, as Megatron-Core's TransformerConfig requires)
+--account-for-embedding-in-pipeline-split mesh.pp_layer_split: the embedding and the loss each
+  and --account-for-loss-in-pipeline-split  count as a layer, (layers + 2) / (pp x vpp) per virtual
+                                           stage (both flags together; Llama 3's split)
 --micro-batch-size, --global-batch-size  training.micro_batch, global_batch (default micro x dp)
 --seq-length                             training.seq_len
 --bf16, --fp16                           compute/param dtype (fp32 main parameters kept)
@@ -74,7 +78,7 @@ from meshplan.spec.axes import MEGATRON_AXES
 from meshplan.spec.model import ModelSpec
 
 #: Flags that take no value (store_true in arguments.py), so the next token is not theirs.
-SWITCHES = {"--sequence-parallel", "--use-distributed-optimizer", "--recompute-activations", "--bf16", "--fp16",
+SWITCHES = {"--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split", "--sequence-parallel", "--use-distributed-optimizer", "--recompute-activations", "--bf16", "--fp16",
             "--swiglu", "--untie-embeddings-and-output-weights", "--group-query-attention", "--disable-bias-linear",
             "--add-qkv-bias", "--qk-layernorm", "--use-flash-attn", "--accumulate-allreduce-grads-in-fp32",
             "--tp-comm-overlap", "--use-torch-fsdp2", "--use-megatron-fsdp", "--overlap-grad-reduce",
@@ -99,6 +103,7 @@ USED = set(PARALLEL) | MODEL_FLAGS | {
     "--data-parallel-sharding-strategy", "--recompute-activations", "--recompute-granularity", "--recompute-method",
     "--recompute-num-layers", "--num-layers-per-virtual-pipeline-stage", "--num-virtual-stages-per-pipeline-rank",
     "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers", "--micro-batch-size",
+    "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split",
     "--global-batch-size", "--seq-length", "--bf16", "--fp16", "--fp8-format", "--accumulate-allreduce-grads-in-fp32",
     "--tp-comm-overlap", "--make-vocab-size-divisible-by", "--use-flash-attn", "--nnodes", "--grad-reduce-in-bf16",
     "--clip-grad", "--hidden-dropout", "--attention-dropout", "--no-bias-swiglu-fusion",
@@ -384,9 +389,46 @@ def _pipeline(args: dict, pp: int, layers: int) -> dict:
             raise ConfigError("--num-layers-per-virtual-pipeline-stage", f"{per_chunk} does not divide the "
                               f"{layers} layers / pp {pp} per stage")
         vpp = stage // per_chunk
+    if split is not None and vpp > 1 and any(n % vpp for n in split):
+        # Megatron-Core's TransformerConfig: each stage's layers a multiple of the virtual stages
+        raise ConfigError("--decoder-first-pipeline-num-layers", f"layers per stage {split} with {vpp} virtual "
+                          f"stages per rank: Megatron-LM needs each a multiple of {vpp}")
+    accounted = [f for f in ACCOUNT if args.get(f)]
+    if accounted:
+        if len(accounted) == 1 or split is not None:
+            raise ConfigError(accounted[0], "meshplan reads --account-for-embedding-in-pipeline-split and "
+                              "--account-for-loss-in-pipeline-split together, without --decoder-first/last-pipeline-"
+                              "num-layers")
+        virtual = accounted_split(layers, pp, vpp)
+        if isinstance(virtual, str):
+            raise ConfigError(accounted[0], virtual)
+        out["pp_layer_split"] = virtual
     if vpp > 1:
         out |= {"virtual_stages": vpp, "pp_schedule": "interleaved_1f1b"}
     return out
+
+
+#: Megatron-LM's switches that count the embedding and the loss as a layer each in the split.
+ACCOUNT = ("--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split")
+
+
+def accounted_split(layers: int, pp: int, vpp: int):
+    """Layers per virtual stage (``chunk * pp + stage``) under both of Megatron-LM's
+    ``--account-for-embedding-in-pipeline-split`` and ``--account-for-loss-in-pipeline-split``:
+    (layers + 2) / (pp x vpp) slots each, the embedding taking one of the first virtual stage's
+    and the loss one of the last's (Megatron-Core TransformerConfig: layers + 2 a multiple of
+    pp, and of vpp per rank); a one-line reason otherwise. Llama 3 405B at pp 16, vpp 2:
+
+    >>> s = accounted_split(126, 16, 2); s[:2], s[-2:], len(s)
+    ([3, 4], [4, 3], 32)
+    >>> accounted_split(32, 4, 2)
+    '32 layers + embedding + loss = 34 are not a multiple of pp 4 x vpp 2'
+    """
+    slots, left = divmod(layers + 2, pp * vpp)
+    if left or slots < 2:
+        return f"{layers} layers + embedding + loss = {layers + 2} are not a multiple of pp {pp} x vpp {vpp}" \
+            + (" with 2 or more per virtual stage" if not left else "")
+    return [slots - 1] + [slots] * (pp * vpp - 2) + [slots - 1]
 
 
 def read(text: str, opts: ImportOptions) -> Imported:
@@ -534,9 +576,24 @@ def _write_pipeline(cfg: Config, mesh) -> list[str]:
         raise ConfigError("--to", f"Megatron-LM runs 1F1B (interleaved with virtual stages); schedule "
                           f"{mesh_spec(cfg).pp_schedule} has no flag")
     if vpp > 1:
-        if len(set(split)) != 1:
-            raise ConfigError("--to", f"uneven virtual stages {split} have no Megatron-LM flag here")
-        return [f"--num-layers-per-virtual-pipeline-stage {split[0]}"]
+        if len(set(split)) == 1:
+            return [f"--num-layers-per-virtual-pipeline-stage {split[0]}"]
+        if split == accounted_split(cfg.model.layers, pp, vpp):  # Llama 3's: the ends counted as layers
+            return [f"--num-virtual-stages-per-pipeline-rank {vpp}", *ACCOUNT]
+        stages = [[split[c * pp + k] for c in range(vpp)] for k in range(pp)]
+        if any(len(set(ch)) > 1 for ch in stages):
+            raise ConfigError("--to", f"virtual stages {split} differ within a stage: Megatron-LM's "
+                              f"--decoder-first/last-pipeline-num-layers need each stage's layers a multiple of "
+                              f"vpp {vpp} (Megatron-Core TransformerConfig), and its --account-for-embedding/loss-"
+                              f"in-pipeline-split needs (layers + 2) / (pp x vpp) per virtual stage; meshplan does "
+                              f"not write --pipeline-model-parallel-layout")
+        split = [sum(ch) for ch in stages]
+        return [f"--num-virtual-stages-per-pipeline-rank {vpp}"] + _first_last(split)
+    return _first_last(split)
+
+
+def _first_last(split: list[int]) -> list[str]:
+    """``--decoder-first/last-pipeline-num-layers`` of layers per stage ``split``, or ConfigError."""
     middle = split[1:-1]
     if len(set(middle)) > 1:
         raise ConfigError("--to", f"layer split {split}: Megatron-LM sets the first and last stage and spreads the "

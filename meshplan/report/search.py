@@ -75,7 +75,8 @@ def header_lines(r: SearchResult) -> list[str]:
             f"tp <= {max_tp(cfg)}; [mesh] of the config ignored",
             "also searched: training.reshard_after_forward (FSDP-sharded parameters), "
             + ("training.tp_comm_overlap (tp > 1), " if overlap_searched(t) else "")
-            + "first and last stage lighter by one layer each (Llama 3 split, pp >= 3, vpp 1)"
+            + "first and last stage lighter by one layer each (Llama 3 split, pp >= 3; with vpp > 1 where "
+            "(layers + 2) / (pp x vpp) is whole)"
             + "".join(f", pipeline schedule {x} (pp > 1, vpp 2)" for x in o.pp_schedules if x != "1f1b")
             + ("" if "1f1b" in o.pp_schedules else "; pp > 1 only under those"),
             f"{len(r.candidates):,} candidates: {sum(1 for _ in REASONS) - 2} validity rules, memory bounds, "

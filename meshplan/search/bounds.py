@@ -26,8 +26,11 @@ is held as its all-gather output and as the unsharded copy (:mod:`meshplan.memor
 - **V-shaped schedules** (ZB-V, DualPipeV, ``Stages.vshape``): the lower bound keeps F and W
   without the embedding's, the head's and the kept roots' terms; the upper bound counts the
   head's saved activations once per pass in flight.
+- **Uneven chunks** (the Llama 3 split with vpp > 1: a stage's chunks differ by one layer):
+  every lower-bound term grows with a chunk's layers and takes the stage's shortest chunk
+  (``Stages.n_chunk``), the upper bound its longest (``n_chunk_hi``).
 - **Upper bound**: all state + NCCL buffers + workspace + the saved activations of ``w``
-  passes at the largest layer kind (embedding terms each pass; head terms once: the last
+  passes of the longest chunk at the largest layer kind (embedding terms each pass; head terms once: the last
   stage runs a head pass's backward right after its forward) + the root units (copy and
   all-gather output) + ``1 + max(1, prefetch)`` layer units (a copy and one output, or the
   prefetched ones; when layers stay gathered every layer's copy and ``2 + depth``
@@ -193,7 +196,8 @@ def _upper(cfg, c, st, s, u, hi, layer_peak, hs, fixed) -> np.ndarray:
     o, F = cfg.memory, u["fsdp"]
     r = u["r"]
     # head terms once per pass in flight under a V (its chunk-1 passes), else once
-    acts = st.w * (st.n_chunk * hi["saved"] + st.first * hs["embedding_saved"]) \
+    # each pass in flight at the stage's longest chunk (the Llama 3 split's chunks differ by one)
+    acts = st.w * (st.n_chunk_hi * hi["saved"] + st.first * hs["embedding_saved"]) \
         + np.where(st.vshape, st.w, 1) * st.last * hs["head_saved"]
     depth = max(1, o.prefetch_layers, getattr(o, "forward_prefetch_layers", 0))
     few = u["per_mb"] & (c.rf[:, None] > 0)  # the candidate's reshard_after_forward

@@ -21,6 +21,7 @@ import numpy as np
 from meshplan.config import Config
 from meshplan.memory.sizes import head_sizes, layer_act_sizes
 from meshplan.memory.state import SHARDED_KINDS
+from meshplan.mesh.layers import stage_layers
 from meshplan.mesh.resolve import resolved_mesh
 from meshplan.mesh.tpsplit import local_dim1, local_numel, local_rows, padded_vocab
 from meshplan.pipeline.registry import get
@@ -31,6 +32,7 @@ from meshplan.search.space import (
     Candidates,
     candidate_schedule,
     ends_short_split,
+    stage_split,
 )
 from meshplan.spec.axes.base import Dim
 from meshplan.spec.axes.registry import AXES, Axis, divisor, search_axes
@@ -193,7 +195,8 @@ class Stages:
     last: np.ndarray       # the output layer's stage (head): pp-1, or 0 under a V
     n: np.ndarray          # layers of the stage
     n_moe: np.ndarray      # MoE layers of the stage
-    n_chunk: np.ndarray    # layers per chunk (virtual stage)
+    n_chunk: np.ndarray    # layers of the stage's shortest chunk (virtual stage): n // vpp
+    n_chunk_hi: np.ndarray  # layers of its longest chunk: ceil(n / vpp) (the Llama 3 split's uneven chunks)
     w: np.ndarray          # chunk passes in flight at the first backward (of one schedule run: memory)
     m: np.ndarray          # micro-batches per step (per candidate, broadcast)
     m_run: np.ndarray      # micro-batches per schedule run (training.pp_schedule_runs; m with one run)
@@ -204,26 +207,25 @@ class Stages:
 def stage_layout(cfg: Config, c: Candidates, p: int) -> Stages:
     """Layers, MoE layers and in-flight passes per stage of candidates with pp = ``p``
     (:func:`~meshplan.mesh.layers.stage_layers`, :func:`~meshplan.mesh.layers.balanced_split`,
-    :func:`~meshplan.search.space.ends_short_split` where ``us``)."""
+    :func:`~meshplan.search.space.ends_short_split` where ``us``, with vpp > 1 too)."""
     L, D = cfg.model.layers, (cfg.model.dense_layers if cfg.model.is_moe else cfg.model.layers)
     k = np.arange(p)[None, :]
     v = c.vpp[:, None]
     base, extra = L // p, L % p
     pos = np.where(k == 0, p - 2, np.where(k == p - 1, p - 1, k - 1)) if p > 1 else np.zeros_like(k)
     n = np.broadcast_to(base + ((pos < extra) & (v == 1)), (len(c), p)).astype(np.int64)
-    short = ends_short_split(L, p)
-    if short is not None and c.us.any():  # the Llama 3 split where the candidate has it
-        n = np.where(c.us[:, None] > 0, np.array(short, dtype=np.int64)[None, :], n)
+    for vv in np.unique(c.vpp[c.us > 0]).tolist():  # the Llama 3 split where the candidate has it
+        short = ends_short_split(L, p, int(vv))
+        if short is not None:
+            n = np.where(((c.us > 0) & (c.vpp == vv))[:, None], np.array(short, dtype=np.int64)[None, :], n)
     start = np.cumsum(n, axis=1) - n
     ps = c.ps[:, None]
     if np.all(v == 1):
         n_dense = np.clip(D - start, 0, n)
+    elif D >= L:
+        n_dense = n
     else:
-        ch = n // v
-        n_dense = np.zeros_like(n)
-        for j in range(int(c.vpp.max())):  # chunk j's virtual stage: the candidate's schedule's map
-            vs = np.where(ps > 0, get(Schedule.ZBV).virtual_stage(np.full_like(k, j), k, p, 2), j * p + k)
-            n_dense += np.where(j < v, np.clip(D - vs * ch, 0, ch), 0)
+        n_dense = _dense_of_chunks(cfg, c, p)
     m = (cfg.training.global_batch // (c.mb * c.dp))[:, None]
     # training.pp_schedule_runs: memory is one run's (each starts from sharded parameters); a
     # single schedule over all m is never slower than the runs, so the time bounds keep it
@@ -243,9 +245,27 @@ def stage_layout(cfg: Config, c: Candidates, p: int) -> Stages:
     # the output layer's stage: the last, or stage 0 under a V (the schedule's last_stage)
     last = np.where(ps > 0, k == 0, k == p - 1)
     return Stages(k=np.broadcast_to(k, n.shape), first=np.broadcast_to(k == 0, n.shape),
-                  last=np.broadcast_to(last, n.shape), n=n, n_moe=n - n_dense, n_chunk=n // v, w=w,
+                  last=np.broadcast_to(last, n.shape), n=n, n_moe=n - n_dense, n_chunk=n // v,
+                  n_chunk_hi=-(-n // v), w=w,
                   m=np.broadcast_to(m, n.shape), m_run=np.broadcast_to(mr, n.shape), w_step=w_step,
                   vshape=np.broadcast_to(ps > 0, n.shape))
+
+
+def _dense_of_chunks(cfg: Config, c: Candidates, p: int) -> np.ndarray:
+    """Dense layers per stage (candidates, p) with vpp > 1: :func:`~meshplan.mesh.layers.stage_layers`
+    of each distinct (vpp, schedule, split) key, its chunks in the schedule's virtual-stage map
+    (the plan's own assignment), counted below the model's dense layers."""
+    L, D = cfg.model.layers, cfg.model.dense_layers
+    out = np.zeros((len(c), p), dtype=np.int64)
+    keys = np.stack([c.vpp, c.ps, c.us], axis=1)
+    for vv, ps, us in np.unique(keys, axis=0).tolist():
+        rows = (c.vpp == vv) & (c.ps == ps) & (c.us == us)
+        chunks = stage_layers(L, p, vv, stage_split(L, p, vv, bool(us)),
+                              virtual_stage=get(candidate_schedule(vv, ps)).virtual_stage)
+        if isinstance(chunks, str):  # rejected by the layers rule: nothing to count
+            continue
+        out[rows] = [sum(1 for ch in st for layer in ch if layer < D) for st in chunks]
+    return out
 
 
 def _ceil_div(a, b):

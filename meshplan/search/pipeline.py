@@ -118,6 +118,13 @@ def pipeline_bound(u: dict, vpp: int, m: int, reshard: bool | None = None) -> np
     v = vpp
     f = np.repeat(u["f_core"][:, :, None], v, axis=2)
     b = np.repeat(u["b_core"][:, :, None], v, axis=2)
+    if "n_long" in u and np.any(u["n_long"]):  # the Llama 3 split's longer chunks (stage_layers:
+        # stage 0's last n_long chunks, the other stages' first n_long)
+        j, r = np.arange(v)[None, None, :], u["n_long"][:, :, None]
+        k0 = (np.arange(p) == 0)[None, :, None]
+        long = np.where(k0 & (p > 1), j >= v - r, j < r)
+        f = np.where(long, u["f_core_hi"][:, :, None], f)
+        b = np.where(long, u["b_core_hi"][:, :, None], b)
     f[:, :, 0] += u["emb_f"]
     b[:, :, 0] += u["emb_b"]
     f[:, :, v - 1] += u["head_f"]

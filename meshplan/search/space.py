@@ -22,7 +22,8 @@ Dimensions (each narrowed by :class:`~meshplan.spec.search.SearchOptions`):
 - virtual stages: 1, and when pp > 1 divides the layers the divisors of layers / pp up to
   ``max_vpp``, run with interleaved 1F1B; vpp 1 runs 1F1B. When pp does not divide the
   layers the stages get :func:`~meshplan.mesh.layers.balanced_split` (first and last stage
-  one layer fewer), as the Llama 3 405B example does;
+  one layer fewer), as the Llama 3 405B example does; with vpp > 1 such a pp is searched
+  with the Llama 3 split only (below);
 - sharding: zero1 and zero3 with dp_replicate 1; hsdp (zero3 inside dp_shard x cp,
   replicated over dp_replicate) with dp_replicate > 1. zero1 with dp_replicate > 1 is not
   searched: meshplan's collective table reduces ZeRO-1 gradients over the FSDP axis only;
@@ -31,17 +32,24 @@ Dimensions (each narrowed by :class:`~meshplan.spec.search.SearchOptions`):
 - ``training.tp_comm_overlap`` off and on where tp > 1 (Megatron-LM ``--tp-comm-overlap``);
 - the pipeline schedule (``[search] pp_schedules``): 1F1B / interleaved 1F1B (``ps`` 0), and
   where asked with pp > 1 and vpp 2 the V-shaped ZB-V (1) and DualPipeV (2);
-- with pp >= 3 and vpp 1, also :func:`ends_short_split` (first and last stage lighter by
-  the embedding and the output layer, Llama 3's rule) where it differs from the default
-  split. Not yet searched: uneven stages with vpp > 1 (the vectorised bounds assume equal
-  chunks within a stage).
+- with pp >= 3, also :func:`ends_short_split` (first and last stage lighter by the embedding
+  and the output layer, Llama 3's rule): with vpp 1 where it differs from the default split;
+  with vpp > 1 (interleaved 1F1B) where (layers + 2) / (pp x vpp) is a whole number >= 2
+  (Llama 3's rule: the embedding and the output layer each take a layer's slot, every virtual
+  stage the same slots), each stage's layers spread over its chunks by
+  :func:`~meshplan.mesh.layers.stage_layers` (the short chunks at the model's ends: 14
+  layers, pp 4, vpp 2 give stages 3, 4, 4, 3 and virtual stages 1, 2, 2, 2 | 2, 2, 2, 1), as
+  Llama 3 405B ran its 126 layers at pp 16 (Dubey et al. 2024, 3.3.2). The V-shaped schedules keep even chunks. The bounds take the stage's
+  shortest chunk (``Stages.n_chunk``) where a smaller count lowers them and its longest
+  (``n_chunk_hi``) where a larger one raises them.
 
 >>> from meshplan.config import config_from_dict
 >>> cfg = config_from_dict({"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 1},
 ...                         "training": {"global_batch": 8, "seq_len": 1024}}, require_mesh=False)
 >>> c = enumerate_candidates(cfg)
 >>> len(c), int(c.tp.max())  # 1,536 none/selective/full without the knobs (reshard, short ends; tp
-...                            # overlap only with torch_compile), + 240 with op (tp = cp = 1)
+...                            # overlap only with torch_compile), + 240 with op (tp = cp = 1); 32 + 2 layers
+...                            # are not a multiple of pp x vpp: no short-ends interleaved candidate
 (2532, 8)
 >>> int((c.rc == RECOMPUTE.index("op")).sum()), int(c.tp[c.rc == RECOMPUTE.index("op")].max())
 (240, 1)
@@ -246,6 +254,26 @@ def _vpp_ok(layers: int, pp: np.ndarray, v: int) -> np.ndarray:
     return (pp > 1) & (layers % pp == 0) & ((layers // np.maximum(pp, 1)) % v == 0)
 
 
+def short_ok(cfg: Config, pp: np.ndarray, vpp) -> np.ndarray:
+    """Where the Llama 3 split (:func:`ends_short_split`) is a candidate of its own, per row of
+    pipeline degree ``pp`` and virtual stages ``vpp`` (arrays; one call of ends_short_split per
+    distinct pair)."""
+    pp = np.asarray(pp, dtype=np.int64)
+    vpp = np.broadcast_to(np.asarray(vpp, dtype=np.int64), pp.shape)
+    if not pp.size:
+        return np.zeros(pp.shape, dtype=bool)
+    return lookup_pairs(pp, vpp, lambda p, v: ends_short_split(cfg.model.layers, p, v) is not None)
+
+
+def lookup_pairs(a: np.ndarray, b: np.ndarray, fn) -> np.ndarray:
+    """``fn(a, b)`` (a bool) once per distinct pair of the int arrays ``a``, ``b``, broadcast back."""
+    code = a * (int(b.max()) + 1) + b
+    keys, inv = np.unique(code, return_inverse=True)
+    span = int(b.max()) + 1
+    vals = np.array([fn(int(k // span), int(k % span)) for k in keys.tolist()], dtype=bool)
+    return vals[inv.reshape(-1)]
+
+
 def op_recompute_ok(cfg: Config, tp: np.ndarray, cp: np.ndarray, ep: np.ndarray) -> np.ndarray:
     """Where ``recompute = "op"`` is planned (:func:`meshplan.plan.build_plan` refuses the rest):
     tp = cp = ep = 1 (which TP, CP and EP collectives its replay runs is not modelled) and no
@@ -269,11 +297,15 @@ def enumerate_candidates(cfg: Config) -> Candidates:
     for sh in (s for s in o.sharding):
         keep = meshes[:, 1] > 1 if sh == "hsdp" else meshes[:, 1] == 1
         for v in vpps:
-            sel = meshes[keep & _vpp_ok(layers, meshes[:, 0], v)]
-            if len(sel):
-                blocks.append(np.hstack([sel, np.full((len(sel), 1), v), np.full((len(sel), 1), SHARDING.index(sh))]))
+            even = _vpp_ok(layers, meshes[:, 0], v)
+            # vpp > 1 where only the Llama 3 split fills the chunks (pp does not divide the layers):
+            # kept with a flag, searched with ``us`` 1 only (below)
+            sel = keep & (even | short_ok(cfg, meshes[:, 0], v))
+            if sel.any():
+                blocks.append(np.hstack([meshes[sel], np.full((int(sel.sum()), 1), v),
+                                         np.full((int(sel.sum()), 1), SHARDING.index(sh)), even[sel, None]]))
     names = [col.column for _, col in search_axes()]
-    base = np.vstack(blocks) if blocks else np.zeros((0, len(names) + 2), dtype=np.int64)
+    base = np.vstack(blocks) if blocks else np.zeros((0, len(names) + 3), dtype=np.int64)
     mbs = np.array(sorted(set(o.micro_batch)), dtype=np.int64)
     rcs = np.array(sorted(RECOMPUTE.index(r) for r in set(o.recompute) if r != "op" or cfg.training.has_op_recompute),
                    dtype=np.int64)
@@ -281,7 +313,8 @@ def enumerate_candidates(cfg: Config) -> Candidates:
     rows = np.repeat(base, a * b, axis=0)
     c = rows.T
     cols = {name: c[k] for k, name in enumerate(names)}
-    cols.update(mb=np.tile(np.repeat(mbs, b), n), rc=np.tile(rcs, n * a), vpp=c[len(names)], sh=c[len(names) + 1])
+    cols.update(mb=np.tile(np.repeat(mbs, b), n), rc=np.tile(rcs, n * a), vpp=c[len(names)], sh=c[len(names) + 1],
+                even=c[len(names) + 2])
     op = cols["rc"] == RECOMPUTE.index("op")
     if op.any():
         keep = ~op | op_recompute_ok(cfg, cols["tp"], cols["cp"], cols["ep"])
@@ -292,11 +325,14 @@ def enumerate_candidates(cfg: Config) -> Candidates:
     # torch's async TP needs torch.compile (TrainingSpec): without it tp_comm_overlap stays off
     cols = _expand(cols, "ov", _flags(o.tp_comm_overlap, False) if overlap_searched(cfg.training) else [0],
                    cols["tp"] > 1, 0)
-    short = np.array([ends_short_split(layers, int(p)) is not None for p in range(cfg.cluster.world + 1)])
-    cols = _expand(cols, "us", _flags(o.uneven_stages, False), short[cols["pp"]] & (cols["vpp"] == 1), 0)
+    cols = _expand(cols, "us", _flags(o.uneven_stages, False), short_ok(cfg, cols["pp"], cols["vpp"]), 0)
+    keep = (cols["us"] > 0) | (cols["even"] > 0)  # vpp > 1 with pp not dividing the layers: the short ends only
+    cols = {k: v[keep] for k, v in cols.items() if k != "even"}
     piped = cols["pp"] > 1
+    # the V-shaped schedules take the default (even) chunks: their chunk map puts the model's
+    # ends on one stage, which the Llama 3 split's lighter first and last stage does not fit
     cols = _expand(cols, "ps", [PIPELINE.index(x) for x in PIPELINE if x in o.pp_schedules],
-                   piped & (cols["vpp"] == 2), 0)
+                   piped & (cols["vpp"] == 2) & (cols["us"] == 0), 0)
     if "1f1b" not in o.pp_schedules:  # only the V-shaped schedules with pp > 1
         keep = ~piped | (cols["ps"] > 0)
         cols = {k: v[keep] for k, v in cols.items()}
@@ -327,21 +363,39 @@ def _expand(cols: dict, key: str, values: list[int], applies: np.ndarray, neutra
     return out
 
 
-def ends_short_split(layers: int, pp: int) -> Optional[list[int]]:
+def ends_short_split(layers: int, pp: int, vpp: int = 1) -> Optional[list[int]]:
     """Layers per stage with the embedding and the output layer each counted as one layer
     (Llama 3, Dubey et al. 2024, 3.3.2: "one layer fewer on the first and the last stage"):
     :func:`~meshplan.mesh.layers.balanced_split` of ``layers + 2``, one layer then taken off
-    the first and the last stage. None when it equals the default split
-    (:func:`stage_split`) or leaves a stage empty: no new candidate.
+    the first and the last stage. With ``vpp`` > 1 Llama 3's rule per virtual stage: every
+    virtual stage holds (layers + 2) / (pp x vpp) slots, the embedding one of the first's and
+    the output layer one of the last's, so that whole number must be >= 2; each stage's layers
+    then go to its chunks as :func:`~meshplan.mesh.layers.stage_layers` spreads a per-stage
+    split (the short chunk at the model's ends), which is exactly that layout, and the split
+    Megatron-LM runs with ``--account-for-embedding-in-pipeline-split
+    --account-for-loss-in-pipeline-split`` (other uneven chunkings are not searched: Megatron-Core
+    refuses them, and each adds a whole block of candidates). None (no new candidate) with pp <
+    3, with vpp 1 when it equals the default split (:func:`stage_split`), with vpp > 1 when the
+    rule does not hold (the default there is even chunks only, so the split is a new candidate
+    even where it equals :func:`~meshplan.mesh.layers.balanced_split`: Llama 3 405B's 126 layers
+    at pp 16 are interleaved only this way, 128 / 16 = 8 slots per stage, vpp 2 or 4).
 
     >>> ends_short_split(32, 4), ends_short_split(126, 16), ends_short_split(8, 2)
     ([7, 9, 9, 7], None, None)
+    >>> ends_short_split(126, 16, 2)[:3], ends_short_split(126, 16, 8), ends_short_split(32, 4, 2)
+    ([7, 8, 8], None, None)
+    >>> ends_short_split(14, 4, 2), ends_short_split(14, 4, 3)
+    ([3, 4, 4, 3], None)
     """
     if pp < 3 or pp > layers:
         return None
+    if vpp > 1 and ((layers + 2) % (pp * vpp) or (layers + 2) // (pp * vpp) < 2):
+        return None
     split = balanced_split(layers + 2, pp)
     split[0], split[-1] = split[0] - 1, split[-1] - 1
-    return split if min(split) >= 1 and split != balanced_split(layers, pp) else None
+    if min(split) < max(vpp, 1):
+        return None
+    return split if vpp > 1 or split != balanced_split(layers, pp) else None
 
 
 def first_reason(cfg: Config, c: Candidates) -> np.ndarray:
@@ -397,11 +451,12 @@ def candidate_schedule(vpp: int, ps: int = 0) -> Schedule:
 
 
 def stage_split(layers: int, pp: int, vpp: int, short: bool = False):
-    """``pp_layer_split`` of a candidate: :func:`ends_short_split` when ``short``; else None
+    """``pp_layer_split`` of a candidate: :func:`ends_short_split` when ``short`` (per stage,
+    with vpp > 1 spread over the chunks by :func:`~meshplan.mesh.layers.stage_layers`); else None
     when pp divides the layers (even stages) or vpp > 1, else
     :func:`~meshplan.mesh.layers.balanced_split`."""
     if short:
-        return ends_short_split(layers, pp)
+        return ends_short_split(layers, pp, vpp)
     if pp == 1 or vpp > 1 or layers % pp == 0 or pp > layers:
         return None
     return balanced_split(layers, pp)

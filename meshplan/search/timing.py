@@ -45,6 +45,11 @@ It keeps only what the simulation (:mod:`meshplan.schedule.rank_timeline`, defau
   gradient reduce-scatter issued after the last unit's first layer) and ``drain_k +`` stage
   0's end.
 
+With uneven chunks (the Llama 3 split with vpp > 1) every unit is bounded at its stage's
+shortest chunk (``Stages.n_chunk``): each unit term grows with the chunk's layers, so the
+bound of a longer chunk's unit is never below it; the chunk with the fewest MoE layers takes
+the longest chunk (``n_chunk_hi``) for the others.
+
 Under a V-shaped schedule (ZB-V, DualPipeV) only the fill and every stage's busy time and
 end are kept (the last unit is a weight gradient; the gradient returns through input
 gradients whose bound the units do not separate).
@@ -351,7 +356,9 @@ def unit_bounds(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: dict)
     layers, forward and backward), the embedding's and the head's extra time in their
     chunk's units (``emb_f``, ``emb_b``, ``head_f``, ``head_b``), a gathering pass's extra
     (``f_extra``, ``b_extra``; ``g_f``, ``g_b`` such passes per step), the extra of each chunk's
-    last gradient unit (``b_red``: FSDP2's copy-ins where that unit alone reduces), the p2p send
+    last gradient unit (``b_red``: FSDP2's copy-ins where that unit alone reduces), each at the
+    stage's shortest chunk, and at its longest (``f_core_hi``, ``b_core_hi``, ``b_red_hi``; ``n_long``
+    chunks of that length, ``f_core0``, ``b_core0`` chunk 0's: the Llama 3 split with vpp > 1), the p2p send
     ``p2p`` (candidates, 1), the last unit's ``tail`` beyond its duration and the stage's ``end``
     (optimizer step, exposed ZeRO-1 all-gather); module docstring."""
     m = cfg.model
@@ -417,22 +424,34 @@ def unit_bounds(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: dict)
     hb1 = hb * col((c.pp == 1) & (c.vpp == 1))  # pp 1: every backward of the head's chunk gathers (sync)
     # there the head's reduce-scatter, issued after its backward, runs on the FSDP stream between
     # the last layer's prefetched all-gather and the next layer's (every micro-batch under sync)
-    h_rs = col(cm["head_rs"]) * (hb1 > 0) * keep * (n >= 2)
-    out = {"f_core": np.maximum(np.maximum(ag + n * cf_c, n * ag + cf_c), n * cf_c + col(~lazy) * e_ag),
-           "b_core": np.maximum(np.maximum(ag_b - hb1, 0.0) + n * cb_c + e_ci,
-                                n * ag_b + np.maximum(n - 2, 0) * rs * keep + h_rs + cb_c - hb1),
+
+    def cores(n):
+        # one chunk of n layers: each term grows with n (a longer chunk's bound is never lower)
+        h_rs = col(cm["head_rs"]) * (hb1 > 0) * keep * (n >= 2)
+        return {"f_core": np.maximum(np.maximum(ag + n * cf_c, n * ag + cf_c), n * cf_c + col(~lazy) * e_ag),
+                "b_core": np.maximum(np.maximum(ag_b - hb1, 0.0) + n * cb_c + e_ci,
+                                     n * ag_b + np.maximum(n - 2, 0) * rs * keep + h_rs + cb_c - hb1),
+                "b_red": n * ci_p + e_ci_p}
+
+    lo, hi = cores(n), cores(st.n_chunk_hi)
+    # the Llama 3 split with vpp > 1: ``n_long`` chunks of the stage hold n_chunk_hi layers, the
+    # others n_chunk (stage_layers: stage 0's last chunks, the other stages' first ones); chunk
+    # 0's units (the fill and the drain) are long on every stage but the first where any is
+    n_long = st.n - c.vpp[:, None] * n
+    long0 = (n_long > 0) & (st.k > 0)
+    out = {**lo, "f_core_hi": hi["f_core"], "b_core_hi": hi["b_core"], "b_red_hi": hi["b_red"], "n_long": n_long,
+           "f_core0": np.where(long0, hi["f_core"], lo["f_core"]), "b_core0": np.where(long0, hi["b_core"], lo["b_core"]),
            "f_extra": np.maximum(piped * (np.maximum(ag_p + n * (cf + co_p), n * ag_p + cf + co_p) - n * cf),
                                  col(lazy) * e_ag + n * co_p),
            "b_extra": np.maximum(piped * (np.maximum(np.maximum(ag_p - hb, 0.0) + n * (cb + co_p),
                                                      n * ag_p + cb + co_p - hb) - n * cb), n * co_p),
-           "b_red": n * ci_p + e_ci_p,
            "g_f": g_f, "g_b": g_b,
            "emb_f": st.first * (col(od["emb_f"]) + post + col(np.where(lazy, 0.0, cp["root_out"]))),
            "emb_b": st.first * (col(od["emb_bw"]) + col(np.where(lazy, 0.0, cp["root_in"]))),
            "head_f": st.last * (pre + col(od["head_f"]) + col(cm["loss"])),
            "head_b": head_b, "p2p": col(cm["p2p"])}
     one = col(c.vpp) == 1
-    b0 = out["b_core"] + out["emb_b"] + one * out["head_b"]
+    b0 = out["b_core0"] + out["emb_b"] + one * out["head_b"]
     out["end"], red = _stage_end(cfg, tt, c, st, s, cm)
     # the last unit issues its chunk's pieces of the per-step reduction: 1/vpp of it
     # the last unit reduces its chunk's FSDP gradients (every unit with pp 1, the chunk's last
@@ -452,8 +471,11 @@ def unit_bounds(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: dict)
     ends = st.first * col(cp["emb_out"] + cp["emb_in"]) + st.last * col(cp["head_out"] + cp["head_in"])
     out["root_extra"] = root_in + (gathering_passes(cfg, c, st, root=True)[0] * col(cp["root_out"]) * col(lazy)
                                    if st.k.shape[1] == 1 else ends * col(c.pp > 1))
-    out["tail"] = np.maximum(np.maximum(one * out["head_b"] + ag_b + cb + red / col(c.vpp),
-                                        one * out["head_b"] + out["b_core"] + fsdp_red) - b0 - root_in, 0.0)
+    # chunk 0's pieces of the per-step reduction: its layers' share (rank_timeline.reduce_pieces:
+    # S / the stage's layers per layer), 1 / vpp with even chunks
+    n0 = np.where(long0, st.n_chunk_hi, n)
+    out["tail"] = np.maximum(np.maximum(one * out["head_b"] + ag_b + cb + red * n0 / np.maximum(st.n, 1),
+                                        one * out["head_b"] + out["b_core0"] + fsdp_red) - b0 - root_in, 0.0)
     return out
 
 
@@ -474,7 +496,8 @@ def _expert_gathers(st: Stages, c: Candidates) -> np.ndarray:
     the middle ones) has no MoE layer, hence no expert row."""
     p = st.k.shape[1]
     table = np.array([0 if k == 0 else p - 1 if k == p - 1 else 1 for k in range(p)])
-    fewest = np.maximum(st.n_moe - (c.vpp[:, None] - 1) * st.n_chunk, 0)
+    # the other vpp - 1 chunks hold at most the longest chunk's layers each
+    fewest = np.maximum(st.n_moe - (c.vpp[:, None] - 1) * st.n_chunk_hi, 0)
     return np.where(st.n_moe[:, table] > 0, fewest, 0)
 
 
@@ -545,10 +568,13 @@ def step_lower_bound(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: 
     u = unit_bounds(cfg, tt, c, st, s)
     v = c.vpp[:, None]
     one = v == 1
-    busy = st.m * (v * (u["f_core"] + u["b_core"]) + u["emb_f"] + u["emb_b"] + u["head_f"] + u["head_b"]) \
-        + u["g_f"] * u["f_extra"] + u["g_b"] * u["b_extra"] + v * u["b_red"] + u["root_extra"]
-    f0 = u["f_core"] + u["emb_f"] + one * u["head_f"]       # chunk 0's forward unit on each stage
-    b0 = u["b_core"] + u["emb_b"] + one * u["head_b"]       # chunk 0's backward unit on each stage
+    r = u["n_long"]  # chunks of n_chunk_hi layers (the Llama 3 split with vpp > 1; else 0)
+    busy = st.m * ((v - r) * (u["f_core"] + u["b_core"]) + r * (u["f_core_hi"] + u["b_core_hi"])
+                   + u["emb_f"] + u["emb_b"] + u["head_f"] + u["head_b"]) \
+        + u["g_f"] * u["f_extra"] + u["g_b"] * u["b_extra"] + (v - r) * u["b_red"] + r * u["b_red_hi"] \
+        + u["root_extra"]
+    f0 = u["f_core0"] + u["emb_f"] + one * u["head_f"]       # chunk 0's forward unit on each stage
+    b0 = u["b_core0"] + u["emb_b"] + one * u["head_b"]       # chunk 0's backward unit on each stage
     p2p, tail, end = u["p2p"], u["tail"], u["end"]
     first = f0 + u["f_extra"]  # micro-batch 0's forward finds every chunk sharded: it gathers
     fill = np.cumsum(first + p2p, axis=1) - (first + p2p)

@@ -4,7 +4,9 @@ under :mod:`meshplan.pipeline`).
 
 Rule (search form; the exact plan checks the actual split, :func:`meshplan.mesh.layers.stage_layers`,
 which also takes ``pp_layer_split`` and ``layers_per_virtual_stage``): at most one stage per
-layer, and with vpp > 1 equal chunks (layers % pp == 0 and (layers / pp) % vpp == 0).
+layer, and with vpp > 1 equal chunks (layers % pp == 0 and (layers / pp) % vpp == 0), but on
+candidates with the Llama 3 split (column ``us``, :func:`meshplan.search.space.ends_short_split`:
+the search keeps those only where every stage fills its vpp chunks).
 
 >>> from types import SimpleNamespace as N
 >>> m = N(layers=32)
@@ -18,7 +20,8 @@ from meshplan.spec.axes.base import AxisDef, CollectiveKind, Dim, Rule, SearchCo
 
 
 def _layers_bad(m, t, d):
-    return (d.pp > m.layers) | ((d.vpp > 1) & ((m.layers % d.pp != 0) | ((m.layers // d.pp) % d.vpp != 0)))
+    even = (m.layers % d.pp == 0) & ((m.layers // d.pp) % d.vpp == 0)
+    return (d.pp > m.layers) | ((d.vpp > 1) & ~even & (getattr(d, "us", 0) == 0))
 
 
 PP = AxisDef(
