@@ -345,7 +345,9 @@ def _seventy(mesh: dict, **training) -> dict:
       "mesh": {"names": ["pp", "tp"], "shape": [16, 8], "sequence_parallel": True, "virtual_stages": 2,
                "pp_schedule": "interleaved_1f1b", "pp_layer_split": [7] + [8] * 14 + [7]}}, "megatron"),
     ({"model": {"catalog": "llama3-405b"}, "cluster": {"system": "dgx-h100", "nodes": 32},
-      "training": {"global_batch": 32, "seq_len": 4096, "recompute": "full", "param_dtype": "fp32"},
+      # resharded after forward under pp: torchtitan's "always", which reshards [norm, output] too
+      "training": {"global_batch": 32, "seq_len": 4096, "recompute": "full", "param_dtype": "fp32",
+                   "reshard_head_after_forward": True},
       "mesh": {"names": ["pp", "dp_shard", "tp"], "shape": [16, 2, 8], "sequence_parallel": True, "virtual_stages": 2,
                "pp_schedule": "interleaved_1f1b", "pp_layer_split": [7] + [8] * 14 + [7]}}, "torchtitan"),
     # MoE: Mixtral's experts over ep 8 under Megatron FSDP (the example's mesh, in Megatron's order)
