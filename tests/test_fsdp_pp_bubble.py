@@ -1,7 +1,7 @@
 """Interleaved 1F1B with FSDP2 under torch 2.13's pipelining: the compute stream waits for each
 chunk's reduce-scatters after the chunk's last backward (``PipelineStage.perform_reduce_grad``),
-a real wait, so the bubble line names the FSDP waits as their own term beside the schedule's
-bubble (StepTime.without_fsdp_waits)."""
+a real wait, so the step names the FSDP waits as their own term beside the schedule's bubble
+(StepTime.without_fsdp_waits), in seconds on one stage and over one denominator so that they add up."""
 
 from __future__ import annotations
 
@@ -69,6 +69,9 @@ def test_hand_derived_wait_lengthens_the_pipeline():
     bare = pipeline_without(r, waits)
     assert bare.step_s == 7.5 and bare.bubble == 0.25
     assert r.bubble - bare.bubble == pytest.approx(3 / 52, abs=1e-15)
+    # the line's split on one denominator (stage 0's compute without the waits, 6 s): idle and wait
+    # 8.5 - 6 = 2.5 s = the schedule's 7.5 - 6 = 1.5 s + the waits' 8.5 - 7.5 = 1 s; 5/12 = 1/4 + 1/6
+    assert bare.busy_s == (6.0, 6.0) and (bare.step_s - 6.0, r.step_s - bare.step_s) == (1.5, 1.0)
 
 
 def test_bubble_line_shows_the_fsdp_waits_apart():
@@ -77,11 +80,16 @@ def test_bubble_line_shows_the_fsdp_waits_apart():
     p = st.pipeline
     assert bare is not None and bare.step_s < p.step_s and bare.bubble < p.bubble
     lines = st.lines()
-    assert "pipeline only, FSDP waits included)" in lines[1]
-    assert lines[2].startswith(f"bubble {p.bubble:.4f} = pipeline {bare.bubble:.4f} (the schedule, simulated "
-                               f"without the units' FSDP waits) + FSDP waits {p.bubble - bare.bubble:.4f}")
-    words = lines[2].split()
-    a, b, c = float(words[1]), float(words[4]), float(lines[2].split(" + FSDP waits ")[1].split()[0])
-    assert abs(a - b - c) <= 1e-4 + 1e-12
+    assert "pipeline only, the units' FSDP waits counted as busy)" in lines[1]
+    # one stage, one denominator: its idle and wait time = the schedule's bubble + what the waits add
+    s = p.busiest_stage
+    c, y, z = float(bare.busy_s[s]), bare.step_s - float(bare.busy_s[s]), p.step_s - bare.step_s
+    assert z > 0
+    assert lines[2].startswith(f"bubble and FSDP waits on stage {s}: {(y + z) * 1e3:.2f} ms = the schedule's bubble "
+                               f"{y * 1e3:.2f} ms (simulated without the units' FSDP waits) + {z * 1e3:.2f} ms the "
+                               f"FSDP waits add")
+    ratios = lines[2].rsplit(": ", 1)[1].replace("=", "+").split(" + ")
+    a, b, d = (float(x) for x in ratios)
+    assert abs(a - b - d) <= 1e-4 + 1e-12 and b >= 0 and d > 0
     zero1 = step_time(_plan("zero1"))  # ZeRO-1: no FSDP collective inside the units
     assert zero1.without_fsdp_waits() is None and "FSDP waits" not in "\n".join(zero1.lines())

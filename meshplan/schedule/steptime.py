@@ -268,17 +268,24 @@ class StepTime:
         return pipeline_without(res, waits) if waits.any() else None
 
     def _fsdp_wait_line(self) -> list[str]:
-        """The bubble line's FSDP waits as their own term (:meth:`without_fsdp_waits`)."""
+        """The FSDP waits apart from the schedule's bubble (:meth:`without_fsdp_waits`), in
+        seconds on the busiest stage s, which add up: its idle and FSDP-wait time
+        ``step - busy_bare[s]`` = the schedule's bubble ``step_bare - busy_bare[s]`` + what the
+        waits add to the pipeline ``step - step_bare`` (>= 0: waits only lengthen units), and as
+        ratios over the stage's compute without the waits ``busy_bare[s]`` (one denominator, so
+        the ratios add up too; the bubble line's idle/ideal counts the waits as busy instead)."""
         bare = self.without_fsdp_waits()
         if bare is None:
             return []
-        p = self.pipeline
-        where = f", busiest stage {bare.busiest_stage}" if bare.busiest_stage != p.busiest_stage else ""
-        return [f"bubble {p.bubble:.4f} = pipeline {bare.bubble:.4f} (the schedule, simulated without the units' FSDP "
-                f"waits{where}) + FSDP waits {p.bubble - bare.bubble:.4f} (all-gathers not hidden; after each chunk's "
-                f"last backward perform_reduce_grad's reduce-scatters, which the compute stream waits for: they "
-                f"lengthen the pipeline {bare.step_s * 1e3:.2f} -> {p.step_s * 1e3:.2f} ms"
-                f"{', each run' if self.runs > 1 else ''})"]
+        p, s = self.pipeline, self.pipeline.busiest_stage
+        c = float(bare.busy_s[s])
+        y, z = bare.step_s - c, p.step_s - bare.step_s
+        each = ", each run" if self.runs > 1 else ""
+        return [f"bubble and FSDP waits on stage {s}: {(y + z) * 1e3:.2f} ms = the schedule's bubble {y * 1e3:.2f} ms "
+                f"(simulated without the units' FSDP waits) + {z * 1e3:.2f} ms the FSDP waits add (all-gathers not "
+                f"hidden; after each chunk's last backward perform_reduce_grad's reduce-scatters, which the compute "
+                f"stream waits for: the pipeline {bare.step_s * 1e3:.2f} -> {p.step_s * 1e3:.2f} ms{each}); over its "
+                f"compute without the waits: {(y + z) / c:.4f} = {y / c:.4f} + {z / c:.4f}"]
 
     def _closed_form_bubble(self) -> str:
         """The schedule's closed-form bubble for uniform stages without p2p time, beside the
@@ -306,7 +313,7 @@ class StepTime:
                 f"critical stage {self.critical_stage}",
                 f"bubble {p.bubble:.4f} as idle/ideal, {p.bubble_of_total:.4f} as idle/total "
                 f"(busiest stage {p.busiest_stage}, pipeline only{', each run' if self.runs > 1 else ''}"
-                f"{', FSDP waits included' if self.without_fsdp_waits() is not None else ''})"
+                f"{WAITS_BUSY if self.without_fsdp_waits() is not None else ''})"
                 f"{self._closed_form_bubble()}"] + self._fsdp_wait_line() + [
                 f"exposed communication on stage {self.critical_stage}: {exp}", self.parts_line()] + other + [
                 self.recompute_line(),
@@ -408,6 +415,9 @@ def pipeline_without(res: ArrayResult, waits_s: np.ndarray) -> ArrayResult:
 #: Streams of FSDP's collectives a unit's compute stream can wait for: fsdp (dp_shard x cp),
 #: efsdp (the routed experts'), dp_replicate (HSDP's all-reduce after the reduce-scatter).
 FSDP_STREAMS = ("fsdp", "efsdp", "dp_replicate")
+#: The bubble line's note where units wait for FSDP under pp: idle/ideal counts those waits as
+#: busy time (:meth:`StepTime._fsdp_wait_line` shows them apart).
+WAITS_BUSY = ", the units' FSDP waits counted as busy"
 
 
 def _grad_kind(spec: PipelineSpec) -> str:
