@@ -57,7 +57,7 @@ from meshplan.placement.topology import (
     load_topology,
     node_from_topology,
 )
-from meshplan.plan import Infeasible, Plan, build_plan, config_warnings, run_reasons
+from meshplan.plan import Infeasible, Plan, build_plan, config_warnings, export_refusals, run_reasons
 from meshplan.reliability import reliability as rel
 from meshplan.reliability import restart_on_fewer_nodes
 from meshplan.report import shown
@@ -696,7 +696,8 @@ def _write_export(cfg, to: str, out: Path | _Stdout, source: str, force: bool,
     """Write ``cfg`` as ``to`` to ``out`` (``-o -``: stdout), printing the header (source,
     how to import it, what the format does not express, the torchtitan settings ``user``'s
     file carries or not); returns the header."""
-    text, header = export(replace(cfg, notes=()), to, source, user, config_warnings(cfg))
+    refused = {t: export_refusals(cfg, t) for t in FORMATS}
+    text, header = export(replace(cfg, notes=()), to, source, user, config_warnings(cfg), refused)
     for line in header[1:]:
         typer.echo(line)
     if isinstance(out, _Stdout):

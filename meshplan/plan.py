@@ -34,6 +34,7 @@ from meshplan.mesh import resolve
 from meshplan.mesh.layers import last_stage
 from meshplan.mesh.layout import check_partition
 from meshplan.mesh.resolve import Mesh, resolve_mesh
+from meshplan.spec.axes.dp import micro_batches
 from meshplan.mesh.validity import check
 from meshplan.pipeline.registry import check_chunks, check_framework
 from meshplan.pipeline.registry import get as get_schedule
@@ -208,6 +209,38 @@ def config_warnings(config: Config) -> tuple[str, ...]:
     if isinstance(mesh, resolve.Infeasible):
         return ()
     return runtime_warnings(config.training, config.mesh.pp_schedule, mesh)
+
+
+#: The ``training.framework`` whose runtime runs a file exported to each foreign format with a pipeline.
+EXPORT_FRAMEWORK = {"megatron": "megatron", "torchtitan": "torch"}
+
+
+def export_refusals(config: Config, to: str) -> tuple[str, ...]:
+    """What the runtime of export target ``to`` (:data:`EXPORT_FRAMEWORK`) refuses in
+    ``config``'s pipeline although ``config``'s own framework runs it: the schedule's
+    micro-batch rules under that framework (:func:`run_reasons`, e.g. torch runs interleaved 1F1B
+    at pp 4 with 6 micro-batches, Megatron-LM needs pp to divide them); empty when they agree,
+    pp is 1, or the mesh does not resolve.
+
+    >>> from meshplan.config import config_from_dict
+    >>> cfg = config_from_dict({"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 1},
+    ...     "training": {"global_batch": 6, "seq_len": 4096, "micro_batch": 1},
+    ...     "mesh": {"names": ["pp", "tp"], "shape": [4, 2], "virtual_stages": 2, "pp_schedule": "interleaved_1f1b"}})
+    >>> export_refusals(cfg, "megatron"), export_refusals(cfg, "torchtitan")
+    (('interleaved 1F1B needs micro-batches (6) divisible by pp (4) (Megatron-LM)',), ())
+    """
+    target = EXPORT_FRAMEWORK.get(to)
+    if config.mesh is None or target is None or target == config.training.framework:
+        return ()
+    mesh = resolve.resolve_mesh(config.mesh, config.cluster.world, config.cluster.node.gpus)
+    if isinstance(mesh, resolve.Infeasible) or mesh.degree("pp") == 1:
+        return ()
+    t = config.training
+    m = micro_batches(t.global_batch, t.micro_batch, mesh.dp)
+    if m == 0:
+        return ()
+    vpp = config.mesh.virtual_stages
+    return run_reasons(config.mesh.pp_schedule, mesh.degree("pp"), m, vpp, t.pp_schedule_runs, target)
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ import re
 import tomllib
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from meshplan import catalog
 from meshplan.config import Config, config_from_dict, load_config, parse_toml
@@ -149,7 +149,7 @@ def torchtitan_source(path, fmt: str | None = None) -> dict | None:
 
 
 def export(cfg: Config, to: str, source: str, user: dict | None = None,
-           warnings: Sequence[str] = ()) -> tuple[str, list[str]]:
+           warnings: Sequence[str] = (), refused: Mapping[str, Sequence[str]] | None = None) -> tuple[str, list[str]]:
     """(file text, header lines) of ``cfg`` written as ``to``. The header names the source,
     each of ``warnings`` (``warning: ...``: what the framework's runtime does differently,
     :func:`meshplan.plan.config_warnings`), how to import the file again, and every meshplan
@@ -161,32 +161,37 @@ def export(cfg: Config, to: str, source: str, user: dict | None = None,
     ``user``: the torchtitan job TOML ``cfg`` was read from (:func:`torchtitan_source`):
     a torchtitan file carries its settings meshplan does not plan (optimizer, schedule,
     checkpoints, ...) unchanged (:func:`meshplan.interop.torchtitan.carried`), the header
-    names them; another target lists them as not carried."""
+    names them; another target lists them as not carried. ``refused``: per target, what its
+    runtime refuses in ``cfg``'s pipeline (:func:`meshplan.plan.export_refusals`): that target
+    is refused, and never suggested."""
     if to not in FORMATS:
         raise ConfigError("--to", f"{to!r}; use {', '.join(FORMATS)}")
     try:
-        return _export(cfg, to, source, user, tuple(warnings))
+        return _export(cfg, to, source, user, tuple(warnings), refused or {})
     except ConfigError as e:
         if e.field != "--to":
             raise
-        others = [t for t in FORMATS[1:] if t != to and _takes(cfg, t, source)]
+        others = [t for t in FORMATS[1:] if t != to and _takes(cfg, t, source, refused or {})]
         fix = f"export --to {' or '.join(others)} instead" if others else \
             "torchtitan, Megatron-LM and DeepSpeed all refuse it: keep the meshplan TOML"
         raise ConfigError("--to", f"{e.message}; {fix}") from None
 
 
-def _takes(cfg: Config, to: str, source: str) -> bool:
+def _takes(cfg: Config, to: str, source: str, refused: Mapping[str, Sequence[str]]) -> bool:
     """Whether ``cfg`` exports to ``to`` without a ConfigError."""
     try:
-        _export(cfg, to, source)
+        _export(cfg, to, source, refused=refused)
     except ConfigError:
         return False
     return True
 
 
 def _export(cfg: Config, to: str, source: str, user: dict | None = None,
-            warnings: tuple[str, ...] = ()) -> tuple[str, list[str]]:
+            warnings: tuple[str, ...] = (), refused: Mapping[str, Sequence[str]] | None = None
+            ) -> tuple[str, list[str]]:
     """:func:`export` without the suggestion of another target."""
+    if refused and refused.get(to):
+        raise ConfigError("--to", f"{refused[to][0]}: {to}'s runtime refuses this pipeline")
     opts = reimport_options(cfg, to)
     head = [f"meshplan export of {source} ({cfg.model.name} on {cfg.cluster.nodes}x {cfg.cluster.node.name})"]
     head += [f"warning: {w}" for w in warnings]

@@ -1,0 +1,67 @@
+"""Export refuses a pipeline its target's runtime refuses (README: "a mesh the target cannot run
+is refused with the reason"): torch 2.13's ScheduleInterleaved1F1B runs pp 4 with 6
+micro-batches (rounds max(1, 6 // 4) = 1 divides 6), Megatron-LM's interleaved schedule needs
+pp to divide them (6 % 4 = 2), so a torch plan of that mesh exports to torchtitan, not to
+Megatron-LM, and the refusal never suggests a target that refuses it too."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from meshplan.config import config_from_dict
+from meshplan.plan import export_refusals
+
+
+def _tables(global_batch: int, sp: bool = True) -> dict:
+    return {"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 1},
+            "training": {"global_batch": global_batch, "seq_len": 4096, "micro_batch": 1},
+            "mesh": {"names": ["pp", "tp"], "shape": [4, 2], "virtual_stages": 2, "sequence_parallel": sp,
+                     "pp_schedule": "interleaved_1f1b"}}
+
+
+def test_refusals_follow_each_target_framework():
+    six, eight = config_from_dict(_tables(6)), config_from_dict(_tables(8))
+    assert export_refusals(six, "megatron") == ("interleaved 1F1B needs micro-batches (6) divisible by pp (4) "
+                                                "(Megatron-LM)",)
+    assert export_refusals(six, "torchtitan") == ()  # torch's own framework runs it
+    assert export_refusals(eight, "megatron") == ()  # 8 % 4 == 0
+    assert export_refusals(six, "deepspeed") == export_refusals(six, "meshplan") == ()
+
+
+def _export(*args: str) -> subprocess.CompletedProcess:
+    """``meshplan export ARGS`` as the user runs it (the CLI's one-line error and exit status)."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
+    return subprocess.run([sys.executable, "-m", "meshplan.cli", "export", *args], capture_output=True, text=True,
+                          timeout=120, env=env)
+
+
+def _write(tmp_path: Path, tables: dict) -> Path:
+    lines = []
+    for name, table in tables.items():
+        lines.append(f"[{name}]")
+        for k, v in table.items():
+            lines.append(f"{k} = " + (str(v).lower() if isinstance(v, bool) else repr(v).replace("'", '"')))
+    path = tmp_path / "il.toml"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_export_to_megatron_is_refused_and_torchtitan_suggested(tmp_path):
+    cfg = _write(tmp_path, _tables(6))
+    out = tmp_path / "x.args"
+    res = _export(str(cfg), "--to", "megatron", "-o", str(out))
+    assert res.returncode == 2 and not out.exists() and len(res.stderr.strip().splitlines()) == 1
+    assert "interleaved 1F1B needs micro-batches (6) divisible by pp (4) (Megatron-LM)" in res.stderr
+    assert "export --to torchtitan instead" in res.stderr and "Traceback" not in res.stderr
+    res = _export(str(cfg), "--to", "torchtitan", "-o", str(tmp_path / "x.toml"))
+    assert res.returncode == 0 and (tmp_path / "x.toml").exists()
+
+
+def test_a_refused_target_is_never_suggested(tmp_path):
+    # without sequence parallelism torchtitan refuses the mesh too: no target is suggested
+    cfg = _write(tmp_path, _tables(6, sp=False))
+    res = _export(str(cfg), "--to", "megatron", "-o", str(tmp_path / "x.args"))
+    assert res.returncode == 2 and "all refuse it: keep the meshplan TOML" in res.stderr
