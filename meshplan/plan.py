@@ -203,12 +203,18 @@ def runtime_warnings(training, schedule, mesh: Mesh) -> tuple[str, ...]:
 def config_warnings(config: Config) -> tuple[str, ...]:
     """:func:`runtime_warnings` of ``config``'s mesh (none when it has no [mesh] or its mesh
     does not resolve: nothing runs then)."""
-    if config.mesh is None:
-        return ()
-    mesh = resolve.resolve_mesh(config.mesh, config.cluster.world, config.cluster.node.gpus)
-    if isinstance(mesh, resolve.Infeasible):
+    mesh = _config_mesh(config)
+    if mesh is None or config.mesh is None:  # (the second for mypy: no [mesh] resolves to None)
         return ()
     return runtime_warnings(config.training, config.mesh.pp_schedule, mesh)
+
+
+def _config_mesh(config: Config) -> Mesh | None:
+    """``config``'s [mesh] resolved on its cluster, None when it has none or it does not resolve."""
+    if config.mesh is None:
+        return None
+    mesh = resolve.resolve_mesh(config.mesh, config.cluster.world, config.cluster.node.gpus)
+    return None if isinstance(mesh, resolve.Infeasible) else mesh
 
 
 #: The ``training.framework`` whose runtime runs a file exported to each foreign format with a pipeline.
@@ -230,10 +236,8 @@ def export_refusals(config: Config, to: str) -> tuple[str, ...]:
     (('interleaved 1F1B needs micro-batches (6) divisible by pp (4) (Megatron-LM)',), ())
     """
     target = EXPORT_FRAMEWORK.get(to)
-    if config.mesh is None or target is None or target == config.training.framework:
-        return ()
-    mesh = resolve.resolve_mesh(config.mesh, config.cluster.world, config.cluster.node.gpus)
-    if isinstance(mesh, resolve.Infeasible) or mesh.degree("pp") == 1:
+    mesh = None if target in (None, config.training.framework) else _config_mesh(config)
+    if mesh is None or config.mesh is None or target is None or mesh.degree("pp") == 1:
         return ()
     t = config.training
     m = micro_batches(t.global_batch, t.micro_batch, mesh.dp)
