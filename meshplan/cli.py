@@ -503,7 +503,9 @@ def _step_with(p, overlap, table, schedule: Optional[str]):
 def _print_links(p, st) -> None:
     """Readiness of each collective kind, concurrency and the load on each physical edge."""
 
-    _echo("collectives on stage 0, first occurrence (ms from step start): ready, deadline, duration, slack")
+    _echo("collectives on stage 0, first occurrence (ms from step start): ready, deadline, duration, slack "
+          "(deadline - ready - duration: 0 when the next op waits for it, < 0 exposed; a cp K/V all-gather's "
+          "deadline is the end of the Q projection it runs beside)")
     for t in timings(st):
         _echo(f"  {t.stream:13s} {t.phase:8s} {t.op:15s} {t.ready_s * 1e3:10.3f} {t.deadline_s * 1e3:10.3f} "
                    f"{t.duration_s * 1e3:9.3f} {t.slack_s * 1e3:10.3f}")
