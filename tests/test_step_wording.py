@@ -114,3 +114,49 @@ def test_cp_slack_in_a_plan_is_wq_less_the_gather():
     qb = next(e for e in back.events if e.name.endswith(" Q proj B"))
     rs = t[("cp", "backward", "reduce-scatter")]
     assert rs.slack_s == pytest.approx((qb.end_s - qb.start_s) - rs.duration_s) and rs.slack_s > 0
+
+
+def _main(argv, capsys) -> str:
+    from meshplan.cli import main
+    with pytest.raises(SystemExit) as done:
+        main([str(a) for a in argv])
+    assert not done.value.code
+    return capsys.readouterr().out
+
+
+
+def _toml(tmp_path, d: dict) -> str:
+    from meshplan.interop.tomlout import dumps
+    path = tmp_path / "plan.toml"
+    path.write_text(dumps(d))
+    return str(path)
+
+
+def test_step_and_plan_name_the_tp_overlap_and_what_it_saves(tmp_path, capsys):
+    """Megatron-LM --tp-comm-overlap with SP (TE userbuffers): the line names the model and gives
+    exposed tp, compute and step with it and with the same mesh planned without it (built again
+    from a config with the overlap off: the step model is the only reader of the field)."""
+    on = step_time(build_plan(config_from_dict(MINI_TP_OVERLAP)))
+    off_cfg = {**MINI_TP_OVERLAP, "training": {**MINI_TP_OVERLAP["training"], "tp_comm_overlap": False}}
+    off = step_time(build_plan(config_from_dict(off_cfg)))
+    a, b = on.shown_ms(), off.shown_ms()
+    assert float(b["exposed tp"]) > float(a["exposed tp"]) > 0
+    saves = (round(off.step_s * 1e5) - round(on.step_s * 1e5)) / 100
+    want = (f"tp overlap (training.tp_comm_overlap): Megatron-LM --tp-comm-overlap as Transformer Engine userbuffers "
+            f"run it: decomposed GEMMs (meshplan.compute.asynctp); exposed tp {a['exposed tp']} ms (blocking: "
+            f"{b['exposed tp']} ms), compute {a['compute']} ms (blocking: {b['compute']} ms), step {a['step']} ms "
+            f"(blocking: {b['step']} ms): saves {saves:.2f} ms per step")
+    path = _toml(tmp_path, MINI_TP_OVERLAP)
+    out = _main(["step", path], capsys)
+    assert want in out.splitlines() and "--overlap-tp ignored" not in out
+    # --overlap-tp with the overlap already on: the same step, and a note that says so
+    flagged = _main(["step", path, "--overlap-tp"], capsys)
+    assert flagged.splitlines()[0] == out.splitlines()[0] and want in flagged.splitlines()
+    assert "note: --overlap-tp ignored: training.tp_comm_overlap is on" in flagged
+    # plan says it too (rich may wrap the line: compare without the breaks)
+    plan_out = " ".join(_main(["plan", path], capsys).split())
+    assert "note " + want in plan_out
+    # off: no line in either command
+    off_path = _toml(tmp_path, off_cfg)
+    assert "tp overlap (training" not in _main(["step", off_path], capsys)
+    assert "tp overlap (training" not in _main(["plan", off_path], capsys)

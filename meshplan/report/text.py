@@ -15,6 +15,7 @@ from meshplan.placement.assign import Placement, rank_row
 from meshplan.plan import Infeasible, Plan
 from meshplan.report import shown
 from meshplan.report.memory import timeline_table
+from meshplan.schedule.steptime import step_time, tp_overlap_line
 from meshplan.units import GB, US, GiB, counted, human_bytes
 
 MAX_LIST = 8
@@ -263,6 +264,10 @@ def _collectives(plan: Plan, con: Console) -> None:
 def _verdict(plan: Plan | Infeasible, con: Console) -> None:
     for n in plan.notes:
         con.print(f"[dim]note[/] {n}")
+    tp = tp_overlap_line(plan, step_time(plan), step_time) \
+        if isinstance(plan, Plan) and plan.config.training.tp_comm_overlap else ""
+    if tp:
+        con.print(f"[dim]note[/] {tp}")
     if plan.feasible:
         con.print("[bold green]feasible[/] (validity, groups and the memory peak); predicted step time, MFU, "
                   "exposed communication and link load: meshplan step CONFIG")

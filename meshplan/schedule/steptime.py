@@ -24,11 +24,12 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from functools import cached_property, lru_cache
 from pathlib import Path
-from typing import NamedTuple, Optional
+from typing import Callable, NamedTuple, Optional
 
 import numpy as np
 
 from meshplan.comm.collectives import fsdp_gather_flags
+from meshplan.compute import asynctp
 from meshplan.pipeline.simulate import stage_order
 from meshplan.compute.gemm import GemmTable
 from meshplan.compute.routing import RoutingOptions
@@ -957,6 +958,26 @@ def config_overlap(training, overlap: Overlap = Overlap()) -> Overlap:
         # (stage3.py _synchronize_communication), which waits for the reduce-scatters in flight
         overlap = replace(overlap, grad_reduce=False)
     return overlap
+
+
+def tp_overlap_line(plan: Plan, st: StepTime, step_fn: Callable[[Plan], StepTime]) -> str:
+    """With ``training.tp_comm_overlap`` on and tp > 1: one line naming what the step model runs
+    (:func:`meshplan.compute.asynctp.model_name`) and what it saves and costs on the critical
+    stage, against the same plan with the overlap off (TP collectives blocking): exposed tp,
+    compute (the pieces' smaller GEMMs and the runtime's copies) and the step, each as
+    :meth:`StepTime.shown_ms` prints it; ``st``: the plan's step, ``step_fn``: how the caller
+    predicts a step (its other options kept). Else empty. Only the step model reads the field
+    (the table, memory and placement do not), so the plan is reused with it off."""
+    t = plan.config.training
+    if not t.tp_comm_overlap or plan.mesh.degree("tp") < 2:
+        return ""
+    off = step_fn(replace(plan, config=replace(plan.config, training=t.model_copy(update={"tp_comm_overlap": False}))))
+    on_ms, off_ms = st.shown_ms(), off.shown_ms()
+    saved = round(off.step_s * 1e5) - round(st.step_s * 1e5)
+    return (f"tp overlap (training.tp_comm_overlap): {asynctp.model_name(t.framework, plan.mesh.sequence_parallel)}; "
+            f"exposed tp {on_ms.get('exposed tp', '0.00')} ms (blocking: {off_ms.get('exposed tp', '0.00')} ms), "
+            f"compute {on_ms['compute']} ms (blocking: {off_ms['compute']} ms), step {on_ms['step']} ms (blocking: "
+            f"{off_ms['step']} ms): {'saves' if saved >= 0 else 'costs'} {abs(saved) / 100:.2f} ms per step")
 
 
 def layer_unit_times(plan, dropout: bool = False, overlap: Overlap = Overlap()) -> tuple[float, float]:
