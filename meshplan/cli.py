@@ -46,7 +46,7 @@ from meshplan.compute.gemm import load_gemm_table
 from meshplan.errors import ConfigError, check_number, printable
 from meshplan.fileio import check_destination, write_output
 from meshplan.interop.common import FORMATS, ImportOptions
-from meshplan.interop.foreign import export, import_text, load_any, torchtitan_source
+from meshplan.interop.foreign import UserFile, export, import_text, load_any, user_source
 from meshplan.mesh.tpsplit import model_groups
 from meshplan.placement.assign import rank_row
 from meshplan.placement.bindings import bindings, write_bindings
@@ -693,7 +693,7 @@ def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshpl
             raise ConfigError("--export", f"{export_rank}: the search ranked {len(result.top)} row(s); raise --top "
                               f"or export a lower rank")
         row = candidate_config(result.config, result.candidates, result.top[export_rank - 1].index)
-        _write_export(row, to, out, f"search {config} row {export_rank}", force, torchtitan_source(config, fmt))
+        _write_export(row, to, out, f"search {config} row {export_rank}", force, user_source(config, fmt))
     _write_text(json_path, json.dumps(search_to_dict(result), indent=1), force)
     if html_path:
         _wrote(write_output(html_path, search_page(result, config.name), force, '--html'))
@@ -701,10 +701,10 @@ def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshpl
 
 
 def _write_export(cfg, to: str, out: Path | _Stdout, source: str, force: bool,
-                  user: Optional[dict] = None) -> list[str]:
+                  user: Optional[UserFile] = None) -> list[str]:
     """Write ``cfg`` as ``to`` to ``out`` (``-o -``: stdout), printing the header (source,
-    how to import it, what the format does not express, the torchtitan settings ``user``'s
-    file carries or not); returns the header."""
+    how to import it, what the format does not express, the torchtitan or DeepSpeed settings
+    ``user``'s file carries or not); returns the header."""
     refused = {t: export_refusals(cfg, t) for t in FORMATS}
     text, header = export(replace(cfg, notes=()), to, source, user, config_warnings(cfg), refused)
     for line in header[1:]:
@@ -771,7 +771,8 @@ def export_cmd(config: Path = typer.Argument(..., help="the plan's " + CONFIG_HE
     express is listed (re-imported and compared), and what the framework's runtime is known to run differently
     as warning lines; a mesh the target cannot run is refused with the reason. From a torchtitan job TOML, a
     torchtitan file carries the settings meshplan does not plan ([optimizer], [lr_scheduler], [checkpoint],
-    training.steps, ...) unchanged; another target lists them as not carried."""
+    training.steps, ...) unchanged, and from a DeepSpeed JSON a DeepSpeed file its keys meshplan does not plan
+    (steps_per_print, optimizer, scheduler, ...); another target lists them as not carried."""
 
     if to not in FORMATS:
         raise ConfigError("--to", f"{to!r}; use {', '.join(FORMATS)}")
@@ -779,7 +780,7 @@ def export_cmd(config: Path = typer.Argument(..., help="the plan's " + CONFIG_HE
     _refuse_existing(json_path, force, "--json")
     cfg = load_any(config, fmt, _opts(cluster, nodes, gpu, model, seq_len))
     _notes(cfg)
-    header = _write_export(cfg, to, out, str(config), force, torchtitan_source(config, fmt))
+    header = _write_export(cfg, to, out, str(config), force, user_source(config, fmt))
     _write_doc(json_path, export_doc(str(config), to, header, _written([] if isinstance(out, _Stdout) else [out])),
                force)
 
