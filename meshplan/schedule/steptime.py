@@ -66,6 +66,7 @@ from meshplan.schedule.rank_timeline import (
 )
 from meshplan.spec.axes.base import Dim
 from meshplan.spec.mesh import Schedule
+from meshplan.spec.wording import recompute_words, runtime
 
 
 def workload_of(plan, dropout: bool = False) -> Workload:
@@ -917,7 +918,8 @@ def step_time(plan: Plan, overlap: Overlap = Overlap(), *, dropout: bool = False
                   f"reduce-scatter (meshplan.comm.fsdp2)",)
     return StepTime(res, units, tuple(ends), tuple(post), exposed[crit],
                     _sequence_flops(cfg.model, t.seq_len) * t.global_batch, hw, t.global_batch * t.seq_len,
-                    plan.world, cfg.cluster.gpu.peak_flops(t.peak_dtype), ranks, notes, t.recompute_name,
+                    plan.world, cfg.cluster.gpu.peak_flops(t.peak_dtype), ranks, notes,
+                    recompute_words(t, runtime(t, cfg.origin)),
                     (indexed[0], indexed[1]), t.peak_dtype, tuple(gap.items()), runs)
 
 

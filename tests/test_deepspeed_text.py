@@ -1,7 +1,8 @@
-"""``export --to deepspeed`` of a plan read from a DeepSpeed JSON keeps the user's keys meshplan
-does not plan (``steps_per_print``, ``optimizer``, ``scheduler``, ZeRO-3's bucket sizes, the
-checkpointing section's own keys), as a torchtitan export keeps the job's other sections; to
-another format they are listed, in one line, as not carried."""
+"""A DeepSpeed user's view. ``export --to deepspeed`` of a plan read from a DeepSpeed JSON keeps the
+user's keys meshplan does not plan (``steps_per_print``, ``optimizer``, ``scheduler``, ZeRO-3's
+bucket sizes, the checkpointing section's own keys), as a torchtitan export keeps the job's other
+sections; to another format they are listed, in one line, as not carried. And the plan, memory
+and step text speak DeepSpeed's words (meshplan.spec.wording)."""
 
 from __future__ import annotations
 
@@ -81,3 +82,54 @@ def test_to_another_format_lists_what_is_not_carried(tmp_path):
 
 def test_a_meshplan_toml_has_nothing_to_carry(tmp_path):
     assert user_source(EXAMPLES / "seed-64gpu.toml") is None
+
+
+# The text of a DeepSpeed plan in DeepSpeed's words (meshplan.spec.wording): activation
+# checkpointing, ZeRO stage N partitioning over the data-parallel group; never Megatron-LM's
+# recompute flags nor "sharded over fsdp".
+
+def _out(argv, capsys) -> str:
+    with pytest.raises(SystemExit) as done:
+        main([str(a) for a in argv])
+    assert not done.value.code
+    return " ".join(capsys.readouterr().out.split())  # rich wraps long lines
+
+
+DS_OPTS = ["--cluster", "dgx-h100", "--nodes", "2", "--model", "llama3-8b", "--seq-len", "4096"]
+
+
+def test_zero3_plan_memory_and_step_speak_deepspeed(tmp_path, capsys):
+    path = _zero3(tmp_path)
+    plan = _out(["plan", path, *DS_OPTS], capsys)
+    assert ("sharding zero3 (DeepSpeed ZeRO stage 3: partitions the optimizer states, gradients and parameters "
+            "over the data-parallel group), recompute full (DeepSpeed activation checkpointing "
+            "(deepspeed.checkpointing.checkpoint on every transformer layer") in plan
+    assert "ZeRO stage 3 partitions over the data-parallel group" in plan
+    assert plan.count("data-parallel group (16)") == 4  # params, grads, master, optimizer
+    assert "Megatron-LM full recompute" not in plan and "fsdp (16)" not in plan
+    memory = _out(["memory", path, *DS_OPTS, "--out", tmp_path / "mem"], capsys)
+    assert "activations: DeepSpeed activation checkpointing" in memory and "Megatron-LM" not in memory
+    step = _out(["step", path, *DS_OPTS], capsys)
+    assert "recompute: DeepSpeed activation checkpointing (deepspeed.checkpointing.checkpoint" in step
+
+
+def test_zero2_example_speaks_deepspeed(capsys):
+    plan = _out(["plan", EXAMPLES / "deepspeed_zero2_16xh100.json", *DS_OPTS], capsys)
+    assert "sharding zero2 (DeepSpeed ZeRO stage 2: partitions the optimizer states and gradients" in plan
+    assert "recompute selective (activation checkpointing of the attention core only" in plan
+    # stage 2 keeps the parameters whole on every rank
+    assert plan.count("data-parallel group (16)") == 3 and "not partitioned" in plan
+    assert "Megatron-LM selective recompute" not in plan and "fsdp (16)" not in plan
+
+
+def test_megatron_deepspeed_keeps_megatrons_recompute_words():
+    """Megatron-LM with DeepSpeed's ZeRO-1/2 engine (Megatron-DeepSpeed): its flags choose the
+    recompute, DeepSpeed partitions the state."""
+    from meshplan.spec.training import TrainingSpec
+    from meshplan.spec.wording import recompute_words, runtime, state_cell
+    t = TrainingSpec(global_batch=8, seq_len=16, sharding="zero1", zero12_engine="deepspeed", framework="megatron",
+                     recompute="full")
+    assert recompute_words(t, runtime(t)).startswith("Megatron-LM full recompute")
+    assert state_cell(t, "fsdp", 8) == "data-parallel group (8)"
+    torch = t.model_copy(update={"framework": "torch", "zero12_engine": "megatron"})
+    assert state_cell(torch, "fsdp", 8) == "fsdp (8)" and torch.recompute_name == recompute_words(torch, "torch")
