@@ -46,7 +46,7 @@ from meshplan.compute.gemm import load_gemm_table
 from meshplan.errors import ConfigError, check_number, printable
 from meshplan.fileio import check_destination, write_output
 from meshplan.interop.common import FORMATS, ImportOptions
-from meshplan.interop.foreign import export, import_text, load_any, torchtitan_source
+from meshplan.interop.foreign import UserFile, export, import_text, load_any, user_source
 from meshplan.mesh.tpsplit import model_groups
 from meshplan.placement.assign import rank_row
 from meshplan.placement.bindings import bindings, write_bindings
@@ -101,7 +101,7 @@ from meshplan.runtime.validation.validate import main as validate_main
 from meshplan.schedule.linkload import concurrency, edge_loads, timings
 from meshplan.schedule.placement_score import step_scorer
 from meshplan.schedule.rank_timeline import Overlap
-from meshplan.schedule.steptime import step_time
+from meshplan.schedule.steptime import step_time, tp_overlap_line
 from meshplan.schedule.verdict import network_verdict, rebuilt_step
 from meshplan.search.driver import search
 from meshplan.search.space import candidate_config
@@ -434,8 +434,9 @@ def _overlap(overlap_tp: bool, no_prefetch: bool):
 @app.command()
 def step(config: Path = typer.Argument(..., help=CONFIG_HELP),
          trace: Optional[Path] = typer.Option(None, "--trace", help="write the predicted timeline (Chrome/Perfetto JSON)"),
-         overlap_tp: bool = typer.Option(False, "--overlap-tp", help="assume TP communication overlaps compute, ideally (whole "
-                                         "GEMMs); training.tp_comm_overlap models the runtimes' decomposed GEMMs"),
+         overlap_tp: bool = typer.Option(False, "--overlap-tp", help="with training.tp_comm_overlap off: assume TP "
+                                         "communication overlaps compute, ideally (whole GEMMs); with it on, ignored "
+                                         "(a note says so): the config's model, the runtimes' decomposed GEMMs, runs"),
          no_prefetch: bool = typer.Option(False, "--no-prefetch", help="no FSDP all-gather prefetch"),
          gemm_table: Optional[Path] = typer.Option(None, "--gemm-table", help="measured GEMM times (meshplan bench gemm)"),
          schedule: Optional[str] = typer.Option(None, "--schedule", help="gpipe, 1f1b, interleaved_1f1b, zb_h1, zbv or dualpipev "
@@ -472,6 +473,12 @@ def step(config: Path = typer.Argument(..., help=CONFIG_HELP),
         _verdict_exit(p)
     for line in st.lines():
         _echo(line)
+    tp = tp_overlap_line(p, st, lambda alt: _step_with(alt, _overlap(False, no_prefetch), table, schedule))
+    if tp:
+        _echo(tp)
+    if overlap_tp and p.config.training.tp_comm_overlap:
+        _echo("note: --overlap-tp ignored: training.tp_comm_overlap is on, and the config's model of it (the line "
+              "above) is what the step runs; --overlap-tp (ideal overlap of whole GEMMs) applies with it off")
 
     again = rebuilt_step(p, lambda alt: _step_with(alt, _overlap(overlap_tp, no_prefetch), table, schedule))
     verdict = network_verdict(p, st, again)
@@ -503,7 +510,9 @@ def _step_with(p, overlap, table, schedule: Optional[str]):
 def _print_links(p, st) -> None:
     """Readiness of each collective kind, concurrency and the load on each physical edge."""
 
-    _echo("collectives on stage 0, first occurrence (ms from step start): ready, deadline, duration, slack")
+    _echo("collectives on stage 0, first occurrence (ms from step start): ready, deadline, duration, slack "
+          "(deadline - ready - duration: 0 when the next op waits for it, < 0 exposed; a cp K/V all-gather's "
+          "deadline is the end of the Q projection it runs beside)")
     for t in timings(st):
         _echo(f"  {t.stream:13s} {t.phase:8s} {t.op:15s} {t.ready_s * 1e3:10.3f} {t.deadline_s * 1e3:10.3f} "
                    f"{t.duration_s * 1e3:9.3f} {t.slack_s * 1e3:10.3f}")
@@ -684,7 +693,7 @@ def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshpl
             raise ConfigError("--export", f"{export_rank}: the search ranked {len(result.top)} row(s); raise --top "
                               f"or export a lower rank")
         row = candidate_config(result.config, result.candidates, result.top[export_rank - 1].index)
-        _write_export(row, to, out, f"search {config} row {export_rank}", force, torchtitan_source(config, fmt))
+        _write_export(row, to, out, f"search {config} row {export_rank}", force, user_source(config, fmt))
     _write_text(json_path, json.dumps(search_to_dict(result), indent=1), force)
     if html_path:
         _wrote(write_output(html_path, search_page(result, config.name), force, '--html'))
@@ -692,10 +701,10 @@ def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshpl
 
 
 def _write_export(cfg, to: str, out: Path | _Stdout, source: str, force: bool,
-                  user: Optional[dict] = None) -> list[str]:
+                  user: Optional[UserFile] = None) -> list[str]:
     """Write ``cfg`` as ``to`` to ``out`` (``-o -``: stdout), printing the header (source,
-    how to import it, what the format does not express, the torchtitan settings ``user``'s
-    file carries or not); returns the header."""
+    how to import it, what the format does not express, the torchtitan or DeepSpeed settings
+    ``user``'s file carries or not); returns the header."""
     refused = {t: export_refusals(cfg, t) for t in FORMATS}
     text, header = export(replace(cfg, notes=()), to, source, user, config_warnings(cfg), refused)
     for line in header[1:]:
@@ -762,7 +771,8 @@ def export_cmd(config: Path = typer.Argument(..., help="the plan's " + CONFIG_HE
     express is listed (re-imported and compared), and what the framework's runtime is known to run differently
     as warning lines; a mesh the target cannot run is refused with the reason. From a torchtitan job TOML, a
     torchtitan file carries the settings meshplan does not plan ([optimizer], [lr_scheduler], [checkpoint],
-    training.steps, ...) unchanged; another target lists them as not carried."""
+    training.steps, ...) unchanged, and from a DeepSpeed JSON a DeepSpeed file its keys meshplan does not plan
+    (steps_per_print, optimizer, scheduler, ...); another target lists them as not carried."""
 
     if to not in FORMATS:
         raise ConfigError("--to", f"{to!r}; use {', '.join(FORMATS)}")
@@ -770,7 +780,7 @@ def export_cmd(config: Path = typer.Argument(..., help="the plan's " + CONFIG_HE
     _refuse_existing(json_path, force, "--json")
     cfg = load_any(config, fmt, _opts(cluster, nodes, gpu, model, seq_len))
     _notes(cfg)
-    header = _write_export(cfg, to, out, str(config), force, torchtitan_source(config, fmt))
+    header = _write_export(cfg, to, out, str(config), force, user_source(config, fmt))
     _write_doc(json_path, export_doc(str(config), to, header, _written([] if isinstance(out, _Stdout) else [out])),
                force)
 

@@ -54,7 +54,9 @@ class Config:
     ``mesh`` is None only for a config read with ``require_mesh=False``; its axis names are
     canonical (:func:`meshplan.spec.axes.canonical_names`: ``fsdp`` is ``dp_shard``);
     ``notes``: what the reader decided for the user (an alias renamed, a foreign file's
-    fields left unused), printed by the CLI as ``note: ...`` lines."""
+    fields left unused), printed by the CLI as ``note: ...`` lines; ``origin``: the foreign
+    format it was read from (``deepspeed``, ``torchtitan``, ``megatron``; "" for a meshplan
+    TOML), whose words the text uses (:mod:`meshplan.spec.wording`)."""
 
     model: ModelSpec
     cluster: ClusterSpec
@@ -64,6 +66,7 @@ class Config:
     memory: MemoryOptions = field(default_factory=MemoryOptions)
     search: SearchOptions = field(default_factory=SearchOptions)
     notes: tuple[str, ...] = ()
+    origin: str = ""
 
 
 def load_config(path: str | Path, require_mesh: bool = True) -> Config:

@@ -87,6 +87,9 @@ def _timings_loop(st, stage=0):
         words = e.name.split()
         if e.stream in ("fsdp", "efsdp") and "AG" in words:
             dl = next((c.start_s for c in compute if c.name == words[-1] and c.start_s >= e.start_s), e.end_s)
+        elif e.stream == "cp":  # the Q projection (or its input gradient) it runs beside, in its own unit
+            dl = next((c.end_s for c in compute if c.args.get("unit") == unit and c.start_s >= e.start_s
+                       and c.name.endswith((" Q proj", " Q proj B"))), e.end_s)
         elif e.stream in ("dp_replicate", "dp") and "all-gather" in e.name:
             dl = e.end_s  # ZeRO-1's parameter all-gather after the optimizer ends the step
         elif "RS" in words or "norm-grad" in e.name or e.stream in ("dp_replicate", "dp"):
@@ -140,9 +143,15 @@ def test_zero1_parameter_all_gather_ends_the_step():
     assert all(x.slack_s >= -1e-12 for x in t.values() if x.stream == "dp")
 
 
-@pytest.mark.parametrize("which", ["seed", "pp-torch", "pp-megatron"])
+def _cp_plan():
+    from tests.conftest import ROOT
+    return build_plan(load_config(ROOT / "tests" / "data" / "validate_llama8b_cp2_fsdp.toml"))
+
+
+@pytest.mark.parametrize("which", ["seed", "pp-torch", "pp-megatron", "cp"])
 def test_arrays_equal_the_event_loops(seed, which):
-    p, st = seed if which == "seed" else (lambda q: (q, step_time(q)))(_pp_plan(which.split("-")[1]))
+    p, st = seed if which == "seed" else (lambda q: (q, step_time(q)))(
+        _cp_plan() if which == "cp" else _pp_plan(which.split("-")[1]))
     for stage in sorted({0, st.critical_stage}):
         assert timings(st, stage) == _timings_loop(st, stage)
         got, ref = concurrency(st, stage), _concurrency_loop(st, stage)

@@ -17,7 +17,7 @@ import pytest
 from meshplan.config import config_from_dict
 from meshplan.errors import ConfigError
 from meshplan.interop.common import ImportOptions
-from meshplan.interop.foreign import export, load_any, torchtitan_source
+from meshplan.interop.foreign import export, load_any, user_source
 from meshplan.mesh import validity
 from meshplan.compute.shapes import local_shapes
 from meshplan.interop.tomlout import resolved
@@ -117,7 +117,7 @@ def _tables(cfg) -> dict:
 def test_export_to_torchtitan_carries_the_users_settings(tmp_path):
     path = _user(tmp_path)
     cfg = load_any(path, opts=H100x8)
-    text, head = export(cfg, "torchtitan", str(path), torchtitan_source(path))
+    text, head = export(cfg, "torchtitan", str(path), user_source(path))
     out = tomllib.loads(text)
     user = tomllib.loads(USER)
     for table in ("optimizer", "lr_scheduler", "metrics", "checkpoint"):
@@ -140,7 +140,7 @@ def test_export_to_torchtitan_carries_the_users_settings(tmp_path):
 def test_export_from_torchtitan_to_megatron_lists_what_is_not_carried(tmp_path):
     path = _user(tmp_path)
     cfg = load_any(path, opts=H100x8)
-    _, head = export(cfg, "megatron", str(path), torchtitan_source(path))
+    _, head = export(cfg, "megatron", str(path), user_source(path))
     line = [h for h in head if h.startswith("not carried to megatron")]
     assert line == ["not carried to megatron: the torchtitan settings meshplan does not plan: [job], [optimizer], "
                     "[lr_scheduler], [metrics], [checkpoint], model.hf_assets_path, "
@@ -153,8 +153,8 @@ def test_export_of_a_meshplan_toml_carries_nothing(tmp_path):
     mine = tmp_path / "plan.toml"
     from meshplan.interop.tomlout import dumps
     mine.write_text(dumps(_tables(load_any(path, opts=H100x8))))
-    assert torchtitan_source(mine) is None
-    text, head = export(load_any(mine), "torchtitan", str(mine), torchtitan_source(mine))
+    assert user_source(mine) is None
+    text, head = export(load_any(mine), "torchtitan", str(mine), user_source(mine))
     assert "optimizer" not in tomllib.loads(text) and not [h for h in head if "carried" in h]
 
 
@@ -176,7 +176,7 @@ def test_op_sac_downgraded_at_tp_is_exported_as_planned(tmp_path):
     path = _user(tmp_path)
     cfg = load_any(path, opts=H100x8)
     assert cfg.training.recompute == "selective"
-    text, head = export(cfg, "torchtitan", str(path), torchtitan_source(path))
+    text, head = export(cfg, "torchtitan", str(path), user_source(path))
     assert tomllib.loads(text)["activation_checkpoint"] == {"mode": "none"}
     assert any(h.startswith("note: the plan modelled Megatron-LM's selective recompute (attention core only)")
                and 'written as mode = "none"' in h for h in head)
@@ -184,7 +184,7 @@ def test_op_sac_downgraded_at_tp_is_exported_as_planned(tmp_path):
     tp1 = _user(tmp_path, USER.replace("tensor_parallel_degree = 8", "tensor_parallel_degree = 1")
                 .replace("context_parallel_degree = 2", "context_parallel_degree = 1"))
     cfg1 = load_any(tp1, opts=H100x8)
-    text1, head1 = export(cfg1, "torchtitan", str(tp1), torchtitan_source(tp1))
+    text1, head1 = export(cfg1, "torchtitan", str(tp1), user_source(tp1))
     assert cfg1.training.recompute == "op"
     assert tomllib.loads(text1)["activation_checkpoint"] == {"mode": "selective", "selective_ac_option": "op"}
     assert not [h for h in head1 if h.startswith("note:") or h.startswith("not expressed")]

@@ -67,6 +67,23 @@ TE_PIPELINE_SMS = 16
 FRAMEWORKS = ("torch", "megatron")
 
 
+def model_name(framework: str, sequence_parallel: bool) -> str:
+    """What ``training.tp_comm_overlap`` is modelled as, in the runtime's words (the one text
+    ``plan`` and ``step`` print, :func:`meshplan.schedule.steptime.tp_overlap_line`).
+
+    >>> model_name("megatron", True)
+    'Megatron-LM --tp-comm-overlap as Transformer Engine userbuffers run it: decomposed GEMMs (meshplan.compute.asynctp)'
+    >>> model_name("torch", False)
+    'TP all-reduces overlapping their block ideally (no sequence parallelism: the runtimes decompose only its all-gathers and reduce-scatters)'
+    """
+    if not sequence_parallel:
+        return ("TP all-reduces overlapping their block ideally (no sequence parallelism: the runtimes decompose only "
+                "its all-gathers and reduce-scatters)")
+    runtime = {"megatron": "Megatron-LM --tp-comm-overlap as Transformer Engine userbuffers run it",
+               "torch": "torchtitan's async TP as torch's micro_pipeline_tp runs it"}[framework]
+    return f"{runtime}: decomposed GEMMs (meshplan.compute.asynctp)"
+
+
 def pieces(framework: str, tp: int, name: str, phase: str) -> int:
     """Pieces GEMM ``name`` (an op name of :mod:`meshplan.compute.ops`) of ``phase`` is cut into
     under ``framework``'s async TP at ``tp`` (module docstring); 0: not decomposed.

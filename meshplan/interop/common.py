@@ -74,6 +74,35 @@ def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
     return out
 
 
+def strip_keys(d: dict, drop: set[str], prefix: str = "") -> dict:
+    """``d`` without the dotted keys in ``drop`` (a table emptied by it left out).
+
+    >>> strip_keys({"a": {"b": 1, "c": 2}, "d": {"e": 3}}, {"a.b", "d.e"})
+    {'a': {'c': 2}}
+    """
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and v:
+            sub = strip_keys(v, drop, f"{prefix}{k}.")
+            if sub:
+                out[k] = sub
+        elif f"{prefix}{k}" not in drop:
+            out[k] = v
+    return out
+
+
+def merge_tables(base: dict, top: dict) -> dict:
+    """``base`` with ``top`` over it, table by table (``top`` wins a key both hold).
+
+    >>> merge_tables({"a": {"b": 1, "c": 2}, "x": 0}, {"a": {"b": 5}})
+    {'a': {'b': 5, 'c': 2}, 'x': 0}
+    """
+    out = dict(base)
+    for k, v in top.items():
+        out[k] = merge_tables(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
 def cluster_table(opts: ImportOptions, fmt: str, nodes: Optional[int] = None) -> tuple[dict, int]:
     """([cluster] table, world size) from ``--cluster``/``--nodes`` (``nodes`` from the file,
     e.g. a launch script's ``--nnodes``, when ``--nodes`` is not given). ConfigError naming

@@ -73,8 +73,10 @@ from meshplan.interop.common import (
     cluster_table,
     flatten,
     loose_near_miss,
+    merge_tables,
     misspelt,
     model_option,
+    strip_keys,
 )
 from meshplan.interop.tomlout import resolved
 from meshplan.spec.memory import DEEPSPEED_REDUCE_BUCKET_ELEMENTS
@@ -321,6 +323,61 @@ def _clip(d: dict, notes: list[str]) -> bool:
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0:
         raise ConfigError("gradient_clipping", f"must be a number >= 0 (0: no clipping) or \"auto\"; got {v!r}")
     return v > 0
+
+
+CHECKPOINTING = "activation_checkpointing"
+
+
+def read_keys(doc: dict) -> set[str]:
+    """The keys :func:`read` reads in a DeepSpeed config of ``doc``'s ZeRO stage (an
+    ``activation_checkpointing`` section is read by its presence: :func:`carried`).
+
+    >>> sorted(read_keys({"zero_optimization": {"stage": 1}}) - read_keys({}))
+    ['communication_data_type', 'data_types.grad_accum_dtype', 'zero_optimization.overlap_comm', 'zero_optimization.reduce_bucket_size', 'zero_optimization.use_multi_rank_bucket_allreduce']
+    """
+    zero = doc.get("zero_optimization")
+    stage = zero.get("stage", 0) if isinstance(zero, dict) else 0
+    return set(USED) | (set(ZERO12_USED) if stage in (1, 2) else set()) | (
+        {"data_types.grad_accum_dtype"} if stage == 1 else set())
+
+
+def not_planned(user: dict) -> list[str]:
+    """The dotted keys of the user's DeepSpeed config ``user`` that meshplan does not plan:
+    every key :func:`read` does not read at its stage (:func:`read_keys`; an
+    ``activation_checkpointing`` section's own keys, though the section itself is read as
+    recompute ``full``).
+
+    >>> not_planned({"train_batch_size": 8, "steps_per_print": 10, "activation_checkpointing": {},
+    ...              "zero_optimization": {"stage": 3, "overlap_comm": True, "stage3_prefetch_bucket_size": 5e7}})
+    ['steps_per_print', 'zero_optimization.overlap_comm', 'zero_optimization.stage3_prefetch_bucket_size']
+    """
+    return list(flatten(strip_keys(user, read_keys(user) | {CHECKPOINTING})))
+
+
+def carried(user: dict, written: dict) -> tuple[dict, list[str]]:
+    """(config, what was carried) of ``written`` (:func:`write`) with the keys of the user's
+    DeepSpeed config ``user`` that meshplan does not plan (:func:`not_planned`:
+    ``steps_per_print``, ``optimizer``, ``scheduler``, ZeRO-3's prefetch and persistence sizes,
+    ...) carried through unchanged, as a torchtitan export keeps the job's other sections; every
+    key :func:`read` reads at the user's stage or the written one is what ``written`` says. The keys of an ``activation_checkpointing``
+    section go with it only where ``written`` has one (the plan checkpoints: recompute
+    ``full``; another plan's section would read back as ``full``). What was carried: dotted keys,
+    the user's order.
+
+    >>> user = {"train_batch_size": 64, "steps_per_print": 10, "zero_optimization": {"stage": 2,
+    ...         "overlap_comm": True, "contiguous_gradients": False}, "activation_checkpointing": {"partition_activations": True}}
+    >>> doc, names = carried(user, {"train_batch_size": 32, "zero_optimization": {"stage": 1}})
+    >>> doc
+    {'train_batch_size': 32, 'zero_optimization': {'stage': 1, 'contiguous_gradients': False}, 'steps_per_print': 10}
+    >>> names
+    ['steps_per_print', 'zero_optimization.contiguous_gradients']
+    >>> carried(user, {"activation_checkpointing": {}})[1]
+    ['steps_per_print', 'zero_optimization.contiguous_gradients', 'activation_checkpointing.partition_activations']
+    """
+    drop = read_keys(user) | read_keys(written) | {CHECKPOINTING} | (
+        set() if CHECKPOINTING in written else {k for k in flatten(user) if k.startswith(CHECKPOINTING + ".")})
+    keep = strip_keys(strip_keys(user, drop), set(flatten(written)))
+    return merge_tables(written, keep), list(flatten(keep))
 
 
 def write(cfg: Config) -> dict[str, Any]:

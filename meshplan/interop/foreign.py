@@ -20,7 +20,7 @@ import re
 import tomllib
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, NamedTuple, Sequence
 
 from meshplan import catalog
 from meshplan.config import Config, config_from_dict, load_config, parse_toml
@@ -109,7 +109,7 @@ def load_any(path, fmt: str | None = None, opts: ImportOptions = ImportOptions()
                           f"reliability, search and export read it directly)")
     imp = read_foreign(p, fmt, opts)
     cfg = config_from_dict(imp.tables, base=p.parent, path=str(p), require_mesh=require_mesh)
-    return replace(cfg, notes=cfg.notes + imp.all_notes())
+    return replace(cfg, notes=cfg.notes + imp.all_notes(), origin=fmt)
 
 
 def import_text(path, fmt: str | None, opts: ImportOptions) -> tuple[str, Imported]:
@@ -138,17 +138,34 @@ def reimport_options(cfg: Config, to: str) -> ImportOptions:
                          seq_len=cfg.training.seq_len)
 
 
-def torchtitan_source(path, fmt: str | None = None) -> dict | None:
-    """The parsed torchtitan job TOML at ``path`` (its pre-2025 ``[float8]`` read as
-    ``[quantize.linear.float8]``) when the config is one (``fmt`` or detected), else None:
-    what :func:`export` carries into a torchtitan file."""
+class UserFile(NamedTuple):
+    """The foreign config a plan was read from, parsed (``fmt``: torchtitan or deepspeed, the
+    formats whose export carries the user's other settings: :func:`export`)."""
+
+    fmt: str
+    doc: dict
+
+
+#: Per format that carries: (its ``carried(user, written)``, the names of what it would carry)
+#: and its name in the header.
+CARRIERS = {"torchtitan": (torchtitan.carried, lambda d: torchtitan.carried(d, {})[1], "torchtitan"),
+            "deepspeed": (deepspeed.carried, deepspeed.not_planned, "DeepSpeed")}
+
+
+def user_source(path, fmt: str | None = None) -> UserFile | None:
+    """The config at ``path`` parsed, when it is a torchtitan job TOML (its pre-2025 ``[float8]``
+    read as ``[quantize.linear.float8]``) or a DeepSpeed JSON (``fmt`` or detected), else None:
+    what :func:`export` carries into a file of the same format."""
     p = Path(path)
-    if (fmt or detect(p, _text(p))) != "torchtitan":
-        return None
-    return torchtitan.current_layout(parse_toml(_text(p), str(p)))
+    fmt = fmt or detect(p, _text(p))
+    if fmt == "torchtitan":
+        return UserFile(fmt, torchtitan.current_layout(parse_toml(_text(p), str(p))))
+    if fmt == "deepspeed":
+        return UserFile(fmt, parse_json(_text(p), "config", str(p), "give a DeepSpeed JSON config", unique_keys=True))
+    return None
 
 
-def export(cfg: Config, to: str, source: str, user: dict | None = None,
+def export(cfg: Config, to: str, source: str, user: UserFile | None = None,
            warnings: Sequence[str] = (), refused: Mapping[str, Sequence[str]] | None = None) -> tuple[str, list[str]]:
     """(file text, header lines) of ``cfg`` written as ``to``. The header names the source,
     each of ``warnings`` (``warning: ...``: what the framework's runtime does differently,
@@ -158,10 +175,11 @@ def export(cfg: Config, to: str, source: str, user: dict | None = None,
     arguments files as comments (a DeepSpeed JSON has none: the caller prints it). A target
     that cannot hold ``cfg`` is a ConfigError naming ``--to`` and the foreign formats that
     do (each tried: a suggestion is never refused in turn), or saying that none does.
-    ``user``: the torchtitan job TOML ``cfg`` was read from (:func:`torchtitan_source`):
-    a torchtitan file carries its settings meshplan does not plan (optimizer, schedule,
-    checkpoints, ...) unchanged (:func:`meshplan.interop.torchtitan.carried`), the header
-    names them; another target lists them as not carried. ``refused``: per target, what its
+    ``user``: the torchtitan job TOML or DeepSpeed JSON ``cfg`` was read from
+    (:func:`user_source`): a file of the same format carries its settings meshplan does not
+    plan (optimizer, schedule, checkpoints, ``steps_per_print``, ...) unchanged
+    (:func:`meshplan.interop.torchtitan.carried`, :func:`meshplan.interop.deepspeed.carried`),
+    the header names them; another target lists them, in one line, as not carried. ``refused``: per target, what its
     runtime refuses in ``cfg``'s pipeline (:func:`meshplan.plan.export_refusals`): that target
     is refused, and never suggested."""
     if to not in FORMATS:
@@ -186,7 +204,7 @@ def _takes(cfg: Config, to: str, source: str, refused: Mapping[str, Sequence[str
     return True
 
 
-def _export(cfg: Config, to: str, source: str, user: dict | None = None,
+def _export(cfg: Config, to: str, source: str, user: UserFile | None = None,
             warnings: tuple[str, ...] = (), refused: Mapping[str, Sequence[str]] | None = None
             ) -> tuple[str, list[str]]:
     """:func:`export` without the suggestion of another target."""
@@ -195,17 +213,19 @@ def _export(cfg: Config, to: str, source: str, user: dict | None = None,
     opts = reimport_options(cfg, to)
     head = [f"meshplan export of {source} ({cfg.model.name} on {cfg.cluster.nodes}x {cfg.cluster.node.name})"]
     head += [f"warning: {w}" for w in warnings]
-    if to != "torchtitan" and user is not None:
-        _, kept = torchtitan.carried(user, {})
-        head.append(f"not carried to {to}: the torchtitan settings meshplan does not plan: {', '.join(kept)}")
+    if user is not None and user.fmt != to:
+        _, names, label = CARRIERS[user.fmt]
+        kept = names(user.doc)
+        if kept:
+            head.append(f"not carried to {to}: the {label} settings meshplan does not plan: {', '.join(kept)}")
     if to == "meshplan":
         return dumps(meshplan_tables(cfg), tuple(head)), head
     head.append(f"import with: meshplan import {to} FILE --cluster {opts.cluster} --nodes {opts.nodes}"
                 + (f" --gpu {opts.gpu}" if opts.gpu else "")
                 + ("" if to != "deepspeed" else f" --model {opts.model or 'MODEL'} --seq-len {opts.seq_len}"))
     if to == "torchtitan":
-        tables, kept = torchtitan.carried(user, torchtitan.write(cfg)) if user is not None else \
-            (torchtitan.write(cfg), [])
+        tables, kept = torchtitan.carried(user.doc, torchtitan.write(cfg)) if user is not None and \
+            user.fmt == to else (torchtitan.write(cfg), [])
         if kept:
             head.append(f"carried unchanged from {source}: {', '.join(kept)}")
         head += torchtitan.write_notes(cfg)
@@ -215,7 +235,10 @@ def _export(cfg: Config, to: str, source: str, user: dict | None = None,
         body = "\n".join(megatron.write(cfg)) + "\n"
         again = megatron.read(body, opts)
     else:  # a DeepSpeed config holds no model: re-imported with the config's own (a catalog name, or its fields)
-        doc = deepspeed.write(cfg)
+        doc, kept = deepspeed.carried(user.doc, deepspeed.write(cfg)) if user is not None and user.fmt == to else \
+            (deepspeed.write(cfg), [])
+        if kept:
+            head.append(f"carried unchanged from {source}: {', '.join(kept)}")
         body = json.dumps(doc, indent=2) + "\n"
         again = deepspeed.read(doc, replace(opts, model=opts.model or catalog.names("model")[0]))
         again = replace(again, tables=again.tables | {"model": model_table(cfg)})

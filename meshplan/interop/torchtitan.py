@@ -69,10 +69,12 @@ from meshplan.interop.common import (
     catalog_model_name,
     cluster_table,
     flatten,
+    merge_tables,
     misspelt,
     model_layers,
     model_option,
     positive_int,
+    strip_keys,
 )
 from meshplan.interop.tomlout import mesh_spec, resolved, virtual_split
 from meshplan.interop.torchtitan_tables import (
@@ -446,8 +448,8 @@ def carried(user: dict, written: dict) -> tuple[dict, list[str]]:
     ['[job]', 'training.steps', 'activation_checkpoint.early_stop']
     """
     moved = "model" in written and _model_key(user) != _model_key(written)
-    keep = _strip(user, (READ - KEPT) | ({"model.hf_assets_path"} if moved else set()))
-    tables = _merge(keep, _strip(written, set(flatten(keep))))  # the user's description of the job stays
+    keep = strip_keys(user, (READ - KEPT) | ({"model.hf_assets_path"} if moved else set()))
+    tables = merge_tables(keep, strip_keys(written, set(flatten(keep))))  # the user's description of the job stays
     other = [str(c) for c in user.get("model", {}).get("converters", []) if str(c) not in LINEAR_CONVERTERS]
     if other:
         model = tables.get("model", {})
@@ -479,27 +481,6 @@ def write_notes(cfg: Config) -> list[str]:
 def _model_key(d: dict) -> tuple:
     m = d.get("model", {})
     return m.get("name", "llama3"), m.get("flavor", "debugmodel")
-
-
-def _strip(d: dict, drop: set[str], prefix: str = "") -> dict:
-    """``d`` without the dotted keys in ``drop`` (a table emptied by it left out)."""
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, dict) and v:
-            sub = _strip(v, drop, f"{prefix}{k}.")
-            if sub:
-                out[k] = sub
-        elif f"{prefix}{k}" not in drop:
-            out[k] = v
-    return out
-
-
-def _merge(base: dict, top: dict) -> dict:
-    """``base`` with ``top`` over it, table by table (``top`` wins a key both hold)."""
-    out = dict(base)
-    for k, v in top.items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out
 
 
 def _write_degrees(cfg: Config, mesh: Mesh) -> dict[str, int]:

@@ -65,6 +65,7 @@ from meshplan.spec.axes.base import Dim
 from meshplan.spec.memory import MemoryOptions
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.training import TrainingSpec
+from meshplan.spec.wording import state_how
 from meshplan.mesh.tpsplit import local_numel, padded_vocab
 from meshplan.units import dtype_bytes, human_bytes
 from meshplan.memory.activations import (MLA_LATENT_TERMS, LayerDims, embedding_terms, head_terms, layer_bytes,
@@ -311,13 +312,16 @@ def head_sizes(model: ModelSpec, training: TrainingSpec, mesh: Mesh, opts: Memor
                                      if opts.embedding_grad_full_vocab and lo["tp"] > 1 else 0)}
 
 
-def init_entries(state: StateBytes, fsdp_grads: bool, comm_axes: list[str], opts: MemoryOptions) -> tuple:
-    """Persistent state (by kind, group and sharding axis), NCCL buffers and workspace."""
+def init_entries(state: StateBytes, fsdp_grads: bool, comm_axes: list[str], opts: MemoryOptions,
+                 training: TrainingSpec, origin: str = "") -> tuple:
+    """Persistent state (by kind, group and sharding axis, in the runtime's words:
+    :func:`meshplan.spec.wording.state_how`; ``origin``: the config's foreign format), NCCL
+    buffers and workspace."""
     out = []
     for it in state.items:
         if it.kind == "grads" and fsdp_grads:
             continue
-        how = f"sharded over {it.axis} ({it.divisor})" if it.axis else "not sharded"
+        how = state_how(training, it.axis, it.divisor, origin)
         out.append((None, it.kind, it.size_bytes, f"{it.kind} {it.group}: {it.count:,} x {it.bytes_per_element} B, {how}"))
     for axis in comm_axes:
         out.append((None, "comm_buffers", opts.comm_bytes_per_group,
@@ -366,9 +370,12 @@ def common_sizes(model: ModelSpec, training: TrainingSpec, mesh: Mesh, opts: Mem
 
 
 def stage_sizes(model: ModelSpec, training: TrainingSpec, mesh: Mesh, stages, state: StateBytes,
-                opts: MemoryOptions, comm_axes: list[str], common: Optional[CommonSizes] = None) -> StageSizes:
+                opts: MemoryOptions, comm_axes: list[str], common: Optional[CommonSizes] = None,
+                origin: str = "") -> StageSizes:
     """All sizes of stage ``state.stage`` (``stages``: ``pipeline.stage_layers`` output);
-    ``common``: :func:`common_sizes` of the same arguments when already computed."""
+    ``common``: :func:`common_sizes` of the same arguments when already computed; ``origin``:
+    the config's foreign format (:attr:`meshplan.config.Config.origin`), for the words of the
+    state's notes."""
     k = state.stage
     us = units(model, training, mesh, stages, state)
     fsdp = any(u.gathered for u in us.values())
@@ -397,5 +404,5 @@ def stage_sizes(model: ModelSpec, training: TrainingSpec, mesh: Mesh, stages, st
         bucket_every_backward=training.sharding == "zero2" or training.zero12_engine == "deepspeed",
         bucket_what=("DeepSpeed bucket buffer(s) (model dtype) and the bucket being reduced"
                      if training.zero12_engine == "deepspeed" else "gradient bucket (reduce dtype)"),
-        recompute=training.recompute, init=init_entries(state, fsdp, comm_axes, opts),
+        recompute=training.recompute, init=init_entries(state, fsdp, comm_axes, opts, training, origin),
         step=step_entries(state, training, opts, fsdp_grads))

@@ -113,7 +113,8 @@ def _step(plan: Plan, st: StepTime) -> str:
     body = lines(st.lines()) if plan.feasible else lines(
         [f"the mesh does not fit: step would be {st.step_s:.3f} s if it fit; what follows is that prediction"]
         + st.lines())
-    ex = [(k, f"{v * 1e3:.3f}") for k, v in sorted(st.exposed_s.items()) if v > 0]
+    shown = st.shown_ms()  # as the step lines above print them
+    ex = [(k, shown[f"exposed {k}"]) for k, v in sorted(st.exposed_s.items()) if v > 0]
     if ex:
         body += table(["stream", f"exposed on stage {st.critical_stage} (ms)"], ex)
     body += "<h3>Predicted pipeline timeline</h3>"

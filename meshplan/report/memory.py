@@ -14,6 +14,7 @@ from rich.table import Table
 from meshplan.memory.timeline import KINDS, Timeline
 from meshplan.plan import Plan
 from meshplan.report import shown
+from meshplan.spec.wording import recompute_words, runtime
 from meshplan.units import GiB, MiB
 
 KIND_NOTES = {
@@ -45,10 +46,10 @@ def _shown(plan: Plan, all_stages: bool) -> list[Timeline]:
 
 def timeline_table(plan: Plan, all_stages: bool = False) -> Table:
     """One row per stage (first, most loaded and last when there are more than four)."""
-    o = plan.config.memory
+    o, t = plan.config.memory, plan.config.training
     tab = Table(title="Memory timeline per rank, one training step (meshplan memory CONFIG for the events)",
                 title_justify="left",
-                caption=f"activations: {plan.config.training.recompute_name}; "
+                caption=f"activations: {recompute_words(t, runtime(t, plan.config.origin))}; "
                         f"prefetch {o.prefetch_layers} unit(s), FSDP reduce {o.fsdp_reduce_for(plan.config.training, plan.pp)}, NCCL "
                         f"{o.comm_bytes_per_group / MiB:g} MiB per communicator, workspace {o.workspace_bytes / MiB:g} "
                         f"MiB, fragmentation {o.fragmentation_fraction:.0%}; set them in \\[memory]",

@@ -15,6 +15,8 @@ from meshplan.placement.assign import Placement, rank_row
 from meshplan.plan import Infeasible, Plan
 from meshplan.report import shown
 from meshplan.report.memory import timeline_table
+from meshplan.schedule.steptime import step_time, tp_overlap_line
+from meshplan.spec.wording import recompute_words, runtime, sharding_words, state_cell, state_title
 from meshplan.units import GB, US, GiB, counted, human_bytes
 
 MAX_LIST = 8
@@ -101,7 +103,8 @@ def _header(plan: Plan | Infeasible, con: Console) -> None:
               f"({cl.gpu.hbm_bytes / GiB:.1f} GiB HBM), {len(cl.node.nics)} NIC(s)/node, world {plan.world}")
     tokens = t.global_batch * t.seq_len
     con.print(f"train   global batch {t.global_batch} x seq {t.seq_len} = {tokens:,} tokens/step, micro-batch "
-              f"{t.micro_batch}, sharding {t.sharding}, recompute {t.recompute} ({t.recompute_name}), params {t.param_dtype}, "
+              f"{t.micro_batch}, sharding {sharding_words(t, c.origin)}, recompute {t.recompute} "
+              f"({recompute_words(t, runtime(t, c.origin))}), params {t.param_dtype}, "
               f"grads {t.grad_dtype}, reduce {t.gradient_reduce_dtype}, reserve {t.memory_reserve:.0%}")
 
 
@@ -191,7 +194,8 @@ def _shapes(plan: Plan, con: Console) -> None:
 def _memory(plan: Plan, con: Console) -> None:
     states = plan.state if len(plan.state) <= 4 else (plan.state[0], max(plan.state, key=lambda s: s.total_bytes),
                                                        plan.state[-1])
-    tab = Table(title=f"Persistent state per rank ({states[0].label}; sharded over the axis named)",
+    t, origin = plan.config.training, plan.config.origin
+    tab = Table(title=f"Persistent state per rank ({states[0].label}; {state_title(t, origin)})",
                 title_justify="left")
     for col in ("stage", "params/rank", "kind", "group", "elements/rank", "bytes/elem", "bytes", "sharded over"):
         tab.add_column(col, justify="right")
@@ -199,7 +203,7 @@ def _memory(plan: Plan, con: Console) -> None:
         tab.add_row(str(s.stage), f"{s.params.total:,}", "", "", "", "", "", "")
         for i in s.items:
             tab.add_row("", "", i.kind, i.group, f"{i.count:,}", str(i.bytes_per_element), human_bytes(i.size_bytes),
-                        f"{i.axis} ({i.divisor})" if i.axis else "not sharded")
+                        state_cell(t, i.axis, i.divisor, origin))
         tab.add_row("", "", "[bold]total[/]", "", "", "", human_bytes(s.total_bytes), "")
     con.print(tab)
     for line in _accounting_lines(plan, max(states, key=lambda s: s.total_bytes)):
@@ -263,6 +267,10 @@ def _collectives(plan: Plan, con: Console) -> None:
 def _verdict(plan: Plan | Infeasible, con: Console) -> None:
     for n in plan.notes:
         con.print(f"[dim]note[/] {n}")
+    tp = tp_overlap_line(plan, step_time(plan), step_time) \
+        if isinstance(plan, Plan) and plan.config.training.tp_comm_overlap else ""
+    if tp:
+        con.print(f"[dim]note[/] {tp}")
     if plan.feasible:
         con.print("[bold green]feasible[/] (validity, groups and the memory peak); predicted step time, MFU, "
                   "exposed communication and link load: meshplan step CONFIG")

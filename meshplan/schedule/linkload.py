@@ -6,10 +6,12 @@ collective with its start and end in the step):
 - **ready / deadline** of each collective kind (axis, phase, op), at its first occurrence
   in the step: ready = when it is issued (its input exists and its stream is free);
   deadline = when compute needs its result: the start of the layer it gathers for (FSDP
-  all-gather, marker ``L<i>``), the optimizer step for gradient reductions, and its own
-  end for blocking collectives (TP, CP, EP: the next op waits on it) and for ZeRO-1/2's
-  parameter all-gather after the optimizer (the step ends with it). ``slack = deadline -
-  ready - duration``; negative slack is exposed time.
+  all-gather, marker ``L<i>``), the optimizer step for gradient reductions, the end of the
+  Q projection beside which all-gather CP's K/V all-gather runs (forward; in backward wq's
+  input gradient beside the dK/dV reduce-scatter): slack ``wq - AG``, the time the gather
+  leaves, exposed when negative; and its own end for blocking collectives (TP, EP: the next
+  op waits on it; slack 0) and for ZeRO-1/2's parameter all-gather after the optimizer (the
+  step ends with it). ``slack = deadline - ready - duration``; negative slack is exposed time.
 - **concurrency**: pairs of collectives of different axes whose intervals overlap, with the
   total overlapped time per step: they share the GPU's copy engines and links.
 - **edge load**: bytes per step on each physical edge: rank 0's NVLink (what the rank sends
@@ -37,6 +39,8 @@ from meshplan.pipeline.fast import KINDS
 from meshplan.plan import Plan
 
 _OPS = {"AG": "all-gather", "RS": "reduce-scatter", "AR": "all-reduce"}
+#: The compute ops a CP collective runs beside (:mod:`meshplan.schedule.rank_timeline`): its deadline.
+Q_OPS = (" Q proj", " Q proj B")
 
 
 @dataclass(frozen=True)
@@ -199,6 +203,13 @@ def _deadline(d, i: int, opt: float) -> float:
         rows = [k for k, (s, n) in enumerate(zip(d.streams, d.names)) if s == "compute" and n == words[-1]]
         hits = np.flatnonzero(np.isin(d.code, rows) & (d.start >= d.start[i]) & (d.unit >= d.unit[i]))
         return float(d.start[hits[np.argmin(d.start[hits])]]) if len(hits) else float(d.end[i])
+    if stream == "cp":
+        # all-gather CP (rank_timeline._block): the K/V all-gather runs beside the Q projection and
+        # the core attention waits for it; the dK/dV reduce-scatter beside wq's input gradient,
+        # and the K/V projections' input gradients wait for it. Needed when that Q op ends.
+        rows = [k for k, (s, n) in enumerate(zip(d.streams, d.names)) if s == "compute" and n.endswith(Q_OPS)]
+        hits = np.flatnonzero(np.isin(d.code, rows) & (d.start >= d.start[i]) & (d.unit == d.unit[i]))
+        return float(d.end[hits[np.argmin(d.start[hits])]]) if len(hits) else float(d.end[i])
     if stream in ("dp_replicate", "dp") and "all-gather" in name:
         return float(d.end[i])  # ZeRO-1/2's parameter all-gather after the optimizer: the step ends with it
     if "RS" in words or "norm-grad" in name or stream in ("dp_replicate", "dp"):

@@ -24,11 +24,12 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from functools import cached_property, lru_cache
 from pathlib import Path
-from typing import NamedTuple, Optional
+from typing import Callable, NamedTuple, Optional
 
 import numpy as np
 
 from meshplan.comm.collectives import fsdp_gather_flags
+from meshplan.compute import asynctp
 from meshplan.pipeline.simulate import stage_order
 from meshplan.compute.gemm import GemmTable
 from meshplan.compute.routing import RoutingOptions
@@ -65,6 +66,7 @@ from meshplan.schedule.rank_timeline import (
 )
 from meshplan.spec.axes.base import Dim
 from meshplan.spec.mesh import Schedule
+from meshplan.spec.wording import recompute_words, runtime
 
 
 def workload_of(plan, dropout: bool = False) -> Workload:
@@ -235,15 +237,26 @@ class StepTime:
         exposed = {f"exposed {k}": v for k, v in sorted(self.exposed_s.items()) if v > 0}
         return {"compute": compute, "bubble": bubble, **exposed}
 
+    def shown_ms(self) -> dict[str, str]:
+        """The step and its parts (:meth:`parts_s`) as every line prints them, ms to 0.01:
+        ``{"step": ..., "compute": ..., "bubble": ..., "exposed <stream>": ...}``. One rounding
+        for all: each part rounded so that the printed parts add up to the printed step
+        (largest remainder, :func:`_rounded_to_total`: every part within 0.01 ms of its
+        value), so the exposed-communication line, the parts line and the HTML report print
+        the same number for the same quantity (a part of 8.605 ms is 8.60 or 8.61 in all)."""
+        if "shown" not in self._trace_cache:
+            total = round(self.step_s * 1e5)
+            cents = _rounded_to_total({k: v * 1e5 for k, v in self.parts_s().items()}, total)
+            self._trace_cache["shown"] = {k: f"{c / 100:.2f}" for k, c in {"step": total, **cents}.items()}
+        return dict(self._trace_cache["shown"])
+
     def parts_line(self) -> str:
         """``step on stage 0 = compute 11114.23 + bubble 673.90 + exposed tp 1394.47 + ... =
-        13340.89 ms``: :meth:`parts_s` in ms to 0.01, each part rounded so that the printed
-        parts add up to the printed step (largest remainder: every part within 0.01 ms of its
-        value)."""
-        parts = self.parts_s()
-        cents = _rounded_to_total({k: v * 1e5 for k, v in parts.items()}, round(self.step_s * 1e5))
-        terms = " + ".join(f"{k} {c / 100:.2f}" for k, c in cents.items())
-        return f"step on stage {self.critical_stage} = {terms} = {round(self.step_s * 1e5) / 100:.2f} ms"
+        13340.89 ms``: :meth:`parts_s` as :meth:`shown_ms` prints them (they add up to the
+        printed step)."""
+        shown = self.shown_ms()
+        terms = " + ".join(f"{k} {v}" for k, v in shown.items() if k != "step")
+        return f"step on stage {self.critical_stage} = {terms} = {shown['step']} ms"
 
     def without_fsdp_waits(self) -> Optional[ArrayResult]:
         """The pipeline simulated again with every unit shortened by the time its compute
@@ -287,6 +300,17 @@ class StepTime:
                 f"stream waits for: the pipeline {bare.step_s * 1e3:.2f} -> {p.step_s * 1e3:.2f} ms{each}); over its "
                 f"compute without the waits: {(y + z) / c:.4f} = {y / c:.4f} + {z / c:.4f}"]
 
+    def _other_stage_clause(self) -> str:
+        """Where the bubble ratios' stage (the busiest: the schedule's bubble is measured against
+        the most work) is not the critical one (where the step ends, which :meth:`parts_line`
+        splits), the clause that ties them: ``; the step's parts below are on stage 0, where the
+        step ends: bubble 6996.47 ms is its idle``; else empty."""
+        s = self.critical_stage
+        if self.pipeline.busiest_stage == s:
+            return ""
+        return (f"; the step's parts below are on stage {s}, where the step ends: bubble "
+                f"{self.shown_ms()['bubble']} ms is its idle")
+
     def _closed_form_bubble(self) -> str:
         """The schedule's closed-form bubble for uniform stages without p2p time, beside the
         simulated one (handed case C11: 1F1B at p 4, m 8 gives 0.375 idle/ideal, 0.2727
@@ -302,18 +326,18 @@ class StepTime:
 
     def lines(self) -> list[str]:
         """Printable summary with the definitions named."""
-        p = self.pipeline
-        exp = ", ".join(f"{k} {v * 1e3:.2f} ms" for k, v in sorted(self.exposed_s.items()) if v > 0) or "none"
+        p, shown = self.pipeline, self.shown_ms()
+        exp = ", ".join(f"{k} {shown['exposed ' + k]} ms" for k, v in sorted(self.exposed_s.items()) if v > 0) or "none"
         most = self.most_exposed_stage()
         other = [] if most is None else [
             f"most exposed communication: stage {most[0]} (not the critical stage; its units): "
             + ", ".join(f"{k} {v * 1e3:.2f} ms" for k, v in sorted(most[1].items()) if v > 0)]
         runs = f" x {self.runs} runs" if self.runs > 1 else ""
-        return [f"step {self.step_s * 1e3:.2f} ms ({p.spec.schedule}, p {p.spec.p}, m {p.spec.m}{runs}, v {p.spec.v}); "
+        return [f"step {shown['step']} ms ({p.spec.schedule}, p {p.spec.p}, m {p.spec.m}{runs}, v {p.spec.v}); "
                 f"critical stage {self.critical_stage}",
                 f"bubble {p.bubble:.4f} as idle/ideal, {p.bubble_of_total:.4f} as idle/total "
                 f"(busiest stage {p.busiest_stage}, pipeline only{', each run' if self.runs > 1 else ''}"
-                f"{WAITS_BUSY if self.without_fsdp_waits() is not None else ''})"
+                f"{WAITS_BUSY if self.without_fsdp_waits() is not None else ''}{self._other_stage_clause()})"
                 f"{self._closed_form_bubble()}"] + self._fsdp_wait_line() + [
                 f"exposed communication on stage {self.critical_stage}: {exp}", self.parts_line()] + other + [
                 self.recompute_line(),
@@ -894,7 +918,8 @@ def step_time(plan: Plan, overlap: Overlap = Overlap(), *, dropout: bool = False
                   f"reduce-scatter (meshplan.comm.fsdp2)",)
     return StepTime(res, units, tuple(ends), tuple(post), exposed[crit],
                     _sequence_flops(cfg.model, t.seq_len) * t.global_batch, hw, t.global_batch * t.seq_len,
-                    plan.world, cfg.cluster.gpu.peak_flops(t.peak_dtype), ranks, notes, t.recompute_name,
+                    plan.world, cfg.cluster.gpu.peak_flops(t.peak_dtype), ranks, notes,
+                    recompute_words(t, runtime(t, cfg.origin)),
                     (indexed[0], indexed[1]), t.peak_dtype, tuple(gap.items()), runs)
 
 
@@ -935,6 +960,26 @@ def config_overlap(training, overlap: Overlap = Overlap()) -> Overlap:
         # (stage3.py _synchronize_communication), which waits for the reduce-scatters in flight
         overlap = replace(overlap, grad_reduce=False)
     return overlap
+
+
+def tp_overlap_line(plan: Plan, st: StepTime, step_fn: Callable[[Plan], StepTime]) -> str:
+    """With ``training.tp_comm_overlap`` on and tp > 1: one line naming what the step model runs
+    (:func:`meshplan.compute.asynctp.model_name`) and what it saves and costs on the critical
+    stage, against the same plan with the overlap off (TP collectives blocking): exposed tp,
+    compute (the pieces' smaller GEMMs and the runtime's copies) and the step, each as
+    :meth:`StepTime.shown_ms` prints it; ``st``: the plan's step, ``step_fn``: how the caller
+    predicts a step (its other options kept). Else empty. Only the step model reads the field
+    (the table, memory and placement do not), so the plan is reused with it off."""
+    t = plan.config.training
+    if not t.tp_comm_overlap or plan.mesh.degree("tp") < 2:
+        return ""
+    off = step_fn(replace(plan, config=replace(plan.config, training=t.model_copy(update={"tp_comm_overlap": False}))))
+    on_ms, off_ms = st.shown_ms(), off.shown_ms()
+    saved = round(off.step_s * 1e5) - round(st.step_s * 1e5)
+    return (f"tp overlap (training.tp_comm_overlap): {asynctp.model_name(t.framework, plan.mesh.sequence_parallel)}; "
+            f"exposed tp {on_ms.get('exposed tp', '0.00')} ms (blocking: {off_ms.get('exposed tp', '0.00')} ms), "
+            f"compute {on_ms['compute']} ms (blocking: {off_ms['compute']} ms), step {on_ms['step']} ms (blocking: "
+            f"{off_ms['step']} ms): {'saves' if saved >= 0 else 'costs'} {abs(saved) / 100:.2f} ms per step")
 
 
 def layer_unit_times(plan, dropout: bool = False, overlap: Overlap = Overlap()) -> tuple[float, float]:

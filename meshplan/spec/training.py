@@ -7,6 +7,7 @@ from typing import Literal, Optional
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from meshplan.limits import BOUNDS
+from meshplan.spec.wording import recompute_words, runtime
 
 Dtype = Literal["fp32", "bf16", "fp16", "fp8"]
 
@@ -135,7 +136,8 @@ class TrainingSpec(BaseModel):
     the blocks it wraps, 1-based, and wraps those whose count is a multiple of ac_freq; the
     count runs over the rank's own layers), ``op`` saves the outputs of matmuls (all but every
     second mm of a layer), of SDPA and of reduce-scatters, and recomputes the rest
-    (``selective_ac_option = "op"``). :attr:`recompute_name` names each in the framework's words.
+    (``selective_ac_option = "op"``). :attr:`recompute_name` names each in the runtime's words
+    (:mod:`meshplan.spec.wording`).
     ``compute_dtype``: the dtype of activations (what autograd saves, what TP, CP and PP send)
     and of every GEMM that is not a float8 Linear; FSDP2's ``MixedPrecisionPolicy.param_dtype``.
     ``linear_dtype = "fp8"``: float8 training as torchtitan's float8 converter (torchao
@@ -314,27 +316,14 @@ class TrainingSpec(BaseModel):
 
     @property
     def recompute_name(self) -> str:
-        """The recompute policy in its framework's own words. ``selective`` with flash
-        attention replays the flash forward in backward: Megatron-Core wraps the core attention
-        in ``tensor_parallel.checkpoint`` whenever ``recompute_granularity == "selective"`` and
-        ``"core_attn"`` is in ``recompute_modules`` (the default), whatever the backend
-        (megatron/core/transformer/attention.py at d98e8a6, ``checkpoint_core_attention``);
-        only the legacy model (megatron/legacy/model/transformer.py, removed in 8de8238)
-        skipped the checkpoint on its ``--use-flash-attn`` path.
+        """The recompute policy in its runtime's words, the runtime told by this training alone
+        (:func:`meshplan.spec.wording.runtime`; the text of a config read from a DeepSpeed JSON
+        passes its origin there).
 
         >>> TrainingSpec(global_batch=8, seq_len=16, flash_attention=False).recompute_name
         'Megatron-LM selective recompute (--recompute-activations: attention core)'
         """
-        core = ("attention core; flash kernels included: Megatron-Core checkpoints core_attn for every attention "
-                "backend, megatron/core/transformer/attention.py" if self.flash_attention else "attention core")
-        return {"none": "no activation checkpointing",
-                "selective": f"Megatron-LM selective recompute (--recompute-activations: {core})",
-                "full": "Megatron-LM full recompute (--recompute-granularity full; torchtitan mode = \"full\")",
-                "layer": f"torchtitan selective AC per layer (mode = \"selective\", selective_ac_option = "
-                         f"\"{self.ac_freq}\": every {self.ac_freq} layer(s) checkpointed in full)",
-                "op": "torchtitan selective AC per op (mode = \"selective\", selective_ac_option = \"op\": "
-                      "matmul outputs saved but every second mm, SDPA outputs saved, the rest recomputed)",
-                }[self.recompute]
+        return recompute_words(self, runtime(self))
 
     def float8_linear(self, tensor) -> bool:
         """Whether the GEMMs of weight ``tensor`` (a :class:`~meshplan.spec.model.Tensor`) run in

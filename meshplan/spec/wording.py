@@ -1,0 +1,161 @@
+"""One source of the words the text output uses for what a runtime does: the recompute policy
+and how the training state is sharded, in the words of the runtime the plan models (torchtitan /
+torch, Megatron-LM, DeepSpeed). The plan, memory and step text, and
+:attr:`~meshplan.spec.training.TrainingSpec.recompute_name`, all read them here.
+
+The runtime (:func:`runtime`): DeepSpeed when the config was read from a DeepSpeed JSON
+(``origin``, :attr:`meshplan.config.Config.origin`) or one of DeepSpeed's engines runs the data
+parallelism (``training.zero12_engine = "deepspeed"``, ``training.zero3_engine =
+"deepspeed-2021"``); else ``training.framework``. Under ``framework = "megatron"`` with a DeepSpeed
+engine (Megatron-DeepSpeed) the recompute keeps Megatron-LM's words (its flags choose it) and the
+state DeepSpeed's (:func:`zero_runtime`).
+
+DeepSpeed's words (deepspeed.ai/docs/config-json, "Activation Checkpointing" and "ZeRO
+Optimizations"): ``deepspeed.checkpointing.checkpoint`` is *activation checkpointing*, which
+the model code calls on the blocks it chooses (an ``activation_checkpointing`` section configures
+it); ZeRO stage 1 *partitions* the optimizer states, stage 2 also the gradients, stage 3 also the
+parameters, across the *data-parallel* processes.
+"""
+
+from __future__ import annotations
+
+DEEPSPEED = "deepspeed"
+#: ``training.sharding`` -> DeepSpeed's ZeRO stage (hsdp has no DeepSpeed stage: DeepSpeed's
+#: config cannot express it, ``export --to deepspeed`` refuses it).
+ZERO_STAGE = {"none": 0, "zero1": 1, "zero2": 2, "zero3": 3}
+#: What each ZeRO stage partitions (DeepSpeed's configuration reference).
+ZERO_PARTS = {0: "nothing", 1: "the optimizer states", 2: "the optimizer states and gradients",
+              3: "the optimizer states, gradients and parameters"}
+
+
+def zero_runtime(training, origin: str = "") -> str:
+    """The runtime whose words name the state's sharding: ``deepspeed`` for a DeepSpeed JSON
+    (``origin``) or a DeepSpeed engine, else ``training.framework``.
+
+    >>> from meshplan.spec.training import TrainingSpec
+    >>> t = TrainingSpec(global_batch=8, seq_len=16, sharding="zero2", zero12_engine="deepspeed", framework="megatron")
+    >>> zero_runtime(t), runtime(t)
+    ('deepspeed', 'megatron')
+    """
+    deepspeed = training.zero12_engine == DEEPSPEED or training.zero3_engine == "deepspeed-2021"
+    return DEEPSPEED if origin == DEEPSPEED or deepspeed else training.framework
+
+
+def runtime(training, origin: str = "") -> str:
+    """The runtime whose words name the recompute policy: :func:`zero_runtime`, except that
+    Megatron-LM's own flags choose it under ``framework = "megatron"`` (Megatron-DeepSpeed)."""
+    if training.framework == "megatron" and origin != DEEPSPEED:
+        return "megatron"
+    return zero_runtime(training, origin)
+
+
+def recompute_words(training, rt: str) -> str:
+    """The recompute policy ``training.recompute`` in runtime ``rt``'s words (:func:`runtime`).
+    ``selective`` with flash attention replays the flash forward in backward: Megatron-Core
+    wraps the core attention in ``tensor_parallel.checkpoint`` whenever
+    ``recompute_granularity == "selective"`` and ``"core_attn"`` is in ``recompute_modules``
+    (the default), whatever the backend (megatron/core/transformer/attention.py at d98e8a6,
+    ``checkpoint_core_attention``); only the legacy model (megatron/legacy/model/transformer.py,
+    removed in 8de8238) skipped the checkpoint on its ``--use-flash-attn`` path. DeepSpeed has no
+    setting of its own for which blocks are checkpointed: the model code calls
+    ``deepspeed.checkpointing.checkpoint`` on them.
+
+    >>> from meshplan.spec.training import TrainingSpec
+    >>> t = TrainingSpec(global_batch=8, seq_len=16, recompute="full")
+    >>> recompute_words(t, "deepspeed")
+    'DeepSpeed activation checkpointing (deepspeed.checkpointing.checkpoint on every transformer layer: its input kept, the layer recomputed in backward)'
+    >>> recompute_words(t.model_copy(update={"recompute": "selective", "flash_attention": False}), "torch")
+    'Megatron-LM selective recompute (--recompute-activations: attention core)'
+    """
+    if rt == DEEPSPEED:
+        return _deepspeed_recompute(training)
+    core = ("attention core; flash kernels included: Megatron-Core checkpoints core_attn for every attention "
+            "backend, megatron/core/transformer/attention.py" if training.flash_attention else "attention core")
+    return {"none": "no activation checkpointing",
+            "selective": f"Megatron-LM selective recompute (--recompute-activations: {core})",
+            "full": "Megatron-LM full recompute (--recompute-granularity full; torchtitan mode = \"full\")",
+            "layer": f"torchtitan selective AC per layer (mode = \"selective\", selective_ac_option = "
+                     f"\"{training.ac_freq}\": every {training.ac_freq} layer(s) checkpointed in full)",
+            "op": "torchtitan selective AC per op (mode = \"selective\", selective_ac_option = \"op\": "
+                  "matmul outputs saved but every second mm, SDPA outputs saved, the rest recomputed)",
+            }[training.recompute]
+
+
+def _deepspeed_recompute(training) -> str:
+    """:func:`recompute_words` under DeepSpeed."""
+    call = "deepspeed.checkpointing.checkpoint"
+    return {"none": "no activation checkpointing",
+            "selective": f"activation checkpointing of the attention core only (the model code's {call} around "
+                         f"it{', flash kernels included' if training.flash_attention else ''})",
+            "full": f"DeepSpeed activation checkpointing ({call} on every transformer layer: its input kept, the "
+                    f"layer recomputed in backward)",
+            "layer": f"DeepSpeed activation checkpointing of every {training.ac_freq} layer(s) ({call} on them)",
+            "op": "op-level activation checkpointing (matmul outputs saved but every second mm, SDPA outputs "
+                  "saved, the rest recomputed)",
+            }[training.recompute]
+
+
+def sharding_words(training, origin: str = "") -> str:
+    """``training.sharding`` as the plan header names it: DeepSpeed's ZeRO stage under DeepSpeed
+    (:func:`zero_runtime`), else meshplan's name alone.
+
+    >>> from meshplan.spec.training import TrainingSpec
+    >>> sharding_words(TrainingSpec(global_batch=8, seq_len=16, sharding="zero3"), "deepspeed")
+    'zero3 (DeepSpeed ZeRO stage 3: partitions the optimizer states, gradients and parameters over the data-parallel group)'
+    """
+    stage = ZERO_STAGE.get(training.sharding)
+    if zero_runtime(training, origin) != DEEPSPEED or stage is None:
+        return training.sharding
+    if stage == 0:
+        return f"{training.sharding} (DeepSpeed ZeRO stage 0: nothing partitioned, gradients all-reduced)"
+    return (f"{training.sharding} (DeepSpeed ZeRO stage {stage}: partitions {ZERO_PARTS[stage]} over the "
+            f"data-parallel group)")
+
+
+#: Axes a ZeRO stage partitions over under DeepSpeed: its one data-parallel group.
+DATA_AXES = ("dp", "dp_shard", "dp_replicate", "fsdp", "efsdp")
+
+
+def state_title(training, origin: str = "") -> str:
+    """What the persistent-state table's "sharded over" column names.
+
+    >>> from meshplan.spec.training import TrainingSpec
+    >>> state_title(TrainingSpec(global_batch=8, seq_len=16, sharding="zero2"), "deepspeed")
+    'ZeRO stage 2 partitions over the data-parallel group'
+    """
+    stage = ZERO_STAGE.get(training.sharding)
+    if zero_runtime(training, origin) == DEEPSPEED and stage is not None:
+        return f"ZeRO stage {stage} partitions over the data-parallel group"
+    return "sharded over the axis named"
+
+
+def state_cell(training, axis: str, divisor: int, origin: str = "") -> str:
+    """One "sharded over" cell: ``fsdp (16)``, or under DeepSpeed ``data-parallel group (16)``
+    (its ranks); ``not sharded`` (DeepSpeed: ``not partitioned``) without an axis.
+
+    >>> from meshplan.spec.training import TrainingSpec
+    >>> t = TrainingSpec(global_batch=8, seq_len=16, sharding="zero2")
+    >>> state_cell(t, "fsdp", 16), state_cell(t, "fsdp", 16, "deepspeed"), state_cell(t, "", 1, "deepspeed")
+    ('fsdp (16)', 'data-parallel group (16)', 'not partitioned')
+    """
+    deepspeed = zero_runtime(training, origin) == DEEPSPEED and training.sharding in ZERO_STAGE
+    if not axis:
+        return "not partitioned" if deepspeed else "not sharded"
+    if deepspeed and axis in DATA_AXES:
+        return f"data-parallel group ({divisor})"
+    return f"{axis} ({divisor})"
+
+
+def state_how(training, axis: str, divisor: int, origin: str = "") -> str:
+    """:func:`state_cell` as a phrase (the memory timeline's event notes): ``sharded over fsdp
+    (16)``, under DeepSpeed ``partitioned over the data-parallel group (16)``.
+
+    >>> from meshplan.spec.training import TrainingSpec
+    >>> t = TrainingSpec(global_batch=8, seq_len=16, sharding="zero3")
+    >>> state_how(t, "fsdp", 16), state_how(t, "fsdp", 16, "deepspeed"), state_how(t, "", 1)
+    ('sharded over fsdp (16)', 'partitioned over the data-parallel group (16)', 'not sharded')
+    """
+    cell = state_cell(training, axis, divisor, origin)
+    if not axis:
+        return cell
+    return f"partitioned over the {cell}" if cell.startswith("data-parallel") else f"sharded over {cell}"
