@@ -634,7 +634,7 @@ def layer_costs(model: ModelSpec, gpu: GPUSpec, w: Workload, recomputes: tuple[s
         if rc in ("full", "op"):
             kept = _op_sac_kept(model) if rc == "op" else ()
             every += [_replay(o) for o in every if o.phase == "forward" and o.name not in kept
-                      and not (kept and o.kind == "attention")]
+                      and not (kept and (o.kind == "attention" or o.name.startswith(OP_SAC_NOT_REPLAYED)))]
         out[rc] = Cost(tuple(sorted(every, key=lambda o: (PHASES.index(o.phase), order[o.block]))))
     return out
 
@@ -686,6 +686,9 @@ def _replay(o: Op) -> Op:
 #: w_down), kept by :func:`meshplan.memory.activations.op_sac_terms`.
 OP_SAC_SAVED_GEMMS = ("wq", "wv", "w_gate", "w_down")
 OP_SAC_SAVED_GEMMS_GELU = ("wq", "wv", "w_up")
+#: Forward kernels op-level AC does not replay beside the saved GEMMs and SDPA: async TP's
+#: partial sum is part of the fused GEMM + reduce-scatter, whose output the policy saves.
+OP_SAC_NOT_REPLAYED = ("async-TP partial sum",)
 
 
 def _op_sac_kept(model: ModelSpec) -> tuple[str, ...]:
