@@ -333,7 +333,8 @@ class TrainingSpec(BaseModel):
                 "layer": f"torchtitan selective AC per layer (mode = \"selective\", selective_ac_option = "
                          f"\"{self.ac_freq}\": every {self.ac_freq} layer(s) checkpointed in full)",
                 "op": "torchtitan selective AC per op (mode = \"selective\", selective_ac_option = \"op\": "
-                      "matmul outputs saved but every second mm, SDPA outputs saved, the rest recomputed)",
+                      "matmul outputs saved but every second mm, SDPA and tp reduce-scatter outputs saved, the rest "
+                      "recomputed, tp all-gathers included)",
                 }[self.recompute]
 
     def float8_linear(self, tensor) -> bool:
