@@ -26,6 +26,30 @@ published and predicted, error = predicted / published - 1, and the step's parts
 critical stage (:meth:`meshplan.schedule.steptime.StepTime.parts_s`). With ``--async-gain``
 the published and predicted async TP gains.
 
+**What was checked (8B at tp 8, 12 sequences, the async TP run of 2025-06).** Per layer torch's
+TP issues what the table counts: an all-gather of the ``[12, 8192, 4096]`` bf16 activation
+(805 MB) before the attention and the MLP (``PrepareModuleInput`` Shard(1) -> Replicate), a
+reduce-scatter after wo and w2 (``RowwiseParallel(output_layouts=Shard(1))``), their mirrors in
+backward; 1.935 ms each on the NVLink4 ring curve (busbw 364 GB/s at that size; D6: all-gather
+358 GB/s at 8 GiB). torchtitan 820504e and 9dec370 set no inductor comm reordering, so the
+vanilla collectives block, as modelled. FSDP runs over dp_shard across nodes (NICs), not the
+NVLink TP uses. GEMMs run at M = 98,304 rows (the gathered sequence), N / 8: 368-711 TFLOP/s on
+the catalog's table. Two sourced mechanisms were missing and are now modelled: the layout copies
+of SP on dim 1 at batch > 1 (:mod:`meshplan.compute.dtensor_sp`, +139 ms per step there) and
+op-level SAC under TP, which saves the reduce-scatters but replays the all-gathers (+124 ms of
+exposed tp, and wk, wo, w3 and the elementwise ops recomputed instead of the attention).
+
+**Left (not modelled; no fitted constant).** (1) The GPU: FSDP alone at 8 GPUs (T1, no TP) is
++38-52% over; that chip's clocks at 500 W are not published. (2) torchao's float8 tensorwise TP
+(``Float8ColwiseParallel``, ``PrepareFloat8ModuleInput``: the cast to float8 before the
+Shard -> Replicate redistribute) all-gathers activations and output gradients in float8, 1 B
+instead of 2: the fp8tw rows count them in bf16 (8B: 192 of the 320 exposed collectives per step
+are all-gathers, about 180 of the 627 ms exposed tp at half their bytes).
+(3) Async TP: the published savings (0.25 s per step at 8B, 2.3 s at 70B) lie between hiding
+only the forward pass's TP collectives (0.25 s, 1.65 s) and what meshplan hides (forward,
+backward output-gradient gathers and the replayed gathers fused: 0.54 s, 4.99 s); whether torch
+38410cf9 fuses the backward graph's gathers was not checked (it needs a trace).
+
 Not expressible: Interleaved 1F1B's split of Table 5 (the split points are not published: v 2
 assumed, marked), and Table 6's context-parallel 405B rows are skipped (CP with PP and async TP:
 see the printed list).
@@ -197,16 +221,28 @@ def table(results: list[Result]) -> list[str]:
     return out
 
 
+def step_s(r: Row, tps: float) -> float:
+    """Seconds per step at ``tps`` tokens/s per GPU: the global batch's tokens
+    (local batch x seq_len x dp_shard) over the GPUs, over ``tps``."""
+    return r.local_batch * r.seq_len * r.fsdp / r.gpus / tps
+
+
 def gains(results: list[Result]) -> list[str]:
-    """Published vs predicted async TP gains for the rows that come in vanilla/async pairs."""
+    """Published vs predicted async TP gains for the rows that come in vanilla/async pairs, as
+    a TPS ratio and as the seconds per step async TP saves (the ratio also moves with the
+    step's other parts; the seconds are what the TP model alone decides)."""
     by = {x.row.id: x for x in results}
-    out = ["| pair | published gain | predicted gain |", "|---|---:|---:|"]
+    out = ["| pair | published gain | predicted gain | published saving (s/step) | predicted saving (s/step) |",
+           "|---|---:|---:|---:|---:|"]
     for x in results:
         twin = by.get(x.row.id + " async") or by.get(x.row.id + "+asyncTP")
         if twin is None or x.error or twin.error:
             continue
-        out.append(f"| {x.row.id} | {twin.row.published_tps / x.row.published_tps - 1:+.1%} | "
-                   f"{twin.tps / x.tps - 1:+.1%} |")
+        r = x.row
+        pub = step_s(r, r.published_tps) - step_s(r, twin.row.published_tps)
+        pred = step_s(r, x.tps) - step_s(r, twin.tps)
+        out.append(f"| {r.id} | {twin.row.published_tps / r.published_tps - 1:+.1%} | {twin.tps / x.tps - 1:+.1%} | "
+                   f"{pub:.3f} | {pred:.3f} |")
     return out
 
 
