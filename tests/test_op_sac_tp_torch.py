@@ -14,7 +14,8 @@ checkpointed (non-reentrant) three ways, and the functional collectives counted 
   kernels are there): the replay repeats the 2 all-gathers, no reduce-scatter.
 
 The table's per-layer counts must match: backward all-gathers 2 + 2 (op) or 2 + 2 (full), backward
-reduce-scatters 2 (op) or 2 + 1 (full).
+reduce-scatters 2 (op) or 2 + 1 (full). The same block also shows the layout copies of
+meshplan.compute.dtensor_sp: the ``aten.cat`` of a whole activation around each dim-1 collective.
 """
 
 from __future__ import annotations
@@ -97,12 +98,11 @@ def tp2():
     dist.destroy_process_group()
 
 
-def _counts(mesh, mode: str) -> dict:
+def _parallel_block(mesh):
+    """One block with torchtitan's TP plan over ``mesh`` (module docstring)."""
     from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.debug import CommDebugMode
     from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
                                                    SequenceParallel, parallelize_module)
-    from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
 
     Block, torch = _block_cls()
     torch.manual_seed(0)
@@ -117,6 +117,15 @@ def _counts(mesh, mode: str) -> dict:
         "feed_forward.w1": ColwiseParallel(), "feed_forward.w3": ColwiseParallel(),
         "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
     })
+    return block
+
+
+def _counts(mesh, mode: str) -> dict:
+    import torch
+    from torch.distributed.tensor.debug import CommDebugMode
+    from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
+
+    block = _parallel_block(mesh)
     x = torch.randn(BATCH, SEQ // 2, DIM, requires_grad=True)  # this rank's sequence shard, as torchtitan's
     if mode == "none":
         run = block
@@ -126,6 +135,7 @@ def _counts(mesh, mode: str) -> dict:
         meta = defaultdict(int)
         context = partial(create_selective_checkpoint_contexts, partial(_op_policy, meta))
         run = partial(checkpoint, block, use_reentrant=False, context_fn=context)
+
     def tally(counts) -> tuple[int, int]:
         by = defaultdict(int)
         for op, n in counts.items():
@@ -159,3 +169,45 @@ def test_checkpoint_replays_as_the_table_counts(tp2):
         fwd, bwd = _tp_layer_ops(ctx, 0)
         assert (fwd.count("all-gather"), fwd.count("reduce-scatter")) == got[mode]["forward"]
         assert (bwd.count("all-gather"), bwd.count("reduce-scatter")) == got[mode]["backward"]
+
+
+def _cats(mesh, batch: int) -> dict:
+    """aten.cat calls whose output is a whole [batch, seq, dim] activation, per phase, for one
+    block without checkpointing (meshplan.compute.dtensor_sp's layout copies)."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    full = (batch, SEQ, DIM)
+    seen = {"forward": 0, "backward": 0}
+
+    class Cats(TorchDispatchMode):
+        phase = "forward"
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if func is torch.ops.aten.cat.default and isinstance(out, torch.Tensor) and tuple(out.shape) in (
+                    full, (2 * batch, SEQ // 2, DIM)):
+                seen[self.phase] += 1
+            return out
+
+    block = _parallel_block(mesh)
+    x = torch.randn(batch, SEQ // 2, DIM, requires_grad=True)
+    mode = Cats()
+    with mode:
+        y = block(x)
+        mode.phase = "backward"
+        y.sum().backward()
+    return seen
+
+
+@pytest.mark.timeout(300)
+def test_layout_copies_as_torch_makes_them(tp2):
+    """Batch 2: a cat of the whole activation after each dim-1 all-gather and before each dim-1
+    reduce-scatter, 4 per block each way, as dtensor_sp counts; batch 1: the gathers' are views,
+    the scatters' cats still run in eager torch (2 each way; dtensor_sp counts none there: its
+    docstring's possible under-count)."""
+    from meshplan.compute import dtensor_sp
+
+    assert _cats(tp2, 2) == {"forward": 4, "backward": 4}
+    assert len(dtensor_sp.copies(("attn", "mlp"), False)) == 8
+    assert _cats(tp2, 1) == {"forward": 2, "backward": 2}
