@@ -13,8 +13,9 @@ scatters along dim 0 only, so torch 2.13's functional collectives rearrange (rea
   copy of the gathered ``[batch, seq, hidden]`` tensor;
 - ``reduce_scatter_single`` with ``scatter_dim`` 1: ``_chunk_or_narrow_cat(self, tp, 1, 0)``,
   a ``cat`` of the tp chunks along dim 0 before the collective, a copy of its input. With
-  batch 1 that cat is the same bytes in the same order: eager torch still copies, inductor may
-  not (not checked); counted from batch 2 on, as the gather's (a possible under-count at batch 1).
+  batch 1 that cat is the same bytes in the same order: eager torch still copies (seen in
+  tests/test_op_sac_tp_torch.py), inductor may not (not checked); counted from batch 2 on, as
+  the gather's (an under-count at batch 1 in eager runs).
 
 Each copy reads and writes the whole tensor: ``2 x tokens x hidden x bytes`` HBM traffic, where
 ``tokens = micro_batch x seq_len / cp`` (the rank's full sequence after the gather). Per dense
