@@ -327,11 +327,14 @@ def build_plan(config: Config, constraints: cons.Constraints | None = None, memo
         _check_deepspeed_2021(mesh)
     if not isinstance(mesh, resolve.Infeasible):
         deepspeed_zero12.check_mesh(t, mesh.degree)
-    if t.recompute == "op" and not isinstance(mesh, resolve.Infeasible) and \
-            max(mesh.degree("tp"), mesh.degree("cp"), mesh.ep) > 1:
-        raise ConfigError("training.recompute", "'op' (torchtitan op-level selective AC) is planned with tp = cp = "
-                          "ep = 1 only: which TP/CP/EP collectives its recompute replays (it saves reduce-scatter "
-                          "outputs, not all-gathers) is not modelled yet; use 'layer', 'selective' or 'full'")
+    if t.recompute == "op" and not isinstance(mesh, resolve.Infeasible) and max(mesh.degree("cp"), mesh.ep) > 1:
+        raise ConfigError("training.recompute", "'op' (torchtitan op-level selective AC) is planned with cp = ep = 1 "
+                          "only: which CP/EP collectives its recompute replays is not modelled yet; use 'layer', "
+                          "'selective' or 'full'")
+    if t.recompute == "op" and not isinstance(mesh, resolve.Infeasible) and mesh.degree("tp") > 1 and \
+            not mesh.sequence_parallel:
+        raise ConfigError("training.recompute", "'op' (torchtitan op-level selective AC) with tp > 1 is planned with "
+                          "sequence parallelism, as torchtitan applies TP: set mesh.sequence_parallel = true")
     if t.recompute == "op" and m.is_mla:
         raise ConfigError("training.recompute", "'op' (torchtitan op-level selective AC) is not modelled for "
                           "multi-head latent attention (which of its mms the policy saves); use 'layer', "

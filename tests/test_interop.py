@@ -227,10 +227,11 @@ def test_torchtitan_pipeline_and_hsdp_by_hand(tmp_path):
     assert (t.global_batch, t.micro_batch, t.sharding, t.reshard_after_forward) == (32, 2, "hsdp", False)
 
 
-def _tt_ac(tmp_path, option: str, tp: int = 1, mode: str = "selective"):
-    f = tmp_path / f"ac-{option}-{tp}.toml"
+def _tt_ac(tmp_path, option: str, tp: int = 1, mode: str = "selective", cp: int = 1):
+    f = tmp_path / f"ac-{option}-{tp}-{cp}.toml"
     f.write_text(f'[model]\nname = "llama3"\nflavor = "8B"\n[training]\nlocal_batch_size = 1\nseq_len = 4096\n'
                  f'[parallelism]\ndata_parallel_shard_degree = -1\ntensor_parallel_degree = {tp}\n'
+                 f'context_parallel_degree = {cp}\n'
                  f'[activation_checkpoint]\nmode = "{mode}"\nselective_ac_option = "{option}"\n')
     return load_any(f, opts=H100)
 
@@ -247,10 +248,12 @@ def test_torchtitan_activation_checkpointing_options(tmp_path):
     t = _tt_ac(tmp_path, "3").training
     assert (t.recompute, t.ac_freq) == ("layer", 3)
     assert _tt_ac(tmp_path, "3", mode="full").training.recompute == "full"
-    # op-level SAC is modelled with tp = cp = ep = 1 only: tp 2 is planned as selective, and says so
-    cfg = _tt_ac(tmp_path, "op", tp=2)
+    # op-level SAC is modelled with cp = ep = 1 only (tp > 1 under SP, as torchtitan applies TP):
+    # cp 2 is planned as selective, and says so
+    assert _tt_ac(tmp_path, "op", tp=2).training.recompute == "op"
+    cfg = _tt_ac(tmp_path, "op", cp=2)
     assert cfg.training.recompute == "selective"
-    assert any("op-level SAC" in n and "with tp 2 planned as Megatron-LM's selective" in n for n in cfg.notes)
+    assert any("op-level SAC" in n and "with cp 2 planned as Megatron-LM's selective" in n for n in cfg.notes)
     for bad in ("0", "two"):
         with pytest.raises(ConfigError, match=r"^activation_checkpoint.selective_ac_option: "):
             _tt_ac(tmp_path, bad)

@@ -158,7 +158,18 @@ def test_explain_by_hand_with_the_tie_rule():
         "top is as fast as #2 (12.337 s both, within 0.001%): bubble")
 
 
-def test_no_row_is_faster_than_the_line_says_llama3_70b():
+def _without_sp_layout_copies(monkeypatch) -> None:
+    """Plan and search without torch's SP layout copies (meshplan.compute.dtensor_sp): the
+    Workload key differs, so no cached layer cost with them is reused."""
+    from meshplan.compute import ops
+
+    def kernels(training):
+        return {**ops.framework_kernels(training), "sp_layout_copies": False}
+    monkeypatch.setattr("meshplan.search.timing.framework_kernels", kernels)
+    monkeypatch.setattr("meshplan.schedule.steptime.framework_kernels", kernels)
+
+
+def test_no_row_is_faster_than_the_line_says_llama3_70b(monkeypatch):
     """A user's report: Llama 3 70B on 8 dgx-h100 nodes, global batch 128 x 8192, FSDP (zero3,
     kept gathered) with tp 4 and tp overlap (async TP: torch.compile on), no recompute, pp 2, cp 2 or 4, mb 1 or 2, vpp 4, 5
     or 8 (12 candidates, 9 fit). The tie rule lists the 4-axis meshes with tp*pp*cp 16
@@ -168,7 +179,10 @@ def test_no_row_is_faster_than_the_line_says_llama3_70b():
     and must name #4 as the fastest. On H200 GPUs (141 GB): with pp 2, FSDP under
     torch.distributed.pipelining holds each stage's unsharded gradients and gathered layers
     until the last micro-batch (78-93 GiB), which 80 GB H100s do not fit; the order of the 9 is
-    the one reported on H100 before that was counted."""
+    the one reported on H100 before that was counted. Planned without torch's SP layout copies
+    at micro-batch 2 (meshplan.compute.dtensor_sp: since they are counted, the cp 4 mb 2 rows are
+    0.58% slower and the top is the fastest; the report's numbers keep the tie-rule case)."""
+    _without_sp_layout_copies(monkeypatch)
     cfg = config_from_dict({"model": {"catalog": "llama3-70b"},
                             "cluster": {"system": "dgx-h100", "nodes": 8, "gpu": "h200-sxm-141gb"},
                             "training": {"global_batch": 128, "seq_len": 8192, "torch_compile": True},

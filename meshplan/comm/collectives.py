@@ -39,7 +39,8 @@ Conventions, matched op by op against what torch 2.13 issues for DTensor TP/SP a
 - Full recompute: torch's non-reentrant checkpoint replays each layer's forward up to its last
   saved tensor, so it repeats every forward TP collective except the last one of the layer;
   torchtitan's per-layer AC (``recompute = "layer"``) does so in its checkpointed layers
-  (``TrainingSpec.layer_recomputed``); its op-level AC is planned with tp = cp = ep = 1 only.
+  (``TrainingSpec.layer_recomputed``); its op-level AC (cp = ep = 1; with tp > 1
+  under SP) replays the forward's tp all-gathers only (it saves the reduce-scatters' outputs).
 - FSDP2 (zero3, hsdp): one unit per transformer layer and the ends as torchtitan wraps them
   (``TrainingSpec.torchtitan_units``: the embedding on the stage holding it, chunk 0 of stage
   0, and [final norm, output] on the stage holding the last chunk, at every pp and vpp; tied
@@ -450,7 +451,11 @@ def _tp_layer_ops(c: _Ctx, layer: int) -> tuple[list[str], list[str]]:
     forward's mirror, then Megatron's re-gathers with SP); ``+``: the
     routed outputs' all-gather (no SP). Full recompute replays the forward up to the layer's
     last saved tensor: all but its last collective, or all when the layer ends in the routed
-    experts (SP, no shared experts: the gate multiply saves the combine's output)."""
+    experts (SP, no shared experts: the gate multiply saves the combine's output). torchtitan's
+    op-level AC (``recompute = "op"``, planned with SP) saves the reduce-scatters' outputs but not
+    the all-gathers' (``_save_list`` of torchtitan's llama3 ``parallelize``), so its recompute
+    replays the forward's all-gathers (the inputs of the recomputed wk and w3 and of every
+    column-parallel weight gradient)."""
     sp, m = c.mesh.sequence_parallel, c.model
     part = ["all-gather", "reduce-scatter"] if sp else ["all-reduce"]
     moe = m.is_moe_layer(layer)
@@ -465,6 +470,8 @@ def _tp_layer_ops(c: _Ctx, layer: int) -> tuple[list[str], list[str]]:
         bwd += ["all-gather"] * (1 if moe else 2)
     if c.training.layer_recomputed(c.layers.index(layer)):
         bwd += fwd if moe and sp and not m.shared_experts else fwd[:-1]
+    elif c.training.recompute == "op" and sp:
+        bwd += [o for o in fwd if o == "all-gather"]
     return [o.rstrip("+") for o in fwd], [o.rstrip("+") for o in bwd]
 
 

@@ -53,7 +53,7 @@ from functools import cached_property, lru_cache
 from math import ceil
 from typing import Optional
 
-from meshplan.compute import asynctp
+from meshplan.compute import asynctp, dtensor_sp
 from meshplan.compute.gemm import GemmTable, gemm_efficiency, gemm_model, gemm_time, load_gemm_table  # noqa: F401
 from meshplan.compute.measured import attention_seconds, bandwidth, kernel_data, memory_kernel_seconds
 from meshplan.compute.megatron import (BATCH_SYNCS, COMM_DELAY_OPS, STEP_TIMERS, TIMER_SYNCS, attention_copy_bytes, batch_bytes,
@@ -89,7 +89,8 @@ class Workload:
     fused-attention kernels the framework runs, tried before the catalog's ``prefer`` list
     (:func:`meshplan.compute.measured.attention_seconds`; empty: the catalog's order);
     ``torch_eager``: torch runs the elementwise ops one kernel each, uncompiled
-    (:mod:`meshplan.compute.torch_eager`); ``async_tp``: the framework ("torch" or "megatron")
+    (:mod:`meshplan.compute.torch_eager`); ``sp_layout_copies``: torch's sequence-parallel
+    collectives rearrange a multi-sequence micro-batch (:mod:`meshplan.compute.dtensor_sp`); ``async_tp``: the framework ("torch" or "megatron")
     whose decomposed TP GEMMs run (``training.tp_comm_overlap`` with sequence parallelism,
     :mod:`meshplan.compute.asynctp`), "" for none."""
 
@@ -111,6 +112,7 @@ class Workload:
     megatron_ops: bool = False
     attention_kernels: tuple[str, ...] = ()
     torch_eager: bool = False
+    sp_layout_copies: bool = False
     linear_dtype: str = ""
     float8_gemms: frozenset[str] = frozenset()
     async_tp: str = ""
@@ -235,7 +237,7 @@ def framework_kernels(training) -> dict:
     >>> from meshplan.spec.training import TrainingSpec
     >>> framework_kernels(TrainingSpec(global_batch=8, seq_len=16, framework="megatron", grad_dtype="fp32"))
     {'fused_qkv': True, 'fp32_wgrad_accumulation': True, 'megatron_ops': True, 'attention_kernels': (), \
-'torch_eager': False}
+'torch_eager': False, 'sp_layout_copies': False}
     >>> framework_kernels(TrainingSpec(global_batch=8, seq_len=16))["torch_eager"]
     True
     >>> framework_kernels(TrainingSpec(global_batch=8, seq_len=16))["attention_kernels"]
@@ -244,7 +246,7 @@ def framework_kernels(training) -> dict:
     megatron = training.framework == "megatron"
     return {"fused_qkv": megatron, "fp32_wgrad_accumulation": megatron and training.grad_dtype == "fp32",
             "megatron_ops": megatron, "attention_kernels": () if megatron else SDPA_KERNELS,
-            "torch_eager": not megatron and not training.torch_compile}
+            "torch_eager": not megatron and not training.torch_compile, "sp_layout_copies": not megatron}
 
 
 @lru_cache(maxsize=64)
@@ -619,7 +621,7 @@ def layer_costs(model: ModelSpec, gpu: GPUSpec, w: Workload, recomputes: tuple[s
     # the attention's ops with selective recompute: its own ops, then their replay (appended last)
     attn_sel = _flash_ops(gpu, att, w, True, table) if w.flash else _score_ops(gpu, att, w, table, True)
     attn_plain = [o for o in attn_sel if not o.recompute]
-    rest = _elementwise(model, gpu, w, gemms) + async_tp_ops(model, gpu, w, gemms)
+    rest = _elementwise(model, gpu, w, gemms) + async_tp_ops(model, gpu, w, gemms) + sp_layout_ops(model, gpu, w, gemms)
     rest += _bias_ops(model, gpu, w, model.is_moe_layer(model.layers - 1 if layer < 0 else layer))
     if w.megatron_ops:
         rest += main_grad_hooks(model, gpu, w, layer)
@@ -632,7 +634,7 @@ def layer_costs(model: ModelSpec, gpu: GPUSpec, w: Workload, recomputes: tuple[s
         if rc in ("full", "op"):
             kept = _op_sac_kept(model) if rc == "op" else ()
             every += [_replay(o) for o in every if o.phase == "forward" and o.name not in kept
-                      and not (kept and o.kind == "attention")]
+                      and not (kept and (o.kind == "attention" or o.name.startswith(OP_SAC_NOT_REPLAYED)))]
         out[rc] = Cost(tuple(sorted(every, key=lambda o: (PHASES.index(o.phase), order[o.block]))))
     return out
 
@@ -656,6 +658,21 @@ def async_tp_ops(model: ModelSpec, gpu: GPUSpec, w: Workload, gemms: list[Gemm])
     return out
 
 
+def sp_layout_ops(model: ModelSpec, gpu: GPUSpec, w: Workload, gemms: list[Gemm]) -> list[Op]:
+    """The layout copies torch's sequence-parallel collectives add on the compute stream when a
+    micro-batch holds several sequences (:mod:`meshplan.compute.dtensor_sp`): per dense block
+    (attention: wq or Megatron's qkv; MLP: w_up), forward the gather's and the scatter's, backward
+    the same two (only the unfused input-gradient scatter under torch's async TP), each
+    :func:`~meshplan.compute.dtensor_sp.copy_bytes` of the rank's full ``tokens x hidden``."""
+    fw = "torch" if w.sp_layout_copies else ""
+    if not dtensor_sp.applies(fw, w.sp, w.tp, w.micro_batch):
+        return []
+    names = {g.name for g in gemms}
+    blocks = tuple(b for b, g in (("attn", ("wq", "qkv")), ("mlp", ("w_up",))) if names & set(g))
+    size = dtensor_sp.copy_bytes(w.tokens, model.hidden, dtype_bytes(w.dtype))
+    return [_mem(gpu, name, block, phase, size) for name, block, phase in dtensor_sp.copies(blocks, w.async_tp == "torch")]
+
+
 def _replay(o: Op) -> Op:
     """Forward op ``o`` re-run in backward by recompute: ``replace(o, name=o.name + " (recompute)",
     phase="backward_input", model_flops=0.0, recompute=True)``, built directly (a layer has
@@ -669,6 +686,9 @@ def _replay(o: Op) -> Op:
 #: w_down), kept by :func:`meshplan.memory.activations.op_sac_terms`.
 OP_SAC_SAVED_GEMMS = ("wq", "wv", "w_gate", "w_down")
 OP_SAC_SAVED_GEMMS_GELU = ("wq", "wv", "w_up")
+#: Forward kernels op-level AC does not replay beside the saved GEMMs and SDPA: async TP's
+#: partial sum is part of the fused GEMM + reduce-scatter, whose output the policy saves.
+OP_SAC_NOT_REPLAYED = ("async-TP partial sum",)
 
 
 def _op_sac_kept(model: ModelSpec) -> tuple[str, ...]:

@@ -39,7 +39,7 @@ training.max_norm                              training.grad_clip = true whateve
                                                  then a multiply by min(max_norm / norm, 1), never
                                                  skipped: torch clip_grads_with_norm_)
 activation_checkpoint.mode                     training.recompute: none, full; selective with
-  + selective_ac_option                          option "op" -> op (tp = cp = ep = 1, no MLA; else
+  + selective_ac_option                          option "op" -> op (cp = ep = 1, no MLA; else
                                                  selective, with a note), "<k>" -> layer, ac_freq k
 ============================================== ==============================================
 
@@ -472,7 +472,7 @@ def write_notes(cfg: Config) -> list[str]:
         return []
     written = write_recompute(t)["mode"]
     return [f"note: the plan modelled Megatron-LM's selective recompute (attention core only), which torchtitan "
-            f"has no option for (op-level SAC \"op\" is planned with tp = cp = ep = 1 only, so not at this mesh); "
+            f"has no option for (op-level SAC \"op\" is planned with cp = ep = 1 only, so not at this mesh); "
             f"written as mode = \"{written}\", " + ("the same activations kept but the flash softmax statistics, "
             "attention not replayed" if written == "none" else "without flash attention the nearest that keeps "
             "no more than the plan")]

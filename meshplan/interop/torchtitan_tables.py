@@ -83,8 +83,9 @@ def read_recompute(d: dict, deg: dict[str, int], model: dict, notes: list[str]) 
     """training.recompute (and ac_freq) of torchtitan's [activation_checkpoint]: mode none and
     full as they are; selective with selective_ac_option "op" is op-level SAC (``op``), with
     an integer k every k-th layer in full (``layer``, ``ac_freq`` k; torchtitan's default
-    option "2"). ``op`` is planned with tp = cp = ep = 1 and no MLA only (build_plan says why),
-    so a mesh outside that is planned with Megatron-LM's selective recompute, with a note."""
+    option "2"). ``op`` is planned with cp = ep = 1 and no MLA only (build_plan says why; with tp
+    > 1 as torchtitan applies TP, with sequence parallelism), so a mesh outside that is planned
+    with Megatron-LM's selective recompute, with a note."""
     ac = d.get("activation_checkpoint", {})
     mode = ac.get("mode", "selective")
     if mode not in ("none", "selective", "full"):
@@ -94,10 +95,10 @@ def read_recompute(d: dict, deg: dict[str, int], model: dict, notes: list[str]) 
         return {"recompute": mode}
     opt = str(ac.get("selective_ac_option", "2"))
     if opt == "op":
-        why = [f"{a} {deg[a]}" for a in ("tp", "cp", "ep") if deg[a] > 1] + ["MLA"] * model_is_mla(model)
+        why = [f"{a} {deg[a]}" for a in ("cp", "ep") if deg[a] > 1] + ["MLA"] * model_is_mla(model)
         if not why:
             return {"recompute": "op"}
-        notes.append(f"activation_checkpoint selective_ac_option \"op\" (op-level SAC) is modelled with tp = cp = "
+        notes.append(f"activation_checkpoint selective_ac_option \"op\" (op-level SAC) is modelled with cp = "
                      f"ep = 1 and no MLA only; with {', '.join(why)} planned as Megatron-LM's selective recompute "
                      f"(attention core recomputed, the other activations kept): more activation memory, less "
                      f"recompute time than op-level SAC")

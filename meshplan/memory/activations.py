@@ -315,7 +315,8 @@ def op_sac_terms(dims: LayerDims, lc: _Local, flash: bool) -> list[Term]:
     checkpoint's input, and the outputs of the ops its policy must save: every odd-numbered
     ``aten.mm`` of the layer's forward (the count restarts per layer; every second mm is
     recomputed), the SDPA kernel (output and, for flash, its fp32 log-sum-exp) and the
-    reduce-scatters (none at tp 1). A torchtitan Llama block issues its mms as wq, wk, wv, wo,
+    reduce-scatters (none at tp 1; with tp > 1 and sequence parallelism wo's and w_down's,
+    ``tokens / tp x h`` each; the all-gathers' outputs are not saved: replayed in backward). A torchtitan Llama block issues its mms as wq, wk, wv, wo,
     then w1 (gate), w3 (up), w2 (down), so wq, wv, w1 and w2 are saved; a GeLU MLP (w_up,
     w_down): w_up (:data:`meshplan.compute.ops.OP_SAC_SAVED_GEMMS`, whose recompute skips
     them). Norms, RoPE, SiLU and the residual adds are recomputed.
@@ -335,10 +336,13 @@ def op_sac_terms(dims: LayerDims, lc: _Local, flash: bool) -> list[Term]:
            Term("attention output (saved SDPA)", e * rows * lc.aq * d, f"{e}*{S}*b*a*d/t")]
     if flash:
         out.append(Term("flash softmax statistics (fp32)", 4 * lc.aq * rows, f"4*a*{S}*b/t"))
+    # with tp > 1 (sequence parallel): the reduce-scatters after wo and w_down, each tokens/tp x h
+    scattered = [Term(f"{g} reduce-scatter output (saved)", e * lc.rtok * b * dims.h, f"{e}*{S}*b*h{r}")
+                 for g in ("wo", "w_down")] if r else []
     if dims.gated:
         return out + [Term("w_gate output (saved mm)", e * rows * lc.f, f"{e}*{S}*b*f/t"),
-                      Term("w_down output (saved mm)", e * rows * dims.h, f"{e}*{S}*b*h")]
-    return out + [Term("w_up output (saved mm)", e * rows * lc.f, f"{e}*{S}*b*f/t")]
+                      Term("w_down output (saved mm)", e * rows * dims.h, f"{e}*{S}*b*h")] + scattered
+    return out + [Term("w_up output (saved mm)", e * rows * lc.f, f"{e}*{S}*b*f/t")] + scattered
 
 
 def layer_bytes(dims: LayerDims, **options) -> int:

@@ -26,7 +26,8 @@ frameworks issue them:
   collective), and with SP their input is all-gathered again before, during their
   input-gradient GEMM (only its sequence shard is saved). Full recompute re-runs the forward blocks (with their collectives);
   torchtitan's per-layer AC does so in its checkpointed layers, its op-level AC re-runs the
-  forward ops it did not save.
+  forward ops it did not save, with each block's all-gather but not its reduce-scatter (whose
+  output it saved; the row-parallel GEMM replayed, if at all, as a plain GEMM).
   The all-reduces of the Partial gradients of weights replicated over tp (SP norms, an MoE
   router, MLA's down projections and latent norms) run on the tp stream after each layer's
   backward (nothing waits for them until the step ends, but the tp stream is busy meanwhile); the vocab-parallel loss collectives block
@@ -484,18 +485,19 @@ def _tp(w: Workload) -> tuple[str, str]:
 
 
 def _block(s: _Sim, name: str, t: float, phase: str, ep: bool = False, cp: Optional[tuple] = None,
-           cp_phase: str = "forward", fused: Optional[dict] = None) -> None:
+           cp_phase: str = "forward", fused: Optional[dict] = None, scatter: bool = True) -> None:
     """One forward block; ``cp``: the attention's (K/V proj, Q proj, core, out proj) seconds
     under all-gather CP (module docstring); ``fused``: the block's async-TP GEMMs
-    (:func:`fused_gemms`), run as their runtime decomposes them (:func:`_fused_block`)."""
-    if fused and cp is None and not ep and {"ag", "rs"} <= fused.keys():
-        _fused_block(s, name, t, phase, fused)
+    (:func:`fused_gemms`), run as their runtime decomposes them (:func:`_fused_block`);
+    ``scatter`` False: the block's closing tp collective is not issued (op-level AC's replay)."""
+    if fused and cp is None and not ep and "ag" in fused and ("rs" in fused or not scatter):
+        _fused_block(s, name, t, phase, fused, scatter)
         return
     before, after = _tp(s.w)
     pre = s.comm("tp", phase, before, f"tp {before}")
     if ep:
         pre = s.comm("ep", phase, "all-to-all", "ep dispatch", after=[pre or s.last]) or pre
-    post = s.comm("tp", phase, after, f"tp {after}", after=[s.last]) if s.ov.tp else None
+    post = s.comm("tp", phase, after, f"tp {after}", after=[s.last]) if s.ov.tp and scatter else None
     tp_ov = [x for x in (pre, post) if x] if s.ov.tp else []
     if cp is None:
         s.compute(name, t, [] if s.ov.tp else [pre], tp_ov)
@@ -508,18 +510,22 @@ def _block(s: _Sim, name: str, t: float, phase: str, ep: bool = False, cp: Optio
         s.compute(name + " out proj", out, [], tp_ov)
     if ep:
         s.compute(name + " combine wait", 0.0, [s.comm("ep", phase, "all-to-all", "ep combine")])
-    if not s.ov.tp:
+    if not s.ov.tp and scatter:
         s.compute(name + " tp wait", 0.0, [s.comm("tp", phase, after, f"tp {after}")])
 
 
-def _fused_block(s: _Sim, name: str, t: float, phase: str, fused: dict) -> None:
+def _fused_block(s: _Sim, name: str, t: float, phase: str, fused: dict, scatter: bool = True) -> None:
     """A forward block under async TP (:mod:`meshplan.compute.asynctp`): the all-gather fused
     with the column-parallel GEMMs, the block's other ops, the row-parallel GEMM fused with the
-    reduce-scatter; ``t``: the block's seconds (pieces' GEMMs and the runtime's copies included)."""
-    (ag_s, ag_n), (rs_s, rs_n) = fused["ag"], fused["rs"]
+    reduce-scatter; ``t``: the block's seconds (pieces' GEMMs and the runtime's copies included).
+    ``scatter`` False (op-level AC's replay): no reduce-scatter; a replayed row-parallel GEMM
+    runs whole among the block's other ops."""
+    ag_s, ag_n = fused["ag"]
+    rs_s, rs_n = fused.get("rs", (0.0, 0)) if scatter else (0.0, 0)
     s.fused(name + " all-gather+GEMMs", ag_s, s.c.get("tp", phase, "all-gather"), ag_n, False)
     s.compute(name, t - ag_s - rs_s)
-    s.fused(name + " GEMM+reduce-scatter", rs_s, s.c.get("tp", phase, "reduce-scatter"), rs_n, True)
+    if scatter:
+        s.fused(name + " GEMM+reduce-scatter", rs_s, s.c.get("tp", phase, "reduce-scatter"), rs_n, True)
 
 
 def fused_gemms(c: Cost, phase: str, recompute: Optional[bool], framework: str, tp: int) -> dict:
@@ -655,6 +661,7 @@ def _slots(s: _Sim, phase: Optional[str], at: At, block: Optional[Block] = None)
 
 
 def _forward_layer(s: _Sim, c: Cost, moe: bool, phase: str = "forward", recompute=None) -> None:
+    scatter = phase == "forward" or s.w.recompute != "op"  # op-level AC saved the reduce-scatters' outputs
     t = s.of(_times, c, phase, recompute)
     f = s.of(fused_gemms, c, phase, recompute, s.w.async_tp, s.w.tp) if s.w.async_tp and s.w.sp else {}
     own = "forward" if phase == "forward" else None  # the registered axes' slots: not in a replay
@@ -662,11 +669,11 @@ def _forward_layer(s: _Sim, c: Cost, moe: bool, phase: str = "forward", recomput
     p = s.of(cp_parts, c, phase, recompute) if s.w.cp > 1 else None
     _slots(s, own, At.BEFORE, Block.ATTN)
     _block(s, "attention", t["attn"], "forward", cp=(p["kv"], p["q"], p["core"], p["out"]) if p else None,
-           cp_phase="forward" if phase == "forward" else "backward", fused=f.get("attn"))
+           cp_phase="forward" if phase == "forward" else "backward", fused=f.get("attn"), scatter=scatter)
     _slots(s, own, At.AFTER, Block.ATTN)
     s.compute("add+norm", t["attn_post"] + t["mlp_pre"])
     _slots(s, own, At.BEFORE, Block.MLP)
-    _block(s, "mlp", t["mlp"], "forward", ep=moe, fused=f.get("mlp"))
+    _block(s, "mlp", t["mlp"], "forward", ep=moe, fused=f.get("mlp"), scatter=scatter)
     _slots(s, own, At.AFTER, Block.MLP)
     s.compute("add", t["mlp_post"])
     _slots(s, own, At.OVERLAPPED)

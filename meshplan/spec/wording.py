@@ -77,7 +77,8 @@ def recompute_words(training, rt: str) -> str:
             "layer": f"torchtitan selective AC per layer (mode = \"selective\", selective_ac_option = "
                      f"\"{training.ac_freq}\": every {training.ac_freq} layer(s) checkpointed in full)",
             "op": "torchtitan selective AC per op (mode = \"selective\", selective_ac_option = \"op\": "
-                  "matmul outputs saved but every second mm, SDPA outputs saved, the rest recomputed)",
+                  "matmul outputs saved but every second mm, SDPA and tp reduce-scatter outputs saved, the rest "
+                  "recomputed, tp all-gathers included)",
             }[training.recompute]
 
 

@@ -1,0 +1,75 @@
+"""The layout copies torch's sequence parallelism adds around each TP collective when a rank's
+micro-batch holds more than one sequence (``training.framework = "torch"``, tp > 1).
+
+torchtitan shards the residual stream on the sequence dim of a ``[batch, seq, hidden]`` tensor
+(``SequenceParallel``, ``PrepareModuleInput(input_layouts=Shard(1))``, ``RowwiseParallel(
+output_layouts=Shard(1))``; ``models/llama3/parallelize_llama.py`` at 820504e, whose comment
+points at the batch/sequence folding of torchtitan PR #437 to avoid this). NCCL gathers and
+scatters along dim 0 only, so torch 2.13's functional collectives rearrange (read, not copied):
+
+- ``all_gather_single`` (``torch/distributed/_functional_collectives.py``) with ``gather_dim``
+  1: ``torch._utils._maybe_view_chunk_cat`` returns a view only when every dim the gathered
+  block moves across has size 1 (batch 1); else ``torch.cat(torch.chunk(res, tp), dim=1)``, a
+  copy of the gathered ``[batch, seq, hidden]`` tensor;
+- ``reduce_scatter_single`` with ``scatter_dim`` 1: ``_chunk_or_narrow_cat(self, tp, 1, 0)``,
+  a ``cat`` of the tp chunks along dim 0 before the collective, a copy of its input. With
+  batch 1 that cat is the same bytes in the same order: eager torch still copies (seen in
+  tests/test_op_sac_tp_torch.py), inductor may not (not checked); counted from batch 2 on, as
+  the gather's (an under-count at batch 1 in eager runs).
+
+Each copy reads and writes the whole tensor: ``2 x tokens x hidden x bytes`` HBM traffic, where
+``tokens = micro_batch x seq_len / cp`` (the rank's full sequence after the gather). Per dense
+layer and micro-batch, per block (attention, MLP): forward one gather (the block's input) and
+one scatter (the row-parallel output); backward one gather (the output gradient, the scatter's
+backward) and one scatter (the column-parallel input gradient, the gather's backward): 8 copies.
+
+**Async TP** (``training.tp_comm_overlap``, :mod:`meshplan.compute.asynctp`): the fused
+``fused_all_gather_matmul`` and ``fused_matmul_reduce_scatter`` take ``gather_dim`` /
+``scatter_dim`` and move that dim to the front as a view (``torch/distributed/_symmetric_memory``:
+"if A_shard.movedim(gather_dim, 0) is contiguous, no extra copy is required"; inductor's
+``restride_A_shard_for_fused_all_gather_matmul`` gives the shard that order, at most a copy of
+the shard, 1/tp of the tensor, not counted): the fused collectives copy nothing here (their own shard copy
+and partial sum are :func:`meshplan.compute.asynctp.torch_extra_bytes`). The backward's
+column-parallel input-gradient reduce-scatter is not fused (asynctp) and keeps its copy.
+
+Not counted: the output layer's input gather and the embedding's output scatter (2 copies per
+step, against 8 per layer), MoE blocks (their collectives are the experts'), Megatron-LM
+(``[seq, batch, hidden]``: SP shards dim 0, no copy).
+"""
+
+from __future__ import annotations
+
+#: (block, phase, what) of the copies per dense block; ``fused``: removed under torch's async TP.
+COPIES = (("forward", "gather", True), ("forward", "scatter", True),
+          ("backward_input", "gather", True), ("backward_input", "scatter", False))
+
+
+def applies(framework: str, sp: bool, tp: int, micro_batch: int) -> bool:
+    """Whether the copies run: torch's TP with sequence parallelism, tp > 1, batch > 1.
+
+    >>> applies("torch", True, 8, 12), applies("torch", True, 8, 1), applies("megatron", True, 8, 12)
+    (True, False, False)
+    """
+    return framework == "torch" and sp and tp > 1 and micro_batch > 1
+
+
+def copy_bytes(tokens: int, hidden: int, dtype_bytes: int) -> int:
+    """HBM bytes of one layout copy: read and write ``tokens x hidden`` elements.
+
+    Llama 3 8B, 12 sequences of 8,192 tokens, bf16: 2 x 98,304 x 4,096 x 2 B = 1.61 GB:
+
+    >>> copy_bytes(12 * 8192, 4096, 2)
+    1610612736
+    """
+    return 2 * tokens * hidden * dtype_bytes
+
+
+def copies(blocks: tuple[str, ...], async_tp: bool) -> list[tuple[str, str, str]]:
+    """(name, block, phase) of the layout copies of one layer's dense ``blocks`` ("attn",
+    "mlp"); with torch's async TP only the unfused backward scatters.
+
+    >>> len(copies(("attn", "mlp"), False)), copies(("attn",), True)
+    (8, [('SP layout copy (scatter, attn)', 'attn', 'backward_input')])
+    """
+    return [(f"SP layout copy ({what}, {block})", block, phase)
+            for block in blocks for phase, what, fused in COPIES if not (async_tp and fused)]
