@@ -369,6 +369,26 @@ def test_attention_gemm_points_derived_from_s7a():
     assert pts[(262144, 2048, 128)] == 92.2
 
 
+def test_score_products_reproduce_the_s7a_rate_they_were_derived_from():
+    """The six batched products of non-flash attention (compute/ops._score_ops) at S7a's own
+    setting (B x S = 16,384 tokens, 16 heads of 128, tp 1) each land on a "D S7a" point, so they
+    take 6 x 2 n S^2 d / rate together, the time the derivation above assigned them: QK^T at
+    (n S, S, d), PV, dQ, dK and dV at (n S, d, S), dP at (n S, S, d). At S 2048: 6 x 2 x 128 x
+    2048^2 x 128 FLOP = 824.6 GFLOP at 92.2 TFLOP/s, 8.944 ms (dV as the Linear layers' weight
+    gradient, (d, S, S) with the batch on d, left one of the six off those points)."""
+    model = GPT22B.model_copy(update={"hidden": 2048, "q_heads": 16, "kv_heads": 16, "ffn": 8192})
+    s7a = {512: 64.5, 1024: 81.7, 2048: 92.2, 4096: 94.3, 8192: 104.5}   # kernels.toml "D S7a"
+    for s, rate in s7a.items():
+        w = Workload(seq_len=s, micro_batch=16384 // s, flash=False, recompute="none")
+        names = ("qk^T", "pv", "qk^T.dgrad", "qk^T.wgrad", "pv.dgrad", "pv.wgrad")
+        ops = {o.name: o.seconds for o in layer_cost(model, A100, w).ops if o.name in names}
+        n = 16384 // s * 16
+        assert len(ops) == 6
+        for name, t in ops.items():
+            assert t == pytest.approx(2 * n * s * s * 128 / (rate * 1e12), rel=1e-9), name
+    assert 6 * 2 * 128 * 2048 ** 2 * 128 / 92.2e12 == pytest.approx(8.944e-3, abs=1e-6)
+
+
 def test_attention_kernel_follows_the_framework():
     """torch's scaled_dot_product_attention runs FlashAttention-2 on an H100 (its flash backend;
     torchtitan adds cuDNN only on compute capability 10.0), Megatron-LM the catalog's FA3. Llama 3

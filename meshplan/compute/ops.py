@@ -313,14 +313,15 @@ def optimizer_bandwidth(gpu: GPUSpec) -> float:
 
 
 def _gemm_ops(gpu: GPUSpec, g: Gemm, block: str, w: Workload, table, model_scale: float = 1.0,
-              weight: bool = True) -> list[Op]:
-    """Forward, data-gradient and weight-gradient ops of ``g``; ``model_scale`` scales the
+              weight: bool = True, backward: Optional[list[Gemm]] = None) -> list[Op]:
+    """Forward, data-gradient and weight-gradient ops of ``g`` (``backward``: the two gradient
+    GEMMs, default :func:`~meshplan.compute.shapes.backward_gemms`); ``model_scale`` scales the
     model FLOP (replicated KV heads, padded vocabulary). With ``w.fp32_wgrad_accumulation``
     the weight gradient of a ``weight`` (not the attention scores' batched products, whose
     second operand is an activation) is :func:`wgrad_accumulate_s`'s."""
     out = []
     dtype = w.gemm_dtype(g.name)  # float8 Linears: fp8 forward, data- and weight-gradient GEMMs
-    for gg, phase in zip([g] + backward_gemms(g), PHASES):
+    for gg, phase in zip([g] + (backward or backward_gemms(g)), PHASES):
         n = asynctp.pieces(w.async_tp, w.tp, gg.name, phase) if w.sp else 0
         if n:  # async TP: n GEMMs of M / n rows, each at its own shape (and launch floor)
             e = gemm_time(gpu, asynctp.piece_rows(gg.m, n), gg.n, gg.k, dtype, gg.count, table)
@@ -422,10 +423,22 @@ def _flash_ops(gpu: GPUSpec, att: Attention, w: Workload, recompute: bool, table
 
 def _score_ops(gpu, att: Attention, w: Workload, table, recompute: bool) -> list[Op]:
     """Non-flash attention: full QK^T and PV batched GEMMs, softmax and dropout on scores;
-    with ``w.megatron_ops`` Megatron-LM's causal softmax and copies (:mod:`meshplan.compute.megatron`)."""
+    with ``w.megatron_ops`` Megatron-LM's causal softmax and copies (:mod:`meshplan.compute.megatron`).
+
+    The six batched products per head, (M, N, K), a batch of ``n = batch x heads`` looked up as
+    ``(n M, N, K)`` (:mod:`meshplan.compute.measured`): QK^T (s_q, s_kv, d) and its gradients dQ
+    (s_q, d, s_kv) and dK (s_kv, d, s_q); PV (s_q, d_v, s_kv) and its gradients dP (s_q, s_kv, d_v)
+    and dV = P^T dO (s_kv, d_v, s_q), torch's bmm derivative for the second operand
+    (``mat1.transpose(1, 2).bmm(grad)``). dV is taken in that orientation, as dK is: a GEMM and its
+    transpose are the same cuBLAS work (column-major, C^T = B^T A^T), and the catalog's A100 rates
+    for these products (kernels.toml "D S7a") are one rate for all six, measured together, on the
+    (n s, s, d) and (n s, d, s) shapes; the Linear layers' weight-gradient orientation (d_v, s_kv,
+    s_q) would put the batch on d_v and read another family of points (a 2.5x faster rate on the
+    22B layer) for the same work as dK."""
     n = att.batch * att.q_heads
     qk = Gemm("qk^T", att.seq_q, att.seq_kv, att.head_dim, n)
     pv = Gemm("pv", att.seq_q, att.d_v, att.seq_kv, n)
+    pv_grads = [Gemm("pv.dgrad", pv.m, pv.k, pv.n, n), Gemm("pv.wgrad", pv.k, pv.n, pv.m, n)]
     scores = n * att.seq_q * att.seq_kv
     b = dtype_bytes(w.dtype)
     sm_f, sm_b = softmax_bytes(att, b, w.megatron_ops)
@@ -436,8 +449,8 @@ def _score_ops(gpu, att: Attention, w: Workload, table, recompute: bool) -> list
         f_copies, b_copies = attention_copy_bytes(att, b)
         fwd_mem += f_copies
         bwd_mem += b_copies
-    for g in (qk, pv):
-        ops = _gemm_ops(gpu, g, "attn", w, table, model_scale=0.5, weight=False)  # causal half as model FLOP
+    for g, grads in ((qk, None), (pv, pv_grads)):
+        ops = _gemm_ops(gpu, g, "attn", w, table, model_scale=0.5, weight=False, backward=grads)  # causal half
         out += [replace(o, phase="backward_input") if o.phase == "backward_weight" else o for o in ops]
     out += [_mem(gpu, name, "attn", "forward", nb) for name, nb in fwd_mem]
     out += [_mem(gpu, name, "attn", "backward_input", nb) for name, nb in bwd_mem]
