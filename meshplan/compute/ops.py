@@ -59,7 +59,8 @@ from meshplan.compute.measured import attention_seconds, bandwidth, kernel_data,
 from meshplan.compute.megatron import (BATCH_SYNCS, COMM_DELAY_OPS, STEP_TIMERS, TIMER_SYNCS, attention_copy_bytes, batch_bytes,
                                        comm_delay_kernels, cross_entropy_bytes, embedding_bytes, hook_params,
                                        loss_kernels, stage_param_tensors,
-                                       norm_backward_passes, softmax_bytes)
+                                       norm_backward_partial_bytes, norm_backward_passes, persistent_layer_norm,
+                                       softmax_bytes)
 from meshplan.compute.routing import RoutingOptions, routing
 from meshplan.compute.shapes import (ATTENTION_GEMMS, MLA_REPLICATED, Attention, Gemm, attention_shape,
                                      backward_gemms, layer_gemms)
@@ -473,7 +474,7 @@ def _elementwise(model: ModelSpec, gpu: GPUSpec, w: Workload, gemms: list[Gemm])
             act += g.m * g.n / (2 if model.gated_mlp else 1)
     res_f = (3 * b + (1 if w.dropout else 0)) * r * h
     res_b = (3 * b if not w.dropout else 2 * b + 1) * r * h
-    nb_norm = norm_backward_passes(w.megatron_ops) * b * r * h
+    nb_norm = norm_backward_bytes(model, gpu, w, r)
     spec: list[tuple[str, str, float, float]] = [("attn norm", "attn_pre", 2 * b * r * h, nb_norm),
             ("residual add" + (" + dropout" if w.dropout else ""), "attn_post", res_f, res_b),
             ("mlp norm", "mlp_pre", 2 * b * r * h, nb_norm),
@@ -511,7 +512,40 @@ def _elementwise(model: ModelSpec, gpu: GPUSpec, w: Workload, gemms: list[Gemm])
         kind = "norm" if name.endswith("norm") else "elementwise"
         out += [_mem(gpu, name, block, phase, nb, kind=kind)
                 for phase, nb in (("forward", f), ("backward_input", bw)) if nb > 0]
-    return out
+    return out + norm_finalize_ops(model, gpu, w, (("attn norm", "attn_pre"), ("mlp norm", "mlp_pre")))
+
+
+def norm_backward_bytes(model: ModelSpec, gpu: GPUSpec, w: Workload, rows: int) -> float:
+    """HBM bytes of one norm's backward kernel over ``rows`` rows of ``model.hidden``:
+    :func:`~meshplan.compute.megatron.norm_backward_passes` passes of ``rows x h`` (5 for Megatron-LM's
+    own layer norm, 3 for one fused kernel) and, for apex's persistent layer norm that Megatron-LM
+    2022 runs at its hidden sizes (:func:`~meshplan.compute.megatron.persistent_layer_norm`), the
+    partial weight and bias gradients it writes (:func:`~meshplan.compute.megatron.norm_backward_partial_bytes`).
+
+    22B (h 6144) under SP at tp 8, micro-batch 4: 1,024 rows, 3 x 2 B x 1024 x 6144 + 108 x 6144 x 8 B
+    of partials on an A100:
+
+    >>> from meshplan import catalog
+    >>> w = Workload(seq_len=2048, micro_batch=4, tp=8, sp=True, megatron_ops=True)
+    >>> norm_backward_bytes(catalog.model("megatron-22b"), catalog.gpu("a100-sxm-80gb"), w, 1024)
+    43057152
+    """
+    b, h = dtype_bytes(w.dtype), model.hidden
+    persistent = w.megatron_ops and persistent_layer_norm(model.norm, h)
+    partial = norm_backward_partial_bytes(h, gpu.sms) if persistent else 0
+    return norm_backward_passes(w.megatron_ops, persistent) * b * rows * h + partial
+
+
+def norm_finalize_ops(model: ModelSpec, gpu: GPUSpec, w: Workload, norms) -> list[Op]:
+    """The second kernel of apex's persistent layer norm backward (``ln_bwd_finalize_kernel``) for
+    each ``(name, block)`` of ``norms``, under Megatron-LM 2022 at a persistent hidden size
+    (:func:`norm_backward_bytes`): it reads the partial weight and bias gradients and writes the two
+    gradients (``2 h`` elements of the compute dtype), a memory-bound kernel never below the issue
+    floor. Empty otherwise (one kernel, or Megatron's own)."""
+    if not (w.megatron_ops and persistent_layer_norm(model.norm, model.hidden)):
+        return []
+    nb = norm_backward_partial_bytes(model.hidden, gpu.sms) + 2 * dtype_bytes(w.dtype) * model.hidden
+    return [_mem(gpu, f"{name} backward finalize", block, "backward_input", nb) for name, block in norms]
 
 
 def _latent_norms(model: ModelSpec, b: int, t: int) -> list[tuple[str, str, float, float]]:
@@ -856,8 +890,8 @@ def head_cost(model: ModelSpec, gpu: GPUSpec, w: Workload, table: Optional[GemmT
     g = Gemm("output", w.tokens, pv // w.tp, h)
     logits = w.tokens * (pv // w.tp)
     ops = [_mem(gpu, "final norm", "head", "forward", 2 * b * r * h, kind="norm"),
-           _mem(gpu, "final norm", "head", "backward_input", norm_backward_passes(w.megatron_ops) * b * r * h,
-                kind="norm")]
+           _mem(gpu, "final norm", "head", "backward_input", norm_backward_bytes(model, gpu, w, r), kind="norm")]
+    ops += norm_finalize_ops(model, gpu, w, (("final norm", "head"),))
     ops += _gemm_ops(gpu, g, "head", w, table, model_scale=model.vocab / pv)
     if w.megatron_ops:
         fwd_b, bwd_b = cross_entropy_bytes(b)
