@@ -21,7 +21,7 @@ meshplan: ``meshplan step`` of benchmarks/zero3/*.toml (DeepSpeed ZeRO-3 of 2021
 the same configs under FSDP2's per-layer gathers (``zero3_engine = "fsdp2"``, the model before
 this engine). Nothing is fitted to these numbers.
 
-What the model gives (deepspeed-2021): 61.4 / 42.5 / 43.8 s against the published 81.6 / 66.7 /
+What the model gives (deepspeed-2021): 61.3 / 42.5 / 43.8 s against the published 81.6 / 66.7 /
 66.7 s (-25%, -36%, -34%); FSDP2's per-layer gathers give 57.3 / 31.7 / 18.8 s. The step no
 longer halves from 768 to 1,536 GPUs: every micro-batch issues the same 2,217 calls (96 layers x
 (4 + 7 all-gathers + 12 reduce-scatters) + the root's 9), each paying NCCL's ring latency over

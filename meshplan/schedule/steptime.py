@@ -205,8 +205,8 @@ class StepTime:
         - ``exposed <stream>``: :attr:`exposed_s` (pp: the transfers only).
 
         D4 (Korthikanti et al. 2022 175B, Megatron-LM interleaved 1F1B p 8 x v 3, 64
-        micro-batches): compute 11,188.15 + bubble 676.92 + exposed tp 1,394.47 + pp 141.31
-        (340 transfers of 0.4156 ms) + dp 16.98 = 13,417.83 ms (tests/test_step_parts.py)."""
+        micro-batches): compute 11,177.23 + bubble 676.52 + exposed tp 1,394.47 + pp 141.31
+        (340 transfers of 0.4156 ms) + dp 16.98 = 13,406.51 ms (tests/test_step_parts.py)."""
         if "parts" not in self._trace_cache:
             self._trace_cache["parts"] = self._parts()
         return dict(self._trace_cache["parts"])
@@ -236,8 +236,8 @@ class StepTime:
         return {"compute": compute, "bubble": bubble, **exposed}
 
     def parts_line(self) -> str:
-        """``step on stage 0 = compute 11188.15 + bubble 676.92 + exposed tp 1394.47 + ... =
-        13417.83 ms``: :meth:`parts_s` in ms to 0.01, each part rounded so that the printed
+        """``step on stage 0 = compute 11177.23 + bubble 676.52 + exposed tp 1394.47 + ... =
+        13406.51 ms``: :meth:`parts_s` in ms to 0.01, each part rounded so that the printed
         parts add up to the printed step (largest remainder: every part within 0.01 ms of its
         value)."""
         parts = self.parts_s()
