@@ -109,7 +109,8 @@ def sources(gpu: str) -> list[str]:
     return [f"GEMM: catalog kernels.toml {gpu} points ({', '.join(sorted(d.gemm))}), Shepard interpolation in "
             f"log2 (M, N, K), memory roofline at Triad",
             "attention: non-flash (Megatron 2022): batched QK^T / PV GEMMs from the same points (A100: the 'D S7a' "
-            "points, S7a's PyTorch standard attention less its softmax and copies); fused softmax and dropout over the "
+            "points, S7a's PyTorch standard attention less its softmax and copies, one rate for all six products; dV "
+            "looked up as dK, (s_kv, d, s_q)); fused softmax and dropout over the "
             "scores as memory-bound kernels",
             f"bandwidth: Triad {d.stream_bytes_per_s / 1e12:.2f} TB/s (BabelStream, S3); norms "
             f"{d.norm_fixed_s * 1e6:.1f} us + bytes / {d.norm_bytes_per_s / 1e12:.2f} TB/s, least squares over "
@@ -131,7 +132,7 @@ def sources(gpu: str) -> list[str]:
             "cuda.synchronize (4 per forward, 2 per backward, one issue floor each); fused QKV "
             "GEMM (transformer.py query_key_value); wgrad accumulated into fp32 main_grad "
             "(layers.py wgrad_gemm_accum_fp32: C read + written in fp32, roofline at Triad); its own kernels "
-            "(compute/megatron.py: fused layer norm backward in 5 passes, causal softmax on the lower triangle, fp32 cross entropy pass by pass, "
+            "(compute/megatron.py: layer norm backward as apex's persistent FastLayerNormFN at h 6144 / 12288 (3 passes, partial weight/bias gradients and their finalize kernel), causal softmax on the lower triangle, fp32 cross entropy pass by pass, "
             "context permute copy, baddbmm alpha on dQ/dK, QKV split-backward cat, main_grad hooks, embedding "
             "mask/transpose/split/dropout, the empty(1) + 1 delay kernel after each async tp collective launch in "
             "a column-parallel backward, the loss's 22 + 10 tiny kernels per micro-batch); grad buffer /= dp in place before the optimizer (distributed.py "

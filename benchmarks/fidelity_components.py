@@ -13,14 +13,24 @@ out.json`` at calculon-ai/calculon caa4b11 (run with pandas and psutil stubbed; 
 ``llm``), the keys named in :data:`CALCULON`. Calculon has no embedding or output layer: its ``fw``
 and ``bw`` are the transformer blocks only.
 
-Run: PYTHONPATH=. .venv/bin/python benchmarks/fidelity_components.py
+D5 itemised (``--layer``): one 22B layer (tp 8, micro-batch 4, Korthikanti Table 4) kernel by kernel
+in each pass, each op's time and how it was obtained (shape and rate with its source points, or bytes
+and bandwidth), then the stage's tp collectives (size, seconds per call, algbw, the curve they were
+read from) and the layer's forward and backward with them, against the published times.
+
+Run: PYTHONPATH=. .venv/bin/python benchmarks/fidelity_components.py [--layer [RECOMPUTE [sp]]]
 """
 
 from __future__ import annotations
 
 import fidelity
 
-from meshplan.schedule.steptime import chunk_costs, step_time, workload_of
+import sys
+from dataclasses import replace
+
+from meshplan.config import load_config
+from meshplan.plan import build_plan
+from meshplan.schedule.steptime import chunk_costs, layer_unit_times, step_time, workload_of
 
 #: Calculon's stats (seconds per step), from the command in the module docstring: fw_time,
 #: bw_time, recompute_time, tp_comm_exposed_time, recomm_exposed_time, pp_comm_exposed_time,
@@ -56,7 +66,30 @@ def components(run: fidelity.Run) -> dict:
     return out
 
 
+def layer_lines(recompute: str = "none", sp: bool = False) -> list[str]:
+    """D5: one 22B layer's ops (``Cost.lines``: pass, block, name, us, TFLOP, how timed), its
+    stage's tp collectives and the layer's forward and backward with them (ms) beside Table 4."""
+    cfg = load_config(fidelity.HERE / "megatron-22b_8xa100_tp8_sp-selective.toml")
+    cfg = replace(cfg, training=cfg.training.model_copy(update={"recompute": recompute}),
+                  mesh=cfg.mesh.model_copy(update={"sequence_parallel": sp}))
+    plan = build_plan(cfg)
+    layer = chunk_costs(plan, workload_of(plan))[0][0].layers[0]
+    out = layer.lines()
+    for r in plan.stage(0).collectives:
+        if r.axis == "tp" and r.phase in ("forward", "backward"):
+            out.append(f"collective {r.phase:8s} {r.op:14s} {r.size_bytes / 1e6:8.1f} MB {r.time_s * 1e6:8.1f} us "
+                       f"algbw {r.size_bytes / r.time_s / 1e9:6.1f} GB/s ({r.path.note}, {r.algorithm})")
+    f, b = layer_unit_times(plan)
+    pf, pb = fidelity.LAYER_22B[(recompute, sp)]
+    out.append(f"layer forward {f * 1e3:.2f} ms (published {pf}), backward {b * 1e3:.2f} ms (published {pb})")
+    return out
+
+
 def main() -> None:
+    if "--layer" in sys.argv:
+        rest = sys.argv[sys.argv.index("--layer") + 1:]
+        print("\n".join(layer_lines(rest[0] if rest else "none", "sp" in rest[1:])))
+        return
     for run in (fidelity.RUNS[1], fidelity.RUNS[3]):
         ours, theirs = components(run), CALCULON[run.run]
         n = ours["layers x micro-batches"]

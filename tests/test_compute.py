@@ -349,9 +349,10 @@ def test_linear_bias_kernels_by_hand():
 def test_attention_gemm_points_derived_from_s7a():
     """The A100 "D S7a" GEMM points (catalog kernels.toml): S7a's PyTorch standard attention
     (fwd+bwd, non-causal, d 128, 16 heads, B x S = 16,384) minus the memory-bound rest as the model
-    times it (softmax 4 + 6 B per score, 7 layout copies of 4 B per q/k/v element, at Triad), the
-    six batched GEMMs' 12 n S^2 d FLOP over what is left. At S 2048: 12.659 ms measured, softmax
-    3.158 ms, copies 0.553 ms, 1.649 TFLOP in 8.948 ms: 92.2 TFLOP/s."""
+    times it (softmax 4 + 6 B per score; 8 passes of 4 B per q/k/v element: q, k, v rearranged,
+    alpha on dQ and dK, the 3-tensor stack; at Triad), the six batched GEMMs' 12 n S^2 d FLOP over
+    what is left. At S 2048: 12.659 ms measured, softmax 3.158 ms, the q-sized passes 0.632 ms,
+    1.649 TFLOP in 8.869 ms: 93.0 TFLOP/s."""
     from meshplan.compute.measured import kernel_data
 
     d = kernel_data("a100-sxm-80gb")
@@ -362,11 +363,75 @@ def test_attention_gemm_points_derived_from_s7a():
         b, heads, hd = 16384 // s, 16, 128
         batch = b * heads
         measured = 3.5 * 4 * b * s * s * heads * hd / (rate * 1e12)
-        rest = (4 + 6) * batch * s * s / 1.70e12 + 7 * 4 * b * s * heads * hd / 1.70e12
+        rest = (4 + 6) * batch * s * s / 1.70e12 + 8 * 4 * b * s * heads * hd / 1.70e12
         derived = 6 * 2 * batch * s * s * hd / (measured - rest) / 1e12
         assert batch * s == 262144
         assert pts[(262144, s, 128)] == pts[(262144, 128, s)] == pytest.approx(derived, abs=0.05)
-    assert pts[(262144, 2048, 128)] == 92.2
+    assert pts[(262144, 2048, 128)] == 93.0
+
+
+def test_s7a_attention_pytorch_passes_as_torch_dispatches_them():
+    """The passes the derivation above takes away, as torch dispatches flash-attention's
+    attention_pytorch (benchmarks/benchmark_flash_attention.py @0251105; dropout 0, the gradient
+    randn_like(y) as flash_attn/utils/benchmark.py makes it) on CPU: forward clones q, k and v
+    (3), backward scales dQ and dK by alpha (2 mul.Scalar) and stacks the three gradients (one
+    stack), with no copy of the output gradient; 4 + 2 bmm in all."""
+    import math
+
+    import torch
+    import torch.nn.functional as F
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+
+    b, s, h, d = 2, 16, 4, 8
+    qkv = torch.randn(b, s, 3, h, d, dtype=torch.bfloat16, requires_grad=True)
+
+    def attention_pytorch(qkv):
+        q, k, v = qkv.unbind(dim=2)
+        q = q.permute(0, 2, 1, 3).reshape(b * h, s, d)        # rearrange 'b t h d -> (b h) t d'
+        k = k.permute(0, 2, 3, 1).reshape(b * h, d, s)        # rearrange 'b s h d -> (b h) d s'
+        scores = torch.empty(b * h, s, s, dtype=qkv.dtype)
+        scores = torch.baddbmm(scores, q, k, beta=0, alpha=1.0 / math.sqrt(d)).view(b, h, s, s)
+        out = torch.einsum("bhts,bshd->bthd", F.dropout(torch.softmax(scores, dim=-1), 0.0), v)
+        return out.to(dtype=qkv.dtype)
+
+    fwd, bwd = Count(), Count()
+    with fwd:
+        y = attention_pytorch(qkv)
+    grad = torch.randn_like(y)
+    with bwd:
+        y.backward(grad)
+    assert fwd.ops.count("clone") == 3 and fwd.ops.count("baddbmm") == 1 and fwd.ops.count("bmm") == 1
+    assert bwd.ops.count("mul") == 2 and bwd.ops.count("stack") == 1 and bwd.ops.count("bmm") == 4
+    assert "clone" not in bwd.ops and "copy_" not in bwd.ops
+
+
+def test_score_products_reproduce_the_s7a_rate_they_were_derived_from():
+    """The six batched products of non-flash attention (compute/ops._score_ops) at S7a's own
+    setting (B x S = 16,384 tokens, 16 heads of 128, tp 1) each land on a "D S7a" point, so they
+    take 6 x 2 n S^2 d / rate together, the time the derivation above assigned them: QK^T at
+    (n S, S, d), PV, dQ, dK and dV at (n S, d, S), dP at (n S, S, d). At S 2048: 6 x 2 x 128 x
+    2048^2 x 128 FLOP = 824.6 GFLOP at 93.0 TFLOP/s, 8.867 ms (dV as the Linear layers' weight
+    gradient, (d, S, S) with the batch on d, left one of the six off those points)."""
+    model = GPT22B.model_copy(update={"hidden": 2048, "q_heads": 16, "kv_heads": 16, "ffn": 8192})
+    s7a = {512: 66.1, 1024: 83.0, 2048: 93.0, 4096: 94.7, 8192: 104.8}   # kernels.toml "D S7a"
+    for s, rate in s7a.items():
+        w = Workload(seq_len=s, micro_batch=16384 // s, flash=False, recompute="none")
+        names = ("qk^T", "pv", "qk^T.dgrad", "qk^T.wgrad", "pv.dgrad", "pv.wgrad")
+        ops = {o.name: o.seconds for o in layer_cost(model, A100, w).ops if o.name in names}
+        n = 16384 // s * 16
+        assert len(ops) == 6
+        for name, t in ops.items():
+            assert t == pytest.approx(2 * n * s * s * 128 / (rate * 1e12), rel=1e-9), name
+    assert 6 * 2 * 128 * 2048 ** 2 * 128 / 93.0e12 == pytest.approx(8.867e-3, abs=1e-6)
 
 
 def test_attention_kernel_follows_the_framework():

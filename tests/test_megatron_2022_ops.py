@@ -54,28 +54,49 @@ def test_attention_copies_by_hand():
 
 def test_attention_score_products_are_not_weight_gradients():
     """QK^T and PV's second-operand gradients (dK, dV) are activations: no fp32 main-gradient
-    accumulation even with fp32_wgrad_accumulation (it would time them at 8 B per output element,
-    331 MB: 195 us in place of 173 us)."""
+    accumulation even with fp32_wgrad_accumulation (it would add 8 B per output element). Both are
+    (s_kv, d, s_q) products per head, batched over the 32 local (sequence, head) pairs: dK =
+    dS^T Q and dV = P^T dO (torch's bmm derivative for the second operand, mat1^T.bmm(grad)),
+    timed alike; the Linear layers' (out, in, tokens) orientation would time dV as a (d, s_kv,
+    s_q) product with the batch on d: 172.7 us at 210 TFLOP/s where dK takes 298.1 us (86.5)."""
     c = ops_of(layer_cost(GPT22B, A100, Workload(**MEGATRON)), "backward_input")
-    for name, g in (("qk^T", Gemm("qk^T", 2048, 2048, D, 4 * HEADS)), ("pv", Gemm("pv", 2048, D, 2048, 4 * HEADS))):
-        wg = backward_gemms(g)[1]
-        want = gemm_time(A100, wg.m, wg.n, wg.k, "bf16", wg.count).seconds
+    dk = backward_gemms(Gemm("qk^T", 2048, 2048, D, 4 * HEADS))[1]
+    assert (dk.m, dk.n, dk.k) == (2048, D, 2048)
+    for name in ("qk^T", "pv"):
+        want = gemm_time(A100, 2048, D, 2048, "bf16", 4 * HEADS).seconds
         assert c[f"{name}.wgrad"].seconds == pytest.approx(want, rel=1e-12)
+        assert "fp32 main-grad" not in c[f"{name}.wgrad"].note
+    assert c["pv.wgrad"].seconds == pytest.approx(298.05e-6, abs=0.05e-6)
+    assert gemm_time(A100, D, 2048, 2048, "bf16", 4 * HEADS).seconds == pytest.approx(172.7e-6, abs=0.05e-6)
     # the layer's real weights still accumulate into fp32: wo's weight gradient moves its 8 B C
     wo = ops_of(layer_cost(GPT22B, A100, Workload(**MEGATRON)), "backward_weight")["wo.wgrad"]
     assert "fp32 main-grad accumulate" in wo.note
 
 
-def test_layer_norm_backward_in_five_passes():
-    """Megatron's fused layer norm backward: cuComputePartGradGammaBeta reads dy and x,
-    cuComputeGradInput reads them again and writes dx: 5 x 2 B x 1,024 rows x 6,144 = 62,914,560 B
-    (3 passes, 37,748,736 B, for one fused kernel), at the fused norm's fitted fixed time and bandwidth."""
+def test_layer_norm_backward_persistent_kernel_at_its_hidden_sizes():
+    """Megatron-LM 2022's LayerNorm backward (fused_layer_norm.py MixedFusedLayerNorm). At h 6144,
+    one of persist_ln_hidden_sizes, apex's FastLayerNormFN: ln_bwd_kernel reads dy and x once and
+    writes dx, 3 x 2 B x 1,024 rows x 6,144 = 37,748,736 B, plus its fp32 partial dgamma and dbeta,
+    one row of 6,144 each per CTA column: 108 on an A100 (one 256-thread CTA per SM) x 6,144 x 8 B =
+    5,308,416 B, on the fused norm's fitted curve; ln_bwd_finalize_kernel reads the partials and
+    writes the two bf16 gradients (5,308,416 + 24,576 B at Triad: 3.14 us, so the 4.7 us floor).
+    At a hidden size outside the list (6,016: 47 heads of 128) Megatron's own kernel:
+    cuComputePartGradGammaBeta reads dy and x, cuComputeGradInput reads them again and writes dx:
+    5 passes, no finalize op. Without Megatron's kernels (torch), 3 passes."""
     d = kernel_data("a100-sxm-80gb")
-    for mega, passes in ((True, 5), (False, 3)):
-        c = ops_of(layer_cost(GPT22B, A100, Workload(**{**MEGATRON, "megatron_ops": mega})), "backward_input")
-        assert c["attn norm"].size_bytes == passes * 2 * ROWS * H
-        assert c["attn norm"].seconds == pytest.approx(d.norm_fixed_s + passes * 2 * ROWS * H / bandwidth(d, "norm"))
-    assert 5 * 2 * ROWS * H == 62_914_560
+    c = ops_of(layer_cost(GPT22B, A100, Workload(**MEGATRON)), "backward_input")
+    main = 3 * 2 * ROWS * H + 108 * H * 8
+    assert (3 * 2 * ROWS * H, 108 * H * 8) == (37_748_736, 5_308_416)
+    assert c["attn norm"].size_bytes == c["mlp norm"].size_bytes == main
+    assert c["attn norm"].seconds == pytest.approx(d.norm_fixed_s + main / bandwidth(d, "norm"))
+    fin = c["attn norm backward finalize"]
+    assert fin.size_bytes == 108 * H * 8 + 2 * 2 * H and fin.seconds == ISSUE
+    other = GPT22B.model_copy(update={"hidden": 6016, "q_heads": 47, "kv_heads": 47, "ffn": 4 * 6016})
+    w = Workload(**{**MEGATRON, "tp": 1, "sp": False})
+    c = ops_of(layer_cost(other, A100, w), "backward_input")
+    assert c["attn norm"].size_bytes == 5 * 2 * T * 6016 and "attn norm backward finalize" not in c
+    plain = ops_of(layer_cost(GPT22B, A100, Workload(**{**MEGATRON, "megatron_ops": False})), "backward_input")
+    assert plain["attn norm"].size_bytes == 3 * 2 * ROWS * H and "attn norm backward finalize" not in plain
 
 
 def test_main_grad_hooks_one_kernel_per_one_dimensional_parameter():
@@ -323,7 +344,8 @@ def test_output_layer_backward_overlaps_its_collective_as_a_column_parallel_line
     assert ev["tp all-gather (head input again, for wgrad)"].start_s == ev["head column B"].start_s
     out = {o.name: o.seconds for o in chunk.head.ops if o.phase == "backward_input"}
     assert ev["final norm grad"].end_s - ev["final norm grad"].start_s == pytest.approx(
-        out["final norm"] + 2 * ISSUE, rel=1e-12)   # its backward and its weight's and bias's main_grad adds
+        out["final norm"] + out["final norm backward finalize"] + 2 * ISSUE, rel=1e-12)
+    # its backward (apex's persistent kernel and its partial sums' finalize) and its weight's and bias's main_grad adds
 
 
 def rows(plan, stage):

@@ -3,10 +3,15 @@
 memory-bound kernel at Triad, never below the issue floor). Each was read in NVIDIA/Megatron-LM
 at 2755bcb (June 2022, the code Korthikanti et al. 2022 measured):
 
-- layer norm backward (``megatron/fused_kernels/layer_norm_cuda_kernel.cu``:
-  ``cuComputePartGradGammaBeta`` reads the output gradient and the input for the weight and bias
-  gradients, ``cuComputeGradInput`` reads both again and writes the input gradient): 5 passes over
-  ``rows x h`` where one fused kernel makes 3 (:func:`norm_backward_passes`);
+- layer norm backward: for the hidden sizes of its persistent kernel
+  (``megatron/model/fused_layer_norm.py`` ``persist_ln_hidden_sizes``: 6144 and 12288 among them)
+  apex's ``FastLayerNormFN`` (``apex/contrib/csrc/layer_norm``: one kernel reads the output
+  gradient and the input once and writes the input gradient and per-CTA partial weight and bias
+  gradients, a second kernel sums the partials), 3 passes over ``rows x h``; for other sizes
+  Megatron's own ``fused_kernels/layer_norm_cuda_kernel.cu`` (``cuComputePartGradGammaBeta``
+  reads the output gradient and the input for the weight and bias gradients,
+  ``cuComputeGradInput`` reads both again and writes the input gradient), 5 passes
+  (:func:`norm_backward_passes`, :func:`norm_backward_partial_bytes`);
 - the causal fused softmax (``fused_kernels/scaled_upper_triang_masked_softmax.h``) reads only the
   lower triangle of the scores and writes whole rows (:func:`softmax_bytes`);
 - non-flash attention (``model/transformer.py`` ``CoreAttention``, ``ParallelAttention``): the
@@ -115,15 +120,52 @@ def comm_delay_kernels(tp: int, sp: bool) -> dict[str, int]:
     return {"backward_input": 1, "backward_weight": 1} if sp else {"backward_weight": 1}
 
 
-def norm_backward_passes(megatron: bool) -> int:
-    """Passes over ``rows x h`` of a norm's backward: 3 for one fused kernel (read the input and
-    the output gradient, write the input gradient), 5 with Megatron-LM's fused layer norm (its
-    weight-gradient kernel reads both again).
+#: Hidden sizes of Megatron-LM 2022's persistent layer norm (2755bcb ``megatron/model/fused_layer_norm.py``
+#: ``persist_ln_hidden_sizes``): ``MixedFusedLayerNorm`` runs apex's ``FastLayerNormFN`` for these
+#: unless ``--no-persist-layer-norm`` (default off) or torch < 1.11 (``arguments.py``: "supported
+#: from pytorch v1.11 (nvidia pytorch container paired with v1.11)"; NVIDIA's PyTorch containers
+#: "come with all the custom extensions", apex README @3ff1a10, June 2022, fast_layer_norm among them).
+PERSIST_LN_HIDDEN_SIZES = (1024, 1536, 2048, 2304, 3072, 3840, 4096, 5120, 6144, 8192, 10240, 12288, 12800, 15360,
+                           16384, 18432, 20480, 24576, 25600, 30720, 32768, 40960, 49152, 65536)
 
-    >>> norm_backward_passes(False), norm_backward_passes(True)
-    (3, 5)
+
+def persistent_layer_norm(norm: str, hidden: int) -> bool:
+    """Whether Megatron-LM 2022 normalises a ``norm`` ("layernorm" or "rmsnorm") of ``hidden``
+    with apex's persistent ``FastLayerNormFN`` (:data:`PERSIST_LN_HIDDEN_SIZES`; Megatron 2022 has
+    no RMSNorm: its own kernel is kept for one).
+
+    >>> persistent_layer_norm("layernorm", 6144), persistent_layer_norm("layernorm", 6000)
+    (True, False)
     """
-    return 5 if megatron else 3
+    return norm == "layernorm" and hidden in PERSIST_LN_HIDDEN_SIZES
+
+
+def norm_backward_passes(megatron: bool, persistent: bool = False) -> int:
+    """Passes over ``rows x h`` of a norm's backward: 3 for one fused kernel (read the input and
+    the output gradient, write the input gradient: torch's, and apex's persistent
+    ``FastLayerNormFN`` that Megatron-LM runs for ``persistent`` sizes, :func:`persistent_layer_norm`;
+    apex PR #1037: "the main backward kernel crucially reads the large input tensors dout and x only
+    once"), 5 with Megatron-LM's own fused layer norm (its weight-gradient kernel reads both again).
+
+    >>> norm_backward_passes(False), norm_backward_passes(True), norm_backward_passes(True, persistent=True)
+    (3, 5, 3)
+    """
+    return 5 if megatron and not persistent else 3
+
+
+def norm_backward_partial_bytes(hidden: int, sms: int) -> int:
+    """Bytes of the partial weight and bias gradients of apex's persistent layer norm backward
+    (``ln_bwd_kernel`` writes ``dgamma_part`` and ``dbeta_part``, fp32, one row of ``hidden`` per CTA
+    column; ``ln_bwd_finalize_kernel`` reads them back and writes the two gradients): one CTA
+    column per SM taken (``ctas_per_col = SMs x CTAs per SM / CTAs per row``: at 6144 bf16 the
+    kernel holds 155 registers x 256 threads, one CTA per A100 SM, 108 columns; at 12288, 164 x 128
+    threads, 3 per SM and 4 per row, 81: ptxas --resource-usage of apex @3ff1a10 for sm_80, CUDA
+    13.0). The main kernel writes them, the finalize kernel reads them.
+
+    >>> norm_backward_partial_bytes(6144, 108) == 108 * 6144 * 2 * 4
+    True
+    """
+    return sms * hidden * 2 * 4
 
 
 def softmax_bytes(att: Attention, b: int, megatron: bool = False) -> tuple[float, float]:

@@ -59,7 +59,8 @@ from meshplan.compute.measured import attention_seconds, bandwidth, kernel_data,
 from meshplan.compute.megatron import (BATCH_SYNCS, COMM_DELAY_OPS, STEP_TIMERS, TIMER_SYNCS, attention_copy_bytes, batch_bytes,
                                        comm_delay_kernels, cross_entropy_bytes, embedding_bytes, hook_params,
                                        loss_kernels, stage_param_tensors,
-                                       norm_backward_passes, softmax_bytes)
+                                       norm_backward_partial_bytes, norm_backward_passes, persistent_layer_norm,
+                                       softmax_bytes)
 from meshplan.compute.routing import RoutingOptions, routing
 from meshplan.compute.shapes import (ATTENTION_GEMMS, MLA_REPLICATED, Attention, Gemm, attention_shape,
                                      backward_gemms, layer_gemms)
@@ -315,14 +316,15 @@ def optimizer_bandwidth(gpu: GPUSpec) -> float:
 
 
 def _gemm_ops(gpu: GPUSpec, g: Gemm, block: str, w: Workload, table, model_scale: float = 1.0,
-              weight: bool = True) -> list[Op]:
-    """Forward, data-gradient and weight-gradient ops of ``g``; ``model_scale`` scales the
+              weight: bool = True, backward: Optional[list[Gemm]] = None) -> list[Op]:
+    """Forward, data-gradient and weight-gradient ops of ``g`` (``backward``: the two gradient
+    GEMMs, default :func:`~meshplan.compute.shapes.backward_gemms`); ``model_scale`` scales the
     model FLOP (replicated KV heads, padded vocabulary). With ``w.fp32_wgrad_accumulation``
     the weight gradient of a ``weight`` (not the attention scores' batched products, whose
     second operand is an activation) is :func:`wgrad_accumulate_s`'s."""
     out = []
     dtype = w.gemm_dtype(g.name)  # float8 Linears: fp8 forward, data- and weight-gradient GEMMs
-    for gg, phase in zip([g] + backward_gemms(g), PHASES):
+    for gg, phase in zip([g] + (backward or backward_gemms(g)), PHASES):
         n = asynctp.pieces(w.async_tp, w.tp, gg.name, phase) if w.sp else 0
         if n:  # async TP: n GEMMs of M / n rows, each at its own shape (and launch floor)
             e = gemm_time(gpu, asynctp.piece_rows(gg.m, n), gg.n, gg.k, dtype, gg.count, table)
@@ -424,10 +426,22 @@ def _flash_ops(gpu: GPUSpec, att: Attention, w: Workload, recompute: bool, table
 
 def _score_ops(gpu, att: Attention, w: Workload, table, recompute: bool) -> list[Op]:
     """Non-flash attention: full QK^T and PV batched GEMMs, softmax and dropout on scores;
-    with ``w.megatron_ops`` Megatron-LM's causal softmax and copies (:mod:`meshplan.compute.megatron`)."""
+    with ``w.megatron_ops`` Megatron-LM's causal softmax and copies (:mod:`meshplan.compute.megatron`).
+
+    The six batched products per head, (M, N, K), a batch of ``n = batch x heads`` looked up as
+    ``(n M, N, K)`` (:mod:`meshplan.compute.measured`): QK^T (s_q, s_kv, d) and its gradients dQ
+    (s_q, d, s_kv) and dK (s_kv, d, s_q); PV (s_q, d_v, s_kv) and its gradients dP (s_q, s_kv, d_v)
+    and dV = P^T dO (s_kv, d_v, s_q), torch's bmm derivative for the second operand
+    (``mat1.transpose(1, 2).bmm(grad)``). dV is taken in that orientation, as dK is: a GEMM and its
+    transpose are the same cuBLAS work (column-major, C^T = B^T A^T), and the catalog's A100 rates
+    for these products (kernels.toml "D S7a") are one rate for all six, measured together, on the
+    (n s, s, d) and (n s, d, s) shapes; the Linear layers' weight-gradient orientation (d_v, s_kv,
+    s_q) would put the batch on d_v and read another family of points (210 TFLOP/s against dK's 86.5
+    on the 22B layer) for the same work as dK."""
     n = att.batch * att.q_heads
     qk = Gemm("qk^T", att.seq_q, att.seq_kv, att.head_dim, n)
     pv = Gemm("pv", att.seq_q, att.d_v, att.seq_kv, n)
+    pv_grads = [Gemm("pv.dgrad", pv.m, pv.k, pv.n, n), Gemm("pv.wgrad", pv.k, pv.n, pv.m, n)]
     scores = n * att.seq_q * att.seq_kv
     b = dtype_bytes(w.dtype)
     sm_f, sm_b = softmax_bytes(att, b, w.megatron_ops)
@@ -438,8 +452,8 @@ def _score_ops(gpu, att: Attention, w: Workload, table, recompute: bool) -> list
         f_copies, b_copies = attention_copy_bytes(att, b)
         fwd_mem += f_copies
         bwd_mem += b_copies
-    for g in (qk, pv):
-        ops = _gemm_ops(gpu, g, "attn", w, table, model_scale=0.5, weight=False)  # causal half as model FLOP
+    for g, grads in ((qk, None), (pv, pv_grads)):
+        ops = _gemm_ops(gpu, g, "attn", w, table, model_scale=0.5, weight=False, backward=grads)  # causal half
         out += [replace(o, phase="backward_input") if o.phase == "backward_weight" else o for o in ops]
     out += [_mem(gpu, name, "attn", "forward", nb) for name, nb in fwd_mem]
     out += [_mem(gpu, name, "attn", "backward_input", nb) for name, nb in bwd_mem]
@@ -462,7 +476,7 @@ def _elementwise(model: ModelSpec, gpu: GPUSpec, w: Workload, gemms: list[Gemm])
             act += g.m * g.n / (2 if model.gated_mlp else 1)
     res_f = (3 * b + (1 if w.dropout else 0)) * r * h
     res_b = (3 * b if not w.dropout else 2 * b + 1) * r * h
-    nb_norm = norm_backward_passes(w.megatron_ops) * b * r * h
+    nb_norm = norm_backward_bytes(model, gpu, w, r)
     spec: list[tuple[str, str, float, float]] = [("attn norm", "attn_pre", 2 * b * r * h, nb_norm),
             ("residual add" + (" + dropout" if w.dropout else ""), "attn_post", res_f, res_b),
             ("mlp norm", "mlp_pre", 2 * b * r * h, nb_norm),
@@ -500,7 +514,40 @@ def _elementwise(model: ModelSpec, gpu: GPUSpec, w: Workload, gemms: list[Gemm])
         kind = "norm" if name.endswith("norm") else "elementwise"
         out += [_mem(gpu, name, block, phase, nb, kind=kind)
                 for phase, nb in (("forward", f), ("backward_input", bw)) if nb > 0]
-    return out
+    return out + norm_finalize_ops(model, gpu, w, (("attn norm", "attn_pre"), ("mlp norm", "mlp_pre")))
+
+
+def norm_backward_bytes(model: ModelSpec, gpu: GPUSpec, w: Workload, rows: int) -> float:
+    """HBM bytes of one norm's backward kernel over ``rows`` rows of ``model.hidden``:
+    :func:`~meshplan.compute.megatron.norm_backward_passes` passes of ``rows x h`` (5 for Megatron-LM's
+    own layer norm, 3 for one fused kernel) and, for apex's persistent layer norm that Megatron-LM
+    2022 runs at its hidden sizes (:func:`~meshplan.compute.megatron.persistent_layer_norm`), the
+    partial weight and bias gradients it writes (:func:`~meshplan.compute.megatron.norm_backward_partial_bytes`).
+
+    22B (h 6144) under SP at tp 8, micro-batch 4: 1,024 rows, 3 x 2 B x 1024 x 6144 + 108 x 6144 x 8 B
+    of partials on an A100:
+
+    >>> from meshplan import catalog
+    >>> w = Workload(seq_len=2048, micro_batch=4, tp=8, sp=True, megatron_ops=True)
+    >>> norm_backward_bytes(catalog.model("megatron-22b"), catalog.gpu("a100-sxm-80gb"), w, 1024)
+    43057152
+    """
+    b, h = dtype_bytes(w.dtype), model.hidden
+    persistent = w.megatron_ops and persistent_layer_norm(model.norm, h)
+    partial = norm_backward_partial_bytes(h, gpu.sms) if persistent else 0
+    return norm_backward_passes(w.megatron_ops, persistent) * b * rows * h + partial
+
+
+def norm_finalize_ops(model: ModelSpec, gpu: GPUSpec, w: Workload, norms) -> list[Op]:
+    """The second kernel of apex's persistent layer norm backward (``ln_bwd_finalize_kernel``) for
+    each ``(name, block)`` of ``norms``, under Megatron-LM 2022 at a persistent hidden size
+    (:func:`norm_backward_bytes`): it reads the partial weight and bias gradients and writes the two
+    gradients (``2 h`` elements of the compute dtype), a memory-bound kernel never below the issue
+    floor. Empty otherwise (one kernel, or Megatron's own)."""
+    if not (w.megatron_ops and persistent_layer_norm(model.norm, model.hidden)):
+        return []
+    nb = norm_backward_partial_bytes(model.hidden, gpu.sms) + 2 * dtype_bytes(w.dtype) * model.hidden
+    return [_mem(gpu, f"{name} backward finalize", block, "backward_input", nb) for name, block in norms]
 
 
 def _latent_norms(model: ModelSpec, b: int, t: int) -> list[tuple[str, str, float, float]]:
@@ -863,8 +910,8 @@ def head_cost(model: ModelSpec, gpu: GPUSpec, w: Workload, table: Optional[GemmT
     g = Gemm("output", w.tokens, pv // w.tp, h)
     logits = w.tokens * (pv // w.tp)
     ops = [_mem(gpu, "final norm", "head", "forward", 2 * b * r * h, kind="norm"),
-           _mem(gpu, "final norm", "head", "backward_input", norm_backward_passes(w.megatron_ops) * b * r * h,
-                kind="norm")]
+           _mem(gpu, "final norm", "head", "backward_input", norm_backward_bytes(model, gpu, w, r), kind="norm")]
+    ops += norm_finalize_ops(model, gpu, w, (("final norm", "head"),))
     ops += _gemm_ops(gpu, g, "head", w, table, model_scale=model.vocab / pv)
     if w.megatron_ops:
         fwd_b, bwd_b = cross_entropy_bytes(b)

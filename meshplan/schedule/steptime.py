@@ -207,8 +207,8 @@ class StepTime:
         - ``exposed <stream>``: :attr:`exposed_s` (pp: the transfers only).
 
         D4 (Korthikanti et al. 2022 175B, Megatron-LM interleaved 1F1B p 8 x v 3, 64
-        micro-batches): compute 11,114.23 + bubble 673.90 + exposed tp 1,394.47 + pp 141.31
-        (340 transfers of 0.4156 ms) + dp 16.98 = 13,340.89 ms (tests/test_step_parts.py)."""
+        micro-batches): compute 11,177.23 + bubble 676.52 + exposed tp 1,394.47 + pp 141.31
+        (340 transfers of 0.4156 ms) + dp 16.98 = 13,406.51 ms (tests/test_step_parts.py)."""
         if "parts" not in self._trace_cache:
             self._trace_cache["parts"] = self._parts()
         return dict(self._trace_cache["parts"])
@@ -251,8 +251,8 @@ class StepTime:
         return dict(self._trace_cache["shown"])
 
     def parts_line(self) -> str:
-        """``step on stage 0 = compute 11114.23 + bubble 673.90 + exposed tp 1394.47 + ... =
-        13340.89 ms``: :meth:`parts_s` as :meth:`shown_ms` prints them (they add up to the
+        """``step on stage 0 = compute 11177.23 + bubble 676.52 + exposed tp 1394.47 + ... =
+        13406.51 ms``: :meth:`parts_s` as :meth:`shown_ms` prints them (they add up to the
         printed step)."""
         shown = self.shown_ms()
         terms = " + ".join(f"{k} {v}" for k, v in shown.items() if k != "step")
