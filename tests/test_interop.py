@@ -350,6 +350,19 @@ def _seventy(mesh: dict, **training) -> dict:
                    "reshard_head_after_forward": True},
       "mesh": {"names": ["pp", "dp_shard", "tp"], "shape": [16, 2, 8], "sequence_parallel": True, "virtual_stages": 2,
                "pp_schedule": "interleaved_1f1b", "pp_layer_split": [7] + [8] * 14 + [7]}}, "torchtitan"),
+    # vpp 8: (126 + 2) / (16 x 8) = 1 slot, the first chunk the embedding alone and the last the output
+    # layer alone (Megatron's account-for flags at one slot; torchtitan's parts ["tok_embeddings"], ...,
+    # ["norm", "output"])
+    ({"model": {"catalog": "llama3-405b"}, "cluster": {"system": "dgx-h100", "nodes": 16},
+      "training": {"global_batch": 32, "seq_len": 4096, "recompute": "full", "sharding": "zero1",
+                   "grad_reduce_dtype": "param", "framework": "megatron"},
+      "mesh": {"names": ["pp", "tp"], "shape": [16, 8], "sequence_parallel": True, "virtual_stages": 8,
+               "pp_schedule": "interleaved_1f1b", "pp_layer_split": [7] + [8] * 14 + [7]}}, "megatron"),
+    ({"model": {"catalog": "llama3-405b"}, "cluster": {"system": "dgx-h100", "nodes": 32},
+      "training": {"global_batch": 32, "seq_len": 4096, "recompute": "full", "param_dtype": "fp32",
+                   "reshard_head_after_forward": True},
+      "mesh": {"names": ["pp", "dp_shard", "tp"], "shape": [16, 2, 8], "sequence_parallel": True, "virtual_stages": 8,
+               "pp_schedule": "interleaved_1f1b", "pp_layer_split": [0] + [1] * 126 + [0]}}, "torchtitan"),
     # MoE: Mixtral's experts over ep 8 under Megatron FSDP (the example's mesh, in Megatron's order)
     (load_config(EX / "mixtral-8x7b_32xh100_ep8-dp32.toml"), "megatron"),
 ])
@@ -564,3 +577,4 @@ def test_vocabularies_map_explicitly():
     assert set(MEGATRON_AXES) == {"tp", "cp", "ep", "dp", "pp", "etp"}
     assert set(TORCHTITAN_AXES.values()) | set(MEGATRON_AXES.values()) <= set(KNOWN_AXES)
     assert TORCHTITAN_AXES["fsdp"] == "dp_shard"
+

@@ -40,14 +40,19 @@ def test_short_split_with_virtual_stages_by_hand():
     assert ends_short_split(14, 4, 2) == [3, 4, 4, 3]
     assert ends_short_split(14, 4, 1) is None          # vpp 1: balanced_split(14, 4) is already 3, 4, 4, 3
     assert ends_short_split(14, 4, 3) is None          # 16 slots are not a multiple of pp 4 x vpp 3
-    assert ends_short_split(14, 4, 4) is None          # 16 / 16 = 1 slot: stage 0's first chunk would be empty
+    # 16 / 16 = 1 slot per virtual stage: stage 0's first chunk holds the embedding alone, stage 3's
+    # last the output layer alone (Megatron-Core's account-for-embedding/loss split at one slot)
+    assert ends_short_split(14, 4, 4) == [3, 4, 4, 3]
+    assert stage_layers(14, 4, 4, [3, 4, 4, 3]) == [[[], [3], [7], [11]], [[0], [4], [8], [12]],
+                                                    [[1], [5], [9], [13]], [[2], [6], [10], []]]
     assert stage_layers(14, 4, 2, [3, 4, 4, 3]) == [[[0], [7, 8]], [[1, 2], [9, 10]], [[3, 4], [11, 12]],
                                                     [[5, 6], [13]]]
     cfg = _short14()
     c = enumerate_candidates(cfg)
-    # 14 % 4 != 0: at pp 4 only vpp 2 (16 / 8 = 2 slots per virtual stage), with the short ends
+    # 14 % 4 != 0: at pp 4 only vpp 2 and 4 (16 / 8 = 2 and 16 / 16 = 1 slots per virtual stage),
+    # with the short ends
     interleaved = c.vpp > 1
-    assert sorted(set(c.vpp[interleaved].tolist())) == [2] and (c.us[interleaved] == 1).all()
+    assert sorted(set(c.vpp[interleaved].tolist())) == [2, 4] and (c.us[interleaved] == 1).all()
     i = int(np.flatnonzero((c.vpp == 2) & (c.dps == 2) & (c.sh == SHARDING.index("zero1")))[0])
     assert c.label(i) == "pp 4 x dp_shard 2, mb 1, full, vpp 2, zero1, short end stages"
     mesh = candidate_config(cfg, c, i).mesh
@@ -55,6 +60,9 @@ def test_short_split_with_virtual_stages_by_hand():
     st = stage_layout(cfg, c.take([i]), 4)
     assert st.n.tolist() == [[3, 4, 4, 3]] and st.n_chunk.tolist() == [[1, 2, 2, 1]]
     assert st.n_chunk_hi.tolist() == [[2, 2, 2, 2]]
+    j = int(np.flatnonzero((c.vpp == 4) & (c.dps == 2) & (c.sh == SHARDING.index("zero1")))[0])
+    st = stage_layout(cfg, c.take([j]), 4)  # the end stages: one empty chunk and three of one layer
+    assert st.n_chunk.tolist() == [[0, 1, 1, 0]] and st.n_chunk_hi.tolist() == [[1, 1, 1, 1]]
 
 
 @pytest.fixture(scope="module")
@@ -78,8 +86,11 @@ def small14():
 
 def test_step_bound_counts_every_chunk_and_stays_below_the_simulation(small14):
     sub, lo, u, exact = small14
-    v2 = np.flatnonzero(sub.vpp == 2)
+    v2, v4 = np.flatnonzero(sub.vpp == 2), np.flatnonzero(sub.vpp == 4)
     assert u["n_long"][v2].tolist() == [[1, 0, 0, 1]] * len(v2)
+    # vpp 4: the end stages' empty chunk (embedding or output layer alone) bounds no layer at all
+    assert u["n_long"][v4].tolist() == [[3, 0, 0, 3]] * len(v4) and len(v4)
+    assert (u["f_core"][v4][:, [0, 3]] == 0).all() and (u["b_core"][v4][:, [0, 3]] == 0).all()
     # a stage's busy time counts its 3 or 4 layers, not vpp x its shortest chunk: the end stages'
     # long chunk (2 layers) bounds above their short one (1); a middle stage's chunks are equal
     assert (u["f_core_hi"][:, 0] > u["f_core"][:, 0]).all() and (u["b_core_hi"][:, 3] > u["b_core"][:, 3]).all()
@@ -103,16 +114,18 @@ def test_search_finds_and_ranks_the_interleaved_short_ends_split():
 def test_llama3_405b_search_has_interleaved_pp16_with_short_ends(capsys):
     """Llama 3 405B on 16,384 H100 (the example), narrowed to the paper's mesh axes (tp 8, pp 16,
     cp 1; Dubey et al. 2024, Table 4) and the example's full recompute: the interleaved candidates
-    (vpp 2 and 4: 128 slots / (16 x vpp) a whole number >= 2) exist only with the short ends, and
-    the top row is one of them (before, pp 16 had vpp 1 only). Measured: #1 pp 16 x dp_shard 128 x
-    tp 8, full, vpp 4, zero1, short end stages, 8.33 s."""
+    (vpp 2, 4 and 8: 128 slots / (16 x vpp) a whole number >= 1; at vpp 8 the first chunk holds the
+    embedding alone and the last the output layer alone) exist only with the short ends, and the
+    top row is one of them (before, pp 16 had vpp 1 only). Measured: #1 pp 16 x dp_shard 128 x
+    tp 8, full, vpp 8, zero1, short end stages, 7.70 s (8.33 s at vpp 4, the top before vpp 8 was
+    searched: the bubble (pp - 1) / (vpp x m) falls from 15 / 64 to 15 / 128 of the compute)."""
     cfg = load_config(EXAMPLES / "llama3-405b_16384xh100_tp8-pp16-dp128.toml", require_mesh=False)
     cfg = cfg.__class__(**{**cfg.__dict__, "search": cfg.search.model_copy(update={
         "tp": [8], "pp": [16], "cp": [1], "micro_batch": [1], "recompute": ["full"], "top": 3, "settle_max": 0})})
     r = search(cfg, workers=1)
     c = r.candidates
     short = (c.pp == 16) & (c.vpp > 1) & (c.us == 1)
-    assert sorted(set(c.vpp[short].tolist())) == [2, 4]
+    assert sorted(set(c.vpp[short].tolist())) == [2, 4, 8]
     assert ((c.vpp > 1) & (c.us == 0)).sum() == 0  # 126 / 16 is not whole: no even chunks
     assert (r.code[short] == OK).any() and r.proven
     ranks = [n for n, e in enumerate(r.top, 1) if short[e.index]]

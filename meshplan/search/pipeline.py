@@ -134,6 +134,9 @@ def pipeline_bound(u: dict, vpp: int, m: int, reshard: bool | None = None) -> np
     if reshard is not None and p > 1 and "f_extra" in u:
         g = gathering_units(candidate_schedule(v), p, m, v, reshard)
         extra = g[0][None, :] * u["f_extra"][:, dag.stage] + g[1][None, :] * u["b_extra"][:, dag.stage]
+        if "empty_end" in u:  # an end chunk without layers (stage 0's first, the last stage's last) gathers none
+            end = ((dag.stage == 0) & (dag.chunk == 0)) | ((dag.stage == p - 1) & (dag.chunk == v - 1))
+            extra = np.where(end[None, :] & u["empty_end"][:, dag.stage], 0.0, extra)
     if "b_red" in u:  # each chunk's last gradient unit (micro-batch m-1's backward): its FSDP2 copy-ins
         red = ((dag.backward == 1) & (dag.mb == m - 1))[None, :] * u["b_red"][:, dag.stage]
         extra = red if extra is None else extra + red
