@@ -22,7 +22,7 @@ the same configs under FSDP2's per-layer gathers (``zero3_engine = "fsdp2"``, th
 this engine). Nothing is fitted to these numbers.
 
 What the model gives (deepspeed-2021): 61.3 / 42.4 / 43.8 s against the published 81.6 / 66.7 /
-66.7 s (-25%, -36%, -34%); FSDP2's per-layer gathers give 55.8 / 30.2 / 17.3 s. The step no
+66.7 s (-25%, -36%, -34%); FSDP2's per-layer gathers give 57.2 / 31.6 / 18.8 s. The step no
 longer halves from 768 to 1,536 GPUs: every micro-batch issues the same 2,217 calls (96 layers x
 (4 + 7 all-gathers + 12 reduce-scatters) + the root's 9), each paying NCCL's ring latency over
 the whole group (1,535 steps at 1,536 ranks: 4.15 ms) and the host's n partition views and n list
@@ -90,7 +90,9 @@ def predict(run: Run, engine: str) -> dict:
     """meshplan's step of ``run`` under ``engine``, with the host time of DeepSpeed's
     list-based calls (per step) and the exposed communication."""
     cfg = load_config(HERE / run.config)
-    cfg = replace(cfg, training=cfg.training.model_copy(update={"zero3_engine": engine}))
+    # FSDP2's contrast keeps fp32 gradients (the model before this engine); DeepSpeed its fp16 partition
+    grads = {"grad_dtype": "fp32"} if engine == "fsdp2" else {}
+    cfg = replace(cfg, training=cfg.training.model_copy(update={"zero3_engine": engine, **grads}))
     plan = build_plan(cfg)
     st = step_time(plan)
     layers = sum(map(len, plan.stages[0]))

@@ -492,7 +492,8 @@ def _training_knobs(cfg: Config, c: Candidates, i: int) -> dict:
     """The training fields of candidate ``i`` where a config setting does not apply to it:
     ``grad_accumulation`` back to ``sync`` outside :func:`accumulates`, ``fp8_all_gather`` off
     without FSDP (ZeRO-1 gathers no parameters; the float8 GEMMs stay), ``zero3_engine``
-    back to ``fsdp2`` outside sharding zero3 (DeepSpeed's engine is for ZeRO stage 3),
+    back to ``fsdp2`` outside sharding zero3 (DeepSpeed's engine is for ZeRO stage 3; with it
+    ``grad_dtype`` back to its default where it is the parameter dtype, the engine's default),
     ``zero12_engine`` back to ``megatron`` (and ``overlap_comm`` off) outside zero1,
     ``reshard_head_after_forward`` off without FSDP or ``reshard_after_forward``, as
     :class:`~meshplan.spec.training.TrainingSpec` requires of a config."""
@@ -505,6 +506,8 @@ def _training_knobs(cfg: Config, c: Candidates, i: int) -> dict:
         out["reshard_head_after_forward"] = False  # torchtitan's "always" reshards what FSDP2 shards
     if t.zero3_engine != "fsdp2" and SHARDING[c.sh[i]] != "zero3":
         out["zero3_engine"] = "fsdp2"
+        if t.grad_dtype == t.param_dtype:  # DeepSpeed's gradient partition dtype back to FSDP2's default
+            out["grad_dtype"] = type(t).model_fields["grad_dtype"].default
     if t.zero12_engine != "megatron" and SHARDING[c.sh[i]] != "zero1":  # DeepSpeed's ZeRO-1/2 engine
         out |= {"zero12_engine": "megatron", "overlap_comm": False}
     return out
