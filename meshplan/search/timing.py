@@ -26,8 +26,8 @@ It keeps only what the simulation (:mod:`meshplan.schedule.rank_timeline`, defau
   weights under ``training.fp8_all_gather``); plus the embedding and the
   head (and the loss collectives) where the chunk holds them; where [norm, output] is its own
   unit (torchtitan's units) its pre-backward prefetches the last layer's all-gather, which then
-  runs beside the head's backward: a gathering backward of the head's stage counts its first
-  gather less the head's backward time;
+  runs beside the head's backward: a gathering backward of the head's chunk counts its first
+  gather less the head's backward time (the stage's other chunks' backwards do not);
 - FSDP2's **copies on the compute stream** (:func:`fsdp_copies`, :mod:`meshplan.comm.fsdp2`):
   a layer's copy-out after each all-gather its pass waits for (forward; backward with
   ``reshard_after_forward``) before the layer's compute, its copy-in before each reduce-scatter
@@ -355,7 +355,9 @@ def unit_bounds(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: dict)
     """Per-stage lower bounds (candidates, pp), seconds: ``f_core``, ``b_core`` (one chunk's
     layers, forward and backward), the embedding's and the head's extra time in their
     chunk's units (``emb_f``, ``emb_b``, ``head_f``, ``head_b``), a gathering pass's extra
-    (``f_extra``, ``b_extra``; ``g_f``, ``g_b`` such passes per step), the extra of each chunk's
+    (``f_extra``, ``b_extra``; ``b_extra_head``: a gathering backward of the head's chunk, its
+    first gather less the head's backward; ``g_f``, ``g_b`` such passes per step; ``empty_end``:
+    the stage's end chunk holds no layer), the extra of each chunk's
     last gradient unit (``b_red``: FSDP2's copy-ins where that unit alone reduces), each at the
     stage's shortest chunk, and at its longest (``f_core_hi``, ``b_core_hi``, ``b_red_hi``; ``n_long``
     chunks of that length, ``f_core0``, ``b_core0`` chunk 0's: the Llama 3 split with vpp > 1), the p2p send
@@ -418,8 +420,8 @@ def unit_bounds(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: dict)
     head_b = st.last * (col(od["head_b"]) + post)
     # torchtitan's [norm, output] unit (every pp): its pre-backward prefetches the last layer's
     # all-gather before the head's backward runs (rank_timeline.backward_unit), so a gathering
-    # backward pass of the head's chunk exposes its first gather less the head's backward (taken
-    # off every gathering backward of the head's stage: never more than the simulation's)
+    # backward pass of the head's chunk exposes its first gather less the head's backward
+    # (``b_extra_head``: the head chunk's gathering backwards only, step_lower_bound)
     hb = head_b * _head_unit_apart(cfg, c)
     hb1 = hb * col((c.pp == 1) & (c.vpp == 1))  # pp 1: every backward of the head's chunk gathers (sync)
     # there the head's reduce-scatter, issued after its backward, runs on the FSDP stream between
@@ -452,8 +454,10 @@ def unit_bounds(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: dict)
     out = {**lo, "f_core_hi": hi["f_core"], "b_core_hi": hi["b_core"], "b_red_hi": hi["b_red"], "n_long": n_long,
            "f_core0": np.where(long0, hi["f_core"], lo["f_core"]), "b_core0": np.where(long0, hi["b_core"], lo["b_core"]),
            # at the shortest chunk that holds layers (the passes of an empty one are left out:
-           # step_lower_bound)
-           **dict(zip(("f_extra", "b_extra"), extra(np.maximum(n, 1), hb))),
+           # step_lower_bound); a gathering backward of the head's chunk takes the head's
+           # backward off its first gather (``b_extra_head``), the other chunks' do not
+           **dict(zip(("f_extra", "b_extra"), extra(np.maximum(n, 1), 0.0))),
+           "b_extra_head": extra(np.maximum(n, 1), hb)[1],
            "g_f": g_f, "g_b": g_b, "empty_end": st.n_chunk == 0,
            "emb_f": st.first * (col(od["emb_f"]) + post + col(np.where(lazy, 0.0, cp["root_out"]))),
            "emb_b": st.first * (col(od["emb_bw"]) + col(np.where(lazy, 0.0, cp["root_in"]))),
@@ -585,7 +589,7 @@ def end_chunk_passes(c: Candidates, st: Stages) -> dict[str, np.ndarray]:
     first chunk (``f0``, ``b0``) and last chunk (``fl``, ``bl``). The model's first virtual
     stage is stage 0's first chunk, its last the head stage's last chunk (``st.last``): the
     chunks that may hold the embedding or the output layer alone (``st.n_chunk`` 0, the Llama 3
-    split at one slot per virtual stage)."""
+    split at one slot per virtual stage), and the one whose backward runs the head's."""
     p = st.k.shape[1]
     out = {k: np.zeros((len(c), p)) for k in ("f0", "b0", "fl", "bl")}
     if p == 1:
@@ -609,14 +613,16 @@ def step_lower_bound(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: 
     one = v == 1
     r = u["n_long"]  # chunks of n_chunk_hi layers (the Llama 3 split with vpp > 1; else 0)
     # the gathering passes: none of a chunk without layers (the Llama 3 split at one slot per
-    # virtual stage: stage 0's first chunk, the head stage's last)
+    # virtual stage: stage 0's first chunk, the head stage's last), and the head's chunk's
+    # backwards apart (the only ones whose first gather runs beside the head's backward)
     ends = end_chunk_passes(c, st)
     empty0, empty_l = st.first & (st.n_chunk == 0), st.last & (st.n_chunk == 0) & ~one
     g_f = u["g_f"] - empty0 * ends["f0"] - empty_l * ends["fl"]
     g_b = u["g_b"] - empty0 * ends["b0"] - empty_l * ends["bl"]
+    g_bh = np.where(one, st.last * g_b, st.last * ~empty_l * ends["bl"])
     busy = st.m * ((v - r) * (u["f_core"] + u["b_core"]) + r * (u["f_core_hi"] + u["b_core_hi"])
                    + u["emb_f"] + u["emb_b"] + u["head_f"] + u["head_b"]) \
-        + g_f * u["f_extra"] + g_b * u["b_extra"] \
+        + g_f * u["f_extra"] + (g_b - g_bh) * u["b_extra"] + g_bh * u["b_extra_head"] \
         + (v - r) * u["b_red"] + r * u["b_red_hi"] + u["root_extra"]
     f0 = u["f_core0"] + u["emb_f"] + one * u["head_f"]       # chunk 0's forward unit on each stage
     b0 = u["b_core0"] + u["emb_b"] + one * u["head_b"]       # chunk 0's backward unit on each stage
