@@ -111,3 +111,33 @@ def test_llama3_405b_vpp8_plans_and_exports(llama3_vpp8):
     assert "--account-for-embedding-in-pipeline-split" in text and "--account-for-loss-in-pipeline-split" in text
     parts = model_parts(LLAMA3)
     assert parts[0] == ["tok_embeddings"] and parts[1] == ["layers.0"] and parts[-1] == ["norm", "output"]
+
+
+def test_runtime_stage_modules_of_empty_chunks_compute_the_full_models_logits():
+    """The runtime's stage modules (meshplan.runtime.execution.pipelined.StageModule) of a split
+    with an embedding-only first and a head-only last virtual stage: 2 layers, pp 2, vpp 2,
+    [0, 1, 1, 0] ((2 + 2) / 4 = 1 slot); the four virtual stages in order compute the model."""
+    torch = pytest.importorskip("torch")
+    from meshplan.runtime.execution.model import Transformer
+    from meshplan.runtime.execution.pipelined import StageModule, init_stage_weights
+    from meshplan.spec.model import ModelSpec
+
+    spec = ModelSpec(layers=2, hidden=64, ffn=128, q_heads=4, kv_heads=2, vocab=100)
+    ref = Transformer(spec)
+    ref.init_weights(seed=3)
+    tokens = torch.randint(0, 100, (2, 8), generator=torch.Generator().manual_seed(0))
+    pp, vpp = 2, 2
+    layers = stage_layers(2, pp, vpp, [0, 1, 1, 0])
+    assert layers == [[[], [1]], [[0], []]]
+    with torch.device("meta"):
+        full = Transformer(spec)
+    mods = [StageModule(full, layers[v % pp][v // pp], first=v == 0, last=v == pp * vpp - 1) for v in range(pp * vpp)]
+    for m in mods:
+        m.to_empty(device="cpu")
+    init_stage_weights(full, seed=3)
+    assert list(mods[0].state_dict()) == ["embedding.weight"]
+    assert "output.weight" in mods[3].state_dict() and not any(k.startswith("layers.") for k in mods[3].state_dict())
+    x = tokens
+    for m in mods:
+        x = m(x)
+    assert torch.allclose(x, ref(tokens), atol=1e-6)

@@ -115,7 +115,7 @@ def estimate(model: ModelSpec, training: TrainingSpec, mesh: Mesh, stages, micro
     for k, st in enumerate(states):
         # a representative chunk: the first that holds layers (stage 0's first may hold the
         # embedding alone, stage_layers)
-        rep = next((ch for ch in stages[k] if ch), [])
+        rep: list[int] = next((ch for ch in stages[k] if ch), [])
         chunk = len(rep)
         act = per_layer * chunk * in_flight_chunks(k, pp, max(micro, 1), vpp) + per_layer_work
         if k == 0:
