@@ -51,6 +51,11 @@ def test_llama3_405b_vpp8_layers_by_hand():
     # only the model's ends may be empty
     assert "virtual stage 1 no layer" in stage_layers(126, 16, 8, [1, 0] + [1] * 124 + [1, 0])
     assert "stage 0 a chunk with no layer" in stage_layers(126, 16, 8, [6] + [8] * 14 + [8])
+    # a chunk may hold an end alone, a stage not (vpp 1; or both ends of a V on stage 0)
+    assert "stages 0, 3 no layer" in stage_layers(4, 4, 1, [0, 2, 2, 0])
+    v_shape = lambda c, k, p, v: k if c == 0 else 2 * p - 1 - k  # noqa: E731
+    assert "stage 0 no layer" in stage_layers(4, 2, 2, [0, 2, 2, 0], virtual_stage=v_shape)
+    assert "would hold no layer" in accounted_split(14, 16, 1)
 
 
 def test_tiny_state_per_stage_by_hand():

@@ -432,6 +432,9 @@ def accounted_split(layers: int, pp: int, vpp: int):
     slots, left = divmod(layers + 2, pp * vpp)
     if left or slots < 1:
         return f"{layers} layers + embedding + loss = {layers + 2} are not a multiple of pp {pp} x vpp {vpp}"
+    if slots == 1 and vpp == 1:  # the first stage would hold the embedding alone
+        return (f"{layers} layers + embedding + loss = {layers + 2} over pp {pp} is 1 per stage: the first and "
+                f"last stage would hold no layer, which meshplan does not model (a virtual stage may)")
     return [slots - 1] + [slots] * (pp * vpp - 2) + [slots - 1]
 
 

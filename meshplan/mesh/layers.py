@@ -39,8 +39,9 @@ def stage_layers(layers: int, pp: int, vpp: int = 1, split: Optional[list[int]] 
     each as one layer's slot, so at (layers + 2) / (pp x vpp) = 1 slot per virtual stage those
     chunks build no transformer layer (``get_num_layers_to_build`` in
     megatron/core/transformer/transformer_block.py:150-202@d98e8a6; Llama 3 405B, 126 layers
-    at pp 16 and vpp 8); every other virtual stage needs a layer. Returns a one-line reason
-    (str) when the layers cannot be assigned.
+    at pp 16 and vpp 8); every other virtual stage needs a layer, and every stage one (meshplan
+    does not model a stage of the embedding or the output layer alone). Returns a one-line
+    reason (str) when the layers cannot be assigned.
 
     >>> stage_layers(6, 2, 2, split=[3, 3])  # virtual stages of 1, 2, 2, 1 layers
     [[[0], [3, 4]], [[1, 2], [5]]]
@@ -97,7 +98,8 @@ def _virtual_counts(layers: int, pp: int, vpp: int, split: list[int],
                     vs: list[list[int]]) -> Union[list[int], str]:
     """Layers per virtual stage (model order) from a per-stage or per-virtual-stage ``split``
     (see :func:`stage_layers`; ``vs[stage][chunk]``: the virtual stage), or a one-line reason.
-    Every virtual stage needs a layer but the model's first and last (see :func:`stage_layers`)."""
+    Every virtual stage needs a layer but the model's first and last, every stage one (see
+    :func:`stage_layers`)."""
     if len(split) not in (pp, pp * vpp):
         return (f"pp_layer_split has {len(split)} entries for pp {pp}"
                 + (f" (or {pp * vpp} virtual stages)" if vpp > 1 else ""))
@@ -114,6 +116,10 @@ def _virtual_counts(layers: int, pp: int, vpp: int, split: list[int],
             counts[vs[k][c]] = base + (c in chunks)
     ends = (0, pp * vpp - 1)
     empty = [j for j, n in enumerate(counts) if n < 1 and j not in ends]
+    bare = [k for k in range(pp) if not sum(counts[j] for j in vs[k])]
+    if bare and not empty:  # a stage of the embedding or the output layer alone (vpp 1, or both ends under a V)
+        return (f"pp_layer_split gives stage{'s' if len(bare) > 1 else ''} {_few(bare)} no layer: a chunk may "
+                f"hold the embedding or the output layer alone, a stage needs >= 1 layer")
     if not empty:
         return counts
     if per:
