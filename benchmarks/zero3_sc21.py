@@ -90,7 +90,9 @@ def predict(run: Run, engine: str) -> dict:
     """meshplan's step of ``run`` under ``engine``, with the host time of DeepSpeed's
     list-based calls (per step) and the exposed communication."""
     cfg = load_config(HERE / run.config)
-    cfg = replace(cfg, training=cfg.training.model_copy(update={"zero3_engine": engine}))
+    # FSDP2's contrast keeps fp32 gradients (the model before this engine); DeepSpeed its fp16 partition
+    grads = {"grad_dtype": "fp32"} if engine == "fsdp2" else {}
+    cfg = replace(cfg, training=cfg.training.model_copy(update={"zero3_engine": engine, **grads}))
     plan = build_plan(cfg)
     st = step_time(plan)
     layers = sum(map(len, plan.stages[0]))

@@ -201,3 +201,24 @@ def test_engine_refuses_axes_it_did_not_have(names, shape, msg):
                             "mesh": {"names": names, "shape": shape}})
     with pytest.raises(ConfigError, match=msg):
         build_plan(cfg)
+
+
+def test_gradient_partition_in_the_model_dtype_by_hand():
+    """DeepSpeed's ZeRO-3 keeps each rank's gradient partition in the model's dtype (v0.3.13
+    ``grads_in_partition`` torch.half; edaa722 ``stage3.py:742-744`` in
+    ``gradient_accumulation_dtype``, unset the model's dtype) and reduces in it. Model: 2 layers
+    of h 64, ffn 256 (GeLU), 4 heads, vocab 256, untied: a layer 64 x 192 + 64 x 64 + 2 x 64 x 256
+    + 2 x 64 = 49,280 elements, embedding and output 16,384 each, final norm 64: 131,392 in all,
+    16,424 per rank over dp 8, so 32,848 B of fp16 gradients (65,696 B as fp32 before)."""
+    tiny = {"layers": 2, "hidden": 64, "ffn": 256, "gated_mlp": False, "q_heads": 4, "vocab": 256}
+    base = {"model": tiny, "cluster": {"system": "dgx-a100", "nodes": 1}, "mesh": {"names": ["dp"], "shape": [8]}}
+    training = {"global_batch": 8, "seq_len": 64, "sharding": "zero3", "zero3_engine": "deepspeed-2021",
+                "param_dtype": "fp16", "compute_dtype": "fp16"}
+    plan = build_plan(config_from_dict({**base, "training": training}))
+    assert plan.config.training.grad_dtype == "fp16"
+    assert plan.state[0].params.total == 2 * 49_280 + 2 * 16_384 + 64 == 131_392
+    assert plan.state[0].bytes_of("grads") == 131_392 // 8 * 2 == 32_848
+    assert {r.dtype for r in plan.collectives[table_key(0)] if r.op == "reduce-scatter"} == {"fp16"}
+    # a given grad_dtype stays (DeepSpeed's data_types.grad_accum_dtype)
+    fp32 = build_plan(config_from_dict({**base, "training": {**training, "grad_dtype": "fp32"}}))
+    assert fp32.state[0].bytes_of("grads") == 131_392 // 8 * 4 == 65_696

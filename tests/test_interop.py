@@ -353,6 +353,19 @@ def _seventy(mesh: dict, **training) -> dict:
                    "reshard_head_after_forward": True},
       "mesh": {"names": ["pp", "dp_shard", "tp"], "shape": [16, 2, 8], "sequence_parallel": True, "virtual_stages": 2,
                "pp_schedule": "interleaved_1f1b", "pp_layer_split": [7] + [8] * 14 + [7]}}, "torchtitan"),
+    # vpp 8: (126 + 2) / (16 x 8) = 1 slot, the first chunk the embedding alone and the last the output
+    # layer alone (Megatron's account-for flags at one slot; torchtitan's parts ["tok_embeddings"], ...,
+    # ["norm", "output"])
+    ({"model": {"catalog": "llama3-405b"}, "cluster": {"system": "dgx-h100", "nodes": 16},
+      "training": {"global_batch": 32, "seq_len": 4096, "recompute": "full", "sharding": "zero1",
+                   "grad_reduce_dtype": "param", "framework": "megatron"},
+      "mesh": {"names": ["pp", "tp"], "shape": [16, 8], "sequence_parallel": True, "virtual_stages": 8,
+               "pp_schedule": "interleaved_1f1b", "pp_layer_split": [7] + [8] * 14 + [7]}}, "megatron"),
+    ({"model": {"catalog": "llama3-405b"}, "cluster": {"system": "dgx-h100", "nodes": 32},
+      "training": {"global_batch": 32, "seq_len": 4096, "recompute": "full", "param_dtype": "fp32",
+                   "reshard_head_after_forward": True},
+      "mesh": {"names": ["pp", "dp_shard", "tp"], "shape": [16, 2, 8], "sequence_parallel": True, "virtual_stages": 8,
+               "pp_schedule": "interleaved_1f1b", "pp_layer_split": [0] + [1] * 126 + [0]}}, "torchtitan"),
     # MoE: Mixtral's experts over ep 8 under Megatron FSDP (the example's mesh, in Megatron's order)
     (load_config(EX / "mixtral-8x7b_32xh100_ep8-dp32.toml"), "megatron"),
 ])
@@ -567,3 +580,32 @@ def test_vocabularies_map_explicitly():
     assert set(MEGATRON_AXES) == {"tp", "cp", "ep", "dp", "pp", "etp"}
     assert set(TORCHTITAN_AXES.values()) | set(MEGATRON_AXES.values()) <= set(KNOWN_AXES)
     assert TORCHTITAN_AXES["fsdp"] == "dp_shard"
+
+
+@pytest.mark.parametrize("extra,grads,reduce", [({}, "bf16", "bf16"),
+                                                ({"data_types": {"grad_accum_dtype": "fp32"},
+                                                  "communication_data_type": "fp32"}, "fp32", "fp32")])
+def test_deepspeed_zero3_gradient_dtypes(tmp_path, extra, grads, reduce):
+    """DeepSpeed's ZeRO-3 (edaa722): the gradient partition in ``data_types.grad_accum_dtype``
+    (``stage3.py:742-744``; unset the model's dtype, ``engine.py:1485-1496``), the reduce-scatter in
+    ``communication_data_type`` (``stage3.py:1798-1799``; unset the model's, ``engine.py:1405-1417``).
+    Llama 3 8B over dp 8: a layer is 4096 x (4096 + 2 x 1024 + 4096) + 3 x 4096 x 14336 + 2 x 4096
+    = 218,112,000 elements (every dim a multiple of 8: no FSDP padding), reduce-scattered as
+    436,224,000 B in bf16 (872,448,000 B in fp32, FSDP2's default before)."""
+    import json
+
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps({"train_batch_size": 8, "train_micro_batch_size_per_gpu": 1,
+                                "zero_optimization": {"stage": 3}, "bf16": {"enabled": True}} | extra))
+    opts = ImportOptions(cluster="dgx-h100", nodes=1, model="llama3-8b", seq_len=1024)
+    cfg = load_any(path, opts=opts)
+    assert (cfg.training.grad_dtype, cfg.training.gradient_reduce_dtype) == (grads, reduce)
+    layer = 4096 * (4096 + 2 * 1024 + 4096) + 3 * 4096 * 14336 + 2 * 4096
+    rows = [r for r in build_plan(cfg, memory=False).collectives["stage 0"]
+            if r.op == "reduce-scatter" and r.cadence == "every layer"]
+    assert [r.size_bytes for r in rows] == [layer * {"bf16": 2, "fp32": 4}[reduce]] and layer == 218_112_000
+    text, header = export(cfg, "deepspeed", "x")
+    assert not [h for h in header if h.startswith("not expressed")], header
+    again = tmp_path / "again.json"
+    again.write_text(text)
+    assert differences(cfg, load_any(again, "deepspeed", reimport_options(cfg, "deepspeed"))) == []

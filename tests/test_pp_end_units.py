@@ -68,19 +68,14 @@ def test_table_lists_the_embedding_on_the_first_stage_and_the_head_on_the_last(p
     assert EMB_AG / plan.stage(0).collectives[0].group_size == 256 * 64 * 2 / 2
 
 
-def test_without_resharding_every_end_unit_is_gathered_once_per_step():
-    plan = _plan(2, reshard=False)
-    assert _end_rows(plan, 0) == {("root_embed", "forward", "all-gather"): (EMB_AG, 1),
-                                  ("root_embed", "backward", "reduce-scatter"): (EMB_RS, 1)}
-    assert _end_rows(plan, 1) == {("root_head", "forward", "all-gather"): (HEAD_AG, 1),
-                                  ("root_head", "backward", "reduce-scatter"): (HEAD_RS, 1)}
-
-
-def test_tied_embedding_under_pp_is_kept_gathered_and_the_head_holds_its_copy():
-    """Tied, pp 2: the first stage's embedding is its own unit, never resharded after forward
-    (torchtitan's tied branch), so gathered once per step even with reshard_after_forward; the
-    last stage's [norm, output] holds the output copy (the same sizes as untied)."""
-    plan = _plan(2, tied=True)
+@pytest.mark.parametrize("reshard,tied", [(False, False), (True, True)], ids=["no-reshard", "tied"])
+def test_end_units_gathered_once_per_step(reshard, tied):
+    """pp 2, each end unit gathered and reduce-scattered once per step: without
+    reshard_after_forward nothing is resharded; tied, the first stage's embedding is its own
+    unit, never resharded after forward (torchtitan's tied branch), so gathered once per step
+    even with reshard_after_forward, and the last stage's [norm, output] holds the output copy
+    (the same sizes as untied)."""
+    plan = _plan(2, reshard=reshard, tied=tied)
     assert _end_rows(plan, 0) == {("root_embed", "forward", "all-gather"): (EMB_AG, 1),
                                   ("root_embed", "backward", "reduce-scatter"): (EMB_RS, 1)}
     assert _end_rows(plan, 1) == {("root_head", "forward", "all-gather"): (HEAD_AG, 1),

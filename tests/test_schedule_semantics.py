@@ -345,9 +345,12 @@ def test_uneven_first_and_last_stage_with_virtual_stages():
             st = step_time(plan)
             for s in range(2):
                 assert timeline_counts(st, s) == table_counts(plan, s)
-    bad = plan_of({**mesh, "pp_layer_split": [1, 5]}, model={**TINY, "layers": 6})
+    # stage 0 with no layer: its last chunk (virtual stage 2, the model's middle) would be empty;
+    # only the model's first and last virtual stage may hold the embedding or the output layer alone
+    bad = plan_of({**mesh, "pp_layer_split": [0, 6]}, model={**TINY, "layers": 6})
     assert not bad.feasible
-    assert "pp_layer_split gives stage 0 fewer than 2 layers: each stage needs >= 2 (one per virtual stage)" \
+    assert "pp_layer_split gives stage 0 a chunk with no layer: each stage needs >= vpp 2 layers, 1 where it " \
+        "holds the model's first virtual stage (the embedding alone) or its last (the output layer alone)" \
         in bad.reasons
 
 

@@ -8,7 +8,9 @@ every rank's pipeline send/recv equals the plan's pp rows exactly (count, bytes,
 phase), and every other difference is the known, explained one listed in ``KNOWN``; peak
 memory comes from FSDPMemTracker. pp x tp + SP (8 ranks with dp_shard 2 under 1F1B, 4 ranks
 interleaved): every collective of every rank matches the plan, the last stage's first loss
-equals the single-process model's on the same micro-batches.
+equals the single-process model's on the same micro-batches. An interleaved split whose first
+virtual stage holds the embedding alone and whose last the head alone runs, its send/recv as
+planned.
 """
 
 import dataclasses
@@ -285,3 +287,40 @@ def test_v_shaped_schedules_refused_by_name_where_torch_differs_from_the_plan():
     tied = ModelSpec(layers=4, hidden=64, ffn=128, q_heads=4, kv_heads=2, vocab=100, tied_embeddings=True)
     assert unsupported(tp, training, "dualpipev", tied).startswith("tied embeddings with dualpipev")
     assert unsupported(tp, training, "1f1b", tied) is None  # pp 2, looped: built
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+def test_interleaved_1f1b_with_embedding_only_and_head_only_chunks(tmp_path):
+    """pp 2 x vpp 2 x dp_shard 2 with 2 layers split [0, 1, 1, 0] ((2 + 2) / (2 x 2) = 1 slot per
+    virtual stage, Megatron-Core's account-for-embedding/loss split): virtual stage 0 holds the
+    embedding alone, 3 the head alone. torch runs it; each rank touches 3 chunk boundaries, 3 m
+    sends/recvs per step each way, as the plan says, and the FSDP rows match the plan's."""
+    cfg = load_config(PP_FSDP)
+    cfg = dataclasses.replace(cfg, mesh=cfg.mesh.model_copy(update={
+        "pp_schedule": "interleaved_1f1b", "virtual_stages": 2, "pp_layer_split": [0, 1, 1, 0]}))
+    out = tmp_path / "ev"
+    code, res = validate(cfg, Options(worlds=(4,), layers=2, seq_len=32, vocab=512, steps=1, micro_batches=4,
+                                      timeout_s=120), out, echo=lambda *_: None)
+    r = res[0]
+    assert r.get("stage") == "compare", r["message"]
+    plan = json.loads((out / "world4" / "plan.json").read_text())
+    assert plan["mesh"]["stages"] == [[[], [1]], [[0], []]]
+    for rank in range(4):
+        steps = json.loads((out / "world4" / f"rank{rank}" / "timings.json").read_text())["steps"]
+        assert all((s["loss"] is not None and math.isfinite(s["loss"])) == (rank >= 2) for s in steps)
+    pp = {row["phase"]: row for row in r["comparison"]["collectives"] if row["axis"] == "pp"}
+    for phase in ("forward", "backward"):
+        assert [pp[phase][f"rank{k}"] for k in range(4)] == [pp[phase][f"meshplan_rank{k}"] for k in range(4)] \
+            == [12] * 4
+    assert not [d for d in r["comparison"]["differences"] if " pp " in d]
+    # FSDP: torch's schedule set-up (its shape-inference forward, phase "schedule") takes some of the
+    # first forward's all-gathers, as with even chunks; forward + set-up match per rank and size, and
+    # the backward all-gathers and reduce-scatters match as they are
+    rows = [row for row in r["comparison"]["collectives"] if row["axis"] == "dp_shard"]
+    for size in {row["size_bytes"] for row in rows if row["op"] == "all-gather"}:
+        first = [row for row in rows if row["size_bytes"] == size and row["phase"] in ("forward", "schedule")]
+        assert [sum(row[f"rank{k}"] or 0 for row in first) for k in range(4)] == \
+            [sum(row[f"meshplan_rank{k}"] or 0 for row in first) for k in range(4)], (size, first)
+    assert all(" forward " in d or " schedule " in d for d in r["comparison"]["differences"]), \
+        r["comparison"]["differences"]

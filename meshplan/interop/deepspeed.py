@@ -43,6 +43,18 @@ ZeRO-1 runs). Both convert the rank's partition to fp32 only inside ``step``, on
 at a time (``single_grad_partition``). Export writes ``data_types.grad_accum_dtype`` at stage 1
 when ``grad_dtype`` is not the model's (fp32 with bf16 has no key: that is ``BF16_Optimizer``).
 
+ZeRO stage 3 keeps each rank's gradient partition in ``data_types.grad_accum_dtype``, unset the
+model's dtype, and reduce-scatters in ``communication_data_type``, unset the model's dtype
+(DeepSpeed at edaa722: ``runtime/zero/stage3.py:742-744`` allocates ``grad_partitions_flat_buffer``
+in ``gradient_accumulation_dtype``, which ``runtime/engine.py:1485-1496`` ``get_data_types`` sets
+to ``grad_accum_dtype`` or the model's dtype; ``stage3.py:1798-1799`` casts the gradients to
+``communication_data_type`` before ``reduce_scatter_coalesced``, whose unset value
+``engine.py:1405-1417`` makes fp16 / bf16 when enabled, else fp32): read into
+``training.grad_dtype`` and ``training.grad_reduce_dtype`` (not FSDP2's fp32 defaults) and written
+back when they differ from the model's dtype. Each rank converts its partition to fp32 only inside
+``step``, one ``sub_group_size`` group at a time (``_prepare_fp32_grad_for_sub_group``): a transient
+meshplan's memory timeline does not hold.
+
 A DeepSpeed config runs ZeRO over one data axis: its ``[search]`` table (written on import)
 keeps ``meshplan search`` to those meshes (:data:`SEARCH`: pp, dp_replicate, cp, tp, ep, etp
 1; sharding zero1 or zero3, no HSDP), the rows ``export --to deepspeed`` can write; a note says
@@ -192,13 +204,15 @@ def read(d: dict, opts: ImportOptions) -> Imported:
     if stage in (1, 2):
         training |= _zero12(d, dtype)
     if stage == 3:
+        training |= _zero3(d, dtype)
         notes.append("ZeRO stage 3 planned with per-layer coalesced gathers (training.zero3_engine = \"fsdp2\"), as "
                      "DeepSpeed >= v0.5.5 gathers (PR #1188); for DeepSpeed v0.3.13-v0.5.4 (2021) set zero3_engine = "
                      "\"deepspeed-2021\" (one all-gather and reduce-scatter per parameter tensor)")
     tables = {"model": model_option(opts.model), "cluster": cluster, "training": training,
               "mesh": {"names": ["dp"], "shape": [world]}}
     used = USED | (ZERO12_USED if stage in (1, 2) else set()) | (
-        {"data_types.grad_accum_dtype"} if stage == 1 else set())  # stage 2 keeps model-dtype grads anyway
+        {"data_types.grad_accum_dtype"} if stage in (1, 3) else set()) | (
+        {"communication_data_type"} if stage == 3 else set())  # stage 2 keeps model-dtype grads anyway
     if stage in (1, 2):
         tables["memory"] = {"grad_bucket_elements": _bucket(d["zero_optimization"])}
     tables["search"] = {k: list(v) for k, v in SEARCH.items()}
@@ -251,6 +265,20 @@ def _zero12(d: dict, dtype: str) -> dict[str, Any]:
             raise ConfigError("communication_data_type", f"{comm!r}; use one of {', '.join(COMM_DTYPES)}")
         out["grad_reduce_dtype"] = comm.lower()
     return out
+
+
+def _zero3(d: dict, dtype: str) -> dict[str, Any]:
+    """The gradient dtypes of DeepSpeed's ZeRO stage 3 (module docstring): the partition in
+    ``data_types.grad_accum_dtype`` or the model's dtype, the reduce-scatter in
+    ``communication_data_type`` or the model's dtype.
+
+    >>> _zero3({}, "bf16"), _zero3({"data_types": {"grad_accum_dtype": "fp32"}, "communication_data_type": "fp32"}, "bf16")
+    ({'grad_dtype': 'bf16', 'grad_reduce_dtype': 'bf16'}, {'grad_dtype': 'fp32', 'grad_reduce_dtype': 'fp32'})
+    """
+    comm = d.get("communication_data_type")
+    if comm is not None and (not isinstance(comm, str) or comm.lower() not in COMM_DTYPES):
+        raise ConfigError("communication_data_type", f"{comm!r}; use one of {', '.join(COMM_DTYPES)}")
+    return {"grad_dtype": _accum_dtype(d) or dtype, "grad_reduce_dtype": comm.lower() if comm else dtype}
 
 
 #: ``data_types.grad_accum_dtype`` spellings (DeepSpeed's ``DtypeEnum``, inference/config.py).
@@ -406,10 +434,13 @@ def write(cfg: Config) -> dict[str, Any]:
         zero |= {"reduce_bucket_size": cfg.memory.deepspeed_bucket_elements(), "overlap_comm": t.overlap_comm}
     elif stage == 2:  # the plan's bucket (meshplan.comm.collectives._zero2_rows)
         zero["reduce_bucket_size"] = cfg.memory.bucket_elements(mesh.degree("fsdp"))
-    if stage in (1, 2) and (t.grad_reduce_dtype is not None or t.gradient_reduce_dtype != t.param_dtype):
+    if (stage in (1, 2) and t.grad_reduce_dtype is not None) or (stage in (1, 2, 3)
+                                                               and t.gradient_reduce_dtype != t.param_dtype):
         comm["communication_data_type"] = t.gradient_reduce_dtype  # DeepSpeed's unset is the model's dtype
-    if stage == 1 and t.grad_dtype != t.param_dtype and not (t.param_dtype == "bf16" and t.grad_dtype == "fp32"):
-        comm["data_types"] = {"grad_accum_dtype": t.grad_dtype}  # ZeRO-1's param.grad_accum (module docstring)
+    if (stage == 1 and t.grad_dtype != t.param_dtype and not (t.param_dtype == "bf16" and t.grad_dtype == "fp32")) \
+            or (stage == 3 and t.grad_dtype != t.param_dtype):
+        # ZeRO-1's param.grad_accum, ZeRO-3's gradient partition (module docstring)
+        comm["data_types"] = {"grad_accum_dtype": t.grad_dtype}
     return {"train_batch_size": t.global_batch, "train_micro_batch_size_per_gpu": t.micro_batch,
             "gradient_accumulation_steps": accumulate, "zero_optimization": zero} | comm | {
             "bf16": {"enabled": t.compute_dtype == "bf16"}, "fp16": {"enabled": t.compute_dtype == "fp16"},

@@ -417,17 +417,24 @@ def accounted_split(layers: int, pp: int, vpp: int):
     ``--account-for-embedding-in-pipeline-split`` and ``--account-for-loss-in-pipeline-split``:
     (layers + 2) / (pp x vpp) slots each, the embedding taking one of the first virtual stage's
     and the loss one of the last's (Megatron-Core TransformerConfig: layers + 2 a multiple of
-    pp, and of vpp per rank); a one-line reason otherwise. Llama 3 405B at pp 16, vpp 2:
+    pp, and of vpp per rank); a one-line reason otherwise. At one slot the first virtual stage
+    builds no transformer layer (the embedding alone) and the last none (the loss alone):
+    ``get_num_layers_to_build``, megatron/core/transformer/transformer_block.py:188-202@d98e8a6.
+    Llama 3 405B at pp 16, vpp 2 and vpp 8:
 
     >>> s = accounted_split(126, 16, 2); s[:2], s[-2:], len(s)
     ([3, 4], [4, 3], 32)
+    >>> s = accounted_split(126, 16, 8); s[:2], s[-2:], len(s)
+    ([0, 1], [1, 0], 128)
     >>> accounted_split(32, 4, 2)
     '32 layers + embedding + loss = 34 are not a multiple of pp 4 x vpp 2'
     """
     slots, left = divmod(layers + 2, pp * vpp)
-    if left or slots < 2:
-        return f"{layers} layers + embedding + loss = {layers + 2} are not a multiple of pp {pp} x vpp {vpp}" \
-            + (" with 2 or more per virtual stage" if not left else "")
+    if left or slots < 1:
+        return f"{layers} layers + embedding + loss = {layers + 2} are not a multiple of pp {pp} x vpp {vpp}"
+    if slots == 1 and vpp == 1:  # the first stage would hold the embedding alone
+        return (f"{layers} layers + embedding + loss = {layers + 2} over pp {pp} is 1 per stage: the first and "
+                f"last stage would hold no layer, which meshplan does not model (a virtual stage may)")
     return [slots - 1] + [slots] * (pp * vpp - 2) + [slots - 1]
 
 

@@ -113,15 +113,18 @@ def estimate(model: ModelSpec, training: TrainingSpec, mesh: Mesh, stages, micro
     v = padded_vocab(model.vocab, training.vocab_pad_divisor, tp)
     per_stage = []
     for k, st in enumerate(states):
-        chunk = len(stages[k][0])
+        # a representative chunk: the first that holds layers (stage 0's first may hold the
+        # embedding alone, stage_layers)
+        rep: list[int] = next((ch for ch in stages[k] if ch), [])
+        chunk = len(rep)
         act = per_layer * chunk * in_flight_chunks(k, pp, max(micro, 1), vpp) + per_layer_work
         if k == 0:
             act += sum(t.size_bytes for t in embedding_terms(dims, tp=tp, sp=sp, cp=cp))
         if k == pp - 1:
             act += sum(t.size_bytes for t in head_terms(dims, v, tp=tp, sp=sp, cp=cp))
         gathered, accum = 0.0, 0.0
-        if training.sharding in ("zero3", "hsdp") and mesh.degree("fsdp") > 1:
-            ts = model.layer_tensors(stages[k][0][0])
+        if training.sharding in ("zero3", "hsdp") and mesh.degree("fsdp") > 1 and rep:
+            ts = model.layer_tensors(rep[0])
             numel = sum(local_numel(t, model, tp, mesh.ep, mesh.etp) for t in ts)
             layer = sum(local_numel(t, model, tp, mesh.ep, mesh.etp) * dtype_bytes(training.gather_dtype(t))
                         for t in ts)  # float8 Linears: 1 B under fp8_all_gather

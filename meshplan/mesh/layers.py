@@ -33,8 +33,15 @@ def stage_layers(layers: int, pp: int, vpp: int = 1, split: Optional[list[int]] 
     ``layers``. With ``pp`` entries and vpp > 1 each stage's layers go to its chunks as evenly
     as possible, the short chunks at the model's ends (stage 0's first chunk, the last stage's
     last chunk), as Llama 3 ran (Dubey et al. 2024, 3.3.2: one layer fewer on the first and
-    the last stage, with interleaving). Returns a one-line reason (str) when the layers
-    cannot be assigned.
+    the last stage, with interleaving). The model's first virtual stage may hold no layer (the
+    embedding alone) and its last none (the output layer and the loss alone): Megatron-Core's
+    ``--account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split`` count
+    each as one layer's slot, so at (layers + 2) / (pp x vpp) = 1 slot per virtual stage those
+    chunks build no transformer layer (``get_num_layers_to_build`` in
+    megatron/core/transformer/transformer_block.py:150-202@d98e8a6; Llama 3 405B, 126 layers
+    at pp 16 and vpp 8); every other virtual stage needs a layer, and every stage one (meshplan
+    does not model a stage of the embedding or the output layer alone). Returns a one-line
+    reason (str) when the layers cannot be assigned.
 
     >>> stage_layers(6, 2, 2, split=[3, 3])  # virtual stages of 1, 2, 2, 1 layers
     [[[0], [3, 4]], [[1, 2], [5]]]
@@ -42,6 +49,10 @@ def stage_layers(layers: int, pp: int, vpp: int = 1, split: Optional[list[int]] 
     [[[0], [3, 4]], [[1, 2], [5]]]
     >>> stage_layers(8, 2, 2, virtual_stage=lambda c, k, p, v: k if c == 0 else 2 * p - 1 - k)  # a V
     [[[0, 1], [6, 7]], [[2, 3], [4, 5]]]
+    >>> stage_layers(6, 2, 4, split=[0, 1, 1, 1, 1, 1, 1, 0])  # (6 + 2) / (2 x 4) = 1 slot each
+    [[[], [1], [3], [5]], [[0], [2], [4], []]]
+    >>> stage_layers(6, 2, 4, split=[3, 3]) == stage_layers(6, 2, 4, split=[0, 1, 1, 1, 1, 1, 1, 0])
+    True
     """
     vs = [[virtual_stage(c, k, pp, vpp) for c in range(vpp)] for k in range(pp)]
     if split is not None:
@@ -62,12 +73,20 @@ def stage_layers(layers: int, pp: int, vpp: int = 1, split: Optional[list[int]] 
 
 
 def last_stage(stages: list[list[list[int]]]) -> int:
-    """The stage holding the model's last layer (and so the final norm, the output layer and
-    the loss): ``pp - 1`` looped, 0 under a V-shaped schedule.
+    """The stage holding the model's last virtual stage (its last layer, or the output layer
+    alone, and so the final norm, the output layer and the loss): ``pp - 1`` looped, 0 under a
+    V-shaped schedule. An empty chunk other than stage 0's first (the embedding alone,
+    :func:`stage_layers`) is that head-only last virtual stage.
 
     >>> last_stage(stage_layers(8, 2, 2)), last_stage([[[0, 1], [6, 7]], [[2, 3], [4, 5]]])
     (1, 0)
+    >>> last_stage([[[], [1], [3], [5]], [[0], [2], [4], []]]), last_stage([[[], [2, 3]], [[0, 1], []]])
+    (1, 1)
     """
+    head_only = [k for k, chunks in enumerate(stages) for c, chunk in enumerate(chunks)
+                 if not chunk and (k, c) != (0, 0)]
+    if head_only:
+        return head_only[0]
     # chunks are ascending runs of layers (stage_layers): each chunk's last layer is its largest,
     # so one look per chunk, not a scan of every layer (called per stage: O(p^2 v) at pp 128)
     ends = [(chunk[-1], k) for k, chunks in enumerate(stages) for chunk in chunks if chunk]
@@ -78,29 +97,44 @@ def last_stage(stages: list[list[list[int]]]) -> int:
 def _virtual_counts(layers: int, pp: int, vpp: int, split: list[int],
                     vs: list[list[int]]) -> Union[list[int], str]:
     """Layers per virtual stage (model order) from a per-stage or per-virtual-stage ``split``
-    (see :func:`stage_layers`; ``vs[stage][chunk]``: the virtual stage), or a one-line reason."""
+    (see :func:`stage_layers`; ``vs[stage][chunk]``: the virtual stage), or a one-line reason.
+    Every virtual stage needs a layer but the model's first and last, every stage one (see
+    :func:`stage_layers`)."""
     if len(split) not in (pp, pp * vpp):
         return (f"pp_layer_split has {len(split)} entries for pp {pp}"
                 + (f" (or {pp * vpp} virtual stages)" if vpp > 1 else ""))
-    per = vpp > 1 and len(split) == pp * vpp
     if sum(split) != layers:
         return f"pp_layer_split {split} sums to {sum(split)}, must be {layers} layers"
-    least, unit = (1, "virtual stage") if per else (vpp, "stage")
-    if min(split) < least:
-        short = [k for k, n in enumerate(split) if n < least]
-        return (f"pp_layer_split gives {unit}{'s' if len(short) > 1 else ''} "
-                f"{', '.join(map(str, short[:8]))}{' ...' if len(short) > 8 else ''} fewer than {least} "
-                f"layer{'s' if least > 1 else ''}: each {unit} needs >= {least}"
-                + (" (one per virtual stage)" if not per else ""))
-    if per:
-        return list(split)
-    counts = [0] * (pp * vpp)
-    for k, n in enumerate(split):
+    if min(split) < 0:
+        return f"pp_layer_split {split} has a negative entry"
+    per = len(split) == pp * vpp  # per virtual stage (per stage too when vpp is 1)
+    counts = list(split) if per else [0] * (pp * vpp)
+    for k, n in ([] if per else enumerate(split)):
         base, extra = divmod(n, vpp)
         chunks = range(vpp - extra, vpp) if k == 0 and pp > 1 else range(extra)  # stage 0: its first chunk short
         for c in range(vpp):
             counts[vs[k][c]] = base + (c in chunks)
-    return counts
+    ends = (0, pp * vpp - 1)
+    empty = [j for j, n in enumerate(counts) if n < 1 and j not in ends]
+    bare = [k for k in range(pp) if not sum(counts[j] for j in vs[k])]
+    if bare and not empty:  # a stage of the embedding or the output layer alone (vpp 1, or both ends under a V)
+        return (f"pp_layer_split gives stage{'s' if len(bare) > 1 else ''} {_few(bare)} no layer: a chunk may "
+                f"hold the embedding or the output layer alone, a stage needs >= 1 layer")
+    if not empty:
+        return counts
+    if per:
+        unit = "virtual stage" if vpp > 1 else "stage"
+        return (f"pp_layer_split gives {unit}{'s' if len(empty) > 1 else ''} {_few(empty)} no layer: each {unit} "
+                f"needs >= 1 but the model's first (the embedding alone) and last (the output layer alone)")
+    short = sorted({k for k in range(pp) for j in vs[k] if j in empty})
+    return (f"pp_layer_split gives stage{'s' if len(short) > 1 else ''} {_few(short)} a chunk with no layer: each "
+            f"stage needs >= vpp {vpp} layers, {vpp - 1} where it holds the model's first virtual stage (the "
+            f"embedding alone) or its last (the output layer alone)")
+
+
+def _few(items: list[int]) -> str:
+    """``0, 1, 2`` (at most 8, then ``...``)."""
+    return ", ".join(map(str, items[:8])) + (" ..." if len(items) > 8 else "")
 
 
 def vpp_from_chunk(layers: int, pp: int, layers_per_chunk: int) -> Union[int, str]:

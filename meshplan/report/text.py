@@ -59,8 +59,12 @@ def fmt_layers(chunks: list[list[int]]) -> str:
     'layers 0,1 | 4,5 | 8,9 | ... | 36,37 (10 chunks of 2 layers)'
     >>> fmt_layers([[0], [3, 4]])
     'layers 0 | 3,4 (2 chunks of 1, 2 layers)'
+    >>> fmt_layers([[], [1], [3], [5]])  # the first chunk holds the embedding alone (stage_layers)
+    'layers - | 1 | 3 | 5 (4 chunks of 0, 1 layers)'
     """
     def one(c: list[int]) -> str:
+        if not c:
+            return "-"
         contiguous = all(b - a == 1 for a, b in zip(c, c[1:]))
         return f"{c[0]}..{c[-1]}" if contiguous and len(c) > 2 else ",".join(map(str, c))
 

@@ -729,7 +729,7 @@ def forward_unit(chunk: ChunkCosts, comm: CommTimes, w: Workload, ov: Overlap,
         op = "all-reduce" if w.megatron_ops else _tp(w)[1]  # Megatron 2022 all-reduces it under SP too
         s.compute("embedding tp wait", 0.0, [s.comm("tp", "forward", op, f"tp {op}")])
     gather = lambda i: s.comm("shard", "forward", "all-gather", f"fsdp AG L{i}", "layer") if gather_layers else None
-    ag = gather(0) if ov.fsdp_prefetch else None
+    ag = gather(0) if ov.fsdp_prefetch and n else None  # a chunk without layers (stage_layers) gathers none
     for i, (c, moe) in enumerate(zip(chunk.layers, chunk.moe)):
         ag = ag if ov.fsdp_prefetch else gather(i)
         ag_e = s.comm("shard", "forward", "all-gather", f"efsdp AG L{i}", "expert") if moe and gather_layers else None
@@ -891,7 +891,7 @@ def backward_unit(kind: str, chunk: ChunkCosts, comm: CommTimes, w: Workload, ov
             s.compute("head tp wait", 0.0, [s.comm("tp", "backward", _tp(w)[1], f"tp {_tp(w)[1]} (head)")])
         if red_w and (head_g == "root_head" or chunk.embed is None):  # one root unit: reduced after the embedding
             _reduce(s, head_g, head_g, 0.0)
-    ag = ag if early else gather_(n - 1) if ov.fsdp_prefetch else None
+    ag = ag if early else gather_(n - 1) if ov.fsdp_prefetch and n else None
     for i in reversed(range(n)):
         c, moe = chunk.layers[i], chunk.moe[i]
         ag = ag if ov.fsdp_prefetch else gather_(i)

@@ -133,7 +133,15 @@ def pipeline_bound(u: dict, vpp: int, m: int, reshard: bool | None = None) -> np
     extra = None
     if reshard is not None and p > 1 and "f_extra" in u:
         g = gathering_units(candidate_schedule(v), p, m, v, reshard)
-        extra = g[0][None, :] * u["f_extra"][:, dag.stage] + g[1][None, :] * u["b_extra"][:, dag.stage]
+        # the last chunk's backwards take the head's backward off their first gather (the head
+        # stage's ``b_extra_head``); an end chunk without layers (``empty_end``: stage 0's first,
+        # the last stage's last) gathers none
+        last = dag.chunk == v - 1
+        back = np.where(last[None, :], u.get("b_extra_head", u["b_extra"])[:, dag.stage], u["b_extra"][:, dag.stage])
+        extra = g[0][None, :] * u["f_extra"][:, dag.stage] + g[1][None, :] * back
+        if "empty_end" in u:
+            end = ((dag.stage == 0) & (dag.chunk == 0)) | ((dag.stage == p - 1) & last)
+            extra = np.where(end[None, :] & u["empty_end"][:, dag.stage], 0.0, extra)
     if "b_red" in u:  # each chunk's last gradient unit (micro-batch m-1's backward): its FSDP2 copy-ins
         red = ((dag.backward == 1) & (dag.mb == m - 1))[None, :] * u["b_red"][:, dag.stage]
         extra = red if extra is None else extra + red

@@ -34,7 +34,7 @@ Dimensions (each narrowed by :class:`~meshplan.spec.search.SearchOptions`):
   where asked with pp > 1 and vpp 2 the V-shaped ZB-V (1) and DualPipeV (2);
 - with pp >= 3, also :func:`ends_short_split` (first and last stage lighter by the embedding
   and the output layer, Llama 3's rule): with vpp 1 where it differs from the default split;
-  with vpp > 1 (interleaved 1F1B) where (layers + 2) / (pp x vpp) is a whole number >= 2
+  with vpp > 1 (interleaved 1F1B) where (layers + 2) / (pp x vpp) is a whole number >= 1
   (Llama 3's rule: the embedding and the output layer each take a layer's slot, every virtual
   stage the same slots), each stage's layers spread over its chunks by
   :func:`~meshplan.mesh.layers.stage_layers` (the short chunks at the model's ends: 14
@@ -369,7 +369,9 @@ def ends_short_split(layers: int, pp: int, vpp: int = 1) -> Optional[list[int]]:
     :func:`~meshplan.mesh.layers.balanced_split` of ``layers + 2``, one layer then taken off
     the first and the last stage. With ``vpp`` > 1 Llama 3's rule per virtual stage: every
     virtual stage holds (layers + 2) / (pp x vpp) slots, the embedding one of the first's and
-    the output layer one of the last's, so that whole number must be >= 2; each stage's layers
+    the output layer one of the last's, so that whole number must be >= 1 (at 1 the first
+    chunk holds the embedding alone and the last the output layer alone: Llama 3 405B at pp 16
+    and vpp 8); each stage's layers
     then go to its chunks as :func:`~meshplan.mesh.layers.stage_layers` spreads a per-stage
     split (the short chunk at the model's ends), which is exactly that layout, and the split
     Megatron-LM runs with ``--account-for-embedding-in-pipeline-split
@@ -378,22 +380,24 @@ def ends_short_split(layers: int, pp: int, vpp: int = 1) -> Optional[list[int]]:
     3, with vpp 1 when it equals the default split (:func:`stage_split`), with vpp > 1 when the
     rule does not hold (the default there is even chunks only, so the split is a new candidate
     even where it equals :func:`~meshplan.mesh.layers.balanced_split`: Llama 3 405B's 126 layers
-    at pp 16 are interleaved only this way, 128 / 16 = 8 slots per stage, vpp 2 or 4).
+    at pp 16 are interleaved only this way, 128 / 16 = 8 slots per stage, vpp 2, 4 or 8).
 
     >>> ends_short_split(32, 4), ends_short_split(126, 16), ends_short_split(8, 2)
     ([7, 9, 9, 7], None, None)
-    >>> ends_short_split(126, 16, 2)[:3], ends_short_split(126, 16, 8), ends_short_split(32, 4, 2)
-    ([7, 8, 8], None, None)
-    >>> ends_short_split(14, 4, 2), ends_short_split(14, 4, 3)
-    ([3, 4, 4, 3], None)
+    >>> ends_short_split(126, 16, 2)[:3], ends_short_split(126, 16, 8)[:3], ends_short_split(32, 4, 2)
+    ([7, 8, 8], [7, 8, 8], None)
+    >>> ends_short_split(14, 4, 2), ends_short_split(14, 4, 3), ends_short_split(14, 4, 4)
+    ([3, 4, 4, 3], None, [3, 4, 4, 3])
     """
     if pp < 3 or pp > layers:
         return None
-    if vpp > 1 and ((layers + 2) % (pp * vpp) or (layers + 2) // (pp * vpp) < 2):
+    if vpp > 1 and (layers + 2) % (pp * vpp):
         return None
     split = balanced_split(layers + 2, pp)
     split[0], split[-1] = split[0] - 1, split[-1] - 1
-    if min(split) < max(vpp, 1):
+    # a chunk per virtual stage: vpp layers a stage, vpp - 1 on the ends (their end chunk
+    # holds the embedding or the output layer alone, stage_layers); vpp 1 keeps a layer there
+    if min(split[1:-1]) < vpp or min(split[0], split[-1]) < max(vpp - 1, 1):
         return None
     return split if vpp > 1 or split != balanced_split(layers, pp) else None
 
@@ -488,7 +492,8 @@ def _training_knobs(cfg: Config, c: Candidates, i: int) -> dict:
     """The training fields of candidate ``i`` where a config setting does not apply to it:
     ``grad_accumulation`` back to ``sync`` outside :func:`accumulates`, ``fp8_all_gather`` off
     without FSDP (ZeRO-1 gathers no parameters; the float8 GEMMs stay), ``zero3_engine``
-    back to ``fsdp2`` outside sharding zero3 (DeepSpeed's engine is for ZeRO stage 3),
+    back to ``fsdp2`` outside sharding zero3 (DeepSpeed's engine is for ZeRO stage 3; with it
+    ``grad_dtype`` back to its default where it is the parameter dtype, the engine's default),
     ``zero12_engine`` back to ``megatron`` (and ``overlap_comm`` off) outside zero1,
     ``reshard_head_after_forward`` off without FSDP or ``reshard_after_forward``, as
     :class:`~meshplan.spec.training.TrainingSpec` requires of a config."""
@@ -501,6 +506,8 @@ def _training_knobs(cfg: Config, c: Candidates, i: int) -> dict:
         out["reshard_head_after_forward"] = False  # torchtitan's "always" reshards what FSDP2 shards
     if t.zero3_engine != "fsdp2" and SHARDING[c.sh[i]] != "zero3":
         out["zero3_engine"] = "fsdp2"
+        if t.grad_dtype == t.param_dtype:  # DeepSpeed's gradient partition dtype back to FSDP2's default
+            out["grad_dtype"] = type(t).model_fields["grad_dtype"].default
     if t.zero12_engine != "megatron" and SHARDING[c.sh[i]] != "zero1":  # DeepSpeed's ZeRO-1/2 engine
         out |= {"zero12_engine": "megatron", "overlap_comm": False}
     return out

@@ -26,8 +26,8 @@ It keeps only what the simulation (:mod:`meshplan.schedule.rank_timeline`, defau
   weights under ``training.fp8_all_gather``); plus the embedding and the
   head (and the loss collectives) where the chunk holds them; where [norm, output] is its own
   unit (torchtitan's units) its pre-backward prefetches the last layer's all-gather, which then
-  runs beside the head's backward: a gathering backward of the head's stage counts its first
-  gather less the head's backward time;
+  runs beside the head's backward: a gathering backward of the head's chunk counts its first
+  gather less the head's backward time (the stage's other chunks' backwards do not);
 - FSDP2's **copies on the compute stream** (:func:`fsdp_copies`, :mod:`meshplan.comm.fsdp2`):
   a layer's copy-out after each all-gather its pass waits for (forward; backward with
   ``reshard_after_forward``) before the layer's compute, its copy-in before each reduce-scatter
@@ -355,7 +355,9 @@ def unit_bounds(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: dict)
     """Per-stage lower bounds (candidates, pp), seconds: ``f_core``, ``b_core`` (one chunk's
     layers, forward and backward), the embedding's and the head's extra time in their
     chunk's units (``emb_f``, ``emb_b``, ``head_f``, ``head_b``), a gathering pass's extra
-    (``f_extra``, ``b_extra``; ``g_f``, ``g_b`` such passes per step), the extra of each chunk's
+    (``f_extra``, ``b_extra``; ``b_extra_head``: a gathering backward of the head's chunk, its
+    first gather less the head's backward; ``g_f``, ``g_b`` such passes per step; ``empty_end``:
+    the stage's end chunk holds no layer), the extra of each chunk's
     last gradient unit (``b_red``: FSDP2's copy-ins where that unit alone reduces), each at the
     stage's shortest chunk, and at its longest (``f_core_hi``, ``b_core_hi``, ``b_red_hi``; ``n_long``
     chunks of that length, ``f_core0``, ``b_core0`` chunk 0's: the Llama 3 split with vpp > 1), the p2p send
@@ -418,20 +420,30 @@ def unit_bounds(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: dict)
     head_b = st.last * (col(od["head_b"]) + post)
     # torchtitan's [norm, output] unit (every pp): its pre-backward prefetches the last layer's
     # all-gather before the head's backward runs (rank_timeline.backward_unit), so a gathering
-    # backward pass of the head's chunk exposes its first gather less the head's backward (taken
-    # off every gathering backward of the head's stage: never more than the simulation's)
+    # backward pass of the head's chunk exposes its first gather less the head's backward
+    # (``b_extra_head``: the head chunk's gathering backwards only, step_lower_bound)
     hb = head_b * _head_unit_apart(cfg, c)
     hb1 = hb * col((c.pp == 1) & (c.vpp == 1))  # pp 1: every backward of the head's chunk gathers (sync)
     # there the head's reduce-scatter, issued after its backward, runs on the FSDP stream between
     # the last layer's prefetched all-gather and the next layer's (every micro-batch under sync)
 
     def cores(n):
-        # one chunk of n layers: each term grows with n (a longer chunk's bound is never lower)
+        # one chunk of n layers: each term grows with n (a longer chunk's bound is never lower);
+        # a chunk of none (the embedding or the output layer alone, stage_layers) has no layer term
         h_rs = col(cm["head_rs"]) * (hb1 > 0) * keep * (n >= 2)
-        return {"f_core": np.maximum(np.maximum(ag + n * cf_c, n * ag + cf_c), n * cf_c + col(~lazy) * e_ag),
-                "b_core": np.maximum(np.maximum(ag_b - hb1, 0.0) + n * cb_c + e_ci,
-                                     n * ag_b + np.maximum(n - 2, 0) * rs * keep + h_rs + cb_c - hb1),
-                "b_red": n * ci_p + e_ci_p}
+        has = n >= 1
+        return {"f_core": has * np.maximum(np.maximum(ag + n * cf_c, n * ag + cf_c), n * cf_c + col(~lazy) * e_ag),
+                "b_core": has * np.maximum(np.maximum(ag_b - hb1, 0.0) + n * cb_c + e_ci,
+                                           n * ag_b + np.maximum(n - 2, 0) * rs * keep + h_rs + cb_c - hb1),
+                "b_red": has * (n * ci_p + e_ci_p)}
+
+    def extra(n, hb):
+        # a gathering pass's extra over its chunk of n >= 1 layers (forward, backward less ``hb``)
+        f = np.maximum(piped * (np.maximum(ag_p + n * (cf + co_p), n * ag_p + cf + co_p) - n * cf),
+                       col(lazy) * e_ag + n * co_p)
+        b = np.maximum(piped * (np.maximum(np.maximum(ag_p - hb, 0.0) + n * (cb + co_p),
+                                           n * ag_p + cb + co_p - hb) - n * cb), n * co_p)
+        return f, b
 
     lo, hi = cores(n), cores(st.n_chunk_hi)
     # the Llama 3 split with vpp > 1: ``n_long`` chunks of the stage hold n_chunk_hi layers, the
@@ -441,11 +453,12 @@ def unit_bounds(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: dict)
     long0 = (n_long > 0) & (st.k > 0)
     out = {**lo, "f_core_hi": hi["f_core"], "b_core_hi": hi["b_core"], "b_red_hi": hi["b_red"], "n_long": n_long,
            "f_core0": np.where(long0, hi["f_core"], lo["f_core"]), "b_core0": np.where(long0, hi["b_core"], lo["b_core"]),
-           "f_extra": np.maximum(piped * (np.maximum(ag_p + n * (cf + co_p), n * ag_p + cf + co_p) - n * cf),
-                                 col(lazy) * e_ag + n * co_p),
-           "b_extra": np.maximum(piped * (np.maximum(np.maximum(ag_p - hb, 0.0) + n * (cb + co_p),
-                                                     n * ag_p + cb + co_p - hb) - n * cb), n * co_p),
-           "g_f": g_f, "g_b": g_b,
+           # at the shortest chunk that holds layers (the passes of an empty one are left out:
+           # step_lower_bound); a gathering backward of the head's chunk takes the head's
+           # backward off its first gather (``b_extra_head``), the other chunks' do not
+           **dict(zip(("f_extra", "b_extra"), extra(np.maximum(n, 1), 0.0))),
+           "b_extra_head": extra(np.maximum(n, 1), hb)[1],
+           "g_f": g_f, "g_b": g_b, "empty_end": st.n_chunk == 0,
            "emb_f": st.first * (col(od["emb_f"]) + post + col(np.where(lazy, 0.0, cp["root_out"]))),
            "emb_b": st.first * (col(od["emb_bw"]) + col(np.where(lazy, 0.0, cp["root_in"]))),
            "head_f": st.last * (pre + col(od["head_f"]) + col(cm["loss"])),
@@ -474,8 +487,9 @@ def unit_bounds(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: dict)
     # chunk 0's pieces of the per-step reduction: its layers' share (rank_timeline.reduce_pieces:
     # S / the stage's layers per layer), 1 / vpp with even chunks
     n0 = np.where(long0, st.n_chunk_hi, n)
-    out["tail"] = np.maximum(np.maximum(one * out["head_b"] + ag_b + cb + red * n0 / np.maximum(st.n, 1),
-                                        one * out["head_b"] + out["b_core0"] + fsdp_red) - b0 - root_in, 0.0)
+    has0 = n0 >= 1  # chunk 0 holds layers (stage 0's may hold the embedding alone)
+    out["tail"] = np.maximum(np.maximum(one * out["head_b"] + has0 * (ag_b + cb) + red * n0 / np.maximum(st.n, 1),
+                                        one * out["head_b"] + out["b_core0"] + has0 * fsdp_red) - b0 - root_in, 0.0)
     return out
 
 
@@ -542,11 +556,18 @@ def _gathers(schedule, p: int, m: int, v: int, reshard: bool) -> np.ndarray:
 def _gathers_both(schedule, p: int, m: int, v: int) -> np.ndarray:
     """(2 reshard, 2, p): gathering F and B passes per step of each stage (see
     :func:`gathering_passes`), without and with resharding after forward:
-    :func:`~meshplan.comm.collectives.fsdp_gather_flags`'s rule on the stage's order as arrays
-    (:func:`~meshplan.pipeline.fast.order_arrays`, one call per stage for both): a pass gathers
-    when it is its chunk's first, or follows a forward of the chunk that resharded; a backward
-    leaves the chunk gathered."""
-    out = np.zeros((2, 2, p))
+    :func:`_chunk_gathers` summed over the chunks."""
+    return _chunk_gathers(schedule, p, m, v).sum(axis=-1)
+
+
+@lru_cache(maxsize=None)
+def _chunk_gathers(schedule, p: int, m: int, v: int) -> np.ndarray:
+    """(2 reshard, 2, p, v): gathering F and B passes per step of each stage's chunks, without
+    and with resharding after forward: :func:`~meshplan.comm.collectives.fsdp_gather_flags`'s
+    rule on the stage's order as arrays (:func:`~meshplan.pipeline.fast.order_arrays`, one call
+    per stage for both): a pass gathers when it is its chunk's first, or follows a forward of
+    the chunk that resharded; a backward leaves the chunk gathered."""
+    out = np.zeros((2, 2, p, v))
     for s in range(p):
         kind, _, chunk = order_arrays(schedule, p, m, v, s)
         keep = kind < 2  # F and B (a W pass neither gathers nor reshards)
@@ -558,7 +579,29 @@ def _gathers_both(schedule, p: int, m: int, v: int) -> np.ndarray:
         after_f = np.concatenate([[False], kind[:-1] == 0])
         fwd = kind == 0
         for r, gathers in enumerate((first, first | after_f)):
-            out[r, 0, s], out[r, 1, s] = gathers[fwd].sum(), gathers[~fwd].sum()
+            out[r, 0, s] = np.bincount(chunk[gathers & fwd], minlength=v)
+            out[r, 1, s] = np.bincount(chunk[gathers & ~fwd], minlength=v)
+    return out
+
+
+def end_chunk_passes(c: Candidates, st: Stages) -> dict[str, np.ndarray]:
+    """Of :func:`gathering_passes`' passes with pp > 1 (candidates, pp): those of each stage's
+    first chunk (``f0``, ``b0``) and last chunk (``fl``, ``bl``). The model's first virtual
+    stage is stage 0's first chunk, its last the head stage's last chunk (``st.last``): the
+    chunks that may hold the embedding or the output layer alone (``st.n_chunk`` 0, the Llama 3
+    split at one slot per virtual stage), and the one whose backward runs the head's."""
+    p = st.k.shape[1]
+    out = {k: np.zeros((len(c), p)) for k in ("f0", "b0", "fl", "bl")}
+    if p == 1:
+        return out
+    m, v, ps, rf = (np.asarray(a, dtype=np.int64) for a in (st.m[:, 0], c.vpp, c.ps, c.rf > 0))
+    code = ((m * (int(v.max()) + 1) + v) * (int(ps.max()) + 1) + ps) * 2 + rf  # one int per distinct key
+    for key in np.unique(code).tolist():
+        rows = code == key
+        j = int(np.argmax(rows))
+        g = _chunk_gathers(candidate_schedule(int(v[j]), int(ps[j])), p, int(m[j]), int(v[j]))[int(rf[j])]
+        for name, kind, chunk in (("f0", 0, 0), ("b0", 1, 0), ("fl", 0, -1), ("bl", 1, -1)):
+            out[name][rows] = g[kind, :, chunk][None, :]
     return out
 
 
@@ -569,14 +612,22 @@ def step_lower_bound(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: 
     v = c.vpp[:, None]
     one = v == 1
     r = u["n_long"]  # chunks of n_chunk_hi layers (the Llama 3 split with vpp > 1; else 0)
+    # the gathering passes: none of a chunk without layers (the Llama 3 split at one slot per
+    # virtual stage: stage 0's first chunk, the head stage's last), and the head's chunk's
+    # backwards apart (the only ones whose first gather runs beside the head's backward)
+    ends = end_chunk_passes(c, st)
+    empty0, empty_l = st.first & (st.n_chunk == 0), st.last & (st.n_chunk == 0) & ~one
+    g_f = u["g_f"] - empty0 * ends["f0"] - empty_l * ends["fl"]
+    g_b = u["g_b"] - empty0 * ends["b0"] - empty_l * ends["bl"]
+    g_bh = np.where(one, st.last * g_b, st.last * ~empty_l * ends["bl"])
     busy = st.m * ((v - r) * (u["f_core"] + u["b_core"]) + r * (u["f_core_hi"] + u["b_core_hi"])
                    + u["emb_f"] + u["emb_b"] + u["head_f"] + u["head_b"]) \
-        + u["g_f"] * u["f_extra"] + u["g_b"] * u["b_extra"] + (v - r) * u["b_red"] + r * u["b_red_hi"] \
-        + u["root_extra"]
+        + g_f * u["f_extra"] + (g_b - g_bh) * u["b_extra"] + g_bh * u["b_extra_head"] \
+        + (v - r) * u["b_red"] + r * u["b_red_hi"] + u["root_extra"]
     f0 = u["f_core0"] + u["emb_f"] + one * u["head_f"]       # chunk 0's forward unit on each stage
     b0 = u["b_core0"] + u["emb_b"] + one * u["head_b"]       # chunk 0's backward unit on each stage
     p2p, tail, end = u["p2p"], u["tail"], u["end"]
-    first = f0 + u["f_extra"]  # micro-batch 0's forward finds every chunk sharded: it gathers
+    first = f0 + ~empty0 * u["f_extra"]  # micro-batch 0's forward finds every chunk sharded: it gathers
     fill = np.cumsum(first + p2p, axis=1) - (first + p2p)
     drain = np.cumsum(b0 + p2p, axis=1) - (b0 + p2p)
     own = fill + busy + tail + end

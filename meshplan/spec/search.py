@@ -53,12 +53,12 @@ class SearchOptions(BaseModel):
       ``zero1``, ``zero3`` (both with dp_replicate 1) and ``hsdp`` (dp_replicate > 1).
     - ``vpp``: allowed virtual stages per rank; ``max_vpp``: the bound on them (default 8).
       Searched: 1, and the divisors of layers / pp up to ``max_vpp`` when pp > 1; with the Llama
-      3 split (``uneven_stages``) those up to ``max_vpp`` with (layers + 2) / (pp x vpp) whole and >= 2.
+      3 split (``uneven_stages``) those up to ``max_vpp`` with (layers + 2) / (pp x vpp) whole and >= 1.
     - ``reshard_after_forward``, ``tp_comm_overlap``, ``uneven_stages``: allowed values of
       ``training.reshard_after_forward`` (where parameters are FSDP-sharded),
       ``training.tp_comm_overlap`` (where tp > 1) and of the Llama 3 split with the first and
       last stage lighter (where pp >= 3: with vpp 1 where it differs from the default, with vpp
-      > 1 where (layers + 2) / (pp x vpp) is whole and >= 2, the only interleaved split when pp
+      > 1 where (layers + 2) / (pp x vpp) is whole and >= 1, the only interleaved split when pp
       does not divide the layers); default
       both values of each.
     - ``pp_schedules``: pipeline schedules of candidates with pp > 1 (default ``["1f1b"]``:

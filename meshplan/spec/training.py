@@ -92,8 +92,10 @@ class TrainingSpec(BaseModel):
     SC'21's ZeRO-3 runs): one all-gather per parameter tensor, in forward and again in
     backward, and one reduce-scatter per parameter tensor, each over the whole data-parallel
     group with list-based outputs (:mod:`meshplan.comm.deepspeed`). Its gradients are reduced
-    in the parameter dtype (``_reduce_scatter_gradient`` reduces ``param.grad``) unless
-    ``grad_reduce_dtype`` says otherwise.
+    in the parameter dtype (``_reduce_scatter_gradient`` reduces ``param.grad``; DeepSpeed at
+    edaa722 casts to ``communication_data_type``, unset the model's dtype, ``stage3.py:1798-1799``)
+    unless ``grad_reduce_dtype`` says otherwise, and kept, partitioned, in the parameter dtype
+    unless ``grad_dtype`` is given (DeepSpeed's ``data_types.grad_accum_dtype``).
     ``zero12_engine``: which runtime reduces the gradients under ``sharding = "zero1"`` or
     ``"zero2"``: ``megatron`` (Megatron-LM's distributed optimizer: reduce-scatters of gradient
     buckets, :func:`meshplan.comm.collectives._zero2_rows`) or ``deepspeed`` (DeepSpeed's
@@ -215,6 +217,26 @@ class TrainingSpec(BaseModel):
         """
         if isinstance(data, dict) and data.get("vocab_pad_divisor") is None:
             data = {**data, "vocab_pad_divisor": 128 if data.get("framework") == "megatron" else 1}
+        return data
+
+    @model_validator(mode="before")
+    @classmethod
+    def _deepspeed_grads(cls, data):
+        """``grad_dtype`` unset under ``zero3_engine = "deepspeed-2021"``: the parameter dtype.
+        DeepSpeed's ZeRO-3 keeps each rank's gradient partition in the model's dtype: v0.3.13
+        allocates ``grads_in_partition`` as ``torch.half`` (``runtime/zero/stage3.py``
+        ``partition_previous_reduced_grads``), and at edaa722 ``grad_partitions_flat_buffer``
+        (``stage3.py:742-744``) takes ``gradient_accumulation_dtype``, ``data_types.grad_accum_dtype``
+        or else the model's dtype (``runtime/engine.py:1485-1496``). The fp32 copy ``step`` makes,
+        one ``sub_group_size`` group at a time, is transient (not this state).
+
+        >>> TrainingSpec(global_batch=8, seq_len=16, param_dtype="fp16", zero3_engine="deepspeed-2021").grad_dtype
+        'fp16'
+        >>> TrainingSpec(global_batch=8, seq_len=16, zero3_engine="deepspeed-2021", grad_dtype="fp32").grad_dtype
+        'fp32'
+        """
+        if isinstance(data, dict) and data.get("zero3_engine") == "deepspeed-2021" and data.get("grad_dtype") is None:
+            data = {**data, "grad_dtype": data.get("param_dtype", "bf16")}
         return data
 
     @model_validator(mode="after")
