@@ -158,6 +158,21 @@ def test_explain_by_hand_with_the_tie_rule():
         "top is as fast as #2 (12.337 s both, within 0.001%): bubble")
 
 
+def test_by_tie_rule_includes_an_exact_tie():
+    """The tie rule orders every candidate within 1% of the fastest (rank.TIE): the top and a
+    runner-up of exactly the same step (0%), or 0.5% slower (10.05 / 10.0), were ordered by
+    it; one 2% slower (10.2 > 10.0 x 1.01) was not. A faster candidate below the top: by the
+    rule too (and the line then names it)."""
+    top = {"step": 10.0, "compute": 9.0, "bubble": 1.0}
+    same = explain(top, dict(top), {}, {})
+    assert same.by_tie_rule and not same.tie_listed_first and same.to_dict()["by_tie_rule"] is True
+    assert same.line().startswith("top is as fast as #2 (10.000 s both, within 0.001%)")
+    assert explain(top, {**top, "step": 10.05}, {}, {}).by_tie_rule
+    assert not explain(top, {**top, "step": 10.2}, {}, {}).by_tie_rule
+    below = explain({**top, "step": 10.05}, {**top, "step": 10.2}, {}, {}, fastest_step_s=10.0, fastest_row=3)
+    assert below.by_tie_rule and below.tie_listed_first and below.line().startswith("top's step 10.050 s")
+
+
 def test_no_row_is_faster_than_the_line_says_llama3_70b():
     """A user's report: Llama 3 70B on 8 dgx-h100 nodes, global batch 128 x 8192, FSDP (zero3,
     kept gathered) with tp 4 and tp overlap (async TP: torch.compile on), no recompute, pp 2, cp 2 or 4, mb 1 or 2, vpp 4, 5
