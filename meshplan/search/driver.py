@@ -71,7 +71,7 @@ from meshplan.search.frontier import Frontier
 from meshplan.search.memory import Tables, stage_layout, state
 from meshplan.search.rank import needed, ranked
 from meshplan.search.space import CODE, FSDP_SHARDINGS, OK, REASONS, RECOMPUTE, SHARDING, Candidates, accumulates, \
-    enumerate_candidates, first_reason
+    enumerate_candidates, first_reason, zero1_refused
 from meshplan.search.pipeline import pipeline_bound
 from meshplan.search.timing import TimeTables, gemm_efficiency, step_lower_bound, unit_bounds
 from meshplan.config import Config
@@ -278,6 +278,10 @@ def _settings_notes(cfg: Config, c: Candidates) -> list[str]:
         out.append(f"training.zero12_engine {t.zero12_engine!r} applies to zero1 candidates (DeepSpeed's ZeRO-1: "
                    "bucket all-reduces, ranked by the Megatron-style estimate, planned exactly as DeepSpeed runs "
                    "them); zero3 and hsdp candidates are planned with FSDP2")
+    if "zero1" in cfg.search.sharding and zero1_refused(t) and (c.sh == SHARDING.index("zero1")).any():
+        out.append("zero1 is rejected under training.framework \"torch\" (rule 'framework'): torch and torchtitan "
+                   "have no engine that shards the optimizer state alone; set training.zero12_engine = \"deepspeed\" "
+                   "(DeepSpeed's ZeRO-1) or framework = \"megatron\" (its distributed optimizer) to search it")
     if "op" in cfg.search.recompute and t.has_op_recompute and cfg.model.is_mla:
         out.append("recompute 'op' (torchtitan's op-level selective AC) is not searched with multi-head latent "
                    "attention: which of its mms the policy saves is not modelled")
