@@ -608,7 +608,10 @@ def _stage_end(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: dict, 
     n = np.broadcast_to(c.fsdp[:, None], numel.shape).ravel()
     stride = np.broadcast_to(c.tp[:, None], numel.shape).ravel()
     gather = coll_times(tt, "all-gather", n, numel.ravel() * dtype_bytes(t.param_dtype), stride).reshape(numel.shape)
-    red = coll_times(tt, "reduce-scatter", n, numel.ravel() * dtype_bytes(t.reduce_dtype), stride).reshape(numel.shape)
+    # in the dtype the zero1 plan reduces in (TrainingSpec.zero12_reduce_dtype: grad_reduce_dtype,
+    # DeepSpeed's model dtype, else reduce_dtype), the collective table's
+    red = coll_times(tt, "reduce-scatter", n, numel.ravel() * dtype_bytes(t.zero12_reduce_dtype),
+                     stride).reshape(numel.shape)
     return opt + np.where(zero1, gather, 0.0), np.where(zero1, red, 0.0)
 
 
