@@ -27,7 +27,9 @@ It keeps only what the simulation (:mod:`meshplan.schedule.rank_timeline`, defau
   head (and the loss collectives) where the chunk holds them; where [norm, output] is its own
   unit (torchtitan's units) its pre-backward prefetches the last layer's all-gather, which then
   runs beside the head's backward: a gathering backward of the head's stage counts its first
-  gather less the head's backward time;
+  gather less the head's backward time; under ``training.reshard_head_after_forward`` (pp 1,
+  ``sync``) each backward first waits for that unit's own all-gather and copy-out
+  (:func:`_head_regathers`), the last layer's gather queued behind it;
 - FSDP2's **copies on the compute stream** (:func:`fsdp_copies`, :mod:`meshplan.comm.fsdp2`):
   a layer's copy-out after each all-gather its pass waits for (forward; backward with
   ``reshard_after_forward``) before the layer's compute, its copy-in before each reduce-scatter
@@ -88,7 +90,7 @@ from meshplan.placement.assign import place
 from meshplan.schedule.rank_timeline import LAYER_BLOCKS, cp_parts
 from meshplan.schedule.steptime import ZEROED_GRAD_BUFFER, optimizer_step_s
 from meshplan.search.memory import Stages, Tables, lookup, split
-from meshplan.search.space import RECOMPUTE, SHARDING, Candidates, accumulates, candidate_schedule
+from meshplan.search.space import FSDP_SHARDINGS, RECOMPUTE, SHARDING, Candidates, accumulates, candidate_schedule
 from meshplan.spec.axes.base import Dim
 from meshplan.spec.mesh import MeshSpec
 from meshplan.units import dtype_bytes
@@ -203,6 +205,10 @@ def comm_times(cfg: Config, tt: TimeTables, c: Candidates) -> dict[str, np.ndarr
     # output layer counted, a tied one being its own unit only under pp)
     head = lookup([c.tp], lambda tp: {"n": sum(tt.tables.roots(tp)[1:3])}, ("n",))["n"]
     out["head_rs"] = np.where(on, coll_times(tt, "reduce-scatter", c.fsdp, head * rd, c.tp), 0.0)
+    # its all-gather, each weight in its gather dtype (unpadded: never above the table's), which
+    # training.reshard_head_after_forward runs again before each backward (_head_regathers)
+    head_g = lookup([c.tp], lambda tp: {"b": sum(tt.tables.roots_gather(tp)[k] for k in ("norm", "out"))}, ("b",))["b"]
+    out["head_ag"] = np.where(on, coll_times(tt, "all-gather", c.fsdp, head_g, c.tp), 0.0)
     # HSDP: the reduced shard all-reduced over dp_replicate (ranks dp_shard * cp * tp apart)
     out["hsdp_ar"] = np.where(c.sh == SHARDING.index("hsdp"),
                               coll_times(tt, "all-reduce", c.dpr, unit // c.fsdp * rd, c.dps * c.cp * c.tp), 0.0)
@@ -415,12 +421,20 @@ def unit_bounds(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: dict)
     moe_n = _expert_gathers(st, c) if m.is_moe else 0
     e_ci, e_ci_p = moe_n * col(np.where(lazy, 0.0, cp["e_in"])), moe_n * col(np.where(lazy, cp["e_in"], 0.0))
     cf_c, cb_c = cf + co, cb + co * keep + ci
-    head_b = st.last * (col(od["head_b"]) + post)
+    head_b0 = st.last * (col(od["head_b"]) + post)
+    # training.reshard_head_after_forward (torchtitan's "always", pp 1 under sync): each backward
+    # starts with the [norm, output] unit's all-gather, exposed, then its copy-out before the
+    # head's backward; the last layer's prefetched gather queues behind it on the FSDP stream
+    # (rank_timeline.backward_unit; test_reshard_policy's backward by hand)
+    again = _head_regathers(cfg, c)
+    h_co = st.last * col(cp["head_out"]) * again
+    head_b = head_b0 + st.last * col(cm["head_ag"]) * again + h_co
     # torchtitan's [norm, output] unit (every pp): its pre-backward prefetches the last layer's
     # all-gather before the head's backward runs (rank_timeline.backward_unit), so a gathering
-    # backward pass of the head's chunk exposes its first gather less the head's backward (taken
-    # off every gathering backward of the head's stage: never more than the simulation's)
-    hb = head_b * _head_unit_apart(cfg, c)
+    # backward pass of the head's chunk exposes its first gather less the head's backward (and
+    # the head's copy-out after its own gather: the last layer's gather starts after that one)
+    # (taken off every gathering backward of the head's stage: never more than the simulation's)
+    hb = (head_b0 + h_co) * _head_unit_apart(cfg, c)
     hb1 = hb * col((c.pp == 1) & (c.vpp == 1))  # pp 1: every backward of the head's chunk gathers (sync)
     # there the head's reduce-scatter, issued after its backward, runs on the FSDP stream between
     # the last layer's prefetched all-gather and the next layer's (every micro-batch under sync)
@@ -487,6 +501,20 @@ def _head_unit_apart(cfg: Config, c: Candidates) -> np.ndarray:
     titan = t.framework == "torch" and t.zero3_engine == "fsdp2"
     apart = (c.pp > 1) | (c.vpp > 1) | np.bool_(not m.tied_embeddings)
     return (np.bool_(titan) & apart | (c.vpp > 1))[:, None].astype(np.float64)
+
+
+def _head_regathers(cfg: Config, c: Candidates) -> np.ndarray:
+    """(candidates, 1) 1 where every backward all-gathers the [norm, output] unit again before
+    the head's backward (``training.reshard_head_after_forward``, which the search keeps on
+    FSDP candidates with ``reshard_after_forward``, :func:`~meshplan.search.space.candidate_config`):
+    a unit of its own (:func:`_head_unit_apart`) over more than one rank, pp 1 and vpp 1 under
+    ``grad_accumulation = "sync"`` (each micro-batch's backward; with pp > 1 or accumulation only
+    the gathering passes do, not counted here: the bound stays below the step), else 0."""
+    if not cfg.training.reshard_head_after_forward:
+        return np.zeros((len(c), 1))
+    on = np.isin(c.sh, FSDP_SHARDINGS) & (c.rf > 0) & (c.fsdp > 1) & (c.pp == 1) & (c.vpp == 1) \
+        & ~accumulates(cfg, c.pp, c.sh)
+    return on[:, None] * _head_unit_apart(cfg, c)
 
 
 def _expert_gathers(st: Stages, c: Candidates) -> np.ndarray:
