@@ -36,12 +36,13 @@ def config(training: dict | None = None, **opts):
 def test_zero1_rejected_under_torch_by_name(training, rejected):
     """pp 1, tp 1 or 2 on 8 GPUs: zero1 on dp_shard 8 and on dp_shard 4 x tp 2 (2 rows; under
     megatron tp overlap doubles the tp 2 one: 3), zero3 on both with and without
-    reshard_after_forward (4; megatron: 6). Only torch without DeepSpeed's engine rejects the
-    zero1 rows, under the rule 'framework'."""
+    reshard_after_forward (4; megatron: 6), zero2 under DeepSpeed's engine (2). Only torch without
+    DeepSpeed's engine rejects the zero1 rows, under the rule 'framework'."""
     cfg = config(training, pp=[1], tp=[1, 2])
     c = enumerate_candidates(cfg)
-    megatron = training.get("framework") == "megatron"
-    assert (int((c.sh == ZERO1).sum()), len(c)) == ((3, 9) if megatron else (2, 6))
+    megatron, deepspeed = training.get("framework") == "megatron", "zero12_engine" in training
+    # DeepSpeed's engine: its zero2 rows too (one per mesh, as zero1)
+    assert (int((c.sh == ZERO1).sum()), len(c)) == ((3, 9) if megatron else (2, 8) if deepspeed else (2, 6))
     code = first_reason(cfg, c)
     assert int((code == CODE["framework"]).sum()) == rejected
     assert ((code == CODE["framework"]) == ((c.sh == ZERO1) & bool(rejected))).all()
@@ -99,3 +100,73 @@ def test_export_target_refusing_every_row_is_refused_before_searching(tmp_path, 
         "error: --to: torchtitan shards with FSDP2 (zero3, hsdp); [search] sharding lists zero1 only: add zero3 to "
         "search.sharding or export --to megatron"), cap.err
     assert "candidates" not in cap.out and not (tmp_path / "r.toml").exists()
+
+
+def test_deepspeed_zero2_config_searches_its_own_stage():
+    """examples/deepspeed_zero2_16xh100.json (ZeRO stage 2, DeepSpeed's engine) on 2 x 8 H100
+    with Llama 3 8B at 4,096 tokens: its [search] is one data axis (dp_shard 16) with zero1, zero2
+    and zero3; 4 micro-batches x 4 policies (none, selective, full, op) x (zero1 + zero2 + zero3
+    with and without reshard_after_forward) = 64 candidates (48 before, no zero2). The config's
+    own run (zero2, mb 1, selective) is one of them, planned as `meshplan step` plans the
+    config: 6018.68 ms."""
+    import dataclasses
+    from pathlib import Path
+
+    from meshplan.interop.common import ImportOptions
+    from meshplan.interop.foreign import load_any
+
+    path = Path(__file__).parent.parent / "examples" / "deepspeed_zero2_16xh100.json"
+    cfg = load_any(path, opts=ImportOptions(cluster="dgx-h100", nodes=2, model="llama3-8b", seq_len=4096))
+    assert cfg.search.sharding == ["zero1", "zero2", "zero3"] and cfg.training.sharding == "zero2"
+    c = enumerate_candidates(cfg)
+    z2 = SHARDING.index("zero2")
+    assert len(c) == 64 and int((c.sh == z2).sum()) == 16 and not c.rf[c.sh == z2].min() == 0
+    own = int(np.flatnonzero((c.sh == z2) & (c.mb == 1) & (c.rc == 1))[0])  # RECOMPUTE[1]: selective
+    mine = build_plan(cfg)
+    row = build_plan(candidate_config(cfg, c, own))
+    assert row.config.training == mine.config.training
+    assert step_time(row).step_s == step_time(mine).step_s == pytest.approx(6.01868, abs=5e-6)
+    r = search(dataclasses.replace(cfg, search=cfg.search.model_copy(update={"top": 5})), workers=1)
+    assert any(r.candidates.sh[e.index] == z2 for e in r.top)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("overlap", [False, True])
+def test_deepspeed_zero2_bounds_hold_for_every_candidate(overlap):
+    """SMALL on 8 GPUs under DeepSpeed's ZeRO-1/2 engine (the config at zero2, overlap_comm off
+    and on): every candidate planned exactly; the search's verdicts are build_plan's (DeepSpeed's
+    engine refuses cp, ep and, for ZeRO-2 or overlap_comm, pp > 1: rule 'engine', build_plan a
+    ConfigError), its step and memory bounds hold on every one, zero2 included (bound / step on
+    them: largest 0.882 and 0.891, median 0.837 and 0.858), and its top is the exhaustive exact
+    ranking."""
+    from meshplan.errors import ConfigError
+    from meshplan.search.rank import ranked
+    from meshplan.search.space import OK
+    from test_search import config as small
+
+    cfg = small(1, 6.0, training={"sharding": "zero2", "zero12_engine": "deepspeed", "overlap_comm": overlap},
+                micro_batch=[1, 2], recompute=["selective", "full"], top=6)
+    r = search(cfg, workers=1)
+    c, m = r.candidates, cfg.search.memory_margin
+    z2 = SHARDING.index("zero2")
+    assert int((c.sh == z2).sum()) == 120
+    steps, ratios = {}, []
+    for i in range(len(c)):
+        try:
+            p = build_plan(candidate_config(cfg, c, i))
+        except ConfigError:
+            assert r.code[i] == CODE["engine"], c.label(i)
+            continue
+        assert r.code[i] != CODE["engine"], c.label(i)
+        if not p.feasible:
+            assert r.code[i] != OK, c.label(i)
+            continue
+        step = step_time(p).step_s
+        if r.code[i] == OK:
+            steps[i] = step
+        assert r.est.step_lo[i] <= step * (1 + 1e-9), c.label(i)
+        assert r.est.peak_lo[i] / (1 + m) <= p.timeline.peak.total_bytes <= r.est.peak_hi[i] * (1 + m), c.label(i)
+        if c.sh[i] == z2:
+            ratios.append(r.est.step_lo[i] / step)
+    assert [e.index for e in r.top] == ranked(c, steps, 6)
+    assert max(ratios) >= 0.87 and np.median(ratios) >= 0.83

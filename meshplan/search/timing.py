@@ -90,7 +90,8 @@ from meshplan.placement.assign import place
 from meshplan.schedule.rank_timeline import LAYER_BLOCKS, cp_parts
 from meshplan.schedule.steptime import ZEROED_GRAD_BUFFER, optimizer_step_s
 from meshplan.search.memory import Stages, Tables, lookup, split
-from meshplan.search.space import FSDP_SHARDINGS, RECOMPUTE, SHARDING, Candidates, accumulates, candidate_schedule
+from meshplan.search.space import FSDP_SHARDINGS, RECOMPUTE, SHARDING, ZERO12, Candidates, accumulates, \
+    candidate_schedule
 from meshplan.spec.axes.base import Dim
 from meshplan.spec.mesh import MeshSpec
 from meshplan.units import dtype_bytes
@@ -631,6 +632,9 @@ def _stage_end(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: dict, 
     zeroed = np.isin(c.sh, [i for i, k in enumerate(SHARDING) if k in ZEROED_GRAD_BUFFER])[:, None]
     opt = optimizer_step_s(s["params"], s["grads"], s["master"], s["optimizer"], t, optimizer_bandwidth(gpu), zeroed)
     zero1 = (c.sh == SHARDING.index("zero1"))[:, None]
+    # zero1 and zero2 gather the updated parameters once per step (Megatron-LM's distributed
+    # optimizer, DeepSpeed's all_gather_dp_groups); zero2 reduces in the backward (not counted)
+    zero12 = np.isin(c.sh, ZERO12)[:, None]
     # the middle stages' table is stage 0's or their own: the smaller parameter count of the two
     numel = np.where(st.last, s["dense_numel"], np.minimum(s["dense_numel"], s["dense_numel"][:, :1]))
     n = np.broadcast_to(c.fsdp[:, None], numel.shape).ravel()
@@ -640,7 +644,7 @@ def _stage_end(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: dict, 
     # DeepSpeed's model dtype, else reduce_dtype), the collective table's
     red = coll_times(tt, "reduce-scatter", n, numel.ravel() * dtype_bytes(t.zero12_reduce_dtype),
                      stride).reshape(numel.shape)
-    return opt + np.where(zero1, gather, 0.0), np.where(zero1, red, 0.0)
+    return opt + np.where(zero12, gather, 0.0), np.where(zero1, red, 0.0)
 
 
 def gemm_efficiency(cfg: Config, tt: TimeTables, c: Candidates) -> np.ndarray:
