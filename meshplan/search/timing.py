@@ -39,6 +39,8 @@ It keeps only what the simulation (:mod:`meshplan.schedule.rank_timeline`, defau
   else once); with pp > 1 each end unit's copy-out and copy-in once per step on the stage
   holding it; a MoE layer's routed experts' copy-in (their own unit over efsdp > 1) after each
   backward that reduces them; each counted as compute time serial with the chain;
+- **one micro-batch's path**: micro-batch 0 forward through every virtual stage in order and
+  back, one p2p send per hop, then stage 0's end (the whole step with one micro-batch);
 - the **pipeline**: stage k cannot start before micro-batch 0 went forward through stages
   0..k-1 (each unit + one p2p send), runs all its units one after another, and stage 0
   cannot end before micro-batch m-1's gradient came back through stages k-1..0; the
@@ -622,7 +624,16 @@ def step_lower_bound(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: 
     # stages 0..k-1 and runs every unit, but its last unit is a weight gradient (tail not
     # bounded here) and the gradient's way back runs input gradients only (no drain bound)
     v_out = (fill + busy + end).max(axis=1)
-    return np.where(st.vshape[:, 0], v_out, np.where(c.vpp == 1, np.maximum(out, one_f), out))
+    # one micro-batch's path: micro-batch 0 runs forward through every virtual stage in order
+    # (chunk j of stages 0..p-1, then chunk j + 1), each hop one p2p send, then backward through
+    # all of them in reverse, and stage 0 ends after its backward of chunk 0: the whole step when
+    # m is 1, and what bounds few micro-batches over many chunks (interleaved 1F1B, 1 micro-batch
+    # on pp 4 x vpp 8: about 3.5x the fill-busy-drain bound)
+    p = st.k.shape[1]
+    one_mb = ((v - r) * (u["f_core"] + u["b_core"]) + r * (u["f_core_hi"] + u["b_core_hi"])
+              + u["emb_f"] + u["emb_b"] + u["head_f"] + u["head_b"]).sum(axis=1)
+    path1 = one_mb + 2 * (p * c.vpp - 1) * p2p[:, 0] + end[:, 0]
+    return np.where(st.vshape[:, 0], v_out, np.maximum(np.where(c.vpp == 1, np.maximum(out, one_f), out), path1))
 
 
 def _stage_end(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: dict, cm: dict):
