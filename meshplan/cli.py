@@ -46,7 +46,7 @@ from meshplan.compute.gemm import load_gemm_table
 from meshplan.errors import ConfigError, check_number, printable
 from meshplan.fileio import check_destination, write_output
 from meshplan.interop.common import FORMATS, ImportOptions
-from meshplan.interop.foreign import UserFile, export, import_text, load_any, user_source
+from meshplan.interop.foreign import UserFile, export, import_text, load_any, search_export_refusal, user_source
 from meshplan.mesh.tpsplit import model_groups
 from meshplan.placement.assign import rank_row
 from meshplan.placement.bindings import bindings, write_bindings
@@ -664,7 +664,13 @@ def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshpl
     TOML, Megatron-LM arguments or DeepSpeed JSON. training.fp8_all_gather and training.grad_accumulation
     apply to the FSDP candidates (grad_accumulation with pp 1); the others are planned without them (a note
     says so). training.zero3_engine deepspeed-2021 applies to zero3 candidates with pp 1 (the others with
-    zero3 are rejected, rule 'engine'; zero1 and hsdp are planned with FSDP2)."""
+    zero3 are rejected, rule 'engine'; zero1 and hsdp are planned with FSDP2); training.zero12_engine
+    deepspeed applies to zero1 and zero2 candidates (zero2 is searched under it only). Under training.framework
+    torch zero1 is rejected (rule 'framework': torch and torchtitan have no ZeRO-1 engine) unless
+    training.zero12_engine is deepspeed; a zero1 candidate without a data axis (dp_shard x cp 1) is its
+    zero3 twin's run and is listed once, as zero3. --export --to T is refused before the search when T
+    takes no row the search can rank (a model without a torchtitan flavor, no zero3/hsdp in [search]
+    sharding for torchtitan, no one-data-axis mesh for DeepSpeed)."""
 
     if export_rank is not None:
         if export_rank < 1:
@@ -683,6 +689,8 @@ def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshpl
     if export_rank is not None and export_rank > cfg.search.top:  # before the search, not after it
         raise ConfigError("--export", f"{export_rank} > --top {cfg.search.top}: the search lists {cfg.search.top} "
                           f"row(s); pass --top {export_rank} or export a lower rank")
+    if export_rank is not None and (refusal := search_export_refusal(cfg, to)) is not None:
+        raise ConfigError("--to", refusal)  # a target that refuses every row, before the search
     _refuse_existing(json_path, force, "--json")
     _refuse_existing(html_path, force, "--html")
     with ProgressBar() as bar:

@@ -57,8 +57,10 @@ meshplan's memory timeline does not hold.
 
 A DeepSpeed config runs ZeRO over one data axis: its ``[search]`` table (written on import)
 keeps ``meshplan search`` to those meshes (:data:`SEARCH`: pp, dp_replicate, cp, tp, ep, etp
-1; sharding zero1 or zero3, no HSDP), the rows ``export --to deepspeed`` can write; a note says
-so, and widening ``[search]`` in an imported TOML searches beyond it.
+1; no HSDP; sharding zero1, zero2 or zero3 from a stage 1 or 2 config, whose engine meshplan
+models for both, zero3 from stage 0 or 3: :func:`search_table`), the rows ``export --to
+deepspeed`` can write; a note says so, and widening ``[search]`` in an imported TOML searches
+beyond it.
 
 Offload is refused: ``zero_optimization.offload_optimizer`` / ``offload_param`` with a
 ``device`` other than ``"none"`` (DeepSpeed's default when the table has no ``device``), and
@@ -215,18 +217,35 @@ def read(d: dict, opts: ImportOptions) -> Imported:
         {"communication_data_type"} if stage == 3 else set())  # stage 2 keeps model-dtype grads anyway
     if stage in (1, 2):
         tables["memory"] = {"grad_bucket_elements": _bucket(d["zero_optimization"])}
-    tables["search"] = {k: list(v) for k, v in SEARCH.items()}
+    tables["search"] = search_table(stage)
     notes.append("meshplan search keeps to what a DeepSpeed config runs, ZeRO over one data axis ([search] "
-                 + ", ".join(f"{k} = {v!r}" for k, v in SEARCH.items()).replace("'", '"')
+                 + ", ".join(f"{k} = {v!r}" for k, v in tables["search"].items()).replace("'", '"')
                  + "); import it to a TOML and widen [search] to search other meshes")
     unused = tuple(k for k in flatten(d) if k not in used)
     return Imported("deepspeed", tables, unused, tuple(notes))
 
 
 #: The ``[search]`` table of a DeepSpeed config: the meshes :func:`write` exports (one data
-#: axis, dp_shard; ZeRO-1 or ZeRO-3, the search's shardings without HSDP).
+#: axis, dp_shard; the search's shardings without HSDP: :func:`search_table` per stage).
 SEARCH: dict[str, list[Any]] = {"pp": [1], "dp_replicate": [1], "cp": [1], "tp": [1], "ep": [1], "etp": [1],
-                                 "sharding": ["zero1", "zero3"]}
+                                 "sharding": ["zero1", "zero2", "zero3"]}
+
+
+def search_table(stage: int) -> dict[str, list[Any]]:
+    """The ``[search]`` table of a DeepSpeed config of ZeRO ``stage`` (:data:`SEARCH`): stages 1
+    and 2 run DeepSpeed's own ZeRO-1/2 engine (``training.zero12_engine = "deepspeed"``), which
+    meshplan models for both, so the search weighs ZeRO-1, ZeRO-2 and ZeRO-3; stages 0 and 3 keep
+    ZeRO-3 only (their training names no ZeRO-1/2 engine: meshplan's zero1 would be Megatron-LM's
+    distributed optimizer, which a DeepSpeed run is not; import a stage 1 or 2 config to search
+    those).
+
+    >>> search_table(2)["sharding"], search_table(3)["sharding"]
+    (['zero1', 'zero2', 'zero3'], ['zero3'])
+    """
+    out = {k: list(v) for k, v in SEARCH.items()}
+    if stage not in (1, 2):
+        out["sharding"] = ["zero3"]
+    return out
 
 #: The keys ZeRO stages 1 and 2 read besides :data:`USED` (module docstring).
 ZERO12_USED = frozenset({"zero_optimization.reduce_bucket_size", "zero_optimization.overlap_comm",

@@ -195,6 +195,46 @@ def export(cfg: Config, to: str, source: str, user: UserFile | None = None,
         raise ConfigError("--to", f"{e.message}; {fix}") from None
 
 
+def search_export_refusal(cfg: Config, to: str) -> str | None:
+    """Why export target ``to`` refuses every row ``meshplan search`` of ``cfg`` can rank, known
+    from the config before the search runs (``search --export N --to T`` checks it first);
+    None when some row may export (a row's own mesh and pipeline are checked after the search,
+    :func:`export` with :func:`meshplan.plan.export_refusals`). torchtitan: a model without a
+    torchtitan flavor, or ``[search] sharding`` without one FSDP2 sharding (zero3, hsdp);
+    DeepSpeed: ``[search]`` degrees that leave no mesh of one data axis (pp, tp, cp, ep 1), or
+    dtypes its config has no key for (:func:`meshplan.interop.deepspeed.write`).
+
+    >>> cfg = config_from_dict({"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 1},
+    ...     "training": {"global_batch": 8, "seq_len": 1024}, "search": {"sharding": ["zero1"], "tp": [2, 4]}},
+    ...     require_mesh=False)
+    >>> search_export_refusal(cfg, "torchtitan")
+    'torchtitan shards with FSDP2 (zero3, hsdp); [search] sharding lists zero1 only: add zero3 to search.sharding or export --to megatron'
+    >>> search_export_refusal(cfg, "deepspeed")
+    'a DeepSpeed config runs ZeRO over one data axis; [search] tp = [2, 4] leaves no such mesh: add 1 to search.tp or export --to megatron'
+    >>> search_export_refusal(cfg, "megatron") is None
+    True
+    """
+    o, t = cfg.search, cfg.training
+    if to == "torchtitan":
+        if catalog_model_name(cfg.model) not in torchtitan.FLAVORS.values():
+            return (f"torchtitan knows models by flavor (llama3 8B, 70B, 405B); model {cfg.model.name!r} has none: "
+                    "export --to meshplan or megatron")
+        if not {"zero3", "hsdp"} & set(o.sharding):
+            return (f"torchtitan shards with FSDP2 (zero3, hsdp); [search] sharding lists {'/'.join(o.sharding)} only: "
+                    "add zero3 to search.sharding or export --to megatron")
+    if to == "deepspeed":
+        for key in ("pp", "tp", "cp", "ep", "dp_replicate"):
+            allowed = getattr(o, key)
+            if allowed is not None and 1 not in allowed:
+                return (f"a DeepSpeed config runs ZeRO over one data axis; [search] {key} = {allowed} leaves no such "
+                        f"mesh: add 1 to search.{key} or export --to megatron")
+        if t.compute_dtype != t.param_dtype or t.param_dtype == "fp8":
+            return (f"DeepSpeed stores parameters in the compute dtype (bf16/fp16 with an fp32 master copy); "
+                    f"param_dtype {t.param_dtype} with compute_dtype {t.compute_dtype} has no key: export --to "
+                    "megatron or torchtitan")
+    return None
+
+
 def _takes(cfg: Config, to: str, source: str, refused: Mapping[str, Sequence[str]]) -> bool:
     """Whether ``cfg`` exports to ``to`` without a ConfigError."""
     try:

@@ -71,7 +71,7 @@ from meshplan.search.frontier import Frontier
 from meshplan.search.memory import Tables, stage_layout, state
 from meshplan.search.rank import needed, ranked
 from meshplan.search.space import CODE, FSDP_SHARDINGS, OK, REASONS, RECOMPUTE, SHARDING, Candidates, accumulates, \
-    enumerate_candidates, first_reason
+    ZERO12, enumerate_candidates, first_reason, zero1_refused
 from meshplan.search.pipeline import pipeline_bound
 from meshplan.search.timing import TimeTables, gemm_efficiency, step_lower_bound, unit_bounds
 from meshplan.config import Config
@@ -274,10 +274,14 @@ def _settings_notes(cfg: Config, c: Candidates) -> list[str]:
     if t.zero3_engine != "fsdp2" and not (c.sh == SHARDING.index("zero3")).all():
         out.append(f"training.zero3_engine {t.zero3_engine!r} applies to zero3 candidates with pp 1; zero1 and hsdp "
                    "candidates are planned with FSDP2")
-    if t.zero12_engine != "megatron" and not (c.sh == SHARDING.index("zero1")).all():
-        out.append(f"training.zero12_engine {t.zero12_engine!r} applies to zero1 candidates (DeepSpeed's ZeRO-1: "
-                   "bucket all-reduces, ranked by the Megatron-style estimate, planned exactly as DeepSpeed runs "
-                   "them); zero3 and hsdp candidates are planned with FSDP2")
+    if t.zero12_engine != "megatron" and not np.isin(c.sh, ZERO12).all():
+        out.append(f"training.zero12_engine {t.zero12_engine!r} applies to zero1 and zero2 candidates (DeepSpeed's "
+                   "ZeRO-1 and ZeRO-2: bucket all-reduces, ranked by the Megatron-style estimate, planned exactly as "
+                   "DeepSpeed runs them); zero3 and hsdp candidates are planned with FSDP2")
+    if "zero1" in cfg.search.sharding and zero1_refused(t) and (c.sh == SHARDING.index("zero1")).any():
+        out.append("zero1 is rejected under training.framework \"torch\" (rule 'framework'): torch and torchtitan "
+                   "have no engine that shards the optimizer state alone; set training.zero12_engine = \"deepspeed\" "
+                   "(DeepSpeed's ZeRO-1) or framework = \"megatron\" (its distributed optimizer) to search it")
     if "op" in cfg.search.recompute and t.has_op_recompute and cfg.model.is_mla:
         out.append("recompute 'op' (torchtitan's op-level selective AC) is not searched with multi-head latent "
                    "attention: which of its mms the policy saves is not modelled")

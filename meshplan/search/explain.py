@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from meshplan.plan import Plan, table_key, table_stage
+from meshplan.search.rank import TIE
 from meshplan.schedule.steptime import StepTime
 
 
@@ -105,9 +106,11 @@ class Explanation:
     parts ordered by how much they differ, and the fastest feasible candidate the search
     knows: ``fastest_step_s`` (seconds), ``fastest_row`` (its row, 1 = the top; None when
     the rows listed leave it out) and ``fastest_label``. When it is faster than the top
-    (``by_tie_rule``), the top is within the tie rule's 1% of it and was listed first for
+    (``tie_listed_first``), the top is within the tie rule's 1% of it and was listed first for
     its simpler mesh; the line then says so and names it, so that no row listed is faster
-    than the line claims the top to be."""
+    than the line claims the top to be. ``by_tie_rule``: the tie rule ordered the top and the
+    runner-up, both within :data:`~meshplan.search.rank.TIE` (1%) of the fastest, an exact tie
+    included."""
 
     top_step_s: float
     runner_step_s: float
@@ -121,9 +124,22 @@ class Explanation:
         return self.runner_step_s / self.top_step_s - 1
 
     @property
-    def by_tie_rule(self) -> bool:
+    def tie_listed_first(self) -> bool:
         """Whether a candidate faster than the top exists (the tie rule listed the top first)."""
         return self.fastest_step_s < self.top_step_s
+
+    @property
+    def by_tie_rule(self) -> bool:
+        """Whether the tie rule set the top's place against the runner-up: a faster candidate
+        exists (:attr:`tie_listed_first`), or the runner-up is within the rule's 1% of the
+        fastest (0% included: equal steps are ordered by the rule's keys).
+
+        >>> explain({"step": 10.0}, {"step": 10.0}, {}, {}).by_tie_rule
+        True
+        >>> [explain({"step": 10.0}, {"step": s}, {}, {}).by_tie_rule for s in (10.1, 10.11)]
+        [True, False]
+        """
+        return self.tie_listed_first or self.runner_step_s <= self.fastest_step_s * (1 + TIE)
 
     def line(self, most: int = 3) -> str:
         """``top is 4.1% faster than #2: bubble 3.2 s vs 5.0 s (pp 16 vs 32), ...`` when the top
@@ -131,7 +147,7 @@ class Explanation:
         12.326 s), within 1%: ...; against #2 (12.348 s, 0.089% longer than the top's): ...``
         (:func:`_relative`: never a "0.00%")."""
         parts = ", ".join(_part_text(d) for d in self.parts[:most]) or "no part differs"
-        if not self.by_tie_rule:
+        if not self.tie_listed_first:
             return f"top is {_faster_words(self.faster, self.top_step_s, self.runner_step_s)}: {parts}"
         where = f"#{self.fastest_row}" if self.fastest_row else f"{self.fastest_label}, not listed"
         longer = _relative(self.top_step_s / self.fastest_step_s - 1, "the fastest's")
@@ -145,6 +161,7 @@ class Explanation:
     def to_dict(self) -> dict:
         return {"top_step_s": self.top_step_s, "runner_up_step_s": self.runner_step_s,
                 "runner_up_slower_by": self.faster, "by_tie_rule": self.by_tie_rule,
+                "tie_listed_first": self.tie_listed_first,
                 "fastest_step_s": self.fastest_step_s, "fastest_row": self.fastest_row,
                 "fastest_label": self.fastest_label,
                 "parts": [{"part": d.part, "top_s": d.top_s, "runner_up_s": d.runner_s, "context": d.context}

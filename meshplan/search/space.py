@@ -24,9 +24,13 @@ Dimensions (each narrowed by :class:`~meshplan.spec.search.SearchOptions`):
   layers the stages get :func:`~meshplan.mesh.layers.balanced_split` (first and last stage
   one layer fewer), as the Llama 3 405B example does; with vpp > 1 such a pp is searched
   with the Llama 3 split only (below);
-- sharding: zero1 and zero3 with dp_replicate 1; hsdp (zero3 inside dp_shard x cp,
+- sharding: zero1 and zero3 with dp_replicate 1, and zero2 (dp_replicate 1) where DeepSpeed's
+  engine runs the config's ZeRO (:func:`zero2_searched`); hsdp (zero3 inside dp_shard x cp,
   replicated over dp_replicate) with dp_replicate > 1. zero1 with dp_replicate > 1 is not
   searched: meshplan's collective table reduces ZeRO-1 gradients over the FSDP axis only;
+  zero1 without a data axis (dp_shard x cp 1) is its zero3 twin's run and left out
+  (:func:`no_data_axis_twin`); under ``framework = "torch"`` without DeepSpeed's engine zero1
+  is rejected, rule ``framework`` (:func:`zero1_refused`);
 - ``training.reshard_after_forward`` true and false where parameters are FSDP-sharded
   (zero3 or hsdp with a shard degree > 1);
 - ``training.tp_comm_overlap`` off and on where tp > 1 (Megatron-LM ``--tp-comm-overlap``);
@@ -49,10 +53,12 @@ Dimensions (each narrowed by :class:`~meshplan.spec.search.SearchOptions`):
 >>> c = enumerate_candidates(cfg)
 >>> len(c), int(c.tp.max())  # 1,536 none/selective/full without the knobs (reshard, short ends; tp
 ...                            # overlap only with torch_compile), + 240 with op (tp = cp = 1); 32 + 2 layers
-...                            # are not a multiple of pp x vpp: no short-ends interleaved candidate
-(2532, 8)
->>> int((c.rc == RECOMPUTE.index("op")).sum()), int(c.tp[c.rc == RECOMPUTE.index("op")].max())
-(240, 1)
+...                            # are not a multiple of pp x vpp: no short-ends interleaved candidate; less
+...                            # 184 zero1 rows without a data axis (pp x tp = 8: 46 a micro-batch), their
+...                            # zero3 twins kept (no_data_axis_twin)
+(2348, 8)
+>>> int((c.rc == RECOMPUTE.index("op")).sum()), int(c.tp[c.rc == RECOMPUTE.index("op")].max())  # 16 at pp 8 left
+(224, 1)
 >>> candidate_config(cfg, c, 0).mesh.names
 ['dp_shard']
 """
@@ -74,7 +80,8 @@ from meshplan.spec.axes.tp import max_tp
 from meshplan.spec.mesh import MeshSpec, Schedule
 
 RECOMPUTE = ("none", "selective", "full", "op")
-SHARDING = ("zero1", "zero3", "hsdp")
+#: Searched shardings (the ``sh`` column); zero2 last, so that adding it kept the others' codes.
+SHARDING = ("zero1", "zero3", "hsdp", "zero2")
 
 #: The pipeline schedules' own rules the search evaluates (each schedule's ``refused`` under
 #: ``training.framework``: :meth:`OneFOneB.refused`, torch's m >= pp for candidates with vpp 1;
@@ -87,7 +94,8 @@ _SCHEDULE_REASONS = (
     ("interleaved", "interleaved 1F1B: micro-batches not a multiple of pp (megatron) or of torch's rounds"),
     ("dualpipev", "DualPipeV: micro-batches fewer than 2 pp"),
     ("engine", "zero3_engine deepspeed-2021: pp > 1, cp > 1 or parameters kept gathered (not DeepSpeed ZeRO-3's); "
-               "zero12_engine deepspeed: cp > 1, ep > 1, or pp > 1 with overlap_comm"),
+               "zero12_engine deepspeed: cp > 1, ep > 1, or pp > 1 with zero2 or overlap_comm"),
+    ("framework", "zero1 under framework torch: no torch engine shards the optimizer alone (torchtitan cannot run it)"),
 )
 _LATE_REASONS = (
     ("memory", "memory peak > usable"),
@@ -294,7 +302,7 @@ def enumerate_candidates(cfg: Config) -> Candidates:
     meshes = _expert_meshes(cfg, dense_meshes(cfg))
     vpps = o.vpp if o.vpp is not None else list(range(1, o.max_vpp + 1))
     blocks = []
-    for sh in (s for s in o.sharding):
+    for sh in (s for s in o.sharding if s != "zero2" or zero2_searched(cfg.training)):
         keep = meshes[:, 1] > 1 if sh == "hsdp" else meshes[:, 1] == 1
         for v in vpps:
             even = _vpp_ok(layers, meshes[:, 0], v)
@@ -319,7 +327,7 @@ def enumerate_candidates(cfg: Config) -> Candidates:
     if op.any():
         keep = ~op | op_recompute_ok(cfg, cols["tp"], cols["cp"], cols["ep"])
         cols = {k: v[keep] for k, v in cols.items()}
-    fsdp = (cols["sh"] != SHARDING.index("zero1")) & ((cols["dps"] * cols["cp"] > 1) | (
+    fsdp = np.isin(cols["sh"], FSDP_SHARDINGS) & ((cols["dps"] * cols["cp"] > 1) | (
         cfg.model.is_moe & (cols["dps"] * cols["cp"] * cols["tp"] > cols["ep"] * cols["etp"])))
     cols = _expand(cols, "rf", _flags(o.reshard_after_forward, True), fsdp, 1)
     # torch's async TP needs torch.compile (TrainingSpec): without it tp_comm_overlap stays off
@@ -336,8 +344,27 @@ def enumerate_candidates(cfg: Config) -> Candidates:
     if "1f1b" not in o.pp_schedules:  # only the V-shaped schedules with pp > 1
         keep = ~piped | (cols["ps"] > 0)
         cols = {k: v[keep] for k, v in cols.items()}
+    keep = ~no_data_axis_twin(cfg, cols)
+    cols = {k: v[keep] for k, v in cols.items()}
     own = {f.name for f in fields(Candidates)}
     return Candidates(**{k: v for k, v in cols.items() if k in own}, more={k: v for k, v in cols.items() if k not in own})
+
+
+def no_data_axis_twin(cfg: Config, cols: Mapping[str, np.ndarray]) -> np.ndarray:
+    """The zero1 (and zero2) rows of the columns ``cols`` (:class:`Candidates`' names) that are
+    the same run as a zero3 row beside them, which the search keeps instead: no data axis shards
+    anything (dp_shard x cp 1, and no routed expert sharded over efsdp; dp_replicate is 1 there),
+    so they plan the same state and no data-parallel collective, and the zero3 one (FSDP2) zeroes
+    no gradient buffer (:data:`meshplan.schedule.steptime.ZEROED_GRAD_BUFFER`): its step is
+    never longer, the one the tie rule prefers (llama3-8b, pp 2 x tp 4, mb 1, full: 1.36137 s
+    against zero1's 1.36272 s, the same peak). Only where ``[search] sharding`` has zero3 and its
+    engine is FSDP2 (DeepSpeed's 2021 engine rejects zero3 with pp > 1)."""
+    sh = cols["sh"]
+    if "zero3" not in cfg.search.sharding or cfg.training.zero3_engine != "fsdp2":
+        return np.zeros(sh.shape, dtype=bool)
+    fsdp = cols["dps"] * cols["cp"]
+    efsdp = np.maximum(fsdp * cols["tp"] // np.maximum(cols["ep"] * cols["etp"], 1), 1)
+    return np.isin(sh, ZERO12) & (fsdp == 1) & ((efsdp == 1) | (not cfg.model.is_moe))
 
 
 def overlap_searched(training) -> bool:
@@ -402,6 +429,49 @@ def ends_short_split(layers: int, pp: int, vpp: int = 1) -> Optional[list[int]]:
     return split if vpp > 1 or split != balanced_split(layers, pp) else None
 
 
+#: The searched shardings DeepSpeed's ZeRO-1/2 engine runs (``training.zero12_engine``).
+ZERO12 = (SHARDING.index("zero1"), SHARDING.index("zero2"))
+
+
+def zero2_searched(training) -> bool:
+    """Whether the search enumerates sharding ``zero2``: DeepSpeed's ZeRO-2, where the config's
+    ZeRO runs DeepSpeed's engine (``training.zero12_engine = "deepspeed"``, what a DeepSpeed
+    stage 1 or 2 config imports to): it models both stages (:mod:`meshplan.comm.deepspeed_zero12`),
+    so a ZeRO-1 config's search weighs ZeRO-2 and the other way round. Elsewhere it is not
+    searched: torch has no ZeRO-2 engine (FSDP2 with ``reshard_after_forward`` false, the
+    ZeRO-2-like run, is the zero3 candidate kept gathered) and Megatron-LM's is its FSDP.
+
+    >>> from meshplan.spec.training import TrainingSpec
+    >>> zero2_searched(TrainingSpec(global_batch=8, seq_len=16, sharding="zero2", zero12_engine="deepspeed"))
+    True
+    >>> zero2_searched(TrainingSpec(global_batch=8, seq_len=16, framework="megatron"))
+    False
+    """
+    return training.zero12_engine == "deepspeed"
+
+
+def zero1_refused(training) -> bool:
+    """Whether sharding ``zero1`` (optimizer state and master weights sharded, parameters and
+    gradients whole) has no runtime under ``training``: under ``framework = "torch"`` without
+    DeepSpeed's engine (``zero12_engine = "deepspeed"``). meshplan's zero1 under the default
+    ``zero12_engine = "megatron"`` is Megatron-LM's distributed optimizer (one reduce-scatter of
+    the gradient buffer, one all-gather of the parameters per step); torch has no such engine:
+    FSDP2's ``fully_shard`` always shards the parameters (``reshard_after_forward=False`` keeps
+    them gathered between forward and backward, ZeRO-2-like, torch 2.13
+    ``distributed/fsdp/_fully_shard/_fully_shard.py``), torch's ``ZeroRedundancyOptimizer`` runs
+    under DDP (every gradient all-reduced, then the updated shards broadcast: not the
+    collectives meshplan plans for zero1), torchtitan has no key for either and meshplan's own
+    runtime does not build it (:mod:`meshplan.runtime.execution.parallelize`). The search rejects
+    such candidates (rule ``framework``).
+
+    >>> from meshplan.spec.training import TrainingSpec
+    >>> [zero1_refused(TrainingSpec(global_batch=8, seq_len=16, **kw)) for kw in
+    ...  ({}, {"framework": "megatron"}, {"sharding": "zero1", "zero12_engine": "deepspeed"})]
+    [True, False, False]
+    """
+    return training.framework == "torch" and training.zero12_engine != "deepspeed"
+
+
 def first_reason(cfg: Config, c: Candidates) -> np.ndarray:
     """Code (index into :func:`reason_table`, :data:`REASONS` for the registered axes) of
     the first rule each candidate breaks, in build_plan's order, or :data:`OK`; the memory
@@ -423,9 +493,11 @@ def first_reason(cfg: Config, c: Candidates) -> np.ndarray:
         # in 2021, and its ZeRO-3 re-gathers in backward (reshard_after_forward is an FSDP2 knob)
         ("engine", ((t.zero3_engine == "deepspeed-2021") & (c.sh == SHARDING.index("zero3"))
                     & ((c.pp > 1) | (c.cp > 1) | (c.rf == 0)))
-         # DeepSpeed's ZeRO-1 (comm.deepspeed_zero12.check_mesh; zero1 has dp_replicate 1 here)
-         | ((t.zero12_engine == "deepspeed") & (c.sh == SHARDING.index("zero1"))
-            & ((c.cp > 1) | (c.ep > 1) | ((c.pp > 1) & t.overlap_comm)))),
+         # DeepSpeed's ZeRO-1 and ZeRO-2 (comm.deepspeed_zero12.check_mesh; dp_replicate 1 here):
+         # its pipeline engine refuses ZeRO-2 and overlap_comm
+         | ((t.zero12_engine == "deepspeed") & np.isin(c.sh, ZERO12)
+            & ((c.cp > 1) | (c.ep > 1) | ((c.pp > 1) & (t.overlap_comm | (c.sh == SHARDING.index("zero2"))))))),
+        ("framework", zero1_refused(t) & (c.sh == SHARDING.index("zero1"))),
     ]
     code = {key: i for i, (key, _) in enumerate(reason_table())}
     out = np.full(len(c), OK, dtype=np.int64)
@@ -494,7 +566,7 @@ def _training_knobs(cfg: Config, c: Candidates, i: int) -> dict:
     without FSDP (ZeRO-1 gathers no parameters; the float8 GEMMs stay), ``zero3_engine``
     back to ``fsdp2`` outside sharding zero3 (DeepSpeed's engine is for ZeRO stage 3; with it
     ``grad_dtype`` back to its default where it is the parameter dtype, the engine's default),
-    ``zero12_engine`` back to ``megatron`` (and ``overlap_comm`` off) outside zero1,
+    ``zero12_engine`` back to ``megatron`` (and ``overlap_comm`` off) outside zero1 and zero2,
     ``reshard_head_after_forward`` off without FSDP or ``reshard_after_forward``, as
     :class:`~meshplan.spec.training.TrainingSpec` requires of a config."""
     t, out = cfg.training, dict[str, object]()
@@ -508,7 +580,7 @@ def _training_knobs(cfg: Config, c: Candidates, i: int) -> dict:
         out["zero3_engine"] = "fsdp2"
         if t.grad_dtype == t.param_dtype:  # DeepSpeed's gradient partition dtype back to FSDP2's default
             out["grad_dtype"] = type(t).model_fields["grad_dtype"].default
-    if t.zero12_engine != "megatron" and SHARDING[c.sh[i]] != "zero1":  # DeepSpeed's ZeRO-1/2 engine
+    if t.zero12_engine != "megatron" and int(c.sh[i]) not in ZERO12:  # DeepSpeed's ZeRO-1/2 engine
         out |= {"zero12_engine": "megatron", "overlap_comm": False}
     return out
 

@@ -28,6 +28,9 @@ It keeps only what the simulation (:mod:`meshplan.schedule.rank_timeline`, defau
   unit (torchtitan's units) its pre-backward prefetches the last layer's all-gather, which then
   runs beside the head's backward: a gathering backward of the head's chunk counts its first
   gather less the head's backward time (the stage's other chunks' backwards do not);
+  under ``training.reshard_head_after_forward`` (pp 1, ``sync``) each backward first waits
+  for that unit's own all-gather and copy-out (:func:`_head_regathers`), the last layer's gather
+  queued behind it;
 - FSDP2's **copies on the compute stream** (:func:`fsdp_copies`, :mod:`meshplan.comm.fsdp2`):
   a layer's copy-out after each all-gather its pass waits for (forward; backward with
   ``reshard_after_forward``) before the layer's compute, its copy-in before each reduce-scatter
@@ -37,6 +40,8 @@ It keeps only what the simulation (:mod:`meshplan.schedule.rank_timeline`, defau
   else once); with pp > 1 each end unit's copy-out and copy-in once per step on the stage
   holding it; a MoE layer's routed experts' copy-in (their own unit over efsdp > 1) after each
   backward that reduces them; each counted as compute time serial with the chain;
+- **one micro-batch's path**: micro-batch 0 forward through every virtual stage in order and
+  back, one p2p send per hop, then stage 0's end (the whole step with one micro-batch);
 - the **pipeline**: stage k cannot start before micro-batch 0 went forward through stages
   0..k-1 (each unit + one p2p send), runs all its units one after another, and stage 0
   cannot end before micro-batch m-1's gradient came back through stages k-1..0; the
@@ -88,7 +93,8 @@ from meshplan.placement.assign import place
 from meshplan.schedule.rank_timeline import LAYER_BLOCKS, cp_parts
 from meshplan.schedule.steptime import ZEROED_GRAD_BUFFER, optimizer_step_s
 from meshplan.search.memory import Stages, Tables, lookup, split
-from meshplan.search.space import RECOMPUTE, SHARDING, Candidates, accumulates, candidate_schedule
+from meshplan.search.space import FSDP_SHARDINGS, RECOMPUTE, SHARDING, ZERO12, Candidates, accumulates, \
+    candidate_schedule
 from meshplan.spec.axes.base import Dim
 from meshplan.spec.mesh import MeshSpec
 from meshplan.units import dtype_bytes
@@ -203,6 +209,10 @@ def comm_times(cfg: Config, tt: TimeTables, c: Candidates) -> dict[str, np.ndarr
     # output layer counted, a tied one being its own unit only under pp)
     head = lookup([c.tp], lambda tp: {"n": sum(tt.tables.roots(tp)[1:3])}, ("n",))["n"]
     out["head_rs"] = np.where(on, coll_times(tt, "reduce-scatter", c.fsdp, head * rd, c.tp), 0.0)
+    # its all-gather, each weight in its gather dtype (unpadded: never above the table's), which
+    # training.reshard_head_after_forward runs again before each backward (_head_regathers)
+    head_g = lookup([c.tp], lambda tp: {"b": sum(tt.tables.roots_gather(tp)[k] for k in ("norm", "out"))}, ("b",))["b"]
+    out["head_ag"] = np.where(on, coll_times(tt, "all-gather", c.fsdp, head_g, c.tp), 0.0)
     # HSDP: the reduced shard all-reduced over dp_replicate (ranks dp_shard * cp * tp apart)
     out["hsdp_ar"] = np.where(c.sh == SHARDING.index("hsdp"),
                               coll_times(tt, "all-reduce", c.dpr, unit // c.fsdp * rd, c.dps * c.cp * c.tp), 0.0)
@@ -417,12 +427,19 @@ def unit_bounds(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: dict)
     moe_n = _expert_gathers(st, c) if m.is_moe else 0
     e_ci, e_ci_p = moe_n * col(np.where(lazy, 0.0, cp["e_in"])), moe_n * col(np.where(lazy, cp["e_in"], 0.0))
     cf_c, cb_c = cf + co, cb + co * keep + ci
-    head_b = st.last * (col(od["head_b"]) + post)
+    head_b0 = st.last * (col(od["head_b"]) + post)
+    # training.reshard_head_after_forward (torchtitan's "always", pp 1 under sync): each backward
+    # starts with the [norm, output] unit's all-gather, exposed, then its copy-out before the
+    # head's backward; the last layer's prefetched gather queues behind it on the FSDP stream
+    # (rank_timeline.backward_unit; test_reshard_policy's backward by hand)
+    again = _head_regathers(cfg, c)
+    h_co = st.last * col(cp["head_out"]) * again
+    head_b = head_b0 + st.last * col(cm["head_ag"]) * again + h_co
     # torchtitan's [norm, output] unit (every pp): its pre-backward prefetches the last layer's
     # all-gather before the head's backward runs (rank_timeline.backward_unit), so a gathering
     # backward pass of the head's chunk exposes its first gather less the head's backward
     # (``b_extra_head``: the head chunk's gathering backwards only, step_lower_bound)
-    hb = head_b * _head_unit_apart(cfg, c)
+    hb = (head_b0 + h_co) * _head_unit_apart(cfg, c)  # the head's copy-out too: the last layer's gather starts after it
     hb1 = hb * col((c.pp == 1) & (c.vpp == 1))  # pp 1: every backward of the head's chunk gathers (sync)
     # there the head's reduce-scatter, issued after its backward, runs on the FSDP stream between
     # the last layer's prefetched all-gather and the next layer's (every micro-batch under sync)
@@ -501,6 +518,20 @@ def _head_unit_apart(cfg: Config, c: Candidates) -> np.ndarray:
     titan = t.framework == "torch" and t.zero3_engine == "fsdp2"
     apart = (c.pp > 1) | (c.vpp > 1) | np.bool_(not m.tied_embeddings)
     return (np.bool_(titan) & apart | (c.vpp > 1))[:, None].astype(np.float64)
+
+
+def _head_regathers(cfg: Config, c: Candidates) -> np.ndarray:
+    """(candidates, 1) 1 where every backward all-gathers the [norm, output] unit again before
+    the head's backward (``training.reshard_head_after_forward``, which the search keeps on
+    FSDP candidates with ``reshard_after_forward``, :func:`~meshplan.search.space.candidate_config`):
+    a unit of its own (:func:`_head_unit_apart`) over more than one rank, pp 1 and vpp 1 under
+    ``grad_accumulation = "sync"`` (each micro-batch's backward; with pp > 1 or accumulation only
+    the gathering passes do, not counted here: the bound stays below the step), else 0."""
+    if not cfg.training.reshard_head_after_forward:
+        return np.zeros((len(c), 1))
+    on = np.isin(c.sh, FSDP_SHARDINGS) & (c.rf > 0) & (c.fsdp > 1) & (c.pp == 1) & (c.vpp == 1) \
+        & ~accumulates(cfg, c.pp, c.sh)
+    return on[:, None] * _head_unit_apart(cfg, c)
 
 
 def _expert_gathers(st: Stages, c: Candidates) -> np.ndarray:
@@ -644,7 +675,16 @@ def step_lower_bound(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: 
     # stages 0..k-1 and runs every unit, but its last unit is a weight gradient (tail not
     # bounded here) and the gradient's way back runs input gradients only (no drain bound)
     v_out = (fill + busy + end).max(axis=1)
-    return np.where(st.vshape[:, 0], v_out, np.where(c.vpp == 1, np.maximum(out, one_f), out))
+    # one micro-batch's path: micro-batch 0 runs forward through every virtual stage in order
+    # (chunk j of stages 0..p-1, then chunk j + 1), each hop one p2p send, then backward through
+    # all of them in reverse, and stage 0 ends after its backward of chunk 0: the whole step when
+    # m is 1, and what bounds few micro-batches over many chunks (interleaved 1F1B, 1 micro-batch
+    # on pp 4 x vpp 8: about 3.5x the fill-busy-drain bound)
+    p = st.k.shape[1]
+    one_mb = ((v - r) * (u["f_core"] + u["b_core"]) + r * (u["f_core_hi"] + u["b_core_hi"])
+              + u["emb_f"] + u["emb_b"] + u["head_f"] + u["head_b"]).sum(axis=1)
+    path1 = one_mb + 2 * (p * c.vpp - 1) * p2p[:, 0] + end[:, 0]
+    return np.where(st.vshape[:, 0], v_out, np.maximum(np.where(c.vpp == 1, np.maximum(out, one_f), out), path1))
 
 
 def _stage_end(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: dict, cm: dict):
@@ -654,13 +694,19 @@ def _stage_end(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: dict, 
     zeroed = np.isin(c.sh, [i for i, k in enumerate(SHARDING) if k in ZEROED_GRAD_BUFFER])[:, None]
     opt = optimizer_step_s(s["params"], s["grads"], s["master"], s["optimizer"], t, optimizer_bandwidth(gpu), zeroed)
     zero1 = (c.sh == SHARDING.index("zero1"))[:, None]
+    # zero1 and zero2 gather the updated parameters once per step (Megatron-LM's distributed
+    # optimizer, DeepSpeed's all_gather_dp_groups); zero2 reduces in the backward (not counted)
+    zero12 = np.isin(c.sh, ZERO12)[:, None]
     # the middle stages' table is stage 0's or their own: the smaller parameter count of the two
     numel = np.where(st.last, s["dense_numel"], np.minimum(s["dense_numel"], s["dense_numel"][:, :1]))
     n = np.broadcast_to(c.fsdp[:, None], numel.shape).ravel()
     stride = np.broadcast_to(c.tp[:, None], numel.shape).ravel()
     gather = coll_times(tt, "all-gather", n, numel.ravel() * dtype_bytes(t.param_dtype), stride).reshape(numel.shape)
-    red = coll_times(tt, "reduce-scatter", n, numel.ravel() * dtype_bytes(t.reduce_dtype), stride).reshape(numel.shape)
-    return opt + np.where(zero1, gather, 0.0), np.where(zero1, red, 0.0)
+    # in the dtype the zero1 plan reduces in (TrainingSpec.zero12_reduce_dtype: grad_reduce_dtype,
+    # DeepSpeed's model dtype, else reduce_dtype), the collective table's
+    red = coll_times(tt, "reduce-scatter", n, numel.ravel() * dtype_bytes(t.zero12_reduce_dtype),
+                     stride).reshape(numel.shape)
+    return opt + np.where(zero12, gather, 0.0), np.where(zero1, red, 0.0)
 
 
 def gemm_efficiency(cfg: Config, tt: TimeTables, c: Candidates) -> np.ndarray:

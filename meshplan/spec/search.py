@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from meshplan.limits import BOUNDS
 
 Recompute = Literal["none", "selective", "full", "op"]
-Sharding = Literal["zero1", "zero3", "hsdp"]
+Sharding = Literal["zero1", "zero2", "zero3", "hsdp"]
 #: Pipeline schedules the search plans: ``1f1b`` (1F1B with vpp 1, interleaved 1F1B with
 #: vpp > 1) and the V-shaped ``zbv`` and ``dualpipev`` (vpp 2).
 SearchedSchedule = Literal["1f1b", "zbv", "dualpipev"]
@@ -31,7 +31,7 @@ def _all_recompute() -> list[Recompute]:
 
 
 def _default_sharding() -> list[Sharding]:
-    return ["zero1", "zero3", "hsdp"]
+    return ["zero1", "zero2", "zero3", "hsdp"]
 
 #: Llama 3 paper (Grattafiori et al. 2024, arXiv 2407.21783, section 3.3.1): the Tectonic
 #: storage fabric of Llama 3 pre-training "supports a sustainable throughput of 2 TB/s".
@@ -50,7 +50,9 @@ class SearchOptions(BaseModel):
       with FSDP2 only, on candidates with tp = cp = ep = 1 as meshplan plans it: Megatron-LM and
       DeepSpeed have no such policy, and a config listing it for them gets an error naming
       ``search.recompute``); ``sharding``: allowed among
-      ``zero1``, ``zero3`` (both with dp_replicate 1) and ``hsdp`` (dp_replicate > 1).
+      ``zero1``, ``zero2``, ``zero3`` (with dp_replicate 1) and ``hsdp`` (dp_replicate > 1), default
+      all four; ``zero2`` is DeepSpeed's ZeRO-2 and searched where its engine runs the config's
+      ZeRO (``training.zero12_engine = "deepspeed"``), nowhere else.
     - ``vpp``: allowed virtual stages per rank; ``max_vpp``: the bound on them (default 8).
       Searched: 1, and the divisors of layers / pp up to ``max_vpp`` when pp > 1; with the Llama
       3 split (``uneven_stages``) those up to ``max_vpp`` with (layers + 2) / (pp x vpp) whole and >= 1.

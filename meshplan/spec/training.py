@@ -427,6 +427,27 @@ class TrainingSpec(BaseModel):
         return self.reduce_dtype
 
     @property
+    def zero12_reduce_dtype(self) -> Dtype:
+        """The dtype of a zero1/zero2 plan's gradient reduction under this training, whatever
+        sharding ``training`` itself names (the search asks it for its zero1 candidates):
+        ``grad_reduce_dtype`` when set, else the parameter dtype under ``zero12_engine =
+        "deepspeed"`` (DeepSpeed's ``communication_data_type`` unset), else ``reduce_dtype``. It
+        is :attr:`gradient_reduce_dtype` of the zero1/zero2 plan: the collective table's
+        reduce-scatter (or DeepSpeed's bucket all-reduces) and the search's timing.
+
+        >>> t = TrainingSpec(global_batch=8, seq_len=16, grad_reduce_dtype="bf16")
+        >>> t.zero12_reduce_dtype, t.model_copy(update={"sharding": "zero1"}).gradient_reduce_dtype, t.reduce_dtype
+        ('bf16', 'bf16', 'fp32')
+        >>> TrainingSpec(global_batch=8, seq_len=16, sharding="zero1", zero12_engine="deepspeed").zero12_reduce_dtype
+        'bf16'
+        """
+        if self.grad_reduce_dtype is not None:
+            return self.param_dtype if self.grad_reduce_dtype == "param" else self.grad_reduce_dtype
+        # DeepSpeed: communication_data_type unset is the model's dtype (engine.py
+        # ``communication_data_type``: fp16 / bf16 when enabled, else fp32)
+        return self.param_dtype if self.zero12_engine == "deepspeed" else self.reduce_dtype
+
+    @property
     def gradient_reduce_dtype(self) -> Dtype:
         """The dtype gradients are reduced in over the data axes (see ``grad_reduce_dtype``).
 
@@ -445,12 +466,8 @@ class TrainingSpec(BaseModel):
         """
         if self.sharding in ("zero3", "hsdp"):
             return self.fsdp_reduce_dtype
-        if self.grad_reduce_dtype is None:
-            # DeepSpeed: communication_data_type unset is the model's dtype (engine.py
-            # ``communication_data_type``: fp16 / bf16 when enabled, else fp32)
-            if self.zero12_engine == "deepspeed":
-                return self.param_dtype
-            if self.sharding != "none":
-                return self.reduce_dtype
+        if self.sharding in ("zero1", "zero2"):
+            return self.zero12_reduce_dtype
+        if self.grad_reduce_dtype is None:  # DDP (sharding none)
             return "fp32" if self.framework == "megatron" and self.param_dtype == "bf16" else self.param_dtype
         return self.param_dtype if self.grad_reduce_dtype == "param" else self.grad_reduce_dtype
