@@ -29,6 +29,7 @@ from typing import Callable, NamedTuple, Optional
 import numpy as np
 
 from meshplan.comm.collectives import fsdp_gather_flags
+from meshplan.comm.deepspeed_zero12 import check_schedule
 from meshplan.compute import asynctp
 from meshplan.pipeline.simulate import stage_order
 from meshplan.compute.gemm import GemmTable
@@ -846,6 +847,7 @@ def step_time(plan: Plan, overlap: Overlap = Overlap(), *, dropout: bool = False
     runs = plan.schedule_runs  # training.pp_schedule_runs: the schedule simulated once, over m / runs micro-batches
     if schedule is not None:  # the config's own schedule was checked by build_plan; this one's rules likewise
         check_framework(schedule, cfg.training.framework, p, "--schedule")
+        check_schedule(cfg.training, schedule, p, "--schedule")  # DeepSpeed's ZeRO-1/2 engine: 1F1B only
         bad = run_reasons(schedule, p, m, v, runs, cfg.training.framework)
         if bad:
             raise ConfigError("mesh.pp_schedule", bad[0])
