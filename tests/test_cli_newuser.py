@@ -46,3 +46,28 @@ def test_torch_commands_without_torch_name_the_install(monkeypatch):
     with pytest.raises(ConfigError) as e:
         cli._require_torch("validate")
     assert e.value.field == "torch" and "pip install torch==2.13.0" in str(e.value)
+
+
+def test_search_with_no_feasible_mesh_says_so_in_one_line(tmp_path):
+    """zero1 only under framework torch on 8 GPUs, pp 1, tp 1 or 2, micro_batch 1 or 2, global
+    batch 12: 4 candidates (dp 8 or 4 x mb 1 or 2). 12 / (mb x dp) is whole only for dp 4, mb 1
+    (3 micro-batches): rule 'batch' rejects the other 3, rule 'framework' (zero1 under torch) that
+    one. No table, order rule or exactness line, no GEMM capacity note (GEMM width is not why);
+    one line with the rules, their counts and the fix of the first; exit 1 (README: search exits 1
+    when no candidate fits, as plan does for an infeasible mesh)."""
+    from typer.testing import CliRunner
+
+    path = tmp_path / "c.toml"
+    path.write_text('[model]\ncatalog = "llama3-8b"\n[cluster]\nsystem = "dgx-h100"\nnodes = 1\n'
+                    '[training]\nglobal_batch = 12\nseq_len = 4096\nframework = "torch"\n'
+                    '[search]\nsharding = ["zero1"]\npp = [1]\ncp = [1]\ndp_replicate = [1]\ntp = [1, 2]\n'
+                    'micro_batch = [1, 2]\nrecompute = ["full"]\n')
+    r = CliRunner().invoke(cli.app, ["search", str(path)], env={"COLUMNS": "1000"})
+    assert r.exit_code == 1, r.output
+    lines = r.output.splitlines()
+    assert ("no feasible mesh: of 4 candidates rule 'batch' rejected 3 (global_batch not divisible by micro_batch "
+            "* dp), 'framework' 1; fix: set training.global_batch to a multiple of micro_batch x dp for some [search] "
+            "micro_batch and dp") in lines, r.output
+    for gone in ("top 0", "the top is exact", "narrower GEMMs", "order: by predicted step time", "best rejected"):
+        assert gone not in r.output, gone
+    assert "  feasible: 0" in lines
