@@ -1,6 +1,7 @@
 """What a new user's first trial found (helper trial of the README on a fresh clone): each is
 one line and the exit code the README documents."""
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -71,3 +72,18 @@ def test_search_with_no_feasible_mesh_says_so_in_one_line(tmp_path):
     for gone in ("top 0", "the top is exact", "narrower GEMMs", "order: by predicted step time", "best rejected"):
         assert gone not in r.output, gone
     assert "  feasible: 0" in lines
+
+
+def test_one_micro_batch_is_singular_in_step_output(tmp_path, capsys):
+    """global_batch 8 = micro_batch 1 x dp 8: one micro-batch per step. step's recompute line
+    (full recompute) read '(1 micro-batches)'; now '(1 micro-batch)'; no '1 micro-batches' anywhere."""
+    path = tmp_path / "c.toml"
+    path.write_text('[model]\ncatalog = "llama3-8b"\n[cluster]\nsystem = "dgx-h100"\nnodes = 1\n'
+                    '[training]\nglobal_batch = 8\nseq_len = 4096\nrecompute = "full"\n'
+                    '[mesh]\nnames = ["dp_shard"]\nshape = [8]\n')
+    with pytest.raises(SystemExit) as done:
+        cli.main(["step", str(path)])
+    out = capsys.readouterr().out
+    assert done.value.code == 0
+    assert re.search(r"ms per step \(1 micro-batch\)$", out, re.M), out
+    assert not re.search(r"\b1 micro-batches", out)
