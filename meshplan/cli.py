@@ -650,7 +650,8 @@ def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshpl
                model: ModelOpt = None,
                seq_len: SeqLenOpt = None):
     """Search every mesh of the workload: reject with reasons, rank by predicted step time. Exit 0 when some
-    candidate fits, 1 when none does.
+    candidate fits, 1 when none does (then one line instead of the table names the rules that rejected the
+    most candidates, their counts, and a fix).
 
     Searched: degrees of pp, dp_replicate, dp_shard, cp, tp (ep, etp for MoE), micro-batch, recompute
     (op-level "op" under framework torch, tp = cp = ep = 1), vpp (interleaved 1F1B), sharding, training.reshard_after_forward (FSDP), training.tp_comm_overlap

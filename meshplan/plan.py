@@ -326,7 +326,7 @@ def build_plan(config: Config, constraints: cons.Constraints | None = None, memo
     if t.zero3_engine == "deepspeed-2021" and not isinstance(mesh, resolve.Infeasible):
         _check_deepspeed_2021(mesh)
     if not isinstance(mesh, resolve.Infeasible):
-        deepspeed_zero12.check_mesh(t, mesh.degree)
+        deepspeed_zero12.check_mesh(t, mesh.degree, spec.pp_schedule)
     if t.recompute == "op" and not isinstance(mesh, resolve.Infeasible) and max(mesh.degree("cp"), mesh.ep) > 1:
         raise ConfigError("training.recompute", "'op' (torchtitan op-level selective AC) is planned with cp = ep = 1 "
                           "only: which CP/EP collectives its recompute replays is not modelled yet; use 'layer', "

@@ -45,6 +45,7 @@ from typing import Callable, Optional
 
 from meshplan.mesh.tpsplit import local_heads, local_numel
 from meshplan.spec.cluster import ClusterSpec
+from meshplan.units import counted
 
 #: Llama 3 (arXiv 2407.21783, section 3.3.4): unexpected interruptions, days, GPUs.
 LLAMA3_UNEXPECTED, LLAMA3_DAYS, LLAMA3_GPUS = 419, 54, 16384
@@ -417,7 +418,7 @@ def _batch(global_batch: int, micro_batch: int, dp: int, micro_batch_reasons: Ca
     refused = micro_batch_reasons(m)
     if refused:
         return False, m, list(refused)
-    return True, m, [f"global batch {global_batch} = micro_batch {micro_batch} x dp {dp} x {m} micro-batches"]
+    return True, m, [f"global batch {global_batch} = micro_batch {micro_batch} x dp {dp} x {counted(m, 'micro-batch')}"]
 
 
 def _state_notes(changed, old_dp: int, new_dp: int, dataloader_state: str):

@@ -50,9 +50,12 @@ def human_bytes(n: float) -> str:
 
 
 def counted(n: int, noun: str) -> str:
-    """``n`` and ``noun``, plural (an added "s") unless ``n`` is 1, for printing.
+    """``n`` and ``noun``, plural unless ``n`` is 1 (an added "es" after ch, sh, s or x, else
+    "s"), for printing.
 
-    >>> counted(1, "node"), counted(2048, "node")
-    ('1 node', '2048 nodes')
+    >>> counted(1, "node"), counted(2048, "node"), counted(1, "micro-batch"), counted(4, "micro-batch")
+    ('1 node', '2048 nodes', '1 micro-batch', '4 micro-batches')
     """
-    return f"{n} {noun}{'' if n == 1 else 's'}"
+    if n == 1:
+        return f"{n} {noun}"
+    return f"{n} {noun}{'es' if noun.endswith(('ch', 'sh', 's', 'x')) else 's'}"

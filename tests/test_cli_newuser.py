@@ -1,6 +1,7 @@
 """What a new user's first trial found (helper trial of the README on a fresh clone): each is
 one line and the exit code the README documents."""
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -46,3 +47,43 @@ def test_torch_commands_without_torch_name_the_install(monkeypatch):
     with pytest.raises(ConfigError) as e:
         cli._require_torch("validate")
     assert e.value.field == "torch" and "pip install torch==2.13.0" in str(e.value)
+
+
+def test_search_with_no_feasible_mesh_says_so_in_one_line(tmp_path):
+    """zero1 only under framework torch on 8 GPUs, pp 1, tp 1 or 2, micro_batch 1 or 2, global
+    batch 12: 4 candidates (dp 8 or 4 x mb 1 or 2). 12 / (mb x dp) is whole only for dp 4, mb 1
+    (3 micro-batches): rule 'batch' rejects the other 3, rule 'framework' (zero1 under torch) that
+    one. No table, order rule or exactness line, no GEMM capacity note (GEMM width is not why);
+    one line with the rules, their counts and the fix of the first; exit 1 (README: search exits 1
+    when no candidate fits, as plan does for an infeasible mesh)."""
+    from typer.testing import CliRunner
+
+    path = tmp_path / "c.toml"
+    path.write_text('[model]\ncatalog = "llama3-8b"\n[cluster]\nsystem = "dgx-h100"\nnodes = 1\n'
+                    '[training]\nglobal_batch = 12\nseq_len = 4096\nframework = "torch"\n'
+                    '[search]\nsharding = ["zero1"]\npp = [1]\ncp = [1]\ndp_replicate = [1]\ntp = [1, 2]\n'
+                    'micro_batch = [1, 2]\nrecompute = ["full"]\n')
+    r = CliRunner().invoke(cli.app, ["search", str(path)], env={"COLUMNS": "1000"})
+    assert r.exit_code == 1, r.output
+    lines = r.output.splitlines()
+    assert ("no feasible mesh: of 4 candidates rule 'batch' rejected 3 (global_batch not divisible by micro_batch "
+            "* dp), 'framework' 1; fix: set training.global_batch to a multiple of micro_batch x dp for some [search] "
+            "micro_batch and dp") in lines, r.output
+    for gone in ("top 0", "the top is exact", "narrower GEMMs", "order: by predicted step time", "best rejected"):
+        assert gone not in r.output, gone
+    assert "  feasible: 0" in lines
+
+
+def test_one_micro_batch_is_singular_in_step_output(tmp_path, capsys):
+    """global_batch 8 = micro_batch 1 x dp 8: one micro-batch per step. step's recompute line
+    (full recompute) read '(1 micro-batches)'; now '(1 micro-batch)'; no '1 micro-batches' anywhere."""
+    path = tmp_path / "c.toml"
+    path.write_text('[model]\ncatalog = "llama3-8b"\n[cluster]\nsystem = "dgx-h100"\nnodes = 1\n'
+                    '[training]\nglobal_batch = 8\nseq_len = 4096\nrecompute = "full"\n'
+                    '[mesh]\nnames = ["dp_shard"]\nshape = [8]\n')
+    with pytest.raises(SystemExit) as done:
+        cli.main(["step", str(path)])
+    out = capsys.readouterr().out
+    assert done.value.code == 0
+    assert re.search(r"ms per step \(1 micro-batch\)$", out, re.M), out
+    assert not re.search(r"\b1 micro-batches", out)

@@ -170,3 +170,46 @@ def test_deepspeed_zero2_bounds_hold_for_every_candidate(overlap):
             ratios.append(r.est.step_lo[i] / step)
     assert [e.index for e in r.top] == ranked(c, steps, 6)
     assert max(ratios) >= 0.87 and np.median(ratios) >= 0.83
+
+
+def test_deepspeed_zero12_engine_runs_1f1b_only():
+    """DeepSpeed's ZeRO-1/2 engine (PipelineEngine.train_batch always runs TrainSchedule, 1F1B
+    over one chunk per stage) on 8 GPUs, pp 1 or 2, tp 1, vpp 1 or 2, 1F1B and ZB-V: 16
+    candidates, by sharding: zero1 and zero2 one each at pp 1, three each at pp 2 (vpp 1; vpp 2
+    interleaved; vpp 2 ZB-V), zero3 8 (the same 4 meshes, reshard_after_forward both ways).
+    Rule 'engine' rejects zero2 at pp 2 (3, as before) and now zero1 at pp 2 with vpp 2 (2,
+    interleaved 1F1B and ZB-V: it used to rank them); zero1 at pp 2 vpp 1 and zero3 stay.
+    build_plan refuses the rejected zero1 rows naming mesh.pp_schedule and plans the kept one."""
+    from meshplan.errors import ConfigError
+
+    cfg = config({"sharding": "zero1", "zero12_engine": "deepspeed"}, pp=[1, 2], tp=[1], vpp=[1, 2],
+                 pp_schedules=["1f1b", "zbv"])
+    c = enumerate_candidates(cfg)
+    code = first_reason(cfg, c)
+    engine = code == CODE["engine"]
+    assert len(c) == 16 and int(engine.sum()) == 5
+    assert int((engine & (c.sh == SHARDING.index("zero2"))).sum()) == 3
+    rejected = np.flatnonzero(engine & (c.sh == ZERO1))
+    assert sorted((int(c.pp[i]), int(c.vpp[i]), int(c.ps[i])) for i in rejected) == [(2, 2, 0), (2, 2, 1)]
+    for i in rejected:
+        with pytest.raises(ConfigError) as e:
+            build_plan(candidate_config(cfg, c, int(i)))
+        assert e.value.field == "mesh.pp_schedule" and "TrainSchedule" in e.value.message
+    kept = int(np.flatnonzero((c.sh == ZERO1) & (c.pp == 2) & (c.vpp == 1))[0])
+    assert code[kept] != CODE["engine"] and build_plan(candidate_config(cfg, c, kept)).feasible
+
+
+def test_step_schedule_option_refuses_what_deepspeed_engine_cannot_run():
+    """step --schedule under DeepSpeed's ZeRO-1/2 engine: gpipe at pp 2 is refused naming
+    --schedule (TrainSchedule is 1F1B); 1f1b is planned."""
+    from meshplan.errors import ConfigError
+
+    cfg = config_from_dict({"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 1},
+                            "training": {"global_batch": 16, "seq_len": 4096, "sharding": "zero1",
+                                         "zero12_engine": "deepspeed", "recompute": "full"},
+                            "mesh": {"names": ["pp", "dp_shard"], "shape": [2, 4]}})
+    p = build_plan(cfg)
+    with pytest.raises(ConfigError) as e:
+        step_time(p, schedule="gpipe")
+    assert e.value.field == "--schedule" and e.value.message.startswith("gpipe with pp 2 under training.zero12_engine")
+    assert step_time(p, schedule="1f1b").step_s == step_time(p).step_s

@@ -151,15 +151,17 @@ def allreduce_elements(params: Sequence[int], dp: int, bucket: int, registration
     return out
 
 
-def check_mesh(training: TrainingSpec, degree: Callable[[str], int]) -> None:
+def check_mesh(training: TrainingSpec, degree: Callable[[str], int], schedule: str = "1f1b") -> None:
     """ConfigError when the engine cannot run ``training`` on a mesh of axis degrees
-    ``degree(axis)``: DeepSpeed's pipeline engine refuses ZeRO-2 and turns ``overlap_comm`` off
-    (``pipe/engine.py``); expert, context and replicated data axes have groups this model does
-    not build (DeepSpeed's expert-data-parallel param groups, Ulysses' sequence-data group,
-    ZeRO++)."""
+    ``degree(axis)`` under pipeline ``schedule`` (``mesh.pp_schedule``): DeepSpeed's pipeline
+    engine refuses ZeRO-2 and turns ``overlap_comm`` off (``pipe/engine.py``) and runs one
+    schedule (:func:`check_schedule`); expert, context and replicated data axes have groups this
+    model does not build (DeepSpeed's expert-data-parallel param groups, Ulysses' sequence-data
+    group, ZeRO++)."""
     if training.zero12_engine != "deepspeed":
         return
     pp = degree("pp")
+    check_schedule(training, schedule, pp)
     if pp > 1 and training.sharding == "zero2":
         raise ConfigError("training.zero12_engine", f"'deepspeed' with zero2 and pp {pp}: DeepSpeed's pipeline engine "
                           "refuses ZeRO-2 (\"ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism\"); use "
@@ -171,6 +173,27 @@ def check_mesh(training: TrainingSpec, degree: Callable[[str], int]) -> None:
         if degree(axis) > 1:
             raise ConfigError("training.zero12_engine", f"'deepspeed' with {axis} {degree(axis)}: its groups are not "
                               f"modelled for DeepSpeed's ZeRO-1/2; use {axis} 1 or zero12_engine = \"megatron\"")
+
+
+def check_schedule(training: TrainingSpec, schedule: str, pp: int, field: str = "mesh.pp_schedule") -> None:
+    """ConfigError on ``field`` when DeepSpeed's ZeRO-1/2 engine runs ``training`` with pp > 1
+    and a ``schedule`` other than 1F1B: ``PipelineEngine.train_batch`` always executes
+    ``schedule.TrainSchedule`` (``runtime/pipe/engine.py``), 1F1B over one model chunk per
+    stage (``runtime/pipe/schedule.py`` has no interleaved, zero-bubble or V-shaped schedule),
+    so no virtual stages either.
+
+    >>> from meshplan.spec.training import TrainingSpec
+    >>> ds = TrainingSpec(global_batch=8, seq_len=16, sharding="zero1", zero12_engine="deepspeed")
+    >>> check_schedule(ds, "1f1b", 4); check_schedule(ds, "interleaved_1f1b", 1)
+    >>> check_schedule(ds, "interleaved_1f1b", 2)
+    Traceback (most recent call last):
+    meshplan.errors.ConfigError: mesh.pp_schedule: interleaved_1f1b with pp 2 under training.zero12_engine = "deepspeed": DeepSpeed's PipelineEngine runs TrainSchedule (1F1B, one chunk per stage) only; use pp_schedule "1f1b" without virtual stages, or zero12_engine = "megatron"
+    """
+    if training.zero12_engine != "deepspeed" or pp <= 1 or str(schedule) == "1f1b":
+        return
+    raise ConfigError(field, f"{schedule} with pp {pp} under training.zero12_engine = \"deepspeed\": DeepSpeed's "
+                      "PipelineEngine runs TrainSchedule (1F1B, one chunk per stage) only; use pp_schedule \"1f1b\" "
+                      "without virtual stages, or zero12_engine = \"megatron\"")
 
 
 def bucket_rows(add, training: TrainingSpec, axis: str, params: Sequence[int], dp: int, bucket: int) -> None:

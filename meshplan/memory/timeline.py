@@ -35,7 +35,7 @@ from typing import Iterator, Optional
 
 import numpy as np
 
-from meshplan.units import GiB
+from meshplan.units import GiB, counted
 from meshplan.memory.constraints import usable_hbm_bytes
 from meshplan.memory import reference as ref
 from meshplan.memory.passes import KINDS
@@ -284,7 +284,7 @@ def _notes(plan, stage: int, fsdp: bool) -> tuple[str, ...]:
                    "as torch.distributed.pipelining does (the collective table's count): gathered parameters and "
                    "unsharded gradients held till then")
     if runs > 1:
-        out.append(f"one of the step's {runs} pipeline schedule runs of {plan.run_micro_batches} micro-batches "
+        out.append(f"one of the step's {runs} pipeline schedule runs of {counted(plan.run_micro_batches, 'micro-batch')} "
                    "(training.pp_schedule_runs); every run repeats it")
     out.append("steady state (second step on); NCCL buffers are outside PyTorch's caching allocator")
     return tuple(out)

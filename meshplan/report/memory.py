@@ -15,7 +15,7 @@ from meshplan.memory.timeline import KINDS, Timeline
 from meshplan.plan import Plan
 from meshplan.report import shown
 from meshplan.spec.wording import recompute_words, runtime
-from meshplan.units import GiB, MiB
+from meshplan.units import GiB, MiB, counted
 
 KIND_NOTES = {
     "params": "persistent parameters (state_bytes, by sharding axis)",
@@ -139,7 +139,7 @@ def _net_kinds(tl: Timeline, passes) -> str:
 def runs_table(tl: Timeline) -> Table:
     """The step as aggregated passes: events, micro-batches, repeats, net change per kind
     per repeat, total after the run and the largest total inside it."""
-    tab = Table(title=f"Stage {tl.stage}: one step, {tl.schedule}, {tl.micro_batches} micro-batches "
+    tab = Table(title=f"Stage {tl.stage}: one step, {tl.schedule}, {counted(tl.micro_batches, 'micro-batch')} "
                       f"({tl.n_events:,} events, repeated passes aggregated)", title_justify="left")
     for col in ("events", "passes", "chunk", "micro-batches", "x", "net per repeat (GiB)", "after (GiB)", "max (GiB)"):
         tab.add_column(col, justify="left" if col in ("passes", "net per repeat (GiB)") else "right")

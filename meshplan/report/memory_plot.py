@@ -14,7 +14,7 @@ import numpy as np
 
 from meshplan.fileio import check_destination, write_output
 from meshplan.memory.timeline import KINDS, Timeline
-from meshplan.units import GiB
+from meshplan.units import GiB, counted
 
 COLORS = {"params": "#1f4e79", "master": "#2e75b6", "optimizer": "#9dc3e6", "grads": "#548235",
           "comm_buffers": "#7f7f7f", "workspace": "#bfbfbf", "fragmentation": "#d9d9d9",
@@ -91,7 +91,7 @@ def _figure(tl: Timeline, name: str, max_points: int):
     top.axvline(step, color="gray", linewidth=0.8)
     top.text(step, top.get_ylim()[1] * 0.97, "optimizer step ", fontsize=8, color="gray", ha="right", va="top")
     top.set_xlabel(f"event index in one training step ({tl.n_events:,} events: {tl.schedule} forward/backward "
-                   f"passes of {tl.micro_batches} micro-batches, then the optimizer step)")
+                   f"passes of {counted(tl.micro_batches, 'micro-batch')}, then the optimizer step)")
     lo, hi = _zoom_range(tl)
     _panel(zoom, tl, run, np.arange(lo, hi + 1), shown, legend=False)
     zoom.set_ylim(0, tl.peak.total_bytes / GiB * 1.3)  # detail: usable and HBM may lie above
@@ -100,7 +100,7 @@ def _figure(tl: Timeline, name: str, max_points: int):
     zoom.set_xlabel("zoom: " + ", then ".join(f"{p.phase} of micro-batch {p.microbatch}" + (f" chunk {p.chunk}" if
                     len({q.chunk for q in tl.passes}) > 1 else "") for p in z) + " (event index)")
     c = tl.peak
-    fig.suptitle(f"{name}: {tl.title}, stage {tl.stage}, {tl.schedule}, {tl.micro_batches} micro-batches\n"
+    fig.suptitle(f"{name}: {tl.title}, stage {tl.stage}, {tl.schedule}, {counted(tl.micro_batches, 'micro-batch')}\n"
                  f"peak {c.total_bytes / GiB:.1f} GiB at {c.where()}; headroom {tl.headroom_bytes / GiB:.1f} GiB "
                  f"to {tl.usable_bytes / GiB:.1f} GiB usable", fontsize=11)
     fig.tight_layout()

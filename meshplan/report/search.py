@@ -5,7 +5,8 @@ micro-batch, recompute, vpp, sharding, knobs, peak GiB, step s, MFU, tokens/s, g
 order rule (:mod:`meshplan.search.rank`), what makes the top faster than the runner-up
 (:mod:`meshplan.search.explain`; where the tie rule listed a slower top first, how much
 slower than the fastest, named), the best rejected one with why, and the candidates per
-outcome. JSON (schema
+outcome; when no candidate fits, one line instead of the table, the order rule and the
+exactness line (:func:`infeasible_line`). JSON (schema
 ``meshplan.search.driver/v1``): the same, SI units, with each top candidate's plan input so
 ``meshplan plan`` can replay it.
 """
@@ -109,6 +110,11 @@ def print_search(r: SearchResult, console: Console) -> None:
     the top against #2 may name any of them)."""
     for line in header_lines(r):
         console.print(line, highlight=False, markup=False)
+    if not r.top:  # no table, order rule, goodput or exactness line: they are about rows
+        best = rejected_lines(r) if r.best_rejected else []
+        for line in [infeasible_line(r)] + best + count_lines(r) + [f"note: {n}" for n in r.notes]:
+            console.print(line, highlight=False, markup=False)
+        return
     shown = r.top
     tab = Table(title=f"top {len(shown)} by predicted step time", title_justify="left")
     for col in ("#", "mesh", "mb", "recompute", "vpp", "sharding", "knobs", "peak GiB", "step s", "MFU", "tokens/s",
@@ -133,6 +139,40 @@ def print_search(r: SearchResult, console: Console) -> None:
                      "one shown")
     for line in lines + rejected_lines(r) + count_lines(r) + [f"note: {n}" for n in r.notes]:
         console.print(line, highlight=False, markup=False)
+
+
+#: What widens the search past a rejection rule that removed most candidates (the rule keys of
+#: :data:`~meshplan.search.space.REASONS`); other rules get :data:`_FIX_ANY`.
+_FIXES = {
+    "framework": "set training.zero12_engine = \"deepspeed\" (DeepSpeed's ZeRO-1) or framework = \"megatron\", "
+                 "or add zero3 to search.sharding",
+    "engine": "let [search] reach meshes the engine runs (cp 1, ep 1; DeepSpeed's ZeRO-1 with pp > 1 at vpp 1 only, "
+              "ZeRO-2 and deepspeed-2021 at pp 1) or set training.zero12_engine / zero3_engine back to its default",
+    "memory": "add nodes, or let [search] reach less memory (recompute full, sharding zero3, micro_batch 1, larger "
+              "tp/pp)",
+    "batch": "set training.global_batch to a multiple of micro_batch x dp for some [search] micro_batch and dp",
+    "1f1b": "raise training.global_batch (more micro-batches per step) or narrow search.pp",
+    "interleaved": "raise training.global_batch (more micro-batches per step) or narrow search.vpp",
+    "dualpipev": "raise training.global_batch (more micro-batches per step) or drop dualpipev from search.pp_schedules",
+}
+_FIX_ANY = "widen the [search] lists or change the [training] field the rule names"
+
+
+def infeasible_line(r: SearchResult) -> str:
+    """The one line printed instead of the table when no candidate fits: the rejection rules
+    that removed the most candidates (at most 3, with their counts; the first with its text) and
+    what widens the search past the first (:data:`_FIXES`)."""
+    counts = r.counts()
+    text = dict(REASONS)
+    most = sorted(((n, k) for k, n in counts.items() if k in text and n), key=lambda x: -x[0])[:3]
+    if not most:
+        return f"no feasible mesh among {len(r.candidates):,} candidates"
+    (n0, k0), rest = most[0], most[1:]
+    line = (f"no feasible mesh: of {len(r.candidates):,} candidates rule '{k0}' rejected {n0:,} ({text[k0]})"
+            + "".join(f", '{k}' {n:,}" for n, k in rest))
+    if counts["undecided"]:
+        line += f"; {counts['undecided']:,} undecided near the memory limit (raise search.settle_max)"
+    return f"{line}; fix: {_FIXES.get(k0, _FIX_ANY)}"
 
 
 def knobs(d: dict) -> str:

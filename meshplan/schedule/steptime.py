@@ -29,6 +29,7 @@ from typing import Callable, NamedTuple, Optional
 import numpy as np
 
 from meshplan.comm.collectives import fsdp_gather_flags
+from meshplan.comm.deepspeed_zero12 import check_schedule
 from meshplan.compute import asynctp
 from meshplan.pipeline.simulate import stage_order
 from meshplan.compute.gemm import GemmTable
@@ -67,6 +68,7 @@ from meshplan.schedule.rank_timeline import (
 from meshplan.spec.axes.base import Dim
 from meshplan.spec.mesh import Schedule
 from meshplan.spec.wording import recompute_words, runtime
+from meshplan.units import counted
 
 
 def workload_of(plan, dropout: bool = False) -> Workload:
@@ -365,7 +367,7 @@ class StepTime:
         t, m = self.recompute_name, self.pipeline.spec.m * self.runs
         r = self.recompute_s()
         return (f"recompute: {t}: {r * 1e3:.3f} ms per micro-batch on stage {self.critical_stage}, "
-                f"{r * m * 1e3:.2f} ms per step ({m} micro-batches)")
+                f"{r * m * 1e3:.2f} ms per step ({counted(m, 'micro-batch')})")
 
     def trace_events(self, detail: bool = True, stage: Optional[int] = None) -> list[Event]:
         """Pipeline units (and, with ``detail``, every op and collective inside them) shifted
@@ -846,6 +848,7 @@ def step_time(plan: Plan, overlap: Overlap = Overlap(), *, dropout: bool = False
     runs = plan.schedule_runs  # training.pp_schedule_runs: the schedule simulated once, over m / runs micro-batches
     if schedule is not None:  # the config's own schedule was checked by build_plan; this one's rules likewise
         check_framework(schedule, cfg.training.framework, p, "--schedule")
+        check_schedule(cfg.training, schedule, p, "--schedule")  # DeepSpeed's ZeRO-1/2 engine: 1F1B only
         bad = run_reasons(schedule, p, m, v, runs, cfg.training.framework)
         if bad:
             raise ConfigError("mesh.pp_schedule", bad[0])
@@ -901,7 +904,7 @@ def step_time(plan: Plan, overlap: Overlap = Overlap(), *, dropout: bool = False
     notes = tuple(f"collective not simulated (kind unknown): {o}" for o in sorted({o for c in comms for o in c.other}))
     notes += runtime_warnings(t, schedule or plan.spec.pp_schedule, plan.mesh)  # plan's notes say it for its own
     if runs > 1:
-        notes += (f"{runs} pipeline schedule runs of {mr} micro-batches per step (training.pp_schedule_runs: "
+        notes += (f"{runs} pipeline schedule runs of {counted(mr, 'micro-batch')} per step (training.pp_schedule_runs: "
                   f"torchtitan's gradient accumulation under pp): each fills and drains the pipeline, gathers "
                   f"and reduce-scatters the FSDP units; the timeline shows run 1, {_later_runs(runs)} follow"
                   f"{'s' if runs == 2 else ''} it {run_s * 1e3:.3f} ms apart",)

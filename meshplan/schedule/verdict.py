@@ -23,7 +23,7 @@ from typing import Callable, Optional
 
 from meshplan.plan import Infeasible, Plan, build_plan
 from meshplan.schedule.rank_timeline import _shard_group, comm_kind
-from meshplan.units import GB, GiB
+from meshplan.units import GB, GiB, counted
 
 #: Exposed share of the step above which the step is called network-bound.
 NETWORK_BOUND_SHARE = 0.5
@@ -74,12 +74,12 @@ def _fsdp_cause(plan: Plan, stream: str, alternatives) -> str:
         gathers = gathers.replace("all-gathered in forward", "all-gathered in micro-batch 0's forward")
     reduce = "once per micro-batch" if mode == "sync" else f"once per step (training.grad_accumulation = {mode})"
     line = (f"cause: FSDP re-gathers per micro-batch: each layer is {gathers} and its gradients reduce-scattered "
-            f"{reduce}, {m} micro-batches per step (global_batch {t.global_batch} / (micro_batch "
+            f"{reduce}, {counted(m, 'micro-batch')} per step (global_batch {t.global_batch} / (micro_batch "
             f"{t.micro_batch} x dp {plan.mesh.dp}))")
     knobs: list[tuple[str, dict]] = []
     if t.zero3_engine != "fsdp2":  # DeepSpeed 2021: per-parameter calls, none of FSDP2's knobs
         line = (f"cause: DeepSpeed ZeRO-3 (2021) all-gathers every parameter tensor in forward and again in backward "
-                f"and reduce-scatters every one, each micro-batch, {m} micro-batches per step")
+                f"and reduce-scatters every one, each micro-batch, {counted(m, 'micro-batch')} per step")
         knobs.append(('training.zero3_engine = "fsdp2" (per-layer coalesced calls, as DeepSpeed >= v0.5.5)',
                       {"zero3_engine": "fsdp2"}))
         mode = ""

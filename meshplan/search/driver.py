@@ -248,7 +248,7 @@ def search(cfg: Config, progress: Optional[Progress] = None, workers: Optional[i
     finally:
         pool.close()
     notes += _settings_notes(cfg, c)
-    if not apply:
+    if not apply and top:  # with no candidate feasible at all, GEMM width is not the cause
         notes.append(f"no candidate with local GEMM efficiency >= {o.min_gemm_efficiency:.0%} fits: capacity "
                      f"requires narrower GEMMs, so the below-threshold candidates are kept")
     return SearchResult(cfg, c, code, decided, est, usable, top, run.exact, best, not apply, proven,

@@ -94,7 +94,8 @@ _SCHEDULE_REASONS = (
     ("interleaved", "interleaved 1F1B: micro-batches not a multiple of pp (megatron) or of torch's rounds"),
     ("dualpipev", "DualPipeV: micro-batches fewer than 2 pp"),
     ("engine", "zero3_engine deepspeed-2021: pp > 1, cp > 1 or parameters kept gathered (not DeepSpeed ZeRO-3's); "
-               "zero12_engine deepspeed: cp > 1, ep > 1, or pp > 1 with zero2 or overlap_comm"),
+               "zero12_engine deepspeed: cp > 1, ep > 1, or pp > 1 with zero2, overlap_comm, vpp > 1 or a schedule "
+               "other than 1F1B"),
     ("framework", "zero1 under framework torch: no torch engine shards the optimizer alone (torchtitan cannot run it)"),
 )
 _LATE_REASONS = (
@@ -494,9 +495,10 @@ def first_reason(cfg: Config, c: Candidates) -> np.ndarray:
         ("engine", ((t.zero3_engine == "deepspeed-2021") & (c.sh == SHARDING.index("zero3"))
                     & ((c.pp > 1) | (c.cp > 1) | (c.rf == 0)))
          # DeepSpeed's ZeRO-1 and ZeRO-2 (comm.deepspeed_zero12.check_mesh; dp_replicate 1 here):
-         # its pipeline engine refuses ZeRO-2 and overlap_comm
+         # its pipeline engine refuses ZeRO-2 and overlap_comm and runs 1F1B only (check_schedule)
          | ((t.zero12_engine == "deepspeed") & np.isin(c.sh, ZERO12)
-            & ((c.cp > 1) | (c.ep > 1) | ((c.pp > 1) & (t.overlap_comm | (c.sh == SHARDING.index("zero2"))))))),
+            & ((c.cp > 1) | (c.ep > 1) | ((c.pp > 1) & (t.overlap_comm | (c.sh == SHARDING.index("zero2"))
+                                                          | (c.vpp > 1) | (c.ps != 0)))))),
         ("framework", zero1_refused(t) & (c.sh == SHARDING.index("zero1"))),
     ]
     code = {key: i for i, (key, _) in enumerate(reason_table())}
