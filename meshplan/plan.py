@@ -190,14 +190,28 @@ def run_reasons(schedule, pp: int, m: int, v: int, runs: int, framework: str = "
                  for r in schedule_reasons(schedule, pp, m // runs, v, framework))
 
 
+#: The warning of sharding zero1 over a data axis under framework torch without DeepSpeed's
+#: engine (:attr:`~meshplan.spec.training.TrainingSpec.has_zero1_engine`; the search rejects such
+#: candidates, rule ``framework``).
+ZERO1_WITHOUT_ENGINE = ("sharding zero1 under framework torch: no torch engine shards the optimizer state alone "
+                        "(FSDP2 always shards the parameters, ZeroRedundancyOptimizer runs under DDP; torchtitan "
+                        "has neither), so this plan is Megatron-LM's distributed optimizer and meshplan search "
+                        "rejects it (rule 'framework'); use sharding zero3 with reshard_after_forward = false "
+                        "(ZeRO-2-like), framework = \"megatron\" or zero12_engine = \"deepspeed\" (DeepSpeed's ZeRO-1)")
+
+
 def runtime_warnings(training, schedule, mesh: Mesh) -> tuple[str, ...]:
     """What the framework's runtime is known to run differently from the plan of ``mesh``
     under ``schedule`` (the schedule's :meth:`~meshplan.pipeline.base.PipelineSchedule.warnings`,
     FSDP2 over a data axis when ``training.sharding`` is zero3 or hsdp and fsdp x dp_replicate
-    > 1): the one source of the lines plan and step print as notes, compare prints per side
-    and export writes in its header (:func:`config_warnings`)."""
-    fsdp2 = training.sharding in ("zero3", "hsdp") and mesh.degree("fsdp") * mesh.degree("dp_replicate") > 1
-    return get_schedule(schedule).warnings(training.framework, mesh.degree("pp"), fsdp2)
+    > 1), and :data:`ZERO1_WITHOUT_ENGINE` for zero1 over a data axis where no engine runs it
+    (:attr:`~meshplan.spec.training.TrainingSpec.has_zero1_engine`): the one source of the lines
+    plan and step print as notes, compare prints per side and export writes in its header
+    (:func:`config_warnings`)."""
+    data = mesh.degree("fsdp") * mesh.degree("dp_replicate") > 1
+    fsdp2 = training.sharding in ("zero3", "hsdp") and data
+    zero1 = (ZERO1_WITHOUT_ENGINE,) if training.sharding == "zero1" and data and not training.has_zero1_engine else ()
+    return zero1 + get_schedule(schedule).warnings(training.framework, mesh.degree("pp"), fsdp2)
 
 
 def config_warnings(config: Config) -> tuple[str, ...]:

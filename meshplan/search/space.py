@@ -451,25 +451,16 @@ def zero2_searched(training) -> bool:
 
 
 def zero1_refused(training) -> bool:
-    """Whether sharding ``zero1`` (optimizer state and master weights sharded, parameters and
-    gradients whole) has no runtime under ``training``: under ``framework = "torch"`` without
-    DeepSpeed's engine (``zero12_engine = "deepspeed"``). meshplan's zero1 under the default
-    ``zero12_engine = "megatron"`` is Megatron-LM's distributed optimizer (one reduce-scatter of
-    the gradient buffer, one all-gather of the parameters per step); torch has no such engine:
-    FSDP2's ``fully_shard`` always shards the parameters (``reshard_after_forward=False`` keeps
-    them gathered between forward and backward, ZeRO-2-like, torch 2.13
-    ``distributed/fsdp/_fully_shard/_fully_shard.py``), torch's ``ZeroRedundancyOptimizer`` runs
-    under DDP (every gradient all-reduced, then the updated shards broadcast: not the
-    collectives meshplan plans for zero1), torchtitan has no key for either and meshplan's own
-    runtime does not build it (:mod:`meshplan.runtime.execution.parallelize`). The search rejects
-    such candidates (rule ``framework``).
+    """Whether the search rejects zero1 candidates under ``training`` (rule ``framework``): where
+    no engine runs meshplan's zero1 (:attr:`~meshplan.spec.training.TrainingSpec.has_zero1_engine`;
+    plan and step warn instead, :func:`meshplan.plan.runtime_warnings`).
 
     >>> from meshplan.spec.training import TrainingSpec
     >>> [zero1_refused(TrainingSpec(global_batch=8, seq_len=16, **kw)) for kw in
     ...  ({}, {"framework": "megatron"}, {"sharding": "zero1", "zero12_engine": "deepspeed"})]
     [True, False, False]
     """
-    return training.framework == "torch" and training.zero12_engine != "deepspeed"
+    return not training.has_zero1_engine
 
 
 def first_reason(cfg: Config, c: Candidates) -> np.ndarray:
