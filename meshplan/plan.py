@@ -312,6 +312,18 @@ def _check_deepspeed_2021(mesh) -> None:
                               f"use {axis} 1 or zero3_engine = \"fsdp2\"")
 
 
+#: Why ``recompute = "op"`` has no runtime where :attr:`~meshplan.spec.training.TrainingSpec.has_op_recompute`
+#: is false, and the fix: the same rule ``[search] recompute`` (:mod:`meshplan.config`) and
+#: ``export --to megatron`` (:mod:`meshplan.interop.megatron`) apply.
+_NO_OP_RECOMPUTE = {
+    "megatron": "'op' is torchtitan's op-level selective AC, which framework \"megatron\" does not have (Megatron-LM "
+                "has no flag for it); use 'selective' (--recompute-activations), 'full' or 'none', or framework "
+                "\"torch\"",
+    "ds": "'op' is torchtitan's op-level selective AC, which zero3_engine \"deepspeed-2021\" does not have; use "
+          "'selective', 'full' or 'none', or zero3_engine \"fsdp2\"",
+}
+
+
 def build_plan(config: Config, constraints: cons.Constraints | None = None, memory: bool = True,
                reports: bool = True) -> Plan | Infeasible:
     """The plan of ``config``'s mesh on its cluster, or why it has none (see the module
@@ -341,6 +353,8 @@ def build_plan(config: Config, constraints: cons.Constraints | None = None, memo
         _check_deepspeed_2021(mesh)
     if not isinstance(mesh, resolve.Infeasible):
         deepspeed_zero12.check_mesh(t, mesh.degree)
+    if t.recompute == "op" and not t.has_op_recompute:
+        raise ConfigError("training.recompute", _NO_OP_RECOMPUTE[t.framework if t.framework == "megatron" else "ds"])
     if t.recompute == "op" and not isinstance(mesh, resolve.Infeasible) and max(mesh.degree("cp"), mesh.ep) > 1:
         raise ConfigError("training.recompute", "'op' (torchtitan op-level selective AC) is planned with cp = ep = 1 "
                           "only: which CP/EP collectives its recompute replays is not modelled yet; use 'layer', "
