@@ -190,14 +190,28 @@ def run_reasons(schedule, pp: int, m: int, v: int, runs: int, framework: str = "
                  for r in schedule_reasons(schedule, pp, m // runs, v, framework))
 
 
+#: The warning of sharding zero1 over a data axis under framework torch without DeepSpeed's
+#: engine (:attr:`~meshplan.spec.training.TrainingSpec.has_zero1_engine`; the search rejects such
+#: candidates, rule ``framework``).
+ZERO1_WITHOUT_ENGINE = ("sharding zero1 under framework torch: no torch engine shards the optimizer state alone "
+                        "(FSDP2 always shards the parameters, ZeroRedundancyOptimizer runs under DDP; torchtitan "
+                        "has neither), so this plan is Megatron-LM's distributed optimizer and meshplan search "
+                        "rejects it (rule 'framework'); use sharding zero3 with reshard_after_forward = false "
+                        "(ZeRO-2-like), framework = \"megatron\" or zero12_engine = \"deepspeed\" (DeepSpeed's ZeRO-1)")
+
+
 def runtime_warnings(training, schedule, mesh: Mesh) -> tuple[str, ...]:
     """What the framework's runtime is known to run differently from the plan of ``mesh``
     under ``schedule`` (the schedule's :meth:`~meshplan.pipeline.base.PipelineSchedule.warnings`,
     FSDP2 over a data axis when ``training.sharding`` is zero3 or hsdp and fsdp x dp_replicate
-    > 1): the one source of the lines plan and step print as notes, compare prints per side
-    and export writes in its header (:func:`config_warnings`)."""
-    fsdp2 = training.sharding in ("zero3", "hsdp") and mesh.degree("fsdp") * mesh.degree("dp_replicate") > 1
-    return get_schedule(schedule).warnings(training.framework, mesh.degree("pp"), fsdp2)
+    > 1), and :data:`ZERO1_WITHOUT_ENGINE` for zero1 over a data axis where no engine runs it
+    (:attr:`~meshplan.spec.training.TrainingSpec.has_zero1_engine`): the one source of the lines
+    plan and step print as notes, compare prints per side and export writes in its header
+    (:func:`config_warnings`)."""
+    data = mesh.degree("fsdp") * mesh.degree("dp_replicate") > 1
+    fsdp2 = training.sharding in ("zero3", "hsdp") and data
+    zero1 = (ZERO1_WITHOUT_ENGINE,) if training.sharding == "zero1" and data and not training.has_zero1_engine else ()
+    return zero1 + get_schedule(schedule).warnings(training.framework, mesh.degree("pp"), fsdp2)
 
 
 def config_warnings(config: Config) -> tuple[str, ...]:
@@ -298,6 +312,18 @@ def _check_deepspeed_2021(mesh) -> None:
                               f"use {axis} 1 or zero3_engine = \"fsdp2\"")
 
 
+#: Why ``recompute = "op"`` has no runtime where :attr:`~meshplan.spec.training.TrainingSpec.has_op_recompute`
+#: is false, and the fix: the same rule ``[search] recompute`` (:mod:`meshplan.config`) and
+#: ``export --to megatron`` (:mod:`meshplan.interop.megatron`) apply.
+_NO_OP_RECOMPUTE = {
+    "megatron": "'op' is torchtitan's op-level selective AC, which framework \"megatron\" does not have (Megatron-LM "
+                "has no flag for it); use 'selective' (--recompute-activations), 'full' or 'none', or framework "
+                "\"torch\"",
+    "ds": "'op' is torchtitan's op-level selective AC, which zero3_engine \"deepspeed-2021\" does not have; use "
+          "'selective', 'full' or 'none', or zero3_engine \"fsdp2\"",
+}
+
+
 def build_plan(config: Config, constraints: cons.Constraints | None = None, memory: bool = True,
                reports: bool = True) -> Plan | Infeasible:
     """The plan of ``config``'s mesh on its cluster, or why it has none (see the module
@@ -327,6 +353,8 @@ def build_plan(config: Config, constraints: cons.Constraints | None = None, memo
         _check_deepspeed_2021(mesh)
     if not isinstance(mesh, resolve.Infeasible):
         deepspeed_zero12.check_mesh(t, mesh.degree, spec.pp_schedule)
+    if t.recompute == "op" and not t.has_op_recompute:
+        raise ConfigError("training.recompute", _NO_OP_RECOMPUTE[t.framework if t.framework == "megatron" else "ds"])
     if t.recompute == "op" and not isinstance(mesh, resolve.Infeasible) and max(mesh.degree("cp"), mesh.ep) > 1:
         raise ConfigError("training.recompute", "'op' (torchtitan op-level selective AC) is planned with cp = ep = 1 "
                           "only: which CP/EP collectives its recompute replays is not modelled yet; use 'layer', "

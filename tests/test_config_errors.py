@@ -253,3 +253,34 @@ def test_megatron_search_of_schedules_it_does_not_run(schedules, named, tmp_path
     assert done.value.code == 2 and err.count("\n") == 1 and err.startswith("error: search.pp_schedules: ")
     check_searched(schedules, "torch")  # torch's pipelining runs them
     check_searched(["1f1b"], "megatron")  # Megatron-LM's own (interleaved with vpp > 1)
+
+
+@pytest.mark.parametrize("training,named,fix", [
+    ({"framework": "megatron"}, 'framework "megatron"', 'or framework "torch"'),
+    ({"sharding": "zero3", "zero3_engine": "deepspeed-2021"}, 'zero3_engine "deepspeed-2021"',
+     'or zero3_engine "fsdp2"')])
+def test_op_recompute_without_the_runtime_is_refused(training, named, fix, tmp_path, capsys):
+    """torchtitan's op-level SAC has no Megatron-LM flag and no DeepSpeed ZeRO-3 of 2021: plan and
+    step refuse it naming training.recompute, as ``[search] recompute`` (the same words) and
+    ``export --to megatron`` do (it was planned silently)."""
+    from meshplan.cli import main
+    d = with_("training.recompute", "op")
+    d["training"].update(training)
+    d["mesh"] = {"names": ["dp_shard"], "shape": [8]}
+    with pytest.raises(ConfigError) as e:
+        build_plan(config_from_dict(d))
+    assert e.value.field == "training.recompute"
+    assert e.value.message.startswith(f"'op' is torchtitan's op-level selective AC, which {named} does not have")
+    assert e.value.message.endswith(fix) and "\n" not in str(e.value)
+    d["search"] = {"recompute": ["op"]}
+    with pytest.raises(ConfigError, match=f"which {named} does not have"):  # the search's words
+        config_from_dict(d)
+    del d["search"]
+    p = tmp_path / "op.toml"
+    p.write_text("".join(f"[{k}]\n" + "".join(f"{kk} = {v!r}\n".replace("'", '"') for kk, v in t.items())
+                         for k, t in d.items()))
+    for cmd in ("plan", "step"):
+        with pytest.raises(SystemExit) as done:
+            main([cmd, str(p)])
+        err = capsys.readouterr().err
+        assert done.value.code == 2 and err.count("\n") == 1 and err.startswith("error: training.recompute: 'op'")

@@ -287,7 +287,11 @@ def _settings_notes(cfg: Config, c: Candidates) -> list[str]:
                    "attention: which of its mms the policy saves is not modelled")
     elif "op" in cfg.search.recompute and t.has_op_recompute and ((c.tp > 1) | (c.cp > 1) | (c.ep > 1)).any():
         out.append("recompute 'op' (torchtitan's op-level selective AC) is searched on candidates with tp = cp = ep = 1 "
-                   "only: which TP, CP and EP collectives its replay runs is not modelled yet")
+                   "only: plan models it at tp > 1 with sequence parallelism (its replay repeats the tp "
+                   "all-gathers), but the search's step-time pruning (search.timing) replays it as full recompute, "
+                   "tp reduce-scatters included, which the policy saves, so it could discard such a candidate "
+                   "wrongly; with cp or ep > 1 plan "
+                   "refuses it (which CP and EP collectives its replay runs is not modelled)")
     if t.pp_schedule_runs > 1:
         out.append(f"training.pp_schedule_runs {t.pp_schedule_runs} applies to candidates with pp > 1: each runs its "
                    f"micro-batches as {t.pp_schedule_runs} pipeline schedules (a candidate whose micro-batches it does "

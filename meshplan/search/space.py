@@ -284,9 +284,13 @@ def lookup_pairs(a: np.ndarray, b: np.ndarray, fn) -> np.ndarray:
 
 
 def op_recompute_ok(cfg: Config, tp: np.ndarray, cp: np.ndarray, ep: np.ndarray) -> np.ndarray:
-    """Where ``recompute = "op"`` is planned (:func:`meshplan.plan.build_plan` refuses the rest):
-    tp = cp = ep = 1 (which TP, CP and EP collectives its replay runs is not modelled) and no
-    multi-head latent attention (which of its mms the policy saves is not modelled).
+    """Where ``recompute = "op"`` is searched: tp = cp = ep = 1 and no multi-head latent attention.
+    :func:`meshplan.plan.build_plan` refuses cp or ep > 1 (which CP and EP collectives its replay
+    runs is not modelled) and MLA (which of its mms the policy saves is not modelled); it plans
+    tp > 1 with sequence parallelism (the replay repeats the tp all-gathers, the reduce-scatters'
+    outputs are saved), which the search leaves out: its step-time bound
+    (:func:`meshplan.search.timing.chains`) replays op as full recompute, tp reduce-scatters
+    included, which the policy saves: no lower bound of such a plan's step.
 
     >>> from meshplan.config import config_from_dict
     >>> cfg = config_from_dict({"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 1},
@@ -452,25 +456,16 @@ def zero2_searched(training) -> bool:
 
 
 def zero1_refused(training) -> bool:
-    """Whether sharding ``zero1`` (optimizer state and master weights sharded, parameters and
-    gradients whole) has no runtime under ``training``: under ``framework = "torch"`` without
-    DeepSpeed's engine (``zero12_engine = "deepspeed"``). meshplan's zero1 under the default
-    ``zero12_engine = "megatron"`` is Megatron-LM's distributed optimizer (one reduce-scatter of
-    the gradient buffer, one all-gather of the parameters per step); torch has no such engine:
-    FSDP2's ``fully_shard`` always shards the parameters (``reshard_after_forward=False`` keeps
-    them gathered between forward and backward, ZeRO-2-like, torch 2.13
-    ``distributed/fsdp/_fully_shard/_fully_shard.py``), torch's ``ZeroRedundancyOptimizer`` runs
-    under DDP (every gradient all-reduced, then the updated shards broadcast: not the
-    collectives meshplan plans for zero1), torchtitan has no key for either and meshplan's own
-    runtime does not build it (:mod:`meshplan.runtime.execution.parallelize`). The search rejects
-    such candidates (rule ``framework``).
+    """Whether the search rejects zero1 candidates under ``training`` (rule ``framework``): where
+    no engine runs meshplan's zero1 (:attr:`~meshplan.spec.training.TrainingSpec.has_zero1_engine`;
+    plan and step warn instead, :func:`meshplan.plan.runtime_warnings`).
 
     >>> from meshplan.spec.training import TrainingSpec
     >>> [zero1_refused(TrainingSpec(global_batch=8, seq_len=16, **kw)) for kw in
     ...  ({}, {"framework": "megatron"}, {"sharding": "zero1", "zero12_engine": "deepspeed"})]
     [True, False, False]
     """
-    return training.framework == "torch" and training.zero12_engine != "deepspeed"
+    return not training.has_zero1_engine
 
 
 def first_reason(cfg: Config, c: Candidates) -> np.ndarray:

@@ -337,6 +337,28 @@ class TrainingSpec(BaseModel):
         return self.framework == "torch" and self.zero3_engine == "fsdp2"
 
     @property
+    def has_zero1_engine(self) -> bool:
+        """Whether a runtime runs sharding ``zero1`` (optimizer state and master weights sharded,
+        parameters and gradients whole) under this training: not under ``framework = "torch"``
+        without DeepSpeed's engine (``zero12_engine = "deepspeed"``). meshplan's zero1 under the
+        default ``zero12_engine = "megatron"`` is Megatron-LM's distributed optimizer (one
+        reduce-scatter of the gradient buffer, one all-gather of the parameters per step); torch
+        has no such engine: FSDP2's ``fully_shard`` always shards the parameters
+        (``reshard_after_forward=False`` keeps them gathered between forward and backward,
+        ZeRO-2-like, torch 2.13 ``distributed/fsdp/_fully_shard/_fully_shard.py``), torch's
+        ``ZeroRedundancyOptimizer`` runs under DDP (every gradient all-reduced, then the updated
+        shards broadcast: not the collectives meshplan plans for zero1), torchtitan has no key for
+        either and meshplan's own runtime does not build it
+        (:mod:`meshplan.runtime.execution.parallelize`). The search rejects zero1 candidates where
+        it is false (rule ``framework``), plan and step warn.
+
+        >>> [TrainingSpec(global_batch=8, seq_len=16, **kw).has_zero1_engine for kw in
+        ...  ({}, {"framework": "megatron"}, {"sharding": "zero1", "zero12_engine": "deepspeed"})]
+        [False, True, True]
+        """
+        return self.framework != "torch" or self.zero12_engine == "deepspeed"
+
+    @property
     def recompute_name(self) -> str:
         """The recompute policy in its runtime's words, the runtime told by this training alone
         (:func:`meshplan.spec.wording.runtime`; the text of a config read from a DeepSpeed JSON
