@@ -143,6 +143,13 @@ def pipeline_bound(u: dict, vpp: int, m: int, reshard: bool | None = None) -> np
             end = ((dag.stage == 0) & (dag.chunk == 0)) | ((dag.stage == p - 1) & last)
             extra = np.where(end[None, :] & u["empty_end"][:, dag.stage], 0.0, extra)
     if "b_red" in u:  # each chunk's last gradient unit (micro-batch m-1's backward): its FSDP2 copy-ins
-        red = ((dag.backward == 1) & (dag.mb == m - 1))[None, :] * u["b_red"][:, dag.stage]
+        last_grad = (dag.backward == 1) & (dag.mb == m - 1)
+        red = last_grad[None, :] * u["b_red"][:, dag.stage]
+        if "b_wait" in u:  # ... and, but on the chunk that ends its stage's order, the wait for its
+            # reductions (``b_wait``: perform_reduce_grad; the chunk's length picks the bound)
+            waits = last_grad & (dag.chunk != dag.chunk[dag.last][dag.stage])
+            hi = long[:, dag.stage, dag.chunk] if "n_long" in u and np.any(u["n_long"]) else np.zeros((1, dag.stage.size), bool)
+            wait = np.where(hi, u.get("b_wait_hi", u["b_wait"])[:, dag.stage], u["b_wait"][:, dag.stage])
+            red = np.where(waits[None, :], np.maximum(red, wait), red)
         extra = red if extra is None else extra + red
     return (stage_ends(dag, f, b, u["p2p"], extra) + u["tail"] + u["end"]).max(axis=1)

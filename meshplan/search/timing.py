@@ -444,6 +444,17 @@ def unit_bounds(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: dict)
     # there the head's reduce-scatter, issued after its backward, runs on the FSDP stream between
     # the last layer's prefetched all-gather and the next layer's (every micro-batch under sync)
 
+    # pp > 1 (torch's PipelineStage, rank_timeline._perform_reduce_grad): a chunk's last gradient
+    # unit, unless it ends the stage's order, holds the compute stream until its layers' FSDP
+    # reductions are done: per layer a copy-in (compute stream), then its reduce-scatter (fsdp
+    # stream), then its HSDP all-reduce (dp_replicate stream), each stream serial and the first
+    # copy-in after the unit's last backward. n identical jobs through three serial stages take at
+    # least the three of one job plus (n - 1) x the longest (a flow shop): ``b_wait``, the unit's
+    # time past its compute (at least ``b_red``). Dense models with one schedule run only (the
+    # tail's ``fsdp_red`` restriction; with runs > 1 the DAG's last micro-batch is not each run's)
+    waits = col((c.pp > 1) & (not m.is_moe or m.dense_layers == 0) & (cfg.training.pp_schedule_runs == 1))
+    rs_p, ar_p = col(cm["fsdp_rs"]), col(cm["hsdp_ar"])
+
     def cores(n):
         # one chunk of n layers: each term grows with n (a longer chunk's bound is never lower);
         # a chunk of none (the embedding or the output layer alone, stage_layers) has no layer term
@@ -452,7 +463,9 @@ def unit_bounds(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: dict)
         return {"f_core": has * np.maximum(np.maximum(ag + n * cf_c, n * ag + cf_c), n * cf_c + col(~lazy) * e_ag),
                 "b_core": has * np.maximum(np.maximum(ag_b - hb1, 0.0) + n * cb_c + e_ci,
                                            n * ag_b + np.maximum(n - 2, 0) * rs * keep + h_rs + cb_c - hb1),
-                "b_red": has * (n * ci_p + e_ci_p)}
+                "b_red": has * (n * ci_p + e_ci_p),
+                "b_wait": np.maximum(has * (n * ci_p + e_ci_p), has * waits * (ci_p + rs_p + ar_p + np.maximum(n - 1, 0)
+                                                                             * np.maximum(np.maximum(ci_p, rs_p), ar_p)))}
 
     def extra(n, hb):
         # a gathering pass's extra over its chunk of n >= 1 layers (forward, backward less ``hb``)
@@ -468,7 +481,7 @@ def unit_bounds(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: dict)
     # 0's units (the fill and the drain) are long on every stage but the first where any is
     n_long = st.n - c.vpp[:, None] * n
     long0 = (n_long > 0) & (st.k > 0)
-    out = {**lo, "f_core_hi": hi["f_core"], "b_core_hi": hi["b_core"], "b_red_hi": hi["b_red"], "n_long": n_long,
+    out = {**lo, "f_core_hi": hi["f_core"], "b_core_hi": hi["b_core"], "b_red_hi": hi["b_red"], "b_wait_hi": hi["b_wait"], "n_long": n_long,
            "f_core0": np.where(long0, hi["f_core"], lo["f_core"]), "b_core0": np.where(long0, hi["b_core"], lo["b_core"]),
            # at the shortest chunk that holds layers (the passes of an empty one are left out:
            # step_lower_bound); a gathering backward of the head's chunk takes the head's
@@ -651,10 +664,15 @@ def step_lower_bound(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: 
     g_f = u["g_f"] - empty0 * ends["f0"] - empty_l * ends["fl"]
     g_b = u["g_b"] - empty0 * ends["b0"] - empty_l * ends["bl"]
     g_bh = np.where(one, st.last * g_b, st.last * ~empty_l * ends["bl"])
+    # the v - 1 chunks that do not end the stage's order wait for their reductions (``b_wait``):
+    # whichever chunk ends it, at least r - 1 of those hold n_chunk_hi layers (the wait grows with n)
+    w_long = np.maximum(r - 1, 0)
+    w_short = v - 1 - w_long
     busy = st.m * ((v - r) * (u["f_core"] + u["b_core"]) + r * (u["f_core_hi"] + u["b_core_hi"])
                    + u["emb_f"] + u["emb_b"] + u["head_f"] + u["head_b"]) \
         + g_f * u["f_extra"] + (g_b - g_bh) * u["b_extra"] + g_bh * u["b_extra_head"] \
-        + (v - r) * u["b_red"] + r * u["b_red_hi"] + u["root_extra"]
+        + (v - r) * u["b_red"] + r * u["b_red_hi"] + u["root_extra"] \
+        + w_short * (u["b_wait"] - u["b_red"]) + w_long * (u["b_wait_hi"] - u["b_red_hi"])
     f0 = u["f_core0"] + u["emb_f"] + one * u["head_f"]       # chunk 0's forward unit on each stage
     b0 = u["b_core0"] + u["emb_b"] + one * u["head_b"]       # chunk 0's backward unit on each stage
     p2p, tail, end = u["p2p"], u["tail"], u["end"]
