@@ -680,7 +680,9 @@ def step_lower_bound(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: 
     fill = np.cumsum(first + p2p, axis=1) - (first + p2p)
     drain = np.cumsum(b0 + p2p, axis=1) - (b0 + p2p)
     own = fill + busy + tail + end
-    via0 = fill + busy + drain + tail[:, :1] + end[:, :1]
+    # the copy-ins of the chunk that ends stage k's order (in ``busy``) run after its last unit has
+    # sent its gradient on (rank_timeline._perform_reduce_grad, ``tail``): not before the drain
+    via0 = fill + busy - np.maximum(u["b_red"], u["b_red_hi"]) + drain + tail[:, :1] + end[:, :1]
     out = np.maximum(own, via0).max(axis=1)
     # 1F1B: micro-batch 0 forward through every stage and back to stage k, then stage k's
     # units after its first backward ((m - 1) B and (m - w) F), then micro-batch m-1's
@@ -688,7 +690,8 @@ def step_lower_bound(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: 
     # (stage k's last gradient unit, with its copy-ins ``b_red``, is one of its backward units)
     path = (f0.sum(axis=1, keepdims=True) + b0.sum(axis=1, keepdims=True) + (st.m - 1) * b0
             + (st.m - st.w_step) * f0 + 2 * (st.k.shape[1] - 1) * p2p + u["b_red"])
-    one_f = np.maximum(path + tail[:, :1] + end[:, :1], path - drain + tail + end).max(axis=1)
+    # (its copy-ins after its send: not on the way back to stage 0)
+    one_f = np.maximum(path - u["b_red"] + tail[:, :1] + end[:, :1], path - drain + tail + end).max(axis=1)
     # V-shaped schedules: stage k still starts after micro-batch 0's chunk-0 forward through
     # stages 0..k-1 and runs every unit, but its last unit is a weight gradient (tail not
     # bounded here) and the gradient's way back runs input gradients only (no drain bound)
