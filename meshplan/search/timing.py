@@ -327,8 +327,12 @@ def layer_ops(cfg: Config, tt: TimeTables, c: Candidates, moe: bool) -> dict[str
     return lookup(k, tt.ops, OP_FIELDS + EXTRA_FIELDS + ("head_gemm_peak_s", "head_gemm_s"), dtype=np.float64)
 
 
-def chains(c: Candidates, o: dict, cm: dict, moe: bool) -> tuple[np.ndarray, np.ndarray]:
-    """(forward, backward) chain of one layer, seconds (module docstring)."""
+def chains(c: Candidates, o: dict, cm: dict, moe: bool, serial: bool | np.ndarray = False) -> tuple[np.ndarray, np.ndarray]:
+    """(forward, backward) chain of one layer, seconds (module docstring). ``serial`` (per
+    candidate): a block's input-gradient TP collective is issued after its weight gradients and
+    the next block waits for it (rank_timeline._block_backward without ``Overlap.tp`` or
+    ``tp_grad``: torch, tp_comm_overlap off), so the two add up; otherwise the collective may
+    run beside the weight gradients (the larger of the two)."""
     pre, post = cm["tp_sp"], np.maximum(cm["tp_sp"], cm["tp_ar"])
     e = cm["ep"] if moe else 0.0
 
@@ -355,8 +359,9 @@ def chains(c: Candidates, o: dict, cm: dict, moe: bool) -> tuple[np.ndarray, np.
     # input-gradient GEMM (compute.asynctp), which lasts at least both (pieces' GEMMs at least
     # the whole's); the other input gradients follow it
     gathered = lambda blk: np.where(c.ov > 0, np.maximum(pre, b[blk]), pre + b[blk])
-    back = (b["mlp_post"] + e + gathered("mlp") + np.maximum(o["bw_mlp"], post + e) + b["mlp_pre"] + b["attn_post"]
-            + gathered("attn") + np.maximum(cm["cp_rs"] - b["cpq"], 0.0) + np.maximum(o["bw_attn"], post)
+    beside = lambda w, x: np.where(serial, w + x, np.maximum(w, x))
+    back = (b["mlp_post"] + e + gathered("mlp") + beside(o["bw_mlp"], post + e) + b["mlp_pre"] + b["attn_post"]
+            + gathered("attn") + np.maximum(cm["cp_rs"] - b["cpq"], 0.0) + beside(o["bw_attn"], post)
             + b["attn_pre"])
     return forward("f"), back + np.where(full, forward("br"), 0.0)
 
@@ -377,11 +382,14 @@ def unit_bounds(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: dict)
     col = lambda a: np.asarray(a)[:, None]
     cm = comm_times(cfg, tt, c)
     od = layer_ops(cfg, tt, c, False)
-    fd, bd = chains(c, od, cm, False)
+    # torch without tp_comm_overlap (the candidate's ``ov``): each block's input-gradient TP
+    # collective follows its weight gradients (Megatron-LM runs it beside them: Overlap.tp_grad)
+    serial = (c.ov == 0) & (cfg.training.framework != "megatron")
+    fd, bd = chains(c, od, cm, False, serial)
     if m.is_moe:
         om = layer_ops(cfg, tt, c, True)
-        fm, bm = chains(c, om, cm, True)
-        f0m, b0m = chains(c, om, {**cm, "ep": np.zeros(len(c))}, True)
+        fm, bm = chains(c, om, cm, True, serial)
+        f0m, b0m = chains(c, om, {**cm, "ep": np.zeros(len(c))}, True, serial)
         # a stage's collective table may be stage 0's (step_time's older convention for the
         # middle stages) or its own: count the EP all-to-alls only when both hold MoE layers
         ep_on = np.where(st.k < st.k.shape[1] - 1, (st.n_moe[:, :1] > 0) & (st.n_moe > 0), st.n_moe > 0)
