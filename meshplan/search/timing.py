@@ -373,8 +373,10 @@ def unit_bounds(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: dict)
     (``f_extra``, ``b_extra``; ``b_extra_head``: a gathering backward of the head's chunk, its
     first gather less the head's backward; ``g_f``, ``g_b`` such passes per step; ``empty_end``:
     the stage's end chunk holds no layer), the extra of each chunk's
-    last gradient unit (``b_red``: FSDP2's copy-ins where that unit alone reduces), each at the
-    stage's shortest chunk, and at its longest (``f_core_hi``, ``b_core_hi``, ``b_red_hi``; ``n_long``
+    last gradient unit (``b_red``: FSDP2's copy-ins where that unit alone reduces; ``b_wait``: with
+    pp > 1 its copy-ins and reductions, which it waits for unless it ends the stage's order), each at
+    the stage's shortest chunk, and at its longest (``f_core_hi``, ``b_core_hi``, ``b_red_hi``,
+    ``b_wait_hi``; ``n_long``
     chunks of that length, ``f_core0``, ``b_core0`` chunk 0's: the Llama 3 split with vpp > 1), the p2p send
     ``p2p`` (candidates, 1), the last unit's ``tail`` beyond its duration and the stage's ``end``
     (optimizer step, exposed ZeRO-1 all-gather); module docstring."""
