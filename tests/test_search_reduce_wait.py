@@ -72,3 +72,22 @@ def test_wait_is_the_flow_shop_of_the_simulated_reductions():
     waited = unit(m - 1) - unit(0)
     # a lower bound of the simulated wait, and nearly all of it
     assert 0.9 * waited <= u["b_wait"][0, 1] <= waited * (1 + 1e-9), (u["b_wait"][0, 1], waited)
+
+
+def test_backward_chain_adds_the_tp_collective_after_the_weight_gradients_under_torch():
+    """rank_timeline._block_backward without Overlap.tp or tp_grad (torch, tp_comm_overlap off):
+    each block's weight gradients run, then its input-gradient TP collective, and the next block
+    waits for it; Megatron-LM (tp_grad) runs the collective beside the weight gradients. One
+    layer, recompute none, no CP/EP: input gradients 3 + 5 (attention, MLP), weight gradients 2
+    + 4, TP collectives 1 each (gather before, reduce-scatter after, tp 2 with SP): serial
+    (1 + 3 + 2 + 1) + (1 + 5 + 4 + 1) = 18; beside: (1 + 3 + max(2, 1)) + (1 + 5 + max(4, 1)) = 16."""
+    from meshplan.search.timing import OP_FIELDS, chains
+
+    one = lambda v: np.array([float(v)])
+    o = {k: one(0) for k in OP_FIELDS}
+    o.update(bi_attn=one(3), bi_mlp=one(5), bw_attn=one(2), bw_mlp=one(4))
+    cm = {k: one(0) for k in ("tp_ar", "cp_ag", "cp_rs", "ep")}
+    cm["tp_sp"] = one(1)
+    c = type("C", (), {"ov": np.array([0]), "rc": np.array([0])})()
+    assert chains(c, o, cm, False, np.array([True]))[1].tolist() == [18.0]
+    assert chains(c, o, cm, False, np.array([False]))[1].tolist() == [16.0]
