@@ -142,7 +142,16 @@ def pipeline_bound(u: dict, vpp: int, m: int, reshard: bool | None = None) -> np
         if "empty_end" in u:
             end = ((dag.stage == 0) & (dag.chunk == 0)) | ((dag.stage == p - 1) & last)
             extra = np.where(end[None, :] & u["empty_end"][:, dag.stage], 0.0, extra)
-    if "b_red" in u:  # each chunk's last gradient unit (micro-batch m-1's backward): its FSDP2 copy-ins
-        red = ((dag.backward == 1) & (dag.mb == m - 1))[None, :] * u["b_red"][:, dag.stage]
+    if "b_red" in u:
+        # each chunk's last gradient unit (micro-batch m-1's backward) that does not end its stage's
+        # order holds the compute stream for its FSDP2 copy-ins and its reductions
+        # (rank_timeline._perform_reduce_grad): ``b_wait`` (at least ``b_red``), at the chunk's
+        # length. The unit that ends the stage's order copies in and reduces after its end (its
+        # send has left): nothing added to it, or its send would reach the next stage too late
+        waits = (dag.backward == 1) & (dag.mb == m - 1) & (dag.chunk != dag.chunk[dag.last][dag.stage])
+        hi = long[:, dag.stage, dag.chunk] if "n_long" in u and np.any(u["n_long"]) else np.zeros((1, dag.stage.size), bool)
+        w_lo, w_hi = u.get("b_wait", u["b_red"]), u.get("b_wait_hi", u.get("b_wait", u["b_red"]))
+        red = waits[None, :] * np.where(hi, np.maximum(u["b_red"], w_hi)[:, dag.stage],
+                                        np.maximum(u["b_red"], w_lo)[:, dag.stage])
         extra = red if extra is None else extra + red
     return (stage_ends(dag, f, b, u["p2p"], extra) + u["tail"] + u["end"]).max(axis=1)

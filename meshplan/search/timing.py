@@ -327,8 +327,12 @@ def layer_ops(cfg: Config, tt: TimeTables, c: Candidates, moe: bool) -> dict[str
     return lookup(k, tt.ops, OP_FIELDS + EXTRA_FIELDS + ("head_gemm_peak_s", "head_gemm_s"), dtype=np.float64)
 
 
-def chains(c: Candidates, o: dict, cm: dict, moe: bool) -> tuple[np.ndarray, np.ndarray]:
-    """(forward, backward) chain of one layer, seconds (module docstring)."""
+def chains(c: Candidates, o: dict, cm: dict, moe: bool, serial: bool | np.ndarray = False) -> tuple[np.ndarray, np.ndarray]:
+    """(forward, backward) chain of one layer, seconds (module docstring). ``serial`` (per
+    candidate): a block's input-gradient TP collective is issued after its weight gradients and
+    the next block waits for it (rank_timeline._block_backward without ``Overlap.tp`` or
+    ``tp_grad``: torch, tp_comm_overlap off), so the two add up; otherwise the collective may
+    run beside the weight gradients (the larger of the two)."""
     pre, post = cm["tp_sp"], np.maximum(cm["tp_sp"], cm["tp_ar"])
     e = cm["ep"] if moe else 0.0
 
@@ -355,8 +359,9 @@ def chains(c: Candidates, o: dict, cm: dict, moe: bool) -> tuple[np.ndarray, np.
     # input-gradient GEMM (compute.asynctp), which lasts at least both (pieces' GEMMs at least
     # the whole's); the other input gradients follow it
     gathered = lambda blk: np.where(c.ov > 0, np.maximum(pre, b[blk]), pre + b[blk])
-    back = (b["mlp_post"] + e + gathered("mlp") + np.maximum(o["bw_mlp"], post + e) + b["mlp_pre"] + b["attn_post"]
-            + gathered("attn") + np.maximum(cm["cp_rs"] - b["cpq"], 0.0) + np.maximum(o["bw_attn"], post)
+    beside = lambda w, x: np.where(serial, w + x, np.maximum(w, x))
+    back = (b["mlp_post"] + e + gathered("mlp") + beside(o["bw_mlp"], post + e) + b["mlp_pre"] + b["attn_post"]
+            + gathered("attn") + np.maximum(cm["cp_rs"] - b["cpq"], 0.0) + beside(o["bw_attn"], post)
             + b["attn_pre"])
     return forward("f"), back + np.where(full, forward("br"), 0.0)
 
@@ -368,8 +373,10 @@ def unit_bounds(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: dict)
     (``f_extra``, ``b_extra``; ``b_extra_head``: a gathering backward of the head's chunk, its
     first gather less the head's backward; ``g_f``, ``g_b`` such passes per step; ``empty_end``:
     the stage's end chunk holds no layer), the extra of each chunk's
-    last gradient unit (``b_red``: FSDP2's copy-ins where that unit alone reduces), each at the
-    stage's shortest chunk, and at its longest (``f_core_hi``, ``b_core_hi``, ``b_red_hi``; ``n_long``
+    last gradient unit (``b_red``: FSDP2's copy-ins where that unit alone reduces; ``b_wait``: with
+    pp > 1 its copy-ins and reductions, which it waits for unless it ends the stage's order), each at
+    the stage's shortest chunk, and at its longest (``f_core_hi``, ``b_core_hi``, ``b_red_hi``,
+    ``b_wait_hi``; ``n_long``
     chunks of that length, ``f_core0``, ``b_core0`` chunk 0's: the Llama 3 split with vpp > 1), the p2p send
     ``p2p`` (candidates, 1), the last unit's ``tail`` beyond its duration and the stage's ``end``
     (optimizer step, exposed ZeRO-1 all-gather); module docstring."""
@@ -377,11 +384,14 @@ def unit_bounds(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: dict)
     col = lambda a: np.asarray(a)[:, None]
     cm = comm_times(cfg, tt, c)
     od = layer_ops(cfg, tt, c, False)
-    fd, bd = chains(c, od, cm, False)
+    # torch without tp_comm_overlap (the candidate's ``ov``): each block's input-gradient TP
+    # collective follows its weight gradients (Megatron-LM runs it beside them: Overlap.tp_grad)
+    serial = (c.ov == 0) & (cfg.training.framework != "megatron")
+    fd, bd = chains(c, od, cm, False, serial)
     if m.is_moe:
         om = layer_ops(cfg, tt, c, True)
-        fm, bm = chains(c, om, cm, True)
-        f0m, b0m = chains(c, om, {**cm, "ep": np.zeros(len(c))}, True)
+        fm, bm = chains(c, om, cm, True, serial)
+        f0m, b0m = chains(c, om, {**cm, "ep": np.zeros(len(c))}, True, serial)
         # a stage's collective table may be stage 0's (step_time's older convention for the
         # middle stages) or its own: count the EP all-to-alls only when both hold MoE layers
         ep_on = np.where(st.k < st.k.shape[1] - 1, (st.n_moe[:, :1] > 0) & (st.n_moe > 0), st.n_moe > 0)
@@ -444,6 +454,17 @@ def unit_bounds(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: dict)
     # there the head's reduce-scatter, issued after its backward, runs on the FSDP stream between
     # the last layer's prefetched all-gather and the next layer's (every micro-batch under sync)
 
+    # pp > 1 (torch's PipelineStage, rank_timeline._perform_reduce_grad): a chunk's last gradient
+    # unit, unless it ends the stage's order, holds the compute stream until its layers' FSDP
+    # reductions are done: per layer a copy-in (compute stream), then its reduce-scatter (fsdp
+    # stream), then its HSDP all-reduce (dp_replicate stream), each stream serial and the first
+    # copy-in after the unit's last backward. n identical jobs through three serial stages take at
+    # least the three of one job plus (n - 1) x the longest (a flow shop): ``b_wait``, the unit's
+    # time past its compute (at least ``b_red``). Dense models with one schedule run only (the
+    # tail's ``fsdp_red`` restriction; with runs > 1 the DAG's last micro-batch is not each run's)
+    waits = col((c.pp > 1) & (not m.is_moe or m.dense_layers == 0) & (cfg.training.pp_schedule_runs == 1))
+    rs_p, ar_p = col(cm["fsdp_rs"]), col(cm["hsdp_ar"])
+
     def cores(n):
         # one chunk of n layers: each term grows with n (a longer chunk's bound is never lower);
         # a chunk of none (the embedding or the output layer alone, stage_layers) has no layer term
@@ -452,7 +473,9 @@ def unit_bounds(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: dict)
         return {"f_core": has * np.maximum(np.maximum(ag + n * cf_c, n * ag + cf_c), n * cf_c + col(~lazy) * e_ag),
                 "b_core": has * np.maximum(np.maximum(ag_b - hb1, 0.0) + n * cb_c + e_ci,
                                            n * ag_b + np.maximum(n - 2, 0) * rs * keep + h_rs + cb_c - hb1),
-                "b_red": has * (n * ci_p + e_ci_p)}
+                "b_red": has * (n * ci_p + e_ci_p),
+                "b_wait": np.maximum(has * (n * ci_p + e_ci_p), has * waits * (ci_p + rs_p + ar_p + np.maximum(n - 1, 0)
+                                                                             * np.maximum(np.maximum(ci_p, rs_p), ar_p)))}
 
     def extra(n, hb):
         # a gathering pass's extra over its chunk of n >= 1 layers (forward, backward less ``hb``)
@@ -468,7 +491,7 @@ def unit_bounds(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: dict)
     # 0's units (the fill and the drain) are long on every stage but the first where any is
     n_long = st.n - c.vpp[:, None] * n
     long0 = (n_long > 0) & (st.k > 0)
-    out = {**lo, "f_core_hi": hi["f_core"], "b_core_hi": hi["b_core"], "b_red_hi": hi["b_red"], "n_long": n_long,
+    out = {**lo, "f_core_hi": hi["f_core"], "b_core_hi": hi["b_core"], "b_red_hi": hi["b_red"], "b_wait_hi": hi["b_wait"], "n_long": n_long,
            "f_core0": np.where(long0, hi["f_core"], lo["f_core"]), "b_core0": np.where(long0, hi["b_core"], lo["b_core"]),
            # at the shortest chunk that holds layers (the passes of an empty one are left out:
            # step_lower_bound); a gathering backward of the head's chunk takes the head's
@@ -651,10 +674,15 @@ def step_lower_bound(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: 
     g_f = u["g_f"] - empty0 * ends["f0"] - empty_l * ends["fl"]
     g_b = u["g_b"] - empty0 * ends["b0"] - empty_l * ends["bl"]
     g_bh = np.where(one, st.last * g_b, st.last * ~empty_l * ends["bl"])
+    # the v - 1 chunks that do not end the stage's order wait for their reductions (``b_wait``):
+    # whichever chunk ends it, at least r - 1 of those hold n_chunk_hi layers (the wait grows with n)
+    w_long = np.maximum(r - 1, 0)
+    w_short = v - 1 - w_long
     busy = st.m * ((v - r) * (u["f_core"] + u["b_core"]) + r * (u["f_core_hi"] + u["b_core_hi"])
                    + u["emb_f"] + u["emb_b"] + u["head_f"] + u["head_b"]) \
         + g_f * u["f_extra"] + (g_b - g_bh) * u["b_extra"] + g_bh * u["b_extra_head"] \
-        + (v - r) * u["b_red"] + r * u["b_red_hi"] + u["root_extra"]
+        + (v - r) * u["b_red"] + r * u["b_red_hi"] + u["root_extra"] \
+        + w_short * (u["b_wait"] - u["b_red"]) + w_long * (u["b_wait_hi"] - u["b_red_hi"])
     f0 = u["f_core0"] + u["emb_f"] + one * u["head_f"]       # chunk 0's forward unit on each stage
     b0 = u["b_core0"] + u["emb_b"] + one * u["head_b"]       # chunk 0's backward unit on each stage
     p2p, tail, end = u["p2p"], u["tail"], u["end"]
@@ -662,7 +690,9 @@ def step_lower_bound(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: 
     fill = np.cumsum(first + p2p, axis=1) - (first + p2p)
     drain = np.cumsum(b0 + p2p, axis=1) - (b0 + p2p)
     own = fill + busy + tail + end
-    via0 = fill + busy + drain + tail[:, :1] + end[:, :1]
+    # the copy-ins of the chunk that ends stage k's order (in ``busy``) run after its last unit has
+    # sent its gradient on (rank_timeline._perform_reduce_grad, ``tail``): not before the drain
+    via0 = fill + busy - np.maximum(u["b_red"], u["b_red_hi"]) + drain + tail[:, :1] + end[:, :1]
     out = np.maximum(own, via0).max(axis=1)
     # 1F1B: micro-batch 0 forward through every stage and back to stage k, then stage k's
     # units after its first backward ((m - 1) B and (m - w) F), then micro-batch m-1's
@@ -670,7 +700,8 @@ def step_lower_bound(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: 
     # (stage k's last gradient unit, with its copy-ins ``b_red``, is one of its backward units)
     path = (f0.sum(axis=1, keepdims=True) + b0.sum(axis=1, keepdims=True) + (st.m - 1) * b0
             + (st.m - st.w_step) * f0 + 2 * (st.k.shape[1] - 1) * p2p + u["b_red"])
-    one_f = np.maximum(path + tail[:, :1] + end[:, :1], path - drain + tail + end).max(axis=1)
+    # (its copy-ins after its send: not on the way back to stage 0)
+    one_f = np.maximum(path - u["b_red"] + tail[:, :1] + end[:, :1], path - drain + tail + end).max(axis=1)
     # V-shaped schedules: stage k still starts after micro-batch 0's chunk-0 forward through
     # stages 0..k-1 and runs every unit, but its last unit is a weight gradient (tail not
     # bounded here) and the gradient's way back runs input gradients only (no drain bound)
