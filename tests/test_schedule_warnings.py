@@ -39,6 +39,15 @@ def toml(path, t) -> str:
     return str(path)
 
 
+def cli_out(main, capsys, *argv) -> str:
+    """What ``meshplan *argv`` printed (stdout and stderr, :func:`flat`); it must exit 0."""
+    with pytest.raises(SystemExit) as done:
+        main(list(argv))
+    got = capsys.readouterr()
+    assert done.value.code in (0, None), got.err
+    return flat(got.out + got.err)
+
+
 def flat(s: str) -> str:
     return " ".join(s.split())
 
@@ -65,11 +74,7 @@ def test_plan_step_compare_and_export_print_it(tmp_path, capsys):
     zbv, dpv = toml(tmp_path / "zbv.toml", tables()), toml(tmp_path / "dpv.toml", tables("dualpipev"))
 
     def out(*argv) -> str:
-        with pytest.raises(SystemExit) as done:
-            main(list(argv))
-        got = capsys.readouterr()
-        assert done.value.code in (0, None), got.err
-        return flat(got.out + got.err)
+        return cli_out(main, capsys, *argv)
 
     assert f"note {WARNING}" in out("plan", zbv)
     assert f"note: {WARNING}" in out("step", zbv)

@@ -10,7 +10,7 @@ import pytest
 from meshplan.config import config_from_dict
 from meshplan.plan import ZERO1_WITHOUT_ENGINE, build_plan, config_warnings
 from meshplan.search.space import zero1_refused
-from tests.test_schedule_warnings import flat, toml
+from tests.test_schedule_warnings import cli_out, toml
 
 
 def tables(shape=(8, 2), sharding="zero1", **training):
@@ -48,11 +48,7 @@ def test_plan_step_compare_and_export_print_it(tmp_path, capsys):
     z3 = toml(tmp_path / "z3.toml", tables(sharding="zero3"))
 
     def out(*argv) -> str:
-        with pytest.raises(SystemExit) as done:
-            main(list(argv))
-        got = capsys.readouterr()
-        assert done.value.code in (0, None), got.err
-        return flat(got.out + got.err)
+        return cli_out(main, capsys, *argv)
 
     assert f"note {ZERO1_WITHOUT_ENGINE}" in out("plan", z1)
     assert f"note: {ZERO1_WITHOUT_ENGINE}" in out("step", z1)
