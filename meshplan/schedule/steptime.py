@@ -296,11 +296,15 @@ class StepTime:
         c = float(bare.busy_s[s])
         y, z = bare.step_s - c, p.step_s - bare.step_s
         each = ", each run" if self.runs > 1 else ""
-        return [f"bubble and FSDP waits on stage {s}: {(y + z) * 1e3:.2f} ms = the schedule's bubble {y * 1e3:.2f} ms "
-                f"(simulated without the units' FSDP waits) + {z * 1e3:.2f} ms the FSDP waits add (all-gathers not "
-                f"hidden; after each chunk's last backward perform_reduce_grad's reduce-scatters, which the compute "
-                f"stream waits for: the pipeline {bare.step_s * 1e3:.2f} -> {p.step_s * 1e3:.2f} ms{each}); over its "
-                f"compute without the waits: {(y + z) / c:.4f} = {y / c:.4f} + {z / c:.4f}"]
+        # each sum printed as its terms rounded to add up (largest remainder, as parts_line)
+        ms = _rounded_to_total({"y": y * 1e5, "z": z * 1e5}, round((y + z) * 1e5))
+        r = _rounded_to_total({"y": y / c * 1e4, "z": z / c * 1e4}, round((y + z) / c * 1e4))
+        return [f"bubble and FSDP waits on stage {s}: {(ms['y'] + ms['z']) / 100:.2f} ms = the schedule's bubble "
+                f"{ms['y'] / 100:.2f} ms (simulated without the units' FSDP waits) + {ms['z'] / 100:.2f} ms the FSDP "
+                f"waits add (all-gathers not hidden; after each chunk's last backward perform_reduce_grad's "
+                f"reduce-scatters, which the compute stream waits for: the pipeline {bare.step_s * 1e3:.2f} -> "
+                f"{p.step_s * 1e3:.2f} ms{each}); over its compute without the waits: {(r['y'] + r['z']) / 1e4:.4f} = "
+                f"{r['y'] / 1e4:.4f} + {r['z'] / 1e4:.4f}"]
 
     def _other_stage_clause(self) -> str:
         """Where the bubble ratios' stage (the busiest: the schedule's bubble is measured against
