@@ -169,12 +169,25 @@ class Explanation:
                 "line": self.line()}
 
 
-def _fmt(x: float) -> str:
-    return f"{x:.3g} s" if abs(x) >= 1 else f"{x * 1e3:.3g} ms"
+def _fmt(x: float, digits: int = 3) -> str:
+    return f"{x:.{digits}g} s" if abs(x) >= 1 else f"{x * 1e3:.{digits}g} ms"
+
+
+def _pair(a: float, b: float) -> str:
+    """``a vs b`` (seconds) to 3 significant digits, more (up to 6) where two different values
+    would print the same: a user read ``compute 1.51 s vs 1.51 s`` for 1.5113 vs 1.5142 s.
+
+    >>> _pair(1.5113, 1.5142), _pair(0.0126, 0.013), _pair(2.0, 2.0)
+    ('1.511 s vs 1.514 s', '12.6 ms vs 13 ms', '2 s vs 2 s')
+    """
+    digits = 3
+    while a != b and digits < 6 and _fmt(a, digits) == _fmt(b, digits):
+        digits += 1
+    return f"{_fmt(a, digits)} vs {_fmt(b, digits)}"
 
 
 def _part_text(d: Difference) -> str:
-    return f"{d.part} {_fmt(d.top_s)} vs {_fmt(d.runner_s)}" + (f" ({d.context})" if d.context else "")
+    return f"{d.part} {_pair(d.top_s, d.runner_s)}" + (f" ({d.context})" if d.context else "")
 
 
 #: How a description key is printed where its own name would not read well.
@@ -211,7 +224,7 @@ def _compute_causes(a: dict, b: dict) -> list[str]:
     if ra is not None and rb is not None and (rb - ra) * less > 0:
         out.append(_vs(a, b, "recompute"))
     if a.get("copies_s") is not None and b.get("copies_s") is not None and (b["copies_s"] - a["copies_s"]) * less > 0:
-        out.append(f"{LABELS['copies_s']} {_fmt(a['copies_s'])} vs {_fmt(b['copies_s'])}")
+        out.append(f"{LABELS['copies_s']} {_pair(a['copies_s'], b['copies_s'])}")
     return out + [t for t in (_vs(a, b, "micro_batch"), _vs(a, b, "tp")) if t]
 
 
@@ -254,8 +267,7 @@ def _context(part: str, a: dict, b: dict) -> str:
         keys = [("pp", "{}"), ("m", "{}")]
     out = [t for t in (_vs(a, b, k, f) for k, f in keys) if t]
     if part == "exposed cp" and a.get("layer_passes") and b.get("layer_passes"):
-        out.append(f"per layer pass {_fmt(a.get(part, 0.0) / a['layer_passes'])} vs "
-                   f"{_fmt(b.get(part, 0.0) / b['layer_passes'])}")
+        out.append(f"per layer pass {_pair(a.get(part, 0.0) / a['layer_passes'], b.get(part, 0.0) / b['layer_passes'])}")
     return ", ".join(out)
 
 
