@@ -419,6 +419,8 @@ def test_deepspeed_config_searches_only_meshes_deepspeed_runs():
     r = search(dataclasses.replace(cfg, search=o.model_copy(update={"top": 5})), workers=1)
     assert r.top and "only these, by [search]: pp 1, dp_replicate 1, cp 1, tp 1, ep 1, etp 1, sharding " \
         "zero1/zero2/zero3" in header_lines(r)
+    # tp pinned to 1: no line that tp_comm_overlap was not searched (it has nothing to overlap)
+    assert not any(x.startswith("not searched: training.tp_comm_overlap") for x in header_lines(r))
     for e in r.top:
         row = candidate_config(r.config, r.candidates, e.index)
         assert [(a, d) for a, d in zip(row.mesh.names, row.mesh.shape) if d > 1] == [("dp_shard", 16)]
