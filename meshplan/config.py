@@ -26,7 +26,7 @@ import tomllib
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from pydantic import BaseModel, ValidationError
 
@@ -244,6 +244,20 @@ def build(cls: type[BaseModel], values: dict, table: str) -> Any:
         raise _one_line(e, cls, table) from None
 
 
+def _home_table(key: str, table: str) -> Optional[str]:
+    """The other top-level table that has ``key`` as a field, where exactly one does (a key
+    written in the wrong table: ``pp_schedule`` under [training] belongs in [mesh]); else None
+    (``micro_batch`` is a field of both [training] and [search]).
+
+    >>> _home_table("pp_schedule", "training"), _home_table("seq_len", "mesh"), _home_table("micro_batch", "mesh")
+    ('mesh', 'training', None)
+    """
+    tables = {"model": ModelSpec, "training": TrainingSpec, "mesh": MeshSpec, "memory": MemoryOptions,
+              "search": SearchOptions, "cluster": ClusterSpec}
+    homes = [name for name, c in tables.items() if name != table.split(".")[0] and key in c.model_fields]
+    return homes[0] if len(homes) == 1 else None
+
+
 def _one_line(e: ValidationError, cls: type[BaseModel], table: str) -> ConfigError:
     errs = e.errors()
     # an unknown key explains a "missing" one (a misspelled required key): report it first
@@ -254,6 +268,10 @@ def _one_line(e: ValidationError, cls: type[BaseModel], table: str) -> ConfigErr
     if err["type"] == "extra_forbidden" and loc in removed:
         return ConfigError(field, removed[loc])
     if err["type"] == "extra_forbidden":
+        home = _home_table(loc, table)
+        if home:
+            return ConfigError(field, f"unknown key in [{table}]; {loc} belongs in [{home}]: move it there "
+                                      f"({home}.{loc})")
         return ConfigError(field, f"unknown key in [{table}]; allowed keys: {', '.join(cls.model_fields)}")
     if err["type"] == "missing":
         return ConfigError(field, f"required key missing in [{table}]")

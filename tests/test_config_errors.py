@@ -33,6 +33,8 @@ def with_(path, value):
 
 CASES = [
     (with_("model.hiddn", 4096), "model.hiddn", "unknown key in [model]; allowed keys: name, layers, hidden"),
+    (with_("training.pp_schedule", "1f1b"), "training.pp_schedule",
+     "unknown key in [training]; pp_schedule belongs in [mesh]: move it there (mesh.pp_schedule)"),
     (with_("model.hidden", "wide"), "model.hidden", "Input should be a valid integer"),
     (with_("model.layers", 0), "model.layers", "greater than 0"),
     (with_("model.catalog", "llama9"), "model.catalog", "unknown model 'llama9'; known: deepseek-v2, deepseek-v2-lite, deepseek-v3, gpt3-175b"),
