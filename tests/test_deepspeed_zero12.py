@@ -192,3 +192,21 @@ def test_deepspeed_gradients_live_in_the_model_dtype(tmp_path, stage, precision,
     text, header = export(cfg, "deepspeed", "x")
     assert json.loads(text).get("data_types") == ({"grad_accum_dtype": "fp32"} if grad_dtype == "fp32" else None)
     assert not [h for h in header if h.startswith("not expressed")], header
+
+
+def test_step_lists_the_bucket_all_reduces():
+    """The step's collective list (linkload.timings: first occurrence of each kind) shows the
+    ZeRO-2 bucket all-reduces beside the step's parameter all-gather: a user saw only the
+    all-gather although the all-reduces were most of the exposed dp time. The first one issued
+    lasts one bucket's all-reduce (one of BUCKETS' times); Megatron-LM's ZeRO-1 names its
+    per-step reduction a reduce-scatter."""
+    from meshplan.schedule.linkload import timings
+    plan = _plan()
+    cfg = plan.config
+    path = axis_path(plan.mesh, plan.placement, cfg.cluster, "fsdp")
+    ar = [path_time("all-reduce", 8, 2 * k, path, cfg.cluster)[1] for k in BUCKETS]
+    t = {(x.stream, x.phase, x.op): x for x in timings(step_time(plan))}
+    assert set(t) == {("dp", "backward", "all-reduce"), ("dp", "step", "all-gather")}
+    assert 0 < t["dp", "backward", "all-reduce"].duration_s < sum(ar)
+    meg = {(x.stream, x.op) for x in timings(step_time(_plan("zero1", engine="megatron")))}
+    assert ("dp", "reduce-scatter") in meg

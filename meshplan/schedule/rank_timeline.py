@@ -269,6 +269,10 @@ class CommTimes:
     copies: dict = field(default_factory=dict)
     ddp_buckets: int = 0
     mb_reduce_s: float = 0.0
+    #: the collective of the per-step / per-micro-batch gradient reduction's rows ("all-reduce" for
+    #: DDP and DeepSpeed's buckets, "reduce-scatter" for Megatron-LM's ZeRO-1/2; "" when none or
+    #: several): named in its events so the step's collective list shows them (linkload._op_of)
+    step_reduce_op: str = ""
     mb_buckets: int = 0
     bucket_wait: bool = False
 
@@ -286,6 +290,8 @@ class CommTimes:
                 c.share[(kind,)] = max(f, c.share.get((kind,), 0.0))
             ds = DEEPSPEED_BUCKET_CADENCE in r.cadence
             c.bucket_wait = c.bucket_wait or ds
+            if kind == "step" and r.op != "all-gather":
+                c.step_reduce_op = r.op if c.step_reduce_op in ("", r.op) else "reduce"
             if kind == "step" and (ZERO2_CADENCE in r.cadence or (ds and r.per_microbatch)):  # one micro-batch's
                 c.mb_reduce_s += r.time_s * r.per_microbatch
                 c.mb_buckets += r.per_microbatch
@@ -769,7 +775,9 @@ def _reduce(s: _Sim, name: str, group: str, step_piece: float, shard: bool = Tru
         # DeepSpeed overlap_comm: the compute stream waits for the reduction stream (the
         # previous bucket's all-reduce) before issuing the next (deepspeed_zero12)
         s.compute("bucket wait (DeepSpeed overlap_comm)", 0.0, [s.reduced])
-    red = s.comm("dp", "step", "reduce", f"grad reduce {name}", seconds=step_piece) if step_piece else None
+    op = s.c.step_reduce_op if s.c.step_reduce_op in ("all-reduce", "reduce-scatter") else ""
+    red = s.comm("dp", "step", "reduce", f"grad reduce: {op} {name}" if op else f"grad reduce {name}",
+                 seconds=step_piece) if step_piece else None
     s.reduced = red or s.reduced
     if not s.ov.grad_reduce:
         s.compute("grad reduce wait", 0.0, [rs, red])
