@@ -252,8 +252,8 @@ def _home_table(key: str, table: str) -> Optional[str]:
     >>> _home_table("pp_schedule", "training"), _home_table("seq_len", "mesh"), _home_table("micro_batch", "mesh")
     ('mesh', 'training', None)
     """
-    tables = {"model": ModelSpec, "training": TrainingSpec, "mesh": MeshSpec, "memory": MemoryOptions,
-              "search": SearchOptions, "cluster": ClusterSpec}
+    tables: dict[str, type[BaseModel]] = {"model": ModelSpec, "training": TrainingSpec, "mesh": MeshSpec,
+                                          "memory": MemoryOptions, "search": SearchOptions, "cluster": ClusterSpec}
     homes = [name for name, c in tables.items() if name != table.split(".")[0] and key in c.model_fields]
     return homes[0] if len(homes) == 1 else None
 
