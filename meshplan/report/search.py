@@ -83,15 +83,15 @@ def header_lines(r: SearchResult) -> list[str]:
             f"{len(r.candidates):,} candidates: {sum(1 for _ in REASONS) - 2} validity rules, memory bounds, "
             f"GEMM threshold {o.min_gemm_efficiency:.0%}; {len(r.exact)} planned exactly (build_plan + step_time; "
             f"memory timelines for {sum(e.complete for e in r.exact.values())} of them) in {r.wall_s:.1f} s"] + \
-        ([] if overlap_searched(t) or o.tp == [1] else ["not searched: training.tp_comm_overlap (torch without torch_compile: "
-                                         "torchtitan's async TP needs torch.compile; set training.torch_compile "
-                                         "= true to search it)"]) + narrowed_lines(o)
+        ([] if overlap_searched(t) or o.tp == [1] else [
+            "not searched: training.tp_comm_overlap (torch without torch_compile: torchtitan's async TP needs "
+            "torch.compile; set training.torch_compile = true to search it)"]) + narrowed_lines(o)
 
 
 def narrowed_lines(o) -> list[str]:
     """The [search] narrowing (mesh axes, vpp, micro-batch, recompute, sharding and the searched
-    knobs), when the config sets it (a
-    DeepSpeed config sets it to what DeepSpeed runs: :data:`meshplan.interop.deepspeed.SEARCH`).
+    knobs), when the config sets it (a DeepSpeed config sets it to what DeepSpeed runs:
+    :data:`meshplan.interop.deepspeed.SEARCH`).
 
     >>> from meshplan.spec.search import SearchOptions
     >>> narrowed_lines(SearchOptions(pp=[1], tp=[1, 2], sharding=["zero1", "zero3"]))
@@ -104,7 +104,8 @@ def narrowed_lines(o) -> list[str]:
     default = type(o)()
     given = [(k, getattr(o, k)) for k in ("pp", "dp_replicate", "dp_shard", "cp", "tp", "ep", "etp", "vpp")
              if getattr(o, k) is not None]
-    given += [(k, getattr(o, k)) for k in ("micro_batch", "recompute", "sharding") if getattr(o, k) != getattr(default, k)]
+    given += [(k, getattr(o, k)) for k in ("micro_batch", "recompute", "sharding")
+              if getattr(o, k) != getattr(default, k)]
     given += [(k, [str(x).lower() for x in getattr(o, k)]) for k in ("reshard_after_forward", "tp_comm_overlap",
                                                                     "uneven_stages") if getattr(o, k) is not None]
     return ["only these, by [search]: " + ", ".join(f"{k} {'/'.join(map(str, v))}" for k, v in given)] if given else []
