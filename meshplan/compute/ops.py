@@ -91,8 +91,8 @@ class Workload:
     (:func:`meshplan.compute.measured.attention_seconds`; empty: the catalog's order);
     ``torch_eager``: torch runs the elementwise ops one kernel each, uncompiled
     (:mod:`meshplan.compute.torch_eager`); ``sp_layout_copies``: torch's sequence-parallel
-    collectives rearrange a multi-sequence micro-batch (:mod:`meshplan.compute.dtensor_sp`); ``async_tp``: the framework ("torch" or "megatron")
-    whose decomposed TP GEMMs run (``training.tp_comm_overlap`` with sequence parallelism,
+    collectives rearrange a multi-sequence micro-batch (:mod:`meshplan.compute.dtensor_sp`);
+    ``async_tp``: the framework ("torch" or "megatron") whose decomposed TP GEMMs run (``training.tp_comm_overlap`` with sequence parallelism,
     :mod:`meshplan.compute.asynctp`), "" for none."""
 
     seq_len: int
