@@ -106,6 +106,7 @@ from meshplan.schedule.verdict import network_verdict, rebuilt_step
 from meshplan.search.driver import search
 from meshplan.search.space import candidate_config
 from meshplan.spec.mesh import Schedule
+from meshplan.spec.wording import schedule_words
 
 EXIT_CODES = ("exit status: 0 feasible (compare: a mesh that fits wins; search: some candidate fits), "
               "1 infeasible (the reasons on stderr as 'infeasible: ...'; groups, place, nccl-check and step still print "
@@ -467,7 +468,8 @@ def step(config: Path = typer.Argument(..., help=CONFIG_HELP),
     table = load_gemm_table(gemm_table) if gemm_table else None
     st = _step_with(p, _overlap(overlap_tp, no_prefetch), table, schedule)
     if not p.feasible:
-        _echo(f"step would be {st.step_s:.3f} s ({st.pipeline.spec.schedule}, MFU {st.mfu:.1%}) if it fit; "
+        sched = schedule_words(st.pipeline.spec.schedule, st.pipeline.spec.p)  # "no pipeline" at pp 1
+        _echo(f"step would be {st.step_s:.3f} s ({sched}, MFU {st.mfu:.1%}) if it fit; "
                    f"it does not fit")
         _write_doc(json_path, step_infeasible_doc(p, st), force)
         _verdict_exit(p)

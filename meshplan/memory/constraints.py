@@ -58,11 +58,13 @@ class Estimate:
     def total_bytes(self) -> float:
         return self.state_bytes + self.activation_bytes + self.gathered_bytes + self.accumulator_bytes
 
-    def line(self) -> str:
+    def line(self, gathered: str = "gathered FSDP layers") -> str:
+        """The estimate as a sum; ``gathered``: what the gathered layers are called (DeepSpeed:
+        :func:`meshplan.spec.wording.gathered_words`)."""
         acc = (f" + unsharded gradients till the last micro-batch {self.accumulator_bytes / GiB:.2f} GiB"
                if self.accumulator_bytes else "")
         return (f"stage {self.stage}: state {self.state_bytes / GiB:.2f} GiB + activations "
-                f"{self.activation_bytes / GiB:.2f} GiB + gathered FSDP layers {self.gathered_bytes / GiB:.2f} GiB"
+                f"{self.activation_bytes / GiB:.2f} GiB + {gathered} {self.gathered_bytes / GiB:.2f} GiB"
                 f"{acc} = {self.total_bytes / GiB:.2f} GiB")
 
 
