@@ -1,7 +1,7 @@
 """A DeepSpeed user's plan in DeepSpeed's terms (newcomer findings, issue 11): the memory kinds
 (ZeRO-3 parameter all-gather, partitioned parameters, ZeRO-1/2 gradient partitions and buckets,
-never FSDP) and "no pipeline" where pp = 1 in every output that names the schedule
-(meshplan.spec.wording)."""
+never FSDP), "no pipeline" where pp = 1 in every output that names the schedule, the capacity
+row of DeepSpeed's ZeRO-2 (meshplan.spec.wording)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,11 @@ import pytest
 
 from meshplan.cli import main
 from meshplan.interop.common import ImportOptions
+from meshplan.interop.foreign import load_any
+from meshplan.memory.constraints import constraints, estimate
+from meshplan.mesh.layers import stage_layers
+from meshplan.mesh.resolve import resolve_mesh
+from meshplan.spec.mesh import MeshSpec
 from meshplan.units import GiB
 from tests.conftest import EXAMPLES
 
@@ -88,3 +93,28 @@ def test_a_pipeline_keeps_its_schedule(capsys):
     step = _out(["step", EXAMPLES / "megatron_llama3-8b_16xh100_tp2-pp2.args", "--cluster", "dgx-h100", "--nodes",
                  "2"], capsys)
     assert re.search(r"^step \d+\.\d\d ms \(1f1b, p 2, m 32, v 1\);", step)
+
+
+def test_zero2_capacity_row_by_hand(capsys):
+    """ZeRO-2 partitions the gradients, not the parameters: per rank 2 PSI (bf16 parameters)
+    + (2 + 4 + 8) PSI / 16 (bf16 gradients, fp32 master, Adam moments) = 23,087,001,088 B,
+    2 PSI x 15/16 = 15,056,739,840 B below ZeRO-1 (gradients whole), with the same activations
+    and nothing gathered."""
+    cfg = load_any(ZERO2, opts=OPTS)
+    t, m = cfg.training, cfg.model
+    mesh = resolve_mesh(MeshSpec(names=["dp_shard"], shape=[16]), 16)
+    stages = stage_layers(m.layers, 1)
+    e1, e2 = (estimate(m, t.model_copy(update={"sharding": s}), mesh, stages, 16) for s in ("zero1", "zero2"))
+    assert e2.state_bytes == 2 * PSI + 14 * PSI // 16 == 23_087_001_088
+    assert e1.state_bytes - e2.state_bytes == 2 * PSI * 15 // 16 == 15_056_739_840
+    assert e2.activation_bytes == e1.activation_bytes and e2.gathered_bytes == 0
+    rows = [r.text for r in constraints(m, t, cfg.cluster, 16).rows if r.kind == "capacity"]
+    assert [r.split(",")[0] for r in rows[1:]] == ["sharding none", "sharding zero1", "sharding zero2",
+                                                   "sharding zero3"]
+    assert rows[3] == ("sharding zero2, recompute selective: smallest split (tp inside a node) that fits is tp 1 x "
+                       f"pp 1 (peak {e2.total_bytes / GiB:.1f} GiB)") and f"{e2.total_bytes / GiB:.1f}" == "44.0"
+    plan = _out(["plan", ZERO2, *DS_OPTS], capsys)
+    assert "sharding zero2, recompute selective: smallest split (tp inside a node) that fits is tp 1 x pp 1 (peak " \
+           "44.0 GiB)" in plan
+    assert "state 21.50 GiB + activations 22.52 GiB + layers gathered by the ZeRO-3 parameter all-gather (ZeRO-3 " \
+           "only) 0.00 GiB = 44.02 GiB" in plan
