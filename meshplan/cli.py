@@ -673,7 +673,8 @@ def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshpl
     training.zero12_engine is deepspeed; a zero1 candidate without a data axis (dp_shard x cp 1) is its
     zero3 twin's run and is listed once, as zero3. --export --to T is refused before the search when T
     takes no row the search can rank (a model without a torchtitan flavor, no zero3/hsdp in [search]
-    sharding for torchtitan, no one-data-axis mesh for DeepSpeed)."""
+    sharding for torchtitan, no one-data-axis mesh for DeepSpeed). Under DeepSpeed a line says what --export N --to deepspeed of the rows
+    shown does not express (training.recompute: the model code chooses activation checkpointing)."""
 
     if export_rank is not None:
         if export_rank < 1:

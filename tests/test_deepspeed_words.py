@@ -1,7 +1,8 @@
 """A DeepSpeed user's plan in DeepSpeed's terms (newcomer findings, issue 11): the memory kinds
 (ZeRO-3 parameter all-gather, partitioned parameters, ZeRO-1/2 gradient partitions and buckets,
 never FSDP), "no pipeline" where pp = 1 in every output that names the schedule, the capacity
-row of DeepSpeed's ZeRO-2 (meshplan.spec.wording)."""
+row of DeepSpeed's ZeRO-2, and what ``search --export N --to deepspeed`` writes of a row
+(meshplan.spec.wording, meshplan.interop.foreign)."""
 
 from __future__ import annotations
 
@@ -13,10 +14,13 @@ import pytest
 
 from meshplan.cli import main
 from meshplan.interop.common import ImportOptions
-from meshplan.interop.foreign import load_any
+from meshplan.interop.foreign import export, load_any
 from meshplan.memory.constraints import constraints, estimate
 from meshplan.mesh.layers import stage_layers
 from meshplan.mesh.resolve import resolve_mesh
+from meshplan.report.search import export_lines
+from meshplan.search.driver import search
+from meshplan.search.space import candidate_config
 from meshplan.spec.mesh import MeshSpec
 from meshplan.units import GiB
 from tests.conftest import EXAMPLES
@@ -118,3 +122,32 @@ def test_zero2_capacity_row_by_hand(capsys):
            "44.0 GiB)" in plan
     assert "state 21.50 GiB + activations 22.52 GiB + layers gathered by the ZeRO-3 parameter all-gather (ZeRO-3 " \
            "only) 0.00 GiB = 44.02 GiB" in plan
+
+
+def test_search_and_export_agree_on_what_deepspeed_does_not_express():
+    """Every row the search line names is one whose --export --to deepspeed header lists those
+    fields; the rows it does not name export whole; recompute's line says where it goes."""
+    cfg = load_any(ZERO2, opts=OPTS, require_mesh=False)
+    r = search(cfg)
+    (line,) = export_lines(r)
+    named: dict[int, list[str]] = {}
+    for part in line.removeprefix("--export N --to deepspeed: ").split("; "):
+        got = re.match(r"rows? ([\d, ]+) not expressed: (.*)", part)
+        if got:
+            for k in got.group(1).split(", "):
+                named[int(k)] = got.group(2).split(", ")
+    assert named and any(f == ["training.recompute"] for f in named.values())
+    for k, e in enumerate(r.top, 1):
+        row = candidate_config(r.config, r.candidates, e.index)
+        _, head = export(row, "deepspeed", "search")
+        lost = [h.split(": ")[1] for h in head if h.startswith("not expressed in deepspeed")]
+        assert sorted(lost) == sorted(named.get(k, [])), k
+        if row.training.recompute == "none":
+            assert ("not expressed in deepspeed: training.recompute: 'none' -> 'selective' (DeepSpeed's JSON does not "
+                    "choose activation checkpointing, the model code does: apply no activation checkpointing there)"
+                    ) in head
+        if row.training.sharding == "zero3":  # ZeRO-3 has no gradient bucket: the ZeRO-2 config's is no loss
+            assert not [h for h in head if h.startswith("not expressed in deepspeed: memory")]
+    assert line.endswith("training.recompute: DeepSpeed's JSON does not choose activation checkpointing, the model "
+                         "code does (the export header names the policy to apply; an activation_checkpointing section "
+                         "reads back as full, none as selective)")

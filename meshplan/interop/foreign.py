@@ -30,6 +30,7 @@ from meshplan.limits import FILE_BYTES
 from meshplan.interop import deepspeed, megatron, torchtitan
 from meshplan.interop.common import FORMATS, Imported, ImportOptions, catalog_model_name
 from meshplan.interop.tomlout import dumps, mesh_spec, meshplan_tables, model_table, resolved, virtual_split
+from meshplan.spec.wording import deepspeed_recompute_fix
 
 TORCHTITAN_TABLES = {"parallelism", "job", "activation_checkpoint", "optimizer", "lr_scheduler", "checkpoint",
                      "metrics", "profiling", "compile", "quantize"}
@@ -235,6 +236,22 @@ def search_export_refusal(cfg: Config, to: str) -> str | None:
     return None
 
 
+def not_expressed(cfg: Config, to: str, refused: Mapping[str, Sequence[str]] | None = None
+                  ) -> tuple[list[str], str | None]:
+    """(the meshplan fields an export of ``cfg`` to ``to`` does not express, as ``table.key``
+    (``training.recompute``; ``memory`` for the table), as its header lists them; why ``to``
+    refuses ``cfg``, or None): what ``meshplan search`` says of its rows beside
+    ``--export N --to T``."""
+    try:
+        _, head = _export(cfg, to, "search", refused=refused)
+    except ConfigError as e:
+        if e.field != "--to":
+            raise
+        return [], e.message
+    pre = f"not expressed in {to}: "
+    return [h[len(pre):].split(":")[0] for h in head if h.startswith(pre)], None
+
+
 def _takes(cfg: Config, to: str, source: str, refused: Mapping[str, Sequence[str]]) -> bool:
     """Whether ``cfg`` exports to ``to`` without a ConfigError."""
     try:
@@ -283,7 +300,9 @@ def _export(cfg: Config, to: str, source: str, user: UserFile | None = None,
         again = deepspeed.read(doc, replace(opts, model=opts.model or catalog.names("model")[0]))
         again = replace(again, tables=again.tables | {"model": model_table(cfg)})
     lost = differences(cfg, config_from_dict(again.tables))
-    head += [f"not expressed in {to}: {d}" for d in lost]
+    head += [f"not expressed in {to}: {d}" + (f" ({deepspeed_recompute_fix(cfg.training)})"
+                                               if to == "deepspeed" and d.startswith("training.recompute:") else "")
+             for d in lost]
     if to == "deepspeed":  # JSON has no comments: the caller prints the header
         return body, head
     return "\n".join(f"# {h}" for h in head) + "\n\n" + body, head
@@ -330,9 +349,13 @@ def effective_model(model) -> dict[str, Any]:
 def _memory(cfg: Config):
     """``cfg.memory`` with zero2's gradient bucket as the elements it resolves to (a DeepSpeed
     export writes that number as ``reduce_bucket_size``; unset, it is a default of dp), and
-    under ``training.zero12_engine = "deepspeed"`` DeepSpeed's (default 5e8)."""
+    under ``training.zero12_engine = "deepspeed"`` DeepSpeed's (default 5e8); zero3 and hsdp
+    use no gradient bucket (``[memory] grad_bucket_elements``: the non-FSDP shardings'), so
+    theirs is no difference (a ZeRO-3 row of a DeepSpeed ZeRO-2 config's search)."""
     if cfg.training.zero12_engine == "deepspeed":
         return cfg.memory.model_copy(update={"grad_bucket_elements": cfg.memory.deepspeed_bucket_elements()})
+    if cfg.training.sharding in ("zero3", "hsdp"):  # FSDP units, no gradient bucket (MemoryOptions)
+        return cfg.memory.model_copy(update={"grad_bucket_elements": None})
     if cfg.training.sharding != "zero2":
         return cfg.memory
     return cfg.memory.model_copy(update={"grad_bucket_elements": cfg.memory.bucket_elements(

@@ -31,7 +31,7 @@ from meshplan.report.html import (
 from meshplan.memory.timeline import KINDS
 from meshplan.report.memory import kind_notes
 from meshplan.report.memory_plot import png_bytes
-from meshplan.report.search import count_lines, header_lines, knobs, rejected_lines, row
+from meshplan.report.search import count_lines, export_lines, header_lines, knobs, rejected_lines, row
 from meshplan.report.text import fmt_ranks
 from meshplan.schedule.linkload import edge_loads
 from meshplan.schedule.steptime import StepTime
@@ -185,7 +185,8 @@ def search_page(r: SearchResult, name: str) -> str:
             section(f"Top {len(top)} by predicted step time",
                     table(["#", "mesh", "mb", "recompute", "vpp", "sharding", "knobs", "peak GiB", "step s", "MFU",
                            "tokens/s", "goodput", "GEMM eff"], top)
-                    + lines([RULE_LINE] + ([r.explanation.line()] if r.explanation is not None else []))),
+                    + lines([RULE_LINE] + ([r.explanation.line()] if r.explanation is not None else [])
+                            + export_lines(r))),
             section("Rejected", lines(rejected_lines(r)) + _count_bars(r.counts()) + lines(count_lines(r))
                     + lines(f"note: {n}" for n in r.notes))]
     return page(f"meshplan search: {name}", f"{r.config.path or name}; exit {'0' if r.top else '1'}", body)

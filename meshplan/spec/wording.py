@@ -247,3 +247,20 @@ def gathered_words(training, origin: str = "") -> str:
         return "gathered FSDP layers"
     return "layers gathered by the ZeRO-3 parameter all-gather" + ("" if training.sharding == "zero3" else
                                                                      " (ZeRO-3 only)")
+
+
+def deepspeed_recompute_fix(training) -> str:
+    """Why a DeepSpeed JSON does not hold ``training.recompute`` and where it goes instead:
+    DeepSpeed's JSON does not choose which blocks are checkpointed (the model code calls
+    ``deepspeed.checkpointing.checkpoint``, or Megatron-DeepSpeed's ``--checkpoint-activations``
+    does); meshplan writes an ``activation_checkpointing`` section for ``full`` (read back as
+    full) and none otherwise (read back as ``selective``, meshplan's default). What ``export
+    --to deepspeed`` appends to ``not expressed in deepspeed: training.recompute ...`` and
+    ``meshplan search`` says of such rows.
+
+    >>> from meshplan.spec.training import TrainingSpec
+    >>> deepspeed_recompute_fix(TrainingSpec(global_batch=8, seq_len=16, recompute="none"))
+    "DeepSpeed's JSON does not choose activation checkpointing, the model code does: apply no activation checkpointing there"
+    """
+    return (f"DeepSpeed's JSON does not choose activation checkpointing, the model code does: apply "
+            f"{_deepspeed_recompute(training)} there")
