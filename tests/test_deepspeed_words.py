@@ -1,8 +1,8 @@
 """A DeepSpeed user's plan in DeepSpeed's terms (newcomer findings, issue 11): the memory kinds
 (ZeRO-3 parameter all-gather, partitioned parameters, ZeRO-1/2 gradient partitions and buckets,
 never FSDP), "no pipeline" where pp = 1 in every output that names the schedule, the capacity
-row of DeepSpeed's ZeRO-2, and what ``search --export N --to deepspeed`` writes of a row
-(meshplan.spec.wording, meshplan.interop.foreign)."""
+row of DeepSpeed's ZeRO-2, and what ``search --export N --to deepspeed`` writes of a row or why it
+cannot (meshplan.spec.wording, meshplan.interop.foreign)."""
 
 from __future__ import annotations
 
@@ -13,11 +13,14 @@ import re
 import pytest
 
 from meshplan.cli import main
+from meshplan.config import config_from_dict
+from meshplan.errors import ConfigError
 from meshplan.interop.common import ImportOptions
-from meshplan.interop.foreign import export, load_any
+from meshplan.interop.foreign import export, load_any, search_row_refusal
 from meshplan.memory.constraints import constraints, estimate
 from meshplan.mesh.layers import stage_layers
 from meshplan.mesh.resolve import resolve_mesh
+from meshplan.plan import export_refusals
 from meshplan.report.search import export_lines
 from meshplan.search.driver import search
 from meshplan.search.space import candidate_config
@@ -151,3 +154,50 @@ def test_search_and_export_agree_on_what_deepspeed_does_not_express():
     assert line.endswith("training.recompute: DeepSpeed's JSON does not choose activation checkpointing, the model "
                          "code does (the export header names the policy to apply; an activation_checkpointing section "
                          "reads back as full, none as selective)")
+
+
+def _tp_config(tp: int, sharding: str = "zero1"):
+    return config_from_dict({"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 2},
+                             "training": {"global_batch": 32, "seq_len": 4096, "sharding": sharding,
+                                          "zero12_engine": "deepspeed"},
+                             "mesh": {"names": ["dp_shard", "tp"], "shape": [16 // tp, tp]}})
+
+
+def _refused(c):
+    return {t: export_refusals(c, t) for t in ("meshplan", "torchtitan", "megatron", "deepspeed")}
+
+
+def test_a_tp_row_under_deepspeeds_engine_names_the_first_row_deepspeed_takes():
+    rows = [_tp_config(2), _tp_config(4), _tp_config(1), _tp_config(1, "zero2")]
+    assert search_row_refusal(3, rows, "deepspeed", _refused) is None
+    assert search_row_refusal(1, rows, "deepspeed", _refused) == (
+        "row 1 cannot be written --to deepspeed: a DeepSpeed config applies to ZeRO over one data axis without "
+        "TP/PP/CP/EP; this mesh has tp 2 (zero1); row 3 is the first row it takes (--export 3) (--to megatron would "
+        "write row 1 without its ZeRO engine, DeepSpeed's ZeRO-1: meshplan writes no Megatron-DeepSpeed arguments)")
+    assert search_row_refusal(1, rows[:2], "deepspeed", _refused).split("; ")[2].startswith(
+        "none of the 2 rows shown exports --to deepspeed (--to megatron would write row 1 without")
+    with pytest.raises(ConfigError, match="--to: a DeepSpeed config applies to ZeRO over one data axis"):
+        export(rows[0], "deepspeed", "x")  # export alone keeps its own refusal
+
+
+def test_search_export_of_a_tp_row_is_one_line(tmp_path, capsys):
+    path = tmp_path / "ds_tp.toml"
+    path.write_text('[model]\ncatalog = "llama3-8b"\n[cluster]\nsystem = "dgx-h100"\nnodes = 2\n[training]\n'
+                    'global_batch = 32\nseq_len = 4096\nsharding = "zero1"\nzero12_engine = "deepspeed"\n'
+                    '[search]\npp = [1]\ndp_replicate = [1]\ncp = [1]\ntp = [1, 2]\nsharding = ["zero1", "zero2"]\n'
+                    'recompute = ["selective"]\nmicro_batch = [1]\n')
+    r = search(config_from_dict({"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 2},
+                                 "training": {"global_batch": 32, "seq_len": 4096, "sharding": "zero1",
+                                              "zero12_engine": "deepspeed"},
+                                 "search": {"pp": [1], "dp_replicate": [1], "cp": [1], "tp": [1, 2],
+                                            "sharding": ["zero1", "zero2"], "recompute": ["selective"],
+                                            "micro_batch": [1]}}, require_mesh=False))
+    tps = [int(r.candidates.degree("tp")[e.index]) for e in r.top]
+    n, first = tps.index(2) + 1, tps.index(1) + 1
+    with pytest.raises(SystemExit) as done:
+        main(["search", str(path), "--export", str(n), "--to", "deepspeed", "-o", str(tmp_path / "row.json")])
+    err = capsys.readouterr().err
+    assert done.value.code == 2 and err.count("\n") == 1 and not (tmp_path / "row.json").exists()
+    assert err.startswith(f"error: --export: row {n} cannot be written --to deepspeed: a DeepSpeed config applies to "
+                          f"ZeRO over one data axis without TP/PP/CP/EP; this mesh has tp 2 (")
+    assert f"row {first} is the first row it takes (--export {first})" in err

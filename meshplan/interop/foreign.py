@@ -20,7 +20,7 @@ import re
 import tomllib
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Mapping, NamedTuple, Sequence
+from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 from meshplan import catalog
 from meshplan.config import Config, config_from_dict, load_config, parse_toml
@@ -250,6 +250,47 @@ def not_expressed(cfg: Config, to: str, refused: Mapping[str, Sequence[str]] | N
         return [], e.message
     pre = f"not expressed in {to}: "
     return [h[len(pre):].split(":")[0] for h in head if h.startswith(pre)], None
+
+
+def search_row_refusal(n: int, rows: Sequence[Config], to: str,
+                       refused_of: Callable[[Config], Mapping[str, Sequence[str]]]) -> str | None:
+    """Why ``search --export n --to to`` cannot write row ``n`` (from 1) of ``rows`` (the
+    search's top, in order), naming the first row it can write, and the other formats that
+    write row ``n`` with its ZeRO engine (``training.zero12_engine``, ``zero3_engine``); a
+    format that would drop the engine (``--to megatron`` of a DeepSpeed ZeRO-1 row: Megatron-LM's
+    distributed optimizer; meshplan writes no Megatron-DeepSpeed arguments) is named as such.
+    None when row ``n`` exports. ``refused_of``: :func:`meshplan.plan.export_refusals` per
+    format."""
+    cfg = rows[n - 1]
+    _, why = not_expressed(cfg, to, refused_of(cfg))
+    if why is None:
+        return None
+    first = next((i for i, c in enumerate(rows, 1) if not_expressed(c, to, refused_of(c))[1] is None), None)
+    msg = f"row {n} cannot be written --to {to}: {why}; " + (
+        f"row {first} is the first row it takes (--export {first})" if first else
+        f"none of the {len(rows)} rows shown exports --to {to}")
+    keep: list[str] = []
+    drop: list[str] = []
+    for t in FORMATS[1:]:
+        lost, no = not_expressed(cfg, t, refused_of(cfg)) if t != to else ([], "")
+        if no is None:
+            engine = [k for k in lost if k in ("training.zero12_engine", "training.zero3_engine")]
+            (drop if engine else keep).append(t)
+    if keep:
+        msg += f", or export row {n} --to {' or '.join(keep)}"
+    if drop:
+        msg += (f" ({' and '.join(f'--to {t}' for t in drop)} would write row {n} without its ZeRO engine, "
+                f"{_engine_name(cfg)}" + (": meshplan writes no Megatron-DeepSpeed arguments)" if "megatron" in drop
+                                          else ")"))
+    return msg
+
+
+def _engine_name(cfg: Config) -> str:
+    """The ZeRO engine ``cfg`` plans with, named for :func:`search_row_refusal`."""
+    t = cfg.training
+    if t.zero3_engine == "deepspeed-2021" and t.sharding == "zero3":
+        return "DeepSpeed's 2021 ZeRO-3"
+    return f"DeepSpeed's ZeRO-{t.sharding[-1]}" if t.zero12_engine == "deepspeed" else t.sharding
 
 
 def _takes(cfg: Config, to: str, source: str, refused: Mapping[str, Sequence[str]]) -> bool:
