@@ -46,7 +46,8 @@ from meshplan.compute.gemm import load_gemm_table
 from meshplan.errors import ConfigError, check_number, printable
 from meshplan.fileio import check_destination, write_output
 from meshplan.interop.common import FORMATS, ImportOptions
-from meshplan.interop.foreign import UserFile, export, import_text, load_any, search_export_refusal, user_source
+from meshplan.interop.foreign import (UserFile, export, import_text, load_any, search_export_refusal,
+                                      search_row_refusal, user_source)
 from meshplan.mesh.tpsplit import model_groups
 from meshplan.placement.assign import rank_row
 from meshplan.placement.bindings import bindings, write_bindings
@@ -106,6 +107,7 @@ from meshplan.schedule.verdict import network_verdict, rebuilt_step
 from meshplan.search.driver import search
 from meshplan.search.space import candidate_config
 from meshplan.spec.mesh import Schedule
+from meshplan.spec.wording import schedule_words
 
 EXIT_CODES = ("exit status: 0 feasible (compare: a mesh that fits wins; search: some candidate fits), "
               "1 infeasible (the reasons on stderr as 'infeasible: ...'; groups, place, nccl-check and step still print "
@@ -467,7 +469,8 @@ def step(config: Path = typer.Argument(..., help=CONFIG_HELP),
     table = load_gemm_table(gemm_table) if gemm_table else None
     st = _step_with(p, _overlap(overlap_tp, no_prefetch), table, schedule)
     if not p.feasible:
-        _echo(f"step would be {st.step_s:.3f} s ({st.pipeline.spec.schedule}, MFU {st.mfu:.1%}) if it fit; "
+        sched = schedule_words(st.pipeline.spec.schedule, st.pipeline.spec.p)  # "no pipeline" at pp 1
+        _echo(f"step would be {st.step_s:.3f} s ({sched}, MFU {st.mfu:.1%}) if it fit; "
                    f"it does not fit")
         _write_doc(json_path, step_infeasible_doc(p, st), force)
         _verdict_exit(p)
@@ -671,7 +674,9 @@ def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshpl
     training.zero12_engine is deepspeed; a zero1 candidate without a data axis (dp_shard x cp 1) is its
     zero3 twin's run and is listed once, as zero3. --export --to T is refused before the search when T
     takes no row the search can rank (a model without a torchtitan flavor, no zero3/hsdp in [search]
-    sharding for torchtitan, no one-data-axis mesh for DeepSpeed)."""
+    sharding for torchtitan, no one-data-axis mesh for DeepSpeed), and after it when T refuses row N (one
+    line naming the first row T takes). Under DeepSpeed a line says what --export N --to deepspeed of the rows
+    shown does not express (training.recompute: the model code chooses activation checkpointing)."""
 
     if export_rank is not None:
         if export_rank < 1:
@@ -701,8 +706,12 @@ def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshpl
         if export_rank > len(result.top):
             raise ConfigError("--export", f"{export_rank}: the search ranked {len(result.top)} row(s); raise --top "
                               f"or export a lower rank")
-        row = candidate_config(result.config, result.candidates, result.top[export_rank - 1].index)
-        _write_export(row, to, out, f"search {config} row {export_rank}", force, user_source(config, fmt))
+        rows = [candidate_config(result.config, result.candidates, e.index) for e in result.top]
+        refusal = search_row_refusal(export_rank, rows, to, lambda c: {t: export_refusals(c, t) for t in FORMATS})
+        if refusal is not None:  # one line naming the first row the target takes
+            raise ConfigError("--export", refusal)
+        _write_export(rows[export_rank - 1], to, out, f"search {config} row {export_rank}", force,
+                      user_source(config, fmt))
     _write_text(json_path, json.dumps(search_to_dict(result), indent=1), force)
     if html_path:
         _wrote(write_output(html_path, search_page(result, config.name), force, '--html'))

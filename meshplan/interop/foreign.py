@@ -20,7 +20,7 @@ import re
 import tomllib
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Mapping, NamedTuple, Sequence
+from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 from meshplan import catalog
 from meshplan.config import Config, config_from_dict, load_config, parse_toml
@@ -30,6 +30,7 @@ from meshplan.limits import FILE_BYTES
 from meshplan.interop import deepspeed, megatron, torchtitan
 from meshplan.interop.common import FORMATS, Imported, ImportOptions, catalog_model_name
 from meshplan.interop.tomlout import dumps, mesh_spec, meshplan_tables, model_table, resolved, virtual_split
+from meshplan.spec.wording import deepspeed_recompute_fix
 
 TORCHTITAN_TABLES = {"parallelism", "job", "activation_checkpoint", "optimizer", "lr_scheduler", "checkpoint",
                      "metrics", "profiling", "compile", "quantize"}
@@ -235,6 +236,63 @@ def search_export_refusal(cfg: Config, to: str) -> str | None:
     return None
 
 
+def not_expressed(cfg: Config, to: str, refused: Mapping[str, Sequence[str]] | None = None
+                  ) -> tuple[list[str], str | None]:
+    """(the meshplan fields an export of ``cfg`` to ``to`` does not express, as ``table.key``
+    (``training.recompute``; ``memory`` for the table), as its header lists them; why ``to``
+    refuses ``cfg``, or None): what ``meshplan search`` says of its rows beside
+    ``--export N --to T``."""
+    try:
+        _, head = _export(cfg, to, "search", refused=refused)
+    except ConfigError as e:
+        if e.field != "--to":
+            raise
+        return [], e.message
+    pre = f"not expressed in {to}: "
+    return [h[len(pre):].split(":")[0] for h in head if h.startswith(pre)], None
+
+
+def search_row_refusal(n: int, rows: Sequence[Config], to: str,
+                       refused_of: Callable[[Config], Mapping[str, Sequence[str]]]) -> str | None:
+    """Why ``search --export n --to to`` cannot write row ``n`` (from 1) of ``rows`` (the
+    search's top, in order), naming the first row it can write, and the other formats that
+    write row ``n`` with its ZeRO engine (``training.zero12_engine``, ``zero3_engine``); a
+    format that would drop the engine (``--to megatron`` of a DeepSpeed ZeRO-1 row: Megatron-LM's
+    distributed optimizer; meshplan writes no Megatron-DeepSpeed arguments) is named as such.
+    None when row ``n`` exports. ``refused_of``: :func:`meshplan.plan.export_refusals` per
+    format."""
+    cfg = rows[n - 1]
+    _, why = not_expressed(cfg, to, refused_of(cfg))
+    if why is None:
+        return None
+    first = next((i for i, c in enumerate(rows, 1) if not_expressed(c, to, refused_of(c))[1] is None), None)
+    msg = f"row {n} cannot be written --to {to}: {why}; " + (
+        f"row {first} is the first row it takes (--export {first})" if first else
+        f"none of the {len(rows)} rows shown exports --to {to}")
+    keep: list[str] = []
+    drop: list[str] = []
+    for t in FORMATS[1:]:
+        lost, no = not_expressed(cfg, t, refused_of(cfg)) if t != to else ([], "")
+        if no is None:
+            engine = [k for k in lost if k in ("training.zero12_engine", "training.zero3_engine")]
+            (drop if engine else keep).append(t)
+    if keep:
+        msg += f", or export row {n} --to {' or '.join(keep)}"
+    if drop:
+        msg += (f" ({' and '.join(f'--to {t}' for t in drop)} would write row {n} without its ZeRO engine, "
+                f"{_engine_name(cfg)}" + (": meshplan writes no Megatron-DeepSpeed arguments)" if "megatron" in drop
+                                          else ")"))
+    return msg
+
+
+def _engine_name(cfg: Config) -> str:
+    """The ZeRO engine ``cfg`` plans with, named for :func:`search_row_refusal`."""
+    t = cfg.training
+    if t.zero3_engine == "deepspeed-2021" and t.sharding == "zero3":
+        return "DeepSpeed's 2021 ZeRO-3"
+    return f"DeepSpeed's ZeRO-{t.sharding[-1]}" if t.zero12_engine == "deepspeed" else t.sharding
+
+
 def _takes(cfg: Config, to: str, source: str, refused: Mapping[str, Sequence[str]]) -> bool:
     """Whether ``cfg`` exports to ``to`` without a ConfigError."""
     try:
@@ -283,7 +341,9 @@ def _export(cfg: Config, to: str, source: str, user: UserFile | None = None,
         again = deepspeed.read(doc, replace(opts, model=opts.model or catalog.names("model")[0]))
         again = replace(again, tables=again.tables | {"model": model_table(cfg)})
     lost = differences(cfg, config_from_dict(again.tables))
-    head += [f"not expressed in {to}: {d}" for d in lost]
+    head += [f"not expressed in {to}: {d}" + (f" ({deepspeed_recompute_fix(cfg.training)})"
+                                               if to == "deepspeed" and d.startswith("training.recompute:") else "")
+             for d in lost]
     if to == "deepspeed":  # JSON has no comments: the caller prints the header
         return body, head
     return "\n".join(f"# {h}" for h in head) + "\n\n" + body, head
@@ -330,9 +390,13 @@ def effective_model(model) -> dict[str, Any]:
 def _memory(cfg: Config):
     """``cfg.memory`` with zero2's gradient bucket as the elements it resolves to (a DeepSpeed
     export writes that number as ``reduce_bucket_size``; unset, it is a default of dp), and
-    under ``training.zero12_engine = "deepspeed"`` DeepSpeed's (default 5e8)."""
+    under ``training.zero12_engine = "deepspeed"`` DeepSpeed's (default 5e8); zero3 and hsdp
+    use no gradient bucket (``[memory] grad_bucket_elements``: the non-FSDP shardings'), so
+    theirs is no difference (a ZeRO-3 row of a DeepSpeed ZeRO-2 config's search)."""
     if cfg.training.zero12_engine == "deepspeed":
         return cfg.memory.model_copy(update={"grad_bucket_elements": cfg.memory.deepspeed_bucket_elements()})
+    if cfg.training.sharding in ("zero3", "hsdp"):  # FSDP units, no gradient bucket (MemoryOptions)
+        return cfg.memory.model_copy(update={"grad_bucket_elements": None})
     if cfg.training.sharding != "zero2":
         return cfg.memory
     return cfg.memory.model_copy(update={"grad_bucket_elements": cfg.memory.bucket_elements(

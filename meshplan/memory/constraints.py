@@ -3,7 +3,8 @@ constraint each axis of a given mesh solves.
 
 Kinds (the seed's "List the constraints before choosing degrees"):
 - capacity: the smallest model-parallel split whose persistent state plus activations
-  fit in usable HBM = HBM x (1 - reserve), for each sharding choice;
+  fit in usable HBM = HBM x (1 - reserve), for each sharding choice (zero2 where a runtime of
+  the config runs it: :func:`capacity_shardings`);
 - context: the smallest context-parallel degree for which one sequence's activations fit
   at the largest tensor degree of one node;
 - compute/batch: a fixed global batch caps data parallelism at global_batch / micro_batch,
@@ -58,11 +59,13 @@ class Estimate:
     def total_bytes(self) -> float:
         return self.state_bytes + self.activation_bytes + self.gathered_bytes + self.accumulator_bytes
 
-    def line(self) -> str:
+    def line(self, gathered: str = "gathered FSDP layers") -> str:
+        """The estimate as a sum; ``gathered``: what the gathered layers are called (DeepSpeed:
+        :func:`meshplan.spec.wording.gathered_words`)."""
         acc = (f" + unsharded gradients till the last micro-batch {self.accumulator_bytes / GiB:.2f} GiB"
                if self.accumulator_bytes else "")
         return (f"stage {self.stage}: state {self.state_bytes / GiB:.2f} GiB + activations "
-                f"{self.activation_bytes / GiB:.2f} GiB + gathered FSDP layers {self.gathered_bytes / GiB:.2f} GiB"
+                f"{self.activation_bytes / GiB:.2f} GiB + {gathered} {self.gathered_bytes / GiB:.2f} GiB"
                 f"{acc} = {self.total_bytes / GiB:.2f} GiB")
 
 
@@ -177,7 +180,7 @@ def constraints(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, 
     if model.is_moe:
         rows.append(ConstraintRow("capacity", "MoE: expert activations are not in the first estimate", "ep by capacity"))
     else:
-        for sharding in ("none", "zero1", "zero3"):
+        for sharding in capacity_shardings(training):
             rows.append(_capacity_row(model, training, world, usable, sharding, cluster.node.gpus))
         rows.append(_context_row(model, training, cluster, world, usable))
     need = ceil(world * training.micro_batch / training.global_batch)
@@ -188,6 +191,21 @@ def constraints(model: ModelSpec, training: TrainingSpec, cluster: ClusterSpec, 
                               f"= {training.global_batch * training.seq_len:,} tokens/step; micro-batch "
                               f"{training.micro_batch}; gradients reduced in {training.gradient_reduce_dtype}", "fixed"))
     return Constraints(tuple(rows), usable)
+
+
+def capacity_shardings(training: TrainingSpec) -> tuple[str, ...]:
+    """The shardings of the capacity rows: none, zero1, zero3, and zero2 (+ gradients
+    partitioned, parameters whole) where a runtime of the config runs it: DeepSpeed's ZeRO-2
+    engine (``training.zero12_engine = "deepspeed"``, what ``meshplan search`` enumerates
+    zero2 under) or a config that names zero2.
+
+    >>> capacity_shardings(TrainingSpec(global_batch=8, seq_len=16, sharding="zero1", zero12_engine="deepspeed"))
+    ('none', 'zero1', 'zero2', 'zero3')
+    >>> capacity_shardings(TrainingSpec(global_batch=8, seq_len=16))
+    ('none', 'zero1', 'zero3')
+    """
+    zero2 = training.zero12_engine == "deepspeed" or training.sharding == "zero2"
+    return ("none", "zero1") + (("zero2",) if zero2 else ()) + ("zero3",)
 
 
 def _capacity_row(model, training, world, usable, sharding, node_gpus) -> ConstraintRow:

@@ -44,6 +44,7 @@ from meshplan.memory.passtable import Pass, PassTable, pass_table, template_stat
 from meshplan.memory.schedule import stage_op_arrays, stage_ops
 from meshplan.pipeline.registry import get
 from meshplan.memory.sizes import CommonSizes, common_sizes, stage_sizes
+from meshplan.spec.wording import schedule_words
 
 _K = {k: i for i, k in enumerate(KINDS)}
 #: Kinds PyTorch's caching allocator (and so MemTracker) never sees.
@@ -136,6 +137,9 @@ class Timeline:
     n_events: int
     title: str = ""
     notes: tuple[str, ...] = field(default=())
+    #: ``schedule`` as the output prints it: ``no pipeline`` at pp 1
+    #: (:func:`meshplan.spec.wording.schedule_words`)
+    pipeline: str = ""
 
     @property
     def usable_bytes(self) -> float:
@@ -231,7 +235,8 @@ def _timeline(plan, stage: int, common: tuple[list[str], CommonSizes], reference
     return Timeline(stage=stage, schedule=c.mesh.pp_schedule, micro_batches=plan.run_micro_batches, passes=passes,
                     templates=tuple(templates), hbm_bytes=c.cluster.gpu.hbm_bytes, reserve=t.memory_reserve,
                     peak=peak, max_by_kind=kmax, n_events=n_events, title=title,
-                    notes=_notes(plan, stage, sizes.fsdp))
+                    notes=_notes(plan, stage, sizes.fsdp),
+                    pipeline=schedule_words(c.mesh.pp_schedule, len(plan.stages)))
 
 
 def _allowance(fraction: float, at_peak: np.ndarray) -> tuple:

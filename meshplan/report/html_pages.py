@@ -28,14 +28,17 @@ from meshplan.report.html import (
     table,
     verdict_html,
 )
+from meshplan.memory.timeline import KINDS
+from meshplan.report.memory import kind_notes
 from meshplan.report.memory_plot import png_bytes
-from meshplan.report.search import count_lines, header_lines, knobs, rejected_lines, row
+from meshplan.report.search import count_lines, export_lines, header_lines, knobs, rejected_lines, row
 from meshplan.report.text import fmt_ranks
 from meshplan.schedule.linkload import edge_loads
 from meshplan.schedule.steptime import StepTime
 from meshplan.search.driver import SearchResult
 from meshplan.search.rank import RULE_LINE
 from meshplan.search.space import REASONS
+from meshplan.spec.wording import sharding_words
 from meshplan.units import GB, US, GiB, counted
 
 
@@ -49,7 +52,7 @@ def summary_rows(plan: Plan | Infeasible) -> list[tuple[str, str]]:
            ("cluster", f"{cl.name}: {counted(cl.nodes, 'node')} x {cl.node.gpus} {cl.gpu.name} "
                        f"({cl.gpu.hbm_bytes / GiB:.1f} GiB), world {plan.world}"),
            ("training", f"global batch {t.global_batch} x seq {t.seq_len}, micro-batch {t.micro_batch}, sharding "
-                        f"{t.sharding}, recompute {t.recompute}, params {t.param_dtype}, "
+                        f"{sharding_words(t, c.origin)}, recompute {t.recompute}, params {t.param_dtype}, "
                         f"reserve {t.memory_reserve:.0%}")]
     if plan.mesh is not None:
         mesh = plan.mesh
@@ -91,7 +94,11 @@ def _memory(plan: Plan, name: str) -> str:
                  caption="memory timeline per rank, one training step")
     body += table(["stage", "persistent state per rank (GiB)"],
                   [(s.stage, f"{s.total_bytes / GiB:.2f}") for s in plan.state])
-    tl = plan.timeline
+    tl, notes = plan.timeline, kind_notes(plan)
+    body += table(["kind", "at peak (GiB)", "max in step (GiB)", "what"],
+                  [(k, f"{tl.peak.by_kind[k] / GiB:.2f}", f"{tl.max_by_kind[k] / GiB:.2f}", notes[k]) for k in KINDS
+                   if tl.peak.by_kind[k] or tl.max_by_kind[k]],
+                  caption=f"stage {tl.stage}: bytes per kind at the peak and their maxima")
     body += f"<h3>Memory timeline of stage {tl.stage} (the most loaded)</h3>"
     body += png_img(png_bytes(tl, name=name), f"memory timeline of stage {tl.stage}")
     return section("Memory", body)
@@ -178,7 +185,8 @@ def search_page(r: SearchResult, name: str) -> str:
             section(f"Top {len(top)} by predicted step time",
                     table(["#", "mesh", "mb", "recompute", "vpp", "sharding", "knobs", "peak GiB", "step s", "MFU",
                            "tokens/s", "goodput", "GEMM eff"], top)
-                    + lines([RULE_LINE] + ([r.explanation.line()] if r.explanation is not None else []))),
+                    + lines([RULE_LINE] + ([r.explanation.line()] if r.explanation is not None else [])
+                            + export_lines(r))),
             section("Rejected", lines(rejected_lines(r)) + _count_bars(r.counts()) + lines(count_lines(r))
                     + lines(f"note: {n}" for n in r.notes))]
     return page(f"meshplan search: {name}", f"{r.config.path or name}; exit {'0' if r.top else '1'}", body)

@@ -14,7 +14,7 @@ from rich.table import Table
 from meshplan.memory.timeline import KINDS, Timeline
 from meshplan.plan import Plan
 from meshplan.report import shown
-from meshplan.spec.wording import recompute_words, runtime
+from meshplan.spec.wording import kind_words, recompute_words, reduce_words, runtime, schedule_words
 from meshplan.units import GiB, MiB, counted
 
 KIND_NOTES = {
@@ -50,7 +50,8 @@ def timeline_table(plan: Plan, all_stages: bool = False) -> Table:
     tab = Table(title="Memory timeline per rank, one training step (meshplan memory CONFIG for the events)",
                 title_justify="left",
                 caption=f"activations: {recompute_words(t, runtime(t, plan.config.origin))}; "
-                        f"prefetch {o.prefetch_layers} unit(s), FSDP reduce {o.fsdp_reduce_for(plan.config.training, plan.pp)}, NCCL "
+                        f"prefetch {o.prefetch_layers} unit(s), "
+                        f"{reduce_words(t, plan.config.origin, o.fsdp_reduce_for(t, plan.pp))}, NCCL "
                         f"{o.comm_bytes_per_group / MiB:g} MiB per communicator, workspace {o.workspace_bytes / MiB:g} "
                         f"MiB, fragmentation {o.fragmentation_fraction:.0%}; set them in \\[memory]",
                 caption_justify="left")
@@ -66,8 +67,15 @@ def timeline_table(plan: Plan, all_stages: bool = False) -> Table:
     return tab
 
 
-def kinds_table(tl: Timeline) -> Table:
-    """Bytes per kind at the peak and the largest each reaches in the step."""
+def kind_notes(plan: Plan) -> dict[str, str]:
+    """What each memory kind holds, in the words of the plan's runtime (DeepSpeed's under
+    DeepSpeed: :func:`meshplan.spec.wording.kind_words`), else :data:`KIND_NOTES`."""
+    return KIND_NOTES | kind_words(plan.config.training, plan.config.origin, plan.mesh.degree("dp"))
+
+
+def kinds_table(tl: Timeline, notes: dict[str, str] = KIND_NOTES) -> Table:
+    """Bytes per kind at the peak and the largest each reaches in the step; ``notes``: each
+    kind's "what" (:func:`kind_notes`)."""
     tab = Table(title=f"Stage {tl.stage}: bytes per kind at the peak (event {tl.peak.t_index}) and their maxima",
                 title_justify="left")
     for col in ("kind", "at peak (GiB)", "share", "max in step (GiB)", "what"):
@@ -76,7 +84,7 @@ def kinds_table(tl: Timeline) -> Table:
     for k in KINDS:
         at, mx = tl.peak.by_kind[k], tl.max_by_kind[k]
         if at or mx:
-            tab.add_row(k, _gib(at), f"{at / total:.0%}", _gib(mx), KIND_NOTES[k])
+            tab.add_row(k, _gib(at), f"{at / total:.0%}", _gib(mx), notes[k])
     tab.add_row("[bold]total[/]", f"[bold]{_gib(tl.peak.total_bytes)}[/]", "", "", "")
     return tab
 
@@ -139,7 +147,8 @@ def _net_kinds(tl: Timeline, passes) -> str:
 def runs_table(tl: Timeline) -> Table:
     """The step as aggregated passes: events, micro-batches, repeats, net change per kind
     per repeat, total after the run and the largest total inside it."""
-    tab = Table(title=f"Stage {tl.stage}: one step, {tl.schedule}, {counted(tl.micro_batches, 'micro-batch')} "
+    tab = Table(title=f"Stage {tl.stage}: one step, {tl.pipeline or tl.schedule}, "
+                      f"{counted(tl.micro_batches, 'micro-batch')} "
                       f"({tl.n_events:,} events, repeated passes aggregated)", title_justify="left")
     for col in ("events", "passes", "chunk", "micro-batches", "x", "net per repeat (GiB)", "after (GiB)", "max (GiB)"):
         tab.add_column(col, justify="left" if col in ("passes", "net per repeat (GiB)") else "right")
@@ -183,11 +192,12 @@ def print_memory(plan: Plan, console: Console | None = None, all_stages: bool = 
     con = console or Console()
     c = plan.config
     con.rule(f"[bold]meshplan memory[/] {shown(c.path or '')}")
-    con.print(plan.timeline.title + f", {plan.spec.pp_schedule}, micro-batch {c.training.micro_batch} x seq "
+    con.print(plan.timeline.title + f", {schedule_words(plan.spec.pp_schedule, plan.pp)}, micro-batch "
+              f"{c.training.micro_batch} x seq "
               f"{c.training.seq_len}, sharding {c.training.sharding}, recompute {c.training.recompute}")
     con.print(timeline_table(plan, all_stages))
     for tl in (plan.timelines if all_stages else [plan.timeline]):
-        con.print(kinds_table(tl))
+        con.print(kinds_table(tl, kind_notes(plan)))
         con.print(runs_table(tl))
         con.print(peak_window_table(tl))
         for note in tl.notes:

@@ -90,7 +90,7 @@ def _figure(tl: Timeline, name: str, max_points: int):
     step = tl.passes[-1].first_event
     top.axvline(step, color="gray", linewidth=0.8)
     top.text(step, top.get_ylim()[1] * 0.97, "optimizer step ", fontsize=8, color="gray", ha="right", va="top")
-    top.set_xlabel(f"event index in one training step ({tl.n_events:,} events: {tl.schedule} forward/backward "
+    top.set_xlabel(f"event index in one training step ({tl.n_events:,} events: {tl.pipeline or tl.schedule} forward/backward "
                    f"passes of {counted(tl.micro_batches, 'micro-batch')}, then the optimizer step)")
     lo, hi = _zoom_range(tl)
     _panel(zoom, tl, run, np.arange(lo, hi + 1), shown, legend=False)
@@ -100,7 +100,7 @@ def _figure(tl: Timeline, name: str, max_points: int):
     zoom.set_xlabel("zoom: " + ", then ".join(f"{p.phase} of micro-batch {p.microbatch}" + (f" chunk {p.chunk}" if
                     len({q.chunk for q in tl.passes}) > 1 else "") for p in z) + " (event index)")
     c = tl.peak
-    fig.suptitle(f"{name}: {tl.title}, stage {tl.stage}, {tl.schedule}, {counted(tl.micro_batches, 'micro-batch')}\n"
+    fig.suptitle(f"{name}: {tl.title}, stage {tl.stage}, {tl.pipeline or tl.schedule}, {counted(tl.micro_batches, 'micro-batch')}\n"
                  f"peak {c.total_bytes / GiB:.1f} GiB at {c.where()}; headroom {tl.headroom_bytes / GiB:.1f} GiB "
                  f"to {tl.usable_bytes / GiB:.1f} GiB usable", fontsize=11)
     fig.tight_layout()

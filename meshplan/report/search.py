@@ -21,6 +21,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextC
 from rich.table import Table
 
 from meshplan import __version__
+from meshplan.interop.foreign import not_expressed
+from meshplan.plan import export_refusals
 from meshplan.search.driver import SearchResult
 from meshplan.search.exact import Exact
 from meshplan.search.rank import RULE_LINE
@@ -28,6 +30,7 @@ from meshplan.search.space import (RECOMPUTE, REASONS, SHARDING, candidate_confi
                                    overlap_searched)
 from meshplan.spec.axes.registry import search_axes
 from meshplan.spec.mesh import Schedule
+from meshplan.spec.wording import DEEPSPEED, zero_runtime
 from meshplan.units import GiB
 
 SCHEMA = "meshplan.search.driver/v1"
@@ -143,8 +146,43 @@ def print_search(r: SearchResult, console: Console) -> None:
     if r.proven:
         lines.append("the top is exact: every candidate not planned has a step-time lower bound above the last "
                      "one shown")
-    for line in lines + rejected_lines(r) + count_lines(r) + [f"note: {n}" for n in r.notes]:
+    for line in lines + export_lines(r) + rejected_lines(r) + count_lines(r) + [f"note: {n}" for n in r.notes]:
         console.print(line, highlight=False, markup=False)
+
+
+def export_lines(r: SearchResult) -> list[str]:
+    """Under DeepSpeed (a DeepSpeed JSON, or its engine: :func:`meshplan.spec.wording.zero_runtime`),
+    what ``--export N --to deepspeed`` of each row shown does not write, as the export's header
+    lists it (:func:`meshplan.interop.foreign.not_expressed`: ``training.recompute``, which
+    DeepSpeed's JSON does not choose, ``training.reshard_after_forward``, ...), and the rows it
+    refuses (tp, pp, cp or ep > 1, hsdp); empty elsewhere or when every row exports whole."""
+    cfg = r.config
+    if zero_runtime(cfg.training, cfg.origin) != DEEPSPEED or not r.top:
+        return []
+    lost: dict[tuple[str, ...], list[int]] = {}
+    refused: list[int] = []
+    for k, e in enumerate(r.top, 1):
+        row_cfg = candidate_config(cfg, r.candidates, e.index)
+        fields, why = not_expressed(row_cfg, DEEPSPEED, {DEEPSPEED: export_refusals(row_cfg, DEEPSPEED)})
+        if why is not None:
+            refused.append(k)
+        elif fields:
+            lost.setdefault(tuple(fields), []).append(k)
+    if not lost and not refused:
+        return []
+    parts = [f"{_rows(ks)} not expressed: {', '.join(f)}" for f, ks in lost.items()]
+    if refused:
+        parts.append(f"{_rows(refused)} refused (a DeepSpeed config runs ZeRO over one data axis, without "
+                     "TP/PP/CP/EP or HSDP)")
+    why = ("; training.recompute: DeepSpeed's JSON does not choose activation checkpointing, the model code does "
+           "(the export header names the policy to apply; an activation_checkpointing section reads back as full, "
+           "none as selective)" if any("training.recompute" in f for f in lost) else "")
+    return [f"--export N --to deepspeed: {'; '.join(parts)}{why}"]
+
+
+def _rows(ks: list[int]) -> str:
+    """``row 3`` or ``rows 1, 2, 5``."""
+    return f"row {ks[0]}" if len(ks) == 1 else f"rows {', '.join(map(str, ks))}"
 
 
 #: What widens the search past a rejection rule that removed most candidates (the rule keys of

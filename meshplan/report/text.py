@@ -16,7 +16,8 @@ from meshplan.plan import Infeasible, Plan
 from meshplan.report import shown
 from meshplan.report.memory import timeline_table
 from meshplan.schedule.steptime import step_time, tp_overlap_line
-from meshplan.spec.wording import recompute_words, runtime, sharding_words, state_cell, state_title
+from meshplan.spec.wording import (gathered_words, recompute_words, runtime, sharding_words, state_cell,
+                                    state_title)
 from meshplan.units import GB, US, GiB, counted, human_bytes
 
 MAX_LIST = 8
@@ -214,7 +215,8 @@ def _memory(plan: Plan, con: Console) -> None:
         con.print(f"[dim]{line}[/]")
     e = plan.constraints.estimate
     if e is not None:
-        con.print(f"[dim]first estimate (constraints, before the timeline): {e.line()}[/]")
+        con.print(f"[dim]first estimate (constraints, before the timeline): "
+                  f"{e.line(gathered_words(t, origin))}[/]")
     con.print(timeline_table(plan))
 
 

@@ -67,7 +67,7 @@ from meshplan.schedule.rank_timeline import (
 )
 from meshplan.spec.axes.base import Dim
 from meshplan.spec.mesh import Schedule
-from meshplan.spec.wording import recompute_words, runtime
+from meshplan.spec.wording import recompute_words, runtime, schedule_words
 from meshplan.units import counted
 
 
@@ -339,7 +339,8 @@ class StepTime:
             f"most exposed communication: stage {most[0]} (not the critical stage; its units): "
             + ", ".join(f"{k} {v * 1e3:.2f} ms" for k, v in sorted(most[1].items()) if v > 0)]
         runs = f" x {self.runs} runs" if self.runs > 1 else ""
-        return [f"step {shown['step']} ms ({p.spec.schedule}, p {p.spec.p}, m {p.spec.m}{runs}, v {p.spec.v}); "
+        sched = schedule_words(p.spec.schedule, p.spec.p) + (f", p {p.spec.p}" if p.spec.p > 1 else "")
+        return [f"step {shown['step']} ms ({sched}, m {p.spec.m}{runs}{f', v {p.spec.v}' if p.spec.p > 1 else ''}); "
                 f"critical stage {self.critical_stage}",
                 f"bubble {p.bubble:.4f} as idle/ideal, {p.bubble_of_total:.4f} as idle/total "
                 f"(busiest stage {p.busiest_stage}, pipeline only{', each run' if self.runs > 1 else ''}"

@@ -160,3 +160,107 @@ def state_how(training, axis: str, divisor: int, origin: str = "") -> str:
     if not axis:
         return cell
     return f"partitioned over the {cell}" if cell.startswith("data-parallel") else f"sharded over {cell}"
+
+
+def schedule_words(schedule, pp: int) -> str:
+    """The pipeline schedule as the output prints it: ``no pipeline`` at ``pp`` 1 (nothing is
+    scheduled: one stage runs its micro-batches' forward and backward in turn, as DeepSpeed's
+    engine does without a ``PipelineModule`` and torchtitan or Megatron-LM at pipeline size 1),
+    else the schedule's name (``mesh.pp_schedule``).
+
+    >>> schedule_words("1f1b", 1), schedule_words("interleaved_1f1b", 4)
+    ('no pipeline', 'interleaved_1f1b')
+    """
+    return "no pipeline" if pp == 1 else str(schedule)
+
+
+def kind_words(training, origin: str = "", dp: int = 0) -> dict[str, str]:
+    """The memory kinds' "what" (``meshplan memory``'s kinds table, the HTML report) that
+    name the runtime, in DeepSpeed's words under DeepSpeed (:func:`zero_runtime`), by ZeRO
+    stage: ZeRO-3's parameter all-gather and partitioned parameters, ZeRO-1/2's optimizer-state
+    and gradient partitions, the ZeRO-1/2 engine's gradient buckets (``reduce_bucket_size``,
+    :mod:`meshplan.comm.deepspeed_zero12`); ``dp``: the data-parallel group's ranks (0: "N").
+    Empty elsewhere: the generic notes stand (:data:`meshplan.report.memory.KIND_NOTES`).
+
+    >>> from meshplan.spec.training import TrainingSpec
+    >>> t = TrainingSpec(global_batch=8, seq_len=16, sharding="zero2", zero12_engine="deepspeed")
+    >>> kind_words(t, dp=16)["grads"].split(" (")
+    ['ZeRO-2 gradient partition', "1/16 on each rank of the data-parallel group, each bucket's reduced gradients copied in)"]
+    >>> kind_words(t.model_copy(update={"zero12_engine": "megatron"}))
+    {}
+    """
+    stage = ZERO_STAGE.get(training.sharding)
+    if zero_runtime(training, origin) != DEEPSPEED or stage is None:
+        return {}
+    part = f"1/{dp if dp else 'N'} on each rank of the data-parallel group"
+    whole = f"whole on every rank (ZeRO stage {stage} does not partition them)"
+    out = {"params": f"ZeRO-3 partitioned parameters ({part})" if stage == 3 else f"parameters, {whole}",
+           "master": "fp32 master weights" + (f", ZeRO-{stage} partition ({part})" if stage else f", {whole}"),
+           "optimizer": "optimizer states" + (f", ZeRO-{stage} partition ({part})" if stage else f", {whole}"),
+           "grads": {0: f"gradients kept for the step, {whole}",
+                     1: f"gradients kept for the step, {whole}; each rank steps on its own 1/N",
+                     2: f"ZeRO-2 gradient partition ({part}, each bucket's reduced gradients copied in)",
+                     3: f"ZeRO-3 gradient partition ({part}, from each reduce-scatter)"}[stage],
+           "gathered_params": "ZeRO-3 parameter all-gather: the layers' full parameters (current + prefetched)",
+           "grad_buffers": "a layer's full gradients, the ZeRO-3 reduce-scatter's input" if stage == 3 else
+           "gradient buckets (reduce_bucket_size) and the bucket being all-reduced"}
+    if stage in (1, 2) and training.zero12_engine != DEEPSPEED:  # Megatron-LM's buffer under ZeRO-3's 2021 engine
+        del out["grad_buffers"]
+    return out
+
+
+def reduce_words(training, origin: str, rule: str) -> str:
+    """When the gradients are reduced, as the memory caption names it: ``FSDP reduce RULE``
+    (``rule``: :meth:`meshplan.spec.memory.MemoryOptions.fsdp_reduce_for`, the ``[memory]
+    fsdp_reduce`` knob); under DeepSpeed (:func:`zero_runtime`) ZeRO-3's reduce-scatter at that
+    rule, and for ZeRO-1/2 DeepSpeed's engine, which the knob does not set
+    (:mod:`meshplan.comm.deepspeed_zero12`: stage 2 reduces in every micro-batch's backward,
+    stage 1 once per step).
+
+    >>> from meshplan.spec.training import TrainingSpec
+    >>> t = TrainingSpec(global_batch=8, seq_len=16, sharding="zero1", zero12_engine="deepspeed")
+    >>> reduce_words(t, "", "per_microbatch"), reduce_words(t.model_copy(update={"sharding": "zero3",
+    ...     "zero12_engine": "megatron"}), "deepspeed", "per_microbatch")
+    ('ZeRO-1 gradient all-reduces once per step', 'ZeRO-3 gradient reduce-scatter per_microbatch')
+    """
+    stage = ZERO_STAGE.get(training.sharding)
+    if zero_runtime(training, origin) != DEEPSPEED or not stage:
+        return f"FSDP reduce {rule}"
+    if stage == 3:
+        return f"ZeRO-3 gradient reduce-scatter {rule}"
+    if training.zero12_engine != DEEPSPEED:
+        return f"FSDP reduce {rule}"
+    return f"ZeRO-{stage} gradient all-reduces " + ("once per step" if stage == 1 else "every micro-batch")
+
+
+def gathered_words(training, origin: str = "") -> str:
+    """What the layers gathered for compute are called in the first memory estimate:
+    ``gathered FSDP layers``, under DeepSpeed (:func:`zero_runtime`) ZeRO-3's.
+
+    >>> from meshplan.spec.training import TrainingSpec
+    >>> gathered_words(TrainingSpec(global_batch=8, seq_len=16), "deepspeed")
+    'layers gathered by the ZeRO-3 parameter all-gather'
+    >>> gathered_words(TrainingSpec(global_batch=8, seq_len=16, sharding="zero2"), "deepspeed")
+    'layers gathered by the ZeRO-3 parameter all-gather (ZeRO-3 only)'
+    """
+    if zero_runtime(training, origin) != DEEPSPEED:
+        return "gathered FSDP layers"
+    return "layers gathered by the ZeRO-3 parameter all-gather" + ("" if training.sharding == "zero3" else
+                                                                     " (ZeRO-3 only)")
+
+
+def deepspeed_recompute_fix(training) -> str:
+    """Why a DeepSpeed JSON does not hold ``training.recompute`` and where it goes instead:
+    DeepSpeed's JSON does not choose which blocks are checkpointed (the model code calls
+    ``deepspeed.checkpointing.checkpoint``, or Megatron-DeepSpeed's ``--checkpoint-activations``
+    does); meshplan writes an ``activation_checkpointing`` section for ``full`` (read back as
+    full) and none otherwise (read back as ``selective``, meshplan's default). What ``export
+    --to deepspeed`` appends to ``not expressed in deepspeed: training.recompute ...`` and
+    ``meshplan search`` says of such rows.
+
+    >>> from meshplan.spec.training import TrainingSpec
+    >>> deepspeed_recompute_fix(TrainingSpec(global_batch=8, seq_len=16, recompute="none"))
+    "DeepSpeed's JSON does not choose activation checkpointing, the model code does: apply no activation checkpointing there"
+    """
+    return (f"DeepSpeed's JSON does not choose activation checkpointing, the model code does: apply "
+            f"{_deepspeed_recompute(training)} there")
