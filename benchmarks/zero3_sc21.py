@@ -46,8 +46,8 @@ What DeepSpeed v0.3.13 (tag 12a53b4, the version of March 2021) does that the mo
 What is still missing: the gap to the published step is 17.9 / 22.9 / 23.5 s, nearly flat in the
 GPU count while the compute per GPU halves, so it behaves like a term per byte or per call (both
 constant per GPU), not like compute or a latency that grows with the group. Closing it with
-bandwidth alone would take the 1.63 TB at about 50 GB/s bus bandwidth (the model's ~11 s of
-them plus the 20 s), against the 177 GB/s
+bandwidth alone would take the 1.63 TB at about 40-55 GB/s (over the model's 12.3 / 13.4 / 15.6 s
+of collectives plus the gap, were they all exposed), against the 177 GB/s
 nccl-tests measured for an all-gather over 2 x 8 A100 [S18] (the curve the model uses); meshplan
 has no measured all-gather or all-reduce of DGX A100 at 48-192 nodes, nor of NCCL 2.8-2.9 (2021),
 to say whether the large-scale rings ran that slowly (the paper's section 5.9 reports in-run
@@ -58,7 +58,10 @@ over the modules, where the timeline overlaps a layer's gathers with the previou
 compute (the model is short where a module's compute and the next gather are of similar length,
 at 768 and 1,536 GPUs); the reductions are placed blocking (each waited for at once), where
 DeepSpeed's side stream lets a bucket's all-reduce run beside the next module's backward until the
-next fetch's synchronize (the model is long, mostly at 384 GPUs: 5 s of all-reduces there); the
+next fetch's synchronize (the model is long, mostly at 384 GPUs: 5 s of all-reduces there, of which
+by the hook order about 2 s would stay exposed: w_up's bucket is flushed by the norm's gradient just
+before wo's fetch synchronizes, the [norms, wo] bucket by QKV's just before the next layer's
+replayed QKV fetch; the w_down and QKV buckets run beside the next module's GEMMs); the
 caching allocator's frees and mallocs of a full parameter buffer per gather; the modules' Python
 hooks (pre/post-forward and backward functions on every module's inputs and outputs). Nothing here
 is fitted: the gap is reported, not absorbed.
