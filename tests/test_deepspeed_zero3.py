@@ -265,3 +265,13 @@ def test_gradient_partition_in_the_model_dtype_by_hand():
     # a given grad_dtype stays (DeepSpeed's data_types.grad_accum_dtype)
     fp32 = build_plan(config_from_dict({**base, "training": {**training, "grad_dtype": "fp32"}}))
     assert fp32.state[0].bytes_of("grads") == 131_392 // 8 * 4 == 65_696
+
+
+def test_bucket_size_is_reduce_bucket_size():
+    # [memory] grad_bucket_elements is DeepSpeed's reduce_bucket_size: at 1 element every
+    # gradient is reduced alone, 96 x 12 + 4 root tensors = 1,156 all-reduces per micro-batch
+    cfg = load_config(ZERO3 / "gpt3-175b_1536xa100_zero3-deepspeed_mb1.toml")
+    cfg = replace(cfg, memory=cfg.memory.model_copy(update={"grad_bucket_elements": 1}))
+    rows = [r for r in build_plan(cfg, memory=False).collectives[table_key(0)] if r.op == "all-reduce"]
+    assert sum(r.per_microbatch for r in rows) == 96 * 12 + 4
+    assert all("gradient bucket of 1 flattened" in r.cadence for r in rows)

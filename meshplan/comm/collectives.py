@@ -931,16 +931,17 @@ def _deepspeed_grad_rows(add, c: _Ctx, root: list[tuple[str, int]], data) -> Non
     (:func:`meshplan.comm.deepspeed.grad_buckets`): the stage's gradients in the order the
     backward produces them (the final norm's and an untied output layer's, the layers' from
     the last, each layer's parameters from its last, then the embeddings': a tied word
-    embedding's gradient is complete only there), bucketed; a bucket is the layer's when most
-    of its elements are a layer's, else the root's. One row per (unit, bucket elements,
-    tensors)."""
+    embedding's gradient is complete only there), bucketed by ``reduce_bucket_size`` (``[memory]
+    grad_bucket_elements``, default 5e8); a bucket is the layer's when most of its elements are
+    a layer's, else the root's. One row per (unit, bucket elements, tensors)."""
     t = c.training
     head = [(("root", k)) for name, k in root if "embedding" not in name]
     embed = [(("root", k)) for name, k in root if "embedding" in name]
     order = head[::-1] + [("layer", k) for i in reversed(c.layers)
                           for _, k in reversed(_deepspeed_params(c, [i], False, False))] + embed[::-1]
     rows: Counter = Counter()
-    for bucket in deepspeed.grad_buckets([(unit, k) for unit, k in order]):
+    cap = MemoryOptions(grad_bucket_elements=c.bucket_elements).deepspeed_bucket_elements()  # reduce_bucket_size
+    for bucket in deepspeed.grad_buckets([(unit, k) for unit, k in order], cap):
         layer = sum(k for unit, k in bucket if unit == "layer")
         total = sum(k for _, k in bucket)
         rows[("layer" if 2 * layer > total else "root", total, len(bucket))] += 1
@@ -950,7 +951,7 @@ def _deepspeed_grad_rows(add, c: _Ctx, root: list[tuple[str, int]], data) -> Non
         size = total * dtype_bytes(g)
         add("fsdp", "backward", "all-reduce", size, g, count,
             f"{deepspeed.CADENCE}, every {label}, gradient bucket of {tensors} flattened, reduce_bucket_size "
-            f"{deepspeed.REDUCE_BUCKET:.0e})", "optimizer step", 1,
+            f"{cap:,})", "optimizer step", 1,
             ds_gpu_s=deepspeed.bucket_copy_seconds(size, data), ds_host_s=deepspeed.bucket_host_seconds(tensors, data))
 
 

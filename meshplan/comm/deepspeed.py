@@ -27,7 +27,8 @@ for their ZeRO-3 comparison (Table 2):
   ``ZERO3_OPTIMIZATION_CONTIGUOUS_GRADIENTS_DEFAULT``, set true by c9fee8214, 2021-07-01, PR
   #1199, first in v0.4.3): each parameter's gradient hook
   (``reduce_independent_p_g_buckets_and_remove_grads``) first reduces the bucket when the
-  parameter would take it past ``reduce_bucket_size`` (:data:`REDUCE_BUCKET`) elements, then
+  parameter would take it past ``reduce_bucket_size`` elements (default 5e8: ``[memory]
+  grad_bucket_elements``, :meth:`~meshplan.spec.memory.MemoryOptions.deepspeed_bucket_elements`), then
   adds it; ``reduce_ipg_grads`` -> ``buffered_reduce_fallback`` -> ``allreduce_bucket``
   flattens the bucket's gradients, divides by the world and runs one
   ``torch.distributed.all_reduce`` of the flat buffer, then copies it back into each
@@ -83,8 +84,6 @@ PERSISTENCE_THRESHOLD = 100_000
 MAX_REUSE_DISTANCE = 1_000_000_000
 #: ``stage3_prefetch_bucket_size`` default (elements), same file.
 PREFETCH_BUCKET = 50_000_000
-#: ``reduce_bucket_size`` default (elements), same file.
-REDUCE_BUCKET = 500_000_000
 #: Marks the table rows of this module (the rank timeline sums their calls per layer).
 CADENCE = "per parameter tensor (DeepSpeed ZeRO-3"
 
@@ -211,17 +210,18 @@ def zero_fill_seconds(size_bytes: float, data: Optional[KernelData]) -> float:
 T = TypeVar("T")
 
 
-def grad_buckets(grads: list[tuple[T, int]], bucket: int = REDUCE_BUCKET) -> list[list[tuple[T, int]]]:
+def grad_buckets(grads: list[tuple[T, int]], bucket: int) -> list[list[tuple[T, int]]]:
     """The all-reduced buckets of ``grads`` ((tag, elements) in the order their hooks fire,
     the backward's), by ``reduce_independent_p_g_buckets_and_remove_grads``: a gradient that
     would take the bucket past ``bucket`` elements first reduces the bucket (an empty one
     issues nothing), then joins it; the backward's end reduces the rest.
 
-    A GPT-3 175B layer's gradients in backward order (h = 12288; weights 4h^2 > 5e8 go alone):
+    A GPT-3 175B layer's gradients in backward order (h = 12288), DeepSpeed's default bucket of
+    5e8 elements (the 4 h^2 weights go alone):
 
     >>> h = 12288
     >>> order = [h, 4 * h * h, 4 * h, 4 * h * h, h, h, h, h * h, 3 * h, 3 * h * h, h, h]
-    >>> [len(b) for b in grad_buckets(list(enumerate(order)))]
+    >>> [len(b) for b in grad_buckets(list(enumerate(order)), 500_000_000)]
     [1, 1, 1, 1, 5, 3]
     """
     out: list[list[tuple[T, int]]] = []
