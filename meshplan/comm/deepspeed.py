@@ -1,8 +1,9 @@
 """DeepSpeed ZeRO stage 3 as released in 2021 (``training.zero3_engine = "deepspeed-2021"``): the
-collectives it issues per micro-batch, one per parameter tensor.
+collectives it issues per micro-batch, one all-gather per parameter tensor, one all-reduce per
+gradient bucket, and the persistent parameters' gather per step.
 
-Read in microsoft/DeepSpeed at v0.3.13 (2021-03-16; the same logic through v0.5.4, Oct 2021:
-v0.5.5 coalesced the all-gathers, PR #1188),
+Read in microsoft/DeepSpeed at v0.3.13 (2021-03-16; the same gathers through v0.5.4, Oct 2021:
+v0.5.5 coalesced the all-gathers, PR #1188; the gradient path is v0.3.13's default, to v0.4.2),
 the engine Narayanan et al. (SC'21, arXiv 2104.04473, section 5.2) integrated into Megatron-LM
 for their ZeRO-3 comparison (Table 2):
 
