@@ -53,10 +53,12 @@ has no measured all-gather or all-reduce of DGX A100 at 48-192 nodes, nor of NCC
 to say whether the large-scale rings ran that slowly (the paper's section 5.9 reports in-run
 "effective bisection bandwidths" on 3,072 GPUs, not a microbenchmark: not used). Not modelled
 either, each with its sign: DeepSpeed synchronizes the device at every module's fetch and
-prefetches one parameter ahead, so a module's time is max(its compute, the next gather), summed
-over the modules, where the timeline overlaps a layer's gathers with the previous layer's whole
-compute (the model is short where a module's compute and the next gather are of similar length,
-at 768 and 1,536 GPUs); the reductions are placed blocking (each waited for at once), where
+prefetches one parameter ahead, so a module's time is max(host issue + its compute, the next
+gather), summed over the modules, where the timeline overlaps a layer's gathers with the previous
+layer's whole compute; but with the host's issue time serial before each module's compute in both,
+host + compute exceeds the next gather in every module at all three sizes (at 1,536 GPUs, forward:
+22.5 / 14.3 / 21 / 20.8 ms against gathers of 6.3 / 12.8 / 12.8 / 10.6 ms; estimated from the
+plan's block costs split by FLOPs), so the per-layer sum is the same to within 1 ms; the reductions are placed blocking (each waited for at once), where
 DeepSpeed's side stream lets a bucket's all-reduce run beside the next module's backward until the
 next fetch's synchronize (the model is long, mostly at 384 GPUs: 5 s of all-reduces there, of which
 by the hook order about 2 s would stay exposed: w_up's bucket is flushed by the norm's gradient just
