@@ -935,13 +935,13 @@ def _deepspeed_grad_rows(add, c: _Ctx, root: list[tuple[str, int]], data) -> Non
     grad_bucket_elements``, default 5e8); a bucket is the layer's when most of its elements are
     a layer's, else the root's. One row per (unit, bucket elements, tensors)."""
     t = c.training
-    head = [(("root", k)) for name, k in root if "embedding" not in name]
-    embed = [(("root", k)) for name, k in root if "embedding" in name]
+    head = [("root", k) for name, k in root if "embedding" not in name]
+    embed = [("root", k) for name, k in root if "embedding" in name]
     order = head[::-1] + [("layer", k) for i in reversed(c.layers)
                           for _, k in reversed(_deepspeed_params(c, [i], False, False))] + embed[::-1]
     rows: Counter = Counter()
     cap = MemoryOptions(grad_bucket_elements=c.bucket_elements).deepspeed_bucket_elements()  # reduce_bucket_size
-    for bucket in deepspeed.grad_buckets([(unit, k) for unit, k in order], cap):
+    for bucket in deepspeed.grad_buckets(order, cap):
         layer = sum(k for unit, k in bucket if unit == "layer")
         total = sum(k for _, k in bucket)
         rows[("layer" if 2 * layer > total else "root", total, len(bucket))] += 1
