@@ -21,27 +21,52 @@ meshplan: ``meshplan step`` of benchmarks/zero3/*.toml (DeepSpeed ZeRO-3 of 2021
 the same configs under FSDP2's per-layer gathers (``zero3_engine = "fsdp2"``, the model before
 this engine). Nothing is fitted to these numbers.
 
-What the model gives (deepspeed-2021): 61.3 / 42.5 / 43.8 s against the published 81.6 / 66.7 /
-66.7 s (-25%, -36%, -34%); FSDP2's per-layer gathers give 57.3 / 31.7 / 18.8 s. The step no
-longer halves from 768 to 1,536 GPUs: every micro-batch issues the same 2,217 calls (96 layers x
-(4 + 7 all-gathers + 12 reduce-scatters) + the root's 9), each paying NCCL's ring latency over
-the whole group (1,535 steps at 1,536 ranks: 4.15 ms) and the host's n partition views and n list
-copies (10.3 ms at 1,536 ranks, 22.8 s per step), while the bytes each GPU sends stay 1.28 TB
-per step.
+What the model gives (deepspeed-2021): 63.7 / 43.8 / 43.2 s against the published 81.6 / 66.7 /
+66.7 s (-22%, -34%, -35%); FSDP2's per-layer gathers give 57.3 / 31.7 / 18.8 s. The step does not
+halve from 768 to 1,536 GPUs: every micro-batch (one per step in all three runs: 1536 / (384 x 4))
+issues the same 1,061 all-gathers (96 layers x (4 + 7) + the root's 5), each paying NCCL's ring
+latency over the whole group (1,535 steps at 1,536 ranks: 4.15 ms) and the host's n partition views
+and n list copies (10.3 ms at 1,536 ranks), and every step ends with the persistent parameters'
+gather, whose 770 x n copies the host issues one by one (3.2 / 6.3 / 12.7 s), while the bytes each
+GPU sends stay 1.63 TB per step.
 
-What is still missing: the gap to the published step is 20-24 s at every size (20.3, 24.3, 23.0 s),
-nearly flat in the GPU count while the compute per GPU halves, so it behaves like a term per byte
-or per call (both constant per GPU), not like compute or a latency that grows with the group.
-Closing it with bandwidth alone would take the 1.28 TB at about 45 GB/s bus bandwidth, against the
-177 GB/s nccl-tests measured for an all-gather over 2 x 8 A100 [S18] (the curve the model uses);
-meshplan has no measured all-gather or reduce-scatter of DGX A100 at 48-192 nodes, nor of NCCL
-2.8-2.9 (2021), to say whether the large-scale rings ran that slowly (the paper's section 5.9
-reports in-run "effective bisection bandwidths" on 3,072 GPUs, not a microbenchmark: not used).
-Not modelled either: the caching allocator's frees and mallocs of a full parameter buffer per
-gather (two per call: ``torch.zeros`` of the aligned parameter, zero-filled, and
-ProcessGroupNCCL's flat list buffer), the root's backward gathers on the communication stream
-(their host time is placed), and DeepSpeed's one-parameter-ahead prefetch (the timeline
-prefetches one layer ahead). Nothing here is fitted: the gap is reported, not absorbed.
+What DeepSpeed v0.3.13 (tag 12a53b4, the version of March 2021) does that the model now takes
+(:mod:`meshplan.comm.deepspeed`; before: 61.3 / 42.5 / 43.8 s):
+
+- gradients: ``contiguous_gradients`` is false by default for stage 3 until v0.4.3 (c9fee8214,
+  2021-07-01), so ``reduce_ipg_grads`` all-reduces flattened 5e8-element buckets
+  (``buffered_reduce_fallback``), 5 per layer, not one list-based reduce-scatter per parameter:
+  no n views and n copies per call, twice the bytes (-1.4 / -5.6 / -13.9 s);
+- ``_post_step`` gathers the persistent parameters (norms, biases; partitioned at the backward's
+  end) every step, synchronously, with a Python copy per parameter and rank
+  (``_allgather_params``): +3.2 / +6.3 / +12.7 s;
+- ``_allgather_param`` zero-fills each gathered buffer and calls ``torch.cuda.synchronize()``
+  before issuing the all-gather: +0.55 s at every size.
+
+What is still missing: the gap to the published step is 17.9 / 22.9 / 23.5 s, nearly flat in the
+GPU count while the compute per GPU halves, so it behaves like a term per byte or per call (both
+constant per GPU), not like compute or a latency that grows with the group. Closing it with
+bandwidth alone would take the 1.63 TB at about 40-55 GB/s (over the model's 12.3 / 13.4 / 15.6 s
+of collectives plus the gap, were they all exposed), against the 177 GB/s
+nccl-tests measured for an all-gather over 2 x 8 A100 [S18] (the curve the model uses); meshplan
+has no measured all-gather or all-reduce of DGX A100 at 48-192 nodes, nor of NCCL 2.8-2.9 (2021),
+to say whether the large-scale rings ran that slowly (the paper's section 5.9 reports in-run
+"effective bisection bandwidths" on 3,072 GPUs, not a microbenchmark: not used). Not modelled
+either, each with its sign: DeepSpeed synchronizes the device at every module's fetch and
+prefetches one parameter ahead, so a module's time is max(host issue + its compute, the next
+gather), summed over the modules, where the timeline overlaps a layer's gathers with the previous
+layer's whole compute; but with the host's issue time serial before each module's compute in both,
+host + compute exceeds the next gather in every module at all three sizes (at 1,536 GPUs, forward:
+22.5 / 14.3 / 21 / 20.8 ms against gathers of 6.3 / 12.8 / 12.8 / 10.6 ms; estimated from the
+plan's block costs split by FLOPs), so the per-layer sum is the same to within 1 ms; the reductions are placed blocking (each waited for at once), where
+DeepSpeed's side stream lets a bucket's all-reduce run beside the next module's backward until the
+next fetch's synchronize (the model is long, mostly at 384 GPUs: 5 s of all-reduces there, of which
+by the hook order about 2 s would stay exposed: w_up's bucket is flushed by the norm's gradient just
+before wo's fetch synchronizes, the [norms, wo] bucket by QKV's just before the next layer's
+replayed QKV fetch; the w_down and QKV buckets run beside the next module's GEMMs); the
+caching allocator's frees and mallocs of a full parameter buffer per gather; the modules' Python
+hooks (pre/post-forward and backward functions on every module's inputs and outputs). Nothing here
+is fitted: the gap is reported, not absorbed.
 
 Run: PYTHONPATH=. .venv/bin/python benchmarks/zero3_sc21.py
 """
@@ -101,7 +126,8 @@ def predict(run: Run, engine: str) -> dict:
     flops = paper_flops(cfg.training.global_batch, cfg.training.seq_len, m.layers, m.hidden, m.vocab)
     rows = plan.collectives[table_key(0)]
     return {"step_s": st.step_s, "tflops": flops / (run.gpus * st.step_s) / 1e12,
-            "host_s": sum(v * (layers if g == "layer" else 1) for (g, _), v in comm.host.items()),
+            "host_s": sum(v * (layers if g == "layer" else 1) for (g, _), v in comm.host.items())
+            + sum(r.host_s * r.per_step for r in plan.collectives[table_key(0)] if r.phase == "step"),
             "exposed_s": sum(st.exposed_s.values()), "flops": flops,
             "sent_gb": sum(r.sent_bytes_per_step for r in rows) / 1e9, "calls": sum(r.per_step for r in rows)}
 
@@ -117,9 +143,10 @@ def main() -> None:
               f"{ds['tflops']:>7.1f} {ds['step_s'] / pub - 1:>+7.1%} {ds['host_s']:>5.1f}s {ds['exposed_s']:>6.1f}s "
               f"{ds['calls']:>5} {ds['sent_gb']:>5.0f}GB | "
               f"{fs['step_s']:>6.1f}s {fs['tflops']:>7.1f} {fs['step_s'] / pub - 1:>+7.1%}")
-    print("published step = eq. 3 FLOPs / (GPUs x achieved TFLOP/s); host: DeepSpeed's partition views and list "
-          "copies issued per step (on the compute stream); exposed: communication the compute waited on; calls "
-          "and sent: DeepSpeed's collectives per step and the bytes one GPU sends in them")
+    print("published step = eq. 3 FLOPs / (GPUs x achieved TFLOP/s); host: DeepSpeed's host time per step (partition "
+          "views, list copies issued and zero fills waited for, on the compute stream; the persistent parameters' "
+          "copies in the optimizer step); exposed: communication the compute waited on (the persistent gather "
+          "included); calls and sent: DeepSpeed's collectives per step and the bytes one GPU sends in them")
 
 
 if __name__ == "__main__":

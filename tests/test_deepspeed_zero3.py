@@ -1,7 +1,8 @@
 """DeepSpeed ZeRO-3 of 2021 (training.zero3_engine = "deepspeed-2021", meshplan.comm.deepspeed):
 collective counts per micro-batch derived by hand from DeepSpeed v0.3.13's stage3.py and
-partition_parameters.py, NCCL's ring latency at 1,536 ranks from the S20 constants, the host
-time of the list-based calls, and the SC'21 ZeRO-3 scaling (Narayanan et al. Table 2)."""
+partition_parameters.py (tag v0.3.13, 12a53b4), NCCL's ring latency at 1,536 ranks from the S20
+constants, the host time of the list-based calls, the gradient buckets' all-reduces, the
+persistent parameters' gather every step, and the SC'21 ZeRO-3 scaling (Narayanan et al. Table 2)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import pytest
 from meshplan import catalog
 from meshplan.comm import deepspeed
 from meshplan.comm.alphabeta import collective_time
+from meshplan.comm.collectives import path_time
 from meshplan.compute.megatron import stage_param_tensors
 from meshplan.compute.measured import kernel_data
 from meshplan.config import config_from_dict, load_config
@@ -67,26 +69,75 @@ def test_table_counts_1536(plan_1536):
     rows = plan_1536.collectives[table_key(0)]
     per = Counter()
     for r in rows:
-        per[(r.phase, r.op)] += r.per_microbatch
-    # 96 layers x (4, 7, 12) + the root: word embedding gathered twice in forward (embedding
-    # and the tied logits), once in backward; position embedding once each; final norm
-    # weight and bias persistent; 4 root reduce-scatters
+        per[(r.phase, r.op)] += r.per_microbatch or r.per_step
+    # 96 layers x (4, 7) gathers + the root: word embedding gathered twice in forward (embedding
+    # and the tied logits), once in backward; position embedding once each; final norm weight
+    # and bias persistent. Gradients in 5e8-element buckets (contiguous_gradients false):
+    # 96 x 5 layer buckets + the head's and the word embedding's (test_gradient_buckets_1536);
+    # once per step the persistent parameters' gather
     assert per == {("forward", "all-gather"): 96 * 4 + 3, ("backward", "all-gather"): 96 * 7 + 2,
-                   ("backward", "reduce-scatter"): 96 * 12 + 4}
-    # each parameter padded to a multiple of the world: QKV 3 h^2 = 452,984,832 = 1536 x 294,912
+                   ("backward", "all-reduce"): 96 * 5 + 2, ("step", "all-gather"): 1}
+    # each gathered parameter padded to a multiple of the world: QKV 3 h^2 = 452,984,832 = 1536 x 294,912
     sizes = {r.size_bytes for r in rows if r.phase == "forward"}
     assert 3 * H * H * 2 in sizes and all(s % (1536 * 2) == 0 for s in sizes)
     assert all(r.dtype == "fp16" for r in rows)  # DeepSpeed reduces param.grad: the fp16 gradient
-    assert all(r.algorithm == "ring" for r in rows)  # NCCL 2.8-2.9: AG and RS on rings only
+    # NCCL 2.8-2.9: AG on rings only; the all-reduce of a bucket across 192 nodes on the tree
+    assert {r.algorithm for r in rows if r.op == "all-gather"} == {"ring"}
+    assert {r.algorithm for r in rows if r.op == "all-reduce"} == {"tree"}
+
+
+def test_gradient_buckets_1536(plan_1536):
+    """Backward order (v0.3.13 hooks): final norm bias, weight, then each layer from the last
+    (w_down bias, w_down, w_up bias, w_up, norm bias, norm, wo bias, wo, QKV bias, QKV, norm
+    bias, norm), then position and word embedding. A gradient that would take the bucket past
+    5e8 elements flushes it first: w_down and w_up (4 h^2 = 603,979,776) and the word embedding
+    (629,145,600) go alone; [w_up bias]; [norms, wo, biases] = h^2 + 6 h; [QKV, norm, the next
+    layer's w_down bias] = 3 h^2 + 3 h (layer 0's with the position embedding instead,
+    3 h^2 + 2 h + 2048 h); the head's [final norm x 2, w_down bias of layer 95] = 3 h."""
+    rows = {(r.size_bytes, r.per_microbatch) for r in plan_1536.collectives[table_key(0)] if r.op == "all-reduce"}
+    assert rows == {(4 * H * H * 2, 192), (4 * H * 2, 96), ((H * H + 6 * H) * 2, 96), ((3 * H * H + 3 * H) * 2, 95),
+                    ((3 * H * H + 2 * H + 2048 * H) * 2, 1), (3 * H * 2, 1), (51200 * H * 2, 1)}
+    data = kernel_data("a100-sxm-80gb")
+    for r in plan_1536.collectives[table_key(0)]:
+        if r.op == "all-reduce":
+            # no list of partitions: host independent of the world, a flat all-reduce plus the
+            # flatten, div_ and copy back (6 x the bucket's bytes at Triad 1.70 TB/s)
+            k = int(r.cadence.split("bucket of ")[1].split()[0])
+            assert r.host_s == pytest.approx((3 + 2 * k) * 4.7e-6 + 6 * k * 2e-6, rel=1e-12)
+            _, t = path_time("all-reduce", 1536, r.size_bytes, r.path, plan_1536.config.cluster, nccl_era="2021")
+            assert r.time_s == pytest.approx(t + 6 * r.size_bytes / 1.70e12, rel=1e-9)
+    assert deepspeed.bucket_host_seconds(1, data) == pytest.approx(35.5e-6)
 
 
 def test_host_time_of_a_list_based_call(plan_1536):
     # 1536 partition views through Python (2 us, S21) + 1536 copies issued (4.7 us, kernels.toml)
+    # + the zero fill of the gathered buffer the host waits for (its bytes at Triad 1.70 TB/s):
+    # QKV 905,969,664 B: 10.2912 + 0.5329 ms
     data = kernel_data("a100-sxm-80gb")
     assert data.kernel_issue_s == pytest.approx(4.7e-6)
-    for r in plan_1536.collectives[table_key(0)]:
-        assert r.host_s == pytest.approx(1536 * 6.7e-6, rel=1e-12)
+    gathers = [r for r in plan_1536.collectives[table_key(0)] if r.op == "all-gather" and r.phase != "step"]
+    for r in gathers:
+        assert r.host_s == pytest.approx(1536 * 6.7e-6 + r.size_bytes / 1.70e12, rel=1e-12)
         assert r.copy_s == 0  # the list copies are in time_s; copy_s is FSDP2's copy kernels only
+    qkv = next(r for r in gathers if r.size_bytes == 3 * H * H * 2)
+    assert qkv.host_s == pytest.approx(10.2912e-3 + 0.53292e-3, rel=1e-4)
+
+
+def test_persistent_parameters_gathered_every_step(plan_1536):
+    """stage3.py _post_step -> partition_parameters.py _allgather_params (v0.3.13): the 770
+    persistent tensors (8 per layer: 2 norms x 2 + 4 biases; the final norm's 2), 15,360,000
+    elements = 30.72 MB of fp16, one list-based all-gather, then 770 x 1536 copies issued one
+    by one (narrow, view, narrow: 3 x 2 us; copy_ 4.7 us): 12.655 s, + 770 x 10.7 us of this
+    rank's slices and buffers, + the call's 10.29 ms = 12.674 s; the step waits for it after the
+    optimizer step (the host issues the copies long after the 1.2 ms all-gather ends)."""
+    step = [r for r in plan_1536.collectives[table_key(0)] if r.phase == "step"]
+    assert len(step) == 1 and (step[0].op, step[0].per_step, step[0].size_bytes) == ("all-gather", 1, 30_720_000)
+    host = 1536 * 6.7e-6 + 770 * 10.7e-6 + 770 * 1536 * 10.7e-6
+    assert step[0].host_s == pytest.approx(host, rel=1e-12) and host == pytest.approx(12.6737, abs=1e-4)
+    assert step[0].time_s < 0.01
+    st = step_time(plan_1536)
+    gather = next(e for e in st.post_events if e.name == "param all-gather (per step)")
+    assert gather.end_s - gather.start_s == pytest.approx(host, rel=1e-12)
 
 
 def test_ring_latency_of_1536_ranks_from_nccl_constants():
@@ -99,14 +150,6 @@ def test_ring_latency_of_1536_ranks_from_nccl_constants():
     # (191 network steps) and over 8 GPUs (7 steps, NVLink latency scaled as the network's here)
     alg, t = collective_time("all-gather", 1536, 1.0, 1e30, "network", nodes=192, intra_bandwidth_bytes_per_s=1e30)
     assert alg == "hierarchical" and t < 1e-3
-
-
-def test_smallest_reduce_scatter_is_latency_and_host(plan_1536):
-    # a bias of h = 12288 fp16 elements (24,576 B, 16 B per rank): its time is NCCL's latency
-    # and the buffer's bytes, far from the 1.2 GB weights' but above the ring latency alone
-    small = min(plan_1536.collectives[table_key(0)], key=lambda r: r.size_bytes)
-    assert (small.op, small.size_bytes, small.per_microbatch) == ("reduce-scatter", 24576, 96 * 6)
-    assert 4151.1e-6 < small.time_s < 4151.1e-6 * 1.05
 
 
 def test_sc21_collapse_comes_out_of_the_model():
@@ -146,7 +189,7 @@ def test_verdict_cause_offers_no_fsdp2_knob():
                             "mesh": {"names": ["dp"], "shape": [512]}})
     line = _fsdp_cause(build_plan(cfg, memory=False), "fsdp", None)
     assert line == ("cause: DeepSpeed ZeRO-3 (2021) all-gathers every parameter tensor in forward and again in "
-                    "backward and reduce-scatters every one, each micro-batch, 2 micro-batches per step; fewer with "
+                    "backward and all-reduces every gradient in buckets, each micro-batch, 2 micro-batches per step; fewer with "
                     'training.zero3_engine = "fsdp2" (per-layer coalesced calls, as DeepSpeed >= v0.5.5) or '
                     "training.micro_batch = 2")
 
@@ -218,7 +261,17 @@ def test_gradient_partition_in_the_model_dtype_by_hand():
     assert plan.config.training.grad_dtype == "fp16"
     assert plan.state[0].params.total == 2 * 49_280 + 2 * 16_384 + 64 == 131_392
     assert plan.state[0].bytes_of("grads") == 131_392 // 8 * 2 == 32_848
-    assert {r.dtype for r in plan.collectives[table_key(0)] if r.op == "reduce-scatter"} == {"fp16"}
+    assert {r.dtype for r in plan.collectives[table_key(0)] if r.op == "all-reduce"} == {"fp16"}
     # a given grad_dtype stays (DeepSpeed's data_types.grad_accum_dtype)
     fp32 = build_plan(config_from_dict({**base, "training": {**training, "grad_dtype": "fp32"}}))
     assert fp32.state[0].bytes_of("grads") == 131_392 // 8 * 4 == 65_696
+
+
+def test_bucket_size_is_reduce_bucket_size():
+    # [memory] grad_bucket_elements is DeepSpeed's reduce_bucket_size: at 1 element every
+    # gradient is reduced alone, 96 x 12 + 4 root tensors = 1,156 all-reduces per micro-batch
+    cfg = load_config(ZERO3 / "gpt3-175b_1536xa100_zero3-deepspeed_mb1.toml")
+    cfg = replace(cfg, memory=cfg.memory.model_copy(update={"grad_bucket_elements": 1}))
+    rows = [r for r in build_plan(cfg, memory=False).collectives[table_key(0)] if r.op == "all-reduce"]
+    assert sum(r.per_microbatch for r in rows) == 96 * 12 + 4
+    assert all("gradient bucket of 1 flattened" in r.cadence for r in rows)

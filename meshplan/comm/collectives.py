@@ -377,20 +377,24 @@ def collective_table(model: ModelSpec, training: TrainingSpec, mesh: Mesh, clust
     paths: dict[str, Path] = {}
 
     def add(axis, phase, op, size, dtype, per_mb, cadence, waits="", depth=1, per_step=None, ranks=None,
-            list_copies=False, groups=None, copy_s=0.0):
+            list_copies=False, groups=None, copy_s=0.0, ds_gpu_s=0.0, ds_host_s=None):
         # ranks: rank 0's group, a subset of axis's; groups: every group of a named set that is
-        # no mesh axis (KV replicas), rank 0's in ranks
+        # no mesh axis (KV replicas), rank 0's in ranks; ds_gpu_s / ds_host_s: DeepSpeed ZeRO-3's
+        # GPU seconds added to the call and host seconds (instead of the list's) per call
         n = mesh.degree(axis) if ranks is None else len(ranks)
         if n <= 1 or size <= 0 or (per_mb == 0 and not per_step):
             return
         path = paths.setdefault(axis, axis_path(mesh, placement, cluster, axis) if groups is None
                                 else groups_path(groups, placement, cluster))
-        alg, t = path_time(op, n, size, path, cluster, nccl_era="2021" if list_copies else "current")
+        ds = list_copies or ds_host_s is not None
+        alg, t = path_time(op, n, size, path, cluster, nccl_era="2021" if ds else "current")
         host = 0.0
         if list_copies:  # torch 2021's list-based all_gather / reduce_scatter: n views and n copies
             data = kernel_data(cluster.gpu.name)
             t += deepspeed.list_copy_seconds(n, size, data)
             host = deepspeed.host_seconds(n, data)
+        t += ds_gpu_s
+        host = host if ds_host_s is None else ds_host_s
         rows.append(CollectiveRow(mesh.display_name(axis), phase, op, n, mesh.world // n,
                                   tuple(mesh.group_of(0, axis) if ranks is None else ranks), float(size), dtype, per_mb,
                                   per_step if per_step is not None else per_mb * micro_batches,
@@ -877,39 +881,78 @@ def _deepspeed_params(c: _Ctx, layers: list[int], first: bool, last: bool) -> li
 
 def _deepspeed_rows(add, c: _Ctx) -> None:
     """DeepSpeed ZeRO-3 of 2021 (:mod:`meshplan.comm.deepspeed`): per micro-batch one
-    all-gather per gathered parameter tensor in forward, its re-gathers in backward, one
-    reduce-scatter per parameter tensor, over the data-parallel group; one row per (phase, op,
-    padded size), ``per_microbatch`` its calls, each timed with the ``n`` list copies. The root
-    (embedding, positions, final norm, an untied output layer) is gathered once in forward and
-    once in backward; a tied output layer reuses the embedding's weight (one more forward
-    gather at the logits, kept for their backward)."""
+    all-gather per gathered parameter tensor in forward, its re-gathers in backward (each timed
+    with the ``n`` list copies; its host time with the zero fill the host waits for), and one
+    all-reduce per gradient bucket, over the data-parallel group; one row per (phase, op,
+    size), ``per_microbatch`` its calls. The root (embedding, positions, final norm, an untied
+    output layer) is gathered once in forward and once in backward; a tied output layer
+    reuses the embedding's weight (one more forward gather at the logits, kept for their
+    backward). Once per step the optimizer step gathers the persistent parameters again."""
     t, mesh = c.training, c.mesh
-    n = mesh.degree("fsdp")
+    n, data = mesh.degree("fsdp"), kernel_data(c.gpu.name)
     later = 0
     calls: Counter = Counter()
     for k, i in reversed(list(enumerate(c.layers))):
         params = _deepspeed_params(c, [i], False, False)
         for name, numel in params:
-            fwd, bwd, red = deepspeed.layer_calls(params, t.layer_recomputed(k), 2 * later)[name]
+            fwd, bwd, _ = deepspeed.layer_calls(params, t.layer_recomputed(k), 2 * later)[name]
             size = deepspeed.padded(numel, n)
             calls[("layer", "forward", "all-gather", size)] += fwd
             calls[("layer", "backward", "all-gather", size)] += bwd
-            calls[("layer", "backward", "reduce-scatter", size)] += red
         later += sum(x for _, x in params)
     tied = c.model.tied_embeddings and c.first and c.last
-    for name, numel in _deepspeed_params(c, [], c.first, c.last):
+    root = _deepspeed_params(c, [], c.first, c.last)
+    for name, numel in root:
         size, gathered = deepspeed.padded(numel, n), numel >= deepspeed.PERSISTENCE_THRESHOLD
         extra = 1 if tied and name in ("embedding", "word_embedding") else 0
         calls[("root", "forward", "all-gather", size)] += gathered * (1 + extra)
         calls[("root", "backward", "all-gather", size)] += gathered
-        calls[("root", "backward", "reduce-scatter", size)] += 1
+    ag = t.compute_dtype
     for (unit, phase, op, size), count in sorted(calls.items(), key=lambda kv: (kv[0][0] != "layer", kv[0][1:])):
-        dt = t.compute_dtype if op == "all-gather" else t.gradient_reduce_dtype
         label = "root (embedding/norm/output)" if unit == "root" else "layer"
-        add("fsdp", phase, op, size * dtype_bytes(dt), dt, count,
-            f"{deepspeed.CADENCE}, every {label}, list of {n} outputs/inputs)",
-            f"the {label}'s GEMMs" if op == "all-gather" else "optimizer step", 7 if op == "all-gather" else 1,
-            list_copies=True)
+        add("fsdp", phase, op, size * dtype_bytes(ag), ag, count,
+            f"{deepspeed.CADENCE}, every {label}, list of {n} outputs/inputs)", f"the {label}'s GEMMs", 7,
+            list_copies=True, ds_host_s=deepspeed.host_seconds(n, data)
+            + deepspeed.zero_fill_seconds(size * dtype_bytes(ag), data))
+    _deepspeed_grad_rows(add, c, root, data)
+    persistent = [k for i in c.layers for _, k in _deepspeed_params(c, [i], False, False)
+                  if k < deepspeed.PERSISTENCE_THRESHOLD]
+    persistent += [k for _, k in root if k < deepspeed.PERSISTENCE_THRESHOLD]
+    if persistent:  # _post_step: all of them at once, synchronously, their n x p copies issued one by one
+        p = t.param_dtype
+        add("fsdp", "step", "all-gather", sum(deepspeed.padded(k, n) for k in persistent) * dtype_bytes(p), p, 0,
+            f"once per step (DeepSpeed ZeRO-3 persistent parameters, {len(persistent)} tensors gathered in the "
+            f"optimizer step, list of {n} outputs)", "the next step's forward", 1, per_step=1, list_copies=True,
+            ds_host_s=deepspeed.persistent_gather_host_seconds(persistent, n, data))
+
+
+def _deepspeed_grad_rows(add, c: _Ctx, root: list[tuple[str, int]], data) -> None:
+    """DeepSpeed ZeRO-3 of 2021's gradient all-reduces per micro-batch
+    (:func:`meshplan.comm.deepspeed.grad_buckets`): the stage's gradients in the order the
+    backward produces them (the final norm's and an untied output layer's, the layers' from
+    the last, each layer's parameters from its last, then the embeddings': a tied word
+    embedding's gradient is complete only there), bucketed by ``reduce_bucket_size`` (``[memory]
+    grad_bucket_elements``, default 5e8); a bucket is the layer's when most of its elements are
+    a layer's, else the root's. One row per (unit, bucket elements, tensors)."""
+    t = c.training
+    head = [("root", k) for name, k in root if "embedding" not in name]
+    embed = [("root", k) for name, k in root if "embedding" in name]
+    order = head[::-1] + [("layer", k) for i in reversed(c.layers)
+                          for _, k in reversed(_deepspeed_params(c, [i], False, False))] + embed[::-1]
+    rows: Counter = Counter()
+    cap = MemoryOptions(grad_bucket_elements=c.bucket_elements).deepspeed_bucket_elements()  # reduce_bucket_size
+    for bucket in deepspeed.grad_buckets(order, cap):
+        layer = sum(k for unit, k in bucket if unit == "layer")
+        total = sum(k for _, k in bucket)
+        rows[("layer" if 2 * layer > total else "root", total, len(bucket))] += 1
+    g, n = t.gradient_reduce_dtype, c.mesh.degree("fsdp")
+    for (unit, total, tensors), count in sorted(rows.items()):
+        label = "root (embedding/norm/output)" if unit == "root" else "layer"
+        size = total * dtype_bytes(g)
+        add("fsdp", "backward", "all-reduce", size, g, count,
+            f"{deepspeed.CADENCE}, every {label}, gradient bucket of {tensors} flattened, reduce_bucket_size "
+            f"{cap:,})", "optimizer step", 1,
+            ds_gpu_s=deepspeed.bucket_copy_seconds(size, data), ds_host_s=deepspeed.bucket_host_seconds(tensors, data))
 
 
 def _pipelined_gathers(c: _Ctx, root: bool, chunks: list[int]) -> tuple[int, int]:

@@ -1,8 +1,9 @@
 """DeepSpeed ZeRO stage 3 as released in 2021 (``training.zero3_engine = "deepspeed-2021"``): the
-collectives it issues per micro-batch, one per parameter tensor.
+collectives it issues per micro-batch, one all-gather per parameter tensor, one all-reduce per
+gradient bucket, and the persistent parameters' gather per step.
 
-Read in microsoft/DeepSpeed at v0.3.13 (2021-03-16; the same logic through v0.5.4, Oct 2021:
-v0.5.5 coalesced the all-gathers, PR #1188),
+Read in microsoft/DeepSpeed at v0.3.13 (2021-03-16; the same gathers through v0.5.4, Oct 2021:
+v0.5.5 coalesced the all-gathers, PR #1188; the gradient path is v0.3.13's default, to v0.4.2),
 the engine Narayanan et al. (SC'21, arXiv 2104.04473, section 5.2) integrated into Megatron-LM
 for their ZeRO-3 comparison (Table 2):
 
@@ -23,10 +24,31 @@ for their ZeRO-3 comparison (Table 2):
 - Parameters with fewer elements than ``stage3_param_persistence_threshold``
   (:data:`PERSISTENCE_THRESHOLD`) are never partitioned (``persistent_parameters``): no gather
   (norm weights and biases, linear biases).
-- Gradients: every parameter's gradient goes to the bucket of ``reduce_bucket_size``
-  elements; a full bucket is reduced by ``_reduce_scatter_gradients``: one
-  ``torch.distributed.reduce_scatter`` per parameter tensor (list input of ``world`` views),
-  persistent ones included, in the gradient's dtype (``param.grad``, the parameter dtype).
+- Gradients (``contiguous_gradients`` false, stage 3's default from v0.3.12 to v0.4.2:
+  ``ZERO3_OPTIMIZATION_CONTIGUOUS_GRADIENTS_DEFAULT``, set true by c9fee8214, 2021-07-01, PR
+  #1199, first in v0.4.3): each parameter's gradient hook
+  (``reduce_independent_p_g_buckets_and_remove_grads``) first reduces the bucket when the
+  parameter would take it past ``reduce_bucket_size`` elements (default 5e8: ``[memory]
+  grad_bucket_elements``, :meth:`~meshplan.spec.memory.MemoryOptions.deepspeed_bucket_elements`), then
+  adds it; ``reduce_ipg_grads`` -> ``buffered_reduce_fallback`` -> ``allreduce_bucket``
+  flattens the bucket's gradients, divides by the world and runs one
+  ``torch.distributed.all_reduce`` of the flat buffer, then copies it back into each
+  gradient (:func:`grad_buckets`, :func:`bucket_copy_seconds`, :func:`bucket_host_seconds`);
+  ``partition_previous_reduced_grads`` then keeps each rank's slice. Persistent parameters
+  included, in the gradient's dtype (``param.grad``, the parameter dtype). The per-parameter
+  ``_reduce_scatter_gradients`` (list input of ``world`` views) is the
+  ``contiguous_gradients`` true path, not the default of 2021's first half.
+- Persistent parameters: ``backward`` ends with ``_partition_all_parameters`` (they too are
+  partitioned) and the optimizer step's ``_post_step`` gathers them again, all at once and
+  synchronously (``partition_parameters.py`` ``_allgather_params``): one list-based
+  all-gather of their partitions side by side, then, for each parameter and each rank whose
+  slice holds elements, a Python ``narrow``, ``view``, ``narrow`` and ``copy_`` into the
+  replicated tensor: ``persistent x world`` copies issued one by one every step
+  (:func:`persistent_gather_host_seconds`).
+- Each gather's buffer is ``torch.zeros`` of the padded parameter, then
+  ``torch.cuda.synchronize()`` before the all-gather is issued (``_allgather_param``): the
+  host waits for the zero fill (:func:`zero_fill_seconds`) after the fetch's own
+  synchronize has drained the device.
 - Each parameter is padded to a multiple of the world (``_aligned_size``).
 - Prefetch (``prefetch_next_sub_modules``) after a fetch, only when nothing is in flight, of the
   next parameters of the recorded trace up to ``stage3_prefetch_bucket_size`` = 5e7 elements
@@ -44,13 +66,15 @@ list of inputs; torch 1.8/1.9 ``ProcessGroupNCCL.cpp``) stages the list through 
 (``flatten_for_scatter_gather``) and copies each of the ``world`` pieces out (all-gather) or in
 (reduce-scatter) with its own ``copy_`` on the NCCL stream: ``world`` copy kernels per call,
 issued by the host (:func:`host_seconds`) and run on the GPU (:func:`list_copy_seconds`).
-Defaults: v0.3.13 ``runtime/zero/constants.py``.
+Defaults: v0.3.13 ``runtime/zero/constants.py``; code read in microsoft/DeepSpeed at tag v0.3.13
+(12a53b43833b7bea279a205e313f2bd3f0cdfd99): ``runtime/zero/stage3.py``,
+``runtime/zero/partition_parameters.py``, ``runtime/zero/config.py``.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from typing import Optional
+from typing import Optional, TypeVar
 
 from meshplan.compute.measured import KernelData, memory_seconds
 
@@ -85,7 +109,7 @@ def padded(numel: int, world: int) -> int:
 
 def layer_calls(params: list[tuple[str, int]], recompute: bool,
                 after_numel: int = 0) -> dict[str, tuple[int, int, int]]:
-    """``{parameter: (forward all-gathers, backward all-gathers, reduce-scatters)}`` per
+    """``{parameter: (forward all-gathers, backward all-gathers, gradients reduced)}`` per
     micro-batch for one layer's ``params`` ((name, local elements) in forward order), by the
     module docstring's rules. ``recompute``: the layer is replayed in backward (full
     recompute); ``after_numel``: elements of the parameters used after this layer's forward
@@ -94,7 +118,8 @@ def layer_calls(params: list[tuple[str, int]], recompute: bool,
 
     GPT-3 175B as Megatron-LM holds a layer (QKV fused; h = 12288), full recompute: 4 weights
     gathered in forward; in backward the replay gathers the 4 again and the backward gathers
-    3 (the MLP's second linear, replayed last, is reused at once); 12 reduce-scatters:
+    3 (the MLP's second linear, replayed last, is reused at once); 12 gradients reduced (in
+    buckets, :func:`grad_buckets`):
 
     >>> h = 12288
     >>> p = [("attn_norm", h), ("attn_norm_bias", h), ("query_key_value", 3 * h * h),
@@ -166,3 +191,105 @@ def list_copy_seconds(world: int, size_bytes: float, data: Optional[KernelData])
     if data is None or world <= 1:
         return 0.0
     return memory_seconds(data, 2 * size_bytes)
+
+
+def zero_fill_seconds(size_bytes: float, data: Optional[KernelData]) -> float:
+    """GPU seconds of ``torch.zeros`` of one gathered parameter's ``size_bytes`` buffer
+    (``_allgather_param``), which ``torch.cuda.synchronize()`` makes the host wait for before
+    it issues the all-gather: the bytes written at the catalog's memory-bound (Triad) rate. 0
+    without kernel data for the GPU.
+
+    QKV of GPT-3 175B in fp16 (3 x 12288^2 x 2 B = 906 MB) on an A100 (1.70 TB/s): 0.53 ms:
+
+    >>> from meshplan.compute.measured import kernel_data
+    >>> round(zero_fill_seconds(3 * 12288 ** 2 * 2, kernel_data("a100-sxm-80gb")) * 1e3, 3)
+    0.533
+    """
+    return 0.0 if data is None else memory_seconds(data, size_bytes)
+
+
+T = TypeVar("T")
+
+
+def grad_buckets(grads: list[tuple[T, int]], bucket: int) -> list[list[tuple[T, int]]]:
+    """The all-reduced buckets of ``grads`` ((tag, elements) in the order their hooks fire,
+    the backward's), by ``reduce_independent_p_g_buckets_and_remove_grads``: a gradient that
+    would take the bucket past ``bucket`` elements first reduces the bucket (an empty one
+    issues nothing), then joins it; the backward's end reduces the rest.
+
+    A GPT-3 175B layer's gradients in backward order (h = 12288), DeepSpeed's default bucket of
+    5e8 elements (the 4 h^2 weights go alone):
+
+    >>> h = 12288
+    >>> order = [h, 4 * h * h, 4 * h, 4 * h * h, h, h, h, h * h, 3 * h, 3 * h * h, h, h]
+    >>> [len(b) for b in grad_buckets(list(enumerate(order)), 500_000_000)]
+    [1, 1, 1, 1, 5, 3]
+    """
+    out: list[list[tuple[T, int]]] = []
+    cur: list[tuple[T, int]] = []
+    filled = 0
+    for tag, k in grads:
+        if filled + k > bucket and cur:
+            out.append(cur)
+            cur, filled = [], 0
+        cur.append((tag, k))
+        filled += k
+    return out + ([cur] if cur else [])
+
+
+def bucket_copy_seconds(size_bytes: float, data: Optional[KernelData]) -> float:
+    """GPU seconds on the reduction stream of one bucket's all-reduce besides NCCL's
+    (``allreduce_bucket``, ``allreduce_and_copy``): the flatten into one buffer, the in-place
+    ``div_`` by the world and the copy back into the gradients, each reading and writing the
+    ``size_bytes`` bucket (6 x its bytes) at the catalog's Triad rate. 0 without kernel data.
+
+    A 1.2 GB bucket on an A100 (1.70 TB/s): 7.2 GB, 4.24 ms:
+
+    >>> from meshplan.compute.measured import kernel_data
+    >>> round(bucket_copy_seconds(1.2e9, kernel_data("a100-sxm-80gb")) * 1e3, 2)
+    4.24
+    """
+    return 0.0 if data is None else memory_seconds(data, 6 * size_bytes)
+
+
+def bucket_host_seconds(tensors: int, data: Optional[KernelData]) -> float:
+    """Host seconds of reducing one bucket of ``tensors`` gradients: the flatten, the ``div_``
+    and the all-reduce (3 ops issued), the unflatten's views and the copies back (a view and
+    a copy each), and ``partition_previous_reduced_grads``' slice of each (``narrow``,
+    ``_partition_gradient``'s four views and its ``copy_``): (3 + 2 k) issued ops and 6 k Python
+    ops (:data:`PYTHON_OP_S`, ``kernels.toml`` ``kernel_issue_s``). Independent of the world:
+    no list of partitions. 0 without kernel data.
+
+    One tensor on an A100: 5 x 4.7 + 6 x 2 = 35.5 us:
+
+    >>> from meshplan.compute.measured import kernel_data
+    >>> round(bucket_host_seconds(1, kernel_data("a100-sxm-80gb")) * 1e6, 1)
+    35.5
+    """
+    if data is None:
+        return 0.0
+    return (3 + 2 * tensors) * data.kernel_issue_s + 6 * tensors * PYTHON_OP_S
+
+
+def persistent_gather_host_seconds(numels: list[int], world: int, data: Optional[KernelData]) -> float:
+    """Host seconds of ``_post_step``'s gather of the persistent parameters of ``numels``
+    elements each over ``world`` ranks (``partition_parameters.py`` ``_allgather_params``):
+    the list-based call (:func:`host_seconds`), this rank's partitions copied in (a ``narrow``
+    and a ``copy_`` each), then per parameter a ``torch.empty`` and the ``.data`` swap (2 Python
+    ops) and, for each of the ranks whose slice holds elements (``ceil(numel / slice)``), a
+    ``narrow``, ``view``, ``narrow`` (:data:`PYTHON_OP_S` each) and a ``copy_`` issued
+    (``kernel_issue_s``). 0 without kernel data or with one rank.
+
+    GPT-3 175B at 1,536 ranks: 96 x 8 + 2 = 770 persistent tensors (norms and biases of 12,288
+    to 49,152 elements, every one a multiple of 1536), 770 x 1536 = 1,182,720 copies of 10.7 us:
+    12.655 s, plus 770 x (6.7 + 4) us and the call's 10.29 ms: 12.67 s per step:
+
+    >>> from meshplan.compute.measured import kernel_data
+    >>> round(persistent_gather_host_seconds([12288] * 770, 1536, kernel_data("a100-sxm-80gb")), 2)
+    12.67
+    """
+    if data is None or world <= 1:
+        return 0.0
+    copies = sum(-(-k // (padded(k, world) // world)) for k in numels)
+    own = len(numels) * (PYTHON_OP_S + data.kernel_issue_s + 2 * PYTHON_OP_S)
+    return host_seconds(world, data) + own + copies * (3 * PYTHON_OP_S + data.kernel_issue_s)

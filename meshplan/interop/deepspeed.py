@@ -209,7 +209,7 @@ def read(d: dict, opts: ImportOptions) -> Imported:
         training |= _zero3(d, dtype)
         notes.append("ZeRO stage 3 planned with per-layer coalesced gathers (training.zero3_engine = \"fsdp2\"), as "
                      "DeepSpeed >= v0.5.5 gathers (PR #1188); for DeepSpeed v0.3.13-v0.5.4 (2021) set zero3_engine = "
-                     "\"deepspeed-2021\" (one all-gather and reduce-scatter per parameter tensor)")
+                     "\"deepspeed-2021\" (one all-gather per parameter tensor, gradient buckets all-reduced)")
     tables = {"model": model_option(opts.model), "cluster": cluster, "training": training,
               "mesh": {"names": ["dp"], "shape": [world]}}
     used = USED | (ZERO12_USED if stage in (1, 2) else set()) | (

@@ -59,10 +59,11 @@ frameworks issue them:
   ``perform_reduce_grad``, the embedding's first and [norm, output]'s after the layers'). One
   root unit (tied at pp 1, Megatron): gathered before the embedding, reduced after the
   embedding's gradient.
-  DeepSpeed ZeRO-3 of 2021 (``training.zero3_engine``): a layer's gather (reduce-scatter) is
-  the sum of its per-parameter calls (:mod:`meshplan.comm.deepspeed`), placed as one unit's;
-  their host time (partition views, list copies issued) runs on the compute stream at the
-  layer's start (``CommTimes.host``).
+  DeepSpeed ZeRO-3 of 2021 (``training.zero3_engine``): a layer's gather is the sum of its
+  per-parameter calls and its reduction the sum of its gradient buckets' all-reduces (``fsdp AR``)
+  (:mod:`meshplan.comm.deepspeed`), placed as one unit's; their host time (partition views,
+  list copies issued, the zero fill waited for) runs on the compute stream at the layer's
+  start (``CommTimes.host``); the persistent parameters' gather ends the step.
 - **ZeRO-1, DDP**: on a chunk's last gradient unit the per-step reduction is issued in
   per-layer pieces (buckets) after each layer's weight gradients (``Overlap.grad_reduce``);
   DDP with fewer buckets than layers issues each bucket once its layers are done
@@ -209,6 +210,8 @@ def comm_kind(row) -> str:
         return "cp"
     if row.op in ("all-gather", "reduce-scatter") and row.phase in ("forward", "backward"):
         return "shard"
+    if DEEPSPEED_CADENCE in c and row.op == "all-reduce" and row.phase == "backward":
+        return "shard"  # DeepSpeed ZeRO-3 of 2021: its gradient buckets' all-reduces, the unit's reduction
     return "other"
 
 
@@ -275,6 +278,9 @@ class CommTimes:
     step_reduce_op: str = ""
     mb_buckets: int = 0
     bucket_wait: bool = False
+    #: the collective of the shard units' gradient reduction: "all-reduce" for DeepSpeed ZeRO-3
+    #: of 2021's gradient buckets (:func:`meshplan.comm.deepspeed.grad_buckets`), else FSDP's
+    shard_reduce_op: str = "reduce-scatter"
 
     @classmethod
     def from_rows(cls, rows, layers: int = 1, sm_share=None) -> "CommTimes":
@@ -285,7 +291,8 @@ class CommTimes:
         for r in rows:
             kind = comm_kind(r)
             if sm_share is not None and (f := sm_share(r)) > 0:
-                key = (kind, _shard_group(r.cadence) if kind in ("shard", "replica") else "", r.phase, r.op)
+                op = "reduce-scatter" if kind == "shard" and r.op == "all-reduce" else r.op  # DeepSpeed's buckets
+                key = (kind, _shard_group(r.cadence) if kind in ("shard", "replica") else "", r.phase, op)
                 c.share[key] = f
                 c.share[(kind,)] = max(f, c.share.get((kind,), 0.0))
             ds = DEEPSPEED_BUCKET_CADENCE in r.cadence
@@ -296,8 +303,9 @@ class CommTimes:
                 c.mb_reduce_s += r.time_s * r.per_microbatch
                 c.mb_buckets += r.per_microbatch
             elif kind == "step":  # every call of the row (torch's SP norm gradients: 3 per norm per step)
-                if r.op == "all-gather":
-                    c.step_gather_s += r.time_s * max(r.per_step, 1)
+                if r.op == "all-gather":  # a synchronous call's host time (DeepSpeed ZeRO-3's persistent
+                    # gather) runs beside its GPU time: the later of the two ends it
+                    c.step_gather_s += max(r.time_s, r.host_s) * max(r.per_step, 1)
                 else:
                     c.step_reduce_s += r.time_s * max(r.per_step, 1)
                     c.ddp_buckets += max(r.per_step, 1) if "(DDP" in r.cadence or ds else 0
@@ -315,7 +323,10 @@ class CommTimes:
                 other.append(f"{r.axis} {r.phase} {r.op} ({r.cadence})")
             elif kind == "shard" and DEEPSPEED_CADENCE in r.cadence:  # per-parameter calls: their sum per unit
                 group = _shard_group(r.cadence)
-                key, per = (kind, group, r.phase, r.op), r.per_microbatch / (max(layers, 1) if group == "layer" else 1)
+                # the gradient buckets' all-reduces take the unit's reduction slot (named AR in the timeline)
+                op = "reduce-scatter" if r.op == "all-reduce" else r.op
+                c.shard_reduce_op = r.op if r.op == "all-reduce" else c.shard_reduce_op
+                key, per = (kind, group, r.phase, op), r.per_microbatch / (max(layers, 1) if group == "layer" else 1)
                 c.t[key] = c.t.get(key, 0.0) + r.time_s * per
                 c.host[(group, r.phase)] = c.host.get((group, r.phase), 0.0) + r.host_s * per
             else:
@@ -786,7 +797,8 @@ def _reduce(s: _Sim, name: str, group: str, step_piece: float, shard: bool = Tru
 def _reduce_scatter(s: _Sim, name: str, group: str, after: Optional[Event]) -> Optional[Event]:
     """A unit's FSDP reduce-scatter issued after ``after`` and its HSDP all-reduce after it:
     the event the gradient is done with (None when the stage has neither)."""
-    rs = s.comm("shard", "backward", "reduce-scatter", f"fsdp RS {name}", group, after=[after])
+    word = "AR" if s.c.shard_reduce_op == "all-reduce" else "RS"
+    rs = s.comm("shard", "backward", "reduce-scatter", f"fsdp {word} {name}", group, after=[after])
     return s.comm("replica", "backward", "all-reduce", f"hsdp AR {name}", group, after=[rs or after]) or rs
 
 

@@ -916,8 +916,9 @@ def step_time(plan: Plan, overlap: Overlap = Overlap(), *, dropout: bool = False
     host = [sum(v * (c.layers if g == "layer" else 1) for (g, _), v in c.host.items()) for c in comms]
     if any(host):
         notes += (f"DeepSpeed ZeRO-3 (2021) host time on the compute stream: {max(host) * 1e3:.1f} ms per "
-                  f"micro-batch (stage {host.index(max(host))}): each per-parameter call's partition views and list "
-                  f"copies issued (meshplan.comm.deepspeed.host_seconds)",)
+                  f"micro-batch (stage {host.index(max(host))}): each per-parameter gather's partition views and list "
+                  f"copies issued and its zero fill waited for, each gradient bucket's calls issued "
+                  f"(meshplan.comm.deepspeed)",)
     copies = [sum(r.copy_s * r.per_step for r in plan.collectives[table_key(table_stage(s, p))])
               for s in range(p)]
     if any(copies):

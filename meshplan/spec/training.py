@@ -90,9 +90,10 @@ class TrainingSpec(BaseModel):
     each) or ``deepspeed-2021`` (DeepSpeed ZeRO stage 3 v0.3.13-v0.5.4, Mar-Oct 2021, before
     v0.5.5 coalesced its all-gathers, DeepSpeed PR #1188; the engine of Narayanan et al.
     SC'21's ZeRO-3 runs): one all-gather per parameter tensor, in forward and again in
-    backward, and one reduce-scatter per parameter tensor, each over the whole data-parallel
-    group with list-based outputs (:mod:`meshplan.comm.deepspeed`). Its gradients are reduced
-    in the parameter dtype (``_reduce_scatter_gradient`` reduces ``param.grad``; DeepSpeed at
+    backward, over the whole data-parallel group with list-based outputs, and gradient buckets
+    all-reduced (v0.3.13's default ``contiguous_gradients`` false; the persistent parameters
+    gathered again every step; :mod:`meshplan.comm.deepspeed`). Its gradients are reduced
+    in the parameter dtype (``allreduce_bucket`` reduces ``param.grad``; DeepSpeed at
     edaa722 casts to ``communication_data_type``, unset the model's dtype, ``stage3.py:1798-1799``)
     unless ``grad_reduce_dtype`` says otherwise, and kept, partitioned, in the parameter dtype
     unless ``grad_dtype`` is given (DeepSpeed's ``data_types.grad_accum_dtype``).
