@@ -38,14 +38,20 @@ the catalog's table. Two sourced mechanisms were missing and are now modelled: t
 of SP on dim 1 at batch > 1 (:mod:`meshplan.compute.dtensor_sp`, +139 ms per step there) and
 op-level SAC under TP, which saves the reduce-scatters but replays the all-gathers (+124 ms of
 exposed tp, and wk, wo, w3 and the elementwise ops recomputed instead of the attention).
+torchao's float8 tensorwise TP (torchao eab345c ``float8/float8_tensor_parallel.py``:
+``PrepareFloat8ModuleInput`` casts to float8 before the Shard(1) -> Replicate all-gather,
+``Float8RowwiseParallel`` casts the output gradient before the mirror all-gather) is modelled
+(``training.fp8_scaling``, :func:`meshplan.comm.collectives.float8_tp`): the fp8tw rows' 192
+all-gathers per step at 8B move 402,653,184 B instead of 805,306,368 B (0.978 ms instead of
+1.935 ms), exposed tp 627.0 -> 443.4 ms; the 70B rows' 4939.0 -> 3714.7 ms. The rowwise rows
+keep torch's plain TP (torchtitan 820504e ``enable_float8_tensorwise_tp``), all in bf16. Not
+modelled, not checked in a trace: the amax of each float8 cast of a DTensor shard
+(``tensor_to_amax``'s ``torch.max`` on a Shard DTensor is a Partial max, all-reduced over tp
+before the scale divides by it): 4 forward casts and 7 output-gradient casts per layer, at the
+table's small NVLink all-reduce (27 us) about 11 x 32 x 27 us = 10 ms a step at 8B.
 
 **Left (not modelled; no fitted constant).** (1) The GPU: FSDP alone at 8 GPUs (T1, no TP) is
-+38-52% over; that chip's clocks at 500 W are not published. (2) torchao's float8 tensorwise TP
-(``Float8ColwiseParallel``, ``PrepareFloat8ModuleInput``: the cast to float8 before the
-Shard -> Replicate redistribute) all-gathers activations and output gradients in float8, 1 B
-instead of 2: the fp8tw rows count them in bf16 (8B: 192 of the 320 exposed collectives per step
-are all-gathers, about 180 of the 627 ms exposed tp at half their bytes).
-(3) Async TP: the published savings (0.25 s per step at 8B, 2.3 s at 70B) lie between hiding
++38-52% over; that chip's clocks at 500 W are not published. (2) Async TP: the published savings (0.25 s per step at 8B, 2.3 s at 70B) lie between hiding
 only the forward pass's TP collectives (0.25 s, 1.65 s) and what meshplan hides (forward,
 backward output-gradient gathers and the replayed gathers fused: 0.54 s, 4.99 s); whether torch
 38410cf9 fuses the backward graph's gathers was not checked (it needs a trace).

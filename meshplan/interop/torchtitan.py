@@ -14,6 +14,8 @@ model.converters "quantize.linear.float8"      training.linear_dtype = "fp8": th
   (or "float8")                                  Linears' GEMMs in fp8, activations in compute_dtype
 quantize.linear.float8.filter_fqns,            training.fp8_output_layer (output not filtered),
   .enable_fsdp_float8_all_gather                 fp8_all_gather (with dp_shard > 1, as torchtitan)
+quantize.linear.float8.recipe_name "rowwise"   training.fp8_scaling = "rowwise" (unset: tensorwise)
+  (or "rowwise_with_gw_hp")
 training.local_batch_size                      micro_batch (pp 1); per-rank batch per step
                                                  (pp > 1: per schedule.step(), pp_schedule_runs =
                                                  global / (local x dp) accumulation steps)

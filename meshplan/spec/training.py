@@ -160,6 +160,12 @@ class TrainingSpec(BaseModel):
     (``precompute_float8_dynamic_scale_for_fsdp``); a tied output layer is the embedding and
     is gathered in the compute dtype. Gradients are reduce-scattered in the reduce dtype
     either way.
+    ``fp8_scaling``: the float8 scaling recipe, ``"tensorwise"`` (one scale per tensor:
+    torchao's default, torchtitan's ``recipe_name`` unset) or ``"rowwise"`` (torchtitan's
+    ``recipe_name = "rowwise"`` or ``"rowwise_with_gw_hp"``). Under ``framework = "torch"``
+    with sequence parallelism, tensorwise scaling makes the TP all-gathers of the float8
+    Linears' inputs and output gradients move float8 (:meth:`float8_tp_gathers`); rowwise
+    keeps torch's plain TP, every collective in the compute dtype.
     ``moe_capacity_factor``, ``moe_dropless``, ``moe_hottest_expert_share``: MoE routing
     (:mod:`meshplan.compute.routing`): the capacity factor f of the dropping dispatch
     (``C = ceil(f x tokens x top_k / experts)``, Megatron-LM ``--moe-expert-capacity-factor``;
@@ -201,6 +207,7 @@ class TrainingSpec(BaseModel):
     linear_dtype: Optional[Literal["fp8"]] = None
     fp8_all_gather: bool = False
     fp8_output_layer: bool = False
+    fp8_scaling: Literal["tensorwise", "rowwise"] = "tensorwise"
     moe_capacity_factor: float = Field(default=1.0, gt=0)
     moe_dropless: bool = False
     moe_hottest_expert_share: Optional[float] = Field(default=None, gt=0, le=1)
@@ -253,6 +260,11 @@ class TrainingSpec(BaseModel):
         if (self.fp8_all_gather or self.fp8_output_layer) and self.linear_dtype != "fp8":
             key = "fp8_all_gather" if self.fp8_all_gather else "fp8_output_layer"
             raise ValueError(f"{key} applies to the float8 Linear layers; set linear_dtype = \"fp8\" or remove it")
+        if self.fp8_scaling != "tensorwise" and self.linear_dtype != "fp8":
+            raise ValueError("fp8_scaling applies to the float8 Linear layers; set linear_dtype = \"fp8\" or remove it")
+        if self.fp8_scaling == "rowwise" and self.fp8_all_gather:
+            raise ValueError("fp8_all_gather with fp8_scaling \"rowwise\": torchtitan refuses the pair (the float8 "
+                             "all-gather is tensorwise scaling only); remove one")
         if self.fp8_all_gather and self.sharding not in ("zero3", "hsdp"):
             raise ValueError(f"fp8_all_gather is FSDP2's float8 all-gather (sharding zero3 or hsdp); sharding "
                              f"{self.sharding!r} gathers nothing: remove it")
@@ -407,6 +419,31 @@ class TrainingSpec(BaseModel):
         if self.fp8_all_gather and self.float8_linear(tensor) and not tensor.tied:
             return "fp8"
         return self.compute_dtype
+
+    @property
+    def float8_tp_gathers(self) -> bool:
+        """Whether TP (under sequence parallelism) all-gathers the float8 Linears' inputs and
+        output gradients in float8: float8 Linears (``linear_dtype``) with tensorwise scaling
+        (``fp8_scaling``) under ``framework = "torch"``. torchtitan applies torchao's float8 TP
+        styles then (9dec370 ``parallelisms/parallelize_llama.py`` ``apply_tp``; 820504e
+        ``models/llama3/parallelize_llama.py``: ``enable_float8_tensorwise_tp = enable_float8_linear
+        and not float8_is_rowwise``), and torchao (eab345c ``torchao/float8/float8_tensor_parallel.py``)
+        casts before the redistribute: ``PrepareFloat8ModuleInput`` casts the attention's and the
+        MLP's Shard(1) input to float8 e4m3 before its Shard(1) -> Replicate all-gather ("so that
+        if there are multiple float8 users of the input activation, we perform fp8 allgather only
+        once"); ``Float8RowwiseParallel._prepare_output_fn`` reduce-scatters the wo / w2 output
+        in the compute dtype, then wraps it in ``NoopFwToFloat8BwDynamic`` (backward: cast to
+        float8 e5m2), so backward casts the output gradient before the reduce-scatter's mirror
+        all-gather; the float8 tensor's all-gather moves its 1-byte data (``float8_ops.py``
+        ``allgather_fp8``). The input gradients stay in the compute dtype (the float8 cast's
+        backward passes the gradient through), so the reduce-scatters do. Not the embedding's
+        and the output layer's collectives (plain ``RowwiseParallel`` / ``ColwiseParallel``).
+
+        >>> t = TrainingSpec(global_batch=8, seq_len=16, linear_dtype="fp8")
+        >>> t.float8_tp_gathers, t.model_copy(update={"fp8_scaling": "rowwise"}).float8_tp_gathers
+        (True, False)
+        """
+        return self.linear_dtype == "fp8" and self.fp8_scaling == "tensorwise" and self.framework == "torch"
 
     @property
     def peak_dtype(self) -> Dtype:
