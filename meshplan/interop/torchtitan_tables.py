@@ -10,6 +10,11 @@ are multiples of 16 and whose name contains no ``filter_fqns`` entry for torchao
 ``enable_fsdp_float8_all_gather`` gathers those weights in float8 (``training.fp8_all_gather``);
 ``recipe_name`` "rowwise" or "rowwise_with_gw_hp" is rowwise scaling (``training.fp8_scaling``,
 plain TP collectives), unset tensorwise (float8 TP all-gathers).
+
+The norm of torchtitan before 2025 (``model.norm_type``, removed by torchtitan #1131): at
+9dec370 ``torchtitan/models/norms.py`` builds "rmsnorm" (the default) as its own Python
+``RMSNorm`` (``training.torch_norm = "decomposed"``) and "fused_rmsnorm" as a Triton kernel
+(``"fused"``, one kernel each way, as today's ``nn.RMSNorm``).
 """
 
 from __future__ import annotations
@@ -196,3 +201,24 @@ def write_float8(t) -> tuple[list[str], dict[str, Any]]:
         "precompute_float8_dynamic_scale_for_fsdp": t.fp8_all_gather,
         "filter_fqns": [] if t.fp8_output_layer else ["output"],
         **({"recipe_name": "rowwise"} if t.fp8_scaling == "rowwise" else {})}}}}
+
+
+#: torchtitan's pre-2025 ``model.norm_type`` -> ``training.torch_norm`` (9dec370 ``build_norm``).
+NORM_TYPES = {"rmsnorm": "decomposed", "fused_rmsnorm": "fused"}
+
+
+def read_norm(d: dict, notes: list[str]) -> dict[str, Any]:
+    """``training.torch_norm`` of torchtitan's pre-2025 ``model.norm_type`` (module docstring);
+    nothing without the key (today's torchtitan: ``nn.RMSNorm``, the default "fused"). The
+    LayerNorm choices are planned as the catalog model's norm, fused, with a note."""
+    kind = d.get("model", {}).get("norm_type")
+    if kind is None:
+        return {}
+    if kind in ("layernorm", "np_layernorm"):
+        notes.append(f"model.norm_type {kind!r}: nn.LayerNorm, one fused kernel each way; planned with the model's "
+                     f"own norm, fused")
+        return {}
+    if kind not in NORM_TYPES:
+        raise ConfigError("model.norm_type", f"{kind!r}; torchtitan's choices were layernorm, np_layernorm, rmsnorm, "
+                          f"fused_rmsnorm")
+    return {"torch_norm": NORM_TYPES[kind]}

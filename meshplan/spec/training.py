@@ -23,7 +23,7 @@ Dtype = Literal["fp32", "bf16", "fp16", "fp8"]
 # ``fp8_output_layer`` (which GEMMs run in float8) are the workload's numerics.
 PLAN_KNOBS = ("micro_batch", "sharding", "reshard_after_forward", "reshard_head_after_forward", "recompute", "ac_freq", "flash_attention",
               "tp_comm_overlap", "framework", "zero3_engine", "zero12_engine", "overlap_comm", "grad_accumulation",
-              "fp8_all_gather", "torch_compile", "pp_schedule_runs", "vocab_pad_divisor")
+              "fp8_all_gather", "torch_compile", "torch_norm", "pp_schedule_runs", "vocab_pad_divisor")
 
 #: The weights of ``nn.Linear`` modules (torchtitan's model files; Megatron-LM's Transformer Engine
 #: linears): attention (dense and MLA), the dense MLP and the shared experts, the MoE router's gate
@@ -85,6 +85,11 @@ class TrainingSpec(BaseModel):
     (torchtitan ``[compile] enable``), which fuses each chain of elementwise ops between the GEMMs
     into one kernel; off (torchtitan's default), torch runs them one kernel each
     (:mod:`meshplan.compute.torch_eager`). Megatron-LM runs its own kernels either way.
+    ``torch_norm``: the RMSNorm module under ``framework = "torch"``: ``"fused"`` (one kernel
+    each way: torch's ``nn.RMSNorm``, torchtitan's norm since 2025) or ``"decomposed"``
+    (torchtitan's own ``RMSNorm`` before it, ``model.norm_type = "rmsnorm"`` at 9dec370: upcast,
+    ``pow``, ``mean``, ``rsqrt``, products and casts, one kernel each when not compiled,
+    :func:`meshplan.compute.torch_eager.rmsnorm_bytes`; torch.compile fuses them).
     ``zero3_engine``: which runtime shards the parameters under ``sharding = "zero3"``:
     ``fsdp2`` (torch FSDP2: one unit per layer, one coalesced all-gather and reduce-scatter
     each) or ``deepspeed-2021`` (DeepSpeed ZeRO stage 3 v0.3.13-v0.5.4, Mar-Oct 2021, before
@@ -199,6 +204,7 @@ class TrainingSpec(BaseModel):
     grad_clip: bool = True
     framework: Literal["torch", "megatron"] = "torch"
     torch_compile: bool = False
+    torch_norm: Literal["fused", "decomposed"] = "fused"
     zero3_engine: Literal["fsdp2", "deepspeed-2021"] = "fsdp2"
     zero12_engine: Literal["megatron", "deepspeed"] = "megatron"
     overlap_comm: bool = False
@@ -260,6 +266,9 @@ class TrainingSpec(BaseModel):
         if (self.fp8_all_gather or self.fp8_output_layer) and self.linear_dtype != "fp8":
             key = "fp8_all_gather" if self.fp8_all_gather else "fp8_output_layer"
             raise ValueError(f"{key} applies to the float8 Linear layers; set linear_dtype = \"fp8\" or remove it")
+        if self.torch_norm != "fused" and self.framework != "torch":
+            raise ValueError("torch_norm is the RMSNorm module of framework \"torch\" (Megatron-LM runs its own "
+                             "kernels): remove it")
         if self.fp8_scaling != "tensorwise" and self.linear_dtype != "fp8":
             raise ValueError("fp8_scaling applies to the float8 Linear layers; set linear_dtype = \"fp8\" or remove it")
         if self.fp8_scaling == "rowwise" and self.fp8_all_gather:
