@@ -44,7 +44,9 @@ torchao's float8 tensorwise TP (torchao eab345c ``float8/float8_tensor_parallel.
 (``training.fp8_scaling``, :func:`meshplan.comm.collectives.float8_tp`): the fp8tw rows' 192
 all-gathers per step at 8B move 402,653,184 B instead of 805,306,368 B (0.978 ms instead of
 1.935 ms), exposed tp 627.0 -> 443.4 ms; the 70B rows' 4939.0 -> 3714.7 ms. The rowwise rows
-keep torch's plain TP (torchtitan 820504e ``enable_float8_tensorwise_tp``), all in bf16. Not
+keep torch's plain TP (torchtitan 820504e ``enable_float8_tensorwise_tp``), all in bf16. The
+memory plans the gathered buffers (the forward's input, the backward's output gradient) at 1 B
+a value too (:mod:`meshplan.memory.sizes`). Not
 modelled, not checked in a trace: the amax of each float8 cast of a DTensor shard
 (``tensor_to_amax``'s ``torch.max`` on a Shard DTensor is a Partial max, all-reduced over tp
 before the scale divides by it): 4 forward casts and 7 output-gradient casts per layer, at the
