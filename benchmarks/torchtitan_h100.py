@@ -45,41 +45,41 @@ torchao's float8 tensorwise TP (torchao eab345c ``float8/float8_tensor_parallel.
 all-gathers per step at 8B move 402,653,184 B instead of 805,306,368 B (0.978 ms instead of
 1.935 ms), exposed tp 627.0 -> 443.4 ms; the 70B rows' 4939.0 -> 3714.7 ms. The rowwise rows
 keep torch's plain TP (torchtitan 820504e ``enable_float8_tensorwise_tp``), all in bf16. The
-memory plans the gathered buffers (the forward's input, the backward's output gradient) at 1 B
-a value too (:mod:`meshplan.memory.sizes`). Not
-modelled, not checked in a trace: the amax of each float8 cast of a DTensor shard
-(``tensor_to_amax``'s ``torch.max`` on a Shard DTensor is a Partial max, all-reduced over tp
-before the scale divides by it): 4 forward casts and 7 output-gradient casts per layer, at the
-table's small NVLink all-reduce (27 us) about 11 x 32 x 27 us = 10 ms a step at 8B.
+memory plans the gathered buffers (the forward's input, the backward's output gradient) at 1 B a
+value too (:mod:`meshplan.memory.sizes`). Not modelled, not checked in a trace: the amax of each
+float8 cast of a DTensor shard (``tensor_to_amax``'s ``torch.max`` on a Shard DTensor is a
+Partial max, all-reduced over tp before the scale divides by it): 4 forward casts and 7
+output-gradient casts per layer, at the table's small NVLink all-reduce (27 us) about 11 x 32 x
+27 us = 10 ms a step at 8B.
 
 **The FSDP-only rows (T1, T3).** Tables 1-6 ran torchtitan 9dec370, whose presets (and
 ``config_manager.py``'s default) set ``model.norm_type = "rmsnorm"``: torchtitan's own Python
 ``RMSNorm`` (``models/norms.py``), which eager torch runs kernel by kernel (36 B an element
 forward, 92 B backward, against 4 B and 6 B fused; ``training.torch_norm``,
 :func:`meshplan.compute.torch_eager.rmsnorm_bytes`). Modelled: T1 FSDP's step 1882 -> 2103 ms
-(+51.1% -> +35.2%), T3's +58.4% -> +41.4%, and the published compile gain of T1 (+15.7%) is
-now predicted at +18.1% (was +5.7%). ``--itemise T1`` splits the three T1 steps by kernel kind:
-the published step is longer by about the same time in all three (740, 676, 661 ms), although
-their GEMMs differ (1171 ms bf16, 665 ms float8), and the attention (FA2, 382 ms) and the
-memory-bound kernels (142 ms compiled) do not. What is known of the rest, none of it modelled:
-(a) the GPU: its HBM2e at 2.4 TB/s (torchtitan's number) against the catalog GPU's 3.35 TB/s
-HBM3 would add 184 / 56 / 56 ms to the memory-bound kernels at the same fraction of the
-bandwidth (the what-if line; no measurement of that part); its clocks under the 500 W cap,
+(+51.1% -> +35.2%), T3's +58.4% -> +41.4%, and the published compile gain of T1 (+15.7%) is now
+predicted at +18.1% (was +5.7%). ``--itemise T1`` splits the three T1 steps by kernel kind: the
+published step is longer by about the same time in all three (740, 676, 661 ms), although their
+GEMMs differ (1171 ms bf16, 665 ms float8); their attention (FA2) is the same 382 ms, the
+compiled rows' memory-bound kernels the same 142 ms. What is known of the rest, none of it
+modelled: (a) the GPU: its HBM2e at 2.4 TB/s (torchtitan's number) against the catalog GPU's
+3.35 TB/s HBM3 would add 184 / 56 / 56 ms to the memory-bound kernels at the same fraction of
+the bandwidth (the what-if line; no measurement of that part); its clocks under the 500 W cap,
 which set its GEMMs and attention, are not published; (b) at 9dec370 only the TransformerBlocks
-are compiled (``parallelize_llama.apply_compile``; ``train.py``'s loss compile is commented out),
-so the compiled rows still run the final norm and the fp32 cross entropy eagerly: 16384 x 128256
-logits at 8 + 16 more bytes each and the norm's 118, about 20 ms at Triad; (c) the optimizer is
-torch's foreach AdamW there (``optimizer.fused`` default false), about 84 B a parameter in ten
-passes against the fused step's 28: about +20 ms at 1.0e9 parameters a rank; (d) the float8
-row's casts (torchao's amax reduction and cast of each float8 Linear's input and output
-gradient, and the transposed copies for the weight gradient) have no op in the model: of the
-order of 8 GB a layer, about 0.1 s a step at 8B by hand, not checked in a trace. With (a)'s
-bandwidth, (b) and (c), 0.4-0.5 s a step of each T1 row is left to the GPU's unknown clocks
-and to what no source here names.
+are compiled (``parallelize_llama.apply_compile``; ``train.py``'s loss compile is commented
+out), so the compiled rows still run the final norm and the fp32 cross entropy eagerly: 16384 x
+128256 logits at 8 + 16 more bytes each and the norm's 118, about 20 ms at Triad; (c) the
+optimizer is torch's foreach AdamW there (``optimizer.py``: ``foreach = not fused``,
+``optimizer.fused`` default false), 84 B a parameter in eight passes against the fused step's
+28: +19 ms at 1.0e9 parameters a rank; (d) the float8 row's casts (torchao's amax reduction and
+cast of each float8 Linear's input and output gradient, and the transposed copies for the weight
+gradient) have no op in the model: of the order of 8 GB a layer, about 0.1 s a step at 8B by
+hand, not checked in a trace. Less (a)'s bandwidth, (b), (c) and (d), 0.54 / 0.58 / 0.47 s a
+step of the three T1 rows is left to the GPU's unknown clocks and to what no source here names.
 
 **Left (not modelled; no fitted constant).** (1) The GPU: its clocks at 500 W are not
-published (above). (2) Async TP: the published savings (0.25 s per step at 8B, 2.3 s at 70B) lie between hiding
-only the forward pass's TP collectives (0.25 s, 1.65 s) and what meshplan hides (forward,
+published (above). (2) Async TP: the published savings (0.25 s per step at 8B, 2.3 s at 70B)
+lie between hiding only the forward pass's TP collectives (0.25 s, 1.65 s) and what meshplan hides (forward,
 backward output-gradient gathers and the replayed gathers fused: 0.54 s, 4.99 s); whether torch
 38410cf9 fuses the backward graph's gathers was not checked (it needs a trace).
 
@@ -300,7 +300,8 @@ def itemise(r: Row, folder: Path) -> list[str]:
         for cost in [*ch.layers, *(x for x in (ch.embed, ch.head) if x is not None)]:
             for o in cost.ops:
                 k = "GEMM" if o.kind == "gemm" else "attention" if o.kind == "attention" else \
-                    "norm kernels" if " norm" in f" {o.name}" else "other memory-bound" if o.kind == "memory" else o.kind
+                    "norm kernels" if " norm" in f" {o.name}" else \
+                    "other memory-bound" if o.kind == "memory" else o.kind
                 kinds[k] = kinds.get(k, 0.0) + o.seconds * m
     kinds["optimizer step"] = sum(e.end_s - e.start_s for e in st.post_events if e.stage == 0 and
                                   e.name == "optimizer step")
