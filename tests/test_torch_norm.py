@@ -87,3 +87,38 @@ def test_megatron_has_no_torch_norm():
                           "training": {"global_batch": 8, "seq_len": 2048, "framework": "megatron",
                                        "torch_norm": "decomposed"},
                           "mesh": {"names": ["dp"], "shape": [8]}})
+
+
+def test_kernel_list_matches_torch_autograd():
+    """The kernels torch runs for torchtitan 9dec370's RMSNorm expression, forward and backward,
+    logged at the dispatcher (torch 2.13 on CPU; views and detaches launch nothing): the 6
+    per-element and 2 per-row forward kernels and the 13 + 3 backward ones of rmsnorm_bytes."""
+    torch = pytest.importorskip("torch")
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from meshplan.compute.torch_eager import RMSNORM_ROW_KERNELS, rmsnorm_bytes
+
+    class Log(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops: list[str] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            name = func.__name__.split(".")[0]
+            if name not in ("detach", "view", "expand"):
+                self.ops.append(name)
+            return func(*args, **(kwargs or {}))
+
+    weight = torch.nn.Parameter(torch.ones(64, dtype=torch.bfloat16))
+    x = torch.randn(2, 8, 64, dtype=torch.bfloat16, requires_grad=True)
+    with Log() as f:
+        xf = x.float()
+        y = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)).type_as(x) * weight
+    grad = torch.ones_like(y)
+    with Log() as b:
+        y.backward(grad)
+    assert f.ops == ["_to_copy", "pow", "mean", "add", "rsqrt", "mul", "_to_copy", "mul"]
+    assert b.ops == ["mul", "mul", "sum", "_to_copy", "mul", "mul", "sum", "pow", "mul", "mul", "div", "pow", "mul",
+                     "mul", "add", "_to_copy"]
+    fwd, bwd = rmsnorm_bytes(2)
+    assert (len(fwd) + len(RMSNORM_ROW_KERNELS[0]), len(bwd) + len(RMSNORM_ROW_KERNELS[1])) == (len(f.ops), len(b.ops))
