@@ -287,8 +287,8 @@ def gains(results: list[Result]) -> list[str]:
 def itemise(r: Row, folder: Path) -> list[str]:
     """The row's predicted step on stage 0 by kind of kernel (ms per step: the layers', the
     embedding's and the head's ops of :func:`~meshplan.schedule.steptime.chunk_costs`, times the
-    micro-batches), the optimizer step and the rest (FSDP2's copies, exposed communication, SM
-    sharing), against the published step; and what the memory-bound kernels would take at the
+    micro-batches), the optimizer step and the rest (pipeline bubble, exposed communication,
+    FSDP2's copies, SM sharing), against the published step; and what the memory-bound kernels would take at the
     runs' 2.4 TB/s HBM2e at the same fraction of the bandwidth as on the catalog GPU (a what-if:
     the model plans the catalog GPU)."""
     path = folder / "itemise.toml"
@@ -305,11 +305,11 @@ def itemise(r: Row, folder: Path) -> list[str]:
                 kinds[k] = kinds.get(k, 0.0) + o.seconds * m
     kinds["optimizer step"] = sum(e.end_s - e.start_s for e in st.post_events if e.stage == 0 and
                                   e.name == "optimizer step")
-    kinds["rest (FSDP copies, exposed comm, SM sharing)"] = st.step_s - sum(kinds.values())
+    kinds["rest (bubble, exposed comm, FSDP copies, SM sharing)"] = st.step_s - sum(kinds.values())
     pub = step_s(r, r.published_tps)
     out = [f"{r.id}: published step {pub * 1e3:.0f} ms, predicted {st.step_s * 1e3:.0f} ms "
            f"(gap {(pub - st.step_s) * 1e3:+.0f} ms)"]
-    out += [f"  {k:46s} {v * 1e3:9.1f} ms" for k, v in kinds.items()]
+    out += [f"  {k:54s} {v * 1e3:9.1f} ms" for k, v in kinds.items()]
     mem = kinds.get("norm kernels", 0.0) + kinds.get("other memory-bound", 0.0)
     ratio = plan.config.cluster.gpu.hbm_bandwidth_bytes_per_s / HBM2E_BYTES_PER_S
     out.append(f"  what-if: memory-bound kernels at {HBM2E_BYTES_PER_S / 1e12:.1f} TB/s HBM2e instead of "
