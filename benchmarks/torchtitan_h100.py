@@ -38,15 +38,48 @@ the catalog's table. Two sourced mechanisms were missing and are now modelled: t
 of SP on dim 1 at batch > 1 (:mod:`meshplan.compute.dtensor_sp`, +139 ms per step there) and
 op-level SAC under TP, which saves the reduce-scatters but replays the all-gathers (+124 ms of
 exposed tp, and wk, wo, w3 and the elementwise ops recomputed instead of the attention).
+torchao's float8 tensorwise TP (torchao eab345c ``float8/float8_tensor_parallel.py``:
+``PrepareFloat8ModuleInput`` casts to float8 before the Shard(1) -> Replicate all-gather,
+``Float8RowwiseParallel`` casts the output gradient before the mirror all-gather) is modelled
+(``training.fp8_scaling``, :func:`meshplan.comm.collectives.float8_tp`): the fp8tw rows' 192
+all-gathers per step at 8B move 402,653,184 B instead of 805,306,368 B (0.978 ms instead of
+1.935 ms), exposed tp 627.0 -> 443.4 ms; the 70B rows' 4939.0 -> 3714.7 ms. The rowwise rows
+keep torch's plain TP (torchtitan 820504e ``enable_float8_tensorwise_tp``), all in bf16. The
+memory plans the gathered buffers (the forward's input, the backward's output gradient) at 1 B a
+value too (:mod:`meshplan.memory.sizes`). Not modelled, not checked in a trace: the amax of each
+float8 cast of a DTensor shard (``tensor_to_amax``'s ``torch.max`` on a Shard DTensor is a
+Partial max, all-reduced over tp before the scale divides by it): 4 forward casts and 7
+output-gradient casts per layer, at the table's small NVLink all-reduce (27 us) about 11 x 32 x
+27 us = 10 ms a step at 8B.
 
-**Left (not modelled; no fitted constant).** (1) The GPU: FSDP alone at 8 GPUs (T1, no TP) is
-+38-52% over; that chip's clocks at 500 W are not published. (2) torchao's float8 tensorwise TP
-(``Float8ColwiseParallel``, ``PrepareFloat8ModuleInput``: the cast to float8 before the
-Shard -> Replicate redistribute) all-gathers activations and output gradients in float8, 1 B
-instead of 2: the fp8tw rows count them in bf16 (8B: 192 of the 320 exposed collectives per step
-are all-gathers, about 180 of the 627 ms exposed tp at half their bytes).
-(3) Async TP: the published savings (0.25 s per step at 8B, 2.3 s at 70B) lie between hiding
-only the forward pass's TP collectives (0.25 s, 1.65 s) and what meshplan hides (forward,
+**The FSDP-only rows (T1, T3).** Tables 1-6 ran torchtitan 9dec370, whose presets (and
+``config_manager.py``'s default) set ``model.norm_type = "rmsnorm"``: torchtitan's own Python
+``RMSNorm`` (``models/norms.py``), which eager torch runs kernel by kernel (36 B an element
+forward, 92 B backward, against 4 B and 6 B fused; ``training.torch_norm``,
+:func:`meshplan.compute.torch_eager.rmsnorm_bytes`). Modelled: T1 FSDP's step 1882 -> 2103 ms
+(+51.1% -> +35.2%), T3's +58.4% -> +41.4%, and the published compile gain of T1 (+15.7%) is now
+predicted at +18.1% (was +5.7%). ``--itemise T1`` splits the three T1 steps by kernel kind: the
+published step is longer by about the same time in all three (740, 676, 661 ms), although their
+GEMMs differ (1171 ms bf16, 665 ms float8); their attention (FA2) is the same 382 ms, the
+compiled rows' memory-bound kernels the same 142 ms. What is known of the rest, none of it
+modelled: (a) the GPU: its HBM2e at 2.4 TB/s (torchtitan's number) against the catalog GPU's
+3.35 TB/s HBM3 would add 184 / 56 / 56 ms to the memory-bound kernels at the same fraction of
+the bandwidth (the what-if line; no measurement of that part); its clocks under the 500 W cap,
+which set its GEMMs and attention, are not published; (b) at 9dec370 only the TransformerBlocks
+are compiled (``parallelize_llama.apply_compile``; ``train.py``'s loss compile is commented
+out), so the compiled rows still run the final norm and the fp32 cross entropy eagerly: 16384 x
+128256 logits at 8 + 16 more bytes each and the norm's 118, about 20 ms at Triad; (c) the
+optimizer is torch's foreach AdamW there (``optimizer.py``: ``foreach = not fused``,
+``optimizer.fused`` default false), 84 B a parameter in eight passes against the fused step's
+28: +19 ms at 1.0e9 parameters a rank; (d) the float8 row's casts (torchao's amax reduction and
+cast of each float8 Linear's input and output gradient, and the transposed copies for the weight
+gradient) have no op in the model: of the order of 8 GB a layer, about 0.1 s a step at 8B by
+hand, not checked in a trace. Less (a)'s bandwidth, (b), (c) and (d), 0.54 / 0.58 / 0.47 s a
+step of the three T1 rows is left to the GPU's unknown clocks and to what no source here names.
+
+**Left (not modelled; no fitted constant).** (1) The GPU: its clocks at 500 W are not
+published (above). (2) Async TP: the published savings (0.25 s per step at 8B, 2.3 s at 70B)
+lie between hiding only the forward pass's TP collectives (0.25 s, 1.65 s) and what meshplan hides (forward,
 backward output-gradient gathers and the replayed gathers fused: 0.54 s, 4.99 s); whether torch
 38410cf9 fuses the backward graph's gathers was not checked (it needs a trace).
 
@@ -54,7 +87,7 @@ Not expressible: Interleaved 1F1B's split of Table 5 (the split points are not p
 assumed, marked), and Table 6's context-parallel 405B rows are skipped (CP with PP and async TP:
 see the printed list).
 
-Run: PYTHONPATH=. .venv/bin/python benchmarks/torchtitan_h100.py [--write DIR] [--only ID]
+Run: PYTHONPATH=. .venv/bin/python benchmarks/torchtitan_h100.py [--write DIR] [--only ID] [--itemise ID]
 """
 
 from __future__ import annotations
@@ -70,9 +103,12 @@ from meshplan.errors import ConfigError
 from meshplan.interop.common import ImportOptions
 from meshplan.interop.foreign import load_any
 from meshplan.plan import build_plan
-from meshplan.schedule.steptime import step_time
+from meshplan.schedule.steptime import chunk_costs, step_time, workload_of
 
 NODE = "dgx-h100"
+#: HBM bandwidth of the runs' H100 (96 GB HBM2e), torchtitan's benchmark pages: the one number
+#: of that GPU published; used only by --itemise's what-if, never by the model.
+HBM2E_BYTES_PER_S = 2.4e12
 
 
 @dataclass(frozen=True)
@@ -148,6 +184,8 @@ def toml_of(r: Row) -> str:
     """The torchtitan job TOML (keys of torchtitan's job_config.py as meshplan's importer
     reads them) that the row describes."""
     lines = ["[model]", 'name = "llama3"', f'flavor = "{r.flavor}"']
+    if r.id.startswith("T"):  # Tables 1-6 ran torchtitan 9dec370: its presets' norm_type
+        lines += ['norm_type = "rmsnorm"']
     if r.float8:
         lines += ['converters = ["float8"]']
     lines += ["", "[training]", f"local_batch_size = {r.local_batch}", f"seq_len = {r.seq_len}", "max_norm = 1.0",
@@ -246,11 +284,50 @@ def gains(results: list[Result]) -> list[str]:
     return out
 
 
+def itemise(r: Row, folder: Path) -> list[str]:
+    """The row's predicted step on stage 0 by kind of kernel (ms per step: the layers', the
+    embedding's and the head's ops of :func:`~meshplan.schedule.steptime.chunk_costs`, times the
+    micro-batches), the optimizer step and the rest (pipeline bubble, exposed communication,
+    FSDP2's copies, SM sharing), against the published step; and what the memory-bound kernels would take at the
+    runs' 2.4 TB/s HBM2e at the same fraction of the bandwidth as on the catalog GPU (a what-if:
+    the model plans the catalog GPU)."""
+    path = folder / "itemise.toml"
+    path.write_text(toml_of(r))
+    plan = build_plan(load_any(path, "torchtitan", ImportOptions(cluster=NODE, nodes=r.gpus // 8)))
+    st, m = step_time(plan), plan.micro_batches
+    kinds: dict[str, float] = {}
+    for ch in chunk_costs(plan, workload_of(plan))[0]:
+        for cost in [*ch.layers, *(x for x in (ch.embed, ch.head) if x is not None)]:
+            for o in cost.ops:
+                k = "GEMM" if o.kind == "gemm" else "attention" if o.kind == "attention" else \
+                    "norm kernels" if " norm" in f" {o.name}" else \
+                    "other memory-bound" if o.kind == "memory" else o.kind
+                kinds[k] = kinds.get(k, 0.0) + o.seconds * m
+    kinds["optimizer step"] = sum(e.end_s - e.start_s for e in st.post_events if e.stage == 0 and
+                                  e.name == "optimizer step")
+    kinds["rest (bubble, exposed comm, FSDP copies, SM sharing)"] = st.step_s - sum(kinds.values())
+    pub = step_s(r, r.published_tps)
+    out = [f"{r.id}: published step {pub * 1e3:.0f} ms, predicted {st.step_s * 1e3:.0f} ms "
+           f"(gap {(pub - st.step_s) * 1e3:+.0f} ms)"]
+    out += [f"  {k:54s} {v * 1e3:9.1f} ms" for k, v in kinds.items()]
+    mem = kinds.get("norm kernels", 0.0) + kinds.get("other memory-bound", 0.0)
+    ratio = plan.config.cluster.gpu.hbm_bandwidth_bytes_per_s / HBM2E_BYTES_PER_S
+    out.append(f"  what-if: memory-bound kernels at {HBM2E_BYTES_PER_S / 1e12:.1f} TB/s HBM2e instead of "
+               f"{HBM2E_BYTES_PER_S * ratio / 1e12:.2f} TB/s: {mem * (ratio - 1) * 1e3:+.0f} ms")
+    return out
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--write", help="keep the rows' torchtitan TOMLs in this folder")
     ap.add_argument("--only", help="rows whose id starts with this")
+    ap.add_argument("--itemise", metavar="ID", help="the step of the rows whose id starts with ID by kind of kernel")
     a = ap.parse_args(argv)
+    if a.itemise:
+        with tempfile.TemporaryDirectory() as tmp:
+            for r in (r for r in ROWS if r.id.startswith(a.itemise)):
+                print("\n".join(itemise(r, Path(tmp))))
+        return 0
     rows = [r for r in ROWS if not a.only or r.id.startswith(a.only)]
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(a.write or tmp)

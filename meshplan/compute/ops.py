@@ -65,7 +65,8 @@ from meshplan.compute.routing import RoutingOptions, routing
 from meshplan.compute.shapes import (ATTENTION_GEMMS, MLA_REPLICATED, Attention, Gemm, attention_shape,
                                      backward_gemms, layer_gemms)
 from meshplan.compute.torch_eager import cross_entropy_bytes as torch_cross_entropy_bytes
-from meshplan.compute.torch_eager import repeat_kv_bytes, rope_bytes, swiglu_bytes
+from meshplan.compute.torch_eager import RMSNORM_ROW_KERNELS, repeat_kv_bytes, rmsnorm_bytes, rope_bytes, \
+    swiglu_bytes
 from meshplan.spec.cluster import GPUSpec
 from meshplan.spec.model import ModelSpec
 from meshplan.mesh.tpsplit import local_heads, padded_vocab
@@ -90,7 +91,9 @@ class Workload:
     fused-attention kernels the framework runs, tried before the catalog's ``prefer`` list
     (:func:`meshplan.compute.measured.attention_seconds`; empty: the catalog's order);
     ``torch_eager``: torch runs the elementwise ops one kernel each, uncompiled
-    (:mod:`meshplan.compute.torch_eager`); ``sp_layout_copies``: torch's sequence-parallel
+    (:mod:`meshplan.compute.torch_eager`); ``decomposed_norm``: with it, each RMSNorm as
+    torchtitan's pre-2025 module's kernels (:func:`~meshplan.compute.torch_eager.rmsnorm_bytes`);
+    ``sp_layout_copies``: torch's sequence-parallel
     collectives rearrange a multi-sequence micro-batch (:mod:`meshplan.compute.dtensor_sp`);
     ``async_tp``: the framework ("torch" or "megatron") whose decomposed TP GEMMs run (``training.tp_comm_overlap`` with sequence parallelism,
     :mod:`meshplan.compute.asynctp`), "" for none."""
@@ -113,6 +116,7 @@ class Workload:
     megatron_ops: bool = False
     attention_kernels: tuple[str, ...] = ()
     torch_eager: bool = False
+    decomposed_norm: bool = False
     sp_layout_copies: bool = False
     linear_dtype: str = ""
     float8_gemms: frozenset[str] = frozenset()
@@ -233,12 +237,13 @@ def framework_kernels(training) -> dict:
     FA3's, on an H100; Megatron-LM keeps the catalog's order (Transformer Engine's fused
     attention: FA3 where the catalog has it). One rule for the step model and the search's bound.
     torch without ``training.torch_compile`` runs its elementwise ops eagerly (``torch_eager``,
-    :mod:`meshplan.compute.torch_eager`); Megatron-LM's own kernels are :mod:`~meshplan.compute.megatron`'s.
+    :mod:`meshplan.compute.torch_eager`), and its norms kernel by kernel under ``training.torch_norm =
+    "decomposed"`` (``decomposed_norm``); Megatron-LM's own kernels are :mod:`~meshplan.compute.megatron`'s.
 
     >>> from meshplan.spec.training import TrainingSpec
     >>> framework_kernels(TrainingSpec(global_batch=8, seq_len=16, framework="megatron", grad_dtype="fp32"))
     {'fused_qkv': True, 'fp32_wgrad_accumulation': True, 'megatron_ops': True, 'attention_kernels': (), \
-'torch_eager': False, 'sp_layout_copies': False}
+'torch_eager': False, 'decomposed_norm': False, 'sp_layout_copies': False}
     >>> framework_kernels(TrainingSpec(global_batch=8, seq_len=16))["torch_eager"]
     True
     >>> framework_kernels(TrainingSpec(global_batch=8, seq_len=16))["attention_kernels"]
@@ -247,7 +252,9 @@ def framework_kernels(training) -> dict:
     megatron = training.framework == "megatron"
     return {"fused_qkv": megatron, "fp32_wgrad_accumulation": megatron and training.grad_dtype == "fp32",
             "megatron_ops": megatron, "attention_kernels": () if megatron else SDPA_KERNELS,
-            "torch_eager": not megatron and not training.torch_compile, "sp_layout_copies": not megatron}
+            "torch_eager": not megatron and not training.torch_compile,
+            "decomposed_norm": not megatron and not training.torch_compile and training.torch_norm == "decomposed",
+            "sp_layout_copies": not megatron}
 
 
 @lru_cache(maxsize=64)
@@ -476,10 +483,9 @@ def _elementwise(model: ModelSpec, gpu: GPUSpec, w: Workload, gemms: list[Gemm])
             act += g.m * g.n / (2 if model.gated_mlp else 1)
     res_f = (3 * b + (1 if w.dropout else 0)) * r * h
     res_b = (3 * b if not w.dropout else 2 * b + 1) * r * h
-    nb_norm = norm_backward_bytes(model, gpu, w, r)
-    spec: list[tuple[str, str, float, float]] = [("attn norm", "attn_pre", 2 * b * r * h, nb_norm),
+    spec: list[tuple[str, str, float, float]] = [*norm_spec(model, gpu, w, "attn norm", "attn_pre", r),
             ("residual add" + (" + dropout" if w.dropout else ""), "attn_post", res_f, res_b),
-            ("mlp norm", "mlp_pre", 2 * b * r * h, nb_norm),
+            *norm_spec(model, gpu, w, "mlp norm", "mlp_pre", r),
             ("residual add" + (" + dropout" if w.dropout else ""), "mlp_post", res_f, res_b)]
     if model.gated_mlp:  # torch_eager: silu and the multiply apart (compute.torch_eager)
         fwd, bwd = swiglu_bytes(b, w.torch_eager)
@@ -515,6 +521,38 @@ def _elementwise(model: ModelSpec, gpu: GPUSpec, w: Workload, gemms: list[Gemm])
         out += [_mem(gpu, name, block, phase, nb, kind=kind)
                 for phase, nb in (("forward", f), ("backward_input", bw)) if nb > 0]
     return out + norm_finalize_ops(model, gpu, w, (("attn norm", "attn_pre"), ("mlp norm", "mlp_pre")))
+
+
+def norm_spec(model: ModelSpec, gpu: GPUSpec, w: Workload, name: str, block: str,
+              rows: int) -> list[tuple[str, str, float, float]]:
+    """One norm over ``rows`` rows of ``model.hidden`` as (name, block, forward bytes, backward
+    bytes) kernels: one fused kernel each way (``name``: read and write ``rows x h``; backward
+    :func:`norm_backward_bytes`), or under ``w.decomposed_norm`` torchtitan's pre-2025 RMSNorm
+    kernel by kernel (:func:`~meshplan.compute.torch_eager.rmsnorm_bytes`, named ``name`` + the
+    kernel; per-row kernels of ``rows`` values).
+
+    Llama 3 8B, 16,384 rows of 4,096 in bf16: 67,108,864 elements, forward 36 B each and 16 B
+    a row (8 kernels), backward 92 B each and 28 B a row (16 kernels), against 4 B and 6 B fused:
+
+    >>> from meshplan import catalog
+    >>> m, g = catalog.model("llama3-8b"), catalog.gpu("h100-sxm5-80gb")
+    >>> w = Workload(seq_len=8192, micro_batch=2, decomposed_norm=True)
+    >>> k = norm_spec(m, g, w, "mlp norm", "mlp_pre", 16384)
+    >>> len(k), sum(f for *_, f, _ in k) - 36 * 67108864, sum(b for *_, b in k) - 92 * 67108864
+    (24, 262144.0, 458752.0)
+    >>> norm_spec(m, g, Workload(seq_len=8192, micro_batch=2), "mlp norm", "mlp_pre", 16384)
+    [('mlp norm', 'mlp_pre', 268435456, 402653184)]
+    """
+    b, n = dtype_bytes(w.dtype), rows * model.hidden
+    if not w.decomposed_norm:
+        return [(name, block, 2 * b * n, norm_backward_bytes(model, gpu, w, rows))]
+    fwd, bwd = rmsnorm_bytes(b)
+    row_f, row_b = RMSNORM_ROW_KERNELS
+    out: list[tuple[str, str, float, float]] = []
+    for kernels, count, forward in ((fwd, n, True), (row_f, rows, True), (bwd, n, False), (row_b, rows, False)):
+        out += [(f"{name} {k}", block, float(nb * count) if forward else 0.0, 0.0 if forward else float(nb * count))
+                for k, nb in kernels]
+    return out
 
 
 def norm_backward_bytes(model: ModelSpec, gpu: GPUSpec, w: Workload, rows: int) -> float:
@@ -909,8 +947,9 @@ def head_cost(model: ModelSpec, gpu: GPUSpec, w: Workload, table: Optional[GemmT
     pv = padded_vocab(model.vocab, w.vocab_pad_divisor, w.tp)
     g = Gemm("output", w.tokens, pv // w.tp, h)
     logits = w.tokens * (pv // w.tp)
-    ops = [_mem(gpu, "final norm", "head", "forward", 2 * b * r * h, kind="norm"),
-           _mem(gpu, "final norm", "head", "backward_input", norm_backward_bytes(model, gpu, w, r), kind="norm")]
+    ops = [_mem(gpu, name, "head", phase, nb, kind="norm" if name.endswith("norm") else "elementwise")
+           for name, _, f, bw in norm_spec(model, gpu, w, "final norm", "head", r)
+           for phase, nb in (("forward", f), ("backward_input", bw)) if nb > 0]
     ops += norm_finalize_ops(model, gpu, w, (("final norm", "head"),))
     ops += _gemm_ops(gpu, g, "head", w, table, model_scale=model.vocab / pv)
     if w.megatron_ops:

@@ -21,6 +21,23 @@ Sources (read, not copied): torchtitan ``models/llama3/model/model.py`` @018740b
   is not counted) and ``type_as`` (read 4, write b): ``2 b + 16`` each way (the backward runs
   the same three: the downcast's gradient upcast, the multiply by the conjugate, the upcast's
   gradient downcast) against the fused ``2 b``.
+- **RMSNorm, decomposed** (``TrainingSpec.torch_norm = "decomposed"``): torchtitan's own
+  ``RMSNorm`` before 2025 (``torchtitan/models/norms.py`` @9dec370, ``norm_type = "rmsnorm"``,
+  the default of ``config_manager.py`` and of every llama3 preset there):
+  ``self._norm(x.float()).type_as(x) * self.weight``, ``_norm(x) = x * torch.rsqrt(x.pow(2).mean(-1,
+  keepdim=True) + eps)``. Per element of the normed tensor, forward: ``x.float()`` (read b, write
+  4), ``pow`` (read 4, write 4), ``mean`` (read 4), ``x * rstd`` (read 4, write 4), ``type_as``
+  (read 4, write b), ``* weight`` (read b, write b): ``4 b + 28`` against the fused kernel's
+  ``2 b``; the per-row ``+ eps`` and ``rsqrt`` are two more kernels (4 B a row each way).
+  Backward (derivatives.yaml; ``pow_backward`` in ``FunctionsManual.cpp``: ``grad * (exp *
+  self.pow(exp - 1))``): ``* weight``'s two products (read b write b; read 2 b write b) and the
+  weight gradient's sum over rows (read b), the ``type_as`` gradient upcast (read b, write 4),
+  ``x * rstd``'s two products (read 4 write 4; read 8 write 4) and the sum of the second over
+  ``h`` (read 4), ``mean``'s gradient expanded and divided (write 4), ``pow``'s: ``self.pow(1)``
+  (a copy: read 4, write 4), ``2 *`` it (read 4, write 4) and ``grad *`` it (read 8, write 4),
+  the two gradients of ``x.float()`` accumulated (read 8, write 4) and cast back (read 4, write
+  b): ``8 b + 76`` against the fused ``3 b``; the per-row ``rsqrt`` gradient ``-0.5 * grad *
+  result.pow(3)`` is three more kernels. torch.compile fuses the chain (the fused kernel).
 - **Cross entropy** ``F.cross_entropy(pred.float(), labels)``: per logit, forward the upcast
   (read b, write 4) and ``log_softmax`` (read 4, write 4; ``nll_loss`` gathers one logit per
   token): ``b + 12``; backward ``nll_loss_backward`` (zero-filled gradient, write 4),
@@ -94,3 +111,27 @@ def cross_entropy_bytes(b: int, eager: bool) -> tuple[list[tuple[str, int]], lis
         return [("cross entropy", b + 4)], [("cross entropy", 4 + b)]
     return ([("logits upcast", b + 4), ("log_softmax", 8)],
             [("nll_loss grad", 4), ("log_softmax grad", 12), ("logits upcast grad", 4 + b)])
+
+
+def rmsnorm_bytes(b: int) -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
+    """(forward, backward) kernels of the decomposed RMSNorm run eagerly (module docstring) as
+    (name, bytes per element of the normed tensor); :data:`RMSNORM_ROW_KERNELS` has the per-row
+    ones.
+
+    >>> f, bw = rmsnorm_bytes(2)
+    >>> len(f), sum(n for _, n in f), len(bw), sum(n for _, n in bw)
+    (6, 36, 13, 92)
+    """
+    fwd = [("upcast", b + 4), ("pow", 8), ("mean", 4), ("x * rstd", 8), ("downcast", 4 + b), ("* weight", 2 * b)]
+    bwd = [("* weight grad", 2 * b), ("weight grad mul", 3 * b), ("weight grad sum", b), ("downcast grad", b + 4),
+           ("x * rstd grad", 8), ("rstd grad mul", 12), ("rstd grad sum", 4), ("mean grad", 4),
+           ("pow grad x^1", 8), ("pow grad 2x", 8), ("pow grad mul", 12), ("x grad accumulate", 12),
+           ("upcast grad", 4 + b)]
+    return fwd, bwd
+
+
+#: Per-row kernels of the decomposed RMSNorm, (forward, backward) as (name, bytes per row):
+#: ``+ eps`` and ``rsqrt`` (read 4, write 4 each); ``rsqrt``'s gradient ``-0.5 * grad *
+#: result.pow(3)``: ``pow`` and ``-0.5 *`` (8 each) and the product (read 8, write 4).
+RMSNORM_ROW_KERNELS = ([("+ eps", 8), ("rsqrt", 8)], [("rsqrt grad pow", 8), ("rsqrt grad scale", 8),
+                                                       ("rsqrt grad mul", 12)])

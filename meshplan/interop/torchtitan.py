@@ -14,6 +14,10 @@ model.converters "quantize.linear.float8"      training.linear_dtype = "fp8": th
   (or "float8")                                  Linears' GEMMs in fp8, activations in compute_dtype
 quantize.linear.float8.filter_fqns,            training.fp8_output_layer (output not filtered),
   .enable_fsdp_float8_all_gather                 fp8_all_gather (with dp_shard > 1, as torchtitan)
+quantize.linear.float8.recipe_name "rowwise"   training.fp8_scaling = "rowwise" (unset: tensorwise)
+  (or "rowwise_with_gw_hp")
+model.norm_type (before 2025) "rmsnorm"        training.torch_norm = "decomposed" (torchtitan's own
+  ("fused_rmsnorm": "fused")                     RMSNorm, kernel by kernel when not compiled)
 training.local_batch_size                      micro_batch (pp 1); per-rank batch per step
                                                  (pp > 1: per schedule.step(), pp_schedule_runs =
                                                  global / (local x dp) accumulation steps)
@@ -87,6 +91,7 @@ from meshplan.interop.torchtitan_tables import (
     float8_used,
     model_parts,
     read_float8,
+    read_norm,
     read_recompute,
     write_float8,
     write_recompute,
@@ -109,7 +114,8 @@ USED = {"model.name", "model.flavor", "model.converters", "training.local_batch_
         "parallelism.pipeline_parallel_microbatch_size", "parallelism.module_fqns_per_model_part",
         "parallelism.pipeline_parallel_layers_per_stage", "parallelism.pipeline_parallel_first_stage_less_layers",
         "parallelism.pipeline_parallel_last_stage_less_layers", "parallelism.disable_loss_parallel",
-        "parallelism.enable_async_tensor_parallel", "compile.enable", "compile.components", "training.max_norm"} | \
+        "parallelism.enable_async_tensor_parallel", "compile.enable", "compile.components", "training.max_norm",
+        "model.norm_type"} | \
     {f"parallelism.{k}" for k in DEGREES}
 #: torchtitan keys (job_config.py at e347b1e) within three edits of a key the reader reads:
 #: none there; a later torchtitan key that close goes here so that it is listed, not refused.
@@ -246,7 +252,7 @@ def _training(d: dict, deg: dict[str, int], shard: int, opts: ImportOptions, mod
     training["grad_clip"] = True  # torchtitan clips every step (module docstring)
     if dtype == "bf16":  # training.dtype bfloat16: everything in bf16, no fp32 copy
         training |= {"master_weights": False, "grad_dtype": "bf16", "optimizer_dtype": "bf16"}
-    return training | read_float8(d, shard, notes)
+    return training | read_float8(d, shard, notes) | read_norm(d, notes)
 
 
 def _compile(c: dict, notes: list[str]) -> bool:
@@ -466,16 +472,21 @@ def current_layout(d: dict) -> dict:
 
 def write_notes(cfg: Config) -> list[str]:
     """Header notes of a torchtitan export: a recompute policy torchtitan has no option for,
-    written as the nearest one (:func:`~meshplan.interop.torchtitan_tables.write_recompute`)."""
+    written as the nearest one (:func:`~meshplan.interop.torchtitan_tables.write_recompute`);
+    torchtitan's pre-2025 norm, which today's torchtitan has no key for."""
     t = cfg.training
+    out = [f"note: training.torch_norm \"decomposed\" is torchtitan's pre-2025 RMSNorm (model.norm_type = "
+           f"\"rmsnorm\", a key torchtitan removed); the torchtitan written here runs nn.RMSNorm"] \
+        if t.torch_norm == "decomposed" else []
     if t.recompute != "selective":
-        return []
+        return out
     written = write_recompute(t)["mode"]
-    return [f"note: the plan modelled Megatron-LM's selective recompute (attention core only), which torchtitan "
-            f"has no option for (op-level SAC \"op\" is planned with cp = ep = 1 only, so not at this mesh); "
-            f"written as mode = \"{written}\", " + ("the same activations kept but the flash softmax statistics, "
-            "attention not replayed" if written == "none" else "without flash attention the nearest that keeps "
-            "no more than the plan")]
+    return out + [
+        f"note: the plan modelled Megatron-LM's selective recompute (attention core only), which torchtitan "
+        f"has no option for (op-level SAC \"op\" is planned with cp = ep = 1 only, so not at this mesh); "
+        f"written as mode = \"{written}\", " + ("the same activations kept but the flash softmax statistics, "
+        "attention not replayed" if written == "none" else "without flash attention the nearest that keeps "
+        "no more than the plan")]
 
 
 def _model_key(d: dict) -> tuple:

@@ -7,7 +7,14 @@ Float8 as torchtitan at e347b1e applies it (``components/quantization/float8.py`
 are multiples of 16 and whose name contains no ``filter_fqns`` entry for torchao's
 ``Float8Linear``: those GEMMs run in fp8, activations stay in the compute dtype
 (``training.linear_dtype``, :meth:`~meshplan.spec.training.TrainingSpec.float8_linear`);
-``enable_fsdp_float8_all_gather`` gathers those weights in float8 (``training.fp8_all_gather``).
+``enable_fsdp_float8_all_gather`` gathers those weights in float8 (``training.fp8_all_gather``);
+``recipe_name`` "rowwise" or "rowwise_with_gw_hp" is rowwise scaling (``training.fp8_scaling``,
+plain TP collectives), unset tensorwise (float8 TP all-gathers).
+
+The norm of torchtitan before 2025 (``model.norm_type``, removed by torchtitan #1131): at
+9dec370 ``torchtitan/models/norms.py`` builds "rmsnorm" (the default) as its own Python
+``RMSNorm`` (``training.torch_norm = "decomposed"``) and "fused_rmsnorm" as a Triton kernel
+(``"fused"``, one kernel each way, as today's ``nn.RMSNorm``).
 """
 
 from __future__ import annotations
@@ -27,6 +34,8 @@ SCHEDULE_NAMES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved_1f1b": "Interle
 V_SCHEDULES = ("zbv", "dualpipev")
 #: [model] converters that swap nn.Linear for Float8Linear: the older name and e347b1e's registry name.
 LINEAR_CONVERTERS = ("float8", "quantize.linear.float8")
+#: torchtitan's rowwise float8 recipes (820504e ``parallelize_llama.py``: ``float8_is_rowwise``).
+ROWWISE_RECIPES = ("rowwise", "rowwise_with_gw_hp")
 #: The converter of the routed experts' grouped GEMMs (torchao's MoE training), not modelled.
 GROUPED_CONVERTER = "quantize.grouped_mm.float8"
 #: [quantize.linear.float8] keys (Float8Linear of job_config.py), read with the Linear converter.
@@ -164,6 +173,8 @@ def read_float8(d: dict, shard: int, notes: list[str]) -> dict[str, Any]:
     if f8.get("recipe_name") == "rowwise_with_gw_hp":
         notes.append("recipe rowwise_with_gw_hp keeps the weight-gradient GEMMs in high precision; planned in fp8")
     out: dict[str, Any] = {"linear_dtype": "fp8", "fp8_output_layer": not any(f in "output" for f in names)}
+    if f8.get("recipe_name") in ROWWISE_RECIPES:
+        out["fp8_scaling"] = "rowwise"
     if not f8.get("enable_fsdp_float8_all_gather", False):
         return out
     if f8.get("recipe_name") is not None:
@@ -188,4 +199,26 @@ def write_float8(t) -> tuple[list[str], dict[str, Any]]:
     return [LINEAR_CONVERTERS[1]], {"quantize": {"linear": {"float8": {
         "enable_fsdp_float8_all_gather": t.fp8_all_gather,
         "precompute_float8_dynamic_scale_for_fsdp": t.fp8_all_gather,
-        "filter_fqns": [] if t.fp8_output_layer else ["output"]}}}}
+        "filter_fqns": [] if t.fp8_output_layer else ["output"],
+        **({"recipe_name": "rowwise"} if t.fp8_scaling == "rowwise" else {})}}}}
+
+
+#: torchtitan's pre-2025 ``model.norm_type`` -> ``training.torch_norm`` (9dec370 ``build_norm``).
+NORM_TYPES = {"rmsnorm": "decomposed", "fused_rmsnorm": "fused"}
+
+
+def read_norm(d: dict, notes: list[str]) -> dict[str, Any]:
+    """``training.torch_norm`` of torchtitan's pre-2025 ``model.norm_type`` (module docstring);
+    nothing without the key (today's torchtitan: ``nn.RMSNorm``, the default "fused"). The
+    LayerNorm choices are planned as the catalog model's norm, fused, with a note."""
+    kind = d.get("model", {}).get("norm_type")
+    if kind is None:
+        return {}
+    if kind in ("layernorm", "np_layernorm"):
+        notes.append(f"model.norm_type {kind!r}: nn.LayerNorm, one fused kernel each way; planned with the model's "
+                     f"own norm, fused")
+        return {}
+    if kind not in NORM_TYPES:
+        raise ConfigError("model.norm_type", f"{kind!r}; torchtitan's choices were layernorm, np_layernorm, rmsnorm, "
+                          f"fused_rmsnorm")
+    return {"torch_norm": NORM_TYPES[kind]}

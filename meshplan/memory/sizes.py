@@ -7,7 +7,9 @@ a is the activation dtype size; per rank H = ``a s b h`` with the full local seq
 Hr = H / t with SP, F = ``a s b f / t`` per gate, Q = ``a s b (a_q/t) d``, KV likewise):
 
 - forward, with sequence parallel and tp > 1: the all-gathered layer input H while the
-  QKV and MLP-in GEMMs run (none when ``sp_gathered_input``: then it is kept); with full
+  QKV and MLP-in GEMMs run (none when ``sp_gathered_input``: then it is kept; ``s b h`` bytes,
+  float8, under torchao's float8 TP, :func:`meshplan.comm.collectives.float8_tp`, as the
+  all-gathered dY below); with full
   recompute the checkpointed forward keeps nothing, and its MLP holds H (+ Hr
   ``unfused_norm``) + 3F (gated; 2F GeLU) at once;
 - backward of a dense layer, in autograd's order (:func:`backward_steps`; the incoming dY
@@ -57,6 +59,7 @@ from functools import lru_cache
 from typing import Optional
 from math import ceil
 
+from meshplan.comm.collectives import float8_tp
 from meshplan.compute.routing import RoutingOptions, routing
 from meshplan.compute.shapes import local_split
 from meshplan.mesh.layers import last_stage
@@ -120,7 +123,9 @@ def layer_act_sizes(model: ModelSpec, training: TrainingSpec, mesh: Mesh, opts: 
     saved = layer_bytes(dims, **lo) + routed
     full = layer_bytes(dims, **{**lo, "recompute": "none"}) + routed_full
     sp = mesh.sequence_parallel and tp > 1
-    gathered = a * tok * h if sp and not opts.sp_gathered_input else 0  # else a saved activation
+    # the all-gathered input, 1 byte a value under torchao's float8 TP (comm.collectives.float8_tp)
+    ga = 1 if float8_tp(model, training, sp) else a
+    gathered = ga * tok * h if sp and not opts.sp_gathered_input else 0  # else a saved activation
     if moe:
         widest = max(widest, a * tok * ceil(dims.f / tp) * gate)
         return ActSizes(saved=saved, rework=full - saved, fwd_temp=gathered, bwd_temp=a * rtok * h + widest + gathered)
@@ -172,7 +177,8 @@ def backward_steps(model: ModelSpec, training: TrainingSpec, mesh: Mesh, opts: M
     Q, K = a * tok * aq * dims.d, a * tok * kv * dims.d
     V, C = a * tok * kv * dims.d_v, a * tok * aq * dims.d_v  # value and context (MLA: v_head_dim)
     lat = a * tok * (2 * dims.q_lora + 2 * dims.kv_lora + dims.rope)  # MLA: latent gradients (up, then norm)
-    g = H if sp else 0  # the all-gathered output gradient of a row-parallel GEMM (SP)
+    # the all-gathered output gradient of a row-parallel GEMM (SP; float8 under torchao's float8 TP)
+    g = (tok * dims.h if float8_tp(model, training, sp) else H) if sp else 0
     work = {"mlp w_out": g + F, "mlp activation": (3 if dims.gated else 2) * F,
             "mlp w_in": max(2 * F + H, 3 * H) if dims.gated else F + H,
             "mlp norm": norm_work(H, Hr, sp, opts), "attention w_o": g + C, "attention core": C + Q + K + V,

@@ -220,6 +220,18 @@ def comm_kind(row) -> str:
 ROOT_GROUPS = {"root (embedding)": "root_embed", "root (norm/output)": "root_head"}
 
 
+#: Group of the tp rows that move float8 (the layers' all-gathers under torchao's float8 TP:
+#: :func:`meshplan.comm.collectives.float8_tp`); the embedding's and head's keep "".
+FLOAT8_TP = "float8"
+
+
+def _row_group(kind: str, row) -> str:
+    """The group a row's seconds are kept under in :attr:`CommTimes.t`."""
+    if kind in ("shard", "replica"):
+        return _shard_group(row.cadence)
+    return FLOAT8_TP if kind == "tp" and row.dtype == "fp8" else ""
+
+
 def _shard_group(cadence: str) -> str:
     if "root" in cadence:
         return next((g for label, g in ROOT_GROUPS.items() if label in cadence), "root")
@@ -292,7 +304,7 @@ class CommTimes:
             kind = comm_kind(r)
             if sm_share is not None and (f := sm_share(r)) > 0:
                 op = "reduce-scatter" if kind == "shard" and r.op == "all-reduce" else r.op  # DeepSpeed's buckets
-                key = (kind, _shard_group(r.cadence) if kind in ("shard", "replica") else "", r.phase, op)
+                key = (kind, _row_group(kind, r), r.phase, op)
                 c.share[key] = f
                 c.share[(kind,)] = max(f, c.share.get((kind,), 0.0))
             ds = DEEPSPEED_BUCKET_CADENCE in r.cadence
@@ -330,7 +342,7 @@ class CommTimes:
                 c.t[key] = c.t.get(key, 0.0) + r.time_s * per
                 c.host[(group, r.phase)] = c.host.get((group, r.phase), 0.0) + r.host_s * per
             else:
-                group = _shard_group(r.cadence) if kind in ("shard", "replica") else ""
+                group = _row_group(kind, r)
                 c.t[(kind, group, r.phase, r.op)] = r.time_s
                 if kind == "shard" and r.copy_s:
                     c.copies[(group, r.op)] = max(r.copy_s, c.copies.get((group, r.op), 0.0))
@@ -495,6 +507,12 @@ class _Sim:
         return UnitSim(end, tail, dict(self.exposed), tuple(self.events), final.stream if final and tail else "")
 
 
+def _gather_group(s: "_Sim", phase: str) -> str:
+    """Group of a layer block's tp all-gathers of ``phase``: :data:`FLOAT8_TP` when the stage's
+    table has float8 rows for them (torchao's float8 TP, the layers'), else ""."""
+    return FLOAT8_TP if ("tp", FLOAT8_TP, phase, "all-gather") in s.c.t else ""
+
+
 def _tp(w: Workload) -> tuple[str, str]:
     """TP collective before and after a block: (all-gather, reduce-scatter) with SP, else
     ("", all-reduce)."""
@@ -511,7 +529,7 @@ def _block(s: _Sim, name: str, t: float, phase: str, ep: bool = False, cp: Optio
         _fused_block(s, name, t, phase, fused, scatter)
         return
     before, after = _tp(s.w)
-    pre = s.comm("tp", phase, before, f"tp {before}")
+    pre = s.comm("tp", phase, before, f"tp {before}", _gather_group(s, phase))
     if ep:
         pre = s.comm("ep", phase, "all-to-all", "ep dispatch", after=[pre or s.last]) or pre
     post = s.comm("tp", phase, after, f"tp {after}", after=[s.last]) if s.ov.tp and scatter else None
@@ -539,7 +557,7 @@ def _fused_block(s: _Sim, name: str, t: float, phase: str, fused: dict, scatter:
     runs whole among the block's other ops."""
     ag_s, ag_n = fused["ag"]
     rs_s, rs_n = fused.get("rs", (0.0, 0)) if scatter else (0.0, 0)
-    s.fused(name + " all-gather+GEMMs", ag_s, s.c.get("tp", phase, "all-gather"), ag_n, False)
+    s.fused(name + " all-gather+GEMMs", ag_s, s.c.get("tp", phase, "all-gather", _gather_group(s, phase)), ag_n, False)
     s.compute(name, t - ag_s - rs_s)
     if scatter:
         s.fused(name + " GEMM+reduce-scatter", rs_s, s.c.get("tp", phase, "reduce-scatter"), rs_n, True)
@@ -581,13 +599,14 @@ def _block_backward(s: _Sim, name: str, t_b: float, t_w: float, ep=False, cp: Op
     GEMM (:func:`fused_gemms`, backward side "ag"), the rest of the input gradients after it."""
     before, after = _tp(s.w)
     ag_fused = fused.get("ag") if fused and cp is None and not ep and s.w.sp else None
-    pre = None if ag_fused else s.comm("tp", "backward", before, f"tp {before}")
+    g = _gather_group(s, "backward")
+    pre = None if ag_fused else s.comm("tp", "backward", before, f"tp {before}", g)
     if ep:
         pre = s.comm("ep", "backward", "all-to-all", "ep combine grad", after=[pre or s.last]) or pre
     regather = s.ov.tp_grad and s.w.sp and not ep and t_w > 0
     ag = None
     if ag_fused:
-        s.fused(name + " all-gather+dgrad", ag_fused[0], s.c.get("tp", "backward", before), ag_fused[1], False)
+        s.fused(name + " all-gather+dgrad", ag_fused[0], s.c.get("tp", "backward", before, g), ag_fused[1], False)
         s.compute(name + " B", t_b - ag_fused[0] - (t_b_col if regather else 0.0) + t_w_row)
         if regather:
             ag = s.comm("tp", "backward", "all-gather", "tp all-gather (input again, for wgrad)")

@@ -73,7 +73,7 @@ from functools import lru_cache
 import numpy as np
 
 from meshplan.comm import fsdp2
-from meshplan.comm.collectives import axis_path, fsdp_gather_flags, path_time
+from meshplan.comm.collectives import axis_path, float8_tp, fsdp_gather_flags, path_time
 from meshplan.compute.ops import (
     Workload,
     embedding_cost,
@@ -192,7 +192,11 @@ def comm_times(cfg: Config, tt: TimeTables, c: Candidates) -> dict[str, np.ndarr
     kv_l = np.array([local_heads(m, x)[1] for x in tps.tolist()], dtype=np.int64)[at.reshape(-1)]
     kv = c.mb * t.seq_len * kv_l * (m.d_head + m.d_v) * cd  # K and V (MLA: value head dim d_v)
     one = np.ones_like(c.tp)
+    # the layers' all-gathers in float8 under torchao's float8 TP (collectives.float8_tp: the
+    # contract's, with SP); the reduce-scatters, the head's and the embedding's in compute dtype
+    f8 = float8_tp(m, t)
     out = {"tp_sp": np.where(sp, coll_times(tt, "all-gather", c.tp, act, one), 0.0),
+           "tp_ag": np.where(sp, coll_times(tt, "all-gather", c.tp, act // cd if f8 else act, one), 0.0),
            "tp_ar": np.where(sp, 0.0, coll_times(tt, "all-reduce", c.tp, act, one)),
            "loss": 3 * coll_times(tt, "all-reduce", c.tp, c.mb * (t.seq_len // seq) * 4, one),
            "cp_ag": coll_times(tt, "all-gather", c.cp, kv, c.tp),
@@ -333,7 +337,7 @@ def chains(c: Candidates, o: dict, cm: dict, moe: bool, serial: bool | np.ndarra
     the next block waits for it (rank_timeline._block_backward without ``Overlap.tp`` or
     ``tp_grad``: torch, tp_comm_overlap off), so the two add up; otherwise the collective may
     run beside the weight gradients (the larger of the two)."""
-    pre, post = cm["tp_sp"], np.maximum(cm["tp_sp"], cm["tp_ar"])
+    pre, post = cm["tp_ag"], np.maximum(cm["tp_sp"], cm["tp_ar"])
     e = cm["ep"] if moe else 0.0
 
     def forward(p):

@@ -23,7 +23,7 @@ Dtype = Literal["fp32", "bf16", "fp16", "fp8"]
 # ``fp8_output_layer`` (which GEMMs run in float8) are the workload's numerics.
 PLAN_KNOBS = ("micro_batch", "sharding", "reshard_after_forward", "reshard_head_after_forward", "recompute", "ac_freq", "flash_attention",
               "tp_comm_overlap", "framework", "zero3_engine", "zero12_engine", "overlap_comm", "grad_accumulation",
-              "fp8_all_gather", "torch_compile", "pp_schedule_runs", "vocab_pad_divisor")
+              "fp8_all_gather", "torch_compile", "torch_norm", "pp_schedule_runs", "vocab_pad_divisor")
 
 #: The weights of ``nn.Linear`` modules (torchtitan's model files; Megatron-LM's Transformer Engine
 #: linears): attention (dense and MLA), the dense MLP and the shared experts, the MoE router's gate
@@ -85,6 +85,11 @@ class TrainingSpec(BaseModel):
     (torchtitan ``[compile] enable``), which fuses each chain of elementwise ops between the GEMMs
     into one kernel; off (torchtitan's default), torch runs them one kernel each
     (:mod:`meshplan.compute.torch_eager`). Megatron-LM runs its own kernels either way.
+    ``torch_norm``: the RMSNorm module under ``framework = "torch"``: ``"fused"`` (one kernel
+    each way: torch's ``nn.RMSNorm``, torchtitan's norm since 2025) or ``"decomposed"``
+    (torchtitan's own ``RMSNorm`` before it, ``model.norm_type = "rmsnorm"`` at 9dec370: upcast,
+    ``pow``, ``mean``, ``rsqrt``, products and casts, one kernel each when not compiled,
+    :func:`meshplan.compute.torch_eager.rmsnorm_bytes`; torch.compile fuses them).
     ``zero3_engine``: which runtime shards the parameters under ``sharding = "zero3"``:
     ``fsdp2`` (torch FSDP2: one unit per layer, one coalesced all-gather and reduce-scatter
     each) or ``deepspeed-2021`` (DeepSpeed ZeRO stage 3 v0.3.13-v0.5.4, Mar-Oct 2021, before
@@ -161,6 +166,12 @@ class TrainingSpec(BaseModel):
     (``precompute_float8_dynamic_scale_for_fsdp``); a tied output layer is the embedding and
     is gathered in the compute dtype. Gradients are reduce-scattered in the reduce dtype
     either way.
+    ``fp8_scaling``: the float8 scaling recipe, ``"tensorwise"`` (one scale per tensor:
+    torchao's default, torchtitan's ``recipe_name`` unset) or ``"rowwise"`` (torchtitan's
+    ``recipe_name = "rowwise"`` or ``"rowwise_with_gw_hp"``). Under ``framework = "torch"``
+    with sequence parallelism, tensorwise scaling makes the TP all-gathers of the float8
+    Linears' inputs and output gradients move float8 (:meth:`float8_tp_gathers`); rowwise
+    keeps torch's plain TP, every collective in the compute dtype.
     ``moe_capacity_factor``, ``moe_dropless``, ``moe_hottest_expert_share``: MoE routing
     (:mod:`meshplan.compute.routing`): the capacity factor f of the dropping dispatch
     (``C = ceil(f x tokens x top_k / experts)``, Megatron-LM ``--moe-expert-capacity-factor``;
@@ -194,6 +205,7 @@ class TrainingSpec(BaseModel):
     grad_clip: bool = True
     framework: Literal["torch", "megatron"] = "torch"
     torch_compile: bool = False
+    torch_norm: Literal["fused", "decomposed"] = "fused"
     zero3_engine: Literal["fsdp2", "deepspeed-2021"] = "fsdp2"
     zero12_engine: Literal["megatron", "deepspeed"] = "megatron"
     overlap_comm: bool = False
@@ -202,6 +214,7 @@ class TrainingSpec(BaseModel):
     linear_dtype: Optional[Literal["fp8"]] = None
     fp8_all_gather: bool = False
     fp8_output_layer: bool = False
+    fp8_scaling: Literal["tensorwise", "rowwise"] = "tensorwise"
     moe_capacity_factor: float = Field(default=1.0, gt=0)
     moe_dropless: bool = False
     moe_hottest_expert_share: Optional[float] = Field(default=None, gt=0, le=1)
@@ -254,6 +267,14 @@ class TrainingSpec(BaseModel):
         if (self.fp8_all_gather or self.fp8_output_layer) and self.linear_dtype != "fp8":
             key = "fp8_all_gather" if self.fp8_all_gather else "fp8_output_layer"
             raise ValueError(f"{key} applies to the float8 Linear layers; set linear_dtype = \"fp8\" or remove it")
+        if self.torch_norm != "fused" and self.framework != "torch":
+            raise ValueError("torch_norm is the RMSNorm module of framework \"torch\" (Megatron-LM runs its own "
+                             "kernels): remove it")
+        if self.fp8_scaling != "tensorwise" and self.linear_dtype != "fp8":
+            raise ValueError("fp8_scaling applies to the float8 Linear layers; set linear_dtype = \"fp8\" or remove it")
+        if self.fp8_scaling == "rowwise" and self.fp8_all_gather:
+            raise ValueError("fp8_all_gather with fp8_scaling \"rowwise\": torchtitan refuses the pair (the float8 "
+                             "all-gather is tensorwise scaling only); remove one")
         if self.fp8_all_gather and self.sharding not in ("zero3", "hsdp"):
             raise ValueError(f"fp8_all_gather is FSDP2's float8 all-gather (sharding zero3 or hsdp); sharding "
                              f"{self.sharding!r} gathers nothing: remove it")
@@ -408,6 +429,31 @@ class TrainingSpec(BaseModel):
         if self.fp8_all_gather and self.float8_linear(tensor) and not tensor.tied:
             return "fp8"
         return self.compute_dtype
+
+    @property
+    def float8_tp_gathers(self) -> bool:
+        """Whether TP (under sequence parallelism) all-gathers the float8 Linears' inputs and
+        output gradients in float8: float8 Linears (``linear_dtype``) with tensorwise scaling
+        (``fp8_scaling``) under ``framework = "torch"``. torchtitan applies torchao's float8 TP
+        styles then (9dec370 ``parallelisms/parallelize_llama.py`` ``apply_tp``; 820504e
+        ``models/llama3/parallelize_llama.py``: ``enable_float8_tensorwise_tp = enable_float8_linear
+        and not float8_is_rowwise``), and torchao (eab345c ``torchao/float8/float8_tensor_parallel.py``)
+        casts before the redistribute: ``PrepareFloat8ModuleInput`` casts the attention's and the
+        MLP's Shard(1) input to float8 e4m3 before its Shard(1) -> Replicate all-gather ("so that
+        if there are multiple float8 users of the input activation, we perform fp8 allgather only
+        once"); ``Float8RowwiseParallel._prepare_output_fn`` reduce-scatters the wo / w2 output
+        in the compute dtype, then wraps it in ``NoopFwToFloat8BwDynamic`` (backward: cast to
+        float8 e5m2), so backward casts the output gradient before the reduce-scatter's mirror
+        all-gather; the float8 tensor's all-gather moves its 1-byte data (``float8_ops.py``
+        ``allgather_fp8``). The input gradients stay in the compute dtype (the float8 cast's
+        backward passes the gradient through), so the reduce-scatters do. Not the embedding's
+        and the output layer's collectives (plain ``RowwiseParallel`` / ``ColwiseParallel``).
+
+        >>> t = TrainingSpec(global_batch=8, seq_len=16, linear_dtype="fp8")
+        >>> t.float8_tp_gathers, t.model_copy(update={"fp8_scaling": "rowwise"}).float8_tp_gathers
+        (True, False)
+        """
+        return self.linear_dtype == "fp8" and self.fp8_scaling == "tensorwise" and self.framework == "torch"
 
     @property
     def peak_dtype(self) -> Dtype:

@@ -1,0 +1,115 @@
+"""Float8 tensorwise TP all-gathers in float8 (``TrainingSpec.float8_tp_gathers``; torchao
+eab345c ``float8/float8_tensor_parallel.py``: ``PrepareFloat8ModuleInput`` casts the block's
+Shard(1) input to float8 before the Shard(1) -> Replicate all-gather; ``Float8RowwiseParallel``
+wraps the reduce-scattered output in ``NoopFwToFloat8BwDynamic``, so backward casts the output
+gradient before the mirror all-gather; torchtitan uses these styles unless the recipe is rowwise).
+
+Llama 3 8B from torchtitan's example TOML on one DGX H100 (8 GPUs): dp_shard 4 x tp 2, local
+batch 1, seq 8192, op-level SAC. By hand, per layer (32 layers, one micro-batch):
+
+- forward: 2 all-gathers (attention and MLP input) of b s h = 1 x 8192 x 4096 = 33,554,432
+  values, in float8: 33,554,432 B (bf16: 67,108,864 B); 2 reduce-scatters (wo, w_down outputs)
+  in bf16, 67,108,864 B;
+- backward: 2 all-gathers of the wo / w_down output gradients (float8) and the 2 forward
+  all-gathers op-level AC replays (float8): 4 x 32 = 128; 2 reduce-scatters of the input
+  gradients (bf16);
+- not float8: the output layer's input all-gather (forward, plain ``ColwiseParallel``), the
+  embedding's reduce-scatter (plain ``RowwiseParallel``) and their mirrors: 1 each in bf16.
+
+Rowwise scaling (``recipe_name = "rowwise"``): torchtitan's plain TP, every all-gather in bf16.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from meshplan.config import config_from_dict
+from meshplan.errors import ConfigError
+from meshplan.interop.common import ImportOptions
+from meshplan.interop.foreign import load_any
+from meshplan.interop.tomlout import resolved
+from meshplan.interop.torchtitan import write as titan_write
+from meshplan.memory.sizes import layer_act_sizes
+from meshplan.plan import build_plan
+from meshplan.schedule.steptime import step_time
+
+from tests.test_float8_linears import TT, titan
+
+BSH = 1 * 8192 * 4096
+
+
+def tp_rows(plan) -> dict:
+    """(phase, op, dtype) -> (size_bytes, calls per micro-batch) of stage 0's tp rows."""
+    return {(r.phase, r.op, r.dtype): (r.size_bytes, r.per_microbatch) for r in plan.stage(0).collectives
+            if r.axis == "tp" and r.op in ("all-gather", "reduce-scatter")}
+
+
+def rowwise(tmp_path, tp: int = 2):
+    """The example TOML with float8 Linears under rowwise scaling at tp ``tp``."""
+    text = TT.read_text().replace("tensor_parallel_degree = 1", f"tensor_parallel_degree = {tp}")
+    text = text.replace('flavor = "8B"\n', 'flavor = "8B"\nconverters = ["quantize.linear.float8"]\n')
+    text += '\n[quantize.linear.float8]\nrecipe_name = "rowwise"\nfilter_fqns = ["output"]\n'
+    f = tmp_path / "rw.toml"
+    f.write_text(text)
+    return build_plan(load_any(f, opts=ImportOptions(cluster="dgx-h100", nodes=1)))
+
+
+def test_tensorwise_gathers_float8_by_hand(tmp_path):
+    p = titan(tmp_path, float8=True, gather=True, tp=2)
+    assert (p.config.training.fp8_scaling, p.config.training.float8_tp_gathers) == ("tensorwise", True)
+    assert tp_rows(p) == {
+        ("forward", "all-gather", "fp8"): (BSH, 64), ("forward", "all-gather", "bf16"): (2 * BSH, 1),
+        ("forward", "reduce-scatter", "bf16"): (2 * BSH, 65),
+        ("backward", "all-gather", "fp8"): (BSH, 128), ("backward", "all-gather", "bf16"): (2 * BSH, 1),
+        ("backward", "reduce-scatter", "bf16"): (2 * BSH, 65)}
+
+
+def test_rowwise_and_bf16_gather_in_bf16(tmp_path):
+    rw, off = rowwise(tmp_path), titan(tmp_path, float8=False, tp=2)
+    assert (rw.config.training.fp8_scaling, rw.config.training.float8_tp_gathers) == ("rowwise", False)
+    want = {("forward", "all-gather", "bf16"): (2 * BSH, 65), ("forward", "reduce-scatter", "bf16"): (2 * BSH, 65),
+            ("backward", "all-gather", "bf16"): (2 * BSH, 129), ("backward", "reduce-scatter", "bf16"): (2 * BSH, 65)}
+    assert tp_rows(rw) == tp_rows(off) == want
+    # exported back: the recipe survives the round trip
+    assert titan_write(rw.config)["quantize"]["linear"]["float8"]["recipe_name"] == "rowwise"
+
+
+def test_timeline_waits_the_float8_gathers(tmp_path):
+    """torch's TP collectives block (no async TP): the exposed tp time of tensorwise is
+    rowwise's less, for each of the 64 + 128 float8 all-gathers, the bf16 gather's seconds less
+    the float8 one's (the table's times); the head's and embedding's gathers stay bf16."""
+    tw, rw = titan(tmp_path, float8=True, gather=False, tp=2), rowwise(tmp_path)
+    t = {(r.phase, r.op, r.dtype): r.time_s for r in tw.stage(0).collectives if r.axis == "tp"}
+    saved = 192 * (t["forward", "all-gather", "bf16"] - t["forward", "all-gather", "fp8"])
+    assert t["forward", "all-gather", "fp8"] < 0.6 * t["forward", "all-gather", "bf16"]
+    exposed = [step_time(p).parts_s()["exposed tp"] for p in (rw, tw)]
+    assert exposed[0] - exposed[1] == pytest.approx(saved, rel=1e-9)
+
+
+def test_fp8_scaling_errors_are_one_line():
+    base = {"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 1},
+            "mesh": {"names": ["dp_shard"], "shape": [8]}}
+    with pytest.raises(ConfigError, match=r"^training: fp8_scaling applies to the float8 Linear layers; set "
+                                          r"linear_dtype = \"fp8\" or remove it$"):
+        config_from_dict(base | {"training": {"global_batch": 8, "seq_len": 2048, "fp8_scaling": "rowwise"}})
+    with pytest.raises(ConfigError, match=r"fp8_all_gather with fp8_scaling \"rowwise\": torchtitan refuses"):
+        config_from_dict(base | {"training": {"global_batch": 8, "seq_len": 2048, "linear_dtype": "fp8",
+                                              "fp8_scaling": "rowwise", "fp8_all_gather": True}})
+
+
+def test_gathered_buffers_are_float8_in_memory():
+    """Llama 3 8B, dp_shard 4 x tp 2 with SP, micro-batch 1 of 8192 tokens, no recompute: the
+    forward's all-gathered layer input (its transient, s b h values) and the backward's
+    all-gathered output gradient of wo / w_down take 1 B a value under tensorwise float8, 2 B
+    under rowwise: 33,554,432 B against 67,108,864 B."""
+    cfg = lambda scaling: config_from_dict({
+        "model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 1},
+        "training": {"global_batch": 4, "seq_len": 8192, "recompute": "none", "linear_dtype": "fp8",
+                     "fp8_scaling": scaling},
+        "mesh": {"names": ["dp_shard", "tp"], "shape": [4, 2], "sequence_parallel": True}})
+    tw, rw = (layer_act_sizes(c.model, c.training, resolved(c), c.memory) for c in (cfg("tensorwise"), cfg("rowwise")))
+    assert (tw.fwd_temp, rw.fwd_temp) == (BSH, 2 * BSH)
+    work = lambda s: {st.name: st.work for st in s.steps}
+    assert work(rw)["mlp w_out"] - work(tw)["mlp w_out"] == BSH
+    assert work(rw)["attention w_o"] - work(tw)["attention w_o"] == BSH
+    assert tw.saved == rw.saved  # saved activations unchanged: the GEMM input kept is the norm output shard
