@@ -33,8 +33,8 @@ TABLE = GemmTable({(m, n, k, "bf16"): Measurement(m, n, k, "bf16", s, "test", "2
                    for (m, n, k), s in PIECES.items()})
 
 
-def plan(framework: str = "torch", overlap: bool = True):
-    t = {"global_batch": 1, "seq_len": 4096, "micro_batch": 1, "sharding": "none", "recompute": "none",
+def plan(framework: str = "torch", overlap: bool = True, recompute: str = "none"):
+    t = {"global_batch": 1, "seq_len": 4096, "micro_batch": 1, "sharding": "none", "recompute": recompute,
          "framework": framework, "tp_comm_overlap": overlap}
     if framework == "torch":
         t["torch_compile"] = True
@@ -129,6 +129,60 @@ def test_torch_fused_ops_by_hand():
     loss = event_s(f, "tp loss collectives")
     blocking = tp_row_s(p, "forward", "reduce-scatter") + tp_row_s(p, "forward", "all-gather") + loss
     assert f.exposed_s["tp"] == pytest.approx(SMALL["layers"] * beyond + blocking, rel=1e-9)
+
+
+def fused_excess(g_us: float, c: float, n: int = 4) -> float:
+    """Seconds a fused op of ``n`` pieces of ``g_us`` each lasts beyond its GEMMs, against
+    transfers of ``c`` each: g + (n - 1) max(g, c) - n g."""
+    return g_us * US + (n - 1) * max(g_us * US, c) - n * g_us * US
+
+
+def test_torch_backward_fuses_the_gathered_gradients_only_by_hand():
+    """torch at tp 4, no recompute: the backward fuses each gathered output gradient with wo's /
+    w_down's input gradient (4 pieces of 6 us: 6 + 3 x 17.36 = 58.07 us, 34.07 us beyond the
+    GEMMs; w_down's 50 us pieces hide theirs) and nothing else: the column-parallel input
+    gradients' reduce-scatter (a sum of matmuls) stays a functional collective, issued after the
+    block's weight gradients, the next block waiting for it (inductor reorders nothing by default),
+    as with the overlap off. So per layer the backward hides 2 gathers less 34.07 us, and its
+    reduce-scatters start where the weight gradients end and end where the next compute starts."""
+    on, off = plan(), plan(overlap=False)
+    b_on = step_time(on, table=TABLE).units.get(0, 0, "B", 0)
+    b_off = step_time(off, table=TABLE).units.get(0, 0, "B", 0)
+    agb, rsb = tp_row_s(on, "backward", "all-gather"), tp_row_s(on, "backward", "reduce-scatter")
+    excess = fused_excess(6, agb / 3) + fused_excess(50, agb / 3)
+    assert excess == pytest.approx(34.07 * US, rel=1e-3)
+    hidden = b_off.exposed_s["tp"] - b_on.exposed_s["tp"]
+    assert hidden == pytest.approx(SMALL["layers"] * (2 * agb - excess), rel=1e-9)
+    events = list(b_on.events)
+    for i, e in enumerate(events):
+        if e.stream == "compute" and e.name in ("mlp W", "attention W"):
+            rs = next(x for x in events[i:] if x.stream == "tp" and x.name == "tp reduce-scatter")
+            after = next(x for x in events[i + 1:] if x.stream == "compute" and x.end_s > x.start_s)
+            assert rs.start_s == pytest.approx(e.end_s, abs=1e-12) and rs.end_s - rs.start_s == pytest.approx(rsb)
+            assert after.start_s == pytest.approx(rs.end_s, abs=1e-12)
+    mega = step_time(plan("megatron"), table=TABLE).units.get(0, 0, "B", 0)
+    w = next(e for e in mega.events if e.name == "mlp W")
+    rs = next(e for e in mega.events if e.stream == "tp" and e.name == "tp reduce-scatter")
+    assert rs.start_s < w.end_s  # TE's bulk overlap: beside the weight gradients
+
+
+def test_torch_full_recompute_replays_no_mlp_reduce_scatter():
+    """Full AC under torch.compile replays what the backward reads: the attention's fused gather
+    + wq/wk/wv and wo + reduce-scatter (the residual feeds the MLP's norm), the MLP's gather +
+    w_gate/w_up, not w_down nor its reduce-scatter (their output only feeds the next layer). So
+    the replay exposes per layer the attention's two fused ops' excess (16 and 10 us pieces
+    against 17.36 us transfers) and the MLP gather's (100 us pieces: none), by hand."""
+    none, full = plan(), plan(recompute="full")
+    b_none = step_time(none, table=TABLE).units.get(0, 0, "B", 0)
+    b_full = step_time(full, table=TABLE).units.get(0, 0, "B", 0)
+    names = [e.name for e in b_full.events if e.stream == "compute"]
+    layers = SMALL["layers"]
+    assert names.count("attention GEMM+reduce-scatter") == layers and names.count("mlp GEMM+reduce-scatter") == 0
+    assert names.count("mlp all-gather+GEMMs") == layers
+    ag, rs = tp_row_s(full, "forward", "all-gather") / 3, tp_row_s(full, "forward", "reduce-scatter") / 3
+    replay = fused_excess(16, ag) + fused_excess(10, rs) + fused_excess(100, ag)
+    assert b_full.exposed_s["tp"] - b_none.exposed_s["tp"] == pytest.approx(layers * replay, rel=1e-9)
+    assert replay == pytest.approx(4.07 * US + 22.07 * US, rel=1e-3)
 
 
 def event_s(unit, name):

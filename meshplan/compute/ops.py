@@ -647,8 +647,10 @@ def layer_costs(model: ModelSpec, gpu: GPUSpec, w: Workload, recomputes: tuple[s
     >>> both = layer_costs(gpt, a100, w, ("none", "full"))
     >>> both["full"] == layer_cost(gpt, a100, replace(w, recompute="full"))
     True
-    >>> both["full"].seconds("backward_input", "mlp", True) == both["none"].seconds("forward", "mlp")
+    >>> both["full"].seconds("backward_input", "attn", True) == both["none"].seconds("forward", "attn")
     True
+    >>> [o.name for o in both["full"].ops if o.recompute and o.block == "mlp"]  # torch: w_down is not replayed
+    ['w_up (recompute)', 'gelu (recompute)']
     """
     for rc in recomputes:
         if rc not in RECOMPUTE + ("layer",):
@@ -679,9 +681,9 @@ def layer_costs(model: ModelSpec, gpu: GPUSpec, w: Workload, recomputes: tuple[s
     for rc in recomputes:
         every = ops + (attn_sel if rc == "selective" else attn_plain) + rest
         if rc in ("full", "op"):
-            kept = _op_sac_kept(model) if rc == "op" else ()
+            kept = _op_sac_kept(model) if rc == "op" else full_ac_not_replayed(w)
             every += [_replay(o) for o in every if o.phase == "forward" and o.name not in kept
-                      and not (kept and (o.kind == "attention" or o.name.startswith(OP_SAC_NOT_REPLAYED)))]
+                      and not (rc == "op" and (o.kind == "attention" or o.name.startswith(OP_SAC_NOT_REPLAYED)))]
         out[rc] = Cost(tuple(sorted(every, key=lambda o: (PHASES.index(o.phase), order[o.block]))))
     return out
 
@@ -709,7 +711,8 @@ def sp_layout_ops(model: ModelSpec, gpu: GPUSpec, w: Workload, gemms: list[Gemm]
     """The layout copies torch's sequence-parallel collectives add on the compute stream when a
     micro-batch holds several sequences (:mod:`meshplan.compute.dtensor_sp`): per dense block
     (attention: wq or Megatron's qkv; MLP: w_up), forward the gather's and the scatter's, backward
-    the same two (only the unfused input-gradient scatter under torch's async TP), each
+    the same two (under torch's async TP: in backward the returned gathered input's and output
+    gradient's copies for the weight gradients and the unfused input-gradient scatter's), each
     :func:`~meshplan.compute.dtensor_sp.copy_bytes` of the rank's full ``tokens x hidden``."""
     fw = "torch" if w.sp_layout_copies else ""
     if not dtensor_sp.applies(fw, w.sp, w.tp, w.micro_batch):
@@ -736,6 +739,31 @@ OP_SAC_SAVED_GEMMS_GELU = ("wq", "wv", "w_up")
 #: Forward kernels op-level AC does not replay beside the saved GEMMs and SDPA: async TP's
 #: partial sum is part of the fused GEMM + reduce-scatter, whose output the policy saves.
 OP_SAC_NOT_REPLAYED = ("async-TP partial sum",)
+
+
+def full_ac_not_replayed(w: Workload) -> tuple[str, ...]:
+    """Forward ops of a dense layer that torch's full AC does not replay: what only feeds the
+    MLP's closing reduce-scatter, which the backward never needs (the block's output goes to the
+    next layer, and the reduce-scatter's and the residual add's backward need no saved tensor).
+    Eager (``torch_eager``): ``torch.utils.checkpoint`` non-reentrant stops the replay once the
+    last saved tensor is recomputed ("early stop", on by default; torchtitan 820504e's
+    ``ptd_checkpoint_wrapper``), after w_down's mm saved its input: w_down runs, its scatter's
+    layout copy and the reduce-scatter do not. Compiled: AOTAutograd's min-cut partitioner puts
+    in the backward graph only the recomputed nodes the backward reads, so w_down's GEMM, async
+    TP's partial sum after it and the copy go too. Megatron-LM's ``CheckpointFunction`` re-runs the
+    whole layer: nothing is left out. The timeline leaves the replayed MLP's closing collective
+    out likewise (:func:`meshplan.schedule.rank_timeline.replay_scatters`).
+
+    >>> full_ac_not_replayed(Workload(seq_len=8, megatron_ops=True))
+    ()
+    >>> full_ac_not_replayed(Workload(seq_len=8, torch_eager=True))
+    ('SP layout copy (scatter, mlp)', 'async-TP partial sum (w_down)')
+    >>> full_ac_not_replayed(Workload(seq_len=8))[-1]
+    'w_down'
+    """
+    if w.megatron_ops:
+        return ()
+    return ("SP layout copy (scatter, mlp)", "async-TP partial sum (w_down)") + (() if w.torch_eager else ("w_down",))
 
 
 def _op_sac_kept(model: ModelSpec) -> tuple[str, ...]:

@@ -16,7 +16,9 @@ frameworks issue them:
   except under ``training.tp_comm_overlap`` with SP (``Workload.async_tp``): there the fused
   all-gather + column-parallel GEMMs and row-parallel GEMM + reduce-scatter run as the runtime
   decomposes them (:mod:`meshplan.compute.asynctp`, :meth:`_Sim.fused`; forward blocks without
-  CP or EP; in backward the gathered output gradient with the row-parallel input gradient).
+  CP or EP; in backward the gathered output gradient with the row-parallel input gradient);
+  under torch the collectives it does not fuse block as without it (``Overlap.tp`` stays off:
+  :func:`meshplan.compute.asynctp.unfused_overlap`).
   Backward: with SP an AG before each block; the row-parallel linear's (wo, w_down) weight
   gradient is computed with its input gradient at the block's start. torch (``training.framework``,
   the default): the input-gradient RS|AR of the column-parallel linears (wq/wk/wv, w_up/w_gate)
@@ -24,7 +26,8 @@ frameworks issue them:
   redistribution's backward) and the next block waits for it. Megatron-LM
   (``Overlap.tp_grad``): it runs during their weight-gradient GEMMs (the asynchronous gradient
   collective), and with SP their input is all-gathered again before, during their
-  input-gradient GEMM (only its sequence shard is saved). Full recompute re-runs the forward blocks (with their collectives);
+  input-gradient GEMM (only its sequence shard is saved). Full recompute re-runs the forward blocks (with their
+  collectives; torch's not the MLP's closing one, :func:`replay_scatters`);
   torchtitan's per-layer AC does so in its checkpointed layers, its op-level AC re-runs the
   forward ops it did not save, with each block's all-gather but not its reduce-scatter (whose
   output it saved; the row-parallel GEMM replayed, if at all, as a plain GEMM).
@@ -666,8 +669,20 @@ def _slots(s: _Sim, phase: Optional[str], at: At, block: Optional[Block] = None)
                 s.compute(f"{stream} wait", 0.0, [ev])
 
 
+def replay_scatters(w: Workload, phase: str) -> tuple[bool, bool]:
+    """Whether a forward pass of ``phase`` (a replay when not "forward") issues the attention's
+    and the MLP's closing TP collective: a replay under op-level AC neither (the policy saved the
+    reduce-scatters' outputs), under torch's full AC not the MLP's (its output only feeds the
+    next layer: :func:`meshplan.compute.ops.full_ac_not_replayed`), under Megatron-LM's both."""
+    if phase == "forward":
+        return True, True
+    if w.recompute == "op":
+        return False, False
+    return True, w.megatron_ops
+
+
 def _forward_layer(s: _Sim, c: Cost, moe: bool, phase: str = "forward", recompute=None) -> None:
-    scatter = phase == "forward" or s.w.recompute != "op"  # op-level AC saved the reduce-scatters' outputs
+    scatter, scatter_mlp = replay_scatters(s.w, phase)
     t = s.of(_times, c, phase, recompute)
     f = s.of(fused_gemms, c, phase, recompute, s.w.async_tp, s.w.tp) if s.w.async_tp and s.w.sp else {}
     own = "forward" if phase == "forward" else None  # the registered axes' slots: not in a replay
@@ -679,7 +694,7 @@ def _forward_layer(s: _Sim, c: Cost, moe: bool, phase: str = "forward", recomput
     _slots(s, own, At.AFTER, Block.ATTN)
     s.compute("add+norm", t["attn_post"] + t["mlp_pre"])
     _slots(s, own, At.BEFORE, Block.MLP)
-    _block(s, "mlp", t["mlp"], "forward", ep=moe, fused=f.get("mlp"), scatter=scatter)
+    _block(s, "mlp", t["mlp"], "forward", ep=moe, fused=f.get("mlp"), scatter=scatter_mlp)
     _slots(s, own, At.AFTER, Block.MLP)
     s.compute("add", t["mlp_post"])
     _slots(s, own, At.OVERLAPPED)

@@ -72,7 +72,8 @@ class TrainingSpec(BaseModel):
     ``--tp-comm-overlap``, Transformer Engine userbuffers; torchtitan's
     ``enable_async_tensor_parallel``, which needs ``torch_compile``: its parallelize raises "Async
     TP requires torch.compile"); off: they block (torchtitan's default). With sequence parallelism
-    the step model runs each fused op as the runtime decomposes it (:mod:`meshplan.compute.asynctp`).
+    the step model runs each fused op as the runtime decomposes it (:mod:`meshplan.compute.asynctp`;
+    torch's unfused TP collectives still block).
     ``framework``: whose runtime order the step model follows where they differ: ``torch``
     (torchtitan: DTensor tensor parallelism; a block's input-gradient collective is issued
     after its linears' backward, input and weight gradients, and blocks the next block) or
