@@ -45,16 +45,20 @@ exposed tp, and wk, wo, w3 and the elementwise ops recomputed instead of the att
 Shard -> Replicate redistribute) all-gathers activations and output gradients in float8, 1 B
 instead of 2: the fp8tw rows count them in bf16 (8B: 192 of the 320 exposed collectives per step
 are all-gathers, about 180 of the 627 ms exposed tp at half their bytes).
-(3) Async TP: the published savings (0.25 s per step at 8B, 2.3 s at 70B) lie between hiding
-only the forward pass's TP collectives (0.25 s, 1.65 s) and what meshplan hides (forward,
-backward output-gradient gathers and the replayed gathers fused: 0.54 s, 4.99 s); whether torch
-38410cf9 fuses the backward graph's gathers was not checked (it needs a trace).
+(3) Async TP, modelled as torch fuses it at 38410cf9 (:mod:`meshplan.compute.asynctp`): the
+forward's gathers and reduce-scatters, the backward's gathered output gradients, and under AC the
+replayed gathers with the GEMMs recomputed beside them (op-level SAC: wk and w3 alone); the
+backward's column-parallel reduce-scatters stay blocking, the returned gathered tensors still
+cost the weight gradients a layout copy, and full AC replays no MLP reduce-scatter. Predicted
+savings 0.38 s per step at 8B bf16 and 3.38 s at 70B bf16 against 0.25 s and 2.32 s published;
+float8 rowwise, whose gathers torch does not fuse (bf16 gathers, cast after), and the float8
+gathers' 1-byte elements are not modelled: every fp8 row is planned as tensorwise in bf16 bytes.
 
 Not expressible: Interleaved 1F1B's split of Table 5 (the split points are not published: v 2
 assumed, marked), and Table 6's context-parallel 405B rows are skipped (CP with PP and async TP:
 see the printed list).
 
-Run: PYTHONPATH=. .venv/bin/python benchmarks/torchtitan_h100.py [--write DIR] [--only ID]
+Run: PYTHONPATH=. .venv/bin/python benchmarks/torchtitan_h100.py [--write DIR] [--only ID] [--async-gain]
 """
 
 from __future__ import annotations
@@ -250,8 +254,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--write", help="keep the rows' torchtitan TOMLs in this folder")
     ap.add_argument("--only", help="rows whose id starts with this")
+    ap.add_argument("--async-gain", action="store_true",
+                    help="only the rows with and without async TP of each pair, and the gains")
     a = ap.parse_args(argv)
     rows = [r for r in ROWS if not a.only or r.id.startswith(a.only)]
+    if a.async_gain:  # a row and its twin with async TP
+        ids, base = {r.id for r in ROWS}, lambda r: r.id.removesuffix(" async").removesuffix("+asyncTP")
+        rows = [r for r in rows if {base(r) + " async", base(r) + "+asyncTP"} & ids]
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(a.write or tmp)
         folder.mkdir(parents=True, exist_ok=True)
