@@ -49,10 +49,12 @@ are all-gathers, about 180 of the 627 ms exposed tp at half their bytes).
 forward's gathers and reduce-scatters, the backward's gathered output gradients, and under AC the
 replayed gathers with the GEMMs recomputed beside them (op-level SAC: wk and w3 alone); the
 backward's column-parallel reduce-scatters stay blocking, the returned gathered tensors still
-cost the weight gradients a layout copy, and full AC replays no MLP reduce-scatter. Predicted
-savings 0.38 s per step at 8B bf16 and 3.38 s at 70B bf16 against 0.25 s and 2.32 s published;
-float8 rowwise, whose gathers torch does not fuse (bf16 gathers, cast after), and the float8
-gathers' 1-byte elements are not modelled: every fp8 row is planned as tensorwise in bf16 bytes.
+cost the weight gradients a layout copy, and full AC replays no MLP reduce-scatter; float8
+rowwise (``recipe_name``: ``training.fp8_recipe``) fuses its reduce-scatters only (bf16 gathers,
+cast after). Predicted savings 0.38 s per step at 8B bf16 and 3.38 s at 70B bf16 against 0.25 s
+and 2.32 s published (+19-21% against +9-16% with tensorwise); rowwise 0.09 s and 0.78 s against
+0.18 s and 1.10 s (+5% against +4-6%). Not modelled: the float8 tensorwise gathers' 1-byte
+elements, copy-engine traffic slowing the GEMMs beside it.
 
 Not expressible: Interleaved 1F1B's split of Table 5 (the split points are not published: v 2
 assumed, marked), and Table 6's context-parallel 405B rows are skipped (CP with PP and async TP:

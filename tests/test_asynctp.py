@@ -17,7 +17,7 @@ from meshplan.compute.ops import Workload, layer_cost
 from meshplan.config import config_from_dict
 from meshplan.plan import build_plan
 from meshplan.schedule.rank_timeline import Overlap
-from meshplan.schedule.steptime import step_time
+from meshplan.schedule.steptime import step_time, workload_of
 from meshplan import catalog
 
 SMALL = {"name": "small", "layers": 2, "hidden": 2048, "ffn": 5632, "q_heads": 16, "kv_heads": 4,
@@ -33,9 +33,9 @@ TABLE = GemmTable({(m, n, k, "bf16"): Measurement(m, n, k, "bf16", s, "test", "2
                    for (m, n, k), s in PIECES.items()})
 
 
-def plan(framework: str = "torch", overlap: bool = True, recompute: str = "none"):
+def plan(framework: str = "torch", overlap: bool = True, recompute: str = "none", **training):
     t = {"global_batch": 1, "seq_len": 4096, "micro_batch": 1, "sharding": "none", "recompute": recompute,
-         "framework": framework, "tp_comm_overlap": overlap}
+         "framework": framework, "tp_comm_overlap": overlap, **training}
     if framework == "torch":
         t["torch_compile"] = True
     cfg = config_from_dict({"model": SMALL, "cluster": {"system": "dgx-h100", "nodes": 1}, "training": t,
@@ -183,6 +183,28 @@ def test_torch_full_recompute_replays_no_mlp_reduce_scatter():
     replay = fused_excess(16, ag) + fused_excess(10, rs) + fused_excess(100, ag)
     assert b_full.exposed_s["tp"] - b_none.exposed_s["tp"] == pytest.approx(layers * replay, rel=1e-9)
     assert replay == pytest.approx(4.07 * US + 22.07 * US, rel=1e-3)
+
+
+def test_float8_rowwise_fuses_the_reduce_scatters_only_by_hand():
+    """float8 rowwise (torchtitan: bf16 gathers, the cast inside the Linear, after the gather):
+    torch fuses wo's and w_down's reduce-scatters (the 3-d cast input reshaped into _scaled_mm)
+    and no gather. Against the same run without async TP the forward hides, per layer, each
+    reduce-scatter less its fused op's excess over its pieces' GEMMs; the backward hides nothing."""
+    f8 = {"linear_dtype": "fp8", "fp8_recipe": "rowwise"}
+    on, off = plan(**f8), plan(overlap=False, **f8)
+    st_on, st_off = step_time(on, table=TABLE), step_time(off, table=TABLE)
+    f_on, f_off = st_on.units.get(0, 0, "F", 0), st_off.units.get(0, 0, "F", 0)
+    names = [e.name for e in f_on.events if e.stream == "compute"]
+    assert names.count("attention GEMM+reduce-scatter") == SMALL["layers"] and "attention all-gather+GEMMs" not in names
+    w = workload_of(on)
+    cost = layer_cost(catalog_model(), catalog.gpu("h100-sxm5-80gb"), w, table=TABLE)
+    assert [o.name for o in cost.ops if o.note.startswith("async TP")] == ["wo", "w_down"]
+    c = tp_row_s(on, "forward", "reduce-scatter") / 3
+    excess = sum(fused_excess(op_s(cost, n, "forward") / 4 / US, c) for n in ("wo", "w_down"))
+    hidden = f_off.exposed_s["tp"] - f_on.exposed_s["tp"]
+    assert hidden == pytest.approx(SMALL["layers"] * (2 * 3 * c - excess), rel=1e-9)
+    b_on, b_off = st_on.units.get(0, 0, "B", 0), st_off.units.get(0, 0, "B", 0)
+    assert b_on.exposed_s["tp"] == pytest.approx(b_off.exposed_s["tp"], rel=1e-12)
 
 
 def event_s(unit, name):

@@ -56,8 +56,8 @@ def test_only_where_torch_rearranges():
     assert copies(workload(sp=False)) == []
     fused = copies(workload(async_tp="torch"))
     assert [(o.name, o.phase) for o in fused if o.block == "attn"] == [
-        ("SP layout copy (gathered input, attn)", "backward_input"), ("SP layout copy (gather, attn)", "backward_input"),
-        ("SP layout copy (scatter, attn)", "backward_input")]
+        ("SP layout copy (gathered input, attn)", "backward_input"),
+        ("SP layout copy (gather, attn)", "backward_input"), ("SP layout copy (scatter, attn)", "backward_input")]
     assert len(fused) == 6 and all(o.size_bytes == COPY_B for o in fused)
     assert len(copies(workload(async_tp="torch", recompute="full"))) == 6
 

@@ -49,9 +49,12 @@ it's supported in core").
   before the gather, ``Float8RowwiseParallel``'s ``_NoopFwToFloat8BwDynamic`` casts the output
   gradient before its gather, ``torchao/float8/float8_tensor_parallel.py``): the gathered float8
   tensors feed ``_scaled_mm`` directly, ``fused_all_gather_scaled_matmul``: the same fusions.
-  Rowwise: torchtitan 820504e gives it plain ``ColwiseParallel`` (bf16 gathers) and the cast
-  inside the Linear stands between gather and ``_scaled_mm``: no all-gather fuses. Not modelled
-  (the config has no float8 recipe: rowwise is planned as tensorwise), nor the float8 gathers'
+  Rowwise (``training.fp8_recipe``): torchtitan 820504e gives it plain ``ColwiseParallel``
+  (bf16 gathers) and the cast inside the Linear stands between gather and ``_scaled_mm``: no
+  all-gather fuses (``cast_after_gather`` of :func:`pieces`); its reduce-scatters do (torchao's
+  ``matmul_with_hp_or_float8_args`` casts the 3-d input, then reshape -> ``_scaled_mm`` ->
+  reshape; rowwise scales in ``fused_scaled_matmul_reduce_scatter``: pytorch#149247, which
+  torchtitan#965 names as what rowwise async TP needs). Not modelled: the float8 gathers'
   1-byte elements.
 
 **megatron** (``--tp-comm-overlap``: Transformer Engine userbuffers; defaults of TE's
@@ -131,16 +134,23 @@ def unfused_overlap(framework: str) -> bool:
     return framework == "megatron"
 
 
-def pieces(framework: str, tp: int, name: str, phase: str) -> int:
+def pieces(framework: str, tp: int, name: str, phase: str, cast_after_gather: bool = False) -> int:
     """Pieces GEMM ``name`` (an op name of :mod:`meshplan.compute.ops`) of ``phase`` is cut into
     under ``framework``'s async TP at ``tp`` (module docstring); 0: not decomposed.
+    ``cast_after_gather``: a float8 rowwise Linear's GEMM, whose gathered operand torch casts
+    after the gather: not fed by an all-gather, so under torch its all-gathers do not fuse.
 
     >>> [pieces("torch", 8, n, "forward") for n in ("wq", "wo", "qk^T")]
     [8, 8, 0]
     >>> pieces("megatron", 8, "wo", "forward"), pieces("megatron", 8, "wo.dgrad", "backward_input")
     (4, 8)
+    >>> [pieces("torch", 8, n, p, cast_after_gather=True) for n, p in (("wq", "forward"), ("wo", "forward"),
+    ...                                                                 ("wo.dgrad", "backward_input"))]
+    [0, 8, 0]
     """
     if framework not in FRAMEWORKS or tp < 2:
+        return 0
+    if framework == "torch" and cast_after_gather and (name in AG_FORWARD or name in AG_BACKWARD):
         return 0
     if phase == "forward" and name in AG_FORWARD:
         return tp

@@ -49,6 +49,8 @@ from __future__ import annotations
 #: (phase, what) of the copies per dense block, and what torch's async TP runs instead.
 COPIES = (("forward", "gather"), ("forward", "scatter"), ("backward_input", "gather"), ("backward_input", "scatter"))
 ASYNC_COPIES = (("backward_input", "gathered input"), ("backward_input", "gather"), ("backward_input", "scatter"))
+#: Under async TP with float8 rowwise Linears (gathers not fused): only the forward scatter goes.
+ASYNC_SCATTER_ONLY = (("forward", "gather"), ("backward_input", "gather"), ("backward_input", "scatter"))
 
 
 def applies(framework: str, sp: bool, tp: int, micro_batch: int) -> bool:
@@ -71,13 +73,16 @@ def copy_bytes(tokens: int, hidden: int, dtype_bytes: int) -> int:
     return 2 * tokens * hidden * dtype_bytes
 
 
-def copies(blocks: tuple[str, ...], async_tp: bool) -> list[tuple[str, str, str]]:
+def copies(blocks: tuple[str, ...], async_tp: bool, gathers_fused: bool = True) -> list[tuple[str, str, str]]:
     """(name, block, phase) of the layout copies of one layer's dense ``blocks`` ("attn",
     "mlp"); with torch's async TP the copies of the returned gathered input and output gradient
-    for the weight gradients and of the unfused backward scatter (module docstring).
+    for the weight gradients and of the unfused backward scatter (module docstring); with it and
+    gathers not fused (float8 rowwise, :mod:`meshplan.compute.asynctp`) all but the forward
+    scatter's.
 
     >>> len(copies(("attn", "mlp"), False)), [c[0] for c in copies(("attn",), True)]
     (8, ['SP layout copy (gathered input, attn)', 'SP layout copy (gather, attn)', 'SP layout copy (scatter, attn)'])
     """
     return [(f"SP layout copy ({what}, {block})", block, phase)
-            for block in blocks for phase, what in (ASYNC_COPIES if async_tp else COPIES)]
+            for block in blocks
+            for phase, what in ((ASYNC_COPIES if gathers_fused else ASYNC_SCATTER_ONLY) if async_tp else COPIES)]

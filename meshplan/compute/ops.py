@@ -93,7 +93,8 @@ class Workload:
     (:mod:`meshplan.compute.torch_eager`); ``sp_layout_copies``: torch's sequence-parallel
     collectives rearrange a multi-sequence micro-batch (:mod:`meshplan.compute.dtensor_sp`);
     ``async_tp``: the framework ("torch" or "megatron") whose decomposed TP GEMMs run (``training.tp_comm_overlap`` with sequence parallelism,
-    :mod:`meshplan.compute.asynctp`), "" for none."""
+    :mod:`meshplan.compute.asynctp`), "" for none; ``fp8_rowwise``: the float8 Linears scale
+    rowwise (``training.fp8_recipe``), which decides which of torch's gathers fuse."""
 
     seq_len: int
     micro_batch: int = 1
@@ -116,6 +117,7 @@ class Workload:
     sp_layout_copies: bool = False
     linear_dtype: str = ""
     float8_gemms: frozenset[str] = frozenset()
+    fp8_rowwise: bool = False
     async_tp: str = ""
 
     def gemm_dtype(self, name: str) -> str:
@@ -268,7 +270,7 @@ def float8_gemms(model: ModelSpec, training) -> dict:
         return {}
     kinds = {model.is_moe_layer(i): i for i in range(model.layers)}
     tensors = [x for i in kinds.values() for x in model.layer_tensors(i)] + model.head_tensors(model.vocab)
-    return {"linear_dtype": training.linear_dtype,
+    return {"linear_dtype": training.linear_dtype, "fp8_rowwise": training.fp8_recipe == "rowwise",
             "float8_gemms": frozenset(x.name for x in tensors if training.float8_linear(x))}
 
 
@@ -325,7 +327,7 @@ def _gemm_ops(gpu: GPUSpec, g: Gemm, block: str, w: Workload, table, model_scale
     out = []
     dtype = w.gemm_dtype(g.name)  # float8 Linears: fp8 forward, data- and weight-gradient GEMMs
     for gg, phase in zip([g] + (backward or backward_gemms(g)), PHASES):
-        n = asynctp.pieces(w.async_tp, w.tp, gg.name, phase) if w.sp else 0
+        n = asynctp.pieces(w.async_tp, w.tp, gg.name, phase, w.fp8_rowwise and dtype == "fp8") if w.sp else 0
         if n:  # async TP: n GEMMs of M / n rows, each at its own shape (and launch floor)
             e = gemm_time(gpu, asynctp.piece_rows(gg.m, n), gg.n, gg.k, dtype, gg.count, table)
             t = n * issue_floor(gpu, e.seconds * asynctp.sm_margin(w.async_tp, gg.name, phase, gpu.sms))
@@ -698,13 +700,21 @@ def async_tp_ops(model: ModelSpec, gpu: GPUSpec, w: Workload, gemms: list[Gemm])
     size = asynctp.torch_extra_bytes(w.tokens, model.hidden, w.tp, dtype_bytes(w.dtype))
     names = {g.name for g in gemms}
     out = []
+    fused = lambda name, phase: asynctp.pieces("torch", w.tp, name, phase, _cast_after_gather(w, name)) > 0
     for block, ag, rs in (("attn", "wq", "wo"), ("mlp", "w_up", "w_down")):
-        if ag in names:
+        if ag in names and fused(ag, "forward"):
             out.append(_mem(gpu, f"async-TP shard copy ({block})", block, "forward", size["shard copy"]))
         if rs in names:
             out.append(_mem(gpu, f"async-TP partial sum ({rs})", block, "forward", size["partial sum"]))
-            out.append(_mem(gpu, f"async-TP shard copy ({rs} grad)", block, "backward_input", size["shard copy"]))
+            if fused(rs + ".dgrad", "backward_input"):
+                out.append(_mem(gpu, f"async-TP shard copy ({rs} grad)", block, "backward_input", size["shard copy"]))
     return out
+
+
+def _cast_after_gather(w: Workload, name: str) -> bool:
+    """Whether GEMM ``name`` (a Gemm name or its ``.dgrad``) is a float8 rowwise Linear's, whose
+    TP gathers torch does not fuse (:func:`meshplan.compute.asynctp.pieces`)."""
+    return w.fp8_rowwise and w.gemm_dtype(name) == "fp8"
 
 
 def sp_layout_ops(model: ModelSpec, gpu: GPUSpec, w: Workload, gemms: list[Gemm]) -> list[Op]:
@@ -720,7 +730,9 @@ def sp_layout_ops(model: ModelSpec, gpu: GPUSpec, w: Workload, gemms: list[Gemm]
     names = {g.name for g in gemms}
     blocks = tuple(b for b, g in (("attn", ("wq", "qkv")), ("mlp", ("w_up",))) if names & set(g))
     size = dtensor_sp.copy_bytes(w.tokens, model.hidden, dtype_bytes(w.dtype))
-    return [_mem(gpu, name, block, phase, size) for name, block, phase in dtensor_sp.copies(blocks, w.async_tp == "torch")]
+    gathers = not any(_cast_after_gather(w, g) for g in ("wq", "qkv", "w_up"))
+    return [_mem(gpu, name, block, phase, size)
+            for name, block, phase in dtensor_sp.copies(blocks, w.async_tp == "torch", gathers)]
 
 
 def _replay(o: Op) -> Op:

@@ -13,7 +13,8 @@ model.hf_assets_path (other flavors)           model.hf_config = <path>/config.j
 model.converters "quantize.linear.float8"      training.linear_dtype = "fp8": the converted
   (or "float8")                                  Linears' GEMMs in fp8, activations in compute_dtype
 quantize.linear.float8.filter_fqns,            training.fp8_output_layer (output not filtered),
-  .enable_fsdp_float8_all_gather                 fp8_all_gather (with dp_shard > 1, as torchtitan)
+  .enable_fsdp_float8_all_gather,                fp8_all_gather (with dp_shard > 1, as torchtitan),
+  .recipe_name                                   fp8_recipe (rowwise...: "rowwise")
 training.local_batch_size                      micro_batch (pp 1); per-rank batch per step
                                                  (pp > 1: per schedule.step(), pp_schedule_runs =
                                                  global / (local x dp) accumulation steps)

@@ -131,10 +131,10 @@ def float8_used(d: dict) -> set[str]:
 
 
 def read_float8(d: dict, shard: int, notes: list[str]) -> dict[str, Any]:
-    """training.linear_dtype, fp8_output_layer and fp8_all_gather of the [model] converters and
-    [quantize.linear.float8] (module docstring): the output layer converted unless a
-    ``filter_fqns`` entry is part of its name ``output`` (default [], torchtitan's presets
-    filter ``"output"``); the float8 all-gather only with dp_shard > 1
+    """training.linear_dtype, fp8_output_layer, fp8_recipe (a ``recipe_name`` "rowwise...";
+    unset: tensorwise) and fp8_all_gather of the [model] converters and [quantize.linear.float8]
+    (module docstring): the output layer converted unless a ``filter_fqns`` entry is part of its
+    name ``output`` (default [], torchtitan's presets filter ``"output"``); the float8 all-gather only with dp_shard > 1
     (``parallel_dims.dp_shard_enabled``) and never with a ``recipe_name`` (an assertion there)."""
     converters = [str(c) for c in d.get("model", {}).get("converters", [])]
     other = [c for c in converters if c not in LINEAR_CONVERTERS + (GROUPED_CONVERTER,)]
@@ -164,6 +164,8 @@ def read_float8(d: dict, shard: int, notes: list[str]) -> dict[str, Any]:
     if f8.get("recipe_name") == "rowwise_with_gw_hp":
         notes.append("recipe rowwise_with_gw_hp keeps the weight-gradient GEMMs in high precision; planned in fp8")
     out: dict[str, Any] = {"linear_dtype": "fp8", "fp8_output_layer": not any(f in "output" for f in names)}
+    if str(f8.get("recipe_name", "tensorwise")).startswith("rowwise"):
+        out["fp8_recipe"] = "rowwise"
     if not f8.get("enable_fsdp_float8_all_gather", False):
         return out
     if f8.get("recipe_name") is not None:
@@ -188,4 +190,5 @@ def write_float8(t) -> tuple[list[str], dict[str, Any]]:
     return [LINEAR_CONVERTERS[1]], {"quantize": {"linear": {"float8": {
         "enable_fsdp_float8_all_gather": t.fp8_all_gather,
         "precompute_float8_dynamic_scale_for_fsdp": t.fp8_all_gather,
-        "filter_fqns": [] if t.fp8_output_layer else ["output"]}}}}
+        "filter_fqns": [] if t.fp8_output_layer else ["output"]}
+        | ({"recipe_name": "rowwise"} if t.fp8_recipe == "rowwise" else {})}}}

@@ -19,8 +19,8 @@ Dtype = Literal["fp32", "bf16", "fp16", "fp8"]
 # the framework's layout of the same vocabulary (the loss is over V either way; unset it
 # follows ``framework``), so a knob with it.
 # ``fp8_all_gather`` (torchtitan's float8 all-gather of the float8 Linear weights) is a knob: it
-# changes the bytes FSDP gathers, not what the GEMMs compute; ``linear_dtype`` and
-# ``fp8_output_layer`` (which GEMMs run in float8) are the workload's numerics.
+# changes the bytes FSDP gathers, not what the GEMMs compute; ``linear_dtype``, ``fp8_recipe``
+# and ``fp8_output_layer`` (which GEMMs run in float8, how scaled) are the workload's numerics.
 PLAN_KNOBS = ("micro_batch", "sharding", "reshard_after_forward", "reshard_head_after_forward", "recompute", "ac_freq", "flash_attention",
               "tp_comm_overlap", "framework", "zero3_engine", "zero12_engine", "overlap_comm", "grad_accumulation",
               "fp8_all_gather", "torch_compile", "pp_schedule_runs", "vocab_pad_divisor")
@@ -152,6 +152,10 @@ class TrainingSpec(BaseModel):
     dtype, and so do the activations: ``Float8Linear`` saves its high-precision input for
     backward (torchao ``float8_linear.py``, ``matmul_with_hp_or_float8_args``:
     ``ctx.save_for_backward(input_hp, weight_hp_t)``). Unset: every GEMM in the compute dtype.
+    ``fp8_recipe``: torchao's float8 scaling (torchtitan ``recipe_name``; ``rowwise_with_gw_hp``
+    read as rowwise): ``tensorwise`` (default) or ``rowwise``. The GEMMs are timed alike; under
+    torchtitan's async TP the recipe decides which gathers fuse (rowwise: none, as torchtitan runs
+    its TP gathers in bf16 and casts after; :mod:`meshplan.compute.asynctp`).
     ``fp8_output_layer``: the output layer is converted too (torchtitan's ``filter_fqns``
     without "output"; default: excluded, as torchtitan's presets and Megatron-LM do).
     ``fp8_all_gather``: torchtitan's ``enable_fsdp_float8_all_gather``: FSDP2 all-gathers the
@@ -200,6 +204,7 @@ class TrainingSpec(BaseModel):
     grad_accumulation: Literal["sync", "no_sync", "no_sync_unsharded"] = "sync"
     pp_schedule_runs: int = Field(default=1, ge=1, le=BOUNDS["global_batch"].value)
     linear_dtype: Optional[Literal["fp8"]] = None
+    fp8_recipe: Literal["tensorwise", "rowwise"] = "tensorwise"
     fp8_all_gather: bool = False
     fp8_output_layer: bool = False
     moe_capacity_factor: float = Field(default=1.0, gt=0)
@@ -251,9 +256,14 @@ class TrainingSpec(BaseModel):
             raise ValueError("compute_dtype \"fp8\" would make activations, norms and gathers 1 byte; float8 "
                              "training runs only the Linear GEMMs in fp8 with bf16 activations: set compute_dtype = "
                              "\"bf16\" and linear_dtype = \"fp8\"")
-        if (self.fp8_all_gather or self.fp8_output_layer) and self.linear_dtype != "fp8":
-            key = "fp8_all_gather" if self.fp8_all_gather else "fp8_output_layer"
+        if (self.fp8_all_gather or self.fp8_output_layer or self.fp8_recipe != "tensorwise") \
+                and self.linear_dtype != "fp8":
+            key = "fp8_all_gather" if self.fp8_all_gather else "fp8_output_layer" if self.fp8_output_layer \
+                else "fp8_recipe"
             raise ValueError(f"{key} applies to the float8 Linear layers; set linear_dtype = \"fp8\" or remove it")
+        if self.fp8_all_gather and self.fp8_recipe == "rowwise":
+            raise ValueError("fp8_all_gather is tensorwise scaling only (torchtitan refuses it with a rowwise "
+                             "recipe_name): remove it or set fp8_recipe = \"tensorwise\"")
         if self.fp8_all_gather and self.sharding not in ("zero3", "hsdp"):
             raise ValueError(f"fp8_all_gather is FSDP2's float8 all-gather (sharding zero3 or hsdp); sharding "
                              f"{self.sharding!r} gathers nothing: remove it")
