@@ -6,8 +6,9 @@ fused, into how many pieces, what the runtime adds around them, and the pipeline
 ops (:mod:`meshplan.compute.ops`) take the pieces' GEMM times and extra kernels from it, the rank
 timeline (:mod:`meshplan.schedule.rank_timeline`) the fused op's time and exposed communication.
 Sequence parallelism only: both runtimes fuse all-gathers and reduce-scatters (Megatron-LM
-refuses ``--tp-comm-overlap`` without ``--sequence-parallel``); without it the TP all-reduces keep
-the timeline's ideal overlap (``Overlap.tp``, ``step --overlap-tp``).
+refuses ``--tp-comm-overlap`` without ``--sequence-parallel``); without it Megatron-LM's TP
+all-reduces keep the timeline's ideal overlap (``Overlap.tp``, ``step --overlap-tp``) and
+torch's block (:func:`unfused_overlap`).
 
 **torch** (torchtitan ``enable_async_tensor_parallel``: inductor's
 ``torch/_inductor/fx_passes/micro_pipeline_tp.py``, which ``post_grad.py`` runs on every compiled
