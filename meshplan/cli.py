@@ -467,7 +467,8 @@ def step(config: Path = typer.Argument(..., help=CONFIG_HELP),
         _write_doc(json_path, envelope("step", p, step_s=None), force)
         _exit_infeasible(p)
     table = load_gemm_table(gemm_table) if gemm_table else None
-    st = _step_with(p, _overlap(overlap_tp, no_prefetch), table, schedule)
+    ideal_tp = overlap_tp and not p.config.training.tp_comm_overlap  # with it on, the config's model runs alone
+    st = _step_with(p, _overlap(ideal_tp, no_prefetch), table, schedule)
     if not p.feasible:
         sched = schedule_words(st.pipeline.spec.schedule, st.pipeline.spec.p)  # "no pipeline" at pp 1
         _echo(f"step would be {st.step_s:.3f} s ({sched}, MFU {st.mfu:.1%}) if it fit; "
@@ -483,7 +484,7 @@ def step(config: Path = typer.Argument(..., help=CONFIG_HELP),
         _echo("note: --overlap-tp ignored: training.tp_comm_overlap is on, and the config's model of it (the line "
               "above) is what the step runs; --overlap-tp (ideal overlap of whole GEMMs) applies with it off")
 
-    again = rebuilt_step(p, lambda alt: _step_with(alt, _overlap(overlap_tp, no_prefetch), table, schedule))
+    again = rebuilt_step(p, lambda alt: _step_with(alt, _overlap(ideal_tp, no_prefetch), table, schedule))
     verdict = network_verdict(p, st, again)
     for line in verdict:
         _echo(line)

@@ -17,7 +17,7 @@ from meshplan.compute.ops import Workload, layer_cost
 from meshplan.config import config_from_dict
 from meshplan.plan import build_plan
 from meshplan.schedule.rank_timeline import Overlap
-from meshplan.schedule.steptime import step_time
+from meshplan.schedule.steptime import step_time, workload_of
 from meshplan import catalog
 
 SMALL = {"name": "small", "layers": 2, "hidden": 2048, "ffn": 5632, "q_heads": 16, "kv_heads": 4,
@@ -33,9 +33,9 @@ TABLE = GemmTable({(m, n, k, "bf16"): Measurement(m, n, k, "bf16", s, "test", "2
                    for (m, n, k), s in PIECES.items()})
 
 
-def plan(framework: str = "torch", overlap: bool = True):
-    t = {"global_batch": 1, "seq_len": 4096, "micro_batch": 1, "sharding": "none", "recompute": "none",
-         "framework": framework, "tp_comm_overlap": overlap}
+def plan(framework: str = "torch", overlap: bool = True, recompute: str = "none", **training):
+    t = {"global_batch": 1, "seq_len": 4096, "micro_batch": 1, "sharding": "none", "recompute": recompute,
+         "framework": framework, "tp_comm_overlap": overlap, **training}
     if framework == "torch":
         t["torch_compile"] = True
     cfg = config_from_dict({"model": SMALL, "cluster": {"system": "dgx-h100", "nodes": 1}, "training": t,
@@ -129,6 +129,82 @@ def test_torch_fused_ops_by_hand():
     loss = event_s(f, "tp loss collectives")
     blocking = tp_row_s(p, "forward", "reduce-scatter") + tp_row_s(p, "forward", "all-gather") + loss
     assert f.exposed_s["tp"] == pytest.approx(SMALL["layers"] * beyond + blocking, rel=1e-9)
+
+
+def fused_excess(g_us: float, c: float, n: int = 4) -> float:
+    """Seconds a fused op of ``n`` pieces of ``g_us`` each lasts beyond its GEMMs, against
+    transfers of ``c`` each: g + (n - 1) max(g, c) - n g."""
+    return g_us * US + (n - 1) * max(g_us * US, c) - n * g_us * US
+
+
+def test_torch_backward_fuses_the_gathered_gradients_only_by_hand():
+    """torch at tp 4, no recompute: the backward fuses each gathered output gradient with wo's /
+    w_down's input gradient (4 pieces of 6 us: 6 + 3 x 17.36 = 58.07 us, 34.07 us beyond the
+    GEMMs; w_down's 50 us pieces hide theirs) and nothing else: the column-parallel input
+    gradients' reduce-scatter (a sum of matmuls) stays a functional collective, issued after the
+    block's weight gradients, the next block waiting for it (inductor reorders nothing by default),
+    as with the overlap off. So per layer the backward hides 2 gathers less 34.07 us, and its
+    reduce-scatters start where the weight gradients end and end where the next compute starts."""
+    on, off = plan(), plan(overlap=False)
+    b_on = step_time(on, table=TABLE).units.get(0, 0, "B", 0)
+    b_off = step_time(off, table=TABLE).units.get(0, 0, "B", 0)
+    agb, rsb = tp_row_s(on, "backward", "all-gather"), tp_row_s(on, "backward", "reduce-scatter")
+    excess = fused_excess(6, agb / 3) + fused_excess(50, agb / 3)
+    assert excess == pytest.approx(34.07 * US, rel=1e-3)
+    hidden = b_off.exposed_s["tp"] - b_on.exposed_s["tp"]
+    assert hidden == pytest.approx(SMALL["layers"] * (2 * agb - excess), rel=1e-9)
+    events = list(b_on.events)
+    for i, e in enumerate(events):
+        if e.stream == "compute" and e.name in ("mlp W", "attention W"):
+            rs = next(x for x in events[i:] if x.stream == "tp" and x.name == "tp reduce-scatter")
+            after = next(x for x in events[i + 1:] if x.stream == "compute" and x.end_s > x.start_s)
+            assert rs.start_s == pytest.approx(e.end_s, abs=1e-12) and rs.end_s - rs.start_s == pytest.approx(rsb)
+            assert after.start_s == pytest.approx(rs.end_s, abs=1e-12)
+    mega = step_time(plan("megatron"), table=TABLE).units.get(0, 0, "B", 0)
+    w = next(e for e in mega.events if e.name == "mlp W")
+    rs = next(e for e in mega.events if e.stream == "tp" and e.name == "tp reduce-scatter")
+    assert rs.start_s < w.end_s  # TE's bulk overlap: beside the weight gradients
+
+
+def test_torch_full_recompute_replays_no_mlp_reduce_scatter():
+    """Full AC under torch.compile replays what the backward reads: the attention's fused gather
+    + wq/wk/wv and wo + reduce-scatter (the residual feeds the MLP's norm), the MLP's gather +
+    w_gate/w_up, not w_down nor its reduce-scatter (their output only feeds the next layer). So
+    the replay exposes per layer the attention's two fused ops' excess (16 and 10 us pieces
+    against 17.36 us transfers) and the MLP gather's (100 us pieces: none), by hand."""
+    none, full = plan(), plan(recompute="full")
+    b_none = step_time(none, table=TABLE).units.get(0, 0, "B", 0)
+    b_full = step_time(full, table=TABLE).units.get(0, 0, "B", 0)
+    names = [e.name for e in b_full.events if e.stream == "compute"]
+    layers = SMALL["layers"]
+    assert names.count("attention GEMM+reduce-scatter") == layers and names.count("mlp GEMM+reduce-scatter") == 0
+    assert names.count("mlp all-gather+GEMMs") == layers
+    ag, rs = tp_row_s(full, "forward", "all-gather") / 3, tp_row_s(full, "forward", "reduce-scatter") / 3
+    replay = fused_excess(16, ag) + fused_excess(10, rs) + fused_excess(100, ag)
+    assert b_full.exposed_s["tp"] - b_none.exposed_s["tp"] == pytest.approx(layers * replay, rel=1e-9)
+    assert replay == pytest.approx(4.07 * US + 22.07 * US, rel=1e-3)
+
+
+def test_float8_rowwise_fuses_the_reduce_scatters_only_by_hand():
+    """float8 rowwise (torchtitan: bf16 gathers, the cast inside the Linear, after the gather):
+    torch fuses wo's and w_down's reduce-scatters (the 3-d cast input reshaped into _scaled_mm)
+    and no gather. Against the same run without async TP the forward hides, per layer, each
+    reduce-scatter less its fused op's excess over its pieces' GEMMs; the backward hides nothing."""
+    f8 = {"linear_dtype": "fp8", "fp8_recipe": "rowwise"}
+    on, off = plan(**f8), plan(overlap=False, **f8)
+    st_on, st_off = step_time(on, table=TABLE), step_time(off, table=TABLE)
+    f_on, f_off = st_on.units.get(0, 0, "F", 0), st_off.units.get(0, 0, "F", 0)
+    names = [e.name for e in f_on.events if e.stream == "compute"]
+    assert names.count("attention GEMM+reduce-scatter") == SMALL["layers"] and "attention all-gather+GEMMs" not in names
+    w = workload_of(on)
+    cost = layer_cost(catalog_model(), catalog.gpu("h100-sxm5-80gb"), w, table=TABLE)
+    assert [o.name for o in cost.ops if o.note.startswith("async TP")] == ["wo", "w_down"]
+    c = tp_row_s(on, "forward", "reduce-scatter") / 3
+    excess = sum(fused_excess(op_s(cost, n, "forward") / 4 / US, c) for n in ("wo", "w_down"))
+    hidden = f_off.exposed_s["tp"] - f_on.exposed_s["tp"]
+    assert hidden == pytest.approx(SMALL["layers"] * (2 * 3 * c - excess), rel=1e-9)
+    b_on, b_off = st_on.units.get(0, 0, "B", 0), st_off.units.get(0, 0, "B", 0)
+    assert b_on.exposed_s["tp"] == pytest.approx(b_off.exposed_s["tp"], rel=1e-12)
 
 
 def event_s(unit, name):

@@ -3,6 +3,7 @@ table, per-op FLOP of a layer with the named conventions, MFU/HFU, and the publi
 measurements as a loose development reference (no constant is fitted to them)."""
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -123,9 +124,14 @@ def test_non_flash_executes_full_attention_and_selective_recompute():
 
 
 def test_full_recompute_reruns_the_forward():
-    w = Workload(seq_len=S, micro_batch=B, tp=8, sp=True, recompute="full", flash=False)
+    """Megatron-LM's CheckpointFunction re-runs the whole layer; torch's replay leaves out what
+    only feeds the MLP's closing reduce-scatter (compiled: w_down's GEMM; ops.full_ac_not_replayed)."""
+    w = Workload(seq_len=S, micro_batch=B, tp=8, sp=True, recompute="full", flash=False, megatron_ops=True)
     c = layer_cost(GPT22B, A100, w)
     assert c.seconds("backward_input", recompute=True) == pytest.approx(c.forward_s)
+    t = layer_cost(GPT22B, A100, replace(w, megatron_ops=False))
+    w_down = sum(o.seconds for o in t.ops if o.name == "w_down" and o.phase == "forward")
+    assert w_down > 0 and t.seconds("backward_input", recompute=True) == pytest.approx(t.forward_s - w_down)
     masked = c.flops("hardware", "forward") - c.flops("model", "forward")  # non-flash: masked half, forward
     assert c.flops("hardware") - c.flops("model") == pytest.approx(c.flops("hardware", "forward") + 3 * masked)
 

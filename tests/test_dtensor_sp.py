@@ -46,17 +46,30 @@ def test_copies_by_hand():
 
 def test_only_where_torch_rearranges():
     """None at one sequence (a view), under Megatron-LM ([s, b, h]: SP on dim 0), without SP;
-    under torch's async TP only the unfused input-gradient reduce-scatters keep theirs."""
+    under torch's async TP 3 per block, all in the input-gradient pass: the weight gradients'
+    reshape of the gathered input and of the gathered output gradient the fused all-gathers
+    return as sequence-major views, and the unfused input-gradient reduce-scatter's cat. With
+    full recompute none is replayed (the replay's fused all-gather returns the input the
+    weight gradients copy once): 6 per layer either way, against 8 and 11 without async TP."""
     assert copies(workload(micro_batch=1)) == []
     assert copies(workload(sp_layout_copies=False)) == []
     assert copies(workload(sp=False)) == []
     fused = copies(workload(async_tp="torch"))
-    assert [(o.block, o.phase) for o in fused] == [("attn", "backward_input"), ("mlp", "backward_input")]
+    assert [(o.name, o.phase) for o in fused if o.block == "attn"] == [
+        ("SP layout copy (gathered input, attn)", "backward_input"),
+        ("SP layout copy (gather, attn)", "backward_input"), ("SP layout copy (scatter, attn)", "backward_input")]
+    assert len(fused) == 6 and all(o.size_bytes == COPY_B for o in fused)
+    assert len(copies(workload(async_tp="torch", recompute="full"))) == 6
 
 
 def test_full_recompute_replays_the_forward_copies():
-    """Full recompute replays the forward, its 4 copies with it: 12 per layer."""
-    assert len(copies(workload(recompute="full"))) == 12
+    """Full recompute replays the forward with its gathers' and the attention's scatter copies,
+    not the MLP's: torch's replay ends before the MLP's closing reduce-scatter, whose output only
+    feeds the next layer (ops.full_ac_not_replayed): 8 + 3 = 11 per layer."""
+    replayed = [o.name for o in copies(workload(recompute="full")) if o.recompute]
+    assert replayed == ["SP layout copy (gather, attn) (recompute)", "SP layout copy (scatter, attn) (recompute)",
+                        "SP layout copy (gather, mlp) (recompute)"]
+    assert len(copies(workload(recompute="full"))) == 11
 
 
 def _plan(micro_batch: int):

@@ -56,7 +56,7 @@ def rowwise(tmp_path, tp: int = 2):
 
 def test_tensorwise_gathers_float8_by_hand(tmp_path):
     p = titan(tmp_path, float8=True, gather=True, tp=2)
-    assert (p.config.training.fp8_scaling, p.config.training.float8_tp_gathers) == ("tensorwise", True)
+    assert (p.config.training.fp8_recipe, p.config.training.float8_tp_gathers) == ("tensorwise", True)
     assert tp_rows(p) == {
         ("forward", "all-gather", "fp8"): (BSH, 64), ("forward", "all-gather", "bf16"): (2 * BSH, 1),
         ("forward", "reduce-scatter", "bf16"): (2 * BSH, 65),
@@ -66,7 +66,7 @@ def test_tensorwise_gathers_float8_by_hand(tmp_path):
 
 def test_rowwise_and_bf16_gather_in_bf16(tmp_path):
     rw, off = rowwise(tmp_path), titan(tmp_path, float8=False, tp=2)
-    assert (rw.config.training.fp8_scaling, rw.config.training.float8_tp_gathers) == ("rowwise", False)
+    assert (rw.config.training.fp8_recipe, rw.config.training.float8_tp_gathers) == ("rowwise", False)
     want = {("forward", "all-gather", "bf16"): (2 * BSH, 65), ("forward", "reduce-scatter", "bf16"): (2 * BSH, 65),
             ("backward", "all-gather", "bf16"): (2 * BSH, 129), ("backward", "reduce-scatter", "bf16"): (2 * BSH, 65)}
     assert tp_rows(rw) == tp_rows(off) == want
@@ -86,15 +86,15 @@ def test_timeline_waits_the_float8_gathers(tmp_path):
     assert exposed[0] - exposed[1] == pytest.approx(saved, rel=1e-9)
 
 
-def test_fp8_scaling_errors_are_one_line():
+def test_fp8_recipe_errors_are_one_line():
     base = {"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 1},
             "mesh": {"names": ["dp_shard"], "shape": [8]}}
-    with pytest.raises(ConfigError, match=r"^training: fp8_scaling applies to the float8 Linear layers; set "
+    with pytest.raises(ConfigError, match=r"^training: fp8_recipe applies to the float8 Linear layers; set "
                                           r"linear_dtype = \"fp8\" or remove it$"):
-        config_from_dict(base | {"training": {"global_batch": 8, "seq_len": 2048, "fp8_scaling": "rowwise"}})
-    with pytest.raises(ConfigError, match=r"fp8_all_gather with fp8_scaling \"rowwise\": torchtitan refuses"):
+        config_from_dict(base | {"training": {"global_batch": 8, "seq_len": 2048, "fp8_recipe": "rowwise"}})
+    with pytest.raises(ConfigError, match=r"fp8_all_gather is tensorwise scaling only \(torchtitan refuses it"):
         config_from_dict(base | {"training": {"global_batch": 8, "seq_len": 2048, "linear_dtype": "fp8",
-                                              "fp8_scaling": "rowwise", "fp8_all_gather": True}})
+                                              "fp8_recipe": "rowwise", "fp8_all_gather": True}})
 
 
 def test_gathered_buffers_are_float8_in_memory():
@@ -105,7 +105,7 @@ def test_gathered_buffers_are_float8_in_memory():
     cfg = lambda scaling: config_from_dict({
         "model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 1},
         "training": {"global_batch": 4, "seq_len": 8192, "recompute": "none", "linear_dtype": "fp8",
-                     "fp8_scaling": scaling},
+                     "fp8_recipe": scaling},
         "mesh": {"names": ["dp_shard", "tp"], "shape": [4, 2], "sequence_parallel": True}})
     tw, rw = (layer_act_sizes(c.model, c.training, resolved(c), c.memory) for c in (cfg("tensorwise"), cfg("rowwise")))
     assert (tw.fwd_temp, rw.fwd_temp) == (BSH, 2 * BSH)

@@ -166,6 +166,30 @@ def test_torchtitan_float8_all_gather(tmp_path):
         _float8(tmp_path, 'enable_fsdp_float8_all_gather = true\nrecipe_name = "rowwise"')
 
 
+def test_torchtitan_float8_recipe(tmp_path):
+    """recipe_name "rowwise" (or "rowwise_with_gw_hp") is training.fp8_recipe = "rowwise"; unset,
+    tensorwise; exported back as recipe_name; rowwise with fp8_all_gather refused by field."""
+    assert _float8(tmp_path, "").training.fp8_recipe == "tensorwise"
+    for name in ("rowwise", "rowwise_with_gw_hp"):
+        assert _float8(tmp_path, f'recipe_name = "{name}"').training.fp8_recipe == "rowwise"
+    t = {"global_batch": 8, "seq_len": 4096, "param_dtype": "fp32", "recompute": "full", "linear_dtype": "fp8",
+         "fp8_recipe": "rowwise"}
+    cfg = config_from_dict({"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 1},
+                            "training": t, "mesh": {"names": ["dp_shard"], "shape": [8]}})
+    text, _ = export(cfg, "torchtitan", "f8")
+    assert 'recipe_name = "rowwise"' in text
+    again = load_any(_write(tmp_path, "r.toml", text), "torchtitan", reimport_options(cfg, "torchtitan"))
+    assert differences(cfg, again) == []
+    with pytest.raises(ConfigError, match="fp8_all_gather is tensorwise scaling only"):
+        config_from_dict({"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 1},
+                          "training": t | {"fp8_all_gather": True, "sharding": "zero3"},
+                          "mesh": {"names": ["dp_shard"], "shape": [8]}})
+    with pytest.raises(ConfigError, match="fp8_recipe applies to the float8 Linear layers"):
+        config_from_dict({"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 1},
+                          "training": {"global_batch": 8, "seq_len": 4096, "fp8_recipe": "rowwise"},
+                          "mesh": {"names": ["dp_shard"], "shape": [8]}})
+
+
 @pytest.mark.parametrize("gather,output", [(True, False), (True, True), (False, False), (False, True)])
 def test_torchtitan_float8_round_trip(tmp_path, gather, output):
     cfg = config_from_dict({"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 1},

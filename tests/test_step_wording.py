@@ -156,6 +156,12 @@ def test_step_and_plan_name_the_tp_overlap_and_what_it_saves(tmp_path, capsys):
     # plan says it too (rich may wrap the line: compare without the breaks)
     plan_out = " ".join(_main(["plan", path], capsys).split())
     assert "note " + want in plan_out
+    # torch's async TP: --overlap-tp changes nothing either (its unfused collectives still block)
+    torch_cfg = {**MINI_TP_OVERLAP, "training": {**MINI_TP_OVERLAP["training"], "framework": "torch",
+                                                 "torch_compile": True}}
+    torch_path = _toml(tmp_path, torch_cfg)
+    plain, flagged = _main(["step", torch_path], capsys), _main(["step", torch_path, "--overlap-tp"], capsys)
+    assert flagged.splitlines()[0] == plain.splitlines()[0] and "--overlap-tp ignored" in flagged
     # off: no line in either command
     off_path = _toml(tmp_path, off_cfg)
     assert "tp overlap (training" not in _main(["step", off_path], capsys)

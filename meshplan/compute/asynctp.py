@@ -6,18 +6,31 @@ fused, into how many pieces, what the runtime adds around them, and the pipeline
 ops (:mod:`meshplan.compute.ops`) take the pieces' GEMM times and extra kernels from it, the rank
 timeline (:mod:`meshplan.schedule.rank_timeline`) the fused op's time and exposed communication.
 Sequence parallelism only: both runtimes fuse all-gathers and reduce-scatters (Megatron-LM
-refuses ``--tp-comm-overlap`` without ``--sequence-parallel``); without it the TP all-reduces keep
-the timeline's ideal overlap (``Overlap.tp``, ``step --overlap-tp``).
+refuses ``--tp-comm-overlap`` without ``--sequence-parallel``); without it Megatron-LM's TP
+all-reduces keep the timeline's ideal overlap (``Overlap.tp``, ``step --overlap-tp``) and
+torch's block (:func:`unfused_overlap`).
 
-**torch** (torchtitan ``enable_async_tensor_parallel``: torch 2.13
-``torch/_inductor/fx_passes/micro_pipeline_tp.py`` on the compiled forward and backward graphs,
-``torch/distributed/_symmetric_memory/__init__.py`` ops):
+**torch** (torchtitan ``enable_async_tensor_parallel``: inductor's
+``torch/_inductor/fx_passes/micro_pipeline_tp.py``, which ``post_grad.py`` runs on every compiled
+graph, forward and backward, and the ``torch/distributed/_symmetric_memory/__init__.py`` ops).
+torchtitan's published async TP runs used torch 38410cf9 (2025-06-14) and torchtitan 820504e
+(``models/llama3/parallelize_llama.py``: each TransformerBlock compiled, ``_micro_pipeline_tp``
+and ``enable_symm_mem_for_group`` on the tp group, no other inductor option; op-level SAC saves
+``reduce_scatter_tensor``). That commit's text is not in the stored index; these rules hold in
+each stored version of the pass, from early 2025 (``List`` typing) to torch 2.13, and the one
+that changed before 38410cf9 is in: a reduce-scatter whose result is saved for backward fuses
+(pytorch#149946; torchtitan 88d8ab3, 2025-04-21, put it back in op SAC's save list "now that
+it's supported in core").
 
-- ``fuse_all_gather_matmul``: an all-gather whose result feeds matmuls as their left operand
-  becomes one ``fused_all_gather_matmul`` over all of them (forward: wq, wk, wv after the
-  attention norm's gather; w_gate, w_up after the MLP norm's; backward: the gathered gradient of
-  wo's and w_down's output feeds their input-gradient GEMM; their weight gradient reads it
-  transposed and gets the gathered tensor back, ``return_A``).
+- ``fuse_all_gather_matmul``: ``_find_consumer_matmuls`` takes the gathered tensor's users that
+  are ``mm`` / ``_scaled_mm``, or ``reshape -> mm -> reshape``, with it as their left operand,
+  all of them into one ``fused_all_gather_matmul`` (forward: wq, wk, wv after the attention
+  norm's gather; w_gate, w_up after the MLP norm's; a replay under AC: the recomputed ones, under
+  op-level SAC wk and w_up alone; backward: wo's and w_down's input gradient from their gathered
+  output gradient). A weight gradient reads the gathered tensor through a ``permute`` or as
+  the right operand: no consumer; it takes the tensor the fused op returns (``return_A``),
+  whose all-gather the pipeline already hid, at the cost of a layout copy with several
+  sequences (:mod:`meshplan.compute.dtensor_sp`).
   ``_pipelined_multi_all_gather_and_consume``: the rank copies its shard into its symmetric
   buffer (``copy_shard``, not overlapped: "giving up the chance to overlap mv and b with the
   first shard_consumer"), a barrier, then its own shard's GEMMs, then tp - 1 steps, each
@@ -31,7 +44,19 @@ the timeline's ideal overlap (``Overlap.tp``, ``step --overlap-tp``).
   the tp partial row blocks (reads M x N, writes M / tp x N: exposed on the compute stream).
   **tp pieces**. Backward's input-gradient reduce-scatter of wq/wk/wv (w_gate/w_up) is not fused:
   its input is the sum of their input-gradient matmuls, not one matmul (``_find_producer_matmul``
-  accepts mm or reshape-mm-reshape only): it keeps the timeline's placement.
+  accepts mm or reshape-mm-reshape only).
+- Nothing else: the collectives the pass leaves block as without it (:func:`unfused_overlap`).
+- float8 tensorwise (torchao ``Float8ColwiseParallel`` and ``PrepareFloat8ModuleInput`` cast
+  before the gather, ``Float8RowwiseParallel``'s ``_NoopFwToFloat8BwDynamic`` casts the output
+  gradient before its gather, ``torchao/float8/float8_tensor_parallel.py``): the gathered float8
+  tensors feed ``_scaled_mm`` directly, ``fused_all_gather_scaled_matmul``: the same fusions.
+  Rowwise (``training.fp8_recipe``): torchtitan 820504e gives it plain ``ColwiseParallel``
+  (bf16 gathers) and the cast inside the Linear stands between gather and ``_scaled_mm``: no
+  all-gather fuses (``cast_after_gather`` of :func:`pieces`); its reduce-scatters do (torchao's
+  ``matmul_with_hp_or_float8_args`` casts the 3-d input, then reshape -> ``_scaled_mm`` ->
+  reshape; rowwise scales in ``fused_scaled_matmul_reduce_scatter``: pytorch#149247, which
+  torchtitan#965 names as what rowwise async TP needs). Not modelled: the float8 gathers'
+  1-byte elements.
 
 **megatron** (``--tp-comm-overlap``: Transformer Engine userbuffers; defaults of TE's
 ``transformer_engine/pytorch/module/base.py`` ``initialize_ub``): ``ring_exchange`` for
@@ -46,9 +71,8 @@ what the timeline already does for Megatron-LM, ``Overlap.tp_grad``).
 One piece's transfer: a ring all-gather or reduce-scatter of the whole tensor is tp - 1 steps
 of one shard each, so a piece's is the collective model's time / (tp - 1); a pipeline split's
 reduce-scatter is the whole one's time / 4 (its latency term counted once in four: optimistic).
-Not modelled: the barriers (one signal-pad write each), the launches of the pieces' kernels
-(the issue floor applies per GEMM op, not per piece), copy-engine contention with the GEMMs'
-HBM traffic.
+Not modelled: the barriers (one signal-pad write each), the GEMMs of two pieces running at
+once on the two streams, copy-engine contention with the GEMMs' HBM traffic.
 """
 
 from __future__ import annotations
@@ -73,9 +97,14 @@ def model_name(framework: str, sequence_parallel: bool) -> str:
 
     >>> model_name("megatron", True)
     'Megatron-LM --tp-comm-overlap as Transformer Engine userbuffers run it: decomposed GEMMs (meshplan.compute.asynctp)'
-    >>> model_name("torch", False)
+    >>> model_name("megatron", False)
     'TP all-reduces overlapping their block ideally (no sequence parallelism: the runtimes decompose only its all-gathers and reduce-scatters)'
+    >>> model_name("torch", False).split(":")[0]
+    'nothing decomposed'
     """
+    if not sequence_parallel and framework == "torch":
+        return ("nothing decomposed: without sequence parallelism torch's micro_pipeline_tp finds no all-gather or "
+                "reduce-scatter to fuse, and the TP all-reduces block")
     if not sequence_parallel:
         return ("TP all-reduces overlapping their block ideally (no sequence parallelism: the runtimes decompose only "
                 "its all-gathers and reduce-scatters)")
@@ -84,16 +113,45 @@ def model_name(framework: str, sequence_parallel: bool) -> str:
     return f"{runtime}: decomposed GEMMs (meshplan.compute.asynctp)"
 
 
-def pieces(framework: str, tp: int, name: str, phase: str) -> int:
+def unfused_overlap(framework: str) -> bool:
+    """Whether the TP collectives ``framework``'s overlap does not decompose still overlap
+    compute under ``training.tp_comm_overlap`` (``Overlap.tp`` of the rank timeline).
+
+    Megatron-LM: yes (TE's ``bulk`` method runs the column-parallel input gradient's
+    reduce-scatter beside the weight-gradient GEMM; without SP meshplan keeps its ideal overlap
+    of the all-reduces). torch: no. micro_pipeline_tp rewrites only the all-gather -> matmul and
+    matmul -> reduce-scatter patterns (module docstring); every other TP collective stays a
+    functional collective whose ``wait_tensor`` inductor leaves before its first use, because
+    ``torch/_inductor/config.py`` ``reorder_for_compute_comm_overlap = False`` by default
+    (torchtitan 820504e sets no inductor option besides ``_micro_pipeline_tp``:
+    ``models/llama3/parallelize_llama.py`` ``apply_tp``). So the backward's unfused
+    reduce-scatters block as with async TP off: torch's autograd runs each column-parallel
+    linear's input- and weight-gradient GEMMs in one ``MmBackward`` node before the sum of the
+    input gradients reaches the reduce-scatter, and the norm's backward waits for it.
+
+    >>> unfused_overlap("megatron"), unfused_overlap("torch")
+    (True, False)
+    """
+    return framework == "megatron"
+
+
+def pieces(framework: str, tp: int, name: str, phase: str, cast_after_gather: bool = False) -> int:
     """Pieces GEMM ``name`` (an op name of :mod:`meshplan.compute.ops`) of ``phase`` is cut into
     under ``framework``'s async TP at ``tp`` (module docstring); 0: not decomposed.
+    ``cast_after_gather``: a float8 rowwise Linear's GEMM, whose gathered operand torch casts
+    after the gather: not fed by an all-gather, so under torch its all-gathers do not fuse.
 
     >>> [pieces("torch", 8, n, "forward") for n in ("wq", "wo", "qk^T")]
     [8, 8, 0]
     >>> pieces("megatron", 8, "wo", "forward"), pieces("megatron", 8, "wo.dgrad", "backward_input")
     (4, 8)
+    >>> [pieces("torch", 8, n, p, cast_after_gather=True) for n, p in (("wq", "forward"), ("wo", "forward"),
+    ...                                                                 ("wo.dgrad", "backward_input"))]
+    [0, 8, 0]
     """
     if framework not in FRAMEWORKS or tp < 2:
+        return 0
+    if framework == "torch" and cast_after_gather and (name in AG_FORWARD or name in AG_BACKWARD):
         return 0
     if phase == "forward" and name in AG_FORWARD:
         return tp

@@ -28,9 +28,16 @@ backward) and one scatter (the column-parallel input gradient, the gather's back
 ``scatter_dim`` and move that dim to the front as a view (``torch/distributed/_symmetric_memory``:
 "if A_shard.movedim(gather_dim, 0) is contiguous, no extra copy is required"; inductor's
 ``restride_A_shard_for_fused_all_gather_matmul`` gives the shard that order, at most a copy of
-the shard, 1/tp of the tensor, not counted): the fused collectives copy nothing here (their own shard copy
-and partial sum are :func:`meshplan.compute.asynctp.torch_extra_bytes`). The backward's
-column-parallel input-gradient reduce-scatter is not fused (asynctp) and keeps its copy.
+the shard, 1/tp of the tensor, not counted): their GEMMs read the gathered rows in that order and
+the forward reduce-scatter copies nothing. But the gathered tensor the fused all-gather returns
+(``return_A``) is ``unflatten(A_flat)`` = ``A_flat.view(tp, s / tp, b, h).flatten(0, 1).movedim(0,
+gather_dim)``: a ``[b, s, h]`` view whose rows run sequence-major, the same in every stored
+version of ``_fused_all_gather_matmul_impl`` (2024 to 2.13). Its other consumers are the weight
+gradients, ``mm(dY^T, reshape(A, [b s, h]))``, and that reshape of a non-contiguous view is a copy
+of the whole tensor: so each fused gather still costs one copy at batch > 1, the block input's
+(gathered in forward, or in the replay under AC: once, counted in the input-gradient pass) and the
+output gradient's. The backward's column-parallel input-gradient reduce-scatter is not fused
+(asynctp) and keeps its copy: 3 copies per block instead of 4.
 
 Not counted: the output layer's input gather and the embedding's output scatter (2 copies per
 step, against 8 per layer), MoE blocks (their collectives are the experts'), Megatron-LM
@@ -39,9 +46,11 @@ step, against 8 per layer), MoE blocks (their collectives are the experts'), Meg
 
 from __future__ import annotations
 
-#: (block, phase, what) of the copies per dense block; ``fused``: removed under torch's async TP.
-COPIES = (("forward", "gather", True), ("forward", "scatter", True),
-          ("backward_input", "gather", True), ("backward_input", "scatter", False))
+#: (phase, what) of the copies per dense block, and what torch's async TP runs instead.
+COPIES = (("forward", "gather"), ("forward", "scatter"), ("backward_input", "gather"), ("backward_input", "scatter"))
+ASYNC_COPIES = (("backward_input", "gathered input"), ("backward_input", "gather"), ("backward_input", "scatter"))
+#: Under async TP with float8 rowwise Linears (gathers not fused): only the forward scatter goes.
+ASYNC_SCATTER_ONLY = (("forward", "gather"), ("backward_input", "gather"), ("backward_input", "scatter"))
 
 
 def applies(framework: str, sp: bool, tp: int, micro_batch: int) -> bool:
@@ -64,12 +73,16 @@ def copy_bytes(tokens: int, hidden: int, dtype_bytes: int) -> int:
     return 2 * tokens * hidden * dtype_bytes
 
 
-def copies(blocks: tuple[str, ...], async_tp: bool) -> list[tuple[str, str, str]]:
+def copies(blocks: tuple[str, ...], async_tp: bool, gathers_fused: bool = True) -> list[tuple[str, str, str]]:
     """(name, block, phase) of the layout copies of one layer's dense ``blocks`` ("attn",
-    "mlp"); with torch's async TP only the unfused backward scatters.
+    "mlp"); with torch's async TP the copies of the returned gathered input and output gradient
+    for the weight gradients and of the unfused backward scatter (module docstring); with it and
+    gathers not fused (float8 rowwise, :mod:`meshplan.compute.asynctp`) all but the forward
+    scatter's.
 
-    >>> len(copies(("attn", "mlp"), False)), copies(("attn",), True)
-    (8, [('SP layout copy (scatter, attn)', 'attn', 'backward_input')])
+    >>> len(copies(("attn", "mlp"), False)), [c[0] for c in copies(("attn",), True)]
+    (8, ['SP layout copy (gathered input, attn)', 'SP layout copy (gather, attn)', 'SP layout copy (scatter, attn)'])
     """
     return [(f"SP layout copy ({what}, {block})", block, phase)
-            for block in blocks for phase, what, fused in COPIES if not (async_tp and fused)]
+            for block in blocks
+            for phase, what in ((ASYNC_COPIES if gathers_fused else ASYNC_SCATTER_ONLY) if async_tp else COPIES)]

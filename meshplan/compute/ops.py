@@ -96,7 +96,8 @@ class Workload:
     ``sp_layout_copies``: torch's sequence-parallel
     collectives rearrange a multi-sequence micro-batch (:mod:`meshplan.compute.dtensor_sp`);
     ``async_tp``: the framework ("torch" or "megatron") whose decomposed TP GEMMs run (``training.tp_comm_overlap`` with sequence parallelism,
-    :mod:`meshplan.compute.asynctp`), "" for none."""
+    :mod:`meshplan.compute.asynctp`), "" for none; ``fp8_rowwise``: the float8 Linears scale
+    rowwise (``training.fp8_recipe``), which decides which of torch's gathers fuse."""
 
     seq_len: int
     micro_batch: int = 1
@@ -120,6 +121,7 @@ class Workload:
     sp_layout_copies: bool = False
     linear_dtype: str = ""
     float8_gemms: frozenset[str] = frozenset()
+    fp8_rowwise: bool = False
     async_tp: str = ""
 
     def gemm_dtype(self, name: str) -> str:
@@ -275,7 +277,7 @@ def float8_gemms(model: ModelSpec, training) -> dict:
         return {}
     kinds = {model.is_moe_layer(i): i for i in range(model.layers)}
     tensors = [x for i in kinds.values() for x in model.layer_tensors(i)] + model.head_tensors(model.vocab)
-    return {"linear_dtype": training.linear_dtype,
+    return {"linear_dtype": training.linear_dtype, "fp8_rowwise": training.fp8_recipe == "rowwise",
             "float8_gemms": frozenset(x.name for x in tensors if training.float8_linear(x))}
 
 
@@ -332,7 +334,7 @@ def _gemm_ops(gpu: GPUSpec, g: Gemm, block: str, w: Workload, table, model_scale
     out = []
     dtype = w.gemm_dtype(g.name)  # float8 Linears: fp8 forward, data- and weight-gradient GEMMs
     for gg, phase in zip([g] + (backward or backward_gemms(g)), PHASES):
-        n = asynctp.pieces(w.async_tp, w.tp, gg.name, phase) if w.sp else 0
+        n = asynctp.pieces(w.async_tp, w.tp, gg.name, phase, w.fp8_rowwise and dtype == "fp8") if w.sp else 0
         if n:  # async TP: n GEMMs of M / n rows, each at its own shape (and launch floor)
             e = gemm_time(gpu, asynctp.piece_rows(gg.m, n), gg.n, gg.k, dtype, gg.count, table)
             t = n * issue_floor(gpu, e.seconds * asynctp.sm_margin(w.async_tp, gg.name, phase, gpu.sms))
@@ -685,8 +687,10 @@ def layer_costs(model: ModelSpec, gpu: GPUSpec, w: Workload, recomputes: tuple[s
     >>> both = layer_costs(gpt, a100, w, ("none", "full"))
     >>> both["full"] == layer_cost(gpt, a100, replace(w, recompute="full"))
     True
-    >>> both["full"].seconds("backward_input", "mlp", True) == both["none"].seconds("forward", "mlp")
+    >>> both["full"].seconds("backward_input", "attn", True) == both["none"].seconds("forward", "attn")
     True
+    >>> [o.name for o in both["full"].ops if o.recompute and o.block == "mlp"]  # torch: w_down is not replayed
+    ['w_up (recompute)', 'gelu (recompute)']
     """
     for rc in recomputes:
         if rc not in RECOMPUTE + ("layer",):
@@ -717,9 +721,9 @@ def layer_costs(model: ModelSpec, gpu: GPUSpec, w: Workload, recomputes: tuple[s
     for rc in recomputes:
         every = ops + (attn_sel if rc == "selective" else attn_plain) + rest
         if rc in ("full", "op"):
-            kept = _op_sac_kept(model) if rc == "op" else ()
+            kept = _op_sac_kept(model) if rc == "op" else full_ac_not_replayed(w)
             every += [_replay(o) for o in every if o.phase == "forward" and o.name not in kept
-                      and not (kept and (o.kind == "attention" or o.name.startswith(OP_SAC_NOT_REPLAYED)))]
+                      and not (rc == "op" and (o.kind == "attention" or o.name.startswith(OP_SAC_NOT_REPLAYED)))]
         out[rc] = Cost(tuple(sorted(every, key=lambda o: (PHASES.index(o.phase), order[o.block]))))
     return out
 
@@ -734,20 +738,29 @@ def async_tp_ops(model: ModelSpec, gpu: GPUSpec, w: Workload, gemms: list[Gemm])
     size = asynctp.torch_extra_bytes(w.tokens, model.hidden, w.tp, dtype_bytes(w.dtype))
     names = {g.name for g in gemms}
     out = []
+    fused = lambda name, phase: asynctp.pieces("torch", w.tp, name, phase, _cast_after_gather(w, name)) > 0
     for block, ag, rs in (("attn", "wq", "wo"), ("mlp", "w_up", "w_down")):
-        if ag in names:
+        if ag in names and fused(ag, "forward"):
             out.append(_mem(gpu, f"async-TP shard copy ({block})", block, "forward", size["shard copy"]))
         if rs in names:
             out.append(_mem(gpu, f"async-TP partial sum ({rs})", block, "forward", size["partial sum"]))
-            out.append(_mem(gpu, f"async-TP shard copy ({rs} grad)", block, "backward_input", size["shard copy"]))
+            if fused(rs + ".dgrad", "backward_input"):
+                out.append(_mem(gpu, f"async-TP shard copy ({rs} grad)", block, "backward_input", size["shard copy"]))
     return out
+
+
+def _cast_after_gather(w: Workload, name: str) -> bool:
+    """Whether GEMM ``name`` (a Gemm name or its ``.dgrad``) is a float8 rowwise Linear's, whose
+    TP gathers torch does not fuse (:func:`meshplan.compute.asynctp.pieces`)."""
+    return w.fp8_rowwise and w.gemm_dtype(name) == "fp8"
 
 
 def sp_layout_ops(model: ModelSpec, gpu: GPUSpec, w: Workload, gemms: list[Gemm]) -> list[Op]:
     """The layout copies torch's sequence-parallel collectives add on the compute stream when a
     micro-batch holds several sequences (:mod:`meshplan.compute.dtensor_sp`): per dense block
     (attention: wq or Megatron's qkv; MLP: w_up), forward the gather's and the scatter's, backward
-    the same two (only the unfused input-gradient scatter under torch's async TP), each
+    the same two (under torch's async TP: in backward the returned gathered input's and output
+    gradient's copies for the weight gradients and the unfused input-gradient scatter's), each
     :func:`~meshplan.compute.dtensor_sp.copy_bytes` of the rank's full ``tokens x hidden``."""
     fw = "torch" if w.sp_layout_copies else ""
     if not dtensor_sp.applies(fw, w.sp, w.tp, w.micro_batch):
@@ -755,7 +768,9 @@ def sp_layout_ops(model: ModelSpec, gpu: GPUSpec, w: Workload, gemms: list[Gemm]
     names = {g.name for g in gemms}
     blocks = tuple(b for b, g in (("attn", ("wq", "qkv")), ("mlp", ("w_up",))) if names & set(g))
     size = dtensor_sp.copy_bytes(w.tokens, model.hidden, dtype_bytes(w.dtype))
-    return [_mem(gpu, name, block, phase, size) for name, block, phase in dtensor_sp.copies(blocks, w.async_tp == "torch")]
+    gathers = not any(_cast_after_gather(w, g) for g in ("wq", "qkv", "w_up"))
+    return [_mem(gpu, name, block, phase, size)
+            for name, block, phase in dtensor_sp.copies(blocks, w.async_tp == "torch", gathers)]
 
 
 def _replay(o: Op) -> Op:
@@ -774,6 +789,31 @@ OP_SAC_SAVED_GEMMS_GELU = ("wq", "wv", "w_up")
 #: Forward kernels op-level AC does not replay beside the saved GEMMs and SDPA: async TP's
 #: partial sum is part of the fused GEMM + reduce-scatter, whose output the policy saves.
 OP_SAC_NOT_REPLAYED = ("async-TP partial sum",)
+
+
+def full_ac_not_replayed(w: Workload) -> tuple[str, ...]:
+    """Forward ops of a dense layer that torch's full AC does not replay: what only feeds the
+    MLP's closing reduce-scatter, which the backward never needs (the block's output goes to the
+    next layer, and the reduce-scatter's and the residual add's backward need no saved tensor).
+    Eager (``torch_eager``): ``torch.utils.checkpoint`` non-reentrant stops the replay once the
+    last saved tensor is recomputed ("early stop", on by default; torchtitan 820504e's
+    ``ptd_checkpoint_wrapper``), after w_down's mm saved its input: w_down runs, its scatter's
+    layout copy and the reduce-scatter do not. Compiled: AOTAutograd's min-cut partitioner puts
+    in the backward graph only the recomputed nodes the backward reads, so w_down's GEMM, async
+    TP's partial sum after it and the copy go too. Megatron-LM's ``CheckpointFunction`` re-runs the
+    whole layer: nothing is left out. The timeline leaves the replayed MLP's closing collective
+    out likewise (:func:`meshplan.schedule.rank_timeline.replay_scatters`).
+
+    >>> full_ac_not_replayed(Workload(seq_len=8, megatron_ops=True))
+    ()
+    >>> full_ac_not_replayed(Workload(seq_len=8, torch_eager=True))
+    ('SP layout copy (scatter, mlp)', 'async-TP partial sum (w_down)')
+    >>> full_ac_not_replayed(Workload(seq_len=8))[-1]
+    'w_down'
+    """
+    if w.megatron_ops:
+        return ()
+    return ("SP layout copy (scatter, mlp)", "async-TP partial sum (w_down)") + (() if w.torch_eager else ("w_down",))
 
 
 def _op_sac_kept(model: ModelSpec) -> tuple[str, ...]:

@@ -14,7 +14,7 @@ model.converters "quantize.linear.float8"      training.linear_dtype = "fp8": th
   (or "float8")                                  Linears' GEMMs in fp8, activations in compute_dtype
 quantize.linear.float8.filter_fqns,            training.fp8_output_layer (output not filtered),
   .enable_fsdp_float8_all_gather                 fp8_all_gather (with dp_shard > 1, as torchtitan)
-quantize.linear.float8.recipe_name "rowwise"   training.fp8_scaling = "rowwise" (unset: tensorwise)
+quantize.linear.float8.recipe_name "rowwise"   training.fp8_recipe = "rowwise" (unset: tensorwise)
   (or "rowwise_with_gw_hp")
 model.norm_type (before 2025) "rmsnorm"        training.torch_norm = "decomposed" (torchtitan's own
   ("fused_rmsnorm": "fused")                     RMSNorm, kernel by kernel when not compiled)

@@ -8,7 +8,7 @@ are multiples of 16 and whose name contains no ``filter_fqns`` entry for torchao
 ``Float8Linear``: those GEMMs run in fp8, activations stay in the compute dtype
 (``training.linear_dtype``, :meth:`~meshplan.spec.training.TrainingSpec.float8_linear`);
 ``enable_fsdp_float8_all_gather`` gathers those weights in float8 (``training.fp8_all_gather``);
-``recipe_name`` "rowwise" or "rowwise_with_gw_hp" is rowwise scaling (``training.fp8_scaling``,
+``recipe_name`` "rowwise" or "rowwise_with_gw_hp" is rowwise scaling (``training.fp8_recipe``,
 plain TP collectives), unset tensorwise (float8 TP all-gathers).
 
 The norm of torchtitan before 2025 (``model.norm_type``, removed by torchtitan #1131): at
@@ -140,10 +140,10 @@ def float8_used(d: dict) -> set[str]:
 
 
 def read_float8(d: dict, shard: int, notes: list[str]) -> dict[str, Any]:
-    """training.linear_dtype, fp8_output_layer and fp8_all_gather of the [model] converters and
-    [quantize.linear.float8] (module docstring): the output layer converted unless a
-    ``filter_fqns`` entry is part of its name ``output`` (default [], torchtitan's presets
-    filter ``"output"``); the float8 all-gather only with dp_shard > 1
+    """training.linear_dtype, fp8_output_layer, fp8_recipe (a ``recipe_name`` "rowwise...";
+    unset: tensorwise) and fp8_all_gather of the [model] converters and [quantize.linear.float8]
+    (module docstring): the output layer converted unless a ``filter_fqns`` entry is part of its
+    name ``output`` (default [], torchtitan's presets filter ``"output"``); the float8 all-gather only with dp_shard > 1
     (``parallel_dims.dp_shard_enabled``) and never with a ``recipe_name`` (an assertion there)."""
     converters = [str(c) for c in d.get("model", {}).get("converters", [])]
     other = [c for c in converters if c not in LINEAR_CONVERTERS + (GROUPED_CONVERTER,)]
@@ -174,7 +174,7 @@ def read_float8(d: dict, shard: int, notes: list[str]) -> dict[str, Any]:
         notes.append("recipe rowwise_with_gw_hp keeps the weight-gradient GEMMs in high precision; planned in fp8")
     out: dict[str, Any] = {"linear_dtype": "fp8", "fp8_output_layer": not any(f in "output" for f in names)}
     if f8.get("recipe_name") in ROWWISE_RECIPES:
-        out["fp8_scaling"] = "rowwise"
+        out["fp8_recipe"] = "rowwise"
     if not f8.get("enable_fsdp_float8_all_gather", False):
         return out
     if f8.get("recipe_name") is not None:
@@ -200,7 +200,7 @@ def write_float8(t) -> tuple[list[str], dict[str, Any]]:
         "enable_fsdp_float8_all_gather": t.fp8_all_gather,
         "precompute_float8_dynamic_scale_for_fsdp": t.fp8_all_gather,
         "filter_fqns": [] if t.fp8_output_layer else ["output"],
-        **({"recipe_name": "rowwise"} if t.fp8_scaling == "rowwise" else {})}}}}
+        **({"recipe_name": "rowwise"} if t.fp8_recipe == "rowwise" else {})}}}}
 
 
 #: torchtitan's pre-2025 ``model.norm_type`` -> ``training.torch_norm`` (9dec370 ``build_norm``).

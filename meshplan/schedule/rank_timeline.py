@@ -16,7 +16,9 @@ frameworks issue them:
   except under ``training.tp_comm_overlap`` with SP (``Workload.async_tp``): there the fused
   all-gather + column-parallel GEMMs and row-parallel GEMM + reduce-scatter run as the runtime
   decomposes them (:mod:`meshplan.compute.asynctp`, :meth:`_Sim.fused`; forward blocks without
-  CP or EP; in backward the gathered output gradient with the row-parallel input gradient).
+  CP or EP; in backward the gathered output gradient with the row-parallel input gradient);
+  under torch the collectives it does not fuse block as without it (``Overlap.tp`` stays off:
+  :func:`meshplan.compute.asynctp.unfused_overlap`).
   Backward: with SP an AG before each block; the row-parallel linear's (wo, w_down) weight
   gradient is computed with its input gradient at the block's start. torch (``training.framework``,
   the default): the input-gradient RS|AR of the column-parallel linears (wq/wk/wv, w_up/w_gate)
@@ -24,7 +26,8 @@ frameworks issue them:
   redistribution's backward) and the next block waits for it. Megatron-LM
   (``Overlap.tp_grad``): it runs during their weight-gradient GEMMs (the asynchronous gradient
   collective), and with SP their input is all-gathered again before, during their
-  input-gradient GEMM (only its sequence shard is saved). Full recompute re-runs the forward blocks (with their collectives);
+  input-gradient GEMM (only its sequence shard is saved). Full recompute re-runs the forward blocks (with their
+  collectives; torch's not the MLP's closing one, :func:`replay_scatters`);
   torchtitan's per-layer AC does so in its checkpointed layers, its op-level AC re-runs the
   forward ops it did not save, with each block's all-gather but not its reduce-scatter (whose
   output it saved; the row-parallel GEMM replayed, if at all, as a plain GEMM).
@@ -525,7 +528,7 @@ def _block(s: _Sim, name: str, t: float, phase: str, ep: bool = False, cp: Optio
     under all-gather CP (module docstring); ``fused``: the block's async-TP GEMMs
     (:func:`fused_gemms`), run as their runtime decomposes them (:func:`_fused_block`);
     ``scatter`` False: the block's closing tp collective is not issued (op-level AC's replay)."""
-    if fused and cp is None and not ep and "ag" in fused and ("rs" in fused or not scatter):
+    if fused and cp is None and not ep and ("ag" in fused or ("rs" in fused and scatter)):
         _fused_block(s, name, t, phase, fused, scatter)
         return
     before, after = _tp(s.w)
@@ -555,25 +558,32 @@ def _fused_block(s: _Sim, name: str, t: float, phase: str, fused: dict, scatter:
     reduce-scatter; ``t``: the block's seconds (pieces' GEMMs and the runtime's copies included).
     ``scatter`` False (op-level AC's replay): no reduce-scatter; a replayed row-parallel GEMM
     runs whole among the block's other ops."""
-    ag_s, ag_n = fused["ag"]
+    ag_s, ag_n = fused.get("ag", (0.0, 0))
     rs_s, rs_n = fused.get("rs", (0.0, 0)) if scatter else (0.0, 0)
-    s.fused(name + " all-gather+GEMMs", ag_s, s.c.get("tp", phase, "all-gather", _gather_group(s, phase)), ag_n, False)
-    s.compute(name, t - ag_s - rs_s)
-    if scatter:
+    if ag_n:
+        s.fused(name + " all-gather+GEMMs", ag_s, s.c.get("tp", phase, "all-gather", _gather_group(s, phase)), ag_n, False)
+        s.compute(name, t - ag_s - rs_s)
+    else:  # float8 rowwise: the gather blocks as without async TP
+        s.compute(name, t - rs_s, [s.comm("tp", phase, "all-gather", "tp all-gather")])
+    if scatter and rs_n:
         s.fused(name + " GEMM+reduce-scatter", rs_s, s.c.get("tp", phase, "reduce-scatter"), rs_n, True)
+    elif scatter:
+        s.compute(name + " tp wait", 0.0, [s.comm("tp", phase, "reduce-scatter", "tp reduce-scatter")])
 
 
-def fused_gemms(c: Cost, phase: str, recompute: Optional[bool], framework: str, tp: int) -> dict:
+def fused_gemms(c: Cost, phase: str, recompute: Optional[bool], framework: str, tp: int,
+                rowwise: frozenset = frozenset()) -> dict:
     """``{block: {"ag" | "rs": (seconds, pieces)}}`` of the async-TP fused GEMMs among ``c``'s
     ops of ``phase`` and ``recompute`` (a replayed forward GEMM as its forward), summed per side
-    (:func:`meshplan.compute.asynctp.pieces`; an all-gather feeds several GEMMs)."""
+    (:func:`meshplan.compute.asynctp.pieces`; an all-gather feeds several GEMMs); ``rowwise``:
+    the float8 rowwise Linears (``Workload.fp8_rowwise``), whose gathers do not fuse."""
     out: dict = {}
     for o in c.ops:
         if o.kind != "gemm" or o.phase != phase or recompute not in (None, o.recompute):
             continue
         base = o.name.removesuffix(" (recompute)")
         ph = "forward" if o.recompute else phase
-        n = asynctp.pieces(framework, tp, base, ph)
+        n = asynctp.pieces(framework, tp, base, ph, base.split(".")[0] in rowwise)
         if n:
             side = "rs" if ph == "forward" and base in asynctp.RS_FORWARD else "ag"
             g, _ = out.setdefault(o.block, {}).get(side, (0.0, n))
@@ -696,10 +706,27 @@ def _slots(s: _Sim, phase: Optional[str], at: At, block: Optional[Block] = None)
                 s.compute(f"{stream} wait", 0.0, [ev])
 
 
+def _rowwise(w: Workload) -> frozenset:
+    """The float8 rowwise Linears of ``w`` (none unless ``fp8_rowwise``)."""
+    return w.float8_gemms if w.fp8_rowwise and w.linear_dtype == "fp8" else frozenset()
+
+
+def replay_scatters(w: Workload, phase: str) -> tuple[bool, bool]:
+    """Whether a forward pass of ``phase`` (a replay when not "forward") issues the attention's
+    and the MLP's closing TP collective: a replay under op-level AC neither (the policy saved the
+    reduce-scatters' outputs), under torch's full AC not the MLP's (its output only feeds the
+    next layer: :func:`meshplan.compute.ops.full_ac_not_replayed`), under Megatron-LM's both."""
+    if phase == "forward":
+        return True, True
+    if w.recompute == "op":
+        return False, False
+    return True, w.megatron_ops
+
+
 def _forward_layer(s: _Sim, c: Cost, moe: bool, phase: str = "forward", recompute=None) -> None:
-    scatter = phase == "forward" or s.w.recompute != "op"  # op-level AC saved the reduce-scatters' outputs
+    scatter, scatter_mlp = replay_scatters(s.w, phase)
     t = s.of(_times, c, phase, recompute)
-    f = s.of(fused_gemms, c, phase, recompute, s.w.async_tp, s.w.tp) if s.w.async_tp and s.w.sp else {}
+    f = s.of(fused_gemms, c, phase, recompute, s.w.async_tp, s.w.tp, _rowwise(s.w)) if s.w.async_tp and s.w.sp else {}
     own = "forward" if phase == "forward" else None  # the registered axes' slots: not in a replay
     s.compute("norm", t["attn_pre"])
     p = s.of(cp_parts, c, phase, recompute) if s.w.cp > 1 else None
@@ -709,7 +736,7 @@ def _forward_layer(s: _Sim, c: Cost, moe: bool, phase: str = "forward", recomput
     _slots(s, own, At.AFTER, Block.ATTN)
     s.compute("add+norm", t["attn_post"] + t["mlp_pre"])
     _slots(s, own, At.BEFORE, Block.MLP)
-    _block(s, "mlp", t["mlp"], "forward", ep=moe, fused=f.get("mlp"), scatter=scatter)
+    _block(s, "mlp", t["mlp"], "forward", ep=moe, fused=f.get("mlp"), scatter=scatter_mlp)
     _slots(s, own, At.AFTER, Block.MLP)
     s.compute("add", t["mlp_post"])
     _slots(s, own, At.OVERLAPPED)
@@ -729,7 +756,8 @@ def _backward_layer(s: _Sim, c: Cost, moe: bool, with_w: bool) -> None:
     w = s.of(_times, c, "backward_weight") if with_w else dict.fromkeys(LAYER_BLOCKS, 0.0)
     row = s.of(_ops_by_block, c, "backward_weight", ROW_PARALLEL_WGRAD) if with_w else dict.fromkeys(LAYER_BLOCKS, 0.0)
     col = s.of(_ops_by_block, c, "backward_input", COLUMN_PARALLEL_DGRAD, False if full else None)
-    f = s.of(fused_gemms, c, "backward_input", False if full else None, s.w.async_tp, s.w.tp) if s.w.async_tp else {}
+    f = s.of(fused_gemms, c, "backward_input", False if full else None, s.w.async_tp, s.w.tp,
+             _rowwise(s.w)) if s.w.async_tp else {}
     s.compute("add grad", b["mlp_post"])
     mlp_row = 0.0 if moe else row["mlp"]          # MoE: the experts' own order (dispatch, combine)
     _slots(s, "backward", At.BEFORE, Block.MLP)

@@ -947,8 +947,10 @@ def _sequence_flops(model, seq_len: int) -> float:
 
 
 def config_overlap(training, overlap: Overlap = Overlap()) -> Overlap:
-    """``overlap`` with what the config turns on: ``tp`` for ``training.tp_comm_overlap``
-    (Megatron ``--tp-comm-overlap``), ``tp_grad`` for ``training.framework = "megatron"``; and
+    """``overlap`` with what the config turns on: ``tp`` for ``training.tp_comm_overlap`` under
+    Megatron-LM (``--tp-comm-overlap``; torch's async TP fuses some collectives and the others
+    block: :func:`meshplan.compute.asynctp.unfused_overlap`), ``tp_grad`` for
+    ``training.framework = "megatron"``; and
     what Megatron-LM 2022 cannot do: overlap the per-step gradient reductions with the backward
     (``grad_reduce`` off: 2755bcb ``megatron/training.py`` ``train_step`` calls
     ``optimizer.reduce_model_grads`` after ``forward_backward_func`` returns, and it runs the SP
@@ -956,7 +958,7 @@ def config_overlap(training, overlap: Overlap = Overlap()) -> Overlap:
     all-reduce one after the other, each between timer syncs; ``model/distributed.py``'s hooks
     only accumulate into the main-gradient buffer). Under ``training.zero12_engine =
     "deepspeed"``, ``grad_reduce`` is ``training.overlap_comm``."""
-    if training.tp_comm_overlap and not overlap.tp:
+    if training.tp_comm_overlap and not overlap.tp and asynctp.unfused_overlap(training.framework):
         overlap = replace(overlap, tp=True)
     if training.framework == "megatron" and (not overlap.tp_grad or overlap.grad_reduce):
         overlap = replace(overlap, tp_grad=True, grad_reduce=False)

@@ -335,23 +335,23 @@ def chains(c: Candidates, o: dict, cm: dict, moe: bool, serial: bool | np.ndarra
     """(forward, backward) chain of one layer, seconds (module docstring). ``serial`` (per
     candidate): a block's input-gradient TP collective is issued after its weight gradients and
     the next block waits for it (rank_timeline._block_backward without ``Overlap.tp`` or
-    ``tp_grad``: torch, tp_comm_overlap off), so the two add up; otherwise the collective may
+    ``tp_grad``: torch, with or without tp_comm_overlap), so the two add up; otherwise the collective may
     run beside the weight gradients (the larger of the two)."""
     pre, post = cm["tp_ag"], np.maximum(cm["tp_sp"], cm["tp_ar"])
     e = cm["ep"] if moe else 0.0
 
-    def forward(p):
+    def forward(p, post_mlp=post):
         # CP: the K/V all-gather starts after the K/V projection and the core attention waits
         # for it; only the Q projection runs beside it
         attn = o[f"{p}_attn"] + np.maximum(cm["cp_ag"] - o[f"{p}_cpq"], 0.0)
         blocking = (o[f"{p}_attn_pre"] + pre + attn + post + o[f"{p}_attn_post"]
-                    + o[f"{p}_mlp_pre"] + pre + e + o[f"{p}_mlp"] + e + post + o[f"{p}_mlp_post"])
+                    + o[f"{p}_mlp_pre"] + pre + e + o[f"{p}_mlp"] + e + post_mlp + o[f"{p}_mlp_post"])
         # tp_comm_overlap: a block's TP collectives run under its GEMMs, decomposed into pieces
         # (compute.asynctp: each fused op lasts at least its collective and its pieces' GEMMs,
         # at least the whole GEMM's), so the block lasts at least both; the EP combine is issued
         # after the block's compute and still blocks
         overlapped = (o[f"{p}_attn_pre"] + np.maximum(attn, pre + post)
-                      + o[f"{p}_attn_post"] + o[f"{p}_mlp_pre"] + np.maximum(o[f"{p}_mlp"], pre + post) + e
+                      + o[f"{p}_attn_post"] + o[f"{p}_mlp_pre"] + np.maximum(o[f"{p}_mlp"], pre + post_mlp) + e
                       + o[f"{p}_mlp_post"])
         return np.where(c.ov > 0, overlapped, blocking)
     # op-level selective AC replays its recomputed ops before the layer's backward, as full does
@@ -367,7 +367,10 @@ def chains(c: Candidates, o: dict, cm: dict, moe: bool, serial: bool | np.ndarra
     back = (b["mlp_post"] + e + gathered("mlp") + beside(o["bw_mlp"], post + e) + b["mlp_pre"] + b["attn_post"]
             + gathered("attn") + np.maximum(cm["cp_rs"] - b["cpq"], 0.0) + beside(o["bw_attn"], post)
             + b["attn_pre"])
-    return forward("f"), back + np.where(full, forward("br"), 0.0)
+    # torch's full AC replays no MLP closing collective (rank_timeline.replay_scatters); the
+    # candidates of one search share the framework, which ``serial`` carries (torch: all True)
+    replay = forward("br", np.where(serial, 0.0, post))
+    return forward("f"), back + np.where(full, replay, 0.0)
 
 
 def unit_bounds(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: dict) -> dict[str, np.ndarray]:
@@ -388,9 +391,10 @@ def unit_bounds(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: dict)
     col = lambda a: np.asarray(a)[:, None]
     cm = comm_times(cfg, tt, c)
     od = layer_ops(cfg, tt, c, False)
-    # torch without tp_comm_overlap (the candidate's ``ov``): each block's input-gradient TP
-    # collective follows its weight gradients (Megatron-LM runs it beside them: Overlap.tp_grad)
-    serial = (c.ov == 0) & (cfg.training.framework != "megatron")
+    # torch: each block's input-gradient TP collective follows its weight gradients, async TP or
+    # not (it fuses no such reduce-scatter: compute.asynctp.unfused_overlap); Megatron-LM runs
+    # it beside them (Overlap.tp_grad)
+    serial = np.full(len(c), cfg.training.framework != "megatron")
     fd, bd = chains(c, od, cm, False, serial)
     if m.is_moe:
         om = layer_ops(cfg, tt, c, True)

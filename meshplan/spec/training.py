@@ -19,8 +19,8 @@ Dtype = Literal["fp32", "bf16", "fp16", "fp8"]
 # the framework's layout of the same vocabulary (the loss is over V either way; unset it
 # follows ``framework``), so a knob with it.
 # ``fp8_all_gather`` (torchtitan's float8 all-gather of the float8 Linear weights) is a knob: it
-# changes the bytes FSDP gathers, not what the GEMMs compute; ``linear_dtype`` and
-# ``fp8_output_layer`` (which GEMMs run in float8) are the workload's numerics.
+# changes the bytes FSDP gathers, not what the GEMMs compute; ``linear_dtype``, ``fp8_recipe``
+# and ``fp8_output_layer`` (which GEMMs run in float8, how scaled) are the workload's numerics.
 PLAN_KNOBS = ("micro_batch", "sharding", "reshard_after_forward", "reshard_head_after_forward", "recompute", "ac_freq", "flash_attention",
               "tp_comm_overlap", "framework", "zero3_engine", "zero12_engine", "overlap_comm", "grad_accumulation",
               "fp8_all_gather", "torch_compile", "torch_norm", "pp_schedule_runs", "vocab_pad_divisor")
@@ -72,7 +72,8 @@ class TrainingSpec(BaseModel):
     ``--tp-comm-overlap``, Transformer Engine userbuffers; torchtitan's
     ``enable_async_tensor_parallel``, which needs ``torch_compile``: its parallelize raises "Async
     TP requires torch.compile"); off: they block (torchtitan's default). With sequence parallelism
-    the step model runs each fused op as the runtime decomposes it (:mod:`meshplan.compute.asynctp`).
+    the step model runs each fused op as the runtime decomposes it (:mod:`meshplan.compute.asynctp`;
+    torch's unfused TP collectives still block).
     ``framework``: whose runtime order the step model follows where they differ: ``torch``
     (torchtitan: DTensor tensor parallelism; a block's input-gradient collective is issued
     after its linears' backward, input and weight gradients, and blocks the next block) or
@@ -157,6 +158,14 @@ class TrainingSpec(BaseModel):
     dtype, and so do the activations: ``Float8Linear`` saves its high-precision input for
     backward (torchao ``float8_linear.py``, ``matmul_with_hp_or_float8_args``:
     ``ctx.save_for_backward(input_hp, weight_hp_t)``). Unset: every GEMM in the compute dtype.
+    ``fp8_recipe``: torchao's float8 scaling (torchtitan ``recipe_name``; ``rowwise_with_gw_hp``
+    read as rowwise): ``tensorwise`` (default) or ``rowwise``. The GEMMs are timed alike; under
+    torchtitan's async TP the recipe decides which gathers fuse (rowwise: none, as torchtitan runs
+    its TP gathers in bf16 and casts after; :mod:`meshplan.compute.asynctp`). Under
+    ``framework = "torch"`` with sequence parallelism, tensorwise scaling makes the TP
+    all-gathers of the float8 Linears' inputs and output gradients move float8
+    (:meth:`float8_tp_gathers`); rowwise keeps torch's plain TP, every collective in the compute
+    dtype.
     ``fp8_output_layer``: the output layer is converted too (torchtitan's ``filter_fqns``
     without "output"; default: excluded, as torchtitan's presets and Megatron-LM do).
     ``fp8_all_gather``: torchtitan's ``enable_fsdp_float8_all_gather``: FSDP2 all-gathers the
@@ -166,12 +175,6 @@ class TrainingSpec(BaseModel):
     (``precompute_float8_dynamic_scale_for_fsdp``); a tied output layer is the embedding and
     is gathered in the compute dtype. Gradients are reduce-scattered in the reduce dtype
     either way.
-    ``fp8_scaling``: the float8 scaling recipe, ``"tensorwise"`` (one scale per tensor:
-    torchao's default, torchtitan's ``recipe_name`` unset) or ``"rowwise"`` (torchtitan's
-    ``recipe_name = "rowwise"`` or ``"rowwise_with_gw_hp"``). Under ``framework = "torch"``
-    with sequence parallelism, tensorwise scaling makes the TP all-gathers of the float8
-    Linears' inputs and output gradients move float8 (:meth:`float8_tp_gathers`); rowwise
-    keeps torch's plain TP, every collective in the compute dtype.
     ``moe_capacity_factor``, ``moe_dropless``, ``moe_hottest_expert_share``: MoE routing
     (:mod:`meshplan.compute.routing`): the capacity factor f of the dropping dispatch
     (``C = ceil(f x tokens x top_k / experts)``, Megatron-LM ``--moe-expert-capacity-factor``;
@@ -212,9 +215,9 @@ class TrainingSpec(BaseModel):
     grad_accumulation: Literal["sync", "no_sync", "no_sync_unsharded"] = "sync"
     pp_schedule_runs: int = Field(default=1, ge=1, le=BOUNDS["global_batch"].value)
     linear_dtype: Optional[Literal["fp8"]] = None
+    fp8_recipe: Literal["tensorwise", "rowwise"] = "tensorwise"
     fp8_all_gather: bool = False
     fp8_output_layer: bool = False
-    fp8_scaling: Literal["tensorwise", "rowwise"] = "tensorwise"
     moe_capacity_factor: float = Field(default=1.0, gt=0)
     moe_dropless: bool = False
     moe_hottest_expert_share: Optional[float] = Field(default=None, gt=0, le=1)
@@ -264,17 +267,17 @@ class TrainingSpec(BaseModel):
             raise ValueError("compute_dtype \"fp8\" would make activations, norms and gathers 1 byte; float8 "
                              "training runs only the Linear GEMMs in fp8 with bf16 activations: set compute_dtype = "
                              "\"bf16\" and linear_dtype = \"fp8\"")
-        if (self.fp8_all_gather or self.fp8_output_layer) and self.linear_dtype != "fp8":
-            key = "fp8_all_gather" if self.fp8_all_gather else "fp8_output_layer"
+        if (self.fp8_all_gather or self.fp8_output_layer or self.fp8_recipe != "tensorwise") \
+                and self.linear_dtype != "fp8":
+            key = "fp8_all_gather" if self.fp8_all_gather else "fp8_output_layer" if self.fp8_output_layer \
+                else "fp8_recipe"
             raise ValueError(f"{key} applies to the float8 Linear layers; set linear_dtype = \"fp8\" or remove it")
         if self.torch_norm != "fused" and self.framework != "torch":
             raise ValueError("torch_norm is the RMSNorm module of framework \"torch\" (Megatron-LM runs its own "
                              "kernels): remove it")
-        if self.fp8_scaling != "tensorwise" and self.linear_dtype != "fp8":
-            raise ValueError("fp8_scaling applies to the float8 Linear layers; set linear_dtype = \"fp8\" or remove it")
-        if self.fp8_scaling == "rowwise" and self.fp8_all_gather:
-            raise ValueError("fp8_all_gather with fp8_scaling \"rowwise\": torchtitan refuses the pair (the float8 "
-                             "all-gather is tensorwise scaling only); remove one")
+        if self.fp8_all_gather and self.fp8_recipe == "rowwise":
+            raise ValueError("fp8_all_gather is tensorwise scaling only (torchtitan refuses it with a rowwise "
+                             "recipe_name): remove it or set fp8_recipe = \"tensorwise\"")
         if self.fp8_all_gather and self.sharding not in ("zero3", "hsdp"):
             raise ValueError(f"fp8_all_gather is FSDP2's float8 all-gather (sharding zero3 or hsdp); sharding "
                              f"{self.sharding!r} gathers nothing: remove it")
@@ -434,7 +437,7 @@ class TrainingSpec(BaseModel):
     def float8_tp_gathers(self) -> bool:
         """Whether TP (under sequence parallelism) all-gathers the float8 Linears' inputs and
         output gradients in float8: float8 Linears (``linear_dtype``) with tensorwise scaling
-        (``fp8_scaling``) under ``framework = "torch"``. torchtitan applies torchao's float8 TP
+        (``fp8_recipe``) under ``framework = "torch"``. torchtitan applies torchao's float8 TP
         styles then (9dec370 ``parallelisms/parallelize_llama.py`` ``apply_tp``; 820504e
         ``models/llama3/parallelize_llama.py``: ``enable_float8_tensorwise_tp = enable_float8_linear
         and not float8_is_rowwise``), and torchao (eab345c ``torchao/float8/float8_tensor_parallel.py``)
@@ -450,10 +453,10 @@ class TrainingSpec(BaseModel):
         and the output layer's collectives (plain ``RowwiseParallel`` / ``ColwiseParallel``).
 
         >>> t = TrainingSpec(global_batch=8, seq_len=16, linear_dtype="fp8")
-        >>> t.float8_tp_gathers, t.model_copy(update={"fp8_scaling": "rowwise"}).float8_tp_gathers
+        >>> t.float8_tp_gathers, t.model_copy(update={"fp8_recipe": "rowwise"}).float8_tp_gathers
         (True, False)
         """
-        return self.linear_dtype == "fp8" and self.fp8_scaling == "tensorwise" and self.framework == "torch"
+        return self.linear_dtype == "fp8" and self.fp8_recipe == "tensorwise" and self.framework == "torch"
 
     @property
     def peak_dtype(self) -> Dtype:
