@@ -981,9 +981,35 @@ def tp_overlap_line(plan: Plan, st: StepTime, step_fn: Callable[[Plan], StepTime
     if not t.tp_comm_overlap or plan.mesh.degree("tp") < 2:
         return ""
     off = step_fn(replace(plan, config=replace(plan.config, training=t.model_copy(update={"tp_comm_overlap": False}))))
-    on_ms, off_ms = st.shown_ms(), off.shown_ms()
-    saved = round(off.step_s * 1e5) - round(st.step_s * 1e5)
-    return (f"tp overlap (training.tp_comm_overlap): {asynctp.model_name(t.framework, plan.mesh.sequence_parallel)}; "
+    return _overlap_versus_blocking("training.tp_comm_overlap", asynctp.model_name(t.framework,
+                                                                                   plan.mesh.sequence_parallel), st, off)
+
+
+#: What ``step --overlap-tp`` (``Overlap.tp`` without ``training.tp_comm_overlap``) runs: each
+#: block's TP collectives beside its whole GEMMs (:mod:`meshplan.schedule.rank_timeline`), no GEMM
+#: decomposed and no copy, the GEMMs slowed only by the SMs the NCCL kernels hold while they run
+#: (:func:`~meshplan.schedule.rank_timeline.nccl_sm_share`): a bound no runtime reaches, where the
+#: config's knob models the runtimes' decomposed GEMMs.
+IDEAL_TP_OVERLAP = ("ideal overlap of whole GEMMs (each block's TP collectives run beside its GEMMs, which slow "
+                    "only by the SMs NCCL holds; no runtime decomposes them so: training.tp_comm_overlap models "
+                    "the runtime's overlap)")
+
+
+def ideal_tp_overlap_line(plan: Plan, st: StepTime, blocking: StepTime) -> str:
+    """``step --overlap-tp`` on a config without ``training.tp_comm_overlap`` and tp > 1: the
+    line :func:`tp_overlap_line` prints for the knob, labelled :data:`IDEAL_TP_OVERLAP`; ``st``:
+    the step with ``Overlap.tp``, ``blocking``: the same step without it. Else empty."""
+    if plan.config.training.tp_comm_overlap or plan.mesh.degree("tp") < 2:
+        return ""
+    return _overlap_versus_blocking("--overlap-tp", IDEAL_TP_OVERLAP, st, blocking)
+
+
+def _overlap_versus_blocking(source: str, what: str, on: StepTime, off: StepTime) -> str:
+    """The TP-overlap line: exposed tp, compute and step of ``on`` against ``off`` (blocking),
+    each as :meth:`StepTime.shown_ms` prints it, and the milliseconds saved (or cost) per step."""
+    on_ms, off_ms = on.shown_ms(), off.shown_ms()
+    saved = round(off.step_s * 1e5) - round(on.step_s * 1e5)
+    return (f"tp overlap ({source}): {what}; "
             f"exposed tp {on_ms.get('exposed tp', '0.00')} ms (blocking: {off_ms.get('exposed tp', '0.00')} ms), "
             f"compute {on_ms['compute']} ms (blocking: {off_ms['compute']} ms), step {on_ms['step']} ms (blocking: "
             f"{off_ms['step']} ms): {'saves' if saved >= 0 else 'costs'} {abs(saved) / 100:.2f} ms per step")
