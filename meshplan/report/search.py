@@ -178,8 +178,8 @@ def infeasible_verdict(r: SearchResult) -> dict[str, Any] | None:
     counts = r.counts()
     text = dict(REASONS)
     most = sorted(((n, k) for k, n in counts.items() if k in text and n), key=lambda x: -x[0])[:3]
-    rules = [{"rule": k, "rejected": n, "text": text[k]} for n, k in most]
-    fix = _FIXES.get(rules[0]["rule"], _FIX_ANY) if rules else None
+    rules: list[dict[str, Any]] = [{"rule": k, "rejected": n, "text": text[k]} for n, k in most]
+    fix = _FIXES.get(most[0][1], _FIX_ANY) if most else None
     verdict: dict[str, Any] = {"candidates": len(r.candidates), "rules": rules, "undecided": counts["undecided"],
                                "fix": fix}
     return verdict | {"line": _verdict_line(verdict)}
