@@ -594,7 +594,7 @@ def optimizer_step_bytes(params, grads, master, optimizer, training, zero_grads=
     4 + 8 + 28 + 6 + 4 + 8 = 58 B per parameter; torch's with the same state, 50 B.
 
     >>> from meshplan.spec.training import TrainingSpec
-    >>> t = TrainingSpec(global_batch=8, seq_len=16, sharding="none")
+    >>> t = TrainingSpec(global_batch=8, seq_len=16, sharding="none", param_dtype="bf16")
     >>> optimizer_step_bytes(2, 4, 4, 8, t), optimizer_step_bytes(2, 4, 4, 8, t.model_copy(update={"framework": "megatron"}))
     (50, 58)
     >>> optimizer_step_bytes(4, 4, 0, 8, t.model_copy(update={"sharding": "zero3", "grad_clip": False, "param_dtype": "fp32"}))
@@ -618,7 +618,7 @@ def optimizer_step_s(params, grads, master, optimizer, training, hbm_bandwidth_b
     (candidates, stages) arrays).
 
     >>> from meshplan.spec.training import TrainingSpec
-    >>> t = TrainingSpec(global_batch=8, seq_len=16, sharding="none")
+    >>> t = TrainingSpec(global_batch=8, seq_len=16, sharding="none", param_dtype="bf16")
     >>> optimizer_step_s(2e9, 4e9, 4e9, 8e9, t, 1.7e12) == 50e9 / 1.7e12
     True
     """
