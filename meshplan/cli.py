@@ -102,7 +102,7 @@ from meshplan.runtime.validation.validate import main as validate_main
 from meshplan.schedule.linkload import concurrency, edge_loads, timings
 from meshplan.schedule.placement_score import step_scorer
 from meshplan.schedule.rank_timeline import Overlap
-from meshplan.schedule.steptime import step_time, tp_overlap_line
+from meshplan.schedule.steptime import ideal_tp_overlap_line, step_time, tp_overlap_line
 from meshplan.schedule.verdict import network_verdict, rebuilt_step
 from meshplan.search.driver import search
 from meshplan.search.space import candidate_config
@@ -437,7 +437,8 @@ def _overlap(overlap_tp: bool, no_prefetch: bool):
 def step(config: Path = typer.Argument(..., help=CONFIG_HELP),
          trace: Optional[Path] = typer.Option(None, "--trace", help="write the predicted timeline (Chrome/Perfetto JSON)"),
          overlap_tp: bool = typer.Option(False, "--overlap-tp", help="with training.tp_comm_overlap off: assume TP "
-                                         "communication overlaps compute, ideally (whole GEMMs); with it on, ignored "
+                                         "communication overlaps compute, ideally (whole GEMMs), and print its exposed "
+                                         "tp, compute and step against blocking TP; with it on, ignored "
                                          "(a note says so): the config's model, the runtimes' decomposed GEMMs, runs"),
          no_prefetch: bool = typer.Option(False, "--no-prefetch", help="no FSDP all-gather prefetch"),
          gemm_table: Optional[Path] = typer.Option(None, "--gemm-table", help="measured GEMM times (meshplan bench gemm)"),
@@ -478,9 +479,13 @@ def step(config: Path = typer.Argument(..., help=CONFIG_HELP),
     for line in st.lines():
         _echo(line)
     tp = tp_overlap_line(p, st, lambda alt: _step_with(alt, _overlap(False, no_prefetch), table, schedule))
+    if overlap_tp and not tp:
+        tp = ideal_tp_overlap_line(p, st, _step_with(p, _overlap(False, no_prefetch), table, schedule))
     if tp:
         _echo(tp)
-    if overlap_tp and p.config.training.tp_comm_overlap:
+    if overlap_tp and p.mesh.degree("tp") < 2:
+        _echo("note: --overlap-tp changes nothing: tp 1 has no TP collectives")
+    elif overlap_tp and p.config.training.tp_comm_overlap:
         _echo("note: --overlap-tp ignored: training.tp_comm_overlap is on, and the config's model of it (the line "
               "above) is what the step runs; --overlap-tp (ideal overlap of whole GEMMs) applies with it off")
 

@@ -322,6 +322,16 @@ _NO_OP_RECOMPUTE = {
     "ds": "'op' is torchtitan's op-level selective AC, which zero3_engine \"deepspeed-2021\" does not have; use "
           "'selective', 'full' or 'none', or zero3_engine \"fsdp2\"",
 }
+#: Why ``recompute = "layer"`` has no Megatron-LM run: Megatron-Core's full recompute
+#: (``--recompute-granularity full``) checkpoints, with ``--recompute-method uniform``, every layer
+#: in chunks of ``--recompute-num-layers``, with ``block`` the first ``--recompute-num-layers`` layers
+#: of each stage (``TransformerBlock._checkpointed_forward``,
+#: megatron/core/transformer/transformer_block.py, NVIDIA/Megatron-LM at 0034bda); neither is
+#: torchtitan's every ``ac_freq``-th layer, which ``export --to megatron`` refuses too.
+_NO_LAYER_RECOMPUTE = ("'layer' is torchtitan's per-layer selective AC (every ac_freq-th layer in full), which "
+                       "framework \"megatron\" does not have (--recompute-method uniform recomputes every layer, "
+                       "block the first n layers of each stage); use 'full' (every layer: 'layer' with ac_freq 1), "
+                       "'selective' or 'none', or framework \"torch\"")
 
 
 def build_plan(config: Config, constraints: cons.Constraints | None = None, memory: bool = True,
@@ -353,6 +363,8 @@ def build_plan(config: Config, constraints: cons.Constraints | None = None, memo
         _check_deepspeed_2021(mesh)
     if not isinstance(mesh, resolve.Infeasible):
         deepspeed_zero12.check_mesh(t, mesh.degree, spec.pp_schedule)
+    if t.recompute == "layer" and t.framework == "megatron":
+        raise ConfigError("training.recompute", _NO_LAYER_RECOMPUTE)
     if t.recompute == "op" and not t.has_op_recompute:
         raise ConfigError("training.recompute", _NO_OP_RECOMPUTE[t.framework if t.framework == "megatron" else "ds"])
     if t.recompute == "op" and not isinstance(mesh, resolve.Infeasible) and max(mesh.degree("cp"), mesh.ep) > 1:

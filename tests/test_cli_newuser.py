@@ -72,6 +72,26 @@ def test_search_with_no_feasible_mesh_says_so_in_one_line(tmp_path):
     for gone in ("top 0", "the top is exact", "narrower GEMMs", "order: by predicted step time", "best rejected"):
         assert gone not in r.output, gone
     assert "  feasible: 0" in lines
+    # --json holds the same verdict as data, --html shows it instead of an empty table; exit 1 too
+    import html
+    import json
+
+    from tests.test_cli_json import validate
+    r = CliRunner().invoke(cli.app, ["search", str(path), "--json", str(tmp_path / "s.json"), "--html",
+                                     str(tmp_path / "s.html")], env={"COLUMNS": "1000"})
+    assert r.exit_code == 1, r.output
+    doc = json.loads((tmp_path / "s.json").read_text())
+    text_line = next(x for x in lines if x.startswith("no feasible mesh"))
+    assert doc["no_feasible_mesh"] == {
+        "candidates": 4, "undecided": 0, "line": text_line,
+        "rules": [{"rule": "batch", "rejected": 3, "text": "global_batch not divisible by micro_batch * dp"},
+                  {"rule": "framework", "rejected": 1, "text": "zero1 under framework torch: no torch engine shards "
+                                                               "the optimizer alone (torchtitan cannot run it)"}],
+        "fix": "set training.global_batch to a multiple of micro_batch x dp for some [search] micro_batch and dp"}
+    assert doc["top"] == [] and validate("search", doc) == []
+    page = (tmp_path / "s.html").read_text()
+    assert "No feasible mesh" in page and html.escape(text_line) in page and "; exit 1" in page
+    assert "by predicted step time</h2>" not in page and "Top 0" not in page
 
 
 def test_one_micro_batch_is_singular_in_step_output(tmp_path, capsys):

@@ -257,6 +257,33 @@ def test_megatron_search_of_schedules_it_does_not_run(schedules, named, tmp_path
     check_searched(["1f1b"], "megatron")  # Megatron-LM's own (interleaved with vpp > 1)
 
 
+def test_layer_recompute_under_megatron_is_refused(tmp_path, capsys):
+    """torchtitan's every-ac_freq-th-layer AC has no Megatron-LM flag (uniform recomputes every
+    layer, block the first n of each stage): plan and step refuse it under framework megatron
+    naming training.recompute, as ``export --to megatron`` does (it was planned silently), and
+    plan it under torch."""
+    from meshplan.cli import main
+    d = with_("training.recompute", "layer")
+    d["training"].update({"ac_freq": 2, "framework": "megatron"})
+    with pytest.raises(ConfigError) as e:
+        build_plan(config_from_dict(d))
+    assert e.value.field == "training.recompute" and "\n" not in str(e.value)
+    assert e.value.message.startswith("'layer' is torchtitan's per-layer selective AC (every ac_freq-th layer in "
+                                      "full), which framework \"megatron\" does not have")
+    assert e.value.message.endswith("use 'full' (every layer: 'layer' with ac_freq 1), 'selective' or 'none', or "
+                                    "framework \"torch\"")
+    p = tmp_path / "layer.toml"
+    p.write_text("".join(f"[{k}]\n" + "".join(f"{kk} = {v!r}\n".replace("'", '"') for kk, v in t.items())
+                         for k, t in d.items()))
+    for cmd in ("plan", "step"):
+        with pytest.raises(SystemExit) as done:
+            main([cmd, str(p)])
+        err = capsys.readouterr().err
+        assert done.value.code == 2 and err.count("\n") == 1 and err.startswith("error: training.recompute: 'layer'")
+    d["training"]["framework"] = "torch"
+    assert build_plan(config_from_dict(d)).feasible
+
+
 @pytest.mark.parametrize("training,named,fix", [
     ({"framework": "megatron"}, 'framework "megatron"', 'or framework "torch"'),
     ({"sharding": "zero3", "zero3_engine": "deepspeed-2021"}, 'zero3_engine "deepspeed-2021"',

@@ -58,12 +58,15 @@ def test_mixtral_expert_rows_are_one_expert(plan):
 
 
 def test_mixtral_memory_agrees_with_the_gather(plan):
-    """The persistent expert parameters per rank are the gathered bytes / efsdp x layers."""
+    """The persistent expert parameters per rank are the gathered elements / efsdp x layers,
+    stored in fp32 (torchtitan's parameters, torch's default) and gathered in bf16 (FSDP2's
+    MixedPrecisionPolicy): twice the gathered bytes / efsdp x layers."""
     state = plan.state[0]
     params = next(i for i in state.items if i.kind == "params" and i.group == "expert")
     assert (params.count, params.axis, params.divisor) == (1_409_286_144, "efsdp", 4)
     gather = next(r for r in plan.stage(0).collectives if r.axis == "efsdp" and r.op == "all-gather")
-    assert params.size_bytes == gather.size_bytes / 4 * 32 == 2_818_572_288
+    assert gather.dtype == "bf16" and params.bytes_per_element == 4
+    assert params.size_bytes == 2 * gather.size_bytes / 4 * 32 == 5_637_144_576
 
 
 def test_zero_line_counts_the_experts(plan):

@@ -264,14 +264,16 @@ def layer_params(tp: int) -> int:
     return sum(k * n for k, n, _ in linears(tp).values()) + 2 * H
 
 
-def optimizer_s(params: float, zero_grads: bool = True, megatron: bool = False) -> float:
+def optimizer_s(params: float, zero_grads: bool = True, megatron: bool = False, master: bool = True) -> float:
     """Optimizer step at Triad (compute/ops.optimizer_bandwidth, schedule/steptime.optimizer_step_bytes),
     per parameter: gradient norm (read 4 B) and clip (read + write 4 B) = 12; Adam reads master,
     gradient and both moments (4 + 4 + 8) and writes master and moments (4 + 8) = 28; the master
     copied to the bf16 parameter (read 4, write 2) = 6; zero1 zeroes its fp32 gradient buffer
     (write 4), FSDP2 (zero3) frees it instead: 50 or 46 B. Megatron-LM also divides that buffer
-    by the dp size in place (read + write 4 B, at dp 1 too): 58 B."""
-    return (12 + 28 + 6 + (4 if zero_grads else 0) + (8 if megatron and zero_grads else 0)) * params / TRIAD
+    by the dp size in place (read + write 4 B, at dp 1 too): 58 B. ``master=False``: fp32
+    parameters updated in place (torchtitan's FSDP2 default), no copy: 40 B under zero3."""
+    copy = 6 if master else 0
+    return (12 + 28 + copy + (4 if zero_grads else 0) + (8 if megatron and zero_grads else 0)) * params / TRIAD
 
 
 def megatron_step_s(tp: int) -> float:
@@ -468,7 +470,8 @@ def test_fsdp16_two_nodes():
     emb_end = max(l0_end + ci, ag_emb_end) + ht["emb_w"] + co_emb
     rs_emb_end = max(rs0_end, emb_end + ci_emb) + rs_emb
     params = (L * n_layer + n_emb + n_head) / n            # every kind sharded 16 ways (exact: 6,291,776)
-    step = forward + rs_emb_end + optimizer_s(params, zero_grads=False)
+    # torchtitan's fp32 parameters (the torch default), updated in place: no master copy
+    step = forward + rs_emb_end + optimizer_s(params, zero_grads=False, master=False)
 
     plan = build_plan(config({"names": ["dp_shard"], "shape": [n]}, 2, 16, "zero3"))
     st = step_time(plan, Overlap(), table=gemm_table(1))

@@ -372,7 +372,8 @@ def _seventy(mesh: dict, **training) -> dict:
 def test_pipeline_and_moe_round_trips(tmp_path, tables, to):
     cfg = tables if not isinstance(tables, dict) else config_from_dict(tables)
     if to == "megatron" and cfg.training.framework != "megatron":  # run by Megatron-LM: its backward order
-        cfg = replace(cfg, training=cfg.training.model_copy(update={"framework": "megatron"}))
+        # and its bf16 parameters with fp32 main copies (torch's default: fp32 parameters)
+        cfg = replace(cfg, training=cfg.training.model_copy(update={"framework": "megatron", "param_dtype": "bf16"}))
     text, header = export(cfg, to, "test")
     assert not [h for h in header if h.startswith("not expressed")], header
     out = tmp_path / "x"
@@ -609,3 +610,23 @@ def test_deepspeed_zero3_gradient_dtypes(tmp_path, extra, grads, reduce):
     again = tmp_path / "again.json"
     again.write_text(text)
     assert differences(cfg, load_any(again, "deepspeed", reimport_options(cfg, "deepspeed"))) == []
+
+
+def test_torch_default_param_dtype_is_what_torchtitan_keeps(tmp_path):
+    """Unset param_dtype under framework torch with FSDP2: the plan keeps torchtitan's fp32
+    parameters without a master copy (training.dtype "float32", torchtitan/trainer.py builds the
+    model in it; bf16 only in FSDP2's MixedPrecisionPolicy), export --to torchtitan writes
+    training.dtype "float32" with mixed_precision_param "bfloat16", and the file reads back with
+    no difference. Llama 3 8B over dp_shard 8: 8,030,261,248 parameters x (4 + 4 + 8) B / 8."""
+    cfg = config_from_dict({"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 1},
+                            "training": {"global_batch": 8, "seq_len": 4096, "recompute": "full"},
+                            "mesh": {"names": ["dp_shard"], "shape": [8]}})
+    assert cfg.training.param_dtype == "fp32" and not cfg.training.keeps_master
+    state = build_plan(cfg).state[0]
+    assert {i.kind: i.bytes_per_element for i in state.items} == {"params": 4, "grads": 4, "optimizer": 8}
+    assert state.total_bytes == 8_030_261_248 * 16 // 8
+    text, header = export(cfg, "torchtitan", "dtype")
+    assert 'dtype = "float32"' in text and 'mixed_precision_param = "bfloat16"' in text
+    out = tmp_path / "x.toml"
+    out.write_text(text)
+    assert differences(cfg, load_any(out, "torchtitan", reimport_options(cfg, "torchtitan"))) == []

@@ -274,7 +274,7 @@ def test_tree_all_reduce_across_four_nodes():
     # step, on NCCL's double binary tree. Chains inside a node carry 2 (g-1)/g S per rank; the tree
     # edges between nodes 2 (N-1)/N S per node, over its 8 NICs
     d = {"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 4},
-         "training": {"global_batch": 64, "seq_len": 4096, "sharding": "none"},
+         "training": {"global_batch": 64, "seq_len": 4096, "sharding": "none", "param_dtype": "bf16"},
          "mesh": {"names": ["dp_shard"], "shape": [32]},
          "memory": {"grad_bucket_elements": 10 ** 10}}  # one DDP bucket of every gradient
     p = build_plan(config_from_dict(d))

@@ -27,7 +27,10 @@ def mesh(names, shape):
 
 
 def training(sharding, **kw):
-    return TrainingSpec(global_batch=64, seq_len=16, sharding=sharding, **kw)
+    """bf16 parameters with an fp32 master copy unless ``kw`` says otherwise: the ZeRO paper's
+    mixed-precision accounting these tests check (under framework torch with FSDP2 or DDP the
+    default is torchtitan's fp32 parameters: test_torch_default_keeps_fp32_params_without_master)."""
+    return TrainingSpec(global_batch=64, seq_len=16, sharding=sharding, **({"param_dtype": "bf16"} | kw))
 
 
 def tiny_states(sharding, dp=4, tp=2, pp=2):
@@ -86,6 +89,21 @@ def test_unsharded_mixed_precision_adam_is_18_bytes_per_param():
         assert {i.kind: i.bytes_per_element for i in s.items} == \
             {"params": 2, "grads": 4, "master": 4, "optimizer": 8}
         assert all(i.divisor == 1 and i.axis == "" for i in s.items)
+
+
+def test_torch_default_keeps_fp32_params_without_master():
+    """Unset param_dtype under framework torch (FSDP2, DDP): torchtitan's fp32 parameters
+    (training.dtype "float32"; bf16 only in FSDP2's MixedPrecisionPolicy), so no master copy:
+    params 4 + grads 4 + Adam moments 8 = 16 B per parameter, all sharded over dp 4 under zero3
+    (stage 1: 3488 parameters, 3488 x 16 / 4 = 13952 B); under Megatron-LM bf16 + fp32 master,
+    18 B (15696 B)."""
+    m = mesh(["pp", "dp", "tp"], [2, 4, 2])
+    for framework, per_param, kinds in (("torch", 16, {"params": 4, "grads": 4, "optimizer": 8}),
+                                        ("megatron", 18, {"params": 2, "grads": 4, "master": 4, "optimizer": 8})):
+        t = TrainingSpec(global_batch=64, seq_len=16, sharding="zero3", vocab_pad_divisor=1, framework=framework)
+        s = state_bytes(TINY, m, t, stage_layers(TINY.layers, 2))[1]
+        assert {i.kind: i.bytes_per_element for i in s.items} == kinds
+        assert s.total_bytes == 3488 * per_param // 4
 
 
 @pytest.mark.parametrize("dp", [1, 2, 4, 8, 16])

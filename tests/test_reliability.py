@@ -183,7 +183,7 @@ def test_checkpoint_counts_each_replicated_kv_head_once():
     share per rank is the total over the 4 ranks."""
     m = ModelSpec(layers=1, hidden=64, ffn=128, q_heads=8, kv_heads=2, head_dim=8, vocab=256)
     mesh = resolve_mesh(MeshSpec(names=["tp"], shape=[4]), world=4)
-    train = TrainingSpec(global_batch=4, seq_len=16, sharding="none", vocab_pad_divisor=1)
+    train = TrainingSpec(global_batch=4, seq_len=16, sharding="none", vocab_pad_divisor=1, param_dtype="bf16")
     states = state_bytes(m, mesh, train, stage_layers(1, 1))
     assert states[0].params.total == 17600 and m.param_count() == 67776
     assert checkpoint_size(states, mesh).total_bytes == 4 * 17600 * 14 == 985600  # every copy counted

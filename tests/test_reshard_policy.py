@@ -158,7 +158,7 @@ def test_step_regathers_the_head_before_its_backward_by_hand():
     rs0_end = max(ag_emb_end, l0_end + ci) + rs
     emb_end = max(l0_end + ci, ag_emb_end) + ht["emb_w"] + co_emb
     rs_emb_end = max(rs0_end, emb_end + ci_emb) + rs_emb
-    step = forward + rs_emb_end + optimizer_s((L * n_layer + n_emb + n_head) / n, zero_grads=False)
+    step = forward + rs_emb_end + optimizer_s((L * n_layer + n_emb + n_head) / n, zero_grads=False, master=False)
 
     cfg = config({"names": ["dp_shard"], "shape": [n]}, 2, 16, "zero3")
     cfg = replace(cfg, training=cfg.training.model_copy(update={"reshard_head_after_forward": True}))

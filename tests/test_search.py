@@ -194,15 +194,18 @@ def test_below_threshold_candidates_kept_when_none_above_fits():
     layer each, against 2), which would put a candidate above the 65% threshold. 1.95 GB, not
     2 GB: with torchtitan's FSDP2 units (embedding and [norm, output] apart, the head reduced
     right after its backward) dp_shard 4 x tp 2 zero3, mb 1, full recompute (69%) peaks at
-    1.77 GB, under 2 GB's 1.8 GB usable (one root unit: 1.94 GB), over 1.95 GB's 1.755 GB."""
-    kept = search(config(1, hbm_gb=1.95, micro_batch=[1, 2], min_gemm_efficiency=0.65, uneven_stages=[False]),
-                  workers=1)
+    1.77 GB, under 2 GB's 1.8 GB usable (one root unit: 1.94 GB), over 1.95 GB's 1.755 GB. bf16
+    parameters with an fp32 master copy (torchtitan's fp32 parameters, the torch default, take 2 B
+    less per parameter and move the edge)."""
+    bf16 = {"param_dtype": "bf16"}
+    kept = search(config(1, hbm_gb=1.95, micro_batch=[1, 2], min_gemm_efficiency=0.65, uneven_stages=[False],
+                         training=bf16), workers=1)
     assert kept.below_threshold_kept and kept.top
     assert all(kept.est.gemm[e.index] < 0.65 for e in kept.top)
     assert any("below-threshold candidates are kept" in n for n in kept.notes)
     assert kept.counts()["gemm"] == 0
-    applied = search(config(1, hbm_gb=1.95, micro_batch=[1, 2], min_gemm_efficiency=0.5, uneven_stages=[False]),
-                     workers=1)
+    applied = search(config(1, hbm_gb=1.95, micro_batch=[1, 2], min_gemm_efficiency=0.5, uneven_stages=[False],
+                            training=bf16), workers=1)
     assert not applied.below_threshold_kept and applied.counts()["gemm"] > 0
     assert all(applied.est.gemm[e.index] >= 0.5 for e in applied.top)
 

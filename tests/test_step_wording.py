@@ -166,3 +166,31 @@ def test_step_and_plan_name_the_tp_overlap_and_what_it_saves(tmp_path, capsys):
     off_path = _toml(tmp_path, off_cfg)
     assert "tp overlap (training" not in _main(["step", off_path], capsys)
     assert "tp overlap (training" not in _main(["plan", off_path], capsys)
+
+
+def test_overlap_tp_flag_prints_what_the_ideal_overlap_did(tmp_path, capsys):
+    """``step --overlap-tp`` on a config without training.tp_comm_overlap printed no line saying
+    what it did: it prints the knob's line, labelled as the ideal whole-GEMM overlap, against the
+    same plan with TP blocking (the mini mesh under Megatron-LM, tp 4 with SP over NVLink: exposed
+    tp falls, compute grows by the SMs the overlapped NCCL kernels hold). At tp 1 a note says it
+    changes nothing."""
+    from meshplan.schedule.rank_timeline import Overlap
+    from meshplan.schedule.steptime import IDEAL_TP_OVERLAP
+    off_cfg = {**MINI_TP_OVERLAP, "training": {**MINI_TP_OVERLAP["training"], "tp_comm_overlap": False}}
+    plan = build_plan(config_from_dict(off_cfg))
+    on, off = step_time(plan, Overlap(tp=True)), step_time(plan)
+    a, b = on.shown_ms(), off.shown_ms()
+    assert float(b["exposed tp"]) > float(a["exposed tp"]) and float(a["compute"]) > float(b["compute"])
+    assert off.step_s > on.step_s
+    saves = (round(off.step_s * 1e5) - round(on.step_s * 1e5)) / 100
+    want = (f"tp overlap (--overlap-tp): {IDEAL_TP_OVERLAP}; exposed tp {a.get('exposed tp', '0.00')} ms (blocking: "
+            f"{b['exposed tp']} ms), compute {a['compute']} ms (blocking: {b['compute']} ms), step {a['step']} ms "
+            f"(blocking: {b['step']} ms): saves {saves:.2f} ms per step")
+    assert IDEAL_TP_OVERLAP.startswith("ideal overlap of whole GEMMs")
+    path = _toml(tmp_path, off_cfg)
+    flagged = _main(["step", path, "--overlap-tp"], capsys)
+    assert flagged.splitlines()[0].startswith(f"step {a['step']} ms") and want in flagged.splitlines()
+    assert "--overlap-tp ignored" not in flagged and "tp overlap (" not in _main(["step", path], capsys)
+    one = _toml(tmp_path, {**off_cfg, "mesh": {"names": ["dp_shard"], "shape": [8]}})
+    out = _main(["step", one, "--overlap-tp"], capsys)
+    assert "note: --overlap-tp changes nothing: tp 1 has no TP collectives" in out and "tp overlap (" not in out

@@ -31,7 +31,8 @@ from meshplan.report.html import (
 from meshplan.memory.timeline import KINDS
 from meshplan.report.memory import kind_notes
 from meshplan.report.memory_plot import png_bytes
-from meshplan.report.search import count_lines, export_lines, header_lines, knobs, rejected_lines, row
+from meshplan.report.search import (count_lines, export_lines, header_lines, infeasible_verdict, knobs, rejected_lines,
+                                    row)
 from meshplan.report.text import fmt_ranks
 from meshplan.schedule.linkload import edge_loads
 from meshplan.schedule.steptime import StepTime
@@ -181,12 +182,15 @@ def search_page(r: SearchResult, name: str) -> str:
                     d["recompute"], d["virtual_stages"], d["sharding"], knobs(d), f"{e.peak_bytes / GiB:.1f}",
                     f"{e.step_s:.3f}", f"{e.mfu:.1%}", f"{e.tokens_per_s:,.0f}",
                     f"{e.goodput:.2%}" if e.goodput is not None else "-", f"{d['gemm_efficiency']:.1%}"))
-    body = [section("Searched", lines(header_lines(r))),
-            section(f"Top {len(top)} by predicted step time",
-                    table(["#", "mesh", "mb", "recompute", "vpp", "sharding", "knobs", "peak GiB", "step s", "MFU",
-                           "tokens/s", "goodput", "GEMM eff"], top)
-                    + lines([RULE_LINE] + ([r.explanation.line()] if r.explanation is not None else [])
-                            + export_lines(r))),
+    verdict = infeasible_verdict(r)  # no candidate fits: its verdict instead of an empty table (as the text)
+    ranked = section("No feasible mesh", lines([verdict["line"]]) + table(
+        ["rule", "rejected", "why"], [(x["rule"], f"{x['rejected']:,}", x["text"]) for x in verdict["rules"]])) \
+        if verdict else section(f"Top {len(top)} by predicted step time",
+                                table(["#", "mesh", "mb", "recompute", "vpp", "sharding", "knobs", "peak GiB", "step s",
+                                       "MFU", "tokens/s", "goodput", "GEMM eff"], top)
+                                + lines([RULE_LINE] + ([r.explanation.line()] if r.explanation is not None else [])
+                                         + export_lines(r)))
+    body = [section("Searched", lines(header_lines(r))), ranked,
             section("Rejected", lines(rejected_lines(r)) + _count_bars(r.counts()) + lines(count_lines(r))
                     + lines(f"note: {n}" for n in r.notes))]
     return page(f"meshplan search: {name}", f"{r.config.path or name}; exit {'0' if r.top else '1'}", body)

@@ -8,7 +8,8 @@ slower than the fastest, named), the best rejected one with why, and the candida
 outcome; when no candidate fits, one line instead of the table, the order rule and the
 exactness line (:func:`infeasible_line`). JSON (schema
 ``meshplan.search.driver/v1``): the same, SI units, with each top candidate's plan input so
-``meshplan plan`` can replay it.
+``meshplan plan`` can replay it, and when no candidate fits the one line's verdict as data
+(``no_feasible_mesh``: :func:`infeasible_verdict`).
 """
 
 from __future__ import annotations
@@ -66,7 +67,8 @@ def search_to_dict(r: SearchResult) -> dict[str, Any]:
             "below_threshold_kept": r.below_threshold_kept, "wall_s": r.wall_s, "timings_s": r.timings,
             "planned_exactly": len(r.exact), "counts": r.counts(), "top": top, "order_rule": RULE_LINE,
             "top_vs_runner_up": r.explanation.to_dict() if r.explanation else None,
-            "best_rejected": row(r, r.best_rejected) if r.best_rejected else None, "notes": list(r.notes)}
+            "best_rejected": row(r, r.best_rejected) if r.best_rejected else None, "notes": list(r.notes),
+            "no_feasible_mesh": infeasible_verdict(r)}
 
 
 def header_lines(r: SearchResult) -> list[str]:
@@ -202,21 +204,43 @@ _FIXES = {
 _FIX_ANY = "widen the [search] lists or change the [training] field the rule names"
 
 
-def infeasible_line(r: SearchResult) -> str:
-    """The one line printed instead of the table when no candidate fits: the rejection rules
-    that removed the most candidates (at most 3, with their counts; the first with its text) and
-    what widens the search past the first (:data:`_FIXES`)."""
+def infeasible_verdict(r: SearchResult) -> dict[str, Any] | None:
+    """Why no candidate fits, as data (None when one does): ``candidates``, ``rules`` (the up
+    to 3 rejection rules that removed the most candidates, most first, each ``{"rule", "rejected",
+    "text"}``), ``undecided`` (candidates near the memory limit not settled), ``fix`` (what
+    widens the search past the first rule, :data:`_FIXES`; null without a rule) and ``line``
+    (:func:`infeasible_line`: the one line the text prints). ``search --json`` holds it as
+    ``no_feasible_mesh``, the HTML page shows the line."""
+    if r.top:
+        return None
     counts = r.counts()
     text = dict(REASONS)
     most = sorted(((n, k) for k, n in counts.items() if k in text and n), key=lambda x: -x[0])[:3]
-    if not most:
-        return f"no feasible mesh among {len(r.candidates):,} candidates"
-    (n0, k0), rest = most[0], most[1:]
-    line = (f"no feasible mesh: of {len(r.candidates):,} candidates rule '{k0}' rejected {n0:,} ({text[k0]})"
-            + "".join(f", '{k}' {n:,}" for n, k in rest))
-    if counts["undecided"]:
-        line += f"; {counts['undecided']:,} undecided near the memory limit (raise search.settle_max)"
-    return f"{line}; fix: {_FIXES.get(k0, _FIX_ANY)}"
+    rules: list[dict[str, Any]] = [{"rule": k, "rejected": n, "text": text[k]} for n, k in most]
+    fix = _FIXES.get(most[0][1], _FIX_ANY) if most else None
+    verdict: dict[str, Any] = {"candidates": len(r.candidates), "rules": rules, "undecided": counts["undecided"],
+                               "fix": fix}
+    return verdict | {"line": _verdict_line(verdict)}
+
+
+def _verdict_line(v: dict[str, Any]) -> str:
+    """:func:`infeasible_verdict`'s one line."""
+    if not v["rules"]:
+        return f"no feasible mesh among {v['candidates']:,} candidates"
+    first, *rest = v["rules"]
+    line = (f"no feasible mesh: of {v['candidates']:,} candidates rule '{first['rule']}' rejected "
+            f"{first['rejected']:,} ({first['text']})" + "".join(f", '{x['rule']}' {x['rejected']:,}" for x in rest))
+    if v["undecided"]:
+        line += f"; {v['undecided']:,} undecided near the memory limit (raise search.settle_max)"
+    return f"{line}; fix: {v['fix']}"
+
+
+def infeasible_line(r: SearchResult) -> str:
+    """The one line printed instead of the table when no candidate fits: the rejection rules
+    that removed the most candidates (at most 3, with their counts; the first with its text) and
+    what widens the search past the first (:data:`_FIXES`); empty when one fits."""
+    v = infeasible_verdict(r)
+    return v["line"] if v else ""
 
 
 def knobs(d: dict) -> str:

@@ -287,15 +287,29 @@ class CommTimes:
     copies: dict = field(default_factory=dict)
     ddp_buckets: int = 0
     mb_reduce_s: float = 0.0
-    #: the collective of the per-step / per-micro-batch gradient reduction's rows ("all-reduce" for
-    #: DDP and DeepSpeed's buckets, "reduce-scatter" for Megatron-LM's ZeRO-1/2; "" when none or
-    #: several): named in its events so the step's collective list shows them (linkload._op_of)
-    step_reduce_op: str = ""
+    #: the collectives of the per-step / per-micro-batch gradient reduction's rows ("all-reduce" for
+    #: DDP and DeepSpeed's buckets, "reduce-scatter" for Megatron-LM's ZeRO-1/2): the one of them is
+    #: named in its events so the step's collective list shows them (linkload._op_of), none when
+    #: there are several (:attr:`step_reduce_op`)
+    step_reduce_ops: frozenset[str] = frozenset()
     mb_buckets: int = 0
     bucket_wait: bool = False
     #: the collective of the shard units' gradient reduction: "all-reduce" for DeepSpeed ZeRO-3
     #: of 2021's gradient buckets (:func:`meshplan.comm.deepspeed.grad_buckets`), else FSDP's
     shard_reduce_op: str = "reduce-scatter"
+
+    @property
+    def step_reduce_op(self) -> str:
+        """The gradient reduction's collective when its rows have one (all-reduce or
+        reduce-scatter), else "" (none, several, or another op).
+
+        >>> CommTimes(step_reduce_ops=frozenset({"all-reduce"})).step_reduce_op
+        'all-reduce'
+        >>> CommTimes(step_reduce_ops=frozenset({"all-reduce", "reduce-scatter"})).step_reduce_op
+        ''
+        """
+        (op,) = self.step_reduce_ops if len(self.step_reduce_ops) == 1 else ("",)
+        return op if op in ("all-reduce", "reduce-scatter") else ""
 
     @classmethod
     def from_rows(cls, rows, layers: int = 1, sm_share=None) -> "CommTimes":
@@ -313,7 +327,7 @@ class CommTimes:
             ds = DEEPSPEED_BUCKET_CADENCE in r.cadence
             c.bucket_wait = c.bucket_wait or ds
             if kind == "step" and r.op != "all-gather":
-                c.step_reduce_op = r.op if c.step_reduce_op in ("", r.op) else "reduce"
+                c.step_reduce_ops |= {r.op}
             if kind == "step" and (ZERO2_CADENCE in r.cadence or (ds and r.per_microbatch)):  # one micro-batch's
                 c.mb_reduce_s += r.time_s * r.per_microbatch
                 c.mb_buckets += r.per_microbatch
@@ -833,7 +847,7 @@ def _reduce(s: _Sim, name: str, group: str, step_piece: float, shard: bool = Tru
         # DeepSpeed overlap_comm: the compute stream waits for the reduction stream (the
         # previous bucket's all-reduce) before issuing the next (deepspeed_zero12)
         s.compute("bucket wait (DeepSpeed overlap_comm)", 0.0, [s.reduced])
-    op = s.c.step_reduce_op if s.c.step_reduce_op in ("all-reduce", "reduce-scatter") else ""
+    op = s.c.step_reduce_op
     red = s.comm("dp", "step", "reduce", f"grad reduce: {op} {name}" if op else f"grad reduce {name}",
                  seconds=step_piece) if step_piece else None
     s.reduced = red or s.reduced

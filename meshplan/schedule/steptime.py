@@ -595,7 +595,7 @@ def optimizer_step_bytes(params, grads, master, optimizer, training, zero_grads=
     4 + 8 + 28 + 6 + 4 + 8 = 58 B per parameter; torch's with the same state, 50 B.
 
     >>> from meshplan.spec.training import TrainingSpec
-    >>> t = TrainingSpec(global_batch=8, seq_len=16, sharding="none")
+    >>> t = TrainingSpec(global_batch=8, seq_len=16, sharding="none", param_dtype="bf16")
     >>> optimizer_step_bytes(2, 4, 4, 8, t), optimizer_step_bytes(2, 4, 4, 8, t.model_copy(update={"framework": "megatron"}))
     (50, 58)
     >>> optimizer_step_bytes(4, 4, 0, 8, t.model_copy(update={"sharding": "zero3", "grad_clip": False, "param_dtype": "fp32"}))
@@ -619,7 +619,7 @@ def optimizer_step_s(params, grads, master, optimizer, training, hbm_bandwidth_b
     (candidates, stages) arrays).
 
     >>> from meshplan.spec.training import TrainingSpec
-    >>> t = TrainingSpec(global_batch=8, seq_len=16, sharding="none")
+    >>> t = TrainingSpec(global_batch=8, seq_len=16, sharding="none", param_dtype="bf16")
     >>> optimizer_step_s(2e9, 4e9, 4e9, 8e9, t, 1.7e12) == 50e9 / 1.7e12
     True
     """
@@ -985,9 +985,35 @@ def tp_overlap_line(plan: Plan, st: StepTime, step_fn: Callable[[Plan], StepTime
     if not t.tp_comm_overlap or plan.mesh.degree("tp") < 2:
         return ""
     off = step_fn(replace(plan, config=replace(plan.config, training=t.model_copy(update={"tp_comm_overlap": False}))))
-    on_ms, off_ms = st.shown_ms(), off.shown_ms()
-    saved = round(off.step_s * 1e5) - round(st.step_s * 1e5)
-    return (f"tp overlap (training.tp_comm_overlap): {asynctp.model_name(t.framework, plan.mesh.sequence_parallel)}; "
+    return _overlap_versus_blocking("training.tp_comm_overlap", asynctp.model_name(t.framework,
+                                                                                   plan.mesh.sequence_parallel), st, off)
+
+
+#: What ``step --overlap-tp`` (``Overlap.tp`` without ``training.tp_comm_overlap``) runs: each
+#: block's TP collectives beside its whole GEMMs (:mod:`meshplan.schedule.rank_timeline`), no GEMM
+#: decomposed and no copy, the GEMMs slowed only by the SMs the NCCL kernels hold while they run
+#: (:func:`~meshplan.schedule.rank_timeline.nccl_sm_share`): a bound no runtime reaches, where the
+#: config's knob models the runtimes' decomposed GEMMs.
+IDEAL_TP_OVERLAP = ("ideal overlap of whole GEMMs (each block's TP collectives run beside its GEMMs, which slow "
+                    "only by the SMs NCCL holds; no runtime decomposes them so: training.tp_comm_overlap models "
+                    "the runtime's overlap)")
+
+
+def ideal_tp_overlap_line(plan: Plan, st: StepTime, blocking: StepTime) -> str:
+    """``step --overlap-tp`` on a config without ``training.tp_comm_overlap`` and tp > 1: the
+    line :func:`tp_overlap_line` prints for the knob, labelled :data:`IDEAL_TP_OVERLAP`; ``st``:
+    the step with ``Overlap.tp``, ``blocking``: the same step without it. Else empty."""
+    if plan.config.training.tp_comm_overlap or plan.mesh.degree("tp") < 2:
+        return ""
+    return _overlap_versus_blocking("--overlap-tp", IDEAL_TP_OVERLAP, st, blocking)
+
+
+def _overlap_versus_blocking(source: str, what: str, on: StepTime, off: StepTime) -> str:
+    """The TP-overlap line: exposed tp, compute and step of ``on`` against ``off`` (blocking),
+    each as :meth:`StepTime.shown_ms` prints it, and the milliseconds saved (or cost) per step."""
+    on_ms, off_ms = on.shown_ms(), off.shown_ms()
+    saved = round(off.step_s * 1e5) - round(on.step_s * 1e5)
+    return (f"tp overlap ({source}): {what}; "
             f"exposed tp {on_ms.get('exposed tp', '0.00')} ms (blocking: {off_ms.get('exposed tp', '0.00')} ms), "
             f"compute {on_ms['compute']} ms (blocking: {off_ms['compute']} ms), step {on_ms['step']} ms (blocking: "
             f"{off_ms['step']} ms): {'saves' if saved >= 0 else 'costs'} {abs(saved) / 100:.2f} ms per step")

@@ -21,9 +21,12 @@ Dtype = Literal["fp32", "bf16", "fp16", "fp8"]
 # ``fp8_all_gather`` (torchtitan's float8 all-gather of the float8 Linear weights) is a knob: it
 # changes the bytes FSDP gathers, not what the GEMMs compute; ``linear_dtype``, ``fp8_recipe``
 # and ``fp8_output_layer`` (which GEMMs run in float8, how scaled) are the workload's numerics.
+# ``param_dtype`` is how the runtime stores the weights that its optimizer updates (unset it
+# follows the framework and engine, ``TrainingSpec._runtime_param_dtype``: torchtitan's fp32,
+# Megatron-LM's bf16 with fp32 main copies), so a knob with them.
 PLAN_KNOBS = ("micro_batch", "sharding", "reshard_after_forward", "reshard_head_after_forward", "recompute", "ac_freq", "flash_attention",
               "tp_comm_overlap", "framework", "zero3_engine", "zero12_engine", "overlap_comm", "grad_accumulation",
-              "fp8_all_gather", "torch_compile", "torch_norm", "pp_schedule_runs", "vocab_pad_divisor")
+              "fp8_all_gather", "torch_compile", "torch_norm", "pp_schedule_runs", "vocab_pad_divisor", "param_dtype")
 
 #: The weights of ``nn.Linear`` modules (torchtitan's model files; Megatron-LM's Transformer Engine
 #: linears): attention (dense and MLA), the dense MLP and the shared experts, the MoE router's gate
@@ -188,7 +191,7 @@ class TrainingSpec(BaseModel):
     global_batch: int = Field(gt=0, le=BOUNDS["global_batch"].value)
     seq_len: int = Field(gt=0, le=BOUNDS["seq_len"].value)
     micro_batch: int = Field(default=1, gt=0, le=BOUNDS["micro_batch"].value)
-    param_dtype: Dtype = "bf16"
+    param_dtype: Dtype  # unset: the runtime's (_runtime_param_dtype)
     compute_dtype: Dtype = "bf16"
     grad_dtype: Dtype = "fp32"
     optimizer_dtype: Dtype = "fp32"
@@ -234,6 +237,35 @@ class TrainingSpec(BaseModel):
         """
         if isinstance(data, dict) and data.get("vocab_pad_divisor") is None:
             data = {**data, "vocab_pad_divisor": 128 if data.get("framework") == "megatron" else 1}
+        return data
+
+    @model_validator(mode="before")
+    @classmethod
+    def _runtime_param_dtype(cls, data):
+        """``param_dtype`` unset: the dtype the runtime keeps the parameters in. ``fp32`` under
+        ``framework = "torch"`` with FSDP2 (sharding zero3 or hsdp, ``zero3_engine = "fsdp2"``) or
+        DDP (sharding none), the runtimes torch has: torchtitan builds the model
+        in ``training.dtype``, default ``"float32"`` (``torchtitan/trainer.py:358``,
+        ``utils.set_default_dtype(TORCH_DTYPE_MAP[config.training.dtype])``;
+        ``torchtitan/config/configs.py:87``), and mixed precision is FSDP2's
+        ``MixedPrecisionPolicy(param_dtype=mixed_precision_param, reduce_dtype=...)``
+        (``torchtitan/distributed/fsdp.py``; pytorch/torchtitan at b5bcd76): fp32 shards, bf16
+        all-gathers and compute, no separate master copy (DDP: ``torch.autocast``). ``bf16``
+        under Megatron-LM (``--bf16``: bf16 model, fp32 main parameters in the optimizer), its
+        distributed optimizer that meshplan plans for zero1/zero2 under torch without DeepSpeed
+        (:attr:`has_zero1_engine`), and DeepSpeed's engines (bf16 model, fp32 master partition).
+
+        >>> [TrainingSpec(global_batch=8, seq_len=16, sharding=s).param_dtype for s in ("zero3", "hsdp", "none")]
+        ['fp32', 'fp32', 'fp32']
+        >>> [TrainingSpec(global_batch=8, seq_len=16, **kw).param_dtype for kw in ({"framework": "megatron"},
+        ...  {"sharding": "zero1"}, {"sharding": "zero2", "zero12_engine": "deepspeed"},
+        ...  {"zero3_engine": "deepspeed-2021"})]
+        ['bf16', 'bf16', 'bf16', 'bf16']
+        """
+        if isinstance(data, dict) and data.get("param_dtype") is None:
+            torch = data.get("framework", "torch") == "torch" and data.get("sharding", "zero3") in ("none", "zero3", "hsdp") \
+                and data.get("zero3_engine", "fsdp2") == "fsdp2"
+            data = {**data, "param_dtype": "fp32" if torch else "bf16"}
         return data
 
     @model_validator(mode="before")
@@ -523,7 +555,9 @@ class TrainingSpec(BaseModel):
     def gradient_reduce_dtype(self) -> Dtype:
         """The dtype gradients are reduced in over the data axes (see ``grad_reduce_dtype``).
 
-        >>> TrainingSpec(global_batch=8, seq_len=16, sharding="none").gradient_reduce_dtype
+        >>> TrainingSpec(global_batch=8, seq_len=16, sharding="none").gradient_reduce_dtype  # torch: fp32 params
+        'fp32'
+        >>> TrainingSpec(global_batch=8, seq_len=16, sharding="none", param_dtype="bf16").gradient_reduce_dtype
         'bf16'
         >>> TrainingSpec(global_batch=8, seq_len=16, sharding="none", grad_reduce_dtype="fp32").gradient_reduce_dtype
         'fp32'
