@@ -41,7 +41,7 @@ exposed tp, and wk, wo, w3 and the elementwise ops recomputed instead of the att
 torchao's float8 tensorwise TP (torchao eab345c ``float8/float8_tensor_parallel.py``:
 ``PrepareFloat8ModuleInput`` casts to float8 before the Shard(1) -> Replicate all-gather,
 ``Float8RowwiseParallel`` casts the output gradient before the mirror all-gather) is modelled
-(``training.fp8_recipe``, :func:`meshplan.comm.collectives.float8_tp`): the fp8tw rows' 192
+(``training.fp8_recipe``, :func:`meshplan.compute.dtensor_sp.float8_tp`): the fp8tw rows' 192
 all-gathers per step at 8B move 402,653,184 B instead of 805,306,368 B (0.978 ms instead of
 1.935 ms), exposed tp 627.0 -> 443.4 ms; the 70B rows' 4939.0 -> 3714.7 ms. The rowwise rows
 keep torch's plain TP (torchtitan 820504e ``enable_float8_tensorwise_tp``), all in bf16. The

@@ -21,6 +21,7 @@ from meshplan.config import load_config
 from meshplan.plan import build_plan
 from meshplan.schedule.rank_timeline import Overlap
 from meshplan.schedule.steptime import step_time
+from meshplan.spec.wording import schedule_words
 from tests.conftest import EXAMPLES
 
 TP4 = EXAMPLES / "seed-64gpu-tp4.toml"
@@ -51,7 +52,9 @@ def test_plan_and_step_agree_on_an_infeasible_mesh(tp4_plan):
     r = _run("step", str(TP4))
     assert r.returncode == 1
     would = step_time(tp4_plan, Overlap())
-    assert r.stdout == (f"step would be {would.step_s:.3f} s ({would.pipeline.spec.schedule}, MFU {would.mfu:.1%}) "
+    sched = schedule_words(would.pipeline.spec.schedule, would.pipeline.spec.p)  # pp 1 here: "no pipeline"
+    assert sched == "no pipeline"
+    assert r.stdout == (f"step would be {would.step_s:.3f} s ({sched}, MFU {would.mfu:.1%}) "
                         f"if it fit; it does not fit\n")
     assert r.stderr == _reason_lines(tp4_plan)
 

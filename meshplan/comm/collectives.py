@@ -23,8 +23,8 @@ Conventions, matched op by op against what torch 2.13 issues for DTensor TP/SP a
   torchao's ``Float8ColwiseParallel`` / ``Float8RowwiseParallel`` / ``PrepareFloat8ModuleInput``,
   torchao eab345c ``float8/float8_tensor_parallel.py``), with SP: a dense layer's all-gathers,
   forward (inputs), backward (output gradients) and replayed, move float8, 1 byte a value
-  (:func:`float8_tp`; rows of dtype fp8, :data:`FLOAT8_TP_CADENCE`); its reduce-scatters, the embedding's and
-  the output layer's collectives stay in the compute dtype. Llama 3 8B at b 12, s 8192, tp 8:
+  (:func:`meshplan.compute.dtensor_sp.float8_tp`; rows of dtype fp8, :data:`FLOAT8_TP_CADENCE`);
+  its reduce-scatters, the embedding's and the output layer's collectives stay in the compute dtype. Llama 3 8B at b 12, s 8192, tp 8:
   an all-gather of 12 x 8192 x 4096 values is 402,653,184 B instead of 805,306,368 B.
 - TP with MoE layers (etp 1, :func:`_tp_layer_ops`): attention and shared experts as above;
   the tp ranks split the tokens for the routed experts (:mod:`meshplan.runtime.execution.moe`), so
@@ -137,6 +137,7 @@ import numpy as np
 
 from meshplan.comm import deepspeed, deepspeed_zero12, fsdp2
 from meshplan.comm.alphabeta import REFERENCE_STEP_S, busbw_factor, collective_time
+from meshplan.compute.dtensor_sp import float8_tp
 from meshplan.compute.measured import kernel_data
 from meshplan.compute.megatron import stage_param_tensors
 from meshplan.compute.routing import RoutingOptions, routing
@@ -486,18 +487,7 @@ def _tp_layer_ops(c: _Ctx, layer: int) -> tuple[list[str], list[str]]:
     return [o.rstrip("+") for o in fwd], [o.rstrip("+") for o in bwd]
 
 
-def float8_tp(model: ModelSpec, training: TrainingSpec, sp: bool = True) -> bool:
-    """Whether the layers' tp all-gathers move float8 (1 byte a value): torchao's float8 TP
-    styles (:attr:`~meshplan.spec.training.TrainingSpec.float8_tp_gathers`) under sequence
-    parallelism (``sp``), in a dense model whose attention the float8 converter covers: every forward
-    all-gather (the attention's and the MLP's input, cast before the gather), every backward
-    all-gather (the output gradients of wo and w_down, cast before the reduce-scatter's
-    mirror) and every replayed one. MoE and MLA models are planned in the compute dtype
-    (their float8 TP plans are not modelled)."""
-    return training.float8_tp_gathers and sp and not model.is_mla and not model.is_moe
-
-
-#: Cadence of the tp all-gathers that move float8 (:func:`float8_tp`).
+#: Cadence of the tp all-gathers that move float8 (:func:`meshplan.compute.dtensor_sp.float8_tp`).
 FLOAT8_TP_CADENCE = "every layer (SP, float8 tensorwise: torchao casts before the all-gather)"
 
 

@@ -46,6 +46,9 @@ step, against 8 per layer), MoE blocks (their collectives are the experts'), Meg
 
 from __future__ import annotations
 
+from meshplan.spec.model import ModelSpec
+from meshplan.spec.training import TrainingSpec
+
 #: (phase, what) of the copies per dense block, and what torch's async TP runs instead.
 COPIES = (("forward", "gather"), ("forward", "scatter"), ("backward_input", "gather"), ("backward_input", "scatter"))
 ASYNC_COPIES = (("backward_input", "gathered input"), ("backward_input", "gather"), ("backward_input", "scatter"))
@@ -86,3 +89,14 @@ def copies(blocks: tuple[str, ...], async_tp: bool, gathers_fused: bool = True) 
     return [(f"SP layout copy ({what}, {block})", block, phase)
             for block in blocks
             for phase, what in ((ASYNC_COPIES if gathers_fused else ASYNC_SCATTER_ONLY) if async_tp else COPIES)]
+
+
+def float8_tp(model: ModelSpec, training: TrainingSpec, sp: bool = True) -> bool:
+    """Whether the layers' tp all-gathers move float8 (1 byte a value): torchao's float8 TP
+    styles (:attr:`~meshplan.spec.training.TrainingSpec.float8_tp_gathers`) under sequence
+    parallelism (``sp``), in a dense model whose attention the float8 converter covers: every forward
+    all-gather (the attention's and the MLP's input, cast before the gather), every backward
+    all-gather (the output gradients of wo and w_down, cast before the reduce-scatter's
+    mirror) and every replayed one. MoE and MLA models are planned in the compute dtype
+    (their float8 TP plans are not modelled)."""
+    return training.float8_tp_gathers and sp and not model.is_mla and not model.is_moe

@@ -8,7 +8,7 @@ Hr = H / t with SP, F = ``a s b f / t`` per gate, Q = ``a s b (a_q/t) d``, KV li
 
 - forward, with sequence parallel and tp > 1: the all-gathered layer input H while the
   QKV and MLP-in GEMMs run (none when ``sp_gathered_input``: then it is kept; ``s b h`` bytes,
-  float8, under torchao's float8 TP, :func:`meshplan.comm.collectives.float8_tp`, as the
+  float8, under torchao's float8 TP, :func:`meshplan.compute.dtensor_sp.float8_tp`, as the
   all-gathered dY below); with full
   recompute the checkpointed forward keeps nothing, and its MLP holds H (+ Hr
   ``unfused_norm``) + 3F (gated; 2F GeLU) at once;
@@ -59,7 +59,7 @@ from functools import lru_cache
 from typing import Optional
 from math import ceil
 
-from meshplan.comm.collectives import float8_tp
+from meshplan.compute.dtensor_sp import float8_tp
 from meshplan.compute.routing import RoutingOptions, routing
 from meshplan.compute.shapes import local_split
 from meshplan.mesh.layers import last_stage
@@ -123,7 +123,7 @@ def layer_act_sizes(model: ModelSpec, training: TrainingSpec, mesh: Mesh, opts: 
     saved = layer_bytes(dims, **lo) + routed
     full = layer_bytes(dims, **{**lo, "recompute": "none"}) + routed_full
     sp = mesh.sequence_parallel and tp > 1
-    # the all-gathered input, 1 byte a value under torchao's float8 TP (comm.collectives.float8_tp)
+    # the all-gathered input, 1 byte a value under torchao's float8 TP (compute.dtensor_sp.float8_tp)
     ga = 1 if float8_tp(model, training, sp) else a
     gathered = ga * tok * h if sp and not opts.sp_gathered_input else 0  # else a saved activation
     if moe:

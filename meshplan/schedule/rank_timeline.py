@@ -224,7 +224,7 @@ ROOT_GROUPS = {"root (embedding)": "root_embed", "root (norm/output)": "root_hea
 
 
 #: Group of the tp rows that move float8 (the layers' all-gathers under torchao's float8 TP:
-#: :func:`meshplan.comm.collectives.float8_tp`); the embedding's and head's keep "".
+#: :func:`meshplan.compute.dtensor_sp.float8_tp`); the embedding's and head's keep "".
 FLOAT8_TP = "float8"
 
 

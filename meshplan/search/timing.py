@@ -73,7 +73,8 @@ from functools import lru_cache
 import numpy as np
 
 from meshplan.comm import fsdp2
-from meshplan.comm.collectives import axis_path, float8_tp, fsdp_gather_flags, path_time
+from meshplan.comm.collectives import axis_path, fsdp_gather_flags, path_time
+from meshplan.compute.dtensor_sp import float8_tp
 from meshplan.compute.ops import (
     Workload,
     embedding_cost,
@@ -192,7 +193,7 @@ def comm_times(cfg: Config, tt: TimeTables, c: Candidates) -> dict[str, np.ndarr
     kv_l = np.array([local_heads(m, x)[1] for x in tps.tolist()], dtype=np.int64)[at.reshape(-1)]
     kv = c.mb * t.seq_len * kv_l * (m.d_head + m.d_v) * cd  # K and V (MLA: value head dim d_v)
     one = np.ones_like(c.tp)
-    # the layers' all-gathers in float8 under torchao's float8 TP (collectives.float8_tp: the
+    # the layers' all-gathers in float8 under torchao's float8 TP (dtensor_sp.float8_tp: the
     # contract's, with SP); the reduce-scatters, the head's and the embedding's in compute dtype
     f8 = float8_tp(m, t)
     out = {"tp_sp": np.where(sp, coll_times(tt, "all-gather", c.tp, act, one), 0.0),
