@@ -275,3 +275,87 @@ def test_bucket_size_is_reduce_bucket_size():
     rows = [r for r in build_plan(cfg, memory=False).collectives[table_key(0)] if r.op == "all-reduce"]
     assert sum(r.per_microbatch for r in rows) == 96 * 12 + 4
     assert all("gradient bucket of 1 flattened" in r.cadence for r in rows)
+
+
+@pytest.fixture(scope="module")
+def contiguous_1536():
+    cfg = load_config(ZERO3 / "gpt3-175b_1536xa100_zero3-deepspeed_mb1.toml")
+    cfg = replace(cfg, training=cfg.training.model_copy(update={"contiguous_gradients": True}))
+    return build_plan(cfg, memory=False)
+
+
+def test_contiguous_gradients_reduce_scatter_each_gradient(contiguous_1536):
+    """contiguous_gradients true (DeepSpeed's default from v0.4.3; stage3.py reduce_ipg_grads ->
+    average_tensor -> reduce_gradients_at_owner): the same 5e8-element buckets as the
+    all-reduce path (96 x 5 + 2 = 482, test_gradient_buckets_1536), each gradient
+    reduce-scattered on its own: 96 x 12 + 4 = 1,156 list-based reduce-scatters, no all-reduce."""
+    rows = contiguous_1536.collectives[table_key(0)]
+    grads = [r for r in rows if r.phase == "backward" and r.op != "all-gather"]
+    assert {r.op for r in grads} == {"reduce-scatter"}
+    assert sum(r.per_microbatch for r in grads) == 96 * 12 + 4
+    assert sum(r.per_microbatch for r in grads if "first of its bucket" in r.cadence) == 96 * 5 + 2
+    # the gathers and the persistent gather are the all-reduce path's
+    assert sum(r.per_microbatch for r in rows if r.op == "all-gather" and r.phase != "step") == 96 * 11 + 5
+
+
+def test_contiguous_gradients_times_by_hand(contiguous_1536):
+    """w_up and w_down (4 h^2 = 603,979,776 elements > 5e8, 1,207,959,552 B of fp16) each alone in
+    its bucket: NCCL's reduce-scatter, the 1536 list copies (2 x its bytes), the div_ of the
+    whole 5e8-element ipg buffer (2 x 1e9 B) and of the gradient itself (2 x its bytes), at
+    Triad 1.70 TB/s: + 4.02 ms; host 1536 x 6.7 us + 3 issued (4.7 us) + 5 Python ops (2 us) =
+    10.3153 ms. A norm weight (h = 12,288, 24,576 B), not first of its bucket: no div_; host
+    10.2912 ms + 2 x 4.7 + 8 x 2 us + its copy into the buffer (49 KB, 0.03 us) = 10.3166 ms."""
+    cluster = contiguous_1536.config.cluster
+    rows = contiguous_1536.collectives[table_key(0)]
+    big = next(r for r in rows if r.size_bytes == 4 * H * H * 2 and r.op == "reduce-scatter")
+    assert big.per_microbatch == 192 and "past the bucket" in big.cadence and "first of its bucket" in big.cadence
+    _, t = path_time("reduce-scatter", 1536, big.size_bytes, big.path, cluster, nccl_era="2021")
+    assert big.time_s == pytest.approx(t + (4 * big.size_bytes + 2e9) / 1.70e12, rel=1e-9)
+    assert big.host_s == pytest.approx(1536 * 6.7e-6 + 3 * 4.7e-6 + 5 * 2e-6, rel=1e-12)
+    assert big.host_s == pytest.approx(10.3153e-3, rel=1e-5)
+    small = next(r for r in rows if r.size_bytes == 2 * H and "layer" in r.cadence and "first" not in r.cadence)
+    assert small.per_microbatch == 96 * 5  # 6 h-sized tensors a layer, one first of its bucket (the MLP norm bias)
+    _, t = path_time("reduce-scatter", 1536, small.size_bytes, small.path, cluster, nccl_era="2021")
+    assert small.time_s == pytest.approx(t + 2 * small.size_bytes / 1.70e12, rel=1e-9)
+    assert small.host_s == pytest.approx(1536 * 6.7e-6 + 2 * 4.7e-6 + 8 * 2e-6 + 4 * H / 1.70e12, rel=1e-12)
+
+
+def test_contiguous_gradients_from_and_to_deepspeed_json(tmp_path):
+    """Import reads zero_optimization.contiguous_gradients and reduce_bucket_size at stage 3;
+    a deepspeed-2021 plan exports both as it models them (false and 5e8 when unset: the
+    plan's, not DeepSpeed v0.4.3+'s default true)."""
+    import json
+
+    from meshplan.interop.common import ImportOptions
+    from meshplan.interop.foreign import export, load_any
+
+    doc = {"train_batch_size": 8, "train_micro_batch_size_per_gpu": 1, "fp16": {"enabled": True},
+           "zero_optimization": {"stage": 3, "contiguous_gradients": True, "reduce_bucket_size": 2e8}}
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps(doc))
+    opts = ImportOptions(cluster="dgx-a100", nodes=1, model="llama3-8b", seq_len=1024)
+    cfg = load_any(path, opts=opts)
+    assert (cfg.training.contiguous_gradients, cfg.memory.grad_bucket_elements) == (True, 200_000_000)
+    ds = replace(cfg, training=cfg.training.model_copy(update={"zero3_engine": "deepspeed-2021"}))
+    rows = [r for r in build_plan(ds, memory=False).collectives[table_key(0)] if r.phase == "backward"
+            and r.op != "all-gather"]
+    assert {r.op for r in rows} == {"reduce-scatter"} and all("reduce_bucket_size 200,000,000" in r.cadence for r in rows)
+    text, _ = export(ds, "deepspeed", "x")
+    assert json.loads(text)["zero_optimization"] == {"stage": 3, "contiguous_gradients": True,
+                                                     "reduce_bucket_size": 200_000_000}
+    plain = load_config(ZERO3 / "gpt3-175b_1536xa100_zero3-deepspeed_mb1.toml")
+    text, head = export(plain, "deepspeed", "x")
+    assert json.loads(text)["zero_optimization"] == {"stage": 3, "contiguous_gradients": False,
+                                                     "reduce_bucket_size": 500_000_000}
+    assert not [h for h in head if "memory" in h and "grad_bucket" in h]
+    path.write_text(json.dumps(doc | {"zero_optimization": {"stage": 3, "contiguous_gradients": "yes"}}))
+    with pytest.raises(ConfigError, match="zero_optimization.contiguous_gradients: must be true or false"):
+        load_any(path, opts=opts)
+
+
+def test_contiguous_gradients_is_zero3s():
+    with pytest.raises(ConfigError, match="contiguous_gradients is DeepSpeed ZeRO stage 3's gradient path"):
+        config_from_dict({"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-a100", "nodes": 1},
+                          "training": {"global_batch": 8, "seq_len": 256, "sharding": "zero2",
+                                       "contiguous_gradients": True},
+                          "mesh": {"names": ["dp"], "shape": [8]}})

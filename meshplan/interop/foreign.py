@@ -330,8 +330,9 @@ def effective_model(model) -> dict[str, Any]:
 def _memory(cfg: Config):
     """``cfg.memory`` with zero2's gradient bucket as the elements it resolves to (a DeepSpeed
     export writes that number as ``reduce_bucket_size``; unset, it is a default of dp), and
-    under ``training.zero12_engine = "deepspeed"`` DeepSpeed's (default 5e8)."""
-    if cfg.training.zero12_engine == "deepspeed":
+    under ``training.zero12_engine = "deepspeed"`` or ``zero3_engine = "deepspeed-2021"``
+    DeepSpeed's (default 5e8)."""
+    if cfg.training.zero12_engine == "deepspeed" or cfg.training.zero3_engine == "deepspeed-2021":
         return cfg.memory.model_copy(update={"grad_bucket_elements": cfg.memory.deepspeed_bucket_elements()})
     if cfg.training.sharding != "zero2":
         return cfg.memory
