@@ -249,6 +249,30 @@ def grad_buckets(grads: list[tuple[T, int]], bucket: int) -> list[list[tuple[T, 
     return out + ([cur] if cur else [])
 
 
+#: Cadence words of a gradient reduction's row: the module whose gradient hook flushed its
+#: bucket (:func:`flush_modules`), which the rank timeline places it at.
+FLUSHED = "flushed at module "
+#: :func:`flush_modules`' name for the flush at the backward's end (``independent_gradient_partition_epilogue``).
+BACKWARD_END = "backward end"
+
+
+def flush_modules(buckets: list[list[tuple[tuple[str, str], int]]]) -> list[str]:
+    """The module whose gradient hook reduces each of ``buckets`` (from :func:`grad_buckets`,
+    tags (unit, module)): the module of the next bucket's first gradient, the one that would
+    take the bucket past its size (``reduce_independent_p_g_buckets_and_remove_grads``, v0.3.13
+    ``stage3.py`` lines 1433-1436); the last bucket at the backward's end
+    (``independent_gradient_partition_epilogue``, line 1280: :data:`BACKWARD_END`).
+
+    GPT-3's w_down (alone), [w_up's bias] and w_up (alone): flushed by w_up's bias, by w_up's
+    weight (one module), then at the end:
+
+    >>> b = [[(("layer", "w_down"), 9)], [(("layer", "w_up"), 1)], [(("layer", "w_up"), 9)]]
+    >>> flush_modules(b)
+    ['w_up', 'w_up', 'backward end']
+    """
+    return [b[0][0][1] for b in buckets[1:]] + [BACKWARD_END] if buckets else []
+
+
 def bucket_copy_seconds(size_bytes: float, data: Optional[KernelData]) -> float:
     """GPU seconds on the reduction stream of one bucket's all-reduce besides NCCL's
     (``allreduce_bucket``, ``allreduce_and_copy``): the flatten into one buffer, the in-place
