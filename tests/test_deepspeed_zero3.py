@@ -200,6 +200,10 @@ def test_verdict_cause_offers_no_fsdp2_knob():
                     "backward and all-reduces every gradient in buckets, each micro-batch, 2 micro-batches per step; fewer with "
                     'training.zero3_engine = "fsdp2" (per-layer coalesced calls, as DeepSpeed >= v0.5.5) or '
                     "training.micro_batch = 2")
+    # contiguous_gradients: the cause names the per-gradient reduce-scatters
+    cfg = replace(cfg, training=cfg.training.model_copy(update={"contiguous_gradients": True}))
+    assert "backward and reduce-scatters every gradient, each micro-batch" in _fsdp_cause(
+        build_plan(cfg, memory=False), "fsdp", None)
 
 
 def test_engine_refuses_pipeline_parallelism():
