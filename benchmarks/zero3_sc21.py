@@ -39,11 +39,12 @@ What DeepSpeed v0.3.13 (tag 12a53b4, the version of March 2021) does that the mo
   at each module's fetch (``rank_timeline._ds_backward_layer``; they were waited for at once
   after each layer): 63.7 / 43.8 / 43.2 -> 58.7 / 38.8 / 42.1 s. At 384 and 768 GPUs every
   bucket hides behind its module's GEMMs; at 1,536 w_up's stays 14.7 ms exposed per layer;
-
 - gradients: ``contiguous_gradients`` is false by default for stage 3 until v0.4.3 (c9fee8214,
   2021-07-01), so ``reduce_ipg_grads`` all-reduces flattened 5e8-element buckets
   (``buffered_reduce_fallback``), 5 per layer, not one list-based reduce-scatter per parameter:
-  no n views and n copies per call, twice the bytes (-1.4 / -5.6 / -13.9 s);
+  no n views and n copies per call, twice the bytes (-1.4 / -5.6 / -13.9 s). The configs leave
+  ``training.contiguous_gradients`` at that default; set true (v0.4.3-v0.5.4's default, the
+  per-parameter reduce-scatters) the steps are 61.8 / 44.9 / 55.9 s;
 - ``_post_step`` gathers the persistent parameters (norms, biases; partitioned at the backward's
   end) every step, synchronously, with a Python copy per parameter and rank
   (``_allgather_params``): +3.2 / +6.3 / +12.7 s;
