@@ -428,3 +428,22 @@ def test_backward_pieces_are_the_layers_ops(plan_1536):
     w_down = sum(o.seconds for o in c.ops if o.name in ("w_down.dgrad", "w_down.wgrad", "mlp down bias grad",
                                                          "w_down_bias main_grad add"))
     assert pieces["w_down"] == pytest.approx(w_down, rel=1e-12) and w_down == pytest.approx(19.91e-3, abs=0.01e-3)
+
+
+def test_search_drops_contiguous_gradients_outside_zero3():
+    # a DeepSpeed ZeRO-3 config searched over other shardings: their candidates leave the field
+    # (ZeRO-3's gradient path) at false with the engine at fsdp2, as TrainingSpec requires
+    from meshplan.search.space import SHARDING, candidate_config, enumerate_candidates
+
+    cfg = config_from_dict({"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 1},
+                            "training": {"global_batch": 64, "seq_len": 2048, "sharding": "zero3",
+                                         "zero3_engine": "deepspeed-2021", "contiguous_gradients": True},
+                            "search": {"sharding": ["zero1", "zero3"], "pp": [1], "micro_batch": [1]}},
+                           require_mesh=False)
+    c = enumerate_candidates(cfg)
+    seen = set()
+    for i in range(len(c)):
+        t = candidate_config(cfg, c, i).training
+        seen.add((SHARDING[c.sh[i]], t.zero3_engine, t.contiguous_gradients))
+    assert {x for x in seen if x[0] == "zero1"} == {("zero1", "fsdp2", False)}
+    assert ("zero3", "deepspeed-2021", True) in seen
