@@ -21,8 +21,8 @@ meshplan: ``meshplan step`` of benchmarks/zero3/*.toml (DeepSpeed ZeRO-3 of 2021
 the same configs under FSDP2's per-layer gathers (``zero3_engine = "fsdp2"``, the model before
 this engine). Nothing is fitted to these numbers.
 
-What the model gives (deepspeed-2021): 63.7 / 43.8 / 43.2 s against the published 81.6 / 66.7 /
-66.7 s (-22%, -34%, -35%); FSDP2's per-layer gathers give 57.3 / 31.7 / 18.8 s. The step does not
+What the model gives (deepspeed-2021): 58.7 / 38.8 / 42.1 s against the published 81.6 / 66.7 /
+66.7 s (-28%, -42%, -37%); FSDP2's per-layer gathers give 57.3 / 31.7 / 18.8 s. The step does not
 halve from 768 to 1,536 GPUs: every micro-batch (one per step in all three runs: 1536 / (384 x 4))
 issues the same 1,061 all-gathers (96 layers x (4 + 7) + the root's 5), each paying NCCL's ring
 latency over the whole group (1,535 steps at 1,536 ranks: 4.15 ms) and the host's n partition views
@@ -33,20 +33,28 @@ GPU sends stay 1.63 TB per step.
 What DeepSpeed v0.3.13 (tag 12a53b4, the version of March 2021) does that the model now takes
 (:mod:`meshplan.comm.deepspeed`; before: 61.3 / 42.5 / 43.8 s):
 
+- the bucket all-reduces run on the reduction stream where the hooks issue them
+  (``overlap_comm``, stage 3's default true), beside the GEMMs of the module whose gradient
+  flushed the bucket, the host waiting for the bucket before at each flush and for everything
+  at each module's fetch (``rank_timeline._ds_backward_layer``; they were waited for at once
+  after each layer): 63.7 / 43.8 / 43.2 -> 58.7 / 38.8 / 42.1 s. At 384 and 768 GPUs every
+  bucket hides behind its module's GEMMs; at 1,536 w_up's stays 14.7 ms exposed per layer;
 - gradients: ``contiguous_gradients`` is false by default for stage 3 until v0.4.3 (c9fee8214,
   2021-07-01), so ``reduce_ipg_grads`` all-reduces flattened 5e8-element buckets
   (``buffered_reduce_fallback``), 5 per layer, not one list-based reduce-scatter per parameter:
-  no n views and n copies per call, twice the bytes (-1.4 / -5.6 / -13.9 s);
+  no n views and n copies per call, twice the bytes (-1.4 / -5.6 / -13.9 s). The configs leave
+  ``training.contiguous_gradients`` at that default; set true (v0.4.3-v0.5.4's default, the
+  per-parameter reduce-scatters) the steps are 61.8 / 44.9 / 55.9 s;
 - ``_post_step`` gathers the persistent parameters (norms, biases; partitioned at the backward's
   end) every step, synchronously, with a Python copy per parameter and rank
   (``_allgather_params``): +3.2 / +6.3 / +12.7 s;
 - ``_allgather_param`` zero-fills each gathered buffer and calls ``torch.cuda.synchronize()``
   before issuing the all-gather: +0.55 s at every size.
 
-What is still missing: the gap to the published step is 17.9 / 22.9 / 23.5 s, nearly flat in the
+What is still missing: the gap to the published step is 22.9 / 27.9 / 24.6 s, nearly flat in the
 GPU count while the compute per GPU halves, so it behaves like a term per byte or per call (both
 constant per GPU), not like compute or a latency that grows with the group. Closing it with
-bandwidth alone would take the 1.63 TB at about 40-55 GB/s (over the model's 12.3 / 13.4 / 15.6 s
+bandwidth alone would take the 1.63 TB at about 40-46 GB/s (over the model's 12.3 / 13.4 / 15.6 s
 of collectives plus the gap, were they all exposed), against the 177 GB/s
 nccl-tests measured for an all-gather over 2 x 8 A100 [S18] (the curve the model uses); meshplan
 has no measured all-gather or all-reduce of DGX A100 at 48-192 nodes, nor of NCCL 2.8-2.9 (2021),
@@ -58,12 +66,11 @@ gather), summed over the modules, where the timeline overlaps a layer's gathers 
 layer's whole compute; but with the host's issue time serial before each module's compute in both,
 host + compute exceeds the next gather in every module at all three sizes (at 1,536 GPUs, forward:
 22.5 / 14.3 / 21 / 20.8 ms against gathers of 6.3 / 12.8 / 12.8 / 10.6 ms; estimated from the
-plan's block costs split by FLOPs), so the per-layer sum is the same to within 1 ms; the reductions are placed blocking (each waited for at once), where
-DeepSpeed's side stream lets a bucket's all-reduce run beside the next module's backward until the
-next fetch's synchronize (the model is long, mostly at 384 GPUs: 5 s of all-reduces there, of which
-by the hook order about 2 s would stay exposed: w_up's bucket is flushed by the norm's gradient just
-before wo's fetch synchronizes, the [norms, wo] bucket by QKV's just before the next layer's
-replayed QKV fetch; the w_down and QKV buckets run beside the next module's GEMMs); the
+plan's block costs split by FLOPs), so the per-layer sum is the same to within 1 ms; but the
+layer's gathers, held as one unit prefetched during the layer before, share the one NCCL stream
+with the bucket reductions, and at 1,536 GPUs (69 ms of gathers a layer) w_down's bucket, the
+first flushed, waits behind them: 26.5 ms per layer where by the hook order it would hide behind
+w_down's 20 ms of GEMMs (model long, 2.5 s at 1,536; none at 384 and 768); the
 caching allocator's frees and mallocs of a full parameter buffer per gather; the modules' Python
 hooks (pre/post-forward and backward functions on every module's inputs and outputs). Nothing here
 is fitted: the gap is reported, not absorbed.

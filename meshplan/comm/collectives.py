@@ -951,26 +951,62 @@ def _deepspeed_grad_rows(add, c: _Ctx, root: list[tuple[str, int]], data) -> Non
     the last, each layer's parameters from its last, then the embeddings': a tied word
     embedding's gradient is complete only there), bucketed by ``reduce_bucket_size`` (``[memory]
     grad_bucket_elements``, default 5e8); a bucket is the layer's when most of its elements are
-    a layer's, else the root's. One row per (unit, bucket elements, tensors)."""
+    a layer's, else the root's. One row per (unit, bucket elements, tensors, the module whose
+    gradient flushes it: :func:`meshplan.comm.deepspeed.flush_modules`, where the rank timeline
+    places it). With
+    ``training.contiguous_gradients`` the same buckets, each gradient reduce-scattered
+    (:func:`_deepspeed_scatter_rows`)."""
     t = c.training
-    head = [("root", k) for name, k in root if "embedding" not in name]
-    embed = [("root", k) for name, k in root if "embedding" in name]
-    order = head[::-1] + [("layer", k) for i in reversed(c.layers)
-                          for _, k in reversed(_deepspeed_params(c, [i], False, False))] + embed[::-1]
-    rows: Counter = Counter()
+    tag = lambda unit, name: (unit, deepspeed.module_of(name))
+    head = [(tag("root", name), k) for name, k in root if "embedding" not in name]
+    embed = [(tag("root", name), k) for name, k in root if "embedding" in name]
+    order = head[::-1] + [(tag("layer", name), k) for i in reversed(c.layers)
+                          for name, k in reversed(_deepspeed_params(c, [i], False, False))] + embed[::-1]
     cap = MemoryOptions(grad_bucket_elements=c.bucket_elements).deepspeed_bucket_elements()  # reduce_bucket_size
-    for bucket in deepspeed.grad_buckets(order, cap):
-        layer = sum(k for unit, k in bucket if unit == "layer")
+    buckets = deepspeed.grad_buckets(order, cap)
+    if t.contiguous_gradients:
+        _deepspeed_scatter_rows(add, c, buckets, cap, data)
+        return
+    rows: Counter = Counter()
+    for bucket, flush in zip(buckets, deepspeed.flush_modules(buckets)):
+        layer = sum(k for (unit, _), k in bucket if unit == "layer")
         total = sum(k for _, k in bucket)
-        rows[("layer" if 2 * layer > total else "root", total, len(bucket))] += 1
+        rows[("layer" if 2 * layer > total else "root", total, len(bucket), flush)] += 1
     g, n = t.gradient_reduce_dtype, c.mesh.degree("fsdp")
-    for (unit, total, tensors), count in sorted(rows.items()):
+    for (unit, total, tensors, flush), count in sorted(rows.items()):
         label = "root (embedding/norm/output)" if unit == "root" else "layer"
         size = total * dtype_bytes(g)
         add("fsdp", "backward", "all-reduce", size, g, count,
             f"{deepspeed.CADENCE}, every {label}, gradient bucket of {tensors} flattened, reduce_bucket_size "
-            f"{cap:,})", "optimizer step", 1,
+            f"{cap:,}, {deepspeed.FLUSHED}{flush})", "optimizer step", 1,
             ds_gpu_s=deepspeed.bucket_copy_seconds(size, data), ds_host_s=deepspeed.bucket_host_seconds(tensors, data))
+
+
+def _deepspeed_scatter_rows(add, c: _Ctx, buckets: list, cap: int, data) -> None:
+    """DeepSpeed ZeRO-3 of 2021's gradient reduce-scatters per micro-batch under
+    ``contiguous_gradients`` (:mod:`meshplan.comm.deepspeed`): ``buckets`` (lists of (unit,
+    module), elements), :func:`meshplan.comm.deepspeed.grad_buckets`) of ``cap`` elements, each
+    gradient one list-based reduce-scatter of its padded size (the ``n`` list copies and
+    views), the bucket's first one after the ipg buffer's ``div_``
+    (:func:`~meshplan.comm.deepspeed.contiguous_gpu_seconds`), each one's copy into the buffer
+    and slice kept on the compute stream (:func:`~meshplan.comm.deepspeed.contiguous_host_seconds`).
+    One row per (unit, gradient elements, past the bucket, first of its bucket, flushing module)."""
+    g, n = c.training.gradient_reduce_dtype, c.mesh.degree("fsdp")
+    rows: Counter = Counter()
+    for bucket, flush in zip(buckets, deepspeed.flush_modules(buckets)):
+        for j, ((unit, _), k) in enumerate(bucket):
+            rows[(unit, k, k > cap, j == 0, flush)] += 1
+    for (unit, k, large, first, flush), count in sorted(rows.items()):
+        label = "root (embedding/norm/output)" if unit == "root" else "layer"
+        size, grad = deepspeed.padded(k, n) * dtype_bytes(g), k * dtype_bytes(g)
+        how = "past the bucket, divided alone" if large else "copied into the bucket's buffer"
+        add("fsdp", "backward", "reduce-scatter", size, g, count,
+            f"{deepspeed.CADENCE}, every {label}, contiguous_gradients: {how}"
+            f"{', first of its bucket' if first else ''}, reduce_bucket_size {cap:,}, list of {n} inputs, "
+            f"{deepspeed.FLUSHED}{flush})",
+            "optimizer step", 1, list_copies=True,
+            ds_gpu_s=deepspeed.contiguous_gpu_seconds(grad, cap * dtype_bytes(g), large, first, data),
+            ds_host_s=deepspeed.host_seconds(n, data) + deepspeed.contiguous_host_seconds(grad, large, first, data))
 
 
 def _pipelined_gathers(c: _Ctx, root: bool, chunks: list[int]) -> tuple[int, int]:

@@ -1,9 +1,12 @@
 """DeepSpeed ZeRO stage 3 as released in 2021 (``training.zero3_engine = "deepspeed-2021"``): the
 collectives it issues per micro-batch, one all-gather per parameter tensor, one all-reduce per
-gradient bucket, and the persistent parameters' gather per step.
+gradient bucket (or, with ``contiguous_gradients``, one reduce-scatter per gradient), and the
+persistent parameters' gather per step.
 
 Read in microsoft/DeepSpeed at v0.3.13 (2021-03-16; the same gathers through v0.5.4, Oct 2021:
-v0.5.5 coalesced the all-gathers, PR #1188; the gradient path is v0.3.13's default, to v0.4.2),
+v0.5.5 coalesced the all-gathers, PR #1188; the gradient path follows ``contiguous_gradients``:
+false, v0.3.13's default to v0.4.2, all-reduces buckets; true, the default from v0.4.3,
+reduce-scatters each gradient),
 the engine Narayanan et al. (SC'21, arXiv 2104.04473, section 5.2) integrated into Megatron-LM
 for their ZeRO-3 comparison (Table 2):
 
@@ -35,9 +38,18 @@ for their ZeRO-3 comparison (Table 2):
   ``torch.distributed.all_reduce`` of the flat buffer, then copies it back into each
   gradient (:func:`grad_buckets`, :func:`bucket_copy_seconds`, :func:`bucket_host_seconds`);
   ``partition_previous_reduced_grads`` then keeps each rank's slice. Persistent parameters
-  included, in the gradient's dtype (``param.grad``, the parameter dtype). The per-parameter
-  ``_reduce_scatter_gradients`` (list input of ``world`` views) is the
-  ``contiguous_gradients`` true path, not the default of 2021's first half.
+  included, in the gradient's dtype (``param.grad``, the parameter dtype).
+- Gradients with ``contiguous_gradients`` true (``training.contiguous_gradients``; the default
+  from v0.4.3 to v0.5.4): the same buckets (the same hook), but the hook copies each gradient
+  no larger than the bucket into the ipg buffer of ``reduce_bucket_size`` elements, and
+  ``reduce_ipg_grads`` -> ``average_tensor`` divides the whole buffer (and a gradient past the
+  bucket) by the world and reduce-scatters each parameter's gradient on its own
+  (``reduce_gradients_at_owner`` -> ``partition_parameters.py`` ``_reduce_scatter_gradients``:
+  one list-based ``torch.distributed.reduce_scatter`` of ``world`` views per parameter, all
+  issued, then waited for) (:func:`contiguous_gpu_seconds`, :func:`contiguous_host_seconds`).
+  ``reduce_ipg_grads`` and ``average_tensor`` are the same at v0.3.13 (lines 1431-1514,
+  1689-1718), v0.4.3 (bc451c09) and v0.5.4 (bc7778ea), which only skips an empty bucket's
+  flush (line 1917); the ``reduce_scatter`` default true (``ZERO_OPTIMIZATION_REDUCE_SCATTER_DEFAULT``).
 - Persistent parameters: ``backward`` ends with ``_partition_all_parameters`` (they too are
   partitioned) and the optimizer step's ``_post_step`` gathers them again, all at once and
   synchronously (``partition_parameters.py`` ``_allgather_params``): one list-based
@@ -237,6 +249,30 @@ def grad_buckets(grads: list[tuple[T, int]], bucket: int) -> list[list[tuple[T, 
     return out + ([cur] if cur else [])
 
 
+#: Cadence words of a gradient reduction's row: the module whose gradient hook flushed its
+#: bucket (:func:`flush_modules`), which the rank timeline places it at.
+FLUSHED = "flushed at module "
+#: :func:`flush_modules`' name for the flush at the backward's end (``independent_gradient_partition_epilogue``).
+BACKWARD_END = "backward end"
+
+
+def flush_modules(buckets: list[list[tuple[tuple[str, str], int]]]) -> list[str]:
+    """The module whose gradient hook reduces each of ``buckets`` (from :func:`grad_buckets`,
+    tags (unit, module)): the module of the next bucket's first gradient, the one that would
+    take the bucket past its size (``reduce_independent_p_g_buckets_and_remove_grads``, v0.3.13
+    ``stage3.py`` lines 1433-1436); the last bucket at the backward's end
+    (``independent_gradient_partition_epilogue``, line 1280: :data:`BACKWARD_END`).
+
+    GPT-3's w_down (alone), [w_up's bias] and w_up (alone): flushed by w_up's bias, by w_up's
+    weight (one module), then at the end:
+
+    >>> b = [[(("layer", "w_down"), 9)], [(("layer", "w_up"), 1)], [(("layer", "w_up"), 9)]]
+    >>> flush_modules(b)
+    ['w_up', 'w_up', 'backward end']
+    """
+    return [b[0][0][1] for b in buckets[1:]] + [BACKWARD_END] if buckets else []
+
+
 def bucket_copy_seconds(size_bytes: float, data: Optional[KernelData]) -> float:
     """GPU seconds on the reduction stream of one bucket's all-reduce besides NCCL's
     (``allreduce_bucket``, ``allreduce_and_copy``): the flatten into one buffer, the in-place
@@ -293,3 +329,56 @@ def persistent_gather_host_seconds(numels: list[int], world: int, data: Optional
     copies = sum(-(-k // (padded(k, world) // world)) for k in numels)
     own = len(numels) * (PYTHON_OP_S + data.kernel_issue_s + 2 * PYTHON_OP_S)
     return host_seconds(world, data) + own + copies * (3 * PYTHON_OP_S + data.kernel_issue_s)
+
+
+def contiguous_gpu_seconds(size_bytes: float, bucket_bytes: float, large: bool, first: bool,
+                           data: Optional[KernelData]) -> float:
+    """GPU seconds on the reduction stream of one gradient's reduce-scatter under
+    ``contiguous_gradients`` true besides NCCL's and the list copies' (``stage3.py``
+    ``reduce_ipg_grads`` -> ``average_tensor``, v0.3.13 lines 1496-1514 and 1689-1706, the
+    same at v0.4.3 and v0.5.4): ``average_tensor`` first runs ``div_`` over the whole ipg
+    buffer of ``reduce_bucket_size`` elements (``bucket_bytes``, allocated at that size in
+    ``backward``, line 2536, however full the bucket: charged to the bucket's ``first``
+    gradient) and over a gradient larger than the bucket (``large``: ``extra_large_param_to_reduce``,
+    kept outside the buffer), each read and written at the catalog's Triad rate; then one
+    reduce-scatter per gradient (``reduce_gradients_at_owner``). 0 without kernel data.
+
+    The first gradient of a bucket of 5e8 fp16 elements on an A100 (1.70 TB/s): 2 GB read and
+    written, 1.18 ms; a 4 h^2 weight of GPT-3 (1.2 GB) alone past the bucket: 1.18 + 1.42 ms:
+
+    >>> from meshplan.compute.measured import kernel_data
+    >>> a100 = kernel_data("a100-sxm-80gb")
+    >>> round(contiguous_gpu_seconds(1.2e9, 1e9, True, True, a100) * 1e3, 2)
+    2.59
+    >>> contiguous_gpu_seconds(24576, 1e9, False, False, a100)
+    0.0
+    """
+    if data is None:
+        return 0.0
+    return memory_seconds(data, 2 * (bucket_bytes * first + size_bytes * large))
+
+
+def contiguous_host_seconds(size_bytes: float, large: bool, first: bool, data: Optional[KernelData]) -> float:
+    """Compute-stream seconds of one gradient under ``contiguous_gradients`` true besides its
+    list-based reduce-scatter's (:func:`host_seconds`): the hook
+    (``reduce_independent_p_g_buckets_and_remove_grads``, v0.3.13 lines 1455-1462) copies a
+    gradient no larger than the bucket into the ipg buffer (``narrow``, ``view``, ``view_as``
+    and a ``copy_``: its bytes read and written at the Triad rate on the compute stream, the
+    backward's), ``partition_previous_reduced_grads`` keeps the rank's slice (``narrow``,
+    ``_partition_gradient``'s four views and its ``copy_``), and the bucket's ``first`` gradient
+    issues the buffer's ``div_``; a gradient past the bucket is not copied but divided on its
+    own (``div_``): (2 + first) issued ops, 8 Python ops (5 past the bucket). 0 without kernel
+    data.
+
+    A 12,288-element fp16 bias, not first, on an A100: 2 x 4.7 + 8 x 2 us and 49 KB copied:
+    25.4 us:
+
+    >>> from meshplan.compute.measured import kernel_data
+    >>> round(contiguous_host_seconds(24576, False, False, kernel_data("a100-sxm-80gb")) * 1e6, 1)
+    25.4
+    """
+    if data is None:
+        return 0.0
+    issued, python = 2 + first, 5 if large else 8
+    copy = 0.0 if large else memory_seconds(data, 2 * size_bytes)
+    return issued * data.kernel_issue_s + python * PYTHON_OP_S + copy

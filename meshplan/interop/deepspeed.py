@@ -54,6 +54,13 @@ to ``grad_accum_dtype`` or the model's dtype; ``stage3.py:1798-1799`` casts the 
 back when they differ from the model's dtype. Each rank converts its partition to fp32 only inside
 ``step``, one ``sub_group_size`` group at a time (``_prepare_fp32_grad_for_sub_group``): a transient
 meshplan's memory timeline does not hold.
+At stage 3, ``zero_optimization.contiguous_gradients`` is read into ``training.contiguous_gradients``
+and ``reduce_bucket_size`` into ``[memory] grad_bucket_elements`` when given: they choose the
+gradient path and bucket of ``training.zero3_engine = "deepspeed-2021"``
+(:mod:`meshplan.comm.deepspeed`; absent, v0.3.13's false and DeepSpeed's 5e8), and change
+nothing under ``fsdp2``, the engine an import plans. Export writes both as a
+``deepspeed-2021`` plan models them (``contiguous_gradients`` always: DeepSpeed's default
+turned true in v0.4.3), and under ``fsdp2`` what an import read.
 
 A DeepSpeed config runs ZeRO over one data axis: its ``[search]`` table (written on import)
 keeps ``meshplan search`` to those meshes (:data:`SEARCH`: pp, dp_replicate, cp, tp, ep, etp
@@ -209,13 +216,16 @@ def read(d: dict, opts: ImportOptions) -> Imported:
         training |= _zero3(d, dtype)
         notes.append("ZeRO stage 3 planned with per-layer coalesced gathers (training.zero3_engine = \"fsdp2\"), as "
                      "DeepSpeed >= v0.5.5 gathers (PR #1188); for DeepSpeed v0.3.13-v0.5.4 (2021) set zero3_engine = "
-                     "\"deepspeed-2021\" (one all-gather per parameter tensor, gradient buckets all-reduced)")
+                     "\"deepspeed-2021\" (one all-gather per parameter tensor; its gradient path follows "
+                     "zero_optimization.contiguous_gradients, read into training.contiguous_gradients: absent, false, "
+                     "v0.3.13's default, bucket all-reduces; true, the default from v0.4.3, a reduce-scatter per "
+                     "gradient)")
     tables = {"model": model_option(opts.model), "cluster": cluster, "training": training,
               "mesh": {"names": ["dp"], "shape": [world]}}
     used = USED | (ZERO12_USED if stage in (1, 2) else set()) | (
         {"data_types.grad_accum_dtype"} if stage in (1, 3) else set()) | (
-        {"communication_data_type"} if stage == 3 else set())  # stage 2 keeps model-dtype grads anyway
-    if stage in (1, 2):
+        ZERO3_USED if stage == 3 else set())  # stage 2 keeps model-dtype grads anyway
+    if stage in (1, 2) or (stage == 3 and d["zero_optimization"].get("reduce_bucket_size", "auto") != "auto"):
         tables["memory"] = {"grad_bucket_elements": _bucket(d["zero_optimization"])}
     tables["search"] = search_table(stage)
     notes.append("meshplan search keeps to what a DeepSpeed config runs, ZeRO over one data axis ([search] "
@@ -250,6 +260,9 @@ def search_table(stage: int) -> dict[str, list[Any]]:
 #: The keys ZeRO stages 1 and 2 read besides :data:`USED` (module docstring).
 ZERO12_USED = frozenset({"zero_optimization.reduce_bucket_size", "zero_optimization.overlap_comm",
                          "zero_optimization.use_multi_rank_bucket_allreduce", "communication_data_type"})
+#: The keys ZeRO stage 3 reads besides :data:`USED` (module docstring).
+ZERO3_USED = frozenset({"communication_data_type", "zero_optimization.contiguous_gradients",
+                        "zero_optimization.reduce_bucket_size"})
 #: ``communication_data_type`` values (runtime/config.py ``get_communication_data_type``, lower-cased).
 COMM_DTYPES = ("fp32", "bf16", "fp16")
 
@@ -289,15 +302,24 @@ def _zero12(d: dict, dtype: str) -> dict[str, Any]:
 def _zero3(d: dict, dtype: str) -> dict[str, Any]:
     """The gradient dtypes of DeepSpeed's ZeRO stage 3 (module docstring): the partition in
     ``data_types.grad_accum_dtype`` or the model's dtype, the reduce-scatter in
-    ``communication_data_type`` or the model's dtype.
+    ``communication_data_type`` or the model's dtype; ``zero_optimization.contiguous_gradients``
+    when given (``training.contiguous_gradients``).
 
     >>> _zero3({}, "bf16"), _zero3({"data_types": {"grad_accum_dtype": "fp32"}, "communication_data_type": "fp32"}, "bf16")
     ({'grad_dtype': 'bf16', 'grad_reduce_dtype': 'bf16'}, {'grad_dtype': 'fp32', 'grad_reduce_dtype': 'fp32'})
+    >>> _zero3({"zero_optimization": {"contiguous_gradients": True}}, "fp16")["contiguous_gradients"]
+    True
     """
     comm = d.get("communication_data_type")
     if comm is not None and (not isinstance(comm, str) or comm.lower() not in COMM_DTYPES):
         raise ConfigError("communication_data_type", f"{comm!r}; use one of {', '.join(COMM_DTYPES)}")
-    return {"grad_dtype": _accum_dtype(d) or dtype, "grad_reduce_dtype": comm.lower() if comm else dtype}
+    out: dict[str, Any] = {"grad_dtype": _accum_dtype(d) or dtype, "grad_reduce_dtype": comm.lower() if comm else dtype}
+    contiguous = d.get("zero_optimization", {}).get("contiguous_gradients")
+    if contiguous is not None:
+        if not isinstance(contiguous, bool):
+            raise ConfigError("zero_optimization.contiguous_gradients", f"must be true or false; got {contiguous!r}")
+        out["contiguous_gradients"] = contiguous
+    return out
 
 
 #: ``data_types.grad_accum_dtype`` spellings (DeepSpeed's ``DtypeEnum``, inference/config.py).
@@ -385,7 +407,8 @@ def read_keys(doc: dict) -> set[str]:
     zero = doc.get("zero_optimization")
     stage = zero.get("stage", 0) if isinstance(zero, dict) else 0
     return set(USED) | (set(ZERO12_USED) if stage in (1, 2) else set()) | (
-        {"data_types.grad_accum_dtype"} if stage == 1 else set())
+        {"data_types.grad_accum_dtype"} if stage == 1 else set()) | (
+        {k for k in ZERO3_USED if k.startswith("zero_optimization.")} if stage == 3 else set())
 
 
 def not_planned(user: dict) -> list[str]:
@@ -453,6 +476,13 @@ def write(cfg: Config) -> dict[str, Any]:
         zero |= {"reduce_bucket_size": cfg.memory.deepspeed_bucket_elements(), "overlap_comm": t.overlap_comm}
     elif stage == 2:  # the plan's bucket (meshplan.comm.collectives._zero2_rows)
         zero["reduce_bucket_size"] = cfg.memory.bucket_elements(mesh.degree("fsdp"))
+    elif t.zero3_engine == "deepspeed-2021":  # its gradient path and bucket (meshplan.comm.deepspeed), both
+        # written: DeepSpeed's contiguous_gradients default changed in v0.4.3
+        zero |= {"contiguous_gradients": t.contiguous_gradients,
+                 "reduce_bucket_size": cfg.memory.deepspeed_bucket_elements()}
+    elif stage == 3:  # fsdp2: what an import read, back
+        zero |= ({"contiguous_gradients": True} if t.contiguous_gradients else {}) | (
+            {"reduce_bucket_size": cfg.memory.grad_bucket_elements} if cfg.memory.grad_bucket_elements else {})
     if (stage in (1, 2) and t.grad_reduce_dtype is not None) or (stage in (1, 2, 3)
                                                                and t.gradient_reduce_dtype != t.param_dtype):
         comm["communication_data_type"] = t.gradient_reduce_dtype  # DeepSpeed's unset is the model's dtype

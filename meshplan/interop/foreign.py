@@ -390,10 +390,11 @@ def effective_model(model) -> dict[str, Any]:
 def _memory(cfg: Config):
     """``cfg.memory`` with zero2's gradient bucket as the elements it resolves to (a DeepSpeed
     export writes that number as ``reduce_bucket_size``; unset, it is a default of dp), and
-    under ``training.zero12_engine = "deepspeed"`` DeepSpeed's (default 5e8); zero3 and hsdp
-    use no gradient bucket (``[memory] grad_bucket_elements``: the non-FSDP shardings'), so
-    theirs is no difference (a ZeRO-3 row of a DeepSpeed ZeRO-2 config's search)."""
-    if cfg.training.zero12_engine == "deepspeed":
+    under ``training.zero12_engine = "deepspeed"`` or ``zero3_engine = "deepspeed-2021"``
+    DeepSpeed's (default 5e8); otherwise zero3 and hsdp use no gradient bucket (``[memory]
+    grad_bucket_elements``: the non-FSDP shardings'), so theirs is no difference (a ZeRO-3 row
+    of a DeepSpeed ZeRO-2 config's search)."""
+    if cfg.training.zero12_engine == "deepspeed" or cfg.training.zero3_engine == "deepspeed-2021":
         return cfg.memory.model_copy(update={"grad_bucket_elements": cfg.memory.deepspeed_bucket_elements()})
     if cfg.training.sharding in ("zero3", "hsdp"):  # FSDP units, no gradient bucket (MemoryOptions)
         return cfg.memory.model_copy(update={"grad_bucket_elements": None})

@@ -968,7 +968,8 @@ def config_overlap(training, overlap: Overlap = Overlap()) -> Overlap:
         overlap = replace(overlap, grad_reduce=training.overlap_comm)
     if training.zero3_engine == "deepspeed-2021" and overlap.grad_reduce:
         # DeepSpeed ZeRO-3 of 2021: every module's fetch ends in torch.cuda.synchronize()
-        # (stage3.py _synchronize_communication), which waits for the reduce-scatters in flight
+        # (stage3.py _synchronize_communication), which waits for the reductions in flight (the
+        # layers' buckets are placed between those fetches: rank_timeline._ds_backward_layer)
         overlap = replace(overlap, grad_reduce=False)
     return overlap
 

@@ -562,7 +562,8 @@ def _training_knobs(cfg: Config, c: Candidates, i: int) -> dict:
     ``grad_accumulation`` back to ``sync`` outside :func:`accumulates`, ``fp8_all_gather`` off
     without FSDP (ZeRO-1 gathers no parameters; the float8 GEMMs stay), ``zero3_engine``
     back to ``fsdp2`` outside sharding zero3 (DeepSpeed's engine is for ZeRO stage 3; with it
-    ``grad_dtype`` back to its default where it is the parameter dtype, the engine's default),
+    ``grad_dtype`` back to its default where it is the parameter dtype, the engine's default;
+    ``contiguous_gradients`` off),
     ``zero12_engine`` back to ``megatron`` (and ``overlap_comm`` off) outside zero1 and zero2,
     ``reshard_head_after_forward`` off without FSDP or ``reshard_after_forward``, as
     :class:`~meshplan.spec.training.TrainingSpec` requires of a config."""
@@ -573,6 +574,8 @@ def _training_knobs(cfg: Config, c: Candidates, i: int) -> dict:
         out["fp8_all_gather"] = False
     if t.reshard_head_after_forward and (int(c.sh[i]) not in FSDP_SHARDINGS or not c.rf[i]):
         out["reshard_head_after_forward"] = False  # torchtitan's "always" reshards what FSDP2 shards
+    if t.contiguous_gradients and SHARDING[c.sh[i]] != "zero3":
+        out["contiguous_gradients"] = False  # DeepSpeed ZeRO-3's gradient path
     if t.zero3_engine != "fsdp2" and SHARDING[c.sh[i]] != "zero3":
         out["zero3_engine"] = "fsdp2"
         if t.grad_dtype == t.param_dtype:  # DeepSpeed's gradient partition dtype back to FSDP2's default

@@ -25,8 +25,9 @@ Dtype = Literal["fp32", "bf16", "fp16", "fp8"]
 # follows the framework and engine, ``TrainingSpec._runtime_param_dtype``: torchtitan's fp32,
 # Megatron-LM's bf16 with fp32 main copies), so a knob with them.
 PLAN_KNOBS = ("micro_batch", "sharding", "reshard_after_forward", "reshard_head_after_forward", "recompute", "ac_freq", "flash_attention",
-              "tp_comm_overlap", "framework", "zero3_engine", "zero12_engine", "overlap_comm", "grad_accumulation",
-              "fp8_all_gather", "torch_compile", "torch_norm", "pp_schedule_runs", "vocab_pad_divisor", "param_dtype")
+              "tp_comm_overlap", "framework", "zero3_engine", "contiguous_gradients", "zero12_engine", "overlap_comm",
+              "grad_accumulation", "fp8_all_gather", "torch_compile", "torch_norm", "pp_schedule_runs", "vocab_pad_divisor",
+              "param_dtype")
 
 #: The weights of ``nn.Linear`` modules (torchtitan's model files; Megatron-LM's Transformer Engine
 #: linears): attention (dense and MLA), the dense MLP and the shared experts, the MoE router's gate
@@ -106,6 +107,14 @@ class TrainingSpec(BaseModel):
     edaa722 casts to ``communication_data_type``, unset the model's dtype, ``stage3.py:1798-1799``)
     unless ``grad_reduce_dtype`` says otherwise, and kept, partitioned, in the parameter dtype
     unless ``grad_dtype`` is given (DeepSpeed's ``data_types.grad_accum_dtype``).
+    ``contiguous_gradients`` (sharding zero3): DeepSpeed's ``zero_optimization.contiguous_gradients``,
+    the gradient path of ``zero3_engine = "deepspeed-2021"``: false (default: v0.3.12-v0.4.2's
+    ``ZERO3_OPTIMIZATION_CONTIGUOUS_GRADIENTS_DEFAULT``, the version the engine's gathers are read
+    in) all-reduces flat buckets of ``reduce_bucket_size`` elements; true (DeepSpeed's default
+    from v0.4.3, c9fee8214, PR #1199) copies each gradient into the bucket's buffer and
+    reduce-scatters every gradient on its own (:mod:`meshplan.comm.deepspeed`). Under ``fsdp2``
+    (DeepSpeed >= v0.5.5 as FSDP2's per-layer reduce-scatter) it changes nothing; it is kept so
+    that an imported DeepSpeed config's value applies when the engine is switched.
     ``zero12_engine``: which runtime reduces the gradients under ``sharding = "zero1"`` or
     ``"zero2"``: ``megatron`` (Megatron-LM's distributed optimizer: reduce-scatters of gradient
     buckets, :func:`meshplan.comm.collectives._zero2_rows`) or ``deepspeed`` (DeepSpeed's
@@ -213,6 +222,7 @@ class TrainingSpec(BaseModel):
     torch_compile: bool = False
     torch_norm: Literal["fused", "decomposed"] = "fused"
     zero3_engine: Literal["fsdp2", "deepspeed-2021"] = "fsdp2"
+    contiguous_gradients: bool = False
     zero12_engine: Literal["megatron", "deepspeed"] = "megatron"
     overlap_comm: bool = False
     grad_accumulation: Literal["sync", "no_sync", "no_sync_unsharded"] = "sync"
@@ -321,6 +331,9 @@ class TrainingSpec(BaseModel):
             raise ValueError("zero3_engine 'deepspeed-2021' gathers every parameter in forward and again in backward and "
                              "reduces every micro-batch: remove grad_accumulation, reshard_after_forward and "
                              "fp8_all_gather (FSDP2 options)")
+        if self.contiguous_gradients and self.sharding != "zero3":
+            raise ValueError(f"contiguous_gradients is DeepSpeed ZeRO stage 3's gradient path (sharding zero3 with "
+                             f"zero3_engine = \"deepspeed-2021\"); sharding {self.sharding!r}: remove it")
         if self.zero12_engine != "megatron" and self.sharding not in ("zero1", "zero2"):
             raise ValueError(f"zero12_engine {self.zero12_engine!r} is DeepSpeed's ZeRO stage 1/2 (sharding zero1 or "
                              f"zero2); sharding {self.sharding!r} does not run it: remove the key")
