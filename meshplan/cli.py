@@ -101,7 +101,7 @@ from meshplan.runtime.validation.validate import main as validate_main
 from meshplan.schedule.linkload import concurrency, edge_loads, timings
 from meshplan.schedule.placement_score import step_scorer
 from meshplan.schedule.rank_timeline import Overlap
-from meshplan.schedule.steptime import step_time, tp_overlap_line
+from meshplan.schedule.steptime import megatron_reduce_line, step_time, tp_overlap_line
 from meshplan.schedule.verdict import network_verdict, rebuilt_step
 from meshplan.search.driver import search
 from meshplan.search.space import candidate_config
@@ -476,6 +476,8 @@ def step(config: Path = typer.Argument(..., help=CONFIG_HELP),
     tp = tp_overlap_line(p, st, lambda alt: _step_with(alt, _overlap(False, no_prefetch), table, schedule))
     if tp:
         _echo(tp)
+    if megatron_reduce_line(p.config.training):
+        _echo(megatron_reduce_line(p.config.training))
     if overlap_tp and p.config.training.tp_comm_overlap:
         _echo("note: --overlap-tp ignored: training.tp_comm_overlap is on, and the config's model of it (the line "
               "above) is what the step runs; --overlap-tp (ideal overlap of whole GEMMs) applies with it off")

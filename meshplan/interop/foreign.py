@@ -273,7 +273,9 @@ def _export(cfg: Config, to: str, source: str, user: UserFile | None = None,
         again = torchtitan.read(tomllib.loads(body), Path("."), opts)
     elif to == "megatron":
         body = "\n".join(megatron.write(cfg)) + "\n"
+        head += megatron.write_notes(cfg)
         again = megatron.read(body, opts)
+        cfg = megatron.exported_model(cfg)  # its --max-position-embeddings raised to the sequence (the note)
     else:  # a DeepSpeed config holds no model: re-imported with the config's own (a catalog name, or its fields)
         doc, kept = deepspeed.carried(user.doc, deepspeed.write(cfg)) if user is not None and user.fmt == to else \
             (deepspeed.write(cfg), [])

@@ -46,6 +46,12 @@ Megatron-LM                              meshplan
 --accumulate-allreduce-grads-in-fp32     grad_reduce_dtype fp32 (forced by --bf16 unless --grad-reduce-in-bf16;
                                          else the parameter dtype)
 --tp-comm-overlap                        training.tp_comm_overlap
+--moe-token-dispatcher-type alltoall,    what the plan models (ep's all-to-all dispatch, cp's K/V all-gather): written
+  --cp-comm-type all_gather                so; another value where it communicates is a ConfigError naming the flag,
+                                           an absent one a note (Megatron-LM's defaults: allgather, p2p)
+--overlap-grad-reduce,                   written with Megatron FSDP (zero2; zero3 both), which forces them and
+  --overlap-param-gather                   step models; read with none / zero1: a note (planned after the backward)
+--max-position-embeddings                written as max(model.max_position, --seq-length) (Megatron-LM's assertion)
 --moe-expert-capacity-factor,            training.moe_capacity_factor; absent or < 0: moe_dropless (Megatron-LM's
   --moe-pad-expert-input-to-capacity       default); meshplan plans the padded E x C buffer (without the padding
                                            flag Megatron-LM sends only the routed copies: a note says so)
@@ -63,6 +69,7 @@ Megatron-LM                              meshplan
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from typing import Any, Optional
 
 from pydantic import ValidationError
@@ -107,7 +114,24 @@ USED = set(PARALLEL) | MODEL_FLAGS | {
     "--global-batch-size", "--seq-length", "--bf16", "--fp16", "--fp8-format", "--accumulate-allreduce-grads-in-fp32",
     "--tp-comm-overlap", "--make-vocab-size-divisible-by", "--use-flash-attn", "--nnodes", "--grad-reduce-in-bf16",
     "--clip-grad", "--hidden-dropout", "--attention-dropout", "--no-bias-swiglu-fusion",
-    "--moe-expert-capacity-factor", "--moe-pad-expert-input-to-capacity"}
+    "--moe-expert-capacity-factor", "--moe-pad-expert-input-to-capacity", "--moe-token-dispatcher-type",
+    "--cp-comm-type", "--overlap-grad-reduce", "--overlap-param-gather"}
+#: What meshplan plans for the expert dispatch (an all-to-all over ep) and for context parallelism
+#: (the K/V all-gather), as Megatron-LM spells them: ``--moe-token-dispatcher-type`` (choices
+#: allgather, alltoall, flex; default allgather) and ``--cp-comm-type`` (p2p, all_gather, a2a,
+#: a2a+p2p; default p2p): TransformerConfig ``moe_token_dispatcher_type`` and ``cp_comm_type``,
+#: megatron/core/transformer/transformer_config.py, and arguments.py ``--cp-comm-type`` at d98e8a6.
+PLANNED_DISPATCHER, PLANNED_CP = "alltoall", "all_gather"
+#: What each other value runs instead, for the one-line refusal.
+DISPATCHERS = {"allgather": "all-gathers every token over tp x ep and keeps its experts' copies",
+               "flex": "runs DeepEP's or HybridEP's fused dispatch kernels"}
+CP_TYPES = {"p2p": "passes K/V chunks around a ring, overlapped with attention",
+            "a2a": "scatters the heads over cp (DeepSpeed Ulysses's all-to-all)",
+            "a2a+p2p": "runs Ulysses all-to-all inside and a K/V ring across cp groups"}
+#: The overlap flags a Megatron FSDP export writes per --data-parallel-sharding-strategy: what the plan
+#: assumes and ``MegatronFSDP.__init__`` forces anyway (:func:`meshplan.schedule.steptime.config_overlap`).
+FSDP_OVERLAP = {"optim_grads": ["--overlap-grad-reduce"],
+                "optim_grads_params": ["--overlap-grad-reduce", "--overlap-param-gather"]}
 #: Megatron-LM's dropout flags and their default probability (TransformerConfig ``hidden_dropout`` and
 #: ``attention_dropout``, 0.1 each, at d98e8a6).
 DROPOUT = {"--hidden-dropout": 0.1, "--attention-dropout": 0.1}
@@ -261,6 +285,46 @@ def _routing(args: dict, notes: list[str]) -> dict:
                      f"sends only the routed copies (at most the capacity per expert); planned with the padded "
                      f"experts x capacity buffer, an upper bound")
     return {"moe_capacity_factor": f}
+
+
+def _comm_types(args: dict, deg: dict[str, int], moe: bool, notes: list[str]) -> None:
+    """``--moe-token-dispatcher-type`` and ``--cp-comm-type`` against what meshplan plans
+    (:data:`PLANNED_DISPATCHER`, :data:`PLANNED_CP`): another value where it communicates (a
+    MoE model with ep x etp > 1; cp > 1) is a ConfigError naming the flag; absent, a note says
+    that Megatron-LM's default differs and what is planned. Of a per-layer ``--cp-comm-type``
+    list the first value is read."""
+    v = args.get("--moe-token-dispatcher-type")
+    if v is not None and v not in (PLANNED_DISPATCHER, *DISPATCHERS):
+        raise ConfigError("--moe-token-dispatcher-type", f"{printable(str(v))[:40]!r} is not allgather, alltoall or "
+                          f"flex; give alltoall (the all-to-all dispatch meshplan plans)")
+    if moe and deg["ep"] * deg["etp"] > 1:
+        if v is None:
+            notes.append(f"--moe-token-dispatcher-type not given: Megatron-LM's default allgather "
+                         f"({DISPATCHERS['allgather']}); planned as alltoall: add --moe-token-dispatcher-type alltoall")
+        elif v != PLANNED_DISPATCHER:
+            raise ConfigError("--moe-token-dispatcher-type", f"{v} {DISPATCHERS[v]}, which meshplan does not model "
+                              f"(it plans the all-to-all dispatch over ep); use --moe-token-dispatcher-type alltoall")
+    c = args.get("--cp-comm-type")
+    if c is not None and c not in (PLANNED_CP, *CP_TYPES):
+        raise ConfigError("--cp-comm-type", f"{printable(str(c))[:40]!r} is not p2p, all_gather, a2a or a2a+p2p; "
+                          f"give all_gather (the K/V all-gather meshplan plans)")
+    if deg["cp"] > 1:
+        if c is None:
+            notes.append(f"--cp-comm-type not given: Megatron-LM's default p2p ({CP_TYPES['p2p']}); planned as "
+                         f"the K/V all-gather: add --cp-comm-type all_gather")
+        elif c != PLANNED_CP:
+            raise ConfigError("--cp-comm-type", f"{c} {CP_TYPES[c]}, which meshplan does not model (it plans "
+                              f"the K/V all-gather of Llama 3's context parallelism); use --cp-comm-type all_gather")
+
+
+def _overlap_flags(args: dict, sharding: str, notes: list[str]) -> None:
+    """``--overlap-grad-reduce`` / ``--overlap-param-gather``: under Megatron FSDP (zero2,
+    zero3) forced on anyway and planned so; with DDP buffers (none, zero1) the plan keeps the
+    reduction after the backward (:func:`meshplan.schedule.steptime.config_overlap`): a note."""
+    given = [f for f in ("--overlap-grad-reduce", "--overlap-param-gather") if args.get(f)]
+    if given and sharding in ("none", "zero1"):
+        notes.append(f"{' '.join(given)} with sharding {sharding}: planned without overlap (meshplan's Megatron-LM "
+                     f"model reduces the gradients after the last backward); the step is an upper bound")
 
 
 def _nnodes(args: dict, opts: ImportOptions, notes: list[str]) -> Optional[int]:
@@ -487,6 +551,8 @@ def read(text: str, opts: ImportOptions) -> Imported:
                 "vocab_pad_divisor": _num(args, "--make-vocab-size-divisible-by", 128), "grad_clip": _clip(args)}
     if model_is_moe(model):
         training |= _routing(args, notes)
+    _comm_types(args, deg, model_is_moe(model), notes)
+    _overlap_flags(args, training["sharding"], notes)
     if dtype != "fp32" and not args.get("--use-flash-attn"):
         notes.append("--use-flash-attn not given: planned with flash attention (Transformer Engine's fused "
                      "attention, Megatron-Core's default)")
@@ -523,7 +589,7 @@ def write(cfg: Config) -> list[str]:
            f"--num-attention-heads {m.q_heads}", *heads, f"--vocab-size {m.vocab}",
            f"--normalization {'RMSNorm' if m.norm == 'rmsnorm' else 'LayerNorm'}",
            f"--position-embedding-type {'rope' if m.position_embedding == 'rope' else 'learned_absolute'}"]
-    out += [f"--max-position-embeddings {m.max_position}"] if m.max_position else []
+    out += [f"--max-position-embeddings {max(m.max_position, t.seq_len)}"] if m.max_position else []
     out += ["--group-query-attention", f"--num-query-groups {m.kv_heads}"] if m.kv_heads else []
     out += ["--swiglu"] * m.gated_mlp + ["--untie-embeddings-and-output-weights"] * (not m.tied_embeddings)
     out += ["--disable-bias-linear"] * (not m.linear_bias) + ["--add-qkv-bias"] * m.qkv_bias
@@ -539,6 +605,8 @@ def write(cfg: Config) -> list[str]:
             f"--context-parallel-size {deg.get('cp', 1)}"]
     if mesh.ep > 1:
         out += [f"--expert-model-parallel-size {mesh.ep}", f"--expert-tensor-parallel-size {mesh.etp}"]
+    out += [f"--moe-token-dispatcher-type {PLANNED_DISPATCHER}"] * m.is_moe
+    out += [f"--cp-comm-type {PLANNED_CP}"] * (deg.get("cp", 1) > 1)
     out += ["--sequence-parallel"] * mesh_spec(cfg).sequence_parallel
     out += _write_pipeline(cfg, mesh)
     out += _write_sharding(t.sharding)
@@ -568,10 +636,32 @@ def write(cfg: Config) -> list[str]:
 
 
 def _write_sharding(sharding: str) -> list[str]:
+    """Megatron-LM's flags of ``training.sharding``; zero2 and zero3 with the overlap flags the
+    plan assumes (:data:`FSDP_OVERLAP`), which Megatron FSDP turns on for them anyway."""
     if sharding in ("none", "zero1"):
         return ["--use-distributed-optimizer"] * (sharding == "zero1")
     strategy = {v: k for k, v in SHARDING.items()}[sharding]
-    return ["--use-megatron-fsdp", f"--data-parallel-sharding-strategy {strategy}"]
+    return ["--use-megatron-fsdp", f"--data-parallel-sharding-strategy {strategy}", *FSDP_OVERLAP[strategy]]
+
+
+def write_notes(cfg: Config) -> list[str]:
+    """Header lines of a Megatron-LM export: ``--max-position-embeddings`` raised to the
+    sequence length (Megatron-LM asserts ``max_position_embeddings >= seq_length``) when the
+    model's ``max_position`` is shorter."""
+    m, seq = cfg.model, cfg.training.seq_len
+    if m.max_position and seq > m.max_position:
+        return [f"--max-position-embeddings {seq}: raised from model {m.name}'s max_position {m.max_position} to "
+                f"--seq-length (Megatron-LM asserts max_position_embeddings >= seq_length)"]
+    return []
+
+
+def exported_model(cfg: Config) -> Config:
+    """``cfg`` as a Megatron-LM export gives it back: its model's ``max_position`` raised to the
+    sequence length (:func:`write_notes`), which the re-import check compares against."""
+    m, seq = cfg.model, cfg.training.seq_len
+    if not m.max_position or seq <= m.max_position:
+        return cfg
+    return replace(cfg, model=m.model_copy(update={"max_position": seq}))
 
 
 def _write_pipeline(cfg: Config, mesh) -> list[str]:
