@@ -113,7 +113,8 @@ def test_import_reads_the_planned_values_and_notes_megatron_defaults(tmp_path):
     assert any(n.startswith("megatron: --cp-comm-type not given: Megatron-LM's default p2p") for n in bare.notes)
     # a value meshplan does not model is fine where it does not communicate: cp 1
     dense = _cfg("llama3-8b", 1, {"global_batch": 8, "seq_len": 4096}, {"names": ["dp"], "shape": [8]})
-    assert load_any(_args(tmp_path, dense, "--cp-comm-type p2p"), "megatron", ImportOptions(cluster="dgx-h100", nodes=1))
+    assert load_any(_args(tmp_path, dense, "--cp-comm-type p2p"), "megatron",
+                    ImportOptions(cluster="dgx-h100", nodes=1))
 
 
 def test_megatron_fsdp_overlaps_its_reduce_scatters_by_hand():
@@ -151,3 +152,36 @@ def test_export_writes_the_overlap_flags_megatron_fsdp_runs():
                  {"names": ["dp"], "shape": [8]})
     assert not any(f.startswith("--overlap") for f in write(zero1))  # the plan reduces after the backward
     assert "not overlapped" in megatron_reduce_line(zero1.training)
+
+
+@pytest.mark.parametrize("name", ["llama3-8b", "llama3-405b", "gpt3-175b", "megatron-22b", "mixtral-8x7b",
+                                  "deepseek-v2-lite", "deepseek-v3"])
+def test_every_model_field_of_the_catalog_survives_a_megatron_round_trip(name):
+    """Each catalog model exported and read back: the re-import check lists no model field
+    (rope_theta, norm_eps, swiglu, untied embeddings, vocab, query groups, MoE and MLA dims)."""
+    cfg = _cfg(name, 2, {"global_batch": 16, "seq_len": 2048}, {"names": ["dp"], "shape": [16]})
+    header = _header(cfg)
+    assert not [h for h in header if h.startswith("not expressed") and "model." in h], header
+
+
+def test_rope_base_and_norm_epsilon_are_written_and_read_back(tmp_path):
+    flags = write(_cfg("llama3-8b", 1, {"global_batch": 8, "seq_len": 4096}, {"names": ["dp"], "shape": [8]}))
+    assert {"--rotary-base 500000", "--norm-epsilon 1e-05"} <= set(flags)  # config.json rope_theta, rms_norm_eps
+    ds = write(_cfg("deepseek-v2-lite", 1, {"global_batch": 8, "seq_len": 4096}, {"names": ["dp"], "shape": [8]}))
+    assert {"--rotary-base 10000", "--norm-epsilon 1e-06"} <= set(ds)
+    gpt3 = write(_cfg("gpt3-175b", 1, {"global_batch": 8, "seq_len": 2048}, {"names": ["dp"], "shape": [8]}))
+    assert not any(f.startswith(("--rotary-base", "--norm-epsilon")) for f in gpt3)  # learned positions, unstated
+    f = tmp_path / "a.args"
+    f.write_text("\n".join(x for x in flags if not x.startswith(("--rotary-base", "--norm-epsilon"))) + "\n")
+    cfg = load_any(f, "megatron", ImportOptions(cluster="dgx-h100", nodes=1))
+    assert cfg.model.name == "llama3-8b" and cfg.model.rope_theta == 500000.0
+    assert ("megatron: the model flags give catalog model llama3-8b but not --rotary-base (Megatron-LM's default "
+            "10000; llama3-8b: 500000): planned as llama3-8b (the same costs); add --rotary-base 500000 to train "
+            "it") in cfg.notes  # --norm-epsilon's default 1e-5 is llama3-8b's: not named
+    f.write_text("\n".join(flags + ["--rotary-base 10000"]) + "\n")
+    custom = load_any(f, "megatron", ImportOptions(cluster="dgx-h100", nodes=1)).model
+    assert (custom.name, custom.rope_theta, custom.norm_eps) == ("megatron-args", 10000.0, 1e-5)
+    f.write_text("\n".join(flags + ["--norm-epsilon x"]) + "\n")
+    with pytest.raises(ConfigError, match="is not a norm epsilon") as e:
+        load_any(f, "megatron", ImportOptions(cluster="dgx-h100", nodes=1))
+    assert e.value.field == "--norm-epsilon"

@@ -62,7 +62,9 @@ Megatron-LM                              meshplan
                                            embedding masks, and the attention-score mask of non-flash attention)
 --clip-grad (default 1.0)                training.grad_clip (0: false, no norm computed)
 (Megatron-LM's own linears)              training.framework megatron (its backward order)
---num-layers, --hidden-size, ...         the model, field by field (or --model)
+--num-layers, --hidden-size, ...         the model, field by field (or --model); --rotary-base and --norm-epsilon
+                                           are model.rope_theta and norm_eps (unset: a catalog model still matches,
+                                           with a note naming Megatron-LM's default where it differs)
 ======================================== ===================================================
 """
 
@@ -104,7 +106,12 @@ MODEL_FLAGS = {"--num-layers", "--hidden-size", "--ffn-hidden-size", "--num-atte
                "--group-query-attention", "--kv-channels", "--swiglu", "--untie-embeddings-and-output-weights",
                "--normalization", "--position-embedding-type", "--max-position-embeddings", "--vocab-size",
                "--disable-bias-linear", "--add-qkv-bias", "--qk-layernorm", "--num-experts", "--moe-router-topk",
-               "--moe-ffn-hidden-size", "--moe-shared-expert-intermediate-size", "--moe-layer-freq", *MLA_FLAGS}
+               "--moe-ffn-hidden-size", "--moe-shared-expert-intermediate-size", "--moe-layer-freq", "--rotary-base",
+               "--norm-epsilon", *MLA_FLAGS}
+#: Model flags whose value changes no size or cost (ModelSpec ``rope_theta``, ``norm_eps``) and Megatron-LM's
+#: default of each (arguments.py ``--rotary-base`` type int, default 10000; TransformerConfig ``layernorm_epsilon``
+#: ``--norm-epsilon``, default 1e-5; d98e8a6): unset in the arguments, a catalog model still matches, with a note.
+CARRIED = {"--rotary-base": ("rope_theta", 10000.0), "--norm-epsilon": ("norm_eps", 1e-5)}
 USED = set(PARALLEL) | MODEL_FLAGS | {
     "--sequence-parallel", "--use-distributed-optimizer", "--use-torch-fsdp2", "--use-megatron-fsdp",
     "--data-parallel-sharding-strategy", "--recompute-activations", "--recompute-granularity", "--recompute-method",
@@ -372,7 +379,9 @@ def _model(args: dict, opts: ImportOptions, notes: list[str]) -> dict:
              "norm": norm.lower(), "linear_bias": not args.get("--disable-bias-linear", False),
              "qkv_bias": bool(args.get("--add-qkv-bias")), "qk_norm": bool(args.get("--qk-layernorm")),
              "position_embedding": "learned" if pos == "learned_absolute" else "rope",
-             "max_position": _num(args, "--max-position-embeddings", 0)}
+             "max_position": _num(args, "--max-position-embeddings", 0),
+             "rope_theta": float(_int(args, "--rotary-base") or 0) or None if pos != "learned_absolute" else None,
+             "norm_eps": _eps(args)}
     if pos == "learned_absolute" and not model["max_position"]:
         model["max_position"] = _int(args, "--seq-length") or 0  # Megatron-LM: at least the sequence length
         notes.append(f"--max-position-embeddings not given: learned positions for --seq-length "
@@ -392,17 +401,42 @@ def _model(args: dict, opts: ImportOptions, notes: list[str]) -> dict:
     return _as_catalog(model, notes)
 
 
+def _eps(args: dict) -> Optional[float]:
+    """``--norm-epsilon`` as a number > 0, None when absent; ConfigError naming the flag."""
+    v = args.get("--norm-epsilon")
+    try:
+        eps = None if v is None else float(v)
+    except (TypeError, ValueError):
+        eps = -1.0
+    if eps is not None and not 0 < eps < 1:
+        raise ConfigError("--norm-epsilon", f"{printable(str(v))[:40]!r} is not a norm epsilon; give a small number "
+                          f"> 0 (Megatron-LM's default 1e-5)")
+    return eps
+
+
 def _as_catalog(model: dict, notes: list[str]) -> dict:
-    """``{"catalog": name}`` when the flags give a catalog model's fields exactly."""
+    """``{"catalog": name}`` when the flags give a catalog model's fields exactly, or all but
+    the :data:`CARRIED` ones they leave unset: then a note names the Megatron-LM default that
+    differs from the catalog's value (the plan is the same: neither changes a cost)."""
     try:
         spec = ModelSpec(**model)
     except ValidationError:
         return model  # config_from_dict reports it with the field's name
-    mine = spec.model_dump(exclude={"name", "source"})
+    unset = {field for field, _ in CARRIED.values() if getattr(spec, field) is None}
+    mine = spec.model_dump(exclude={"name", "source", *unset})
     for name in catalog.names("model"):
-        if catalog.model(name).model_dump(exclude={"name", "source"}) == mine:
+        ref = catalog.model(name)
+        if ref.model_dump(exclude={"name", "source", *unset}) != mine:
+            continue
+        differ = [(flag, default, getattr(ref, field)) for flag, (field, default) in CARRIED.items()
+                  if field in unset and getattr(ref, field) not in (None, default)]
+        if not differ:
             notes.append(f"the model flags give catalog model {name} exactly")
-            return {"catalog": name}
+        else:
+            said = ", ".join(f"{f} (Megatron-LM's default {d:g}; {name}: {v:g})" for f, d, v in differ)
+            notes.append(f"the model flags give catalog model {name} but not {said}: planned as {name} (the same "
+                         f"costs); add {' '.join(f'{f} {v:g}' for f, _, v in differ)} to train it")
+        return {"catalog": name}
     return model
 
 
@@ -552,7 +586,7 @@ def read(text: str, opts: ImportOptions) -> Imported:
     if model_is_moe(model):
         training |= _routing(args, notes)
     _comm_types(args, deg, model_is_moe(model), notes)
-    _overlap_flags(args, training["sharding"], notes)
+    _overlap_flags(args, str(training["sharding"]), notes)
     if dtype != "fp32" and not args.get("--use-flash-attn"):
         notes.append("--use-flash-attn not given: planned with flash attention (Transformer Engine's fused "
                      "attention, Megatron-Core's default)")
@@ -589,6 +623,8 @@ def write(cfg: Config) -> list[str]:
            f"--num-attention-heads {m.q_heads}", *heads, f"--vocab-size {m.vocab}",
            f"--normalization {'RMSNorm' if m.norm == 'rmsnorm' else 'LayerNorm'}",
            f"--position-embedding-type {'rope' if m.position_embedding == 'rope' else 'learned_absolute'}"]
+    out += [f"--rotary-base {_rotary_base(m.rope_theta)}"] if m.rope_theta is not None else []
+    out += [f"--norm-epsilon {m.norm_eps:g}"] if m.norm_eps is not None else []
     out += [f"--max-position-embeddings {max(m.max_position, t.seq_len)}"] if m.max_position else []
     out += ["--group-query-attention", f"--num-query-groups {m.kv_heads}"] if m.kv_heads else []
     out += ["--swiglu"] * m.gated_mlp + ["--untie-embeddings-and-output-weights"] * (not m.tied_embeddings)
@@ -633,6 +669,14 @@ def write(cfg: Config) -> list[str]:
     if m.is_moe and not t.moe_dropless:  # Megatron-LM's default is dropless; meshplan plans padded buffers
         out += [f"--moe-expert-capacity-factor {t.moe_capacity_factor!r}", "--moe-pad-expert-input-to-capacity"]
     return out
+
+
+def _rotary_base(theta: float) -> int:
+    """``model.rope_theta`` as Megatron-LM's ``--rotary-base`` (``type=int``), or ConfigError."""
+    if theta != int(theta):
+        raise ConfigError("--to", f"model.rope_theta {theta:g} is not a whole number: Megatron-LM's --rotary-base "
+                          f"takes an integer")
+    return int(theta)
 
 
 def _write_sharding(sharding: str) -> list[str]:

@@ -906,7 +906,8 @@ def step_time(plan: Plan, overlap: Overlap = Overlap(), *, dropout: bool = False
     t = cfg.training
     ranks = tuple(plan.mesh.group_of(0, "pp")) if "pp" in plan.mesh.layout.names else (0,)
     notes = tuple(f"collective not simulated (kind unknown): {o}" for o in sorted({o for c in comms for o in c.other}))
-    notes += runtime_warnings(t, schedule or plan.spec.pp_schedule, plan.mesh, cfg.model)  # plan's notes say it for its own
+    # plan's notes say it for its own schedule
+    notes += runtime_warnings(t, schedule or plan.spec.pp_schedule, plan.mesh, cfg.model)
     if runs > 1:
         notes += (f"{runs} pipeline schedule runs of {counted(mr, 'micro-batch')} per step (training.pp_schedule_runs: "
                   f"torchtitan's gradient accumulation under pp): each fills and drains the pipeline, gathers "
@@ -988,8 +989,10 @@ def megatron_reduce_line(training) -> str:
     (:func:`config_overlap`), one line; empty under another framework.
 
     >>> from meshplan.spec.training import TrainingSpec
-    >>> megatron_reduce_line(TrainingSpec(global_batch=8, seq_len=16, sharding="zero3", framework="megatron"))[:62]
-    'note: Megatron FSDP (sharding zero3): each unit\'s gradient redu'
+    >>> megatron_reduce_line(TrainingSpec(global_batch=8, seq_len=16, sharding="zero3", framework="megatron"))[:36]
+    'note: Megatron FSDP (sharding zero3)'
+    >>> megatron_reduce_line(TrainingSpec(global_batch=8, seq_len=16, sharding="zero1", framework="megatron"))[-26:]
+    '--overlap-grad-reduce off)'
     """
     if training.framework != "megatron":
         return ""
