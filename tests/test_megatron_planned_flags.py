@@ -152,6 +152,10 @@ def test_export_writes_the_overlap_flags_megatron_fsdp_runs():
                  {"names": ["dp"], "shape": [8]})
     assert not any(f.startswith("--overlap") for f in write(zero1))  # the plan reduces after the backward
     assert "not overlapped" in megatron_reduce_line(zero1.training)
+    # DeepSpeed's engines under framework megatron (the SC'21 ZeRO-3 runs, ZeRO-1/2): not Megatron-LM's line
+    for other in ({"zero3_engine": "deepspeed-2021"}, {"sharding": "zero1", "zero12_engine": "deepspeed"}):
+        t = zero1.training.model_copy(update={"sharding": "zero3", **other})
+        assert megatron_reduce_line(t) == ""
 
 
 @pytest.mark.parametrize("name", ["llama3-8b", "llama3-405b", "gpt3-175b", "megatron-22b", "mixtral-8x7b",

@@ -979,9 +979,20 @@ def config_overlap(training, overlap: Overlap = Overlap()) -> Overlap:
 
 
 def megatron_fsdp(training) -> bool:
-    """Whether Megatron-LM runs ``training``'s sharding with Megatron FSDP (zero2, zero3, hsdp:
-    ``--use-megatron-fsdp``, :func:`config_overlap`) rather than its DDP buffers (none, zero1)."""
-    return training.sharding in ("zero2", "zero3", "hsdp")
+    """Whether Megatron-LM runs ``training``'s sharding with Megatron FSDP (zero2 under
+    ``zero12_engine = "megatron"``, zero3 and hsdp under ``zero3_engine = "fsdp2"``:
+    ``--use-megatron-fsdp``, :func:`config_overlap`) rather than its DDP buffers (none, zero1)
+    or another engine (DeepSpeed's)."""
+    if training.sharding == "zero2":
+        return training.zero12_engine == "megatron"
+    return training.sharding in ("zero3", "hsdp") and training.zero3_engine == "fsdp2"
+
+
+def _megatron_engine(training) -> bool:
+    """Whether Megatron-LM's own code reduces ``training``'s gradients: its DDP buffers (none;
+    zero1 under ``zero12_engine = "megatron"``) or Megatron FSDP (:func:`megatron_fsdp`)."""
+    ddp = training.sharding == "none" or (training.sharding == "zero1" and training.zero12_engine == "megatron")
+    return ddp or megatron_fsdp(training)
 
 
 def megatron_reduce_line(training) -> str:
@@ -994,8 +1005,8 @@ def megatron_reduce_line(training) -> str:
     >>> megatron_reduce_line(TrainingSpec(global_batch=8, seq_len=16, sharding="zero1", framework="megatron"))[-26:]
     '--overlap-grad-reduce off)'
     """
-    if training.framework != "megatron":
-        return ""
+    if training.framework != "megatron" or not _megatron_engine(training):
+        return ""  # DeepSpeed's engines: their own lines (overlap_comm, the 2021 ZeRO-3 synchronize)
     if megatron_fsdp(training):
         return (f"note: Megatron FSDP (sharding {training.sharding}): each unit's gradient reduce-scatter overlaps "
                 f"the next unit's backward and the next all-gather is prefetched (MegatronFSDP forces "
