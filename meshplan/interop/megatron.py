@@ -70,21 +70,17 @@ Megatron-LM                              meshplan
 
 from __future__ import annotations
 
-import re
 from dataclasses import replace
 from typing import Any, Optional
-
-from pydantic import ValidationError
 
 from meshplan import catalog
 from meshplan.config import Config
 from meshplan.errors import ConfigError, printable
-from meshplan.interop.common import (Imported, ImportOptions, cluster_table, model_is_moe, model_layers, model_option,
-                                     near_miss)
+from meshplan.interop.common import Imported, ImportOptions, cluster_table, model_is_moe, model_layers, near_miss
 from meshplan.interop.launch import parse_launch
+from meshplan.interop.megatron_model import MODEL_FLAGS, int_flag as _int, model_flags, model_table, num_flag as _num
 from meshplan.interop.tomlout import mesh_spec, resolved, virtual_split
 from meshplan.spec.axes import MEGATRON_AXES
-from meshplan.spec.model import ModelSpec
 
 #: Flags that take no value (store_true in arguments.py), so the next token is not theirs.
 SWITCHES = {"--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split", "--sequence-parallel", "--use-distributed-optimizer", "--recompute-activations", "--bf16", "--fp16",
@@ -97,21 +93,6 @@ SWITCHES = {"--account-for-embedding-in-pipeline-split", "--account-for-loss-in-
 PARALLEL = {"--tensor-model-parallel-size": "tp", "--pipeline-model-parallel-size": "pp",
             "--context-parallel-size": "cp", "--expert-model-parallel-size": "ep",
             "--expert-tensor-parallel-size": "etp"}
-#: Megatron-LM's multi-latent attention arguments (arguments.py) and the ModelSpec field of each:
-#: ``--qk-head-dim`` is the no-RoPE part of the q/k head, ``--qk-pos-emb-head-dim`` the RoPE part.
-MLA_ARGS = {"--q-lora-rank": "q_lora_rank", "--kv-lora-rank": "kv_lora_rank", "--qk-head-dim": "qk_nope_head_dim",
-            "--qk-pos-emb-head-dim": "qk_rope_head_dim", "--v-head-dim": "v_head_dim"}
-MLA_FLAGS = ("--multi-latent-attention", *MLA_ARGS)
-MODEL_FLAGS = {"--num-layers", "--hidden-size", "--ffn-hidden-size", "--num-attention-heads", "--num-query-groups",
-               "--group-query-attention", "--kv-channels", "--swiglu", "--untie-embeddings-and-output-weights",
-               "--normalization", "--position-embedding-type", "--max-position-embeddings", "--vocab-size",
-               "--disable-bias-linear", "--add-qkv-bias", "--qk-layernorm", "--num-experts", "--moe-router-topk",
-               "--moe-ffn-hidden-size", "--moe-shared-expert-intermediate-size", "--moe-layer-freq", "--rotary-base",
-               "--norm-epsilon", *MLA_FLAGS}
-#: Model flags whose value changes no size or cost (ModelSpec ``rope_theta``, ``norm_eps``) and Megatron-LM's
-#: default of each (arguments.py ``--rotary-base`` type int, default 10000; TransformerConfig ``layernorm_epsilon``
-#: ``--norm-epsilon``, default 1e-5; d98e8a6): unset in the arguments, a catalog model still matches, with a note.
-CARRIED = {"--rotary-base": ("rope_theta", 10000.0), "--norm-epsilon": ("norm_eps", 1e-5)}
 USED = set(PARALLEL) | MODEL_FLAGS | {
     "--sequence-parallel", "--use-distributed-optimizer", "--use-torch-fsdp2", "--use-megatron-fsdp",
     "--data-parallel-sharding-strategy", "--recompute-activations", "--recompute-granularity", "--recompute-method",
@@ -156,46 +137,6 @@ def parse_args(text: str) -> dict[str, Any]:
     {'--tensor-model-parallel-size': '4', '--bf16': True, '--seq-length': '4096', '--lr': '1e-4'}
     """
     return parse_launch(text, SWITCHES)[0]
-
-
-def _dense_layers(freq: Any, layers: Optional[int]) -> int:
-    """Leading dense layers from ``--moe-layer-freq`` (Megatron-LM: an integer N, every N-th
-    layer MoE, or a Python list expression of 1 (MoE) and 0 (dense) per layer): 1, or
-    ``[0]*K+[1]*M`` with K + M layers (DeepSeek's first K dense layers), the forms ModelSpec
-    represents; anything else is a ConfigError naming the flag.
-
-    >>> _dense_layers("1", 61), _dense_layers("[0]*3+[1]*58", 61)
-    (0, 3)
-    """
-    text = str(freq).replace(" ", "")
-    m = re.fullmatch(r"\[0\]\*([0-9]{1,9})\+\[1\]\*([0-9]{1,9})", text)
-    if text == "1":
-        return 0
-    if m and layers is not None and int(m.group(1)) + int(m.group(2)) == layers:
-        return int(m.group(1))
-    raise ConfigError("--moe-layer-freq", f"{printable(text)[:60]!r}: meshplan plans the first K layers dense and "
-                      f"the rest MoE; give 1 or '[0]*K+[1]*M' with K + M = --num-layers ({layers})")
-
-
-def _int(args: dict, flag: str) -> Optional[int]:
-    """The whole number >= 1 a flag gives, or None when absent; ConfigError naming the flag."""
-    v = args.get(flag)
-    if v is None:
-        return None
-    try:
-        n = int(v)
-    except (TypeError, ValueError):
-        raise ConfigError(flag, f"{v!r} is not a whole number (a shell variable meshplan could not resolve?); "
-                          f"write the number") from None
-    if n < 1:
-        raise ConfigError(flag, f"{n} must be >= 1")
-    return n
-
-
-def _num(args: dict, flag: str, default: int) -> int:
-    """:func:`_int` with a default that is a number."""
-    n = _int(args, flag)
-    return default if n is None else n
 
 
 def _clip(args: dict) -> bool:
@@ -350,96 +291,6 @@ def _nnodes(args: dict, opts: ImportOptions, notes: list[str]) -> Optional[int]:
     return int(v)
 
 
-def _model(args: dict, opts: ImportOptions, notes: list[str]) -> dict:
-    """[model] table: ``--model`` or the model flags."""
-    if opts.model:
-        given = sorted(f for f in MODEL_FLAGS if f in args)
-        if given:
-            notes.append(f"--model {opts.model} replaces the model flags {', '.join(given)}")
-        return model_option(opts.model)
-    need = [f for f in ("--num-layers", "--hidden-size", "--num-attention-heads", "--vocab-size") if f not in args]
-    if need:
-        why = " (Megatron-LM takes the vocabulary size from its tokenizer, so its arguments often lack it)" \
-            if "--vocab-size" in need else ""
-        raise ConfigError("--model", f"the arguments lack the model flag{'s' * (len(need) > 1)} {', '.join(need)}"
-                          f"{why}; give --model CATALOG_NAME or --model path/config.json, or add "
-                          f"{'them' if len(need) > 1 else 'it'} to the arguments")
-    h, heads = _num(args, "--hidden-size", 0), _num(args, "--num-attention-heads", 0)  # both given: checked above
-    swiglu = bool(args.get("--swiglu"))
-    ffn = _int(args, "--ffn-hidden-size") or (int(4 * h * 2 / 3 / 64) * 64 if swiglu else 4 * h)
-    kv = _int(args, "--num-query-groups") if args.get("--group-query-attention") else None
-    norm = str(args.get("--normalization", "LayerNorm"))
-    if norm not in ("LayerNorm", "RMSNorm"):
-        raise ConfigError("--normalization", f"{norm!r}; meshplan plans LayerNorm or RMSNorm")
-    pos = str(args.get("--position-embedding-type", "learned_absolute"))
-    model = {"name": "megatron-args", "layers": _int(args, "--num-layers"), "hidden": h, "ffn": ffn,
-             "gated_mlp": swiglu, "q_heads": heads, "kv_heads": kv, "head_dim": _int(args, "--kv-channels"),
-             "vocab": _int(args, "--vocab-size"),
-             "tied_embeddings": not args.get("--untie-embeddings-and-output-weights", False),
-             "norm": norm.lower(), "linear_bias": not args.get("--disable-bias-linear", False),
-             "qkv_bias": bool(args.get("--add-qkv-bias")), "qk_norm": bool(args.get("--qk-layernorm")),
-             "position_embedding": "learned" if pos == "learned_absolute" else "rope",
-             "max_position": _num(args, "--max-position-embeddings", 0),
-             "rope_theta": float(_int(args, "--rotary-base") or 0) or None if pos != "learned_absolute" else None,
-             "norm_eps": _eps(args)}
-    if pos == "learned_absolute" and not model["max_position"]:
-        model["max_position"] = _int(args, "--seq-length") or 0  # Megatron-LM: at least the sequence length
-        notes.append(f"--max-position-embeddings not given: learned positions for --seq-length "
-                     f"{model['max_position']}")
-    if args.get("--multi-latent-attention"):  # the latent and head dims replace --kv-channels and query groups
-        model |= {"head_dim": None, "kv_heads": None, **{f: _int(args, a) for a, f in MLA_ARGS.items()}}
-    experts = _int(args, "--num-experts")
-    if experts:
-        model |= {"experts": experts, "top_k": _num(args, "--moe-router-topk", 2),
-                  "expert_ffn": _int(args, "--moe-ffn-hidden-size")}
-        shared = _int(args, "--moe-shared-expert-intermediate-size")
-        if shared:
-            model |= {"shared_experts": 1, "shared_expert_ffn": shared}
-        if "--moe-layer-freq" in args:
-            model["dense_layers"] = _dense_layers(args["--moe-layer-freq"], _int(args, "--num-layers"))
-    model = {k: v for k, v in model.items() if v is not None}
-    return _as_catalog(model, notes)
-
-
-def _eps(args: dict) -> Optional[float]:
-    """``--norm-epsilon`` as a number > 0, None when absent; ConfigError naming the flag."""
-    v = args.get("--norm-epsilon")
-    try:
-        eps = None if v is None else float(v)
-    except (TypeError, ValueError):
-        eps = -1.0
-    if eps is not None and not 0 < eps < 1:
-        raise ConfigError("--norm-epsilon", f"{printable(str(v))[:40]!r} is not a norm epsilon; give a small number "
-                          f"> 0 (Megatron-LM's default 1e-5)")
-    return eps
-
-
-def _as_catalog(model: dict, notes: list[str]) -> dict:
-    """``{"catalog": name}`` when the flags give a catalog model's fields exactly, or all but
-    the :data:`CARRIED` ones they leave unset: then a note names the Megatron-LM default that
-    differs from the catalog's value (the plan is the same: neither changes a cost)."""
-    try:
-        spec = ModelSpec(**model)
-    except ValidationError:
-        return model  # config_from_dict reports it with the field's name
-    unset = {field for field, _ in CARRIED.values() if getattr(spec, field) is None}
-    mine = spec.model_dump(exclude={"name", "source", *unset})
-    for name in catalog.names("model"):
-        ref = catalog.model(name)
-        if ref.model_dump(exclude={"name", "source", *unset}) != mine:
-            continue
-        differ = [(flag, default, getattr(ref, field)) for flag, (field, default) in CARRIED.items()
-                  if field in unset and getattr(ref, field) not in (None, default)]
-        if not differ:
-            notes.append(f"the model flags give catalog model {name} exactly")
-        else:
-            said = ", ".join(f"{f} (Megatron-LM's default {d:g}; {name}: {v:g})" for f, d, v in differ)
-            notes.append(f"the model flags give catalog model {name} but not {said}: planned as {name} (the same "
-                         f"costs); add {' '.join(f'{f} {v:g}' for f, _, v in differ)} to train it")
-        return {"catalog": name}
-    return model
-
-
 def _sharding(args: dict) -> str:
     if args.get("--use-torch-fsdp2") or args.get("--use-megatron-fsdp"):
         strategy = str(args.get("--data-parallel-sharding-strategy", "optim_grads_params"))
@@ -548,7 +399,7 @@ def read(text: str, opts: ImportOptions) -> Imported:
                               f"(meshplan reads that one: misspelt, the setting would stay at its default)")
     notes = [f"{flag} given {len(vals)} times ({', '.join(map(str, vals))}): planned with the last, "
              f"{vals[-1]}, as Megatron-LM's argparse keeps it" for flag, vals in repeated.items() if len(set(vals)) > 1]
-    model = _model(args, opts, notes)
+    model = model_table(args, opts, notes)
     cluster, world = cluster_table(opts, "Megatron-LM", _nnodes(launcher | args, opts, notes))
     deg = {axis: _num(args, flag, 1) for flag, axis in PARALLEL.items()}
     if "--expert-tensor-parallel-size" not in args:
@@ -617,26 +468,7 @@ def write(cfg: Config) -> list[str]:
         raise ConfigError("--to", f"mesh order {axes} is not Megatron-LM's tp-cp-ep-dp-pp (outermost first pp, dp, "
                           f"cp, tp); reorder the mesh to export it")
     deg = {a: mesh.layout.degree(b) for a, b in zip(axes, mesh.layout.names)}
-    heads = (["--multi-latent-attention"] + [f"{a} {getattr(m, f)}" for a, f in MLA_ARGS.items()
-                                              if getattr(m, f) is not None]) if m.is_mla else [f"--kv-channels {m.d_head}"]
-    out = [f"--num-layers {m.layers}", f"--hidden-size {m.hidden}", f"--ffn-hidden-size {m.ffn}",
-           f"--num-attention-heads {m.q_heads}", *heads, f"--vocab-size {m.vocab}",
-           f"--normalization {'RMSNorm' if m.norm == 'rmsnorm' else 'LayerNorm'}",
-           f"--position-embedding-type {'rope' if m.position_embedding == 'rope' else 'learned_absolute'}"]
-    out += [f"--rotary-base {_rotary_base(m.rope_theta)}"] if m.rope_theta is not None else []
-    out += [f"--norm-epsilon {m.norm_eps:g}"] if m.norm_eps is not None else []
-    out += [f"--max-position-embeddings {max(m.max_position, t.seq_len)}"] if m.max_position else []
-    out += ["--group-query-attention", f"--num-query-groups {m.kv_heads}"] if m.kv_heads else []
-    out += ["--swiglu"] * m.gated_mlp + ["--untie-embeddings-and-output-weights"] * (not m.tied_embeddings)
-    out += ["--disable-bias-linear"] * (not m.linear_bias) + ["--add-qkv-bias"] * m.qkv_bias
-    out += ["--qk-layernorm"] * m.qk_norm
-    if m.is_moe:
-        out += [f"--num-experts {m.experts}", f"--moe-router-topk {m.top_k}"]
-        out += [f"--moe-ffn-hidden-size {m.expert_ffn}"] if m.expert_ffn else []  # Megatron: default ffn
-        if m.shared_experts:
-            out.append(f"--moe-shared-expert-intermediate-size {(m.shared_expert_ffn or m.moe_ffn) * m.shared_experts}")
-        if m.dense_layers:  # DeepSeek's leading dense layers, quoted for the shell
-            out.append(f"--moe-layer-freq '[0]*{m.dense_layers}+[1]*{m.layers - m.dense_layers}'")
+    out = model_flags(m, t.seq_len)
     out += [f"--tensor-model-parallel-size {deg.get('tp', 1)}", f"--pipeline-model-parallel-size {deg.get('pp', 1)}",
             f"--context-parallel-size {deg.get('cp', 1)}"]
     if mesh.ep > 1:
@@ -669,14 +501,6 @@ def write(cfg: Config) -> list[str]:
     if m.is_moe and not t.moe_dropless:  # Megatron-LM's default is dropless; meshplan plans padded buffers
         out += [f"--moe-expert-capacity-factor {t.moe_capacity_factor!r}", "--moe-pad-expert-input-to-capacity"]
     return out
-
-
-def _rotary_base(theta: float) -> int:
-    """``model.rope_theta`` as Megatron-LM's ``--rotary-base`` (``type=int``), or ConfigError."""
-    if theta != int(theta):
-        raise ConfigError("--to", f"model.rope_theta {theta:g} is not a whole number: Megatron-LM's --rotary-base "
-                          f"takes an integer")
-    return int(theta)
 
 
 def _write_sharding(sharding: str) -> list[str]:
