@@ -102,7 +102,7 @@ from meshplan.runtime.validation.validate import main as validate_main
 from meshplan.schedule.linkload import concurrency, edge_loads, timings
 from meshplan.schedule.placement_score import step_scorer
 from meshplan.schedule.rank_timeline import Overlap
-from meshplan.schedule.steptime import ideal_tp_overlap_line, step_time, tp_overlap_line
+from meshplan.schedule.steptime import ideal_tp_overlap_line, megatron_reduce_line, step_time, tp_overlap_line
 from meshplan.schedule.verdict import network_verdict, rebuilt_step
 from meshplan.search.driver import search
 from meshplan.search.space import candidate_config
@@ -483,6 +483,8 @@ def step(config: Path = typer.Argument(..., help=CONFIG_HELP),
         tp = ideal_tp_overlap_line(p, st, _step_with(p, _overlap(False, no_prefetch), table, schedule))
     if tp:
         _echo(tp)
+    if megatron_reduce_line(p.config.training):
+        _echo(megatron_reduce_line(p.config.training))
     if overlap_tp and p.mesh.degree("tp") < 2:
         _echo("note: --overlap-tp changes nothing: tp 1 has no TP collectives")
     elif overlap_tp and p.config.training.tp_comm_overlap:

@@ -200,18 +200,41 @@ ZERO1_WITHOUT_ENGINE = ("sharding zero1 under framework torch: no torch engine s
                         "(ZeRO-2-like), framework = \"megatron\" or zero12_engine = \"deepspeed\" (DeepSpeed's ZeRO-1)")
 
 
-def runtime_warnings(training, schedule, mesh: Mesh) -> tuple[str, ...]:
+def runtime_warnings(training, schedule, mesh: Mesh, model=None) -> tuple[str, ...]:
     """What the framework's runtime is known to run differently from the plan of ``mesh``
     under ``schedule`` (the schedule's :meth:`~meshplan.pipeline.base.PipelineSchedule.warnings`,
     FSDP2 over a data axis when ``training.sharding`` is zero3 or hsdp and fsdp x dp_replicate
-    > 1), and :data:`ZERO1_WITHOUT_ENGINE` for zero1 over a data axis where no engine runs it
-    (:attr:`~meshplan.spec.training.TrainingSpec.has_zero1_engine`): the one source of the lines
-    plan and step print as notes, compare prints per side and export writes in its header
-    (:func:`config_warnings`)."""
+    > 1), :data:`ZERO1_WITHOUT_ENGINE` for zero1 over a data axis where no engine runs it
+    (:attr:`~meshplan.spec.training.TrainingSpec.has_zero1_engine`), and with ``model`` given
+    :func:`position_warning`: the one source of the lines plan and step print as notes, compare
+    prints per side and export writes in its header (:func:`config_warnings`)."""
     data = mesh.degree("fsdp") * mesh.degree("dp_replicate") > 1
     fsdp2 = training.sharding in ("zero3", "hsdp") and data
     zero1 = (ZERO1_WITHOUT_ENGINE,) if training.sharding == "zero1" and data and not training.has_zero1_engine else ()
-    return zero1 + get_schedule(schedule).warnings(training.framework, mesh.degree("pp"), fsdp2)
+    positions = position_warning(model, training.seq_len) if model is not None else ()
+    return positions + zero1 + get_schedule(schedule).warnings(training.framework, mesh.degree("pp"), fsdp2)
+
+
+def position_warning(model, seq_len: int) -> tuple[str, ...]:
+    """One line when ``seq_len`` (tokens) is more than ``model.max_position`` (the positions the
+    model was built for; 0: unknown, no line): with RoPE the plan's costs are the same (no
+    table), but the model needs RoPE scaling it does not say it has (Llama 3.1's, Dubey et al.
+    2024 section 3.4.2, for 8k -> 128k); learned positions have no row for the later tokens.
+
+    >>> from meshplan import catalog
+    >>> position_warning(catalog.model("llama3-70b"), 8192), len(position_warning(catalog.model("llama3-70b"), 131072))
+    ((), 1)
+    """
+    rows = model.max_position
+    if not rows or seq_len <= rows:
+        return ()
+    if model.position_embedding == "learned":
+        return (f"training.seq_len {seq_len} is more than model {model.name}'s max_position {rows}, the rows of "
+                f"its learned position table: no row for the later tokens; shorten training.seq_len or raise "
+                f"model.max_position (a larger table)",)
+    return (f"training.seq_len {seq_len} is more than model {model.name}'s max_position {rows}: planned as given "
+            f"(RoPE has no table; the cost is the same), assuming RoPE scaling the model does not state; set "
+            f"model.max_position to the scaled context (e.g. {seq_len}) or shorten training.seq_len",)
 
 
 def config_warnings(config: Config) -> tuple[str, ...]:
@@ -220,7 +243,7 @@ def config_warnings(config: Config) -> tuple[str, ...]:
     mesh = _config_mesh(config)
     if mesh is None or config.mesh is None:  # (the second for mypy: no [mesh] resolves to None)
         return ()
-    return runtime_warnings(config.training, config.mesh.pp_schedule, mesh)
+    return runtime_warnings(config.training, config.mesh.pp_schedule, mesh, config.model)
 
 
 def _config_mesh(config: Config) -> Mesh | None:
@@ -389,7 +412,7 @@ def build_plan(config: Config, constraints: cons.Constraints | None = None, memo
     pp = mesh.degree("pp")  # the pipeline schedule's own rules (meshplan.pipeline), after the mesh's
     v = replace(v, reasons=v.reasons + run_reasons(spec.pp_schedule, pp, v.micro_batches, v.vpp,
                                                    t.pp_schedule_runs, t.framework),
-                notes=v.notes + runtime_warnings(t, spec.pp_schedule, mesh))
+                notes=v.notes + runtime_warnings(t, spec.pp_schedule, mesh, m))
     partition = [f"axis {a}: {problem}" for a in mesh.all_axes() for problem in check_partition(mesh.groups(a), world)]
     placement = place(c, world, spec.rank_to_gpu)
     failed = bool(v.reasons or partition or v.stages is None)

@@ -23,7 +23,7 @@ def test_llama3_8b_config_equals_the_catalog_entry():
     assert spec.name == "meta-llama-3-8b"
     assert spec.param_count() == ref.param_count() == 8_030_261_248
     for field in ("layers", "hidden", "ffn", "q_heads", "n_kv_heads", "d_head", "vocab",
-                  "tied_embeddings", "norm", "gated_mlp", "linear_bias", "max_position"):
+                  "tied_embeddings", "norm", "gated_mlp", "linear_bias", "max_position", "rope_theta", "norm_eps"):
         assert getattr(spec, field) == getattr(ref, field), field
 
 
@@ -46,6 +46,7 @@ def test_mixtral_config_equals_the_catalog_entry():
     ref = catalog.model("mixtral-8x7b")
     assert (spec.experts, spec.top_k, spec.moe_ffn, spec.dense_layers) == (8, 2, 14336, 0)
     assert spec.param_count() == ref.param_count() == 46_702_792_704
+    assert (spec.rope_theta, spec.norm_eps) == (ref.rope_theta, ref.norm_eps) == (1e6, 1e-5)  # config.json
     assert spec.active_param_count() == ref.active_param_count() == 12_879_925_248
 
 

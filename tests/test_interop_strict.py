@@ -99,7 +99,7 @@ def test_megatron_real_flags_are_listed_not_refused(tmp_path):
     flags = ("--save /ckpt --load /ckpt --tokenizer-type GPT2BPETokenizer --data-path /data --vocab-file v.json "
              "--merge-file m.txt --split 949,50,1 --clip-grad 1.0 --ckpt-format torch_dist --eval-iters 10")
     cfg = load_any(_write(tmp_path, "m.args", MG.read_text() + flags + "\n"), opts=H100x2)
-    assert cfg.notes[-1] == ("megatron: fields meshplan does not use: --overlap-grad-reduce, --lr, --train-iters, "
+    assert cfg.notes[-1] == ("megatron: fields meshplan does not use: --lr, --train-iters, "
                              "--tokenizer-type, --save, --load, --data-path, --vocab-file, --merge-file, --split, "
                              "--ckpt-format, --eval-iters")  # --clip-grad is read: training.grad_clip
 

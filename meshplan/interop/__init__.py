@@ -1,6 +1,7 @@
 """Interoperation with the job configs practitioners already have (layer after
 :mod:`meshplan.mesh`): torchtitan job TOML (:mod:`~meshplan.interop.torchtitan`), Megatron-LM
-arguments (:mod:`~meshplan.interop.megatron`) and DeepSpeed JSON
+arguments (:mod:`~meshplan.interop.megatron`, its model flags in
+:mod:`~meshplan.interop.megatron_model`) and DeepSpeed JSON
 (:mod:`~meshplan.interop.deepspeed`) read into meshplan's tables and written from a
 :class:`~meshplan.config.Config`; a small TOML writer and the meshplan TOML of a config with
 its layer split (:mod:`~meshplan.interop.tomlout`); the flags of a launch script or
@@ -14,4 +15,4 @@ a DeepSpeed config) comes from :class:`~meshplan.interop.common.ImportOptions`, 
 one-line error naming the option when it is missing.
 """
 
-__all__ = ["common", "deepspeed", "foreign", "launch", "megatron", "tomlout", "torchtitan"]
+__all__ = ["common", "deepspeed", "foreign", "launch", "megatron", "megatron_model", "tomlout", "torchtitan"]

@@ -331,7 +331,9 @@ def _export(cfg: Config, to: str, source: str, user: UserFile | None = None,
         again = torchtitan.read(tomllib.loads(body), Path("."), opts)
     elif to == "megatron":
         body = "\n".join(megatron.write(cfg)) + "\n"
+        head += megatron.write_notes(cfg)
         again = megatron.read(body, opts)
+        cfg = megatron.exported_model(cfg)  # its --max-position-embeddings raised to the sequence (the note)
     else:  # a DeepSpeed config holds no model: re-imported with the config's own (a catalog name, or its fields)
         doc, kept = deepspeed.carried(user.doc, deepspeed.write(cfg)) if user is not None and user.fmt == to else \
             (deepspeed.write(cfg), [])
@@ -372,7 +374,9 @@ def effective_model(model) -> dict[str, Any]:
     """A ModelSpec's fields (not its name or source) with the defaults it resolves filled in:
     ``head_dim`` (``hidden / q_heads``), ``kv_heads`` (``q_heads``) and, for an MoE model,
     ``expert_ffn`` (``ffn``), so that a field left unset and the same value given are no
-    difference (Megatron-LM writes ``--kv-channels`` whatever the source said).
+    difference (Megatron-LM writes ``--kv-channels`` whatever the source said); the shared
+    experts as one MLP of their total width (what ModelSpec builds, and all Megatron-LM's
+    ``--moe-shared-expert-intermediate-size`` says: DeepSeek-V2-Lite's 2 x 1408 is 1 x 2816).
 
     >>> from meshplan.spec.model import ModelSpec
     >>> m = ModelSpec(layers=2, hidden=64, ffn=256, q_heads=4, vocab=100)
@@ -384,6 +388,9 @@ def effective_model(model) -> dict[str, Any]:
         out |= {"head_dim": model.d_head, "kv_heads": model.n_kv_heads}
     if model.is_moe:
         out["expert_ffn"] = model.moe_ffn
+    if model.shared_experts:
+        width = (model.shared_expert_ffn or model.moe_ffn) * model.shared_experts
+        out |= {"shared_experts": 1, "shared_expert_ffn": width}
     return out
 
 

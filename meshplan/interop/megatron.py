@@ -46,6 +46,12 @@ Megatron-LM                              meshplan
 --accumulate-allreduce-grads-in-fp32     grad_reduce_dtype fp32 (forced by --bf16 unless --grad-reduce-in-bf16;
                                          else the parameter dtype)
 --tp-comm-overlap                        training.tp_comm_overlap
+--moe-token-dispatcher-type alltoall,    what the plan models (ep's all-to-all dispatch, cp's K/V all-gather): written
+  --cp-comm-type all_gather                so; another value where it communicates is a ConfigError naming the flag,
+                                           an absent one a note (Megatron-LM's defaults: allgather, p2p)
+--overlap-grad-reduce,                   written with Megatron FSDP (zero2; zero3 both), which forces them and
+  --overlap-param-gather                   step models; read with none / zero1: a note (planned after the backward)
+--max-position-embeddings                written as max(model.max_position, --seq-length) (Megatron-LM's assertion)
 --moe-expert-capacity-factor,            training.moe_capacity_factor; absent or < 0: moe_dropless (Megatron-LM's
   --moe-pad-expert-input-to-capacity       default); meshplan plans the padded E x C buffer (without the padding
                                            flag Megatron-LM sends only the routed copies: a note says so)
@@ -56,26 +62,25 @@ Megatron-LM                              meshplan
                                            embedding masks, and the attention-score mask of non-flash attention)
 --clip-grad (default 1.0)                training.grad_clip (0: false, no norm computed)
 (Megatron-LM's own linears)              training.framework megatron (its backward order)
---num-layers, --hidden-size, ...         the model, field by field (or --model)
+--num-layers, --hidden-size, ...         the model, field by field (or --model); --rotary-base and --norm-epsilon
+                                           are model.rope_theta and norm_eps (unset: a catalog model still matches,
+                                           with a note naming Megatron-LM's default where it differs)
 ======================================== ===================================================
 """
 
 from __future__ import annotations
 
-import re
+from dataclasses import replace
 from typing import Any, Optional
-
-from pydantic import ValidationError
 
 from meshplan import catalog
 from meshplan.config import Config
 from meshplan.errors import ConfigError, printable
-from meshplan.interop.common import (Imported, ImportOptions, cluster_table, model_is_moe, model_layers, model_option,
-                                     near_miss)
+from meshplan.interop.common import Imported, ImportOptions, cluster_table, model_is_moe, model_layers, near_miss
 from meshplan.interop.launch import parse_launch
+from meshplan.interop.megatron_model import MODEL_FLAGS, int_flag as _int, model_flags, model_table, num_flag as _num
 from meshplan.interop.tomlout import mesh_spec, resolved, virtual_split
 from meshplan.spec.axes import MEGATRON_AXES
-from meshplan.spec.model import ModelSpec
 
 #: Flags that take no value (store_true in arguments.py), so the next token is not theirs.
 SWITCHES = {"--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split", "--sequence-parallel", "--use-distributed-optimizer", "--recompute-activations", "--bf16", "--fp16",
@@ -88,16 +93,6 @@ SWITCHES = {"--account-for-embedding-in-pipeline-split", "--account-for-loss-in-
 PARALLEL = {"--tensor-model-parallel-size": "tp", "--pipeline-model-parallel-size": "pp",
             "--context-parallel-size": "cp", "--expert-model-parallel-size": "ep",
             "--expert-tensor-parallel-size": "etp"}
-#: Megatron-LM's multi-latent attention arguments (arguments.py) and the ModelSpec field of each:
-#: ``--qk-head-dim`` is the no-RoPE part of the q/k head, ``--qk-pos-emb-head-dim`` the RoPE part.
-MLA_ARGS = {"--q-lora-rank": "q_lora_rank", "--kv-lora-rank": "kv_lora_rank", "--qk-head-dim": "qk_nope_head_dim",
-            "--qk-pos-emb-head-dim": "qk_rope_head_dim", "--v-head-dim": "v_head_dim"}
-MLA_FLAGS = ("--multi-latent-attention", *MLA_ARGS)
-MODEL_FLAGS = {"--num-layers", "--hidden-size", "--ffn-hidden-size", "--num-attention-heads", "--num-query-groups",
-               "--group-query-attention", "--kv-channels", "--swiglu", "--untie-embeddings-and-output-weights",
-               "--normalization", "--position-embedding-type", "--max-position-embeddings", "--vocab-size",
-               "--disable-bias-linear", "--add-qkv-bias", "--qk-layernorm", "--num-experts", "--moe-router-topk",
-               "--moe-ffn-hidden-size", "--moe-shared-expert-intermediate-size", "--moe-layer-freq", *MLA_FLAGS}
 USED = set(PARALLEL) | MODEL_FLAGS | {
     "--sequence-parallel", "--use-distributed-optimizer", "--use-torch-fsdp2", "--use-megatron-fsdp",
     "--data-parallel-sharding-strategy", "--recompute-activations", "--recompute-granularity", "--recompute-method",
@@ -107,7 +102,24 @@ USED = set(PARALLEL) | MODEL_FLAGS | {
     "--global-batch-size", "--seq-length", "--bf16", "--fp16", "--fp8-format", "--accumulate-allreduce-grads-in-fp32",
     "--tp-comm-overlap", "--make-vocab-size-divisible-by", "--use-flash-attn", "--nnodes", "--grad-reduce-in-bf16",
     "--clip-grad", "--hidden-dropout", "--attention-dropout", "--no-bias-swiglu-fusion",
-    "--moe-expert-capacity-factor", "--moe-pad-expert-input-to-capacity"}
+    "--moe-expert-capacity-factor", "--moe-pad-expert-input-to-capacity", "--moe-token-dispatcher-type",
+    "--cp-comm-type", "--overlap-grad-reduce", "--overlap-param-gather"}
+#: What meshplan plans for the expert dispatch (an all-to-all over ep) and for context parallelism
+#: (the K/V all-gather), as Megatron-LM spells them: ``--moe-token-dispatcher-type`` (choices
+#: allgather, alltoall, flex; default allgather) and ``--cp-comm-type`` (p2p, all_gather, a2a,
+#: a2a+p2p; default p2p): TransformerConfig ``moe_token_dispatcher_type`` and ``cp_comm_type``,
+#: megatron/core/transformer/transformer_config.py, and arguments.py ``--cp-comm-type`` at d98e8a6.
+PLANNED_DISPATCHER, PLANNED_CP = "alltoall", "all_gather"
+#: What each other value runs instead, for the one-line refusal.
+DISPATCHERS = {"allgather": "all-gathers every token over tp x ep and keeps its experts' copies",
+               "flex": "runs DeepEP's or HybridEP's fused dispatch kernels"}
+CP_TYPES = {"p2p": "passes K/V chunks around a ring, overlapped with attention",
+            "a2a": "scatters the heads over cp (DeepSpeed Ulysses's all-to-all)",
+            "a2a+p2p": "runs Ulysses all-to-all inside and a K/V ring across cp groups"}
+#: The overlap flags a Megatron FSDP export writes per --data-parallel-sharding-strategy: what the plan
+#: assumes and ``MegatronFSDP.__init__`` forces anyway (:func:`meshplan.schedule.steptime.config_overlap`).
+FSDP_OVERLAP = {"optim_grads": ["--overlap-grad-reduce"],
+                "optim_grads_params": ["--overlap-grad-reduce", "--overlap-param-gather"]}
 #: Megatron-LM's dropout flags and their default probability (TransformerConfig ``hidden_dropout`` and
 #: ``attention_dropout``, 0.1 each, at d98e8a6).
 DROPOUT = {"--hidden-dropout": 0.1, "--attention-dropout": 0.1}
@@ -125,46 +137,6 @@ def parse_args(text: str) -> dict[str, Any]:
     {'--tensor-model-parallel-size': '4', '--bf16': True, '--seq-length': '4096', '--lr': '1e-4'}
     """
     return parse_launch(text, SWITCHES)[0]
-
-
-def _dense_layers(freq: Any, layers: Optional[int]) -> int:
-    """Leading dense layers from ``--moe-layer-freq`` (Megatron-LM: an integer N, every N-th
-    layer MoE, or a Python list expression of 1 (MoE) and 0 (dense) per layer): 1, or
-    ``[0]*K+[1]*M`` with K + M layers (DeepSeek's first K dense layers), the forms ModelSpec
-    represents; anything else is a ConfigError naming the flag.
-
-    >>> _dense_layers("1", 61), _dense_layers("[0]*3+[1]*58", 61)
-    (0, 3)
-    """
-    text = str(freq).replace(" ", "")
-    m = re.fullmatch(r"\[0\]\*([0-9]{1,9})\+\[1\]\*([0-9]{1,9})", text)
-    if text == "1":
-        return 0
-    if m and layers is not None and int(m.group(1)) + int(m.group(2)) == layers:
-        return int(m.group(1))
-    raise ConfigError("--moe-layer-freq", f"{printable(text)[:60]!r}: meshplan plans the first K layers dense and "
-                      f"the rest MoE; give 1 or '[0]*K+[1]*M' with K + M = --num-layers ({layers})")
-
-
-def _int(args: dict, flag: str) -> Optional[int]:
-    """The whole number >= 1 a flag gives, or None when absent; ConfigError naming the flag."""
-    v = args.get(flag)
-    if v is None:
-        return None
-    try:
-        n = int(v)
-    except (TypeError, ValueError):
-        raise ConfigError(flag, f"{v!r} is not a whole number (a shell variable meshplan could not resolve?); "
-                          f"write the number") from None
-    if n < 1:
-        raise ConfigError(flag, f"{n} must be >= 1")
-    return n
-
-
-def _num(args: dict, flag: str, default: int) -> int:
-    """:func:`_int` with a default that is a number."""
-    n = _int(args, flag)
-    return default if n is None else n
 
 
 def _clip(args: dict) -> bool:
@@ -263,6 +235,46 @@ def _routing(args: dict, notes: list[str]) -> dict:
     return {"moe_capacity_factor": f}
 
 
+def _comm_types(args: dict, deg: dict[str, int], moe: bool, notes: list[str]) -> None:
+    """``--moe-token-dispatcher-type`` and ``--cp-comm-type`` against what meshplan plans
+    (:data:`PLANNED_DISPATCHER`, :data:`PLANNED_CP`): another value where it communicates (a
+    MoE model with ep x etp > 1; cp > 1) is a ConfigError naming the flag; absent, a note says
+    that Megatron-LM's default differs and what is planned. Of a per-layer ``--cp-comm-type``
+    list the first value is read."""
+    v = args.get("--moe-token-dispatcher-type")
+    if v is not None and v not in (PLANNED_DISPATCHER, *DISPATCHERS):
+        raise ConfigError("--moe-token-dispatcher-type", f"{printable(str(v))[:40]!r} is not allgather, alltoall or "
+                          f"flex; give alltoall (the all-to-all dispatch meshplan plans)")
+    if moe and deg["ep"] * deg["etp"] > 1:
+        if v is None:
+            notes.append(f"--moe-token-dispatcher-type not given: Megatron-LM's default allgather "
+                         f"({DISPATCHERS['allgather']}); planned as alltoall: add --moe-token-dispatcher-type alltoall")
+        elif v != PLANNED_DISPATCHER:
+            raise ConfigError("--moe-token-dispatcher-type", f"{v} {DISPATCHERS[v]}, which meshplan does not model "
+                              f"(it plans the all-to-all dispatch over ep); use --moe-token-dispatcher-type alltoall")
+    c = args.get("--cp-comm-type")
+    if c is not None and c not in (PLANNED_CP, *CP_TYPES):
+        raise ConfigError("--cp-comm-type", f"{printable(str(c))[:40]!r} is not p2p, all_gather, a2a or a2a+p2p; "
+                          f"give all_gather (the K/V all-gather meshplan plans)")
+    if deg["cp"] > 1:
+        if c is None:
+            notes.append(f"--cp-comm-type not given: Megatron-LM's default p2p ({CP_TYPES['p2p']}); planned as "
+                         f"the K/V all-gather: add --cp-comm-type all_gather")
+        elif c != PLANNED_CP:
+            raise ConfigError("--cp-comm-type", f"{c} {CP_TYPES[c]}, which meshplan does not model (it plans "
+                              f"the K/V all-gather of Llama 3's context parallelism); use --cp-comm-type all_gather")
+
+
+def _overlap_flags(args: dict, sharding: str, notes: list[str]) -> None:
+    """``--overlap-grad-reduce`` / ``--overlap-param-gather``: under Megatron FSDP (zero2,
+    zero3) forced on anyway and planned so; with DDP buffers (none, zero1) the plan keeps the
+    reduction after the backward (:func:`meshplan.schedule.steptime.config_overlap`): a note."""
+    given = [f for f in ("--overlap-grad-reduce", "--overlap-param-gather") if args.get(f)]
+    if given and sharding in ("none", "zero1"):
+        notes.append(f"{' '.join(given)} with sharding {sharding}: planned without overlap (meshplan's Megatron-LM "
+                     f"model reduces the gradients after the last backward); the step is an upper bound")
+
+
 def _nnodes(args: dict, opts: ImportOptions, notes: list[str]) -> Optional[int]:
     """torchrun's ``--nnodes`` of a launch script (None when absent or ``--nodes`` is
     given: then a note when they differ); an elastic range or an unresolved variable asks
@@ -277,69 +289,6 @@ def _nnodes(args: dict, opts: ImportOptions, notes: list[str]) -> Optional[int]:
     if not (str(v).isascii() and str(v).isdigit() and len(str(v)) <= 9) or int(v) < 1:
         raise ConfigError("--nodes", f"the launch script's --nnodes is {v!r}, not a node count; give --nodes N")
     return int(v)
-
-
-def _model(args: dict, opts: ImportOptions, notes: list[str]) -> dict:
-    """[model] table: ``--model`` or the model flags."""
-    if opts.model:
-        given = sorted(f for f in MODEL_FLAGS if f in args)
-        if given:
-            notes.append(f"--model {opts.model} replaces the model flags {', '.join(given)}")
-        return model_option(opts.model)
-    need = [f for f in ("--num-layers", "--hidden-size", "--num-attention-heads", "--vocab-size") if f not in args]
-    if need:
-        why = " (Megatron-LM takes the vocabulary size from its tokenizer, so its arguments often lack it)" \
-            if "--vocab-size" in need else ""
-        raise ConfigError("--model", f"the arguments lack the model flag{'s' * (len(need) > 1)} {', '.join(need)}"
-                          f"{why}; give --model CATALOG_NAME or --model path/config.json, or add "
-                          f"{'them' if len(need) > 1 else 'it'} to the arguments")
-    h, heads = _num(args, "--hidden-size", 0), _num(args, "--num-attention-heads", 0)  # both given: checked above
-    swiglu = bool(args.get("--swiglu"))
-    ffn = _int(args, "--ffn-hidden-size") or (int(4 * h * 2 / 3 / 64) * 64 if swiglu else 4 * h)
-    kv = _int(args, "--num-query-groups") if args.get("--group-query-attention") else None
-    norm = str(args.get("--normalization", "LayerNorm"))
-    if norm not in ("LayerNorm", "RMSNorm"):
-        raise ConfigError("--normalization", f"{norm!r}; meshplan plans LayerNorm or RMSNorm")
-    pos = str(args.get("--position-embedding-type", "learned_absolute"))
-    model = {"name": "megatron-args", "layers": _int(args, "--num-layers"), "hidden": h, "ffn": ffn,
-             "gated_mlp": swiglu, "q_heads": heads, "kv_heads": kv, "head_dim": _int(args, "--kv-channels"),
-             "vocab": _int(args, "--vocab-size"),
-             "tied_embeddings": not args.get("--untie-embeddings-and-output-weights", False),
-             "norm": norm.lower(), "linear_bias": not args.get("--disable-bias-linear", False),
-             "qkv_bias": bool(args.get("--add-qkv-bias")), "qk_norm": bool(args.get("--qk-layernorm")),
-             "position_embedding": "learned" if pos == "learned_absolute" else "rope",
-             "max_position": _num(args, "--max-position-embeddings", 0)}
-    if pos == "learned_absolute" and not model["max_position"]:
-        model["max_position"] = _int(args, "--seq-length") or 0  # Megatron-LM: at least the sequence length
-        notes.append(f"--max-position-embeddings not given: learned positions for --seq-length "
-                     f"{model['max_position']}")
-    if args.get("--multi-latent-attention"):  # the latent and head dims replace --kv-channels and query groups
-        model |= {"head_dim": None, "kv_heads": None, **{f: _int(args, a) for a, f in MLA_ARGS.items()}}
-    experts = _int(args, "--num-experts")
-    if experts:
-        model |= {"experts": experts, "top_k": _num(args, "--moe-router-topk", 2),
-                  "expert_ffn": _int(args, "--moe-ffn-hidden-size")}
-        shared = _int(args, "--moe-shared-expert-intermediate-size")
-        if shared:
-            model |= {"shared_experts": 1, "shared_expert_ffn": shared}
-        if "--moe-layer-freq" in args:
-            model["dense_layers"] = _dense_layers(args["--moe-layer-freq"], _int(args, "--num-layers"))
-    model = {k: v for k, v in model.items() if v is not None}
-    return _as_catalog(model, notes)
-
-
-def _as_catalog(model: dict, notes: list[str]) -> dict:
-    """``{"catalog": name}`` when the flags give a catalog model's fields exactly."""
-    try:
-        spec = ModelSpec(**model)
-    except ValidationError:
-        return model  # config_from_dict reports it with the field's name
-    mine = spec.model_dump(exclude={"name", "source"})
-    for name in catalog.names("model"):
-        if catalog.model(name).model_dump(exclude={"name", "source"}) == mine:
-            notes.append(f"the model flags give catalog model {name} exactly")
-            return {"catalog": name}
-    return model
 
 
 def _sharding(args: dict) -> str:
@@ -450,7 +399,7 @@ def read(text: str, opts: ImportOptions) -> Imported:
                               f"(meshplan reads that one: misspelt, the setting would stay at its default)")
     notes = [f"{flag} given {len(vals)} times ({', '.join(map(str, vals))}): planned with the last, "
              f"{vals[-1]}, as Megatron-LM's argparse keeps it" for flag, vals in repeated.items() if len(set(vals)) > 1]
-    model = _model(args, opts, notes)
+    model = model_table(args, opts, notes)
     cluster, world = cluster_table(opts, "Megatron-LM", _nnodes(launcher | args, opts, notes))
     deg = {axis: _num(args, flag, 1) for flag, axis in PARALLEL.items()}
     if "--expert-tensor-parallel-size" not in args:
@@ -487,6 +436,8 @@ def read(text: str, opts: ImportOptions) -> Imported:
                 "vocab_pad_divisor": _num(args, "--make-vocab-size-divisible-by", 128), "grad_clip": _clip(args)}
     if model_is_moe(model):
         training |= _routing(args, notes)
+    _comm_types(args, deg, model_is_moe(model), notes)
+    _overlap_flags(args, str(training["sharding"]), notes)
     if dtype != "fp32" and not args.get("--use-flash-attn"):
         notes.append("--use-flash-attn not given: planned with flash attention (Transformer Engine's fused "
                      "attention, Megatron-Core's default)")
@@ -517,28 +468,13 @@ def write(cfg: Config) -> list[str]:
         raise ConfigError("--to", f"mesh order {axes} is not Megatron-LM's tp-cp-ep-dp-pp (outermost first pp, dp, "
                           f"cp, tp); reorder the mesh to export it")
     deg = {a: mesh.layout.degree(b) for a, b in zip(axes, mesh.layout.names)}
-    heads = (["--multi-latent-attention"] + [f"{a} {getattr(m, f)}" for a, f in MLA_ARGS.items()
-                                              if getattr(m, f) is not None]) if m.is_mla else [f"--kv-channels {m.d_head}"]
-    out = [f"--num-layers {m.layers}", f"--hidden-size {m.hidden}", f"--ffn-hidden-size {m.ffn}",
-           f"--num-attention-heads {m.q_heads}", *heads, f"--vocab-size {m.vocab}",
-           f"--normalization {'RMSNorm' if m.norm == 'rmsnorm' else 'LayerNorm'}",
-           f"--position-embedding-type {'rope' if m.position_embedding == 'rope' else 'learned_absolute'}"]
-    out += [f"--max-position-embeddings {m.max_position}"] if m.max_position else []
-    out += ["--group-query-attention", f"--num-query-groups {m.kv_heads}"] if m.kv_heads else []
-    out += ["--swiglu"] * m.gated_mlp + ["--untie-embeddings-and-output-weights"] * (not m.tied_embeddings)
-    out += ["--disable-bias-linear"] * (not m.linear_bias) + ["--add-qkv-bias"] * m.qkv_bias
-    out += ["--qk-layernorm"] * m.qk_norm
-    if m.is_moe:
-        out += [f"--num-experts {m.experts}", f"--moe-router-topk {m.top_k}"]
-        out += [f"--moe-ffn-hidden-size {m.expert_ffn}"] if m.expert_ffn else []  # Megatron: default ffn
-        if m.shared_experts:
-            out.append(f"--moe-shared-expert-intermediate-size {(m.shared_expert_ffn or m.moe_ffn) * m.shared_experts}")
-        if m.dense_layers:  # DeepSeek's leading dense layers, quoted for the shell
-            out.append(f"--moe-layer-freq '[0]*{m.dense_layers}+[1]*{m.layers - m.dense_layers}'")
+    out = model_flags(m, t.seq_len)
     out += [f"--tensor-model-parallel-size {deg.get('tp', 1)}", f"--pipeline-model-parallel-size {deg.get('pp', 1)}",
             f"--context-parallel-size {deg.get('cp', 1)}"]
     if mesh.ep > 1:
         out += [f"--expert-model-parallel-size {mesh.ep}", f"--expert-tensor-parallel-size {mesh.etp}"]
+    out += [f"--moe-token-dispatcher-type {PLANNED_DISPATCHER}"] * m.is_moe
+    out += [f"--cp-comm-type {PLANNED_CP}"] * (deg.get("cp", 1) > 1)
     out += ["--sequence-parallel"] * mesh_spec(cfg).sequence_parallel
     out += _write_pipeline(cfg, mesh)
     out += _write_sharding(t.sharding)
@@ -568,10 +504,32 @@ def write(cfg: Config) -> list[str]:
 
 
 def _write_sharding(sharding: str) -> list[str]:
+    """Megatron-LM's flags of ``training.sharding``; zero2 and zero3 with the overlap flags the
+    plan assumes (:data:`FSDP_OVERLAP`), which Megatron FSDP turns on for them anyway."""
     if sharding in ("none", "zero1"):
         return ["--use-distributed-optimizer"] * (sharding == "zero1")
     strategy = {v: k for k, v in SHARDING.items()}[sharding]
-    return ["--use-megatron-fsdp", f"--data-parallel-sharding-strategy {strategy}"]
+    return ["--use-megatron-fsdp", f"--data-parallel-sharding-strategy {strategy}", *FSDP_OVERLAP[strategy]]
+
+
+def write_notes(cfg: Config) -> list[str]:
+    """Header lines of a Megatron-LM export: ``--max-position-embeddings`` raised to the
+    sequence length (Megatron-LM asserts ``max_position_embeddings >= seq_length``) when the
+    model's ``max_position`` is shorter."""
+    m, seq = cfg.model, cfg.training.seq_len
+    if m.max_position and seq > m.max_position:
+        return [f"--max-position-embeddings {seq}: raised from model {m.name}'s max_position {m.max_position} to "
+                f"--seq-length (Megatron-LM asserts max_position_embeddings >= seq_length)"]
+    return []
+
+
+def exported_model(cfg: Config) -> Config:
+    """``cfg`` as a Megatron-LM export gives it back: its model's ``max_position`` raised to the
+    sequence length (:func:`write_notes`), which the re-import check compares against."""
+    m, seq = cfg.model, cfg.training.seq_len
+    if not m.max_position or seq <= m.max_position:
+        return cfg
+    return replace(cfg, model=m.model_copy(update={"max_position": seq}))
 
 
 def _write_pipeline(cfg: Config, mesh) -> list[str]:

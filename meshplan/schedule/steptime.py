@@ -907,7 +907,8 @@ def step_time(plan: Plan, overlap: Overlap = Overlap(), *, dropout: bool = False
     t = cfg.training
     ranks = tuple(plan.mesh.group_of(0, "pp")) if "pp" in plan.mesh.layout.names else (0,)
     notes = tuple(f"collective not simulated (kind unknown): {o}" for o in sorted({o for c in comms for o in c.other}))
-    notes += runtime_warnings(t, schedule or plan.spec.pp_schedule, plan.mesh)  # plan's notes say it for its own
+    # plan's notes say it for its own schedule
+    notes += runtime_warnings(t, schedule or plan.spec.pp_schedule, plan.mesh, cfg.model)
     if runs > 1:
         notes += (f"{runs} pipeline schedule runs of {counted(mr, 'micro-batch')} per step (training.pp_schedule_runs: "
                   f"torchtitan's gradient accumulation under pp): each fills and drains the pipeline, gathers "
@@ -956,12 +957,20 @@ def config_overlap(training, overlap: Overlap = Overlap()) -> Overlap:
     ``optimizer.reduce_model_grads`` after ``forward_backward_func`` returns, and it runs the SP
     gradients' all-reduce, the local DDP buffer's all-reduce over dp and the tied embedding's
     all-reduce one after the other, each between timer syncs; ``model/distributed.py``'s hooks
-    only accumulate into the main-gradient buffer). Under ``training.zero12_engine =
-    "deepspeed"``, ``grad_reduce`` is ``training.overlap_comm``."""
+    only accumulate into the main-gradient buffer; today's Megatron-LM does the same unless
+    ``--overlap-grad-reduce``, default off, which an export does not write). Except under
+    sharding zero2, zero3 and hsdp, which Megatron-LM runs with Megatron FSDP
+    (``--use-megatron-fsdp``): there ``MegatronFSDP.__init__`` turns ``overlap_grad_reduce`` on
+    (and ``overlap_param_gather`` for ``optim_grads_params``) whatever the flags say, each
+    FSDP unit's reduce-scatter issued asynchronously after its backward and the next unit's
+    all-gather prefetched (megatron/core/distributed/fsdp/src/megatron_fsdp/megatron_fsdp.py
+    lines 326-337 at NVIDIA/Megatron-LM d98e8a6): ``grad_reduce`` stays on
+    (:func:`megatron_reduce_line`). Under ``training.zero12_engine = "deepspeed"``,
+    ``grad_reduce`` is ``training.overlap_comm``."""
     if training.tp_comm_overlap and not overlap.tp and asynctp.unfused_overlap(training.framework):
         overlap = replace(overlap, tp=True)
-    if training.framework == "megatron" and (not overlap.tp_grad or overlap.grad_reduce):
-        overlap = replace(overlap, tp_grad=True, grad_reduce=False)
+    if training.framework == "megatron":
+        overlap = replace(overlap, tp_grad=True, grad_reduce=overlap.grad_reduce and megatron_fsdp(training))
     if training.zero12_engine == "deepspeed" and overlap.grad_reduce != training.overlap_comm:
         # DeepSpeed ZeRO-1/2: its reductions run on a side stream under overlap_comm only, else
         # on the compute stream (comm.deepspeed_zero12); whatever the framework runs the model
@@ -972,6 +981,44 @@ def config_overlap(training, overlap: Overlap = Overlap()) -> Overlap:
         # layers' buckets are placed between those fetches: rank_timeline._ds_backward_layer)
         overlap = replace(overlap, grad_reduce=False)
     return overlap
+
+
+def megatron_fsdp(training) -> bool:
+    """Whether Megatron-LM runs ``training``'s sharding with Megatron FSDP (zero2 under
+    ``zero12_engine = "megatron"``, zero3 and hsdp under ``zero3_engine = "fsdp2"``:
+    ``--use-megatron-fsdp``, :func:`config_overlap`) rather than its DDP buffers (none, zero1)
+    or another engine (DeepSpeed's)."""
+    if training.sharding == "zero2":
+        return training.zero12_engine == "megatron"
+    return training.sharding in ("zero3", "hsdp") and training.zero3_engine == "fsdp2"
+
+
+def _megatron_engine(training) -> bool:
+    """Whether Megatron-LM's own code reduces ``training``'s gradients: its DDP buffers (none;
+    zero1 under ``zero12_engine = "megatron"``) or Megatron FSDP (:func:`megatron_fsdp`)."""
+    ddp = training.sharding == "none" or (training.sharding == "zero1" and training.zero12_engine == "megatron")
+    return ddp or megatron_fsdp(training)
+
+
+def megatron_reduce_line(training) -> str:
+    """Under ``training.framework = "megatron"``: which gradient reduction the step models
+    (:func:`config_overlap`), one line; empty under another framework.
+
+    >>> from meshplan.spec.training import TrainingSpec
+    >>> megatron_reduce_line(TrainingSpec(global_batch=8, seq_len=16, sharding="zero3", framework="megatron"))[:36]
+    'note: Megatron FSDP (sharding zero3)'
+    >>> megatron_reduce_line(TrainingSpec(global_batch=8, seq_len=16, sharding="zero1", framework="megatron"))[-26:]
+    '--overlap-grad-reduce off)'
+    """
+    if training.framework != "megatron" or not _megatron_engine(training):
+        return ""  # DeepSpeed's engines: their own lines (overlap_comm, the 2021 ZeRO-3 synchronize)
+    if megatron_fsdp(training):
+        return (f"note: Megatron FSDP (sharding {training.sharding}): each unit's gradient reduce-scatter overlaps "
+                f"the next unit's backward and the next all-gather is prefetched (MegatronFSDP forces "
+                f"overlap_grad_reduce and overlap_param_gather; export writes --overlap-grad-reduce"
+                f"{' --overlap-param-gather' if training.sharding != 'zero2' else ''})")
+    return (f"note: Megatron-LM DDP buffers (sharding {training.sharding}): the gradient reduction runs after the "
+            f"last backward, not overlapped (Megatron-LM's default, --overlap-grad-reduce off)")
 
 
 def tp_overlap_line(plan: Plan, st: StepTime, step_fn: Callable[[Plan], StepTime]) -> str:

@@ -304,6 +304,32 @@ def _read(config: Union[dict, str, Path]) -> tuple[Any, Optional[Path]]:
     return parse_json(text, "config", str(path), hint), path
 
 
+#: The norm epsilon's key: ``rms_norm_eps`` (the RMSNorm families), ``layer_norm_epsilon`` (gpt2),
+#: ``layer_norm_eps`` (gpt_neox).
+EPS_KEYS = ("rms_norm_eps", "layer_norm_epsilon", "layer_norm_eps")
+
+
+def _carried(cfg: dict[str, Any], fields: dict[str, Any]) -> dict[str, float]:
+    """``rope_theta`` (a RoPE model's) and ``norm_eps`` (:data:`EPS_KEYS`) of the config, the
+    ModelSpec fields an export writes (no size depends on them); absent or null: left out.
+    A value that is not a number > 0 is a ConfigError naming the key.
+
+    >>> _carried({"rope_theta": 500000.0, "rms_norm_eps": 1e-05}, {"position_embedding": "rope"})
+    {'rope_theta': 500000.0, 'norm_eps': 1e-05}
+    """
+    out: dict[str, float] = {}
+    keys = (("rope_theta", "rope_theta"),) if fields.get("position_embedding") == "rope" else ()
+    for key, field in (*keys, *((k, "norm_eps") for k in EPS_KEYS)):
+        v = cfg.get(key)
+        if v is None or field in out:
+            continue
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
+            raise ConfigError(key, f"must be a number > 0 in the {cfg.get('model_type')} config.json "
+                                   f"(got {json.dumps(v)[:40]})")
+        out[field] = float(v)
+    return out
+
+
 def model_from_hf_config(config: Union[dict, str, Path], name: Optional[str] = None) -> ModelSpec:
     """A :class:`ModelSpec` from a Hugging Face config (dict, config.json, or its directory).
 
@@ -324,6 +350,7 @@ def model_from_hf_config(config: Union[dict, str, Path], name: Optional[str] = N
         raise ConfigError("model_type", f"unsupported model_type {model_type!r:.60}; "
                           f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
     fields = family(_Keys(cfg))
+    fields |= _carried(cfg, fields)
     notes = fields.pop("_notes", [])
     explicit = name is not None  # a name the caller chose is checked, one taken from the file made safe
     if name is None:

@@ -34,7 +34,10 @@ class ModelSpec(BaseModel):
     Sizes are element counts; ``ffn`` is the intermediate width of one MLP (per gate for a
     gated MLP). MoE: ``experts`` > 0 routed experts of width ``expert_ffn`` with ``top_k``
     active, plus ``shared_experts`` always-on experts of width ``shared_expert_ffn``; the
-    first ``dense_layers`` layers are dense.
+    first ``dense_layers`` layers are dense. ``rope_theta`` (the RoPE base, with
+    ``position_embedding = "rope"``) and ``norm_eps`` (the norms' epsilon) change no size or
+    cost; they are carried so that an export writes the model it names (None: not stated, the
+    framework's default then: Megatron-LM's ``--rotary-base`` 10000 and ``--norm-epsilon`` 1e-5).
 
     Multi-head latent attention (DeepSeek-V2/V3) when ``kv_lora_rank`` is set: queries from
     ``q_a`` (hidden -> ``q_lora_rank``), a latent RMSNorm and ``q_b`` (latent -> heads x
@@ -64,6 +67,8 @@ class ModelSpec(BaseModel):
     qk_norm: bool = False
     position_embedding: Literal["rope", "learned"] = "rope"
     max_position: int = Field(default=0, ge=0, le=_le("max_position"))
+    rope_theta: Optional[float] = Field(default=None, gt=0, le=_le("rope_theta"))
+    norm_eps: Optional[float] = Field(default=None, gt=0, le=_le("norm_eps"))
     experts: int = Field(default=0, ge=0, le=_le("experts"))
     top_k: int = Field(default=0, ge=0, le=_le("top_k"))
     expert_ffn: Optional[int] = Field(default=None, gt=0, le=_le("expert_ffn"))
@@ -91,6 +96,8 @@ class ModelSpec(BaseModel):
             raise ValueError(f"dense_layers {self.dense_layers} > layers {self.layers}")
         if self.position_embedding == "learned" and self.max_position <= 0:
             raise ValueError("position_embedding 'learned' needs max_position > 0")
+        if self.position_embedding != "rope" and self.rope_theta is not None:
+            raise ValueError("rope_theta is set on a model without RoPE (position_embedding 'learned'); leave it out")
         return self
 
     def _mla_dims_given(self) -> bool:

@@ -84,7 +84,9 @@ class TrainingSpec(BaseModel):
     ``megatron`` (Megatron-LM: the input-gradient all-reduce or reduce-scatter of the
     column-parallel linears runs during their weight-gradient GEMMs, and with sequence
     parallelism their input is all-gathered again in backward, during their input-gradient
-    GEMM, because only its sequence shard is saved; ``LinearWithGradAccumulationAndAsyncCommunication``).
+    GEMM, because only its sequence shard is saved; ``LinearWithGradAccumulationAndAsyncCommunication``;
+    the gradients reduced after the backward, except Megatron FSDP's overlapped reduce-scatters
+    under zero2, zero3 and hsdp: :func:`meshplan.schedule.steptime.config_overlap`).
     ``validate`` runs torch: it takes ``torch`` only.
     ``torch_compile``: under ``framework = "torch"``, the model and loss run under torch.compile
     (torchtitan ``[compile] enable``), which fuses each chain of elementwise ops between the GEMMs

@@ -1,0 +1,206 @@
+"""Megatron-LM's model flags <-> :class:`~meshplan.spec.model.ModelSpec` (one home for both
+directions; :mod:`meshplan.interop.megatron` reads and writes the rest of the arguments).
+
+Flag names from ``megatron/training/arguments.py`` and ``TransformerConfig``
+(megatron/core/transformer/transformer_config.py) at NVIDIA/Megatron-LM d98e8a6: every
+ModelSpec field has its flag (``--num-layers``, ``--hidden-size``, ``--ffn-hidden-size``,
+``--num-attention-heads``, ``--kv-channels`` or the MLA dims, ``--group-query-attention``
+``--num-query-groups``, ``--vocab-size``, ``--normalization``, ``--norm-epsilon``,
+``--position-embedding-type``, ``--rotary-base``, ``--max-position-embeddings``, ``--swiglu``,
+``--untie-embeddings-and-output-weights``, ``--disable-bias-linear``, ``--add-qkv-bias``,
+``--qk-layernorm``, ``--num-experts``, ``--moe-router-topk``, ``--moe-ffn-hidden-size``,
+``--moe-shared-expert-intermediate-size`` (the shared experts' total width),
+``--moe-layer-freq``).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Optional
+
+from pydantic import ValidationError
+
+from meshplan import catalog
+from meshplan.errors import ConfigError, printable
+from meshplan.interop.common import ImportOptions, model_option
+from meshplan.spec.model import ModelSpec
+
+#: Megatron-LM's multi-latent attention arguments (arguments.py) and the ModelSpec field of each:
+#: ``--qk-head-dim`` is the no-RoPE part of the q/k head, ``--qk-pos-emb-head-dim`` the RoPE part.
+MLA_ARGS = {"--q-lora-rank": "q_lora_rank", "--kv-lora-rank": "kv_lora_rank", "--qk-head-dim": "qk_nope_head_dim",
+            "--qk-pos-emb-head-dim": "qk_rope_head_dim", "--v-head-dim": "v_head_dim"}
+MLA_FLAGS = ("--multi-latent-attention", *MLA_ARGS)
+MODEL_FLAGS = {"--num-layers", "--hidden-size", "--ffn-hidden-size", "--num-attention-heads", "--num-query-groups",
+               "--group-query-attention", "--kv-channels", "--swiglu", "--untie-embeddings-and-output-weights",
+               "--normalization", "--position-embedding-type", "--max-position-embeddings", "--vocab-size",
+               "--disable-bias-linear", "--add-qkv-bias", "--qk-layernorm", "--num-experts", "--moe-router-topk",
+               "--moe-ffn-hidden-size", "--moe-shared-expert-intermediate-size", "--moe-layer-freq", "--rotary-base",
+               "--norm-epsilon", *MLA_FLAGS}
+#: Model flags whose value changes no size or cost (ModelSpec ``rope_theta``, ``norm_eps``) and Megatron-LM's
+#: default of each (arguments.py ``--rotary-base`` type int, default 10000; TransformerConfig ``layernorm_epsilon``
+#: ``--norm-epsilon``, default 1e-5; d98e8a6): unset in the arguments, a catalog model still matches, with a note.
+CARRIED = {"--rotary-base": ("rope_theta", 10000.0), "--norm-epsilon": ("norm_eps", 1e-5)}
+
+
+def _dense_layers(freq: Any, layers: Optional[int]) -> int:
+    """Leading dense layers from ``--moe-layer-freq`` (Megatron-LM: an integer N, every N-th
+    layer MoE, or a Python list expression of 1 (MoE) and 0 (dense) per layer): 1, or
+    ``[0]*K+[1]*M`` with K + M layers (DeepSeek's first K dense layers), the forms ModelSpec
+    represents; anything else is a ConfigError naming the flag.
+
+    >>> _dense_layers("1", 61), _dense_layers("[0]*3+[1]*58", 61)
+    (0, 3)
+    """
+    text = str(freq).replace(" ", "")
+    m = re.fullmatch(r"\[0\]\*([0-9]{1,9})\+\[1\]\*([0-9]{1,9})", text)
+    if text == "1":
+        return 0
+    if m and layers is not None and int(m.group(1)) + int(m.group(2)) == layers:
+        return int(m.group(1))
+    raise ConfigError("--moe-layer-freq", f"{printable(text)[:60]!r}: meshplan plans the first K layers dense and "
+                      f"the rest MoE; give 1 or '[0]*K+[1]*M' with K + M = --num-layers ({layers})")
+
+
+def int_flag(args: dict, flag: str) -> Optional[int]:
+    """The whole number >= 1 a flag gives, or None when absent; ConfigError naming the flag."""
+    v = args.get(flag)
+    if v is None:
+        return None
+    try:
+        n = int(v)
+    except (TypeError, ValueError):
+        raise ConfigError(flag, f"{v!r} is not a whole number (a shell variable meshplan could not resolve?); "
+                          f"write the number") from None
+    if n < 1:
+        raise ConfigError(flag, f"{n} must be >= 1")
+    return n
+
+
+def num_flag(args: dict, flag: str, default: int) -> int:
+    """:func:`int_flag` with a default that is a number."""
+    n = int_flag(args, flag)
+    return default if n is None else n
+
+
+def model_table(args: dict, opts: ImportOptions, notes: list[str]) -> dict:
+    """[model] table of Megatron-LM arguments ``args``: ``--model`` (``opts``) or the model flags."""
+    if opts.model:
+        given = sorted(f for f in MODEL_FLAGS if f in args)
+        if given:
+            notes.append(f"--model {opts.model} replaces the model flags {', '.join(given)}")
+        return model_option(opts.model)
+    need = [f for f in ("--num-layers", "--hidden-size", "--num-attention-heads", "--vocab-size") if f not in args]
+    if need:
+        why = " (Megatron-LM takes the vocabulary size from its tokenizer, so its arguments often lack it)" \
+            if "--vocab-size" in need else ""
+        raise ConfigError("--model", f"the arguments lack the model flag{'s' * (len(need) > 1)} {', '.join(need)}"
+                          f"{why}; give --model CATALOG_NAME or --model path/config.json, or add "
+                          f"{'them' if len(need) > 1 else 'it'} to the arguments")
+    h, heads = num_flag(args, "--hidden-size", 0), num_flag(args, "--num-attention-heads", 0)  # both given: checked above
+    swiglu = bool(args.get("--swiglu"))
+    ffn = int_flag(args, "--ffn-hidden-size") or (int(4 * h * 2 / 3 / 64) * 64 if swiglu else 4 * h)
+    kv = int_flag(args, "--num-query-groups") if args.get("--group-query-attention") else None
+    norm = str(args.get("--normalization", "LayerNorm"))
+    if norm not in ("LayerNorm", "RMSNorm"):
+        raise ConfigError("--normalization", f"{norm!r}; meshplan plans LayerNorm or RMSNorm")
+    pos = str(args.get("--position-embedding-type", "learned_absolute"))
+    model = {"name": "megatron-args", "layers": int_flag(args, "--num-layers"), "hidden": h, "ffn": ffn,
+             "gated_mlp": swiglu, "q_heads": heads, "kv_heads": kv, "head_dim": int_flag(args, "--kv-channels"),
+             "vocab": int_flag(args, "--vocab-size"),
+             "tied_embeddings": not args.get("--untie-embeddings-and-output-weights", False),
+             "norm": norm.lower(), "linear_bias": not args.get("--disable-bias-linear", False),
+             "qkv_bias": bool(args.get("--add-qkv-bias")), "qk_norm": bool(args.get("--qk-layernorm")),
+             "position_embedding": "learned" if pos == "learned_absolute" else "rope",
+             "max_position": num_flag(args, "--max-position-embeddings", 0),
+             "rope_theta": float(int_flag(args, "--rotary-base") or 0) or None if pos != "learned_absolute" else None,
+             "norm_eps": _eps(args)}
+    if pos == "learned_absolute" and not model["max_position"]:
+        model["max_position"] = int_flag(args, "--seq-length") or 0  # Megatron-LM: at least the sequence length
+        notes.append(f"--max-position-embeddings not given: learned positions for --seq-length "
+                     f"{model['max_position']}")
+    if args.get("--multi-latent-attention"):  # the latent and head dims replace --kv-channels and query groups
+        model |= {"head_dim": None, "kv_heads": None, **{f: int_flag(args, a) for a, f in MLA_ARGS.items()}}
+    experts = int_flag(args, "--num-experts")
+    if experts:
+        model |= {"experts": experts, "top_k": num_flag(args, "--moe-router-topk", 2),
+                  "expert_ffn": int_flag(args, "--moe-ffn-hidden-size")}
+        shared = int_flag(args, "--moe-shared-expert-intermediate-size")
+        if shared:
+            model |= {"shared_experts": 1, "shared_expert_ffn": shared}
+        if "--moe-layer-freq" in args:
+            model["dense_layers"] = _dense_layers(args["--moe-layer-freq"], int_flag(args, "--num-layers"))
+    model = {k: v for k, v in model.items() if v is not None}
+    return _as_catalog(model, notes)
+
+
+def _eps(args: dict) -> Optional[float]:
+    """``--norm-epsilon`` as a number > 0, None when absent; ConfigError naming the flag."""
+    v = args.get("--norm-epsilon")
+    try:
+        eps = None if v is None else float(v)
+    except (TypeError, ValueError):
+        eps = -1.0
+    if eps is not None and not 0 < eps < 1:
+        raise ConfigError("--norm-epsilon", f"{printable(str(v))[:40]!r} is not a norm epsilon; give a small number "
+                          f"> 0 (Megatron-LM's default 1e-5)")
+    return eps
+
+
+def _as_catalog(model: dict, notes: list[str]) -> dict:
+    """``{"catalog": name}`` when the flags give a catalog model's fields exactly, or all but
+    the :data:`CARRIED` ones they leave unset: then a note names the Megatron-LM default that
+    differs from the catalog's value (the plan is the same: neither changes a cost)."""
+    try:
+        spec = ModelSpec(**model)
+    except ValidationError:
+        return model  # config_from_dict reports it with the field's name
+    unset = {field for field, _ in CARRIED.values() if getattr(spec, field) is None}
+    mine = spec.model_dump(exclude={"name", "source", *unset})
+    for name in catalog.names("model"):
+        ref = catalog.model(name)
+        if ref.model_dump(exclude={"name", "source", *unset}) != mine:
+            continue
+        differ = [(flag, default, getattr(ref, field)) for flag, (field, default) in CARRIED.items()
+                  if field in unset and getattr(ref, field) not in (None, default)]
+        if not differ:
+            notes.append(f"the model flags give catalog model {name} exactly")
+        else:
+            said = ", ".join(f"{f} (Megatron-LM's default {d:g}; {name}: {v:g})" for f, d, v in differ)
+            notes.append(f"the model flags give catalog model {name} but not {said}: planned as {name} (the same "
+                         f"costs); add {' '.join(f'{f} {v:g}' for f, _, v in differ)} to train it")
+        return {"catalog": name}
+    return model
+
+
+def _rotary_base(theta: float) -> int:
+    """``model.rope_theta`` as Megatron-LM's ``--rotary-base`` (``type=int``), or ConfigError."""
+    if theta != int(theta):
+        raise ConfigError("--to", f"model.rope_theta {theta:g} is not a whole number: Megatron-LM's --rotary-base "
+                          f"takes an integer")
+    return int(theta)
+
+
+def model_flags(m: ModelSpec, seq_len: int) -> list[str]:
+    """Megatron-LM's flags of model ``m`` (the inverse of :func:`model_table`);
+    ``--max-position-embeddings`` at least ``seq_len`` (Megatron-LM asserts it)."""
+    heads = (["--multi-latent-attention"] + [f"{a} {getattr(m, f)}" for a, f in MLA_ARGS.items()
+                                              if getattr(m, f) is not None]) if m.is_mla else [f"--kv-channels {m.d_head}"]
+    out = [f"--num-layers {m.layers}", f"--hidden-size {m.hidden}", f"--ffn-hidden-size {m.ffn}",
+           f"--num-attention-heads {m.q_heads}", *heads, f"--vocab-size {m.vocab}",
+           f"--normalization {'RMSNorm' if m.norm == 'rmsnorm' else 'LayerNorm'}",
+           f"--position-embedding-type {'rope' if m.position_embedding == 'rope' else 'learned_absolute'}"]
+    out += [f"--rotary-base {_rotary_base(m.rope_theta)}"] if m.rope_theta is not None else []
+    out += [f"--norm-epsilon {m.norm_eps:g}"] if m.norm_eps is not None else []
+    out += [f"--max-position-embeddings {max(m.max_position, seq_len)}"] if m.max_position else []
+    out += ["--group-query-attention", f"--num-query-groups {m.kv_heads}"] if m.kv_heads else []
+    out += ["--swiglu"] * m.gated_mlp + ["--untie-embeddings-and-output-weights"] * (not m.tied_embeddings)
+    out += ["--disable-bias-linear"] * (not m.linear_bias) + ["--add-qkv-bias"] * m.qkv_bias
+    out += ["--qk-layernorm"] * m.qk_norm
+    if m.is_moe:
+        out += [f"--num-experts {m.experts}", f"--moe-router-topk {m.top_k}"]
+        out += [f"--moe-ffn-hidden-size {m.expert_ffn}"] if m.expert_ffn else []  # Megatron: default ffn
+        if m.shared_experts:
+            out.append(f"--moe-shared-expert-intermediate-size {(m.shared_expert_ffn or m.moe_ffn) * m.shared_experts}")
+        if m.dense_layers:  # DeepSeek's leading dense layers, quoted for the shell
+            out.append(f"--moe-layer-freq '[0]*{m.dense_layers}+[1]*{m.layers - m.dense_layers}'")
+    return out

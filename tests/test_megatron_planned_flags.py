@@ -1,0 +1,191 @@
+"""A Megatron-LM export carries what the plan models, and an import refuses what it does not
+(newcomer findings, issue 11).
+
+Sources (NVIDIA/Megatron-LM at d98e8a6): ``TransformerConfig.moe_token_dispatcher_type``
+(allgather, alltoall, flex; default allgather) and ``cp_comm_type`` (p2p, all_gather, a2a,
+a2a+p2p), megatron/core/transformer/transformer_config.py; arguments.py ``--cp-comm-type``
+(default p2p) and its assertion ``max_position_embeddings >= seq_length``;
+``MegatronFSDP.__init__`` forces ``overlap_grad_reduce`` for optim_grads / optim_grads_params
+and ``overlap_param_gather`` for optim_grads_params
+(megatron/core/distributed/fsdp/src/megatron_fsdp/megatron_fsdp.py lines 326-337).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from meshplan.config import config_from_dict
+from meshplan.errors import ConfigError
+from meshplan.interop.common import ImportOptions
+from meshplan.interop.foreign import export, load_any
+from meshplan.interop.megatron import write
+from meshplan.plan import build_plan
+from meshplan.schedule.rank_timeline import Overlap
+from meshplan.schedule.steptime import megatron_reduce_line, step_time
+
+
+def _cfg(model: str, nodes: int, training: dict, mesh: dict):
+    return config_from_dict({"model": {"catalog": model}, "cluster": {"system": "dgx-h100", "nodes": nodes},
+                             "training": training, "mesh": mesh})
+
+
+MIXTRAL = _cfg("mixtral-8x7b", 1, {"global_batch": 8, "seq_len": 4096, "sharding": "zero3"},
+               {"names": ["dp", "ep"], "shape": [8, 8]})
+#: Llama 3 70B at 128k tokens (the model's max_position is 8192), cp 16 x tp 4 over 16 nodes
+LONG = _cfg("llama3-70b", 16, {"global_batch": 32, "seq_len": 131072, "sharding": "zero3", "recompute": "full"},
+            {"names": ["dp", "cp", "tp"], "shape": [2, 16, 4], "sequence_parallel": True})
+
+
+def _header(cfg) -> list[str]:
+    return export(cfg, "megatron", "t.toml")[1]
+
+
+def _lost(header: list[str]) -> list[str]:
+    """The re-import check's lines, less the framework (an export is Megatron-LM's by definition)."""
+    return [h for h in header if h.startswith("not expressed") and "training.framework" not in h]
+
+
+def test_export_writes_the_dispatcher_and_cp_comm_type_the_plan_models():
+    flags = write(MIXTRAL)
+    assert "--moe-token-dispatcher-type alltoall" in flags and not any(f.startswith("--cp-comm") for f in flags)
+    flags = write(LONG)
+    assert "--cp-comm-type all_gather" in flags and not any(f.startswith("--moe-token") for f in flags)
+    assert _lost(_header(MIXTRAL)) == [] and _lost(_header(LONG)) == []
+
+
+def test_export_raises_max_position_to_the_sequence_and_says_so():
+    flags = write(LONG)
+    assert "--max-position-embeddings 131072" in flags and "--seq-length 131072" in flags
+    header = _header(LONG)
+    assert ("--max-position-embeddings 131072: raised from model llama3-70b's max_position 8192 to --seq-length "
+            "(Megatron-LM asserts max_position_embeddings >= seq_length)") in header
+    assert _lost(header) == []  # the raised rows are the note's, not a loss
+    short = _cfg("llama3-70b", 1, {"global_batch": 8, "seq_len": 4096}, {"names": ["dp"], "shape": [8]})
+    assert "--max-position-embeddings 8192" in write(short) and not any("raised" in h for h in _header(short))
+
+
+def test_plan_and_step_warn_when_the_sequence_exceeds_max_position():
+    line = ("training.seq_len 131072 is more than model llama3-70b's max_position 8192: planned as given (RoPE has "
+            "no table; the cost is the same), assuming RoPE scaling the model does not state; set model.max_position "
+            "to the scaled context (e.g. 131072) or shorten training.seq_len")
+    assert line in build_plan(LONG).notes
+    short = _cfg("llama3-70b", 1, {"global_batch": 8, "seq_len": 8192}, {"names": ["dp"], "shape": [8]})
+    assert not any("max_position" in n for n in build_plan(short).notes)
+
+
+def _args(tmp_path, cfg, *extra: str, drop: str = ""):
+    f = tmp_path / "a.args"
+    f.write_text("\n".join([x for x in write(cfg) if not (drop and x.startswith(drop))] + list(extra)) + "\n")
+    return f
+
+
+@pytest.mark.parametrize("flag, value, planned", [
+    ("--moe-token-dispatcher-type", "allgather", "alltoall"),
+    ("--moe-token-dispatcher-type", "flex", "alltoall"),
+    ("--cp-comm-type", "p2p", "all_gather"),
+    ("--cp-comm-type", "a2a", "all_gather"),
+    ("--cp-comm-type", "a2a+p2p", "all_gather")])
+def test_import_refuses_a_dispatch_or_cp_meshplan_does_not_model(tmp_path, flag, value, planned):
+    cfg = MIXTRAL if flag.startswith("--moe") else LONG
+    f = _args(tmp_path, cfg, f"{flag} {value}", drop=flag)  # the last given wins, as argparse
+    opts = ImportOptions(cluster="dgx-h100", nodes=cfg.cluster.nodes)
+    with pytest.raises(ConfigError, match=rf"does not model .*; use {flag} {planned}$") as e:
+        load_any(f, "megatron", opts)
+    assert e.value.field == flag
+    r = subprocess.run([sys.executable, "-m", "meshplan.cli", "import", "megatron", str(f), "--cluster", "dgx-h100",
+                        "--nodes", str(cfg.cluster.nodes), "-o", "-"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and r.stdout == "" and len(r.stderr.strip().splitlines()) == 1
+    assert r.stderr.startswith(f"error: {flag}: {value} ")
+
+
+def test_import_reads_the_planned_values_and_notes_megatron_defaults(tmp_path):
+    opts = ImportOptions(cluster="dgx-h100", nodes=1)
+    again = load_any(_args(tmp_path, MIXTRAL), "megatron", opts)
+    assert not any("--moe-token-dispatcher-type" in n for n in again.notes)  # read: neither unused nor noted
+    bare = load_any(_args(tmp_path, MIXTRAL, drop="--moe-token-dispatcher-type"), "megatron", opts)
+    assert any(n.startswith("megatron: --moe-token-dispatcher-type not given: Megatron-LM's default allgather")
+               and n.endswith("planned as alltoall: add --moe-token-dispatcher-type alltoall") for n in bare.notes)
+    opts = ImportOptions(cluster="dgx-h100", nodes=16)
+    bare = load_any(_args(tmp_path, LONG, drop="--cp-comm-type"), "megatron", opts)
+    assert any(n.startswith("megatron: --cp-comm-type not given: Megatron-LM's default p2p") for n in bare.notes)
+    # a value meshplan does not model is fine where it does not communicate: cp 1
+    dense = _cfg("llama3-8b", 1, {"global_batch": 8, "seq_len": 4096}, {"names": ["dp"], "shape": [8]})
+    assert load_any(_args(tmp_path, dense, "--cp-comm-type p2p"), "megatron",
+                    ImportOptions(cluster="dgx-h100", nodes=1))
+
+
+def test_megatron_fsdp_overlaps_its_reduce_scatters_by_hand():
+    """Llama 3 8B, zero3 over dp 8 on one DGX H100, m = 1, framework megatron (Megatron FSDP
+    optim_grads_params, its overlap forced on). With the reduce-scatters overlapped only what
+    nothing can hide is exposed: the root unit's forward all-gather (5.014 ms, the step's first
+    transfer), the first layer's forward all-gather (1.058 ms: issued with the root's, on the
+    same stream, behind it), the first backward all-gather (1.058 ms: the last layer was
+    resharded after forward) and the root's reduce-scatter (10.006 ms, fp32), which the
+    optimizer step waits for. Megatron-LM's DDP order (the reduction after each backward,
+    ``Overlap(grad_reduce=False)``, what framework megatron modelled for every sharding before)
+    adds each of the 32 layers' 2.094 ms reduce-scatter in full."""
+    cfg = _cfg("llama3-8b", 1, {"global_batch": 8, "seq_len": 4096, "sharding": "zero3", "framework": "megatron"},
+               {"names": ["dp"], "shape": [8]})
+    p = build_plan(cfg)
+    rows = {(r.phase, r.op, r.cadence): r.time_s for r in p.stage(0).collectives}
+    ag, rs = rows[("forward", "all-gather", "every layer")], rows[("backward", "reduce-scatter", "every layer")]
+    root_ag = rows[("forward", "all-gather", "per root (embedding/norm/output)")]
+    root_rs = rows[("backward", "reduce-scatter", "per root (embedding/norm/output)")]
+    assert (round(root_ag * 1e3, 3), round(ag * 1e3, 3), round(rs * 1e3, 3), round(root_rs * 1e3, 3)) == \
+        (5.014, 1.058, 2.094, 10.006)
+    exposed = step_time(p).exposed_s["fsdp"]
+    assert exposed == pytest.approx(root_ag + 2 * ag + root_rs, abs=1e-9)  # 17.136 ms
+    blocking = step_time(p, Overlap(grad_reduce=False)).exposed_s["fsdp"]
+    assert blocking - exposed == pytest.approx(32 * rs, abs=1e-9)  # 67.022 ms
+    assert megatron_reduce_line(cfg.training).startswith("note: Megatron FSDP (sharding zero3): each unit's "
+                                                         "gradient reduce-scatter overlaps the next unit's backward")
+
+
+def test_export_writes_the_overlap_flags_megatron_fsdp_runs():
+    zero3 = write(MIXTRAL)
+    assert {"--use-megatron-fsdp", "--data-parallel-sharding-strategy optim_grads_params", "--overlap-grad-reduce",
+            "--overlap-param-gather"} <= set(zero3)
+    zero1 = _cfg("llama3-8b", 1, {"global_batch": 8, "seq_len": 4096, "sharding": "zero1", "framework": "megatron"},
+                 {"names": ["dp"], "shape": [8]})
+    assert not any(f.startswith("--overlap") for f in write(zero1))  # the plan reduces after the backward
+    assert "not overlapped" in megatron_reduce_line(zero1.training)
+    # DeepSpeed's engines under framework megatron (the SC'21 ZeRO-3 runs, ZeRO-1/2): not Megatron-LM's line
+    for other in ({"zero3_engine": "deepspeed-2021"}, {"sharding": "zero1", "zero12_engine": "deepspeed"}):
+        t = zero1.training.model_copy(update={"sharding": "zero3", **other})
+        assert megatron_reduce_line(t) == ""
+
+
+@pytest.mark.parametrize("name", ["llama3-8b", "llama3-405b", "gpt3-175b", "megatron-22b", "mixtral-8x7b",
+                                  "deepseek-v2-lite", "deepseek-v3"])
+def test_every_model_field_of_the_catalog_survives_a_megatron_round_trip(name):
+    """Each catalog model exported and read back: the re-import check lists no model field
+    (rope_theta, norm_eps, swiglu, untied embeddings, vocab, query groups, MoE and MLA dims)."""
+    cfg = _cfg(name, 2, {"global_batch": 16, "seq_len": 2048}, {"names": ["dp"], "shape": [16]})
+    header = _header(cfg)
+    assert not [h for h in header if h.startswith("not expressed") and "model." in h], header
+
+
+def test_rope_base_and_norm_epsilon_are_written_and_read_back(tmp_path):
+    flags = write(_cfg("llama3-8b", 1, {"global_batch": 8, "seq_len": 4096}, {"names": ["dp"], "shape": [8]}))
+    assert {"--rotary-base 500000", "--norm-epsilon 1e-05"} <= set(flags)  # config.json rope_theta, rms_norm_eps
+    ds = write(_cfg("deepseek-v2-lite", 1, {"global_batch": 8, "seq_len": 4096}, {"names": ["dp"], "shape": [8]}))
+    assert {"--rotary-base 10000", "--norm-epsilon 1e-06"} <= set(ds)
+    gpt3 = write(_cfg("gpt3-175b", 1, {"global_batch": 8, "seq_len": 2048}, {"names": ["dp"], "shape": [8]}))
+    assert not any(f.startswith(("--rotary-base", "--norm-epsilon")) for f in gpt3)  # learned positions, unstated
+    f = tmp_path / "a.args"
+    f.write_text("\n".join(x for x in flags if not x.startswith(("--rotary-base", "--norm-epsilon"))) + "\n")
+    cfg = load_any(f, "megatron", ImportOptions(cluster="dgx-h100", nodes=1))
+    assert cfg.model.name == "llama3-8b" and cfg.model.rope_theta == 500000.0
+    assert ("megatron: the model flags give catalog model llama3-8b but not --rotary-base (Megatron-LM's default "
+            "10000; llama3-8b: 500000): planned as llama3-8b (the same costs); add --rotary-base 500000 to train "
+            "it") in cfg.notes  # --norm-epsilon's default 1e-5 is llama3-8b's: not named
+    f.write_text("\n".join(flags + ["--rotary-base 10000"]) + "\n")
+    custom = load_any(f, "megatron", ImportOptions(cluster="dgx-h100", nodes=1)).model
+    assert (custom.name, custom.rope_theta, custom.norm_eps) == ("megatron-args", 10000.0, 1e-5)
+    f.write_text("\n".join(flags + ["--norm-epsilon x"]) + "\n")
+    with pytest.raises(ConfigError, match="is not a norm epsilon") as e:
+        load_any(f, "megatron", ImportOptions(cluster="dgx-h100", nodes=1))
+    assert e.value.field == "--norm-epsilon"
