@@ -323,3 +323,22 @@ def test_memory_prefetch_is_a_knob_fragmentation_an_assumption(seed_pair):
     frag = build_plan(config_from_dict({**d, "memory": {"fragmentation_fraction": 0.1}}))
     with pytest.raises(ConfigError, match=r"^compare: memory.fragmentation_fraction differs: seed 0.0, frag 0.1; "):
         compare(seed_pair[0], frag, names=("seed", "frag"))
+
+
+def test_ep_degree_is_a_mesh_difference():
+    """Newcomer finding (issue 11 item 1): Mixtral at dp_shard 32 with ep 8 against ep 4 was
+    printed as `dp_shard 32 | dp_shard 32` and, with a knob differing, called the same mesh."""
+    from meshplan.compare import compare_to_dict
+    from meshplan.config import config_from_dict
+    base = {"model": {"catalog": "mixtral-8x7b"}, "cluster": {"system": "dgx-h100", "nodes": 4},
+            "training": {"global_batch": 256, "seq_len": 4096, "micro_batch": 1, "sharding": "zero3",
+                         "recompute": "full"}}
+    a = build_plan(config_from_dict({**base, "mesh": {"names": ["dp_shard", "ep"], "shape": [32, 8]}}))
+    nb = {**base, "training": {**base["training"], "recompute": "none"}}
+    b = build_plan(config_from_dict({**nb, "mesh": {"names": ["dp_shard", "ep"], "shape": [32, 4]}}))
+    c = compare(a, b, names=("ep8", "ep4"))
+    assert dict((q, (x, y)) for q, x, y in table_rows(c))["mesh"] == ("dp_shard 32 x ep 8", "dp_shard 32 x ep 4")
+    assert not any(r.startswith("same mesh") for r in c.reasons)
+    assert any(r.startswith("the meshes differ (ep8 dp_shard 32 x ep 8, ep4 dp_shard 32 x ep 4)") for r in c.reasons)
+    doc = compare_to_dict(c)
+    assert (doc["a"]["mesh"], doc["b"]["mesh"]) == ("dp_shard 32 x ep 8", "dp_shard 32 x ep 4")

@@ -71,8 +71,13 @@ class Side:
 
     @property
     def mesh_text(self) -> str:
+        """The mesh as ``search`` names it: the dense axes, then ep and etp where > 1 (they re-factor
+        the dense block, so ``dp_shard 32 x ep 8`` and ``dp_shard 32 x ep 4`` are two meshes)."""
         m = self.plan.mesh
-        return " x ".join(f"{n} {d}" for n, d in zip(m.layout.names, m.layout.shape)) if m else "unresolved"
+        if not m:
+            return "unresolved"
+        axes = list(zip(m.layout.names, m.layout.shape)) + [(n, d) for n, d in (("ep", m.ep), ("etp", m.etp)) if d > 1]
+        return " x ".join(f"{n} {d}" for n, d in axes)
 
 
 @dataclass(frozen=True)
