@@ -576,6 +576,9 @@ def reliability(config: Path = typer.Argument(..., help=CONFIG_HELP),
         _echo(line)
     _write_doc(json_path, reliability_doc(p, r, rs), force)
     _verdict_exit(p)
+    if not rs.feasible:  # the restart scenario is a verdict too: no GPU or no mesh left is exit 1
+        _infeasible(rs, f"restart after losing {lost_nodes} of {p.config.cluster.nodes} nodes ({spare_nodes} spare)")
+        raise typer.Exit(1)
 
 
 @app.command("compare")
