@@ -89,7 +89,7 @@ from meshplan.report.json_docs import (
 from meshplan.report.json_out import plan_to_dict
 from meshplan.report.memory import print_memory
 from meshplan.report.memory_plot import write_png
-from meshplan.report.place_text import place_lines
+from meshplan.report.place_text import launch_lines, place_lines
 from meshplan.report.search import ProgressBar, print_search, search_to_dict
 from meshplan.report.text import print_groups, print_plan
 from meshplan.runtime.bench.comm import parse_sizes, run_bench
@@ -999,6 +999,8 @@ def launch_cmd(config: Path = typer.Argument(..., help=TOML_ONLY_HELP),
                          nic_scope=nic_scope, socket_ifname=socket_ifname, cpu_bind=cpu_bind, job_name=job_name,
                          partition=partition, time_limit=time_limit)
     written = write_launch(out, c.placement, opts, force=force)
+    for line in launch_lines(c):  # the choice and the warnings place prints: never a silent permutation
+        _echo(line)
     for path in written:
         _wrote(path)
     nodes = int(c.placement.node.max()) + 1
