@@ -347,8 +347,9 @@ def plan(config: Path = typer.Argument(..., help=CONFIG_HELP),
 
 @app.command()
 def report(config: Path = typer.Argument(..., help=CONFIG_HELP),
-           out: Optional[Path] = typer.Option(None, "--out", help="HTML file (default: CONFIG's name with .html, "
-                                                                  "in the current folder)"),
+           out: Optional[Path] = typer.Option(None, "--out", help="HTML file (default: out/report/ and CONFIG's "
+                                                                  "name with .html; an existing file is refused "
+                                                                  "unless --force)"),
            json_path: Optional[Path] = _json_option("report"),
            force: bool = typer.Option(False, "--force", help="replace existing --out and --json files"),
            fmt: FormatOpt = None,
@@ -361,7 +362,7 @@ def report(config: Path = typer.Argument(..., help=CONFIG_HELP),
     table, step time with the pipeline Gantt chart and link-load bars. A mesh that does not fit is still reported,
     then exits 1 with its reasons."""
 
-    path = out or Path(config.stem + ".html")
+    path = out or Path("out") / "report" / (config.stem + ".html")  # defaults go under out/ (README "Outputs")
     _refuse_existing(path, force, "--out")
     _refuse_existing(json_path, force, "--json")
     p = _load(config, fmt=fmt, opts=_opts(cluster, nodes, gpu, model, seq_len))
