@@ -90,7 +90,7 @@ from meshplan.report.json_docs import (
 from meshplan.report.json_out import plan_to_dict
 from meshplan.report.memory import print_memory
 from meshplan.report.memory_plot import write_png
-from meshplan.report.place_text import place_lines
+from meshplan.report.place_text import launch_lines, place_lines
 from meshplan.report.search import ProgressBar, print_search, search_to_dict
 from meshplan.report.text import print_groups, print_plan
 from meshplan.runtime.bench.comm import parse_sizes, run_bench
@@ -349,8 +349,9 @@ def plan(config: Path = typer.Argument(..., help=CONFIG_HELP),
 
 @app.command()
 def report(config: Path = typer.Argument(..., help=CONFIG_HELP),
-           out: Optional[Path] = typer.Option(None, "--out", help="HTML file (default: CONFIG's name with .html, "
-                                                                  "in the current folder)"),
+           out: Optional[Path] = typer.Option(None, "--out", help="HTML file (default: out/report/ and CONFIG's "
+                                                                  "name with .html; an existing file is refused "
+                                                                  "unless --force)"),
            json_path: Optional[Path] = _json_option("report"),
            force: bool = typer.Option(False, "--force", help="replace existing --out and --json files"),
            fmt: FormatOpt = None,
@@ -363,7 +364,7 @@ def report(config: Path = typer.Argument(..., help=CONFIG_HELP),
     table, step time with the pipeline Gantt chart and link-load bars. A mesh that does not fit is still reported,
     then exits 1 with its reasons."""
 
-    path = out or Path(config.stem + ".html")
+    path = out or Path("out") / "report" / (config.stem + ".html")  # defaults go under out/ (README "Outputs")
     _refuse_existing(path, force, "--out")
     _refuse_existing(json_path, force, "--json")
     p = _load(config, fmt=fmt, opts=_opts(cluster, nodes, gpu, model, seq_len))
@@ -587,6 +588,9 @@ def reliability(config: Path = typer.Argument(..., help=CONFIG_HELP),
         _echo(line)
     _write_doc(json_path, reliability_doc(p, r, rs), force)
     _verdict_exit(p)
+    if not rs.feasible:  # the restart scenario is a verdict too: no GPU or no mesh left is exit 1
+        _infeasible(rs, f"restart after losing {lost_nodes} of {p.config.cluster.nodes} nodes ({spare_nodes} spare)")
+        raise typer.Exit(1)
 
 
 @app.command("compare")
@@ -1013,6 +1017,8 @@ def launch_cmd(config: Path = typer.Argument(..., help=TOML_ONLY_HELP),
                          nic_scope=nic_scope, socket_ifname=socket_ifname, cpu_bind=cpu_bind, job_name=job_name,
                          partition=partition, time_limit=time_limit)
     written = write_launch(out, c.placement, opts, force=force)
+    for line in launch_lines(c):  # the choice and the warnings place prints: never a silent permutation
+        _echo(line)
     for path in written:
         _wrote(path)
     nodes = int(c.placement.node.max()) + 1

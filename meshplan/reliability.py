@@ -80,19 +80,24 @@ class FailureDomain:
 
 def failure_domains(cluster: ClusterSpec, world: int) -> list[FailureDomain]:
     """GPU, node and each network tier with a domain size (``nodes_per_domain``: a leaf or
-    rack switch) holding the job's ``world`` ranks (node-major placement).
+    rack switch) holding the job's ``world`` ranks (node-major placement). ``gpus_each``
+    counts the job's GPUs in the fullest domain, not the switch's capacity: 32 GPUs under a
+    leaf of 32 nodes x 8 GPUs are one leaf of 32 GPUs, not of 256.
 
     >>> from meshplan import catalog
     >>> [(d.name, d.count, d.gpus_each) for d in failure_domains(catalog.system("dgx-h100", 8), 64)][:2]
     [('gpu', 64, 1), ('node', 8, 8)]
+    >>> [(d.name, d.count, d.gpus_each) for d in failure_domains(catalog.system("dgx-h100", 1), 4)]
+    [('gpu', 4, 1), ('node', 1, 4), ('leaf', 1, 4)]
     """
     g = cluster.node.gpus
     nodes = ceil(world / g)
     out = [FailureDomain("gpu", world, 1, "GPU, HBM or its NVLink port"),
-           FailureDomain("node", nodes, g, "host, PCIe, NIC, NVSwitch or power of one server")]
+           FailureDomain("node", nodes, min(g, world), "host, PCIe, NIC, NVSwitch or power of one server")]
     for tier in cluster.network:
         if tier.nodes_per_domain:
-            out.append(FailureDomain(tier.name, ceil(nodes / tier.nodes_per_domain), tier.nodes_per_domain * g,
+            out.append(FailureDomain(tier.name, ceil(nodes / tier.nodes_per_domain),
+                                     min(tier.nodes_per_domain * g, world),
                                      f"switch of tier {tier.name} ({tier.nodes_per_domain} nodes)"))
     return out
 
@@ -318,11 +323,23 @@ class Restart:
     notes: tuple[str, ...] = ()
 
     def lines(self) -> list[str]:
+        """What ``meshplan reliability`` prints; an infeasible restart is one line naming why
+        (its ``infeasible:`` line is the CLI's, on stderr), never a mesh called unchanged.
+
+        >>> from meshplan.mesh.resolve import resolve_mesh
+        >>> from meshplan.spec.mesh import MeshSpec
+        >>> m = resolve_mesh(MeshSpec(names=["dp_shard"], shape=[32]), world=32)
+        >>> restart_on_fewer_nodes(m, 4, gpus_per_node=8, global_batch=256, micro_batch=1).lines()
+        ['restart: world 32 -> 0: no GPU left to restart on (0 GPUs left are fewer than tp 1 x pp 1 x cp 1 = 1)']
+        """
         old = " x ".join(f"{n} {d}" for n, d in zip(self.names, self.old_shape))
         new = " x ".join(f"{n} {d}" for n, d in zip(self.names, self.shape))
+        if not self.feasible and self.shape == self.old_shape:  # no new mesh was found: say why, in one line
+            what = "no GPU left to restart on" if self.new_world <= 0 else "no mesh to restart on"
+            return [f"restart: world {self.old_world} -> {self.new_world}: {what} ({'; '.join(self.reasons)})"]
         head = [f"restart: world {self.old_world} -> {self.new_world}; mesh {old} -> {new}"
                 + (f" (changed: {', '.join(self.changed)})" if self.changed else " (unchanged)")]
-        return head + [f"infeasible: {r}" for r in self.reasons] + [f"- {n}" for n in self.notes]
+        return head + [f"- {n}" for n in self.notes]
 
 
 def _new_dp(names, shape, new_dp: int) -> Optional[dict]:

@@ -107,3 +107,28 @@ def test_one_micro_batch_is_singular_in_step_output(tmp_path, capsys):
     assert done.value.code == 0
     assert re.search(r"ms per step \(1 micro-batch\)$", out, re.M), out
     assert not re.search(r"\b1 micro-batches", out)
+
+
+def test_report_default_goes_under_out_and_is_never_overwritten(tmp_path, monkeypatch, capsys):
+    """Newcomer finding (issue 11 item 5): `report CFG` wrote NAME.html into the current folder,
+    while README says defaults go under out/; now out/report/NAME.html, refused when it exists
+    (exit 2, the file kept) unless --force."""
+    monkeypatch.chdir(tmp_path)
+    cfg = EXAMPLES / "mini_2x4_tp2-dp4.toml"
+
+    def run(*argv):
+        with pytest.raises(SystemExit) as e:
+            cli.main(["report", str(cfg), *argv])
+        return e.value.code or 0, capsys.readouterr()
+
+    rc, out = run()
+    page = tmp_path / "out" / "report" / "mini_2x4_tp2-dp4.html"
+    assert rc == 0 and out.out == "wrote out/report/mini_2x4_tp2-dp4.html\n" and page.exists()
+    assert not (tmp_path / "mini_2x4_tp2-dp4.html").exists()
+    page.write_text("keep me")
+    rc, out = run()
+    assert rc == 2 and out.err == ("error: --out: out/report/mini_2x4_tp2-dp4.html exists; choose another path or "
+                                   "pass --force to replace it\n")
+    assert page.read_text() == "keep me"
+    rc, out = run("--force")
+    assert rc == 0 and page.read_text().startswith("<!DOCTYPE html>")

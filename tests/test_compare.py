@@ -323,3 +323,46 @@ def test_memory_prefetch_is_a_knob_fragmentation_an_assumption(seed_pair):
     frag = build_plan(config_from_dict({**d, "memory": {"fragmentation_fraction": 0.1}}))
     with pytest.raises(ConfigError, match=r"^compare: memory.fragmentation_fraction differs: seed 0.0, frag 0.1; "):
         compare(seed_pair[0], frag, names=("seed", "frag"))
+
+
+def test_ep_degree_is_a_mesh_difference():
+    """Newcomer finding (issue 11 item 1): Mixtral at dp_shard 32 with ep 8 against ep 4 was
+    printed as `dp_shard 32 | dp_shard 32` and, with a knob differing, called the same mesh."""
+    from meshplan.compare import compare_to_dict
+    from meshplan.config import config_from_dict
+    base = {"model": {"catalog": "mixtral-8x7b"}, "cluster": {"system": "dgx-h100", "nodes": 4},
+            "training": {"global_batch": 256, "seq_len": 4096, "micro_batch": 1, "sharding": "zero3",
+                         "recompute": "full"}}
+    a = build_plan(config_from_dict({**base, "mesh": {"names": ["dp_shard", "ep"], "shape": [32, 8]}}))
+    nb = {**base, "training": {**base["training"], "recompute": "none"}}
+    b = build_plan(config_from_dict({**nb, "mesh": {"names": ["dp_shard", "ep"], "shape": [32, 4]}}))
+    c = compare(a, b, names=("ep8", "ep4"))
+    assert dict((q, (x, y)) for q, x, y in table_rows(c))["mesh"] == ("dp_shard 32 x ep 8", "dp_shard 32 x ep 4")
+    assert not any(r.startswith("same mesh") for r in c.reasons)
+    assert any(r.startswith("the meshes differ (ep8 dp_shard 32 x ep 8, ep4 dp_shard 32 x ep 4)") for r in c.reasons)
+    doc = compare_to_dict(c)
+    assert (doc["a"]["mesh"], doc["b"]["mesh"]) == ("dp_shard 32 x ep 8", "dp_shard 32 x ep 4")
+
+
+def test_reasons_ordered_by_seconds_of_effect():
+    """Newcomer finding (issue 11 item 9): Llama-3-70B at 128k tokens, dp_shard 2 x cp 8 x tp 8
+    with SP against dp_shard 2 x cp 16 x tp 4: the verdict listed GEMMs 1 point apart before the
+    decisive exposed tp (10175 ms vs 4493 ms). Now the step's parts come by their seconds,
+    largest first, the GEMMs under the compute part they set, and a part that differs by less
+    than 0.1% of the longer step (exposed fsdp: 171.0 ms vs 178.1 ms of 120.4 s) is left out."""
+    from meshplan.compare.verdict import PART_FLOOR
+    from meshplan.config import config_from_dict
+    base = {"model": {"catalog": "llama3-70b"}, "cluster": {"system": "dgx-h100", "nodes": 16},
+            "training": {"global_batch": 32, "seq_len": 131072, "micro_batch": 1, "sharding": "zero3",
+                         "recompute": "full"}}
+    mesh = {"names": ["dp_shard", "cp", "tp"], "sequence_parallel": True}
+    a = build_plan(config_from_dict({**base, "mesh": {**mesh, "shape": [2, 8, 8]}}))
+    b = build_plan(config_from_dict({**base, "mesh": {**mesh, "shape": [2, 16, 4]}}))
+    c = compare(a, b, names=("cp8", "cp16"))
+    assert c.winner == "cp16" and c.reasons[0].startswith("cp16 predicts a 4.5% shorter step")
+    assert c.reasons[1] == "exposed tp: cp8 10175.3 ms, cp16 4492.7 ms (-5682.6 ms)"
+    assert c.reasons[2] == "exposed cp: cp8 3295.3 ms, cp16 3788.9 ms (+493.6 ms)"
+    assert c.reasons[3].startswith("compute: ") and c.reasons[4].startswith("wo: ")
+    pa, pb = c.a.step.parts_s(), c.b.step.parts_s()
+    assert abs(pa["exposed fsdp"] - pb["exposed fsdp"]) < PART_FLOOR * c.a.step_s
+    assert not any(r.startswith(("exposed fsdp", "bubble")) for r in c.reasons)

@@ -371,3 +371,54 @@ def test_place_bindings_visible_all_orders_the_node_gpus(tmp_path):
         ["0", "1", "0", "1"]
     r = run("--bindings", str(tmp_path / "x.json"), "--visible", "some")
     assert r.returncode == 2 and r.stderr.strip() == "error: --visible: 'some' is not one of one, all"
+
+
+TP_ACROSS = """[model]
+catalog = "llama3-8b"
+[cluster]
+system = "dgx-h100"
+nodes = 2
+[training]
+global_batch = 64
+seq_len = 8192
+micro_batch = 1
+sharding = "zero3"
+recompute = "none"
+[mesh]
+names = ["tp", "dp_shard"]
+shape = [4, 4]
+sequence_parallel = true
+"""
+
+
+@pytest.mark.slow
+def test_launch_prints_place_warnings_and_the_choice(tmp_path, capsys):
+    """Newcomer finding (issue 11 item 4): tp 4 outermost on 2 nodes puts every tp group across
+    both nodes; `place` warned, `launch` printed nothing, and `launch --choose` wrote a permuted
+    bind.sh without the step change `place --choose` prints. Both now print place's lines."""
+    from meshplan.cli import main
+    cfg = tmp_path / "tpx.toml"
+    cfg.write_text(TP_ACROSS)
+
+    def run(*argv):
+        with pytest.raises(SystemExit) as e:
+            main([str(a) for a in argv])
+        out = capsys.readouterr()
+        assert e.value.code in (0, None), out.err
+        return out.out.splitlines()
+
+    place = run("place", cfg)
+    warning = [line.strip()[2:] for line in place if line.startswith("  ! ")]
+    assert len(warning) == 1 and warning[0].startswith("tp 4 fits the 8-GPU node but the axis order puts it across")
+    plain = run("launch", cfg, "--out", tmp_path / "a", "--", "python", "t.py")
+    assert f"warning: {warning[0]}" in plain
+    assert "placement: node-major placement as given: weak-path bytes (all ranks, per step) 1,675.2 GB" in plain[0]
+    chosen = run("launch", cfg, "--out", tmp_path / "b", "--choose", "--", "python", "t.py")
+    placed = run("place", cfg, "--choose")
+    assert chosen[0] == "chosen rank_to_gpu: [0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15]" == placed[4]
+    line = [x for x in chosen if x.startswith("placement: ")]
+    assert len(line) == 1 and f"  - {line[0][len('placement: '):]}" in placed
+    assert "predicted step 5.4281 s -> 4.1228 s (step-time model)" in line[0]
+    assert not [x for x in chosen if x.startswith("warning: ")]
+    rows = json.loads((tmp_path / "b" / "bindings.json").read_text())
+    assert [r["gpu"] for r in rows[:4]] == [0, 4, 0, 4]  # rank_to_gpu 0, 4, 8, 12: local GPUs 0, 4 of each node

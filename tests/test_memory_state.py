@@ -204,3 +204,21 @@ def test_state_bytes_single_stage_matches_all():
     assert [stage_state_bytes(p, m, t) for p in params] == states
     assert [(s.params.total, len(s.items), s.items[0].size_bytes) for s in states] == \
         [(3456, 4, 3456 * 2), (3488, 4, 3488 * 2)]
+
+
+def test_megatron_estimate_says_it_ignores_expert_parallelism():
+    """Newcomer finding (issue 11 item 8): Mixtral 8x7B at dp_shard 32 x ep 8 printed a 277 GiB
+    Megatron estimate beside a 30 GiB peak. Megatron-LM's theoretical_memory_usage.py (NVIDIA/
+    Megatron-LM 00caa53a) counts moe_ffn_hidden_size x num_experts per MoE layer, divided by pp and
+    tp only: followed as is, the formula now says it ignores ep. By hand: 32 layers x (2 x 4096 x
+    (14336 x 8 x 3/2 + 1) + 2 x 4096 x 4096 x (1 + 8/32)) + 4096 = 46,439,600,128 block params,
+    + 2 x 4096 x 32000 embedding and output = 46,701,744,128 params x (6 + 12 / 32) B."""
+    from meshplan import catalog
+    mixtral = catalog.model("mixtral-8x7b")
+    m = mesh(["dp_shard", "ep"], [32, 8])
+    est = megatron_estimate(mixtral, m, training("zero3"))
+    assert est.params == 46_701_744_128 and est.size_bytes == pytest.approx(46_701_744_128 * 6.375)
+    assert est.formula.endswith("= 297723618816 B; ignores expert parallelism (ep 8 x etp 1): all 8 experts of "
+                                "every MoE layer on every rank, as Megatron-LM's formula counts them")
+    dense = megatron_estimate(TINY, mesh(["dp_shard"], [4]), training("zero3"))
+    assert "expert" not in dense.formula

@@ -212,3 +212,31 @@ def test_reliability_c6_405b_shape_counts_eight_kv_heads():
                    and i.group == "dense")
     assert per_byte == 12
     assert copies - rel.checkpoint.total_bytes == 126 * 8 * 2 * 128 * 16384 * 12 == 50_734_301_184
+
+
+def _reliability_cli(capsys, *extra):
+    from meshplan.cli import main
+    cfg = Path(__file__).resolve().parents[1] / "examples" / "mixtral-8x7b_32xh100_ep8-dp32.toml"
+    with pytest.raises(SystemExit) as done:
+        main(["reliability", str(cfg), "--write-gbps", "10", "--read-gbps", "10", "--restart-overhead-s", "300",
+              *extra])
+    out = capsys.readouterr()
+    return done.value.code or 0, out.out, out.err
+
+
+def test_restart_with_no_gpu_left_is_one_line_and_exit_1(capsys):
+    """Newcomer finding (issue 11 items 2, 3): losing all 4 nodes of a 32-GPU job printed
+    'mesh dp_shard 32 -> dp_shard 32 (unchanged)', then 'infeasible: 0 GPUs left', exit 0;
+    and the leaf domain was printed as the switch's 32 nodes x 8 = 256 GPUs, not the job's 32."""
+    rc, out, err = _reliability_cli(capsys, "--lost-nodes", "4")
+    assert rc == 1
+    assert "failure domains: gpu 32 x 1 GPU; node 4 x 8 GPU; leaf 1 x 32 GPU\n" in out
+    restart = [line for line in out.splitlines() if line.startswith("restart:")]
+    assert restart == ["restart: world 32 -> 0: no GPU left to restart on (0 GPUs left are fewer than tp 1 x pp 1 "
+                       "x cp 1 = 1)"]
+    assert "unchanged" not in out and "infeasible" not in out
+    assert err == ("infeasible: restart after losing 4 of 4 nodes (0 spare): 0 GPUs left are fewer than tp 1 x pp 1 "
+                   "x cp 1 = 1\n")
+    rc, out, err = _reliability_cli(capsys, "--lost-nodes", "1")  # dp_shard 24 x ep 8: 24 % 8 == 0
+    assert (rc, err) == (0, "")
+    assert "restart: world 32 -> 24; mesh dp_shard 32 -> dp_shard 24 (changed: dp_shard)" in out

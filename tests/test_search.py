@@ -149,7 +149,7 @@ def test_top_equals_exhaustive_exact_ranking(case):
     toward the simpler mesh."""
     _, r, plans = case
     steps = {int(i): plans[i][3] for i in np.flatnonzero(r.code == OK)}
-    want = ranked(r.candidates, steps, r.config.search.top)
+    want = ranked(r.candidates, steps, r.config.search.top, peaks={i: plans[i][2] for i in steps})
     assert [e.index for e in r.top] == want
     assert [e.step_s for e in r.top] == [steps[i] for i in want]
     assert r.proven and not [n for n in r.notes if "bound" in n]

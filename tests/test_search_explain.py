@@ -30,6 +30,18 @@ def test_tie_order_by_hand():
     assert tie_order(steps, keys, rel=0.0) == [0, 1, 2, 3]  # no tie band: plain step order
 
 
+def test_tie_order_prefers_the_lower_peak_after_the_keys():
+    """Newcomer finding (issue 11 item 7): two twins of one mesh (same axes and degrees), one
+    kept gathered at 58.6 GiB, the other resharded at 26.3 GiB and 0.085% slower, were listed
+    gathered first. Within 1% and equal keys the lower peak comes first; the keys still come
+    before the peak (a simpler mesh with more memory first), and outside 1% the step decides."""
+    twin = (2, 8, 1)
+    assert tie_order([10.0, 10.0085], [twin, twin], peaks=[58.6, 26.3]) == [1, 0]
+    assert tie_order([10.0, 10.0085], [twin, twin]) == [0, 1]  # no peaks: the shorter step
+    assert tie_order([10.0, 10.0085], [(2, 8, 1), (3, 16, 2)], peaks=[58.6, 26.3]) == [0, 1]
+    assert tie_order([10.0, 10.2], [twin, twin], peaks=[58.6, 26.3]) == [0, 1]  # 2% apart: no tie
+
+
 def test_ends_short_split_by_hand():
     """balanced_split(34, 4) = [8, 9, 9, 8], one off each end: [7, 9, 9, 7]; 126 on 16 gives
     Llama 3's own [7, 8 x 14, 7], which is already the default split (no new candidate);
@@ -136,15 +148,15 @@ def test_explain_by_hand_with_the_tie_rule():
     assert np.allclose([d.gain_s for d in x.parts], [0.7, -0.5, -0.45, 0.2])
     assert x.parts[0].context == "pp 8 vs 16" and x.parts[3].context == "cp 1 vs 2, per layer pass 0 ms vs 2 ms"
     assert x.line(2) == ("top's step 10.050 s is 0.50% longer than the fastest's (#2, 10.000 s), within 1%: listed "
-                         "first by the tie rule (fewer axes / lower degrees); parts against #2: bubble 1.5 s vs 2.2 s "
-                         "(pp 8 vs 16), compute 8 s vs 7.5 s (tp 8 vs 4)")
+                         "first by the tie rule (fewer axes / lower degrees / lower peak memory); parts against #2: "
+                         "bubble 1.5 s vs 2.2 s (pp 8 vs 16), compute 8 s vs 7.5 s (tp 8 vs 4)")
     # the fastest lower down (#4: 12.326 s; top 12.337 s, #2 12.348 s): 12.337 / 12.326 - 1 = 0.089%,
     # 12.348 / 12.337 - 1 = 0.089%; or left out of the rows (its label named)
     a, b = {"step": 12.337, "bubble": 0.418}, {"step": 12.348, "bubble": 0.434}
     y = explain(a, b, {"vpp": 8}, {"vpp": 5}, fastest_step_s=12.326, fastest_row=4)
     assert y.line() == ("top's step 12.337 s is 0.089% longer than the fastest's (#4, 12.326 s), within 1%: listed "
-                        "first by the tie rule (fewer axes / lower degrees); against #2 (12.348 s, 0.089% longer than "
-                        "the top's): bubble 418 ms vs 434 ms (vpp 8 vs 5)")
+                        "first by the tie rule (fewer axes / lower degrees / lower peak memory); against #2 "
+                        "(12.348 s, 0.089% longer than the top's): bubble 418 ms vs 434 ms (vpp 8 vs 5)")
     # a runner-up 0.4 ms longer (12.3374 / 12.337 - 1 = 0.0032%): its two digits, not "0.00% longer";
     # 12.33701 / 12.337 - 1 = 8.1e-7, below 0.001%: "equal within 0.001%"
     assert "against #2 (12.337 s, 0.0032% longer than the top's)" in \
@@ -202,7 +214,10 @@ def test_no_row_is_faster_than_the_line_says_llama3_70b(monkeypatch):
     at micro-batch 2 (meshplan.compute.dtensor_sp: since they are counted, the cp 4 mb 2 rows are
     0.58% slower and the top is the fastest; the report's numbers keep the tie-rule case). bf16
     parameters with an fp32 master, the default of the report (torch's default is now
-    torchtitan's fp32 parameters, 2 B less per parameter: a tenth row fits)."""
+    torchtitan's fp32 parameters, 2 B less per parameter: a tenth row fits).
+    Since the tie rule's next key is the lower peak (issue 11 item 7), the twins of one mesh
+    differing in vpp come out vpp 8, 5, 4 (91.2, 92.2, 92.8 GiB): cp 4 mb 2 vpp 4 (#6) is the
+    fastest, and #2 (cp 2 vpp 5) is shorter than the top."""
     _without_sp_layout_copies(monkeypatch)
     cfg = config_from_dict({"model": {"catalog": "llama3-70b"},
                             "cluster": {"system": "dgx-h100", "nodes": 8, "gpu": "h200-sxm-141gb"},
@@ -214,19 +229,21 @@ def test_no_row_is_faster_than_the_line_says_llama3_70b(monkeypatch):
                            require_mesh=False)
     r = search(cfg, workers=1)
     steps = [e.step_s for e in r.top]
-    assert len(steps) == 9 and r.candidates.label(r.top[3].index).startswith("pp 2 x dp_shard 2 x cp 4 x tp 4, mb 2,")
+    assert len(steps) == 9 and r.candidates.label(r.top[5].index).startswith("pp 2 x dp_shard 2 x cp 4 x tp 4, mb 2,")
+    assert [int(r.candidates.vpp[e.index]) for e in r.top[:6]] == [8, 5, 4] * 2
+    assert all(a.peak_bytes < b.peak_bytes for a, b in zip(r.top[:2], r.top[1:3]))  # the twins: lower peak first
     fastest = min(range(len(steps)), key=lambda k: steps[k])
-    assert fastest == 3 and steps[3] < steps[0] < steps[1]  # #4 faster than #1, #2 slower
+    assert fastest == 5 and steps[5] < steps[1] < steps[0]  # #6 faster than #1, #2 too
     x = r.explanation
-    assert x is not None and x.by_tie_rule and x.fastest_row == 4 and x.fastest_step_s == steps[3]
-    assert steps[0] <= steps[3] * (1 + TIE)  # the tie rule's window
+    assert x is not None and x.by_tie_rule and x.fastest_row == 6 and x.fastest_step_s == steps[5]
+    assert steps[0] <= steps[5] * (1 + TIE)  # the tie rule's window
     line = x.line()
-    assert not line.startswith("top is") and f"(#4, {steps[3]:.3f} s), within 1%" in line
-    rel = steps[1] / steps[0] - 1  # two decimals from 0.1%, two significant digits below
-    assert f"against #2 ({steps[1]:.3f} s, {f'{rel:.2%}' if rel >= 1e-3 else f'{rel * 100:.2g}%'} longer than " \
+    assert not line.startswith("top is") and f"(#6, {steps[5]:.3f} s), within 1%" in line
+    rel = 1 - steps[1] / steps[0]  # two decimals from 0.1%, two significant digits below
+    assert f"against #2 ({steps[1]:.3f} s, {f'{rel:.2%}' if rel >= 1e-3 else f'{rel * 100:.2g}%'} shorter than " \
         "the top's)" in line
     doc = search_to_dict(r)["top_vs_runner_up"]
-    assert doc["by_tie_rule"] and doc["fastest_row"] == 4 and doc["line"] == line
+    assert doc["by_tie_rule"] and doc["fastest_row"] == 6 and doc["line"] == line
 
 
 def test_blocking_pp_waits_are_bubble_the_transfers_exposed_pp():

@@ -62,7 +62,7 @@ def case(request):
 def test_top_equals_exhaustive_exact_ranking(case):
     cfg, r, plans, _ = case
     steps = {int(i): plans[i][3] for i in np.flatnonzero(r.code == OK)}
-    want = ranked(r.candidates, steps, cfg.search.top)
+    want = ranked(r.candidates, steps, cfg.search.top, peaks={i: plans[i][2] for i in steps})
     assert [e.index for e in r.top] == want and [e.step_s for e in r.top] == [steps[i] for i in want]
     assert r.proven and not [n for n in r.notes if "bound" in n]
     # the setting reaches the candidates it applies to: some of them are planned with it

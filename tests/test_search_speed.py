@@ -58,7 +58,7 @@ def case():
 def test_top3_is_the_exhaustive_exact_ranking(case):
     cfg, r, plans = case
     steps = {i: s for i, (s, _) in plans.items() if r.code[i] == OK}
-    want = ranked(r.candidates, steps, TOP)
+    want = ranked(r.candidates, steps, TOP, peaks={i: plans[i][1] for i in steps})
     assert [e.index for e in r.top] == want
     assert [e.step_s for e in r.top] == [plans[i][0] for i in want]
     assert [e.peak_bytes for e in r.top] == [plans[i][1] for i in want]

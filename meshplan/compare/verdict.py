@@ -71,8 +71,13 @@ class Side:
 
     @property
     def mesh_text(self) -> str:
+        """The mesh as ``search`` names it: the dense axes, then ep and etp where > 1 (they re-factor
+        the dense block, so ``dp_shard 32 x ep 8`` and ``dp_shard 32 x ep 4`` are two meshes)."""
         m = self.plan.mesh
-        return " x ".join(f"{n} {d}" for n, d in zip(m.layout.names, m.layout.shape)) if m else "unresolved"
+        if not m:
+            return "unresolved"
+        axes = list(zip(m.layout.names, m.layout.shape)) + [(n, d) for n, d in (("ep", m.ep), ("etp", m.etp)) if d > 1]
+        return " x ".join(f"{n} {d}" for n, d in axes)
 
 
 @dataclass(frozen=True)
@@ -203,7 +208,7 @@ def compare(plan_a: Plan | Infeasible, plan_b: Plan | Infeasible, names: tuple[s
         return Comparison(a, b, "", "", (f"{what} the same plan (mesh {a.mesh_text}, the same knobs) of one "
                                          f"workload: nothing to choose; give two meshes or plans of the workload",),
                           rule, identical=True)
-    why = []
+    why, by_memory = [], True  # decided by memory (a plan that does not fit, steps within the band)
     if a.feasible != b.feasible:
         win, lose = (a, b) if a.feasible else (b, a)
         why.append(f"{lose.name} ({lose.mesh_text}) is infeasible: " + "; ".join(lose.reasons))
@@ -212,13 +217,14 @@ def compare(plan_a: Plan | Infeasible, plan_b: Plan | Infeasible, names: tuple[s
                        f"({lose.step_s:.3f} s vs {win.step_s:.3f} s) if it fit: " + _to_fit(win, lose, knobs, win is a))
     elif not a.feasible:
         return Comparison(a, b, "", "", tuple(f"{s.name} ({s.mesh_text}) is infeasible: " + "; ".join(s.reasons)
-                                              for s in (a, b)) + tuple(_evidence_lines(a, b, knobs)), rule,
+                                              for s in (a, b)) + tuple(_evidence_lines(a, b, knobs, True)), rule,
                           none_fit=True, knobs=knobs)
     else:
         (sa, pa), (sb, pb) = _fit(a), _fit(b)
         (fast, fs), (slow, ss) = ((a, sa), (b, sb)) if sa <= sb else ((b, sb), (a, sa))
         gap = ss / fs - 1
-        if gap > tie_fraction:
+        by_memory = gap <= tie_fraction
+        if not by_memory:
             win, lose = fast, slow
             why.append(f"{fast.name} predicts a {1 - fs / ss:.1%} shorter step "
                        f"({fs:.3f} s vs {ss:.3f} s)")
@@ -226,7 +232,7 @@ def compare(plan_a: Plan | Infeasible, plan_b: Plan | Infeasible, names: tuple[s
             win, lose = (a, b) if pa <= pb else (b, a)
             why.append(f"step times within {tie_fraction:.0%} ({sa:.3f} s vs {sb:.3f} s): "
                        f"{win.name} has more memory headroom")
-    why += _evidence_lines(a, b, knobs)
+    why += _evidence_lines(a, b, knobs, memory_first=by_memory)
     return Comparison(a, b, win.name, lose.name, tuple(why), rule, knobs=knobs)
 
 
@@ -268,7 +274,20 @@ def _to_fit(win: Side, lose: Side, knobs: tuple = (), win_is_a: bool = True) -> 
     return "it needs another axis (cp, pp), a larger tensor degree or more memory"
 
 
-def _evidence_lines(a: Side, b: Side, knobs: tuple = ()) -> list[str]:
+#: A part of the step (compute, bubble, exposed <stream>) whose difference between the two
+#: plans is under this fraction of the longer step is not a reason: 0.1%, a tenth of the
+#: search's tie band, where no verdict is decided.
+PART_FLOOR = 0.001
+#: A GEMM's efficiency difference under one percentage point is not a reason (79% vs 78%
+#: printed for 0.4 points apart).
+GEMM_FLOOR = 0.01
+
+
+def _evidence_lines(a: Side, b: Side, knobs: tuple = (), memory_first: bool = False) -> list[str]:
+    """The reasons under the verdict: the knobs (with the mesh or alone), then the step's parts
+    that differ by their seconds, largest first (:func:`_part_lines`), then peak memory and the
+    bytes each rank sends; ``memory_first``: the verdict was decided by memory (a plan that
+    does not fit, or steps within the tie band), so peak memory comes before the parts."""
     out = []
     if knobs and a.mesh_text == b.mesh_text:
         out.append(f"same mesh ({a.mesh_text}); the plans differ in {_knob_text(knobs, True)} ({a.name} against "
@@ -277,23 +296,46 @@ def _evidence_lines(a: Side, b: Side, knobs: tuple = ()) -> list[str]:
         out.append(f"the meshes differ ({a.name} {a.mesh_text}, {b.name} {b.mesh_text}) and so do "
                    f"{_knob_text(knobs, True)} ({a.name} against {b.name}): the difference is theirs together, "
                    f"not the mesh's alone")
-    if a.gemms and b.gemms:
-        ea = {g[0]: g for g in a.gemms}
-        for name, m, n, k, eff in b.gemms:
-            if name in ea and name in ("wq", "w_up", "w_down", "wo"):
-                _, m2, n2, k2, e2 = ea[name]
-                if f"{e2:.0%}" == f"{eff:.0%}":  # the same efficiency explains no difference
-                    continue
-                out.append(f"{name}: {a.name} ({m2},{n2},{k2}) at {e2:.0%} of peak, {b.name} ({m},{n},{k}) at {eff:.0%}")
+    memory = []
     if a.peak_bytes and b.peak_bytes and a.usable_bytes:
-        out.append(f"peak memory: {a.name} {a.peak_bytes / GiB:.1f} GiB, {b.name} {b.peak_bytes / GiB:.1f} GiB "
-                   f"(usable {a.usable_bytes / GiB:.1f} GiB)")
+        memory.append(f"peak memory: {a.name} {a.peak_bytes / GiB:.1f} GiB, {b.name} {b.peak_bytes / GiB:.1f} GiB "
+                      f"(usable {a.usable_bytes / GiB:.1f} GiB)")
+    out += memory + _part_lines(a, b) if memory_first else _part_lines(a, b) + memory
     for kind in sorted(set(a.link_bytes) | set(b.link_bytes)):
         out.append(f"{kind} bytes sent per rank per step: {a.name} {_gb(a, kind)}, {b.name} {_gb(b, kind)}")
-    for s in (a, b):
-        if s.exposed_s:
-            ex = ", ".join(f"{k} {v / MS:.1f} ms" for k, v in sorted(s.exposed_s.items()) if v > 0)
-            out.append(f"exposed communication {s.name}: {ex or 'none'}")
+    return out
+
+
+def _part_lines(a: Side, b: Side) -> list[str]:
+    """The parts of each plan's step on its critical stage (:meth:`StepTime.parts_s`: compute,
+    bubble, exposed <stream>, adding up to the step) that differ by at least :data:`PART_FLOOR`
+    of the longer step, ordered by the seconds of the difference, largest first; under the
+    compute line, the GEMMs whose efficiency differs by :data:`GEMM_FLOOR` or more (what sets
+    compute). The cp128k pair (dp_shard 2 x cp 8 x tp 8 with SP, x cp 16 x tp 4): ``exposed tp``
+    10175.3 ms against 4492.7 ms comes first, the GEMMs 0.4 points apart are left out."""
+    if a.step is None or b.step is None:
+        return []
+    pa, pb = a.step.parts_s(), b.step.parts_s()
+    floor = PART_FLOOR * max(a.step.step_s, b.step.step_s)
+    gap = {k: pb.get(k, 0.0) - pa.get(k, 0.0) for k in dict.fromkeys([*pa, *pb])}
+    out = []
+    for k in sorted((k for k in gap if abs(gap[k]) >= floor), key=lambda k: -abs(gap[k])):
+        out.append(f"{k}: {a.name} {pa.get(k, 0.0) / MS:.1f} ms, {b.name} {pb.get(k, 0.0) / MS:.1f} ms "
+                   f"({gap[k] / MS:+.1f} ms)")
+        if k == "compute":
+            out += _gemm_lines(a, b)
+    return out
+
+
+def _gemm_lines(a: Side, b: Side) -> list[str]:
+    ea = {g[0]: g for g in a.gemms}
+    out = []
+    for name, m, n, k, eff in b.gemms:
+        if name in ea and name in ("wq", "w_up", "w_down", "wo"):
+            _, m2, n2, k2, e2 = ea[name]
+            if f"{e2:.0%}" == f"{eff:.0%}" or abs(e2 - eff) < GEMM_FLOOR:  # explains no difference
+                continue
+            out.append(f"{name}: {a.name} ({m2},{n2},{k2}) at {e2:.0%} of peak, {b.name} ({m},{n},{k}) at {eff:.0%}")
     return out
 
 

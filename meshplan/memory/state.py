@@ -378,6 +378,13 @@ def megatron_estimate(model: ModelSpec, mesh: Mesh, training: TrainingSpec) -> E
     than ``none`` here), dp = data-parallel degree without cp. It divides norms by tp,
     ignores ep and leaves out the last stage's tied copy: an approximation, shown beside
     the exact count. C9 tiny GPT: 3400 params, 30600 bytes (exact: 3488, 31392).
+
+    MoE: followed as Megatron-LM has it (NVIDIA/Megatron-LM
+    ``megatron/training/theoretical_memory_usage.py`` at 00caa53a: every MoE layer holds
+    ``moe_ffn_hidden_size x num_experts``, divided by pp and tp only; neither
+    ``expert_model_parallel_size`` nor ``expert_tensor_parallel_size`` appears), so on a
+    MoE model the formula says that it ignores expert parallelism: Mixtral 8x7B at
+    dp_shard 32 x ep 8 comes out 277 GiB against a 24.5 GiB exact state.
     """
     h, a = model.hidden, model.q_heads
     tp, pp, dp = mesh.degree("tp"), mesh.degree("pp"), mesh.degree("dp")
@@ -400,6 +407,8 @@ def megatron_estimate(model: ModelSpec, mesh: Mesh, training: TrainingSpec) -> E
         shard += emb / tp
         untied = f" + {emb} / tp {tp} (untied output layer at pp 1)"
     per = 18.0 if training.sharding == "none" else 6 + 12 / dp
+    moe_note = (f"; ignores expert parallelism (ep {mesh.ep} x etp {mesh.etp}): all {model.experts} experts of "
+                f"every MoE layer on every rank, as Megatron-LM's formula counts them" if model.is_moe else "")
     return Estimate(label=MEGATRON_LABEL, size_bytes=shard * per, params=shard,
                     formula=f"({block:.0f} / pp {pp} + {emb}) / tp {tp}{untied} = {shard:.0f} params "
-                            f"x {per:g} B = {shard * per:.0f} B")
+                            f"x {per:g} B = {shard * per:.0f} B{moe_note}")

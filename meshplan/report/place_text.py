@@ -49,15 +49,29 @@ def binding_line(b: dict) -> str:
 def place_lines(c: Choice, ranks: list[int], **binding_opts) -> list[str]:
     """The whole ``meshplan place`` report for choice ``c``."""
     b = c.weights_source != "default"
-    out = ["placement per axis:"] + ["  " + x for x in axis_rows(c)]
-    if c.searched:
-        s0, s1 = c.before, c.after
-        out.append(f"chosen rank_to_gpu: {_perm(c.rank_to_gpu)}" + ("" if c.changed else " (the config's, kept)"))
-        out.append(f"weak-path bytes per step: config {_num(s0.total, b)} -> chosen {_num(s1.total, b)} "
-                   f"(network {_num(s0.network_bytes, b)} -> {_num(s1.network_bytes, b)}, spine "
-                   f"{_num(s0.spine_bytes, b)} -> {_num(s1.spine_bytes, b)}, socket {_num(s0.socket_bytes, b)} -> "
-                   f"{_num(s1.socket_bytes, b)})")
+    out = ["placement per axis:"] + ["  " + x for x in axis_rows(c)] + _chosen_lines(c)
     out += ["decisions:"] + [f"  - {d}" for d in c.decisions]
     out += ["warnings:"] + ([f"  ! {w}" for w in c.warnings] or ["  (none)"])
     out += ["bindings:"] + [f"  {binding_line(bindings(c.placement, r, **binding_opts))}" for r in ranks]
     return out
+
+
+def _chosen_lines(c: Choice) -> list[str]:
+    """The searched permutation and its weak-path bytes against the config's (none unsearched)."""
+    if not c.searched:
+        return []
+    b, s0, s1 = c.weights_source != "default", c.before, c.after
+    return [f"chosen rank_to_gpu: {_perm(c.rank_to_gpu)}" + ("" if c.changed else " (the config's, kept)"),
+            f"weak-path bytes per step: config {_num(s0.total, b)} -> chosen {_num(s1.total, b)} "
+            f"(network {_num(s0.network_bytes, b)} -> {_num(s1.network_bytes, b)}, spine "
+            f"{_num(s0.spine_bytes, b)} -> {_num(s1.spine_bytes, b)}, socket {_num(s0.socket_bytes, b)} -> "
+            f"{_num(s1.socket_bytes, b)})"]
+
+
+def launch_lines(c: Choice) -> list[str]:
+    """What ``meshplan launch`` prints of the placement it binds: the same choice and warnings
+    as ``meshplan place`` (with ``--choose``, the chosen permutation and the step it changes),
+    so a launch never binds a permuted or a weak placement silently. The choice's line is the
+    last decision (:func:`meshplan.placement.explain.explain`'s result line)."""
+    return (_chosen_lines(c) + [f"placement: {c.decisions[-1]}"] * bool(c.decisions)
+            + [f"warning: {w}" for w in c.warnings])

@@ -152,7 +152,7 @@ class Explanation:
         where = f"#{self.fastest_row}" if self.fastest_row else f"{self.fastest_label}, not listed"
         longer = _relative(self.top_step_s / self.fastest_step_s - 1, "the fastest's")
         head = (f"top's step {self.top_step_s:.3f} s is {longer} ({where}, {self.fastest_step_s:.3f} s), within 1%: "
-                "listed first by the tie rule (fewer axes / lower degrees)")
+                "listed first by the tie rule (fewer axes / lower degrees / lower peak memory)")
         if self.fastest_row == 2:
             return f"{head}; parts against #2: {parts}"
         runner = f"{self.runner_step_s:.3f} s, " + _relative(self.faster, "the top's")

@@ -4,10 +4,14 @@ simpler mesh.
 Rule (:func:`tie_order`): repeatedly take the fastest candidate not yet placed; among the
 candidates within :data:`TIE` (1%) of its step time, place first the one with the fewest
 axes of degree > 1, then the lowest product of the model-parallel degrees
-``tp * pp * cp * ep``, then the lowest tp, then the shorter step, then the enumeration
-index. A 1% difference is below the step-time model's stated accuracy, while every extra
-axis and degree is one more process group, collective stream and way to fail, so an expert
-running the mesh prefers the simpler one.
+``tp * pp * cp * ep``, then the lowest tp, then the lower planned peak memory, then the
+shorter step, then the enumeration index. A 1% difference is below the step-time model's
+stated accuracy, while every extra axis and degree is one more process group, collective
+stream and way to fail, so an expert running the mesh prefers the simpler one; between two
+equally simple meshes (twins that differ in a knob: resharded or kept gathered, recompute,
+micro-batch) the one with more headroom, as ``meshplan compare`` prefers the lower peak
+within its 2% (a Mixtral twin kept gathered at 58.6 GiB was listed before the same mesh
+resharded at 26.3 GiB, 0.085% slower).
 
 Every pick has a step time within ``1 + TIE`` of the ``k``-th smallest, so the first ``top``
 picks are decided by the candidates whose step time is at most ``(1 + TIE)`` times the
@@ -16,11 +20,13 @@ picks are decided by the candidates whose step time is at most ``(1 + TIE)`` tim
 
 >>> tie_order([10.0, 10.05, 11.0], [(3, 8, 8), (2, 8, 8), (1, 1, 1)])
 [1, 0, 2]
+>>> tie_order([10.0, 10.0085], [(2, 8, 8), (2, 8, 8)], peaks=[58.6, 26.3])
+[1, 0]
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -32,7 +38,8 @@ TIE = 0.01
 
 #: One line for the report under the top table.
 RULE_LINE = (f"order: by predicted step time; candidates within {TIE:.0%} of the fastest one not yet listed are "
-             "ordered toward fewer axes of degree > 1, then a lower tp*pp*cp*ep, then a lower tp")
+             "ordered toward fewer axes of degree > 1, then a lower tp*pp*cp*ep, then a lower tp, then a lower "
+             "peak memory")
 
 
 def simplicity(c: Candidates, i: int) -> tuple[int, int, int]:
@@ -51,25 +58,32 @@ def simplicity(c: Candidates, i: int) -> tuple[int, int, int]:
     return axes, mp, int(c.tp[i])
 
 
-def tie_order(steps: Sequence[float], keys: Sequence[tuple], rel: float = TIE) -> list[int]:
+def tie_order(steps: Sequence[float], keys: Sequence[tuple], rel: float = TIE,
+              peaks: Optional[Sequence[float]] = None) -> list[int]:
     """Positions of ``steps`` in the order of the module docstring's rule; ``keys[j]``: the
-    simplicity key of position j (smaller first among the tied)."""
+    simplicity key of position j (smaller first among the tied); ``peaks[j]``: its planned
+    peak memory, bytes (lower first after the keys; inf: not planned)."""
+    mem = peaks if peaks is not None else [0.0] * len(steps)
     left = sorted(range(len(steps)), key=lambda j: (steps[j], j))
     out: list[int] = []
     while left:
         cut = steps[left[0]] * (1 + rel)
         window = [j for j in left if steps[j] <= cut]
-        pick = min(window, key=lambda j: (keys[j], steps[j], j))
+        pick = min(window, key=lambda j: (keys[j], mem[j], steps[j], j))
         out.append(pick)
         left.remove(pick)
     return out
 
 
-def ranked(c: Candidates, steps: dict[int, float], top: int, rel: float = TIE) -> list[int]:
+def ranked(c: Candidates, steps: dict[int, float], top: int, rel: float = TIE,
+           peaks: Optional[Mapping[int, float]] = None) -> list[int]:
     """Candidate indices of the ``top`` first by the rule, from ``steps`` (index -> exact
-    step time, seconds) of feasible candidates."""
+    step time, seconds) of feasible candidates and ``peaks`` (index -> planned peak memory,
+    bytes; a candidate without one counts as inf: the search plans the memory of every
+    candidate that ties a listed one on the keys, :func:`meshplan.search.driver._complete_top`)."""
     idx = sorted(steps)
-    order = tie_order([steps[i] for i in idx], [simplicity(c, i) for i in idx], rel)
+    mem = [float((peaks or {}).get(i, float("inf"))) for i in idx]
+    order = tie_order([steps[i] for i in idx], [simplicity(c, i) for i in idx], rel, mem)
     return [idx[j] for j in order[:top]]
 
 
