@@ -72,7 +72,8 @@ def stage_list(stages) -> str:
     >>> stage_list([1]), stage_list([3, 1, 2, 5, 7, 8])
     ('stage 1', 'stages 1-3, 5, 7-8')
     """
-    ks, out = sorted(stages), []
+    ks = sorted(stages)
+    out: list[list[int]] = []  # [first, last] of each run of consecutive stages
     for k in ks:
         if out and out[-1][1] == k - 1:
             out[-1][1] = k
