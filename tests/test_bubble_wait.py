@@ -45,7 +45,7 @@ def test_wait_by_hand_on_the_pipeline():
     assert (bare.step_s, stage_bubble(bare, 0)) == (25.0, 1.0)
 
 
-def small_moe(framework: str):
+def small_moe(framework: str, **training):
     """DeepSeek-V2-Lite's shapes on 4 layers, 2 dense then 2 MoE (64 experts of width 512, no
     shared expert), pp 2 (stage 0 dense, stage 1 the experts) x dp_shard 64 with ep 64 over 8
     nodes, 4 micro-batches of 4,096 tokens."""
@@ -54,7 +54,7 @@ def small_moe(framework: str):
                   "shared_experts": 0},
         "cluster": {"system": "dgx-h100", "nodes": 16},
         "training": {"global_batch": 256, "seq_len": 4096, "sharding": "zero1", "recompute": "full",
-                     "framework": framework},
+                     "framework": framework, **training},
         "mesh": {"names": ["pp", "dp_shard", "ep"], "shape": [2, 64, 64], "pp_layer_split": [2, 2]}}))
 
 
@@ -85,6 +85,20 @@ def test_small_moe_wait_by_hand(small):
     if plan.config.training.framework == "torch":
         assert bw.bubble_s == pytest.approx(m * (f1 + b1) - (m - 1) * (f0 + b0) - 2 * p2p, rel=1e-9)
         assert (f1 + b1, f0 + b0, e) == pytest.approx((0.045623, 0.012392, 0.024563), abs=1e-6)
+
+
+def test_schedule_runs_wait_each_run():
+    """training.pp_schedule_runs 2: each run of 2 micro-batches repeats the first (stage 0 the
+    critical stage, so the run shift is its run and a later run idles as run 1 does): the bubble
+    counted by stage_bubble with the later run equals the step's parts, and each run waits for
+    its 2 micro-batches' exposed ep on stage 1, 4 (e_f + e_b) in all, as with one run."""
+    from meshplan.schedule.steptime import last_tail_s, run_shift
+    st = step_time(small_moe("torch", pp_schedule_runs=2))
+    res, u = st.pipeline, st.units
+    assert (st.runs, res.spec.m, st.critical_stage) == (2, 2, 0)
+    assert stage_bubble(res, 0, last_tail_s(res, 0, u), 1, run_shift(res, u)) == st.parts_s()["bubble"]
+    e = sum(u.get(1, 0, k, 0).exposed_s["ep"] for k in "FB")
+    assert bubble_wait(st).wait_s == pytest.approx(4 * e, rel=1e-9)
 
 
 def test_small_moe_verdict_names_the_waited_all_to_all(small):
