@@ -455,9 +455,11 @@ def step(config: Path = typer.Argument(..., help=CONFIG_HELP),
          model: ModelOpt = None,
          seq_len: SeqLenOpt = None):
     """Scheduled rank timeline: step time and its parts on the critical stage (compute + bubble + exposed
-    communication), critical path, exposed communication, bubble (FSDP waits apart under pp), MFU; when the step is
-    network-bound, a verdict naming the communication and its cause. A mesh that does not fit exits 1 with its
-    reasons after one line 'step would be X s ... if it fit'."""
+    communication), critical path, exposed communication, bubble (FSDP waits apart under pp), MFU; how much of the
+    critical stage's bubble waits for communication another stage exposes (an MoE's ep all-to-alls behind a dense
+    first stage); when the step is network-bound (exposed communication and that wait half the step or more), a
+    verdict naming the communication and its cause. A mesh that does not fit exits 1 with its reasons after one
+    line 'step would be X s ... if it fit'."""
 
     if schedule is not None and schedule not in {x.value for x in Schedule}:
         raise ConfigError("--schedule", f"unknown schedule {schedule!r}; use " + ", ".join(x.value for x in Schedule))

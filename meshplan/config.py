@@ -189,7 +189,8 @@ def config_from_dict(data: dict[str, Any], base: Path | None = None, path: str |
         raise ConfigError("search.tp_comm_overlap", "true under framework \"torch\" is torchtitan's async TP, which "
                           "needs torch.compile: set training.torch_compile = true, or allow only false")
     if "recompute" in search.model_fields_set and "op" in search.recompute and not training.has_op_recompute:
-        what = "framework \"megatron\"" if training.framework == "megatron" else "zero3_engine \"deepspeed-2021\""
+        field = training.op_recompute_blocker
+        what = f"{field} \"{getattr(training, field)}\"" + (" (DeepSpeed's ZeRO-1/2)" if field == "zero12_engine" else "")
         raise ConfigError("search.recompute", f"'op' is torchtitan's op-level selective AC, which {what} does not "
                           "have: remove it from the list")
     return Config(model=model, cluster=cluster, training=training, mesh=mesh, path=path,

@@ -339,11 +339,14 @@ def _check_deepspeed_2021(mesh) -> None:
 #: is false, and the fix: the same rule ``[search] recompute`` (:mod:`meshplan.config`) and
 #: ``export --to megatron`` (:mod:`meshplan.interop.megatron`) apply.
 _NO_OP_RECOMPUTE = {
-    "megatron": "'op' is torchtitan's op-level selective AC, which framework \"megatron\" does not have (Megatron-LM "
-                "has no flag for it); use 'selective' (--recompute-activations), 'full' or 'none', or framework "
-                "\"torch\"",
-    "ds": "'op' is torchtitan's op-level selective AC, which zero3_engine \"deepspeed-2021\" does not have; use "
-          "'selective', 'full' or 'none', or zero3_engine \"fsdp2\"",
+    "framework": "'op' is torchtitan's op-level selective AC, which framework \"megatron\" does not have (Megatron-LM "
+                 "has no flag for it); use 'selective' (--recompute-activations), 'full' or 'none', or framework "
+                 "\"torch\"",
+    "zero3_engine": "'op' is torchtitan's op-level selective AC, which zero3_engine \"deepspeed-2021\" does not have; "
+                    "use 'selective', 'full' or 'none', or zero3_engine \"fsdp2\"",
+    "zero12_engine": "'op' is torchtitan's op-level selective AC, which zero12_engine \"deepspeed\" (DeepSpeed's "
+                     "ZeRO-1/2) does not have; use 'selective', 'full' or 'none', or sharding \"zero3\" without "
+                     "zero12_engine (FSDP2)",
 }
 #: Why ``recompute = "layer"`` has no Megatron-LM run: Megatron-Core's full recompute
 #: (``--recompute-granularity full``) checkpoints, with ``--recompute-method uniform``, every layer
@@ -389,7 +392,7 @@ def build_plan(config: Config, constraints: cons.Constraints | None = None, memo
     if t.recompute == "layer" and t.framework == "megatron":
         raise ConfigError("training.recompute", _NO_LAYER_RECOMPUTE)
     if t.recompute == "op" and not t.has_op_recompute:
-        raise ConfigError("training.recompute", _NO_OP_RECOMPUTE[t.framework if t.framework == "megatron" else "ds"])
+        raise ConfigError("training.recompute", _NO_OP_RECOMPUTE[t.op_recompute_blocker])
     if t.recompute == "op" and not isinstance(mesh, resolve.Infeasible) and max(mesh.degree("cp"), mesh.ep) > 1:
         raise ConfigError("training.recompute", "'op' (torchtitan op-level selective AC) is planned with cp = ep = 1 "
                           "only: which CP/EP collectives its recompute replays is not modelled yet; use 'layer', "

@@ -306,6 +306,28 @@ def test_torch_search_tries_op_level_recompute_and_megatron_does_not():
     assert e.value.field == "search.recompute" and "\n" not in str(e.value)
 
 
+def test_deepspeed_zero12_engine_has_no_op_recompute():
+    """README: listing ``op`` in ``[search] recompute`` for DeepSpeed is an error. Under
+    ``training.zero12_engine = "deepspeed"`` the zero1/zero2 rows are DeepSpeed's engine, whose
+    config has no key for torchtitan's op-level AC (an export said "not expressed"): listing it is
+    an error naming search.recompute and the fix, the default search does not try it (as under
+    zero3_engine "deepspeed-2021"), and ``plan`` refuses training.recompute = "op" there."""
+    ds = {"sharding": "zero1", "zero12_engine": "deepspeed"}
+    assert not (enumerate_candidates(_framework(**ds)).rc == RECOMPUTE.index("op")).any()
+    with pytest.raises(ConfigError) as e:
+        config_from_dict({"model": SMALL, "cluster": {"system": "dgx-h100", "nodes": 1},
+                          "training": {"global_batch": 64, "seq_len": 2048, **ds},
+                          "search": {"recompute": ["full", "op"]}}, require_mesh=False)
+    assert e.value.field == "search.recompute" and "\n" not in str(e.value)
+    assert e.value.message == ("'op' is torchtitan's op-level selective AC, which zero12_engine \"deepspeed\" "
+                               "(DeepSpeed's ZeRO-1/2) does not have: remove it from the list")
+    with pytest.raises(ConfigError) as e:
+        build_plan(config_from_dict({"model": SMALL, "cluster": {"system": "dgx-h100", "nodes": 1},
+                                     "training": {"global_batch": 64, "seq_len": 2048, "recompute": "op", **ds},
+                                     "mesh": {"names": ["dp_shard"], "shape": [8]}}))
+    assert e.value.field == "training.recompute" and "zero12_engine \"deepspeed\"" in e.value.message
+
+
 def test_schedule_runs_reject_and_plan(case):
     """With training.pp_schedule_runs 4 (the "16-runs" case): pp > 1 candidates whose
     micro-batches 4 does not divide are rejected by their own rule (64 sequences, micro-batch 4,

@@ -105,8 +105,9 @@ def test_export_target_refusing_every_row_is_refused_before_searching(tmp_path, 
 def test_deepspeed_zero2_config_searches_its_own_stage():
     """examples/deepspeed_zero2_16xh100.json (ZeRO stage 2, DeepSpeed's engine) on 2 x 8 H100
     with Llama 3 8B at 4,096 tokens: its [search] is one data axis (dp_shard 16) with zero1, zero2
-    and zero3; 4 micro-batches x 4 policies (none, selective, full, op) x (zero1 + zero2 + zero3
-    with and without reshard_after_forward) = 64 candidates (48 before, no zero2). The config's
+    and zero3; 4 micro-batches x 3 policies (none, selective, full; not torchtitan's op, which
+    DeepSpeed's engine does not have) x (zero1 + zero2 + zero3 with and without
+    reshard_after_forward) = 48 candidates (36 without zero2). The config's
     own run (zero2, mb 1, selective) is one of them, planned as `meshplan step` plans the
     config: 6018.68 ms."""
     import dataclasses
@@ -120,7 +121,7 @@ def test_deepspeed_zero2_config_searches_its_own_stage():
     assert cfg.search.sharding == ["zero1", "zero2", "zero3"] and cfg.training.sharding == "zero2"
     c = enumerate_candidates(cfg)
     z2 = SHARDING.index("zero2")
-    assert len(c) == 64 and int((c.sh == z2).sum()) == 16 and not c.rf[c.sh == z2].min() == 0
+    assert len(c) == 48 and int((c.sh == z2).sum()) == 12 and not c.rf[c.sh == z2].min() == 0
     own = int(np.flatnonzero((c.sh == z2) & (c.mb == 1) & (c.rc == 1))[0])  # RECOMPUTE[1]: selective
     mine = build_plan(cfg)
     row = build_plan(candidate_config(cfg, c, own))

@@ -24,6 +24,7 @@ from meshplan.placement.choice import weights_from_table
 from meshplan.plan import Infeasible, Plan
 from meshplan.report.json_out import _plain, _timeline
 from meshplan.schedule.linkload import concurrency, edge_loads, timings
+from meshplan.schedule.waits import bubble_wait
 
 #: Commands with a ``--json`` document, each with its schema file (a group's commands as
 #: ``<group>-<command>``: ``bench-gemm``, ``testbed-up``).
@@ -115,8 +116,15 @@ def step_doc(plan: Plan, st, verdict: Sequence[str], trace: Optional[str]) -> di
 
 
 def _most_exposed(st) -> Optional[dict[str, Any]]:
+    """:meth:`StepTime.most_exposed_stage` and what the critical stage's bubble waits for
+    (:func:`meshplan.schedule.waits.bubble_wait`: ``bubble_wait``, null when it exposes only pp)."""
     most = st.most_exposed_stage()
-    return None if most is None else {"stage": most[0], "exposed_s": dict(most[1])}
+    if most is None:
+        return None
+    bw = bubble_wait(st)
+    wait = None if bw is None else {"stream": bw.stream, "stages": list(bw.stages), "bubble_s": bw.bubble_s,
+                                    "wait_s": bw.wait_s, "bare_bubble_s": bw.bare_bubble_s}
+    return {"stage": most[0], "exposed_s": dict(most[1]), "bubble_wait": wait}
 
 
 def step_infeasible_doc(plan: Plan, st) -> dict[str, Any]:

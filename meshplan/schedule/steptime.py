@@ -217,23 +217,12 @@ class StepTime:
 
     def _parts(self) -> dict[str, float]:
         res, s = self.pipeline, self.critical_stage
-        sl = res.stage_slice(s)
         keys, idx = self.unit_index if self.unit_index else self.units.index(res.flat)
-        inner = np.array([sum(self.units.by_key(k).exposed_s.values()) for k in keys])[idx[sl]]
-        split = pp_hold_split(res, s)
-        wait = res.wait[sl]
-        via = res.via_at(np.arange(sl.start, sl.stop)) if wait.any() else np.zeros(len(wait), dtype=bool)
-        received = np.where(via, np.minimum(res.spec.p2p_s, wait), 0.0)  # exposed on "pp" (_unit_exposure)
-        i = sl.stop - 1
-        unit = self.units.get(s, int(res.flat.chunk[i]), KINDS[int(res.flat.kind[i])], int(res.flat.mb[i]))
-        hold = float(res.hold[i]) if res.hold is not None else 0.0
-        last_wait = float(split.wait_s[-1]) if hold and not (unit.tail_s >= hold and unit.tail_s) else 0.0
-        bubble = sum([split.lead_wait_s, last_wait] + (wait - received).tolist() + split.wait_s[:-1].tolist())
-        run_end = float(res.end[i]) + max(unit.tail_s, hold)  # run 1 on stage s (_run_end)
+        inner = np.array([sum(self.units.by_key(k).exposed_s.values()) for k in keys])[idx[res.stage_slice(s)]]
         post = [e for e in self.post_events if e.stage == s]
         later = [e for e in post if "later_runs" in e.args]
-        if later:  # each later run as run 1, run_s apart: its idle is run_s less run 1's busy and exposed time
-            bubble += later[0].args["later_runs"] * (later[0].args["run_s"] - (run_end - bubble))
+        runs = (later[0].args["later_runs"], later[0].args["run_s"]) if later else (0, 0.0)
+        bubble = stage_bubble(res, s, last_tail_s(res, s, self.units), *runs)
         compute = self.runs * (float(res.busy_s[s]) - float(inner.sum()))
         compute += sum(e.dur_s for e in post if e.stream == "compute" and "later_runs" not in e.args)  # the optimizer
         exposed = {f"exposed {k}": v for k, v in sorted(self.exposed_s.items()) if v > 0}
@@ -441,6 +430,45 @@ def pipeline_without(res: ArrayResult, waits_s: np.ndarray) -> ArrayResult:
     """
     dur = res.end - res.start
     return simulate_arrays(res.spec, lambda f: dur - waits_s)
+
+
+def stage_bubble(res: ArrayResult, s: int, tail_s: float = 0.0, later_runs: int = 0, run_s: float = 0.0) -> float:
+    """Stage s's compute stream idle in the pipeline ``res``, seconds (the ``bubble`` of
+    :meth:`StepTime.parts_s`): before its first unit and between units (a receive's wait beyond
+    its transfer; the transfer is exposed "pp"), and each blocking call's wait for its partner
+    (:func:`pp_hold_split`; the last call's only where its hold outlasts the last unit's
+    communication tail ``tail_s``, :func:`last_tail_s`). ``later_runs`` schedule runs after
+    the first, ``run_s`` apart (:func:`run_shift`): each idles ``run_s`` less run 1's busy and
+    exposed time.
+
+    1F1B p 2, m 2, F 1 s, B 2 s, p2p 0.5 s: stage 1 runs F0 1.5-2.5, B0 2.5-4.5, F1 4.5-5.5,
+    B1 5.5-7.5; stage 0 F0 0-1, F1 1-2, B0 5-7 (stage 1's B0 + 0.5 transfer), B1 8-10: idle 3 + 1
+    less the two receives' transfers (exposed "pp") = 3 s; stage 1's: 1.5 - 0.5 = 1 s:
+
+    >>> from meshplan.pipeline.simulate import PipelineSpec
+    >>> r = simulate_arrays(PipelineSpec("1f1b", p=2, m=2, p2p_s=0.5))
+    >>> stage_bubble(r, 0), stage_bubble(r, 1)
+    (3.0, 1.0)
+    """
+    sl = res.stage_slice(s)
+    split = pp_hold_split(res, s)
+    wait = res.wait[sl]
+    via = res.via_at(np.arange(sl.start, sl.stop)) if wait.any() else np.zeros(len(wait), dtype=bool)
+    received = np.where(via, np.minimum(res.spec.p2p_s, wait), 0.0)  # exposed on "pp" (_unit_exposure)
+    i = sl.stop - 1
+    hold = float(res.hold[i]) if res.hold is not None else 0.0
+    last_wait = float(split.wait_s[-1]) if hold and not (tail_s >= hold and tail_s) else 0.0
+    bubble = sum([split.lead_wait_s, last_wait] + (wait - received).tolist() + split.wait_s[:-1].tolist())
+    if later_runs:  # each later run as run 1, run_s apart: its idle is run_s less run 1's busy and exposed time
+        run_end = float(res.end[i]) + max(tail_s, hold)  # run 1 on stage s (_run_end)
+        bubble += later_runs * (run_s - (run_end - bubble))
+    return bubble
+
+
+def last_tail_s(res: ArrayResult, s: int, units: "UnitTimes") -> float:
+    """Seconds of communication tail after stage s's last unit (flat order) in ``res``."""
+    i = res.stage_slice(s).stop - 1
+    return units.get(s, int(res.flat.chunk[i]), KINDS[int(res.flat.kind[i])], int(res.flat.mb[i])).tail_s
 
 
 #: Streams of FSDP's collectives a unit's compute stream can wait for: fsdp (dp_shard x cp),

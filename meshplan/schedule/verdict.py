@@ -1,10 +1,13 @@
 """What bounds a predicted step: a one- or two-line verdict for ``meshplan step``.
 
 The step is **network-bound** when its critical stage waits on communication for at least
-half of the step (the exposed time of :class:`meshplan.schedule.steptime.StepTime`, summed over its
-streams). The verdict then names the stream with the most exposed time, its collectives on
-that stage with the bytes each rank sends per step (full buffer S x busbw factor x calls per
-step, as :mod:`meshplan.schedule.linkload` counts them) and the link they cross.
+half of the step: the exposed time of :class:`meshplan.schedule.steptime.StepTime`, summed over its
+streams, plus the part of its bubble spent waiting for a stream another stage exposes
+(:mod:`meshplan.schedule.waits`, printed on a line of its own). The verdict then names the stream
+with the most of that time, its collectives on the stage that exposes it with the bytes each rank
+sends per step (full buffer S x busbw factor x calls per step, as :mod:`meshplan.schedule.linkload`
+counts them) and the link they cross (an all-to-all across nodes at each rank's share of its own
+NIC, :attr:`meshplan.comm.collectives.Path.nic_bandwidth_bytes_per_s`).
 
 When that stream is FSDP's (zero3 / hsdp units re-gathered and reduce-scattered every
 micro-batch without a pipeline), a second line names the cause: the micro-batches per step
@@ -23,6 +26,7 @@ from typing import Callable, Optional
 
 from meshplan.plan import Infeasible, Plan, build_plan
 from meshplan.schedule.rank_timeline import _shard_group, comm_kind
+from meshplan.schedule.waits import bubble_wait, bubble_wait_line, stage_list
 from meshplan.units import GB, GiB, counted
 
 #: Exposed share of the step above which the step is called network-bound.
@@ -38,29 +42,61 @@ def stream_of(row) -> str:
 
 
 def network_verdict(plan: Plan, st, alternatives: Optional[Callable[[dict], str]] = None) -> list[str]:
-    """Verdict lines (empty when the step is not network-bound). ``alternatives(update)``:
-    what the step becomes with ``training`` fields ``update`` (one short phrase)."""
+    """Verdict lines: where the critical stage's bubble waits for another stage's exposed
+    communication (:func:`meshplan.schedule.waits.bubble_wait`), a line saying how much; then,
+    when the step is network-bound, the verdict (none otherwise). ``alternatives(update)``: what
+    the step becomes with ``training`` fields ``update`` (one short phrase).
+
+    The critical stage's time on communication is its exposed time plus that wait: when the wait
+    is its largest part, the verdict names the waited-for stream's collectives on the stage that
+    exposes the most of it (DeepSeek-V3 at pp 16 x ep 64: stage 0's 28.5 s wait for the expert
+    stages' ep all-to-alls, of a 51.5 s step)."""
+    bw = bubble_wait(st)
+    wait = bw.wait_s if bw is not None and round(bw.wait_s * 1e5) > 0 else 0.0  # 0.00 ms printed: none
+    head = [bubble_wait_line(st, bw)] if bw is not None and wait else []
     exposed = {k: v for k, v in st.exposed_s.items() if v > 0}
-    total = sum(exposed.values())
-    if not exposed or total < NETWORK_BOUND_SHARE * st.step_s:
-        return []
-    stream = max(exposed, key=lambda k: exposed[k])
-    rows = [r for r in plan.stage(st.critical_stage).collectives if stream_of(r) == stream and r.per_step]
+    total = sum(exposed.values()) + wait
+    if not total or total < NETWORK_BOUND_SHARE * st.step_s:
+        return head
+    waited = bw is not None and wait > max(exposed.values(), default=0.0)
+    if bw is not None and waited:
+        stream, stage, amount = bw.stream, min(bw.stages), _waited(st, bw)
+    else:
+        stream = max(exposed, key=lambda k: exposed[k])
+        stage, amount = st.critical_stage, f"{exposed[stream]:.1f} s"
+    what = "exposed communication or waiting for it" if wait else "exposed communication"
+    lead = f"verdict: network-bound: {total:.1f} s of the {st.step_s:.1f} s step is {what}, most on {stream} ({amount})"
+    rows = [r for r in plan.stage(stage).collectives if stream_of(r) == stream and r.per_step]
     if not rows:
-        return [f"verdict: network-bound: {total:.1f} s of the {st.step_s:.1f} s step is exposed communication, "
-                f"most on {stream} ({exposed[stream]:.1f} s)"]
+        return head + [lead]
     sent: dict[str, float] = {}
     for r in rows:
         key = f"{r.phase} {r.op}"
         sent[key] = sent.get(key, 0.0) + r.sent_bytes_per_step
     ops = ", ".join(f"{k} {b / GB:,.0f} GB" for k, b in sent.items())
-    path = max(rows, key=lambda r: r.time_s * r.per_step).path
-    lines = [f"verdict: network-bound: {total:.1f} s of the {st.step_s:.1f} s step is exposed communication, "
-             f"most on {stream} ({exposed[stream]:.1f} s): each rank sends {sum(sent.values()) / GB:,.0f} GB per "
-             f"step on it ({ops}) over {path.kind} ({path.note}; {path.bandwidth_bytes_per_s / GB:.1f} GB/s "
-             f"per rank)"]
+    who = f"each rank of stage {stage}" if waited else "each rank"
+    lines = [f"{lead}: {who} sends {sum(sent.values()) / GB:,.0f} GB per step on it ({ops}) over "
+             f"{_link(max(rows, key=lambda r: r.time_s * r.per_step))}"]
     cause = _fsdp_cause(plan, stream, alternatives)
-    return lines + ([cause] if cause else [])
+    return head + lines + ([cause] if cause else [])
+
+
+def _waited(st, bw) -> str:
+    """``stage 0 waits 28.5 s for it in its bubble; stages 1-14 expose 25.6 s of it per step each``."""
+    many = len(bw.stages) > 1
+    return (f"stage {st.critical_stage} waits {bw.wait_s:.1f} s for it in its bubble; {stage_list(bw.stages)} "
+            f"expose{'' if many else 's'} {bw.exposed_s:.1f} s of it per step{' each' if many else ''}")
+
+
+def _link(row) -> str:
+    """The link of a collective row and the bandwidth a rank gets on it: the ring's share of
+    the node's NICs (:func:`meshplan.comm.collectives.axis_path`), or for an all-to-all across
+    nodes each rank's share of its own NIC, through which its cross-node bytes leave."""
+    path = row.path
+    if row.op == "all-to-all" and path.kind == "network" and path.nic_bandwidth_bytes_per_s:
+        return (f"{path.kind} ({path.note}; {path.nic_bandwidth_bytes_per_s / GB:.1f} GB/s per rank: "
+                f"its share of its own NIC)")
+    return f"{path.kind} ({path.note}; {path.bandwidth_bytes_per_s / GB:.1f} GB/s per rank)"
 
 
 def _fsdp_cause(plan: Plan, stream: str, alternatives) -> str:

@@ -398,15 +398,32 @@ class TrainingSpec(BaseModel):
     @property
     def has_op_recompute(self) -> bool:
         """Whether the training's framework has torchtitan's op-level selective AC
-        (``recompute = "op"``): torch with FSDP2, not Megatron-LM nor DeepSpeed's ZeRO-3 engine
-        (what ``meshplan search`` tries).
+        (``recompute = "op"``): torch with FSDP2, not Megatron-LM nor either DeepSpeed engine
+        (ZeRO-3 of 2021, or ZeRO-1/2 under ``zero12_engine = "deepspeed"``: DeepSpeed's config has
+        no key for it, so an export to it could not say it); what ``meshplan search`` tries.
 
         >>> TrainingSpec(global_batch=8, seq_len=16).has_op_recompute
         True
-        >>> TrainingSpec(global_batch=8, seq_len=16, framework="megatron").has_op_recompute
-        False
+        >>> [TrainingSpec(global_batch=8, seq_len=16, **kw).has_op_recompute for kw in (
+        ...  {"framework": "megatron"}, {"sharding": "zero1", "zero12_engine": "deepspeed"})]
+        [False, False]
         """
-        return self.framework == "torch" and self.zero3_engine == "fsdp2"
+        return not self.op_recompute_blocker
+
+    @property
+    def op_recompute_blocker(self) -> str:
+        """The field whose runtime has no op-level selective AC (:attr:`has_op_recompute`):
+        ``framework`` (Megatron-LM), ``zero12_engine`` (DeepSpeed's ZeRO-1/2), ``zero3_engine``
+        (DeepSpeed's ZeRO-3 of 2021); empty where the runtime has it.
+
+        >>> TrainingSpec(global_batch=8, seq_len=16, sharding="zero2", zero12_engine="deepspeed").op_recompute_blocker
+        'zero12_engine'
+        """
+        if self.framework != "torch":
+            return "framework"
+        if self.zero12_engine != "megatron":
+            return "zero12_engine"
+        return "zero3_engine" if self.zero3_engine != "fsdp2" else ""
 
     @property
     def has_zero1_engine(self) -> bool:

@@ -1,0 +1,156 @@
+"""What the critical stage's bubble waits for (issue 11, a newcomer's finding): DeepSeek-V3 at
+pp 16 x ep 64 printed "bubble 0.12 as idle/ideal" and a step of which 36.8 s (71%) was stage 0's
+bubble, while the cause, the expert stages' exposed ep all-to-alls, appeared only on a side line.
+The bubble is split on the simulated timeline (meshplan.schedule.waits): the pipeline simulated
+again without the units' exposed ep."""
+
+import json
+
+import jsonschema
+import numpy as np
+import pytest
+
+from meshplan.config import config_from_dict, load_config
+from meshplan.pipeline.fast import simulate_arrays
+from meshplan.pipeline.simulate import PipelineSpec
+from meshplan.plan import build_plan
+from meshplan.report.json_docs import schema_of, step_doc
+from meshplan.schedule.steptime import pipeline_without, stage_bubble, step_time
+from meshplan.schedule.verdict import network_verdict
+from meshplan.schedule.waits import bubble_wait
+from tests.conftest import EXAMPLES
+
+
+def test_wait_by_hand_on_the_pipeline():
+    """1F1B p 2, m 4, no p2p time. Stage 0 (dense): F 2 s, B 4 s. Stage 1 (experts): F 3 s
+    (2 of them exposed all-to-all), B 6 s (4 exposed).
+
+    As simulated: stage 1 runs F0 2-5, B0 5-11, F1 11-14, B1 14-20, F2 20-23, B2 23-29, F3 29-32,
+    B3 32-38; stage 0 F0 0-2, F1 2-4, B0 11-15, F2 15-17, B1 20-24, F3 24-26, B2 29-33, B3 38-42:
+    busy 24 s, idle 42 - 24 = 18 s (= m (3 + 6) - (m - 1)(2 + 4)).
+
+    Without the exposed time (stage 1: F 1 s, B 2 s) stage 0 is the slower: stage 1 F0 2-3, B0
+    3-5, F1 5-6, B1 6-8; stage 0 F0 0-2, F1 2-4, B0 5-9 (idle 1), F2 9-11, B1 11-15, F3 15-17, B2
+    17-21, B3 21-25 (stage 1's B3 ends at 20): idle 1 s. Of stage 0's 18 s bubble, 17 s wait for
+    stage 1's exposed communication, less than the 24 s stage 1 exposes."""
+    spec = PipelineSpec("1f1b", p=2, m=4)
+
+    def dur(f):
+        return np.where(f.stage == 0, np.where(f.kind == 0, 2.0, 4.0), np.where(f.kind == 0, 3.0, 6.0))
+
+    res = simulate_arrays(spec, dur)
+    exposed = np.where(res.flat.stage == 1, np.where(res.flat.kind == 0, 2.0, 4.0), 0.0)
+    bare = pipeline_without(res, exposed)
+    assert (res.step_s, stage_bubble(res, 0)) == (42.0, 18.0)
+    assert (bare.step_s, stage_bubble(bare, 0)) == (25.0, 1.0)
+
+
+def small_moe(framework: str, **training):
+    """DeepSeek-V2-Lite's shapes on 4 layers, 2 dense then 2 MoE (64 experts of width 512, no
+    shared expert), pp 2 (stage 0 dense, stage 1 the experts) x dp_shard 64 with ep 64 over 8
+    nodes, 4 micro-batches of 4,096 tokens."""
+    return build_plan(config_from_dict({
+        "model": {"catalog": "deepseek-v2-lite", "layers": 4, "dense_layers": 2, "expert_ffn": 512,
+                  "shared_experts": 0},
+        "cluster": {"system": "dgx-h100", "nodes": 16},
+        "training": {"global_batch": 256, "seq_len": 4096, "sharding": "zero1", "recompute": "full",
+                     "framework": framework, **training},
+        "mesh": {"names": ["pp", "dp_shard", "ep"], "shape": [2, 64, 64], "pp_layer_split": [2, 2]}}))
+
+
+@pytest.fixture(scope="module", params=["torch", "megatron"])
+def small(request):
+    plan = small_moe(request.param)
+    return plan, step_time(plan)
+
+
+def test_small_moe_wait_by_hand(small):
+    """Stage 0 (f0, b0 per micro-batch) waits for stage 1 (f1, b1, of them e_f, e_b exposed ep),
+    which stays the slower stage without its exposed ep (f1 + b1 - e_f - e_b > f0 + b0 + 2 p2p):
+    stage 1 then runs its units back to back from its F0, so stage 0 ends f0 + p2p + m (f1 + b1)
+    + p2p + b0 after the start, its bubble m (f1 + b1) - (m - 1)(f0 + b0) - 2 p2p (its idle less
+    the transfer of each of its m backward inputs). Without the exposed ep the bubble loses
+    m (e_f + e_b): all of stage 1's exposed ep. Megatron-LM's blocking sends hold each stage for
+    its partner but leave stage 1 back to back, so the wait is all of it there too."""
+    plan, st = small
+    u, m, p2p = st.units, st.pipeline.spec.m, st.pipeline.spec.p2p_s
+    f0, b0, f1, b1 = (u.get(s, 0, k, 0).duration_s for s, k in ((0, "F"), (0, "B"), (1, "F"), (1, "B")))
+    e = sum(u.get(1, 0, k, 0).exposed_s["ep"] for k in "FB")
+    assert st.critical_stage == 0 and "ep" not in st.exposed_s and f1 + b1 - e > f0 + b0 + 2 * p2p
+    bw = bubble_wait(st)
+    assert (bw.stream, bw.stage, bw.stages) == ("ep", 1, (1,))
+    assert bw.exposed_s == pytest.approx(m * e, rel=1e-9)
+    assert bw.wait_s == pytest.approx(m * e, rel=1e-9)
+    assert bw.bubble_s == st.parts_s()["bubble"]
+    if plan.config.training.framework == "torch":
+        assert bw.bubble_s == pytest.approx(m * (f1 + b1) - (m - 1) * (f0 + b0) - 2 * p2p, rel=1e-9)
+        assert (f1 + b1, f0 + b0, e) == pytest.approx((0.045623, 0.012392, 0.024563), abs=1e-6)
+
+
+def test_schedule_runs_wait_each_run():
+    """training.pp_schedule_runs 2: each run of 2 micro-batches repeats the first (stage 0 the
+    critical stage, so the run shift is its run and a later run idles as run 1 does): the bubble
+    counted by stage_bubble with the later run equals the step's parts, and each run waits for
+    its 2 micro-batches' exposed ep on stage 1, 4 (e_f + e_b) in all, as with one run."""
+    from meshplan.schedule.steptime import last_tail_s, run_shift
+    st = step_time(small_moe("torch", pp_schedule_runs=2))
+    res, u = st.pipeline, st.units
+    assert (st.runs, res.spec.m, st.critical_stage) == (2, 2, 0)
+    assert stage_bubble(res, 0, last_tail_s(res, 0, u), 1, run_shift(res, u)) == st.parts_s()["bubble"]
+    e = sum(u.get(1, 0, k, 0).exposed_s["ep"] for k in "FB")
+    assert bubble_wait(st).wait_s == pytest.approx(4 * e, rel=1e-9)
+
+
+def test_small_moe_verdict_names_the_waited_all_to_all(small):
+    """Torch: stage 0's exposed dp 4.00 ms and pp 1.46 ms and its 98.25 ms wait for stage 1's
+    ep are 103.7 ms of the 202.4 ms step: network-bound on the all-to-all that stage 1 exposes.
+    Its bytes are stage 1's table's, its rate each rank's own NIC (50 GB/s: ep 64 over 8 nodes,
+    one group per node, a NIC per GPU), not the ring's 8 NICs (400 GB/s)."""
+    plan, st = small
+    lines = network_verdict(plan, st)
+    bw = bubble_wait(st)
+    wait = f"{round(bw.wait_s * 1e5) / 100:.2f}"
+    assert lines[0] == (f"bubble on stage 0: {st.shown_ms()['bubble']} ms, of which {wait} ms waiting for the ep "
+                        f"communication the other stages expose (stage 1 the most: {bw.exposed_s * 1e3:.2f} ms per "
+                        f"step); the pipeline simulated again without any unit's exposed ep leaves stage 0 "
+                        f"{float(st.shown_ms()['bubble']) - float(wait):.2f} ms idle")
+    total = sum(st.exposed_s.values()) + bw.wait_s
+    if total < 0.5 * st.step_s:  # Megatron-LM: 8.0 ms exposed + 95.7 ms wait of 208.3 ms
+        assert plan.config.training.framework == "megatron" and len(lines) == 1
+        return
+    rows = [r for r in plan.stage(1).collectives if r.axis == "ep"]
+    sent = sum(r.sent_bytes_per_step for r in rows)
+    assert {r.op for r in rows} == {"all-to-all"} and rows[0].path.nic_bandwidth_bytes_per_s == 50e9
+    assert lines[1].startswith(f"verdict: network-bound: {total:.1f} s of the {st.step_s:.1f} s step is exposed "
+                               f"communication or waiting for it, most on ep (stage 0 waits {bw.wait_s:.1f} s for it "
+                               f"in its bubble; stage 1 exposes {bw.exposed_s:.1f} s of it per step): each rank of "
+                               f"stage 1 sends {sent / 1e9:,.0f} GB per step on it (forward all-to-all ")
+    assert lines[1].endswith("; 50.0 GB/s per rank: its share of its own NIC)")
+
+
+@pytest.fixture(scope="module")
+def deepseek():
+    plan = build_plan(load_config(EXAMPLES / "deepseek-v3_2048xh100_pp16-ep64-dp128.toml"))
+    return plan, step_time(plan)
+
+
+def test_deepseek_bubble_is_mostly_the_expert_stages_all_to_alls(deepseek):
+    """The finding's example: of stage 0's 36.8 s bubble, 28.5 s is waiting for the ep
+    all-to-alls of the expert stages 1-14 (25.6 s each per step); the verdict names them with
+    the bytes each rank of stage 1 sends per step (444 GB forward, 888 GB backward: 2 and 4
+    all-to-alls per MoE layer and micro-batch, the backward's recompute included) and the link."""
+    plan, st = deepseek
+    bw = bubble_wait(st)
+    assert (bw.stream, bw.stages) == ("ep", tuple(range(1, 15)))
+    assert bw.wait_s > 0.5 * bw.bubble_s and bw.bubble_s > 0.5 * st.step_s
+    lines = network_verdict(plan, st)
+    assert "(stages 1-14 the most: 25644.63 ms each per step)" in lines[0]
+    assert lines[1].startswith("verdict: network-bound: 28.6 s of the 51.5 s step is exposed communication or "
+                               "waiting for it, most on ep (stage 0 waits 28.5 s for it in its bubble; stages 1-14 "
+                               "expose 25.6 s of it per step each): each rank of stage 1 sends 1,332 GB per step on "
+                               "it (forward all-to-all 444 GB, backward all-to-all 888 GB) over network")
+    doc = json.loads(json.dumps(step_doc(plan, st, lines, None)))
+    assert list(jsonschema.Draft202012Validator(schema_of("step")).iter_errors(doc)) == []
+    wait = doc["most_exposed_stage"]["bubble_wait"]
+    assert wait["bubble_s"] == doc["step_parts_s"]["bubble"] and wait["stages"] == list(range(1, 15))
+    assert wait["wait_s"] == pytest.approx(wait["bubble_s"] - wait["bare_bubble_s"], abs=1e-12)
