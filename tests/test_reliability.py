@@ -240,3 +240,22 @@ def test_restart_with_no_gpu_left_is_one_line_and_exit_1(capsys):
     rc, out, err = _reliability_cli(capsys, "--lost-nodes", "1")  # dp_shard 24 x ep 8: 24 % 8 == 0
     assert (rc, err) == (0, "")
     assert "restart: world 32 -> 24; mesh dp_shard 32 -> dp_shard 24 (changed: dp_shard)" in out
+
+
+def test_default_restart_scenario_informs_without_failing_a_one_node_job(capsys):
+    """A one-node job under the default scenario (--lost-nodes not given, 1): losing the only node
+    leaves no GPU; the report says so in its restart line and exits 0, while the same scenario
+    asked for with --lost-nodes 1 is exit 1 (the restart asked for is a verdict)."""
+    from meshplan.cli import main
+    cfg = Path(__file__).resolve().parents[1] / "examples" / "mini_2x4_tp2-dp4.toml"  # 1 dgx-h100 node, 8 GPUs
+    base = ["reliability", str(cfg), "--write-gbps", "10", "--read-gbps", "10",
+            "--restart-overhead-s", "300"]
+    codes = []
+    for extra in ([], ["--lost-nodes", "1"]):
+        with pytest.raises(SystemExit) as done:
+            main(base + extra)
+        out = capsys.readouterr()
+        codes.append(done.value.code or 0)
+        restart = [line for line in out.out.splitlines() if line.startswith("restart:")]
+        assert restart and restart[0].startswith("restart: world 8 -> 0: no GPU left to restart on"), out
+    assert codes == [0, 1]
