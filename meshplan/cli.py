@@ -1032,7 +1032,7 @@ def launch_cmd(config: Path = typer.Argument(..., help=TOML_ONLY_HELP),
     run = (f"on each of the {nodes} node(s) NODE_RANK=<k>{endpoint} {out / 'torchrun.sh'}; or with Slurm: "
            f"sbatch {out / 'job.sbatch'}")
     typer.echo(f"run: {run}")
-    _write_doc(json_path, launch_doc(p, nodes, _written(written), run), force)
+    _write_doc(json_path, launch_doc(p, nodes, _written(written), run, c), force)
 
 
 @app.command("catalog")

@@ -424,3 +424,37 @@ def test_launch_prints_place_warnings_and_the_choice(tmp_path, capsys):
     assert not [x for x in chosen if x.startswith("warning: ")]
     rows = json.loads((tmp_path / "b" / "bindings.json").read_text())
     assert [r["gpu"] for r in rows[:4]] == [0, 4, 0, 4]  # rank_to_gpu 0, 4, 8, 12: local GPUs 0, 4 of each node
+
+
+@pytest.mark.slow
+def test_launch_json_holds_the_warnings_and_the_choice_place_json_holds(tmp_path, capsys):
+    """Issue 11 (nits 1): `launch --json` carried the files only, not the warning and the
+    `--choose` line launch prints. Now it holds place --json's placement keys, equal to place's
+    for the same config, and valid against launch's schema."""
+    import jsonschema
+    from meshplan.cli import main
+    from meshplan.report.json_docs import schema_of
+    cfg = tmp_path / "tpx.toml"
+    cfg.write_text(TP_ACROSS)
+
+    def doc(command, *argv):
+        with pytest.raises(SystemExit) as e:
+            main([command, "--json", "-"] + [str(a) for a in argv])  # options first: after `--` is the program
+        out = capsys.readouterr()
+        assert e.value.code in (0, None), out.err
+        return json.loads(out.out), out.err.splitlines()
+
+    plain, err = doc("launch", cfg, "--out", tmp_path / "a", "--", "python", "t.py")
+    jsonschema.validate(plain, schema_of("launch"))
+    assert len(plain["warnings"]) == 1 and plain["warnings"][0].startswith("tp 4 fits the 8-GPU node but the axis")
+    assert f"warning: {plain['warnings'][0]}" in err and plain["searched"] is False
+    assert f"placement: {plain['decisions'][-1]}" in err and plain["step_after_s"] is None
+    chosen, err = doc("launch", cfg, "--out", tmp_path / "b", "--choose", "--", "python", "t.py")
+    placed, _ = doc("place", cfg, "--choose")
+    jsonschema.validate(chosen, schema_of("launch"))
+    assert chosen["rank_to_gpu"] == [0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15] == placed["rank_to_gpu"]
+    assert chosen["searched"] and chosen["changed"] and chosen["warnings"] == [] == placed["warnings"]
+    for key in ("decisions", "before", "after", "step_before_s", "step_after_s"):
+        assert chosen[key] == placed[key], key
+    assert chosen["step_after_s"] < chosen["step_before_s"]  # the step change launch prints
+    assert f"placement: {chosen['decisions'][-1]}" in err and "chosen rank_to_gpu: [0, 4, 8, 12," in err[0]

@@ -310,3 +310,44 @@ def test_replica_part_names_dp_replicate():
     parts = {d.part: d.context for d in r.explanation.parts}
     assert parts["exposed dp_replicate"] == "dp_replicate 1 vs 2, dp_shard 64 vs 32, sharding zero3 vs hsdp"
     assert parts["exposed fsdp"] == "dp_shard 64 vs 32, dp_replicate 1 vs 2, sharding zero3 vs hsdp"
+
+
+def test_an_unplanned_twin_is_planned_not_ranked_last_for_lack_of_a_peak():
+    """Issue 11 (nits 3): in the tie rule a candidate without a planned peak counts as inf, so
+    an unplanned twin (same axes and degrees, within 1%) would sit behind a planned one for lack
+    of a number. The search plans the memory of every such twin before it lists the top
+    (driver._complete_top): here the twin 0.085% slower, at 26.3 GiB, is planned and listed
+    before the planned 58.6 GiB one, as the exhaustive rule with both peaks orders them."""
+    from types import SimpleNamespace
+
+    from meshplan.search.driver import _complete_top, _peaks
+    from meshplan.search.rank import ranked
+    from meshplan.search.space import Candidates
+    arr = lambda *v: np.array(v)  # noqa: E731
+    c = Candidates(pp=arr(1, 1, 1), dpr=arr(1, 1, 1), dps=arr(8, 8, 32), cp=arr(1, 1, 1), tp=arr(8, 8, 2),
+                   ep=arr(1, 1, 1), etp=arr(1, 1, 1), mb=arr(1, 1, 1), rc=arr(0, 0, 0), vpp=arr(1, 1, 1),
+                   sh=arr(1, 1, 1), rf=arr(0, 1, 0), ov=arr(0, 0, 0), us=arr(0, 0, 0), ps=arr(0, 0, 0))
+    gib = 2.0 ** 30
+    true_peak = {0: 58.6 * gib, 1: 26.3 * gib, 2: 40.0 * gib}
+    steps = {0: 10.0, 1: 10.0085, 2: 10.5}  # 2: another mesh, 5% slower
+
+    def ev(i, complete):
+        return SimpleNamespace(index=i, feasible=True, step_s=steps[i], complete=complete, breakdown=object(),
+                               peak_bytes=true_peak[i] if complete else float("inf"))
+
+    class Runner:
+        exact = {0: ev(0, True), 1: ev(1, False), 2: ev(2, True)}
+        notes: list[str] = []
+        asked: list[int] = []
+
+        def plan(self, idx, mode, label):
+            self.asked += [int(i) for i in idx]
+            for i in idx:
+                self.exact[int(i)] = ev(int(i), True)
+            return [self.exact[int(i)] for i in idx]
+
+    run = Runner()
+    assert ranked(c, steps, 1, peaks=_peaks(steps, run)) == [0]  # unplanned: inf, behind its twin
+    assert _complete_top(c, steps, 1, run) is False and run.asked == [1]  # the twin planned, not 2
+    assert ranked(c, steps, 1, peaks=_peaks(steps, run)) == [1] == ranked(c, steps, 1, peaks=true_peak)
+    assert ranked(c, steps, 3, peaks=_peaks(steps, run)) == [1, 0, 2] == ranked(c, steps, 3, peaks=true_peak)

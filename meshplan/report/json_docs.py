@@ -144,17 +144,23 @@ def reliability_doc(plan: Plan, r, restart) -> dict[str, Any]:
 def place_doc(plan: Plan | Infeasible, choice, bindings: Sequence[dict]) -> dict[str, Any]:
     """The placement: rank -> GPU, weights (bytes each rank sends per step by axis), the
     weak-path score before and after, decisions, warnings, the bindings of the ranks shown."""
+    return envelope("place", plan, **choice_fields(choice), bindings=[_plain(b) for b in bindings])
+
+
+def choice_fields(c) -> dict[str, Any]:
+    """A placement choice as ``place --json`` holds it (``launch --json`` too): rank -> GPU,
+    weights (bytes each rank sends per step by axis), the weak-path score before and after,
+    the predicted steps (s; null unsearched), decisions (the last one is the choice's line)
+    and warnings."""
     def score(s) -> dict[str, Any]:
         return {"total_bytes": s.total, "network_bytes": s.network_bytes, "spine_bytes": s.spine_bytes,
                 "socket_bytes": s.socket_bytes}
 
-    c = choice
-    return envelope("place", plan, rank_to_gpu=[int(x) for x in c.rank_to_gpu], weights=dict(c.weights),
-                    weights_unit="sent_bytes_per_step" if c.weights_source != "default" else "relative",
-                    weights_source=c.weights_source, changed=bool(c.changed), searched=bool(c.searched),
-                    before=score(c.before), after=score(c.after), step_before_s=c.step_before_s,
-                    step_after_s=c.step_after_s, decisions=list(c.decisions), warnings=list(c.warnings),
-                    bindings=[_plain(b) for b in bindings])
+    return dict(rank_to_gpu=[int(x) for x in c.rank_to_gpu], weights=dict(c.weights),
+                weights_unit="sent_bytes_per_step" if c.weights_source != "default" else "relative",
+                weights_source=c.weights_source, changed=bool(c.changed), searched=bool(c.searched),
+                before=score(c.before), after=score(c.after), step_before_s=c.step_before_s,
+                step_after_s=c.step_after_s, decisions=list(c.decisions), warnings=list(c.warnings))
 
 
 def nccl_check_doc(plan: Plan | Infeasible, log: str, differences: Sequence[str]) -> dict[str, Any]:
@@ -266,6 +272,10 @@ def export_doc(config: str, to: str, header: Sequence[str], files: Sequence[tupl
                     not_expressed=[h[len(pre):] for h in header if h.startswith(pre)], files=files_doc(files))
 
 
-def launch_doc(plan: Plan | Infeasible, nodes: int, files: Sequence[tuple[str, int]], run: str) -> dict[str, Any]:
-    """``launch``: the files written (scripts and bindings), the node count and how to run them."""
-    return envelope("launch", plan, nodes=nodes, files=files_doc(files), run=run)
+def launch_doc(plan: Plan | Infeasible, nodes: int, files: Sequence[tuple[str, int]], run: str,
+               choice=None) -> dict[str, Any]:
+    """``launch``: the files written (scripts and bindings), the node count, how to run them,
+    and the placement bound (:func:`choice_fields`: the choice and the warnings launch prints;
+    absent when the mesh does not fit and nothing is placed)."""
+    fields = choice_fields(choice) if choice is not None else {}
+    return envelope("launch", plan, nodes=nodes, files=files_doc(files), run=run, **fields)

@@ -62,7 +62,9 @@ def tie_order(steps: Sequence[float], keys: Sequence[tuple], rel: float = TIE,
               peaks: Optional[Sequence[float]] = None) -> list[int]:
     """Positions of ``steps`` in the order of the module docstring's rule; ``keys[j]``: the
     simplicity key of position j (smaller first among the tied); ``peaks[j]``: its planned
-    peak memory, bytes (lower first after the keys; inf: not planned)."""
+    peak memory, bytes (lower first after the keys; inf: not planned, which would put it behind a
+    planned twin for lack of a number: the search plans every twin that ties a listed candidate
+    before it lists the top, :func:`meshplan.search.driver._complete_top`)."""
     mem = peaks if peaks is not None else [0.0] * len(steps)
     left = sorted(range(len(steps)), key=lambda j: (steps[j], j))
     out: list[int] = []
