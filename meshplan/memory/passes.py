@@ -276,7 +276,7 @@ class PassBuilder:
     # backward ----------------------------------------------------------------------
     def _backward(self) -> None:
         sz, keys = self.sz, self.keys
-        bucket = sz.bucket if (sz.bucket_every_backward or self.last) and not sz.fsdp else 0
+        bucket = sz.bucket if sz.bucket_every_backward or self.last else 0  # FSDP: DeepSpeed ZeRO-3 2021's only
         self._add(None, "grad_buffers", bucket, sz.bucket_what)
         layers = sz.chunks[self.chunk]
         order = list(reversed(layers))
