@@ -447,3 +447,30 @@ def test_search_drops_contiguous_gradients_outside_zero3():
         seen.add((SHARDING[c.sh[i]], t.zero3_engine, t.contiguous_gradients))
     assert {x for x in seen if x[0] == "zero1"} == {("zero1", "fsdp2", False)}
     assert ("zero3", "deepspeed-2021", True) in seen
+
+
+def test_gradient_buffers_in_the_memory_timeline_by_hand():
+    """DeepSpeed v0.3.13 (stage3.py at 12a53b4) during each backward of GPT-3 175B in fp16 at 384
+    GPUs (reduce_bucket_size 5e8): with ``contiguous_gradients`` the two fp16 ipg buffers
+    (``torch.empty(reduce_bucket_size, dtype=torch.half)`` twice under stage 3's default
+    overlap_comm), 2 x 5e8 x 2 B = 2 GB; without (v0.3.13's default) the largest flattened
+    bucket, the word embedding's 51,200 x 12,288 = 629,145,600 fp16 gradients (past 5e8: a
+    bucket of its own), 1,258,291,200 B. Each allocated at the backward's start and freed at its
+    end, in every micro-batch; the peak (a backward) differs by their difference."""
+    events, peaks = {}, {}
+    for contiguous in (False, True):
+        cfg = load_config(ZERO3 / "gpt3-175b_384xa100_zero3-deepspeed_mb4.toml")
+        cfg = replace(cfg, training=cfg.training.model_copy(update={"contiguous_gradients": contiguous}))
+        tl = build_plan(cfg).timeline
+        events[contiguous] = [(e.phase, e.microbatch, e.kind, e.delta_bytes, e.label) for e in tl.events()
+                              if "bucket" in e.label]
+        peaks[contiguous] = tl.peak.by_kind["grad_buffers"]
+    assert events[True] == [
+        ("backward", 0, "grad_buffers", 2_000_000_000,
+         "DeepSpeed ZeRO-3 ipg buffers (2 x reduce_bucket_size, fp16; contiguous_gradients)"),
+        ("backward", 0, "grad_buffers", -2_000_000_000, "gradient bucket freed")]
+    assert events[False] == [
+        ("backward", 0, "grad_buffers", 51_200 * 12_288 * 2,
+         "DeepSpeed ZeRO-3 flattened gradient bucket being all-reduced (largest bucket)"),
+        ("backward", 0, "grad_buffers", -51_200 * 12_288 * 2, "gradient bucket freed")]
+    assert peaks[True] - peaks[False] == 2_000_000_000 - 1_258_291_200

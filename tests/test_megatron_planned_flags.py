@@ -191,3 +191,43 @@ def test_rope_base_and_norm_epsilon_are_written_and_read_back(tmp_path):
     with pytest.raises(ConfigError, match="is not a norm epsilon") as e:
         load_any(f, "megatron", ImportOptions(cluster="dgx-h100", nodes=1))
     assert e.value.field == "--norm-epsilon"
+
+
+def test_megatron_fsdp_makes_no_copies_on_the_compute_stream_by_hand():
+    """Llama 3 8B, zero3 over dp 8 on one DGX H100, fp32 parameters and reduction. FSDP2
+    (framework torch) copies on the compute stream: a layer's copy-out reads and writes its
+    436.224 MB bf16 all-gather output (872.4 MB at Triad 2.97 TB/s: 293.8 us), its copy-in reads
+    218,112,000 bf16 gradients and writes them in fp32 (1.309 GB: 440.6 us); 32 layers gathered
+    twice and reduced once, the embedding unit (707.5 / 1061.3 us, gathered twice) and the
+    [norm, output] unit (707.5 / 1061.3 us, gathered once): 37.1 ms per step. Megatron FSDP
+    (NVIDIA/Megatron-LM d98e8a6: the parameters are views of the all-gather bucket, the
+    weight-gradient GEMMs write into the reduce-scatter bucket) makes none: every row's copy 0,
+    no copies note, and the search's copies 0 too."""
+    import numpy as np
+
+    from meshplan.search.memory import Tables
+    from meshplan.search.space import SHARDING, enumerate_candidates
+    from meshplan.search.timing import fsdp_copies
+
+    training = {"global_batch": 8, "seq_len": 4096, "sharding": "zero3", "param_dtype": "fp32", "reduce_dtype": "fp32"}
+    copies = {}
+    for fw in ("torch", "megatron"):
+        cfg = _cfg("llama3-8b", 1, {**training, "framework": fw}, {"names": ["dp"], "shape": [8]})
+        p = build_plan(cfg)
+        copies[fw] = {(r.phase, r.op, r.cadence): round(r.copy_s * 1e6, 1) for r in p.stage(0).collectives}
+        notes = [n for n in step_time(p).notes if n.startswith("FSDP2 copies on the compute stream")]
+        c = enumerate_candidates(cfg)
+        i = int(np.flatnonzero((c.fsdp == 8) & (c.tp == 1) & (c.sh == SHARDING.index("zero3")))[0])
+        searched = fsdp_copies(cfg, Tables(cfg), c.take([i]))
+        if fw == "torch":
+            assert copies[fw][("forward", "all-gather", "every layer")] == 293.8
+            assert copies[fw][("backward", "reduce-scatter", "every layer")] == 440.6
+            by_hand = 64 * 293.8 + 32 * 440.6 + 3 * 707.5 + 2 * 1061.3  # us
+            assert notes == [f"FSDP2 copies on the compute stream: {by_hand / 1e3:.1f} ms per step (stage 0): the "
+                             "copy-out after each all-gather and the copy-in before each reduce-scatter "
+                             "(meshplan.comm.fsdp2)"] and f"{by_hand / 1e3:.1f}" == "37.1"
+            assert round(float(searched["out"][0]) * 1e6, 1) == 293.8
+        else:
+            assert set(copies[fw].values()) == {0.0} and len(copies[fw]) == 5 and notes == []
+            assert all(float(v[0]) == 0.0 for v in searched.values())
+            assert "no copies on the compute stream around them, unlike FSDP2" in megatron_reduce_line(cfg.training)

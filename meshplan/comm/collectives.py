@@ -734,7 +734,9 @@ def _dp_rows(add, c: _Ctx) -> None:
 
         def copies(gathered: float, numel: int) -> tuple[float, float]:
             # FSDP2's copy-out after each all-gather and copy-in before each reduce-scatter, on the
-            # compute stream (meshplan.comm.fsdp2)
+            # compute stream (meshplan.comm.fsdp2); Megatron FSDP's GEMMs use its buckets in place
+            if not fsdp2.compute_stream_copies(t):
+                return 0.0, 0.0
             return (fsdp2.copy_out_seconds(gathered, data, hbm),
                     fsdp2.copy_in_seconds(numel, grad_b, red_b, data, hbm))
 

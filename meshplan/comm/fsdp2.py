@@ -25,6 +25,27 @@ Both copies are memory-bound kernels, timed by the rule of every other one
 (:func:`meshplan.compute.measured.memory_kernel_seconds`: bytes at the catalog's BabelStream
 Triad, never below the per-kernel issue floor; the datasheet bandwidth for a GPU without catalog
 data).
+
+**Megatron FSDP makes neither copy** (``training.framework = "megatron"``, which runs zero3 and
+hsdp with ``--use-megatron-fsdp``; :func:`compute_stream_copies`). Read in NVIDIA/Megatron-LM at
+d98e8a64ddf34856e74b24714e3bedb2f5a39553, ``megatron/core/distributed/fsdp/src/megatron_fsdp/``:
+
+- all-gather: ``param_and_grad_buffer.py`` ``AllGatherPipeline.async_bucket_gather`` gathers
+  ``wbuf.get_shard_from_local_buffer()`` (the rank's slice of the flat weight buffer, no copy-in)
+  into ``wbuf.fetch_bucket(set_param_data=True)``, which points every parameter's ``.data`` at its
+  slice of that bucket (``DataParallelBuffer.fetch_bucket``): the GEMMs read the all-gather output
+  itself, no copy-out;
+- reduce-scatter: the input is the unsharded gradient bucket (``GradReducePipeline.
+  _bucket_group_gradient_reduce``: ``gbuf.fetch_bucket(dtype=grad_comm_dtype)``), and
+  ``param.main_grad`` is a view of it (``main_grad_getter``). Megatron-LM's
+  ``gradient_accumulation_fusion`` (on by default) has each weight-gradient GEMM write there
+  (``grad_added_to_main_grad``; ``overwrite_main_grad`` under optim_grads / optim_grads_params),
+  so ``megatron_fsdp.py`` ``_grad_acc`` copies nothing for the GEMM weights. It copies
+  (``param.main_grad.copy_(param.grad)``) only the gradients no GEMM wrote: norm weights, biases,
+  embeddings, the per-parameter hooks the compute model already times
+  (:func:`meshplan.compute.ops.main_grad_hooks`). The pre-scale and the accumulation of the
+  reduced shard into the sharded gradient buffer run on its side stream
+  (``side_stream_for_buffer_copy_and_grad_accum``), beside the compute.
 """
 
 from __future__ import annotations
@@ -33,6 +54,21 @@ from typing import Optional
 
 from meshplan.compute.measured import KernelData, memory_kernel_seconds
 from meshplan.units import dtype_bytes
+
+
+def compute_stream_copies(training) -> bool:
+    """Whether ``training``'s FSDP runtime copies between its flat buffers and the parameters
+    and gradients on the compute stream (``training``: a
+    :class:`~meshplan.spec.training.TrainingSpec`): FSDP2 (framework torch) does, Megatron FSDP
+    (framework megatron) does not (module docstring). The one rule for the collective table's
+    ``copy_s`` and the search's :func:`meshplan.search.timing.fsdp_copies`.
+
+    >>> from meshplan.spec.training import TrainingSpec
+    >>> t = TrainingSpec(global_batch=8, seq_len=16, sharding="zero3")
+    >>> compute_stream_copies(t), compute_stream_copies(t.model_copy(update={"framework": "megatron"}))
+    (True, False)
+    """
+    return training.framework != "megatron"
 
 
 def _seconds(nbytes: float, data: Optional[KernelData], datasheet_bytes_per_s: float) -> float:

@@ -54,7 +54,9 @@ through the pass. Without FSDP the gradients are persistent (Megatron's contiguo
 buffer) and a bucket (``grad_buffers``) exists during backward: every backward for zero2
 and for DeepSpeed's ZeRO-1/2 (``training.zero12_engine``: its bucket buffers,
 :meth:`~meshplan.spec.memory.MemoryOptions.deepspeed_bucket_bytes`), the last backward of the
-chunk for none/zero1 when grads are reduced in another dtype (else in place: 0).
+chunk for none/zero1 when grads are reduced in another dtype (else in place: 0). Of the FSDP
+engines only DeepSpeed ZeRO-3 of 2021 has one, every backward (its ipg buffers or its flattened
+bucket: :func:`meshplan.memory.sizes.deepspeed3_bucket_bytes`).
 
 Gradient accumulation (``training.grad_accumulation``, pp 1): ``no_sync`` and
 ``no_sync_unsharded`` run the units as ``fsdp_reduce = "after_last"`` (one reduce-dtype
@@ -276,7 +278,7 @@ class PassBuilder:
     # backward ----------------------------------------------------------------------
     def _backward(self) -> None:
         sz, keys = self.sz, self.keys
-        bucket = sz.bucket if (sz.bucket_every_backward or self.last) and not sz.fsdp else 0
+        bucket = sz.bucket if sz.bucket_every_backward or self.last else 0  # FSDP: DeepSpeed ZeRO-3 2021's only
         self._add(None, "grad_buffers", bucket, sz.bucket_what)
         layers = sz.chunks[self.chunk]
         order = list(reversed(layers))

@@ -59,6 +59,7 @@ from functools import lru_cache
 from typing import Optional
 from math import ceil
 
+from meshplan.comm import deepspeed
 from meshplan.compute.dtensor_sp import float8_tp
 from meshplan.compute.routing import RoutingOptions, routing
 from meshplan.compute.shapes import local_split
@@ -238,6 +239,25 @@ def _unit_numels(model: ModelSpec, training: TrainingSpec, mesh: Mesh, stages, k
     return out
 
 
+def deepspeed3_bucket_bytes(model: ModelSpec, training: TrainingSpec, mesh: Mesh, stages, k: int,
+                            opts: MemoryOptions, total: int) -> int:
+    """Bytes of DeepSpeed ZeRO-3 of 2021's gradient buffers during each backward of stage ``k``
+    (:func:`meshplan.comm.deepspeed.bucket_buffer_bytes`; ``total``: the stage's parameter
+    elements on one rank), 0 under another engine. The largest bucket (``contiguous_gradients``
+    false) is taken as ``min(max(reduce_bucket_size, the largest tensor), total)``: a tensor past
+    the bucket is a bucket of its own, the others fill at most ``reduce_bucket_size``."""
+    if training.sharding != "zero3" or training.zero3_engine != "deepspeed-2021":
+        return 0
+    pv = padded_vocab(model.vocab, training.vocab_pad_divisor, mesh.degree("tp"))
+    kinds = {model.is_moe_layer(j): j for c in stages[k] for j in c}  # one layer of each kind
+    ts = [*(model.embedding_tensors(pv) if k == 0 else ()), *(model.head_tensors(pv) if k == last_stage(stages) else ()),
+          *(t for i in kinds.values() for t in model.layer_tensors(i))]
+    largest = max((local_numel(t, model, mesh.degree("tp"), mesh.ep, mesh.etp) for t in ts), default=0)
+    cap = opts.deepspeed_bucket_elements()
+    return deepspeed.bucket_buffer_bytes(training.contiguous_gradients, cap, min(max(cap, largest), total),
+                                         dtype_bytes(training.param_dtype))
+
+
 ROOT_NAME = "root (embedding, final norm, output)"
 
 
@@ -389,7 +409,8 @@ def stage_sizes(model: ModelSpec, training: TrainingSpec, mesh: Mesh, stages, st
     common = common or common_sizes(model, training, mesh, opts)
     acts = {i: common.layer(training, model.is_moe_layer(i), pos) for pos, i in enumerate(layers)}
     hs = common.head
-    bucket = 0 if fsdp else opts.grad_bucket_bytes(training, mesh.degree("fsdp"), state.params.total)
+    bucket = deepspeed3_bucket_bytes(model, training, mesh, stages, k, opts, state.params.total) if fsdp \
+        else opts.grad_bucket_bytes(training, mesh.degree("fsdp"), state.params.total)
     fsdp_grads = sum(u.grads for u in us.values()) if fsdp else 0
     return StageSizes(
         stage=k, chunks=tuple(tuple(c) for c in stages[k]), acts=acts, units=us,
@@ -407,8 +428,18 @@ def stage_sizes(model: ModelSpec, training: TrainingSpec, mesh: Mesh, stages, st
         reduce_deferred=mesh.degree("pp") > 1,
         prefetch=opts.prefetch_layers, forward_prefetch=opts.forward_prefetch_layers, bucket=bucket,
         # DeepSpeed ZeRO-1/2 allocates its bucket buffers at every backward's first gradient hook
-        bucket_every_backward=training.sharding == "zero2" or training.zero12_engine == "deepspeed",
-        bucket_what=("DeepSpeed bucket buffer(s) (model dtype) and the bucket being reduced"
-                     if training.zero12_engine == "deepspeed" else "gradient bucket (reduce dtype)"),
+        bucket_every_backward=training.sharding == "zero2" or training.zero12_engine == "deepspeed" or fsdp,
+        bucket_what=_bucket_what(training),
         recompute=training.recompute, init=init_entries(state, fsdp, comm_axes, opts, training, origin),
         step=step_entries(state, training, opts, fsdp_grads))
+
+
+def _bucket_what(training: TrainingSpec) -> str:
+    """The gradient bucket's label in the memory timeline, in its engine's words."""
+    if training.sharding == "zero3" and training.zero3_engine == "deepspeed-2021":
+        return ("DeepSpeed ZeRO-3 ipg buffers (2 x reduce_bucket_size, fp16; contiguous_gradients)"
+                if training.contiguous_gradients else
+                "DeepSpeed ZeRO-3 flattened gradient bucket being all-reduced (largest bucket)")
+    return ("DeepSpeed bucket buffer(s) (model dtype) and the bucket being reduced"
+            if training.zero12_engine == "deepspeed" else "gradient bucket (reduce dtype)")
+

@@ -993,7 +993,8 @@ def config_overlap(training, overlap: Overlap = Overlap()) -> Overlap:
     FSDP unit's reduce-scatter issued asynchronously after its backward and the next unit's
     all-gather prefetched (megatron/core/distributed/fsdp/src/megatron_fsdp/megatron_fsdp.py
     lines 326-337 at NVIDIA/Megatron-LM d98e8a6): ``grad_reduce`` stays on
-    (:func:`megatron_reduce_line`). Under ``training.zero12_engine = "deepspeed"``,
+    (:func:`megatron_reduce_line`), with none of FSDP2's copies on the compute stream
+    (:func:`meshplan.comm.fsdp2.compute_stream_copies`). Under ``training.zero12_engine = "deepspeed"``,
     ``grad_reduce`` is ``training.overlap_comm``."""
     if training.tp_comm_overlap and not overlap.tp and asynctp.unfused_overlap(training.framework):
         overlap = replace(overlap, tp=True)
@@ -1044,7 +1045,9 @@ def megatron_reduce_line(training) -> str:
         return (f"note: Megatron FSDP (sharding {training.sharding}): each unit's gradient reduce-scatter overlaps "
                 f"the next unit's backward and the next all-gather is prefetched (MegatronFSDP forces "
                 f"overlap_grad_reduce and overlap_param_gather; export writes --overlap-grad-reduce"
-                f"{' --overlap-param-gather' if training.sharding != 'zero2' else ''})")
+                f"{' --overlap-param-gather' if training.sharding != 'zero2' else ''}); no copies on the compute "
+                f"stream around them, unlike FSDP2: the parameters are views of the all-gather's bucket and the "
+                f"weight-gradient GEMMs write into the reduce-scatter's (meshplan.comm.fsdp2)")
     return (f"note: Megatron-LM DDP buffers (sharding {training.sharding}): the gradient reduction runs after the "
             f"last backward, not overlapped (Megatron-LM's default, --overlap-grad-reduce off)")
 

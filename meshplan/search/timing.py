@@ -266,7 +266,9 @@ def fsdp_copies(cfg: Config, tables: Tables, c: Candidates) -> dict[str, np.ndar
     (unpadded; 0 where efsdp is 1). Llama 3 8B's embedding in bf16 (525,336,576 elements): copy-out
     2 x 1.051 GB, copy-in 525,336,576 x (2 + 4) B, at Triad 2.97 TB/s. 0 where the
     candidate has no FSDP2 unit over more than one rank (no zero3 or hsdp, dp_shard x cp 1, or
-    zero3 under DeepSpeed's 2021 engine: its list copies are in its collectives' time).
+    zero3 under DeepSpeed's 2021 engine: its list copies are in its collectives' time), and
+    under ``training.framework = "megatron"`` (Megatron FSDP computes in its buckets:
+    :func:`meshplan.comm.fsdp2.compute_stream_copies`).
 
     >>> from meshplan.config import config_from_dict
     >>> from meshplan.search.memory import Tables
@@ -314,6 +316,7 @@ def fsdp_copies(cfg: Config, tables: Tables, c: Candidates) -> dict[str, np.ndar
                 "e_in": fsdp2.copy_in_seconds(sum(n for _, n, *_ in ts), grad_b, red_b, data, hbm)}
 
     fsdp2_on = (c.sh == SHARDING.index("hsdp")) | ((c.sh == SHARDING.index("zero3")) & (t.zero3_engine == "fsdp2"))
+    fsdp2_on &= fsdp2.compute_stream_copies(t)  # Megatron FSDP: none (meshplan.comm.fsdp2)
     on = fsdp2_on & (c.fsdp > 1)
     lay = lookup([c.tp, c.ep, c.etp, c.fsdp], layer, ("out", "in"), dtype=np.float64)
     rt = lookup([c.tp], root, ("root_out", "root_in", "emb_out", "emb_in", "head_out", "head_in"), dtype=np.float64)
