@@ -59,7 +59,6 @@ from functools import lru_cache
 from typing import Optional
 from math import ceil
 
-from meshplan.comm import deepspeed
 from meshplan.compute.dtensor_sp import float8_tp
 from meshplan.compute.routing import RoutingOptions, routing
 from meshplan.compute.shapes import local_split
@@ -239,10 +238,40 @@ def _unit_numels(model: ModelSpec, training: TrainingSpec, mesh: Mesh, stages, k
     return out
 
 
+def bucket_buffer_bytes(contiguous: bool, cap: int, largest_bucket: int, grad_bytes: int) -> int:
+    """Bytes of the gradient buffers DeepSpeed ZeRO-3 of 2021 holds during a backward beyond the
+    gradients themselves (microsoft/DeepSpeed v0.3.13, 12a53b43833b7bea279a205e313f2bd3f0cdfd99,
+    ``deepspeed/runtime/zero/stage3.py``); ``cap``: ``reduce_bucket_size`` (elements),
+    ``largest_bucket``: the stage's largest gradient bucket (elements), ``grad_bytes``: the
+    gradients' dtype bytes (``param.grad``, the parameter dtype).
+
+    - ``contiguous_gradients`` true: ``backward`` (lines 2534-2547) allocates the ipg buffer,
+      ``torch.empty(reduce_bucket_size, dtype=torch.half)``, and with ``overlap_comm`` (stage 3's
+      default true, ``ZERO3_OPTIMIZATION_OVERLAP_COMM_DEFAULT``, zero/constants.py; meshplan's
+      ZeRO-3 of 2021 always overlaps) a second one ("double buffers"), at every backward (each
+      micro-batch); the hooks copy each gradient into it (``new_grad_tensor.copy_``, the gradient
+      then a view of it) and ``_release_ipg_buffers`` drops both at the backward's end (the ipg
+      epilogue, line 1313): ``2 x cap x 2 B`` whatever the dtypes (fp16 buffers).
+    - ``contiguous_gradients`` false: no buffer kept; each flush's ``allreduce_bucket`` (line
+      1796) flattens the bucket's gradients into a new tensor (``flatten(bucket)``) of their
+      dtype, freed once ``allreduce_and_copy`` has copied it back; ``reduce_ipg_grads`` waits for
+      the reduction stream before each flush, so one is alive at a time: the largest bucket,
+      ``largest_bucket x grad_bytes``.
+
+    GPT-3 175B in fp16, the default 5e8: 2 x 5e8 x 2 B = 2 GB with contiguous gradients; without,
+    its largest bucket, the word embedding's 51,200 x 12,288 = 629,145,600 gradients alone (past the
+    bucket: a bucket of its own), 1.258 GB:
+
+    >>> bucket_buffer_bytes(True, 500_000_000, 629_145_600, 2), bucket_buffer_bytes(False, 500_000_000, 629_145_600, 2)
+    (2000000000, 1258291200)
+    """
+    return 2 * cap * 2 if contiguous else largest_bucket * grad_bytes
+
+
 def deepspeed3_bucket_bytes(model: ModelSpec, training: TrainingSpec, mesh: Mesh, stages, k: int,
                             opts: MemoryOptions, total: int) -> int:
     """Bytes of DeepSpeed ZeRO-3 of 2021's gradient buffers during each backward of stage ``k``
-    (:func:`meshplan.comm.deepspeed.bucket_buffer_bytes`; ``total``: the stage's parameter
+    (:func:`bucket_buffer_bytes`; ``total``: the stage's parameter
     elements on one rank), 0 under another engine. The largest bucket (``contiguous_gradients``
     false) is taken as ``min(max(reduce_bucket_size, the largest tensor), total)``: a tensor past
     the bucket is a bucket of its own, the others fill at most ``reduce_bucket_size``."""
@@ -254,7 +283,7 @@ def deepspeed3_bucket_bytes(model: ModelSpec, training: TrainingSpec, mesh: Mesh
           *(t for i in kinds.values() for t in model.layer_tensors(i))]
     largest = max((local_numel(t, model, mesh.degree("tp"), mesh.ep, mesh.etp) for t in ts), default=0)
     cap = opts.deepspeed_bucket_elements()
-    return deepspeed.bucket_buffer_bytes(training.contiguous_gradients, cap, min(max(cap, largest), total),
+    return bucket_buffer_bytes(training.contiguous_gradients, cap, min(max(cap, largest), total),
                                          dtype_bytes(training.param_dtype))
 
 
