@@ -26,7 +26,7 @@ Dtype = Literal["fp32", "bf16", "fp16", "fp8"]
 # Megatron-LM's bf16 with fp32 main copies), so a knob with them.
 PLAN_KNOBS = ("micro_batch", "sharding", "reshard_after_forward", "reshard_head_after_forward", "recompute", "ac_freq", "flash_attention",
               "tp_comm_overlap", "framework", "zero3_engine", "contiguous_gradients", "zero12_engine", "overlap_comm",
-              "grad_accumulation", "fp8_all_gather", "torch_compile", "torch_norm", "optimizer_impl", "pp_schedule_runs", "vocab_pad_divisor",
+              "grad_accumulation", "fp8_all_gather", "torch_compile", "torch_compile_loss", "torch_norm", "optimizer_impl", "pp_schedule_runs", "vocab_pad_divisor",
               "param_dtype")
 
 #: The weights of ``nn.Linear`` modules (torchtitan's model files; Megatron-LM's Transformer Engine
@@ -92,6 +92,13 @@ class TrainingSpec(BaseModel):
     (torchtitan ``[compile] enable``), which fuses each chain of elementwise ops between the GEMMs
     into one kernel; off (torchtitan's default), torch runs them one kernel each
     (:mod:`meshplan.compute.torch_eager`). Megatron-LM runs its own kernels either way.
+    torchtitan compiles each TransformerBlock only (``apply_compile``: 9dec370
+    ``parallelisms/parallelize_llama.py``, b5bcd76 ``distributed/compile.py``): the final norm runs
+    eagerly whatever ``torch_compile`` says (kernel by kernel under ``torch_norm = "decomposed"``).
+    ``torch_compile_loss`` (with ``torch_compile``): the cross entropy compiled too (torchtitan
+    ``[compile] components`` with "loss", its default; 820504e ``components/loss.py`` compiles it
+    with ``training.compile``); false: eager, as at 9dec370, whose ``train.py`` has the loss
+    compile commented out ("compiling loss function causes CUDA errors").
     ``torch_norm``: the RMSNorm module under ``framework = "torch"``: ``"fused"`` (one kernel
     each way: torch's ``nn.RMSNorm``, torchtitan's norm since 2025) or ``"decomposed"``
     (torchtitan's own ``RMSNorm`` before it, ``model.norm_type = "rmsnorm"`` at 9dec370: upcast,
@@ -231,6 +238,7 @@ class TrainingSpec(BaseModel):
     framework: Literal["torch", "megatron"] = "torch"
     torch_compile: bool = False
     torch_norm: Literal["fused", "decomposed"] = "fused"
+    torch_compile_loss: bool = True
     optimizer_impl: Literal["fused", "foreach"] = "fused"
     zero3_engine: Literal["fsdp2", "deepspeed-2021"] = "fsdp2"
     contiguous_gradients: bool = False
