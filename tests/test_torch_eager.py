@@ -215,3 +215,5 @@ def test_blocks_compiled_alone_leave_the_head_eager():
     t = _titan({"enable": True, "components": ["model"]})
     assert (t.tables["training"]["torch_compile"], t.tables["training"]["torch_compile_loss"]) == (True, False)
     assert "torch_compile_loss" not in _titan({"enable": True}).tables["training"]  # default: the loss compiled
+    with pytest.raises(ValueError, match="torch_compile_loss = false leaves the loss eager beside a compiled model"):
+        TrainingSpec(global_batch=8, seq_len=16, torch_compile_loss=False)

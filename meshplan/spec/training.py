@@ -363,6 +363,9 @@ class TrainingSpec(BaseModel):
             raise ValueError("tp_comm_overlap under framework \"torch\" is torchtitan's async TP, which needs "
                              "torch.compile (torchtitan raises \"Async TP requires torch.compile\"): set "
                              "torch_compile = true, or remove tp_comm_overlap")
+        if not self.torch_compile_loss and not self.torch_compile:
+            raise ValueError("torch_compile_loss = false leaves the loss eager beside a compiled model; without "
+                             "torch_compile everything runs eagerly already: remove the key")
         if self.optimizer_impl != "fused" and self.framework != "torch":
             raise ValueError(f"optimizer_impl {self.optimizer_impl!r} is torch's multi-tensor Adam; framework "
                              f"{self.framework!r} runs apex/TE's fused Adam: remove the key")
