@@ -58,23 +58,33 @@ output-gradient casts per layer, at the table's small NVLink all-reduce (27 us) 
 forward, 92 B backward, against 4 B and 6 B fused; ``training.torch_norm``,
 :func:`meshplan.compute.torch_eager.rmsnorm_bytes`). Modelled: T1 FSDP's step 1882 -> 2103 ms
 (+51.1% -> +35.2%), T3's +58.4% -> +41.4%, and the published compile gain of T1 (+15.7%) is now
-predicted at +18.1% (was +5.7%). ``--itemise T1`` splits the three T1 steps by kernel kind: the
-published step is longer by about the same time in all three (740, 676, 661 ms), although their
-GEMMs differ (1171 ms bf16, 665 ms float8); their attention (FA2) is the same 382 ms, the
-compiled rows' memory-bound kernels the same 142 ms. What is known of the rest, none of it
-modelled: (a) the GPU: its HBM2e at 2.4 TB/s (torchtitan's number) against the catalog GPU's
-3.35 TB/s HBM3 would add 184 / 56 / 56 ms to the memory-bound kernels at the same fraction of
-the bandwidth (the what-if line; no measurement of that part); its clocks under the 500 W cap,
-which set its GEMMs and attention, are not published; (b) at 9dec370 only the TransformerBlocks
-are compiled (``parallelize_llama.apply_compile``; ``train.py``'s loss compile is commented
-out), so the compiled rows still run the final norm and the fp32 cross entropy eagerly: 16384 x
-128256 logits at 8 + 16 more bytes each and the norm's 118, about 20 ms at Triad; (c) the
-optimizer is torch's foreach AdamW there (``optimizer.py``: ``foreach = not fused``,
-``optimizer.fused`` default false), 84 B a parameter in eight passes against the fused step's
-28: +19 ms at 1.0e9 parameters a rank; (d) the float8 row's casts (torchao's amax reduction and
-cast of each float8 Linear's input and output gradient, and the transposed copies for the weight
-gradient) have no op in the model: of the order of 8 GB a layer, about 0.1 s a step at 8B by
-hand, not checked in a trace. Less (a)'s bandwidth, (b), (c) and (d), 0.54 / 0.58 / 0.47 s a
+predicted at +18.1% (was +5.7%). The optimizer there is torch's foreach AdamW (9dec370
+``optimizer.py``: ``"foreach": not fused``, ``--optimizer.fused`` a store_true flag, default
+false), so the T rows' TOMLs say ``[optimizer] fused = false`` (``training.optimizer_impl =
+"foreach"``): eight passes, 80 B a parameter against the fused step's 28
+(:func:`meshplan.schedule.steptime.foreach_adam_bytes`), +17.6 ms a step at T1's 1.0e9
+parameters a rank (Triad 2.97 TB/s): T1 +35.2% -> +34.1%, +38.0% -> +36.6%, +52.5% -> +50.4%;
+T3 (0.063e9 a rank) +1 ms. The async TP runs (820504e) ran its default, fused. At 9dec370 only
+the TransformerBlocks are compiled (``parallelisms/parallelize_llama.py`` ``apply_compile``;
+``train.py``'s loss compile commented out, "compiling loss function causes CUDA errors"), so the
+T rows' TOMLs say ``[compile] components = ["model"]`` (``training.torch_compile_loss = false``)
+and the compiled rows run the fp32 cross entropy eagerly (16384 x 128256 logits at 24 B more
+each, +17.0 ms) and the final norm kernel by kernel (as torchtitan still does today: its
+``apply_compile`` compiles the blocks alone; 118 B more an element, +2.7 ms): T1 compile
++36.6% -> +35.1%, compile+fp8 +50.4% -> +48.2%, T3 +44.1% -> +42.4%, +59.0% -> +56.5%; the T1
+compile gain is now predicted at +16.6% (published +15.7%). ``--itemise T1`` splits the three
+T1 steps by kernel kind: the published step is longer by about the same time in all three
+(723, 639, 624 ms), although their GEMMs differ (1171 ms bf16, 665 ms float8); their attention
+(FA2) is the same 382 ms, the compiled rows' memory-bound kernels the same 162 ms. What is known
+of the rest, none of it modelled: (a) the GPU: its HBM2e at 2.4 TB/s (torchtitan's number)
+against the catalog GPU's 3.35 TB/s HBM3 would add 184 / 64 / 64 ms to the memory-bound kernels
+at the same fraction of the bandwidth (the what-if line; no measurement of that part); its
+clocks under the 500 W cap, which set its GEMMs and attention, are not published; (b) the
+eager head and (c) the foreach optimizer, now modelled (above); (d) the float8 row's casts
+(torchao's amax reduction and cast of each float8 Linear's input and output gradient, and the
+transposed copies for the weight gradient) have no op in the model: of the order of 8 GB a
+layer, about 0.1 s a step at 8B by
+hand, not checked in a trace. Less (a)'s bandwidth and (d), 0.54 / 0.58 / 0.46 s a
 step of the three T1 rows is left to the GPU's unknown clocks and to what no source here names.
 
 **Left (not modelled; no fitted constant).** (1) The GPU: its clocks at 500 W are not
@@ -204,7 +214,11 @@ def toml_of(r: Row) -> str:
         lines += [f'pipeline_parallel_schedule = "{r.schedule}"', f"pipeline_parallel_microbatch_size = {per_mb}"]
         if r.stages_per_rank > 1:
             lines += [f"pipeline_parallel_layers_per_stage = {_layers_per_stage(r)}"]
-    lines += ["", "[compile]", f"enable = {str(r.compile).lower()}", 'components = ["model", "loss"]', "",
+    if r.id.startswith("T"):  # 9dec370's unset --optimizer.fused (false): foreach AdamW
+        lines += ["", "[optimizer]", "fused = false"]
+    # 9dec370 compiled the TransformerBlocks alone (train.py's loss compile commented out)
+    parts = '["model"]' if r.id.startswith("T") else '["model", "loss"]'
+    lines += ["", "[compile]", f"enable = {str(r.compile).lower()}", f"components = {parts}", "",
               "[activation_checkpoint]"]
     lines += ['mode = "selective"', 'selective_ac_option = "op"'] if r.ac == "op" else [f'mode = "{r.ac}"']
     if r.float8:

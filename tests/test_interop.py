@@ -71,7 +71,7 @@ def test_torchtitan_example_by_hand():
     assert (t.sharding, t.param_dtype, t.compute_dtype, t.reduce_dtype, t.recompute, t.reshard_after_forward) == (
         "zero3", "fp32", "bf16", "fp32", "op", True)
     assert cfg.notes[-1] == ("torchtitan: fields meshplan does not use: job.dump_folder, job.description, "
-                             "model.hf_assets_path, optimizer.name, optimizer.lr, metrics.log_freq, training.steps, "
+                             "model.hf_assets_path, optimizer.lr, metrics.log_freq, training.steps, "
                              "training.dataset, checkpoint.enable")
 
 

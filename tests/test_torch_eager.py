@@ -192,3 +192,28 @@ def test_torchtitan_degree_message_says_which_takes_minus_one():
     with pytest.raises(ConfigError, match=r"^parallelism.pipeline_parallel_degree: must be a whole number >= 1 "
                                           r"\(only data_parallel_shard_degree takes -1\); got -1$"):
         read(d, Path("."), ImportOptions(cluster="dgx-h100", nodes=1))
+
+
+def test_blocks_compiled_alone_leave_the_head_eager():
+    """torchtitan compiles each TransformerBlock alone (9dec370 ``apply_compile``; the loss
+    compile commented out in its train.py; later ``[compile] components`` without "loss"). Llama
+    3 8B head, 8192 tokens, bf16 logits 8192 x 128256 (LOGITS): the cross entropy eager is
+    6 + 8 B forward and 4 + 12 + 6 B backward a logit, 36 B against the compiled 12 (+24 B); the
+    final norm under torch_norm "decomposed" stays torchtitan's RMSNorm kernel by kernel
+    (36 + 92 B an element against 4 + 6 fused, 8192 x 4096 elements) compiled or not."""
+    def head(**kw):
+        t = TrainingSpec(global_batch=8, seq_len=8192, micro_batch=1, recompute="none", **kw)
+        cost = head_cost(LLAMA, H100, Workload(seq_len=8192, micro_batch=1, recompute="none", **framework_kernels(t)))
+        return sum(_bytes(cost, "forward").values()) + sum(_bytes(cost, "backward_input").values())
+    whole = head(torch_compile=True)
+    blocks = head(torch_compile=True, torch_compile_loss=False)
+    assert blocks - whole == 24 * LOGITS
+    # 118 B an element (the weight's own 4096-element kernels add under 1e-4 of it)
+    assert head(torch_compile=True, torch_norm="decomposed") - whole == pytest.approx((36 + 92 - 4 - 6) * 8192 * 4096,
+                                                                                       rel=1e-4)
+    assert head(torch_compile=False) == head(torch_compile=True, torch_compile_loss=False)  # fused norm: eager = fused
+    t = _titan({"enable": True, "components": ["model"]})
+    assert (t.tables["training"]["torch_compile"], t.tables["training"]["torch_compile_loss"]) == (True, False)
+    assert "torch_compile_loss" not in _titan({"enable": True}).tables["training"]  # default: the loss compiled
+    with pytest.raises(ValueError, match="torch_compile_loss = false leaves the loss eager beside a compiled model"):
+        TrainingSpec(global_batch=8, seq_len=16, torch_compile_loss=False)

@@ -120,8 +120,11 @@ def test_export_to_torchtitan_carries_the_users_settings(tmp_path):
     text, head = export(cfg, "torchtitan", str(path), user_source(path))
     out = tomllib.loads(text)
     user = tomllib.loads(USER)
-    for table in ("optimizer", "lr_scheduler", "metrics", "checkpoint"):
+    for table in ("lr_scheduler", "metrics", "checkpoint"):
         assert out[table] == user[table], table
+    # [optimizer]: the user's lr carried, name read and written back, the implementation the plan's
+    # (unset in the user's file: today's torchtitan default, fused)
+    assert out["optimizer"] == {"name": "AdamW", "lr": 3e-4, "implementation": "fused"}
     assert out["job"] == user["job"]  # the user's description kept
     assert (out["training"]["steps"], out["training"]["dataset"], out["training"]["max_norm"]) == (1000, "c4", 0.5)
     assert out["model"]["hf_assets_path"] == "./assets/hf/Llama-3.1-8B"
@@ -129,8 +132,8 @@ def test_export_to_torchtitan_carries_the_users_settings(tmp_path):
     assert out["parallelism"]["context_parallel_rotate_method"] == "allgather"
     # what meshplan planned: dp_shard 64 / (cp 2 x tp 8) = 4, global batch 1 x 4
     assert (out["parallelism"]["data_parallel_shard_degree"], out["training"]["global_batch_size"]) == (4, 4)
-    assert (f"carried unchanged from {path}: [optimizer], [lr_scheduler], [metrics], [checkpoint], job.dump_folder, "
-            "job.description, model.hf_assets_path, training.max_norm, training.steps, training.dataset, "
+    assert (f"carried unchanged from {path}: [lr_scheduler], [metrics], [checkpoint], job.dump_folder, "
+            "job.description, model.hf_assets_path, optimizer.lr, training.max_norm, training.steps, training.dataset, "
             "parallelism.context_parallel_rotate_method, model.converters ['quantize.linear.mx']") in head
     # the re-import of the carried file gives the same plan: only the recompute the plan modelled differs
     assert [h for h in head if h.startswith("not expressed")] == [
@@ -142,8 +145,8 @@ def test_export_from_torchtitan_to_megatron_lists_what_is_not_carried(tmp_path):
     cfg = load_any(path, opts=H100x8)
     _, head = export(cfg, "megatron", str(path), user_source(path))
     line = [h for h in head if h.startswith("not carried to megatron")]
-    assert line == ["not carried to megatron: the torchtitan settings meshplan does not plan: [job], [optimizer], "
-                    "[lr_scheduler], [metrics], [checkpoint], model.hf_assets_path, "
+    assert line == ["not carried to megatron: the torchtitan settings meshplan does not plan: [job], "
+                    "[lr_scheduler], [metrics], [checkpoint], model.hf_assets_path, optimizer.lr, "
                     "training.max_norm, training.steps, training.dataset, "
                     "parallelism.context_parallel_rotate_method, model.converters ['quantize.linear.mx']"]
 
@@ -155,7 +158,9 @@ def test_export_of_a_meshplan_toml_carries_nothing(tmp_path):
     mine.write_text(dumps(_tables(load_any(path, opts=H100x8))))
     assert user_source(mine) is None
     text, head = export(load_any(mine), "torchtitan", str(mine), user_source(mine))
-    assert "optimizer" not in tomllib.loads(text) and not [h for h in head if "carried" in h]
+    # [optimizer]: what the plan says (AdamW as imported, the fused step), written, not carried
+    assert tomllib.loads(text)["optimizer"] == {"implementation": "fused", "name": "AdamW"}
+    assert not [h for h in head if "carried" in h]
 
 
 def test_max_norm_is_read_as_clipping(tmp_path):
@@ -197,3 +202,37 @@ def test_cp3_reason_prints_the_exact_local_sequence(tmp_path):
     reasons = validity.check(cfg.model, cfg.training, resolved(cfg), cfg.mesh).reasons
     assert "sequence parallel: local seq = seq_len 8192 / cp 3 = 2730.67 is not a multiple of tp 8" in reasons
     assert not [r for r in reasons if "2730 " in r or "2730)" in r]
+
+
+def _optimizer_ms(cfg) -> float:
+    from meshplan.plan import build_plan
+    from meshplan.schedule.steptime import step_time
+    st = step_time(build_plan(cfg))
+    return sum(e.end_s - e.start_s for e in st.post_events if e.stage == 0 and e.name == "optimizer step") * 1e3
+
+
+def test_optimizer_implementation_is_read_and_priced(tmp_path):
+    """[optimizer] implementation (torchtitan 820504e on, default "fused") or the older fused flag
+    (9dec370: default false, ``foreach = not fused``). Per parameter of the rank, fp32 params,
+    gradients and both moments (torchtitan's FSDP2, no master copy): clip_grad_norm_ 12 B (norm
+    read 4, scale read + write 8); fused AdamW one pass, read p, g, m, v and write p, m, v: 28 B;
+    foreach AdamW eight passes (torch ``_multi_tensor_adam``): decay mul_ on p 8, lerp_ m with g
+    12, mul_ v 8, addcmul_ v with g 12, sqrt v -> t 8, div_ t 8, add t 8, addcdiv_ p with m, t 16:
+    80 B. So the step is 40 B against 92 B a parameter, the same Triad: 2.3 x as long."""
+    base = USER.replace("tensor_parallel_degree = 8", "tensor_parallel_degree = 1") \
+        .replace("context_parallel_degree = 2", "context_parallel_degree = 1")
+    fused = load_any(_user(tmp_path, base), opts=H100x8)
+    assert (fused.training.optimizer, fused.training.optimizer_impl) == ("adamw", "fused")  # today's default
+    old = load_any(_user(tmp_path, base.replace('name = "AdamW"', 'name = "AdamW"\nfused = false')), opts=H100x8)
+    new = load_any(_user(tmp_path, base.replace('name = "AdamW"', 'name = "AdamW"\nimplementation = "foreach"')),
+                   opts=H100x8)
+    assert old.training.optimizer_impl == new.training.optimizer_impl == "foreach"
+    assert _optimizer_ms(new) / _optimizer_ms(fused) == pytest.approx(92 / 40, rel=1e-9)
+    with pytest.raises(ConfigError, match=r"^optimizer.fused: torchtitan before 2025 read it"):
+        load_any(_user(tmp_path, base.replace('name = "AdamW"', 'fused = true\nimplementation = "fused"')),
+                 opts=H100x8)
+    with pytest.raises(ConfigError, match=r"^optimizer.implementation: 'for-loop' is not modelled"):
+        load_any(_user(tmp_path, base.replace('name = "AdamW"', 'implementation = "for-loop"')), opts=H100x8)
+    path = _user(tmp_path, base.replace('name = "AdamW"', 'name = "AdamW"\nfused = false'))
+    text, _ = export(load_any(path, opts=H100x8), "torchtitan", str(path), user_source(path))
+    assert tomllib.loads(text)["optimizer"] == {"name": "AdamW", "lr": 3e-4, "implementation": "foreach"}

@@ -118,6 +118,8 @@ class Workload:
     attention_kernels: tuple[str, ...] = ()
     torch_eager: bool = False
     decomposed_norm: bool = False
+    eager_loss: bool = False
+    decomposed_head_norm: bool = False
     sp_layout_copies: bool = False
     linear_dtype: str = ""
     float8_gemms: frozenset[str] = frozenset()
@@ -240,12 +242,15 @@ def framework_kernels(training) -> dict:
     attention: FA3 where the catalog has it). One rule for the step model and the search's bound.
     torch without ``training.torch_compile`` runs its elementwise ops eagerly (``torch_eager``,
     :mod:`meshplan.compute.torch_eager`), and its norms kernel by kernel under ``training.torch_norm =
-    "decomposed"`` (``decomposed_norm``); Megatron-LM's own kernels are :mod:`~meshplan.compute.megatron`'s.
+    "decomposed"`` (``decomposed_norm``); the head's final norm is never compiled
+    (``decomposed_head_norm``) and the loss eager unless compiled with ``torch_compile_loss``
+    (``eager_loss``; both: torchtitan compiles the TransformerBlocks alone, TrainingSpec); Megatron-LM's own kernels are :mod:`~meshplan.compute.megatron`'s.
 
     >>> from meshplan.spec.training import TrainingSpec
     >>> framework_kernels(TrainingSpec(global_batch=8, seq_len=16, framework="megatron", grad_dtype="fp32"))
     {'fused_qkv': True, 'fp32_wgrad_accumulation': True, 'megatron_ops': True, 'attention_kernels': (), \
-'torch_eager': False, 'decomposed_norm': False, 'sp_layout_copies': False}
+'torch_eager': False, 'decomposed_norm': False, 'eager_loss': False, 'decomposed_head_norm': False, \
+'sp_layout_copies': False}
     >>> framework_kernels(TrainingSpec(global_batch=8, seq_len=16))["torch_eager"]
     True
     >>> framework_kernels(TrainingSpec(global_batch=8, seq_len=16))["attention_kernels"]
@@ -256,6 +261,8 @@ def framework_kernels(training) -> dict:
             "megatron_ops": megatron, "attention_kernels": () if megatron else SDPA_KERNELS,
             "torch_eager": not megatron and not training.torch_compile,
             "decomposed_norm": not megatron and not training.torch_compile and training.torch_norm == "decomposed",
+            "eager_loss": not megatron and not (training.torch_compile and training.torch_compile_loss),
+            "decomposed_head_norm": not megatron and training.torch_norm == "decomposed",
             "sp_layout_copies": not megatron}
 
 
@@ -987,17 +994,18 @@ def head_cost(model: ModelSpec, gpu: GPUSpec, w: Workload, table: Optional[GemmT
     pv = padded_vocab(model.vocab, w.vocab_pad_divisor, w.tp)
     g = Gemm("output", w.tokens, pv // w.tp, h)
     logits = w.tokens * (pv // w.tp)
+    wn = replace(w, decomposed_norm=w.decomposed_norm or w.decomposed_head_norm)  # never compiled (framework_kernels)
     ops = [_mem(gpu, name, "head", phase, nb, kind="norm" if name.endswith("norm") else "elementwise")
-           for name, _, f, bw in norm_spec(model, gpu, w, "final norm", "head", r)
+           for name, _, f, bw in norm_spec(model, gpu, wn, "final norm", "head", r)
            for phase, nb in (("forward", f), ("backward_input", bw)) if nb > 0]
-    ops += norm_finalize_ops(model, gpu, w, (("final norm", "head"),))
+    ops += norm_finalize_ops(model, gpu, wn, (("final norm", "head"),))
     ops += _gemm_ops(gpu, g, "head", w, table, model_scale=model.vocab / pv)
     if w.megatron_ops:
         fwd_b, bwd_b = cross_entropy_bytes(b)
         ops += [_mem(gpu, "cross entropy", "head", "forward", fwd_b * logits),
                 _mem(gpu, "cross entropy", "head", "backward_input", bwd_b * logits)]
     else:  # torch: fused when compiled, else kernel by kernel (compute.torch_eager)
-        fwd, bwd = torch_cross_entropy_bytes(b, w.torch_eager)
+        fwd, bwd = torch_cross_entropy_bytes(b, w.torch_eager or w.eager_loss)
         ops += [_mem(gpu, name, "head", phase, nb * logits)
                 for phase, kernels in (("forward", fwd), ("backward_input", bwd)) for name, nb in kernels]
     if w.megatron_ops:  # the final norm's weight (and bias) main-gradient hooks (main_grad_hooks)

@@ -37,7 +37,11 @@ parallelism.module_fqns_per_model_part,        mesh.pp_layer_split (torchtitan's
   pipeline_parallel_first/last_stage_less_layers generate_llm_fqn_per_model_part)
 parallelism.disable_loss_parallel              mesh.loss_parallel
 parallelism.enable_async_tensor_parallel       training.tp_comm_overlap
-compile.enable (+ components model, loss)      training.torch_compile (default off: eager)
+compile.enable (+ components model, loss)      training.torch_compile (default off: eager);
+                                                 components ["model"]: torch_compile_loss false
+optimizer.name AdamW / Adam                    training.optimizer adamw / adam
+optimizer.implementation "fused" / "foreach"   training.optimizer_impl (unset: "fused", torchtitan's
+  (before 2025: optimizer.fused true / false)    default since 2025; 9dec370's unset fused: foreach)
 training.max_norm                              training.grad_clip = true whatever its value: the
                                                  train step calls clip_grad_norm_ every step (norm,
                                                  then a multiply by min(max_norm / norm, 1), never
@@ -92,8 +96,10 @@ from meshplan.interop.torchtitan_tables import (
     model_parts,
     read_float8,
     read_norm,
+    read_optimizer,
     read_recompute,
     write_float8,
+    write_optimizer,
     write_recompute,
 )
 from meshplan.mesh.resolve import Mesh
@@ -115,7 +121,7 @@ USED = {"model.name", "model.flavor", "model.converters", "training.local_batch_
         "parallelism.pipeline_parallel_layers_per_stage", "parallelism.pipeline_parallel_first_stage_less_layers",
         "parallelism.pipeline_parallel_last_stage_less_layers", "parallelism.disable_loss_parallel",
         "parallelism.enable_async_tensor_parallel", "compile.enable", "compile.components", "training.max_norm",
-        "model.norm_type"} | \
+        "model.norm_type", "optimizer.name", "optimizer.implementation", "optimizer.fused"} | \
     {f"parallelism.{k}" for k in DEGREES}
 #: torchtitan keys (job_config.py at e347b1e) within three edits of a key the reader reads:
 #: none there; a later torchtitan key that close goes here so that it is listed, not refused.
@@ -240,7 +246,7 @@ def _training(d: dict, deg: dict[str, int], shard: int, opts: ImportOptions, mod
     if deg["pp"] > 1 and accum > 1:
         training["pp_schedule_runs"] = accum
     training |= read_recompute(d, deg, model, notes)
-    training["torch_compile"] = _compile(d.get("compile", {}), notes)
+    training |= _compile(d.get("compile", {}), notes)
     if training["tp_comm_overlap"] and not training["torch_compile"]:
         raise ConfigError("parallelism.enable_async_tensor_parallel", "torchtitan raises \"Async TP requires "
                           "torch.compile\" without [compile] enable = true (components with \"model\"): set it, or "
@@ -252,25 +258,25 @@ def _training(d: dict, deg: dict[str, int], shard: int, opts: ImportOptions, mod
     training["grad_clip"] = True  # torchtitan clips every step (module docstring)
     if dtype == "bf16":  # training.dtype bfloat16: everything in bf16, no fp32 copy
         training |= {"master_weights": False, "grad_dtype": "bf16", "optimizer_dtype": "bf16"}
-    return training | read_float8(d, shard, notes) | read_norm(d, notes)
+    return training | read_float8(d, shard, notes) | read_norm(d, notes) | read_optimizer(d, notes)
 
 
-def _compile(c: dict, notes: list[str]) -> bool:
-    """training.torch_compile of torchtitan's [compile]: ``enable`` (default false) with
-    ``components`` (default model and loss). meshplan compiles the two together: a list with
-    only one of them is planned as that one's choice for both, with a note."""
+def _compile(c: dict, notes: list[str]) -> dict[str, bool]:
+    """training.torch_compile and torch_compile_loss of torchtitan's [compile]: ``enable``
+    (default false) with ``components`` (default model and loss): ["model"] compiles the
+    TransformerBlocks and leaves the loss eager (as 9dec370 always did); the loss alone compiled
+    is not modelled: planned eager, with a note."""
     enable = c.get("enable", False)
     if not isinstance(enable, bool):
         raise ConfigError("compile.enable", f"{enable!r}; use true or false")
     parts = c.get("components", ["model", "loss"])
     if not isinstance(parts, list) or not all(isinstance(x, str) for x in parts):
         raise ConfigError("compile.components", f"{parts!r}; use a list such as [\"model\", \"loss\"]")
-    if enable and set(parts) & {"model", "loss"} != {"model", "loss"}:
-        on = "model" in parts
-        notes.append(f"compile.components {parts}: meshplan plans the model and the loss compiled together; "
-                     f"planned {'compiled' if on else 'eager'} (the model's choice)")
-        return on
-    return enable
+    if enable and "model" not in parts:
+        notes.append(f"compile.components {parts}: meshplan does not plan the loss compiled without the model; "
+                     f"planned eager")
+        return {"torch_compile": False}
+    return {"torch_compile": enable} | ({"torch_compile_loss": False} if enable and "loss" not in parts else {})
 
 
 def _dtype(tr: dict, key: str, default: str) -> str:
@@ -427,8 +433,9 @@ def write(cfg: Config) -> dict[str, dict]:
     return {"job": {"description": f"meshplan export: {cfg.model.name} on {cfg.cluster.nodes}x "
                                    f"{cfg.cluster.node.name}"},
             "model": model, "training": training, "parallelism": par,
-            "activation_checkpoint": write_recompute(t)} | quantize \
-        | ({"compile": {"enable": True, "components": ["model", "loss"]}} if t.torch_compile else {})
+            "activation_checkpoint": write_recompute(t), "optimizer": write_optimizer(t)} | quantize \
+        | ({"compile": {"enable": True, "components": ["model", "loss"] if t.torch_compile_loss else ["model"]}}
+           if t.torch_compile else {})
 
 
 #: Keys the reader reads whose values the plan leaves as they were (the tokenizer and weights'
@@ -439,7 +446,7 @@ KEPT = {"model.hf_assets_path", "training.max_norm"}
 def carried(user: dict, written: dict) -> tuple[dict, list[str]]:
     """(tables, what was carried) of ``written`` (:func:`write`) with the user's torchtitan
     job TOML ``user`` carried through: every key meshplan does not read (``[job]``,
-    ``[optimizer]``, ``[lr_scheduler]``, ``[metrics]``, ``[checkpoint]``, ``training.steps``,
+    ``optimizer.lr``, ``[lr_scheduler]``, ``[metrics]``, ``[checkpoint]``, ``training.steps``,
     ...) and :data:`KEPT` unchanged (``job.description`` the user's where it has one), the
     converters meshplan does not model kept beside the written ones; every other read key is
     what :func:`write` says (the plan), absent where it writes none. ``model.hf_assets_path`` only while the model is still the user's. What was

@@ -222,3 +222,43 @@ def read_norm(d: dict, notes: list[str]) -> dict[str, Any]:
         raise ConfigError("model.norm_type", f"{kind!r}; torchtitan's choices were layernorm, np_layernorm, rmsnorm, "
                           f"fused_rmsnorm")
     return {"torch_norm": NORM_TYPES[kind]}
+
+
+#: torchtitan's ``[optimizer] name`` -> meshplan ``training.optimizer`` (9dec370 ``optimizer.py``
+#: builds ``torch.optim.Adam`` or ``AdamW``; AdamW is the default and every llama3 preset's).
+OPTIMIZERS = {"AdamW": "adamw", "Adam": "adam"}
+#: The two keys of the optimizer's implementation: ``implementation`` (820504e on, default
+#: "fused") and the older ``fused`` flag (9dec370: ``store_true``, default false, ``foreach = not
+#: fused``); :attr:`~meshplan.spec.training.TrainingSpec.optimizer_impl`.
+IMPLEMENTATIONS = ("fused", "foreach")
+
+
+def read_optimizer(d: dict, notes: list[str]) -> dict[str, Any]:
+    """``training.optimizer`` and ``training.optimizer_impl`` of torchtitan's [optimizer]: ``name``
+    (default AdamW), ``implementation`` or the older ``fused``; neither: today's torchtitan
+    default, fused (a job of torchtitan before 2025 without ``fused = true`` ran foreach: write
+    ``fused = false`` to plan it)."""
+    o = d.get("optimizer", {})
+    name = o.get("name", "AdamW")
+    out: dict[str, Any] = {"optimizer": OPTIMIZERS.get(name, "adamw")}
+    if name not in OPTIMIZERS:
+        notes.append(f"optimizer.name {name!r}: meshplan models Adam and AdamW; planned as AdamW (two fp32 states)")
+    if "implementation" in o and "fused" in o:
+        raise ConfigError("optimizer.fused", "torchtitan before 2025 read it, later ones read "
+                          "optimizer.implementation: give one of the two")
+    if "fused" in o:
+        if not isinstance(o["fused"], bool):
+            raise ConfigError("optimizer.fused", f"{o['fused']!r}; use true (fused) or false (foreach)")
+        return out | {"optimizer_impl": "fused" if o["fused"] else "foreach"}
+    impl = o.get("implementation", "fused")
+    if impl not in IMPLEMENTATIONS:
+        raise ConfigError("optimizer.implementation", f"{impl!r} is not modelled (meshplan plans torch's fused and "
+                          f"foreach Adam steps); use \"fused\" or \"foreach\"")
+    return out | {"optimizer_impl": impl}
+
+
+def write_optimizer(t) -> dict[str, Any]:
+    """torchtitan's [optimizer] keys of ``t`` (a TrainingSpec): ``implementation`` (today's key),
+    and ``name`` for Adam or AdamW."""
+    names = {v: k for k, v in OPTIMIZERS.items()}
+    return {"implementation": t.optimizer_impl} | ({"name": names[t.optimizer]} if t.optimizer in names else {})

@@ -603,9 +603,10 @@ def optimizer_step_bytes(params, grads, master, optimizer, training, zero_grads=
     - clip: one read and one write of the gradients (``clip_grad_norm_`` multiplies by the
       clamped coefficient; Megatron's ``multi_tensor_scale``; counted as in torch, which
       always scales);
-    - update (Adam: apex ``multi_tensor_adam``, torch fused/foreach AdamW): reads the copy it
-      updates (the fp32 master when kept, else the parameters), the gradients and the optimizer
-      states; writes the copy and the states;
+    - update (Adam: apex ``multi_tensor_adam``, torch's fused AdamW, ``training.optimizer_impl =
+      "fused"``): reads the copy it updates (the fp32 master when kept, else the parameters), the
+      gradients and the optimizer states; writes the copy and the states. Torch's foreach Adam
+      (``"foreach"``, :func:`foreach_adam_bytes`) makes eight passes instead;
     - copy (when a master is kept): reads the master, writes the 16-bit parameters (Megatron's
       ``_copy_main_params_to_model_params``);
     - zero (``zero_grads``; None: ``training.sharding`` in :data:`ZEROED_GRAD_BUFFER`, Megatron-LM's
@@ -631,12 +632,41 @@ def optimizer_step_bytes(params, grads, master, optimizer, training, zero_grads=
     """
     updated = master if training.keeps_master else params
     norm_clip = 3 * grads if training.grad_clip else 0
-    update = 2 * (updated + optimizer) + grads
+    if training.optimizer_impl == "foreach" and training.optimizer in ("adam", "adamw"):
+        update = foreach_adam_bytes(updated, grads, optimizer, training.optimizer == "adamw")
+    else:
+        update = 2 * (updated + optimizer) + grads
     copy = master + params if training.keeps_master else 0
     if zero_grads is None:
         zero_grads = training.sharding in ZEROED_GRAD_BUFFER
     passes = 3 if training.framework == "megatron" else 1  # zero; Megatron also scales by 1/dp (read, write)
     return norm_clip + update + copy + passes * grads * zero_grads
+
+
+def foreach_adam_bytes(updated, grads, states, decoupled: bool):
+    """HBM bytes of torch's foreach Adam/AdamW update (``_multi_tensor_adam``, torch/optim/adam.py;
+    read at pytorch/pytorch 005941e, the same passes in AdamW's ``_multi_tensor_adamw``), ``updated``,
+    ``grads``, ``states`` the rank's bytes of the updated copy, the gradients and both moments
+    (``exp_avg`` and ``exp_avg_sq``, half each). One kernel per pass, each streaming its operands
+    (non-capturable path; the step counters and bias corrections are scalars):
+
+    1. ``_foreach_mul_(params, 1 - lr * wd)`` (AdamW's decoupled decay, torchtitan's
+       weight_decay 0.1): read and write the copy, 2 ``updated``;
+    2. ``_foreach_lerp_(exp_avgs, grads, 1 - beta1)``: ``states`` + ``grads``;
+    3. ``_foreach_mul_(exp_avg_sqs, beta2)``: ``states``;
+    4. ``_foreach_addcmul_(exp_avg_sqs, grads, grads, 1 - beta2)``: ``states`` + ``grads`` (the
+       one gradient tensor passed twice, read once from HBM: the same thread loads both);
+    5. ``_foreach_sqrt(exp_avg_sqs)``: a new ``exp_avg_sq``-sized temporary, ``states``;
+    6. ``_foreach_div_`` by sqrt(1 - beta2^t): ``states``; 7. ``_foreach_add`` of eps: ``states``;
+    8. ``_foreach_addcdiv_(params, exp_avgs, denom, step_size)``: 2 ``updated`` + ``states``.
+
+    4 x updated + 7 x states + 2 x grads (2 x updated without the decay): 80 B a parameter with
+    fp32 copy, gradients and moments, against 28 B for the fused kernel's one pass.
+
+    >>> foreach_adam_bytes(4, 4, 8, True), foreach_adam_bytes(4, 4, 8, False)
+    (80, 72)
+    """
+    return (4 if decoupled else 2) * updated + 7 * states + 2 * grads
 
 
 def optimizer_step_s(params, grads, master, optimizer, training, hbm_bandwidth_bytes_per_s, zero_grads=None):

@@ -26,7 +26,7 @@ Dtype = Literal["fp32", "bf16", "fp16", "fp8"]
 # Megatron-LM's bf16 with fp32 main copies), so a knob with them.
 PLAN_KNOBS = ("micro_batch", "sharding", "reshard_after_forward", "reshard_head_after_forward", "recompute", "ac_freq", "flash_attention",
               "tp_comm_overlap", "framework", "zero3_engine", "contiguous_gradients", "zero12_engine", "overlap_comm",
-              "grad_accumulation", "fp8_all_gather", "torch_compile", "torch_norm", "pp_schedule_runs", "vocab_pad_divisor",
+              "grad_accumulation", "fp8_all_gather", "torch_compile", "torch_compile_loss", "torch_norm", "optimizer_impl", "pp_schedule_runs", "vocab_pad_divisor",
               "param_dtype")
 
 #: The weights of ``nn.Linear`` modules (torchtitan's model files; Megatron-LM's Transformer Engine
@@ -92,11 +92,26 @@ class TrainingSpec(BaseModel):
     (torchtitan ``[compile] enable``), which fuses each chain of elementwise ops between the GEMMs
     into one kernel; off (torchtitan's default), torch runs them one kernel each
     (:mod:`meshplan.compute.torch_eager`). Megatron-LM runs its own kernels either way.
+    torchtitan compiles each TransformerBlock only (``apply_compile``: 9dec370
+    ``parallelisms/parallelize_llama.py``, b5bcd76 ``distributed/compile.py``): the final norm runs
+    eagerly whatever ``torch_compile`` says (kernel by kernel under ``torch_norm = "decomposed"``).
+    ``torch_compile_loss`` (with ``torch_compile``): the cross entropy compiled too (torchtitan
+    ``[compile] components`` with "loss", its default; 820504e ``components/loss.py`` compiles it
+    with ``training.compile``); false: eager, as at 9dec370, whose ``train.py`` has the loss
+    compile commented out ("compiling loss function causes CUDA errors").
     ``torch_norm``: the RMSNorm module under ``framework = "torch"``: ``"fused"`` (one kernel
     each way: torch's ``nn.RMSNorm``, torchtitan's norm since 2025) or ``"decomposed"``
     (torchtitan's own ``RMSNorm`` before it, ``model.norm_type = "rmsnorm"`` at 9dec370: upcast,
     ``pow``, ``mean``, ``rsqrt``, products and casts, one kernel each when not compiled,
     :func:`meshplan.compute.torch_eager.rmsnorm_bytes`; torch.compile fuses them).
+    ``optimizer_impl``: how torch runs the Adam/AdamW step under ``framework = "torch"``
+    (:func:`meshplan.schedule.steptime.optimizer_step_bytes`). ``"fused"`` (the default, as in
+    torchtitan since its ``[optimizer] implementation`` key, default "fused": 820504e
+    ``config_manager.py``, b5bcd76 ``components/optimizer/optimizer.py``): torch's
+    ``_fused_adam_``, one pass. ``"foreach"``: torch's ``_multi_tensor_adam``, eight passes
+    (torchtitan 9dec370, the commit of its Dec 2024 H100 tables: ``optimizer.py`` passes
+    ``"foreach": not fused`` with ``--optimizer.fused`` a store_true flag, default false).
+    Megatron-LM runs apex/TE's fused Adam: ``"fused"`` only. SGD's step is the same either way.
     ``zero3_engine``: which runtime shards the parameters under ``sharding = "zero3"``:
     ``fsdp2`` (torch FSDP2: one unit per layer, one coalesced all-gather and reduce-scatter
     each) or ``deepspeed-2021`` (DeepSpeed ZeRO stage 3 v0.3.13-v0.5.4, Mar-Oct 2021, before
@@ -223,6 +238,8 @@ class TrainingSpec(BaseModel):
     framework: Literal["torch", "megatron"] = "torch"
     torch_compile: bool = False
     torch_norm: Literal["fused", "decomposed"] = "fused"
+    torch_compile_loss: bool = True
+    optimizer_impl: Literal["fused", "foreach"] = "fused"
     zero3_engine: Literal["fsdp2", "deepspeed-2021"] = "fsdp2"
     contiguous_gradients: bool = False
     zero12_engine: Literal["megatron", "deepspeed"] = "megatron"
@@ -346,6 +363,12 @@ class TrainingSpec(BaseModel):
             raise ValueError("tp_comm_overlap under framework \"torch\" is torchtitan's async TP, which needs "
                              "torch.compile (torchtitan raises \"Async TP requires torch.compile\"): set "
                              "torch_compile = true, or remove tp_comm_overlap")
+        if not self.torch_compile_loss and not self.torch_compile:
+            raise ValueError("torch_compile_loss = false leaves the loss eager beside a compiled model; without "
+                             "torch_compile everything runs eagerly already: remove the key")
+        if self.optimizer_impl != "fused" and self.framework != "torch":
+            raise ValueError(f"optimizer_impl {self.optimizer_impl!r} is torch's multi-tensor Adam; framework "
+                             f"{self.framework!r} runs apex/TE's fused Adam: remove the key")
         if self.torch_compile and self.framework != "torch":
             raise ValueError(f"torch_compile is torch.compile of a torch model; framework {self.framework!r} runs its "
                              f"own kernels: remove the key")
