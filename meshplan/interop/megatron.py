@@ -241,28 +241,35 @@ def _comm_types(args: dict, deg: dict[str, int], moe: bool, notes: list[str]) ->
     MoE model with ep x etp > 1; cp > 1) is a ConfigError naming the flag; absent, a note says
     that Megatron-LM's default differs and what is planned. Of a per-layer ``--cp-comm-type``
     list the first value is read."""
-    v = args.get("--moe-token-dispatcher-type")
-    if v is not None and v not in (PLANNED_DISPATCHER, *DISPATCHERS):
-        raise ConfigError("--moe-token-dispatcher-type", f"{printable(str(v))[:40]!r} is not allgather, alltoall or "
-                          f"flex; give alltoall (the all-to-all dispatch meshplan plans)")
-    if moe and deg["ep"] * deg["etp"] > 1:
-        if v is None:
-            notes.append(f"--moe-token-dispatcher-type not given: Megatron-LM's default allgather "
-                         f"({DISPATCHERS['allgather']}); planned as alltoall: add --moe-token-dispatcher-type alltoall")
-        elif v != PLANNED_DISPATCHER:
-            raise ConfigError("--moe-token-dispatcher-type", f"{v} {DISPATCHERS[v]}, which meshplan does not model "
-                              f"(it plans the all-to-all dispatch over ep); use --moe-token-dispatcher-type alltoall")
-    c = args.get("--cp-comm-type")
-    if c is not None and c not in (PLANNED_CP, *CP_TYPES):
-        raise ConfigError("--cp-comm-type", f"{printable(str(c))[:40]!r} is not p2p, all_gather, a2a or a2a+p2p; "
-                          f"give all_gather (the K/V all-gather meshplan plans)")
-    if deg["cp"] > 1:
-        if c is None:
-            notes.append(f"--cp-comm-type not given: Megatron-LM's default p2p ({CP_TYPES['p2p']}); planned as "
-                         f"the K/V all-gather: add --cp-comm-type all_gather")
-        elif c != PLANNED_CP:
-            raise ConfigError("--cp-comm-type", f"{c} {CP_TYPES[c]}, which meshplan does not model (it plans "
-                              f"the K/V all-gather of Llama 3's context parallelism); use --cp-comm-type all_gather")
+    _planned_flag(args, "--moe-token-dispatcher-type", PLANNED_DISPATCHER, DISPATCHERS,
+                  moe and deg["ep"] * deg["etp"] > 1,
+                  ("allgather, alltoall or flex", "the all-to-all dispatch meshplan plans", "alltoall",
+                   "the all-to-all dispatch over ep"), notes)
+    _planned_flag(args, "--cp-comm-type", PLANNED_CP, CP_TYPES, deg["cp"] > 1,
+                  ("p2p, all_gather, a2a or a2a+p2p", "the K/V all-gather meshplan plans", "the K/V all-gather",
+                   "the K/V all-gather of Llama 3's context parallelism"), notes)
+
+
+def _planned_flag(args: dict, flag: str, planned: str, others: dict[str, str], active: bool,
+                  words: tuple[str, str, str, str], notes: list[str]) -> None:
+    """One of :func:`_comm_types`' flags: a value that is neither ``planned`` nor one of
+    ``others`` (Megatron-LM's choices, its default first, each with what it runs) is a
+    ConfigError; where the flag communicates (``active``) another known value is one too, and
+    an absent flag a note. ``words``: (Megatron-LM's choices, what meshplan plans, planned as,
+    what meshplan plans in full)."""
+    choices, plans, planned_as, plans_full = words
+    v = args.get(flag)
+    if v is not None and v not in (planned, *others):
+        raise ConfigError(flag, f"{printable(str(v))[:40]!r} is not {choices}; give {planned} ({plans})")
+    if not active:
+        return
+    if v is None:
+        default = next(iter(others))
+        notes.append(f"{flag} not given: Megatron-LM's default {default} ({others[default]}); planned as "
+                     f"{planned_as}: add {flag} {planned}")
+    elif v != planned:
+        raise ConfigError(flag, f"{v} {others[v]}, which meshplan does not model (it plans {plans_full}); "
+                          f"use {flag} {planned}")
 
 
 def _overlap_flags(args: dict, sharding: str, notes: list[str]) -> None:
