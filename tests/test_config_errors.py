@@ -257,12 +257,24 @@ def test_megatron_search_of_schedules_it_does_not_run(schedules, named, tmp_path
     check_searched(["1f1b"], "megatron")  # Megatron-LM's own (interleaved with vpp > 1)
 
 
+def _plan_and_step_refuse(d: dict, path, capsys, start: str) -> None:
+    """``plan`` and ``step`` of config dict ``d`` (written as TOML to ``path``) both exit 2 with one
+    error line starting ``start``."""
+    from meshplan.cli import main
+    path.write_text("".join(f"[{k}]\n" + "".join(f"{kk} = {v!r}\n".replace("'", '"') for kk, v in t.items())
+                            for k, t in d.items()))
+    for cmd in ("plan", "step"):
+        with pytest.raises(SystemExit) as done:
+            main([cmd, str(path)])
+        err = capsys.readouterr().err
+        assert done.value.code == 2 and err.count("\n") == 1 and err.startswith(start)
+
+
 def test_layer_recompute_under_megatron_is_refused(tmp_path, capsys):
     """torchtitan's every-ac_freq-th-layer AC has no Megatron-LM flag (uniform recomputes every
     layer, block the first n of each stage): plan and step refuse it under framework megatron
     naming training.recompute, as ``export --to megatron`` does (it was planned silently), and
     plan it under torch."""
-    from meshplan.cli import main
     d = with_("training.recompute", "layer")
     d["training"].update({"ac_freq": 2, "framework": "megatron"})
     with pytest.raises(ConfigError) as e:
@@ -272,14 +284,7 @@ def test_layer_recompute_under_megatron_is_refused(tmp_path, capsys):
                                       "full), which framework \"megatron\" does not have")
     assert e.value.message.endswith("use 'full' (every layer: 'layer' with ac_freq 1), 'selective' or 'none', or "
                                     "framework \"torch\"")
-    p = tmp_path / "layer.toml"
-    p.write_text("".join(f"[{k}]\n" + "".join(f"{kk} = {v!r}\n".replace("'", '"') for kk, v in t.items())
-                         for k, t in d.items()))
-    for cmd in ("plan", "step"):
-        with pytest.raises(SystemExit) as done:
-            main([cmd, str(p)])
-        err = capsys.readouterr().err
-        assert done.value.code == 2 and err.count("\n") == 1 and err.startswith("error: training.recompute: 'layer'")
+    _plan_and_step_refuse(d, tmp_path / "layer.toml", capsys, "error: training.recompute: 'layer'")
     d["training"]["framework"] = "torch"
     assert build_plan(config_from_dict(d)).feasible
 
@@ -292,7 +297,6 @@ def test_op_recompute_without_the_runtime_is_refused(training, named, fix, tmp_p
     """torchtitan's op-level SAC has no Megatron-LM flag and no DeepSpeed ZeRO-3 of 2021: plan and
     step refuse it naming training.recompute, as ``[search] recompute`` (the same words) and
     ``export --to megatron`` do (it was planned silently)."""
-    from meshplan.cli import main
     d = with_("training.recompute", "op")
     d["training"].update(training)
     d["mesh"] = {"names": ["dp_shard"], "shape": [8]}
@@ -305,11 +309,4 @@ def test_op_recompute_without_the_runtime_is_refused(training, named, fix, tmp_p
     with pytest.raises(ConfigError, match=f"which {named} does not have"):  # the search's words
         config_from_dict(d)
     del d["search"]
-    p = tmp_path / "op.toml"
-    p.write_text("".join(f"[{k}]\n" + "".join(f"{kk} = {v!r}\n".replace("'", '"') for kk, v in t.items())
-                         for k, t in d.items()))
-    for cmd in ("plan", "step"):
-        with pytest.raises(SystemExit) as done:
-            main([cmd, str(p)])
-        err = capsys.readouterr().err
-        assert done.value.code == 2 and err.count("\n") == 1 and err.startswith("error: training.recompute: 'op'")
+    _plan_and_step_refuse(d, tmp_path / "op.toml", capsys, "error: training.recompute: 'op'")
