@@ -201,15 +201,9 @@ def restart_on_fewer_nodes(mesh, lost_nodes: int, *, gpus_per_node: int, global_
         return bad("the mesh has no data-parallel axis to shrink")
     keepers, changer, refused = _candidates(mesh, left // fixed, global_batch, micro_batch, micro_batch_reasons)
     ranked, unplanned = _rank(keepers, changer, evaluate)
-    as_configured = ""
-    if changer:  # why the largest mesh does not keep the contract, and whether it runs with the changed one
-        as_configured = _why_not_kept(global_batch, micro_batch, changer.dp, micro_batch_reasons)
-        why = f"{changer.mesh_text()} ({changer.gpus} GPUs): {as_configured}"
-        if any(not p.keeps_global_batch for p in ranked):
-            why += " (the alternative below changes the global batch)"
-        else:  # the changer is evaluated last: its refusal is the last one
-            why += f"; with {changer.contract}: {unplanned.pop()[0].split(': ', 1)[1]}"
-        refused.append((why, changer.gpus))
+    as_configured = _why_not_kept(global_batch, micro_batch, changer.dp, micro_batch_reasons) if changer else ""
+    if changer:
+        refused.append(_changer_refusal(changer, as_configured, ranked, unplanned))
     refused = sorted(refused + unplanned, key=lambda r: -r[1])
     if not ranked:
         return bad(*([r for r, _ in refused[:REFUSED_SHOWN]] or ["no data-parallel degree keeps the contract"]))
@@ -284,6 +278,16 @@ def _why_not_kept(global_batch: int, micro_batch: int, dp: int, reasons_of) -> s
     return "; ".join(reasons_of(global_batch // (micro_batch * dp)))
 
 
+def _changer_refusal(changer: Proposal, as_configured: str, ranked: list[Proposal], unplanned: list) -> tuple[str, int]:
+    """Why the largest mesh does not keep the contract (``as_configured``), and whether it runs
+    with the changed one (the alternative) or not (its refusal, taken from ``unplanned``: the
+    changer is evaluated last)."""
+    why = f"{changer.mesh_text()} ({changer.gpus} GPUs): {as_configured}"
+    if any(not p.keeps_global_batch for p in ranked):
+        return why + " (the alternative below changes the global batch)", changer.gpus
+    return why + f"; with {changer.contract}: {unplanned.pop()[0].split(': ', 1)[1]}", changer.gpus
+
+
 def _contract(p: Proposal, reasons_of) -> Union[Proposal, str]:
     """``p`` with the contract it runs: as configured; else the largest smaller micro_batch
     that keeps the global batch; else the largest global batch below the configured one that
@@ -347,10 +351,12 @@ def _idle_text(used: int, left: int, gpus_per_node: int) -> str:
     """Which GPUs a mesh of ``used`` ranks leaves idle on ``left`` GPUs (node-major ranks:
     rank r on node r // gpus_per_node of the nodes left).
 
-    >>> _idle_text(1024, 2040, 8)
-    '1016 of the 2040 GPUs left sit idle (spares for the next failure): the mesh takes nodes 0-127 of the 255 nodes left (node-major); idle: nodes 128-254'
-    >>> _idle_text(12, 24, 8)
-    '12 of the 24 GPUs left sit idle (spares for the next failure): the mesh takes node 0 and GPUs 0-3 of node 1 of the 3 nodes left (node-major); idle: GPUs 4-7 of node 1 and node 2'
+    >>> _idle_text(1024, 2040, 8)  # doctest: +NORMALIZE_WHITESPACE
+    '1016 of the 2040 GPUs left sit idle (spares for the next failure): the mesh takes nodes 0-127
+    of the 255 nodes left (node-major); idle: nodes 128-254'
+    >>> _idle_text(12, 24, 8)  # doctest: +NORMALIZE_WHITESPACE
+    '12 of the 24 GPUs left sit idle (spares for the next failure): the mesh takes node 0 and GPUs
+    0-3 of node 1 of the 3 nodes left (node-major); idle: GPUs 4-7 of node 1 and node 2'
     """
     nodes, full, part = -(-left // gpus_per_node), used // gpus_per_node, used % gpus_per_node
     span = lambda a, b: f"node {a}" if a == b else f"nodes {a}-{b}"
