@@ -60,7 +60,7 @@ from meshplan.placement.topology import (
 )
 from meshplan.plan import Infeasible, Plan, build_plan, config_warnings, export_refusals, run_reasons
 from meshplan.reliability import reliability as rel
-from meshplan.reliability import restart_on_fewer_nodes
+from meshplan.restart import plan_evaluator, restart_on_fewer_nodes
 from meshplan.report import shown
 from meshplan.report.html_pages import plan_page, search_page
 from meshplan.report.json_docs import (
@@ -586,10 +586,13 @@ def reliability(config: Path = typer.Argument(..., help=CONFIG_HELP),
     for line in r.lines():
         _echo(line)
     t = p.config.training
+    before = step_time(p, Overlap())  # the throughput a restart loses is against the plan's own step
     rs = restart_on_fewer_nodes(p.mesh, lost_nodes, gpus_per_node=p.config.cluster.node.gpus,
                                 global_batch=t.global_batch, micro_batch=t.micro_batch, spare_nodes=spare_nodes,
                                 micro_batch_reasons=lambda m: run_reasons(p.spec.pp_schedule, p.pp, m, p.vpp,
-                                                                          t.pp_schedule_runs, t.framework))
+                                                                          t.pp_schedule_runs, t.framework),
+                                evaluate=plan_evaluator(p, p.config.cluster.nodes - max(0, lost_nodes - spare_nodes)),
+                                old_step=(before.step_s, before.tokens_per_s))
     for line in rs.lines():
         _echo(line)
     _write_doc(json_path, reliability_doc(p, r, rs), force)

@@ -1,6 +1,6 @@
 """Reliability of a mesh: failure domains, interruptions, checkpoint size and write time,
-the optimal checkpoint interval, expected goodput, restart cost, and whether a restart on
-fewer nodes rebuilds a valid mesh.
+the optimal checkpoint interval, expected goodput and restart cost (which mesh a restart on
+fewer nodes runs: :mod:`meshplan.restart`).
 
 Sources and conventions:
 
@@ -41,11 +41,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from math import ceil, exp, sqrt
-from typing import Callable, Optional
+from typing import Optional
 
 from meshplan.mesh.tpsplit import local_heads, local_numel
 from meshplan.spec.cluster import ClusterSpec
-from meshplan.units import counted
 
 #: Llama 3 (arXiv 2407.21783, section 3.3.4): unexpected interruptions, days, GPUs.
 LLAMA3_UNEXPECTED, LLAMA3_DAYS, LLAMA3_GPUS = 419, 54, 16384
@@ -300,159 +299,3 @@ def reliability(plan, *, write_bandwidth_bytes_per_s: float, read_bandwidth_byte
                        write_time_s(size, write_bandwidth_bytes_per_s, per_rank_bandwidth_bytes_per_s),
                        write_time_s(size, read_bandwidth_bytes_per_s, per_rank_bandwidth_bytes_per_s, read=True),
                        restart_overhead_s, per_rank_bandwidth_bytes_per_s)
-
-
-@dataclass(frozen=True)
-class Restart:
-    """Result of :func:`restart_on_fewer_nodes`. ``names``/``shape``: the new mesh
-    (outermost first) for a MeshSpec; ``changed``: axes whose degree changed; ``reasons``:
-    why no valid mesh exists (empty when feasible); ``notes``: what the restart implies."""
-
-    feasible: bool
-    old_world: int
-    new_world: int
-    names: tuple[str, ...]
-    old_shape: tuple[int, ...]
-    shape: tuple[int, ...]
-    changed: tuple[str, ...]
-    micro_batches: tuple[int, int]
-    batch_contract: bool
-    reshard: bool
-    dataloader_ok: bool
-    reasons: tuple[str, ...] = ()
-    notes: tuple[str, ...] = ()
-
-    def lines(self) -> list[str]:
-        """What ``meshplan reliability`` prints; an infeasible restart is one line naming why
-        (its ``infeasible:`` line is the CLI's, on stderr), never a mesh called unchanged.
-
-        >>> from meshplan.mesh.resolve import resolve_mesh
-        >>> from meshplan.spec.mesh import MeshSpec
-        >>> m = resolve_mesh(MeshSpec(names=["dp_shard"], shape=[32]), world=32)
-        >>> restart_on_fewer_nodes(m, 4, gpus_per_node=8, global_batch=256, micro_batch=1).lines()
-        ['restart: world 32 -> 0: no GPU left to restart on (0 GPUs left are fewer than tp 1 x pp 1 x cp 1 = 1)']
-        """
-        old = " x ".join(f"{n} {d}" for n, d in zip(self.names, self.old_shape))
-        new = " x ".join(f"{n} {d}" for n, d in zip(self.names, self.shape))
-        if not self.feasible and self.shape == self.old_shape:  # no new mesh was found: say why, in one line
-            what = "no GPU left to restart on" if self.new_world <= 0 else "no mesh to restart on"
-            return [f"restart: world {self.old_world} -> {self.new_world}: {what} ({'; '.join(self.reasons)})"]
-        head = [f"restart: world {self.old_world} -> {self.new_world}; mesh {old} -> {new}"
-                + (f" (changed: {', '.join(self.changed)})" if self.changed else " (unchanged)")]
-        return head + [f"- {n}" for n in self.notes]
-
-
-def _new_dp(names, shape, new_dp: int) -> Optional[dict]:
-    """Shrink dp_replicate first (replicas hold identical shards: no resharding), then
-    dp_shard (or dp). None if no degree assignment gives ``new_dp``."""
-    deg = dict(zip(names, shape))
-    rep, shard_axis = deg.get("dp_replicate", 1), "dp_shard" if "dp_shard" in deg else "dp"
-    shard = deg.get(shard_axis, 1)
-    if "dp_replicate" in deg and new_dp % shard == 0:
-        return {**deg, "dp_replicate": new_dp // shard}
-    if shard_axis in deg and new_dp % rep == 0:
-        return {**deg, shard_axis: new_dp // rep}
-    if shard_axis in deg:
-        return {**deg, shard_axis: new_dp, **({"dp_replicate": 1} if "dp_replicate" in deg else {})}
-    if "dp_replicate" in deg:
-        return {**deg, "dp_replicate": new_dp}
-    return None
-
-
-def restart_on_fewer_nodes(mesh, lost_nodes: int, *, gpus_per_node: int, global_batch: int, micro_batch: int,
-                           spare_nodes: int = 0,
-                           micro_batch_reasons: Callable[[int], tuple[str, ...]] = lambda m: (),
-                           dataloader_state: str = "per_rank") -> Restart:
-    """Can the job restart on ``lost_nodes`` fewer nodes (after using ``spare_nodes``)?
-    tp, pp, cp, ep and etp keep their degrees (they fix the model's split and the
-    checkpoint's tensor layout); dp_replicate shrinks first, then dp_shard (or dp).
-    ``dataloader_state``: "per_rank" (saved per dp rank, e.g. a StatefulDataLoader) or
-    "global" (a global consumed-samples counter, as Megatron-LM keeps).
-    ``micro_batch_reasons(m)``: why the pipeline schedule cannot run m micro-batches per step
-    (the plan's :func:`meshplan.plan.run_reasons` under its framework; none by default).
-
-    >>> from meshplan.mesh.resolve import resolve_mesh
-    >>> from meshplan.spec.mesh import MeshSpec
-    >>> m = resolve_mesh(MeshSpec(names=["dp_replicate", "dp_shard", "tp"], shape=[4, 2, 8]), world=64)
-    >>> r = restart_on_fewer_nodes(m, 2, gpus_per_node=8, global_batch=480, micro_batch=1)
-    >>> r.shape, r.changed, r.micro_batches, r.batch_contract, r.reshard
-    ((3, 2, 8), ('dp_replicate',), (60, 80), True, False)
-    >>> restart_on_fewer_nodes(m, 2, gpus_per_node=8, global_batch=512, micro_batch=1).batch_contract
-    False
-    """
-    names, shape = mesh.layout.names, mesh.layout.shape
-    world, lost = mesh.world, max(0, lost_nodes - spare_nodes)
-    new_world = world - lost * gpus_per_node
-    fixed = mesh.degree("tp") * mesh.degree("pp") * mesh.degree("cp")
-    old_dp = mesh.dp
-    old_m = global_batch // (micro_batch * old_dp)
-    notes = []
-    if lost == 0:
-        notes.append(f"{lost_nodes} lost node(s) replaced by spares: same mesh, same checkpoint layout")
-        return Restart(True, world, world, names, shape, shape, (), (old_m, old_m), True, False, True, (), tuple(notes))
-    bad = lambda why: Restart(False, world, new_world, names, shape, shape, (), (old_m, 0), False, False, False, (why,))
-    if new_world < fixed:
-        return bad(f"{new_world} GPUs left are fewer than tp {mesh.degree('tp')} x pp {mesh.degree('pp')} "
-                   f"x cp {mesh.degree('cp')} = {fixed}")
-    if new_world % fixed:
-        idle = new_world % fixed
-        notes.append(f"{new_world} GPUs left are not a multiple of tp {mesh.degree('tp')} x pp {mesh.degree('pp')} "
-                     f"x cp {mesh.degree('cp')} = {fixed}: {idle} GPUs stay idle, the mesh uses {new_world - idle}")
-        new_world -= idle
-        bad = lambda why: Restart(False, world, new_world, names, shape, shape, (), (old_m, 0), False, False, False,
-                                  (why,), tuple(notes))
-    deg = _new_dp(names, shape, new_world // fixed)
-    if deg is None:
-        return bad("the mesh has no data-parallel axis to shrink")
-    new_shape = tuple(deg[n] for n in names)
-    changed = tuple(n for n, a, b in zip(names, shape, new_shape) if a != b)
-    new_dp = new_world // fixed
-    reasons = []
-    block = deg.get("dp_shard", deg.get("dp", 1)) * mesh.degree("cp") * mesh.degree("tp")
-    if mesh.ep * mesh.etp > 1 and block % (mesh.ep * mesh.etp):
-        reasons.append(f"ep {mesh.ep} x etp {mesh.etp} does not divide the new dense block {block}")
-    contract, new_m, batch_notes = _batch(global_batch, micro_batch, new_dp, micro_batch_reasons)
-    reshard, dl_ok, ckpt_notes = _state_notes(changed, old_dp, new_dp, dataloader_state)
-    return Restart(not reasons, world, new_world, names, shape, new_shape, changed, (old_m, new_m), contract,
-                   reshard, dl_ok, tuple(reasons), tuple(notes + batch_notes + ckpt_notes))
-
-
-def _batch(global_batch: int, micro_batch: int, dp: int, micro_batch_reasons: Callable[[int], tuple[str, ...]]):
-    """(contract holds, micro-batches per step, notes) at data-parallel degree ``dp``; the
-    contract fails where the schedule refuses the new micro-batch count
-    (``micro_batch_reasons``)."""
-    if global_batch % (micro_batch * dp):
-        m = global_batch / (micro_batch * dp)
-        head = f"global batch {global_batch} / (micro_batch {micro_batch} x dp {dp}) = {m:.2f}: not whole micro-batches; "
-        fits = [b for b in range(1, micro_batch + 1) if global_batch % (b * dp) == 0]
-        if not fits:  # dp does not divide the global batch: no micro-batch size helps, not even 1
-            return False, m, [head + f"no micro_batch helps (dp {dp} does not divide global batch {global_batch}): "
-                              f"the contract holds only with a different global batch (which changes the "
-                              f"optimisation)"]
-        return False, m, [head + f"the contract holds only with micro_batch {' or '.join(map(str, fits))}, or a "
-                          f"different global batch (which changes the optimisation)"]
-    m = global_batch // (micro_batch * dp)
-    refused = micro_batch_reasons(m)
-    if refused:
-        return False, m, list(refused)
-    return True, m, [f"global batch {global_batch} = micro_batch {micro_batch} x dp {dp} x {counted(m, 'micro-batch')}"]
-
-
-def _state_notes(changed, old_dp: int, new_dp: int, dataloader_state: str):
-    """(checkpoint reshards, data-loader state loads, notes)."""
-    reshard = any(n != "dp_replicate" for n in changed)
-    notes = ["checkpoint: " + ("sharded state changes layout; DCP (torch.distributed.checkpoint) and Megatron "
-                               "dist-checkpointing reshard it on load" if reshard else
-                               "replicas hold identical shards: load without resharding")]
-    ok = dataloader_state == "global" or new_dp == old_dp
-    if dataloader_state == "global":
-        notes.append("data loader: a global consumed-samples counter rebuilds each rank's position")
-    elif ok:
-        notes.append("data loader: per-rank state loads unchanged (same dp)")
-    else:
-        notes.append(f"data loader: per-rank state saved at dp {old_dp} cannot be resharded to dp {new_dp}: loading "
-                     f"it must raise, never drop or repeat samples; restart from a global sample index")
-    if "dp_shard" in changed or "dp" in changed:
-        notes.append("sharded state per rank grows by the shard ratio; rebuild the plan with the new mesh to "
-                     "recheck memory")
-    return reshard, ok, notes

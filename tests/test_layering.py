@@ -31,7 +31,7 @@ LAYERS = [
     ["meshplan.comm"],
     ["meshplan.plan"],
     ["meshplan.schedule"],
-    ["meshplan.reliability"],
+    ["meshplan.reliability", "meshplan.restart"],
     ["meshplan.search"],
     ["meshplan.report"],
     ["meshplan.compare"],

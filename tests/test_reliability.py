@@ -2,6 +2,7 @@
 size from the persistent state, failure domains, and restarting on fewer nodes."""
 
 import dataclasses
+import json
 from math import exp, prod, sqrt
 from pathlib import Path
 
@@ -14,7 +15,8 @@ from meshplan.mesh.layers import stage_layers
 from meshplan.plan import build_plan, run_reasons
 from meshplan.reliability import (DEFAULT_RATE_PER_GPU_DAY, CheckpointSize, checkpoint_size, daly_interval_s,
                                   failure_domains, goodput, interruptions_per_day, mtbf_s, reliability,
-                                  restart_on_fewer_nodes, write_time_s, young_interval_s)
+                                  write_time_s, young_interval_s)
+from meshplan.restart import restart_on_fewer_nodes
 from meshplan.config import load_config
 from meshplan.spec.mesh import MeshSpec
 from meshplan.spec.model import ModelSpec
@@ -98,15 +100,32 @@ def _mesh(names, shape):
 
 
 def test_restart_seed_mesh_loses_a_node():
-    """Seed (dp_shard 8, tp 8), one node lost: 56 GPUs -> dp_shard 7; 512 / 7 is no whole
-    number of micro-batches: the global batch contract breaks; the shards change (DCP
-    reshards); per-rank data-loader state cannot be resharded."""
+    """Seed (dp_shard 8, tp 8, global batch 512), one node lost: 56 GPUs, tp 8 kept, dp <= 7.
+    512 = 2^9: dp 7, 6 and 5 give no whole number of micro-batches (issue 11: dp_shard 7 was
+    proposed); dp 4 keeps the contract, 512 / 4 = 128 micro-batches, on 32 GPUs (24 idle).
+    Without an evaluator the meshes keeping the global batch rank by GPUs: dp 4, 2, 1; dp 7
+    is the alternative changing it to 73 x 7 = 511. The shards change (DCP reshards);
+    per-rank data-loader state cannot go from dp 8 to dp 4."""
     r = restart_on_fewer_nodes(_mesh(["dp_shard", "tp"], [8, 8]), 1, gpus_per_node=8, global_batch=512,
                                micro_batch=1)
-    assert r.feasible and r.new_world == 56 and r.shape == (7, 8) and r.changed == ("dp_shard",)
-    assert not r.batch_contract and r.reshard and not r.dataloader_ok
+    assert r.feasible and r.gpus_left == 56 and r.new_world == 32 and r.shape == (4, 8) and r.changed == ("dp_shard",)
+    assert r.batch_contract and r.contract == "" and r.micro_batches == (64, 128)
+    assert [(p.dp, p.micro_batches, p.global_batch) for p in r.proposals] == [(4, 128, 512), (2, 256, 512),
+                                                                              (1, 512, 512), (7, 73, 511)]
+    assert r.proposals[-1].contract == "global_batch 512 -> 511"
+    assert r.reshard and not r.dataloader_ok
+    assert r.refused[0] == ("dp_shard 7 x tp 8 (56 GPUs): global_batch 512 is not divisible by micro_batch 1 x dp 7 "
+                            "= 7 (the alternative below changes the global batch)")
     text = "\n".join(r.lines())
-    assert "DCP" in text and "cannot be resharded" in text and "micro_batch" in text
+    assert r.lines()[0] == ("restart: world 64 -> 32 (56 GPUs left); mesh dp_shard 8 x tp 8 -> dp_shard 4 x tp 8 "
+                            "(changed: dp_shard); not " + r.refused[0])
+    assert "- runner-up: dp_shard 2 x tp 8 on 16 GPUs, contract kept" in text
+    assert ("- with a different global batch (changes the optimisation): dp_shard 7 x tp 8 on 56 GPUs, global_batch "
+            "512 -> 511") in text
+    assert ("- 24 of the 56 GPUs left sit idle (spares for the next failure): the mesh takes nodes 0-3 of the 7 nodes "
+            "left (node-major); idle: nodes 4-6") in text
+    assert "- global batch 512 = micro_batch 1 x dp 4 x 128 micro-batches" in text
+    assert "DCP" in text and "cannot be resharded" in text
     g = restart_on_fewer_nodes(_mesh(["dp_shard", "tp"], [8, 8]), 4, gpus_per_node=8, global_batch=512,
                                micro_batch=1, dataloader_state="global")
     assert g.shape == (4, 8) and g.batch_contract and g.micro_batches == (64, 128) and g.dataloader_ok
@@ -123,52 +142,62 @@ def test_restart_with_spares_and_impossible_restarts():
     m = _mesh(["pp", "dp_shard", "tp"], [2, 4, 8])
     same = restart_on_fewer_nodes(m, 1, gpus_per_node=8, global_batch=64, micro_batch=1, spare_nodes=1)
     assert same.shape == (2, 4, 8) and not same.changed and not same.reshard
-    # 64 - 8 = 56 GPUs are not a multiple of pp 2 x tp 8 x cp 1 = 16: 8 stay idle, 48 are used
+    # 56 GPUs left, pp 2 x tp 8 = 16 per replica: dp <= 3, but 64 / 3 is not whole; dp 2 (64 / 2 = 32) on 32 GPUs,
+    # 24 idle: the first 4 of the 7 nodes; dp 3 on 48 GPUs is the alternative with global batch 21 x 3 = 63
     idle = restart_on_fewer_nodes(m, 1, gpus_per_node=8, global_batch=64, micro_batch=1)
-    assert idle.new_world == 48 and idle.shape == (2, 3, 8)
-    assert "8 GPUs stay idle, the mesh uses 48" in idle.notes[0]
+    assert idle.gpus_left == 56 and idle.new_world == 32 and idle.shape == (2, 2, 8) and idle.batch_contract
+    assert idle.notes[0] == ("24 of the 56 GPUs left sit idle (spares for the next failure): the mesh takes nodes 0-3 "
+                             "of the 7 nodes left (node-major); idle: nodes 4-6")
+    assert [(p.shape, p.contract) for p in idle.proposals] == [((2, 2, 8), ""), ((2, 1, 8), ""),
+                                                               ((2, 3, 8), "global_batch 64 -> 63")]
     # fewer GPUs than one model replica: no mesh
     bad = restart_on_fewer_nodes(m, 7, gpus_per_node=8, global_batch=64, micro_batch=1)
     assert not bad.feasible and "fewer than tp 8 x pp 2 x cp 1 = 16" in bad.reasons[0]
     ok = restart_on_fewer_nodes(m, 2, gpus_per_node=8, global_batch=64, micro_batch=1)
-    assert ok.shape == (2, 3, 8) and not ok.batch_contract  # 64 / 3 is not whole
+    assert ok.shape == (2, 2, 8) and ok.batch_contract and ok.new_world == ok.gpus_left - 16 == 32
 
 
 def test_restart_keeps_the_schedules_micro_batch_rule():
-    """pp 2 x dp 4 x tp 8 loses 2 nodes: dp 3, global batch 9 gives m 3. Interleaved 1F1B
-    under Megatron-LM needs pp | m (3 is odd): the contract breaks with that reason; under
-    torch (one round of 3) it holds."""
+    """pp 2 x dp 4 x tp 8 loses 2 nodes: dp <= 3, global batch 9. Interleaved 1F1B under
+    Megatron-LM needs pp | m: dp 3 gives m 3 (odd), dp 1 gives m 9 (odd), dp 2 does not divide
+    9: no mesh keeps the global batch; the largest, dp 3, runs with 2 micro-batches: global
+    batch 1 x 3 x 2 = 6, said with the schedule's reason. Under torch (one round of 3) dp 3
+    keeps it."""
     m = _mesh(["pp", "dp_shard", "tp"], [2, 4, 8])
     why = lambda fw: (lambda mm: run_reasons("interleaved_1f1b", 2, mm, 2, 1, fw))
     meg = restart_on_fewer_nodes(m, 2, gpus_per_node=8, global_batch=9, micro_batch=1, micro_batch_reasons=why("megatron"))
-    assert meg.micro_batches[1] == 3 and not meg.batch_contract
-    assert meg.lines()[1] == "- interleaved 1F1B needs micro-batches (3) divisible by pp (2) (Megatron-LM)"
+    assert meg.feasible and meg.shape == (2, 3, 8) and meg.micro_batches == (2, 2) and not meg.batch_contract
+    assert meg.contract == "global_batch 9 -> 6" and [p.dp for p in meg.proposals] == [3]
+    assert ("- global batch 6 = micro_batch 1 x dp 3 x 2 micro-batches (global_batch 9 -> 6: as configured, "
+            "interleaved 1F1B needs micro-batches (3) divisible by pp (2) (Megatron-LM); no mesh of these GPUs keeps "
+            "the global batch, a different one changes the optimisation)") in meg.lines()
     tor = restart_on_fewer_nodes(m, 2, gpus_per_node=8, global_batch=9, micro_batch=1, micro_batch_reasons=why("torch"))
-    assert tor.batch_contract
+    assert tor.batch_contract and tor.shape == (2, 3, 8) and tor.micro_batches == (2, 3)
 
 
 def test_restart_expert_mesh_must_still_divide():
+    """dp_shard 4 x tp 2, ep 8 on 2-GPU nodes loses one: 6 GPUs, dp <= 3; the dense block
+    dp_shard x tp is 6, 4 or 2, never a multiple of 8: no mesh, one line with the reasons."""
     m = resolve_mesh(MeshSpec(names=["dp_shard", "tp", "ep"], shape=[4, 2, 8]), world=8)
     r = restart_on_fewer_nodes(m, 1, gpus_per_node=2, global_batch=64, micro_batch=1)
-    assert r.names == ("dp_shard", "tp") and r.shape == (3, 2)  # the dense mesh; ep re-factors its block
-    assert not r.feasible and "ep 8" in r.reasons[0]  # 3 x 2 = 6 ranks cannot hold ep 8
+    assert not r.feasible and r.names == ("dp_shard", "tp") and r.gpus_left == 6
+    assert r.reasons[0] == ("dp_shard 3 x tp 2 x ep 8 (6 GPUs): ep(8) * etp(1) = 8 does not divide dp_shard(3) * "
+                            "tp(2) = 6; rule: (dp_shard * cp * tp) % (ep * etp) == 0")
+    assert len(r.reasons) == 3 and r.lines()[0].startswith("restart: world 8 -> 6: no mesh to restart on (dp_shard 3")
 
 
-def test_restart_batch_note_when_no_micro_batch_works_and_when_some_do():
-    """Seed mesh, one node lost: dp 7 does not divide 512, so no micro_batch (not even 1)
-    gives whole micro-batches: the note says so instead of listing an empty set. Global
-    batch 60, micro_batch 4, dp_shard 8 on 2-GPU nodes losing one: dp 6, 60 / 24 = 2.5; 60 is
-    a multiple of 1 x 6 and 2 x 6, not of 3 x 6 = 18."""
-    r = restart_on_fewer_nodes(_mesh(["dp_shard", "tp"], [8, 8]), 1, gpus_per_node=8, global_batch=512,
-                               micro_batch=1)
-    assert r.notes[0] == ("global batch 512 / (micro_batch 1 x dp 7) = 73.14: not whole micro-batches; no "
-                          "micro_batch helps (dp 7 does not divide global batch 512): the contract holds only "
-                          "with a different global batch (which changes the optimisation)")
-    some = restart_on_fewer_nodes(_mesh(["dp_shard"], [8]), 1, gpus_per_node=2, global_batch=60, micro_batch=4)
-    assert some.shape == (6,) and not some.batch_contract
-    assert some.notes[0] == ("global batch 60 / (micro_batch 4 x dp 6) = 2.50: not whole micro-batches; the "
-                             "contract holds only with micro_batch 1 or 2, or a different global batch (which "
-                             "changes the optimisation)")
+def test_restart_keeps_the_global_batch_with_a_smaller_micro_batch():
+    """dp_shard 8 on 2-GPU nodes losing one: 6 GPUs, global batch 60, micro_batch 4. dp 6:
+    60 / (4 x 6) = 2.5; micro_batch 3 (18) does not divide 60, 2 (12) does: the global batch
+    is kept with micro_batch 4 -> 2, 5 micro-batches. dp 5: 60 / 20 = 3, as configured; dp 4:
+    micro_batch 3 (60 / 12 = 5); dp 3: 60 / 12 = 5 as configured. Ranked by GPUs."""
+    r = restart_on_fewer_nodes(_mesh(["dp_shard"], [8]), 1, gpus_per_node=2, global_batch=60, micro_batch=4)
+    assert r.shape == (6,) and not r.batch_contract and r.contract == "micro_batch 4 -> 2"
+    assert [(p.dp, p.micro_batch, p.micro_batches, p.contract) for p in r.proposals] == [
+        (6, 2, 5, "micro_batch 4 -> 2"), (5, 4, 3, ""), (4, 3, 5, "micro_batch 4 -> 3"), (3, 4, 5, "")]
+    assert ("- global batch 60 = micro_batch 2 x dp 6 x 5 micro-batches (micro_batch 4 -> 2: the global batch is kept)"
+            in r.lines())
+    assert "- runner-up: dp_shard 5 on 5 GPUs, contract kept" in r.lines()
 
 
 def test_checkpoint_counts_each_replicated_kv_head_once():
@@ -237,9 +266,9 @@ def test_restart_with_no_gpu_left_is_one_line_and_exit_1(capsys):
     assert "unchanged" not in out and "infeasible" not in out
     assert err == ("infeasible: restart after losing 4 of 4 nodes (0 spare): 0 GPUs left are fewer than tp 1 x pp 1 "
                    "x cp 1 = 1\n")
-    rc, out, err = _reliability_cli(capsys, "--lost-nodes", "1")  # dp_shard 24 x ep 8: 24 % 8 == 0
+    rc, out, err = _reliability_cli(capsys, "--lost-nodes", "1")  # dp_shard 16 x ep 8: test_restart_mixtral_*
     assert (rc, err) == (0, "")
-    assert "restart: world 32 -> 24; mesh dp_shard 32 -> dp_shard 24 (changed: dp_shard)" in out
+    assert "restart: world 32 -> 16 (24 GPUs left); mesh dp_shard 32 x ep 8 -> dp_shard 16 x ep 8 (changed" in out
 
 
 def test_default_restart_scenario_informs_without_failing_a_one_node_job(capsys):
@@ -259,3 +288,89 @@ def test_default_restart_scenario_informs_without_failing_a_one_node_job(capsys)
         restart = [line for line in out.out.splitlines() if line.startswith("restart:")]
         assert restart and restart[0].startswith("restart: world 8 -> 0: no GPU left to restart on"), out
     assert codes == [0, 1]
+
+
+def _example_plan(name, shape=None, world=None, nodes=None):
+    cfg = load_config(Path(__file__).resolve().parents[1] / "examples" / name)
+    if shape:
+        cfg = dataclasses.replace(cfg, mesh=cfg.mesh.model_copy(update={"shape": shape, "world": world}),
+                                  cluster=cfg.cluster.model_copy(update={"nodes": nodes}))
+    return build_plan(cfg)
+
+
+def test_restart_mixtral_keeps_ep_and_the_global_batch(capsys, tmp_path):
+    """Mixtral dp_shard 32 x ep 8, global batch 256, one of 4 nodes lost: 24 GPUs. dp_shard 24
+    keeps ep 8 valid (24 = efsdp 3 x 8) but 256 / 24 is not whole, and with global batch 240
+    (10 x 24) FSDP2 cannot shard the experts' dim 1 (hidden 4096) 3 ways; dp_shard 16 (efsdp 2,
+    256 / 16 = 16 micro-batches) is proposed, node 2 idle; dp_shard 8 needs more memory than
+    the usable 67.1 GiB: no runner-up. Its step and the throughput lost are the plans' own
+    (an independent build_plan + step_time of each mesh)."""
+    from meshplan.schedule.rank_timeline import Overlap
+    from meshplan.schedule.steptime import step_time
+    rc, out, err = _reliability_cli(capsys, "--lost-nodes", "1", "--json", str(tmp_path / "r.json"))
+    assert (rc, err) == (0, "")
+    lines = out.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.startswith("restart:"))
+    assert lines[head].startswith("restart: world 32 -> 16 (24 GPUs left); mesh dp_shard 32 x ep 8 -> dp_shard 16 x "
+                                  "ep 8 (changed: dp_shard); not dp_shard 24 x ep 8 (24 GPUs): global_batch 256 is not "
+                                  "divisible by micro_batch 1 x dp 24 = 24; with global_batch 256 -> 240: ")
+    assert "efsdp 3" in lines[head]
+    old = step_time(_example_plan("mixtral-8x7b_32xh100_ep8-dp32.toml"), Overlap())
+    new_plan = _example_plan("mixtral-8x7b_32xh100_ep8-dp32.toml", [16, 8], 16, 3)
+    new = step_time(new_plan, Overlap())
+    assert lines[head + 1] == (f"- planned step {new.step_s:.2f} s, {new.tokens_per_s:,.0f} tokens/s, memory peak "
+                               f"{new_plan.timeline.peak.total_bytes / 2 ** 30:.1f} GiB: "
+                               f"{1 - new.tokens_per_s / old.tokens_per_s:.1%} of the throughput lost (the 32-GPU "
+                               f"plan: step {old.step_s:.2f} s, {old.tokens_per_s:,.0f} tokens/s)")
+    assert lines[head + 2] == ("- 8 of the 24 GPUs left sit idle (spares for the next failure): the mesh takes nodes "
+                               "0-1 of the 3 nodes left (node-major); idle: node 2")
+    assert lines[head + 3].startswith("- runner-up: none (the next, dp_shard 8 x ep 8 (8 GPUs): peak ")
+    assert lines[head + 4] == "- global batch 256 = micro_batch 1 x dp 16 x 16 micro-batches"
+    doc = json.loads((tmp_path / "r.json").read_text())["restart"]
+    assert (doc["shape"], doc["ep"], doc["new_world"], doc["gpus_left"], doc["contract"]) == ([16], 8, 16, 24, "")
+    assert doc["proposals"][0]["tokens_per_s"] == new.tokens_per_s and doc["old_step_s"] == old.step_s
+
+
+def test_restart_deepseek_v3_keeps_ep_64(capsys, tmp_path):
+    """Issue 11, trial 3 finding 1: DeepSeek-V3 pp 16 x dp_shard 128 x ep 64 on 256 nodes loses
+    one: 2040 GPUs, pp 16 kept: dp <= 127; ep 64 needs dp_shard a multiple of 64: 64 is the
+    only one (15360 / 64 = 240 micro-batches), on 16 x 64 = 1024 GPUs, nodes 128-254 idle. The
+    restart line names the mesh with ep and why the 2032-GPU mesh is not proposed."""
+    from meshplan.cli import main
+    cfg = Path(__file__).resolve().parents[1] / "examples" / "deepseek-v3_2048xh100_pp16-ep64-dp128.toml"
+    with pytest.raises(SystemExit) as done:
+        main(["reliability", str(cfg), "--write-gbps", "100", "--read-gbps", "100", "--restart-overhead-s", "300",
+              "--json", str(tmp_path / "r.json")])
+    out = capsys.readouterr().out
+    assert (done.value.code or 0) == 0
+    lines = out.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.startswith("restart:"))
+    assert lines[head] == ("restart: world 2048 -> 1024 (2040 GPUs left); mesh pp 16 x dp_shard 128 x ep 64 -> pp 16 x "
+                           "dp_shard 64 x ep 64 (changed: dp_shard); not pp 16 x dp_shard 127 x ep 64 (2032 GPUs): "
+                           "ep(64) * etp(1) = 64 does not divide dp_shard(127) = 127; rule: (dp_shard * cp * tp) % "
+                           "(ep * etp) == 0")
+    assert lines[head + 1].startswith("- planned step ") and "of the throughput lost (the 2048-GPU plan" in lines[head + 1]
+    assert lines[head + 2:head + 5] == [
+        "- 1016 of the 2040 GPUs left sit idle (spares for the next failure): the mesh takes nodes 0-127 of the 255 "
+        "nodes left (node-major); idle: nodes 128-254",
+        "- runner-up: none (no other data-parallel degree keeps the global batch and ep 64 x etp 1 valid)",
+        "- global batch 15360 = micro_batch 1 x dp 64 x 240 micro-batches"]
+    doc = json.loads((tmp_path / "r.json").read_text())["restart"]
+    assert doc["feasible"] and (doc["shape"], doc["ep"], doc["new_world"], doc["micro_batches"]) == ([16, 64], 64, 1024,
+                                                                                                     [120, 240])
+    assert [p["dp"] for p in doc["proposals"]] == [64] and doc["proposals"][0]["tokens_per_s"] < doc["old_tokens_per_s"]
+
+
+def test_restart_seed_planned_prefers_the_global_batch_over_throughput():
+    """Seed on 7 nodes, planned: dp_shard 7 (global batch 511) plans more tokens/s than
+    dp_shard 4 (512 kept) and still ranks below it; dp_shard 2 and 1 exceed the usable memory
+    (their peaks are printed), so the runner-up line says why there is none."""
+    from meshplan.restart import plan_evaluator
+    plan = _example_plan("seed-64gpu.toml")
+    r = restart_on_fewer_nodes(plan.mesh, 1, gpus_per_node=8, global_batch=512, micro_batch=1,
+                               evaluate=plan_evaluator(plan, 7))
+    assert [(p.dp, p.global_batch) for p in r.proposals] == [(4, 512), (7, 511)]
+    four, seven = r.proposals
+    assert seven.tokens_per_s > four.tokens_per_s and r.shape == (4, 8)
+    assert [line for line in r.lines() if "runner-up" in line][0].startswith(
+        "- runner-up: none (the next, dp_shard 2 x tp 8 (16 GPUs): peak ")
