@@ -11,6 +11,8 @@ its default and change the plan silently, so it is a one-line error naming the l
 
 from __future__ import annotations
 
+import json
+
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Optional
@@ -72,6 +74,21 @@ def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
         else:
             out[key] = v
     return out
+
+
+def rewritten(user: dict, written: dict) -> list[str]:
+    """``key A -> B`` for every key of the user's file ``user`` (a torchtitan job TOML, a
+    DeepSpeed JSON, as parsed) that the export ``written`` (the same format's tables, as
+    written) gives another value, ``key A -> dropped`` for one it does not write: what the
+    header lists beside the plan's fields (values as JSON: ``true``, ``"op"``).
+
+    >>> rewritten({"a": {"b": True, "c": -1, "d": "x"}}, {"a": {"b": False, "c": -1}})
+    ['a.b true -> false', 'a.d "x" -> dropped']
+    """
+    u, w = flatten(user), flatten(written)
+    show = lambda v: json.dumps(v) if isinstance(v, (bool, int, float, str, list, type(None))) else repr(v)
+    return [f"{k} {show(v)} -> {show(w[k]) if k in w else 'dropped'}" for k, v in u.items()
+            if k not in w or w[k] != v or type(w[k]) is not type(v)]
 
 
 def strip_keys(d: dict, drop: set[str], prefix: str = "") -> dict:

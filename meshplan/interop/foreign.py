@@ -28,7 +28,7 @@ from meshplan.errors import ConfigError
 from meshplan.fileio import parse_json, read_text_limited
 from meshplan.limits import FILE_BYTES
 from meshplan.interop import deepspeed, megatron, torchtitan
-from meshplan.interop.common import FORMATS, Imported, ImportOptions, catalog_model_name
+from meshplan.interop.common import FORMATS, Imported, ImportOptions, catalog_model_name, rewritten
 from meshplan.interop.tomlout import dumps, mesh_spec, meshplan_tables, model_table, resolved, virtual_split
 from meshplan.spec.wording import deepspeed_recompute_fix
 
@@ -326,6 +326,7 @@ def _export(cfg: Config, to: str, source: str, user: UserFile | None = None,
             user.fmt == to else (torchtitan.write(cfg), [])
         if kept:
             head.append(f"carried unchanged from {source}: {', '.join(kept)}")
+        head += _rewritten(user, to, source, tables)
         head += torchtitan.write_notes(cfg)
         body = dumps(tables)
         again = torchtitan.read(tomllib.loads(body), Path("."), opts)
@@ -339,6 +340,7 @@ def _export(cfg: Config, to: str, source: str, user: UserFile | None = None,
             (deepspeed.write(cfg), [])
         if kept:
             head.append(f"carried unchanged from {source}: {', '.join(kept)}")
+        head += _rewritten(user, to, source, doc)
         body = json.dumps(doc, indent=2) + "\n"
         again = deepspeed.read(doc, replace(opts, model=opts.model or catalog.names("model")[0]))
         again = replace(again, tables=again.tables | {"model": model_table(cfg)})
@@ -349,6 +351,15 @@ def _export(cfg: Config, to: str, source: str, user: UserFile | None = None,
     if to == "deepspeed":  # JSON has no comments: the caller prints the header
         return body, head
     return "\n".join(f"# {h}" for h in head) + "\n\n" + body, head
+
+
+def _rewritten(user: UserFile | None, to: str, source: str, written: dict) -> list[str]:
+    """The header line naming every key of the user's ``to`` file that the export writes with
+    another value or drops (:func:`~meshplan.interop.common.rewritten`); none without one."""
+    if user is None or user.fmt != to:
+        return []
+    lost = rewritten(user.doc, written)
+    return [f"written otherwise than {source} (the plan's value or spelling): {', '.join(lost)}"] if lost else []
 
 
 def differences(a: Config, b: Config) -> list[str]:

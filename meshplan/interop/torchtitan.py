@@ -439,8 +439,10 @@ def write(cfg: Config) -> dict[str, dict]:
 
 
 #: Keys the reader reads whose values the plan leaves as they were (the tokenizer and weights'
-#: folder; the clipping bound, read as clipping on): carried by :func:`carried`, not rewritten.
-KEPT = {"model.hf_assets_path", "training.max_norm"}
+#: folder; the clipping bound, read as clipping on; whether torchao precomputes the float8
+#: scales, read for a note, the plan's float8 all-gather timed with the precompute either way):
+#: carried by :func:`carried`, not rewritten.
+KEPT = {"model.hf_assets_path", "training.max_norm", "quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp"}
 
 
 def carried(user: dict, written: dict) -> tuple[dict, list[str]]:
