@@ -7,7 +7,8 @@ Megatron-LM / Transformer Engine the catalog's first kernel, FlashAttention-3), 
 one GEMM, the weight-gradient accumulation inside the GEMM, Megatron-LM's own kernels around
 the GEMMs, torch's eager elementwise ops and norms, torch's sequence-parallel layout copies:
 the :class:`~meshplan.compute.ops.Workload` fields that
-:func:`~meshplan.compute.ops.framework_kernels` sets (:data:`CHOICES`, its keys).
+:func:`~meshplan.compute.ops.framework_kernels` sets, and with ``training.tp_comm_overlap`` whose
+decomposed TP GEMMs run (``async_tp``, :mod:`meshplan.compute.asynctp`) (:data:`CHOICES`, its keys).
 
 Each choice's seconds are counterfactual and add up: on plan B (its mesh, stages and
 micro-batches), B's workload with A's value of every differing choice, then each choice
@@ -42,6 +43,7 @@ CHOICES: dict[str, str] = {
     "eager_loss": "the loss eager (not compiled)",
     "decomposed_head_norm": "the final norm kernel by kernel (torch_norm decomposed)",
     "sp_layout_copies": "torch's sequence-parallel layout copies",
+    "async_tp": "TP GEMMs decomposed to overlap their collectives (tp_comm_overlap)",
 }
 
 
@@ -96,6 +98,8 @@ def _value(side, field: str) -> str:
                else "Transformer Engine's fused attention")
         return f"{attention_kernel(side)} ({who})"
     v: Any = getattr(workload_of(side.plan), field)
+    if field == "async_tp":  # the framework whose decomposition runs (meshplan.compute.asynctp)
+        return {"torch": "torch's micro_pipeline_tp", "megatron": "Transformer Engine's userbuffers"}.get(v, "no")
     return "yes" if v else "no"
 
 
