@@ -80,6 +80,17 @@ class Side:
         axes = list(zip(m.layout.names, m.layout.shape)) + [(n, d) for n, d in (("ep", m.ep), ("etp", m.etp)) if d > 1]
         return " x ".join(f"{n} {d}" for n, d in axes)
 
+    @property
+    def mesh_key(self) -> str:
+        """:attr:`mesh_text` with a lone data axis named ``dp`` whatever its spelling (``dp_shard 4
+        x tp 2`` under FSDP and Megatron-LM's ``dp 4 x tp 2`` of the same plan exported and
+        imported back are one mesh; the sharding is a knob of its own)."""
+        data = ("dp", "dp_shard", "dp_replicate")
+        words = self.mesh_text.split(" x ")
+        if sum(w.split(" ")[0] in data for w in words) != 1:
+            return self.mesh_text
+        return " x ".join("dp " + w.split(" ")[1] if w.split(" ")[0] in data else w for w in words)
+
 
 @dataclass(frozen=True)
 class Comparison:
@@ -263,7 +274,7 @@ def _to_fit(win: Side, lose: Side, knobs: tuple = (), win_is_a: bool = True) -> 
     mw, ml = win.plan.mesh, lose.plan.mesh
     tw, tl = (mw.degree("tp") if mw else 1), (ml.degree("tp") if ml else 1)
     if knobs:
-        mesh = (f"the same mesh and " if win.mesh_text == lose.mesh_text
+        mesh = (f"the same mesh and " if win.mesh_key == lose.mesh_key
                 else f"{win.mesh_text} against {lose.mesh_text} and ")
         full = lose.plan.config.training.recompute == "full"
         return (f"{win.name} fits with {mesh}{_knob_text(knobs, win_is_a)}, but gives up that step; to keep it, "
@@ -290,7 +301,7 @@ def _evidence_lines(a: Side, b: Side, knobs: tuple = (), memory_first: bool = Fa
     bytes each rank sends; ``memory_first``: the verdict was decided by memory (a plan that
     does not fit, or steps within the tie band), so peak memory comes before the parts."""
     out = []
-    if knobs and a.mesh_text == b.mesh_text:
+    if knobs and a.mesh_key == b.mesh_key:
         out.append(f"same mesh ({a.mesh_text}); the plans differ in {_knob_text(knobs, True)} ({a.name} against "
                    f"{b.name}): the difference comes from these knobs, not from the mesh")
     elif knobs:
