@@ -208,3 +208,26 @@ def test_megatron_export_carries_the_users_other_flags(tmp_path):
     _, header = export(cfg, "meshplan", str(src), user_source(src))
     assert (f"not carried to meshplan: the Megatron-LM settings meshplan does not plan: --lr, --train-iters, "
             f"--tokenizer-type") in header
+
+
+def test_torchtitan_moe_is_dropless_and_exported_without_a_capacity(tmp_path):
+    """torchtitan's MoE has no capacity factor (TokenChoiceTopKRouter, every routed copy run by
+    grouped_mm: pytorch/torchtitan 08dc75a torchtitan/models/moe/moe.py): a torchtitan job TOML of
+    Mixtral (its HF config) is planned dropless, and exported to Megatron-LM with no
+    --moe-expert-capacity-factor (Megatron-LM's default, dropless); imported back, the routing keys
+    are the same. The step moves with the framework (listed, with both steps)."""
+    job = tmp_path / "job.toml"
+    job.write_text(f'[model]\nname = "mixtral"\nflavor = "8x7B"\nhf_assets_path = "{ROOT}/tests/data/hf/mixtral-8x7b-v0.1"'
+                   '\n[training]\nlocal_batch_size = 1\nseq_len = 4096\n[parallelism]\ndata_parallel_shard_degree = -1'
+                   '\nexpert_parallel_degree = 8\n[activation_checkpoint]\nmode = "full"\n')
+    opts = ImportOptions(cluster="dgx-h100", nodes=4)
+    cfg = load_any(job, opts=opts)
+    assert cfg.training.moe_dropless and cfg.model.is_moe
+    assert ("torchtitan: MoE: torchtitan's token-choice routing computes every routed copy (no capacity factor): "
+            "planned dropless (training.moe_dropless = true)") in cfg.notes
+    header, text, again = _again(cfg, "megatron", tmp_path)
+    assert "capacity" not in text and not any("capacity" in h for h in header)
+    assert {k: getattr(again.training, k) for k in ROUTING} == {k: getattr(cfg.training, k) for k in ROUTING}
+    assert [h.split(":")[0] for h in header if h.startswith("not expressed")] == ["not expressed in megatron"] * 3
+    assert any(h.startswith(f"step after the round trip: {_step_s(cfg):.3f} s -> {_step_s(again):.3f} s")
+               for h in export(cfg, "megatron", "job", step_of=_step_s)[1])
