@@ -745,7 +745,7 @@ def _write_export(cfg, to: str, out: Path | _Stdout, source: str, force: bool,
     how to import it, what the format does not express, the torchtitan or DeepSpeed settings
     ``user``'s file carries or not); returns the header."""
     refused = {t: export_refusals(cfg, t) for t in FORMATS}
-    text, header = export(replace(cfg, notes=()), to, source, user, config_warnings(cfg), refused)
+    text, header = export(replace(cfg, notes=()), to, source, user, config_warnings(cfg), refused, _step_s)
     for line in header[1:]:
         typer.echo(line)
     if isinstance(out, _Stdout):
@@ -754,6 +754,16 @@ def _write_export(cfg, to: str, out: Path | _Stdout, source: str, force: bool,
     else:
         _wrote(write_output(out, text, force=force, field='-o'))
     return header
+
+
+def _step_s(cfg) -> Optional[float]:
+    """The predicted step of ``cfg`` in seconds, None when its mesh does not resolve (export's
+    round-trip line)."""
+    try:
+        p = build_plan(cfg)
+        return None if isinstance(p, Infeasible) else step_time(p).step_s
+    except ConfigError:  # a pipeline the plan refuses (its own export refusal says so)
+        return None
 
 
 @app.command("import")
@@ -807,11 +817,14 @@ def export_cmd(config: Path = typer.Argument(..., help="the plan's " + CONFIG_HE
                seq_len: SeqLenOpt = None):
     """Write a plan's config as a meshplan TOML (its layer split written out), a torchtitan job TOML,
     Megatron-LM arguments or a DeepSpeed config (ZeRO without TP/PP). Every meshplan field the target does not
-    express is listed (re-imported and compared), and what the framework's runtime is known to run differently
-    as warning lines; a mesh the target cannot run is refused with the reason. From a torchtitan job TOML, a
-    torchtitan file carries the settings meshplan does not plan ([optimizer], [lr_scheduler], [checkpoint],
-    training.steps, ...) unchanged, and from a DeepSpeed JSON a DeepSpeed file its keys meshplan does not plan
-    (steps_per_print, optimizer, scheduler, ...); another target lists them as not carried."""
+    express is listed (re-imported and compared), with the step before and after when it differs, and what the
+    framework's runtime is known to run differently as warning lines; a mesh the target cannot run is refused
+    with the reason. From a torchtitan job TOML, a torchtitan file carries the settings meshplan does not plan
+    ([optimizer], [lr_scheduler], [checkpoint], training.steps, ...) unchanged, from a DeepSpeed JSON a
+    DeepSpeed file its keys meshplan does not plan (steps_per_print, optimizer, scheduler, ...), and from
+    Megatron-LM arguments a Megatron-LM file its flags meshplan does not read (--lr, --train-iters, ...); every
+    key of that file written with another value or dropped is listed; another target lists them as not
+    carried."""
 
     if to not in FORMATS:
         raise ConfigError("--to", f"{to!r}; use {', '.join(FORMATS)}")

@@ -391,6 +391,9 @@ def config_differences(a: Config, b: Config) -> Differences:
     work = _leaf_differences("model", a.model.model_dump(), b.model.model_dump())
     work += _leaf_differences("cluster", a.cluster.model_dump(exclude={"name"}), b.cluster.model_dump(exclude={"name"}))
     ta, tb = a.training.model_dump(), b.training.model_dump()
+    # the gradients' reduce dtype as it acts: unset is a default of the knobs (framework, param_dtype),
+    # so unset on a torch plan and "fp32" on the same plan exported to Megatron-LM and imported back agree
+    ta["grad_reduce_dtype"], tb["grad_reduce_dtype"] = a.training.gradient_reduce_dtype, b.training.gradient_reduce_dtype
     work += [(f"training.{k}", ta[k], tb[k]) for k in ta if k not in PLAN_KNOBS and ta[k] != tb[k]]
     knobs = [(f"training.{k}", ta[k], tb[k]) for k in PLAN_KNOBS if ta[k] != tb[k]]
     if a.mesh is not None and b.mesh is not None:

@@ -29,6 +29,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
+from meshplan.compare.kernels import choice_lines
 from meshplan.compute.gemm import gemm_efficiency
 from meshplan.config import Differences, config_differences
 from meshplan.errors import ConfigError
@@ -78,6 +79,17 @@ class Side:
             return "unresolved"
         axes = list(zip(m.layout.names, m.layout.shape)) + [(n, d) for n, d in (("ep", m.ep), ("etp", m.etp)) if d > 1]
         return " x ".join(f"{n} {d}" for n, d in axes)
+
+    @property
+    def mesh_key(self) -> str:
+        """:attr:`mesh_text` with a lone data axis named ``dp`` whatever its spelling (``dp_shard 4
+        x tp 2`` under FSDP and Megatron-LM's ``dp 4 x tp 2`` of the same plan exported and
+        imported back are one mesh; the sharding is a knob of its own)."""
+        data = ("dp", "dp_shard", "dp_replicate")
+        words = self.mesh_text.split(" x ")
+        if sum(w.split(" ")[0] in data for w in words) != 1:
+            return self.mesh_text
+        return " x ".join("dp " + w.split(" ")[1] if w.split(" ")[0] in data else w for w in words)
 
 
 @dataclass(frozen=True)
@@ -262,7 +274,7 @@ def _to_fit(win: Side, lose: Side, knobs: tuple = (), win_is_a: bool = True) -> 
     mw, ml = win.plan.mesh, lose.plan.mesh
     tw, tl = (mw.degree("tp") if mw else 1), (ml.degree("tp") if ml else 1)
     if knobs:
-        mesh = (f"the same mesh and " if win.mesh_text == lose.mesh_text
+        mesh = (f"the same mesh and " if win.mesh_key == lose.mesh_key
                 else f"{win.mesh_text} against {lose.mesh_text} and ")
         full = lose.plan.config.training.recompute == "full"
         return (f"{win.name} fits with {mesh}{_knob_text(knobs, win_is_a)}, but gives up that step; to keep it, "
@@ -289,7 +301,7 @@ def _evidence_lines(a: Side, b: Side, knobs: tuple = (), memory_first: bool = Fa
     bytes each rank sends; ``memory_first``: the verdict was decided by memory (a plan that
     does not fit, or steps within the tie band), so peak memory comes before the parts."""
     out = []
-    if knobs and a.mesh_text == b.mesh_text:
+    if knobs and a.mesh_key == b.mesh_key:
         out.append(f"same mesh ({a.mesh_text}); the plans differ in {_knob_text(knobs, True)} ({a.name} against "
                    f"{b.name}): the difference comes from these knobs, not from the mesh")
     elif knobs:
@@ -310,25 +322,29 @@ def _part_lines(a: Side, b: Side) -> list[str]:
     """The parts of each plan's step on its critical stage (:meth:`StepTime.parts_s`: compute,
     bubble, exposed <stream>, adding up to the step) that differ by at least :data:`PART_FLOOR`
     of the longer step, ordered by the seconds of the difference, largest first; under the
-    compute line, the GEMMs whose efficiency differs by :data:`GEMM_FLOOR` or more (what sets
-    compute). The cp128k pair (dp_shard 2 x cp 8 x tp 8 with SP, x cp 16 x tp 4): ``exposed tp``
+    compute line, what sets compute by the seconds of its effect, largest first: each kernel choice
+    the two frameworks make differently (:mod:`meshplan.compare.kernels`: the attention kernel,
+    fused QKV, Megatron-LM's own kernels ..., its seconds at least the floor; listed after the
+    parts when the compute part itself is under it) and the GEMMs whose efficiency differs by
+    :data:`GEMM_FLOOR` or more. The cp128k pair (dp_shard 2 x cp 8 x tp 8 with SP, x cp 16 x tp 4): ``exposed tp``
     10175.3 ms against 4492.7 ms comes first, the GEMMs 0.4 points apart are left out."""
     if a.step is None or b.step is None:
         return []
     pa, pb = a.step.parts_s(), b.step.parts_s()
     floor = PART_FLOOR * max(a.step.step_s, b.step.step_s)
     gap = {k: pb.get(k, 0.0) - pa.get(k, 0.0) for k in dict.fromkeys([*pa, *pb])}
-    out = []
+    out, choices = [], choice_lines(a, b, floor)
     for k in sorted((k for k in gap if abs(gap[k]) >= floor), key=lambda k: -abs(gap[k])):
         out.append(f"{k}: {a.name} {pa.get(k, 0.0) / MS:.1f} ms, {b.name} {pb.get(k, 0.0) / MS:.1f} ms "
                    f"({gap[k] / MS:+.1f} ms)")
-        if k == "compute":
-            out += _gemm_lines(a, b)
-    return out
+        if k == "compute":  # what sets it: the framework's kernel choices and the GEMMs, by seconds
+            out += [line for _, line in sorted(choices + _gemm_lines(a, b), key=lambda x: -x[0])]
+            choices = []
+    return out + [line for _, line in sorted(choices, key=lambda x: -x[0])]  # choices that cancel in compute
 
 
-def _gemm_lines(a: Side, b: Side) -> list[str]:
-    """A line for every GEMM both plans run (all the model's named GEMMs: wq, wk, wv, wo, w_gate,
+def _gemm_lines(a: Side, b: Side) -> list[tuple[float, str]]:
+    """(seconds, line) for every GEMM both plans run (all the model's named GEMMs: wq, wk, wv, wo, w_gate,
     w_up, w_down, the router's and experts', MLA's, the head's output) whose efficiency differs
     by :data:`GEMM_FLOOR` or more, ordered by the seconds of its effect (:func:`_gemm_step_s`'s
     difference), largest first. The cp128k pair: wk and wv at 42% against 78% (128 local
@@ -343,7 +359,7 @@ def _gemm_lines(a: Side, b: Side) -> list[str]:
             effect = abs(_gemm_step_s(b, name) - _gemm_step_s(a, name))
             kept.append((effect, f"{name}: {a.name} ({m2},{n2},{k2}) at {e2:.0%} of peak, {b.name} ({m},{n},{k}) "
                                  f"at {eff:.0%}"))
-    return [line for _, line in sorted(kept, key=lambda x: -x[0])]
+    return kept
 
 
 def _gemm_step_s(s: Side, name: str) -> float:

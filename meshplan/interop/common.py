@@ -11,6 +11,8 @@ its default and change the plan silently, so it is a one-line error naming the l
 
 from __future__ import annotations
 
+import json
+
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Optional
@@ -72,6 +74,42 @@ def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
         else:
             out[key] = v
     return out
+
+
+def _json(v: Any) -> str:
+    """A value as JSON (``true``, ``"op"``), else its repr."""
+    return json.dumps(v) if isinstance(v, (bool, int, float, str, list, type(None))) else repr(v)
+
+
+def rewritten(user: dict, written: dict, show: Callable[[Any], str] = _json) -> list[str]:
+    """``key A -> B`` for every key of the user's file ``user`` (a torchtitan job TOML, a
+    DeepSpeed JSON, as parsed) that the export ``written`` (the same format's tables, as
+    written) gives another value, ``key A -> dropped`` for one it does not write: what the
+    header lists beside the plan's fields (values by ``show``, default JSON: ``true``, ``"op"``).
+
+    >>> rewritten({"a": {"b": True, "c": -1, "d": "x"}}, {"a": {"b": False, "c": -1}})
+    ['a.b true -> false', 'a.d "x" -> dropped']
+    """
+    u, w = flatten(user), flatten(written)
+    return [f"{k} {show(v)} -> {show(w[k]) if k in w else 'dropped'}" for k, v in u.items()
+            if k not in w or not _same(v, w[k])]
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal values of one type; two strings that spell one number (Megatron-LM's ``1e-5`` and
+    ``1e-05``) are the same.
+
+    >>> _same("1e-5", "1e-05"), _same(1, True), _same("a", "a")
+    (True, False, True)
+    """
+    if type(a) is type(b) and a == b:
+        return True
+    if isinstance(a, str) and isinstance(b, str):
+        try:
+            return float(a) == float(b)
+        except ValueError:
+            return False
+    return False
 
 
 def strip_keys(d: dict, drop: set[str], prefix: str = "") -> dict:

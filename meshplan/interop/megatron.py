@@ -522,12 +522,22 @@ def _write_sharding(sharding: str) -> list[str]:
 def write_notes(cfg: Config) -> list[str]:
     """Header lines of a Megatron-LM export: ``--max-position-embeddings`` raised to the
     sequence length (Megatron-LM asserts ``max_position_embeddings >= seq_length``) when the
-    model's ``max_position`` is shorter."""
-    m, seq = cfg.model, cfg.training.seq_len
+    model's ``max_position`` is shorter; an MoE plan's capacity factor written although its
+    config never chose token dropping (meshplan's default routing, capacity factor 1, against
+    Megatron-LM's and torchtitan's dropless): :func:`write` writes the capacity factor of a
+    plan that drops tokens, and nothing for a dropless one (Megatron-LM's default)."""
+    m, seq, t = cfg.model, cfg.training.seq_len, cfg.training
+    out = []
     if m.max_position and seq > m.max_position:
-        return [f"--max-position-embeddings {seq}: raised from model {m.name}'s max_position {m.max_position} to "
-                f"--seq-length (Megatron-LM asserts max_position_embeddings >= seq_length)"]
-    return []
+        out.append(f"--max-position-embeddings {seq}: raised from model {m.name}'s max_position {m.max_position} to "
+                   f"--seq-length (Megatron-LM asserts max_position_embeddings >= seq_length)")
+    if m.is_moe and not ({"moe_capacity_factor", "moe_dropless"} & t.model_fields_set):
+        out.append(f"--moe-expert-capacity-factor {t.moe_capacity_factor!r} --moe-pad-expert-input-to-capacity: "
+                   f"the plan's routing is meshplan's default, capacity factor {t.moe_capacity_factor!r} with token "
+                   f"dropping (training.moe_capacity_factor and moe_dropless unset), written so that Megatron-LM "
+                   f"runs what was planned; torchtitan's MoE and Megatron-LM without the flag are dropless: set "
+                   f"training.moe_dropless = true to plan and export dropless routing")
+    return out
 
 
 def exported_model(cfg: Config) -> Config:

@@ -10,6 +10,7 @@ torchtitan                                     meshplan
 ============================================== ==============================================
 model.name + model.flavor (llama3 8B/70B/405B) model.catalog llama3-8b / -70b / -405b
 model.hf_assets_path (other flavors)           model.hf_config = <path>/config.json
+(an MoE model: token-choice, no capacity)      training.moe_dropless = true (:data:`DROPLESS`)
 model.converters "quantize.linear.float8"      training.linear_dtype = "fp8": the converted
   (or "float8")                                  Linears' GEMMs in fp8, activations in compute_dtype
 quantize.linear.float8.filter_fqns,            training.fp8_output_layer (output not filtered),
@@ -79,6 +80,7 @@ from meshplan.interop.common import (
     flatten,
     merge_tables,
     misspelt,
+    model_is_moe,
     model_layers,
     model_option,
     positive_int,
@@ -350,6 +352,9 @@ def read(d: dict, base: Path, opts: ImportOptions) -> Imported:
                      f"parallelism.{fix}")
     tables = {"model": model, "cluster": cluster, "training": _training(d, deg, shard, opts, model, notes),
               "mesh": _mesh(deg, par, model_layers(model), notes)}
+    if model_is_moe(model):  # torchtitan's MoE has no capacity factor (DROPLESS)
+        tables["training"]["moe_dropless"] = True
+        notes.append(DROPLESS)
     unused = tuple(k for k in flatten(d) if k not in USED | used)
     return Imported("torchtitan", tables, unused, tuple(notes))
 
@@ -438,9 +443,18 @@ def write(cfg: Config) -> dict[str, dict]:
            if t.torch_compile else {})
 
 
+#: The routing of torchtitan's MoE, as the import note says: TokenChoiceTopKRouter picks top_k
+#: experts per token and GroupedExperts runs every routed copy (torch._grouped_mm over the
+#: per-expert counts), no capacity factor (pytorch/torchtitan 08dc75a
+#: ``torchtitan/models/moe/moe.py``).
+DROPLESS = ("MoE: torchtitan's token-choice routing computes every routed copy (no capacity factor): planned "
+            "dropless (training.moe_dropless = true)")
+
 #: Keys the reader reads whose values the plan leaves as they were (the tokenizer and weights'
-#: folder; the clipping bound, read as clipping on): carried by :func:`carried`, not rewritten.
-KEPT = {"model.hf_assets_path", "training.max_norm"}
+#: folder; the clipping bound, read as clipping on; whether torchao precomputes the float8
+#: scales, read for a note, the plan's float8 all-gather timed with the precompute either way):
+#: carried by :func:`carried`, not rewritten.
+KEPT = {"model.hf_assets_path", "training.max_norm", "quantize.linear.float8.precompute_float8_dynamic_scale_for_fsdp"}
 
 
 def carried(user: dict, written: dict) -> tuple[dict, list[str]]:
