@@ -88,7 +88,8 @@ its roofline's pass count under compile: per activation an amax pass and a cast 
 layouts, 6 B an element in bf16; the float8-gathered weights copied transposed for the
 data gradient, 2 B; op-level AC replays the input casts, not their amaxes): 7.28 GB a layer
 per micro-batch at T1's 16,384 rows, +97 ms a step (T1 fp8 +48.2% -> +37.7%, T3 fp8 +56.5% ->
-+45.2%), plus the precompute's read of the fp32 weight shards after the optimizer (1.1 ms).
++45.2%), plus the precompute's read of the fp32 weight shards after the optimizer (1.1 ms) and
+its all-reduce, now after it (was spread over the backward as a per-step reduction).
 Rowwise (per-row scales, plain TP) casts the gathered tensors on every tp rank, 8 B an element
 (A8 fp8rw +85.7% -> +59.8%, A70 fp8rw +76.2% -> +56.7%). Not checked in a trace. Less (a)'s
 bandwidth, 0.54 / 0.58 / 0.42 s a step of the three T1 rows is left to the GPU's unknown

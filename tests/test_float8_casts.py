@@ -36,7 +36,7 @@ from meshplan.compute.ops import layer_cost
 from meshplan.interop.common import ImportOptions
 from meshplan.interop.foreign import load_any
 from meshplan.plan import build_plan
-from meshplan.schedule.steptime import float8_precompute_s, workload_of
+from meshplan.schedule.steptime import float8_precompute_s, step_time, workload_of
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "torchtitan_h100.py"
 H100 = catalog.gpu("h100-sxm5-80gb")
@@ -93,6 +93,14 @@ def test_t1_fsdp_tensorwise_by_hand(tmp_path):
                                                                      H100.hbm_bandwidth_bytes_per_s, "elementwise")
     # the per-step precompute: every rank's eighth of 32 layers' float8 weights, read once in fp32
     assert float8_precompute_s(p, 0) == pytest.approx(32 * LINEARS / 8 * 4 / kernel_data(H100.name).stream_bytes_per_s)
+    # after the optimizer step: that read, then the table's all-reduce of the stacked amaxes (exposed fsdp)
+    ends = {e.name: e for e in step_time(p).post_events}
+    opt, read, ar = (ends[n] for n in ("optimizer step", "float8 weight amax (precompute)",
+                                       "float8 amax all-reduce (precompute)"))
+    row = next(r for r in p.stage(0).collectives if "precompute_float8" in r.cadence)
+    assert (row.size_bytes, row.per_step) == (32 * 7 * 4, 1)  # one fp32 amax per float8 weight
+    assert read.start_s == opt.end_s and read.dur_s == pytest.approx(float8_precompute_s(p, 0), rel=1e-9)
+    assert ar.start_s == read.end_s and ar.dur_s == pytest.approx(row.time_s, rel=1e-9) and ar.stream == "fsdp"
 
 
 def test_a8_tensorwise_tp_by_hand(tmp_path):

@@ -494,6 +494,9 @@ def _tp_layer_ops(c: _Ctx, layer: int) -> tuple[list[str], list[str]]:
 FLOAT8_TP_CADENCE = "every layer (SP, float8 tensorwise: torchao casts before the all-gather)"
 
 
+#: Cadence of the per-step all-reduce of the float8 weights' amaxes (``fp8_all_gather``), which
+#: torchao's ``precompute_float8_dynamic_scale_for_fsdp`` issues after the optimizer step.
+FLOAT8_PRECOMPUTE_CADENCE = "once per step (float8 amax of every float8 weight, precompute_float8_dynamic_scale_for_fsdp)"
 #: Cadence of the tp all-reduces of float8 amaxes (:func:`_float8_amax_rows`).
 FLOAT8_AMAX_CADENCE = "every float8 cast of a tp shard (torchao tensorwise: the amax, all-reduced max)"
 #: Bytes of one amax all-reduce: torchao's ``amax_to_scale`` upcasts the Partial amax to float64
@@ -797,8 +800,8 @@ def _dp_rows(add, c: _Ctx) -> None:
                 add("dp_replicate", "backward", "all-reduce", numel // shards[axis] * dtype_bytes(rs), rs, red[0],
                     cadence + " (HSDP replicas)", "optimizer step", per_step=red[1])
         amax = sum(u[5] for u in units if u[1] == "fsdp")
-        add("fsdp", "step", "all-reduce", amax * 4, "fp32", 0, "once per step (float8 amax of every float8 weight, "
-            "precompute_float8_dynamic_scale_for_fsdp)", "next step's forward", depth=0, per_step=1)
+        add("fsdp", "step", "all-reduce", amax * 4, "fp32", 0, FLOAT8_PRECOMPUTE_CADENCE, "next step's forward",
+            depth=0, per_step=1)
         return
     if t.sharding in ("zero1", "zero2") and t.zero12_engine == "deepspeed":
         deepspeed_zero12.bucket_rows(add, t, "fsdp", _registration_numels(c), mesh.degree("fsdp"),

@@ -54,8 +54,11 @@ Linear (a lower bound: its kernel list is not derived here).
 Not counted: the casts' tiny scale kernels; ``fsdp_pre_all_gather``'s cast of the local weight
 shard (runs in FSDP2's all-gather copy-in, beside compute); the output layer when
 ``fp8_output_layer`` (default off); Transformer Engine's casts under Megatron-LM; MoE and MLA
-layers (their float8 plans are not modelled). The per-step weight amax of the precompute is
-:func:`precompute_bytes`.
+layers (their float8 plans are not modelled); under TP the precompute's stacked amaxes are
+Partial over tp too (a second small all-reduce per step, over tp: not in the table). The
+per-step weight amax of the precompute is :func:`precompute_bytes`, its all-reduce the table's
+per-step fsdp row, both step-end events after the optimizer
+(:func:`meshplan.schedule.steptime.float8_precompute_s`).
 """
 
 from __future__ import annotations

@@ -104,7 +104,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Optional
 
-from meshplan.comm.collectives import FLOAT8_AMAX_CADENCE, SCATTER_GATHER_CADENCE, ZERO2_CADENCE
+from meshplan.comm.collectives import (FLOAT8_AMAX_CADENCE, FLOAT8_PRECOMPUTE_CADENCE, SCATTER_GATHER_CADENCE,
+                                      ZERO2_CADENCE)
 from meshplan.comm import deepspeed
 from meshplan.comm.deepspeed import CADENCE as DEEPSPEED_CADENCE
 from meshplan.comm.deepspeed_zero12 import CADENCE as DEEPSPEED_BUCKET_CADENCE
@@ -138,7 +139,7 @@ BUILT_IN_GROUPS = frozenset(map(str, (Axis.PP, Axis.DP_REPLICATE, Axis.DP, Axis.
 #: Streams and kinds of the hand-placed collectives (:func:`comm_kind`), which a registered
 #: axis's stream may not reuse (its kind is its stream's name).
 BUILT_IN_STREAMS = frozenset({"compute", "tp", "tp_async", "loss", "cp", "ep", "pp", "pp_gather", "shard", "replica",
-                              "step", "fsdp", "efsdp", "dp_replicate", "dp", "kv", "other"})
+                              "step", "fsdp", "efsdp", "dp_replicate", "dp", "kv", "float8_step", "other"})
 
 
 def timeline_axes() -> dict[str, Timeline]:
@@ -193,7 +194,8 @@ def comm_kind(row) -> str:
     the stream of a registered axis with a timeline (its name by default) when one of its
     slots names the row's phase and op, or ``other`` (not understood: the caller reports it).
     Decided by phase, op and axis first, then by the cadence text (``K``/``dK`` for cp,
-    ``norm``, ``logits``). A row over an axis the timeline has no stream for (not in
+    ``norm``, ``logits``); ``float8_step``: the per-step all-reduce of torchao's float8 precompute
+    (a step-end event after the optimizer). A row over an axis the timeline has no stream for (not in
     :func:`simulated_groups`: an axis registered with its own rows,
     :attr:`~meshplan.spec.axes.base.AxisDef.rows`, and no timeline) is ``other``."""
     c = row.cadence
@@ -201,6 +203,8 @@ def comm_kind(row) -> str:
         return "kv"
     if row.axis not in BUILT_IN_GROUPS:
         return _placed(row) or "other"
+    if c == FLOAT8_PRECOMPUTE_CADENCE:  # after the optimizer step, before the next step's gathers
+        return "float8_step"
     if row.phase == "step" or "(DDP" in c or ZERO2_CADENCE in c or DEEPSPEED_BUCKET_CADENCE in c:
         # DDP, ZeRO-2, DeepSpeed ZeRO-1/2: issued in backward, bucketed
         return "step"
@@ -297,6 +301,8 @@ class CommTimes:
     host: dict = field(default_factory=dict)
     kv_s: float = 0.0
     kv_calls: int = 0
+    #: the per-step all-reduce of the float8 weights' amaxes (torchao's precompute, after the optimizer)
+    float8_step_s: float = 0.0
     copies: dict = field(default_factory=dict)
     ddp_buckets: int = 0
     mb_reduce_s: float = 0.0
@@ -356,6 +362,8 @@ class CommTimes:
                     c.ddp_buckets += max(r.per_step, 1) if "(DDP" in r.cadence or ds else 0
             elif kind == "kv":
                 c.kv_s, c.kv_calls = r.time_s, c.kv_calls + r.per_step
+            elif kind == "float8_step":
+                c.float8_step_s += r.time_s * max(r.per_step, 1)
             elif kind == "pp":
                 c.p2p_s = max(c.p2p_s, r.time_s)
             elif kind == "pp_gather":

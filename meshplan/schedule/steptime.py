@@ -827,8 +827,8 @@ def float8_precompute_s(plan, s: int) -> float:
     optimizer step (``training.fp8_all_gather``, torchtitan's ``precompute_float8_dynamic_scale_for_fsdp``
     set with it): ``torch._foreach_norm(weights, inf)`` reads the rank's local shard of every
     float8 weight once (:func:`meshplan.compute.float8.precompute_bytes`, in the parameters'
-    dtype) at the optimizer's bandwidth, never below one issue floor; its all-reduce is the
-    table's per-step fsdp row. 0 without the float8 all-gather.
+    dtype) at the optimizer's bandwidth, never below one issue floor; its all-reduce, the table's
+    per-step fsdp row, follows it as a step-end event (exposed fsdp). 0 without the float8 all-gather.
 
     Llama 3 8B on 8 GPUs (dp_shard 8), fp32 parameters: 32 layers x 218,103,808 float8 weight
     elements / 8 x 4 B = 3.49 GB, 1.17 ms at the H100's Triad (2.97 TB/s)."""
@@ -910,6 +910,7 @@ def _stage_end(plan, s, spec, mine, units, comm: CommTimes, ov, hold: float = 0.
     steps += [(f"kv replica all-reduce {i}", comm.kv_s, "kv") for i in range(comm.kv_calls)]
     steps.append(("optimizer step", _optimizer_s(plan, s, memo), "compute"))
     steps.append(("float8 weight amax (precompute)", float8_precompute_s(plan, s), "compute"))
+    steps.append(("float8 amax all-reduce (precompute)", comm.float8_step_s, "fsdp"))
     first_f = min((e for e in mine if e.args["kind"] == "F"), key=lambda e: e.start_s)
     gather = comm.step_gather_s
     steps.append(("param all-gather (per step)", max(0.0, gather - first_f.dur_s) if ov.param_gather else gather, "dp"))
