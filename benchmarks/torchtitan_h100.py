@@ -74,7 +74,7 @@ each, +17.0 ms) and the final norm kernel by kernel (as torchtitan still does to
 ``apply_compile`` compiles the blocks alone; 118 B more an element, +2.7 ms): T1 compile
 +36.6% -> +35.1%, compile+fp8 +50.4% -> +48.2%, T3 +44.1% -> +42.4%, +59.0% -> +56.5%; the T1
 compile gain is now predicted at +16.6% (published +15.7%). ``--itemise T1`` splits the three
-T1 steps by kernel kind: the published step is longer by about the same time in all three
+T1 steps by kernel kind: the published step is longer in all three
 (723, 639, 526 ms), although their GEMMs differ (1171 ms bf16, 665 ms float8); their attention
 (FA2) is the same 382 ms, the compiled rows' memory-bound kernels the same 162 ms, and the
 float8 row adds 97.4 ms of torchao's amax, casts and transposed copies: (d) below. What is
