@@ -46,11 +46,12 @@ all-gathers per step at 8B move 402,653,184 B instead of 805,306,368 B (0.978 ms
 1.935 ms), exposed tp 627.0 -> 443.4 ms; the 70B rows' 4939.0 -> 3714.7 ms. The rowwise rows
 keep torch's plain TP (torchtitan 820504e ``enable_float8_tensorwise_tp``), all in bf16. The
 memory plans the gathered buffers (the forward's input, the backward's output gradient) at 1 B a
-value too (:mod:`meshplan.memory.sizes`). Not modelled, not checked in a trace: the amax of each
-float8 cast of a DTensor shard (``tensor_to_amax``'s ``torch.max`` on a Shard DTensor is a
-Partial max, all-reduced over tp before the scale divides by it): 4 forward casts and 7
-output-gradient casts per layer, at the table's small NVLink all-reduce (27 us) about 11 x 32 x
-27 us = 10 ms a step at 8B.
+value too (:mod:`meshplan.memory.sizes`). The amax of each float8 cast of a DTensor shard
+(``tensor_to_amax``'s ``torch.max`` on a Shard DTensor is a Partial max, all-reduced over tp
+before the scale divides by it) is modelled (:mod:`meshplan.compute.float8`, tp all-reduce rows
+of fp64): 4 forward casts and 7 output-gradient casts per layer and the 4 op-level AC replays,
+blocking, 15.1 us each on the table's NVLink curve: 480 x 15.1 us = 7.2 ms a step at 8B (fp8tw
+exposed tp 443.4 -> 450.6 ms). Not checked in a trace.
 
 **The FSDP-only rows (T1, T3).** Tables 1-6 ran torchtitan 9dec370, whose presets (and
 ``config_manager.py``'s default) set ``model.norm_type = "rmsnorm"``: torchtitan's own Python
@@ -73,19 +74,26 @@ each, +17.0 ms) and the final norm kernel by kernel (as torchtitan still does to
 ``apply_compile`` compiles the blocks alone; 118 B more an element, +2.7 ms): T1 compile
 +36.6% -> +35.1%, compile+fp8 +50.4% -> +48.2%, T3 +44.1% -> +42.4%, +59.0% -> +56.5%; the T1
 compile gain is now predicted at +16.6% (published +15.7%). ``--itemise T1`` splits the three
-T1 steps by kernel kind: the published step is longer by about the same time in all three
-(723, 639, 624 ms), although their GEMMs differ (1171 ms bf16, 665 ms float8); their attention
-(FA2) is the same 382 ms, the compiled rows' memory-bound kernels the same 162 ms. What is known
-of the rest, none of it modelled: (a) the GPU: its HBM2e at 2.4 TB/s (torchtitan's number)
-against the catalog GPU's 3.35 TB/s HBM3 would add 184 / 64 / 64 ms to the memory-bound kernels
-at the same fraction of the bandwidth (the what-if line; no measurement of that part); its
-clocks under the 500 W cap, which set its GEMMs and attention, are not published; (b) the
-eager head and (c) the foreach optimizer, now modelled (above); (d) the float8 row's casts
-(torchao's amax reduction and cast of each float8 Linear's input and output gradient, and the
-transposed copies for the weight gradient) have no op in the model: of the order of 8 GB a
-layer, about 0.1 s a step at 8B by
-hand, not checked in a trace. Less (a)'s bandwidth and (d), 0.54 / 0.58 / 0.46 s a
-step of the three T1 rows is left to the GPU's unknown clocks and to what no source here names.
+T1 steps by kernel kind: the published step is longer in all three
+(723, 639, 526 ms), although their GEMMs differ (1171 ms bf16, 665 ms float8); their attention
+(FA2) is the same 382 ms, the compiled rows' memory-bound kernels the same 162 ms, and the
+float8 row adds 97.4 ms of torchao's amax, casts and transposed copies: (d) below. What is
+known of the rest, none of it modelled: (a) the GPU: its HBM2e at 2.4 TB/s (torchtitan's number)
+against the catalog GPU's 3.35 TB/s HBM3 would add 184 / 64 / 103 ms to the memory-bound
+kernels (float8's included) at the same fraction of the bandwidth (the what-if line; no
+measurement of that part); its clocks under the 500 W cap, which set its GEMMs and attention,
+are not published; (b) the eager head and (c) the foreach optimizer, now modelled (above);
+(d) the float8 rows' casts, now modelled (:mod:`meshplan.compute.float8`, torchao eab345c and
+its roofline's pass count under compile: per activation an amax pass and a cast writing both
+layouts, 6 B an element in bf16; the float8-gathered weights copied transposed for the
+data gradient, 2 B; op-level AC replays the input casts, not their amaxes): 7.28 GB a layer
+per micro-batch at T1's 16,384 rows, +97 ms a step (T1 fp8 +48.2% -> +37.7%, T3 fp8 +56.5% ->
++45.2%), plus the precompute's read of the fp32 weight shards after the optimizer (1.1 ms) and
+its all-reduce, now after it (was spread over the backward as a per-step reduction).
+Rowwise (per-row scales, plain TP) casts the gathered tensors on every tp rank, 8 B an element
+(A8 fp8rw +85.7% -> +59.8%, A70 fp8rw +76.2% -> +56.7%). Not checked in a trace. Less (a)'s
+bandwidth, 0.54 / 0.58 / 0.42 s a step of the three T1 rows is left to the GPU's unknown
+clocks and to what no source here names.
 
 **Left (not modelled; no fitted constant).** (1) The GPU: its clocks at 500 W are not
 published (above). (2) Async TP, modelled as torch fuses it at 38410cf9 (:mod:`meshplan.compute.asynctp`): the
@@ -95,7 +103,7 @@ backward's column-parallel reduce-scatters stay blocking, the returned gathered 
 cost the weight gradients a layout copy, and full AC replays no MLP reduce-scatter; float8
 rowwise (``recipe_name``: ``training.fp8_recipe``) fuses its reduce-scatters only (bf16 gathers,
 cast after). Predicted savings 0.38 s per step at 8B bf16 and 3.38 s at 70B bf16 against 0.25 s
-and 2.32 s published (+16-21% against +6-16% with bf16 or tensorwise, whose gathers move
+and 2.32 s published (+15-21% against +6-16% with bf16 or tensorwise, whose gathers move
 float8); rowwise 0.09 s and 0.78 s against
 0.18 s and 1.10 s (+5% against +4-6%). Not modelled: copy-engine traffic slowing the GEMMs beside it.
 
@@ -320,17 +328,20 @@ def itemise(r: Row, folder: Path) -> list[str]:
         for cost in [*ch.layers, *(x for x in (ch.embed, ch.head) if x is not None)]:
             for o in cost.ops:
                 k = "GEMM" if o.kind == "gemm" else "attention" if o.kind == "attention" else \
+                    "float8 amax, casts, transposes" if o.name.startswith("float8 ") else \
                     "norm kernels" if " norm" in f" {o.name}" else \
                     "other memory-bound" if o.kind == "memory" else o.kind
                 kinds[k] = kinds.get(k, 0.0) + o.seconds * m
-    kinds["optimizer step"] = sum(e.end_s - e.start_s for e in st.post_events if e.stage == 0 and
-                                  e.name == "optimizer step")
+    kinds["optimizer step (and float8 precompute)"] = sum(
+        e.end_s - e.start_s for e in st.post_events
+        if e.stage == 0 and e.name in ("optimizer step", "float8 weight amax (precompute)"))
     kinds["rest (bubble, exposed comm, FSDP copies, SM sharing)"] = st.step_s - sum(kinds.values())
     pub = step_s(r, r.published_tps)
     out = [f"{r.id}: published step {pub * 1e3:.0f} ms, predicted {st.step_s * 1e3:.0f} ms "
            f"(gap {(pub - st.step_s) * 1e3:+.0f} ms)"]
     out += [f"  {k:54s} {v * 1e3:9.1f} ms" for k, v in kinds.items()]
-    mem = kinds.get("norm kernels", 0.0) + kinds.get("other memory-bound", 0.0)
+    mem = kinds.get("norm kernels", 0.0) + kinds.get("other memory-bound", 0.0) + \
+        kinds.get("float8 amax, casts, transposes", 0.0)
     ratio = plan.config.cluster.gpu.hbm_bandwidth_bytes_per_s / HBM2E_BYTES_PER_S
     out.append(f"  what-if: memory-bound kernels at {HBM2E_BYTES_PER_S / 1e12:.1f} TB/s HBM2e instead of "
                f"{HBM2E_BYTES_PER_S * ratio / 1e12:.2f} TB/s: {mem * (ratio - 1) * 1e3:+.0f} ms")

@@ -117,7 +117,8 @@ def test_gemm_dtypes_converted_linear_vs_output_head(tmp_path):
     assert head["output"].seconds == issue_floor(H100, gemm_time(H100, 8192, 128256, 4096, "bf16").seconds)
     bf16 = {(o.name, o.phase): o.seconds for o in layer_cost(model, H100, workload_of(titan(tmp_path, False))).ops}
     assert [s for (n, _), s in bf16.items() if not n.startswith("w")] == \
-        [o.seconds for (n, _), o in ops.items() if not n.startswith("w")]  # attention, norms, adds: unchanged
+        [o.seconds for (n, _), o in ops.items() if not n.startswith(("w", "float8 "))]  # attention, norms, adds:
+    # unchanged; torchao's casts come on top (tests/test_float8_casts.py)
     out = titan(tmp_path, float8=True, filters="[]")
     head = {o.name: o for o in head_cost(model, H100, workload_of(out)).ops if o.phase == "forward"}
     assert head["output"].seconds == issue_floor(H100, gemm_time(H100, 8192, 128256, 4096, "fp8").seconds)

@@ -25,7 +25,9 @@ Conventions, matched op by op against what torch 2.13 issues for DTensor TP/SP a
   forward (inputs), backward (output gradients) and replayed, move float8, 1 byte a value
   (:func:`meshplan.compute.dtensor_sp.float8_tp`; rows of dtype fp8, :data:`FLOAT8_TP_CADENCE`);
   its reduce-scatters, the embedding's and the output layer's collectives stay in the compute dtype. Llama 3 8B at b 12, s 8192, tp 8:
-  an all-gather of 12 x 8192 x 4096 values is 402,653,184 B instead of 805,306,368 B.
+  an all-gather of 12 x 8192 x 4096 values is 402,653,184 B instead of 805,306,368 B. Each cast of
+  a tp shard all-reduces its amax over tp first (:func:`_float8_amax_rows`, one fp64 scalar: per
+  Llama layer 4 forward, 7 backward, and the forward's again where the layer is recomputed).
 - TP with MoE layers (etp 1, :func:`_tp_layer_ops`): attention and shared experts as above;
   the tp ranks split the tokens for the routed experts (:mod:`meshplan.runtime.execution.moe`), so
   the routed path has no tp collective under SP (a rank routes its own sequence shard) and
@@ -137,6 +139,7 @@ import numpy as np
 
 from meshplan.comm import deepspeed, deepspeed_zero12, fsdp2
 from meshplan.comm.alphabeta import REFERENCE_STEP_S, busbw_factor, collective_time
+from meshplan.compute import float8
 from meshplan.compute.dtensor_sp import float8_tp
 from meshplan.compute.measured import kernel_data
 from meshplan.compute.megatron import stage_param_tensors
@@ -491,6 +494,37 @@ def _tp_layer_ops(c: _Ctx, layer: int) -> tuple[list[str], list[str]]:
 FLOAT8_TP_CADENCE = "every layer (SP, float8 tensorwise: torchao casts before the all-gather)"
 
 
+#: Cadence of the per-step all-reduce of the float8 weights' amaxes (``fp8_all_gather``), which
+#: torchao's ``precompute_float8_dynamic_scale_for_fsdp`` issues after the optimizer step.
+FLOAT8_PRECOMPUTE_CADENCE = "once per step (float8 amax of every float8 weight, precompute_float8_dynamic_scale_for_fsdp)"
+#: Cadence of the tp all-reduces of float8 amaxes (:func:`_float8_amax_rows`).
+FLOAT8_AMAX_CADENCE = "every float8 cast of a tp shard (torchao tensorwise: the amax, all-reduced max)"
+#: Bytes of one amax all-reduce: torchao's ``amax_to_scale`` upcasts the Partial amax to float64
+#: before the ``clamp`` at which DTensor redistributes it (eab345c ``float8_utils.py``; size not
+#: checked in a trace: latency-bound either way).
+FLOAT8_AMAX_BYTES = 8
+
+
+def _float8_amax_rows(add, c: _Ctx) -> None:
+    """The tp all-reduces of the amaxes of the float8 casts of tp shards under torchao's float8
+    TP (:func:`meshplan.compute.float8.tp_amax_per_layer`: 4 forward, 7 backward per Llama layer,
+    weights gathered in float8): ``tensor_to_amax``'s ``torch.max(torch.abs(x))`` of a Shard
+    DTensor is a Partial max, all-reduced before the scale; the cast waits for it (eab345c
+    ``float8_scaling_utils.hp_tensor_to_float8_dynamic``). A recomputed layer (full, per-layer or
+    op-level AC) replays its forward casts' all-reduces (op-level AC saves ``aten.max``'s output,
+    not the collective's). One scalar each (:data:`FLOAT8_AMAX_BYTES`)."""
+    fwd = bwd = 0
+    for k, i in enumerate(c.layers):
+        if c.model.is_moe_layer(i):
+            continue
+        names = frozenset(x.name for x in c.model.layer_tensors(i) if c.training.float8_linear(x))
+        f, b = float8.tp_amax_per_layer(names, c.training.fp8_all_gather)
+        replay = c.training.layer_recomputed(k) or c.training.recompute == "op"
+        fwd, bwd = fwd + f, bwd + b + (f if replay else 0)
+    for phase, n in (("forward", fwd), ("backward", bwd)):
+        add("tp", phase, "all-reduce", FLOAT8_AMAX_BYTES, "fp64", n, FLOAT8_AMAX_CADENCE, "the float8 cast")
+
+
 #: Cadence of Megatron-LM 2022's coalesced all-reduce of the SP norm gradients (one per step).
 SP_NORM_COALESCED_CADENCE = "once per step (Megatron SP norm and row-parallel bias gradients, coalesced)"
 
@@ -618,6 +652,8 @@ def _tp_rows(add, c: _Ctx, loss_parallel: bool) -> None:
             "next weight-gradient GEMM")
         add("tp", "backward", "reduce-scatter", act, dt, counts["backward", "reduce-scatter", ""] + last,
             "every layer (SP)", "previous layer's backward")
+        if f8:
+            _float8_amax_rows(add, c)
         per_norm = 2 if c.model.norm == "layernorm" else 1
         norms = per_norm * (2 * len(c.layers) + last)
         if c.training.framework == "megatron":
@@ -764,8 +800,8 @@ def _dp_rows(add, c: _Ctx) -> None:
                 add("dp_replicate", "backward", "all-reduce", numel // shards[axis] * dtype_bytes(rs), rs, red[0],
                     cadence + " (HSDP replicas)", "optimizer step", per_step=red[1])
         amax = sum(u[5] for u in units if u[1] == "fsdp")
-        add("fsdp", "step", "all-reduce", amax * 4, "fp32", 0, "once per step (float8 amax of every float8 weight, "
-            "precompute_float8_dynamic_scale_for_fsdp)", "next step's forward", depth=0, per_step=1)
+        add("fsdp", "step", "all-reduce", amax * 4, "fp32", 0, FLOAT8_PRECOMPUTE_CADENCE, "next step's forward",
+            depth=0, per_step=1)
         return
     if t.sharding in ("zero1", "zero2") and t.zero12_engine == "deepspeed":
         deepspeed_zero12.bucket_rows(add, t, "fsdp", _registration_numels(c), mesh.degree("fsdp"),

@@ -53,7 +53,7 @@ from functools import cached_property, lru_cache
 from math import ceil
 from typing import Optional
 
-from meshplan.compute import asynctp, dtensor_sp
+from meshplan.compute import asynctp, dtensor_sp, float8
 from meshplan.compute.gemm import GemmTable, gemm_efficiency, gemm_model, gemm_time, load_gemm_table  # noqa: F401
 from meshplan.compute.measured import attention_seconds, bandwidth, kernel_data, memory_kernel_seconds
 from meshplan.compute.megatron import (BATCH_SYNCS, COMM_DELAY_OPS, STEP_TIMERS, TIMER_SYNCS, attention_copy_bytes, batch_bytes,
@@ -97,7 +97,8 @@ class Workload:
     collectives rearrange a multi-sequence micro-batch (:mod:`meshplan.compute.dtensor_sp`);
     ``async_tp``: the framework ("torch" or "megatron") whose decomposed TP GEMMs run (``training.tp_comm_overlap`` with sequence parallelism,
     :mod:`meshplan.compute.asynctp`), "" for none; ``fp8_rowwise``: the float8 Linears scale
-    rowwise (``training.fp8_recipe``), which decides which of torch's gathers fuse."""
+    rowwise (``training.fp8_recipe``), which decides which of torch's gathers fuse;
+    ``fp8_all_gather``: FSDP2 gathers them already cast (their casts: :mod:`meshplan.compute.float8`)."""
 
     seq_len: int
     micro_batch: int = 1
@@ -124,6 +125,7 @@ class Workload:
     linear_dtype: str = ""
     float8_gemms: frozenset[str] = frozenset()
     fp8_rowwise: bool = False
+    fp8_all_gather: bool = False
     async_tp: str = ""
 
     def gemm_dtype(self, name: str) -> str:
@@ -285,7 +287,7 @@ def float8_gemms(model: ModelSpec, training) -> dict:
     kinds = {model.is_moe_layer(i): i for i in range(model.layers)}
     tensors = [x for i in kinds.values() for x in model.layer_tensors(i)] + model.head_tensors(model.vocab)
     return {"linear_dtype": training.linear_dtype, "fp8_rowwise": training.fp8_recipe == "rowwise",
-            "float8_gemms": frozenset(x.name for x in tensors if training.float8_linear(x))}
+            "fp8_all_gather": training.fp8_all_gather, "float8_gemms": frozenset(x.name for x in tensors if training.float8_linear(x))}
 
 
 #: The fused-attention kernels torch's ``scaled_dot_product_attention`` runs on an NVIDIA GPU
@@ -719,6 +721,8 @@ def layer_costs(model: ModelSpec, gpu: GPUSpec, w: Workload, recomputes: tuple[s
     attn_plain = [o for o in attn_sel if not o.recompute]
     rest = _elementwise(model, gpu, w, gemms) + async_tp_ops(model, gpu, w, gemms) + sp_layout_ops(model, gpu, w, gemms)
     rest += _bias_ops(model, gpu, w, model.is_moe_layer(model.layers - 1 if layer < 0 else layer))
+    rest += [_mem(gpu, name, block, phase, nb) for name, block, phase, nb in float8.layer_kernels(
+        model, w, gemms, dtype_bytes(w.dtype))]  # torchao's amax, casts and transposed copies
     if w.megatron_ops:
         rest += main_grad_hooks(model, gpu, w, layer)
         moe = model.is_moe_layer(model.layers - 1 if layer < 0 else layer)
@@ -794,8 +798,10 @@ def _replay(o: Op) -> Op:
 OP_SAC_SAVED_GEMMS = ("wq", "wv", "w_gate", "w_down")
 OP_SAC_SAVED_GEMMS_GELU = ("wq", "wv", "w_up")
 #: Forward kernels op-level AC does not replay beside the saved GEMMs and SDPA: async TP's
-#: partial sum is part of the fused GEMM + reduce-scatter, whose output the policy saves.
-OP_SAC_NOT_REPLAYED = ("async-TP partial sum",)
+#: partial sum is part of the fused GEMM + reduce-scatter, whose output the policy saves; the
+#: float8 amaxes, whose ``aten.abs`` and ``aten.max`` outputs torchtitan's ``_save_list`` saves
+#: "for low precision training" (9dec370 ``parallelisms/parallelize_llama.py``).
+OP_SAC_NOT_REPLAYED = ("async-TP partial sum", float8.AMAX)
 
 
 def full_ac_not_replayed(w: Workload) -> tuple[str, ...]:

@@ -31,6 +31,9 @@ frameworks issue them:
   torchtitan's per-layer AC does so in its checkpointed layers, its op-level AC re-runs the
   forward ops it did not save, with each block's all-gather but not its reduce-scatter (whose
   output it saved; the row-parallel GEMM replayed, if at all, as a plain GEMM).
+  torchao's float8 tensorwise TP: the amax all-reduces of a block's casts of tp shards
+  (:mod:`meshplan.compute.float8`) block one after the other before the block (forward and its
+  replay: the attention's 2, the MLP's 2; backward: the MLP's 3, the attention's 4 per Llama layer).
   The all-reduces of the Partial gradients of weights replicated over tp (SP norms, an MoE
   router, MLA's down projections and latent norms) run on the tp stream after each layer's
   backward (nothing waits for them until the step ends, but the tp stream is busy meanwhile); the vocab-parallel loss collectives block
@@ -101,11 +104,12 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Optional
 
-from meshplan.comm.collectives import SCATTER_GATHER_CADENCE, ZERO2_CADENCE
+from meshplan.comm.collectives import (FLOAT8_AMAX_CADENCE, FLOAT8_PRECOMPUTE_CADENCE, SCATTER_GATHER_CADENCE,
+                                      ZERO2_CADENCE)
 from meshplan.comm import deepspeed
 from meshplan.comm.deepspeed import CADENCE as DEEPSPEED_CADENCE
 from meshplan.comm.deepspeed_zero12 import CADENCE as DEEPSPEED_BUCKET_CADENCE
-from meshplan.compute import asynctp
+from meshplan.compute import asynctp, float8
 from meshplan.compute.megatron import COMM_DELAY_OPS
 from meshplan.compute.ops import Cost, Workload
 from meshplan.mesh.tpsplit import KV_REPLICA
@@ -135,7 +139,7 @@ BUILT_IN_GROUPS = frozenset(map(str, (Axis.PP, Axis.DP_REPLICATE, Axis.DP, Axis.
 #: Streams and kinds of the hand-placed collectives (:func:`comm_kind`), which a registered
 #: axis's stream may not reuse (its kind is its stream's name).
 BUILT_IN_STREAMS = frozenset({"compute", "tp", "tp_async", "loss", "cp", "ep", "pp", "pp_gather", "shard", "replica",
-                              "step", "fsdp", "efsdp", "dp_replicate", "dp", "kv", "other"})
+                              "step", "fsdp", "efsdp", "dp_replicate", "dp", "kv", "float8_step", "other"})
 
 
 def timeline_axes() -> dict[str, Timeline]:
@@ -190,7 +194,8 @@ def comm_kind(row) -> str:
     the stream of a registered axis with a timeline (its name by default) when one of its
     slots names the row's phase and op, or ``other`` (not understood: the caller reports it).
     Decided by phase, op and axis first, then by the cadence text (``K``/``dK`` for cp,
-    ``norm``, ``logits``). A row over an axis the timeline has no stream for (not in
+    ``norm``, ``logits``); ``float8_step``: the per-step all-reduce of torchao's float8 precompute
+    (a step-end event after the optimizer). A row over an axis the timeline has no stream for (not in
     :func:`simulated_groups`: an axis registered with its own rows,
     :attr:`~meshplan.spec.axes.base.AxisDef.rows`, and no timeline) is ``other``."""
     c = row.cadence
@@ -198,6 +203,8 @@ def comm_kind(row) -> str:
         return "kv"
     if row.axis not in BUILT_IN_GROUPS:
         return _placed(row) or "other"
+    if c == FLOAT8_PRECOMPUTE_CADENCE:  # after the optimizer step, before the next step's gathers
+        return "float8_step"
     if row.phase == "step" or "(DDP" in c or ZERO2_CADENCE in c or DEEPSPEED_BUCKET_CADENCE in c:
         # DDP, ZeRO-2, DeepSpeed ZeRO-1/2: issued in backward, bucketed
         return "step"
@@ -232,10 +239,16 @@ ROOT_GROUPS = {"root (embedding)": "root_embed", "root (norm/output)": "root_hea
 FLOAT8_TP = "float8"
 
 
+#: Group of the tp all-reduces of float8 amaxes (:data:`meshplan.comm.collectives.FLOAT8_AMAX_CADENCE`).
+FLOAT8_AMAX = "float8 amax"
+
+
 def _row_group(kind: str, row) -> str:
     """The group a row's seconds are kept under in :attr:`CommTimes.t`."""
     if kind in ("shard", "replica"):
         return _shard_group(row.cadence)
+    if kind == "tp" and row.cadence == FLOAT8_AMAX_CADENCE:
+        return FLOAT8_AMAX
     return FLOAT8_TP if kind == "tp" and row.dtype == "fp8" else ""
 
 
@@ -288,6 +301,8 @@ class CommTimes:
     host: dict = field(default_factory=dict)
     kv_s: float = 0.0
     kv_calls: int = 0
+    #: the per-step all-reduce of the float8 weights' amaxes (torchao's precompute, after the optimizer)
+    float8_step_s: float = 0.0
     copies: dict = field(default_factory=dict)
     ddp_buckets: int = 0
     mb_reduce_s: float = 0.0
@@ -347,6 +362,8 @@ class CommTimes:
                     c.ddp_buckets += max(r.per_step, 1) if "(DDP" in r.cadence or ds else 0
             elif kind == "kv":
                 c.kv_s, c.kv_calls = r.time_s, c.kv_calls + r.per_step
+            elif kind == "float8_step":
+                c.float8_step_s += r.time_s * max(r.per_step, 1)
             elif kind == "pp":
                 c.p2p_s = max(c.p2p_s, r.time_s)
             elif kind == "pp_gather":
@@ -750,6 +767,22 @@ def replay_scatters(w: Workload, phase: str) -> tuple[bool, bool]:
     return True, w.megatron_ops
 
 
+def _amax_calls(c: Cost, side: str, phase: str) -> int:
+    """:func:`meshplan.compute.float8.tp_amax_calls` of layer ``c``'s ops."""
+    return float8.tp_amax_calls(c.ops, side, phase)
+
+
+def _amax_wait(s: _Sim, c: Cost, side: str, phase: str) -> None:
+    """The blocking tp all-reduces of the float8 amaxes of layer ``c``'s ``side`` ("attn" or
+    "mlp") in ``phase`` ("forward", also for a replay; "backward"), one after the other before the
+    block (:func:`meshplan.compute.float8.tp_amax_calls`; the cast waits for its scale)."""
+    t = s.c.get("tp", phase, "all-reduce", FLOAT8_AMAX)
+    n = s.of(_amax_calls, c, side, "forward" if phase == "forward" else "backward_input") if t > 0 else 0
+    if n:
+        ev = s.comm("tp", phase, "all-reduce", f"tp float8 amax all-reduce x{n}", FLOAT8_AMAX, seconds=n * t)
+        s.compute("float8 amax wait", 0.0, [ev])
+
+
 def _forward_layer(s: _Sim, c: Cost, moe: bool, phase: str = "forward", recompute=None) -> None:
     scatter, scatter_mlp = replay_scatters(s.w, phase)
     t = s.of(_times, c, phase, recompute)
@@ -758,11 +791,13 @@ def _forward_layer(s: _Sim, c: Cost, moe: bool, phase: str = "forward", recomput
     s.compute("norm", t["attn_pre"])
     p = s.of(cp_parts, c, phase, recompute) if s.w.cp > 1 else None
     _slots(s, own, At.BEFORE, Block.ATTN)
+    _amax_wait(s, c, "attn", "forward")
     _block(s, "attention", t["attn"], "forward", cp=(p["kv"], p["q"], p["core"], p["out"]) if p else None,
            cp_phase="forward" if phase == "forward" else "backward", fused=f.get("attn"), scatter=scatter)
     _slots(s, own, At.AFTER, Block.ATTN)
     s.compute("add+norm", t["attn_post"] + t["mlp_pre"])
     _slots(s, own, At.BEFORE, Block.MLP)
+    _amax_wait(s, c, "mlp", "forward")
     _block(s, "mlp", t["mlp"], "forward", ep=moe, fused=f.get("mlp"), scatter=scatter_mlp)
     _slots(s, own, At.AFTER, Block.MLP)
     s.compute("add", t["mlp_post"])
@@ -788,12 +823,14 @@ def _backward_layer(s: _Sim, c: Cost, moe: bool, with_w: bool) -> None:
     s.compute("add grad", b["mlp_post"])
     mlp_row = 0.0 if moe else row["mlp"]          # MoE: the experts' own order (dispatch, combine)
     _slots(s, "backward", At.BEFORE, Block.MLP)
+    _amax_wait(s, c, "mlp", "backward")
     _block_backward(s, "mlp", b["mlp"], w["mlp"] - mlp_row, ep=moe, t_w_row=mlp_row, t_b_col=col["mlp"],
                     fused=f.get("mlp"))
     _slots(s, "backward", At.AFTER, Block.MLP)
     s.compute("norm+add grad", b["mlp_pre"] + b["attn_post"])
     p = s.of(cp_parts, c, "backward_input", False if full else None) if s.w.cp > 1 else None
     _slots(s, "backward", At.BEFORE, Block.ATTN)
+    _amax_wait(s, c, "attn", "backward")
     _block_backward(s, "attention", b["attn"], w["attn"] - row["attn"], cp=(p["core"], p["q"], p["kv"]) if p else None,
                     t_w_row=row["attn"], t_b_col=col["attn"], fused=f.get("attn"))
     _slots(s, "backward", At.AFTER, Block.ATTN)

@@ -1,0 +1,236 @@
+"""The float8 work torchao adds around each float8 Linear's GEMMs (``training.linear_dtype =
+"fp8"`` under ``framework = "torch"``): the amax reductions, the casts to float8 and the
+transposed float8 copies the backward's GEMMs need, as memory-bound kernels (HBM bytes read and
+written, timed at the catalog's achievable bandwidth by :func:`meshplan.compute.ops.layer_costs`),
+and the tp all-reduces of the amax of sharded tensors.
+
+Sources (read, not copied): pytorch/ao at eab345c (Dec 2024, the torchao of torchtitan's
+Tables 1-6) ``torchao/float8/float8_linear.py`` (``Float8Linear.forward``: input cast, weight
+cast unless FSDP gathered it in float8, ``NoopFwToFloat8BwDynamic`` casting the output
+gradient in backward), ``float8_scaling_utils.py`` and ``float8_utils.py``
+(``tensor_to_amax`` = ``torch.max(torch.abs(x))``; ``amax_to_scale``; ``to_fp8_saturated``),
+``float8_tensor.py`` (``_ToFloat8ConstrFunc``: ``x.to(float32) * scale``, clamp, ``.to(fp8)``),
+``float8_ops.py`` (``preprocess_addmm``: ``torch._scaled_mm`` takes a row-major first and a
+column-major second operand, so the data-gradient GEMM copies the weight transposed,
+``b.t().contiguous().t()``, and the weight-gradient GEMM copies the output gradient
+(``a.contiguous()``) and the input transposed), ``fsdp_utils.py``
+(``precompute_float8_dynamic_scale_for_fsdp``: after the optimizer, ``torch._foreach_norm(weights,
+inf)`` of every local weight shard and one all-reduce of the stacked amaxes; with it FSDP
+gathers the weights already cast, ``fsdp_pre_all_gather``), ``float8_tensor_parallel.py``
+(``PrepareFloat8ModuleInput``, ``Float8ColwiseParallel``, ``Float8RowwiseParallel``: the cast
+of a DTensor shard, whose ``torch.max`` is a Partial max that DTensor all-reduces over tp before
+the scale); and ``torchao/testing/float8/roofline_utils.py`` at 955ebb0 (May 2025,
+``get_tensor_memory_traffic_ovhd_s``): torchao's own count of the kernels inductor generates
+for these casts under ``torch.compile`` (torchao's README: "enable torch.compile for
+competitive performance"; torchtitan compiles its blocks).
+
+**Passes per tensor, compiled** (``b`` bytes of a compute-dtype element; torchao's roofline
+with ``enable_fusion_modeling`` off, its default: the amax is not fused into the op that
+produced the tensor):
+
+- tensorwise, an activation (input, output gradient): 2 passes, the amax (read ``b``; its
+  second stage over the partial maxima is a tiny kernel, not counted, as torchao does) and
+  the cast writing both layouts (read ``b``, write 1 row-major + 1 column-major): ``2 b + 2``
+  per element. Shared inputs are cast once (wq, wk, wv; w_gate, w_up: inductor's CSE of the
+  same ops on the same tensor; torchao's TP casts them once before the gather by design).
+  Under torchao's float8 TP (sequence parallel, tp > 1) the block inputs and the row-parallel
+  output gradients are cast on the rank's sequence shard before the all-gather (amax ``b``,
+  cast ``b + 1``: row-major only) and the gathered float8 tensor is copied transposed for the
+  weight gradient (read 1, write 1 of the gathered tensor);
+- tensorwise, a weight: gathered in float8 (``training.fp8_all_gather``) nothing in forward and
+  in backward the transposed copy (read 1, write 1); otherwise the amax (``b``), the forward
+  cast (``b + 1``) and the backward's cast of the other layout (``b + 1``);
+- rowwise (per-row scales, no global amax, no all-reduce): an activation 2 kernels, the cast
+  along rows that also writes the tensor transposed in the compute dtype (``2 b + 1``) and the
+  transposed copy's cast (``b + 1``); a weight 3 (forward cast ``b + 1``, backward transpose
+  ``2 b`` and cast ``b + 1``).
+
+**Eager** (not compiled): each torch op a kernel, each Linear its own casts: amax = ``abs``
+(read b, write b) + ``max`` (read b) = ``3 b``; cast = ``to(float32)`` (b + 4) + ``* scale``
+(8) + ``clamp`` (8) + ``to(float8)`` (5) = ``b + 25``; the backward's transposed copies 2 B an
+element each (weight, output gradient, input). Rowwise eager is counted as compiled, per
+Linear (a lower bound: its kernel list is not derived here).
+
+Not counted: the casts' tiny scale kernels; ``fsdp_pre_all_gather``'s cast of the local weight
+shard (runs in FSDP2's all-gather copy-in, beside compute); the output layer when
+``fp8_output_layer`` (default off); Transformer Engine's casts under Megatron-LM; MoE and MLA
+layers (their float8 plans are not modelled); under TP the precompute's stacked amaxes are
+Partial over tp too (a second small all-reduce per step, over tp: not in the table). The
+per-step weight amax of the precompute is :func:`precompute_bytes`, its all-reduce the table's
+per-step fsdp row, both step-end events after the optimizer
+(:func:`meshplan.schedule.steptime.float8_precompute_s`).
+"""
+
+from __future__ import annotations
+
+from math import ceil
+
+#: The tensor a float8 Linear casts as its input, by GEMM name: Linears sharing one input share
+#: its cast (compiled), and the block the cast runs in (forward, the TP gather's side).
+INPUTS = {"wq": ("attn input", "attn_pre"), "wk": ("attn input", "attn_pre"), "wv": ("attn input", "attn_pre"),
+          "wo": ("wo input", "attn"), "w_gate": ("mlp input", "mlp_pre"), "w_up": ("mlp input", "mlp_pre"),
+          "w_down": ("w_down input", "mlp")}
+#: Inputs torchao's float8 TP casts on the sequence shard before the tp all-gather.
+GATHERED_INPUTS = ("attn input", "mlp input")
+#: Output gradients cast on the sequence shard before the backward's all-gather (row-parallel Linears),
+#: and the backward block they are cast in (before the block, beside the residual's gradient).
+GATHERED_GRADS = {"wo": "attn_post", "w_down": "mlp_post"}
+#: Name prefix of the amax kernels (:data:`meshplan.compute.ops.OP_SAC_NOT_REPLAYED`: torchtitan's
+#: op-level AC saves ``aten.abs`` and ``aten.max`` outputs, "for low precision training").
+AMAX = "float8 amax"
+#: Mark of an amax whose tensor is a tp shard: DTensor all-reduces it over tp (the timeline's wait).
+OVER_TP = "all-reduced over tp"
+
+
+def applies(w) -> bool:
+    """Whether torchao's casts run: float8 Linears (``w.float8_gemms``) under torch (Megatron-LM's
+    Transformer Engine casts its own way, not modelled)."""
+    return w.linear_dtype == "fp8" and bool(w.float8_gemms) and not w.megatron_ops
+
+
+def float8_tp(model, w) -> bool:
+    """torchao's float8 TP styles run (:func:`meshplan.compute.dtensor_sp.float8_tp`'s rule on a
+    Workload): tensorwise, sequence parallel, tp > 1, a dense model without MLA."""
+    return w.sp and w.tp > 1 and not w.fp8_rowwise and not model.is_moe and not model.is_mla
+
+
+def activation_kernels(rowwise: bool, eager: bool, b: int, shard: bool) -> list[tuple[str, float]]:
+    """(kernel, bytes per element) of one activation's cast (module docstring); ``shard``: cast on
+    a tp shard before a float8 all-gather (row-major only; the transposed copy after the gather).
+
+    >>> activation_kernels(False, False, 2, False), activation_kernels(False, False, 2, True)
+    ([('amax', 2), ('cast', 4)], [('amax', 2), ('cast', 3)])
+    >>> activation_kernels(True, False, 2, False), activation_kernels(False, True, 2, False)
+    ([('cast + transpose', 5), ('cast (transposed)', 3)], [('amax', 6), ('cast', 27)])
+    """
+    if rowwise:
+        return [("cast + transpose", 2 * b + 1), ("cast (transposed)", b + 1)]
+    if eager:
+        return [("amax", 3 * b), ("cast", b + 25)]
+    return [("amax", b), ("cast", b + (1 if shard else 2))]
+
+
+def weight_kernels(rowwise: bool, eager: bool, b: int, gathered_fp8: bool) -> list[tuple[str, str, float]]:
+    """(kernel, phase, bytes per element) of one weight (module docstring).
+
+    >>> weight_kernels(False, False, 2, True)
+    [('transpose', 'backward_input', 2)]
+    >>> [x[2] for x in weight_kernels(False, False, 2, False)], [x[2] for x in weight_kernels(True, False, 2, False)]
+    ([2, 3, 3], [3, 4, 3])
+    """
+    if gathered_fp8:
+        return [("transpose", "backward_input", 2)]
+    if rowwise:
+        return [("cast", "forward", b + 1), ("transpose", "backward_input", 2 * b), ("cast (transposed)",
+                                                                                       "backward_input", b + 1)]
+    if eager:
+        return [("amax", "forward", 3 * b), ("cast", "forward", b + 25), ("transpose", "backward_input", 2)]
+    return [("amax", "forward", b), ("cast", "forward", b + 1), ("cast (transposed)", "backward_input", b + 1)]
+
+
+def layer_kernels(model, w, gemms, b: int) -> list[tuple[str, str, str, float]]:
+    """(name, block, phase, bytes) of one layer's float8 kernels per micro-batch: each float8
+    GEMM's input (once per shared input when compiled), output gradient and weight, at the
+    rank's shapes (``gemms``: :func:`meshplan.compute.shapes.layer_gemms`; M = the rank's
+    tokens, gathered under SP). An amax over a tp shard carries :data:`OVER_TP` in its name.
+
+    Llama 3 8B, batch 2 x 8192 tokens (M = 16,384), no TP, tensorwise compiled, weights gathered
+    in float8: 4 inputs (attention's and MLP's 4096 wide, wo's 4096, w_down's 14336) and 7 output
+    gradients (wq 4096, wk and wv 1024, wo 4096, w_gate and w_up 14336, w_down 4096) at 2 + 4 B an
+    element; the 7 weights' transposed copies (218,103,808 elements) at 2 B:
+
+    >>> from meshplan import catalog
+    >>> from meshplan.compute.ops import Workload
+    >>> from meshplan.compute.shapes import layer_gemms
+    >>> m, names = catalog.model("llama3-8b"), frozenset(INPUTS)
+    >>> w = Workload(seq_len=8192, micro_batch=2, linear_dtype="fp8", float8_gemms=names, fp8_all_gather=True)
+    >>> k = layer_kernels(m, w, layer_gemms(m, 1, 16384), 2)
+    >>> [(name, nb) for name, _, _, nb in k[:2]]
+    [('float8 amax (attn input)', 134217728.0), ('float8 cast (attn input)', 268435456.0)]
+    >>> widths = (3 * 4096 + 14336) + (4096 + 2 * 1024 + 4096 + 2 * 14336 + 4096)
+    >>> len(k), sum(x[3] for x in k) == 16384 * widths * 6 + 218103808 * 2 == 7281311744
+    (29, True)
+    """
+    if not applies(w):
+        return []
+    eager, rowwise, tp8 = w.torch_eager, w.fp8_rowwise, float8_tp(model, w)
+    out: list[tuple[str, str, str, float]] = []
+    done: set[str] = set()
+    for g in (g for g in gemms if g.name in w.float8_gemms and g.name in INPUTS):
+        what, block = INPUTS[g.name]
+        shared = what in done and (tp8 and what in GATHERED_INPUTS or not eager)
+        done.add(what)
+        if not shared:  # the input: cast once per shared tensor, per Linear eagerly
+            out += _activation(what, block, "forward", g.m, g.k * g.count, w, rowwise, eager, b,
+                               tp8 and what in GATHERED_INPUTS, tp8)
+        if eager and not rowwise and not (tp8 and what in GATHERED_INPUTS):  # the wgrad's transposed input (mm)
+            out.append((f"float8 transpose ({what}, {g.name} wgrad)", _bw_block(block), "backward_input",
+                        2.0 * g.m * g.k * g.count))
+        grad_block = GATHERED_GRADS.get(g.name, _bw_block(block))
+        out += _activation(f"{g.name} output grad", grad_block, "backward_input", g.m, g.n * g.count, w, rowwise,
+                           eager, b, tp8 and g.name in GATHERED_GRADS, tp8)
+        if eager and not rowwise and not (tp8 and g.name in GATHERED_GRADS):
+            out.append((f"float8 transpose ({g.name} output grad)", _bw_block(block), "backward_input",
+                        2.0 * g.m * g.n * g.count))
+        for k, phase, nb in weight_kernels(rowwise, eager, b, w.fp8_all_gather and not rowwise):
+            name = f"float8 {k} ({g.name} weight" + (f", {OVER_TP})" if k == "amax" and tp8 else ")")
+            out.append((name, _bw_block(block) if phase != "forward" else block, phase, float(nb * g.n * g.k * g.count)))
+    return out
+
+
+def _bw_block(block: str) -> str:
+    """The block of a backward kernel of a GEMM whose input is cast in ``block``."""
+    return {"attn_pre": "attn", "mlp_pre": "mlp"}.get(block, block)
+
+
+def _activation(what: str, block: str, phase: str, rows: int, cols: int, w, rowwise: bool, eager: bool, b: int,
+                gathered: bool, tp8: bool) -> list[tuple[str, str, str, float]]:
+    """The kernels of one activation of ``rows x cols`` (rows: the rank's tokens, gathered);
+    ``gathered``: cast on the sequence shard before a float8 all-gather, then copied transposed."""
+    n = (ceil(rows / w.tp) if gathered else rows) * cols
+    out = []
+    for k, nb in activation_kernels(rowwise, eager, b, gathered):
+        name = f"float8 {k} ({what}" + (f", {OVER_TP})" if k == "amax" and tp8 else ")")
+        out.append((name, block, phase, float(nb * n)))
+    if gathered:
+        out.append((f"float8 transpose ({what}, gathered)", _bw_block(block), "backward_input", 2.0 * rows * cols))
+    return out
+
+
+def tp_amax_calls(kernels, side: str, phase: str) -> int:
+    """The tp all-reduces of amaxes among ``kernels`` (:func:`layer_kernels` tuples or
+    :class:`~meshplan.compute.ops.Op`) of ``phase`` on ``side`` ("attn": blocks attn_pre, attn,
+    attn_post; "mlp": mlp_pre, mlp, mlp_post; "" both), replayed kernels left out."""
+    out = 0
+    for k in kernels:
+        name, block, ph = (k[0], k[1], k[2]) if isinstance(k, tuple) else (k.name, k.block, k.phase)
+        if getattr(k, "recompute", False):  # a replay: its all-reduces are counted as the forward's
+            continue
+        if ph == phase and name.startswith(AMAX) and OVER_TP in name and block.startswith(side):
+            out += 1
+    return out
+
+
+def tp_amax_per_layer(names, fp8_all_gather: bool) -> tuple[int, int]:
+    """(forward, backward) tp all-reduces of amaxes per dense layer and micro-batch under
+    torchao's float8 TP (:func:`float8_tp`), ``names``: the layer's float8 GEMMs: one per
+    distinct input and, unless FSDP gathers them in float8, per weight (a tp-sharded DTensor)
+    in forward; one per output gradient in backward. The same count as the :data:`OVER_TP`
+    kernels of :func:`layer_kernels` (``tests/test_float8_casts.py``). Llama: 4 and 7.
+
+    >>> tp_amax_per_layer(frozenset(INPUTS), True), tp_amax_per_layer(frozenset(INPUTS), False)
+    ((4, 7), (11, 7))
+    """
+    mine = [n for n in INPUTS if n in names]
+    return len({INPUTS[n][0] for n in mine}) + (0 if fp8_all_gather else len(mine)), len(mine)
+
+
+def precompute_bytes(float8_weight_numel: int, param_bytes: int) -> int:
+    """HBM bytes of ``precompute_float8_dynamic_scale_for_fsdp``'s ``torch._foreach_norm(weights,
+    inf)`` over a rank's local shards of the float8 weights (``float8_weight_numel`` elements
+    held in ``param_bytes`` each): one read; the stacked amaxes and scales are a few elements.
+
+    >>> precompute_bytes(1_000_000, 4)
+    4000000
+    """
+    return float8_weight_numel * param_bytes

@@ -1,0 +1,147 @@
+"""torchao's float8 work around each float8 Linear (:mod:`meshplan.compute.float8`): the amax,
+cast and transposed-copy kernels of one Llama 3 8B layer, by hand, at the shapes of
+``benchmarks/torchtitan_h100.py``'s rows (the rows' own torchtitan TOMLs, planned on dgx-h100).
+
+By hand (h 4096, 32 q / 8 KV heads of 128, ffn 14336; per micro-batch and layer):
+
+- T1 (8 GPUs, FSDP, 2 x 8192 tokens = 16,384 rows, compiled, tensorwise, weights gathered in
+  float8): each activation an amax pass (read 2 B an element) and a cast writing both layouts
+  (read 2, write 1 + 1): the attention input 16,384 x 4096 = 67,108,864 elements, 134,217,728 B
+  and 268,435,456 B; w_down's input 16,384 x 14336 = 234,881,024 elements; wq's weight copied
+  transposed in float8 (4096 x 4096 x 2 B = 33,554,432 B);
+- A8 fp8tw (64 GPUs, dp_shard 8 x tp 8 with SP, 12 x 8192 = 98,304 rows gathered, 12,288 a
+  shard): the attention input cast on the shard (12,288 x 4096: amax 100,663,296 B, cast 3 B an
+  element 150,994,944 B) and its gathered float8 copied transposed (98,304 x 4096 x 2 B =
+  805,306,368 B); wo's local input (98,304 x 512) at 2 + 4 B; the tp all-reduces of the amaxes:
+  4 forward, 7 backward, and op-level AC's replay of the 4 forward ones;
+- A8 fp8rw (rowwise, plain TP): the gathered attention input 98,304 x 4096 = 402,653,184
+  elements, the cast with the transposed bf16 copy (2 + 1 + 2 B) and the transposed copy's cast
+  (2 + 1 B); no amax all-reduce.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from dataclasses import replace
+from functools import lru_cache
+from pathlib import Path
+
+import pytest
+
+from meshplan import catalog
+from meshplan.compute import float8
+from meshplan.compute.measured import kernel_data, memory_kernel_seconds
+from meshplan.compute.ops import layer_cost
+from meshplan.interop.common import ImportOptions
+from meshplan.interop.foreign import load_any
+from meshplan.plan import build_plan
+from meshplan.schedule.steptime import float8_precompute_s, step_time, workload_of
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "torchtitan_h100.py"
+H100 = catalog.gpu("h100-sxm5-80gb")
+LINEARS = 2 * 4096 * 4096 + 2 * 1024 * 4096 + 3 * 4096 * 14336  # a layer's 7 float8 weights
+
+
+@lru_cache(maxsize=1)
+def _bench():
+    """benchmarks/torchtitan_h100.py as a module (its ROWS and toml_of)."""
+    spec = importlib.util.spec_from_file_location("torchtitan_h100_rows", BENCH)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # its dataclasses resolve their annotations in it
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def plan_of(row_id: str, tmp_path):
+    """The benchmark row's plan (its torchtitan TOML, as the benchmark imports it)."""
+    b = _bench()
+    r = next(x for x in b.ROWS if x.id == row_id)
+    f = tmp_path / "row.toml"
+    f.write_text(b.toml_of(r))
+    return build_plan(load_any(f, "torchtitan", ImportOptions(cluster=b.NODE, nodes=r.gpus // 8)))
+
+
+def f8_ops(plan) -> dict:
+    """(name, phase, recompute) -> size_bytes of the layer's float8 kernels."""
+    c = layer_cost(plan.config.model, H100, workload_of(plan))
+    return {(o.name, o.phase, o.recompute): o.size_bytes for o in c.ops if o.name.startswith("float8 ")}
+
+
+def test_t1_fsdp_tensorwise_by_hand(tmp_path):
+    p = plan_of("T1 FSDP+compile+fp8", tmp_path)
+    ops = f8_ops(p)
+    x, d = 16384 * 4096, 16384 * 14336
+    assert ops["float8 amax (attn input)", "forward", False] == 2 * x == 134_217_728
+    assert ops["float8 cast (attn input)", "forward", False] == 4 * x == 268_435_456
+    assert ops["float8 amax (w_down input)", "forward", False] == 2 * d
+    assert ops["float8 cast (w_down input)", "forward", False] == 4 * d
+    assert ops["float8 cast (w_gate output grad)", "backward_input", False] == 4 * d
+    assert ops["float8 cast (wk output grad)", "backward_input", False] == 4 * 16384 * 1024
+    assert ops["float8 transpose (wq weight)", "backward_input", False] == 2 * 4096 * 4096 == 33_554_432
+    assert not any("forward" == ph and "weight" in n for n, ph, _ in ops)  # gathered in float8: no forward cast
+    # op-level AC: the casts of the 4 inputs replayed, not their amaxes (torchtitan saves abs and max)
+    replayed = {n for n, _, rc in ops if rc}
+    assert replayed == {f"float8 cast ({t}) (recompute)" for t in ("attn input", "wo input", "mlp input", "w_down input")}
+    # the layer's total: 4 inputs and 7 output gradients at 6 B an element, 7 weights at 2 B, replays at 4 B
+    widths = (3 * 4096 + 14336) + (4096 + 2 * 1024 + 4096 + 2 * 14336 + 4096)
+    assert sum(ops.values()) == 16384 * widths * 6 + LINEARS * 2 + 16384 * (3 * 4096 + 14336) * 4
+    # each a memory-bound kernel at the catalog's Triad
+    c = layer_cost(p.config.model, H100, workload_of(p))
+    o = next(o for o in c.ops if o.name == "float8 cast (attn input)")
+    assert o.kind == "memory" and o.seconds == memory_kernel_seconds(kernel_data(H100.name), 4 * x,
+                                                                     H100.hbm_bandwidth_bytes_per_s, "elementwise")
+    # the per-step precompute: every rank's eighth of 32 layers' float8 weights, read once in fp32
+    assert float8_precompute_s(p, 0) == pytest.approx(32 * LINEARS / 8 * 4 / kernel_data(H100.name).stream_bytes_per_s)
+    # after the optimizer step: that read, then the table's all-reduce of the stacked amaxes (exposed fsdp)
+    ends = {e.name: e for e in step_time(p).post_events}
+    opt, read, ar = (ends[n] for n in ("optimizer step", "float8 weight amax (precompute)",
+                                       "float8 amax all-reduce (precompute)"))
+    row = next(r for r in p.stage(0).collectives if "precompute_float8" in r.cadence)
+    assert (row.size_bytes, row.per_step) == (32 * 7 * 4, 1)  # one fp32 amax per float8 weight
+    assert read.start_s == opt.end_s and read.dur_s == pytest.approx(float8_precompute_s(p, 0), rel=1e-9)
+    assert ar.start_s == read.end_s and ar.dur_s == pytest.approx(row.time_s, rel=1e-9) and ar.stream == "fsdp"
+
+
+def test_a8_tensorwise_tp_by_hand(tmp_path):
+    p = plan_of("A8 fp8tw", tmp_path)
+    ops = f8_ops(p)
+    shard, full = 12288 * 4096, 98304 * 4096
+    assert ops["float8 amax (attn input, all-reduced over tp)", "forward", False] == 2 * shard == 100_663_296
+    assert ops["float8 cast (attn input)", "forward", False] == 3 * shard == 150_994_944
+    assert ops["float8 transpose (attn input, gathered)", "backward_input", False] == 2 * full == 805_306_368
+    assert ops["float8 cast (wo input)", "forward", False] == 4 * 98304 * 512
+    assert ops["float8 cast (wo output grad)", "backward_input", False] == 3 * shard  # cast before its gather
+    assert ops["float8 transpose (wo output grad, gathered)", "backward_input", False] == 2 * full
+    assert ops["float8 cast (w_up output grad)", "backward_input", False] == 4 * 98304 * 1792  # local, both layouts
+    c = layer_cost(p.config.model, H100, workload_of(p))
+    calls = (float8.tp_amax_calls(c.ops, "", "forward"), float8.tp_amax_calls(c.ops, "", "backward_input"))
+    assert calls == float8.tp_amax_per_layer(frozenset(float8.INPUTS), True) == (4, 7)
+    rows = {r.phase: r.per_step for r in p.stage(0).collectives if r.dtype == "fp64"}
+    assert rows == {"forward": 32 * 4, "backward": 32 * (7 + 4)}  # op-level AC replays the forward's
+
+
+def test_a8_rowwise_by_hand(tmp_path):
+    p = plan_of("A8 fp8rw", tmp_path)
+    ops = f8_ops(p)
+    full = 98304 * 4096
+    assert ops["float8 cast + transpose (attn input)", "forward", False] == 5 * full == 2_013_265_920
+    assert ops["float8 cast (transposed) (attn input)", "forward", False] == 3 * full
+    assert not any(n.startswith(float8.AMAX) for n, _, _ in ops)
+    assert ops["float8 transpose (wq weight)", "backward_input", False] == 4 * 512 * 4096  # bf16, read + write
+    assert not [r for r in p.stage(0).collectives if r.dtype == "fp64"]
+    assert float8_precompute_s(p, 0) == 0.0
+
+
+def test_no_casts_without_float8_or_under_megatron(tmp_path):
+    assert not f8_ops(plan_of("A8 bf16", tmp_path))
+    p = plan_of("T1 FSDP+compile+fp8", tmp_path)
+    w = workload_of(p)
+    assert not float8.layer_kernels(p.config.model, replace(w, megatron_ops=True), [], 2)
+
+
+def test_full_ac_replays_the_amax_too(tmp_path):
+    p = plan_of("T2 cp1 32k", tmp_path)  # full AC, 32,768 rows
+    ops = f8_ops(p)
+    assert ops["float8 amax (attn input) (recompute)", "backward_input", True] == 2 * 32768 * 4096
+    assert ops["float8 cast (attn input) (recompute)", "backward_input", True] == 4 * 32768 * 4096
