@@ -97,6 +97,7 @@ from meshplan.runtime.bench.comm import parse_sizes, run_bench
 from meshplan.runtime.testbed.netns import main_down, main_up
 from meshplan.runtime.validation.slice import MARKER as SLICE_MARKER
 from meshplan.runtime.validation.slice import main as slice_main
+from meshplan.limits import MAX_MICRO_BATCHES
 from meshplan.runtime.validation.validate import Options
 from meshplan.runtime.validation.validate import main as validate_main
 from meshplan.schedule.linkload import concurrency, edge_loads, timings
@@ -859,6 +860,10 @@ def validate(config: Path = typer.Argument(..., help=TOML_ONLY_HELP + "; its mes
              seq_len: int = typer.Option(64, "--seq-len", help="tokens per sequence in the run"),
              vocab: int = typer.Option(512, "--vocab", help="vocabulary of the scaled-down model"),
              steps: int = typer.Option(3, "--steps", help="timed steps (after a recorded and a memory step)"),
+             micro_batches: Optional[int] = typer.Option(
+                 None, "--micro-batches", help="micro-batches per step of each data-parallel rank (default: the "
+                                               "fewest the pipeline schedule runs, e.g. pp for 1F1B, 2 pp for "
+                                               "DualPipeV; 1 without pp)"),
              out: Path = typer.Option(Path("validate-out"), "--out", help="evidence folder"),
              timeout_s: float = typer.Option(120.0, "--timeout-s", help="wall-clock limit per world size"),
              tolerance: Optional[float] = typer.Option(None, "--tolerance",
@@ -902,7 +907,10 @@ def validate(config: Path = typer.Argument(..., help=TOML_ONLY_HELP + "; its mes
     _check_run_options(layers, seq_len, vocab, steps, hidden_div, timeout_s, tolerance)
     if checkpoint_gbps is not None:
         check_number("--checkpoint-gbps", checkpoint_gbps, 1e-3, 1e6, "GB/s")
+    if micro_batches is not None:
+        check_number("--micro-batches", micro_batches, 1, MAX_MICRO_BATCHES)
     opt = Options(worlds=sizes, layers=layers, hidden_div=hidden_div, seq_len=seq_len, vocab=vocab, steps=steps,
+                  micro_batches=micro_batches,
                   timeout_s=timeout_s, tolerance=tolerance, testbed=testbed, probe=probe, nnodes=nnodes,
                   node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, local_addr=local_addr,
                   checkpoint_bytes_per_s=checkpoint_gbps * 1e9 if checkpoint_gbps else None)
