@@ -49,6 +49,7 @@ from meshplan.interop.common import FORMATS, ImportOptions
 from meshplan.interop.foreign import (UserFile, export, import_text, load_any, search_export_refusal,
                                       search_row_refusal, user_source)
 from meshplan.mesh.tpsplit import model_groups
+from meshplan.mesh.validity import input_error
 from meshplan.placement.assign import rank_row
 from meshplan.placement.bindings import bindings, write_bindings
 from meshplan.placement.choice import choose_placement, weights_from_plan
@@ -172,7 +173,12 @@ def _load(config: Path, topology: Optional[Path] = None, calibration: Optional[P
 
     cfg = load_any(config, fmt, opts or ImportOptions(), foreign=opts is not None)
     _notes(cfg)
-    return build_plan(_measured_cluster(cfg, topology, calibration))
+    plan = build_plan(_measured_cluster(cfg, topology, calibration))
+    if isinstance(plan, Infeasible) and plan.mesh is not None and cfg.mesh is not None:
+        bad = input_error(cfg.model, cfg.training, plan.mesh, cfg.mesh)  # malformed, not infeasible: exit 2
+        if bad is not None:
+            raise bad
+    return plan
 
 
 def _measured_cluster(cfg, topology: Optional[Path] = None, calibration: Optional[Path] = None):

@@ -132,3 +132,33 @@ def test_report_default_goes_under_out_and_is_never_overwritten(tmp_path, monkey
     assert page.read_text() == "keep me"
     rc, out = run("--force")
     assert rc == 0 and page.read_text().startswith("<!DOCTYPE html>")
+
+
+# Newcomer trial 4 (issue 11) ------------------------------------------------------------------
+
+def _cfg(tmp_path, training: str, mesh: str, nodes: int = 1, model: str = 'catalog = "llama3-8b"') -> Path:
+    p = tmp_path / "c.toml"
+    p.write_text(f'[model]\n{model}\n[cluster]\nsystem = "dgx-h100"\nnodes = {nodes}\n[training]\nseq_len = 4096\n'
+                 f'{training}\n[mesh]\n{mesh}\n')
+    return p
+
+
+@pytest.mark.parametrize("training,mesh,nodes,line", [
+    ("global_batch = 1000\nmicro_batch = 1", 'names = ["dp_shard"]\nshape = [256]', 32,
+     "error: training.global_batch: 1000 is not divisible by micro_batch 1 x dp 256 = 256; use a multiple of 256 "
+     "(768 or 1024)"),
+    ("global_batch = 64\nmicro_batch = 3", 'names = ["dp_shard"]\nshape = [8]', 1,
+     "error: training.global_batch: 64 is not divisible by micro_batch 3 x dp 8 = 24; use a multiple of 24 (48 or "
+     "72), or micro_batch 2 or 4"),
+])
+def test_global_batch_not_a_whole_number_of_micro_batches_is_input_exit_2(tmp_path, training, mesh, nodes, line):
+    r = _run("plan", _cfg(tmp_path, training, mesh, nodes))
+    assert (r.returncode, r.stdout, r.stderr) == (2, "", line + "\n")
+
+
+def test_heads_tp_does_not_divide_stay_infeasible_exit_1(tmp_path):
+    """The other side of the convention: valid input whose mesh does not divide the model."""
+    r = _run("plan", _cfg(tmp_path, "global_batch = 16\nmicro_batch = 1", 'names = ["dp_shard", "tp"]\nshape = [-1, 3]',
+                          3))
+    assert r.returncode == 1
+    assert r.stderr.splitlines()[0] == "infeasible: q_heads 32 is not divisible by tp 3"

@@ -174,12 +174,21 @@ def test_c8_one_chunk_schedule_with_virtual_stages_is_one_error_everywhere(tmp_p
     (80, 'shape = [16, 1]\nlayers_per_virtual_stage = 2\npp_schedule = "interleaved_1f1b"',
      "5 layers per stage (80 / pp 16) are not a multiple of 2 layers per virtual stage"),
     (30, 'shape = [4, -1]', "30 layers do not divide into pp 4 stages"),
-    (30, 'shape = [4, -1]\npp_layer_split = [8, 7, 7, 7]', "sums to 29, must be 30"),
     (40, 'shape = [2, -1]\nvirtual_stages = 12\npp_schedule = "interleaved_1f1b"', "do not divide into vpp 12 virtual stages"),
 ])
 def test_c8_rejections(tmp_path, capsys, layers, mesh, reason):
     rc, _, err = run(capsys, "plan", config(tmp_path, 'names = ["pp", "dp"]\n' + mesh, layers=layers, nodes=2))
     assert rc == 1 and reason in err
+
+
+def test_c8_explicit_split_must_sum_to_the_layers_input_error(tmp_path, capsys):
+    """A split that does not sum to the model's 30 layers is malformed input (exit 2, the field
+    and a split that works), not an infeasible mesh (README: exit codes)."""
+    rc, out, err = run(capsys, "plan", config(tmp_path, 'names = ["pp", "dp"]\nshape = [4, -1]\n'
+                                              'pp_layer_split = [8, 7, 7, 7]', layers=30, nodes=2))
+    assert (rc, out) == (2, "")
+    assert err == ("error: mesh.pp_layer_split: [8, 7, 7, 7] sums to 29, but the model has 30 layers: give 4 entries "
+                   "summing to 30, e.g. [7, 8, 8, 7]\n")
 
 
 def test_c9_tiny_gpt_exact_beside_the_labelled_estimate(tmp_path, capsys):
