@@ -368,9 +368,12 @@ def _per_layer_flags(axis: str, loc: GroupLocality, mesh: Mesh, p: Placement, ex
         need, expr = _need([(a, mesh.degree(a)) for a in names if mesh.degree(a) > 1])
         cap = p.domain_gpus
         row, r = _witness(loc, loc.domains > 1, ex)
-        hint = (f"{expr} fits in one {cap}-GPU {one}: put these axes innermost (last in names)" if need <= cap
+        order = need <= cap and cap % need == 0  # else no axis order keeps every group inside a domain
+        hint = (f"{expr} fits in one {cap}-GPU {one}: put these axes innermost (last in names)" if order
+                else f"{expr} does not divide the {cap} GPUs of a {one}, so some groups straddle {many} in any "
+                f"axis order: use degrees whose product divides {cap}" if need <= cap
                 else f"{expr} > {cap} GPUs per {one}: some per-layer traffic must leave it")
-        return [Flag(axis, "error" if need <= cap else "warn",
+        return [Flag(axis, "error" if order else "warn",
                      f"{axis} groups span {loc.max_domains} {many}: {axis} collectives run every layer "
                      f"over the network; {axis}({r}) = {_fmt_group(loc.groups[row])}; {hint}")]
     node = p.cluster.node
