@@ -47,6 +47,23 @@ def test_batch_line_says_why_and_an_explicit_count_is_kept():
     assert m == 6 and line.endswith("global_batch 64 -> 12 = micro_batch 1 x dp 2 x 6 micro-batch(es)")
 
 
+@pytest.mark.parametrize("world,dp", [(4, 1), (8, 2)])
+def test_the_newcomers_pp2_dp_shard2_tp2_config_plans_at_worlds_4_and_8(tmp_path, world, dp):
+    """Issue 11's config: Llama 3 8B, pp 2 x dp_shard 2 x tp 2, 1F1B by default, global batch 16:
+    the scaled plan was infeasible at both worlds (1 micro-batch < pp 2); now 2, feasible."""
+    from meshplan.plan import build_plan
+
+    p = tmp_path / "c.toml"
+    p.write_text('[model]\ncatalog = "llama3-8b"\n[cluster]\nsystem = "dgx-h100"\nnodes = 1\n[training]\n'
+                 'global_batch = 16\nseq_len = 8192\nmicro_batch = 1\n[mesh]\nnames = ["pp", "dp_shard", "tp"]\n'
+                 'shape = [2, 2, 2]\n')
+    scaled, notes = scale_config(load_config(p), world, Options(layers=2))
+    assert (f"global_batch 16 -> {2 * dp} = micro_batch 1 x dp {dp} x 2 micro-batch(es) (the fewest pp_schedule "
+            "1f1b runs at pp 2") in next(n for n in notes if n.startswith("batch:"))
+    plan = build_plan(scaled)
+    assert plan.feasible and plan.micro_batches == 2, plan.reasons
+
+
 def test_pp1_keeps_one_micro_batch():
     cfg = load_config(DATA / "validate_llama8b_tp2sp_fsdp.toml")
     scaled, _ = scale_config(cfg, 4, Options())
