@@ -49,6 +49,7 @@ from meshplan.interop.common import FORMATS, ImportOptions
 from meshplan.interop.foreign import (UserFile, export, import_text, load_any, search_export_refusal,
                                       search_row_refusal, user_source)
 from meshplan.mesh.tpsplit import model_groups
+from meshplan.mesh.validity import input_error
 from meshplan.placement.assign import rank_row
 from meshplan.placement.bindings import bindings, write_bindings
 from meshplan.placement.choice import choose_placement, weights_from_plan
@@ -97,6 +98,7 @@ from meshplan.runtime.bench.comm import parse_sizes, run_bench
 from meshplan.runtime.testbed.netns import main_down, main_up
 from meshplan.runtime.validation.slice import MARKER as SLICE_MARKER
 from meshplan.runtime.validation.slice import main as slice_main
+from meshplan.limits import MAX_MICRO_BATCHES
 from meshplan.runtime.validation.validate import Options
 from meshplan.runtime.validation.validate import main as validate_main
 from meshplan.schedule.linkload import concurrency, edge_loads, timings
@@ -171,7 +173,12 @@ def _load(config: Path, topology: Optional[Path] = None, calibration: Optional[P
 
     cfg = load_any(config, fmt, opts or ImportOptions(), foreign=opts is not None)
     _notes(cfg)
-    return build_plan(_measured_cluster(cfg, topology, calibration))
+    plan = build_plan(_measured_cluster(cfg, topology, calibration))
+    if isinstance(plan, Infeasible) and plan.mesh is not None and cfg.mesh is not None:
+        bad = input_error(cfg.model, cfg.training, plan.mesh, cfg.mesh)  # malformed, not infeasible: exit 2
+        if bad is not None:
+            raise bad
+    return plan
 
 
 def _measured_cluster(cfg, topology: Optional[Path] = None, calibration: Optional[Path] = None):
@@ -875,6 +882,10 @@ def validate(config: Path = typer.Argument(..., help=TOML_ONLY_HELP + "; its mes
              seq_len: int = typer.Option(64, "--seq-len", help="tokens per sequence in the run"),
              vocab: int = typer.Option(512, "--vocab", help="vocabulary of the scaled-down model"),
              steps: int = typer.Option(3, "--steps", help="timed steps (after a recorded and a memory step)"),
+             micro_batches: Optional[int] = typer.Option(
+                 None, "--micro-batches", help="micro-batches per step of each data-parallel rank (default: the "
+                                               "fewest the pipeline schedule runs, e.g. pp for 1F1B, 2 pp for "
+                                               "DualPipeV; 1 without pp)"),
              out: Path = typer.Option(Path("validate-out"), "--out", help="evidence folder"),
              timeout_s: float = typer.Option(120.0, "--timeout-s", help="wall-clock limit per world size"),
              tolerance: Optional[float] = typer.Option(None, "--tolerance",
@@ -918,7 +929,10 @@ def validate(config: Path = typer.Argument(..., help=TOML_ONLY_HELP + "; its mes
     _check_run_options(layers, seq_len, vocab, steps, hidden_div, timeout_s, tolerance)
     if checkpoint_gbps is not None:
         check_number("--checkpoint-gbps", checkpoint_gbps, 1e-3, 1e6, "GB/s")
+    if micro_batches is not None:
+        check_number("--micro-batches", micro_batches, 1, MAX_MICRO_BATCHES)
     opt = Options(worlds=sizes, layers=layers, hidden_div=hidden_div, seq_len=seq_len, vocab=vocab, steps=steps,
+                  micro_batches=micro_batches,
                   timeout_s=timeout_s, tolerance=tolerance, testbed=testbed, probe=probe, nnodes=nnodes,
                   node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, local_addr=local_addr,
                   checkpoint_bytes_per_s=checkpoint_gbps * 1e9 if checkpoint_gbps else None)

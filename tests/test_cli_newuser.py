@@ -132,3 +132,65 @@ def test_report_default_goes_under_out_and_is_never_overwritten(tmp_path, monkey
     assert page.read_text() == "keep me"
     rc, out = run("--force")
     assert rc == 0 and page.read_text().startswith("<!DOCTYPE html>")
+
+
+# Newcomer trial 4 (issue 11) ------------------------------------------------------------------
+
+def _cfg(tmp_path, training: str, mesh: str, nodes: int = 1, model: str = 'catalog = "llama3-8b"') -> Path:
+    p = tmp_path / "c.toml"
+    p.write_text(f'[model]\n{model}\n[cluster]\nsystem = "dgx-h100"\nnodes = {nodes}\n[training]\nseq_len = 4096\n'
+                 f'{training}\n[mesh]\n{mesh}\n')
+    return p
+
+
+@pytest.mark.parametrize("training,mesh,nodes,line", [
+    ("global_batch = 1000\nmicro_batch = 1", 'names = ["dp_shard"]\nshape = [256]', 32,
+     "error: training.global_batch: 1000 is not divisible by micro_batch 1 x dp 256 = 256; use a multiple of 256 "
+     "(768 or 1024)"),
+    ("global_batch = 64\nmicro_batch = 3", 'names = ["dp_shard"]\nshape = [8]', 1,
+     "error: training.global_batch: 64 is not divisible by micro_batch 3 x dp 8 = 24; use a multiple of 24 (48 or "
+     "72), or micro_batch 2 or 4"),
+])
+def test_global_batch_not_a_whole_number_of_micro_batches_is_input_exit_2(tmp_path, training, mesh, nodes, line):
+    r = _run("plan", _cfg(tmp_path, training, mesh, nodes))
+    assert (r.returncode, r.stdout, r.stderr) == (2, "", line + "\n")
+
+
+def test_heads_tp_does_not_divide_stay_infeasible_exit_1(tmp_path):
+    """The other side of the convention: valid input whose mesh does not divide the model."""
+    r = _run("plan", _cfg(tmp_path, "global_batch = 16\nmicro_batch = 1", 'names = ["dp_shard", "tp"]\nshape = [-1, 3]',
+                          3))
+    assert r.returncode == 1
+    assert r.stderr.splitlines()[0] == "infeasible: q_heads 32 is not divisible by tp 3"
+
+
+def _titan_tp3(tmp_path) -> Path:
+    text = (EXAMPLES / "torchtitan_llama3-8b_8xh100.toml").read_text()
+    p = tmp_path / "tt.toml"
+    p.write_text(text.replace('flavor = "8B"', 'flavor = "70B"').replace("tensor_parallel_degree = 1",
+                                                                          "tensor_parallel_degree = 3"))
+    return p
+
+
+def test_torchtitan_tp3_names_the_tp_rule_first(tmp_path):
+    """torchtitan tp 3, Llama 3 70B (64 q heads, ffn 28672) on 8 dgx-h100 nodes: the -1
+    dp_shard cannot be inferred (64 / 3), but the fix is tp, not --nodes (6 nodes would give
+    'q_heads 64 is not divisible by tp 3'): the line names what tp must divide and the
+    degrees that do."""
+    r = _run("plan", _titan_tp3(tmp_path), "--cluster", "dgx-h100", "--nodes", "8")
+    assert (r.returncode, r.stdout) == (2, "")
+    assert r.stderr.splitlines()[-1] == (
+        "error: parallelism.tensor_parallel_degree: tp 3 does not divide q_heads 64, ffn 28672 or the node's 8 GPUs "
+        "(tp splits the attention heads and the MLP over its ranks, a group inside a node); use 1, 2, 4 or 8")
+
+
+def test_tp3_on_8_gpu_nodes_is_not_told_to_reorder_axes(tmp_path):
+    """At 6 nodes (world 48 = 16 x 3) tp is already innermost; tp 3 groups straddle nodes in any
+    order (8 % 3), so the placement line says that, as a warning, not 'put these axes innermost'."""
+    r = _run("plan", _titan_tp3(tmp_path), "--cluster", "dgx-h100", "--nodes", "6")
+    assert r.returncode == 1
+    assert ("warn tp: tp groups span 2 nodes: tp collectives run every layer over the network; tp(6) = [6,7,8]; "
+            "tp 3 does not divide the 8 GPUs of a node, so some groups straddle nodes in any axis order: use degrees "
+            "whose product divides 8") in " ".join(r.stdout.split())  # (rich wraps at 160 columns)
+    assert "innermost" not in r.stdout
+    assert r.stderr.splitlines()[-3] == "infeasible: q_heads 64 is not divisible by tp 3"

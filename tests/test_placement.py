@@ -123,7 +123,7 @@ def test_explicit_rank_to_gpu_moves_ranks():
     m = mesh(("pp", "dp", "tp"), (2, 1, 8))  # TP(0) = [0..7]: nodes 0,1,0,1,... now
     loc = axis_locality(m, p)["tp"]
     assert loc.link == "network" and loc.max_nodes == 2 and loc.max_per_node == 4
-    assert [f.severity for f in placement_flags(m, p) if f.axis == "tp"] == ["error"]
+    assert [f.severity for f in placement_flags(m, p) if f.axis == "tp"] == ["fault"]
     # a subset: 4 ranks on node 1's GPUs 0-3
     q = place(cluster(2), 4, [8, 9, 10, 11])
     assert q.node.tolist() == [1, 1, 1, 1] and q.local_gpu.tolist() == [0, 1, 2, 3]
@@ -162,7 +162,7 @@ def test_c3_dp_tp_pp_tp_spans_nodes():
     assert loc["tp"].leaves_node and loc["tp"].max_rails == 4  # local GPUs 0,2,4,6 on both nodes
     assert loc["pp"].link == "nvlink" and m.group_of(0, "pp") == [0, 1]
     tp = by_axis(placement_flags(m, p))["tp"]
-    assert len(tp) == 1 and tp[0].severity == "error"
+    assert len(tp) == 1 and tp[0].severity == "fault"
     assert tp[0].message.startswith("tp groups span 2 nodes: tp collectives run every layer over the network")
     assert "tp(0) = [0,2,4,6,8,10,12,14]" in tp[0].message and "tp 8 fits in one 8-GPU node" in tp[0].message
 
@@ -211,7 +211,7 @@ def test_c3_hsdp_swapped_shard_crosses_nodes():
     shard = by_axis(placement_flags(m, p, example_rank=9))["dp_shard"]
     # crossing nodes is the error; both nodes hold members on rails {1,3,5,7}, so the rings
     # stay rail-aligned and no rail warning is added
-    assert [f.severity for f in shard] == ["error"]
+    assert [f.severity for f in shard] == ["fault"]
     assert shard[0].message.startswith(
         "dp_shard(9) = [1,3,5,7,9,11,13,15] crosses nodes on every layer's all-gather")
     assert "dp_shard 8 fits in one 8-GPU node: move dp_replicate outside dp_shard" in shard[0].message
@@ -242,7 +242,7 @@ def test_seed_dp_shard8_tp8_two_rails():
 def test_seed_swapped_order_is_flagged():
     m, p = mesh(("tp", "dp_shard"), (8, 8)), place(cluster(8, TWO_NICS), 64)
     flags = by_axis(placement_flags(m, p))
-    assert flags["tp"][0].severity == "error" and "tp groups span 8 nodes" in flags["tp"][0].message
+    assert flags["tp"][0].severity == "fault" and "tp groups span 8 nodes" in flags["tp"][0].message
     assert "dp_shard" not in flags  # [0..7] within node 0
 
 
@@ -260,7 +260,7 @@ def test_cp_out_of_node_counts_all_per_layer_axes():
     m, p = mesh(("cp", "dp", "tp"), (2, 2, 4)), place(cluster(2), 16)
     assert m.group_of(0, "cp") == [0, 8]
     cp = by_axis(placement_flags(m, p))["cp"]
-    assert cp[0].severity == "error" and "tp 4 * cp 2 = 8 fits in one 8-GPU node" in cp[0].message
+    assert cp[0].severity == "fault" and "tp 4 * cp 2 = 8 fits in one 8-GPU node" in cp[0].message
 
 
 def test_socket_crossing_on_pcie_node():
@@ -276,7 +276,7 @@ def test_socket_crossing_on_pcie_node():
 
 def test_sp_user_axis_is_per_layer():
     m, p = mesh(("sp", "dp"), (2, 8)), place(cluster(2), 16)  # SP(0) = [0, 8]
-    assert [f.severity for f in by_axis(placement_flags(m, p))["sp"]] == ["error"]
+    assert [f.severity for f in by_axis(placement_flags(m, p))["sp"]] == ["fault"]
 
 
 def test_expert_axes():
@@ -312,7 +312,7 @@ def test_nvl72_domain_spans_nodes():
     assert loc["tp"].max_rails == 4 and loc["tp"].rail_aligned
     bad = mesh(("tp", "dp_shard"), (2, 72))  # TP(0) = [0, 72]: two domains
     (f,) = placement_flags(bad, p)
-    assert f.severity == "error" and f.message.startswith("tp groups span 2 NVLink domains")
+    assert f.severity == "fault" and f.message.startswith("tp groups span 2 NVLink domains")
     assert "tp 2 fits in one 72-GPU NVLink domain" in f.message
 
 

@@ -117,5 +117,5 @@ def test_context_parallel_rows_and_seq_check():
 def test_tensor_across_nodes_is_flagged():
     p = plan_of({"catalog": "llama3-70b"}, 2, {"names": ["tp", "dp_shard"], "shape": [8, 2]},
                 global_batch=16)
-    errs = [f for f in p.flags if f.axis == "tp" and f.severity == "error"]
+    errs = [f for f in p.flags if f.axis == "tp" and f.severity == "fault"]
     assert errs and "every layer" in errs[0].message

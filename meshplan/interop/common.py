@@ -21,6 +21,7 @@ from meshplan import catalog
 from meshplan.errors import ConfigError
 from meshplan.limits import MAX_WORLD
 from meshplan.spec.hf import model_from_hf_config
+from meshplan.spec.model import ModelSpec
 
 FORMATS = ("meshplan", "torchtitan", "megatron", "deepspeed")
 
@@ -194,6 +195,16 @@ def model_layers(table: dict) -> int:
     if table.get("hf_config"):
         return model_from_hf_config(Path(table["hf_config"])).layers
     return positive_int(table.get("layers"), "model.layers")
+
+
+def table_model(table: dict) -> Optional[ModelSpec]:
+    """The model of a [model] table naming a catalog entry or an HF config (None for a table
+    of fields, which the reader does not build here)."""
+    if table.get("catalog"):
+        return catalog.model(table["catalog"])
+    if table.get("hf_config"):
+        return model_from_hf_config(Path(table["hf_config"]))
+    return None
 
 
 def model_is_mla(table: dict) -> bool:

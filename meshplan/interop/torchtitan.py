@@ -70,6 +70,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from meshplan import catalog
 from meshplan.config import Config
 from meshplan.errors import ConfigError
 from meshplan.interop.common import (
@@ -85,6 +86,7 @@ from meshplan.interop.common import (
     model_option,
     positive_int,
     strip_keys,
+    table_model,
 )
 from meshplan.interop.tomlout import mesh_spec, resolved, virtual_split
 from meshplan.interop.torchtitan_tables import (
@@ -106,6 +108,7 @@ from meshplan.interop.torchtitan_tables import (
 )
 from meshplan.mesh.resolve import Mesh
 from meshplan.spec.axes import TORCHTITAN_AXES
+from meshplan.spec.axes.tp import tp_misfit
 
 #: (model.name, model.flavor) -> meshplan catalog model (torchtitan/models/llama3/__init__.py flavors).
 FLAVORS = {("llama3", "8B"): "llama3-8b", ("llama3", "70B"): "llama3-70b", ("llama3", "405B"): "llama3-405b"}
@@ -340,7 +343,11 @@ def read(d: dict, base: Path, opts: ImportOptions) -> Imported:
     deg = _degrees(par)
     dense = deg["pp"] * deg["dp_replicate"] * deg["cp"] * deg["tp"]
     shard = deg["dp_shard"] if deg["dp_shard"] > 0 else world // dense if world % dense == 0 else -1
-    if shard < 1:
+    if shard < 1:  # the real constraint first: a tp that splits neither the model nor the node (issue 11)
+        spec = table_model(model)
+        misfit = spec and tp_misfit(spec, deg["tp"], catalog.node(cluster["system"]).gpus)
+        if misfit:
+            raise ConfigError("parallelism.tensor_parallel_degree", misfit)
         raise ConfigError("parallelism.data_parallel_shard_degree", f"-1 cannot be inferred: world {world} is not "
                           f"divisible by pp * dp_replicate * cp * tp = {dense}; give --nodes so that the world is a "
                           f"multiple of {dense}")

@@ -13,7 +13,9 @@ schedule's own rules (e.g. interleaved 1F1B's m a multiple of pp) are its module
 from __future__ import annotations
 
 from dataclasses import dataclass
+from math import isqrt
 
+from meshplan.errors import ConfigError
 from meshplan.limits import MAX_MICRO_BATCHES, MAX_PIPELINE_UNITS, over
 from meshplan.mesh.resolve import Mesh
 from meshplan.mesh.layers import VirtualStage, looped, stage_layers, vpp_from_chunk
@@ -91,3 +93,59 @@ def _stages(model, spec, pp, reasons, virtual_stage):
         reasons.append(stages)
         return None, vpp
     return stages, vpp
+
+
+def input_error(model: ModelSpec, training: TrainingSpec, mesh: Mesh, spec: MeshSpec) -> ConfigError | None:
+    """The input error of a config whose fields restate a count other fields fix and get it
+    wrong (None when they agree): ``mesh.pp_layer_split`` must partition the model's layers
+    (pp or pp x vpp entries, none negative, summing to ``model.layers``), and
+    ``training.global_batch`` must be a whole number of ``micro_batch x dp`` sequences. The
+    CLI refuses them as malformed input (exit 2, naming the field and the values that work);
+    :func:`check` keeps them as reasons, so the search rejects generated candidates (rule
+    ``batch``) as it rejects any other.
+
+    >>> from meshplan.spec.mesh import MeshSpec as S
+    >>> from meshplan.mesh.resolve import resolve_mesh
+    >>> m, t = ModelSpec(layers=30, hidden=64, ffn=64, q_heads=4, vocab=8), TrainingSpec(global_batch=1000, seq_len=8)
+    >>> spec = S(names=["pp", "dp"], shape=[4, 2], pp_layer_split=[8, 8, 8, 8])
+    >>> print(input_error(m, t, resolve_mesh(spec, 8), spec))
+    mesh.pp_layer_split: [8, 8, 8, 8] sums to 32, but the model has 30 layers: give 4 entries summing to 30, e.g. [7, 8, 8, 7]
+    >>> spec = S(names=["dp"], shape=[256])
+    >>> print(input_error(m, t, resolve_mesh(spec, 256), spec))
+    training.global_batch: 1000 is not divisible by micro_batch 1 x dp 256 = 256; use a multiple of 256 (768 or 1024)
+    >>> print(input_error(m, t.model_copy(update={"global_batch": 64, "micro_batch": 3}), resolve_mesh(S(names=["dp"], shape=[8]), 8), S(names=["dp"], shape=[8])))
+    training.global_batch: 64 is not divisible by micro_batch 3 x dp 8 = 24; use a multiple of 24 (48 or 72), or micro_batch 2 or 4
+    """
+    split, pp, layers = spec.pp_layer_split, mesh.degree("pp"), model.layers
+    if split:
+        vpp = spec.virtual_stages
+        what = (f"has {len(split)} entries for pp {pp}" + (f" (or {pp * vpp}, one per virtual stage)" if vpp > 1 else "")
+                if len(split) not in (pp, pp * vpp) else
+                f"sums to {sum(split)}, but the model has {layers} layers" if sum(split) != layers else
+                "has a negative entry" if min(split) < 0 else "")
+        if what:
+            return ConfigError("mesh.pp_layer_split", f"{split} {what}: give {pp} entries summing to {layers}, e.g. "
+                               f"{even_split(layers, pp)}")
+    gb, mb, dp = training.global_batch, training.micro_batch, mesh.dp
+    q = mb * dp
+    if gb % q == 0:
+        return None
+    near = [n for n in ((gb // q) * q, (gb // q + 1) * q) if n > 0]
+    per = gb // dp if gb % dp == 0 else 0  # sequences per dp rank: micro_batch must divide it
+    small = [k for k in range(1, isqrt(per) + 1) if per % k == 0]
+    mbs = sorted({d for k in small for d in (k, per // k)}, key=lambda k: (abs(k - mb), k))[:2]
+    alt = f", or micro_batch {' or '.join(map(str, sorted(mbs)))}" if mbs else ""
+    return ConfigError("training.global_batch", f"{gb} is not divisible by micro_batch {mb} x dp {dp} = {q}; use a "
+                       f"multiple of {q} ({' or '.join(map(str, near))}){alt}")
+
+
+def even_split(layers: int, pp: int) -> list[int]:
+    """``layers`` over ``pp`` stages as evenly as possible, the extra layers on the middle
+    stages (the first and last stage also hold the embedding and the output layer).
+
+    >>> even_split(30, 4), even_split(32, 4), even_split(7, 2)
+    ([7, 8, 8, 7], [8, 8, 8, 8], [4, 3])
+    """
+    base, extra = divmod(layers, pp)
+    middle_first = sorted(range(pp), key=lambda k: (-min(k, pp - 1 - k), k))[:extra]
+    return [base + (k in middle_first) for k in range(pp)]

@@ -101,3 +101,22 @@ def reasons(schedule: Schedule | str, p: int, m: int, v: int, framework: str = "
     (('1F1B needs micro-batches (8) >= pp (16) (torch Schedule1F1B)',), (), ())
     """
     return tuple(get(get(schedule).for_chunks(v)).reasons(p, m, v, framework))
+
+
+def fewest_micro_batches(schedule: Schedule | str, p: int, v: int, framework: str = "torch") -> int:
+    """The fewest micro-batches (per schedule run) ``schedule`` runs at ``p`` stages with
+    ``v`` chunks per rank under ``framework``: at least ``p`` (below it no stage reaches the
+    schedule's steady state, and torch 2.13's ``Schedule1F1B`` refuses it), and then the first
+    that the schedule's micro-batch rule (:meth:`~meshplan.pipeline.base.PipelineSchedule.refused`,
+    the one formula of its reasons) takes: DualPipeV 2p (``ScheduleDualPipeV``), the looped
+    schedules a multiple of torch's rounds (p itself: one round). 1 without a pipeline.
+
+    >>> [fewest_micro_batches(s, 2, v) for s, v in (("1f1b", 1), ("interleaved_1f1b", 2), ("zbv", 2), ("dualpipev", 2))]
+    [2, 2, 2, 4]
+    >>> fewest_micro_batches("dualpipev", 4, 2), fewest_micro_batches("1f1b", 1, 1)
+    (8, 1)
+    """
+    if p <= 1:
+        return 1
+    rule = get(get(schedule).for_chunks(v))
+    return next(m for m in range(p, 4 * p + 1) if not rule.refused(p, m, framework))

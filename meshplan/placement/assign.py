@@ -315,7 +315,8 @@ def axis_locality(mesh: Mesh, placement: Placement) -> dict[str, GroupLocality]:
 
 @dataclass(frozen=True)
 class Flag:
-    """One placement finding: ``severity`` "error" (a fault another axis order would fix),
+    """One placement finding: ``severity`` "fault" (a placement fault another axis order would
+    fix: the mesh still runs, slower, so it does not make the plan infeasible; handed case C3),
     "warn" (a weak path) or "info"; ``message`` is one line with the numbers."""
 
     axis: str
@@ -360,17 +361,21 @@ def _need(parts) -> tuple[int, str]:
 
 
 def _per_layer_flags(axis: str, loc: GroupLocality, mesh: Mesh, p: Placement, ex) -> list[Flag]:
-    """Per-layer groups leaving the NVLink domain (error when all per-layer axes would fit
-    in one domain, else warn) or crossing sockets on a PCIe-only node (warn)."""
+    """Per-layer groups leaving the NVLink domain (fault when an axis order would put every
+    group inside one domain: the per-layer axes fit in one and their product divides it; else
+    warn) or crossing sockets on a PCIe-only node (warn)."""
     one, many = _domain_words(p)
     if loc.max_domains > 1:
         names = ("ep", "etp") if axis in ("ep", "etp") else _DENSE_PER_LAYER
         need, expr = _need([(a, mesh.degree(a)) for a in names if mesh.degree(a) > 1])
         cap = p.domain_gpus
         row, r = _witness(loc, loc.domains > 1, ex)
-        hint = (f"{expr} fits in one {cap}-GPU {one}: put these axes innermost (last in names)" if need <= cap
+        order = need <= cap and cap % need == 0  # else no axis order keeps every group inside a domain
+        hint = (f"{expr} fits in one {cap}-GPU {one}: put these axes innermost (last in names)" if order
+                else f"{expr} does not divide the {cap} GPUs of a {one}, so some groups straddle {many} in any "
+                f"axis order: use degrees whose product divides {cap}" if need <= cap
                 else f"{expr} > {cap} GPUs per {one}: some per-layer traffic must leave it")
-        return [Flag(axis, "error" if need <= cap else "warn",
+        return [Flag(axis, "fault" if order else "warn",
                      f"{axis} groups span {loc.max_domains} {many}: {axis} collectives run every layer "
                      f"over the network; {axis}({r}) = {_fmt_group(loc.groups[row])}; {hint}")]
     node = p.cluster.node
@@ -406,7 +411,7 @@ def _rail_flags(axis: str, loc: GroupLocality, mesh: Mesh, p: Placement, ex) -> 
 def _shard_flags(axis: str, loc: GroupLocality, mesh: Mesh, p: Placement, ex) -> list[Flag]:
     """A shard group (dp_shard, fsdp) that leaves the NVLink domain although it and the
     per-layer axes outside it fit in one domain: the axis order, not capacity, put it there
-    (C3's swapped HSDP). Error."""
+    (C3's swapped HSDP). Fault."""
     if axis not in ("dp_shard", "fsdp") or loc.max_domains == 1:
         return []
     inside = mesh.axes_of(axis)
@@ -419,7 +424,7 @@ def _shard_flags(axis: str, loc: GroupLocality, mesh: Mesh, p: Placement, ex) ->
     start = names.index(inside[0])
     inner = [a for a in names[start:] if a not in inside and a not in _DENSE_PER_LAYER]
     row, r = _witness(loc, loc.domains > 1, ex)
-    return [Flag(axis, "error",
+    return [Flag(axis, "fault",
                  f"{axis}({r}) = {_fmt_group(loc.groups[row])} crosses {many} on every layer's all-gather; "
                  f"{expr} fits in one {p.domain_gpus}-GPU {one}: move {', '.join(inner) or 'the inner axes'} "
                  f"outside {axis}")]
@@ -430,11 +435,11 @@ def placement_flags(mesh: Mesh, placement: Placement, example_rank: Optional[int
     domains"), in ``mesh.all_axes()`` order.
 
     - tp, cp, sp, ep, etp (every layer): leaving the NVLink domain (the node by default) is
-      an error when all per-layer axes fit in one domain, else a warning; crossing sockets
+      a fault when an axis order would keep them inside one, else a warning; crossing sockets
       is a warning only when the GPU fabric is no faster than PCIe (otherwise the GPUs talk
       over NVLink whatever the socket).
     - dp, dp_replicate, dp_shard, fsdp, efsdp leaving the domain on more than one rail: warn.
-    - dp_shard / fsdp leaving the domain when it would fit inside one: error.
+    - dp_shard / fsdp leaving the domain when it would fit inside one: fault.
     - pp leaving the node: info (the usual axis to cross nodes).
 
     ``example_rank``: name the offending group holding this rank when there is one.

@@ -169,7 +169,7 @@ def _placement(plan: Plan | Infeasible, placement: Placement, rank: int, con: Co
     row = rank_row(placement, rank)
     con.print(f"placement of rank {rank}: " + ", ".join(f"{k} {v}" for k, v in row.items()))
     for f in plan.flags:
-        style = {"error": "red", "warn": "yellow"}.get(f.severity, "dim")
+        style = {"fault": "red", "warn": "yellow"}.get(f.severity, "dim")
         con.print(f"  [{style}]{f.severity}[/] {f.axis}: {f.message}")
 
 
@@ -277,9 +277,13 @@ def _verdict(plan: Plan | Infeasible, con: Console) -> None:
         if isinstance(plan, Plan) and plan.config.training.tp_comm_overlap else ""
     if tp:
         con.print(f"[dim]note[/] {tp}")
+    faults = sorted({f.axis for f in plan.flags if f.severity == "fault"})
     if plan.feasible:
         con.print("[bold green]feasible[/] (validity, groups and the memory peak); predicted step time, MFU, "
                   "exposed communication and link load: meshplan step CONFIG")
+    if plan.feasible and faults:  # C3: flagged, not refused; the step model times the traffic where it runs
+        con.print(f"[red]placement fault[/] ({', '.join(faults)}): another axis order would keep these groups "
+                  "inside one NVLink domain (see placement above); the mesh runs as placed, its step timed so")
     else:
         con.print("[bold red]infeasible[/]")
         for r in plan.reasons:

@@ -212,8 +212,9 @@ def common_batch(scaled: list, opt: Options) -> tuple[int, list[int]]:
     >>> common_batch([cfg(2), cfg(4)], Options(micro_batches=1))
     (4, [2, 1])
     """
-    per = [c.training.global_batch // opt.micro_batches for c in scaled]  # micro_batch x dp of each mesh
-    g = lcm(*per) * opt.micro_batches
+    k = opt.micro_batches or 1
+    per = [c.training.global_batch // k for c in scaled]  # micro_batch x dp of each mesh
+    g = lcm(*per) * k
     return g, [g // p for p in per]
 
 
@@ -221,7 +222,8 @@ def run_slice(configs: list[str], testbed: str, out: Path, opt: Optional[Options
               echo=print) -> tuple[int, list[MeshResult]]:
     """Run every config on testbed ``testbed`` (see the module docstring); returns (exit code, results)."""
 
-    opt = replace(opt or Options(**SLICE_DEFAULTS), testbed=testbed, curves=False)  # NIC bytes: the steps' (and the probe's) traffic only
+    opt = opt or Options(**SLICE_DEFAULTS)  # NIC bytes: the steps' (and the probe's) traffic only; the common
+    opt = replace(opt, testbed=testbed, curves=False, micro_batches=opt.micro_batches or 1)  # batch's base: 1
     if len(opt.worlds) != 1:
         raise ConfigError("--world", f"a slice runs every mesh at one world size, got {list(opt.worlds)}")
     world = opt.worlds[0]

@@ -6,8 +6,9 @@ For each world size W (staged: 2, then 4, then 8 ...):
    (dp_replicate, dp or dp_shard, the outermost one of degree > 1): every other axis keeps
    its degree, ``data = W / (product of the others)`` (printed). The model is scaled down by
    stated factors (:func:`~meshplan.runtime.execution.model.scale_model`: layers, hidden / N, vocab);
-   the batch is one micro-batch of ``micro_batch`` x ``seq_len`` per data-parallel rank
-   unless ``micro_batches`` is given (``global_batch = micro_batch x dp x micro_batches``);
+   the batch is ``micro_batches`` micro-batches of ``micro_batch`` x ``seq_len`` per
+   data-parallel rank (``global_batch = micro_batch x dp x micro_batches``), by default the
+   fewest the pipeline schedule runs (:func:`micro_batches_for`: 1 at pp 1, pp for 1F1B);
    every dtype is fp32 (CPU); ``recompute = "selective"`` runs as none (the runtime model
    recomputes whole layers or nothing).
 2. **Hardware.** On CPU, the cluster is the CPU testbed (``cpu_testbed.toml``: measured core
@@ -69,7 +70,9 @@ from meshplan.limits import BOUNDS
 from meshplan.fileio import check_destination, staged_folder
 from meshplan.mesh.resolve import Infeasible, resolve_mesh
 from meshplan.plan import Infeasible as NoPlan
-from meshplan.plan import build_plan
+from meshplan.plan import build_plan, run_reasons
+from meshplan.pipeline.registry import fewest_micro_batches
+from meshplan.pipeline.registry import get as get_schedule
 from meshplan.placement.launch import parse_endpoint
 from meshplan.report.json_out import write_json
 from meshplan.runtime.execution.launch import Rendezvous, diagnose, run_torchrun
@@ -97,7 +100,7 @@ class Options:
     hidden_div: Optional[int] = None  # None: smallest power of two giving hidden <= 256
     seq_len: int = 64
     vocab: int = 512
-    micro_batches: int = 1
+    micro_batches: Optional[int] = None  # None: the fewest the schedule runs (micro_batches_for)
     steps: int = 3
     timeout_s: float = 120.0
     pg_timeout_s: Optional[float] = None  # None: timeout_s / 2
@@ -207,9 +210,9 @@ def scale_config(config: Config, world: int, opt: Options) -> tuple[Config, list
         raise ConfigError("mesh", "; ".join(mesh.reasons))
     t = config.training
     recompute = "none" if t.recompute == "selective" else t.recompute
-    mb = min(t.micro_batch, 2)
+    mb, micro = min(t.micro_batch, 2), opt.micro_batches or micro_batches_for(mesh_spec, mesh, t)
     training = TrainingSpec(**{**t.model_dump(), **FP32, "seq_len": opt.seq_len, "micro_batch": mb,
-                               "global_batch": mb * mesh.dp * opt.micro_batches, "recompute": recompute})
+                               "global_batch": mb * mesh.dp * micro, "recompute": recompute})
     if opt.testbed:
         cluster, hw_why = testbed_cluster(opt.testbed, world)
     else:
@@ -220,8 +223,8 @@ def scale_config(config: Config, world: int, opt: Options) -> tuple[Config, list
     notes = [scaled.note + (f" (hidden_div {div} chosen automatically)" if not opt.hidden_div else ""),
              "mesh: " + mesh_why,
              f"batch: micro_batch {t.micro_batch} -> {mb}, seq_len {t.seq_len} -> {opt.seq_len}, global_batch "
-             f"{t.global_batch} -> {training.global_batch} = micro_batch {mb} x dp {mesh.dp} x {opt.micro_batches} "
-             "micro-batch(es)",
+             f"{t.global_batch} -> {training.global_batch} = micro_batch {mb} x dp {mesh.dp} x {micro} "
+             "micro-batch(es)" + ("" if opt.micro_batches else _fewest_why(mesh_spec, mesh, t)),
              f"dtypes: all fp32 (config: params {t.param_dtype}, compute {t.compute_dtype}, reduce {t.reduce_dtype})",
              hw_why, "memory timeline: NCCL buffers and cuBLAS workspace 0 (gloo, CPU); optimizer temporaries 0 "
              "(the worker's AdamW is torch's CPU default, one parameter at a time, not foreach); the runtime model's "
@@ -239,6 +242,45 @@ def scale_config(config: Config, world: int, opt: Options) -> tuple[Config, list
     cfg = Config(model=scaled.spec, cluster=cluster, training=training, mesh=mesh_spec, path=config.path,
                  memory=memory)
     return cfg, notes
+
+
+def micro_batches_for(spec: MeshSpec, mesh, training: TrainingSpec) -> int:
+    """The fewest micro-batches per step the scaled ``mesh`` runs (``--micro-batches``'s
+    default): :func:`meshplan.pipeline.registry.fewest_micro_batches` of ``spec``'s schedule at
+    its pp (torch's rules) times ``training.pp_schedule_runs``; 1 at pp 1."""
+    pp = mesh.degree("pp")
+    if pp == 1:
+        return 1
+    return fewest_micro_batches(spec.pp_schedule, pp, spec.virtual_stages) * training.pp_schedule_runs
+
+
+def _fewest_why(spec: MeshSpec, mesh, training: TrainingSpec) -> str:
+    """The clause of the batch note saying why this many micro-batches (none at pp 1)."""
+    if mesh.degree("pp") == 1:
+        return ""
+    runs = training.pp_schedule_runs
+    per = f" x pp_schedule_runs {runs}" if runs > 1 else ""
+    return (f" (the fewest pp_schedule {get_schedule(spec.pp_schedule).name} runs at pp {mesh.degree('pp')}{per}; "
+            "--micro-batches N sets them)")
+
+
+def micro_batch_refusal(config: Config, world: int, opt: Options) -> Optional[str]:
+    """Why the pipeline schedule refuses ``opt.micro_batches`` at ``world`` (None when it runs
+    them or they are the default): :func:`meshplan.plan.run_reasons` of the scaled config, with
+    the fix (the fewest it runs)."""
+    if opt.micro_batches is None:
+        return None
+    cfg, _ = scale_config(config, world, opt)
+    mesh, spec = resolve_mesh(_spec(cfg), world), _spec(cfg)
+    if isinstance(mesh, Infeasible) or mesh.degree("pp") == 1:
+        return None
+    t = cfg.training
+    why = run_reasons(spec.pp_schedule, mesh.degree("pp"), opt.micro_batches, spec.virtual_stages,
+                      t.pp_schedule_runs)
+    if not why:
+        return None
+    return (f"{opt.micro_batches} at world {world}: {'; '.join(why)}; give --micro-batches "
+            f"{micro_batches_for(spec, mesh, t)} (the fewest it runs), or leave it out")
 
 
 def prepare_out(out: Path, force: bool) -> None:
@@ -449,7 +491,12 @@ def _run_worlds(config: Config, opt: Options, out: Path, echo) -> tuple[int, lis
 def main(config_path: str, opt: Options, out: Path, force: bool = False) -> tuple[int, list[dict]]:
     """``meshplan validate``: :func:`validate` of the config, then where the evidence is;
     returns (exit code, per-world results)."""
-    code, results = validate(load_config(config_path), opt, out, force)
+    config = load_config(config_path)
+    for w in opt.worlds:  # a --micro-batches the schedule refuses: one line before anything runs
+        refused = micro_batch_refusal(config, w, opt)
+        if refused:
+            raise ConfigError("--micro-batches", refused)
+    code, results = validate(config, opt, out, force)
     if opt.node_rank > 0:
         print(f"node {opt.node_rank}: done; node 0 writes the evidence to {out / 'summary.md'}",
               file=sys.stderr if code else sys.stdout)

@@ -48,6 +48,34 @@ def heads_reason(model: ModelSpec, tp: int) -> Optional[str]:
     return None
 
 
+def tp_misfit(model: ModelSpec, tp: int, node_gpus: int) -> Optional[str]:
+    """Why ``tp`` cannot be the model's tensor degree on nodes of ``node_gpus`` GPUs (None when
+    it can): it must split the attention heads (:func:`heads_reason`'s rule) and the dense MLP
+    width (the rules of this axis), and a tp group must fill nodes evenly (``node_gpus % tp``
+    or, above one node, ``tp % node_gpus``); the line names the degrees that satisfy all three.
+
+    >>> m = ModelSpec(layers=80, hidden=8192, ffn=28672, q_heads=64, kv_heads=8, vocab=128256)
+    >>> print(tp_misfit(m, 3, 8))
+    tp 3 does not divide q_heads 64, ffn 28672 or the node's 8 GPUs (tp splits the attention heads and the MLP over its ranks, a group inside a node); use 1, 2, 4 or 8
+    >>> tp_misfit(m, 4, 8) is None
+    True
+    """
+    def bad(t: int) -> list[str]:
+        out = [f"q_heads {model.q_heads}"] if model.q_heads % t else []
+        out += [f"kv_heads {model.n_kv_heads}"] if not out and heads_reason(model, t) else []
+        out += [f"ffn {model.ffn}"] if model.ffn % t and (not model.is_moe or model.dense_layers > 0) else []
+        return out + ([f"the node's {node_gpus} GPUs"] if node_gpus % t and t % node_gpus else [])
+
+    what = bad(tp)
+    if not what:
+        return None
+    ok = [str(t) for t in range(1, node_gpus + 1) if not bad(t)]
+    listed = ", ".join(what[:-1]) + (" or " if len(what) > 1 else "") + what[-1]
+    use = "; use " + ", ".join(ok[:-1]) + (" or " if len(ok) > 1 else "") + ok[-1] if ok else ""
+    return (f"tp {tp} does not divide {listed} (tp splits the attention heads and the MLP over its ranks, a group "
+            f"inside a node){use}")
+
+
 def local_heads(model: ModelSpec, tp: int) -> tuple[int, int, int]:
     """(local q heads, local KV heads, KV replication factor) on one tp rank.
 
