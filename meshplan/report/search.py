@@ -178,7 +178,7 @@ def export_lines(r: SearchResult) -> list[str]:
                      "TP/PP/CP/EP or HSDP)")
     why = ("; training.recompute: DeepSpeed's JSON does not choose activation checkpointing, the model code does "
            "(the export header names the policy to apply; an activation_checkpointing section reads back as full, "
-           "none as selective)" if any("training.recompute" in f for f in lost) else "")
+           "no section as none)" if any("training.recompute" in f for f in lost) else "")
     return [f"--export N --to deepspeed: {'; '.join(parts)}{why}"]
 
 

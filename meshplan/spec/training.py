@@ -37,6 +37,38 @@ LINEAR_WEIGHTS = frozenset({"wq", "wk", "wv", "wo", "wq_a", "wq_b", "wkv_a", "wk
                             "shared_w_gate", "shared_w_up", "shared_w_down", "router", "output"})
 
 
+def deepspeed_grad_dtype(stage: int, model: str, accum: Optional[str] = None) -> str:
+    """The dtype DeepSpeed keeps the step's gradients in under ZeRO ``stage`` (1, 2, 3) with the
+    model in ``model`` (``bf16``, ``fp16``, ``fp32``: its ``bf16`` / ``fp16`` sections) and
+    ``data_types.grad_accum_dtype`` ``accum`` (None: unset). The one default of
+    ``training.grad_dtype`` under DeepSpeed's engines, for a meshplan TOML
+    (:meth:`TrainingSpec._deepspeed_grads`) and the DeepSpeed JSON reader alike
+    (:mod:`meshplan.interop.deepspeed`). Read in deepspeedai/DeepSpeed at edaa722:
+
+    - ``runtime/engine.py:1485-1496`` ``get_data_types``: ``grad_accum_dtype`` unset is the model's
+      dtype; ``_do_optimizer_sanity_check`` (1978-2021) runs ZeRO's own optimizer for every stage,
+      except bf16 with fp32 ``grad_accum_dtype`` at stage 1 (``BF16_Optimizer``, which the reader
+      refuses).
+    - stage 2 (``runtime/zero/stage_1_and_2.py:1678-1680``): ``grads_in_partition`` is allocated in
+      ``self.dtype``, the parameters' dtype, whatever ``grad_accum_dtype`` says: the model's dtype.
+    - stage 1 (``stage_1_and_2.py:354-360``, ``_fill_param_grad_accum_attribute``): ``param.grad``
+      in the model's dtype, or, when ``gradient_accumulation_dtype`` differs from it, each
+      micro-batch's gradient accumulated into ``param.grad_accum`` in that dtype: ``accum``.
+    - stage 3 (``runtime/zero/stage3.py:742-744``): ``grad_partitions_flat_buffer`` in
+      ``gradient_accumulation_dtype``: ``accum``, else the model's dtype (v0.3.13 likewise kept
+      ``grads_in_partition`` in ``torch.half``).
+
+    Each stage converts the rank's partition to fp32 only inside ``step``, one group at a time:
+    a transient, not this state.
+
+    >>> [deepspeed_grad_dtype(s, "bf16") for s in (1, 2, 3)]
+    ['bf16', 'bf16', 'bf16']
+    >>> deepspeed_grad_dtype(1, "fp16", "fp32"), deepspeed_grad_dtype(2, "fp16", "fp32"), deepspeed_grad_dtype(3, "bf16", "fp32")
+    ('fp32', 'fp16', 'fp32')
+    """
+    return model if stage == 2 or accum is None else accum
+
+
 class TrainingSpec(BaseModel):
     """What one optimizer step must do and how state is kept.
 
@@ -300,21 +332,24 @@ class TrainingSpec(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _deepspeed_grads(cls, data):
-        """``grad_dtype`` unset under ``zero3_engine = "deepspeed-2021"``: the parameter dtype.
-        DeepSpeed's ZeRO-3 keeps each rank's gradient partition in the model's dtype: v0.3.13
-        allocates ``grads_in_partition`` as ``torch.half`` (``runtime/zero/stage3.py``
-        ``partition_previous_reduced_grads``), and at edaa722 ``grad_partitions_flat_buffer``
-        (``stage3.py:742-744``) takes ``gradient_accumulation_dtype``, ``data_types.grad_accum_dtype``
-        or else the model's dtype (``runtime/engine.py:1485-1496``). The fp32 copy ``step`` makes,
-        one ``sub_group_size`` group at a time, is transient (not this state).
+        """``grad_dtype`` unset under a DeepSpeed engine (``zero3_engine = "deepspeed-2021"``, or
+        ``zero12_engine = "deepspeed"`` with sharding zero1 or zero2): DeepSpeed's, by
+        :func:`deepspeed_grad_dtype`, the one rule the DeepSpeed JSON reader applies too.
 
         >>> TrainingSpec(global_batch=8, seq_len=16, param_dtype="fp16", zero3_engine="deepspeed-2021").grad_dtype
         'fp16'
         >>> TrainingSpec(global_batch=8, seq_len=16, zero3_engine="deepspeed-2021", grad_dtype="fp32").grad_dtype
         'fp32'
+        >>> [TrainingSpec(global_batch=8, seq_len=16, sharding=s, zero12_engine="deepspeed").grad_dtype
+        ...  for s in ("zero1", "zero2")]
+        ['bf16', 'bf16']
         """
-        if isinstance(data, dict) and data.get("zero3_engine") == "deepspeed-2021" and data.get("grad_dtype") is None:
-            data = {**data, "grad_dtype": data.get("param_dtype", "bf16")}
+        if not isinstance(data, dict) or data.get("grad_dtype") is not None:
+            return data
+        stage = {"zero1": 1, "zero2": 2}.get(data.get("sharding", "zero3")) \
+            if data.get("zero12_engine") == "deepspeed" else 3 if data.get("zero3_engine") == "deepspeed-2021" else None
+        if stage is not None:
+            data = {**data, "grad_dtype": deepspeed_grad_dtype(stage, data.get("param_dtype", "bf16"))}
         return data
 
     @model_validator(mode="after")

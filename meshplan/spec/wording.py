@@ -257,7 +257,8 @@ def deepspeed_recompute_fix(training) -> str:
     DeepSpeed's JSON does not choose which blocks are checkpointed (the model code calls
     ``deepspeed.checkpointing.checkpoint``, or Megatron-DeepSpeed's ``--checkpoint-activations``
     does); meshplan writes an ``activation_checkpointing`` section for ``full`` (read back as
-    full) and none otherwise (read back as ``selective``, meshplan's default). What ``export
+    full) and none otherwise (read back as ``none``: DeepSpeed without the section does not
+    checkpoint, :func:`meshplan.interop.deepspeed._recompute`). What ``export
     --to deepspeed`` appends to ``not expressed in deepspeed: training.recompute ...`` and
     ``meshplan search`` says of such rows.
 
