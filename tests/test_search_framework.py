@@ -180,8 +180,11 @@ def test_deepspeed_zero12_engine_runs_1f1b_only():
     candidates, by sharding: zero1 and zero2 one each at pp 1, three each at pp 2 (vpp 1; vpp 2
     interleaved; vpp 2 ZB-V), zero3 8 (the same 4 meshes, reshard_after_forward both ways).
     Rule 'engine' rejects zero2 at pp 2 (3, as before) and now zero1 at pp 2 with vpp 2 (2,
-    interleaved 1F1B and ZB-V: it used to rank them); zero1 at pp 2 vpp 1 and zero3 stay.
-    build_plan refuses the rejected zero1 rows naming mesh.pp_schedule and plans the kept one."""
+    interleaved 1F1B and ZB-V: it used to rank them); zero1 at pp 2 vpp 1 stays. The zero3 rows run
+    DeepSpeed's own ZeRO-3 (zero3_engine "deepspeed", not FSDP2): its pipeline engine refuses ZeRO-3
+    and it re-gathers in backward, so 7 of the 8 are rejected too (the 6 at pp 2, and pp 1 kept
+    gathered), 12 in all. build_plan refuses the rejected zero1 rows naming mesh.pp_schedule and
+    plans the kept one."""
     from meshplan.errors import ConfigError
 
     cfg = config({"sharding": "zero1", "zero12_engine": "deepspeed"}, pp=[1, 2], tp=[1], vpp=[1, 2],
@@ -189,8 +192,11 @@ def test_deepspeed_zero12_engine_runs_1f1b_only():
     c = enumerate_candidates(cfg)
     code = first_reason(cfg, c)
     engine = code == CODE["engine"]
-    assert len(c) == 16 and int(engine.sum()) == 5
+    assert len(c) == 16 and int(engine.sum()) == 12
     assert int((engine & (c.sh == SHARDING.index("zero2"))).sum()) == 3
+    z3 = c.sh == SHARDING.index("zero3")
+    assert np.flatnonzero(z3 & ~engine).tolist() == np.flatnonzero(z3 & (c.pp == 1) & (c.rf == 1)).tolist()
+    assert int((z3 & engine).sum()) == 7
     rejected = np.flatnonzero(engine & (c.sh == ZERO1))
     assert sorted((int(c.pp[i]), int(c.vpp[i]), int(c.ps[i])) for i in rejected) == [(2, 2, 0), (2, 2, 1)]
     for i in rejected:

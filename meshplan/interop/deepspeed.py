@@ -62,9 +62,10 @@ At stage 3, ``zero_optimization.contiguous_gradients`` is read into ``training.c
 and ``reduce_bucket_size`` into ``[memory] grad_bucket_elements`` when given: they choose the
 gradient path and bucket of ``training.zero3_engine = "deepspeed-2021"``
 (:mod:`meshplan.comm.deepspeed`; absent, v0.3.13's false and DeepSpeed's 5e8), and change
-nothing under ``fsdp2``, the engine an import plans. Export writes both as a
-``deepspeed-2021`` plan models them (``contiguous_gradients`` always: DeepSpeed's default
-turned true in v0.4.3), and under ``fsdp2`` what an import read.
+nothing under ``deepspeed``, the engine an import plans (DeepSpeed >= v0.5.5: FSDP2's per-layer
+calls without FSDP2's copies on the compute stream, :func:`meshplan.comm.fsdp2.compute_stream_copies`).
+Export writes both as a ``deepspeed-2021`` plan models them (``contiguous_gradients`` always:
+DeepSpeed's default turned true in v0.4.3), and under ``deepspeed`` or ``fsdp2`` what an import read.
 
 A DeepSpeed config runs ZeRO over one data axis: its ``[search]`` table (written on import)
 keeps ``meshplan search`` to those meshes (:data:`SEARCH`: pp, dp_replicate, cp, tp, ep, etp
@@ -209,9 +210,9 @@ def read(d: dict, opts: ImportOptions) -> Imported:
     if stage in (1, 2):
         training |= _zero12(d, dtype)
     if stage == 3:
-        training |= _zero3(d, dtype)
-        notes.append("ZeRO stage 3 planned with per-layer coalesced gathers (training.zero3_engine = \"fsdp2\"), as "
-                     "DeepSpeed >= v0.5.5 gathers (PR #1188); for DeepSpeed v0.3.13-v0.5.4 (2021) set zero3_engine = "
+        training |= _zero3(d, dtype) | {"zero3_engine": "deepspeed"}
+        notes.append("ZeRO stage 3 planned as DeepSpeed >= v0.5.5 runs it (training.zero3_engine = \"deepspeed\": "
+                     "per-layer coalesced gathers, PR #1188); for DeepSpeed v0.3.13-v0.5.4 (2021) set zero3_engine = "
                      "\"deepspeed-2021\" (one all-gather per parameter tensor; its gradient path follows "
                      "zero_optimization.contiguous_gradients, read into training.contiguous_gradients: absent, false, "
                      "v0.3.13's default, bucket all-reduces; true, the default from v0.4.3, a reduce-scatter per "
@@ -390,7 +391,8 @@ def model_dtype(d: dict) -> str:
     meshplan.errors.ConfigError: bf16.enabled: and fp16.enabled are both true, which DeepSpeed refuses ('bfloat16 and fp16 modes cannot be simultaneously enabled', runtime/config.py); set one of them to false
     """
     key = "bf16" if "bf16" in d else "bfloat16"
-    bf16, fp16 = (d.get(k) if isinstance(d.get(k), dict) else {} for k in (key, "fp16"))
+    bf16: dict = d[key] if isinstance(d.get(key), dict) else {}
+    fp16: dict = d["fp16"] if isinstance(d.get("fp16"), dict) else {}
     if bf16.get("enabled") and fp16.get("enabled"):
         raise ConfigError(f"{key}.enabled", "and fp16.enabled are both true, which DeepSpeed refuses ('bfloat16 and "
                           "fp16 modes cannot be simultaneously enabled', runtime/config.py); set one of them to false")
@@ -520,7 +522,7 @@ def write(cfg: Config) -> dict[str, Any]:
         # written: DeepSpeed's contiguous_gradients default changed in v0.4.3
         zero |= {"contiguous_gradients": t.contiguous_gradients,
                  "reduce_bucket_size": cfg.memory.deepspeed_bucket_elements()}
-    elif stage == 3:  # fsdp2: what an import read, back
+    elif stage == 3:  # deepspeed (or fsdp2): what an import read, back
         zero |= ({"contiguous_gradients": True} if t.contiguous_gradients else {}) | (
             {"reduce_bucket_size": cfg.memory.grad_bucket_elements} if cfg.memory.grad_bucket_elements else {})
     if (stage in (1, 2) and t.grad_reduce_dtype is not None) or (stage in (1, 2, 3)

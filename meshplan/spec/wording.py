@@ -6,7 +6,7 @@ torch, Megatron-LM, DeepSpeed). The plan, memory and step text, and
 The runtime (:func:`runtime`): DeepSpeed when the config was read from a DeepSpeed JSON
 (``origin``, :attr:`meshplan.config.Config.origin`) or one of DeepSpeed's engines runs the data
 parallelism (``training.zero12_engine = "deepspeed"``, ``training.zero3_engine =
-"deepspeed-2021"``); else ``training.framework``. Under ``framework = "megatron"`` with a DeepSpeed
+"deepspeed"`` or ``"deepspeed-2021"``); else ``training.framework``. Under ``framework = "megatron"`` with a DeepSpeed
 engine (Megatron-DeepSpeed) the recompute keeps Megatron-LM's words (its flags choose it) and the
 state DeepSpeed's (:func:`zero_runtime`).
 
@@ -37,7 +37,7 @@ def zero_runtime(training, origin: str = "") -> str:
     >>> zero_runtime(t), runtime(t)
     ('deepspeed', 'megatron')
     """
-    deepspeed = training.zero12_engine == DEEPSPEED or training.zero3_engine == "deepspeed-2021"
+    deepspeed = training.zero12_engine == DEEPSPEED or training.zero3_engine != "fsdp2"
     return DEEPSPEED if origin == DEEPSPEED or deepspeed else training.framework
 
 
@@ -160,6 +160,27 @@ def state_how(training, axis: str, divisor: int, origin: str = "") -> str:
     if not axis:
         return cell
     return f"partitioned over the {cell}" if cell.startswith("data-parallel") else f"sharded over {cell}"
+
+
+#: The stream of the data-parallel collectives as DeepSpeed names what runs them: ZeRO over the
+#: data-parallel group (its ``dp_process_group``), not FSDP.
+ZERO_STREAM = "ZeRO data-parallel"
+
+
+def stream_words(training, origin: str = "") -> dict[str, str]:
+    """The step output's names of the collective streams that differ from their keys: under
+    DeepSpeed (:func:`zero_runtime`) with a ZeRO stage, the ``fsdp`` stream (its ZeRO-1/2 bucket
+    all-reduces, ZeRO-3's gathers and reduce-scatters) is :data:`ZERO_STREAM`; else none.
+
+    >>> from meshplan.spec.training import TrainingSpec
+    >>> stream_words(TrainingSpec(global_batch=8, seq_len=16, zero3_engine="deepspeed"))
+    {'fsdp': 'ZeRO data-parallel'}
+    >>> stream_words(TrainingSpec(global_batch=8, seq_len=16))
+    {}
+    """
+    if zero_runtime(training, origin) != DEEPSPEED or not ZERO_STAGE.get(training.sharding):
+        return {}
+    return {"fsdp": ZERO_STREAM}
 
 
 def schedule_words(schedule, pp: int) -> str:
