@@ -266,7 +266,8 @@ def fsdp_copies(cfg: Config, tables: Tables, c: Candidates) -> dict[str, np.ndar
     (unpadded; 0 where efsdp is 1). Llama 3 8B's embedding in bf16 (525,336,576 elements): copy-out
     2 x 1.051 GB, copy-in 525,336,576 x (2 + 4) B, at Triad 2.97 TB/s. 0 where the
     candidate has no FSDP2 unit over more than one rank (no zero3 or hsdp, dp_shard x cp 1, or
-    zero3 under DeepSpeed's 2021 engine: its list copies are in its collectives' time), and
+    zero3 under DeepSpeed's engines: the 2021 list copies and today's split and bucket copies are in
+    their collectives' time, :func:`meshplan.comm.fsdp2.compute_stream_copies`), and
     under ``training.framework = "megatron"`` (Megatron FSDP computes in its buckets:
     :func:`meshplan.comm.fsdp2.compute_stream_copies`).
 
