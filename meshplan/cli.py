@@ -535,10 +535,10 @@ def _print_links(p, st) -> None:
           "(deadline - ready - duration: 0 when the next op waits for it, < 0 exposed; a cp K/V all-gather's "
           "deadline is the end of the Q projection it runs beside)")
     for t in timings(st):
-        _echo(f"  {t.stream:13s} {t.phase:8s} {t.op:15s} {t.ready_s * 1e3:10.3f} {t.deadline_s * 1e3:10.3f} "
+        _echo(f"  {st.named(t.stream):13s} {t.phase:8s} {t.op:15s} {t.ready_s * 1e3:10.3f} {t.deadline_s * 1e3:10.3f} "
                    f"{t.duration_s * 1e3:9.3f} {t.slack_s * 1e3:10.3f}")
     for (a, b), sec in sorted(concurrency(st).items()):
-        _echo(f"concurrent: {a} and {b} overlap {sec * 1e3:.1f} ms per step (shared copy engines and links)")
+        _echo(f"concurrent: {st.named(a)} and {st.named(b)} overlap {sec * 1e3:.1f} ms per step (shared copy engines and links)")
     _echo("edge load per step (busy = bytes / capacity; must fit the stage's compute time, and per layer "
                "the layer's forward + backward time)")
     for e in edge_loads(p, st):
@@ -695,9 +695,10 @@ def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshpl
     --export N --to FORMAT -o FILE writes row N (its layer split included) as a meshplan TOML, torchtitan
     TOML, Megatron-LM arguments or DeepSpeed JSON. training.fp8_all_gather and training.grad_accumulation
     apply to the FSDP candidates (grad_accumulation with pp 1); the others are planned without them (a note
-    says so). training.zero3_engine deepspeed-2021 applies to zero3 candidates with pp 1 (the others with
-    zero3 are rejected, rule 'engine'; zero1 and hsdp are planned with FSDP2); training.zero12_engine
-    deepspeed applies to zero1 and zero2 candidates (zero2 is searched under it only). Under training.framework
+    says so). training.zero3_engine deepspeed or deepspeed-2021 applies to zero3 candidates with pp 1 (the
+    others with zero3 are rejected, rule 'engine'; zero1 and hsdp are planned with FSDP2); training.zero12_engine
+    deepspeed applies to zero1 and zero2 candidates (zero2 is searched under it only; zero3 candidates then run
+    DeepSpeed's ZeRO-3, zero3_engine deepspeed). Under training.framework
     torch zero1 is rejected (rule 'framework': torch and torchtitan have no ZeRO-1 engine) unless
     training.zero12_engine is deepspeed; a zero1 candidate without a data axis (dp_shard x cp 1) is its
     zero3 twin's run and is listed once, as zero3. --export --to T is refused before the search when T

@@ -327,11 +327,16 @@ DEEPSPEED_2021_AXES = {
 }
 
 
-def _check_deepspeed_2021(mesh) -> None:
-    """ConfigError on the first axis of :data:`DEEPSPEED_2021_AXES` with degree > 1."""
-    for axis, why in DEEPSPEED_2021_AXES.items():
+def _check_deepspeed_zero3(mesh, engine: str) -> None:
+    """ConfigError on the first axis DeepSpeed's ZeRO-3 ``engine`` cannot run beside with degree
+    > 1: :data:`DEEPSPEED_2021_AXES` for ``deepspeed-2021``; pp and cp for ``deepspeed`` (its
+    pipeline engine refuses ZeRO-3; meshplan's cp is all-gather CP, which DeepSpeed does not run)."""
+    axes = DEEPSPEED_2021_AXES if engine == "deepspeed-2021" else {
+        "pp": DEEPSPEED_2021_AXES["pp"], "cp": "DeepSpeed has no all-gather context parallelism (its sequence "
+                                               "parallelism is Ulysses' all-to-all)"}
+    for axis, why in axes.items():
         if mesh.degree(axis) > 1:
-            raise ConfigError("training.zero3_engine", f"'deepspeed-2021' with {axis} {mesh.degree(axis)}: {why}; "
+            raise ConfigError("training.zero3_engine", f"{engine!r} with {axis} {mesh.degree(axis)}: {why}; "
                               f"use {axis} 1 or zero3_engine = \"fsdp2\"")
 
 
@@ -342,8 +347,8 @@ _NO_OP_RECOMPUTE = {
     "framework": "'op' is torchtitan's op-level selective AC, which framework \"megatron\" does not have (Megatron-LM "
                  "has no flag for it); use 'selective' (--recompute-activations), 'full' or 'none', or framework "
                  "\"torch\"",
-    "zero3_engine": "'op' is torchtitan's op-level selective AC, which zero3_engine \"deepspeed-2021\" does not have; "
-                    "use 'selective', 'full' or 'none', or zero3_engine \"fsdp2\"",
+    "zero3_engine": "'op' is torchtitan's op-level selective AC, which zero3_engine \"{engine}\" does not have "
+                    "(DeepSpeed's ZeRO-3); use 'selective', 'full' or 'none', or zero3_engine \"fsdp2\"",
     "zero12_engine": "'op' is torchtitan's op-level selective AC, which zero12_engine \"deepspeed\" (DeepSpeed's "
                      "ZeRO-1/2) does not have; use 'selective', 'full' or 'none', or sharding \"zero3\" without "
                      "zero12_engine (FSDP2)",
@@ -385,14 +390,17 @@ def build_plan(config: Config, constraints: cons.Constraints | None = None, memo
                           "reshard-after-backward off itself: remove the key")
     if not isinstance(mesh, resolve.Infeasible):  # an explicit [memory] fsdp_reduce must state the table's rule
         config.memory.fsdp_reduce_for(t, mesh.degree("pp"))
-    if t.zero3_engine == "deepspeed-2021" and not isinstance(mesh, resolve.Infeasible):
-        _check_deepspeed_2021(mesh)
+    if t.zero3_engine != "fsdp2" and not isinstance(mesh, resolve.Infeasible):
+        _check_deepspeed_zero3(mesh, t.zero3_engine)
+        if not t.reshard_after_forward:  # a search candidate's (TrainingSpec refuses it in a config)
+            raise ConfigError("training.reshard_after_forward", f"false is FSDP2's; zero3_engine "
+                              f"{t.zero3_engine!r} gathers every parameter again in backward: remove it")
     if not isinstance(mesh, resolve.Infeasible):
         deepspeed_zero12.check_mesh(t, mesh.degree, spec.pp_schedule)
     if t.recompute == "layer" and t.framework == "megatron":
         raise ConfigError("training.recompute", _NO_LAYER_RECOMPUTE)
     if t.recompute == "op" and not t.has_op_recompute:
-        raise ConfigError("training.recompute", _NO_OP_RECOMPUTE[t.op_recompute_blocker])
+        raise ConfigError("training.recompute", _NO_OP_RECOMPUTE[t.op_recompute_blocker].format(engine=t.zero3_engine))
     if t.recompute == "op" and not isinstance(mesh, resolve.Infeasible) and max(mesh.degree("cp"), mesh.ep) > 1:
         raise ConfigError("training.recompute", "'op' (torchtitan op-level selective AC) is planned with cp = ep = 1 "
                           "only: which CP/EP collectives its recompute replays is not modelled yet; use 'layer', "

@@ -273,6 +273,10 @@ def test_deepspeed_export_of_a_model_outside_the_catalog():
                       "import with: meshplan import deepspeed FILE --cluster dgx-h100 --nodes 1 --model MODEL "
                       "--seq-len 4096",
                       "not expressed in deepspeed: training.grad_dtype: 'fp32' -> 'bf16'",
+                      "not expressed in deepspeed: training.recompute: 'selective' -> 'none' (DeepSpeed's JSON does "
+                      "not choose activation checkpointing, the model code does: apply activation checkpointing of "
+                      "the attention core only (the model code's deepspeed.checkpointing.checkpoint around it, flash "
+                      "kernels included) there)",
                       "not expressed in deepspeed: training.zero12_engine: 'megatron' -> 'deepspeed'"]
     with pytest.raises(ConfigError, match=r"model 'tiny' has none; export --to megatron or deepspeed instead$"):
         export(cfg, "torchtitan", "x")

@@ -318,17 +318,20 @@ def test_megatron_clip_grad_zero_turns_clipping_off_and_round_trips(tmp_path):
 def test_deepspeed_activation_checkpointing_section_is_full_recompute(tmp_path):
     """A DeepSpeed config with an activation_checkpointing section configures
     deepspeed.checkpointing.checkpoint, which models call on whole blocks: planned as full
-    recompute (with a note); without it, meshplan's default; export writes the section back."""
+    recompute (with a note); without it DeepSpeed checkpoints nothing unless the model code
+    calls deepspeed.checkpointing: recompute none, the note saying so; export writes the
+    section back for full only."""
     base = {"train_batch_size": 16, "train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3},
             "bf16": {"enabled": True}}
     opts = ImportOptions(cluster="dgx-h100", nodes=2, model="llama3-8b", seq_len=4096)
     full = ("deepspeed: activation_checkpointing configures deepspeed.checkpointing.checkpoint, which the model code "
             "calls on whole blocks (Megatron-DeepSpeed's --checkpoint-activations): planned with recompute = \"full\"; "
             "set training.recompute if the model checkpoints otherwise")
-    selective = ("deepspeed: activation checkpointing is the model code's choice in DeepSpeed: planned with recompute "
-                 "= \"selective\" (meshplan's default)")
+    none = ("deepspeed: no activation_checkpointing section: planned without activation checkpointing (recompute = "
+            "\"none\"), as DeepSpeed runs unless the model code calls deepspeed.checkpointing itself; set "
+            "training.recompute if it does")
     for section, recompute, note in (({"activation_checkpointing": {"partition_activations": False}}, "full", full),
-                                     ({}, "selective", selective)):
+                                     ({}, "none", none)):
         f = tmp_path / "ds.json"
         f.write_text(json.dumps(base | section))
         cfg = load_any(f, opts=opts)

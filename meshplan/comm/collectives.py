@@ -768,10 +768,15 @@ def _dp_rows(add, c: _Ctx) -> None:
         data, hbm = kernel_data(c.gpu.name), c.gpu.hbm_bandwidth_bytes_per_s
         grad_b, red_b = fsdp2.copy_in_element_bytes(t)  # unsharded gradients, reduce-scatter input
 
+        ds = t.sharding == "zero3" and t.zero3_engine == "deepspeed"  # its copies on its collectives' streams
+        if ds:  # the gradient into DeepSpeed's bucket, in the reduce dtype
+            grad_b, red_b = dtype_bytes(t.compute_dtype), dtype_bytes(rs)
+
         def copies(gathered: float, numel: int) -> tuple[float, float]:
             # FSDP2's copy-out after each all-gather and copy-in before each reduce-scatter, on the
-            # compute stream (meshplan.comm.fsdp2); Megatron FSDP's GEMMs use its buckets in place
-            if not fsdp2.compute_stream_copies(t):
+            # compute stream (meshplan.comm.fsdp2); Megatron FSDP's GEMMs use its buckets in place;
+            # DeepSpeed's ZeRO-3 makes the same copies on its all-gather and reduce streams
+            if not (fsdp2.compute_stream_copies(t) or ds):
                 return 0.0, 0.0
             return (fsdp2.copy_out_seconds(gathered, data, hbm),
                     fsdp2.copy_in_seconds(numel, grad_b, red_b, data, hbm))
@@ -790,12 +795,14 @@ def _dp_rows(add, c: _Ctx) -> None:
             # pp: one reduce-scatter per unit per schedule run (PipelineStage.perform_reduce_grad)
             red = (0, n * c.runs) if pipelined or t.grad_accumulation != "sync" else (n, None)
             out_s, in_s = copies(gbytes, numel)
+            on_compute = (0.0, 0.0) if ds else (out_s, in_s)  # copy_s: the compute stream's
+            on_stream = (out_s, in_s) if ds else (0.0, 0.0)  # ds_gpu_s: added to the collective's time
             add(axis, "forward", "all-gather", gbytes, gdt, fwd[0], cadence, f"the {label}'s GEMMs", 7,
-                per_step=fwd[1], copy_s=out_s)
+                per_step=fwd[1], copy_s=on_compute[0], ds_gpu_s=on_stream[0])
             add(axis, "backward", "all-gather", gbytes, gdt, back[0], cadence,
-                f"the {label}'s backward", 7, per_step=back[1], copy_s=out_s)
+                f"the {label}'s backward", 7, per_step=back[1], copy_s=on_compute[0], ds_gpu_s=on_stream[0])
             add(axis, "backward", "reduce-scatter", numel * dtype_bytes(rs), rs, red[0], cadence, "optimizer step",
-                per_step=red[1], copy_s=in_s)
+                per_step=red[1], copy_s=on_compute[1], ds_gpu_s=on_stream[1])
             if "dp_replicate" in mesh.layout.names:
                 add("dp_replicate", "backward", "all-reduce", numel // shards[axis] * dtype_bytes(rs), rs, red[0],
                     cadence + " (HSDP replicas)", "optimizer step", per_step=red[1])

@@ -60,15 +60,27 @@ def compute_stream_copies(training) -> bool:
     """Whether ``training``'s FSDP runtime copies between its flat buffers and the parameters
     and gradients on the compute stream (``training``: a
     :class:`~meshplan.spec.training.TrainingSpec`): FSDP2 (framework torch) does, Megatron FSDP
-    (framework megatron) does not (module docstring). The one rule for the collective table's
-    ``copy_s`` and the search's :func:`meshplan.search.timing.fsdp_copies`.
+    (framework megatron) does not (module docstring), nor does DeepSpeed's ZeRO-3
+    (``zero3_engine = "deepspeed"``, DeepSpeed >= v0.5.5; read at deepspeedai/DeepSpeed edaa722):
+    ``AllGatherCoalescedHandle.wait`` splits the gathered flat buffer into each parameter with one
+    ``torch.cat`` of its ``world`` slices (``runtime/zero/partition_parameters.py:776-784``), a
+    copy-out of the same bytes, but ``fetch_sub_module`` calls it inside ``with
+    stream(self.__allgather_stream)`` and only then makes the compute stream wait for that stream
+    (``partitioned_param_coordinator.py:400-415``); stage 3's gradient hook copies each gradient into
+    the bucket's flat buffer inside ``with stream(self.reduce_and_partition_stream)``
+    (``stage3.py:1541-1560``), a side stream under ``overlap_comm``, true by default at stage 3
+    (``zero/config.py:383-386``). The collective table adds those copies to the all-gather's and
+    the reduce-scatter's time instead (:func:`meshplan.comm.collectives._dp_rows`). The one rule
+    for the collective table's ``copy_s`` and the search's :func:`meshplan.search.timing.fsdp_copies`.
 
     >>> from meshplan.spec.training import TrainingSpec
     >>> t = TrainingSpec(global_batch=8, seq_len=16, sharding="zero3")
     >>> compute_stream_copies(t), compute_stream_copies(t.model_copy(update={"framework": "megatron"}))
     (True, False)
+    >>> compute_stream_copies(t.model_copy(update={"zero3_engine": "deepspeed"}))
+    False
     """
-    return training.framework != "megatron"
+    return training.framework != "megatron" and training.zero3_engine != "deepspeed"
 
 
 def _seconds(nbytes: float, data: Optional[KernelData], datasheet_bytes_per_s: float) -> float:
@@ -106,8 +118,8 @@ def copy_in_element_bytes(training) -> tuple[int, int]:
     >>> copy_in_element_bytes(TrainingSpec(global_batch=8, seq_len=16, sharding="zero3", grad_reduce_dtype="bf16"))
     (2, 2)
     """
-    if training.zero3_engine != "fsdp2":  # the copy-in is FSDP2's: its reduce dtype
-        training = training.model_copy(update={"zero3_engine": "fsdp2"})
+    if training.searched_zero3_engine != "fsdp2":  # the copy-in is FSDP2's: its reduce dtype
+        training = training.model_copy(update={"zero3_engine": "fsdp2", "zero12_engine": "megatron"})
     return dtype_bytes(training.compute_dtype), dtype_bytes(training.fsdp_reduce_dtype)
 
 

@@ -16,8 +16,10 @@ are stored in bf16/fp16 with an fp32 copy (meshplan's ``master_weights``).
 does not; absent, DeepSpeed's default applies: 1.0 since v0.19.3 (PR #8068, June 2026), 0
 before (a note says so). Export writes the value, 1.0 or 0.0, so either version reads it
 the same. An ``activation_checkpointing`` section configures ``deepspeed.checkpointing``,
-which model code calls on whole blocks: recompute ``full`` (a note); without one, meshplan's
-default ``selective`` (a note); export writes an empty section for ``full``.
+which model code calls on whole blocks: recompute ``full`` (a note); without one, ``none``
+(DeepSpeed checkpoints nothing unless the model code calls ``deepspeed.checkpointing``; a note
+says so); export writes an empty section for ``full``. ``bf16`` and ``fp16`` both enabled is
+refused, as DeepSpeed refuses it (:func:`model_dtype`).
 
 ZeRO stages 1 and 2 run DeepSpeed's own engine (``training.zero12_engine = "deepspeed"``,
 :mod:`meshplan.comm.deepspeed_zero12`: one all-reduce per bucket of whole parameters, stage 2
@@ -40,7 +42,9 @@ step, or, when ``grad_accum_dtype`` differs from the model's dtype, accumulates 
 ``param.grad`` into ``param.grad_accum`` in that dtype (``_fill_param_grad_accum_attribute``) and
 frees ``param.grad``: ``grad_dtype`` is then ``grad_accum_dtype`` (fp32 with fp16, the one mix its
 ZeRO-1 runs). Both convert the rank's partition to fp32 only inside ``step``, one parameter group
-at a time (``single_grad_partition``). Export writes ``data_types.grad_accum_dtype`` at stage 1
+at a time (``single_grad_partition``). The rule is :func:`meshplan.spec.training.deepspeed_grad_dtype`,
+which a meshplan TOML under ``zero12_engine = "deepspeed"`` takes as its ``grad_dtype`` default too,
+so a TOML and its DeepSpeed JSON plan the same. Export writes ``data_types.grad_accum_dtype`` at stage 1
 when ``grad_dtype`` is not the model's (fp32 with bf16 has no key: that is ``BF16_Optimizer``).
 
 ZeRO stage 3 keeps each rank's gradient partition in ``data_types.grad_accum_dtype``, unset the
@@ -58,9 +62,10 @@ At stage 3, ``zero_optimization.contiguous_gradients`` is read into ``training.c
 and ``reduce_bucket_size`` into ``[memory] grad_bucket_elements`` when given: they choose the
 gradient path and bucket of ``training.zero3_engine = "deepspeed-2021"``
 (:mod:`meshplan.comm.deepspeed`; absent, v0.3.13's false and DeepSpeed's 5e8), and change
-nothing under ``fsdp2``, the engine an import plans. Export writes both as a
-``deepspeed-2021`` plan models them (``contiguous_gradients`` always: DeepSpeed's default
-turned true in v0.4.3), and under ``fsdp2`` what an import read.
+nothing under ``deepspeed``, the engine an import plans (DeepSpeed >= v0.5.5: FSDP2's per-layer
+calls without FSDP2's copies on the compute stream, :func:`meshplan.comm.fsdp2.compute_stream_copies`).
+Export writes both as a ``deepspeed-2021`` plan models them (``contiguous_gradients`` always:
+DeepSpeed's default turned true in v0.4.3), and under ``deepspeed`` or ``fsdp2`` what an import read.
 
 A DeepSpeed config runs ZeRO over one data axis: its ``[search]`` table (written on import)
 keeps ``meshplan search`` to those meshes (:data:`SEARCH`: pp, dp_replicate, cp, tp, ep, etp
@@ -101,6 +106,7 @@ from meshplan.interop.common import (
 )
 from meshplan.interop.tomlout import resolved
 from meshplan.spec.memory import DEEPSPEED_REDUCE_BUCKET_ELEMENTS
+from meshplan.spec.training import deepspeed_grad_dtype
 
 STAGES = {0: "none", 1: "zero1", 2: "zero2", 3: "zero3"}
 USED = {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
@@ -196,26 +202,17 @@ def read(d: dict, opts: ImportOptions) -> Imported:
     if stage not in STAGES:
         raise ConfigError("zero_optimization.stage", f"{stage!r}; use 0, 1, 2 or 3")
     global_batch, micro = batch(d, world)
-    bf16 = d.get("bf16", d.get("bfloat16", {})).get("enabled")  # DeepSpeed's BFLOAT16 and BFLOAT16_OLD
-    dtype = "bf16" if bf16 else "fp16" if d.get("fp16", {}).get("enabled") else "fp32"
-    if "activation_checkpointing" in d:
-        recompute = "full"
-        notes = ["activation_checkpointing configures deepspeed.checkpointing.checkpoint, which the model code calls "
-                 "on whole blocks (Megatron-DeepSpeed's --checkpoint-activations): planned with recompute = \"full\"; "
-                 "set training.recompute if the model checkpoints otherwise"]
-    else:
-        recompute = "selective"
-        notes = ["activation checkpointing is the model code's choice in DeepSpeed: planned with recompute = "
-                 "\"selective\" (meshplan's default)"]
+    dtype = model_dtype(d)
+    recompute, notes = _recompute(d)
     training: dict[str, Any] = {"global_batch": global_batch, "seq_len": opts.seq_len, "micro_batch": micro,
                                 "sharding": STAGES[stage], "param_dtype": dtype, "compute_dtype": dtype,
                                 "grad_clip": _clip(d, notes), "recompute": recompute}
     if stage in (1, 2):
         training |= _zero12(d, dtype)
     if stage == 3:
-        training |= _zero3(d, dtype)
-        notes.append("ZeRO stage 3 planned with per-layer coalesced gathers (training.zero3_engine = \"fsdp2\"), as "
-                     "DeepSpeed >= v0.5.5 gathers (PR #1188); for DeepSpeed v0.3.13-v0.5.4 (2021) set zero3_engine = "
+        training |= _zero3(d, dtype) | {"zero3_engine": "deepspeed"}
+        notes.append("ZeRO stage 3 planned as DeepSpeed >= v0.5.5 runs it (training.zero3_engine = \"deepspeed\": "
+                     "per-layer coalesced gathers, PR #1188); for DeepSpeed v0.3.13-v0.5.4 (2021) set zero3_engine = "
                      "\"deepspeed-2021\" (one all-gather per parameter tensor; its gradient path follows "
                      "zero_optimization.contiguous_gradients, read into training.contiguous_gradients: absent, false, "
                      "v0.3.13's default, bucket all-reduces; true, the default from v0.4.3, a reduce-scatter per "
@@ -290,7 +287,7 @@ def _zero12(d: dict, dtype: str) -> dict[str, Any]:
     if not isinstance(overlap, bool):
         raise ConfigError("zero_optimization.overlap_comm", f"must be true or false; got {overlap!r}")
     out: dict[str, Any] = {"zero12_engine": "deepspeed", "overlap_comm": overlap,
-                           "grad_dtype": accum if zero.get("stage") == 1 and accum else dtype}
+                           "grad_dtype": deepspeed_grad_dtype(zero.get("stage", 0), dtype, accum)}
     comm = d.get("communication_data_type")
     if comm is not None:
         if not isinstance(comm, str) or comm.lower() not in COMM_DTYPES:
@@ -313,7 +310,8 @@ def _zero3(d: dict, dtype: str) -> dict[str, Any]:
     comm = d.get("communication_data_type")
     if comm is not None and (not isinstance(comm, str) or comm.lower() not in COMM_DTYPES):
         raise ConfigError("communication_data_type", f"{comm!r}; use one of {', '.join(COMM_DTYPES)}")
-    out: dict[str, Any] = {"grad_dtype": _accum_dtype(d) or dtype, "grad_reduce_dtype": comm.lower() if comm else dtype}
+    out: dict[str, Any] = {"grad_dtype": deepspeed_grad_dtype(3, dtype, _accum_dtype(d)),
+                           "grad_reduce_dtype": comm.lower() if comm else dtype}
     contiguous = d.get("zero_optimization", {}).get("contiguous_gradients")
     if contiguous is not None:
         if not isinstance(contiguous, bool):
@@ -377,6 +375,50 @@ def _refuse_offload(zero: Any) -> None:
     for key in ("cpu_offload", "cpu_offload_param"):  # deprecated booleans: true means device "cpu"
         if zero.get(key):
             raise ConfigError(f"zero_optimization.{key}", f"{fix} (or set false) to plan the GPU-resident equivalent")
+
+
+def model_dtype(d: dict) -> str:
+    """The model's dtype of DeepSpeed config ``d``: ``bf16`` (``bf16.enabled``, or its old name
+    ``bfloat16``: DeepSpeed's ``BFLOAT16`` and ``BFLOAT16_OLD``), ``fp16`` (``fp16.enabled``),
+    else ``fp32``. Both enabled is a ConfigError: DeepSpeed refuses it (``runtime/config.py:827-828``
+    at edaa722, ``assert not (self.float16_config.enabled and self.bfloat16_config.enabled),
+    'bfloat16 and fp16 modes cannot be simultaneously enabled'``).
+
+    >>> model_dtype({"bfloat16": {"enabled": True}}), model_dtype({"fp16": {"enabled": True}}), model_dtype({})
+    ('bf16', 'fp16', 'fp32')
+    >>> model_dtype({"bf16": {"enabled": True}, "fp16": {"enabled": True}})
+    Traceback (most recent call last):
+    meshplan.errors.ConfigError: bf16.enabled: and fp16.enabled are both true, which DeepSpeed refuses ('bfloat16 and fp16 modes cannot be simultaneously enabled', runtime/config.py); set one of them to false
+    """
+    key = "bf16" if "bf16" in d else "bfloat16"
+    bf16: dict = d[key] if isinstance(d.get(key), dict) else {}
+    fp16: dict = d["fp16"] if isinstance(d.get("fp16"), dict) else {}
+    if bf16.get("enabled") and fp16.get("enabled"):
+        raise ConfigError(f"{key}.enabled", "and fp16.enabled are both true, which DeepSpeed refuses ('bfloat16 and "
+                          "fp16 modes cannot be simultaneously enabled', runtime/config.py); set one of them to false")
+    return "bf16" if bf16.get("enabled") else "fp16" if fp16.get("enabled") else "fp32"
+
+
+def _recompute(d: dict) -> tuple[str, list[str]]:
+    """(``training.recompute``, the import's first notes) of DeepSpeed config ``d``. An
+    ``activation_checkpointing`` section configures ``deepspeed.checkpointing.checkpoint``, which
+    the model code calls on whole blocks: ``full``. Without one DeepSpeed checkpoints nothing
+    unless the model code calls ``deepspeed.checkpointing`` itself, which the JSON cannot say:
+    ``none`` (the engine never checkpoints activations on its own: at edaa722 ``runtime/engine.py``
+    does not read the section; ``deepspeed.checkpointing.configure``,
+    ``runtime/activation_checkpointing/checkpointing.py:1162``, which the model code calls, does),
+    with a note saying what was assumed.
+
+    >>> _recompute({"activation_checkpointing": {}})[0], _recompute({})[0]
+    ('full', 'none')
+    """
+    if CHECKPOINTING in d:
+        return "full", ["activation_checkpointing configures deepspeed.checkpointing.checkpoint, which the model code "
+                        "calls on whole blocks (Megatron-DeepSpeed's --checkpoint-activations): planned with recompute "
+                        "= \"full\"; set training.recompute if the model checkpoints otherwise"]
+    return "none", ["no activation_checkpointing section: planned without activation checkpointing (recompute = "
+                    "\"none\"), as DeepSpeed runs unless the model code calls deepspeed.checkpointing itself; set "
+                    "training.recompute if it does"]
 
 
 def _clip(d: dict, notes: list[str]) -> bool:
@@ -480,7 +522,7 @@ def write(cfg: Config) -> dict[str, Any]:
         # written: DeepSpeed's contiguous_gradients default changed in v0.4.3
         zero |= {"contiguous_gradients": t.contiguous_gradients,
                  "reduce_bucket_size": cfg.memory.deepspeed_bucket_elements()}
-    elif stage == 3:  # fsdp2: what an import read, back
+    elif stage == 3:  # deepspeed (or fsdp2): what an import read, back
         zero |= ({"contiguous_gradients": True} if t.contiguous_gradients else {}) | (
             {"reduce_bucket_size": cfg.memory.grad_bucket_elements} if cfg.memory.grad_bucket_elements else {})
     if (stage in (1, 2) and t.grad_reduce_dtype is not None) or (stage in (1, 2, 3)

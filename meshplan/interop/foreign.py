@@ -300,8 +300,8 @@ def search_row_refusal(n: int, rows: Sequence[Config], to: str,
 def _engine_name(cfg: Config) -> str:
     """The ZeRO engine ``cfg`` plans with, named for :func:`search_row_refusal`."""
     t = cfg.training
-    if t.zero3_engine == "deepspeed-2021" and t.sharding == "zero3":
-        return "DeepSpeed's 2021 ZeRO-3"
+    if t.zero3_engine != "fsdp2" and t.sharding == "zero3":
+        return "DeepSpeed's 2021 ZeRO-3" if t.zero3_engine == "deepspeed-2021" else "DeepSpeed's ZeRO-3"
     return f"DeepSpeed's ZeRO-{t.sharding[-1]}" if t.zero12_engine == "deepspeed" else t.sharding
 
 

@@ -178,7 +178,7 @@ def export_lines(r: SearchResult) -> list[str]:
                      "TP/PP/CP/EP or HSDP)")
     why = ("; training.recompute: DeepSpeed's JSON does not choose activation checkpointing, the model code does "
            "(the export header names the policy to apply; an activation_checkpointing section reads back as full, "
-           "none as selective)" if any("training.recompute" in f for f in lost) else "")
+           "no section as none)" if any("training.recompute" in f for f in lost) else "")
     return [f"--export N --to deepspeed: {'; '.join(parts)}{why}"]
 
 
@@ -193,7 +193,7 @@ _FIXES = {
     "framework": "set training.zero12_engine = \"deepspeed\" (DeepSpeed's ZeRO-1) or framework = \"megatron\", "
                  "or add zero3 to search.sharding",
     "engine": "let [search] reach meshes the engine runs (cp 1, ep 1; DeepSpeed's ZeRO-1 with pp > 1 at vpp 1 only, "
-              "ZeRO-2 and deepspeed-2021 at pp 1) or set training.zero12_engine / zero3_engine back to its default",
+              "ZeRO-2 and DeepSpeed's ZeRO-3 at pp 1) or set training.zero12_engine / zero3_engine back to its default",
     "memory": "add nodes, or let [search] reach less memory (recompute full, sharding zero3, micro_batch 1, larger "
               "tp/pp)",
     "batch": "set training.global_batch to a multiple of micro_batch x dp for some [search] micro_batch and dp",

@@ -69,7 +69,7 @@ from meshplan.schedule.rank_timeline import (
 )
 from meshplan.spec.axes.base import Dim
 from meshplan.spec.mesh import Schedule
-from meshplan.spec.wording import recompute_words, runtime, schedule_words
+from meshplan.spec.wording import recompute_words, runtime, schedule_words, stream_words
 from meshplan.units import counted, dtype_bytes
 
 
@@ -134,6 +134,11 @@ class StepTime:
     peak_dtype: str = ""  # the dtype of peak_flops (TrainingSpec.peak_dtype: float8 Linears run against the fp8 peak)
     flop_gap: tuple[tuple[str, float], ...] = ()  # (cause, FLOP per step) of hardware - model: compute.ops.flop_gap
     runs: int = 1  # pipeline schedule runs per step (training.pp_schedule_runs): ``pipeline`` is the first
+    stream_names: tuple[tuple[str, str], ...] = ()  # (stream, its name in the text): wording.stream_words
+
+    def named(self, stream: str) -> str:
+        """``stream`` as the text lines name it (:attr:`stream_names`; the JSON keeps the key)."""
+        return dict(self.stream_names).get(stream, stream)
 
     @property
     def step_s(self) -> float:
@@ -248,7 +253,8 @@ class StepTime:
         13406.51 ms``: :meth:`parts_s` as :meth:`shown_ms` prints them (they add up to the
         printed step)."""
         shown = self.shown_ms()
-        terms = " + ".join(f"{k} {v}" for k, v in shown.items() if k != "step")
+        terms = " + ".join(f"{k} {v}".replace("exposed fsdp ", f"exposed {self.named('fsdp')} ")
+                           for k, v in shown.items() if k != "step")
         return f"step on stage {self.critical_stage} = {terms} = {shown['step']} ms"
 
     def without_fsdp_waits(self) -> Optional[ArrayResult]:
@@ -324,11 +330,12 @@ class StepTime:
     def lines(self) -> list[str]:
         """Printable summary with the definitions named."""
         p, shown = self.pipeline, self.shown_ms()
-        exp = ", ".join(f"{k} {shown['exposed ' + k]} ms" for k, v in sorted(self.exposed_s.items()) if v > 0) or "none"
+        exp = ", ".join(f"{self.named(k)} {shown['exposed ' + k]} ms" for k, v in sorted(self.exposed_s.items())
+                        if v > 0) or "none"
         most = self.most_exposed_stage()
         other = [] if most is None else [
             f"most exposed communication: stage {most[0]} (not the critical stage; its units): "
-            + ", ".join(f"{k} {v * 1e3:.2f} ms" for k, v in sorted(most[1].items()) if v > 0)]
+            + ", ".join(f"{self.named(k)} {v * 1e3:.2f} ms" for k, v in sorted(most[1].items()) if v > 0)]
         runs = f" x {self.runs} runs" if self.runs > 1 else ""
         sched = schedule_words(p.spec.schedule, p.spec.p) + (f", p {p.spec.p}" if p.spec.p > 1 else "")
         return [f"step {shown['step']} ms ({sched}, m {p.spec.m}{runs}{f', v {p.spec.v}' if p.spec.p > 1 else ''}); "
@@ -1013,7 +1020,8 @@ def step_time(plan: Plan, overlap: Overlap = Overlap(), *, dropout: bool = False
                     _sequence_flops(cfg.model, t.seq_len) * t.global_batch, hw, t.global_batch * t.seq_len,
                     plan.world, cfg.cluster.gpu.peak_flops(t.peak_dtype), ranks, notes,
                     recompute_words(t, runtime(t, cfg.origin)),
-                    (indexed[0], indexed[1]), t.peak_dtype, tuple(gap.items()), runs)
+                    (indexed[0], indexed[1]), t.peak_dtype, tuple(gap.items()), runs,
+                    tuple(stream_words(t, cfg.origin).items()))
 
 
 @lru_cache(maxsize=16)

@@ -113,7 +113,11 @@ def _fsdp_cause(plan: Plan, stream: str, alternatives) -> str:
             f"{reduce}, {counted(m, 'micro-batch')} per step (global_batch {t.global_batch} / (micro_batch "
             f"{t.micro_batch} x dp {plan.mesh.dp}))")
     knobs: list[tuple[str, dict]] = []
-    if t.zero3_engine != "fsdp2":  # DeepSpeed 2021: per-parameter calls, none of FSDP2's knobs
+    if t.zero3_engine == "deepspeed":  # DeepSpeed's ZeRO-3: per-layer calls, none of FSDP2's knobs
+        line = (f"cause: DeepSpeed ZeRO-3 all-gathers each layer's parameters in forward and again in backward and "
+                f"reduce-scatters its gradients, each micro-batch, {counted(m, 'micro-batch')} per step")
+        mode = ""
+    if t.zero3_engine == "deepspeed-2021":  # DeepSpeed 2021: per-parameter calls, none of FSDP2's knobs
         grads = "reduce-scatters every gradient" if t.contiguous_gradients else "all-reduces every gradient in buckets"
         line = (f"cause: DeepSpeed ZeRO-3 (2021) all-gathers every parameter tensor in forward and again in backward "
                 f"and {grads}, each micro-batch, {counted(m, 'micro-batch')} per step")

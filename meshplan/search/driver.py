@@ -277,7 +277,8 @@ def _settings_notes(cfg: Config, c: Candidates) -> list[str]:
     if t.zero12_engine != "megatron" and not np.isin(c.sh, ZERO12).all():
         out.append(f"training.zero12_engine {t.zero12_engine!r} applies to zero1 and zero2 candidates (DeepSpeed's "
                    "ZeRO-1 and ZeRO-2: bucket all-reduces, ranked by the Megatron-style estimate, planned exactly as "
-                   "DeepSpeed runs them); zero3 and hsdp candidates are planned with FSDP2")
+                   "DeepSpeed runs them); zero3 candidates are planned with DeepSpeed's ZeRO-3 (zero3_engine "
+                   "'deepspeed', pp 1), hsdp candidates with FSDP2")
     if "zero1" in cfg.search.sharding and zero1_refused(t) and (c.sh == SHARDING.index("zero1")).any():
         out.append("zero1 is rejected under training.framework \"torch\" (rule 'framework'): torch and torchtitan "
                    "have no engine that shards the optimizer state alone; set training.zero12_engine = \"deepspeed\" "

@@ -485,9 +485,9 @@ def first_reason(cfg: Config, c: Candidates) -> np.ndarray:
         ("interleaved", (c.ps == 0) & (c.vpp > 1)
          & get(get(SEARCHED).for_chunks(2)).refused(c.pp, run_micro, t.framework)),
         ("dualpipev", (c.ps == PIPELINE.index("dualpipev")) & get("dualpipev").refused(c.pp, run_micro, t.framework)),
-        # build_plan and TrainingSpec: DeepSpeed's pipeline engine refuses ZeRO 3 (pp 1 only), no CP
-        # in 2021, and its ZeRO-3 re-gathers in backward (reshard_after_forward is an FSDP2 knob)
-        ("engine", ((t.zero3_engine == "deepspeed-2021") & (c.sh == SHARDING.index("zero3"))
+        # build_plan and TrainingSpec: DeepSpeed's pipeline engine refuses ZeRO 3 (pp 1 only), no
+        # all-gather CP, and its ZeRO-3 re-gathers in backward (reshard_after_forward is an FSDP2 knob)
+        ("engine", ((t.searched_zero3_engine != "fsdp2") & (c.sh == SHARDING.index("zero3"))
                     & ((c.pp > 1) | (c.cp > 1) | (c.rf == 0)))
          # DeepSpeed's ZeRO-1 and ZeRO-2 (comm.deepspeed_zero12.check_mesh; dp_replicate 1 here):
          # its pipeline engine refuses ZeRO-2 and overlap_comm and runs 1F1B only (check_schedule)
@@ -564,7 +564,9 @@ def _training_knobs(cfg: Config, c: Candidates, i: int) -> dict:
     back to ``fsdp2`` outside sharding zero3 (DeepSpeed's engine is for ZeRO stage 3; with it
     ``grad_dtype`` back to its default where it is the parameter dtype, the engine's default;
     ``contiguous_gradients`` off),
-    ``zero12_engine`` back to ``megatron`` (and ``overlap_comm`` off) outside zero1 and zero2,
+    ``zero12_engine`` back to ``megatron`` (and ``overlap_comm`` off) outside zero1 and zero2, its
+    zero3 candidates under DeepSpeed's ZeRO-3 (``zero3_engine = "deepspeed"``,
+    :attr:`~meshplan.spec.training.TrainingSpec.searched_zero3_engine`),
     ``reshard_head_after_forward`` off without FSDP or ``reshard_after_forward``, as
     :class:`~meshplan.spec.training.TrainingSpec` requires of a config."""
     t, out = cfg.training, dict[str, object]()
@@ -582,6 +584,8 @@ def _training_knobs(cfg: Config, c: Candidates, i: int) -> dict:
             out["grad_dtype"] = type(t).model_fields["grad_dtype"].default
     if t.zero12_engine != "megatron" and int(c.sh[i]) not in ZERO12:  # DeepSpeed's ZeRO-1/2 engine
         out |= {"zero12_engine": "megatron", "overlap_comm": False}
+        if SHARDING[c.sh[i]] == "zero3":  # DeepSpeed's own ZeRO-3, not FSDP2
+            out["zero3_engine"] = t.searched_zero3_engine
     return out
 
 

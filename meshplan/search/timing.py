@@ -266,7 +266,8 @@ def fsdp_copies(cfg: Config, tables: Tables, c: Candidates) -> dict[str, np.ndar
     (unpadded; 0 where efsdp is 1). Llama 3 8B's embedding in bf16 (525,336,576 elements): copy-out
     2 x 1.051 GB, copy-in 525,336,576 x (2 + 4) B, at Triad 2.97 TB/s. 0 where the
     candidate has no FSDP2 unit over more than one rank (no zero3 or hsdp, dp_shard x cp 1, or
-    zero3 under DeepSpeed's 2021 engine: its list copies are in its collectives' time), and
+    zero3 under DeepSpeed's engines: the 2021 list copies and today's split and bucket copies are in
+    their collectives' time, :func:`meshplan.comm.fsdp2.compute_stream_copies`), and
     under ``training.framework = "megatron"`` (Megatron FSDP computes in its buckets:
     :func:`meshplan.comm.fsdp2.compute_stream_copies`).
 
@@ -315,8 +316,10 @@ def fsdp_copies(cfg: Config, tables: Tables, c: Candidates) -> dict[str, np.ndar
         return {"e_out": fsdp2.copy_out_seconds(sum(n * gb for _, n, _, gb, _ in ts), data, hbm),
                 "e_in": fsdp2.copy_in_seconds(sum(n for _, n, *_ in ts), grad_b, red_b, data, hbm)}
 
-    fsdp2_on = (c.sh == SHARDING.index("hsdp")) | ((c.sh == SHARDING.index("zero3")) & (t.zero3_engine == "fsdp2"))
-    fsdp2_on &= fsdp2.compute_stream_copies(t)  # Megatron FSDP: none (meshplan.comm.fsdp2)
+    fsdp2_on = (c.sh == SHARDING.index("hsdp")) | ((c.sh == SHARDING.index("zero3"))
+                                                   & (t.searched_zero3_engine == "fsdp2"))
+    # Megatron FSDP: none (meshplan.comm.fsdp2); hsdp candidates run FSDP2 whatever zero3_engine says
+    fsdp2_on &= fsdp2.compute_stream_copies(t.model_copy(update={"zero3_engine": "fsdp2"}))
     on = fsdp2_on & (c.fsdp > 1)
     lay = lookup([c.tp, c.ep, c.etp, c.fsdp], layer, ("out", "in"), dtype=np.float64)
     rt = lookup([c.tp], root, ("root_out", "root_in", "emb_out", "emb_in", "head_out", "head_in"), dtype=np.float64)
@@ -550,7 +553,7 @@ def _head_unit_apart(cfg: Config, c: Candidates) -> np.ndarray:
     unit of its own (:func:`meshplan.comm.collectives._units`: torchtitan's units, but a tied
     model at pp 1, one unit of both ends; a V's two chunk roots), else 0."""
     t, m = cfg.training, cfg.model
-    titan = t.framework == "torch" and t.zero3_engine == "fsdp2"
+    titan = t.framework == "torch" and t.zero3_engine != "deepspeed-2021"  # TrainingSpec.torchtitan_units
     apart = (c.pp > 1) | (c.vpp > 1) | np.bool_(not m.tied_embeddings)
     return (np.bool_(titan) & apart | (c.vpp > 1))[:, None].astype(np.float64)
 

@@ -37,6 +37,42 @@ LINEAR_WEIGHTS = frozenset({"wq", "wk", "wv", "wo", "wq_a", "wq_b", "wkv_a", "wk
                             "shared_w_gate", "shared_w_up", "shared_w_down", "router", "output"})
 
 
+def deepspeed_grad_dtype(stage: int, model: str, accum: Optional[str] = None) -> str:
+    """The dtype DeepSpeed keeps the step's gradients in under ZeRO ``stage`` (1, 2, 3) with the
+    model in ``model`` (``bf16``, ``fp16``, ``fp32``: its ``bf16`` / ``fp16`` sections) and
+    ``data_types.grad_accum_dtype`` ``accum`` (None: unset). The one default of
+    ``training.grad_dtype`` under DeepSpeed's engines, for a meshplan TOML
+    (:meth:`TrainingSpec._deepspeed_grads`) and the DeepSpeed JSON reader alike
+    (:mod:`meshplan.interop.deepspeed`). Read in deepspeedai/DeepSpeed at edaa722:
+
+    - ``runtime/engine.py:1485-1496`` ``get_data_types``: ``grad_accum_dtype`` unset is the model's
+      dtype; ``_do_optimizer_sanity_check`` (1978-2021) runs ZeRO's own optimizer for every stage,
+      except bf16 with fp32 ``grad_accum_dtype`` at stage 1 (``BF16_Optimizer``, which the reader
+      refuses).
+    - stage 2 (``runtime/zero/stage_1_and_2.py:1678-1680``): ``grads_in_partition`` is allocated in
+      ``self.dtype``, the parameters' dtype, whatever ``grad_accum_dtype`` says: the model's dtype.
+    - stage 1 (``stage_1_and_2.py:354-360``, ``_fill_param_grad_accum_attribute``): ``param.grad``
+      in the model's dtype, or, when ``gradient_accumulation_dtype`` differs from it, each
+      micro-batch's gradient accumulated into ``param.grad_accum`` in that dtype: ``accum``.
+    - stage 3 (``runtime/zero/stage3.py:742-744``): ``grad_partitions_flat_buffer`` in
+      ``gradient_accumulation_dtype``: ``accum``, else the model's dtype (v0.3.13 likewise kept
+      ``grads_in_partition`` in ``torch.half``).
+
+    Each stage converts the rank's partition to fp32 only inside ``step``, one group at a time:
+    a transient, not this state.
+
+    >>> [deepspeed_grad_dtype(s, "bf16") for s in (1, 2, 3)]
+    ['bf16', 'bf16', 'bf16']
+    >>> deepspeed_grad_dtype(1, "fp16", "fp32"), deepspeed_grad_dtype(2, "fp16", "fp32"), deepspeed_grad_dtype(3, "bf16", "fp32")
+    ('fp32', 'fp16', 'fp32')
+    """
+    return model if stage == 2 or accum is None else accum
+
+
+#: ``training.zero3_engine`` values that are DeepSpeed's ZeRO stage 3.
+DEEPSPEED_ZERO3 = ("deepspeed", "deepspeed-2021")
+
+
 class TrainingSpec(BaseModel):
     """What one optimizer step must do and how state is kept.
 
@@ -123,7 +159,15 @@ class TrainingSpec(BaseModel):
     in the parameter dtype (``allreduce_bucket`` reduces ``param.grad``; DeepSpeed at
     edaa722 casts to ``communication_data_type``, unset the model's dtype, ``stage3.py:1798-1799``)
     unless ``grad_reduce_dtype`` says otherwise, and kept, partitioned, in the parameter dtype
-    unless ``grad_dtype`` is given (DeepSpeed's ``data_types.grad_accum_dtype``).
+    unless ``grad_dtype`` is given (DeepSpeed's ``data_types.grad_accum_dtype``). ``deepspeed``:
+    DeepSpeed's ZeRO stage 3 since v0.5.5 (what a DeepSpeed stage 3 config imports to, and what a
+    search under ``zero12_engine = "deepspeed"`` plans its zero3 rows with): FSDP2's per-layer
+    coalesced gathers and reduce-scatters (a module's parameters gathered as one flat buffer,
+    ``all_gather_coalesced``), gradients kept and reduced in the parameter dtype as above, and
+    none of FSDP2's copies on the compute stream: the split of the gathered buffer into the
+    parameters runs on DeepSpeed's all-gather stream and the gradients' copy into the reduce
+    bucket on its reduce stream, so they lengthen those collectives instead
+    (:func:`meshplan.comm.fsdp2.compute_stream_copies`).
     ``contiguous_gradients`` (sharding zero3): DeepSpeed's ``zero_optimization.contiguous_gradients``,
     the gradient path of ``zero3_engine = "deepspeed-2021"``: false (default: v0.3.12-v0.4.2's
     ``ZERO3_OPTIMIZATION_CONTIGUOUS_GRADIENTS_DEFAULT``, the version the engine's gathers are read
@@ -240,7 +284,7 @@ class TrainingSpec(BaseModel):
     torch_norm: Literal["fused", "decomposed"] = "fused"
     torch_compile_loss: bool = True
     optimizer_impl: Literal["fused", "foreach"] = "fused"
-    zero3_engine: Literal["fsdp2", "deepspeed-2021"] = "fsdp2"
+    zero3_engine: Literal["fsdp2", "deepspeed", "deepspeed-2021"] = "fsdp2"
     contiguous_gradients: bool = False
     zero12_engine: Literal["megatron", "deepspeed"] = "megatron"
     overlap_comm: bool = False
@@ -300,21 +344,24 @@ class TrainingSpec(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _deepspeed_grads(cls, data):
-        """``grad_dtype`` unset under ``zero3_engine = "deepspeed-2021"``: the parameter dtype.
-        DeepSpeed's ZeRO-3 keeps each rank's gradient partition in the model's dtype: v0.3.13
-        allocates ``grads_in_partition`` as ``torch.half`` (``runtime/zero/stage3.py``
-        ``partition_previous_reduced_grads``), and at edaa722 ``grad_partitions_flat_buffer``
-        (``stage3.py:742-744``) takes ``gradient_accumulation_dtype``, ``data_types.grad_accum_dtype``
-        or else the model's dtype (``runtime/engine.py:1485-1496``). The fp32 copy ``step`` makes,
-        one ``sub_group_size`` group at a time, is transient (not this state).
+        """``grad_dtype`` unset under a DeepSpeed engine (``zero3_engine`` ``deepspeed`` or ``deepspeed-2021``, or
+        ``zero12_engine = "deepspeed"`` with sharding zero1 or zero2): DeepSpeed's, by
+        :func:`deepspeed_grad_dtype`, the one rule the DeepSpeed JSON reader applies too.
 
         >>> TrainingSpec(global_batch=8, seq_len=16, param_dtype="fp16", zero3_engine="deepspeed-2021").grad_dtype
         'fp16'
         >>> TrainingSpec(global_batch=8, seq_len=16, zero3_engine="deepspeed-2021", grad_dtype="fp32").grad_dtype
         'fp32'
+        >>> [TrainingSpec(global_batch=8, seq_len=16, sharding=s, zero12_engine="deepspeed").grad_dtype
+        ...  for s in ("zero1", "zero2")]
+        ['bf16', 'bf16']
         """
-        if isinstance(data, dict) and data.get("zero3_engine") == "deepspeed-2021" and data.get("grad_dtype") is None:
-            data = {**data, "grad_dtype": data.get("param_dtype", "bf16")}
+        if not isinstance(data, dict) or data.get("grad_dtype") is not None:
+            return data
+        stage = {"zero1": 1, "zero2": 2}.get(data.get("sharding", "zero3")) \
+            if data.get("zero12_engine") == "deepspeed" else 3 if data.get("zero3_engine") in DEEPSPEED_ZERO3 else None
+        if stage is not None:
+            data = {**data, "grad_dtype": deepspeed_grad_dtype(stage, data.get("param_dtype", "bf16"))}
         return data
 
     @model_validator(mode="after")
@@ -345,11 +392,11 @@ class TrainingSpec(BaseModel):
         if self.zero3_engine != "fsdp2" and self.sharding != "zero3":
             raise ValueError(f"zero3_engine {self.zero3_engine!r} is DeepSpeed's ZeRO stage 3 (sharding zero3); "
                              f"sharding {self.sharding!r} has no parameter gathers: remove the key")
-        if self.zero3_engine == "deepspeed-2021" and (self.grad_accumulation != "sync" or not self.reshard_after_forward
-                                                 or self.fp8_all_gather):
-            raise ValueError("zero3_engine 'deepspeed-2021' gathers every parameter in forward and again in backward and "
-                             "reduces every micro-batch: remove grad_accumulation, reshard_after_forward and "
-                             "fp8_all_gather (FSDP2 options)")
+        if self.zero3_engine != "fsdp2" and (self.grad_accumulation != "sync" or not self.reshard_after_forward
+                                             or self.fp8_all_gather):
+            raise ValueError(f"zero3_engine {self.zero3_engine!r} gathers every parameter in forward and again in "
+                             "backward and reduces every micro-batch: remove grad_accumulation, reshard_after_forward "
+                             "and fp8_all_gather (FSDP2 options)")
         if self.contiguous_gradients and self.sharding != "zero3":
             raise ValueError(f"contiguous_gradients is DeepSpeed ZeRO stage 3's gradient path (sharding zero3 with "
                              f"zero3_engine = \"deepspeed-2021\"); sharding {self.sharding!r}: remove it")
@@ -408,7 +455,11 @@ class TrainingSpec(BaseModel):
         these units since #1094, 83e6941), at every pp on the stages holding them (torchtitan
         applies it to each pipeline model part); tied embeddings: one unit of the three, resharded
         only with ``reshard_head_after_forward`` (under pp the first stage's embedding alone,
-        likewise). Megatron and
+        likewise). DeepSpeed's ZeRO-3 (``zero3_engine = "deepspeed"``) has the same ends: it fetches
+        each module's parameters at its own forward (``fetch_sub_module``), the embedding alone,
+        released after it and fetched again in backward once the parameters used in between pass
+        ``stage3_max_reuse_distance`` (1e9 elements; a model of more than 1e9 parameters), the
+        output layer kept for its backward, which follows at once. Megatron and
         DeepSpeed-2021 keep one root unit of both ends.
 
         >>> TrainingSpec(global_batch=8, seq_len=16, sharding="zero3").torchtitan_units
@@ -416,7 +467,21 @@ class TrainingSpec(BaseModel):
         >>> TrainingSpec(global_batch=8, seq_len=16, sharding="zero3", zero3_engine="deepspeed-2021").torchtitan_units
         False
         """
-        return self.framework == "torch" and self.sharding in ("zero3", "hsdp") and self.zero3_engine == "fsdp2"
+        return self.framework == "torch" and self.sharding in ("zero3", "hsdp") and self.zero3_engine != "deepspeed-2021"
+
+    @property
+    def searched_zero3_engine(self) -> str:
+        """The engine a search's zero3 candidates run under (:func:`meshplan.search.space.candidate_config`):
+        ``zero3_engine``, except that DeepSpeed's ZeRO-1/2 (``zero12_engine = "deepspeed"``, a DeepSpeed
+        stage 1 or 2 config) plans them with DeepSpeed's ZeRO-3, ``deepspeed``: the same runtime at
+        another stage, not FSDP2.
+
+        >>> TrainingSpec(global_batch=8, seq_len=16, sharding="zero2", zero12_engine="deepspeed").searched_zero3_engine
+        'deepspeed'
+        >>> TrainingSpec(global_batch=8, seq_len=16).searched_zero3_engine
+        'fsdp2'
+        """
+        return "deepspeed" if self.zero3_engine == "fsdp2" and self.zero12_engine == "deepspeed" else self.zero3_engine
 
     @property
     def has_op_recompute(self) -> bool:
@@ -567,7 +632,8 @@ class TrainingSpec(BaseModel):
         """The dtype of the FSDP reduce-scatter (and HSDP's all-reduce of its output) of a
         zero3/hsdp plan under this training, whatever sharding ``training`` itself names (the
         search asks it for candidates of every sharding): ``grad_reduce_dtype`` when set, else
-        the parameter dtype under ``zero3_engine = "deepspeed-2021"`` (it reduces ``param.grad``),
+        the parameter dtype under DeepSpeed's ZeRO-3 (:attr:`searched_zero3_engine`: it reduces in
+        ``communication_data_type``, unset the model's dtype),
         else ``reduce_dtype`` (FSDP2's ``MixedPrecisionPolicy.reduce_dtype``). It is
         :attr:`gradient_reduce_dtype` of the zero3/hsdp plan: the one rule for the collective
         table's FSDP rows, the memory timeline's reduce-scatter input, FSDP2's copy-in and the
@@ -581,8 +647,8 @@ class TrainingSpec(BaseModel):
         """
         if self.grad_reduce_dtype is not None:
             return self.param_dtype if self.grad_reduce_dtype == "param" else self.grad_reduce_dtype
-        if self.sharding == "zero3" and self.zero3_engine == "deepspeed-2021":
-            return self.param_dtype
+        if self.sharding != "hsdp" and self.searched_zero3_engine != "fsdp2":  # DeepSpeed's communication_data_type
+            return self.param_dtype  # unset (its zero3 rows under DeepSpeed's ZeRO-1/2 too: searched_zero3_engine)
         return self.reduce_dtype
 
     @property

@@ -6,7 +6,7 @@ torch, Megatron-LM, DeepSpeed). The plan, memory and step text, and
 The runtime (:func:`runtime`): DeepSpeed when the config was read from a DeepSpeed JSON
 (``origin``, :attr:`meshplan.config.Config.origin`) or one of DeepSpeed's engines runs the data
 parallelism (``training.zero12_engine = "deepspeed"``, ``training.zero3_engine =
-"deepspeed-2021"``); else ``training.framework``. Under ``framework = "megatron"`` with a DeepSpeed
+"deepspeed"`` or ``"deepspeed-2021"``); else ``training.framework``. Under ``framework = "megatron"`` with a DeepSpeed
 engine (Megatron-DeepSpeed) the recompute keeps Megatron-LM's words (its flags choose it) and the
 state DeepSpeed's (:func:`zero_runtime`).
 
@@ -37,7 +37,7 @@ def zero_runtime(training, origin: str = "") -> str:
     >>> zero_runtime(t), runtime(t)
     ('deepspeed', 'megatron')
     """
-    deepspeed = training.zero12_engine == DEEPSPEED or training.zero3_engine == "deepspeed-2021"
+    deepspeed = training.zero12_engine == DEEPSPEED or training.zero3_engine != "fsdp2"
     return DEEPSPEED if origin == DEEPSPEED or deepspeed else training.framework
 
 
@@ -162,6 +162,27 @@ def state_how(training, axis: str, divisor: int, origin: str = "") -> str:
     return f"partitioned over the {cell}" if cell.startswith("data-parallel") else f"sharded over {cell}"
 
 
+#: The stream of the data-parallel collectives as DeepSpeed names what runs them: ZeRO over the
+#: data-parallel group (its ``dp_process_group``), not FSDP.
+ZERO_STREAM = "ZeRO data-parallel"
+
+
+def stream_words(training, origin: str = "") -> dict[str, str]:
+    """The step output's names of the collective streams that differ from their keys: under
+    DeepSpeed (:func:`zero_runtime`) with a ZeRO stage, the ``fsdp`` stream (its ZeRO-1/2 bucket
+    all-reduces, ZeRO-3's gathers and reduce-scatters) is :data:`ZERO_STREAM`; else none.
+
+    >>> from meshplan.spec.training import TrainingSpec
+    >>> stream_words(TrainingSpec(global_batch=8, seq_len=16, zero3_engine="deepspeed"))
+    {'fsdp': 'ZeRO data-parallel'}
+    >>> stream_words(TrainingSpec(global_batch=8, seq_len=16))
+    {}
+    """
+    if zero_runtime(training, origin) != DEEPSPEED or not ZERO_STAGE.get(training.sharding):
+        return {}
+    return {"fsdp": ZERO_STREAM}
+
+
 def schedule_words(schedule, pp: int) -> str:
     """The pipeline schedule as the output prints it: ``no pipeline`` at ``pp`` 1 (nothing is
     scheduled: one stage runs its micro-batches' forward and backward in turn, as DeepSpeed's
@@ -257,7 +278,8 @@ def deepspeed_recompute_fix(training) -> str:
     DeepSpeed's JSON does not choose which blocks are checkpointed (the model code calls
     ``deepspeed.checkpointing.checkpoint``, or Megatron-DeepSpeed's ``--checkpoint-activations``
     does); meshplan writes an ``activation_checkpointing`` section for ``full`` (read back as
-    full) and none otherwise (read back as ``selective``, meshplan's default). What ``export
+    full) and none otherwise (read back as ``none``: DeepSpeed without the section does not
+    checkpoint, :func:`meshplan.interop.deepspeed._recompute`). What ``export
     --to deepspeed`` appends to ``not expressed in deepspeed: training.recompute ...`` and
     ``meshplan search`` says of such rows.
 

@@ -1,0 +1,153 @@
+"""A meshplan TOML under DeepSpeed's engines and the DeepSpeed JSON of the same run plan alike
+(DeepSpeed read at deepspeedai/DeepSpeed edaa722), and what DeepSpeed refuses is refused."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from meshplan.config import config_from_dict
+from meshplan.errors import ConfigError
+from meshplan.interop.common import ImportOptions
+from meshplan.interop.foreign import export, load_any, reimport_options
+from meshplan.plan import Plan, build_plan
+from meshplan.schedule.rank_timeline import Overlap
+from meshplan.schedule.steptime import step_time
+
+#: Llama 3 8B's parameters: embedding and output 2 x 128256 x 4096, 32 layers of 218,112,000
+#: (test_interop's zero3 test), the final norm 4096.
+LLAMA3_8B = 2 * 128256 * 4096 + 32 * 218_112_000 + 4096
+
+
+def _toml(sharding: str, **training) -> dict:
+    return {"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 2},
+            "training": {"global_batch": 32, "seq_len": 4096, "sharding": sharding, "zero12_engine": "deepspeed",
+                         "recompute": "none"} | training,
+            "mesh": {"names": ["dp_shard"], "shape": [16]}}
+
+
+def _peak_and_step(cfg) -> tuple[float, float]:
+    p = build_plan(cfg)
+    assert isinstance(p, Plan) and p.feasible, p.reasons
+    return p.timeline.peak.total_bytes, step_time(p, Overlap()).step_s
+
+
+@pytest.mark.parametrize("sharding", ["zero1", "zero2"])
+def test_a_toml_and_its_deepspeed_json_plan_the_same_gradients(tmp_path, sharding):
+    """``grad_dtype`` unset under ``zero12_engine = "deepspeed"`` is DeepSpeed's: the model's
+    bf16 (``deepspeed_grad_dtype``: stage 2's ``grads_in_partition`` in ``self.dtype``, stage 1's
+    ``param.grad`` without ``grad_accum_dtype``), as the JSON reader sets it; fp32 before, so the
+    TOML planned 2 B more per gradient element than its own DeepSpeed JSON."""
+    cfg = config_from_dict(_toml(sharding))
+    assert cfg.training.grad_dtype == "bf16"
+    text, header = export(cfg, "deepspeed", "x")
+    assert not [h for h in header if h.startswith("not expressed")], header
+    assert "data_types" not in json.loads(text)
+    path = tmp_path / "ds.json"
+    path.write_text(text)
+    back = load_any(path, "deepspeed", reimport_options(cfg, "deepspeed"))
+    assert back.training.grad_dtype == "bf16"
+    peak, step = _peak_and_step(cfg)
+    assert _peak_and_step(back) == (pytest.approx(peak, rel=1e-12), pytest.approx(step, rel=1e-12))
+    if sharding == "zero1":  # ZeRO-1 keeps every gradient on every rank: fp32 adds 2 B x 8.03e9 to the state
+        fp32 = config_from_dict(_toml(sharding, grad_dtype="fp32"))
+        assert fp32.training.grad_dtype == "fp32"  # a given grad_dtype stays
+        assert build_plan(fp32).timeline.peak.total_bytes - peak == 2 * LLAMA3_8B  # and no longer fits
+
+
+def test_fp16_with_fp32_accumulation_at_stage_1_round_trips(tmp_path):
+    """fp16 at ZeRO-1 with ``data_types.grad_accum_dtype = "fp32"``: ``param.grad_accum`` in fp32
+    (the one mix its ZeRO-1 engine runs): the reader and a TOML naming it agree, and export writes
+    the key back."""
+    cfg = config_from_dict(_toml("zero1", param_dtype="fp16", compute_dtype="fp16", grad_dtype="fp32"))
+    text, _ = export(cfg, "deepspeed", "x")
+    assert json.loads(text)["data_types"] == {"grad_accum_dtype": "fp32"}
+    path = tmp_path / "ds.json"
+    path.write_text(text)
+    assert load_any(path, "deepspeed", reimport_options(cfg, "deepspeed")).training.grad_dtype == "fp32"
+    assert config_from_dict(_toml("zero1", param_dtype="fp16", compute_dtype="fp16")).training.grad_dtype == "fp16"
+
+
+OPTS = ImportOptions(cluster="dgx-h100", nodes=2, model="llama3-8b", seq_len=4096)
+BASE = {"train_batch_size": 32, "train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 2}}
+
+
+@pytest.mark.parametrize("bf16_key", ["bf16", "bfloat16"])
+def test_bf16_and_fp16_both_enabled_is_refused(tmp_path, bf16_key):
+    """DeepSpeed asserts ``not (fp16.enabled and bf16.enabled)`` (runtime/config.py:827-828 at
+    edaa722): one line naming both fields and the fix."""
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps(BASE | {bf16_key: {"enabled": True}, "fp16": {"enabled": True}}))
+    with pytest.raises(ConfigError) as err:
+        load_any(path, opts=OPTS)
+    assert str(err.value) == (f"{bf16_key}.enabled: and fp16.enabled are both true, which DeepSpeed refuses "
+                              "('bfloat16 and fp16 modes cannot be simultaneously enabled', runtime/config.py); set "
+                              "one of them to false")
+    assert "\n" not in str(err.value)
+    path.write_text(json.dumps(BASE | {bf16_key: {"enabled": True}, "fp16": {"enabled": False}}))
+    assert load_any(path, opts=OPTS).training.param_dtype == "bf16"
+
+
+def _zero3(engine: str) -> dict:
+    return {"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 2},
+            "training": {"global_batch": 32, "seq_len": 4096, "sharding": "zero3", "zero3_engine": engine,
+                         "param_dtype": "bf16", "grad_dtype": "bf16", "grad_reduce_dtype": "bf16", "recompute": "none"},
+            "mesh": {"names": ["dp_shard"], "shape": [16]}}
+
+
+def test_deepspeed_zero3_copies_run_on_its_collective_streams():
+    """DeepSpeed's ZeRO-3 (``zero3_engine = "deepspeed"``, edaa722) splits each gathered buffer
+    into the parameters with ``torch.cat`` on its all-gather stream
+    (``partition_parameters.py:776-784`` inside ``partitioned_param_coordinator.py:400-415``) and
+    copies each gradient into its reduce bucket on ``reduce_and_partition_stream``
+    (``stage3.py:1541-1560``): the bytes FSDP2 copies on the compute stream, added to the
+    collectives' time instead. Llama 3 8B's layer (218,112,000 bf16 elements, 436.2 MB gathered):
+    copy-out 2 x 436.2 MB and copy-in 218,112,000 x (2 + 2) B, each 872.4 MB at the H100's Triad
+    2.97 TB/s = 293.8 us. The step's compute loses every FSDP2 copy (the note's ms per step)."""
+    fsdp2, ds = (build_plan(config_from_dict(_zero3(e)), memory=False) for e in ("fsdp2", "deepspeed"))
+    rows = {e: {(r.axis, r.phase, r.op, r.cadence): r for r in p.collectives["stage 0"]}
+            for e, p in (("fsdp2", fsdp2), ("deepspeed", ds))}
+    layer = 2 * 218_112_000  # torchtitan's end units under FSDP2, one root unit under DeepSpeed: the layers compared
+    keys = [k for k in rows["fsdp2"] if k[3] == "every layer"]
+    assert len(keys) == 3 and keys == [k for k in rows["deepspeed"] if k[3] == "every layer"]
+    for key in keys:
+        r, d = rows["fsdp2"][key], rows["deepspeed"][key]
+        assert d.copy_s == 0.0 and d.size_bytes == r.size_bytes == layer and d.per_step == r.per_step
+        assert round(r.copy_s * 1e6, 1) == 293.8 and d.time_s == pytest.approx(r.time_s + r.copy_s, rel=1e-12)
+    assert not [r for r in ds.collectives["stage 0"] if r.copy_s]
+    copies = sum(r.copy_s * r.per_step for r in fsdp2.collectives["stage 0"])
+    a, b = step_time(fsdp2), step_time(ds)
+    assert a.parts_s()["compute"] - b.parts_s()["compute"] == pytest.approx(copies, rel=1e-9)
+    assert copies > 0.06  # ~63.5 ms a step on this mesh
+    assert any(n.startswith("FSDP2 copies on the compute stream") for n in a.notes)
+    assert not any("FSDP2" in n for n in b.notes)
+    text = "\n".join(b.lines())
+    assert "exposed ZeRO data-parallel" in text and "exposed fsdp" not in text
+
+
+def test_deepspeed_zero3_json_and_search_rows_run_deepspeeds_engine(tmp_path):
+    """A DeepSpeed stage 3 JSON imports to ``zero3_engine = "deepspeed"`` (not FSDP2) and exports back
+    unchanged; a DeepSpeed ZeRO-2 config's search plans its zero3 rows with that engine too, pp 1,
+    resharded (its pipeline engine refuses ZeRO-3; reshard_after_forward is FSDP2's)."""
+    from meshplan.search.space import SHARDING, candidate_config, enumerate_candidates
+
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps({"train_batch_size": 32, "train_micro_batch_size_per_gpu": 1,
+                                "zero_optimization": {"stage": 3}, "bf16": {"enabled": True}}))
+    cfg = load_any(path, opts=OPTS)
+    t = cfg.training
+    assert (t.zero3_engine, t.grad_dtype, t.gradient_reduce_dtype) == ("deepspeed", "bf16", "bf16")
+    text, header = export(cfg, "deepspeed", "x")
+    assert not [h for h in header if h.startswith("not expressed")], header
+    cfg2 = config_from_dict(_toml("zero2") | {"search": {"pp": [1, 2], "dp_replicate": [1], "cp": [1], "tp": [1],
+                                                         "sharding": ["zero2", "zero3"], "micro_batch": [1]}},
+                            require_mesh=False)
+    c = enumerate_candidates(cfg2)
+    z3 = [i for i in range(len(c)) if SHARDING[c.sh[i]] == "zero3" and c.pp[i] == 1 and c.rf[i]]
+    assert z3 and all(candidate_config(cfg2, c, i).training.zero3_engine == "deepspeed" for i in z3)
+
+    from meshplan.search.space import first_reason, reason_table
+    engine = [k for k, _ in reason_table()].index("engine")
+    kept = [i for i in range(len(c)) if SHARDING[c.sh[i]] == "zero3" and c.pp[i] == 1 and not c.rf[i]]
+    assert kept and all(first_reason(cfg2, c)[i] == engine for i in kept)
