@@ -53,6 +53,15 @@ class TrainingSpec(BaseModel):
     (``apply_fsdp_to_decoder``: ``reshard_after_forward=policy == "always"`` for that unit;
     ``"default"`` and ``"never"`` keep it gathered). Off (default): kept gathered from its forward
     to its backward.
+    ``optimizer``: ``adamw`` (default), ``adam`` or ``sgd``. The default is what both
+    frameworks run unless told otherwise: torchtitan's default optimizer is AdamW (``[optimizer]
+    name = "AdamW"``, weight decay 0.1: ``torchtitan/config/job_config.py`` ``Optimizer`` at
+    pytorch/torchtitan 238fa99; ``default_adamw`` in ``components/optimizer/optimizer.py`` at
+    b5bcd76), and Megatron-LM's default ``--optimizer adam`` decouples the weight decay
+    (``OptimizerConfig.decoupled_weight_decay = True``, ``megatron/core/optimizer/optimizer_config.py``;
+    ``__init__.py`` builds ``torch.optim.AdamW`` or FusedAdam with ``adam_w_mode``; NVIDIA/Megatron-LM
+    d98e8a6): AdamW. Adam and AdamW keep the same two states; only torch's foreach step differs
+    (AdamW's decay is one more pass, :func:`meshplan.schedule.steptime.foreach_adam_bytes`).
     ``memory_reserve``: fraction of HBM kept free (allocator, NCCL, headroom).
     ``vocab_pad_divisor``: the vocabulary is padded to a multiple of ``vocab_pad_divisor x tp``
     (:func:`meshplan.spec.axes.tp.padded_vocab`). Unset, it follows the framework: 128 under
@@ -223,7 +232,7 @@ class TrainingSpec(BaseModel):
     optimizer_dtype: Dtype = "fp32"
     reduce_dtype: Dtype = "fp32"
     master_weights: bool = True
-    optimizer: Literal["adam", "adamw", "sgd"] = "adam"
+    optimizer: Literal["adam", "adamw", "sgd"] = "adamw"
     sharding: Literal["none", "zero1", "zero2", "zero3", "hsdp"] = "zero3"
     reshard_after_forward: bool = True
     reshard_head_after_forward: bool = False
