@@ -565,7 +565,8 @@ def _training_knobs(cfg: Config, c: Candidates, i: int) -> dict:
     ``grad_dtype`` back to its default where it is the parameter dtype, the engine's default;
     ``contiguous_gradients`` off),
     ``zero12_engine`` back to ``megatron`` (and ``overlap_comm`` off) outside zero1 and zero2,
-    ``reshard_head_after_forward`` off without FSDP or ``reshard_after_forward``, as
+    ``overlap_grad_reduce`` / ``overlap_param_gather`` off outside zero1 (Megatron-LM's DDP-buffer
+    flags), ``reshard_head_after_forward`` off without FSDP or ``reshard_after_forward``, as
     :class:`~meshplan.spec.training.TrainingSpec` requires of a config."""
     t, out = cfg.training, dict[str, object]()
     if t.grad_accumulation != "sync" and not accumulates(cfg, c.pp[i], c.sh[i]):
@@ -582,6 +583,8 @@ def _training_knobs(cfg: Config, c: Candidates, i: int) -> dict:
             out["grad_dtype"] = type(t).model_fields["grad_dtype"].default
     if t.zero12_engine != "megatron" and int(c.sh[i]) not in ZERO12:  # DeepSpeed's ZeRO-1/2 engine
         out |= {"zero12_engine": "megatron", "overlap_comm": False}
+    if SHARDING[c.sh[i]] != "zero1":  # Megatron-LM's DDP-buffer flags (the search has no none); FSDP forces them
+        out |= {k: False for k in ("overlap_grad_reduce", "overlap_param_gather") if getattr(t, k)}
     return out
 
 
