@@ -327,3 +327,18 @@ def test_megatron_overlapped_reduce_by_hand(tmp_path):
     assert [st_on.shown_ms()[k] for k in parts] == [st_off.shown_ms()[k] for k in parts]
     assert st_off.step_s - st_on.step_s == pytest.approx(st_off.exposed_s["dp"] - st_on.exposed_s["dp"], rel=1e-9)
     assert (round(st_off.exposed_s["dp"] * 1e3, 2), round(st_on.exposed_s["dp"] * 1e3, 2)) == (144.76, 47.32)
+
+
+@pytest.mark.parametrize("training, words", [
+    ({"overlap_grad_reduce": True}, "overlap_grad_reduce is Megatron-LM's --overlap-grad-reduce (framework "
+                                    "\"megatron\"); framework 'torch' overlaps its reductions as its runtime does"),
+    ({"framework": "megatron", "sharding": "zero3", "overlap_grad_reduce": True},
+     "sharding 'zero3' runs Megatron FSDP, which forces both on: remove it"),
+    ({"framework": "megatron", "sharding": "zero1", "overlap_param_gather": True},
+     "overlap_param_gather needs overlap_grad_reduce and sharding \"zero1\""),
+    ({"framework": "megatron", "sharding": "none", "overlap_grad_reduce": True, "overlap_param_gather": True},
+     "overlap_param_gather needs overlap_grad_reduce and sharding \"zero1\"")])
+def test_megatron_overlap_keys_where_megatron_has_no_such_flag_are_refused(training, words):
+    with pytest.raises(ConfigError, match="^training: ") as e:
+        _cfg("llama3-8b", 1, {"global_batch": 8, "seq_len": 4096, **training}, {"names": ["dp"], "shape": [8]})
+    assert words in str(e.value) and len(str(e.value).splitlines()) == 1
