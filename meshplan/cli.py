@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import glob
 import importlib.util
 import json
 import shutil
@@ -53,7 +54,7 @@ from meshplan.mesh.validity import input_error
 from meshplan.placement.assign import rank_row
 from meshplan.placement.bindings import bindings, write_bindings
 from meshplan.placement.choice import choose_placement, weights_from_plan
-from meshplan.placement.launch import LaunchOptions, write_launch
+from meshplan.placement.launch import LaunchOptions, check_launch_folder, write_launch
 from meshplan.placement.topology import (
     check_identity_nic_map,
     load_topology,
@@ -421,6 +422,8 @@ def memory(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshplan T
     """Memory timeline of one training step: peak, headroom, events by kind, and a PNG per stage shown."""
 
     check_destination(out, "--out", force=True, folder=True)  # a writable folder before the work
+    for old in _memory_plots(out, config.stem):  # before the work: which stage is plotted is known after it
+        check_destination(old, "--out", force)
     _refuse_existing(json_path, force, "--json")
     p = _load(config, fmt=fmt, opts=_opts(cluster, nodes, gpu, model, seq_len))
     if isinstance(p, Infeasible):
@@ -435,6 +438,13 @@ def memory(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshplan T
         _wrote(write_png(tl, path, name=config.name, force=force))
     _write_doc(json_path, memory_doc(p, all_stages, [str(x) for x in paths]), force)
     _verdict_exit(p)
+
+
+def _memory_plots(out: Path, stem: str) -> list[Path]:
+    """The PNGs ``memory`` writes for config ``stem`` that already exist in ``out``
+    (``<stem>_memory_stage<k>.png``, any stage k: the stage shown, the most loaded, is known
+    only once planned), refused before planning unless ``--force``."""
+    return sorted(out.glob(f"{glob.escape(stem)}_memory_stage*.png")) if out.is_dir() else []
 
 
 def _overlap(overlap_tp: bool, no_prefetch: bool):
@@ -1040,6 +1050,7 @@ def launch_cmd(config: Path = typer.Argument(..., help=TOML_ONLY_HELP),
     (GPUs visible in LOCAL_RANK order for cuda:{LOCAL_RANK} scripts, NUMA cores, NCCL NIC variables).
     A mesh that does not fit writes nothing and exits 1."""
 
+    check_launch_folder(out, force)  # an existing script is refused before the planning, as --json
     _refuse_existing(json_path, force, "--json")
     p = _load(config, topology)
     if p.mesh is None or not p.feasible:

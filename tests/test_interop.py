@@ -128,9 +128,9 @@ def test_megatron_example_by_hand():
     assert cfg.model == catalog.model("llama3-8b")  # the flags give its fields exactly
     assert "megatron: the model flags give catalog model llama3-8b exactly" in cfg.notes
     assert cfg.notes[-1] == "megatron: fields meshplan does not use: --lr, --train-iters, --tokenizer-type"
-    # zero1 (DDP buffers): the plan reduces after the backward, which the note says of --overlap-grad-reduce
-    assert ("megatron: --overlap-grad-reduce with sharding zero1: planned without overlap (meshplan's Megatron-LM "
-            "model reduces the gradients after the last backward); the step is an upper bound") in cfg.notes
+    # zero1 (DDP buffers) with --overlap-grad-reduce: planned so (its bucketed reduce-scatters in the backward)
+    assert (t.overlap_grad_reduce, t.overlap_param_gather) == (True, False)
+    assert not any("overlap" in n for n in cfg.notes)
 
 
 def test_megatron_launch_script_with_variables_and_nnodes(tmp_path):

@@ -280,3 +280,24 @@ def test_deepspeed_export_of_a_model_outside_the_catalog():
                       "not expressed in deepspeed: training.zero12_engine: 'megatron' -> 'deepspeed'"]
     with pytest.raises(ConfigError, match=r"model 'tiny' has none; export --to megatron or deepspeed instead$"):
         export(cfg, "torchtitan", "x")
+
+
+def test_a_config_without_optimizer_exports_torchtitans_adamw(tmp_path, monkeypatch, capsys):
+    """Issue 11 (newcomer trial 4): ``search --export 1 --to torchtitan`` of a config that sets no
+    optimizer wrote ``name = "Adam"`` (torch.optim.Adam, L2 decay coupled to the gradient), not
+    what the user runs. meshplan's default is AdamW, torchtitan's (``Optimizer.name = "AdamW"``
+    at pytorch/torchtitan 238fa99, ``default_adamw`` at b5bcd76) and Megatron-LM's ``--optimizer
+    adam`` with ``decoupled_weight_decay = True`` (d98e8a6); the exported name is one of
+    torchtitan's two factories ("Adam", "AdamW") and reads back as the same optimizer."""
+    import tomllib
+
+    from tests.test_interop import EX
+    monkeypatch.chdir(tmp_path)
+    mini = EX / "mini_2x4_tp2-dp4.toml"
+    assert "optimizer" not in tomllib.loads(mini.read_text())["training"]
+    rc, out, err = _main(["search", str(mini), "--export", "1", "--to", "torchtitan", "-o", "-"], capsys)
+    assert rc == 0, err
+    assert tomllib.loads(out)["optimizer"] == {"implementation": "fused", "name": "AdamW"}
+    (tmp_path / "job.toml").write_text(out)
+    back = load_any(tmp_path / "job.toml", None, ImportOptions(cluster="dgx-h100", nodes=1))
+    assert back.training.optimizer == "adamw"

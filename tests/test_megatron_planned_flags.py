@@ -231,3 +231,114 @@ def test_megatron_fsdp_makes_no_copies_on_the_compute_stream_by_hand():
             assert set(copies[fw].values()) == {0.0} and len(copies[fw]) == 5 and notes == []
             assert all(float(v[0]) == 0.0 for v in searched.values())
             assert "no copies on the compute stream around them, unlike FSDP2" in megatron_reduce_line(cfg.training)
+
+
+#: A Llama 3 70B launch script as a newcomer wrote it (issue 11, trial 4): tp 8, pp 4 interleaved
+#: (5 layers a virtual stage), the distributed optimizer with both overlap flags, 8 nodes: dp 2.
+LLAMA70B_SH = """#!/bin/bash
+GPT_ARGS="
+    --tensor-model-parallel-size 8 --pipeline-model-parallel-size 4 --sequence-parallel
+    --num-layers-per-virtual-pipeline-stage 5
+    --use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather
+    --micro-batch-size 1 --global-batch-size 64 --seq-length 4096 --bf16 --use-flash-attn
+    --recompute-activations
+"
+torchrun --nproc_per_node 8 --nnodes 8 pretrain_gpt.py $GPT_ARGS
+"""
+OVERLAP_FLAGS = " --overlap-grad-reduce --overlap-param-gather"
+
+
+def _import_70b(tmp_path, text: str):
+    f = tmp_path / "pretrain_llama70b.sh"
+    f.write_text(text)
+    return load_any(f, "megatron", ImportOptions(cluster="dgx-h100", model="llama3-70b"))
+
+
+def test_megatron_overlap_flags_are_read_planned_and_written(tmp_path):
+    """``--overlap-grad-reduce --overlap-param-gather`` with the distributed optimizer are
+    ``training.overlap_grad_reduce`` / ``overlap_param_gather``, which the step's line names
+    and the export writes back; without them the line says the reduction is not overlapped
+    and the export writes neither."""
+    on, off = _import_70b(tmp_path, LLAMA70B_SH), _import_70b(tmp_path, LLAMA70B_SH.replace(OVERLAP_FLAGS, ""))
+    assert (on.training.sharding, on.training.overlap_grad_reduce, on.training.overlap_param_gather) == \
+        ("zero1", True, True)
+    assert (off.training.overlap_grad_reduce, off.training.overlap_param_gather) == (False, False)
+    assert not any("overlap" in n for n in on.notes)
+    assert megatron_reduce_line(on.training) == (
+        "note: Megatron-LM DDP buffers (sharding zero1, --overlap-grad-reduce): each gradient bucket is reduced once "
+        "its gradients are ready in the last backward, overlapping the rest of it (--overlap-param-gather: the next "
+        "forward waits for the first bucket's parameter all-gather, the others run beside it)")
+    assert megatron_reduce_line(off.training).endswith("not overlapped (Megatron-LM's default, --overlap-grad-reduce "
+                                                       "off)")
+    flags = write(on)
+    assert flags.count("--overlap-grad-reduce") == flags.count("--overlap-param-gather") == 1
+    assert not any(f.startswith("--overlap") for f in write(off))
+    assert _lost(_header(on)) == []  # read back the same
+
+
+@pytest.mark.parametrize("text, field, words", [
+    (LLAMA70B_SH.replace("--overlap-grad-reduce ", ""), "--overlap-param-gather", "without --overlap-grad-reduce"),
+    (LLAMA70B_SH.replace("--use-distributed-optimizer ", ""), "--overlap-param-gather",
+     "needs --use-distributed-optimizer")])
+def test_megatron_overlap_flags_megatron_refuses_are_refused(tmp_path, text, field, words):
+    """What Megatron-LM's arguments.py asserts (d98e8a6 lines 1024-1029) is a one-line error."""
+    with pytest.raises(ConfigError, match=f"^{field}: .*{words}"):
+        _import_70b(tmp_path, text)
+
+
+def test_megatron_overlapped_reduce_by_hand(tmp_path):
+    """The step's exposed dp with and without the flags, from the step's parts. dp = 64 / (8 x 4)
+    = 2, so a bucket is max(40e6, 1e6 x 2) = 40,000,000 elements (``DistributedDataParallel``,
+    d98e8a6 lines 131-137); stage 0's fp32 gradient buffer (the unbucketed reduce-scatter's
+    bytes / 4) makes ceil(numel / 4e7) = 57 buckets: 56 full and one of the rest.
+    Off: the reduce-scatter S and the all-gather G run after the last backward, both exposed.
+    On: the buckets' reduce-scatters run on the dp stream as the last backward of each chunk
+    makes them ready (one twentieth of S_b after each of stage 0's 20 layers); only what is left
+    when the stage's last unit ends is exposed, at most the last unit's 5 layers' share (chunk 0
+    of 4); the next forward waits for the first bucket's all-gather and the others run during
+    its first forward unit F0: max(G_b / 57, G_b - F0) exposed. Everything else (compute,
+    bubble, tp, pp) is the same, so the steps differ by the exposed dp alone."""
+    on, off = (build_plan(_import_70b(tmp_path, t)) for t in (LLAMA70B_SH, LLAMA70B_SH.replace(OVERLAP_FLAGS, "")))
+    rows_on = [r for r in on.stage(0).collectives if r.axis == "dp"]
+    (rs,), (ag,) = ([r for r in off.stage(0).collectives if r.axis == "dp" and r.op == op]
+                    for op in ("reduce-scatter", "all-gather"))
+    numel = rs.size_bytes // 4
+    assert (rs.dtype, -(-numel // 40_000_000)) == ("fp32", 57)
+    assert sorted((r.op, r.size_bytes, r.per_step) for r in rows_on) == [
+        ("all-gather", 2 * (numel - 56 * 40_000_000), 1), ("all-gather", 2 * 40_000_000, 56),
+        ("reduce-scatter", 4 * (numel - 56 * 40_000_000), 1), ("reduce-scatter", 4 * 40_000_000, 56)]
+    s_b = sum(r.time_s * r.per_step for r in rows_on if r.op == "reduce-scatter")
+    g_b = sum(r.time_s * r.per_step for r in rows_on if r.op == "all-gather")
+    st_on, st_off = step_time(on), step_time(off)
+    post = {s: {e.name: e.end_s - e.start_s for e in st.post_events if e.stage == 0} for s, st in
+            (("on", st_on), ("off", st_off))}
+    tp_norms = sum(r.time_s for r in off.stage(0).collectives if r.axis == "tp" and r.phase == "step")
+    assert post["off"]["grad reduce (per step)"] == pytest.approx(rs.time_s + tp_norms, rel=1e-9)
+    assert post["off"]["param all-gather (per step)"] == pytest.approx(ag.time_s, rel=1e-9)
+    # the step's reduction includes SP's coalesced norm-gradient all-reduce (0.04 ms): 96.52 + 48.24 ms
+    assert st_off.exposed_s["dp"] == pytest.approx(rs.time_s + tp_norms + ag.time_s, rel=1e-9)
+    assert "grad reduce (per step)" not in post["on"]
+    f0 = min((e for e in st_on.pipeline.events if e.stage == 0 and e.name.startswith("F0.")), key=lambda e: e.start_s)
+    gather = post["on"]["param all-gather (per step)"]
+    assert gather == pytest.approx(max(g_b / 57, g_b - (f0.end_s - f0.start_s)), rel=1e-9)  # 48.76 - 11.20 ms
+    tail = st_on.exposed_s["dp"] - gather
+    assert 0 < tail <= (s_b + tp_norms) * 5 / 20
+    parts = ("compute", "bubble", "exposed tp", "exposed pp")
+    assert [st_on.shown_ms()[k] for k in parts] == [st_off.shown_ms()[k] for k in parts]
+    assert st_off.step_s - st_on.step_s == pytest.approx(st_off.exposed_s["dp"] - st_on.exposed_s["dp"], rel=1e-9)
+    assert (round(st_off.exposed_s["dp"] * 1e3, 2), round(st_on.exposed_s["dp"] * 1e3, 2)) == (144.76, 47.32)
+
+
+@pytest.mark.parametrize("training, words", [
+    ({"overlap_grad_reduce": True}, "overlap_grad_reduce is Megatron-LM's --overlap-grad-reduce (framework "
+                                    "\"megatron\"); framework 'torch' overlaps its reductions as its runtime does"),
+    ({"framework": "megatron", "sharding": "zero3", "overlap_grad_reduce": True},
+     "sharding 'zero3' runs Megatron FSDP, which forces both on: remove it"),
+    ({"framework": "megatron", "sharding": "zero1", "overlap_param_gather": True},
+     "overlap_param_gather needs overlap_grad_reduce and sharding \"zero1\""),
+    ({"framework": "megatron", "sharding": "none", "overlap_grad_reduce": True, "overlap_param_gather": True},
+     "overlap_param_gather needs overlap_grad_reduce and sharding \"zero1\"")])
+def test_megatron_overlap_keys_where_megatron_has_no_such_flag_are_refused(training, words):
+    with pytest.raises(ConfigError, match="^training: ") as e:
+        _cfg("llama3-8b", 1, {"global_batch": 8, "seq_len": 4096, **training}, {"names": ["dp"], "shape": [8]})
+    assert words in str(e.value) and len(str(e.value).splitlines()) == 1

@@ -294,3 +294,37 @@ def test_help_and_a_bare_group_still_show_the_help():
     assert _cli("--help").returncode == 0
     r = _cli("bench")
     assert r.returncode == 2 and r.stderr.startswith("Usage:") and "gemm" in r.stderr
+
+
+# --------------------------------------------------------------------------- refused before planning
+
+
+def _no_planning(*a, **kw):
+    raise AssertionError("planned before refusing an existing output")
+
+
+@pytest.mark.parametrize("command, made, extra", [
+    ("memory", "out/mini_2x4_tp2-dp4_memory_stage0.png", ["--out", "out"]),
+    ("memory", "out/mini_2x4_tp2-dp4_memory_stage3.png", ["--out", "out", "--all-stages"]),
+    ("launch", "launch/torchrun.sh", ["--out", "launch"]),
+    ("report", "r.html", ["--out", "r.html"]),
+    ("step", "t.json", ["--trace", "t.json"]),
+    ("export", "x.toml", ["--to", "torchtitan", "-o", "x.toml"])])
+def test_an_existing_output_is_refused_before_planning(tmp_path, monkeypatch, command, made, extra):
+    """Issue 11 (newcomer trial 4): ``memory`` run a second time failed only after the whole
+    computation. Every command that writes files refuses an existing one before it plans (the
+    planner is replaced by one that fails the test), names --force, and leaves the file as it was."""
+    from typer.testing import CliRunner
+
+    import meshplan.cli as cli
+    monkeypatch.setattr(cli, "_load", _no_planning)
+    monkeypatch.setattr(cli, "load_any", _no_planning)
+    monkeypatch.chdir(tmp_path)
+    dest = tmp_path / made
+    dest.parent.mkdir(exist_ok=True)
+    dest.write_text("theirs")
+    r = CliRunner().invoke(cli.app, [command, str(EXAMPLES / "mini_2x4_tp2-dp4.toml"), *extra])
+    assert isinstance(r.exception, ConfigError), r.exception  # main() prints it as one line, exit 2
+    line = str(r.exception)
+    assert f"{made} exists; choose another" in line and "pass --force to replace it" in line, line
+    assert dest.read_text() == "theirs"

@@ -818,7 +818,9 @@ def _dp_rows(add, c: _Ctx) -> None:
     for _, axis, numel, *_ in _units(c, shards):
         by_axis[axis] += numel
     for axis, numel in by_axis.items():
-        if t.sharding in ("zero1", "zero2"):
+        if t.overlap_grad_reduce and t.sharding in ("none", "zero1"):  # Megatron-LM's DDP buffers: bucketed
+            _megatron_bucket_rows(add, c, axis, numel)
+        elif t.sharding in ("zero1", "zero2"):
             if t.sharding == "zero1":
                 add(axis, "step", "reduce-scatter", numel * dtype_bytes(rs), rs, 0, "once per step", "optimizer step",
                     per_step=1)
@@ -832,6 +834,41 @@ def _dp_rows(add, c: _Ctx) -> None:
                 per_step=1)
         else:
             _ddp_rows(add, c, axis)
+
+
+#: Cadence mark of the bucketed reductions of Megatron-LM's DDP buffers under
+#: ``training.overlap_grad_reduce`` (:func:`_megatron_bucket_rows`); "(DDP" places them as DDP's
+#: buckets in the rank timeline (:func:`meshplan.schedule.rank_timeline.reduce_pieces`).
+MEGATRON_BUCKET_CADENCE = "(DDP buffer bucket"
+
+
+def _megatron_bucket_rows(add, c: _Ctx, axis: str, numel: int) -> None:
+    """Megatron-LM's DDP buffers under ``--overlap-grad-reduce`` (``training.overlap_grad_reduce``,
+    sharding none or zero1): the stage's ``numel`` gradient elements over ``axis`` in buckets of
+    ``B`` = :meth:`~meshplan.spec.memory.MemoryOptions.bucket_elements` of the data-parallel
+    degree (``max(40e6, 1e6 x dp)``: ``DistributedDataParallel.__init__``, NVIDIA/Megatron-LM
+    d98e8a6 ``megatron/core/distributed/distributed_data_parallel.py`` lines 131-137), ``numel // B``
+    of ``B`` and one of the rest (Megatron closes a bucket at the first whole parameter that
+    reaches ``B``: ``_compute_default_per_buffer_param_layout``, so each holds up to one
+    parameter more). Each is reduced once per step, in the last micro-batch's backward, when its
+    gradients are all ready (``register_grad_ready``): an all-reduce (none) or a reduce-scatter
+    (zero1, the distributed optimizer), then zero1 all-gathers the updated parameters bucket by
+    bucket. E.g. 2.2e9 elements at dp 8: 55 buckets of 4e7."""
+    t, rs = c.training, c.training.gradient_reduce_dtype
+    bucket = MemoryOptions(grad_bucket_elements=c.bucket_elements).bucket_elements(c.mesh.degree("fsdp"))
+    full, rest = divmod(numel, bucket)
+    sizes = [(n, k) for n, k in ((bucket, full), (rest, 1 if rest else 0)) if k]
+    how = f"{full + (1 if rest else 0)} buckets {MEGATRON_BUCKET_CADENCE} {bucket:,} elements, --overlap-grad-reduce)"
+    for size, k in sizes:
+        if t.sharding == "zero1":
+            add(axis, "step", "reduce-scatter", size * dtype_bytes(rs), rs, 0, f"once per step, {k} of {how}",
+                "optimizer step", per_step=k)
+        else:
+            add("loss" if axis == "fsdp" else axis, "backward", "all-reduce", size * dtype_bytes(rs), rs, 0,
+                f"once per step, {k} of {how}", "optimizer step", per_step=k)
+    for size, k in sizes if t.sharding == "zero1" else []:
+        add(axis, "step", "all-gather", size * dtype_bytes(t.param_dtype), t.param_dtype, 0,
+            f"once per step (updated params), {k} of {how}", "next step's forward", per_step=k)
 
 
 #: Cadence mark of ZeRO-2's per-micro-batch bucket reduce-scatters (:func:`_zero2_rows`).

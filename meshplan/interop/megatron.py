@@ -49,8 +49,9 @@ Megatron-LM                              meshplan
 --moe-token-dispatcher-type alltoall,    what the plan models (ep's all-to-all dispatch, cp's K/V all-gather): written
   --cp-comm-type all_gather                so; another value where it communicates is a ConfigError naming the flag,
                                            an absent one a note (Megatron-LM's defaults: allgather, p2p)
---overlap-grad-reduce,                   written with Megatron FSDP (zero2; zero3 both), which forces them and
-  --overlap-param-gather                   step models; read with none / zero1: a note (planned after the backward)
+--overlap-grad-reduce,                   training.overlap_grad_reduce / overlap_param_gather with none / zero1
+  --overlap-param-gather                   (Megatron-LM's DDP buffers); written with Megatron FSDP (zero2; zero3
+                                           both), which forces them and the step models
 --max-position-embeddings                written as max(model.max_position, --seq-length) (Megatron-LM's assertion)
 --moe-expert-capacity-factor,            training.moe_capacity_factor; absent or < 0: moe_dropless (Megatron-LM's
   --moe-pad-expert-input-to-capacity       default); meshplan plans the padded E x C buffer (without the padding
@@ -272,14 +273,24 @@ def _planned_flag(args: dict, flag: str, planned: str, others: dict[str, str], a
                           f"use {flag} {planned}")
 
 
-def _overlap_flags(args: dict, sharding: str, notes: list[str]) -> None:
-    """``--overlap-grad-reduce`` / ``--overlap-param-gather``: under Megatron FSDP (zero2,
-    zero3) forced on anyway and planned so; with DDP buffers (none, zero1) the plan keeps the
-    reduction after the backward (:func:`meshplan.schedule.steptime.config_overlap`): a note."""
-    given = [f for f in ("--overlap-grad-reduce", "--overlap-param-gather") if args.get(f)]
-    if given and sharding in ("none", "zero1"):
-        notes.append(f"{' '.join(given)} with sharding {sharding}: planned without overlap (meshplan's Megatron-LM "
-                     f"model reduces the gradients after the last backward); the step is an upper bound")
+def _overlap_flags(args: dict, sharding: str) -> dict[str, bool]:
+    """``--overlap-grad-reduce`` / ``--overlap-param-gather``: with DDP buffers (none, zero1)
+    ``training.overlap_grad_reduce`` / ``overlap_param_gather``; under Megatron FSDP (zero2,
+    zero3) forced on anyway and planned so (:func:`meshplan.schedule.steptime.config_overlap`):
+    no key. What Megatron-LM's ``arguments.py`` asserts (d98e8a6 lines 1024-1029) is refused:
+    ``--overlap-param-gather`` without ``--overlap-grad-reduce``, or without the distributed
+    optimizer (or Megatron FSDP)."""
+    grad, param = bool(args.get("--overlap-grad-reduce")), bool(args.get("--overlap-param-gather"))
+    if param and not grad:
+        raise ConfigError("--overlap-param-gather", "given without --overlap-grad-reduce, which Megatron-LM asserts "
+                          "('Must use --overlap-param-gather with --overlap-grad-reduce'): add it or remove the flag")
+    if param and sharding == "none":
+        raise ConfigError("--overlap-param-gather", "needs --use-distributed-optimizer (or Megatron FSDP), as "
+                          "Megatron-LM asserts: add it or remove the flag")
+    if sharding not in ("none", "zero1"):
+        return {}
+    keys = {"overlap_grad_reduce": grad, "overlap_param_gather": param}
+    return {k: True for k, on in keys.items() if on}
 
 
 def _nnodes(args: dict, opts: ImportOptions, notes: list[str]) -> Optional[int]:
@@ -444,7 +455,7 @@ def read(text: str, opts: ImportOptions) -> Imported:
     if model_is_moe(model):
         training |= _routing(args, notes)
     _comm_types(args, deg, model_is_moe(model), notes)
-    _overlap_flags(args, str(training["sharding"]), notes)
+    training |= _overlap_flags(args, str(training["sharding"]))
     if dtype != "fp32" and not args.get("--use-flash-attn"):
         notes.append("--use-flash-attn not given: planned with flash attention (Transformer Engine's fused "
                      "attention, Megatron-Core's default)")
@@ -485,6 +496,7 @@ def write(cfg: Config) -> list[str]:
     out += ["--sequence-parallel"] * mesh_spec(cfg).sequence_parallel
     out += _write_pipeline(cfg, mesh)
     out += _write_sharding(t.sharding)
+    out += ["--overlap-grad-reduce"] * t.overlap_grad_reduce + ["--overlap-param-gather"] * t.overlap_param_gather
     if t.recompute in ("layer", "op"):
         what = f"every {t.ac_freq}-th layer in full" if t.recompute == "layer" else "op-level SAC"
         raise ConfigError("--to", f"Megatron-LM has no flag for torchtitan's recompute {t.recompute!r} ({what}; "

@@ -270,15 +270,23 @@ def sbatch_script(placement: Placement, opts: LaunchOptions, folder: Path) -> st
 FILES = ("bind.sh", "torchrun.sh", "job.sbatch", "bindings.json")
 
 
-def write_launch(folder, placement: Placement, opts: LaunchOptions, force: bool = False) -> list[Path]:
-    """Write :data:`FILES` into ``folder`` (scripts 0755, JSON 0644). Refuses, before writing
-    anything, when one of them exists unless ``force`` (ConfigError naming --out)."""
-    folder = check_destination(folder, "--out", force=True, folder=True)  # its parent must exist
-    texts = {"bind.sh": bind_script(placement, opts), "torchrun.sh": torchrun_script(placement, opts),
-             "job.sbatch": sbatch_script(placement, opts, folder),
-             "bindings.json": json.dumps(launch_bindings(placement, opts), indent=1) + "\n"}
+def check_launch_folder(folder, force: bool = False) -> Path:
+    """``folder`` (``--out``) checked as :func:`write_launch` writes it: a writable folder (its
+    parent must exist) holding none of :data:`FILES` unless ``force``; else a ConfigError naming
+    --out and --force. ``meshplan launch`` calls it before planning, and :func:`write_launch` again."""
+    folder = check_destination(folder, "--out", force=True, folder=True)
     taken = [name for name in FILES if (folder / name).exists()]
     if taken and not force:
         raise ConfigError("--out", f"{folder / taken[0]} exists; choose another folder or pass --force to replace it")
+    return folder
+
+
+def write_launch(folder, placement: Placement, opts: LaunchOptions, force: bool = False) -> list[Path]:
+    """Write :data:`FILES` into ``folder`` (scripts 0755, JSON 0644). Refuses, before writing
+    anything, when one of them exists unless ``force`` (ConfigError naming --out)."""
+    folder = check_launch_folder(folder, force)
+    texts = {"bind.sh": bind_script(placement, opts), "torchrun.sh": torchrun_script(placement, opts),
+             "job.sbatch": sbatch_script(placement, opts, folder),
+             "bindings.json": json.dumps(launch_bindings(placement, opts), indent=1) + "\n"}
     return [write_output(folder / name, texts[name], force=True, mode=0o644 if name.endswith(".json") else 0o755,
                          create_folders=True) for name in FILES]

@@ -279,7 +279,9 @@ class CommTimes:
     :mod:`meshplan.comm.fsdp2`;
     the largest unit's when a group has units of several sizes); ``ddp_buckets``: DDP's gradient
     buckets per step (rows of cadence "(DDP"), which place the per-step reduction's pieces
-    (:func:`reduce_pieces`); ``mb_reduce_s``/``mb_buckets``: seconds and buckets of one
+    (:func:`reduce_pieces`); ``gather_buckets``: calls of the per-step parameter all-gather
+    (Megatron-LM's buckets under ``training.overlap_grad_reduce``, else 1), of which the next
+    forward waits for the first under ``Overlap.param_gather``; ``mb_reduce_s``/``mb_buckets``: seconds and buckets of one
     micro-batch's ZeRO-2 reduce-scatters (rows of cadence :data:`ZERO2_CADENCE`) or DeepSpeed
     ZeRO-2 all-reduces, issued by every gradient unit (DeepSpeed ZeRO-1's per-step all-reduces
     count in ``step_reduce_s`` and ``ddp_buckets``); ``bucket_wait``: the reductions are
@@ -305,6 +307,7 @@ class CommTimes:
     float8_step_s: float = 0.0
     copies: dict = field(default_factory=dict)
     ddp_buckets: int = 0
+    gather_buckets: int = 0
     mb_reduce_s: float = 0.0
     #: the collectives of the per-step / per-micro-batch gradient reduction's rows ("all-reduce" for
     #: DDP and DeepSpeed's buckets, "reduce-scatter" for Megatron-LM's ZeRO-1/2): the one of them is
@@ -357,6 +360,7 @@ class CommTimes:
                 if r.op == "all-gather":  # a synchronous call's host time (DeepSpeed ZeRO-3's persistent
                     # gather) runs beside its GPU time: the later of the two ends it
                     c.step_gather_s += max(r.time_s, r.host_s) * max(r.per_step, 1)
+                    c.gather_buckets += max(r.per_step, 1)
                 else:
                     c.step_reduce_s += r.time_s * max(r.per_step, 1)
                     c.ddp_buckets += max(r.per_step, 1) if "(DDP" in r.cadence or ds else 0

@@ -9,8 +9,8 @@ transfers (``k x p2p``) are exposed on "pp", the wait for the peer is bubble (:f
 :meth:`StepTime.parts_s`). Each
 stage ends at its last unit plus that unit's communication tail (or its blocking call), then (in order) the
 per-step gradient reduction when it was not overlapped, the optimizer step and the
-ZeRO-1/2 parameter all-gather (``Overlap.param_gather``: hidden behind the next step's
-first forward unit, the remainder exposed). The optimizer step is memory-bound: it reads
+ZeRO-1/2 parameter all-gather (``Overlap.param_gather``: its buckets after the first hidden
+behind the next step's first forward unit, the remainder exposed: :func:`param_gather_exposed_s`). The optimizer step is memory-bound: it reads
 all persistent state of the rank (:mod:`meshplan.memory.state`) and writes all but the
 gradients, at achievable bandwidth (:func:`meshplan.compute.ops.optimizer_bandwidth`). Step time = the latest stage end.
 
@@ -920,7 +920,8 @@ def _stage_end(plan, s, spec, mine, units, comm: CommTimes, ov, hold: float = 0.
     steps.append(("float8 amax all-reduce (precompute)", comm.float8_step_s, "fsdp"))
     first_f = min((e for e in mine if e.args["kind"] == "F"), key=lambda e: e.start_s)
     gather = comm.step_gather_s
-    steps.append(("param all-gather (per step)", max(0.0, gather - first_f.dur_s) if ov.param_gather else gather, "dp"))
+    steps.append(("param all-gather (per step)", param_gather_exposed_s(gather, comm.gather_buckets, first_f.dur_s)
+                  if ov.param_gather else gather, "dp"))
     for name, dur, stream in steps:
         if dur > 0:
             post.append(Event(s, stream, name, t, t + dur))
@@ -928,6 +929,24 @@ def _stage_end(plan, s, spec, mine, units, comm: CommTimes, ov, hold: float = 0.
                 exposed[stream] = exposed.get(stream, 0.0) + dur
             t += dur
     return t, post, exposed
+
+
+def param_gather_exposed_s(gather_s: float, buckets: int, first_forward_s: float) -> float:
+    """Exposed seconds of the per-step parameter all-gather overlapped with the next step's
+    first forward unit (``Overlap.param_gather``: Megatron-LM's ``--overlap-param-gather``):
+    ``buckets`` all-gathers of ``gather_s`` in all, issued one after another, the first waited
+    for before the forward starts (its first forward pre-hook issues it and waits), each
+    later one issued when the previous is waited for and running during the forward of the
+    previous bucket's layers; what the first forward unit (``first_forward_s``) does not
+    cover is exposed: ``max(gather / buckets, gather - first_forward)``. One bucket: all of it.
+    With virtual stages Megatron-LM issues the later chunks' gathers during earlier micro-batches
+    (``schedules.py`` ``param_sync_func``, when ``align_param_gather``), which this leaves out:
+    an upper bound on the exposure there.
+
+    >>> param_gather_exposed_s(10.0, 5, 4.0), param_gather_exposed_s(10.0, 5, 20.0), param_gather_exposed_s(10.0, 1, 20.0)
+    (6.0, 2.0, 10.0)
+    """
+    return max(gather_s / max(buckets, 1), gather_s - first_forward_s)
 
 
 def step_time(plan: Plan, overlap: Overlap = Overlap(), *, dropout: bool = False, table: Optional[GemmTable] = None,
@@ -1049,7 +1068,12 @@ def config_overlap(training, overlap: Overlap = Overlap()) -> Overlap:
     gradients' all-reduce, the local DDP buffer's all-reduce over dp and the tied embedding's
     all-reduce one after the other, each between timer syncs; ``model/distributed.py``'s hooks
     only accumulate into the main-gradient buffer; today's Megatron-LM does the same unless
-    ``--overlap-grad-reduce``, default off, which an export does not write). Except under
+    ``--overlap-grad-reduce``, default off). With ``training.overlap_grad_reduce``
+    (``--overlap-grad-reduce`` on its DDP buffers, sharding none or zero1) ``grad_reduce`` stays
+    on: the buffer's buckets (:func:`meshplan.comm.collectives._megatron_bucket_rows`) are
+    reduced as their gradients are ready in the last backward, which the timeline places as
+    DDP's (:func:`meshplan.schedule.rank_timeline.reduce_pieces`); ``training.overlap_param_gather``
+    turns ``param_gather`` on (:func:`param_gather_exposed_s`). Except under
     sharding zero2, zero3 and hsdp, which Megatron-LM runs with Megatron FSDP
     (``--use-megatron-fsdp``): there ``MegatronFSDP.__init__`` turns ``overlap_grad_reduce`` on
     (and ``overlap_param_gather`` for ``optim_grads_params``) whatever the flags say, each
@@ -1062,7 +1086,9 @@ def config_overlap(training, overlap: Overlap = Overlap()) -> Overlap:
     if training.tp_comm_overlap and not overlap.tp and asynctp.unfused_overlap(training.framework):
         overlap = replace(overlap, tp=True)
     if training.framework == "megatron":
-        overlap = replace(overlap, tp_grad=True, grad_reduce=overlap.grad_reduce and megatron_fsdp(training))
+        overlap = replace(overlap, tp_grad=True, grad_reduce=overlap.grad_reduce and (
+            megatron_fsdp(training) or training.overlap_grad_reduce),
+            param_gather=overlap.param_gather or (training.overlap_param_gather and training.sharding == "zero1"))
     if training.zero12_engine == "deepspeed" and overlap.grad_reduce != training.overlap_comm:
         # DeepSpeed ZeRO-1/2: its reductions run on a side stream under overlap_comm only, else
         # on the compute stream (comm.deepspeed_zero12); whatever the framework runs the model
@@ -1111,6 +1137,12 @@ def megatron_reduce_line(training) -> str:
                 f"{' --overlap-param-gather' if training.sharding != 'zero2' else ''}); no copies on the compute "
                 f"stream around them, unlike FSDP2: the parameters are views of the all-gather's bucket and the "
                 f"weight-gradient GEMMs write into the reduce-scatter's (meshplan.comm.fsdp2)")
+    if training.overlap_grad_reduce:
+        gather = (" (--overlap-param-gather: the next forward waits for the first bucket's parameter all-gather, "
+                  "the others run beside it)") if training.overlap_param_gather else ""
+        return (f"note: Megatron-LM DDP buffers (sharding {training.sharding}, --overlap-grad-reduce): each gradient "
+                f"bucket is reduced once its gradients are ready in the last backward, overlapping the rest of it"
+                f"{gather}")
     return (f"note: Megatron-LM DDP buffers (sharding {training.sharding}): the gradient reduction runs after the "
             f"last backward, not overlapped (Megatron-LM's default, --overlap-grad-reduce off)")
 

@@ -297,6 +297,9 @@ def _settings_notes(cfg: Config, c: Candidates) -> list[str]:
         out.append(f"training.pp_schedule_runs {t.pp_schedule_runs} applies to candidates with pp > 1: each runs its "
                    f"micro-batches as {t.pp_schedule_runs} pipeline schedules (a candidate whose micro-batches it does "
                    "not divide is rejected); with pp 1 it changes nothing")
+    if (t.overlap_grad_reduce or t.overlap_param_gather) and not (c.sh == SHARDING.index("zero1")).all():
+        out.append("training.overlap_grad_reduce and overlap_param_gather are Megatron-LM's DDP-buffer flags (zero1 "
+                   "candidates); the others are planned without them (Megatron FSDP forces its own overlap)")
     if t.fp8_all_gather and not fsdp.all():
         out.append("training.fp8_all_gather applies to FSDP candidates (zero3, hsdp); zero1 candidates gather no "
                    "parameters with FSDP2 and are planned without it (their Linear GEMMs still in fp8)")

@@ -567,7 +567,8 @@ def _training_knobs(cfg: Config, c: Candidates, i: int) -> dict:
     ``zero12_engine`` back to ``megatron`` (and ``overlap_comm`` off) outside zero1 and zero2, its
     zero3 candidates under DeepSpeed's ZeRO-3 (``zero3_engine = "deepspeed"``,
     :attr:`~meshplan.spec.training.TrainingSpec.searched_zero3_engine`),
-    ``reshard_head_after_forward`` off without FSDP or ``reshard_after_forward``, as
+    ``overlap_grad_reduce`` / ``overlap_param_gather`` off outside zero1 (Megatron-LM's DDP-buffer
+    flags), ``reshard_head_after_forward`` off without FSDP or ``reshard_after_forward``, as
     :class:`~meshplan.spec.training.TrainingSpec` requires of a config."""
     t, out = cfg.training, dict[str, object]()
     if t.grad_accumulation != "sync" and not accumulates(cfg, c.pp[i], c.sh[i]):
@@ -586,6 +587,8 @@ def _training_knobs(cfg: Config, c: Candidates, i: int) -> dict:
         out |= {"zero12_engine": "megatron", "overlap_comm": False}
         if SHARDING[c.sh[i]] == "zero3":  # DeepSpeed's own ZeRO-3, not FSDP2
             out["zero3_engine"] = t.searched_zero3_engine
+    if SHARDING[c.sh[i]] != "zero1":  # Megatron-LM's DDP-buffer flags (the search has no none); FSDP forces them
+        out |= {k: False for k in ("overlap_grad_reduce", "overlap_param_gather") if getattr(t, k)}
     return out
 
 

@@ -26,7 +26,7 @@ Dtype = Literal["fp32", "bf16", "fp16", "fp8"]
 # Megatron-LM's bf16 with fp32 main copies), so a knob with them.
 PLAN_KNOBS = ("micro_batch", "sharding", "reshard_after_forward", "reshard_head_after_forward", "recompute", "ac_freq", "flash_attention",
               "tp_comm_overlap", "framework", "zero3_engine", "contiguous_gradients", "zero12_engine", "overlap_comm",
-              "grad_accumulation", "fp8_all_gather", "torch_compile", "torch_compile_loss", "torch_norm", "optimizer_impl", "pp_schedule_runs", "vocab_pad_divisor",
+              "overlap_grad_reduce", "overlap_param_gather", "grad_accumulation", "fp8_all_gather", "torch_compile", "torch_compile_loss", "torch_norm", "optimizer_impl", "pp_schedule_runs", "vocab_pad_divisor",
               "param_dtype")
 
 #: The weights of ``nn.Linear`` modules (torchtitan's model files; Megatron-LM's Transformer Engine
@@ -89,6 +89,15 @@ class TrainingSpec(BaseModel):
     (``apply_fsdp_to_decoder``: ``reshard_after_forward=policy == "always"`` for that unit;
     ``"default"`` and ``"never"`` keep it gathered). Off (default): kept gathered from its forward
     to its backward.
+    ``optimizer``: ``adamw`` (default), ``adam`` or ``sgd``. The default is what both
+    frameworks run unless told otherwise: torchtitan's default optimizer is AdamW (``[optimizer]
+    name = "AdamW"``, weight decay 0.1: ``torchtitan/config/job_config.py`` ``Optimizer`` at
+    pytorch/torchtitan 238fa99; ``default_adamw`` in ``components/optimizer/optimizer.py`` at
+    b5bcd76), and Megatron-LM's default ``--optimizer adam`` decouples the weight decay
+    (``OptimizerConfig.decoupled_weight_decay = True``, ``megatron/core/optimizer/optimizer_config.py``;
+    ``__init__.py`` builds ``torch.optim.AdamW`` or FusedAdam with ``adam_w_mode``; NVIDIA/Megatron-LM
+    d98e8a6): AdamW. Adam and AdamW keep the same two states; only torch's foreach step differs
+    (AdamW's decay is one more pass, :func:`meshplan.schedule.steptime.foreach_adam_bytes`).
     ``memory_reserve``: fraction of HBM kept free (allocator, NCCL, headroom).
     ``vocab_pad_divisor``: the vocabulary is padded to a multiple of ``vocab_pad_divisor x tp``
     (:func:`meshplan.spec.axes.tp.padded_vocab`). Unset, it follows the framework: 128 under
@@ -187,6 +196,22 @@ class TrainingSpec(BaseModel):
     ``zero_optimization.overlap_comm``: the bucket all-reduces run on a side stream and overlap
     the backward (two bucket buffers held); off (DeepSpeed's default for stages 1 and 2) they
     run on the compute stream and block it.
+    ``overlap_grad_reduce``, ``overlap_param_gather`` (``framework = "megatron"``, sharding ``none``
+    or ``zero1`` under ``zero12_engine = "megatron"``: Megatron-LM's DDP buffers): its
+    ``--overlap-grad-reduce`` and ``--overlap-param-gather`` (default off). ``overlap_grad_reduce``
+    splits the gradient buffer into buckets of ``max(40e6, 1e6 x dp)`` elements (``[memory]
+    grad_bucket_elements`` when set, ``--ddp-bucket-size``) and a bucket's all-reduce (none) or
+    reduce-scatter (zero1) is issued once every gradient in it is ready in the last micro-batch's
+    backward (the buffer in reverse registration order, so the last layers' buckets first),
+    overlapping the rest of the backward; off, one bucket reduced after the whole backward.
+    ``overlap_param_gather`` (zero1 with ``overlap_grad_reduce``, as Megatron-LM asserts) all-gathers
+    the updated parameters bucket by bucket in the next forward: the first forward pre-hook
+    issues the first bucket and waits for it, each later bucket issued when the previous one is
+    waited for (NVIDIA/Megatron-LM d98e8a6 ``megatron/core/distributed/distributed_data_parallel.py``
+    lines 131-137 and ``_make_backward_post_hook`` / ``_make_forward_pre_hook``;
+    ``param_and_grad_buffer.py`` ``register_grad_ready``, ``finish_param_sync``; ``arguments.py``
+    lines 1024-1029). Under Megatron FSDP (zero2, zero3, hsdp) both are forced on whatever the
+    flags say (:func:`meshplan.schedule.steptime.config_overlap`): the keys are refused there.
     ``grad_clip``: gradient-norm clipping before the optimizer step (torchtitan
     ``training.max_norm`` 1.0 and Megatron-LM ``--clip-grad`` 1.0 by default): one read of the
     gradients for the norm and one read and write to scale them
@@ -267,7 +292,7 @@ class TrainingSpec(BaseModel):
     optimizer_dtype: Dtype = "fp32"
     reduce_dtype: Dtype = "fp32"
     master_weights: bool = True
-    optimizer: Literal["adam", "adamw", "sgd"] = "adam"
+    optimizer: Literal["adam", "adamw", "sgd"] = "adamw"
     sharding: Literal["none", "zero1", "zero2", "zero3", "hsdp"] = "zero3"
     reshard_after_forward: bool = True
     reshard_head_after_forward: bool = False
@@ -288,6 +313,8 @@ class TrainingSpec(BaseModel):
     contiguous_gradients: bool = False
     zero12_engine: Literal["megatron", "deepspeed"] = "megatron"
     overlap_comm: bool = False
+    overlap_grad_reduce: bool = False
+    overlap_param_gather: bool = False
     grad_accumulation: Literal["sync", "no_sync", "no_sync_unsharded"] = "sync"
     pp_schedule_runs: int = Field(default=1, ge=1, le=BOUNDS["global_batch"].value)
     linear_dtype: Optional[Literal["fp8"]] = None
@@ -406,6 +433,7 @@ class TrainingSpec(BaseModel):
         if self.overlap_comm and self.zero12_engine != "deepspeed":
             raise ValueError("overlap_comm is DeepSpeed's zero_optimization.overlap_comm (sharding zero1 or zero2 with "
                              "zero12_engine = \"deepspeed\"): set zero12_engine = \"deepspeed\" or remove it")
+        self._check_megatron_overlap()
         if self.tp_comm_overlap and self.framework == "torch" and not self.torch_compile:
             raise ValueError("tp_comm_overlap under framework \"torch\" is torchtitan's async TP, which needs "
                              "torch.compile (torchtitan raises \"Async TP requires torch.compile\"): set "
@@ -432,6 +460,24 @@ class TrainingSpec(BaseModel):
                              f"(one schedule.step() per accumulation step); framework {self.framework!r} runs one "
                              f"schedule over the step's micro-batches: remove the key")
         return self
+
+    def _check_megatron_overlap(self) -> None:
+        """``overlap_grad_reduce`` / ``overlap_param_gather`` only where Megatron-LM's DDP buffers
+        run (class docstring), the second only with the first and the distributed optimizer."""
+        key = "overlap_grad_reduce" if self.overlap_grad_reduce else "overlap_param_gather"
+        if not (self.overlap_grad_reduce or self.overlap_param_gather):
+            return
+        if self.framework != "megatron":
+            raise ValueError(f"{key} is Megatron-LM's --{key.replace('_', '-')} (framework \"megatron\"); framework "
+                             f"{self.framework!r} overlaps its reductions as its runtime does: remove it")
+        if self.sharding not in ("none", "zero1") or self.zero12_engine != "megatron":
+            runs = "runs DeepSpeed's engine (overlap_comm)" if self.zero12_engine != "megatron" else \
+                "runs Megatron FSDP, which forces both on"
+            raise ValueError(f"{key} applies to Megatron-LM's DDP buffers (sharding none or zero1, zero12_engine "
+                             f"\"megatron\"); sharding {self.sharding!r} {runs}: remove it")
+        if self.overlap_param_gather and not (self.overlap_grad_reduce and self.sharding == "zero1"):
+            raise ValueError("overlap_param_gather needs overlap_grad_reduce and sharding \"zero1\" (Megatron-LM asserts "
+                             "--overlap-grad-reduce and --use-distributed-optimizer): set them or remove it")
 
     def layer_recomputed(self, position: int) -> bool:
         """Whether the layer at ``position`` (0-based, among the rank's stage layers) is
