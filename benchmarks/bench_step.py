@@ -31,6 +31,7 @@ from meshplan.schedule.linkload import concurrency, edge_loads, timings
 from meshplan.schedule.rank_timeline import Overlap
 from meshplan.schedule.steptime import step_time
 from meshplan.schedule.verdict import network_verdict, rebuilt_step
+from meshplan.schedule.waits import bubble_wait
 
 ROOT = Path(__file__).resolve().parent
 GOAL_S = 1.0
@@ -55,7 +56,8 @@ def phases(path: Path) -> tuple[dict[str, float], object]:
         lap("memory", lambda: memory_timelines(plan))
     st = lap("step_time", lambda: step_time(plan, Overlap()))
     if plan.feasible:  # an infeasible mesh prints only its would-be step and exits 1
-        lap("verdict", lambda: network_verdict(plan, st, rebuilt_step(plan, lambda a: step_time(a, Overlap()))))
+        lap("verdict", lambda: network_verdict(plan, st, rebuilt_step(plan, lambda a: step_time(a, Overlap())),
+                                               bw=bubble_wait(st)))
         lap("critical path", st.critical_path)
         lap("links", lambda: (timings(st), concurrency(st), edge_loads(plan, st)))
     t["command"] = sum(v for k, v in t.items() if k in COMMAND)

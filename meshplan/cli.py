@@ -107,6 +107,7 @@ from meshplan.schedule.placement_score import step_scorer
 from meshplan.schedule.rank_timeline import Overlap
 from meshplan.schedule.steptime import ideal_tp_overlap_line, megatron_reduce_line, step_time, tp_overlap_line
 from meshplan.schedule.verdict import network_verdict, rebuilt_step
+from meshplan.schedule.waits import bubble_wait
 from meshplan.search.driver import search
 from meshplan.search.space import candidate_config
 from meshplan.spec.mesh import Schedule
@@ -512,7 +513,8 @@ def step(config: Path = typer.Argument(..., help=CONFIG_HELP),
               "above) is what the step runs; --overlap-tp (ideal overlap of whole GEMMs) applies with it off")
 
     again = rebuilt_step(p, lambda alt: _step_with(alt, _overlap(ideal_tp, no_prefetch), table, schedule))
-    verdict = network_verdict(p, st, again)
+    bw = bubble_wait(st)  # once: the verdict's lines and the JSON's most_exposed_stage both use it
+    verdict = network_verdict(p, st, again, bw=bw)
     for line in verdict:
         _echo(line)
     path = st.critical_path()
@@ -522,7 +524,7 @@ def step(config: Path = typer.Argument(..., help=CONFIG_HELP),
     _print_links(p, st)
     if trace:
         _wrote(st.write_trace(trace, force=force))
-    _write_doc(json_path, step_doc(p, st, verdict, str(trace) if trace else None), force)
+    _write_doc(json_path, step_doc(p, st, verdict, str(trace) if trace else None, bw=bw), force)
 
 
 def _step_with(p, overlap, table, schedule: Optional[str]):

@@ -79,6 +79,7 @@ BOUNDS: dict[str, Bound] = {
     "max_position": Bound(MAX_SEQ_LEN, "16x the longest published training context (1M tokens)"),
     "rope_theta": Bound(1e10, "10,000x the largest RoPE base in the catalog (Mixtral's 1e6, config.json)"),
     "norm_eps": Bound(0.1, "10,000x Llama 3's 1e-5 (config.json rms_norm_eps)"),
+    "rope_scaling_factor": Bound(1e4, "250x the largest RoPE scaling factor in tests/data/hf (DeepSeek's yarn 40)"),
     "seq_len": Bound(MAX_SEQ_LEN, "16x the longest published training context (1M tokens)"),
     "global_batch": Bound(MAX_GLOBAL_BATCH, "4x the largest published batch: LAMB's BERT batch of 65,536 "
                                             "sequences; the step model's cost grows with the micro-batches"),

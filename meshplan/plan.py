@@ -219,7 +219,8 @@ def position_warning(model, seq_len: int) -> tuple[str, ...]:
     """One line when ``seq_len`` (tokens) is more than ``model.max_position`` (the positions the
     model was built for; 0: unknown, no line): with RoPE the plan's costs are the same (no
     table), but the model needs RoPE scaling it does not say it has (Llama 3.1's, Dubey et al.
-    2024 section 3.4.2, for 8k -> 128k); learned positions have no row for the later tokens.
+    2024 section 3.4.2, for 8k -> 128k: ``model.rope_scaling``), or past the context its stated
+    scaling was built for; learned positions have no row for the later tokens.
 
     >>> from meshplan import catalog
     >>> position_warning(catalog.model("llama3-70b"), 8192), len(position_warning(catalog.model("llama3-70b"), 131072))
@@ -232,8 +233,11 @@ def position_warning(model, seq_len: int) -> tuple[str, ...]:
         return (f"training.seq_len {seq_len} is more than model {model.name}'s max_position {rows}, the rows of "
                 f"its learned position table: no row for the later tokens; shorten training.seq_len or raise "
                 f"model.max_position (a larger table)",)
+    rs = model.rope_scaling
+    assumed = "assuming RoPE scaling the model does not state" if rs is None else \
+        f"assuming its RoPE scaling (factor {rs.factor:g} over {rs.original_max_position} positions) holds that far"
     return (f"training.seq_len {seq_len} is more than model {model.name}'s max_position {rows}: planned as given "
-            f"(RoPE has no table; the cost is the same), assuming RoPE scaling the model does not state; set "
+            f"(RoPE has no table; the cost is the same), {assumed}; set "
             f"model.max_position to the scaled context (e.g. {seq_len}) or shorten training.seq_len",)
 
 

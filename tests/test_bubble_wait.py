@@ -108,8 +108,8 @@ def test_small_moe_verdict_names_the_waited_all_to_all(small):
     Its bytes are stage 1's table's, its rate each rank's own NIC (50 GB/s: ep 64 over 8 nodes,
     one group per node, a NIC per GPU), not the ring's 8 NICs (400 GB/s)."""
     plan, st = small
-    lines = network_verdict(plan, st)
     bw = bubble_wait(st)
+    lines = network_verdict(plan, st, bw=bw)
     wait = f"{round(bw.wait_s * 1e5) / 100:.2f}"
     assert lines[0] == (f"bubble on stage 0: {st.shown_ms()['bubble']} ms, of which {wait} ms waiting for the ep "
                         f"communication the other stages expose (stage 1 the most: {bw.exposed_s * 1e3:.2f} ms per "
@@ -148,14 +148,77 @@ def test_deepseek_bubble_is_mostly_the_expert_stages_all_to_alls(deepseek):
     bw = bubble_wait(st)
     assert (bw.stream, bw.stages) == ("ep", tuple(range(1, 15)))
     assert bw.wait_s > 0.5 * bw.bubble_s and bw.bubble_s > 0.5 * st.step_s
-    lines = network_verdict(plan, st)
+    lines = network_verdict(plan, st, bw=bw)
     assert "(stages 1-14 the most: 25644.63 ms each per step)" in lines[0]
     assert lines[1].startswith("verdict: network-bound: 28.6 s of the 51.5 s step is exposed communication or "
                                "waiting for it, most on ep (stage 0 waits 28.5 s for it in its bubble; stages 1-14 "
                                "expose 25.6 s of it per step each): each rank of stage 1 sends 1,332 GB per step on "
                                "it (forward all-to-all 444 GB, backward all-to-all 888 GB) over network")
-    doc = json.loads(json.dumps(step_doc(plan, st, lines, None)))
+    doc = json.loads(json.dumps(step_doc(plan, st, lines, None, bw=bw)))
     assert list(jsonschema.Draft202012Validator(schema_of("step")).iter_errors(doc)) == []
     wait = doc["most_exposed_stage"]["bubble_wait"]
     assert wait["bubble_s"] == doc["step_parts_s"]["bubble"] and wait["stages"] == list(range(1, 15))
     assert wait["wait_s"] == pytest.approx(wait["bubble_s"] - wait["bare_bubble_s"], abs=1e-12)
+
+
+SMALL_MOE_TOML = """[model]
+catalog = "deepseek-v2-lite"
+layers = 4
+dense_layers = 2
+expert_ffn = 512
+shared_experts = 0
+
+[cluster]
+system = "dgx-h100"
+nodes = 16
+
+[training]
+global_batch = 256
+seq_len = 4096
+sharding = "zero1"
+recompute = "full"
+framework = "torch"
+
+[mesh]
+names = ["pp", "dp_shard", "ep"]
+shape = [2, 64, 64]
+pp_layer_split = [2, 2]
+"""
+
+
+def test_step_json_computes_the_wait_once(tmp_path, monkeypatch, capsys):
+    """``meshplan step --json`` simulates the pipeline again without the exposed ep once: the
+    verdict's first line and the JSON's ``most_exposed_stage.bubble_wait`` share it (issue 11:
+    it was computed twice), and both equal what :func:`bubble_wait` gives on its own (the small
+    MoE above as TOML: stage 0 waits 98.25 ms of its 144.58 ms bubble for stage 1's ep)."""
+    import sys
+
+    from meshplan import cli
+    from meshplan.schedule import waits
+
+    calls = []
+
+    def counted(st):
+        calls.append(st)
+        return bubble_wait(st)
+
+    for mod in [m for name, m in sys.modules.items() if name.startswith("meshplan") and m is not None]:
+        if getattr(mod, "bubble_wait", None) is bubble_wait:
+            monkeypatch.setattr(mod, "bubble_wait", counted)
+    assert cli.bubble_wait is counted and waits.bubble_wait is counted
+    cfg, out = tmp_path / "moe.toml", tmp_path / "step.json"
+    cfg.write_text(SMALL_MOE_TOML)
+    with pytest.raises(SystemExit) as done:
+        cli.main(["step", str(cfg), "--json", str(out)])
+    assert not done.value.code
+    printed = capsys.readouterr().out
+    assert len(calls) == 1
+    plan = small_moe("torch")
+    st = step_time(plan)
+    bw = bubble_wait(st)
+    doc = json.loads(out.read_text())
+    assert doc["most_exposed_stage"]["bubble_wait"] == {
+        "stream": bw.stream, "stages": list(bw.stages), "bubble_s": pytest.approx(bw.bubble_s, rel=1e-12),
+        "wait_s": pytest.approx(bw.wait_s, rel=1e-12), "bare_bubble_s": pytest.approx(bw.bare_bubble_s, rel=1e-12)}
+    assert doc["verdict"][0] == network_verdict(plan, st, bw=bw)[0] in printed
+    assert doc["verdict"][0].startswith("bubble on stage 0: 144.58 ms, of which 98.25 ms waiting for the ep")

@@ -271,7 +271,7 @@ def _seed_with(**training):
 
 def test_same_mesh_other_recompute_is_weighed_as_the_knob(seed_pair):
     """The seed mesh with selective and with full recompute: not identical; full recompute keeps
-    each layer's input only (20.8 GiB against 43.3 GiB peak) at a step within 2% (the seed's
+    each layer's input only (19.5 GiB against 43.3 GiB peak) at a step within 2% (the seed's
     step is bound by exposed FSDP traffic), so the headroom decides, and the reason names the
     knob, not the mesh."""
     full = _seed_with(recompute="full")
@@ -282,7 +282,7 @@ def test_same_mesh_other_recompute_is_weighed_as_the_knob(seed_pair):
         f"step times within 2% ({c.a.step_s:.3f} s vs {c.b.step_s:.3f} s): full has more memory headroom",
         "same mesh (dp_shard 8 x tp 8); the plans differ in training.recompute selective against full (selective "
         "against full): the difference comes from these knobs, not from the mesh",
-        "peak memory: selective 43.3 GiB, full 20.8 GiB (usable 67.1 GiB)")
+        "peak memory: selective 43.3 GiB, full 19.5 GiB (usable 67.1 GiB)")
     # recompute costs no time here: with torchtitan's FSDP2 units (the embedding re-gathered in
     # every backward) the FSDP stream alone bounds the seed's step, whatever the compute
     assert c.a.step_s <= c.b.step_s < 1.02 * c.a.step_s

@@ -182,10 +182,12 @@ def test_step_verdict_offers_the_accumulation_modes():
     from meshplan.config import load_config
     from meshplan.plan import build_plan
     from meshplan.schedule.verdict import network_verdict
+    from meshplan.schedule.waits import bubble_wait
     from tests.conftest import EXAMPLES
 
     plan = build_plan(load_config(EXAMPLES / "seed-64gpu.toml"))
-    lines = network_verdict(plan, step_time(plan))
+    st = step_time(plan)
+    lines = network_verdict(plan, st, bw=bubble_wait(st))
     assert "reduce-scattered once per micro-batch" in lines[1]
     assert 'fewer with training.grad_accumulation = "no_sync" or training.grad_accumulation = "no_sync_unsharded"' \
         in lines[1]

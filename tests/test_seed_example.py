@@ -114,6 +114,7 @@ def test_step_verdict_names_fsdp_regather(plan8):
 
     from meshplan.comm.alphabeta import busbw_factor
     from meshplan.schedule.verdict import network_verdict, rebuilt_step
+    from meshplan.schedule.waits import bubble_wait
     from meshplan.schedule.steptime import step_time
 
     st = step_time(plan8)
@@ -122,7 +123,7 @@ def test_step_verdict_names_fsdp_regather(plan8):
     alt = build_plan(replace(plan8.config, training=plan8.config.training.model_copy(
         update={"reshard_after_forward": False})))
     alt_s = step_time(alt).step_s
-    lines = network_verdict(plan8, st, rebuilt_step(plan8, step_time))
+    lines = network_verdict(plan8, st, rebuilt_step(plan8, step_time), bw=bubble_wait(st))
     assert len(lines) == 2
     rows = [r for r in plan8.collectives["stage 0"] if r.axis == "dp_shard"]
     sent = sum(r.size_bytes * busbw_factor(r.op, r.group_size) * r.per_step for r in rows)
@@ -157,9 +158,10 @@ def test_no_verdict_when_compute_bound():
     from meshplan.config import config_from_dict
     from meshplan.schedule.verdict import network_verdict
     from meshplan.schedule.steptime import step_time
+    from meshplan.schedule.waits import bubble_wait
     plan = build_plan(config_from_dict({"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 1},
                                         "training": {"global_batch": 8, "seq_len": 1024},
                                         "mesh": {"names": ["dp_shard", "tp"], "shape": [4, 2]}}))
     st = step_time(plan)
     assert sum(st.exposed_s.values()) < 0.5 * st.step_s
-    assert network_verdict(plan, st) == []
+    assert network_verdict(plan, st, bw=bubble_wait(st)) == []

@@ -64,8 +64,9 @@ Megatron-LM                              meshplan
 --clip-grad (default 1.0)                training.grad_clip (0: false, no norm computed)
 (Megatron-LM's own linears)              training.framework megatron (its backward order)
 --num-layers, --hidden-size, ...         the model, field by field (or --model); --rotary-base and --norm-epsilon
-                                           are model.rope_theta and norm_eps (unset: a catalog model still matches,
-                                           with a note naming Megatron-LM's default where it differs)
+                                           are model.rope_theta and norm_eps, --use-rope-scaling (factor
+                                           --rope-scaling-factor) model.rope_scaling (unset: a catalog model still
+                                           matches, with a note naming Megatron-LM's default where it differs)
 ======================================== ===================================================
 """
 
@@ -90,7 +91,7 @@ SWITCHES = {"--account-for-embedding-in-pipeline-split", "--account-for-loss-in-
             "--tp-comm-overlap", "--use-torch-fsdp2", "--use-megatron-fsdp", "--overlap-grad-reduce",
             "--overlap-param-gather", "--use-mcore-models", "--no-masked-softmax-fusion", "--standalone",
             "--multi-latent-attention", "--grad-reduce-in-bf16", "--no-bias-swiglu-fusion",
-            "--moe-pad-expert-input-to-capacity"}
+            "--moe-pad-expert-input-to-capacity", "--use-rope-scaling"}
 PARALLEL = {"--tensor-model-parallel-size": "tp", "--pipeline-model-parallel-size": "pp",
             "--context-parallel-size": "cp", "--expert-model-parallel-size": "ep",
             "--expert-tensor-parallel-size": "etp"}

@@ -10,7 +10,10 @@ ModelSpec field has its flag (``--num-layers``, ``--hidden-size``, ``--ffn-hidde
 ``--untie-embeddings-and-output-weights``, ``--disable-bias-linear``, ``--add-qkv-bias``,
 ``--qk-layernorm``, ``--num-experts``, ``--moe-router-topk``, ``--moe-ffn-hidden-size``,
 ``--moe-shared-expert-intermediate-size`` (the shared experts' total width),
-``--moe-layer-freq``).
+``--moe-layer-freq``, ``--use-rope-scaling`` with ``--rope-scaling-factor``: Llama 3.1's RoPE
+scaling, whose other constants Megatron-LM fixes in ``RotaryEmbedding._apply_scaling``,
+megatron/core/models/common/embeddings/rotary_pos_embedding.py: low_freq_factor 1,
+high_freq_factor 4, original_max_position_embeddings 8192).
 """
 
 from __future__ import annotations
@@ -35,11 +38,14 @@ MODEL_FLAGS = {"--num-layers", "--hidden-size", "--ffn-hidden-size", "--num-atte
                "--normalization", "--position-embedding-type", "--max-position-embeddings", "--vocab-size",
                "--disable-bias-linear", "--add-qkv-bias", "--qk-layernorm", "--num-experts", "--moe-router-topk",
                "--moe-ffn-hidden-size", "--moe-shared-expert-intermediate-size", "--moe-layer-freq", "--rotary-base",
-               "--norm-epsilon", *MLA_FLAGS}
+               "--norm-epsilon", "--use-rope-scaling", "--rope-scaling-factor", *MLA_FLAGS}
 #: Model flags whose value changes no size or cost (ModelSpec ``rope_theta``, ``norm_eps``) and Megatron-LM's
 #: default of each (arguments.py ``--rotary-base`` type int, default 10000; TransformerConfig ``layernorm_epsilon``
 #: ``--norm-epsilon``, default 1e-5; d98e8a6): unset in the arguments, a catalog model still matches, with a note.
 CARRIED = {"--rotary-base": ("rope_theta", 10000.0), "--norm-epsilon": ("norm_eps", 1e-5)}
+#: The RoPE scaling Megatron-LM applies under ``--use-rope-scaling`` (d98e8a6 ``_apply_scaling``'s fixed
+#: arguments; ``--rope-scaling-factor``, default 8.0, sets the factor), as RopeScaling fields.
+MEGATRON_ROPE_SCALING = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position": 8192}
 
 
 def _dense_layers(freq: Any, layers: Optional[int]) -> int:
@@ -113,7 +119,7 @@ def model_table(args: dict, opts: ImportOptions, notes: list[str]) -> dict:
              "position_embedding": "learned" if pos == "learned_absolute" else "rope",
              "max_position": num_flag(args, "--max-position-embeddings", 0),
              "rope_theta": float(int_flag(args, "--rotary-base") or 0) or None if pos != "learned_absolute" else None,
-             "norm_eps": _eps(args)}
+             "norm_eps": _eps(args), "rope_scaling": _scaling(args)}
     if pos == "learned_absolute" and not model["max_position"]:
         model["max_position"] = int_flag(args, "--seq-length") or 0  # Megatron-LM: at least the sequence length
         notes.append(f"--max-position-embeddings not given: learned positions for --seq-length "
@@ -146,30 +152,66 @@ def _eps(args: dict) -> Optional[float]:
     return eps
 
 
+def _scaling(args: dict) -> Optional[dict]:
+    """RopeScaling fields of ``--use-rope-scaling`` (factor ``--rope-scaling-factor``, default
+    8.0; the rest :data:`MEGATRON_ROPE_SCALING`), None without it; ConfigError naming the flag."""
+    if not args.get("--use-rope-scaling"):
+        return None
+    v = args.get("--rope-scaling-factor", 8.0)
+    try:
+        factor = float(v)
+    except (TypeError, ValueError):
+        factor = 0.0
+    if not 1 <= factor <= 1e4:
+        raise ConfigError("--rope-scaling-factor", f"{printable(str(v))[:40]!r} is not a RoPE scaling factor; give a "
+                          f"number >= 1 (Megatron-LM's default 8, Llama 3.1's)")
+    return {"factor": factor, **MEGATRON_ROPE_SCALING}
+
+
 def _as_catalog(model: dict, notes: list[str]) -> dict:
     """``{"catalog": name}`` when the flags give a catalog model's fields exactly, or all but
-    the :data:`CARRIED` ones they leave unset: then a note names the Megatron-LM default that
-    differs from the catalog's value (the plan is the same: neither changes a cost)."""
+    the :data:`CARRIED` ones and the RoPE scaling they leave unset: then a note names the
+    Megatron-LM default that differs from the catalog's value (the plan is the same: none
+    changes a cost)."""
     try:
         spec = ModelSpec(**model)
     except ValidationError:
         return model  # config_from_dict reports it with the field's name
     unset = {field for field, _ in CARRIED.values() if getattr(spec, field) is None}
+    unset |= {"rope_scaling"} if spec.rope_scaling is None else set()
     mine = spec.model_dump(exclude={"name", "source", *unset})
     for name in catalog.names("model"):
         ref = catalog.model(name)
         if ref.model_dump(exclude={"name", "source", *unset}) != mine:
             continue
-        differ = [(flag, default, getattr(ref, field)) for flag, (field, default) in CARRIED.items()
+        differ = [(f"{flag} (Megatron-LM's default {default:g}; {name}: {getattr(ref, field):g})",
+                   f"{flag} {getattr(ref, field):g}") for flag, (field, default) in CARRIED.items()
                   if field in unset and getattr(ref, field) not in (None, default)]
+        if "rope_scaling" in unset and ref.rope_scaling is not None:
+            differ.append((f"--use-rope-scaling (Megatron-LM's default: off; {name}: Llama 3.1's RoPE scaling, "
+                           f"factor {ref.rope_scaling.factor:g})", " ".join(_scaling_flags(ref))))
         if not differ:
             notes.append(f"the model flags give catalog model {name} exactly")
         else:
-            said = ", ".join(f"{f} (Megatron-LM's default {d:g}; {name}: {v:g})" for f, d, v in differ)
+            said = ", ".join(d for d, _ in differ)
             notes.append(f"the model flags give catalog model {name} but not {said}: planned as {name} (the same "
-                         f"costs); add {' '.join(f'{f} {v:g}' for f, _, v in differ)} to train it")
+                         f"costs); add {' '.join(a for _, a in differ)} to train it")
         return {"catalog": name}
     return model
+
+
+def _scaling_flags(m: ModelSpec) -> list[str]:
+    """``--use-rope-scaling --rope-scaling-factor F`` for ``m.rope_scaling`` (none without it);
+    ConfigError when a constant other than the factor is not Megatron-LM's fixed one."""
+    rs = m.rope_scaling
+    if rs is None:
+        return []
+    other = {k: getattr(rs, k) for k, v in MEGATRON_ROPE_SCALING.items() if getattr(rs, k) != v}
+    if other:
+        raise ConfigError("--to", f"model.rope_scaling {', '.join(f'{k} {v:g}' for k, v in other.items())}: Megatron-LM "
+                          f"fixes low_freq_factor 1, high_freq_factor 4 and original_max_position 8192 (only "
+                          f"--rope-scaling-factor is a flag); use Llama 3.1's values or another framework")
+    return ["--use-rope-scaling", f"--rope-scaling-factor {rs.factor:g}"]
 
 
 def _rotary_base(theta: float) -> int:
@@ -191,6 +233,7 @@ def model_flags(m: ModelSpec, seq_len: int) -> list[str]:
            f"--position-embedding-type {'rope' if m.position_embedding == 'rope' else 'learned_absolute'}"]
     out += [f"--rotary-base {_rotary_base(m.rope_theta)}"] if m.rope_theta is not None else []
     out += [f"--norm-epsilon {m.norm_eps:g}"] if m.norm_eps is not None else []
+    out += _scaling_flags(m)
     out += [f"--max-position-embeddings {max(m.max_position, seq_len)}"] if m.max_position else []
     out += ["--group-query-attention", f"--num-query-groups {m.kv_heads}"] if m.kv_heads else []
     out += ["--swiglu"] * m.gated_mlp + ["--untie-embeddings-and-output-weights"] * (not m.tied_embeddings)

@@ -113,9 +113,12 @@ def virtual_split(cfg: Config, mesh: Mesh) -> Optional[list[int]]:
 
 
 def model_table(cfg: Config) -> dict:
-    """[model]: ``catalog = NAME`` for an unchanged catalog entry, else every field."""
+    """[model]: ``catalog = NAME`` for an unchanged catalog entry, else every field (the RoPE
+    scaling whole: its defaults are Llama 3.1's, written out rather than ``{}``)."""
     name = catalog_model_name(cfg.model)
-    return {"catalog": name} if name else cfg.model.model_dump(exclude_defaults=True) | {"name": cfg.model.name}
+    rs = cfg.model.rope_scaling
+    return {"catalog": name} if name else cfg.model.model_dump(exclude_defaults=True) | {"name": cfg.model.name} | (
+        {"rope_scaling": rs.model_dump()} if rs is not None else {})
 
 
 def cluster_table(cfg: Config) -> dict:

@@ -387,9 +387,12 @@ def init_entries(state: StateBytes, fsdp_grads: bool, comm_axes: list[str], opts
 
 
 def step_entries(state: StateBytes, training: TrainingSpec, opts: MemoryOptions, fsdp_grads: int) -> tuple:
-    """Optimizer step: foreach temporaries, then FSDP's sharded grads freed (zero_grad)."""
-    temp = opts.optimizer_temp_bytes(state.bytes_of("optimizer"), training.optimizer_states)
-    out = [(None, "temporaries", temp, f"optimizer step: {opts.optimizer_temp_states:g} state-sized temporaries"),
+    """Optimizer step: its temporaries (:meth:`MemoryOptions.optimizer_temp_states_for`: one
+    state-sized ``sqrt`` under torch's foreach Adam, none under the fused step), then FSDP's
+    sharded grads freed (zero_grad)."""
+    temp = opts.optimizer_temp_bytes(training, state.bytes_of("optimizer"))
+    n = opts.optimizer_temp_states_for(training)
+    out = [(None, "temporaries", temp, f"optimizer step: {n:g} state-sized temporaries"),
            (None, "temporaries", -temp, "optimizer step: temporaries freed"),
            (None, "grads", -fsdp_grads, "zero_grad(set_to_none): sharded gradients freed")]
     return tuple(e for e in out if e[2])

@@ -24,7 +24,7 @@ from meshplan.placement.choice import weights_from_table
 from meshplan.plan import Infeasible, Plan
 from meshplan.report.json_out import _plain, _timeline
 from meshplan.schedule.linkload import concurrency, edge_loads, timings
-from meshplan.schedule.waits import bubble_wait
+from meshplan.schedule.waits import BubbleWait
 
 #: Commands with a ``--json`` document, each with its schema file (a group's commands as
 #: ``<group>-<command>``: ``bench-gemm``, ``testbed-up``).
@@ -92,18 +92,20 @@ def memory_doc(plan: Plan, all_stages: bool, pngs: Sequence[str]) -> dict[str, A
                     persistent_bytes={str(s.stage): s.total_bytes for s in plan.state}, pngs=list(pngs))
 
 
-def step_doc(plan: Plan, st, verdict: Sequence[str], trace: Optional[str]) -> dict[str, Any]:
+def step_doc(plan: Plan, st, verdict: Sequence[str], trace: Optional[str], *,
+             bw: Optional[BubbleWait]) -> dict[str, Any]:
     """The predicted step: time, schedule, bubble, exposure, the step's parts on the critical
     stage (``step_parts_s``: StepTime.parts_s and the step, as the search's), MFU, critical path, readiness of
     each collective, concurrency, load per physical link, bytes each rank of the critical
-    stage sends per step by axis, the network verdict."""
+    stage sends per step by axis, the network verdict. ``bw``: :func:`meshplan.schedule.waits.bubble_wait`
+    of ``st``, as the verdict lines were made with it (computed once by the caller)."""
     p = st.pipeline
     return envelope("step", plan, step_s=st.step_s, schedule=str(p.spec.schedule), stages=p.spec.p,
                     micro_batches=p.spec.m, virtual_stages=p.spec.v, critical_stage=st.critical_stage,
                     stage_end_s=list(st.stage_end_s), bubble_idle_over_ideal=p.bubble,
                     bubble_idle_over_total=p.bubble_of_total, exposed_s=dict(st.exposed_s),
                     step_parts_s={"step": st.step_s, **st.parts_s()},
-                    most_exposed_stage=_most_exposed(st), mfu=st.mfu, hfu=st.hfu,
+                    most_exposed_stage=_most_exposed(st, bw), mfu=st.mfu, hfu=st.hfu,
                     tokens_per_s=st.tokens_per_s, critical_path=st.critical_path(),
                     collectives=[dict(_plain(t), slack_s=t.slack_s) for t in timings(st)],
                     concurrency_s=[{"streams": list(k), "seconds": v} for k, v in sorted(concurrency(st).items())],
@@ -115,13 +117,13 @@ def step_doc(plan: Plan, st, verdict: Sequence[str], trace: Optional[str]) -> di
                     verdict=list(verdict), notes=list(st.notes), trace=trace)
 
 
-def _most_exposed(st) -> Optional[dict[str, Any]]:
+def _most_exposed(st, bw: Optional[BubbleWait]) -> Optional[dict[str, Any]]:
     """:meth:`StepTime.most_exposed_stage` and what the critical stage's bubble waits for
-    (:func:`meshplan.schedule.waits.bubble_wait`: ``bubble_wait``, null when it exposes only pp)."""
+    (``bw``, :func:`meshplan.schedule.waits.bubble_wait` of ``st``: ``bubble_wait``, null when it
+    exposes only pp)."""
     most = st.most_exposed_stage()
     if most is None:
         return None
-    bw = bubble_wait(st)
     wait = None if bw is None else {"stream": bw.stream, "stages": list(bw.stages), "bubble_s": bw.bubble_s,
                                     "wait_s": bw.wait_s, "bare_bubble_s": bw.bare_bubble_s}
     return {"stage": most[0], "exposed_s": dict(most[1]), "bubble_wait": wait}

@@ -104,6 +104,8 @@ def _header(plan: Plan | Infeasible, con: Console) -> None:
               f"{m.param_count() / 1e9:.2f} B params" + (f", {m.experts} experts top-{m.top_k}" if m.is_moe else ""))
     if "; not modelled: " in m.source:  # what a Hugging Face family has that ModelSpec does not (spec.hf)
         con.print(f"        not modelled: {shown(m.source.split('; not modelled: ', 1)[1])}")
+    if m.rope_scaling is not None and m.rope_scaling.note(t.seq_len):  # only past the original context
+        con.print(f"        {m.rope_scaling.note(t.seq_len)}")
     con.print(f"cluster {shown(cl.name)}: {counted(cl.nodes, 'node')} x {cl.node.gpus} {cl.gpu.name} "
               f"({cl.gpu.hbm_bytes / GiB:.1f} GiB HBM), {len(cl.node.nics)} NIC(s)/node, world {plan.world}")
     tokens = t.global_batch * t.seq_len

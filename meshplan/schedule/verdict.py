@@ -26,7 +26,7 @@ from typing import Callable, Optional
 
 from meshplan.plan import Infeasible, Plan, build_plan
 from meshplan.schedule.rank_timeline import _shard_group, comm_kind
-from meshplan.schedule.waits import bubble_wait, bubble_wait_line, stage_list
+from meshplan.schedule.waits import BubbleWait, bubble_wait_line, stage_list
 from meshplan.units import GB, GiB, counted
 
 #: Exposed share of the step above which the step is called network-bound.
@@ -41,9 +41,11 @@ def stream_of(row) -> str:
     return {"replica": "dp_replicate", "tp_async": "tp", "loss": "tp", "step": "dp"}.get(kind, kind)
 
 
-def network_verdict(plan: Plan, st, alternatives: Optional[Callable[[dict], str]] = None) -> list[str]:
+def network_verdict(plan: Plan, st, alternatives: Optional[Callable[[dict], str]] = None, *,
+                    bw: Optional[BubbleWait]) -> list[str]:
     """Verdict lines: where the critical stage's bubble waits for another stage's exposed
-    communication (:func:`meshplan.schedule.waits.bubble_wait`), a line saying how much; then,
+    communication (``bw``: :func:`meshplan.schedule.waits.bubble_wait` of ``st``, computed once
+    by the caller, which also puts it in the step's JSON), a line saying how much; then,
     when the step is network-bound, the verdict (none otherwise). ``alternatives(update)``: what
     the step becomes with ``training`` fields ``update`` (one short phrase).
 
@@ -51,7 +53,6 @@ def network_verdict(plan: Plan, st, alternatives: Optional[Callable[[dict], str]
     is its largest part, the verdict names the waited-for stream's collectives on the stage that
     exposes the most of it (DeepSeek-V3 at pp 16 x ep 64: stage 0's 28.5 s wait for the expert
     stages' ep all-to-alls, of a 51.5 s step)."""
-    bw = bubble_wait(st)
     wait = bw.wait_s if bw is not None and round(bw.wait_s * 1e5) > 0 else 0.0  # 0.00 ms printed: none
     head = [bubble_wait_line(st, bw)] if bw is not None and wait else []
     exposed = {k: v for k, v in st.exposed_s.items() if v > 0}

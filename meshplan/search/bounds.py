@@ -78,7 +78,7 @@ def bounds(cfg: Config, tables: Tables, c: Candidates, st: Stages, s: dict) -> t
     lo = {f: pick(*kinds[f], np.minimum) for f in ("saved", "rework", "fwd")}
     hi = {f: pick(*kinds[f], np.maximum) for f in ("saved", "rework", "fwd", "bwd")}
     fixed = col(comm_axes(cfg, c)) * o.comm_bytes_per_group + o.workspace_bytes
-    opt_temp = o.optimizer_temp_bytes(s["optimizer"], t.optimizer_states)
+    opt_temp = o.optimizer_temp_bytes(t, s["optimizer"])
     at_step = s["total"] + fixed + opt_temp
     # a unit without FSDP-sharded dense parameters never allocates its share of the dense
     # gradients in the timeline (only expert units are sharded then)

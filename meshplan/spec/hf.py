@@ -41,6 +41,8 @@ config.json files and transformers' config classes):
 
 Keys that set a size are required; flags missing from the file take their transformers
 default (``tie_word_embeddings`` false except gpt2, no biases except gpt2/gpt_neox/qwen2).
+Carried without a cost: ``rope_theta``, the norm epsilon and a ``rope_scaling`` of type
+"llama3" (Llama 3.1's, :func:`_rope_scaling`); other ``rope_scaling`` types are not read.
 
 >>> gpt2 = {"model_type": "gpt2", "n_layer": 12, "n_embd": 768, "n_head": 12,
 ...         "n_positions": 1024, "vocab_size": 50257}
@@ -330,6 +332,40 @@ def _carried(cfg: dict[str, Any], fields: dict[str, Any]) -> dict[str, float]:
     return out
 
 
+#: Llama 3.1's ``rope_scaling`` keys (``rope_type`` "llama3"; transformers'
+#: ``_compute_llama3_parameters``) -> :class:`~meshplan.spec.model.RopeScaling` fields.
+LLAMA3_SCALING = {"factor": "factor", "low_freq_factor": "low_freq_factor", "high_freq_factor": "high_freq_factor",
+                  "original_max_position_embeddings": "original_max_position"}
+
+
+def _rope_scaling(cfg: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]:
+    """``rope_scaling`` of a RoPE model's config when it is Llama 3.1's (``rope_type``, or the
+    older ``type``, "llama3": meta-llama/Llama-3.1-8B's config.json has factor 8.0,
+    low_freq_factor 1.0, high_freq_factor 4.0, original_max_position_embeddings 8192), as
+    :class:`~meshplan.spec.model.RopeScaling` fields; absent, null or another type (DeepSeek's
+    "yarn", "linear", "dynamic"): left out, as they change no size or cost either. A key of
+    the llama3 type that is missing or not a number > 0 is a ConfigError naming it.
+
+    >>> _rope_scaling({"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+    ...     "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}}, {"position_embedding": "rope"})
+    {'rope_scaling': {'factor': 8.0, 'low_freq_factor': 1.0, 'high_freq_factor': 4.0, 'original_max_position': 8192}}
+    """
+    rs = cfg.get("rope_scaling")
+    if not isinstance(rs, dict) or fields.get("position_embedding") != "rope":
+        return {}
+    if rs.get("rope_type", rs.get("type")) != "llama3":
+        return {}
+    out: dict[str, Any] = {}
+    for key, field in LLAMA3_SCALING.items():
+        v = rs.get(key)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
+            raise ConfigError(f"rope_scaling.{key}", f"must be a number > 0 in a llama3 rope_scaling "
+                                                     f"(got {json.dumps(v)[:40]}; Llama 3.1: "
+                                                     f"{dict(factor=8, low_freq_factor=1, high_freq_factor=4).get(key, 8192)})")
+        out[field] = int(v) if field == "original_max_position" and v == int(v) else float(v)
+    return {"rope_scaling": out}
+
+
 def model_from_hf_config(config: Union[dict, str, Path], name: Optional[str] = None) -> ModelSpec:
     """A :class:`ModelSpec` from a Hugging Face config (dict, config.json, or its directory).
 
@@ -350,7 +386,7 @@ def model_from_hf_config(config: Union[dict, str, Path], name: Optional[str] = N
         raise ConfigError("model_type", f"unsupported model_type {model_type!r:.60}; "
                           f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
     fields = family(_Keys(cfg))
-    fields |= _carried(cfg, fields)
+    fields |= _carried(cfg, fields) | _rope_scaling(cfg, fields)
     notes = fields.pop("_notes", [])
     explicit = name is not None  # a name the caller chose is checked, one taken from the file made safe
     if name is None:

@@ -86,9 +86,19 @@ class MemoryOptions(BaseModel):
       other kinds. Default 0: not modelled, ``training.memory_reserve`` is the headroom that
       covers it; set e.g. 0.05 to add 5%.
     - ``optimizer_temp_states``: temporaries of the optimizer step, in units of one
-      optimizer-state shard (optimizer dtype). Default 1: torch's foreach Adam allocates
-      ``exp_avg_sq.sqrt()`` for every parameter (torch/optim/adam.py,
-      ``_multi_tensor_adam``); fused Adam (torch ``fused=True``, apex/TE FusedAdam): 0.
+      optimizer-state shard (optimizer dtype). Unset (default): what
+      ``training.optimizer_impl`` runs (:meth:`optimizer_temp_states_for`), read in torch
+      2.13.0 (pytorch/pytorch cf30153, torch/optim/adam.py; ``AdamW`` in torch/optim/adamw.py
+      is ``Adam`` with ``decoupled_weight_decay=True``, the same code paths): ``"fused"`` 0,
+      ``_fused_adam`` only bumps the step counts in place and calls ``torch._fused_adamw_``
+      (``_fused_adam_`` for Adam), whose kernel (aten/src/ATen/native/cuda/fused_adamw_impl.cu,
+      ``multi_tensor_apply``) updates parameters and both moments in place, as apex/TE's
+      FusedAdam does under ``framework = "megatron"``; ``"foreach"`` 1,
+      ``_multi_tensor_adam`` allocates ``exp_avg_sq_sqrt = torch._foreach_sqrt(exp_avg_sqs)``,
+      one state-sized tensor per parameter of the device's group, alive until the
+      ``_foreach_addcdiv_`` that applies it (the gradient-sized copy that coupled weight decay
+      makes for Adam with ``weight_decay != 0``, ``torch._foreach_add(device_grads, ...)``, is
+      deleted before it). Set: the stated number.
     - ``logits_dtype``: logits the loss keeps for backward (Megatron's vocab-parallel cross
       entropy keeps the fp32 softmax); ``dropout``: attention and residual dropout (False
       for Llama-style pretraining, True for GPT as in Korthikanti Table 2).
@@ -136,7 +146,7 @@ class MemoryOptions(BaseModel):
     nccl_peers: int = Field(default=2, ge=0, le=BOUNDS["world"].value)
     workspace_bytes: int = Field(default=32 * MiB, ge=0, le=BOUNDS["bytes"].value)
     fragmentation_fraction: float = Field(default=0.0, ge=0, lt=1)
-    optimizer_temp_states: float = Field(default=1.0, ge=0, le=BOUNDS["optimizer_temp_states"].value)
+    optimizer_temp_states: Optional[float] = Field(default=None, ge=0, le=BOUNDS["optimizer_temp_states"].value)
     logits_dtype: Literal["fp32", "bf16", "fp16"] = "fp32"
     dropout: bool = False
     cross_entropy: Literal["megatron", "torch"] = "megatron"
@@ -210,19 +220,37 @@ class MemoryOptions(BaseModel):
             out = np.full_like(out, self.grad_bucket_elements)
         return out if np.ndim(dp_size) else int(out)
 
-    def optimizer_temp_bytes(self, optimizer_bytes, optimizer_states: int):
-        """Temporaries of the optimizer step, bytes: ``optimizer_temp_states`` state-sized
-        tensors, one state = ``optimizer_bytes / optimizer_states`` (the rank's optimizer
-        state bytes over the states per parameter, ``training.optimizer_states``), rounded
-        down; 0 without optimizer states. An int, or a numpy array for an array
-        ``optimizer_bytes`` (the search's).
+    def optimizer_temp_states_for(self, training: TrainingSpec) -> float:
+        """State-sized temporaries of the optimizer step (class docstring,
+        ``optimizer_temp_states``): the field when set, else 1 for torch's foreach Adam/AdamW
+        (``training.optimizer_impl = "foreach"``), 0 for the fused step (and for SGD, which
+        keeps no state).
 
-        >>> MemoryOptions().optimizer_temp_bytes(8_000_000, 2), MemoryOptions().optimizer_temp_bytes(5, 0)
+        >>> t = TrainingSpec(global_batch=8, seq_len=16, optimizer="adamw")
+        >>> MemoryOptions().optimizer_temp_states_for(t), MemoryOptions(optimizer_temp_states=2.0).optimizer_temp_states_for(t)
+        (0.0, 2.0)
+        >>> MemoryOptions().optimizer_temp_states_for(t.model_copy(update={"optimizer_impl": "foreach"}))
+        1.0
+        """
+        if self.optimizer_temp_states is not None:
+            return self.optimizer_temp_states
+        return 1.0 if training.optimizer_impl == "foreach" and training.optimizer_states else 0.0
+
+    def optimizer_temp_bytes(self, training: TrainingSpec, optimizer_bytes):
+        """Temporaries of the optimizer step, bytes: :meth:`optimizer_temp_states_for`
+        state-sized tensors, one state = ``optimizer_bytes / training.optimizer_states`` (the
+        rank's optimizer state bytes over the states per parameter), rounded down; 0 without
+        optimizer states. An int, or a numpy array for an array ``optimizer_bytes`` (the search's).
+
+        >>> t = TrainingSpec(global_batch=8, seq_len=16, optimizer_impl="foreach")
+        >>> MemoryOptions().optimizer_temp_bytes(t, 8_000_000), MemoryOptions().optimizer_temp_bytes(t.model_copy(update={"optimizer_impl": "fused"}), 8_000_000)
         (4000000, 0)
         """
-        if not optimizer_states:
+        states = training.optimizer_states
+        if not states:
             return 0 * optimizer_bytes
-        out = np.floor(self.optimizer_temp_states * np.asarray(optimizer_bytes) / optimizer_states).astype(np.int64)
+        optimizer_temp_states = self.optimizer_temp_states_for(training)
+        out = np.floor(optimizer_temp_states * np.asarray(optimizer_bytes) / states).astype(np.int64)
         return out if np.ndim(out) else int(out)
 
     def grad_bucket_bytes(self, training: TrainingSpec, dp_size, params_numel):

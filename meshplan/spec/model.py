@@ -28,6 +28,54 @@ def _le(name: str):
     return BOUNDS[name].value
 
 
+class RopeScaling(BaseModel):
+    """Llama 3.1's RoPE frequency scaling (``rope_type = "llama3"``; Dubey et al. 2024,
+    arXiv 2407.21783, section 3.4.2: the context extended from 8K to 128K): each inverse
+    frequency of wavelength above ``original_max_position / low_freq_factor`` is divided by
+    ``factor``, those below ``original_max_position / high_freq_factor`` are kept, the ones
+    between are interpolated. The defaults are Llama 3.1's (factor 8, low 1, high 4, original
+    8192 positions: the ``rope_scaling`` of meta-llama/Llama-3.1-8B's config.json, the constants
+    of Megatron-LM d98e8a6 ``RotaryEmbedding._apply_scaling``,
+    megatron/core/models/common/embeddings/rotary_pos_embedding.py, and of torchtitan b5bcd76
+    ``RoPE.Config``, torchtitan/models/common/rope.py).
+
+    It costs no time or memory of note: the frequencies are computed once (a ``head_dim / 2``
+    vector, and the cos/sin table of ``max_position x head_dim`` that RoPE precomputes with or
+    without it), and the per-token rotation is the same. It is carried so that an import keeps
+    it and an export writes it (Megatron-LM ``--use-rope-scaling`` ``--rope-scaling-factor``);
+    the plan mentions it only where training goes past ``original_max_position``.
+
+    >>> RopeScaling(factor=8.0).note(131072)
+    'RoPE scaled as Llama 3.1 (factor 8, low/high frequency factors 1/4, original 8192 positions): training.seq_len 131072 goes past the original 8192 on the scaled frequencies; no time or memory of note (a precomputed frequency table)'
+    >>> RopeScaling(factor=8.0).note(8192)
+    ''
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    factor: float = Field(default=8.0, ge=1, le=_le("rope_scaling_factor"))
+    low_freq_factor: float = Field(default=1.0, gt=0, le=_le("rope_scaling_factor"))
+    high_freq_factor: float = Field(default=4.0, gt=0, le=_le("rope_scaling_factor"))
+    original_max_position: int = Field(default=8192, gt=0, le=_le("max_position"))
+
+    @model_validator(mode="after")
+    def _check(self):
+        if self.high_freq_factor <= self.low_freq_factor:
+            raise ValueError(f"rope_scaling.high_freq_factor {self.high_freq_factor:g} must be more than "
+                             f"low_freq_factor {self.low_freq_factor:g} (Llama 3.1: 4 and 1)")
+        return self
+
+    def note(self, seq_len: int) -> str:
+        """One line for the plan when ``seq_len`` goes past ``original_max_position`` (where
+        the scaling is what the later positions rely on); else empty."""
+        if seq_len <= self.original_max_position:
+            return ""
+        return (f"RoPE scaled as Llama 3.1 (factor {self.factor:g}, low/high frequency factors "
+                f"{self.low_freq_factor:g}/{self.high_freq_factor:g}, original {self.original_max_position} positions): "
+                f"training.seq_len {seq_len} goes past the original {self.original_max_position} on the scaled "
+                f"frequencies; no time or memory of note (a precomputed frequency table)")
+
+
 class ModelSpec(BaseModel):
     """A decoder transformer.
 
@@ -37,7 +85,8 @@ class ModelSpec(BaseModel):
     first ``dense_layers`` layers are dense. ``rope_theta`` (the RoPE base, with
     ``position_embedding = "rope"``) and ``norm_eps`` (the norms' epsilon) change no size or
     cost; they are carried so that an export writes the model it names (None: not stated, the
-    framework's default then: Megatron-LM's ``--rotary-base`` 10000 and ``--norm-epsilon`` 1e-5).
+    framework's default then: Megatron-LM's ``--rotary-base`` 10000 and ``--norm-epsilon`` 1e-5);
+    so is ``rope_scaling`` (:class:`RopeScaling`, Llama 3.1's; None: unscaled RoPE).
 
     Multi-head latent attention (DeepSeek-V2/V3) when ``kv_lora_rank`` is set: queries from
     ``q_a`` (hidden -> ``q_lora_rank``), a latent RMSNorm and ``q_b`` (latent -> heads x
@@ -69,6 +118,7 @@ class ModelSpec(BaseModel):
     max_position: int = Field(default=0, ge=0, le=_le("max_position"))
     rope_theta: Optional[float] = Field(default=None, gt=0, le=_le("rope_theta"))
     norm_eps: Optional[float] = Field(default=None, gt=0, le=_le("norm_eps"))
+    rope_scaling: Optional[RopeScaling] = None
     experts: int = Field(default=0, ge=0, le=_le("experts"))
     top_k: int = Field(default=0, ge=0, le=_le("top_k"))
     expert_ffn: Optional[int] = Field(default=None, gt=0, le=_le("expert_ffn"))
@@ -96,8 +146,9 @@ class ModelSpec(BaseModel):
             raise ValueError(f"dense_layers {self.dense_layers} > layers {self.layers}")
         if self.position_embedding == "learned" and self.max_position <= 0:
             raise ValueError("position_embedding 'learned' needs max_position > 0")
-        if self.position_embedding != "rope" and self.rope_theta is not None:
-            raise ValueError("rope_theta is set on a model without RoPE (position_embedding 'learned'); leave it out")
+        for rope in ("rope_theta", "rope_scaling"):
+            if self.position_embedding != "rope" and getattr(self, rope) is not None:
+                raise ValueError(f"{rope} is set on a model without RoPE (position_embedding 'learned'); leave it out")
         return self
 
     def _mla_dims_given(self) -> bool:

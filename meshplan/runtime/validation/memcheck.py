@@ -68,7 +68,8 @@ from meshplan.units import KiB
 #: ``[memory]`` table of what the torch CPU run does (see the module docstring).
 TORCH_CPU_MEMORY = dict(nccl_buffsize_bytes=0, workspace_bytes=0, fragmentation_fraction=0.0,
                         logits_dtype="fp32", dropout=False, cross_entropy="torch", sp_gathered_input=True,
-                        unfused_norm=True, kv_expanded=True, embedding_grad_full_vocab=True)
+                        unfused_norm=True, kv_expanded=True, embedding_grad_full_vocab=True,
+                        optimizer_temp_states=1.0)  # stated: the default follows training.optimizer_impl
 #: Kinds compared, in print order (the untracked ones are zero on both sides).
 COMPARED_KINDS = ("params", "optimizer", "grads", "gathered_params", "grad_buffers", "activations", "temporaries")
 
