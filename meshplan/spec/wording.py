@@ -64,6 +64,10 @@ def recompute_words(training, rt: str) -> str:
     >>> t = TrainingSpec(global_batch=8, seq_len=16, recompute="full")
     >>> recompute_words(t, "deepspeed")
     'DeepSpeed activation checkpointing (deepspeed.checkpointing.checkpoint on every transformer layer: its input kept, the layer recomputed in backward)'
+    >>> print(recompute_words(t, "torch"))
+    torchtitan full activation checkpointing (activation_checkpoint.mode = "full": every TransformerBlock's input kept, the block recomputed in backward)
+    >>> recompute_words(t, "megatron").split(":")[0]
+    'Megatron-LM full recompute (--recompute-granularity full --recompute-method uniform --recompute-num-layers 1'
     >>> recompute_words(t.model_copy(update={"recompute": "selective", "flash_attention": False}), "torch")
     'Megatron-LM selective recompute (--recompute-activations: attention core)'
     """
@@ -73,13 +77,24 @@ def recompute_words(training, rt: str) -> str:
             "backend, megatron/core/transformer/attention.py" if training.flash_attention else "attention core")
     return {"none": "no activation checkpointing",
             "selective": f"Megatron-LM selective recompute (--recompute-activations: {core})",
-            "full": "Megatron-LM full recompute (--recompute-granularity full; torchtitan mode = \"full\")",
+            "full": _FULL[rt] if rt in _FULL else _FULL["torch"],
             "layer": f"torchtitan selective AC per layer (mode = \"selective\", selective_ac_option = "
                      f"\"{training.ac_freq}\": every {training.ac_freq} layer(s) checkpointed in full)",
             "op": "torchtitan selective AC per op (mode = \"selective\", selective_ac_option = \"op\": "
                   "matmul outputs saved but every second mm, SDPA and tp reduce-scatter outputs saved, the rest "
                   "recomputed, tp all-gathers included)",
             }[training.recompute]
+
+
+#: ``recompute = "full"`` in each runtime's own words: torchtitan wraps every TransformerBlock in
+#: ``checkpoint_wrapper`` under ``[activation_checkpoint] mode = "full"`` (``_apply_full_ac``,
+#: torchtitan/distributed/activation_checkpoint.py, pytorch/torchtitan at e347b1e); Megatron-LM
+#: recomputes every layer with ``--recompute-granularity full --recompute-method uniform
+#: --recompute-num-layers 1`` (what ``export --to megatron`` writes, :mod:`meshplan.interop.megatron`).
+_FULL = {"torch": "torchtitan full activation checkpointing (activation_checkpoint.mode = \"full\": every "
+                  "TransformerBlock's input kept, the block recomputed in backward)",
+         "megatron": "Megatron-LM full recompute (--recompute-granularity full --recompute-method uniform "
+                     "--recompute-num-layers 1: every layer's input kept, the layer recomputed in backward)"}
 
 
 def _deepspeed_recompute(training) -> str:

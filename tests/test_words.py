@@ -1,0 +1,102 @@
+"""Wording and defaults a newcomer tripped on (issue 11, newcomer trial 3, findings 6 and 7):
+each test runs the command and asserts the text it prints."""
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from meshplan.cli import app
+from tests.conftest import EXAMPLES
+
+#: Llama 3 8B on one DGX H100 at dp 4 x tp 2, ZeRO-1, full recompute; each test sets the runtime.
+ZERO1 = """[model]
+catalog = "llama3-8b"
+
+[cluster]
+system = "dgx-h100"
+nodes = 1
+
+[training]
+global_batch = 64
+seq_len = 8192
+micro_batch = 1
+sharding = "{sharding}"
+recompute = "full"
+{extra}
+
+[mesh]
+names = ["{axis}", "tp"]
+shape = [4, 2]
+sequence_parallel = true
+"""
+
+
+def _cli(*args):
+    return CliRunner().invoke(app, [str(a) for a in args], env={"COLUMNS": "1000"})
+
+
+def _config(tmp_path, text: str, name: str = "c.toml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def _train_line(out: str) -> str:
+    return next(x for x in out.splitlines() if x.startswith("train "))
+
+
+@pytest.mark.parametrize("mine, extra, words", [
+    ("torch", "", 'recompute full (torchtitan full activation checkpointing (activation_checkpoint.mode = "full": every '
+         "TransformerBlock's input kept, the block recomputed in backward))"),
+    ("megatron", 'framework = "megatron"', "recompute full (Megatron-LM full recompute (--recompute-granularity full "
+     "--recompute-method uniform --recompute-num-layers 1: every layer's input kept, the layer recomputed in "
+     "backward))"),
+    ("deepspeed", 'zero12_engine = "deepspeed"', "recompute full (DeepSpeed activation checkpointing "
+     "(deepspeed.checkpointing.checkpoint on every transformer layer: its input kept, the layer recomputed in "
+     "backward))"),
+])
+def test_full_recompute_in_the_runtimes_own_words(tmp_path, mine, extra, words):
+    """Finding 1: under torch (FSDP2, ZeRO-3) the plan header named Megatron-LM's flag first;
+    each runtime (torch, megatron and DeepSpeed at ZeRO-1) now names its own setting, and only it."""
+    sharding, axis = ("zero3", "dp_shard") if mine == "torch" else ("zero1", "dp")
+    cfg = ZERO1.format(extra=extra, sharding=sharding, axis=axis)
+    r = _cli("plan", _config(tmp_path, cfg))
+    assert r.exit_code == 0, r.output
+    line = _train_line(r.output)
+    assert words in line
+    others = {"torch": "activation_checkpoint.mode", "megatron": "--recompute-granularity",
+              "deepspeed": "deepspeed.checkpointing"}
+    assert [k for k, v in others.items() if v in line] == [mine]
+
+
+def test_overlap_tp_that_saves_nothing_names_the_stream_the_step_waits_on():
+    """Finding 2: the seed's 64-GPU mesh (tp 4, FSDP over the network) is bound by fsdp: the
+    ideal TP overlap hides 14028.31 - 3637.83 ms of tp and the step stays 331381.95 ms."""
+    r = _cli("step", EXAMPLES / "seed-64gpu.toml", "--overlap-tp")
+    line = next(x for x in r.output.splitlines() if x.startswith("tp overlap (--overlap-tp)"))
+    assert line.endswith("exposed tp 3637.83 ms (blocking: 14028.31 ms), compute 55370.43 ms (blocking: 55370.43 ms), "
+                         "step 331381.95 ms (blocking: 331381.95 ms): saves 0.00 ms per step: the step is bound by the "
+                         "fsdp stream (exposed fsdp 272373.69 ms on stage 0), which the compute stream waits for "
+                         "either way: the tp time hidden becomes fsdp wait")
+    assert "exposed communication on stage 0: fsdp 272373.69 ms, tp 3637.83 ms" in r.output
+
+
+def test_overlap_tp_that_saves_time_gives_no_reason():
+    r = _cli("step", EXAMPLES / "mini_2x4_tp2-dp4.toml", "--overlap-tp")
+    line = next(x for x in r.output.splitlines() if x.startswith("tp overlap (--overlap-tp)"))
+    assert line.endswith("step 7128.72 ms (blocking: 7381.98 ms): saves 253.26 ms per step")
+
+
+def test_deepseek_bubble_headline_says_what_it_is_and_the_critical_stages_idle():
+    """Finding 3: DeepSeek-V3 (pp 16, 1F1B, m 120): 0.1217 idle/ideal is the schedule's bubble on
+    the busiest stage 7; stage 0, where the step ends, is idle 32991.72 of 46223.70 ms: 0.7137 of
+    the step, 32991.72 / (46223.70 - 32991.72) = 2.4933 as idle/ideal, printed beside it."""
+    r = _cli("step", EXAMPLES / "deepseek-v3_2048xh100_pp16-ep64-dp128.toml")
+    head = next(x for x in r.output.splitlines() if x.startswith("bubble "))
+    assert head.startswith("bubble 0.1217 as idle/ideal, 0.1085 as idle/total (the schedule's bubble fraction, on the "
+                           "busiest stage 7, pipeline only; the step's parts below are on stage 0, where the step "
+                           "ends: bubble 32991.72 ms is its idle, 0.7137 of the step (2.4933 as idle/ideal))")
+    assert "step on stage 0 = compute 13019.40 + bubble 32991.72 + exposed dp 43.00 + exposed pp 169.58 = 46223.70 ms" \
+        in r.output
+    assert round(32991.72 / 46223.70, 4) == 0.7137 and round(32991.72 / (46223.70 - 32991.72), 4) == 2.4933
