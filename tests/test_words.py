@@ -100,3 +100,18 @@ def test_deepseek_bubble_headline_says_what_it_is_and_the_critical_stages_idle()
     assert "step on stage 0 = compute 13019.40 + bubble 32991.72 + exposed dp 43.00 + exposed pp 169.58 = 46223.70 ms" \
         in r.output
     assert round(32991.72 / 46223.70, 4) == 0.7137 and round(32991.72 / (46223.70 - 32991.72), 4) == 2.4933
+
+
+def test_deepspeed_search_labels_the_engine_rule_by_the_engine_planned(tmp_path):
+    """Finding 4: a search of the DeepSpeed ZeRO-2 example (current DeepSpeed's ZeRO-1/2 engine,
+    zero3_engine left at fsdp2), widened to pp and cp 1 or 2, named ``zero3_engine deepspeed-2021``
+    first in the engine rule's label; it names the engine planned alone."""
+    r = _cli("import", "deepspeed", EXAMPLES / "deepspeed_zero2_16xh100.json", "--model", "llama3-8b", "--cluster",
+             "dgx-h100", "--nodes", "2", "--seq-len", "4096", "-o", tmp_path / "ds.toml")
+    assert r.exit_code == 0, r.output
+    path = tmp_path / "ds.toml"
+    path.write_text(path.read_text().replace("pp = [1]", "pp = [1, 2]").replace("\ncp = [1]", "\ncp = [1, 2]"))
+    r = _cli("search", path)
+    assert ("  rejected, zero12_engine deepspeed (DeepSpeed's ZeRO-1/2): cp > 1, ep > 1, or pp > 1 with zero2, "
+            "overlap_comm, vpp > 1 or a schedule other than 1F1B: 216") in r.output.splitlines()
+    assert "deepspeed-2021" not in r.output

@@ -38,7 +38,7 @@ from meshplan.schedule.linkload import edge_loads
 from meshplan.schedule.steptime import StepTime
 from meshplan.search.driver import SearchResult
 from meshplan.search.rank import RULE_LINE
-from meshplan.search.space import REASONS
+from meshplan.search.space import reason_texts
 from meshplan.spec.wording import sharding_words
 from meshplan.units import GB, US, GiB, counted
 
@@ -159,9 +159,9 @@ def plan_page(plan: Plan | Infeasible, st: Optional[StepTime], name: str) -> str
                 plan_sections(plan, st, name))
 
 
-def _count_bars(counts: dict[str, int]) -> str:
+def _count_bars(counts: dict[str, int], training) -> str:
     total = max(sum(counts.values()), 1)
-    text = dict(REASONS)
+    text = reason_texts(training)
     rows = []
     for key, n in sorted(counts.items(), key=lambda kv: -kv[1]):
         if n:
@@ -191,6 +191,6 @@ def search_page(r: SearchResult, name: str) -> str:
                                 + lines([RULE_LINE] + ([r.explanation.line()] if r.explanation is not None else [])
                                          + export_lines(r)))
     body = [section("Searched", lines(header_lines(r))), ranked,
-            section("Rejected", lines(rejected_lines(r)) + _count_bars(r.counts()) + lines(count_lines(r))
+            section("Rejected", lines(rejected_lines(r)) + _count_bars(r.counts(), r.config.training) + lines(count_lines(r))
                     + lines(f"note: {n}" for n in r.notes))]
     return page(f"meshplan search: {name}", f"{r.config.path or name}; exit {'0' if r.top else '1'}", body)

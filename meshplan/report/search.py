@@ -28,7 +28,7 @@ from meshplan.search.driver import SearchResult
 from meshplan.search.exact import Exact
 from meshplan.search.rank import RULE_LINE
 from meshplan.search.space import (RECOMPUTE, REASONS, SHARDING, candidate_config, candidate_schedule, max_tp,
-                                   overlap_searched)
+                                   overlap_searched, reason_texts)
 from meshplan.spec.axes.registry import search_axes
 from meshplan.spec.mesh import Schedule
 from meshplan.spec.wording import DEEPSPEED, zero_runtime
@@ -214,7 +214,7 @@ def infeasible_verdict(r: SearchResult) -> dict[str, Any] | None:
     if r.top:
         return None
     counts = r.counts()
-    text = dict(REASONS)
+    text = reason_texts(r.config.training)
     most = sorted(((n, k) for k, n in counts.items() if k in text and n), key=lambda x: -x[0])[:3]
     rules: list[dict[str, Any]] = [{"rule": k, "rejected": n, "text": text[k]} for n, k in most]
     fix = _FIXES.get(most[0][1], _FIX_ANY) if most else None
@@ -274,7 +274,7 @@ def count_lines(r: SearchResult) -> list[str]:
            f"  feasible: {counts['feasible']:,}"]
     if counts["undecided"]:
         out.append(f"  undecided (near the memory limit, beyond [search] settle_max): {counts['undecided']:,}")
-    for key, text in REASONS:
+    for key, text in reason_texts(r.config.training).items():
         if counts[key]:
             out.append(f"  rejected, {text}: {counts[key]:,}")
     return out

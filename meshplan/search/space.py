@@ -113,6 +113,31 @@ def reason_table() -> tuple[tuple[str, str], ...]:
     return axis + _SCHEDULE_REASONS + _LATE_REASONS
 
 
+#: The ``engine`` rule's words per engine (:data:`_SCHEDULE_REASONS` holds both, for a table
+#: that names no config): DeepSpeed's ZeRO-3 of 2021 (``zero3_engine``) and current DeepSpeed's
+#: ZeRO-1/2 engine (``zero12_engine``).
+_ENGINE_TEXT = {"deepspeed-2021": "zero3_engine deepspeed-2021: pp > 1, cp > 1 or parameters kept gathered (not "
+                                  "DeepSpeed ZeRO-3's)",
+                "deepspeed": "zero12_engine deepspeed (DeepSpeed's ZeRO-1/2): cp > 1, ep > 1, or pp > 1 with zero2, "
+                             "overlap_comm, vpp > 1 or a schedule other than 1F1B"}
+
+
+def reason_texts(training) -> dict[str, str]:
+    """:data:`REASONS` as a dict, the ``engine`` rule labelled by the engine(s) ``training``
+    actually plans (``zero3_engine = "deepspeed-2021"``, ``zero12_engine = "deepspeed"``), so a
+    search of current DeepSpeed's ZeRO-1/2 does not name the 2021 ZeRO-3 engine.
+
+    >>> from meshplan.spec.training import TrainingSpec
+    >>> reason_texts(TrainingSpec(global_batch=8, seq_len=16, sharding="zero2", zero12_engine="deepspeed"))["engine"]
+    "zero12_engine deepspeed (DeepSpeed's ZeRO-1/2): cp > 1, ep > 1, or pp > 1 with zero2, overlap_comm, vpp > 1 or a schedule other than 1F1B"
+    """
+    engines = [e for e in _ENGINE_TEXT if e in (training.zero3_engine, training.zero12_engine)]
+    text = dict(REASONS)
+    if engines:
+        text["engine"] = "; ".join(_ENGINE_TEXT[e] for e in engines)
+    return text
+
+
 #: :func:`reason_table` of the registered axes.
 REASONS = reason_table()
 OK = -1
