@@ -28,7 +28,7 @@ from meshplan.search.driver import SearchResult
 from meshplan.search.exact import Exact
 from meshplan.search.rank import RULE_LINE
 from meshplan.search.space import (RECOMPUTE, REASONS, SHARDING, candidate_config, candidate_schedule, max_tp,
-                                   overlap_searched, reason_texts)
+                                   axis_shown, overlap_searched, reason_texts)
 from meshplan.spec.axes.registry import search_axes
 from meshplan.spec.mesh import Schedule
 from meshplan.spec.wording import DEEPSPEED, zero_runtime
@@ -133,7 +133,7 @@ def print_search(r: SearchResult, console: Console) -> None:
         tab.add_column(col, justify="right" if col not in ("mesh", "recompute", "sharding", "knobs") else "left")
     for k, e in enumerate(shown, 1):
         d = row(r, e)
-        mesh = " x ".join(f"{a} {v}" for a, v in d["mesh"].items() if v > 1) or "1"
+        mesh = " x ".join(f"{axis_shown(a, d['sharding'])} {v}" for a, v in d["mesh"].items() if v > 1) or "1"
         tab.add_row(str(k), mesh, str(d["micro_batch"]), d["recompute"], str(d["virtual_stages"]), d["sharding"],
                     knobs(d), f"{e.peak_bytes / GiB:.1f}", f"{e.step_s:.3f}", f"{e.mfu:.1%}",
                     f"{e.tokens_per_s:,.0f}", f"{e.goodput:.2%}" if e.goodput is not None else "-",

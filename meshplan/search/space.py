@@ -78,6 +78,7 @@ from meshplan.spec.axes.base import divisors
 from meshplan.spec.axes.registry import AXES, rules, search_axes
 from meshplan.spec.axes.tp import max_tp
 from meshplan.spec.mesh import MeshSpec, Schedule
+from meshplan.spec.wording import data_axis
 
 RECOMPUTE = ("none", "selective", "full", "op")
 #: Searched shardings (the ``sh`` column); zero2 last, so that adding it kept the others' codes.
@@ -213,13 +214,25 @@ class Candidates:
         """``pp 16 x dp_shard 128 x tp 8, mb 1, full, vpp 1, zero3`` (degree-1 axes left out),
         then ``, keep gathered`` (reshard_after_forward false), ``, tp overlap`` and ``, short
         end stages`` where they apply."""
-        degs = [(n, self.degree(col.column)) for n, col in search_axes()]
+        degs = [(axis_shown(n, SHARDING[self.sh[i]]), self.degree(col.column)) for n, col in search_axes()]
         mesh = " x ".join(f"{n} {int(a[i])}" for n, a in degs if a[i] > 1) or "1 rank"
         extra = "".join(t for on, t in ((not self.rf[i], ", keep gathered"), (self.ov[i], ", tp overlap"),
                                          (self.us[i], ", short end stages"), (self.ps[i], f", {PIPELINE[self.ps[i]]}"))
                         if on)
         return (f"{mesh}, mb {int(self.mb[i])}, {RECOMPUTE[self.rc[i]]}, vpp {int(self.vpp[i])}, "
                 f"{SHARDING[self.sh[i]]}{extra}")
+
+
+def axis_shown(name, sharding: str) -> str:
+    """A search axis's name in a candidate's mesh: the data axis ``dp_shard`` is ``dp`` under
+    ZeRO-1/2 (:func:`meshplan.spec.wording.data_axis`), as ``plan`` prints the mesh a Megatron-LM
+    or DeepSpeed config imports to; the search columns and ``--json``'s ``mesh`` keys keep
+    ``dp_shard``.
+
+    >>> axis_shown("dp_shard", "zero2"), axis_shown("dp_shard", "zero3"), axis_shown("tp", "zero1")
+    ('dp', 'dp_shard', 'tp')
+    """
+    return data_axis(sharding) if str(name) == "dp_shard" else str(name)
 
 
 def _allowed(values, allowed) -> list[int]:
@@ -617,7 +630,7 @@ def candidate_config(cfg: Config, c: Candidates, i: int) -> Config:
     in the training contract; ``grad_accumulation`` and ``fp8_all_gather`` where they apply
     (:func:`_training_knobs`); ``[memory] fsdp_reduce`` unset, so each candidate reduces as its
     pp and grad_accumulation say (:meth:`~meshplan.spec.memory.MemoryOptions.fsdp_reduce_for`)."""
-    degs = [(str(n), c.degree(col.column)) for n, col in search_axes()]
+    degs = [(axis_shown(n, SHARDING[c.sh[i]]), c.degree(col.column)) for n, col in search_axes()]
     named = [(n, int(a[i])) for n, a in degs if a[i] > 1] or [("dp_shard", 1)]
     pp, vpp, tp = int(c.pp[i]), int(c.vpp[i]), int(c.tp[i])
     mesh = MeshSpec(names=[n for n, _ in named], shape=[d for _, d in named], sequence_parallel=tp > 1,

@@ -177,6 +177,23 @@ def state_how(training, axis: str, divisor: int, origin: str = "") -> str:
     return f"partitioned over the {cell}" if cell.startswith("data-parallel") else f"sharded over {cell}"
 
 
+#: Shardings whose data axis replicates the parameters (DDP, ZeRO-1/2): the axis is ``dp``,
+#: Megatron-LM's and DeepSpeed's data-parallel group; under zero3 and hsdp it shards them
+#: (torchtitan's ``dp_shard``).
+REPLICATED = ("none", "zero1", "zero2")
+
+
+def data_axis(sharding: str) -> str:
+    """The name of the data axis a ``sharding`` runs over, as the plan of such a mesh prints
+    it (its importers write it so: Megatron-LM and DeepSpeed ``dp``, torchtitan ``dp_shard``):
+    ``dp`` for replicas (DDP, ZeRO-1/2), ``dp_shard`` for FSDP/ZeRO-3 shards.
+
+    >>> data_axis("zero2"), data_axis("zero3")
+    ('dp', 'dp_shard')
+    """
+    return "dp" if sharding in REPLICATED else "dp_shard"
+
+
 def schedule_words(schedule, pp: int) -> str:
     """The pipeline schedule as the output prints it: ``no pipeline`` at ``pp`` 1 (nothing is
     scheduled: one stage runs its micro-batches' forward and backward in turn, as DeepSpeed's
