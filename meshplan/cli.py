@@ -444,7 +444,8 @@ def step(config: Path = typer.Argument(..., help=CONFIG_HELP),
          no_prefetch: bool = typer.Option(False, "--no-prefetch", help="no FSDP all-gather prefetch"),
          gemm_table: Optional[Path] = typer.Option(None, "--gemm-table", help="measured GEMM times (meshplan bench gemm)"),
          schedule: Optional[str] = typer.Option(None, "--schedule", help="gpipe, 1f1b, interleaved_1f1b, zb_h1, zbv or dualpipev "
-                                                                        "(zbv and dualpipev: virtual_stages 2, a V)"),
+                                                                        "(zbv and dualpipev: virtual_stages 2, a V; "
+                                                                        "at pp 1 a note says it changes nothing)"),
          json_path: Optional[Path] = _json_option("step"),
          force: bool = typer.Option(False, "--force", help="replace existing --trace and --json files"),
          calibration: CalibrationOpt = None,
@@ -471,6 +472,8 @@ def step(config: Path = typer.Argument(..., help=CONFIG_HELP),
         _write_doc(json_path, envelope("step", p, step_s=None), force)
         _exit_infeasible(p)
     table = load_gemm_table(gemm_table) if gemm_table else None
+    unscheduled = schedule if schedule is not None and p.mesh.degree("pp") == 1 else None
+    schedule = None if unscheduled else schedule  # pp 1: nothing to schedule (as --overlap-tp at tp 1)
     ideal_tp = overlap_tp and not p.config.training.tp_comm_overlap  # with it on, the config's model runs alone
     st = _step_with(p, _overlap(ideal_tp, no_prefetch), table, schedule)
     if not p.feasible:
@@ -488,6 +491,8 @@ def step(config: Path = typer.Argument(..., help=CONFIG_HELP),
         _echo(tp)
     if megatron_reduce_line(p.config.training):
         _echo(megatron_reduce_line(p.config.training))
+    if unscheduled:
+        _echo(f"note: --schedule {unscheduled} changes nothing: pp 1 has no pipeline to schedule")
     if overlap_tp and p.mesh.degree("tp") < 2:
         _echo("note: --overlap-tp changes nothing: tp 1 has no TP collectives")
     elif overlap_tp and p.config.training.tp_comm_overlap:

@@ -159,3 +159,15 @@ def test_zero2_plan_prints_no_zero3_leftovers(tmp_path):
     assert r.exit_code == 0, r.output
     page = (tmp_path / "ds.html").read_text()
     assert "Step time" in page and "Predicted pipeline timeline" not in page and "pipeline timeline" not in page
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "zbv"])
+def test_schedule_at_pp_1_says_it_changes_nothing(schedule):
+    """Finding 7: ``step --schedule`` at pp 1 was taken silently (zbv refused for its virtual
+    stages); like ``--overlap-tp`` at tp 1, one note and exit 0, the step that of no schedule."""
+    plain = _cli("step", EXAMPLES / "mini_2x4_tp2-dp4.toml")
+    r = _cli("step", EXAMPLES / "mini_2x4_tp2-dp4.toml", "--schedule", schedule)
+    assert r.exit_code == 0, r.output
+    notes = [x for x in r.output.splitlines() if x.startswith("note: --schedule")]
+    assert notes == [f"note: --schedule {schedule} changes nothing: pp 1 has no pipeline to schedule"]
+    assert r.output.splitlines()[0] == plain.output.splitlines()[0] == "step 7381.98 ms (no pipeline, m 16); critical stage 0"
