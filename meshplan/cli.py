@@ -979,8 +979,10 @@ def launch_cmd(config: Path = typer.Argument(..., help=TOML_ONLY_HELP),
                program: Optional[list[str]] = typer.Argument(None, metavar="-- PROGRAM...",
                                                             help="the training command each rank runs, after `--` "
                                                                  "(e.g. -- python train.py --job.config_file x.toml)"),
-               out: Path = typer.Option(Path("launch"), "--out", help="folder for bind.sh, torchrun.sh, job.sbatch "
-                                                                     "and bindings.json"),
+               out: Optional[Path] = typer.Option(None, "--out", help="folder for bind.sh, torchrun.sh, job.sbatch "
+                                                                         "and bindings.json (default: out/launch/ "
+                                                                         "and CONFIG's name, refused when it holds "
+                                                                         "files unless --force)"),
                rdzv_endpoint: Optional[str] = typer.Option(None, "--rdzv-endpoint",
                                                            help="HOST:PORT of node 0 for the c10d rendezvous "
                                                                 "(default: Slurm's first host at --port; "
@@ -1014,6 +1016,8 @@ def launch_cmd(config: Path = typer.Argument(..., help=TOML_ONLY_HELP),
     (GPUs visible in LOCAL_RANK order for cuda:{LOCAL_RANK} scripts, NUMA cores, NCCL NIC variables).
     A mesh that does not fit writes nothing and exits 1."""
 
+    if out is None:  # defaults go under out/ (README "Outputs"); an earlier run's folder is refused, as report's file
+        out = check_destination(Path("out") / "launch" / config.stem, "--out", force, folder=True)
     _refuse_existing(json_path, force, "--json")
     p = _load(config, topology)
     if p.mesh is None or not p.feasible:
@@ -1028,7 +1032,7 @@ def launch_cmd(config: Path = typer.Argument(..., help=TOML_ONLY_HELP),
                          nic_scope=nic_scope, socket_ifname=socket_ifname, cpu_bind=cpu_bind, job_name=job_name,
                          partition=partition, time_limit=time_limit)
     written = write_launch(out, c.placement, opts, force=force)
-    for line in launch_lines(c):  # the choice and the warnings place prints: never a silent permutation
+    for line in launch_lines(c, "launch"):  # the choice and the warnings place prints: never a silent permutation
         _echo(line)
     for path in written:
         _wrote(path)

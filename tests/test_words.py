@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from meshplan.cli import app
+from meshplan.cli import app, main
 from tests.conftest import EXAMPLES
 
 #: Llama 3 8B on one DGX H100 at dp 4 x tp 2, ZeRO-1, full recompute; each test sets the runtime.
@@ -171,3 +171,25 @@ def test_schedule_at_pp_1_says_it_changes_nothing(schedule):
     notes = [x for x in r.output.splitlines() if x.startswith("note: --schedule")]
     assert notes == [f"note: --schedule {schedule} changes nothing: pp 1 has no pipeline to schedule"]
     assert r.output.splitlines()[0] == plain.output.splitlines()[0] == "step 7381.98 ms (no pipeline, m 16); critical stage 0"
+
+
+def test_launch_defaults_under_out_and_points_at_its_own_choose(tmp_path, monkeypatch, capsys):
+    """Finding 8: ``launch`` without ``--out`` wrote ``launch/`` in the current folder (README:
+    defaults go under out/), and its warning sent the user to ``place --choose``. tp 4 as the
+    outer axis on 2 DGX H100 nodes: each tp group {0, 4, 8, 12} spans both nodes."""
+    cfg = _config(tmp_path, ZERO1.format(extra="", sharding="zero3", axis="dp_shard")
+                  .replace("nodes = 1", "nodes = 2").replace('names = ["dp_shard", "tp"]', 'names = ["tp", "dp_shard"]')
+                  .replace("shape = [4, 2]", "shape = [4, 4]"), "across.toml")
+    monkeypatch.chdir(tmp_path)
+    r = _cli("launch", cfg, "--", "python", "train.py")
+    assert r.exit_code == 0, r.output
+    folder = Path("out/launch/across")
+    assert sorted(p.name for p in folder.iterdir()) == ["bind.sh", "bindings.json", "job.sbatch", "torchrun.sh"]
+    assert not Path("launch").exists() and f"wrote {folder / 'bind.sh'}" in r.output
+    warning = next(x for x in r.output.splitlines() if x.startswith("warning: tp 4 fits the 8-GPU node"))
+    assert warning.endswith("put tp innermost (meshplan launch --choose)") and "place --choose" not in r.output
+    with pytest.raises(SystemExit) as again:  # main(): the error as the shell shows it, exit 2
+        main(["launch", str(cfg), "--", "python", "train.py"])
+    assert again.value.code == 2 and capsys.readouterr().err.strip() == (
+        f"error: --out: {folder} exists; choose another path or pass --force to replace it")
+    assert _cli("launch", cfg, "--force", "--", "python", "train.py").exit_code == 0
