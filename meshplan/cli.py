@@ -51,7 +51,7 @@ from meshplan.interop.foreign import (UserFile, export, import_text, load_any, s
 from meshplan.mesh.tpsplit import model_groups
 from meshplan.placement.assign import rank_row
 from meshplan.placement.bindings import bindings, write_bindings
-from meshplan.placement.choice import choose_placement, weights_from_plan
+from meshplan.placement.choice import choose_placement, for_command, weights_from_plan
 from meshplan.placement.launch import LaunchOptions, write_launch
 from meshplan.placement.topology import (
     check_identity_nic_map,
@@ -1027,12 +1027,13 @@ def launch_cmd(config: Path = typer.Argument(..., help=TOML_ONLY_HELP),
     c = choose_placement(p.mesh, p.config.cluster, (weights_from_plan(p) or None) if isinstance(p, Plan) else None,
                          rank_to_gpu=p.spec.rank_to_gpu, search=choose, source="collective table", step_s=score,
                          schedule=p.spec.pp_schedule, vpp=p.vpp)
+    c = for_command(c, "launch")  # its warnings name launch --choose
     opts = LaunchOptions(program=tuple(program or ()), rdzv_endpoint=rdzv_endpoint, port=port,
                          hosts=tuple(h for h in (hosts or "").split(",") if h), transport=transport,
                          nic_scope=nic_scope, socket_ifname=socket_ifname, cpu_bind=cpu_bind, job_name=job_name,
                          partition=partition, time_limit=time_limit)
     written = write_launch(out, c.placement, opts, force=force)
-    for line in launch_lines(c, "launch"):  # the choice and the warnings place prints: never a silent permutation
+    for line in launch_lines(c):  # the choice and the warnings place prints: never a silent permutation
         _echo(line)
     for path in written:
         _wrote(path)

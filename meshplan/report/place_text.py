@@ -7,7 +7,6 @@ from meshplan.placement.bindings import bindings
 from meshplan.placement.assign import group_locality
 from meshplan.placement.assign import same_rails
 from meshplan.placement.choice import Choice
-from meshplan.placement.explain import choose_hint
 from meshplan.units import traffic_gb
 
 
@@ -69,12 +68,10 @@ def _chosen_lines(c: Choice) -> list[str]:
             f"{_num(s1.socket_bytes, b)})"]
 
 
-def launch_lines(c: Choice, command: str = "launch") -> list[str]:
+def launch_lines(c: Choice) -> list[str]:
     """What ``meshplan launch`` prints of the placement it binds: the same choice and warnings
     as ``meshplan place`` (with ``--choose``, the chosen permutation and the step it changes),
-    so a launch never binds a permuted or a weak placement silently; a warning's fix names
-    ``command``'s own ``--choose`` (:func:`~meshplan.placement.explain.choose_hint`). The
-    choice's line is the last decision (:func:`meshplan.placement.explain.explain`'s result line)."""
-    hint = (choose_hint(), choose_hint(command))
+    so a launch never binds a permuted or a weak placement silently. The choice's line is the
+    last decision (:func:`meshplan.placement.explain.explain`'s result line)."""
     return (_chosen_lines(c) + [f"placement: {c.decisions[-1]}"] * bool(c.decisions)
-            + [f"warning: {w.replace(*hint)}" for w in c.warnings])
+            + [f"warning: {w}" for w in c.warnings])

@@ -59,8 +59,8 @@ Dimensions (each narrowed by :class:`~meshplan.spec.search.SearchOptions`):
 (2348, 8)
 >>> int((c.rc == RECOMPUTE.index("op")).sum()), int(c.tp[c.rc == RECOMPUTE.index("op")].max())  # 16 at pp 8 left
 (224, 1)
->>> candidate_config(cfg, c, 0).mesh.names
-['dp_shard']
+>>> candidate_config(cfg, c, 0).mesh.names, SHARDING[c.sh[0]]  # ZeRO-1: its data axis is dp (axis_shown)
+(['dp'], 'zero1')
 """
 
 from __future__ import annotations
