@@ -270,18 +270,16 @@ def reduce_words(training, origin: str, rule: str) -> str:
 
 def gathered_words(training, origin: str = "") -> str:
     """What the layers gathered for compute are called in the first memory estimate:
-    ``gathered FSDP layers``, under DeepSpeed (:func:`zero_runtime`) ZeRO-3's.
+    ``gathered FSDP layers``, under DeepSpeed (:func:`zero_runtime`) ZeRO-3's. ZeRO-1/2 gather
+    nothing: the estimate leaves the term out (:meth:`meshplan.memory.constraints.Estimate.line`).
 
     >>> from meshplan.spec.training import TrainingSpec
     >>> gathered_words(TrainingSpec(global_batch=8, seq_len=16), "deepspeed")
     'layers gathered by the ZeRO-3 parameter all-gather'
-    >>> gathered_words(TrainingSpec(global_batch=8, seq_len=16, sharding="zero2"), "deepspeed")
-    'layers gathered by the ZeRO-3 parameter all-gather (ZeRO-3 only)'
     """
     if zero_runtime(training, origin) != DEEPSPEED:
         return "gathered FSDP layers"
-    return "layers gathered by the ZeRO-3 parameter all-gather" + ("" if training.sharding == "zero3" else
-                                                                     " (ZeRO-3 only)")
+    return "layers gathered by the ZeRO-3 parameter all-gather"
 
 
 def deepspeed_recompute_fix(training) -> str:
