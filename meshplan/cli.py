@@ -53,7 +53,7 @@ from meshplan.mesh.tpsplit import model_groups
 from meshplan.mesh.validity import input_error
 from meshplan.placement.assign import rank_row
 from meshplan.placement.bindings import bindings, write_bindings
-from meshplan.placement.choice import choose_placement, weights_from_plan
+from meshplan.placement.choice import choose_placement, for_command, weights_from_plan
 from meshplan.placement.launch import LaunchOptions, check_launch_folder, write_launch
 from meshplan.placement.topology import (
     check_identity_nic_map,
@@ -462,7 +462,8 @@ def step(config: Path = typer.Argument(..., help=CONFIG_HELP),
          no_prefetch: bool = typer.Option(False, "--no-prefetch", help="no FSDP all-gather prefetch"),
          gemm_table: Optional[Path] = typer.Option(None, "--gemm-table", help="measured GEMM times (meshplan bench gemm)"),
          schedule: Optional[str] = typer.Option(None, "--schedule", help="gpipe, 1f1b, interleaved_1f1b, zb_h1, zbv or dualpipev "
-                                                                        "(zbv and dualpipev: virtual_stages 2, a V)"),
+                                                                        "(zbv and dualpipev: virtual_stages 2, a V; "
+                                                                        "at pp 1 a note says it changes nothing)"),
          json_path: Optional[Path] = _json_option("step"),
          force: bool = typer.Option(False, "--force", help="replace existing --trace and --json files"),
          calibration: CalibrationOpt = None,
@@ -489,6 +490,8 @@ def step(config: Path = typer.Argument(..., help=CONFIG_HELP),
         _write_doc(json_path, envelope("step", p, step_s=None), force)
         _exit_infeasible(p)
     table = load_gemm_table(gemm_table) if gemm_table else None
+    unscheduled = schedule if schedule is not None and p.mesh.degree("pp") == 1 else None
+    schedule = None if unscheduled else schedule  # pp 1: nothing to schedule (as --overlap-tp at tp 1)
     ideal_tp = overlap_tp and not p.config.training.tp_comm_overlap  # with it on, the config's model runs alone
     st = _step_with(p, _overlap(ideal_tp, no_prefetch), table, schedule)
     if not p.feasible:
@@ -506,6 +509,8 @@ def step(config: Path = typer.Argument(..., help=CONFIG_HELP),
         _echo(tp)
     if megatron_reduce_line(p.config.training):
         _echo(megatron_reduce_line(p.config.training))
+    if unscheduled:
+        _echo(f"note: --schedule {unscheduled} changes nothing: pp 1 has no pipeline to schedule")
     if overlap_tp and p.mesh.degree("tp") < 2:
         _echo("note: --overlap-tp changes nothing: tp 1 has no TP collectives")
     elif overlap_tp and p.config.training.tp_comm_overlap:
@@ -1017,8 +1022,10 @@ def launch_cmd(config: Path = typer.Argument(..., help=TOML_ONLY_HELP),
                program: Optional[list[str]] = typer.Argument(None, metavar="-- PROGRAM...",
                                                             help="the training command each rank runs, after `--` "
                                                                  "(e.g. -- python train.py --job.config_file x.toml)"),
-               out: Path = typer.Option(Path("launch"), "--out", help="folder for bind.sh, torchrun.sh, job.sbatch "
-                                                                     "and bindings.json"),
+               out: Optional[Path] = typer.Option(None, "--out", help="folder for bind.sh, torchrun.sh, job.sbatch "
+                                                                         "and bindings.json (default: out/launch/ "
+                                                                         "and CONFIG's name, refused when it holds "
+                                                                         "files unless --force)"),
                rdzv_endpoint: Optional[str] = typer.Option(None, "--rdzv-endpoint",
                                                            help="HOST:PORT of node 0 for the c10d rendezvous "
                                                                 "(default: Slurm's first host at --port; "
@@ -1052,6 +1059,8 @@ def launch_cmd(config: Path = typer.Argument(..., help=TOML_ONLY_HELP),
     (GPUs visible in LOCAL_RANK order for cuda:{LOCAL_RANK} scripts, NUMA cores, NCCL NIC variables).
     A mesh that does not fit writes nothing and exits 1."""
 
+    if out is None:  # defaults go under out/ (README "Outputs"); an earlier run's folder is refused, as report's file
+        out = check_destination(Path("out") / "launch" / config.stem, "--out", force, folder=True)
     check_launch_folder(out, force)  # an existing script is refused before the planning, as --json
     _refuse_existing(json_path, force, "--json")
     p = _load(config, topology)
@@ -1062,6 +1071,7 @@ def launch_cmd(config: Path = typer.Argument(..., help=TOML_ONLY_HELP),
     c = choose_placement(p.mesh, p.config.cluster, (weights_from_plan(p) or None) if isinstance(p, Plan) else None,
                          rank_to_gpu=p.spec.rank_to_gpu, search=choose, source="collective table", step_s=score,
                          schedule=p.spec.pp_schedule, vpp=p.vpp)
+    c = for_command(c, "launch")  # its warnings name launch --choose
     opts = LaunchOptions(program=tuple(program or ()), rdzv_endpoint=rdzv_endpoint, port=port,
                          hosts=tuple(h for h in (hosts or "").split(",") if h), transport=transport,
                          nic_scope=nic_scope, socket_ifname=socket_ifname, cpu_bind=cpu_bind, job_name=job_name,

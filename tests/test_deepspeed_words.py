@@ -123,8 +123,8 @@ def test_zero2_capacity_row_by_hand(capsys):
     plan = _out(["plan", ZERO2, *DS_OPTS], capsys)
     assert "sharding zero2, recompute none: smallest split (tp inside a node) that fits is tp 1 x pp 1 (peak " \
            "44.0 GiB)" in plan
-    assert "state 21.50 GiB + activations 22.54 GiB + layers gathered by the ZeRO-3 parameter all-gather (ZeRO-3 " \
-           "only) 0.00 GiB = 44.04 GiB" in plan
+    assert "stage 0: state 21.50 GiB + activations 22.54 GiB = 44.04 GiB" in plan  # nothing gathered: no term
+    assert "gathered" not in plan.split("first estimate")[1].splitlines()[0]
 
 
 def test_search_and_export_agree_on_what_deepspeed_does_not_express():

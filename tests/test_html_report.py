@@ -39,10 +39,8 @@ def test_plan_page_holds_the_plans_numbers():
     assert "<script" not in doc.lower() and "<img src=x" not in doc
     assert "mesh&lt;img src=x onerror=console.error(1)&gt;.toml" in doc
     assert doc.count("data:image/png;base64,") == 1  # the most loaded stage's memory timeline
-    # Gantt: one rect per simulated unit and step-end op; link bars: one per edge
-    gantt = doc[doc.index('aria-label="pipeline timeline"'):]
-    gantt = gantt[:gantt.index("</svg>")]
-    assert gantt.count("<rect") == len(st.pipeline.events) + len(st.post_events)
+    # no Gantt at pp 1 (nothing is scheduled); link bars: one per edge
+    assert 'aria-label="pipeline timeline"' not in doc and "Predicted pipeline timeline" not in doc
     bars = doc[doc.index('aria-label="link load"'):]
     assert bars[:bars.index("</svg>")].count("<rect") == len(edge_loads(plan, st))
     # the collective table's traffic column: bytes one rank sends per step, GB, by hand for the tp
@@ -51,6 +49,21 @@ def test_plan_page_holds_the_plans_numbers():
     assert f"<td>{row.size_bytes * (2 - 1) / 2 * row.per_step / 1e9:,.2f}</td>" in doc
     assert f"step {st.step_s * 1e3:.2f} ms" in doc
     assert f"{plan.timeline.peak.total_bytes / 2**30:.2f}" in doc
+
+
+def test_gantt_has_one_rect_per_unit_at_pp_2(tmp_path):
+    """The mini mesh as pp 2 x dp_shard 2 x tp 2: the Gantt holds one rect per simulated unit
+    and step-end op."""
+    cfg = tmp_path / "pp2.toml"
+    cfg.write_text(MINI.read_text().replace('names = ["dp_shard", "tp"]', 'names = ["pp", "dp_shard", "tp"]')
+                   .replace("shape = [4, 2]", "shape = [2, 2, 2]"))
+    plan = build_plan(load_config(cfg))
+    st = step_time(plan)
+    doc = plan_page(plan, st, "pp2")
+    assert st.pipeline.spec.p == 2 and "<h3>Predicted pipeline timeline</h3>" in doc
+    gantt = doc[doc.index('aria-label="pipeline timeline"'):]
+    gantt = gantt[:gantt.index("</svg>")]
+    assert gantt.count("<rect") == len(st.pipeline.events) + len(st.post_events)
 
 
 def test_html_output_is_refused_when_it_exists(tmp_path):
@@ -114,10 +127,11 @@ def test_plan_report_renders_in_chromium(tmp_path):
     dom, console, shot = render(page, tmp_path / "report")
     assert console == []
     for heading in ("Verdict", "Constraints (before any mesh)", "Mesh, groups and placement", "Local shapes", "Memory", "Collectives", "Step time",
-                    "Predicted pipeline timeline", "Link load per step"):
+                    "Link load per step"):
         assert f">{heading}</h" in dom
+    assert ">Predicted pipeline timeline</h" not in dom  # pp 1: no pipeline
     assert "mesh&lt;img src=x onerror=console.error(1)&gt;.toml" in dom and "<img src=\"x\"" not in dom
-    assert len(re.findall(r"<svg", dom)) == 2 and "data:image/png;base64," in dom
+    assert len(re.findall(r"<svg", dom)) == 1 and "data:image/png;base64," in dom
     assert_drawn(shot)
 
 

@@ -412,7 +412,7 @@ def test_launch_prints_place_warnings_and_the_choice(tmp_path, capsys):
     warning = [line.strip()[2:] for line in place if line.startswith("  ! ")]
     assert len(warning) == 1 and warning[0].startswith("tp 4 fits the 8-GPU node but the axis order puts it across")
     plain = run("launch", cfg, "--out", tmp_path / "a", "--", "python", "t.py")
-    assert f"warning: {warning[0]}" in plain
+    assert f"warning: {warning[0].replace('meshplan place --choose', 'meshplan launch --choose')}" in plain
     assert "placement: node-major placement as given: weak-path bytes (all ranks, per step) 1,675.2 GB" in plain[0]
     chosen = run("launch", cfg, "--out", tmp_path / "b", "--choose", "--", "python", "t.py")
     placed = run("place", cfg, "--choose")

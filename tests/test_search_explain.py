@@ -89,15 +89,15 @@ def _parts_by_hand(st) -> dict:
 
 def test_top_against_runner_up_by_hand():
     """8 GPUs, pp 2, tp 1, zero1 (Megatron-LM's distributed optimizer: framework megatron,
-    torch has no zero1 engine), vpp 1: the top is pp 2 x dp_shard 4, the runner-up pp 2 x
-    dp_shard 2 x cp 2 (same pp, so the same 1F1B shape, twice the micro-batches).
+    torch has no zero1 engine), vpp 1: the top is pp 2 x dp 4, the runner-up pp 2 x dp 2 x cp 2
+    (same pp, so the same 1F1B shape, twice the micro-batches; ZeRO-1's data axis is dp).
     The runner-up's cp all-gathers (none in the top: cp 1) are its largest extra part."""
     cfg = config(1, 6.0, micro_batch=[1], recompute=["selective"], top=3, pp=[2], tp=[1], sharding=["zero1"],
                  vpp=[1], training={"framework": "megatron"})
     r = search(cfg, workers=1)
     a, b = r.top[0], r.top[1]
-    assert r.candidates.label(a.index).startswith("pp 2 x dp_shard 4,")
-    assert r.candidates.label(b.index).startswith("pp 2 x dp_shard 2 x cp 2,")
+    assert r.candidates.label(a.index).startswith("pp 2 x dp 4,")
+    assert r.candidates.label(b.index).startswith("pp 2 x dp 2 x cp 2,")
     sa, sb = (step_time(build_plan(candidate_config(cfg, r.candidates, e.index)), Overlap()) for e in (a, b))
     ha, hb = _parts_by_hand(sa), _parts_by_hand(sb)
     for h, st in ((ha, sa), (hb, sb)):  # the parts add up to the step

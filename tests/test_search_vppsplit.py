@@ -55,7 +55,7 @@ def test_short_split_with_virtual_stages_by_hand():
     interleaved = c.vpp > 1
     assert sorted(set(c.vpp[interleaved].tolist())) == [2, 4] and (c.us[interleaved] == 1).all()
     i = int(np.flatnonzero((c.vpp == 2) & (c.dps == 2) & (c.sh == SHARDING.index("zero1")))[0])
-    assert c.label(i) == "pp 4 x dp_shard 2, mb 1, full, vpp 2, zero1, short end stages"
+    assert c.label(i) == "pp 4 x dp 2, mb 1, full, vpp 2, zero1, short end stages"  # ZeRO-1: dp
     mesh = candidate_config(cfg, c, i).mesh
     assert (mesh.pp_layer_split, mesh.virtual_stages, str(mesh.pp_schedule)) == ([3, 4, 4, 3], 2, "interleaved_1f1b")
     st = stage_layout(cfg, c.take([i]), 4)

@@ -58,7 +58,7 @@ def test_bubble_line_names_the_stage_of_each_figure():
     parts = next(x for x in lines if x.startswith("step on stage"))
     busy = float(res.busy_s[res.busiest_stage])
     assert bubble.startswith(f"bubble {(res.step_s - busy) / busy:.4f} as idle/ideal, "
-                             f"{(res.step_s - busy) / res.step_s:.4f} as idle/total (busiest stage 1,")
+                             f"{(res.step_s - busy) / res.step_s:.4f} as idle/total (the schedule's bubble fraction, on the busiest stage 1,")
     assert parts.startswith("step on stage 0 = ")
     bubble_ms = _numbers(parts.split(" = ", 1)[1])["bubble"]
     assert abs(float(bubble_ms) - st.parts_s()["bubble"] * 1e3) <= 0.01

@@ -61,12 +61,13 @@ class Estimate:
 
     def line(self, gathered: str = "gathered FSDP layers") -> str:
         """The estimate as a sum; ``gathered``: what the gathered layers are called (DeepSpeed:
-        :func:`meshplan.spec.wording.gathered_words`)."""
+        :func:`meshplan.spec.wording.gathered_words`), a term left out where nothing is gathered
+        (DDP, ZeRO-1/2: 0 bytes)."""
         acc = (f" + unsharded gradients till the last micro-batch {self.accumulator_bytes / GiB:.2f} GiB"
                if self.accumulator_bytes else "")
+        gath = f" + {gathered} {self.gathered_bytes / GiB:.2f} GiB" if self.gathered_bytes else ""
         return (f"stage {self.stage}: state {self.state_bytes / GiB:.2f} GiB + activations "
-                f"{self.activation_bytes / GiB:.2f} GiB + {gathered} {self.gathered_bytes / GiB:.2f} GiB"
-                f"{acc} = {self.total_bytes / GiB:.2f} GiB")
+                f"{self.activation_bytes / GiB:.2f} GiB{gath}{acc} = {self.total_bytes / GiB:.2f} GiB")
 
 
 @dataclass(frozen=True)

@@ -42,7 +42,7 @@ from meshplan.placement.assign import (
     same_rails,
 )
 from meshplan.placement.bindings import all_bindings, bindings, write_bindings  # noqa: F401  (re-exported)
-from meshplan.placement.explain import explain
+from meshplan.placement.explain import choose_hint, explain
 from meshplan.spec.axes.registry import AXES, placement_weights
 from meshplan.spec.cluster import ClusterSpec
 from meshplan.spec.mesh import Schedule
@@ -314,6 +314,15 @@ class Choice:
     warnings: tuple[str, ...] = field(default=())
     schedule: Schedule = Schedule.ONE_F_ONE_B
     vpp: int = 1
+
+
+def for_command(c: Choice, command: str) -> Choice:
+    """``c`` with its warnings' fix naming ``command``'s own ``--choose``
+    (:func:`~meshplan.placement.explain.choose_hint`): ``meshplan launch --choose`` binds the
+    permutation ``place --choose`` finds, so a launch's warnings (printed and ``--json``) point
+    at the command the user ran."""
+    hint = (choose_hint(), choose_hint(command))
+    return replace(c, warnings=tuple(w.replace(*hint) for w in c.warnings))
 
 
 def _equivalent_names(mesh: Mesh, inner, outer, r2g: np.ndarray) -> Optional[tuple[str, ...]]:

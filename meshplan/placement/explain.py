@@ -110,7 +110,7 @@ def _per_layer(c, axis: str, loc: GroupLocality) -> str:
     if loc.size <= d_gpus and need <= d_gpus:
         where = f"{d_gpus}-GPU node" if dom == "node" else dom
         return (f"{axis} {loc.size} fits the {where} but the axis order puts it across: {spans}; "
-                f"put {axis} innermost (meshplan place --choose)")
+                f"put {axis} innermost ({choose_hint()})")
     why = (f"{axis} {loc.size} > {d_gpus} GPUs per {dom}" if loc.size > d_gpus else
            " * ".join(f"{a} {d}" for a, d in parts) + f" = {need} > {d_gpus} GPUs per {dom}")
     return (f"{why}: the rule 'per-layer groups inside the fast domain' fails; {spans}; keep the per-layer axes "
@@ -222,3 +222,13 @@ def _result(c) -> str:
     return (f"chose physical order ({order}) outermost first: {step}weak-path bytes {_fmt(before.total, b)} -> "
             f"{_fmt(after.total, b)} (network {_fmt(after.network_bytes, b)}, spine {_fmt(after.spine_bytes, b)}, "
             f"socket {_fmt(after.socket_bytes, b)}); {how}")
+
+
+def choose_hint(command: str = "place") -> str:
+    """The command that searches the rank -> GPU permutation, as a warning names it for the
+    command the user ran (``meshplan launch --choose`` binds what ``place --choose`` finds).
+
+    >>> choose_hint(), choose_hint("launch")
+    ('meshplan place --choose', 'meshplan launch --choose')
+    """
+    return f"meshplan {command} --choose"

@@ -7,7 +7,7 @@ Plan page: verdict; model, cluster and training; the constraints; mesh and its d
 and the memory timeline per stage with the most loaded stage's plot (matplotlib PNG,
 base64); the collective table in nccl-tests columns plus bytes sent per rank per step (GB,
 the one traffic unit); the step summary, exposed communication and the pipeline Gantt
-chart; the link loads as bars. Search page: what was searched, the top candidates, the
+chart (pp > 1); the link loads as bars. Search page: what was searched, the top candidates, the
 order rule, the top against the runner-up, the best rejected one and the candidates per
 outcome (rejection counts) as bars.
 """
@@ -38,7 +38,7 @@ from meshplan.schedule.linkload import edge_loads
 from meshplan.schedule.steptime import StepTime
 from meshplan.search.driver import SearchResult
 from meshplan.search.rank import RULE_LINE
-from meshplan.search.space import REASONS
+from meshplan.search.space import axis_shown, reason_texts
 from meshplan.spec.wording import sharding_words
 from meshplan.units import GB, US, GiB, counted
 
@@ -125,8 +125,9 @@ def _step(plan: Plan, st: StepTime) -> str:
     ex = [(k, shown[f"exposed {k}"]) for k, v in sorted(st.exposed_s.items()) if v > 0]
     if ex:
         body += table(["stream", f"exposed on stage {st.critical_stage} (ms)"], ex)
-    body += "<h3>Predicted pipeline timeline</h3>"
-    body += gantt_svg(st.pipeline.events, st.post_events, st.example_ranks)
+    if st.pipeline.spec.p > 1:  # at pp 1 nothing is scheduled: no pipeline to draw
+        body += "<h3>Predicted pipeline timeline</h3>"
+        body += gantt_svg(st.pipeline.events, st.post_events, st.example_ranks)
     loads = edge_loads(plan, st)
     body += ("<h3>Link load per step</h3><p class=\"note\">busy = bytes over the link per step / its capacity, against "
              "the stage's compute time; GB = 1e9 B</p>")
@@ -159,9 +160,9 @@ def plan_page(plan: Plan | Infeasible, st: Optional[StepTime], name: str) -> str
                 plan_sections(plan, st, name))
 
 
-def _count_bars(counts: dict[str, int]) -> str:
+def _count_bars(counts: dict[str, int], training) -> str:
     total = max(sum(counts.values()), 1)
-    text = dict(REASONS)
+    text = reason_texts(training)
     rows = []
     for key, n in sorted(counts.items(), key=lambda kv: -kv[1]):
         if n:
@@ -178,7 +179,8 @@ def search_page(r: SearchResult, name: str) -> str:
     top = []
     for k, e in enumerate(r.top, 1):
         d = row(r, e)
-        top.append((k, " x ".join(f"{a} {v}" for a, v in d["mesh"].items() if v > 1) or "1", d["micro_batch"],
+        mesh = " x ".join(f"{axis_shown(a, d['sharding'])} {v}" for a, v in d["mesh"].items() if v > 1) or "1"
+        top.append((k, mesh, d["micro_batch"],
                     d["recompute"], d["virtual_stages"], d["sharding"], knobs(d), f"{e.peak_bytes / GiB:.1f}",
                     f"{e.step_s:.3f}", f"{e.mfu:.1%}", f"{e.tokens_per_s:,.0f}",
                     f"{e.goodput:.2%}" if e.goodput is not None else "-", f"{d['gemm_efficiency']:.1%}"))
@@ -191,6 +193,6 @@ def search_page(r: SearchResult, name: str) -> str:
                                 + lines([RULE_LINE] + ([r.explanation.line()] if r.explanation is not None else [])
                                          + export_lines(r)))
     body = [section("Searched", lines(header_lines(r))), ranked,
-            section("Rejected", lines(rejected_lines(r)) + _count_bars(r.counts()) + lines(count_lines(r))
+            section("Rejected", lines(rejected_lines(r)) + _count_bars(r.counts(), r.config.training) + lines(count_lines(r))
                     + lines(f"note: {n}" for n in r.notes))]
     return page(f"meshplan search: {name}", f"{r.config.path or name}; exit {'0' if r.top else '1'}", body)

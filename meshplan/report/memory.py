@@ -44,13 +44,19 @@ def _shown(plan: Plan, all_stages: bool) -> list[Timeline]:
     return [tl for tl in tls if tl.stage in keep]
 
 
+def _prefetch(training, memory) -> str:
+    """``prefetch 1 unit(s), `` (the caption's FSDP all-gather prefetch) where the parameters are
+    sharded and gathered (zero3, hsdp); empty under DDP and ZeRO-1/2, which gather nothing."""
+    return f"prefetch {memory.prefetch_layers} unit(s), " if training.sharding in ("zero3", "hsdp") else ""
+
+
 def timeline_table(plan: Plan, all_stages: bool = False) -> Table:
     """One row per stage (first, most loaded and last when there are more than four)."""
     o, t = plan.config.memory, plan.config.training
     tab = Table(title="Memory timeline per rank, one training step (meshplan memory CONFIG for the events)",
                 title_justify="left",
                 caption=f"activations: {recompute_words(t, runtime(t, plan.config.origin))}; "
-                        f"prefetch {o.prefetch_layers} unit(s), "
+                        f"{_prefetch(t, o)}"
                         f"{reduce_words(t, plan.config.origin, o.fsdp_reduce_for(t, plan.pp))}, NCCL "
                         f"{o.comm_bytes_per_group / MiB:g} MiB per communicator, workspace {o.workspace_bytes / MiB:g} "
                         f"MiB, fragmentation {o.fragmentation_fraction:.0%}; set them in \\[memory]",

@@ -28,7 +28,7 @@ from meshplan.search.driver import SearchResult
 from meshplan.search.exact import Exact
 from meshplan.search.rank import RULE_LINE
 from meshplan.search.space import (RECOMPUTE, REASONS, SHARDING, candidate_config, candidate_schedule, max_tp,
-                                   overlap_searched)
+                                   axis_shown, overlap_searched, reason_texts)
 from meshplan.spec.axes.registry import search_axes
 from meshplan.spec.mesh import Schedule
 from meshplan.spec.wording import DEEPSPEED, zero_runtime
@@ -133,7 +133,7 @@ def print_search(r: SearchResult, console: Console) -> None:
         tab.add_column(col, justify="right" if col not in ("mesh", "recompute", "sharding", "knobs") else "left")
     for k, e in enumerate(shown, 1):
         d = row(r, e)
-        mesh = " x ".join(f"{a} {v}" for a, v in d["mesh"].items() if v > 1) or "1"
+        mesh = " x ".join(f"{axis_shown(a, d['sharding'])} {v}" for a, v in d["mesh"].items() if v > 1) or "1"
         tab.add_row(str(k), mesh, str(d["micro_batch"]), d["recompute"], str(d["virtual_stages"]), d["sharding"],
                     knobs(d), f"{e.peak_bytes / GiB:.1f}", f"{e.step_s:.3f}", f"{e.mfu:.1%}",
                     f"{e.tokens_per_s:,.0f}", f"{e.goodput:.2%}" if e.goodput is not None else "-",
@@ -214,7 +214,7 @@ def infeasible_verdict(r: SearchResult) -> dict[str, Any] | None:
     if r.top:
         return None
     counts = r.counts()
-    text = dict(REASONS)
+    text = reason_texts(r.config.training)
     most = sorted(((n, k) for k, n in counts.items() if k in text and n), key=lambda x: -x[0])[:3]
     rules: list[dict[str, Any]] = [{"rule": k, "rejected": n, "text": text[k]} for n, k in most]
     fix = _FIXES.get(most[0][1], _FIX_ANY) if most else None
@@ -274,7 +274,7 @@ def count_lines(r: SearchResult) -> list[str]:
            f"  feasible: {counts['feasible']:,}"]
     if counts["undecided"]:
         out.append(f"  undecided (near the memory limit, beyond [search] settle_max): {counts['undecided']:,}")
-    for key, text in REASONS:
+    for key, text in reason_texts(r.config.training).items():
         if counts[key]:
             out.append(f"  rejected, {text}: {counts[key]:,}")
     return out

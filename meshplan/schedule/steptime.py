@@ -306,13 +306,19 @@ class StepTime:
     def _other_stage_clause(self) -> str:
         """Where the bubble ratios' stage (the busiest: the schedule's bubble is measured against
         the most work) is not the critical one (where the step ends, which :meth:`parts_line`
-        splits), the clause that ties them: ``; the step's parts below are on stage 0, where the
-        step ends: bubble 6996.47 ms is its idle``; else empty."""
+        splits), the clause that ties them, with the critical stage's idle as a fraction of the
+        step and of its busy time, from the same simulated timeline as the parts: ``; the step's
+        parts below are on stage 0, where the step ends: bubble 32991.72 ms is its idle, 0.7137 of
+        the step (2.4933 as idle/ideal)`` (DeepSeek-V3 example, whose schedule's bubble is 0.1217
+        idle/ideal on stage 7); else empty."""
         s = self.critical_stage
         if self.pipeline.busiest_stage == s:
             return ""
+        shown = self.shown_ms()
+        idle, step = float(shown["bubble"]), float(shown["step"])
         return (f"; the step's parts below are on stage {s}, where the step ends: bubble "
-                f"{self.shown_ms()['bubble']} ms is its idle")
+                f"{shown['bubble']} ms is its idle, {idle / step:.4f} of the step ({idle / (step - idle):.4f} as "
+                f"idle/ideal)")
 
     def _closed_form_bubble(self) -> str:
         """The schedule's closed-form bubble for uniform stages without p2p time, beside the
@@ -341,7 +347,7 @@ class StepTime:
         return [f"step {shown['step']} ms ({sched}, m {p.spec.m}{runs}{f', v {p.spec.v}' if p.spec.p > 1 else ''}); "
                 f"critical stage {self.critical_stage}",
                 f"bubble {p.bubble:.4f} as idle/ideal, {p.bubble_of_total:.4f} as idle/total "
-                f"(busiest stage {p.busiest_stage}, pipeline only{', each run' if self.runs > 1 else ''}"
+                f"(the schedule's bubble fraction, on the busiest stage {p.busiest_stage}, pipeline only{', each run' if self.runs > 1 else ''}"
                 f"{WAITS_BUSY if self.without_fsdp_waits() is not None else ''}{self._other_stage_clause()})"
                 f"{self._closed_form_bubble()}"] + self._fsdp_wait_line() + [
                 f"exposed communication on stage {self.critical_stage}: {exp}", self.parts_line()] + other + [
@@ -1190,7 +1196,26 @@ def _overlap_versus_blocking(source: str, what: str, on: StepTime, off: StepTime
     return (f"tp overlap ({source}): {what}; "
             f"exposed tp {on_ms.get('exposed tp', '0.00')} ms (blocking: {off_ms.get('exposed tp', '0.00')} ms), "
             f"compute {on_ms['compute']} ms (blocking: {off_ms['compute']} ms), step {on_ms['step']} ms (blocking: "
-            f"{off_ms['step']} ms): {'saves' if saved >= 0 else 'costs'} {abs(saved) / 100:.2f} ms per step")
+            f"{off_ms['step']} ms): {'saves' if saved >= 0 else 'costs'} {abs(saved) / 100:.2f} ms per step"
+            f"{_why_nothing_saved(on, off) if saved == 0 else ''}")
+
+
+def _why_nothing_saved(on: StepTime, off: StepTime) -> str:
+    """Why a TP overlap saves 0 ms (:func:`_overlap_versus_blocking`): the critical stage's
+    compute stream waits on another stream either way (the one with the most exposed seconds
+    in ``on``, named with them), so the tp time hidden turns into waits for it; else the compute
+    slowed by the SMs NCCL holds cancels the exposed tp saved; empty when tp exposed nothing."""
+    on_ms, off_ms = on.shown_ms(), off.shown_ms()
+    others = {k: v for k, v in on.exposed_s.items() if k != "tp" and v > 0}
+    if others:
+        worst = max(others, key=lambda k: others[k])
+        return (f": the step is bound by the {worst} stream (exposed {worst} {on_ms['exposed ' + worst]} ms on "
+                f"stage {on.critical_stage}), which the compute stream waits for either way: the tp time hidden "
+                f"becomes {worst} wait")
+    if "exposed tp" in off_ms:
+        return (f": the compute slowed by the SMs NCCL holds ({off_ms['compute']} -> {on_ms['compute']} ms) "
+                f"offsets the exposed tp hidden")
+    return ""
 
 
 def layer_unit_times(plan, dropout: bool = False, overlap: Overlap = Overlap()) -> tuple[float, float]:

@@ -59,8 +59,8 @@ Dimensions (each narrowed by :class:`~meshplan.spec.search.SearchOptions`):
 (2348, 8)
 >>> int((c.rc == RECOMPUTE.index("op")).sum()), int(c.tp[c.rc == RECOMPUTE.index("op")].max())  # 16 at pp 8 left
 (224, 1)
->>> candidate_config(cfg, c, 0).mesh.names
-['dp_shard']
+>>> candidate_config(cfg, c, 0).mesh.names, SHARDING[c.sh[0]]  # ZeRO-1: its data axis is dp (axis_shown)
+(['dp'], 'zero1')
 """
 
 from __future__ import annotations
@@ -78,6 +78,7 @@ from meshplan.spec.axes.base import divisors
 from meshplan.spec.axes.registry import AXES, rules, search_axes
 from meshplan.spec.axes.tp import max_tp
 from meshplan.spec.mesh import MeshSpec, Schedule
+from meshplan.spec.wording import data_axis
 
 RECOMPUTE = ("none", "selective", "full", "op")
 #: Searched shardings (the ``sh`` column); zero2 last, so that adding it kept the others' codes.
@@ -111,6 +112,31 @@ def reason_table() -> tuple[tuple[str, str], ...]:
     and the search's own GEMM rule."""
     axis = tuple((r.key, r.summary) for r in rules() if r.bad is not None)
     return axis + _SCHEDULE_REASONS + _LATE_REASONS
+
+
+#: The ``engine`` rule's words per engine (:data:`_SCHEDULE_REASONS` holds both, for a table
+#: that names no config): DeepSpeed's ZeRO-3 of 2021 (``zero3_engine``) and current DeepSpeed's
+#: ZeRO-1/2 engine (``zero12_engine``).
+_ENGINE_TEXT = {"deepspeed-2021": "zero3_engine deepspeed-2021: pp > 1, cp > 1 or parameters kept gathered (not "
+                                  "DeepSpeed ZeRO-3's)",
+                "deepspeed": "zero12_engine deepspeed (DeepSpeed's ZeRO-1/2): cp > 1, ep > 1, or pp > 1 with zero2, "
+                             "overlap_comm, vpp > 1 or a schedule other than 1F1B"}
+
+
+def reason_texts(training) -> dict[str, str]:
+    """:data:`REASONS` as a dict, the ``engine`` rule labelled by the engine(s) ``training``
+    actually plans (``zero3_engine = "deepspeed-2021"``, ``zero12_engine = "deepspeed"``), so a
+    search of current DeepSpeed's ZeRO-1/2 does not name the 2021 ZeRO-3 engine.
+
+    >>> from meshplan.spec.training import TrainingSpec
+    >>> reason_texts(TrainingSpec(global_batch=8, seq_len=16, sharding="zero2", zero12_engine="deepspeed"))["engine"]
+    "zero12_engine deepspeed (DeepSpeed's ZeRO-1/2): cp > 1, ep > 1, or pp > 1 with zero2, overlap_comm, vpp > 1 or a schedule other than 1F1B"
+    """
+    engines = [e for e in _ENGINE_TEXT if e in (training.zero3_engine, training.zero12_engine)]
+    text = dict(REASONS)
+    if engines:
+        text["engine"] = "; ".join(_ENGINE_TEXT[e] for e in engines)
+    return text
 
 
 #: :func:`reason_table` of the registered axes.
@@ -188,13 +214,25 @@ class Candidates:
         """``pp 16 x dp_shard 128 x tp 8, mb 1, full, vpp 1, zero3`` (degree-1 axes left out),
         then ``, keep gathered`` (reshard_after_forward false), ``, tp overlap`` and ``, short
         end stages`` where they apply."""
-        degs = [(n, self.degree(col.column)) for n, col in search_axes()]
+        degs = [(axis_shown(n, SHARDING[self.sh[i]]), self.degree(col.column)) for n, col in search_axes()]
         mesh = " x ".join(f"{n} {int(a[i])}" for n, a in degs if a[i] > 1) or "1 rank"
         extra = "".join(t for on, t in ((not self.rf[i], ", keep gathered"), (self.ov[i], ", tp overlap"),
                                          (self.us[i], ", short end stages"), (self.ps[i], f", {PIPELINE[self.ps[i]]}"))
                         if on)
         return (f"{mesh}, mb {int(self.mb[i])}, {RECOMPUTE[self.rc[i]]}, vpp {int(self.vpp[i])}, "
                 f"{SHARDING[self.sh[i]]}{extra}")
+
+
+def axis_shown(name, sharding: str) -> str:
+    """A search axis's name in a candidate's mesh: the data axis ``dp_shard`` is ``dp`` under
+    ZeRO-1/2 (:func:`meshplan.spec.wording.data_axis`), as ``plan`` prints the mesh a Megatron-LM
+    or DeepSpeed config imports to; the search columns and ``--json``'s ``mesh`` keys keep
+    ``dp_shard``.
+
+    >>> axis_shown("dp_shard", "zero2"), axis_shown("dp_shard", "zero3"), axis_shown("tp", "zero1")
+    ('dp', 'dp_shard', 'tp')
+    """
+    return data_axis(sharding) if str(name) == "dp_shard" else str(name)
 
 
 def _allowed(values, allowed) -> list[int]:
@@ -599,7 +637,7 @@ def candidate_config(cfg: Config, c: Candidates, i: int) -> Config:
     in the training contract; ``grad_accumulation`` and ``fp8_all_gather`` where they apply
     (:func:`_training_knobs`); ``[memory] fsdp_reduce`` unset, so each candidate reduces as its
     pp and grad_accumulation say (:meth:`~meshplan.spec.memory.MemoryOptions.fsdp_reduce_for`)."""
-    degs = [(str(n), c.degree(col.column)) for n, col in search_axes()]
+    degs = [(axis_shown(n, SHARDING[c.sh[i]]), c.degree(col.column)) for n, col in search_axes()]
     named = [(n, int(a[i])) for n, a in degs if a[i] > 1] or [("dp_shard", 1)]
     pp, vpp, tp = int(c.pp[i]), int(c.vpp[i]), int(c.tp[i])
     mesh = MeshSpec(names=[n for n, _ in named], shape=[d for _, d in named], sequence_parallel=tp > 1,

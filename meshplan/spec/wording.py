@@ -64,6 +64,10 @@ def recompute_words(training, rt: str) -> str:
     >>> t = TrainingSpec(global_batch=8, seq_len=16, recompute="full")
     >>> recompute_words(t, "deepspeed")
     'DeepSpeed activation checkpointing (deepspeed.checkpointing.checkpoint on every transformer layer: its input kept, the layer recomputed in backward)'
+    >>> print(recompute_words(t, "torch"))
+    torchtitan full activation checkpointing (activation_checkpoint.mode = "full": every TransformerBlock's input kept, the block recomputed in backward)
+    >>> recompute_words(t, "megatron").split(":")[0]
+    'Megatron-LM full recompute (--recompute-granularity full --recompute-method uniform --recompute-num-layers 1'
     >>> recompute_words(t.model_copy(update={"recompute": "selective", "flash_attention": False}), "torch")
     'Megatron-LM selective recompute (--recompute-activations: attention core)'
     """
@@ -73,13 +77,24 @@ def recompute_words(training, rt: str) -> str:
             "backend, megatron/core/transformer/attention.py" if training.flash_attention else "attention core")
     return {"none": "no activation checkpointing",
             "selective": f"Megatron-LM selective recompute (--recompute-activations: {core})",
-            "full": "Megatron-LM full recompute (--recompute-granularity full; torchtitan mode = \"full\")",
+            "full": _FULL[rt] if rt in _FULL else _FULL["torch"],
             "layer": f"torchtitan selective AC per layer (mode = \"selective\", selective_ac_option = "
                      f"\"{training.ac_freq}\": every {training.ac_freq} layer(s) checkpointed in full)",
             "op": "torchtitan selective AC per op (mode = \"selective\", selective_ac_option = \"op\": "
                   "matmul outputs saved but every second mm, SDPA and tp reduce-scatter outputs saved, the rest "
                   "recomputed, tp all-gathers included)",
             }[training.recompute]
+
+
+#: ``recompute = "full"`` in each runtime's own words: torchtitan wraps every TransformerBlock in
+#: ``checkpoint_wrapper`` under ``[activation_checkpoint] mode = "full"`` (``_apply_full_ac``,
+#: torchtitan/distributed/activation_checkpoint.py, pytorch/torchtitan at e347b1e); Megatron-LM
+#: recomputes every layer with ``--recompute-granularity full --recompute-method uniform
+#: --recompute-num-layers 1`` (what ``export --to megatron`` writes, :mod:`meshplan.interop.megatron`).
+_FULL = {"torch": "torchtitan full activation checkpointing (activation_checkpoint.mode = \"full\": every "
+                  "TransformerBlock's input kept, the block recomputed in backward)",
+         "megatron": "Megatron-LM full recompute (--recompute-granularity full --recompute-method uniform "
+                     "--recompute-num-layers 1: every layer's input kept, the layer recomputed in backward)"}
 
 
 def _deepspeed_recompute(training) -> str:
@@ -183,6 +198,23 @@ def stream_words(training, origin: str = "") -> dict[str, str]:
     return {"fsdp": ZERO_STREAM}
 
 
+#: Shardings whose data axis replicates the parameters (DDP, ZeRO-1/2): the axis is ``dp``,
+#: Megatron-LM's and DeepSpeed's data-parallel group; under zero3 and hsdp it shards them
+#: (torchtitan's ``dp_shard``).
+REPLICATED = ("none", "zero1", "zero2")
+
+
+def data_axis(sharding: str) -> str:
+    """The name of the data axis a ``sharding`` runs over, as the plan of such a mesh prints
+    it (its importers write it so: Megatron-LM and DeepSpeed ``dp``, torchtitan ``dp_shard``):
+    ``dp`` for replicas (DDP, ZeRO-1/2), ``dp_shard`` for FSDP/ZeRO-3 shards.
+
+    >>> data_axis("zero2"), data_axis("zero3")
+    ('dp', 'dp_shard')
+    """
+    return "dp" if sharding in REPLICATED else "dp_shard"
+
+
 def schedule_words(schedule, pp: int) -> str:
     """The pipeline schedule as the output prints it: ``no pipeline`` at ``pp`` 1 (nothing is
     scheduled: one stage runs its micro-batches' forward and backward in turn, as DeepSpeed's
@@ -259,18 +291,16 @@ def reduce_words(training, origin: str, rule: str) -> str:
 
 def gathered_words(training, origin: str = "") -> str:
     """What the layers gathered for compute are called in the first memory estimate:
-    ``gathered FSDP layers``, under DeepSpeed (:func:`zero_runtime`) ZeRO-3's.
+    ``gathered FSDP layers``, under DeepSpeed (:func:`zero_runtime`) ZeRO-3's. ZeRO-1/2 gather
+    nothing: the estimate leaves the term out (:meth:`meshplan.memory.constraints.Estimate.line`).
 
     >>> from meshplan.spec.training import TrainingSpec
     >>> gathered_words(TrainingSpec(global_batch=8, seq_len=16), "deepspeed")
     'layers gathered by the ZeRO-3 parameter all-gather'
-    >>> gathered_words(TrainingSpec(global_batch=8, seq_len=16, sharding="zero2"), "deepspeed")
-    'layers gathered by the ZeRO-3 parameter all-gather (ZeRO-3 only)'
     """
     if zero_runtime(training, origin) != DEEPSPEED:
         return "gathered FSDP layers"
-    return "layers gathered by the ZeRO-3 parameter all-gather" + ("" if training.sharding == "zero3" else
-                                                                     " (ZeRO-3 only)")
+    return "layers gathered by the ZeRO-3 parameter all-gather"
 
 
 def deepspeed_recompute_fix(training) -> str:

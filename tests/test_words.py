@@ -1,0 +1,195 @@
+"""Wording and defaults a newcomer tripped on (issue 11, newcomer trial 3, findings 6 and 7):
+each test runs the command and asserts the text it prints."""
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from meshplan.cli import app, main
+from tests.conftest import EXAMPLES
+
+#: Llama 3 8B on one DGX H100 at dp 4 x tp 2, ZeRO-1, full recompute; each test sets the runtime.
+ZERO1 = """[model]
+catalog = "llama3-8b"
+
+[cluster]
+system = "dgx-h100"
+nodes = 1
+
+[training]
+global_batch = 64
+seq_len = 8192
+micro_batch = 1
+sharding = "{sharding}"
+recompute = "full"
+{extra}
+
+[mesh]
+names = ["{axis}", "tp"]
+shape = [4, 2]
+sequence_parallel = true
+"""
+
+
+def _cli(*args):
+    return CliRunner().invoke(app, [str(a) for a in args], env={"COLUMNS": "1000"})
+
+
+def _config(tmp_path, text: str, name: str = "c.toml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def _train_line(out: str) -> str:
+    return next(x for x in out.splitlines() if x.startswith("train "))
+
+
+@pytest.mark.parametrize("mine, extra, words", [
+    ("torch", "", 'recompute full (torchtitan full activation checkpointing (activation_checkpoint.mode = "full": every '
+         "TransformerBlock's input kept, the block recomputed in backward))"),
+    ("megatron", 'framework = "megatron"', "recompute full (Megatron-LM full recompute (--recompute-granularity full "
+     "--recompute-method uniform --recompute-num-layers 1: every layer's input kept, the layer recomputed in "
+     "backward))"),
+    ("deepspeed", 'zero12_engine = "deepspeed"', "recompute full (DeepSpeed activation checkpointing "
+     "(deepspeed.checkpointing.checkpoint on every transformer layer: its input kept, the layer recomputed in "
+     "backward))"),
+])
+def test_full_recompute_in_the_runtimes_own_words(tmp_path, mine, extra, words):
+    """Finding 1: under torch (FSDP2, ZeRO-3) the plan header named Megatron-LM's flag first;
+    each runtime (torch, megatron and DeepSpeed at ZeRO-1) now names its own setting, and only it."""
+    sharding, axis = ("zero3", "dp_shard") if mine == "torch" else ("zero1", "dp")
+    cfg = ZERO1.format(extra=extra, sharding=sharding, axis=axis)
+    r = _cli("plan", _config(tmp_path, cfg))
+    assert r.exit_code == 0, r.output
+    line = _train_line(r.output)
+    assert words in line
+    others = {"torch": "activation_checkpoint.mode", "megatron": "--recompute-granularity",
+              "deepspeed": "deepspeed.checkpointing"}
+    assert [k for k, v in others.items() if v in line] == [mine]
+
+
+def test_overlap_tp_that_saves_nothing_names_the_stream_the_step_waits_on():
+    """Finding 2: the seed's 64-GPU mesh (tp 4, FSDP over the network) is bound by fsdp: the
+    ideal TP overlap hides 14028.31 - 3637.83 ms of tp and the step stays 331381.95 ms."""
+    r = _cli("step", EXAMPLES / "seed-64gpu.toml", "--overlap-tp")
+    line = next(x for x in r.output.splitlines() if x.startswith("tp overlap (--overlap-tp)"))
+    assert line.endswith("exposed tp 3637.83 ms (blocking: 14028.31 ms), compute 55370.43 ms (blocking: 55370.43 ms), "
+                         "step 331381.95 ms (blocking: 331381.95 ms): saves 0.00 ms per step: the step is bound by the "
+                         "fsdp stream (exposed fsdp 272373.69 ms on stage 0), which the compute stream waits for "
+                         "either way: the tp time hidden becomes fsdp wait")
+    assert "exposed communication on stage 0: fsdp 272373.69 ms, tp 3637.83 ms" in r.output
+
+
+def test_overlap_tp_that_saves_time_gives_no_reason():
+    r = _cli("step", EXAMPLES / "mini_2x4_tp2-dp4.toml", "--overlap-tp")
+    line = next(x for x in r.output.splitlines() if x.startswith("tp overlap (--overlap-tp)"))
+    assert line.endswith("step 7128.72 ms (blocking: 7381.98 ms): saves 253.26 ms per step")
+
+
+def test_deepseek_bubble_headline_says_what_it_is_and_the_critical_stages_idle():
+    """Finding 3: DeepSeek-V3 (pp 16, 1F1B, m 120): 0.1217 idle/ideal is the schedule's bubble on
+    the busiest stage 7; stage 0, where the step ends, is idle 32991.72 of 46223.70 ms: 0.7137 of
+    the step, 32991.72 / (46223.70 - 32991.72) = 2.4933 as idle/ideal, printed beside it."""
+    r = _cli("step", EXAMPLES / "deepseek-v3_2048xh100_pp16-ep64-dp128.toml")
+    head = next(x for x in r.output.splitlines() if x.startswith("bubble "))
+    assert head.startswith("bubble 0.1217 as idle/ideal, 0.1085 as idle/total (the schedule's bubble fraction, on the "
+                           "busiest stage 7, pipeline only; the step's parts below are on stage 0, where the step "
+                           "ends: bubble 32991.72 ms is its idle, 0.7137 of the step (2.4933 as idle/ideal))")
+    assert "step on stage 0 = compute 13019.40 + bubble 32991.72 + exposed dp 43.00 + exposed pp 169.58 = 46223.70 ms" \
+        in r.output
+    assert round(32991.72 / 46223.70, 4) == 0.7137 and round(32991.72 / (46223.70 - 32991.72), 4) == 2.4933
+
+
+def test_deepspeed_search_labels_the_engine_rule_by_the_engine_planned(tmp_path):
+    """Finding 4: a search of the DeepSpeed ZeRO-2 example (current DeepSpeed's ZeRO-1/2 engine,
+    zero3_engine left at fsdp2), widened to pp and cp 1 or 2, named ``zero3_engine deepspeed-2021``
+    first in the engine rule's label; it names the engine planned alone."""
+    path = _deepspeed_zero2(tmp_path)
+    path.write_text(path.read_text().replace("pp = [1]", "pp = [1, 2]").replace("\ncp = [1]", "\ncp = [1, 2]"))
+    r = _cli("search", path)
+    assert ("  rejected, zero12_engine deepspeed (DeepSpeed's ZeRO-1/2): cp > 1, ep > 1, or pp > 1 with zero2, "
+            "overlap_comm, vpp > 1 or a schedule other than 1F1B: 216") in r.output.splitlines()
+    assert "deepspeed-2021" not in r.output
+
+
+def test_search_names_the_zero12_data_axis_dp_as_plan_does(tmp_path):
+    """Finding 5: the DeepSpeed ZeRO-2 example imports to mesh ``dp 16`` and ``plan`` prints ``mesh
+    (dp 16)``; its search listed the same zero1/zero2 meshes as ``dp_shard 16``. Now ZeRO-1/2 rows
+    (replicated parameters) say ``dp 16``, ZeRO-3 rows (sharded) ``dp_shard 16``; the predicted
+    steps are those of before the rename (5.798 s for row 1)."""
+    ds = _deepspeed_zero2(tmp_path)
+    plan = _cli("plan", ds).output
+    assert "mesh (dp 16)  canonical ('dp',)" in plan
+    lines = [x for x in _cli("search", ds).output.splitlines()
+             if x.startswith("│ ") and x.split("│")[1].strip().isdigit()]
+    assert lines[0].split("│")[9].strip() == "5.798"  # step s, as before the rename
+    rows = [x.split("│")[1:7] for x in lines]
+    by_sharding = {(mesh.strip(), sharding.strip()) for _, mesh, _, _, _, sharding in rows}
+    assert by_sharding == {("dp 16", "zero1"), ("dp 16", "zero2"), ("dp_shard 16", "zero3")}
+    assert rows[0][1].strip() == "dp 16" and rows[0][5].strip() == "zero2"
+    r = _cli("search", ds, "--export", "1", "--to", "meshplan", "-o", tmp_path / "row1.toml")
+    assert r.exit_code == 0, r.output
+    assert "mesh (dp 16)" in _cli("plan", tmp_path / "row1.toml").output
+
+
+def _deepspeed_zero2(tmp_path) -> Path:
+    """The DeepSpeed ZeRO-2 example imported to a TOML (Llama 3 8B, 2 DGX H100, dp 16, seq 4096)."""
+    r = _cli("import", "deepspeed", EXAMPLES / "deepspeed_zero2_16xh100.json", "--model", "llama3-8b", "--cluster",
+             "dgx-h100", "--nodes", "2", "--seq-len", "4096", "-o", tmp_path / "ds.toml")
+    assert r.exit_code == 0, r.output
+    return tmp_path / "ds.toml"
+
+
+def test_zero2_plan_prints_no_zero3_leftovers(tmp_path):
+    """Finding 6: a ZeRO-2 plan (nothing gathered, no pipeline) printed a prefetch setting, a
+    "layers gathered ... 0.00 GiB" term and, in the HTML report, a pipeline timeline at pp 1.
+    The estimate is the ZeRO paper's stage-2 state, 2 psi + (2 + 12) psi / 16 with psi
+    8.03026e9 = 2.3087e10 B = 21.50 GiB, plus the activations; the zero3 mini example keeps both."""
+    ds = _deepspeed_zero2(tmp_path)
+    out = _cli("plan", ds).output
+    assert ("first estimate (constraints, before the timeline): stage 0: state 21.50 GiB + activations 22.52 GiB "
+            "= 44.02 GiB") in out.splitlines()
+    assert "prefetch" not in out and "gathered" not in out.split("first estimate")[1].split("\n")[0]
+    assert 2 * 8.03026e9 + 14 * 8.03026e9 / 16 == pytest.approx(21.50 * 2**30, rel=1e-3)
+    zero3 = _cli("plan", EXAMPLES / "mini_2x4_tp2-dp4.toml").output
+    assert "+ gathered FSDP layers 0.41 GiB = 37.90 GiB" in zero3 and "prefetch 1 unit(s)" in zero3
+    r = _cli("report", ds, "--out", tmp_path / "ds.html")
+    assert r.exit_code == 0, r.output
+    page = (tmp_path / "ds.html").read_text()
+    assert "Step time" in page and "Predicted pipeline timeline" not in page and "pipeline timeline" not in page
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "zbv"])
+def test_schedule_at_pp_1_says_it_changes_nothing(schedule):
+    """Finding 7: ``step --schedule`` at pp 1 was taken silently (zbv refused for its virtual
+    stages); like ``--overlap-tp`` at tp 1, one note and exit 0, the step that of no schedule."""
+    plain = _cli("step", EXAMPLES / "mini_2x4_tp2-dp4.toml")
+    r = _cli("step", EXAMPLES / "mini_2x4_tp2-dp4.toml", "--schedule", schedule)
+    assert r.exit_code == 0, r.output
+    notes = [x for x in r.output.splitlines() if x.startswith("note: --schedule")]
+    assert notes == [f"note: --schedule {schedule} changes nothing: pp 1 has no pipeline to schedule"]
+    assert r.output.splitlines()[0] == plain.output.splitlines()[0] == "step 7381.98 ms (no pipeline, m 16); critical stage 0"
+
+
+def test_launch_defaults_under_out_and_points_at_its_own_choose(tmp_path, monkeypatch, capsys):
+    """Finding 8: ``launch`` without ``--out`` wrote ``launch/`` in the current folder (README:
+    defaults go under out/), and its warning sent the user to ``place --choose``. tp 4 as the
+    outer axis on 2 DGX H100 nodes: each tp group {0, 4, 8, 12} spans both nodes."""
+    cfg = _config(tmp_path, ZERO1.format(extra="", sharding="zero3", axis="dp_shard")
+                  .replace("nodes = 1", "nodes = 2").replace('names = ["dp_shard", "tp"]', 'names = ["tp", "dp_shard"]')
+                  .replace("shape = [4, 2]", "shape = [4, 4]"), "across.toml")
+    monkeypatch.chdir(tmp_path)
+    r = _cli("launch", cfg, "--", "python", "train.py")
+    assert r.exit_code == 0, r.output
+    folder = Path("out/launch/across")
+    assert sorted(p.name for p in folder.iterdir()) == ["bind.sh", "bindings.json", "job.sbatch", "torchrun.sh"]
+    assert not Path("launch").exists() and f"wrote {folder / 'bind.sh'}" in r.output
+    warning = next(x for x in r.output.splitlines() if x.startswith("warning: tp 4 fits the 8-GPU node"))
+    assert warning.endswith("put tp innermost (meshplan launch --choose)") and "place --choose" not in r.output
+    with pytest.raises(SystemExit) as again:  # main(): the error as the shell shows it, exit 2
+        main(["launch", str(cfg), "--", "python", "train.py"])
+    assert again.value.code == 2 and capsys.readouterr().err.strip() == (
+        f"error: --out: {folder} exists; choose another path or pass --force to replace it")
+    assert _cli("launch", cfg, "--force", "--", "python", "train.py").exit_code == 0
