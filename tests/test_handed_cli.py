@@ -80,6 +80,17 @@ def test_c3_tp_across_nodes_is_flagged(tmp_path, capsys):
             "placement above); the mesh runs as placed, its step timed so") in " ".join(out.split())
 
 
+def test_c3_tp_inside_nodes_is_feasible_without_a_fault(tmp_path, capsys):
+    """C3's mesh with tp innermost (names dp, pp, tp): each tp group inside one node, no fault; the
+    verdict is the one line ``feasible ...`` and no ``infeasible`` line (a feasible plan without a
+    placement fault once printed both)."""
+    cfg = config(tmp_path, 'names = ["dp", "pp", "tp"]\nshape = [1, 2, 8]', nodes=2)
+    rc, out, _ = run(capsys, "plan", cfg)
+    lines = [x.strip() for x in out.splitlines()]
+    assert rc == 0 and "placement fault" not in out and "fault tp" not in out
+    assert "feasible (validity, groups and the memory peak)" in out and "infeasible" not in lines
+
+
 @pytest.mark.parametrize("mesh,line", [
     ('names = ["dp_shard", "cp"]\nshape = [8, 8]', "infeasible: dp_shard(8) * cp(8) = 64 != world(8)"),
     ('names = ["dp", "tp", "pp"]\nshape = [-1, 2, 3]',

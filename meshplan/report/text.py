@@ -283,9 +283,9 @@ def _verdict(plan: Plan | Infeasible, con: Console) -> None:
     if plan.feasible:
         con.print("[bold green]feasible[/] (validity, groups and the memory peak); predicted step time, MFU, "
                   "exposed communication and link load: meshplan step CONFIG")
-    if plan.feasible and faults:  # C3: flagged, not refused; the step model times the traffic where it runs
-        con.print(f"[red]placement fault[/] ({', '.join(faults)}): another axis order would keep these groups "
-                  "inside one NVLink domain (see placement above); the mesh runs as placed, its step timed so")
+        if faults:  # C3: flagged, not refused; the step model times the traffic where it runs
+            con.print(f"[red]placement fault[/] ({', '.join(faults)}): another axis order would keep these groups "
+                      "inside one NVLink domain (see placement above); the mesh runs as placed, its step timed so")
     else:
         con.print("[bold red]infeasible[/]")
         for r in plan.reasons:
