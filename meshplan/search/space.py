@@ -94,7 +94,7 @@ _SCHEDULE_REASONS = (
     ("1f1b", "1F1B: micro-batches fewer than pp (torch Schedule1F1B)"),
     ("interleaved", "interleaved 1F1B: micro-batches not a multiple of pp (megatron) or of torch's rounds"),
     ("dualpipev", "DualPipeV: micro-batches fewer than 2 pp"),
-    ("engine", "zero3_engine deepspeed-2021: pp > 1, cp > 1 or parameters kept gathered (not DeepSpeed ZeRO-3's); "
+    ("engine", "zero3_engine deepspeed or deepspeed-2021: pp > 1, cp > 1 or parameters kept gathered; "
                "zero12_engine deepspeed: cp > 1, ep > 1, or pp > 1 with zero2, overlap_comm, vpp > 1 or a schedule "
                "other than 1F1B"),
     ("framework", "zero1 under framework torch: no torch engine shards the optimizer alone (torchtitan cannot run it)"),
@@ -114,28 +114,34 @@ def reason_table() -> tuple[tuple[str, str], ...]:
     return axis + _SCHEDULE_REASONS + _LATE_REASONS
 
 
-#: The ``engine`` rule's words per engine (:data:`_SCHEDULE_REASONS` holds both, for a table
-#: that names no config): DeepSpeed's ZeRO-3 of 2021 (``zero3_engine``) and current DeepSpeed's
-#: ZeRO-1/2 engine (``zero12_engine``).
-_ENGINE_TEXT = {"deepspeed-2021": "zero3_engine deepspeed-2021: pp > 1, cp > 1 or parameters kept gathered (not "
-                                  "DeepSpeed ZeRO-3's)",
-                "deepspeed": "zero12_engine deepspeed (DeepSpeed's ZeRO-1/2): cp > 1, ep > 1, or pp > 1 with zero2, "
-                             "overlap_comm, vpp > 1 or a schedule other than 1F1B"}
+#: The ``engine`` rule's words per (sharding family, engine) (:data:`_SCHEDULE_REASONS` holds them all,
+#: for a table that names no config): current DeepSpeed's ZeRO-1/2 engine (``zero12_engine``), its
+#: ZeRO-3 (``zero3_engine = "deepspeed"``, which a DeepSpeed ZeRO-1/2 search plans its zero3 rows
+#: with: :attr:`~meshplan.spec.training.TrainingSpec.searched_zero3_engine`) and the ZeRO-3 of 2021.
+_ENGINE_TEXT = {("zero12", "deepspeed"): "zero12_engine deepspeed (DeepSpeed's ZeRO-1/2): cp > 1, ep > 1, or pp > 1 "
+                                         "with zero2, overlap_comm, vpp > 1 or a schedule other than 1F1B",
+                ("zero3", "deepspeed"): "zero3 rows under DeepSpeed's ZeRO-3 (zero3_engine deepspeed): pp > 1, cp > 1 "
+                                        "or parameters kept gathered",
+                ("zero3", "deepspeed-2021"): "zero3_engine deepspeed-2021: pp > 1, cp > 1 or parameters kept gathered"}
 
 
 def reason_texts(training) -> dict[str, str]:
     """:data:`REASONS` as a dict, the ``engine`` rule labelled by the engine(s) ``training``
-    actually plans (``zero3_engine = "deepspeed-2021"``, ``zero12_engine = "deepspeed"``), so a
-    search of current DeepSpeed's ZeRO-1/2 does not name the 2021 ZeRO-3 engine.
+    actually plans (``zero12_engine = "deepspeed"``, the zero3 rows' engine
+    :attr:`~meshplan.spec.training.TrainingSpec.searched_zero3_engine`), so a search of current
+    DeepSpeed's ZeRO-1/2 does not name the 2021 ZeRO-3 engine.
 
     >>> from meshplan.spec.training import TrainingSpec
     >>> reason_texts(TrainingSpec(global_batch=8, seq_len=16, sharding="zero2", zero12_engine="deepspeed"))["engine"]
-    "zero12_engine deepspeed (DeepSpeed's ZeRO-1/2): cp > 1, ep > 1, or pp > 1 with zero2, overlap_comm, vpp > 1 or a schedule other than 1F1B"
+    "zero12_engine deepspeed (DeepSpeed's ZeRO-1/2): cp > 1, ep > 1, or pp > 1 with zero2, overlap_comm, vpp > 1 or a schedule other than 1F1B; zero3 rows under DeepSpeed's ZeRO-3 (zero3_engine deepspeed): pp > 1, cp > 1 or parameters kept gathered"
+    >>> reason_texts(TrainingSpec(global_batch=8, seq_len=16, zero3_engine="deepspeed-2021"))["engine"]
+    'zero3_engine deepspeed-2021: pp > 1, cp > 1 or parameters kept gathered'
     """
-    engines = [e for e in _ENGINE_TEXT if e in (training.zero3_engine, training.zero12_engine)]
+    planned = {("zero12", training.zero12_engine), ("zero3", training.searched_zero3_engine)}
+    engines = [k for k in _ENGINE_TEXT if k in planned]
     text = dict(REASONS)
     if engines:
-        text["engine"] = "; ".join(_ENGINE_TEXT[e] for e in engines)
+        text["engine"] = "; ".join(_ENGINE_TEXT[k] for k in engines)
     return text
 
 
