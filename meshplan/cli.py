@@ -632,6 +632,8 @@ def compare_cmd(config_a: Path = typer.Argument(..., help="mesh A: " + TOML_ONLY
     con.print(tab)
     con.print("[bold]verdict:[/] identical plans" if c.identical else "[bold]verdict:[/] neither mesh fits"
               if c.none_fit else f"[bold]verdict:[/] {shown(c.winner)} (rejected: {shown(c.rejected)})")
+    if c.decided_by:
+        con.print(f"decided by: {c.decided_by}", highlight=False, markup=False)
     for r in c.reasons:
         con.print(f"  - {shown(r)}")
     for side in (c.a, c.b):  # what the framework's runtime does differently (plan prints them as notes)
