@@ -417,6 +417,28 @@ def load_calibration(path) -> dict[str, CalibratedLink]:
     return out
 
 
+def calibration_line(path, calib: dict[str, CalibratedLink]) -> str:
+    """The header line plan, step, search and compare print when ``--calibration`` changed
+    their numbers: the file as given and each calibrated link class's bandwidth, in the
+    file's order.
+
+    >>> calibration_line("cal.toml", {"nvlink": CalibratedLink(latency_us=10, bandwidth_gb_per_s=450, source="a"),
+    ...                               "nic": CalibratedLink(latency_us=20, bandwidth_gb_per_s=45.25, source="b")})
+    'links calibrated from cal.toml: nvlink 450 GB/s, nic 45.25 GB/s'
+    """
+    links = ", ".join(f"{name} {c.bandwidth_gb_per_s:.4g} GB/s" for name, c in calib.items())
+    return f"links calibrated from {path}: {links}"
+
+
+def calibration_doc(path, calib: dict[str, CalibratedLink]) -> dict:
+    """The ``calibration`` entry of the plan, step, search and compare ``--json`` documents:
+    the file, the header line (:func:`calibration_line`) and per link class its bus bandwidth
+    (bytes/s), per-call latency (s) and source, SI."""
+    return {"file": str(path), "line": calibration_line(path, calib),
+            "links": {name: {"bandwidth_bytes_per_s": c.bandwidth_bytes_per_s, "latency_s": c.latency_us / 1e6,
+                             "source": c.source} for name, c in calib.items()}}
+
+
 def apply_calibration(cluster: ClusterSpec, calib: dict[str, CalibratedLink]) -> ClusterSpec:
     """A new cluster whose link figures come from ``calib``: ``nvlink`` -> the node's fabric,
     ``pcie`` -> its PCIe link (bandwidth, per-step latency); ``nic`` -> every NIC's rate

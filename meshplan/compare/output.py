@@ -34,10 +34,10 @@ def compare_to_dict(c: Comparison) -> dict:
             "knobs": [{"knob": k, "a": x, "b": y} for k, x, y in c.knobs], "table": table_values(c)}
 
 
-def compare_html(c: Comparison) -> str:
+def compare_html(c: Comparison, note: str = "") -> str:
     """The comparison as one HTML page: the side-by-side table, the verdict with its reasons
     and rule, then each mesh's plan report (memory plot, Gantt chart, link loads) in two
-    columns, A left and B right."""
+    columns, A left and B right; ``note``: a header line (``--calibration``'s)."""
     verdict = ("identical plans" if c.identical else "neither mesh fits" if c.none_fit
                else f"{c.winner} (rejected: {c.rejected})")
     decided = [f"decided by: {c.decided_by}"] if c.decided_by else []
@@ -46,7 +46,7 @@ def compare_html(c: Comparison) -> str:
                    + lines([f"rule: {c.rule}"]))
     cols = "".join(f"<div><h2>{esc(s.name)}: {esc(s.mesh_text)}</h2>"
                    + "".join(plan_sections(s.plan, s.step, s.name)) + "</div>" for s in (c.a, c.b))
-    return page(f"meshplan compare: {c.a.name} vs {c.b.name}", f"verdict: {verdict}; GB = 1e9 B, GiB = 2^30 B",
+    return page(f"meshplan compare: {c.a.name} vs {c.b.name}", f"verdict: {verdict}; GB = 1e9 B, GiB = 2^30 B" + (f"; {note}" if note else ""),
                 [head, f'<div class="cols">{cols}</div>'])
 
 
