@@ -1102,10 +1102,11 @@ def calibrate_cmd(logs: list[Path] = typer.Argument(..., metavar="NCCL_TESTS_OUT
 
     check_destination(out, "--out", force)
     _refuse_existing(json_path, force, "--json")
-    fits, notes, source = calibrate(logs, link)
+    fits, notes, sources = calibrate(logs, link)
+    source = "; ".join(f"{cls}: {text}" for cls, text in sources.items())  # --json: every class's own
     for line in notes:
         _echo(line)
-    _wrote(write_output(out, calibration_toml(fits, source), force=force))
+    _wrote(write_output(out, calibration_toml(fits, sources), force=force))
     _write_doc(json_path, calibrate_doc(fits, notes, source, str(out)), force)
 
 
