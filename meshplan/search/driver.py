@@ -519,7 +519,7 @@ def _explanation(cfg: Config, c: Candidates, est: Estimates, top: list[Exact],
     f = fastest if fastest is not None and fastest.step_s is not None else a
     row = next((k for k, e in enumerate(top, 1) if e.index == f.index), None)
     criterion = ""
-    if f.index != a.index and a.step_s is not None:  # what placed the top before the fastest, with both values
+    if f.index != a.index and a.step_s is not None and f.step_s is not None:  # what placed the top first, both values
         criterion = decide([a.step_s, f.step_s], [simplicity(c, a.index), simplicity(c, f.index)],
                            [a.peak_bytes, f.peak_bytes])[1]
     return explain(a.breakdown, b.breakdown, describe(cfg, c, est, a), describe(cfg, c, est, b),
