@@ -38,6 +38,7 @@ from meshplan import catalog
 from meshplan.comm.calibrate import calibrate
 from meshplan.comm.calibration import (
     apply_calibration,
+    calibration_doc,
     calibration_toml,
     load_calibration,
 )
@@ -144,7 +145,7 @@ GpuOpt = Annotated[Optional[str], typer.Option("--gpu", help=GPU_HELP)]
 ModelOpt = Annotated[Optional[str], typer.Option("--model", help=MODEL_HELP)]
 SeqLenOpt = Annotated[Optional[int], typer.Option("--seq-len", help=SEQ_HELP)]
 CALIBRATION_HELP = ("calibration TOML (meshplan calibrate or bench comm): its alpha-beta fit per link class replaces "
-                    "the cluster's link bandwidths and latencies")
+                    "the cluster's link bandwidths and latencies; a header line names the file and those bandwidths")
 # Shared by plan, step, compare (both configs) and search: the measured links they all time with.
 CalibrationOpt = Annotated[Optional[Path], typer.Option("--calibration", help=CALIBRATION_HELP)]
 
@@ -198,6 +199,22 @@ def _measured_cluster(cfg, topology: Optional[Path] = None, calibration: Optiona
     if calibration:
         cluster = apply_calibration(cluster, load_calibration(calibration))
     return replace(cfg, cluster=cluster)
+
+
+def _calibration(calibration: Optional[Path]) -> Optional[dict]:
+    """``--calibration``'s entry of the --json documents, its ``line`` the header plan, step,
+    search and compare print (:func:`calibration_doc`: ``links calibrated from cal.toml: nvlink
+    450 GB/s, nic 45 GB/s``), and print that line; None without a calibration."""
+    if not calibration:
+        return None
+    doc = calibration_doc(calibration, load_calibration(calibration))
+    _echo(doc["line"])
+    return doc
+
+
+def _calibrated(doc: dict, cal: Optional[dict]) -> dict:
+    """``doc`` with its ``calibration`` entry when a calibration was given."""
+    return {**doc, "calibration": cal} if cal else doc
 
 
 def _notes(cfg) -> None:
@@ -314,10 +331,11 @@ def _html_option(what: str):
                                              "pipeline Gantt chart, link-load bars; no script, no external file)")
 
 
-def _write_plan_html(p: Plan | Infeasible, path: Path, name: str, force: bool, field: str = "--html") -> None:
-    """The HTML report of ``p`` (with its predicted step when it was planned)."""
+def _write_plan_html(p: Plan | Infeasible, path: Path, name: str, force: bool, field: str = "--html",
+                     note: str = "") -> None:
+    """The HTML report of ``p`` (with its predicted step when it was planned; ``note``: a header line)."""
     st = step_time(p) if isinstance(p, Plan) else None
-    _wrote(write_output(path, plan_page(p, st, name), force, field))
+    _wrote(write_output(path, plan_page(p, st, name, note), force, field))
 
 
 def _check_rank(plan, rank: int) -> None:
@@ -349,10 +367,11 @@ def plan(config: Path = typer.Argument(..., help=CONFIG_HELP),
     p = _load(config, topology, calibration, fmt, _opts(cluster, nodes, gpu, model, seq_len))
     if p.mesh is not None:
         _check_rank(p, rank)
+    cal = _calibration(calibration)
     print_plan(p, rank=rank, console=_console())
-    _write_text(json_path, json.dumps(plan_to_dict(p), separators=(",", ":")), force)
+    _write_text(json_path, json.dumps(_calibrated(plan_to_dict(p), cal), separators=(",", ":")), force)
     if html_path:
-        _write_plan_html(p, html_path, config.name, force)
+        _write_plan_html(p, html_path, config.name, force, note=cal["line"] if cal else "")
     _verdict_exit(p)
 
 
@@ -486,8 +505,9 @@ def step(config: Path = typer.Argument(..., help=CONFIG_HELP),
         check_destination(trace, "--trace", force)
     _refuse_existing(json_path, force, "--json")
     p = _load(config, calibration=calibration, fmt=fmt, opts=_opts(cluster, nodes, gpu, model, seq_len))
+    cal = _calibration(calibration)
     if isinstance(p, Infeasible):
-        _write_doc(json_path, envelope("step", p, step_s=None), force)
+        _write_doc(json_path, _calibrated(envelope("step", p, step_s=None), cal), force)
         _exit_infeasible(p)
     table = load_gemm_table(gemm_table) if gemm_table else None
     unscheduled = schedule if schedule is not None and p.mesh.degree("pp") == 1 else None
@@ -498,7 +518,7 @@ def step(config: Path = typer.Argument(..., help=CONFIG_HELP),
         sched = schedule_words(st.pipeline.spec.schedule, st.pipeline.spec.p)  # "no pipeline" at pp 1
         _echo(f"step would be {st.step_s:.3f} s ({sched}, MFU {st.mfu:.1%}) if it fit; "
                    f"it does not fit")
-        _write_doc(json_path, step_infeasible_doc(p, st), force)
+        _write_doc(json_path, _calibrated(step_infeasible_doc(p, st), cal), force)
         _verdict_exit(p)
     for line in st.lines():
         _echo(line)
@@ -529,7 +549,7 @@ def step(config: Path = typer.Argument(..., help=CONFIG_HELP),
     _print_links(p, st)
     if trace:
         _wrote(st.write_trace(trace, force=force))
-    _write_doc(json_path, step_doc(p, st, verdict, str(trace) if trace else None, bw=bw), force)
+    _write_doc(json_path, _calibrated(step_doc(p, st, verdict, str(trace) if trace else None, bw=bw), cal), force)
 
 
 def _step_with(p, overlap, table, schedule: Optional[str]):
@@ -650,6 +670,7 @@ def compare_cmd(config_a: Path = typer.Argument(..., help="mesh A: " + TOML_ONLY
         names = (f"{names[0]}-A", f"{names[1]}-B")  # two files of one name: keep the sides apart
     c = compare(a, b, names=names)  # refuses a different workload (model, cluster, batch ...) naming the field
     evidence_folder(c, out, force)  # refuse an existing folder before printing the report
+    cal = _calibration(calibration)  # the header line
     tab = Table(title="compare", title_justify="left")
     for col in ("quantity", c.a.name, c.b.name):
         tab.add_column(shown(col))
@@ -659,6 +680,8 @@ def compare_cmd(config_a: Path = typer.Argument(..., help="mesh A: " + TOML_ONLY
     con.print(tab)
     con.print("[bold]verdict:[/] identical plans" if c.identical else "[bold]verdict:[/] neither mesh fits"
               if c.none_fit else f"[bold]verdict:[/] {shown(c.winner)} (rejected: {shown(c.rejected)})")
+    if c.decided_by:
+        con.print(f"decided by: {c.decided_by}", highlight=False, markup=False)
     for r in c.reasons:
         con.print(f"  - {shown(r)}")
     for side in (c.a, c.b):  # what the framework's runtime does differently (plan prints them as notes)
@@ -667,9 +690,9 @@ def compare_cmd(config_a: Path = typer.Argument(..., help="mesh A: " + TOML_ONLY
     for path in write_evidence(c, out, force=force):
         con.print(f"wrote {printable(str(path))}", markup=False)
     if html_path:
-        con.print(f"wrote {printable(str(write_output(html_path, compare_html(c), force, '--html')))}",
+        con.print(f"wrote {printable(str(write_output(html_path, compare_html(c, cal['line'] if cal else ''), force, '--html')))}",
                   highlight=False, markup=False)
-    _write_doc(json_path, compare_to_dict(c), force)
+    _write_doc(json_path, _calibrated(compare_to_dict(c), cal), force)
     if c.none_fit:
         for side in (c.a, c.b):
             _infeasible(side.plan, side.name)
@@ -745,6 +768,7 @@ def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshpl
         raise ConfigError("--to", refusal)  # a target that refuses every row, before the search
     _refuse_existing(json_path, force, "--json")
     _refuse_existing(html_path, force, "--html")
+    cal = _calibration(calibration)  # the header line, after the refusals
     with ProgressBar() as bar:
         result = search(cfg, progress=bar)
     print_search(result, _console())
@@ -758,9 +782,10 @@ def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshpl
             raise ConfigError("--export", refusal)
         _write_export(rows[export_rank - 1], to, out, f"search {config} row {export_rank}", force,
                       user_source(config, fmt))
-    _write_text(json_path, json.dumps(search_to_dict(result), indent=1), force)
+    _write_text(json_path, json.dumps(_calibrated(search_to_dict(result), cal), indent=1), force)
     if html_path:
-        _wrote(write_output(html_path, search_page(result, config.name), force, '--html'))
+        _wrote(write_output(html_path, search_page(result, config.name, cal["line"] if cal else ""), force,
+                            '--html'))
     raise typer.Exit(0 if result.top else 1)
 
 
@@ -1131,10 +1156,11 @@ def calibrate_cmd(logs: list[Path] = typer.Argument(..., metavar="NCCL_TESTS_OUT
 
     check_destination(out, "--out", force)
     _refuse_existing(json_path, force, "--json")
-    fits, notes, source = calibrate(logs, link)
+    fits, notes, sources = calibrate(logs, link)
+    source = "; ".join(f"{cls}: {text}" for cls, text in sources.items())  # --json: every class's own
     for line in notes:
         _echo(line)
-    _wrote(write_output(out, calibration_toml(fits, source), force=force))
+    _wrote(write_output(out, calibration_toml(fits, sources), force=force))
     _write_doc(json_path, calibrate_doc(fits, notes, source, str(out)), force)
 
 

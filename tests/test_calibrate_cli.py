@@ -49,6 +49,9 @@ def test_calibrate_writes_the_file_plan_reads(tmp_path, capsys):
     t16 = nv.latency_us * 1e-6 + 1.75 * 16 * 2**30 / (nv.bandwidth_gb_per_s * 1e9)
     assert t16 == pytest.approx(127990e-6, rel=0.15)
     assert "S15" not in nv.source and "all_reduce_perf_8xa100_s15.txt" in nv.source
+    # each link's source names its own file only (both named both files)
+    assert nv.source == "nccl-tests 2.17.6 all-reduce over 8 ranks on 1 host(s), file all_reduce_perf_8xa100_s15.txt"
+    assert calib["nic"].source.endswith("file all_reduce_perf_8nodes-x1gpu.txt") and "s15" not in calib["nic"].source
     # applied to 2 dgx-a100: fabric and NICs from the file, the catalog's curves dropped
     c = apply_calibration(system("dgx-a100", nodes=2), calib)
     assert c.node.fabric.bandwidth_gb_per_s == pytest.approx(nv.bandwidth_gb_per_s)
@@ -66,13 +69,34 @@ def test_calibration_keeps_the_slowest_all_reduce(tmp_path, capsys):
     out = tmp_path / "c.toml"
     rc, text, _ = run(["calibrate", str(S15), str(DATA / "all_reduce_perf_8xh200_s3.txt"), "--out", str(out)], capsys)
     assert rc == 0
-    assert "kept" in text and "all_reduce_perf_8xa100_s15.txt" in load_calibration(out)["nvlink"].source
+    assert "all_reduce_perf_8xa100_s15.txt" in load_calibration(out)["nvlink"].source
+    # the note names the kept and the dropped file with their fits and why (it said '(the slowest of 2 all-reduce
+    # fit(s) of 2)'); beta of each fit as the per-file lines print it
+    assert ("nvlink: kept all_reduce_perf_8xa100_s15.txt (all-reduce 208.91 GB/s); dropped all_reduce_perf_8xh200_s3.txt "
+            "(all-reduce 439.95 GB/s: faster than the kept one; a collective over every link waits for the slowest)"
+            ) in text.splitlines()
+
+
+def test_a_dropped_all_gather_fit_is_named(tmp_path, capsys):
+    """An all-gather run of the same node beside S15's all-reduce: the all-reduce fit is kept
+    even though the all-gather's bus bandwidth (150 GB/s, written exactly by nccl_tests_text) is
+    lower, and the note says so instead of '(1 all-reduce fit(s) of 2)'."""
+    from test_calibration import nccl_tests_text
+    ag = tmp_path / "ag.txt"
+    ag.write_text(nccl_tests_text("all_gather_perf", ["dgx-a100-01"] * 8, [2 ** k for k in range(10, 31)], 15e-6, 150e9))
+    rc, text, err = run(["calibrate", str(S15), str(ag), "--out", str(tmp_path / "c.toml")], capsys)
+    assert rc == 0, err
+    assert ("nvlink: kept all_reduce_perf_8xa100_s15.txt (all-reduce 208.91 GB/s); dropped ag.txt (all-gather 150.00 "
+            "GB/s: the all-reduce fit is kept where there is one, as bench comm does)") in text.splitlines()
 
 
 @pytest.mark.parametrize("args, words", [
     (["all_reduce_perf_2x8a100_s18.txt"], "all_reduce_perf_2x8a100_s18.txt: 16 ranks on 2 hosts, up to 8 per host"),
     (["all_reduce_perf_2x1a100_s18.txt"], "all_reduce_perf_2x1a100_s18.txt: 2 usable rows; measure at least two sizes"),
     (["all_reduce_perf_8xa100_s15.txt", "--link", "ib"], "--link: unknown link class 'ib'"),
+    (["all_reduce_perf_2x8a100_s18.txt", "--link", "nvlink"], "--link: nvlink is a link inside one node, but "
+     "all_reduce_perf_2x8a100_s18.txt ran 16 ranks on 2 hosts (its busbw crosses the network); pass --link nic, or "
+     "measure one node for nvlink"),
     (["missing.txt"], "NCCL_TESTS_OUTPUT: no such file"),
 ])
 def test_bad_input_is_one_line(tmp_path, capsys, args, words):
@@ -85,11 +109,14 @@ def test_bad_input_is_one_line(tmp_path, capsys, args, words):
 def test_missing_header_lines_say_what_to_give(tmp_path, capsys):
     """The CLI has no op or n_ranks option: the error names the missing line (it said 'pass op=')."""
     text = EXACT.read_text()
-    cut = {"no-test.txt": text.replace("# Collective test starting: all_reduce_perf\n", ""),
+    cut = {"no-test.txt": "\n".join(ln for ln in text.splitlines()
+                                    if not ln.startswith(("#  Rank", "# Collective test starting"))),
            "no-ranks.txt": "\n".join(ln for ln in text.splitlines() if not ln.startswith("#  Rank"))}
     want = {"no-test.txt": "error: no-test.txt: no '# Collective test starting' line (e.g. '# Collective test "
-                           "starting: all_reduce_perf'), which names the collective; give the whole output of one "
-                           "nccl-tests run, or put that line back at its top\n",
+                           "starting: all_reduce_perf'; nccl-tests prints it since 2025-06, NVIDIA/nccl-tests "
+                           "dafb704), and no result rows under the column header with the '#  Rank' lines to tell "
+                           "the collective from; give the whole output of one nccl-tests run, or put that line back "
+                           "at its top\n",
             "no-ranks.txt": "error: no-ranks.txt: no '#  Rank <r> Group <g> Pid <p> on <host> device <d> ...' lines, "
                             "which give the ranks; give the whole output of one nccl-tests run, with its '# Using "
                             "devices' block\n"}
@@ -97,6 +124,13 @@ def test_missing_header_lines_say_what_to_give(tmp_path, capsys):
         (tmp_path / name).write_text(body)
         rc, _, err = run(["calibrate", str(tmp_path / name), "--out", str(tmp_path / "c.toml")], capsys)
         assert (rc, err) == (2, want[name])
+    # the banner alone missing (nccl-tests before dafb704, 2025-06): the rows name all_reduce, the same fit
+    (tmp_path / "old.txt").write_text(text.replace("# Collective test starting: all_reduce_perf\n", ""))
+    for name, out in (("old.txt", "old.toml"), (EXACT, "new.toml")):
+        rc, _, err = run(["calibrate", str(tmp_path / name), "--out", str(tmp_path / out)], capsys)
+        assert rc == 0, err
+    old, new = load_calibration(tmp_path / "old.toml")["nic"], load_calibration(tmp_path / "new.toml")["nic"]
+    assert (old.latency_us, old.bandwidth_gb_per_s, old.op) == (new.latency_us, new.bandwidth_gb_per_s, "all-reduce")
 
 
 def test_mixed_run_recorded_as_asked(tmp_path, capsys):

@@ -138,9 +138,10 @@ def test_text_errors():
     lines[19] = "          16             4     float     sum      -1"
     with pytest.raises(ConfigError, match=r"^short.txt:20: 5 fields for 13 columns"):
         parse_nccl_tests_text("\n".join(lines), source="short.txt")
-    with pytest.raises(ConfigError, match="no '# Collective test starting' line .*put that line back"):
-        parse_nccl_tests_text(text.replace("# Collective test starting: all_reduce_perf", "#"))
-    assert parse_nccl_tests_text(text.replace("# Collective test starting: all_reduce_perf", "#"), op="all-reduce")
+    # without the banner (nccl-tests before dafb704, 2025-06): the rows tell all_reduce (sum, -1, 2 x 7/8 = 1.75)
+    no_banner = text.replace("# Collective test starting: all_reduce_perf", "#")
+    assert parse_nccl_tests_text(no_banner) == parse_nccl_tests_text(text)
+    assert parse_nccl_tests_text(no_banner, op="all-reduce")
     with pytest.raises(ConfigError, match="busbw/algbw = 1.750 but all-reduce over 4 ranks gives 1.500"):
         parse_nccl_tests_text(text, n_ranks=4)
     with pytest.raises(ConfigError, match="not one meshplan models"):
@@ -252,3 +253,25 @@ def test_calibrated_nic_has_no_tree_below_its_fit():
     # NCCL's tree would have given 2 steps of its own latency, below the fitted 42 us
     alg, t = path_time("all-reduce", 2, 8000, path, cluster)
     assert alg == "ring" and t * 1e6 == pytest.approx(42.2, abs=1e-6)
+
+
+def test_no_banner_the_rows_tell_the_collective_or_say_what_is_missing():
+    """nccl-tests prints the same column header for every program (NVIDIA/nccl-tests src/util.cu
+    at a0b82b2: size count type redop root ...), and the '# Collective test starting' banner only
+    since dafb704 (2025-06-03). Without it the rows decide: all_gather over 8 ranks prints redop
+    none, root -1 and busbw/algbw 7/8 = 0.875, as alltoall does, so it is refused naming both;
+    all_reduce (sum, 1.75) is read."""
+    sizes = [2 ** k for k in range(10, 31)]
+    hosts = [f"node{i:02d}" for i in range(8)]
+    ag = nccl_tests_text("all_gather_perf", hosts, sizes, 20e-6, 40e9).replace(
+        "# Collective test starting: all_gather_perf\n", "")
+    with pytest.raises(ConfigError) as err:
+        parse_nccl_tests_text(ag, source="ag.txt")
+    assert str(err.value) == ("ag.txt: no '# Collective test starting' line (e.g. '# Collective test starting: "
+                              "all_reduce_perf'; nccl-tests prints it since 2025-06, NVIDIA/nccl-tests dafb704); its "
+                              "rows (redop none, root -1, busbw/algbw 0.875 over 8 ranks) fit all_gather_perf and "
+                              "alltoall_perf alike; put the line '# Collective test starting: <test>_perf' back at "
+                              "its top")
+    ar = nccl_tests_text("all_reduce_perf", hosts, sizes, 20e-6, 40e9)
+    rows = parse_nccl_tests_text(ar.replace("# Collective test starting: all_reduce_perf\n", ""))
+    assert rows == parse_nccl_tests_text(ar) and {r.op for r in rows} == {"all-reduce"}

@@ -47,7 +47,7 @@ def _cells(text: str, *keys: str) -> list[str]:
 
 
 def _step_ms(text: str) -> float:
-    return float(re.match(r"step ([\d.]+) ms", text).group(1))
+    return float(re.search(r"^step ([\d.]+) ms", text, flags=re.M).group(1))  # under --calibration's header line
 
 
 def _duration_ms(text: str, stream: str, phase: str, op: str) -> float:

@@ -6,7 +6,7 @@ from math import prod
 import pytest
 
 from meshplan.errors import ConfigError
-from meshplan.memory.state import (MEGATRON_LABEL, TEXTBOOK_LABEL, StateItem, megatron_estimate,
+from meshplan.memory.state import (MEGATRON_AS_IF, MEGATRON_LABEL, TEXTBOOK_LABEL, StateItem, megatron_estimate,
                                    most_loaded, stage_params, stage_state_bytes, state_bytes,
                                    zero_textbook_bytes)
 from meshplan.mesh.resolve import resolve_mesh
@@ -173,6 +173,26 @@ def test_megatron_estimate_is_labelled_beside_exact():
     assert none.size_bytes == 3400 * 18
 
 
+def test_megatron_estimate_is_labelled_as_if_where_the_plan_shards_more():
+    """Issue 11 (newcomer trial 4): a zero3 plan printed Megatron's estimate bare beside its
+    own peak, but the formula is Megatron's distributed optimizer (6 + 12 / dp B per parameter,
+    parameters and gradients whole on every rank). The same number (TINY at tp 2, pp 2, dp 4:
+    3400 params x (6 + 12 / 4) B = 30600 B, as under zero1) is labelled as if run with the
+    distributed optimizer under zero2, zero3 and hsdp, naming what the plan shards besides;
+    none and zero1, which the formula models, keep the plain label."""
+    for sharding in ("none", "zero1"):
+        est = megatron_estimate(TINY, mesh(["pp", "dp", "tp"], [2, 4, 2]), training(sharding, vocab_pad_divisor=1))
+        assert est.label == MEGATRON_LABEL and "does not count" not in est.formula
+    for sharding, what in (("zero2", "gradients"), ("zero3", "gradients and parameters"),
+                           ("hsdp", "gradients and parameters")):
+        est = megatron_estimate(TINY, mesh(["pp", "dp", "tp"], [2, 4, 2]), training(sharding, vocab_pad_divisor=1))
+        assert (est.params, est.size_bytes) == (3400, 30600)
+        assert est.label == ("Megatron-LM report_theoretical_memory estimate (approximation), as if run with "
+                             "Megatron-LM's distributed optimizer") == f"{MEGATRON_LABEL}, {MEGATRON_AS_IF}"
+        assert est.formula.endswith(f"x 9 B = 30600 B; this plan's {sharding} also shards the {what} over the "
+                                    "data axes, which the formula does not count")
+
+
 def test_megatron_estimate_formula_adds_up_untied_at_pp1():
     """Megatron adds the untied output layer's embedding_size / tp at pp 1; the printed formula
     must show that term, or its arithmetic does not give the number beside it. TINY untied at
@@ -219,6 +239,8 @@ def test_megatron_estimate_says_it_ignores_expert_parallelism():
     est = megatron_estimate(mixtral, m, training("zero3"))
     assert est.params == 46_701_744_128 and est.size_bytes == pytest.approx(46_701_744_128 * 6.375)
     assert est.formula.endswith("= 297723618816 B; ignores expert parallelism (ep 8 x etp 1): all 8 experts of "
-                                "every MoE layer on every rank, as Megatron-LM's formula counts them")
+                                "every MoE layer on every rank, as Megatron-LM's formula counts them; this plan's "
+                                "zero3 also shards the gradients and parameters over the data axes, which the formula "
+                                "does not count")
     dense = megatron_estimate(TINY, mesh(["dp_shard"], [4]), training("zero3"))
     assert "expert" not in dense.formula

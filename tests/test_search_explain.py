@@ -14,7 +14,7 @@ from meshplan.schedule.rank_timeline import Overlap
 from meshplan.schedule.steptime import step_time
 from meshplan.search.driver import search
 from meshplan.search.explain import explain
-from meshplan.search.rank import RULE_LINE, TIE, tie_order
+from meshplan.search.rank import RULE_LINE, TIE, decide, tie_order
 from meshplan.search.space import candidate_config, ends_short_split, enumerate_candidates
 from test_search import config
 
@@ -40,6 +40,35 @@ def test_tie_order_prefers_the_lower_peak_after_the_keys():
     assert tie_order([10.0, 10.0085], [twin, twin]) == [0, 1]  # no peaks: the shorter step
     assert tie_order([10.0, 10.0085], [(2, 8, 1), (3, 16, 2)], peaks=[58.6, 26.3]) == [0, 1]
     assert tie_order([10.0, 10.2], [twin, twin], peaks=[58.6, 26.3]) == [0, 1]  # 2% apart: no tie
+
+
+def test_decide_is_the_tie_order_of_a_pair_and_names_its_criterion():
+    """decide (compare's verdict) places a pair as tie_order does, naming the key that decided
+    with the first's value against the other's: 10.05 / 10.0 - 1 = 0.5% is within 1%, so
+    the keys decide in their order (axes, then tp*pp*cp*ep, then tp, then the peak); 10.2 s is
+    2% longer, so the step decides (1 - 10.0 / 10.2 = 1.96% shorter)."""
+    from meshplan.units import GiB
+    cases = [((3, 64, 8), (2, 64, 8), "fewer axes of degree > 1 (2 vs 3)"),
+             ((3, 64, 8), (3, 32, 8), "lower tp*pp*cp*ep (32 vs 64)"),
+             ((3, 64, 8), (3, 64, 4), "lower tp (4 vs 8)")]
+    for ka, kb, words in cases:
+        assert tie_order([10.0, 10.05], [ka, kb]) == [1, 0]
+        assert decide([10.0, 10.05], [ka, kb], [50 * GiB, 60 * GiB]) == (1, words)
+    twin = (3, 64, 8)
+    assert decide([10.0, 10.05], [twin, twin], [64.4 * GiB, 64.1 * GiB]) == (1, "lower peak memory (64.1 vs 64.4 GiB)")
+    assert decide([10.0, 10.2], [(4, 64, 8), twin], [60 * GiB, 50 * GiB]) == (
+        0, "shorter step by more than 1% (10.000 s vs 10.200 s, 2.0% shorter)")
+
+
+def test_tie_line_names_the_criterion_with_its_numbers():
+    """The line said 'listed first by the tie rule (fewer axes / lower degrees / lower peak
+    memory)' without saying which; with the criterion known it names it with both values."""
+    top, two = {"step": 10.05, "bubble": 1.5}, {"step": 10.0, "bubble": 2.2}
+    x = explain(top, two, {}, {}, fastest_step_s=10.0, fastest_row=2,
+                tie_criterion="lower peak memory (58.0 vs 64.2 GiB)")
+    assert x.line().startswith("top's step 10.050 s is 0.50% longer than the fastest's (#2, 10.000 s), within 1%: "
+                               "listed first by the tie rule: lower peak memory (58.0 vs 64.2 GiB); parts against #2")
+    assert x.to_dict()["tie_criterion"] == "lower peak memory (58.0 vs 64.2 GiB)"
 
 
 def test_ends_short_split_by_hand():
@@ -239,6 +268,7 @@ def test_no_row_is_faster_than_the_line_says_llama3_70b(monkeypatch):
     assert steps[0] <= steps[5] * (1 + TIE)  # the tie rule's window
     line = x.line()
     assert not line.startswith("top is") and f"(#6, {steps[5]:.3f} s), within 1%" in line
+    assert "within 1%: listed first by the tie rule: lower tp*pp*cp*ep (16 vs 32);" in line  # cp 2 against cp 4
     rel = 1 - steps[1] / steps[0]  # two decimals from 0.1%, two significant digits below
     assert f"against #2 ({steps[1]:.3f} s, {f'{rel:.2%}' if rel >= 1e-3 else f'{rel * 100:.2g}%'} shorter than " \
         "the top's)" in line

@@ -13,7 +13,9 @@ names of the ``#  Rank`` lines, or ``config.devices[].hostname`` in JSON):
 
 Per link class, one alpha-beta fit (:func:`~meshplan.comm.calibration.fit_alpha_beta`) per
 file; the class keeps the all-reduce fit when there is one (as ``bench comm`` does), and of
-several the slowest bus bandwidth (a collective over every rail waits for the slowest NIC).
+several the slowest bus bandwidth (a collective over every rail waits for the slowest NIC);
+its ``source`` names that file, and a note names each dropped file with its fit and why.
+``--link nvlink`` or ``pcie`` (links inside one node) on a run over several hosts is refused.
 A file ``meshplan bench comm`` wrote from a gloo run (its first line says ``(gloo,``) keeps
 ``backend = "gloo"``, so that ``--calibration`` refuses it for NCCL links.
 
@@ -61,13 +63,25 @@ def hosts_of(text: str) -> list[str]:
 
 
 def link_class(hosts: Sequence[str], where: str, link: Optional[str] = None) -> str:
-    """``link`` when given (checked), else ``nvlink`` for one host, ``nic`` for one rank per
-    host; a ConfigError naming ``where`` otherwise (see the module docstring)."""
+    """``link`` when given (checked: nvlink and pcie are links inside one node, so a run whose
+    ``#  Rank`` lines name several hosts is refused for them), else ``nvlink`` for one host,
+    ``nic`` for one rank per host; a ConfigError naming ``where`` otherwise (see the module
+    docstring).
+
+    >>> link_class(["a"] * 8 + ["b"] * 8, "x.txt", "nvlink")
+    Traceback (most recent call last):
+    ...
+    meshplan.errors.ConfigError: --link: nvlink is a link inside one node, but x.txt ran 16 ranks on 2 hosts (its busbw crosses the network); pass --link nic, or measure one node for nvlink
+    """
+    per_host = Counter(hosts)
     if link is not None:
         if link not in LINK_CLASSES:
             raise ConfigError("--link", f"unknown link class '{link}'; use one of {', '.join(LINK_CLASSES)}")
+        if link != "nic" and len(per_host) > 1:
+            raise ConfigError("--link", f"{link} is a link inside one node, but {where} ran {len(hosts)} ranks on "
+                                        f"{len(per_host)} hosts (its busbw crosses the network); pass --link nic, or "
+                                        f"measure one node for {link}")
         return link
-    per_host = Counter(hosts)
     if not hosts or "" in per_host:
         raise ConfigError(where, "no host names in the '#  Rank' lines; pass --link nvlink, pcie or nic")
     if len(per_host) == 1:
@@ -86,12 +100,13 @@ def _source(path: Path, text: str, rows: list[BenchRow], hosts: list[str]) -> st
             f"file {path.name}")
 
 
-def calibrate(paths: Sequence[Path], link: Optional[str] = None) -> tuple[list[LinkFit], list[str], str]:
-    """(one fit per link class, a note per file, the calibration's ``source``) from nccl-tests
-    outputs ``paths``. Raises ConfigError naming the file for unreadable or unusable input."""
+def calibrate(paths: Sequence[Path], link: Optional[str] = None) -> tuple[list[LinkFit], list[str], dict[str, str]]:
+    """(one fit per link class, a note per file and per class that had several, each class's
+    ``source``: the measurement of the file it kept) from nccl-tests outputs ``paths``. Raises
+    ConfigError naming the file for unreadable or unusable input."""
     if not paths:
         raise ConfigError("NCCL_TESTS_OUTPUT", "no files; pass nccl-tests outputs (text or -J JSON)")
-    by_link: dict[str, list[tuple[LinkFit, str]]] = {}
+    by_link: dict[str, list[tuple[LinkFit, str, str]]] = {}
     notes = []
     for path in map(Path, paths):
         text = read_nccl_tests_text(path)
@@ -104,18 +119,35 @@ def calibrate(paths: Sequence[Path], link: Optional[str] = None) -> tuple[list[L
             raise ConfigError(path.name, err.message) from None
         if re.search(r"^# meshplan bench comm \(gloo,", text, flags=re.M):  # bench comm without a GPU
             fit = replace(fit, backend="gloo")
-        source = _source(path, text, rows, hosts)
-        by_link.setdefault(cls, []).append((fit, source))
+        by_link.setdefault(cls, []).append((fit, _source(path, text, rows, hosts), path.name))
         notes.append(f"{path.name}: {cls} {fit.op} over {fit.n_ranks} ranks, alpha {fit.latency_s * 1e6:.1f} us, "
                      f"beta {fit.bandwidth_bytes_per_s / 1e9:.2f} GB/s bus bandwidth, rms residual "
                      f"{fit.rms_residual:.2f} ({fit.points} rows)")
-    fits, sources = [], []
+    fits, sources = [], {}
     for cls, candidates in by_link.items():
         pool = [c for c in candidates if c[0].op == "all-reduce"] or candidates
-        fit, source = min(pool, key=lambda c: c[0].bandwidth_bytes_per_s)
+        fit, source, name = min(pool, key=lambda c: c[0].bandwidth_bytes_per_s)
         fits.append(fit)
-        sources.append(f"{cls}: {source}")
+        sources[cls] = source
         if len(candidates) > 1:
-            notes.append(f"{cls}: kept {source} ({'the slowest of ' if len(pool) > 1 else ''}"
-                         f"{len(pool)} {pool[0][0].op} fit(s) of {len(candidates)})")
-    return fits, notes, "; ".join(sources)
+            notes.append(_kept_note(cls, (fit, name), candidates, pool))
+    return fits, notes, sources
+
+
+def _gbs(fit: LinkFit) -> str:
+    return f"{fit.op} {fit.bandwidth_bytes_per_s / 1e9:.2f} GB/s"
+
+
+def _kept_note(cls: str, kept: tuple[LinkFit, str], candidates: list, pool: list) -> str:
+    """``nvlink: kept a.txt (all-reduce 180.20 GB/s); dropped b.txt (all-gather 170.00 GB/s: the
+    all-reduce fit is kept where there is one, as bench comm does), c.txt (all-reduce 190.00
+    GB/s: faster than the kept one; a collective over every link waits for the slowest)``."""
+    dropped = []
+    for fit, _, name in candidates:
+        if name == kept[1] and fit is kept[0]:
+            continue
+        why = ("the all-reduce fit is kept where there is one, as bench comm does" if fit.op != kept[0].op
+               and kept[0].op == "all-reduce" else "faster than the kept one; a collective over every link waits "
+               "for the slowest")
+        dropped.append(f"{name} ({_gbs(fit)}: {why})")
+    return f"{cls}: kept {kept[1]} ({_gbs(kept[0])}); dropped " + ", ".join(dropped)

@@ -61,7 +61,7 @@ import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Any, Literal, Mapping, Optional
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -137,18 +137,17 @@ def parse_nccl_tests_text(text: str, source: str = "nccl-tests output", op: Opti
                           n_ranks: Optional[int] = None) -> list[BenchRow]:
     """Rows of nccl-tests text output (out-of-place, then in-place, per size). ``op`` and
     ``n_ranks`` (for callers of this function; the CLI has no such options) override what the
-    header says ("Collective test starting", "# Rank" lines).
+    header says ("Collective test starting", "# Rank" lines); without the first, the collective
+    is told from the rows (:func:`_op_from_rows`).
     Raises ConfigError naming ``source:line`` for a short row or a missing header."""
     found_op = re.search(r"^# Collective test starting: (\S+)", text, flags=re.M)
     ranks = [int(r) for r in re.findall(r"^#[ \t]+Rank[ \t]+([0-9]{1,9})[ \t]", text, flags=re.M)]
     if ranks and max(ranks) >= MAX_WORLD:
         raise ConfigError(source, f"rank {over('world', max(ranks))}; pass the output unmodified")
-    if op is None and not found_op:
-        raise ConfigError(source, "no '# Collective test starting' line (e.g. '# Collective test starting: "
-                                  "all_reduce_perf'), which names the collective; give the whole output of one "
-                                  "nccl-tests run, or put that line back at its top")
-    op = _op_name(op or (found_op[1] if found_op else ""), source)
     n = n_ranks or (max(ranks) + 1 if ranks else None)
+    if op is None and not found_op:
+        op = _op_from_rows(text, n, source)
+    op = _op_name(op or (found_op[1] if found_op else ""), source)
     if not n:
         raise ConfigError(source, "no '#  Rank <r> Group <g> Pid <p> on <host> device <d> ...' lines, which give "
                                   "the ranks; give the whole output of one nccl-tests run, with its '# Using devices' "
@@ -171,6 +170,54 @@ def parse_nccl_tests_text(text: str, source: str = "nccl-tests output", op: Opti
             raise ConfigError(where, f"{len(tokens)} fields for {len(cols)} columns; pass the output unmodified")
         rows += _text_row(tokens, cols, op, n, where)
     return _check_ranks(rows, source)
+
+
+#: What each modelled nccl-tests program prints in a result row (NVIDIA/nccl-tests src/util.cu
+#: ``writeBenchmarkLinePreamble`` at a0b82b2, 2.19.6): its redop column ("none" where it reduces
+#: nothing: all_gather.cu, alltoall.cu, broadcast.cu, sendrecv.cu pass "none") and whether its
+#: root is -1; busbw / algbw is ``busbw_factor(op, n)`` (each program's GetBw).
+ROW_SIGNATURE = {"all_reduce": (True, True), "reduce_scatter": (True, True), "all_gather": (False, True),
+                 "alltoall": (False, True), "broadcast": (False, False), "sendrecv": (False, True)}
+
+_NO_BANNER = ("no '# Collective test starting' line (e.g. '# Collective test starting: all_reduce_perf'; "
+              "nccl-tests prints it since 2025-06, NVIDIA/nccl-tests dafb704)")
+
+
+def _op_from_rows(text: str, n: Optional[int], source: str) -> str:
+    """The program of an nccl-tests text output without its ``# Collective test starting``
+    banner (nccl-tests before dafb704, 2025-06-03, never printed it), from what every version
+    prints: the column header (``size count type redop root time algbw busbw ...``, the same for
+    every program: src/util.cu at a0b82b2, src/common.cu before), so not the header alone,
+    but each row's redop and root (:data:`ROW_SIGNATURE`) and busbw / algbw against
+    ``busbw_factor(op, n)`` on its row of largest algbw. all_reduce (a reduction, 2(n-1)/n) and
+    reduce_scatter ((n-1)/n) are told apart; all_gather and alltoall print the same (none, -1,
+    (n-1)/n) and are refused, as is a text without rows or ranks, naming the banner to put back."""
+    cols, best = [], None
+    for line in text.splitlines():
+        tokens = line.split()
+        if line.startswith("#") and "busbw" in tokens and "redop" in tokens:
+            cols = tokens[1:]
+        elif cols and tokens and re.fullmatch(r"[0-9]{1,16}", tokens[0]) and len(tokens) >= len(cols):
+            try:
+                algbw, busbw = float(tokens[cols.index("algbw")]), float(tokens[cols.index("busbw")])
+            except ValueError:
+                continue
+            if best is None or algbw > best[0]:
+                best = (algbw, busbw, tokens[cols.index("redop")], tokens[cols.index("root")])
+    if best is None or not n or best[0] <= 0:
+        raise ConfigError(source, f"{_NO_BANNER}, and no result rows under the column header with the '#  Rank' "
+                                  "lines to tell the collective from; give the whole output of one nccl-tests run, "
+                                  "or put that line back at its top")
+    algbw, busbw, redop, root = best
+    fits = [stem for stem, (reduces, no_root) in ROW_SIGNATURE.items()
+            if reduces == (redop != "none") and no_root == (root == "-1")
+            and abs(busbw / algbw - busbw_factor(TEST_OPS[stem], n)) <= 0.02 * busbw_factor(TEST_OPS[stem], n) + 0.005]
+    if len(fits) != 1:
+        which = " and ".join(f"{f}_perf" for f in fits) + " alike" if fits else "no modelled test"
+        raise ConfigError(source, f"{_NO_BANNER}; its rows (redop {redop}, root {root}, busbw/algbw "
+                                  f"{busbw / algbw:.3f} over {n} ranks) fit {which}; put the line "
+                                  "'# Collective test starting: <test>_perf' back at its top")
+    return f"{fits[0]}_perf"
 
 
 def _text_row(tokens: list[str], cols: list[str], op: str, n: int, where: str) -> list[BenchRow]:
@@ -367,10 +414,11 @@ def measured_over(link: str, backend: Optional[str]) -> str:
     return f"{link} (gloo: {GLOO_MEDIUM.get(link, 'TCP')}, not {hardware})"
 
 
-def calibration_toml(fits: list[LinkFit], source: str, backend: Optional[str] = None) -> str:
+def calibration_toml(fits: list[LinkFit], source: str | Mapping[str, str], backend: Optional[str] = None) -> str:
     """The calibration file for ``fits`` (one table per link class), ``source`` naming the
-    measurement (tool, date, machines); ``backend`` "gloo" when gloo measured it (written, and
-    said in a comment: such a file calibrates only a gloo cluster)."""
+    measurement (tool, date, machines), one for all or per link class (``meshplan calibrate``:
+    each class's own file); ``backend`` "gloo" when gloo measured it (written, and said in a
+    comment: such a file calibrates only a gloo cluster)."""
     out = ["# meshplan calibration: alpha-beta per link class fitted from nccl-tests (meshplan.comm.calibration)"]
     if backend == "gloo" or any(f.backend == "gloo" for f in fits):
         out.append("# measured with gloo over TCP, no GPU: not NVLink or NIC figures; --calibration takes it only "
@@ -379,7 +427,7 @@ def calibration_toml(fits: list[LinkFit], source: str, backend: Optional[str] = 
         out += [f"\n[link.{f.link}]", f"latency_us = {f.latency_s / US:.4g}",
                 f"bandwidth_gb_per_s = {f.bandwidth_bytes_per_s / GB:.4g}", f'op = "{f.op}"',
                 f"ranks = {f.n_ranks}", f"residual = {f.rms_residual:.3g}", f"points = {f.points}",
-                f"source = {json.dumps(source)}"] + ([f'backend = "{f.backend or backend}"']
+                f"source = {json.dumps(source if isinstance(source, str) else source[f.link])}"] + ([f'backend = "{f.backend or backend}"']
                                                      if f.backend or backend else [])
     return "\n".join(out) + "\n"
 
@@ -415,6 +463,28 @@ def load_calibration(path) -> dict[str, CalibratedLink]:
         if c.op is not None and c.op not in OPS:
             raise ConfigError(f"{where}: link.{name}.op", f"unknown op '{c.op}'; use one of {', '.join(OPS)}")
     return out
+
+
+def calibration_line(path, calib: dict[str, CalibratedLink]) -> str:
+    """The header line plan, step, search and compare print when ``--calibration`` changed
+    their numbers: the file as given and each calibrated link class's bandwidth, in the
+    file's order.
+
+    >>> calibration_line("cal.toml", {"nvlink": CalibratedLink(latency_us=10, bandwidth_gb_per_s=450, source="a"),
+    ...                               "nic": CalibratedLink(latency_us=20, bandwidth_gb_per_s=45.25, source="b")})
+    'links calibrated from cal.toml: nvlink 450 GB/s, nic 45.25 GB/s'
+    """
+    links = ", ".join(f"{name} {c.bandwidth_gb_per_s:.4g} GB/s" for name, c in calib.items())
+    return f"links calibrated from {path}: {links}"
+
+
+def calibration_doc(path, calib: dict[str, CalibratedLink]) -> dict:
+    """The ``calibration`` entry of the plan, step, search and compare ``--json`` documents:
+    the file, the header line (:func:`calibration_line`) and per link class its bus bandwidth
+    (bytes/s), per-call latency (s) and source, SI."""
+    return {"file": str(path), "line": calibration_line(path, calib),
+            "links": {name: {"bandwidth_bytes_per_s": c.bandwidth_bytes_per_s, "latency_s": c.latency_us / 1e6,
+                             "source": c.source} for name, c in calib.items()}}
 
 
 def apply_calibration(cluster: ClusterSpec, calib: dict[str, CalibratedLink]) -> ClusterSpec:

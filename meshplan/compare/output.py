@@ -30,22 +30,23 @@ def compare_to_dict(c: Comparison) -> dict:
     verdict and the rule, and the table as values (:func:`table_values`)."""
     return {"schema": "meshplan.compare/v1", "meshplan_version": __version__, "a": _side_dict(c.a),
             "b": _side_dict(c.b), "winner": c.winner, "rejected": c.rejected, "identical": c.identical,
-            "none_fit": c.none_fit, "reasons": list(c.reasons), "rule": c.rule,
+            "none_fit": c.none_fit, "reasons": list(c.reasons), "rule": c.rule, "decided_by": c.decided_by,
             "knobs": [{"knob": k, "a": x, "b": y} for k, x, y in c.knobs], "table": table_values(c)}
 
 
-def compare_html(c: Comparison) -> str:
+def compare_html(c: Comparison, note: str = "") -> str:
     """The comparison as one HTML page: the side-by-side table, the verdict with its reasons
     and rule, then each mesh's plan report (memory plot, Gantt chart, link loads) in two
-    columns, A left and B right."""
+    columns, A left and B right; ``note``: a header line (``--calibration``'s)."""
     verdict = ("identical plans" if c.identical else "neither mesh fits" if c.none_fit
                else f"{c.winner} (rejected: {c.rejected})")
+    decided = [f"decided by: {c.decided_by}"] if c.decided_by else []
     head = section("Side by side", table(["quantity", c.a.name, c.b.name], table_rows(c))
-                   + f"<p><b>verdict:</b> {esc(verdict)}</p>" + lines([f"- {r}" for r in c.reasons])
+                   + f"<p><b>verdict:</b> {esc(verdict)}</p>" + lines(decided + [f"- {r}" for r in c.reasons])
                    + lines([f"rule: {c.rule}"]))
     cols = "".join(f"<div><h2>{esc(s.name)}: {esc(s.mesh_text)}</h2>"
                    + "".join(plan_sections(s.plan, s.step, s.name)) + "</div>" for s in (c.a, c.b))
-    return page(f"meshplan compare: {c.a.name} vs {c.b.name}", f"verdict: {verdict}; GB = 1e9 B, GiB = 2^30 B",
+    return page(f"meshplan compare: {c.a.name} vs {c.b.name}", f"verdict: {verdict}; GB = 1e9 B, GiB = 2^30 B" + (f"; {note}" if note else ""),
                 [head, f'<div class="cols">{cols}</div>'])
 
 
@@ -79,7 +80,7 @@ def _write_evidence_files(c: Comparison, folder: Path) -> list[str]:
     if rejected.step is not None:
         paths.append(rejected.step.write_trace(folder / "predicted-trace.json", force=True))
     summary = [f"# Rejected: {rejected.name} ({rejected.mesh_text})", "",
-               f"Chosen: {c.winner}. Rule: {c.rule or rule_text()}.", "", "| quantity | "
+               f"Chosen: {c.winner}, decided by: {c.decided_by}. Rule: {c.rule or rule_text()}.", "", "| quantity | "
                f"{c.a.name} | {c.b.name} |", "|---|---|---|"]
     summary += [f"| {q} | {x} | {y} |" for q, x, y in table_rows(c)]
     summary += ["", "## Reasons", ""] + [f"- {r}" for r in c.reasons]

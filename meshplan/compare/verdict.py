@@ -15,9 +15,13 @@ knob that differs is a row of the table, and the verdict says when the differenc
 mesh's alone.
 
 Verdict rule (stated, no hidden weights): a mesh that does not fit (infeasible plan or
-memory peak above usable HBM) loses to one that fits; between two that fit, the shorter
-predicted step wins when it is shorter by more than ``tie_fraction`` (default 2%, below the
-model's resolution); within that band, the lower peak memory wins (more headroom). Two
+memory peak above usable HBM) loses to one that fits; between two that fit, the search's
+order decides (:func:`meshplan.search.rank.decide`, one rule in one home): the shorter
+predicted step wins when it is shorter by more than 1% (:data:`~meshplan.search.rank.TIE`,
+below the model's resolution); within 1%, the mesh with fewer axes of degree > 1, then the
+lower tp*pp*cp*ep, then the lower tp, then the lower peak memory (more headroom), so that
+``compare top1.toml row4.toml`` of rows the search exported agrees with the search's order;
+the reason names the criterion that decided with both values. Two
 configs of the same mesh with the same knobs are reported as identical: nothing is chosen
 or rejected. When neither mesh fits, nothing is chosen either (``none_fit``; each side's
 reasons are given and the CLI exits 1, as ``meshplan plan`` does for an infeasible mesh).
@@ -37,7 +41,9 @@ from meshplan.mesh.layers import stage_layers
 from meshplan.pipeline.registry import get as get_schedule
 from meshplan.plan import Infeasible, Plan
 from meshplan.schedule.rank_timeline import Overlap
+from meshplan.mesh.validity import degrees
 from meshplan.schedule.steptime import StepTime, step_time, workload_of
+from meshplan.search.rank import RULE_LINE, TIE, decide, simplicity_of
 from meshplan.units import GB, MS, GiB
 
 @dataclass(frozen=True)
@@ -59,6 +65,7 @@ class Side:
     link_bytes: dict = field(default_factory=dict)
     exposed_s: dict = field(default_factory=dict)
     step: Optional[StepTime] = None
+    simplicity: tuple[int, int, int] = (0, 0, 0)
 
     @property
     def resolved(self) -> bool:
@@ -96,7 +103,9 @@ class Side:
 class Comparison:
     """``winner`` and ``rejected`` are "" when the two plans are the same (``identical``: the
     same mesh and knobs) or when neither fits (``none_fit``); ``rule``: the verdict rule in
-    words; ``knobs``: (field, A's value, B's value) of each plan knob that differs
+    words; ``decided_by``: the criterion that chose the winner, with both values, in the
+    search's words (:func:`meshplan.search.rank.decide`; ``fits where the other does not``
+    when one side is infeasible; "" without a winner); ``knobs``: (field, A's value, B's value) of each plan knob that differs
     (:attr:`meshplan.config.Differences.knobs`)."""
 
     a: Side
@@ -108,13 +117,14 @@ class Comparison:
     identical: bool = False
     none_fit: bool = False
     knobs: tuple[tuple[str, Any, Any], ...] = ()
+    decided_by: str = ""
 
 
-def rule_text(tie_fraction: float = 0.02) -> str:
-    """The verdict rule in words (the module docstring's)."""
-    return (f"a mesh that does not fit (infeasible, or its memory peak above usable HBM) loses to one that fits; "
-            f"between two that fit, the shorter predicted step wins when it is shorter by more than "
-            f"{tie_fraction:.0%}; within {tie_fraction:.0%}, the lower peak memory (more headroom) wins")
+def rule_text() -> str:
+    """The verdict rule in words (the module docstring's): fit first, then the search's order
+    (:data:`meshplan.search.rank.RULE_LINE`)."""
+    return ("a mesh that does not fit (infeasible, or its memory peak above usable HBM) loses to one that fits; "
+            f"between two that fit, the search's {RULE_LINE}")
 
 
 _SPELLING = {"names", "shape", "order", "degrees"}
@@ -158,8 +168,9 @@ def side_of(name: str, plan: Plan | Infeasible, overlap: Optional[Overlap] = Non
                 links[kind] = links.get(kind, 0.0) + b * r.per_step
     tl = plan.timeline
     st = step_time(plan, overlap or Overlap())
+    deg = degrees(plan.mesh, plan.config.training, plan.vpp)  # the search's columns (pp, dpr, dps, cp, tp, ep, etp)
     return Side(name, plan, plan.feasible, plan.reasons, st.step_s, st.mfu, tl.peak.total_bytes,
-                tl.usable_bytes, gemms, links, dict(st.exposed_s), st)
+                tl.usable_bytes, gemms, links, dict(st.exposed_s), st, simplicity_of(deg.degree))
 
 
 def _fit(s: Side) -> tuple[float, float]:
@@ -209,20 +220,21 @@ def _short(v: Any) -> str:
 
 
 def compare(plan_a: Plan | Infeasible, plan_b: Plan | Infeasible, names: tuple[str, str] = ("A", "B"),
-            tie_fraction: float = 0.02, overlap: Optional[Overlap] = None) -> Comparison:
+            overlap: Optional[Overlap] = None) -> Comparison:
     """Compare two plans of one workload (see the module docstring for the rule); a ConfigError
     when the workloads differ (:func:`check_workload`)."""
     knobs = check_workload(plan_a, plan_b, names).knobs
     a, b = side_of(names[0], plan_a, overlap), side_of(names[1], plan_b, overlap)
-    rule = rule_text(tie_fraction)
+    rule = rule_text()
     if same_mesh(plan_a, plan_b) and not knobs:
         what = f"{a.name} and {b.name} are" if a.name != b.name else f"both configs ({a.name}) are"
         return Comparison(a, b, "", "", (f"{what} the same plan (mesh {a.mesh_text}, the same knobs) of one "
                                          f"workload: nothing to choose; give two meshes or plans of the workload",),
                           rule, identical=True)
-    why, by_memory = [], True  # decided by memory (a plan that does not fit, steps within the band)
+    why, by_memory = [], True  # decided by memory (a plan that does not fit, or the peak among tied steps)
     if a.feasible != b.feasible:
         win, lose = (a, b) if a.feasible else (b, a)
+        decided = "fits where the other does not"
         why.append(f"{lose.name} ({lose.mesh_text}) is infeasible: " + "; ".join(lose.reasons))
         if lose.step_s and win.step_s and lose.step_s < win.step_s:
             why.append(f"{lose.name} would predict a {1 - lose.step_s / win.step_s:.0%} shorter step "
@@ -232,20 +244,30 @@ def compare(plan_a: Plan | Infeasible, plan_b: Plan | Infeasible, names: tuple[s
                                               for s in (a, b)) + tuple(_evidence_lines(a, b, knobs, True)), rule,
                           none_fit=True, knobs=knobs)
     else:
-        (sa, pa), (sb, pb) = _fit(a), _fit(b)
-        (fast, fs), (slow, ss) = ((a, sa), (b, sb)) if sa <= sb else ((b, sb), (a, sa))
-        gap = ss / fs - 1
-        by_memory = gap <= tie_fraction
-        if not by_memory:
-            win, lose = fast, slow
-            why.append(f"{fast.name} predicts a {1 - fs / ss:.1%} shorter step "
-                       f"({fs:.3f} s vs {ss:.3f} s)")
-        else:
-            win, lose = (a, b) if pa <= pb else (b, a)
-            why.append(f"step times within {tie_fraction:.0%} ({sa:.3f} s vs {sb:.3f} s): "
-                       f"{win.name} has more memory headroom")
+        win, lose, decided = _decide(a, b)
+        by_memory = decided.startswith("lower peak memory")
+        why.append(_decision_line(win, lose, decided))
     why += _evidence_lines(a, b, knobs, memory_first=by_memory)
-    return Comparison(a, b, win.name, lose.name, tuple(why), rule, knobs=knobs)
+    return Comparison(a, b, win.name, lose.name, tuple(why), rule, knobs=knobs, decided_by=decided)
+
+
+def _decide(a: Side, b: Side) -> tuple[Side, Side, str]:
+    """(winner, rejected, criterion) of two sides that fit, by the search's order
+    (:func:`meshplan.search.rank.decide`)."""
+    (sa, pa), (sb, pb) = _fit(a), _fit(b)
+    first, decided = decide([sa, sb], [a.simplicity, b.simplicity], [pa, pb])
+    return (a, b, decided) if first == 0 else (b, a, decided)
+
+
+def _decision_line(win: Side, lose: Side, decided: str) -> str:
+    """The verdict's first reason: ``A predicts a 4.8% shorter step (...)`` when the steps are
+    more than 1% apart, else ``step times within 1% (...): A is listed first by the search's tie
+    rule: fewer axes of degree > 1 (2 vs 3)``."""
+    ws, ls = _fit(win)[0], _fit(lose)[0]
+    if decided.startswith("shorter step by more than"):
+        return f"{win.name} predicts a {1 - ws / ls:.1%} shorter step ({ws:.3f} s vs {ls:.3f} s)"
+    return (f"step times within {TIE:.0%} ({win.name} {ws:.3f} s, {lose.name} {ls:.3f} s): {win.name} is listed "
+            f"first by the search's tie rule: {decided}")
 
 
 def _knob_text(knobs: tuple[tuple[str, Any, Any], ...], a_first: bool) -> str:

@@ -85,6 +85,9 @@ from meshplan.units import dtype_bytes
 FRAMEWORK_LABEL = "framework accounting (explicit dtypes)"
 TEXTBOOK_LABEL = "textbook accounting (ZeRO paper)"
 MEGATRON_LABEL = "Megatron-LM report_theoretical_memory estimate (approximation)"
+#: Added to :data:`MEGATRON_LABEL` where the plan's sharding is not what the formula models
+#: (:func:`megatron_estimate`: zero2, zero3, hsdp).
+MEGATRON_AS_IF = "as if run with Megatron-LM's distributed optimizer"
 
 #: State kinds sharded over data parallelism, per ``TrainingSpec.sharding``.
 SHARDED_KINDS = {
@@ -379,6 +382,13 @@ def megatron_estimate(model: ModelSpec, mesh: Mesh, training: TrainingSpec) -> E
     ignores ep and leaves out the last stage's tied copy: an approximation, shown beside
     the exact count. C9 tiny GPT: 3400 params, 30600 bytes (exact: 3488, 31392).
 
+    The formula models two shardings only: ``none`` (18 B: bf16 parameters, fp32 gradients,
+    master and Adam moments on every rank) and Megatron's distributed optimizer, ``zero1``
+    (master and moments over dp). Under zero2 (gradients sharded too) and FSDP's zero3 / hsdp
+    (parameters as well) its number is not this plan's run: the label then says
+    :data:`MEGATRON_AS_IF` and the formula names what the plan shards besides (a Llama 3 70B
+    FSDP plan at 58 GiB printed a bare 198.66 GiB, 6.04688 B per parameter, as its estimate).
+
     MoE: followed as Megatron-LM has it (NVIDIA/Megatron-LM
     ``megatron/training/theoretical_memory_usage.py`` at 00caa53a: every MoE layer holds
     ``moe_ffn_hidden_size x num_experts``, divided by pp and tp only; neither
@@ -409,6 +419,12 @@ def megatron_estimate(model: ModelSpec, mesh: Mesh, training: TrainingSpec) -> E
     per = 18.0 if training.sharding == "none" else 6 + 12 / dp
     moe_note = (f"; ignores expert parallelism (ep {mesh.ep} x etp {mesh.etp}): all {model.experts} experts of "
                 f"every MoE layer on every rank, as Megatron-LM's formula counts them" if model.is_moe else "")
-    return Estimate(label=MEGATRON_LABEL, size_bytes=shard * per, params=shard,
+    label, as_if = MEGATRON_LABEL, ""
+    if training.sharding not in ("none", "zero1"):
+        label = f"{MEGATRON_LABEL}, {MEGATRON_AS_IF}"
+        more = "gradients" if training.sharding == "zero2" else "gradients and parameters"
+        as_if = (f"; this plan's {training.sharding} also shards the {more} over the data axes, "
+                 f"which the formula does not count")
+    return Estimate(label=label, size_bytes=shard * per, params=shard,
                     formula=f"({block:.0f} / pp {pp} + {emb}) / tp {tp}{untied} = {shard:.0f} params "
-                            f"x {per:g} B = {shard * per:.0f} B{moe_note}")
+                            f"x {per:g} B = {shard * per:.0f} B{moe_note}{as_if}")

@@ -154,10 +154,11 @@ def plan_sections(plan: Plan | Infeasible, st: Optional[StepTime], name: str) ->
     return [s for s in out if s]
 
 
-def plan_page(plan: Plan | Infeasible, st: Optional[StepTime], name: str) -> str:
-    """The whole plan report. ``st``: the predicted step (None: no step section)."""
-    return page(f"meshplan report: {name}", f"{plan.config.path or name}; GB = 1e9 B, GiB = 2^30 B",
-                plan_sections(plan, st, name))
+def plan_page(plan: Plan | Infeasible, st: Optional[StepTime], name: str, note: str = "") -> str:
+    """The whole plan report. ``st``: the predicted step (None: no step section); ``note``: a
+    header line under the title (``--calibration``'s, :func:`meshplan.comm.calibration.calibration_line`)."""
+    return page(f"meshplan report: {name}", f"{plan.config.path or name}; GB = 1e9 B, GiB = 2^30 B"
+                + (f"; {note}" if note else ""), plan_sections(plan, st, name))
 
 
 def _count_bars(counts: dict[str, int], training) -> str:
@@ -174,8 +175,9 @@ def _count_bars(counts: dict[str, int], training) -> str:
             + "".join(rows) + "</tbody></table>")
 
 
-def search_page(r: SearchResult, name: str) -> str:
-    """The search report: header, top table, rule, top vs #2, best rejected, outcome counts."""
+def search_page(r: SearchResult, name: str, note: str = "") -> str:
+    """The search report: header (``note``: :func:`plan_page`'s), top table, rule, top vs #2,
+    best rejected, outcome counts."""
     top = []
     for k, e in enumerate(r.top, 1):
         d = row(r, e)
@@ -195,4 +197,5 @@ def search_page(r: SearchResult, name: str) -> str:
     body = [section("Searched", lines(header_lines(r))), ranked,
             section("Rejected", lines(rejected_lines(r)) + _count_bars(r.counts(), r.config.training) + lines(count_lines(r))
                     + lines(f"note: {n}" for n in r.notes))]
-    return page(f"meshplan search: {name}", f"{r.config.path or name}; exit {'0' if r.top else '1'}", body)
+    return page(f"meshplan search: {name}", f"{r.config.path or name}; exit {'0' if r.top else '1'}"
+                + (f"; {note}" if note else ""), body)

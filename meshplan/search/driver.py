@@ -69,7 +69,7 @@ from meshplan.search.exact import PLAN_ONLY, SIMULATE, STEP_ONLY, Exact, Planner
 from meshplan.search.explain import Explanation, explain
 from meshplan.search.frontier import Frontier
 from meshplan.search.memory import Tables, stage_layout, state
-from meshplan.search.rank import needed, ranked, simplicity
+from meshplan.search.rank import decide, needed, ranked, simplicity
 from meshplan.search.space import CODE, FSDP_SHARDINGS, OK, REASONS, RECOMPUTE, SHARDING, Candidates, accumulates, \
     ZERO12, enumerate_candidates, first_reason, zero1_refused
 from meshplan.search.pipeline import pipeline_bound
@@ -522,8 +522,12 @@ def _explanation(cfg: Config, c: Candidates, est: Estimates, top: list[Exact],
         return None
     f = fastest if fastest is not None and fastest.step_s is not None else a
     row = next((k for k, e in enumerate(top, 1) if e.index == f.index), None)
+    criterion = ""
+    if f.index != a.index and a.step_s is not None and f.step_s is not None:  # what placed the top first, both values
+        criterion = decide([a.step_s, f.step_s], [simplicity(c, a.index), simplicity(c, f.index)],
+                           [a.peak_bytes, f.peak_bytes])[1]
     return explain(a.breakdown, b.breakdown, describe(cfg, c, est, a), describe(cfg, c, est, b),
-                   fastest_step_s=f.step_s, fastest_row=row, fastest_label=c.label(f.index))
+                   fastest_step_s=f.step_s, fastest_row=row, fastest_label=c.label(f.index), tie_criterion=criterion)
 
 
 def _best_rejected(code: np.ndarray, est: Estimates, run: _Runner, top: list[Exact]) -> Optional[Exact]:

@@ -110,7 +110,9 @@ class Explanation:
     its simpler mesh; the line then says so and names it, so that no row listed is faster
     than the line claims the top to be. ``by_tie_rule``: the tie rule ordered the top and the
     runner-up, both within :data:`~meshplan.search.rank.TIE` (1%) of the fastest, an exact tie
-    included."""
+    included. ``tie_criterion``: the tie rule's criterion that placed the top before the fastest,
+    with both values (:func:`meshplan.search.rank.decide`: ``lower peak memory (64.4 vs 66.1
+    GiB)``), named on the line; "" when unknown."""
 
     top_step_s: float
     runner_step_s: float
@@ -118,6 +120,7 @@ class Explanation:
     fastest_step_s: float
     fastest_row: Optional[int] = 1
     fastest_label: str = ""
+    tie_criterion: str = ""
 
     @property
     def faster(self) -> float:
@@ -151,8 +154,10 @@ class Explanation:
             return f"top is {_faster_words(self.faster, self.top_step_s, self.runner_step_s)}: {parts}"
         where = f"#{self.fastest_row}" if self.fastest_row else f"{self.fastest_label}, not listed"
         longer = _relative(self.top_step_s / self.fastest_step_s - 1, "the fastest's")
+        why = (f": {self.tie_criterion}" if self.tie_criterion
+               else " (fewer axes / lower degrees / lower peak memory)")
         head = (f"top's step {self.top_step_s:.3f} s is {longer} ({where}, {self.fastest_step_s:.3f} s), within 1%: "
-                "listed first by the tie rule (fewer axes / lower degrees / lower peak memory)")
+                f"listed first by the tie rule{why}")
         if self.fastest_row == 2:
             return f"{head}; parts against #2: {parts}"
         runner = f"{self.runner_step_s:.3f} s, " + _relative(self.faster, "the top's")
@@ -163,7 +168,7 @@ class Explanation:
                 "runner_up_slower_by": self.faster, "by_tie_rule": self.by_tie_rule,
                 "tie_listed_first": self.tie_listed_first,
                 "fastest_step_s": self.fastest_step_s, "fastest_row": self.fastest_row,
-                "fastest_label": self.fastest_label,
+                "fastest_label": self.fastest_label, "tie_criterion": self.tie_criterion,
                 "parts": [{"part": d.part, "top_s": d.top_s, "runner_up_s": d.runner_s, "context": d.context}
                           for d in self.parts],
                 "line": self.line()}
@@ -272,15 +277,16 @@ def _context(part: str, a: dict, b: dict) -> str:
 
 
 def explain(top: dict, runner: dict, top_desc: dict, runner_desc: dict, fastest_step_s: Optional[float] = None,
-            fastest_row: Optional[int] = 1, fastest_label: str = "") -> Explanation:
+            fastest_row: Optional[int] = 1, fastest_label: str = "", tie_criterion: str = "") -> Explanation:
     """The parts of two :func:`step_breakdown` results ordered by ``|runner - top|``, largest
     first; parts equal in both are left out. ``*_desc``: what :func:`_context` reads
     (``layer_passes`` among them). ``fastest_*``: the fastest feasible candidate
-    (:class:`Explanation`; default: the top)."""
+    (:class:`Explanation`; default: the top); ``tie_criterion``: what placed the top before it."""
     keys = [k for k in dict.fromkeys([*top, *runner]) if k != "step"]
     a, b = {**top_desc, **top}, {**runner_desc, **runner}
     diffs = [Difference(k, top.get(k, 0.0), runner.get(k, 0.0), _context(k, a, b)) for k in keys]
     diffs = [d for d in diffs if abs(d.gain_s) > 1e-12 * max(top["step"], 1e-30)]
     diffs.sort(key=lambda d: -abs(d.gain_s))
     fastest = top["step"] if fastest_step_s is None else fastest_step_s
-    return Explanation(top["step"], runner["step"], tuple(diffs), fastest, fastest_row, fastest_label)
+    return Explanation(top["step"], runner["step"], tuple(diffs), fastest, fastest_row, fastest_label,
+                       tie_criterion)

@@ -5,12 +5,13 @@ Rule (:func:`tie_order`): repeatedly take the fastest candidate not yet placed; 
 candidates within :data:`TIE` (1%) of its step time, place first the one with the fewest
 axes of degree > 1, then the lowest product of the model-parallel degrees
 ``tp * pp * cp * ep``, then the lowest tp, then the lower planned peak memory, then the
-shorter step, then the enumeration index. A 1% difference is below the step-time model's
+shorter step, then the enumeration index. :func:`decide` is the same rule for a pair
+(``meshplan compare`` decides with it) and names the criterion that decided, with both
+values (``lower peak memory (26.3 vs 58.6 GiB)``). A 1% difference is below the step-time model's
 stated accuracy, while every extra axis and degree is one more process group, collective
 stream and way to fail, so an expert running the mesh prefers the simpler one; between two
 equally simple meshes (twins that differ in a knob: resharded or kept gathered, recompute,
-micro-batch) the one with more headroom, as ``meshplan compare`` prefers the lower peak
-within its 2% (a Mixtral twin kept gathered at 58.6 GiB was listed before the same mesh
+micro-batch) the one with more headroom (a Mixtral twin kept gathered at 58.6 GiB was listed before the same mesh
 resharded at 26.3 GiB, 0.085% slower).
 
 Every pick has a step time within ``1 + TIE`` of the ``k``-th smallest, so the first ``top``
@@ -26,9 +27,11 @@ picks are decided by the candidates whose step time is at most ``(1 + TIE)`` tim
 
 from __future__ import annotations
 
-from typing import Mapping, Optional, Sequence
+from typing import Callable, Mapping, Optional, Sequence
 
 import numpy as np
+
+from meshplan.units import GiB
 
 from meshplan.search.space import Candidates
 from meshplan.spec.axes.registry import search_axes
@@ -42,6 +45,26 @@ RULE_LINE = (f"order: by predicted step time; candidates within {TIE:.0%} of the
              "peak memory")
 
 
+#: What each position of a simplicity key (:func:`simplicity_of`) is called in the criterion
+#: that decided a pair (:func:`decide`), the words of :data:`RULE_LINE`.
+KEY_WORDS = ("fewer axes of degree > 1", "lower tp*pp*cp*ep", "lower tp")
+
+
+def simplicity_of(degree: Callable[[str], int]) -> tuple[int, int, int]:
+    """(axes of degree > 1, tp * pp * cp * ep, tp) of one mesh, ``degree(column)`` giving the
+    degree of each searched axis by its search column (``pp``, ``dpr``, ``dps``, ``cp``, ``tp``,
+    ``ep``, ``etp``); smaller is simpler. :func:`simplicity` reads a search candidate,
+    :func:`meshplan.compare.verdict.side_of` a plan's mesh.
+
+    >>> deg = {"pp": 4, "dps": 8, "tp": 2}
+    >>> simplicity_of(lambda col: deg.get(col, 1))
+    (3, 8, 2)
+    """
+    axes = sum(int(degree(col.column) > 1) for _, col in search_axes())
+    mp = degree("tp") * degree("pp") * degree("cp") * degree("ep")
+    return axes, mp, degree("tp")
+
+
 def simplicity(c: Candidates, i: int) -> tuple[int, int, int]:
     """(axes of degree > 1, tp * pp * cp * ep, tp) of candidate ``i``: smaller is simpler.
 
@@ -53,9 +76,43 @@ def simplicity(c: Candidates, i: int) -> tuple[int, int, int]:
     >>> simplicity(c, 0)
     (3, 8, 2)
     """
-    mp = int(c.tp[i]) * int(c.pp[i]) * int(c.cp[i]) * int(c.ep[i])
-    axes = sum(int(c.degree(col.column)[i] > 1) for _, col in search_axes())
-    return axes, mp, int(c.tp[i])
+    return simplicity_of(lambda col: int(c.degree(col)[i]))
+
+
+def _order_key(steps: Sequence[float], keys: Sequence[tuple], mem: Sequence[float], j: int) -> tuple:
+    """What places ``j`` first among the tied: its simplicity key, peak memory, step, index."""
+    return keys[j], mem[j], steps[j], j
+
+
+def decide(steps: Sequence[float], keys: Sequence[tuple], peaks: Sequence[float],
+           rel: float = TIE) -> tuple[int, str]:
+    """The rule of the module docstring for two meshes: (0 or 1, the one placed first; the
+    criterion that decided, with the first's value against the other's). ``steps``: seconds;
+    ``keys``: :func:`simplicity_of` each; ``peaks``: planned peak memory, bytes. For a pair the
+    search also lists (no third candidate's step moving the window) this is their order in the
+    search's top.
+
+    >>> decide([10.0, 10.5], [(2, 8, 8), (3, 8, 8)], [60 * GiB, 50 * GiB])
+    (0, 'shorter step by more than 1% (10.000 s vs 10.500 s, 4.8% shorter)')
+    >>> decide([10.0, 10.05], [(3, 8, 8), (2, 8, 8)], [50 * GiB, 60 * GiB])
+    (1, 'fewer axes of degree > 1 (2 vs 3)')
+    >>> decide([10.0085, 10.0], [(2, 8, 8), (2, 8, 8)], [26.3 * GiB, 58.6 * GiB])
+    (0, 'lower peak memory (26.3 vs 58.6 GiB)')
+    """
+    fast, slow = (0, 1) if steps[0] <= steps[1] else (1, 0)
+    if steps[slow] > steps[fast] * (1 + rel):
+        return fast, (f"shorter step by more than {rel:.0%} ({steps[fast]:.3f} s vs {steps[slow]:.3f} s, "
+                      f"{1 - steps[fast] / steps[slow]:.1%} shorter)")
+    first = min((0, 1), key=lambda j: _order_key(steps, keys, peaks, j))
+    other = 1 - first
+    for word, x, y in zip(KEY_WORDS, keys[first], keys[other]):
+        if x != y:
+            return first, f"{word} ({x} vs {y})"
+    if peaks[first] != peaks[other]:
+        return first, f"lower peak memory ({peaks[first] / GiB:.1f} vs {peaks[other] / GiB:.1f} GiB)"
+    if steps[first] != steps[other]:
+        return first, f"shorter step ({steps[first]:.4f} s vs {steps[other]:.4f} s)"
+    return first, "listed first (equal on every key)"
 
 
 def tie_order(steps: Sequence[float], keys: Sequence[tuple], rel: float = TIE,
@@ -71,7 +128,7 @@ def tie_order(steps: Sequence[float], keys: Sequence[tuple], rel: float = TIE,
     while left:
         cut = steps[left[0]] * (1 + rel)
         window = [j for j in left if steps[j] <= cut]
-        pick = min(window, key=lambda j: (keys[j], mem[j], steps[j], j))
+        pick = min(window, key=lambda j: _order_key(steps, keys, mem, j))
         out.append(pick)
         left.remove(pick)
     return out
