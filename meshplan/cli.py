@@ -658,8 +658,8 @@ def compare_cmd(config_a: Path = typer.Argument(..., help="mesh A: " + TOML_ONLY
     """Compare two plans of one workload side by side and keep the rejected one's evidence. Both configs share the
     model, the cluster and the workload's [training] fields (batch, sequence, dtypes); the mesh and the plan's knobs
     (micro_batch, recompute, sharding, reshard_after_forward, tp_comm_overlap, schedule, virtual stages ...) may
-    differ, each differing knob shown as a row. Exit 0 when a plan that fits wins, 1 when neither fits (both reasons
-    printed)."""
+    differ, each differing knob shown as a row. Exit 0 when a plan that fits wins or the two are identical or equal on
+    every criterion (nothing rejected), 1 when neither fits, identical or not (both reasons printed)."""
 
     check_destination(out, "--out", force=True, folder=True)  # a writable folder before the work
     _refuse_existing(html_path, force, "--html")
@@ -678,8 +678,7 @@ def compare_cmd(config_a: Path = typer.Argument(..., help="mesh A: " + TOML_ONLY
         tab.add_row(*(shown(x) for x in row))
     con = _console()
     con.print(tab)
-    con.print("[bold]verdict:[/] identical plans" if c.identical else "[bold]verdict:[/] neither mesh fits"
-              if c.none_fit else f"[bold]verdict:[/] {shown(c.winner)} (rejected: {shown(c.rejected)})")
+    con.print(f"[bold]verdict:[/] {shown(c.verdict)}")
     if c.decided_by:
         con.print(f"decided by: {c.decided_by}", highlight=False, markup=False)
     for r in c.reasons:
@@ -694,7 +693,7 @@ def compare_cmd(config_a: Path = typer.Argument(..., help="mesh A: " + TOML_ONLY
                   highlight=False, markup=False)
     _write_doc(json_path, _calibrated(compare_to_dict(c), cal), force)
     if c.none_fit:
-        for side in (c.a, c.b):
+        for side in (c.a,) if c.a.name == c.b.name else (c.a, c.b):  # one file given twice: its reasons once
             _infeasible(side.plan, side.name)
         raise typer.Exit(1)
 

@@ -20,6 +20,7 @@ command needs it.
 
 from __future__ import annotations
 
+import difflib
 import math
 import re
 import tomllib
@@ -273,7 +274,9 @@ def _one_line(e: ValidationError, cls: type[BaseModel], table: str) -> ConfigErr
         if home:
             return ConfigError(field, f"unknown key in [{table}]; {loc} belongs in [{home}]: move it there "
                                       f"({home}.{loc})")
-        return ConfigError(field, f"unknown key in [{table}]; allowed keys: {', '.join(cls.model_fields)}")
+        near = difflib.get_close_matches(loc, list(cls.model_fields), n=1, cutoff=0.75)  # globl_batch: 0.96
+        guess = f"did you mean {near[0]}? " if near else ""
+        return ConfigError(field, f"unknown key in [{table}]; {guess}allowed keys: {', '.join(cls.model_fields)}")
     if err["type"] == "missing":
         return ConfigError(field, f"required key missing in [{table}]")
     msg = err["msg"].removeprefix("Value error, ")

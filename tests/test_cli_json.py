@@ -118,6 +118,7 @@ def test_json_of_each_command_is_valid(argv, tmp_path, capsys):
         # the step's parts on the critical stage add up to it (pp 1: no bubble, no pp)
         parts = doc["step_parts_s"]
         assert parts["step"] == doc["step_s"] and parts["bubble"] == 0 and "exposed pp" not in parts
+        assert doc["schedule"] is None and doc["stages"] == 1  # the text's "no pipeline", not "1f1b"
         assert sum(v for k, v in parts.items() if k != "step") == pytest.approx(doc["step_s"], rel=1e-12)
         assert validate("step", {**doc, "step_parts_s": {"step": 1.0, "compute": 1.0}}) != []  # bubble required
         # bytes one rank sends per step on tp: ring of 2 sends half of each buffer
@@ -154,10 +155,23 @@ def test_json_of_a_mesh_that_does_not_fit_carries_the_verdict(command, shape, tm
     assert doc["feasible"] is False and doc["reasons"] and f"infeasible: {doc['reasons'][0]}" in err
     if command == "step":
         assert doc["step_s"] is None and ("would_be_step_s" in doc) == (shape == 8)
+        assert doc.get("schedule") is None  # pp 1: no pipeline (unresolved: no step at all)
     if command == "place":  # placed when the mesh resolved, the verdict alone when it did not
         assert ("rank_to_gpu" in doc) == (shape == 8)
         errors = validate("place", {**doc, "feasible": True})  # a feasible mesh must have its placement
         assert (errors == []) == (shape == 8) and all("not valid under any of the given schemas" in e for e in errors)
+
+
+def test_step_json_names_the_schedule_of_a_pipeline(tmp_path, capsys):
+    """Issue 11 (newcomer trial 5) item 3: ``step --json`` carried ``"schedule": "1f1b"`` at pp 1,
+    where the text says ``no pipeline``; null there now, the schedule's name where pp > 1."""
+    cfg = tmp_path / "pp2.toml"
+    cfg.write_text(H100X2.replace('["dp_shard", "tp"]', '["pp", "tp"]'))
+    rc, err = run(["step", cfg, "--json", tmp_path / "doc.json"], capsys)
+    doc = json.loads((tmp_path / "doc.json").read_text())
+    assert rc == 0 and validate("step", doc) == [], err
+    assert (doc["schedule"], doc["stages"]) == ("1f1b", 2)
+    assert validate("step", {**doc, "schedule": None}) == [] and validate("step", {**doc, "schedule": 1}) != []
 
 
 def test_existing_json_is_refused_before_the_work(tmp_path, capsys):

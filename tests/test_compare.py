@@ -482,3 +482,64 @@ def test_compare_decides_as_the_search_orders(tmp_path, capsys):
     # the other order of the files gives the same verdict
     rc, out, err = _run(["compare", row4, top1, "--out", tmp_path / "cmp2"], capsys)
     assert rc == 0 and "verdict: top1 (rejected: row4)" in out
+
+
+NO_FIT = """[model]
+catalog = "llama3-405b"
+[cluster]
+system = "dgx-h100"
+nodes = 1
+[training]
+global_batch = 8
+seq_len = 1024
+[mesh]
+names = ["dp_shard"]
+shape = [8]
+"""
+
+
+def test_identical_plans_that_do_not_fit_exit_1(tmp_path, capsys):
+    """Issue 11 (newcomer trial 5) item 1: ``compare A.toml A.toml`` of a mesh ``plan`` calls
+    infeasible (Llama-3-405B on one 8-GPU node: peak 782.6 GiB against 67.1 GiB usable) printed
+    ``verdict: identical plans`` and exited 0; --help says 1 when neither fits."""
+    a = tmp_path / "A.toml"
+    a.write_text(NO_FIT)
+    rc, out, err = _run(["compare", a, a, "--out", tmp_path / "cmp", "--json", tmp_path / "c.json"], capsys)
+    assert rc == 1
+    assert "verdict: identical plans; neither fits\n" in out
+    reason = "peak 782.6 GiB at backward of layer 1 (micro-batch 0) on stage 0 > 67.1 GiB usable (74.5 GiB - 10% reserve)"
+    assert f"  - A (dp_shard 8) is infeasible: {reason}\n" in out
+    assert err.splitlines() == [f"infeasible: A: {reason}"]  # one file given twice: its reasons once
+    doc = json.loads((tmp_path / "c.json").read_text())
+    assert (doc["identical"], doc["none_fit"], doc["winner"], doc["rejected"]) == (True, True, "", "")
+    assert not (tmp_path / "cmp").exists() or not list((tmp_path / "cmp").iterdir())
+    b = tmp_path / "B.toml"  # two files of the plan: both reasons
+    b.write_text(NO_FIT)
+    rc, out, err = _run(["compare", a, b, "--out", tmp_path / "cmp"], capsys)
+    assert rc == 1 and err.splitlines() == [f"infeasible: A: {reason}", f"infeasible: B: {reason}"]
+
+
+def test_plans_equal_on_every_criterion_choose_neither(tmp_path, capsys):
+    """Issue 11 (newcomer trial 5) item 2: a Megatron-LM plan against its own export imported back
+    (the mesh spelled dp_shard 4 x tp 2 against dp 4 x tp 2, no knob differs) is equal on every
+    number: 6.172 s, keys (2, 2, 2), 38.1 GiB. It printed ``verdict: r1 (rejected: r1_mg_back)``,
+    ``decided by: listed first (equal on every key)`` and wrote rejected evidence."""
+    from tests.conftest import EXAMPLES
+    r1 = tmp_path / "r1.toml"
+    r1.write_text((EXAMPLES / "mini_2x4_tp2-dp4.toml").read_text().replace(
+        "[training]\n", '[training]\nframework = "megatron"\nparam_dtype = "bf16"\n'))
+    rc, _, err = _run(["export", r1, "--to", "megatron", "-o", tmp_path / "r1.args"], capsys)
+    assert rc == 0, err
+    rc, _, err = _run(["import", "megatron", tmp_path / "r1.args", "--cluster", "dgx-h100", "--nodes", "1", "-o",
+                       tmp_path / "r1_mg_back.toml"], capsys)
+    assert rc == 0, err
+    rc, out, err = _run(["compare", r1, tmp_path / "r1_mg_back.toml", "--out", tmp_path / "cmp", "--json",
+                         tmp_path / "c.json"], capsys)
+    assert rc == 0, err
+    doc = json.loads((tmp_path / "c.json").read_text())
+    assert (doc["a"]["mesh"], doc["b"]["mesh"], doc["knobs"]) == ("dp_shard 4 x tp 2", "dp 4 x tp 2", [])
+    assert (doc["equal"], doc["winner"], doc["rejected"], doc["decided_by"]) == (True, "", "", "")
+    assert "verdict: equal (no criterion separates them)\n" in out and "decided by" not in out
+    assert doc["reasons"][0] == ("r1 and r1_mg_back are equal on every criterion of the search's rule (step 6.172 s, "
+                                 "2 axes of degree > 1, tp*pp*cp*ep 2, tp 2, peak memory 38.1 GiB): nothing to choose")
+    assert not (tmp_path / "cmp").exists() or not list((tmp_path / "cmp").iterdir())

@@ -30,7 +30,7 @@ def compare_to_dict(c: Comparison) -> dict:
     verdict and the rule, and the table as values (:func:`table_values`)."""
     return {"schema": "meshplan.compare/v1", "meshplan_version": __version__, "a": _side_dict(c.a),
             "b": _side_dict(c.b), "winner": c.winner, "rejected": c.rejected, "identical": c.identical,
-            "none_fit": c.none_fit, "reasons": list(c.reasons), "rule": c.rule, "decided_by": c.decided_by,
+            "equal": c.equal, "none_fit": c.none_fit, "reasons": list(c.reasons), "rule": c.rule, "decided_by": c.decided_by,
             "knobs": [{"knob": k, "a": x, "b": y} for k, x, y in c.knobs], "table": table_values(c)}
 
 
@@ -38,8 +38,7 @@ def compare_html(c: Comparison, note: str = "") -> str:
     """The comparison as one HTML page: the side-by-side table, the verdict with its reasons
     and rule, then each mesh's plan report (memory plot, Gantt chart, link loads) in two
     columns, A left and B right; ``note``: a header line (``--calibration``'s)."""
-    verdict = ("identical plans" if c.identical else "neither mesh fits" if c.none_fit
-               else f"{c.winner} (rejected: {c.rejected})")
+    verdict = c.verdict
     decided = [f"decided by: {c.decided_by}"] if c.decided_by else []
     head = section("Side by side", table(["quantity", c.a.name, c.b.name], table_rows(c))
                    + f"<p><b>verdict:</b> {esc(verdict)}</p>" + lines(decided + [f"- {r}" for r in c.reasons])
@@ -54,7 +53,7 @@ def evidence_folder(c: Comparison, out_dir: str | Path, force: bool = False) -> 
     """``out_dir/rejected-<name>/``; ConfigError (``--out``) when it exists (not empty) and not
     ``force``, or cannot be written, so the CLI can refuse before printing the report."""
     folder = Path(out_dir) / f"rejected-{c.rejected}"
-    if not (c.identical or c.none_fit):
+    if c.rejected:  # none when identical, equal or neither fits
         check_destination(folder, "--out", force, folder=True, create_folders=True)  # in --out, checked first
     return folder
 
@@ -65,7 +64,7 @@ def write_evidence(c: Comparison, out_dir: str | Path, force: bool = False) -> l
     the end (:func:`meshplan.fileio.staged_folder`: an interrupted or failed run leaves nothing
     that blocks the rerun). Refuses to replace an existing folder unless ``force``. Returns
     the written paths (under their final name)."""
-    if c.identical or c.none_fit:
+    if not c.rejected:
         return []
     dest = evidence_folder(c, out_dir, force)
     with staged_folder(dest, "--out", force, create_folders=True) as folder:

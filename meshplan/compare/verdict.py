@@ -23,8 +23,10 @@ lower tp*pp*cp*ep, then the lower tp, then the lower peak memory (more headroom)
 ``compare top1.toml row4.toml`` of rows the search exported agrees with the search's order;
 the reason names the criterion that decided with both values. Two
 configs of the same mesh with the same knobs are reported as identical: nothing is chosen
-or rejected. When neither mesh fits, nothing is chosen either (``none_fit``; each side's
-reasons are given and the CLI exits 1, as ``meshplan plan`` does for an infeasible mesh).
+or rejected; nor when the rule finds two plans that fit equal on every criterion (``equal``:
+the same step, simplicity and peak, e.g. a plan and its own Megatron-LM export imported back).
+When neither mesh fits, nothing is chosen either (``none_fit``, identical plans or not; each
+side's reasons are given and the CLI exits 1, as ``meshplan plan`` does for an infeasible mesh).
 """
 
 from __future__ import annotations
@@ -102,7 +104,8 @@ class Side:
 @dataclass(frozen=True)
 class Comparison:
     """``winner`` and ``rejected`` are "" when the two plans are the same (``identical``: the
-    same mesh and knobs) or when neither fits (``none_fit``); ``rule``: the verdict rule in
+    same mesh and knobs), when the rule finds them equal (``equal``) or when neither fits
+    (``none_fit``, which an identical pair may be too); ``rule``: the verdict rule in
     words; ``decided_by``: the criterion that chose the winner, with both values, in the
     search's words (:func:`meshplan.search.rank.decide`; ``fits where the other does not``
     when one side is infeasible; "" without a winner); ``knobs``: (field, A's value, B's value) of each plan knob that differs
@@ -118,6 +121,19 @@ class Comparison:
     none_fit: bool = False
     knobs: tuple[tuple[str, Any, Any], ...] = ()
     decided_by: str = ""
+    equal: bool = False
+
+    @property
+    def verdict(self) -> str:
+        """The verdict line's words (the CLI's and the HTML page's): ``A (rejected: B)``, or
+        why nothing is chosen."""
+        if self.identical:
+            return "identical plans; neither fits" if self.none_fit else "identical plans"
+        if self.none_fit:
+            return "neither mesh fits"
+        if self.equal:
+            return "equal (no criterion separates them)"
+        return f"{self.winner} (rejected: {self.rejected})"
 
 
 def rule_text() -> str:
@@ -228,9 +244,10 @@ def compare(plan_a: Plan | Infeasible, plan_b: Plan | Infeasible, names: tuple[s
     rule = rule_text()
     if same_mesh(plan_a, plan_b) and not knobs:
         what = f"{a.name} and {b.name} are" if a.name != b.name else f"both configs ({a.name}) are"
+        none = not (a.feasible or b.feasible)  # the same plan that does not fit: exit 1, as plan does
         return Comparison(a, b, "", "", (f"{what} the same plan (mesh {a.mesh_text}, the same knobs) of one "
-                                         f"workload: nothing to choose; give two meshes or plans of the workload",),
-                          rule, identical=True)
+                                         f"workload: nothing to choose; give two meshes or plans of the workload",)
+                          + (_infeasible_lines(a, b) if none else ()), rule, identical=True, none_fit=none)
     why, by_memory = [], True  # decided by memory (a plan that does not fit, or the peak among tied steps)
     if a.feasible != b.feasible:
         win, lose = (a, b) if a.feasible else (b, a)
@@ -240,23 +257,40 @@ def compare(plan_a: Plan | Infeasible, plan_b: Plan | Infeasible, names: tuple[s
             why.append(f"{lose.name} would predict a {1 - lose.step_s / win.step_s:.0%} shorter step "
                        f"({lose.step_s:.3f} s vs {win.step_s:.3f} s) if it fit: " + _to_fit(win, lose, knobs, win is a))
     elif not a.feasible:
-        return Comparison(a, b, "", "", tuple(f"{s.name} ({s.mesh_text}) is infeasible: " + "; ".join(s.reasons)
-                                              for s in (a, b)) + tuple(_evidence_lines(a, b, knobs, True)), rule,
+        return Comparison(a, b, "", "", _infeasible_lines(a, b) + tuple(_evidence_lines(a, b, knobs, True)), rule,
                           none_fit=True, knobs=knobs)
     else:
-        win, lose, decided = _decide(a, b)
+        decision = _decide(a, b)
+        if decision is None:
+            return Comparison(a, b, "", "", (_equal_line(a, b),) + tuple(_evidence_lines(a, b, knobs)), rule,
+                              knobs=knobs, equal=True)
+        win, lose, decided = decision
         by_memory = decided.startswith("lower peak memory")
         why.append(_decision_line(win, lose, decided))
     why += _evidence_lines(a, b, knobs, memory_first=by_memory)
     return Comparison(a, b, win.name, lose.name, tuple(why), rule, knobs=knobs, decided_by=decided)
 
 
-def _decide(a: Side, b: Side) -> tuple[Side, Side, str]:
+def _infeasible_lines(a: Side, b: Side) -> tuple[str, ...]:
+    """Each side's ``<name> (<mesh>) is infeasible: <reasons>``, once when both are one file."""
+    return tuple(dict.fromkeys(f"{s.name} ({s.mesh_text}) is infeasible: " + "; ".join(s.reasons) for s in (a, b)))
+
+
+def _decide(a: Side, b: Side) -> Optional[tuple[Side, Side, str]]:
     """(winner, rejected, criterion) of two sides that fit, by the search's order
-    (:func:`meshplan.search.rank.decide`)."""
+    (:func:`meshplan.search.rank.decide`); None when no criterion separates them."""
     (sa, pa), (sb, pb) = _fit(a), _fit(b)
     first, decided = decide([sa, sb], [a.simplicity, b.simplicity], [pa, pb])
+    if first is None:
+        return None
     return (a, b, decided) if first == 0 else (b, a, decided)
+
+
+def _equal_line(a: Side, b: Side) -> str:
+    """Why an equal pair has no verdict: the values of every criterion, one for both."""
+    (s, p), (axes, mp, tp) = _fit(a), a.simplicity
+    return (f"{a.name} and {b.name} are equal on every criterion of the search's rule (step {s:.3f} s, {axes} axes "
+            f"of degree > 1, tp*pp*cp*ep {mp}, tp {tp}, peak memory {p / GiB:.1f} GiB): nothing to choose")
 
 
 def _decision_line(win: Side, lose: Side, decided: str) -> str:

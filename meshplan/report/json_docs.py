@@ -94,13 +94,13 @@ def memory_doc(plan: Plan, all_stages: bool, pngs: Sequence[str]) -> dict[str, A
 
 def step_doc(plan: Plan, st, verdict: Sequence[str], trace: Optional[str], *,
              bw: Optional[BubbleWait]) -> dict[str, Any]:
-    """The predicted step: time, schedule, bubble, exposure, the step's parts on the critical
+    """The predicted step: time, schedule (null at pp 1), bubble, exposure, the step's parts on the critical
     stage (``step_parts_s``: StepTime.parts_s and the step, as the search's), MFU, critical path, readiness of
     each collective, concurrency, load per physical link, bytes each rank of the critical
     stage sends per step by axis, the network verdict. ``bw``: :func:`meshplan.schedule.waits.bubble_wait`
     of ``st``, as the verdict lines were made with it (computed once by the caller)."""
     p = st.pipeline
-    return envelope("step", plan, step_s=st.step_s, schedule=str(p.spec.schedule), stages=p.spec.p,
+    return envelope("step", plan, step_s=st.step_s, schedule=_schedule(st), stages=p.spec.p,
                     micro_batches=p.spec.m, virtual_stages=p.spec.v, critical_stage=st.critical_stage,
                     stage_end_s=list(st.stage_end_s), bubble_idle_over_ideal=p.bubble,
                     bubble_idle_over_total=p.bubble_of_total, exposed_s=dict(st.exposed_s),
@@ -117,6 +117,13 @@ def step_doc(plan: Plan, st, verdict: Sequence[str], trace: Optional[str], *,
                     verdict=list(verdict), notes=list(st.notes), trace=trace)
 
 
+def _schedule(st) -> Optional[str]:
+    """The pipeline schedule's name, None at pp 1 (no pipeline to schedule: the text says
+    ``no pipeline``, :func:`meshplan.spec.wording.schedule_words`)."""
+    spec = st.pipeline.spec
+    return None if spec.p == 1 else str(spec.schedule)
+
+
 def _most_exposed(st, bw: Optional[BubbleWait]) -> Optional[dict[str, Any]]:
     """:meth:`StepTime.most_exposed_stage` and what the critical stage's bubble waits for
     (``bw``, :func:`meshplan.schedule.waits.bubble_wait` of ``st``: ``bubble_wait``, null when it
@@ -131,7 +138,7 @@ def _most_exposed(st, bw: Optional[BubbleWait]) -> Optional[dict[str, Any]]:
 
 def step_infeasible_doc(plan: Plan, st) -> dict[str, Any]:
     """A mesh that does not fit: the step it would take (``would_be``), nothing else."""
-    return envelope("step", plan, step_s=None, would_be_step_s=st.step_s, schedule=str(st.pipeline.spec.schedule),
+    return envelope("step", plan, step_s=None, would_be_step_s=st.step_s, schedule=_schedule(st),
                     mfu=None, would_be_mfu=st.mfu)
 
 

@@ -524,8 +524,9 @@ def _explanation(cfg: Config, c: Candidates, est: Estimates, top: list[Exact],
     row = next((k for k, e in enumerate(top, 1) if e.index == f.index), None)
     criterion = ""
     if f.index != a.index and a.step_s is not None and f.step_s is not None:  # what placed the top first, both values
-        criterion = decide([a.step_s, f.step_s], [simplicity(c, a.index), simplicity(c, f.index)],
-                           [a.peak_bytes, f.peak_bytes])[1]
+        first, criterion = decide([a.step_s, f.step_s], [simplicity(c, a.index), simplicity(c, f.index)],
+                                  [a.peak_bytes, f.peak_bytes])
+        criterion = criterion if first is not None else f"{criterion} (enumeration order)"  # equal on every key
     return explain(a.breakdown, b.breakdown, describe(cfg, c, est, a), describe(cfg, c, est, b),
                    fastest_step_s=f.step_s, fastest_row=row, fastest_label=c.label(f.index), tie_criterion=criterion)
 

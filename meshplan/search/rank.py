@@ -7,7 +7,8 @@ axes of degree > 1, then the lowest product of the model-parallel degrees
 ``tp * pp * cp * ep``, then the lowest tp, then the lower planned peak memory, then the
 shorter step, then the enumeration index. :func:`decide` is the same rule for a pair
 (``meshplan compare`` decides with it) and names the criterion that decided, with both
-values (``lower peak memory (26.3 vs 58.6 GiB)``). A 1% difference is below the step-time model's
+values (``lower peak memory (26.3 vs 58.6 GiB)``), or says that none does (:data:`EQUAL`: equal
+steps, keys and peaks; the search then lists them in enumeration order, compare chooses neither). A 1% difference is below the step-time model's
 stated accuracy, while every extra axis and degree is one more process group, collective
 stream and way to fail, so an expert running the mesh prefers the simpler one; between two
 equally simple meshes (twins that differ in a knob: resharded or kept gathered, recompute,
@@ -49,6 +50,10 @@ RULE_LINE = (f"order: by predicted step time; candidates within {TIE:.0%} of the
 #: that decided a pair (:func:`decide`), the words of :data:`RULE_LINE`.
 KEY_WORDS = ("fewer axes of degree > 1", "lower tp*pp*cp*ep", "lower tp")
 
+#: What :func:`decide` says of two meshes no criterion of the rule separates (the same step,
+#: simplicity key and peak memory: a plan and its own export imported back, spelled otherwise).
+EQUAL = "no criterion separates them"
+
 
 def simplicity_of(degree: Callable[[str], int]) -> tuple[int, int, int]:
     """(axes of degree > 1, tp * pp * cp * ep, tp) of one mesh, ``degree(column)`` giving the
@@ -85,9 +90,11 @@ def _order_key(steps: Sequence[float], keys: Sequence[tuple], mem: Sequence[floa
 
 
 def decide(steps: Sequence[float], keys: Sequence[tuple], peaks: Sequence[float],
-           rel: float = TIE) -> tuple[int, str]:
+           rel: float = TIE) -> tuple[Optional[int], str]:
     """The rule of the module docstring for two meshes: (0 or 1, the one placed first; the
-    criterion that decided, with the first's value against the other's). ``steps``: seconds;
+    criterion that decided, with the first's value against the other's), or (None, :data:`EQUAL`)
+    when they are equal on every criterion (the search lists them in enumeration order, which
+    is no reason to prefer one). ``steps``: seconds;
     ``keys``: :func:`simplicity_of` each; ``peaks``: planned peak memory, bytes. For a pair the
     search also lists (no third candidate's step moving the window) this is their order in the
     search's top.
@@ -98,6 +105,8 @@ def decide(steps: Sequence[float], keys: Sequence[tuple], peaks: Sequence[float]
     (1, 'fewer axes of degree > 1 (2 vs 3)')
     >>> decide([10.0085, 10.0], [(2, 8, 8), (2, 8, 8)], [26.3 * GiB, 58.6 * GiB])
     (0, 'lower peak memory (26.3 vs 58.6 GiB)')
+    >>> decide([6.17, 6.17], [(2, 2, 2), (2, 2, 2)], [38.1 * GiB, 38.1 * GiB])
+    (None, 'no criterion separates them')
     """
     fast, slow = (0, 1) if steps[0] <= steps[1] else (1, 0)
     if steps[slow] > steps[fast] * (1 + rel):
@@ -112,7 +121,7 @@ def decide(steps: Sequence[float], keys: Sequence[tuple], peaks: Sequence[float]
         return first, f"lower peak memory ({peaks[first] / GiB:.1f} vs {peaks[other] / GiB:.1f} GiB)"
     if steps[first] != steps[other]:
         return first, f"shorter step ({steps[first]:.4f} s vs {steps[other]:.4f} s)"
-    return first, "listed first (equal on every key)"
+    return None, EQUAL
 
 
 def tie_order(steps: Sequence[float], keys: Sequence[tuple], rel: float = TIE,
