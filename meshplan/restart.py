@@ -41,6 +41,7 @@ from meshplan.mesh.resolve import Infeasible as NoMesh, resolve_mesh
 from meshplan.plan import Infeasible, build_plan
 from meshplan.schedule.rank_timeline import Overlap
 from meshplan.schedule.steptime import step_time
+from meshplan.spec import wording
 from meshplan.spec.mesh import MeshSpec
 from meshplan.units import counted
 
@@ -88,14 +89,13 @@ class Proposal:
 
 
 def mesh_text(names, shape, ep: int = 1, etp: int = 1, keep: tuple[str, ...] = ()) -> str:
-    """``a 2 x b 4 x ep 8``: axes of degree > 1 (and those in ``keep``), then ep and etp > 1.
+    """``a 2 x b 4 x ep 8``: :func:`meshplan.spec.wording.mesh_text` (axes of degree > 1 and
+    those in ``keep``, then ep and etp > 1), the names as configured.
 
     >>> mesh_text(("pp", "dp_shard"), (16, 64), 64), mesh_text(("dp_shard",), (1,))
     ('pp 16 x dp_shard 64 x ep 64', 'dp_shard 1')
     """
-    axes = [(n, d) for n, d in zip(names, shape) if d > 1 or n in keep] + [(a, d) for a, d in (("ep", ep), ("etp", etp))
-                                                                          if d > 1]
-    return " x ".join(f"{n} {d}" for n, d in axes) or " x ".join(f"{n} {d}" for n, d in zip(names, shape))
+    return wording.mesh_text(names, shape, ep=ep, etp=etp, keep=keep)
 
 
 @dataclass(frozen=True)

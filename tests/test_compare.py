@@ -447,7 +447,9 @@ def test_a_plan_against_its_megatron_export_imported_back(tmp_path):
     again = load_any(tmp_path / "mini.args", "megatron", reimport_options(cfg, "megatron"))
     assert (cfg.training.grad_reduce_dtype, again.training.grad_reduce_dtype) == (None, "fp32")
     c = compare(build_plan(cfg), build_plan(again), names=("torch", "megatron"))
-    assert (c.a.mesh_text, c.b.mesh_text) == ("dp_shard 4 x tp 2", "dp 4 x tp 2")
+    # the config's dp_shard and Megatron-LM's dp, both zero3: one name (wording.mesh_text's rule)
+    assert (c.a.plan.mesh.layout.names, c.b.plan.mesh.layout.names) == (("dp_shard", "tp"), ("dp", "tp"))
+    assert (c.a.mesh_text, c.b.mesh_text) == ("dp_shard 4 x tp 2", "dp_shard 4 x tp 2")
     assert c.knobs == (("training.framework", "torch", "megatron"), ("training.param_dtype", "fp32", "bf16"))
     assert c.reasons[1].startswith("same mesh (dp_shard 4 x tp 2); the plans differ in training.framework torch "
                                    "against megatron, training.param_dtype fp32 against bf16")
@@ -537,7 +539,7 @@ def test_plans_equal_on_every_criterion_choose_neither(tmp_path, capsys):
                          tmp_path / "c.json"], capsys)
     assert rc == 0, err
     doc = json.loads((tmp_path / "c.json").read_text())
-    assert (doc["a"]["mesh"], doc["b"]["mesh"], doc["knobs"]) == ("dp_shard 4 x tp 2", "dp 4 x tp 2", [])
+    assert (doc["a"]["mesh"], doc["b"]["mesh"], doc["knobs"]) == ("dp_shard 4 x tp 2", "dp_shard 4 x tp 2", [])
     assert (doc["equal"], doc["winner"], doc["rejected"], doc["decided_by"]) == (True, "", "", "")
     assert "verdict: equal (no criterion separates them)\n" in out and "decided by" not in out
     assert doc["reasons"][0] == ("r1 and r1_mg_back are equal on every criterion of the search's rule (step 6.172 s, "

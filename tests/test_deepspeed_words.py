@@ -58,7 +58,7 @@ def test_zero3_memory_kinds_speak_deepspeed(tmp_path, capsys):
                  "prefetched)",
                  "grad_buffers 0.00 0% 1.96 a layer's full gradients, the ZeRO-3 reduce-scatter's input",
                  "prefetch 1 unit(s), ZeRO-3 gradient reduce-scatter per_microbatch,",
-                 "llama3-8b, dp 16, no pipeline, micro-batch 1 x seq 4096",
+                 "llama3-8b, dp_shard 16, no pipeline, micro-batch 1 x seq 4096",  # ZeRO-3 shards the parameters
                  "Stage 0: one step, no pipeline, 16 micro-batches"):
         assert what in memory, what
     assert "FSDP" not in memory and "1f1b" not in memory

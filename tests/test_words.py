@@ -173,7 +173,8 @@ def test_schedule_at_pp_1_says_it_changes_nothing(schedule):
     assert r.exit_code == 0, r.output
     notes = [x for x in r.output.splitlines() if x.startswith("note: --schedule")]
     assert notes == [f"note: --schedule {schedule} changes nothing: pp 1 has no pipeline to schedule"]
-    assert r.output.splitlines()[0] == plain.output.splitlines()[0] == "step 7381.98 ms (no pipeline, m 16); critical stage 0"
+    first = "step 7381.98 ms (no pipeline, m 16); critical stage 0; mesh dp_shard 4 x tp 2"
+    assert r.output.splitlines()[0] == plain.output.splitlines()[0] == first
 
 
 def test_launch_defaults_under_out_and_points_at_its_own_choose(tmp_path, monkeypatch, capsys):

@@ -46,6 +46,7 @@ from meshplan.schedule.rank_timeline import Overlap
 from meshplan.mesh.validity import degrees
 from meshplan.schedule.steptime import StepTime, step_time, workload_of
 from meshplan.search.rank import RULE_LINE, TIE, decide, simplicity_of
+from meshplan.spec.wording import mesh_text
 from meshplan.units import GB, MS, GiB
 
 @dataclass(frozen=True)
@@ -81,19 +82,20 @@ class Side:
 
     @property
     def mesh_text(self) -> str:
-        """The mesh as ``search`` names it: the dense axes, then ep and etp where > 1 (they re-factor
-        the dense block, so ``dp_shard 32 x ep 8`` and ``dp_shard 32 x ep 4`` are two meshes)."""
+        """The mesh as every output names it (:func:`meshplan.spec.wording.mesh_text`: the axes of
+        degree > 1, ep and etp among them, the data axis named by the sharding): a plan spelled
+        ``dp_shard 4 x tp 2`` and its Megatron-LM export imported back (``dp 4 x tp 2``) print the
+        same words; "unresolved" without a mesh."""
         m = self.plan.mesh
         if not m:
             return "unresolved"
-        axes = list(zip(m.layout.names, m.layout.shape)) + [(n, d) for n, d in (("ep", m.ep), ("etp", m.etp)) if d > 1]
-        return " x ".join(f"{n} {d}" for n, d in axes)
+        return mesh_text(m.layout.names, m.layout.shape, self.plan.config.training.sharding, m.ep, m.etp)
 
     @property
     def mesh_key(self) -> str:
-        """:attr:`mesh_text` with a lone data axis named ``dp`` whatever its spelling (``dp_shard 4
-        x tp 2`` under FSDP and Megatron-LM's ``dp 4 x tp 2`` of the same plan exported and
-        imported back are one mesh; the sharding is a knob of its own)."""
+        """:attr:`mesh_text` with a lone data axis named ``dp`` whatever the sharding names it
+        (``dp_shard 4 x tp 2`` under zero3 and ``dp 4 x tp 2`` under zero1 are one mesh: the
+        sharding is a knob of its own), a lone ``dp_replicate`` too."""
         data = ("dp", "dp_shard", "dp_replicate")
         words = self.mesh_text.split(" x ")
         if sum(w.split(" ")[0] in data for w in words) != 1:
@@ -391,12 +393,20 @@ def _part_lines(a: Side, b: Side) -> list[str]:
     gap = {k: pb.get(k, 0.0) - pa.get(k, 0.0) for k in dict.fromkeys([*pa, *pb])}
     out, choices = [], choice_lines(a, b, floor)
     for k in sorted((k for k in gap if abs(gap[k]) >= floor), key=lambda k: -abs(gap[k])):
-        out.append(f"{k}: {a.name} {pa.get(k, 0.0) / MS:.1f} ms, {b.name} {pb.get(k, 0.0) / MS:.1f} ms "
-                   f"({gap[k] / MS:+.1f} ms)")
+        out.append(f"{_part_named(a, b, k)}: {a.name} {pa.get(k, 0.0) / MS:.1f} ms, {b.name} "
+                   f"{pb.get(k, 0.0) / MS:.1f} ms ({gap[k] / MS:+.1f} ms)")
         if k == "compute":  # what sets it: the framework's kernel choices and the GEMMs, by seconds
             out += [line for _, line in sorted(choices + _gemm_lines(a, b), key=lambda x: -x[0])]
             choices = []
     return out + [line for _, line in sorted(choices, key=lambda x: -x[0])]  # choices that cancel in compute
+
+
+def _part_named(a: Side, b: Side, part: str) -> str:
+    """``part`` as the step text names it (:meth:`StepTime.part_named`: the stream follows the
+    engine, ``exposed ZeRO data-parallel`` under DeepSpeed), both names where the engines differ
+    (``exposed fsdp (B: ZeRO data-parallel)``: A's name, then B's)."""
+    na, nb = (s.step.part_named(part) if s.step is not None else part for s in (a, b))
+    return na if na == nb else f"{na} ({b.name}: {nb})"
 
 
 def _gemm_lines(a: Side, b: Side) -> list[tuple[float, str]]:

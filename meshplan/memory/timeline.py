@@ -44,7 +44,7 @@ from meshplan.memory.passtable import Pass, PassTable, pass_table, template_stat
 from meshplan.memory.schedule import stage_op_arrays, stage_ops
 from meshplan.pipeline.registry import get
 from meshplan.memory.sizes import CommonSizes, common_sizes, stage_sizes
-from meshplan.spec.wording import schedule_words
+from meshplan.spec.wording import mesh_text, schedule_words
 
 _K = {k: i for i, k in enumerate(KINDS)}
 #: Kinds PyTorch's caching allocator (and so MemTracker) never sees.
@@ -231,7 +231,8 @@ def _timeline(plan, stage: int, common: tuple[list[str], CommonSizes], reference
     peak = Peak(int(at_peak.sum()), p.first_event + off, p.phase, layer, p.microbatch, label,
                 {k: int(at_peak[i]) for i, k in enumerate(KINDS)})
     n_events = passes[-1].first_event + len(templates[-1])
-    title = f"{c.model.name}, {' x '.join(f'{a} {d}' for a, d in zip(plan.mesh.layout.names, plan.mesh.layout.shape))}"
+    m = plan.mesh
+    title = f"{c.model.name}, {mesh_text(m.layout.names, m.layout.shape, t.sharding, m.ep, m.etp)}"
     return Timeline(stage=stage, schedule=c.mesh.pp_schedule, micro_batches=plan.run_micro_batches, passes=passes,
                     templates=tuple(templates), hbm_bytes=c.cluster.gpu.hbm_bytes, reserve=t.memory_reserve,
                     peak=peak, max_by_kind=kmax, n_events=n_events, title=title,

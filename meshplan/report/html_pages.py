@@ -32,14 +32,14 @@ from meshplan.memory.timeline import KINDS
 from meshplan.report.memory import kind_notes
 from meshplan.report.memory_plot import png_bytes
 from meshplan.report.search import (count_lines, export_lines, header_lines, infeasible_verdict, knobs, rejected_lines,
-                                    row)
+                                    row, row_mesh)
 from meshplan.report.text import fmt_ranks
 from meshplan.schedule.linkload import edge_loads
 from meshplan.schedule.steptime import StepTime
 from meshplan.search.driver import SearchResult
 from meshplan.search.rank import RULE_LINE
-from meshplan.search.space import axis_shown, reason_texts
-from meshplan.spec.wording import sharding_words
+from meshplan.search.space import reason_texts
+from meshplan.spec.wording import mesh_text, sharding_words
 from meshplan.units import GB, US, GiB, counted
 
 
@@ -57,7 +57,7 @@ def summary_rows(plan: Plan | Infeasible) -> list[tuple[str, str]]:
                         f"reserve {t.memory_reserve:.0%}")]
     if plan.mesh is not None:
         mesh = plan.mesh
-        out.append(("mesh", " x ".join(f"{n} {d}" for n, d in zip(mesh.layout.names, mesh.layout.shape))
+        out.append(("mesh", mesh_text(mesh.layout.names, mesh.layout.shape, t.sharding, mesh.ep, mesh.etp)
                     + f" (Megatron order '{mesh.megatron_order}')" + (", sequence parallel" if mesh.sequence_parallel
                                                                        else "")))
     return out
@@ -181,8 +181,7 @@ def search_page(r: SearchResult, name: str, note: str = "") -> str:
     top = []
     for k, e in enumerate(r.top, 1):
         d = row(r, e)
-        mesh = " x ".join(f"{axis_shown(a, d['sharding'])} {v}" for a, v in d["mesh"].items() if v > 1) or "1"
-        top.append((k, mesh, d["micro_batch"],
+        top.append((k, row_mesh(d), d["micro_batch"],
                     d["recompute"], d["virtual_stages"], d["sharding"], knobs(d), f"{e.peak_bytes / GiB:.1f}",
                     f"{e.step_s:.3f}", f"{e.mfu:.1%}", f"{e.tokens_per_s:,.0f}",
                     f"{e.goodput:.2%}" if e.goodput is not None else "-", f"{d['gemm_efficiency']:.1%}"))

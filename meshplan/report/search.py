@@ -31,26 +31,34 @@ from meshplan.search.space import (RECOMPUTE, REASONS, SHARDING, candidate_confi
                                    axis_shown, overlap_searched, reason_texts)
 from meshplan.spec.axes.registry import search_axes
 from meshplan.spec.mesh import Schedule
-from meshplan.spec.wording import DEEPSPEED, zero_runtime
+from meshplan.spec.wording import DEEPSPEED, mesh_text, zero_runtime
 from meshplan.units import GiB
 
 SCHEMA = "meshplan.search.driver/v1"
 
 
 def row(r: SearchResult, e: Exact) -> dict[str, Any]:
-    """One candidate as plain data (SI units): ``step_parts_s`` the step's parts in seconds
+    """One candidate as plain data (SI units): ``mesh`` every searched axis's degree, the data
+    axis keyed as the text names it (``dp`` on zero1/zero2 rows, ``dp_shard`` on zero3/hsdp ones:
+    :func:`~meshplan.search.space.axis_shown`); ``step_parts_s`` the step's parts in seconds
     (:func:`~meshplan.search.explain.step_breakdown`), ``layer_passes`` a count apart
     (:func:`~meshplan.search.explain.layer_passes`)."""
     c, i = r.candidates, e.index
-    degrees = {str(n): c.degree(col.column) for n, col in search_axes()}  # the registered axes, mesh order
+    sharding = SHARDING[c.sh[i]]  # names the data axis (axis_shown): dp under zero1/zero2
+    degrees = {axis_shown(n, sharding): c.degree(col.column) for n, col in search_axes()}  # the registered axes
     return {"index": i, "mesh": {k: int(v[i]) for k, v in degrees.items()}, "micro_batch": int(c.mb[i]),
-            "recompute": RECOMPUTE[c.rc[i]], "virtual_stages": int(c.vpp[i]), "sharding": SHARDING[c.sh[i]],
+            "recompute": RECOMPUTE[c.rc[i]], "virtual_stages": int(c.vpp[i]), "sharding": sharding,
             "feasible": e.feasible, "reasons": list(e.reasons), "peak_bytes": e.peak_bytes, "step_s": e.step_s,
             "reshard_after_forward": bool(c.rf[i]), "tp_comm_overlap": bool(c.ov[i]),
             "ends_short_stages": bool(c.us[i]), "pp_schedule": str(candidate_schedule(int(c.vpp[i]), int(c.ps[i]))),
             "mfu": e.mfu, "tokens_per_s": e.tokens_per_s, "goodput": e.goodput,
             "gemm_efficiency": float(r.est.gemm[i]), "step_lower_bound_s": float(r.est.step_lo[i]),
             "step_parts_s": e.breakdown, "layer_passes": e.layer_passes}
+
+
+def row_mesh(d: dict[str, Any]) -> str:
+    """A :func:`row`'s mesh as every output prints it (:func:`meshplan.spec.wording.mesh_text`)."""
+    return mesh_text(tuple(d["mesh"]), tuple(d["mesh"].values()), d["sharding"])
 
 
 def search_to_dict(r: SearchResult) -> dict[str, Any]:
@@ -133,8 +141,7 @@ def print_search(r: SearchResult, console: Console) -> None:
         tab.add_column(col, justify="right" if col not in ("mesh", "recompute", "sharding", "knobs") else "left")
     for k, e in enumerate(shown, 1):
         d = row(r, e)
-        mesh = " x ".join(f"{axis_shown(a, d['sharding'])} {v}" for a, v in d["mesh"].items() if v > 1) or "1"
-        tab.add_row(str(k), mesh, str(d["micro_batch"]), d["recompute"], str(d["virtual_stages"]), d["sharding"],
+        tab.add_row(str(k), row_mesh(d), str(d["micro_batch"]), d["recompute"], str(d["virtual_stages"]), d["sharding"],
                     knobs(d), f"{e.peak_bytes / GiB:.1f}", f"{e.step_s:.3f}", f"{e.mfu:.1%}",
                     f"{e.tokens_per_s:,.0f}", f"{e.goodput:.2%}" if e.goodput is not None else "-",
                     f"{d['gemm_efficiency']:.1%}")

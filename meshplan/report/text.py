@@ -16,8 +16,8 @@ from meshplan.plan import Infeasible, Plan
 from meshplan.report import shown
 from meshplan.report.memory import timeline_table
 from meshplan.schedule.steptime import step_time, tp_overlap_line
-from meshplan.spec.wording import (gathered_words, recompute_words, runtime, sharding_words, state_cell,
-                                    state_title)
+from meshplan.spec.wording import (gathered_words, mesh_text, recompute_words, renamed_words, runtime,
+                                    sharding_words, state_cell, state_title)
 from meshplan.units import GB, US, GiB, counted, human_bytes
 
 MAX_LIST = 8
@@ -126,10 +126,11 @@ def _constraints(plan: Plan | Infeasible, con: Console) -> None:
 
 
 def _mesh(plan: Plan | Infeasible, mesh: Mesh, con: Console) -> None:
-    shape = " x ".join(f"{n} {d}" for n, d in zip(mesh.layout.names, mesh.layout.shape))
+    sharding = plan.config.training.sharding
+    shape = mesh_text(mesh.layout.names, mesh.layout.shape, sharding, mesh.ep, mesh.etp)
+    renamed = renamed_words(mesh.layout.names, sharding)
     con.print(f"\n[bold]mesh[/] ({shape})  canonical {tuple(mesh.layout.names)}, Megatron order '{mesh.megatron_order}'"
-              + (f", ep {mesh.ep} x etp {mesh.etp}" if mesh.ep * mesh.etp > 1 else "")
-              + (", sequence parallel" if mesh.sequence_parallel else ""))
+              + (f" ({renamed})" if renamed else "") + (", sequence parallel" if mesh.sequence_parallel else ""))
     for line in plan.derivation:
         con.print(f"  {line}")
     for axis, why in plan.constraints.axes.items():

@@ -69,7 +69,7 @@ from meshplan.schedule.rank_timeline import (
 )
 from meshplan.spec.axes.base import Dim
 from meshplan.spec.mesh import Schedule
-from meshplan.spec.wording import recompute_words, runtime, schedule_words, stream_words
+from meshplan.spec.wording import mesh_text, recompute_words, runtime, schedule_words, stream_words
 from meshplan.units import counted, dtype_bytes
 
 
@@ -135,10 +135,16 @@ class StepTime:
     flop_gap: tuple[tuple[str, float], ...] = ()  # (cause, FLOP per step) of hardware - model: compute.ops.flop_gap
     runs: int = 1  # pipeline schedule runs per step (training.pp_schedule_runs): ``pipeline`` is the first
     stream_names: tuple[tuple[str, str], ...] = ()  # (stream, its name in the text): wording.stream_words
+    mesh_text: str = ""  # the mesh as every output prints it (wording.mesh_text), on the first line
 
     def named(self, stream: str) -> str:
         """``stream`` as the text lines name it (:attr:`stream_names`; the JSON keeps the key)."""
         return dict(self.stream_names).get(stream, stream)
+
+    def part_named(self, part: str) -> str:
+        """A part of :meth:`parts_s` as the text lines name it: ``exposed <stream>`` with its
+        stream :meth:`named` (``exposed ZeRO data-parallel`` under DeepSpeed), the others as keyed."""
+        return f"exposed {self.named(part[8:])}" if part.startswith("exposed ") else part
 
     @property
     def step_s(self) -> float:
@@ -253,8 +259,7 @@ class StepTime:
         13406.51 ms``: :meth:`parts_s` as :meth:`shown_ms` prints them (they add up to the
         printed step)."""
         shown = self.shown_ms()
-        terms = " + ".join(f"{k} {v}".replace("exposed fsdp ", f"exposed {self.named('fsdp')} ")
-                           for k, v in shown.items() if k != "step")
+        terms = " + ".join(f"{self.part_named(k)} {v}" for k, v in shown.items() if k != "step")
         return f"step on stage {self.critical_stage} = {terms} = {shown['step']} ms"
 
     def without_fsdp_waits(self) -> Optional[ArrayResult]:
@@ -345,7 +350,7 @@ class StepTime:
         runs = f" x {self.runs} runs" if self.runs > 1 else ""
         sched = schedule_words(p.spec.schedule, p.spec.p) + (f", p {p.spec.p}" if p.spec.p > 1 else "")
         return [f"step {shown['step']} ms ({sched}, m {p.spec.m}{runs}{f', v {p.spec.v}' if p.spec.p > 1 else ''}); "
-                f"critical stage {self.critical_stage}",
+                f"critical stage {self.critical_stage}" + (f"; mesh {self.mesh_text}" if self.mesh_text else ""),
                 f"bubble {p.bubble:.4f} as idle/ideal, {p.bubble_of_total:.4f} as idle/total "
                 f"(the schedule's bubble fraction, on the busiest stage {p.busiest_stage}, pipeline only{', each run' if self.runs > 1 else ''}"
                 f"{WAITS_BUSY if self.without_fsdp_waits() is not None else ''}{self._other_stage_clause()})"
@@ -1046,7 +1051,8 @@ def step_time(plan: Plan, overlap: Overlap = Overlap(), *, dropout: bool = False
                     plan.world, cfg.cluster.gpu.peak_flops(t.peak_dtype), ranks, notes,
                     recompute_words(t, runtime(t, cfg.origin)),
                     (indexed[0], indexed[1]), t.peak_dtype, tuple(gap.items()), runs,
-                    tuple(stream_words(t, cfg.origin).items()))
+                    tuple(stream_words(t, cfg.origin).items()),
+                    mesh_text(plan.mesh.layout.names, plan.mesh.layout.shape, t.sharding, plan.mesh.ep, plan.mesh.etp))
 
 
 @lru_cache(maxsize=16)

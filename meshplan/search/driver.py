@@ -71,11 +71,12 @@ from meshplan.search.frontier import Frontier
 from meshplan.search.memory import Tables, stage_layout, state
 from meshplan.search.rank import decide, needed, ranked, simplicity
 from meshplan.search.space import CODE, FSDP_SHARDINGS, OK, REASONS, RECOMPUTE, SHARDING, Candidates, accumulates, \
-    ZERO12, enumerate_candidates, first_reason, zero1_refused
+    ZERO12, candidate_config, enumerate_candidates, first_reason, zero1_refused
 from meshplan.search.pipeline import pipeline_bound
 from meshplan.search.timing import TimeTables, gemm_efficiency, step_lower_bound, unit_bounds
 from meshplan.config import Config
 from meshplan.spec.axes.registry import search_axes
+from meshplan.spec.wording import stream_words
 
 #: Relative slack on the step-time bound in the stopping rule (floating-point rounding).
 BOUND_SLACK = 1e-9
@@ -506,7 +507,8 @@ def describe(cfg: Config, c: Candidates, est: Estimates, e: Exact) -> dict:
     out.update(vpp=int(c.vpp[i]), micro_batch=int(c.mb[i]), m=cfg.training.global_batch // int(c.mb[i] * c.dp[i]),
                recompute=RECOMPUTE[c.rc[i]], sharding=SHARDING[c.sh[i]], gemm_efficiency=float(est.gemm[i]),
                reshard_after_forward=bool(c.rf[i]), tp_comm_overlap=bool(c.ov[i]), layer_passes=e.layer_passes,
-               stage_flops=e.stage_flops, copies_s=e.copies_s)
+               stage_flops=e.stage_flops, copies_s=e.copies_s,
+               streams=stream_words(candidate_config(cfg, c, i).training, cfg.origin))  # the stream names, by engine
     return out
 
 

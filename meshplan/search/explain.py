@@ -19,6 +19,7 @@ from typing import Optional
 from meshplan.plan import Plan, table_key, table_stage
 from meshplan.search.rank import TIE
 from meshplan.schedule.steptime import StepTime
+from meshplan.spec.wording import data_axis
 
 
 def step_breakdown(st: StepTime) -> dict[str, float]:
@@ -57,6 +58,7 @@ class Difference:
     top_s: float
     runner_s: float
     context: str
+    shown: str = ""  # the part as the line prints it (its stream named by the engine, :func:`_shown`); "": part
 
     @property
     def gain_s(self) -> float:
@@ -192,7 +194,38 @@ def _pair(a: float, b: float) -> str:
 
 
 def _part_text(d: Difference) -> str:
-    return f"{d.part} {_pair(d.top_s, d.runner_s)}" + (f" ({d.context})" if d.context else "")
+    return f"{d.shown or d.part} {_pair(d.top_s, d.runner_s)}" + (f" ({d.context})" if d.context else "")
+
+
+def _shown(part: str, a: dict, b: dict) -> str:
+    """``part`` as the step text names it: an ``exposed <stream>`` by each row's ``streams``
+    (:func:`meshplan.spec.wording.stream_words`: the stream follows the engine), both names where
+    the rows' engines differ.
+
+    >>> zero = {"streams": {"fsdp": "ZeRO data-parallel"}}
+    >>> _shown("exposed fsdp", zero, zero), _shown("exposed fsdp", zero, {}), _shown("bubble", zero, {})
+    ('exposed ZeRO data-parallel', 'exposed ZeRO data-parallel (#2: fsdp)', 'bubble')
+    """
+    if not part.startswith("exposed "):
+        return part
+    stream = part[len("exposed "):]
+    na, nb = (x.get("streams", {}).get(stream, stream) for x in (a, b))
+    return f"exposed {na}" if na == nb else f"exposed {na} (#2: {nb})"
+
+
+def _data_vs(a: dict, b: dict) -> str:
+    """The data axis's degrees, each named by its row's sharding (:func:`meshplan.spec.wording.data_axis`:
+    ``dp`` on zero1/zero2 rows, ``dp_shard`` on zero3/hsdp ones), as the rows' meshes print it.
+
+    >>> _data_vs({"dp_shard": 8, "sharding": "zero1"}, {"dp_shard": 4, "sharding": "zero1"})
+    'dp 8 vs 4'
+    >>> _data_vs({"dp_shard": 8, "sharding": "zero1"}, {"dp_shard": 4, "sharding": "zero3"})
+    'dp 8 vs dp_shard 4'
+    """
+    if "dp_shard" not in a or "dp_shard" not in b or a["dp_shard"] == b["dp_shard"]:
+        return ""
+    na, nb = (data_axis(x["sharding"]) if "sharding" in x else "dp_shard" for x in (a, b))
+    return f"{na} {a['dp_shard']} vs " + (f"{b['dp_shard']}" if na == nb else f"{nb} {b['dp_shard']}")
 
 
 #: How a description key is printed where its own name would not read well.
@@ -270,7 +303,7 @@ def _context(part: str, a: dict, b: dict) -> str:
         keys = [("ep", "{}")]
     else:
         keys = [("pp", "{}"), ("m", "{}")]
-    out = [t for t in (_vs(a, b, k, f) for k, f in keys) if t]
+    out = [t for t in (_data_vs(a, b) if k == "dp_shard" else _vs(a, b, k, f) for k, f in keys) if t]
     if part == "exposed cp" and a.get("layer_passes") and b.get("layer_passes"):
         out.append(f"per layer pass {_pair(a.get(part, 0.0) / a['layer_passes'], b.get(part, 0.0) / b['layer_passes'])}")
     return ", ".join(out)
@@ -284,7 +317,7 @@ def explain(top: dict, runner: dict, top_desc: dict, runner_desc: dict, fastest_
     (:class:`Explanation`; default: the top); ``tie_criterion``: what placed the top before it."""
     keys = [k for k in dict.fromkeys([*top, *runner]) if k != "step"]
     a, b = {**top_desc, **top}, {**runner_desc, **runner}
-    diffs = [Difference(k, top.get(k, 0.0), runner.get(k, 0.0), _context(k, a, b)) for k in keys]
+    diffs = [Difference(k, top.get(k, 0.0), runner.get(k, 0.0), _context(k, a, b), _shown(k, a, b)) for k in keys]
     diffs = [d for d in diffs if abs(d.gain_s) > 1e-12 * max(top["step"], 1e-30)]
     diffs.sort(key=lambda d: -abs(d.gain_s))
     fastest = top["step"] if fastest_step_s is None else fastest_step_s

@@ -78,7 +78,7 @@ from meshplan.spec.axes.base import divisors
 from meshplan.spec.axes.registry import AXES, rules, search_axes
 from meshplan.spec.axes.tp import max_tp
 from meshplan.spec.mesh import MeshSpec, Schedule
-from meshplan.spec.wording import data_axis
+from meshplan.spec.wording import data_axis, mesh_text
 
 RECOMPUTE = ("none", "selective", "full", "op")
 #: Searched shardings (the ``sh`` column); zero2 last, so that adding it kept the others' codes.
@@ -217,11 +217,11 @@ class Candidates:
         return np.maximum(self.dps * self.cp * self.tp // (self.ep * self.etp), 1)
 
     def label(self, i: int) -> str:
-        """``pp 16 x dp_shard 128 x tp 8, mb 1, full, vpp 1, zero3`` (degree-1 axes left out),
-        then ``, keep gathered`` (reshard_after_forward false), ``, tp overlap`` and ``, short
-        end stages`` where they apply."""
-        degs = [(axis_shown(n, SHARDING[self.sh[i]]), self.degree(col.column)) for n, col in search_axes()]
-        mesh = " x ".join(f"{n} {int(a[i])}" for n, a in degs if a[i] > 1) or "1 rank"
+        """``pp 16 x dp_shard 128 x tp 8, mb 1, full, vpp 1, zero3`` (the mesh as
+        :func:`meshplan.spec.wording.mesh_text` prints it), then ``, keep gathered``
+        (reshard_after_forward false), ``, tp overlap`` and ``, short end stages`` where they apply."""
+        names, degs = zip(*((n, int(self.degree(col.column)[i])) for n, col in search_axes()))
+        mesh = mesh_text(names, degs, SHARDING[self.sh[i]])
         extra = "".join(t for on, t in ((not self.rf[i], ", keep gathered"), (self.ov[i], ", tp overlap"),
                                          (self.us[i], ", short end stages"), (self.ps[i], f", {PIPELINE[self.ps[i]]}"))
                         if on)
@@ -232,8 +232,8 @@ class Candidates:
 def axis_shown(name, sharding: str) -> str:
     """A search axis's name in a candidate's mesh: the data axis ``dp_shard`` is ``dp`` under
     ZeRO-1/2 (:func:`meshplan.spec.wording.data_axis`), as ``plan`` prints the mesh a Megatron-LM
-    or DeepSpeed config imports to; the search columns and ``--json``'s ``mesh`` keys keep
-    ``dp_shard``.
+    or DeepSpeed config imports to (the search columns keep ``dp_shard``; ``--json``'s ``mesh``
+    keys and the text follow this rule, :func:`meshplan.spec.wording.mesh_text`).
 
     >>> axis_shown("dp_shard", "zero2"), axis_shown("dp_shard", "zero3"), axis_shown("tp", "zero1")
     ('dp', 'dp_shard', 'tp')

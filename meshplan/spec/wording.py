@@ -215,6 +215,56 @@ def data_axis(sharding: str) -> str:
     return "dp" if sharding in REPLICATED else "dp_shard"
 
 
+#: Spellings of the one data axis that :func:`mesh_text` names by the rule of :func:`data_axis`
+#: (``fsdp`` is read as ``dp_shard``, :func:`meshplan.spec.axes.canonical_names`).
+DATA_SPELLINGS = ("dp", "dp_shard")
+
+
+def mesh_text(names, shape, sharding: str = "", ep: int = 1, etp: int = 1, keep: tuple[str, ...] = ()) -> str:
+    """A mesh as every output prints it: ``pp 16 x dp_shard 64 x ep 64``. ``names``/``shape``:
+    the axes and their degrees in any order (a resolved mesh's ``layout``, the search's columns
+    with ep/etp among them); ``ep``, ``etp``: the expert degrees when not among ``names``;
+    ``sharding``: ``training.sharding``. The axes of degree > 1 (and those in ``keep``) in one
+    fixed order, the known axes' (:data:`meshplan.spec.axes.KNOWN_AXES`: pp, dp_replicate, dp,
+    dp_shard, cp, tp, ep, etp; a user-named axis after tp); a mesh with none: its data axis (else
+    its first axis) at 1. The one data axis (``dp`` or ``dp_shard``) is named by the sharding
+    (:func:`data_axis`): ``dp_shard`` when the parameters are sharded over it (zero3, hsdp's
+    shard axis), ``dp`` when only the optimizer state and gradients are (zero1, zero2) or nothing
+    is; ``sharding`` "" keeps the names given (restart's proposals carry no training spec).
+
+    >>> mesh_text(("pp", "dp_shard"), (16, 64), ep=64), mesh_text(("dp_shard",), (1,))
+    ('pp 16 x dp_shard 64 x ep 64', 'dp_shard 1')
+    >>> mesh_text(("dp", "tp"), (16, 1), "zero3"), mesh_text(("tp", "dp_shard", "ep"), (8, 4, 2), "zero1")
+    ('dp_shard 16', 'dp 4 x tp 8 x ep 2')
+    >>> mesh_text(("dp_replicate", "dp_shard", "cp"), (2, 1, 1), "hsdp", keep=("dp_shard",))
+    'dp_replicate 2 x dp_shard 1'
+    """
+    from meshplan.spec.axes import KNOWN_AXES  # the axis vocabulary (imports the model spec)
+
+    axes = [(str(n), int(d)) for n, d in zip(names, shape)] + [(a, d) for a, d in (("ep", ep), ("etp", etp)) if d > 1]
+    data = [n for n, _ in axes if n in DATA_SPELLINGS]
+    name = {data[0]: data_axis(sharding)} if sharding and len(data) == 1 else {}
+    place = {n: k + (k >= KNOWN_AXES.index("ep")) for k, n in enumerate(KNOWN_AXES)}  # a user-named axis after tp
+    shown = sorted((x for x in axes if x[1] > 1 or x[0] in keep), key=lambda x: place.get(x[0], KNOWN_AXES.index("ep")))
+    if not shown:
+        shown = [(next((n for n, _ in axes if n in data), axes[0][0] if axes else "dp_shard"), 1)]
+    return " x ".join(f"{name.get(n, n)} {d}" for n, d in shown)
+
+
+def renamed_words(names, sharding: str) -> str:
+    """Why :func:`mesh_text` prints the config's data axis under another name (the plan's mesh
+    line, beside the config's names); "" when it keeps the name.
+
+    >>> renamed_words(("dp",), "zero3"), renamed_words(("dp_shard", "tp"), "zero1"), renamed_words(("dp",), "zero1")
+    ('dp printed dp_shard: zero3 shards the parameters over it', 'dp_shard printed dp: zero1 shards no parameter over it', '')
+    """
+    data = [str(n) for n in names if n in DATA_SPELLINGS]
+    if len(data) != 1 or data[0] == data_axis(sharding):
+        return ""
+    how = "shards the parameters" if data_axis(sharding) == "dp_shard" else "shards no parameter"
+    return f"{data[0]} printed {data_axis(sharding)}: {sharding} {how} over it"
+
+
 def schedule_words(schedule, pp: int) -> str:
     """The pipeline schedule as the output prints it: ``no pipeline`` at ``pp`` 1 (nothing is
     scheduled: one stage runs its micro-batches' forward and backward in turn, as DeepSpeed's

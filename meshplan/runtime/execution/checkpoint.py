@@ -57,6 +57,7 @@ from meshplan.errors import CheckpointError, ConfigError
 from meshplan.fileio import write_json_atomic
 from meshplan.mesh.resolve import Mesh
 from meshplan.runtime.execution.kvsync import dedup_kv_state
+from meshplan.spec.wording import mesh_text
 
 META_NAME = "meshplan.json"
 DCP_DIR = "dcp"
@@ -111,8 +112,8 @@ class CheckpointMeta:
 
     @property
     def mesh_text(self) -> str:
-        """``dp_shard 2 x tp 2``."""
-        return " x ".join(f"{n} {d}" for n, d in zip(self.mesh_names, self.mesh_shape))
+        """``dp_shard 2 x tp 2``: every saved axis, named as saved (:func:`meshplan.spec.wording.mesh_text`)."""
+        return mesh_text(self.mesh_names, self.mesh_shape, keep=tuple(self.mesh_names))
 
     @classmethod
     def from_dict(cls, doc: Any, where: str) -> "CheckpointMeta":
@@ -151,7 +152,7 @@ def check_resume(meta: CheckpointMeta, mesh: Mesh, where: str, discard_dp_state:
     if not meta.dp_state or meta.dp == mesh.dp or discard_dp_state:
         return
     names = ", ".join(repr(k) for k in sorted(meta.dp_state))
-    new = " x ".join(f"{n} {d}" for n, d in zip(mesh.layout.names, mesh.layout.shape))
+    new = mesh_text(mesh.layout.names, mesh.layout.shape, keep=mesh.layout.names)
     raise CheckpointError(where, f"saved at dp {meta.dp} ({meta.mesh_text}), loading at dp {mesh.dp} ({new}): "
                                  f"{names} holds one value per dp rank ({meta.dp} values) and cannot be resharded "
                                  f"to {mesh.dp} dp ranks without dropping or repeating data; resume at dp "
