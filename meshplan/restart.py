@@ -92,8 +92,9 @@ class Proposal:
         return self.gpus * self.micro_batches / (self.micro_batches + self.pp - 1)
 
     def mesh_text(self) -> str:
-        """Every axis > 1, the expert axes too (``pp 16 x dp_shard 64 x ep 64``)."""
-        return mesh_text(self.names, self.shape, self.ep, self.etp)
+        """Every axis > 1, the expert axes too (``pp 16 x dp_shard 64 x ep 64``), and pp 1 where
+        pp is an axis (a restart that removed the pipeline says so)."""
+        return mesh_text(self.names, self.shape, self.ep, self.etp, ("pp",) if "pp" in self.names else ())
 
     def summary(self) -> str:
         """Mesh, GPUs, contract and (when planned) step and throughput, one line."""
@@ -298,7 +299,7 @@ def _at_pp(mesh, pp: int, split, left: int, global_batch: int, micro_batch: int,
             spec = MeshSpec(names=list(names) + [a for a, x in (("ep", ep), ("etp", etp)) if x > 1],
                             shape=list(shape) + [x for x in (ep, etp) if x > 1])
             resolved = resolve_mesh(spec, gpus)
-            text = f"{mesh_text(names, shape, ep, etp)} ({gpus} GPUs)"
+            text = f"{mesh_text(names, shape, ep, etp, ('pp',) if 'pp' in names else ())} ({gpus} GPUs)"
             if isinstance(resolved, NoMesh):
                 refused.append((f"{text}: {'; '.join(resolved.reasons)}", gpus))
                 continue

@@ -359,6 +359,8 @@ def test_restart_deepseek_v3_varies_pp():
     top = r.proposals[0]
     assert (top.names, top.shape, top.gpus, top.micro_batches) == (("pp", "dp_shard"), (31, 64), 1984, 240)
     assert top.pp_layer_split == (1, 3) + (2,) * 28 + (1,) and r.changed == ("pp", "dp_shard")
+    # the largest mesh refused: pp 1 (shown, as pp is an axis) on all 2040 GPUs, not a multiple of ep 64
+    assert r.refused[0].startswith("pp 1 x dp_shard 2040 x ep 64 (2040 GPUs): ep(64) * etp(1) = 64 does not divide")
     assert sorted((p.gpus, p.pp, p.dp) for p in r.proposals[1:9]) == [
         (1920, 1, 1920), (1920, 2, 960), (1920, 3, 640), (1920, 5, 384), (1920, 6, 320), (1920, 10, 192),
         (1920, 15, 128), (1920, 30, 64)]
