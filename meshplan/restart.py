@@ -14,8 +14,9 @@ mesh; "Global semantics": hold the global batch fixed):
   ends-short rule carried over, else a balanced split at vpp 1), the schedule and vpp kept.
   A checkpoint at another pp loads resharded: DCP and Megatron-Core dist-checkpointing save
   each shard at its global offset (:mod:`meshplan.restart_text`). Up to :data:`KEEPERS`
-  meshes per pp; of those at most :data:`PLANNED` are planned, the ones of the highest ideal
-  throughput (:attr:`Proposal.ideal`: GPUs less the 1F1B bubble).
+  meshes per pp; of those the :data:`TRIED` of the highest ideal throughput
+  (:attr:`Proposal.ideal`: GPUs less the 1F1B bubble) are planned in that order until
+  :data:`PLANNED` run.
 - A mesh must resolve (:func:`meshplan.mesh.resolve.resolve_mesh`): with experts the dense
   block ``dp_shard x cp x tp`` must stay a multiple of ``ep x etp``, so fewer GPUs than the
   largest data-parallel degree may be used; the others sit idle (spares for the next failure).
@@ -44,8 +45,9 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable, Optional, Union
 
 from meshplan.mesh.resolve import Infeasible as NoMesh, resolve_mesh
-from meshplan.restart_rank import (PLANNED, Evaluator, PipelineRule, bounded, changer_refusal, pipeline_rule,  # noqa: F401
-                                   pipelines, plan_evaluator, rank)
+# PLANNED, TRIED, PipelineRule, pipeline_rule, plan_evaluator: re-exported (the CLI's and the tests' names)
+from meshplan.restart_rank import (PLANNED, TRIED, Evaluator, PipelineRule, bounded, changer_refusal,  # noqa: F401
+                                   pipeline_rule, pipelines, plan_evaluator, rank)
 from meshplan.restart_text import batch_notes, pipeline_note, result_notes, state_notes
 from meshplan.spec.mesh import MeshSpec
 
@@ -266,7 +268,7 @@ def _splits(names: tuple[str, ...], deg: dict[str, int], d: int) -> list[tuple[i
 def _candidates(mesh, left: int, global_batch: int, micro_batch: int, reasons_of,
                 pipeline: Optional[PipelineRule] = None) -> tuple[list, Optional[Proposal], list]:
     """(meshes keeping the global batch: up to :data:`KEEPERS` per pipeline degree, largest
-    first, at most :data:`PLANNED` (:func:`_bounded`); the largest mesh changing it when larger
+    first, at most :data:`TRIED` (:func:`bounded`); the largest mesh changing it when larger
     than those; refused meshes as (text, GPUs)), for data-parallel degrees from the most the
     ``left`` GPUs hold down to 1, at each pipeline degree of :func:`_pipelines`."""
     keepers: list[Proposal] = []

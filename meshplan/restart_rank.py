@@ -17,10 +17,13 @@ from meshplan.schedule.steptime import step_time
 if TYPE_CHECKING:
     from meshplan.restart import Proposal
 
-#: Meshes planned at most when pp varies (:func:`bounded`): DeepSeek-V3's restart on 2040 GPUs finds
-#: 63 meshes keeping the global batch over 61 pipeline degrees (tests/test_reliability.py), ~0.06 s a
-#: plan; the 16 of the highest ideal throughput are planned.
-PLANNED = 16
+#: Meshes keeping the global batch tried at most (:func:`bounded`: those of the highest ideal
+#: throughput), and of those planned feasible at most (:func:`rank`, in that order; memory refusals do
+#: not count). DeepSeek-V3's restart on 2040 GPUs finds 63 such meshes over 61 pipeline degrees
+#: (tests/test_reliability.py); a plan of Llama 3 405B on 16k GPUs takes ~0.3 s. The examples'
+#: proposal and runner-up (DeepSeek-V3, Llama 3 405B, Mixtral, the seed) are the same with 8, 12
+#: or 16 planned.
+TRIED, PLANNED = 16, 8
 
 Evaluator = Callable[["Proposal"], Union["Proposal", str]]
 
@@ -78,12 +81,9 @@ def pipelines(mesh, left: int, pipeline: Optional[PipelineRule]) -> list[tuple[i
 
 
 def bounded(keepers: list[Proposal]) -> list[Proposal]:
-    """At most :data:`PLANNED` meshes, those of the highest :attr:`Proposal.ideal` throughput
-    (GPUs less the 1F1B bubble; the configured pp's come first at a tie), in their order."""
-    if len(keepers) <= PLANNED:
-        return keepers
-    best = sorted(range(len(keepers)), key=lambda i: -keepers[i].ideal)[:PLANNED]
-    return [keepers[i] for i in sorted(best)]
+    """At most :data:`TRIED` meshes, those of the highest :attr:`Proposal.ideal` throughput (GPUs
+    less the 1F1B bubble), highest first (the configured pp's first at a tie)."""
+    return sorted(keepers, key=lambda p: -p.ideal)[:TRIED]
 
 
 def changer_refusal(changer: Proposal, as_configured: str, ranked: list[Proposal], unplanned: list) -> tuple[str, int]:
@@ -98,10 +98,13 @@ def changer_refusal(changer: Proposal, as_configured: str, ranked: list[Proposal
 
 def rank(keepers: list[Proposal], changer: Optional[Proposal], evaluate: Optional[Evaluator]):
     """(proposals ranked: keeping the global batch first, then throughput, else GPUs; the
-    meshes the evaluator refused, as (text, GPUs))."""
+    meshes the evaluator refused, as (text, GPUs)). ``keepers`` are planned in their order
+    until :data:`PLANNED` of them run; the ``changer`` is planned last."""
     out: list[Proposal] = []
     unplanned: list[tuple[str, int]] = []
     for p in keepers + ([changer] if changer else []):
+        if evaluate and p is not changer and len(out) >= PLANNED:
+            continue
         got = evaluate(p) if evaluate else p
         if isinstance(got, str):
             unplanned.append((f"{p.mesh_text()} ({p.gpus} GPUs): {got}", p.gpus))

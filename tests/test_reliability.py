@@ -369,20 +369,28 @@ def test_restart_deepseek_v3_varies_pp():
     assert any(n.startswith("checkpoint: resharded on load (pp, dp_shard changed): DCP") for n in r.notes)
 
 
-def test_restart_candidates_are_bounded():
+def test_restart_candidates_are_bounded(monkeypatch):
     """The candidate set of the DeepSeek-V3 restart: 61 pipeline degrees; up to KEEPERS (4) meshes
     keeping the global batch each: pp 1-7 four (pp 1: dp 1920, 1536, 1280, 1024), pp 8-10
-    three, pp 11-15 two, pp 16-31 one (dp 64): 28 + 9 + 10 + 16 = 63, of which PLANNED (16) are
-    planned, those of the most GPUs less the 1F1B bubble (pp 31's 1984 x 240 / 270 among them)."""
-    from meshplan.restart import PLANNED, _candidates, pipeline_rule, pipelines
+    three, pp 11-15 two, pp 16-31 one (dp 64): 28 + 9 + 10 + 16 = 63, of which TRIED (16) are
+    kept, those of the most GPUs less the 1F1B bubble, highest first: pp 1 x dp 1920 (1920),
+    pp 2 x 960 (1920 x 16 / 17 = 1807), pp 3 x 640 (1920 x 24 / 26 = 1772), pp 31 x 64 (1984
+    x 240 / 270 = 1764); at most PLANNED (8) of them are planned feasible."""
+    from meshplan.restart import KEEPERS, PLANNED, TRIED, _candidates, pipeline_rule, pipelines
     plan = _example_plan("deepseek-v3_2048xh100_pp16-ep64-dp128.toml")
     rule = pipeline_rule(plan)
-    assert len(pipelines(plan.mesh, 2040, rule)) == 61 and PLANNED == 16
+    assert len(pipelines(plan.mesh, 2040, rule)) == 61 and (KEEPERS, TRIED, PLANNED) == (4, 16, 8)
     t = plan.config.training
     why = lambda pp, m: run_reasons(plan.spec.pp_schedule, pp, m, plan.vpp, t.pp_schedule_runs, t.framework)
     keepers, changer, _ = _candidates(plan.mesh, 2040, 15360, 1, why, rule)
-    assert len(keepers) == PLANNED and changer is None
-    assert (31, 64) in [(p.pp, p.dp) for p in keepers] and (16, 64) not in [(p.pp, p.dp) for p in keepers]
+    assert len(keepers) == TRIED and changer is None
+    assert [(p.pp, p.dp) for p in keepers[:4]] == [(1, 1920), (2, 960), (3, 640), (31, 64)]
+    assert (16, 64) not in [(p.pp, p.dp) for p in keepers]
+    import meshplan.restart_rank
+    monkeypatch.setattr(meshplan.restart_rank, "TRIED", 1000)
+    every = _candidates(plan.mesh, 2040, 15360, 1, why, rule)[0]
+    per_pp = [sum(p.pp == pp for p in every) for pp in range(1, 32)]
+    assert len(every) == 63 and per_pp == [4] * 7 + [3] * 3 + [2] * 5 + [1] * 16
 
 
 def test_restart_deepseek_v3_planned(capsys, tmp_path):
@@ -401,7 +409,7 @@ def test_restart_deepseek_v3_planned(capsys, tmp_path):
     assert (done.value.code or 0) == 0
     doc = json.loads((tmp_path / "r.json").read_text())["restart"]
     tps = [p["tokens_per_s"] for p in doc["proposals"]]
-    assert tps == sorted(tps, reverse=True) and len(tps) <= 16
+    assert tps == sorted(tps, reverse=True) and len(tps) <= 8  # PLANNED
     top = doc["proposals"][0]
     c = load_config(cfg)
     c = dataclasses.replace(c, mesh=c.mesh.model_copy(update={"shape": top["shape"] + [64], "world": top["gpus"],
