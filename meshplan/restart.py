@@ -238,7 +238,7 @@ def restart_on_fewer_nodes(mesh, lost_nodes: int, *, gpus_per_node: int, global_
     reshard, dl_ok, state = state_notes(changed, mesh.dp, top.dp, dataloader_state)
     notes = (result_notes(top, ranked, smaller, world, left, mesh, gpus_per_node, old_step, pipeline is not None)
              + batch_notes(top, as_configured)
-             + (pipeline_note(pipeline.pp, top, pipeline.split, pipeline.vpp) if pipeline else []) + state)
+             + (pipeline_note(pipeline, top) if pipeline else []) + state)
     return Restart(True, new_world=top.gpus, shape=top.shape, changed=changed, micro_batches=(old_m, top.micro_batches),
                    batch_contract=not top.contract, reshard=reshard, dataloader_ok=dl_ok, notes=tuple(notes),
                    contract=top.contract, proposals=tuple(ranked), refused=larger[:REFUSED_SHOWN],

@@ -105,20 +105,30 @@ def state_notes(changed, old_dp: int, new_dp: int, dataloader_state: str):
     return reshard, ok, notes
 
 
-def pipeline_note(old_pp: int, top: Proposal, old_split, vpp: int) -> list[str]:
-    """What a restart at another pp runs: the layers per stage before and after (``old_split``:
-    the configured split, None: even), the schedule and ``vpp`` kept.
+def pipeline_note(rule, top: Proposal) -> list[str]:
+    """What a restart at another pp runs: the layers per stage before and after (``rule``: the
+    :class:`~meshplan.restart_rank.PipelineRule`, its configured pp and split, None: even),
+    the schedule and vpp kept; at pp 1, no pipeline.
 
     >>> from types import SimpleNamespace as N
-    >>> pipeline_note(16, N(pp=8, pp_layer_split=(7, 8, 8, 8, 8, 8, 8, 6)), (3,) + (4,) * 14 + (2,), 1)
+    >>> rule = N(layers=61, pp=16, split=(3,) + (4,) * 14 + (2,), vpp=1)
+    >>> pipeline_note(rule, N(pp=8, pp_layer_split=(7, 8, 8, 8, 8, 8, 8, 6)))
     ['pipeline: pp 16 -> 8, layers per stage 3, 4 x 14, 2 -> 7, 8 x 6, 6 (the schedule kept)']
+    >>> pipeline_note(N(layers=32, pp=1, split=None, vpp=1), N(pp=4, pp_layer_split=None))
+    ['pipeline: pp 1 -> 4, layers per stage 8 x 4 (the configured schedule)']
+    >>> pipeline_note(N(layers=32, pp=2, split=None, vpp=1), N(pp=1, pp_layer_split=None))
+    ['pipeline: pp 2 -> 1: no pipeline']
     """
-    if top.pp == old_pp:
+    if top.pp == rule.pp:
         return []
-    words = lambda s: "even" if s is None else ", ".join(f"{n} x {c}" if c > 1 else str(n) for n, c in _runs(s))
-    kept = "the schedule" + (f" and vpp {vpp}" if vpp > 1 else "")
-    return [f"pipeline: pp {old_pp} -> {top.pp}, layers per stage {words(old_split)} -> {words(top.pp_layer_split)} "
-            f"({kept} kept)"]
+    if top.pp == 1:
+        return [f"pipeline: pp {rule.pp} -> 1: no pipeline"]
+    words = lambda s, pp: ", ".join(f"{n} x {c}" if c > 1 else str(n) for n, c in _runs(s or [rule.layers // pp] * pp))
+    new = words(top.pp_layer_split, top.pp)
+    if rule.pp == 1:
+        return [f"pipeline: pp 1 -> {top.pp}, layers per stage {new} (the configured schedule)"]
+    kept = "the schedule" + (f" and vpp {rule.vpp}" if rule.vpp > 1 else "")
+    return [f"pipeline: pp {rule.pp} -> {top.pp}, layers per stage {words(rule.split, rule.pp)} -> {new} ({kept} kept)"]
 
 
 def _runs(split) -> list[tuple[int, int]]:
