@@ -5,10 +5,18 @@ throughput.
 Rules (seed, "Reliability": whether elastic restart can reconstruct the same or a different
 mesh; "Global semantics": hold the global batch fixed):
 
-- tp, pp, cp, ep and etp keep their degrees: they fix the model's split and the
-  checkpoint's tensor layout. Only the data-parallel axes shrink: every split
+- tp, cp, ep and etp keep their degrees. The data-parallel axes shrink: every split
   ``dp_replicate x (dp_shard or dp) = d`` for ``d`` from ``GPUs left // (tp pp cp)`` down,
   the split without resharding (dp_shard kept, replicas dropped) first.
+- pp varies too where the caller gives the model's :class:`PipelineRule` (the CLI does):
+  every pp from 1 up whose replica fits and whose layers allow it
+  (:func:`meshplan.mesh.layers.restart_split`: even stages, the configured Llama 3
+  ends-short rule carried over, else a balanced split at vpp 1), the schedule and vpp kept.
+  A checkpoint at another pp loads resharded: DCP and Megatron-Core dist-checkpointing save
+  each shard at its global offset (:mod:`meshplan.restart_text`). Up to :data:`KEEPERS`
+  meshes per pp; of those the :data:`TRIED` of the highest ideal throughput
+  (:attr:`Proposal.ideal`: GPUs less the 1F1B bubble) are planned in that order until
+  :data:`PLANNED` run.
 - A mesh must resolve (:func:`meshplan.mesh.resolve.resolve_mesh`): with experts the dense
   block ``dp_shard x cp x tp`` must stay a multiple of ``ep x etp``, so fewer GPUs than the
   largest data-parallel degree may be used; the others sit idle (spares for the next failure).
@@ -36,16 +44,16 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Optional, Union
 
-from meshplan.errors import ConfigError
 from meshplan.mesh.resolve import Infeasible as NoMesh, resolve_mesh
-from meshplan.plan import Infeasible, build_plan
-from meshplan.schedule.rank_timeline import Overlap
-from meshplan.schedule.steptime import step_time
 from meshplan.spec import wording
+# PLANNED, TRIED, PipelineRule, pipeline_rule, plan_evaluator: re-exported (the CLI's and the tests' names)
+from meshplan.restart_rank import (PLANNED, TRIED, Evaluator, PipelineRule, bounded, changer_refusal,  # noqa: F401
+                                   pipeline_rule, pipelines, plan_evaluator, rank)
+from meshplan.restart_text import batch_notes, pipeline_note, result_notes, state_notes
 from meshplan.spec.mesh import MeshSpec
-from meshplan.units import counted
 
-#: Meshes that keep the global batch evaluated at most (largest first), and larger refused meshes reported.
+#: Meshes that keep the global batch evaluated at most per pipeline degree (largest first), and larger
+#: refused meshes reported.
 KEEPERS, REFUSED_SHOWN = 4, 4
 
 
@@ -70,14 +78,26 @@ class Proposal:
     step_s: Optional[float] = None
     tokens_per_s: Optional[float] = None
     peak_bytes: Optional[float] = None
+    pp_layer_split: Optional[tuple[int, ...]] = None
 
     @property
     def keeps_global_batch(self) -> bool:
         return not self.contract.startswith("global_batch")
 
+    @property
+    def pp(self) -> int:
+        return dict(zip(self.names, self.shape)).get("pp", 1)
+
+    @property
+    def ideal(self) -> float:
+        """GPUs x the 1F1B busy fraction ``m / (m + pp - 1)`` (Narayanan et al. SC'21, 2.2.1:
+        bubble ``(pp - 1) / m`` of the ideal time): the order meshes are planned in (:func:`_bounded`)."""
+        return self.gpus * self.micro_batches / (self.micro_batches + self.pp - 1)
+
     def mesh_text(self) -> str:
-        """Every axis > 1, the expert axes too (``pp 16 x dp_shard 64 x ep 64``)."""
-        return mesh_text(self.names, self.shape, self.ep, self.etp)
+        """Every axis > 1, the expert axes too (``pp 16 x dp_shard 64 x ep 64``), and pp 1 where
+        pp is an axis (a restart that removed the pipeline says so)."""
+        return mesh_text(self.names, self.shape, self.ep, self.etp, ("pp",) if "pp" in self.names else ())
 
     def summary(self) -> str:
         """Mesh, GPUs, contract and (when planned) step and throughput, one line."""
@@ -129,6 +149,7 @@ class Restart:
     refused: tuple[str, ...] = ()
     old_step_s: Optional[float] = None
     old_tokens_per_s: Optional[float] = None
+    new_names: tuple[str, ...] = ()
 
     def lines(self) -> list[str]:
         """What ``meshplan reliability`` prints; an infeasible restart is one line naming why
@@ -145,7 +166,7 @@ class Restart:
             return [f"restart: world {self.old_world} -> {self.gpus_left}: {what} ({'; '.join(self.reasons)})"]
         keep = tuple(self.changed)
         old = mesh_text(self.names, self.old_shape, self.ep, self.etp, keep)
-        new = mesh_text(self.names, self.shape, self.ep, self.etp, keep)
+        new = mesh_text(self.new_names or self.names, self.shape, self.ep, self.etp, keep)
         left = f" ({self.gpus_left} GPUs left)" if self.gpus_left != self.new_world else ""
         head = (f"restart: world {self.old_world} -> {self.new_world}{left}; mesh {old} -> {new}"
                 + (f" (changed: {', '.join(self.changed)})" if self.changed else " (unchanged)"))
@@ -154,21 +175,21 @@ class Restart:
         return [head] + [f"- {n}" for n in self.notes]
 
 
-Evaluator = Callable[[Proposal], Union[Proposal, str]]
-
-
 def restart_on_fewer_nodes(mesh, lost_nodes: int, *, gpus_per_node: int, global_batch: int, micro_batch: int,
                            spare_nodes: int = 0,
-                           micro_batch_reasons: Callable[[int], tuple[str, ...]] = lambda m: (),
+                           micro_batch_reasons: Callable[[int, int], tuple[str, ...]] = lambda pp, m: (),
                            dataloader_state: str = "per_rank", evaluate: Optional[Evaluator] = None,
-                           old_step: Optional[tuple[float, float]] = None) -> Restart:
+                           old_step: Optional[tuple[float, float]] = None,
+                           pipeline: Optional[PipelineRule] = None) -> Restart:
     """Can the job restart on ``lost_nodes`` fewer nodes (after using ``spare_nodes``), and on
     which mesh (module docstring)? ``dataloader_state``: "per_rank" (saved per dp rank, e.g. a
     StatefulDataLoader) or "global" (a global consumed-samples counter, as Megatron-LM keeps).
-    ``micro_batch_reasons(m)``: why the pipeline schedule cannot run m micro-batches per step
-    (the plan's :func:`meshplan.plan.run_reasons` under its framework; none by default).
-    ``evaluate``: plans a proposal (its step and throughput) or says why it cannot run
-    (:func:`plan_evaluator`); ``old_step``: (step s, tokens/s) of the plan before the loss.
+    ``micro_batch_reasons(pp, m)``: why the pipeline schedule cannot run m micro-batches per
+    step on pp stages (the plan's :func:`meshplan.plan.run_reasons` under its framework; none
+    by default). ``evaluate``: plans a proposal (its step and throughput) or says why it cannot
+    run (:func:`plan_evaluator`); ``old_step``: (step s, tokens/s) of the plan before the loss;
+    ``pipeline``: vary pp too, every degree its layers allow (:class:`PipelineRule`; without
+    it pp is kept).
 
     >>> from meshplan.mesh.resolve import resolve_mesh
     >>> from meshplan.spec.mesh import MeshSpec
@@ -180,9 +201,11 @@ def restart_on_fewer_nodes(mesh, lost_nodes: int, *, gpus_per_node: int, global_
     names, shape = mesh.layout.names, mesh.layout.shape
     world, lost = mesh.world, max(0, lost_nodes - spare_nodes)
     left = world - lost * gpus_per_node
-    fixed = mesh.degree("tp") * mesh.degree("pp") * mesh.degree("cp")
+    min_pp = 1 if pipeline else mesh.degree("pp")
+    fixed = mesh.degree("tp") * min_pp * mesh.degree("cp")
     old_m = global_batch // (micro_batch * mesh.dp)
-    base: dict[str, Any] = dict(old_world=world, names=names, old_shape=shape, gpus_left=left, ep=mesh.ep, etp=mesh.etp,
+    base: dict[str, Any] = dict(old_world=world, names=names, new_names=names, old_shape=shape, gpus_left=left,
+                                ep=mesh.ep, etp=mesh.etp,
                                 old_step_s=old_step[0] if old_step else None,
                                 old_tokens_per_s=old_step[1] if old_step else None)
     if lost == 0:
@@ -195,34 +218,37 @@ def restart_on_fewer_nodes(mesh, lost_nodes: int, *, gpus_per_node: int, global_
                        reshard=False, dataloader_ok=False, reasons=why, **base)
 
     if left < fixed:
-        return bad(f"{left} GPUs left are fewer than tp {mesh.degree('tp')} x pp {mesh.degree('pp')} "
+        return bad(f"{left} GPUs left are fewer than tp {mesh.degree('tp')} x pp {min_pp} "
                    f"x cp {mesh.degree('cp')} = {fixed}")
     if not any(a in names for a in ("dp_replicate", "dp_shard", "dp")):
         return bad("the mesh has no data-parallel axis to shrink")
-    keepers, changer, refused = _candidates(mesh, left // fixed, global_batch, micro_batch, micro_batch_reasons)
-    ranked, unplanned = _rank(keepers, changer, evaluate)
-    as_configured = _why_not_kept(global_batch, micro_batch, changer.dp, micro_batch_reasons) if changer else ""
+    keepers, changer, refused = _candidates(mesh, left, global_batch, micro_batch, micro_batch_reasons, pipeline)
+    ranked, unplanned = rank(keepers, changer, evaluate)
+    as_configured = _why_not_kept(global_batch, micro_batch, changer, micro_batch_reasons) if changer else ""
     if changer:
-        refused.append(_changer_refusal(changer, as_configured, ranked, unplanned))
+        refused.append(changer_refusal(changer, as_configured, ranked, unplanned))
     refused = sorted(refused + unplanned, key=lambda r: -r[1])
     if not ranked:
         return bad(*([r for r, _ in refused[:REFUSED_SHOWN]] or ["no data-parallel degree keeps the contract"]))
     top = ranked[0]
     larger = tuple(r for r, gpus in refused if gpus > top.gpus)
     smaller = [r for r, gpus in unplanned if gpus < top.gpus]
-    changed = tuple(n for n, a, b in zip(names, shape, top.shape) if a != b)
-    reshard, dl_ok, state_notes = _state_notes(changed, mesh.dp, top.dp, dataloader_state)
-    notes = (_result_notes(top, ranked, smaller, world, left, mesh, gpus_per_node, old_step)
-             + _batch_notes(top, as_configured) + state_notes)
+    old, new = dict(zip(names, shape)), dict(zip(top.names, top.shape))
+    changed = tuple(n for n in top.names if old.get(n, 1) != new[n])
+    reshard, dl_ok, state = state_notes(changed, mesh.dp, top.dp, dataloader_state)
+    notes = (result_notes(top, ranked, smaller, world, left, mesh, gpus_per_node, old_step, pipeline is not None)
+             + batch_notes(top, as_configured)
+             + (pipeline_note(pipeline, top) if pipeline else []) + state)
     return Restart(True, new_world=top.gpus, shape=top.shape, changed=changed, micro_batches=(old_m, top.micro_batches),
                    batch_contract=not top.contract, reshard=reshard, dataloader_ok=dl_ok, notes=tuple(notes),
-                   contract=top.contract, proposals=tuple(ranked), refused=larger[:REFUSED_SHOWN], **base)
+                   contract=top.contract, proposals=tuple(ranked), refused=larger[:REFUSED_SHOWN],
+                   **{**base, "new_names": top.names})
 
 
-def _splits(mesh, d: int) -> list[tuple[int, ...]]:
-    """Dense shapes with data-parallel degree ``d``, tp/pp/cp kept: dp_replicate x (dp_shard
-    or dp) = d, the split keeping the shard degree (no resharding) first, then larger shards."""
-    names, deg = mesh.layout.names, dict(zip(mesh.layout.names, mesh.layout.shape))
+def _splits(names: tuple[str, ...], deg: dict[str, int], d: int) -> list[tuple[int, ...]]:
+    """Dense shapes of axes ``names`` (degrees ``deg``, tp/pp/cp kept) with data-parallel degree
+    ``d``: dp_replicate x (dp_shard or dp) = d, the split keeping the shard degree (no
+    resharding) first, then larger shards."""
     shard_axis = "dp_shard" if "dp_shard" in deg else "dp" if "dp" in deg else None
     if "dp_replicate" not in deg:
         pairs = [(1, d)]
@@ -239,26 +265,48 @@ def _splits(mesh, d: int) -> list[tuple[int, ...]]:
     return out
 
 
-def _candidates(mesh, max_dp: int, global_batch: int, micro_batch: int, reasons_of) -> tuple[list, Optional[Proposal],
-                                                                                             list]:
-    """(up to :data:`KEEPERS` meshes keeping the global batch, largest first; the largest
-    mesh changing it when larger than those; refused meshes as (text, GPUs)), for data-parallel
-    degrees ``max_dp`` down to 1."""
-    names, ep, etp, fixed_world = mesh.layout.names, mesh.ep, mesh.etp, mesh.world // mesh.dp
+def _candidates(mesh, left: int, global_batch: int, micro_batch: int, reasons_of,
+                pipeline: Optional[PipelineRule] = None) -> tuple[list, Optional[Proposal], list]:
+    """(meshes keeping the global batch: up to :data:`KEEPERS` per pipeline degree, largest
+    first, at most :data:`TRIED` (:func:`bounded`); the largest mesh changing it when larger
+    than those; refused meshes as (text, GPUs)), for data-parallel degrees from the most the
+    ``left`` GPUs hold down to 1, at each pipeline degree of :func:`_pipelines`."""
+    keepers: list[Proposal] = []
+    changers: list[Proposal] = []
+    refused: list[tuple[str, int]] = []
+    for pp, split in pipelines(mesh, left, pipeline):
+        k, c, r = _at_pp(mesh, pp, split, left, global_batch, micro_batch, reasons_of)
+        keepers += k
+        changers += [c] if c else []
+        refused += r
+    top = max((p.gpus for p in keepers), default=0)
+    changer = max((c for c in changers if c.gpus > top), key=lambda c: c.gpus, default=None)
+    return bounded(keepers), changer, refused
+
+
+def _at_pp(mesh, pp: int, split, left: int, global_batch: int, micro_batch: int, reasons_of):
+    """:func:`_candidates` at one pipeline degree ``pp`` (layers per stage ``split``)."""
+    names, ep, etp = mesh.layout.names, mesh.ep, mesh.etp
+    deg = dict(zip(names, mesh.layout.shape))
+    if pp != deg.get("pp", 1):
+        names = names if "pp" in names else ("pp",) + names
+        deg = {**deg, "pp": pp}
+    fixed_world = deg.get("tp", 1) * deg.get("cp", 1) * pp
     keepers: list[Proposal] = []
     changer: Optional[Proposal] = None
     refused: list[tuple[str, int]] = []
-    for d in range(max_dp, 0, -1):
-        for shape in _splits(mesh, d):
+    for d in range(left // fixed_world, 0, -1):
+        for shape in _splits(names, deg, d):
             gpus = fixed_world * d
             spec = MeshSpec(names=list(names) + [a for a, x in (("ep", ep), ("etp", etp)) if x > 1],
                             shape=list(shape) + [x for x in (ep, etp) if x > 1])
             resolved = resolve_mesh(spec, gpus)
-            text = f"{mesh_text(names, shape, ep, etp)} ({gpus} GPUs)"
+            text = f"{mesh_text(names, shape, ep, etp, ('pp',) if 'pp' in names else ())} ({gpus} GPUs)"
             if isinstance(resolved, NoMesh):
                 refused.append((f"{text}: {'; '.join(resolved.reasons)}", gpus))
                 continue
-            p = _contract(Proposal(names, shape, ep, etp, gpus, d, micro_batch, global_batch, 0), reasons_of)
+            p = _contract(Proposal(names, shape, ep, etp, gpus, d, micro_batch, global_batch, 0, pp_layer_split=split),
+                          lambda m: reasons_of(pp, m))
             if isinstance(p, str):
                 refused.append((f"{text}: {p}", gpus))
             elif p.keeps_global_batch:
@@ -270,22 +318,13 @@ def _candidates(mesh, max_dp: int, global_batch: int, micro_batch: int, reasons_
     return keepers, changer, refused
 
 
-def _why_not_kept(global_batch: int, micro_batch: int, dp: int, reasons_of) -> str:
-    """Why ``dp`` breaks the contract as configured (the dp rule's words, or the schedule's)."""
+def _why_not_kept(global_batch: int, micro_batch: int, p: Proposal, reasons_of) -> str:
+    """Why ``p``'s dp breaks the contract as configured (the dp rule's words, or the schedule's at its pp)."""
+    dp = p.dp
     if global_batch % (micro_batch * dp):
         return (f"global_batch {global_batch} is not divisible by micro_batch {micro_batch} x dp {dp} = "
                 f"{micro_batch * dp}")
-    return "; ".join(reasons_of(global_batch // (micro_batch * dp)))
-
-
-def _changer_refusal(changer: Proposal, as_configured: str, ranked: list[Proposal], unplanned: list) -> tuple[str, int]:
-    """Why the largest mesh does not keep the contract (``as_configured``), and whether it runs
-    with the changed one (the alternative) or not (its refusal, taken from ``unplanned``: the
-    changer is evaluated last)."""
-    why = f"{changer.mesh_text()} ({changer.gpus} GPUs): {as_configured}"
-    if any(not p.keeps_global_batch for p in ranked):
-        return why + " (the alternative below changes the global batch)", changer.gpus
-    return why + f"; with {changer.contract}: {unplanned.pop()[0].split(': ', 1)[1]}", changer.gpus
+    return "; ".join(reasons_of(p.pp, global_batch // (micro_batch * dp)))
 
 
 def _contract(p: Proposal, reasons_of) -> Union[Proposal, str]:
@@ -302,122 +341,3 @@ def _contract(p: Proposal, reasons_of) -> Union[Proposal, str]:
         if not reasons_of(m):
             return replace(p, micro_batches=m, global_batch=m * mb * dp, contract=f"global_batch {gb} -> {m * mb * dp}")
     return "; ".join(reasons_of(1)) or "no micro-batch count runs"
-
-
-def _rank(keepers: list[Proposal], changer: Optional[Proposal], evaluate: Optional[Evaluator]):
-    """(proposals ranked: keeping the global batch first, then throughput, else GPUs; the
-    meshes the evaluator refused, as (text, GPUs))."""
-    out: list[Proposal] = []
-    unplanned: list[tuple[str, int]] = []
-    for p in keepers + ([changer] if changer else []):
-        got = evaluate(p) if evaluate else p
-        if isinstance(got, str):
-            unplanned.append((f"{p.mesh_text()} ({p.gpus} GPUs): {got}", p.gpus))
-        else:
-            out.append(got)
-    out.sort(key=lambda p: (not p.keeps_global_batch, -(p.tokens_per_s if p.tokens_per_s is not None else p.gpus)))
-    return out, unplanned
-
-
-def _result_notes(top: Proposal, ranked: list[Proposal], smaller: list[str], world: int, left: int, mesh,
-                  gpus_per_node: int, old_step: Optional[tuple[float, float]]) -> list[str]:
-    """Planned step and throughput lost, idle GPUs, runner-up (or why none: ``smaller``, the
-    smaller meshes the evaluator refused) and alternative."""
-    notes = []
-    if top.step_s is not None and top.tokens_per_s is not None and top.peak_bytes is not None:
-        line = (f"planned step {top.step_s:.2f} s, {top.tokens_per_s:,.0f} tokens/s, memory peak "
-                f"{top.peak_bytes / 2 ** 30:.1f} GiB")
-        if old_step:
-            line += (f": {1 - top.tokens_per_s / old_step[1]:.1%} of the throughput lost (the {world}-GPU plan: "
-                     f"step {old_step[0]:.2f} s, {old_step[1]:,.0f} tokens/s)")
-        notes.append(line)
-    if left > top.gpus:
-        notes.append(_idle_text(top.gpus, left, gpus_per_node))
-    others = [p for p in ranked[1:] if p.keeps_global_batch]
-    if others:
-        notes.append(f"runner-up: {others[0].summary()}")
-    elif smaller:
-        notes.append(f"runner-up: none (the next, {smaller[0]})")
-    else:
-        notes.append("runner-up: none (no other data-parallel degree keeps the global batch"
-                     + (f" and ep {mesh.ep} x etp {mesh.etp} valid)" if mesh.ep * mesh.etp > 1 else ")"))
-    alt = [p for p in ranked if not p.keeps_global_batch and p is not top]
-    if alt:
-        notes.append(f"with a different global batch (changes the optimisation): {alt[0].summary()}")
-    return notes
-
-
-def _idle_text(used: int, left: int, gpus_per_node: int) -> str:
-    """Which GPUs a mesh of ``used`` ranks leaves idle on ``left`` GPUs (node-major ranks:
-    rank r on node r // gpus_per_node of the nodes left).
-
-    >>> _idle_text(1024, 2040, 8)  # doctest: +NORMALIZE_WHITESPACE
-    '1016 of the 2040 GPUs left sit idle (spares for the next failure): the mesh takes nodes 0-127
-    of the 255 nodes left (node-major); idle: nodes 128-254'
-    >>> _idle_text(12, 24, 8)  # doctest: +NORMALIZE_WHITESPACE
-    '12 of the 24 GPUs left sit idle (spares for the next failure): the mesh takes node 0 and GPUs
-    0-3 of node 1 of the 3 nodes left (node-major); idle: GPUs 4-7 of node 1 and node 2'
-    """
-    nodes, full, part = -(-left // gpus_per_node), used // gpus_per_node, used % gpus_per_node
-    span = lambda a, b: f"node {a}" if a == b else f"nodes {a}-{b}"
-    took = ([span(0, full - 1)] if full else []) + ([f"GPUs 0-{part - 1} of node {full}"] if part else [])
-    first_idle = full + (1 if part else 0)
-    idle = ([f"GPUs {part}-{gpus_per_node - 1} of node {full}"] if part else []) + (
-        [span(first_idle, nodes - 1)] if first_idle < nodes else [])
-    return (f"{left - used} of the {left} GPUs left sit idle (spares for the next failure): the mesh takes "
-            f"{' and '.join(took)} of the {nodes} nodes left (node-major); idle: {' and '.join(idle)}")
-
-
-def _batch_notes(top: Proposal, as_configured: str) -> list[str]:
-    """The proposal's batch arithmetic and what its contract change means (``as_configured``:
-    why its data-parallel degree breaks the contract as configured)."""
-    line = (f"global batch {top.global_batch} = micro_batch {top.micro_batch} x dp {top.dp} x "
-            f"{counted(top.micro_batches, 'micro-batch')}")
-    if top.contract.startswith("global_batch"):
-        line += (f" ({top.contract}: as configured, {as_configured}; no mesh of these GPUs keeps the global batch, "
-                 "a different one changes the optimisation)")
-    elif top.contract:
-        line += f" ({top.contract}: the global batch is kept)"
-    return [line]
-
-
-def _state_notes(changed, old_dp: int, new_dp: int, dataloader_state: str):
-    """(checkpoint reshards, data-loader state loads, notes)."""
-    reshard = any(n != "dp_replicate" for n in changed)
-    notes = ["checkpoint: " + ("sharded state changes layout; DCP (torch.distributed.checkpoint) and Megatron "
-                               "dist-checkpointing reshard it on load" if reshard else
-                               "replicas hold identical shards: load without resharding")]
-    ok = dataloader_state == "global" or new_dp == old_dp
-    if dataloader_state == "global":
-        notes.append("data loader: a global consumed-samples counter rebuilds each rank's position")
-    elif ok:
-        notes.append("data loader: per-rank state loads unchanged (same dp)")
-    else:
-        notes.append(f"data loader: per-rank state saved at dp {old_dp} cannot be resharded to dp {new_dp}: loading "
-                     f"it must raise, never drop or repeat samples; restart from a global sample index")
-    return reshard, ok, notes
-
-
-def plan_evaluator(plan, nodes_left: int) -> Evaluator:
-    """Plans a proposal on ``nodes_left`` nodes: ``plan``'s config with the proposal's mesh
-    (``mesh.world`` = its GPUs, node-major), micro_batch and global_batch; its step and
-    throughput (:func:`~meshplan.schedule.steptime.step_time`, default overlap, as the search
-    ranks) and peak, or the plan's reasons (memory) when it cannot run."""
-    cfg = plan.config
-
-    def evaluate(p: Proposal) -> Union[Proposal, str]:
-        names = list(p.names) + [a for a, d in (("ep", p.ep), ("etp", p.etp)) if d > 1]
-        mesh = cfg.mesh.model_copy(update={"names": names, "shape": list(p.shape) + [d for d in (p.ep, p.etp) if d > 1],
-                                           "order": None, "degrees": None, "world": p.gpus, "rank_to_gpu": None})
-        training = cfg.training.model_copy(update={"global_batch": p.global_batch, "micro_batch": p.micro_batch})
-        try:
-            new = build_plan(replace(cfg, mesh=mesh, training=training,
-                                     cluster=cfg.cluster.model_copy(update={"nodes": nodes_left})), reports=False)
-        except ConfigError as e:
-            return str(e)
-        if isinstance(new, Infeasible) or not new.feasible:
-            return "; ".join(new.reasons)
-        st = step_time(new, Overlap())
-        return replace(p, step_s=st.step_s, tokens_per_s=st.tokens_per_s, peak_bytes=new.timeline.peak.total_bytes)
-
-    return evaluate

@@ -31,7 +31,7 @@ LAYERS = [
     ["meshplan.comm"],
     ["meshplan.plan"],
     ["meshplan.schedule"],
-    ["meshplan.reliability", "meshplan.restart"],
+    ["meshplan.reliability", "meshplan.restart", "meshplan.restart_rank", "meshplan.restart_text"],
     ["meshplan.search"],
     ["meshplan.report"],
     ["meshplan.compare"],

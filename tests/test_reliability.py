@@ -164,7 +164,7 @@ def test_restart_keeps_the_schedules_micro_batch_rule():
     batch 1 x 3 x 2 = 6, said with the schedule's reason. Under torch (one round of 3) dp 3
     keeps it."""
     m = _mesh(["pp", "dp_shard", "tp"], [2, 4, 8])
-    why = lambda fw: (lambda mm: run_reasons("interleaved_1f1b", 2, mm, 2, 1, fw))
+    why = lambda fw: (lambda pp, mm: run_reasons("interleaved_1f1b", pp, mm, 2, 1, fw))
     meg = restart_on_fewer_nodes(m, 2, gpus_per_node=8, global_batch=9, micro_batch=1, micro_batch_reasons=why("megatron"))
     assert meg.feasible and meg.shape == (2, 3, 8) and meg.micro_batches == (2, 2) and not meg.batch_contract
     assert meg.contract == "global_batch 9 -> 6" and [p.dp for p in meg.proposals] == [3]
@@ -268,7 +268,7 @@ def test_restart_with_no_gpu_left_is_one_line_and_exit_1(capsys):
                    "x cp 1 = 1\n")
     rc, out, err = _reliability_cli(capsys, "--lost-nodes", "1")  # dp_shard 16 x ep 8: test_restart_mixtral_*
     assert (rc, err) == (0, "")
-    assert "restart: world 32 -> 16 (24 GPUs left); mesh dp_shard 32 x ep 8 -> dp_shard 16 x ep 8 (changed" in out
+    assert "restart: world 32 -> 24; mesh dp_shard 32 x ep 8 -> pp 3 x dp_shard 8 x ep 8 (changed: pp, dp_shard)" in out
 
 
 def test_default_restart_scenario_informs_without_failing_a_one_node_job(capsys):
@@ -299,66 +299,149 @@ def _example_plan(name, shape=None, world=None, nodes=None):
 
 
 def test_restart_mixtral_keeps_ep_and_the_global_batch(capsys, tmp_path):
-    """Mixtral dp_shard 32 x ep 8, global batch 256, one of 4 nodes lost: 24 GPUs. dp_shard 24
-    keeps ep 8 valid (24 = efsdp 3 x 8) but 256 / 24 is not whole, and with global batch 240
-    (10 x 24) FSDP2 cannot shard the experts' dim 1 (hidden 4096) 3 ways; dp_shard 16 (efsdp 2,
-    256 / 16 = 16 micro-batches) is proposed, node 2 idle; dp_shard 8 needs more memory than
-    the usable 67.1 GiB: no runner-up. Its step and the throughput lost are the plans' own
-    (an independent build_plan + step_time of each mesh)."""
+    """Mixtral dp_shard 32 x ep 8 (32 layers), global batch 256, one of 4 nodes lost: 24 GPUs.
+    ep 8 needs dp_shard a multiple of 8, 256 / dp whole: dp 8 or 16 (24 is not whole). pp 1:
+    dp_shard 16 on 16 GPUs; pp 2 x dp_shard 8 on 16; pp 3 x dp_shard 8 on all 24, layers
+    balanced_split(32, 3) = [11, 11, 10], 32 micro-batches (>= pp 3). pp 3 is proposed, no GPU
+    idle. Its step and the throughput lost are the plans' own (an independent build_plan +
+    step_time of each mesh)."""
     from meshplan.schedule.rank_timeline import Overlap
     from meshplan.schedule.steptime import step_time
     rc, out, err = _reliability_cli(capsys, "--lost-nodes", "1", "--json", str(tmp_path / "r.json"))
     assert (rc, err) == (0, "")
     lines = out.splitlines()
     head = next(i for i, line in enumerate(lines) if line.startswith("restart:"))
-    assert lines[head].startswith("restart: world 32 -> 16 (24 GPUs left); mesh dp_shard 32 x ep 8 -> dp_shard 16 x "
-                                  "ep 8 (changed: dp_shard); not dp_shard 24 x ep 8 (24 GPUs): global_batch 256 is not "
-                                  "divisible by micro_batch 1 x dp 24 = 24; with global_batch 256 -> 240: ")
-    assert "efsdp 3" in lines[head]
+    assert lines[head] == ("restart: world 32 -> 24; mesh dp_shard 32 x ep 8 -> pp 3 x dp_shard 8 x ep 8 (changed: pp, "
+                           "dp_shard)")
     old = step_time(_example_plan("mixtral-8x7b_32xh100_ep8-dp32.toml"), Overlap())
-    new_plan = _example_plan("mixtral-8x7b_32xh100_ep8-dp32.toml", [16, 8], 16, 3)
+    cfg = load_config(Path(__file__).resolve().parents[1] / "examples" / "mixtral-8x7b_32xh100_ep8-dp32.toml")
+    mesh = {"names": ["pp", "dp_shard", "ep"], "shape": [3, 8, 8], "world": 24, "pp_layer_split": [11, 11, 10]}
+    cfg = dataclasses.replace(cfg, mesh=cfg.mesh.model_copy(update=mesh),
+                              cluster=cfg.cluster.model_copy(update={"nodes": 3}))
+    new_plan = build_plan(cfg)
     new = step_time(new_plan, Overlap())
     assert lines[head + 1] == (f"- planned step {new.step_s:.2f} s, {new.tokens_per_s:,.0f} tokens/s, memory peak "
                                f"{new_plan.timeline.peak.total_bytes / 2 ** 30:.1f} GiB: "
                                f"{1 - new.tokens_per_s / old.tokens_per_s:.1%} of the throughput lost (the 32-GPU "
                                f"plan: step {old.step_s:.2f} s, {old.tokens_per_s:,.0f} tokens/s)")
-    assert lines[head + 2] == ("- 8 of the 24 GPUs left sit idle (spares for the next failure): the mesh takes nodes "
-                               "0-1 of the 3 nodes left (node-major); idle: node 2")
-    assert lines[head + 3].startswith("- runner-up: none (the next, dp_shard 8 x ep 8 (8 GPUs): peak ")
-    assert lines[head + 4] == "- global batch 256 = micro_batch 1 x dp 16 x 16 micro-batches"
+    assert lines[head + 2].startswith("- runner-up: ") and "on 16 GPUs, contract kept" in lines[head + 2]
+    assert lines[head + 3:head + 5] == [
+        "- global batch 256 = micro_batch 1 x dp 8 x 32 micro-batches",
+        "- pipeline: pp 1 -> 3, layers per stage 11 x 2, 10 (the configured schedule)"]
     doc = json.loads((tmp_path / "r.json").read_text())["restart"]
-    assert (doc["shape"], doc["ep"], doc["new_world"], doc["gpus_left"], doc["contract"]) == ([16], 8, 16, 24, "")
+    assert (doc["shape"], doc["ep"], doc["new_world"], doc["gpus_left"], doc["contract"]) == ([3, 8], 8, 24, 24, "")
     assert doc["proposals"][0]["tokens_per_s"] == new.tokens_per_s and doc["old_step_s"] == old.step_s
 
 
-def test_restart_deepseek_v3_keeps_ep_64(capsys, tmp_path):
-    """Issue 11, trial 3 finding 1: DeepSeek-V3 pp 16 x dp_shard 128 x ep 64 on 256 nodes loses
-    one: 2040 GPUs, pp 16 kept: dp <= 127; ep 64 needs dp_shard a multiple of 64: 64 is the
-    only one (15360 / 64 = 240 micro-batches), on 16 x 64 = 1024 GPUs, nodes 128-254 idle. The
-    restart line names the mesh with ep and why the 2032-GPU mesh is not proposed."""
+def _deepseek_restart(rule=True, evaluate=True):
+    from meshplan.restart import pipeline_rule, plan_evaluator
+    plan = _example_plan("deepseek-v3_2048xh100_pp16-ep64-dp128.toml")
+    t = plan.config.training
+    why = lambda pp, m: run_reasons(plan.spec.pp_schedule, pp, m, plan.vpp, t.pp_schedule_runs, t.framework)
+    return plan, restart_on_fewer_nodes(plan.mesh, 1, gpus_per_node=8, global_batch=15360, micro_batch=1,
+                                        micro_batch_reasons=why, pipeline=pipeline_rule(plan) if rule else None,
+                                        evaluate=plan_evaluator(plan, 255) if evaluate else None)
+
+
+def test_restart_deepseek_v3_varies_pp():
+    """Issue 11 (trial 3 finding 1, trial 5 item 1): DeepSeek-V3 pp 16 x dp_shard 128 x ep 64 on
+    256 nodes loses one: 2040 GPUs. pp kept (16), ep 64 needs dp_shard a multiple of 64 and
+    15360 / 127 is not whole: dp_shard 64 on 1024 GPUs, 1016 idle. pp varied (DCP and
+    Megatron dist-checkpointing reshard on load): every pp 1..61 has a split of the 61 layers
+    (the configured [3, 4 x 14, 2] is Llama 3's ends-short rule, carried over); dp must be 64 k
+    with k | 240 (15360 = 64 x 240), at most 2040 / pp: pp 31 x dp 64 = 1984 GPUs is the
+    largest (pp 30, 15, 10, 6, 5, 3, 2, 1 reach 1920; pp >= 32 leaves dp < 64), split
+    ends_short_split(61, 31) = [1, 3, 2 x 28, 1], 240 micro-batches. Ranked by GPUs without
+    an evaluator."""
+    _, kept = _deepseek_restart(rule=False, evaluate=False)
+    assert kept.shape == (16, 64) and kept.new_world == 1024 and kept.changed == ("dp_shard",)
+    _, r = _deepseek_restart(evaluate=False)
+    top = r.proposals[0]
+    assert (top.names, top.shape, top.gpus, top.micro_batches) == (("pp", "dp_shard"), (31, 64), 1984, 240)
+    assert top.pp_layer_split == (1, 3) + (2,) * 28 + (1,) and r.changed == ("pp", "dp_shard")
+    # the largest mesh refused: pp 1 (shown, as pp is an axis) on all 2040 GPUs, not a multiple of ep 64
+    assert r.refused[0].startswith("pp 1 x dp_shard 2040 x ep 64 (2040 GPUs): ep(64) * etp(1) = 64 does not divide")
+    assert sorted((p.gpus, p.pp, p.dp) for p in r.proposals[1:9]) == [
+        (1920, 1, 1920), (1920, 2, 960), (1920, 3, 640), (1920, 5, 384), (1920, 6, 320), (1920, 10, 192),
+        (1920, 15, 128), (1920, 30, 64)]
+    assert ("pipeline: pp 16 -> 31, layers per stage 3, 4 x 14, 2 -> 1, 3, 2 x 28, 1 (the schedule kept)"
+            in r.notes)
+    assert any(n.startswith("checkpoint: resharded on load (pp, dp_shard changed): DCP") for n in r.notes)
+
+
+def test_restart_candidates_are_bounded(monkeypatch):
+    """The candidate set of the DeepSeek-V3 restart: 61 pipeline degrees; up to KEEPERS (4) meshes
+    keeping the global batch each: pp 1-7 four (pp 1: dp 1920, 1536, 1280, 1024), pp 8-10
+    three, pp 11-15 two, pp 16-31 one (dp 64): 28 + 9 + 10 + 16 = 63, of which TRIED (16) are
+    kept, those of the most GPUs less the 1F1B bubble, highest first: pp 1 x dp 1920 (1920),
+    pp 2 x 960 (1920 x 16 / 17 = 1807), pp 3 x 640 (1920 x 24 / 26 = 1772), pp 31 x 64 (1984
+    x 240 / 270 = 1764); at most PLANNED (8) of them are planned feasible."""
+    from meshplan.restart import KEEPERS, PLANNED, TRIED, _candidates, pipeline_rule, pipelines
+    plan = _example_plan("deepseek-v3_2048xh100_pp16-ep64-dp128.toml")
+    rule = pipeline_rule(plan)
+    assert len(pipelines(plan.mesh, 2040, rule)) == 61 and (KEEPERS, TRIED, PLANNED) == (4, 16, 8)
+    t = plan.config.training
+    why = lambda pp, m: run_reasons(plan.spec.pp_schedule, pp, m, plan.vpp, t.pp_schedule_runs, t.framework)
+    keepers, changer, _ = _candidates(plan.mesh, 2040, 15360, 1, why, rule)
+    assert len(keepers) == TRIED and changer is None
+    assert [(p.pp, p.dp) for p in keepers[:4]] == [(1, 1920), (2, 960), (3, 640), (31, 64)]
+    assert (16, 64) not in [(p.pp, p.dp) for p in keepers]
+    import meshplan.restart_rank
+    monkeypatch.setattr(meshplan.restart_rank, "TRIED", 1000)
+    every = _candidates(plan.mesh, 2040, 15360, 1, why, rule)[0]
+    per_pp = [sum(p.pp == pp for p in every) for pp in range(1, 32)]
+    assert len(every) == 63 and per_pp == [4] * 7 + [3] * 3 + [2] * 5 + [1] * 16
+
+
+def test_restart_deepseek_v3_planned(capsys, tmp_path):
+    """The planned DeepSeek-V3 restart (the CLI's default scenario): every proposal's step is
+    its own plan's, ranked by tokens/s; the proposal's numbers are those of an independent
+    build_plan + step_time of its mesh and layer split, and the throughput lost is against the
+    2048-GPU plan."""
     from meshplan.cli import main
+    from meshplan.schedule.rank_timeline import Overlap
+    from meshplan.schedule.steptime import step_time
     cfg = Path(__file__).resolve().parents[1] / "examples" / "deepseek-v3_2048xh100_pp16-ep64-dp128.toml"
     with pytest.raises(SystemExit) as done:
         main(["reliability", str(cfg), "--write-gbps", "100", "--read-gbps", "100", "--restart-overhead-s", "300",
               "--json", str(tmp_path / "r.json")])
     out = capsys.readouterr().out
     assert (done.value.code or 0) == 0
+    doc = json.loads((tmp_path / "r.json").read_text())["restart"]
+    tps = [p["tokens_per_s"] for p in doc["proposals"]]
+    assert tps == sorted(tps, reverse=True) and len(tps) <= 8  # PLANNED
+    top = doc["proposals"][0]
+    c = load_config(cfg)
+    c = dataclasses.replace(c, mesh=c.mesh.model_copy(update={"shape": top["shape"] + [64], "world": top["gpus"],
+                                                              "pp_layer_split": top["pp_layer_split"]}),
+                            cluster=c.cluster.model_copy(update={"nodes": 255}))
+    new = step_time(build_plan(c), Overlap())
+    assert new.tokens_per_s == top["tokens_per_s"] and doc["new_names"] == ["pp", "dp_shard"]
+    lost = 1 - new.tokens_per_s / doc["old_tokens_per_s"]
     lines = out.splitlines()
     head = next(i for i, line in enumerate(lines) if line.startswith("restart:"))
-    assert lines[head] == ("restart: world 2048 -> 1024 (2040 GPUs left); mesh pp 16 x dp_shard 128 x ep 64 -> pp 16 x "
-                           "dp_shard 64 x ep 64 (changed: dp_shard); not pp 16 x dp_shard 127 x ep 64 (2032 GPUs): "
-                           "ep(64) * etp(1) = 64 does not divide dp_shard(127) = 127; rule: (dp_shard * cp * tp) % "
-                           "(ep * etp) == 0")
-    assert lines[head + 1].startswith("- planned step ") and "of the throughput lost (the 2048-GPU plan" in lines[head + 1]
-    assert lines[head + 2:head + 5] == [
-        "- 1016 of the 2040 GPUs left sit idle (spares for the next failure): the mesh takes nodes 0-127 of the 255 "
-        "nodes left (node-major); idle: nodes 128-254",
-        "- runner-up: none (no other data-parallel degree keeps the global batch and ep 64 x etp 1 valid)",
-        "- global batch 15360 = micro_batch 1 x dp 64 x 240 micro-batches"]
-    doc = json.loads((tmp_path / "r.json").read_text())["restart"]
-    assert doc["feasible"] and (doc["shape"], doc["ep"], doc["new_world"], doc["micro_batches"]) == ([16, 64], 64, 1024,
-                                                                                                     [120, 240])
-    assert [p["dp"] for p in doc["proposals"]] == [64] and doc["proposals"][0]["tokens_per_s"] < doc["old_tokens_per_s"]
+    assert f"{lost:.1%} of the throughput lost (the 2048-GPU plan" in lines[head + 1]
+    assert lines[head + 3].startswith("- runner-up: pp ")
+    assert lost < 0.473  # the pp-16-only proposal lost 47.3% on 1024 GPUs
+
+
+def test_restart_dense_seed_varies_pp():
+    """Dense: the seed (Llama 3 70B, 80 layers, dp_shard 8 x tp 8, global batch 512) loses a
+    node: 56 GPUs, tp 8 kept, pp x dp <= 7, dp | 512 (a power of 2). pp kept (1): dp 4 on 32
+    GPUs. pp varied (1F1B needs m = 512 / dp >= pp: always): pp 7 x dp 1 uses all 56 GPUs,
+    80 layers on 7 stages balanced_split [11, 12, 12, 12, 11, 11, 11]; then 48 GPUs (pp 6 x
+    dp 1, pp 3 x dp 2), 40, 32 ...; without an evaluator ranked by GPUs."""
+    plan = _example_plan("seed-64gpu.toml")
+    from meshplan.restart import pipeline_rule
+    r = restart_on_fewer_nodes(plan.mesh, 1, gpus_per_node=8, global_batch=512, micro_batch=1,
+                               pipeline=pipeline_rule(plan))
+    top = r.proposals[0]
+    assert (top.names, top.shape, top.gpus, top.micro_batches) == (("pp", "dp_shard", "tp"), (7, 1, 8), 56, 512)
+    assert top.pp_layer_split == (11, 12, 12, 12, 11, 11, 11) and r.changed == ("pp", "dp_shard")
+    assert sorted((p.gpus, p.pp, p.dp) for p in r.proposals[1:3]) == [(48, 3, 2), (48, 6, 1)]
+    assert r.lines()[0] == ("restart: world 64 -> 56; mesh dp_shard 8 x tp 8 -> pp 7 x dp_shard 1 x tp 8 (changed: "
+                            "pp, dp_shard)")
+    assert "pipeline: pp 1 -> 7, layers per stage 11, 12 x 3, 11 x 3 (the configured schedule)" in r.notes
 
 
 def test_restart_seed_planned_prefers_the_global_batch_over_throughput():
@@ -374,3 +457,18 @@ def test_restart_seed_planned_prefers_the_global_batch_over_throughput():
     assert seven.tokens_per_s > four.tokens_per_s and r.shape == (4, 8)
     assert [line for line in r.lines() if "runner-up" in line][0].startswith(
         "- runner-up: none (the next, dp_shard 2 x tp 8 (16 GPUs): peak ")
+
+
+def test_restart_pp_values_keep_vpp():
+    """Interleaved (vpp 2) pp 2 x dp_shard 4 x tp 8, 32 layers, loses a node: 56 GPUs, pp <= 7.
+    vpp 2 is kept: pp 1 has no chunks, and pp must give even chunks (32 / pp / 2 whole): pp 2
+    and 4 only (3, 5, 6, 7 do not divide 32; no ends-short split configured). pp 2: dp 2 (64 /
+    3 is not whole), dp 1; pp 4: dp 1; ranked by GPUs, dp 3 the alternative (64 -> 63)."""
+    from meshplan.restart import PipelineRule, pipelines
+    m = _mesh(["pp", "dp_shard", "tp"], [2, 4, 8])
+    rule = PipelineRule(32, 2, vpp=2)
+    assert pipelines(m, 56, rule) == [(2, None), (4, None)]
+    r = restart_on_fewer_nodes(m, 1, gpus_per_node=8, global_batch=64, micro_batch=1, pipeline=rule)
+    assert [(p.pp, p.dp, p.gpus, p.contract) for p in r.proposals] == [
+        (2, 2, 32, ""), (4, 1, 32, ""), (2, 1, 16, ""), (2, 3, 48, "global_batch 64 -> 63")]
+    assert "- runner-up: pp 4 x tp 8 on 32 GPUs, contract kept" in r.lines()

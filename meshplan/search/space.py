@@ -71,7 +71,7 @@ from typing import Mapping, Optional
 
 import numpy as np
 
-from meshplan.mesh.layers import balanced_split
+from meshplan.mesh.layers import balanced_split, ends_short_split  # noqa: F401 (the search's name for it)
 from meshplan.config import Config
 from meshplan.pipeline.registry import get
 from meshplan.spec.axes.base import divisors
@@ -437,45 +437,6 @@ def _expand(cols: dict, key: str, values: list[int], applies: np.ndarray, neutra
     out = {k: v[idx] for k, v in cols.items()}
     out[key] = np.where(applies[idx], np.asarray(values, dtype=np.int64)[pos % len(values)], neutral)
     return out
-
-
-def ends_short_split(layers: int, pp: int, vpp: int = 1) -> Optional[list[int]]:
-    """Layers per stage with the embedding and the output layer each counted as one layer
-    (Llama 3, Dubey et al. 2024, 3.3.2: "one layer fewer on the first and the last stage"):
-    :func:`~meshplan.mesh.layers.balanced_split` of ``layers + 2``, one layer then taken off
-    the first and the last stage. With ``vpp`` > 1 Llama 3's rule per virtual stage: every
-    virtual stage holds (layers + 2) / (pp x vpp) slots, the embedding one of the first's and
-    the output layer one of the last's, so that whole number must be >= 1 (at 1 the first
-    chunk holds the embedding alone and the last the output layer alone: Llama 3 405B at pp 16
-    and vpp 8); each stage's layers
-    then go to its chunks as :func:`~meshplan.mesh.layers.stage_layers` spreads a per-stage
-    split (the short chunk at the model's ends), which is exactly that layout, and the split
-    Megatron-LM runs with ``--account-for-embedding-in-pipeline-split
-    --account-for-loss-in-pipeline-split`` (other uneven chunkings are not searched: Megatron-Core
-    refuses them, and each adds a whole block of candidates). None (no new candidate) with pp <
-    3, with vpp 1 when it equals the default split (:func:`stage_split`), with vpp > 1 when the
-    rule does not hold (the default there is even chunks only, so the split is a new candidate
-    even where it equals :func:`~meshplan.mesh.layers.balanced_split`: Llama 3 405B's 126 layers
-    at pp 16 are interleaved only this way, 128 / 16 = 8 slots per stage, vpp 2, 4 or 8).
-
-    >>> ends_short_split(32, 4), ends_short_split(126, 16), ends_short_split(8, 2)
-    ([7, 9, 9, 7], None, None)
-    >>> ends_short_split(126, 16, 2)[:3], ends_short_split(126, 16, 8)[:3], ends_short_split(32, 4, 2)
-    ([7, 8, 8], [7, 8, 8], None)
-    >>> ends_short_split(14, 4, 2), ends_short_split(14, 4, 3), ends_short_split(14, 4, 4)
-    ([3, 4, 4, 3], None, [3, 4, 4, 3])
-    """
-    if pp < 3 or pp > layers:
-        return None
-    if vpp > 1 and (layers + 2) % (pp * vpp):
-        return None
-    split = balanced_split(layers + 2, pp)
-    split[0], split[-1] = split[0] - 1, split[-1] - 1
-    # a chunk per virtual stage: vpp layers a stage, vpp - 1 on the ends (their end chunk
-    # holds the embedding or the output layer alone, stage_layers); vpp 1 keeps a layer there
-    if min(split[1:-1]) < vpp or min(split[0], split[-1]) < max(vpp - 1, 1):
-        return None
-    return split if vpp > 1 or split != balanced_split(layers, pp) else None
 
 
 #: The searched shardings DeepSpeed's ZeRO-1/2 engine runs (``training.zero12_engine``).

@@ -1,0 +1,142 @@
+"""The words of a restart on fewer nodes (:mod:`meshplan.restart`): planned step and
+throughput lost, idle GPUs, runner-up, the batch arithmetic, what changes in the pipeline,
+and what the checkpoint and the data loader need.
+
+Resharding on load (a mesh of other degrees reads the same checkpoint): DCP
+(torch.distributed.checkpoint) saves each tensor's shards with their offsets in the global
+tensor and ``load`` has "each rank only read data for their local shards" (pytorch/pytorch
+torch/distributed/checkpoint/state_dict_loader.py@f13d1e6, ``load``; the default load planner
+maps the saved chunks onto the new ones); Megatron-Core's dist-checkpointing keys every
+``ShardedTensor`` by its global shape and offset (NVIDIA/Megatron-LM
+megatron/core/dist_checkpointing/mapping.py@00caa53), layers by their global index, so a
+load at other tp/pp/dp degrees reads its own layers' pieces.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Optional
+
+from meshplan.units import counted
+
+if TYPE_CHECKING:
+    from meshplan.restart import Proposal
+
+
+def result_notes(top: Proposal, ranked: list[Proposal], smaller: list[str], world: int, left: int, mesh,
+                 gpus_per_node: int, old_step: Optional[tuple[float, float]], varied: bool = False) -> list[str]:
+    """Planned step and throughput lost, idle GPUs, runner-up (or why none: ``smaller``, the
+    smaller meshes the evaluator refused; ``varied``: pp was varied too) and alternative."""
+    notes = []
+    if top.step_s is not None and top.tokens_per_s is not None and top.peak_bytes is not None:
+        line = (f"planned step {top.step_s:.2f} s, {top.tokens_per_s:,.0f} tokens/s, memory peak "
+                f"{top.peak_bytes / 2 ** 30:.1f} GiB")
+        if old_step:
+            lost = 1 - top.tokens_per_s / old_step[1]
+            words = f"{lost:.1%} of the throughput lost" if lost >= 0 else f"{-lost:.1%} more throughput"
+            line += (f": {words} (the {world}-GPU plan: "
+                     f"step {old_step[0]:.2f} s, {old_step[1]:,.0f} tokens/s)")
+        notes.append(line)
+    if left > top.gpus:
+        notes.append(idle_text(top.gpus, left, gpus_per_node))
+    others = [p for p in ranked[1:] if p.keeps_global_batch]
+    if others:
+        notes.append(f"runner-up: {others[0].summary()}")
+    elif smaller:
+        notes.append(f"runner-up: none (the next, {smaller[0]})")
+    else:
+        what = "mesh" if varied else "data-parallel degree"
+        notes.append(f"runner-up: none (no other {what} keeps the global batch"
+                     + (f" and ep {mesh.ep} x etp {mesh.etp} valid)" if mesh.ep * mesh.etp > 1 else ")"))
+    alt = [p for p in ranked if not p.keeps_global_batch and p is not top]
+    if alt:
+        notes.append(f"with a different global batch (changes the optimisation): {alt[0].summary()}")
+    return notes
+
+
+def idle_text(used: int, left: int, gpus_per_node: int) -> str:
+    """Which GPUs a mesh of ``used`` ranks leaves idle on ``left`` GPUs (node-major ranks:
+    rank r on node r // gpus_per_node of the nodes left).
+
+    >>> idle_text(1024, 2040, 8)  # doctest: +NORMALIZE_WHITESPACE
+    '1016 of the 2040 GPUs left sit idle (spares for the next failure): the mesh takes nodes 0-127
+    of the 255 nodes left (node-major); idle: nodes 128-254'
+    >>> idle_text(12, 24, 8)  # doctest: +NORMALIZE_WHITESPACE
+    '12 of the 24 GPUs left sit idle (spares for the next failure): the mesh takes node 0 and GPUs
+    0-3 of node 1 of the 3 nodes left (node-major); idle: GPUs 4-7 of node 1 and node 2'
+    """
+    nodes, full, part = -(-left // gpus_per_node), used // gpus_per_node, used % gpus_per_node
+    span = lambda a, b: f"node {a}" if a == b else f"nodes {a}-{b}"
+    took = ([span(0, full - 1)] if full else []) + ([f"GPUs 0-{part - 1} of node {full}"] if part else [])
+    first_idle = full + (1 if part else 0)
+    idle = ([f"GPUs {part}-{gpus_per_node - 1} of node {full}"] if part else []) + (
+        [span(first_idle, nodes - 1)] if first_idle < nodes else [])
+    return (f"{left - used} of the {left} GPUs left sit idle (spares for the next failure): the mesh takes "
+            f"{' and '.join(took)} of the {nodes} nodes left (node-major); idle: {' and '.join(idle)}")
+
+
+def batch_notes(top: Proposal, as_configured: str) -> list[str]:
+    """The proposal's batch arithmetic and what its contract change means (``as_configured``:
+    why its data-parallel degree breaks the contract as configured)."""
+    line = (f"global batch {top.global_batch} = micro_batch {top.micro_batch} x dp {top.dp} x "
+            f"{counted(top.micro_batches, 'micro-batch')}")
+    if top.contract.startswith("global_batch"):
+        line += (f" ({top.contract}: as configured, {as_configured}; no mesh of these GPUs keeps the global batch, "
+                 "a different one changes the optimisation)")
+    elif top.contract:
+        line += f" ({top.contract}: the global batch is kept)"
+    return [line]
+
+
+def state_notes(changed, old_dp: int, new_dp: int, dataloader_state: str):
+    """(checkpoint reshards, data-loader state loads, notes): any changed axis but
+    dp_replicate changes the shards, resharded on load (module docstring)."""
+    reshard = any(n != "dp_replicate" for n in changed)
+    moved = (f"resharded on load ({', '.join(changed)} changed): DCP (torch.distributed.checkpoint) and Megatron-Core "
+             "dist-checkpointing save each shard at its offset in the global tensor and each rank reads its new shards")
+    notes = ["checkpoint: " + (moved if reshard else "replicas hold identical shards: load without resharding")]
+    ok = dataloader_state == "global" or new_dp == old_dp
+    if dataloader_state == "global":
+        notes.append("data loader: a global consumed-samples counter rebuilds each rank's position")
+    elif ok:
+        notes.append("data loader: per-rank state loads unchanged (same dp)")
+    else:
+        notes.append(f"data loader: per-rank state saved at dp {old_dp} cannot be resharded to dp {new_dp}: loading "
+                     f"it must raise, never drop or repeat samples; restart from a global sample index")
+    return reshard, ok, notes
+
+
+def pipeline_note(rule, top: Proposal) -> list[str]:
+    """What a restart at another pp runs: the layers per stage before and after (``rule``: the
+    :class:`~meshplan.restart_rank.PipelineRule`, its configured pp and split, None: even),
+    the schedule and vpp kept; at pp 1, no pipeline.
+
+    >>> from types import SimpleNamespace as N
+    >>> rule = N(layers=61, pp=16, split=(3,) + (4,) * 14 + (2,), vpp=1)
+    >>> pipeline_note(rule, N(pp=8, pp_layer_split=(7, 8, 8, 8, 8, 8, 8, 6)))
+    ['pipeline: pp 16 -> 8, layers per stage 3, 4 x 14, 2 -> 7, 8 x 6, 6 (the schedule kept)']
+    >>> pipeline_note(N(layers=32, pp=1, split=None, vpp=1), N(pp=4, pp_layer_split=None))
+    ['pipeline: pp 1 -> 4, layers per stage 8 x 4 (the configured schedule)']
+    >>> pipeline_note(N(layers=32, pp=2, split=None, vpp=1), N(pp=1, pp_layer_split=None))
+    ['pipeline: pp 2 -> 1: no pipeline']
+    """
+    if top.pp == rule.pp:
+        return []
+    if top.pp == 1:
+        return [f"pipeline: pp {rule.pp} -> 1: no pipeline"]
+    words = lambda s, pp: ", ".join(f"{n} x {c}" if c > 1 else str(n) for n, c in _runs(s or [rule.layers // pp] * pp))
+    new = words(top.pp_layer_split, top.pp)
+    if rule.pp == 1:
+        return [f"pipeline: pp 1 -> {top.pp}, layers per stage {new} (the configured schedule)"]
+    kept = "the schedule" + (f" and vpp {rule.vpp}" if rule.vpp > 1 else "")
+    return [f"pipeline: pp {rule.pp} -> {top.pp}, layers per stage {words(rule.split, rule.pp)} -> {new} ({kept} kept)"]
+
+
+def _runs(split) -> list[tuple[int, int]]:
+    """(value, count) of each run of equal entries: [3, 4, 4, 2] -> [(3, 1), (4, 2), (2, 1)]."""
+    out: list[tuple[int, int]] = []
+    for n in split:
+        if out and out[-1][0] == n:
+            out[-1] = (n, out[-1][1] + 1)
+        else:
+            out.append((n, 1))
+    return out
