@@ -1,5 +1,5 @@
 """``meshplan bench comm`` (issue 6 item 3): a real 4-rank gloo run under torchrun with small
-sizes, read back with meshplan.comm.calibration's nccl-tests parser, fitted, and applied to a
+sizes, read back with meshplan.comm.nccl_tests' parser, fitted, and applied to a
 cluster; on the netns testbed 2 nodes x 1 NIC and 2 nodes x 2 NICs (each rank on its NIC); plus
 the pure helpers (sizes, groups, rank -> NIC, nccl-tests text, fast domains).
 """
@@ -13,7 +13,8 @@ import time
 
 import pytest
 
-from meshplan.comm.calibration import apply_calibration, load_calibration, parse_nccl_tests_text
+from meshplan.comm.calibration import apply_calibration, load_calibration
+from meshplan.comm.nccl_tests import parse_nccl_tests_text
 from meshplan.catalog import system
 from meshplan.comm.alphabeta import busbw_factor
 from meshplan.errors import ConfigError
@@ -107,7 +108,7 @@ def test_nccl_tests_text_parses_back_exactly(op):
     assert [(r.op, r.n_ranks, r.size_bytes) for r in got] == [(op, 4, r["size_bytes"]) for r in rows]
     assert all(r.busbw_bytes_per_s == pytest.approx(r.algbw_bytes_per_s * busbw_factor(op, 4), rel=0.01, abs=1e7)
                for r in got)
-    from meshplan.comm.calibration import fit_alpha_beta
+    from meshplan.comm.linkfit import fit_alpha_beta
 
     fit = fit_alpha_beta(got, "nvlink")
     assert fit.latency_s == pytest.approx(50e-6, rel=0.01) and fit.bandwidth_bytes_per_s == pytest.approx(2e9, rel=0.01)
@@ -115,7 +116,7 @@ def test_nccl_tests_text_parses_back_exactly(op):
 
 def test_fit_past_a_rate_limiter_burst_finds_the_sustained_rate():
     # tbf-like link: messages up to 64 KiB pass in the burst (flat 300-310 us), larger ones at 25 MB/s
-    from meshplan.comm.calibration import BenchRow
+    from meshplan.comm.nccl_tests import BenchRow
 
     rows = [BenchRow("all-reduce", 2, s, 300e-6 + (s / 25e6 if s > 65536 else s * 1e-10), 0, 0)
             for s in B.parse_sizes("4K..1M")]

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from meshplan.comm.calibration import (BenchRow, CalibratedLink, float_str, apply_calibration, calibration_toml, fit_alpha_beta,
-                                  load_calibration, parse_nccl_tests_json, parse_nccl_tests_text,
-                                  read_nccl_tests)
+from meshplan.comm.calibration import CalibratedLink, apply_calibration, calibration_toml, load_calibration
+from meshplan.comm.linkfit import fit_alpha_beta
+from meshplan.comm.nccl_tests import BenchRow, float_str, parse_nccl_tests_json, parse_nccl_tests_text, read_nccl_tests
 from meshplan.catalog import system
 from meshplan.comm.alphabeta import busbw_factor
 from meshplan.errors import ConfigError

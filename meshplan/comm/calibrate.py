@@ -1,5 +1,5 @@
 """``meshplan calibrate``: a user's own nccl-tests outputs (text or ``-J`` JSON, parsed by
-:mod:`meshplan.comm.calibration`) into the calibration file ``--calibration`` reads, the same
+:mod:`meshplan.comm.nccl_tests`) into the calibration file ``--calibration`` reads, the same
 TOML that ``meshplan bench comm`` writes (:func:`~meshplan.comm.calibration.calibration_toml`).
 
 Each file is one nccl-tests run. Its link class comes from where its ranks ran (the host
@@ -11,7 +11,7 @@ names of the ``#  Rank`` lines, or ``config.devices[].hostname`` in JSON):
   hops and its busbw is neither link's (measure the two separately), unless ``link`` says
   which class to record it as.
 
-Per link class, one alpha-beta fit (:func:`~meshplan.comm.calibration.fit_alpha_beta`) per
+Per link class, one alpha-beta fit (:func:`~meshplan.comm.linkfit.fit_alpha_beta`) per
 file; the class keeps the all-reduce fit when there is one (as ``bench comm`` does), and of
 several the slowest bus bandwidth (a collective over every rail waits for the slowest NIC);
 its ``source`` names that file, and a note names each dropped file with its fit and why.
@@ -19,47 +19,21 @@ its ``source`` names that file, and a note names each dropped file with its fit 
 A file ``meshplan bench comm`` wrote from a gloo run (its first line says ``(gloo,``) keeps
 ``backend = "gloo"``, so that ``--calibration`` refuses it for NCCL links.
 
->>> hosts_of("#  Rank  0 Group  0 Pid   7 on     node01 device  0 [0000:18:00] NVIDIA A100\\n"
-...          "#  Rank  1 Group  0 Pid   8 on     node01 device  1 [0000:1a:00] NVIDIA A100\\n")
-['node01', 'node01']
 >>> link_class(["a", "a", "a", "a"], "x.txt"), link_class(["a", "b"], "x.txt")
 ('nvlink', 'nic')
 """
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import replace
 from collections import Counter
 from pathlib import Path
 from typing import Optional, Sequence
 
-from meshplan.comm.calibration import (
-    LINK_CLASSES,
-    BenchRow,
-    LinkFit,
-    fit_alpha_beta,
-    parse_nccl_tests,
-    read_nccl_tests_text,
-)
+from meshplan.comm.linkfit import LINK_CLASSES, LinkFit, fit_alpha_beta
+from meshplan.comm.nccl_tests import BenchRow, hosts_of, parse_nccl_tests, read_nccl_tests_text
 from meshplan.errors import ConfigError
-
-
-def hosts_of(text: str) -> list[str]:
-    """Host of each rank, in rank order: the ``on <host>`` field of nccl-tests' ``#  Rank``
-    lines, or ``hostname`` of each ``config.devices`` entry of ``-J`` JSON; [] when absent."""
-    if text.lstrip().startswith("{"):
-        try:
-            devices = json.loads(text).get("config", {}).get("devices", [])
-        except (ValueError, AttributeError, RecursionError):
-            return []
-        if not isinstance(devices, list):
-            return []
-        return [str(d.get("hostname", ""))[:256] for d in devices if isinstance(d, dict)]
-    found = re.findall(r"^#[ \t]+Rank[ \t]+([0-9]{1,9})[ \t]+Group[ \t]+[0-9]+[ \t]+Pid[ \t]+[0-9]+[ \t]+on[ \t]+(\S+)",
-                       text, flags=re.M)
-    return [h for _, h in sorted(found, key=lambda x: int(x[0]))]
 
 
 def link_class(hosts: Sequence[str], where: str, link: Optional[str] = None) -> str:
