@@ -82,6 +82,8 @@ def test_a_gloo_run_is_labelled_and_refused_for_a_gpu_link(tmp_path):
     assert 'backend = "gloo"' in toml and "# measured with gloo over TCP, no GPU" in toml
     calib = load_calibration(tmp_path / "calibration.toml")
     assert calib["nvlink"].bandwidth_gb_per_s == pytest.approx(1.169, rel=1e-3)
+    # no GPU recorded for a gloo run (its ranks' device is "cpu")
+    assert calib["nvlink"].gpu is None and "gpu =" not in toml
     with pytest.raises(ConfigError) as err:
         apply_calibration(system("dgx-h100", nodes=1), calib)
     assert str(err.value) == ("--calibration: link.nvlink: measured with gloo (loopback TCP inside one host, 1.169 "
@@ -281,3 +283,21 @@ def test_calibrate_of_a_gloo_bench_file_keeps_backend_gloo(tmp_path):
     assert [(f.link, f.backend) for f in fits] == [("nvlink", "gloo")]
     (tmp_path / "c.toml").write_text(calibration_toml(fits, source))
     assert load_calibration(tmp_path / "c.toml")["nvlink"].backend == "gloo"
+
+
+def test_a_gpu_run_records_its_gpu_model(tmp_path):
+    """Under NCCL each rank's device is its GPU model (torch.cuda.get_device_name, the name
+    nccl-tests prints): the text's '#  Rank' lines carry it and calibration.toml records it."""
+    rows = [{"size_bytes": s, "count": s // 4, "time_s": 20e-6 + 1.75 * s / 400e9, "iters": 5, "wrong": 0}
+            for s in B.parse_sizes("64K..64M")]
+    raw = _raw("all-reduce", 8, rows)
+    raw["backend"] = "nccl"
+    raw["ranks"] = [dict(r, device="NVIDIA H100 80GB HBM3") for r in raw["ranks"]]
+    raw["pairs"] = {"size_bytes": 10 ** 6, "iters": 3, "one_way_s": [[0 if i == j else 1e-5 for j in range(8)]
+                                                                     for i in range(8)]}
+    B.write_results(tmp_path, raw, "test")
+    text = (tmp_path / "all_reduce_perf.nvlink.txt").read_text()
+    assert "device  0 [node 0] NVIDIA H100 80GB HBM3 (global rank 0)" in text
+    calib = load_calibration(tmp_path / "calibration.toml")
+    assert calib["nvlink"].gpu == "NVIDIA H100 80GB HBM3" and calib["nvlink"].backend == "nccl"
+    assert calib["nvlink"].bandwidth_gb_per_s == pytest.approx(400, rel=0.01)

@@ -12,7 +12,12 @@ Calibration file (TOML, one table per link class ``nvlink``, ``pcie`` or ``nic``
     residual = 0.001             # RMS relative residual of the fit
     points = 31
     source = "nccl-tests all_reduce_perf 2026-03-02, 8 nodes x 1 GPU"
+    gpu = "NVIDIA H100 80GB HBM3"  # optional: the GPU model the ranks ran on, as nccl-tests names it
     backend = "gloo"             # optional: what measured it when not NCCL (bench comm on a CPU host)
+
+``gpu`` is what nccl-tests prints for each rank (``cudaDeviceProp.name``,
+:func:`meshplan.comm.nccl_tests.gpus_of`); files written before it was recorded, or from
+output that does not name one, have none.
 
 ``backend = "gloo"`` (``meshplan bench comm`` without a GPU) says the numbers are torch's gloo
 over TCP (loopback inside a host, the testbed's veth links between its nodes), not NVLink or a
@@ -59,6 +64,7 @@ class CalibratedLink(BaseModel):
     residual: Optional[float] = Field(default=None, ge=0)
     points: Optional[int] = Field(default=None, ge=0, le=1 << 30)
     source: str = Field(max_length=MAX_STRING)
+    gpu: Optional[str] = Field(default=None, min_length=1, max_length=128)
     backend: Optional[Literal["nccl", "rccl", "gloo"]] = None
 
     @property
@@ -91,8 +97,8 @@ def measured_over(link: str, backend: Optional[str]) -> str:
 def calibration_toml(fits: list[LinkFit], source: str | Mapping[str, str], backend: Optional[str] = None) -> str:
     """The calibration file for ``fits`` (one table per link class), ``source`` naming the
     measurement (tool, date, machines), one for all or per link class (``meshplan calibrate``:
-    each class's own file); ``backend`` "gloo" when gloo measured it (written, and said in a
-    comment: such a file calibrates only a gloo cluster)."""
+    each class's own file), and each fit's GPU model when known; ``backend`` "gloo" when gloo
+    measured it (written, and said in a comment: such a file calibrates only a gloo cluster)."""
     out = ["# meshplan calibration: alpha-beta per link class fitted from nccl-tests (meshplan.comm.calibration)"]
     if backend == "gloo" or any(f.backend == "gloo" for f in fits):
         out.append("# measured with gloo over TCP, no GPU: not NVLink or NIC figures; --calibration takes it only "
@@ -101,8 +107,9 @@ def calibration_toml(fits: list[LinkFit], source: str | Mapping[str, str], backe
         out += [f"\n[link.{f.link}]", f"latency_us = {f.latency_s / US:.4g}",
                 f"bandwidth_gb_per_s = {f.bandwidth_bytes_per_s / GB:.4g}", f'op = "{f.op}"',
                 f"ranks = {f.n_ranks}", f"residual = {f.rms_residual:.3g}", f"points = {f.points}",
-                f"source = {json.dumps(source if isinstance(source, str) else source[f.link])}"] + ([f'backend = "{f.backend or backend}"']
-                                                     if f.backend or backend else [])
+                f"source = {json.dumps(source if isinstance(source, str) else source[f.link])}"]
+        out += [f"gpu = {json.dumps(f.gpu)}"] if f.gpu else []
+        out += [f'backend = "{f.backend or backend}"'] if f.backend or backend else []
     return "\n".join(out) + "\n"
 
 

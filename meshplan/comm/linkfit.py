@@ -33,7 +33,9 @@ class LinkFit:
     """Fitted alpha (``latency_s`` per call) and beta (``bandwidth_bytes_per_s``, bus
     bandwidth per rank) of one link class from ``points`` rows of ``op`` over ``n_ranks``;
     residuals are relative to the measured times; ``clamped``: alpha came out negative and
-    was fixed at 0; ``backend``: "gloo" for a measurement of gloo (calibrates a gloo cluster only)."""
+    was fixed at 0; ``backend``: "gloo" for a measurement of gloo (calibrates a gloo cluster only);
+    ``gpu``: the GPU model the ranks ran on as nccl-tests names it (``NVIDIA H100 80GB HBM3``,
+    :func:`meshplan.comm.nccl_tests.gpus_of`), None when the output does not say."""
 
     link: str
     op: str
@@ -45,6 +47,7 @@ class LinkFit:
     points: int
     clamped: bool = False
     backend: Optional[str] = None  # "gloo" when gloo measured it (bench comm without a GPU), else NCCL
+    gpu: Optional[str] = None
 
     def predict(self, size_bytes: float) -> float:
         """Seconds for one call on a ``size_bytes`` buffer."""

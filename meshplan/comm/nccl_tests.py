@@ -1,4 +1,4 @@
-"""Read nccl-tests measurements: result rows, and where each rank ran.
+"""Read nccl-tests measurements: result rows, and where and on which GPU each rank ran.
 
 Inputs (NVIDIA/nccl-tests):
 
@@ -20,7 +20,7 @@ The ``#  Rank`` lines are printed by nccl-tests src/util.cu (NVIDIA/nccl-tests a
 ``NVIDIA H100 80GB HBM3``, ``NVIDIA A100-SXM4-80GB``, ``NVIDIA H200``); ``-J`` JSON carries the
 same line parsed per process as ``config.devices[] = {"rank", "group", "pid", "hostname",
 "device", "device_hex", "device_info"}`` (``parseRankInfo``, ``jsonRankInfo``): :func:`hosts_of`
-reads them.
+and :func:`gpus_of` read them.
 """
 
 from __future__ import annotations
@@ -277,7 +277,7 @@ def parse_nccl_tests(text: str, source: str, op: Optional[str] = None, n_ranks: 
 
 # --------------------------------------------------------------------------- ranks
 
-#: A ``#  Rank`` line (module docstring): rank, host, and what follows the PCI address.
+#: A ``#  Rank`` line (module docstring): rank, host, and what follows the PCI address (the GPU model).
 _RANK_LINE = re.compile(r"^#[ \t]+Rank[ \t]+([0-9]{1,9})[ \t]+Group[ \t]+[0-9]+[ \t]+Pid[ \t]+[0-9]+[ \t]+on[ \t]+(\S+)"
                         r"(?:[ \t]+device[ \t]+[0-9]+[ \t]+\[[^\]\n]*\][ \t]*([^\n]*))?", flags=re.M)
 
@@ -306,3 +306,21 @@ def hosts_of(text: str) -> list[str]:
         return [str(d.get("hostname", ""))[:256] for d in devices]
     return [m[2] for m in sorted(_RANK_LINE.finditer(text), key=lambda m: int(m[1]))]
 
+
+def gpus_of(text: str) -> list[str]:
+    """GPU model of each rank that names one, in rank order: what nccl-tests prints after the
+    PCI address of a ``#  Rank`` line (``cudaDeviceProp.name``), or ``device_info`` of each
+    ``config.devices`` entry of ``-J`` JSON; a trailing ``(global rank N)`` (``meshplan bench
+    comm``'s text) is dropped; [] when no line names one.
+
+    >>> gpus_of("#  Rank  0 Group  0 Pid  6899 on ztan-mig-235z device  0 [0000:04:00] NVIDIA H100 80GB HBM3\\n"
+    ...         "#  Rank  1 Group  0 Pid  6900 on ztan-mig-235z device  1 [0000:05:00] NVIDIA H100 80GB HBM3\\n")
+    ['NVIDIA H100 80GB HBM3', 'NVIDIA H100 80GB HBM3']
+    """
+    devices = _devices(text)
+    if devices is not None:
+        names = [str(d.get("device_info", "")) for d in devices]
+    else:
+        names = [m[3] or "" for m in sorted(_RANK_LINE.finditer(text), key=lambda m: int(m[1]))]
+    names = [re.sub(r"\s*\(global rank [0-9]+\)\s*$", "", n).strip()[:128] for n in names]
+    return [n for n in names if n]

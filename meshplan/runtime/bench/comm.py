@@ -52,7 +52,7 @@ from typing import Optional, Sequence
 from meshplan.comm.alphabeta import busbw_factor
 from meshplan.comm.calibration import calibration_toml, measured_over
 from meshplan.comm.linkfit import LinkFit, fit_alpha_beta
-from meshplan.comm.nccl_tests import BenchRow, float_str, parse_nccl_tests_text
+from meshplan.comm.nccl_tests import BenchRow, float_str, gpus_of, parse_nccl_tests_text
 from meshplan.errors import ConfigError
 from meshplan.fileio import staged_folder, write_json_atomic, write_text_atomic
 from meshplan.runtime.testbed.launch import launch_per_node, torchrun_argv
@@ -296,6 +296,8 @@ def write_results(out: Path, raw: dict, source: str) -> tuple[list[str], list[Li
         except ConfigError as err:
             notes.append(f"{entry['op']} over {over}: no fit ({err})")
             continue
+        gpus = gpus_of(text) if raw["backend"] != "gloo" else []  # the GPU model calibration.toml records
+        fit = replace(fit, gpu=gpus[0] if gpus else None)
         notes.append(f"{entry['op']:>14s} over {over:<6s} ({len(entry['ranks'])} ranks): alpha "
                      f"{fit.latency_s * 1e6:9.1f} us, beta {fit.bandwidth_bytes_per_s / 1e9:8.3f} GB/s bus bandwidth, "
                      f"rms residual {fit.rms_residual:.2f}, {used}")
