@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from meshplan.comm.calibration import apply_calibration, load_calibration
+from meshplan.comm.calibration import apply_calibration, calibration_line, load_calibration
 from meshplan.comm.nccl_tests import parse_nccl_tests_text
 from meshplan.catalog import system
 from meshplan.comm.alphabeta import busbw_factor
@@ -82,8 +82,9 @@ def test_a_gloo_run_is_labelled_and_refused_for_a_gpu_link(tmp_path):
     assert 'backend = "gloo"' in toml and "# measured with gloo over TCP, no GPU" in toml
     calib = load_calibration(tmp_path / "calibration.toml")
     assert calib["nvlink"].bandwidth_gb_per_s == pytest.approx(1.169, rel=1e-3)
-    # no GPU recorded for a gloo run (its ranks' device is "cpu")
+    # no GPU recorded for a gloo run (its ranks' device is "cpu"); the header line says so
     assert calib["nvlink"].gpu is None and "gpu =" not in toml
+    assert calibration_line("c.toml", calib) == "links calibrated from c.toml (gloo, no GPU): nvlink 1.169 GB/s"
     with pytest.raises(ConfigError) as err:
         apply_calibration(system("dgx-h100", nodes=1), calib)
     assert str(err.value) == ("--calibration: link.nvlink: measured with gloo (loopback TCP inside one host, 1.169 "

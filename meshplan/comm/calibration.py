@@ -17,7 +17,13 @@ Calibration file (TOML, one table per link class ``nvlink``, ``pcie`` or ``nic``
 
 ``gpu`` is what nccl-tests prints for each rank (``cudaDeviceProp.name``,
 :func:`meshplan.comm.nccl_tests.gpus_of`); files written before it was recorded, or from
-output that does not name one, have none.
+output that does not name one, have none and read as "GPU not recorded". A link's NVLink
+generation, NICs and their PCIe path come with the GPU model, so a fit measured on one model
+describes another's links only by accident: :func:`gpu_warnings` names each calibrated class
+whose model is not the cluster's catalog GPU (compared by model name, :func:`same_gpu`), and
+plan, step, search and compare print those lines (text and ``--json``) under
+:func:`calibration_line`. They warn rather than refuse: the fit is still a measurement, a
+what-if on other links is a fair question, and the name match is by model family only.
 
 ``backend = "gloo"`` (``meshplan bench comm`` without a GPU) says the numbers are torch's gloo
 over TCP (loopback inside a host, the testbed's veth links between its nodes), not NVLink or a
@@ -38,6 +44,7 @@ ops and rank counts scale alpha per algorithm step.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any, Literal, Mapping, Optional
 
@@ -146,26 +153,81 @@ def load_calibration(path) -> dict[str, CalibratedLink]:
     return out
 
 
+def measured_on(c: CalibratedLink) -> str:
+    """What ``c`` was measured on, as the outputs say it: its GPU model, ``gloo, no GPU``, or
+    ``GPU not recorded`` (a file from before the model was recorded, or output without one)."""
+    return c.gpu or ("gloo, no GPU" if c.backend == "gloo" else "GPU not recorded")
+
+
 def calibration_line(path, calib: dict[str, CalibratedLink]) -> str:
     """The header line plan, step, search and compare print when ``--calibration`` changed
-    their numbers: the file as given and each calibrated link class's bandwidth, in the
-    file's order.
+    their numbers: the file as given, what it was measured on (:func:`measured_on`: once when
+    all link classes say the same, else per class) and each calibrated link class's bandwidth,
+    in the file's order.
 
     >>> calibration_line("cal.toml", {"nvlink": CalibratedLink(latency_us=10, bandwidth_gb_per_s=450, source="a"),
     ...                               "nic": CalibratedLink(latency_us=20, bandwidth_gb_per_s=45.25, source="b")})
-    'links calibrated from cal.toml: nvlink 450 GB/s, nic 45.25 GB/s'
+    'links calibrated from cal.toml (GPU not recorded): nvlink 450 GB/s, nic 45.25 GB/s'
+    >>> calibration_line("h.toml", {"nvlink": CalibratedLink(latency_us=10, bandwidth_gb_per_s=440, source="a",
+    ...                                                      gpu="NVIDIA H200"),
+    ...                             "nic": CalibratedLink(latency_us=20, bandwidth_gb_per_s=45, source="b")})
+    'links calibrated from h.toml: nvlink 440 GB/s on NVIDIA H200, nic 45 GB/s (GPU not recorded)'
     """
-    links = ", ".join(f"{name} {c.bandwidth_gb_per_s:.4g} GB/s" for name, c in calib.items())
-    return f"links calibrated from {path}: {links}"
+    def on(c: CalibratedLink) -> str:
+        return f" on {c.gpu}" if c.gpu else f" ({measured_on(c)})"
+
+    if len({on(c) for c in calib.values()}) == 1:
+        links = ", ".join(f"{name} {c.bandwidth_gb_per_s:.4g} GB/s" for name, c in calib.items())
+        return f"links calibrated from {path}{on(next(iter(calib.values())))}: {links}"
+    return f"links calibrated from {path}: " + ", ".join(f"{name} {c.bandwidth_gb_per_s:.4g} GB/s{on(c)}"
+                                                          for name, c in calib.items())
 
 
-def calibration_doc(path, calib: dict[str, CalibratedLink]) -> dict:
-    """The ``calibration`` entry of the plan, step, search and compare ``--json`` documents:
-    the file, the header line (:func:`calibration_line`) and per link class its bus bandwidth
-    (bytes/s), per-call latency (s) and source, SI."""
+def _families(name: str) -> set[str]:
+    """Model tokens of a GPU name: a few letters then 2 to 4 digits and an optional letter
+    (``a100``, ``h200``, ``gb200``, ``mi300x``, ``l40s``), lowercased; memory sizes (``80gb``),
+    form factors (``sxm4``) and vendors are not."""
+    return {t for t in re.findall(r"[a-z0-9]+", name.lower()) if re.fullmatch(r"[a-z]{1,3}[0-9]{2,4}[a-z]?", t)}
+
+
+def same_gpu(measured: str, catalog: str) -> bool:
+    """Whether nccl-tests' GPU name ``measured`` is the catalog GPU ``catalog``: they share a
+    model token (:func:`_families`). A name without one (``cuda:0``) matches nothing.
+
+    >>> same_gpu("NVIDIA H100 80GB HBM3", "h100-sxm5-80gb"), same_gpu("NVIDIA A100-SXM4-80GB", "a100-sxm-80gb")
+    (True, True)
+    >>> same_gpu("NVIDIA A100-SXM4-80GB", "h100-sxm5-80gb"), same_gpu("NVIDIA H200", "h100-sxm5-80gb")
+    (False, False)
+    >>> same_gpu("NVIDIA GB200", "b200-gb200-186gb"), same_gpu("AMD Instinct MI300X", "mi300x-oam-192gb")
+    (True, True)
+    """
+    return bool(_families(measured) & _families(catalog))
+
+
+def gpu_warnings(path, calib: dict[str, CalibratedLink], cluster: ClusterSpec) -> list[str]:
+    """One line per GPU model of ``calib`` that is not ``cluster``'s catalog GPU
+    (:func:`same_gpu`), naming the file, its link classes measured on that model and both GPUs;
+    none for link classes without a recorded GPU (:func:`calibration_line` says so) or
+    measured with gloo."""
+    by_gpu: dict[str, list[str]] = {}
+    for name, c in calib.items():
+        if c.gpu and c.backend != "gloo" and not same_gpu(c.gpu, cluster.gpu.name):
+            by_gpu.setdefault(c.gpu, []).append(name)
+    return [f"--calibration {path}: {' and '.join(links)} measured on {gpu}, but cluster {cluster.name} has "
+            f"{cluster.gpu.name}: these are another machine's links; calibrate on this cluster's GPUs (nccl-tests "
+            "+ meshplan calibrate) or plan a cluster of the measured GPU" for gpu, links in by_gpu.items()]
+
+
+def calibration_doc(path, calib: dict[str, CalibratedLink], cluster: Optional[ClusterSpec] = None) -> dict:
+    """The ``calibration`` entry of the plan, step, search and compare ``--json`` documents
+    and of compare's evidence: the file, the header line (:func:`calibration_line`), per link
+    class its bus bandwidth (bytes/s), per-call latency (s), source and GPU model (None when not
+    recorded), SI, and the GPU warnings against ``cluster`` (:func:`gpu_warnings`; [] without
+    one)."""
     return {"file": str(path), "line": calibration_line(path, calib),
             "links": {name: {"bandwidth_bytes_per_s": c.bandwidth_bytes_per_s, "latency_s": c.latency_us / 1e6,
-                             "source": c.source} for name, c in calib.items()}}
+                             "source": c.source, "gpu": c.gpu} for name, c in calib.items()},
+            "warnings": gpu_warnings(path, calib, cluster) if cluster is not None else []}
 
 
 def apply_calibration(cluster: ClusterSpec, calib: dict[str, CalibratedLink]) -> ClusterSpec:
