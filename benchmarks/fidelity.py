@@ -18,7 +18,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Optional
 
-from meshplan.comm.calibration import BenchRow, CalibratedLink, apply_calibration, fit_alpha_beta
+from meshplan.comm.calibration import CalibratedLink, apply_calibration
+from meshplan.comm.linkfit import fit_alpha_beta
+from meshplan.comm.nccl_tests import BenchRow
 
 from meshplan.compute.measured import kernel_data
 from meshplan.config import load_config
@@ -61,7 +63,7 @@ S15_ALL_REDUCE = {4 << 20: 72.3, 8 << 20: 109.9, 32 << 20: 138.5, 128 << 20: 176
 
 
 def s15_calibration() -> dict:
-    """An nvlink calibration fitted (alpha-beta, :func:`meshplan.comm.calibration.fit_alpha_beta`)
+    """An nvlink calibration fitted (alpha-beta, :func:`meshplan.comm.linkfit.fit_alpha_beta`)
     to :data:`S15_ALL_REDUCE`: what the step would be with collectives at measured busbw."""
     rows = [BenchRow("all-reduce", 8, size, size * 1.75 / (bw * 1e9), 0.0, bw * 1e9)
             for size, bw in S15_ALL_REDUCE.items()]

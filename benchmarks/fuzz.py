@@ -53,7 +53,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from meshplan import cli  # noqa: E402  (after the path: run from a checkout)
-from meshplan.comm.calibration import LinkFit, calibration_toml  # noqa: E402
+from meshplan.comm.calibration import calibration_toml  # noqa: E402
+from meshplan.comm.linkfit import LinkFit  # noqa: E402
 
 CLASSES = ("traceback", "hang", "memory", "multi-line", "unsafe output")
 BASES = ["seed-64gpu.toml", "seed-64gpu-tp4.toml", "mini_2x4_tp2-dp4.toml", "mixtral-8x7b_32xh100_ep8-dp32.toml"]

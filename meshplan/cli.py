@@ -145,7 +145,8 @@ GpuOpt = Annotated[Optional[str], typer.Option("--gpu", help=GPU_HELP)]
 ModelOpt = Annotated[Optional[str], typer.Option("--model", help=MODEL_HELP)]
 SeqLenOpt = Annotated[Optional[int], typer.Option("--seq-len", help=SEQ_HELP)]
 CALIBRATION_HELP = ("calibration TOML (meshplan calibrate or bench comm): its alpha-beta fit per link class replaces "
-                    "the cluster's link bandwidths and latencies; a header line names the file and those bandwidths")
+                    "the cluster's link bandwidths and latencies; a header line names the file, its GPU and those bandwidths, "
+                    "and a warning line a GPU that is not the cluster's")
 # Shared by plan, step, compare (both configs) and search: the measured links they all time with.
 CalibrationOpt = Annotated[Optional[Path], typer.Option("--calibration", help=CALIBRATION_HELP)]
 
@@ -201,15 +202,24 @@ def _measured_cluster(cfg, topology: Optional[Path] = None, calibration: Optiona
     return replace(cfg, cluster=cluster)
 
 
-def _calibration(calibration: Optional[Path]) -> Optional[dict]:
+def _calibration(calibration: Optional[Path], cluster) -> Optional[dict]:
     """``--calibration``'s entry of the --json documents, its ``line`` the header plan, step,
-    search and compare print (:func:`calibration_doc`: ``links calibrated from cal.toml: nvlink
-    450 GB/s, nic 45 GB/s``), and print that line; None without a calibration."""
+    search and compare print (:func:`calibration_doc`: ``links calibrated from cal.toml on
+    NVIDIA H100 80GB HBM3: nvlink 450 GB/s, nic 45 GB/s``), and print that line and a
+    ``warning:`` line per GPU model of the file that is not ``cluster``'s
+    (:func:`~meshplan.comm.calibration.gpu_warnings`); None without a calibration."""
     if not calibration:
         return None
-    doc = calibration_doc(calibration, load_calibration(calibration))
+    doc = calibration_doc(calibration, load_calibration(calibration), cluster)
     _echo(doc["line"])
+    for w in doc["warnings"]:
+        _echo(f"warning: {w}")
     return doc
+
+
+def _cal_note(cal: Optional[dict]) -> str:
+    """The HTML pages' header note of ``--calibration``: its line, then its GPU warnings."""
+    return "; ".join([cal["line"], *(f"warning: {w}" for w in cal["warnings"])]) if cal else ""
 
 
 def _calibrated(doc: dict, cal: Optional[dict]) -> dict:
@@ -367,11 +377,11 @@ def plan(config: Path = typer.Argument(..., help=CONFIG_HELP),
     p = _load(config, topology, calibration, fmt, _opts(cluster, nodes, gpu, model, seq_len))
     if p.mesh is not None:
         _check_rank(p, rank)
-    cal = _calibration(calibration)
+    cal = _calibration(calibration, p.config.cluster)
     print_plan(p, rank=rank, console=_console())
     _write_text(json_path, json.dumps(_calibrated(plan_to_dict(p), cal), separators=(",", ":")), force)
     if html_path:
-        _write_plan_html(p, html_path, config.name, force, note=cal["line"] if cal else "")
+        _write_plan_html(p, html_path, config.name, force, note=_cal_note(cal))
     _verdict_exit(p)
 
 
@@ -505,7 +515,7 @@ def step(config: Path = typer.Argument(..., help=CONFIG_HELP),
         check_destination(trace, "--trace", force)
     _refuse_existing(json_path, force, "--json")
     p = _load(config, calibration=calibration, fmt=fmt, opts=_opts(cluster, nodes, gpu, model, seq_len))
-    cal = _calibration(calibration)
+    cal = _calibration(calibration, p.config.cluster)
     if isinstance(p, Infeasible):
         _write_doc(json_path, _calibrated(envelope("step", p, step_s=None), cal), force)
         _exit_infeasible(p)
@@ -671,7 +681,7 @@ def compare_cmd(config_a: Path = typer.Argument(..., help="mesh A: " + TOML_ONLY
         names = (f"{names[0]}-A", f"{names[1]}-B")  # two files of one name: keep the sides apart
     c = compare(a, b, names=names)  # refuses a different workload (model, cluster, batch ...) naming the field
     evidence_folder(c, out, force)  # refuse an existing folder before printing the report
-    cal = _calibration(calibration)  # the header line
+    cal = _calibration(calibration, a.config.cluster)  # the header line (one cluster: compare refuses two)
     tab = Table(title="compare", title_justify="left")
     for col in ("quantity", c.a.name, c.b.name):
         tab.add_column(shown(col))
@@ -687,10 +697,10 @@ def compare_cmd(config_a: Path = typer.Argument(..., help="mesh A: " + TOML_ONLY
     for side in (c.a, c.b):  # what the framework's runtime does differently (plan prints them as notes)
         for w in config_warnings(side.plan.config):
             con.print(f"warning ({shown(side.name)}): {shown(w)}", highlight=False)
-    for path in write_evidence(c, out, force=force):
+    for path in write_evidence(c, out, force=force, calibration=cal):
         con.print(f"wrote {printable(str(path))}", markup=False)
     if html_path:
-        con.print(f"wrote {printable(str(write_output(html_path, compare_html(c, cal['line'] if cal else ''), force, '--html')))}",
+        con.print(f"wrote {printable(str(write_output(html_path, compare_html(c, _cal_note(cal)), force, '--html')))}",
                   highlight=False, markup=False)
     _write_doc(json_path, _calibrated(compare_to_dict(c), cal), force)
     if c.none_fit:
@@ -768,7 +778,7 @@ def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshpl
         raise ConfigError("--to", refusal)  # a target that refuses every row, before the search
     _refuse_existing(json_path, force, "--json")
     _refuse_existing(html_path, force, "--html")
-    cal = _calibration(calibration)  # the header line, after the refusals
+    cal = _calibration(calibration, cfg.cluster)  # the header line, after the refusals
     with ProgressBar() as bar:
         result = search(cfg, progress=bar)
     print_search(result, _console())
@@ -784,7 +794,7 @@ def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshpl
                       user_source(config, fmt))
     _write_text(json_path, json.dumps(_calibrated(search_to_dict(result), cal), indent=1), force)
     if html_path:
-        _wrote(write_output(html_path, search_page(result, config.name, cal["line"] if cal else ""), force,
+        _wrote(write_output(html_path, search_page(result, config.name, _cal_note(cal)), force,
                             '--html'))
     raise typer.Exit(0 if result.top else 1)
 
@@ -1152,7 +1162,8 @@ def calibrate_cmd(logs: list[Path] = typer.Argument(..., metavar="NCCL_TESTS_OUT
                                                      "(default: from the ranks' hosts)"),
                   json_path: Optional[Path] = _json_option("calibrate"),
                   force: bool = typer.Option(False, "--force", help="replace existing --out and --json files")):
-    """Fit alpha-beta per link class to your nccl-tests runs and write the calibration file."""
+    """Fit alpha-beta per link class to your nccl-tests runs and write the calibration file, with the GPU model the
+    runs name (runs on two GPU models are refused: one calibration file per model)."""
 
     check_destination(out, "--out", force)
     _refuse_existing(json_path, force, "--json")

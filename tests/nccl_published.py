@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from meshplan.comm.alphabeta import busbw_factor
-from meshplan.comm.calibration import float_str
+from meshplan.comm.nccl_tests import float_str
 
 DATA = Path(__file__).parent / "data" / "nccl"
 K, M, G = 2**10, 2**20, 2**30

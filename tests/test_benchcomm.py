@@ -1,5 +1,5 @@
 """``meshplan bench comm`` (issue 6 item 3): a real 4-rank gloo run under torchrun with small
-sizes, read back with meshplan.comm.calibration's nccl-tests parser, fitted, and applied to a
+sizes, read back with meshplan.comm.nccl_tests' parser, fitted, and applied to a
 cluster; on the netns testbed 2 nodes x 1 NIC and 2 nodes x 2 NICs (each rank on its NIC); plus
 the pure helpers (sizes, groups, rank -> NIC, nccl-tests text, fast domains).
 """
@@ -13,7 +13,8 @@ import time
 
 import pytest
 
-from meshplan.comm.calibration import apply_calibration, load_calibration, parse_nccl_tests_text
+from meshplan.comm.calibration import apply_calibration, calibration_line, load_calibration
+from meshplan.comm.nccl_tests import parse_nccl_tests_text
 from meshplan.catalog import system
 from meshplan.comm.alphabeta import busbw_factor
 from meshplan.errors import ConfigError
@@ -81,6 +82,9 @@ def test_a_gloo_run_is_labelled_and_refused_for_a_gpu_link(tmp_path):
     assert 'backend = "gloo"' in toml and "# measured with gloo over TCP, no GPU" in toml
     calib = load_calibration(tmp_path / "calibration.toml")
     assert calib["nvlink"].bandwidth_gb_per_s == pytest.approx(1.169, rel=1e-3)
+    # no GPU recorded for a gloo run (its ranks' device is "cpu"); the header line says so
+    assert calib["nvlink"].gpu is None and "gpu =" not in toml
+    assert calibration_line("c.toml", calib) == "links calibrated from c.toml (gloo, no GPU): nvlink 1.169 GB/s"
     with pytest.raises(ConfigError) as err:
         apply_calibration(system("dgx-h100", nodes=1), calib)
     assert str(err.value) == ("--calibration: link.nvlink: measured with gloo (loopback TCP inside one host, 1.169 "
@@ -107,7 +111,7 @@ def test_nccl_tests_text_parses_back_exactly(op):
     assert [(r.op, r.n_ranks, r.size_bytes) for r in got] == [(op, 4, r["size_bytes"]) for r in rows]
     assert all(r.busbw_bytes_per_s == pytest.approx(r.algbw_bytes_per_s * busbw_factor(op, 4), rel=0.01, abs=1e7)
                for r in got)
-    from meshplan.comm.calibration import fit_alpha_beta
+    from meshplan.comm.linkfit import fit_alpha_beta
 
     fit = fit_alpha_beta(got, "nvlink")
     assert fit.latency_s == pytest.approx(50e-6, rel=0.01) and fit.bandwidth_bytes_per_s == pytest.approx(2e9, rel=0.01)
@@ -115,7 +119,7 @@ def test_nccl_tests_text_parses_back_exactly(op):
 
 def test_fit_past_a_rate_limiter_burst_finds_the_sustained_rate():
     # tbf-like link: messages up to 64 KiB pass in the burst (flat 300-310 us), larger ones at 25 MB/s
-    from meshplan.comm.calibration import BenchRow
+    from meshplan.comm.nccl_tests import BenchRow
 
     rows = [BenchRow("all-reduce", 2, s, 300e-6 + (s / 25e6 if s > 65536 else s * 1e-10), 0, 0)
             for s in B.parse_sizes("4K..1M")]
@@ -280,3 +284,21 @@ def test_calibrate_of_a_gloo_bench_file_keeps_backend_gloo(tmp_path):
     assert [(f.link, f.backend) for f in fits] == [("nvlink", "gloo")]
     (tmp_path / "c.toml").write_text(calibration_toml(fits, source))
     assert load_calibration(tmp_path / "c.toml")["nvlink"].backend == "gloo"
+
+
+def test_a_gpu_run_records_its_gpu_model(tmp_path):
+    """Under NCCL each rank's device is its GPU model (torch.cuda.get_device_name, the name
+    nccl-tests prints): the text's '#  Rank' lines carry it and calibration.toml records it."""
+    rows = [{"size_bytes": s, "count": s // 4, "time_s": 20e-6 + 1.75 * s / 400e9, "iters": 5, "wrong": 0}
+            for s in B.parse_sizes("64K..64M")]
+    raw = _raw("all-reduce", 8, rows)
+    raw["backend"] = "nccl"
+    raw["ranks"] = [dict(r, device="NVIDIA H100 80GB HBM3") for r in raw["ranks"]]
+    raw["pairs"] = {"size_bytes": 10 ** 6, "iters": 3, "one_way_s": [[0 if i == j else 1e-5 for j in range(8)]
+                                                                     for i in range(8)]}
+    B.write_results(tmp_path, raw, "test")
+    text = (tmp_path / "all_reduce_perf.nvlink.txt").read_text()
+    assert "device  0 [node 0] NVIDIA H100 80GB HBM3 (global rank 0)" in text
+    calib = load_calibration(tmp_path / "calibration.toml")
+    assert calib["nvlink"].gpu == "NVIDIA H100 80GB HBM3" and calib["nvlink"].backend == "nccl"
+    assert calib["nvlink"].bandwidth_gb_per_s == pytest.approx(400, rel=0.01)

@@ -15,6 +15,7 @@ from nccl_published import DATA, PUBLISHED, published_text
 
 EXACT = DATA / "all_reduce_perf_8nodes-x1gpu.txt"
 S15 = DATA / "all_reduce_perf_8xa100_s15.txt"
+A100 = "NVIDIA A100-SXM4-80GB"  # what S15's '#  Rank' lines name (cudaDeviceProp.name)
 
 
 def run(argv, capsys):
@@ -31,10 +32,14 @@ def test_fixtures_are_the_published_rows(name):
 
 def test_calibrate_writes_the_file_plan_reads(tmp_path, capsys):
     out = tmp_path / "calib.toml"
-    rc, text, err = run(["calibrate", str(EXACT), str(S15), "--out", str(out)], capsys)
+    # the exact fixture's rows on A100s (as S15's node): one GPU model, so one calibration file
+    exact = tmp_path / EXACT.name
+    exact.write_text(EXACT.read_text().replace("NVIDIA H100 80GB HBM3", A100))
+    rc, text, err = run(["calibrate", str(exact), str(S15), "--out", str(out)], capsys)
     assert rc == 0, err
     assert f"wrote {out}" in text
     calib = load_calibration(out)
+    assert (calib["nic"].gpu, calib["nvlink"].gpu) == (A100, A100)  # the '#  Rank' lines' model, per link class
     # 8 hosts with one GPU each: nic; alpha and beta of the exact fixture (20 us, 40 GB/s)
     assert (calib["nic"].op, calib["nic"].ranks, calib["nic"].points) == ("all-reduce", 8, 62)
     assert calib["nic"].latency_us == pytest.approx(20.0, rel=0.01)
@@ -58,22 +63,51 @@ def test_calibrate_writes_the_file_plan_reads(tmp_path, capsys):
     assert c.node.nics[0].rate_gbit_per_s == pytest.approx(8 * calib["nic"].bandwidth_gb_per_s)
     assert c.node.busbw == {}
     # the file is not replaced without --force
-    rc, _, err = run(["calibrate", str(EXACT), "--out", str(out)], capsys)
+    rc, _, err = run(["calibrate", str(exact), "--out", str(out)], capsys)
     assert rc == 2 and err.strip().startswith("error: --out:") and "--force" in err and err.count("\n") == 1
-    rc, _, err = run(["calibrate", str(EXACT), "--out", str(out), "--force"], capsys)
+    rc, _, err = run(["calibrate", str(exact), "--out", str(out), "--force"], capsys)
     assert rc == 0 and set(load_calibration(out)) == {"nic"}
 
 
-def test_calibration_keeps_the_slowest_all_reduce(tmp_path, capsys):
-    # two one-node runs: A100 (S15) and H200 (S3): nvlink keeps the slower fit
+def test_two_gpu_models_are_refused(tmp_path, capsys):
+    """Issue 11 (trial 5 item 2): the A100 node's run (S15) beside the H200 node's (S3) gave one
+    nvlink fit, the A100's (the slower, 208.91 of 439.95 GB/s), and a file that named no GPU;
+    now one line names both models with their files and the fix, and nothing is written."""
     out = tmp_path / "c.toml"
-    rc, text, _ = run(["calibrate", str(S15), str(DATA / "all_reduce_perf_8xh200_s3.txt"), "--out", str(out)], capsys)
+    rc, text, err = run(["calibrate", str(S15), str(DATA / "all_reduce_perf_8xh200_s3.txt"), "--out", str(out)], capsys)
+    assert (rc, err) == (2, "error: NCCL_TESTS_OUTPUT: two GPU models, NVIDIA A100-SXM4-80GB "
+                            "(all_reduce_perf_8xa100_s15.txt) and NVIDIA H200 (all_reduce_perf_8xh200_s3.txt); a "
+                            "calibration file is for one GPU model: calibrate each model's files into its own --out "
+                            "and give --calibration the one of the cluster's GPU\n")
+    assert not out.exists()
+    # across link classes too: the H100 cluster's nic run (8 nodes x 1 H100) beside the A100 node
+    rc, _, err = run(["calibrate", str(S15), str(EXACT), "--out", str(out)], capsys)
+    assert rc == 2 and "NVIDIA A100-SXM4-80GB (all_reduce_perf_8xa100_s15.txt) and NVIDIA H100 80GB HBM3" in err
+    # one run whose ranks name two models (rank 7 on an H100): its own line
+    mixed = tmp_path / "mixed.txt"
+    lines = S15.read_text().splitlines()
+    mixed.write_text("\n".join(ln.replace(A100, "NVIDIA H100 80GB HBM3") if ln.startswith("#  Rank  7") else ln
+                               for ln in lines) + "\n")
+    rc, _, err = run(["calibrate", str(mixed), "--out", str(out)], capsys)
+    assert (rc, err) == (2, f"error: mixed.txt: its ranks ran on 2 GPU models ({A100}, NVIDIA H100 80GB HBM3); a "
+                            "calibration file is for one GPU model: measure one model per nccl-tests run\n")
+
+
+def test_calibration_keeps_the_slowest_all_reduce(tmp_path, capsys):
+    """Two one-node runs on A100s: S15 and one written exactly at alpha 15 us, beta 250 GB/s
+    (nccl_tests_text): nvlink keeps the slower fit, S15's."""
+    from test_calibration import nccl_tests_text
+    fast = tmp_path / "fast.txt"
+    fast.write_text(nccl_tests_text("all_reduce_perf", ["dgx-a100-01"] * 8, [2 ** k for k in range(10, 31)], 15e-6,
+                                    250e9, gpu=A100))
+    out = tmp_path / "c.toml"
+    rc, text, _ = run(["calibrate", str(S15), str(fast), "--out", str(out)], capsys)
     assert rc == 0
     assert "all_reduce_perf_8xa100_s15.txt" in load_calibration(out)["nvlink"].source
     # the note names the kept and the dropped file with their fits and why (it said '(the slowest of 2 all-reduce
     # fit(s) of 2)'); beta of each fit as the per-file lines print it
-    assert ("nvlink: kept all_reduce_perf_8xa100_s15.txt (all-reduce 208.91 GB/s); dropped all_reduce_perf_8xh200_s3.txt "
-            "(all-reduce 439.95 GB/s: faster than the kept one; a collective over every link waits for the slowest)"
+    assert ("nvlink: kept all_reduce_perf_8xa100_s15.txt (all-reduce 208.91 GB/s); dropped fast.txt "
+            "(all-reduce 250.00 GB/s: faster than the kept one; a collective over every link waits for the slowest)"
             ) in text.splitlines()
 
 
@@ -83,7 +117,8 @@ def test_a_dropped_all_gather_fit_is_named(tmp_path, capsys):
     lower, and the note says so instead of '(1 all-reduce fit(s) of 2)'."""
     from test_calibration import nccl_tests_text
     ag = tmp_path / "ag.txt"
-    ag.write_text(nccl_tests_text("all_gather_perf", ["dgx-a100-01"] * 8, [2 ** k for k in range(10, 31)], 15e-6, 150e9))
+    ag.write_text(nccl_tests_text("all_gather_perf", ["dgx-a100-01"] * 8, [2 ** k for k in range(10, 31)], 15e-6, 150e9,
+                                  gpu=A100))
     rc, text, err = run(["calibrate", str(S15), str(ag), "--out", str(tmp_path / "c.toml")], capsys)
     assert rc == 0, err
     assert ("nvlink: kept all_reduce_perf_8xa100_s15.txt (all-reduce 208.91 GB/s); dropped ag.txt (all-gather 150.00 "
@@ -154,6 +189,7 @@ def test_json_output_reads_the_hosts(tmp_path, capsys):
     nic = load_calibration(out)["nic"]
     assert nic.latency_us == pytest.approx(20.0, rel=0.01) and nic.bandwidth_gb_per_s == pytest.approx(40.0, rel=0.01)
     assert "8 host(s)" in nic.source
+    assert nic.gpu == "NVIDIA H100 80GB HBM3"  # config.devices[].device_info
 
 
 def test_step_with_a_bad_calibration_file_names_the_option_once(tmp_path, capsys):

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from meshplan.comm.calibration import (BenchRow, CalibratedLink, float_str, apply_calibration, calibration_toml, fit_alpha_beta,
-                                  load_calibration, parse_nccl_tests_json, parse_nccl_tests_text,
-                                  read_nccl_tests)
+from meshplan.comm.calibration import CalibratedLink, apply_calibration, calibration_toml, load_calibration
+from meshplan.comm.linkfit import fit_alpha_beta
+from meshplan.comm.nccl_tests import BenchRow, float_str, parse_nccl_tests_json, parse_nccl_tests_text, read_nccl_tests
 from meshplan.catalog import system
 from meshplan.comm.alphabeta import busbw_factor
 from meshplan.errors import ConfigError
@@ -40,8 +40,9 @@ def nccl_tests_rows(op, n, sizes, alpha_s, beta_bytes_per_s):
 HEAD = "# " + "  ".join("{:>%d}" % w for w in (10, 12, 8, 6, 6, 7, 6, 6, 6, 7, 6, 6, 6)) + " "
 
 
-def nccl_tests_text(program, hosts, sizes, alpha_s, beta_bytes_per_s, cmd=""):
-    """nccl-tests stdout for one process per host (one GPU each)."""
+def nccl_tests_text(program, hosts, sizes, alpha_s, beta_bytes_per_s, cmd="", gpu="NVIDIA H100 80GB HBM3"):
+    """nccl-tests stdout for one process per host (one GPU each), on ``gpu`` (its
+    ``cudaDeviceProp.name``)."""
     op = {"all_reduce_perf": "all-reduce", "all_gather_perf": "all-gather"}[program]
     redop = "sum" if op == "all-reduce" else "none"
     lines = ([f"$ {cmd}"] if cmd else []) + [
@@ -50,7 +51,7 @@ def nccl_tests_text(program, hosts, sizes, alpha_s, beta_bytes_per_s, cmd=""):
         f"# nThread 1 nGpus 1 minBytes {sizes[0]} maxBytes {sizes[-1]} step: 2(factor) warmup iters: 5 "
         "iters: 20 agg iters: 1 validation: 1 graph: 0 unalign: 0", "#", "# Using devices"]
     lines += [f"#  Rank {r:2d} Group {0:2d} Pid {41233 + 17 * r:6d} on {h:>10s} device {0:2d} [0000:18:00] "
-              "NVIDIA H100 80GB HBM3" for r, h in enumerate(hosts)]
+              f"{gpu}" for r, h in enumerate(hosts)]
     lines += ["#", f"# {'':>10s}  {'':>12s}  {'':>8s}  {'':>6s}  {'':>6s}           out-of-place"
                    "                       in-place          ",
               HEAD.format("size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong", "time",

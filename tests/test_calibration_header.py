@@ -24,7 +24,7 @@ latency_us = 25.0
 bandwidth_gb_per_s = 45.0
 source = "nccl-tests all_reduce_perf, 2 nodes x 8 GPUs"
 '''
-LINE = "links calibrated from {}: nvlink 450 GB/s, nic 45 GB/s"
+LINE = "links calibrated from {} (GPU not recorded): nvlink 450 GB/s, nic 45 GB/s"  # a file without gpu =
 MINI, MINI_TP4 = EXAMPLES / "mini_2x4_tp2-dp4.toml", EXAMPLES / "mini_2x4_tp4-dp2.toml"
 
 
@@ -39,9 +39,10 @@ def _expected(path) -> dict:
     """The ``calibration`` entry by hand: 450 and 45 GB/s are 4.5e11 and 4.5e10 B/s, 12 and 25 us."""
     return {"file": str(path), "line": LINE.format(path),
             "links": {"nvlink": {"bandwidth_bytes_per_s": 4.5e11, "latency_s": 1.2e-5,
-                                 "source": "nccl-tests all_reduce_perf, 1 node x 8 GPUs"},
+                                 "source": "nccl-tests all_reduce_perf, 1 node x 8 GPUs", "gpu": None},
                       "nic": {"bandwidth_bytes_per_s": 4.5e10, "latency_s": 2.5e-5,
-                              "source": "nccl-tests all_reduce_perf, 2 nodes x 8 GPUs"}}}
+                              "source": "nccl-tests all_reduce_perf, 2 nodes x 8 GPUs", "gpu": None}},
+            "warnings": []}
 
 
 @pytest.mark.parametrize("command", ["plan", "step", "compare", "search"])
@@ -78,3 +79,67 @@ def test_the_calibration_changes_the_step_it_names(tmp_path, capsys):
         steps.append(json.loads(out)["step_s"])
         assert ("links calibrated" in err) == bool(extra)  # --json -: the rest of the output on stderr
     assert steps[0] != steps[1]
+
+
+A100_CAL = CAL.replace('source = "nccl-tests all_reduce_perf, 1 node x 8 GPUs"\n',
+                       'source = "nccl-tests all_reduce_perf, 1 node x 8 GPUs"\ngpu = "NVIDIA A100-SXM4-80GB"\n')
+A100_LINE = "links calibrated from {}: nvlink 450 GB/s on NVIDIA A100-SXM4-80GB, nic 45 GB/s (GPU not recorded)"
+#: MINI's cluster is a dgx-h100 (h100-sxm5-80gb); the file's nvlink table names an A100.
+A100_WARNING = ("--calibration {}: nvlink measured on NVIDIA A100-SXM4-80GB, but cluster 1x dgx-h100 has "
+                "h100-sxm5-80gb: these are another machine's links; calibrate on this cluster's GPUs (nccl-tests + "
+                "meshplan calibrate) or plan a cluster of the measured GPU")
+
+
+@pytest.mark.parametrize("command", ["plan", "step", "compare", "search"])
+def test_a_calibration_of_another_gpu_is_named_with_a_warning(command, tmp_path, capsys):
+    """Issue 11 (trial 5 item 2): an A100 NVLink fit applied to an H100 cluster said nothing.
+    The header names each table's GPU (or 'GPU not recorded'), and one warning line names both
+    GPUs, in the text and in the --json document; the numbers are still the file's (a warning,
+    not a refusal: README)."""
+    cal = tmp_path / "a100.toml"
+    cal.write_text(A100_CAL)
+    args = {"plan": ["plan", MINI], "step": ["step", MINI], "search": ["search", MINI, "--top", "1"],
+            "compare": ["compare", MINI, MINI_TP4, "--out", tmp_path / "cmp"]}[command]
+    rc, out, err = _run([*args, "--calibration", cal, "--json", tmp_path / "doc.json"], capsys)
+    assert rc == 0, err
+    lines = out.splitlines()
+    assert lines.count(A100_LINE.format(cal)) == 1 and lines.count("warning: " + A100_WARNING.format(cal)) == 1
+    doc = json.loads((tmp_path / "doc.json").read_text())
+    assert doc["calibration"]["warnings"] == [A100_WARNING.format(cal)]
+    assert doc["calibration"]["links"]["nvlink"]["gpu"] == "NVIDIA A100-SXM4-80GB"
+    assert doc["calibration"]["links"]["nic"]["gpu"] is None
+    assert list(jsonschema.Draft202012Validator(schema_of(command)).iter_errors(doc)) == []
+    if command != "step":  # the HTML page's header carries both lines
+        rc, out, err = _run([*args, "--calibration", cal, "--html", tmp_path / "p.html", "--force"], capsys)
+        page = (tmp_path / "p.html").read_text()
+        assert rc == 0 and A100_LINE.format(cal) in page and "warning: --calibration" in page
+    # an H100 fit on the H100 cluster: named, no warning
+    cal.write_text(A100_CAL.replace("NVIDIA A100-SXM4-80GB", "NVIDIA H100 80GB HBM3"))
+    rc, out, err = _run([*args, "--calibration", cal, "--json", tmp_path / "doc.json", "--force"], capsys)
+    assert rc == 0 and "warning: --calibration" not in out
+    assert "nvlink 450 GB/s on NVIDIA H100 80GB HBM3, nic 45 GB/s (GPU not recorded)" in out
+    assert json.loads((tmp_path / "doc.json").read_text())["calibration"]["warnings"] == []
+
+
+def test_compare_evidence_names_the_calibration(tmp_path, capsys):
+    """Issue 11 (trial 5 item 5): compare --calibration's evidence folder did not name the
+    calibration. summary.md carries the header line and the GPU warning, comparison.json the
+    whole ``calibration`` entry, as compare --json does."""
+    cal = tmp_path / "a100.toml"
+    cal.write_text(A100_CAL)
+    rc, out, err = _run(["compare", MINI, MINI_TP4, "--out", tmp_path / "cmp", "--calibration", cal,
+                         "--json", tmp_path / "doc.json"], capsys)
+    assert rc == 0, err
+    (folder,) = (tmp_path / "cmp").iterdir()  # rejected-<name>
+    summary = (folder / "summary.md").read_text().splitlines()
+    assert f"Links: {A100_LINE.format(cal)}." in summary
+    assert f"Warning: {A100_WARNING.format(cal)}." in summary
+    evidence = json.loads((folder / "comparison.json").read_text())
+    assert evidence["calibration"] == json.loads((tmp_path / "doc.json").read_text())["calibration"]
+    assert evidence["calibration"]["file"] == str(cal)
+    # without --calibration: neither file speaks of one
+    rc, out, err = _run(["compare", MINI, MINI_TP4, "--out", tmp_path / "plain"], capsys)
+    assert rc == 0, err
+    (folder,) = (tmp_path / "plain").iterdir()
+    assert "calibrat" not in (folder / "summary.md").read_text().lower()
+    assert "calibration" not in json.loads((folder / "comparison.json").read_text())

@@ -1,5 +1,5 @@
 """``meshplan calibrate``: a user's own nccl-tests outputs (text or ``-J`` JSON, parsed by
-:mod:`meshplan.comm.calibration`) into the calibration file ``--calibration`` reads, the same
+:mod:`meshplan.comm.nccl_tests`) into the calibration file ``--calibration`` reads, the same
 TOML that ``meshplan bench comm`` writes (:func:`~meshplan.comm.calibration.calibration_toml`).
 
 Each file is one nccl-tests run. Its link class comes from where its ranks ran (the host
@@ -11,7 +11,15 @@ names of the ``#  Rank`` lines, or ``config.devices[].hostname`` in JSON):
   hops and its busbw is neither link's (measure the two separately), unless ``link`` says
   which class to record it as.
 
-Per link class, one alpha-beta fit (:func:`~meshplan.comm.calibration.fit_alpha_beta`) per
+Each file's GPU model is what nccl-tests prints after the PCI address of its ``#  Rank``
+lines (``device_info`` in JSON; :func:`~meshplan.comm.nccl_tests.gpus_of`). Files whose
+ranks name two GPU models (an A100 node's run beside an H200 node's) are refused, in one
+file or across the files given: a calibration file describes the links of one cluster, whose
+GPUs are of one model (:class:`~meshplan.spec.cluster.ClusterSpec`), and the slowest of an
+A100 and an H200 NVLink fit is neither machine's. Each link class records that model as
+``gpu`` (none when no file names one; never for a gloo run, which ran on CPUs).
+
+Per link class, one alpha-beta fit (:func:`~meshplan.comm.linkfit.fit_alpha_beta`) per
 file; the class keeps the all-reduce fit when there is one (as ``bench comm`` does), and of
 several the slowest bus bandwidth (a collective over every rail waits for the slowest NIC);
 its ``source`` names that file, and a note names each dropped file with its fit and why.
@@ -19,47 +27,21 @@ its ``source`` names that file, and a note names each dropped file with its fit 
 A file ``meshplan bench comm`` wrote from a gloo run (its first line says ``(gloo,``) keeps
 ``backend = "gloo"``, so that ``--calibration`` refuses it for NCCL links.
 
->>> hosts_of("#  Rank  0 Group  0 Pid   7 on     node01 device  0 [0000:18:00] NVIDIA A100\\n"
-...          "#  Rank  1 Group  0 Pid   8 on     node01 device  1 [0000:1a:00] NVIDIA A100\\n")
-['node01', 'node01']
 >>> link_class(["a", "a", "a", "a"], "x.txt"), link_class(["a", "b"], "x.txt")
 ('nvlink', 'nic')
 """
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import replace
 from collections import Counter
 from pathlib import Path
 from typing import Optional, Sequence
 
-from meshplan.comm.calibration import (
-    LINK_CLASSES,
-    BenchRow,
-    LinkFit,
-    fit_alpha_beta,
-    parse_nccl_tests,
-    read_nccl_tests_text,
-)
+from meshplan.comm.linkfit import LINK_CLASSES, LinkFit, fit_alpha_beta
+from meshplan.comm.nccl_tests import BenchRow, gpus_of, hosts_of, parse_nccl_tests, read_nccl_tests_text
 from meshplan.errors import ConfigError
-
-
-def hosts_of(text: str) -> list[str]:
-    """Host of each rank, in rank order: the ``on <host>`` field of nccl-tests' ``#  Rank``
-    lines, or ``hostname`` of each ``config.devices`` entry of ``-J`` JSON; [] when absent."""
-    if text.lstrip().startswith("{"):
-        try:
-            devices = json.loads(text).get("config", {}).get("devices", [])
-        except (ValueError, AttributeError, RecursionError):
-            return []
-        if not isinstance(devices, list):
-            return []
-        return [str(d.get("hostname", ""))[:256] for d in devices if isinstance(d, dict)]
-    found = re.findall(r"^#[ \t]+Rank[ \t]+([0-9]{1,9})[ \t]+Group[ \t]+[0-9]+[ \t]+Pid[ \t]+[0-9]+[ \t]+on[ \t]+(\S+)",
-                       text, flags=re.M)
-    return [h for _, h in sorted(found, key=lambda x: int(x[0]))]
 
 
 def link_class(hosts: Sequence[str], where: str, link: Optional[str] = None) -> str:
@@ -107,7 +89,8 @@ def calibrate(paths: Sequence[Path], link: Optional[str] = None) -> tuple[list[L
     if not paths:
         raise ConfigError("NCCL_TESTS_OUTPUT", "no files; pass nccl-tests outputs (text or -J JSON)")
     by_link: dict[str, list[tuple[LinkFit, str, str]]] = {}
-    notes = []
+    notes: list[str] = []
+    models: dict[str, str] = {}  # GPU model -> the first file that named it
     for path in map(Path, paths):
         text = read_nccl_tests_text(path)
         rows = parse_nccl_tests(text, path.name)
@@ -119,12 +102,14 @@ def calibrate(paths: Sequence[Path], link: Optional[str] = None) -> tuple[list[L
             raise ConfigError(path.name, err.message) from None
         if re.search(r"^# meshplan bench comm \(gloo,", text, flags=re.M):  # bench comm without a GPU
             fit = replace(fit, backend="gloo")
+        else:
+            fit = replace(fit, gpu=_one_gpu(path.name, gpus_of(text), models))
         by_link.setdefault(cls, []).append((fit, _source(path, text, rows, hosts), path.name))
         notes.append(f"{path.name}: {cls} {fit.op} over {fit.n_ranks} ranks, alpha {fit.latency_s * 1e6:.1f} us, "
                      f"beta {fit.bandwidth_bytes_per_s / 1e9:.2f} GB/s bus bandwidth, rms residual "
                      f"{fit.rms_residual:.2f} ({fit.points} rows)")
     fits, sources = [], {}
-    for cls, candidates in by_link.items():
+    for cls, candidates in by_link.items():  # all of one GPU model (_one_gpu), where named
         pool = [c for c in candidates if c[0].op == "all-reduce"] or candidates
         fit, source, name = min(pool, key=lambda c: c[0].bandwidth_bytes_per_s)
         fits.append(fit)
@@ -132,6 +117,33 @@ def calibrate(paths: Sequence[Path], link: Optional[str] = None) -> tuple[list[L
         if len(candidates) > 1:
             notes.append(_kept_note(cls, (fit, name), candidates, pool))
     return fits, notes, sources
+
+
+def _one_gpu(name: str, gpus: list[str], models: dict[str, str]) -> Optional[str]:
+    """The GPU model of file ``name`` whose ranks name ``gpus`` (None when none), after
+    ``models`` (model -> first file that named it, updated here) of the files before it; a
+    ConfigError naming the file(s) and both models when that makes two.
+
+    >>> seen = {}
+    >>> _one_gpu("a.txt", ["NVIDIA H200"] * 8, seen), _one_gpu("b.txt", [], seen)
+    ('NVIDIA H200', None)
+    >>> _one_gpu("c.txt", ["NVIDIA A100-SXM4-80GB"] * 8, seen)
+    Traceback (most recent call last):
+    ...
+    meshplan.errors.ConfigError: NCCL_TESTS_OUTPUT: two GPU models, NVIDIA H200 (a.txt) and NVIDIA A100-SXM4-80GB (c.txt); a calibration file is for one GPU model: calibrate each model's files into its own --out and give --calibration the one of the cluster's GPU
+    """
+    own = list(dict.fromkeys(gpus))
+    if len(own) > 1:
+        raise ConfigError(name, f"its ranks ran on {len(own)} GPU models ({', '.join(own)}); a calibration file is "
+                                "for one GPU model: measure one model per nccl-tests run")
+    for gpu in own:
+        models.setdefault(gpu, name)
+    if len(models) > 1:
+        said = " and ".join(f"{m} ({f})" for m, f in models.items())
+        raise ConfigError("NCCL_TESTS_OUTPUT", f"two GPU models, {said}; a calibration file is for one GPU model: "
+                                               "calibrate each model's files into its own --out and give "
+                                               "--calibration the one of the cluster's GPU")
+    return own[0] if own else None
 
 
 def _gbs(fit: LinkFit) -> str:

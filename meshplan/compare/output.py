@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Optional
 
 from meshplan import __version__
 from meshplan.compare.verdict import Comparison, Side, rule_text, table_rows, table_values
@@ -58,35 +59,42 @@ def evidence_folder(c: Comparison, out_dir: str | Path, force: bool = False) -> 
     return folder
 
 
-def write_evidence(c: Comparison, out_dir: str | Path, force: bool = False) -> list[Path]:
+def write_evidence(c: Comparison, out_dir: str | Path, force: bool = False,
+                   calibration: Optional[dict] = None) -> list[Path]:
     """Write the rejected mesh's plan, its predicted trace, and a summary of the comparison
     to ``out_dir/rejected-<name>/``, built under a temporary name and renamed into place at
     the end (:func:`meshplan.fileio.staged_folder`: an interrupted or failed run leaves nothing
-    that blocks the rerun). Refuses to replace an existing folder unless ``force``. Returns
-    the written paths (under their final name)."""
+    that blocks the rerun). ``calibration``: ``--calibration``'s entry
+    (:func:`meshplan.comm.calibration.calibration_doc`), named in ``summary.md`` (its line and
+    GPU warnings) and held whole in ``comparison.json``, as compare --json holds it. Refuses to
+    replace an existing folder unless ``force``. Returns the written paths (under their final
+    name)."""
     if not c.rejected:
         return []
     dest = evidence_folder(c, out_dir, force)
     with staged_folder(dest, "--out", force, create_folders=True) as folder:
-        names = _write_evidence_files(c, folder)
+        names = _write_evidence_files(c, folder, calibration)
     return [dest / n for n in names]
 
 
-def _write_evidence_files(c: Comparison, folder: Path) -> list[str]:
+def _write_evidence_files(c: Comparison, folder: Path, calibration: Optional[dict] = None) -> list[str]:
     """The evidence files of :func:`write_evidence` in ``folder``; returns their names."""
     rejected = c.a if c.rejected == c.a.name else c.b
     paths = [write_json(rejected.plan, folder / "plan.json", force=True)]
     if rejected.step is not None:
         paths.append(rejected.step.write_trace(folder / "predicted-trace.json", force=True))
     summary = [f"# Rejected: {rejected.name} ({rejected.mesh_text})", "",
-               f"Chosen: {c.winner}, decided by: {c.decided_by}. Rule: {c.rule or rule_text()}.", "", "| quantity | "
+               f"Chosen: {c.winner}, decided by: {c.decided_by}. Rule: {c.rule or rule_text()}.", ""]
+    if calibration:  # the links both sides were timed with
+        summary += [f"Links: {calibration['line']}."] + [f"Warning: {w}." for w in calibration["warnings"]] + [""]
+    summary += ["| quantity | "
                f"{c.a.name} | {c.b.name} |", "|---|---|---|"]
     summary += [f"| {q} | {x} | {y} |" for q, x, y in table_rows(c)]
     summary += ["", "## Reasons", ""] + [f"- {r}" for r in c.reasons]
     paths.append(_atomic_text(folder / "summary.md", "\n".join(summary) + "\n"))
     paths.append(_atomic_text(folder / "comparison.json", json.dumps(
-        {"winner": c.winner, "rejected": c.rejected, "reasons": list(c.reasons),
-         "table": table_values(c)}, indent=1)))
+        {"winner": c.winner, "rejected": c.rejected, "reasons": list(c.reasons), "table": table_values(c),
+         **({"calibration": calibration} if calibration else {})}, indent=1)))
     return [p.name for p in paths]
 
 

@@ -12,7 +12,7 @@ rank 0 writes ``raw.json``; this module then writes, atomically, into ``--out``:
   in place, the other collectives out of place, so the in-place block is not printed.
   ``busbw = algbw * busbw_factor(op, n)`` (nccl-tests doc/PERFORMANCE.md; :mod:`meshplan.comm.alphabeta`).
 - ``calibration.toml``: alpha-beta per link class fitted with
-  :func:`meshplan.comm.calibration.fit_alpha_beta` on the all-reduce rows read back from the text
+  :func:`meshplan.comm.linkfit.fit_alpha_beta` on the all-reduce rows read back from the text
   files, beta from a knee up when the times jump (:func:`fit_link`) (the other ops' fits are printed).
 - ``pairs.txt`` / ``pairs.json``: one-way send/recv bandwidth between every two ranks (GB/s),
   the fast domains it shows and whether they agree with the node placement.
@@ -50,15 +50,9 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from meshplan.comm.alphabeta import busbw_factor
-from meshplan.comm.calibration import (
-    BenchRow,
-    LinkFit,
-    calibration_toml,
-    fit_alpha_beta,
-    float_str,
-    measured_over,
-    parse_nccl_tests_text,
-)
+from meshplan.comm.calibration import calibration_toml, measured_over
+from meshplan.comm.linkfit import LinkFit, fit_alpha_beta
+from meshplan.comm.nccl_tests import BenchRow, float_str, gpus_of, parse_nccl_tests_text
 from meshplan.errors import ConfigError
 from meshplan.fileio import staged_folder, write_json_atomic, write_text_atomic
 from meshplan.runtime.testbed.launch import launch_per_node, torchrun_argv
@@ -302,6 +296,8 @@ def write_results(out: Path, raw: dict, source: str) -> tuple[list[str], list[Li
         except ConfigError as err:
             notes.append(f"{entry['op']} over {over}: no fit ({err})")
             continue
+        gpus = gpus_of(text) if raw["backend"] != "gloo" else []  # the GPU model calibration.toml records
+        fit = replace(fit, gpu=gpus[0] if gpus else None)
         notes.append(f"{entry['op']:>14s} over {over:<6s} ({len(entry['ranks'])} ranks): alpha "
                      f"{fit.latency_s * 1e6:9.1f} us, beta {fit.bandwidth_bytes_per_s / 1e9:8.3f} GB/s bus bandwidth, "
                      f"rms residual {fit.rms_residual:.2f}, {used}")

@@ -143,8 +143,12 @@ def time_pairs(size_bytes: int, iters: int, device) -> list[list[float]]:
 
 
 def _ranks_info(device, nic) -> list[dict]:
+    """Each rank's host, pid, node, NIC and device: on a GPU its model as nccl-tests prints it
+    (``cudaDeviceProp.name`` = ``torch.cuda.get_device_name``, e.g. ``NVIDIA H100 80GB HBM3``),
+    which ``meshplan calibrate`` and calibration.toml record; ``cpu`` under gloo."""
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else str(device)
     me = {"rank": dist.get_rank(), "host": socket.gethostname(), "pid": os.getpid(),
-          "node": int(os.environ.get("GROUP_RANK", 0)), "device": str(device),
+          "node": int(os.environ.get("GROUP_RANK", 0)), "device": name,
           "nic": nic["nic"] if nic else None, "addr": nic["addr"] if nic else None}
     got: list = [None] * dist.get_world_size()
     dist.all_gather_object(got, me)
