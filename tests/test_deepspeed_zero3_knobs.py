@@ -7,6 +7,7 @@ sides. Llama 3 8B, 2 x 8 H100, seq 4096, global batch 256, micro-batch 1, bf16."
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -47,6 +48,23 @@ def test_overlap_comm_off_puts_every_zero3_collective_on_the_compute_stream(tmp_
     back = json.loads(export(off, "deepspeed", "x")[0])["zero_optimization"]
     assert back["overlap_comm"] is False
     assert "overlap_comm" not in json.loads(export(on, "deepspeed", "x")[0])["zero_optimization"]
+
+
+def test_ipg_buffer_is_in_the_memory_timeline(tmp_path):
+    """contiguous_gradients (DeepSpeed's default true) keeps torch.empty(reduce_bucket_size) in
+    communication_data_type from init (stage3.py:731-735): the peak is higher by exactly
+    5e8 x 2 B = 1,000,000,000 B (bf16, the default bucket) than with contiguous_gradients false,
+    and by 2e8 x 4 B = 800,000,000 B with reduce_bucket_size 2e8 and communication_data_type fp32."""
+    peak = lambda cfg: build_plan(cfg).timeline.peak.total_bytes
+    base = peak(_load(tmp_path, 3, "off", contiguous_gradients=False))
+    assert peak(_load(tmp_path, 3, "on")) - base == 500_000_000 * 2
+    path = tmp_path / "fp32.json"
+    path.write_text(json.dumps({"train_batch_size": 256, "train_micro_batch_size_per_gpu": 1,
+                                "zero_optimization": {"stage": 3, "reduce_bucket_size": 200_000_000},
+                                "communication_data_type": "fp32", "bf16": {"enabled": True}}))
+    small = load_any(path, opts=OPTS)
+    no_buffer = dataclasses.replace(small, training=small.training.model_copy(update={"contiguous_gradients": False}))
+    assert peak(small) - peak(no_buffer) == 200_000_000 * 4
 
 
 def test_zero2_and_zero3_configs_search_the_same_stages_with_deepspeeds_engines(tmp_path):
