@@ -746,11 +746,12 @@ def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshpl
     TOML, Megatron-LM arguments or DeepSpeed JSON. training.fp8_all_gather and training.grad_accumulation
     apply to the FSDP candidates (grad_accumulation with pp 1); the others are planned without them (a note
     says so). training.zero3_engine deepspeed or deepspeed-2021 applies to zero3 candidates with pp 1 (the
-    others with zero3 are rejected, rule 'engine'; zero1 and hsdp are planned with FSDP2); training.zero12_engine
-    deepspeed applies to zero1 and zero2 candidates (zero2 is searched under it only; zero3 candidates then run
-    DeepSpeed's ZeRO-3, zero3_engine deepspeed). Under training.framework
+    others with zero3 are rejected, rule 'engine'; hsdp is planned with FSDP2; under deepspeed, zero1 and
+    zero2 with DeepSpeed's ZeRO-1/2, the same runtime at another stage); training.zero12_engine deepspeed applies to
+    zero1 and zero2 candidates (zero2 is searched under it, or zero3_engine deepspeed, only; zero3 candidates
+    then run DeepSpeed's ZeRO-3, zero3_engine deepspeed). Under training.framework
     torch zero1 is rejected (rule 'framework': torch and torchtitan have no ZeRO-1 engine) unless
-    training.zero12_engine is deepspeed; a zero1 candidate without a data axis (dp_shard x cp 1) is its
+    training.zero12_engine or zero3_engine is deepspeed; a zero1 candidate without a data axis (dp_shard x cp 1) is its
     zero3 twin's run and is listed once, as zero3. --export --to T is refused before the search when T
     takes no row the search can rank (a model without a torchtitan flavor, no zero3/hsdp in [search]
     sharding for torchtitan, no one-data-axis mesh for DeepSpeed), and after it when T refuses row N (one

@@ -398,12 +398,18 @@ def config_differences(a: Config, b: Config) -> Differences:
     # so unset on a torch plan and "fp32" on the same plan exported to Megatron-LM and imported back agree
     ta["grad_reduce_dtype"], tb["grad_reduce_dtype"] = a.training.gradient_reduce_dtype, b.training.gradient_reduce_dtype
     work += [(f"training.{k}", ta[k], tb[k]) for k in ta if k not in PLAN_KNOBS and ta[k] != tb[k]]
-    knobs = [(f"training.{k}", ta[k], tb[k]) for k in PLAN_KNOBS if ta[k] != tb[k]]
+    # a knob as it acts, and only where it applies to both sides (TrainingSpec.knob_acts: a DeepSpeed
+    # ZeRO-2 plan's zero3_engine default is no difference from a ZeRO-3 plan's engine)
+    acts = [(k, a.training.knob_acts(k), b.training.knob_acts(k)) for k in PLAN_KNOBS]
+    knobs = [(f"training.{k}", x[1], y[1]) for k, x, y in acts if x[0] and y[0] and x[1] != y[1]]
     if a.mesh is not None and b.mesh is not None:
         ma, mb = a.mesh.model_dump(exclude=set(_MESH_SPELLING)), b.mesh.model_dump(exclude=set(_MESH_SPELLING))
         knobs += [(f"mesh.{k}", ma[k], mb[k]) for k in ma if ma[k] != mb[k]]
     oa, ob = a.memory.model_dump(), b.memory.model_dump()
     work += [(f"memory.{k}", oa[k], ob[k]) for k in oa if k not in MEMORY_KNOBS and oa[k] != ob[k]]
+    # DeepSpeed's reduce_bucket_size as it acts (unset: its 5e8), as the training knobs above
+    oa["grad_bucket_elements"], ob["grad_bucket_elements"] = (a.memory.grad_bucket_acts(a.training),
+                                                              b.memory.grad_bucket_acts(b.training))
     knobs += [(f"memory.{k}", oa[k], ob[k]) for k in MEMORY_KNOBS if oa[k] != ob[k]]
     return Differences(tuple(work), tuple(knobs))
 

@@ -56,7 +56,10 @@ def test_zero3_memory_kinds_speak_deepspeed(tmp_path, capsys):
                  "each reduce-scatter)",
                  "gathered_params 0.98 3% 2.36 ZeRO-3 parameter all-gather: the layers' full parameters (current + "
                  "prefetched)",
-                 "grad_buffers 0.00 0% 1.96 a layer's full gradients, the ZeRO-3 reduce-scatter's input",
+                 # DeepSpeed's ipg buffer, 5e8 x 2 B (bf16) = 0.93 GiB from init (peak in the forward), on top
+                 # of the layer's 1.96 GiB in the backward
+                 "grad_buffers 0.93 3% 2.89 a layer's full gradients, the ZeRO-3 reduce-scatter's input and the ipg "
+                 "buffer (reduce_bucket_size, contiguous_gradients)",
                  "prefetch 1 unit(s), ZeRO-3 gradient reduce-scatter per_microbatch,",
                  "llama3-8b, dp_shard 16, no pipeline, micro-batch 1 x seq 4096",  # ZeRO-3 shards the parameters
                  "Stage 0: one step, no pipeline, 16 micro-batches"):

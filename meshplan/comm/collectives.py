@@ -1046,7 +1046,7 @@ def _deepspeed_grad_rows(add, c: _Ctx, root: list[tuple[str, int]], data) -> Non
                           for name, k in reversed(_deepspeed_params(c, [i], False, False))] + embed[::-1]
     cap = MemoryOptions(grad_bucket_elements=c.bucket_elements).deepspeed_bucket_elements()  # reduce_bucket_size
     buckets = deepspeed.grad_buckets(order, cap)
-    if t.contiguous_gradients:
+    if t.contiguous_grads:
         _deepspeed_scatter_rows(add, c, buckets, cap, data)
         return
     rows: Counter = Counter()

@@ -25,14 +25,14 @@ ZeRO stages 1 and 2 run DeepSpeed's own engine (``training.zero12_engine = "deep
 :mod:`meshplan.comm.deepspeed_zero12`: one all-reduce per bucket of whole parameters, stage 2
 every micro-batch, stage 1 once per step): ``zero_optimization.reduce_bucket_size`` (DeepSpeed's
 default 5e8) is read into ``[memory] grad_bucket_elements``, ``zero_optimization.overlap_comm``
-(default false for these stages) into ``training.overlap_comm``, ``communication_data_type``
+(when given; default false for these stages) into ``training.overlap_comm``, ``communication_data_type``
 (fp32, bf16, fp16, any case) into ``training.grad_reduce_dtype`` (unset: the model's dtype, as
 DeepSpeed reduces). ``use_multi_rank_bucket_allreduce: false`` (the per-rank ``dist.reduce``
 path before PR #4695) and ``data_types.grad_accum_dtype = "fp32"`` with bf16 at stage 1 (the
 engine then runs ``BF16_Optimizer``, not ZeRO's, ``engine.py`` ``_do_optimizer_sanity_check``)
 are refused by name. Export writes them back: the plan's bucket, ``overlap_comm``, and
 ``communication_data_type`` when ``grad_reduce_dtype`` is set or the reduce dtype is not the
-model's. Other stages list these keys as unused.
+model's (``overlap_comm`` when set). Other stages list these keys as unused.
 
 The gradients these stages keep (``training.grad_dtype``) are in the model's dtype, not fp32
 (``stage_1_and_2.py`` at edaa722): stage 2 copies each reduced gradient into its partition,
@@ -66,11 +66,21 @@ nothing under ``deepspeed``, the engine an import plans (DeepSpeed >= v0.5.5: FS
 calls without FSDP2's copies on the compute stream, :func:`meshplan.comm.fsdp2.compute_stream_copies`).
 Export writes both as a ``deepspeed-2021`` plan models them (``contiguous_gradients`` always:
 DeepSpeed's default turned true in v0.4.3), and under ``deepspeed`` or ``fsdp2`` what an import read.
+Under ``deepspeed`` ``contiguous_gradients`` (unset: true, DeepSpeed's default at edaa722,
+``zero/config.py:102``) keeps the ipg buffer of ``reduce_bucket_size`` elements in
+``communication_data_type`` from init (:func:`meshplan.memory.sizes.deepspeed3_ipg_bytes`, in
+the memory timeline). ``zero_optimization.overlap_comm`` is read at stage 3 too, when given, into
+``training.overlap_comm`` (absent: DeepSpeed's stage-3 default, true, ``zero/config.py:382-386``
+``overlap_comm_valid`` at edaa722): on, the parameter all-gathers and the gradient reduce-scatters
+run on side streams and overlap the compute; off, both run on the default stream and block it
+(``runtime/zero/parameter_offload.py:189-190``, ``runtime/zero/stage3.py:335-336``;
+:func:`meshplan.schedule.steptime.config_overlap`). Export writes it when the plan gives it
+(unset, DeepSpeed's default for the stage applies, as it did on import).
 
 A DeepSpeed config runs ZeRO over one data axis: its ``[search]`` table (written on import)
 keeps ``meshplan search`` to those meshes (:data:`SEARCH`: pp, dp_replicate, cp, tp, ep, etp
-1; no HSDP; sharding zero1, zero2 or zero3 from a stage 1 or 2 config, whose engine meshplan
-models for both, zero3 from stage 0 or 3: :func:`search_table`), the rows ``export --to
+1; no HSDP; sharding zero1, zero2 and zero3 from a stage 1, 2 or 3 config, each row under the
+engine DeepSpeed runs at that stage, zero3 only from stage 0: :func:`search_table`), the rows ``export --to
 deepspeed`` can write; a note says so, and widening ``[search]`` in an imported TOML searches
 beyond it.
 
@@ -239,18 +249,20 @@ SEARCH: dict[str, list[Any]] = {"pp": [1], "dp_replicate": [1], "cp": [1], "tp":
 
 
 def search_table(stage: int) -> dict[str, list[Any]]:
-    """The ``[search]`` table of a DeepSpeed config of ZeRO ``stage`` (:data:`SEARCH`): stages 1
-    and 2 run DeepSpeed's own ZeRO-1/2 engine (``training.zero12_engine = "deepspeed"``), which
-    meshplan models for both, so the search weighs ZeRO-1, ZeRO-2 and ZeRO-3; stages 0 and 3 keep
-    ZeRO-3 only (their training names no ZeRO-1/2 engine: meshplan's zero1 would be Megatron-LM's
-    distributed optimizer, which a DeepSpeed run is not; import a stage 1 or 2 config to search
-    those).
+    """The ``[search]`` table of a DeepSpeed config of ZeRO ``stage`` (:data:`SEARCH`). A DeepSpeed
+    user changes ``zero_optimization.stage`` freely, and the same runtime runs each: stages 1, 2
+    and 3 search ZeRO-1, ZeRO-2 and ZeRO-3 alike, each row under the engine DeepSpeed runs for it
+    (zero1 and zero2 rows DeepSpeed's ZeRO-1/2, ``zero12_engine = "deepspeed"``; zero3 rows its
+    ZeRO-3, ``zero3_engine = "deepspeed"``: :attr:`~meshplan.spec.training.TrainingSpec.searched_zero12_engine`
+    and ``searched_zero3_engine``). Stage 0 (DeepSpeed's data parallelism, which names no ZeRO
+    engine) keeps ZeRO-3 only: its zero1 would be Megatron-LM's distributed optimizer, which a
+    DeepSpeed run is not; import a stage 1, 2 or 3 config to search them all.
 
-    >>> search_table(2)["sharding"], search_table(3)["sharding"]
-    (['zero1', 'zero2', 'zero3'], ['zero3'])
+    >>> search_table(2)["sharding"], search_table(3)["sharding"], search_table(0)["sharding"]
+    (['zero1', 'zero2', 'zero3'], ['zero1', 'zero2', 'zero3'], ['zero3'])
     """
     out = {k: list(v) for k, v in SEARCH.items()}
-    if stage not in (1, 2):
+    if stage == 0:
         out["sharding"] = ["zero3"]
     return out
 
@@ -259,7 +271,7 @@ ZERO12_USED = frozenset({"zero_optimization.reduce_bucket_size", "zero_optimizat
                          "zero_optimization.use_multi_rank_bucket_allreduce", "communication_data_type"})
 #: The keys ZeRO stage 3 reads besides :data:`USED` (module docstring).
 ZERO3_USED = frozenset({"communication_data_type", "zero_optimization.contiguous_gradients",
-                        "zero_optimization.reduce_bucket_size"})
+                        "zero_optimization.reduce_bucket_size", "zero_optimization.overlap_comm"})
 #: ``communication_data_type`` values (runtime/config.py ``get_communication_data_type``, lower-cased).
 COMM_DTYPES = ("fp32", "bf16", "fp16")
 
@@ -269,7 +281,7 @@ def _zero12(d: dict, dtype: str) -> dict[str, Any]:
     for what it does not model or a malformed value.
 
     >>> _zero12({"zero_optimization": {"stage": 2, "overlap_comm": True}, "communication_data_type": "FP32"}, "bf16")
-    {'zero12_engine': 'deepspeed', 'overlap_comm': True, 'grad_dtype': 'bf16', 'grad_reduce_dtype': 'fp32'}
+    {'zero12_engine': 'deepspeed', 'grad_dtype': 'bf16', 'overlap_comm': True, 'grad_reduce_dtype': 'fp32'}
     >>> _zero12({"zero_optimization": {"stage": 1, "use_multi_rank_bucket_allreduce": False}}, "bf16")
     Traceback (most recent call last):
     meshplan.errors.ConfigError: zero_optimization.use_multi_rank_bucket_allreduce: false is DeepSpeed's older reduce path (one dist.reduce per destination rank, before PR #4695), which meshplan does not model; remove it (default true: one all-reduce per bucket)
@@ -283,11 +295,9 @@ def _zero12(d: dict, dtype: str) -> dict[str, Any]:
     if zero.get("stage") == 1 and dtype == "bf16" and accum == "fp32":
         raise ConfigError("data_types.grad_accum_dtype", "fp32 with bf16 at ZeRO stage 1 runs DeepSpeed's "
                           "BF16_Optimizer, not its ZeRO-1 engine (not modelled); remove it to plan ZeRO-1")
-    overlap = zero.get("overlap_comm", False)
-    if not isinstance(overlap, bool):
-        raise ConfigError("zero_optimization.overlap_comm", f"must be true or false; got {overlap!r}")
-    out: dict[str, Any] = {"zero12_engine": "deepspeed", "overlap_comm": overlap,
-                           "grad_dtype": deepspeed_grad_dtype(zero.get("stage", 0), dtype, accum)}
+    out: dict[str, Any] = {"zero12_engine": "deepspeed", "grad_dtype": deepspeed_grad_dtype(zero.get("stage", 0),
+                                                                                            dtype, accum)}
+    out |= _overlap(zero)
     comm = d.get("communication_data_type")
     if comm is not None:
         if not isinstance(comm, str) or comm.lower() not in COMM_DTYPES:
@@ -317,7 +327,23 @@ def _zero3(d: dict, dtype: str) -> dict[str, Any]:
         if not isinstance(contiguous, bool):
             raise ConfigError("zero_optimization.contiguous_gradients", f"must be true or false; got {contiguous!r}")
         out["contiguous_gradients"] = contiguous
-    return out
+    return out | _overlap(d.get("zero_optimization", {}))
+
+
+def _overlap(zero: dict) -> dict[str, Any]:
+    """``{"overlap_comm": value}`` when the ``zero_optimization`` table ``zero`` gives it (else
+    empty: the stage's default, :attr:`~meshplan.spec.training.TrainingSpec.overlaps_comm`, false
+    at stages 1 and 2, true at 3); ConfigError when it is not a boolean.
+
+    >>> _overlap({"overlap_comm": False}), _overlap({"overlap_comm": "auto"}), _overlap({})
+    ({'overlap_comm': False}, {}, {})
+    """
+    v = zero.get("overlap_comm")
+    if v is None or v == "auto":  # "auto": the HF Trainer's placeholder, DeepSpeed's default then
+        return {}
+    if not isinstance(v, bool):
+        raise ConfigError("zero_optimization.overlap_comm", f"must be true or false; got {v!r}")
+    return {"overlap_comm": v}
 
 
 #: ``data_types.grad_accum_dtype`` spellings (DeepSpeed's ``DtypeEnum``, inference/config.py).
@@ -461,7 +487,7 @@ def not_planned(user: dict) -> list[str]:
 
     >>> not_planned({"train_batch_size": 8, "steps_per_print": 10, "activation_checkpointing": {},
     ...              "zero_optimization": {"stage": 3, "overlap_comm": True, "stage3_prefetch_bucket_size": 5e7}})
-    ['steps_per_print', 'zero_optimization.overlap_comm', 'zero_optimization.stage3_prefetch_bucket_size']
+    ['steps_per_print', 'zero_optimization.stage3_prefetch_bucket_size']
     """
     return list(flatten(strip_keys(user, read_keys(user) | {CHECKPOINTING})))
 
@@ -515,16 +541,18 @@ def write(cfg: Config) -> dict[str, Any]:
     zero: dict[str, Any] = {"stage": stage}
     comm: dict[str, Any] = {}
     if t.zero12_engine == "deepspeed":  # the plan's bucket and stream (meshplan.comm.deepspeed_zero12)
-        zero |= {"reduce_bucket_size": cfg.memory.deepspeed_bucket_elements(), "overlap_comm": t.overlap_comm}
+        zero |= {"reduce_bucket_size": cfg.memory.deepspeed_bucket_elements()} | (
+            {"overlap_comm": t.overlap_comm} if t.overlap_comm is not None else {})  # unset: the stage's default
     elif stage == 2:  # the plan's bucket (meshplan.comm.collectives._zero2_rows)
         zero["reduce_bucket_size"] = cfg.memory.bucket_elements(mesh.degree("fsdp"))
     elif t.zero3_engine == "deepspeed-2021":  # its gradient path and bucket (meshplan.comm.deepspeed), both
         # written: DeepSpeed's contiguous_gradients default changed in v0.4.3
-        zero |= {"contiguous_gradients": t.contiguous_gradients,
+        zero |= {"contiguous_gradients": t.contiguous_grads,
                  "reduce_bucket_size": cfg.memory.deepspeed_bucket_elements()}
-    elif stage == 3:  # deepspeed (or fsdp2): what an import read, back
-        zero |= ({"contiguous_gradients": True} if t.contiguous_gradients else {}) | (
-            {"reduce_bucket_size": cfg.memory.grad_bucket_elements} if cfg.memory.grad_bucket_elements else {})
+    elif stage == 3:  # deepspeed (or fsdp2): what an import read, back; deepspeed's stream choice
+        zero |= ({"contiguous_gradients": t.contiguous_gradients} if t.contiguous_gradients is not None else {}) | (
+            {"reduce_bucket_size": cfg.memory.grad_bucket_elements} if cfg.memory.grad_bucket_elements else {}) | (
+            {"overlap_comm": t.overlap_comm} if t.overlap_comm is not None else {})
     if (stage in (1, 2) and t.grad_reduce_dtype is not None) or (stage in (1, 2, 3)
                                                                and t.gradient_reduce_dtype != t.param_dtype):
         comm["communication_data_type"] = t.gradient_reduce_dtype  # DeepSpeed's unset is the model's dtype

@@ -283,8 +283,32 @@ def deepspeed3_bucket_bytes(model: ModelSpec, training: TrainingSpec, mesh: Mesh
           *(t for i in kinds.values() for t in model.layer_tensors(i))]
     largest = max((local_numel(t, model, mesh.degree("tp"), mesh.ep, mesh.etp) for t in ts), default=0)
     cap = opts.deepspeed_bucket_elements()
-    return bucket_buffer_bytes(training.contiguous_gradients, cap, min(max(cap, largest), total),
+    return bucket_buffer_bytes(training.contiguous_grads, cap, min(max(cap, largest), total),
                                          dtype_bytes(training.param_dtype))
+
+
+def deepspeed3_ipg_bytes(training: TrainingSpec, opts: MemoryOptions) -> int:
+    """Bytes of DeepSpeed ZeRO-3's ipg buffer under ``training.zero3_engine = "deepspeed"``
+    (deepspeedai/DeepSpeed edaa722 ``runtime/zero/stage3.py:731-735``): with
+    ``contiguous_gradients`` (:attr:`~meshplan.spec.training.TrainingSpec.contiguous_grads`,
+    DeepSpeed's default true) the optimizer's init allocates ``torch.empty(reduce_bucket_size)``
+    in ``communication_data_type`` (one buffer per communication dtype, ``ipg_buckets``, 455-464;
+    one here) and keeps it for the whole run (the backward hooks copy each gradient into it,
+    ``__add_grad_to_ipg_bucket``, 1543-1568; nothing frees it): ``reduce_bucket_size x reduce
+    bytes``, ``[memory] grad_bucket_elements`` or DeepSpeed's default 5e8 (``zero/config.py:113``),
+    whatever the model's size and whether ``overlap_comm`` is on (stage 3 keeps one buffer, not
+    ZeRO-1/2's two). 0 without ``contiguous_gradients`` or under another engine.
+
+    bf16, the default 5e8: 5e8 x 2 B = 1 GB; fp32 reduce (``communication_data_type`` fp32): 2 GB.
+
+    >>> t = TrainingSpec(global_batch=8, seq_len=16, zero3_engine="deepspeed")
+    >>> deepspeed3_ipg_bytes(t, MemoryOptions()), deepspeed3_ipg_bytes(t.model_copy(update={"grad_reduce_dtype": "fp32"}),
+    ...     MemoryOptions()), deepspeed3_ipg_bytes(t.model_copy(update={"contiguous_gradients": False}), MemoryOptions())
+    (1000000000, 2000000000, 0)
+    """
+    if training.sharding != "zero3" or training.zero3_engine != "deepspeed" or not training.contiguous_grads:
+        return 0
+    return opts.deepspeed_bucket_elements() * dtype_bytes(training.gradient_reduce_dtype)
 
 
 ROOT_NAME = "root (embedding, final norm, output)"
@@ -383,6 +407,10 @@ def init_entries(state: StateBytes, fsdp_grads: bool, comm_axes: list[str], opts
                     f"NCCL communicator {axis}: NCCL_BUFFSIZE {human_bytes(opts.nccl_buffsize_bytes)} x "
                     f"{opts.nccl_channels} channels x {opts.nccl_peers} peers"))
     out.append((None, "workspace", opts.workspace_bytes, f"cuBLAS workspace {human_bytes(opts.workspace_bytes)}"))
+    ipg = deepspeed3_ipg_bytes(training, opts)
+    out.append((None, "grad_buffers", ipg, f"DeepSpeed ZeRO-3 ipg buffer: reduce_bucket_size "
+                f"{opts.deepspeed_bucket_elements():,} x {dtype_bytes(training.gradient_reduce_dtype)} B "
+                f"({training.gradient_reduce_dtype}, contiguous_gradients), allocated at init"))
     return tuple(e for e in out if e[2])
 
 
@@ -470,7 +498,7 @@ def _bucket_what(training: TrainingSpec) -> str:
     """The gradient bucket's label in the memory timeline, in its engine's words."""
     if training.sharding == "zero3" and training.zero3_engine == "deepspeed-2021":
         return ("DeepSpeed ZeRO-3 ipg buffers (2 x reduce_bucket_size, fp16; contiguous_gradients)"
-                if training.contiguous_gradients else
+                if training.contiguous_grads else
                 "DeepSpeed ZeRO-3 flattened gradient bucket being all-reduced (largest bucket)")
     return ("DeepSpeed bucket buffer(s) (model dtype) and the bucket being reduced"
             if training.zero12_engine == "deepspeed" else "gradient bucket (reduce dtype)")

@@ -1094,17 +1094,24 @@ def config_overlap(training, overlap: Overlap = Overlap()) -> Overlap:
     lines 326-337 at NVIDIA/Megatron-LM d98e8a6): ``grad_reduce`` stays on
     (:func:`megatron_reduce_line`), with none of FSDP2's copies on the compute stream
     (:func:`meshplan.comm.fsdp2.compute_stream_copies`). Under ``training.zero12_engine = "deepspeed"``,
-    ``grad_reduce`` is ``training.overlap_comm``."""
+    ``grad_reduce`` is ``training.overlap_comm``. Under ``training.zero3_engine = "deepspeed"``
+    without overlap_comm (:attr:`~meshplan.spec.training.TrainingSpec.overlaps_comm`; DeepSpeed's
+    stage-3 default is on) both ``fsdp_prefetch`` and ``grad_reduce`` are off: DeepSpeed then
+    issues its all-gathers and reduce-scatters on the default stream (deepspeedai/DeepSpeed edaa722
+    ``runtime/zero/parameter_offload.py:189-190``, ``runtime/zero/stage3.py:335-336``), where
+    each runs between the compute kernels and blocks them, a prefetch included."""
     if training.tp_comm_overlap and not overlap.tp and asynctp.unfused_overlap(training.framework):
         overlap = replace(overlap, tp=True)
     if training.framework == "megatron":
         overlap = replace(overlap, tp_grad=True, grad_reduce=overlap.grad_reduce and (
             megatron_fsdp(training) or training.overlap_grad_reduce),
             param_gather=overlap.param_gather or (training.overlap_param_gather and training.sharding == "zero1"))
-    if training.zero12_engine == "deepspeed" and overlap.grad_reduce != training.overlap_comm:
+    if training.zero3_engine == "deepspeed" and training.sharding == "zero3" and not training.overlaps_comm:
+        overlap = replace(overlap, fsdp_prefetch=False, grad_reduce=False)  # all on the default stream
+    if training.zero12_engine == "deepspeed" and overlap.grad_reduce != training.overlaps_comm:
         # DeepSpeed ZeRO-1/2: its reductions run on a side stream under overlap_comm only, else
         # on the compute stream (comm.deepspeed_zero12); whatever the framework runs the model
-        overlap = replace(overlap, grad_reduce=training.overlap_comm)
+        overlap = replace(overlap, grad_reduce=training.overlaps_comm)
     if training.zero3_engine == "deepspeed-2021" and overlap.grad_reduce:
         # DeepSpeed ZeRO-3 of 2021: every module's fetch ends in torch.cuda.synchronize()
         # (stage3.py _synchronize_communication), which waits for the reductions in flight (the

@@ -119,7 +119,7 @@ def _fsdp_cause(plan: Plan, stream: str, alternatives) -> str:
                 f"reduce-scatters its gradients, each micro-batch, {counted(m, 'micro-batch')} per step")
         mode = ""
     if t.zero3_engine == "deepspeed-2021":  # DeepSpeed 2021: per-parameter calls, none of FSDP2's knobs
-        grads = "reduce-scatters every gradient" if t.contiguous_gradients else "all-reduces every gradient in buckets"
+        grads = "reduce-scatters every gradient" if t.contiguous_grads else "all-reduces every gradient in buckets"
         line = (f"cause: DeepSpeed ZeRO-3 (2021) all-gathers every parameter tensor in forward and again in backward "
                 f"and {grads}, each micro-batch, {counted(m, 'micro-batch')} per step")
         knobs.append(('training.zero3_engine = "fsdp2" (per-layer coalesced calls, as DeepSpeed >= v0.5.5)',

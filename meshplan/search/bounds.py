@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from meshplan.memory.sizes import deepspeed3_ipg_bytes
 from meshplan.pipeline.base import per_round
 from meshplan.pipeline.interleaved import INTERLEAVED
 from meshplan.search.memory import Stages, Tables, comm_axes, lookup, split
@@ -77,7 +78,7 @@ def bounds(cfg: Config, tables: Tables, c: Candidates, st: Stages, s: dict) -> t
     peak = {k: pick(*_layer_peak(kinds, u, k), np.minimum if k == "lo" else np.maximum) for k in ("lo", "hi")}
     lo = {f: pick(*kinds[f], np.minimum) for f in ("saved", "rework", "fwd")}
     hi = {f: pick(*kinds[f], np.maximum) for f in ("saved", "rework", "fwd", "bwd")}
-    fixed = col(comm_axes(cfg, c)) * o.comm_bytes_per_group + o.workspace_bytes
+    fixed = col(comm_axes(cfg, c)) * o.comm_bytes_per_group + o.workspace_bytes + col(_ipg(cfg, c))
     opt_temp = o.optimizer_temp_bytes(t, s["optimizer"])
     at_step = s["total"] + fixed + opt_temp
     # a unit without FSDP-sharded dense parameters never allocates its share of the dense
@@ -273,6 +274,16 @@ def units(cfg: Config, tables: Tables, c: Candidates, st: Stages) -> dict:
             "head_g": head_g, "roots_g": st.first * emb_g * emb_kept + st.last * head_g * head_kept,
             "per_mb": per_mb,
             "emb_kept": emb_kept, "pp1": np.broadcast_to(((c.pp == 1) & (c.vpp == 1))[:, None], st.n.shape)}
+
+
+def _ipg(cfg: Config, c: Candidates) -> np.ndarray:
+    """DeepSpeed ZeRO-3's ipg buffer, bytes per candidate, held from init
+    (:func:`meshplan.memory.sizes.deepspeed3_ipg_bytes`): on the zero3 candidates a DeepSpeed config
+    plans with ``zero3_engine = "deepspeed"`` (:attr:`~meshplan.spec.training.TrainingSpec.searched_zero3_engine`),
+    0 elsewhere."""
+    t = cfg.training
+    zero3 = t.model_copy(update={"sharding": "zero3", "zero3_engine": t.searched_zero3_engine, "zero12_engine": "megatron"})
+    return np.where(c.sh == SHARDING.index("zero3"), deepspeed3_ipg_bytes(zero3, cfg.memory), 0)
 
 
 def _bucket(cfg: Config, c: Candidates, s: dict) -> np.ndarray:

@@ -272,7 +272,11 @@ def _settings_notes(cfg: Config, c: Candidates) -> list[str]:
         out.append(f"[memory] fsdp_reduce {cfg.memory.fsdp_reduce!r} is not searched: each candidate reduces as its "
                    "pp and grad_accumulation say (after the last micro-batch with pp > 1, as "
                    "torch.distributed.pipelining does)")
-    if t.zero3_engine != "fsdp2" and not (c.sh == SHARDING.index("zero3")).all():
+    if t.zero3_engine == "deepspeed" and not (c.sh == SHARDING.index("zero3")).all():
+        out.append("training.zero3_engine 'deepspeed' applies to zero3 candidates with pp 1; zero1 and zero2 "
+                   "candidates are planned with DeepSpeed's ZeRO-1/2 (zero12_engine 'deepspeed': the same runtime at "
+                   "another zero_optimization.stage), hsdp candidates with FSDP2")
+    elif t.zero3_engine != "fsdp2" and not (c.sh == SHARDING.index("zero3")).all():
         out.append(f"training.zero3_engine {t.zero3_engine!r} applies to zero3 candidates with pp 1; zero1 and hsdp "
                    "candidates are planned with FSDP2")
     if t.zero12_engine != "megatron" and not np.isin(c.sh, ZERO12).all():

@@ -78,6 +78,7 @@ from meshplan.spec.axes.base import divisors
 from meshplan.spec.axes.registry import AXES, rules, search_axes
 from meshplan.spec.axes.tp import max_tp
 from meshplan.spec.mesh import MeshSpec, Schedule
+from meshplan.spec.training import deepspeed_grad_dtype
 from meshplan.spec.wording import data_axis, mesh_text
 
 RECOMPUTE = ("none", "selective", "full", "op")
@@ -137,7 +138,7 @@ def reason_texts(training) -> dict[str, str]:
     >>> reason_texts(TrainingSpec(global_batch=8, seq_len=16, zero3_engine="deepspeed-2021"))["engine"]
     'zero3_engine deepspeed-2021: pp > 1, cp > 1 or parameters kept gathered'
     """
-    planned = {("zero12", training.zero12_engine), ("zero3", training.searched_zero3_engine)}
+    planned = {("zero12", training.searched_zero12_engine), ("zero3", training.searched_zero3_engine)}
     engines = [k for k in _ENGINE_TEXT if k in planned]
     text = dict(REASONS)
     if engines:
@@ -446,8 +447,10 @@ ZERO12 = (SHARDING.index("zero1"), SHARDING.index("zero2"))
 def zero2_searched(training) -> bool:
     """Whether the search enumerates sharding ``zero2``: DeepSpeed's ZeRO-2, where the config's
     ZeRO runs DeepSpeed's engine (``training.zero12_engine = "deepspeed"``, what a DeepSpeed
-    stage 1 or 2 config imports to): it models both stages (:mod:`meshplan.comm.deepspeed_zero12`),
-    so a ZeRO-1 config's search weighs ZeRO-2 and the other way round. Elsewhere it is not
+    stage 1 or 2 config imports to, or a DeepSpeed stage 3 config's ``zero3_engine = "deepspeed"``:
+    :attr:`~meshplan.spec.training.TrainingSpec.searched_zero12_engine`): it models both stages
+    (:mod:`meshplan.comm.deepspeed_zero12`), so a ZeRO-1 config's search weighs ZeRO-2 and the other
+    way round. Elsewhere it is not
     searched: torch has no ZeRO-2 engine (FSDP2 with ``reshard_after_forward`` false, the
     ZeRO-2-like run, is the zero3 candidate kept gathered) and Megatron-LM's is its FSDP.
 
@@ -457,7 +460,7 @@ def zero2_searched(training) -> bool:
     >>> zero2_searched(TrainingSpec(global_batch=8, seq_len=16, framework="megatron"))
     False
     """
-    return training.zero12_engine == "deepspeed"
+    return training.searched_zero12_engine == "deepspeed"
 
 
 def zero1_refused(training) -> bool:
@@ -496,8 +499,9 @@ def first_reason(cfg: Config, c: Candidates) -> np.ndarray:
                     & ((c.pp > 1) | (c.cp > 1) | (c.rf == 0)))
          # DeepSpeed's ZeRO-1 and ZeRO-2 (comm.deepspeed_zero12.check_mesh; dp_replicate 1 here):
          # its pipeline engine refuses ZeRO-2 and overlap_comm and runs 1F1B only (check_schedule)
-         | ((t.zero12_engine == "deepspeed") & np.isin(c.sh, ZERO12)
-            & ((c.cp > 1) | (c.ep > 1) | ((c.pp > 1) & (t.overlap_comm | (c.sh == SHARDING.index("zero2"))
+         # (overlap_comm as given, else stages 1 and 2's default false: TrainingSpec.overlaps_comm)
+         | ((t.searched_zero12_engine == "deepspeed") & np.isin(c.sh, ZERO12)
+            & ((c.cp > 1) | (c.ep > 1) | ((c.pp > 1) & (bool(t.overlap_comm) | (c.sh == SHARDING.index("zero2"))
                                                           | (c.vpp > 1) | (c.ps != 0)))))),
         ("framework", zero1_refused(t) & (c.sh == SHARDING.index("zero1"))),
     ]
@@ -588,10 +592,18 @@ def _training_knobs(cfg: Config, c: Candidates, i: int) -> dict:
         out["zero3_engine"] = "fsdp2"
         if t.grad_dtype == t.param_dtype:  # DeepSpeed's gradient partition dtype back to FSDP2's default
             out["grad_dtype"] = type(t).model_fields["grad_dtype"].default
+        if t.searched_zero12_engine == "deepspeed" and int(c.sh[i]) in ZERO12:  # DeepSpeed's own ZeRO-1/2
+            out |= {"zero12_engine": "deepspeed", "contiguous_gradients": None, "grad_dtype": deepspeed_grad_dtype(
+                {"zero1": 1, "zero2": 2}[SHARDING[c.sh[i]]], t.param_dtype,
+                None if t.grad_dtype == t.param_dtype else t.grad_dtype)}
+        elif t.overlap_comm is not None:
+            out["overlap_comm"] = None  # no DeepSpeed engine on this row
     if t.zero12_engine != "megatron" and int(c.sh[i]) not in ZERO12:  # DeepSpeed's ZeRO-1/2 engine
-        out |= {"zero12_engine": "megatron", "overlap_comm": False}
+        out |= {"zero12_engine": "megatron"}
         if SHARDING[c.sh[i]] == "zero3":  # DeepSpeed's own ZeRO-3, not FSDP2
             out["zero3_engine"] = t.searched_zero3_engine
+        else:
+            out["overlap_comm"] = None
     if SHARDING[c.sh[i]] != "zero1":  # Megatron-LM's DDP-buffer flags (the search has no none); FSDP forces them
         out |= {k: False for k in ("overlap_grad_reduce", "overlap_param_gather") if getattr(t, k)}
     return out

@@ -273,6 +273,21 @@ class MemoryOptions(BaseModel):
         out = np.minimum(self.bucket_elements(dp_size), params_numel) * dtype_bytes(training.reduce_dtype)
         return out if np.ndim(out) else int(out)
 
+    def grad_bucket_acts(self, training: TrainingSpec) -> Optional[int]:
+        """``grad_bucket_elements`` as it acts under ``training``: DeepSpeed's ``reduce_bucket_size``
+        (:meth:`deepspeed_bucket_elements`, unset its default 5e8) under a DeepSpeed engine
+        (``zero12_engine = "deepspeed"``, or a DeepSpeed ``zero3_engine`` at sharding zero3), else
+        the field as given; what ``meshplan compare`` weighs (:func:`meshplan.config.config_differences`),
+        so a ZeRO-2 import's explicit 5e8 and a ZeRO-3 import's unset one are no difference.
+
+        >>> t = TrainingSpec(global_batch=8, seq_len=16, zero3_engine="deepspeed")
+        >>> MemoryOptions().grad_bucket_acts(t), MemoryOptions().grad_bucket_acts(TrainingSpec(global_batch=8, seq_len=16))
+        (500000000, None)
+        """
+        deepspeed = training.zero12_engine == "deepspeed" or (
+            training.sharding == "zero3" and training.zero3_engine != "fsdp2")
+        return self.deepspeed_bucket_elements() if deepspeed else self.grad_bucket_elements
+
     def deepspeed_bucket_elements(self) -> int:
         """DeepSpeed ZeRO-1/2's ``reduce_bucket_size``, elements: ``grad_bucket_elements``, or
         DeepSpeed's default 5e8 (:data:`DEEPSPEED_REDUCE_BUCKET_ELEMENTS`).
@@ -315,5 +330,5 @@ class MemoryOptions(BaseModel):
         cast = dtype_bytes(training.gradient_reduce_dtype) if training.gradient_reduce_dtype != training.param_dtype \
             else 0
         k = np.minimum(big_b, params_numel)
-        out = big_b * p * (2 if training.overlap_comm else 1) + k * (p + cast)
+        out = big_b * p * (2 if training.overlaps_comm else 1) + k * (p + cast)
         return out if np.ndim(out) else int(out)

@@ -182,8 +182,10 @@ class TrainingSpec(BaseModel):
     ``ZERO3_OPTIMIZATION_CONTIGUOUS_GRADIENTS_DEFAULT``, the version the engine's gathers are read
     in) all-reduces flat buckets of ``reduce_bucket_size`` elements; true (DeepSpeed's default
     from v0.4.3, c9fee8214, PR #1199) copies each gradient into the bucket's buffer and
-    reduce-scatters every gradient on its own (:mod:`meshplan.comm.deepspeed`). Under ``fsdp2``
-    (DeepSpeed >= v0.5.5 as FSDP2's per-layer reduce-scatter) it changes nothing; it is kept so
+    reduce-scatters every gradient on its own (:mod:`meshplan.comm.deepspeed`). Under ``deepspeed``
+    (unset: true, that DeepSpeed's default, :attr:`contiguous_grads`) it chooses the memory of the
+    gradient bucket only (:func:`meshplan.memory.sizes.deepspeed3_bucket_bytes`: the ipg buffer of
+    ``reduce_bucket_size`` elements when true); under ``fsdp2`` it changes nothing; it is kept so
     that an imported DeepSpeed config's value applies when the engine is switched.
     ``zero12_engine``: which runtime reduces the gradients under ``sharding = "zero1"`` or
     ``"zero2"``: ``megatron`` (Megatron-LM's distributed optimizer: reduce-scatters of gradient
@@ -192,10 +194,16 @@ class TrainingSpec(BaseModel):
     parameters, ``[memory] grad_bucket_elements`` = ``reduce_bucket_size``, default 5e8;
     zero2 every micro-batch in the backward hooks, zero1 once per step; in
     ``communication_data_type``, else the parameter dtype; :mod:`meshplan.comm.deepspeed_zero12`).
-    ``overlap_comm`` (``zero12_engine = "deepspeed"`` only): DeepSpeed's
-    ``zero_optimization.overlap_comm``: the bucket all-reduces run on a side stream and overlap
-    the backward (two bucket buffers held); off (DeepSpeed's default for stages 1 and 2) they
-    run on the compute stream and block it.
+    ``overlap_comm`` (``zero12_engine = "deepspeed"`` or ``zero3_engine = "deepspeed"``): DeepSpeed's
+    ``zero_optimization.overlap_comm``; unset, DeepSpeed's default for the stage (:attr:`overlaps_comm`:
+    false at stages 1 and 2, true at stage 3). ZeRO-1/2: the bucket all-reduces run on a side stream
+    and overlap the backward (two bucket buffers held); off they run on the compute stream and
+    block it. ZeRO-3 (edaa722): the parameter all-gathers run on their own stream
+    (``parameter_offload.py:189-190``, ``__allgather_stream``, prefetched ahead of use) and the
+    gradient reduce-scatters on ``reduce_and_partition_stream`` (``stage3.py:335-336``), each a
+    side stream under ``overlap_comm`` and the default (compute) stream without it, where every
+    gather and reduce-scatter blocks the compute
+    (:func:`meshplan.schedule.steptime.config_overlap`).
     ``overlap_grad_reduce``, ``overlap_param_gather`` (``framework = "megatron"``, sharding ``none``
     or ``zero1`` under ``zero12_engine = "megatron"``: Megatron-LM's DDP buffers): its
     ``--overlap-grad-reduce`` and ``--overlap-param-gather`` (default off). ``overlap_grad_reduce``
@@ -310,9 +318,9 @@ class TrainingSpec(BaseModel):
     torch_compile_loss: bool = True
     optimizer_impl: Literal["fused", "foreach"] = "fused"
     zero3_engine: Literal["fsdp2", "deepspeed", "deepspeed-2021"] = "fsdp2"
-    contiguous_gradients: bool = False
+    contiguous_gradients: Optional[bool] = None
     zero12_engine: Literal["megatron", "deepspeed"] = "megatron"
-    overlap_comm: bool = False
+    overlap_comm: Optional[bool] = None
     overlap_grad_reduce: bool = False
     overlap_param_gather: bool = False
     grad_accumulation: Literal["sync", "no_sync", "no_sync_unsharded"] = "sync"
@@ -430,9 +438,10 @@ class TrainingSpec(BaseModel):
         if self.zero12_engine != "megatron" and self.sharding not in ("zero1", "zero2"):
             raise ValueError(f"zero12_engine {self.zero12_engine!r} is DeepSpeed's ZeRO stage 1/2 (sharding zero1 or "
                              f"zero2); sharding {self.sharding!r} does not run it: remove the key")
-        if self.overlap_comm and self.zero12_engine != "deepspeed":
+        if self.overlap_comm and self.zero12_engine != "deepspeed" and self.zero3_engine != "deepspeed":
             raise ValueError("overlap_comm is DeepSpeed's zero_optimization.overlap_comm (sharding zero1 or zero2 with "
-                             "zero12_engine = \"deepspeed\"): set zero12_engine = \"deepspeed\" or remove it")
+                             "zero12_engine = \"deepspeed\", or zero3 with zero3_engine = \"deepspeed\"): set the "
+                             "engine or remove it")
         self._check_megatron_overlap()
         if self.tp_comm_overlap and self.framework == "torch" and not self.torch_compile:
             raise ValueError("tp_comm_overlap under framework \"torch\" is torchtitan's async TP, which needs "
@@ -530,6 +539,78 @@ class TrainingSpec(BaseModel):
         return "deepspeed" if self.zero3_engine == "fsdp2" and self.zero12_engine == "deepspeed" else self.zero3_engine
 
     @property
+    def searched_zero12_engine(self) -> str:
+        """The engine a search's zero1 and zero2 candidates run under
+        (:func:`meshplan.search.space.candidate_config`): ``zero12_engine``, except that DeepSpeed's
+        ZeRO-3 (``zero3_engine = "deepspeed"``, a DeepSpeed stage 3 config) plans them with
+        DeepSpeed's ZeRO-1/2, ``deepspeed``: the same runtime at another ``zero_optimization.stage``,
+        as :attr:`searched_zero3_engine` does the other way (ZeRO-3 of 2021 keeps ``megatron``:
+        its DeepSpeed, v0.3.13-v0.5.4, predates the ZeRO-1/2 engine meshplan models, v0.12.4).
+
+        >>> TrainingSpec(global_batch=8, seq_len=16, zero3_engine="deepspeed").searched_zero12_engine
+        'deepspeed'
+        >>> TrainingSpec(global_batch=8, seq_len=16, zero3_engine="deepspeed-2021").searched_zero12_engine
+        'megatron'
+        """
+        return "deepspeed" if self.zero3_engine == "deepspeed" else self.zero12_engine
+
+    def knob_acts(self, knob: str) -> tuple[bool, object]:
+        """(whether plan knob ``knob``, a :data:`PLAN_KNOBS` field, applies to this training's
+        sharding and engine, its value as it acts): ``zero3_engine`` at sharding zero3 only,
+        ``zero12_engine`` at zero1 and zero2 only, ``overlap_comm`` under a DeepSpeed engine that
+        reads it (:attr:`overlaps_comm`), ``contiguous_gradients`` under DeepSpeed's ZeRO-3
+        (:attr:`contiguous_grads`); every other knob applies, as given. ``meshplan compare`` lists
+        a knob only where it applies to both sides, by the value it acts with
+        (:func:`meshplan.config.config_differences`).
+
+        >>> z2 = TrainingSpec(global_batch=8, seq_len=16, sharding="zero2", zero12_engine="deepspeed")
+        >>> z2.knob_acts("zero3_engine"), z2.knob_acts("overlap_comm"), z2.knob_acts("contiguous_gradients")
+        ((False, 'fsdp2'), (True, False), (False, None))
+        """
+        value = getattr(self, knob)
+        deepspeed3 = self.sharding == "zero3" and self.zero3_engine in DEEPSPEED_ZERO3
+        if knob == "zero3_engine":
+            return self.sharding == "zero3", value
+        if knob == "zero12_engine":
+            return self.sharding in ("zero1", "zero2"), value
+        if knob == "overlap_comm":
+            return self.zero12_engine == "deepspeed" or self.zero3_engine == "deepspeed", self.overlaps_comm
+        if knob == "contiguous_gradients":
+            return deepspeed3, self.contiguous_grads if deepspeed3 else value
+        return True, value
+
+    @property
+    def overlaps_comm(self) -> bool:
+        """DeepSpeed's ``zero_optimization.overlap_comm`` in effect: ``overlap_comm`` when given,
+        else DeepSpeed's default, true at stage 3 and false at stages 1 and 2
+        (deepspeedai/DeepSpeed edaa722 ``runtime/zero/config.py:138`` ``overlap_comm: Optional[bool]
+        = None`` and ``overlap_comm_valid``, 382-386: ``self.overlap_comm = self.stage ==
+        ZeroStageEnum.weights``): true under ``zero3_engine = "deepspeed"``, false otherwise.
+
+        >>> [TrainingSpec(global_batch=8, seq_len=16, **kw).overlaps_comm for kw in (
+        ...  {"zero3_engine": "deepspeed"}, {"zero3_engine": "deepspeed", "overlap_comm": False},
+        ...  {"sharding": "zero2", "zero12_engine": "deepspeed"}, {})]
+        [True, False, False, False]
+        """
+        if self.overlap_comm is not None:
+            return self.overlap_comm
+        return self.sharding == "zero3" and self.zero3_engine == "deepspeed"
+
+    @property
+    def contiguous_grads(self) -> bool:
+        """DeepSpeed ZeRO-3's ``zero_optimization.contiguous_gradients`` in effect:
+        ``contiguous_gradients`` when given, else the default of the engine's DeepSpeed: false
+        under ``zero3_engine = "deepspeed-2021"`` (v0.3.12-v0.4.2), true under ``deepspeed``
+        (edaa722 ``runtime/zero/config.py:102``, ``contiguous_gradients: bool = True``).
+
+        >>> [TrainingSpec(global_batch=8, seq_len=16, zero3_engine=e).contiguous_grads for e in ("deepspeed", "deepspeed-2021")]
+        [True, False]
+        """
+        if self.contiguous_gradients is not None:
+            return self.contiguous_gradients
+        return self.zero3_engine == "deepspeed"
+
+    @property
     def has_op_recompute(self) -> bool:
         """Whether the training's framework has torchtitan's op-level selective AC
         (``recompute = "op"``): torch with FSDP2, not Megatron-LM nor either DeepSpeed engine
@@ -579,7 +660,7 @@ class TrainingSpec(BaseModel):
         ...  ({}, {"framework": "megatron"}, {"sharding": "zero1", "zero12_engine": "deepspeed"})]
         [False, True, True]
         """
-        return self.framework != "torch" or self.zero12_engine == "deepspeed"
+        return self.framework != "torch" or self.searched_zero12_engine == "deepspeed"
 
     @property
     def recompute_name(self) -> str:

@@ -308,7 +308,10 @@ def kind_words(training, origin: str = "", dp: int = 0) -> dict[str, str]:
            "grad_buffers": ("a layer's full gradients and the gradient bucket (reduce_bucket_size: the ipg buffers "
                             "under contiguous_gradients, else the flattened bucket being all-reduced)"
                             if training.zero3_engine == "deepspeed-2021" else
-                            "a layer's full gradients, the ZeRO-3 reduce-scatter's input") if stage == 3 else
+                            "a layer's full gradients, the ZeRO-3 reduce-scatter's input" + (
+                                " and the ipg buffer (reduce_bucket_size, contiguous_gradients)"
+                                if training.zero3_engine == "deepspeed" and training.contiguous_grads else ""))
+           if stage == 3 else
            "gradient buckets (reduce_bucket_size) and the bucket being all-reduced"}
     if stage in (1, 2) and training.zero12_engine != DEEPSPEED:  # Megatron-LM's buffer under ZeRO-3's 2021 engine
         del out["grad_buffers"]

@@ -1,0 +1,98 @@
+"""DeepSpeed ZeRO-3's own knobs under ``training.zero3_engine = "deepspeed"`` (issue 11, newcomer
+trial 5 items 3 and 8): ``zero_optimization.overlap_comm`` (DeepSpeed's stage-3 default true; off,
+every all-gather and reduce-scatter runs on the default stream), the ipg buffer of
+``reduce_bucket_size`` elements that ``contiguous_gradients`` keeps from init, the sharding set a
+DeepSpeed config searches whatever its stage, and ``compare`` listing only knobs that apply to both
+sides. Llama 3 8B, 2 x 8 H100, seq 4096, global batch 256, micro-batch 1, bf16."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from meshplan.config import config_differences
+from meshplan.interop.common import ImportOptions
+from meshplan.interop.deepspeed import not_planned, search_table
+from meshplan.interop.foreign import export, load_any
+from meshplan.plan import build_plan
+from meshplan.schedule.steptime import step_time
+from meshplan.search.space import SHARDING, candidate_config, enumerate_candidates
+
+OPTS = ImportOptions(cluster="dgx-h100", nodes=2, model="llama3-8b", seq_len=4096)
+
+
+def _load(tmp_path, stage: int, name: str = "ds", **zero):
+    path = tmp_path / f"{name}.json"
+    path.write_text(json.dumps({"train_batch_size": 256, "train_micro_batch_size_per_gpu": 1,
+                                "zero_optimization": {"stage": stage, **zero}, "bf16": {"enabled": True}}))
+    return load_any(path, opts=OPTS)
+
+
+def test_overlap_comm_off_puts_every_zero3_collective_on_the_compute_stream(tmp_path):
+    """Unset, DeepSpeed's stage-3 default (true, zero/config.py ``overlap_comm_valid``): the step as
+    before, 5767.97 ms with 81.14 ms exposed. False: all-gathers and reduce-scatters on the default
+    stream, so the exposed time is the sum of every call (time x calls per step over the table's
+    rows: 2460.30 ms) and the step is compute + that, 5686.83 + 2460.30 = 8147.13 ms."""
+    on, off = _load(tmp_path, 3, "on"), _load(tmp_path, 3, "off", overlap_comm=False)
+    assert (on.training.overlap_comm, on.training.overlaps_comm, off.training.overlaps_comm) == (None, True, False)
+    s_on, plan = step_time(build_plan(on)), build_plan(off)
+    s_off = step_time(plan)
+    assert s_on.step_s == pytest.approx(5.76797, abs=5e-6) and s_on.exposed_s["fsdp"] == pytest.approx(0.08114, abs=5e-6)
+    every = sum(r.time_s * r.per_step for r in plan.stage(0).collectives)
+    assert s_off.exposed_s["fsdp"] == pytest.approx(every, rel=1e-12) and every == pytest.approx(2.46030, abs=5e-6)
+    assert s_off.step_s == pytest.approx(8.14713, abs=5e-6)
+    # read at stage 3 (no longer listed as unused), written back as given, and unset stays unset
+    assert "zero_optimization.overlap_comm" not in not_planned({"zero_optimization": {"stage": 3, "overlap_comm": False}})
+    back = json.loads(export(off, "deepspeed", "x")[0])["zero_optimization"]
+    assert back["overlap_comm"] is False
+    assert "overlap_comm" not in json.loads(export(on, "deepspeed", "x")[0])["zero_optimization"]
+
+
+def test_ipg_buffer_is_in_the_memory_timeline(tmp_path):
+    """contiguous_gradients (DeepSpeed's default true) keeps torch.empty(reduce_bucket_size) in
+    communication_data_type from init (stage3.py:731-735): the peak is higher by exactly
+    5e8 x 2 B = 1,000,000,000 B (bf16, the default bucket) than with contiguous_gradients false,
+    and by 2e8 x 4 B = 800,000,000 B with reduce_bucket_size 2e8 and communication_data_type fp32."""
+    peak = lambda cfg: build_plan(cfg).timeline.peak.total_bytes
+    base = peak(_load(tmp_path, 3, "off", contiguous_gradients=False))
+    assert peak(_load(tmp_path, 3, "on")) - base == 500_000_000 * 2
+    path = tmp_path / "fp32.json"
+    path.write_text(json.dumps({"train_batch_size": 256, "train_micro_batch_size_per_gpu": 1,
+                                "zero_optimization": {"stage": 3, "reduce_bucket_size": 200_000_000},
+                                "communication_data_type": "fp32", "bf16": {"enabled": True}}))
+    small = load_any(path, opts=OPTS)
+    no_buffer = dataclasses.replace(small, training=small.training.model_copy(update={"contiguous_gradients": False}))
+    assert peak(small) - peak(no_buffer) == 200_000_000 * 4
+
+
+def test_zero2_and_zero3_configs_search_the_same_stages_with_deepspeeds_engines(tmp_path):
+    """A DeepSpeed user changes zero_optimization.stage freely: a stage 2 and a stage 3 JSON search
+    zero1, zero2 and zero3 alike (48 candidates each), every row under the engine DeepSpeed runs at
+    its stage (zero1/zero2: DeepSpeed's ZeRO-1/2, overlap_comm its stage default false; zero3:
+    DeepSpeed's ZeRO-3, overlap_comm true), so a row of one search is the same plan as the row of
+    the other."""
+    assert search_table(2) == search_table(3) and search_table(3)["sharding"] == ["zero1", "zero2", "zero3"]
+    z2, z3 = _load(tmp_path, 2, "z2"), _load(tmp_path, 3, "z3")
+    c2, c3 = enumerate_candidates(z2), enumerate_candidates(z3)
+    assert len(c2) == len(c3) == 48 and (c2.sh == c3.sh).all() and (c2.mb == c3.mb).all()
+    for sh in ("zero1", "zero2", "zero3"):
+        i = int((c2.sh == SHARDING.index(sh)).nonzero()[0][0])
+        a, b = candidate_config(z2, c2, i).training, candidate_config(z3, c3, i).training
+        engine = (a.zero12_engine, a.zero3_engine, a.overlaps_comm)
+        assert engine == (b.zero12_engine, b.zero3_engine, b.overlaps_comm), sh
+        assert engine == {"zero3": ("megatron", "deepspeed", True)}.get(sh, ("deepspeed", "fsdp2", False)), sh
+        assert step_time(build_plan(candidate_config(z2, c2, i))).step_s == pytest.approx(
+            step_time(build_plan(candidate_config(z3, c3, i))).step_s, rel=1e-12), sh
+
+
+def test_compare_lists_only_knobs_that_apply_to_both_sides(tmp_path):
+    """ZeRO-2 against ZeRO-3, both DeepSpeed JSONs with overlap_comm true: only the sharding differs
+    (not zero3_engine "fsdp2" against "deepspeed" nor zero12_engine "deepspeed" against "megatron",
+    defaults of an engine one side does not run). Without overlap_comm both sides run DeepSpeed's
+    default, false at stage 2 and true at stage 3: a difference that acts, listed."""
+    same = config_differences(_load(tmp_path, 2, "a", overlap_comm=True), _load(tmp_path, 3, "b", overlap_comm=True))
+    assert same.knobs == (("training.sharding", "zero2", "zero3"),) and not same.workload
+    unset = config_differences(_load(tmp_path, 2, "c"), _load(tmp_path, 3, "d"))
+    assert unset.knobs == (("training.sharding", "zero2", "zero3"), ("training.overlap_comm", False, True))
