@@ -744,7 +744,9 @@ def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshpl
     takes no row the search can rank (a model without a torchtitan flavor, no zero3/hsdp in [search]
     sharding for torchtitan, no one-data-axis mesh for DeepSpeed), and after it when T refuses row N (one
     line naming the first row T takes). Under DeepSpeed a line says what --export N --to deepspeed of the rows
-    shown does not express (training.recompute: the model code chooses activation checkpointing)."""
+    shown does not express (training.recompute: the model code chooses activation checkpointing), and under
+    training.framework megatron what --export N --to megatron does not (reshard_after_forward false: Megatron
+    FSDP reshards after forward) and which rows it refuses (hsdp)."""
 
     if export_rank is not None:
         if export_rank < 1:
