@@ -246,7 +246,7 @@ def world_error(spec: MeshSpec, world: int, gpus_per_node: int = 0) -> ConfigErr
 
 def _alternatives(values: list[int]) -> str:
     """``1, 2 or 4`` (``values`` in order)."""
-    return values[0] if len(values) == 1 else f"{', '.join(map(str, values[:-1]))} or {values[-1]}"
+    return str(values[0]) if len(values) == 1 else f"{', '.join(map(str, values[:-1]))} or {values[-1]}"
 
 
 def resolve_mesh(spec: MeshSpec, world: int, gpus_per_node: int = 0) -> Union[Mesh, Infeasible]:
