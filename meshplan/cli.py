@@ -1,7 +1,8 @@
 """Command line: thin wrappers over :func:`meshplan.plan.build_plan` and the reports.
 
 Every malformed input ends with one line ``error: <field>: <message>`` on stderr and exit
-status 2; an infeasible mesh prints its reasons and exits 1.
+status 2 (degrees whose product is not the world among them: :func:`_load`); an infeasible
+mesh prints its reasons and exits 1.
 
 One verdict everywhere (:data:`EXIT_CODES`): every command that resolves a mesh (plan, groups,
 memory, step, reliability, place, nccl-check) exits 1 and prints ``infeasible: <reason>`` on stderr when
@@ -51,6 +52,7 @@ from meshplan.interop.common import FORMATS, ImportOptions
 from meshplan.interop.foreign import (UserFile, export, import_text, load_any, search_export_refusal,
                                       search_row_refusal, user_source)
 from meshplan.mesh.tpsplit import model_groups
+from meshplan.mesh.resolve import world_error
 from meshplan.mesh.validity import input_error
 from meshplan.placement.assign import rank_row
 from meshplan.placement.bindings import bindings, write_bindings
@@ -117,7 +119,8 @@ from meshplan.spec.wording import schedule_words
 EXIT_CODES = ("exit status: 0 feasible (compare: a mesh that fits wins; search: some candidate fits), "
               "1 infeasible (the reasons on stderr as 'infeasible: ...'; groups, place, nccl-check and step still print "
               "what they show, step labelled 'would be ... if it fit') or a measured difference, "
-              "2 malformed input, or a log nccl-check cannot check (one line 'error: <field>: <what is wrong>')")
+              "2 malformed input (degrees whose product is not the world and counts that disagree included), or a "
+              "log nccl-check cannot check (one line 'error: <field>: <what is wrong>')")
 
 app = typer.Typer(add_completion=True, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
                   help="Design, check and validate parallel meshes for distributed training. " + EXIT_CODES + ".")
@@ -169,17 +172,23 @@ def _wrote(path) -> None:
 
 
 def _load(config: Path, topology: Optional[Path] = None, calibration: Optional[Path] = None,
-          fmt: Optional[str] = None, opts: Optional[ImportOptions] = None) -> Plan | Infeasible:
+          fmt: Optional[str] = None, opts: Optional[ImportOptions] = None,
+          unresolved: bool = False) -> Plan | Infeasible:
     """Plan of ``config`` (a meshplan TOML, or with ``opts`` given a foreign config, ``fmt``
     or detected, ``opts`` filling what it does not say); ``topology`` (nvidia-smi topo -m text
     or NCCL topology XML) replaces the node's sockets and NIC affinity, ``calibration``
-    (meshplan calibration TOML) the link bandwidths and latencies."""
+    (meshplan calibration TOML) the link bandwidths and latencies. Malformed input is a
+    ConfigError (exit 2, one line): degrees that cannot make the world
+    (:func:`~meshplan.mesh.resolve.world_error`; with ``unresolved``, as ``compare`` plans two
+    configs, such a plan is returned, infeasible) and counts that disagree
+    (:func:`~meshplan.mesh.validity.input_error`)."""
 
     cfg = load_any(config, fmt, opts or ImportOptions(), foreign=opts is not None)
     _notes(cfg)
     plan = build_plan(_measured_cluster(cfg, topology, calibration))
-    if isinstance(plan, Infeasible) and plan.mesh is not None and cfg.mesh is not None:
-        bad = input_error(cfg.model, cfg.training, plan.mesh, cfg.mesh)  # malformed, not infeasible: exit 2
+    if isinstance(plan, Infeasible) and cfg.mesh is not None:  # malformed, not infeasible: exit 2
+        bad = input_error(cfg.model, cfg.training, plan.mesh, cfg.mesh) if plan.mesh is not None else \
+            None if unresolved else world_error(cfg.mesh, cfg.cluster.world, cfg.cluster.node.gpus)
         if bad is not None:
             raise bad
     return plan
@@ -675,7 +684,7 @@ def compare_cmd(config_a: Path = typer.Argument(..., help="mesh A: " + TOML_ONLY
     check_destination(out, "--out", force=True, folder=True)  # a writable folder before the work
     _refuse_existing(html_path, force, "--html")
     _refuse_existing(json_path, force, "--json")
-    a, b = _load(config_a, calibration=calibration), _load(config_b, calibration=calibration)
+    a, b = (_load(c, calibration=calibration, unresolved=True) for c in (config_a, config_b))
     names = (config_a.stem, config_b.stem)
     if names[0] == names[1] and config_a.resolve() != config_b.resolve():
         names = (f"{names[0]}-A", f"{names[1]}-B")  # two files of one name: keep the sides apart
@@ -756,7 +765,9 @@ def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshpl
     takes no row the search can rank (a model without a torchtitan flavor, no zero3/hsdp in [search]
     sharding for torchtitan, no one-data-axis mesh for DeepSpeed), and after it when T refuses row N (one
     line naming the first row T takes). Under DeepSpeed a line says what --export N --to deepspeed of the rows
-    shown does not express (training.recompute: the model code chooses activation checkpointing)."""
+    shown does not express (training.recompute: the model code chooses activation checkpointing), and under
+    training.framework megatron what --export N --to megatron does not (reshard_after_forward false: Megatron
+    FSDP reshards after forward) and which rows it refuses (hsdp)."""
 
     if export_rank is not None:
         if export_rank < 1:

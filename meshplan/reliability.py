@@ -266,14 +266,26 @@ class Reliability:
         return goodput(self.interval_s, self.write_s, self.restart_s, self.mtbf_s)
 
     def dcp_line(self) -> str:
-        """What the busiest rank writes under DCP and, at the stated per-rank bandwidth, how long."""
+        """What the busiest rank writes under DCP (its share on disk) and reads back (all it
+        holds: :func:`size_line`), each labelled, and, at the stated per-rank bandwidth, how long."""
         ck, bw = self.checkpoint, self.per_rank_bandwidth_bytes_per_s
-        out = (f"DCP: the busiest rank writes {ck.written_per_rank_bytes / 1e9:.3f} GB (replicated shards written "
-               f"once, split between the replicas that hold them) and reads back {ck.per_rank_bytes / 1e9:.3f} GB")
+        out = (f"DCP: the busiest rank writes {ck.written_per_rank_bytes / 1e9:.3f} GB, its share on disk (replicated "
+               f"shards written once, split between the replicas that hold them), and reads back "
+               f"{ck.per_rank_bytes / 1e9:.3f} GB, all it holds")
         if bw:
             out += (f"; at {bw / 1e9:g} GB/s per rank: write {ck.written_per_rank_bytes / bw:.2f} s, read "
                     f"{ck.per_rank_bytes / bw:.2f} s")
         return out
+
+    def size_line(self) -> str:
+        """The checkpoint's bytes, each labelled: on disk in total (every distinct shard once),
+        held by the most loaded rank (its parameters, master copy and optimizer state in memory,
+        :data:`CHECKPOINT_KINDS`: what it reads back on load; :func:`dcp_line` says what it
+        writes), and the write and read times."""
+        ck = self.checkpoint
+        return (f"checkpoint {ck.total_bytes / 1e9:.1f} GB on disk (every distinct shard once), "
+                f"{ck.per_rank_bytes / 1e9:.2f} GB held by the most loaded rank (parameters, master copy and "
+                f"optimizer state in its memory); write {self.write_s:.1f} s, read {self.read_s:.1f} s")
 
     def lines(self) -> list[str]:
         m, c = self.mtbf_s, self.write_s
@@ -281,8 +293,7 @@ class Reliability:
                 f"{interruptions_per_day(self.gpus, self.rate_per_gpu_day):.3g} per day; MTBF {m / 3600:.2f} h "
                 f"(default rate: Llama 3, arXiv 2407.21783 3.3.4, 419 / (54 d x 16384))",
                 "failure domains: " + "; ".join(f"{d.name} {d.count} x {d.gpus_each} GPU" for d in self.domains),
-                f"checkpoint {self.checkpoint.total_bytes / 1e9:.1f} GB total, {self.checkpoint.per_rank_bytes / 1e9:.2f} "
-                f"GB on the most loaded rank; write {c:.1f} s, read {self.read_s:.1f} s",
+                self.size_line(),
                 self.dcp_line(),
                 f"interval: Young sqrt(2 C M) = {young_interval_s(c, m) / 60:.1f} min, Daly = {self.interval_s / 60:.1f} min",
                 f"restart cost R = {self.restart_overhead_s:.0f} s overhead + {self.read_s:.1f} s read = {self.restart_s:.1f} s; "

@@ -56,6 +56,40 @@ def test_cli_rank_gbps_is_documented_and_checked():
     assert res.exit_code == 0 and "DCP: the busiest rank writes" in res.output and "at 2 GB/s per rank" in res.output
 
 
+def test_reliability_labels_held_and_written_bytes_checked_by_hand(capsys):
+    """Issue 11 (newcomer trial 5) item 10: the Megatron-LM example (Llama 3 8B, tp 2, pp 2, dp 4,
+    distributed optimizer) printed 10.04 GB and 7.03 GB for the busiest rank without saying
+    which is held and which written. By hand: stage 1 holds 16 layers + final norm + output
+    layer; per tp rank a layer's linears 218,103,808 / 2 = 109,051,904 and its two norms 8,192
+    whole: 109,060,096 x 16 = 1,744,961,536, plus the output 128,256 x 4,096 / 2 = 262,668,288
+    and the norm 4,096: 2,007,633,920 parameters (stage 0, embedding for output and norm:
+    4,096 fewer). Held (zero1): bf16 parameters 2 B + fp32 master and Adam moments 12 B / dp 4
+    = 5 B each: 10,038,169,600 B. Written under DCP: the parameters are the same on the 4 dp
+    replicas, written once split between them, 2 / 4 + 3 = 3.5 B each: 7,026,718,720 B. On
+    disk: 3.5 B x 8 ranks a stage x (2 x 2,007,633,920 - 4,096) = 112,427,384,832 B."""
+    from meshplan.cli import main
+
+    per_rank = 16 * (218_103_808 // 2 + 8_192) + 128_256 * 4_096 // 2 + 4_096
+    assert per_rank == 2_007_633_920
+    held, written, total = 5 * per_rank, 3.5 * per_rank, 3.5 * 8 * (2 * per_rank - 4_096)
+    ex = Path(__file__).parents[1] / "examples" / "megatron_llama3-8b_16xh100_tp2-pp2.args"
+    with pytest.raises(SystemExit) as done:
+        main(["reliability", str(ex), "--cluster", "dgx-h100", "--nodes", "2", "--write-gbps", "10",
+              "--read-gbps", "10", "--restart-overhead-s", "300", "--json", "-"])
+    doc = json.loads(capsys.readouterr().out)
+    assert done.value.code == 0
+    assert doc["checkpoint"] == {"per_rank_bytes": held, "written_per_rank_bytes": written, "total_bytes": total}
+    with pytest.raises(SystemExit):
+        main(["reliability", str(ex), "--cluster", "dgx-h100", "--nodes", "2", "--write-gbps", "10",
+              "--read-gbps", "10", "--restart-overhead-s", "300", "--rank-gbps", "2"])
+    out = capsys.readouterr().out
+    assert ("checkpoint 112.4 GB on disk (every distinct shard once), 10.04 GB held by the most loaded rank "
+            "(parameters, master copy and optimizer state in its memory); write 11.2 s, read 11.2 s\n") in out
+    assert ("DCP: the busiest rank writes 7.027 GB, its share on disk (replicated shards written once, split between "
+            "the replicas that hold them), and reads back 10.038 GB, all it holds; at 2 GB/s per rank: write 3.51 s, "
+            "read 5.02 s\n") in out
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_validate_measures_dcp_bytes_per_rank(tmp_path):

@@ -31,8 +31,8 @@ nodes = 1
 global_batch = 8
 seq_len = 8192
 [mesh]
-names = ["dp_shard"]
-shape = [{n}]
+names = {names}
+shape = {shape}
 """
 H100X2 = """[model]
 catalog = "llama3-8b"
@@ -143,8 +143,11 @@ def test_nccl_check_json_lists_the_difference(tmp_path, capsys):
 @pytest.mark.parametrize("shape", [8, 3], ids=["over-memory", "unresolved"])
 @pytest.mark.parametrize("command", ["plan", "groups", "memory", "step", "reliability", "place"])
 def test_json_of_a_mesh_that_does_not_fit_carries_the_verdict(command, shape, tmp_path, capsys):
+    """dp_shard 8 over memory; unresolved: ep 3 does not divide dp_shard 8 (degrees that do not
+    make the world are input errors instead, exit 2: tests/test_handed_cli.py)."""
     cfg = tmp_path / "oom.toml"
-    cfg.write_text(OOM.format(n=shape))
+    cfg.write_text(OOM.format(names='["dp_shard"]', shape="[8]") if shape == 8 else
+                   OOM.format(names='["dp_shard", "ep"]', shape="[8, 3]"))
     out = tmp_path / "doc.json"
     extra = {"memory": ["--out", tmp_path],
              "reliability": ["--write-gbps", 100, "--read-gbps", 100, "--restart-overhead-s", 60]}.get(command, [])

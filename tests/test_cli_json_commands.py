@@ -144,15 +144,17 @@ def test_plan_json_to_stdout_is_the_plan_document(capsys):
     pytest.param(["bench", "attention", "{cfg}", "--out", "{tmp}/a.json", "--device", "cpu"], marks=pytest.mark.slow),
 ], ids=["report", "launch", "bench-gemm", "bench-attention"])  # bench imports torch: > 10 s on a loaded machine
 def test_json_of_a_mesh_that_does_not_resolve_carries_the_verdict(argv, tmp_path, capsys):
-    cfg = tmp_path / "dp3.toml"  # 3 ranks of data parallelism on an 8-GPU node
+    # ep 3 does not divide the 8 ranks of dp_shard 4 x tp 2: the mesh does not resolve, a result
+    # (degrees that do not make the world are input errors instead: tests/test_handed_cli.py)
+    cfg = tmp_path / "ep3.toml"
     cfg.write_text(MINI.read_text().replace('names = ["dp_shard", "tp"]\nshape = [4, 2]',
-                                            'names = ["dp_shard"]\nshape = [3]'))
+                                            'names = ["dp_shard", "tp", "ep"]\nshape = [4, 2, 3]'))
     argv = [a.replace("{cfg}", str(cfg)).replace("{tmp}", str(tmp_path)) for a in argv]
     rc, out, err = run(argv + ["--json", "-"], capsys)
     doc = json.loads(out)
     assert rc == 1 and errors("-".join(argv[:2]) if argv[0] == "bench" else argv[0], doc) == []
     assert doc["feasible"] is False and f"infeasible: {doc['reasons'][0]}" in err
-    assert doc["reasons"][0].startswith("dp_shard(3) = 3 != world(8)")
+    assert doc["reasons"][0].startswith("ep(3) * etp(1) = 3 does not divide dp_shard(4) * tp(2) = 8")
     assert doc["files"] == ([{"path": argv[3], "size_bytes": Path(argv[3]).stat().st_size}] if argv[0] == "report"
                             else [])
 

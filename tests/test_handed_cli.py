@@ -91,14 +91,29 @@ def test_c3_tp_inside_nodes_is_feasible_without_a_fault(tmp_path, capsys):
     assert "feasible (validity, groups and the memory peak)" in out and "infeasible" not in lines
 
 
-@pytest.mark.parametrize("mesh,line", [
-    ('names = ["dp_shard", "cp"]\nshape = [8, 8]', "infeasible: dp_shard(8) * cp(8) = 64 != world(8)"),
+C4_ERRORS = [
+    ('names = ["dp_shard", "cp"]\nshape = [8, 8]',
+     "error: mesh.shape: dp_shard 8 x cp 8 = 64 ranks, but the cluster has 8 GPUs; fix: shape [1, 8] (dp_shard = 8 / "
+     "cp 8 = 1; or -1 there to infer it), or cluster.nodes = 8 (64 GPUs)"),
+    # 8 / tp 2 = 4: pp must divide 4; tp 2 x pp 3 = 6 ranks divide lcm(6, 8) = 24 GPUs, 3 nodes
     ('names = ["dp", "tp", "pp"]\nshape = [-1, 2, 3]',
-     "infeasible: dp = -1 cannot be inferred: world 8 is not divisible by tp 2 * pp 3 = 6"),
-])
-def test_c4_rejections_are_one_line_with_the_numbers(tmp_path, capsys, mesh, line):
-    rc, _, err = run(capsys, "groups", config(tmp_path, mesh))
-    assert rc == 1 and [x for x in err.splitlines() if x.startswith("infeasible")][0].startswith(line)
+     "error: mesh.shape: dp = -1 cannot be inferred: tp 2 x pp 3 = 6 ranks do not divide the cluster's 8 GPUs; fix: "
+     "pp 1, 2 or 4 (a divisor of 8 / tp 2), or cluster.nodes = 3 (24 GPUs)"),
+]
+
+
+@pytest.mark.parametrize("mesh,line", C4_ERRORS)
+@pytest.mark.parametrize("command", ["groups", "plan", "step", "memory", "report", "launch", "export"])
+def test_c4_rejections_are_one_input_error_line_with_the_numbers(tmp_path, capsys, mesh, line, command):
+    """Degrees that cannot make the world are malformed input, as counts that disagree are:
+    every command that plans the one config exits 2 with one line naming the field, the
+    degrees, the ranks and the fix, nothing on stdout, no file written (the library's verdict
+    stays an infeasible result, test_handed_validity.py, which the search counts)."""
+    files = {"report": ["--out", tmp_path / "r.html"], "launch": ["--out", tmp_path / "l"],
+             "export": ["--to", "megatron", "-o", tmp_path / "m.args"]}
+    rc, out, err = run(capsys, command, config(tmp_path, mesh), *files.get(command, []))
+    assert (rc, out, err) == (2, "", line + "\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["case.toml"]
 
 
 @pytest.mark.parametrize("bad", [0, -2])

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -342,3 +343,44 @@ def test_megatron_overlap_keys_where_megatron_has_no_such_flag_are_refused(train
     with pytest.raises(ConfigError, match="^training: ") as e:
         _cfg("llama3-8b", 1, {"global_batch": 8, "seq_len": 4096, **training}, {"names": ["dp"], "shape": [8]})
     assert words in str(e.value) and len(str(e.value).splitlines()) == 1
+
+
+MEGATRON_8B = Path(__file__).parents[1] / "examples" / "megatron_llama3-8b_16xh100_tp2-pp2.args"
+
+
+def _import_8b(tmp_path, extra: str, drop: str = ""):
+    f = tmp_path / "args"
+    f.write_text(MEGATRON_8B.read_text().replace(drop, "") + extra + "\n")
+    return load_any(f, "megatron", ImportOptions(cluster="dgx-h100", nodes=2))
+
+
+def test_ddp_bucket_size_sets_the_buckets_by_hand(tmp_path):
+    """``--ddp-bucket-size 100000000`` (Megatron-LM arguments.py:3125 at d98e8a6,
+    DistributedDataParallelConfig.bucket_size, used under --overlap-grad-reduce) on the 8B
+    example (zero1, --overlap-grad-reduce, tp 2, pp 2, dp 4): a stage-0 rank's 2,007,629,824
+    gradient elements (16 layers x (218,103,808 / 2 + 8,192) + the embedding 128,256 x 4,096 / 2)
+    go in 20 buckets of 1e8 and one of 7,629,824, fp32: reduce-scatters of 400,000,000 B x 20
+    and 30,519,296 B; Megatron-LM's default, max(40e6, 1e6 x 4) = 4e7, makes 50 of 4e7 and the
+    same rest. The export writes the flag back; it reads back the same."""
+    numel = 16 * (218_103_808 // 2 + 8_192) + 128_256 * 4_096 // 2
+    assert numel == 2_007_629_824
+    cfg = _import_8b(tmp_path, "--ddp-bucket-size 100000000")
+    assert cfg.memory.grad_bucket_elements == 100_000_000 and not any("ddp-bucket" in n for n in cfg.notes)
+    for c, size, full in ((cfg, 100_000_000, 20), (_import_8b(tmp_path, ""), 40_000_000, 50)):
+        rows = [r for r in build_plan(c).stage(0).collectives if r.axis == "dp" and r.op == "reduce-scatter"]
+        assert sorted((r.size_bytes, r.per_step) for r in rows) == [(4 * (numel - full * size), 1), (4 * size, full)]
+    assert "--ddp-bucket-size 100000000" in write(cfg)
+    assert _lost(_header(cfg)) == []
+    assert not any(f.startswith("--ddp-bucket-size") for f in write(_import_8b(tmp_path, "")))
+
+
+@pytest.mark.parametrize("extra, drop, words", [
+    ("--ddp-bucket-size 100000000", "--overlap-grad-reduce", "without --overlap-grad-reduce Megatron-LM's DDP "
+     "ignores it"),
+    ("--ddp-bucket-size 100000000 --use-megatron-fsdp --data-parallel-sharding-strategy optim_grads_params", "",
+     "Megatron FSDP (zero3) takes it as its communication-unit size")])
+def test_ddp_bucket_size_where_megatron_does_not_bucket_by_it_is_a_note(tmp_path, extra, drop, words):
+    cfg = _import_8b(tmp_path, extra, drop)
+    assert cfg.memory.grad_bucket_elements is None
+    (note,) = [n for n in cfg.notes if "--ddp-bucket-size" in n]
+    assert note.startswith("megatron: --ddp-bucket-size 100000000 not planned: ") and words in note, note

@@ -35,6 +35,29 @@ def test_llama31_config_json_carries_its_scaling():
     assert model_from_hf_config(DATA / "deepseek-v3").rope_scaling is None
 
 
+def test_yarn_scaling_is_not_read_and_the_model_says_so():
+    """DeepSeek-V3's config.json rope_scaling (type yarn: factor 40, original 4,096 positions,
+    beta_fast 32, beta_slow 1, mscale and mscale_all_dim 1.0): RopeScaling holds Llama 3.1's
+    alone, so it is not read, and the model's "not modelled" list (which plan prints) names it
+    with its fields and says it changes RoPE's frequencies and the softmax scale, not FLOPs or
+    memory: the parameters are the same 671,026,404,352 either way (no size: the catalog's
+    deepseek-v3), as for the config without the key."""
+    import json
+
+    cfg = json.loads((DATA / "deepseek-v3" / "config.json").read_text())
+    v3, bare = model_from_hf_config(cfg), model_from_hf_config({k: v for k, v in cfg.items() if k != "rope_scaling"})
+    assert v3.rope_scaling is None and v3.param_count() == bare.param_count() == 671_026_404_352
+    assert catalog.model("deepseek-v3").param_count() == 671_026_404_352
+    assert ("rope_scaling yarn (beta_fast 32, beta_slow 1, factor 40, mscale 1.0, mscale_all_dim 1.0, "
+            "original_max_position_embeddings 4096) not read: meshplan's model spec carries Llama 3.1's llama3 "
+            "scaling only; yarn changes RoPE's frequencies and the attention softmax scale (mscale), not the FLOPs or "
+            "memory the plan counts") in v3.source
+    assert "rope_scaling" not in bare.source
+    linear = model_from_hf_config(cfg | {"rope_scaling": {"type": "linear", "factor": 2.0}})
+    assert "rope_scaling linear (factor 2.0) not read: meshplan's model spec carries Llama 3.1's llama3 scaling only; " \
+           "linear changes RoPE's frequencies, not the FLOPs" in linear.source
+
+
 def test_catalog_405b_is_llama31():
     """The catalog's llama3-405b is read from meta-llama/Llama-3.1-405B's config.json."""
     assert catalog.model("llama3-405b").rope_scaling == LLAMA31

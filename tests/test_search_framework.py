@@ -221,3 +221,34 @@ def test_step_schedule_option_refuses_what_deepspeed_engine_cannot_run():
         step_time(p, schedule="gpipe")
     assert e.value.field == "--schedule" and e.value.message.startswith("gpipe with pp 2 under training.zero12_engine")
     assert step_time(p, schedule="1f1b").step_s == step_time(p).step_s
+
+
+def test_megatron_search_says_which_rows_its_export_does_not_express():
+    """Under framework megatron, dp 8 on one node (pp, tp, cp 1; mb 1, full), zero3 and hsdp with
+    and without reshard_after_forward: 4 rows, kept gathered first (0.913 s against 0.927 s
+    resharded). Megatron FSDP, what --export --to megatron writes for zero3, reshards after
+    forward (Megatron-LM keeps parameters gathered only under --use-torch-fsdp2), so the line
+    says the top row's export does not express reshard_after_forward, as under DeepSpeed, and
+    the hsdp rows are refused (Megatron-LM has one data axis); each agrees with its export's
+    header. Under torch no line."""
+    from meshplan.interop.foreign import export
+    from meshplan.report.search import export_lines
+
+    space = {"pp": [1], "tp": [1], "dp_replicate": [1, 2], "sharding": ["zero3", "hsdp"]}
+    r = search(config({"framework": "megatron"}, **space), workers=1)
+    labels = [r.candidates.label(e.index) for e in r.top]
+    assert labels == ["dp_shard 8, mb 1, full, vpp 1, zero3, keep gathered", "dp_shard 8, mb 1, full, vpp 1, zero3",
+                      "dp_replicate 2 x dp_shard 4, mb 1, full, vpp 1, hsdp, keep gathered",
+                      "dp_replicate 2 x dp_shard 4, mb 1, full, vpp 1, hsdp"]
+    assert [round(e.step_s, 3) for e in r.top[:2]] == [0.913, 0.927]
+    (line,) = export_lines(r)
+    assert line.startswith("--export N --to megatron: row 1 not expressed: training.reshard_after_forward; rows 3, 4 "
+                           "refused (Megatron-LM's arguments cannot hold them: one data-parallel axis"), line
+    assert "; training.reshard_after_forward: Megatron FSDP (--use-megatron-fsdp, what the export writes for zero3) " \
+           "reshards every layer after its forward; Megatron-LM keeps parameters gathered only under " \
+           "--use-torch-fsdp2 with --torch-fsdp2-no-reshard-after-forward" in line
+    for k in (1, 2):
+        _, head = export(candidate_config(r.config, r.candidates, r.top[k - 1].index), "megatron", "search")
+        lost = [h for h in head if h.startswith("not expressed in megatron")]
+        assert lost == (["not expressed in megatron: training.reshard_after_forward: False -> True"] if k == 1 else [])
+    assert export_lines(search(config({}, **space), workers=1)) == []

@@ -52,6 +52,10 @@ Megatron-LM                              meshplan
 --overlap-grad-reduce,                   training.overlap_grad_reduce / overlap_param_gather with none / zero1
   --overlap-param-gather                   (Megatron-LM's DDP buffers); written with Megatron FSDP (zero2; zero3
                                            both), which forces them and the step models
+--ddp-bucket-size                        memory.grad_bucket_elements with none / zero1 and --overlap-grad-reduce
+                                           (Megatron-LM's DDP buckets; unset max(40e6, 1e6 x dp)); elsewhere a note
+                                           (Megatron-LM's DDP ignores it without overlap, Megatron FSDP sizes its
+                                           communication units by it, which meshplan does not model)
 --max-position-embeddings                written as max(model.max_position, --seq-length) (Megatron-LM's assertion)
 --moe-expert-capacity-factor,            training.moe_capacity_factor; absent or < 0: moe_dropless (Megatron-LM's
   --moe-pad-expert-input-to-capacity       default); meshplan plans the padded E x C buffer (without the padding
@@ -105,7 +109,7 @@ USED = set(PARALLEL) | MODEL_FLAGS | {
     "--tp-comm-overlap", "--make-vocab-size-divisible-by", "--use-flash-attn", "--nnodes", "--grad-reduce-in-bf16",
     "--clip-grad", "--hidden-dropout", "--attention-dropout", "--no-bias-swiglu-fusion",
     "--moe-expert-capacity-factor", "--moe-pad-expert-input-to-capacity", "--moe-token-dispatcher-type",
-    "--cp-comm-type", "--overlap-grad-reduce", "--overlap-param-gather"}
+    "--cp-comm-type", "--overlap-grad-reduce", "--overlap-param-gather", "--ddp-bucket-size"}
 #: What meshplan plans for the expert dispatch (an all-to-all over ep) and for context parallelism
 #: (the K/V all-gather), as Megatron-LM spells them: ``--moe-token-dispatcher-type`` (choices
 #: allgather, alltoall, flex; default allgather) and ``--cp-comm-type`` (p2p, all_gather, a2a,
@@ -294,6 +298,28 @@ def _overlap_flags(args: dict, sharding: str) -> dict[str, bool]:
     return {k: True for k, on in keys.items() if on}
 
 
+def _bucket(args: dict, training: dict, notes: list[str]) -> dict[str, int]:
+    """``[memory] grad_bucket_elements`` from ``--ddp-bucket-size`` (arguments.py:3125 at
+    d98e8a6, ``DistributedDataParallelConfig.bucket_size``: elements per bucket). Megatron-LM's
+    DDP uses it only under ``--overlap-grad-reduce``, its default ``max(40e6, 1e6 x dp)``, and
+    sets it to None without (one bucket; ``DistributedDataParallel.__init__``,
+    megatron/core/distributed/distributed_data_parallel.py:131-137 at d98e8a6): read with
+    none / zero1 and ``training.overlap_grad_reduce``, where meshplan plans those buckets
+    (:func:`meshplan.comm.collectives._megatron_bucket_rows`); elsewhere a note says why not."""
+    size = _int(args, "--ddp-bucket-size")
+    if size is None:
+        return {}
+    if training["sharding"] not in ("none", "zero1"):
+        notes.append(f"--ddp-bucket-size {size} not planned: Megatron FSDP ({training['sharding']}) takes it as its "
+                     f"communication-unit size, which meshplan does not model (it plans one layer per FSDP unit)")
+        return {}
+    if not training.get("overlap_grad_reduce"):
+        notes.append(f"--ddp-bucket-size {size} not planned: without --overlap-grad-reduce Megatron-LM's DDP ignores "
+                     f"it (one bucket, reduced after the backward)")
+        return {}
+    return {"grad_bucket_elements": size}
+
+
 def _nnodes(args: dict, opts: ImportOptions, notes: list[str]) -> Optional[int]:
     """torchrun's ``--nnodes`` of a launch script (None when absent or ``--nodes`` is
     given: then a note when they differ); an elastic range or an unresolved variable asks
@@ -461,7 +487,8 @@ def read(text: str, opts: ImportOptions) -> Imported:
         notes.append("--use-flash-attn not given: planned with flash attention (Transformer Engine's fused "
                      "attention, Megatron-Core's default)")
     unused = tuple(k for k in args if k not in USED)
-    memory = {"dropout": True} if _dropout(args, notes) else {}
+    memory: dict[str, Any] = {"dropout": True} if _dropout(args, notes) else {}
+    memory |= _bucket(args, training, notes)
     if args.get("--no-bias-swiglu-fusion") and args.get("--swiglu"):
         memory["fused_glu"] = False  # unset: fused, Megatron-LM's default (MemoryOptions.fused_glu)
     tables = {"model": model, "cluster": cluster, "training": training, "mesh": mesh}
@@ -498,6 +525,8 @@ def write(cfg: Config) -> list[str]:
     out += _write_pipeline(cfg, mesh)
     out += _write_sharding(t.sharding)
     out += ["--overlap-grad-reduce"] * t.overlap_grad_reduce + ["--overlap-param-gather"] * t.overlap_param_gather
+    bucket = cfg.memory.grad_bucket_elements
+    out += [f"--ddp-bucket-size {bucket}"] * bool(bucket and t.overlap_grad_reduce and t.sharding in ("none", "zero1"))
     if t.recompute in ("layer", "op"):
         what = f"every {t.ac_freq}-th layer in full" if t.recompute == "layer" else "op-level SAC"
         raise ConfigError("--to", f"Megatron-LM has no flag for torchtitan's recompute {t.recompute!r} ({what}; "

@@ -27,7 +27,7 @@ from meshplan.config import Config
 from meshplan.errors import ConfigError
 from meshplan.interop.common import catalog_model_name
 from meshplan.mesh.layers import stage_layers
-from meshplan.mesh.resolve import Infeasible, Mesh, resolve_mesh
+from meshplan.mesh.resolve import Infeasible, Mesh, resolve_mesh, world_error
 from meshplan.spec.mesh import MeshSpec
 
 
@@ -94,6 +94,9 @@ def resolved(cfg: Config) -> Mesh:
     """The config's mesh resolved against its cluster; ConfigError (exporting needs a mesh
     that resolves) otherwise."""
     m = resolve_mesh(mesh_spec(cfg), cfg.cluster.world, cfg.cluster.node.gpus)
+    bad = world_error(mesh_spec(cfg), cfg.cluster.world, cfg.cluster.node.gpus) if isinstance(m, Infeasible) else None
+    if bad is not None:  # degrees that cannot make the world: the one line that names the fix
+        raise bad
     if isinstance(m, Infeasible):
         raise ConfigError("mesh", f"cannot export a mesh that does not resolve: {m.reasons[0]}")
     return m

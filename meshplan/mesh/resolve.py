@@ -25,7 +25,7 @@ re-factored as ``(efsdp, ep, etp)`` with etp fastest; the rule is ``B % (ep*etp)
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from math import prod
+from math import gcd, prod
 from typing import Union
 
 import numpy as np
@@ -185,6 +185,70 @@ def _world_fix(spec: MeshSpec, pairs, world: int, total: int, gpus_per_node: int
     return ", ".join(fixes)
 
 
+def _pairs(spec: MeshSpec) -> list[tuple[str, int]]:
+    """(axis, degree as given) of ``spec``, outermost first, from names + shape or order + degrees."""
+    if spec.names is not None and spec.shape is not None:
+        return list(zip(spec.names, spec.shape))
+    if spec.order is not None and spec.degrees is not None:
+        names = from_megatron_order(spec.order)
+        unknown = set(spec.degrees) - set(names)
+        if unknown:
+            raise ConfigError("mesh.degrees", f"axes {sorted(unknown)} are not in order {spec.order!r}")
+        return [(n, spec.degrees.get(n, 1)) for n in names]
+    # MeshSpec's validator already refuses this; kept so the two forms are narrowed here
+    raise ConfigError("mesh", "give either names + shape or order + degrees")
+
+
+def world_error(spec: MeshSpec, world: int, gpus_per_node: int = 0) -> ConfigError | None:
+    """The input error of degrees that cannot make ``world`` ranks (``mesh.world`` when set),
+    None when they can: their product is another number, or a -1 cannot be inferred because
+    the other degrees do not divide the world. One line naming the field, the degrees, the
+    ranks and the fix (:func:`_world_fix`; for a -1, the values of one other axis that divide,
+    and the node count that fits). The CLI refuses such a config as malformed (exit 2); the
+    library's :func:`resolve_mesh` keeps returning :class:`Infeasible`, which the search and
+    ``compare`` report as a result. Malformed degrees (0, two -1s) raise there first.
+
+    >>> print(world_error(MeshSpec(names=["dp_shard", "cp"], shape=[8, 8]), 8, 8))
+    mesh.shape: dp_shard 8 x cp 8 = 64 ranks, but the cluster has 8 GPUs; fix: shape [1, 8] (dp_shard = 8 / cp 8 = 1; or -1 there to infer it), or cluster.nodes = 8 (64 GPUs)
+    >>> print(world_error(MeshSpec(names=["dp", "tp", "pp"], shape=[-1, 2, 3]), 8, 8))
+    mesh.shape: dp = -1 cannot be inferred: tp 2 x pp 3 = 6 ranks do not divide the cluster's 8 GPUs; fix: pp 1, 2 or 4 (a divisor of 8 / tp 2), or cluster.nodes = 3 (24 GPUs)
+    >>> world_error(MeshSpec(names=["dp_shard", "tp"], shape=[-1, 2]), 8, 8) is None
+    True
+    """
+    field = "mesh.shape" if spec.names is not None else "mesh.degrees"
+    has = f"mesh.world is {spec.world}" if spec.world else f"the cluster has {world} GPUs"
+    world = spec.world or world
+    pairs = _pairs(spec)
+    dense = [(n, d) for n, d in pairs if n not in EXPERT_AXES]
+    given = [(n, d) for n, d in dense if d != -1]
+    known = prod(d for _, d in given)
+    expr = " x ".join(f"{n} {d}" for n, d in given) or "1"
+    inferred = [n for n, d in dense if d == -1]
+    if not inferred:
+        return None if known == world else ConfigError(field, f"{expr} = {known} ranks, but {has}; "
+                                                       + _world_fix(spec, pairs, world, known, gpus_per_node))
+    if world % known == 0:
+        return None
+    fixes = []
+    for n, d in given:
+        rest = known // d
+        if d > 1 and world % rest == 0:
+            ok = [k for k in range(1, world // rest + 1) if (world // rest) % k == 0]
+            others = " x ".join(f"{m} {e}" for m, e in given if m != n) or "1"
+            fixes.append(f"{n} {_alternatives(ok)} (a divisor of {world} / {others})")
+    if gpus_per_node and not spec.world:
+        lcm = known * gpus_per_node // gcd(known, gpus_per_node)
+        fixes.append(f"cluster.nodes = {lcm // gpus_per_node} ({lcm} GPUs)")
+    where = f"mesh.world {world}" if spec.world else f"the cluster's {world} GPUs"
+    return ConfigError(field, f"{inferred[0]} = -1 cannot be inferred: {expr} = {known} ranks do not divide {where}; "
+                       "fix: " + (", or ".join(fixes) or "degrees whose product divides the world"))
+
+
+def _alternatives(values: list[int]) -> str:
+    """``1, 2 or 4`` (``values`` in order)."""
+    return str(values[0]) if len(values) == 1 else f"{', '.join(map(str, values[:-1]))} or {values[-1]}"
+
+
 def resolve_mesh(spec: MeshSpec, world: int, gpus_per_node: int = 0) -> Union[Mesh, Infeasible]:
     """Resolve degrees against ``world`` ranks.
 
@@ -203,16 +267,7 @@ def resolve_mesh(spec: MeshSpec, world: int, gpus_per_node: int = 0) -> Union[Me
     or -1 there to infer it)
     """
     world = spec.world or world
-    if spec.names is not None and spec.shape is not None:
-        pairs = list(zip(spec.names, spec.shape))
-    elif spec.order is not None and spec.degrees is not None:
-        names = from_megatron_order(spec.order)
-        unknown = set(spec.degrees) - set(names)
-        if unknown:
-            raise ConfigError("mesh.degrees", f"axes {sorted(unknown)} are not in order {spec.order!r}")
-        pairs = [(n, spec.degrees.get(n, 1)) for n in names]
-    else:  # MeshSpec's validator already refuses this; kept so the two forms are narrowed here
-        raise ConfigError("mesh", "give either names + shape or order + degrees")
+    pairs = _pairs(spec)
     Layout(tuple(n for n, _ in pairs), tuple(1 for _ in pairs))  # name checks
     for n, d in pairs:
         if not isinstance(d, int) or d == 0 or d < -1:

@@ -159,20 +159,55 @@ def print_search(r: SearchResult, console: Console) -> None:
         console.print(line, highlight=False, markup=False)
 
 
-def export_lines(r: SearchResult) -> list[str]:
-    """Under DeepSpeed (a DeepSpeed JSON, or its engine: :func:`meshplan.spec.wording.zero_runtime`),
-    what ``--export N --to deepspeed`` of each row shown does not write, as the export's header
-    lists it (:func:`meshplan.interop.foreign.not_expressed`: ``training.recompute``, which
-    DeepSpeed's JSON does not choose, ``training.reshard_after_forward``, ...), and the rows it
-    refuses (tp, pp, cp or ep > 1, hsdp); empty elsewhere or when every row exports whole."""
+#: Per export target whose words ``search`` speaks (:func:`export_target`): the rows its file
+#: refuses, and why a field its export drops is dropped (the field's ``table.key``).
+_REFUSED = {
+    DEEPSPEED: "a DeepSpeed config runs ZeRO over one data axis, without TP/PP/CP/EP or HSDP",
+    "megatron": "Megatron-LM's arguments cannot hold them: one data-parallel axis, 1F1B or interleaved 1F1B, "
+                "first and last stage apart from an even split; search --export N --to megatron names the reason"}
+_DROPPED = {
+    DEEPSPEED: {"training.recompute": "DeepSpeed's JSON does not choose activation checkpointing, the model code "
+                "does (the export header names the policy to apply; an activation_checkpointing section reads "
+                "back as full, no section as none)"},
+    # Megatron-LM's one switch that keeps parameters gathered, --torch-fsdp2-no-reshard-after-forward
+    # (megatron/training/arguments.py:3218 at d98e8a6), acts under --use-torch-fsdp2 only
+    # (get_megatron_ddp_config, megatron/training/training.py:2627-2629); Megatron FSDP
+    # (--use-megatron-fsdp, what meshplan plans and writes for zero3) releases every FSDP unit's
+    # parameters in its post-forward hook under optim_grads_params (_post_forward,
+    # megatron/core/distributed/fsdp/src/megatron_fsdp/megatron_fsdp.py:975-1000 at d98e8a6)
+    "megatron": {"training.reshard_after_forward": "Megatron FSDP (--use-megatron-fsdp, what the export writes "
+                 "for zero3) reshards every layer after its forward; Megatron-LM keeps parameters gathered only "
+                 "under --use-torch-fsdp2 with --torch-fsdp2-no-reshard-after-forward, an engine meshplan neither "
+                 "plans nor writes (the row's file runs resharded, as the row without 'keep gathered')"}}
+
+
+def export_target(r: SearchResult) -> str | None:
+    """The format whose export ``search`` reports on (:func:`export_lines`): ``deepspeed``
+    under DeepSpeed (a DeepSpeed JSON, or its engine: :func:`meshplan.spec.wording.zero_runtime`),
+    ``megatron`` under ``training.framework = "megatron"`` otherwise, else None."""
     cfg = r.config
-    if zero_runtime(cfg.training, cfg.origin) != DEEPSPEED or not r.top:
+    if zero_runtime(cfg.training, cfg.origin) == DEEPSPEED:
+        return DEEPSPEED
+    return "megatron" if cfg.training.framework == "megatron" else None
+
+
+def export_lines(r: SearchResult) -> list[str]:
+    """Under DeepSpeed or Megatron-LM (:func:`export_target`), what ``--export N --to T`` of
+    each row shown does not write, as the export's header lists it
+    (:func:`meshplan.interop.foreign.not_expressed`: ``training.recompute``, which DeepSpeed's
+    JSON does not choose, ``training.reshard_after_forward`` false, which Megatron FSDP does not
+    run (:data:`_DROPPED`), ...), and the rows T refuses (:data:`_REFUSED`: DeepSpeed tp, pp, cp
+    or ep > 1, hsdp; Megatron-LM hsdp, a V-shaped schedule); empty elsewhere or when every row
+    exports whole."""
+    to = export_target(r)
+    if to is None or not r.top:
         return []
+    cfg = r.config
     lost: dict[tuple[str, ...], list[int]] = {}
     refused: list[int] = []
     for k, e in enumerate(r.top, 1):
         row_cfg = candidate_config(cfg, r.candidates, e.index)
-        fields, why = not_expressed(row_cfg, DEEPSPEED, {DEEPSPEED: export_refusals(row_cfg, DEEPSPEED)})
+        fields, why = not_expressed(row_cfg, to, {to: export_refusals(row_cfg, to)})
         if why is not None:
             refused.append(k)
         elif fields:
@@ -181,12 +216,9 @@ def export_lines(r: SearchResult) -> list[str]:
         return []
     parts = [f"{_rows(ks)} not expressed: {', '.join(f)}" for f, ks in lost.items()]
     if refused:
-        parts.append(f"{_rows(refused)} refused (a DeepSpeed config runs ZeRO over one data axis, without "
-                     "TP/PP/CP/EP or HSDP)")
-    why = ("; training.recompute: DeepSpeed's JSON does not choose activation checkpointing, the model code does "
-           "(the export header names the policy to apply; an activation_checkpointing section reads back as full, "
-           "no section as none)" if any("training.recompute" in f for f in lost) else "")
-    return [f"--export N --to deepspeed: {'; '.join(parts)}{why}"]
+        parts.append(f"{_rows(refused)} refused ({_REFUSED[to]})")
+    why = "".join(f"; {key}: {text}" for key, text in _DROPPED[to].items() if any(key in f for f in lost))
+    return [f"--export N --to {to}: {'; '.join(parts)}{why}"]
 
 
 def _rows(ks: list[int]) -> str:

@@ -42,7 +42,8 @@ config.json files and transformers' config classes):
 Keys that set a size are required; flags missing from the file take their transformers
 default (``tie_word_embeddings`` false except gpt2, no biases except gpt2/gpt_neox/qwen2).
 Carried without a cost: ``rope_theta``, the norm epsilon and a ``rope_scaling`` of type
-"llama3" (Llama 3.1's, :func:`_rope_scaling`); other ``rope_scaling`` types are not read.
+"llama3" (Llama 3.1's, :func:`_rope_scaling`); other ``rope_scaling`` types (DeepSeek's yarn)
+are not read, with a "not modelled" note that says so and why it costs nothing.
 
 >>> gpt2 = {"model_type": "gpt2", "n_layer": 12, "n_embd": 768, "n_head": 12,
 ...         "n_positions": 1024, "vocab_size": 50257}
@@ -342,19 +343,36 @@ def _rope_scaling(cfg: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]
     """``rope_scaling`` of a RoPE model's config when it is Llama 3.1's (``rope_type``, or the
     older ``type``, "llama3": meta-llama/Llama-3.1-8B's config.json has factor 8.0,
     low_freq_factor 1.0, high_freq_factor 4.0, original_max_position_embeddings 8192), as
-    :class:`~meshplan.spec.model.RopeScaling` fields; absent, null or another type (DeepSeek's
-    "yarn", "linear", "dynamic"): left out, as they change no size or cost either. A key of
-    the llama3 type that is missing or not a number > 0 is a ConfigError naming it.
+    :class:`~meshplan.spec.model.RopeScaling` fields; absent or null: nothing. Another type
+    (DeepSeek's "yarn", "linear", "dynamic") is not read, :class:`RopeScaling` holding Llama
+    3.1's alone: a one-line note among the model's "not modelled" says so with its fields (the
+    plan prints it), and that it costs nothing the plan counts: the scaling changes RoPE's
+    inverse frequencies, computed once, and yarn also the attention softmax scale (its
+    ``mscale``: transformers' ``_compute_yarn_parameters`` returns an attention factor), one
+    scalar, while the per-token rotation and the attention's FLOPs and memory stay the same.
+    A key of the llama3 type that is missing or not a number > 0 is a ConfigError naming it.
 
     >>> _rope_scaling({"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
     ...     "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}}, {"position_embedding": "rope"})
     {'rope_scaling': {'factor': 8.0, 'low_freq_factor': 1.0, 'high_freq_factor': 4.0, 'original_max_position': 8192}}
+    >>> print(_rope_scaling({"rope_scaling": {"type": "yarn", "factor": 40, "beta_fast": 32}},
+    ...                     {"position_embedding": "rope", "_notes": []})["_notes"][0])
+    rope_scaling yarn (factor 40, beta_fast 32) not read: meshplan's model spec carries Llama 3.1's llama3 scaling only; yarn changes RoPE's frequencies and the attention softmax scale (mscale), not the FLOPs or memory the plan counts
     """
     rs = cfg.get("rope_scaling")
     if not isinstance(rs, dict) or fields.get("position_embedding") != "rope":
         return {}
-    if rs.get("rope_type", rs.get("type")) != "llama3":
+    kind = rs.get("rope_type", rs.get("type"))
+    if kind in (None, "default"):  # transformers' "default": unscaled RoPE
         return {}
+    if kind != "llama3":
+        given = ", ".join(f"{printable(str(k))[:40]} {json.dumps(v)[:20]}" for k, v in rs.items()
+                          if k not in ("type", "rope_type"))
+        what = "RoPE's frequencies" + (" and the attention softmax scale (mscale)" if kind == "yarn" else "")
+        shown = printable(str(kind))[:40]
+        return {"_notes": [*fields.get("_notes", []),
+                           f"rope_scaling {shown} ({given}) not read: meshplan's model spec carries Llama 3.1's "
+                           f"llama3 scaling only; {shown} changes {what}, not the FLOPs or memory the plan counts"]}
     out: dict[str, Any] = {}
     for key, field in LLAMA3_SCALING.items():
         v = rs.get(key)

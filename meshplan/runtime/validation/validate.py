@@ -68,7 +68,7 @@ from meshplan.config import Config, load_config
 from meshplan.errors import ConfigError
 from meshplan.limits import BOUNDS
 from meshplan.fileio import check_destination, staged_folder
-from meshplan.mesh.resolve import Infeasible, resolve_mesh
+from meshplan.mesh.resolve import Infeasible, resolve_mesh, world_error
 from meshplan.plan import Infeasible as NoPlan
 from meshplan.plan import build_plan, run_reasons
 from meshplan.pipeline.registry import fewest_micro_batches
@@ -158,6 +158,9 @@ def scale_mesh(spec: MeshSpec, base_world: int, world: int) -> tuple[MeshSpec, s
     ([2, 8], 'dp_shard = 16 / (tp 8) = 2 (config: dp_shard 8)')
     """
     mesh = resolve_mesh(spec, base_world)
+    bad = world_error(spec, base_world) if isinstance(mesh, Infeasible) else None
+    if bad is not None:  # degrees that cannot make the world: the one line that names the fix
+        raise bad
     if isinstance(mesh, Infeasible):
         raise ConfigError("mesh", "the config's mesh does not resolve: " + "; ".join(mesh.reasons))
     names, shape = list(mesh.layout.names), list(mesh.layout.shape)
