@@ -36,6 +36,7 @@ from meshplan.compute.measured import kernel_data, memory_kernel_seconds
 from meshplan.compute.ops import layer_cost
 from meshplan.interop.common import ImportOptions
 from meshplan.interop.foreign import load_any
+from meshplan.memory.sizes import float8_copies, layer_act_sizes
 from meshplan.plan import build_plan
 from meshplan.schedule.steptime import float8_precompute_s, step_time, workload_of
 
@@ -189,3 +190,33 @@ def test_precompute_all_reduces_over_fsdp_then_tp(tmp_path):
     row = next(r for r in a8.stage(0).collectives if "precompute_float8" in r.cadence and r.axis == "tp")
     assert tp.start_s == fsdp.end_s and tp.dur_s == pytest.approx(row.time_s, rel=1e-9) and tp.stream == "tp"
     assert "float8 amax all-reduce over tp (precompute)" not in {e.name for e in step_time(t1).post_events}
+
+
+def test_saved_float8_input_copies_in_the_memory_timeline(tmp_path):
+    """The float8 copies of the Linears' inputs kept from forward to backward, 1 B an element
+    (compiled: the forward cast's column-major copy; eager: each Linear's saved input_fp8).
+    T1 (16,384 rows): attention, wo and MLP inputs 16,384 x 4096 = 67,108,864 B each, w_down's
+    16,384 x 14336 = 234,881,024 B: 436,207,616 B a layer, 32 layers at the end of pp 1's forward
+    (13,958,643,712 B more than the same plan in bf16) without recompute and under selective
+    recompute; replayed with the casts under op-level and full recompute (rework, no peak change)."""
+    p = plan_of("T1 FSDP+compile+fp8", tmp_path)
+    c, layer = p.config, 436_207_616
+    assert sum(float8_copies(c.model, c.training, p.mesh).values()) == 16384 * (3 * 4096 + 14336) == layer
+
+    def sizes(rc, ld="fp8", compile_=True):
+        t = c.training.model_copy(update={"recompute": rc, "linear_dtype": ld, "fp8_all_gather": ld == "fp8",
+                                          "torch_compile": compile_})
+        return layer_act_sizes(c.model, t, p.mesh, c.memory), replace(c, training=t)
+
+    for rc in ("none", "selective", "op", "full"):
+        (f8, cfg8), (bf, cfgb) = sizes(rc), sizes(rc, None)
+        kept = layer if rc in ("none", "selective") else 0
+        assert (f8.saved - bf.saved, f8.rework - bf.rework) == (kept, layer - kept), rc
+        frees = {a.name: a.frees - b.frees for a, b in zip(f8.steps, bf.steps)}
+        assert (frees["attention w_qkv"], frees["mlp w_out"], sum(frees.values())) == (67_108_864, 234_881_024, layer)
+        if rc in ("none", "op"):  # the timeline's peak: the end of the forward, every layer's saved tensors
+            peak8, peakb = build_plan(cfg8).timeline.peak, build_plan(cfgb).timeline.peak
+            assert peak8.total_bytes - peakb.total_bytes == 32 * kept == (13_958_643_712 if kept else 0)
+    # eagerly each Linear saves its own: wq, wk, wv the attention input, w_gate and w_up the MLP's
+    eager, _ = sizes("none", compile_=False)
+    assert eager.saved - sizes("none", None, False)[0].saved == 16384 * (6 * 4096 + 14336)

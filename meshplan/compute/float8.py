@@ -51,6 +51,11 @@ produced the tensor):
 element each (weight, output gradient, input). Rowwise eager is counted as compiled, per
 Linear (a lower bound: its kernel list is not derived here).
 
+**Memory**: the float8 copies of the inputs that the weight-gradient GEMMs read live from the
+forward to the backward, 1 B an element (:func:`saved_copies`; the memory timeline's
+:func:`meshplan.memory.sizes.float8_copies`); the output gradients' and the weights' copies are
+made and consumed in the backward.
+
 **FSDP2's pre-all-gather cast** (``training.fp8_all_gather``; eab345c ``fsdp_utils.py``
 ``WeightWithDynamicFloat8CastTensor.fsdp_pre_all_gather``): before each all-gather of a unit
 FSDP2 calls the hook on the rank's local shard of every float8 weight, held in the parameter
@@ -194,6 +199,42 @@ def layer_kernels(model, w, gemms, b: int) -> list[tuple[str, str, str, float]]:
         for k, phase, nb in weight_kernels(rowwise, eager, b, w.fp8_all_gather and not rowwise):
             name = f"float8 {k} ({g.name} weight" + (f", {OVER_TP})" if k == "amax" and tp8 else ")")
             out.append((name, _bw_block(block) if phase != "forward" else block, phase, float(nb * g.n * g.k * g.count)))
+    return out
+
+
+def saved_copies(model, w, gemms) -> dict[str, int]:
+    """Bytes of the float8 copies of a layer's Linear inputs that live from its forward to its
+    backward, by input (:data:`INPUTS` names), 1 B an element of the rank's ``M x K`` input
+    (``gemms``: :func:`meshplan.compute.shapes.layer_gemms`; M the rank's tokens, gathered under
+    SP): compiled, the forward's cast writes the column-major copy the weight-gradient GEMM
+    reads (module docstring; rowwise: its transposed cast, also in forward); eagerly
+    ``manual_float8_matmul_with_args_in_float8.forward`` saves the row-major ``input_fp8``
+    (eab345c ``float8_linear.py``, ``ctx.save_for_backward(input_fp8, weight_fp8_t)``), each
+    Linear its own; under torchao's float8 TP the gathered float8 input, cast once before the
+    gather. Shared inputs as :func:`layer_kernels` casts them. The weights' float8 copies are not
+    kept (gathered in float8: FSDP2's buffer, resharded; otherwise cast again in backward).
+    Whether they are saved or recomputed is the recompute policy's (the memory model's). torchao
+    since 2025-01 (#1480, ``matmul_with_hp_or_float8_args``) saves the high-precision input
+    instead and casts it in backward, eagerly; compiled, where the copy is written is the
+    partitioner's choice, taken here as torchao's roofline takes it (not measured).
+
+    >>> from meshplan import catalog
+    >>> from meshplan.compute.ops import Workload
+    >>> from meshplan.compute.shapes import layer_gemms
+    >>> m = catalog.model("llama3-8b")
+    >>> w = Workload(seq_len=8192, micro_batch=2, linear_dtype="fp8", float8_gemms=frozenset(INPUTS))
+    >>> saved_copies(m, w, layer_gemms(m, 1, 16384))
+    {'attn input': 67108864, 'wo input': 67108864, 'mlp input': 67108864, 'w_down input': 234881024}
+    """
+    if not applies(w):
+        return {}
+    tp8 = float8_tp(model, w)
+    out: dict[str, int] = {}
+    for g in (g for g in gemms if g.name in w.float8_gemms and g.name in INPUTS):
+        what = INPUTS[g.name][0]
+        shared = what in out and (tp8 and what in GATHERED_INPUTS or not w.torch_eager)
+        if not shared:
+            out[what] = out.get(what, 0) + g.m * g.k * g.count
     return out
 
 
