@@ -90,6 +90,12 @@ data gradient, 2 B; op-level AC replays the input casts, not their amaxes): 7.28
 per micro-batch at T1's 16,384 rows, +97 ms a step (T1 fp8 +48.2% -> +37.7%, T3 fp8 +56.5% ->
 +45.2%), plus the precompute's read of the fp32 weight shards after the optimizer (1.1 ms) and
 its all-reduce, now after it (was spread over the backward as a per-step reduction).
+FSDP2's pre-all-gather casts of the fp32 weight shards (torchao eab345c ``fsdp_pre_all_gather``,
+eager, 21 B an element) delay each layer's all-gather (T1 +215.9 us a gather, A8 +98.7 us) and
+under TP the precompute's amaxes are all-reduced over tp too (896 B, a step-end event): T1 fp8
++37.7% -> +37.4%, the other float8 rows within 0.1 point (mean |error| 44.51% -> 44.48%). The
+float8 input copies kept for backward (1 B a value, the memory timeline) move no row's peak:
+every row recomputes (op-level or full AC), which replays the casts.
 Rowwise (per-row scales, plain TP) casts the gathered tensors on every tp rank, 8 B an element
 (A8 fp8rw +85.7% -> +59.8%, A70 fp8rw +76.2% -> +56.7%). Not checked in a trace. Less (a)'s
 bandwidth, 0.54 / 0.58 / 0.42 s a step of the three T1 rows is left to the GPU's unknown

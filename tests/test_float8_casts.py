@@ -30,11 +30,13 @@ from pathlib import Path
 import pytest
 
 from meshplan import catalog
+from meshplan.comm.collectives import path_time
 from meshplan.compute import float8
 from meshplan.compute.measured import kernel_data, memory_kernel_seconds
 from meshplan.compute.ops import layer_cost
 from meshplan.interop.common import ImportOptions
 from meshplan.interop.foreign import load_any
+from meshplan.memory.sizes import float8_copies, layer_act_sizes
 from meshplan.plan import build_plan
 from meshplan.schedule.steptime import float8_precompute_s, step_time, workload_of
 
@@ -145,3 +147,76 @@ def test_full_ac_replays_the_amax_too(tmp_path):
     ops = f8_ops(p)
     assert ops["float8 amax (attn input) (recompute)", "backward_input", True] == 2 * 32768 * 4096
     assert ops["float8 cast (attn input) (recompute)", "backward_input", True] == 4 * 32768 * 4096
+
+
+def _cast_delay(plan) -> dict:
+    """cadence -> seconds each fsdp all-gather row takes beyond its collective (the pre-all-gather casts)."""
+    out = {}
+    for r in plan.stage(0).collectives:
+        if r.op == "all-gather" and r.axis == "dp_shard":
+            _, plain = path_time(r.op, r.group_size, r.size_bytes, r.path, plan.config.cluster)
+            out[r.phase, r.cadence] = r.time_s - plain
+    return out
+
+
+def test_pre_all_gather_casts_delay_each_layer_all_gather(tmp_path):
+    """torchao's fsdp_pre_all_gather casts each float8 weight's fp32 shard eagerly before the
+    all-gather: * scale (8 B an element), clamp (8 B), .to(float8) (5 B), each kernel at Triad
+    or its issue floor. T1 (dp_shard 8): wq and wo 2,097,152 elements a shard, wk and wv 524,288,
+    w_gate, w_up and w_down 7,340,032; A8 (tp 8 x dp_shard 8): every shard an eighth of the tp
+    shard (wq 262,144, wk 65,536, w_gate 917,504 elements: at most 7.3 MB a kernel, under the
+    4.7 us floor's 14 MB), so 21 kernels at the floor."""
+    d = kernel_data(H100.name)
+    shards = [4096 * 4096 // 8] * 2 + [1024 * 4096 // 8] * 2 + [4096 * 14336 // 8] * 3
+    want = sum(max(n * b / d.stream_bytes_per_s, d.kernel_issue_s) for n in shards for b in (8, 8, 5))
+    assert sum(shards) * 21 == 572_522_496 and want == pytest.approx(215.89e-6, abs=0.01e-6)
+    t1 = _cast_delay(plan_of("T1 FSDP+compile+fp8", tmp_path))
+    assert t1["forward", "every layer"] == pytest.approx(want, rel=1e-9)
+    assert t1["backward", "every layer"] == pytest.approx(want, rel=1e-9)  # gathered again in backward
+    assert t1["forward", "per root (embedding)"] == 0.0  # no float8 weight (output filtered)
+    assert _cast_delay(plan_of("A8 fp8tw", tmp_path))["forward", "every layer"] == pytest.approx(21 * 4.7e-6, rel=1e-9)
+    assert not any(_cast_delay(plan_of("A8 fp8rw", tmp_path)).values())  # rowwise: no float8 all-gather
+
+
+def test_precompute_all_reduces_over_fsdp_then_tp(tmp_path):
+    """Under TP the stacked amaxes of the precompute are Partial over dp_shard and tp: two
+    all-reduces of one fp32 amax per float8 weight (32 layers x 7 = 896 B), the tp one last."""
+    t1, a8 = plan_of("T1 FSDP+compile+fp8", tmp_path), plan_of("A8 fp8tw", tmp_path)
+    pre = lambda p: [(r.axis, r.size_bytes, r.per_step) for r in p.stage(0).collectives if "precompute_float8" in r.cadence]
+    assert pre(t1) == [("dp_shard", 896.0, 1)]
+    assert pre(a8) == [("dp_shard", 896.0, 1), ("tp", 896.0, 1)]
+    ends = {e.name: e for e in step_time(a8).post_events}
+    fsdp, tp = ends["float8 amax all-reduce (precompute)"], ends["float8 amax all-reduce over tp (precompute)"]
+    row = next(r for r in a8.stage(0).collectives if "precompute_float8" in r.cadence and r.axis == "tp")
+    assert tp.start_s == fsdp.end_s and tp.dur_s == pytest.approx(row.time_s, rel=1e-9) and tp.stream == "tp"
+    assert "float8 amax all-reduce over tp (precompute)" not in {e.name for e in step_time(t1).post_events}
+
+
+def test_saved_float8_input_copies_in_the_memory_timeline(tmp_path):
+    """The float8 copies of the Linears' inputs kept from forward to backward, 1 B an element
+    (compiled: the forward cast's column-major copy; eager: each Linear's saved input_fp8).
+    T1 (16,384 rows): attention, wo and MLP inputs 16,384 x 4096 = 67,108,864 B each, w_down's
+    16,384 x 14336 = 234,881,024 B: 436,207,616 B a layer, 32 layers at the end of pp 1's forward
+    (13,958,643,712 B more than the same plan in bf16) without recompute and under selective
+    recompute; replayed with the casts under op-level and full recompute (rework, no peak change)."""
+    p = plan_of("T1 FSDP+compile+fp8", tmp_path)
+    c, layer = p.config, 436_207_616
+    assert sum(float8_copies(c.model, c.training, p.mesh).values()) == 16384 * (3 * 4096 + 14336) == layer
+
+    def sizes(rc, ld="fp8", compile_=True):
+        t = c.training.model_copy(update={"recompute": rc, "linear_dtype": ld, "fp8_all_gather": ld == "fp8",
+                                          "torch_compile": compile_})
+        return layer_act_sizes(c.model, t, p.mesh, c.memory), replace(c, training=t)
+
+    for rc in ("none", "selective", "op", "full"):
+        (f8, cfg8), (bf, cfgb) = sizes(rc), sizes(rc, None)
+        kept = layer if rc in ("none", "selective") else 0
+        assert (f8.saved - bf.saved, f8.rework - bf.rework) == (kept, layer - kept), rc
+        frees = {a.name: a.frees - b.frees for a, b in zip(f8.steps, bf.steps)}
+        assert (frees["attention w_qkv"], frees["mlp w_out"], sum(frees.values())) == (67_108_864, 234_881_024, layer)
+        if rc in ("none", "op"):  # the timeline's peak: the end of the forward, every layer's saved tensors
+            peak8, peakb = build_plan(cfg8).timeline.peak, build_plan(cfgb).timeline.peak
+            assert peak8.total_bytes - peakb.total_bytes == 32 * kept == (13_958_643_712 if kept else 0)
+    # eagerly each Linear saves its own: wq, wk, wv the attention input, w_gate and w_up the MLP's
+    eager, _ = sizes("none", compile_=False)
+    assert eager.saved - sizes("none", None, False)[0].saved == 16384 * (6 * 4096 + 14336)

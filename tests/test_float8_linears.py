@@ -89,8 +89,12 @@ def test_llama3_8b_all_gather_bytes_by_hand(tmp_path):
 
 
 def test_activations_stay_in_the_compute_dtype(tmp_path):
-    # tiny model T of test_memory_timeline: its by-hand activation peak, float8 or not
-    assert plan_of(linear_dtype="fp8").timeline.max_by_kind["activations"] == EMBED + 2 * LAYER + HEAD
+    # tiny model T of test_memory_timeline: its by-hand activation peak, float8 or not, plus under
+    # float8 each layer's float8 input copies kept for backward (compute.float8.saved_copies, eager:
+    # each Linear its own input_fp8, 1 B a value): wq, wk, wv, wo and w_up 8 x 16, w_down 8 x 64
+    assert plan_of(linear_dtype="fp8").timeline.max_by_kind["activations"] == EMBED + 2 * (LAYER + 1152) + HEAD
+    assert 8 * (5 * 16 + 64) == 1152
+    assert plan_of().timeline.max_by_kind["activations"] == EMBED + 2 * LAYER + HEAD
     # Llama 3 8B, tp 2 with SP: the saved activations are bf16's (op-level AC: the all-gathers'
     # outputs are not saved); the reduce-scatters TP sends too (the all-gathers under tensorwise
     # scaling move float8: tests/test_float8_tp.py)

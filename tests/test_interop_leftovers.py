@@ -243,6 +243,23 @@ def test_torchtitan_old_float8_table_is_read_as_the_new_one(tmp_path, converter,
     assert cfg.notes[-1].endswith("checkpoint.enable, quantize.linear.float8.force_recompute_fp8_weight_in_bwd")
 
 
+@pytest.mark.parametrize("converter,table,output", [
+    ("", "enable_float8_linear = true\n", False),  # 2024 (9dec370 Float8Handler: fqn != "output", no filter_fqns)
+    ('converters = ["float8"]', "", True),  # 2025, after a6524d8: filter_fqns defaults to [], the output converted
+])
+def test_torchtitan_old_float8_table_without_filter_fqns(tmp_path, converter, table, output):
+    """torchtitan converted every Linear but the output before ``filter_fqns`` (a6524d8, April
+    2025), whose default [] converts it since: a 2024 ``enable_float8_linear`` table without
+    ``filter_fqns`` plans the output layer in the compute dtype (and says so); a 2025 [float8]
+    table without it, in fp8."""
+    old = OLD_FLOAT8.replace('filter_fqns = "output"\n', "")
+    text = TT.read_text().replace('flavor = "8B"', f'flavor = "8B"\n{converter}') + old + table
+    cfg = load_any(_write(tmp_path, "t.toml", text), opts=H100)
+    assert (cfg.training.linear_dtype, cfg.training.fp8_output_layer) == ("fp8", output)
+    assert cfg.notes[0].endswith("; the output layer left in the compute dtype, as torchtitan did before filter_fqns "
+                                 "(its float8 converter skipped fqn \"output\")") != output
+
+
 def test_torchtitan_old_and_new_float8_tables_together_are_an_error(tmp_path):
     text = TT.read_text() + OLD_FLOAT8 + "\n[quantize.linear.float8]\nfilter_fqns = [\"output\"]\n"
     with pytest.raises(ConfigError, match=r"^float8: the pre-2025 \[float8\] table and \[quantize.linear.float8\] are "

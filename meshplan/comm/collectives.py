@@ -495,7 +495,8 @@ FLOAT8_TP_CADENCE = "every layer (SP, float8 tensorwise: torchao casts before th
 
 
 #: Cadence of the per-step all-reduce of the float8 weights' amaxes (``fp8_all_gather``), which
-#: torchao's ``precompute_float8_dynamic_scale_for_fsdp`` issues after the optimizer step.
+#: torchao's ``precompute_float8_dynamic_scale_for_fsdp`` issues after the optimizer step, over
+#: fsdp and, under TP, again over tp (:func:`meshplan.compute.float8.precompute_all_reduces`).
 FLOAT8_PRECOMPUTE_CADENCE = "once per step (float8 amax of every float8 weight, precompute_float8_dynamic_scale_for_fsdp)"
 #: Cadence of the tp all-reduces of float8 amaxes (:func:`_float8_amax_rows`).
 FLOAT8_AMAX_CADENCE = "every float8 cast of a tp shard (torchao tensorwise: the amax, all-reduced max)"
@@ -693,24 +694,29 @@ def _tp_rows(add, c: _Ctx, loss_parallel: bool) -> None:
         add("tp", "forward", "all-gather", b * s * v * dtype_bytes(dt), dt, 1, "every micro-batch (logits)", "loss")
 
 
-def _units(c: _Ctx, shards: dict[str, int]) -> list[tuple[str, str, int, int, int, int]]:
+def _units(c: _Ctx, shards: dict[str, int]) -> list[tuple[str, str, int, int, int, int, float]]:
     """FSDP units of the stage as (label, axis, unsharded elements per rank incl. padding,
-    local chunk, all-gather bytes, float8 weights); the root's chunk is the first
-    (embedding) or the last (output layer); under a V-shaped schedule stage 0 holds both, each
-    chunk module its own FSDP root. All-gather bytes: each weight in
+    local chunk, all-gather bytes, float8 weights, seconds of their pre-all-gather casts); the
+    root's chunk is the first (embedding) or the last (output layer); under a V-shaped schedule
+    stage 0 holds both, each chunk module its own FSDP root. All-gather bytes: each weight in
     ``training.gather_dtype`` (float8 Linear weights beside compute-dtype norms and
-    embeddings in one buffer under ``fp8_all_gather``)."""
+    embeddings in one buffer under ``fp8_all_gather``); the casts: torchao's
+    ``fsdp_pre_all_gather`` of each float8 weight's local shard
+    (:func:`meshplan.compute.float8.pre_all_gather_seconds`)."""
     m, mesh, t = c.model, c.mesh, c.training
     tp, ep, etp = mesh.degree("tp"), mesh.ep, mesh.etp
     pad = t.sharding in ("zero3", "hsdp")
+    data, pb = kernel_data(c.gpu.name), dtype_bytes(t.param_dtype)
 
     def numel(x, axis):
         return fsdp_padded_numel(x, m, shards[axis], tp, ep, etp) if pad else local_numel(x, m, tp, ep, etp)
 
     def unit(label, axis, tensors, chunk):
         n = [numel(x, axis) for x in tensors]
-        fp8 = sum(t.gather_dtype(x) == "fp8" for x in tensors)
-        return (label, axis, sum(n), chunk, sum(k * dtype_bytes(t.gather_dtype(x)) for k, x in zip(n, tensors)), fp8)
+        f8 = [k // shards[axis] for k, x in zip(n, tensors) if t.gather_dtype(x) == "fp8"]
+        cast = float8.pre_all_gather_seconds(f8, pb, data, c.gpu.hbm_bandwidth_bytes_per_s) if f8 else 0.0
+        return (label, axis, sum(n), chunk, sum(k * dtype_bytes(t.gather_dtype(x)) for k, x in zip(n, tensors)),
+                len(f8), cast)
 
     out = []
     for i in c.layers:
@@ -783,7 +789,7 @@ def _dp_rows(add, c: _Ctx) -> None:
 
         pipelined = mesh.degree("pp") > 1
         units = _units(c, shards)
-        for (label, axis, numel, gbytes, fp8), n in Counter(u[:3] + u[4:] for u in units).items():
+        for (label, axis, numel, gbytes, fp8, cast_s), n in Counter(u[:3] + u[4:] for u in units).items():
             root = kept_gathered(label, t, c.model.tied_embeddings)
             cadence = f"per {label}" if label.startswith("root") else f"every {label}"
             gdt = ag if not fp8 else "uint8" if gbytes != numel else "fp8"  # FSDP2: mixed dtypes in a byte buffer
@@ -797,18 +803,20 @@ def _dp_rows(add, c: _Ctx) -> None:
             out_s, in_s = copies(gbytes, numel)
             on_compute = (0.0, 0.0) if ds else (out_s, in_s)  # copy_s: the compute stream's
             on_stream = (out_s, in_s) if ds else (0.0, 0.0)  # ds_gpu_s: added to the collective's time
+            # the float8 weights' pre-all-gather casts on FSDP2's copy-in stream delay each all-gather
             add(axis, "forward", "all-gather", gbytes, gdt, fwd[0], cadence, f"the {label}'s GEMMs", 7,
-                per_step=fwd[1], copy_s=on_compute[0], ds_gpu_s=on_stream[0])
+                per_step=fwd[1], copy_s=on_compute[0], ds_gpu_s=on_stream[0] + cast_s)
             add(axis, "backward", "all-gather", gbytes, gdt, back[0], cadence,
-                f"the {label}'s backward", 7, per_step=back[1], copy_s=on_compute[0], ds_gpu_s=on_stream[0])
+                f"the {label}'s backward", 7, per_step=back[1], copy_s=on_compute[0], ds_gpu_s=on_stream[0] + cast_s)
             add(axis, "backward", "reduce-scatter", numel * dtype_bytes(rs), rs, red[0], cadence, "optimizer step",
                 per_step=red[1], copy_s=on_compute[1], ds_gpu_s=on_stream[1])
             if "dp_replicate" in mesh.layout.names:
                 add("dp_replicate", "backward", "all-reduce", numel // shards[axis] * dtype_bytes(rs), rs, red[0],
                     cadence + " (HSDP replicas)", "optimizer step", per_step=red[1])
         amax = sum(u[5] for u in units if u[1] == "fsdp")
-        add("fsdp", "step", "all-reduce", amax * 4, "fp32", 0, FLOAT8_PRECOMPUTE_CADENCE, "next step's forward",
-            depth=0, per_step=1)
+        for dim in float8.precompute_all_reduces(mesh.degree("tp")):  # Partial over fsdp, and over tp under TP
+            add(dim, "step", "all-reduce", amax * 4, "fp32", 0, FLOAT8_PRECOMPUTE_CADENCE, "next step's forward",
+                depth=0, per_step=1)
         return
     if t.sharding in ("zero1", "zero2") and t.zero12_engine == "deepspeed":
         deepspeed_zero12.bucket_rows(add, t, "fsdp", _registration_numels(c), mesh.degree("fsdp"),

@@ -51,19 +51,43 @@ produced the tensor):
 element each (weight, output gradient, input). Rowwise eager is counted as compiled, per
 Linear (a lower bound: its kernel list is not derived here).
 
-Not counted: the casts' tiny scale kernels; ``fsdp_pre_all_gather``'s cast of the local weight
-shard (runs in FSDP2's all-gather copy-in, beside compute); the output layer when
-``fp8_output_layer`` (default off); Transformer Engine's casts under Megatron-LM; MoE and MLA
-layers (their float8 plans are not modelled); under TP the precompute's stacked amaxes are
-Partial over tp too (a second small all-reduce per step, over tp: not in the table). The
-per-step weight amax of the precompute is :func:`precompute_bytes`, its all-reduce the table's
-per-step fsdp row, both step-end events after the optimizer
-(:func:`meshplan.schedule.steptime.float8_precompute_s`).
+**Memory**: the float8 copies of the inputs that the weight-gradient GEMMs read live from the
+forward to the backward, 1 B an element (:func:`saved_copies`; the memory timeline's
+:func:`meshplan.memory.sizes.float8_copies`); the output gradients' and the weights' copies are
+made and consumed in the backward.
+
+**FSDP2's pre-all-gather cast** (``training.fp8_all_gather``; eab345c ``fsdp_utils.py``
+``WeightWithDynamicFloat8CastTensor.fsdp_pre_all_gather``): before each all-gather of a unit
+FSDP2 calls the hook on the rank's local shard of every float8 weight, held in the parameter
+dtype (the fp32 master under torchtitan), which with the precomputed scale runs
+``hp_tensor_and_scale_to_float8`` (``_ToFloat8ConstrFunc.forward``: ``tensor.to(float32) *
+scale``, ``to_fp8_saturated``: ``clamp``, ``.to(float8)``) eagerly: FSDP2's hooks run outside
+the compiled blocks. Per element of the shard: ``.to(float32)`` no kernel for fp32 (else read
+``p``, write 4), ``* scale`` 8, ``clamp`` 8, ``.to(float8)`` 5: 21 B for fp32
+(:func:`pre_all_gather_kernels`). They run in the all-gather's copy-in, on FSDP2's copy-in
+stream (:mod:`meshplan.comm.fsdp2`), which the all-gather stream waits for: beside the compute,
+before the collective, so the collective table adds their seconds to each fsdp all-gather's time
+(:func:`pre_all_gather_seconds`, in forward and in every backward that gathers again).
+
+Not counted: the casts' tiny scale kernels; the output layer's casts when ``fp8_output_layer``
+(its GEMM is timed in fp8; default off: torchtitan's ``Float8Handler`` at 9dec370 converted
+every Linear but ``fqn != "output"``, and since torchtitan a6524d8 (April 2025, ``filter_fqns``,
+default ``[]``) its presets list ``"output"``); Transformer Engine's casts under Megatron-LM;
+MoE and MLA layers (their float8 plans are not modelled). The per-step weight amax of the
+precompute is :func:`precompute_bytes`, its all-reduce the table's per-step fsdp row, both
+step-end events after the optimizer (:func:`meshplan.schedule.steptime.float8_precompute_s`);
+under TP (tp > 1) each weight is a DTensor sharded over (dp_shard, tp), so its
+``_foreach_norm`` is Partial on both mesh dims and the ``clamp`` redistributes the stacked
+amaxes dim by dim: a second all-reduce of the same bytes over tp follows
+(:func:`precompute_all_reduces`).
 """
 
 from __future__ import annotations
 
 from math import ceil
+from typing import Optional
+
+from meshplan.compute.measured import KernelData, memory_kernel_seconds
 
 #: The tensor a float8 Linear casts as its input, by GEMM name: Linears sharing one input share
 #: its cast (compiled), and the block the cast runs in (forward, the TP gather's side).
@@ -178,6 +202,42 @@ def layer_kernels(model, w, gemms, b: int) -> list[tuple[str, str, str, float]]:
     return out
 
 
+def saved_copies(model, w, gemms) -> dict[str, int]:
+    """Bytes of the float8 copies of a layer's Linear inputs that live from its forward to its
+    backward, by input (:data:`INPUTS` names), 1 B an element of the rank's ``M x K`` input
+    (``gemms``: :func:`meshplan.compute.shapes.layer_gemms`; M the rank's tokens, gathered under
+    SP): compiled, the forward's cast writes the column-major copy the weight-gradient GEMM
+    reads (module docstring; rowwise: its transposed cast, also in forward); eagerly
+    ``manual_float8_matmul_with_args_in_float8.forward`` saves the row-major ``input_fp8``
+    (eab345c ``float8_linear.py``, ``ctx.save_for_backward(input_fp8, weight_fp8_t)``), each
+    Linear its own; under torchao's float8 TP the gathered float8 input, cast once before the
+    gather. Shared inputs as :func:`layer_kernels` casts them. The weights' float8 copies are not
+    kept (gathered in float8: FSDP2's buffer, resharded; otherwise cast again in backward).
+    Whether they are saved or recomputed is the recompute policy's (the memory model's). torchao
+    since 2025-01 (#1480, ``matmul_with_hp_or_float8_args``) saves the high-precision input
+    instead and casts it in backward, eagerly; compiled, where the copy is written is the
+    partitioner's choice, taken here as torchao's roofline takes it (not measured).
+
+    >>> from meshplan import catalog
+    >>> from meshplan.compute.ops import Workload
+    >>> from meshplan.compute.shapes import layer_gemms
+    >>> m = catalog.model("llama3-8b")
+    >>> w = Workload(seq_len=8192, micro_batch=2, linear_dtype="fp8", float8_gemms=frozenset(INPUTS))
+    >>> saved_copies(m, w, layer_gemms(m, 1, 16384))
+    {'attn input': 67108864, 'wo input': 67108864, 'mlp input': 67108864, 'w_down input': 234881024}
+    """
+    if not applies(w):
+        return {}
+    tp8 = float8_tp(model, w)
+    out: dict[str, int] = {}
+    for g in (g for g in gemms if g.name in w.float8_gemms and g.name in INPUTS):
+        what = INPUTS[g.name][0]
+        shared = what in out and (tp8 and what in GATHERED_INPUTS or not w.torch_eager)
+        if not shared:
+            out[what] = out.get(what, 0) + g.m * g.k * g.count
+    return out
+
+
 def _bw_block(block: str) -> str:
     """The block of a backward kernel of a GEMM whose input is cast in ``block``."""
     return {"attn_pre": "attn", "mlp_pre": "mlp"}.get(block, block)
@@ -234,3 +294,47 @@ def precompute_bytes(float8_weight_numel: int, param_bytes: int) -> int:
     4000000
     """
     return float8_weight_numel * param_bytes
+
+
+def precompute_all_reduces(tp: int) -> tuple[str, ...]:
+    """The mesh dims the precompute's stacked amaxes are all-reduced over, in order (module
+    docstring: DTensor's ``redistribute`` reduces a Partial placement per mesh dim, eab345c
+    ``fsdp_utils.py`` "it will issue a single all-reduce" on a 1-D FSDP mesh).
+
+    >>> precompute_all_reduces(1), precompute_all_reduces(8)
+    (('fsdp',), ('fsdp', 'tp'))
+    """
+    return ("fsdp", "tp") if tp > 1 else ("fsdp",)
+
+
+def pre_all_gather_kernels(param_bytes: int) -> list[tuple[str, int]]:
+    """(kernel, bytes per element) of ``fsdp_pre_all_gather``'s eager cast of one local weight
+    shard held in ``param_bytes`` a value, with the precomputed scale (module docstring).
+
+    >>> pre_all_gather_kernels(4)
+    [('* scale', 8), ('clamp', 8), ('to float8', 5)]
+    >>> sum(nb for _, nb in pre_all_gather_kernels(2))
+    27
+    """
+    up = [] if param_bytes == 4 else [("to float32", param_bytes + 4)]
+    return up + [("* scale", 8), ("clamp", 8), ("to float8", 5)]
+
+
+def pre_all_gather_seconds(shard_numels: list[int], param_bytes: int, data: Optional[KernelData],
+                           datasheet_bytes_per_s: float) -> float:
+    """Seconds of the pre-all-gather casts of one FSDP unit before its all-gather: each kernel
+    of :func:`pre_all_gather_kernels` on each float8 weight's local shard (``shard_numels``
+    elements), timed as every memory-bound kernel (:func:`meshplan.compute.measured.memory_kernel_seconds`).
+
+    Llama 3 8B's layer over dp_shard 8: 218,103,808 / 8 float8 weight elements in 7 shards,
+    fp32, 21 B each: 572.5 MB, 192.8 us at the H100's Triad (2.97 TB/s), 215.9 us with the 4.7 us
+    issue floor under the small kernels (wk's and wv's three, wq's and wo's ``.to(float8)``):
+
+    >>> from meshplan.compute.measured import kernel_data
+    >>> shards = [n // 8 for n in (4096 * 4096, 1024 * 4096, 4096 * 14336)]
+    >>> round(pre_all_gather_seconds([shards[0]] * 2 + [shards[1]] * 2 + [shards[2]] * 3, 4,
+    ...                              kernel_data("h100-sxm5-80gb"), 3.35e12) * 1e6, 1)
+    215.9
+    """
+    return sum(memory_kernel_seconds(data, n * nb, datasheet_bytes_per_s)
+               for n in shard_numels if n > 0 for _, nb in pre_all_gather_kernels(param_bytes))

@@ -323,9 +323,16 @@ def _old_float8(d: dict) -> tuple[dict, list[str]]:
     converters = model.get("converters", [])
     if old.pop("enable_float8_linear", False) and isinstance(converters, list) and "float8" not in converters:
         model = model | {"converters": [*converters, "float8"]}
+    # enable_float8_linear (2024) predates filter_fqns (torchtitan a6524d8, April 2025): its
+    # Float8Handler (9dec370 float8.py) converted every Linear but the output (fqn != "output")
+    pre_filter = "enable_float8_linear" in d["float8"] and "filter_fqns" not in old
+    if pre_filter:
+        old["filter_fqns"] = ["output"]
     note = "[float8] read as [quantize.linear.float8] (torchtitan's name for it since 2025; its keys are listed " \
            "under that name)" + (", enable_float8_linear as model.converters = [\"float8\"]"
-                                 if "enable_float8_linear" in d["float8"] else "")
+                                 if "enable_float8_linear" in d["float8"] else "") + \
+        ("; the output layer left in the compute dtype, as torchtitan did before filter_fqns (its float8 "
+         "converter skipped fqn \"output\")" if pre_filter else "")
     rest = {k: v for k, v in d.items() if k != "float8"}
     return rest | {"model": model, "quantize": quantize | {"linear": quantize.get("linear", {}) | {"float8": old}}}, \
         [note]

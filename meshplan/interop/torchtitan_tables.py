@@ -143,7 +143,9 @@ def read_float8(d: dict, shard: int, notes: list[str]) -> dict[str, Any]:
     """training.linear_dtype, fp8_output_layer, fp8_recipe (a ``recipe_name`` "rowwise...";
     unset: tensorwise) and fp8_all_gather of the [model] converters and [quantize.linear.float8]
     (module docstring): the output layer converted unless a ``filter_fqns`` entry is part of its
-    name ``output`` (default [], torchtitan's presets filter ``"output"``); the float8 all-gather only with dp_shard > 1
+    name ``output`` (default [] since torchtitan a6524d8, April 2025; its presets filter ``"output"``;
+    before it torchtitan never converted the output, and the 2024 ``[float8]`` table is read so,
+    :func:`meshplan.interop.torchtitan._old_float8`); the float8 all-gather only with dp_shard > 1
     (``parallel_dims.dp_shard_enabled``) and never with a ``recipe_name`` (an assertion there)."""
     converters = [str(c) for c in d.get("model", {}).get("converters", [])]
     other = [c for c in converters if c not in LINEAR_CONVERTERS + (GROUPED_CONVERTER,)]

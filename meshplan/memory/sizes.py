@@ -27,6 +27,9 @@ Hr = H / t with SP, F = ``a s b f / t`` per gate, Q = ``a s b (a_q/t) d``, KV li
 - recompute: the layer's activations without recompute minus those kept, at the start of
   its backward (full recompute: the whole layer's working set; selective without flash:
   the attention scores; otherwise 0), freed by the steps with the rest;
+- float8 Linears under torch (torchao): the float8 copies of their inputs the backward's
+  weight-gradient GEMMs read, 1 B an element (:func:`float8_copies`), saved unless full or
+  op-level recompute replays their casts, each freed by the step that reads it;
 - the loss (``cross_entropy``), the final norm (:func:`norm_work`) and, with
   ``embedding_grad_full_vocab``, the whole-vocabulary embedding gradient: :func:`head_sizes`.
 
@@ -59,7 +62,10 @@ from functools import lru_cache
 from typing import Optional
 from math import ceil
 
+from meshplan.compute import float8
 from meshplan.compute.dtensor_sp import float8_tp
+from meshplan.compute.ops import Workload, float8_gemms, framework_kernels
+from meshplan.compute.shapes import layer_gemms
 from meshplan.compute.routing import RoutingOptions, routing
 from meshplan.compute.shapes import local_split
 from meshplan.mesh.layers import last_stage
@@ -120,8 +126,10 @@ def layer_act_sizes(model: ModelSpec, training: TrainingSpec, mesh: Mesh, opts: 
         routed_full = copies * (a * width * kept + 2 * a * h) + 4 * routed_tok * model.experts
         routed = routed_full if training.recompute != "full" else 0
         widest = a * copies * width * gate
-    saved = layer_bytes(dims, **lo) + routed
-    full = layer_bytes(dims, **{**lo, "recompute": "none"}) + routed_full
+    f8 = {} if moe else float8_copies(model, training, mesh)
+    kept8 = 0 if training.recompute in ("full", "op") else sum(f8.values())  # replayed with the casts
+    saved = layer_bytes(dims, **lo) + routed + kept8
+    full = layer_bytes(dims, **{**lo, "recompute": "none"}) + routed_full + sum(f8.values())
     sp = mesh.sequence_parallel and tp > 1
     # the all-gathered input, 1 byte a value under torchao's float8 TP (compute.dtensor_sp.float8_tp)
     ga = 1 if float8_tp(model, training, sp) else a
@@ -129,7 +137,7 @@ def layer_act_sizes(model: ModelSpec, training: TrainingSpec, mesh: Mesh, opts: 
     if moe:
         widest = max(widest, a * tok * ceil(dims.f / tp) * gate)
         return ActSizes(saved=saved, rework=full - saved, fwd_temp=gathered, bwd_temp=a * rtok * h + widest + gathered)
-    steps = backward_steps(model, training, mesh, opts, dims, lo)
+    steps = backward_steps(model, training, mesh, opts, dims, lo, f8)
     fwd = gathered
     if training.recompute in ("full", "op"):  # the checkpointed forward keeps nothing: its MLP's working set
         fwd = max(fwd, a * tok * h + (a * rtok * h if opts.unfused_norm else 0)
@@ -165,9 +173,28 @@ def norm_work(H: int, Hr: int, sp: bool, opts: MemoryOptions) -> int:
     return max(own + Hr, H + Hr) if sp else own
 
 
+#: The backward step whose weight-gradient GEMM reads each float8 input copy (:func:`float8_copies`).
+FLOAT8_STEP = {"attn input": "attention w_qkv", "wo input": "attention w_o", "mlp input": "mlp w_in",
+               "w_down input": "mlp w_out"}
+
+
+def float8_copies(model: ModelSpec, training: TrainingSpec, mesh: Mesh) -> dict[str, int]:
+    """A dense layer's float8 input copies kept for backward, bytes by input
+    (:func:`meshplan.compute.float8.saved_copies`, one micro-batch at the rank's tokens, gathered
+    under SP): saved unless full or op-level recompute replays their casts. None for MoE and MLA
+    models (their float8 plans are not modelled)."""
+    if model.is_moe or model.is_mla:
+        return {}
+    tok, tp = _tokens(training, mesh)[0], local_split(mesh)[Dim.HEADS]
+    w = Workload(seq_len=training.seq_len, micro_batch=training.micro_batch, tp=tp, sp=mesh.sequence_parallel,
+                 dtype=training.compute_dtype, **framework_kernels(training), **float8_gemms(model, training))
+    return float8.saved_copies(model, w, layer_gemms(model, tp, tok))
+
+
 def backward_steps(model: ModelSpec, training: TrainingSpec, mesh: Mesh, opts: MemoryOptions,
-                   dims, lo: dict) -> tuple:
-    """:class:`BackStep` of a dense layer (see the module docstring: working sets)."""
+                   dims, lo: dict, f8: Optional[dict[str, int]] = None) -> tuple:
+    """:class:`BackStep` of a dense layer (see the module docstring: working sets); ``f8``: the
+    float8 input copies (:func:`float8_copies`), each freed by the step that reads it."""
     a, tp = dims.act_bytes, lo["tp"]
     tok, rtok = _tokens(training, mesh)
     sp = lo["sp"] and tp > 1
@@ -189,6 +216,8 @@ def backward_steps(model: ModelSpec, training: TrainingSpec, mesh: Mesh, opts: M
     grads = {k: n * comp for k, n in step_numels(model, tp, mesh.ep, mesh.etp)}
     frees = {k: sum(full.get(n, 0) for n in names) for k, names in STEP_TERMS.items()}
     frees["attn norm"] += sum(full.values()) - sum(frees.values())  # anything unlisted: freed last
+    for what, nb in (f8 or {}).items():
+        frees[FLOAT8_STEP[what]] += nb
     if "layer input (checkpoint)" in kept:
         frees["attn norm"] += kept["layer input (checkpoint)"] - full.get("attn norm input", 0)
     return tuple(BackStep(k, work[k], grads[k], frees[k]) for k in STEP_WEIGHTS)

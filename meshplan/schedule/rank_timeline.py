@@ -305,6 +305,8 @@ class CommTimes:
     kv_calls: int = 0
     #: the per-step all-reduce of the float8 weights' amaxes (torchao's precompute, after the optimizer)
     float8_step_s: float = 0.0
+    #: its second all-reduce, over tp (tp > 1: the amaxes are Partial over tp too)
+    float8_tp_step_s: float = 0.0
     copies: dict = field(default_factory=dict)
     ddp_buckets: int = 0
     gather_buckets: int = 0
@@ -366,6 +368,8 @@ class CommTimes:
                     c.ddp_buckets += max(r.per_step, 1) if "(DDP" in r.cadence or ds else 0
             elif kind == "kv":
                 c.kv_s, c.kv_calls = r.time_s, c.kv_calls + r.per_step
+            elif kind == "float8_step" and r.axis == Axis.TP:
+                c.float8_tp_step_s += r.time_s * max(r.per_step, 1)
             elif kind == "float8_step":
                 c.float8_step_s += r.time_s * max(r.per_step, 1)
             elif kind == "pp":

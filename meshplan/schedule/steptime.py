@@ -846,7 +846,9 @@ def float8_precompute_s(plan, s: int) -> float:
     set with it): ``torch._foreach_norm(weights, inf)`` reads the rank's local shard of every
     float8 weight once (:func:`meshplan.compute.float8.precompute_bytes`, in the parameters'
     dtype) at the optimizer's bandwidth, never below one issue floor; its all-reduce, the table's
-    per-step fsdp row, follows it as a step-end event (exposed fsdp). 0 without the float8 all-gather.
+    per-step fsdp row, follows it as a step-end event (exposed fsdp), and under TP the second
+    all-reduce of the same amaxes over tp after that (exposed tp,
+    :func:`meshplan.compute.float8.precompute_all_reduces`). 0 without the float8 all-gather.
 
     Llama 3 8B on 8 GPUs (dp_shard 8), fp32 parameters: 32 layers x 218,103,808 float8 weight
     elements / 8 x 4 B = 3.49 GB, 1.17 ms at the H100's Triad (2.97 TB/s)."""
@@ -929,6 +931,7 @@ def _stage_end(plan, s, spec, mine, units, comm: CommTimes, ov, hold: float = 0.
     steps.append(("optimizer step", _optimizer_s(plan, s, memo), "compute"))
     steps.append(("float8 weight amax (precompute)", float8_precompute_s(plan, s), "compute"))
     steps.append(("float8 amax all-reduce (precompute)", comm.float8_step_s, "fsdp"))
+    steps.append(("float8 amax all-reduce over tp (precompute)", comm.float8_tp_step_s, "tp"))
     first_f = min((e for e in mine if e.args["kind"] == "F"), key=lambda e: e.start_s)
     gather = comm.step_gather_s
     steps.append(("param all-gather (per step)", param_gather_exposed_s(gather, comm.gather_buckets, first_f.dur_s)

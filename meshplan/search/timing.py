@@ -15,7 +15,10 @@ It keeps only what the simulation (:mod:`meshplan.schedule.rank_timeline`, defau
   blocking EP all-to-alls, the CP exchange beside the Q projection only (the K/V
   all-gather after the K/V projection, before the core attention: ``attention + max(0, ring -
   Q)``; backward the dK/dV reduce-scatter before the K/V projections' input gradients), the backward's
-  weight-gradient GEMMs as ``max(W, reduce-scatter)``, full recompute's forward replay;
+  weight-gradient GEMMs as ``max(W, reduce-scatter)``, full recompute's forward replay; under
+  torchao's float8 TP the tp all-reduces of the casts' amaxes (4 forward, 7 backward per Llama
+  layer; the forward's counted as with the float8 all-gather, the fewer), which the casts wait
+  for;
 - a **unit** (one micro-batch through a chunk of n layers): ``max(AG + n chain,
   n AG + chain)`` forward, ``max(AG + n chain, n AG + (n-2) RS + chain)`` backward, where
   AG, RS are the FSDP all-gather and reduce-scatter of one layer, serial on their stream
@@ -73,7 +76,8 @@ from functools import lru_cache
 import numpy as np
 
 from meshplan.comm import fsdp2
-from meshplan.comm.collectives import axis_path, fsdp_gather_flags, path_time
+from meshplan.comm.collectives import FLOAT8_AMAX_BYTES, axis_path, fsdp_gather_flags, path_time
+from meshplan.compute import float8
 from meshplan.compute.dtensor_sp import float8_tp
 from meshplan.compute.ops import (
     Workload,
@@ -203,6 +207,13 @@ def comm_times(cfg: Config, tt: TimeTables, c: Candidates) -> dict[str, np.ndarr
            "cp_ag": coll_times(tt, "all-gather", c.cp, kv, c.tp),
            "cp_rs": coll_times(tt, "reduce-scatter", c.cp, kv, c.tp),
            "p2p": coll_times(tt, "send/recv", c.pp, act // np.where(sp, c.tp, 1), c.dpr * c.dps * c.cp * c.tp)}
+    # the tp all-reduces of the float8 amaxes of a dense layer under torchao's float8 TP, blocking
+    # (collectives._float8_amax_rows); forward counted as with fp8_all_gather (the fewer: 4 for
+    # Llama against 11), as the candidates without FSDP plan it off
+    names = float8_gemms(m, t).get("float8_gemms", frozenset()) if f8 else frozenset()
+    n_f, n_b = float8.tp_amax_per_layer(names, True)
+    amax = np.where(sp, coll_times(tt, "all-reduce", c.tp, one * FLOAT8_AMAX_BYTES, one), 0.0)
+    out.update(amax_f=n_f * amax, amax_b=n_b * amax)
     on = (c.sh == SHARDING.index("zero3")) | (c.sh == SHARDING.index("hsdp"))
     unit = _padded_unit(tt.tables, c)
     # each weight in its gather dtype (training.gather_dtype: float8 Linear weights under
@@ -346,6 +357,9 @@ def chains(c: Candidates, o: dict, cm: dict, moe: bool, serial: bool | np.ndarra
     run beside the weight gradients (the larger of the two)."""
     pre, post = cm["tp_ag"], np.maximum(cm["tp_sp"], cm["tp_ar"])
     e = cm["ep"] if moe else 0.0
+    # float8 TP: the casts wait for their amaxes' tp all-reduces (rank_timeline._amax_wait), the
+    # forward's again in a replay (full and op-level AC); none in MoE models
+    amax_f, amax_b = (0.0, 0.0) if moe else (cm["amax_f"], cm["amax_b"])
 
     def forward(p, post_mlp=post):
         # CP: the K/V all-gather starts after the K/V projection and the core attention waits
@@ -360,7 +374,7 @@ def chains(c: Candidates, o: dict, cm: dict, moe: bool, serial: bool | np.ndarra
         overlapped = (o[f"{p}_attn_pre"] + np.maximum(attn, pre + post)
                       + o[f"{p}_attn_post"] + o[f"{p}_mlp_pre"] + np.maximum(o[f"{p}_mlp"], pre + post_mlp) + e
                       + o[f"{p}_mlp_post"])
-        return np.where(c.ov > 0, overlapped, blocking)
+        return np.where(c.ov > 0, overlapped, blocking) + amax_f
     # op-level selective AC replays its recomputed ops before the layer's backward, as full does
     full = (c.rc == RECOMPUTE.index("full")) | (c.rc == RECOMPUTE.index("op"))
     b = {blk: np.where(full, o[f"bin_{blk}"], o[f"bi_{blk}"]) for blk in LAYER_BLOCKS + ("cpq",)}
@@ -371,7 +385,7 @@ def chains(c: Candidates, o: dict, cm: dict, moe: bool, serial: bool | np.ndarra
     # the whole's); the other input gradients follow it
     gathered = lambda blk: np.where(c.ov > 0, np.maximum(pre, b[blk]), pre + b[blk])
     beside = lambda w, x: np.where(serial, w + x, np.maximum(w, x))
-    back = (b["mlp_post"] + e + gathered("mlp") + beside(o["bw_mlp"], post + e) + b["mlp_pre"] + b["attn_post"]
+    back = (amax_b + b["mlp_post"] + e + gathered("mlp") + beside(o["bw_mlp"], post + e) + b["mlp_pre"] + b["attn_post"]
             + gathered("attn") + np.maximum(cm["cp_rs"] - b["cpq"], 0.0) + beside(o["bw_attn"], post)
             + b["attn_pre"])
     # torch's full AC replays no MLP closing collective (rank_timeline.replay_scatters); the
