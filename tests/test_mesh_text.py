@@ -55,7 +55,7 @@ def test_one_deepspeed_zero3_mesh_in_the_same_words_everywhere(tmp_path, capsys)
     assert re.search(r"^step 5767\.97 ms \(no pipeline, m 16\); critical stage 0; mesh dp_shard 16 ", step)
     assert "exposed ZeRO data-parallel 81.14 = 5767.97 ms" in step and "fsdp" not in step
     search = _out(["search", ds, *DS_OPTS, "--top", "2", "--json", tmp_path / "s.json"], capsys)
-    assert "1 dp_shard 16 1 none 1 zero3 - 32.1 5.768" in search
+    assert "1 dp_shard 16 1 none 1 zero3 - 33.1 5.768" in search
     assert "parts against #2: exposed ZeRO data-parallel 81.1 ms vs 42.8 ms (micro-batch 1 vs 2)" in search
     doc = json.loads((tmp_path / "s.json").read_text())
     assert doc["top"][0]["mesh"]["dp_shard"] == 16 and "dp" not in doc["top"][0]["mesh"]
