@@ -111,13 +111,18 @@ def test_nccl_check_of_another_worlds_log_cannot_check(tmp_path):
 
 
 def test_nccl_check_of_a_mesh_without_placement_says_why(tmp_path):
-    """Degrees that do not make the world: no placement to check, the reason on stderr."""
+    """Degrees that do not make the world: no placement to check. The library's plan keeps the
+    rejection as a result (search ranks such meshes away); the CLI treats the config as malformed
+    input since clinits (exit 2, one line naming mesh.shape and the fix: 3 x 8 = 24 of 64 GPUs,
+    so dp_shard 64 / 8 = 8)."""
     cfg = tmp_path / "bad.toml"
     cfg.write_text(SEED.read_text().replace("shape = [8, 8]", "shape = [3, 8]"))
     p = build_plan(load_config(cfg))
     assert p.placement is None and p.reasons
     r = _run("nccl-check", str(cfg), str(tmp_path / "no.log"))
-    assert r.returncode == 1 and r.stdout == "" and r.stderr == _reason_lines(p)
+    assert r.returncode == 2 and r.stdout == "" and r.stderr.count("\n") == 1
+    assert r.stderr.startswith("error: mesh.shape: ") and "= 24 ranks, but the cluster has 64 GPUs" in r.stderr
+    assert "fix: shape [8, 8]" in r.stderr
 
 
 def test_compare_with_neither_fitting_exits_1_with_both_reasons(tp4_plan, tmp_path):

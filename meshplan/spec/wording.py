@@ -19,6 +19,8 @@ parameters, across the *data-parallel* processes.
 
 from __future__ import annotations
 
+from meshplan.spec.axes import KNOWN_AXES  # the axis vocabulary
+
 DEEPSPEED = "deepspeed"
 #: ``training.sharding`` -> DeepSpeed's ZeRO stage (hsdp has no DeepSpeed stage: DeepSpeed's
 #: config cannot express it, ``export --to deepspeed`` refuses it).
@@ -239,8 +241,6 @@ def mesh_text(names, shape, sharding: str = "", ep: int = 1, etp: int = 1, keep:
     >>> mesh_text(("dp_replicate", "dp_shard", "cp"), (2, 1, 1), "hsdp", keep=("dp_shard",))
     'dp_replicate 2 x dp_shard 1'
     """
-    from meshplan.spec.axes import KNOWN_AXES  # the axis vocabulary (imports the model spec)
-
     axes = [(str(n), int(d)) for n, d in zip(names, shape)] + [(a, d) for a, d in (("ep", ep), ("etp", etp)) if d > 1]
     data = [n for n, _ in axes if n in DATA_SPELLINGS]
     name = {data[0]: data_axis(sharding)} if sharding and len(data) == 1 else {}
