@@ -18,7 +18,8 @@ from meshplan.interop.deepspeed import not_planned, search_table
 from meshplan.interop.foreign import export, load_any
 from meshplan.plan import build_plan
 from meshplan.schedule.steptime import step_time
-from meshplan.search.space import SHARDING, candidate_config, enumerate_candidates
+from meshplan.search.driver import search
+from meshplan.search.space import RECOMPUTE, SHARDING, candidate_config, enumerate_candidates
 
 OPTS = ImportOptions(cluster="dgx-h100", nodes=2, model="llama3-8b", seq_len=4096)
 
@@ -96,3 +97,32 @@ def test_compare_lists_only_knobs_that_apply_to_both_sides(tmp_path):
     assert same.knobs == (("training.sharding", "zero2", "zero3"),) and not same.workload
     unset = config_differences(_load(tmp_path, 2, "c"), _load(tmp_path, 3, "d"))
     assert unset.knobs == (("training.sharding", "zero2", "zero3"), ("training.overlap_comm", False, True))
+
+
+def test_stage3_search_bounds_its_zero1_zero2_rows_with_deepspeeds_zero12_buckets(tmp_path):
+    """A stage 3 JSON's zero1/zero2 rows run DeepSpeed's ZeRO-1/2 at that stage's defaults
+    (deepspeedai/DeepSpeed edaa722 runtime/zero/config.py: contiguous_gradients true, overlap_comm
+    false below stage 3): one ipg buffer of reduce_bucket_size in the model dtype (stage_1_and_2.py
+    setup_buckets) and the bucket flattened by allreduce_bucket, 5e8 x 2 B each = 2 GB. The
+    memory bound took that bucket from the config's stage 3 training (none without FSDP) and the
+    search noted both rows 2e9 B above it; now no such note, and the bounds hold the plans.
+
+    The peaks by hand, Llama 3 8B (8,030,261,248 parameters), dp 16, bf16, s 4096, at the head's
+    backward of micro-batch 0: parameters and (ZeRO-1) full gradients 2 x 16,060,522,496 B (ZeRO-2:
+    a 1/16 partition, 1,003,782,656 B), fp32 master and Adam's two states / 16: 2,007,565,312 +
+    4,015,130,624 B, NCCL buffers 128 MiB + workspace 32 MiB, the buckets 2e9 B, per micro-batch
+    32 layers of 168,064 B per token (norm inputs and outputs 4 x 8192, Q 8192, K and V 2 x 2048
+    (8 KV heads), context 8192, flash statistics 128, SwiGLU 8 x 14336) + token ids 8 + final
+    norm and output inputs 2 x 8192 + fp32 logits 4 x 128,256 + loss 13 = 5,907,477 B per token,
+    x 4096 = 24,197,025,792 B, and the compute-dtype logits gradient 2 x 4096 x 128,256 =
+    1,050,673,152 B per micro-batch."""
+    r = search(_load(tmp_path, 3))
+    assert not [n for n in r.notes if "outside the memory bounds" in n]
+    state = 16_060_522_496 + 2_007_565_312 + 4_015_130_624 + 134_217_728 + 33_554_432 + 2 * 500_000_000 * 2
+    per_mb = 24_197_025_792 + 1_050_673_152
+    for i, sh, mb, grads in ((0, "zero1", 1, 16_060_522_496), (15, "zero2", 2, 1_003_782_656)):
+        e, mesh = r.exact[i], candidate_config(r.config, r.candidates, i).mesh
+        assert (SHARDING[r.candidates.sh[i]], int(r.candidates.mb[i]), mesh.names, mesh.shape) == (sh, mb, ["dp"], [16])
+        assert RECOMPUTE[r.candidates.rc[i]] == "none"
+        assert e.peak_bytes == state + grads + mb * per_mb == {1: 65_559_212_032, 2: 75_750_171_136}[mb]
+        assert r.est.peak_lo[i] <= e.peak_bytes <= r.est.peak_hi[i]

@@ -133,11 +133,19 @@ def test_deepspeed_zero2_config_searches_its_own_stage():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("overlap", [False, True])
-def test_deepspeed_zero2_bounds_hold_for_every_candidate(overlap):
+@pytest.mark.parametrize("training,zero2_rows", [
+    ({"sharding": "zero2", "zero12_engine": "deepspeed", "overlap_comm": False}, 120),
+    ({"sharding": "zero2", "zero12_engine": "deepspeed", "overlap_comm": True}, 120),
+    # a stage 3 JSON: its zero1/zero2 rows at stage 1/2's defaults; it enumerates tp 8 and pp 8 too
+    ({"sharding": "zero3", "zero3_engine": "deepspeed"}, 152),
+], ids=["zero2", "zero2-overlap", "zero3"])
+def test_deepspeed_zero2_bounds_hold_for_every_candidate(training, zero2_rows):
     """SMALL on 8 GPUs under DeepSpeed's ZeRO-1/2 engine (the config at zero2, overlap_comm off
-    and on): every candidate planned exactly; the search's verdicts are build_plan's (DeepSpeed's
-    engine refuses cp, ep and, for ZeRO-2 or overlap_comm, pp > 1: rule 'engine', build_plan a
+    and on; or at zero3 under DeepSpeed's ZeRO-3, whose zero1/zero2 rows run ZeRO-1/2 with
+    overlap_comm off, DeepSpeed's default below stage 3, and its hsdp rows FSDP2 with fp32
+    gradients: before the bounds took each row's training, 107 of its plans fell outside them):
+    every candidate planned exactly; the search's verdicts are build_plan's (DeepSpeed's engine
+    refuses cp, ep and, for ZeRO-2 or overlap_comm, pp > 1: rule 'engine', build_plan a
     ConfigError), its step and memory bounds hold on every one, zero2 included (bound / step on
     them: largest 0.882 and 0.891, median 0.837 and 0.858), and its top is the exhaustive exact
     ranking."""
@@ -146,12 +154,11 @@ def test_deepspeed_zero2_bounds_hold_for_every_candidate(overlap):
     from meshplan.search.space import OK
     from test_search import config as small
 
-    cfg = small(1, 6.0, training={"sharding": "zero2", "zero12_engine": "deepspeed", "overlap_comm": overlap},
-                micro_batch=[1, 2], recompute=["selective", "full"], top=6)
+    cfg = small(1, 6.0, training=training, micro_batch=[1, 2], recompute=["selective", "full"], top=6)
     r = search(cfg, workers=1)
     c, m = r.candidates, cfg.search.memory_margin
     z2 = SHARDING.index("zero2")
-    assert int((c.sh == z2).sum()) == 120
+    assert int((c.sh == z2).sum()) == zero2_rows
     steps, peaks, ratios = {}, {}, []
     for i in range(len(c)):
         try:

@@ -53,7 +53,7 @@ from meshplan.memory.sizes import deepspeed3_ipg_bytes
 from meshplan.pipeline.base import per_round
 from meshplan.pipeline.interleaved import INTERLEAVED
 from meshplan.search.memory import Stages, Tables, comm_axes, lookup, split
-from meshplan.search.space import SHARDING, Candidates, accumulates
+from meshplan.search.space import SHARDING, Candidates, accumulates, sharding_training
 from meshplan.config import Config
 from meshplan.spec.axes.base import Dim
 from meshplan.units import dtype_bytes
@@ -287,7 +287,20 @@ def _ipg(cfg: Config, c: Candidates) -> np.ndarray:
 
 
 def _bucket(cfg: Config, c: Candidates, s: dict) -> np.ndarray:
-    """Gradient bucket of the non-FSDP shardings, bytes (candidates, pp):
+    """Gradient bucket of the non-FSDP stages, bytes (candidates, pp):
     :meth:`meshplan.spec.memory.MemoryOptions.grad_bucket_bytes`, as
-    :func:`meshplan.memory.sizes.stage_sizes` sizes it."""
-    return cfg.memory.grad_bucket_bytes(cfg.training, c.fsdp[:, None], s["params_numel"])
+    :func:`meshplan.memory.sizes.stage_sizes` sizes it, under each row's own training
+    (:func:`meshplan.search.space.sharding_training`: its sharding and engine). A DeepSpeed
+    ZeRO-3 config's zero1/zero2 rows run DeepSpeed's ZeRO-1/2 at that stage's defaults: the ipg
+    buffer of ``reduce_bucket_size`` elements (``contiguous_gradients`` true, one buffer with
+    ``overlap_comm`` false: deepspeedai/DeepSpeed edaa722 ``runtime/zero/config.py`` 102, 138,
+    382-386, ``runtime/zero/stage_1_and_2.py`` ``setup_buckets`` 2493-2515) and the flattened
+    bucket (``allreduce_bucket`` 1833-1841), 2 GB at 5e8 bf16, not the config's stage 3 bucket (none
+    without FSDP: the config's own training gives 0)."""
+    out = np.zeros(s["params_numel"].shape, dtype=np.int64)
+    for k, name in enumerate(SHARDING):
+        row = (c.sh == k)[:, None]
+        if row.any():
+            b = cfg.memory.grad_bucket_bytes(sharding_training(cfg.training, name), c.fsdp[:, None], s["params_numel"])
+            out = np.where(row, b, out)
+    return out

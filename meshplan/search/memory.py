@@ -32,6 +32,7 @@ from meshplan.search.space import (
     Candidates,
     candidate_schedule,
     ends_short_split,
+    sharding_training,
     stage_split,
 )
 from meshplan.spec.axes.base import Dim
@@ -292,7 +293,10 @@ def state(cfg: Config, tables: Tables, c: Candidates, st: Stages) -> dict[str, n
     dense = (n_d * col(dl["dense"]) + st.n_moe * col(ml["dense"]) + st.first * col(rt["emb"])
              + st.last * (col(rt["norm"]) + out_on))
     expert = st.n_moe * col(ml["expert"])
-    per = _kind_bytes(t)
+    # bytes per element under each row's own training (a DeepSpeed config's hsdp rows keep
+    # FSDP2's fp32 gradients, its zero1/zero2 rows DeepSpeed's: search.space.sharding_training)
+    per_sh = [_kind_bytes(sharding_training(t, s)) for s in SHARDING]
+    per = {kind: col(np.array([p[kind] for p in per_sh])[c.sh]) for kind in per_sh[0]}
     sharded = np.array([SHARDED_KINDS[s] for s in SHARDING], dtype=object)
     out = {"total": 0, "params": 0, "grads": 0, "master": 0, "optimizer": 0, "grads_dense": 0, "grads_expert": 0,
            "dense_numel": dense, "expert_numel": expert,
@@ -300,7 +304,7 @@ def state(cfg: Config, tables: Tables, c: Candidates, st: Stages) -> dict[str, n
     divs = {"dense": col(c.fsdp), "expert": col(c.efsdp)}
     for group, numel in (("dense", dense), ("expert", expert)):
         for kind, b in per.items():
-            if b == 0:
+            if not b.any():
                 continue
             on = col(np.array([kind in s for s in sharded])[c.sh])
             size = _ceil_div(numel, np.where(on, divs[group], 1)) * b

@@ -78,7 +78,7 @@ from meshplan.spec.axes.base import divisors
 from meshplan.spec.axes.registry import AXES, rules, search_axes
 from meshplan.spec.axes.tp import max_tp
 from meshplan.spec.mesh import MeshSpec, Schedule
-from meshplan.spec.training import deepspeed_grad_dtype
+from meshplan.spec.training import TrainingSpec, deepspeed_grad_dtype
 from meshplan.spec.wording import data_axis, mesh_text
 
 RECOMPUTE = ("none", "selective", "full", "op")
@@ -569,15 +569,9 @@ def accumulates(cfg: Config, pp, sh) -> np.ndarray:
 def _training_knobs(cfg: Config, c: Candidates, i: int) -> dict:
     """The training fields of candidate ``i`` where a config setting does not apply to it:
     ``grad_accumulation`` back to ``sync`` outside :func:`accumulates`, ``fp8_all_gather`` off
-    without FSDP (ZeRO-1 gathers no parameters; the float8 GEMMs stay), ``zero3_engine``
-    back to ``fsdp2`` outside sharding zero3 (DeepSpeed's engine is for ZeRO stage 3; with it
-    ``grad_dtype`` back to its default where it is the parameter dtype, the engine's default;
-    ``contiguous_gradients`` off),
-    ``zero12_engine`` back to ``megatron`` (and ``overlap_comm`` off) outside zero1 and zero2, its
-    zero3 candidates under DeepSpeed's ZeRO-3 (``zero3_engine = "deepspeed"``,
-    :attr:`~meshplan.spec.training.TrainingSpec.searched_zero3_engine`),
-    ``overlap_grad_reduce`` / ``overlap_param_gather`` off outside zero1 (Megatron-LM's DDP-buffer
-    flags), ``reshard_head_after_forward`` off without FSDP or ``reshard_after_forward``, as
+    without FSDP (ZeRO-1 gathers no parameters; the float8 GEMMs stay),
+    ``reshard_head_after_forward`` off without FSDP or ``reshard_after_forward``, and the
+    fields of its sharding (:func:`sharding_knobs`), as
     :class:`~meshplan.spec.training.TrainingSpec` requires of a config."""
     t, out = cfg.training, dict[str, object]()
     if t.grad_accumulation != "sync" and not accumulates(cfg, c.pp[i], c.sh[i]):
@@ -586,27 +580,58 @@ def _training_knobs(cfg: Config, c: Candidates, i: int) -> dict:
         out["fp8_all_gather"] = False
     if t.reshard_head_after_forward and (int(c.sh[i]) not in FSDP_SHARDINGS or not c.rf[i]):
         out["reshard_head_after_forward"] = False  # torchtitan's "always" reshards what FSDP2 shards
-    if t.contiguous_gradients and SHARDING[c.sh[i]] != "zero3":
+    return out | sharding_knobs(t, SHARDING[c.sh[i]])
+
+
+def sharding_knobs(t: TrainingSpec, sharding: str) -> dict:
+    """The training fields that change with the searched ``sharding`` of a row searched from
+    the config's training ``t`` (the row's engine and what follows from it):
+    ``zero3_engine`` back to ``fsdp2`` outside sharding zero3 (DeepSpeed's engine is for ZeRO
+    stage 3; with it ``grad_dtype`` back to its default where it is the parameter dtype, the
+    engine's default; ``contiguous_gradients`` off), its zero1 and zero2 rows under DeepSpeed's
+    ZeRO-1/2 (``zero12_engine = "deepspeed"``,
+    :attr:`~meshplan.spec.training.TrainingSpec.searched_zero12_engine`; ``overlap_comm`` as
+    given, else the stage's DeepSpeed default),
+    ``zero12_engine`` back to ``megatron`` (and ``overlap_comm`` off) outside zero1 and zero2, its
+    zero3 rows under DeepSpeed's ZeRO-3 (``zero3_engine = "deepspeed"``,
+    :attr:`~meshplan.spec.training.TrainingSpec.searched_zero3_engine`),
+    ``overlap_grad_reduce`` / ``overlap_param_gather`` off outside zero1 (Megatron-LM's DDP-buffer
+    flags). The plan's (:func:`candidate_config`) and the memory bound's
+    (:func:`meshplan.search.bounds.bounds`, through :func:`sharding_training`).
+
+    >>> from meshplan.spec.training import TrainingSpec
+    >>> t = TrainingSpec(global_batch=8, seq_len=16, zero3_engine="deepspeed", grad_dtype="bf16")
+    >>> sorted(sharding_knobs(t, "zero1").items())
+    [('contiguous_gradients', None), ('grad_dtype', 'bf16'), ('zero12_engine', 'deepspeed'), ('zero3_engine', 'fsdp2')]
+    """
+    out = dict[str, object]()
+    if t.contiguous_gradients and sharding != "zero3":
         out["contiguous_gradients"] = False  # DeepSpeed ZeRO-3's gradient path
-    if t.zero3_engine != "fsdp2" and SHARDING[c.sh[i]] != "zero3":
+    if t.zero3_engine != "fsdp2" and sharding != "zero3":
         out["zero3_engine"] = "fsdp2"
         if t.grad_dtype == t.param_dtype:  # DeepSpeed's gradient partition dtype back to FSDP2's default
             out["grad_dtype"] = type(t).model_fields["grad_dtype"].default
-        if t.searched_zero12_engine == "deepspeed" and int(c.sh[i]) in ZERO12:  # DeepSpeed's own ZeRO-1/2
+        if t.searched_zero12_engine == "deepspeed" and sharding in ("zero1", "zero2"):  # DeepSpeed's own ZeRO-1/2
             out |= {"zero12_engine": "deepspeed", "contiguous_gradients": None, "grad_dtype": deepspeed_grad_dtype(
-                {"zero1": 1, "zero2": 2}[SHARDING[c.sh[i]]], t.param_dtype,
+                {"zero1": 1, "zero2": 2}[sharding], t.param_dtype,
                 None if t.grad_dtype == t.param_dtype else t.grad_dtype)}
         elif t.overlap_comm is not None:
             out["overlap_comm"] = None  # no DeepSpeed engine on this row
-    if t.zero12_engine != "megatron" and int(c.sh[i]) not in ZERO12:  # DeepSpeed's ZeRO-1/2 engine
+    if t.zero12_engine != "megatron" and sharding not in ("zero1", "zero2"):  # DeepSpeed's ZeRO-1/2 engine
         out |= {"zero12_engine": "megatron"}
-        if SHARDING[c.sh[i]] == "zero3":  # DeepSpeed's own ZeRO-3, not FSDP2
+        if sharding == "zero3":  # DeepSpeed's own ZeRO-3, not FSDP2
             out["zero3_engine"] = t.searched_zero3_engine
         else:
             out["overlap_comm"] = None
-    if SHARDING[c.sh[i]] != "zero1":  # Megatron-LM's DDP-buffer flags (the search has no none); FSDP forces them
+    if sharding != "zero1":  # Megatron-LM's DDP-buffer flags (the search has no none); FSDP forces them
         out |= {k: False for k in ("overlap_grad_reduce", "overlap_param_gather") if getattr(t, k)}
     return out
+
+
+def sharding_training(t: TrainingSpec, sharding: str) -> TrainingSpec:
+    """The training ``t`` as a row of ``sharding`` runs it: ``sharding`` and
+    :func:`sharding_knobs` (the fields that do not depend on the row's other columns)."""
+    return t.model_copy(update={"sharding": sharding, **sharding_knobs(t, sharding)})
 
 
 def candidate_config(cfg: Config, c: Candidates, i: int) -> Config:
