@@ -230,7 +230,7 @@ def _check_routing(model: ModelSpec, training: TrainingSpec) -> None:
     if p is not None and p * model.experts < 1 - 1e-9:
         raise ConfigError("training.moe_hottest_expert_share", f"{p} is below the balanced share 1 / experts "
                           f"{model.experts} = {1 / model.experts:.4g}; give a share in [1/experts, 1]")
-    if training.moe_dropless and "moe_capacity_factor" in training.model_fields_set:
+    if training.moe_dropless and training.moe_capacity_factor is not None:
         raise ConfigError("training.moe_capacity_factor", "dropless routing has no capacity; remove one of "
                           "moe_dropless and moe_capacity_factor")
 

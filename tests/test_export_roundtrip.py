@@ -62,17 +62,20 @@ def test_megatron_export_writes_the_plans_routing(tmp_path, routing, flags):
     assert _step_s(again) == _step_s(cfg)
 
 
-def test_megatron_export_says_when_it_writes_the_default_capacity():
-    """Newcomer trial 3 finding 5: the Mixtral example (torch, routing unset) was exported with
-    ``--moe-expert-capacity-factor 1.0`` and no word: meshplan plans its default routing,
-    capacity factor 1 with token dropping, where torchtitan's MoE and Megatron-LM without the
-    flag are dropless. The flags still carry the planned routing (the step is the same), and the
-    header now says so and how to plan dropless."""
-    _, header = export(load_config(MIXTRAL), "megatron", "mixtral")
+def test_megatron_export_says_when_it_writes_the_default_capacity(tmp_path):
+    """Newcomer trial 3 finding 5, then trial 5 item 9: the Mixtral example (torch, routing
+    unset) now plans dropless routing, as torchtitan runs it, so its Megatron-LM export writes
+    no capacity factor (Megatron-LM's default is dropless) and says nothing of it, and nothing
+    is lost in the round trip. A framework megatron plan with the routing unset keeps meshplan's
+    capacity factor 1 with dropping, written with the padding flag and a header line saying so."""
+    header, text, _ = _again(load_config(MIXTRAL), "megatron", tmp_path)
+    assert "--moe-expert-capacity-factor" not in text and not any("capacity" in h or "moe_" in h for h in header)
+    _, header = export(_mixtral(), "megatron", "mixtral")
     assert ("--moe-expert-capacity-factor 1.0 --moe-pad-expert-input-to-capacity: the plan's routing is meshplan's "
-            "default, capacity factor 1.0 with token dropping (training.moe_capacity_factor and moe_dropless unset), "
-            "written so that Megatron-LM runs what was planned; torchtitan's MoE and Megatron-LM without the flag are "
-            "dropless: set training.moe_dropless = true to plan and export dropless routing") in header
+            "default under framework megatron, capacity factor 1.0 with token dropping (training.moe_capacity_factor "
+            "and moe_dropless unset), written so that Megatron-LM runs what was planned; torchtitan's MoE and "
+            "Megatron-LM without the flag are dropless: set training.moe_dropless = true to plan and export dropless "
+            "routing") in header
     _, header = export(_mixtral(moe_dropless=True), "megatron", "mixtral")
     assert not any("capacity" in h for h in header)
 

@@ -252,20 +252,23 @@ def test_all_to_all_across_nodes_sends_each_members_off_node_share():
     p = build_plan(config_from_dict(d))
     loads = {e.edge: e for e in edge_loads(p, step_time(p))}
     rows = p.collectives["stage 0"]
-    # dispatch buffer: 2048 tokens x top-6 rows of h 2048 in bf16; dispatch and combine in each of the
-    # 26 MoE layers, forward and backward: 104 calls per step
-    S = 2048 * 6 * 2048 * 2
-    assert sum(r.per_step for r in rows if r.axis == "ep") == 104
+    # dispatch buffer (dropless, balanced): 2048 tokens x top-6 rows of h 2048 in bf16; dispatch and
+    # combine in each of the 26 MoE layers, forward and backward: 104 calls per step; before each
+    # forward dispatch the 64 experts' counts, 64 x 8 B int64: 26 calls
+    S, C = 2048 * 6 * 2048 * 2, 64 * 8
+    assert sum(r.per_step for r in rows if r.axis == "ep" and r.dtype == "bf16") == 104
+    assert sum(r.per_step for r in rows if r.axis == "ep" and r.dtype == "int64") == 26
     ring = [r for r in rows if r.axis != "ep"]
+    a2a = 104 * S + 26 * C  # bytes each rank sends per step
     nic = loads["node 0 NIC mlx5_0 (rail 0)"].bytes_per_step
-    # 8 ranks x 8/16 S leave the node per call, over its 8 NICs; the FSDP rings as in the dp16 case
-    assert nic == pytest.approx(104 * 8 * (8 / 16 * S) / 8 + sum(r.sent_bytes_per_step for r in ring) / 8, rel=1e-12)
+    # 8 ranks x 8/16 of each call leave the node, over its 8 NICs; the FSDP rings as in the dp16 case
+    assert nic == pytest.approx(8 * (8 / 16 * a2a) / 8 + sum(r.sent_bytes_per_step for r in ring) / 8, rel=1e-12)
     # of each rank's 8 peers on the other node, 7 sit on other rails: 7/8 of the all-to-all's
     # bytes between nodes go up to the spine, the rings' stay on their rails
     assert loads["rail 0 uplink to spine (node 0)"].bytes_per_step == pytest.approx(
-        7 / 8 * 104 * 8 * (8 / 16 * S) / 8, rel=1e-12)
+        7 / 8 * 8 * (8 / 16 * a2a) / 8, rel=1e-12)
     nv = loads["rank 0 nvlink4"].bytes_per_step
-    assert nv == pytest.approx(104 * 7 / 16 * S + 7 / 8 * sum(r.sent_bytes_per_step for r in ring), rel=1e-12)
+    assert nv == pytest.approx(7 / 16 * a2a + 7 / 8 * sum(r.sent_bytes_per_step for r in ring), rel=1e-12)
 
 
 def test_tree_all_reduce_across_four_nodes():

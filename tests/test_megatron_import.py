@@ -125,7 +125,7 @@ def test_capacity_factor_is_read_and_its_absence_is_dropless(tmp_path):
     assert _load(tmp_path, MIXTRAL + "--moe-expert-capacity-factor -1\n", H100x4).training.moe_dropless
     padded = _load(tmp_path, MIXTRAL + "--moe-expert-capacity-factor 1.25 --moe-pad-expert-input-to-capacity\n",
                    H100x4)
-    assert (padded.training.moe_dropless, padded.training.moe_capacity_factor) == (False, 1.25)
+    assert (padded.training.moe_dropless, padded.training.moe_capacity_factor) == (None, 1.25)  # dropping at 1.25
     assert not any("capacity" in n for n in padded.notes)
     # the busiest rank's routed rows: T = 4096 tokens (b s etp / tp), k 2, E 8, ep 8, one local expert;
     # dropless balanced T k = 8192; capacity C = ceil(1.25 x 4096 x 2 / 8) = 1280, ep C = 10240 padded rows;

@@ -4,7 +4,10 @@ Model M: 2 MoE layers, hidden 64, 8 experts, top_k 2, expert_ffn 32 (SwiGLU), bf
 Mesh dp_shard 4 with ep 4 (2 local experts per rank), micro-batch 1 x seq 512, tp 1:
 T = 512 tokens routed per rank, T x top_k = 1024 copies. By hand:
 
-- capacity factor 1 (default): C = ceil(1024 / 8) = 128, dispatch buffer 8 x 128 = 1024 rows;
+- default (framework torch, routing unset): dropless, balanced: the expected load of uniform
+  routing, 1024 / ep 4 = 256 rows per peer, 1024 rows = 131072 B, plus one all-to-all of the
+  8 per-expert counts (8 x 8 B int64) per MoE layer in forward;
+- capacity factor 1 (``moe_dropless = false``, or framework megatron's default): C = ceil(1024 / 8) = 128, dispatch buffer 8 x 128 = 1024 rows;
   all-to-all 1024 x 64 x 2 B = 131072 B; each local expert's GEMM ep x C = 512 rows;
 - capacity factor 1.25: C = ceil(1.25 x 1024 / 8) = 160, 1280 rows, 163840 B; GEMMs 640 rows;
   with the hottest expert at 25% of the copies it takes 256 copies per rank, 96 dropped;
@@ -36,7 +39,7 @@ def plan_of(mesh=None, model=MODEL, **training):
 
 
 def a2a(plan):
-    rows = [r for r in plan.collectives[next(iter(plan.collectives))] if r.op == "all-to-all"]
+    rows = [r for r in plan.collectives[next(iter(plan.collectives))] if r.op == "all-to-all" and r.dtype != "int64"]
     assert {r.axis for r in rows} == {"ep"}
     return {r.size_bytes for r in rows}
 
@@ -45,8 +48,21 @@ def expert_gemms(plan):
     return sorted((g.name, g.m, g.count) for g in plan.gemms if g.name.startswith("expert_w_up"))
 
 
+def test_torch_default_is_dropless_with_the_balanced_expectation():
+    default, megatron = plan_of(), plan_of(framework="megatron")
+    assert a2a(default) == {131072} and expert_gemms(default) == [("expert_w_up", 512, 2)]
+    note = [n for n in default.notes if n.startswith("MoE")][0]
+    assert note.startswith("MoE dropless (balanced)") and "T x top_k / ep = 256 rows per peer" in note
+    assert "the balanced case" in note
+    counts = [(r.phase, r.size_bytes, r.per_microbatch) for r in default.collectives[next(iter(default.collectives))]
+              if r.dtype == "int64"]
+    assert counts == [("forward", 64, 2)]
+    assert [n for n in megatron.notes if n.startswith("MoE")][0].startswith("MoE capacity = ceil(1 x T 512")
+    assert not [r for r in megatron.collectives[next(iter(megatron.collectives))] if r.dtype == "int64"]
+
+
 def test_capacity_factor_by_hand():
-    base, wide = plan_of(), plan_of(moe_capacity_factor=1.25)
+    base, wide = plan_of(moe_dropless=False), plan_of(moe_capacity_factor=1.25)
     assert isinstance(base, Plan) and isinstance(wide, Plan)
     assert a2a(base) == {131072} and a2a(wide) == {163840}
     assert expert_gemms(base) == [("expert_w_up", 512, 2)] and expert_gemms(wide) == [("expert_w_up", 640, 2)]
@@ -71,7 +87,7 @@ def test_routed_activations_follow_the_rows():
                                         "mesh": dict(names=["dp_shard", "ep"], shape=[4, 4], world=4)})
     mesh = plan_of().mesh
     saved = {}
-    for key, extra in {"base": {}, "wide": {"moe_capacity_factor": 1.25},
+    for key, extra in {"base": {"moe_capacity_factor": 1.0}, "wide": {"moe_capacity_factor": 1.25},
                        "hot": {"moe_dropless": True, "moe_hottest_expert_share": 0.25}}.items():
         c = cfg(**extra)
         saved[key] = layer_act_sizes(c.model, c.training, mesh, MemoryOptions(), moe=True).saved
@@ -85,7 +101,7 @@ def test_expert_gemm_time_grows_with_the_rows():
 
     big = {**MODEL, "hidden": 2048, "q_heads": 16, "kv_heads": 8, "expert_ffn": 4096}  # past the issue floor
     t = {k: step_time(plan_of(model=big, seq_len=4096, **kw), Overlap()).step_s
-         for k, kw in {"base": {}, "wide": {"moe_capacity_factor": 2.0},
+         for k, kw in {"base": {"moe_capacity_factor": 1.0}, "wide": {"moe_capacity_factor": 2.0},
                        "hot": {"moe_dropless": True, "moe_hottest_expert_share": 0.5}}.items()}
     assert t["base"] < t["wide"] and t["base"] < t["hot"]
 
@@ -125,9 +141,13 @@ def test_capacity_factor_matches_torch_all_to_all():
     assert differences(tally_records(run.records, mesh, 3), tally_table(table_for(model, training, mesh), mesh, 3)) == []
 
 
-def test_validate_refuses_dropless():
+def test_runners_build_dropless_and_the_dry_run_refuses_it():
     pytest.importorskip("torch")
     from meshplan.runtime.execution.parallelize import _unsupported
+    from meshplan.runtime.validation.dryrun import dry_run
+    from meshplan.spec.model import ModelSpec
 
     p = plan_of(moe_dropless=True)
-    assert "moe_dropless" in _unsupported(p.mesh, p.config.training, moe=True)
+    assert _unsupported(p.mesh, p.config.training, moe=True) is None
+    with pytest.raises(ConfigError, match="training.moe_dropless: dropless MoE routing sizes its all-to-alls"):
+        dry_run(ModelSpec(name="tiny-moe", **MODEL), p.config.training, p.mesh, rank=0)

@@ -85,6 +85,9 @@ def test_loss_not_parallel_matches():
 # MoE with expert parallelism (meshplan.runtime.execution.moe): router, capacity dispatch, experts over
 # ep with all-to-all, routed experts as their own FSDP2 unit over efsdp. Names and shapes
 # (dense axes, ep) are resolved as [mesh] names = [..., "ep"] would be.
+#: The dry run's fake process group returns no real token counts, so its MoE cases dispatch a
+#: fixed capacity (factor 1; dropless, the torch default, runs under validate on gloo).
+CAPACITY = {"moe_capacity_factor": 1.0}
 MOE = ModelSpec(name="tiny-moe", layers=2, hidden=64, ffn=128, q_heads=4, kv_heads=2, vocab=256,
                 experts=8, top_k=2, expert_ffn=32)
 MOE_CASES = {
@@ -110,7 +113,7 @@ MOE_CASES = {
 @pytest.mark.parametrize("name", list(MOE_CASES))
 def test_moe_table_matches_torch(name):
     model, names, shape, ep, dtypes, extra, rank = MOE_CASES[name]
-    training = TrainingSpec(**{"global_batch": prod(shape), "seq_len": 16, **dtypes, **extra})
+    training = TrainingSpec(**{"global_batch": prod(shape), "seq_len": 16, **CAPACITY, **dtypes, **extra})
     mesh = resolve_mesh(MeshSpec(names=list(names) + ["ep"], shape=list(shape) + [ep]), world=prod(shape))
     run = dry_run(model, training, mesh, rank=rank, mixed_precision=dtypes is MP, optimizer_step=False)
     assert run.group_differences == []
@@ -141,7 +144,7 @@ def test_expert_gather_bytes_by_hand(name):
     """torch's FSDP2 all-gather of the routed experts and the table's row both have the
     by-hand size of the dim torchtitan's rule shards (efsdp x ep > experts: dim 1)."""
     model, names, shape, ep, dtypes, extra, rank = MOE_CASES[name]
-    training = TrainingSpec(**{"global_batch": prod(shape), "seq_len": 16, **dtypes, **extra})
+    training = TrainingSpec(**{"global_batch": prod(shape), "seq_len": 16, **CAPACITY, **dtypes, **extra})
     mesh = resolve_mesh(MeshSpec(names=list(names) + ["ep"], shape=list(shape) + [ep]), world=prod(shape))
     run = dry_run(model, training, mesh, rank=rank, optimizer_step=False)
     efsdp = tuple(mesh.group_of(rank, "efsdp"))
@@ -157,7 +160,7 @@ def test_uneven_expert_dim1_is_refused_by_torch_and_by_the_plan():
     from meshplan.mesh.validity import check
 
     model = MOE.model_copy(update=dict(expert_ffn=30))
-    training = TrainingSpec(global_batch=16, seq_len=16, **FP32)
+    training = TrainingSpec(global_batch=16, seq_len=16, **CAPACITY, **FP32)
     spec = MeshSpec(names=["dp_shard", "ep"], shape=[16, 4])
     mesh = resolve_mesh(spec, world=16)
     with pytest.raises(NotImplementedError, match="uneven sharding on dim 1"):
@@ -232,7 +235,7 @@ MOE_TP_CASES = {
 @pytest.mark.parametrize("name", list(MOE_TP_CASES))
 def test_moe_tp_table_matches_torch(name):
     model, names, shape, ep, sp, dtypes, extra, rank = MOE_TP_CASES[name]
-    training = TrainingSpec(**{"global_batch": prod(shape), "seq_len": 16, **dtypes, **extra})
+    training = TrainingSpec(**{"global_batch": prod(shape), "seq_len": 16, **CAPACITY, **dtypes, **extra})
     mesh = resolve_mesh(MeshSpec(names=list(names) + ["ep"], shape=list(shape) + [ep], sequence_parallel=sp),
                         world=prod(shape))
     run = dry_run(model, training, mesh, rank=rank, mixed_precision=dtypes is MP, optimizer_step=False)
@@ -256,7 +259,7 @@ def test_moe_tp_without_fsdp_matches_torch(sp):
     over efsdp = tp / ep = 2, and the router's (and SP norms') Partial gradients are reduced
     at each of AdamW's reads."""
     model = MOE.model_copy(update=dict(kv_heads=4))
-    training = TrainingSpec(global_batch=1, seq_len=16, **FP32)
+    training = TrainingSpec(global_batch=1, seq_len=16, **CAPACITY, **FP32)
     mesh = resolve_mesh(MeshSpec(names=["tp", "ep"], shape=[4, 2], sequence_parallel=sp), world=4)
     run = dry_run(model, training, mesh, rank=1)
     assert run.group_differences == []

@@ -47,7 +47,8 @@ def _reference_losses(plan_json: Path, world: int, steps: int = 2, token_split: 
     import torch.nn.functional as F
 
     from meshplan.runtime.execution.model import Transformer
-    from meshplan.runtime.execution.moe import moe_layers
+    from meshplan.compute.routing import RoutingOptions
+    from meshplan.runtime.execution.moe import moe_layers, set_routing
     from meshplan.runtime.execution.trainstep import batch
     from meshplan.runtime.execution.worker import load_plan
     from meshplan.mesh.tpsplit import padded_vocab
@@ -56,6 +57,7 @@ def _reference_losses(plan_json: Path, world: int, steps: int = 2, token_split: 
     vocab = padded_vocab(spec.vocab, training.vocab_pad_divisor, 1)
     model = Transformer(spec, vocab=vocab)
     model.init_weights(seed=0)
+    set_routing(model, RoutingOptions.of(training))
     for moe in moe_layers(model):
         moe.forward = (lambda m: lambda x: torch.cat([type(m).forward(m, p) for p in x.chunk(token_split, 1)], 1))(moe)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=False)
@@ -75,21 +77,30 @@ def _reference_losses(plan_json: Path, world: int, steps: int = 2, token_split: 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_4_ranks_ep2_dp_shard4_match_the_plan_exactly(tmp_path):
+    """Dropless (the config sets no routing: a torch plan's default) over gloo: each MoE layer
+    exchanges the per-expert counts (8 experts x 8 B int64), then dispatches and combines
+    with those split sizes; the token all-to-alls are compared by count (their bytes are the
+    router's), and the losses equal the unsplit dropless model's."""
     out, rows = _validated_exactly(MOE_EP2, tmp_path)
     assert {row["axis"] for row in rows} == {"dp_shard", "efsdp", "ep"}
-    # hidden 4096 / 16 = 256, 32 tokens x top_k 2 over 8 experts: capacity 8 per expert, so
-    # each dispatch and combine moves 8 experts x 8 rows x 256 x 4 B = 65536 B; 2 MoE layers
-    a2a = {row["phase"]: row for row in rows if row["op"] == "all-to-all"}
-    assert a2a["forward"]["size_bytes"] == a2a["backward"]["size_bytes"] == 8 * 8 * 256 * 4
-    assert a2a["forward"]["meshplan"] == a2a["backward"]["meshplan"] == 4
+    # 2 MoE layers: forward counts + dispatch + combine, backward the two gradients
+    a2a = {(row["phase"], row["dtype"]): row for row in rows if row["op"] == "all-to-all"}
+    assert a2a[("forward", "int64")]["size_bytes"] == 8 * 8 and a2a[("forward", "int64")]["meshplan"] == 2
+    assert a2a[("forward", "fp32")]["size_bytes"] == a2a[("backward", "fp32")]["size_bytes"] == "routed"
+    assert a2a[("forward", "fp32")]["meshplan"] == a2a[("backward", "fp32")]["meshplan"] == 4
+    assert ("backward", "int64") not in a2a
+    # the plan's balanced expectation: 32 tokens x top_k 2 = 64 rows x 256 x 4 B per rank
+    recs = json.loads((out / "world4" / "rank0" / "collectives.json").read_text())["records"]
+    dispatch = [r["size_bytes"] for r in recs if r["op"] == "all-to-all" and r["dtype"] == "fp32"][0]
+    assert dispatch == 64 * 256 * 4
     # routed experts: 4 per rank, their own FSDP2 unit over efsdp 2 (gather, re-gather, reduce)
     experts = sorted((row["phase"], row["op"], row["meshplan"]) for row in rows if row["axis"] == "efsdp")
     assert experts == [("backward", "all-gather", 2), ("backward", "reduce-scatter", 2), ("forward", "all-gather", 2)]
     assert {row["size_bytes"] for row in rows if row["axis"] == "efsdp"} == {3 * 4 * 896 * 256 * 4}
     n = len(json.loads((out / "world4" / "rank0" / "collectives.json").read_text())["records"])
-    # all-to-all 4 + 4, efsdp 6, dp_shard: 2 layers x (gather, re-gather, reduce) + the ends as
+    # all-to-all 2 + 4 + 4, efsdp 6, dp_shard: 2 layers x (gather, re-gather, reduce) + the ends as
     # torchtitan wraps them (embedding: gather, re-gather, reduce; [norm, output]: gather, reduce)
-    assert n == sum(row["meshplan"] for row in rows) == 8 + 6 + 6 + 3 + 2
+    assert n == sum(row["meshplan"] for row in rows) == 10 + 6 + 6 + 3 + 2
     start = json.loads((out / "world4" / "rank1" / "startup.json").read_text())
     assert start["groups"]["ep"] == [0, 1] and start["groups"]["efsdp"] == [1, 3]
     assert start["local_shapes"]["layers.0.moe.experts.w_gate"] == {
@@ -166,26 +177,31 @@ def _validated_exactly(config: Path, tmp_path: Path) -> tuple[Path, list[dict]]:
     return out, rows
 
 
-def _grad_worker(rank: int, world: int, store_path: str, sp: bool, out: str) -> None:
+def _grad_worker(rank: int, world: int, store_path: str, sp: bool, out: str, dropless: bool = False) -> None:
     """One gloo rank of tp 2 x ep 2 (no FSDP): one forward and backward of the runtime model;
     writes each gradient's largest difference from the single-process model's (tokens
-    routed in 2 halves, as the tp ranks do)."""
+    routed in 2 halves, as the tp ranks do) and, under ``"a2a"``, the recorded all-to-alls
+    (phase, bytes, dtype). ``dropless``: the torch default routing, else capacity factor 1."""
     import torch.distributed as dist
     import torch.nn.functional as F
 
+    from meshplan.compute.routing import RoutingOptions
     from meshplan.runtime.execution.model import Transformer
-    from meshplan.runtime.execution.moe import moe_layers
+    from meshplan.runtime.execution.moe import moe_layers, set_routing
     from meshplan.runtime.execution.parallelize import init_mesh, parallelize
+    from meshplan.runtime.execution.recorder import CollectiveRecorder
     from meshplan.spec.model import ModelSpec
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank, world_size=world)
     spec = ModelSpec(layers=1, hidden=32, ffn=64, q_heads=4, kv_heads=2, vocab=64, experts=4, top_k=2, expert_ffn=16)
-    training = TrainingSpec(global_batch=1, seq_len=16, recompute="none")
+    training = TrainingSpec(global_batch=1, seq_len=16, recompute="none",
+                            **({} if dropless else {"moe_capacity_factor": 1.0}))
     mesh = resolve_mesh(MeshSpec(names=["tp", "ep"], shape=[2, 2], sequence_parallel=sp), world=2)
     tokens = torch.randint(0, 64, (1, 16), generator=torch.Generator().manual_seed(1))
     ref = Transformer(spec)
     ref.init_weights(seed=0)
+    set_routing(ref, RoutingOptions.of(training))
     for moe in moe_layers(ref):
         moe.forward = (lambda m: lambda x: torch.cat([type(m).forward(m, p) for p in x.chunk(2, 1)], 1))(moe)
     F.cross_entropy(ref(tokens).flatten(0, 1), tokens.flatten()).backward()
@@ -194,7 +210,11 @@ def _grad_worker(rank: int, world: int, store_path: str, sp: bool, out: str) -> 
     parallelize(model, init_mesh(mesh), mesh, training, loss_parallel=False)
     model.to_empty(device="cpu")
     model.init_weights(seed=0)
-    F.cross_entropy(model(tokens).flatten(0, 1), tokens.flatten()).backward()
+    with CollectiveRecorder() as rec:
+        rec.phase = "forward"
+        loss = F.cross_entropy(model(tokens).flatten(0, 1), tokens.flatten())
+        rec.phase = "backward"
+        loss.backward()
     errors = {}
     for name, p in model.named_parameters():
         g = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad  # router: Partial over tp
@@ -203,6 +223,7 @@ def _grad_worker(rank: int, world: int, store_path: str, sp: bool, out: str) -> 
         if getattr(owner, "full_rows", want.shape[0]) != g.shape[0]:  # routed experts held here (EP)
             want = want[owner.offset:owner.offset + g.shape[0]]
         errors[name] = float((g - want).abs().max() / want.abs().max())
+    errors["a2a"] = [(c.phase, c.size_bytes, c.dtype) for c in rec.records if c.op == "all-to-all"]
     Path(out).with_suffix(f".{rank}.json").write_text(json.dumps(errors))
     dist.destroy_process_group()
 
@@ -226,5 +247,39 @@ def test_tp2_ep2_gradients_equal_the_single_process_model(tmp_path, sp):
     assert [p.exitcode for p in procs] == [0, 0]
     for r in range(2):
         errors = json.loads((tmp_path / f"err.{r}.json").read_text())
+        errors.pop("a2a")
         assert any("router" in k for k in errors) and any("experts.w_up" in k for k in errors)
         assert max(errors.values()) < 1e-5, errors
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_dropless_tp2_ep2_gradients_and_uneven_all_to_alls(tmp_path):
+    """Dropless routing (a torch plan's default) over ep 2 on gloo: the per-expert counts are
+    exchanged (one all-to-all of 4 experts x 8 B int64 per rank), then the tokens with those
+    split sizes. Each rank routes 8 tokens x top_k 2 = 16 copies, so its dispatch sends 16 rows
+    x 32 x 4 B = 2048 B whatever the router picks, and its combine sends back what it received,
+    which the router decides: the two ranks' combines together return the 32 copies sent
+    (2 x 2048 B); every gradient equals the unsplit dropless model's."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    procs = [ctx.Process(target=_grad_worker, args=(r, 2, str(tmp_path / "store"), True, str(tmp_path / "err"), True))
+             for r in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(150)
+    assert [p.exitcode for p in procs] == [0, 0]
+    a2a = {}
+    for r in range(2):
+        errors = json.loads((tmp_path / f"err.{r}.json").read_text())
+        a2a[r] = [tuple(x) for x in errors.pop("a2a")]
+        assert any("experts.w_up" in k for k in errors) and max(errors.values()) < 1e-5, errors
+    for r in range(2):  # forward: counts, dispatch, combine; backward: the combine's, the dispatch's gradients
+        counts, dispatch, combine, combine_grad, dispatch_grad = a2a[r]
+        assert counts == ("forward", 4 * 8, "int64") and dispatch == ("forward", 16 * 32 * 4, "fp32")
+        assert combine[0] == "forward" and combine_grad == ("backward", 16 * 32 * 4, "fp32")
+        assert dispatch_grad == ("backward", combine[1], "fp32")
+    assert a2a[0][2][1] + a2a[1][2][1] == 2 * 16 * 32 * 4
+    assert a2a[0][2][1] != a2a[1][2][1]  # this seed routes unevenly: the split sizes came from the counts

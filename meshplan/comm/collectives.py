@@ -123,9 +123,15 @@ Conventions, matched op by op against what torch 2.13 issues for DTensor TP/SP a
   routing; torch cannot size an all-to-all by the router's (data-dependent) counts without
   an extra exchange of counts. Equal to ``T * top_k`` rows when experts divides it, the
   balanced-routing size used before (runtime MoE: :mod:`meshplan.runtime.execution.moe`, measured
-  with torch 2.13 on gloo). Dropless (``training.moe_dropless``): the buffer is the busiest
-  rank's received rows under the stated ``moe_hottest_expert_share`` (its all-to-all sets
-  the time every rank waits for).
+  with torch 2.13 on gloo). Dropless (a torch plan's default, ``training.moe_dropless``): the
+  buffer is the busiest rank's received rows under the stated ``moe_hottest_expert_share``
+  (its all-to-all sets the time every rank waits for); unstated, the expected load of uniform
+  routing, ``T * top_k`` rows (``T * top_k / ep`` per peer), the balanced case. Before each
+  dispatch the ranks exchange their per-expert counts: one all-to-all of ``experts`` int64
+  per MoE layer in forward (and per replayed layer in backward), no gradient
+  (torchtitan's ``_token_count_exchange``, pytorch/torchtitan b5bcd76
+  ``torchtitan/models/common/token_dispatcher.py``), listed with :data:`DROPLESS_COUNTS` and
+  not placed on the step's timeline (a few hundred bytes; its device-to-host sync is not modelled).
 """
 
 from __future__ import annotations
@@ -1210,10 +1216,20 @@ def _pp_ep_rows(add, c: _Ctx) -> None:
         moe = sum(m.is_moe_layer(i) for i in c.layers)
         replayed = sum(m.is_moe_layer(i) and t.layer_recomputed(k) for k, i in enumerate(c.layers))
         tokens = t.micro_batch * c.seq_local * mesh.etp // mesh.degree("tp")  # see shapes
-        rows = routing(RoutingOptions.of(t), max(1, tokens), m.top_k, m.experts, mesh.ep).recv_rows
+        ro = RoutingOptions.of(t)
+        rows = routing(ro, max(1, tokens), m.top_k, m.experts, mesh.ep).recv_rows
         a2a = rows * m.hidden * dtype_bytes(dt)
         add("ep", "forward", "all-to-all", a2a, dt, 2 * moe, "every MoE layer (dispatch, combine)", "expert GEMMs")
         add("ep", "backward", "all-to-all", a2a, dt, 2 * moe + 2 * replayed, "every MoE layer", "expert GEMMs")
+        if ro.dropless:  # the per-expert counts, no gradient (a replayed forward exchanges them again)
+            add("ep", "forward", "all-to-all", m.experts * COUNT_BYTES, COUNT_DTYPE, moe, DROPLESS_COUNTS, "dispatch")
+            add("ep", "backward", "all-to-all", m.experts * COUNT_BYTES, COUNT_DTYPE, replayed, DROPLESS_COUNTS,
+                "the replayed dispatch")
+
+
+#: Cadence of the dropless count exchange (module docstring); its elements' dtype and bytes.
+DROPLESS_COUNTS = "every MoE layer (per-expert token counts, before the dispatch)"
+COUNT_DTYPE, COUNT_BYTES = "int64", 8
 
 
 #: Row builders of the axis families whose rows need this layer's FSDP units and gather flags,

@@ -23,9 +23,13 @@ experts, ``n = E / ep`` local experts:
 - **dropless**: no padding, nothing dropped; the hottest expert receives ``ep * p * T * k``
   rows, each other expert ``ep * (1 - p) * T * k / (E - 1)``; the rank holding the hottest
   expert receives ``ep * T * k * (p + (n - 1)(1 - p)/(E - 1))`` rows (balanced: ``T * k``),
-  and its all-to-all and GEMMs set the layer's time (every rank waits for it). Frameworks
-  first exchange the per-expert counts (Megatron-LM's ``MoEAlltoAllTokenDispatcher``: an
-  all-to-all of ``E`` integers per rank), which the plan states but does not time.
+  and its all-to-all and GEMMs set the layer's time (every rank waits for it). Balanced
+  (no share stated) this is the expected load of uniform routing, ``T * k / ep`` rows per
+  peer: the balanced case, which a real router's per-step counts scatter around. Frameworks
+  first exchange the per-expert counts (torchtitan's ``AllToAllTokenDispatcher._token_count_exchange``,
+  pytorch/torchtitan b5bcd76 ``torchtitan/models/common/token_dispatcher.py``, and Megatron-LM's
+  ``MoEAlltoAllTokenDispatcher``: an all-to-all of ``E`` int64 per rank, forward only), which
+  the collective table lists and the step time does not time.
 
 >>> r = routing(RoutingOptions(capacity_factor=1.25), tokens=4096, top_k=2, experts=8, ep=4)
 >>> r.capacity, r.recv_rows, r.hot_expert_rows, r.dropped
@@ -54,8 +58,23 @@ class RoutingOptions:
 
     @staticmethod
     def of(training) -> "RoutingOptions":
-        """From a :class:`~meshplan.spec.training.TrainingSpec`."""
-        return RoutingOptions(training.moe_capacity_factor, training.moe_dropless, training.moe_hottest_expert_share)
+        """From a :class:`~meshplan.spec.training.TrainingSpec`: a capacity factor given means
+        dropping with it; ``moe_dropless`` given is that choice (false: capacity factor 1);
+        neither given is the framework's routing, dropless under ``framework = "torch"``
+        (torchtitan's ``TokenChoiceTopKRouter`` and ``GroupedExperts`` run every routed copy:
+        pytorch/torchtitan b5bcd76 ``torchtitan/models/common/moe.py``) and capacity factor 1
+        under ``"megatron"`` (meshplan's earlier default, kept for Megatron-LM plans).
+
+        >>> from meshplan.spec.training import TrainingSpec
+        >>> t = lambda **kw: RoutingOptions.of(TrainingSpec(global_batch=8, seq_len=16, **kw))
+        >>> t().dropless, t(framework="megatron").dropless, t(moe_capacity_factor=1.25).capacity_factor
+        (True, False, 1.25)
+        >>> t(moe_dropless=False)
+        RoutingOptions(capacity_factor=1.0, dropless=False, hottest_share=None)
+        """
+        f, d = training.moe_capacity_factor, training.moe_dropless
+        dropless = d if d is not None else f is None and training.framework == "torch"
+        return RoutingOptions(1.0 if f is None else f, bool(dropless), training.moe_hottest_expert_share)
 
 
 @dataclass(frozen=True)
@@ -80,9 +99,12 @@ class Routing:
         """One line with the arithmetic, for the plan's notes."""
         bal = "balanced" if opts.hottest_share is None else f"hottest expert {self.share:.3g} of the copies"
         if self.capacity is None:
+            load = (f"the expected load of uniform routing, T x top_k / ep = {self.copies / ep:g} rows per peer "
+                    f"(the balanced case: a real router's counts vary per step)" if opts.hottest_share is None
+                    else f"the busiest ep rank receives {self.recv_rows} rows (hottest expert {self.hot_expert_rows})")
             return (f"MoE dropless ({bal}): tokens per rank T = {self.tokens}, copies T x top_k {top_k} = "
-                    f"{self.copies}; the busiest ep rank receives {self.recv_rows} rows (hottest expert "
-                    f"{self.hot_expert_rows}); per-expert counts exchanged before each dispatch (not timed)")
+                    f"{self.copies}; all-to-alls sized by {load}; per-expert counts exchanged before each "
+                    f"dispatch ({experts} int64 per rank: in the collective table, not in the step time)")
         return (f"MoE capacity = ceil({opts.capacity_factor:g} x T {self.tokens} x top_k {top_k} / experts "
                 f"{experts}) = {self.capacity} copies per expert, the same on every ep rank (static shape); "
                 f"dispatch buffer {experts} x {self.capacity} = {self.send_rows} rows, {ep * self.capacity} per "

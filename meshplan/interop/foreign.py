@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 from meshplan import catalog
+from meshplan.compute.routing import RoutingOptions
 from meshplan.config import Config, config_from_dict, load_config, parse_toml
 from meshplan.errors import ConfigError
 from meshplan.fileio import parse_json, read_text_limited
@@ -400,7 +401,7 @@ def differences(a: Config, b: Config) -> list[str]:
     out = []
     ma, mb = (effective_model(m) for m in (a.model, b.model))
     out += [f"model.{k}: {ma[k]!r} -> {mb[k]!r}" for k in ma if ma[k] != mb[k]]
-    ta, tb = (t.model_dump(exclude={"grad_reduce_dtype"}) for t in (a.training, b.training))
+    ta, tb = (_routed(t, a.model.is_moe) for t in (a.training, b.training))
     out += [f"training.{k}: {ta[k]!r} -> {tb[k]!r}" for k in ta if ta[k] != tb[k]]
     if a.training.gradient_reduce_dtype != b.training.gradient_reduce_dtype:
         out.append(f"training.grad_reduce_dtype: {a.training.gradient_reduce_dtype!r} -> "
@@ -409,6 +410,17 @@ def differences(a: Config, b: Config) -> list[str]:
     out += [f"mesh.{k}: {ka[k]!r} -> {kb[k]!r}" for k in ka if ka[k] != kb[k]]
     if _memory(a) != _memory(b):
         out.append(f"memory: {a.memory.model_dump(exclude_defaults=True)} -> defaults")
+    return out
+
+
+def _routed(training, moe: bool) -> dict[str, Any]:
+    """``training``'s fields but ``grad_reduce_dtype``, the MoE routing as it resolves
+    (:meth:`~meshplan.compute.routing.RoutingOptions.of`: a torch plan's unset routing is the
+    dropless routing a re-import states), and without routing keys for a dense model."""
+    out = training.model_dump(exclude={"grad_reduce_dtype", "moe_capacity_factor", "moe_dropless"})
+    if moe:
+        ro = RoutingOptions.of(training)
+        out.update(moe_dropless=ro.dropless, moe_capacity_factor=None if ro.dropless else ro.capacity_factor)
     return out
 
 

@@ -104,8 +104,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Optional
 
-from meshplan.comm.collectives import (FLOAT8_AMAX_CADENCE, FLOAT8_PRECOMPUTE_CADENCE, SCATTER_GATHER_CADENCE,
-                                      ZERO2_CADENCE)
+from meshplan.comm.collectives import (DROPLESS_COUNTS, FLOAT8_AMAX_CADENCE, FLOAT8_PRECOMPUTE_CADENCE,
+                                      SCATTER_GATHER_CADENCE, ZERO2_CADENCE)
 from meshplan.comm import deepspeed
 from meshplan.comm.deepspeed import CADENCE as DEEPSPEED_CADENCE
 from meshplan.comm.deepspeed_zero12 import CADENCE as DEEPSPEED_BUCKET_CADENCE
@@ -249,6 +249,8 @@ def _row_group(kind: str, row) -> str:
         return _shard_group(row.cadence)
     if kind == "tp" and row.cadence == FLOAT8_AMAX_CADENCE:
         return FLOAT8_AMAX
+    if kind == "ep" and row.cadence == DROPLESS_COUNTS:  # kept apart from the dispatch; not placed
+        return "counts"
     return FLOAT8_TP if kind == "tp" and row.dtype == "fp8" else ""
 
 

@@ -282,11 +282,14 @@ class TrainingSpec(BaseModel):
     is gathered in the compute dtype. Gradients are reduce-scattered in the reduce dtype
     either way.
     ``moe_capacity_factor``, ``moe_dropless``, ``moe_hottest_expert_share``: MoE routing
-    (:mod:`meshplan.compute.routing`): the capacity factor f of the dropping dispatch
-    (``C = ceil(f x tokens x top_k / experts)``, Megatron-LM ``--moe-expert-capacity-factor``;
-    default 1), dropless routing (no capacity, nothing dropped: torchtitan, Megatron-LM
-    without a capacity factor), and the busiest expert's share of the token copies
-    (unset: balanced, 1 / experts).
+    (:mod:`meshplan.compute.routing`, :meth:`RoutingOptions.of
+    <meshplan.compute.routing.RoutingOptions.of>` resolves them): the capacity factor f of the
+    dropping dispatch (``C = ceil(f x tokens x top_k / experts)``, Megatron-LM
+    ``--moe-expert-capacity-factor``), dropless routing (no capacity, nothing dropped:
+    torchtitan, Megatron-LM without a capacity factor), and the busiest expert's share of the
+    token copies (unset: balanced, 1 / experts). Both unset: the framework's routing, dropless
+    under ``framework = "torch"`` (torchtitan's token-choice MoE has no capacity), capacity
+    factor 1 with dropping under ``"megatron"``; ``moe_dropless = false`` alone: capacity factor 1.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
@@ -329,8 +332,8 @@ class TrainingSpec(BaseModel):
     fp8_recipe: Literal["tensorwise", "rowwise"] = "tensorwise"
     fp8_all_gather: bool = False
     fp8_output_layer: bool = False
-    moe_capacity_factor: float = Field(default=1.0, gt=0)
-    moe_dropless: bool = False
+    moe_capacity_factor: Optional[float] = Field(default=None, gt=0)
+    moe_dropless: Optional[bool] = None
     moe_hottest_expert_share: Optional[float] = Field(default=None, gt=0, le=1)
 
     @model_validator(mode="before")

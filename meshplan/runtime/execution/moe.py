@@ -9,20 +9,38 @@
                                                shared_experts x shared_expert_ffn), if any
 
 Routing (Mixtral, Jiang et al. 2024, eq. 1): top-k of the router logits, softmax over those
-k. Dispatch is deterministic with a fixed capacity (Switch Transformer, Fedus et al. 2021,
-capacity factor f = ``training.moe_capacity_factor``, default 1, :func:`set_capacity_factor`):
-each expert takes at most ``C = ceil(f * T * top_k / experts)`` token copies
-of the ``T`` tokens of this rank (:func:`meshplan.compute.routing.expert_capacity`), in token order;
-copies beyond C are dropped (their output is 0), empty slots are zero padding. The dispatch
-buffer is therefore always ``(experts, C, hidden)``, whatever the router decides, and the
-all-to-all sizes are known before the run (meshplan's collective table,
-:func:`meshplan.comm.collectives._pp_ep_rows`).
+k; then one of two dispatches, as the plan's routing says (:func:`set_routing`,
+:meth:`meshplan.compute.routing.RoutingOptions.of`):
+
+- **dropless** (a torch plan's default, torchtitan's): every routed copy is computed. The
+  ``T * top_k`` copies are sorted by expert (stable, so token order within an expert); with
+  EP the ranks first exchange their per-expert counts (``all_to_all_single`` of ``experts``
+  int64, equal splits of ``experts / ep``; no gradient), then send each peer the copies for its
+  experts with those split sizes (``all_to_all_single_autograd`` with ``input_split_sizes`` =
+  this rank's counts summed per peer, ``output_split_sizes`` = the received counts summed per
+  source), regroup rank-major (source, local expert) segments expert-major, run each local
+  expert on its rows, and send the outputs back with the splits swapped: torchtitan's
+  ``AllToAllTokenDispatcher`` (``_token_count_exchange``, ``_dispatch_token_exchange``,
+  ``_permute``, ``_combine_token_exchange``; pytorch/torchtitan b5bcd76
+  ``torchtitan/models/common/token_dispatcher.py``). Each expert's rows are one GEMM chain
+  (:meth:`Experts.forward` with ``counts``), as ``torch._grouped_mm`` over the count offsets
+  computes them there (``GroupedExperts``, ``torchtitan/models/common/moe.py``). gloo runs
+  uneven ``all_to_all_single`` on CPU (torch 2.13). The dispatch sends ``T * top_k`` rows
+  whatever the routing; the combine sends what this rank received, ``T * top_k`` rows per rank
+  on average (the plan's balanced expectation).
+- **capacity** (Switch Transformer, Fedus et al. 2021, capacity factor f =
+  ``training.moe_capacity_factor``): each expert takes at most ``C = ceil(f * T * top_k / experts)``
+  token copies of the ``T`` tokens of this rank (:func:`meshplan.compute.routing.expert_capacity`),
+  in token order; copies beyond C are dropped (their output is 0), empty slots are zero
+  padding. The dispatch buffer is therefore always ``(experts, C, hidden)``, whatever the
+  router decides, and the all-to-all sizes are known before the run (meshplan's collective
+  table, :func:`meshplan.comm.collectives._pp_ep_rows`).
 
 EP (:func:`apply_ep`): the rank at position ``j`` of its ``ep`` group keeps experts
 ``j*E/ep .. (j+1)*E/ep - 1``; dispatch and combine are
 ``torch.distributed._functional_collectives.all_to_all_single_autograd`` (the backward of
-each is an all-to-all of the same size; gloo runs it), equal splits of ``E/ep * C * hidden``
-elements per peer. The recorder sees every one as ``_c10d_functional::all_to_all_single``
+each is an all-to-all of the same size, splits swapped; gloo runs it), with capacity equal
+splits of ``E/ep * C * hidden`` elements per peer. The recorder sees every one as ``_c10d_functional::all_to_all_single``
 on the ep group. Expert weights form their own
 FSDP2 unit over ``efsdp`` of the expert mesh (torchtitan), see
 :func:`meshplan.runtime.execution.parallelize.parallelize`.
@@ -44,6 +62,9 @@ FSDP2 all-reduces over tp; shared experts are split like the dense MLP (colwise,
 >>> moe = MoE(spec)
 >>> moe(torch.randn(2, 3, 16)).shape, moe.capacity(6)
 (torch.Size([2, 3, 16]), 3)
+>>> moe.dropless = True
+>>> moe(torch.randn(2, 3, 16)).shape
+torch.Size([2, 3, 16])
 """
 
 from __future__ import annotations
@@ -54,7 +75,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from meshplan.compute.routing import expert_capacity
+from meshplan.compute.routing import RoutingOptions, expert_capacity
 from meshplan.errors import ConfigError
 from meshplan.spec.axes.ep import expert_shard_dim
 from meshplan.spec.model import ModelSpec
@@ -81,10 +102,22 @@ class Experts(nn.Module):
         w = getattr(self, name)
         return w if self.grad_scale == 1.0 else _ScaleGrad.apply(w, self.grad_scale)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        up = torch.bmm(x, self._w("w_up").transpose(1, 2))
-        act = F.silu(torch.bmm(x, self._w("w_gate").transpose(1, 2))) * up if self.gated else F.gelu(up)
-        return torch.bmm(act, self._w("w_down").transpose(1, 2))
+    def forward(self, x: torch.Tensor, counts: Optional[list[int]] = None) -> torch.Tensor:
+        """``x`` (experts held, rows per expert, hidden), or with ``counts`` (dropless) the
+        rows of every held expert one after another, (sum(counts), hidden), ``counts[i]`` of
+        expert i; the output has the shape of ``x``."""
+        if counts is None:
+            up = torch.bmm(x, self._w("w_up").transpose(1, 2))
+            act = F.silu(torch.bmm(x, self._w("w_gate").transpose(1, 2))) * up if self.gated else F.gelu(up)
+            return torch.bmm(act, self._w("w_down").transpose(1, 2))
+        w_up, w_down = self._w("w_up"), self._w("w_down")
+        w_gate = self._w("w_gate") if self.gated else None
+        out = []
+        for i, rows in enumerate(torch.split(x, counts)):
+            up = rows @ w_up[i].t()
+            act = F.silu(rows @ w_gate[i].t()) * up if w_gate is not None else F.gelu(up)
+            out.append(act @ w_down[i].t())
+        return torch.cat(out) if out else x
 
 
 class SharedExperts(nn.Module):
@@ -105,7 +138,7 @@ class SharedExperts(nn.Module):
 
 
 class MoE(nn.Module):
-    """Router, capacity dispatch, experts (local, or over EP with all-to-all), combine,
+    """Router, dropless or capacity dispatch, experts (local, or over EP with all-to-all), combine,
     plus the shared experts; (batch, seq, hidden) in and out. See the module docstring."""
 
     def __init__(self, spec: ModelSpec):
@@ -118,7 +151,7 @@ class MoE(nn.Module):
         self.ep_group = None  # set by apply_ep
         self.ep = 1
         self.tp_mesh, self.sp, self.token_split = None, False, 1  # set by apply_moe_tp
-        self.capacity_factor = 1.0  # set by set_capacity_factor
+        self.capacity_factor, self.dropless = 1.0, False  # set by set_routing
 
     def capacity(self, tokens: int) -> int:
         """Token copies each expert takes from ``tokens`` tokens of this rank:
@@ -142,6 +175,8 @@ class MoE(nn.Module):
         e, k, cap = self.n_experts, self.top_k, self.capacity(t.shape[0])
         gate, idx = torch.topk(self.router(t).float(), k, dim=-1)  # (T, k)
         gate = gate.softmax(dim=-1).to(t.dtype)
+        if self.dropless:
+            return self._dropless(t, gate, idx)
         flat = idx.reshape(-1)  # copy i*k + j: token i, its j-th expert
         pos = (F.one_hot(flat, e).cumsum(0) - 1).gather(1, flat[:, None]).squeeze(1)  # order within its expert
         keep = (pos < cap).to(t.dtype)
@@ -150,6 +185,36 @@ class MoE(nn.Module):
         buf = t.new_zeros(e * cap, h).index_add(0, slot, src)
         y = self._run_experts(buf, cap)  # (E * C, h), in this rank's slot order
         return (y[slot] * (gate.reshape(-1) * keep)[:, None]).view(-1, k, h).sum(dim=1)
+
+    def _dropless(self, t: torch.Tensor, gate: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        """Dropless dispatch (module docstring) of ``t`` (T, h) with ``gate``/``idx`` (T, k)."""
+        k, h = self.top_k, t.shape[-1]
+        flat = idx.reshape(-1)  # copy i*k + j: token i, its j-th expert
+        order = torch.argsort(flat, stable=True)  # copies in expert order
+        counts = torch.bincount(flat, minlength=self.n_experts)  # (E,) int64
+        y = self._run_dropless(t[order // k], counts)  # (T k, h) in expert order
+        back = torch.empty_like(order)
+        back[order] = torch.arange(order.numel(), device=order.device)
+        return (y[back] * gate.reshape(-1)[:, None]).view(-1, k, h).sum(dim=1)
+
+    def _run_dropless(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """Expert outputs of the expert-sorted copies ``x`` (T k, h); ``counts`` (E,) per expert."""
+        if self.ep_group is None:
+            return self.experts(x, counts.tolist())
+        from torch.distributed._functional_collectives import (all_to_all_single, all_to_all_single_autograd,
+                                                               wait_tensor)
+
+        ep, local = self.ep, self.n_experts // self.ep
+        with torch.no_grad():  # recv[r, i]: copies source rank r sends to local expert i
+            recv = wait_tensor(all_to_all_single(counts, None, None, self.ep_group)).view(ep, local)
+        send_splits, recv_splits = counts.view(ep, local).sum(1).tolist(), recv.sum(1).tolist()
+        got = wait_tensor(all_to_all_single_autograd(x, recv_splits, send_splits, self.ep_group))  # dispatch
+        segs = torch.split(got, recv.reshape(-1).tolist())  # (source, local expert), rank-major
+        by_expert = [segs[r * local + i] for i in range(local) for r in range(ep)]
+        y = self.experts(torch.cat(by_expert), recv.t().sum(1).tolist())  # expert-major rows
+        outs = torch.split(y, recv.t().reshape(-1).tolist())  # (local expert, source)
+        y = torch.cat([outs[i * ep + r] for r in range(ep) for i in range(local)])  # rank-major again
+        return wait_tensor(all_to_all_single_autograd(y, send_splits, recv_splits, self.ep_group))  # combine
 
     def _tp_forward(self, x: torch.Tensor) -> torch.Tensor:
         """tp > 1: route this rank's tp-th of the tokens (see the module docstring). ``x``:
@@ -187,11 +252,13 @@ class MoE(nn.Module):
         return wait_tensor(all_to_all_single_autograd(y, None, None, self.ep_group))  # combine
 
 
-def set_capacity_factor(model: nn.Module, factor: float) -> None:
-    """Every MoE layer of ``model`` dispatches ``ceil(factor x T x top_k / experts)`` copies
-    per expert (``training.moe_capacity_factor``, :mod:`meshplan.compute.routing`)."""
+def set_routing(model: nn.Module, routing: RoutingOptions) -> None:
+    """Every MoE layer of ``model`` dispatches as ``routing`` says
+    (:meth:`~meshplan.compute.routing.RoutingOptions.of` the plan's training): dropless, or
+    ``ceil(capacity_factor x T x top_k / experts)`` copies per expert. A stated hottest-expert
+    share is the plan's assumption about the router, not a dispatch setting."""
     for moe in moe_layers(model):
-        moe.capacity_factor = factor
+        moe.capacity_factor, moe.dropless = routing.capacity_factor, routing.dropless
 
 
 def moe_layers(model: nn.Module) -> list[MoE]:

@@ -65,6 +65,7 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
+from meshplan.compute.routing import RoutingOptions
 from meshplan.errors import ConfigError
 from meshplan.mesh.resolve import DERIVED, Mesh
 from meshplan.runtime.execution.mla import mla_tp_plan
@@ -127,9 +128,6 @@ def _unsupported(mesh: Mesh, training: TrainingSpec, pipeline: bool = False, moe
     if training.recompute == "op":
         return ("recompute 'op' (torchtitan op-level selective AC): the runtime model checkpoints whole layers "
                 "only; use 'layer', 'full' or 'none'")
-    if moe and training.moe_dropless:
-        return ("moe_dropless: the runtime MoE dispatches a fixed capacity per expert (all-to-all sizes known "
-                "before routing); dropless routing needs all-to-alls sized by exchanged counts, not built")
     if mesh.etp > 1:
         return "etp > 1: expert tensor parallelism is not built (experts are whole on each ep rank)"
     if training.sharding == "none":  # DDP (apply_ddp): plain data parallelism only
@@ -323,9 +321,9 @@ def _apply_ep(run: _Apply) -> None:
     model, mesh, training = run.model, run.mesh, run.training
     if not model.spec.is_moe:
         return
-    from meshplan.runtime.execution.moe import apply_ep, expert_placement_fn, init_expert_mesh, set_capacity_factor
+    from meshplan.runtime.execution.moe import apply_ep, expert_placement_fn, init_expert_mesh, set_routing
 
-    set_capacity_factor(model, training.moe_capacity_factor)
+    set_routing(model, RoutingOptions.of(training))
 
     model.expert_mesh = edm = init_expert_mesh(mesh, run.device_mesh.device_type)
     if mesh.ep > 1:

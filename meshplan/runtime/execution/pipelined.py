@@ -100,8 +100,6 @@ def unsupported(mesh, training, schedule: str, model_spec=None) -> Optional[str]
     if training.recompute in ("layer", "op"):
         return (f"recompute {training.recompute!r} (torchtitan selective AC) under pp: the stage modules checkpoint "
                 "all layers or none; use 'full' or 'none'")
-    if model_spec is not None and model_spec.is_moe and training.moe_dropless:
-        return "moe_dropless: the runtime MoE dispatches a fixed capacity per expert; dropless is not built"
     if (model_spec is not None and model_spec.is_moe and mesh.degree("fsdp") * mesh.degree("dp_replicate") == 1
             and mesh.degree("efsdp") > 1):
         return ("MoE layers with fsdp 1 and efsdp = tp / ep > 1 under pp: the routed experts would be FSDP2 units "

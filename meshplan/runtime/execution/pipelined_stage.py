@@ -136,9 +136,10 @@ def parallelize_stage(modules: list[StageModule], mesh, training, dm, loss_paral
     shard = mesh.degree("fsdp") * mesh.degree("dp_replicate") > 1
     for m in modules:
         if edm is not None:
-            from meshplan.runtime.execution.moe import set_capacity_factor
+            from meshplan.compute.routing import RoutingOptions
+            from meshplan.runtime.execution.moe import set_routing
 
-            set_capacity_factor(m, training.moe_capacity_factor)
+            set_routing(m, RoutingOptions.of(training))
         if cp > 1:
             apply_cp(m, cp_group, cp, mesh.group_of(rank, "cp").index(rank))
         if tp > 1:

@@ -11,6 +11,11 @@ dp_shard 4 and ep 4 the ep group is the dp_shard group, and an expert unit's efs
 the dp_shard group when ep is 1. Both sides then use the first such axis in
 ``Mesh.all_axes()`` order, except that an all-to-all on the ep group is named ``ep``.
 
+Dropless MoE routing (``dropless``): the token all-to-alls on ep carry as many rows as the
+router sent this step (the plan's table: the balanced expectation), so both sides key them
+by :data:`ROUTED` instead of bytes, and count them; the per-expert count exchange (int64,
+fixed size) keeps its bytes.
+
 >>> from collections import Counter
 >>> differences(Counter({("tp", "forward", "all-reduce", 8, "fp32"): 5}),
 ...             Counter({("tp", "forward", "all-reduce", 8, "fp32"): 4}))
@@ -31,6 +36,19 @@ from meshplan.runtime.execution.recorder import Collective
 #: static-mode warm-up vote on the first step. Left out of the comparison and the arrival
 #: skew (kept in the files).
 SETUP_PHASES = ("schedule-setup",)
+
+
+#: The size key of a dropless run's token all-to-all (module docstring).
+ROUTED = "routed"
+
+
+def size_key(op: str, dtype: str, size, dropless: bool):
+    """``size``, or :data:`ROUTED` for a dropless run's token all-to-all (not int64).
+
+    >>> size_key("all-to-all", "fp32", 4096, True), size_key("all-to-all", "int64", 64, True)
+    ('routed', 64)
+    """
+    return ROUTED if dropless and op == "all-to-all" and dtype != "int64" else size
 
 
 def axis_of(mesh: Mesh, rank: int, group: Iterable[int], op: str = "", extra: Optional[dict] = None) -> str:
@@ -65,15 +83,16 @@ def rank_extra_groups(mesh: Mesh, model, rank: int) -> dict[str, list[int]]:
     return {name: [int(r) for r in g[(g == rank).any(axis=1)][0]] for name, g in model_groups(mesh, model).items()}
 
 
-def tally_records(records: list[Collective], mesh: Mesh, rank: int, extra: Optional[dict] = None) -> Counter:
+def tally_records(records: list[Collective], mesh: Mesh, rank: int, extra: Optional[dict] = None,
+                  dropless: bool = False) -> Counter:
     """Recorded collectives counted by (axis, phase, op, size_bytes, dtype); ``extra``: the
-    rank's model-dependent groups (:func:`rank_extra_groups`)."""
-    return Counter((axis_of(mesh, rank, r.group, r.op, extra), r.phase, r.op, r.size_bytes, r.dtype)
-                   for r in records)
+    rank's model-dependent groups (:func:`rank_extra_groups`); ``dropless``: see :func:`size_key`."""
+    return Counter((axis_of(mesh, rank, r.group, r.op, extra), r.phase, r.op,
+                    size_key(r.op, r.dtype, r.size_bytes, dropless), r.dtype) for r in records)
 
 
 def tally_table(rows, mesh: Mesh | None = None, rank: int = 0, per_step: bool = False,
-                extra: Optional[dict] = None) -> Counter:
+                extra: Optional[dict] = None, dropless: bool = False) -> Counter:
     """Rows of :func:`meshplan.comm.collectives.collective_table` counted the same way:
     ``per_microbatch`` times (``per_step`` for once-per-step rows), or ``per_step`` times
     when ``per_step``. ``mesh``: name axes as :func:`canonical_axis` does for ``rank``."""
@@ -81,6 +100,7 @@ def tally_table(rows, mesh: Mesh | None = None, rank: int = 0, per_step: bool = 
     for r in rows:
         n = r.per_step if per_step else r.per_microbatch if r.per_microbatch else r.per_step
         size = int(r.size_bytes) if float(r.size_bytes).is_integer() else r.size_bytes
+        size = size_key(r.op, r.dtype, size, dropless)
         axis = canonical_axis(mesh, rank, r.axis, r.op, extra) if mesh is not None else r.axis
         out[(axis, r.phase, r.op, size, r.dtype)] += n
     return out

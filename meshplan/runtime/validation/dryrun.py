@@ -26,6 +26,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensorMode
 
+from meshplan.compute.routing import RoutingOptions
 from meshplan.errors import ConfigError
 from meshplan.mesh.resolve import Mesh
 from meshplan.mesh.tpsplit import padded_vocab
@@ -92,6 +93,10 @@ def dry_run(model_spec: ModelSpec, training: TrainingSpec, mesh: Mesh, rank: int
     if mesh.sequence_parallel and training.seq_len % tp:
         raise ConfigError("training.seq_len", f"seq_len {training.seq_len} is not divisible by tp {tp} "
                           "(sequence parallelism splits the sequence over tp)")
+    if model_spec.is_moe and RoutingOptions.of(training).dropless:
+        raise ConfigError("training.moe_dropless", "dropless MoE routing sizes its all-to-alls from exchanged token "
+                          "counts, which the dry run's fake process group does not return; set "
+                          "training.moe_capacity_factor (e.g. 1.0) for a dry run, or run validate (gloo)")
     v = vocab or padded_vocab(model_spec.vocab, training.vocab_pad_divisor, tp)
     notes = [f"vocab {model_spec.vocab} -> {v} rows"] if v != model_spec.vocab else []
     if training.recompute == "selective":

@@ -30,14 +30,15 @@ from collections import Counter
 from pathlib import Path
 from typing import Optional
 
+from meshplan.compute.routing import RoutingOptions
 from meshplan.memory.timeline import tracker_to_kinds
 from meshplan.plan import Plan
 from meshplan.reliability import checkpoint_size
 from meshplan.runtime.execution.recorder import Collective
 from meshplan.runtime.execution.worker import write_atomic, write_json
 from meshplan.runtime.validation.breakdown import breakdown_rows
-from meshplan.runtime.validation.compare import (SETUP_PHASES, axis_of, differences, rank_extra_groups, tally_records,
-                                                 tally_table)
+from meshplan.runtime.validation.compare import (SETUP_PHASES, axis_of, differences, rank_extra_groups, size_key,
+                                                 tally_records, tally_table)
 from meshplan.runtime.validation.host import line as host_line
 from meshplan.runtime.validation.probe import calibrated_plan
 from meshplan.runtime.validation.staged import cross_world_lines, csv_text, staged_world, world_lines, write_staged
@@ -45,11 +46,12 @@ from meshplan.schedule.steptime import step_time
 from meshplan.units import MiB
 
 
-def tally_table_per_step(rows, mesh=None, extra=None) -> Counter:
+def tally_table_per_step(rows, mesh=None, extra=None, dropless: bool = False) -> Counter:
     """Table rows counted once per step (``per_step``), keyed like the recorded tally
     (axes named by :func:`~meshplan.runtime.validation.compare.canonical_axis` when ``mesh`` is given;
-    ``extra``: rank 0's model-dependent groups, :func:`~meshplan.runtime.validation.compare.rank_extra_groups`)."""
-    return tally_table(rows, mesh, per_step=True, extra=extra)
+    ``extra``: rank 0's model-dependent groups, :func:`~meshplan.runtime.validation.compare.rank_extra_groups`;
+    ``dropless``: token all-to-alls keyed by count, :func:`~meshplan.runtime.validation.compare.size_key`)."""
+    return tally_table(rows, mesh, per_step=True, extra=extra, dropless=dropless)
 
 
 def _load(folder: Path, rank: int, name: str) -> dict:
@@ -70,20 +72,23 @@ def compare_collectives(plan: Plan, folder: Path) -> tuple[list[str], list[dict]
     groups = {}
     per_rank = {}
     records = {r: _records(_load(folder, r, "collectives.json")) for r in range(plan.world)}
+    dropless = plan.config.model.is_moe and RoutingOptions.of(plan.config.training).dropless
     for r in range(plan.world):
         stage = plan.stage_of(r)  # each rank against its own pipeline stage's table
         if stage.table_stage not in tables:
             tables[stage.table_stage] = tally_table_per_step(stage.collectives, plan.mesh,
-                                                             rank_extra_groups(plan.mesh, plan.config.model, 0))
+                                                             rank_extra_groups(plan.mesh, plan.config.model, 0),
+                                                             dropless)
         per_rank[r] = tables[stage.table_stage]
-        tallies[r] = tally_records(records[r], plan.mesh, r, rank_extra_groups(plan.mesh, plan.config.model, r))
+        tallies[r] = tally_records(records[r], plan.mesh, r, rank_extra_groups(plan.mesh, plan.config.model, r),
+                                   dropless)
         for line in differences(tallies[r], per_rank[r]):
             by_line.setdefault(line, []).append(r)
         g = _load(folder, r, "startup.json")["group_differences"]
         if g:
             groups[r] = g
     diffs = [f"ranks {_ranks(rs)}: {line}" for line, rs in by_line.items()]
-    diffs += ["order: " + d for d in order_differences(records)]
+    diffs += ["order: " + d for d in order_differences(records, dropless)]
     diffs += [f"rank {r} groups: {d}" for r, ds in groups.items() for d in ds]
     keys = sorted({k for t in per_rank.values() for k in t} | {k for t in tallies.values() for k in t}, key=str)
     rows = [dict(axis=k[0], phase=k[1], op=k[2], size_bytes=k[3], dtype=k[4], meshplan=per_rank[0][k],
@@ -93,11 +98,13 @@ def compare_collectives(plan: Plan, folder: Path) -> tuple[list[str], list[dict]
     return diffs, rows, groups
 
 
-def order_differences(records: dict[int, list]) -> list[str]:
+def order_differences(records: dict[int, list], dropless: bool = False) -> list[str]:
     """Every member of a group must issue the group's collectives in the same order (a
     backend pairs the k-th call of each member; a different order deadlocks or mixes data).
     ``records``: rank -> its recorded :class:`~meshplan.runtime.execution.recorder.Collective` list in
     issue order. Point-to-point ops are left out (they pair sender and receiver, not a group).
+    ``dropless``: a token all-to-all's bytes differ by rank (each sends what it routed), so it
+    is compared by op and dtype (:func:`~meshplan.runtime.validation.compare.size_key`).
     Returns one line per member whose sequence differs from the group's lowest rank.
 
     >>> from meshplan.runtime.execution.recorder import Collective
@@ -111,7 +118,8 @@ def order_differences(records: dict[int, list]) -> list[str]:
     for rank, recs in records.items():
         for c in recs:
             if c.op not in ("send", "recv", "send/recv"):
-                seqs.setdefault(tuple(c.group), {}).setdefault(rank, []).append((c.op, c.size_bytes, c.dtype))
+                size = size_key(c.op, c.dtype, c.size_bytes, dropless)
+                seqs.setdefault(tuple(c.group), {}).setdefault(rank, []).append((c.op, size, c.dtype))
     out = []
     name = lambda call: "nothing" if call is None else f"{call[0]} {call[1]} B {call[2]}"
     for group, by in sorted(seqs.items()):
