@@ -72,9 +72,8 @@ class RoutingOptions:
         >>> t(moe_dropless=False)
         RoutingOptions(capacity_factor=1.0, dropless=False, hottest_share=None)
         """
-        f, d = training.moe_capacity_factor, training.moe_dropless
-        dropless = d if d is not None else f is None and training.framework == "torch"
-        return RoutingOptions(1.0 if f is None else f, bool(dropless), training.moe_hottest_expert_share)
+        factor, dropless = training.moe_routing  # the one rule: TrainingSpec.moe_routing
+        return RoutingOptions(factor, dropless, training.moe_hottest_expert_share)
 
 
 @dataclass(frozen=True)

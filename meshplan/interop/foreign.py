@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 from meshplan import catalog
-from meshplan.compute.routing import RoutingOptions
 from meshplan.config import Config, config_from_dict, load_config, parse_toml
 from meshplan.errors import ConfigError
 from meshplan.fileio import parse_json, read_text_limited
@@ -415,12 +414,12 @@ def differences(a: Config, b: Config) -> list[str]:
 
 def _routed(training, moe: bool) -> dict[str, Any]:
     """``training``'s fields but ``grad_reduce_dtype``, the MoE routing as it resolves
-    (:meth:`~meshplan.compute.routing.RoutingOptions.of`: a torch plan's unset routing is the
+    (:attr:`~meshplan.spec.training.TrainingSpec.moe_routing`: a torch plan's unset routing is the
     dropless routing a re-import states), and without routing keys for a dense model."""
     out = training.model_dump(exclude={"grad_reduce_dtype", "moe_capacity_factor", "moe_dropless"})
     if moe:
-        ro = RoutingOptions.of(training)
-        out.update(moe_dropless=ro.dropless, moe_capacity_factor=None if ro.dropless else ro.capacity_factor)
+        factor, dropless = training.moe_routing
+        out.update(moe_dropless=dropless, moe_capacity_factor=None if dropless else factor)
     return out
 
 

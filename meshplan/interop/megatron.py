@@ -80,7 +80,6 @@ from dataclasses import replace
 from typing import Any, Optional
 
 from meshplan import catalog
-from meshplan.compute.routing import RoutingOptions
 from meshplan.config import Config
 from meshplan.errors import ConfigError, printable
 from meshplan.interop.common import Imported, ImportOptions, cluster_table, model_is_moe, model_layers, near_miss
@@ -548,9 +547,9 @@ def write(cfg: Config) -> list[str]:
     # Megatron-LM's default dropout is 0.1 (:data:`DROPOUT`): a plan without dropout says 0.0
     out += [] if cfg.memory.dropout else [f"{flag} 0.0" for flag in DROPOUT]
     out += ["--no-bias-swiglu-fusion"] * (m.gated_mlp and cfg.memory.fused_glu is False)
-    routing = RoutingOptions.of(t)
-    if m.is_moe and not routing.dropless:  # Megatron-LM's default is dropless; meshplan plans padded buffers
-        out += [f"--moe-expert-capacity-factor {routing.capacity_factor!r}", "--moe-pad-expert-input-to-capacity"]
+    factor, dropless = t.moe_routing
+    if m.is_moe and not dropless:  # Megatron-LM's default is dropless; meshplan plans padded buffers
+        out += [f"--moe-expert-capacity-factor {factor!r}", "--moe-pad-expert-input-to-capacity"]
     return out
 
 
@@ -569,7 +568,7 @@ def write_notes(cfg: Config) -> list[str]:
     model's ``max_position`` is shorter; an MoE plan's capacity factor written although its
     config never chose token dropping (a ``framework = "megatron"`` plan's default routing,
     capacity factor 1, against Megatron-LM's and torchtitan's dropless; a torch plan's default is
-    dropless, :meth:`~meshplan.compute.routing.RoutingOptions.of`): :func:`write` writes the
+    dropless, :attr:`~meshplan.spec.training.TrainingSpec.moe_routing`): :func:`write` writes the
     capacity factor of a plan that drops tokens, and nothing for a dropless one (Megatron-LM's
     default)."""
     m, seq, t = cfg.model, cfg.training.seq_len, cfg.training
@@ -577,7 +576,7 @@ def write_notes(cfg: Config) -> list[str]:
     if m.max_position and seq > m.max_position:
         out.append(f"--max-position-embeddings {seq}: raised from model {m.name}'s max_position {m.max_position} to "
                    f"--seq-length (Megatron-LM asserts max_position_embeddings >= seq_length)")
-    f = RoutingOptions.of(t).capacity_factor
+    f = t.moe_routing[0]
     if m.is_moe and t.moe_capacity_factor is None and t.moe_dropless is None and t.framework == "megatron":
         out.append(f"--moe-expert-capacity-factor {f!r} --moe-pad-expert-input-to-capacity: "
                    f"the plan's routing is meshplan's default under framework megatron, capacity factor {f!r} with "

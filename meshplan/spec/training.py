@@ -600,6 +600,23 @@ class TrainingSpec(BaseModel):
         return self.sharding == "zero3" and self.zero3_engine == "deepspeed"
 
     @property
+    def moe_routing(self) -> tuple[float, bool]:
+        """The MoE routing as it resolves, (capacity factor, dropless): a capacity factor given
+        means dropping with it; ``moe_dropless`` given is that choice (false: factor 1); neither
+        given is the framework's routing, dropless under ``framework = "torch"`` (torchtitan's
+        ``TokenChoiceTopKRouter`` and ``GroupedExperts`` run every routed copy: pytorch/torchtitan
+        b5bcd76 ``torchtitan/models/common/moe.py``) and capacity factor 1 under ``"megatron"``.
+        The one rule; :meth:`meshplan.compute.routing.RoutingOptions.of` and the exporters read it.
+
+        >>> t = lambda **kw: TrainingSpec(global_batch=8, seq_len=16, **kw).moe_routing
+        >>> t(), t(framework="megatron"), t(moe_capacity_factor=1.25), t(moe_dropless=False)
+        ((1.0, True), (1.0, False), (1.25, False), (1.0, False))
+        """
+        f, d = self.moe_capacity_factor, self.moe_dropless
+        dropless = d if d is not None else f is None and self.framework == "torch"
+        return (1.0 if f is None else f), bool(dropless)
+
+    @property
     def contiguous_grads(self) -> bool:
         """DeepSpeed ZeRO-3's ``zero_optimization.contiguous_gradients`` in effect:
         ``contiguous_gradients`` when given, else the default of the engine's DeepSpeed: false

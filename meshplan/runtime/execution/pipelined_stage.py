@@ -36,6 +36,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from meshplan.compute.routing import RoutingOptions
 from meshplan.runtime.execution.model import Transformer, draw_initial, rope_cos_sin, rope_head_dim
 
 
@@ -136,7 +137,6 @@ def parallelize_stage(modules: list[StageModule], mesh, training, dm, loss_paral
     shard = mesh.degree("fsdp") * mesh.degree("dp_replicate") > 1
     for m in modules:
         if edm is not None:
-            from meshplan.compute.routing import RoutingOptions
             from meshplan.runtime.execution.moe import set_routing
 
             set_routing(m, RoutingOptions.of(training))
