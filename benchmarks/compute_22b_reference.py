@@ -4,7 +4,7 @@ meshplan's prediction. Nothing is fitted to these numbers; other published runs 
 model later. Run: .venv/bin/python benchmarks/compute_22b_reference.py
 """
 
-from meshplan.compute.ops import KORTHIKANTI_22B_MEASURED, korthikanti_model_flops
+from meshplan.compute.flops import KORTHIKANTI_22B_MEASURED, korthikanti_model_flops
 from meshplan.plan import build_plan
 from meshplan.config import config_from_dict
 from meshplan.schedule.steptime import layer_unit_times, step_time

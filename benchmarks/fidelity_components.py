@@ -3,7 +3,7 @@
 differ and why). Diagnostic only: nothing here feeds the model.
 
 meshplan: the critical stage's per-layer forward, backward and recompute compute per micro-batch
-(:func:`meshplan.compute.ops.layer_cost`; its memory-bound ops on their own line), summed over the
+(:func:`meshplan.compute.layer.layer_cost`; its memory-bound ops on their own line), summed over the
 stage's layers and micro-batches; embedding and head; the exposed communication per stream and the
 optimizer step of :func:`meshplan.schedule.steptime.step_time`; "pipeline idle" is the rest of the
 step (bubble and the blocking pp sends' waits, without the transfer itself, which "pp" counts).

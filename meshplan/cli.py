@@ -43,7 +43,8 @@ from meshplan.comm.calibration import (
     calibration_toml,
     load_calibration,
 )
-from meshplan.comm.nccl_log import check_log, read_nccl_log
+from meshplan.comm.nccl_check import check_log
+from meshplan.comm.nccl_log import read_nccl_log
 from meshplan.compare import compare, compare_html, compare_to_dict, evidence_folder, table_rows, write_evidence
 from meshplan.compute.gemm import load_gemm_table
 from meshplan.errors import ConfigError, check_number, printable

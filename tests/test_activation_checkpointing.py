@@ -18,7 +18,7 @@ flash attention, seq 8, micro-batch 1, tp 1). Kept per layer per micro-batch, by
 
 import pytest
 
-from meshplan.compute.ops import OP_SAC_SAVED_GEMMS
+from meshplan.compute.recompute import OP_SAC_SAVED_GEMMS
 from meshplan.errors import ConfigError
 from meshplan.memory.sizes import stage_sizes
 from meshplan.schedule.rank_timeline import Overlap

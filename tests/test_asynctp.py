@@ -13,7 +13,8 @@ import pytest
 
 from meshplan.compute import asynctp
 from meshplan.compute.gemm import GemmTable, Measurement
-from meshplan.compute.ops import Workload, layer_cost
+from meshplan.compute.layer import layer_cost
+from meshplan.compute.ops import Workload
 from meshplan.config import config_from_dict
 from meshplan.plan import build_plan
 from meshplan.schedule.rank_timeline import Overlap

@@ -8,7 +8,8 @@ pytest.importorskip("torch")
 
 from meshplan import catalog  # noqa: E402
 from meshplan.compute.gemm import load_gemm_table  # noqa: E402
-from meshplan.compute.ops import Workload, layer_cost  # noqa: E402
+from meshplan.compute.layer import layer_cost  # noqa: E402
+from meshplan.compute.ops import Workload  # noqa: E402
 from meshplan.compute.shapes import Attention, attention_shape  # noqa: E402
 from meshplan.errors import ConfigError  # noqa: E402
 from meshplan.runtime.bench.attention import row, time_attention, write_table  # noqa: E402

@@ -354,7 +354,7 @@ def test_reasons_ordered_by_seconds_of_effect():
     replays no MLP reduce-scatter). Now the step's parts come by their seconds,
     largest first, the GEMMs under the compute part they set, and a part that differs by less
     than 0.1% of the longer step (exposed fsdp: 171.0 ms vs 178.1 ms of 119.5 s) is left out."""
-    from meshplan.compare.verdict import PART_FLOOR
+    from meshplan.compare.reasons import PART_FLOOR
     from meshplan.config import config_from_dict
     base = {"model": {"catalog": "llama3-70b"}, "cluster": {"system": "dgx-h100", "nodes": 16},
             "training": {"global_batch": 32, "seq_len": 131072, "micro_batch": 1, "sharding": "zero3",

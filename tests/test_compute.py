@@ -8,8 +8,10 @@ from dataclasses import replace
 import pytest
 
 from meshplan import catalog
-from meshplan.compute.ops import (Workload, embedding_cost, head_cost, korthikanti_model_flops, layer_cost,
-                              sequence_model_flops, utilization)
+from meshplan.compute.embed_head import embedding_cost, head_cost
+from meshplan.compute.flops import korthikanti_model_flops, sequence_model_flops, utilization
+from meshplan.compute.layer import layer_cost
+from meshplan.compute.ops import Workload
 from meshplan.errors import ConfigError
 from meshplan.compute.gemm import gemm_efficiency, gemm_model, gemm_time, load_gemm_table
 
@@ -207,7 +209,7 @@ def test_workload_rejects_unknown_recompute():
 
 # Development reference: Korthikanti et al. 2022, 22B on one DGX A100 (public-facts.md) ------
 
-from meshplan.compute.ops import KORTHIKANTI_22B_MEASURED as PUBLISHED_22B  # noqa: E402
+from meshplan.compute.flops import KORTHIKANTI_22B_MEASURED as PUBLISHED_22B  # noqa: E402
 
 
 def predict_22b(recompute: str, sp: bool):
@@ -273,9 +275,9 @@ def test_measured_attention_and_gemm_share_the_issue_floor():
                       attention={key: (1e-6, 2e-6)})
     c = layer_cost(GPT22B, A100, w, table=table)
     assert sorted(o.seconds for o in c.ops if o.kind == "attention") == [4.7e-6, 4.7e-6]
-    from meshplan.compute.ops import _gemm_ops
+    from meshplan.compute.kernel_time import gemm_ops
     from meshplan.compute.shapes import Gemm
-    assert _gemm_ops(A100, Gemm("x", *g), "attn", w, table)[0].seconds == 4.7e-6
+    assert gemm_ops(A100, Gemm("x", *g), "attn", w, table)[0].seconds == 4.7e-6
 
 
 def test_catalog_gemm_interpolation_by_hand():
@@ -328,7 +330,7 @@ def test_catalog_attention_rates_by_hand():
 
 
 def test_overheads_and_optimizer_from_the_catalog():
-    from meshplan.compute.ops import optimizer_bandwidth
+    from meshplan.compute.kernel_time import optimizer_bandwidth
 
     w = Workload(seq_len=S, micro_batch=B, tp=8, sp=True, flash=False)
     emb = embedding_cost(GPT22B, A100, w)
@@ -421,7 +423,7 @@ def test_s7a_attention_pytorch_passes_as_torch_dispatches_them():
 
 
 def test_score_products_reproduce_the_s7a_rate_they_were_derived_from():
-    """The six batched products of non-flash attention (compute/ops._score_ops) at S7a's own
+    """The six batched products of non-flash attention (compute/attention.score_ops) at S7a's own
     setting (B x S = 16,384 tokens, 16 heads of 128, tp 1) each land on a "D S7a" point, so they
     take 6 x 2 n S^2 d / rate together, the time the derivation above assigned them: QK^T at
     (n S, S, d), PV, dQ, dK and dV at (n S, d, S), dP at (n S, S, d). At S 2048: 6 x 2 x 128 x

@@ -14,7 +14,8 @@ import pytest
 
 from meshplan import catalog
 from meshplan.compute import dtensor_sp
-from meshplan.compute.ops import Workload, layer_cost
+from meshplan.compute.layer import layer_cost
+from meshplan.compute.ops import Workload
 from meshplan.config import config_from_dict
 from meshplan.plan import build_plan
 from meshplan.schedule.steptime import step_time

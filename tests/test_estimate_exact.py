@@ -1,6 +1,6 @@
 """The search's estimate phase shares work across candidates (issue 11 item 7: Llama-3-405B on
 16,384 H100 searched within 10 s on 2 cores) without changing a number: every recompute policy
-of a layer shape from one set of ops (``compute.ops.layer_costs``), ``Cost.seconds`` from one
+of a layer shape from one set of ops (``compute.layer.layer_costs``), ``Cost.seconds`` from one
 pass in op order, the op fields of ``search.timing.TimeTables`` shared by the policies. Each
 test checks the shared result against the per-policy computation it replaced, bit for bit
 (``==`` on floats: a changed summation order fails)."""
@@ -13,8 +13,10 @@ import numpy as np
 import pytest
 
 from meshplan import catalog
-from meshplan.compute.ops import (BLOCKS, PHASES, RECOMPUTE, Workload, embedding_cost, float8_gemms, framework_kernels,
-                                  full_ac_not_replayed, head_cost, layer_cost, layer_costs)
+from meshplan.compute.embed_head import embedding_cost, head_cost
+from meshplan.compute.layer import layer_cost, layer_costs
+from meshplan.compute.ops import BLOCKS, PHASES, RECOMPUTE, Workload, float8_gemms, framework_kernels
+from meshplan.compute.recompute import full_ac_not_replayed
 from meshplan.compute.routing import RoutingOptions
 from meshplan.schedule.rank_timeline import LAYER_BLOCKS, cp_parts
 from meshplan.search.memory import Tables

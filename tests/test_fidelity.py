@@ -52,7 +52,7 @@ def test_d2_per_term_values_by_hand():
     # master, main gradient, two moments; writes master and moments), master -> bf16 copy 6 B,
     # zeroed main-gradient buffer 4 B, and the buffer divided by the dp size in place (read and
     # write 8 B, Megatron-LM's allreduce_gradients, also at dp 1): 58 B per parameter (2.75 G on
-    # each tp rank); then Megatron's per-step kernels (compute/ops.megatron_step_cost): each of
+    # each tp rank); then Megatron's per-step kernels (compute/megatron_cost.megatron_step_cost): each of
     # the 8 small tensors per layer (norm weights and biases, row-parallel biases: 6144; QKV bias
     # 2304; h-to-4h bias 3072) and the final norm's 2 copied master -> bf16 by its own copy_ at
     # the 4.7 us floor (beyond its 6 B per element), the 290 sequence_parallel tensors

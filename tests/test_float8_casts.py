@@ -33,7 +33,7 @@ from meshplan import catalog
 from meshplan.comm.collectives import path_time
 from meshplan.compute import float8
 from meshplan.compute.measured import kernel_data, memory_kernel_seconds
-from meshplan.compute.ops import layer_cost
+from meshplan.compute.layer import layer_cost
 from meshplan.interop.common import ImportOptions
 from meshplan.interop.foreign import load_any
 from meshplan.memory.sizes import float8_copies, layer_act_sizes

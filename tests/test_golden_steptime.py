@@ -11,7 +11,7 @@ time to 1e-6 relative:
   takes precedence over the catalog's measured GEMM points), so the golden does not depend on
   the interpolation of kernels.toml's GEMM rows; attention likewise from the table's fused-attention
   entry at ``EFF_ATTN`` (forward FLOP = causal half ``2 b a s^2 d``, backward 2.5x forward);
-- memory-bound ops = bytes read + written / measured bandwidth (compute/ops.py's byte counts):
+- memory-bound ops = bytes read + written / measured bandwidth (the byte counts of compute/elementwise.py and compute/megatron.py):
   norms on the fused-norm curve by hidden size, everything else at BabelStream Triad
   (catalog/kernels.toml); the backward's residual-gradient accumulation before each norm;
 - torch plans run uncompiled (``training.torch_compile`` off): SwiGLU, RoPE and the fp32 cross
@@ -24,7 +24,7 @@ time to 1e-6 relative:
   at that size, the straight line between two measured rows, scaled to the bytes sent), NVLS
   for an all-reduce inside the node, ring or hierarchical across nodes, the fastest one;
 - the pipeline bubble from 1F1B's fill and drain; the optimizer step's passes (gradient norm and
-  clip, Adam, master copy, gradient-buffer zeroing) at Triad bandwidth (compute/ops.optimizer_bandwidth).
+  clip, Adam, master copy, gradient-buffer zeroing) at Triad bandwidth (compute/kernel_time.optimizer_bandwidth).
 
 Every term is a named variable with a comment, so a model change (a new kernel, other
 measured rows, new NCCL constants) is one more term or one changed line here.
@@ -59,7 +59,7 @@ EFF_GEMM, EFF_ATTN = 0.60, 0.40
 # Measured kernel data (catalog/kernels.toml, [gpu.h100-sxm5-80gb] and [host]) --------------
 TRIAD = 2.97e12            # stream_tb_per_s: BabelStream Triad, every elementwise kernel and the optimizer
 NORM_POINTS = (4096, (1024, 4096, 16384), (0.0122, 0.0292, 0.095))  # norm_rows / norm_hidden / norm_ms (Liger RMSNorm)
-ISSUE = 4.7e-6             # [host] kernel_issue_s: no kernel shorter than this (compute/ops.issue_floor)
+ISSUE = 4.7e-6             # [host] kernel_issue_s: no kernel shorter than this (compute/kernel_time.issue_floor)
 MB_OVERHEAD = 52e-6        # microbatch_overhead_s: the batch broadcast, once per micro-batch (ops.embedding_cost)
 
 # NCCL latencies (comm/alphabeta.NCCL_LATENCY_US["ring"], NVIDIA/nccl tuning.cc): (LL, LL128, Simple)
@@ -89,7 +89,7 @@ def config(mesh: dict, nodes: int, global_batch: int, sharding: str, framework: 
 # Compute terms -----------------------------------------------------------------------------
 
 def kernel(seconds: float) -> float:
-    """One kernel on the step: never shorter than the host's issue floor (compute/ops.issue_floor)."""
+    """One kernel on the step: never shorter than the host's issue floor (compute/kernel_time.issue_floor)."""
     return max(seconds, ISSUE)
 
 
@@ -135,7 +135,7 @@ def wgrad_s(n: int, k: int, fp32_acc: bool = False) -> float:
     """Weight gradient (N, K, M = S) of a linear K -> N at the table's efficiency; with
     ``fp32_acc`` (Megatron-LM's gradient_accumulation_fusion into fp32 main gradients) no
     faster than its bytes at Triad: the bf16 operands (N x S, S x K) and C read and written
-    in fp32, 8 B per weight element (compute/ops.wgrad_accumulate_s)."""
+    in fp32, 8 B per weight element (compute/kernel_time.wgrad_accumulate_s)."""
     t = gemm_s(n, k, S)
     return max(t, (B * (n * S + S * k) + 8 * n * k) / TRIAD) if fp32_acc else t
 
@@ -167,10 +167,10 @@ def gemm_table(tp: int) -> GemmTable:
 def layer_terms(tp: int, megatron: bool = False) -> dict:
     """Seconds of one layer per block and pass (no SP: norms and adds see all S rows), every
     kernel floored at ISSUE. ``f_*`` forward, ``b_*`` input gradient, ``w_*`` weight gradient.
-    Byte counts of compute/ops._elementwise; norms NORM_T0 + bytes at NORM_BW, everything else at TRIAD.
+    Byte counts of compute/elementwise.elementwise_ops; norms NORM_T0 + bytes at NORM_BW, everything else at TRIAD.
     ``megatron``: one fused QKV GEMM (one kernel, one floor) and fp32-accumulating weight
     gradients (:func:`wgrad_s`); Megatron-LM's fused layer norm backward reads x and dy twice
-    (5 passes, compute/ops.norm_backward_passes); each norm weight's main-gradient hook
+    (5 passes, compute/megatron.norm_backward_passes); each norm weight's main-gradient hook
     (main_grad.add_: fp32 main gradient read and written, bf16 gradient read, 10 B x h: one
     floored kernel) runs with the column-parallel weight gradients of its block, and so does
     the ``torch.empty(1) + 1`` delay kernel Megatron issues after launching the column-parallel
@@ -197,7 +197,7 @@ def layer_terms(tp: int, megatron: bool = False) -> dict:
         rope = 2 * (kernel((B + 4) * e / TRIAD) + kernel(8 * e / TRIAD) + kernel((4 + B) * e / TRIAD))
         silu_f = kernel(2 * B * a / TRIAD) + kernel(3 * B * a / TRIAD)  # silu (1 in, 1 out), x up (2 in, 1 out)
         silu_b = kernel(3 * B * a / TRIAD) + kernel(6 * B * a / TRIAD)  # silu_backward; mul's two products
-    # no linear biases (model: linear_bias and qkv_bias false): ops._bias_ops adds nothing
+    # no linear biases (model: linear_bias and qkv_bias false): elementwise.bias_ops adds nothing
     return {"f_attn_pre": norm_f, "f_attn": fwd("attn") + att_f + rope, "f_attn_post": add,
             "f_mlp_pre": norm_f, "f_mlp": fwd("mlp") + silu_f, "f_mlp_post": add,
             "b_attn_pre": norm_b + grad_acc, "b_attn": dgrad("attn") + att_b + rope, "b_attn_post": add,
@@ -265,7 +265,7 @@ def layer_params(tp: int) -> int:
 
 
 def optimizer_s(params: float, zero_grads: bool = True, megatron: bool = False, master: bool = True) -> float:
-    """Optimizer step at Triad (compute/ops.optimizer_bandwidth, schedule/steptime.optimizer_step_bytes),
+    """Optimizer step at Triad (compute/kernel_time.optimizer_bandwidth, schedule/steptime.optimizer_step_bytes),
     per parameter: gradient norm (read 4 B) and clip (read + write 4 B) = 12; Adam reads master,
     gradient and both moments (4 + 4 + 8) and writes master and moments (4 + 8) = 28; the master
     copied to the bf16 parameter (read 4, write 2) = 6; zero1 zeroes its fp32 gradient buffer
@@ -278,7 +278,7 @@ def optimizer_s(params: float, zero_grads: bool = True, megatron: bool = False, 
 
 def megatron_step_s(tp: int) -> float:
     """Megatron-LM 2022's per-step kernels beyond the optimizer's bulk passes, no SP
-    (compute/ops.megatron_step_cost): every parameter tensor of the rank copied master -> bf16
+    (compute/megatron_cost.megatron_step_cost): every parameter tensor of the rank copied master -> bf16
     by its own ``copy_`` (6 B per element; the bulk bytes are in optimizer_s, so each adds the
     floor's excess over them): per layer the two norm weights, the fused QKV, wo, w_gate, w_up,
     w_down, then the word embedding (V/tp x h) and the final norm; 23 syncs (11 timers

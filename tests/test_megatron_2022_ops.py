@@ -13,7 +13,10 @@ import pytest
 from meshplan import catalog
 from meshplan.compute.gemm import gemm_time
 from meshplan.compute.measured import bandwidth, kernel_data
-from meshplan.compute.ops import Workload, embedding_cost, head_cost, layer_cost, megatron_batch_cost
+from meshplan.compute.embed_head import embedding_cost, head_cost
+from meshplan.compute.layer import layer_cost
+from meshplan.compute.megatron_cost import megatron_batch_cost
+from meshplan.compute.ops import Workload
 from meshplan.compute.shapes import Gemm, backward_gemms
 from meshplan.schedule.steptime import chunk_costs, workload_of
 from tests.test_megatron_p2p import plan_of
@@ -233,7 +236,7 @@ def test_comm_delay_kernel_after_each_async_collective_launch():
 
 
 def test_step_kernels_per_parameter_copies_sp_grad_copies_and_syncs():
-    """Once per step beyond the optimizer's bulk passes (compute/ops.megatron_step_cost), 175B
+    """Once per step beyond the optimizer's bulk passes (compute/megatron_cost.megatron_step_cost), 175B
     (h 12288) SP + selective, a middle pipeline stage (12 layers, no embedding or final norm):
 
     - bf16 master-to-model copy, one ``copy_`` per parameter (optimizer.py
@@ -247,7 +250,8 @@ def test_step_kernels_per_parameter_copies_sp_grad_copies_and_syncs():
       floors);
     - 11 timers started and stopped (22 syncs) and the gradient norm's ``.item()``: 23 floors."""
     from meshplan.schedule.steptime import _optimizer_s, optimizer_step_s
-    from meshplan.compute.ops import megatron_stage_step_cost, optimizer_bandwidth
+    from meshplan.compute.kernel_time import optimizer_bandwidth
+    from meshplan.compute.megatron_cost import megatron_stage_step_cost
 
     plan = plan_of(True)
     w = workload_of(plan)

@@ -30,7 +30,7 @@ def test_export_reports_no_difference_for_the_default_head_dim():
 def test_compare_treats_an_explicit_even_split_as_unset():
     """A split equal to the even one the mesh gets anyway is no knob that differs (it printed
     ``mesh.pp_layer_split unset against [6, ..., 6]``); an uneven one still is."""
-    from meshplan.compare.verdict import check_workload
+    from meshplan.compare.sides import check_workload
     from meshplan.plan import build_plan
     a = build_plan(config_from_dict(TABLES))
     even = build_plan(config_from_dict(TABLES | {"mesh": TABLES["mesh"] | {"pp_layer_split": [6] * 16}}))

@@ -210,7 +210,8 @@ def test_selective_recompute_with_flash_replays_the_flash_forward(tmp_path):
     backend (attention.py ``checkpoint_core_attention``), so the flash forward runs again in
     backward; the plan says so in the recompute policy's words."""
     from meshplan import catalog
-    from meshplan.compute.ops import Workload, layer_cost
+    from meshplan.compute.layer import layer_cost
+    from meshplan.compute.ops import Workload
     cfg = _load(tmp_path, GPT3)
     assert "flash kernels included: Megatron-Core checkpoints core_attn" in cfg.training.recompute_name
     gpu, model = catalog.gpu("a100-sxm-80gb"), catalog.model("megatron-175b")

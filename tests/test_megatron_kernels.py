@@ -8,7 +8,8 @@ import pytest
 
 from meshplan import catalog
 from meshplan.compute.gemm import gemm_time
-from meshplan.compute.ops import Workload, layer_cost
+from meshplan.compute.layer import layer_cost
+from meshplan.compute.ops import Workload
 
 A100 = catalog.gpu("a100-sxm-80gb")
 GPT22B = catalog.model("megatron-22b")   # h 6144, 64 heads of 96

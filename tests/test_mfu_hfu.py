@@ -1,5 +1,5 @@
 """Why HFU exceeds MFU with recompute none: the step says it, cause by cause
-(:func:`meshplan.compute.ops.flop_gap`), with values by hand.
+(:func:`meshplan.compute.flops.flop_gap`), with values by hand.
 
 Llama-3-8B (32 heads, head dim 128, 32 layers), tp 2, seq 8192, micro-batch 1, dp 4, global batch
 64: m = 64 / (1 x 4) = 16 micro-batches, 8 ranks. Causal-half forward attention FLOP of a rank's

@@ -23,7 +23,9 @@ from pathlib import Path
 import pytest
 
 from meshplan import catalog
-from meshplan.compute.ops import Workload, layer_cost, sequence_model_flops
+from meshplan.compute.flops import sequence_model_flops
+from meshplan.compute.layer import layer_cost
+from meshplan.compute.ops import Workload
 from meshplan.compute.shapes import Attention, attention_shape, layer_gemms
 from meshplan.config import config_from_dict, load_config
 from meshplan.errors import ConfigError

@@ -18,7 +18,8 @@ import pytest
 
 from meshplan.catalog import system
 from meshplan.errors import ConfigError
-from meshplan.comm.nccl_log import check_against_placement, check_log, parse_nccl_log, read_nccl_log
+from meshplan.comm.nccl_check import check_against_placement, check_log
+from meshplan.comm.nccl_log import parse_nccl_log, read_nccl_log
 from meshplan.placement.assign import place, rank_row
 from tests.test_cli_json import H100X2
 

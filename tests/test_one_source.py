@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from test_search import SMALL, gpu
 
-from meshplan.compute.ops import optimizer_bandwidth
+from meshplan.compute.kernel_time import optimizer_bandwidth
 from meshplan.config import config_from_dict
 from meshplan.memory import constraints as cons
 from meshplan.plan import build_plan

@@ -136,7 +136,7 @@ def test_kernel_rows_against_the_gemm_model_by_hand(plan4):
     att = kernel_rows(plan4, [dict(op="attention", batch=1, q_heads=16, kv_heads=4, seq_q=32, seq_kv=32, head_dim=8,
                                    dtype="fp32", forward_s=1e-4, backward_s=3e-4)])
     assert [r["kernel"] for r in att] == ["attention forward", "attention backward"]
-    # flash model (compute/ops._flash_ops): 16 query-head blocks of 128 rows on one SM, rate 44.05 GFLOP/s;
+    # flash model (compute/attention.flash_ops): 16 query-head blocks of 128 rows on one SM, rate 44.05 GFLOP/s;
     # forward 4 x 16 x 32 x 32 x 8 / 2 = 262144 FLOP (5.95 us) under its memory time, Q, O (16 heads) and
     # K, V (4 heads) read and written: 2 x 4 B x (2 x 32 x 16 + 2 x 32 x 4) x 8 / 9.6 GB/s = 8.533 us;
     # backward 2.5 x 262144 FLOP / 44.05 GFLOP/s = 14.878 us (above the same memory time)

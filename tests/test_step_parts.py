@@ -54,8 +54,8 @@ def test_d4_parts_by_hand(d4):
     between units otherwise: its input comes in the calls). compute = stage 0's 384 units (12,474.50
     ms) less the tp exposed inside them (1,394.47 ms) + the optimizer step (97.20 ms) = 11,177.23
     ms; dp 16.98 ms (the per-step gradient all-reduce, after the last unit). The step itself is
-    the one before the split: 13,406.51 ms. (Before dV took dK's orientation, compute/ops.py
-    _score_ops: 12,411.50, 11,114.23, bubble 673.90, step 13,340.89 ms; each of the 768 layer
+    the one before the split: 13,406.51 ms. (Before dV took dK's orientation, compute/attention.py
+    score_ops: 12,411.50, 11,114.23, bubble 673.90, step 13,340.89 ms; each of the 768 layer
     passes gained 86.25 us: dV, 12 heads of (2048, 128, 2048), 66.62 -> 152.86 us at dK's D S7a
     rate, 84.3 TFLOP/s: 66.24 ms. Then apex's persistent layer norm backward at h 12,288, 256 SP
     rows: per norm 2 fewer passes (-12.58 MB) but its partial dgamma and dbeta written, 108 x

@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 
 from meshplan import catalog
-from meshplan.compute.ops import Workload, framework_kernels, head_cost, layer_cost
+from meshplan.compute.embed_head import head_cost
+from meshplan.compute.layer import layer_cost
+from meshplan.compute.ops import Workload, framework_kernels
 from meshplan.config import config_from_dict
 from meshplan.errors import ConfigError
 from meshplan.interop.common import ImportOptions

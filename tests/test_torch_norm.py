@@ -18,7 +18,9 @@ from __future__ import annotations
 import pytest
 
 from meshplan import catalog
-from meshplan.compute.ops import Workload, head_cost, layer_cost
+from meshplan.compute.embed_head import head_cost
+from meshplan.compute.layer import layer_cost
+from meshplan.compute.ops import Workload
 from meshplan.config import config_from_dict
 from meshplan.errors import ConfigError
 from meshplan.interop.common import ImportOptions

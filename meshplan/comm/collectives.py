@@ -668,7 +668,7 @@ def _tp_rows(add, c: _Ctx, loss_parallel: bool) -> None:
             # every sequence_parallel parameter (the norms' weights and biases and, set by
             # mpu/layers.py RowParallelLinear, its bias: compute.megatron.stage_param_tensors)
             # flattened into one buffer, one all-reduce over tp per step, copied back (the
-            # flatten and copies: compute.ops.megatron_step_cost in the optimizer step)
+            # flatten and copies: compute.megatron_cost.megatron_step_cost in the optimizer step)
             g = c.training.grad_dtype
             shared = sum(n for _, n, sp in stage_param_tensors(c.model, c.mesh.degree("tp"), 0, list(c.layers), False,
                                                                bool(last), 1) if sp)

@@ -43,7 +43,7 @@ d98e8a64ddf34856e74b24714e3bedb2f5a39553, ``megatron/core/distributed/fsdp/src/m
   so ``megatron_fsdp.py`` ``_grad_acc`` copies nothing for the GEMM weights. It copies
   (``param.main_grad.copy_(param.grad)``) only the gradients no GEMM wrote: norm weights, biases,
   embeddings, the per-parameter hooks the compute model already times
-  (:func:`meshplan.compute.ops.main_grad_hooks`). The pre-scale and the accumulation of the
+  (:func:`meshplan.compute.megatron_cost.main_grad_hooks`). The pre-scale and the accumulation of the
   reduced shard into the sharded gradient buffer run on its side stream
   (``side_stream_for_buffer_copy_and_grad_accum``), beside the compute.
 """

@@ -1,5 +1,8 @@
 """Read ``NCCL_DEBUG=INFO`` logs: which links and NICs each communicator really used.
 
+What a log holds once read is :mod:`meshplan.comm.nccl_records` (:class:`~meshplan.comm.nccl_records.NcclLogReport`
+and its communicators); the check of it against a placement is :mod:`meshplan.comm.nccl_check`.
+
 Line formats (NVIDIA/nccl src/init.cc, graph/rings.cc, transport/p2p.cc, transport/net.cc,
 transport/net_ib.cc), each after the prefix ``host:pid:tid [cudaDev] NCCL INFO``:
 
@@ -31,6 +34,7 @@ matches the line (with NCCL_RUNTIME_CONNECT, connections are made at a communica
 collective; run with NCCL_RUNTIME_CONNECT=0 to keep each communicator's lines inside its
 init). Other lines are ignored.
 
+>>> from meshplan.comm.nccl_check import check_against_placement
 >>> log = '''h:1:1 [0] NCCL INFO NET/IB : Using [0]mlx5_0:1/IB [1]mlx5_3:1/IB ; OOB eth0:10.0.0.1<0>
 ... h:1:1 [0] NCCL INFO comm 0x1 rank 0 nRanks 2 nNodes 2 localRanks 1 localRank 0 MNNVL 0
 ... h:1:1 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[0] [send] via NET/IB/1/GDRDMA
@@ -46,8 +50,9 @@ import io
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional, Sequence, Union
+from typing import Optional, Sequence
 
+from meshplan.comm.nccl_records import Communicator, Connection, NcclLogReport, RankInfo, UnreadInit
 from meshplan.errors import ConfigError, printable
 from meshplan.fileio import read_text_limited
 from meshplan.limits import FILE_BYTES, MAX_LINE_CHARS, over
@@ -75,100 +80,6 @@ _COMM_PTR = re.compile(r"^(?:\w+ )?comm (\S{1,64}) rank ")
 _COMM_ID = re.compile(r" commId (\S{1,64}) - Init COMPLETE$")
 _HEX = re.compile(r"0x[0-9a-fA-F]{1,32}")
 _NRANKS = re.compile(rf" nranks ({_N}) ")
-
-
-@dataclass(frozen=True)
-class Connection:
-    """One ``Channel c/i : src[dev] -> dst[dev] [send|receive] via ...`` line. ``transport``
-    is the first word of ``via`` (P2P, SHM, NET, COLLNET...); ``reporter`` the rank that
-    printed it (the sender, or the receiver for ``[receive]``); for NET, ``nic`` is the
-    reporter's device ``net_dev`` (None when its process listed fewer devices) and
-    ``proxy_rank`` the PXN rank whose NIC carries it."""
-
-    channel: int
-    src: int
-    dst: int
-    direction: str
-    via: str
-    reporter: int
-    nic: Optional[str] = None
-    net_dev: Optional[int] = None
-    proxy_rank: Optional[int] = None
-
-    @property
-    def transport(self) -> str:
-        return self.via.split("/")[0]
-
-
-@dataclass(frozen=True)
-class RankInfo:
-    """Where one rank of a communicator ran: host, pid, CUDA and NVML device, PCI bus id,
-    and the NET devices its process listed (index order)."""
-
-    rank: int
-    host: str
-    pid: int
-    cuda_dev: int
-    nvml_dev: Optional[int]
-    bus_id: str
-    net_devices: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class Communicator:
-    """One NCCL communicator (all ranks sharing ``comm_id``). ``rings``: rank 0's ring per
-    channel; ``ring_links[rank]``: (channel, prev, next); ``trees[rank]``: (channel, down,
-    up); ``connections``: distinct connection lines."""
-
-    comm_id: str
-    n_ranks: int
-    n_nodes: Optional[int]
-    ranks: dict[int, RankInfo]
-    rings: tuple[tuple[int, ...], ...] = ()
-    ring_links: dict[int, tuple[tuple[int, int, int], ...]] = field(default_factory=dict)
-    trees: dict[int, tuple[tuple[int, tuple[int, ...], int], ...]] = field(default_factory=dict)
-    connections: tuple[Connection, ...] = ()
-
-    def transports(self, rank: int) -> dict[int, set[str]]:
-        """Peer -> transports ``rank`` used with it (both directions)."""
-        out: dict[int, set[str]] = {}
-        for c in self.connections:
-            if rank in (c.src, c.dst) and c.src != c.dst:
-                out.setdefault(c.dst if c.src == rank else c.src, set()).add(c.transport)
-        return out
-
-    def net_nics(self, rank: int) -> set[str]:
-        """NET devices ``rank``'s own network channels went through."""
-        return {c.nic for c in self.connections if c.reporter == rank and c.nic}
-
-
-@dataclass(frozen=True)
-class UnreadInit:
-    """An ``Init COMPLETE`` line whose communicator is unknown, so its process's rank is
-    missing from it: ``where`` (``log:line``), the line's ``n_ranks`` (None when not
-    readable) and ``why`` (with the fix)."""
-
-    where: str
-    n_ranks: Optional[int]
-    why: str
-
-
-@dataclass(frozen=True)
-class NcclLogReport:
-    """Communicators found in a log (in order of first appearance), the network NCCL chose,
-    notes on lines that could not be attributed, the ``Init COMPLETE`` lines whose
-    communicator is unknown (``unread``), and the log's name (``source``) for errors."""
-
-    communicators: tuple[Communicator, ...]
-    network: Optional[str] = None
-    notes: tuple[str, ...] = ()
-    source: str = "NCCL log"
-    unread: tuple[UnreadInit, ...] = ()
-
-    def largest(self) -> Communicator:
-        """The communicator with the most ranks, first on ties (the world only when the log
-        has a communicator of every rank: :func:`world_ranks`)."""
-        return max(self.communicators, key=lambda c: c.n_ranks)
 
 
 @dataclass
@@ -402,145 +313,3 @@ def read_nccl_log(path) -> NcclLogReport:
     text = read_text_limited(p, "LOG", FILE_BYTES["nccl_log"], "give the NCCL_DEBUG=INFO output of the run",
                              errors="replace")  # other programs' bytes may mix into a log
     return parse_nccl_log(text, source=p.name)
-
-
-# --------------------------------------------------------------------------- check
-
-
-def world_ranks(report: NcclLogReport, world: int) -> dict[tuple[str, int, int], int]:
-    """(host, pid, CUDA device) of each process -> its global rank: its rank in the log's first
-    communicator of ``world`` ranks (NCCL numbers ranks per communicator, so only one spanning
-    the world gives global ranks). Raises ConfigError naming the log when there is none: the
-    log cannot be checked, and guessing would check the wrong ranks.
-
-    >>> log = ("h:1:1 [0] NCCL INFO init comm 0x1 rank 0 nranks 2 cudaDev 0 busId 1 commId 0xa - Init COMPLETE\\n"
-    ...        "g:2:2 [3] NCCL INFO init comm 0x2 rank 1 nranks 2 cudaDev 3 busId 2 commId 0xa - Init COMPLETE")
-    >>> world_ranks(parse_nccl_log(log), 2)
-    {('h', 1, 0): 0, ('g', 2, 3): 1}
-    >>> world_ranks(parse_nccl_log(log, "run.log"), 16)  # doctest: +ELLIPSIS
-    Traceback (most recent call last):
-    ...
-    meshplan.errors.ConfigError: run.log: cannot check: no communicator of all 16 ranks in the log (the largest, ...
-    """
-    biggest = report.largest()
-    if biggest.n_ranks > world:
-        raise ConfigError(report.source, f"a communicator of {biggest.n_ranks} ranks (commId {biggest.comm_id}) but "
-                                         f"the config's world is {world}; give the log of this config's run")
-    full = next((c for c in report.communicators if c.n_ranks == world), None)
-    lost = [u for u in report.unread if u.n_ranks in (world, None)]
-    if full is None and lost:
-        raise ConfigError(report.source, f"cannot check: no {world}-rank communicator could be read: {len(lost)} of its "
-                                         f"Init COMPLETE lines name none it can be matched by (first {lost[0].where}: "
-                                         f"{lost[0].why}), so the global ranks are unknown")
-    if full is None:
-        raise ConfigError(report.source, f"cannot check: no communicator of all {world} ranks in the log (the "
-                                         f"largest, commId {biggest.comm_id}, has {biggest.n_ranks}), so its ranks "
-                                         "are not global ranks; log the run from the world communicator's init on "
-                                         "(a collective on the default process group, e.g. dist.barrier(), creates "
-                                         "it) with NCCL_DEBUG=INFO")
-    return {(r.host, r.pid, r.cuda_dev): r.rank for r in full.ranks.values()}
-
-
-def _unchecked(report: NcclLogReport, to_global: dict[tuple[str, int, int], int], world: int) -> list[str]:
-    """One note per communicator rank whose process is no rank of the world communicator in
-    the log (part of the output is missing): its lines are not checked."""
-    return [f"comm {c.comm_id} ({c.n_ranks} ranks): rank {r} ({i.host}:{i.pid}, GPU {i.cuda_dev}) is no rank of "
-            f"the log's {world}-rank communicator; not checked"
-            for c in report.communicators for r, i in c.ranks.items() if (i.host, i.pid, i.cuda_dev) not in to_global]
-
-
-def _unlisted(comm: Communicator, rank: int) -> Optional[str]:
-    """Why ``rank``'s NIC is unknown: a ``NET/<x>/<i>`` index past the devices its process's
-    NCCL listed; None when every index was listed."""
-    info = comm.ranks[rank]
-    devs = sorted({"/".join(c.via.split("/")[:3]) for c in comm.connections
-                   if c.reporter == rank and c.net_dev is not None and c.nic is None})
-    if not devs:
-        return None
-    listed = (f"listed {len(info.net_devices)} net device(s), {', '.join(info.net_devices)}" if info.net_devices
-              else "listed no net devices (no 'NET/IB : Using' line from its process)")
-    return f"{', '.join(devs)} but its NCCL {listed}; the log does not say which NIC that is"
-
-
-def _nic_lines(comm: Communicator, label: str, to_global, expected: dict[int, str]) -> list[str]:
-    out = []
-    for rank in comm.ranks:
-        g = to_global(rank)
-        meant = expected.get(g) if g is not None else None
-        if meant is None:
-            continue
-        unlisted = _unlisted(comm, rank)
-        if unlisted:
-            out.append(f"{label}: rank {g} used {unlisted}")
-        used = sorted(comm.net_nics(rank))
-        if not used or used == [meant]:
-            continue
-        proxies = sorted({c.proxy_rank for c in comm.connections if c.reporter == rank and c.proxy_rank is not None})
-        pxn = f" (through PXN proxy rank {', '.join(map(str, proxies))})" if proxies else ""
-        if meant in used:
-            others = ", ".join(n for n in used if n != meant)
-            out.append(f"{label}: rank {g} used {meant} as meant but also {others}{pxn}")
-        else:
-            out.append(f"{label}: rank {g} used {', '.join(used)}{pxn} but the placement meant {meant}")
-    return out
-
-
-def _intra_lines(comm: Communicator, label: str, to_global, accepted: tuple[str, ...]) -> list[str]:
-    out, seen = [], set()
-    for c in comm.connections:
-        a, b = comm.ranks.get(c.src), comm.ranks.get(c.dst)
-        if a is None or b is None or a.host != b.host or c.transport in accepted:
-            continue
-        key = (c.src, c.dst, c.via)
-        if key not in seen:
-            seen.add(key)
-            out.append(f"{label}: ranks {to_global(c.src)} -> {to_global(c.dst)} on {a.host} connected via "
-                       f"{c.via}, not {'/'.join(accepted)}")
-    return out
-
-
-def check_against_placement(report: NcclLogReport, expected: dict[int, str],
-                            expected_intra: Union[str, Sequence[str]] = "P2P") -> list[str]:
-    """Differences between what NCCL used and what the placement meant, one line each:
-
-    - ``expected``: global rank -> the NIC name the placement gives it
-      (``rank_row(p, r)["nic"]``), for every rank 0..world-1. A process is known by the
-      ``host:pid`` prefix of its lines and its CUDA device; its global rank is its rank in the
-      log's communicator of all ``world`` ranks (:func:`world_ranks`: a ConfigError, "cannot
-      check", when the log has none). For every communicator, a rank whose network channels
-      went through another NIC: "comm 0x.. (2 ranks): rank 5 used mlx5_0 but the placement
-      meant mlx5_9"; one that sent through a device index its NCCL did not list says so.
-    - ``expected_intra``: the transport(s) meant between ranks on one host (P2P = NVLink or
-      PCIe peer access); any other (SHM, NET) is reported.
-    """
-    return list(check_log(report, expected, expected_intra).differences)
-
-
-@dataclass(frozen=True)
-class NcclCheck:
-    """What :func:`check_log` finds: ``differences`` (:func:`check_against_placement`) and
-    ``unchecked``: one note per communicator rank whose process is no rank of the log's world
-    communicator (part of the output is missing), so its lines were not checked."""
-
-    differences: tuple[str, ...]
-    unchecked: tuple[str, ...]
-
-
-def check_log(report: NcclLogReport, expected: dict[int, str],
-              expected_intra: Union[str, Sequence[str]] = "P2P") -> NcclCheck:
-    """:func:`check_against_placement`'s differences and the ranks it could not check, from
-    one :func:`world_ranks` (ConfigError "cannot check" when the log has no world
-    communicator)."""
-    accepted = (expected_intra,) if isinstance(expected_intra, str) else tuple(expected_intra)
-    to_global_key = world_ranks(report, len(expected))
-    out: list[str] = []
-    for comm in report.communicators:
-        label = f"comm {comm.comm_id} ({comm.n_ranks} ranks)"
-
-        def to_global(rank, comm=comm):
-            info = comm.ranks.get(rank)
-            return None if info is None else to_global_key.get((info.host, info.pid, info.cuda_dev))
-
-        out += _nic_lines(comm, label, to_global, expected)
-        out += _intra_lines(comm, label, to_global, accepted)
-    return NcclCheck(tuple(out), tuple(_unchecked(report, to_global_key, len(expected))))

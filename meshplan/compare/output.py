@@ -11,7 +11,9 @@ from pathlib import Path
 from typing import Optional
 
 from meshplan import __version__
-from meshplan.compare.verdict import Comparison, Side, rule_text, table_rows, table_values
+from meshplan.compare.sides import Side
+from meshplan.compare.table import table_rows, table_values
+from meshplan.compare.verdict import Comparison, rule_text
 from meshplan.fileio import check_destination, staged_folder, write_output
 from meshplan.report.html import esc, lines, page, section, table
 from meshplan.report.html_pages import plan_sections

@@ -3,7 +3,7 @@ all-gather + GEMM and GEMM + reduce-scatter is decomposed into pieces along the 
 each piece's GEMM (M / pieces rows, timed at that shape by :func:`meshplan.compute.gemm.gemm_time`)
 runs while the next piece's transfer is in flight. This module is the one home of which GEMMs are
 fused, into how many pieces, what the runtime adds around them, and the pipeline formula; the
-ops (:mod:`meshplan.compute.ops`) take the pieces' GEMM times and extra kernels from it, the rank
+ops (:mod:`meshplan.compute.kernel_time`, :mod:`meshplan.compute.layer`) take the pieces' GEMM times and extra kernels from it, the rank
 timeline (:mod:`meshplan.schedule.rank_timeline`) the fused op's time and exposed communication.
 Sequence parallelism only: both runtimes fuse all-gathers and reduce-scatters (Megatron-LM
 refuses ``--tp-comm-overlap`` without ``--sequence-parallel``); without it Megatron-LM's TP

@@ -1,7 +1,7 @@
 """The float8 work torchao adds around each float8 Linear's GEMMs (``training.linear_dtype =
 "fp8"`` under ``framework = "torch"``): the amax reductions, the casts to float8 and the
 transposed float8 copies the backward's GEMMs need, as memory-bound kernels (HBM bytes read and
-written, timed at the catalog's achievable bandwidth by :func:`meshplan.compute.ops.layer_costs`),
+written, timed at the catalog's achievable bandwidth by :func:`meshplan.compute.layer.layer_costs`),
 and the tp all-reduces of the amax of sharded tensors.
 
 Sources (read, not copied): pytorch/ao at eab345c (Dec 2024, the torchao of torchtitan's
@@ -99,7 +99,7 @@ GATHERED_INPUTS = ("attn input", "mlp input")
 #: Output gradients cast on the sequence shard before the backward's all-gather (row-parallel Linears),
 #: and the backward block they are cast in (before the block, beside the residual's gradient).
 GATHERED_GRADS = {"wo": "attn_post", "w_down": "mlp_post"}
-#: Name prefix of the amax kernels (:data:`meshplan.compute.ops.OP_SAC_NOT_REPLAYED`: torchtitan's
+#: Name prefix of the amax kernels (:data:`meshplan.compute.recompute.OP_SAC_NOT_REPLAYED`: torchtitan's
 #: op-level AC saves ``aten.abs`` and ``aten.max`` outputs, "for low precision training").
 AMAX = "float8 amax"
 #: Mark of an amax whose tensor is a tp shard: DTensor all-reduces it over tp (the timeline's wait).

@@ -141,7 +141,7 @@ class GemmTable:
     """Measured GEMM times keyed by (M, N, K, dtype); ``path`` it was read from.
     ``attention``: measured fused attention, ``(batch, q_heads, kv_heads, seq_q, seq_kv,
     head_dim, dtype) -> (forward_s, backward_s)`` (causal; backward = the input and weight
-    gradients of one call), used by :mod:`meshplan.compute.ops` in place of the flash model."""
+    gradients of one call), used by :mod:`meshplan.compute.attention` in place of the flash model."""
 
     entries: dict
     path: str = ""

@@ -1,5 +1,5 @@
 """Megatron-LM 2022's own kernels around the GEMMs, as HBM bytes (the home of what
-``Workload.megatron_ops`` adds in :mod:`meshplan.compute.ops`, which times each pass as a
+``Workload.megatron_ops`` adds; :mod:`meshplan.compute.megatron_cost` and the layer's ops time each pass as a
 memory-bound kernel at Triad, never below the issue floor). Each was read in NVIDIA/Megatron-LM
 at 2755bcb (June 2022, the code Korthikanti et al. 2022 measured):
 

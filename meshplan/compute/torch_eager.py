@@ -3,7 +3,7 @@ is not compiled, as HBM bytes per element of the tensors they touch (``b``: byte
 activation element, 2 for bf16; fp32 intermediates 4 B).
 
 torch.compile (inductor) fuses each chain below into one kernel: the step model's fused op list
-(:func:`meshplan.compute.ops.layer_costs`) is that compiled layer. Without it every torch op is
+(:func:`meshplan.compute.layer.layer_costs`) is that compiled layer. Without it every torch op is
 its own kernel and writes its result to HBM. torchtitan compiles only with ``[compile] enable =
 true`` (``components`` "model" and "loss"; off by default, ``torchtitan/config/job_config.py``),
 so a torchtitan job without it runs these (``TrainingSpec.torch_compile``).

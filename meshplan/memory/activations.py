@@ -318,7 +318,7 @@ def op_sac_terms(dims: LayerDims, lc: _Local, flash: bool) -> list[Term]:
     reduce-scatters (none at tp 1; with tp > 1 and sequence parallelism wo's and w_down's,
     ``tokens / tp x h`` each; the all-gathers' outputs are not saved: replayed in backward). A torchtitan Llama block issues its mms as wq, wk, wv, wo,
     then w1 (gate), w3 (up), w2 (down), so wq, wv, w1 and w2 are saved; a GeLU MLP (w_up,
-    w_down): w_up (:data:`meshplan.compute.ops.OP_SAC_SAVED_GEMMS`, whose recompute skips
+    w_down): w_up (:data:`meshplan.compute.recompute.OP_SAC_SAVED_GEMMS`, whose recompute skips
     them). Norms, RoPE, SiLU and the residual adds are recomputed.
 
     >>> lc = _local(LayerDims(s=8, b=1, h=16, a=4, g=2, d=4, f=64, gated=True, dropout=False), 1, False, 1)

@@ -439,7 +439,7 @@ class ChunkCosts:
     """Compute of one chunk per micro-batch: a Cost per layer, which are MoE, and the
     embedding (first virtual stage) and head (last virtual stage) Costs or None; ``batch``:
     what the framework runs around every chunk's passes (Megatron-LM 2022's ``get_batch`` and
-    timer syncs, :func:`meshplan.compute.ops.megatron_batch_cost`) or None."""
+    timer syncs, :func:`meshplan.compute.megatron_cost.megatron_batch_cost`) or None."""
 
     layers: tuple[Cost, ...]
     moe: tuple[bool, ...]
@@ -769,7 +769,7 @@ def replay_scatters(w: Workload, phase: str) -> tuple[bool, bool]:
     """Whether a forward pass of ``phase`` (a replay when not "forward") issues the attention's
     and the MLP's closing TP collective: a replay under op-level AC neither (the policy saved the
     reduce-scatters' outputs), under torch's full AC not the MLP's (its output only feeds the
-    next layer: :func:`meshplan.compute.ops.full_ac_not_replayed`), under Megatron-LM's both."""
+    next layer: :func:`meshplan.compute.recompute.full_ac_not_replayed`), under Megatron-LM's both."""
     if phase == "forward":
         return True, True
     if w.recompute == "op":

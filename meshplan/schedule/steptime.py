@@ -12,9 +12,9 @@ per-step gradient reduction when it was not overlapped, the optimizer step and t
 ZeRO-1/2 parameter all-gather (``Overlap.param_gather``: its buckets after the first hidden
 behind the next step's first forward unit, the remainder exposed: :func:`param_gather_exposed_s`). The optimizer step is memory-bound: it reads
 all persistent state of the rank (:mod:`meshplan.memory.state`) and writes all but the
-gradients, at achievable bandwidth (:func:`meshplan.compute.ops.optimizer_bandwidth`). Step time = the latest stage end.
+gradients, at achievable bandwidth (:func:`meshplan.compute.kernel_time.optimizer_bandwidth`). Step time = the latest stage end.
 
-MFU uses model FLOP (:func:`meshplan.compute.ops.sequence_model_flops` x global batch: causal
+MFU uses model FLOP (:func:`meshplan.compute.flops.sequence_model_flops` x global batch: causal
 half attention, no recompute); HFU the FLOP each rank executes (recompute, full non-flash
 attention, replicated KV heads, padded vocabulary), both over ``step x world x peak``.
 """
@@ -35,22 +35,13 @@ from meshplan.pipeline.simulate import stage_order
 from meshplan.compute.gemm import GemmTable
 from meshplan.compute.routing import RoutingOptions
 from meshplan.compute.shapes import local_split
-from meshplan.compute.ops import (
-    Cost,
-    Workload,
-    embedding_cost,
-    float8_gemms,
-    framework_kernels,
-    flop_gap,
-    head_cost,
-    issue_floor,
-    layer_cost,
-    layer_workload,
-    megatron_batch_cost,
-    megatron_stage_step_cost,
-    optimizer_bandwidth,
-    sequence_model_flops,
-)
+from meshplan.compute.embed_head import embedding_cost, head_cost
+from meshplan.compute.flops import flop_gap, sequence_model_flops
+from meshplan.compute.kernel_time import issue_floor, optimizer_bandwidth
+from meshplan.compute.layer import layer_cost
+from meshplan.compute.megatron_cost import megatron_batch_cost, megatron_stage_step_cost
+from meshplan.compute.ops import Cost, Workload, float8_gemms, framework_kernels
+from meshplan.compute.recompute import layer_workload
 from meshplan.errors import ConfigError
 from meshplan.mesh.layers import last_stage
 from meshplan.mesh.tpsplit import local_numel
@@ -132,7 +123,7 @@ class StepTime:
     recompute_name: str = ""
     unit_index: tuple = ()  # (distinct unit keys, key index of every flat unit): UnitTimes.index
     peak_dtype: str = ""  # the dtype of peak_flops (TrainingSpec.peak_dtype: float8 Linears run against the fp8 peak)
-    flop_gap: tuple[tuple[str, float], ...] = ()  # (cause, FLOP per step) of hardware - model: compute.ops.flop_gap
+    flop_gap: tuple[tuple[str, float], ...] = ()  # (cause, FLOP per step) of hardware - model: compute.flops.flop_gap
     runs: int = 1  # pipeline schedule runs per step (training.pp_schedule_runs): ``pipeline`` is the first
     stream_names: tuple[tuple[str, str], ...] = ()  # (stream, its name in the text): wording.stream_words
     mesh_text: str = ""  # the mesh as every output prints it (wording.mesh_text), on the first line
@@ -372,7 +363,7 @@ class StepTime:
 
     def recompute_s(self, stage: Optional[int] = None) -> float:
         """Seconds of recomputed forward ops per micro-batch on ``stage`` (default: the
-        critical one), summed over its layers (:func:`meshplan.compute.ops.layer_cost`)."""
+        critical one), summed over its layers (:func:`meshplan.compute.layer.layer_cost`)."""
         s = self.critical_stage if stage is None else stage
         return sum(c.seconds(recompute=True) for ch in self.units.chunks[s] for c in ch.layers)
 
@@ -692,7 +683,7 @@ def foreach_adam_bytes(updated, grads, states, decoupled: bool):
 def optimizer_step_s(params, grads, master, optimizer, training, hbm_bandwidth_bytes_per_s, zero_grads=None):
     """Seconds of the optimizer step of one rank: memory-bound, its passes
     (:func:`optimizer_step_bytes`) at ``hbm_bandwidth_bytes_per_s`` (callers pass
-    :func:`meshplan.compute.ops.optimizer_bandwidth`: measured Triad, or the datasheet for a GPU
+    :func:`meshplan.compute.kernel_time.optimizer_bandwidth`: measured Triad, or the datasheet for a GPU
     without catalog data). Scalars or numpy arrays of any shape (the search calls it on
     (candidates, stages) arrays).
 
@@ -819,7 +810,7 @@ def _unit_exposure(res: ArrayResult, s: int, units: UnitTimes, keys: list, key_i
 
 def _optimizer_s(plan, s: int, memo: Optional[dict] = None) -> float:
     """The optimizer step's bulk passes and, under Megatron-LM, its per-step kernels and syncs
-    (:func:`meshplan.compute.ops.megatron_stage_step_cost`). ``memo``: a dict kept across the
+    (:func:`meshplan.compute.megatron_cost.megatron_stage_step_cost`). ``memo``: a dict kept across the
     stages of one plan, which then computes the Megatron-LM part once per distinct stage: it
     depends on the stage's layers only through their sequence of MoE flags
     (:meth:`~meshplan.spec.model.ModelSpec.layer_tensors`) and on whether the stage is the first
@@ -1064,7 +1055,7 @@ def _cached_flops(model, seq_len: int) -> float:
 
 
 def _sequence_flops(model, seq_len: int) -> float:
-    """:func:`~meshplan.compute.ops.sequence_model_flops`, once per (model, sequence length)
+    """:func:`~meshplan.compute.flops.sequence_model_flops`, once per (model, sequence length)
     (it walks every layer; the search asks for it once per planned candidate)."""
     try:
         return _cached_flops(model, seq_len)

@@ -59,7 +59,7 @@ def simplicity_of(degree: Callable[[str], int]) -> tuple[int, int, int]:
     """(axes of degree > 1, tp * pp * cp * ep, tp) of one mesh, ``degree(column)`` giving the
     degree of each searched axis by its search column (``pp``, ``dpr``, ``dps``, ``cp``, ``tp``,
     ``ep``, ``etp``); smaller is simpler. :func:`simplicity` reads a search candidate,
-    :func:`meshplan.compare.verdict.side_of` a plan's mesh.
+    :func:`meshplan.compare.sides.side_of` a plan's mesh.
 
     >>> deg = {"pp": 4, "dps": 8, "tp": 2}
     >>> simplicity_of(lambda col: deg.get(col, 1))

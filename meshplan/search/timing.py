@@ -2,7 +2,7 @@
 efficiency of their local GEMMs, as numpy arrays.
 
 The bound uses the same numbers as :func:`meshplan.schedule.steptime.step_time`: op times from
-:func:`meshplan.compute.ops.layer_costs` (one call per distinct (tp, cp, micro-batch, ep,
+:func:`meshplan.compute.layer.layer_costs` (one call per distinct (tp, cp, micro-batch, ep,
 etp), every recompute policy from the same ops), collective times from :func:`meshplan.comm.alphabeta.collective_time` on the path
 :func:`meshplan.comm.collectives.axis_path` gives each axis (one call per distinct (stride,
 degree): with the canonical order and node-major placement an axis's groups are ranks
@@ -79,15 +79,10 @@ from meshplan.comm import fsdp2
 from meshplan.comm.collectives import FLOAT8_AMAX_BYTES, axis_path, fsdp_gather_flags, path_time
 from meshplan.compute import float8
 from meshplan.compute.dtensor_sp import float8_tp
-from meshplan.compute.ops import (
-    Workload,
-    embedding_cost,
-    float8_gemms,
-    framework_kernels,
-    head_cost,
-    layer_costs,
-    optimizer_bandwidth,
-)
+from meshplan.compute.embed_head import embedding_cost, head_cost
+from meshplan.compute.kernel_time import optimizer_bandwidth
+from meshplan.compute.layer import layer_costs
+from meshplan.compute.ops import Workload, float8_gemms, framework_kernels
 from meshplan.config import Config
 from meshplan.compute.measured import kernel_data
 from meshplan.compute.routing import RoutingOptions, a2a_rows
@@ -124,7 +119,7 @@ class TimeTables:
 
     def _shape(self, tp: int, cp: int, mb: int, ep: int, etp: int, layer: int) -> tuple[dict, dict]:
         """(layer ``layer``'s Cost by recompute policy of :data:`~meshplan.search.space.RECOMPUTE`,
-        :func:`~meshplan.compute.ops.layer_costs`; the fields no policy changes: the embedding,
+        :func:`~meshplan.compute.layer.layer_costs`; the fields no policy changes: the embedding,
         the head and the GEMM totals, which count no recompute op) of one shape key."""
         cfg, m = self.cfg, self.cfg.model
         t, gpu = cfg.training, cfg.cluster.gpu

@@ -23,7 +23,7 @@ workers of that launch wrote, four kinds of predicted-against-measured rows:
    (:mod:`meshplan.runtime.validation.kerneltimes`, one thread, divided by the rank's core
    share) against the kernel-efficiency model on the testbed's "GPU": GEMMs by
    :func:`meshplan.compute.gemm.gemm_time` without a measured table (the tile/wave/roofline
-   model), attention by :func:`meshplan.compute.ops.layer_cost`'s flash model.
+   model), attention by :func:`meshplan.compute.layer.layer_cost`'s flash model.
 4. **Checkpoint** (``checkpoint.csv``): per rank the DCP save and load seconds and the bytes of
    its ``.distcp`` files against :func:`meshplan.reliability.dcp_write_bytes` (and the times at
    ``--checkpoint-gbps``).
@@ -56,7 +56,8 @@ from meshplan.comm.alphabeta import algbw, busbw
 from meshplan.comm.collectives import Path as LinkPath
 from meshplan.comm.collectives import path_time
 from meshplan.compute.gemm import gemm_time
-from meshplan.compute.ops import issue_floor, layer_cost
+from meshplan.compute.kernel_time import issue_floor
+from meshplan.compute.layer import layer_cost
 from meshplan.reliability import checkpoint_size, dcp_write_bytes
 from meshplan.runtime.validation.compare import SETUP_PHASES
 from meshplan.schedule.steptime import workload_of
@@ -195,8 +196,8 @@ def kernel_rows(plan, measured: list[dict]) -> list[dict]:
     """Each measured kernel (``gemm_table.json`` rows: GEMMs ``m, n, k, seconds``; attention
     ``forward_s, backward_s``) against the kernel-efficiency model on the plan's "GPU": GEMMs by
     :func:`meshplan.compute.gemm.gemm_time` without a table (floored by
-    :func:`meshplan.compute.ops.issue_floor`, as the step model does), attention by the
-    flash model of :func:`meshplan.compute.ops.layer_cost` without a table."""
+    :func:`meshplan.compute.kernel_time.issue_floor`, as the step model does), attention by the
+    flash model of :func:`meshplan.compute.layer.layer_cost` without a table."""
     gpu, dtype = plan.config.cluster.gpu, plan.config.training.compute_dtype
     out = []
 

@@ -1,0 +1,137 @@
+"""The reasons under ``meshplan compare``'s verdict (:func:`evidence_lines`): the knobs that
+differ (:func:`knob_text`), the parts of the step that differ by their seconds, largest first,
+with what sets compute (the frameworks' kernel choices, :mod:`meshplan.compare.kernels`, and the
+GEMMs whose efficiency differs), then peak memory and the bytes each rank sends.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from meshplan.compare.kernels import choice_lines
+from meshplan.compare.sides import Side
+from meshplan.plan import Infeasible
+from meshplan.schedule.steptime import workload_of
+from meshplan.units import MS, GiB
+
+
+def knob_text(knobs: tuple[tuple[str, Any, Any], ...], a_first: bool) -> str:
+    """``training.recompute full against none, ...``: each knob's value on A's side against
+    B's, or B's against A's when not ``a_first``."""
+    return ", ".join(f"{k} {knob(x if a_first else y)} against {knob(y if a_first else x)}" for k, x, y in knobs)
+
+
+def knob(v: Any) -> str:
+    """A knob's value as its TOML spelling (``true``, ``40, 40``; ``unset`` for None)."""
+    if v is None:
+        return "unset"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, list):
+        return f"[{', '.join(map(str, v))}]" if len(v) <= 8 else f"[{len(v)} values]"
+    return str(v)
+
+
+#: A part of the step (compute, bubble, exposed <stream>) whose difference between the two
+#: plans is under this fraction of the longer step is not a reason: 0.1%, a tenth of the
+#: search's tie band, where no verdict is decided.
+PART_FLOOR = 0.001
+#: A GEMM's efficiency difference under one percentage point is not a reason (79% vs 78%
+#: printed for 0.4 points apart).
+GEMM_FLOOR = 0.01
+
+
+def evidence_lines(a: Side, b: Side, knobs: tuple = (), memory_first: bool = False) -> list[str]:
+    """The reasons under the verdict: the knobs (with the mesh or alone), then the step's parts
+    that differ by their seconds, largest first (:func:`_part_lines`), then peak memory and the
+    bytes each rank sends; ``memory_first``: the verdict was decided by memory (a plan that
+    does not fit, or steps within the tie band), so peak memory comes before the parts."""
+    out = []
+    if knobs and a.mesh_key == b.mesh_key:
+        out.append(f"same mesh ({a.mesh_text}); the plans differ in {knob_text(knobs, True)} ({a.name} against "
+                   f"{b.name}): the difference comes from these knobs, not from the mesh")
+    elif knobs:
+        out.append(f"the meshes differ ({a.name} {a.mesh_text}, {b.name} {b.mesh_text}) and so do "
+                   f"{knob_text(knobs, True)} ({a.name} against {b.name}): the difference is theirs together, "
+                   f"not the mesh's alone")
+    memory = []
+    if a.peak_bytes and b.peak_bytes and a.usable_bytes:
+        memory.append(f"peak memory: {a.name} {a.peak_bytes / GiB:.1f} GiB, {b.name} {b.peak_bytes / GiB:.1f} GiB "
+                      f"(usable {a.usable_bytes / GiB:.1f} GiB)")
+    out += memory + _part_lines(a, b) if memory_first else _part_lines(a, b) + memory
+    for kind in sorted(set(a.link_bytes) | set(b.link_bytes)):
+        out.append(f"{kind} bytes sent per rank per step: {a.name} {_gb(a, kind)}, {b.name} {_gb(b, kind)}")
+    return out
+
+
+def _part_lines(a: Side, b: Side) -> list[str]:
+    """The parts of each plan's step on its critical stage (:meth:`~meshplan.schedule.steptime.StepTime.parts_s`: compute,
+    bubble, exposed <stream>, adding up to the step) that differ by at least :data:`PART_FLOOR`
+    of the longer step, ordered by the seconds of the difference, largest first; under the
+    compute line, what sets compute by the seconds of its effect, largest first: each kernel choice
+    the two frameworks make differently (:mod:`meshplan.compare.kernels`: the attention kernel,
+    fused QKV, Megatron-LM's own kernels ..., its seconds at least the floor; listed after the
+    parts when the compute part itself is under it) and the GEMMs whose efficiency differs by
+    :data:`GEMM_FLOOR` or more. The cp128k pair (dp_shard 2 x cp 8 x tp 8 with SP, x cp 16 x tp 4): ``exposed tp``
+    10175.3 ms against 4492.7 ms comes first, the GEMMs 0.4 points apart are left out."""
+    if a.step is None or b.step is None:
+        return []
+    pa, pb = a.step.parts_s(), b.step.parts_s()
+    floor = PART_FLOOR * max(a.step.step_s, b.step.step_s)
+    gap = {k: pb.get(k, 0.0) - pa.get(k, 0.0) for k in dict.fromkeys([*pa, *pb])}
+    out, choices = [], choice_lines(a, b, floor)
+    for k in sorted((k for k in gap if abs(gap[k]) >= floor), key=lambda k: -abs(gap[k])):
+        out.append(f"{_part_named(a, b, k)}: {a.name} {pa.get(k, 0.0) / MS:.1f} ms, {b.name} "
+                   f"{pb.get(k, 0.0) / MS:.1f} ms ({gap[k] / MS:+.1f} ms)")
+        if k == "compute":  # what sets it: the framework's kernel choices and the GEMMs, by seconds
+            out += [line for _, line in sorted(choices + _gemm_lines(a, b), key=lambda x: -x[0])]
+            choices = []
+    return out + [line for _, line in sorted(choices, key=lambda x: -x[0])]  # choices that cancel in compute
+
+
+def _part_named(a: Side, b: Side, part: str) -> str:
+    """``part`` as the step text names it (:meth:`~meshplan.schedule.steptime.StepTime.part_named`: the stream follows the
+    engine, ``exposed ZeRO data-parallel`` under DeepSpeed), both names where the engines differ
+    (``exposed fsdp (B: ZeRO data-parallel)``: A's name, then B's)."""
+    na, nb = (s.step.part_named(part) if s.step is not None else part for s in (a, b))
+    return na if na == nb else f"{na} ({b.name}: {nb})"
+
+
+def _gemm_lines(a: Side, b: Side) -> list[tuple[float, str]]:
+    """(seconds, line) for every GEMM both plans run (all the model's named GEMMs: wq, wk, wv, wo, w_gate,
+    w_up, w_down, the router's and experts', MLA's, the head's output) whose efficiency differs
+    by :data:`GEMM_FLOOR` or more, ordered by the seconds of its effect (:func:`_gemm_step_s`'s
+    difference), largest first. The cp128k pair: wk and wv at 42% against 78% (128 local
+    output features at tp 8, 256 at tp 4) are listed, not only wq, wo, w_up, w_down."""
+    ea = {g[0]: g for g in a.gemms}
+    kept = []
+    for name, m, n, k, eff in b.gemms:
+        if name in ea:
+            _, m2, n2, k2, e2 = ea[name]
+            if f"{e2:.0%}" == f"{eff:.0%}" or abs(e2 - eff) < GEMM_FLOOR:  # explains no difference
+                continue
+            effect = abs(_gemm_step_s(b, name) - _gemm_step_s(a, name))
+            kept.append((effect, f"{name}: {a.name} ({m2},{n2},{k2}) at {e2:.0%} of peak, {b.name} ({m},{n},{k}) "
+                                 f"at {eff:.0%}"))
+    return kept
+
+
+def _gemm_step_s(s: Side, name: str) -> float:
+    """Seconds of GEMM ``name``'s forward in one step of ``s``'s critical stage at the efficiency
+    shown: 2 M N K x count FLOP / (the dtype's dense peak x efficiency) per layer, times the
+    stage's layers and the micro-batches (its backward's two GEMMs share its FLOP, so the order
+    this gives is the step's). The layer is the plan's (:attr:`~meshplan.plan.Plan.gemms`, the last layer's);
+    the head's ``output`` GEMM runs once per micro-batch."""
+    plan, eff = s.plan, {g[0]: g[4] for g in s.gemms}[name]
+    if isinstance(plan, Infeasible) or s.step is None or eff <= 0:
+        return 0.0
+    g = next(x for x in plan.gemms if x.name == name)
+    peak = plan.config.cluster.gpu.peak_flops(workload_of(plan).gemm_dtype(name))
+    layers = 1 if name == "output" else sum(len(chunk) for chunk in plan.stages[s.step.critical_stage])  # head once
+    return g.flops / (peak * eff) * layers * plan.micro_batches
+
+
+def _gb(s: Side, kind: str) -> str:
+    """``s.gb_sent(kind)`` with its unit, "-" alone for an unresolved mesh."""
+    v = s.gb_sent(kind)
+    return v if v == "-" else f"{v} GB"

@@ -1,0 +1,163 @@
+"""One side of ``meshplan compare``: a plan's numbers (:class:`Side`, :func:`side_of`: step,
+MFU, peak memory, GEMMs and their efficiency, bytes per link, exposed communication), whether two
+plans are one mesh (:func:`same_mesh`), and the workload both must share
+(:func:`check_workload`: a one-line error names the first field that differs).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from meshplan.compute.gemm import gemm_efficiency
+from meshplan.config import Differences, config_differences
+from meshplan.errors import ConfigError
+from meshplan.mesh.layers import stage_layers
+from meshplan.mesh.validity import degrees
+from meshplan.pipeline.registry import get as get_schedule
+from meshplan.plan import Infeasible, Plan
+from meshplan.schedule.rank_timeline import Overlap
+from meshplan.schedule.steptime import StepTime, step_time, workload_of
+from meshplan.search.rank import simplicity_of
+from meshplan.spec.wording import mesh_text
+from meshplan.units import GB
+
+
+@dataclass(frozen=True)
+class Side:
+    """One mesh's numbers. ``link_bytes``: bytes one rank sends per step by link class,
+    "nvlink" and "network" (stage 0's table: size x busbw factor x count, each row split over
+    the links it uses, :attr:`~meshplan.comm.collectives.CollectiveRow.link_bytes`); ``exposed_s``: exposed communication of
+    the critical stage by stream; ``gemms``: (name, M, N, K, efficiency)."""
+
+    name: str
+    plan: Plan | Infeasible
+    feasible: bool
+    reasons: tuple[str, ...]
+    step_s: Optional[float] = None
+    mfu: Optional[float] = None
+    peak_bytes: Optional[float] = None
+    usable_bytes: Optional[float] = None
+    gemms: tuple = ()
+    link_bytes: dict = field(default_factory=dict)
+    exposed_s: dict = field(default_factory=dict)
+    step: Optional[StepTime] = None
+    simplicity: tuple[int, int, int] = (0, 0, 0)
+
+    @property
+    def resolved(self) -> bool:
+        """Whether the mesh resolved to a plan (groups, stages, collectives); an unresolved one
+        has no quantity to show ("-" in every row)."""
+        return not isinstance(self.plan, Infeasible)
+
+    def gb_sent(self, kind: str) -> str:
+        """GB one rank sends per step on link class ``kind``, or "-" when unresolved."""
+        return f"{self.link_bytes.get(kind, 0) / GB:.1f}" if self.resolved else "-"
+
+    @property
+    def mesh_text(self) -> str:
+        """The mesh as every output names it (:func:`meshplan.spec.wording.mesh_text`: the axes of
+        degree > 1, ep and etp among them, the data axis named by the sharding): a plan spelled
+        ``dp_shard 4 x tp 2`` and its Megatron-LM export imported back (``dp 4 x tp 2``) print the
+        same words; "unresolved" without a mesh."""
+        m = self.plan.mesh
+        if not m:
+            return "unresolved"
+        return mesh_text(m.layout.names, m.layout.shape, self.plan.config.training.sharding, m.ep, m.etp)
+
+    @property
+    def mesh_key(self) -> str:
+        """:attr:`mesh_text` with a lone data axis named ``dp`` whatever the sharding names it
+        (``dp_shard 4 x tp 2`` under zero3 and ``dp 4 x tp 2`` under zero1 are one mesh: the
+        sharding is a knob of its own), a lone ``dp_replicate`` too."""
+        data = ("dp", "dp_shard", "dp_replicate")
+        words = self.mesh_text.split(" x ")
+        if sum(w.split(" ")[0] in data for w in words) != 1:
+            return self.mesh_text
+        return " x ".join("dp " + w.split(" ")[1] if w.split(" ")[0] in data else w for w in words)
+
+
+_SPELLING = {"names", "shape", "order", "degrees"}
+
+
+def same_mesh(plan_a: Plan | Infeasible, plan_b: Plan | Infeasible) -> bool:
+    """Whether two plans have the same mesh: equal [mesh] tables, or the same resolved
+    layout (names, degrees, ep, etp) spelled differently with every other [mesh] field equal.
+
+    >>> from meshplan.config import config_from_dict
+    >>> from meshplan.plan import build_plan
+    >>> base = {"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 1},
+    ...         "training": {"global_batch": 8, "seq_len": 1024}}
+    >>> a = build_plan(config_from_dict({**base, "mesh": {"names": ["dp_shard", "tp"], "shape": [4, 2]}}))
+    >>> b = build_plan(config_from_dict({**base, "mesh": {"order": "tp-dp_shard", "degrees": {"tp": 2, "dp_shard": 4}}}))
+    >>> c = build_plan(config_from_dict({**base, "mesh": {"names": ["dp_shard", "tp"], "shape": [2, 4]}}))
+    >>> same_mesh(a, b), same_mesh(a, c)
+    (True, False)
+    """
+    ma, mb = plan_a.spec, plan_b.spec
+    if ma == mb:
+        return True
+    if plan_a.mesh is None or plan_b.mesh is None:
+        return False
+    la, lb = plan_a.mesh, plan_b.mesh
+    return ((la.layout.names, la.layout.shape, la.ep, la.etp) == (lb.layout.names, lb.layout.shape, lb.ep, lb.etp)
+            and ma.model_dump(exclude=_SPELLING) == mb.model_dump(exclude=_SPELLING))
+
+
+def side_of(name: str, plan: Plan | Infeasible, overlap: Optional[Overlap] = None) -> Side:
+    """Numbers of one plan; the step time only for a plan that resolved its stages."""
+    if isinstance(plan, Infeasible):
+        return Side(name, plan, False, plan.reasons)
+    gpu, w = plan.config.cluster.gpu, workload_of(plan)  # each GEMM in its dtype (float8 Linears: fp8)
+    gemms = tuple((g.name, g.m, g.n, g.k, gemm_efficiency(gpu, g.m, g.n, g.k, w.gemm_dtype(g.name))[0])
+                  for g in plan.gemms)
+    links: dict[str, float] = {}
+    for r in plan.stage(0).collectives:  # each row's bytes on the links it uses (a ring across nodes: its hops
+        for kind, b in zip(("nvlink", "network"), r.link_bytes):  # inside a node on NVLink)
+            if b and r.path.kind != "local":
+                links[kind] = links.get(kind, 0.0) + b * r.per_step
+    tl = plan.timeline
+    st = step_time(plan, overlap or Overlap())
+    deg = degrees(plan.mesh, plan.config.training, plan.vpp)  # the search's columns (pp, dpr, dps, cp, tp, ep, etp)
+    return Side(name, plan, plan.feasible, plan.reasons, st.step_s, st.mfu, tl.peak.total_bytes,
+                tl.usable_bytes, gemms, links, dict(st.exposed_s), st, simplicity_of(deg.degree))
+
+
+def check_workload(plan_a: Plan | Infeasible, plan_b: Plan | Infeasible,
+                   names: tuple[str, str] = ("A", "B")) -> Differences:
+    """The two configs' :class:`~meshplan.config.Differences`; a ConfigError naming the first
+    workload field that differs and its two values (a comparison weighs plans of one workload
+    on one cluster: a faster GPU or a larger batch is not a better mesh)."""
+    d = config_differences(plan_a.config, plan_b.config)
+    d = Differences(d.workload, tuple(k for k in d.knobs if k[0] != "mesh.pp_layer_split"
+                                      or _split(plan_a, k[1]) != _split(plan_b, k[2])))
+    if d.workload:
+        where, va, vb = d.workload[0]
+        more = f" (and {len(d.workload) - 1} more workload fields)" if len(d.workload) > 1 else ""
+        ca, cb = plan_a.config.cluster, plan_b.config.cluster
+        hint = (f"give both the same [cluster] ({names[0]} is on {ca.name}, {names[1]} on {cb.name}), or run "
+                f"meshplan step on each to compare clusters" if where.startswith("cluster.") else
+                f"give both the same {where}; only the mesh and the plan's knobs (micro_batch, recompute, "
+                f"sharding ...) may differ")
+        raise ConfigError("compare", f"{where} differs: {names[0]} {_short(va)}, {names[1]} {_short(vb)}{more}; "
+                                     f"compare weighs two plans of one workload: {hint}")
+    return d
+
+
+def _split(plan: Plan | Infeasible, split: Optional[list[int]]) -> Optional[list[int]]:
+    """``mesh.pp_layer_split`` as it acts: None (unset) when the plan's stages are the even
+    split the same mesh gets without one, so an explicit ``[12, ..., 12]`` equal to the
+    default is no knob that differs."""
+    if split is None or not isinstance(plan, Plan):
+        return split
+    cfg = plan.config
+    even = stage_layers(cfg.model.layers, plan.pp, plan.vpp,
+                        virtual_stage=get_schedule(plan.spec.pp_schedule).virtual_stage)
+    return None if even == plan.stages else split
+
+
+def _short(v: Any) -> str:
+    """A config value for a one-line message: tables and long lists abridged."""
+    text = json.dumps(v) if isinstance(v, (dict, list)) else str(v)
+    return text if len(text) <= 60 else text[:57] + "..."

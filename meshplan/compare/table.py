@@ -1,0 +1,78 @@
+"""``meshplan compare``'s side-by-side table: one :class:`Row` per quantity (mesh, each differing
+knob, feasibility, step time, MFU, peak memory, bytes per link class, each GEMM's local shape and
+efficiency), printed in human units (:func:`table_rows`) or written to ``--json`` in SI
+(:func:`table_values`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+from meshplan.compare.reasons import knob
+from meshplan.compare.sides import Side
+from meshplan.compare.verdict import Comparison
+from meshplan.units import GB, GiB
+
+
+@dataclass(frozen=True)
+class Row:
+    """One quantity of the side-by-side table: ``label`` as printed (human units), ``key`` as in
+    ``--json`` (SI units, named), A's and B's values in SI (None: not resolved, printed "-"),
+    ``show`` formats one value for printing, ``missing`` is printed for None."""
+
+    label: str
+    key: str
+    a: Any
+    b: Any
+    show: Callable[[Any], str] = str
+    missing: str = "-"
+
+
+def rows(c: Comparison) -> list[Row]:
+    """The comparison's quantities: mesh, each differing knob, feasibility, step time (s), MFU
+    (fraction), peak memory (B), bytes sent per rank per step by link class, and each GEMM's
+    local (M, N, K) and efficiency."""
+    out = [Row("mesh", "mesh", c.a.mesh_text, c.b.mesh_text)]
+    out += [Row(k, k, x, y, knob, "unset") for k, x, y in c.knobs]
+    out += [Row("feasible", "feasible", c.a.feasible, c.b.feasible),
+            Row("step time (s)", "step time (s)", c.a.step_s, c.b.step_s, "{:.3f}".format),
+            Row("MFU", "MFU (fraction of peak)", c.a.mfu, c.b.mfu, "{:.1%}".format),
+            Row("peak memory (GiB)", "peak memory (B)", c.a.peak_bytes, c.b.peak_bytes, lambda x: f"{x / GiB:.1f}")]
+    for kind in sorted(set(c.a.link_bytes) | set(c.b.link_bytes)):
+        out.append(Row(f"{kind} GB/rank/step", f"{kind} bytes sent per rank per step", _sent(c.a, kind),
+                       _sent(c.b, kind), lambda x: f"{x / GB:.1f}"))
+    ga, gb = {g[0]: g for g in c.a.gemms}, {g[0]: g for g in c.b.gemms}
+    both = c.a.resolved and c.b.resolved  # both resolved: the GEMMs they share; else the resolved one's, "-" beside
+    for name in dict.fromkeys([*ga, *gb]):
+        if (name in ga and name in gb) or not both:
+            out.append(Row(f"{name} (M,N,K) eff", f"{name} (M,N,K) efficiency", _gemm(ga.get(name)),
+                           _gemm(gb.get(name)), _g))
+    return out
+
+
+def table_rows(c: Comparison) -> list[tuple[str, str, str]]:
+    """(quantity, A, B) rows for printing ("-" for a quantity of an unresolved mesh)."""
+    def text(r: Row, v: Any) -> str:
+        return r.missing if v is None else r.show(v)
+
+    return [(r.label, text(r, r.a), text(r, r.b)) for r in rows(c)]
+
+
+def table_values(c: Comparison) -> list[list]:
+    """[quantity, A, B] rows for ``--json``: numbers in SI, booleans, knob values as in the
+    config, a GEMM as {m, n, k, efficiency}, null where unresolved."""
+    return [[r.key, r.a, r.b] for r in rows(c)]
+
+
+def _sent(s: Side, kind: str) -> Optional[float]:
+    """Bytes one rank sends per step on link class ``kind``; None when unresolved."""
+    return s.link_bytes.get(kind, 0.0) if s.resolved else None
+
+
+def _gemm(g) -> Optional[dict]:
+    return None if g is None else {"m": g[1], "n": g[2], "k": g[3], "efficiency": g[4]}
+
+
+def _g(g: dict) -> str:
+    return f"({g['m']},{g['n']},{g['k']}) {g['efficiency']:.0%}"

@@ -1,0 +1,96 @@
+"""The attention core's ops on one rank (:mod:`meshplan.compute.ops`' causal convention): a
+fused flash kernel (:func:`flash_ops`: a measured call, the catalog's published FlashAttention
+rates, or the GEMM ceiling with wave quantization), or the non-flash batched products with the
+softmax and dropout over the materialised scores (:func:`score_ops`, Megatron-LM 2022).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from math import ceil
+
+from meshplan.compute.kernel_time import gemm_ops, issue_floor, memory_op
+from meshplan.compute.measured import attention_seconds, kernel_data
+from meshplan.compute.megatron import attention_copy_bytes, softmax_bytes
+from meshplan.compute.ops import Op, Workload
+from meshplan.compute.shapes import Attention, Gemm
+from meshplan.spec.cluster import GPUSpec
+from meshplan.units import dtype_bytes
+
+
+def flash_ops(gpu: GPUSpec, att: Attention, w: Workload, recompute: bool, table=None) -> list[Op]:
+    key = (att.batch, att.q_heads, att.kv_heads, att.seq_q, att.seq_kv, att.head_dim, w.dtype)
+    measured = getattr(table, "attention", {}).get(key) if table is not None else None
+    if measured is not None:  # a measured fused-attention call (GemmTable.attention)
+        fwd, note = att.flops(causal_half=True), f"measured ({getattr(table, 'path', '')})"
+        timed = lambda phase, t, model, hw, rec=False: Op("attention" + (" (recompute)" if rec else ""), "attn", phase,
+                                                          "attention", issue_floor(gpu, t), model, hw, recompute=rec,
+                                                          note=note)  # floored like a measured GEMM (gemm_ops)
+        out = [timed("forward", measured[0], fwd, fwd), timed("backward_input", measured[1], 2 * fwd, 2.5 * fwd)]
+        return out + ([timed("backward_input", measured[0], 0.0, fwd, True)] if recompute else [])
+    data = kernel_data(gpu.name)
+    if data is not None and data.attention:  # published FlashAttention rates (catalog)
+        f_s, b_s, how = attention_seconds(data, att, causal=True, prefer=w.attention_kernels)
+        fwd = att.flops(causal_half=True)
+        rated = lambda phase, t, model, hw, rec=False: Op("attention" + (" (recompute)" if rec else ""), "attn",
+                                                          phase, "attention", issue_floor(gpu, t), model, hw,
+                                                          recompute=rec, note=how)
+        out = [rated("forward", f_s, fwd, fwd), rated("backward_input", b_s, 2 * fwd, 2.5 * fwd)]
+        return out + ([rated("backward_input", f_s, 0.0, fwd, True)] if recompute else [])
+    peak = gpu.peak_flops(w.dtype)
+    tiles = att.batch * att.q_heads * ceil(att.seq_q / 128)
+    waves = ceil(tiles / gpu.sms)
+    rate = peak * gpu.max_gemm_fraction * tiles / (waves * gpu.sms)
+    # q and the output (seq_q rows), k and v (seq_kv rows): q, k of head_dim, v and the output of d_v
+    io = dtype_bytes(w.dtype) * att.batch * (att.seq_q * att.q_heads + att.seq_kv * att.kv_heads) * (
+        att.head_dim + att.d_v)
+    fwd = att.flops(causal_half=True)
+    note = (f"flash: {tiles} blocks in {waves} waves, {rate / peak:.1%} of peak (GEMM ceiling x wave "
+            f"quantization)")
+    mk = lambda phase, model, hw, rec=False: Op("attention" + (" (recompute)" if rec else ""), "attn", phase,
+                                                "attention", max(hw / rate, 2 * io / gpu.hbm_bandwidth_bytes_per_s),
+                                                model, hw, recompute=rec, note=note)
+    out = [mk("forward", fwd, fwd), mk("backward_input", 2 * fwd, 2.5 * fwd)]
+    if recompute:
+        out.append(mk("backward_input", 0.0, fwd, True))
+    return out
+
+
+def score_ops(gpu, att: Attention, w: Workload, table, recompute: bool) -> list[Op]:
+    """Non-flash attention: full QK^T and PV batched GEMMs, softmax and dropout on scores;
+    with ``w.megatron_ops`` Megatron-LM's causal softmax and copies (:mod:`meshplan.compute.megatron`).
+
+    The six batched products per head, (M, N, K), a batch of ``n = batch x heads`` looked up as
+    ``(n M, N, K)`` (:mod:`meshplan.compute.measured`): QK^T (s_q, s_kv, d) and its gradients dQ
+    (s_q, d, s_kv) and dK (s_kv, d, s_q); PV (s_q, d_v, s_kv) and its gradients dP (s_q, s_kv, d_v)
+    and dV = P^T dO (s_kv, d_v, s_q), torch's bmm derivative for the second operand
+    (``mat1.transpose(1, 2).bmm(grad)``). dV is taken in that orientation, as dK is: a GEMM and its
+    transpose are the same cuBLAS work (column-major, C^T = B^T A^T), and the catalog's A100 rates
+    for these products (kernels.toml "D S7a") are one rate for all six, measured together, on the
+    (n s, s, d) and (n s, d, s) shapes; the Linear layers' weight-gradient orientation (d_v, s_kv,
+    s_q) would put the batch on d_v and read another family of points (210 TFLOP/s against dK's 86.5
+    on the 22B layer) for the same work as dK."""
+    n = att.batch * att.q_heads
+    qk = Gemm("qk^T", att.seq_q, att.seq_kv, att.head_dim, n)
+    pv = Gemm("pv", att.seq_q, att.d_v, att.seq_kv, n)
+    pv_grads = [Gemm("pv.dgrad", pv.m, pv.k, pv.n, n), Gemm("pv.wgrad", pv.k, pv.n, pv.m, n)]
+    scores = n * att.seq_q * att.seq_kv
+    b = dtype_bytes(w.dtype)
+    sm_f, sm_b = softmax_bytes(att, b, w.megatron_ops)
+    fwd_mem = [("softmax", sm_f)] + ([("attention dropout", (2 * b + 1) * scores)] if w.dropout else [])
+    bwd_mem = [("softmax backward", sm_b)] + ([("dropout backward", (2 * b + 1) * scores)] if w.dropout else [])
+    out = []
+    if w.megatron_ops:  # context permute copy; alpha on dQ and dK; the QKV split's backward (compute.megatron)
+        f_copies, b_copies = attention_copy_bytes(att, b)
+        fwd_mem += f_copies
+        bwd_mem += b_copies
+    for g, grads in ((qk, None), (pv, pv_grads)):
+        ops = gemm_ops(gpu, g, "attn", w, table, model_scale=0.5, weight=False, backward=grads)  # causal half
+        out += [replace(o, phase="backward_input") if o.phase == "backward_weight" else o for o in ops]
+    out += [memory_op(gpu, name, "attn", "forward", nb) for name, nb in fwd_mem]
+    out += [memory_op(gpu, name, "attn", "backward_input", nb) for name, nb in bwd_mem]
+    if recompute:
+        fwd = [o for o in out if o.phase == "forward"]
+        out += [replace(o, name=o.name + " (recompute)", phase="backward_input", model_flops=0.0, recompute=True)
+                for o in fwd]
+    return out

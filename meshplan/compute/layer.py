@@ -1,0 +1,135 @@
+"""Every op of one transformer layer on one rank for one micro-batch (:mod:`meshplan.compute.ops`'
+conventions): the GEMMs, the attention core, the memory-bound ops, torch's async-TP and
+sequence-parallel layout kernels, torchao's float8 kernels and Megatron-LM's own, each recompute
+policy's replay (:func:`layer_costs`, :func:`layer_cost`).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from meshplan.compute import asynctp, dtensor_sp, float8
+from meshplan.compute.attention import flash_ops, score_ops
+from meshplan.compute.elementwise import bias_ops, elementwise_ops
+from meshplan.compute.gemm import GemmTable
+from meshplan.compute.kernel_time import gemm_ops, memory_op, qkv_fused_ops
+from meshplan.compute.megatron_cost import comm_delay_ops, main_grad_hooks
+from meshplan.compute.ops import BLOCKS, Cost, Op, PHASES, RECOMPUTE, Workload
+from meshplan.compute.recompute import OP_SAC_NOT_REPLAYED, full_ac_not_replayed, op_sac_kept, replay
+from meshplan.compute.shapes import ATTENTION_GEMMS, MLA_REPLICATED, Gemm, attention_shape, layer_gemms
+from meshplan.mesh.tpsplit import local_heads
+from meshplan.spec.cluster import GPUSpec
+from meshplan.spec.model import ModelSpec
+from meshplan.units import dtype_bytes
+
+
+def layer_cost(model: ModelSpec, gpu: GPUSpec, w: Workload, layer: int = -1,
+               table: Optional[GemmTable] = None) -> Cost:
+    """Every op of transformer layer ``layer`` (-1: the last) on one rank for one micro-batch,
+    forward, backward (B and W) and recompute, per the module conventions
+    (:func:`layer_costs` under ``w.recompute``)."""
+    return layer_costs(model, gpu, w, (w.recompute,), layer, table)[w.recompute]
+
+
+def layer_costs(model: ModelSpec, gpu: GPUSpec, w: Workload, recomputes: tuple[str, ...], layer: int = -1,
+                table: Optional[GemmTable] = None) -> dict[str, Cost]:
+    """:func:`layer_cost` of ``w`` under each recompute policy of ``recomputes`` (``w.recompute``
+    is not read), by policy. The ops no policy changes (GEMMs, the attention's own ops,
+    memory-bound ops, Megatron-LM's kernels) are built once; each policy adds its recompute
+    ops where :func:`layer_cost` has them (``selective``: the attention's replay after the
+    attention ops; ``full``, ``op``: the forward's replay at the end), so each Cost lists the
+    same ops in the same order (the search asks every policy of each shape).
+
+    >>> from dataclasses import replace
+    >>> from meshplan import catalog
+    >>> gpt, a100 = catalog.model("megatron-22b"), catalog.gpu("a100-sxm-80gb")
+    >>> w = Workload(seq_len=2048, micro_batch=4, tp=8, flash=False)
+    >>> both = layer_costs(gpt, a100, w, ("none", "full"))
+    >>> both["full"] == layer_cost(gpt, a100, replace(w, recompute="full"))
+    True
+    >>> both["full"].seconds("backward_input", "attn", True) == both["none"].seconds("forward", "attn")
+    True
+    >>> [o.name for o in both["full"].ops if o.recompute and o.block == "mlp"]  # torch: w_down is not replayed
+    ['w_up (recompute)', 'gelu (recompute)']
+    """
+    for rc in recomputes:
+        if rc not in RECOMPUTE + ("layer",):
+            raise ValueError(f"recompute {rc!r} is not one of {RECOMPUTE}")
+    gemms = layer_gemms(model, w.tp, w.tokens, layer=layer, ep=w.ep, etp=w.etp, routing_options=w.routing)
+    _, _, rep = local_heads(model, w.tp)
+    ops = []
+    qkv = [g for g in gemms if g.name in ("wq", "wk", "wv")] if w.fused_qkv else []
+    if len(qkv) == 3:
+        ops += qkv_fused_ops(gpu, qkv, w, table, {"wk": 1.0 / rep, "wv": 1.0 / rep})
+    for g in gemms:  # a replicated KV head, or MLA's replicated down projection, counts once in model FLOP
+        if len(qkv) == 3 and g in qkv:
+            continue
+        scale = 1.0 / rep if g.name in ("wk", "wv") else 1.0 / w.tp if g.name in MLA_REPLICATED else 1.0
+        ops += gemm_ops(gpu, g, "attn" if g.name in ATTENTION_GEMMS else "mlp", w, table, scale)
+    att = attention_shape(model, w.tp, w.cp, w.micro_batch, w.seq_len)
+    # the attention's ops with selective recompute: its own ops, then their replay (appended last)
+    attn_sel = flash_ops(gpu, att, w, True, table) if w.flash else score_ops(gpu, att, w, table, True)
+    attn_plain = [o for o in attn_sel if not o.recompute]
+    rest = elementwise_ops(model, gpu, w, gemms) + async_tp_ops(model, gpu, w, gemms) + sp_layout_ops(model, gpu, w, gemms)
+    rest += bias_ops(model, gpu, w, model.is_moe_layer(model.layers - 1 if layer < 0 else layer))
+    rest += [memory_op(gpu, name, block, phase, nb) for name, block, phase, nb in float8.layer_kernels(
+        model, w, gemms, dtype_bytes(w.dtype))]  # torchao's amax, casts and transposed copies
+    if w.megatron_ops:
+        rest += main_grad_hooks(model, gpu, w, layer)
+        moe = model.is_moe_layer(model.layers - 1 if layer < 0 else layer)
+        rest += comm_delay_ops(gpu, w, ("attn",) if moe else ("attn", "mlp"))
+    order = {b: i for i, b in enumerate(BLOCKS)}
+    out = {}
+    for rc in recomputes:
+        every = ops + (attn_sel if rc == "selective" else attn_plain) + rest
+        if rc in ("full", "op"):
+            kept = op_sac_kept(model) if rc == "op" else full_ac_not_replayed(w)
+            every += [replay(o) for o in every if o.phase == "forward" and o.name not in kept
+                      and not (rc == "op" and (o.kind == "attention" or o.name.startswith(OP_SAC_NOT_REPLAYED)))]
+        out[rc] = Cost(tuple(sorted(every, key=lambda o: (PHASES.index(o.phase), order[o.block]))))
+    return out
+
+
+def async_tp_ops(model: ModelSpec, gpu: GPUSpec, w: Workload, gemms: list[Gemm]) -> list[Op]:
+    """The kernels torch's async TP adds on the compute stream (:func:`meshplan.compute.asynctp.torch_extra_bytes`):
+    per block with fused GEMMs, the shard copy before each fused all-gather (forward, and
+    backward's gathered output gradient) and the partial sum after each fused reduce-scatter
+    (forward); none under Megatron-LM (TE's norm writes into the userbuffer) or without async TP."""
+    if w.async_tp != "torch" or not w.sp or w.tp < 2:
+        return []
+    size = asynctp.torch_extra_bytes(w.tokens, model.hidden, w.tp, dtype_bytes(w.dtype))
+    names = {g.name for g in gemms}
+    out = []
+    fused = lambda name, phase: asynctp.pieces("torch", w.tp, name, phase, _cast_after_gather(w, name)) > 0
+    for block, ag, rs in (("attn", "wq", "wo"), ("mlp", "w_up", "w_down")):
+        if ag in names and fused(ag, "forward"):
+            out.append(memory_op(gpu, f"async-TP shard copy ({block})", block, "forward", size["shard copy"]))
+        if rs in names:
+            out.append(memory_op(gpu, f"async-TP partial sum ({rs})", block, "forward", size["partial sum"]))
+            if fused(rs + ".dgrad", "backward_input"):
+                out.append(memory_op(gpu, f"async-TP shard copy ({rs} grad)", block, "backward_input", size["shard copy"]))
+    return out
+
+
+def _cast_after_gather(w: Workload, name: str) -> bool:
+    """Whether GEMM ``name`` (a Gemm name or its ``.dgrad``) is a float8 rowwise Linear's, whose
+    TP gathers torch does not fuse (:func:`meshplan.compute.asynctp.pieces`)."""
+    return w.fp8_rowwise and w.gemm_dtype(name) == "fp8"
+
+
+def sp_layout_ops(model: ModelSpec, gpu: GPUSpec, w: Workload, gemms: list[Gemm]) -> list[Op]:
+    """The layout copies torch's sequence-parallel collectives add on the compute stream when a
+    micro-batch holds several sequences (:mod:`meshplan.compute.dtensor_sp`): per dense block
+    (attention: wq or Megatron's qkv; MLP: w_up), forward the gather's and the scatter's, backward
+    the same two (under torch's async TP: in backward the returned gathered input's and output
+    gradient's copies for the weight gradients and the unfused input-gradient scatter's), each
+    :func:`~meshplan.compute.dtensor_sp.copy_bytes` of the rank's full ``tokens x hidden``."""
+    fw = "torch" if w.sp_layout_copies else ""
+    if not dtensor_sp.applies(fw, w.sp, w.tp, w.micro_batch):
+        return []
+    names = {g.name for g in gemms}
+    blocks = tuple(b for b, g in (("attn", ("wq", "qkv")), ("mlp", ("w_up",))) if names & set(g))
+    size = dtensor_sp.copy_bytes(w.tokens, model.hidden, dtype_bytes(w.dtype))
+    gathers = not any(_cast_after_gather(w, g) for g in ("wq", "qkv", "w_up"))
+    return [memory_op(gpu, name, block, phase, size)
+            for name, block, phase in dtensor_sp.copies(blocks, w.async_tp == "torch", gathers)]

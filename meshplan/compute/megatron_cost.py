@@ -1,0 +1,169 @@
+"""Megatron-LM 2022's own kernels and host syncs as timed ops (their bytes and counts:
+:mod:`meshplan.compute.megatron`): per layer the main-gradient hooks (:func:`main_grad_hooks`)
+and the delay kernels after an async tp collective (:func:`comm_delay_ops`); per chunk the batch
+and timers (:func:`megatron_batch_cost`); per step the per-parameter copies, the SP gradients'
+flatten and copies, the timers and the loss (:func:`megatron_step_cost`,
+:func:`megatron_stage_step_cost`).
+"""
+
+from __future__ import annotations
+
+from meshplan.compute.kernel_time import issue_floor, memory_op
+from meshplan.compute.measured import kernel_data
+from meshplan.compute.megatron import (BATCH_SYNCS, COMM_DELAY_OPS, STEP_TIMERS, TIMER_SYNCS, batch_bytes,
+                                       comm_delay_kernels, hook_params, stage_param_tensors)
+from meshplan.compute.ops import Cost, Op, Workload
+from meshplan.mesh.tpsplit import padded_vocab
+from meshplan.spec.cluster import GPUSpec
+from meshplan.spec.model import ModelSpec
+from meshplan.units import dtype_bytes
+
+
+def main_grad_hooks(model: ModelSpec, gpu: GPUSpec, w: Workload, layer: int = -1) -> list[Op]:
+    """Megatron-LM's main-gradient hooks of one layer per micro-batch
+    (:func:`meshplan.compute.megatron.hook_params`): ``main_grad.add_(grad)`` reads the main
+    gradient and the gradient and writes the main gradient, ``(2 g + b) x local elements`` (g = 4
+    with fp32 main gradients, else the compute dtype's b), one kernel each (:func:`~meshplan.compute.kernel_time.issue_floor`).
+
+    >>> from meshplan import catalog
+    >>> gpt, a100 = catalog.model("megatron-22b"), catalog.gpu("a100-sxm-80gb")
+    >>> ops = main_grad_hooks(gpt, a100, Workload(seq_len=2048, tp=8, fused_qkv=True, fp32_wgrad_accumulation=True))
+    >>> [o.name for o in ops]  # doctest: +NORMALIZE_WHITESPACE
+    ['attn_norm main_grad add', 'attn_norm_bias main_grad add', 'wq_bias main_grad add',
+     'wo_bias main_grad add', 'mlp_norm main_grad add', 'mlp_norm_bias main_grad add',
+     'w_up_bias main_grad add', 'w_down_bias main_grad add']
+    >>> sorted({o.seconds for o in ops})  # each below the 4.7 us issue floor
+    [4.7e-06]
+    """
+    b, g = dtype_bytes(w.dtype), (4 if w.fp32_wgrad_accumulation else dtype_bytes(w.dtype))
+    idx = model.layers - 1 if layer < 0 else layer
+    return [memory_op(gpu, f"{name} main_grad add", block, "backward_weight", (2 * g + b) * n)
+            for name, block, n in hook_params(model, w.tp, w.fused_qkv, idx)]
+
+
+def comm_delay_ops(gpu: GPUSpec, w: Workload, blocks: tuple[str, ...]) -> list[Op]:
+    """Megatron-LM's delay kernels (:func:`meshplan.compute.megatron.comm_delay_kernels`) of the
+    column-parallel linear of each of ``blocks`` ("attn": ``query_key_value``; "mlp":
+    ``dense_h_to_4h``; "head": the output layer): ``torch.empty(1) + 1`` reads and writes one fp32
+    element (8 B), so each takes the issue floor (:func:`~meshplan.compute.kernel_time.issue_floor`).
+
+    >>> from meshplan import catalog
+    >>> ops = comm_delay_ops(catalog.gpu("a100-sxm-80gb"), Workload(seq_len=2048, tp=8, sp=True), ("attn", "mlp"))
+    >>> [(o.block, o.phase, round(o.seconds * 1e6, 1)) for o in ops]  # doctest: +NORMALIZE_WHITESPACE
+    [('attn', 'backward_input', 4.7), ('attn', 'backward_weight', 4.7),
+     ('mlp', 'backward_input', 4.7), ('mlp', 'backward_weight', 4.7)]
+    """
+    return [memory_op(gpu, COMM_DELAY_OPS[phase], block, phase, 8.0)
+            for block in blocks for phase, n in comm_delay_kernels(w.tp, w.sp).items() for _ in range(n)]
+
+
+def megatron_batch_cost(gpu: GPUSpec, w: Workload) -> Cost:
+    """Megatron-LM 2022's per-chunk batch and timer costs (:func:`meshplan.compute.megatron.batch_bytes`,
+    :data:`~meshplan.compute.megatron.TIMER_SYNCS`), in every chunk's forward (and the timers'
+    syncs in its backward) on every stage: the 2 tp broadcasts at the catalog's
+    ``microbatch_overhead_s``, each ``get_batch`` kernel as a memory-bound pass (never below the
+    issue floor), and per ``torch.cuda.synchronize`` one issue floor (the GPU drained, the next
+    kernel waits at least one launch: a lower bound). Empty for a GPU without catalog data.
+
+    22B, micro-batch 4, seq 2048 on A100: the mask passes 16.8 + 33.6 + 21.0 MB at Triad 1.70 TB/s
+    (9.87 + 19.74 + 12.34 us), 4 small kernels at the 4.7 us floor (18.8), 33.92 us of broadcasts, 4 syncs
+    (18.8), the broadcast sizes' two copies (:data:`~meshplan.compute.megatron.BATCH_SYNCS`, 9.4):
+    122.9 us in forward; 2 syncs (9.4 us) in backward:
+
+    >>> from meshplan import catalog
+    >>> c = megatron_batch_cost(catalog.gpu("a100-sxm-80gb"), Workload(seq_len=2048, micro_batch=4, megatron_ops=True))
+    >>> round(c.seconds("forward") * 1e6, 1), round(c.seconds("backward_input") * 1e6, 1)
+    (122.9, 9.4)
+    """
+    data = kernel_data(gpu.name)
+    if data is None:
+        return Cost(())
+    ops = [Op("get_batch broadcasts", "embed", "forward", "overhead", data.microbatch_overhead_s,
+              note="get_batch: 2 small tp broadcasts at the measured 1 KB latency (catalog)")]
+    ops += [memory_op(gpu, name, "embed", "forward", nb) for name, nb in batch_bytes(w.micro_batch, w.seq_len)]
+    ops += [Op("timer synchronize", "embed", phase, "overhead", n * data.kernel_issue_s,
+               note=f"{n} torch.cuda.synchronize, one issue floor each") for phase, n in TIMER_SYNCS.items()]
+    ops.append(Op("broadcast_data sizes copies", "embed", "forward", "overhead", BATCH_SYNCS * data.kernel_issue_s,
+                  note="torch.cuda.LongTensor(sizes) and sizes_cuda.cpu(), one issue floor each"))
+    return Cost(tuple(ops))
+
+
+def megatron_step_cost(gpu: GPUSpec, tensors: list[tuple[str, int, bool]], sp: bool, per_param_copy: bool,
+                       clip: bool, loss_micro_batches: int = 0) -> Cost:
+    """Megatron-LM 2022's kernels and host syncs once per step beyond the optimizer's bulk passes
+    (:func:`meshplan.schedule.steptime.optimizer_step_bytes`), on one rank holding ``tensors``
+    (:func:`meshplan.compute.megatron.stage_param_tensors`); empty for a GPU without catalog data:
+
+    - ``per_param_copy`` (bf16 parameters with fp32 master weights): ``optimizer.py``
+      ``_copy_main_params_to_model_params`` -> ``_multi_tensor_copy_this_to_that`` without an
+      overflow buffer (``_dummy_overflow_buf = None`` for bf16: "We don't have a bfloat16
+      implementation") loops ``that_.copy_(this_)``, one kernel per parameter: each takes
+      ``max(6 B x elements / Triad, issue floor)``; the bulk stream already counts the bytes, so the
+      op is the floors' excess, ``sum max(0, floor - 6 n / Triad)``;
+    - ``sp``: ``allreduce_layernorm_grads`` flattens the fp32 main gradients of the
+      ``sequence_parallel`` tensors into one buffer (``_flatten_dense_tensors``: one ``cat`` kernel,
+      read + write 8 B per element) and copies each back after the all-reduce (``buf.copy_(synced)``:
+      one kernel per tensor, 8 B per element, never below the floor);
+    - the step's timers (:data:`~meshplan.compute.megatron.STEP_TIMERS`, a
+      ``torch.cuda.synchronize`` at each start and stop) and with ``clip`` the gradient norm's
+      ``total_norm.item()`` (``clip_grads.py``): one issue floor per sync (as
+      :func:`megatron_batch_cost`);
+    - on the last stage (``loss_micro_batches``: the micro-batches whose losses it holds) the
+      loss averaged over them (``training.py`` ``train_step``: ``sum(losses) / len(losses)``,
+      Python's ``sum`` from 0: one add per micro-batch and the division) and ``training_log``'s
+      running total (``total_loss_dict.get(key, torch.cuda.FloatTensor([0.0])) + loss``: a
+      blocking host-to-device copy and an add): ``n + 3`` issue floors.
+
+    22B at tp 8 (one layer's 12 tensors, 8 of them under 1 M elements): the 8 copies each pay the
+    4.7 us floor less their 6 n B at 1.70 TB/s; the 6 sequence_parallel tensors (36,864 elements)
+    flatten in one floored kernel and copy back in 6:
+
+    >>> from meshplan import catalog
+    >>> from meshplan.compute.megatron import stage_param_tensors
+    >>> a100 = catalog.gpu("a100-sxm-80gb")
+    >>> c = megatron_step_cost(a100, stage_param_tensors(catalog.model("megatron-22b"), 8, 6400, [0], False, False, 1),
+    ...                        sp=True, per_param_copy=True, clip=True)
+    >>> small = [6144, 6144, 2304, 6144, 6144, 6144, 3072, 6144]
+    >>> round(c.seconds() * 1e6, 3) == round((sum(4.7e-6 - 6 * n / 1.7e12 for n in small) + 4.7e-6
+    ...                                         + 6 * 4.7e-6 + 23 * 4.7e-6) * 1e6, 3)
+    True
+    """
+    data = kernel_data(gpu.name)
+    if data is None:
+        return Cost(())
+    floor, bw = data.kernel_issue_s, data.stream_bytes_per_s
+    ops = []
+    if per_param_copy:
+        extra = sum(max(0.0, floor - 6 * n / bw) for _, n, _ in tensors)
+        ops.append(Op("master-to-model copy, one kernel per parameter", "head", "step", "overhead", extra,
+                      note=f"{len(tensors)} copy_ kernels (bf16: no multi-tensor copy), floors beyond the bulk bytes"))
+    if sp:
+        shared = [n for _, n, s in tensors if s]
+        if shared:
+            ops.append(memory_op(gpu, "SP gradients flatten (cat)", "head", "step", 8 * sum(shared)))
+            ops.append(Op("SP gradients copy back", "head", "step", "memory",
+                          sum(issue_floor(gpu, 8 * n / bw) for n in shared), size_bytes=8 * sum(shared),
+                          note=f"{len(shared)} copy_ kernels"))
+    syncs = 2 * len(STEP_TIMERS) + (1 if clip else 0)
+    ops.append(Op("step timers and grad-norm sync", "head", "step", "overhead", syncs * floor,
+                  note=f"{syncs} torch.cuda.synchronize / .item(), one issue floor each"))
+    if loss_micro_batches:
+        n = loss_micro_batches + 3
+        ops.append(Op("loss average and log", "head", "step", "overhead", n * floor,
+                      note=f"{n} tiny kernels and copies, one issue floor each"))
+    return Cost(tuple(ops))
+
+
+def megatron_stage_step_cost(model: ModelSpec, gpu: GPUSpec, w: Workload, training, layers: list[int], first: bool,
+                             last: bool, pp: int, micro_batches: int = 1) -> Cost:
+    """:func:`megatron_step_cost` of one pipeline stage's rank (``layers``: its layer indices;
+    ``training``: the :class:`~meshplan.spec.training.TrainingSpec`; ``micro_batches`` per step);
+    empty unless ``w.megatron_ops``. The per-parameter copy applies to bf16 parameters with
+    master weights."""
+    if not w.megatron_ops:
+        return Cost(())
+    rows = padded_vocab(model.vocab, w.vocab_pad_divisor, w.tp) // w.tp
+    tensors = stage_param_tensors(model, w.tp, rows, layers, first, last, pp)
+    per_param = training.param_dtype == "bf16" and training.keeps_master
+    return megatron_step_cost(gpu, tensors, w.sp and w.tp > 1, per_param, training.grad_clip,
+                              micro_batches if last else 0)
