@@ -20,10 +20,13 @@ node ``grand-teton-h100`` (8 GPUs on NVLink, one 400 Gb/s NIC per GPU) of GPU
 (torchtitan's pages) and one kernel measured on it, torch's fused AdamW on 'H100 (HBM2E, 500W)'
 (pytorch/pytorch PR #119842: 3.564 ms for a 1/128 shard of Llama 2 70B in bf16, 14 B a
 parameter: 2.117 TB/s), the bandwidth of every memory-bound kernel (norms: H100 SXM5's Liger fit
-x 2.117 / 2.97). What is not published keeps the 700 W H100 SXM5's value, marked in the catalog:
-the peaks, SMs, GEMM and attention rows (its clocks at 500 W), the NVLink and NIC curves. So the
-GEMMs and attention are still those of a faster GPU (upper bounds). The table's last column
-splits stage 0's kernels by the data that times them; the sources are printed above it.
+x 2.117 / 2.97); and three bf16 torch.matmul GEMMs on Meta's 'H100 500W' (pytorch/FBGEMM PR
+#2546: 546-585 TFLOP/s at 8192^3, 65536x8192x7168, 65536x3584x8192, 0.77-0.81 of H100 SXM5's
+table there): its bf16 GEMMs are the SXM5's points x 0.797. What is not published keeps the
+700 W H100 SXM5's value, marked in the catalog: the peaks, SMs, fp8 GEMM and attention rows,
+the NVLink and NIC curves. So the float8 GEMMs and attention are still those of a faster GPU
+(upper bounds). The table's last column splits stage 0's kernels by the data that times them;
+the sources are printed above it.
 ``--node dgx-h100`` plans the runs on the 700 W SXM5 instead: every number quoted below before
 "On the part" was computed so, and that option reproduces them.
 
@@ -105,25 +108,27 @@ every row recomputes (op-level or full AC), which replays the casts.
 Rowwise (per-row scales, plain TP) casts the gathered tensors on every tp rank, 8 B an element
 (A8 fp8rw +85.7% -> +59.8%, A70 fp8rw +76.2% -> +56.7%). Not checked in a trace.
 
-**On the part** (grand-teton-h100: (a)'s bandwidth, measured). The memory-bound kernels at
-2.117 TB/s instead of Triad's 2.97: the three T1 steps 2121 / 1819 / 1397 ms -> 2334 / 1911 /
-1526 ms (+34.1% -> +21.8%, +35.1% -> +28.6%, +37.4% -> +25.8%); mean |error| over the 26 rows
-44.5% -> 35.1%, every row closer (T2 cp8 +80.2% -> +78.9%, its attention unchanged). Still
-0.51 / 0.55 / 0.39 s a step of the three T1 rows is left to the GPU's unknown clocks at 500 W
-(the GEMMs and attention at the 700 W rows: 1171 + 382 ms of T1's) and to what no source here
-names.
+**On the part** (grand-teton-h100; ``--node dgx-h100`` gives the numbers before). The
+memory-bound kernels at the measured 2.117 TB/s instead of Triad's 2.97 (mean |error| 44.5% ->
+35.1%), then the bf16 GEMMs at 0.797 of the SXM5's rates (-> 30.0%): the three T1 steps 2121 /
+1819 / 1397 ms -> 2633 / 2209 / 1546 ms (+34.1% -> +8.0%, +35.1% -> +11.2%, +37.4% -> +24.2%),
+A70 bf16 +27.5% -> +7.3%, A8 bf16 +27.4% -> +8.6%; every row closer, none below the published
+rate. The float8 rows stay +22-43% above (T1 fp8 0.37 s a step left): their GEMMs are the 700 W
+SXM5's (no float8 GEMM of the part at 500 W is published; FBGEMM's Triton row-wise kernel is not
+the one torchao runs), as is all attention (T2's long-sequence rows, +72-79%, are attention).
+The T1 bf16 rows' 0.21 / 0.25 s a step is left to what no source here names.
 
-**Left (not modelled; no fitted constant).** (1) The GPU: its clocks at 500 W, hence its GEMM
-and attention rates, are not published (above). (2) Async TP, modelled as torch fuses it at 38410cf9 (:mod:`meshplan.compute.asynctp`): the
+**Left (not modelled; no fitted constant).** (1) The GPU: its float8 GEMM and attention rates
+at 500 W are not published (above). (2) Async TP, modelled as torch fuses it at 38410cf9 (:mod:`meshplan.compute.asynctp`): the
 forward's gathers and reduce-scatters, the backward's gathered output gradients, and under AC the
 replayed gathers with the GEMMs recomputed beside them (op-level SAC: wk and w3 alone); the
 backward's column-parallel reduce-scatters stay blocking, the returned gathered tensors still
 cost the weight gradients a layout copy, and full AC replays no MLP reduce-scatter; float8
 rowwise (``recipe_name``: ``training.fp8_recipe``) fuses its reduce-scatters only (bf16 gathers,
-cast after). Predicted savings on the part 0.42 s per step at 8B bf16 and 3.58 s at 70B bf16
-(dgx-h100: 0.38 s, 3.38 s; the memory-bound copies async TP removes take longer on the part:
-2.117 TB/s) against 0.25 s and 2.32 s published (+15-22% against +6-16% with bf16 or tensorwise,
-whose gathers move float8); rowwise 0.11 s and 0.84 s (dgx-h100: 0.09 s, 0.78 s) against
+cast after). Predicted savings on the part 0.45 s per step at 8B bf16 and 3.84 s at 70B bf16
+(dgx-h100: 0.38 s, 3.38 s; the memory-bound copies and replayed GEMMs async TP removes take
+longer on the part) against 0.25 s and 2.32 s published (+15-21% against +6-16% with bf16 or
+tensorwise, whose gathers move float8); rowwise 0.11 s and 0.84 s (dgx-h100: 0.09 s, 0.78 s) against
 0.18 s and 1.10 s (+5% against +4-6%). Not modelled: copy-engine traffic slowing the GEMMs beside it.
 
 Not expressible: Interleaved 1F1B's split of Table 5 (the split points are not published: v 2
