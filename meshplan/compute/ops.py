@@ -1006,6 +1006,7 @@ def head_cost(model: ModelSpec, gpu: GPUSpec, w: Workload, table: Optional[GemmT
            for phase, nb in (("forward", f), ("backward_input", bw)) if nb > 0]
     ops += norm_finalize_ops(model, gpu, wn, (("final norm", "head"),))
     ops += _gemm_ops(gpu, g, "head", w, table, model_scale=model.vocab / pv)
+    ops += [_mem(gpu, name, "head", ph, nb) for name, _, ph, nb in float8.head_kernels(w, g, b)]  # fp8_output_layer
     if w.megatron_ops:
         fwd_b, bwd_b = cross_entropy_bytes(b)
         ops += [_mem(gpu, "cross entropy", "head", "forward", fwd_b * logits),
