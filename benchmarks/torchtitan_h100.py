@@ -14,12 +14,21 @@ precomputed scales (the 405B preset at 9dec370; torchtitan refuses the float8 al
 rowwise).
 
 **GPU.** That H100 (96 GB HBM2e, 500 W) has no datasheet: torchtitan's own footnote says its
-peak "is between SXM and NVL, and we don't know its exact value". The catalog has no entry for
-it and none is invented here: the runs are planned on the catalog's ``h100-sxm5-80gb`` (SXM5,
-700 W, 3.35 TB/s HBM3, 80 GB) in ``dgx-h100`` nodes (8 GPUs on NVLink4, one 400 Gb/s NIC per
-GPU, as Grand Teton). So every prediction is of a faster GPU than the one measured, and memory
-is checked against 80 GB, not 96 GB (the memory column says whether the plan fits 80 GB; the
-step is modelled either way).
+peak "is between SXM and NVL, and we don't know its exact value". The runs are planned on catalog
+node ``grand-teton-h100`` (8 GPUs on NVLink, one 400 Gb/s NIC per GPU) of GPU
+``h100-hbm2e-96gb-500w``, which holds what is published of that part: 96 GB, HBM2e 2.4 TB/s
+(torchtitan's pages) and one kernel measured on it, torch's fused AdamW on 'H100 (HBM2E, 500W)'
+(pytorch/pytorch PR #119842: 3.564 ms for a 1/128 shard of Llama 2 70B in bf16, 14 B a
+parameter: 2.117 TB/s), the bandwidth of every memory-bound kernel (norms: H100 SXM5's Liger fit
+x 2.117 / 2.97); and three bf16 torch.matmul GEMMs on Meta's 'H100 500W' (pytorch/FBGEMM PR
+#2546: 546-585 TFLOP/s at 8192^3, 65536x8192x7168, 65536x3584x8192, 0.77-0.81 of H100 SXM5's
+table there): its bf16 GEMMs are the SXM5's points x 0.797. What is not published keeps the
+700 W H100 SXM5's value, marked in the catalog: the peaks, SMs, fp8 GEMM and attention rows,
+the NVLink and NIC curves. So the float8 GEMMs and attention are still those of a faster GPU
+(upper bounds). The table's last column splits stage 0's kernels by the data that times them;
+the sources are printed above it.
+``--node dgx-h100`` plans the runs on the 700 W SXM5 instead: every number quoted below before
+"On the part" was computed so, and that option reproduces them.
 
 Rows: tokens/s per GPU (torchtitan's TPS/GPU: tokens of the global batch / step / GPUs),
 published and predicted, error = predicted / published - 1, and the step's parts on its
@@ -78,11 +87,11 @@ T1 steps by kernel kind: the published step is longer in all three
 (723, 639, 526 ms), although their GEMMs differ (1171 ms bf16, 665 ms float8); their attention
 (FA2) is the same 382 ms, the compiled rows' memory-bound kernels the same 162 ms, and the
 float8 row adds 97.4 ms of torchao's amax, casts and transposed copies: (d) below. What is
-known of the rest, none of it modelled: (a) the GPU: its HBM2e at 2.4 TB/s (torchtitan's number)
-against the catalog GPU's 3.35 TB/s HBM3 would add 184 / 64 / 103 ms to the memory-bound
-kernels (float8's included) at the same fraction of the bandwidth (the what-if line; no
-measurement of that part); its clocks under the 500 W cap, which set its GEMMs and attention,
-are not published; (b) the eager head and (c) the foreach optimizer, now modelled (above);
+known of the rest, none of it modelled then: (a) the GPU: its HBM2e at 2.4 TB/s (torchtitan's
+number) against the catalog GPU's 3.35 TB/s HBM3 would add 184 / 64 / 103 ms to the memory-bound
+kernels (float8's included) at the same fraction of the bandwidth (a what-if then; now the
+part's measured bandwidth is modelled: "On the part" below); its clocks under the 500 W cap,
+which set its GEMMs and attention, are not published; (b) the eager head and (c) the foreach optimizer, now modelled (above);
 (d) the float8 rows' casts, now modelled (:mod:`meshplan.compute.float8`, torchao eab345c and
 its roofline's pass count under compile: per activation an amax pass and a cast writing both
 layouts, 6 B an element in bf16; the float8-gathered weights copied transposed for the
@@ -97,20 +106,29 @@ under TP the precompute's amaxes are all-reduced over tp too (896 B, a step-end 
 float8 input copies kept for backward (1 B a value, the memory timeline) move no row's peak:
 every row recomputes (op-level or full AC), which replays the casts.
 Rowwise (per-row scales, plain TP) casts the gathered tensors on every tp rank, 8 B an element
-(A8 fp8rw +85.7% -> +59.8%, A70 fp8rw +76.2% -> +56.7%). Not checked in a trace. Less (a)'s
-bandwidth, 0.54 / 0.58 / 0.42 s a step of the three T1 rows is left to the GPU's unknown
-clocks and to what no source here names.
+(A8 fp8rw +85.7% -> +59.8%, A70 fp8rw +76.2% -> +56.7%). Not checked in a trace.
 
-**Left (not modelled; no fitted constant).** (1) The GPU: its clocks at 500 W are not
-published (above). (2) Async TP, modelled as torch fuses it at 38410cf9 (:mod:`meshplan.compute.asynctp`): the
+**On the part** (grand-teton-h100; ``--node dgx-h100`` gives the numbers before). The
+memory-bound kernels at the measured 2.117 TB/s instead of Triad's 2.97 (mean |error| 44.5% ->
+35.1%), then the bf16 GEMMs at 0.797 of the SXM5's rates (-> 30.0%): the three T1 steps 2121 /
+1819 / 1397 ms -> 2633 / 2209 / 1546 ms (+34.1% -> +8.0%, +35.1% -> +11.2%, +37.4% -> +24.2%),
+A70 bf16 +27.5% -> +7.3%, A8 bf16 +27.4% -> +8.6%; every row closer, none below the published
+rate. The float8 rows stay +22-43% above (T1 fp8 0.37 s a step left): their GEMMs are the 700 W
+SXM5's (no float8 GEMM of the part at 500 W is published; FBGEMM's Triton row-wise kernel is not
+the one torchao runs), as is all attention (T2's long-sequence rows, +72-79%, are attention).
+The T1 bf16 rows' 0.21 / 0.25 s a step is left to what no source here names.
+
+**Left (not modelled; no fitted constant).** (1) The GPU: its float8 GEMM and attention rates
+at 500 W are not published (above). (2) Async TP, modelled as torch fuses it at 38410cf9 (:mod:`meshplan.compute.asynctp`): the
 forward's gathers and reduce-scatters, the backward's gathered output gradients, and under AC the
 replayed gathers with the GEMMs recomputed beside them (op-level SAC: wk and w3 alone); the
 backward's column-parallel reduce-scatters stay blocking, the returned gathered tensors still
 cost the weight gradients a layout copy, and full AC replays no MLP reduce-scatter; float8
 rowwise (``recipe_name``: ``training.fp8_recipe``) fuses its reduce-scatters only (bf16 gathers,
-cast after). Predicted savings 0.38 s per step at 8B bf16 and 3.38 s at 70B bf16 against 0.25 s
-and 2.32 s published (+15-21% against +6-16% with bf16 or tensorwise, whose gathers move
-float8); rowwise 0.09 s and 0.78 s against
+cast after). Predicted savings on the part 0.45 s per step at 8B bf16 and 3.84 s at 70B bf16
+(dgx-h100: 0.38 s, 3.38 s; the memory-bound copies and replayed GEMMs async TP removes take
+longer on the part) against 0.25 s and 2.32 s published (+15-21% against +6-16% with bf16 or
+tensorwise, whose gathers move float8); rowwise 0.11 s and 0.84 s (dgx-h100: 0.09 s, 0.78 s) against
 0.18 s and 1.10 s (+5% against +4-6%). Not modelled: copy-engine traffic slowing the GEMMs beside it.
 
 Not expressible: Interleaved 1F1B's split of Table 5 (the split points are not published: v 2
@@ -118,6 +136,7 @@ assumed, marked), and Table 6's context-parallel 405B rows are skipped (CP with 
 see the printed list).
 
 Run: PYTHONPATH=. .venv/bin/python benchmarks/torchtitan_h100.py [--write DIR] [--only ID] [--itemise ID] [--async-gain]
+[--node NODE]
 """
 
 from __future__ import annotations
@@ -129,16 +148,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from meshplan import catalog
+from meshplan.compute.measured import kernel_data
 from meshplan.errors import ConfigError
 from meshplan.interop.common import ImportOptions
 from meshplan.interop.foreign import load_any
 from meshplan.plan import build_plan
 from meshplan.schedule.steptime import chunk_costs, step_time, workload_of
 
-NODE = "dgx-h100"
-#: HBM bandwidth of the runs' H100 (96 GB HBM2e), torchtitan's benchmark pages: the one number
-#: of that GPU published; used only by --itemise's what-if, never by the model.
-HBM2E_BYTES_PER_S = 2.4e12
+#: The runs' node: Grand Teton, 8 H100 96 GB HBM2e at 500 W (catalog ``h100-hbm2e-96gb-500w``);
+#: ``--node dgx-h100`` plans them on the 700 W H100 SXM5 instead (the numbers before that entry).
+NODE = "grand-teton-h100"
 
 
 @dataclass(frozen=True)
@@ -256,17 +276,37 @@ class Result:
     tps: float = 0.0
     mfu: float = 0.0
     parts_ms: dict = field(default_factory=dict)
+    by_source_ms: dict = field(default_factory=dict)
     fits: Optional[bool] = None
     peak_gib: float = 0.0
     error: str = ""
 
 
-def predict(r: Row, folder: Path) -> Result:
-    """Import the row's TOML and run meshplan's step model on it."""
+#: Kernel kinds by the catalog data that times them (kernels.toml, the node's GPU): on
+#: ``h100-hbm2e-96gb-500w`` memory-bound kernels stream at the bandwidth measured on that part
+#: (S12), GEMMs and attention take the 700 W H100 SXM5's rows (none of that part published).
+SOURCE_OF_KIND = {"memory": "memory-bound", "gemm": "GEMM", "attention": "attention"}
+
+
+def by_source(plan) -> dict[str, float]:
+    """Seconds per step of stage 0's layer, embedding and head ops by the kind of data that
+    times them (:data:`SOURCE_OF_KIND`; ops of other kinds left out), micro-batches included."""
+    out: dict[str, float] = {}
+    for ch in chunk_costs(plan, workload_of(plan))[0]:
+        for cost in [*ch.layers, *(x for x in (ch.embed, ch.head) if x is not None)]:
+            for o in cost.ops:
+                if o.kind in SOURCE_OF_KIND:
+                    k = SOURCE_OF_KIND[o.kind]
+                    out[k] = out.get(k, 0.0) + o.seconds * plan.micro_batches
+    return out
+
+
+def predict(r: Row, folder: Path, node: str = NODE) -> Result:
+    """Import the row's TOML and run meshplan's step model on it, on catalog node ``node``."""
     path = folder / (r.id.replace(" ", "_").replace("+", "-") + ".toml")
     path.write_text(toml_of(r))
     try:
-        cfg = load_any(path, "torchtitan", ImportOptions(cluster=NODE, nodes=r.gpus // 8))
+        cfg = load_any(path, "torchtitan", ImportOptions(cluster=node, nodes=r.gpus // 8))
         plan = build_plan(cfg)
         st = step_time(plan)
     except ConfigError as e:
@@ -275,21 +315,36 @@ def predict(r: Row, folder: Path) -> Result:
     mem = getattr(plan, "memory", None)
     peak = getattr(mem, "peak_bytes", 0.0) if mem is not None else 0.0
     return Result(r, per_gpu, st.mfu, {k: v * 1e3 for k, v in st.parts_s().items()},
+                  {k: v * 1e3 for k, v in by_source(plan).items()},
                   fits=getattr(plan, "feasible", None), peak_gib=peak / 2**30)
+
+
+def sources_lines(node: str) -> list[str]:
+    """Where every prediction's GPU constants come from: the node's GPU entry (gpus.toml) and
+    its measured kernel data (kernels.toml), with their sources."""
+    g = catalog.system(node, 1).gpu
+    data = kernel_data(g.name)
+    out = [f"gpu {g.name}: {g.hbm_gb:g} GB, HBM {g.hbm_bandwidth_tb_per_s:g} TB/s, bf16 peak "
+           f"{g.peak_tflops['bf16']:g} TFLOP/s, {g.sms} SMs (`meshplan catalog gpu {g.name}`: each value's source)"]
+    if data is not None:
+        out.append(f"kernels: memory-bound at {data.stream_bytes_per_s / 1e12:.3f} TB/s; sources: {data.source}")
+    return out
 
 
 def table(results: list[Result]) -> list[str]:
     """Markdown rows: published vs predicted TPS/GPU, error, MFU, parts (ms)."""
-    out = ["| row | published TPS/GPU | predicted | error | MFU (pred, bf16 or fp8 peak) | step parts (ms) |",
-           "|---|---:|---:|---:|---:|---|"]
+    out = ["| row | published TPS/GPU | predicted | error | MFU (pred, bf16 or fp8 peak) | step parts (ms) | "
+           "kernels (ms, stage 0; sources above) |",
+           "|---|---:|---:|---:|---:|---|---|"]
     for x in results:
         if x.error:
-            out.append(f"| {x.row.id} | {x.row.published_tps:,.1f} | - | - | - | {x.error} |")
+            out.append(f"| {x.row.id} | {x.row.published_tps:,.1f} | - | - | - | {x.error} | - |")
             continue
         parts = ", ".join(f"{k} {v:.1f}" for k, v in x.parts_ms.items())
+        srcs = ", ".join(f"{k} {v:.0f}" for k, v in sorted(x.by_source_ms.items()))
         err = x.tps / x.row.published_tps - 1
         out.append(f"| {x.row.id}{' *' if x.row.note else ''} | {x.row.published_tps:,.1f} | {x.tps:,.1f} | "
-                   f"{err:+.1%} | {x.mfu:.1%} | {parts} |")
+                   f"{err:+.1%} | {x.mfu:.1%} | {parts} | {srcs} |")
     return out
 
 
@@ -318,16 +373,14 @@ def gains(results: list[Result]) -> list[str]:
     return out
 
 
-def itemise(r: Row, folder: Path) -> list[str]:
+def itemise(r: Row, folder: Path, node: str = NODE) -> list[str]:
     """The row's predicted step on stage 0 by kind of kernel (ms per step: the layers', the
     embedding's and the head's ops of :func:`~meshplan.schedule.steptime.chunk_costs`, times the
     micro-batches), the optimizer step and the rest (pipeline bubble, exposed communication,
-    FSDP2's copies, SM sharing), against the published step; and what the memory-bound kernels would take at the
-    runs' 2.4 TB/s HBM2e at the same fraction of the bandwidth as on the catalog GPU (a what-if:
-    the model plans the catalog GPU)."""
+    FSDP2's copies, SM sharing), against the published step, on catalog node ``node``."""
     path = folder / "itemise.toml"
     path.write_text(toml_of(r))
-    plan = build_plan(load_any(path, "torchtitan", ImportOptions(cluster=NODE, nodes=r.gpus // 8)))
+    plan = build_plan(load_any(path, "torchtitan", ImportOptions(cluster=node, nodes=r.gpus // 8)))
     st, m = step_time(plan), plan.micro_batches
     kinds: dict[str, float] = {}
     for ch in chunk_costs(plan, workload_of(plan))[0]:
@@ -346,11 +399,6 @@ def itemise(r: Row, folder: Path) -> list[str]:
     out = [f"{r.id}: published step {pub * 1e3:.0f} ms, predicted {st.step_s * 1e3:.0f} ms "
            f"(gap {(pub - st.step_s) * 1e3:+.0f} ms)"]
     out += [f"  {k:54s} {v * 1e3:9.1f} ms" for k, v in kinds.items()]
-    mem = kinds.get("norm kernels", 0.0) + kinds.get("other memory-bound", 0.0) + \
-        kinds.get("float8 amax, casts, transposes", 0.0)
-    ratio = plan.config.cluster.gpu.hbm_bandwidth_bytes_per_s / HBM2E_BYTES_PER_S
-    out.append(f"  what-if: memory-bound kernels at {HBM2E_BYTES_PER_S / 1e12:.1f} TB/s HBM2e instead of "
-               f"{HBM2E_BYTES_PER_S * ratio / 1e12:.2f} TB/s: {mem * (ratio - 1) * 1e3:+.0f} ms")
     return out
 
 
@@ -361,11 +409,15 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--itemise", metavar="ID", help="the step of the rows whose id starts with ID by kind of kernel")
     ap.add_argument("--async-gain", action="store_true",
                     help="only the rows with and without async TP of each pair, and the gains")
+    ap.add_argument("--node", default=NODE, help=f"catalog node to plan the runs on (default {NODE}: the runs' "
+                    "96 GB HBM2e H100 at 500 W; dgx-h100: the 700 W H100 SXM5)")
     a = ap.parse_args(argv)
+    if a.node not in catalog.names("node"):
+        ap.error(f"--node: unknown catalog node {a.node!r}; known: {', '.join(catalog.names('node'))}")
     if a.itemise:
         with tempfile.TemporaryDirectory() as tmp:
             for r in (r for r in ROWS if r.id.startswith(a.itemise)):
-                print("\n".join(itemise(r, Path(tmp))))
+                print("\n".join(itemise(r, Path(tmp), a.node)))
         return 0
     rows = [r for r in ROWS if not a.only or r.id.startswith(a.only)]
     if a.async_gain:  # a row and its twin with async TP
@@ -374,8 +426,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(a.write or tmp)
         folder.mkdir(parents=True, exist_ok=True)
-        results = [predict(r, folder) for r in rows]
-    print(f"torchtitan H100 runs (96 GB HBM2e, 500 W) planned on catalog {NODE} (h100-sxm5-80gb): not the dev set")
+        results = [predict(r, folder, a.node) for r in rows]
+    gpu_name = catalog.system(a.node, 1).gpu.name
+    print(f"torchtitan H100 runs (96 GB HBM2e, 500 W) planned on catalog {a.node} ({gpu_name}): not the dev set")
+    print("\n".join(sources_lines(a.node)))
     print("\n".join(table(results)))
     errs = [abs(x.tps / x.row.published_tps - 1) for x in results if not x.error]
     if errs:

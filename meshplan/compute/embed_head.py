@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Optional
 
+from meshplan.compute import float8
 from meshplan.compute.elementwise import norm_finalize_ops, norm_spec
 from meshplan.compute.gemm import GemmTable
 from meshplan.compute.kernel_time import gemm_ops, memory_op
@@ -75,6 +76,7 @@ def head_cost(model: ModelSpec, gpu: GPUSpec, w: Workload, table: Optional[GemmT
            for phase, nb in (("forward", f), ("backward_input", bw)) if nb > 0]
     ops += norm_finalize_ops(model, gpu, wn, (("final norm", "head"),))
     ops += gemm_ops(gpu, g, "head", w, table, model_scale=model.vocab / pv)
+    ops += [memory_op(gpu, name, "head", ph, nb) for name, _, ph, nb in float8.head_kernels(w, g, b)]  # fp8_output_layer
     if w.megatron_ops:
         fwd_b, bwd_b = cross_entropy_bytes(b)
         ops += [memory_op(gpu, "cross entropy", "head", "forward", fwd_b * logits),

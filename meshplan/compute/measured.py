@@ -5,7 +5,8 @@ fixed overheads of one GPU, each point with its source.
 **GEMM** (:func:`gemm_tflops`). The catalog holds measured TFLOP/s at scattered shapes
 (A100: Azure cuBLASLt fp16, and the non-flash attention's batched GEMMs derived from
 FlashAttention-2's PyTorch-attention benchmark, kernels.toml "D S7a"; H100: XLA's measured
-sm_90 table; H200: H100's bf16 points; fp8: Azure cuBLASLt). The ml-engineering MAMF values are not nodes: each is the maximum over a
+sm_90 table; H200: H100's bf16 points; Meta's 500 W HBM2e H100: H100's bf16 points x 0.797, the
+ratio of torch.matmul measured on it to that table, ``gemm_scale``; fp8: Azure cuBLASLt). The ml-engineering MAMF values are not nodes: each is the maximum over a
 sweep of shapes in short runs, the GPU's ceiling (``gpus.toml`` ``max_gemm_fraction``), and as a
 node it would lend its neighbours the best shape's speed. A shape between them is interpolated by
 inverse-distance weighting (Shepard's method) in log2 space of (M, N, K): the 4 nearest points,

@@ -1,0 +1,130 @@
+"""The H100 of torchtitan's published runs (96 GB HBM2e, 500 W; catalog ``h100-hbm2e-96gb-500w``
+in node ``grand-teton-h100``): what is published of it is in the catalog, what is not keeps the
+700 W H100 SXM5's value and says so, and its one measured kernel sets the memory-bound times.
+
+By hand (S12, pytorch/pytorch PR #119842: torch's fused AdamW on a 128-way shard of Llama 2
+70B's parameters, bf16, on 'H100 (HBM2E, 500W)', 3.564 ms; fused Adam 3.578 ms):
+Llama 2 70B = 2 x 32000 x 8192 (embedding, output) + 80 x (8192 x (8192 + 2 x 1024) + 8192^2
++ 3 x 8192 x 28672 + 2 x 8192) + 8192 = 68,976,648,192 parameters; a shard 538,880,064; the
+fused step reads param, grad, exp_avg, exp_avg_sq and writes param, exp_avg, exp_avg_sq, 2 B
+each: 14 B a parameter, 7,544,320,896 B; / 3.564 ms = 2.1168 TB/s (Adam: 2.1085).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from functools import lru_cache
+from pathlib import Path
+
+import pytest
+
+from meshplan import catalog
+from meshplan.compute.measured import kernel_data, memory_kernel_seconds
+from meshplan.interop.common import ImportOptions
+from meshplan.interop.foreign import load_any
+from meshplan.plan import build_plan
+
+PART, NODE = "h100-hbm2e-96gb-500w", "grand-teton-h100"
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "torchtitan_h100.py"
+LLAMA2_70B = 2 * 32000 * 8192 + 80 * (8192 * (8192 + 2 * 1024) + 8192 ** 2 + 3 * 8192 * 28672 + 2 * 8192) + 8192
+SHARD_BYTES = LLAMA2_70B // 128 * 14  # fused AdamW, all bf16: 4 reads + 3 writes of 2 B
+
+
+@lru_cache(maxsize=1)
+def _bench():
+    spec = importlib.util.spec_from_file_location("torchtitan_h100_gt", BENCH)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _plan(row_id: str, node: str, tmp_path):
+    b = _bench()
+    r = next(x for x in b.ROWS if x.id == row_id)
+    f = tmp_path / "row.toml"
+    f.write_text(b.toml_of(r))
+    return build_plan(load_any(f, "torchtitan", ImportOptions(cluster=node, nodes=r.gpus // 8)))
+
+
+def test_published_values_and_the_kept_ones_say_so():
+    g, sxm = catalog.gpu(PART), catalog.gpu("h100-sxm5-80gb")
+    assert (g.hbm_gb, g.hbm_bandwidth_tb_per_s) == (96, 2.4)  # torchtitan's benchmark pages
+    # not published for this part: the 700 W SXM5's, named as such in the source
+    assert (g.peak_tflops, g.sms, g.max_gemm_fraction) == (sxm.peak_tflops, sxm.sms, sxm.max_gemm_fraction)
+    src = catalog.entry("gpu", PART)["source"]
+    assert "NOT published" in src and "500W" in src and "between SXM and NVL" in src
+
+
+def test_s12_gives_the_streaming_bandwidth_by_hand():
+    assert LLAMA2_70B == 68_976_648_192 and SHARD_BYTES == 7_544_320_896
+    assert SHARD_BYTES / 3.564e-3 == pytest.approx(2.1168e12, abs=0.0001e12)
+    assert SHARD_BYTES / 3.578e-3 == pytest.approx(2.1085e12, abs=0.0001e12)  # fused Adam agrees within 0.4%
+    d = kernel_data(PART)
+    assert d.stream_bytes_per_s == pytest.approx(SHARD_BYTES / 3.564e-3, rel=1e-3)
+    assert d.stream_bytes_per_s / 2.4e12 == pytest.approx(0.882, abs=0.001)  # of the published peak
+    # the measured step is what a memory-bound kernel of those bytes takes in the model
+    assert memory_kernel_seconds(d, SHARD_BYTES, 2.4e12) == pytest.approx(3.564e-3, rel=1e-3)
+    # norms: H100 SXM5's fitted Liger bandwidth scaled by the measured streaming ratio, fixed time kept
+    h = kernel_data("h100-sxm5-80gb")
+    assert d.norm_bytes_per_s == pytest.approx(h.norm_bytes_per_s * 2.117 / 2.97, rel=1e-4)
+    assert d.norm_fixed_s == h.norm_fixed_s and d.attention == h.attention
+
+
+def test_node_is_grand_teton():
+    c = catalog.system(NODE, nodes=2)
+    assert (c.gpu.name, c.world, c.node.fabric.bandwidth_gb_per_s) == (PART, 16, 450)
+    assert [(n.gpus, n.rate_gbit_per_s) for n in c.node.nics] == [([g], 400) for g in range(8)]
+    assert len(c.node.sockets) == 2  # Llama 3 paper: two CPUs a server
+
+
+def test_the_benchmark_plans_on_the_part(tmp_path):
+    """T1 FSDP+compile+fp8 on grand-teton-h100 against dgx-h100: the same float8 GEMMs and attention
+    (the SXM5's rows, but the bf16 head's GEMM at 0.797 of them), the casts at 2.117 TB/s: the attention input's cast, 16,384 x 4096 x
+    4 B = 268,435,456 B, 126.80 us (90.38 us at Triad 2.97); memory checked against 96 GB."""
+    part, sxm = _plan("T1 FSDP+compile+fp8", NODE, tmp_path), _plan("T1 FSDP+compile+fp8", "dgx-h100", tmp_path)
+    assert _bench().NODE == NODE and part.config.cluster.gpu.hbm_bytes == 96e9
+    from meshplan.compute.ops import layer_cost
+    from meshplan.schedule.steptime import workload_of
+    ops = [{o.name: o for o in layer_cost(p.config.model, p.config.cluster.gpu, workload_of(p)).ops}
+           for p in (part, sxm)]
+    cast = "float8 cast (attn input)"
+    assert ops[0][cast].seconds == pytest.approx(268_435_456 / 2.117e12, rel=1e-9) == pytest.approx(126.80e-6, abs=0.01e-6)
+    assert ops[1][cast].seconds == pytest.approx(90.38e-6, abs=0.01e-6)
+    att = [n for n, o in ops[0].items() if o.kind == "attention"]
+    assert att and all(ops[0][n].seconds == ops[1][n].seconds for n in att)  # the SXM5's rows
+    # GEMMs: float8 ones at the SXM5's rows; the bf16 output layer's at 0.797 of them (FBGEMM #2546)
+    ratios = {round(ops[0][n].seconds / ops[1][n].seconds, 4) for n, o in ops[0].items() if o.kind == "gemm"}
+    assert ratios == {1.0}  # a layer's Linears are all float8 here
+    head = lambda p: next(o for c in _head_ops(p) for o in c if o.kind == "gemm")
+    assert head(part).seconds / head(sxm).seconds == pytest.approx(1 / 0.797, rel=1e-9)
+
+
+def _head_ops(plan):
+    from meshplan.schedule.steptime import chunk_costs, workload_of
+    return [ch.head.ops for ch in chunk_costs(plan, workload_of(plan))[0] if ch.head is not None]
+
+
+def test_bf16_gemms_from_the_500w_measurements_by_hand():
+    """pytorch/FBGEMM PR #2546 ('H100 500W', torch.matmul bf16): 585.23, 575.12, 546.31 TFLOP/s at
+    8192^3, 65536x8192x7168, 65536x3584x8192; H100 SXM5's table there 718.15, 711.62, 712.60:
+    ratios 0.8149, 0.8082, 0.7666, mean 0.7966 -> 0.797, the part's scale on every bf16 point."""
+    from meshplan.compute.measured import gemm_tflops
+    sxm, part = kernel_data("h100-sxm5-80gb"), kernel_data(PART)
+    measured = {(8192, 8192, 8192): 585.23, (65536, 8192, 7168): 575.12, (65536, 3584, 8192): 546.31}
+    table = [gemm_tflops(sxm, *s, "bf16")[0] for s in measured]
+    assert table == pytest.approx([718.15, 711.62, 712.60], abs=0.01)
+    ratios = [v / t for v, t in zip(measured.values(), table)]
+    assert sum(ratios) / 3 == pytest.approx(0.797, abs=0.0005)
+    assert part.gemm["bf16"] == tuple((m, n, k, r * 0.797, f"{key} x0.797") for m, n, k, r, key in sxm.gemm["bf16"])
+    assert part.gemm["fp8"] == sxm.gemm["fp8"]  # not measured at 500 W: the SXM5's, an upper bound
+    for s, v in measured.items():  # the part's table within 4% of each measurement
+        assert gemm_tflops(part, *s, "bf16")[0] == pytest.approx(v, rel=0.04)
+
+
+def test_the_benchmark_prints_its_sources(capsys):
+    assert _bench().main(["--only", "T1 FSDP+compile+fp8"]) == 0
+    out = capsys.readouterr().out
+    assert f"planned on catalog {NODE} ({PART})" in out and "memory-bound at 2.117 TB/s" in out
+    assert "S12 pytorch/pytorch PR #119842" in out and "| T1 FSDP+compile+fp8 | 8,532.0 | 10,599.8 | +24.2%" in out
