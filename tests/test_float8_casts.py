@@ -235,7 +235,7 @@ def test_fp8_output_layer_casts_eagerly_by_hand(tmp_path):
     f.write_text(b.toml_of(r).replace('filter_fqns = ["output"]', "filter_fqns = []"))
     p = build_plan(load_any(f, "torchtitan", ImportOptions(cluster="dgx-h100", nodes=1)))
     assert p.config.training.fp8_output_layer
-    from meshplan.compute.ops import head_cost
+    from meshplan.compute.embed_head import head_cost
     head = {o.name: o for o in head_cost(p.config.model, H100, workload_of(p)).ops}
     f8 = {n: o for n, o in head.items() if n.startswith("float8 ")}
     logits = 16384 * 128256

@@ -85,7 +85,7 @@ def test_the_benchmark_plans_on_the_part(tmp_path):
     4 B = 268,435,456 B, 126.80 us (90.38 us at Triad 2.97); memory checked against 96 GB."""
     part, sxm = _plan("T1 FSDP+compile+fp8", NODE, tmp_path), _plan("T1 FSDP+compile+fp8", "dgx-h100", tmp_path)
     assert _bench().NODE == NODE and part.config.cluster.gpu.hbm_bytes == 96e9
-    from meshplan.compute.ops import layer_cost
+    from meshplan.compute.layer import layer_cost
     from meshplan.schedule.steptime import workload_of
     ops = [{o.name: o for o in layer_cost(p.config.model, p.config.cluster.gpu, workload_of(p)).ops}
            for p in (part, sxm)]
