@@ -30,7 +30,8 @@ Megatron-LM                              meshplan
 --expert-model-parallel-size               default tp as Megatron)
 --sequence-parallel                      mesh.sequence_parallel
 --use-distributed-optimizer              sharding zero1 (else none: DDP); with
-                                           --use-torch-fsdp2 / --use-megatron-fsdp the
+                                           --use-torch-fsdp2 / --use-megatron-fsdp (before
+                                           Megatron-LM af28b5a: --use-custom-fsdp) the
                                            --data-parallel-sharding-strategy (optim zero1,
                                            optim_grads zero2, optim_grads_params zero3)
 --recompute-activations,                 recompute selective / full (--recompute-method and
@@ -59,8 +60,8 @@ Megatron-LM                              meshplan
                                            both), which forces them and the step models
 --ddp-bucket-size                        memory.grad_bucket_elements with none / zero1 and --overlap-grad-reduce
                                            (Megatron-LM's DDP buckets; unset max(40e6, 1e6 x dp)); elsewhere a note
-                                           (Megatron-LM's DDP ignores it without overlap, Megatron FSDP sizes its
-                                           communication units by it, which meshplan does not model)
+                                           (Megatron-LM's DDP ignores it without overlap; Megatron FSDP makes each
+                                           layer a unit whatever it is and only buckets the ends by it: ignored)
 --max-position-embeddings                written as max(model.max_position, --seq-length) (Megatron-LM's assertion)
 --moe-expert-capacity-factor,            training.moe_capacity_factor; absent or < 0: moe_dropless (Megatron-LM's
   --moe-pad-expert-input-to-capacity       default); meshplan plans the padded E x C buffer (without the padding
@@ -98,7 +99,8 @@ __all__ = ["USED", "accounted_split", "exported_model", "parse_args", "read", "w
 SWITCHES = {"--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split", "--sequence-parallel", "--use-distributed-optimizer", "--recompute-activations", "--bf16", "--fp16",
             "--swiglu", "--untie-embeddings-and-output-weights", "--group-query-attention", "--disable-bias-linear",
             "--add-qkv-bias", "--qk-layernorm", "--use-flash-attn", "--accumulate-allreduce-grads-in-fp32",
-            "--tp-comm-overlap", "--use-torch-fsdp2", "--use-megatron-fsdp", "--overlap-grad-reduce",
+            "--tp-comm-overlap", "--use-torch-fsdp2", "--use-megatron-fsdp", "--use-custom-fsdp",
+            "--overlap-grad-reduce",
             "--overlap-param-gather", "--use-mcore-models", "--no-masked-softmax-fusion", "--standalone",
             "--multi-latent-attention", "--grad-reduce-in-bf16", "--no-bias-swiglu-fusion",
             "--moe-pad-expert-input-to-capacity", "--use-rope-scaling"}
@@ -107,6 +109,7 @@ PARALLEL = {"--tensor-model-parallel-size": "tp", "--pipeline-model-parallel-siz
             "--expert-tensor-parallel-size": "etp"}
 USED = set(PARALLEL) | MODEL_FLAGS | {
     "--sequence-parallel", "--use-distributed-optimizer", "--use-torch-fsdp2", "--use-megatron-fsdp",
+    "--use-custom-fsdp",
     "--data-parallel-sharding-strategy", "--recompute-activations", "--recompute-granularity", "--recompute-method",
     "--recompute-num-layers", "--num-layers-per-virtual-pipeline-stage", "--num-virtual-stages-per-pipeline-rank",
     "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers", "--micro-batch-size",

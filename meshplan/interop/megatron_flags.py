@@ -31,6 +31,10 @@ FSDP_OVERLAP = {"optim_grads": ["--overlap-grad-reduce"],
 #: Megatron-LM's dropout flags and their default probability (TransformerConfig ``hidden_dropout`` and
 #: ``attention_dropout``, 0.1 each, at d98e8a6).
 DROPOUT = {"--hidden-dropout": 0.1, "--attention-dropout": 0.1}
+#: Megatron FSDP's switch at d98e8a6 (``use_megatron_fsdp``, megatron/training/config/common_config.py:92)
+#: and its name before af28b5a (2025-08-21, "Decouple Custom FSDP"), which renamed ``--use-custom-fsdp``;
+#: d98e8a6 keeps ``use_custom_fsdp`` only as a deprecated DistributedDataParallelConfig field it sets itself.
+FSDP_FLAGS = ("--use-megatron-fsdp", "--use-custom-fsdp")
 #: ``--data-parallel-sharding-strategy`` (Megatron FSDP) as ``training.sharding``.
 SHARDING = {"no_shard": "none", "optim": "zero1", "optim_grads": "zero2", "optim_grads_params": "zero3"}
 
@@ -192,16 +196,35 @@ def bucket(args: dict, training: dict, notes: list[str]) -> dict[str, int]:
     """``[memory] grad_bucket_elements`` from ``--ddp-bucket-size`` (arguments.py:3125 at
     d98e8a6, ``DistributedDataParallelConfig.bucket_size``: elements per bucket). Megatron-LM's
     DDP uses it only under ``--overlap-grad-reduce``, its default ``max(40e6, 1e6 x dp)``, and
-    sets it to None without (one bucket; ``DistributedDataParallel.__init__``,
-    megatron/core/distributed/distributed_data_parallel.py:131-137 at d98e8a6): read with
-    none / zero1 and ``training.overlap_grad_reduce``, where meshplan plans those buckets
-    (:func:`meshplan.comm.collectives._megatron_bucket_rows`); elsewhere a note says why not."""
+    sets it to None without (one bucket; ``resolve_ddp_bucket_size``, megatron/training/
+    training.py:2179-2194 at d98e8a6): read with none / zero1 and
+    ``training.overlap_grad_reduce``, where meshplan plans those buckets
+    (:func:`meshplan.comm.collectives._megatron_bucket_rows`); elsewhere a note says why not.
+
+    Under Megatron FSDP (zero2, zero3) it is ignored, with a note: ``FullyShardedDataParallel``
+    makes every ``TransformerLayer`` an FSDP unit (megatron/core/distributed/fsdp/
+    mcore_fsdp_adapter.py:166-173), whose parameters form one bucket whatever the size; the size
+    only cuts the parameters outside any unit (embedding, final norm, output layer; whole
+    parameters, a bucket closed once it holds that many elements: ``_get_parameter_groups``,
+    megatron_fsdp/param_and_grad_buffer.py:1827-1874), in each rank's first model chunk (the
+    others built with ``disable_bucketing``: training.py:2508-2511 and 2313-2327). meshplan
+    plans those ends as one root unit (:func:`meshplan.comm.collectives._units`): the same
+    bytes, in one collective where Megatron FSDP at its default size sends the embedding's
+    bucket apart. The FSDP
+    communication unit (``suggested_communication_unit_size``, megatron_fsdp.py:420-444) is
+    max(1e9, 2 x a layer's elements) under optim_grads_params, not the bucket size.
+
+    >>> notes = []; bucket({"--ddp-bucket-size": "1000"}, {"sharding": "zero3"}, notes), notes[0][:39]
+    ({}, '--ddp-bucket-size 1000 ignored: Megatro')
+    """
     size = _int(args, "--ddp-bucket-size")
     if size is None:
         return {}
     if training["sharding"] not in ("none", "zero1"):
-        notes.append(f"--ddp-bucket-size {size} not planned: Megatron FSDP ({training['sharding']}) takes it as its "
-                     f"communication-unit size, which meshplan does not model (it plans one layer per FSDP unit)")
+        notes.append(f"--ddp-bucket-size {size} ignored: Megatron FSDP ({training['sharding']}) makes each transformer "
+                     f"layer one FSDP unit whatever the size, which only cuts the parameters outside the layers "
+                     f"(embedding, final norm, output layer) into buckets; meshplan plans those as one root unit (the "
+                     f"same bytes, one collective)")
         return {}
     if not training.get("overlap_grad_reduce"):
         notes.append(f"--ddp-bucket-size {size} not planned: without --overlap-grad-reduce Megatron-LM's DDP ignores "
@@ -211,7 +234,15 @@ def bucket(args: dict, training: dict, notes: list[str]) -> dict[str, int]:
 
 
 def sharding(args: dict) -> str:
-    if args.get("--use-torch-fsdp2") or args.get("--use-megatron-fsdp"):
+    """``training.sharding``: :data:`SHARDING` of ``--data-parallel-sharding-strategy`` (default
+    optim_grads_params) under ``--use-megatron-fsdp``, its name before NVIDIA/Megatron-LM af28b5a
+    (2025-08) ``--use-custom-fsdp`` (:data:`FSDP_FLAGS`) or ``--use-torch-fsdp2``; else zero1
+    with ``--use-distributed-optimizer``, none without.
+
+    >>> sharding({"--use-custom-fsdp": True}), sharding({"--use-distributed-optimizer": True})
+    ('zero3', 'zero1')
+    """
+    if args.get("--use-torch-fsdp2") or any(args.get(f) for f in FSDP_FLAGS):
         strategy = str(args.get("--data-parallel-sharding-strategy", "optim_grads_params"))
         if strategy not in SHARDING:
             raise ConfigError("--data-parallel-sharding-strategy", f"{strategy!r}; use {', '.join(SHARDING)}")
