@@ -432,8 +432,9 @@ def groups(config: Path = typer.Argument(..., help=CONFIG_HELP),
            gpu: GpuOpt = None,
            model: ModelOpt = None,
            seq_len: SeqLenOpt = None):
-    """Print what RANK would print at start-up: its coordinates and every group's ranks. A mesh that does not
-    fit is still printed, then exits 1 with its reasons."""
+    """Print what RANK would print at start-up: its coordinates and every group's ranks, the data axis named as
+    the plan's mesh line names it (dp, or dp_shard where the parameters are sharded over it; --json keeps the
+    config's names). A mesh that does not fit is still printed, then exits 1 with its reasons."""
 
     _refuse_existing(json_path, force, "--json")
     p = _load(config, fmt=fmt, opts=_opts(cluster, nodes, gpu, model, seq_len))
@@ -441,7 +442,7 @@ def groups(config: Path = typer.Argument(..., help=CONFIG_HELP),
         _write_doc(json_path, groups_doc(p, rank), force)
         _exit_infeasible(p)
     _check_rank(p, rank)
-    print_groups(p.mesh, rank, _console(), model_groups(p.mesh, p.config.model))
+    print_groups(p.mesh, rank, _console(), model_groups(p.mesh, p.config.model), p.config.training.sharding)
     _write_doc(json_path, groups_doc(p, rank), force)
     _verdict_exit(p)
 

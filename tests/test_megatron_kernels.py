@@ -50,10 +50,11 @@ def test_fp32_accumulation_bounds_the_weight_gradient_by_its_bytes():
 def test_search_bound_stays_below_the_megatron_step():
     """The search's lower bound uses the same framework kernels (compute.ops.framework_kernels):
     with framework = "megatron" (fused QKV, fp32 wgrad accumulation, blocking pp sends) it never
-    exceeds the step model on any feasible candidate of the 8-GPU search case."""
+    exceeds the step model on any feasible candidate of the 8-GPU search case (but those the rule
+    'framework' rejects under Megatron-LM, hsdp and zero3 kept gathered: no bound)."""
     from dataclasses import replace
 
-    from tests.test_search import config, plan_all
+    from tests.test_search import config, plan_all, refused
     from meshplan.search.driver import search
 
     cfg = config(1, micro_batch=[1, 2], top=8)
@@ -61,7 +62,7 @@ def test_search_bound_stays_below_the_megatron_step():
     result = search(cfg, workers=1)
     checked = 0
     for i, (feasible, _, _, step) in enumerate(plan_all(cfg, result)):
-        if feasible:
+        if feasible and not refused(result, i):
             assert result.est.step_lo[i] <= step * (1 + 1e-9), result.candidates.label(i)
             checked += 1
     assert checked > 0

@@ -378,9 +378,25 @@ def test_ddp_bucket_size_sets_the_buckets_by_hand(tmp_path):
     ("--ddp-bucket-size 100000000", "--overlap-grad-reduce", "without --overlap-grad-reduce Megatron-LM's DDP "
      "ignores it"),
     ("--ddp-bucket-size 100000000 --use-megatron-fsdp --data-parallel-sharding-strategy optim_grads_params", "",
-     "Megatron FSDP (zero3) takes it as its communication-unit size")])
+     "Megatron FSDP (zero3) makes each transformer layer one FSDP unit whatever the size"),
+    # Megatron FSDP's switch before NVIDIA/Megatron-LM af28b5a (2025-08), the same run
+    ("--ddp-bucket-size 100000000 --use-custom-fsdp --data-parallel-sharding-strategy optim_grads", "",
+     "Megatron FSDP (zero2) makes each transformer layer one FSDP unit whatever the size")])
 def test_ddp_bucket_size_where_megatron_does_not_bucket_by_it_is_a_note(tmp_path, extra, drop, words):
+    """Megatron-LM d98e8a6: without --overlap-grad-reduce its DDP resolves the size to None
+    (training.py resolve_ddp_bucket_size); under Megatron FSDP each TransformerLayer is one
+    FSDP unit and the size only buckets the parameters outside the layers
+    (param_and_grad_buffer.py _get_parameter_groups), which meshplan plans as one root unit: the
+    note says the flag is not planned (DDP) or ignored (FSDP), and the plan is the same as
+    without it (the same dp/fsdp collectives on stage 0)."""
     cfg = _import_8b(tmp_path, extra, drop)
     assert cfg.memory.grad_bucket_elements is None
     (note,) = [n for n in cfg.notes if "--ddp-bucket-size" in n]
-    assert note.startswith("megatron: --ddp-bucket-size 100000000 not planned: ") and words in note, note
+    fsdp = "fsdp" in extra
+    assert note.startswith(f"megatron: --ddp-bucket-size 100000000 {'ignored' if fsdp else 'not planned'}: ") \
+        and words in note, note
+    assert cfg.training.sharding == ("zero3" if "params" in extra else "zero2" if fsdp else "zero1")
+    without = _import_8b(tmp_path, extra.replace("--ddp-bucket-size 100000000 ", ""), drop)
+    rows = [sorted((r.axis, r.op, r.size_bytes, r.per_step) for r in build_plan(c).stage(0).collectives
+                   if r.axis in ("dp", "fsdp")) for c in (cfg, without)]
+    assert rows[0] == rows[1] and rows[0]

@@ -112,3 +112,32 @@ def test_zero1_search_names_its_data_axis_dp_in_the_reason_and_json(tmp_path, ca
     assert [r["mesh"] for r in doc["top"]] == [{"pp": 1, "dp_replicate": 1, "dp": 8, "cp": 1, "tp": 2, "ep": 1, "etp": 1},
                                                {"pp": 1, "dp_replicate": 1, "dp": 4, "cp": 1, "tp": 4, "ep": 1, "etp": 1}]
     assert "(dp 8 vs 4)" in doc["top_vs_runner_up"]["line"]
+
+
+def test_groups_table_names_the_data_axis_as_the_mesh_line(tmp_path, capsys):
+    """``plan`` and ``groups`` print the process groups under the mesh line's names: a DeepSpeed
+    ZeRO-3 JSON's ``dp`` (16 ranks, one group 0..15, printed ``dp 16`` before) is the row ``dp_shard``, rank 5's coordinate
+    ``dp_shard=5``; a zero1 mesh named ``dp_shard x cp x tp`` (2 x 2 x 2 on 8 GPUs) has the row
+    ``dp`` (rank 3 at (0,1,1): its dp group 3,7; cp 1,3; tp 2,3) beside the derived ``fsdp``
+    (dp_shard x cp: 1,3,5,7), and the title says why; the HTML page's groups table likewise.
+    ``--json`` keeps the config's names."""
+    ds = _zero3(tmp_path)
+    plan = _out(["plan", ds, *DS_OPTS, "--rank", "5"], capsys)
+    assert "rank 5 = coordinates (5) (dp_shard=5)" in plan
+    assert "dp printed dp_shard: zero3 shards the parameters over it" in plan.split("Process groups")[1]
+    assert " dp_shard 16 1 0..15 [(0)..(15)] 0..15 " in plan and " dp 16 1 " not in plan
+    _out(["plan", ds, *DS_OPTS, "--html", tmp_path / "p.html"], capsys)
+    page = (tmp_path / "p.html").read_text()
+    assert "<tr><td>dp_shard</td><td>16</td><td>1</td>" in page and "<tr><td>dp</td><td>16</td><td>1</td>" not in page
+    (tmp_path / "z1.toml").write_text(
+        '[model]\ncatalog = "llama3-8b"\n[cluster]\nsystem = "dgx-h100"\nnodes = 1\n[training]\nglobal_batch = 64\n'
+        'seq_len = 4096\nsharding = "zero1"\nframework = "megatron"\nrecompute = "full"\n[mesh]\n'
+        'names = ["dp_shard", "cp", "tp"]\nshape = [2, 2, 2]\nsequence_parallel = true\n')
+    out = _out(["groups", tmp_path / "z1.toml", "--rank", "3", "--json", tmp_path / "g.json"], capsys)
+    assert "rank 3 = coordinates (0,1,1) (dp=0, cp=1, tp=1)" in out
+    assert "outermost axis first; dp_shard printed dp: zero1 shards no parameter over it" in out
+    rows = out[out.index("first groups"):]
+    assert " dp 2 4 3,7 " in rows and " cp 2 4 1,3 " in rows and " tp 2 4 2,3 " in rows
+    assert " fsdp 4 2 1,3,5,7 " in rows and "dp_shard" not in rows
+    doc = json.loads((tmp_path / "g.json").read_text())
+    assert doc["names"] == ["dp_shard", "cp", "tp"] and doc["groups"].keys() == {"dp_shard", "cp", "tp", "fsdp", "loss"}

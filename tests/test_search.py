@@ -115,10 +115,15 @@ def case(request):
 
 def refused(r, i: int) -> bool:
     """Whether the search rejects candidate ``i`` by its own framework rule (zero1 under torch,
-    ``space.zero1_refused``), which build_plan does not apply: no bound is computed for it."""
+    ``space.zero1_refused``; under megatron hsdp and zero3 kept gathered, ``space.MEGATRON_REFUSED``),
+    which build_plan does not apply: no bound is computed for it."""
     if r.code[i] != CODE["framework"]:
         return False
-    assert r.candidates.sh[i] == SHARDING.index("zero1") and zero1_refused(r.config.training)
+    c = r.candidates
+    if r.config.training.framework == "megatron":
+        assert c.sh[i] == SHARDING.index("hsdp") or (c.sh[i] == SHARDING.index("zero3") and c.rf[i] == 0)
+    else:
+        assert c.sh[i] == SHARDING.index("zero1") and zero1_refused(r.config.training)
     return True
 
 

@@ -30,14 +30,15 @@ def config(training: dict | None = None, **opts):
 
 @pytest.mark.parametrize("training,rejected", [
     ({}, 2),                                                         # torch: Megatron's distributed optimizer has no engine
-    ({"framework": "megatron"}, 0),                                  # Megatron-LM's distributed optimizer
+    ({"framework": "megatron"}, 3),                                  # Megatron-LM: zero3 kept gathered (zero1 runs)
     ({"sharding": "zero1", "zero12_engine": "deepspeed"}, 0),        # DeepSpeed's ZeRO-1 under torch
 ])
 def test_zero1_rejected_under_torch_by_name(training, rejected):
     """pp 1, tp 1 or 2 on 8 GPUs: zero1 on dp_shard 8 and on dp_shard 4 x tp 2 (2 rows; under
     megatron tp overlap doubles the tp 2 one: 3), zero3 on both with and without
     reshard_after_forward (4; megatron: 6), zero2 under DeepSpeed's engine (2). Only torch without
-    DeepSpeed's engine rejects the zero1 rows, under the rule 'framework'."""
+    DeepSpeed's engine rejects the zero1 rows, under the rule 'framework'; under megatron the rule
+    rejects the zero3 rows kept gathered instead (1 at tp 1, 2 at tp 2: Megatron FSDP reshards)."""
     cfg = config(training, pp=[1], tp=[1, 2])
     c = enumerate_candidates(cfg)
     megatron, deepspeed = training.get("framework") == "megatron", "zero12_engine" in training
@@ -45,7 +46,8 @@ def test_zero1_rejected_under_torch_by_name(training, rejected):
     assert (int((c.sh == ZERO1).sum()), len(c)) == ((3, 9) if megatron else (2, 8) if deepspeed else (2, 6))
     code = first_reason(cfg, c)
     assert int((code == CODE["framework"]).sum()) == rejected
-    assert ((code == CODE["framework"]) == ((c.sh == ZERO1) & bool(rejected))).all()
+    bad = (c.sh == SHARDING.index("zero3")) & (c.rf == 0) if megatron else (c.sh == ZERO1) & bool(rejected)
+    assert ((code == CODE["framework"]) == bad).all()
 
 
 def test_torch_search_top_exports_to_torchtitan(tmp_path):
@@ -230,32 +232,58 @@ def test_step_schedule_option_refuses_what_deepspeed_engine_cannot_run():
     assert step_time(p, schedule="1f1b").step_s == step_time(p).step_s
 
 
-def test_megatron_search_says_which_rows_its_export_does_not_express():
+def test_megatron_search_rejects_the_rows_megatron_cannot_run(tmp_path, capsys):
     """Under framework megatron, dp 8 on one node (pp, tp, cp 1; mb 1, full), zero3 and hsdp with
-    and without reshard_after_forward: 4 rows, kept gathered first (0.913 s against 0.927 s
-    resharded). Megatron FSDP, what --export --to megatron writes for zero3, reshards after
-    forward (Megatron-LM keeps parameters gathered only under --use-torch-fsdp2), so the line
-    says the top row's export does not express reshard_after_forward, as under DeepSpeed, and
-    the hsdp rows are refused (Megatron-LM has one data axis); each agrees with its export's
-    header. Under torch no line."""
+    and without reshard_after_forward: 4 candidates. Megatron FSDP, what --export --to megatron
+    writes for zero3, reshards every layer after its forward (Megatron-LM keeps parameters
+    gathered only under --use-torch-fsdp2), and meshplan neither plans nor writes Megatron FSDP's
+    HSDP: rule 'framework' rejects the zero3 row kept gathered (0.913 s, which used to rank first
+    with a 'not expressed' line) and both hsdp rows; the one left (0.927 s) exports whole. The
+    text counts them with the rule's Megatron words, --json under counts.framework. Under torch all
+    4 rank, none rejected by the rule."""
+    import json
+
+    from meshplan.cli import main
     from meshplan.interop.foreign import export
     from meshplan.report.search import export_lines
+    from meshplan.search.space import MEGATRON_REFUSED
 
     space = {"pp": [1], "tp": [1], "dp_replicate": [1, 2], "sharding": ["zero3", "hsdp"]}
     r = search(config({"framework": "megatron"}, **space), workers=1)
-    labels = [r.candidates.label(e.index) for e in r.top]
-    assert labels == ["dp_shard 8, mb 1, full, vpp 1, zero3, keep gathered", "dp_shard 8, mb 1, full, vpp 1, zero3",
-                      "dp_replicate 2 x dp_shard 4, mb 1, full, vpp 1, hsdp, keep gathered",
-                      "dp_replicate 2 x dp_shard 4, mb 1, full, vpp 1, hsdp"]
-    assert [round(e.step_s, 3) for e in r.top[:2]] == [0.913, 0.927]
-    (line,) = export_lines(r)
-    assert line.startswith("--export N --to megatron: row 1 not expressed: training.reshard_after_forward; rows 3, 4 "
-                           "refused (Megatron-LM's arguments cannot hold them: one data-parallel axis"), line
-    assert "; training.reshard_after_forward: Megatron FSDP (--use-megatron-fsdp, what the export writes for zero3) " \
-           "reshards every layer after its forward; Megatron-LM keeps parameters gathered only under " \
-           "--use-torch-fsdp2 with --torch-fsdp2-no-reshard-after-forward" in line
-    for k in (1, 2):
-        _, head = export(candidate_config(r.config, r.candidates, r.top[k - 1].index), "megatron", "search")
-        lost = [h for h in head if h.startswith("not expressed in megatron")]
-        assert lost == (["not expressed in megatron: training.reshard_after_forward: False -> True"] if k == 1 else [])
-    assert export_lines(search(config({}, **space), workers=1)) == []
+    assert [r.candidates.label(e.index) for e in r.top] == ["dp_shard 8, mb 1, full, vpp 1, zero3"]
+    assert [round(e.step_s, 3) for e in r.top] == [0.927] and r.counts()["framework"] == 3
+    rejected = sorted(r.candidates.label(i) for i in np.flatnonzero(r.code == CODE["framework"]))
+    assert rejected == ["dp_replicate 2 x dp_shard 4, mb 1, full, vpp 1, hsdp",
+                        "dp_replicate 2 x dp_shard 4, mb 1, full, vpp 1, hsdp, keep gathered",
+                        "dp_shard 8, mb 1, full, vpp 1, zero3, keep gathered"]
+    assert export_lines(r) == []
+    _, head = export(candidate_config(r.config, r.candidates, r.top[0].index), "megatron", "search")
+    assert not [h for h in head if h.startswith("not expressed in megatron")]
+    torch = search(config({}, **space), workers=1)
+    assert len(torch.top) == 4 and torch.counts()["framework"] == 0 and export_lines(torch) == []
+    path = tmp_path / "c.toml"
+    path.write_text('[model]\ncatalog = "llama3-8b"\n[cluster]\nsystem = "dgx-h100"\nnodes = 1\n[training]\n'
+                    'global_batch = 16\nseq_len = 4096\nframework = "megatron"\n[search]\npp = [1]\ntp = [1]\n'
+                    'cp = [1]\ndp_replicate = [1, 2]\nmicro_batch = [1]\nrecompute = ["full"]\nvpp = [1]\n'
+                    'sharding = ["zero3", "hsdp"]\n')
+    with pytest.raises(SystemExit) as done:
+        main(["search", str(path), "--json", str(tmp_path / "s.json")])
+    assert done.value.code == 0
+    out = capsys.readouterr().out.replace("\n", " ")
+    assert f"rejected, {MEGATRON_REFUSED}: 3" in " ".join(out.split()), out
+    assert json.loads((tmp_path / "s.json").read_text())["counts"]["framework"] == 3
+
+
+def test_megatron_search_kept_gathered_only_has_no_feasible_mesh():
+    """[search] reshard_after_forward = [false] with zero3 only under framework megatron: every
+    candidate kept gathered, all rejected by rule 'framework'; the one line names the rule with
+    its Megatron words and the Megatron fix (not torch's zero12_engine one)."""
+    from meshplan.report.search import infeasible_verdict
+    from meshplan.search.space import MEGATRON_REFUSED
+
+    cfg = config({"framework": "megatron"}, pp=[1], tp=[1], sharding=["zero3"], reshard_after_forward=[False])
+    r = search(cfg, workers=1)
+    v = infeasible_verdict(r)
+    assert not r.top and v is not None
+    assert v["rules"] == [{"rule": "framework", "rejected": 1, "text": MEGATRON_REFUSED}]
+    assert v["fix"].startswith("let search.reshard_after_forward include true") and "zero12_engine" not in v["fix"]

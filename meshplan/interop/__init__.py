@@ -1,7 +1,10 @@
 """Interoperation with the job configs practitioners already have (layer after
 :mod:`meshplan.mesh`): torchtitan job TOML (:mod:`~meshplan.interop.torchtitan`), Megatron-LM
-arguments (:mod:`~meshplan.interop.megatron`, its model flags in
-:mod:`~meshplan.interop.megatron_model`) and DeepSpeed JSON
+arguments (:mod:`~meshplan.interop.megatron`, its flags in
+:mod:`~meshplan.interop.megatron_flags`, pipeline split in
+:mod:`~meshplan.interop.megatron_pipeline`, model flags in
+:mod:`~meshplan.interop.megatron_model`, writer in :mod:`~meshplan.interop.megatron_write`,
+carried user flags in :mod:`~meshplan.interop.megatron_carry`) and DeepSpeed JSON
 (:mod:`~meshplan.interop.deepspeed`) read into meshplan's tables and written from a
 :class:`~meshplan.config.Config`; a small TOML writer and the meshplan TOML of a config with
 its layer split (:mod:`~meshplan.interop.tomlout`); the flags of a launch script or
@@ -15,4 +18,5 @@ a DeepSpeed config) comes from :class:`~meshplan.interop.common.ImportOptions`, 
 one-line error naming the option when it is missing.
 """
 
-__all__ = ["common", "deepspeed", "foreign", "launch", "megatron", "megatron_model", "tomlout", "torchtitan"]
+__all__ = ["common", "deepspeed", "foreign", "launch", "megatron", "megatron_carry", "megatron_flags",
+           "megatron_model", "megatron_pipeline", "megatron_write", "tomlout", "torchtitan"]

@@ -39,7 +39,7 @@ from meshplan.schedule.steptime import StepTime
 from meshplan.search.driver import SearchResult
 from meshplan.search.rank import RULE_LINE
 from meshplan.search.space import reason_texts
-from meshplan.spec.wording import mesh_text, sharding_words
+from meshplan.spec.wording import mesh_text, sharding_words, shown_names
 from meshplan.units import GB, US, GiB, counted
 
 
@@ -67,9 +67,12 @@ def _groups(plan: Plan | Infeasible) -> str:
     mesh = plan.mesh
     if mesh is None:
         return ""
-    rows = [(a, mesh.groups(a).shape[1], mesh.groups(a).shape[0], fmt_ranks(mesh.group_of(0, a)),
+    axes = mesh.all_axes()  # the data axis named as the mesh line (and the text table) names it
+    shown = shown_names(mesh.layout.names, plan.config.training.sharding,
+                        taken=[a for a in axes if a not in mesh.layout.names])
+    rows = [(shown.get(a, a), mesh.groups(a).shape[1], mesh.groups(a).shape[0], fmt_ranks(mesh.group_of(0, a)),
              "; ".join(fmt_ranks(g) for g in mesh.groups(a)[:2]) + ("; ..." if len(mesh.groups(a)) > 2 else ""))
-            for a in mesh.all_axes()]
+            for a in axes]
     body = table(["axis", "size", "groups", "group of rank 0", "first groups"], rows)
     body += lines(plan.derivation) + lines(f"axis {a}: {why}" for a, why in plan.constraints.axes.items())
     if plan.flags:

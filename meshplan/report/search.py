@@ -171,14 +171,10 @@ _DROPPED = {
                 "back as full, no section as none)"},
     # Megatron-LM's one switch that keeps parameters gathered, --torch-fsdp2-no-reshard-after-forward
     # (megatron/training/arguments.py:3218 at d98e8a6), acts under --use-torch-fsdp2 only
-    # (get_megatron_ddp_config, megatron/training/training.py:2627-2629); Megatron FSDP
-    # (--use-megatron-fsdp, what meshplan plans and writes for zero3) releases every FSDP unit's
-    # parameters in its post-forward hook under optim_grads_params (_post_forward,
-    # megatron/core/distributed/fsdp/src/megatron_fsdp/megatron_fsdp.py:975-1000 at d98e8a6)
-    "megatron": {"training.reshard_after_forward": "Megatron FSDP (--use-megatron-fsdp, what the export writes "
-                 "for zero3) reshards every layer after its forward; Megatron-LM keeps parameters gathered only "
-                 "under --use-torch-fsdp2 with --torch-fsdp2-no-reshard-after-forward, an engine meshplan neither "
-                 "plans nor writes (the row's file runs resharded, as the row without 'keep gathered')"}}
+    # (get_megatron_ddp_config, megatron/training/training.py:2627-2629), an engine meshplan neither
+    # plans nor writes: a row kept gathered is rejected instead (rule 'framework',
+    # :data:`meshplan.search.space.MEGATRON_REFUSED`), so no field of a row shown is dropped
+    "megatron": {}}
 
 
 def export_target(r: SearchResult) -> str | None:
@@ -195,8 +191,7 @@ def export_lines(r: SearchResult) -> list[str]:
     """Under DeepSpeed or Megatron-LM (:func:`export_target`), what ``--export N --to T`` of
     each row shown does not write, as the export's header lists it
     (:func:`meshplan.interop.foreign.not_expressed`: ``training.recompute``, which DeepSpeed's
-    JSON does not choose, ``training.reshard_after_forward`` false, which Megatron FSDP does not
-    run (:data:`_DROPPED`), ...), and the rows T refuses (:data:`_REFUSED`: DeepSpeed tp, pp, cp
+    JSON does not choose (:data:`_DROPPED`), ...), and the rows T refuses (:data:`_REFUSED`: DeepSpeed tp, pp, cp
     or ep > 1, hsdp; Megatron-LM hsdp, a V-shaped schedule); empty elsewhere or when every row
     exports whole."""
     to = export_target(r)
@@ -241,6 +236,12 @@ _FIXES = {
     "dualpipev": "raise training.global_batch (more micro-batches per step) or drop dualpipev from search.pp_schedules",
 }
 _FIX_ANY = "widen the [search] lists or change the [training] field the rule names"
+#: :data:`_FIXES` where ``training.framework = "megatron"`` words the rule otherwise
+#: (:data:`meshplan.search.space.MEGATRON_REFUSED`).
+_FIXES_MEGATRON = {
+    "framework": "let search.reshard_after_forward include true and search.sharding zero1 or zero3 (Megatron FSDP "
+                 "reshards every layer; Megatron-LM's HSDP is not modelled), or set training.framework = \"torch\"",
+}
 
 
 def infeasible_verdict(r: SearchResult) -> dict[str, Any] | None:
@@ -256,7 +257,8 @@ def infeasible_verdict(r: SearchResult) -> dict[str, Any] | None:
     text = reason_texts(r.config.training)
     most = sorted(((n, k) for k, n in counts.items() if k in text and n), key=lambda x: -x[0])[:3]
     rules: list[dict[str, Any]] = [{"rule": k, "rejected": n, "text": text[k]} for n, k in most]
-    fix = _FIXES.get(most[0][1], _FIX_ANY) if most else None
+    fixes = _FIXES | _FIXES_MEGATRON if r.config.training.framework == "megatron" else _FIXES
+    fix = fixes.get(most[0][1], _FIX_ANY) if most else None
     verdict: dict[str, Any] = {"candidates": len(r.candidates), "rules": rules, "undecided": counts["undecided"],
                                "fix": fix}
     return verdict | {"line": _verdict_line(verdict)}

@@ -16,7 +16,7 @@ from meshplan.plan import Infeasible, Plan
 from meshplan.report import shown
 from meshplan.report.memory import timeline_table
 from meshplan.schedule.steptime import step_time, tp_overlap_line
-from meshplan.spec.wording import (gathered_words, mesh_text, recompute_words, renamed_words, runtime,
+from meshplan.spec.wording import (gathered_words, mesh_text, recompute_words, renamed_words, runtime, shown_names,
                                     sharding_words, state_cell, state_title)
 from meshplan.units import GB, US, GiB, counted, human_bytes
 
@@ -86,7 +86,7 @@ def print_plan(plan: Plan | Infeasible, rank: int = 0, console: Console | None =
     _constraints(plan, con)
     if plan.mesh is not None and plan.placement is not None:
         _mesh(plan, plan.mesh, con)
-        print_groups(plan.mesh, rank, con, model_groups(plan.mesh, plan.config.model))
+        print_groups(plan.mesh, rank, con, model_groups(plan.mesh, plan.config.model), plan.config.training.sharding)
         _placement(plan, plan.placement, rank, con)
     if isinstance(plan, Plan):
         _shapes(plan, con)
@@ -137,25 +137,33 @@ def _mesh(plan: Plan | Infeasible, mesh: Mesh, con: Console) -> None:
         con.print(f"  axis {axis}: {why}")
 
 
-def print_groups(mesh: Mesh, rank: int, con: Console | None = None, extra: dict | None = None) -> None:
+def print_groups(mesh: Mesh, rank: int, con: Console | None = None, extra: dict | None = None,
+                 sharding: str = "") -> None:
     """What ``rank`` would print at start-up: coordinates and every group's ranks; ``extra``:
     groups that depend on the model (:func:`meshplan.mesh.tpsplit.model_groups`: kv_replica),
-    one row each after the axes'."""
+    one row each after the axes'. Axes are named as the mesh line names them
+    (:func:`meshplan.spec.wording.shown_names` of ``sharding``, ``training.sharding``: ``dp`` vs
+    ``dp_shard`` by whether the parameters are sharded over it), with a line saying so when a
+    name differs from the config's; ``--json`` keeps the config's names."""
     con = con or Console()
+    axes = mesh.all_axes()
+    shown = shown_names(mesh.layout.names, sharding, taken=[a for a in axes if a not in mesh.layout.names])
     coords = mesh.layout.coords_of(rank)
     con.print(f"\n[bold]rank {rank}[/] = coordinates {_c(coords)} ("
-              + ", ".join(f"{n}={c}" for n, c in zip(mesh.layout.names, coords)) + ")")
+              + ", ".join(f"{shown.get(n, n)}={c}" for n, c in zip(mesh.layout.names, coords)) + ")")
+    renamed = renamed_words(mesh.layout.names, sharding) if shown else ""
     tab = Table(title=f"Process groups (of rank {rank}; all groups in --json). Each axis's groups partition the "
-                      f"ranks; members are ordered by their coordinates, outermost axis first", title_justify="left")
+                      f"ranks; members are ordered by their coordinates, outermost axis first"
+                      + (f"; {renamed}" if renamed else ""), title_justify="left")
     for col in ("axis", "size", "groups", f"group of rank {rank}", "as coordinates", "first groups"):
         tab.add_column(col)
-    for axis in mesh.all_axes():
+    for axis in axes:
         g = mesh.groups(axis)
         first = "; ".join(fmt_ranks(row) for row in g[:2]) + ("; ..." if len(g) > 2 else "")
         mine = mesh.group_of(rank, axis)
         ends = [mesh.layout.coords_of(r) for r in (mine[0], mine[-1])]
         span = f"[{_c(ends[0])}..{_c(ends[1])}]" if len(mine) > 1 else f"[{_c(ends[0])}]"
-        tab.add_row(axis, str(g.shape[1]), str(g.shape[0]), fmt_ranks(mine), span, first)
+        tab.add_row(shown.get(axis, axis), str(g.shape[1]), str(g.shape[0]), fmt_ranks(mine), span, first)
     for name, g in (extra or {}).items():
         mine = [int(r) for r in g[(g == rank).any(axis=1)][0]]
         first = "; ".join(fmt_ranks(row) for row in g[:2]) + ("; ..." if len(g) > 2 else "")

@@ -85,6 +85,13 @@ RECOMPUTE = ("none", "selective", "full", "op")
 #: Searched shardings (the ``sh`` column); zero2 last, so that adding it kept the others' codes.
 SHARDING = ("zero1", "zero3", "hsdp", "zero2")
 
+#: The ``framework`` rule under ``framework = "megatron"``: rows Megatron-LM cannot run as planned. Its
+#: zero3 is Megatron FSDP, whose post-forward hook reshards every unit (``_post_forward``, megatron/core/
+#: distributed/fsdp/src/megatron_fsdp/megatron_fsdp.py:975-1000 at NVIDIA/Megatron-LM d98e8a6), and
+#: ``export --to megatron`` writes one data-parallel axis (:mod:`meshplan.interop.megatron_write`).
+MEGATRON_REFUSED = ("framework megatron: parameters kept gathered (Megatron FSDP reshards every layer after its "
+                    "forward) or hsdp (Megatron FSDP's HSDP, --num-distributed-optimizer-instances, is not modelled)")
+
 #: The pipeline schedules' own rules the search evaluates (each schedule's ``refused`` under
 #: ``training.framework``: :meth:`OneFOneB.refused`, torch's m >= pp for candidates with vpp 1;
 #: :meth:`Interleaved1F1B.refused`, m a multiple of pp under Megatron-LM or of torch's rounds
@@ -98,7 +105,8 @@ _SCHEDULE_REASONS = (
     ("engine", "zero3_engine deepspeed or deepspeed-2021: pp > 1, cp > 1 or parameters kept gathered; "
                "zero12_engine deepspeed: cp > 1, ep > 1, or pp > 1 with zero2, overlap_comm, vpp > 1 or a schedule "
                "other than 1F1B"),
-    ("framework", "zero1 under framework torch: no torch engine shards the optimizer alone (torchtitan cannot run it)"),
+    ("framework", "zero1 under framework torch: no torch engine shards the optimizer alone (torchtitan cannot run it); "
+                  + MEGATRON_REFUSED),
 )
 _LATE_REASONS = (
     ("memory", "memory peak > usable"),
@@ -141,6 +149,7 @@ def reason_texts(training) -> dict[str, str]:
     planned = {("zero12", training.searched_zero12_engine), ("zero3", training.searched_zero3_engine)}
     engines = [k for k in _ENGINE_TEXT if k in planned]
     text = dict(REASONS)
+    text["framework"] = MEGATRON_REFUSED if training.framework == "megatron" else text["framework"].split("; ")[0]
     if engines:
         text["engine"] = "; ".join(_ENGINE_TEXT[k] for k in engines)
     return text
@@ -503,7 +512,8 @@ def first_reason(cfg: Config, c: Candidates) -> np.ndarray:
          | ((t.searched_zero12_engine == "deepspeed") & np.isin(c.sh, ZERO12)
             & ((c.cp > 1) | (c.ep > 1) | ((c.pp > 1) & (bool(t.overlap_comm) | (c.sh == SHARDING.index("zero2"))
                                                           | (c.vpp > 1) | (c.ps != 0)))))),
-        ("framework", zero1_refused(t) & (c.sh == SHARDING.index("zero1"))),
+        ("framework", (zero1_refused(t) & (c.sh == SHARDING.index("zero1"))) | ((t.framework == "megatron") & (
+            (c.sh == SHARDING.index("hsdp")) | ((c.sh == SHARDING.index("zero3")) & (c.rf == 0))))),
     ]
     code = {key: i for i, (key, _) in enumerate(reason_table())}
     out = np.full(len(c), OK, dtype=np.int64)

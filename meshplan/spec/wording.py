@@ -243,12 +243,29 @@ def mesh_text(names, shape, sharding: str = "", ep: int = 1, etp: int = 1, keep:
     """
     axes = [(str(n), int(d)) for n, d in zip(names, shape)] + [(a, d) for a, d in (("ep", ep), ("etp", etp)) if d > 1]
     data = [n for n, _ in axes if n in DATA_SPELLINGS]
-    name = {data[0]: data_axis(sharding)} if sharding and len(data) == 1 else {}
+    name = shown_names(names, sharding)
     place = {n: k + (k >= KNOWN_AXES.index("ep")) for k, n in enumerate(KNOWN_AXES)}  # a user-named axis after tp
     shown = sorted((x for x in axes if x[1] > 1 or x[0] in keep), key=lambda x: place.get(x[0], KNOWN_AXES.index("ep")))
     if not shown:
         shown = [(next((n for n, _ in axes if n in data), axes[0][0] if axes else "dp_shard"), 1)]
     return " x ".join(f"{name.get(n, n)} {d}" for n, d in shown)
+
+
+def shown_names(names, sharding: str, taken=()) -> dict[str, str]:
+    """The config's axis names that the output prints otherwise, as {name: printed}: the one
+    data axis (``dp`` or ``dp_shard``) by :func:`data_axis`, as :func:`mesh_text` names it (the
+    plan's groups table too); {} when the names are kept, when ``sharding`` is "", and when the
+    printed name is in ``taken`` (other axes listed beside, e.g. a derived ``dp``).
+
+    >>> shown_names(("dp", "tp"), "zero3"), shown_names(("dp_shard", "tp"), "zero1"), shown_names(("dp",), "zero1")
+    ({'dp': 'dp_shard'}, {'dp_shard': 'dp'}, {})
+    >>> shown_names(("dp_replicate", "dp_shard"), "zero1", taken=("dp_replicate", "dp_shard", "dp"))
+    {}
+    """
+    data = [str(n) for n in names if n in DATA_SPELLINGS]
+    if not sharding or len(data) != 1 or data[0] == data_axis(sharding) or data_axis(sharding) in taken:
+        return {}
+    return {data[0]: data_axis(sharding)}
 
 
 def renamed_words(names, sharding: str) -> str:

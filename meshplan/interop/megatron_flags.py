@@ -1,0 +1,264 @@
+"""Megatron-LM's training and memory flags, one (or one pair) at a time, read into meshplan's
+[training] and [memory] keys, with the values meshplan plans and Megatron-LM's defaults;
+:func:`meshplan.interop.megatron.read` assembles them (the flag table is its module
+docstring) and :mod:`~meshplan.interop.megatron_write` writes them back. Flag names and
+defaults from ``megatron/training/arguments.py`` and ``TransformerConfig`` at
+NVIDIA/Megatron-LM d98e8a6.
+"""
+
+from __future__ import annotations
+
+from meshplan import catalog
+from meshplan.errors import ConfigError, printable
+from meshplan.interop.megatron_model import int_flag as _int
+
+#: What meshplan plans for the expert dispatch (an all-to-all over ep) and for context parallelism
+#: (the K/V all-gather), as Megatron-LM spells them: ``--moe-token-dispatcher-type`` (choices
+#: allgather, alltoall, flex; default allgather) and ``--cp-comm-type`` (p2p, all_gather, a2a,
+#: a2a+p2p; default p2p): TransformerConfig ``moe_token_dispatcher_type`` and ``cp_comm_type``,
+#: megatron/core/transformer/transformer_config.py, and arguments.py ``--cp-comm-type`` at d98e8a6.
+PLANNED_DISPATCHER, PLANNED_CP = "alltoall", "all_gather"
+#: What each other value runs instead, for the one-line refusal.
+DISPATCHERS = {"allgather": "all-gathers every token over tp x ep and keeps its experts' copies",
+               "flex": "runs DeepEP's or HybridEP's fused dispatch kernels"}
+CP_TYPES = {"p2p": "passes K/V chunks around a ring, overlapped with attention",
+            "a2a": "scatters the heads over cp (DeepSpeed Ulysses's all-to-all)",
+            "a2a+p2p": "runs Ulysses all-to-all inside and a K/V ring across cp groups"}
+#: The overlap flags a Megatron FSDP export writes per --data-parallel-sharding-strategy: what the plan
+#: assumes and ``MegatronFSDP.__init__`` forces anyway (:func:`meshplan.schedule.steptime.config_overlap`).
+FSDP_OVERLAP = {"optim_grads": ["--overlap-grad-reduce"],
+                "optim_grads_params": ["--overlap-grad-reduce", "--overlap-param-gather"]}
+#: Megatron-LM's dropout flags and their default probability (TransformerConfig ``hidden_dropout`` and
+#: ``attention_dropout``, 0.1 each, at d98e8a6).
+DROPOUT = {"--hidden-dropout": 0.1, "--attention-dropout": 0.1}
+#: Megatron FSDP's switch at d98e8a6 (``use_megatron_fsdp``, megatron/training/config/common_config.py:92)
+#: and its name before af28b5a (2025-08-21, "Decouple Custom FSDP"), which renamed ``--use-custom-fsdp``;
+#: d98e8a6 keeps ``use_custom_fsdp`` only as a deprecated DistributedDataParallelConfig field it sets itself.
+FSDP_FLAGS = ("--use-megatron-fsdp", "--use-custom-fsdp")
+#: ``--data-parallel-sharding-strategy`` (Megatron FSDP) as ``training.sharding``.
+SHARDING = {"no_shard": "none", "optim": "zero1", "optim_grads": "zero2", "optim_grads_params": "zero3"}
+
+
+def grad_clip(args: dict) -> bool:
+    """``--clip-grad`` (default 1.0): Megatron-LM's optimizer computes the gradient norm and
+    clips only when it is > 0 (``optimizer.py``: ``if self.clip_grad > 0.0``)."""
+    v = args.get("--clip-grad")
+    if v is None:
+        return True
+    if v is True:
+        raise ConfigError("--clip-grad", "needs a value (Megatron-LM's parser refuses it bare): the norm to clip "
+                          "to, or 0 for no clipping")
+    try:
+        return float(v) > 0.0
+    except (TypeError, ValueError):
+        raise ConfigError("--clip-grad", f"{v!r} is not a number; give the norm to clip to, or 0 for no "
+                          f"clipping") from None
+
+
+def check_positions(model: dict, seq: int, flag: str, notes: list[str]) -> None:
+    """Megatron-LM asserts ``max_position_embeddings >= seq_length`` (arguments.py). With
+    learned positions the table has that many rows, so a longer sequence is a ConfigError
+    naming both; with RoPE the plan holds (no table) and a note says Megatron-LM refuses it."""
+    spec = model if "catalog" not in model and "hf_config" not in model else None
+    if spec is None:
+        m = catalog.model(model["catalog"]) if "catalog" in model else None
+        if m is None:
+            return  # a Hugging Face config: its max_position is not Megatron-LM's flag
+        pos, rows = m.position_embedding, m.max_position
+    else:
+        pos, rows = spec.get("position_embedding", "rope"), spec.get("max_position", 0)
+    if not rows or seq <= rows:
+        return
+    if pos == "learned":
+        raise ConfigError(flag, f"{seq} is more than --max-position-embeddings {rows}, the rows of the learned "
+                          f"position table (Megatron-LM asserts max_position_embeddings >= seq_length); raise "
+                          f"--max-position-embeddings or shorten the sequence")
+    notes.append(f"{flag} {seq} is more than --max-position-embeddings {rows}: planned (RoPE has no table), but "
+                 f"Megatron-LM asserts max_position_embeddings >= seq_length; raise it to run")
+
+
+def dropout(args: dict, notes: list[str]) -> bool:
+    """``[memory] dropout`` from ``--hidden-dropout`` and ``--attention-dropout`` (default 0.1
+    each, :data:`DROPOUT`): on unless both are 0.0. meshplan has one switch for both; when one
+    is 0.0 and the other not, a note says both are planned on. ConfigError naming the flag
+    for a value that is not a probability in [0, 1).
+
+    >>> dropout({}, []), dropout({"--hidden-dropout": "0.0", "--attention-dropout": "0"}, [])
+    (True, False)
+    """
+    p = {}
+    for flag, default in DROPOUT.items():
+        v = args.get(flag, default)
+        try:
+            p[flag] = float(v)
+        except (TypeError, ValueError):
+            p[flag] = -1.0
+        if not 0.0 <= p[flag] < 1.0:
+            raise ConfigError(flag, f"{printable(str(v))[:40]!r} is not a dropout probability; give a number in "
+                              f"[0, 1) (0.0: no dropout)")
+    on = [f for f, v in p.items() if v > 0.0]
+    if len(on) == 1:
+        off = next(f for f in p if f not in on)
+        notes.append(f"{off} 0.0 but {on[0]} {p[on[0]]}: meshplan has one dropout switch ([memory] dropout), "
+                     f"planned on for both")
+    return bool(on)
+
+
+def routing(args: dict, notes: list[str]) -> dict:
+    """MoE routing keys of [training] from ``--moe-expert-capacity-factor`` (Megatron-LM's
+    TransformerConfig: None, the default, or a negative value is dropless; else tokens over
+    ``C = ceil(f x tokens x top_k / experts)`` per expert are dropped). Without
+    ``--moe-pad-expert-input-to-capacity`` Megatron-LM sends only the routed copies (at most C
+    per expert), while meshplan plans the padded ``E x C`` buffer: a note says so.
+
+    >>> routing({}, []), routing({"--moe-expert-capacity-factor": "1.25",
+    ...                             "--moe-pad-expert-input-to-capacity": True}, [])
+    ({'moe_dropless': True}, {'moe_capacity_factor': 1.25})
+    """
+    v = args.get("--moe-expert-capacity-factor")
+    if v is None:
+        return {"moe_dropless": True}
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        raise ConfigError("--moe-expert-capacity-factor", f"{printable(str(v))[:40]!r} is not a number; give the "
+                          f"capacity factor (e.g. 1.25), or leave it out for dropless routing") from None
+    if f < 0:
+        return {"moe_dropless": True}
+    if f == 0 or f != f or f == float("inf"):
+        raise ConfigError("--moe-expert-capacity-factor", f"{printable(str(v))[:40]!r} leaves no capacity; give a "
+                          f"factor > 0 (e.g. 1.25), or leave it out for dropless routing")
+    if not args.get("--moe-pad-expert-input-to-capacity"):
+        notes.append(f"--moe-expert-capacity-factor {v} without --moe-pad-expert-input-to-capacity: Megatron-LM "
+                     f"sends only the routed copies (at most the capacity per expert); planned with the padded "
+                     f"experts x capacity buffer, an upper bound")
+    return {"moe_capacity_factor": f}
+
+
+def comm_types(args: dict, deg: dict[str, int], moe: bool, notes: list[str]) -> None:
+    """``--moe-token-dispatcher-type`` and ``--cp-comm-type`` against what meshplan plans
+    (:data:`PLANNED_DISPATCHER`, :data:`PLANNED_CP`): another value where it communicates (a
+    MoE model with ep x etp > 1; cp > 1) is a ConfigError naming the flag; absent, a note says
+    that Megatron-LM's default differs and what is planned. Of a per-layer ``--cp-comm-type``
+    list the first value is read."""
+    _planned_flag(args, "--moe-token-dispatcher-type", PLANNED_DISPATCHER, DISPATCHERS,
+                  moe and deg["ep"] * deg["etp"] > 1,
+                  ("allgather, alltoall or flex", "the all-to-all dispatch meshplan plans", "alltoall",
+                   "the all-to-all dispatch over ep"), notes)
+    _planned_flag(args, "--cp-comm-type", PLANNED_CP, CP_TYPES, deg["cp"] > 1,
+                  ("p2p, all_gather, a2a or a2a+p2p", "the K/V all-gather meshplan plans", "the K/V all-gather",
+                   "the K/V all-gather of Llama 3's context parallelism"), notes)
+
+
+def _planned_flag(args: dict, flag: str, planned: str, others: dict[str, str], active: bool,
+                  words: tuple[str, str, str, str], notes: list[str]) -> None:
+    """One of :func:`comm_types`' flags: a value that is neither ``planned`` nor one of
+    ``others`` (Megatron-LM's choices, its default first, each with what it runs) is a
+    ConfigError; where the flag communicates (``active``) another known value is one too, and
+    an absent flag a note. ``words``: (Megatron-LM's choices, what meshplan plans, planned as,
+    what meshplan plans in full)."""
+    choices, plans, planned_as, plans_full = words
+    v = args.get(flag)
+    if v is not None and v not in (planned, *others):
+        raise ConfigError(flag, f"{printable(str(v))[:40]!r} is not {choices}; give {planned} ({plans})")
+    if not active:
+        return
+    if v is None:
+        default = next(iter(others))
+        notes.append(f"{flag} not given: Megatron-LM's default {default} ({others[default]}); planned as "
+                     f"{planned_as}: add {flag} {planned}")
+    elif v != planned:
+        raise ConfigError(flag, f"{v} {others[v]}, which meshplan does not model (it plans {plans_full}); "
+                          f"use {flag} {planned}")
+
+
+def overlap_flags(args: dict, sharding: str) -> dict[str, bool]:
+    """``--overlap-grad-reduce`` / ``--overlap-param-gather``: with DDP buffers (none, zero1)
+    ``training.overlap_grad_reduce`` / ``overlap_param_gather``; under Megatron FSDP (zero2,
+    zero3) forced on anyway and planned so (:func:`meshplan.schedule.steptime.config_overlap`):
+    no key. What Megatron-LM's ``arguments.py`` asserts (d98e8a6 lines 1024-1029) is refused:
+    ``--overlap-param-gather`` without ``--overlap-grad-reduce``, or without the distributed
+    optimizer (or Megatron FSDP)."""
+    grad, param = bool(args.get("--overlap-grad-reduce")), bool(args.get("--overlap-param-gather"))
+    if param and not grad:
+        raise ConfigError("--overlap-param-gather", "given without --overlap-grad-reduce, which Megatron-LM asserts "
+                          "('Must use --overlap-param-gather with --overlap-grad-reduce'): add it or remove the flag")
+    if param and sharding == "none":
+        raise ConfigError("--overlap-param-gather", "needs --use-distributed-optimizer (or Megatron FSDP), as "
+                          "Megatron-LM asserts: add it or remove the flag")
+    if sharding not in ("none", "zero1"):
+        return {}
+    keys = {"overlap_grad_reduce": grad, "overlap_param_gather": param}
+    return {k: True for k, on in keys.items() if on}
+
+
+def bucket(args: dict, training: dict, notes: list[str]) -> dict[str, int]:
+    """``[memory] grad_bucket_elements`` from ``--ddp-bucket-size`` (arguments.py:3125 at
+    d98e8a6, ``DistributedDataParallelConfig.bucket_size``: elements per bucket). Megatron-LM's
+    DDP uses it only under ``--overlap-grad-reduce``, its default ``max(40e6, 1e6 x dp)``, and
+    sets it to None without (one bucket; ``resolve_ddp_bucket_size``, megatron/training/
+    training.py:2179-2194 at d98e8a6): read with none / zero1 and
+    ``training.overlap_grad_reduce``, where meshplan plans those buckets
+    (:func:`meshplan.comm.collectives._megatron_bucket_rows`); elsewhere a note says why not.
+
+    Under Megatron FSDP (zero2, zero3) it is ignored, with a note: ``FullyShardedDataParallel``
+    makes every ``TransformerLayer`` an FSDP unit (megatron/core/distributed/fsdp/
+    mcore_fsdp_adapter.py:166-173), whose parameters form one bucket whatever the size; the size
+    only cuts the parameters outside any unit (embedding, final norm, output layer; whole
+    parameters, a bucket closed once it holds that many elements: ``_get_parameter_groups``,
+    megatron_fsdp/param_and_grad_buffer.py:1827-1874), in each rank's first model chunk (the
+    others built with ``disable_bucketing``: training.py:2508-2511 and 2313-2327). meshplan
+    plans those ends as one root unit (:func:`meshplan.comm.collectives._units`): the same
+    bytes, in one collective where Megatron FSDP at its default size sends the embedding's
+    bucket apart. The FSDP
+    communication unit (``suggested_communication_unit_size``, megatron_fsdp.py:420-444) is
+    max(1e9, 2 x a layer's elements) under optim_grads_params, not the bucket size.
+
+    >>> notes = []; bucket({"--ddp-bucket-size": "1000"}, {"sharding": "zero3"}, notes), notes[0][:39]
+    ({}, '--ddp-bucket-size 1000 ignored: Megatro')
+    """
+    size = _int(args, "--ddp-bucket-size")
+    if size is None:
+        return {}
+    if training["sharding"] not in ("none", "zero1"):
+        notes.append(f"--ddp-bucket-size {size} ignored: Megatron FSDP ({training['sharding']}) makes each transformer "
+                     f"layer one FSDP unit whatever the size, which only cuts the parameters outside the layers "
+                     f"(embedding, final norm, output layer) into buckets; meshplan plans those as one root unit (the "
+                     f"same bytes, one collective)")
+        return {}
+    if not training.get("overlap_grad_reduce"):
+        notes.append(f"--ddp-bucket-size {size} not planned: without --overlap-grad-reduce Megatron-LM's DDP ignores "
+                     f"it (one bucket, reduced after the backward)")
+        return {}
+    return {"grad_bucket_elements": size}
+
+
+def sharding(args: dict) -> str:
+    """``training.sharding``: :data:`SHARDING` of ``--data-parallel-sharding-strategy`` (default
+    optim_grads_params) under ``--use-megatron-fsdp``, its name before NVIDIA/Megatron-LM af28b5a
+    (2025-08) ``--use-custom-fsdp`` (:data:`FSDP_FLAGS`) or ``--use-torch-fsdp2``; else zero1
+    with ``--use-distributed-optimizer``, none without.
+
+    >>> sharding({"--use-custom-fsdp": True}), sharding({"--use-distributed-optimizer": True})
+    ('zero3', 'zero1')
+    """
+    if args.get("--use-torch-fsdp2") or any(args.get(f) for f in FSDP_FLAGS):
+        strategy = str(args.get("--data-parallel-sharding-strategy", "optim_grads_params"))
+        if strategy not in SHARDING:
+            raise ConfigError("--data-parallel-sharding-strategy", f"{strategy!r}; use {', '.join(SHARDING)}")
+        return SHARDING[strategy]
+    return "zero1" if args.get("--use-distributed-optimizer") else "none"
+
+
+def recompute(args: dict, layers_per_stage: int, notes: list[str]) -> str:
+    gran = args.get("--recompute-granularity", "selective" if args.get("--recompute-activations") else None)
+    if gran is None:
+        return "none"
+    if gran not in ("full", "selective"):
+        raise ConfigError("--recompute-granularity", f"{gran!r}; use full or selective")
+    n = _int(args, "--recompute-num-layers")
+    method = args.get("--recompute-method")
+    if gran == "full" and method == "block" and n is not None and n < layers_per_stage:
+        notes.append(f"--recompute-method block --recompute-num-layers {n} recomputes {n} of {layers_per_stage} "
+                     f"layers per stage; planned as full recompute of every layer")
+    return gran

@@ -1,0 +1,133 @@
+"""Megatron-LM's pipeline-split flags <-> ``mesh.pp_layer_split`` and ``mesh.virtual_stages``
+(one home for both directions; :mod:`meshplan.interop.megatron` reads the rest of the
+arguments, :mod:`~meshplan.interop.megatron_write` writes them): ``--decoder-first/last-
+pipeline-num-layers``, ``--num-layers-per-virtual-pipeline-stage``,
+``--num-virtual-stages-per-pipeline-rank`` and ``--account-for-embedding/loss-in-pipeline-
+split``, as Megatron-Core's ``TransformerConfig`` and ``get_num_layers_to_build``
+(megatron/core/transformer/transformer_block.py) take them at NVIDIA/Megatron-LM d98e8a6.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from meshplan.config import Config
+from meshplan.errors import ConfigError
+from meshplan.interop.megatron_model import int_flag as _int
+from meshplan.interop.tomlout import mesh_spec, virtual_split
+
+
+def read_pipeline(args: dict, pp: int, layers: int) -> dict:
+    """[mesh] keys ``pp_layer_split``, ``virtual_stages`` and ``pp_schedule`` of Megatron-LM's
+    pipeline flags (module docstring) at pp and ``layers``; ConfigError naming the flag for a
+    split Megatron-LM refuses. An even split without virtual stages gives no key.
+
+    >>> read_pipeline({"--decoder-first-pipeline-num-layers": "6"}, 4, 30)
+    {'pp_layer_split': [6, 8, 8, 8]}
+    """
+    if pp == 1:
+        return {}
+    per_chunk, vstages = _int(args, "--num-layers-per-virtual-pipeline-stage"), \
+        _int(args, "--num-virtual-stages-per-pipeline-rank")
+    first, last = _int(args, "--decoder-first-pipeline-num-layers"), _int(args, "--decoder-last-pipeline-num-layers")
+    out: dict[str, Any] = {}
+    split = None
+    if first is not None or last is not None:
+        middle = pp - (first is not None) - (last is not None)
+        rest = layers - (first or 0) - (last or 0)
+        if middle < 0 or (middle and rest % middle) or (not middle and rest):
+            raise ConfigError("--decoder-first-pipeline-num-layers", f"{layers} layers less first {first} and last "
+                              f"{last} do not divide evenly over the other {middle} stages")
+        even = rest // middle if middle else 0
+        split = [first if first is not None else even] + [even] * (pp - 2) + [last if last is not None else even]
+        out["pp_layer_split"] = split
+    vpp = vstages or 1
+    if per_chunk:
+        stage = layers // pp
+        if split is not None or layers % pp or stage % per_chunk:
+            raise ConfigError("--num-layers-per-virtual-pipeline-stage", f"{per_chunk} does not divide the "
+                              f"{layers} layers / pp {pp} per stage")
+        vpp = stage // per_chunk
+    if split is not None and vpp > 1 and any(n % vpp for n in split):
+        # Megatron-Core's TransformerConfig: each stage's layers a multiple of the virtual stages
+        raise ConfigError("--decoder-first-pipeline-num-layers", f"layers per stage {split} with {vpp} virtual "
+                          f"stages per rank: Megatron-LM needs each a multiple of {vpp}")
+    accounted = [f for f in ACCOUNT if args.get(f)]
+    if accounted:
+        if len(accounted) == 1 or split is not None:
+            raise ConfigError(accounted[0], "meshplan reads --account-for-embedding-in-pipeline-split and "
+                              "--account-for-loss-in-pipeline-split together, without --decoder-first/last-pipeline-"
+                              "num-layers")
+        virtual = accounted_split(layers, pp, vpp)
+        if isinstance(virtual, str):
+            raise ConfigError(accounted[0], virtual)
+        out["pp_layer_split"] = virtual
+    if vpp > 1:
+        out |= {"virtual_stages": vpp, "pp_schedule": "interleaved_1f1b"}
+    return out
+
+
+#: Megatron-LM's switches that count the embedding and the loss as a layer each in the split.
+ACCOUNT = ("--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split")
+
+
+def accounted_split(layers: int, pp: int, vpp: int):
+    """Layers per virtual stage (``chunk * pp + stage``) under both of Megatron-LM's
+    ``--account-for-embedding-in-pipeline-split`` and ``--account-for-loss-in-pipeline-split``:
+    (layers + 2) / (pp x vpp) slots each, the embedding taking one of the first virtual stage's
+    and the loss one of the last's (Megatron-Core TransformerConfig: layers + 2 a multiple of
+    pp, and of vpp per rank); a one-line reason otherwise. At one slot the first virtual stage
+    builds no transformer layer (the embedding alone) and the last none (the loss alone):
+    ``get_num_layers_to_build``, megatron/core/transformer/transformer_block.py:188-202@d98e8a6.
+    Llama 3 405B at pp 16, vpp 2 and vpp 8:
+
+    >>> s = accounted_split(126, 16, 2); s[:2], s[-2:], len(s)
+    ([3, 4], [4, 3], 32)
+    >>> s = accounted_split(126, 16, 8); s[:2], s[-2:], len(s)
+    ([0, 1], [1, 0], 128)
+    >>> accounted_split(32, 4, 2)
+    '32 layers + embedding + loss = 34 are not a multiple of pp 4 x vpp 2'
+    """
+    slots, left = divmod(layers + 2, pp * vpp)
+    if left or slots < 1:
+        return f"{layers} layers + embedding + loss = {layers + 2} are not a multiple of pp {pp} x vpp {vpp}"
+    if slots == 1 and vpp == 1:  # the first stage would hold the embedding alone
+        return (f"{layers} layers + embedding + loss = {layers + 2} over pp {pp} is 1 per stage: the first and "
+                f"last stage would hold no layer, which meshplan does not model (a virtual stage may)")
+    return [slots - 1] + [slots] * (pp * vpp - 2) + [slots - 1]
+
+
+def write_pipeline(cfg: Config, mesh) -> list[str]:
+    split = virtual_split(cfg, mesh)
+    if split is None:
+        return []
+    pp, vpp = mesh.degree("pp"), mesh_spec(cfg).virtual_stages
+    if str(mesh_spec(cfg).pp_schedule) not in ("1f1b", "interleaved_1f1b"):
+        raise ConfigError("--to", f"Megatron-LM runs 1F1B (interleaved with virtual stages); schedule "
+                          f"{mesh_spec(cfg).pp_schedule} has no flag")
+    if vpp > 1:
+        if len(set(split)) == 1:
+            return [f"--num-layers-per-virtual-pipeline-stage {split[0]}"]
+        if split == accounted_split(cfg.model.layers, pp, vpp):  # Llama 3's: the ends counted as layers
+            return [f"--num-virtual-stages-per-pipeline-rank {vpp}", *ACCOUNT]
+        stages = [[split[c * pp + k] for c in range(vpp)] for k in range(pp)]
+        if any(len(set(ch)) > 1 for ch in stages):
+            raise ConfigError("--to", f"virtual stages {split} differ within a stage: Megatron-LM's "
+                              f"--decoder-first/last-pipeline-num-layers need each stage's layers a multiple of "
+                              f"vpp {vpp} (Megatron-Core TransformerConfig), and its --account-for-embedding/loss-"
+                              f"in-pipeline-split needs (layers + 2) / (pp x vpp) per virtual stage; meshplan does "
+                              f"not write --pipeline-model-parallel-layout")
+        split = [sum(ch) for ch in stages]
+        return [f"--num-virtual-stages-per-pipeline-rank {vpp}"] + _first_last(split)
+    return _first_last(split)
+
+
+def _first_last(split: list[int]) -> list[str]:
+    """``--decoder-first/last-pipeline-num-layers`` of layers per stage ``split``, or ConfigError."""
+    middle = split[1:-1]
+    if len(set(middle)) > 1:
+        raise ConfigError("--to", f"layer split {split}: Megatron-LM sets the first and last stage and spreads the "
+                          f"rest evenly; the middle stages differ")
+    even = middle[0] if middle else None
+    return ([f"--decoder-first-pipeline-num-layers {split[0]}"] if split[0] != even else []) + \
+        ([f"--decoder-last-pipeline-num-layers {split[-1]}"] if split[-1] != even else [])

@@ -1,0 +1,115 @@
+"""meshplan config -> Megatron-LM arguments (``export --to megatron``): the inverse of
+:func:`meshplan.interop.megatron.read`, with the header notes of an export and the config as
+its re-import gives it back. Flag names as in :mod:`meshplan.interop.megatron`'s table.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from meshplan.config import Config
+from meshplan.errors import ConfigError
+from meshplan.interop.megatron_flags import DROPOUT, FSDP_OVERLAP, PLANNED_CP, PLANNED_DISPATCHER, SHARDING
+from meshplan.interop.megatron_model import model_flags
+from meshplan.interop.megatron_pipeline import write_pipeline
+from meshplan.interop.tomlout import mesh_spec, resolved
+from meshplan.spec.axes import MEGATRON_AXES
+
+
+def write(cfg: Config) -> list[str]:
+    """Megatron-LM arguments of ``cfg``, one flag (with its value) per item (the inverse of
+    :func:`read`). ConfigError naming what Megatron-LM cannot express: a mesh order other
+    than tp-cp-ep-dp-pp, a layer split other than first/last stage and even middle."""
+    mesh = resolved(cfg)
+    t, m = cfg.training, cfg.model
+    axes = list(mesh.layout.names)
+    data = [a for a in axes if a in ("dp", "dp_shard", "dp_replicate")]
+    if len(data) > 1 or t.sharding == "hsdp":
+        raise ConfigError("--to", f"Megatron-LM has one data-parallel axis; the mesh has {data} ({t.sharding})")
+    axes = ["dp" if a in data else a for a in axes]
+    stray = [a for a in axes if a not in MEGATRON_AXES]
+    if stray:
+        raise ConfigError("--to", f"Megatron-LM has no axis {stray[0]!r}")
+    if axes != [a for a in ("pp", "dp", "cp", "tp") if a in axes]:
+        raise ConfigError("--to", f"mesh order {axes} is not Megatron-LM's tp-cp-ep-dp-pp (outermost first pp, dp, "
+                          f"cp, tp); reorder the mesh to export it")
+    deg = {a: mesh.layout.degree(b) for a, b in zip(axes, mesh.layout.names)}
+    out = model_flags(m, t.seq_len)
+    out += [f"--tensor-model-parallel-size {deg.get('tp', 1)}", f"--pipeline-model-parallel-size {deg.get('pp', 1)}",
+            f"--context-parallel-size {deg.get('cp', 1)}"]
+    if mesh.ep > 1:
+        out += [f"--expert-model-parallel-size {mesh.ep}", f"--expert-tensor-parallel-size {mesh.etp}"]
+    out += [f"--moe-token-dispatcher-type {PLANNED_DISPATCHER}"] * m.is_moe
+    out += [f"--cp-comm-type {PLANNED_CP}"] * (deg.get("cp", 1) > 1)
+    out += ["--sequence-parallel"] * mesh_spec(cfg).sequence_parallel
+    out += write_pipeline(cfg, mesh)
+    out += _write_sharding(t.sharding)
+    out += ["--overlap-grad-reduce"] * t.overlap_grad_reduce + ["--overlap-param-gather"] * t.overlap_param_gather
+    bucket = cfg.memory.grad_bucket_elements
+    out += [f"--ddp-bucket-size {bucket}"] * bool(bucket and t.overlap_grad_reduce and t.sharding in ("none", "zero1"))
+    if t.recompute in ("layer", "op"):
+        what = f"every {t.ac_freq}-th layer in full" if t.recompute == "layer" else "op-level SAC"
+        raise ConfigError("--to", f"Megatron-LM has no flag for torchtitan's recompute {t.recompute!r} ({what}; "
+                          f"--recompute-method block recomputes the first n layers of each stage): set "
+                          f"training.recompute to full or selective")
+    if t.recompute != "none":
+        out.append(f"--recompute-granularity {t.recompute}")
+        out += ["--recompute-method uniform", "--recompute-num-layers 1"] if t.recompute == "full" else []
+    out += [f"--micro-batch-size {t.micro_batch}", f"--global-batch-size {t.global_batch}",
+            f"--seq-length {t.seq_len}", f"--make-vocab-size-divisible-by {t.vocab_pad_divisor}"]
+    out += {"bf16": ["--bf16"], "fp16": ["--fp16"]}.get(t.compute_dtype, [])
+    out += ["--fp8-format hybrid"] * (t.linear_dtype == "fp8")
+    out += ["--accumulate-allreduce-grads-in-fp32"] * (t.gradient_reduce_dtype == "fp32")
+    # Megatron-LM reduces bf16 runs' gradients in fp32 unless told otherwise
+    out += ["--grad-reduce-in-bf16"] * (t.gradient_reduce_dtype == "bf16" and "--bf16" in out)
+    out += ["--tp-comm-overlap"] * t.tp_comm_overlap + ["--use-flash-attn"] * t.flash_attention
+    out += ["--clip-grad 0"] * (not t.grad_clip)  # Megatron-LM's default 1.0 clips
+    # Megatron-LM's default dropout is 0.1 (:data:`DROPOUT`): a plan without dropout says 0.0
+    out += [] if cfg.memory.dropout else [f"{flag} 0.0" for flag in DROPOUT]
+    out += ["--no-bias-swiglu-fusion"] * (m.gated_mlp and cfg.memory.fused_glu is False)
+    factor, dropless = t.moe_routing
+    if m.is_moe and not dropless:  # Megatron-LM's default is dropless; meshplan plans padded buffers
+        out += [f"--moe-expert-capacity-factor {factor!r}", "--moe-pad-expert-input-to-capacity"]
+    return out
+
+
+def _write_sharding(sharding: str) -> list[str]:
+    """Megatron-LM's flags of ``training.sharding``; zero2 and zero3 with the overlap flags the
+    plan assumes (:data:`FSDP_OVERLAP`), which Megatron FSDP turns on for them anyway."""
+    if sharding in ("none", "zero1"):
+        return ["--use-distributed-optimizer"] * (sharding == "zero1")
+    strategy = {v: k for k, v in SHARDING.items()}[sharding]
+    return ["--use-megatron-fsdp", f"--data-parallel-sharding-strategy {strategy}", *FSDP_OVERLAP[strategy]]
+
+
+def write_notes(cfg: Config) -> list[str]:
+    """Header lines of a Megatron-LM export: ``--max-position-embeddings`` raised to the
+    sequence length (Megatron-LM asserts ``max_position_embeddings >= seq_length``) when the
+    model's ``max_position`` is shorter; an MoE plan's capacity factor written although its
+    config never chose token dropping (a ``framework = "megatron"`` plan's default routing,
+    capacity factor 1, against Megatron-LM's and torchtitan's dropless; a torch plan's default is
+    dropless, :attr:`~meshplan.spec.training.TrainingSpec.moe_routing`): :func:`write` writes the
+    capacity factor of a plan that drops tokens, and nothing for a dropless one (Megatron-LM's
+    default)."""
+    m, seq, t = cfg.model, cfg.training.seq_len, cfg.training
+    out = []
+    if m.max_position and seq > m.max_position:
+        out.append(f"--max-position-embeddings {seq}: raised from model {m.name}'s max_position {m.max_position} to "
+                   f"--seq-length (Megatron-LM asserts max_position_embeddings >= seq_length)")
+    f = t.moe_routing[0]
+    if m.is_moe and t.moe_capacity_factor is None and t.moe_dropless is None and t.framework == "megatron":
+        out.append(f"--moe-expert-capacity-factor {f!r} --moe-pad-expert-input-to-capacity: "
+                   f"the plan's routing is meshplan's default under framework megatron, capacity factor {f!r} with "
+                   f"token dropping (training.moe_capacity_factor and moe_dropless unset), written so that Megatron-LM "
+                   f"runs what was planned; torchtitan's MoE and Megatron-LM without the flag are dropless: set "
+                   f"training.moe_dropless = true to plan and export dropless routing")
+    return out
+
+
+def exported_model(cfg: Config) -> Config:
+    """``cfg`` as a Megatron-LM export gives it back: its model's ``max_position`` raised to the
+    sequence length (:func:`write_notes`), which the re-import check compares against."""
+    m, seq = cfg.model, cfg.training.seq_len
+    if not m.max_position or seq <= m.max_position:
+        return cfg
+    return replace(cfg, model=m.model_copy(update={"max_position": seq}))
