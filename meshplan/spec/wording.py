@@ -243,12 +243,23 @@ def mesh_text(names, shape, sharding: str = "", ep: int = 1, etp: int = 1, keep:
     """
     axes = [(str(n), int(d)) for n, d in zip(names, shape)] + [(a, d) for a, d in (("ep", ep), ("etp", etp)) if d > 1]
     data = [n for n, _ in axes if n in DATA_SPELLINGS]
-    name = {data[0]: data_axis(sharding)} if sharding and len(data) == 1 else {}
+    name = printed_names(names, sharding)
     place = {n: k + (k >= KNOWN_AXES.index("ep")) for k, n in enumerate(KNOWN_AXES)}  # a user-named axis after tp
     shown = sorted((x for x in axes if x[1] > 1 or x[0] in keep), key=lambda x: place.get(x[0], KNOWN_AXES.index("ep")))
     if not shown:
         shown = [(next((n for n, _ in axes if n in data), axes[0][0] if axes else "dp_shard"), 1)]
     return " x ".join(f"{name.get(n, n)} {d}" for n, d in shown)
+
+
+def printed_names(names, sharding: str) -> dict[str, str]:
+    """The axes of ``names`` that :func:`mesh_text` prints under another name: the one data axis
+    (``dp`` or ``dp_shard``) as :func:`data_axis` names it under ``sharding`` ("" renames none).
+
+    >>> printed_names(("pp", "dp_shard"), "zero1"), printed_names(("dp_replicate", "dp_shard"), "hsdp")
+    ({'dp_shard': 'dp'}, {'dp_shard': 'dp_shard'})
+    """
+    data = [str(n) for n in names if n in DATA_SPELLINGS]
+    return {data[0]: data_axis(sharding)} if sharding and len(data) == 1 else {}
 
 
 def renamed_words(names, sharding: str) -> str:
