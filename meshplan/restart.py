@@ -45,6 +45,7 @@ mesh; "Global semantics": hold the global batch fixed):
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import lru_cache
 from math import prod
 from typing import Any, Callable, Optional, Union
 
@@ -311,20 +312,24 @@ def _candidates(w: _Where, pipeline: Optional[PipelineRule] = None,
 
 def _at(w: _Where, inner: dict[str, int], split):
     """:func:`_candidates` at one (tp, cp, pp) ``inner`` (layers per stage ``split``). At most
-    :data:`REFUSED_SHOWN` refusals kept (the largest; only those can be shown); once they and
-    the changer (or a keeper) are found, a mesh that cannot keep the global batch or whose
-    expert block cannot divide is skipped unresolved."""
+    :data:`REFUSED_SHOWN` refusals kept (the largest; only those can be shown), later meshes
+    whose expert block cannot divide then skipped unresolved; once the changer or a keeper is
+    found, a degree that cannot keep the global batch is skipped (only the largest changer is
+    kept, and a smaller refusal is not shown). The schedule's reasons are asked once per
+    micro-batch count."""
     mesh, pp = w.mesh, inner["pp"]
     names, deg = axes_at(mesh, inner)
     ep, etp = mesh.ep, mesh.etp
     fixed_world = inner["tp"] * inner["cp"] * pp
+    reasons_of = lru_cache(maxsize=None)(lambda m: w.reasons_of(pp, m))
     keepers: list[Proposal] = []
     changer: Optional[Proposal] = None
     refused: list[tuple[str, int]] = []
     for d in range(w.left // fixed_world, 0, -1):
-        done = len(refused) >= REFUSED_SHOWN and (changer is not None or keepers)
-        if done and all(w.global_batch % (b * d) for b in range(1, w.micro_batch + 1)):
-            continue
+        if all(w.global_batch % (b * d) for b in range(1, w.micro_batch + 1)) and (
+                changer is not None or keepers or len(refused) >= REFUSED_SHOWN
+                and all(reasons_of(m) for m in range(max(1, w.global_batch // (w.micro_batch * d)), 0, -1))):
+            continue  # cannot keep the global batch: neither the largest changer nor a refusal shown
         for shape in splits(names, deg, d):
             gpus = fixed_world * d
             block = prod(x for n, x in zip(names, shape) if n in ("dp_shard", "dp", "cp", "tp"))
@@ -339,7 +344,7 @@ def _at(w: _Where, inner: dict[str, int], split):
                 refused.append((f"{text}: {'; '.join(resolved.reasons)}", gpus))
                 continue
             p = _contract(Proposal(names, shape, ep, etp, gpus, d, w.micro_batch, w.global_batch, 0,
-                                   pp_layer_split=split, sharding=w.sharding), lambda m: w.reasons_of(pp, m))
+                                   pp_layer_split=split, sharding=w.sharding), reasons_of)
             if isinstance(p, str):
                 refused.append((f"{text}: {p}", gpus))
             elif p.keeps_global_batch:
