@@ -5,18 +5,21 @@ throughput.
 Rules (seed, "Reliability": whether elastic restart can reconstruct the same or a different
 mesh; "Global semantics": hold the global batch fixed):
 
-- tp, cp, ep and etp keep their degrees. The data-parallel axes shrink: every split
+- ep and etp keep their degrees. The data-parallel axes shrink: every split
   ``dp_replicate x (dp_shard or dp) = d`` for ``d`` from ``GPUs left // (tp pp cp)`` down,
   the split without resharding (dp_shard kept, replicas dropped) first.
 - pp varies too where the caller gives the model's :class:`PipelineRule` (the CLI does):
   every pp from 1 up whose replica fits and whose layers allow it
   (:func:`meshplan.mesh.layers.restart_split`: even stages, the configured Llama 3
-  ends-short rule carried over, else a balanced split at vpp 1), the schedule and vpp kept.
-  A checkpoint at another pp loads resharded: DCP and Megatron-Core dist-checkpointing save
-  each shard at its global offset (:mod:`meshplan.restart_text`). Up to :data:`KEEPERS`
-  meshes per pp; of those the :data:`TRIED` of the highest ideal throughput
-  (:attr:`Proposal.ideal`: GPUs less the 1F1B bubble) are planned in that order until
-  :data:`PLANNED` run.
+  ends-short rule or the model's dense layers alone on the first stage carried over, else a
+  balanced split at vpp 1), the schedule and vpp kept. tp and cp vary where the caller gives
+  a :class:`DegreeRule` (the CLI does: tp inside the fast domain splitting the heads and the
+  MLP, cp the configured one, half or twice it, dividing the sequence). A checkpoint at other
+  degrees loads resharded: DCP and Megatron-Core dist-checkpointing save each shard at its
+  global offset (:mod:`meshplan.restart_text`). Up to :data:`KEEPERS` meshes per (tp, cp,
+  pp), those whose persistent state fits (the evaluator's screen); of those the :data:`TRIED`
+  of the highest ideal throughput (:attr:`Proposal.ideal`: GPUs less the 1F1B bubble, the
+  configured tp and cp first at a tie) are planned in that order until :data:`PLANNED` run.
 - A mesh must resolve (:func:`meshplan.mesh.resolve.resolve_mesh`): with experts the dense
   block ``dp_shard x cp x tp`` must stay a multiple of ``ep x etp``, so fewer GPUs than the
   largest data-parallel degree may be used; the others sit idle (spares for the next failure).
@@ -42,13 +45,16 @@ mesh; "Global semantics": hold the global batch fixed):
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import lru_cache
+from math import prod
 from typing import Any, Callable, Optional, Union
 
 from meshplan.mesh.resolve import Infeasible as NoMesh, resolve_mesh
 from meshplan.spec import wording
-# PLANNED, TRIED, PipelineRule, pipeline_rule, plan_evaluator: re-exported (the CLI's and the tests' names)
-from meshplan.restart_rank import (PLANNED, TRIED, Evaluator, PipelineRule, bounded, changer_refusal,  # noqa: F401
-                                   pipeline_rule, pipelines, plan_evaluator, rank)
+# PLANNED, TRIED, PipelineRule, pipeline_rule, degree_rule, plan_evaluator: re-exported (the CLI's and the tests' names)
+from meshplan.restart_rank import (PLANNED, TRIED, DegreeRule, Evaluator, PipelineRule, bounded,  # noqa: F401
+                                   axes_at, changer_refusal, degree_rule, pipeline_rule, pipelines, plan_evaluator, rank,
+                                   splits)
 from meshplan.restart_text import batch_notes, pipeline_note, result_notes, state_notes
 from meshplan.spec.mesh import MeshSpec
 
@@ -63,7 +69,8 @@ class Proposal:
     ``etp`` kept; ``gpus``: ranks it uses; ``contract``: "" (kept as configured) or the
     changed field, ``"micro_batch 4 -> 2"`` (global batch kept) or ``"global_batch 512 -> 511"``;
     ``step_s``, ``tokens_per_s``, ``peak_bytes`` (most loaded stage): from its plan, None
-    without an evaluator."""
+    without an evaluator; ``sharding``: ``training.sharding``, which names the data axis in its
+    text (:func:`meshplan.spec.wording.mesh_text`; "" keeps the names)."""
 
     names: tuple[str, ...]
     shape: tuple[int, ...]
@@ -79,6 +86,7 @@ class Proposal:
     tokens_per_s: Optional[float] = None
     peak_bytes: Optional[float] = None
     pp_layer_split: Optional[tuple[int, ...]] = None
+    sharding: str = ""
 
     @property
     def keeps_global_batch(self) -> bool:
@@ -89,6 +97,11 @@ class Proposal:
         return dict(zip(self.names, self.shape)).get("pp", 1)
 
     @property
+    def tp_cp(self) -> tuple[int, int]:
+        deg = dict(zip(self.names, self.shape))
+        return deg.get("tp", 1), deg.get("cp", 1)
+
+    @property
     def ideal(self) -> float:
         """GPUs x the 1F1B busy fraction ``m / (m + pp - 1)`` (Narayanan et al. SC'21, 2.2.1:
         bubble ``(pp - 1) / m`` of the ideal time): the order meshes are planned in (:func:`_bounded`)."""
@@ -97,7 +110,8 @@ class Proposal:
     def mesh_text(self) -> str:
         """Every axis > 1, the expert axes too (``pp 16 x dp_shard 64 x ep 64``), and pp 1 where
         pp is an axis (a restart that removed the pipeline says so)."""
-        return mesh_text(self.names, self.shape, self.ep, self.etp, ("pp",) if "pp" in self.names else ())
+        return wording.mesh_text(self.names, self.shape, self.sharding, self.ep, self.etp,
+                                 ("pp",) if "pp" in self.names else ())
 
     def summary(self) -> str:
         """Mesh, GPUs, contract and (when planned) step and throughput, one line."""
@@ -106,16 +120,6 @@ class Proposal:
         if self.step_s is not None and self.tokens_per_s is not None:
             out += f": step {self.step_s:.2f} s, {self.tokens_per_s:,.0f} tokens/s"
         return out
-
-
-def mesh_text(names, shape, ep: int = 1, etp: int = 1, keep: tuple[str, ...] = ()) -> str:
-    """``a 2 x b 4 x ep 8``: :func:`meshplan.spec.wording.mesh_text` (axes of degree > 1 and
-    those in ``keep``, then ep and etp > 1), the names as configured.
-
-    >>> mesh_text(("pp", "dp_shard"), (16, 64), 64), mesh_text(("dp_shard",), (1,))
-    ('pp 16 x dp_shard 64 x ep 64', 'dp_shard 1')
-    """
-    return wording.mesh_text(names, shape, ep=ep, etp=etp, keep=keep)
 
 
 @dataclass(frozen=True)
@@ -150,6 +154,11 @@ class Restart:
     old_step_s: Optional[float] = None
     old_tokens_per_s: Optional[float] = None
     new_names: tuple[str, ...] = ()
+    sharding: str = ""
+
+    def changed_words(self) -> str:
+        """The changed axes as the mesh text names them (``training.sharding``'s data axis)."""
+        return changed_words(self.changed, self.new_names or self.names, self.sharding)
 
     def lines(self) -> list[str]:
         """What ``meshplan reliability`` prints; an infeasible restart is one line naming why
@@ -165,14 +174,25 @@ class Restart:
             what = "no GPU left to restart on" if self.gpus_left <= 0 else "no mesh to restart on"
             return [f"restart: world {self.old_world} -> {self.gpus_left}: {what} ({'; '.join(self.reasons)})"]
         keep = tuple(self.changed)
-        old = mesh_text(self.names, self.old_shape, self.ep, self.etp, keep)
-        new = mesh_text(self.new_names or self.names, self.shape, self.ep, self.etp, keep)
+        old = wording.mesh_text(self.names, self.old_shape, self.sharding, self.ep, self.etp, keep)
+        new = wording.mesh_text(self.new_names or self.names, self.shape, self.sharding, self.ep, self.etp, keep)
         left = f" ({self.gpus_left} GPUs left)" if self.gpus_left != self.new_world else ""
         head = (f"restart: world {self.old_world} -> {self.new_world}{left}; mesh {old} -> {new}"
-                + (f" (changed: {', '.join(self.changed)})" if self.changed else " (unchanged)"))
+                + (f" (changed: {self.changed_words()})" if self.changed else " (unchanged)"))
         if self.refused:
             head += f"; not {self.refused[0]}"
         return [head] + [f"- {n}" for n in self.notes]
+
+
+def changed_words(changed, names, sharding: str) -> str:
+    """``pp, dp``: the changed axes, the data axis named by ``sharding``
+    (:func:`meshplan.spec.wording.shown_names`).
+
+    >>> changed_words(("pp", "dp_shard"), ("pp", "dp_shard"), "zero1")
+    'pp, dp'
+    """
+    printed = wording.shown_names(names, sharding)
+    return ", ".join(printed.get(n, n) for n in changed)
 
 
 def restart_on_fewer_nodes(mesh, lost_nodes: int, *, gpus_per_node: int, global_batch: int, micro_batch: int,
@@ -180,7 +200,8 @@ def restart_on_fewer_nodes(mesh, lost_nodes: int, *, gpus_per_node: int, global_
                            micro_batch_reasons: Callable[[int, int], tuple[str, ...]] = lambda pp, m: (),
                            dataloader_state: str = "per_rank", evaluate: Optional[Evaluator] = None,
                            old_step: Optional[tuple[float, float]] = None,
-                           pipeline: Optional[PipelineRule] = None) -> Restart:
+                           pipeline: Optional[PipelineRule] = None, degrees: Optional[DegreeRule] = None,
+                           sharding: str = "") -> Restart:
     """Can the job restart on ``lost_nodes`` fewer nodes (after using ``spare_nodes``), and on
     which mesh (module docstring)? ``dataloader_state``: "per_rank" (saved per dp rank, e.g. a
     StatefulDataLoader) or "global" (a global consumed-samples counter, as Megatron-LM keeps).
@@ -189,7 +210,8 @@ def restart_on_fewer_nodes(mesh, lost_nodes: int, *, gpus_per_node: int, global_
     by default). ``evaluate``: plans a proposal (its step and throughput) or says why it cannot
     run (:func:`plan_evaluator`); ``old_step``: (step s, tokens/s) of the plan before the loss;
     ``pipeline``: vary pp too, every degree its layers allow (:class:`PipelineRule`; without
-    it pp is kept).
+    it pp is kept); ``degrees``: vary tp and cp too (:class:`DegreeRule`; without it they are
+    kept); ``sharding``: ``training.sharding``, which names the data axis in the text.
 
     >>> from meshplan.mesh.resolve import resolve_mesh
     >>> from meshplan.spec.mesh import MeshSpec
@@ -202,10 +224,12 @@ def restart_on_fewer_nodes(mesh, lost_nodes: int, *, gpus_per_node: int, global_
     world, lost = mesh.world, max(0, lost_nodes - spare_nodes)
     left = world - lost * gpus_per_node
     min_pp = 1 if pipeline else mesh.degree("pp")
-    fixed = mesh.degree("tp") * min_pp * mesh.degree("cp")
+    pairs = degrees.pairs if degrees else ((mesh.degree("tp"), mesh.degree("cp")),)
+    tp, cp = min(pairs, key=lambda p: p[0] * p[1])
+    fixed = tp * min_pp * cp
     old_m = global_batch // (micro_batch * mesh.dp)
     base: dict[str, Any] = dict(old_world=world, names=names, new_names=names, old_shape=shape, gpus_left=left,
-                                ep=mesh.ep, etp=mesh.etp,
+                                ep=mesh.ep, etp=mesh.etp, sharding=sharding,
                                 old_step_s=old_step[0] if old_step else None,
                                 old_tokens_per_s=old_step[1] if old_step else None)
     if lost == 0:
@@ -218,12 +242,13 @@ def restart_on_fewer_nodes(mesh, lost_nodes: int, *, gpus_per_node: int, global_
                        reshard=False, dataloader_ok=False, reasons=why, **base)
 
     if left < fixed:
-        return bad(f"{left} GPUs left are fewer than tp {mesh.degree('tp')} x pp {min_pp} "
-                   f"x cp {mesh.degree('cp')} = {fixed}")
+        return bad(f"{left} GPUs left are fewer than tp {tp} x pp {min_pp} x cp {cp} = {fixed}")
     if not any(a in names for a in ("dp_replicate", "dp_shard", "dp")):
         return bad("the mesh has no data-parallel axis to shrink")
-    keepers, changer, refused = _candidates(mesh, left, global_batch, micro_batch, micro_batch_reasons, pipeline)
-    ranked, unplanned = rank(keepers, changer, evaluate)
+    where = _Where(mesh, left, global_batch, micro_batch, micro_batch_reasons, sharding, getattr(evaluate, "screen", None))
+    keepers, changer, refused, screened = _candidates(where, pipeline, pairs)
+    ranked, unplanned = rank(keepers, changer, evaluate, pairs[0])
+    unplanned = screened + unplanned
     as_configured = _why_not_kept(global_batch, micro_batch, changer, micro_batch_reasons) if changer else ""
     if changer:
         refused.append(changer_refusal(changer, as_configured, ranked, unplanned))
@@ -232,10 +257,11 @@ def restart_on_fewer_nodes(mesh, lost_nodes: int, *, gpus_per_node: int, global_
         return bad(*([r for r, _ in refused[:REFUSED_SHOWN]] or ["no data-parallel degree keeps the contract"]))
     top = ranked[0]
     larger = tuple(r for r, gpus in refused if gpus > top.gpus)
-    smaller = [r for r, gpus in unplanned if gpus < top.gpus]
+    smaller = [r for r, gpus in sorted(unplanned, key=lambda r: -r[1]) if gpus < top.gpus]
     old, new = dict(zip(names, shape)), dict(zip(top.names, top.shape))
     changed = tuple(n for n in top.names if old.get(n, 1) != new[n])
-    reshard, dl_ok, state = state_notes(changed, mesh.dp, top.dp, dataloader_state)
+    reshard, dl_ok, state = state_notes(changed, mesh.dp, top.dp, dataloader_state,
+                                        changed_words(changed, top.names, sharding))
     notes = (result_notes(top, ranked, smaller, world, left, mesh, gpus_per_node, old_step, pipeline is not None)
              + batch_notes(top, as_configured)
              + (pipeline_note(pipeline, top) if pipeline else []) + state)
@@ -245,68 +271,80 @@ def restart_on_fewer_nodes(mesh, lost_nodes: int, *, gpus_per_node: int, global_
                    **{**base, "new_names": top.names})
 
 
-def _splits(names: tuple[str, ...], deg: dict[str, int], d: int) -> list[tuple[int, ...]]:
-    """Dense shapes of axes ``names`` (degrees ``deg``, tp/pp/cp kept) with data-parallel degree
-    ``d``: dp_replicate x (dp_shard or dp) = d, the split keeping the shard degree (no
-    resharding) first, then larger shards."""
-    shard_axis = "dp_shard" if "dp_shard" in deg else "dp" if "dp" in deg else None
-    if "dp_replicate" not in deg:
-        pairs = [(1, d)]
-    elif shard_axis is None:
-        pairs = [(d, 1)]
-    else:
-        pairs = sorted(((d // s, s) for s in range(1, d + 1) if d % s == 0),
-                       key=lambda p: (p[1] != deg[shard_axis], -p[1]))
-    out = []
-    for rep, shard in pairs:
-        new = {**deg, **({"dp_replicate": rep} if "dp_replicate" in deg else {}),
-               **({shard_axis: shard} if shard_axis else {})}
-        out.append(tuple(new[n] for n in names))
-    return out
+@dataclass(frozen=True)
+class _Where:
+    """What every candidate mesh is checked against: the old ``mesh``, the ``left`` GPUs, the
+    batch contract (``reasons_of(pp, m)``: the schedule's micro-batch rule), ``sharding`` (the
+    text's data axis) and the evaluator's ``screen`` (why a mesh cannot fit before it is
+    planned, "" when it may; None: none)."""
+
+    mesh: Any
+    left: int
+    global_batch: int
+    micro_batch: int
+    reasons_of: Callable[[int, int], tuple[str, ...]]
+    sharding: str = ""
+    screen: Optional[Callable[[Proposal], str]] = None
 
 
-def _candidates(mesh, left: int, global_batch: int, micro_batch: int, reasons_of,
-                pipeline: Optional[PipelineRule] = None) -> tuple[list, Optional[Proposal], list]:
-    """(meshes keeping the global batch: up to :data:`KEEPERS` per pipeline degree, largest
-    first, at most :data:`TRIED` (:func:`bounded`); the largest mesh changing it when larger
-    than those; refused meshes as (text, GPUs)), for data-parallel degrees from the most the
-    ``left`` GPUs hold down to 1, at each pipeline degree of :func:`_pipelines`."""
+def _candidates(w: _Where, pipeline: Optional[PipelineRule] = None,
+                pairs: tuple[tuple[int, int], ...] = ()) -> tuple[list, Optional[Proposal], list, list]:
+    """(meshes keeping the global batch: up to :data:`KEEPERS` per (tp, cp, pp), largest first,
+    at most :data:`TRIED` (:func:`bounded`); the largest mesh changing it when larger than
+    those; refused meshes as (text, GPUs); those of them the screen refused), for data-parallel
+    degrees from the most the GPUs left hold down to 1, at each (tp, cp) of ``pairs`` (the
+    mesh's own by default) and each pipeline degree of :func:`pipelines`."""
     keepers: list[Proposal] = []
     changers: list[Proposal] = []
     refused: list[tuple[str, int]] = []
-    for pp, split in pipelines(mesh, left, pipeline):
-        k, c, r = _at_pp(mesh, pp, split, left, global_batch, micro_batch, reasons_of)
-        keepers += k
-        changers += [c] if c else []
-        refused += r
+    pairs = pairs or ((w.mesh.degree("tp"), w.mesh.degree("cp")),)
+    for tp, cp in pairs:
+        for pp, split in pipelines(w.mesh, w.left, pipeline, tp * cp):
+            k, c, r = _at(w, {"tp": tp, "cp": cp, "pp": pp}, split)
+            keepers += k
+            changers += [c] if c else []
+            refused += r
+    tried, screened = bounded(keepers, pairs, w.screen)
     top = max((p.gpus for p in keepers), default=0)
     changer = max((c for c in changers if c.gpus > top), key=lambda c: c.gpus, default=None)
-    return bounded(keepers), changer, refused
+    return tried, changer, refused, screened
 
 
-def _at_pp(mesh, pp: int, split, left: int, global_batch: int, micro_batch: int, reasons_of):
-    """:func:`_candidates` at one pipeline degree ``pp`` (layers per stage ``split``)."""
-    names, ep, etp = mesh.layout.names, mesh.ep, mesh.etp
-    deg = dict(zip(names, mesh.layout.shape))
-    if pp != deg.get("pp", 1):
-        names = names if "pp" in names else ("pp",) + names
-        deg = {**deg, "pp": pp}
-    fixed_world = deg.get("tp", 1) * deg.get("cp", 1) * pp
+def _at(w: _Where, inner: dict[str, int], split):
+    """:func:`_candidates` at one (tp, cp, pp) ``inner`` (layers per stage ``split``). At most
+    :data:`REFUSED_SHOWN` refusals kept (the largest; only those can be shown), later meshes
+    whose expert block cannot divide then skipped unresolved; once the changer or a keeper is
+    found, a degree that cannot keep the global batch is skipped (only the largest changer is
+    kept, and a smaller refusal is not shown). The schedule's reasons are asked once per
+    micro-batch count."""
+    mesh, pp = w.mesh, inner["pp"]
+    names, deg = axes_at(mesh, inner)
+    ep, etp = mesh.ep, mesh.etp
+    fixed_world = inner["tp"] * inner["cp"] * pp
+    reasons_of = lru_cache(maxsize=None)(lambda m: w.reasons_of(pp, m))
     keepers: list[Proposal] = []
     changer: Optional[Proposal] = None
     refused: list[tuple[str, int]] = []
-    for d in range(left // fixed_world, 0, -1):
-        for shape in _splits(names, deg, d):
+    for d in range(w.left // fixed_world, 0, -1):
+        if all(w.global_batch % (b * d) for b in range(1, w.micro_batch + 1)) and (
+                changer is not None or keepers or len(refused) >= REFUSED_SHOWN
+                and all(reasons_of(m) for m in range(max(1, w.global_batch // (w.micro_batch * d)), 0, -1))):
+            continue  # cannot keep the global batch: neither the largest changer nor a refusal shown
+        for shape in splits(names, deg, d):
             gpus = fixed_world * d
+            block = prod(x for n, x in zip(names, shape) if n in ("dp_shard", "dp", "cp", "tp"))
+            if len(refused) >= REFUSED_SHOWN and block % (ep * etp):
+                continue
             spec = MeshSpec(names=list(names) + [a for a, x in (("ep", ep), ("etp", etp)) if x > 1],
                             shape=list(shape) + [x for x in (ep, etp) if x > 1])
             resolved = resolve_mesh(spec, gpus)
-            text = f"{mesh_text(names, shape, ep, etp, ('pp',) if 'pp' in names else ())} ({gpus} GPUs)"
+            keep = ("pp",) if "pp" in names else ()
+            text = f"{wording.mesh_text(names, shape, w.sharding, ep, etp, keep)} ({gpus} GPUs)"
             if isinstance(resolved, NoMesh):
                 refused.append((f"{text}: {'; '.join(resolved.reasons)}", gpus))
                 continue
-            p = _contract(Proposal(names, shape, ep, etp, gpus, d, micro_batch, global_batch, 0, pp_layer_split=split),
-                          lambda m: reasons_of(pp, m))
+            p = _contract(Proposal(names, shape, ep, etp, gpus, d, w.micro_batch, w.global_batch, 0,
+                                   pp_layer_split=split, sharding=w.sharding), reasons_of)
             if isinstance(p, str):
                 refused.append((f"{text}: {p}", gpus))
             elif p.keeps_global_batch:
@@ -314,8 +352,8 @@ def _at_pp(mesh, pp: int, split, left: int, global_batch: int, micro_batch: int,
             elif changer is None and not keepers:
                 changer = p
             if len(keepers) >= KEEPERS:
-                return keepers, changer, refused
-    return keepers, changer, refused
+                return keepers, changer, refused[:REFUSED_SHOWN]
+    return keepers, changer, refused[:REFUSED_SHOWN]
 
 
 def _why_not_kept(global_batch: int, micro_batch: int, p: Proposal, reasons_of) -> str:

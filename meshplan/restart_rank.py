@@ -1,6 +1,7 @@
 """Which meshes a restart on fewer nodes plans, and how it ranks them (:mod:`meshplan.restart`):
-the pipeline degrees tried (:class:`PipelineRule`), the bound on the meshes planned
-(:data:`PLANNED`), the evaluator (a plan of each mesh) and the ranking.
+the pipeline degrees tried (:class:`PipelineRule`), the tp and cp degrees tried
+(:class:`DegreeRule`), the bound on the meshes planned (:data:`PLANNED`), the evaluator (a plan
+of each mesh, and its screen of the persistent state) and the ranking.
 """
 
 from __future__ import annotations
@@ -9,20 +10,29 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 
 from meshplan.errors import ConfigError
-from meshplan.mesh.layers import ends_short_split, restart_split
+from meshplan.memory.constraints import usable_bytes
+from meshplan.memory.state import most_loaded, state_bytes
+from meshplan.mesh.layers import ends_short_split, restart_split, stage_layers
+from meshplan.mesh.resolve import resolved_mesh
+from meshplan.pipeline.registry import get as get_schedule
 from meshplan.plan import Infeasible, build_plan
+from meshplan.spec.axes.base import AxisDegrees
+from meshplan.spec.axes.cp import CP
+from meshplan.spec.axes.tp import TP, max_tp, tp_misfit
+from meshplan.spec.mesh import MeshSpec
 from meshplan.schedule.rank_timeline import Overlap
 from meshplan.schedule.steptime import step_time
 
 if TYPE_CHECKING:
     from meshplan.restart import Proposal
 
-#: Meshes keeping the global batch tried at most (:func:`bounded`: those of the highest ideal
-#: throughput), and of those planned feasible at most (:func:`rank`, in that order; memory refusals do
-#: not count). DeepSeek-V3's restart on 2040 GPUs finds 63 such meshes over 61 pipeline degrees
-#: (tests/test_reliability.py); a plan of Llama 3 405B on 16k GPUs takes ~0.3 s. The examples'
-#: proposal and runner-up (DeepSeek-V3, Llama 3 405B, Mixtral, the seed) are the same with 8, 12
-#: or 16 planned.
+#: Meshes of the configured tp and cp keeping the global batch tried at most (:func:`bounded`: those
+#: of the highest ideal throughput), and of those planned feasible at most (:func:`rank`, in that
+#: order; memory refusals do not count); each other (tp, cp) adds one mesh, planned. DeepSeek-V3's
+#: restart on 2040 GPUs finds 62 such meshes over 31 pipeline degrees at tp 1, cp 1, and 7 other
+#: pairs (tests/test_reliability.py); a plan of Llama 3 405B on 16k GPUs takes ~0.3 s. The
+#: proposal and runner-up of DeepSeek-V3, Mixtral and the seed are the same with 8, 12 or 16
+#: planned.
 TRIED, PLANNED = 16, 8
 
 Evaluator = Callable[["Proposal"], Union["Proposal", str]]
@@ -41,37 +51,80 @@ class PipelineRule:
     vpp: int = 1
     split: Optional[tuple[int, ...]] = None
     short: bool = False
+    dense: int = 0
 
     def split_for(self, pp: int) -> Union[None, tuple[int, ...], str]:
-        """Layers per stage at ``pp`` (None: even), or why the layers do not allow it."""
+        """Layers per stage at ``pp`` (None: even), or why the layers do not allow it; ``dense``
+        (> 0: the configured split holds the model's dense layers alone on the first stage)
+        keeps them there (:func:`~meshplan.mesh.layers.dense_first_split`)."""
         if pp == self.pp:
             return self.split
-        got = restart_split(self.layers, pp, self.vpp, self.short)
+        got = restart_split(self.layers, pp, self.vpp, self.short, self.dense)
         return tuple(got) if isinstance(got, list) else got
 
 
 def pipeline_rule(plan) -> PipelineRule:
-    """The :class:`PipelineRule` of a plan (its model's layers, pp, vpp and pp_layer_split).
+    """The :class:`PipelineRule` of a plan (its model's layers, pp, vpp and pp_layer_split; the
+    model's dense layers where the split puts exactly them on the first stage at vpp 1).
 
     >>> from types import SimpleNamespace as N
-    >>> split = [3] + [4] * 14 + [2]  # DeepSeek-V3's, the ends-short rule at pp 16
-    >>> plan = N(config=N(model=N(layers=61), mesh=N(pp_layer_split=split)), pp=16, vpp=1)
-    >>> r = pipeline_rule(plan); r.short, r.split_for(8), r.split_for(16) == tuple(split)
-    (True, (7, 8, 8, 8, 8, 8, 8, 6), True)
+    >>> split = [3] + [4] * 14 + [2]  # DeepSeek-V3's: the 3 dense layers alone on the first stage
+    >>> model = N(layers=61, dense_layers=3, is_moe=True)
+    >>> plan = N(config=N(model=model, mesh=N(pp_layer_split=split)), pp=16, vpp=1)
+    >>> r = pipeline_rule(plan); r.short, r.dense, r.split_for(8), r.split_for(16) == tuple(split)
+    (True, 3, (3, 8, 9, 9, 9, 8, 8, 7), True)
     """
-    layers, split = plan.config.model.layers, plan.config.mesh.pp_layer_split
+    model, split = plan.config.model, plan.config.mesh.pp_layer_split
+    layers = model.layers
     short = split is not None and list(split) == ends_short_split(layers, plan.pp, plan.vpp)
-    return PipelineRule(layers, plan.pp, plan.vpp, tuple(split) if split is not None else None, short)
+    dense = model.dense_layers if (model.is_moe and model.dense_layers and split is not None and plan.vpp == 1
+                                   and split[0] == model.dense_layers) else 0
+    return PipelineRule(layers, plan.pp, plan.vpp, tuple(split) if split is not None else None, short, dense)
 
 
-def pipelines(mesh, left: int, pipeline: Optional[PipelineRule]) -> list[tuple[int, Optional[tuple[int, ...]]]]:
+@dataclass(frozen=True)
+class DegreeRule:
+    """The (tp, cp) degrees a restart may run, the configured pair first: DCP and Megatron-Core
+    dist-checkpointing reshard tp and cp on load as they do pp (:mod:`meshplan.restart_text`)."""
+
+    pairs: tuple[tuple[int, int], ...]
+
+
+def degree_rule(plan) -> DegreeRule:
+    """Every tp up to the fast domain (:func:`~meshplan.spec.axes.tp.max_tp`: the NVLink domain
+    or ``[search] max_tp``) that splits the heads and the dense MLP and fills nodes evenly
+    (:func:`~meshplan.spec.axes.tp.tp_misfit`), with cp the configured one, half or twice it (a
+    bound: each halves or doubles the tokens of a sequence on a rank); a pair kept where the tp
+    and cp rules hold (:data:`~meshplan.spec.axes.tp.TP`'s sequence-parallel rule, the
+    sequence split into 2 cp chunks of :data:`~meshplan.spec.axes.cp.CP`)."""
+    cfg, mesh = plan.config, plan.mesh
+    tp0, cp0, node = mesh.degree("tp"), mesh.degree("cp"), cfg.cluster.node.gpus
+    tps = [t for t in range(1, max(max_tp(cfg), tp0) + 1) if t == tp0 or tp_misfit(cfg.model, t, node) is None]
+    cps = [cp0] + ([cp0 // 2] if cp0 % 2 == 0 else []) + [2 * cp0]
+    if mesh.etp > 1:  # etp is tp's degree for the experts (1 or tp): tp kept
+        tps = [tp0]
+    bad = [r.bad for r in TP.rules + CP.rules if r.bad is not None]
+    pairs = [(t, c) for t in [tp0] + [t for t in tps if t != tp0] for c in cps
+             if (t, c) == (tp0, cp0) or not any(bool(b(cfg.model, cfg.training, _degrees(mesh, t, c))) for b in bad)]
+    return DegreeRule(tuple(pairs))
+
+
+def _degrees(mesh, tp: int, cp: int) -> AxisDegrees:
+    """The degrees the tp and cp rules read, at ``tp`` and ``cp``."""
+    return AxisDegrees(pp=1, dpr=1, dps=1, dp=1, cp=cp, tp=tp, ep=mesh.ep, etp=mesh.etp, mb=1, vpp=1,
+                       sp=mesh.sequence_parallel)
+
+
+def pipelines(mesh, left: int, pipeline: Optional[PipelineRule],
+              per: Optional[int] = None) -> list[tuple[int, Optional[tuple[int, ...]]]]:
     """(pp, layers per stage) of the pipeline degrees tried: the mesh's own without ``pipeline``;
     with it, the configured pp first, then every pp from 1 up whose replica ``tp x pp x cp``
-    fits the ``left`` GPUs and whose layers allow it (:meth:`PipelineRule.split_for`)."""
+    (``per``: tp x cp, the mesh's by default) fits the ``left`` GPUs and whose layers allow it
+    (:meth:`PipelineRule.split_for`)."""
     pp0 = mesh.degree("pp")
     if pipeline is None:
         return [(pp0, None)]
-    per = mesh.degree("tp") * mesh.degree("cp")
+    per = per or mesh.degree("tp") * mesh.degree("cp")
     out: list[tuple[int, Optional[tuple[int, ...]]]] = []
     for pp in [pp0] + [p for p in range(1, left // per + 1) if p != pp0]:
         split = pipeline.split_for(pp)
@@ -80,10 +133,68 @@ def pipelines(mesh, left: int, pipeline: Optional[PipelineRule]) -> list[tuple[i
     return out
 
 
-def bounded(keepers: list[Proposal]) -> list[Proposal]:
-    """At most :data:`TRIED` meshes, those of the highest :attr:`Proposal.ideal` throughput (GPUs
-    less the 1F1B bubble), highest first (the configured pp's first at a tie)."""
-    return sorted(keepers, key=lambda p: -p.ideal)[:TRIED]
+def axes_at(mesh, inner: dict[str, int]) -> tuple[tuple[str, ...], dict[str, int]]:
+    """The dense axes and degrees of ``mesh`` with tp, cp and pp at ``inner``'s degrees: an
+    axis the mesh lacks is added where it differs from 1 (pp outermost, cp then tp innermost)."""
+    names, deg = mesh.layout.names, dict(zip(mesh.layout.names, mesh.layout.shape))
+    for axis in ("pp", "cp", "tp"):
+        if inner[axis] != deg.get(axis, 1):
+            names = names if axis in names else ("pp",) + names if axis == "pp" else names + (axis,)
+            deg = {**deg, axis: inner[axis]}
+    if "cp" in names and "tp" in names and names.index("cp") > names.index("tp"):  # cp outside tp
+        names = tuple(n for n in names if n != "cp")
+        names = names[:names.index("tp")] + ("cp",) + names[names.index("tp"):]
+    return names, deg
+
+
+def splits(names: tuple[str, ...], deg: dict[str, int], d: int) -> list[tuple[int, ...]]:
+    """Dense shapes of axes ``names`` (degrees ``deg``, tp/pp/cp as given) with data-parallel degree
+    ``d``: dp_replicate x (dp_shard or dp) = d, the split keeping the shard degree (no
+    resharding) first, then larger shards."""
+    shard_axis = "dp_shard" if "dp_shard" in deg else "dp" if "dp" in deg else None
+    if "dp_replicate" not in deg:
+        pairs = [(1, d)]
+    elif shard_axis is None:
+        pairs = [(d, 1)]
+    else:
+        pairs = sorted(((d // s, s) for s in range(1, d + 1) if d % s == 0),
+                       key=lambda p: (p[1] != deg[shard_axis], -p[1]))
+    out = []
+    for rep, shard in pairs:
+        new = {**deg, **({"dp_replicate": rep} if "dp_replicate" in deg else {}),
+               **({shard_axis: shard} if shard_axis else {})}
+        out.append(tuple(new[n] for n in names))
+    return out
+
+
+def bounded(keepers: list[Proposal], pairs: tuple[tuple[int, int], ...] = (),
+            screen: Optional[Callable[[Proposal], str]] = None) -> tuple[list[Proposal], list[tuple[str, int]]]:
+    """(meshes tried, those the ``screen`` refused as (text, GPUs)). At most :data:`TRIED`
+    meshes of the configured tp and cp (``pairs[0]``; all ``keepers`` without ``pairs``), those
+    of the highest :attr:`Proposal.ideal` throughput (GPUs less the 1F1B bubble), highest first
+    (the configured pp's first at a tie); then of each other (tp, cp) of ``pairs``, in their
+    order, its one mesh of the highest ideal throughput. The ideal counts neither the tp nor the
+    cp collectives, and a smaller dp leaves more micro-batches and so a smaller bubble: it would
+    put every mesh of the largest tp x cp first; one mesh per other pair lets the plans rank
+    them. A mesh the screen refuses (its persistent state alone exceeds the memory,
+    :meth:`PlanEvaluator.screen`) is passed over."""
+    own = pairs[0] if pairs else None
+    tried: list[Proposal] = []
+    refused: list[tuple[str, int]] = []
+    seen: set[tuple[int, int]] = set()
+    mine = 0
+    for p in sorted(keepers, key=lambda p: -p.ideal):
+        if (mine >= TRIED if own in (None, p.tp_cp) else p.tp_cp in seen) or (own and p.tp_cp not in pairs):
+            continue
+        why = screen(p) if screen else ""
+        if why:
+            refused.append((f"{p.mesh_text()} ({p.gpus} GPUs): {why}", p.gpus))
+            continue
+        tried.append(p)
+        mine += own in (None, p.tp_cp)
+        seen.add(p.tp_cp)
+    first = [p for p in tried if own is None or p.tp_cp == own]
+    return first + [p for pair in pairs[1:] for p in tried if p.tp_cp == pair], refused
 
 
 def changer_refusal(changer: Proposal, as_configured: str, ranked: list[Proposal], unplanned: list) -> tuple[str, int]:
@@ -96,43 +207,74 @@ def changer_refusal(changer: Proposal, as_configured: str, ranked: list[Proposal
     return why + f"; with {changer.contract}: {unplanned.pop()[0].split(': ', 1)[1]}", changer.gpus
 
 
-def rank(keepers: list[Proposal], changer: Optional[Proposal], evaluate: Optional[Evaluator]):
-    """(proposals ranked: keeping the global batch first, then throughput, else GPUs; the
-    meshes the evaluator refused, as (text, GPUs)). ``keepers`` are planned in their order
-    until :data:`PLANNED` of them run; the ``changer`` is planned last."""
+def rank(keepers: list[Proposal], changer: Optional[Proposal], evaluate: Optional[Evaluator],
+         pair: Optional[tuple[int, int]] = None):
+    """(proposals ranked: keeping the global batch first, then throughput, else GPUs and the
+    ideal throughput; the meshes the evaluator refused, as (text, GPUs)). ``keepers`` of the
+    configured tp and cp (``pair``; all without it) are planned in their order until
+    :data:`PLANNED` of them run, those of other tp and cp (one each, :func:`bounded`) all; the
+    ``changer`` is planned last."""
     out: list[Proposal] = []
     unplanned: list[tuple[str, int]] = []
+    own = 0
     for p in keepers + ([changer] if changer else []):
-        if evaluate and p is not changer and len(out) >= PLANNED:
+        mine = pair is None or p.tp_cp == pair
+        if evaluate and p is not changer and mine and own >= PLANNED:
             continue
         got = evaluate(p) if evaluate else p
         if isinstance(got, str):
             unplanned.append((f"{p.mesh_text()} ({p.gpus} GPUs): {got}", p.gpus))
         else:
             out.append(got)
-    out.sort(key=lambda p: (not p.keeps_global_batch, -(p.tokens_per_s if p.tokens_per_s is not None else p.gpus)))
+            own += mine and p is not changer
+    out.sort(key=lambda p: (not p.keeps_global_batch,
+                            -(p.tokens_per_s if p.tokens_per_s is not None else p.gpus), -p.ideal))
     return out, unplanned
 
 
-def plan_evaluator(plan, nodes_left: int) -> Evaluator:
-    """Plans a proposal on ``nodes_left`` nodes: ``plan``'s config with the proposal's mesh
-    (``mesh.world`` = its GPUs, node-major; at another pp its ``pp_layer_split``, the schedule
-    and virtual stages kept), micro_batch and global_batch; its step and
-    throughput (:func:`~meshplan.schedule.steptime.step_time`, default overlap, as the search
-    ranks) and peak, or the plan's reasons (memory) when it cannot run."""
-    cfg = plan.config
+class PlanEvaluator:
+    """Plans a proposal on ``nodes_left`` nodes (``__call__``): ``plan``'s config with the
+    proposal's mesh (``mesh.world`` = its GPUs, node-major; at another pp its ``pp_layer_split``,
+    the schedule and virtual stages kept), micro_batch and global_batch; its step and throughput
+    (:func:`~meshplan.schedule.steptime.step_time`, default overlap, as the search ranks) and
+    peak, or the plan's reasons (memory) when it cannot run. :meth:`screen` refuses, before any
+    plan, a mesh whose persistent state alone exceeds usable memory."""
 
-    def evaluate(p: Proposal) -> Union[Proposal, str]:
+    def __init__(self, plan, nodes_left: int):
+        self.plan, self.nodes_left = plan, nodes_left
+
+    def mesh_spec(self, p: Proposal):
+        """The config's ``[mesh]`` with the proposal's axes, degrees, world and layer split."""
         names = list(p.names) + [a for a, d in (("ep", p.ep), ("etp", p.etp)) if d > 1]
         update: dict[str, Any] = {"names": names, "shape": list(p.shape) + [d for d in (p.ep, p.etp) if d > 1],
                                   "order": None, "degrees": None, "world": p.gpus, "rank_to_gpu": None}
-        if p.pp != plan.pp:  # another pipeline degree: its layers per stage (PipelineRule.split_for)
+        if p.pp != self.plan.pp:  # another pipeline degree: its layers per stage (PipelineRule.split_for)
             update["pp_layer_split"] = list(p.pp_layer_split) if p.pp_layer_split is not None else None
-        mesh = cfg.mesh.model_copy(update=update)
+        return self.plan.config.mesh.model_copy(update=update)
+
+    def screen(self, p: Proposal) -> str:
+        """Why ``p`` cannot fit before it is planned: the most loaded stage's persistent state
+        (:func:`~meshplan.memory.state.state_bytes`: parameters, gradients, master copy and optimizer
+        state, which the memory timeline's peak holds) above usable memory
+        (:func:`~meshplan.memory.constraints.usable_bytes`); "" when it may fit."""
+        cfg, spec = self.plan.config, self.mesh_spec(p)
+        mesh = resolved_mesh(MeshSpec(names=spec.names, shape=spec.shape,
+                                      sequence_parallel=spec.sequence_parallel), p.gpus)
+        split = list(spec.pp_layer_split) if spec.pp_layer_split is not None else None
+        stages = stage_layers(cfg.model.layers, p.pp, self.plan.vpp, split, get_schedule(spec.pp_schedule).virtual_stage)
+        if isinstance(stages, str):  # the plan says why
+            return ""
+        state = most_loaded(state_bytes(cfg.model, mesh, cfg.training, stages)).total_bytes
+        usable = usable_bytes(cfg.cluster, cfg.training)
+        return (f"persistent state {state / 2 ** 30:.1f} GiB (parameters, gradients and optimizer state) > usable "
+                f"{usable / 2 ** 30:.1f} GiB" if state > usable else "")
+
+    def __call__(self, p: Proposal) -> Union[Proposal, str]:
+        cfg, mesh = self.plan.config, self.mesh_spec(p)
         training = cfg.training.model_copy(update={"global_batch": p.global_batch, "micro_batch": p.micro_batch})
         try:
             new = build_plan(replace(cfg, mesh=mesh, training=training,
-                                     cluster=cfg.cluster.model_copy(update={"nodes": nodes_left})), reports=False)
+                                     cluster=cfg.cluster.model_copy(update={"nodes": self.nodes_left})), reports=False)
         except ConfigError as e:
             return str(e)
         if isinstance(new, Infeasible) or not new.feasible:
@@ -140,4 +282,7 @@ def plan_evaluator(plan, nodes_left: int) -> Evaluator:
         st = step_time(new, Overlap())
         return replace(p, step_s=st.step_s, tokens_per_s=st.tokens_per_s, peak_bytes=new.timeline.peak.total_bytes)
 
-    return evaluate
+
+def plan_evaluator(plan, nodes_left: int) -> PlanEvaluator:
+    """The :class:`PlanEvaluator` of ``plan`` on ``nodes_left`` nodes."""
+    return PlanEvaluator(plan, nodes_left)

@@ -87,11 +87,12 @@ def batch_notes(top: Proposal, as_configured: str) -> list[str]:
     return [line]
 
 
-def state_notes(changed, old_dp: int, new_dp: int, dataloader_state: str):
+def state_notes(changed, old_dp: int, new_dp: int, dataloader_state: str, words: str = ""):
     """(checkpoint reshards, data-loader state loads, notes): any changed axis but
-    dp_replicate changes the shards, resharded on load (module docstring)."""
+    dp_replicate changes the shards, resharded on load (module docstring); ``words``: the
+    changed axes as the mesh text names them (default: their names)."""
     reshard = any(n != "dp_replicate" for n in changed)
-    moved = (f"resharded on load ({', '.join(changed)} changed): DCP (torch.distributed.checkpoint) and Megatron-Core "
+    moved = (f"resharded on load ({words or ', '.join(changed)} changed): DCP (torch.distributed.checkpoint) and Megatron-Core "
              "dist-checkpointing save each shard at its offset in the global tensor and each rank reads its new shards")
     notes = ["checkpoint: " + (moved if reshard else "replicas hold identical shards: load without resharding")]
     ok = dataloader_state == "global" or new_dp == old_dp

@@ -268,7 +268,8 @@ def test_restart_with_no_gpu_left_is_one_line_and_exit_1(capsys):
                    "x cp 1 = 1\n")
     rc, out, err = _reliability_cli(capsys, "--lost-nodes", "1")  # dp_shard 16 x ep 8: test_restart_mixtral_*
     assert (rc, err) == (0, "")
-    assert "restart: world 32 -> 24; mesh dp_shard 32 x ep 8 -> pp 3 x dp_shard 8 x ep 8 (changed: pp, dp_shard)" in out
+    assert ("restart: world 32 -> 24; mesh dp_shard 32 x ep 8 -> pp 3 x dp_shard 4 x cp 2 x ep 8 (changed: pp, "
+            "dp_shard, cp)") in out
 
 
 def test_default_restart_scenario_informs_without_failing_a_one_node_job(capsys):
@@ -300,22 +301,24 @@ def _example_plan(name, shape=None, world=None, nodes=None):
 
 def test_restart_mixtral_keeps_ep_and_the_global_batch(capsys, tmp_path):
     """Mixtral dp_shard 32 x ep 8 (32 layers), global batch 256, one of 4 nodes lost: 24 GPUs.
-    ep 8 needs dp_shard a multiple of 8, 256 / dp whole: dp 8 or 16 (24 is not whole). pp 1:
-    dp_shard 16 on 16 GPUs; pp 2 x dp_shard 8 on 16; pp 3 x dp_shard 8 on all 24, layers
-    balanced_split(32, 3) = [11, 11, 10], 32 micro-batches (>= pp 3). pp 3 is proposed, no GPU
-    idle. Its step and the throughput lost are the plans' own (an independent build_plan +
-    step_time of each mesh)."""
+    ep 8 needs dp_shard x cp a multiple of 8, 256 / dp whole: at cp 1 dp 8 or 16 (24 is not
+    whole). pp 1: dp_shard 16 on 16 GPUs; pp 2 x dp_shard 8 on 16; pp 3 x dp_shard 8 on all 24,
+    layers balanced_split(32, 3) = [11, 11, 10], 32 micro-batches (>= pp 3); at cp 2 (twice the
+    configured 1; 4096 % 4 == 0) pp 3 x dp_shard 4 x cp 2 on all 24 too, 64 micro-batches. The
+    plans rank cp 2 first (its step is the plan's own: an independent build_plan + step_time of
+    each mesh), pp 3 x dp_shard 8 the runner-up; no GPU idle."""
     from meshplan.schedule.rank_timeline import Overlap
     from meshplan.schedule.steptime import step_time
     rc, out, err = _reliability_cli(capsys, "--lost-nodes", "1", "--json", str(tmp_path / "r.json"))
     assert (rc, err) == (0, "")
     lines = out.splitlines()
     head = next(i for i, line in enumerate(lines) if line.startswith("restart:"))
-    assert lines[head] == ("restart: world 32 -> 24; mesh dp_shard 32 x ep 8 -> pp 3 x dp_shard 8 x ep 8 (changed: pp, "
-                           "dp_shard)")
+    assert lines[head] == ("restart: world 32 -> 24; mesh dp_shard 32 x ep 8 -> pp 3 x dp_shard 4 x cp 2 x ep 8 "
+                           "(changed: pp, dp_shard, cp)")
     old = step_time(_example_plan("mixtral-8x7b_32xh100_ep8-dp32.toml"), Overlap())
     cfg = load_config(Path(__file__).resolve().parents[1] / "examples" / "mixtral-8x7b_32xh100_ep8-dp32.toml")
-    mesh = {"names": ["pp", "dp_shard", "ep"], "shape": [3, 8, 8], "world": 24, "pp_layer_split": [11, 11, 10]}
+    mesh = {"names": ["pp", "dp_shard", "cp", "ep"], "shape": [3, 4, 2, 8], "world": 24,
+            "pp_layer_split": [11, 11, 10]}
     cfg = dataclasses.replace(cfg, mesh=cfg.mesh.model_copy(update=mesh),
                               cluster=cfg.cluster.model_copy(update={"nodes": 3}))
     new_plan = build_plan(cfg)
@@ -324,12 +327,12 @@ def test_restart_mixtral_keeps_ep_and_the_global_batch(capsys, tmp_path):
                                f"{new_plan.timeline.peak.total_bytes / 2 ** 30:.1f} GiB: "
                                f"{1 - new.tokens_per_s / old.tokens_per_s:.1%} of the throughput lost (the 32-GPU "
                                f"plan: step {old.step_s:.2f} s, {old.tokens_per_s:,.0f} tokens/s)")
-    assert lines[head + 2].startswith("- runner-up: ") and "on 16 GPUs, contract kept" in lines[head + 2]
+    assert lines[head + 2].startswith("- runner-up: pp 3 x dp_shard 8 x ep 8 on 24 GPUs, contract kept")
     assert lines[head + 3:head + 5] == [
-        "- global batch 256 = micro_batch 1 x dp 8 x 32 micro-batches",
+        "- global batch 256 = micro_batch 1 x dp 4 x 64 micro-batches",
         "- pipeline: pp 1 -> 3, layers per stage 11 x 2, 10 (the configured schedule)"]
     doc = json.loads((tmp_path / "r.json").read_text())["restart"]
-    assert (doc["shape"], doc["ep"], doc["new_world"], doc["gpus_left"], doc["contract"]) == ([3, 8], 8, 24, 24, "")
+    assert (doc["shape"], doc["ep"], doc["new_world"], doc["gpus_left"], doc["contract"]) == ([3, 4, 2], 8, 24, 24, "")
     assert doc["proposals"][0]["tokens_per_s"] == new.tokens_per_s and doc["old_step_s"] == old.step_s
 
 
@@ -347,50 +350,122 @@ def test_restart_deepseek_v3_varies_pp():
     """Issue 11 (trial 3 finding 1, trial 5 item 1): DeepSeek-V3 pp 16 x dp_shard 128 x ep 64 on
     256 nodes loses one: 2040 GPUs. pp kept (16), ep 64 needs dp_shard a multiple of 64 and
     15360 / 127 is not whole: dp_shard 64 on 1024 GPUs, 1016 idle. pp varied (DCP and
-    Megatron dist-checkpointing reshard on load): every pp 1..61 has a split of the 61 layers
-    (the configured [3, 4 x 14, 2] is Llama 3's ends-short rule, carried over); dp must be 64 k
-    with k | 240 (15360 = 64 x 240), at most 2040 / pp: pp 31 x dp 64 = 1984 GPUs is the
-    largest (pp 30, 15, 10, 6, 5, 3, 2, 1 reach 1920; pp >= 32 leaves dp < 64), split
-    ends_short_split(61, 31) = [1, 3, 2 x 28, 1], 240 micro-batches. Ranked by GPUs without
-    an evaluator."""
+    Megatron dist-checkpointing reshard on load): the configured [3, 4 x 14, 2] holds the 3
+    dense layers alone on the first stage, kept there (dense_first_split: the 58 MoE layers on
+    the other pp - 1 stages), which allows pp 1-30 and 59, not 31 (test_restart_pp_values_keep_
+    dense_layers_alone). dp = 64 k with k | 240 (15360 = 64 x 240), pp k <= 2040 / 64: pp k =
+    30 is the most (31 is prime, pp 31 refused): 1920 GPUs at pp 1, 2, 3, 5, 6, 10, 15, 30 (k
+    30, 15, 10, 6, 5, 3, 2, 1). Without an evaluator ranked by GPUs, then the ideal throughput
+    1920 m / (m + pp - 1), m = 240 / k: 1920, 1807, 1772, 1745, 1739, 1726, 1719, 1713. The
+    largest mesh, pp 1 x dp_shard 1984 (31 x 64), breaks the global batch: the alternative."""
     _, kept = _deepseek_restart(rule=False, evaluate=False)
     assert kept.shape == (16, 64) and kept.new_world == 1024 and kept.changed == ("dp_shard",)
     _, r = _deepseek_restart(evaluate=False)
-    top = r.proposals[0]
-    assert (top.names, top.shape, top.gpus, top.micro_batches) == (("pp", "dp_shard"), (31, 64), 1984, 240)
-    assert top.pp_layer_split == (1, 3) + (2,) * 28 + (1,) and r.changed == ("pp", "dp_shard")
+    assert [(p.pp, p.dp, p.gpus) for p in r.proposals[:8]] == [
+        (1, 1920, 1920), (2, 960, 1920), (3, 640, 1920), (5, 384, 1920), (6, 320, 1920), (10, 192, 1920),
+        (15, 128, 1920), (30, 64, 1920)]
+    by_pp = {p.pp: p for p in r.proposals}
+    assert by_pp[30].pp_layer_split == (3,) + (2,) * 29 and by_pp[2].pp_layer_split == (3, 58)
+    assert 31 not in by_pp and r.changed == ("pp", "dp_shard") and r.shape == (1, 1920)
+    assert r.proposals[-1].contract == "global_batch 15360 -> 13888" and r.proposals[-1].gpus == 1984
     # the largest mesh refused: pp 1 (shown, as pp is an axis) on all 2040 GPUs, not a multiple of ep 64
     assert r.refused[0].startswith("pp 1 x dp_shard 2040 x ep 64 (2040 GPUs): ep(64) * etp(1) = 64 does not divide")
-    assert sorted((p.gpus, p.pp, p.dp) for p in r.proposals[1:9]) == [
-        (1920, 1, 1920), (1920, 2, 960), (1920, 3, 640), (1920, 5, 384), (1920, 6, 320), (1920, 10, 192),
-        (1920, 15, 128), (1920, 30, 64)]
-    assert ("pipeline: pp 16 -> 31, layers per stage 3, 4 x 14, 2 -> 1, 3, 2 x 28, 1 (the schedule kept)"
-            in r.notes)
+    assert "pipeline: pp 16 -> 1: no pipeline" in r.notes
     assert any(n.startswith("checkpoint: resharded on load (pp, dp_shard changed): DCP") for n in r.notes)
 
 
+def test_restart_pp_values_keep_dense_layers_alone():
+    """DeepSeek-V3's 3 dense layers stay alone on the first stage (its config's split, and
+    Megatron-LM's documented layout "Et*3|(tt|)*29,m|L"): the 58 MoE layers on pp - 1 stages,
+    evenly where pp - 1 divides 58 (pp 2, 3, 30, 59), else balanced with the output layer counted
+    as a layer on the last stage: 59 // (pp - 1) >= 2 leaves that stage a layer, pp - 1 <= 29. So
+    pp 1-30 and 59; pp 31 gives the last stage only the output layer (59 // 30 = 1, less 1),
+    which the planner refuses (a stage needs a layer). At pp 16 the rule gives the configured
+    split back."""
+    from meshplan.mesh.layers import dense_first_split
+    from meshplan.restart import PipelineRule, pipelines
+    rule = PipelineRule(61, 16, split=(3,) + (4,) * 14 + (2,), short=True, dense=3)
+    assert [pp for pp, _ in pipelines(_mesh(["pp", "dp_shard"], [16, 128]), 2040, rule)] == (
+        [16] + [pp for pp in range(1, 31) if pp != 16] + [59])
+    assert dense_first_split(61, 3, 16) == [3] + [4] * 14 + [2]
+    assert rule.split_for(30) == (3,) + (2,) * 29 and rule.split_for(4) == (3, 20, 20, 18)
+    assert rule.split_for(31) == ("pp 31: the 58 MoE layers on the 30 stages after the 3 dense layers leave the last "
+                                  "stage no layer")
+    plan = _example_plan("deepseek-v3_2048xh100_pp16-ep64-dp128.toml")
+    from meshplan.restart import pipeline_rule
+    assert pipeline_rule(plan).dense == 3
+
+
 def test_restart_candidates_are_bounded(monkeypatch):
-    """The candidate set of the DeepSeek-V3 restart: 61 pipeline degrees; up to KEEPERS (4) meshes
-    keeping the global batch each: pp 1-7 four (pp 1: dp 1920, 1536, 1280, 1024), pp 8-10
-    three, pp 11-15 two, pp 16-31 one (dp 64): 28 + 9 + 10 + 16 = 63, of which TRIED (16) are
-    kept, those of the most GPUs less the 1F1B bubble, highest first: pp 1 x dp 1920 (1920),
-    pp 2 x 960 (1920 x 16 / 17 = 1807), pp 3 x 640 (1920 x 24 / 26 = 1772), pp 31 x 64 (1984
-    x 240 / 270 = 1764); at most PLANNED (8) of them are planned feasible."""
-    from meshplan.restart import KEEPERS, PLANNED, TRIED, _candidates, pipeline_rule, pipelines
+    """The candidate set of the DeepSeek-V3 restart: 31 pipeline degrees (1-30, 59); up to
+    KEEPERS (4) meshes keeping the global batch each (dp = 64 k, k | 240, pp k <= 31): pp 1-7
+    four (pp 1: dp 1920, 1536, 1280, 1024), pp 8-10 three, pp 11-15 two, pp 16-30 one (dp 64):
+    28 + 9 + 10 + 15 = 62, of which TRIED (16) are kept, those of the most GPUs less the 1F1B
+    bubble, highest first: pp 1 x dp 1920 (1920), pp 2 x 960 (1920 x 16 / 17 = 1807), pp 3 x
+    640 (1920 x 24 / 26 = 1772), pp 5 x 384 (1920 x 40 / 44 = 1745); at most PLANNED (8) of them
+    are planned feasible. tp and cp varied (degree_rule: tp 1, 2, 4, 8 split the 128 heads and
+    the 18432-wide dense MLP and divide the node's 8 GPUs, cp 1 or twice it, 4096 % 4 == 0):
+    8 pairs, each other pair adds its one mesh of the highest ideal throughput, pp 1 on 1920
+    GPUs (dp x cp x tp a multiple of ep 64 dividing 15360 x cp x tp): 16 + 7 = 23 tried."""
+    from meshplan.restart import KEEPERS, PLANNED, TRIED, _candidates, _Where, degree_rule, pipeline_rule, pipelines
     plan = _example_plan("deepseek-v3_2048xh100_pp16-ep64-dp128.toml")
     rule = pipeline_rule(plan)
-    assert len(pipelines(plan.mesh, 2040, rule)) == 61 and (KEEPERS, TRIED, PLANNED) == (4, 16, 8)
+    assert len(pipelines(plan.mesh, 2040, rule)) == 31 and (KEEPERS, TRIED, PLANNED) == (4, 16, 8)
     t = plan.config.training
     why = lambda pp, m: run_reasons(plan.spec.pp_schedule, pp, m, plan.vpp, t.pp_schedule_runs, t.framework)
-    keepers, changer, _ = _candidates(plan.mesh, 2040, 15360, 1, why, rule)
-    assert len(keepers) == TRIED and changer is None
-    assert [(p.pp, p.dp) for p in keepers[:4]] == [(1, 1920), (2, 960), (3, 640), (31, 64)]
+    w = _Where(plan.mesh, 2040, 15360, 1, why)
+    keepers = _candidates(w, rule)[0]
+    assert len(keepers) == TRIED
+    assert [(p.pp, p.dp) for p in keepers[:4]] == [(1, 1920), (2, 960), (3, 640), (5, 384)]
     assert (16, 64) not in [(p.pp, p.dp) for p in keepers]
+    pairs = degree_rule(plan).pairs
+    assert pairs == ((1, 1), (1, 2), (2, 1), (2, 2), (4, 1), (4, 2), (8, 1), (8, 2))
+    tried = _candidates(w, rule, pairs)[0]
+    assert len(tried) == TRIED + len(pairs) - 1 and tried[:TRIED] == keepers
+    assert [(p.tp_cp, p.pp, p.dp, p.gpus) for p in tried[TRIED:]] == [
+        ((1, 2), 1, 960, 1920), ((2, 1), 1, 960, 1920), ((2, 2), 1, 480, 1920), ((4, 1), 1, 480, 1920),
+        ((4, 2), 1, 240, 1920), ((8, 1), 1, 240, 1920), ((8, 2), 1, 120, 1920)]
     import meshplan.restart_rank
     monkeypatch.setattr(meshplan.restart_rank, "TRIED", 1000)
-    every = _candidates(plan.mesh, 2040, 15360, 1, why, rule)[0]
-    per_pp = [sum(p.pp == pp for p in every) for pp in range(1, 32)]
-    assert len(every) == 63 and per_pp == [4] * 7 + [3] * 3 + [2] * 5 + [1] * 16
+    every = _candidates(w, rule)[0]
+    per_pp = [sum(p.pp == pp for p in every) for pp in range(1, 31)]
+    assert len(every) == 62 and per_pp == [4] * 7 + [3] * 3 + [2] * 5 + [1] * 15
+
+
+def test_restart_changes_tp_where_the_old_one_leaves_gpus_idle():
+    """Hand case where changing tp wins: dp_shard 24 (tp 1) on 3 nodes of 8, global batch 24,
+    micro_batch 1, loses a node: 16 GPUs. tp 1: dp must divide 24, at most 16: dp 12 (12 GPUs;
+    dp 16 breaks the batch: 24 / 16 is not whole); pp 2 x dp 8 uses 16 but idles a quarter
+    (1F1B, m = 3: ideal 16 x 3 / 4 = 12), pp 4 x dp 4 more (m = 6: 16 x 6 / 9 = 10.7). tp 2
+    (DegreeRule pairs (1, 1), (2, 1)): dp 8 x tp 2 = 16 GPUs, 3 micro-batches, no bubble:
+    proposed, tp and dp_shard changed (resharded)."""
+    from meshplan.restart import DegreeRule, PipelineRule
+    m = _mesh(["dp_shard"], [24])
+    rule, pairs = PipelineRule(32, 1), DegreeRule(((1, 1), (2, 1)))
+    r = restart_on_fewer_nodes(m, 1, gpus_per_node=8, global_batch=24, micro_batch=1, pipeline=rule, degrees=pairs)
+    top = r.proposals[0]
+    assert (top.names, top.shape, top.gpus, top.micro_batches) == (("dp_shard", "tp"), (8, 2), 16, 3)
+    assert r.changed == ("dp_shard", "tp") and r.reshard
+    assert [(p.tp_cp, p.pp, p.dp, p.gpus) for p in r.proposals[1:3]] == [((1, 1), 2, 8, 16), ((1, 1), 4, 4, 16)]
+    assert r.lines()[0] == "restart: world 24 -> 16; mesh dp_shard 24 -> dp_shard 8 x tp 2 (changed: dp_shard, tp)"
+    kept = restart_on_fewer_nodes(m, 1, gpus_per_node=8, global_batch=24, micro_batch=1, pipeline=rule)
+    assert kept.proposals[0].tp_cp == (1, 1) and kept.proposals[0].gpus == 16 and kept.proposals[0].pp == 2
+
+
+def test_restart_names_the_data_axis_by_the_sharding():
+    """The restart's mesh text is wording.mesh_text's: under zero1 the data axis is dp (no
+    parameter sharded over it), under zero3 dp_shard, whatever the config calls it; the changed
+    axes and the checkpoint note say so too."""
+    m = _mesh(["dp_shard", "tp"], [8, 8])
+    z1 = restart_on_fewer_nodes(m, 1, gpus_per_node=8, global_batch=512, micro_batch=1, sharding="zero1")
+    assert z1.lines()[0].startswith("restart: world 64 -> 32 (56 GPUs left); mesh dp 8 x tp 8 -> dp 4 x tp 8 "
+                                    "(changed: dp); not dp 7 x tp 8 (56 GPUs): global_batch 512")
+    assert "runner-up: dp 2 x tp 8 on 16 GPUs, contract kept" in z1.notes
+    assert any(n.startswith("checkpoint: resharded on load (dp changed)") for n in z1.notes)
+    z3 = restart_on_fewer_nodes(_mesh(["dp", "tp"], [8, 8]), 1, gpus_per_node=8, global_batch=512, micro_batch=1,
+                                sharding="zero3")
+    assert z3.lines()[0].startswith("restart: world 64 -> 32 (56 GPUs left); mesh dp_shard 8 x tp 8 -> dp_shard 4 x "
+                                    "tp 8 (changed: dp_shard)")
 
 
 def test_restart_deepseek_v3_planned(capsys, tmp_path):
@@ -409,10 +484,11 @@ def test_restart_deepseek_v3_planned(capsys, tmp_path):
     assert (done.value.code or 0) == 0
     doc = json.loads((tmp_path / "r.json").read_text())["restart"]
     tps = [p["tokens_per_s"] for p in doc["proposals"]]
-    assert tps == sorted(tps, reverse=True) and len(tps) <= 8  # PLANNED
+    assert tps == sorted(tps, reverse=True) and len(tps) <= 8 + 7  # PLANNED, and one per other (tp, cp)
     top = doc["proposals"][0]
     c = load_config(cfg)
-    c = dataclasses.replace(c, mesh=c.mesh.model_copy(update={"shape": top["shape"] + [64], "world": top["gpus"],
+    c = dataclasses.replace(c, mesh=c.mesh.model_copy(update={"names": top["names"] + ["ep"],
+                                                              "shape": top["shape"] + [64], "world": top["gpus"],
                                                               "pp_layer_split": top["pp_layer_split"]}),
                             cluster=c.cluster.model_copy(update={"nodes": 255}))
     new = step_time(build_plan(c), Overlap())
@@ -421,6 +497,9 @@ def test_restart_deepseek_v3_planned(capsys, tmp_path):
     lines = out.splitlines()
     head = next(i for i, line in enumerate(lines) if line.startswith("restart:"))
     assert f"{lost:.1%} of the throughput lost (the 2048-GPU plan" in lines[head + 1]
+    # zero1: the data axis printed dp (wording.mesh_text), as plan prints it
+    assert lines[head].startswith(f"restart: world 2048 -> {top['gpus']} (2040 GPUs left); mesh pp 16 x dp 128 x ep 64 "
+                                  f"-> pp {top['shape'][0]} x dp {top['shape'][1]} x ep 64 (changed: pp, dp)")
     assert lines[head + 3].startswith("- runner-up: pp ")
     assert lost < 0.473  # the pp-16-only proposal lost 47.3% on 1024 GPUs
 

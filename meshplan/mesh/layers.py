@@ -203,7 +203,37 @@ def ends_short_split(layers: int, pp: int, vpp: int = 1) -> Optional[list[int]]:
         return None
     return split if vpp > 1 or split != balanced_split(layers, pp) else None
 
-def restart_split(layers: int, pp: int, vpp: int = 1, short: bool = False) -> Union[None, list[int], str]:
+def dense_first_split(layers: int, dense: int, pp: int) -> Optional[list[int]]:
+    """Layers per stage with the model's ``dense`` leading dense layers alone on the first stage
+    (with the embedding) and its MoE layers on the other ``pp - 1``: evenly where ``pp - 1``
+    divides them, else :func:`balanced_split` with the output layer counted as one layer on the
+    last stage (taken off again). Megatron-LM's DeepSeek-V3 layout does so
+    (``--pipeline-model-parallel-layout "Et*3|(tt|)*29,m|L"``: the embedding and the 3 dense
+    layers, then the 58 MoE layers 2 per stage; NVIDIA/Megatron-LM
+    docs/user-guide/features/pipeline_parallel_layout.md@d98e8a6), and so does DeepSeek-V3's
+    configured [3, 4 x 14, 2] at pp 16. None where a stage would hold no layer or ``pp`` < 2.
+
+    DeepSeek-V3 (61 layers, 3 dense): pp 16 is the configured split, pp 30 puts 2 MoE layers on
+    each stage, pp 31 would leave the last stage the output layer alone (59 / 30 rounds to 1,
+    less the output layer):
+
+    >>> dense_first_split(61, 3, 16) == [3] + [4] * 14 + [2], dense_first_split(61, 3, 30) == [3] + [2] * 29
+    (True, True)
+    >>> dense_first_split(61, 3, 31), dense_first_split(61, 3, 3)
+    (None, [3, 29, 29])
+    """
+    moe, n = layers - dense, pp - 1
+    if pp < 2 or dense < 1 or n > moe:
+        return None
+    if moe % n == 0:
+        return [dense] + [moe // n] * n
+    rest = balanced_split(moe + 1, n)
+    rest[-1] -= 1
+    return [dense] + rest if rest[-1] >= 1 else None
+
+
+def restart_split(layers: int, pp: int, vpp: int = 1, short: bool = False,
+                  dense: int = 0) -> Union[None, list[int], str]:
     """Layers per stage when a mesh moves to ``pp`` stages of ``vpp`` chunks each (a restart on
     fewer nodes, :mod:`meshplan.restart`), the rule the search plans a candidate with
     (:func:`meshplan.search.space.stage_split`): Llama 3's :func:`ends_short_split` where
@@ -211,10 +241,17 @@ def restart_split(layers: int, pp: int, vpp: int = 1, short: bool = False) -> Un
     pp divides the layers and vpp the layers per stage; else, with vpp 1,
     :func:`balanced_split`; else a one-line reason (the chunks cannot be even).
 
-    DeepSeek-V3's 61 layers, configured [3, 4 x 14, 2] at pp 16 (the ends-short rule):
+    ``dense`` (> 0: the configured split holds the model's dense layers alone on the first
+    stage, vpp 1): :func:`dense_first_split`, which comes first.
+
+    DeepSeek-V3's 61 layers, configured [3, 4 x 14, 2] at pp 16 (the ends-short rule, and the
+    3 dense layers alone on the first stage):
 
     >>> restart_split(61, 8, short=True), restart_split(61, 8), restart_split(32, 4)
     ([7, 8, 8, 8, 8, 8, 8, 6], [7, 8, 8, 8, 8, 8, 7, 7], None)
+    >>> restart_split(61, 8, dense=3), restart_split(61, 31, dense=3)  # doctest: +NORMALIZE_WHITESPACE
+    ([3, 8, 9, 9, 9, 8, 8, 7], 'pp 31: the 58 MoE layers on the 30 stages after the 3 dense layers leave the
+    last stage no layer')
     >>> restart_split(32, 3, 2)
     '32 layers do not divide into pp 3 stages of vpp 2 chunks (Llama 3 ends-short split: none either)'
     """
@@ -222,6 +259,10 @@ def restart_split(layers: int, pp: int, vpp: int = 1, short: bool = False) -> Un
         return f"pp {pp} is more stages than the model's {layers} layers"
     if pp == 1:
         return None if vpp == 1 else f"vpp {vpp} needs pp > 1"
+    if dense and vpp == 1:
+        got = dense_first_split(layers, dense, pp)
+        return got if got is not None else (f"pp {pp}: the {layers - dense} MoE layers on the {pp - 1} stages after "
+                                            f"the {dense} dense layers leave the last stage no layer")
     split = ends_short_split(layers, pp, vpp) if short else None
     if split is not None:
         return split
