@@ -53,7 +53,8 @@ from meshplan.memory.sizes import deepspeed3_ipg_bytes
 from meshplan.pipeline.base import per_round
 from meshplan.pipeline.interleaved import INTERLEAVED
 from meshplan.search.memory import Stages, Tables, comm_axes, lookup, split
-from meshplan.search.space import SHARDING, Candidates, accumulates, sharding_training
+from meshplan.search.candidate import accumulates, sharding_training
+from meshplan.search.columns import SHARDING, Candidates
 from meshplan.config import Config
 from meshplan.spec.axes.base import Dim
 from meshplan.units import dtype_bytes
@@ -265,7 +266,7 @@ def units(cfg: Config, tables: Tables, c: Candidates, st: Stages) -> dict:
     head_g = (col(rg["norm"]) + col(rg["out"]) * ((not m.tied_embeddings) or (st.k.shape[1] > 1))) * act_d
     # FSDP reduces per micro-batch with pp 1 and grad_accumulation sync only
     # (MemoryOptions.fsdp_reduce_for, as memory.sizes.stage_sizes runs it); candidates outside
-    # accumulates() are planned with sync (search.space.candidate_config)
+    # accumulates() are planned with sync (search.candidate.candidate_config)
     per_mb = col((c.pp == 1) & ~accumulates(cfg, c.pp, c.sh))
     return {"unit_min": umin, "unit_max": umax, "emb": emb, "head": head, "roots": st.first * emb + st.last * head,
             "root": root, "early": head, "grad_d": ud, "grad_m": um, "reduce_min": (umin * r).astype(np.int64),
@@ -290,7 +291,7 @@ def _bucket(cfg: Config, c: Candidates, s: dict) -> np.ndarray:
     """Gradient bucket of the non-FSDP stages, bytes (candidates, pp):
     :meth:`meshplan.spec.memory.MemoryOptions.grad_bucket_bytes`, as
     :func:`meshplan.memory.sizes.stage_sizes` sizes it, under each row's own training
-    (:func:`meshplan.search.space.sharding_training`: its sharding and engine). A DeepSpeed
+    (:func:`meshplan.search.candidate.sharding_training`: its sharding and engine). A DeepSpeed
     ZeRO-3 config's zero1/zero2 rows run DeepSpeed's ZeRO-1/2 at that stage's defaults: the ipg
     buffer of ``reduce_bucket_size`` elements (``contiguous_gradients`` true, one buffer with
     ``overlap_comm`` false: deepspeedai/DeepSpeed edaa722 ``runtime/zero/config.py`` 102, 138,

@@ -21,20 +21,12 @@ import numpy as np
 from meshplan.config import Config
 from meshplan.memory.sizes import head_sizes, layer_act_sizes
 from meshplan.memory.state import SHARDED_KINDS
-from meshplan.mesh.layers import stage_layers
+from meshplan.mesh.layers import ends_short_split, stage_layers
 from meshplan.mesh.resolve import resolved_mesh
 from meshplan.mesh.tpsplit import local_dim1, local_numel, local_rows, padded_vocab
 from meshplan.pipeline.registry import get
-from meshplan.search.space import (
-    PIPELINE,
-    RECOMPUTE,
-    SHARDING,
-    Candidates,
-    candidate_schedule,
-    ends_short_split,
-    sharding_training,
-    stage_split,
-)
+from meshplan.search.candidate import sharding_training, stage_split
+from meshplan.search.columns import PIPELINE, RECOMPUTE, SHARDING, Candidates, candidate_schedule
 from meshplan.spec.axes.base import Dim
 from meshplan.spec.axes.registry import AXES, Axis, divisor, search_axes
 from meshplan.spec.mesh import MeshSpec, Schedule
@@ -208,7 +200,7 @@ class Stages:
 def stage_layout(cfg: Config, c: Candidates, p: int) -> Stages:
     """Layers, MoE layers and in-flight passes per stage of candidates with pp = ``p``
     (:func:`~meshplan.mesh.layers.stage_layers`, :func:`~meshplan.mesh.layers.balanced_split`,
-    :func:`~meshplan.search.space.ends_short_split` where ``us``, with vpp > 1 too)."""
+    :func:`~meshplan.mesh.layers.ends_short_split` where ``us``, with vpp > 1 too)."""
     L, D = cfg.model.layers, (cfg.model.dense_layers if cfg.model.is_moe else cfg.model.layers)
     k = np.arange(p)[None, :]
     v = c.vpp[:, None]
@@ -294,7 +286,7 @@ def state(cfg: Config, tables: Tables, c: Candidates, st: Stages) -> dict[str, n
              + st.last * (col(rt["norm"]) + out_on))
     expert = st.n_moe * col(ml["expert"])
     # bytes per element under each row's own training (a DeepSpeed config's hsdp rows keep
-    # FSDP2's fp32 gradients, its zero1/zero2 rows DeepSpeed's: search.space.sharding_training)
+    # FSDP2's fp32 gradients, its zero1/zero2 rows DeepSpeed's: search.candidate.sharding_training)
     per_sh = [_kind_bytes(sharding_training(t, s)) for s in SHARDING]
     per = {kind: col(np.array([p[kind] for p in per_sh])[c.sh]) for kind in per_sh[0]}
     sharded = np.array([SHARDED_KINDS[s] for s in SHARDING], dtype=object)

@@ -529,7 +529,7 @@ class TrainingSpec(BaseModel):
 
     @property
     def searched_zero3_engine(self) -> str:
-        """The engine a search's zero3 candidates run under (:func:`meshplan.search.space.candidate_config`):
+        """The engine a search's zero3 candidates run under (:func:`meshplan.search.candidate.candidate_config`):
         ``zero3_engine``, except that DeepSpeed's ZeRO-1/2 (``zero12_engine = "deepspeed"``, a DeepSpeed
         stage 1 or 2 config) plans them with DeepSpeed's ZeRO-3, ``deepspeed``: the same runtime at
         another stage, not FSDP2.
@@ -544,7 +544,7 @@ class TrainingSpec(BaseModel):
     @property
     def searched_zero12_engine(self) -> str:
         """The engine a search's zero1 and zero2 candidates run under
-        (:func:`meshplan.search.space.candidate_config`): ``zero12_engine``, except that DeepSpeed's
+        (:func:`meshplan.search.candidate.candidate_config`): ``zero12_engine``, except that DeepSpeed's
         ZeRO-3 (``zero3_engine = "deepspeed"``, a DeepSpeed stage 3 config) plans them with
         DeepSpeed's ZeRO-1/2, ``deepspeed``: the same runtime at another ``zero_optimization.stage``,
         as :attr:`searched_zero3_engine` does the other way (ZeRO-3 of 2021 keeps ``megatron``:
