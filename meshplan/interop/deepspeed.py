@@ -68,7 +68,7 @@ Export writes both as a ``deepspeed-2021`` plan models them (``contiguous_gradie
 DeepSpeed's default turned true in v0.4.3), and under ``deepspeed`` or ``fsdp2`` what an import read.
 Under ``deepspeed`` ``contiguous_gradients`` (unset: true, DeepSpeed's default at edaa722,
 ``zero/config.py:102``) keeps the ipg buffer of ``reduce_bucket_size`` elements in
-``communication_data_type`` from init (:func:`meshplan.memory.sizes.deepspeed3_ipg_bytes`, in
+``communication_data_type`` from init (:func:`meshplan.memory.buffers.deepspeed3_ipg_bytes`, in
 the memory timeline). ``zero_optimization.overlap_comm`` is read at stage 3 too, when given, into
 ``training.overlap_comm`` (absent: DeepSpeed's stage-3 default, true, ``zero/config.py:382-386``
 ``overlap_comm_valid`` at edaa722): on, the parameter all-gathers and the gradient reduce-scatters

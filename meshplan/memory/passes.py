@@ -56,7 +56,7 @@ and for DeepSpeed's ZeRO-1/2 (``training.zero12_engine``: its bucket buffers,
 :meth:`~meshplan.spec.memory.MemoryOptions.deepspeed_bucket_bytes`), the last backward of the
 chunk for none/zero1 when grads are reduced in another dtype (else in place: 0). Of the FSDP
 engines only DeepSpeed ZeRO-3 of 2021 has one, every backward (its ipg buffers or its flattened
-bucket: :func:`meshplan.memory.sizes.deepspeed3_bucket_bytes`).
+bucket: :func:`meshplan.memory.buffers.deepspeed3_bucket_bytes`).
 
 Gradient accumulation (``training.grad_accumulation``, pp 1): ``no_sync`` and
 ``no_sync_unsharded`` run the units as ``fsdp_reduce = "after_last"`` (one reduce-dtype

@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from meshplan.memory.sizes import deepspeed3_ipg_bytes
+from meshplan.memory.buffers import deepspeed3_ipg_bytes
 from meshplan.pipeline.base import per_round
 from meshplan.pipeline.interleaved import INTERLEAVED
 from meshplan.search.memory import Stages, Tables, comm_axes, lookup, split
@@ -256,7 +256,7 @@ def units(cfg: Config, tables: Tables, c: Candidates, st: Stages) -> dict:
     emb_kept = col(np.broadcast_to(not titan and not again, c.rf.shape) | (c.rf == 0))
     head_kept = col(np.broadcast_to(not again, c.rf.shape) | (c.rf == 0))
     # all-gather outputs and their copies in the gather dtype (float8 Linear weights under
-    # fp8_all_gather: sizes.units' ``gathered``); gradients and reduce inputs by elements
+    # fp8_all_gather: units.units' ``gathered``); gradients and reduce inputs by elements
     dg = lookup([c.tp, c.ep, c.etp, z], tables.layer, ("dense_gather", "expert_gather"))
     mg = lookup([c.tp, c.ep, c.etp, z + 1], tables.layer, ("dense_gather", "expert_gather")) if m.is_moe else dg
     rg = lookup([c.tp], tables.roots_gather, ("emb", "norm", "out"))
@@ -279,7 +279,7 @@ def units(cfg: Config, tables: Tables, c: Candidates, st: Stages) -> dict:
 
 def _ipg(cfg: Config, c: Candidates) -> np.ndarray:
     """DeepSpeed ZeRO-3's ipg buffer, bytes per candidate, held from init
-    (:func:`meshplan.memory.sizes.deepspeed3_ipg_bytes`): on the zero3 candidates a DeepSpeed config
+    (:func:`meshplan.memory.buffers.deepspeed3_ipg_bytes`): on the zero3 candidates a DeepSpeed config
     plans with ``zero3_engine = "deepspeed"`` (:attr:`~meshplan.spec.training.TrainingSpec.searched_zero3_engine`),
     0 elsewhere."""
     t = cfg.training

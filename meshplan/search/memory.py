@@ -6,7 +6,7 @@ and the NCCL communicators. The bounds on the memory-timeline peak built from th
 Sizes come from the functions the plan uses, called once per distinct key and broadcast
 (:func:`lookup`): per-rank parameter counts of a layer by (tp, ep, etp)
 (:func:`~meshplan.mesh.tpsplit.local_numel`), activation sizes by (tp, cp, micro-batch,
-recompute, ep, etp) (:func:`~meshplan.memory.sizes.layer_act_sizes`, ``head_sizes``).
+recompute, ep, etp) (:func:`~meshplan.memory.workingset.layer_act_sizes`, ``head_sizes``).
 State is :func:`~meshplan.memory.state.state_bytes` exactly: per stage and parameter group,
 ``ceil(numel / shard degree) x bytes`` for every kind the sharding shards.
 """
@@ -19,7 +19,7 @@ from functools import lru_cache
 import numpy as np
 
 from meshplan.config import Config
-from meshplan.memory.sizes import head_sizes, layer_act_sizes
+from meshplan.memory.workingset import head_sizes, layer_act_sizes
 from meshplan.memory.state import SHARDED_KINDS
 from meshplan.mesh.layers import ends_short_split, stage_layers
 from meshplan.mesh.resolve import resolved_mesh
@@ -116,7 +116,7 @@ class Tables:
         return resolved_mesh(MeshSpec(names=names, shape=shape, sequence_parallel=tp > 1), 2 * ep * etp * cp * tp)
 
     def _heads(self, tp: int, cp: int, mb: int, ep: int, etp: int) -> dict:
-        """:func:`~meshplan.memory.sizes.head_sizes` of a workload key (the recompute policy
+        """:func:`~meshplan.memory.workingset.head_sizes` of a workload key (the recompute policy
         does not change them: one call for every policy)."""
         t = self.t.model_copy(update={"micro_batch": mb, "sharding": "zero3"})
         return head_sizes(self.model, t, self.mesh(tp, cp, ep, etp), self.cfg.memory)

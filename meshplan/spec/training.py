@@ -184,7 +184,7 @@ class TrainingSpec(BaseModel):
     from v0.4.3, c9fee8214, PR #1199) copies each gradient into the bucket's buffer and
     reduce-scatters every gradient on its own (:mod:`meshplan.comm.deepspeed`). Under ``deepspeed``
     (unset: true, that DeepSpeed's default, :attr:`contiguous_grads`) it chooses the memory of the
-    gradient bucket only (:func:`meshplan.memory.sizes.deepspeed3_bucket_bytes`: the ipg buffer of
+    gradient bucket only (:func:`meshplan.memory.buffers.deepspeed3_bucket_bytes`: the ipg buffer of
     ``reduce_bucket_size`` elements when true); under ``fsdp2`` it changes nothing; it is kept so
     that an imported DeepSpeed config's value applies when the engine is switched.
     ``zero12_engine``: which runtime reduces the gradients under ``sharding = "zero1"`` or
