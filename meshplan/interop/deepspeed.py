@@ -27,7 +27,8 @@ every micro-batch, stage 1 once per step): ``zero_optimization.reduce_bucket_siz
 default 5e8) is read into ``[memory] grad_bucket_elements``, ``zero_optimization.overlap_comm``
 (when given; default false for these stages) into ``training.overlap_comm``, ``communication_data_type``
 (fp32, bf16, fp16, any case) into ``training.grad_reduce_dtype`` (unset: the model's dtype, as
-DeepSpeed reduces). ``use_multi_rank_bucket_allreduce: false`` (the per-rank ``dist.reduce``
+DeepSpeed reduces), ``zero_optimization.contiguous_gradients`` (when given; default true) into
+``training.contiguous_gradients``: false, no ipg buffer (:meth:`~meshplan.spec.memory.MemoryOptions.deepspeed_bucket_bytes`). ``use_multi_rank_bucket_allreduce: false`` (the per-rank ``dist.reduce``
 path before PR #4695) and ``data_types.grad_accum_dtype = "fp32"`` with bf16 at stage 1 (the
 engine then runs ``BF16_Optimizer``, not ZeRO's, ``engine.py`` ``_do_optimizer_sanity_check``)
 are refused by name. Export writes them back: the plan's bucket, ``overlap_comm``, and
@@ -268,7 +269,8 @@ def search_table(stage: int) -> dict[str, list[Any]]:
 
 #: The keys ZeRO stages 1 and 2 read besides :data:`USED` (module docstring).
 ZERO12_USED = frozenset({"zero_optimization.reduce_bucket_size", "zero_optimization.overlap_comm",
-                         "zero_optimization.use_multi_rank_bucket_allreduce", "communication_data_type"})
+                         "zero_optimization.use_multi_rank_bucket_allreduce", "communication_data_type",
+                         "zero_optimization.contiguous_gradients"})
 #: The keys ZeRO stage 3 reads besides :data:`USED` (module docstring).
 ZERO3_USED = frozenset({"communication_data_type", "zero_optimization.contiguous_gradients",
                         "zero_optimization.reduce_bucket_size", "zero_optimization.overlap_comm"})
@@ -297,7 +299,7 @@ def _zero12(d: dict, dtype: str) -> dict[str, Any]:
                           "BF16_Optimizer, not its ZeRO-1 engine (not modelled); remove it to plan ZeRO-1")
     out: dict[str, Any] = {"zero12_engine": "deepspeed", "grad_dtype": deepspeed_grad_dtype(zero.get("stage", 0),
                                                                                             dtype, accum)}
-    out |= _overlap(zero)
+    out |= _overlap(zero) | _contiguous(zero)
     comm = d.get("communication_data_type")
     if comm is not None:
         if not isinstance(comm, str) or comm.lower() not in COMM_DTYPES:
@@ -322,12 +324,23 @@ def _zero3(d: dict, dtype: str) -> dict[str, Any]:
         raise ConfigError("communication_data_type", f"{comm!r}; use one of {', '.join(COMM_DTYPES)}")
     out: dict[str, Any] = {"grad_dtype": deepspeed_grad_dtype(3, dtype, _accum_dtype(d)),
                            "grad_reduce_dtype": comm.lower() if comm else dtype}
-    contiguous = d.get("zero_optimization", {}).get("contiguous_gradients")
-    if contiguous is not None:
-        if not isinstance(contiguous, bool):
-            raise ConfigError("zero_optimization.contiguous_gradients", f"must be true or false; got {contiguous!r}")
-        out["contiguous_gradients"] = contiguous
-    return out | _overlap(d.get("zero_optimization", {}))
+    return out | _contiguous(d.get("zero_optimization", {})) | _overlap(d.get("zero_optimization", {}))
+
+
+def _contiguous(zero: dict) -> dict[str, Any]:
+    """``{"contiguous_gradients": value}`` when the ``zero_optimization`` table ``zero`` gives it
+    (else empty: the engine's default, :attr:`~meshplan.spec.training.TrainingSpec.contiguous_grads`);
+    ConfigError when it is not a boolean.
+
+    >>> _contiguous({"contiguous_gradients": False}), _contiguous({})
+    ({'contiguous_gradients': False}, {})
+    """
+    v = zero.get("contiguous_gradients")
+    if v is None:
+        return {}
+    if not isinstance(v, bool):
+        raise ConfigError("zero_optimization.contiguous_gradients", f"must be true or false; got {v!r}")
+    return {"contiguous_gradients": v}
 
 
 def _overlap(zero: dict) -> dict[str, Any]:
@@ -470,7 +483,7 @@ def read_keys(doc: dict) -> set[str]:
     ``activation_checkpointing`` section is read by its presence: :func:`carried`).
 
     >>> sorted(read_keys({"zero_optimization": {"stage": 1}}) - read_keys({}))
-    ['communication_data_type', 'data_types.grad_accum_dtype', 'zero_optimization.overlap_comm', 'zero_optimization.reduce_bucket_size', 'zero_optimization.use_multi_rank_bucket_allreduce']
+    ['communication_data_type', 'data_types.grad_accum_dtype', 'zero_optimization.contiguous_gradients', 'zero_optimization.overlap_comm', 'zero_optimization.reduce_bucket_size', 'zero_optimization.use_multi_rank_bucket_allreduce']
     """
     zero = doc.get("zero_optimization")
     stage = zero.get("stage", 0) if isinstance(zero, dict) else 0
@@ -503,14 +516,14 @@ def carried(user: dict, written: dict) -> tuple[dict, list[str]]:
     the user's order.
 
     >>> user = {"train_batch_size": 64, "steps_per_print": 10, "zero_optimization": {"stage": 2,
-    ...         "overlap_comm": True, "contiguous_gradients": False}, "activation_checkpointing": {"partition_activations": True}}
+    ...         "overlap_comm": True, "round_robin_gradients": True}, "activation_checkpointing": {"partition_activations": True}}
     >>> doc, names = carried(user, {"train_batch_size": 32, "zero_optimization": {"stage": 1}})
     >>> doc
-    {'train_batch_size': 32, 'zero_optimization': {'stage': 1, 'contiguous_gradients': False}, 'steps_per_print': 10}
+    {'train_batch_size': 32, 'zero_optimization': {'stage': 1, 'round_robin_gradients': True}, 'steps_per_print': 10}
     >>> names
-    ['steps_per_print', 'zero_optimization.contiguous_gradients']
+    ['steps_per_print', 'zero_optimization.round_robin_gradients']
     >>> carried(user, {"activation_checkpointing": {}})[1]
-    ['steps_per_print', 'zero_optimization.contiguous_gradients', 'activation_checkpointing.partition_activations']
+    ['steps_per_print', 'zero_optimization.round_robin_gradients', 'activation_checkpointing.partition_activations']
     """
     drop = read_keys(user) | read_keys(written) | {CHECKPOINTING} | (
         set() if CHECKPOINTING in written else {k for k in flatten(user) if k.startswith(CHECKPOINTING + ".")})
@@ -542,7 +555,8 @@ def write(cfg: Config) -> dict[str, Any]:
     comm: dict[str, Any] = {}
     if t.zero12_engine == "deepspeed":  # the plan's bucket and stream (meshplan.comm.deepspeed_zero12)
         zero |= {"reduce_bucket_size": cfg.memory.deepspeed_bucket_elements()} | (
-            {"overlap_comm": t.overlap_comm} if t.overlap_comm is not None else {})  # unset: the stage's default
+            {"overlap_comm": t.overlap_comm} if t.overlap_comm is not None else {}) | (  # unset: the stage's default
+            {"contiguous_gradients": t.contiguous_gradients} if t.contiguous_gradients is not None else {})
     elif stage == 2:  # the plan's bucket (meshplan.comm.collectives._zero2_rows)
         zero["reduce_bucket_size"] = cfg.memory.bucket_elements(mesh.degree("fsdp"))
     elif t.zero3_engine == "deepspeed-2021":  # its gradient path and bucket (meshplan.comm.deepspeed), both

@@ -95,5 +95,7 @@ def bucket_what(training: TrainingSpec) -> str:
         return ("DeepSpeed ZeRO-3 ipg buffers (2 x reduce_bucket_size, fp16; contiguous_gradients)"
                 if training.contiguous_grads else
                 "DeepSpeed ZeRO-3 flattened gradient bucket being all-reduced (largest bucket)")
-    return ("DeepSpeed bucket buffer(s) (model dtype) and the bucket being reduced"
-            if training.zero12_engine == "deepspeed" else "gradient bucket (reduce dtype)")
+    if training.zero12_engine == "deepspeed":
+        return ("DeepSpeed bucket buffer(s) (model dtype) and the bucket being reduced" if training.contiguous_grads
+                else "DeepSpeed bucket being reduced, flattened (contiguous_gradients false: no ipg buffer)")
+    return "gradient bucket (reduce dtype)"

@@ -70,8 +70,9 @@ def sharding_knobs(t: TrainingSpec, sharding: str) -> dict:
     stage 3; with it ``grad_dtype`` back to its default where it is the parameter dtype, the
     engine's default; ``contiguous_gradients`` off), its zero1 and zero2 rows under DeepSpeed's
     ZeRO-1/2 (``zero12_engine = "deepspeed"``,
-    :attr:`~meshplan.spec.training.TrainingSpec.searched_zero12_engine`; ``overlap_comm`` as
-    given, else the stage's DeepSpeed default),
+    :attr:`~meshplan.spec.training.TrainingSpec.searched_zero12_engine`; ``overlap_comm`` and
+    ``contiguous_gradients`` as given, DeepSpeed's one key for every stage, else the stage's
+    DeepSpeed default),
     ``zero12_engine`` back to ``megatron`` (and ``overlap_comm`` off) outside zero1 and zero2, its
     zero3 rows under DeepSpeed's ZeRO-3 (``zero3_engine = "deepspeed"``,
     :attr:`~meshplan.spec.training.TrainingSpec.searched_zero3_engine`),
@@ -80,19 +81,24 @@ def sharding_knobs(t: TrainingSpec, sharding: str) -> dict:
     (:func:`meshplan.search.bounds.bounds`, through :func:`sharding_training`).
 
     >>> from meshplan.spec.training import TrainingSpec
-    >>> t = TrainingSpec(global_batch=8, seq_len=16, zero3_engine="deepspeed", grad_dtype="bf16")
+    >>> t = TrainingSpec(global_batch=8, seq_len=16, zero3_engine="deepspeed", grad_dtype="bf16", contiguous_gradients=False)
     >>> sorted(sharding_knobs(t, "zero1").items())
-    [('contiguous_gradients', None), ('grad_dtype', 'bf16'), ('zero12_engine', 'deepspeed'), ('zero3_engine', 'fsdp2')]
+    [('grad_dtype', 'bf16'), ('zero12_engine', 'deepspeed'), ('zero3_engine', 'fsdp2')]
+    >>> z2 = TrainingSpec(global_batch=8, seq_len=16, sharding="zero2", zero12_engine="deepspeed", contiguous_gradients=True)
+    >>> (sharding_training(t, "zero2").contiguous_grads, "contiguous_gradients" in sharding_knobs(z2, "zero1"),
+    ...  sharding_knobs(z2, "hsdp")["contiguous_gradients"])
+    (False, False, False)
     """
     out = dict[str, object]()
-    if t.contiguous_gradients and sharding != "zero3":
-        out["contiguous_gradients"] = False  # DeepSpeed ZeRO-3's gradient path
+    deepspeed12 = t.searched_zero12_engine == "deepspeed" and sharding in ("zero1", "zero2")
+    if t.contiguous_gradients and sharding != "zero3" and not deepspeed12:
+        out["contiguous_gradients"] = False  # DeepSpeed's key: no other engine reads it
     if t.zero3_engine != "fsdp2" and sharding != "zero3":
         out["zero3_engine"] = "fsdp2"
         if t.grad_dtype == t.param_dtype:  # DeepSpeed's gradient partition dtype back to FSDP2's default
             out["grad_dtype"] = type(t).model_fields["grad_dtype"].default
-        if t.searched_zero12_engine == "deepspeed" and sharding in ("zero1", "zero2"):  # DeepSpeed's own ZeRO-1/2
-            out |= {"zero12_engine": "deepspeed", "contiguous_gradients": None, "grad_dtype": deepspeed_grad_dtype(
+        if deepspeed12:  # DeepSpeed's own ZeRO-1/2, the config's contiguous_gradients (one key for every stage)
+            out |= {"zero12_engine": "deepspeed", "grad_dtype": deepspeed_grad_dtype(
                 {"zero1": 1, "zero2": 2}[sharding], t.param_dtype,
                 None if t.grad_dtype == t.param_dtype else t.grad_dtype)}
         elif t.overlap_comm is not None:

@@ -304,10 +304,13 @@ class MemoryOptions(BaseModel):
         ``k = min(B, params_numel)`` (``params_numel``: the rank's parameter elements, an int or
         a numpy array):
 
-        - the ipg buffers: ``setup_buckets`` allocates ``torch.empty(reduce_bucket_size)`` in the
-          model dtype (``self.dtype``, the parameter dtype) at a backward's first gradient hook,
+        - the ipg buffers, with ``contiguous_gradients`` (:attr:`~meshplan.spec.training.TrainingSpec.contiguous_grads`,
+          DeepSpeed's default true): ``setup_buckets`` (2493-2516) allocates ``torch.empty(reduce_bucket_size)``
+          in the model dtype (``self.dtype``, the parameter dtype) at a backward's first gradient hook,
           and a second one with ``overlap_comm`` ("double buffers"): ``B x param bytes`` once
-          or twice, whatever the model's size;
+          or twice, whatever the model's size. Without it none: the hooks keep each ``param.grad``
+          where autograd wrote it and ``reduce_ipg_grads`` (1691-1716) reduces the bucket through
+          ``buffered_reduce_fallback``, whose ``allreduce_bucket`` flattens it as below;
         - the bucket being reduced: ``allreduce_bucket`` flattens its gradient slices into one
           new tensor (``self.flatten``) and casts it to ``communication_data_type`` when that
           differs from the gradients' dtype (``tensor.to(...)``): ``k x param bytes`` plus
@@ -325,10 +328,16 @@ class MemoryOptions(BaseModel):
         >>> MemoryOptions().deepspeed_bucket_bytes(t.model_copy(update={"grad_reduce_dtype": "fp32",
         ...     "overlap_comm": False}), 10**8) == 5 * 10**8 * 2 + 10**8 * (2 + 4)
         True
+
+        ``contiguous_gradients`` false: the flattened bucket alone, 5e8 x 2 B = 1 GB:
+
+        >>> MemoryOptions().deepspeed_bucket_bytes(t.model_copy(update={"contiguous_gradients": False}), 8 * 10**9)
+        1000000000
         """
         big_b, p = self.deepspeed_bucket_elements(), dtype_bytes(training.param_dtype)
         cast = dtype_bytes(training.gradient_reduce_dtype) if training.gradient_reduce_dtype != training.param_dtype \
             else 0
         k = np.minimum(big_b, params_numel)
-        out = big_b * p * (2 if training.overlaps_comm else 1) + k * (p + cast)
+        ipg = (2 if training.overlaps_comm else 1) if training.contiguous_grads else 0
+        out = big_b * p * ipg + k * (p + cast)
         return out if np.ndim(out) else int(out)

@@ -177,15 +177,18 @@ class TrainingSpec(BaseModel):
     parameters runs on DeepSpeed's all-gather stream and the gradients' copy into the reduce
     bucket on its reduce stream, so they lengthen those collectives instead
     (:func:`meshplan.comm.fsdp2.compute_stream_copies`).
-    ``contiguous_gradients`` (sharding zero3): DeepSpeed's ``zero_optimization.contiguous_gradients``,
+    ``contiguous_gradients`` (sharding zero3, or zero1/zero2 under ``zero12_engine = "deepspeed"``):
+    DeepSpeed's ``zero_optimization.contiguous_gradients``,
     the gradient path of ``zero3_engine = "deepspeed-2021"``: false (default: v0.3.12-v0.4.2's
     ``ZERO3_OPTIMIZATION_CONTIGUOUS_GRADIENTS_DEFAULT``, the version the engine's gathers are read
     in) all-reduces flat buckets of ``reduce_bucket_size`` elements; true (DeepSpeed's default
     from v0.4.3, c9fee8214, PR #1199) copies each gradient into the bucket's buffer and
     reduce-scatters every gradient on its own (:mod:`meshplan.comm.deepspeed`). Under ``deepspeed``
     (unset: true, that DeepSpeed's default, :attr:`contiguous_grads`) it chooses the memory of the
-    gradient bucket only (:func:`meshplan.memory.buffers.deepspeed3_bucket_bytes`: the ipg buffer of
-    ``reduce_bucket_size`` elements when true); under ``fsdp2`` it changes nothing; it is kept so
+    gradient bucket only (:func:`meshplan.memory.buffers.deepspeed3_ipg_bytes`: the ipg buffer of
+    ``reduce_bucket_size`` elements when true); under DeepSpeed's ZeRO-1/2 (unset: true) likewise,
+    its ipg buffers (:meth:`~meshplan.spec.memory.MemoryOptions.deepspeed_bucket_bytes`: none when
+    false); under ``fsdp2`` it changes nothing; it is kept so
     that an imported DeepSpeed config's value applies when the engine is switched.
     ``zero12_engine``: which runtime reduces the gradients under ``sharding = "zero1"`` or
     ``"zero2"``: ``megatron`` (Megatron-LM's distributed optimizer: reduce-scatters of gradient
@@ -435,9 +438,10 @@ class TrainingSpec(BaseModel):
             raise ValueError(f"zero3_engine {self.zero3_engine!r} gathers every parameter in forward and again in "
                              "backward and reduces every micro-batch: remove grad_accumulation, reshard_after_forward "
                              "and fp8_all_gather (FSDP2 options)")
-        if self.contiguous_gradients and self.sharding != "zero3":
-            raise ValueError(f"contiguous_gradients is DeepSpeed ZeRO stage 3's gradient path (sharding zero3 with "
-                             f"zero3_engine = \"deepspeed-2021\"); sharding {self.sharding!r}: remove it")
+        if self.contiguous_gradients and self.sharding != "zero3" and not self.deepspeed_zero12:
+            raise ValueError(f"contiguous_gradients is DeepSpeed's zero_optimization.contiguous_gradients (sharding "
+                             f"zero3, or zero1/zero2 with zero12_engine = \"deepspeed\"); sharding {self.sharding!r}"
+                             f" under zero12_engine {self.zero12_engine!r}: remove it")
         if self.zero12_engine != "megatron" and self.sharding not in ("zero1", "zero2"):
             raise ValueError(f"zero12_engine {self.zero12_engine!r} is DeepSpeed's ZeRO stage 1/2 (sharding zero1 or "
                              f"zero2); sharding {self.sharding!r} does not run it: remove the key")
@@ -568,7 +572,7 @@ class TrainingSpec(BaseModel):
 
         >>> z2 = TrainingSpec(global_batch=8, seq_len=16, sharding="zero2", zero12_engine="deepspeed")
         >>> z2.knob_acts("zero3_engine"), z2.knob_acts("overlap_comm"), z2.knob_acts("contiguous_gradients")
-        ((False, 'fsdp2'), (True, False), (False, None))
+        ((False, 'fsdp2'), (True, False), (True, True))
         """
         value = getattr(self, knob)
         deepspeed3 = self.sharding == "zero3" and self.zero3_engine in DEEPSPEED_ZERO3
@@ -579,7 +583,8 @@ class TrainingSpec(BaseModel):
         if knob == "overlap_comm":
             return self.zero12_engine == "deepspeed" or self.zero3_engine == "deepspeed", self.overlaps_comm
         if knob == "contiguous_gradients":
-            return deepspeed3, self.contiguous_grads if deepspeed3 else value
+            acts = deepspeed3 or self.deepspeed_zero12
+            return acts, self.contiguous_grads if acts else value
         return True, value
 
     @property
@@ -618,17 +623,26 @@ class TrainingSpec(BaseModel):
 
     @property
     def contiguous_grads(self) -> bool:
-        """DeepSpeed ZeRO-3's ``zero_optimization.contiguous_gradients`` in effect:
+        """DeepSpeed's ``zero_optimization.contiguous_gradients`` in effect:
         ``contiguous_gradients`` when given, else the default of the engine's DeepSpeed: false
-        under ``zero3_engine = "deepspeed-2021"`` (v0.3.12-v0.4.2), true under ``deepspeed``
-        (edaa722 ``runtime/zero/config.py:102``, ``contiguous_gradients: bool = True``).
+        under ``zero3_engine = "deepspeed-2021"`` (v0.3.12-v0.4.2), true under ``deepspeed`` and
+        under DeepSpeed's ZeRO-1/2 (``zero12_engine = "deepspeed"``; edaa722
+        ``runtime/zero/config.py:102``, ``contiguous_gradients: bool = True``, one field for every stage).
 
         >>> [TrainingSpec(global_batch=8, seq_len=16, zero3_engine=e).contiguous_grads for e in ("deepspeed", "deepspeed-2021")]
         [True, False]
+        >>> TrainingSpec(global_batch=8, seq_len=16, sharding="zero2", zero12_engine="deepspeed").contiguous_grads
+        True
         """
         if self.contiguous_gradients is not None:
             return self.contiguous_gradients
-        return self.zero3_engine == "deepspeed"
+        return self.zero3_engine == "deepspeed" or self.deepspeed_zero12
+
+    @property
+    def deepspeed_zero12(self) -> bool:
+        """Whether DeepSpeed's ZeRO-1/2 engine runs this training: sharding zero1 or zero2 under
+        ``zero12_engine = "deepspeed"``."""
+        return self.sharding in ("zero1", "zero2") and self.zero12_engine == "deepspeed"
 
     @property
     def has_op_recompute(self) -> bool:

@@ -1,0 +1,52 @@
+"""DeepSpeed leftovers of issue 11 (deepspeedai/DeepSpeed edaa722): ZeRO-1/2 without
+``contiguous_gradients`` holds no ipg buffer; a stage 0 config searches the stages a DeepSpeed user
+can switch to. Llama 3 8B, 2 x 8 H100, seq 4096, global batch 256, micro-batch 1, bf16."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from meshplan.interop.common import ImportOptions
+from meshplan.interop.deepspeed import not_planned
+from meshplan.interop.foreign import export, load_any
+from meshplan.plan import build_plan
+
+OPTS = ImportOptions(cluster="dgx-h100", nodes=2, model="llama3-8b", seq_len=4096)
+
+
+def _load(tmp_path, stage: int, name: str = "ds", **zero):
+    path = tmp_path / f"{name}.json"
+    path.write_text(json.dumps({"train_batch_size": 256, "train_micro_batch_size_per_gpu": 1,
+                                "zero_optimization": {"stage": stage, **zero}, "bf16": {"enabled": True}}))
+    return load_any(path, opts=OPTS)
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+@pytest.mark.parametrize("overlap", [False, True])
+def test_zero12_without_contiguous_gradients_holds_no_ipg_buffer(tmp_path, stage, overlap):
+    """stage_1_and_2.py setup_buckets (2493-2516) allocates the ipg buffer, torch.empty(reduce_bucket_size)
+    in the model dtype, and a second one under overlap_comm, only with contiguous_gradients (DeepSpeed's
+    default true); without it reduce_ipg_grads reduces the bucket through buffered_reduce_fallback, whose
+    allreduce_bucket flattens it (kept). Both peaks are in a backward, where the buffers are held: the
+    peak drops by exactly 5e8 x 2 B = 1e9 B (bf16, the default bucket), 2e9 B with overlap_comm."""
+    on = _load(tmp_path, stage, "on", overlap_comm=overlap)
+    off = _load(tmp_path, stage, "off", overlap_comm=overlap, contiguous_gradients=False)
+    assert (on.training.contiguous_gradients, on.training.contiguous_grads, off.training.contiguous_grads) == (
+        None, True, False)
+    p_on, p_off = build_plan(on), build_plan(off)
+    buffers = 500_000_000 * 2 * (2 if overlap else 1)
+    assert p_on.timeline.peak.total_bytes - p_off.timeline.peak.total_bytes == buffers
+    # at the peak: the flattened bucket, min(5e8, 8,030,261,248 parameters) x 2 B, and the buffers on top
+    kinds = p_on.timeline.peak.by_kind["grad_buffers"], p_off.timeline.peak.by_kind["grad_buffers"]
+    assert kinds == (1_000_000_000 + buffers, 1_000_000_000)
+    labels = {e.label for e in p_off.timeline.events() if e.kind == "grad_buffers"}
+    assert labels == {"DeepSpeed bucket being reduced, flattened (contiguous_gradients false: no ipg buffer)",
+                      "gradient bucket freed"}
+    # read at stages 1 and 2 (no longer listed as unused) and written back as given
+    assert "zero_optimization.contiguous_gradients" not in not_planned(
+        {"zero_optimization": {"stage": stage, "contiguous_gradients": False}})
+    back = json.loads(export(off, "deepspeed", "x")[0])["zero_optimization"]
+    assert back["contiguous_gradients"] is False
+    assert "contiguous_gradients" not in json.loads(export(on, "deepspeed", "x")[0])["zero_optimization"]
