@@ -50,3 +50,31 @@ def test_zero12_without_contiguous_gradients_holds_no_ipg_buffer(tmp_path, stage
     back = json.loads(export(off, "deepspeed", "x")[0])["zero_optimization"]
     assert back["contiguous_gradients"] is False
     assert "contiguous_gradients" not in json.loads(export(on, "deepspeed", "x")[0])["zero_optimization"]
+
+
+def _grads(plan, layer, what: str) -> int:
+    """Bytes the first backward's events of ``layer`` (None: the root) allocate under labels with ``what``."""
+    return sum(e.delta_bytes for e in plan.timeline.events() if e.phase == "backward" and e.microbatch == 0
+               and e.layer == layer and e.kind == "grad_buffers" and what in e.label and e.delta_bytes > 0)
+
+
+@pytest.mark.parametrize("bucket, layer_held", [(None, 0), (50_000_000, 3 * 58_720_256 * 2)])
+def test_zero3_gradients_in_the_ipg_buffer_are_not_counted_again(tmp_path, bucket, layer_held):
+    """DeepSpeed ZeRO-3 (edaa722 stage3.py:1543-1568 __add_grad_to_ipg_bucket) copies each gradient
+    of at most reduce_bucket_size elements into the ipg buffer held from init and points param.grad
+    at it: a layer's unsharded gradients were counted twice, in that buffer and as the layer's
+    grad_buffers (Llama 3 8B: 218,112,000 x 2 B = 436,224,000 B a layer). Now a layer holds only its
+    tensors of more elements: none at the default 5e8; at 5e7 its three MLP weights, 14336 x 4096 =
+    58,720,256 elements each. The root's embedding and output, 128,256 x 4096 = 525,336,576 > 5e8
+    elements each, keep their gradients (2 x 525,336,576 x 2 B); its final norm's 4096 are in the buffer.
+    The reduce-scatter's input (the bucket concatenated, reduce_scatter_coalesced) is still counted:
+    436,224,000 B a layer. contiguous_gradients false (no buffer) keeps every gradient."""
+    zero = {} if bucket is None else {"reduce_bucket_size": bucket}
+    on, off = _load(tmp_path, 3, "on", **zero), _load(tmp_path, 3, "off", contiguous_gradients=False, **zero)
+    p_on, p_off = build_plan(on), build_plan(off)
+    assert _grads(p_on, 5, "unsharded gradient") == layer_held
+    assert _grads(p_off, 5, "unsharded gradient") == 218_112_000 * 2
+    assert _grads(p_on, 5, "reduce-scatter input") == _grads(p_off, 5, "reduce-scatter input") == 218_112_000 * 2
+    assert _grads(p_on, None, "unsharded gradient") == 2 * 525_336_576 * 2
+    assert _grads(p_off, None, "unsharded gradient") == (2 * 525_336_576 + 4096) * 2
+

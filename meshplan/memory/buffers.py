@@ -89,6 +89,23 @@ def deepspeed3_ipg_bytes(training: TrainingSpec, opts: MemoryOptions) -> int:
     return opts.deepspeed_bucket_elements() * dtype_bytes(training.gradient_reduce_dtype)
 
 
+def ipg_elements(training: TrainingSpec, opts: MemoryOptions) -> int:
+    """Elements of DeepSpeed ZeRO-3's ipg buffer when its backward hooks move the gradients into
+    it (:func:`deepspeed3_ipg_bytes` > 0), else 0. ``__add_grad_to_ipg_bucket`` (deepspeedai/DeepSpeed
+    edaa722 ``runtime/zero/stage3.py:1543-1568``) copies a parameter's gradient into the buffer when
+    it fits (``bucket.elements + param.grad.numel() <= reduce_bucket_size``; a fuller bucket is
+    reduced first, 1537-1539, so every tensor of at most ``reduce_bucket_size`` elements fits) and
+    points ``param.grad.data`` at that slice, so the memory autograd wrote it to is freed: a
+    layer's gradients live in the buffer the timeline holds from init, not beside it; only a tensor
+    of more elements keeps its own gradient (:func:`meshplan.memory.units.units`).
+
+    >>> t = TrainingSpec(global_batch=8, seq_len=16, zero3_engine="deepspeed")
+    >>> ipg_elements(t, MemoryOptions()), ipg_elements(t.model_copy(update={"contiguous_gradients": False}), MemoryOptions())
+    (500000000, 0)
+    """
+    return opts.deepspeed_bucket_elements() if deepspeed3_ipg_bytes(training, opts) else 0
+
+
 def bucket_what(training: TrainingSpec) -> str:
     """The gradient bucket's label in the memory timeline, in its engine's words."""
     if training.sharding == "zero3" and training.zero3_engine == "deepspeed-2021":

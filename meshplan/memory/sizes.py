@@ -17,7 +17,7 @@ from meshplan.spec.model import ModelSpec
 from meshplan.spec.training import TrainingSpec
 from meshplan.spec.wording import state_how
 from meshplan.units import dtype_bytes, human_bytes
-from meshplan.memory.buffers import bucket_what, deepspeed3_bucket_bytes, deepspeed3_ipg_bytes
+from meshplan.memory.buffers import bucket_what, deepspeed3_bucket_bytes, deepspeed3_ipg_bytes, ipg_elements
 from meshplan.memory.passes import ActSizes, StageSizes
 from meshplan.memory.state import StateBytes
 from meshplan.memory.units import units
@@ -97,7 +97,7 @@ def stage_sizes(model: ModelSpec, training: TrainingSpec, mesh: Mesh, stages, st
     the config's foreign format (:attr:`meshplan.config.Config.origin`), for the words of the
     state's notes."""
     k = state.stage
-    us = units(model, training, mesh, stages, state)
+    us = units(model, training, mesh, stages, state, ipg_elements(training, opts))
     fsdp = any(u.gathered for u in us.values())
     layers = [i for chunk in stages[k] for i in chunk]
     common = common or common_sizes(model, training, mesh, opts)

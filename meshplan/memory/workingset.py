@@ -66,6 +66,7 @@ from meshplan.units import dtype_bytes
 from meshplan.memory.activations import (MLA_LATENT_TERMS, LayerDims, embedding_terms, head_terms, layer_bytes,
                                          layer_options, layer_terms, mla_dims)
 from meshplan.memory.passes import ActSizes, BackStep
+from meshplan.memory.buffers import ipg_elements
 from meshplan.memory.units import fsdp_active
 
 
@@ -199,7 +200,7 @@ def backward_steps(model: ModelSpec, training: TrainingSpec, mesh: Mesh, opts: M
     full = {t.name: t.size_bytes for t in layer_terms(dims, **{**lo, "recompute": "none"})}
     kept = {t.name: t.size_bytes for t in layer_terms(dims, **lo)}
     comp = dtype_bytes(training.compute_dtype) if fsdp_active(training, mesh)["dense"] else 0
-    grads = {k: n * comp for k, n in step_numels(model, tp, mesh.ep, mesh.etp)}
+    grads = {k: n * comp for k, n in step_numels(model, tp, mesh.ep, mesh.etp, ipg_elements(training, opts))}
     frees = {k: sum(full.get(n, 0) for n in names) for k, names in STEP_TERMS.items()}
     frees["attn norm"] += sum(full.values()) - sum(frees.values())  # anything unlisted: freed last
     for what, nb in (f8 or {}).items():
@@ -210,16 +211,19 @@ def backward_steps(model: ModelSpec, training: TrainingSpec, mesh: Mesh, opts: M
 
 
 @lru_cache(maxsize=1024)
-def step_numels(model: ModelSpec, tp: int, ep: int, etp: int) -> tuple[tuple[str, int], ...]:
+def step_numels(model: ModelSpec, tp: int, ep: int, etp: int, ipg: int = 0) -> tuple[tuple[str, int], ...]:
     """(step, local elements) of the weights whose gradients each backward step of a dense
     layer writes (:data:`STEP_WEIGHTS`; a weight no step names: ``attn norm``), in step order;
-    every step 0 for a model without a dense layer. Memoised (a pure function of the model
+    every step 0 for a model without a dense layer. ``ipg`` > 0: only the tensors of more than
+    ``ipg`` elements, the others moved into DeepSpeed ZeRO-3's ipg buffer
+    (:func:`meshplan.memory.buffers.ipg_elements`). Memoised (a pure function of the model
     and the degrees; the search asks it for every micro-batch and recompute policy)."""
     grads = dict.fromkeys(STEP_WEIGHTS, 0)
     dense = next((i for i in range(model.layers) if not model.is_moe_layer(i)), None)
     for t in model.layer_tensors(dense) if dense is not None else ():
         step = next((k for k, ps in STEP_WEIGHTS.items() if any(t.name.startswith(p) for p in ps)), "attn norm")
-        grads[step] += local_numel(t, model, tp, ep, etp)
+        n = local_numel(t, model, tp, ep, etp)
+        grads[step] += n if not ipg or n > ipg else 0
     return tuple(grads.items())
 
 

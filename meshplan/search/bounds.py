@@ -97,11 +97,15 @@ def bounds(cfg: Config, tables: Tables, c: Candidates, st: Stages, s: dict) -> t
 def _layer_peak(kinds: dict, u: dict, which: str) -> tuple[np.ndarray, np.ndarray]:
     """(dense, MoE) largest running total of one layer's backward steps above the layer's
     start, recomputed activations included: with the step gradients when FSDP holds them
-    (a one-step layer holds its unit's whole unsharded gradient)."""
+    (a one-step layer holds its unit's whole unsharded gradient). The lower bound (``which``
+    ``lo``) leaves the gradients out on rows whose DeepSpeed ZeRO-3 moves them into its ipg
+    buffer (``ipg``; :func:`meshplan.memory.buffers.ipg_elements`: all but tensors larger than it)."""
     out = []
+    held = u["act_d"] & ~u["ipg"] if which == "lo" else u["act_d"]
     for j, unit in ((0, u["grad_d"]), (1, u["grad_m"])):
         single = kinds["single"][j] > 0
-        steps = np.where(u["act_d"], kinds["peakg"][j], kinds["peak0"][j])
+        unit = np.where(u["ipg"], 0, unit) if which == "lo" else unit
+        steps = np.where(held, kinds["peakg"][j], kinds["peak0"][j])
         out.append(kinds["rework"][j] + np.where(single, kinds["bwd"][j] + unit, steps))
     return out[0], out[1]
 
@@ -121,7 +125,7 @@ def _lower(cfg, c, st, s, u, lo, layer_peak, hs, fixed) -> np.ndarray:
     head_reduce = np.where(F & ~u["root"], st.last * u["head"] * u["r"], 0).astype(np.int64)
     # P1/P2: the first backward's layers (after the head's backward on the last stage)
     base = f_end - st.last * hs["head_saved"] + hs["dy"] - np.where(F & ~u["root"], st.last * u["head_g"], 0)
-    base = base + np.where(u["root"] & F, u["early"], 0)
+    base = base + np.where(u["root"] & F & ~u["ipg"], u["early"], 0)
     p1 = base + head_reduce + near(st.n_chunk) + layer_peak
     reduce = np.where(F & per_mb, u["reduce_min"], 0)
     p2 = base - lo["saved"] + reduce + near(st.n_chunk - 1) + layer_peak
@@ -134,7 +138,7 @@ def _lower(cfg, c, st, s, u, lo, layer_peak, hs, fixed) -> np.ndarray:
     # the head's backward, beside its unsharded gradient, every layer's activations still saved
     # and, without reshard_after_forward, every layer still gathered (else the next one prefetched)
     kept_layers = (c.rf == 0)[:, None]
-    h3 = f_end - hs["head_saved"] + hs["dy"] + u["head"] + head_reduce \
+    h3 = f_end - hs["head_saved"] + hs["dy"] + np.where(u["ipg"], 0, u["head"]) + head_reduce \
         + np.where(F, np.where(kept_layers, st.n * u["unit_min_g"], np.where(pf, u["unit_min_g"], 0)), 0)
     out = np.maximum(out, np.where(st.last & F & ~u["root"] & u["pp1"] & per_mb, h3, 0))
     # W: the w-th forward's last layer with its working set
@@ -273,7 +277,7 @@ def units(cfg: Config, tables: Tables, c: Candidates, st: Stages) -> dict:
             "r": r, "act_d": act_d, "fsdp": act_d | (act_e & has_m),
             "unit_min_g": np.where(has_d & has_m, np.minimum(gd, gm), np.where(has_m, gm, gd)), "emb_g": emb_g,
             "head_g": head_g, "roots_g": st.first * emb_g * emb_kept + st.last * head_g * head_kept,
-            "per_mb": per_mb,
+            "per_mb": per_mb, "ipg": col(_ipg(cfg, c) > 0),
             "emb_kept": emb_kept, "pp1": np.broadcast_to(((c.pp == 1) & (c.vpp == 1))[:, None], st.n.shape)}
 
 

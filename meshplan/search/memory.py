@@ -129,7 +129,10 @@ class Tables:
         gradients they write when the layer is FSDP-sharded), and every ``head_sizes`` entry."""
         m = self.model
         mesh = self.mesh(tp, cp, ep, etp)
-        t = self.t.model_copy(update={"micro_batch": mb, "recompute": RECOMPUTE[rc], "sharding": "zero3"})
+        # FSDP2's unsharded gradients, all of them (a DeepSpeed ZeRO-3 row moves most into its ipg
+        # buffer: the lower bound leaves them out there, search.bounds._layer_peak)
+        t = self.t.model_copy(update={"micro_batch": mb, "recompute": RECOMPUTE[rc], "sharding": "zero3",
+                                      "zero3_engine": "fsdp2"})
         opts = self.cfg.memory
         dense = layer_act_sizes(m, t, mesh, opts)
         moe = layer_act_sizes(m, t, mesh, opts, moe=True) if m.is_moe else dense
