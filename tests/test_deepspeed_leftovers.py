@@ -78,3 +78,36 @@ def test_zero3_gradients_in_the_ipg_buffer_are_not_counted_again(tmp_path, bucke
     assert _grads(p_on, None, "unsharded gradient") == 2 * 525_336_576 * 2
     assert _grads(p_off, None, "unsharded gradient") == (2 * 525_336_576 + 4096) * 2
 
+
+def test_stage0_config_searches_the_stages_a_deepspeed_user_switches_to(tmp_path):
+    """A stage 0 JSON (DeepSpeed's engine without ZeRO: training.zero0_engine "deepspeed") searched
+    ZeRO-3 only, under FSDP2. Now it searches zero1, zero2 and zero3 as a stage 1, 2 or 3 JSON does
+    (the stage 2 search's 48 rows: dp 16 only, 4 micro-batches x 3 recompute policies, none of them
+    torchtitan's op, for zero1, zero2, and zero3 resharded or kept gathered), every row under the
+    engine DeepSpeed runs at that stage, the same plan as the stage 2 config's row; a note says stage
+    0 itself is no search row. The field belongs to sharding none only."""
+    from meshplan.spec.training import TrainingSpec
+
+    with pytest.raises(ValueError, match="zero0_engine 'deepspeed' is DeepSpeed's engine without ZeRO"):
+        TrainingSpec(global_batch=8, seq_len=16, sharding="zero1", zero0_engine="deepspeed")
+    from meshplan.search.driver import search
+    from meshplan.search.space import SHARDING, candidate_config, enumerate_candidates
+    from meshplan.schedule.steptime import step_time
+
+    z0, z2 = _load(tmp_path, 0, "z0"), _load(tmp_path, 2, "z2")
+    assert (z0.training.sharding, z0.training.zero0_engine) == ("none", "deepspeed")
+    assert z0.search.sharding == z2.search.sharding == ["zero1", "zero2", "zero3"]
+    c0, c2 = enumerate_candidates(z0), enumerate_candidates(z2)
+    assert len(c0) == len(c2) == 48 and (c0.sh == c2.sh).all() and (c0.mb == c2.mb).all()
+    for sh in ("zero1", "zero2", "zero3"):
+        i = int((c0.sh == SHARDING.index(sh)).nonzero()[0][0])
+        a, b = candidate_config(z0, c0, i), candidate_config(z2, c2, i)
+        engine = (a.training.zero12_engine, a.training.zero3_engine, a.training.zero0_engine, a.training.grad_dtype)
+        assert engine == (b.training.zero12_engine, b.training.zero3_engine, "ddp", b.training.grad_dtype), sh
+        assert engine[:2] == {"zero3": ("megatron", "deepspeed")}.get(sh, ("deepspeed", "fsdp2")), sh
+        pa, pb = build_plan(a), build_plan(b)
+        assert pa.timeline.peak.total_bytes == pb.timeline.peak.total_bytes, sh
+        assert step_time(pa).step_s == pytest.approx(step_time(pb).step_s, rel=1e-12), sh
+    notes = search(z0.__class__(**{**z0.__dict__, "search": z0.search.model_copy(update={"top": 2})}), workers=1).notes
+    assert any(n.startswith("training.zero0_engine 'deepspeed' (DeepSpeed without ZeRO, stage 0) is not a search row")
+               for n in notes)

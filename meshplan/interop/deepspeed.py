@@ -80,8 +80,8 @@ run on side streams and overlap the compute; off, both run on the default stream
 
 A DeepSpeed config runs ZeRO over one data axis: its ``[search]`` table (written on import)
 keeps ``meshplan search`` to those meshes (:data:`SEARCH`: pp, dp_replicate, cp, tp, ep, etp
-1; no HSDP; sharding zero1, zero2 and zero3 from a stage 1, 2 or 3 config, each row under the
-engine DeepSpeed runs at that stage, zero3 only from stage 0: :func:`search_table`), the rows ``export --to
+1; no HSDP; sharding zero1, zero2 and zero3 from a config of any stage, each row under the
+engine DeepSpeed runs at that stage: :func:`search_table`), the rows ``export --to
 deepspeed`` can write; a note says so, and widening ``[search]`` in an imported TOML searches
 beyond it.
 
@@ -218,6 +218,8 @@ def read(d: dict, opts: ImportOptions) -> Imported:
     training: dict[str, Any] = {"global_batch": global_batch, "seq_len": opts.seq_len, "micro_batch": micro,
                                 "sharding": STAGES[stage], "param_dtype": dtype, "compute_dtype": dtype,
                                 "grad_clip": _clip(d, notes), "recompute": recompute}
+    if stage == 0:  # DeepSpeed's engine without ZeRO: its search's rows run DeepSpeed's ZeRO (search_table)
+        training["zero0_engine"] = "deepspeed"
     if stage in (1, 2):
         training |= _zero12(d, dtype)
     if stage == 3:
@@ -255,17 +257,14 @@ def search_table(stage: int) -> dict[str, list[Any]]:
     and 3 search ZeRO-1, ZeRO-2 and ZeRO-3 alike, each row under the engine DeepSpeed runs for it
     (zero1 and zero2 rows DeepSpeed's ZeRO-1/2, ``zero12_engine = "deepspeed"``; zero3 rows its
     ZeRO-3, ``zero3_engine = "deepspeed"``: :attr:`~meshplan.spec.training.TrainingSpec.searched_zero12_engine`
-    and ``searched_zero3_engine``). Stage 0 (DeepSpeed's data parallelism, which names no ZeRO
-    engine) keeps ZeRO-3 only: its zero1 would be Megatron-LM's distributed optimizer, which a
-    DeepSpeed run is not; import a stage 1, 2 or 3 config to search them all.
+    and ``searched_zero3_engine``). Stage 0 (DeepSpeed's engine without ZeRO, ``zero0_engine =
+    "deepspeed"``) searches the same three under the same engines; stage 0 itself is no search row
+    (the search has no unsharded candidate: ``meshplan plan`` plans it), which the search says.
 
     >>> search_table(2)["sharding"], search_table(3)["sharding"], search_table(0)["sharding"]
-    (['zero1', 'zero2', 'zero3'], ['zero1', 'zero2', 'zero3'], ['zero3'])
+    (['zero1', 'zero2', 'zero3'], ['zero1', 'zero2', 'zero3'], ['zero1', 'zero2', 'zero3'])
     """
-    out = {k: list(v) for k, v in SEARCH.items()}
-    if stage == 0:
-        out["sharding"] = ["zero3"]
-    return out
+    return {k: list(v) for k, v in SEARCH.items()}
 
 #: The keys ZeRO stages 1 and 2 read besides :data:`USED` (module docstring).
 ZERO12_USED = frozenset({"zero_optimization.reduce_bucket_size", "zero_optimization.overlap_comm",

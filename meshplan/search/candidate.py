@@ -76,8 +76,9 @@ def sharding_knobs(t: TrainingSpec, sharding: str) -> dict:
     ``zero12_engine`` back to ``megatron`` (and ``overlap_comm`` off) outside zero1 and zero2, its
     zero3 rows under DeepSpeed's ZeRO-3 (``zero3_engine = "deepspeed"``,
     :attr:`~meshplan.spec.training.TrainingSpec.searched_zero3_engine`),
-    ``overlap_grad_reduce`` / ``overlap_param_gather`` off outside zero1 (Megatron-LM's DDP-buffer
-    flags). The plan's (:func:`candidate_config`) and the memory bound's
+    ``zero0_engine`` back to ``ddp`` (DeepSpeed without ZeRO, a stage 0 config: its zero1/zero2 and
+    zero3 rows under DeepSpeed's engines, with DeepSpeed's gradient dtype), ``overlap_grad_reduce`` /
+    ``overlap_param_gather`` off outside zero1 (Megatron-LM's DDP-buffer flags). The plan's (:func:`candidate_config`) and the memory bound's
     (:func:`meshplan.search.bounds.bounds`, through :func:`sharding_training`).
 
     >>> from meshplan.spec.training import TrainingSpec
@@ -109,6 +110,12 @@ def sharding_knobs(t: TrainingSpec, sharding: str) -> dict:
             out["zero3_engine"] = t.searched_zero3_engine
         else:
             out["overlap_comm"] = None
+    if t.zero0_engine != "ddp":  # DeepSpeed without ZeRO: every searched row is sharded, under DeepSpeed's own
+        out["zero0_engine"] = "ddp"  # ZeRO-1/2 or ZeRO-3 (hsdp: FSDP2), as a stage 1, 2 or 3 config's rows
+        stage = {"zero1": 1, "zero2": 2, "zero3": 3}.get(sharding)
+        if stage is not None:
+            out |= {"zero12_engine" if stage < 3 else "zero3_engine": "deepspeed",
+                    "grad_dtype": deepspeed_grad_dtype(stage, t.param_dtype)}
     if sharding != "zero1":  # Megatron-LM's DDP-buffer flags (the search has no none); FSDP forces them
         out |= {k: False for k in ("overlap_grad_reduce", "overlap_param_gather") if getattr(t, k)}
     return out

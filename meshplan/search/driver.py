@@ -281,6 +281,11 @@ def _settings_notes(cfg: Config, c: Candidates) -> list[str]:
     elif t.zero3_engine != "fsdp2" and not (c.sh == SHARDING.index("zero3")).all():
         out.append(f"training.zero3_engine {t.zero3_engine!r} applies to zero3 candidates with pp 1; zero1 and hsdp "
                    "candidates are planned with FSDP2")
+    if t.zero0_engine == "deepspeed":
+        out.append("training.zero0_engine 'deepspeed' (DeepSpeed without ZeRO, stage 0) is not a search row: the "
+                   "search has no unsharded candidate (meshplan plan plans it); zero1 and zero2 candidates are planned "
+                   "with DeepSpeed's ZeRO-1/2 and zero3 with its ZeRO-3 (zero_optimization.stage 1, 2, 3 of the same "
+                   "runtime), hsdp candidates with FSDP2")
     if t.zero12_engine != "megatron" and not np.isin(c.sh, ZERO12).all():
         out.append(f"training.zero12_engine {t.zero12_engine!r} applies to zero1 and zero2 candidates (DeepSpeed's "
                    "ZeRO-1 and ZeRO-2: bucket all-reduces, ranked by the Megatron-style estimate, planned exactly as "

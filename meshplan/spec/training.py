@@ -190,6 +190,13 @@ class TrainingSpec(BaseModel):
     its ipg buffers (:meth:`~meshplan.spec.memory.MemoryOptions.deepspeed_bucket_bytes`: none when
     false); under ``fsdp2`` it changes nothing; it is kept so
     that an imported DeepSpeed config's value applies when the engine is switched.
+    ``zero0_engine`` (sharding none): ``ddp`` or ``deepspeed``, DeepSpeed's engine without ZeRO
+    (what a DeepSpeed stage 0 config imports to). It changes nothing in the plan of sharding none
+    (one data-parallel all-reduce of the gradients either way); it tells a search which runtime the
+    config runs, so that its zero1 and zero2 rows run DeepSpeed's ZeRO-1/2 and its zero3 rows its
+    ZeRO-3 (:attr:`searched_zero12_engine`, :attr:`searched_zero3_engine`), as the search of a
+    stage 1, 2 or 3 DeepSpeed config plans them: the stages a DeepSpeed user switches to by
+    changing ``zero_optimization.stage``.
     ``zero12_engine``: which runtime reduces the gradients under ``sharding = "zero1"`` or
     ``"zero2"``: ``megatron`` (Megatron-LM's distributed optimizer: reduce-scatters of gradient
     buckets, :func:`meshplan.comm.collectives._zero2_rows`) or ``deepspeed`` (DeepSpeed's
@@ -326,6 +333,7 @@ class TrainingSpec(BaseModel):
     zero3_engine: Literal["fsdp2", "deepspeed", "deepspeed-2021"] = "fsdp2"
     contiguous_gradients: Optional[bool] = None
     zero12_engine: Literal["megatron", "deepspeed"] = "megatron"
+    zero0_engine: Literal["ddp", "deepspeed"] = "ddp"
     overlap_comm: Optional[bool] = None
     overlap_grad_reduce: bool = False
     overlap_param_gather: bool = False
@@ -442,6 +450,9 @@ class TrainingSpec(BaseModel):
             raise ValueError(f"contiguous_gradients is DeepSpeed's zero_optimization.contiguous_gradients (sharding "
                              f"zero3, or zero1/zero2 with zero12_engine = \"deepspeed\"); sharding {self.sharding!r}"
                              f" under zero12_engine {self.zero12_engine!r}: remove it")
+        if self.zero0_engine != "ddp" and self.sharding != "none":
+            raise ValueError(f"zero0_engine {self.zero0_engine!r} is DeepSpeed's engine without ZeRO (sharding none); "
+                             f"sharding {self.sharding!r}: remove the key (zero12_engine or zero3_engine name its engine)")
         if self.zero12_engine != "megatron" and self.sharding not in ("zero1", "zero2"):
             raise ValueError(f"zero12_engine {self.zero12_engine!r} is DeepSpeed's ZeRO stage 1/2 (sharding zero1 or "
                              f"zero2); sharding {self.sharding!r} does not run it: remove the key")
@@ -535,21 +546,26 @@ class TrainingSpec(BaseModel):
     def searched_zero3_engine(self) -> str:
         """The engine a search's zero3 candidates run under (:func:`meshplan.search.candidate.candidate_config`):
         ``zero3_engine``, except that DeepSpeed's ZeRO-1/2 (``zero12_engine = "deepspeed"``, a DeepSpeed
-        stage 1 or 2 config) plans them with DeepSpeed's ZeRO-3, ``deepspeed``: the same runtime at
+        stage 1 or 2 config) and its engine without ZeRO (``zero0_engine = "deepspeed"``, stage 0) plan
+        them with DeepSpeed's ZeRO-3, ``deepspeed``: the same runtime at
         another stage, not FSDP2.
 
         >>> TrainingSpec(global_batch=8, seq_len=16, sharding="zero2", zero12_engine="deepspeed").searched_zero3_engine
         'deepspeed'
         >>> TrainingSpec(global_batch=8, seq_len=16).searched_zero3_engine
         'fsdp2'
+        >>> TrainingSpec(global_batch=8, seq_len=16, sharding="none", zero0_engine="deepspeed").searched_zero3_engine
+        'deepspeed'
         """
-        return "deepspeed" if self.zero3_engine == "fsdp2" and self.zero12_engine == "deepspeed" else self.zero3_engine
+        deepspeed = self.zero12_engine == "deepspeed" or self.zero0_engine == "deepspeed"
+        return "deepspeed" if self.zero3_engine == "fsdp2" and deepspeed else self.zero3_engine
 
     @property
     def searched_zero12_engine(self) -> str:
         """The engine a search's zero1 and zero2 candidates run under
         (:func:`meshplan.search.candidate.candidate_config`): ``zero12_engine``, except that DeepSpeed's
-        ZeRO-3 (``zero3_engine = "deepspeed"``, a DeepSpeed stage 3 config) plans them with
+        ZeRO-3 (``zero3_engine = "deepspeed"``, a DeepSpeed stage 3 config) and its engine without
+        ZeRO (``zero0_engine = "deepspeed"``, stage 0) plan them with
         DeepSpeed's ZeRO-1/2, ``deepspeed``: the same runtime at another ``zero_optimization.stage``,
         as :attr:`searched_zero3_engine` does the other way (ZeRO-3 of 2021 keeps ``megatron``:
         its DeepSpeed, v0.3.13-v0.5.4, predates the ZeRO-1/2 engine meshplan models, v0.12.4).
@@ -558,8 +574,10 @@ class TrainingSpec(BaseModel):
         'deepspeed'
         >>> TrainingSpec(global_batch=8, seq_len=16, zero3_engine="deepspeed-2021").searched_zero12_engine
         'megatron'
+        >>> TrainingSpec(global_batch=8, seq_len=16, sharding="none", zero0_engine="deepspeed").searched_zero12_engine
+        'deepspeed'
         """
-        return "deepspeed" if self.zero3_engine == "deepspeed" else self.zero12_engine
+        return "deepspeed" if self.zero3_engine == "deepspeed" or self.zero0_engine == "deepspeed" else self.zero12_engine
 
     def knob_acts(self, knob: str) -> tuple[bool, object]:
         """(whether plan knob ``knob``, a :data:`PLAN_KNOBS` field, applies to this training's
@@ -662,8 +680,8 @@ class TrainingSpec(BaseModel):
     @property
     def op_recompute_blocker(self) -> str:
         """The field whose runtime has no op-level selective AC (:attr:`has_op_recompute`):
-        ``framework`` (Megatron-LM), ``zero12_engine`` (DeepSpeed's ZeRO-1/2), ``zero3_engine``
-        (DeepSpeed's ZeRO-3 of 2021); empty where the runtime has it.
+        ``framework`` (Megatron-LM), ``zero12_engine`` (DeepSpeed's ZeRO-1/2), ``zero0_engine``
+        (DeepSpeed without ZeRO), ``zero3_engine`` (DeepSpeed's ZeRO-3); empty where the runtime has it.
 
         >>> TrainingSpec(global_batch=8, seq_len=16, sharding="zero2", zero12_engine="deepspeed").op_recompute_blocker
         'zero12_engine'
@@ -672,6 +690,8 @@ class TrainingSpec(BaseModel):
             return "framework"
         if self.zero12_engine != "megatron":
             return "zero12_engine"
+        if self.zero0_engine != "ddp":
+            return "zero0_engine"
         return "zero3_engine" if self.zero3_engine != "fsdp2" else ""
 
     @property
