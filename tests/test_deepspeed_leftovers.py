@@ -111,3 +111,37 @@ def test_stage0_config_searches_the_stages_a_deepspeed_user_switches_to(tmp_path
     notes = search(z0.__class__(**{**z0.__dict__, "search": z0.search.model_copy(update={"top": 2})}), workers=1).notes
     assert any(n.startswith("training.zero0_engine 'deepspeed' (DeepSpeed without ZeRO, stage 0) is not a search row")
                for n in notes)
+
+
+def _gathered(plan, layer: int) -> list[tuple[int, str]]:
+    """The first forward's all-gather outputs of ``layer`` (bytes, label)."""
+    return [(e.delta_bytes, e.label) for e in plan.timeline.events() if e.phase == "forward" and e.microbatch == 0
+            and e.layer == layer and e.kind == "gathered_params" and "all-gather output (" in e.label]
+
+
+@pytest.mark.parametrize("zero, prefetched", [
+    ({}, 50_000_000 * 2),  # stage3_prefetch_bucket_size 5e7, the default
+    ({"stage3_prefetch_bucket_size": 20_000_000}, 20_000_000 * 2),
+    ({"stage3_max_live_parameters": 250_000_000}, (250_000_000 - 218_112_000) * 2),
+    ({"stage3_max_live_parameters": 200_000_000}, 0),
+])
+def test_zero3_prefetch_bucket_and_max_live_parameters_bound_the_gathered_parameters(tmp_path, zero, prefetched):
+    """DeepSpeed ZeRO-3's coordinator (edaa722 partitioned_param_coordinator.py:452-480) prefetches,
+    after fetching a module, the parameters next in the trace up to min(max_live_parameters - the
+    parameters available, prefetch_bucket_size) elements. Llama 3 8B on 16 ranks, a layer of
+    218,112,000 parameters (bf16, 2 B): while layer 5 runs, 5e7 x 2 B of layer 6 are gathered (not
+    the whole next unit, as FSDP2's prefetch would), the rest at layer 6's own fetch; with
+    max_live_parameters 2.5e8 only 2.5e8 - 218,112,000 = 31,888,000 elements; with 2e8, below one
+    layer, none. Each output freed after its copy-out (the forward keeps none to the next unit's)."""
+    cfg = _load(tmp_path, 3, "z3", **zero)
+    plan = build_plan(cfg)
+    rest = 218_112_000 * 2 - prefetched
+    want = [(prefetched, "layer 6: all-gather output (compute dtype) (prefetched part)"),
+            (rest, "layer 6: all-gather output (compute dtype) (the rest)")] if prefetched else [
+            (rest, "layer 6: all-gather output (compute dtype)")]
+    assert _gathered(plan, 6) == want
+    frees = [e.label for e in plan.timeline.events() if e.phase == "forward" and e.microbatch == 0 and e.layer == 6
+             and e.kind == "gathered_params" and e.delta_bytes < 0]
+    assert frees == ["layer 6: all-gather output freed after its copy-out", "layer 6: resharded after forward"]
+    back = json.loads(export(cfg, "deepspeed", "x")[0])["zero_optimization"]
+    assert {k: back[k] for k in zero} == zero and not not_planned({"zero_optimization": {"stage": 3, **zero}})

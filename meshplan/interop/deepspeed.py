@@ -77,6 +77,11 @@ run on side streams and overlap the compute; off, both run on the default stream
 (``runtime/zero/parameter_offload.py:189-190``, ``runtime/zero/stage3.py:335-336``;
 :func:`meshplan.schedule.steptime.config_overlap`). Export writes it when the plan gives it
 (unset, DeepSpeed's default for the stage applies, as it did on import).
+``stage3_prefetch_bucket_size`` and ``stage3_max_live_parameters`` (or their names without
+``stage3_``) are read at stage 3 into ``[memory] deepspeed_prefetch_elements`` and
+``deepspeed_max_live_elements``: how many parameters the memory timeline gathers ahead of the one
+computed (:meth:`meshplan.memory.passes.PassBuilder._deepspeed_prefetch`), and written back when set;
+``stage3_max_reuse_distance`` (parameters kept gathered when used again soon) is not modelled.
 
 A DeepSpeed config runs ZeRO over one data axis: its ``[search]`` table (written on import)
 keeps ``meshplan search`` to those meshes (:data:`SEARCH`: pp, dp_replicate, cp, tp, ep, etp
@@ -237,6 +242,8 @@ def read(d: dict, opts: ImportOptions) -> Imported:
         ZERO3_USED if stage == 3 else set())  # stage 2 keeps model-dtype grads anyway
     if stage in (1, 2) or (stage == 3 and d["zero_optimization"].get("reduce_bucket_size", "auto") != "auto"):
         tables["memory"] = {"grad_bucket_elements": _bucket(d["zero_optimization"])}
+    if stage == 3 and _prefetch(d["zero_optimization"]):  # DeepSpeed's parameter coordinator (memory.passes)
+        tables["memory"] = tables.get("memory", {}) | _prefetch(d["zero_optimization"])
     tables["search"] = search_table(stage)
     notes.append("meshplan search keeps to what a DeepSpeed config runs, ZeRO over one data axis ([search] "
                  + ", ".join(f"{k} = {v!r}" for k, v in tables["search"].items()).replace("'", '"')
@@ -272,7 +279,33 @@ ZERO12_USED = frozenset({"zero_optimization.reduce_bucket_size", "zero_optimizat
                          "zero_optimization.contiguous_gradients"})
 #: The keys ZeRO stage 3 reads besides :data:`USED` (module docstring).
 ZERO3_USED = frozenset({"communication_data_type", "zero_optimization.contiguous_gradients",
-                        "zero_optimization.reduce_bucket_size", "zero_optimization.overlap_comm"})
+                        "zero_optimization.reduce_bucket_size", "zero_optimization.overlap_comm"}) | {
+    f"zero_optimization.{k}" for k in ("stage3_prefetch_bucket_size", "prefetch_bucket_size",
+                                       "stage3_max_live_parameters", "max_live_parameters")}
+#: DeepSpeed's ZeRO-3 coordinator keys (``DeepSpeedZeroConfig`` fields and their ``stage3_`` aliases,
+#: zero/config.py:215, 238 at edaa722) -> ``[memory]`` fields.
+PREFETCH_KEYS = {"prefetch_bucket_size": "deepspeed_prefetch_elements", "max_live_parameters": "deepspeed_max_live_elements"}
+
+
+def _prefetch(zero: dict) -> dict[str, int]:
+    """``[memory]`` fields of ZeRO-3's ``stage3_prefetch_bucket_size`` and ``stage3_max_live_parameters``
+    (or their names without ``stage3_``) when given (absent or "auto": DeepSpeed's 5e7 and 1e9);
+    ConfigError for a value that is not a whole number >= 0.
+
+    >>> _prefetch({"stage3_prefetch_bucket_size": 2e7, "max_live_parameters": 300000000}), _prefetch({})
+    ({'deepspeed_prefetch_elements': 20000000, 'deepspeed_max_live_elements': 300000000}, {})
+    """
+    out = {}
+    for key, field in PREFETCH_KEYS.items():
+        name = next((k for k in (f"stage3_{key}", key) if k in zero), None)
+        v = zero.get(name) if name else None
+        if v is None or v == "auto":
+            continue
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 or v != int(v):
+            raise ConfigError(f"zero_optimization.{name}", f"must be a whole number of elements >= 0 or \"auto\"; "
+                              f"got {v!r}")
+        out[field] = int(v)
+    return out
 #: ``communication_data_type`` values (runtime/config.py ``get_communication_data_type``, lower-cased).
 COMM_DTYPES = ("fp32", "bf16", "fp16")
 
@@ -498,8 +531,8 @@ def not_planned(user: dict) -> list[str]:
     recompute ``full``).
 
     >>> not_planned({"train_batch_size": 8, "steps_per_print": 10, "activation_checkpointing": {},
-    ...              "zero_optimization": {"stage": 3, "overlap_comm": True, "stage3_prefetch_bucket_size": 5e7}})
-    ['steps_per_print', 'zero_optimization.stage3_prefetch_bucket_size']
+    ...              "zero_optimization": {"stage": 3, "overlap_comm": True, "stage3_max_reuse_distance": 5e7}})
+    ['steps_per_print', 'zero_optimization.stage3_max_reuse_distance']
     """
     return list(flatten(strip_keys(user, read_keys(user) | {CHECKPOINTING})))
 
@@ -507,7 +540,7 @@ def not_planned(user: dict) -> list[str]:
 def carried(user: dict, written: dict) -> tuple[dict, list[str]]:
     """(config, what was carried) of ``written`` (:func:`write`) with the keys of the user's
     DeepSpeed config ``user`` that meshplan does not plan (:func:`not_planned`:
-    ``steps_per_print``, ``optimizer``, ``scheduler``, ZeRO-3's prefetch and persistence sizes,
+    ``steps_per_print``, ``optimizer``, ``scheduler``, ZeRO-3's persistence sizes,
     ...) carried through unchanged, as a torchtitan export keeps the job's other sections; every
     key :func:`read` reads at the user's stage or the written one is what ``written`` says. The keys of an ``activation_checkpointing``
     section go with it only where ``written`` has one (the plan checkpoints: recompute
@@ -563,6 +596,8 @@ def write(cfg: Config) -> dict[str, Any]:
         zero |= {"contiguous_gradients": t.contiguous_grads,
                  "reduce_bucket_size": cfg.memory.deepspeed_bucket_elements()}
     elif stage == 3:  # deepspeed (or fsdp2): what an import read, back; deepspeed's stream choice
+        zero |= {f"stage3_{k}": getattr(cfg.memory, f) for k, f in PREFETCH_KEYS.items()
+                 if getattr(cfg.memory, f) is not None}
         zero |= ({"contiguous_gradients": t.contiguous_gradients} if t.contiguous_gradients is not None else {}) | (
             {"reduce_bucket_size": cfg.memory.grad_bucket_elements} if cfg.memory.grad_bucket_elements else {}) | (
             {"overlap_comm": t.overlap_comm} if t.overlap_comm is not None else {})

@@ -123,6 +123,6 @@ def stage_sizes(model: ModelSpec, training: TrainingSpec, mesh: Mesh, stages, st
         prefetch=opts.prefetch_layers, forward_prefetch=opts.forward_prefetch_layers, bucket=bucket,
         # DeepSpeed ZeRO-1/2 allocates its bucket buffers at every backward's first gradient hook
         bucket_every_backward=training.sharding == "zero2" or training.zero12_engine == "deepspeed" or fsdp,
-        bucket_what=bucket_what(training),
+        bucket_what=bucket_what(training), deepspeed_prefetch=opts.deepspeed_prefetch_bytes(training),
         recompute=training.recompute, init=init_entries(state, fsdp, comm_axes, opts, training, origin),
         step=step_entries(state, training, opts, fsdp_grads))

@@ -120,7 +120,9 @@ def _lower(cfg, c, st, s, u, lo, layer_peak, hs, fixed) -> np.ndarray:
     c0 = np.where(v == 1, st.w, INTERLEAVED.chunk_forwards(g, v, st.w))  # chunk-0 passes in flight
     kept = np.where(F, u["roots_g"], 0)
     f_end = init + st.w * st.n_chunk * lo["saved"] + st.first * c0 * hs["embedding_saved"] + st.last * hs["head_saved"] + kept
-    pf = o.prefetch_layers >= 1
+    # DeepSpeed ZeRO-3 rows (``ds3``) prefetch a part of the next unit at most (memory.passes
+    # _deepspeed_prefetch) and keep no all-gather output through a forward: neither counted
+    pf = (o.prefetch_layers >= 1) & ~u["ds3"]
     near = lambda n: np.where(F, u["unit_min_g"] * (1 + ((n >= 2) & pf)), 0)
     head_reduce = np.where(F & ~u["root"], st.last * u["head"] * u["r"], 0).astype(np.int64)
     # P1/P2: the first backward's layers (after the head's backward on the last stage)
@@ -142,7 +144,7 @@ def _lower(cfg, c, st, s, u, lo, layer_peak, hs, fixed) -> np.ndarray:
         + np.where(F, np.where(kept_layers, st.n * u["unit_min_g"], np.where(pf, u["unit_min_g"], 0)), 0)
     out = np.maximum(out, np.where(st.last & F & ~u["root"] & u["pp1"] & per_mb, h3, 0))
     # W: the w-th forward's last layer with its working set
-    keep_output = getattr(o, "forward_prefetch_layers", 0) == 0
+    keep_output = (getattr(o, "forward_prefetch_layers", 0) == 0) & ~u["ds3"]
     gathered = np.where(F, st.first * (u["emb_g"] * u["emb_kept"] + np.where(u["root"], u["head_g"], 0))
                         + u["unit_min_g"] * (1 + keep_output), 0)
     pw = init + (st.w * st.n_chunk - 1) * lo["saved"] + gathered + lo["fwd"]
@@ -211,6 +213,9 @@ def _upper(cfg, c, st, s, u, hi, layer_peak, hs, fixed) -> np.ndarray:
     # 2 + depth all-gather outputs (the current unit's, the previous one's until this copy-out,
     # the prefetched ones: memory.passes PassBuilder._unshard)
     held = np.where(few, (1 + depth) * u["unit_max"], np.minimum(2 * st.n, st.n + 2 + depth) * u["unit_max"])
+    # DeepSpeed ZeRO-3: its prefetch, stage3_prefetch_bucket_size at most, may span several small units
+    ds3 = o.deepspeed_prefetch_bytes(cfg.training.model_copy(update={"sharding": "zero3", "zero3_engine": "deepspeed"}))
+    held = held + np.where(u["ds3"], ds3[0] if ds3 else 0, 0)
     red = lambda x: (x * r).astype(np.int64)
     accum = np.where(u["per_mb"], 0, red(st.n * u["unit_max"] + u["roots"]) + u["unit_max"])
     in_flight = red(np.maximum(u["unit_max"], np.maximum(u["head"], u["emb"])))
@@ -278,6 +283,7 @@ def units(cfg: Config, tables: Tables, c: Candidates, st: Stages) -> dict:
             "unit_min_g": np.where(has_d & has_m, np.minimum(gd, gm), np.where(has_m, gm, gd)), "emb_g": emb_g,
             "head_g": head_g, "roots_g": st.first * emb_g * emb_kept + st.last * head_g * head_kept,
             "per_mb": per_mb, "ipg": col(_ipg(cfg, c) > 0),
+            "ds3": col((c.sh == SHARDING.index("zero3")) & (t.searched_zero3_engine == "deepspeed")),
             "emb_kept": emb_kept, "pp1": np.broadcast_to(((c.pp == 1) & (c.vpp == 1))[:, None], st.n.shape)}
 
 
