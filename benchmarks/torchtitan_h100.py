@@ -55,7 +55,7 @@ all-gathers per step at 8B move 402,653,184 B instead of 805,306,368 B (0.978 ms
 1.935 ms), exposed tp 627.0 -> 443.4 ms; the 70B rows' 4939.0 -> 3714.7 ms. The rowwise rows
 keep torch's plain TP (torchtitan 820504e ``enable_float8_tensorwise_tp``), all in bf16. The
 memory plans the gathered buffers (the forward's input, the backward's output gradient) at 1 B a
-value too (:mod:`meshplan.memory.sizes`). The amax of each float8 cast of a DTensor shard
+value too (:mod:`meshplan.memory.workingset`). The amax of each float8 cast of a DTensor shard
 (``tensor_to_amax``'s ``torch.max`` on a Shard DTensor is a Partial max, all-reduced over tp
 before the scale divides by it) is modelled (:mod:`meshplan.compute.float8`, tp all-reduce rows
 of fp64): 4 forward casts and 7 output-gradient casts per layer and the 4 op-level AC replays,

@@ -113,7 +113,7 @@ from meshplan.schedule.steptime import ideal_tp_overlap_line, megatron_reduce_li
 from meshplan.schedule.verdict import network_verdict, rebuilt_step
 from meshplan.schedule.waits import bubble_wait
 from meshplan.search.driver import search
-from meshplan.search.space import candidate_config
+from meshplan.search.candidate import candidate_config
 from meshplan.spec.mesh import Schedule
 from meshplan.spec.wording import schedule_words
 

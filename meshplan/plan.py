@@ -353,6 +353,8 @@ _NO_OP_RECOMPUTE = {
                  "\"torch\"",
     "zero3_engine": "'op' is torchtitan's op-level selective AC, which zero3_engine \"{engine}\" does not have "
                     "(DeepSpeed's ZeRO-3); use 'selective', 'full' or 'none', or zero3_engine \"fsdp2\"",
+    "zero0_engine": "'op' is torchtitan's op-level selective AC, which zero0_engine \"deepspeed\" (DeepSpeed without "
+                    "ZeRO) does not have; use 'selective', 'full' or 'none', or remove zero0_engine (DDP)",
     "zero12_engine": "'op' is torchtitan's op-level selective AC, which zero12_engine \"deepspeed\" (DeepSpeed's "
                      "ZeRO-1/2) does not have; use 'selective', 'full' or 'none', or sharding \"zero3\" without "
                      "zero12_engine (FSDP2)",

@@ -56,12 +56,13 @@ def test_zero3_carries_every_key_meshplan_does_not_plan(tmp_path):
     doc = json.loads(text)
     for key in ("optimizer", "scheduler", "steps_per_print", "wall_clock_breakdown"):
         assert doc[key] == ZERO3[key], key
-    # stage 3 reads overlap_comm (its streams) and writes it back; the prefetch and persistence sizes stay
+    # stage 3 reads overlap_comm (its streams) and stage3_prefetch_bucket_size ([memory]) and writes them back;
+    # the persistence sizes stay
     assert doc["zero_optimization"] == ZERO3["zero_optimization"]
     # recompute full (the section's presence) written back with the section's own keys
     assert doc["activation_checkpointing"] == ZERO3["activation_checkpointing"]
     assert (f"carried unchanged from {path}: "
-            "zero_optimization.stage3_prefetch_bucket_size, zero_optimization.stage3_param_persistence_threshold, "
+            "zero_optimization.stage3_param_persistence_threshold, "
             "optimizer.type, optimizer.params.lr, optimizer.params.betas, scheduler.type, "
             "scheduler.params.warmup_num_steps, activation_checkpointing.partition_activations, "
             "activation_checkpointing.contiguous_memory_optimization, steps_per_print, wall_clock_breakdown") in head
@@ -74,7 +75,7 @@ def test_to_another_format_lists_what_is_not_carried(tmp_path):
     _, head = export(cfg, "torchtitan", str(path), user_source(path))
     assert [h for h in head if h.startswith("not carried")] == [
         "not carried to torchtitan: the DeepSpeed settings meshplan does not plan: "
-        "zero_optimization.stage3_prefetch_bucket_size, zero_optimization.stage3_param_persistence_threshold, "
+        "zero_optimization.stage3_param_persistence_threshold, "
         "optimizer.type, optimizer.params.lr, optimizer.params.betas, scheduler.type, "
         "scheduler.params.warmup_num_steps, activation_checkpointing.partition_activations, "
         "activation_checkpointing.contiguous_memory_optimization, steps_per_print, wall_clock_breakdown"]

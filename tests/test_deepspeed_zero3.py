@@ -371,7 +371,9 @@ def test_contiguous_gradients_from_and_to_deepspeed_json(tmp_path):
 
 
 def test_contiguous_gradients_is_zero3s():
-    with pytest.raises(ConfigError, match="contiguous_gradients is DeepSpeed ZeRO stage 3's gradient path"):
+    with pytest.raises(ConfigError, match="contiguous_gradients is DeepSpeed's zero_optimization.contiguous_gradients "
+                       r"\(sharding zero3, or zero1/zero2 with zero12_engine = \"deepspeed\"\); sharding 'zero2' under "
+                       "zero12_engine 'megatron': remove it"):
         config_from_dict({"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-a100", "nodes": 1},
                           "training": {"global_batch": 8, "seq_len": 256, "sharding": "zero2",
                                        "contiguous_gradients": True},

@@ -55,7 +55,9 @@ def test_ipg_buffer_is_in_the_memory_timeline(tmp_path):
     """contiguous_gradients (DeepSpeed's default true) keeps torch.empty(reduce_bucket_size) in
     communication_data_type from init (stage3.py:731-735): the peak is higher by exactly
     5e8 x 2 B = 1,000,000,000 B (bf16, the default bucket) than with contiguous_gradients false,
-    and by 2e8 x 4 B = 800,000,000 B with reduce_bucket_size 2e8 and communication_data_type fp32."""
+    and by 2e8 x 4 B = 800,000,000 B with reduce_bucket_size 2e8 and communication_data_type fp32, less
+    the final norm's gradient, 4096 x 2 B, which that peak (the head's backward) holds in the buffer
+    rather than beside it (memory.buffers.ipg_elements)."""
     peak = lambda cfg: build_plan(cfg).timeline.peak.total_bytes
     base = peak(_load(tmp_path, 3, "off", contiguous_gradients=False))
     assert peak(_load(tmp_path, 3, "on")) - base == 500_000_000 * 2
@@ -65,7 +67,7 @@ def test_ipg_buffer_is_in_the_memory_timeline(tmp_path):
                                 "communication_data_type": "fp32", "bf16": {"enabled": True}}))
     small = load_any(path, opts=OPTS)
     no_buffer = dataclasses.replace(small, training=small.training.model_copy(update={"contiguous_gradients": False}))
-    assert peak(small) - peak(no_buffer) == 200_000_000 * 4
+    assert peak(small) - peak(no_buffer) == 200_000_000 * 4 - 4096 * 2
 
 
 def test_zero2_and_zero3_configs_search_the_same_stages_with_deepspeeds_engines(tmp_path):

@@ -115,7 +115,7 @@ def case(request):
 
 def refused(r, i: int) -> bool:
     """Whether the search rejects candidate ``i`` by its own framework rule (zero1 under torch,
-    ``space.zero1_refused``; under megatron hsdp and zero3 kept gathered, ``space.MEGATRON_REFUSED``),
+    ``space.zero1_refused``; under megatron hsdp and zero3 kept gathered, ``reasons.MEGATRON_REFUSED``),
     which build_plan does not apply: no bound is computed for it."""
     if r.code[i] != CODE["framework"]:
         return False

@@ -246,7 +246,7 @@ def test_megatron_search_rejects_the_rows_megatron_cannot_run(tmp_path, capsys):
     from meshplan.cli import main
     from meshplan.interop.foreign import export
     from meshplan.report.search import export_lines
-    from meshplan.search.space import MEGATRON_REFUSED
+    from meshplan.search.reasons import MEGATRON_REFUSED
 
     space = {"pp": [1], "tp": [1], "dp_replicate": [1, 2], "sharding": ["zero3", "hsdp"]}
     r = search(config({"framework": "megatron"}, **space), workers=1)
@@ -279,7 +279,7 @@ def test_megatron_search_kept_gathered_only_has_no_feasible_mesh():
     candidate kept gathered, all rejected by rule 'framework'; the one line names the rule with
     its Megatron words and the Megatron fix (not torch's zero12_engine one)."""
     from meshplan.report.search import infeasible_verdict
-    from meshplan.search.space import MEGATRON_REFUSED
+    from meshplan.search.reasons import MEGATRON_REFUSED
 
     cfg = config({"framework": "megatron"}, pp=[1], tp=[1], sharding=["zero3"], reshard_after_forward=[False])
     r = search(cfg, workers=1)

@@ -53,7 +53,7 @@ Linear (a lower bound: its kernel list is not derived here).
 
 **Memory**: the float8 copies of the inputs that the weight-gradient GEMMs read live from the
 forward to the backward, 1 B an element (:func:`saved_copies`; the memory timeline's
-:func:`meshplan.memory.sizes.float8_copies`); the output gradients' and the weights' copies are
+:func:`meshplan.memory.workingset.float8_copies`); the output gradients' and the weights' copies are
 made and consumed in the backward.
 
 **FSDP2's pre-all-gather cast** (``training.fp8_all_gather``; eab345c ``fsdp_utils.py``

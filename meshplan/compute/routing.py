@@ -2,7 +2,7 @@
 
 One home for the token-copy counts an MoE layer moves and computes on one rank per
 micro-batch; the all-to-all sizes (:mod:`meshplan.comm.collectives`), the routed experts'
-activations (:mod:`meshplan.memory.sizes`), the expert GEMMs (:func:`meshplan.compute.shapes.layer_gemms`)
+activations (:mod:`meshplan.memory.workingset`), the expert GEMMs (:func:`meshplan.compute.shapes.layer_gemms`)
 and the search's all-to-all column (:mod:`meshplan.search.timing`) all read it.
 
 Inputs (``[training]``): ``moe_capacity_factor`` f (Megatron-LM ``--moe-expert-capacity-factor``,

@@ -27,7 +27,8 @@ every micro-batch, stage 1 once per step): ``zero_optimization.reduce_bucket_siz
 default 5e8) is read into ``[memory] grad_bucket_elements``, ``zero_optimization.overlap_comm``
 (when given; default false for these stages) into ``training.overlap_comm``, ``communication_data_type``
 (fp32, bf16, fp16, any case) into ``training.grad_reduce_dtype`` (unset: the model's dtype, as
-DeepSpeed reduces). ``use_multi_rank_bucket_allreduce: false`` (the per-rank ``dist.reduce``
+DeepSpeed reduces), ``zero_optimization.contiguous_gradients`` (when given; default true) into
+``training.contiguous_gradients``: false, no ipg buffer (:meth:`~meshplan.spec.memory.MemoryOptions.deepspeed_bucket_bytes`). ``use_multi_rank_bucket_allreduce: false`` (the per-rank ``dist.reduce``
 path before PR #4695) and ``data_types.grad_accum_dtype = "fp32"`` with bf16 at stage 1 (the
 engine then runs ``BF16_Optimizer``, not ZeRO's, ``engine.py`` ``_do_optimizer_sanity_check``)
 are refused by name. Export writes them back: the plan's bucket, ``overlap_comm``, and
@@ -68,7 +69,7 @@ Export writes both as a ``deepspeed-2021`` plan models them (``contiguous_gradie
 DeepSpeed's default turned true in v0.4.3), and under ``deepspeed`` or ``fsdp2`` what an import read.
 Under ``deepspeed`` ``contiguous_gradients`` (unset: true, DeepSpeed's default at edaa722,
 ``zero/config.py:102``) keeps the ipg buffer of ``reduce_bucket_size`` elements in
-``communication_data_type`` from init (:func:`meshplan.memory.sizes.deepspeed3_ipg_bytes`, in
+``communication_data_type`` from init (:func:`meshplan.memory.buffers.deepspeed3_ipg_bytes`, in
 the memory timeline). ``zero_optimization.overlap_comm`` is read at stage 3 too, when given, into
 ``training.overlap_comm`` (absent: DeepSpeed's stage-3 default, true, ``zero/config.py:382-386``
 ``overlap_comm_valid`` at edaa722): on, the parameter all-gathers and the gradient reduce-scatters
@@ -76,11 +77,16 @@ run on side streams and overlap the compute; off, both run on the default stream
 (``runtime/zero/parameter_offload.py:189-190``, ``runtime/zero/stage3.py:335-336``;
 :func:`meshplan.schedule.steptime.config_overlap`). Export writes it when the plan gives it
 (unset, DeepSpeed's default for the stage applies, as it did on import).
+``stage3_prefetch_bucket_size`` and ``stage3_max_live_parameters`` (or their names without
+``stage3_``) are read at stage 3 into ``[memory] deepspeed_prefetch_elements`` and
+``deepspeed_max_live_elements``: how many parameters the memory timeline gathers ahead of the one
+computed (:meth:`meshplan.memory.passes.PassBuilder._deepspeed_prefetch`), and written back when set;
+``stage3_max_reuse_distance`` (parameters kept gathered when used again soon) is not modelled.
 
 A DeepSpeed config runs ZeRO over one data axis: its ``[search]`` table (written on import)
 keeps ``meshplan search`` to those meshes (:data:`SEARCH`: pp, dp_replicate, cp, tp, ep, etp
-1; no HSDP; sharding zero1, zero2 and zero3 from a stage 1, 2 or 3 config, each row under the
-engine DeepSpeed runs at that stage, zero3 only from stage 0: :func:`search_table`), the rows ``export --to
+1; no HSDP; sharding zero1, zero2 and zero3 from a config of any stage, each row under the
+engine DeepSpeed runs at that stage: :func:`search_table`), the rows ``export --to
 deepspeed`` can write; a note says so, and widening ``[search]`` in an imported TOML searches
 beyond it.
 
@@ -217,6 +223,8 @@ def read(d: dict, opts: ImportOptions) -> Imported:
     training: dict[str, Any] = {"global_batch": global_batch, "seq_len": opts.seq_len, "micro_batch": micro,
                                 "sharding": STAGES[stage], "param_dtype": dtype, "compute_dtype": dtype,
                                 "grad_clip": _clip(d, notes), "recompute": recompute}
+    if stage == 0:  # DeepSpeed's engine without ZeRO: its search's rows run DeepSpeed's ZeRO (search_table)
+        training["zero0_engine"] = "deepspeed"
     if stage in (1, 2):
         training |= _zero12(d, dtype)
     if stage == 3:
@@ -234,6 +242,8 @@ def read(d: dict, opts: ImportOptions) -> Imported:
         ZERO3_USED if stage == 3 else set())  # stage 2 keeps model-dtype grads anyway
     if stage in (1, 2) or (stage == 3 and d["zero_optimization"].get("reduce_bucket_size", "auto") != "auto"):
         tables["memory"] = {"grad_bucket_elements": _bucket(d["zero_optimization"])}
+    if stage == 3 and _prefetch(d["zero_optimization"]):  # DeepSpeed's parameter coordinator (memory.passes)
+        tables["memory"] = tables.get("memory", {}) | _prefetch(d["zero_optimization"])
     tables["search"] = search_table(stage)
     notes.append("meshplan search keeps to what a DeepSpeed config runs, ZeRO over one data axis ([search] "
                  + ", ".join(f"{k} = {v!r}" for k, v in tables["search"].items()).replace("'", '"')
@@ -254,24 +264,48 @@ def search_table(stage: int) -> dict[str, list[Any]]:
     and 3 search ZeRO-1, ZeRO-2 and ZeRO-3 alike, each row under the engine DeepSpeed runs for it
     (zero1 and zero2 rows DeepSpeed's ZeRO-1/2, ``zero12_engine = "deepspeed"``; zero3 rows its
     ZeRO-3, ``zero3_engine = "deepspeed"``: :attr:`~meshplan.spec.training.TrainingSpec.searched_zero12_engine`
-    and ``searched_zero3_engine``). Stage 0 (DeepSpeed's data parallelism, which names no ZeRO
-    engine) keeps ZeRO-3 only: its zero1 would be Megatron-LM's distributed optimizer, which a
-    DeepSpeed run is not; import a stage 1, 2 or 3 config to search them all.
+    and ``searched_zero3_engine``). Stage 0 (DeepSpeed's engine without ZeRO, ``zero0_engine =
+    "deepspeed"``) searches the same three under the same engines; stage 0 itself is no search row
+    (the search has no unsharded candidate: ``meshplan plan`` plans it), which the search says.
 
     >>> search_table(2)["sharding"], search_table(3)["sharding"], search_table(0)["sharding"]
-    (['zero1', 'zero2', 'zero3'], ['zero1', 'zero2', 'zero3'], ['zero3'])
+    (['zero1', 'zero2', 'zero3'], ['zero1', 'zero2', 'zero3'], ['zero1', 'zero2', 'zero3'])
     """
-    out = {k: list(v) for k, v in SEARCH.items()}
-    if stage == 0:
-        out["sharding"] = ["zero3"]
-    return out
+    return {k: list(v) for k, v in SEARCH.items()}
 
 #: The keys ZeRO stages 1 and 2 read besides :data:`USED` (module docstring).
 ZERO12_USED = frozenset({"zero_optimization.reduce_bucket_size", "zero_optimization.overlap_comm",
-                         "zero_optimization.use_multi_rank_bucket_allreduce", "communication_data_type"})
+                         "zero_optimization.use_multi_rank_bucket_allreduce", "communication_data_type",
+                         "zero_optimization.contiguous_gradients"})
 #: The keys ZeRO stage 3 reads besides :data:`USED` (module docstring).
 ZERO3_USED = frozenset({"communication_data_type", "zero_optimization.contiguous_gradients",
-                        "zero_optimization.reduce_bucket_size", "zero_optimization.overlap_comm"})
+                        "zero_optimization.reduce_bucket_size", "zero_optimization.overlap_comm"}) | {
+    f"zero_optimization.{k}" for k in ("stage3_prefetch_bucket_size", "prefetch_bucket_size",
+                                       "stage3_max_live_parameters", "max_live_parameters")}
+#: DeepSpeed's ZeRO-3 coordinator keys (``DeepSpeedZeroConfig`` fields and their ``stage3_`` aliases,
+#: zero/config.py:215, 238 at edaa722) -> ``[memory]`` fields.
+PREFETCH_KEYS = {"prefetch_bucket_size": "deepspeed_prefetch_elements", "max_live_parameters": "deepspeed_max_live_elements"}
+
+
+def _prefetch(zero: dict) -> dict[str, int]:
+    """``[memory]`` fields of ZeRO-3's ``stage3_prefetch_bucket_size`` and ``stage3_max_live_parameters``
+    (or their names without ``stage3_``) when given (absent or "auto": DeepSpeed's 5e7 and 1e9);
+    ConfigError for a value that is not a whole number >= 0.
+
+    >>> _prefetch({"stage3_prefetch_bucket_size": 2e7, "max_live_parameters": 300000000}), _prefetch({})
+    ({'deepspeed_prefetch_elements': 20000000, 'deepspeed_max_live_elements': 300000000}, {})
+    """
+    out = {}
+    for key, field in PREFETCH_KEYS.items():
+        name = next((k for k in (f"stage3_{key}", key) if k in zero), None)
+        v = zero.get(name) if name else None
+        if v is None or v == "auto":
+            continue
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 or v != int(v):
+            raise ConfigError(f"zero_optimization.{name}", f"must be a whole number of elements >= 0 or \"auto\"; "
+                              f"got {v!r}")
+        out[field] = int(v)
+    return out
 #: ``communication_data_type`` values (runtime/config.py ``get_communication_data_type``, lower-cased).
 COMM_DTYPES = ("fp32", "bf16", "fp16")
 
@@ -297,7 +331,7 @@ def _zero12(d: dict, dtype: str) -> dict[str, Any]:
                           "BF16_Optimizer, not its ZeRO-1 engine (not modelled); remove it to plan ZeRO-1")
     out: dict[str, Any] = {"zero12_engine": "deepspeed", "grad_dtype": deepspeed_grad_dtype(zero.get("stage", 0),
                                                                                             dtype, accum)}
-    out |= _overlap(zero)
+    out |= _overlap(zero) | _contiguous(zero)
     comm = d.get("communication_data_type")
     if comm is not None:
         if not isinstance(comm, str) or comm.lower() not in COMM_DTYPES:
@@ -322,12 +356,23 @@ def _zero3(d: dict, dtype: str) -> dict[str, Any]:
         raise ConfigError("communication_data_type", f"{comm!r}; use one of {', '.join(COMM_DTYPES)}")
     out: dict[str, Any] = {"grad_dtype": deepspeed_grad_dtype(3, dtype, _accum_dtype(d)),
                            "grad_reduce_dtype": comm.lower() if comm else dtype}
-    contiguous = d.get("zero_optimization", {}).get("contiguous_gradients")
-    if contiguous is not None:
-        if not isinstance(contiguous, bool):
-            raise ConfigError("zero_optimization.contiguous_gradients", f"must be true or false; got {contiguous!r}")
-        out["contiguous_gradients"] = contiguous
-    return out | _overlap(d.get("zero_optimization", {}))
+    return out | _contiguous(d.get("zero_optimization", {})) | _overlap(d.get("zero_optimization", {}))
+
+
+def _contiguous(zero: dict) -> dict[str, Any]:
+    """``{"contiguous_gradients": value}`` when the ``zero_optimization`` table ``zero`` gives it
+    (else empty: the engine's default, :attr:`~meshplan.spec.training.TrainingSpec.contiguous_grads`);
+    ConfigError when it is not a boolean.
+
+    >>> _contiguous({"contiguous_gradients": False}), _contiguous({})
+    ({'contiguous_gradients': False}, {})
+    """
+    v = zero.get("contiguous_gradients")
+    if v is None:
+        return {}
+    if not isinstance(v, bool):
+        raise ConfigError("zero_optimization.contiguous_gradients", f"must be true or false; got {v!r}")
+    return {"contiguous_gradients": v}
 
 
 def _overlap(zero: dict) -> dict[str, Any]:
@@ -470,7 +515,7 @@ def read_keys(doc: dict) -> set[str]:
     ``activation_checkpointing`` section is read by its presence: :func:`carried`).
 
     >>> sorted(read_keys({"zero_optimization": {"stage": 1}}) - read_keys({}))
-    ['communication_data_type', 'data_types.grad_accum_dtype', 'zero_optimization.overlap_comm', 'zero_optimization.reduce_bucket_size', 'zero_optimization.use_multi_rank_bucket_allreduce']
+    ['communication_data_type', 'data_types.grad_accum_dtype', 'zero_optimization.contiguous_gradients', 'zero_optimization.overlap_comm', 'zero_optimization.reduce_bucket_size', 'zero_optimization.use_multi_rank_bucket_allreduce']
     """
     zero = doc.get("zero_optimization")
     stage = zero.get("stage", 0) if isinstance(zero, dict) else 0
@@ -486,8 +531,8 @@ def not_planned(user: dict) -> list[str]:
     recompute ``full``).
 
     >>> not_planned({"train_batch_size": 8, "steps_per_print": 10, "activation_checkpointing": {},
-    ...              "zero_optimization": {"stage": 3, "overlap_comm": True, "stage3_prefetch_bucket_size": 5e7}})
-    ['steps_per_print', 'zero_optimization.stage3_prefetch_bucket_size']
+    ...              "zero_optimization": {"stage": 3, "overlap_comm": True, "stage3_max_reuse_distance": 5e7}})
+    ['steps_per_print', 'zero_optimization.stage3_max_reuse_distance']
     """
     return list(flatten(strip_keys(user, read_keys(user) | {CHECKPOINTING})))
 
@@ -495,7 +540,7 @@ def not_planned(user: dict) -> list[str]:
 def carried(user: dict, written: dict) -> tuple[dict, list[str]]:
     """(config, what was carried) of ``written`` (:func:`write`) with the keys of the user's
     DeepSpeed config ``user`` that meshplan does not plan (:func:`not_planned`:
-    ``steps_per_print``, ``optimizer``, ``scheduler``, ZeRO-3's prefetch and persistence sizes,
+    ``steps_per_print``, ``optimizer``, ``scheduler``, ZeRO-3's persistence sizes,
     ...) carried through unchanged, as a torchtitan export keeps the job's other sections; every
     key :func:`read` reads at the user's stage or the written one is what ``written`` says. The keys of an ``activation_checkpointing``
     section go with it only where ``written`` has one (the plan checkpoints: recompute
@@ -503,14 +548,14 @@ def carried(user: dict, written: dict) -> tuple[dict, list[str]]:
     the user's order.
 
     >>> user = {"train_batch_size": 64, "steps_per_print": 10, "zero_optimization": {"stage": 2,
-    ...         "overlap_comm": True, "contiguous_gradients": False}, "activation_checkpointing": {"partition_activations": True}}
+    ...         "overlap_comm": True, "round_robin_gradients": True}, "activation_checkpointing": {"partition_activations": True}}
     >>> doc, names = carried(user, {"train_batch_size": 32, "zero_optimization": {"stage": 1}})
     >>> doc
-    {'train_batch_size': 32, 'zero_optimization': {'stage': 1, 'contiguous_gradients': False}, 'steps_per_print': 10}
+    {'train_batch_size': 32, 'zero_optimization': {'stage': 1, 'round_robin_gradients': True}, 'steps_per_print': 10}
     >>> names
-    ['steps_per_print', 'zero_optimization.contiguous_gradients']
+    ['steps_per_print', 'zero_optimization.round_robin_gradients']
     >>> carried(user, {"activation_checkpointing": {}})[1]
-    ['steps_per_print', 'zero_optimization.contiguous_gradients', 'activation_checkpointing.partition_activations']
+    ['steps_per_print', 'zero_optimization.round_robin_gradients', 'activation_checkpointing.partition_activations']
     """
     drop = read_keys(user) | read_keys(written) | {CHECKPOINTING} | (
         set() if CHECKPOINTING in written else {k for k in flatten(user) if k.startswith(CHECKPOINTING + ".")})
@@ -542,7 +587,8 @@ def write(cfg: Config) -> dict[str, Any]:
     comm: dict[str, Any] = {}
     if t.zero12_engine == "deepspeed":  # the plan's bucket and stream (meshplan.comm.deepspeed_zero12)
         zero |= {"reduce_bucket_size": cfg.memory.deepspeed_bucket_elements()} | (
-            {"overlap_comm": t.overlap_comm} if t.overlap_comm is not None else {})  # unset: the stage's default
+            {"overlap_comm": t.overlap_comm} if t.overlap_comm is not None else {}) | (  # unset: the stage's default
+            {"contiguous_gradients": t.contiguous_gradients} if t.contiguous_gradients is not None else {})
     elif stage == 2:  # the plan's bucket (meshplan.comm.collectives._zero2_rows)
         zero["reduce_bucket_size"] = cfg.memory.bucket_elements(mesh.degree("fsdp"))
     elif t.zero3_engine == "deepspeed-2021":  # its gradient path and bucket (meshplan.comm.deepspeed), both
@@ -550,6 +596,8 @@ def write(cfg: Config) -> dict[str, Any]:
         zero |= {"contiguous_gradients": t.contiguous_grads,
                  "reduce_bucket_size": cfg.memory.deepspeed_bucket_elements()}
     elif stage == 3:  # deepspeed (or fsdp2): what an import read, back; deepspeed's stream choice
+        zero |= {f"stage3_{k}": getattr(cfg.memory, f) for k, f in PREFETCH_KEYS.items()
+                 if getattr(cfg.memory, f) is not None}
         zero |= ({"contiguous_gradients": t.contiguous_gradients} if t.contiguous_gradients is not None else {}) | (
             {"reduce_bucket_size": cfg.memory.grad_bucket_elements} if cfg.memory.grad_bucket_elements else {}) | (
             {"overlap_comm": t.overlap_comm} if t.overlap_comm is not None else {})

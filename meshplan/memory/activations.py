@@ -86,7 +86,7 @@ torch's own accounting of a DTensor/FSDP2 Llama (:mod:`meshplan.runtime.validati
   input ``x * rstd`` for the weight gradient, ``a s b h`` ([r]): torch's ``rms_norm`` on CPU
   decomposes into ``x * rsqrt(mean(x^2) + eps)`` then ``* weight`` (CUDA runs
   ``_fused_rms_norm``, which keeps the input and the fp32 statistics only). Its backward
-  working set is in :mod:`meshplan.memory.sizes`.
+  working set is in :mod:`meshplan.memory.workingset`.
 - ``kv_expanded``: K and V reach the attention kernel repeated to the query heads (``repeat_kv``
   / ``repeat_interleave`` before SDPA, torchtitan's Llama), so the kept K and V hold ``a/t``
   heads instead of ``g/t``.

@@ -56,7 +56,7 @@ and for DeepSpeed's ZeRO-1/2 (``training.zero12_engine``: its bucket buffers,
 :meth:`~meshplan.spec.memory.MemoryOptions.deepspeed_bucket_bytes`), the last backward of the
 chunk for none/zero1 when grads are reduced in another dtype (else in place: 0). Of the FSDP
 engines only DeepSpeed ZeRO-3 of 2021 has one, every backward (its ipg buffers or its flattened
-bucket: :func:`meshplan.memory.sizes.deepspeed3_bucket_bytes`).
+bucket: :func:`meshplan.memory.buffers.deepspeed3_bucket_bytes`).
 
 Gradient accumulation (``training.grad_accumulation``, pp 1): ``no_sync`` and
 ``no_sync_unsharded`` run the units as ``fsdp_reduce = "after_last"`` (one reduce-dtype
@@ -156,6 +156,8 @@ class StageSizes:
     head_reshards: bool = False  # the unit holding the output layer too (training.reshard_head_after_forward)
     reduce_deferred: bool = False  # pp > 1: the last backward reduces after the pass (PipelineStage.perform_reduce_grad)
     bucket_what: str = "gradient bucket (reduce dtype)"  # the bucket's label in the timeline
+    # DeepSpeed ZeRO-3 (zero3_engine "deepspeed"): (prefetch bytes, live bytes) of its coordinator, else None
+    deepspeed_prefetch: Optional[tuple[int, int]] = None
 
     def chunk_units(self, chunk: int) -> tuple[UnitKey, ...]:
         """FSDP units used by a pass of ``chunk``, in forward order."""
@@ -176,6 +178,7 @@ class PassBuilder:
         self.events: list[Entry] = []
         self.in_flight: Optional[UnitKey] = None  # unit whose reduce-scatter input is held
         self.issued: list[UnitKey] = []  # units whose all-gather output is held, oldest first
+        self.issued_bytes: dict[UnitKey, int] = {}  # of each, the bytes held (DeepSpeed: a part, prefetched)
         self.keys = sizes.chunk_units(chunk)
 
     def build(self) -> tuple[Entry, ...]:
@@ -194,17 +197,26 @@ class PassBuilder:
         u = self.sz.units.get(key)
         return u if self.sz.fsdp and u is not None and u.gathered else None
 
-    def _issue(self, key: UnitKey) -> None:
-        """All-gather of ``key`` issued: its output buffer exists."""
+    def _issue(self, key: UnitKey, limit: Optional[int] = None) -> int:
+        """All-gather of ``key`` issued: its output buffer exists (``limit``: at most that many more
+        bytes of it, DeepSpeed's prefetch); the bytes it added."""
         u = self._sharded(key)
-        if u is not None and key not in self.gathered and key not in self.issued:
-            self._add(u.layer, "gathered_params", u.gathered, f"{u.name}: all-gather output (compute dtype)")
-            self.issued.append(key)
+        if u is None or key in self.gathered:
+            return 0
+        have = self.issued_bytes.get(key, 0)
+        want = u.gathered if limit is None else min(u.gathered, have + limit)
+        if want > have:
+            part = "" if want == u.gathered and not have else f" ({'the rest' if have else 'prefetched part'})"
+            self._add(u.layer, "gathered_params", want - have, f"{u.name}: all-gather output (compute dtype){part}")
+            self.issued_bytes[key] = want
+            if key not in self.issued:
+                self.issued.append(key)
+        return want - have
 
     def _free_output(self, key: UnitKey, why: str) -> None:
         u = self.sz.units[key]
         self.issued.remove(key)
-        self._add(u.layer, "gathered_params", -u.gathered, f"{u.name}: all-gather output freed {why}")
+        self._add(u.layer, "gathered_params", -self.issued_bytes.pop(key), f"{u.name}: all-gather output freed {why}")
 
     def _unshard(self, key: UnitKey, ahead: list, depth: int, keep_output: bool) -> None:
         """FSDP2 pre-forward/pre-backward of ``key``: all-gather (unless prefetched), copy
@@ -219,8 +231,25 @@ class PassBuilder:
                 self._free_output(older, f"at {u.name}'s copy-out")
             if not keep_output:
                 self._free_output(key, "after its copy-out")
+        if self.sz.deepspeed_prefetch is not None:
+            self._deepspeed_prefetch(ahead, *self.sz.deepspeed_prefetch)
+            return
         for nxt in ahead[:depth]:
             self._issue(nxt)
+
+    def _deepspeed_prefetch(self, ahead: list, prefetch: int, live: int) -> None:
+        """DeepSpeed ZeRO-3's prefetch after a fetch, ``prefetch`` and ``live`` bytes (deepspeedai/DeepSpeed edaa722
+        ``runtime/zero/partitioned_param_coordinator.py:452-480``): the parameters next in the trace,
+        ``min(max_live_parameters - available, prefetch_bucket_size)`` of them (``available``: those
+        gathered, here the units unsharded and the parts already prefetched), issued as one all-gather;
+        bytes at the unit's gather dtype. DeepSpeed takes whole parameters, up to one past the budget,
+        and fetches module by module; meshplan's unit is the layer, its budget taken to the byte."""
+        held = sum(self.sz.units[k].gathered for k in self.gathered) + sum(self.issued_bytes.values())
+        budget = min(prefetch, max(0, live - held))
+        for nxt in ahead:
+            if budget <= 0:
+                break
+            budget -= self._issue(nxt, budget)
 
     def _release(self, key: UnitKey, why: str) -> None:
         u = self.sz.units.get(key)
@@ -239,7 +268,8 @@ class PassBuilder:
     # forward -----------------------------------------------------------------------
     def _forward(self) -> None:
         sz, keys = self.sz, self.keys
-        depth, keep = sz.forward_prefetch, sz.forward_prefetch == 0
+        # DeepSpeed frees each all-gather output once its parameters are copied out (AllGatherCoalescedHandle.wait)
+        depth, keep = sz.forward_prefetch, sz.forward_prefetch == 0 and sz.deepspeed_prefetch is None
         for key in (k for k in ("root", "embedding") if k in keys):
             self._unshard(key, list(sz.chunks[self.chunk]), depth, keep)
             self._add(None, "activations", sz.embedding_saved, "embedding: token ids (+ dropout mask) saved")

@@ -236,7 +236,7 @@ def restart_split(layers: int, pp: int, vpp: int = 1, short: bool = False,
                   dense: int = 0) -> Union[None, list[int], str]:
     """Layers per stage when a mesh moves to ``pp`` stages of ``vpp`` chunks each (a restart on
     fewer nodes, :mod:`meshplan.restart`), the rule the search plans a candidate with
-    (:func:`meshplan.search.space.stage_split`): Llama 3's :func:`ends_short_split` where
+    (:func:`meshplan.search.candidate.stage_split`): Llama 3's :func:`ends_short_split` where
     ``short`` (the configured split is that rule) and it exists; else even stages (None) where
     pp divides the layers and vpp the layers per stage; else, with vpp 1,
     :func:`balanced_split`; else a one-line reason (the chunks cannot be even).

@@ -4,7 +4,7 @@ Every failure is a one-line reason with the numbers; every convention applied (K
 replication, vocabulary padding, batch arithmetic) is a note, so the output says which
 convention it uses. The rules and their texts are the axes' own (one module per axis under
 :mod:`meshplan.spec.axes`; the search evaluates the same predicates on all candidates at
-once, :func:`meshplan.search.space.first_reason`); this module runs them in order. Batch arithmetic: ``dp`` is replicate x shard only, without cp
+once, :func:`meshplan.search.reasons.first_reason`); this module runs them in order. Batch arithmetic: ``dp`` is replicate x shard only, without cp
 (handed case C1): micro-batches per step = global_batch / (micro_batch * dp). The pipeline
 schedule's own rules (e.g. interleaved 1F1B's m a multiple of pp) are its module's
 (:meth:`meshplan.pipeline.base.PipelineSchedule.reasons`); the plan appends them.

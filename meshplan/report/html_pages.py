@@ -38,7 +38,7 @@ from meshplan.schedule.linkload import edge_loads
 from meshplan.schedule.steptime import StepTime
 from meshplan.search.driver import SearchResult
 from meshplan.search.rank import RULE_LINE
-from meshplan.search.space import reason_texts
+from meshplan.search.reasons import reason_texts
 from meshplan.spec.wording import mesh_text, sharding_words, shown_names
 from meshplan.units import GB, US, GiB, counted
 

@@ -15,7 +15,7 @@ from meshplan.memory.timeline import KINDS, Timeline
 from meshplan.plan import Plan
 from meshplan.report import shown
 from meshplan.spec.wording import kind_words, recompute_words, reduce_words, runtime, schedule_words
-from meshplan.units import GiB, MiB, counted
+from meshplan.units import GiB, MiB, counted, dtype_bytes
 
 KIND_NOTES = {
     "params": "persistent parameters (state_bytes, by sharding axis)",
@@ -46,7 +46,13 @@ def _shown(plan: Plan, all_stages: bool) -> list[Timeline]:
 
 def _prefetch(training, memory) -> str:
     """``prefetch 1 unit(s), `` (the caption's FSDP all-gather prefetch) where the parameters are
-    sharded and gathered (zero3, hsdp); empty under DDP and ZeRO-1/2, which gather nothing."""
+    sharded and gathered (zero3, hsdp); under DeepSpeed's ZeRO-3 its prefetch bucket and live cap
+    (:meth:`~meshplan.spec.memory.MemoryOptions.deepspeed_prefetch_bytes`); empty under DDP and
+    ZeRO-1/2, which gather nothing."""
+    ds = memory.deepspeed_prefetch_bytes(training)
+    if ds:
+        n = dtype_bytes(training.param_dtype)
+        return f"prefetch {ds[0] // n:,} parameters (stage3_prefetch_bucket_size; {ds[1] // n:,} live at most), "
     return f"prefetch {memory.prefetch_layers} unit(s), " if training.sharding in ("zero3", "hsdp") else ""
 
 

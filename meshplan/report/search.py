@@ -27,8 +27,11 @@ from meshplan.plan import export_refusals
 from meshplan.search.driver import SearchResult
 from meshplan.search.exact import Exact
 from meshplan.search.rank import RULE_LINE
-from meshplan.search.space import (RECOMPUTE, REASONS, SHARDING, candidate_config, candidate_schedule, max_tp,
-                                   axis_shown, overlap_searched, reason_texts)
+from meshplan.search.candidate import candidate_config
+from meshplan.search.columns import RECOMPUTE, SHARDING, axis_shown, candidate_schedule
+from meshplan.search.reasons import REASONS, reason_texts
+from meshplan.search.space import overlap_searched
+from meshplan.spec.axes.tp import max_tp
 from meshplan.spec.axes.registry import search_axes
 from meshplan.spec.mesh import Schedule
 from meshplan.spec.wording import DEEPSPEED, mesh_text, zero_runtime
@@ -40,7 +43,7 @@ SCHEMA = "meshplan.search.driver/v1"
 def row(r: SearchResult, e: Exact) -> dict[str, Any]:
     """One candidate as plain data (SI units): ``mesh`` every searched axis's degree, the data
     axis keyed as the text names it (``dp`` on zero1/zero2 rows, ``dp_shard`` on zero3/hsdp ones:
-    :func:`~meshplan.search.space.axis_shown`); ``step_parts_s`` the step's parts in seconds
+    :func:`~meshplan.search.columns.axis_shown`); ``step_parts_s`` the step's parts in seconds
     (:func:`~meshplan.search.explain.step_breakdown`), ``layer_passes`` a count apart
     (:func:`~meshplan.search.explain.layer_passes`)."""
     c, i = r.candidates, e.index
@@ -173,7 +176,7 @@ _DROPPED = {
     # (megatron/training/arguments.py:3218 at d98e8a6), acts under --use-torch-fsdp2 only
     # (get_megatron_ddp_config, megatron/training/training.py:2627-2629), an engine meshplan neither
     # plans nor writes: a row kept gathered is rejected instead (rule 'framework',
-    # :data:`meshplan.search.space.MEGATRON_REFUSED`), so no field of a row shown is dropped
+    # :data:`meshplan.search.reasons.MEGATRON_REFUSED`), so no field of a row shown is dropped
     "megatron": {}}
 
 
@@ -222,7 +225,7 @@ def _rows(ks: list[int]) -> str:
 
 
 #: What widens the search past a rejection rule that removed most candidates (the rule keys of
-#: :data:`~meshplan.search.space.REASONS`); other rules get :data:`_FIX_ANY`.
+#: :data:`~meshplan.search.reasons.REASONS`); other rules get :data:`_FIX_ANY`.
 _FIXES = {
     "framework": "set training.zero12_engine = \"deepspeed\" (DeepSpeed's ZeRO-1) or framework = \"megatron\", "
                  "or add zero3 to search.sharding",
@@ -237,7 +240,7 @@ _FIXES = {
 }
 _FIX_ANY = "widen the [search] lists or change the [training] field the rule names"
 #: :data:`_FIXES` where ``training.framework = "megatron"`` words the rule otherwise
-#: (:data:`meshplan.search.space.MEGATRON_REFUSED`).
+#: (:data:`meshplan.search.reasons.MEGATRON_REFUSED`).
 _FIXES_MEGATRON = {
     "framework": "let search.reshard_after_forward include true and search.sharding zero1 or zero3 (Megatron FSDP "
                  "reshards every layer; Megatron-LM's HSDP is not modelled), or set training.framework = \"torch\"",

@@ -49,11 +49,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from meshplan.memory.sizes import deepspeed3_ipg_bytes
+from meshplan.memory.buffers import deepspeed3_ipg_bytes
 from meshplan.pipeline.base import per_round
 from meshplan.pipeline.interleaved import INTERLEAVED
 from meshplan.search.memory import Stages, Tables, comm_axes, lookup, split
-from meshplan.search.space import SHARDING, Candidates, accumulates, sharding_training
+from meshplan.search.candidate import accumulates, sharding_training
+from meshplan.search.columns import SHARDING, Candidates
 from meshplan.config import Config
 from meshplan.spec.axes.base import Dim
 from meshplan.units import dtype_bytes
@@ -96,11 +97,15 @@ def bounds(cfg: Config, tables: Tables, c: Candidates, st: Stages, s: dict) -> t
 def _layer_peak(kinds: dict, u: dict, which: str) -> tuple[np.ndarray, np.ndarray]:
     """(dense, MoE) largest running total of one layer's backward steps above the layer's
     start, recomputed activations included: with the step gradients when FSDP holds them
-    (a one-step layer holds its unit's whole unsharded gradient)."""
+    (a one-step layer holds its unit's whole unsharded gradient). The lower bound (``which``
+    ``lo``) leaves the gradients out on rows whose DeepSpeed ZeRO-3 moves them into its ipg
+    buffer (``ipg``; :func:`meshplan.memory.buffers.ipg_elements`: all but tensors larger than it)."""
     out = []
+    held = u["act_d"] & ~u["ipg"] if which == "lo" else u["act_d"]
     for j, unit in ((0, u["grad_d"]), (1, u["grad_m"])):
         single = kinds["single"][j] > 0
-        steps = np.where(u["act_d"], kinds["peakg"][j], kinds["peak0"][j])
+        unit = np.where(u["ipg"], 0, unit) if which == "lo" else unit
+        steps = np.where(held, kinds["peakg"][j], kinds["peak0"][j])
         out.append(kinds["rework"][j] + np.where(single, kinds["bwd"][j] + unit, steps))
     return out[0], out[1]
 
@@ -115,12 +120,14 @@ def _lower(cfg, c, st, s, u, lo, layer_peak, hs, fixed) -> np.ndarray:
     c0 = np.where(v == 1, st.w, INTERLEAVED.chunk_forwards(g, v, st.w))  # chunk-0 passes in flight
     kept = np.where(F, u["roots_g"], 0)
     f_end = init + st.w * st.n_chunk * lo["saved"] + st.first * c0 * hs["embedding_saved"] + st.last * hs["head_saved"] + kept
-    pf = o.prefetch_layers >= 1
+    # DeepSpeed ZeRO-3 rows (``ds3``) prefetch a part of the next unit at most (memory.passes
+    # _deepspeed_prefetch) and keep no all-gather output through a forward: neither counted
+    pf = (o.prefetch_layers >= 1) & ~u["ds3"]
     near = lambda n: np.where(F, u["unit_min_g"] * (1 + ((n >= 2) & pf)), 0)
     head_reduce = np.where(F & ~u["root"], st.last * u["head"] * u["r"], 0).astype(np.int64)
     # P1/P2: the first backward's layers (after the head's backward on the last stage)
     base = f_end - st.last * hs["head_saved"] + hs["dy"] - np.where(F & ~u["root"], st.last * u["head_g"], 0)
-    base = base + np.where(u["root"] & F, u["early"], 0)
+    base = base + np.where(u["root"] & F & ~u["ipg"], u["early"], 0)
     p1 = base + head_reduce + near(st.n_chunk) + layer_peak
     reduce = np.where(F & per_mb, u["reduce_min"], 0)
     p2 = base - lo["saved"] + reduce + near(st.n_chunk - 1) + layer_peak
@@ -133,11 +140,11 @@ def _lower(cfg, c, st, s, u, lo, layer_peak, hs, fixed) -> np.ndarray:
     # the head's backward, beside its unsharded gradient, every layer's activations still saved
     # and, without reshard_after_forward, every layer still gathered (else the next one prefetched)
     kept_layers = (c.rf == 0)[:, None]
-    h3 = f_end - hs["head_saved"] + hs["dy"] + u["head"] + head_reduce \
+    h3 = f_end - hs["head_saved"] + hs["dy"] + np.where(u["ipg"], 0, u["head"]) + head_reduce \
         + np.where(F, np.where(kept_layers, st.n * u["unit_min_g"], np.where(pf, u["unit_min_g"], 0)), 0)
     out = np.maximum(out, np.where(st.last & F & ~u["root"] & u["pp1"] & per_mb, h3, 0))
     # W: the w-th forward's last layer with its working set
-    keep_output = getattr(o, "forward_prefetch_layers", 0) == 0
+    keep_output = (getattr(o, "forward_prefetch_layers", 0) == 0) & ~u["ds3"]
     gathered = np.where(F, st.first * (u["emb_g"] * u["emb_kept"] + np.where(u["root"], u["head_g"], 0))
                         + u["unit_min_g"] * (1 + keep_output), 0)
     pw = init + (st.w * st.n_chunk - 1) * lo["saved"] + gathered + lo["fwd"]
@@ -206,6 +213,9 @@ def _upper(cfg, c, st, s, u, hi, layer_peak, hs, fixed) -> np.ndarray:
     # 2 + depth all-gather outputs (the current unit's, the previous one's until this copy-out,
     # the prefetched ones: memory.passes PassBuilder._unshard)
     held = np.where(few, (1 + depth) * u["unit_max"], np.minimum(2 * st.n, st.n + 2 + depth) * u["unit_max"])
+    # DeepSpeed ZeRO-3: its prefetch, stage3_prefetch_bucket_size at most, may span several small units
+    ds3 = o.deepspeed_prefetch_bytes(cfg.training.model_copy(update={"sharding": "zero3", "zero3_engine": "deepspeed"}))
+    held = held + np.where(u["ds3"], ds3[0] if ds3 else 0, 0)
     red = lambda x: (x * r).astype(np.int64)
     accum = np.where(u["per_mb"], 0, red(st.n * u["unit_max"] + u["roots"]) + u["unit_max"])
     in_flight = red(np.maximum(u["unit_max"], np.maximum(u["head"], u["emb"])))
@@ -255,7 +265,7 @@ def units(cfg: Config, tables: Tables, c: Candidates, st: Stages) -> dict:
     emb_kept = col(np.broadcast_to(not titan and not again, c.rf.shape) | (c.rf == 0))
     head_kept = col(np.broadcast_to(not again, c.rf.shape) | (c.rf == 0))
     # all-gather outputs and their copies in the gather dtype (float8 Linear weights under
-    # fp8_all_gather: sizes.units' ``gathered``); gradients and reduce inputs by elements
+    # fp8_all_gather: units.units' ``gathered``); gradients and reduce inputs by elements
     dg = lookup([c.tp, c.ep, c.etp, z], tables.layer, ("dense_gather", "expert_gather"))
     mg = lookup([c.tp, c.ep, c.etp, z + 1], tables.layer, ("dense_gather", "expert_gather")) if m.is_moe else dg
     rg = lookup([c.tp], tables.roots_gather, ("emb", "norm", "out"))
@@ -265,20 +275,21 @@ def units(cfg: Config, tables: Tables, c: Candidates, st: Stages) -> dict:
     head_g = (col(rg["norm"]) + col(rg["out"]) * ((not m.tied_embeddings) or (st.k.shape[1] > 1))) * act_d
     # FSDP reduces per micro-batch with pp 1 and grad_accumulation sync only
     # (MemoryOptions.fsdp_reduce_for, as memory.sizes.stage_sizes runs it); candidates outside
-    # accumulates() are planned with sync (search.space.candidate_config)
+    # accumulates() are planned with sync (search.candidate.candidate_config)
     per_mb = col((c.pp == 1) & ~accumulates(cfg, c.pp, c.sh))
     return {"unit_min": umin, "unit_max": umax, "emb": emb, "head": head, "roots": st.first * emb + st.last * head,
             "root": root, "early": head, "grad_d": ud, "grad_m": um, "reduce_min": (umin * r).astype(np.int64),
             "r": r, "act_d": act_d, "fsdp": act_d | (act_e & has_m),
             "unit_min_g": np.where(has_d & has_m, np.minimum(gd, gm), np.where(has_m, gm, gd)), "emb_g": emb_g,
             "head_g": head_g, "roots_g": st.first * emb_g * emb_kept + st.last * head_g * head_kept,
-            "per_mb": per_mb,
+            "per_mb": per_mb, "ipg": col(_ipg(cfg, c) > 0),
+            "ds3": col((c.sh == SHARDING.index("zero3")) & (t.searched_zero3_engine == "deepspeed")),
             "emb_kept": emb_kept, "pp1": np.broadcast_to(((c.pp == 1) & (c.vpp == 1))[:, None], st.n.shape)}
 
 
 def _ipg(cfg: Config, c: Candidates) -> np.ndarray:
     """DeepSpeed ZeRO-3's ipg buffer, bytes per candidate, held from init
-    (:func:`meshplan.memory.sizes.deepspeed3_ipg_bytes`): on the zero3 candidates a DeepSpeed config
+    (:func:`meshplan.memory.buffers.deepspeed3_ipg_bytes`): on the zero3 candidates a DeepSpeed config
     plans with ``zero3_engine = "deepspeed"`` (:attr:`~meshplan.spec.training.TrainingSpec.searched_zero3_engine`),
     0 elsewhere."""
     t = cfg.training
@@ -290,7 +301,7 @@ def _bucket(cfg: Config, c: Candidates, s: dict) -> np.ndarray:
     """Gradient bucket of the non-FSDP stages, bytes (candidates, pp):
     :meth:`meshplan.spec.memory.MemoryOptions.grad_bucket_bytes`, as
     :func:`meshplan.memory.sizes.stage_sizes` sizes it, under each row's own training
-    (:func:`meshplan.search.space.sharding_training`: its sharding and engine). A DeepSpeed
+    (:func:`meshplan.search.candidate.sharding_training`: its sharding and engine). A DeepSpeed
     ZeRO-3 config's zero1/zero2 rows run DeepSpeed's ZeRO-1/2 at that stage's defaults: the ipg
     buffer of ``reduce_bucket_size`` elements (``contiguous_gradients`` true, one buffer with
     ``overlap_comm`` false: deepspeedai/DeepSpeed edaa722 ``runtime/zero/config.py`` 102, 138,

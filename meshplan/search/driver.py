@@ -70,8 +70,10 @@ from meshplan.search.explain import Explanation, explain
 from meshplan.search.frontier import Frontier
 from meshplan.search.memory import Tables, stage_layout, state
 from meshplan.search.rank import decide, needed, ranked, simplicity
-from meshplan.search.space import CODE, FSDP_SHARDINGS, OK, REASONS, RECOMPUTE, SHARDING, Candidates, accumulates, \
-    ZERO12, candidate_config, enumerate_candidates, first_reason, zero1_refused
+from meshplan.search.candidate import accumulates, candidate_config
+from meshplan.search.columns import FSDP_SHARDINGS, RECOMPUTE, SHARDING, ZERO12, Candidates
+from meshplan.search.reasons import CODE, OK, REASONS, first_reason, zero1_refused
+from meshplan.search.space import enumerate_candidates
 from meshplan.search.pipeline import pipeline_bound
 from meshplan.search.timing import TimeTables, gemm_efficiency, step_lower_bound, unit_bounds
 from meshplan.config import Config
@@ -105,7 +107,7 @@ class Estimates:
 @dataclass
 class SearchResult:
     """Outcome of :func:`search`. ``code``: first rule each candidate breaks (index into
-    :data:`~meshplan.search.space.REASONS`) or OK (-1); ``decided``: how the memory verdict
+    :data:`~meshplan.search.reasons.REASONS`) or OK (-1); ``decided``: how the memory verdict
     was reached ("rule", "bound", "plan"); ``top``: the ranked feasible candidates (tie rule
     of :mod:`meshplan.search.rank`); ``exact``: every exactly planned candidate by index;
     ``explanation``: the top against the runner-up (:mod:`meshplan.search.explain`)."""
@@ -259,7 +261,7 @@ def search(cfg: Config, progress: Optional[Progress] = None, workers: Optional[i
 def _settings_notes(cfg: Config, c: Candidates) -> list[str]:
     """Where ``training.grad_accumulation``, ``training.fp8_all_gather``, ``training.zero3_engine`` or
     ``training.pp_schedule_runs`` does not apply to
-    every candidate (:func:`meshplan.search.space.candidate_config`), one line saying how those
+    every candidate (:func:`meshplan.search.candidate.candidate_config`), one line saying how those
     candidates were planned; where ``recompute = "op"`` is searched on some candidates only
     (:func:`meshplan.search.space.op_recompute_ok`), one line saying so."""
     t, out = cfg.training, []
@@ -279,6 +281,11 @@ def _settings_notes(cfg: Config, c: Candidates) -> list[str]:
     elif t.zero3_engine != "fsdp2" and not (c.sh == SHARDING.index("zero3")).all():
         out.append(f"training.zero3_engine {t.zero3_engine!r} applies to zero3 candidates with pp 1; zero1 and hsdp "
                    "candidates are planned with FSDP2")
+    if t.zero0_engine == "deepspeed":
+        out.append("training.zero0_engine 'deepspeed' (DeepSpeed without ZeRO, stage 0) is not a search row: the "
+                   "search has no unsharded candidate (meshplan plan plans it); zero1 and zero2 candidates are planned "
+                   "with DeepSpeed's ZeRO-1/2 and zero3 with its ZeRO-3 (zero_optimization.stage 1, 2, 3 of the same "
+                   "runtime), hsdp candidates with FSDP2")
     if t.zero12_engine != "megatron" and not np.isin(c.sh, ZERO12).all():
         out.append(f"training.zero12_engine {t.zero12_engine!r} applies to zero1 and zero2 candidates (DeepSpeed's "
                    "ZeRO-1 and ZeRO-2: bucket all-reduces, ranked by the Megatron-style estimate, planned exactly as "

@@ -20,7 +20,8 @@ from meshplan.plan import Infeasible, build_plan
 from meshplan.schedule.rank_timeline import Overlap
 from meshplan.reliability import reliability
 from meshplan.search.explain import compute_stream_copies_s, layer_passes, stage_flops, step_breakdown
-from meshplan.search.space import Candidates, candidate_config
+from meshplan.search.candidate import candidate_config
+from meshplan.search.columns import Candidates
 from meshplan.config import Config
 from meshplan.schedule.steptime import step_time
 

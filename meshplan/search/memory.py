@@ -6,7 +6,7 @@ and the NCCL communicators. The bounds on the memory-timeline peak built from th
 Sizes come from the functions the plan uses, called once per distinct key and broadcast
 (:func:`lookup`): per-rank parameter counts of a layer by (tp, ep, etp)
 (:func:`~meshplan.mesh.tpsplit.local_numel`), activation sizes by (tp, cp, micro-batch,
-recompute, ep, etp) (:func:`~meshplan.memory.sizes.layer_act_sizes`, ``head_sizes``).
+recompute, ep, etp) (:func:`~meshplan.memory.workingset.layer_act_sizes`, ``head_sizes``).
 State is :func:`~meshplan.memory.state.state_bytes` exactly: per stage and parameter group,
 ``ceil(numel / shard degree) x bytes`` for every kind the sharding shards.
 """
@@ -19,22 +19,14 @@ from functools import lru_cache
 import numpy as np
 
 from meshplan.config import Config
-from meshplan.memory.sizes import head_sizes, layer_act_sizes
+from meshplan.memory.workingset import head_sizes, layer_act_sizes
 from meshplan.memory.state import SHARDED_KINDS
-from meshplan.mesh.layers import stage_layers
+from meshplan.mesh.layers import ends_short_split, stage_layers
 from meshplan.mesh.resolve import resolved_mesh
 from meshplan.mesh.tpsplit import local_dim1, local_numel, local_rows, padded_vocab
 from meshplan.pipeline.registry import get
-from meshplan.search.space import (
-    PIPELINE,
-    RECOMPUTE,
-    SHARDING,
-    Candidates,
-    candidate_schedule,
-    ends_short_split,
-    sharding_training,
-    stage_split,
-)
+from meshplan.search.candidate import sharding_training, stage_split
+from meshplan.search.columns import PIPELINE, RECOMPUTE, SHARDING, Candidates, candidate_schedule
 from meshplan.spec.axes.base import Dim
 from meshplan.spec.axes.registry import AXES, Axis, divisor, search_axes
 from meshplan.spec.mesh import MeshSpec, Schedule
@@ -124,7 +116,7 @@ class Tables:
         return resolved_mesh(MeshSpec(names=names, shape=shape, sequence_parallel=tp > 1), 2 * ep * etp * cp * tp)
 
     def _heads(self, tp: int, cp: int, mb: int, ep: int, etp: int) -> dict:
-        """:func:`~meshplan.memory.sizes.head_sizes` of a workload key (the recompute policy
+        """:func:`~meshplan.memory.workingset.head_sizes` of a workload key (the recompute policy
         does not change them: one call for every policy)."""
         t = self.t.model_copy(update={"micro_batch": mb, "sharding": "zero3"})
         return head_sizes(self.model, t, self.mesh(tp, cp, ep, etp), self.cfg.memory)
@@ -137,7 +129,10 @@ class Tables:
         gradients they write when the layer is FSDP-sharded), and every ``head_sizes`` entry."""
         m = self.model
         mesh = self.mesh(tp, cp, ep, etp)
-        t = self.t.model_copy(update={"micro_batch": mb, "recompute": RECOMPUTE[rc], "sharding": "zero3"})
+        # FSDP2's unsharded gradients, all of them (a DeepSpeed ZeRO-3 row moves most into its ipg
+        # buffer: the lower bound leaves them out there, search.bounds._layer_peak)
+        t = self.t.model_copy(update={"micro_batch": mb, "recompute": RECOMPUTE[rc], "sharding": "zero3",
+                                      "zero3_engine": "fsdp2"})
         opts = self.cfg.memory
         dense = layer_act_sizes(m, t, mesh, opts)
         moe = layer_act_sizes(m, t, mesh, opts, moe=True) if m.is_moe else dense
@@ -208,7 +203,7 @@ class Stages:
 def stage_layout(cfg: Config, c: Candidates, p: int) -> Stages:
     """Layers, MoE layers and in-flight passes per stage of candidates with pp = ``p``
     (:func:`~meshplan.mesh.layers.stage_layers`, :func:`~meshplan.mesh.layers.balanced_split`,
-    :func:`~meshplan.search.space.ends_short_split` where ``us``, with vpp > 1 too)."""
+    :func:`~meshplan.mesh.layers.ends_short_split` where ``us``, with vpp > 1 too)."""
     L, D = cfg.model.layers, (cfg.model.dense_layers if cfg.model.is_moe else cfg.model.layers)
     k = np.arange(p)[None, :]
     v = c.vpp[:, None]
@@ -294,7 +289,7 @@ def state(cfg: Config, tables: Tables, c: Candidates, st: Stages) -> dict[str, n
              + st.last * (col(rt["norm"]) + out_on))
     expert = st.n_moe * col(ml["expert"])
     # bytes per element under each row's own training (a DeepSpeed config's hsdp rows keep
-    # FSDP2's fp32 gradients, its zero1/zero2 rows DeepSpeed's: search.space.sharding_training)
+    # FSDP2's fp32 gradients, its zero1/zero2 rows DeepSpeed's: search.candidate.sharding_training)
     per_sh = [_kind_bytes(sharding_training(t, s)) for s in SHARDING]
     per = {kind: col(np.array([p[kind] for p in per_sh])[c.sh]) for kind in per_sh[0]}
     sharded = np.array([SHARDED_KINDS[s] for s in SHARDING], dtype=object)

@@ -29,7 +29,7 @@ import numpy as np
 
 from meshplan.pipeline.fast import flat_units, simulate_arrays
 from meshplan.pipeline.simulate import PipelineSpec
-from meshplan.search.space import candidate_schedule
+from meshplan.search.columns import candidate_schedule
 from meshplan.spec.mesh import Schedule
 
 

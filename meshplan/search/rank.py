@@ -34,7 +34,7 @@ import numpy as np
 
 from meshplan.units import GiB
 
-from meshplan.search.space import Candidates
+from meshplan.search.columns import Candidates
 from meshplan.spec.axes.registry import search_axes
 
 #: Relative step-time difference within which candidates count as tied (1%).
@@ -73,7 +73,7 @@ def simplicity_of(degree: Callable[[str], int]) -> tuple[int, int, int]:
 def simplicity(c: Candidates, i: int) -> tuple[int, int, int]:
     """(axes of degree > 1, tp * pp * cp * ep, tp) of candidate ``i``: smaller is simpler.
 
-    >>> from meshplan.search.space import Candidates
+    >>> from meshplan.search.columns import Candidates
     >>> import numpy as np
     >>> one = lambda v: np.array([v])
     >>> c = Candidates(pp=one(4), dpr=one(1), dps=one(8), cp=one(1), tp=one(2), ep=one(1), etp=one(1), mb=one(1),

@@ -33,7 +33,12 @@ DEEPSPEED_REDUCE_BUCKET_ELEMENTS = 500_000_000
 # the gradient bucket), which ``meshplan compare`` weighs as knobs; the others are stated
 # assumptions about the software and the allocator (NCCL buffers, workspace, fragmentation,
 # dropout, the loss kernel ...) that both sides of a comparison must share.
-MEMORY_KNOBS = ("prefetch_layers", "forward_prefetch_layers", "fsdp_reduce", "grad_bucket_elements")
+MEMORY_KNOBS = ("prefetch_layers", "forward_prefetch_layers", "fsdp_reduce", "grad_bucket_elements",
+                "deepspeed_prefetch_elements", "deepspeed_max_live_elements")
+#: DeepSpeed ZeRO-3's ``stage3_prefetch_bucket_size`` and ``stage3_max_live_parameters`` defaults,
+#: elements (deepspeedai/DeepSpeed edaa722 ``runtime/zero/config.py:215, 238``: 5e7 and 1e9).
+DEEPSPEED_PREFETCH_ELEMENTS = 50_000_000
+DEEPSPEED_MAX_LIVE_ELEMENTS = 1_000_000_000
 
 
 class MemoryOptions(BaseModel):
@@ -48,6 +53,13 @@ class MemoryOptions(BaseModel):
       copy-out instead, so the next all-gather overlaps this copy-out
       (``FSDPParamGroup.wait_for_unshard``). ``set_modules_to_forward_prefetch``: 1 or more
       (each all-gather output is then freed right after its copy-out).
+    - ``deepspeed_prefetch_elements``, ``deepspeed_max_live_elements`` (``training.zero3_engine =
+      "deepspeed"``; DeepSpeed's ``stage3_prefetch_bucket_size`` and ``stage3_max_live_parameters``,
+      unset 5e7 and 1e9): the parameters gathered ahead of the module being computed, in forward
+      and in backward, are at most ``deepspeed_prefetch_elements`` and at most what takes the
+      gathered parameters to ``deepspeed_max_live_elements`` (:func:`meshplan.memory.passes.PassBuilder`;
+      DeepSpeed's ``PartitionedParameterCoordinator.fetch_sub_module``), in place of
+      ``prefetch_layers`` / ``forward_prefetch_layers``.
     - ``fsdp_reduce``: when FSDP (zero3/hsdp) reduce-scatters gradients. Not a free choice:
       it follows what :mod:`meshplan.comm.collectives` counts and the runtime runs
       (:meth:`fsdp_reduce_for`), so the memory verdict, the table and the step agree. With
@@ -141,6 +153,8 @@ class MemoryOptions(BaseModel):
     forward_prefetch_layers: int = Field(default=0, ge=0, le=BOUNDS["layers"].value)
     fsdp_reduce: Optional[Literal["per_microbatch", "after_last"]] = None
     grad_bucket_elements: Optional[int] = Field(default=None, gt=0, le=BOUNDS["bytes"].value)
+    deepspeed_prefetch_elements: Optional[int] = Field(default=None, ge=0, le=BOUNDS["bytes"].value)
+    deepspeed_max_live_elements: Optional[int] = Field(default=None, ge=0, le=BOUNDS["bytes"].value)
     nccl_buffsize_bytes: int = Field(default=4 * MiB, ge=0, le=BOUNDS["bytes"].value)
     nccl_channels: int = Field(default=16, ge=0, le=BOUNDS["nccl_channels"].value)
     nccl_peers: int = Field(default=2, ge=0, le=BOUNDS["world"].value)
@@ -288,6 +302,26 @@ class MemoryOptions(BaseModel):
             training.sharding == "zero3" and training.zero3_engine != "fsdp2")
         return self.deepspeed_bucket_elements() if deepspeed else self.grad_bucket_elements
 
+    def deepspeed_prefetch_bytes(self, training: TrainingSpec) -> Optional[tuple[int, int]]:
+        """(prefetch, live) bytes of DeepSpeed ZeRO-3's parameter coordinator under
+        ``training.zero3_engine = "deepspeed"`` at sharding zero3 (``deepspeed_prefetch_elements``
+        and ``deepspeed_max_live_elements``, unset DeepSpeed's 5e7 and 1e9, x the parameter dtype's
+        bytes, which DeepSpeed gathers), else None (FSDP2's ``prefetch_layers``).
+
+        >>> t = TrainingSpec(global_batch=8, seq_len=16, zero3_engine="deepspeed")
+        >>> MemoryOptions().deepspeed_prefetch_bytes(t), MemoryOptions().deepspeed_prefetch_bytes(TrainingSpec(
+        ...     global_batch=8, seq_len=16))
+        ((100000000, 2000000000), None)
+        """
+        if training.sharding != "zero3" or training.zero3_engine != "deepspeed":
+            return None
+        p = dtype_bytes(training.param_dtype)
+        prefetch = DEEPSPEED_PREFETCH_ELEMENTS if self.deepspeed_prefetch_elements is None \
+            else self.deepspeed_prefetch_elements
+        live = DEEPSPEED_MAX_LIVE_ELEMENTS if self.deepspeed_max_live_elements is None \
+            else self.deepspeed_max_live_elements
+        return prefetch * p, live * p
+
     def deepspeed_bucket_elements(self) -> int:
         """DeepSpeed ZeRO-1/2's ``reduce_bucket_size``, elements: ``grad_bucket_elements``, or
         DeepSpeed's default 5e8 (:data:`DEEPSPEED_REDUCE_BUCKET_ELEMENTS`).
@@ -304,10 +338,13 @@ class MemoryOptions(BaseModel):
         ``k = min(B, params_numel)`` (``params_numel``: the rank's parameter elements, an int or
         a numpy array):
 
-        - the ipg buffers: ``setup_buckets`` allocates ``torch.empty(reduce_bucket_size)`` in the
-          model dtype (``self.dtype``, the parameter dtype) at a backward's first gradient hook,
+        - the ipg buffers, with ``contiguous_gradients`` (:attr:`~meshplan.spec.training.TrainingSpec.contiguous_grads`,
+          DeepSpeed's default true): ``setup_buckets`` (2493-2516) allocates ``torch.empty(reduce_bucket_size)``
+          in the model dtype (``self.dtype``, the parameter dtype) at a backward's first gradient hook,
           and a second one with ``overlap_comm`` ("double buffers"): ``B x param bytes`` once
-          or twice, whatever the model's size;
+          or twice, whatever the model's size. Without it none: the hooks keep each ``param.grad``
+          where autograd wrote it and ``reduce_ipg_grads`` (1691-1716) reduces the bucket through
+          ``buffered_reduce_fallback``, whose ``allreduce_bucket`` flattens it as below;
         - the bucket being reduced: ``allreduce_bucket`` flattens its gradient slices into one
           new tensor (``self.flatten``) and casts it to ``communication_data_type`` when that
           differs from the gradients' dtype (``tensor.to(...)``): ``k x param bytes`` plus
@@ -325,10 +362,16 @@ class MemoryOptions(BaseModel):
         >>> MemoryOptions().deepspeed_bucket_bytes(t.model_copy(update={"grad_reduce_dtype": "fp32",
         ...     "overlap_comm": False}), 10**8) == 5 * 10**8 * 2 + 10**8 * (2 + 4)
         True
+
+        ``contiguous_gradients`` false: the flattened bucket alone, 5e8 x 2 B = 1 GB:
+
+        >>> MemoryOptions().deepspeed_bucket_bytes(t.model_copy(update={"contiguous_gradients": False}), 8 * 10**9)
+        1000000000
         """
         big_b, p = self.deepspeed_bucket_elements(), dtype_bytes(training.param_dtype)
         cast = dtype_bytes(training.gradient_reduce_dtype) if training.gradient_reduce_dtype != training.param_dtype \
             else 0
         k = np.minimum(big_b, params_numel)
-        out = big_b * p * (2 if training.overlaps_comm else 1) + k * (p + cast)
+        ipg = (2 if training.overlaps_comm else 1) if training.contiguous_grads else 0
+        out = big_b * p * ipg + k * (p + cast)
         return out if np.ndim(out) else int(out)

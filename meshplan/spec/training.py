@@ -177,16 +177,26 @@ class TrainingSpec(BaseModel):
     parameters runs on DeepSpeed's all-gather stream and the gradients' copy into the reduce
     bucket on its reduce stream, so they lengthen those collectives instead
     (:func:`meshplan.comm.fsdp2.compute_stream_copies`).
-    ``contiguous_gradients`` (sharding zero3): DeepSpeed's ``zero_optimization.contiguous_gradients``,
+    ``contiguous_gradients`` (sharding zero3, or zero1/zero2 under ``zero12_engine = "deepspeed"``):
+    DeepSpeed's ``zero_optimization.contiguous_gradients``,
     the gradient path of ``zero3_engine = "deepspeed-2021"``: false (default: v0.3.12-v0.4.2's
     ``ZERO3_OPTIMIZATION_CONTIGUOUS_GRADIENTS_DEFAULT``, the version the engine's gathers are read
     in) all-reduces flat buckets of ``reduce_bucket_size`` elements; true (DeepSpeed's default
     from v0.4.3, c9fee8214, PR #1199) copies each gradient into the bucket's buffer and
     reduce-scatters every gradient on its own (:mod:`meshplan.comm.deepspeed`). Under ``deepspeed``
     (unset: true, that DeepSpeed's default, :attr:`contiguous_grads`) it chooses the memory of the
-    gradient bucket only (:func:`meshplan.memory.sizes.deepspeed3_bucket_bytes`: the ipg buffer of
-    ``reduce_bucket_size`` elements when true); under ``fsdp2`` it changes nothing; it is kept so
+    gradient bucket only (:func:`meshplan.memory.buffers.deepspeed3_ipg_bytes`: the ipg buffer of
+    ``reduce_bucket_size`` elements when true); under DeepSpeed's ZeRO-1/2 (unset: true) likewise,
+    its ipg buffers (:meth:`~meshplan.spec.memory.MemoryOptions.deepspeed_bucket_bytes`: none when
+    false); under ``fsdp2`` it changes nothing; it is kept so
     that an imported DeepSpeed config's value applies when the engine is switched.
+    ``zero0_engine`` (sharding none): ``ddp`` or ``deepspeed``, DeepSpeed's engine without ZeRO
+    (what a DeepSpeed stage 0 config imports to). It changes nothing in the plan of sharding none
+    (one data-parallel all-reduce of the gradients either way); it tells a search which runtime the
+    config runs, so that its zero1 and zero2 rows run DeepSpeed's ZeRO-1/2 and its zero3 rows its
+    ZeRO-3 (:attr:`searched_zero12_engine`, :attr:`searched_zero3_engine`), as the search of a
+    stage 1, 2 or 3 DeepSpeed config plans them: the stages a DeepSpeed user switches to by
+    changing ``zero_optimization.stage``.
     ``zero12_engine``: which runtime reduces the gradients under ``sharding = "zero1"`` or
     ``"zero2"``: ``megatron`` (Megatron-LM's distributed optimizer: reduce-scatters of gradient
     buckets, :func:`meshplan.comm.collectives._zero2_rows`) or ``deepspeed`` (DeepSpeed's
@@ -323,6 +333,7 @@ class TrainingSpec(BaseModel):
     zero3_engine: Literal["fsdp2", "deepspeed", "deepspeed-2021"] = "fsdp2"
     contiguous_gradients: Optional[bool] = None
     zero12_engine: Literal["megatron", "deepspeed"] = "megatron"
+    zero0_engine: Literal["ddp", "deepspeed"] = "ddp"
     overlap_comm: Optional[bool] = None
     overlap_grad_reduce: bool = False
     overlap_param_gather: bool = False
@@ -435,9 +446,13 @@ class TrainingSpec(BaseModel):
             raise ValueError(f"zero3_engine {self.zero3_engine!r} gathers every parameter in forward and again in "
                              "backward and reduces every micro-batch: remove grad_accumulation, reshard_after_forward "
                              "and fp8_all_gather (FSDP2 options)")
-        if self.contiguous_gradients and self.sharding != "zero3":
-            raise ValueError(f"contiguous_gradients is DeepSpeed ZeRO stage 3's gradient path (sharding zero3 with "
-                             f"zero3_engine = \"deepspeed-2021\"); sharding {self.sharding!r}: remove it")
+        if self.contiguous_gradients and self.sharding != "zero3" and not self.deepspeed_zero12:
+            raise ValueError(f"contiguous_gradients is DeepSpeed's zero_optimization.contiguous_gradients (sharding "
+                             f"zero3, or zero1/zero2 with zero12_engine = \"deepspeed\"); sharding {self.sharding!r}"
+                             f" under zero12_engine {self.zero12_engine!r}: remove it")
+        if self.zero0_engine != "ddp" and self.sharding != "none":
+            raise ValueError(f"zero0_engine {self.zero0_engine!r} is DeepSpeed's engine without ZeRO (sharding none); "
+                             f"sharding {self.sharding!r}: remove the key (zero12_engine or zero3_engine name its engine)")
         if self.zero12_engine != "megatron" and self.sharding not in ("zero1", "zero2"):
             raise ValueError(f"zero12_engine {self.zero12_engine!r} is DeepSpeed's ZeRO stage 1/2 (sharding zero1 or "
                              f"zero2); sharding {self.sharding!r} does not run it: remove the key")
@@ -529,23 +544,28 @@ class TrainingSpec(BaseModel):
 
     @property
     def searched_zero3_engine(self) -> str:
-        """The engine a search's zero3 candidates run under (:func:`meshplan.search.space.candidate_config`):
+        """The engine a search's zero3 candidates run under (:func:`meshplan.search.candidate.candidate_config`):
         ``zero3_engine``, except that DeepSpeed's ZeRO-1/2 (``zero12_engine = "deepspeed"``, a DeepSpeed
-        stage 1 or 2 config) plans them with DeepSpeed's ZeRO-3, ``deepspeed``: the same runtime at
+        stage 1 or 2 config) and its engine without ZeRO (``zero0_engine = "deepspeed"``, stage 0) plan
+        them with DeepSpeed's ZeRO-3, ``deepspeed``: the same runtime at
         another stage, not FSDP2.
 
         >>> TrainingSpec(global_batch=8, seq_len=16, sharding="zero2", zero12_engine="deepspeed").searched_zero3_engine
         'deepspeed'
         >>> TrainingSpec(global_batch=8, seq_len=16).searched_zero3_engine
         'fsdp2'
+        >>> TrainingSpec(global_batch=8, seq_len=16, sharding="none", zero0_engine="deepspeed").searched_zero3_engine
+        'deepspeed'
         """
-        return "deepspeed" if self.zero3_engine == "fsdp2" and self.zero12_engine == "deepspeed" else self.zero3_engine
+        deepspeed = self.zero12_engine == "deepspeed" or self.zero0_engine == "deepspeed"
+        return "deepspeed" if self.zero3_engine == "fsdp2" and deepspeed else self.zero3_engine
 
     @property
     def searched_zero12_engine(self) -> str:
         """The engine a search's zero1 and zero2 candidates run under
-        (:func:`meshplan.search.space.candidate_config`): ``zero12_engine``, except that DeepSpeed's
-        ZeRO-3 (``zero3_engine = "deepspeed"``, a DeepSpeed stage 3 config) plans them with
+        (:func:`meshplan.search.candidate.candidate_config`): ``zero12_engine``, except that DeepSpeed's
+        ZeRO-3 (``zero3_engine = "deepspeed"``, a DeepSpeed stage 3 config) and its engine without
+        ZeRO (``zero0_engine = "deepspeed"``, stage 0) plan them with
         DeepSpeed's ZeRO-1/2, ``deepspeed``: the same runtime at another ``zero_optimization.stage``,
         as :attr:`searched_zero3_engine` does the other way (ZeRO-3 of 2021 keeps ``megatron``:
         its DeepSpeed, v0.3.13-v0.5.4, predates the ZeRO-1/2 engine meshplan models, v0.12.4).
@@ -554,8 +574,10 @@ class TrainingSpec(BaseModel):
         'deepspeed'
         >>> TrainingSpec(global_batch=8, seq_len=16, zero3_engine="deepspeed-2021").searched_zero12_engine
         'megatron'
+        >>> TrainingSpec(global_batch=8, seq_len=16, sharding="none", zero0_engine="deepspeed").searched_zero12_engine
+        'deepspeed'
         """
-        return "deepspeed" if self.zero3_engine == "deepspeed" else self.zero12_engine
+        return "deepspeed" if self.zero3_engine == "deepspeed" or self.zero0_engine == "deepspeed" else self.zero12_engine
 
     def knob_acts(self, knob: str) -> tuple[bool, object]:
         """(whether plan knob ``knob``, a :data:`PLAN_KNOBS` field, applies to this training's
@@ -568,7 +590,7 @@ class TrainingSpec(BaseModel):
 
         >>> z2 = TrainingSpec(global_batch=8, seq_len=16, sharding="zero2", zero12_engine="deepspeed")
         >>> z2.knob_acts("zero3_engine"), z2.knob_acts("overlap_comm"), z2.knob_acts("contiguous_gradients")
-        ((False, 'fsdp2'), (True, False), (False, None))
+        ((False, 'fsdp2'), (True, False), (True, True))
         """
         value = getattr(self, knob)
         deepspeed3 = self.sharding == "zero3" and self.zero3_engine in DEEPSPEED_ZERO3
@@ -579,7 +601,8 @@ class TrainingSpec(BaseModel):
         if knob == "overlap_comm":
             return self.zero12_engine == "deepspeed" or self.zero3_engine == "deepspeed", self.overlaps_comm
         if knob == "contiguous_gradients":
-            return deepspeed3, self.contiguous_grads if deepspeed3 else value
+            acts = deepspeed3 or self.deepspeed_zero12
+            return acts, self.contiguous_grads if acts else value
         return True, value
 
     @property
@@ -618,17 +641,26 @@ class TrainingSpec(BaseModel):
 
     @property
     def contiguous_grads(self) -> bool:
-        """DeepSpeed ZeRO-3's ``zero_optimization.contiguous_gradients`` in effect:
+        """DeepSpeed's ``zero_optimization.contiguous_gradients`` in effect:
         ``contiguous_gradients`` when given, else the default of the engine's DeepSpeed: false
-        under ``zero3_engine = "deepspeed-2021"`` (v0.3.12-v0.4.2), true under ``deepspeed``
-        (edaa722 ``runtime/zero/config.py:102``, ``contiguous_gradients: bool = True``).
+        under ``zero3_engine = "deepspeed-2021"`` (v0.3.12-v0.4.2), true under ``deepspeed`` and
+        under DeepSpeed's ZeRO-1/2 (``zero12_engine = "deepspeed"``; edaa722
+        ``runtime/zero/config.py:102``, ``contiguous_gradients: bool = True``, one field for every stage).
 
         >>> [TrainingSpec(global_batch=8, seq_len=16, zero3_engine=e).contiguous_grads for e in ("deepspeed", "deepspeed-2021")]
         [True, False]
+        >>> TrainingSpec(global_batch=8, seq_len=16, sharding="zero2", zero12_engine="deepspeed").contiguous_grads
+        True
         """
         if self.contiguous_gradients is not None:
             return self.contiguous_gradients
-        return self.zero3_engine == "deepspeed"
+        return self.zero3_engine == "deepspeed" or self.deepspeed_zero12
+
+    @property
+    def deepspeed_zero12(self) -> bool:
+        """Whether DeepSpeed's ZeRO-1/2 engine runs this training: sharding zero1 or zero2 under
+        ``zero12_engine = "deepspeed"``."""
+        return self.sharding in ("zero1", "zero2") and self.zero12_engine == "deepspeed"
 
     @property
     def has_op_recompute(self) -> bool:
@@ -648,8 +680,8 @@ class TrainingSpec(BaseModel):
     @property
     def op_recompute_blocker(self) -> str:
         """The field whose runtime has no op-level selective AC (:attr:`has_op_recompute`):
-        ``framework`` (Megatron-LM), ``zero12_engine`` (DeepSpeed's ZeRO-1/2), ``zero3_engine``
-        (DeepSpeed's ZeRO-3 of 2021); empty where the runtime has it.
+        ``framework`` (Megatron-LM), ``zero12_engine`` (DeepSpeed's ZeRO-1/2), ``zero0_engine``
+        (DeepSpeed without ZeRO), ``zero3_engine`` (DeepSpeed's ZeRO-3); empty where the runtime has it.
 
         >>> TrainingSpec(global_batch=8, seq_len=16, sharding="zero2", zero12_engine="deepspeed").op_recompute_blocker
         'zero12_engine'
@@ -658,6 +690,8 @@ class TrainingSpec(BaseModel):
             return "framework"
         if self.zero12_engine != "megatron":
             return "zero12_engine"
+        if self.zero0_engine != "ddp":
+            return "zero0_engine"
         return "zero3_engine" if self.zero3_engine != "fsdp2" else ""
 
     @property

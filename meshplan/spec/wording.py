@@ -329,7 +329,8 @@ def kind_words(training, origin: str = "", dp: int = 0) -> dict[str, str]:
                                 " and the ipg buffer (reduce_bucket_size, contiguous_gradients)"
                                 if training.zero3_engine == "deepspeed" and training.contiguous_grads else ""))
            if stage == 3 else
-           "gradient buckets (reduce_bucket_size) and the bucket being all-reduced"}
+           ("gradient buckets (reduce_bucket_size) and the bucket being all-reduced" if training.contiguous_grads
+            else "the bucket being all-reduced, flattened (contiguous_gradients false: no ipg buffer)")}
     if stage in (1, 2) and training.zero12_engine != DEEPSPEED:  # Megatron-LM's buffer under ZeRO-3's 2021 engine
         del out["grad_buffers"]
     return out

@@ -4,7 +4,7 @@ module under :mod:`meshplan.spec.axes`) and its parts, :class:`Rule`, :class:`Se
 
 Everything here is data or a small pure function of numbers, so every later layer can read
 it: the mesh validity (:mod:`meshplan.mesh.validity`) and the search's vectorised rules
-(:func:`meshplan.search.space.first_reason`) call the same :attr:`Rule.bad` predicate, one on
+(:func:`meshplan.search.reasons.first_reason`) call the same :attr:`Rule.bad` predicate, one on
 Python ints (:class:`AxisDegrees`), the other on numpy columns (the search's
 ``Candidates``), which both expose the attributes below:
 

@@ -5,7 +5,7 @@ under :mod:`meshplan.pipeline`).
 Rule (search form; the exact plan checks the actual split, :func:`meshplan.mesh.layers.stage_layers`,
 which also takes ``pp_layer_split`` and ``layers_per_virtual_stage``): at most one stage per
 layer, and with vpp > 1 equal chunks (layers % pp == 0 and (layers / pp) % vpp == 0), but on
-candidates with the Llama 3 split (column ``us``, :func:`meshplan.search.space.ends_short_split`:
+candidates with the Llama 3 split (column ``us``, :func:`meshplan.mesh.layers.ends_short_split`:
 the search keeps those only where every stage fills its vpp chunks).
 
 >>> from types import SimpleNamespace as N

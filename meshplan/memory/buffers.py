@@ -1,0 +1,118 @@
+"""DeepSpeed ZeRO-3's gradient buffers on one rank: the 2021 engine's ipg buffers or flattened
+bucket during each backward (:func:`deepspeed3_bucket_bytes`), current DeepSpeed's ipg buffer
+kept from init (:func:`deepspeed3_ipg_bytes`), and their label in the memory timeline
+(:func:`bucket_what`). FSDP2's and ZeRO-1/2's buckets are
+:meth:`~meshplan.spec.memory.MemoryOptions.grad_bucket_bytes`.
+"""
+
+from __future__ import annotations
+
+from meshplan.mesh.layers import last_stage
+from meshplan.mesh.resolve import Mesh
+from meshplan.mesh.tpsplit import local_numel, padded_vocab
+from meshplan.spec.memory import MemoryOptions
+from meshplan.spec.model import ModelSpec
+from meshplan.spec.training import TrainingSpec
+from meshplan.units import dtype_bytes
+
+
+def bucket_buffer_bytes(contiguous: bool, cap: int, largest_bucket: int, grad_bytes: int) -> int:
+    """Bytes of the gradient buffers DeepSpeed ZeRO-3 of 2021 holds during a backward beyond the
+    gradients themselves (microsoft/DeepSpeed v0.3.13, 12a53b43833b7bea279a205e313f2bd3f0cdfd99,
+    ``deepspeed/runtime/zero/stage3.py``); ``cap``: ``reduce_bucket_size`` (elements),
+    ``largest_bucket``: the stage's largest gradient bucket (elements), ``grad_bytes``: the
+    gradients' dtype bytes (``param.grad``, the parameter dtype).
+
+    - ``contiguous_gradients`` true: ``backward`` (lines 2534-2547) allocates the ipg buffer,
+      ``torch.empty(reduce_bucket_size, dtype=torch.half)``, and with ``overlap_comm`` (stage 3's
+      default true, ``ZERO3_OPTIMIZATION_OVERLAP_COMM_DEFAULT``, zero/constants.py; meshplan's
+      ZeRO-3 of 2021 always overlaps) a second one ("double buffers"), at every backward (each
+      micro-batch); the hooks copy each gradient into it (``new_grad_tensor.copy_``, the gradient
+      then a view of it) and ``_release_ipg_buffers`` drops both at the backward's end (the ipg
+      epilogue, line 1313): ``2 x cap x 2 B`` whatever the dtypes (fp16 buffers).
+    - ``contiguous_gradients`` false: no buffer kept; each flush's ``allreduce_bucket`` (line
+      1796) flattens the bucket's gradients into a new tensor (``flatten(bucket)``) of their
+      dtype, freed once ``allreduce_and_copy`` has copied it back; ``reduce_ipg_grads`` waits for
+      the reduction stream before each flush, so one is alive at a time: the largest bucket,
+      ``largest_bucket x grad_bytes``.
+
+    GPT-3 175B in fp16, the default 5e8: 2 x 5e8 x 2 B = 2 GB with contiguous gradients; without,
+    its largest bucket, the word embedding's 51,200 x 12,288 = 629,145,600 gradients alone (past the
+    bucket: a bucket of its own), 1.258 GB:
+
+    >>> bucket_buffer_bytes(True, 500_000_000, 629_145_600, 2), bucket_buffer_bytes(False, 500_000_000, 629_145_600, 2)
+    (2000000000, 1258291200)
+    """
+    return 2 * cap * 2 if contiguous else largest_bucket * grad_bytes
+
+
+def deepspeed3_bucket_bytes(model: ModelSpec, training: TrainingSpec, mesh: Mesh, stages, k: int,
+                            opts: MemoryOptions, total: int) -> int:
+    """Bytes of DeepSpeed ZeRO-3 of 2021's gradient buffers during each backward of stage ``k``
+    (:func:`bucket_buffer_bytes`; ``total``: the stage's parameter
+    elements on one rank), 0 under another engine. The largest bucket (``contiguous_gradients``
+    false) is taken as ``min(max(reduce_bucket_size, the largest tensor), total)``: a tensor past
+    the bucket is a bucket of its own, the others fill at most ``reduce_bucket_size``."""
+    if training.sharding != "zero3" or training.zero3_engine != "deepspeed-2021":
+        return 0
+    pv = padded_vocab(model.vocab, training.vocab_pad_divisor, mesh.degree("tp"))
+    kinds = {model.is_moe_layer(j): j for c in stages[k] for j in c}  # one layer of each kind
+    ts = [*(model.embedding_tensors(pv) if k == 0 else ()), *(model.head_tensors(pv) if k == last_stage(stages) else ()),
+          *(t for i in kinds.values() for t in model.layer_tensors(i))]
+    largest = max((local_numel(t, model, mesh.degree("tp"), mesh.ep, mesh.etp) for t in ts), default=0)
+    cap = opts.deepspeed_bucket_elements()
+    return bucket_buffer_bytes(training.contiguous_grads, cap, min(max(cap, largest), total),
+                                         dtype_bytes(training.param_dtype))
+
+
+def deepspeed3_ipg_bytes(training: TrainingSpec, opts: MemoryOptions) -> int:
+    """Bytes of DeepSpeed ZeRO-3's ipg buffer under ``training.zero3_engine = "deepspeed"``
+    (deepspeedai/DeepSpeed edaa722 ``runtime/zero/stage3.py:731-735``): with
+    ``contiguous_gradients`` (:attr:`~meshplan.spec.training.TrainingSpec.contiguous_grads`,
+    DeepSpeed's default true) the optimizer's init allocates ``torch.empty(reduce_bucket_size)``
+    in ``communication_data_type`` (one buffer per communication dtype, ``ipg_buckets``, 455-464;
+    one here) and keeps it for the whole run (the backward hooks copy each gradient into it,
+    ``__add_grad_to_ipg_bucket``, 1543-1568; nothing frees it): ``reduce_bucket_size x reduce
+    bytes``, ``[memory] grad_bucket_elements`` or DeepSpeed's default 5e8 (``zero/config.py:113``),
+    whatever the model's size and whether ``overlap_comm`` is on (stage 3 keeps one buffer, not
+    ZeRO-1/2's two). 0 without ``contiguous_gradients`` or under another engine.
+
+    bf16, the default 5e8: 5e8 x 2 B = 1 GB; fp32 reduce (``communication_data_type`` fp32): 2 GB.
+
+    >>> t = TrainingSpec(global_batch=8, seq_len=16, zero3_engine="deepspeed")
+    >>> deepspeed3_ipg_bytes(t, MemoryOptions()), deepspeed3_ipg_bytes(t.model_copy(update={"grad_reduce_dtype": "fp32"}),
+    ...     MemoryOptions()), deepspeed3_ipg_bytes(t.model_copy(update={"contiguous_gradients": False}), MemoryOptions())
+    (1000000000, 2000000000, 0)
+    """
+    if training.sharding != "zero3" or training.zero3_engine != "deepspeed" or not training.contiguous_grads:
+        return 0
+    return opts.deepspeed_bucket_elements() * dtype_bytes(training.gradient_reduce_dtype)
+
+
+def ipg_elements(training: TrainingSpec, opts: MemoryOptions) -> int:
+    """Elements of DeepSpeed ZeRO-3's ipg buffer when its backward hooks move the gradients into
+    it (:func:`deepspeed3_ipg_bytes` > 0), else 0. ``__add_grad_to_ipg_bucket`` (deepspeedai/DeepSpeed
+    edaa722 ``runtime/zero/stage3.py:1543-1568``) copies a parameter's gradient into the buffer when
+    it fits (``bucket.elements + param.grad.numel() <= reduce_bucket_size``; a fuller bucket is
+    reduced first, 1537-1539, so every tensor of at most ``reduce_bucket_size`` elements fits) and
+    points ``param.grad.data`` at that slice, so the memory autograd wrote it to is freed: a
+    layer's gradients live in the buffer the timeline holds from init, not beside it; only a tensor
+    of more elements keeps its own gradient (:func:`meshplan.memory.units.units`).
+
+    >>> t = TrainingSpec(global_batch=8, seq_len=16, zero3_engine="deepspeed")
+    >>> ipg_elements(t, MemoryOptions()), ipg_elements(t.model_copy(update={"contiguous_gradients": False}), MemoryOptions())
+    (500000000, 0)
+    """
+    return opts.deepspeed_bucket_elements() if deepspeed3_ipg_bytes(training, opts) else 0
+
+
+def bucket_what(training: TrainingSpec) -> str:
+    """The gradient bucket's label in the memory timeline, in its engine's words."""
+    if training.sharding == "zero3" and training.zero3_engine == "deepspeed-2021":
+        return ("DeepSpeed ZeRO-3 ipg buffers (2 x reduce_bucket_size, fp16; contiguous_gradients)"
+                if training.contiguous_grads else
+                "DeepSpeed ZeRO-3 flattened gradient bucket being all-reduced (largest bucket)")
+    if training.zero12_engine == "deepspeed":
+        return ("DeepSpeed bucket buffer(s) (model dtype) and the bucket being reduced" if training.contiguous_grads
+                else "DeepSpeed bucket being reduced, flattened (contiguous_gradients false: no ipg buffer)")
+    return "gradient bucket (reduce dtype)"

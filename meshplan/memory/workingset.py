@@ -1,0 +1,259 @@
+"""Working sets and saved activations of a layer, the embedding and the head, bytes on one rank
+of one micro-batch (the sizes :func:`meshplan.memory.sizes.stage_sizes` gives the memory timeline).
+
+Activations per layer come from :func:`~meshplan.memory.activations.layer_terms`
+(Korthikanti et al. 2022 Table 2, generalised); embedding and head from
+:func:`embedding_terms` and :func:`head_terms`. Working sets (stated here, not in Table 2;
+a is the activation dtype size; per rank H = ``a s b h`` with the full local sequence,
+Hr = H / t with SP, F = ``a s b f / t`` per gate, Q = ``a s b (a_q/t) d``, KV likewise):
+
+- forward, with sequence parallel and tp > 1: the all-gathered layer input H while the
+  QKV and MLP-in GEMMs run (none when ``sp_gathered_input``: then it is kept; ``s b h`` bytes,
+  float8, under torchao's float8 TP, :func:`meshplan.compute.dtensor_sp.float8_tp`, as the
+  all-gathered dY below); with full
+  recompute the checkpointed forward keeps nothing, and its MLP holds H (+ Hr
+  ``unfused_norm``) + 3F (gated; 2F GeLU) at once;
+- backward of a dense layer, in autograd's order (:func:`backward_steps`; the incoming dY
+  ``Hr`` is held by the pass): mlp w_out (SP: the all-gathered dY H, + its dX F; writes
+  w_down's gradient, frees its input), activation (3F gated: d(w_out input), d(silu), d(up);
+  2F GeLU), w_in (max(2F + H, 3H): the two GEMMs' dX and their sum; w_gate, w_up), mlp norm
+  (:func:`norm_work`), attention w_o (SP H + Q), core (2Q + 2KV: d(context), dq, dk, dv;
+  q, k, v, statistics freed; MLA: d(context) + dq + dk + dv with the value head dim), w_qkv
+  (max(Q + 2KV + H, 3H); MLA adds the latents' gradients ``a s b (2 c_q + 2 c_kv + r)``),
+  attn norm. Each step writes its weights' unsharded gradients as it runs and frees the saved tensors it consumed, so the
+  layer's peak is at its first step, not with all its gradients and all its activations
+  at once. Measured against torch's FSDPMemTracker (:mod:`meshplan.runtime.validation.memcheck`);
+  flash-attention and RoPE backward buffers are not counted; MoE layers keep one step
+  (dX Hr + the widest intermediate gradient + SP's re-gathered input);
+- recompute: the layer's activations without recompute minus those kept, at the start of
+  its backward (full recompute: the whole layer's working set; selective without flash:
+  the attention scores; otherwise 0), freed by the steps with the rest;
+- float8 Linears under torch (torchao): the float8 copies of their inputs the backward's
+  weight-gradient GEMMs read, 1 B an element (:func:`float8_copies`), saved unless full or
+  op-level recompute replays their casts, each freed by the step that reads it;
+- the loss (``cross_entropy``), the final norm (:func:`norm_work`) and, with
+  ``embedding_grad_full_vocab``, the whole-vocabulary embedding gradient: :func:`head_sizes`.
+
+MoE layers (an estimate): attention and shared experts as a dense layer
+of width ``shared_experts x shared_expert_ffn``; routed experts keep, per row the busiest
+rank's local experts compute (:func:`meshplan.compute.routing.routing` of the ``tokens *
+etp / tp`` each rank routes: ``experts x C`` padded rows with a capacity, the hottest
+expert's rank's share when dropless), the expert MLP terms at width
+``expert_ffn / etp`` (gated: 4 columns, 3 with ``fused_glu``; GeLU: 2) plus the dispatched input and the expert output (``2 a h`` each) and
+the fp32 router logits ``4 experts`` per token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from functools import lru_cache
+from typing import Optional
+from math import ceil
+
+from meshplan.compute import float8
+from meshplan.compute.dtensor_sp import float8_tp
+from meshplan.compute.ops import Workload, float8_gemms, framework_kernels
+from meshplan.compute.shapes import layer_gemms
+from meshplan.compute.routing import RoutingOptions, routing
+from meshplan.compute.shapes import local_split
+from meshplan.mesh.resolve import Mesh
+from meshplan.spec.axes.base import Dim
+from meshplan.spec.memory import MemoryOptions
+from meshplan.spec.model import ModelSpec
+from meshplan.spec.training import TrainingSpec
+from meshplan.mesh.tpsplit import local_numel, padded_vocab
+from meshplan.units import dtype_bytes
+from meshplan.memory.activations import (MLA_LATENT_TERMS, LayerDims, embedding_terms, head_terms, layer_bytes,
+                                         layer_options, layer_terms, mla_dims)
+from meshplan.memory.passes import ActSizes, BackStep
+from meshplan.memory.buffers import ipg_elements
+from meshplan.memory.units import fsdp_active
+
+
+def _total(terms) -> int:
+    return sum(t.size_bytes for t in terms)
+
+
+def _tokens(training: TrainingSpec, mesh: Mesh) -> tuple[int, int]:
+    """(tokens per rank, tokens of a sequence-sharded tensor) for one micro-batch: the
+    sequence split as the registered axes divide it, then the residual stream's split under
+    SP (:func:`meshplan.compute.shapes.local_split`)."""
+    split = local_split(mesh)
+    tok = ceil(training.seq_len / split[Dim.SEQUENCE]) * training.micro_batch
+    return tok, ceil(tok / split[Dim.SP_SEQUENCE])
+
+
+def dense_dims(model: ModelSpec, training: TrainingSpec, dropout: bool) -> LayerDims:
+    """Dims of a dense layer of ``model`` (``layer_terms`` input)."""
+    return LayerDims(s=training.seq_len, b=training.micro_batch, h=model.hidden, a=model.q_heads,
+                     g=model.n_kv_heads, d=model.d_head, f=model.ffn, gated=model.gated_mlp, dropout=dropout,
+                     act_bytes=dtype_bytes(training.compute_dtype), **mla_dims(model))
+
+
+def layer_act_sizes(model: ModelSpec, training: TrainingSpec, mesh: Mesh, opts: MemoryOptions,
+                    moe: bool = False, checkpointed: bool = False) -> ActSizes:
+    """:class:`ActSizes` of a dense (or, ``moe``, an MoE) layer; see the module docstring.
+    Under torchtitan's per-layer AC (``recompute = "layer"``) ``checkpointed`` picks a
+    layer checkpointed in full or one that keeps everything."""
+    if training.recompute == "layer":
+        training = training.model_copy(update={"recompute": "full" if checkpointed else "none"})
+    fused = opts.fused_glu_for(training) and model.gated_mlp
+    lo = {**layer_options(mesh, training), **opts.variants, "fused_glu": fused}
+    tp, a = lo["tp"], dtype_bytes(training.compute_dtype)
+    tok, rtok = _tokens(training, mesh)
+    h, gate = model.hidden, 2 if model.gated_mlp else 1
+    dims = dense_dims(model, training, opts.dropout)
+    routed = routed_full = widest = 0
+    if moe:
+        dims = replace(dims, f=(model.shared_expert_ffn or model.moe_ffn) * model.shared_experts)
+        routed_tok = ceil(tok * mesh.etp / tp)  # tp ranks split the tokens (runtime.moe), with or without SP
+        r = routing(RoutingOptions.of(training), routed_tok, model.top_k, model.experts, mesh.ep)
+        copies, width = r.recv_rows, ceil(model.moe_ffn / mesh.etp)  # rows the busiest rank computes
+        kept = 3 if fused else 4 if model.gated_mlp else 2  # f-wide columns per row (activations module)
+        routed_full = copies * (a * width * kept + 2 * a * h) + 4 * routed_tok * model.experts
+        routed = routed_full if training.recompute != "full" else 0
+        widest = a * copies * width * gate
+    f8 = {} if moe else float8_copies(model, training, mesh)
+    kept8 = 0 if training.recompute in ("full", "op") else sum(f8.values())  # replayed with the casts
+    saved = layer_bytes(dims, **lo) + routed + kept8
+    full = layer_bytes(dims, **{**lo, "recompute": "none"}) + routed_full + sum(f8.values())
+    sp = mesh.sequence_parallel and tp > 1
+    # the all-gathered input, 1 byte a value under torchao's float8 TP (compute.dtensor_sp.float8_tp)
+    ga = 1 if float8_tp(model, training, sp) else a
+    gathered = ga * tok * h if sp and not opts.sp_gathered_input else 0  # else a saved activation
+    if moe:
+        widest = max(widest, a * tok * ceil(dims.f / tp) * gate)
+        return ActSizes(saved=saved, rework=full - saved, fwd_temp=gathered, bwd_temp=a * rtok * h + widest + gathered)
+    steps = backward_steps(model, training, mesh, opts, dims, lo, f8)
+    fwd = gathered
+    if training.recompute in ("full", "op"):  # the checkpointed forward keeps nothing: its MLP's working set
+        fwd = max(fwd, a * tok * h + (a * rtok * h if opts.unfused_norm else 0)
+                  + (3 if model.gated_mlp else 2) * a * tok * ceil(dims.f / tp))
+    return ActSizes(saved=saved, rework=full - saved, fwd_temp=fwd, bwd_temp=max(st.work for st in steps),
+                    steps=steps)
+
+
+#: Backward steps of a dense layer, autograd's order, and the weights whose gradients each
+#: writes (tensor-name prefixes of :meth:`ModelSpec.layer_tensors`).
+STEP_WEIGHTS = {"mlp w_out": ("w_down",), "mlp activation": (), "mlp w_in": ("w_gate", "w_up"),
+                "mlp norm": ("mlp_norm",), "attention w_o": ("wo",), "attention core": ("q_norm", "k_norm"),
+                "attention w_qkv": ("wq", "wk", "wv", "wkv", "q_a_norm", "kv_a_norm"), "attn norm": ("attn_norm",)}
+#: Saved terms (:func:`~meshplan.memory.activations.layer_terms` names) each step frees;
+#: terms not listed (dropout masks, scores, statistics) go with the step whose input they are.
+STEP_TERMS = {"mlp w_out": ("w_out input", "mlp residual dropout mask"),
+              "mlp activation": ("silu output", "up", "activation input", "fc1 output (gate, up)"),
+              "mlp w_in": ("gate", "w_in input", "w_in input (all-gathered)"),
+              "mlp norm": ("mlp norm input", "mlp norm normalised input (x*rstd)"),
+              "attention w_o": ("context (out-proj input)", "attn residual dropout mask"),
+              "attention core": ("q", "k", "v", "softmax output", "softmax dropout mask",
+                                 "softmax dropout output", "flash softmax statistics (fp32)"),
+              "attention w_qkv": ("qkv input", "qkv input (all-gathered)") + MLA_LATENT_TERMS,
+              "attn norm": ("attn norm input", "attn norm normalised input (x*rstd)", "layer input (checkpoint)")}
+
+
+def norm_work(H: int, Hr: int, sp: bool, opts: MemoryOptions) -> int:
+    """Working set of a norm's backward beyond the incoming gradient: its input gradient
+    ``Hr`` (``4 Hr`` with ``unfused_norm``: torch's decomposed rms_norm backward holds the
+    gradients of ``x * rstd``, ``mean(x^2)``, ``x^2`` and the partial ``dX`` at once),
+    with SP after the reduce-scatter of the full-sequence ``dX`` (``H + Hr`` then)."""
+    own = (4 if opts.unfused_norm else 1) * Hr
+    return max(own + Hr, H + Hr) if sp else own
+
+
+#: The backward step whose weight-gradient GEMM reads each float8 input copy (:func:`float8_copies`).
+FLOAT8_STEP = {"attn input": "attention w_qkv", "wo input": "attention w_o", "mlp input": "mlp w_in",
+               "w_down input": "mlp w_out"}
+
+
+def float8_copies(model: ModelSpec, training: TrainingSpec, mesh: Mesh) -> dict[str, int]:
+    """A dense layer's float8 input copies kept for backward, bytes by input
+    (:func:`meshplan.compute.float8.saved_copies`, one micro-batch at the rank's tokens, gathered
+    under SP): saved unless full or op-level recompute replays their casts. None for MoE and MLA
+    models (their float8 plans are not modelled)."""
+    if model.is_moe or model.is_mla:
+        return {}
+    tok, tp = _tokens(training, mesh)[0], local_split(mesh)[Dim.HEADS]
+    w = Workload(seq_len=training.seq_len, micro_batch=training.micro_batch, tp=tp, sp=mesh.sequence_parallel,
+                 dtype=training.compute_dtype, **framework_kernels(training), **float8_gemms(model, training))
+    return float8.saved_copies(model, w, layer_gemms(model, tp, tok))
+
+
+def backward_steps(model: ModelSpec, training: TrainingSpec, mesh: Mesh, opts: MemoryOptions,
+                   dims, lo: dict, f8: Optional[dict[str, int]] = None) -> tuple:
+    """:class:`BackStep` of a dense layer (see the module docstring: working sets); ``f8``: the
+    float8 input copies (:func:`float8_copies`), each freed by the step that reads it."""
+    a, tp = dims.act_bytes, lo["tp"]
+    tok, rtok = _tokens(training, mesh)
+    sp = lo["sp"] and tp > 1
+    H, Hr, F = a * tok * dims.h, a * rtok * dims.h, a * tok * ceil(dims.f / tp)
+    aq = dims.a // tp
+    kv = aq if opts.kv_expanded else (dims.g // tp if tp <= dims.g else 1)
+    Q, K = a * tok * aq * dims.d, a * tok * kv * dims.d
+    V, C = a * tok * kv * dims.d_v, a * tok * aq * dims.d_v  # value and context (MLA: v_head_dim)
+    lat = a * tok * (2 * dims.q_lora + 2 * dims.kv_lora + dims.rope)  # MLA: latent gradients (up, then norm)
+    # the all-gathered output gradient of a row-parallel GEMM (SP; float8 under torchao's float8 TP)
+    g = (tok * dims.h if float8_tp(model, training, sp) else H) if sp else 0
+    work = {"mlp w_out": g + F, "mlp activation": (3 if dims.gated else 2) * F,
+            "mlp w_in": max(2 * F + H, 3 * H) if dims.gated else F + H,
+            "mlp norm": norm_work(H, Hr, sp, opts), "attention w_o": g + C, "attention core": C + Q + K + V,
+            "attention w_qkv": max(Q + K + V + lat + H, 3 * H), "attn norm": norm_work(H, Hr, sp, opts)}
+    full = {t.name: t.size_bytes for t in layer_terms(dims, **{**lo, "recompute": "none"})}
+    kept = {t.name: t.size_bytes for t in layer_terms(dims, **lo)}
+    comp = dtype_bytes(training.compute_dtype) if fsdp_active(training, mesh)["dense"] else 0
+    grads = {k: n * comp for k, n in step_numels(model, tp, mesh.ep, mesh.etp, ipg_elements(training, opts))}
+    frees = {k: sum(full.get(n, 0) for n in names) for k, names in STEP_TERMS.items()}
+    frees["attn norm"] += sum(full.values()) - sum(frees.values())  # anything unlisted: freed last
+    for what, nb in (f8 or {}).items():
+        frees[FLOAT8_STEP[what]] += nb
+    if "layer input (checkpoint)" in kept:
+        frees["attn norm"] += kept["layer input (checkpoint)"] - full.get("attn norm input", 0)
+    return tuple(BackStep(k, work[k], grads[k], frees[k]) for k in STEP_WEIGHTS)
+
+
+@lru_cache(maxsize=1024)
+def step_numels(model: ModelSpec, tp: int, ep: int, etp: int, ipg: int = 0) -> tuple[tuple[str, int], ...]:
+    """(step, local elements) of the weights whose gradients each backward step of a dense
+    layer writes (:data:`STEP_WEIGHTS`; a weight no step names: ``attn norm``), in step order;
+    every step 0 for a model without a dense layer. ``ipg`` > 0: only the tensors of more than
+    ``ipg`` elements, the others moved into DeepSpeed ZeRO-3's ipg buffer
+    (:func:`meshplan.memory.buffers.ipg_elements`). Memoised (a pure function of the model
+    and the degrees; the search asks it for every micro-batch and recompute policy)."""
+    grads = dict.fromkeys(STEP_WEIGHTS, 0)
+    dense = next((i for i in range(model.layers) if not model.is_moe_layer(i)), None)
+    for t in model.layer_tensors(dense) if dense is not None else ():
+        step = next((k for k, ps in STEP_WEIGHTS.items() if any(t.name.startswith(p) for p in ps)), "attn norm")
+        n = local_numel(t, model, tp, ep, etp)
+        grads[step] += n if not ipg or n > ipg else 0
+    return tuple(grads.items())
+
+
+def head_sizes(model: ModelSpec, training: TrainingSpec, mesh: Mesh, opts: MemoryOptions) -> dict[str, int]:
+    """Saved bytes of the embedding and the head (and of the head's loss and output-layer
+    parts, freed as the backward passes them), the logits transients of ``cross_entropy``
+    (:class:`~meshplan.spec.memory.MemoryOptions`), dY, the final norm's backward working set
+    and the whole-vocabulary embedding gradient's excess over the rank's rows."""
+    lo = layer_options(mesh, training)
+    kw = dict(tp=lo["tp"], sp=lo["sp"], cp=lo["cp"])
+    dims = dense_dims(model, training, opts.dropout)
+    pv = padded_vocab(model.vocab, training.vocab_pad_divisor, lo["tp"])
+    tok, rtok = _tokens(training, mesh)
+    a = dtype_bytes(training.compute_dtype)
+    logits = a * tok * ceil(pv / lo["tp"])
+    lf = dtype_bytes(opts.logits_dtype) * tok * ceil(pv / lo["tp"])  # one logits-sized tensor of the loss
+    torch_ce, parallel = opts.cross_entropy == "torch", lo["tp"] > 1
+    head = {t.name: t.size_bytes for t in head_terms(dims, pv, logits_dtype=opts.logits_dtype, **kw,
+                                                      sp_gathered_input=opts.sp_gathered_input,
+                                                      unfused_norm=opts.unfused_norm)}
+    return {"embedding_saved": _total(embedding_terms(dims, **kw)),
+            "head_saved": sum(head.values()),
+            "head_loss_saved": sum(v for n, v in head.items() if n.startswith(("logits", "loss"))),
+            "head_output_saved": sum(v for n, v in head.items() if n.startswith("output layer input")),
+            "logits_temp": (logits + (lf if parallel else 0) if torch_ce
+                            else logits if opts.logits_dtype != training.compute_dtype else 0),
+            "logits_extra": lf if torch_ce and parallel else 0,
+            "loss_grad_extra": (2 if parallel else 1) * lf if torch_ce else 0,
+            "logits_grad_temp": logits, "dy": a * rtok * model.hidden,
+            "final_norm_work": norm_work(a * tok * model.hidden, a * rtok * model.hidden,
+                                         lo["sp"] and lo["tp"] > 1, opts),
+            "embedding_grad_extra": (a * model.hidden * (pv - ceil(pv / lo["tp"]))
+                                     if opts.embedding_grad_full_vocab and lo["tp"] > 1 else 0)}

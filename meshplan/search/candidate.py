@@ -1,0 +1,148 @@
+"""A search candidate as a plan input (:func:`candidate_config`): the config with the row's mesh,
+layer split, schedule and training columns, and the training fields that change with the row's
+sharding and engine (:func:`sharding_knobs`, :func:`sharding_training`, which the memory bound
+shares) or do not apply to it (:func:`accumulates`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from meshplan.config import Config
+from meshplan.mesh.layers import balanced_split, ends_short_split
+from meshplan.search.columns import FSDP_SHARDINGS, RECOMPUTE, SHARDING, Candidates, axis_shown, candidate_schedule
+from meshplan.spec.axes.registry import search_axes
+from meshplan.spec.mesh import MeshSpec
+from meshplan.spec.training import TrainingSpec, deepspeed_grad_dtype
+
+def stage_split(layers: int, pp: int, vpp: int, short: bool = False):
+    """``pp_layer_split`` of a candidate: :func:`ends_short_split` when ``short`` (per stage,
+    with vpp > 1 spread over the chunks by :func:`~meshplan.mesh.layers.stage_layers`); else None
+    when pp divides the layers (even stages) or vpp > 1, else
+    :func:`~meshplan.mesh.layers.balanced_split`."""
+    if short:
+        return ends_short_split(layers, pp, vpp)
+    if pp == 1 or vpp > 1 or layers % pp == 0 or pp > layers:
+        return None
+    return balanced_split(layers, pp)
+
+
+def accumulates(cfg: Config, pp, sh) -> np.ndarray:
+    """Whether candidates of pipeline degree ``pp`` and sharding ``sh`` (arrays or ints) run
+    ``training.grad_accumulation`` when it is not ``sync``: pp 1 and FSDP (zero3, hsdp). With pp
+    > 1 torch.distributed.pipelining turns gradient sync and reshard-after-backward off itself
+    (:func:`meshplan.plan.build_plan` refuses the key there) and ZeRO-1 reduces once per step
+    anyway: those candidates are planned with ``sync`` (:func:`candidate_config`).
+
+    >>> from meshplan.config import config_from_dict
+    >>> cfg = config_from_dict({"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 1},
+    ...     "training": {"global_batch": 8, "seq_len": 1024, "grad_accumulation": "no_sync"}}, require_mesh=False)
+    >>> accumulates(cfg, np.array([1, 1, 2]), np.array([SHARDING.index(s) for s in ("zero3", "zero1", "zero3")]))
+    array([ True, False, False])
+    """
+    on = (np.asarray(pp) == 1) & np.isin(sh, FSDP_SHARDINGS)
+    return on & (cfg.training.grad_accumulation != "sync")
+
+
+def _training_knobs(cfg: Config, c: Candidates, i: int) -> dict:
+    """The training fields of candidate ``i`` where a config setting does not apply to it:
+    ``grad_accumulation`` back to ``sync`` outside :func:`accumulates`, ``fp8_all_gather`` off
+    without FSDP (ZeRO-1 gathers no parameters; the float8 GEMMs stay),
+    ``reshard_head_after_forward`` off without FSDP or ``reshard_after_forward``, and the
+    fields of its sharding (:func:`sharding_knobs`), as
+    :class:`~meshplan.spec.training.TrainingSpec` requires of a config."""
+    t, out = cfg.training, dict[str, object]()
+    if t.grad_accumulation != "sync" and not accumulates(cfg, c.pp[i], c.sh[i]):
+        out["grad_accumulation"] = "sync"
+    if t.fp8_all_gather and int(c.sh[i]) not in FSDP_SHARDINGS:
+        out["fp8_all_gather"] = False
+    if t.reshard_head_after_forward and (int(c.sh[i]) not in FSDP_SHARDINGS or not c.rf[i]):
+        out["reshard_head_after_forward"] = False  # torchtitan's "always" reshards what FSDP2 shards
+    return out | sharding_knobs(t, SHARDING[c.sh[i]])
+
+
+def sharding_knobs(t: TrainingSpec, sharding: str) -> dict:
+    """The training fields that change with the searched ``sharding`` of a row searched from
+    the config's training ``t`` (the row's engine and what follows from it):
+    ``zero3_engine`` back to ``fsdp2`` outside sharding zero3 (DeepSpeed's engine is for ZeRO
+    stage 3; with it ``grad_dtype`` back to its default where it is the parameter dtype, the
+    engine's default; ``contiguous_gradients`` off), its zero1 and zero2 rows under DeepSpeed's
+    ZeRO-1/2 (``zero12_engine = "deepspeed"``,
+    :attr:`~meshplan.spec.training.TrainingSpec.searched_zero12_engine`; ``overlap_comm`` and
+    ``contiguous_gradients`` as given, DeepSpeed's one key for every stage, else the stage's
+    DeepSpeed default),
+    ``zero12_engine`` back to ``megatron`` (and ``overlap_comm`` off) outside zero1 and zero2, its
+    zero3 rows under DeepSpeed's ZeRO-3 (``zero3_engine = "deepspeed"``,
+    :attr:`~meshplan.spec.training.TrainingSpec.searched_zero3_engine`),
+    ``zero0_engine`` back to ``ddp`` (DeepSpeed without ZeRO, a stage 0 config: its zero1/zero2 and
+    zero3 rows under DeepSpeed's engines, with DeepSpeed's gradient dtype), ``overlap_grad_reduce`` /
+    ``overlap_param_gather`` off outside zero1 (Megatron-LM's DDP-buffer flags). The plan's (:func:`candidate_config`) and the memory bound's
+    (:func:`meshplan.search.bounds.bounds`, through :func:`sharding_training`).
+
+    >>> from meshplan.spec.training import TrainingSpec
+    >>> t = TrainingSpec(global_batch=8, seq_len=16, zero3_engine="deepspeed", grad_dtype="bf16", contiguous_gradients=False)
+    >>> sorted(sharding_knobs(t, "zero1").items())
+    [('grad_dtype', 'bf16'), ('zero12_engine', 'deepspeed'), ('zero3_engine', 'fsdp2')]
+    >>> z2 = TrainingSpec(global_batch=8, seq_len=16, sharding="zero2", zero12_engine="deepspeed", contiguous_gradients=True)
+    >>> (sharding_training(t, "zero2").contiguous_grads, "contiguous_gradients" in sharding_knobs(z2, "zero1"),
+    ...  sharding_knobs(z2, "hsdp")["contiguous_gradients"])
+    (False, False, False)
+    """
+    out = dict[str, object]()
+    deepspeed12 = t.searched_zero12_engine == "deepspeed" and sharding in ("zero1", "zero2")
+    if t.contiguous_gradients and sharding != "zero3" and not deepspeed12:
+        out["contiguous_gradients"] = False  # DeepSpeed's key: no other engine reads it
+    if t.zero3_engine != "fsdp2" and sharding != "zero3":
+        out["zero3_engine"] = "fsdp2"
+        if t.grad_dtype == t.param_dtype:  # DeepSpeed's gradient partition dtype back to FSDP2's default
+            out["grad_dtype"] = type(t).model_fields["grad_dtype"].default
+        if deepspeed12:  # DeepSpeed's own ZeRO-1/2, the config's contiguous_gradients (one key for every stage)
+            out |= {"zero12_engine": "deepspeed", "grad_dtype": deepspeed_grad_dtype(
+                {"zero1": 1, "zero2": 2}[sharding], t.param_dtype,
+                None if t.grad_dtype == t.param_dtype else t.grad_dtype)}
+        elif t.overlap_comm is not None:
+            out["overlap_comm"] = None  # no DeepSpeed engine on this row
+    if t.zero12_engine != "megatron" and sharding not in ("zero1", "zero2"):  # DeepSpeed's ZeRO-1/2 engine
+        out |= {"zero12_engine": "megatron"}
+        if sharding == "zero3":  # DeepSpeed's own ZeRO-3, not FSDP2
+            out["zero3_engine"] = t.searched_zero3_engine
+        else:
+            out["overlap_comm"] = None
+    if t.zero0_engine != "ddp":  # DeepSpeed without ZeRO: every searched row is sharded, under DeepSpeed's own
+        out["zero0_engine"] = "ddp"  # ZeRO-1/2 or ZeRO-3 (hsdp: FSDP2), as a stage 1, 2 or 3 config's rows
+        stage = {"zero1": 1, "zero2": 2, "zero3": 3}.get(sharding)
+        if stage is not None:
+            out |= {"zero12_engine" if stage < 3 else "zero3_engine": "deepspeed",
+                    "grad_dtype": deepspeed_grad_dtype(stage, t.param_dtype)}
+    if sharding != "zero1":  # Megatron-LM's DDP-buffer flags (the search has no none); FSDP forces them
+        out |= {k: False for k in ("overlap_grad_reduce", "overlap_param_gather") if getattr(t, k)}
+    return out
+
+
+def sharding_training(t: TrainingSpec, sharding: str) -> TrainingSpec:
+    """The training ``t`` as a row of ``sharding`` runs it: ``sharding`` and
+    :func:`sharding_knobs` (the fields that do not depend on the row's other columns)."""
+    return t.model_copy(update={"sharding": sharding, **sharding_knobs(t, sharding)})
+
+
+def candidate_config(cfg: Config, c: Candidates, i: int) -> Config:
+    """The plan input of candidate ``i``: ``cfg`` with its mesh (canonical order, degree-1
+    axes left out, SP on when tp > 1, its pipeline schedule, its layer split) and the
+    candidate's micro-batch, recompute, sharding, reshard_after_forward and tp_comm_overlap
+    in the training contract; ``grad_accumulation`` and ``fp8_all_gather`` where they apply
+    (:func:`_training_knobs`); ``[memory] fsdp_reduce`` unset, so each candidate reduces as its
+    pp and grad_accumulation say (:meth:`~meshplan.spec.memory.MemoryOptions.fsdp_reduce_for`)."""
+    degs = [(axis_shown(n, SHARDING[c.sh[i]]), c.degree(col.column)) for n, col in search_axes()]
+    named = [(n, int(a[i])) for n, a in degs if a[i] > 1] or [("dp_shard", 1)]
+    pp, vpp, tp = int(c.pp[i]), int(c.vpp[i]), int(c.tp[i])
+    mesh = MeshSpec(names=[n for n, _ in named], shape=[d for _, d in named], sequence_parallel=tp > 1,
+                    virtual_stages=vpp, pp_layer_split=stage_split(cfg.model.layers, pp, vpp, bool(c.us[i])),
+                    pp_schedule=candidate_schedule(vpp, int(c.ps[i])))
+    training = cfg.training.model_copy(update={"micro_batch": int(c.mb[i]), "recompute": RECOMPUTE[c.rc[i]],
+                                               "sharding": SHARDING[c.sh[i]],
+                                               "reshard_after_forward": bool(c.rf[i]),
+                                               "tp_comm_overlap": bool(c.ov[i]), **_training_knobs(cfg, c, i)})
+    memory = cfg.memory.model_copy(update={"fsdp_reduce": None})  # each candidate's own rule (fsdp_reduce_for)
+    return replace(cfg, mesh=mesh, training=training, memory=memory)

@@ -1,0 +1,145 @@
+"""The columns of the search's candidates: the searched values of recompute, sharding and the
+pipeline schedule (:data:`RECOMPUTE`, :data:`SHARDING`, :data:`PIPELINE`), one row per candidate
+as numpy arrays (:class:`Candidates`), and the names a row's mesh and schedule take
+(:func:`axis_shown`, :func:`candidate_schedule`). The space they span is
+:mod:`meshplan.search.space`; the rules that reject rows :mod:`meshplan.search.reasons`; a
+row's plan input :mod:`meshplan.search.candidate`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from math import prod
+from typing import Mapping
+
+import numpy as np
+
+from meshplan.pipeline.registry import get
+from meshplan.spec.axes.registry import AXES, search_axes
+from meshplan.spec.mesh import Schedule
+from meshplan.spec.wording import data_axis, mesh_text
+
+RECOMPUTE = ("none", "selective", "full", "op")
+#: Searched shardings (the ``sh`` column); zero2 last, so that adding it kept the others' codes.
+SHARDING = ("zero1", "zero3", "hsdp", "zero2")
+
+#: The searched shardings DeepSpeed's ZeRO-1/2 engine runs (``training.zero12_engine``).
+ZERO12 = (SHARDING.index("zero1"), SHARDING.index("zero2"))
+
+#: The searched shardings whose parameters FSDP2 shards (zero3, hsdp): the ones
+#: ``training.fp8_all_gather`` and ``training.grad_accumulation`` apply to.
+FSDP_SHARDINGS = tuple(i for i, s in enumerate(SHARDING) if s in ("zero3", "hsdp"))
+
+#: The schedule the search plans a candidate with by default (a candidate with vpp > 1 runs
+#: its ``chunked`` order, interleaved 1F1B).
+SEARCHED = Schedule.ONE_F_ONE_B
+
+#: Values of the ``ps`` column: the default family, then the V-shaped schedules
+#: (``[search] pp_schedules``).
+PIPELINE = ("1f1b", "zbv", "dualpipev")
+
+
+@dataclass(frozen=True)
+class Candidates:
+    """One row per candidate; every column an int64 array. ``rc`` indexes
+    :data:`RECOMPUTE`, ``sh`` indexes :data:`SHARDING`; ``rf``: reshard_after_forward (1/0),
+    ``ov``: tp_comm_overlap (1/0), ``us``: the stages' layers by :func:`ends_short_split` (1)
+    or the default split (0; :func:`stage_split`); ``ps`` indexes :data:`PIPELINE` (the
+    pipeline schedule). The degree columns are the registered axes' search columns
+    (:func:`meshplan.spec.axes.registry.search_axes`); one registered without an attribute
+    here sits in ``more``."""
+
+    pp: np.ndarray
+    dpr: np.ndarray
+    dps: np.ndarray
+    cp: np.ndarray
+    tp: np.ndarray
+    ep: np.ndarray
+    etp: np.ndarray
+    mb: np.ndarray
+    rc: np.ndarray
+    vpp: np.ndarray
+    sh: np.ndarray
+    rf: np.ndarray
+    ov: np.ndarray
+    us: np.ndarray
+    ps: np.ndarray
+    more: Mapping[str, np.ndarray] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return int(self.pp.size)
+
+    def take(self, idx) -> "Candidates":
+        cols = {f.name: getattr(self, f.name)[idx] for f in fields(self) if f.name != "more"}
+        return Candidates(**cols, more={k: v[idx] for k, v in self.more.items()})
+
+    def degree(self, column: str) -> np.ndarray:
+        """The degree column of a registered axis by its search column name (``tp``,
+        ``dps``, or a column in ``more``)."""
+        return self.more[column] if column in self.more else getattr(self, column)
+
+    @property
+    def fsdp2(self) -> np.ndarray:
+        """FSDP2 shards the parameters (zero3 or hsdp), the column the ep axis's
+        ``expert_dim1`` rule reads (:func:`meshplan.spec.axes.ep._fsdp2`)."""
+        return (self.sh == SHARDING.index("zero3")) | (self.sh == SHARDING.index("hsdp"))
+
+    @property
+    def sp(self) -> np.ndarray:
+        """Sequence parallel: on exactly where tp > 1."""
+        return self.tp > 1
+
+    @property
+    def dp(self) -> np.ndarray:
+        """Batch data-parallel degree: dp_replicate x dp_shard (cp excluded)."""
+        return self.dpr * self.dps
+
+    @property
+    def fsdp(self) -> np.ndarray:
+        """Dense shard degree: dp_shard x cp."""
+        return self.dps * self.cp
+
+    @property
+    def efsdp(self) -> np.ndarray:
+        """Expert shard degree: dp_shard x cp x tp / (ep x etp) (integer where valid)."""
+        return np.maximum(self.dps * self.cp * self.tp // (self.ep * self.etp), 1)
+
+    def label(self, i: int) -> str:
+        """``pp 16 x dp_shard 128 x tp 8, mb 1, full, vpp 1, zero3`` (the mesh as
+        :func:`meshplan.spec.wording.mesh_text` prints it), then ``, keep gathered``
+        (reshard_after_forward false), ``, tp overlap`` and ``, short end stages`` where they apply."""
+        names, degs = zip(*((n, int(self.degree(col.column)[i])) for n, col in search_axes()))
+        mesh = mesh_text(names, degs, SHARDING[self.sh[i]])
+        extra = "".join(t for on, t in ((not self.rf[i], ", keep gathered"), (self.ov[i], ", tp overlap"),
+                                         (self.us[i], ", short end stages"), (self.ps[i], f", {PIPELINE[self.ps[i]]}"))
+                        if on)
+        return (f"{mesh}, mb {int(self.mb[i])}, {RECOMPUTE[self.rc[i]]}, vpp {int(self.vpp[i])}, "
+                f"{SHARDING[self.sh[i]]}{extra}")
+
+
+def axis_shown(name, sharding: str) -> str:
+    """A search axis's name in a candidate's mesh: the data axis ``dp_shard`` is ``dp`` under
+    ZeRO-1/2 (:func:`meshplan.spec.wording.data_axis`), as ``plan`` prints the mesh a Megatron-LM
+    or DeepSpeed config imports to (the search columns keep ``dp_shard``; ``--json``'s ``mesh``
+    keys and the text follow this rule, :func:`meshplan.spec.wording.mesh_text`).
+
+    >>> axis_shown("dp_shard", "zero2"), axis_shown("dp_shard", "zero3"), axis_shown("tp", "zero1")
+    ('dp', 'dp_shard', 'tp')
+    """
+    return data_axis(sharding) if str(name) == "dp_shard" else str(name)
+
+
+def candidate_schedule(vpp: int, ps: int = 0) -> Schedule:
+    """The schedule of a candidate with ``vpp`` chunks per rank and schedule column ``ps``:
+    :data:`SEARCHED` with vpp 1, its ``chunked`` order (interleaved 1F1B) with vpp > 1; the
+    V-shaped one ``ps`` names (:data:`PIPELINE`).
+
+    >>> candidate_schedule(1), candidate_schedule(2), candidate_schedule(2, 1)
+    (<Schedule.ONE_F_ONE_B: '1f1b'>, <Schedule.INTERLEAVED_1F1B: 'interleaved_1f1b'>, <Schedule.ZBV: 'zbv'>)
+    """
+    return Schedule(PIPELINE[ps]) if ps else get(SEARCHED).for_chunks(vpp)
+
+
+def world_of(c: Candidates, i: int) -> int:
+    """Ranks of candidate ``i``: the product of its dense degrees (expert axes re-factor them)."""
+    return prod(int(c.degree(col.column)[i]) for n, col in search_axes() if not AXES[n].expert)

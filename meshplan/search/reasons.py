@@ -1,0 +1,140 @@
+"""The rules a search candidate can break before its plan is built, in build_plan's order, over
+all candidates at once (:func:`first_reason`): every registered axis's validity rules
+(:mod:`meshplan.mesh.validity`), the pipeline schedules' micro-batch rules, the engines' rules
+(DeepSpeed's ZeRO-1/2 and ZeRO-3) and the framework's; their words (:func:`reason_table`,
+:func:`reason_texts`) and codes (:data:`CODE`, :data:`OK`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from meshplan.config import Config
+from meshplan.pipeline.registry import get
+from meshplan.search.columns import PIPELINE, SEARCHED, SHARDING, ZERO12, Candidates
+from meshplan.spec.axes.registry import rules
+
+#: The pipeline schedules' own rules the search evaluates (each schedule's ``refused`` under
+#: ``training.framework``: :meth:`OneFOneB.refused`, torch's m >= pp for candidates with vpp 1;
+#: :meth:`Interleaved1F1B.refused`, m a multiple of pp under Megatron-LM or of torch's rounds
+#: max(1, m // pp), for candidates with vpp > 1; :meth:`DualPipeV.refused`: m >= 2 pp, torch
+#: ScheduleDualPipeV), then the rules applied after the plan's checks.
+#: The ``framework`` rule under ``framework = "megatron"``: rows Megatron-LM cannot run as planned. Its
+#: zero3 is Megatron FSDP, whose post-forward hook reshards every unit (``_post_forward``, megatron/core/
+#: distributed/fsdp/src/megatron_fsdp/megatron_fsdp.py:975-1000 at NVIDIA/Megatron-LM d98e8a6), and
+#: ``export --to megatron`` writes one data-parallel axis (:mod:`meshplan.interop.megatron_write`).
+MEGATRON_REFUSED = ("framework megatron: parameters kept gathered (Megatron FSDP reshards every layer after its "
+                    "forward) or hsdp (Megatron FSDP's HSDP, --num-distributed-optimizer-instances, is not modelled)")
+
+_SCHEDULE_REASONS = (
+    ("runs", "training.pp_schedule_runs does not divide the micro-batches (pp > 1)"),
+    ("1f1b", "1F1B: micro-batches fewer than pp (torch Schedule1F1B)"),
+    ("interleaved", "interleaved 1F1B: micro-batches not a multiple of pp (megatron) or of torch's rounds"),
+    ("dualpipev", "DualPipeV: micro-batches fewer than 2 pp"),
+    ("engine", "zero3_engine deepspeed or deepspeed-2021: pp > 1, cp > 1 or parameters kept gathered; "
+               "zero12_engine deepspeed: cp > 1, ep > 1, or pp > 1 with zero2, overlap_comm, vpp > 1 or a schedule "
+               "other than 1F1B"),
+    ("framework", "zero1 under framework torch: no torch engine shards the optimizer alone (torchtitan cannot run it); "
+                  + MEGATRON_REFUSED),
+)
+_LATE_REASONS = (
+    ("memory", "memory peak > usable"),
+    ("gemm", "local GEMM efficiency below the threshold"),
+)
+
+
+def reason_table() -> tuple[tuple[str, str], ...]:
+    """Rejection categories (key, summary), in the order build_plan finds them: every
+    registered axis's rules with a vectorised form, in their order (mesh resolution, then
+    :func:`meshplan.mesh.validity.check`), then the schedules' rules, then the memory timeline
+    and the search's own GEMM rule."""
+    axis = tuple((r.key, r.summary) for r in rules() if r.bad is not None)
+    return axis + _SCHEDULE_REASONS + _LATE_REASONS
+
+
+#: The ``engine`` rule's words per (sharding family, engine) (:data:`_SCHEDULE_REASONS` holds them all,
+#: for a table that names no config): current DeepSpeed's ZeRO-1/2 engine (``zero12_engine``), its
+#: ZeRO-3 (``zero3_engine = "deepspeed"``, which a DeepSpeed ZeRO-1/2 search plans its zero3 rows
+#: with: :attr:`~meshplan.spec.training.TrainingSpec.searched_zero3_engine`) and the ZeRO-3 of 2021.
+_ENGINE_TEXT = {("zero12", "deepspeed"): "zero12_engine deepspeed (DeepSpeed's ZeRO-1/2): cp > 1, ep > 1, or pp > 1 "
+                                         "with zero2, overlap_comm, vpp > 1 or a schedule other than 1F1B",
+                ("zero3", "deepspeed"): "zero3 rows under DeepSpeed's ZeRO-3 (zero3_engine deepspeed): pp > 1, cp > 1 "
+                                        "or parameters kept gathered",
+                ("zero3", "deepspeed-2021"): "zero3_engine deepspeed-2021: pp > 1, cp > 1 or parameters kept gathered"}
+
+
+def reason_texts(training) -> dict[str, str]:
+    """:data:`REASONS` as a dict, the ``engine`` rule labelled by the engine(s) ``training``
+    actually plans (``zero12_engine = "deepspeed"``, the zero3 rows' engine
+    :attr:`~meshplan.spec.training.TrainingSpec.searched_zero3_engine`), so a search of current
+    DeepSpeed's ZeRO-1/2 does not name the 2021 ZeRO-3 engine.
+
+    >>> from meshplan.spec.training import TrainingSpec
+    >>> reason_texts(TrainingSpec(global_batch=8, seq_len=16, sharding="zero2", zero12_engine="deepspeed"))["engine"]
+    "zero12_engine deepspeed (DeepSpeed's ZeRO-1/2): cp > 1, ep > 1, or pp > 1 with zero2, overlap_comm, vpp > 1 or a schedule other than 1F1B; zero3 rows under DeepSpeed's ZeRO-3 (zero3_engine deepspeed): pp > 1, cp > 1 or parameters kept gathered"
+    >>> reason_texts(TrainingSpec(global_batch=8, seq_len=16, zero3_engine="deepspeed-2021"))["engine"]
+    'zero3_engine deepspeed-2021: pp > 1, cp > 1 or parameters kept gathered'
+    """
+    planned = {("zero12", training.searched_zero12_engine), ("zero3", training.searched_zero3_engine)}
+    engines = [k for k in _ENGINE_TEXT if k in planned]
+    text = dict(REASONS)
+    text["framework"] = MEGATRON_REFUSED if training.framework == "megatron" else text["framework"].split("; ")[0]
+    if engines:
+        text["engine"] = "; ".join(_ENGINE_TEXT[k] for k in engines)
+    return text
+
+
+#: :func:`reason_table` of the registered axes.
+REASONS = reason_table()
+OK = -1
+CODE = {key: i for i, (key, _) in enumerate(REASONS)}
+
+
+def zero1_refused(training) -> bool:
+    """Whether the search rejects zero1 candidates under ``training`` (rule ``framework``): where
+    no engine runs meshplan's zero1 (:attr:`~meshplan.spec.training.TrainingSpec.has_zero1_engine`;
+    plan and step warn instead, :func:`meshplan.plan.runtime_warnings`).
+
+    >>> from meshplan.spec.training import TrainingSpec
+    >>> [zero1_refused(TrainingSpec(global_batch=8, seq_len=16, **kw)) for kw in
+    ...  ({}, {"framework": "megatron"}, {"sharding": "zero1", "zero12_engine": "deepspeed"})]
+    [True, False, False]
+    """
+    return not training.has_zero1_engine
+
+
+def first_reason(cfg: Config, c: Candidates) -> np.ndarray:
+    """Code (index into :func:`reason_table`, :data:`REASONS` for the registered axes) of
+    the first rule each candidate breaks, in build_plan's order, or :data:`OK`; the memory
+    and GEMM rules are applied later. The axes' rules are their :attr:`Rule.bad` predicates
+    (the ones :func:`meshplan.mesh.validity.check` runs on one mesh) over the columns."""
+    m, t = cfg.model, cfg.training
+    micro = t.global_batch // np.maximum(c.mb * c.dp, 1)
+    runs = np.where(c.pp > 1, t.pp_schedule_runs, 1)  # build_plan's run_reasons: each run is one schedule
+    run_micro = micro // runs
+    checks = [(r.key, r.bad(m, t, c)) for r in rules() if r.bad is not None] + [
+        ("runs", micro % runs != 0),
+        # the schedules' own micro-batch rules (their refused, as build_plan's reasons): 1F1B
+        # with vpp 1, interleaved 1F1B with vpp > 1, DualPipeV
+        ("1f1b", (c.pp > 1) & (c.ps == 0) & (c.vpp == 1) & get(SEARCHED).refused(c.pp, run_micro, t.framework)),
+        ("interleaved", (c.ps == 0) & (c.vpp > 1)
+         & get(get(SEARCHED).for_chunks(2)).refused(c.pp, run_micro, t.framework)),
+        ("dualpipev", (c.ps == PIPELINE.index("dualpipev")) & get("dualpipev").refused(c.pp, run_micro, t.framework)),
+        # build_plan and TrainingSpec: DeepSpeed's pipeline engine refuses ZeRO 3 (pp 1 only), no
+        # all-gather CP, and its ZeRO-3 re-gathers in backward (reshard_after_forward is an FSDP2 knob)
+        ("engine", ((t.searched_zero3_engine != "fsdp2") & (c.sh == SHARDING.index("zero3"))
+                    & ((c.pp > 1) | (c.cp > 1) | (c.rf == 0)))
+         # DeepSpeed's ZeRO-1 and ZeRO-2 (comm.deepspeed_zero12.check_mesh; dp_replicate 1 here):
+         # its pipeline engine refuses ZeRO-2 and overlap_comm and runs 1F1B only (check_schedule)
+         # (overlap_comm as given, else stages 1 and 2's default false: TrainingSpec.overlaps_comm)
+         | ((t.searched_zero12_engine == "deepspeed") & np.isin(c.sh, ZERO12)
+            & ((c.cp > 1) | (c.ep > 1) | ((c.pp > 1) & (bool(t.overlap_comm) | (c.sh == SHARDING.index("zero2"))
+                                                          | (c.vpp > 1) | (c.ps != 0)))))),
+        ("framework", (zero1_refused(t) & (c.sh == SHARDING.index("zero1"))) | ((t.framework == "megatron") & (
+            (c.sh == SHARDING.index("hsdp")) | ((c.sh == SHARDING.index("zero3")) & (c.rf == 0))))),
+    ]
+    code = {key: i for i, (key, _) in enumerate(reason_table())}
+    out = np.full(len(c), OK, dtype=np.int64)
+    for key, bad in reversed(checks):
+        out[np.broadcast_to(bad, out.shape)] = code[key]
+    return out
