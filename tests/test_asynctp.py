@@ -17,7 +17,8 @@ from meshplan.compute.ops import Workload, layer_cost
 from meshplan.config import config_from_dict
 from meshplan.plan import build_plan
 from meshplan.schedule.rank_timeline import Overlap
-from meshplan.schedule.steptime import step_time, workload_of
+from meshplan.schedule.steptime import step_time
+from meshplan.schedule.workload import workload_of
 from meshplan import catalog
 
 SMALL = {"name": "small", "layers": 2, "hidden": 2048, "ffn": 5632, "q_heads": 16, "kv_heads": 4,

@@ -419,7 +419,7 @@ def test_backward_pieces_are_the_layers_ops(plan_1536):
     """The module pieces of a layer's backward hold every op the block timeline runs, once:
     w_down's are its two GEMMs, its bias gradient and its bias's main-gradient add."""
     from meshplan.schedule.rank_timeline import LAYER_BLOCKS, _ds_pieces
-    from meshplan.schedule.steptime import chunk_costs, workload_of
+    from meshplan.schedule.workload import chunk_costs, workload_of
 
     c = chunk_costs(plan_1536, workload_of(plan_1536))[0][0].layers[50]
     pieces = _ds_pieces(c, True)

@@ -265,7 +265,7 @@ def layer_params(tp: int) -> int:
 
 
 def optimizer_s(params: float, zero_grads: bool = True, megatron: bool = False, master: bool = True) -> float:
-    """Optimizer step at Triad (compute/ops.optimizer_bandwidth, schedule/steptime.optimizer_step_bytes),
+    """Optimizer step at Triad (compute/ops.optimizer_bandwidth, schedule/optimizer_step.optimizer_step_bytes),
     per parameter: gradient norm (read 4 B) and clip (read + write 4 B) = 12; Adam reads master,
     gradient and both moments (4 + 4 + 8) and writes master and moments (4 + 8) = 28; the master
     copied to the bf16 parameter (read 4, write 2) = 6; zero1 zeroes its fp32 gradient buffer

@@ -15,7 +15,7 @@ from meshplan.compute.gemm import gemm_time
 from meshplan.compute.measured import bandwidth, kernel_data
 from meshplan.compute.ops import Workload, embedding_cost, head_cost, layer_cost, megatron_batch_cost
 from meshplan.compute.shapes import Gemm, backward_gemms
-from meshplan.schedule.steptime import chunk_costs, workload_of
+from meshplan.schedule.workload import chunk_costs, workload_of
 from tests.test_megatron_p2p import plan_of
 
 A100 = catalog.gpu("a100-sxm-80gb")
@@ -246,7 +246,8 @@ def test_step_kernels_per_parameter_copies_sp_grad_copies_and_syncs():
       (8 B each: 7.08 MB, 4.16 us at Triad, floored to 4.7 us) and copied back one kernel each (72
       floors);
     - 11 timers started and stopped (22 syncs) and the gradient norm's ``.item()``: 23 floors."""
-    from meshplan.schedule.steptime import _optimizer_s, optimizer_step_s
+    from meshplan.schedule.optimizer_step import optimizer_step_s
+    from meshplan.schedule.step_end import _optimizer_s
     from meshplan.compute.ops import megatron_stage_step_cost, optimizer_bandwidth
 
     plan = plan_of(True)
@@ -283,7 +284,7 @@ def test_optimizer_step_computed_once_per_distinct_stage():
 
     from meshplan.config import load_config
     from meshplan.plan import build_plan
-    from meshplan.schedule.steptime import _optimizer_s
+    from meshplan.schedule.step_end import _optimizer_s
 
     cfg = load_config(Path(__file__).resolve().parent.parent / "examples" / "deepseek-v3_2048xh100_pp16-ep64-dp128.toml")
     plan = build_plan(dc_replace(cfg, mesh=cfg.mesh.model_copy(update={"pp_layer_split": [2] + [4] * 14 + [3]}),
@@ -304,7 +305,7 @@ def test_embedding_dropout_backward_is_on_the_timeline():
     gradient and the 1 B mask, write the gradient (2 + 1 + 2 B: 15,728,640 B, 9.25 us at Triad),
     in the first stage's first chunk's backward unit, before the gradient's all-gather over tp."""
     from meshplan.schedule.rank_timeline import CommTimes, backward_unit, nccl_sm_share
-    from meshplan.schedule.steptime import config_overlap
+    from meshplan.schedule.overlap_policy import config_overlap
 
     plan = plan_of(True)
     w = workload_of(plan)
@@ -325,7 +326,7 @@ def test_output_layer_backward_overlaps_its_collective_as_a_column_parallel_line
     once per micro-batch on the last stage (stage 7 vs the middle stage 1, same 12 layers), and the
     timeline issues it before the column B part and the reduce-scatter with the head's W."""
     from meshplan.schedule.rank_timeline import CommTimes, backward_unit, nccl_sm_share
-    from meshplan.schedule.steptime import config_overlap
+    from meshplan.schedule.overlap_policy import config_overlap
 
     plan = plan_of(True)
     ag = {k: [r for r in rows(plan, k) if (r.axis, r.phase, r.op) == ("tp", "backward", "all-gather")][0]

@@ -25,7 +25,8 @@ from meshplan.interop.foreign import export, load_any
 from meshplan.interop.megatron import write
 from meshplan.plan import build_plan
 from meshplan.schedule.rank_timeline import Overlap
-from meshplan.schedule.steptime import megatron_reduce_line, step_time
+from meshplan.schedule.overlap_policy import megatron_reduce_line
+from meshplan.schedule.steptime import step_time
 
 
 def _cfg(model: str, nodes: int, training: dict, mesh: dict):

@@ -13,7 +13,8 @@ from meshplan.errors import ConfigError
 from meshplan.plan import build_plan
 from meshplan.schedule.rank_timeline import CommTimes, Overlap, comm_kind, forward_unit, backward_unit
 from meshplan.schedule.rank_timeline import _shard_group
-from meshplan.schedule.steptime import chunk_costs, layer_unit_times, step_time, workload_of
+from meshplan.schedule.steptime import layer_unit_times, step_time
+from meshplan.schedule.workload import chunk_costs, workload_of
 from meshplan.units import dtype_bytes
 
 # 4 layers, h 64, f 256 (GeLU), 4 heads of 16, vocab 256, untied: small enough for every schedule

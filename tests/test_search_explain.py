@@ -226,7 +226,7 @@ def _without_sp_layout_copies(monkeypatch) -> None:
     def kernels(training):
         return {**ops.framework_kernels(training), "sp_layout_copies": False}
     monkeypatch.setattr("meshplan.search.timing.framework_kernels", kernels)
-    monkeypatch.setattr("meshplan.schedule.steptime.framework_kernels", kernels)
+    monkeypatch.setattr("meshplan.schedule.workload.framework_kernels", kernels)
 
 
 def test_no_row_is_faster_than_the_line_says_llama3_70b(monkeypatch):

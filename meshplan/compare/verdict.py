@@ -44,7 +44,9 @@ from meshplan.pipeline.registry import get as get_schedule
 from meshplan.plan import Infeasible, Plan
 from meshplan.schedule.rank_timeline import Overlap
 from meshplan.mesh.validity import degrees
-from meshplan.schedule.steptime import StepTime, step_time, workload_of
+from meshplan.schedule.step_summary import StepTime
+from meshplan.schedule.steptime import step_time
+from meshplan.schedule.workload import workload_of
 from meshplan.search.rank import RULE_LINE, TIE, decide, simplicity_of
 from meshplan.spec.wording import mesh_text
 from meshplan.units import GB, MS, GiB

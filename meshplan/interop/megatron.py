@@ -123,7 +123,7 @@ CP_TYPES = {"p2p": "passes K/V chunks around a ring, overlapped with attention",
             "a2a": "scatters the heads over cp (DeepSpeed Ulysses's all-to-all)",
             "a2a+p2p": "runs Ulysses all-to-all inside and a K/V ring across cp groups"}
 #: The overlap flags a Megatron FSDP export writes per --data-parallel-sharding-strategy: what the plan
-#: assumes and ``MegatronFSDP.__init__`` forces anyway (:func:`meshplan.schedule.steptime.config_overlap`).
+#: assumes and ``MegatronFSDP.__init__`` forces anyway (:func:`meshplan.schedule.overlap_policy.config_overlap`).
 FSDP_OVERLAP = {"optim_grads": ["--overlap-grad-reduce"],
                 "optim_grads_params": ["--overlap-grad-reduce", "--overlap-param-gather"]}
 #: Megatron-LM's dropout flags and their default probability (TransformerConfig ``hidden_dropout`` and
@@ -281,7 +281,7 @@ def _planned_flag(args: dict, flag: str, planned: str, others: dict[str, str], a
 def _overlap_flags(args: dict, sharding: str) -> dict[str, bool]:
     """``--overlap-grad-reduce`` / ``--overlap-param-gather``: with DDP buffers (none, zero1)
     ``training.overlap_grad_reduce`` / ``overlap_param_gather``; under Megatron FSDP (zero2,
-    zero3) forced on anyway and planned so (:func:`meshplan.schedule.steptime.config_overlap`):
+    zero3) forced on anyway and planned so (:func:`meshplan.schedule.overlap_policy.config_overlap`):
     no key. What Megatron-LM's ``arguments.py`` asserts (d98e8a6 lines 1024-1029) is refused:
     ``--overlap-param-gather`` without ``--overlap-grad-reduce``, or without the distributed
     optimizer (or Megatron FSDP)."""

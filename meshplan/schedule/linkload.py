@@ -85,7 +85,7 @@ class EdgeLoad:
 
 @dataclass(frozen=True)
 class StageDetail:
-    """The events of one stage that :meth:`~meshplan.schedule.steptime.StepTime.trace_events` lists with ``detail``, less
+    """The events of one stage that :meth:`~meshplan.schedule.step_summary.StepTime.trace_events` lists with ``detail``, less
     the unit-level ones, as arrays in that list's order (each unit's inner events in its
     timeline's order, units in stage order; then the pp sends the stage makes, then its
     step-end ops): ``code`` (row of the small tables ``streams`` and ``names``: one row per

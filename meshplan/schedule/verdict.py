@@ -1,7 +1,7 @@
 """What bounds a predicted step: a one- or two-line verdict for ``meshplan step``.
 
 The step is **network-bound** when its critical stage waits on communication for at least
-half of the step: the exposed time of :class:`meshplan.schedule.steptime.StepTime`, summed over its
+half of the step: the exposed time of :class:`meshplan.schedule.step_summary.StepTime`, summed over its
 streams, plus the part of its bubble spent waiting for a stream another stage exposes
 (:mod:`meshplan.schedule.waits`, printed on a line of its own). The verdict then names the stream
 with the most of that time, its collectives on the stage that exposes it with the bytes each rank

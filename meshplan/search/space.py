@@ -405,7 +405,7 @@ def no_data_axis_twin(cfg: Config, cols: Mapping[str, np.ndarray]) -> np.ndarray
     the same run as a zero3 row beside them, which the search keeps instead: no data axis shards
     anything (dp_shard x cp 1, and no routed expert sharded over efsdp; dp_replicate is 1 there),
     so they plan the same state and no data-parallel collective, and the zero3 one (FSDP2) zeroes
-    no gradient buffer (:data:`meshplan.schedule.steptime.ZEROED_GRAD_BUFFER`): its step is
+    no gradient buffer (:data:`meshplan.schedule.optimizer_step.ZEROED_GRAD_BUFFER`): its step is
     never longer, the one the tie rule prefers (llama3-8b, pp 2 x tp 4, mb 1, full: 1.36137 s
     against zero1's 1.36272 s, the same peak). Only where ``[search] sharding`` has zero3 and its
     engine is FSDP2 (DeepSpeed's 2021 engine rejects zero3 with pp > 1)."""

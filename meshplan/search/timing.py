@@ -96,7 +96,7 @@ from meshplan.mesh.tpsplit import expert_shard_dim, local_heads, padded_numel
 from meshplan.pipeline.fast import order_arrays
 from meshplan.placement.assign import place
 from meshplan.schedule.rank_timeline import LAYER_BLOCKS, cp_parts
-from meshplan.schedule.steptime import ZEROED_GRAD_BUFFER, optimizer_step_s
+from meshplan.schedule.optimizer_step import optimizer_step_s, ZEROED_GRAD_BUFFER
 from meshplan.search.memory import Stages, Tables, lookup, split
 from meshplan.search.space import FSDP_SHARDINGS, RECOMPUTE, SHARDING, ZERO12, Candidates, accumulates, \
     candidate_schedule
@@ -606,7 +606,7 @@ def gathering_passes(cfg: Config, c: Candidates, st: Stages, root: bool = False)
     (:func:`~meshplan.search.space.accumulates`: ``no_sync`` reshards after every backward but
     the last, ``no_sync_unsharded`` keeps the units gathered), else 0: every unit gathers
     (``f_core``). ``root``: the root unit's passes, pp 1 only (it never reshards after forward,
-    :class:`meshplan.schedule.steptime.UnitTimes`)."""
+    :class:`meshplan.schedule.unit_times.UnitTimes`)."""
     p = st.k.shape[1]
     g = np.zeros((2, len(c), p))
     if p == 1:
@@ -749,7 +749,7 @@ def step_lower_bound(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: 
 
 def _stage_end(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: dict, cm: dict):
     """(optimizer step + ZeRO-1's exposed parameter all-gather, ZeRO-1's gradient
-    reduce-scatter) per stage, seconds (:func:`meshplan.schedule.steptime._stage_end`)."""
+    reduce-scatter) per stage, seconds (:func:`meshplan.schedule.step_end._stage_end`)."""
     t, gpu = cfg.training, cfg.cluster.gpu
     zeroed = np.isin(c.sh, [i for i, k in enumerate(SHARDING) if k in ZEROED_GRAD_BUFFER])[:, None]
     opt = optimizer_step_s(s["params"], s["grads"], s["master"], s["optimizer"], t, optimizer_bandwidth(gpu), zeroed)
@@ -763,7 +763,7 @@ def _stage_end(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: dict, 
     stride = np.broadcast_to(c.tp[:, None], numel.shape).ravel()
     gather = coll_times(tt, "all-gather", n, numel.ravel() * dtype_bytes(t.param_dtype), stride).reshape(numel.shape)
     if t.overlap_param_gather:  # Megatron-LM's --overlap-param-gather: the next forward waits for one bucket at least
-        # (steptime.param_gather_exposed_s), ceil(numel / B) buckets (collectives._megatron_bucket_rows)
+        # (step_end.param_gather_exposed_s), ceil(numel / B) buckets (collectives._megatron_bucket_rows)
         gather = gather / np.maximum(np.ceil(numel / cfg.memory.bucket_elements(c.fsdp)[:, None]), 1)
     # in the dtype the zero1 plan reduces in (TrainingSpec.zero12_reduce_dtype: grad_reduce_dtype,
     # DeepSpeed's model dtype, else reduce_dtype), the collective table's
