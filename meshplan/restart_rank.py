@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 from meshplan.errors import ConfigError
 from meshplan.mesh.layers import ends_short_split, restart_split
 from meshplan.plan import Infeasible, build_plan
-from meshplan.schedule.rank_timeline import Overlap
+from meshplan.schedule.unit_sim import Overlap
 from meshplan.schedule.steptime import step_time
 
 if TYPE_CHECKING:

@@ -16,7 +16,7 @@ from meshplan.compute.gemm import GemmTable, Measurement
 from meshplan.compute.ops import Workload, layer_cost
 from meshplan.config import config_from_dict
 from meshplan.plan import build_plan
-from meshplan.schedule.rank_timeline import Overlap
+from meshplan.schedule.unit_sim import Overlap
 from meshplan.schedule.steptime import step_time
 from meshplan.schedule.workload import workload_of
 from meshplan import catalog

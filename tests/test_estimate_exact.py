@@ -16,7 +16,7 @@ from meshplan import catalog
 from meshplan.compute.ops import (BLOCKS, PHASES, RECOMPUTE, Workload, embedding_cost, float8_gemms, framework_kernels,
                                   full_ac_not_replayed, head_cost, layer_cost, layer_costs)
 from meshplan.compute.routing import RoutingOptions
-from meshplan.schedule.rank_timeline import LAYER_BLOCKS, cp_parts
+from meshplan.schedule.layer_timeline import cp_parts, LAYER_BLOCKS
 from meshplan.search.memory import Tables
 from meshplan.search.space import RECOMPUTE as SEARCHED
 from meshplan.search.timing import PHASES as FIELD_PHASES, TimeTables

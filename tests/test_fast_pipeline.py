@@ -16,7 +16,7 @@ from meshplan.pipeline.fast import KINDS, flat_units, order_arrays, rendezvous, 
 from meshplan.pipeline.rounds import run_rounds, run_rounds_general
 from meshplan.pipeline.simulate import PipelineSpec, simulate, stage_order
 from meshplan.plan import build_plan
-from meshplan.schedule.rank_timeline import Overlap
+from meshplan.schedule.unit_sim import Overlap
 from meshplan.schedule.pipeline_exposure import _unit_exposure
 from meshplan.schedule.steptime import step_time
 

@@ -1,7 +1,7 @@
 """Golden step times of three small whole plans, every term derived by hand (issue 10, item 3).
 
 Each test writes out the step of :func:`meshplan.schedule.steptime.step_time` (default
-:class:`~meshplan.schedule.rank_timeline.Overlap`) term by term, from the formulas the modules'
+:class:`~meshplan.schedule.unit_sim.Overlap`) term by term, from the formulas the modules'
 docstrings state and the catalog's measured data (copied here as named constants, checked
 against the catalog in ``test_inputs_are_the_catalog_values``), and asserts the plan's step
 time to 1e-6 relative:
@@ -45,7 +45,7 @@ import pytest
 from meshplan.compute.gemm import GemmTable, Measurement
 from meshplan.config import config_from_dict
 from meshplan.plan import build_plan
-from meshplan.schedule.rank_timeline import Overlap
+from meshplan.schedule.unit_sim import Overlap
 from meshplan.schedule.steptime import step_time
 
 # Hardware (catalog dgx-h100, h100-sxm5-80gb; checked against the catalog in test_inputs) -----
@@ -108,7 +108,7 @@ NORM_BW = 1 / _slope
 
 
 #: the row-parallel linears: their weight gradient is computed with their input gradient
-#: (schedule/rank_timeline.ROW_PARALLEL_WGRAD), before the block's input-gradient all-reduce
+#: (schedule/layer_timeline.ROW_PARALLEL_WGRAD), before the block's input-gradient all-reduce
 ROW = ("wo", "w_down")
 #: SMs NCCL's NVLink collectives hold on an H100 (catalog/nodes.toml dgx-h100 fabric
 #: nccl_channels 24 / gpus.toml 132 SMs): compute beside them runs at 1 - 24/132
@@ -117,7 +117,7 @@ SM_SHARE = 24 / 132
 
 def beside(compute: float, comm: float) -> float:
     """``compute`` seconds issued when a collective of ``comm`` seconds starts, until both end:
-    the kernels progress at 1 - SM_SHARE while it runs (rank_timeline._Sim._finish)."""
+    the kernels progress at 1 - SM_SHARE while it runs (unit_sim._Sim._finish)."""
     rate = 1 - SM_SHARE
     return comm + max(0.0, compute - rate * comm)
 

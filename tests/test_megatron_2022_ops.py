@@ -212,7 +212,7 @@ def test_comm_delay_kernel_after_each_async_collective_launch():
     column-parallel linears per layer (query_key_value, dense_h_to_4h) and the output layer:
     8 B each, at the 4.7 us issue floor. The SP one before the dgrad runs in the column-parallel
     input-gradient segment of the timeline (after the re-gather is launched)."""
-    from meshplan.schedule.rank_timeline import COLUMN_PARALLEL_DGRAD, _ops_by_block
+    from meshplan.schedule.layer_timeline import COLUMN_PARALLEL_DGRAD, _ops_by_block
 
     def delays(cost):
         return sorted((o.block, o.phase, o.seconds) for o in cost.ops if "delay" in o.name)
@@ -304,7 +304,8 @@ def test_embedding_dropout_backward_is_on_the_timeline():
     the rank's sequence shard under SP: 175B, micro-batch 1, tp 8: 256 rows of 12,288, read the
     gradient and the 1 B mask, write the gradient (2 + 1 + 2 B: 15,728,640 B, 9.25 us at Triad),
     in the first stage's first chunk's backward unit, before the gradient's all-gather over tp."""
-    from meshplan.schedule.rank_timeline import CommTimes, backward_unit, nccl_sm_share
+    from meshplan.schedule.comm_times import CommTimes, nccl_sm_share
+    from meshplan.schedule.rank_timeline import backward_unit
     from meshplan.schedule.overlap_policy import config_overlap
 
     plan = plan_of(True)
@@ -325,7 +326,8 @@ def test_output_layer_backward_overlaps_its_collective_as_a_column_parallel_line
     norm's backward waits for it. 175B SP, last stage: the table counts that extra all-gather
     once per micro-batch on the last stage (stage 7 vs the middle stage 1, same 12 layers), and the
     timeline issues it before the column B part and the reduce-scatter with the head's W."""
-    from meshplan.schedule.rank_timeline import CommTimes, backward_unit, nccl_sm_share
+    from meshplan.schedule.comm_times import CommTimes, nccl_sm_share
+    from meshplan.schedule.rank_timeline import backward_unit
     from meshplan.schedule.overlap_policy import config_overlap
 
     plan = plan_of(True)

@@ -24,7 +24,7 @@ from meshplan.interop.common import ImportOptions
 from meshplan.interop.foreign import export, load_any
 from meshplan.interop.megatron import write
 from meshplan.plan import build_plan
-from meshplan.schedule.rank_timeline import Overlap
+from meshplan.schedule.unit_sim import Overlap
 from meshplan.schedule.overlap_policy import megatron_reduce_line
 from meshplan.schedule.steptime import step_time
 

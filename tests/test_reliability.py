@@ -305,7 +305,7 @@ def test_restart_mixtral_keeps_ep_and_the_global_batch(capsys, tmp_path):
     balanced_split(32, 3) = [11, 11, 10], 32 micro-batches (>= pp 3). pp 3 is proposed, no GPU
     idle. Its step and the throughput lost are the plans' own (an independent build_plan +
     step_time of each mesh)."""
-    from meshplan.schedule.rank_timeline import Overlap
+    from meshplan.schedule.unit_sim import Overlap
     from meshplan.schedule.steptime import step_time
     rc, out, err = _reliability_cli(capsys, "--lost-nodes", "1", "--json", str(tmp_path / "r.json"))
     assert (rc, err) == (0, "")
@@ -399,7 +399,7 @@ def test_restart_deepseek_v3_planned(capsys, tmp_path):
     build_plan + step_time of its mesh and layer split, and the throughput lost is against the
     2048-GPU plan."""
     from meshplan.cli import main
-    from meshplan.schedule.rank_timeline import Overlap
+    from meshplan.schedule.unit_sim import Overlap
     from meshplan.schedule.steptime import step_time
     cfg = Path(__file__).resolve().parents[1] / "examples" / "deepseek-v3_2048xh100_pp16-ep64-dp128.toml"
     with pytest.raises(SystemExit) as done:

@@ -144,7 +144,9 @@ def test_trace_is_chrome_json_and_written_atomically(tmp_path):
 
 from meshplan import catalog  # noqa: E402
 from meshplan.compute.ops import Workload, layer_cost  # noqa: E402
-from meshplan.schedule.rank_timeline import ChunkCosts, CommTimes, Overlap, backward_unit, forward_unit  # noqa: E402
+from meshplan.schedule.comm_times import CommTimes  # noqa: E402
+from meshplan.schedule.rank_timeline import backward_unit, forward_unit  # noqa: E402
+from meshplan.schedule.unit_sim import ChunkCosts, Overlap  # noqa: E402
 
 GPU = catalog.gpu("h100-sxm5-80gb")
 MODEL = catalog.model("llama3-8b")
@@ -215,7 +217,7 @@ def test_gradient_reduce_scatter_overlaps_the_next_layer_backward():
 from meshplan.plan import ZERO1_WITHOUT_ENGINE, build_plan  # noqa: E402
 from meshplan.config import config_from_dict, load_config  # noqa: E402
 from meshplan.schedule.steptime import step_time  # noqa: E402
-from meshplan.schedule.rank_timeline import comm_kind  # noqa: E402
+from meshplan.schedule.comm_times import comm_kind  # noqa: E402
 
 
 def _plan(mesh, training=None, model="llama3-8b", nodes=2):

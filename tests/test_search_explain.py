@@ -10,7 +10,7 @@ import numpy as np
 from meshplan.config import config_from_dict
 from meshplan.plan import build_plan
 from meshplan.report.search import search_to_dict
-from meshplan.schedule.rank_timeline import Overlap
+from meshplan.schedule.unit_sim import Overlap
 from meshplan.schedule.steptime import step_time
 from meshplan.search.driver import search
 from meshplan.search.explain import explain

@@ -1,7 +1,7 @@
 """The search's step bound counts the wait after each chunk's last backward with pp > 1 (issue 11,
 item 7): torch's ``PipelineStage.perform_reduce_grad`` copies each FSDP unit's gradient in,
 reduce-scatters it (and all-reduces it over dp_replicate with HSDP), and holds the compute stream
-until all are done (rank_timeline._perform_reduce_grad), on every chunk but the one whose last
+until all are done (grad_reduce._perform_reduce_grad), on every chunk but the one whose last
 backward ends the stage's order. Before, the bound left that wait out and sat at 0.50-0.75 of the
 exact step on the 405B example's interleaved FSDP/HSDP candidates: the ranking planned 1,612 of
 them exactly."""
@@ -12,7 +12,7 @@ import numpy as np
 
 from meshplan.memory import constraints as cons
 from meshplan.plan import build_plan
-from meshplan.schedule.rank_timeline import Overlap
+from meshplan.schedule.unit_sim import Overlap
 from meshplan.schedule.steptime import step_time
 from meshplan.search.memory import Tables, stage_layout, state
 from meshplan.search.pipeline import pipeline_bound
@@ -75,7 +75,7 @@ def test_wait_is_the_flow_shop_of_the_simulated_reductions():
 
 
 def test_backward_chain_adds_the_tp_collective_after_the_weight_gradients_under_torch():
-    """rank_timeline._block_backward without Overlap.tp or tp_grad (torch, tp_comm_overlap off):
+    """layer_timeline._block_backward without Overlap.tp or tp_grad (torch, tp_comm_overlap off):
     each block's weight gradients run, then its input-gradient TP collective, and the next block
     waits for it; Megatron-LM (tp_grad) runs the collective beside the weight gradients. One
     layer, recompute none, no CP/EP: input gradients 3 + 5 (attention, MLP), weight gradients 2

@@ -22,7 +22,7 @@ from meshplan.memory import constraints as cons
 from meshplan.pipeline.registry import get
 from meshplan.pipeline.simulate import PipelineSpec, simulate
 from meshplan.plan import build_plan
-from meshplan.schedule.rank_timeline import Overlap
+from meshplan.schedule.unit_sim import Overlap
 from meshplan.schedule.steptime import step_time
 from meshplan.search.driver import BOUND, search
 from meshplan.search.exact import SIMULATE, STEP_ONLY, Planner

@@ -19,7 +19,7 @@ from meshplan.config import load_config
 from meshplan.memory import constraints as cons
 from meshplan.mesh.layers import stage_layers
 from meshplan.plan import build_plan
-from meshplan.schedule.rank_timeline import Overlap
+from meshplan.schedule.unit_sim import Overlap
 from meshplan.schedule.steptime import step_time
 from meshplan.search.driver import search
 from meshplan.search.memory import Tables, stage_layout, state

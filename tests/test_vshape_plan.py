@@ -7,7 +7,7 @@ import pytest
 
 from meshplan.config import config_from_dict
 from meshplan.plan import Infeasible, build_plan
-from meshplan.schedule.rank_timeline import Overlap
+from meshplan.schedule.unit_sim import Overlap
 from meshplan.schedule.steptime import step_time
 from meshplan.schedule.workload import chunk_costs, workload_of
 

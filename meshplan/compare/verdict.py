@@ -42,7 +42,7 @@ from meshplan.errors import ConfigError
 from meshplan.mesh.layers import stage_layers
 from meshplan.pipeline.registry import get as get_schedule
 from meshplan.plan import Infeasible, Plan
-from meshplan.schedule.rank_timeline import Overlap
+from meshplan.schedule.unit_sim import Overlap
 from meshplan.mesh.validity import degrees
 from meshplan.schedule.step_summary import StepTime
 from meshplan.schedule.steptime import step_time

@@ -1,6 +1,6 @@
 """What a config lets overlap, before any timeline is built: :func:`config_overlap` turns the
 training contract (framework, engines, ``tp_comm_overlap``, Megatron-LM's overlap flags) into the
-:class:`~meshplan.schedule.rank_timeline.Overlap` the unit timelines read; :func:`blocking_p2p`
+:class:`~meshplan.schedule.unit_sim.Overlap` the unit timelines read; :func:`blocking_p2p`
 says whether pipeline sends block their stage; :func:`megatron_reduce_line` names the gradient
 reduction Megatron-LM runs.
 """
@@ -11,7 +11,7 @@ from dataclasses import replace
 
 from meshplan.compute import asynctp
 from meshplan.pipeline.registry import get as get_schedule
-from meshplan.schedule.rank_timeline import Overlap
+from meshplan.schedule.unit_sim import Overlap
 from meshplan.spec.mesh import Schedule
 
 
@@ -40,7 +40,7 @@ def config_overlap(training, overlap: Overlap = Overlap()) -> Overlap:
     (``--overlap-grad-reduce`` on its DDP buffers, sharding none or zero1) ``grad_reduce`` stays
     on: the buffer's buckets (:func:`meshplan.comm.collectives._megatron_bucket_rows`) are
     reduced as their gradients are ready in the last backward, which the timeline places as
-    DDP's (:func:`meshplan.schedule.rank_timeline.reduce_pieces`); ``training.overlap_param_gather``
+    DDP's (:func:`meshplan.schedule.grad_reduce.reduce_pieces`); ``training.overlap_param_gather``
     turns ``param_gather`` on (:func:`param_gather_exposed_s`). Except under
     sharding zero2, zero3 and hsdp, which Megatron-LM runs with Megatron FSDP
     (``--use-megatron-fsdp``): there ``MegatronFSDP.__init__`` turns ``overlap_grad_reduce`` on
@@ -71,7 +71,7 @@ def config_overlap(training, overlap: Overlap = Overlap()) -> Overlap:
     if training.zero3_engine == "deepspeed-2021" and overlap.grad_reduce:
         # DeepSpeed ZeRO-3 of 2021: every module's fetch ends in torch.cuda.synchronize()
         # (stage3.py _synchronize_communication), which waits for the reductions in flight (the
-        # layers' buckets are placed between those fetches: rank_timeline._ds_backward_layer)
+        # layers' buckets are placed between those fetches: deepspeed_layer._ds_backward_layer)
         overlap = replace(overlap, grad_reduce=False)
     return overlap
 

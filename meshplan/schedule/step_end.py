@@ -16,7 +16,7 @@ from meshplan.mesh.tpsplit import local_numel
 from meshplan.pipeline.simulate import Event
 from meshplan.schedule.optimizer_step import optimizer_step_s
 from meshplan.schedule.pipeline_exposure import _run_end
-from meshplan.schedule.rank_timeline import CommTimes
+from meshplan.schedule.comm_times import CommTimes
 from meshplan.schedule.workload import workload_of
 from meshplan.units import dtype_bytes
 

@@ -45,7 +45,9 @@ from meshplan.pipeline.simulate import PipelineSpec
 from meshplan.plan import Infeasible, Plan, run_reasons, runtime_warnings, table_key, table_stage
 from meshplan.schedule.overlap_policy import blocking_p2p, config_overlap
 from meshplan.schedule.pipeline_exposure import _ends_of, _last_hold, _unit_exposure, call_loads, pp_hold_split, run_shift
-from meshplan.schedule.rank_timeline import ChunkCosts, CommTimes, Overlap, backward_unit, forward_unit, nccl_sm_share
+from meshplan.schedule.comm_times import CommTimes, nccl_sm_share
+from meshplan.schedule.rank_timeline import backward_unit, forward_unit
+from meshplan.schedule.unit_sim import ChunkCosts, Overlap
 from meshplan.schedule.step_end import _later_runs, _stage_end
 from meshplan.schedule.step_summary import StepTime
 from meshplan.schedule.unit_times import UnitTimes

@@ -32,7 +32,7 @@ def tp_overlap_line(plan: Plan, st: StepTime, step_fn: Callable[[Plan], StepTime
 #: What ``step --overlap-tp`` (``Overlap.tp`` without ``training.tp_comm_overlap``) runs: each
 #: block's TP collectives beside its whole GEMMs (:mod:`meshplan.schedule.rank_timeline`), no GEMM
 #: decomposed and no copy, the GEMMs slowed only by the SMs the NCCL kernels hold while they run
-#: (:func:`~meshplan.schedule.rank_timeline.nccl_sm_share`): a bound no runtime reaches, where the
+#: (:func:`~meshplan.schedule.comm_times.nccl_sm_share`): a bound no runtime reaches, where the
 #: config's knob models the runtimes' decomposed GEMMs.
 IDEAL_TP_OVERLAP = ("ideal overlap of whole GEMMs (each block's TP collectives run beside its GEMMs, which slow "
                     "only by the SMs NCCL holds; no runtime decomposes them so: training.tp_comm_overlap models "

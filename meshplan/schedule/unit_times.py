@@ -11,7 +11,8 @@ import numpy as np
 from meshplan.comm.collectives import fsdp_gather_flags
 from meshplan.pipeline.fast import KINDS, Flat
 from meshplan.pipeline.simulate import Event, PipelineSpec, stage_order
-from meshplan.schedule.rank_timeline import UnitSim, backward_unit, forward_unit
+from meshplan.schedule.rank_timeline import backward_unit, forward_unit
+from meshplan.schedule.unit_sim import UnitSim
 
 
 def _grad_kind(spec: PipelineSpec) -> str:

@@ -25,7 +25,7 @@ from dataclasses import replace
 from typing import Callable, Optional
 
 from meshplan.plan import Infeasible, Plan, build_plan
-from meshplan.schedule.rank_timeline import _shard_group, comm_kind
+from meshplan.schedule.comm_times import comm_kind, _shard_group
 from meshplan.schedule.waits import BubbleWait, bubble_wait_line, stage_list
 from meshplan.units import GB, GiB, counted
 

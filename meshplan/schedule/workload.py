@@ -23,7 +23,7 @@ from meshplan.compute.ops import (
 from meshplan.compute.routing import RoutingOptions
 from meshplan.compute.shapes import local_split
 from meshplan.mesh.layers import last_stage
-from meshplan.schedule.rank_timeline import ChunkCosts
+from meshplan.schedule.unit_sim import ChunkCosts
 from meshplan.spec.axes.base import Dim
 
 

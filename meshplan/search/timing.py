@@ -8,7 +8,7 @@ etp), every recompute policy from the same ops), collective times from :func:`me
 degree): with the canonical order and node-major placement an axis's groups are ranks
 ``r0 + i * stride``), with the sizes of :func:`meshplan.comm.collectives.collective_table`.
 It keeps only what the simulation (:mod:`meshplan.schedule.rank_timeline`, default
-:class:`~meshplan.schedule.rank_timeline.Overlap`) cannot avoid, so it never exceeds it:
+:class:`~meshplan.schedule.unit_sim.Overlap`) cannot avoid, so it never exceeds it:
 
 - a layer's **chain**: every compute op in order, the blocking TP collectives before and
   after each block (with SP the all-gather and reduce-scatter, else the all-reduce), the
@@ -95,7 +95,7 @@ from meshplan.mesh.resolve import resolved_mesh
 from meshplan.mesh.tpsplit import expert_shard_dim, local_heads, padded_numel
 from meshplan.pipeline.fast import order_arrays
 from meshplan.placement.assign import place
-from meshplan.schedule.rank_timeline import LAYER_BLOCKS, cp_parts
+from meshplan.schedule.layer_timeline import cp_parts, LAYER_BLOCKS
 from meshplan.schedule.optimizer_step import optimizer_step_s, ZEROED_GRAD_BUFFER
 from meshplan.search.memory import Stages, Tables, lookup, split
 from meshplan.search.space import FSDP_SHARDINGS, RECOMPUTE, SHARDING, ZERO12, Candidates, accumulates, \
@@ -152,7 +152,7 @@ class TimeTables:
         cost = costs[RECOMPUTE[rc]]
         out = {f"{p}_{b}": cost.seconds(ph, b, rec) for p, (ph, rec) in PHASES.items() for b in LAYER_BLOCKS}
         # the attention's Q projection (input gradient in backward): all the CP K/V all-gather
-        # (dK/dV reduce-scatter) may overlap (rank_timeline.cp_parts, the timeline's split); with
+        # (dK/dV reduce-scatter) may overlap (layer_timeline.cp_parts, the timeline's split); with
         # the sequence unsplit (cp 1) there is no exchange and ``chains`` adds max(0 - q, 0) = 0
         # whatever q: not asked
         out.update({f"{p}_cpq": cp_parts(cost, ph, rec)["q"] if cp > 1 else 0.0
@@ -352,12 +352,12 @@ def layer_ops(cfg: Config, tt: TimeTables, c: Candidates, moe: bool) -> dict[str
 def chains(c: Candidates, o: dict, cm: dict, moe: bool, serial: bool | np.ndarray = False) -> tuple[np.ndarray, np.ndarray]:
     """(forward, backward) chain of one layer, seconds (module docstring). ``serial`` (per
     candidate): a block's input-gradient TP collective is issued after its weight gradients and
-    the next block waits for it (rank_timeline._block_backward without ``Overlap.tp`` or
+    the next block waits for it (layer_timeline._block_backward without ``Overlap.tp`` or
     ``tp_grad``: torch, with or without tp_comm_overlap), so the two add up; otherwise the collective may
     run beside the weight gradients (the larger of the two)."""
     pre, post = cm["tp_ag"], np.maximum(cm["tp_sp"], cm["tp_ar"])
     e = cm["ep"] if moe else 0.0
-    # float8 TP: the casts wait for their amaxes' tp all-reduces (rank_timeline._amax_wait), the
+    # float8 TP: the casts wait for their amaxes' tp all-reduces (layer_timeline._amax_wait), the
     # forward's again in a replay (full and op-level AC); none in MoE models
     amax_f, amax_b = (0.0, 0.0) if moe else (cm["amax_f"], cm["amax_b"])
 
@@ -388,7 +388,7 @@ def chains(c: Candidates, o: dict, cm: dict, moe: bool, serial: bool | np.ndarra
     back = (amax_b + b["mlp_post"] + e + gathered("mlp") + beside(o["bw_mlp"], post + e) + b["mlp_pre"] + b["attn_post"]
             + gathered("attn") + np.maximum(cm["cp_rs"] - b["cpq"], 0.0) + beside(o["bw_attn"], post)
             + b["attn_pre"])
-    # torch's full AC replays no MLP closing collective (rank_timeline.replay_scatters); the
+    # torch's full AC replays no MLP closing collective (layer_timeline.replay_scatters); the
     # candidates of one search share the framework, which ``serial`` carries (torch: all True)
     replay = forward("br", np.where(serial, 0.0, post))
     return forward("f"), back + np.where(full, replay, 0.0)
@@ -462,7 +462,7 @@ def unit_bounds(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: dict)
     co, ci = col(np.where(lazy, 0.0, cp["out"])), col(np.where(lazy, 0.0, cp["in"]))
     co_p, ci_p = col(np.where(lazy, cp["out"], 0.0)), col(np.where(lazy, cp["in"], 0.0))
     # the routed experts' own unit (efsdp > 1): its copy-in after each MoE layer's backward that
-    # reduces (rank_timeline._reduce, _perform_reduce_grad), in the chunk with the fewest of them
+    # reduces (grad_reduce._reduce, _perform_reduce_grad), in the chunk with the fewest of them
     moe_n = _expert_gathers(st, c) if m.is_moe else 0
     e_ci, e_ci_p = moe_n * col(np.where(lazy, 0.0, cp["e_in"])), moe_n * col(np.where(lazy, cp["e_in"], 0.0))
     cf_c, cb_c = cf + co, cb + co * keep + ci
@@ -483,7 +483,7 @@ def unit_bounds(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: dict)
     # there the head's reduce-scatter, issued after its backward, runs on the FSDP stream between
     # the last layer's prefetched all-gather and the next layer's (every micro-batch under sync)
 
-    # pp > 1 (torch's PipelineStage, rank_timeline._perform_reduce_grad): a chunk's last gradient
+    # pp > 1 (torch's PipelineStage, grad_reduce._perform_reduce_grad): a chunk's last gradient
     # unit, unless it ends the stage's order, holds the compute stream until its layers' FSDP
     # reductions are done: per layer a copy-in (compute stream), then its reduce-scatter (fsdp
     # stream), then its HSDP all-reduce (dp_replicate stream), each stream serial and the first
@@ -553,7 +553,7 @@ def unit_bounds(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: dict)
     ends = st.first * col(cp["emb_out"] + cp["emb_in"]) + st.last * col(cp["head_out"] + cp["head_in"])
     out["root_extra"] = root_in + (gathering_passes(cfg, c, st, root=True)[0] * col(cp["root_out"]) * col(lazy)
                                    if st.k.shape[1] == 1 else ends * col(c.pp > 1))
-    # chunk 0's pieces of the per-step reduction: its layers' share (rank_timeline.reduce_pieces:
+    # chunk 0's pieces of the per-step reduction: its layers' share (grad_reduce.reduce_pieces:
     # S / the stage's layers per layer), 1 / vpp with even chunks
     n0 = np.where(long0, st.n_chunk_hi, n)
     has0 = n0 >= 1  # chunk 0 holds layers (stage 0's may hold the embedding alone)
@@ -720,7 +720,7 @@ def step_lower_bound(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: 
     drain = np.cumsum(b0 + p2p, axis=1) - (b0 + p2p)
     own = fill + busy + tail + end
     # the copy-ins of the chunk that ends stage k's order (in ``busy``) run after its last unit has
-    # sent its gradient on (rank_timeline._perform_reduce_grad, ``tail``): not before the drain
+    # sent its gradient on (grad_reduce._perform_reduce_grad, ``tail``): not before the drain
     via0 = fill + busy - np.maximum(u["b_red"], u["b_red_hi"]) + drain + tail[:, :1] + end[:, :1]
     out = np.maximum(own, via0).max(axis=1)
     # 1F1B: micro-batch 0 forward through every stage and back to stage k, then stage k's
