@@ -242,7 +242,7 @@ def test_gain_is_less_than_the_tp_communication():
 
 @pytest.mark.parametrize("framework", ["torch", "megatron"])
 def test_search_bound_holds_with_async_tp(framework):
-    """The search's step bound (search.timing.chains: a fused op lasts at least its collective
+    """The search's step bound (search.layer_bounds.chains: a fused op lasts at least its collective
     and its GEMMs) stays at or below the exact step of every feasible candidate with
     tp_comm_overlap on, and within 20% of it on the tp > 1 ones (measured on 49 each: largest
     bound / step 0.831 torch, 0.827 megatron; medians 0.754, 0.694)."""

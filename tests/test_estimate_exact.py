@@ -1,7 +1,7 @@
 """The search's estimate phase shares work across candidates (issue 11 item 7: Llama-3-405B on
 16,384 H100 searched within 10 s on 2 cores) without changing a number: every recompute policy
 of a layer shape from one set of ops (``compute.ops.layer_costs``), ``Cost.seconds`` from one
-pass in op order, the op fields of ``search.timing.TimeTables`` shared by the policies. Each
+pass in op order, the op fields of ``search.time_tables.TimeTables`` shared by the policies. Each
 test checks the shared result against the per-policy computation it replaced, bit for bit
 (``==`` on floats: a changed summation order fails)."""
 
@@ -19,7 +19,7 @@ from meshplan.compute.routing import RoutingOptions
 from meshplan.schedule.layer_timeline import cp_parts, LAYER_BLOCKS
 from meshplan.search.memory import Tables
 from meshplan.search.space import RECOMPUTE as SEARCHED
-from meshplan.search.timing import PHASES as FIELD_PHASES, TimeTables
+from meshplan.search.time_tables import PHASES as FIELD_PHASES, TimeTables
 from test_search import MOE, config
 
 H100, A100 = catalog.gpu("h100-sxm5-80gb"), catalog.gpu("a100-sxm-80gb")

@@ -209,7 +209,7 @@ def test_megatron_fsdp_makes_no_copies_on_the_compute_stream_by_hand():
 
     from meshplan.search.memory import Tables
     from meshplan.search.space import SHARDING, enumerate_candidates
-    from meshplan.search.timing import fsdp_copies
+    from meshplan.search.comm_bounds import fsdp_copies
 
     training = {"global_batch": 8, "seq_len": 4096, "sharding": "zero3", "param_dtype": "fp32", "reduce_dtype": "fp32"}
     copies = {}

@@ -225,7 +225,7 @@ def _without_sp_layout_copies(monkeypatch) -> None:
 
     def kernels(training):
         return {**ops.framework_kernels(training), "sp_layout_copies": False}
-    monkeypatch.setattr("meshplan.search.timing.framework_kernels", kernels)
+    monkeypatch.setattr("meshplan.search.time_tables.framework_kernels", kernels)
     monkeypatch.setattr("meshplan.schedule.workload.framework_kernels", kernels)
 
 

@@ -17,7 +17,9 @@ from meshplan.schedule.steptime import step_time
 from meshplan.search.memory import Tables, stage_layout, state
 from meshplan.search.pipeline import pipeline_bound
 from meshplan.search.space import SHARDING, candidate_config, enumerate_candidates
-from meshplan.search.timing import TimeTables, comm_times, fsdp_copies, unit_bounds
+from meshplan.search.comm_bounds import comm_times, fsdp_copies
+from meshplan.search.layer_bounds import unit_bounds
+from meshplan.search.time_tables import TimeTables
 from test_search import config
 from test_search_vppsplit import SMALL14
 
@@ -81,7 +83,8 @@ def test_backward_chain_adds_the_tp_collective_after_the_weight_gradients_under_
     layer, recompute none, no CP/EP: input gradients 3 + 5 (attention, MLP), weight gradients 2
     + 4, TP collectives 1 each (gather before, reduce-scatter after, tp 2 with SP): serial
     (1 + 3 + 2 + 1) + (1 + 5 + 4 + 1) = 18; beside: (1 + 3 + max(2, 1)) + (1 + 5 + max(4, 1)) = 16."""
-    from meshplan.search.timing import OP_FIELDS, chains
+    from meshplan.search.layer_bounds import chains
+    from meshplan.search.time_tables import OP_FIELDS
 
     one = lambda v: np.array([float(v)])
     o = {k: one(0) for k in OP_FIELDS}

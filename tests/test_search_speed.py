@@ -29,7 +29,7 @@ from meshplan.search.exact import SIMULATE, STEP_ONLY, Planner
 from meshplan.search.pipeline import build_dag, gathering_units, stage_ends
 from meshplan.search.rank import ranked
 from meshplan.search.space import OK, SHARDING, candidate_config
-from meshplan.search.timing import _gathers
+from meshplan.search.gather_passes import _gathers
 from test_search import MOE, config
 
 TOP = 3

@@ -25,7 +25,10 @@ from meshplan.search.driver import search
 from meshplan.search.memory import Tables, stage_layout, state
 from meshplan.search.space import OK, SHARDING, candidate_config, ends_short_split, enumerate_candidates
 from meshplan.search import timing
-from meshplan.search.timing import TimeTables, end_chunk_passes, step_lower_bound, unit_bounds
+from meshplan.search.gather_passes import end_chunk_passes
+from meshplan.search.layer_bounds import unit_bounds
+from meshplan.search.time_tables import TimeTables
+from meshplan.search.timing import step_lower_bound
 from test_search import SMALL, config
 
 from conftest import EXAMPLES

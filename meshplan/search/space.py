@@ -334,7 +334,7 @@ def op_recompute_ok(cfg: Config, tp: np.ndarray, cp: np.ndarray, ep: np.ndarray)
     runs is not modelled) and MLA (which of its mms the policy saves is not modelled); it plans
     tp > 1 with sequence parallelism (the replay repeats the tp all-gathers, the reduce-scatters'
     outputs are saved), which the search leaves out: its step-time bound
-    (:func:`meshplan.search.timing.chains`) replays op as full recompute, tp reduce-scatters
+    (:func:`meshplan.search.layer_bounds.chains`) replays op as full recompute, tp reduce-scatters
     included, which the policy saves: no lower bound of such a plan's step.
 
     >>> from meshplan.config import config_from_dict
