@@ -69,11 +69,7 @@ def step_time(plan: Plan, overlap: Overlap = Overlap(), *, dropout: bool = False
     p, v, m = len(plan.stages), plan.vpp, plan.micro_batches
     runs = plan.schedule_runs  # training.pp_schedule_runs: the schedule simulated once, over m / runs micro-batches
     if schedule is not None:  # the config's own schedule was checked by build_plan; this one's rules likewise
-        check_framework(schedule, cfg.training.framework, p, "--schedule")
-        check_schedule(cfg.training, schedule, p, "--schedule")  # DeepSpeed's ZeRO-1/2 engine: 1F1B only
-        bad = run_reasons(schedule, p, m, v, runs, cfg.training.framework)
-        if bad:
-            raise ConfigError("mesh.pp_schedule", bad[0])
+        _check_schedule(cfg.training, schedule, p, m, v, runs)
     mr = m // runs
     overlap = config_overlap(cfg.training, overlap)
     share = nccl_sm_share(cfg.cluster)
@@ -113,16 +109,50 @@ def step_time(plan: Plan, overlap: Overlap = Overlap(), *, dropout: bool = False
         indexed[:] = list(units.index(res.flat))
     for k, x in _unit_exposure(res, crit, units, indexed[0], indexed[1], {}).items():
         exposed[crit][k] = exposed[crit].get(k, 0.0) + runs * x  # every run exposes what the first does
+    hw, gap = _executed_flops(chunks, m, plan.world, p)
+    t = cfg.training
+    ranks = tuple(plan.mesh.group_of(0, "pp")) if "pp" in plan.mesh.layout.names else (0,)
+    notes = _step_notes(plan, comms, schedule, runs, mr, run_s)
+    return StepTime(res, units, tuple(ends), tuple(post), exposed[crit],
+                    _sequence_flops(cfg.model, t.seq_len) * t.global_batch, hw, t.global_batch * t.seq_len,
+                    plan.world, cfg.cluster.gpu.peak_flops(t.peak_dtype), ranks, notes,
+                    recompute_words(t, runtime(t, cfg.origin)),
+                    (indexed[0], indexed[1]), t.peak_dtype, tuple(gap.items()), runs,
+                    tuple(stream_words(t, cfg.origin).items()),
+                    mesh_text(plan.mesh.layout.names, plan.mesh.layout.shape, t.sharding, plan.mesh.ep, plan.mesh.etp))
+
+
+def _check_schedule(training, schedule: str, p: int, m: int, v: int, runs: int) -> None:
+    """``step --schedule``'s rules, as build_plan checks the config's own (ConfigError naming the
+    field otherwise)."""
+    check_framework(schedule, training.framework, p, "--schedule")
+    check_schedule(training, schedule, p, "--schedule")  # DeepSpeed's ZeRO-1/2 engine: 1F1B only
+    bad = run_reasons(schedule, p, m, v, runs, training.framework)
+    if bad:
+        raise ConfigError("mesh.pp_schedule", bad[0])
+
+
+def _executed_flops(chunks: list[list[ChunkCosts]], m: int, world: int, p: int) -> tuple[float, dict[str, float]]:
+    """(FLOP every rank executes per step, summed over the world: the HFU numerator; the FLOP of
+    hardware above model per cause, :func:`meshplan.compute.ops.flop_gap`) from ``[stage][chunk]``
+    costs (:func:`~meshplan.schedule.workload.chunk_costs`), ``m`` micro-batches, ``p`` stages."""
     hw = sum(m * sum(sum(x.flops("hardware") for x in ch.layers)
                      + sum(x.flops("hardware") for x in (ch.embed, ch.head) if x is not None) for ch in stage)
-             for stage in chunks) * plan.world // p
+             for stage in chunks) * world // p
     gap: dict[str, float] = {}
     for stage in chunks:
         for ch in stage:
             for cause, f in flop_gap(o for x in (*ch.layers, ch.embed, ch.head) if x is not None for o in x.ops).items():
-                gap[cause] = gap.get(cause, 0.0) + m * f * plan.world / p
-    t = cfg.training
-    ranks = tuple(plan.mesh.group_of(0, "pp")) if "pp" in plan.mesh.layout.names else (0,)
+                gap[cause] = gap.get(cause, 0.0) + m * f * world / p
+    return hw, gap
+
+
+def _step_notes(plan: Plan, comms: list[CommTimes], schedule: Optional[str], runs: int, mr: int,
+                run_s: float) -> tuple[str, ...]:
+    """The step's notes: collectives not simulated, the runtime's warnings for the schedule run,
+    the later schedule runs (``runs`` of ``mr`` micro-batches, ``run_s`` apart), DeepSpeed ZeRO-3
+    2021's host time and FSDP2's copies on the compute stream."""
+    cfg, t, p = plan.config, plan.config.training, len(plan.stages)
     notes = tuple(f"collective not simulated (kind unknown): {o}" for o in sorted({o for c in comms for o in c.other}))
     # plan's notes say it for its own schedule
     notes += runtime_warnings(t, schedule or plan.spec.pp_schedule, plan.mesh, cfg.model)
@@ -143,13 +173,7 @@ def step_time(plan: Plan, overlap: Overlap = Overlap(), *, dropout: bool = False
         notes += (f"FSDP2 copies on the compute stream: {max(copies) * 1e3:.1f} ms per step (stage "
                   f"{copies.index(max(copies))}): the copy-out after each all-gather and the copy-in before each "
                   f"reduce-scatter (meshplan.comm.fsdp2)",)
-    return StepTime(res, units, tuple(ends), tuple(post), exposed[crit],
-                    _sequence_flops(cfg.model, t.seq_len) * t.global_batch, hw, t.global_batch * t.seq_len,
-                    plan.world, cfg.cluster.gpu.peak_flops(t.peak_dtype), ranks, notes,
-                    recompute_words(t, runtime(t, cfg.origin)),
-                    (indexed[0], indexed[1]), t.peak_dtype, tuple(gap.items()), runs,
-                    tuple(stream_words(t, cfg.origin).items()),
-                    mesh_text(plan.mesh.layout.names, plan.mesh.layout.shape, t.sharding, plan.mesh.ep, plan.mesh.etp))
+    return notes
 
 
 @lru_cache(maxsize=16)
