@@ -172,7 +172,7 @@ class CommTimes:
     :mod:`meshplan.comm.fsdp2`;
     the largest unit's when a group has units of several sizes); ``ddp_buckets``: DDP's gradient
     buckets per step (rows of cadence "(DDP"), which place the per-step reduction's pieces
-    (:func:`reduce_pieces`); ``gather_buckets``: calls of the per-step parameter all-gather
+    (:func:`~meshplan.schedule.grad_reduce.reduce_pieces`); ``gather_buckets``: calls of the per-step parameter all-gather
     (Megatron-LM's buckets under ``training.overlap_grad_reduce``, else 1), of which the next
     forward waits for the first under ``Overlap.param_gather``; ``mb_reduce_s``/``mb_buckets``: seconds and buckets of one
     micro-batch's ZeRO-2 reduce-scatters (rows of cadence :data:`ZERO2_CADENCE`) or DeepSpeed
@@ -215,7 +215,7 @@ class CommTimes:
     #: of 2021's gradient buckets (:func:`meshplan.comm.deepspeed.grad_buckets`), else FSDP's
     shard_reduce_op: str = "reduce-scatter"
     #: DeepSpeed ZeRO-3 of 2021's gradient reductions by the module whose hook flushes their
-    #: bucket: (group, module) -> (seconds, buckets) per unit (:func:`_ds_backward_layer`)
+    #: bucket: (group, module) -> (seconds, buckets) per unit (:func:`~meshplan.schedule.deepspeed_layer._ds_backward_layer`)
     ds_flush: dict = field(default_factory=dict)
 
     @property

@@ -46,7 +46,7 @@ def _ds_piece(block: str, name: str) -> str:
 
 def _ds_pieces(c: Cost, full: bool) -> dict[str, float]:
     """Seconds of each :data:`DS_PIECES` piece of a layer's backward (the replayed forward's ops
-    left out under ``full`` recompute): the same ops :func:`_backward_layer` runs."""
+    left out under ``full`` recompute): the same ops :func:`~meshplan.schedule.layer_timeline._backward_layer` runs."""
     out = dict.fromkeys(DS_PIECES, 0.0)
     for o in c.ops:
         if o.phase == "backward_weight" or (o.phase == "backward_input" and not (full and o.recompute)):

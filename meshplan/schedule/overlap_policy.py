@@ -41,7 +41,7 @@ def config_overlap(training, overlap: Overlap = Overlap()) -> Overlap:
     on: the buffer's buckets (:func:`meshplan.comm.collectives._megatron_bucket_rows`) are
     reduced as their gradients are ready in the last backward, which the timeline places as
     DDP's (:func:`meshplan.schedule.grad_reduce.reduce_pieces`); ``training.overlap_param_gather``
-    turns ``param_gather`` on (:func:`param_gather_exposed_s`). Except under
+    turns ``param_gather`` on (:func:`~meshplan.schedule.step_end.param_gather_exposed_s`). Except under
     sharding zero2, zero3 and hsdp, which Megatron-LM runs with Megatron FSDP
     (``--use-megatron-fsdp``): there ``MegatronFSDP.__init__`` turns ``overlap_grad_reduce`` on
     (and ``overlap_param_gather`` for ``optim_grads_params``) whatever the flags say, each

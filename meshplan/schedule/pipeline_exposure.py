@@ -19,7 +19,7 @@ from meshplan.schedule.unit_times import UnitTimes
 
 def pipeline_without(res: ArrayResult, waits_s: np.ndarray) -> ArrayResult:
     """``res``'s pipeline simulated again with every flat unit shortened by ``waits_s`` (seconds,
-    per flat unit): what the schedule does without those waits (:meth:`StepTime.without_fsdp_waits`).
+    per flat unit): what the schedule does without those waits (:meth:`~meshplan.schedule.step_summary.StepTime.without_fsdp_waits`).
 
     Interleaved 1F1B, p 2, m 2, v 2, a chunk's F 0.5 s and B 1 s: stage 0 runs F0.c0 F1.c0 F0.c1
     F1.c1 B0.c1 B1.c1 B0.c0 B1.c0, bubble 1.5 / 6 = (p - 1) / (v m) = 0.25, step 7.5 s. With a
@@ -41,7 +41,7 @@ def pipeline_without(res: ArrayResult, waits_s: np.ndarray) -> ArrayResult:
 
 def stage_bubble(res: ArrayResult, s: int, tail_s: float = 0.0, later_runs: int = 0, run_s: float = 0.0) -> float:
     """Stage s's compute stream idle in the pipeline ``res``, seconds (the ``bubble`` of
-    :meth:`StepTime.parts_s`): before its first unit and between units (a receive's wait beyond
+    :meth:`~meshplan.schedule.step_summary.StepTime.parts_s`): before its first unit and between units (a receive's wait beyond
     its transfer; the transfer is exposed "pp"), and each blocking call's wait for its partner
     (:func:`pp_hold_split`; the last call's only where its hold outlasts the last unit's
     communication tail ``tail_s``, :func:`last_tail_s`). ``later_runs`` schedule runs after
@@ -80,7 +80,7 @@ def last_tail_s(res: ArrayResult, s: int, units: "UnitTimes") -> float:
 
 def _ends_of(res: ArrayResult) -> list[list[Event]]:
     """Per stage, its last unit (the first to reach the latest end) and its first forward (the
-    first to start earliest): the only events :func:`_stage_end` reads; every stage at once
+    first to start earliest): the only events :func:`~meshplan.schedule.step_end._stage_end` reads; every stage at once
     (stage-major rows of ``res.flat.length`` units)."""
     p, length = res.flat.p, res.flat.length
     rows = np.arange(p) * length
@@ -142,7 +142,7 @@ def pp_hold_split(res: ArrayResult, s: int, loads: Optional[np.ndarray] = None) 
     :func:`call_transfer_s`; the rest of its hold: waiting for the partner stage to post its
     call, pipeline bubble): a call ends at ``max(own post, partner posts) + k p2p``, so a hold
     is the partner's lateness plus ``k p2p``. The step exposes the transfers on "pp"
-    (:func:`_unit_exposure`, :func:`_stage_end`), the waits are bubble (:meth:`StepTime.parts_s`).
+    (:func:`_unit_exposure`, :func:`~meshplan.schedule.step_end._stage_end`), the waits are bubble (:meth:`~meshplan.schedule.step_summary.StepTime.parts_s`).
     ``loads``: :func:`call_loads` (default: counted here).
 
     >>> from meshplan.pipeline.fast import simulate_arrays
@@ -171,7 +171,7 @@ def _unit_exposure(res: ArrayResult, s: int, units: UnitTimes, keys: list, key_i
     """``ex`` plus the exposed time of every unit of stage s by stream and, for each unit
     that waited on a p2p receive, ``min(p2p, wait)`` on "pp", and with blocking sends the
     transfers of the stage's calls (its leading call's and every unit's but the last's,
-    :func:`pp_hold_split`; the last's: :func:`_stage_end`); added in unit order, so the
+    :func:`pp_hold_split`; the last's: :func:`~meshplan.schedule.step_end._stage_end`); added in unit order, so the
     sums are the per-event loop's to the bit."""
     sl = res.stage_slice(s)
     kidx, via = key_idx[sl], res.via_at(np.arange(sl.start, sl.stop))

@@ -78,9 +78,9 @@ def _stage_end(plan, s, spec, mine, units, comm: CommTimes, ov, hold: float = 0.
     """End of stage s after its last unit (``mine``: its compute events) and the blocking
     send it issues (``hold`` seconds, overlapping its communication tail; of it
     ``hold_transfer_s`` the transfers, exposed on "pp" when the hold outlasts the tail, the
-    rest waiting for the partner: bubble, :func:`pp_hold_split`), with the step-end
+    rest waiting for the partner: bubble, :func:`~meshplan.schedule.pipeline_exposure.pp_hold_split`), with the step-end
     events and their exposure (``memo``: :func:`_optimizer_s`'). ``run_s``: seconds from one
-    schedule run to the next (:func:`run_shift`); the ``runs`` - 1 later runs are shown as one
+    schedule run to the next (:func:`~meshplan.schedule.pipeline_exposure.run_shift`); the ``runs`` - 1 later runs are shown as one
     event after the stage's first run (``args``: ``later_runs``, ``run_s``)."""
     last = max(mine, key=lambda e: e.end_s)
     u = units.of_event(last)

@@ -127,8 +127,8 @@ class StepTime:
           schedule run, plus the optimizer step;
         - ``bubble``: s's compute stream idle: before its first unit, between units (a receive
           wait beyond its transfer), the part of each blocking call's hold spent waiting for its
-          partner stage (:func:`pp_hold_split`), and with ``training.pp_schedule_runs`` > 1 each
-          later run's idle (its :func:`run_shift` less run 1's busy and exposed time);
+          partner stage (:func:`~meshplan.schedule.pipeline_exposure.pp_hold_split`), and with ``training.pp_schedule_runs`` > 1 each
+          later run's idle (its :func:`~meshplan.schedule.pipeline_exposure.run_shift` less run 1's busy and exposed time);
         - ``exposed <stream>``: :attr:`exposed_s` (pp: the transfers only).
 
         D4 (Korthikanti et al. 2022 175B, Megatron-LM interleaved 1F1B p 8 x v 3, 64
