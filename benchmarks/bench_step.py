@@ -28,7 +28,7 @@ from meshplan.config import load_config
 from meshplan.memory.timeline import memory_timelines
 from meshplan.plan import build_plan
 from meshplan.schedule.linkload import concurrency, edge_loads, timings
-from meshplan.schedule.rank_timeline import Overlap
+from meshplan.schedule.unit_sim import Overlap
 from meshplan.schedule.steptime import step_time
 from meshplan.schedule.verdict import network_verdict, rebuilt_step
 from meshplan.schedule.waits import bubble_wait

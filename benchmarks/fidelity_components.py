@@ -30,7 +30,8 @@ from dataclasses import replace
 
 from meshplan.config import load_config
 from meshplan.plan import build_plan
-from meshplan.schedule.steptime import chunk_costs, layer_unit_times, step_time, workload_of
+from meshplan.schedule.steptime import layer_unit_times, step_time
+from meshplan.schedule.workload import chunk_costs, workload_of
 
 #: Calculon's stats (seconds per step), from the command in the module docstring: fw_time,
 #: bw_time, recompute_time, tp_comm_exposed_time, recomm_exposed_time, pp_comm_exposed_time,

@@ -32,7 +32,7 @@ the sources are printed above it.
 
 Rows: tokens/s per GPU (torchtitan's TPS/GPU: tokens of the global batch / step / GPUs),
 published and predicted, error = predicted / published - 1, and the step's parts on its
-critical stage (:meth:`meshplan.schedule.steptime.StepTime.parts_s`). With ``--async-gain``
+critical stage (:meth:`meshplan.schedule.step_summary.StepTime.parts_s`). With ``--async-gain``
 the published and predicted async TP gains.
 
 **What was checked (8B at tp 8, 12 sequences, the async TP run of 2025-06).** Per layer torch's
@@ -72,7 +72,7 @@ predicted at +18.1% (was +5.7%). The optimizer there is torch's foreach AdamW (9
 ``optimizer.py``: ``"foreach": not fused``, ``--optimizer.fused`` a store_true flag, default
 false), so the T rows' TOMLs say ``[optimizer] fused = false`` (``training.optimizer_impl =
 "foreach"``): eight passes, 80 B a parameter against the fused step's 28
-(:func:`meshplan.schedule.steptime.foreach_adam_bytes`), +17.6 ms a step at T1's 1.0e9
+(:func:`meshplan.schedule.optimizer_step.foreach_adam_bytes`), +17.6 ms a step at T1's 1.0e9
 parameters a rank (Triad 2.97 TB/s): T1 +35.2% -> +34.1%, +38.0% -> +36.6%, +52.5% -> +50.4%;
 T3 (0.063e9 a rank) +1 ms. The async TP runs (820504e) ran its default, fused. At 9dec370 only
 the TransformerBlocks are compiled (``parallelisms/parallelize_llama.py`` ``apply_compile``;
@@ -154,7 +154,8 @@ from meshplan.errors import ConfigError
 from meshplan.interop.common import ImportOptions
 from meshplan.interop.foreign import load_any
 from meshplan.plan import build_plan
-from meshplan.schedule.steptime import chunk_costs, step_time, workload_of
+from meshplan.schedule.steptime import step_time
+from meshplan.schedule.workload import chunk_costs, workload_of
 
 #: The runs' node: Grand Teton, 8 H100 96 GB HBM2e at 500 W (catalog ``h100-hbm2e-96gb-500w``);
 #: ``--node dgx-h100`` plans them on the 700 W H100 SXM5 instead (the numbers before that entry).
@@ -375,7 +376,7 @@ def gains(results: list[Result]) -> list[str]:
 
 def itemise(r: Row, folder: Path, node: str = NODE) -> list[str]:
     """The row's predicted step on stage 0 by kind of kernel (ms per step: the layers', the
-    embedding's and the head's ops of :func:`~meshplan.schedule.steptime.chunk_costs`, times the
+    embedding's and the head's ops of :func:`~meshplan.schedule.workload.chunk_costs`, times the
     micro-batches), the optimizer step and the rest (pipeline bubble, exposed communication,
     FSDP2's copies, SM sharing), against the published step, on catalog node ``node``."""
     path = folder / "itemise.toml"

@@ -108,8 +108,10 @@ from meshplan.runtime.validation.validate import Options
 from meshplan.runtime.validation.validate import main as validate_main
 from meshplan.schedule.linkload import concurrency, edge_loads, timings
 from meshplan.schedule.placement_score import step_scorer
-from meshplan.schedule.rank_timeline import Overlap
-from meshplan.schedule.steptime import ideal_tp_overlap_line, megatron_reduce_line, step_time, tp_overlap_line
+from meshplan.schedule.unit_sim import Overlap
+from meshplan.schedule.overlap_policy import megatron_reduce_line
+from meshplan.schedule.steptime import step_time
+from meshplan.schedule.tp_overlap_lines import ideal_tp_overlap_line, tp_overlap_line
 from meshplan.schedule.verdict import network_verdict, rebuilt_step
 from meshplan.schedule.waits import bubble_wait
 from meshplan.search.driver import search

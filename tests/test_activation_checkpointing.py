@@ -21,7 +21,7 @@ import pytest
 from meshplan.compute.recompute import OP_SAC_SAVED_GEMMS
 from meshplan.errors import ConfigError
 from meshplan.memory.sizes import stage_sizes
-from meshplan.schedule.rank_timeline import Overlap
+from meshplan.schedule.unit_sim import Overlap
 from meshplan.schedule.steptime import step_time
 
 from tests.test_memory_timeline import plan_of

@@ -17,8 +17,9 @@ from meshplan.compute.layer import layer_cost
 from meshplan.compute.ops import Workload
 from meshplan.config import config_from_dict
 from meshplan.plan import build_plan
-from meshplan.schedule.rank_timeline import Overlap
-from meshplan.schedule.steptime import step_time, workload_of
+from meshplan.schedule.unit_sim import Overlap
+from meshplan.schedule.steptime import step_time
+from meshplan.schedule.workload import workload_of
 from meshplan import catalog
 
 SMALL = {"name": "small", "layers": 2, "hidden": 2048, "ffn": 5632, "q_heads": 16, "kv_heads": 4,
@@ -242,7 +243,7 @@ def test_gain_is_less_than_the_tp_communication():
 
 @pytest.mark.parametrize("framework", ["torch", "megatron"])
 def test_search_bound_holds_with_async_tp(framework):
-    """The search's step bound (search.timing.chains: a fused op lasts at least its collective
+    """The search's step bound (search.layer_bounds.chains: a fused op lasts at least its collective
     and its GEMMs) stays at or below the exact step of every feasible candidate with
     tp_comm_overlap on, and within 20% of it on the tp > 1 ones (measured on 49 each: largest
     bound / step 0.831 torch, 0.827 megatron; medians 0.754, 0.694; megatron on 26 since its search

@@ -16,7 +16,8 @@ from meshplan.pipeline.fast import simulate_arrays
 from meshplan.pipeline.simulate import PipelineSpec
 from meshplan.plan import build_plan
 from meshplan.report.json_docs import schema_of, step_doc
-from meshplan.schedule.steptime import pipeline_without, stage_bubble, step_time
+from meshplan.schedule.pipeline_exposure import pipeline_without, stage_bubble
+from meshplan.schedule.steptime import step_time
 from meshplan.schedule.verdict import network_verdict
 from meshplan.schedule.waits import bubble_wait
 from tests.conftest import EXAMPLES
@@ -93,7 +94,7 @@ def test_schedule_runs_wait_each_run():
     critical stage, so the run shift is its run and a later run idles as run 1 does): the bubble
     counted by stage_bubble with the later run equals the step's parts, and each run waits for
     its 2 micro-batches' exposed ep on stage 1, 4 (e_f + e_b) in all, as with one run."""
-    from meshplan.schedule.steptime import last_tail_s, run_shift
+    from meshplan.schedule.pipeline_exposure import last_tail_s, run_shift
     st = step_time(small_moe("torch", pp_schedule_runs=2))
     res, u = st.pipeline, st.units
     assert (st.runs, res.spec.m, st.critical_stage) == (2, 2, 0)

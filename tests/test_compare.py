@@ -399,7 +399,7 @@ def test_framework_kernel_choices_itemise_compute():
     each choice's counterfactual seconds adding up to the compute they move."""
     from meshplan.compare.kernels import choice_seconds
     from meshplan.config import config_from_dict
-    from meshplan.schedule.steptime import chunk_costs, workload_of
+    from meshplan.schedule.workload import chunk_costs, workload_of
     base = {"model": {"catalog": "llama3-70b"}, "cluster": {"system": "dgx-h100", "nodes": 16},
             "training": {"global_batch": 32, "seq_len": 131072, "micro_batch": 1, "sharding": "zero3",
                          "recompute": "full"}}

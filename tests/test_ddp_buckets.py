@@ -21,7 +21,7 @@ import pytest
 
 from meshplan.config import config_from_dict
 from meshplan.plan import build_plan
-from meshplan.schedule.rank_timeline import CommTimes
+from meshplan.schedule.comm_times import CommTimes
 from meshplan.schedule.steptime import step_time
 
 BUCKETS = {262_668_288: 1, 29_368_320: 1, 29_360_128: 64, 50_348_032: 31, 283_656_192: 1}

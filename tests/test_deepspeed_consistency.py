@@ -12,7 +12,7 @@ from meshplan.errors import ConfigError
 from meshplan.interop.common import ImportOptions
 from meshplan.interop.foreign import export, load_any, reimport_options
 from meshplan.plan import Plan, build_plan
-from meshplan.schedule.rank_timeline import Overlap
+from meshplan.schedule.unit_sim import Overlap
 from meshplan.schedule.steptime import step_time
 
 #: Llama 3 8B's parameters: embedding and output 2 x 128256 x 4096, 32 layers of 218,112,000

@@ -163,7 +163,7 @@ def test_sc21_collapse_comes_out_of_the_model():
     # (the step stays 66.7 s). DeepSpeed-2021's step does not halve: 38.8 -> 42.1 s, +8.4%
     # (+1.8% without the 26.5 ms per layer that w_down's bucket waits at 1,536 GPUs behind the
     # next layer's gathers, which the timeline holds as one prefetched unit:
-    # rank_timeline._ds_backward_layer); FSDP2's per-layer gathers halve it.
+    # deepspeed_layer._ds_backward_layer); FSDP2's per-layer gathers halve it.
     steps = {}
     for engine in ("deepspeed-2021", "fsdp2"):
         for n, mb in ((768, 2), (1536, 1)):
@@ -420,8 +420,9 @@ def test_bucket_reductions_placed_by_hook_order(plan_1536):
 def test_backward_pieces_are_the_layers_ops(plan_1536):
     """The module pieces of a layer's backward hold every op the block timeline runs, once:
     w_down's are its two GEMMs, its bias gradient and its bias's main-gradient add."""
-    from meshplan.schedule.rank_timeline import LAYER_BLOCKS, _ds_pieces
-    from meshplan.schedule.steptime import chunk_costs, workload_of
+    from meshplan.schedule.deepspeed_layer import _ds_pieces
+    from meshplan.schedule.layer_timeline import LAYER_BLOCKS
+    from meshplan.schedule.workload import chunk_costs, workload_of
 
     c = chunk_costs(plan_1536, workload_of(plan_1536))[0][0].layers[50]
     pieces = _ds_pieces(c, True)

@@ -18,10 +18,11 @@ from meshplan.compute.layer import layer_cost, layer_costs
 from meshplan.compute.ops import BLOCKS, PHASES, RECOMPUTE, Workload, float8_gemms, framework_kernels
 from meshplan.compute.recompute import full_ac_not_replayed
 from meshplan.compute.routing import RoutingOptions
-from meshplan.schedule.rank_timeline import LAYER_BLOCKS, cp_parts
+from meshplan.schedule.layer_timeline import LAYER_BLOCKS, cp_parts
 from meshplan.search.memory import Tables
 from meshplan.search.space import RECOMPUTE as SEARCHED
-from meshplan.search.timing import PHASES as FIELD_PHASES, TimeTables
+from meshplan.search.time_tables import PHASES as FIELD_PHASES
+from meshplan.search.timing import TimeTables
 from test_search import MOE, config
 
 H100, A100 = catalog.gpu("h100-sxm5-80gb"), catalog.gpu("a100-sxm-80gb")

@@ -14,7 +14,7 @@ from meshplan.config import config_from_dict, load_config
 from meshplan.interop.common import ImportOptions
 from meshplan.interop.foreign import differences, export, load_any, reimport_options
 from meshplan.plan import Plan, build_plan
-from meshplan.schedule.rank_timeline import Overlap
+from meshplan.schedule.unit_sim import Overlap
 from meshplan.schedule.steptime import step_time
 
 ROOT = Path(__file__).resolve().parents[1]

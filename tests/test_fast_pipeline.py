@@ -16,8 +16,9 @@ from meshplan.pipeline.fast import KINDS, flat_units, order_arrays, rendezvous, 
 from meshplan.pipeline.rounds import run_rounds, run_rounds_general
 from meshplan.pipeline.simulate import PipelineSpec, simulate, stage_order
 from meshplan.plan import build_plan
-from meshplan.schedule.rank_timeline import Overlap
-from meshplan.schedule.steptime import _unit_exposure, step_time
+from meshplan.schedule.unit_sim import Overlap
+from meshplan.schedule.pipeline_exposure import _unit_exposure
+from meshplan.schedule.steptime import step_time
 
 CASES = [(sch, p, m, v) for sch in ("gpipe", "1f1b", "zb_h1", "interleaved_1f1b") for p in (1, 2, 3, 4)
          for m in (1, 2, 3, 4, 8) for v in ((1, 2, 3) if sch == "interleaved_1f1b" else (1,))

@@ -13,7 +13,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import fidelity  # noqa: E402
 
-from meshplan.schedule.steptime import chunk_costs, step_time, workload_of  # noqa: E402
+from meshplan.schedule.steptime import step_time  # noqa: E402
+from meshplan.schedule.workload import chunk_costs, workload_of  # noqa: E402
 
 D2 = fidelity.RUNS[1]
 
@@ -36,7 +37,7 @@ def test_d2_per_term_values_by_hand():
     Megatron's causal fused softmax reads the lower triangle (a fraction 2049 / 4096) and writes
     every score in 2 B (402.7 MB), the attention dropout reads 2 B,
     writes 2 B and a 1 B mask (671.1 MB), both at A100 Triad 1.70 TB/s (BabelStream, S3); the
-    optimizer step's passes at Triad too (schedule/steptime.optimizer_step_bytes)."""
+    optimizer step's passes at Triad too (schedule/optimizer_step.optimizer_step_bytes)."""
     plan = fidelity.plan_of(D2.config)
     w = workload_of(plan)
     assert w.dropout and w.sp and w.recompute == "selective" and not w.flash

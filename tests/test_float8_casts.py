@@ -38,7 +38,9 @@ from meshplan.interop.common import ImportOptions
 from meshplan.interop.foreign import load_any
 from meshplan.memory.sizes import float8_copies, layer_act_sizes
 from meshplan.plan import build_plan
-from meshplan.schedule.steptime import float8_precompute_s, step_time, workload_of
+from meshplan.schedule.step_end import float8_precompute_s
+from meshplan.schedule.steptime import step_time
+from meshplan.schedule.workload import workload_of
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "torchtitan_h100.py"
 H100 = catalog.gpu("h100-sxm5-80gb")

@@ -35,7 +35,7 @@ from meshplan.interop.common import ImportOptions
 from meshplan.interop.foreign import load_any
 from meshplan.interop.megatron import write as megatron_args
 from meshplan.plan import build_plan
-from meshplan.schedule.steptime import workload_of
+from meshplan.schedule.workload import workload_of
 from meshplan.spec.training import TrainingSpec
 
 from tests.test_memory_timeline import EMBED, HEAD, LAYER, plan_of

@@ -13,7 +13,8 @@ from meshplan.config import config_from_dict
 from meshplan.pipeline.fast import simulate_arrays
 from meshplan.pipeline.simulate import PipelineSpec
 from meshplan.plan import build_plan
-from meshplan.schedule.steptime import pipeline_without, step_time
+from meshplan.schedule.pipeline_exposure import pipeline_without
+from meshplan.schedule.steptime import step_time
 
 from tests.test_schedule_registry import FakeStage
 

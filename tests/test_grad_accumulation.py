@@ -34,7 +34,7 @@ from meshplan.memory.timeline import KINDS
 from meshplan.mesh.resolve import resolve_mesh
 from meshplan.placement.assign import place
 from meshplan.schedule.steptime import step_time
-from meshplan.schedule.rank_timeline import Overlap
+from meshplan.schedule.unit_sim import Overlap
 from meshplan.spec.mesh import MeshSpec
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.training import TrainingSpec

@@ -32,7 +32,7 @@ from meshplan.interop.foreign import (
 from meshplan.interop.megatron import parse_args, write
 from meshplan.interop.torchtitan_tables import default_split
 from meshplan.plan import Plan, build_plan
-from meshplan.schedule.rank_timeline import Overlap
+from meshplan.schedule.unit_sim import Overlap
 from meshplan.schedule.steptime import step_time
 
 ROOT = Path(__file__).resolve().parents[1]

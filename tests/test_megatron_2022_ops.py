@@ -215,7 +215,8 @@ def test_comm_delay_kernel_after_each_async_collective_launch():
     column-parallel linears per layer (query_key_value, dense_h_to_4h) and the output layer:
     8 B each, at the 4.7 us issue floor. The SP one before the dgrad runs in the column-parallel
     input-gradient segment of the timeline (after the re-gather is launched)."""
-    from meshplan.schedule.rank_timeline import COLUMN_PARALLEL_DGRAD, _ops_by_block
+    from meshplan.schedule.layer_timeline import _ops_by_block
+    from meshplan.schedule.rank_timeline import COLUMN_PARALLEL_DGRAD
 
     def delays(cost):
         return sorted((o.block, o.phase, o.seconds) for o in cost.ops if "delay" in o.name)
@@ -249,7 +250,8 @@ def test_step_kernels_per_parameter_copies_sp_grad_copies_and_syncs():
       (8 B each: 7.08 MB, 4.16 us at Triad, floored to 4.7 us) and copied back one kernel each (72
       floors);
     - 11 timers started and stopped (22 syncs) and the gradient norm's ``.item()``: 23 floors."""
-    from meshplan.schedule.steptime import _optimizer_s, optimizer_step_s
+    from meshplan.schedule.optimizer_step import optimizer_step_s
+    from meshplan.schedule.step_end import _optimizer_s
     from meshplan.compute.kernel_time import optimizer_bandwidth
     from meshplan.compute.megatron_cost import megatron_stage_step_cost
 
@@ -287,7 +289,7 @@ def test_optimizer_step_computed_once_per_distinct_stage():
 
     from meshplan.config import load_config
     from meshplan.plan import build_plan
-    from meshplan.schedule.steptime import _optimizer_s
+    from meshplan.schedule.step_end import _optimizer_s
 
     cfg = load_config(Path(__file__).resolve().parent.parent / "examples" / "deepseek-v3_2048xh100_pp16-ep64-dp128.toml")
     plan = build_plan(dc_replace(cfg, mesh=cfg.mesh.model_copy(update={"pp_layer_split": [2] + [4] * 14 + [3]}),
@@ -307,7 +309,8 @@ def test_embedding_dropout_backward_is_on_the_timeline():
     the rank's sequence shard under SP: 175B, micro-batch 1, tp 8: 256 rows of 12,288, read the
     gradient and the 1 B mask, write the gradient (2 + 1 + 2 B: 15,728,640 B, 9.25 us at Triad),
     in the first stage's first chunk's backward unit, before the gradient's all-gather over tp."""
-    from meshplan.schedule.rank_timeline import CommTimes, backward_unit, nccl_sm_share
+    from meshplan.schedule.comm_times import nccl_sm_share
+    from meshplan.schedule.rank_timeline import CommTimes, backward_unit
     from meshplan.schedule.steptime import config_overlap
 
     plan = plan_of(True)
@@ -328,7 +331,8 @@ def test_output_layer_backward_overlaps_its_collective_as_a_column_parallel_line
     norm's backward waits for it. 175B SP, last stage: the table counts that extra all-gather
     once per micro-batch on the last stage (stage 7 vs the middle stage 1, same 12 layers), and the
     timeline issues it before the column B part and the reduce-scatter with the head's W."""
-    from meshplan.schedule.rank_timeline import CommTimes, backward_unit, nccl_sm_share
+    from meshplan.schedule.comm_times import nccl_sm_share
+    from meshplan.schedule.rank_timeline import CommTimes, backward_unit
     from meshplan.schedule.steptime import config_overlap
 
     plan = plan_of(True)

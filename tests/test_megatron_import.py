@@ -188,7 +188,7 @@ def test_json_read_as_megatron_says_it_is_json(tmp_path):
 def test_megatron_refuses_schedules_it_does_not_have(tmp_path, schedule):
     from meshplan.config import config_from_dict
     from meshplan.plan import build_plan
-    from meshplan.schedule.rank_timeline import Overlap
+    from meshplan.schedule.unit_sim import Overlap
     from meshplan.schedule.steptime import step_time
     cfg = _load(tmp_path, GPT3)
     with pytest.raises(ConfigError, match=rf"^--schedule: {schedule} is not a Megatron-LM schedule \(training.framework "

@@ -129,7 +129,7 @@ def test_rendezvous_by_hand():
 def test_only_megatron_schedules_block():
     """framework megatron blocks 1F1B and interleaved 1F1B (the schedules Megatron-LM 2022 had);
     ZB-V keeps asynchronous sends (one combined blocking call per unit would deadlock it)."""
-    from meshplan.schedule.steptime import blocking_p2p
+    from meshplan.schedule.overlap_policy import blocking_p2p
     from meshplan.spec.mesh import Schedule
     tr = plan_of(False).config.training
     assert [blocking_p2p(tr, s) for s in (Schedule.ONE_F_ONE_B, Schedule.INTERLEAVED_1F1B, Schedule.ZBV)] == \
@@ -236,8 +236,10 @@ def test_megatron_reduces_gradients_after_the_backward():
     first and last stage (6,400 x 12,288 fp32 = 314,572,800 B) and the SP gradients' all-reduce
     over tp (3,538,944 B), their table times added in full before the optimizer step. torch's
     FSDP/DDP keep overlapping them with the backward."""
-    from meshplan.schedule.rank_timeline import Overlap, comm_kind
-    from meshplan.schedule.steptime import config_overlap, step_time
+    from meshplan.schedule.comm_times import comm_kind
+    from meshplan.schedule.unit_sim import Overlap
+    from meshplan.schedule.overlap_policy import config_overlap
+    from meshplan.schedule.steptime import step_time
 
     plan = plan_of(True)
     assert not config_overlap(plan.config.training).grad_reduce

@@ -24,8 +24,9 @@ from meshplan.interop.common import ImportOptions
 from meshplan.interop.foreign import export, load_any
 from meshplan.interop.megatron import write
 from meshplan.plan import build_plan
-from meshplan.schedule.rank_timeline import Overlap
-from meshplan.schedule.steptime import megatron_reduce_line, step_time
+from meshplan.schedule.unit_sim import Overlap
+from meshplan.schedule.overlap_policy import megatron_reduce_line
+from meshplan.schedule.steptime import step_time
 
 
 def _cfg(model: str, nodes: int, training: dict, mesh: dict):
@@ -208,7 +209,7 @@ def test_megatron_fsdp_makes_no_copies_on_the_compute_stream_by_hand():
 
     from meshplan.search.memory import Tables
     from meshplan.search.space import SHARDING, enumerate_candidates
-    from meshplan.search.timing import fsdp_copies
+    from meshplan.search.comm_bounds import fsdp_copies
 
     training = {"global_batch": 8, "seq_len": 4096, "sharding": "zero3", "param_dtype": "fp32", "reduce_dtype": "fp32"}
     copies = {}

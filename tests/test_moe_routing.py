@@ -96,7 +96,7 @@ def test_routed_activations_follow_the_rows():
 
 
 def test_expert_gemm_time_grows_with_the_rows():
-    from meshplan.schedule.rank_timeline import Overlap
+    from meshplan.schedule.unit_sim import Overlap
     from meshplan.schedule.steptime import step_time
 
     big = {**MODEL, "hidden": 2048, "q_heads": 16, "kv_heads": 8, "expert_ffn": 4096}  # past the issue floor

@@ -20,7 +20,8 @@ from meshplan.compute.kernel_time import optimizer_bandwidth
 from meshplan.config import config_from_dict
 from meshplan.memory import constraints as cons
 from meshplan.plan import build_plan
-from meshplan.schedule.steptime import _optimizer_s, optimizer_step_s
+from meshplan.schedule.optimizer_step import optimizer_step_s
+from meshplan.schedule.step_end import _optimizer_s
 from meshplan.search.bounds import _bucket
 from meshplan.search.driver import search
 from meshplan.search.memory import Tables, stage_layout, state
@@ -102,7 +103,7 @@ def test_usable_memory_one_value(planned):
 HOMES = {
     r"40_000_000": "spec/memory.py",                                  # Megatron's bucket floor
     r"\*\s*\(\s*1\s*-\s*[\w.]*reserve\)": "memory/constraints.py",   # usable HBM: x * (1 - reserve)
-    r"2\s*\*\s*\(updated \+ optimizer\)": "schedule/steptime.py",   # optimizer step bytes (Adam's pass)
+    r"2\s*\*\s*\(updated \+ optimizer\)": "schedule/optimizer_step.py",   # optimizer step bytes (Adam's pass)
     r"optimizer_temp_states\s*\*": "spec/memory.py",                  # optimizer temporaries
     r"\.transpose\(rest \+ idx\)": "mesh/layout.py",                  # group enumeration
     r"-\(-\w+ // shards\) \* shards": "mesh/tpsplit.py",              # FSDP2 padding

@@ -71,7 +71,7 @@ def test_without_sequence_parallel_is_refused():
 
 def test_search_note_gives_the_true_reason_for_tp_1():
     """The search keeps op to tp = cp = ep = 1 although plan models it at tp > 1: its step-time
-    bound (search.timing.chains) replays op as full, adding the blocks' tp reduce-scatters that the
+    bound (search.layer_bounds.chains) replays op as full, adding the blocks' tp reduce-scatters that the
     policy saves. The note says so, not that the TP collectives are unmodelled (they are, above)."""
     from meshplan.search.driver import _settings_notes
     from meshplan.search.space import RECOMPUTE, enumerate_candidates

@@ -446,7 +446,7 @@ def test_with_rank_to_gpu_equals_a_plan_built_with_that_permutation():
 
     from meshplan.plan import build_plan, with_rank_to_gpu
     from meshplan.schedule.placement_score import placed_step
-    from meshplan.schedule.rank_timeline import Overlap
+    from meshplan.schedule.unit_sim import Overlap
     from meshplan.schedule.steptime import step_time
 
     p = _plan(["dp_shard", "tp"], [2, 8], 2)

@@ -24,7 +24,8 @@ import pytest
 from meshplan.config import config_from_dict
 from meshplan.errors import ConfigError
 from meshplan.plan import Infeasible, build_plan
-from meshplan.schedule.steptime import run_shift, step_time
+from meshplan.schedule.pipeline_exposure import run_shift
+from meshplan.schedule.steptime import step_time
 
 from tests.test_memory_timeline import TINY, MEM
 

@@ -128,7 +128,7 @@ def test_step_regathers_the_head_before_its_backward_by_hand():
     ag_head + co_head instead of 0, layer 1's gather at ag_head."""
     from dataclasses import replace
 
-    from meshplan.schedule.rank_timeline import Overlap
+    from meshplan.schedule.unit_sim import Overlap
     from meshplan.schedule.steptime import step_time
     from tests.test_golden_steptime import (TRIAD, B, H, L, V, config, cross_node_s, gemm_table, head_terms, kernel,
                                             layer_params, layer_terms, optimizer_s)

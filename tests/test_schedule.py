@@ -216,7 +216,7 @@ def test_gradient_reduce_scatter_overlaps_the_next_layer_backward():
 from meshplan.plan import ZERO1_WITHOUT_ENGINE, build_plan  # noqa: E402
 from meshplan.config import config_from_dict, load_config  # noqa: E402
 from meshplan.schedule.steptime import step_time  # noqa: E402
-from meshplan.schedule.rank_timeline import comm_kind  # noqa: E402
+from meshplan.schedule.comm_times import comm_kind  # noqa: E402
 
 
 def _plan(mesh, training=None, model="llama3-8b", nodes=2):

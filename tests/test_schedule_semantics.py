@@ -11,9 +11,12 @@ from meshplan.comm.collectives import fsdp_gather_flags
 from meshplan.config import config_from_dict
 from meshplan.errors import ConfigError
 from meshplan.plan import build_plan
-from meshplan.schedule.rank_timeline import CommTimes, Overlap, comm_kind, forward_unit, backward_unit
-from meshplan.schedule.rank_timeline import _shard_group
-from meshplan.schedule.steptime import chunk_costs, layer_unit_times, step_time, workload_of
+from meshplan.schedule.comm_times import comm_kind, CommTimes
+from meshplan.schedule.rank_timeline import backward_unit, forward_unit
+from meshplan.schedule.unit_sim import Overlap
+from meshplan.schedule.comm_times import _shard_group
+from meshplan.schedule.steptime import layer_unit_times, step_time
+from meshplan.schedule.workload import chunk_costs, workload_of
 from meshplan.units import dtype_bytes
 
 # 4 layers, h 64, f 256 (GeLU), 4 heads of 16, vocab 256, untied: small enough for every schedule
@@ -463,7 +466,7 @@ def test_step_rows_are_charged_every_call():
     the final one) is all-reduced over tp at each of AdamW's 3 reads (comm/collectives.py
     _replicated_grad_rows): 195 calls a step, all charged at the step's end, beside DDP's bucket
     all-reduces (a new user's review found the row charged once)."""
-    from meshplan.schedule.rank_timeline import CommTimes, comm_kind
+    from meshplan.schedule.comm_times import comm_kind, CommTimes
     plan = plan_of({"names": ["dp", "tp"], "shape": [2, 4], "sequence_parallel": True},
                    model={"catalog": "llama3-8b"}, sharding="none", global_batch=2, seq_len=1024)
     rows = plan.stage(0).collectives

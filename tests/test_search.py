@@ -20,7 +20,7 @@ import pytest
 from meshplan.memory import constraints as cons
 from meshplan.errors import ConfigError
 from meshplan.plan import build_plan
-from meshplan.schedule.rank_timeline import Overlap
+from meshplan.schedule.unit_sim import Overlap
 from meshplan.search.driver import refine, search
 from meshplan.search.rank import ranked
 from meshplan.search.space import CODE, OK, REASONS, RECOMPUTE, SHARDING, candidate_config, enumerate_candidates, \

@@ -10,7 +10,7 @@ import numpy as np
 from meshplan.config import config_from_dict
 from meshplan.plan import build_plan
 from meshplan.report.search import search_to_dict
-from meshplan.schedule.rank_timeline import Overlap
+from meshplan.schedule.unit_sim import Overlap
 from meshplan.schedule.steptime import step_time
 from meshplan.search.driver import search
 from meshplan.search.explain import explain
@@ -225,8 +225,8 @@ def _without_sp_layout_copies(monkeypatch) -> None:
 
     def kernels(training):
         return {**ops.framework_kernels(training), "sp_layout_copies": False}
-    monkeypatch.setattr("meshplan.search.timing.framework_kernels", kernels)
-    monkeypatch.setattr("meshplan.schedule.steptime.framework_kernels", kernels)
+    monkeypatch.setattr("meshplan.search.time_tables.framework_kernels", kernels)
+    monkeypatch.setattr("meshplan.schedule.workload.framework_kernels", kernels)
 
 
 def test_no_row_is_faster_than_the_line_says_llama3_70b(monkeypatch):

@@ -5,7 +5,7 @@ step (4.2 s against 7.1 s) so the best-first ranking planned thousands of candid
 
 import numpy as np
 
-from meshplan.search.timing import _gathers
+from meshplan.search.gather_passes import _gathers
 from meshplan.spec.mesh import Schedule
 
 

@@ -1,7 +1,7 @@
 """The search's step bound counts the wait after each chunk's last backward with pp > 1 (issue 11,
 item 7): torch's ``PipelineStage.perform_reduce_grad`` copies each FSDP unit's gradient in,
 reduce-scatters it (and all-reduces it over dp_replicate with HSDP), and holds the compute stream
-until all are done (rank_timeline._perform_reduce_grad), on every chunk but the one whose last
+until all are done (grad_reduce._perform_reduce_grad), on every chunk but the one whose last
 backward ends the stage's order. Before, the bound left that wait out and sat at 0.50-0.75 of the
 exact step on the 405B example's interleaved FSDP/HSDP candidates: the ranking planned 1,612 of
 them exactly."""
@@ -12,12 +12,14 @@ import numpy as np
 
 from meshplan.memory import constraints as cons
 from meshplan.plan import build_plan
-from meshplan.schedule.rank_timeline import Overlap
+from meshplan.schedule.unit_sim import Overlap
 from meshplan.schedule.steptime import step_time
 from meshplan.search.memory import Tables, stage_layout, state
 from meshplan.search.pipeline import pipeline_bound
 from meshplan.search.space import SHARDING, candidate_config, enumerate_candidates
-from meshplan.search.timing import TimeTables, comm_times, fsdp_copies, unit_bounds
+from meshplan.search.comm_bounds import comm_times, fsdp_copies
+from meshplan.search.layer_bounds import unit_bounds
+from meshplan.search.time_tables import TimeTables
 from test_search import config
 from test_search_vppsplit import SMALL14
 
@@ -75,13 +77,14 @@ def test_wait_is_the_flow_shop_of_the_simulated_reductions():
 
 
 def test_backward_chain_adds_the_tp_collective_after_the_weight_gradients_under_torch():
-    """rank_timeline._block_backward without Overlap.tp or tp_grad (torch, tp_comm_overlap off):
+    """layer_timeline._block_backward without Overlap.tp or tp_grad (torch, tp_comm_overlap off):
     each block's weight gradients run, then its input-gradient TP collective, and the next block
     waits for it; Megatron-LM (tp_grad) runs the collective beside the weight gradients. One
     layer, recompute none, no CP/EP: input gradients 3 + 5 (attention, MLP), weight gradients 2
     + 4, TP collectives 1 each (gather before, reduce-scatter after, tp 2 with SP): serial
     (1 + 3 + 2 + 1) + (1 + 5 + 4 + 1) = 18; beside: (1 + 3 + max(2, 1)) + (1 + 5 + max(4, 1)) = 16."""
-    from meshplan.search.timing import OP_FIELDS, chains
+    from meshplan.search.layer_bounds import chains
+    from meshplan.search.time_tables import OP_FIELDS
 
     one = lambda v: np.array([float(v)])
     o = {k: one(0) for k in OP_FIELDS}

@@ -24,7 +24,10 @@ from meshplan.search.rank import ranked
 from meshplan.search.space import FSDP_SHARDINGS, OK, SHARDING, accumulates, candidate_config, enumerate_candidates
 from meshplan.schedule.steptime import step_time
 from meshplan.search.memory import state
-from meshplan.search.timing import TimeTables, _padded_unit, comm_times, fsdp_copies, gathering_passes, step_lower_bound
+from meshplan.search.comm_bounds import comm_times, fsdp_copies, _padded_unit
+from meshplan.search.gather_passes import gathering_passes
+from meshplan.search.time_tables import TimeTables
+from meshplan.search.timing import step_lower_bound
 from meshplan.spec.training import TrainingSpec
 from test_search import MOE, SMALL, gpu, plan_all, refused
 
@@ -87,10 +90,10 @@ def test_bounds_hold_for_every_candidate(case):
 #: the measured values: fp8 0.984, 0.936; no_sync 0.926, 0.861; no_sync_unsharded 0.984, 0.917;
 #: MoE no_sync_unsharded 0.976, 0.773 (for scale, the FSDP candidates of SMALL under sync:
 #: 0.989, 0.949), measured with the bound counting FSDP2's copies on the compute stream
-#: (search.timing.fsdp_copies). Without them: fp8 0.979, 0.925; no_sync 0.899, 0.803;
+#: (search.comm_bounds.fsdp_copies). Without them: fp8 0.979, 0.925; no_sync 0.899, 0.803;
 #: no_sync_unsharded 0.980, 0.882; MoE 0.973, 0.771; sync 0.983, 0.924. Since the [norm, output]
 #: unit's pre-backward prefetches the last layer at every pp and the bound takes the head's
-#: backward off that gather (search.timing.unit_bounds ``hb``): fp8 0.991, 0.920 (pp > 1: the
+#: backward off that gather (search.layer_bounds.unit_bounds ``hb``): fp8 0.991, 0.920 (pp > 1: the
 #: simulation and the bound both lose up to min(gather, head backward) per gathering backward of
 #: the last stage, so the ratio falls), no_sync_unsharded 0.985, 0.908 (pp 1: its gathering
 #: backwards already ran the prefetch; the bound counted the whole gather, within slack; without
@@ -303,7 +306,7 @@ def test_bound_counts_the_float8_amax_all_reduces(tp, mb, pp, was):
     """SMALL in float8 tensorwise with the float8 all-gather, zero3, tp > 1 with SP (torchao's
     float8 TP): each cast of a tp shard waits for the tp all-reduce of its amax, 4 forward and
     7 backward per layer (compute.float8.tp_amax_per_layer), one 8 B all-reduce each, the
-    table's fp64 rows. The bound chains them with the layer (search.timing.chains); it left them
+    table's fp64 rows. The bound chains them with the layer (search.layer_bounds.chains); it left them
     out before, still below the step (bound / step 0.865 and 0.877: what ``was`` pins), now
     within the amax all-reduces' total of it (0.960, 0.974 measured)."""
     cfg = config({"linear_dtype": "fp8", "fp8_all_gather": True, "torch_compile": True})

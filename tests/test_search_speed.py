@@ -22,14 +22,14 @@ from meshplan.memory import constraints as cons
 from meshplan.pipeline.registry import get
 from meshplan.pipeline.simulate import PipelineSpec, simulate
 from meshplan.plan import build_plan
-from meshplan.schedule.rank_timeline import Overlap
+from meshplan.schedule.unit_sim import Overlap
 from meshplan.schedule.steptime import step_time
 from meshplan.search.driver import BOUND, search
 from meshplan.search.exact import SIMULATE, STEP_ONLY, Planner
 from meshplan.search.pipeline import build_dag, gathering_units, stage_ends
 from meshplan.search.rank import ranked
 from meshplan.search.space import OK, SHARDING, candidate_config
-from meshplan.search.timing import _gathers
+from meshplan.search.gather_passes import _gathers
 from test_search import MOE, config
 
 TOP = 3

@@ -19,13 +19,16 @@ from meshplan.config import load_config
 from meshplan.memory import constraints as cons
 from meshplan.mesh.layers import stage_layers
 from meshplan.plan import build_plan
-from meshplan.schedule.rank_timeline import Overlap
+from meshplan.schedule.unit_sim import Overlap
 from meshplan.schedule.steptime import step_time
 from meshplan.search.driver import search
 from meshplan.search.memory import Tables, stage_layout, state
 from meshplan.search.space import OK, SHARDING, candidate_config, ends_short_split, enumerate_candidates
 from meshplan.search import timing
-from meshplan.search.timing import TimeTables, end_chunk_passes, step_lower_bound, unit_bounds
+from meshplan.search.gather_passes import end_chunk_passes
+from meshplan.search.layer_bounds import unit_bounds
+from meshplan.search.time_tables import TimeTables
+from meshplan.search.timing import step_lower_bound
 from test_search import SMALL, config
 
 from conftest import EXAMPLES

@@ -13,7 +13,7 @@ import pytest
 from meshplan.errors import ConfigError
 from meshplan.memory import constraints as cons
 from meshplan.plan import build_plan
-from meshplan.schedule.rank_timeline import Overlap
+from meshplan.schedule.unit_sim import Overlap
 from meshplan.schedule.steptime import step_time
 from meshplan.search.driver import search
 from meshplan.search.space import CODE, OK, PIPELINE, REASONS, candidate_config

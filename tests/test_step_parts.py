@@ -1,6 +1,6 @@
 """The step split on its critical stage (StepTime.parts_s): compute + bubble + exposed per stream
 = the step, where a blocking pp send (Megatron-LM 2022's rendezvous) exposes its transfers
-only and its wait for the partner stage is bubble (steptime.pp_hold_split)."""
+only and its wait for the partner stage is bubble (pipeline_exposure.pp_hold_split)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from meshplan.cli import main
-from meshplan.schedule.steptime import call_loads, pp_hold_split, step_time
+from meshplan.schedule.pipeline_exposure import call_loads, pp_hold_split
+from meshplan.schedule.steptime import step_time
 
 from tests.test_pp_schedule_runs import plan_of as runs_plan
 

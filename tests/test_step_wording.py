@@ -174,8 +174,8 @@ def test_overlap_tp_flag_prints_what_the_ideal_overlap_did(tmp_path, capsys):
     same plan with TP blocking (the mini mesh under Megatron-LM, tp 4 with SP over NVLink: exposed
     tp falls, compute grows by the SMs the overlapped NCCL kernels hold). At tp 1 a note says it
     changes nothing."""
-    from meshplan.schedule.rank_timeline import Overlap
-    from meshplan.schedule.steptime import IDEAL_TP_OVERLAP
+    from meshplan.schedule.unit_sim import Overlap
+    from meshplan.schedule.tp_overlap_lines import IDEAL_TP_OVERLAP
     off_cfg = {**MINI_TP_OVERLAP, "training": {**MINI_TP_OVERLAP["training"], "tp_comm_overlap": False}}
     plan = build_plan(config_from_dict(off_cfg))
     on, off = step_time(plan, Overlap(tp=True)), step_time(plan)

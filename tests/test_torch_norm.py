@@ -25,7 +25,7 @@ from meshplan.config import config_from_dict
 from meshplan.errors import ConfigError
 from meshplan.interop.common import ImportOptions
 from meshplan.interop.foreign import load_any
-from meshplan.schedule.steptime import workload_of
+from meshplan.schedule.workload import workload_of
 from meshplan.plan import build_plan
 
 from tests.test_float8_linears import TT

@@ -19,7 +19,7 @@ import pytest
 
 from meshplan.config import load_config
 from meshplan.plan import build_plan
-from meshplan.schedule.rank_timeline import Overlap
+from meshplan.schedule.unit_sim import Overlap
 from meshplan.schedule.steptime import step_time
 from meshplan.spec.wording import schedule_words
 from tests.conftest import EXAMPLES

@@ -7,8 +7,9 @@ import pytest
 
 from meshplan.config import config_from_dict
 from meshplan.plan import Infeasible, build_plan
-from meshplan.schedule.rank_timeline import Overlap
-from meshplan.schedule.steptime import chunk_costs, step_time, workload_of
+from meshplan.schedule.unit_sim import Overlap
+from meshplan.schedule.steptime import step_time
+from meshplan.schedule.workload import chunk_costs, workload_of
 
 
 def _plan(schedule: str, vpp: int = 2, global_batch: int = 64):

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import pytest
 
-from meshplan.schedule.rank_timeline import CommTimes
+from meshplan.schedule.comm_times import CommTimes
 from meshplan.schedule.steptime import step_time
 
 from tests.test_ddp_buckets import _dp, _plan as ddp_plan

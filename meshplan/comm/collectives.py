@@ -487,7 +487,7 @@ def _tp_layer_ops(c: _Ctx, layer: int) -> tuple[list[str], list[str]]:
     if sp and c.training.framework == "megatron" and not get_schedule(c.schedule).splits_backward:
         # Megatron-LM saves only the sequence shard of a column-parallel linear's input and
         # all-gathers it again for the weight gradient: the attention's and a dense MLP's
-        # (schedule/rank_timeline._block_backward; not where B and W are separate units)
+        # (schedule/layer_timeline._block_backward; not where B and W are separate units)
         bwd += ["all-gather"] * (1 if moe else 2)
     if c.training.layer_recomputed(c.layers.index(layer)):
         bwd += fwd if moe and sp and not m.shared_experts else fwd[:-1]
@@ -852,7 +852,7 @@ def _dp_rows(add, c: _Ctx) -> None:
 
 #: Cadence mark of the bucketed reductions of Megatron-LM's DDP buffers under
 #: ``training.overlap_grad_reduce`` (:func:`_megatron_bucket_rows`); "(DDP" places them as DDP's
-#: buckets in the rank timeline (:func:`meshplan.schedule.rank_timeline.reduce_pieces`).
+#: buckets in the rank timeline (:func:`meshplan.schedule.grad_reduce.reduce_pieces`).
 MEGATRON_BUCKET_CADENCE = "(DDP buffer bucket"
 
 

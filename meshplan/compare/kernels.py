@@ -27,7 +27,7 @@ from dataclasses import replace
 from typing import Any
 
 from meshplan.compute.ops import Workload
-from meshplan.schedule.steptime import chunk_costs, workload_of
+from meshplan.schedule.workload import chunk_costs, workload_of
 from meshplan.units import MS
 
 #: The per-framework compute choices (:func:`meshplan.compute.ops.framework_kernels`'s
@@ -49,7 +49,7 @@ CHOICES: dict[str, str] = {
 
 def stage_compute_s(plan, w: Workload, stage: int) -> float:
     """Seconds of compute of ``stage`` per step under workload ``w``: every op of its chunks'
-    layers, embedding, head and batch ops (:func:`~meshplan.schedule.steptime.chunk_costs`)
+    layers, embedding, head and batch ops (:func:`~meshplan.schedule.workload.chunk_costs`)
     per micro-batch, times ``plan.micro_batches``."""
     per_mb = 0.0
     for ch in chunk_costs(plan, w)[stage]:

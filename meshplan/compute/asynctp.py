@@ -93,7 +93,7 @@ FRAMEWORKS = ("torch", "megatron")
 
 def model_name(framework: str, sequence_parallel: bool) -> str:
     """What ``training.tp_comm_overlap`` is modelled as, in the runtime's words (the one text
-    ``plan`` and ``step`` print, :func:`meshplan.schedule.steptime.tp_overlap_line`).
+    ``plan`` and ``step`` print, :func:`meshplan.schedule.tp_overlap_lines.tp_overlap_line`).
 
     >>> model_name("megatron", True)
     'Megatron-LM --tp-comm-overlap as Transformer Engine userbuffers run it: decomposed GEMMs (meshplan.compute.asynctp)'

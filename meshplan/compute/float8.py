@@ -84,7 +84,7 @@ Not counted there: under TP the amax all-reduce of its vocabulary-sharded output
 Not counted: the casts' tiny scale kernels; Transformer Engine's casts under Megatron-LM;
 MoE and MLA layers (their float8 plans are not modelled). The per-step weight amax of the
 precompute is :func:`precompute_bytes`, its all-reduce the table's per-step fsdp row, both
-step-end events after the optimizer (:func:`meshplan.schedule.steptime.float8_precompute_s`);
+step-end events after the optimizer (:func:`meshplan.schedule.step_end.float8_precompute_s`);
 under TP (tp > 1) each weight is a DTensor sharded over (dp_shard, tp), so its
 ``_foreach_norm`` is Partial on both mesh dims and the ``clamp`` redistributes the stacked
 amaxes dim by dim: a second all-reduce of the same bytes over tp follows

@@ -44,7 +44,7 @@ def memory_op(gpu: GPUSpec, name: str, block: str, phase: str, nbytes: float, re
 
 def optimizer_bandwidth(gpu: GPUSpec) -> float:
     """Bandwidth (B/s) of the fused optimizer step, which streams its state's bytes
-    (:func:`meshplan.schedule.steptime.optimizer_step_s`): the catalog's BabelStream Triad
+    (:func:`meshplan.schedule.optimizer_step.optimizer_step_s`): the catalog's BabelStream Triad
     (multi-tensor Adam reads and writes several arrays per element; S12's fused AdamW on H100,
     ~2.1 TB/s, is below Triad 2.97), or the datasheet bandwidth for a GPU without catalog data.
 

@@ -47,7 +47,7 @@ at 2755bcb (June 2022, the code Korthikanti et al. 2022 measured):
   scheduled first"): one tiny kernel each (:func:`comm_delay_kernels`).
 
 Also Megatron's, timed elsewhere: the in-place division of the gradient buffer by the dp size
-(:func:`meshplan.schedule.steptime.optimizer_step_bytes`).
+(:func:`meshplan.schedule.optimizer_step.optimizer_step_bytes`).
 """
 
 from __future__ import annotations

@@ -91,7 +91,7 @@ def megatron_batch_cost(gpu: GPUSpec, w: Workload) -> Cost:
 def megatron_step_cost(gpu: GPUSpec, tensors: list[tuple[str, int, bool]], sp: bool, per_param_copy: bool,
                        clip: bool, loss_micro_batches: int = 0) -> Cost:
     """Megatron-LM 2022's kernels and host syncs once per step beyond the optimizer's bulk passes
-    (:func:`meshplan.schedule.steptime.optimizer_step_bytes`), on one rank holding ``tensors``
+    (:func:`meshplan.schedule.optimizer_step.optimizer_step_bytes`), on one rank holding ``tensors``
     (:func:`meshplan.compute.megatron.stage_param_tensors`); empty for a GPU without catalog data:
 
     - ``per_param_copy`` (bf16 parameters with fp32 master weights): ``optimizer.py``

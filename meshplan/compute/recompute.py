@@ -44,7 +44,7 @@ def full_ac_not_replayed(w: Workload) -> tuple[str, ...]:
     in the backward graph only the recomputed nodes the backward reads, so w_down's GEMM, async
     TP's partial sum after it and the copy go too. Megatron-LM's ``CheckpointFunction`` re-runs the
     whole layer: nothing is left out. The timeline leaves the replayed MLP's closing collective
-    out likewise (:func:`meshplan.schedule.rank_timeline.replay_scatters`).
+    out likewise (:func:`meshplan.schedule.layer_timeline.replay_scatters`).
 
     >>> full_ac_not_replayed(Workload(seq_len=8, megatron_ops=True))
     ()

@@ -75,7 +75,7 @@ the memory timeline). ``zero_optimization.overlap_comm`` is read at stage 3 too,
 ``overlap_comm_valid`` at edaa722): on, the parameter all-gathers and the gradient reduce-scatters
 run on side streams and overlap the compute; off, both run on the default stream and block it
 (``runtime/zero/parameter_offload.py:189-190``, ``runtime/zero/stage3.py:335-336``;
-:func:`meshplan.schedule.steptime.config_overlap`). Export writes it when the plan gives it
+:func:`meshplan.schedule.overlap_policy.config_overlap`). Export writes it when the plan gives it
 (unset, DeepSpeed's default for the stage applies, as it did on import).
 ``stage3_prefetch_bucket_size`` and ``stage3_max_live_parameters`` (or their names without
 ``stage3_``) are read at stage 3 into ``[memory] deepspeed_prefetch_elements`` and

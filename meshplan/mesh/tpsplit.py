@@ -165,7 +165,7 @@ def padded_numel(rows: int, numel: int, shards: int) -> int:
     its sharded dim (``rows`` long: dim 0, or dim 1 of routed experts, :func:`fsdp_shard_len`)
     to a multiple of ``shards``: ``ceil(rows / shards) x shards x (numel / rows)``;
     0 for a tensor without rows. The rule of :func:`fsdp_padded_numel`, also called by the
-    search (:func:`meshplan.search.timing.comm_times`) on its per-rank tables.
+    search (:func:`meshplan.search.comm_bounds.comm_times`) on its per-rank tables.
 
     >>> padded_numel(32, 32 * 64, 3), padded_numel(0, 0, 3)
     (2112, 0)

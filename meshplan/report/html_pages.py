@@ -35,7 +35,7 @@ from meshplan.report.search import (count_lines, export_lines, header_lines, inf
                                     row, row_mesh)
 from meshplan.report.text import fmt_ranks
 from meshplan.schedule.linkload import edge_loads
-from meshplan.schedule.steptime import StepTime
+from meshplan.schedule.step_summary import StepTime
 from meshplan.search.driver import SearchResult
 from meshplan.search.rank import RULE_LINE
 from meshplan.search.reasons import reason_texts

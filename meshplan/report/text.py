@@ -15,7 +15,8 @@ from meshplan.placement.assign import Placement, rank_row
 from meshplan.plan import Infeasible, Plan
 from meshplan.report import shown
 from meshplan.report.memory import timeline_table
-from meshplan.schedule.steptime import step_time, tp_overlap_line
+from meshplan.schedule.steptime import step_time
+from meshplan.schedule.tp_overlap_lines import tp_overlap_line
 from meshplan.spec.wording import (gathered_words, mesh_text, recompute_words, renamed_words, runtime, shown_names,
                                     sharding_words, state_cell, state_title)
 from meshplan.units import GB, US, GiB, counted, human_bytes

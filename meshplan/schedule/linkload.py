@@ -85,7 +85,7 @@ class EdgeLoad:
 
 @dataclass(frozen=True)
 class StageDetail:
-    """The events of one stage that :meth:`~meshplan.schedule.steptime.StepTime.trace_events` lists with ``detail``, less
+    """The events of one stage that :meth:`~meshplan.schedule.step_summary.StepTime.trace_events` lists with ``detail``, less
     the unit-level ones, as arrays in that list's order (each unit's inner events in its
     timeline's order, units in stage order; then the pp sends the stage makes, then its
     step-end ops): ``code`` (row of the small tables ``streams`` and ``names``: one row per
@@ -204,7 +204,7 @@ def _deadline(d, i: int, opt: float) -> float:
         hits = np.flatnonzero(np.isin(d.code, rows) & (d.start >= d.start[i]) & (d.unit >= d.unit[i]))
         return float(d.start[hits[np.argmin(d.start[hits])]]) if len(hits) else float(d.end[i])
     if stream == "cp":
-        # all-gather CP (rank_timeline._block): the K/V all-gather runs beside the Q projection and
+        # all-gather CP (layer_timeline._block): the K/V all-gather runs beside the Q projection and
         # the core attention waits for it; the dK/dV reduce-scatter beside wq's input gradient,
         # and the K/V projections' input gradients wait for it. Needed when that Q op ends.
         rows = [k for k, (s, n) in enumerate(zip(d.streams, d.names)) if s == "compute" and n.endswith(Q_OPS)]

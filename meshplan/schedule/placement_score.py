@@ -19,8 +19,9 @@ from typing import Callable
 import numpy as np
 
 from meshplan.plan import Plan, with_rank_to_gpu
-from meshplan.schedule.rank_timeline import Overlap
-from meshplan.schedule.steptime import StepTime, step_time
+from meshplan.schedule.unit_sim import Overlap
+from meshplan.schedule.step_summary import StepTime
+from meshplan.schedule.steptime import step_time
 
 
 def placed_step(plan: Plan, rank_to_gpu, overlap: Overlap = Overlap()) -> StepTime:

@@ -1,7 +1,7 @@
 """What bounds a predicted step: a one- or two-line verdict for ``meshplan step``.
 
 The step is **network-bound** when its critical stage waits on communication for at least
-half of the step: the exposed time of :class:`meshplan.schedule.steptime.StepTime`, summed over its
+half of the step: the exposed time of :class:`meshplan.schedule.step_summary.StepTime`, summed over its
 streams, plus the part of its bubble spent waiting for a stream another stage exposes
 (:mod:`meshplan.schedule.waits`, printed on a line of its own). The verdict then names the stream
 with the most of that time, its collectives on the stage that exposes it with the bytes each rank
@@ -25,7 +25,7 @@ from dataclasses import replace
 from typing import Callable, Optional
 
 from meshplan.plan import Infeasible, Plan, build_plan
-from meshplan.schedule.rank_timeline import _shard_group, comm_kind
+from meshplan.schedule.comm_times import comm_kind, _shard_group
 from meshplan.schedule.waits import BubbleWait, bubble_wait_line, stage_list
 from meshplan.units import GB, GiB, counted
 

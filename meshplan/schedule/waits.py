@@ -4,14 +4,14 @@ not the schedule's: every expert stage exposes its ep all-to-alls over the netwo
 25.6 s per step), so stage 0 waits for them.
 
 The split is measured on the simulated timeline, as :meth:`StepTime.without_fsdp_waits
-<meshplan.schedule.steptime.StepTime.without_fsdp_waits>` splits the FSDP waits: the pipeline
+<meshplan.schedule.step_summary.StepTime.without_fsdp_waits>` splits the FSDP waits: the pipeline
 is simulated again with every unit (every stage's) shortened by the time its compute stream
-spends on the stream's exposed collectives (:func:`~meshplan.schedule.steptime.pipeline_without`),
+spends on the stream's exposed collectives (:func:`~meshplan.schedule.pipeline_exposure.pipeline_without`),
 and the critical stage's bubble is counted in both the same way
-(:func:`~meshplan.schedule.steptime.stage_bubble`). What the bubble loses is the part of it spent
+(:func:`~meshplan.schedule.pipeline_exposure.stage_bubble`). What the bubble loses is the part of it spent
 waiting for that stream on the other stages; the rest is the schedule's fill and drain and the
 stages' unequal compute. The stream is the one the most exposing stage
-(:meth:`~meshplan.schedule.steptime.StepTime.most_exposed_stage`) exposes the most, pp aside
+(:meth:`~meshplan.schedule.step_summary.StepTime.most_exposed_stage`) exposes the most, pp aside
 (the transfers are the pipeline's own).
 """
 
@@ -21,7 +21,8 @@ from typing import NamedTuple, Optional
 
 import numpy as np
 
-from meshplan.schedule.steptime import StepTime, last_tail_s, pipeline_without, run_shift, stage_bubble
+from meshplan.schedule.pipeline_exposure import last_tail_s, pipeline_without, run_shift, stage_bubble
+from meshplan.schedule.step_summary import StepTime
 
 
 class BubbleWait(NamedTuple):

@@ -75,7 +75,9 @@ from meshplan.search.columns import FSDP_SHARDINGS, RECOMPUTE, SHARDING, ZERO12,
 from meshplan.search.reasons import CODE, OK, REASONS, first_reason, zero1_refused
 from meshplan.search.space import enumerate_candidates
 from meshplan.search.pipeline import pipeline_bound
-from meshplan.search.timing import TimeTables, gemm_efficiency, step_lower_bound, unit_bounds
+from meshplan.search.layer_bounds import gemm_efficiency, unit_bounds
+from meshplan.search.time_tables import TimeTables
+from meshplan.search.timing import step_lower_bound
 from meshplan.config import Config
 from meshplan.spec.axes.registry import search_axes
 from meshplan.spec.wording import stream_words

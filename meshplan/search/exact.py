@@ -1,6 +1,6 @@
 """Exact evaluation of search candidates: the same code path as ``meshplan plan`` and
 ``meshplan step`` (:func:`meshplan.plan.build_plan`, then
-:func:`meshplan.schedule.steptime.step_time` with the default :class:`~meshplan.schedule.rank_timeline.Overlap`),
+:func:`meshplan.schedule.steptime.step_time` with the default :class:`~meshplan.schedule.unit_sim.Overlap`),
 the goodput of :mod:`meshplan.reliability`, and a pool of forked worker processes.
 Plans are built without what only reports read (constraint rows and their per-axis
 annotation, placement flags: ``build_plan(reports=False)``); an :class:`Exact` keeps none of
@@ -17,7 +17,7 @@ from typing import Optional
 
 from meshplan.memory import constraints as cons
 from meshplan.plan import Infeasible, build_plan
-from meshplan.schedule.rank_timeline import Overlap
+from meshplan.schedule.unit_sim import Overlap
 from meshplan.reliability import reliability
 from meshplan.search.explain import compute_stream_copies_s, layer_passes, stage_flops, step_breakdown
 from meshplan.search.candidate import candidate_config

@@ -1,9 +1,9 @@
 """What makes the search's top mesh faster than the runner-up: both exact step times split
 into the same parts, and the parts that differ most, with their numbers.
 
-:func:`step_breakdown` splits a :class:`~meshplan.schedule.steptime.StepTime` on its critical
+:func:`step_breakdown` splits a :class:`~meshplan.schedule.step_summary.StepTime` on its critical
 stage (the stage that ends last) into parts that add up to the step, seconds
-(:meth:`~meshplan.schedule.steptime.StepTime.parts_s`: ``compute``, ``bubble`` with a blocking
+(:meth:`~meshplan.schedule.step_summary.StepTime.parts_s`: ``compute``, ``bubble`` with a blocking
 pp call's wait for its partner, ``exposed <stream>`` with pp's transfers only).
 
 :func:`layer_passes` counts the critical stage's layer passes (a count, kept
@@ -18,7 +18,7 @@ from typing import Optional
 
 from meshplan.plan import Plan, table_key, table_stage
 from meshplan.search.rank import TIE
-from meshplan.schedule.steptime import StepTime
+from meshplan.schedule.step_summary import StepTime
 from meshplan.spec.wording import data_axis
 
 

@@ -9,7 +9,7 @@ That DAG is built once per (p, m, v) from the same orders, chunk-to-virtual-stag
 registered schedule's, :mod:`meshplan.pipeline.registry`) and dependencies, its units
 grouped by depth, and the longest paths computed for a whole group of candidates at once,
 one depth at a time. End times grow with durations, so unit
-lower bounds (:func:`meshplan.search.timing.unit_bounds`) give stage ends no later than
+lower bounds (:func:`meshplan.search.layer_bounds.unit_bounds`) give stage ends no later than
 ``step_time``'s; each stage's end then gets its last unit's tail bound and its optimizer
 step, as :func:`meshplan.schedule.steptime.step_time` adds them.
 
@@ -110,7 +110,7 @@ def gathering_units(schedule: Schedule | str, p: int, m: int, v: int, reshard: b
 
 def pipeline_bound(u: dict, vpp: int, m: int, reshard: bool | None = None) -> np.ndarray:
     """Step-time lower bound of candidates sharing (pp, vpp, m), from
-    :func:`meshplan.search.timing.unit_bounds` ``u`` (module docstring); ``reshard``
+    :func:`meshplan.search.layer_bounds.unit_bounds` ``u`` (module docstring); ``reshard``
     (``training.reshard_after_forward`` of them all; None: unknown) adds each gathering
     unit's ``f_extra`` or ``b_extra`` (pp > 1: the passes that find their chunk sharded); each
     chunk's last gradient unit gets ``b_red``."""
@@ -145,7 +145,7 @@ def pipeline_bound(u: dict, vpp: int, m: int, reshard: bool | None = None) -> np
     if "b_red" in u:
         # each chunk's last gradient unit (micro-batch m-1's backward) that does not end its stage's
         # order holds the compute stream for its FSDP2 copy-ins and its reductions
-        # (rank_timeline._perform_reduce_grad): ``b_wait`` (at least ``b_red``), at the chunk's
+        # (grad_reduce._perform_reduce_grad): ``b_wait`` (at least ``b_red``), at the chunk's
         # length. The unit that ends the stage's order copies in and reduces after its end (its
         # send has left): nothing added to it, or its send would reach the next stage too late
         waits = (dag.backward == 1) & (dag.mb == m - 1) & (dag.chunk != dag.chunk[dag.last][dag.stage])

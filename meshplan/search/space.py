@@ -176,7 +176,7 @@ def op_recompute_ok(cfg: Config, tp: np.ndarray, cp: np.ndarray, ep: np.ndarray)
     runs is not modelled) and MLA (which of its mms the policy saves is not modelled); it plans
     tp > 1 with sequence parallelism (the replay repeats the tp all-gathers, the reduce-scatters'
     outputs are saved), which the search leaves out: its step-time bound
-    (:func:`meshplan.search.timing.chains`) replays op as full recompute, tp reduce-scatters
+    (:func:`meshplan.search.layer_bounds.chains`) replays op as full recompute, tp reduce-scatters
     included, which the policy saves: no lower bound of such a plan's step.
 
     >>> from meshplan.config import config_from_dict
@@ -247,7 +247,7 @@ def no_data_axis_twin(cfg: Config, cols: Mapping[str, np.ndarray]) -> np.ndarray
     the same run as a zero3 row beside them, which the search keeps instead: no data axis shards
     anything (dp_shard x cp 1, and no routed expert sharded over efsdp; dp_replicate is 1 there),
     so they plan the same state and no data-parallel collective, and the zero3 one (FSDP2) zeroes
-    no gradient buffer (:data:`meshplan.schedule.steptime.ZEROED_GRAD_BUFFER`): its step is
+    no gradient buffer (:data:`meshplan.schedule.optimizer_step.ZEROED_GRAD_BUFFER`): its step is
     never longer, the one the tie rule prefers (llama3-8b, pp 2 x tp 4, mb 1, full: 1.36137 s
     against zero1's 1.36272 s, the same peak). Only where ``[search] sharding`` has zero3 and its
     engine is FSDP2 (DeepSpeed's 2021 engine rejects zero3 with pp > 1)."""

@@ -97,7 +97,7 @@ class TrainingSpec(BaseModel):
     (``OptimizerConfig.decoupled_weight_decay = True``, ``megatron/core/optimizer/optimizer_config.py``;
     ``__init__.py`` builds ``torch.optim.AdamW`` or FusedAdam with ``adam_w_mode``; NVIDIA/Megatron-LM
     d98e8a6): AdamW. Adam and AdamW keep the same two states; only torch's foreach step differs
-    (AdamW's decay is one more pass, :func:`meshplan.schedule.steptime.foreach_adam_bytes`).
+    (AdamW's decay is one more pass, :func:`meshplan.schedule.optimizer_step.foreach_adam_bytes`).
     ``memory_reserve``: fraction of HBM kept free (allocator, NCCL, headroom).
     ``vocab_pad_divisor``: the vocabulary is padded to a multiple of ``vocab_pad_divisor x tp``
     (:func:`meshplan.spec.axes.tp.padded_vocab`). Unset, it follows the framework: 128 under
@@ -131,7 +131,7 @@ class TrainingSpec(BaseModel):
     parallelism their input is all-gathered again in backward, during their input-gradient
     GEMM, because only its sequence shard is saved; ``LinearWithGradAccumulationAndAsyncCommunication``;
     the gradients reduced after the backward, except Megatron FSDP's overlapped reduce-scatters
-    under zero2, zero3 and hsdp: :func:`meshplan.schedule.steptime.config_overlap`).
+    under zero2, zero3 and hsdp: :func:`meshplan.schedule.overlap_policy.config_overlap`).
     ``validate`` runs torch: it takes ``torch`` only.
     ``torch_compile``: under ``framework = "torch"``, the model and loss run under torch.compile
     (torchtitan ``[compile] enable``), which fuses each chain of elementwise ops between the GEMMs
@@ -150,7 +150,7 @@ class TrainingSpec(BaseModel):
     ``pow``, ``mean``, ``rsqrt``, products and casts, one kernel each when not compiled,
     :func:`meshplan.compute.torch_eager.rmsnorm_bytes`; torch.compile fuses them).
     ``optimizer_impl``: how torch runs the Adam/AdamW step under ``framework = "torch"``
-    (:func:`meshplan.schedule.steptime.optimizer_step_bytes`). ``"fused"`` (the default, as in
+    (:func:`meshplan.schedule.optimizer_step.optimizer_step_bytes`). ``"fused"`` (the default, as in
     torchtitan since its ``[optimizer] implementation`` key, default "fused": 820504e
     ``config_manager.py``, b5bcd76 ``components/optimizer/optimizer.py``): torch's
     ``_fused_adam_``, one pass. ``"foreach"``: torch's ``_multi_tensor_adam``, eight passes
@@ -213,7 +213,7 @@ class TrainingSpec(BaseModel):
     gradient reduce-scatters on ``reduce_and_partition_stream`` (``stage3.py:335-336``), each a
     side stream under ``overlap_comm`` and the default (compute) stream without it, where every
     gather and reduce-scatter blocks the compute
-    (:func:`meshplan.schedule.steptime.config_overlap`).
+    (:func:`meshplan.schedule.overlap_policy.config_overlap`).
     ``overlap_grad_reduce``, ``overlap_param_gather`` (``framework = "megatron"``, sharding ``none``
     or ``zero1`` under ``zero12_engine = "megatron"``: Megatron-LM's DDP buffers): its
     ``--overlap-grad-reduce`` and ``--overlap-param-gather`` (default off). ``overlap_grad_reduce``
@@ -229,11 +229,11 @@ class TrainingSpec(BaseModel):
     lines 131-137 and ``_make_backward_post_hook`` / ``_make_forward_pre_hook``;
     ``param_and_grad_buffer.py`` ``register_grad_ready``, ``finish_param_sync``; ``arguments.py``
     lines 1024-1029). Under Megatron FSDP (zero2, zero3, hsdp) both are forced on whatever the
-    flags say (:func:`meshplan.schedule.steptime.config_overlap`): the keys are refused there.
+    flags say (:func:`meshplan.schedule.overlap_policy.config_overlap`): the keys are refused there.
     ``grad_clip``: gradient-norm clipping before the optimizer step (torchtitan
     ``training.max_norm`` 1.0 and Megatron-LM ``--clip-grad`` 1.0 by default): one read of the
     gradients for the norm and one read and write to scale them
-    (:func:`meshplan.schedule.steptime.optimizer_step_bytes`).
+    (:func:`meshplan.schedule.optimizer_step.optimizer_step_bytes`).
     ``grad_accumulation``: what FSDP2 (zero3, hsdp) does on the micro-batches of a step before
     the last one (gradient accumulation, pp 1). ``sync`` (FSDP2's default): every micro-batch
     reduce-scatters its gradients and reshards after backward. ``no_sync``:

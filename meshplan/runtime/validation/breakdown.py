@@ -19,7 +19,7 @@ Measured (the rank's ``trace.json``, one profiled step, CPU op events of every t
   that ran at the same time on different threads overlap, so the four can sum to a little
   more than the step.
 
-Predicted (:func:`meshplan.schedule.steptime.chunk_costs` for the rank's pipeline stage, every
+Predicted (:func:`meshplan.schedule.workload.chunk_costs` for the rank's pipeline stage, every
 micro-batch, with the measured GEMM table): the ``gemm`` and ``attention`` ops of the layer,
 embedding and head costs (forward, backward and recompute); waits = the exposed
 communication of :func:`meshplan.schedule.steptime.step_time`; the rest = step minus those. On a GPU
@@ -31,7 +31,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from meshplan.schedule.steptime import chunk_costs, step_time, workload_of
+from meshplan.schedule.steptime import step_time
+from meshplan.schedule.workload import chunk_costs, workload_of
 
 GEMM_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
 ATTENTION_PREFIX = "aten::_scaled_dot_product_"

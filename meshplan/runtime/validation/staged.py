@@ -60,7 +60,7 @@ from meshplan.compute.kernel_time import issue_floor
 from meshplan.compute.layer import layer_cost
 from meshplan.reliability import checkpoint_size, dcp_write_bytes
 from meshplan.runtime.validation.compare import SETUP_PHASES
-from meshplan.schedule.steptime import workload_of
+from meshplan.schedule.workload import workload_of
 
 P2P = ("send", "recv", "send/recv")
 SKEW_PREDICTION = ("0 s: every member of a group within one pipeline stage runs the same units on the same "

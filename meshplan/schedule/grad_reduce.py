@@ -1,0 +1,104 @@
+"""Where a gradient unit issues its gradient reductions: a unit's FSDP reduce-scatter and HSDP
+all-reduce and its layer's piece of the per-step ZeRO-1/2 or DDP reduction (:func:`_reduce`,
+pieces by :func:`reduce_pieces`), and torch's ``PipelineStage.perform_reduce_grad`` after a
+chunk's last backward under pp (:func:`_perform_reduce_grad`).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from meshplan.pipeline.simulate import Event
+from meshplan.schedule.comm_times import CommTimes, _root_groups
+from meshplan.schedule.unit_sim import ChunkCosts, _Sim
+
+
+def _reduce(s: _Sim, name: str, group: str, step_piece: float, shard: bool = True) -> None:
+    """FSDP reduce-scatter (+ HSDP all-reduce) of a unit when ``shard``; ``step_piece``:
+    seconds of this layer's piece (bucket) of the per-step ZeRO-1/2 or DDP reduction."""
+    if shard and (copy_in := s.c.copies.get((group, "reduce-scatter"), 0.0)):
+        s.compute(f"fsdp RS copy-in {name}", copy_in)  # FSDP2: on the compute stream (comm.fsdp2)
+    rs = _reduce_scatter(s, name, group, s.last) if shard else None
+    if step_piece and s.c.bucket_wait and s.ov.grad_reduce and s.reduced is not None:
+        # DeepSpeed overlap_comm: the compute stream waits for the reduction stream (the
+        # previous bucket's all-reduce) before issuing the next (deepspeed_zero12)
+        s.compute("bucket wait (DeepSpeed overlap_comm)", 0.0, [s.reduced])
+    op = s.c.step_reduce_op
+    red = s.comm("dp", "step", "reduce", f"grad reduce: {op} {name}" if op else f"grad reduce {name}",
+                 seconds=step_piece) if step_piece else None
+    s.reduced = red or s.reduced
+    if not s.ov.grad_reduce:
+        s.compute("grad reduce wait", 0.0, [rs, red])
+
+
+def _reduce_scatter(s: _Sim, name: str, group: str, after: Optional[Event]) -> Optional[Event]:
+    """A unit's FSDP reduce-scatter issued after ``after`` and its HSDP all-reduce after it:
+    the event the gradient is done with (None when the stage has neither)."""
+    word = "AR" if s.c.shard_reduce_op == "all-reduce" else "RS"
+    rs = s.comm("shard", "backward", "reduce-scatter", f"fsdp {word} {name}", group, after=[after])
+    return s.comm("replica", "backward", "all-reduce", f"hsdp AR {name}", group, after=[rs or after]) or rs
+
+
+def reduce_pieces(comm: CommTimes, n: int, last_grad_unit: bool = True, overlapped: bool = True) -> list[float]:
+    """Seconds of the gradient reduction issued after each of the ``n`` layers of a gradient
+    unit, in backward order (the last layer first): ZeRO-2's micro-batch reduction
+    (``mb_reduce_s`` in ``mb_buckets`` buckets) on every unit, overlapped or not; else the
+    per-step reduction (``step_reduce_s``, DDP's ``ddp_buckets``) on a chunk's
+    ``last_grad_unit`` when ``overlapped`` (``Overlap.grad_reduce``; otherwise it runs at the
+    step's end), nothing elsewhere. Each layer's share, ``S / max(layers, n)``; but when there
+    are fewer buckets ``B`` than the stage has layers (one chunk), a bucket goes out only once
+    its layers' gradients are all there: after the ``j``-th layer ``floor((j+1) B / n) -
+    floor(j B / n)`` buckets of ``S / B`` each, so one bucket (the whole model) is issued after
+    the first layer's backward, the last of the pass.
+
+    >>> reduce_pieces(CommTimes(step_reduce_s=6.0, layers=3, ddp_buckets=1), 3)
+    [0.0, 0.0, 6.0]
+    >>> reduce_pieces(CommTimes(step_reduce_s=6.0, layers=3), 3)
+    [2.0, 2.0, 2.0]
+    >>> reduce_pieces(CommTimes(step_reduce_s=6.0, layers=4, ddp_buckets=2), 4)
+    [0.0, 3.0, 0.0, 3.0]
+    >>> reduce_pieces(CommTimes(step_reduce_s=6.0, layers=3), 3, last_grad_unit=False)
+    [0.0, 0.0, 0.0]
+    >>> reduce_pieces(CommTimes(mb_reduce_s=2.0, mb_buckets=1, layers=4), 4, last_grad_unit=False, overlapped=False)
+    [0.0, 0.0, 0.0, 2.0]
+    """
+    if comm.mb_reduce_s:
+        total, big_b = comm.mb_reduce_s, comm.mb_buckets
+    elif last_grad_unit and overlapped:
+        total, big_b = comm.step_reduce_s, comm.ddp_buckets
+    else:
+        return [0.0] * n
+    if not big_b or big_b >= n or n != comm.layers:
+        return [total / max(comm.layers, n)] * n
+    return [((j + 1) * big_b // n - j * big_b // n) * total / big_b for j in range(n)]
+
+
+def _perform_reduce_grad(s: _Sim, chunk: ChunkCosts, tail: bool) -> None:
+    """torch ``PipelineStage.perform_reduce_grad`` after a chunk's last backward: each FSDP
+    unit's ``post_backward`` in FSDP's state order (module order: the one root unit or the
+    embedding's, the layers in forward order, then the [norm, output] unit):
+    its copy-in on the compute stream, then its reduce-scatter (and HSDP all-reduce) on their
+    stream; the compute stream waits for them all (``_root_post_backward_final_callback``):
+    within the unit, or after it (``tail``: events past its compute end, the unit's tail)."""
+    emb_g, head_g = _root_groups(s.c)
+    # FSDP's states in module order: one root unit first; the embedding's own unit first and
+    # [norm, output]'s last (torchtitan's units)
+    first = emb_g if chunk.embed is not None else head_g if chunk.head is not None and head_g == "root" else None
+    names = [(first, first)] if first is not None else []
+    for i, moe in enumerate(chunk.moe):
+        names.append((f"L{i}", "layer"))
+        if moe:
+            names.append((f"L{i} experts", "expert"))
+    if chunk.head is not None and head_g != "root":
+        names.append((head_g, head_g))
+    done, prev = [], s.last
+    for name, group in names:
+        if copy_in := s.c.copies.get((group, "reduce-scatter"), 0.0):
+            if tail:  # on the compute stream after the unit, not moving its end
+                t0 = max(s.free["compute"], prev.end_s if prev is not None else 0.0)
+                prev = s._add("compute", f"fsdp RS copy-in {name}", t0, t0 + copy_in)
+            else:
+                prev = s.compute(f"fsdp RS copy-in {name}", copy_in)
+        done.append(_reduce_scatter(s, name, group, prev))
+    if not tail:
+        s.compute("perform_reduce_grad wait", 0.0, done)

@@ -1,0 +1,306 @@
+"""One transformer layer on the rank timeline: its forward (:func:`_forward_layer`) and backward
+(:func:`_backward_layer`) block by block, with the TP collectives around each block (and async
+TP's fused GEMMs, :func:`fused_gemms`), all-gather CP's K/V gather and dK/dV reduce-scatter
+(:func:`cp_parts`), EP's all-to-alls, float8 amax all-reduces and the registered axes' slots,
+as the module docstring of :mod:`meshplan.schedule.rank_timeline` describes.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from meshplan.compute import asynctp, float8
+from meshplan.compute.megatron import COMM_DELAY_OPS
+from meshplan.compute.ops import Cost, Workload
+from meshplan.schedule.comm_times import FLOAT8_AMAX, FLOAT8_TP
+from meshplan.schedule.unit_sim import _Sim
+from meshplan.spec.axes.base import At, Block
+
+
+#: The blocks of a layer, in forward order (op blocks of :mod:`meshplan.compute.ops`).
+LAYER_BLOCKS = ("attn_pre", "attn", "attn_post", "mlp_pre", "mlp", "mlp_post")
+
+
+def _gather_group(s: "_Sim", phase: str) -> str:
+    """Group of a layer block's tp all-gathers of ``phase``: :data:`FLOAT8_TP` when the stage's
+    table has float8 rows for them (torchao's float8 TP, the layers'), else ""."""
+    return FLOAT8_TP if ("tp", FLOAT8_TP, phase, "all-gather") in s.c.t else ""
+
+
+def _tp(w: Workload) -> tuple[str, str]:
+    """TP collective before and after a block: (all-gather, reduce-scatter) with SP, else
+    ("", all-reduce)."""
+    return ("all-gather", "reduce-scatter") if w.sp else ("", "all-reduce")
+
+
+def _block(s: _Sim, name: str, t: float, phase: str, ep: bool = False, cp: Optional[tuple] = None,
+           cp_phase: str = "forward", fused: Optional[dict] = None, scatter: bool = True) -> None:
+    """One forward block; ``cp``: the attention's (K/V proj, Q proj, core, out proj) seconds
+    under all-gather CP (module docstring); ``fused``: the block's async-TP GEMMs
+    (:func:`fused_gemms`), run as their runtime decomposes them (:func:`_fused_block`);
+    ``scatter`` False: the block's closing tp collective is not issued (op-level AC's replay)."""
+    if fused and cp is None and not ep and ("ag" in fused or ("rs" in fused and scatter)):
+        _fused_block(s, name, t, phase, fused, scatter)
+        return
+    before, after = _tp(s.w)
+    pre = s.comm("tp", phase, before, f"tp {before}", _gather_group(s, phase))
+    if ep:
+        pre = s.comm("ep", phase, "all-to-all", "ep dispatch", after=[pre or s.last]) or pre
+    post = s.comm("tp", phase, after, f"tp {after}", after=[s.last]) if s.ov.tp and scatter else None
+    tp_ov = [x for x in (pre, post) if x] if s.ov.tp else []
+    if cp is None:
+        s.compute(name, t, [] if s.ov.tp else [pre], tp_ov)
+    else:
+        kv, q, core, out = cp
+        s.compute(name + " K/V proj", kv, [] if s.ov.tp else [pre])
+        ring = s.comm("cp", cp_phase, "all-gather", "cp K/V all-gather", after=[s.last])
+        s.compute(name + " Q proj", q)
+        s.compute(name + " core", core, [ring])
+        s.compute(name + " out proj", out, [], tp_ov)
+    if ep:
+        s.compute(name + " combine wait", 0.0, [s.comm("ep", phase, "all-to-all", "ep combine")])
+    if not s.ov.tp and scatter:
+        s.compute(name + " tp wait", 0.0, [s.comm("tp", phase, after, f"tp {after}")])
+
+
+def _fused_block(s: _Sim, name: str, t: float, phase: str, fused: dict, scatter: bool = True) -> None:
+    """A forward block under async TP (:mod:`meshplan.compute.asynctp`): the all-gather fused
+    with the column-parallel GEMMs, the block's other ops, the row-parallel GEMM fused with the
+    reduce-scatter; ``t``: the block's seconds (pieces' GEMMs and the runtime's copies included).
+    ``scatter`` False (op-level AC's replay): no reduce-scatter; a replayed row-parallel GEMM
+    runs whole among the block's other ops."""
+    ag_s, ag_n = fused.get("ag", (0.0, 0))
+    rs_s, rs_n = fused.get("rs", (0.0, 0)) if scatter else (0.0, 0)
+    if ag_n:
+        s.fused(name + " all-gather+GEMMs", ag_s, s.c.get("tp", phase, "all-gather", _gather_group(s, phase)), ag_n, False)
+        s.compute(name, t - ag_s - rs_s)
+    else:  # float8 rowwise: the gather blocks as without async TP
+        s.compute(name, t - rs_s, [s.comm("tp", phase, "all-gather", "tp all-gather")])
+    if scatter and rs_n:
+        s.fused(name + " GEMM+reduce-scatter", rs_s, s.c.get("tp", phase, "reduce-scatter"), rs_n, True)
+    elif scatter:
+        s.compute(name + " tp wait", 0.0, [s.comm("tp", phase, "reduce-scatter", "tp reduce-scatter")])
+
+
+def fused_gemms(c: Cost, phase: str, recompute: Optional[bool], framework: str, tp: int,
+                rowwise: frozenset = frozenset()) -> dict:
+    """``{block: {"ag" | "rs": (seconds, pieces)}}`` of the async-TP fused GEMMs among ``c``'s
+    ops of ``phase`` and ``recompute`` (a replayed forward GEMM as its forward), summed per side
+    (:func:`meshplan.compute.asynctp.pieces`; an all-gather feeds several GEMMs); ``rowwise``:
+    the float8 rowwise Linears (``Workload.fp8_rowwise``), whose gathers do not fuse."""
+    out: dict = {}
+    for o in c.ops:
+        if o.kind != "gemm" or o.phase != phase or recompute not in (None, o.recompute):
+            continue
+        base = o.name.removesuffix(" (recompute)")
+        ph = "forward" if o.recompute else phase
+        n = asynctp.pieces(framework, tp, base, ph, base.split(".")[0] in rowwise)
+        if n:
+            side = "rs" if ph == "forward" and base in asynctp.RS_FORWARD else "ag"
+            g, _ = out.setdefault(o.block, {}).get(side, (0.0, n))
+            out[o.block][side] = (g + o.seconds, n)
+    return out
+
+
+def _block_backward(s: _Sim, name: str, t_b: float, t_w: float, ep=False, cp: Optional[tuple] = None,
+                    t_w_row: float = 0.0, t_b_col: float = 0.0, fused: Optional[dict] = None) -> None:
+    """One block's backward; ``cp``: the attention's input-gradient seconds (core incl. wo
+    and RoPE, Q proj, K/V proj) under all-gather CP (module docstring). ``t_w_row``: the
+    weight gradients of the block's row-parallel linear (wo, w_down) and its bias, computed
+    with its input gradient at the block's start (one autograd node, before the core);
+    ``t_w``: the rest (the column-parallel linears' wgrad); ``t_b_col``: the column-parallel
+    linears' input gradients (the end of ``t_b``).
+
+    ``Overlap.tp_grad`` (Megatron-LM): the input-gradient collective is issued after the
+    column-parallel input gradients and runs during their weight gradients; with SP their
+    input is all-gathered again first, during their input-gradient GEMM. Otherwise (torch):
+    the collective is issued after the weight gradients and the next block waits for it;
+    ``Overlap.tp`` overlaps it with the weight gradients whatever the framework.
+    ``fused``: async TP's gathered output gradient fused with the row-parallel input-gradient
+    GEMM (:func:`fused_gemms`, backward side "ag"), the rest of the input gradients after it."""
+    before, after = _tp(s.w)
+    ag_fused = fused.get("ag") if fused and cp is None and not ep and s.w.sp else None
+    g = _gather_group(s, "backward")
+    pre = None if ag_fused else s.comm("tp", "backward", before, f"tp {before}", g)
+    if ep:
+        pre = s.comm("ep", "backward", "all-to-all", "ep combine grad", after=[pre or s.last]) or pre
+    regather = s.ov.tp_grad and s.w.sp and not ep and t_w > 0
+    ag = None
+    if ag_fused:
+        s.fused(name + " all-gather+dgrad", ag_fused[0], s.c.get("tp", "backward", before, g), ag_fused[1], False)
+        s.compute(name + " B", t_b - ag_fused[0] - (t_b_col if regather else 0.0) + t_w_row)
+        if regather:
+            ag = s.comm("tp", "backward", "all-gather", "tp all-gather (input again, for wgrad)")
+            s.compute(name + " column B", t_b_col)
+    elif cp is None:
+        s.compute(name + " B", t_b - (t_b_col if regather else 0.0) + t_w_row, [pre])
+        if regather:
+            ag = s.comm("tp", "backward", "all-gather", "tp all-gather (input again, for wgrad)")
+            s.compute(name + " column B", t_b_col)
+    else:
+        core, q, kv = cp
+        s.compute(name + " core B", core + t_w_row, [pre])
+        rs = s.comm("cp", "backward", "reduce-scatter", "cp dK/dV reduce-scatter", after=[s.last])
+        if regather:
+            ag = s.comm("tp", "backward", "all-gather", "tp all-gather (input again, for wgrad)")
+        s.compute(name + " Q proj B", q)
+        s.compute(name + " K/V proj B", kv, [rs])
+    beside = s.ov.tp or s.ov.tp_grad
+    if not beside and t_w > 0:
+        s.compute(name + " W", t_w)
+    post = s.comm("tp", "backward", after, f"tp {after}")
+    if ep:
+        post = s.comm("ep", "backward", "all-to-all", "ep dispatch grad", after=[post or s.last]) or post
+    if beside and t_w > 0:
+        s.compute(name + " W", t_w, [ag], [post] if s.ov.tp else [])
+    s.compute(name + " grad wait", 0.0, [post])
+
+
+_CP_PART = {"wk": "kv", "wv": "kv", "wq": "q", "wq_a": "q", "wq_b": "q", "wkv_a": "kv", "wkv_b": "kv"}
+
+
+def cp_parts(c: Cost, phase: str, recompute: Optional[bool]) -> dict:
+    """Seconds of the attention block's ops of ``phase`` by part: ``kv`` (wk, wv, and RoPE and
+    torch's repeat_kv in forward; MLA: wkv_a, wkv_b), ``q`` (wq; MLA: wq_a, wq_b), ``out`` (wo in forward), ``core``
+    (the rest; in backward also wo's input gradient and RoPE, which precede dK/dV). Op names from :mod:`meshplan.compute.ops`."""
+    fwd = phase == "forward" or recompute
+    out = dict.fromkeys(("kv", "q", "core", "out"), 0.0)
+    for o in c.ops:
+        if o.block != "attn" or o.phase != phase or recompute not in (None, o.recompute):
+            continue
+        base = o.name.split(" ")[0].split(".")[0]
+        part = _CP_PART.get(base, "core")
+        if fwd and base in ("rope", "repeat_kv", "wo"):
+            part = "out" if base == "wo" else "kv"
+        out[part] += o.seconds
+    return out
+
+
+_cp_parts = cp_parts
+
+
+def _times(c: Cost, phase: str, recompute: Optional[bool] = None) -> dict:
+    return {b: c.seconds(phase, b, recompute) for b in LAYER_BLOCKS}
+
+
+#: Input-gradient ops of the column-parallel linears (Megatron's ColumnParallelLinear, torch's
+#: ColwiseParallel), op names of :mod:`meshplan.compute.ops`.
+COLUMN_PARALLEL_DGRAD = ("wq.dgrad", "wk.dgrad", "wv.dgrad", "w_gate.dgrad", "w_up.dgrad",
+                         "wq_b.dgrad", "wkv_b.dgrad",  # MLA's up projections (its down projections are replicated)
+                         COMM_DELAY_OPS["backward_input"])  # Megatron's kernel after the re-gather's launch
+
+
+#: Weight-gradient ops of the row-parallel linears (Megatron's RowParallelLinear, torch's
+#: RowwiseParallel) and their biases, op names of :mod:`meshplan.compute.ops`.
+ROW_PARALLEL_WGRAD = ("wo.wgrad", "w_down.wgrad", "shared_w_down.wgrad", "wo bias grad", "mlp down bias grad")
+
+
+def _ops_by_block(c: Cost, phase: str, names: tuple, recompute: Optional[bool] = None) -> dict:
+    """Seconds per block of the ops of ``phase`` named in ``names``."""
+    out = dict.fromkeys(LAYER_BLOCKS, 0.0)
+    for o in c.ops:
+        if o.phase == phase and o.name in names and recompute in (None, o.recompute):
+            out[o.block] += o.seconds
+    return out
+
+
+def _slots(s: _Sim, phase: Optional[str], at: At, block: Optional[Block] = None) -> None:
+    """The calls of the registered axes' slots (:attr:`CommTimes.slots`) of row ``phase``
+    at ``at`` ``block``, in registry order, each on its stream after the compute so far;
+    the compute waits for a blocking one (its wait is exposed on the stream). ``phase``
+    None (a checkpoint's replay): none."""
+    if not s.c.slots or phase is None:
+        return
+    for stream, x in s.c.slots:
+        if x.phase == phase and x.at is at and x.block is block:
+            ev = s.comm(stream, phase, x.op, f"{stream} {x.op} ({at} {block})" if block else f"{stream} {x.op}")
+            if ev is not None and at is not At.OVERLAPPED:
+                s.compute(f"{stream} wait", 0.0, [ev])
+
+
+def _rowwise(w: Workload) -> frozenset:
+    """The float8 rowwise Linears of ``w`` (none unless ``fp8_rowwise``)."""
+    return w.float8_gemms if w.fp8_rowwise and w.linear_dtype == "fp8" else frozenset()
+
+
+def replay_scatters(w: Workload, phase: str) -> tuple[bool, bool]:
+    """Whether a forward pass of ``phase`` (a replay when not "forward") issues the attention's
+    and the MLP's closing TP collective: a replay under op-level AC neither (the policy saved the
+    reduce-scatters' outputs), under torch's full AC not the MLP's (its output only feeds the
+    next layer: :func:`meshplan.compute.recompute.full_ac_not_replayed`), under Megatron-LM's both."""
+    if phase == "forward":
+        return True, True
+    if w.recompute == "op":
+        return False, False
+    return True, w.megatron_ops
+
+
+def _amax_calls(c: Cost, side: str, phase: str) -> int:
+    """:func:`meshplan.compute.float8.tp_amax_calls` of layer ``c``'s ops."""
+    return float8.tp_amax_calls(c.ops, side, phase)
+
+
+def _amax_wait(s: _Sim, c: Cost, side: str, phase: str) -> None:
+    """The blocking tp all-reduces of the float8 amaxes of layer ``c``'s ``side`` ("attn" or
+    "mlp") in ``phase`` ("forward", also for a replay; "backward"), one after the other before the
+    block (:func:`meshplan.compute.float8.tp_amax_calls`; the cast waits for its scale)."""
+    t = s.c.get("tp", phase, "all-reduce", FLOAT8_AMAX)
+    n = s.of(_amax_calls, c, side, "forward" if phase == "forward" else "backward_input") if t > 0 else 0
+    if n:
+        ev = s.comm("tp", phase, "all-reduce", f"tp float8 amax all-reduce x{n}", FLOAT8_AMAX, seconds=n * t)
+        s.compute("float8 amax wait", 0.0, [ev])
+
+
+def _forward_layer(s: _Sim, c: Cost, moe: bool, phase: str = "forward", recompute=None) -> None:
+    scatter, scatter_mlp = replay_scatters(s.w, phase)
+    t = s.of(_times, c, phase, recompute)
+    f = s.of(fused_gemms, c, phase, recompute, s.w.async_tp, s.w.tp, _rowwise(s.w)) if s.w.async_tp and s.w.sp else {}
+    own = "forward" if phase == "forward" else None  # the registered axes' slots: not in a replay
+    s.compute("norm", t["attn_pre"])
+    p = s.of(cp_parts, c, phase, recompute) if s.w.cp > 1 else None
+    _slots(s, own, At.BEFORE, Block.ATTN)
+    _amax_wait(s, c, "attn", "forward")
+    _block(s, "attention", t["attn"], "forward", cp=(p["kv"], p["q"], p["core"], p["out"]) if p else None,
+           cp_phase="forward" if phase == "forward" else "backward", fused=f.get("attn"), scatter=scatter)
+    _slots(s, own, At.AFTER, Block.ATTN)
+    s.compute("add+norm", t["attn_post"] + t["mlp_pre"])
+    _slots(s, own, At.BEFORE, Block.MLP)
+    _amax_wait(s, c, "mlp", "forward")
+    _block(s, "mlp", t["mlp"], "forward", ep=moe, fused=f.get("mlp"), scatter=scatter_mlp)
+    _slots(s, own, At.AFTER, Block.MLP)
+    s.compute("add", t["mlp_post"])
+    _slots(s, own, At.OVERLAPPED)
+
+
+def _any_recompute(c: Cost) -> bool:
+    return any(o.recompute for o in c.ops)
+
+
+def _backward_layer(s: _Sim, c: Cost, moe: bool, with_w: bool) -> None:
+    # a checkpointed layer (full; torchtitan per-layer or op-level AC) replays its forward's
+    # recomputed ops, with their collectives, before its backward
+    full = s.w.recompute in ("full", "layer", "op") and s.of(_any_recompute, c)
+    if full:
+        _forward_layer(s, c, moe, "backward_input", True)
+    b = s.of(_times, c, "backward_input", False if full else None)
+    w = s.of(_times, c, "backward_weight") if with_w else dict.fromkeys(LAYER_BLOCKS, 0.0)
+    row = s.of(_ops_by_block, c, "backward_weight", ROW_PARALLEL_WGRAD) if with_w else dict.fromkeys(LAYER_BLOCKS, 0.0)
+    col = s.of(_ops_by_block, c, "backward_input", COLUMN_PARALLEL_DGRAD, False if full else None)
+    f = s.of(fused_gemms, c, "backward_input", False if full else None, s.w.async_tp, s.w.tp,
+             _rowwise(s.w)) if s.w.async_tp else {}
+    s.compute("add grad", b["mlp_post"])
+    mlp_row = 0.0 if moe else row["mlp"]          # MoE: the experts' own order (dispatch, combine)
+    _slots(s, "backward", At.BEFORE, Block.MLP)
+    _amax_wait(s, c, "mlp", "backward")
+    _block_backward(s, "mlp", b["mlp"], w["mlp"] - mlp_row, ep=moe, t_w_row=mlp_row, t_b_col=col["mlp"],
+                    fused=f.get("mlp"))
+    _slots(s, "backward", At.AFTER, Block.MLP)
+    s.compute("norm+add grad", b["mlp_pre"] + b["attn_post"])
+    p = s.of(cp_parts, c, "backward_input", False if full else None) if s.w.cp > 1 else None
+    _slots(s, "backward", At.BEFORE, Block.ATTN)
+    _amax_wait(s, c, "attn", "backward")
+    _block_backward(s, "attention", b["attn"], w["attn"] - row["attn"], cp=(p["core"], p["q"], p["kv"]) if p else None,
+                    t_w_row=row["attn"], t_b_col=col["attn"], fused=f.get("attn"))
+    _slots(s, "backward", At.AFTER, Block.ATTN)
+    s.compute("norm grad", b["attn_pre"])
+    _slots(s, "backward", At.OVERLAPPED)

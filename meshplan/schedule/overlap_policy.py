@@ -1,0 +1,122 @@
+"""What a config lets overlap, before any timeline is built: :func:`config_overlap` turns the
+training contract (framework, engines, ``tp_comm_overlap``, Megatron-LM's overlap flags) into the
+:class:`~meshplan.schedule.unit_sim.Overlap` the unit timelines read; :func:`blocking_p2p`
+says whether pipeline sends block their stage; :func:`megatron_reduce_line` names the gradient
+reduction Megatron-LM runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from meshplan.compute import asynctp
+from meshplan.pipeline.registry import get as get_schedule
+from meshplan.schedule.unit_sim import Overlap
+from meshplan.spec.mesh import Schedule
+
+
+def blocking_p2p(training, schedule: Schedule) -> bool:
+    """Whether pipeline sends block their stage: Megatron-LM (``training.framework``) of 2022,
+    whose ``_communicate`` waits on every ``batch_isend_irecv`` request and then calls
+    ``torch.cuda.synchronize``, so both stages of a transfer rendezvous
+    (:mod:`meshplan.pipeline.simulate`), in the schedules it had (``megatron_p2p``: 1F1B and
+    interleaved 1F1B); torch's ``torch.distributed.pipelining`` schedules post their sends
+    asynchronously."""
+    return training.framework == "megatron" and get_schedule(schedule).megatron_p2p
+
+
+def config_overlap(training, overlap: Overlap = Overlap()) -> Overlap:
+    """``overlap`` with what the config turns on: ``tp`` for ``training.tp_comm_overlap`` under
+    Megatron-LM (``--tp-comm-overlap``; torch's async TP fuses some collectives and the others
+    block: :func:`meshplan.compute.asynctp.unfused_overlap`), ``tp_grad`` for
+    ``training.framework = "megatron"``; and
+    what Megatron-LM 2022 cannot do: overlap the per-step gradient reductions with the backward
+    (``grad_reduce`` off: 2755bcb ``megatron/training.py`` ``train_step`` calls
+    ``optimizer.reduce_model_grads`` after ``forward_backward_func`` returns, and it runs the SP
+    gradients' all-reduce, the local DDP buffer's all-reduce over dp and the tied embedding's
+    all-reduce one after the other, each between timer syncs; ``model/distributed.py``'s hooks
+    only accumulate into the main-gradient buffer; today's Megatron-LM does the same unless
+    ``--overlap-grad-reduce``, default off). With ``training.overlap_grad_reduce``
+    (``--overlap-grad-reduce`` on its DDP buffers, sharding none or zero1) ``grad_reduce`` stays
+    on: the buffer's buckets (:func:`meshplan.comm.collectives._megatron_bucket_rows`) are
+    reduced as their gradients are ready in the last backward, which the timeline places as
+    DDP's (:func:`meshplan.schedule.grad_reduce.reduce_pieces`); ``training.overlap_param_gather``
+    turns ``param_gather`` on (:func:`~meshplan.schedule.step_end.param_gather_exposed_s`). Except under
+    sharding zero2, zero3 and hsdp, which Megatron-LM runs with Megatron FSDP
+    (``--use-megatron-fsdp``): there ``MegatronFSDP.__init__`` turns ``overlap_grad_reduce`` on
+    (and ``overlap_param_gather`` for ``optim_grads_params``) whatever the flags say, each
+    FSDP unit's reduce-scatter issued asynchronously after its backward and the next unit's
+    all-gather prefetched (megatron/core/distributed/fsdp/src/megatron_fsdp/megatron_fsdp.py
+    lines 326-337 at NVIDIA/Megatron-LM d98e8a6): ``grad_reduce`` stays on
+    (:func:`megatron_reduce_line`), with none of FSDP2's copies on the compute stream
+    (:func:`meshplan.comm.fsdp2.compute_stream_copies`). Under ``training.zero12_engine = "deepspeed"``,
+    ``grad_reduce`` is ``training.overlap_comm``. Under ``training.zero3_engine = "deepspeed"``
+    without overlap_comm (:attr:`~meshplan.spec.training.TrainingSpec.overlaps_comm`; DeepSpeed's
+    stage-3 default is on) both ``fsdp_prefetch`` and ``grad_reduce`` are off: DeepSpeed then
+    issues its all-gathers and reduce-scatters on the default stream (deepspeedai/DeepSpeed edaa722
+    ``runtime/zero/parameter_offload.py:189-190``, ``runtime/zero/stage3.py:335-336``), where
+    each runs between the compute kernels and blocks them, a prefetch included."""
+    if training.tp_comm_overlap and not overlap.tp and asynctp.unfused_overlap(training.framework):
+        overlap = replace(overlap, tp=True)
+    if training.framework == "megatron":
+        overlap = replace(overlap, tp_grad=True, grad_reduce=overlap.grad_reduce and (
+            megatron_fsdp(training) or training.overlap_grad_reduce),
+            param_gather=overlap.param_gather or (training.overlap_param_gather and training.sharding == "zero1"))
+    if training.zero3_engine == "deepspeed" and training.sharding == "zero3" and not training.overlaps_comm:
+        overlap = replace(overlap, fsdp_prefetch=False, grad_reduce=False)  # all on the default stream
+    if training.zero12_engine == "deepspeed" and overlap.grad_reduce != training.overlaps_comm:
+        # DeepSpeed ZeRO-1/2: its reductions run on a side stream under overlap_comm only, else
+        # on the compute stream (comm.deepspeed_zero12); whatever the framework runs the model
+        overlap = replace(overlap, grad_reduce=training.overlaps_comm)
+    if training.zero3_engine == "deepspeed-2021" and overlap.grad_reduce:
+        # DeepSpeed ZeRO-3 of 2021: every module's fetch ends in torch.cuda.synchronize()
+        # (stage3.py _synchronize_communication), which waits for the reductions in flight (the
+        # layers' buckets are placed between those fetches: deepspeed_layer._ds_backward_layer)
+        overlap = replace(overlap, grad_reduce=False)
+    return overlap
+
+
+def megatron_fsdp(training) -> bool:
+    """Whether Megatron-LM runs ``training``'s sharding with Megatron FSDP (zero2 under
+    ``zero12_engine = "megatron"``, zero3 and hsdp under ``zero3_engine = "fsdp2"``:
+    ``--use-megatron-fsdp``, :func:`config_overlap`) rather than its DDP buffers (none, zero1)
+    or another engine (DeepSpeed's)."""
+    if training.sharding == "zero2":
+        return training.zero12_engine == "megatron"
+    return training.sharding in ("zero3", "hsdp") and training.zero3_engine == "fsdp2"
+
+
+def _megatron_engine(training) -> bool:
+    """Whether Megatron-LM's own code reduces ``training``'s gradients: its DDP buffers (none;
+    zero1 under ``zero12_engine = "megatron"``) or Megatron FSDP (:func:`megatron_fsdp`)."""
+    ddp = training.sharding == "none" or (training.sharding == "zero1" and training.zero12_engine == "megatron")
+    return ddp or megatron_fsdp(training)
+
+
+def megatron_reduce_line(training) -> str:
+    """Under ``training.framework = "megatron"``: which gradient reduction the step models
+    (:func:`config_overlap`), one line; empty under another framework.
+
+    >>> from meshplan.spec.training import TrainingSpec
+    >>> megatron_reduce_line(TrainingSpec(global_batch=8, seq_len=16, sharding="zero3", framework="megatron"))[:36]
+    'note: Megatron FSDP (sharding zero3)'
+    >>> megatron_reduce_line(TrainingSpec(global_batch=8, seq_len=16, sharding="zero1", framework="megatron"))[-26:]
+    '--overlap-grad-reduce off)'
+    """
+    if training.framework != "megatron" or not _megatron_engine(training):
+        return ""  # DeepSpeed's engines: their own lines (overlap_comm, the 2021 ZeRO-3 synchronize)
+    if megatron_fsdp(training):
+        return (f"note: Megatron FSDP (sharding {training.sharding}): each unit's gradient reduce-scatter overlaps "
+                f"the next unit's backward and the next all-gather is prefetched (MegatronFSDP forces "
+                f"overlap_grad_reduce and overlap_param_gather; export writes --overlap-grad-reduce"
+                f"{' --overlap-param-gather' if training.sharding != 'zero2' else ''}); no copies on the compute "
+                f"stream around them, unlike FSDP2: the parameters are views of the all-gather's bucket and the "
+                f"weight-gradient GEMMs write into the reduce-scatter's (meshplan.comm.fsdp2)")
+    if training.overlap_grad_reduce:
+        gather = (" (--overlap-param-gather: the next forward waits for the first bucket's parameter all-gather, "
+                  "the others run beside it)") if training.overlap_param_gather else ""
+        return (f"note: Megatron-LM DDP buffers (sharding {training.sharding}, --overlap-grad-reduce): each gradient "
+                f"bucket is reduced once its gradients are ready in the last backward, overlapping the rest of it"
+                f"{gather}")
+    return (f"note: Megatron-LM DDP buffers (sharding {training.sharding}): the gradient reduction runs after the "
+            f"last backward, not overlapped (Megatron-LM's default, --overlap-grad-reduce off)")

@@ -1,0 +1,132 @@
+"""What each stage does after its last pipeline unit (:func:`_stage_end`): the later schedule
+runs, the per-step gradient reduction when not overlapped, the replicated KV heads'
+all-reduces, the optimizer step (:func:`_optimizer_s`), torchao's float8 amax precompute and
+its all-reduces (:func:`float8_precompute_s`), and the ZeRO-1/2 parameter all-gather
+(:func:`param_gather_exposed_s`), each a step-end event with its exposure.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from meshplan.compute import float8
+from meshplan.compute.kernel_time import issue_floor, optimizer_bandwidth
+from meshplan.compute.megatron_cost import megatron_stage_step_cost
+from meshplan.mesh.layers import last_stage
+from meshplan.mesh.tpsplit import local_numel
+from meshplan.pipeline.simulate import Event
+from meshplan.schedule.optimizer_step import optimizer_step_s
+from meshplan.schedule.pipeline_exposure import _run_end
+from meshplan.schedule.comm_times import CommTimes
+from meshplan.schedule.workload import workload_of
+from meshplan.units import dtype_bytes
+
+
+def _optimizer_s(plan, s: int, memo: Optional[dict] = None) -> float:
+    """The optimizer step's bulk passes and, under Megatron-LM, its per-step kernels and syncs
+    (:func:`meshplan.compute.megatron_cost.megatron_stage_step_cost`). ``memo``: a dict kept across the
+    stages of one plan, which then computes the Megatron-LM part once per distinct stage: it
+    depends on the stage's layers only through their sequence of MoE flags
+    (:meth:`~meshplan.spec.model.ModelSpec.layer_tensors`) and on whether the stage is the first
+    or the last (pp 128 of one dense kind: 3 computations instead of 128)."""
+    st, c = plan.state[s], plan.config
+    extra = 0.0
+    if c.training.framework == "megatron":
+        memo = {} if memo is None else memo
+        if "workload" not in memo:
+            memo["workload"], memo["last"] = workload_of(plan), last_stage(plan.stages)
+        layers = [i for chunk in plan.stages[s] for i in chunk]
+        key = (tuple(map(c.model.is_moe_layer, layers)), s == 0, s == memo["last"])
+        if key not in memo:
+            memo[key] = megatron_stage_step_cost(c.model, c.cluster.gpu, memo["workload"], c.training, layers, s == 0,
+                                                 s == memo["last"], plan.pp, plan.micro_batches).seconds()
+        extra = memo[key]
+    return extra + optimizer_step_s(st.bytes_of("params"), st.bytes_of("grads"), st.bytes_of("master"),
+                                    st.bytes_of("optimizer"), c.training, optimizer_bandwidth(c.cluster.gpu))
+
+
+def float8_precompute_s(plan, s: int) -> float:
+    """Seconds of torchao's ``precompute_float8_dynamic_scale_for_fsdp`` on stage ``s`` after the
+    optimizer step (``training.fp8_all_gather``, torchtitan's ``precompute_float8_dynamic_scale_for_fsdp``
+    set with it): ``torch._foreach_norm(weights, inf)`` reads the rank's local shard of every
+    float8 weight once (:func:`meshplan.compute.float8.precompute_bytes`, in the parameters'
+    dtype) at the optimizer's bandwidth, never below one issue floor; its all-reduce, the table's
+    per-step fsdp row, follows it as a step-end event (exposed fsdp), and under TP the second
+    all-reduce of the same amaxes over tp after that (exposed tp,
+    :func:`meshplan.compute.float8.precompute_all_reduces`). 0 without the float8 all-gather.
+
+    Llama 3 8B on 8 GPUs (dp_shard 8), fp32 parameters: 32 layers x 218,103,808 float8 weight
+    elements / 8 x 4 B = 3.49 GB, 1.17 ms at the H100's Triad (2.97 TB/s)."""
+    c = plan.config
+    if not c.training.fp8_all_gather:
+        return 0.0
+    tp, shard = plan.mesh.degree("tp"), plan.mesh.degree("fsdp")
+    layers = [i for chunk in plan.stages[s] for i in chunk]
+    numel = sum(local_numel(t, c.model, tp) for i in layers for t in c.model.layer_tensors(i)
+                if c.training.float8_linear(t) and not t.split.startswith("expert")) // shard
+    nbytes = float8.precompute_bytes(numel, dtype_bytes(c.training.param_dtype))
+    return issue_floor(c.cluster.gpu, nbytes / optimizer_bandwidth(c.cluster.gpu))
+
+
+def _later_runs(runs: int) -> str:
+    """``run 2`` or ``runs 2-4``: the schedule runs after the simulated first."""
+    return "run 2" if runs == 2 else f"runs 2-{runs}"
+
+
+def _stage_end(plan, s, spec, mine, units, comm: CommTimes, ov, hold: float = 0.0,
+               memo: Optional[dict] = None, run_s: float = 0.0, runs: int = 1,
+               hold_transfer_s: float = 0.0) -> tuple[float, list[Event], dict]:
+    """End of stage s after its last unit (``mine``: its compute events) and the blocking
+    send it issues (``hold`` seconds, overlapping its communication tail; of it
+    ``hold_transfer_s`` the transfers, exposed on "pp" when the hold outlasts the tail, the
+    rest waiting for the partner: bubble, :func:`~meshplan.schedule.pipeline_exposure.pp_hold_split`), with the step-end
+    events and their exposure (``memo``: :func:`_optimizer_s`'). ``run_s``: seconds from one
+    schedule run to the next (:func:`~meshplan.schedule.pipeline_exposure.run_shift`); the ``runs`` - 1 later runs are shown as one
+    event after the stage's first run (``args``: ``later_runs``, ``run_s``)."""
+    last = max(mine, key=lambda e: e.end_s)
+    u = units.of_event(last)
+    t = _run_end(mine, units, hold)
+    post, exposed = [], ({u.tail_stream: u.tail_s} if u.tail_s >= hold and u.tail_s else
+                         ({"pp": hold_transfer_s} if hold_transfer_s else {}))
+    if runs > 1:  # each later run ends with the same tail
+        exposed = {k: x * runs for k, x in exposed.items()}
+        shift = (runs - 1) * run_s
+        post.append(Event(s, "compute", f"schedule {_later_runs(runs)} ({runs - 1} x {run_s * 1e3:.3f} "
+                          f"ms, each as run 1)", t, t + shift, {"later_runs": runs - 1, "run_s": run_s}))
+        t += shift
+    steps = [("grad reduce (per step)", 0.0 if ov.grad_reduce else comm.step_reduce_s, "dp")]
+    # replicated KV heads: one all-reduce per layer of the reduced K/V gradients, before the optimizer
+    steps += [(f"kv replica all-reduce {i}", comm.kv_s, "kv") for i in range(comm.kv_calls)]
+    steps.append(("optimizer step", _optimizer_s(plan, s, memo), "compute"))
+    steps.append(("float8 weight amax (precompute)", float8_precompute_s(plan, s), "compute"))
+    steps.append(("float8 amax all-reduce (precompute)", comm.float8_step_s, "fsdp"))
+    steps.append(("float8 amax all-reduce over tp (precompute)", comm.float8_tp_step_s, "tp"))
+    first_f = min((e for e in mine if e.args["kind"] == "F"), key=lambda e: e.start_s)
+    gather = comm.step_gather_s
+    steps.append(("param all-gather (per step)", param_gather_exposed_s(gather, comm.gather_buckets, first_f.dur_s)
+                  if ov.param_gather else gather, "dp"))
+    for name, dur, stream in steps:
+        if dur > 0:
+            post.append(Event(s, stream, name, t, t + dur))
+            if stream != "compute":
+                exposed[stream] = exposed.get(stream, 0.0) + dur
+            t += dur
+    return t, post, exposed
+
+
+def param_gather_exposed_s(gather_s: float, buckets: int, first_forward_s: float) -> float:
+    """Exposed seconds of the per-step parameter all-gather overlapped with the next step's
+    first forward unit (``Overlap.param_gather``: Megatron-LM's ``--overlap-param-gather``):
+    ``buckets`` all-gathers of ``gather_s`` in all, issued one after another, the first waited
+    for before the forward starts (its first forward pre-hook issues it and waits), each
+    later one issued when the previous is waited for and running during the forward of the
+    previous bucket's layers; what the first forward unit (``first_forward_s``) does not
+    cover is exposed: ``max(gather / buckets, gather - first_forward)``. One bucket: all of it.
+    With virtual stages Megatron-LM issues the later chunks' gathers during earlier micro-batches
+    (``schedules.py`` ``param_sync_func``, when ``align_param_gather``), which this leaves out:
+    an upper bound on the exposure there.
+
+    >>> param_gather_exposed_s(10.0, 5, 4.0), param_gather_exposed_s(10.0, 5, 20.0), param_gather_exposed_s(10.0, 1, 20.0)
+    (6.0, 2.0, 10.0)
+    """
+    return max(gather_s / max(buckets, 1), gather_s - first_forward_s)

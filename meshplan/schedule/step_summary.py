@@ -1,0 +1,350 @@
+"""The predicted step as a result (:class:`StepTime`, built by
+:func:`meshplan.schedule.steptime.step_time`): step time, critical stage and path, its parts
+(compute + bubble + exposed communication, :meth:`StepTime.parts_s`) printed so they add up
+(:meth:`StepTime.shown_ms`), the FSDP waits apart from the schedule's bubble, tokens/s, MFU and
+HFU, the printable lines and the Chrome/Perfetto trace.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
+from meshplan.pipeline.fast import ArrayResult
+from meshplan.pipeline.simulate import Event, write_trace
+from meshplan.schedule.pipeline_exposure import _unit_exposure, last_tail_s, pipeline_without, stage_bubble
+from meshplan.schedule.unit_times import UnitTimes
+from meshplan.spec.wording import schedule_words
+from meshplan.units import counted
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """The predicted step. ``stage_end_s[s]``: when stage s finishes (tails, step-level
+    collectives and optimizer included); ``exposed_s``: per stream of the critical stage."""
+
+    pipeline: ArrayResult
+    units: "UnitTimes"
+    stage_end_s: tuple[float, ...]
+    post_events: tuple[Event, ...]
+    exposed_s: dict
+    model_flops: float
+    hardware_flops: float
+    tokens: int
+    world: int
+    peak_flops: float
+    example_ranks: tuple[int, ...]
+    notes: tuple[str, ...] = ()
+    recompute_name: str = ""
+    unit_index: tuple = ()  # (distinct unit keys, key index of every flat unit): UnitTimes.index
+    peak_dtype: str = ""  # the dtype of peak_flops (TrainingSpec.peak_dtype: float8 Linears run against the fp8 peak)
+    flop_gap: tuple[tuple[str, float], ...] = ()  # (cause, FLOP per step) of hardware - model: compute.ops.flop_gap
+    runs: int = 1  # pipeline schedule runs per step (training.pp_schedule_runs): ``pipeline`` is the first
+    stream_names: tuple[tuple[str, str], ...] = ()  # (stream, its name in the text): wording.stream_words
+    mesh_text: str = ""  # the mesh as every output prints it (wording.mesh_text), on the first line
+
+    def named(self, stream: str) -> str:
+        """``stream`` as the text lines name it (:attr:`stream_names`; the JSON keeps the key)."""
+        return dict(self.stream_names).get(stream, stream)
+
+    def part_named(self, part: str) -> str:
+        """A part of :meth:`parts_s` as the text lines name it: ``exposed <stream>`` with its
+        stream :meth:`named` (``exposed ZeRO data-parallel`` under DeepSpeed), the others as keyed."""
+        return f"exposed {self.named(part[8:])}" if part.startswith("exposed ") else part
+
+    @property
+    def step_s(self) -> float:
+        return max(self.stage_end_s)
+
+    @property
+    def critical_stage(self) -> int:
+        return max(range(len(self.stage_end_s)), key=lambda s: self.stage_end_s[s])
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.step_s
+
+    @property
+    def mfu(self) -> float:
+        return self.model_flops / (self.step_s * self.world * self.peak_flops)
+
+    @property
+    def hfu(self) -> float:
+        return self.hardware_flops / (self.step_s * self.world * self.peak_flops)
+
+    def critical_path(self) -> list[str]:
+        """Pipeline units on the critical path, then the critical stage's step-end ops (built
+        once: the step command prints them and writes them to --json)."""
+        if "critical_path" not in self._trace_cache:
+            self._trace_cache["critical_path"] = self._critical_path_lines()
+        return list(self._trace_cache["critical_path"])
+
+    def _critical_path_lines(self) -> list[str]:
+        res = self.pipeline
+        idx = res.critical_units  # the fields of pipeline.critical_path's events, without the events
+        cols = ((idx // res.flat.length).tolist(), res.unit_names(idx), res.start[idx].tolist(),
+                res.end[idx].tolist(), res.via_at(idx).tolist())
+        out = [f"stage {s} (rank {self.example_ranks[s]}) {name} {t0 * 1e3:.3f}-{t1 * 1e3:.3f} ms "
+               f"(after {'p2p' if via else 'stream'})" for s, name, t0, t1, via in zip(*cols)]
+        s = self.critical_stage
+        out += [f"stage {s} (rank {self.example_ranks[s]}) {e.name} {e.start_s * 1e3:.3f}-{e.end_s * 1e3:.3f} ms"
+                for e in self.post_events if e.stage == s]
+        return out
+
+    def most_exposed_stage(self) -> Optional[tuple[int, dict]]:
+        """The stage whose units expose the most communication (seconds per step, every stream
+        but the pp waits, summed over its units), with its exposed seconds per stream as
+        :attr:`exposed_s` counts them (pp: its calls' transfers, step-end ops not), when that stage is
+        not the critical one and exposes more than it; else None. A MoE model's dense first
+        stage can end last while the expert stages spend their time in all-to-alls the critical
+        stage never issues."""
+        if "most_exposed" not in self._trace_cache:
+            self._trace_cache["most_exposed"] = self._most_exposed()
+        return self._trace_cache["most_exposed"]
+
+    def _most_exposed(self) -> Optional[tuple[int, dict]]:
+        res = self.pipeline
+        keys, idx = self.unit_index if self.unit_index else self.units.index(res.flat)
+        per_key = np.array([sum(v for k, v in self.units.by_key(key).exposed_s.items() if k != "pp") for key in keys])
+        totals = self.runs * np.bincount(np.arange(len(idx)) // res.flat.length, weights=per_key[idx],
+                                         minlength=len(self.stage_end_s))
+        s = int(np.argmax(totals))
+        crit = sum(v for k, v in self.exposed_s.items() if k != "pp")
+        if s == self.critical_stage or totals[s] <= crit * (1 + 1e-9):
+            return None
+        return s, {k: self.runs * x for k, x in _unit_exposure(res, s, self.units, keys, idx, {}).items()}
+
+    def parts_s(self) -> dict[str, float]:
+        """The step on the critical stage s split into parts that add up to :attr:`step_s`,
+        seconds (every part >= 0; streams that expose nothing left out):
+
+        - ``compute``: s's pipeline units less the communication exposed inside them (GEMMs,
+          attention, memory-bound ops, recompute, copies on the compute stream), every
+          schedule run, plus the optimizer step;
+        - ``bubble``: s's compute stream idle: before its first unit, between units (a receive
+          wait beyond its transfer), the part of each blocking call's hold spent waiting for its
+          partner stage (:func:`~meshplan.schedule.pipeline_exposure.pp_hold_split`), and with ``training.pp_schedule_runs`` > 1 each
+          later run's idle (its :func:`~meshplan.schedule.pipeline_exposure.run_shift` less run 1's busy and exposed time);
+        - ``exposed <stream>``: :attr:`exposed_s` (pp: the transfers only).
+
+        D4 (Korthikanti et al. 2022 175B, Megatron-LM interleaved 1F1B p 8 x v 3, 64
+        micro-batches): compute 11,177.23 + bubble 676.52 + exposed tp 1,394.47 + pp 141.31
+        (340 transfers of 0.4156 ms) + dp 16.98 = 13,406.51 ms (tests/test_step_parts.py)."""
+        if "parts" not in self._trace_cache:
+            self._trace_cache["parts"] = self._parts()
+        return dict(self._trace_cache["parts"])
+
+    def _parts(self) -> dict[str, float]:
+        res, s = self.pipeline, self.critical_stage
+        keys, idx = self.unit_index if self.unit_index else self.units.index(res.flat)
+        inner = np.array([sum(self.units.by_key(k).exposed_s.values()) for k in keys])[idx[res.stage_slice(s)]]
+        post = [e for e in self.post_events if e.stage == s]
+        later = [e for e in post if "later_runs" in e.args]
+        runs = (later[0].args["later_runs"], later[0].args["run_s"]) if later else (0, 0.0)
+        bubble = stage_bubble(res, s, last_tail_s(res, s, self.units), *runs)
+        compute = self.runs * (float(res.busy_s[s]) - float(inner.sum()))
+        compute += sum(e.dur_s for e in post if e.stream == "compute" and "later_runs" not in e.args)  # the optimizer
+        exposed = {f"exposed {k}": v for k, v in sorted(self.exposed_s.items()) if v > 0}
+        return {"compute": compute, "bubble": bubble, **exposed}
+
+    def shown_ms(self) -> dict[str, str]:
+        """The step and its parts (:meth:`parts_s`) as every line prints them, ms to 0.01:
+        ``{"step": ..., "compute": ..., "bubble": ..., "exposed <stream>": ...}``. One rounding
+        for all: each part rounded so that the printed parts add up to the printed step
+        (largest remainder, :func:`_rounded_to_total`: every part within 0.01 ms of its
+        value), so the exposed-communication line, the parts line and the HTML report print
+        the same number for the same quantity (a part of 8.605 ms is 8.60 or 8.61 in all)."""
+        if "shown" not in self._trace_cache:
+            total = round(self.step_s * 1e5)
+            cents = _rounded_to_total({k: v * 1e5 for k, v in self.parts_s().items()}, total)
+            self._trace_cache["shown"] = {k: f"{c / 100:.2f}" for k, c in {"step": total, **cents}.items()}
+        return dict(self._trace_cache["shown"])
+
+    def parts_line(self) -> str:
+        """``step on stage 0 = compute 11177.23 + bubble 676.52 + exposed tp 1394.47 + ... =
+        13406.51 ms``: :meth:`parts_s` as :meth:`shown_ms` prints them (they add up to the
+        printed step)."""
+        shown = self.shown_ms()
+        terms = " + ".join(f"{self.part_named(k)} {v}" for k, v in shown.items() if k != "step")
+        return f"step on stage {self.critical_stage} = {terms} = {shown['step']} ms"
+
+    def without_fsdp_waits(self) -> Optional[ArrayResult]:
+        """The pipeline simulated again with every unit shortened by the time its compute
+        stream waits inside it for FSDP (:data:`FSDP_STREAMS`: an all-gather not hidden, and
+        after a chunk's last backward torch 2.13's ``PipelineStage.perform_reduce_grad``:
+        ``_add_reduce_grad`` schedules it right after that backward, and its
+        ``_root_post_backward_final_callback`` -> ``FSDPParamGroup.finalize_backward`` makes the
+        compute stream wait for the chunk's reduce-scatters before the stage's next unit); None
+        with pp 1 or no such wait. Its bubble is the schedule's alone; the difference in
+        ``step_s`` is what the FSDP waits add to the pipeline (:meth:`lines`)."""
+        if "no_fsdp" not in self._trace_cache:
+            self._trace_cache["no_fsdp"] = self._without_fsdp_waits()
+        return self._trace_cache["no_fsdp"]
+
+    def _without_fsdp_waits(self) -> Optional[ArrayResult]:
+        res = self.pipeline
+        if res.spec.p == 1:
+            return None
+        keys, idx = self.unit_index if self.unit_index else self.units.index(res.flat)
+        waits = np.array([sum(v for k, v in self.units.by_key(key).exposed_s.items() if k in FSDP_STREAMS)
+                          for key in keys])[idx]
+        return pipeline_without(res, waits) if waits.any() else None
+
+    def _fsdp_wait_line(self) -> list[str]:
+        """The FSDP waits apart from the schedule's bubble (:meth:`without_fsdp_waits`), in
+        seconds on the busiest stage s, which add up: its idle and FSDP-wait time
+        ``step - busy_bare[s]`` = the schedule's bubble ``step_bare - busy_bare[s]`` + what the
+        waits add to the pipeline ``step - step_bare`` (>= 0: waits only lengthen units), and as
+        ratios over the stage's compute without the waits ``busy_bare[s]`` (one denominator, so
+        the ratios add up too; the bubble line's idle/ideal counts the waits as busy instead)."""
+        bare = self.without_fsdp_waits()
+        if bare is None:
+            return []
+        p, s = self.pipeline, self.pipeline.busiest_stage
+        c = float(bare.busy_s[s])
+        y, z = bare.step_s - c, p.step_s - bare.step_s
+        each = ", each run" if self.runs > 1 else ""
+        # each sum printed as its terms rounded to add up (largest remainder, as parts_line)
+        ms = _rounded_to_total({"y": y * 1e5, "z": z * 1e5}, round((y + z) * 1e5))
+        r = _rounded_to_total({"y": y / c * 1e4, "z": z / c * 1e4}, round((y + z) / c * 1e4))
+        return [f"bubble and FSDP waits on stage {s}: {(ms['y'] + ms['z']) / 100:.2f} ms = the schedule's bubble "
+                f"{ms['y'] / 100:.2f} ms (simulated without the units' FSDP waits) + {ms['z'] / 100:.2f} ms the FSDP "
+                f"waits add (all-gathers not hidden; after each chunk's last backward perform_reduce_grad's "
+                f"reduce-scatters, which the compute stream waits for: the pipeline {bare.step_s * 1e3:.2f} -> "
+                f"{p.step_s * 1e3:.2f} ms{each}); over its compute without the waits: {(r['y'] + r['z']) / 1e4:.4f} = "
+                f"{r['y'] / 1e4:.4f} + {r['z'] / 1e4:.4f}"]
+
+    def _other_stage_clause(self) -> str:
+        """Where the bubble ratios' stage (the busiest: the schedule's bubble is measured against
+        the most work) is not the critical one (where the step ends, which :meth:`parts_line`
+        splits), the clause that ties them, with the critical stage's idle as a fraction of the
+        step and of its busy time, from the same simulated timeline as the parts: ``; the step's
+        parts below are on stage 0, where the step ends: bubble 32991.72 ms is its idle, 0.7137 of
+        the step (2.4933 as idle/ideal)`` (DeepSeek-V3 example, whose schedule's bubble is 0.1217
+        idle/ideal on stage 7); else empty."""
+        s = self.critical_stage
+        if self.pipeline.busiest_stage == s:
+            return ""
+        shown = self.shown_ms()
+        idle, step = float(shown["bubble"]), float(shown["step"])
+        return (f"; the step's parts below are on stage {s}, where the step ends: bubble "
+                f"{shown['bubble']} ms is its idle, {idle / step:.4f} of the step ({idle / (step - idle):.4f} as "
+                f"idle/ideal)")
+
+    def _closed_form_bubble(self) -> str:
+        """The schedule's closed-form bubble for uniform stages without p2p time, beside the
+        simulated one (handed case C11: 1F1B at p 4, m 8 gives 0.375 idle/ideal, 0.2727
+        idle/total); only where it does not depend on the F, B, W unit times (schedules that
+        do not split the backward), else empty."""
+        spec = self.pipeline.spec
+        if spec.p == 1 or spec.sched.splits_backward:
+            return ""
+        x = spec.sched.bubble(spec.p, spec.m, spec.v)
+        if x != x:  # NaN: no closed form for this m (interleaved 1F1B with torch's other rounds)
+            return ""
+        return f"; closed form for uniform stages: {x:.4f} idle/ideal, {x / (1 + x):.4f} idle/total"
+
+    def lines(self) -> list[str]:
+        """Printable summary with the definitions named."""
+        p, shown = self.pipeline, self.shown_ms()
+        exp = ", ".join(f"{self.named(k)} {shown['exposed ' + k]} ms" for k, v in sorted(self.exposed_s.items())
+                        if v > 0) or "none"
+        most = self.most_exposed_stage()
+        other = [] if most is None else [
+            f"most exposed communication: stage {most[0]} (not the critical stage; its units): "
+            + ", ".join(f"{self.named(k)} {v * 1e3:.2f} ms" for k, v in sorted(most[1].items()) if v > 0)]
+        runs = f" x {self.runs} runs" if self.runs > 1 else ""
+        sched = schedule_words(p.spec.schedule, p.spec.p) + (f", p {p.spec.p}" if p.spec.p > 1 else "")
+        return [f"step {shown['step']} ms ({sched}, m {p.spec.m}{runs}{f', v {p.spec.v}' if p.spec.p > 1 else ''}); "
+                f"critical stage {self.critical_stage}" + (f"; mesh {self.mesh_text}" if self.mesh_text else ""),
+                f"bubble {p.bubble:.4f} as idle/ideal, {p.bubble_of_total:.4f} as idle/total "
+                f"(the schedule's bubble fraction, on the busiest stage {p.busiest_stage}, pipeline only{', each run' if self.runs > 1 else ''}"
+                f"{WAITS_BUSY if self.without_fsdp_waits() is not None else ''}{self._other_stage_clause()})"
+                f"{self._closed_form_bubble()}"] + self._fsdp_wait_line() + [
+                f"exposed communication on stage {self.critical_stage}: {exp}", self.parts_line()] + other + [
+                self.recompute_line(),
+                f"tokens/s {self.tokens_per_s:,.0f}; MFU {self.mfu:.1%} (model FLOP: per-op, causal-half "
+                f"attention, no recompute); HFU {self.hfu:.1%} (executed FLOP, recompute included{self._gap_text()}); "
+                f"of the "
+                f"{self.peak_flops / 1e12:,.0f} TFLOP/s {self.peak_dtype} dense peak per GPU".rstrip()] + \
+            [f"note: {n}" for n in self.notes]
+
+    def _gap_text(self) -> str:
+        """``; above MFU by: flash backward recomputes QK^T 1.1 pp``: each cause of
+        :attr:`flop_gap` in percentage points of HFU (so HFU above MFU with recompute none says why)."""
+        den = self.step_s * self.world * self.peak_flops
+        parts = [f"{c} {f / den * 100:.1f} pp" for c, f in self.flop_gap if f / den >= 5e-4]
+        return "; above MFU by: " + ", ".join(parts) if parts else ""
+
+    def recompute_s(self, stage: Optional[int] = None) -> float:
+        """Seconds of recomputed forward ops per micro-batch on ``stage`` (default: the
+        critical one), summed over its layers (:func:`meshplan.compute.layer.layer_cost`)."""
+        s = self.critical_stage if stage is None else stage
+        return sum(c.seconds(recompute=True) for ch in self.units.chunks[s] for c in ch.layers)
+
+    def recompute_line(self) -> str:
+        """The recompute policy in its framework's words and what it costs per step."""
+        t, m = self.recompute_name, self.pipeline.spec.m * self.runs
+        r = self.recompute_s()
+        return (f"recompute: {t}: {r * 1e3:.3f} ms per micro-batch on stage {self.critical_stage}, "
+                f"{r * m * 1e3:.2f} ms per step ({counted(m, 'micro-batch')})")
+
+    def trace_events(self, detail: bool = True, stage: Optional[int] = None) -> list[Event]:
+        """Pipeline units (and, with ``detail``, every op and collective inside them) shifted
+        to their start, pp sends and the step-end ops; ``stage``: only that stage's (built
+        for it alone, and kept: the link-load report asks three times)."""
+        if stage is not None and (detail, stage) in self._trace_cache:
+            return self._trace_cache[(detail, stage)]
+        out = []
+        for e in (self.pipeline.events if stage is None else self.pipeline.stage_events(stage)):
+            out.append(e)
+            if not detail or e.stream != "compute":
+                continue
+            for ie in self.units.of_event(e).events:
+                if ie.end_s > ie.start_s:
+                    out.append(Event(e.stage, ie.stream, ie.name, e.start_s + ie.start_s, e.start_s + ie.end_s,
+                                     {"unit": e.name}))
+        out += [e for e in self.post_events if stage is None or e.stage == stage]
+        if stage is not None:
+            self._trace_cache[(detail, stage)] = out
+        return out
+
+    @cached_property
+    def _trace_cache(self) -> dict:
+        return {}
+
+    def write_trace(self, path: str | Path, detail: bool = True, force: bool = False) -> Path:
+        meta = {"generator": "meshplan", "step_ms": self.step_s * 1e3, "mfu": self.mfu, "hfu": self.hfu,
+                "bubble_idle_over_ideal": self.pipeline.bubble}
+        return write_trace(self.trace_events(detail), path, meta, force=force,
+                           ranks=dict(enumerate(self.example_ranks)))
+
+
+def _rounded_to_total(values: dict, total: int) -> dict:
+    """``values`` rounded to integers that add up to ``total`` (largest remainder: floors,
+    then one more to the largest fractions; when the floors already exceed ``total``, one
+    less from the smallest), each within 1 of its value when ``total`` is the rounded sum.
+
+    >>> _rounded_to_total({"a": 1.4, "b": 1.4, "c": 1.2}, 4)
+    {'a': 2, 'b': 1, 'c': 1}
+    """
+    out = {k: int(np.floor(v)) for k, v in values.items()}
+    order = sorted(values, key=lambda k: out[k] - values[k])  # the largest fraction first
+    left = total - sum(out.values())
+    for k in (order if left >= 0 else order[::-1])[:abs(left)]:
+        out[k] += 1 if left > 0 else -1
+    return out
+
+
+#: Streams of FSDP's collectives a unit's compute stream can wait for: fsdp (dp_shard x cp),
+#: efsdp (the routed experts'), dp_replicate (HSDP's all-reduce after the reduce-scatter).
+FSDP_STREAMS = ("fsdp", "efsdp", "dp_replicate")
+
+
+#: The bubble line's note where units wait for FSDP under pp: idle/ideal counts those waits as
+#: busy time (:meth:`StepTime._fsdp_wait_line` shows them apart).
+WAITS_BUSY = ", the units' FSDP waits counted as busy"

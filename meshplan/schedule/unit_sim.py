@@ -1,0 +1,162 @@
+"""The event simulation under every unit timeline: :class:`_Sim` runs compute and collectives
+on their streams in issue order, each task after its dependencies, compute slowed by the SMs the
+running collectives hold (:data:`MAX_SM_SHARE`), and counts the time the compute stream waits on
+each stream (exposed); :class:`UnitSim` is its result; :class:`Overlap` which communication may
+overlap compute; :class:`ChunkCosts` the compute of one chunk per micro-batch.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Optional
+
+from meshplan.compute import asynctp
+from meshplan.compute.ops import Cost, Workload
+from meshplan.pipeline.simulate import Event
+from meshplan.schedule.comm_times import CommTimes
+
+
+#: At most this fraction of the SMs is taken from compute by concurrent collectives.
+MAX_SM_SHARE = 0.9
+
+
+@dataclass(frozen=True)
+class Overlap:
+    """Which communication overlaps compute (module docstring)."""
+
+    tp: bool = False
+    tp_grad: bool = False
+    fsdp_prefetch: bool = True
+    grad_reduce: bool = True
+    param_gather: bool = False
+
+
+@dataclass(frozen=True)
+class ChunkCosts:
+    """Compute of one chunk per micro-batch: a Cost per layer, which are MoE, and the
+    embedding (first virtual stage) and head (last virtual stage) Costs or None; ``batch``:
+    what the framework runs around every chunk's passes (Megatron-LM 2022's ``get_batch`` and
+    timer syncs, :func:`meshplan.compute.megatron_cost.megatron_batch_cost`) or None."""
+
+    layers: tuple[Cost, ...]
+    moe: tuple[bool, ...]
+    embed: Optional[Cost] = None
+    head: Optional[Cost] = None
+    batch: Optional[Cost] = None
+
+
+@dataclass(frozen=True)
+class UnitSim:
+    """One unit's simulated timeline, times from the unit start (seconds)."""
+
+    duration_s: float
+    tail_s: float
+    exposed_s: dict
+    events: tuple[Event, ...]
+    tail_stream: str = ""
+
+
+class _Sim:
+    """Streams run tasks in issue order; a task starts when its stream is free and its
+    dependencies (``after``) are done. A compute task may ``overlap`` communication: it
+    starts no earlier than the first of them starts and ends no earlier than all end."""
+
+    def __init__(self, comm: CommTimes, w: Workload, ov: Overlap):
+        self.c, self.w, self.ov = comm, w, ov
+        self.free: defaultdict[str, float] = defaultdict(float)
+        self.events: list[Event] = []
+        self.exposed: defaultdict[str, float] = defaultdict(float)
+        self.last: Optional[Event] = None
+        self.busy: list[tuple[float, float, float]] = []   # (start, end, SM share) of collectives
+        self.memo: dict = {}  # per-Cost sums of this unit (its layers share Cost objects)
+        self.reduced: Optional[Event] = None  # the last piece of the gradient reduction issued
+
+    def of(self, fn, c: Cost, *args):
+        """``fn(c, *args)`` once per (fn, Cost, args) in this unit: the sums over a layer's ops
+        that every layer of the same kind repeats (the chunk's layers share their Cost)."""
+        key = (fn, id(c), args)
+        if key not in self.memo:
+            self.memo[key] = (c, fn(c, *args))  # holds c: its id stays its own
+        return self.memo[key][1]
+
+    def _finish(self, start: float, dur: float) -> float:
+        """End of ``dur`` seconds of compute from ``start`` while the collectives in ``busy``
+        hold their SM shares: the kernel progresses at ``1 - sum of the shares`` (at most
+        :data:`MAX_SM_SHARE` taken) while they run, at full rate otherwise."""
+        self.busy = [b for b in self.busy if b[1] > start]
+        if dur <= 0 or not self.busy:
+            return start + dur
+        t, left = start, dur
+        edges = sorted({x for a, b, _ in self.busy for x in (a, b) if x > start})
+        for nxt in edges + [float("inf")]:
+            rate = 1.0 - min(MAX_SM_SHARE, sum(f for a, b, f in self.busy if a <= t < b))
+            if (nxt - t) * rate >= left:
+                return t + left / rate
+            left -= (nxt - t) * rate
+            t = nxt
+        return t  # unreachable: the last segment is unbounded
+
+    def _add(self, stream, name, start, end, args=None) -> Event:
+        ev = Event(0, stream, name, start, end, dict(args or {}))
+        self.events.append(ev)
+        self.free[stream] = end
+        return ev
+
+    def compute(self, name: str, dur: float, after=(), overlap=()) -> Event:
+        after = [a for a in (self.last, *after) if a is not None]
+        ov = [o for o in overlap if o is not None]
+        free = self.free["compute"]
+        ready = [(a.end_s, a) for a in after] + ([(o.start_s, o) for o in [min(ov, key=lambda o: o.start_s)]] if ov else [])
+        start = max([free] + [t for t, _ in ready])
+        if start > free:
+            binding = max(ready, key=lambda x: x[0])[1]
+            if binding.stream != "compute":
+                self.exposed[binding.stream] += start - free
+        done = self._finish(start, dur)
+        end = max([done] + [o.end_s for o in ov])
+        for o in ov:
+            if o.end_s > start + dur and o.end_s == end:
+                self.exposed[o.stream] += end - (start + dur)
+                break
+        self.last = self._add("compute", name, start, end)
+        return self.last
+
+    def comm(self, kind: str, phase: str, op: str, name: str, group: str = "", after=None,
+             seconds: Optional[float] = None) -> Optional[Event]:
+        t = self.c.get(kind, phase, op, group) if seconds is None else seconds
+        if not op or t <= 0:
+            return None
+        stream = {"shard": "efsdp" if group == "expert" else "fsdp", "replica": "dp_replicate"}.get(kind, kind)
+        deps = [a for a in ([self.last] if after is None else after) if a is not None]
+        start = max([self.free[stream]] + [a.end_s for a in deps])
+        if (f := self.c.sm_share(kind, phase, op, group)) > 0:
+            self.busy.append((start, start + t, f))
+        return self._add(stream, name, start, start + t, {"kind": kind, "group": group, "phase": phase, "op": op})
+
+    def fused(self, name: str, gemm_s: float, collective_s: float, n: int, reduce_scatter: bool) -> Event:
+        """A fused all-gather + GEMM (``reduce_scatter`` False) or GEMM + reduce-scatter of ``n``
+        pieces (:mod:`meshplan.compute.asynctp`): the compute stream runs it for
+        :func:`~meshplan.compute.asynctp.fused_seconds` of its GEMMs (``gemm_s``, the pieces')
+        and one piece's transfer (``collective_s``: the whole collective's model time); the time
+        beyond the GEMMs is exposed on "tp". The transfers (``collective_s`` in all) are shown on
+        the tp stream from the op's start (all-gather: the local piece first) or after its first
+        GEMM piece (reduce-scatter)."""
+        fw = self.w.async_tp
+        c = asynctp.piece_comm_s(fw, collective_s, self.w.tp, reduce_scatter)
+        total = asynctp.fused_seconds(gemm_s, c, n, trail=reduce_scatter and fw == "megatron")
+        ev = self.compute(name, total)
+        if total > gemm_s:
+            self.exposed["tp"] += total - gemm_s
+        if collective_s > 0:
+            t0 = ev.start_s + (gemm_s / n if reduce_scatter else 0.0)
+            self.events.append(Event(0, "tp", f"tp {name} ({n} pieces)", t0, t0 + collective_s,
+                                     {"kind": "tp", "group": "", "phase": "", "op": "fused"}))
+            self.free["tp"] = max(self.free["tp"], t0 + collective_s)
+        return ev
+
+    def finish(self) -> UnitSim:
+        end = self.last.end_s if self.last else 0.0
+        final = max(self.events, key=lambda e: e.end_s, default=None)
+        tail = max(0.0, final.end_s - end) if final else 0.0
+        return UnitSim(end, tail, dict(self.exposed), tuple(self.events), final.stream if final and tail else "")

@@ -1,0 +1,60 @@
+"""The compute side of a plan's step: the per-rank :class:`~meshplan.compute.ops.Workload` of its
+mesh and training contract (:func:`workload_of`), and each stage's and chunk's op costs per
+micro-batch (:func:`chunk_costs`), which the unit timelines (:mod:`meshplan.schedule.rank_timeline`)
+lay out.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from meshplan.compute.gemm import GemmTable
+from meshplan.compute.embed_head import embedding_cost, head_cost
+from meshplan.compute.layer import layer_cost
+from meshplan.compute.megatron_cost import megatron_batch_cost
+from meshplan.compute.ops import Cost, Workload, float8_gemms, framework_kernels
+from meshplan.compute.recompute import layer_workload
+from meshplan.compute.routing import RoutingOptions
+from meshplan.compute.shapes import local_split
+from meshplan.mesh.layers import last_stage
+from meshplan.schedule.unit_sim import ChunkCosts
+from meshplan.spec.axes.base import Dim
+
+
+def workload_of(plan, dropout: bool = False) -> Workload:
+    """The per-rank :class:`~meshplan.compute.ops.Workload` of a plan's mesh and training
+    contract. ``dropout``: GPT-style dropout, also on when the config's ``[memory] dropout`` is.
+    Megatron-LM (``training.framework``) projects Q, K and V with one GEMM and, with fp32
+    gradients, accumulates the weight gradients into them inside the GEMM (its
+    ``gradient_accumulation_fusion``, on by default). ``training.tp_comm_overlap`` with sequence
+    parallelism and tp > 1: the framework's decomposed TP GEMMs (:mod:`meshplan.compute.asynctp`)."""
+    t, mesh = plan.config.training, plan.mesh
+    dropout = dropout or plan.config.memory.dropout
+    split = local_split(mesh)  # the dims each registered axis divides, as the plan's shapes
+    async_tp = t.framework if t.tp_comm_overlap and mesh.sequence_parallel and split[Dim.HEADS] > 1 else ""
+    return Workload(seq_len=t.seq_len, micro_batch=t.micro_batch, tp=split[Dim.HEADS], cp=split[Dim.SEQUENCE],
+                    sp=mesh.sequence_parallel, ep=split[Dim.EXPERTS], etp=split[Dim.EXPERT_FFN], dtype=t.compute_dtype,
+                    recompute=t.recompute, flash=t.flash_attention, dropout=dropout,
+                    vocab_pad_divisor=t.vocab_pad_divisor, routing=RoutingOptions.of(t), **framework_kernels(t),
+                    **float8_gemms(plan.config.model, t), async_tp=async_tp)
+
+
+def chunk_costs(plan, w: Workload, table: Optional[GemmTable] = None) -> list[list[ChunkCosts]]:
+    """``[stage][chunk]`` compute per micro-batch (one layer_cost per distinct layer kind)."""
+    model, gpu, t = plan.config.model, plan.config.cluster.gpu, plan.config.training
+    cache: dict[tuple, Cost] = {}
+
+    def cost(i: int, s: int) -> Cost:
+        key = (model.is_moe_layer(i), t.layer_recomputed(position[s][i]))  # torchtitan per-layer AC
+        if key not in cache:
+            cache[key] = layer_cost(model, gpu, layer_workload(w, key[1]), layer=i, table=table)
+        return cache[key]
+
+    position = [{i: k for k, i in enumerate(i for chunk in chunks for i in chunk)} for chunks in plan.stages]
+    v, last = plan.vpp, last_stage(plan.stages)  # last: 0 under a V-shaped schedule
+    batch = megatron_batch_cost(gpu, w) if w.megatron_ops else None  # every chunk, every stage (2755bcb)
+    return [[ChunkCosts(layers=tuple(cost(i, s) for i in layers), moe=tuple(model.is_moe_layer(i) for i in layers),
+                        embed=embedding_cost(model, gpu, w) if (s, c) == (0, 0) else None,
+                        head=head_cost(model, gpu, w, table) if (s, c) == (last, v - 1) else None,
+                        batch=batch)
+             for c, layers in enumerate(chunks)] for s, chunks in enumerate(plan.stages)]

@@ -1,0 +1,177 @@
+"""The collective seconds of many candidates at once, for the step-time bound: every axis's
+per-layer, per-unit and per-step collectives (:func:`comm_times`) with the sizes of
+:func:`meshplan.comm.collectives.collective_table`, and FSDP2's copies on the compute stream
+around each all-gather and reduce-scatter (:func:`fsdp_copies`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from meshplan.comm import fsdp2
+from meshplan.comm.collectives import FLOAT8_AMAX_BYTES
+from meshplan.compute import float8
+from meshplan.compute.dtensor_sp import float8_tp
+from meshplan.compute.measured import kernel_data
+from meshplan.compute.ops import float8_gemms
+from meshplan.compute.routing import RoutingOptions, a2a_rows
+from meshplan.config import Config
+from meshplan.mesh.tpsplit import expert_shard_dim, local_heads, padded_numel
+from meshplan.search.memory import Tables, lookup, split
+from meshplan.search.space import SHARDING, Candidates
+from meshplan.search.time_tables import TimeTables, coll_times
+from meshplan.spec.axes.base import Dim
+from meshplan.units import dtype_bytes
+
+
+def comm_times(cfg: Config, tt: TimeTables, c: Candidates) -> dict[str, np.ndarray]:
+    """Seconds per call of each collective the bound uses, per candidate (sizes of
+    :func:`meshplan.comm.collectives.collective_table`)."""
+    m, t = cfg.model, cfg.training
+    cd, rd = dtype_bytes(t.compute_dtype), dtype_bytes(t.fsdp_reduce_dtype)  # the table's FSDP dtypes
+    sp, seq = c.tp > 1, split(c, Dim.SEQUENCE)  # the sequence as the registered axes divide it
+    act = c.mb * (t.seq_len // seq) * m.hidden * cd
+    tps, at = np.unique(c.tp, return_inverse=True)
+    kv_l = np.array([local_heads(m, x)[1] for x in tps.tolist()], dtype=np.int64)[at.reshape(-1)]
+    kv = c.mb * t.seq_len * kv_l * (m.d_head + m.d_v) * cd  # K and V (MLA: value head dim d_v)
+    one = np.ones_like(c.tp)
+    # the layers' all-gathers in float8 under torchao's float8 TP (dtensor_sp.float8_tp: the
+    # contract's, with SP); the reduce-scatters, the head's and the embedding's in compute dtype
+    f8 = float8_tp(m, t)
+    out = {"tp_sp": np.where(sp, coll_times(tt, "all-gather", c.tp, act, one), 0.0),
+           "tp_ag": np.where(sp, coll_times(tt, "all-gather", c.tp, act // cd if f8 else act, one), 0.0),
+           "tp_ar": np.where(sp, 0.0, coll_times(tt, "all-reduce", c.tp, act, one)),
+           "loss": 3 * coll_times(tt, "all-reduce", c.tp, c.mb * (t.seq_len // seq) * 4, one),
+           "cp_ag": coll_times(tt, "all-gather", c.cp, kv, c.tp),
+           "cp_rs": coll_times(tt, "reduce-scatter", c.cp, kv, c.tp),
+           "p2p": coll_times(tt, "send/recv", c.pp, act // np.where(sp, c.tp, 1), c.dpr * c.dps * c.cp * c.tp)}
+    # the tp all-reduces of the float8 amaxes of a dense layer under torchao's float8 TP, blocking
+    # (collectives._float8_amax_rows); forward counted as with fp8_all_gather (the fewer: 4 for
+    # Llama against 11), as the candidates without FSDP plan it off
+    names = float8_gemms(m, t).get("float8_gemms", frozenset()) if f8 else frozenset()
+    n_f, n_b = float8.tp_amax_per_layer(names, True)
+    amax = np.where(sp, coll_times(tt, "all-reduce", c.tp, one * FLOAT8_AMAX_BYTES, one), 0.0)
+    out.update(amax_f=n_f * amax, amax_b=n_b * amax)
+    on = (c.sh == SHARDING.index("zero3")) | (c.sh == SHARDING.index("hsdp"))
+    unit = _padded_unit(tt.tables, c)
+    # each weight in its gather dtype (training.gather_dtype: float8 Linear weights under
+    # fp8_all_gather), as the collective table sizes the unit's all-gather
+    out["fsdp_ag"] = np.where(on, coll_times(tt, "all-gather", c.fsdp, _padded_unit(tt.tables, c, gather=True), c.tp),
+                              0.0)
+    out["fsdp_rs"] = np.where(on, coll_times(tt, "reduce-scatter", c.fsdp, unit * rd, c.tp), 0.0)
+    # the [norm, output] unit's reduce-scatter (unpadded elements: never above the table's; the
+    # output layer counted, a tied one being its own unit only under pp)
+    head = lookup([c.tp], lambda tp: {"n": sum(tt.tables.roots(tp)[1:3])}, ("n",))["n"]
+    out["head_rs"] = np.where(on, coll_times(tt, "reduce-scatter", c.fsdp, head * rd, c.tp), 0.0)
+    # its all-gather, each weight in its gather dtype (unpadded: never above the table's), which
+    # training.reshard_head_after_forward runs again before each backward (_head_regathers)
+    head_g = lookup([c.tp], lambda tp: {"b": sum(tt.tables.roots_gather(tp)[k] for k in ("norm", "out"))}, ("b",))["b"]
+    out["head_ag"] = np.where(on, coll_times(tt, "all-gather", c.fsdp, head_g, c.tp), 0.0)
+    # HSDP: the reduced shard all-reduced over dp_replicate (ranks dp_shard * cp * tp apart)
+    out["hsdp_ar"] = np.where(c.sh == SHARDING.index("hsdp"),
+                              coll_times(tt, "all-reduce", c.dpr, unit // c.fsdp * rd, c.dps * c.cp * c.tp), 0.0)
+    # the routed experts' own FSDP unit, all-gathered over efsdp (expert mesh (efsdp, ep, etp):
+    # efsdp ranks ep * etp apart) when a MoE layer's forward finds it sharded
+    out["efsdp_ag"] = np.where(on, coll_times(tt, "all-gather", c.efsdp, _padded_unit(tt.tables, c, True) * cd,
+                                              c.ep * c.etp), 0.0) if m.is_moe else np.zeros(len(c))
+    if m.is_moe:
+        rows = a2a_rows(RoutingOptions.of(t), c.mb * (t.seq_len // seq) * c.etp // c.tp, m.top_k, m.experts, c.ep)
+        out["ep"] = coll_times(tt, "all-to-all", c.ep, rows * m.hidden * cd, c.etp)
+    else:
+        out["ep"] = np.zeros(len(c))
+    return out
+
+
+def _padded_unit(tables: Tables, c: Candidates, experts: bool = False, gather: bool = False) -> np.ndarray:
+    """Elements of one dense layer's FSDP unit on one rank, dim 0 padded to the shard
+    degree (:func:`~meshplan.mesh.tpsplit.fsdp_padded_numel`); the dense layer of MoE models
+    with dense layers, else the MoE layer's non-expert part. ``experts``: the MoE layer's
+    routed-expert unit instead, padded to efsdp on the dim FSDP2 shards (dim 1 past efsdp x ep
+    > experts, :func:`~meshplan.mesh.tpsplit.fsdp_shard_len`; the collective table's
+    ``experts`` unit).
+    ``gather``: its all-gather bytes instead, each weight in its gather dtype
+    (:class:`~meshplan.search.memory.LayerNumel` ``tensors``)."""
+    moe = int(experts or (tables.model.is_moe and tables.model.dense_layers == 0))
+
+    def padded(tp, ep, etp, shards):
+        dim1 = experts and expert_shard_dim(tables.model.experts, shards, ep) == 1
+        return sum(padded_numel(d1 if dim1 and d1 else r, n, shards) * (gb if gather else 1)
+                   for r, n, expert, gb, d1 in tables.layer(tp, ep, etp, moe).tensors if expert == experts)
+    shards = c.efsdp if experts else c.fsdp
+    return lookup([c.tp, c.ep, c.etp, shards], lambda *k: {"n": padded(*k)}, ("n",))["n"]
+
+
+def fsdp_copies(cfg: Config, tables: Tables, c: Candidates) -> dict[str, np.ndarray]:
+    """Seconds per call of FSDP2's copies on the compute stream (:mod:`meshplan.comm.fsdp2`, as
+    :func:`meshplan.comm.collectives.collective_table` times them) per candidate: ``out`` and
+    ``in``, a layer unit's copy-out (twice its all-gather bytes, each weight in its gather dtype)
+    and copy-in (its padded elements x (gradient + reduce dtype bytes)), of the smaller layer
+    kind (the dense layer, a MoE layer's non-expert part; the routed experts' own unit left out);
+    ``root_out``, ``root_in`` the same of pp 1's one root unit (embedding, final norm, output
+    layer unless tied; without dim-0 padding, so never above the table's); ``emb_out``,
+    ``emb_in``, ``head_out``, ``head_in`` of the end units apart (torchtitan's embedding and
+    [norm, output] units; the output layer counted, a tied one being the last stage's own copy
+    under pp); ``e_out``, ``e_in`` of a MoE layer's routed experts, their own unit over efsdp
+    (unpadded; 0 where efsdp is 1). Llama 3 8B's embedding in bf16 (525,336,576 elements): copy-out
+    2 x 1.051 GB, copy-in 525,336,576 x (2 + 4) B, at Triad 2.97 TB/s. 0 where the
+    candidate has no FSDP2 unit over more than one rank (no zero3 or hsdp, dp_shard x cp 1, or
+    zero3 under DeepSpeed's engines: the 2021 list copies and today's split and bucket copies are in
+    their collectives' time, :func:`meshplan.comm.fsdp2.compute_stream_copies`), and
+    under ``training.framework = "megatron"`` (Megatron FSDP computes in its buckets:
+    :func:`meshplan.comm.fsdp2.compute_stream_copies`).
+
+    >>> from meshplan.config import config_from_dict
+    >>> from meshplan.search.memory import Tables
+    >>> from meshplan.search.space import enumerate_candidates
+    >>> cfg = config_from_dict({"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 1},
+    ...     "training": {"global_batch": 8, "seq_len": 8192, "param_dtype": "fp32", "reduce_dtype": "fp32"},
+    ...     "mesh": {"names": ["dp_shard"], "shape": [8]}})
+    >>> c = enumerate_candidates(cfg)
+    >>> i = int(np.flatnonzero((c.fsdp == 8) & (c.tp == 1) & (c.sh == SHARDING.index("zero3")))[0])
+    >>> {k: round(float(v[0]) * 1e6, 1) for k, v in fsdp_copies(cfg, Tables(cfg), c.take([i])).items()}
+    ... # doctest: +NORMALIZE_WHITESPACE
+    {'out': 293.8, 'in': 440.6, 'root_out': 1415.1, 'root_in': 2122.6, 'emb_out': 707.5, 'emb_in': 1061.3,
+     'head_out': 707.5, 'head_in': 1061.3, 'e_out': 0.0, 'e_in': 0.0}
+    """
+    m, t, gpu = cfg.model, cfg.training, cfg.cluster.gpu
+    data, hbm = kernel_data(gpu.name), gpu.hbm_bandwidth_bytes_per_s
+    grad_b, red_b = fsdp2.copy_in_element_bytes(t)  # unsharded gradients, reduce-scatter input
+    kinds = [1] if m.is_moe and m.dense_layers == 0 else [0, 1] if m.is_moe else [0]
+
+    def layer(tp: int, ep: int, etp: int, shards: int) -> dict[str, float]:
+        out, inn = [], []
+        for moe in kinds:
+            ts = [x for x in tables.layer(tp, ep, etp, moe).tensors if not x[2]]
+            out.append(fsdp2.copy_out_seconds(sum(padded_numel(r, n, shards) * gb for r, n, _, gb, _ in ts), data, hbm))
+            inn.append(fsdp2.copy_in_seconds(sum(padded_numel(r, n, shards) for r, n, *_ in ts), grad_b, red_b,
+                                             data, hbm))
+        return {"out": min(out), "in": min(inn)}
+
+    def root(tp: int) -> dict[str, float]:
+        emb, norm, out = tables.roots(tp)[:3]
+        g = tables.roots_gather(tp)
+        tied = m.tied_embeddings
+        out_of = lambda gathered, numel: {"out": fsdp2.copy_out_seconds(gathered, data, hbm),
+                                          "in": fsdp2.copy_in_seconds(numel, grad_b, red_b, data, hbm)}
+        one, e, h = out_of(g["emb"] + g["norm"] + (0 if tied else g["out"]), emb + norm + (0 if tied else out)), \
+            out_of(g["emb"], emb), out_of(g["norm"] + g["out"], norm + out)  # under pp the head holds its own copy
+        return {"root_out": one["out"], "root_in": one["in"], "emb_out": e["out"], "emb_in": e["in"],
+                "head_out": h["out"], "head_in": h["in"]}
+
+    def experts(tp: int, ep: int, etp: int) -> dict[str, float]:
+        # a MoE layer's routed experts, their own unit over efsdp: unpadded elements (the table
+        # pads each expert tensor on the dim it shards, so never more than its bytes)
+        ts = [x for x in tables.layer(tp, ep, etp, 1).tensors if x[2]] if m.is_moe else []
+        return {"e_out": fsdp2.copy_out_seconds(sum(n * gb for _, n, _, gb, _ in ts), data, hbm),
+                "e_in": fsdp2.copy_in_seconds(sum(n for _, n, *_ in ts), grad_b, red_b, data, hbm)}
+
+    fsdp2_on = (c.sh == SHARDING.index("hsdp")) | ((c.sh == SHARDING.index("zero3"))
+                                                   & (t.searched_zero3_engine == "fsdp2"))
+    # Megatron FSDP: none (meshplan.comm.fsdp2); hsdp candidates run FSDP2 whatever zero3_engine says
+    fsdp2_on &= fsdp2.compute_stream_copies(t.model_copy(update={"zero3_engine": "fsdp2"}))
+    on = fsdp2_on & (c.fsdp > 1)
+    lay = lookup([c.tp, c.ep, c.etp, c.fsdp], layer, ("out", "in"), dtype=np.float64)
+    rt = lookup([c.tp], root, ("root_out", "root_in", "emb_out", "emb_in", "head_out", "head_in"), dtype=np.float64)
+    ex = lookup([c.tp, c.ep, c.etp], experts, ("e_out", "e_in"), dtype=np.float64)
+    return {**{k: np.where(on, v, 0.0) for k, v in {**lay, **rt}.items()},
+            **{k: np.where(fsdp2_on & (c.efsdp > 1), v, 0.0) for k, v in ex.items()}}

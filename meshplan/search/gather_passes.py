@@ -1,0 +1,144 @@
+"""How many passes of a stage gather their FSDP units, per candidate: the layers' and the
+root's (:func:`gathering_passes`, from the schedule's order and
+:func:`~meshplan.comm.collectives.fsdp_gather_flags`, :func:`_gathers`), the routed experts'
+(:func:`_expert_gathers`), the head's own unit apart or gathered again (:func:`_head_unit_apart`,
+:func:`_head_regathers`), and the passes of the end chunks (:func:`end_chunk_passes`).
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import numpy as np
+
+from meshplan.comm.collectives import fsdp_gather_flags
+from meshplan.config import Config
+from meshplan.pipeline.fast import order_arrays
+from meshplan.search.memory import Stages
+from meshplan.search.space import FSDP_SHARDINGS, Candidates, accumulates, candidate_schedule
+
+
+def _head_unit_apart(cfg: Config, c: Candidates) -> np.ndarray:
+    """(candidates, 1) 1 where the stage holding the output layer has [norm, output] as an FSDP
+    unit of its own (:func:`meshplan.comm.collectives._units`: torchtitan's units, but a tied
+    model at pp 1, one unit of both ends; a V's two chunk roots), else 0."""
+    t, m = cfg.training, cfg.model
+    titan = t.framework == "torch" and t.zero3_engine != "deepspeed-2021"  # TrainingSpec.torchtitan_units
+    apart = (c.pp > 1) | (c.vpp > 1) | np.bool_(not m.tied_embeddings)
+    return (np.bool_(titan) & apart | (c.vpp > 1))[:, None].astype(np.float64)
+
+
+def _head_regathers(cfg: Config, c: Candidates) -> np.ndarray:
+    """(candidates, 1) 1 where every backward all-gathers the [norm, output] unit again before
+    the head's backward (``training.reshard_head_after_forward``, which the search keeps on
+    FSDP candidates with ``reshard_after_forward``, :func:`~meshplan.search.space.candidate_config`):
+    a unit of its own (:func:`_head_unit_apart`) over more than one rank, pp 1 and vpp 1 under
+    ``grad_accumulation = "sync"`` (each micro-batch's backward; with pp > 1 or accumulation only
+    the gathering passes do, not counted here: the bound stays below the step), else 0."""
+    if not cfg.training.reshard_head_after_forward:
+        return np.zeros((len(c), 1))
+    on = np.isin(c.sh, FSDP_SHARDINGS) & (c.rf > 0) & (c.fsdp > 1) & (c.pp == 1) & (c.vpp == 1) \
+        & ~accumulates(cfg, c.pp, c.sh)
+    return on[:, None] * _head_unit_apart(cfg, c)
+
+
+def _expert_gathers(st: Stages, c: Candidates) -> np.ndarray:
+    """MoE layers per chunk (the fewest of the stage's chunks) whose forward waits for an
+    efsdp all-gather of the experts, (candidates, pp): none where the stage's collective table
+    (:func:`meshplan.plan.table_stage`: its own for the first and last stage, stage 1's for
+    the middle ones) has no MoE layer, hence no expert row."""
+    p = st.k.shape[1]
+    table = np.array([0 if k == 0 else p - 1 if k == p - 1 else 1 for k in range(p)])
+    # the other vpp - 1 chunks hold at most the longest chunk's layers each
+    fewest = np.maximum(st.n_moe - (c.vpp[:, None] - 1) * st.n_chunk_hi, 0)
+    return np.where(st.n_moe[:, table] > 0, fewest, 0)
+
+
+def gathering_passes(cfg: Config, c: Candidates, st: Stages, root: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """Forward and backward passes per step (candidates, pp) that all-gather their chunk's FSDP
+    units on each stage when pp > 1, summed over the stage's chunks: the passes that find the
+    chunk sharded (:func:`meshplan.comm.collectives.fsdp_gather_flags`, the rule the collective
+    table and the timeline count); with pp 1 the same rule under ``training.grad_accumulation``
+    (:func:`~meshplan.search.space.accumulates`: ``no_sync`` reshards after every backward but
+    the last, ``no_sync_unsharded`` keeps the units gathered), else 0: every unit gathers
+    (``f_core``). ``root``: the root unit's passes, pp 1 only (it never reshards after forward,
+    :class:`meshplan.schedule.unit_times.UnitTimes`)."""
+    p = st.k.shape[1]
+    g = np.zeros((2, len(c), p))
+    if p == 1:
+        acc = accumulates(cfg, c.pp, c.sh)
+        micro, keep = st.m[:, 0], (c.rf > 0) & (not root)
+        for mm, r in sorted(set(zip(micro[acc].tolist(), keep[acc].tolist()))):
+            rows = acc & (micro == mm) & (keep == r)
+            flags = fsdp_gather_flags(candidate_schedule(1), 1, mm, 1, 0, r,
+                                      reshard_after_backward=cfg.training.grad_accumulation == "no_sync")
+            g[0, rows, 0] = sum(1 for (_, kind, _), on in flags.items() if on and kind == "F")
+            g[1, rows, 0] = sum(1 for (_, kind, _), on in flags.items() if on and kind == "B")
+        return g[0], g[1]
+    m, v, ps, rf = (np.asarray(a, dtype=np.int64) for a in (st.m[:, 0], c.vpp, c.ps, c.rf > 0))
+    code = ((m * (int(v.max()) + 1) + v) * (int(ps.max()) + 1) + ps) * 2 + rf  # one int per distinct key
+    for key in np.unique(code).tolist():
+        rows = code == key
+        j = int(np.argmax(rows))
+        g[:, rows, :] = _gathers(candidate_schedule(int(v[j]), int(ps[j])), p, int(m[j]), int(v[j]), bool(rf[j]))[:, None, :]
+    return g[0], g[1]
+
+
+@lru_cache(maxsize=None)
+def _gathers(schedule, p: int, m: int, v: int, reshard: bool) -> np.ndarray:
+    """(2, p): gathering F and B passes per step of each stage (see :func:`gathering_passes`),
+    resharding after forward or not (``reshard``): :func:`_gathers_both`'s."""
+    return _gathers_both(schedule, p, m, v)[int(reshard)]
+
+
+@lru_cache(maxsize=None)
+def _gathers_both(schedule, p: int, m: int, v: int) -> np.ndarray:
+    """(2 reshard, 2, p): gathering F and B passes per step of each stage (see
+    :func:`gathering_passes`), without and with resharding after forward:
+    :func:`_chunk_gathers` summed over the chunks."""
+    return _chunk_gathers(schedule, p, m, v).sum(axis=-1)
+
+
+@lru_cache(maxsize=None)
+def _chunk_gathers(schedule, p: int, m: int, v: int) -> np.ndarray:
+    """(2 reshard, 2, p, v): gathering F and B passes per step of each stage's chunks, without
+    and with resharding after forward: :func:`~meshplan.comm.collectives.fsdp_gather_flags`'s
+    rule on the stage's order as arrays (:func:`~meshplan.pipeline.fast.order_arrays`, one call
+    per stage for both): a pass gathers when it is its chunk's first, or follows a forward of
+    the chunk that resharded; a backward leaves the chunk gathered."""
+    out = np.zeros((2, 2, p, v))
+    for s in range(p):
+        kind, _, chunk = order_arrays(schedule, p, m, v, s)
+        keep = kind < 2  # F and B (a W pass neither gathers nor reshards)
+        kind, chunk = kind[keep], chunk[keep]
+        if v > 1:
+            o = np.argsort(chunk, kind="stable")
+            kind, chunk = kind[o], chunk[o]
+        first = np.concatenate([[True], chunk[1:] != chunk[:-1]])
+        after_f = np.concatenate([[False], kind[:-1] == 0])
+        fwd = kind == 0
+        for r, gathers in enumerate((first, first | after_f)):
+            out[r, 0, s] = np.bincount(chunk[gathers & fwd], minlength=v)
+            out[r, 1, s] = np.bincount(chunk[gathers & ~fwd], minlength=v)
+    return out
+
+
+def end_chunk_passes(c: Candidates, st: Stages) -> dict[str, np.ndarray]:
+    """Of :func:`gathering_passes`' passes with pp > 1 (candidates, pp): those of each stage's
+    first chunk (``f0``, ``b0``) and last chunk (``fl``, ``bl``). The model's first virtual
+    stage is stage 0's first chunk, its last the head stage's last chunk (``st.last``): the
+    chunks that may hold the embedding or the output layer alone (``st.n_chunk`` 0, the Llama 3
+    split at one slot per virtual stage), and the one whose backward runs the head's."""
+    p = st.k.shape[1]
+    out = {k: np.zeros((len(c), p)) for k in ("f0", "b0", "fl", "bl")}
+    if p == 1:
+        return out
+    m, v, ps, rf = (np.asarray(a, dtype=np.int64) for a in (st.m[:, 0], c.vpp, c.ps, c.rf > 0))
+    code = ((m * (int(v.max()) + 1) + v) * (int(ps.max()) + 1) + ps) * 2 + rf  # one int per distinct key
+    for key in np.unique(code).tolist():
+        rows = code == key
+        j = int(np.argmax(rows))
+        g = _chunk_gathers(candidate_schedule(int(v[j]), int(ps[j])), p, int(m[j]), int(v[j]))[int(rf[j])]
+        for name, kind, chunk in (("f0", 0, 0), ("b0", 1, 0), ("fl", 0, -1), ("bl", 1, -1)):
+            out[name][rows] = g[kind, :, chunk][None, :]
+    return out

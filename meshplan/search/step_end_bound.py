@@ -1,0 +1,42 @@
+"""Each stage's step-end ops for the bound, per candidate: the optimizer step at HBM bandwidth,
+ZeRO-1/2's exposed parameter all-gather and ZeRO-1's gradient reduce-scatter
+(:func:`_stage_end`, the vectorised counterpart of :func:`meshplan.schedule.step_end._stage_end`,
+through the same :func:`~meshplan.schedule.optimizer_step.optimizer_step_s`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from meshplan.compute.kernel_time import optimizer_bandwidth
+from meshplan.config import Config
+from meshplan.schedule.optimizer_step import ZEROED_GRAD_BUFFER, optimizer_step_s
+from meshplan.search.memory import Stages
+from meshplan.search.space import SHARDING, ZERO12, Candidates
+from meshplan.search.time_tables import TimeTables, coll_times
+from meshplan.units import dtype_bytes
+
+
+def _stage_end(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: dict, cm: dict):
+    """(optimizer step + ZeRO-1's exposed parameter all-gather, ZeRO-1's gradient
+    reduce-scatter) per stage, seconds (:func:`meshplan.schedule.step_end._stage_end`)."""
+    t, gpu = cfg.training, cfg.cluster.gpu
+    zeroed = np.isin(c.sh, [i for i, k in enumerate(SHARDING) if k in ZEROED_GRAD_BUFFER])[:, None]
+    opt = optimizer_step_s(s["params"], s["grads"], s["master"], s["optimizer"], t, optimizer_bandwidth(gpu), zeroed)
+    zero1 = (c.sh == SHARDING.index("zero1"))[:, None]
+    # zero1 and zero2 gather the updated parameters once per step (Megatron-LM's distributed
+    # optimizer, DeepSpeed's all_gather_dp_groups); zero2 reduces in the backward (not counted)
+    zero12 = np.isin(c.sh, ZERO12)[:, None]
+    # the middle stages' table is stage 0's or their own: the smaller parameter count of the two
+    numel = np.where(st.last, s["dense_numel"], np.minimum(s["dense_numel"], s["dense_numel"][:, :1]))
+    n = np.broadcast_to(c.fsdp[:, None], numel.shape).ravel()
+    stride = np.broadcast_to(c.tp[:, None], numel.shape).ravel()
+    gather = coll_times(tt, "all-gather", n, numel.ravel() * dtype_bytes(t.param_dtype), stride).reshape(numel.shape)
+    if t.overlap_param_gather:  # Megatron-LM's --overlap-param-gather: the next forward waits for one bucket at least
+        # (step_end.param_gather_exposed_s), ceil(numel / B) buckets (collectives._megatron_bucket_rows)
+        gather = gather / np.maximum(np.ceil(numel / cfg.memory.bucket_elements(c.fsdp)[:, None]), 1)
+    # in the dtype the zero1 plan reduces in (TrainingSpec.zero12_reduce_dtype: grad_reduce_dtype,
+    # DeepSpeed's model dtype, else reduce_dtype), the collective table's
+    red = coll_times(tt, "reduce-scatter", n, numel.ravel() * dtype_bytes(t.zero12_reduce_dtype),
+                     stride).reshape(numel.shape)
+    return opt + np.where(zero12, gather, 0.0), np.where(zero1, red, 0.0)

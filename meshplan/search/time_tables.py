@@ -1,0 +1,111 @@
+"""The search's lookup tables for the step-time bound (:mod:`meshplan.search.timing`): op times by
+workload key (:class:`TimeTables`: one :func:`~meshplan.compute.layer.layer_costs` call per distinct
+(tp, cp, micro-batch, ep, etp, layer kind), its fields :data:`OP_FIELDS` and :data:`EXTRA_FIELDS`)
+and collective times by (op, ranks, bytes, stride) on the path
+:func:`~meshplan.comm.collectives.axis_path` gives each axis (:func:`coll_times`).
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import numpy as np
+
+from meshplan.comm.collectives import axis_path, path_time
+from meshplan.compute.embed_head import embedding_cost, head_cost
+from meshplan.compute.layer import layer_costs
+from meshplan.compute.ops import Workload, float8_gemms, framework_kernels
+from meshplan.compute.routing import RoutingOptions
+from meshplan.config import Config
+from meshplan.mesh.resolve import resolved_mesh
+from meshplan.placement.assign import place
+from meshplan.schedule.layer_timeline import LAYER_BLOCKS, cp_parts
+from meshplan.search.memory import Tables, lookup
+from meshplan.search.space import RECOMPUTE
+from meshplan.spec.mesh import MeshSpec
+
+
+PHASES = {"f": ("forward", None), "bi": ("backward_input", None), "bin": ("backward_input", False),
+          "br": ("backward_input", True), "bw": ("backward_weight", None)}
+
+
+OP_FIELDS = tuple(f"{p}_{b}" for p in PHASES for b in LAYER_BLOCKS) + tuple(f"{p}_cpq" for p in PHASES if p != "bw")
+
+
+EXTRA_FIELDS = ("emb_f", "emb_bw", "head_f", "head_b", "gemm_peak_s", "gemm_s")
+
+
+class TimeTables:
+    """Op times by workload key and collective paths by (stride, degree), each once."""
+
+    def __init__(self, cfg: Config, tables: Tables):
+        self.cfg, self.tables = cfg, tables
+        self.world = cfg.cluster.world
+        self.placement = place(cfg.cluster, self.world)
+        self.ops = lru_cache(maxsize=None)(self._ops)
+        self.shape = lru_cache(maxsize=None)(self._shape)
+        self.path = lru_cache(maxsize=None)(self._path)
+        self.coll = lru_cache(maxsize=None)(self._coll)
+
+    def _shape(self, tp: int, cp: int, mb: int, ep: int, etp: int, layer: int) -> tuple[dict, dict]:
+        """(layer ``layer``'s Cost by recompute policy of :data:`~meshplan.search.space.RECOMPUTE`,
+        :func:`~meshplan.compute.layer.layer_costs`; the fields no policy changes: the embedding,
+        the head and the GEMM totals, which count no recompute op) of one shape key."""
+        cfg, m = self.cfg, self.cfg.model
+        t, gpu = cfg.training, cfg.cluster.gpu
+        w = Workload(seq_len=t.seq_len, micro_batch=mb, tp=tp, cp=cp, sp=tp > 1, ep=ep, etp=etp,
+                     dtype=t.compute_dtype, recompute="none", flash=t.flash_attention,
+                     vocab_pad_divisor=t.vocab_pad_divisor, routing=RoutingOptions.of(t), **framework_kernels(t),
+                     **float8_gemms(m, t))
+        costs = layer_costs(m, gpu, w, RECOMPUTE, layer=layer)
+        emb, head = embedding_cost(m, gpu, w), head_cost(m, gpu, w)
+        out = dict(emb_f=emb.seconds("forward"), emb_bw=emb.seconds("backward_weight"),
+                   head_f=head.seconds("forward"), head_b=head.backward_s)
+        # a policy only adds recompute ops: every policy's GEMMs are these, in this order
+        gemms = [o for o in costs["none"].ops + head.ops if o.kind == "gemm" and not o.recompute]
+        # each GEMM's seconds at the dense peak of its own dtype (float8 Linears: fp8's)
+        at_peak = [o.hardware_flops / gpu.peak_flops(w.gemm_dtype(o.name)) for o in gemms]
+        out.update(gemm_peak_s=sum(p for o, p in zip(gemms, at_peak) if o.block != "head"),
+                   gemm_s=sum(o.seconds for o in gemms if o.block != "head"),
+                   head_gemm_peak_s=sum(p for o, p in zip(gemms, at_peak) if o.block == "head"),
+                   head_gemm_s=sum(o.seconds for o in gemms if o.block == "head"))
+        return costs, out
+
+    def _ops(self, tp: int, cp: int, mb: int, rc: int, ep: int, etp: int, layer: int) -> dict:
+        """Op seconds of layer ``layer`` (0, or the first MoE layer) by field (module docstring)."""
+        costs, shared = self.shape(tp, cp, mb, ep, etp, layer)
+        cost = costs[RECOMPUTE[rc]]
+        out = {f"{p}_{b}": cost.seconds(ph, b, rec) for p, (ph, rec) in PHASES.items() for b in LAYER_BLOCKS}
+        # the attention's Q projection (input gradient in backward): all the CP K/V all-gather
+        # (dK/dV reduce-scatter) may overlap (layer_timeline.cp_parts, the timeline's split); with
+        # the sequence unsplit (cp 1) there is no exchange and ``chains`` adds max(0 - q, 0) = 0
+        # whatever q: not asked
+        out.update({f"{p}_cpq": cp_parts(cost, ph, rec)["q"] if cp > 1 else 0.0
+                    for p, (ph, rec) in PHASES.items() if p != "bw"})
+        out.update(shared)
+        return out
+
+    def _path(self, stride: int, degree: int):
+        """:func:`~meshplan.comm.collectives.axis_path` of an axis of ``degree`` ranks ``stride``
+        apart, on a three-axis mesh (outer, axis, inner) with the same groups."""
+        outer = self.world // (stride * degree)
+        mesh = resolved_mesh(MeshSpec(names=["outer", "axis", "inner"], shape=[outer, degree, stride]), self.world)
+        return axis_path(mesh, self.placement, self.cfg.cluster, "axis")
+
+    def _coll(self, op: str, n: int, size: int, stride: int) -> float:
+        """Seconds of ``op`` over ``n`` ranks ``stride`` apart on a ``size``-byte buffer, as
+        :func:`meshplan.comm.collectives.collective_table` times a row (``coll``: memoised,
+        the pp groups of :func:`~meshplan.search.driver.estimate` ask the same rows)."""
+        if n <= 1 or size <= 0:
+            return 0.0
+        return path_time(op, n, size, self.path(stride, n), self.cfg.cluster)[1]
+
+
+def coll_times(tt: "TimeTables", op: str, n: np.ndarray, size: np.ndarray, stride: np.ndarray) -> np.ndarray:
+    """Seconds of one ``op`` per candidate: :func:`meshplan.comm.alphabeta.collective_time` (the
+    algorithm NCCL would pick, as the collective table times it) on the path of an axis of
+    ``n`` ranks ``stride`` apart, once per distinct (n, size, stride)."""
+    n, size = np.asarray(n, dtype=np.int64), np.asarray(size, dtype=np.int64)
+    stride = np.broadcast_to(np.asarray(stride, dtype=np.int64), n.shape)
+    out = lookup([n, size, stride], lambda k, b, st: {"t": tt.coll(op, k, b, st)}, ("t",), dtype=np.float64)["t"]
+    return np.where((n <= 1) | (size <= 0), 0.0, out)
