@@ -212,7 +212,7 @@ def comm_kind(row) -> str:
         return "pp"
     if SCATTER_GATHER_CADENCE in c:
         return "pp_gather"
-    if row.op == "all-to-all":
+    if row.op == "all-to-all" or c == DROPLESS_COUNTS:  # Megatron-LM's count exchange is an all-gather
         return "ep"
     if row.axis == Axis.DP_REPLICATE or c.endswith("(HSDP replicas)"):
         return "replica"
@@ -249,7 +249,7 @@ def _row_group(kind: str, row) -> str:
         return _shard_group(row.cadence)
     if kind == "tp" and row.cadence == FLOAT8_AMAX_CADENCE:
         return FLOAT8_AMAX
-    if kind == "ep" and row.cadence == DROPLESS_COUNTS:  # kept apart from the dispatch; not placed
+    if kind == "ep" and row.cadence == DROPLESS_COUNTS:  # kept apart from the dispatch, placed before it
         return "counts"
     return FLOAT8_TP if kind == "tp" and row.dtype == "fp8" else ""
 
@@ -587,7 +587,9 @@ def _block(s: _Sim, name: str, t: float, phase: str, ep: bool = False, cp: Optio
         return
     before, after = _tp(s.w)
     pre = s.comm("tp", phase, before, f"tp {before}", _gather_group(s, phase))
-    if ep:
+    if ep:  # a dropless dispatch's count exchange first (collectives._count_rows)
+        n = "all-gather" if ("ep", "counts", phase, "all-gather") in s.c.t else "all-to-all"
+        pre = s.comm("ep", phase, n, "ep counts", "counts", after=[pre or s.last]) or pre
         pre = s.comm("ep", phase, "all-to-all", "ep dispatch", after=[pre or s.last]) or pre
     post = s.comm("tp", phase, after, f"tp {after}", after=[s.last]) if s.ov.tp and scatter else None
     tp_ov = [x for x in (pre, post) if x] if s.ov.tp else []
