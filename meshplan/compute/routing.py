@@ -131,6 +131,23 @@ def hottest_share(opts: RoutingOptions, experts: int) -> float:
     return 1.0 / experts if opts.hottest_share is None else opts.hottest_share
 
 
+def planned_imbalance(opts: RoutingOptions, experts: int, ep: int) -> tuple[float, float]:
+    """(max / mean token copies per expert, max / mean per ep rank) of the planned dropless
+    routing (module docstring), what ``meshplan validate`` sets the router's measured counts
+    against: the hottest expert's ``p T k`` over the mean ``T k / E``, ``p E``; the busiest rank's
+    ``T k (p + (n - 1)(1 - p)/(E - 1))`` per source rank over the mean ``T k / ep``. Balanced
+    (no share stated): 1 and 1.
+
+    >>> planned_imbalance(RoutingOptions(dropless=True), 8, 2)
+    (1.0, 1.0)
+    >>> [round(x, 4) for x in planned_imbalance(RoutingOptions(dropless=True, hottest_share=0.4), 4, 2)]
+    [1.6, 1.2]
+    """
+    p, local = hottest_share(opts, experts), experts // ep
+    other = (1 - p) / (experts - 1) if experts > 1 else 0.0
+    return p * experts, ep * (p + (local - 1) * other)
+
+
 def routing(opts: RoutingOptions, tokens: int, top_k: int, experts: int, ep: int) -> Routing:
     """:class:`Routing` of ``tokens`` routed tokens per rank (module docstring)."""
     p, copies, local = hottest_share(opts, experts), tokens * top_k, experts // ep
