@@ -123,7 +123,7 @@ Conventions, matched op by op against what torch 2.13 issues for DTensor TP/SP a
   routing; torch cannot size an all-to-all by the router's (data-dependent) counts without
   an extra exchange of counts. Equal to ``T * top_k`` rows when experts divides it, the
   balanced-routing size used before (runtime MoE: :mod:`meshplan.runtime.execution.moe`, measured
-  with torch 2.13 on gloo). Dropless (a torch plan's default, ``training.moe_dropless``): the
+  with torch 2.13 on gloo). Dropless (the default of both frameworks, ``training.moe_dropless``): the
   buffer is the busiest rank's received rows under the stated ``moe_hottest_expert_share``
   (its all-to-all sets the time every rank waits for); unstated, the expected load of uniform
   routing, ``T * top_k`` rows (``T * top_k / ep`` per peer), the balanced case. Before each

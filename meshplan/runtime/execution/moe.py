@@ -12,7 +12,7 @@ Routing (Mixtral, Jiang et al. 2024, eq. 1): top-k of the router logits, softmax
 k; then one of two dispatches, as the plan's routing says (:func:`set_routing`,
 :meth:`meshplan.compute.routing.RoutingOptions.of`):
 
-- **dropless** (a torch plan's default, torchtitan's): every routed copy is computed. The
+- **dropless** (a plan's default, torchtitan's and Megatron-LM's): every routed copy is computed. The
   ``T * top_k`` copies are sorted by expert (stable, so token order within an expert); with
   EP the ranks first exchange their per-expert counts (``all_to_all_single`` of ``experts``
   int64, equal splits of ``experts / ep``; no gradient), then send each peer the copies for its
