@@ -62,22 +62,39 @@ def test_megatron_export_writes_the_plans_routing(tmp_path, routing, flags):
     assert _step_s(again) == _step_s(cfg)
 
 
-def test_megatron_export_says_when_it_writes_the_default_capacity(tmp_path):
-    """Newcomer trial 3 finding 5, then trial 5 item 9: the Mixtral example (torch, routing
-    unset) now plans dropless routing, as torchtitan runs it, so its Megatron-LM export writes
-    no capacity factor (Megatron-LM's default is dropless) and says nothing of it, and nothing
-    is lost in the round trip. A framework megatron plan with the routing unset keeps meshplan's
-    capacity factor 1 with dropping, written with the padding flag and a header line saying so."""
+def test_megatron_plans_default_to_megatrons_dropless(tmp_path):
+    """Issue 11 (moemore): a framework megatron plan with the routing unset plans Megatron-LM's
+    own default, dropless (``moe_expert_capacity_factor`` None in Megatron-LM's TransformerConfig),
+    as the Mixtral example (torch) does: its export writes no capacity factor and no header line
+    about it, the import reads the absent flag as ``moe_dropless = true``, and the round trip plans
+    the same step. Before, the same plan was capacity factor 1 with dropping and the export wrote
+    ``--moe-expert-capacity-factor 1.0 --moe-pad-expert-input-to-capacity`` with a header line."""
     header, text, _ = _again(load_config(MIXTRAL), "megatron", tmp_path)
     assert "--moe-expert-capacity-factor" not in text and not any("capacity" in h or "moe_" in h for h in header)
-    _, header = export(_mixtral(), "megatron", "mixtral")
-    assert ("--moe-expert-capacity-factor 1.0 --moe-pad-expert-input-to-capacity: the plan's routing is meshplan's "
-            "default under framework megatron, capacity factor 1.0 with token dropping (training.moe_capacity_factor "
-            "and moe_dropless unset), written so that Megatron-LM runs what was planned; torchtitan's MoE and "
-            "Megatron-LM without the flag are dropless: set training.moe_dropless = true to plan and export dropless "
-            "routing") in header
-    _, header = export(_mixtral(moe_dropless=True), "megatron", "mixtral")
-    assert not any("capacity" in h for h in header)
+    cfg = _mixtral()
+    assert cfg.training.moe_routing == (1.0, True)
+    plan = build_plan(cfg)
+    assert isinstance(plan, Plan) and [n for n in plan.notes if n.startswith("MoE")][0].startswith("MoE dropless")
+    header, text, again = _again(cfg, "megatron", tmp_path)
+    assert "--moe-expert-capacity-factor" not in text and "--moe-pad-expert-input-to-capacity" not in text
+    assert not any("capacity" in h for h in header), header
+    assert again.training.moe_dropless is True and differences(cfg, again) == []
+    assert _step_s(again) == _step_s(cfg)
+
+
+def test_megatron_explicit_capacity_factor_one_is_honoured(tmp_path):
+    """``moe_dropless = false`` alone (capacity factor 1) and ``moe_capacity_factor = 1.0`` both plan
+    the padded 8 x C buffer under framework megatron and export it with the padding flag; imported
+    back as ``moe_capacity_factor = 1.0``, the resolved routing and the step are the same."""
+    for routing in ({"moe_dropless": False}, {"moe_capacity_factor": 1.0}):
+        cfg = _mixtral(**routing)
+        assert cfg.training.moe_routing == (1.0, False)
+        header, text, again = _again(cfg, "megatron", tmp_path)
+        assert [x for x in text.splitlines() if x.startswith("--moe-")] [-2:] == [
+            "--moe-expert-capacity-factor 1.0", "--moe-pad-expert-input-to-capacity"]
+        assert not any("capacity" in h for h in header), header
+        assert again.training.moe_capacity_factor == 1.0 and differences(cfg, again) == []
+        assert _step_s(again) == _step_s(cfg)
 
 
 def _float8_toml(tmp_path: Path, all_gather: bool, precompute: bool) -> Path:

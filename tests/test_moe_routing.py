@@ -7,7 +7,9 @@ T = 512 tokens routed per rank, T x top_k = 1024 copies. By hand:
 - default (framework torch, routing unset): dropless, balanced: the expected load of uniform
   routing, 1024 / ep 4 = 256 rows per peer, 1024 rows = 131072 B, plus one all-to-all of the
   8 per-expert counts (8 x 8 B int64) per MoE layer in forward;
-- capacity factor 1 (``moe_dropless = false``, or framework megatron's default): C = ceil(1024 / 8) = 128, dispatch buffer 8 x 128 = 1024 rows;
+- framework megatron, routing unset: dropless too (Megatron-LM's default); its counts are one
+  all-gather over ep 4 of the 8 counts per rank, 4 x 8 x 8 B = 256 B (output) per MoE layer;
+- capacity factor 1 (``moe_dropless = false``): C = ceil(1024 / 8) = 128, dispatch buffer 8 x 128 = 1024 rows;
   all-to-all 1024 x 64 x 2 B = 131072 B; each local expert's GEMM ep x C = 512 rows;
 - capacity factor 1.25: C = ceil(1.25 x 1024 / 8) = 160, 1280 rows, 163840 B; GEMMs 640 rows;
   with the hottest expert at 25% of the copies it takes 256 copies per rank, 96 dropped;
@@ -18,6 +20,7 @@ T = 512 tokens routed per rank, T x top_k = 1024 copies. By hand:
   and output 2 a h = 2 x 32 x 4 + 2 x 2 x 64 = 512 B; 256 rows more at factor 1.25: 131072 B.
 """
 
+from collections import Counter
 from math import prod
 
 import pytest
@@ -57,8 +60,50 @@ def test_torch_default_is_dropless_with_the_balanced_expectation():
     counts = [(r.phase, r.size_bytes, r.per_microbatch) for r in default.collectives[next(iter(default.collectives))]
               if r.dtype == "int64"]
     assert counts == [("forward", 64, 2)]
-    assert [n for n in megatron.notes if n.startswith("MoE")][0].startswith("MoE capacity = ceil(1 x T 512")
-    assert not [r for r in megatron.collectives[next(iter(megatron.collectives))] if r.dtype == "int64"]
+    assert [n for n in megatron.notes if n.startswith("MoE")][0].startswith("MoE dropless (balanced)")
+    assert a2a(megatron) == {131072}
+    counts = [(r.phase, r.op, r.size_bytes, r.per_microbatch, r.group_size, r.example_ranks)
+              for r in megatron.collectives[next(iter(megatron.collectives))] if r.dtype == "int64"]
+    assert counts == [("forward", "all-gather", 256, 2, 4, (0, 1, 2, 3))]
+    capacity = plan_of(moe_dropless=False, framework="megatron")  # drop and pad: no count exchange
+    assert not [r for r in capacity.collectives[next(iter(capacity.collectives))] if r.dtype == "int64"]
+
+
+def _timeline_ep(st) -> Counter:
+    """(group, op) -> calls per step of the ep events in stage 0's units (the replay's dispatch
+    is a forward event inside a backward unit, so phases are not compared)."""
+    out: Counter = Counter()
+    for e in st.pipeline.events:
+        if e.stage == 0 and e.stream == "compute":
+            out.update((ie.args["group"], ie.args["op"]) for ie in st.units.of_event(e).events
+                       if ie.args.get("kind") == "ep")
+    return out
+
+
+@pytest.mark.parametrize("framework,recompute", [("torch", "none"), ("torch", "full"), ("megatron", "full")])
+def test_count_exchange_is_timed_before_each_dispatch(framework, recompute):
+    """The count exchange is in the step: per step (m 1, 2 MoE layers) the timeline issues as many
+    count exchanges and token all-to-alls as the table counts (forward 2 + 2 replayed with full
+    recompute; tokens 4 forward + 4 backward + 4 replayed), each count exchange right before a
+    dispatch on the ep stream, lasting the row's time."""
+    from meshplan.schedule.steptime import step_time
+
+    p = plan_of(framework=framework, recompute=recompute, global_batch=4)
+    rows = p.collectives[next(iter(p.collectives))]
+    cnt = [r for r in rows if r.dtype == "int64"]
+    op = "all-gather" if framework == "megatron" else "all-to-all"
+    replayed = 2 if recompute == "full" else 0
+    assert sum(r.per_step for r in cnt) == 2 + replayed and {r.op for r in cnt} == {op}
+    table = Counter({("counts", op): 2 + replayed, ("", "all-to-all"): 8 + 2 * replayed})
+    st = step_time(p)
+    assert _timeline_ep(st) == table
+    events = [ie for e in st.pipeline.events if e.stage == 0 and e.stream == "compute"
+              for ie in st.units.of_event(e).events if ie.args.get("kind") == "ep"]
+    for a, b in zip(events, events[1:]):
+        if a.args["group"] == "counts":
+            assert b.name == "ep dispatch" and b.start_s >= a.end_s - 1e-15
+            assert a.end_s - a.start_s == pytest.approx(cnt[0].time_s)
+    assert cnt[0].time_s > 0
 
 
 def test_capacity_factor_by_hand():

@@ -112,6 +112,35 @@ def test_4_ranks_ep2_dp_shard4_match_the_plan_exactly(tmp_path):
         got = [next(s["loss"] for s in json.loads((out / "world4" / f"rank{r}" / "timings.json").read_text())["steps"]
                     if s["kind"] == kind) for r in range(4)]
         assert got == pytest.approx(ref[step], rel=1e-5), (kind, got, ref[step])
+    _check_router_load(out)
+
+
+def _check_router_load(out: Path) -> None:
+    """Issue 11 (moemore): the router's imbalance in the evidence. Each rank wrote the copies its
+    router sent to each of the 8 experts per MoE layer in the recorded step: 32 tokens x top_k 2
+    = 64 per layer and micro-batch. By hand from those counts: per layer and ep group ({0, 1},
+    {2, 3}) the experts receive the members' sum; max / mean over the 8 experts and over the 2 ep
+    ranks (4 experts each), the worst layer and group, against the plan's balanced 1."""
+    import numpy as np
+
+    ev = out / "world4"
+    counts = {r: json.loads((ev / f"rank{r}" / "collectives.json").read_text())["expert_counts"] for r in range(4)}
+    micro = json.loads((ev / "plan.json").read_text())["mesh"]["micro_batches"]
+    assert all(sorted(c) == ["layers.0.moe", "layers.1.moe"] for c in counts.values())
+    assert {sum(v) for c in counts.values() for v in c.values()} == {64 * micro}
+    expert, rank = 0.0, 0.0
+    for group in ((0, 1), (2, 3)):
+        for layer in ("layers.0.moe", "layers.1.moe"):
+            load = np.sum([counts[r][layer] for r in group], axis=0)
+            expert = max(expert, load.max() / load.mean())
+            rank = max(rank, load.reshape(2, 4).sum(1).max() / load.reshape(2, 4).sum(1).mean())
+    rows = {row["quantity"]: row for row in json.loads((ev / "predicted_vs_measured.json").read_text())}
+    e, r = rows["router: tokens per expert, max/mean"], rows["router: tokens per ep rank, max/mean"]
+    assert (e["predicted"], r["predicted"]) == (1.0, 1.0)
+    assert (e["measured"], r["measured"]) == pytest.approx((expert, rank), rel=1e-12)
+    assert expert > 1.0  # a real router at this seed is not balanced
+    summary = (out / "summary.md").read_text()
+    assert f"| router: tokens per expert, max/mean | 1.000 | {expert:.3f} |" in summary
 
 
 @pytest.mark.slow

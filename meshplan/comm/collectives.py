@@ -123,15 +123,16 @@ Conventions, matched op by op against what torch 2.13 issues for DTensor TP/SP a
   routing; torch cannot size an all-to-all by the router's (data-dependent) counts without
   an extra exchange of counts. Equal to ``T * top_k`` rows when experts divides it, the
   balanced-routing size used before (runtime MoE: :mod:`meshplan.runtime.execution.moe`, measured
-  with torch 2.13 on gloo). Dropless (a torch plan's default, ``training.moe_dropless``): the
+  with torch 2.13 on gloo). Dropless (the default of both frameworks, ``training.moe_dropless``): the
   buffer is the busiest rank's received rows under the stated ``moe_hottest_expert_share``
   (its all-to-all sets the time every rank waits for); unstated, the expected load of uniform
   routing, ``T * top_k`` rows (``T * top_k / ep`` per peer), the balanced case. Before each
-  dispatch the ranks exchange their per-expert counts: one all-to-all of ``experts`` int64
-  per MoE layer in forward (and per replayed layer in backward), no gradient
-  (torchtitan's ``_token_count_exchange``, pytorch/torchtitan b5bcd76
-  ``torchtitan/models/common/token_dispatcher.py``), listed with :data:`DROPLESS_COUNTS` and
-  not placed on the step's timeline (a few hundred bytes; its device-to-host sync is not modelled).
+  dispatch the ranks exchange their per-expert counts: under torch one all-to-all of
+  ``experts`` int64 per MoE layer in forward (and per replayed layer in backward), no gradient
+  (torchtitan's ``_token_count_exchange``), under Megatron-LM an all-gather of them over ep x
+  etp (:func:`_count_rows`), rows of cadence :data:`DROPLESS_COUNTS`, timed by the comm model
+  (latency-dominated) and placed on the ep stream before each dispatch, which waits for it
+  (:func:`meshplan.schedule.rank_timeline.comm_kind`; its device-to-host sync is not modelled).
 """
 
 from __future__ import annotations
@@ -151,6 +152,7 @@ from meshplan.compute.measured import kernel_data
 from meshplan.compute.megatron import stage_param_tensors
 from meshplan.compute.routing import RoutingOptions, routing
 from meshplan.compute.shapes import local_split
+from meshplan.mesh.layout import grid_groups
 from meshplan.mesh.resolve import Mesh
 from meshplan.mesh.tpsplit import (
     KV_REPLICA,
@@ -401,7 +403,8 @@ def collective_table(model: ModelSpec, training: TrainingSpec, mesh: Mesh, clust
         n = mesh.degree(axis) if ranks is None else len(ranks)
         if n <= 1 or size <= 0 or (per_mb == 0 and not per_step):
             return
-        path = paths.setdefault(axis, axis_path(mesh, placement, cluster, axis) if groups is None
+        path = paths.setdefault(axis if groups is None else (axis, tuple(ranks)),
+                                axis_path(mesh, placement, cluster, axis) if groups is None
                                 else groups_path(groups, placement, cluster))
         ds = list_copies or ds_host_s is not None
         alg, t = path_time(op, n, size, path, cluster, nccl_era="2021" if ds else "current")
@@ -1222,12 +1225,39 @@ def _pp_ep_rows(add, c: _Ctx) -> None:
         add("ep", "forward", "all-to-all", a2a, dt, 2 * moe, "every MoE layer (dispatch, combine)", "expert GEMMs")
         add("ep", "backward", "all-to-all", a2a, dt, 2 * moe + 2 * replayed, "every MoE layer", "expert GEMMs")
         if ro.dropless:  # the per-expert counts, no gradient (a replayed forward exchanges them again)
-            add("ep", "forward", "all-to-all", m.experts * COUNT_BYTES, COUNT_DTYPE, moe, DROPLESS_COUNTS, "dispatch")
-            add("ep", "backward", "all-to-all", m.experts * COUNT_BYTES, COUNT_DTYPE, replayed, DROPLESS_COUNTS,
-                "the replayed dispatch")
+            _count_rows(add, c, moe, replayed)
 
 
-#: Cadence of the dropless count exchange (module docstring); its elements' dtype and bytes.
+def _count_rows(add, c: _Ctx, moe: int, replayed: int) -> None:
+    """The dropless dispatch's count exchange, before each dispatch of ``moe`` MoE layers in
+    forward and of the ``replayed`` ones again in backward; no gradient, none in the combine or
+    the backward all-to-alls (they reuse the split sizes). torch (torchtitan's
+    ``_token_count_exchange``, pytorch/torchtitan b5bcd76 ``torchtitan/models/common/token_dispatcher.py``
+    lines 245-273): one ``all_to_all_single`` of the ``experts`` int64 counts over ep, ``experts / ep``
+    to each peer: ``8 E`` bytes. Megatron-LM (``MoEAlltoAllTokenDispatcher.preprocess``,
+    NVIDIA/Megatron-LM d98e8a6 ``megatron/core/transformer/moe/token_dispatcher.py`` lines 541-590):
+    ``gather_from_sequence_parallel_region`` of the ``E`` counts over ``tp_ep_group``, the ep x etp
+    ranks of one expert-data-parallel slot: an all-gather of ``8 E ep etp`` bytes (output); its
+    drop-and-pad path (``--moe-pad-expert-input-to-capacity``, a capacity plan) exchanges nothing.
+    A few hundred bytes to a few hundred KB: the comm model's latency term sets the time
+    (:func:`path_time` on the group's path). The device-to-host copy of the split sizes that
+    follows is not modelled."""
+    m, mesh = c.model, c.mesh
+    if c.training.framework != "megatron":
+        add("ep", "forward", "all-to-all", m.experts * COUNT_BYTES, COUNT_DTYPE, moe, DROPLESS_COUNTS, "dispatch")
+        add("ep", "backward", "all-to-all", m.experts * COUNT_BYTES, COUNT_DTYPE, replayed, DROPLESS_COUNTS,
+            "the replayed dispatch")
+        return
+    names, grid = mesh.expert_grid()
+    groups = grid_groups(grid, [names.index("ep"), names.index("etp")])
+    rank0 = tuple(int(x) for x in groups[np.flatnonzero((groups == 0).any(axis=1))[0]])
+    size = m.experts * COUNT_BYTES * len(rank0)
+    add("ep", "forward", "all-gather", size, COUNT_DTYPE, moe, DROPLESS_COUNTS, "dispatch", ranks=rank0, groups=groups)
+    add("ep", "backward", "all-gather", size, COUNT_DTYPE, replayed, DROPLESS_COUNTS, "the replayed dispatch",
+        ranks=rank0, groups=groups)
+
+
+#: Cadence of the dropless count exchange (:func:`_count_rows`); its elements' dtype and bytes.
 DROPLESS_COUNTS = "every MoE layer (per-expert token counts, before the dispatch)"
 COUNT_DTYPE, COUNT_BYTES = "int64", 8
 

@@ -27,9 +27,9 @@ experts, ``n = E / ep`` local experts:
   (no share stated) this is the expected load of uniform routing, ``T * k / ep`` rows per
   peer: the balanced case, which a real router's per-step counts scatter around. Frameworks
   first exchange the per-expert counts (torchtitan's ``AllToAllTokenDispatcher._token_count_exchange``,
-  pytorch/torchtitan b5bcd76 ``torchtitan/models/common/token_dispatcher.py``, and Megatron-LM's
-  ``MoEAlltoAllTokenDispatcher``: an all-to-all of ``E`` int64 per rank, forward only), which
-  the collective table lists and the step time does not time.
+  an all-to-all of ``E`` int64 per rank; Megatron-LM's ``MoEAlltoAllTokenDispatcher.preprocess``,
+  an all-gather of them over ep x etp; forward only), which the collective table lists and the
+  step times before each dispatch (:func:`meshplan.comm.collectives._count_rows`).
 
 >>> r = routing(RoutingOptions(capacity_factor=1.25), tokens=4096, top_k=2, experts=8, ep=4)
 >>> r.capacity, r.recv_rows, r.hot_expert_rows, r.dropped
@@ -60,15 +60,13 @@ class RoutingOptions:
     def of(training) -> "RoutingOptions":
         """From a :class:`~meshplan.spec.training.TrainingSpec`: a capacity factor given means
         dropping with it; ``moe_dropless`` given is that choice (false: capacity factor 1);
-        neither given is the framework's routing, dropless under ``framework = "torch"``
-        (torchtitan's ``TokenChoiceTopKRouter`` and ``GroupedExperts`` run every routed copy:
-        pytorch/torchtitan b5bcd76 ``torchtitan/models/common/moe.py``) and capacity factor 1
-        under ``"megatron"`` (meshplan's earlier default, kept for Megatron-LM plans).
+        neither given is the engine's own default, dropless under either framework
+        (:attr:`~meshplan.spec.training.TrainingSpec.moe_routing` cites torchtitan and Megatron-LM).
 
         >>> from meshplan.spec.training import TrainingSpec
         >>> t = lambda **kw: RoutingOptions.of(TrainingSpec(global_batch=8, seq_len=16, **kw))
         >>> t().dropless, t(framework="megatron").dropless, t(moe_capacity_factor=1.25).capacity_factor
-        (True, False, 1.25)
+        (True, True, 1.25)
         >>> t(moe_dropless=False)
         RoutingOptions(capacity_factor=1.0, dropless=False, hottest_share=None)
         """
@@ -103,7 +101,7 @@ class Routing:
                     else f"the busiest ep rank receives {self.recv_rows} rows (hottest expert {self.hot_expert_rows})")
             return (f"MoE dropless ({bal}): tokens per rank T = {self.tokens}, copies T x top_k {top_k} = "
                     f"{self.copies}; all-to-alls sized by {load}; per-expert counts exchanged before each "
-                    f"dispatch ({experts} int64 per rank: in the collective table, not in the step time)")
+                    f"dispatch ({experts} int64 per rank, timed before it)")
         return (f"MoE capacity = ceil({opts.capacity_factor:g} x T {self.tokens} x top_k {top_k} / experts "
                 f"{experts}) = {self.capacity} copies per expert, the same on every ep rank (static shape); "
                 f"dispatch buffer {experts} x {self.capacity} = {self.send_rows} rows, {ep * self.capacity} per "
@@ -131,6 +129,23 @@ def expert_capacity(tokens: int, top_k: int, experts: int, factor: float = 1.0) 
 def hottest_share(opts: RoutingOptions, experts: int) -> float:
     """The stated share of the busiest expert, or ``1 / experts`` (balanced)."""
     return 1.0 / experts if opts.hottest_share is None else opts.hottest_share
+
+
+def planned_imbalance(opts: RoutingOptions, experts: int, ep: int) -> tuple[float, float]:
+    """(max / mean token copies per expert, max / mean per ep rank) of the planned dropless
+    routing (module docstring), what ``meshplan validate`` sets the router's measured counts
+    against: the hottest expert's ``p T k`` over the mean ``T k / E``, ``p E``; the busiest rank's
+    ``T k (p + (n - 1)(1 - p)/(E - 1))`` per source rank over the mean ``T k / ep``. Balanced
+    (no share stated): 1 and 1.
+
+    >>> planned_imbalance(RoutingOptions(dropless=True), 8, 2)
+    (1.0, 1.0)
+    >>> [round(x, 4) for x in planned_imbalance(RoutingOptions(dropless=True, hottest_share=0.4), 4, 2)]
+    [1.6, 1.2]
+    """
+    p, local = hottest_share(opts, experts), experts // ep
+    other = (1 - p) / (experts - 1) if experts > 1 else 0.0
+    return p * experts, ep * (p + (local - 1) * other)
 
 
 def routing(opts: RoutingOptions, tokens: int, top_k: int, experts: int, ep: int) -> Routing:

@@ -414,7 +414,7 @@ def differences(a: Config, b: Config) -> list[str]:
 
 def _routed(training, moe: bool) -> dict[str, Any]:
     """``training``'s fields but ``grad_reduce_dtype``, the MoE routing as it resolves
-    (:attr:`~meshplan.spec.training.TrainingSpec.moe_routing`: a torch plan's unset routing is the
+    (:attr:`~meshplan.spec.training.TrainingSpec.moe_routing`: a plan's unset routing is the
     dropless routing a re-import states), and without routing keys for a dense model."""
     out = training.model_dump(exclude={"grad_reduce_dtype", "moe_capacity_factor", "moe_dropless"})
     if moe:

@@ -68,7 +68,7 @@ def write(cfg: Config) -> list[str]:
     out += [] if cfg.memory.dropout else [f"{flag} 0.0" for flag in DROPOUT]
     out += ["--no-bias-swiglu-fusion"] * (m.gated_mlp and cfg.memory.fused_glu is False)
     factor, dropless = t.moe_routing
-    if m.is_moe and not dropless:  # Megatron-LM's default is dropless; meshplan plans padded buffers
+    if m.is_moe and not dropless:  # Megatron-LM's default (and a plan's unset routing) is dropless
         out += [f"--moe-expert-capacity-factor {factor!r}", "--moe-pad-expert-input-to-capacity"]
     return out
 
@@ -85,24 +85,14 @@ def _write_sharding(sharding: str) -> list[str]:
 def write_notes(cfg: Config) -> list[str]:
     """Header lines of a Megatron-LM export: ``--max-position-embeddings`` raised to the
     sequence length (Megatron-LM asserts ``max_position_embeddings >= seq_length``) when the
-    model's ``max_position`` is shorter; an MoE plan's capacity factor written although its
-    config never chose token dropping (a ``framework = "megatron"`` plan's default routing,
-    capacity factor 1, against Megatron-LM's and torchtitan's dropless; a torch plan's default is
-    dropless, :attr:`~meshplan.spec.training.TrainingSpec.moe_routing`): :func:`write` writes the
-    capacity factor of a plan that drops tokens, and nothing for a dropless one (Megatron-LM's
-    default)."""
-    m, seq, t = cfg.model, cfg.training.seq_len, cfg.training
+    model's ``max_position`` is shorter. (An MoE plan's routing needs none: unset it is
+    dropless, Megatron-LM's own default, :attr:`~meshplan.spec.training.TrainingSpec.moe_routing`,
+    and :func:`write` writes the capacity factor of a plan that drops tokens.)"""
+    m, seq = cfg.model, cfg.training.seq_len
     out = []
     if m.max_position and seq > m.max_position:
         out.append(f"--max-position-embeddings {seq}: raised from model {m.name}'s max_position {m.max_position} to "
                    f"--seq-length (Megatron-LM asserts max_position_embeddings >= seq_length)")
-    f = t.moe_routing[0]
-    if m.is_moe and t.moe_capacity_factor is None and t.moe_dropless is None and t.framework == "megatron":
-        out.append(f"--moe-expert-capacity-factor {f!r} --moe-pad-expert-input-to-capacity: "
-                   f"the plan's routing is meshplan's default under framework megatron, capacity factor {f!r} with "
-                   f"token dropping (training.moe_capacity_factor and moe_dropless unset), written so that Megatron-LM "
-                   f"runs what was planned; torchtitan's MoE and Megatron-LM without the flag are dropless: set "
-                   f"training.moe_dropless = true to plan and export dropless routing")
     return out
 
 

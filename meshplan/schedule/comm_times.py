@@ -103,7 +103,7 @@ def comm_kind(row) -> str:
         return "pp"
     if SCATTER_GATHER_CADENCE in c:
         return "pp_gather"
-    if row.op == "all-to-all":
+    if row.op == "all-to-all" or c == DROPLESS_COUNTS:  # Megatron-LM's count exchange is an all-gather
         return "ep"
     if row.axis == Axis.DP_REPLICATE or c.endswith("(HSDP replicas)"):
         return "replica"
@@ -140,7 +140,7 @@ def _row_group(kind: str, row) -> str:
         return _shard_group(row.cadence)
     if kind == "tp" and row.cadence == FLOAT8_AMAX_CADENCE:
         return FLOAT8_AMAX
-    if kind == "ep" and row.cadence == DROPLESS_COUNTS:  # kept apart from the dispatch; not placed
+    if kind == "ep" and row.cadence == DROPLESS_COUNTS:  # kept apart from the dispatch, placed before it
         return "counts"
     return FLOAT8_TP if kind == "tp" and row.dtype == "fp8" else ""
 

@@ -44,7 +44,9 @@ def _block(s: _Sim, name: str, t: float, phase: str, ep: bool = False, cp: Optio
         return
     before, after = _tp(s.w)
     pre = s.comm("tp", phase, before, f"tp {before}", _gather_group(s, phase))
-    if ep:
+    if ep:  # a dropless dispatch's count exchange first (collectives._count_rows)
+        n = "all-gather" if ("ep", "counts", phase, "all-gather") in s.c.t else "all-to-all"
+        pre = s.comm("ep", phase, n, "ep counts", "counts", after=[pre or s.last]) or pre
         pre = s.comm("ep", phase, "all-to-all", "ep dispatch", after=[pre or s.last]) or pre
     post = s.comm("tp", phase, after, f"tp {after}", after=[s.last]) if s.ov.tp and scatter else None
     tp_ov = [x for x in (pre, post) if x] if s.ov.tp else []

@@ -297,9 +297,10 @@ class TrainingSpec(BaseModel):
     dropping dispatch (``C = ceil(f x tokens x top_k / experts)``, Megatron-LM
     ``--moe-expert-capacity-factor``), dropless routing (no capacity, nothing dropped:
     torchtitan, Megatron-LM without a capacity factor), and the busiest expert's share of the
-    token copies (unset: balanced, 1 / experts). Both unset: the framework's routing, dropless
-    under ``framework = "torch"`` (torchtitan's token-choice MoE has no capacity), capacity
-    factor 1 with dropping under ``"megatron"``; ``moe_dropless = false`` alone: capacity factor 1.
+    token copies (unset: balanced, 1 / experts). Both unset: the engine's own default, dropless
+    under both frameworks (torchtitan's token-choice MoE has no capacity; Megatron-LM's
+    ``moe_expert_capacity_factor`` defaults to None, dropless); ``moe_dropless = false`` alone:
+    capacity factor 1.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
@@ -626,17 +627,21 @@ class TrainingSpec(BaseModel):
     def moe_routing(self) -> tuple[float, bool]:
         """The MoE routing as it resolves, (capacity factor, dropless): a capacity factor given
         means dropping with it; ``moe_dropless`` given is that choice (false: factor 1); neither
-        given is the framework's routing, dropless under ``framework = "torch"`` (torchtitan's
-        ``TokenChoiceTopKRouter`` and ``GroupedExperts`` run every routed copy: pytorch/torchtitan
-        b5bcd76 ``torchtitan/models/common/moe.py``) and capacity factor 1 under ``"megatron"``.
-        The one rule; :meth:`meshplan.compute.routing.RoutingOptions.of` and the exporters read it.
+        given is the engine's own default, dropless under either framework: torchtitan's
+        ``TokenChoiceTopKRouter`` and ``GroupedExperts`` run every routed copy (pytorch/torchtitan
+        b5bcd76 ``torchtitan/models/common/moe.py``), and Megatron-LM's
+        ``moe_expert_capacity_factor: Optional[float] = None`` ("None means no token will be
+        dropped", NVIDIA/Megatron-LM d98e8a6 ``megatron/core/transformer/transformer_config.py``
+        line 917; ``megatron/training/arguments.py`` line 2373 builds ``--moe-expert-capacity-factor``
+        from that field with ``ArgumentGroupFactory(TransformerConfig)``). The one rule;
+        :meth:`meshplan.compute.routing.RoutingOptions.of` and the exporters read it.
 
         >>> t = lambda **kw: TrainingSpec(global_batch=8, seq_len=16, **kw).moe_routing
         >>> t(), t(framework="megatron"), t(moe_capacity_factor=1.25), t(moe_dropless=False)
-        ((1.0, True), (1.0, False), (1.25, False), (1.0, False))
+        ((1.0, True), (1.0, True), (1.25, False), (1.0, False))
         """
         f, d = self.moe_capacity_factor, self.moe_dropless
-        dropless = d if d is not None else f is None and self.framework == "torch"
+        dropless = d if d is not None else f is None
         return (1.0 if f is None else f), bool(dropless)
 
     @property

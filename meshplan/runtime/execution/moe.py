@@ -12,7 +12,7 @@ Routing (Mixtral, Jiang et al. 2024, eq. 1): top-k of the router logits, softmax
 k; then one of two dispatches, as the plan's routing says (:func:`set_routing`,
 :meth:`meshplan.compute.routing.RoutingOptions.of`):
 
-- **dropless** (a torch plan's default, torchtitan's): every routed copy is computed. The
+- **dropless** (a plan's default, torchtitan's and Megatron-LM's): every routed copy is computed. The
   ``T * top_k`` copies are sorted by expert (stable, so token order within an expert); with
   EP the ranks first exchange their per-expert counts (``all_to_all_single`` of ``experts``
   int64, equal splits of ``experts / ep``; no gradient), then send each peer the copies for its
@@ -152,6 +152,7 @@ class MoE(nn.Module):
         self.ep = 1
         self.tp_mesh, self.sp, self.token_split = None, False, 1  # set by apply_moe_tp
         self.capacity_factor, self.dropless = 1.0, False  # set by set_routing
+        self.expert_counts: Optional[torch.Tensor] = None  # dropless: (E,) copies routed here, summed over calls
 
     def capacity(self, tokens: int) -> int:
         """Token copies each expert takes from ``tokens`` tokens of this rank:
@@ -192,6 +193,8 @@ class MoE(nn.Module):
         flat = idx.reshape(-1)  # copy i*k + j: token i, its j-th expert
         order = torch.argsort(flat, stable=True)  # copies in expert order
         counts = torch.bincount(flat, minlength=self.n_experts)  # (E,) int64
+        seen = counts.detach()  # the router's load, read by validate (take_expert_counts)
+        self.expert_counts = seen.clone() if self.expert_counts is None else self.expert_counts + seen
         y = self._run_dropless(t[order // k], counts)  # (T k, h) in expert order
         back = torch.empty_like(order)
         back[order] = torch.arange(order.numel(), device=order.device)
@@ -259,6 +262,21 @@ def set_routing(model: nn.Module, routing: RoutingOptions) -> None:
     share is the plan's assumption about the router, not a dispatch setting."""
     for moe in moe_layers(model):
         moe.capacity_factor, moe.dropless = routing.capacity_factor, routing.dropless
+
+
+def take_expert_counts(model: nn.Module) -> dict[str, list[int]]:
+    """Per MoE module name (``layers.<i>.moe``), the token copies this rank's router sent to
+    each of the ``experts`` experts (all of them, not only the ones held here) in the dropless
+    dispatches since the last call, then zeroed: ``meshplan validate`` writes the recorded
+    step's and reports the router's imbalance (:mod:`meshplan.runtime.validation.routerload`).
+    A replayed forward (activation checkpointing) routes the same copies again, doubling that
+    layer's counts alike. Capacity-routed layers are left out."""
+    out = {}
+    for name, m in model.named_modules():
+        if isinstance(m, MoE) and m.expert_counts is not None:
+            out[name] = [int(x) for x in m.expert_counts.tolist()]
+            m.expert_counts = None
+    return out
 
 
 def moe_layers(model: nn.Module) -> list[MoE]:

@@ -17,7 +17,8 @@
    trace with ``record_function`` phases ``forward``, ``loss``, ``backward``, ``optimizer``).
 
 Files under ``DIR/rank<r>/``, each written atomically (temporary file, then rename):
-``startup.json``, ``collectives.json``, ``memory.json``, ``timings.json``, ``trace.json``,
+``startup.json``, ``collectives.json`` (with ``expert_counts``, the router's per-expert copies of the
+recorded step: :func:`~meshplan.runtime.execution.moe.take_expert_counts`), ``memory.json``, ``timings.json``, ``trace.json``,
 ``checkpoint.json`` (one DCP save and load after the steps, pp 1:
 :func:`~meshplan.runtime.execution.checkpoint.measure_dcp`), ``probe.json`` and
 ``curves.json`` (the plan's collectives, then each axis's message curve, timed after the
@@ -56,6 +57,7 @@ from meshplan.mesh.resolve import resolve_mesh
 from meshplan.mesh.tpsplit import padded_vocab
 from meshplan.runtime.execution.launch import die_with_parent
 from meshplan.runtime.execution.model import Transformer
+from meshplan.runtime.execution.moe import take_expert_counts
 from meshplan.runtime.execution.parallelize import apply_ddp, check_groups, init_mesh, parallelize
 from meshplan.runtime.execution.recorder import CollectiveRecorder
 from meshplan.runtime.execution.trainstep import Runner, memory_step
@@ -216,7 +218,8 @@ def run(args) -> None:
     with (runner.recorder() if hasattr(runner, "recorder") else CollectiveRecorder()) as rec:
         timings.append({**runner.step(step, rec), "kind": "recorded"})
     write_json(folder / "collectives.json", {"rank": rank, "step": step, "clock": clock,
-                                             "records": [r.__dict__ for r in rec.records]})
+                                             "records": [r.__dict__ for r in rec.records],
+                                             "expert_counts": take_expert_counts(model)})
     step += 1
     maybe_fault(args, rank, step)
     t, mem = memory_step(runner, step)

@@ -41,6 +41,7 @@ from meshplan.runtime.validation.compare import (SETUP_PHASES, axis_of, differen
                                                  tally_records, tally_table)
 from meshplan.runtime.validation.host import line as host_line
 from meshplan.runtime.validation.probe import calibrated_plan
+from meshplan.runtime.validation.routerload import router_rows
 from meshplan.runtime.validation.staged import cross_world_lines, csv_text, staged_world, world_lines, write_staged
 from meshplan.schedule.steptime import step_time
 from meshplan.units import MiB
@@ -300,6 +301,7 @@ def compare_world(plan, folder: Path, table, tolerance: Optional[float] = None,
                              measured_min=None, rank=worst, error=(m / want[g] - 1) if want.get(g) else None,
                              note="at each side's own peak: tracker categories mapped by tracker_to_kinds"))
     rows += checkpoint_rows(plan, folder, checkpoint_bytes_per_s)
+    rows += router_rows(plan, folder)
     gated = []
     if tolerance is not None:  # the calibrated times when the run had a probe, else the pre-run ones
         times = [r for r in rows[:n_time] if r["quantity"].endswith("(calibrated)")] or rows[:n_time]
@@ -335,6 +337,8 @@ def write_world_evidence(folder: Path, result: dict) -> None:
 def _fmt(v, unit) -> str:
     if v is None:
         return "n/a"
+    if unit == "x":  # a ratio (routerload)
+        return f"{v:.3f}"
     return f"{v * 1e3:.2f} ms" if unit == "s" else f"{v / MiB:.2f} MiB"
 
 
