@@ -132,7 +132,7 @@ Conventions, matched op by op against what torch 2.13 issues for DTensor TP/SP a
   (torchtitan's ``_token_count_exchange``), under Megatron-LM an all-gather of them over ep x
   etp (:func:`_count_rows`), rows of cadence :data:`DROPLESS_COUNTS`, timed by the comm model
   (latency-dominated) and placed on the ep stream before each dispatch, which waits for it
-  (:func:`meshplan.schedule.rank_timeline.comm_kind`; its device-to-host sync is not modelled).
+  (:func:`meshplan.schedule.comm_times.comm_kind`; its device-to-host sync is not modelled).
 """
 
 from __future__ import annotations
