@@ -24,3 +24,36 @@ def test_closed_stdout_exits_141_quietly_not_as_a_verdict(args, tmp_path):
     finally:
         os.close(w)
     assert (p.returncode, p.stderr) == (141, "")
+
+
+def _main(*argv) -> int:
+    from meshplan.cli import main
+    with pytest.raises(SystemExit) as done:
+        main([str(a) for a in argv])
+    return done.value.code or 0
+
+
+@pytest.fixture(scope="module")
+def zero_pair(tmp_path_factory):
+    """The newcomer's z2.toml and z3.toml: the DeepSpeed example imported at stage 2 and 3."""
+    d = tmp_path_factory.mktemp("zero")
+    src = (EXAMPLES / "deepspeed_zero2_16xh100.json").read_text()
+    assert '"stage": 2' in src
+    (d / "ds3.json").write_text(src.replace('"stage": 2', '"stage": 3'))
+    for name, js in (("z2", EXAMPLES / "deepspeed_zero2_16xh100.json"), ("z3", d / "ds3.json")):
+        assert _main("import", "deepspeed", js, "--cluster", "dgx-h100", "--nodes", 2, "--model", "llama3-8b",
+                     "--seq-len", 8192, "-o", d / f"{name}.toml") == 0
+    return d / "z2.toml", d / "z3.toml"
+
+
+def test_compare_zero2_zero3_names_each_mesh_and_one_zero_stream(zero_pair):
+    from meshplan.compare import compare
+    from meshplan.config import load_config
+    from meshplan.plan import build_plan
+    c = compare(*(build_plan(load_config(p)) for p in zero_pair), names=("z2", "z3"))
+    text = "\n".join(c.reasons)
+    # the same ranks, each side's words: dp where ZeRO-2 replicates parameters, dp_shard under ZeRO-3
+    assert "same mesh (z2 dp 16, z3 dp_shard 16); the plans differ in training.sharding zero2 against zero3" in text
+    # DeepSpeed's one data-parallel stream: one row, both sides' own exposure (105.5 and 81.1 ms on main)
+    assert [r for r in c.reasons if "exposed" in r] == [
+        "exposed ZeRO data-parallel: z2 105.5 ms, z3 81.1 ms (-24.4 ms)"]

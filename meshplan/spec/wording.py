@@ -186,18 +186,20 @@ ZERO_STREAM = "ZeRO data-parallel"
 
 def stream_words(training, origin: str = "") -> dict[str, str]:
     """The step output's names of the collective streams that differ from their keys: under
-    DeepSpeed (:func:`zero_runtime`) with a ZeRO stage, the ``fsdp`` stream (its ZeRO-1/2 bucket
-    all-reduces, ZeRO-3's gathers and reduce-scatters) is :data:`ZERO_STREAM`; else none.
+    DeepSpeed (:func:`zero_runtime`) with a ZeRO stage, the ``fsdp`` stream (ZeRO-3's gathers and
+    reduce-scatters over dp_shard) and the ``dp`` stream (ZeRO-1/2's gradient buckets over the data
+    axis, named ``dp`` where the parameters are replicated) are both :data:`ZERO_STREAM`, the one
+    data-parallel stream DeepSpeed has (one data axis, its ``dp_process_group``); else none.
 
     >>> from meshplan.spec.training import TrainingSpec
     >>> stream_words(TrainingSpec(global_batch=8, seq_len=16, zero3_engine="deepspeed"))
-    {'fsdp': 'ZeRO data-parallel'}
+    {'fsdp': 'ZeRO data-parallel', 'dp': 'ZeRO data-parallel'}
     >>> stream_words(TrainingSpec(global_batch=8, seq_len=16))
     {}
     """
     if zero_runtime(training, origin) != DEEPSPEED or not ZERO_STAGE.get(training.sharding):
         return {}
-    return {"fsdp": ZERO_STREAM}
+    return {"fsdp": ZERO_STREAM, "dp": ZERO_STREAM}
 
 
 #: Shardings whose data axis replicates the parameters (DDP, ZeRO-1/2): the axis is ``dp``,
