@@ -57,3 +57,36 @@ def test_compare_zero2_zero3_names_each_mesh_and_one_zero_stream(zero_pair):
     # DeepSpeed's one data-parallel stream: one row, both sides' own exposure (105.5 and 81.1 ms on main)
     assert [r for r in c.reasons if "exposed" in r] == [
         "exposed ZeRO data-parallel: z2 105.5 ms, z3 81.1 ms (-24.4 ms)"]
+
+
+def _forward_labels(plan) -> set[str]:
+    from itertools import islice
+    return {e.label for e in islice(plan.timeline.events(), 3000) if "forward:" in e.label}
+
+
+def test_forward_working_set_says_sp_only_where_sp_runs(zero_pair):
+    from meshplan.config import load_config
+    from meshplan.plan import build_plan
+    full = zero_pair[1].with_name("z3full.toml")  # dp_shard 16, tp 1: no SP; full recompute's MLP working set
+    full.write_text(zero_pair[1].read_text().replace('recompute = "none"', 'recompute = "full"'))
+    tp1 = _forward_labels(build_plan(load_config(full)))
+    assert all("SP" not in x for x in tp1) and "layer 0 forward: forward working set" in tp1
+    tp8 = _forward_labels(build_plan(load_config(EXAMPLES / "seed-64gpu.toml")))  # tp 8 with SP
+    assert "layer 0 forward: SP all-gathered input" in tp8
+
+
+def test_megatron_ddp_memory_in_megatron_terms(tmp_path):
+    from meshplan.config import load_config
+    from meshplan.plan import build_plan
+    from meshplan.report.memory import kind_notes
+    from meshplan.spec.wording import reduce_words
+    args = tmp_path / "mg.args"
+    args.write_text((EXAMPLES / "megatron_llama3-8b_16xh100_tp2-pp2.args").read_text() + "\n--ddp-bucket-size 40000000\n")
+    assert _main("import", "megatron", args, "--cluster", "dgx-h100", "--nodes", 2, "-o", tmp_path / "mg.toml") == 0
+    plan = build_plan(load_config(tmp_path / "mg.toml"))  # pp 2 x dp 4 x tp 2, zero1, --overlap-grad-reduce
+    t = plan.config.training
+    words = reduce_words(t, plan.config.origin, plan.config.memory.fsdp_reduce_for(t, plan.pp))
+    assert words == ("Megatron DDP gradient reduce-scatter (distributed optimizer) per bucket in the last "
+                     "micro-batch's backward (overlap_grad_reduce)")
+    assert kind_notes(plan)["grads"] == ("Megatron DDP gradient buffer (main_grad), whole on every rank; "
+                                         "the distributed optimizer steps on its own 1/4")
