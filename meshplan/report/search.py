@@ -27,8 +27,8 @@ from meshplan.plan import export_refusals
 from meshplan.search.driver import SearchResult
 from meshplan.search.exact import Exact
 from meshplan.search.rank import RULE_LINE
-from meshplan.search.space import (RECOMPUTE, REASONS, SHARDING, candidate_config, candidate_schedule, max_tp,
-                                   axis_shown, overlap_searched, reason_texts)
+from meshplan.search.space import (CODE, RECOMPUTE, REASONS, SHARDING, candidate_config, candidate_schedule, max_tp,
+                                   axis_shown, engine_texts, overlap_searched, reason_texts)
 from meshplan.spec.axes.registry import search_axes
 from meshplan.spec.mesh import Schedule
 from meshplan.spec.wording import DEEPSPEED, mesh_text, zero_runtime
@@ -314,9 +314,22 @@ def count_lines(r: SearchResult) -> list[str]:
     if counts["undecided"]:
         out.append(f"  undecided (near the memory limit, beyond [search] settle_max): {counts['undecided']:,}")
     for key, text in reason_texts(r.config.training).items():
-        if counts[key]:
+        if key == "engine" and counts[key]:
+            out += [f"  rejected, {t}: {n:,}" for t, n in _engine_counts(r, text, counts[key]) if n]
+        elif counts[key]:
             out.append(f"  rejected, {text}: {counts[key]:,}")
     return out
+
+
+def _engine_counts(r: SearchResult, text: str, n: int) -> list[tuple[str, int]]:
+    """The ``engine`` rule's rejections split by the engine that refused them: zero3 rows by the
+    ZeRO-3 engine's rule, the others by ZeRO-1/2's (a DeepSpeed ZeRO-3 search plans both, and
+    its 12 rows kept gathered are ZeRO-3's alone); one line with ``text`` when one engine is planned."""
+    fam = engine_texts(r.config.training)
+    if len(fam) < 2:
+        return [(text, n)]
+    zero3 = int(((r.code == CODE["engine"]) & (r.candidates.sh == SHARDING.index("zero3"))).sum())
+    return [(fam["zero12"], n - zero3), (fam["zero3"], zero3)]
 
 
 class ProgressBar:
