@@ -99,3 +99,11 @@ def test_search_counts_each_engine_rule_apart(zero_pair, capsys):
     assert "  rejected, zero3 rows under DeepSpeed's ZeRO-3 (zero3_engine deepspeed): pp > 1, cp > 1 or " \
            "parameters kept gathered: 12" in lines
     assert not any("ZeRO-1/2" in x for x in lines)
+
+
+def test_minus_one_error_reads_as_a_sentence():
+    from meshplan.mesh.resolve import world_error
+    from meshplan.spec.mesh import MeshSpec
+    e = world_error(MeshSpec(names=["dp_shard", "tp"], shape=[-1, 16]), 8, 8)
+    assert str(e) == ("mesh.shape: dp_shard = -1 cannot be inferred: tp 16 does not divide the cluster's 8 GPUs; "
+                      "fix: tp 1, 2, 4 or 8 (a divisor of 8), or cluster.nodes = 2 (16 GPUs)")
