@@ -107,3 +107,12 @@ def test_minus_one_error_reads_as_a_sentence():
     e = world_error(MeshSpec(names=["dp_shard", "tp"], shape=[-1, 16]), 8, 8)
     assert str(e) == ("mesh.shape: dp_shard = -1 cannot be inferred: tp 16 does not divide the cluster's 8 GPUs; "
                       "fix: tp 1, 2, 4 or 8 (a divisor of 8), or cluster.nodes = 2 (16 GPUs)")
+
+
+def test_flags_export_help_names_are_in_the_readme_export_row():
+    import re
+    from meshplan.cli import export_cmd
+    readme = (EXAMPLES.parent / "README.md").read_text()
+    row = next(x for x in readme.splitlines() if x.startswith("| `export CONFIG"))
+    flags = set(re.findall(r"--[a-z][a-z-]+", export_cmd.__doc__ or "")) - {"--to", "--json", "--force"}
+    assert {"--lr", "--train-iters"} <= flags and all(f"`{f}`" in row for f in flags)
