@@ -21,10 +21,12 @@ file on stdout). Every other output option refuses ``-``.
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import glob
 import importlib.util
 import json
+import os
 import shutil
 import sys
 from dataclasses import replace
@@ -1420,7 +1422,6 @@ def _stdout_closed(exc: BaseException) -> bool:
     """True when ``exc`` is the end of a write into a closed stdout: a BrokenPipeError, or the
     ``SystemExit(1)`` raised while handling one, by click's EPIPE handler (typer/core.py) or
     rich's ``Console.on_broken_pipe`` (rich/console.py), both of which exit 1."""
-    import errno
     if isinstance(exc, SystemExit) and exc.code == 1:
         exc = exc.__context__  # type: ignore[assignment]
     return isinstance(exc, OSError) and exc.errno == errno.EPIPE
@@ -1430,7 +1431,6 @@ def _exit_pipe_closed() -> NoReturn:
     """Exit quietly with EXIT_PIPE_CLOSED; stdout is pointed at /dev/null first so the
     interpreter's final flush does not raise again (the recipe of the Python docs, "Note on
     SIGPIPE", library/signal.html, with 141 instead of their 1, which means infeasible here)."""
-    import os
     with contextlib.suppress(OSError, ValueError):
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.__stdout__.fileno() if sys.__stdout__ is not None else 1)

@@ -50,6 +50,7 @@ from typing import Any, Literal, Mapping, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from meshplan import catalog
 from meshplan.comm.alphabeta import OPS, steps
 from meshplan.comm.linkfit import LINK_CLASSES, LinkFit
 from meshplan.config import parse_toml
@@ -225,7 +226,6 @@ def catalog_words(measured: str) -> str:
     >>> catalog_words("NVIDIA A100-SXM4-80GB"), catalog_words("NVIDIA L4")
     ('catalog a100-sxm-80gb', 'no catalog GPU')
     """
-    from meshplan import catalog
     ids = [g for g in catalog.names("gpu") if same_gpu(measured, g)]
     return f"catalog {' or '.join(ids)}" if ids else "no catalog GPU"
 
