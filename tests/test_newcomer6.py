@@ -136,3 +136,11 @@ def test_deepspeed_zero3_imports_dp_shard_and_round_trips(zero_pair, tmp_path):
     assert _main("import", "deepspeed", tmp_path / "ds.json", "--cluster", "dgx-h100", "--nodes", 2, "--model",
                  "llama3-8b", "--seq-len", 8192, "-o", tmp_path / "back.toml") == 0
     assert load_config(tmp_path / "back.toml").mesh == load_config(z3).mesh
+
+
+def test_search_top_against_runner_up_folds_the_zero_stream():
+    from meshplan.search.explain import explain
+    zero = {"streams": {"fsdp": "ZeRO data-parallel", "dp": "ZeRO data-parallel"}, "layer_passes": 32}
+    e = explain({"step": 1.0, "compute": 0.9, "exposed fsdp": 0.1}, {"step": 1.2, "compute": 0.9, "exposed dp": 0.3},
+                zero, zero)  # a zero3 top against a zero2 runner-up under DeepSpeed
+    assert [(d.shown, d.top_s, d.runner_s) for d in e.parts] == [("exposed ZeRO data-parallel", 0.1, 0.3)]

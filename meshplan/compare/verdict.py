@@ -389,7 +389,7 @@ def _part_lines(a: Side, b: Side) -> list[str]:
     10175.3 ms against 4492.7 ms comes first, the GEMMs 0.4 points apart are left out."""
     if a.step is None or b.step is None:
         return []
-    pa, pb = _parts_by_stream(a.step), _parts_by_stream(b.step)
+    pa, pb = a.step.parts_by_stream(), b.step.parts_by_stream()
     floor = PART_FLOOR * max(a.step.step_s, b.step.step_s)
     gap = {k: pb.get(k, 0.0) - pa.get(k, 0.0) for k in dict.fromkeys([*pa, *pb])}
     out, choices = [], choice_lines(a, b, floor)
@@ -400,19 +400,6 @@ def _part_lines(a: Side, b: Side) -> list[str]:
             out += [line for _, line in sorted(choices + _gemm_lines(a, b), key=lambda x: -x[0])]
             choices = []
     return out + [line for _, line in sorted(choices, key=lambda x: -x[0])]  # choices that cancel in compute
-
-
-def _parts_by_stream(st: StepTime) -> dict[str, float]:
-    """:meth:`StepTime.parts_s` with the streams one engine names alike as one part, under the
-    first key of that name: DeepSpeed's ``dp`` (ZeRO-1/2 buckets) and ``fsdp`` (ZeRO-3) are both
-    its ZeRO data-parallel stream, so z2 against z3 is one row, not two with a zero each."""
-    first = {name: key for key, name in reversed(st.stream_names)}
-    out: dict[str, float] = {}
-    for k, v in st.parts_s().items():
-        stream = k[8:] if k.startswith("exposed ") else ""
-        k = f"exposed {first.get(st.named(stream), stream)}" if stream else k
-        out[k] = out.get(k, 0.0) + v
-    return out
 
 
 def _part_named(a: Side, b: Side, part: str) -> str:

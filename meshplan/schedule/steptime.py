@@ -69,7 +69,7 @@ from meshplan.schedule.rank_timeline import (
 )
 from meshplan.spec.axes.base import Dim
 from meshplan.spec.mesh import Schedule
-from meshplan.spec.wording import mesh_text, recompute_words, runtime, schedule_words, stream_words
+from meshplan.spec.wording import fold_streams, mesh_text, recompute_words, runtime, schedule_words, stream_words
 from meshplan.units import counted, dtype_bytes
 
 
@@ -227,6 +227,10 @@ class StepTime:
         if "parts" not in self._trace_cache:
             self._trace_cache["parts"] = self._parts()
         return dict(self._trace_cache["parts"])
+
+    def parts_by_stream(self) -> dict[str, float]:
+        """:meth:`parts_s` with the streams the engine names alike as one part (:func:`fold_streams`)."""
+        return fold_streams(self.parts_s(), self.stream_names)
 
     def _parts(self) -> dict[str, float]:
         res, s = self.pipeline, self.critical_stage

@@ -205,6 +205,25 @@ def stream_words(training, origin: str = "") -> dict[str, str]:
 #: Shardings whose data axis replicates the parameters (DDP, ZeRO-1/2): the axis is ``dp``,
 #: Megatron-LM's and DeepSpeed's data-parallel group; under zero3 and hsdp it shards them
 #: (torchtitan's ``dp_shard``).
+def fold_streams(parts: dict[str, float], names) -> dict[str, float]:
+    """``parts`` (``compute``, ``bubble``, ``exposed <stream>`` ..., seconds) with the streams that
+    ``names`` (stream -> its name in the text, :func:`stream_words`) names alike summed into one
+    part under the first such stream's key: DeepSpeed's ``dp`` (ZeRO-1/2 buckets) and ``fsdp``
+    (ZeRO-3) are its one ZeRO data-parallel stream, so a zero2 and a zero3 plan differ in one part.
+
+    >>> fold_streams({"compute": 2.0, "exposed dp": 0.1}, {"fsdp": ZERO_STREAM, "dp": ZERO_STREAM})
+    {'compute': 2.0, 'exposed fsdp': 0.1}
+    """
+    names = dict(names)
+    first = {name: key for key, name in reversed(names.items())}
+    out: dict[str, float] = {}
+    for k, v in parts.items():
+        stream = k[len("exposed "):] if k.startswith("exposed ") else ""
+        k = f"exposed {first.get(names.get(stream, stream), stream)}" if stream else k
+        out[k] = out.get(k, 0.0) + v
+    return out
+
+
 REPLICATED = ("none", "zero1", "zero2")
 
 
