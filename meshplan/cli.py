@@ -21,10 +21,12 @@ file on stdout). Every other output option refuses ``-``.
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import glob
 import importlib.util
 import json
+import os
 import shutil
 import sys
 from dataclasses import replace
@@ -1412,11 +1414,51 @@ def _usage_line(e) -> Optional[str]:
     return printable(f"error: {field}: {msg.rstrip('.')}; see {cmd} --help")
 
 
+#: The exit status of a command whose stdout was closed under it (``meshplan step ... | head -1``):
+#: 128 + SIGPIPE (13), what the shell reports for a Unix filter killed by SIGPIPE (``yes | head``
+#: gives 141 under ``set -o pipefail``), so a cut-short pipe never reads as a verdict (1 infeasible,
+#: 2 bad input). Python ignores SIGPIPE and raises BrokenPipeError instead; the click core that
+#: typer runs catches EPIPE and exits 1 (typer/core.py, ``except OSError`` with ``errno.EPIPE``).
+EXIT_PIPE_CLOSED = 141
+
+
+def _stdout_closed(exc: BaseException) -> bool:
+    """True when ``exc`` is the end of a write into a closed stdout: a BrokenPipeError, or the
+    ``SystemExit(1)`` raised while handling one, by click's EPIPE handler (typer/core.py) or
+    rich's ``Console.on_broken_pipe`` (rich/console.py), both of which exit 1."""
+    if isinstance(exc, SystemExit) and exc.code == 1:
+        exc = exc.__context__  # type: ignore[assignment]
+    return isinstance(exc, OSError) and exc.errno == errno.EPIPE
+
+
+def _exit_pipe_closed() -> NoReturn:
+    """Exit quietly with EXIT_PIPE_CLOSED; stdout is pointed at /dev/null first so the
+    interpreter's final flush does not raise again (the recipe of the Python docs, "Note on
+    SIGPIPE", library/signal.html, with 141 instead of their 1, which means infeasible here)."""
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.__stdout__.fileno() if sys.__stdout__ is not None else 1)
+    sys.exit(EXIT_PIPE_CLOSED)
+
+
 def main(argv: Optional[list[str]] = None) -> None:
     """Entry point: run the app; malformed input (a ConfigError, or a usage error of an
-    option or argument) is one line ``error: <field>: ...`` and exit 2."""
+    option or argument) is one line ``error: <field>: ...`` and exit 2; a stdout closed
+    by its reader exits EXIT_PIPE_CLOSED (141) with nothing on stderr."""
+    try:
+        rc = _run_app(argv)
+    except (BrokenPipeError, SystemExit) as e:
+        if _stdout_closed(e):
+            _exit_pipe_closed()
+        raise
+    sys.exit(rc if isinstance(rc, int) else 0)
+
+
+def _run_app(argv: Optional[list[str]]) -> Any:
+    """The app's return value; the error paths of main() (exit 2 for bad input)."""
     try:
         rc = app(args=argv, standalone_mode=False)
+        sys.stdout.flush()  # a closed pipe surfaces here, not at interpreter exit
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
@@ -1430,7 +1472,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     except typer.Abort:
         print("Aborted!", file=sys.stderr)
         sys.exit(1)
-    sys.exit(rc if isinstance(rc, int) else 0)
+    return rc
 
 
 if __name__ == "__main__":

@@ -97,7 +97,7 @@ C4_ERRORS = [
      "cp 8 = 1; or -1 there to infer it), or cluster.nodes = 8 (64 GPUs)"),
     # 8 / tp 2 = 4: pp must divide 4; tp 2 x pp 3 = 6 ranks divide lcm(6, 8) = 24 GPUs, 3 nodes
     ('names = ["dp", "tp", "pp"]\nshape = [-1, 2, 3]',
-     "error: mesh.shape: dp = -1 cannot be inferred: tp 2 x pp 3 = 6 ranks do not divide the cluster's 8 GPUs; fix: "
+     "error: mesh.shape: dp = -1 cannot be inferred: tp 2 x pp 3 = 6 does not divide the cluster's 8 GPUs; fix: "
      "pp 1, 2 or 4 (a divisor of 8 / tp 2), or cluster.nodes = 3 (24 GPUs)"),
 ]
 

@@ -50,6 +50,7 @@ from typing import Any, Literal, Mapping, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from meshplan import catalog
 from meshplan.comm.alphabeta import OPS, steps
 from meshplan.comm.linkfit import LINK_CLASSES, LinkFit
 from meshplan.config import parse_toml
@@ -213,9 +214,20 @@ def gpu_warnings(path, calib: dict[str, CalibratedLink], cluster: ClusterSpec) -
     for name, c in calib.items():
         if c.gpu and c.backend != "gloo" and not same_gpu(c.gpu, cluster.gpu.name):
             by_gpu.setdefault(c.gpu, []).append(name)
-    return [f"--calibration {path}: {' and '.join(links)} measured on {gpu}, but cluster {cluster.name} has "
-            f"{cluster.gpu.name}: these are another machine's links; calibrate on this cluster's GPUs (nccl-tests "
-            "+ meshplan calibrate) or plan a cluster of the measured GPU" for gpu, links in by_gpu.items()]
+    return [f"--calibration {path}: {' and '.join(links)} measured on {gpu} ({catalog_words(gpu)}), but cluster "
+            f"{cluster.name} has {cluster.gpu.name}: these are another machine's links; calibrate on this cluster's "
+            "GPUs (nccl-tests + meshplan calibrate) or plan a cluster of the measured GPU" for gpu, links in by_gpu.items()]
+
+
+def catalog_words(measured: str) -> str:
+    """The catalog GPU(s) a measured device name is (:func:`same_gpu`), in the catalog's ids, so
+    a warning names both GPUs in the same kind of name as the cluster's.
+
+    >>> catalog_words("NVIDIA A100-SXM4-80GB"), catalog_words("NVIDIA L4")
+    ('catalog a100-sxm-80gb', 'no catalog GPU')
+    """
+    ids = [g for g in catalog.names("gpu") if same_gpu(measured, g)]
+    return f"catalog {' or '.join(ids)}" if ids else "no catalog GPU"
 
 
 def calibration_doc(path, calib: dict[str, CalibratedLink], cluster: Optional[ClusterSpec] = None) -> dict:

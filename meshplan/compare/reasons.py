@@ -48,7 +48,8 @@ def evidence_lines(a: Side, b: Side, knobs: tuple = (), memory_first: bool = Fal
     does not fit, or steps within the tie band), so peak memory comes before the parts."""
     out = []
     if knobs and a.mesh_key == b.mesh_key:
-        out.append(f"same mesh ({a.mesh_text}); the plans differ in {knob_text(knobs, True)} ({a.name} against "
+        same = a.mesh_text if a.mesh_text == b.mesh_text else f"{a.name} {a.mesh_text}, {b.name} {b.mesh_text}"
+        out.append(f"same mesh ({same}); the plans differ in {knob_text(knobs, True)} ({a.name} against "
                    f"{b.name}): the difference comes from these knobs, not from the mesh")
     elif knobs:
         out.append(f"the meshes differ ({a.name} {a.mesh_text}, {b.name} {b.mesh_text}) and so do "
@@ -76,7 +77,7 @@ def _part_lines(a: Side, b: Side) -> list[str]:
     10175.3 ms against 4492.7 ms comes first, the GEMMs 0.4 points apart are left out."""
     if a.step is None or b.step is None:
         return []
-    pa, pb = a.step.parts_s(), b.step.parts_s()
+    pa, pb = a.step.parts_by_stream(), b.step.parts_by_stream()
     floor = PART_FLOOR * max(a.step.step_s, b.step.step_s)
     gap = {k: pb.get(k, 0.0) - pa.get(k, 0.0) for k in dict.fromkeys([*pa, *pb])}
     out, choices = [], choice_lines(a, b, floor)

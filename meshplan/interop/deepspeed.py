@@ -123,6 +123,7 @@ from meshplan.interop.common import (
 from meshplan.interop.tomlout import resolved
 from meshplan.spec.memory import DEEPSPEED_REDUCE_BUCKET_ELEMENTS
 from meshplan.spec.training import deepspeed_grad_dtype
+from meshplan.spec.wording import data_axis
 
 STAGES = {0: "none", 1: "zero1", 2: "zero2", 3: "zero3"}
 USED = {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
@@ -236,7 +237,7 @@ def read(d: dict, opts: ImportOptions) -> Imported:
                      "v0.3.13's default, bucket all-reduces; true, the default from v0.4.3, a reduce-scatter per "
                      "gradient)")
     tables = {"model": model_option(opts.model), "cluster": cluster, "training": training,
-              "mesh": {"names": ["dp"], "shape": [world]}}
+              "mesh": {"names": [data_axis(STAGES[stage])], "shape": [world]}}  # dp_shard where ZeRO-3 shards
     used = USED | (ZERO12_USED if stage in (1, 2) else set()) | (
         {"data_types.grad_accum_dtype"} if stage in (1, 3) else set()) | (
         ZERO3_USED if stage == 3 else set())  # stage 2 keeps model-dtype grads anyway

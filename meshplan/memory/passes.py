@@ -96,13 +96,16 @@ class ActSizes:
     backward under the recompute policy), ``rework`` (recomputed at the start of the
     layer's backward, freed by its steps), ``fwd_temp`` and ``bwd_temp`` (working sets;
     ``bwd_temp`` the largest step's), ``steps`` the backward (:class:`BackStep`, whose
-    ``frees`` sum to ``saved + rework``; empty: one step with everything)."""
+    ``frees`` sum to ``saved + rework``; empty: one step with everything); ``sp_input``:
+    ``fwd_temp`` is sequence parallelism's all-gathered layer input (tp > 1 with SP), named so
+    in the events, else it is the forward's working set."""
 
     saved: int
     rework: int
     fwd_temp: int
     bwd_temp: int
     steps: tuple = ()
+    sp_input: bool = False
 
 
 @dataclass(frozen=True)
@@ -279,9 +282,10 @@ class PassBuilder:
         for i, layer in enumerate(layers):
             self._unshard(layer, list(layers[i + 1:]) + [k for k in keys if k == "head"], depth, keep)
             a = sz.acts[layer]
-            self._add(layer, "temporaries", a.fwd_temp, f"layer {layer} forward: SP all-gathered input")
+            work = "SP all-gathered input" if a.sp_input else "forward working set"
+            self._add(layer, "temporaries", a.fwd_temp, f"layer {layer} forward: {work}")
             self._add(layer, "activations", a.saved, f"layer {layer}: saved activations (recompute {sz.recompute})")
-            self._add(layer, "temporaries", -a.fwd_temp, f"layer {layer} forward: SP all-gathered input freed")
+            self._add(layer, "temporaries", -a.fwd_temp, f"layer {layer} forward: {work} freed")
             if sz.reshard_after_forward:
                 self._release(layer, "after forward")
         if self._head_here:

@@ -123,14 +123,15 @@ def layer_act_sizes(model: ModelSpec, training: TrainingSpec, mesh: Mesh, opts: 
     gathered = ga * tok * h if sp and not opts.sp_gathered_input else 0  # else a saved activation
     if moe:
         widest = max(widest, a * tok * ceil(dims.f / tp) * gate)
-        return ActSizes(saved=saved, rework=full - saved, fwd_temp=gathered, bwd_temp=a * rtok * h + widest + gathered)
+        return ActSizes(saved=saved, rework=full - saved, fwd_temp=gathered, bwd_temp=a * rtok * h + widest + gathered,
+                        sp_input=gathered > 0)
     steps = backward_steps(model, training, mesh, opts, dims, lo, f8)
     fwd = gathered
     if training.recompute in ("full", "op"):  # the checkpointed forward keeps nothing: its MLP's working set
         fwd = max(fwd, a * tok * h + (a * rtok * h if opts.unfused_norm else 0)
                   + (3 if model.gated_mlp else 2) * a * tok * ceil(dims.f / tp))
     return ActSizes(saved=saved, rework=full - saved, fwd_temp=fwd, bwd_temp=max(st.work for st in steps),
-                    steps=steps)
+                    steps=steps, sp_input=fwd == gathered > 0)
 
 
 #: Backward steps of a dense layer, autograd's order, and the weights whose gradients each

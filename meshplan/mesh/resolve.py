@@ -211,7 +211,7 @@ def world_error(spec: MeshSpec, world: int, gpus_per_node: int = 0) -> ConfigErr
     >>> print(world_error(MeshSpec(names=["dp_shard", "cp"], shape=[8, 8]), 8, 8))
     mesh.shape: dp_shard 8 x cp 8 = 64 ranks, but the cluster has 8 GPUs; fix: shape [1, 8] (dp_shard = 8 / cp 8 = 1; or -1 there to infer it), or cluster.nodes = 8 (64 GPUs)
     >>> print(world_error(MeshSpec(names=["dp", "tp", "pp"], shape=[-1, 2, 3]), 8, 8))
-    mesh.shape: dp = -1 cannot be inferred: tp 2 x pp 3 = 6 ranks do not divide the cluster's 8 GPUs; fix: pp 1, 2 or 4 (a divisor of 8 / tp 2), or cluster.nodes = 3 (24 GPUs)
+    mesh.shape: dp = -1 cannot be inferred: tp 2 x pp 3 = 6 does not divide the cluster's 8 GPUs; fix: pp 1, 2 or 4 (a divisor of 8 / tp 2), or cluster.nodes = 3 (24 GPUs)
     >>> world_error(MeshSpec(names=["dp_shard", "tp"], shape=[-1, 2]), 8, 8) is None
     True
     """
@@ -234,13 +234,14 @@ def world_error(spec: MeshSpec, world: int, gpus_per_node: int = 0) -> ConfigErr
         rest = known // d
         if d > 1 and world % rest == 0:
             ok = [k for k in range(1, world // rest + 1) if (world // rest) % k == 0]
-            others = " x ".join(f"{m} {e}" for m, e in given if m != n) or "1"
-            fixes.append(f"{n} {_alternatives(ok)} (a divisor of {world} / {others})")
+            others = "".join(f" x {m} {e}" for m, e in given if m != n)[3:]
+            fixes.append(f"{n} {_alternatives(ok)} (a divisor of {world}{f' / {others}' if others else ''})")
     if gpus_per_node and not spec.world:
         lcm = known * gpus_per_node // gcd(known, gpus_per_node)
         fixes.append(f"cluster.nodes = {lcm // gpus_per_node} ({lcm} GPUs)")
     where = f"mesh.world {world}" if spec.world else f"the cluster's {world} GPUs"
-    return ConfigError(field, f"{inferred[0]} = -1 cannot be inferred: {expr} = {known} ranks do not divide {where}; "
+    ranks = expr if len(given) == 1 else f"{expr} = {known}"  # "tp 16", not "tp 16 = 16 ranks do not"
+    return ConfigError(field, f"{inferred[0]} = -1 cannot be inferred: {ranks} does not divide {where}; "
                        "fix: " + (", or ".join(fixes) or "degrees whose product divides the world"))
 
 

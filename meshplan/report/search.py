@@ -29,7 +29,7 @@ from meshplan.search.exact import Exact
 from meshplan.search.rank import RULE_LINE
 from meshplan.search.candidate import candidate_config
 from meshplan.search.columns import RECOMPUTE, SHARDING, axis_shown, candidate_schedule
-from meshplan.search.reasons import REASONS, reason_texts
+from meshplan.search.reasons import CODE, REASONS, engine_texts, reason_texts
 from meshplan.search.space import overlap_searched
 from meshplan.spec.axes.tp import max_tp
 from meshplan.spec.axes.registry import search_axes
@@ -319,9 +319,22 @@ def count_lines(r: SearchResult) -> list[str]:
     if counts["undecided"]:
         out.append(f"  undecided (near the memory limit, beyond [search] settle_max): {counts['undecided']:,}")
     for key, text in reason_texts(r.config.training).items():
-        if counts[key]:
+        if key == "engine" and counts[key]:
+            out += [f"  rejected, {t}: {n:,}" for t, n in _engine_counts(r, text, counts[key]) if n]
+        elif counts[key]:
             out.append(f"  rejected, {text}: {counts[key]:,}")
     return out
+
+
+def _engine_counts(r: SearchResult, text: str, n: int) -> list[tuple[str, int]]:
+    """The ``engine`` rule's rejections split by the engine that refused them: zero3 rows by the
+    ZeRO-3 engine's rule, the others by ZeRO-1/2's (a DeepSpeed ZeRO-3 search plans both, and
+    its 12 rows kept gathered are ZeRO-3's alone); one line with ``text`` when one engine is planned."""
+    fam = engine_texts(r.config.training)
+    if len(fam) < 2:
+        return [(text, n)]
+    zero3 = int(((r.code == CODE["engine"]) & (r.candidates.sh == SHARDING.index("zero3"))).sum())
+    return [(fam["zero12"], n - zero3), (fam["zero3"], zero3)]
 
 
 class ProgressBar:

@@ -18,7 +18,7 @@ from meshplan.pipeline.fast import ArrayResult
 from meshplan.pipeline.simulate import Event, write_trace
 from meshplan.schedule.pipeline_exposure import _unit_exposure, last_tail_s, pipeline_without, stage_bubble
 from meshplan.schedule.unit_times import UnitTimes
-from meshplan.spec.wording import schedule_words
+from meshplan.spec.wording import fold_streams, schedule_words
 from meshplan.units import counted
 
 
@@ -137,6 +137,10 @@ class StepTime:
         if "parts" not in self._trace_cache:
             self._trace_cache["parts"] = self._parts()
         return dict(self._trace_cache["parts"])
+
+    def parts_by_stream(self) -> dict[str, float]:
+        """:meth:`parts_s` with the streams the engine names alike as one part (:func:`fold_streams`)."""
+        return fold_streams(self.parts_s(), self.stream_names)
 
     def _parts(self) -> dict[str, float]:
         res, s = self.pipeline, self.critical_stage

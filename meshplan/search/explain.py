@@ -19,7 +19,7 @@ from typing import Optional
 from meshplan.plan import Plan, table_key, table_stage
 from meshplan.search.rank import TIE
 from meshplan.schedule.step_summary import StepTime
-from meshplan.spec.wording import data_axis
+from meshplan.spec.wording import data_axis, fold_streams
 
 
 def step_breakdown(st: StepTime) -> dict[str, float]:
@@ -315,6 +315,7 @@ def explain(top: dict, runner: dict, top_desc: dict, runner_desc: dict, fastest_
     first; parts equal in both are left out. ``*_desc``: what :func:`_context` reads
     (``layer_passes`` among them). ``fastest_*``: the fastest feasible candidate
     (:class:`Explanation`; default: the top); ``tie_criterion``: what placed the top before it."""
+    top, runner = (fold_streams(x, d.get("streams", {})) for x, d in ((top, top_desc), (runner, runner_desc)))
     keys = [k for k in dict.fromkeys([*top, *runner]) if k != "step"]
     a, b = {**top_desc, **top}, {**runner_desc, **runner}
     diffs = [Difference(k, top.get(k, 0.0), runner.get(k, 0.0), _context(k, a, b), _shown(k, a, b)) for k in keys]

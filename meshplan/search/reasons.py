@@ -75,13 +75,19 @@ def reason_texts(training) -> dict[str, str]:
     >>> reason_texts(TrainingSpec(global_batch=8, seq_len=16, zero3_engine="deepspeed-2021"))["engine"]
     'zero3_engine deepspeed-2021: pp > 1, cp > 1 or parameters kept gathered'
     """
-    planned = {("zero12", training.searched_zero12_engine), ("zero3", training.searched_zero3_engine)}
-    engines = [k for k in _ENGINE_TEXT if k in planned]
+    engines = engine_texts(training)
     text = dict(REASONS)
     text["framework"] = MEGATRON_REFUSED if training.framework == "megatron" else text["framework"].split("; ")[0]
     if engines:
-        text["engine"] = "; ".join(_ENGINE_TEXT[k] for k in engines)
+        text["engine"] = "; ".join(engines.values())
     return text
+
+
+def engine_texts(training) -> dict[str, str]:
+    """The ``engine`` rule's words per sharding family (``zero12``, ``zero3``) of the engines
+    ``training`` plans, so a count can name the rule that rejected its rows alone."""
+    planned = {("zero12", training.searched_zero12_engine), ("zero3", training.searched_zero3_engine)}
+    return {k[0]: _ENGINE_TEXT[k] for k in _ENGINE_TEXT if k in planned}
 
 
 #: :func:`reason_table` of the registered axes.

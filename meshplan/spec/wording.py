@@ -186,23 +186,44 @@ ZERO_STREAM = "ZeRO data-parallel"
 
 def stream_words(training, origin: str = "") -> dict[str, str]:
     """The step output's names of the collective streams that differ from their keys: under
-    DeepSpeed (:func:`zero_runtime`) with a ZeRO stage, the ``fsdp`` stream (its ZeRO-1/2 bucket
-    all-reduces, ZeRO-3's gathers and reduce-scatters) is :data:`ZERO_STREAM`; else none.
+    DeepSpeed (:func:`zero_runtime`) with a ZeRO stage, the ``fsdp`` stream (ZeRO-3's gathers and
+    reduce-scatters over dp_shard) and the ``dp`` stream (ZeRO-1/2's gradient buckets over the data
+    axis, named ``dp`` where the parameters are replicated) are both :data:`ZERO_STREAM`, the one
+    data-parallel stream DeepSpeed has (one data axis, its ``dp_process_group``); else none.
 
     >>> from meshplan.spec.training import TrainingSpec
     >>> stream_words(TrainingSpec(global_batch=8, seq_len=16, zero3_engine="deepspeed"))
-    {'fsdp': 'ZeRO data-parallel'}
+    {'fsdp': 'ZeRO data-parallel', 'dp': 'ZeRO data-parallel'}
     >>> stream_words(TrainingSpec(global_batch=8, seq_len=16))
     {}
     """
     if zero_runtime(training, origin) != DEEPSPEED or not ZERO_STAGE.get(training.sharding):
         return {}
-    return {"fsdp": ZERO_STREAM}
+    return {"fsdp": ZERO_STREAM, "dp": ZERO_STREAM}
 
 
 #: Shardings whose data axis replicates the parameters (DDP, ZeRO-1/2): the axis is ``dp``,
 #: Megatron-LM's and DeepSpeed's data-parallel group; under zero3 and hsdp it shards them
 #: (torchtitan's ``dp_shard``).
+def fold_streams(parts: dict[str, float], names) -> dict[str, float]:
+    """``parts`` (``compute``, ``bubble``, ``exposed <stream>`` ..., seconds) with the streams that
+    ``names`` (stream -> its name in the text, :func:`stream_words`) names alike summed into one
+    part under the first such stream's key: DeepSpeed's ``dp`` (ZeRO-1/2 buckets) and ``fsdp``
+    (ZeRO-3) are its one ZeRO data-parallel stream, so a zero2 and a zero3 plan differ in one part.
+
+    >>> fold_streams({"compute": 2.0, "exposed dp": 0.1}, {"fsdp": ZERO_STREAM, "dp": ZERO_STREAM})
+    {'compute': 2.0, 'exposed fsdp': 0.1}
+    """
+    names = dict(names)
+    first = {name: key for key, name in reversed(names.items())}
+    out: dict[str, float] = {}
+    for k, v in parts.items():
+        stream = k[len("exposed "):] if k.startswith("exposed ") else ""
+        k = f"exposed {first.get(names.get(stream, stream), stream)}" if stream else k
+        out[k] = out.get(k, 0.0) + v
+    return out
+
+
 REPLICATED = ("none", "zero1", "zero2")
 
 
@@ -299,8 +320,8 @@ def kind_words(training, origin: str = "", dp: int = 0) -> dict[str, str]:
     name the runtime, in DeepSpeed's words under DeepSpeed (:func:`zero_runtime`), by ZeRO
     stage: ZeRO-3's parameter all-gather and partitioned parameters, ZeRO-1/2's optimizer-state
     and gradient partitions, the ZeRO-1/2 engine's gradient buckets (``reduce_bucket_size``,
-    :mod:`meshplan.comm.deepspeed_zero12`); ``dp``: the data-parallel group's ranks (0: "N").
-    Empty elsewhere: the generic notes stand (:data:`meshplan.report.memory.KIND_NOTES`).
+    :mod:`meshplan.comm.deepspeed_zero12`); ``dp``: the data-parallel group's ranks (0: "N");
+    under :func:`megatron_ddp` the gradients as Megatron DDP's buffer. Empty elsewhere: the generic notes stand (:data:`meshplan.report.memory.KIND_NOTES`).
 
     >>> from meshplan.spec.training import TrainingSpec
     >>> t = TrainingSpec(global_batch=8, seq_len=16, sharding="zero2", zero12_engine="deepspeed")
@@ -310,6 +331,9 @@ def kind_words(training, origin: str = "", dp: int = 0) -> dict[str, str]:
     {}
     """
     stage = ZERO_STAGE.get(training.sharding)
+    if megatron_ddp(training, origin):
+        return {"grads": "Megatron DDP gradient buffer (main_grad), whole on every rank" + (
+            f"; the distributed optimizer steps on its own 1/{dp if dp else 'N'}" if stage == 1 else "")}
     if zero_runtime(training, origin) != DEEPSPEED or stage is None:
         return {}
     part = f"1/{dp if dp else 'N'} on each rank of the data-parallel group"
@@ -336,9 +360,26 @@ def kind_words(training, origin: str = "", dp: int = 0) -> dict[str, str]:
     return out
 
 
+def megatron_ddp(training, origin: str = "") -> bool:
+    """Whether Megatron-LM's DDP runs the data-parallel gradients (``framework = "megatron"``,
+    sharding none, or zero1 as its distributed optimizer, not under DeepSpeed): its contiguous
+    gradient buffer whole on every rank, reduced bucket by bucket once per step, in the last
+    micro-batch's backward (:class:`meshplan.spec.training.TrainingSpec`, ``overlap_grad_reduce``;
+    NVIDIA/Megatron-LM 0e9fcc1 ``megatron/core/distributed/param_and_grad_buffer.py``: the
+    distributed optimizer reduce-scatters into this rank's shard of the full buffer).
+
+    >>> from meshplan.spec.training import TrainingSpec
+    >>> t = TrainingSpec(global_batch=8, seq_len=16, sharding="zero1", framework="megatron")
+    >>> megatron_ddp(t), megatron_ddp(t, "deepspeed"), megatron_ddp(t.model_copy(update={"sharding": "zero3"}))
+    (True, False, False)
+    """
+    return (runtime(training, origin) == "megatron" and zero_runtime(training, origin) == "megatron"
+            and training.sharding in ("none", "zero1"))
+
+
 def reduce_words(training, origin: str, rule: str) -> str:
     """When the gradients are reduced, as the memory caption names it: ``FSDP reduce RULE``
-    (``rule``: :meth:`meshplan.spec.memory.MemoryOptions.fsdp_reduce_for`, the ``[memory]
+    (Megatron DDP's bucket reduction under :func:`megatron_ddp`; ``rule``: :meth:`meshplan.spec.memory.MemoryOptions.fsdp_reduce_for`, the ``[memory]
     fsdp_reduce`` knob); under DeepSpeed (:func:`zero_runtime`) ZeRO-3's reduce-scatter at that
     rule, and for ZeRO-1/2 DeepSpeed's engine, which the knob does not set
     (:mod:`meshplan.comm.deepspeed_zero12`: stage 2 reduces in every micro-batch's backward,
@@ -351,6 +392,10 @@ def reduce_words(training, origin: str, rule: str) -> str:
     ('ZeRO-1 gradient all-reduces once per step', 'ZeRO-3 gradient reduce-scatter per_microbatch')
     """
     stage = ZERO_STAGE.get(training.sharding)
+    if megatron_ddp(training, origin):
+        op = "reduce-scatter (distributed optimizer)" if stage == 1 else "all-reduce"
+        return f"Megatron DDP gradient {op} " + ("per bucket in the last micro-batch's backward (overlap_grad_reduce)"
+                                                 if training.overlap_grad_reduce else "after the last micro-batch's backward")
     if zero_runtime(training, origin) != DEEPSPEED or not stage:
         return f"FSDP reduce {rule}"
     if stage == 3:
