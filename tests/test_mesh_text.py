@@ -116,17 +116,23 @@ def test_zero1_search_names_its_data_axis_dp_in_the_reason_and_json(tmp_path, ca
 
 def test_groups_table_names_the_data_axis_as_the_mesh_line(tmp_path, capsys):
     """``plan`` and ``groups`` print the process groups under the mesh line's names: a DeepSpeed
-    ZeRO-3 JSON's ``dp`` (16 ranks, one group 0..15, printed ``dp 16`` before) is the row ``dp_shard``, rank 5's coordinate
-    ``dp_shard=5``; a zero1 mesh named ``dp_shard x cp x tp`` (2 x 2 x 2 on 8 GPUs) has the row
+    ZeRO-3 JSON imports as ``dp_shard``; a zero3 config's ``dp`` (16 ranks, one group 0..15) is the row ``dp_shard``,
+    rank 5's coordinate ``dp_shard=5``, the title saying why; a zero1 mesh named ``dp_shard x cp x tp`` (2 x 2 x 2 on 8 GPUs) has the row
     ``dp`` (rank 3 at (0,1,1): its dp group 3,7; cp 1,3; tp 2,3) beside the derived ``fsdp``
     (dp_shard x cp: 1,3,5,7), and the title says why; the HTML page's groups table likewise.
     ``--json`` keeps the config's names."""
     ds = _zero3(tmp_path)
-    plan = _out(["plan", ds, *DS_OPTS, "--rank", "5"], capsys)
+    plan = _out(["plan", ds, *DS_OPTS, "--rank", "5"], capsys)  # the import names the axis dp_shard itself
+    assert "rank 5 = coordinates (5) (dp_shard=5)" in plan and "printed dp_shard" not in plan
+    assert " dp_shard 16 1 0..15 [(0)..(15)] 0..15 " in plan and " dp 16 1 " not in plan
+    (tmp_path / "z3.toml").write_text(
+        '[model]\ncatalog = "llama3-8b"\n[cluster]\nsystem = "dgx-h100"\nnodes = 2\n[training]\nglobal_batch = 64\n'
+        'seq_len = 4096\nsharding = "zero3"\n[mesh]\nnames = ["dp"]\nshape = [16]\n')
+    plan = _out(["plan", tmp_path / "z3.toml", "--rank", "5"], capsys)
     assert "rank 5 = coordinates (5) (dp_shard=5)" in plan
     assert "dp printed dp_shard: zero3 shards the parameters over it" in plan.split("Process groups")[1]
     assert " dp_shard 16 1 0..15 [(0)..(15)] 0..15 " in plan and " dp 16 1 " not in plan
-    _out(["plan", ds, *DS_OPTS, "--html", tmp_path / "p.html"], capsys)
+    _out(["plan", tmp_path / "z3.toml", "--html", tmp_path / "p.html"], capsys)
     page = (tmp_path / "p.html").read_text()
     assert "<tr><td>dp_shard</td><td>16</td><td>1</td>" in page and "<tr><td>dp</td><td>16</td><td>1</td>" not in page
     (tmp_path / "z1.toml").write_text(
