@@ -13,14 +13,16 @@ mesh; "Global semantics": hold the global batch fixed):
   (:func:`meshplan.mesh.layers.restart_splits`: the model's dense layers alone on the first
   stage where the configured split has them so, and the split over all the layers: even
   stages, the configured Llama 3 ends-short rule carried over, the balanced split at vpp 1);
-  each split of a mesh is planned and the fastest kept, the schedule and vpp kept. tp and cp vary where the caller gives
-  a :class:`DegreeRule` (the CLI does: tp inside the fast domain splitting the heads and the
-  MLP, cp the configured one, half or twice it, dividing the sequence). A checkpoint at other
-  degrees loads resharded: DCP and Megatron-Core dist-checkpointing save each shard at its
-  global offset, DeepSpeed through its universal checkpoint (:mod:`meshplan.restart_text`). Up to :data:`KEEPERS` meshes per (tp, cp,
-  pp), those whose persistent state fits (the evaluator's screen); of those the :data:`TRIED`
-  of the highest ideal throughput (:attr:`Proposal.ideal`: GPUs less the 1F1B bubble, the
-  configured tp and cp first at a tie) are planned in that order until :data:`PLANNED` run.
+  each split of a mesh is planned and the fastest kept, the schedule and vpp kept. tp and cp
+  vary where the caller gives a :class:`DegreeRule` (the CLI does: tp inside the fast domain
+  splitting the heads and the MLP, cp the configured one, half or twice it, dividing the
+  sequence). A checkpoint at other degrees loads resharded: DCP and Megatron-Core
+  dist-checkpointing save each shard at its global offset, DeepSpeed through its universal
+  checkpoint (:mod:`meshplan.restart_text`). Up to :data:`KEEPERS` meshes per (tp, cp, pp,
+  layer split), those whose persistent state fits (the evaluator's screen); of those the
+  :data:`TRIED` meshes (each with its splits) of the highest ideal throughput
+  (:attr:`Proposal.ideal`: GPUs less the 1F1B bubble, the configured tp and cp first at a
+  tie) are planned in that order until :data:`PLANNED` run.
 - A mesh must resolve (:func:`meshplan.mesh.resolve.resolve_mesh`): with experts the dense
   block ``dp_shard x cp x tp`` must stay a multiple of ``ep x etp``, so fewer GPUs than the
   largest data-parallel degree may be used; the others sit idle (spares for the next failure).

@@ -28,11 +28,12 @@ if TYPE_CHECKING:
 
 #: Meshes of the configured tp and cp keeping the global batch tried at most (:func:`bounded`: those
 #: of the highest ideal throughput), and of those planned feasible at most (:func:`rank`, in that
-#: order; memory refusals do not count); each other (tp, cp) adds one mesh, planned. DeepSeek-V3's
-#: restart on 2040 GPUs finds 62 such meshes over 31 pipeline degrees at tp 1, cp 1, and 7 other
-#: pairs (tests/test_reliability.py); a plan of Llama 3 405B on 16k GPUs takes ~0.3 s. The
-#: proposal and runner-up of DeepSeek-V3, Mixtral and the seed are the same with 8, 12 or 16
-#: planned.
+#: order; memory refusals do not count); each other (tp, cp) adds one mesh, planned. A mesh counts
+#: once with all its layer splits (at most 3, each planned). DeepSeek-V3's restart on 2040 GPUs
+#: finds 63 such meshes over 31 pipeline degrees at tp 1, cp 1 (161 with their splits), and 7
+#: other pairs (tests/test_reliability.py); a plan of Llama 3 405B on 16k GPUs takes ~0.3 s. The
+#: proposal and runner-up of DeepSeek-V3, Mixtral and the seed were the same with 8, 12 or 16
+#: planned (before the splits were varied).
 TRIED, PLANNED = 16, 8
 
 Evaluator = Callable[["Proposal"], Union["Proposal", str]]

@@ -579,8 +579,9 @@ def test_restart_names_the_checkpoint_engines_path():
     m = _mesh(["dp_shard", "tp"], [8, 8])
     note = lambda engine: next(n for n in restart_on_fewer_nodes(
         m, 1, gpus_per_node=8, global_batch=512, micro_batch=1, checkpoint=engine).notes if n.startswith("checkpoint"))
-    assert note("dcp").startswith("checkpoint: resharded on load (dp_shard changed): DCP (torch.distributed.checkpoint)")
-    assert note("megatron").startswith("checkpoint: resharded on load (dp_shard changed): Megatron-Core dist-checkpointing")
+    moved = "checkpoint: resharded on load (dp_shard changed): "
+    assert note("dcp").startswith(moved + "DCP (torch.distributed.checkpoint)")
+    assert note("megatron").startswith(moved + "Megatron-Core dist-checkpointing")
     ds = note("deepspeed")
     assert ds.startswith("checkpoint: not loadable as saved (dp_shard changed): DeepSpeed saves the ZeRO state per "
                          "data-parallel rank") and "ds_to_universal.py" in ds and '"load_universal": true' in ds
@@ -615,7 +616,7 @@ def test_restart_faster_than_the_full_plan_blames_the_original_mesh():
                                evaluate=plan_evaluator(plan, 7), old_step=(old.step_s, old.tokens_per_s))
     top = r.proposals[0]
     assert f"{old.step_s:.2f}" == "331.38" and top.gpus == 56 and top.tokens_per_s > old.tokens_per_s
-    assert r.notes[1] == (f"the original mesh is the problem, not the lost node: the 64-GPU plan takes 331.38 s a step, "
+    assert r.notes[1] == ("the original mesh is the problem, not the lost node: the 64-GPU plan takes 331.38 s a step, "
                           f"{top.mesh_text()} takes {top.step_s:.2f} s on 56 GPUs; run `meshplan search` on the "
                           "original cluster for a faster full-size mesh")
     assert not any(n.startswith("fewer GPUs") for n in r.notes)
@@ -626,4 +627,5 @@ def test_restart_faster_than_the_full_plan_blames_the_original_mesh():
     notes = result_notes(big, [big, alt], [], 16384, 16376, _mesh(["dp_shard", "tp"], [2048, 8]), 8, (14.0, 1.0))
     assert notes[1].startswith("the original mesh is the problem") and notes[3] == (
         "fewer GPUs by the batch contract: global batch 2048 / micro_batch 1 = 2048 micro-batches a step, so dp "
-        "divides 2048 (at most 2048, 1 micro-batch each); dp 2048 takes 8192 GPUs, a larger dp changes the global batch")
+        "divides 2048 (at most 2048, 1 micro-batch each); dp 2048 takes 8192 GPUs, a larger dp changes the "
+        "global batch")
