@@ -252,7 +252,8 @@ def restart_on_fewer_nodes(mesh, lost_nodes: int, *, gpus_per_node: int, global_
         return bad("the mesh has no data-parallel axis to shrink")
     where = _Where(mesh, left, global_batch, micro_batch, micro_batch_reasons, sharding, getattr(evaluate, "screen", None))
     keepers, changer, refused, screened = _candidates(where, pipeline, pairs)
-    ranked, unplanned = rank(keepers, changer, evaluate, pairs[0])
+    planned: dict[tuple, list[Proposal]] = {}
+    ranked, unplanned = rank(keepers, changer, evaluate, pairs[0], planned)
     unplanned = screened + unplanned
     as_configured = _why_not_kept(global_batch, micro_batch, changer, micro_batch_reasons) if changer else ""
     if changer:
@@ -269,7 +270,7 @@ def restart_on_fewer_nodes(mesh, lost_nodes: int, *, gpus_per_node: int, global_
                                         changed_words(changed, top.names, sharding), checkpoint)
     notes = (result_notes(top, ranked, smaller, world, left, mesh, gpus_per_node, old_step, pipeline is not None)
              + batch_notes(top, as_configured)
-             + (pipeline_note(pipeline, top) if pipeline else []) + state)
+             + (pipeline_note(pipeline, top, planned.get((top.names, top.shape), [])) if pipeline else []) + state)
     return Restart(True, new_world=top.gpus, shape=top.shape, changed=changed, micro_batches=(old_m, top.micro_batches),
                    batch_contract=not top.contract, reshard=reshard, dataloader_ok=dl_ok, notes=tuple(notes),
                    contract=top.contract, proposals=tuple(ranked), refused=larger[:REFUSED_SHOWN],

@@ -224,13 +224,14 @@ def changer_refusal(changer: Proposal, as_configured: str, ranked: list[Proposal
 
 
 def rank(keepers: list[Proposal], changer: Optional[Proposal], evaluate: Optional[Evaluator],
-         pair: Optional[tuple[int, int]] = None):
+         pair: Optional[tuple[int, int]] = None, planned: Optional[dict[tuple, list[Proposal]]] = None):
     """(proposals ranked: keeping the global batch first, then throughput, else GPUs and the
     ideal throughput; the meshes the evaluator refused, as (text, GPUs)). ``keepers`` of the
     configured tp and cp (``pair``; all without it) are planned in their order until
     :data:`PLANNED` meshes run, those of other tp and cp (one each, :func:`bounded`) all; the
     ``changer`` is planned last. Each mesh's layer splits (:func:`variants`) are all planned and
-    the fastest kept: one proposal per mesh (without an evaluator, the first split)."""
+    the fastest kept: one proposal per mesh (without an evaluator, the first split); ``planned``
+    (if given) gets each mesh's planned splits, fastest first, where it has more than one."""
     out: list[Proposal] = []
     unplanned: list[tuple[str, int]] = []
     own = 0
@@ -244,7 +245,10 @@ def rank(keepers: list[Proposal], changer: Optional[Proposal], evaluate: Optiona
         if not ran:
             unplanned.append((f"{p.mesh_text()} ({p.gpus} GPUs): {got[0]}", p.gpus))
         else:
-            out.append(max(ran, key=lambda g: g.tokens_per_s or 0.0))
+            ran.sort(key=lambda g: -(g.tokens_per_s or 0.0))
+            out.append(ran[0])
+            if planned is not None and len(ran) > 1:
+                planned[(p.names, p.shape)] = ran
             own += mine and p is not changer
     out.sort(key=lambda p: (not p.keeps_global_batch,
                             -(p.tokens_per_s if p.tokens_per_s is not None else p.gpus), -p.ideal))

@@ -179,10 +179,12 @@ def state_notes(changed, old_dp: int, new_dp: int, dataloader_state: str, words:
     return reshard, ok, notes
 
 
-def pipeline_note(rule, top: Proposal) -> list[str]:
+def pipeline_note(rule, top: Proposal, splits=()) -> list[str]:
     """What a restart at another pp runs: the layers per stage before and after (``rule``: the
     :class:`~meshplan.restart_rank.PipelineRule`, its configured pp and split, None: even),
-    the schedule and vpp kept; at pp 1, no pipeline.
+    the schedule and vpp kept; at pp 1, no pipeline. ``splits``: the mesh's planned splits,
+    fastest first (:func:`~meshplan.restart_rank.rank`), each named with its tokens/s where
+    more than one was planned.
 
     >>> from types import SimpleNamespace as N
     >>> rule = N(layers=61, pp=16, split=(3,) + (4,) * 14 + (2,), vpp=1)
@@ -192,6 +194,11 @@ def pipeline_note(rule, top: Proposal) -> list[str]:
     ['pipeline: pp 1 -> 4, layers per stage 8 x 4 (the configured schedule)']
     >>> pipeline_note(N(layers=32, pp=2, split=None, vpp=1), N(pp=1, pp_layer_split=None))
     ['pipeline: pp 2 -> 1: no pipeline']
+    >>> two = [N(pp_layer_split=(7, 9, 9, 7), tokens_per_s=2e5), N(pp_layer_split=None, tokens_per_s=1.9e5)]
+    >>> pipeline_note(N(layers=32, pp=2, split=None, vpp=1), N(pp=4, pp_layer_split=(7, 9, 9, 7)), two)
+    ... # doctest: +NORMALIZE_WHITESPACE
+    ['pipeline: pp 2 -> 4, layers per stage 16 x 2 -> 7, 9 x 2, 7 (the schedule kept); the fastest of 2 splits
+    planned: 7, 9 x 2, 7 at 200,000 tokens/s, 8 x 4 at 190,000']
     """
     if top.pp == rule.pp:
         return []
@@ -199,10 +206,13 @@ def pipeline_note(rule, top: Proposal) -> list[str]:
         return [f"pipeline: pp {rule.pp} -> 1: no pipeline"]
     words = lambda s, pp: ", ".join(f"{n} x {c}" if c > 1 else str(n) for n, c in _runs(s or [rule.layers // pp] * pp))
     new = words(top.pp_layer_split, top.pp)
-    if rule.pp == 1:
-        return [f"pipeline: pp 1 -> {top.pp}, layers per stage {new} (the configured schedule)"]
     kept = "the schedule" + (f" and vpp {rule.vpp}" if rule.vpp > 1 else "")
-    return [f"pipeline: pp {rule.pp} -> {top.pp}, layers per stage {words(rule.split, rule.pp)} -> {new} ({kept} kept)"]
+    line = (f"pipeline: pp 1 -> {top.pp}, layers per stage {new} (the configured schedule)" if rule.pp == 1 else
+            f"pipeline: pp {rule.pp} -> {top.pp}, layers per stage {words(rule.split, rule.pp)} -> {new} ({kept} kept)")
+    if len(splits) > 1:
+        each = [f"{words(g.pp_layer_split, top.pp)} at {g.tokens_per_s:,.0f}" for g in splits]
+        line += f"; the fastest of {len(splits)} splits planned: {each[0]} tokens/s, {', '.join(each[1:])}"
+    return [line]
 
 
 def _runs(split) -> list[tuple[int, int]]:

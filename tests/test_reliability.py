@@ -516,6 +516,10 @@ def test_restart_deepseek_v3_planned(capsys, tmp_path):
     # pp 31, 62 GPUs a replica, fills 1984 of 2040: the ends-short split (1, 3, 2 x 28, 1) plans a little faster than
     # the balanced (2 x 30, 1); the rsmore branch's dense-first-only split lost 12.0% at pp 10 x dp 192
     assert top["pp_layer_split"] == [1, 3] + [2] * 28 + [1] and top["gpus"] == 1984 and gain > 0
+    note = next(line for line in lines if line.startswith("- pipeline: "))
+    assert note.startswith("- pipeline: pp 16 -> 31, layers per stage 3, 4 x 14, 2 -> 1, 3, 2 x 28, 1 (the schedule "
+                           f"kept); the fastest of 2 splits planned: 1, 3, 2 x 28, 1 at {top['tokens_per_s']:,.0f} "
+                           "tokens/s, 2 x 30, 1 at ")
 
 
 def test_restart_dense_seed_varies_pp():
