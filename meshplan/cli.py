@@ -68,7 +68,7 @@ from meshplan.placement.topology import (
 )
 from meshplan.plan import Infeasible, Plan, build_plan, config_warnings, export_refusals, run_reasons
 from meshplan.reliability import reliability as rel
-from meshplan.restart import degree_rule, pipeline_rule, plan_evaluator, restart_on_fewer_nodes
+from meshplan.restart import checkpoint_engine, degree_rule, pipeline_rule, plan_evaluator, restart_on_fewer_nodes
 from meshplan.report import shown
 from meshplan.report.html_pages import plan_page, search_page
 from meshplan.report.json_docs import (
@@ -661,6 +661,7 @@ def reliability(config: Path = typer.Argument(..., help=CONFIG_HELP),
                                 micro_batch_reasons=lambda pp, m: run_reasons(p.spec.pp_schedule, pp, m, p.vpp,
                                                                               t.pp_schedule_runs, t.framework),
                                 pipeline=pipeline_rule(p), degrees=degree_rule(p), sharding=t.sharding,
+                                checkpoint=checkpoint_engine(t),
                                 evaluate=plan_evaluator(p, p.config.cluster.nodes - max(0, lost_nodes - spare_nodes)),
                                 old_step=(before.step_s, before.tokens_per_s))
     for line in rs.lines():

@@ -9,17 +9,20 @@ mesh; "Global semantics": hold the global batch fixed):
   ``dp_replicate x (dp_shard or dp) = d`` for ``d`` from ``GPUs left // (tp pp cp)`` down,
   the split without resharding (dp_shard kept, replicas dropped) first.
 - pp varies too where the caller gives the model's :class:`PipelineRule` (the CLI does):
-  every pp from 1 up whose replica fits and whose layers allow it
-  (:func:`meshplan.mesh.layers.restart_split`: even stages, the configured Llama 3
-  ends-short rule or the model's dense layers alone on the first stage carried over, else a
-  balanced split at vpp 1), the schedule and vpp kept. tp and cp vary where the caller gives
-  a :class:`DegreeRule` (the CLI does: tp inside the fast domain splitting the heads and the
-  MLP, cp the configured one, half or twice it, dividing the sequence). A checkpoint at other
-  degrees loads resharded: DCP and Megatron-Core dist-checkpointing save each shard at its
-  global offset (:mod:`meshplan.restart_text`). Up to :data:`KEEPERS` meshes per (tp, cp,
-  pp), those whose persistent state fits (the evaluator's screen); of those the :data:`TRIED`
-  of the highest ideal throughput (:attr:`Proposal.ideal`: GPUs less the 1F1B bubble, the
-  configured tp and cp first at a tie) are planned in that order until :data:`PLANNED` run.
+  every pp from 1 up whose replica fits and whose layers allow it, with up to 3 layer splits
+  (:func:`meshplan.mesh.layers.restart_splits`: the model's dense layers alone on the first
+  stage where the configured split has them so, and the split over all the layers: even
+  stages, the configured Llama 3 ends-short rule carried over, the balanced split at vpp 1);
+  each split of a mesh is planned and the fastest kept, the schedule and vpp kept. tp and cp
+  vary where the caller gives a :class:`DegreeRule` (the CLI does: tp inside the fast domain
+  splitting the heads and the MLP, cp the configured one, half or twice it, dividing the
+  sequence). A checkpoint at other degrees loads resharded: DCP and Megatron-Core
+  dist-checkpointing save each shard at its global offset, DeepSpeed through its universal
+  checkpoint (:mod:`meshplan.restart_text`). Up to :data:`KEEPERS` meshes per (tp, cp, pp,
+  layer split), those whose persistent state fits (the evaluator's screen); of those the
+  :data:`TRIED` meshes (each with its splits) of the highest ideal throughput
+  (:attr:`Proposal.ideal`: GPUs less the 1F1B bubble, the configured tp and cp first at a
+  tie) are planned in that order until :data:`PLANNED` run.
 - A mesh must resolve (:func:`meshplan.mesh.resolve.resolve_mesh`): with experts the dense
   block ``dp_shard x cp x tp`` must stay a multiple of ``ep x etp``, so fewer GPUs than the
   largest data-parallel degree may be used; the others sit idle (spares for the next failure).
@@ -55,7 +58,7 @@ from meshplan.spec import wording
 from meshplan.restart_rank import (PLANNED, TRIED, DegreeRule, Evaluator, PipelineRule, bounded,  # noqa: F401
                                    axes_at, changer_refusal, degree_rule, pipeline_rule, pipelines, plan_evaluator, rank,
                                    splits)
-from meshplan.restart_text import batch_notes, pipeline_note, result_notes, state_notes
+from meshplan.restart_text import batch_notes, checkpoint_engine, pipeline_note, result_notes, state_notes  # noqa: F401
 from meshplan.spec.mesh import MeshSpec
 
 #: Meshes that keep the global batch evaluated at most per pipeline degree (largest first), and larger
@@ -201,7 +204,7 @@ def restart_on_fewer_nodes(mesh, lost_nodes: int, *, gpus_per_node: int, global_
                            dataloader_state: str = "per_rank", evaluate: Optional[Evaluator] = None,
                            old_step: Optional[tuple[float, float]] = None,
                            pipeline: Optional[PipelineRule] = None, degrees: Optional[DegreeRule] = None,
-                           sharding: str = "") -> Restart:
+                           sharding: str = "", checkpoint: str = "dcp") -> Restart:
     """Can the job restart on ``lost_nodes`` fewer nodes (after using ``spare_nodes``), and on
     which mesh (module docstring)? ``dataloader_state``: "per_rank" (saved per dp rank, e.g. a
     StatefulDataLoader) or "global" (a global consumed-samples counter, as Megatron-LM keeps).
@@ -211,7 +214,9 @@ def restart_on_fewer_nodes(mesh, lost_nodes: int, *, gpus_per_node: int, global_
     run (:func:`plan_evaluator`); ``old_step``: (step s, tokens/s) of the plan before the loss;
     ``pipeline``: vary pp too, every degree its layers allow (:class:`PipelineRule`; without
     it pp is kept); ``degrees``: vary tp and cp too (:class:`DegreeRule`; without it they are
-    kept); ``sharding``: ``training.sharding``, which names the data axis in the text.
+    kept); ``sharding``: ``training.sharding``, which names the data axis in the text;
+    ``checkpoint``: the engine that loads the checkpoint (:func:`~meshplan.restart_text.checkpoint_engine`:
+    "dcp", "megatron" or "deepspeed"), whose resharding path the checkpoint note names.
 
     >>> from meshplan.mesh.resolve import resolve_mesh
     >>> from meshplan.spec.mesh import MeshSpec
@@ -247,7 +252,8 @@ def restart_on_fewer_nodes(mesh, lost_nodes: int, *, gpus_per_node: int, global_
         return bad("the mesh has no data-parallel axis to shrink")
     where = _Where(mesh, left, global_batch, micro_batch, micro_batch_reasons, sharding, getattr(evaluate, "screen", None))
     keepers, changer, refused, screened = _candidates(where, pipeline, pairs)
-    ranked, unplanned = rank(keepers, changer, evaluate, pairs[0])
+    planned: dict[tuple, list[Proposal]] = {}
+    ranked, unplanned = rank(keepers, changer, evaluate, pairs[0], planned)
     unplanned = screened + unplanned
     as_configured = _why_not_kept(global_batch, micro_batch, changer, micro_batch_reasons) if changer else ""
     if changer:
@@ -261,10 +267,10 @@ def restart_on_fewer_nodes(mesh, lost_nodes: int, *, gpus_per_node: int, global_
     old, new = dict(zip(names, shape)), dict(zip(top.names, top.shape))
     changed = tuple(n for n in top.names if old.get(n, 1) != new[n])
     reshard, dl_ok, state = state_notes(changed, mesh.dp, top.dp, dataloader_state,
-                                        changed_words(changed, top.names, sharding))
+                                        changed_words(changed, top.names, sharding), checkpoint)
     notes = (result_notes(top, ranked, smaller, world, left, mesh, gpus_per_node, old_step, pipeline is not None)
              + batch_notes(top, as_configured)
-             + (pipeline_note(pipeline, top) if pipeline else []) + state)
+             + (pipeline_note(pipeline, top, planned.get((top.names, top.shape), [])) if pipeline else []) + state)
     return Restart(True, new_world=top.gpus, shape=top.shape, changed=changed, micro_batches=(old_m, top.micro_batches),
                    batch_contract=not top.contract, reshard=reshard, dataloader_ok=dl_ok, notes=tuple(notes),
                    contract=top.contract, proposals=tuple(ranked), refused=larger[:REFUSED_SHOWN],

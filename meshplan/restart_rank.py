@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 from meshplan.errors import ConfigError
 from meshplan.memory.constraints import usable_bytes
 from meshplan.memory.state import most_loaded, state_bytes
-from meshplan.mesh.layers import ends_short_split, restart_split, stage_layers
+from meshplan.mesh.layers import ends_short_split, restart_splits, stage_layers
 from meshplan.mesh.resolve import resolved_mesh
 from meshplan.pipeline.registry import get as get_schedule
 from meshplan.plan import Infeasible, build_plan
@@ -28,11 +28,12 @@ if TYPE_CHECKING:
 
 #: Meshes of the configured tp and cp keeping the global batch tried at most (:func:`bounded`: those
 #: of the highest ideal throughput), and of those planned feasible at most (:func:`rank`, in that
-#: order; memory refusals do not count); each other (tp, cp) adds one mesh, planned. DeepSeek-V3's
-#: restart on 2040 GPUs finds 62 such meshes over 31 pipeline degrees at tp 1, cp 1, and 7 other
-#: pairs (tests/test_reliability.py); a plan of Llama 3 405B on 16k GPUs takes ~0.3 s. The
-#: proposal and runner-up of DeepSeek-V3, Mixtral and the seed are the same with 8, 12 or 16
-#: planned.
+#: order; memory refusals do not count); each other (tp, cp) adds one mesh, planned. A mesh counts
+#: once with all its layer splits (at most 3, each planned). DeepSeek-V3's restart on 2040 GPUs
+#: finds 63 such meshes over 31 pipeline degrees at tp 1, cp 1 (161 with their splits), and 7
+#: other pairs (tests/test_reliability.py); a plan of Llama 3 405B on 16k GPUs takes ~0.3 s. The
+#: proposal and runner-up of DeepSeek-V3, Mixtral and the seed were the same with 8, 12 or 16
+#: planned (before the splits were varied).
 TRIED, PLANNED = 16, 8
 
 Evaluator = Callable[["Proposal"], Union["Proposal", str]]
@@ -53,14 +54,18 @@ class PipelineRule:
     short: bool = False
     dense: int = 0
 
-    def split_for(self, pp: int) -> Union[None, tuple[int, ...], str]:
-        """Layers per stage at ``pp`` (None: even), or why the layers do not allow it; ``dense``
-        (> 0: the configured split holds the model's dense layers alone on the first stage)
-        keeps them there (:func:`~meshplan.mesh.layers.dense_first_split`)."""
-        if pp == self.pp:
-            return self.split
-        got = restart_split(self.layers, pp, self.vpp, self.short, self.dense)
-        return tuple(got) if isinstance(got, list) else got
+    def splits_for(self, pp: int) -> Union[list[Optional[tuple[int, ...]]], str]:
+        """The layer splits planned at ``pp`` (None: even), or why the layers allow none
+        (:func:`~meshplan.mesh.layers.restart_splits`): ``dense`` (> 0: the configured split holds
+        the model's dense layers alone on the first stage) offers them alone there
+        (:func:`~meshplan.mesh.layers.dense_first_split`) besides the split over all the layers
+        (``short``: Llama 3's ends-short rule, and the balanced split). At the configured pp its
+        split first (not an even alternative: the plan reads None there as the configured split)."""
+        got = restart_splits(self.layers, pp, self.vpp, self.short, self.dense)
+        if isinstance(got, str):
+            return got if pp != self.pp else [self.split]
+        out = [tuple(s) if s is not None else None for s in got]
+        return out if pp != self.pp else [self.split] + [s for s in out if s not in (self.split, None)]
 
 
 def pipeline_rule(plan) -> PipelineRule:
@@ -71,7 +76,7 @@ def pipeline_rule(plan) -> PipelineRule:
     >>> split = [3] + [4] * 14 + [2]  # DeepSeek-V3's: the 3 dense layers alone on the first stage
     >>> model = N(layers=61, dense_layers=3, is_moe=True)
     >>> plan = N(config=N(model=model, mesh=N(pp_layer_split=split)), pp=16, vpp=1)
-    >>> r = pipeline_rule(plan); r.short, r.dense, r.split_for(8), r.split_for(16) == tuple(split)
+    >>> r = pipeline_rule(plan); r.short, r.dense, r.splits_for(8)[0], r.splits_for(16)[0] == tuple(split)
     (True, 3, (3, 8, 9, 9, 9, 8, 8, 7), True)
     """
     model, split = plan.config.model, plan.config.mesh.pp_layer_split
@@ -117,19 +122,19 @@ def _degrees(mesh, tp: int, cp: int) -> AxisDegrees:
 
 def pipelines(mesh, left: int, pipeline: Optional[PipelineRule],
               per: Optional[int] = None) -> list[tuple[int, Optional[tuple[int, ...]]]]:
-    """(pp, layers per stage) of the pipeline degrees tried: the mesh's own without ``pipeline``;
-    with it, the configured pp first, then every pp from 1 up whose replica ``tp x pp x cp``
-    (``per``: tp x cp, the mesh's by default) fits the ``left`` GPUs and whose layers allow it
-    (:meth:`PipelineRule.split_for`)."""
+    """(pp, layers per stage) of the pipeline degrees and splits tried: the mesh's own without
+    ``pipeline``; with it, the configured pp first, then every pp from 1 up whose replica ``tp x
+    pp x cp`` (``per``: tp x cp, the mesh's by default) fits the ``left`` GPUs, once per split its
+    layers allow (:meth:`PipelineRule.splits_for`: at most 3 a pp)."""
     pp0 = mesh.degree("pp")
     if pipeline is None:
         return [(pp0, None)]
     per = per or mesh.degree("tp") * mesh.degree("cp")
     out: list[tuple[int, Optional[tuple[int, ...]]]] = []
     for pp in [pp0] + [p for p in range(1, left // per + 1) if p != pp0]:
-        split = pipeline.split_for(pp)
-        if not isinstance(split, str) and pp * per <= left:
-            out.append((pp, split))
+        got = pipeline.splits_for(pp)
+        if not isinstance(got, str) and pp * per <= left:
+            out += [(pp, split) for split in got]
     return out
 
 
@@ -173,28 +178,39 @@ def bounded(keepers: list[Proposal], pairs: tuple[tuple[int, int], ...] = (),
     meshes of the configured tp and cp (``pairs[0]``; all ``keepers`` without ``pairs``), those
     of the highest :attr:`Proposal.ideal` throughput (GPUs less the 1F1B bubble), highest first
     (the configured pp's first at a tie); then of each other (tp, cp) of ``pairs``, in their
-    order, its one mesh of the highest ideal throughput. The ideal counts neither the tp nor the
+    order, its one mesh of the highest ideal throughput. A mesh counts once whatever its layer
+    splits (:func:`variants`: each is tried, at most 3). The ideal counts neither the tp nor the
     cp collectives, and a smaller dp leaves more micro-batches and so a smaller bubble: it would
     put every mesh of the largest tp x cp first; one mesh per other pair lets the plans rank
-    them. A mesh the screen refuses (its persistent state alone exceeds the memory,
+    them. A split the screen refuses (its persistent state alone exceeds the memory,
     :meth:`PlanEvaluator.screen`) is passed over."""
     own = pairs[0] if pairs else None
     tried: list[Proposal] = []
     refused: list[tuple[str, int]] = []
     seen: set[tuple[int, int]] = set()
     mine = 0
-    for p in sorted(keepers, key=lambda p: -p.ideal):
+    for group in variants(sorted(keepers, key=lambda p: -p.ideal)):
+        p = group[0]
         if (mine >= TRIED if own in (None, p.tp_cp) else p.tp_cp in seen) or (own and p.tp_cp not in pairs):
             continue
-        why = screen(p) if screen else ""
-        if why:
-            refused.append((f"{p.mesh_text()} ({p.gpus} GPUs): {why}", p.gpus))
+        whys = [screen(v) if screen else "" for v in group]
+        if all(whys):
+            refused.append((f"{p.mesh_text()} ({p.gpus} GPUs): {whys[0]}", p.gpus))
             continue
-        tried.append(p)
+        tried += [v for v, why in zip(group, whys) if not why]
         mine += own in (None, p.tp_cp)
         seen.add(p.tp_cp)
     first = [p for p in tried if own is None or p.tp_cp == own]
     return first + [p for pair in pairs[1:] for p in tried if p.tp_cp == pair], refused
+
+
+def variants(meshes: list[Proposal]) -> list[list[Proposal]]:
+    """``meshes`` grouped by mesh (axes and degrees), each group its layer splits in order, the
+    groups in the order of their first mesh."""
+    groups: dict[tuple, list[Proposal]] = {}
+    for p in meshes:
+        groups.setdefault((p.names, p.shape), []).append(p)
+    return list(groups.values())
 
 
 def changer_refusal(changer: Proposal, as_configured: str, ranked: list[Proposal], unplanned: list) -> tuple[str, int]:
@@ -208,24 +224,31 @@ def changer_refusal(changer: Proposal, as_configured: str, ranked: list[Proposal
 
 
 def rank(keepers: list[Proposal], changer: Optional[Proposal], evaluate: Optional[Evaluator],
-         pair: Optional[tuple[int, int]] = None):
+         pair: Optional[tuple[int, int]] = None, planned: Optional[dict[tuple, list[Proposal]]] = None):
     """(proposals ranked: keeping the global batch first, then throughput, else GPUs and the
     ideal throughput; the meshes the evaluator refused, as (text, GPUs)). ``keepers`` of the
     configured tp and cp (``pair``; all without it) are planned in their order until
-    :data:`PLANNED` of them run, those of other tp and cp (one each, :func:`bounded`) all; the
-    ``changer`` is planned last."""
+    :data:`PLANNED` meshes run, those of other tp and cp (one each, :func:`bounded`) all; the
+    ``changer`` is planned last. Each mesh's layer splits (:func:`variants`) are all planned and
+    the fastest kept: one proposal per mesh (without an evaluator, the first split); ``planned``
+    (if given) gets each mesh's planned splits, fastest first, where it has more than one."""
     out: list[Proposal] = []
     unplanned: list[tuple[str, int]] = []
     own = 0
-    for p in keepers + ([changer] if changer else []):
+    for group in variants(keepers) + ([[changer]] if changer else []):
+        p = group[0]
         mine = pair is None or p.tp_cp == pair
         if evaluate and p is not changer and mine and own >= PLANNED:
             continue
-        got = evaluate(p) if evaluate else p
-        if isinstance(got, str):
-            unplanned.append((f"{p.mesh_text()} ({p.gpus} GPUs): {got}", p.gpus))
+        got = [evaluate(v) for v in group] if evaluate else [p]
+        ran = [g for g in got if not isinstance(g, str)]
+        if not ran:
+            unplanned.append((f"{p.mesh_text()} ({p.gpus} GPUs): {got[0]}", p.gpus))
         else:
-            out.append(got)
+            ran.sort(key=lambda g: -(g.tokens_per_s or 0.0))
+            out.append(ran[0])
+            if planned is not None and len(ran) > 1:
+                planned[(p.names, p.shape)] = ran
             own += mine and p is not changer
     out.sort(key=lambda p: (not p.keeps_global_batch,
                             -(p.tokens_per_s if p.tokens_per_s is not None else p.gpus), -p.ideal))
@@ -248,7 +271,7 @@ class PlanEvaluator:
         names = list(p.names) + [a for a, d in (("ep", p.ep), ("etp", p.etp)) if d > 1]
         update: dict[str, Any] = {"names": names, "shape": list(p.shape) + [d for d in (p.ep, p.etp) if d > 1],
                                   "order": None, "degrees": None, "world": p.gpus, "rank_to_gpu": None}
-        if p.pp != self.plan.pp:  # another pipeline degree: its layers per stage (PipelineRule.split_for)
+        if p.pp != self.plan.pp or p.pp_layer_split is not None:  # its layers per stage (PipelineRule.splits_for)
             update["pp_layer_split"] = list(p.pp_layer_split) if p.pp_layer_split is not None else None
         return self.plan.config.mesh.model_copy(update=update)
 

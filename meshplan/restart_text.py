@@ -9,7 +9,13 @@ torch/distributed/checkpoint/state_dict_loader.py@f13d1e6, ``load``; the default
 maps the saved chunks onto the new ones); Megatron-Core's dist-checkpointing keys every
 ``ShardedTensor`` by its global shape and offset (NVIDIA/Megatron-LM
 megatron/core/dist_checkpointing/mapping.py@00caa53), layers by their global index, so a
-load at other tp/pp/dp degrees reads its own layers' pieces.
+load at other tp/pp/dp degrees reads its own layers' pieces. DeepSpeed's ZeRO checkpoint is
+not: each data-parallel rank saves its own partition (``zero_pp_rank_{dp_rank}`` files,
+deepspeedai/DeepSpeed deepspeed/runtime/engine.py@edaa722, ``_get_zero_ckpt_name``), and a load at
+another dp goes through the universal checkpoint: ``deepspeed/checkpoint/ds_to_universal.py
+--input_folder --output_folder`` (same commit) merges the partitions (and tp slices) per
+parameter, and ``"checkpoint": {"load_universal": true}`` (deepspeed/runtime/constants.py
+``LOAD_UNIVERSAL_CHECKPOINT``) loads them at the new degrees (:func:`checkpoint_engine`).
 """
 
 from __future__ import annotations
@@ -36,8 +42,13 @@ def result_notes(top: Proposal, ranked: list[Proposal], smaller: list[str], worl
             line += (f": {words} (the {world}-GPU plan: "
                      f"step {old_step[0]:.2f} s, {old_step[1]:,.0f} tokens/s)")
         notes.append(line)
+        if old_step and top.tokens_per_s > old_step[1]:
+            notes.append(faster_text(top, world, old_step))
+    alt = [p for p in ranked if not p.keeps_global_batch and p is not top]
     if left > top.gpus:
         notes.append(idle_text(top.gpus, left, gpus_per_node))
+        if top.keeps_global_batch and alt and alt[0].gpus > top.gpus:
+            notes.append(contract_cap_text(top))
     others = [p for p in ranked[1:] if p.keeps_global_batch]
     if others:
         notes.append(f"runner-up: {others[0].summary()}")
@@ -47,10 +58,41 @@ def result_notes(top: Proposal, ranked: list[Proposal], smaller: list[str], worl
         what = "mesh" if varied else "data-parallel degree"
         notes.append(f"runner-up: none (no other {what} keeps the global batch"
                      + (f" and ep {mesh.ep} x etp {mesh.etp} valid)" if mesh.ep * mesh.etp > 1 else ")"))
-    alt = [p for p in ranked if not p.keeps_global_batch and p is not top]
     if alt:
         notes.append(f"with a different global batch (changes the optimisation): {alt[0].summary()}")
     return notes
+
+
+def faster_text(top: Proposal, world: int, old_step: tuple[float, float]) -> str:
+    """Why a restart on fewer GPUs plans more tokens/s than the full-size plan: the original mesh
+    plans slowly (its step against the restart mesh's), not that losing a node helps.
+
+    >>> from types import SimpleNamespace as N
+    >>> faster_text(N(step_s=73.12, gpus=56, mesh_text=lambda: "pp 7 x tp 8"), 64, (331.38, 12657.0))
+    ... # doctest: +NORMALIZE_WHITESPACE
+    'the original mesh is the problem, not the lost node: the 64-GPU plan takes 331.38 s a step, pp 7 x tp 8
+    takes 73.12 s on 56 GPUs; run `meshplan search` on the original cluster for a faster full-size mesh'
+    """
+    return (f"the original mesh is the problem, not the lost node: the {world}-GPU plan takes {old_step[0]:.2f} s a "
+            f"step, {top.mesh_text()} takes {top.step_s:.2f} s on {top.gpus} GPUs; run `meshplan search` on the "
+            "original cluster for a faster full-size mesh")
+
+
+def contract_cap_text(top: Proposal) -> str:
+    """Why a mesh keeping the global batch uses fewer GPUs than are left: ``global_batch =
+    micro_batch x dp x micro-batches`` lets dp divide ``global_batch / micro_batch`` only (a
+    larger mesh changes the global batch).
+
+    >>> from types import SimpleNamespace as N
+    >>> p = N(global_batch=2048, micro_batch=1, dp=2048, gpus=8192, micro_batches=1)
+    >>> contract_cap_text(p)  # doctest: +NORMALIZE_WHITESPACE
+    'fewer GPUs by the batch contract: global batch 2048 / micro_batch 1 = 2048 micro-batches a step, so dp
+    divides 2048 (at most 2048, 1 micro-batch each); dp 2048 takes 8192 GPUs, a larger dp changes the global batch'
+    """
+    total = top.global_batch // top.micro_batch
+    return (f"fewer GPUs by the batch contract: global batch {top.global_batch} / micro_batch {top.micro_batch} = "
+            f"{total} micro-batches a step, so dp divides {total} (at most {total}, 1 micro-batch each); dp {top.dp} "
+            f"takes {top.gpus} GPUs, a larger dp changes the global batch")
 
 
 def idle_text(used: int, left: int, gpus_per_node: int) -> str:
@@ -87,13 +129,44 @@ def batch_notes(top: Proposal, as_configured: str) -> list[str]:
     return [line]
 
 
-def state_notes(changed, old_dp: int, new_dp: int, dataloader_state: str, words: str = ""):
+def checkpoint_engine(training) -> str:
+    """Which runtime saves and loads the checkpoint: "deepspeed" (``sharding`` zero3 under
+    ``zero3_engine`` deepspeed or deepspeed-2021, or zero1/zero2/none under ``zero12_engine``
+    deepspeed, as an imported DeepSpeed JSON sets), "megatron" (``framework`` megatron), else
+    "dcp" (torch.distributed.checkpoint).
+
+    >>> from types import SimpleNamespace as N
+    >>> [checkpoint_engine(N(sharding=s, zero3_engine=z3, zero12_engine=z12, framework=f)) for s, z3, z12, f in [
+    ...     ("zero3", "deepspeed", "torch", "torch"), ("zero2", "fsdp2", "deepspeed", "torch"),
+    ...     ("zero3", "fsdp2", "deepspeed", "torch"), ("zero1", "fsdp2", "megatron", "megatron")]]
+    ['deepspeed', 'deepspeed', 'dcp', 'megatron']
+    """
+    if training.sharding == "zero3":
+        deepspeed = training.zero3_engine in ("deepspeed", "deepspeed-2021")
+    else:
+        deepspeed = training.zero12_engine == "deepspeed"
+    return "deepspeed" if deepspeed else "megatron" if training.framework == "megatron" else "dcp"
+
+
+#: How each checkpoint engine (:func:`checkpoint_engine`) loads a checkpoint saved at other degrees (module docstring).
+RESHARD = {
+    "dcp": "resharded on load ({}): DCP (torch.distributed.checkpoint) saves each shard at its offset in the global "
+           "tensor and each rank reads its new shards",
+    "megatron": "resharded on load ({}): Megatron-Core dist-checkpointing keys each shard by its global offset and "
+                "each rank reads its new shards",
+    "deepspeed": "not loadable as saved ({}): DeepSpeed saves the ZeRO state per data-parallel rank (zero_pp_rank_* "
+                 "files); convert it with DeepSpeed's deepspeed/checkpoint/ds_to_universal.py --input_folder "
+                 "--output_folder and load the universal checkpoint (\"checkpoint\": {{\"load_universal\": true}})",
+}
+
+
+def state_notes(changed, old_dp: int, new_dp: int, dataloader_state: str, words: str = "", engine: str = "dcp"):
     """(checkpoint reshards, data-loader state loads, notes): any changed axis but
-    dp_replicate changes the shards, resharded on load (module docstring); ``words``: the
+    dp_replicate changes the shards (under DeepSpeed any changed axis: its ZeRO partitions span
+    every data-parallel rank), loaded by ``engine``'s path (:data:`RESHARD`); ``words``: the
     changed axes as the mesh text names them (default: their names)."""
-    reshard = any(n != "dp_replicate" for n in changed)
-    moved = (f"resharded on load ({words or ', '.join(changed)} changed): DCP (torch.distributed.checkpoint) and Megatron-Core "
-             "dist-checkpointing save each shard at its offset in the global tensor and each rank reads its new shards")
+    reshard = any(n != "dp_replicate" or engine == "deepspeed" for n in changed)
+    moved = RESHARD[engine].format(f"{words or ', '.join(changed)} changed")
     notes = ["checkpoint: " + (moved if reshard else "replicas hold identical shards: load without resharding")]
     ok = dataloader_state == "global" or new_dp == old_dp
     if dataloader_state == "global":
@@ -106,10 +179,12 @@ def state_notes(changed, old_dp: int, new_dp: int, dataloader_state: str, words:
     return reshard, ok, notes
 
 
-def pipeline_note(rule, top: Proposal) -> list[str]:
+def pipeline_note(rule, top: Proposal, splits=()) -> list[str]:
     """What a restart at another pp runs: the layers per stage before and after (``rule``: the
     :class:`~meshplan.restart_rank.PipelineRule`, its configured pp and split, None: even),
-    the schedule and vpp kept; at pp 1, no pipeline.
+    the schedule and vpp kept; at pp 1, no pipeline. ``splits``: the mesh's planned splits,
+    fastest first (:func:`~meshplan.restart_rank.rank`), each named with its tokens/s where
+    more than one was planned.
 
     >>> from types import SimpleNamespace as N
     >>> rule = N(layers=61, pp=16, split=(3,) + (4,) * 14 + (2,), vpp=1)
@@ -119,6 +194,11 @@ def pipeline_note(rule, top: Proposal) -> list[str]:
     ['pipeline: pp 1 -> 4, layers per stage 8 x 4 (the configured schedule)']
     >>> pipeline_note(N(layers=32, pp=2, split=None, vpp=1), N(pp=1, pp_layer_split=None))
     ['pipeline: pp 2 -> 1: no pipeline']
+    >>> two = [N(pp_layer_split=(7, 9, 9, 7), tokens_per_s=2e5), N(pp_layer_split=None, tokens_per_s=1.9e5)]
+    >>> pipeline_note(N(layers=32, pp=2, split=None, vpp=1), N(pp=4, pp_layer_split=(7, 9, 9, 7)), two)
+    ... # doctest: +NORMALIZE_WHITESPACE
+    ['pipeline: pp 2 -> 4, layers per stage 16 x 2 -> 7, 9 x 2, 7 (the schedule kept); the fastest of 2 splits
+    planned: 7, 9 x 2, 7 at 200,000 tokens/s, 8 x 4 at 190,000']
     """
     if top.pp == rule.pp:
         return []
@@ -126,10 +206,13 @@ def pipeline_note(rule, top: Proposal) -> list[str]:
         return [f"pipeline: pp {rule.pp} -> 1: no pipeline"]
     words = lambda s, pp: ", ".join(f"{n} x {c}" if c > 1 else str(n) for n, c in _runs(s or [rule.layers // pp] * pp))
     new = words(top.pp_layer_split, top.pp)
-    if rule.pp == 1:
-        return [f"pipeline: pp 1 -> {top.pp}, layers per stage {new} (the configured schedule)"]
     kept = "the schedule" + (f" and vpp {rule.vpp}" if rule.vpp > 1 else "")
-    return [f"pipeline: pp {rule.pp} -> {top.pp}, layers per stage {words(rule.split, rule.pp)} -> {new} ({kept} kept)"]
+    line = (f"pipeline: pp 1 -> {top.pp}, layers per stage {new} (the configured schedule)" if rule.pp == 1 else
+            f"pipeline: pp {rule.pp} -> {top.pp}, layers per stage {words(rule.split, rule.pp)} -> {new} ({kept} kept)")
+    if len(splits) > 1:
+        each = [f"{words(g.pp_layer_split, top.pp)} at {g.tokens_per_s:,.0f}" for g in splits]
+        line += f"; the fastest of {len(splits)} splits planned: {each[0]} tokens/s, {', '.join(each[1:])}"
+    return [line]
 
 
 def _runs(split) -> list[tuple[int, int]]:

@@ -350,86 +350,97 @@ def test_restart_deepseek_v3_varies_pp():
     """Issue 11 (trial 3 finding 1, trial 5 item 1): DeepSeek-V3 pp 16 x dp_shard 128 x ep 64 on
     256 nodes loses one: 2040 GPUs. pp kept (16), ep 64 needs dp_shard a multiple of 64 and
     15360 / 127 is not whole: dp_shard 64 on 1024 GPUs, 1016 idle. pp varied (DCP and
-    Megatron dist-checkpointing reshard on load): the configured [3, 4 x 14, 2] holds the 3
-    dense layers alone on the first stage, kept there (dense_first_split: the 58 MoE layers on
-    the other pp - 1 stages), which allows pp 1-30 and 59, not 31 (test_restart_pp_values_keep_
-    dense_layers_alone). dp = 64 k with k | 240 (15360 = 64 x 240), pp k <= 2040 / 64: pp k =
-    30 is the most (31 is prime, pp 31 refused): 1920 GPUs at pp 1, 2, 3, 5, 6, 10, 15, 30 (k
-    30, 15, 10, 6, 5, 3, 2, 1). Without an evaluator ranked by GPUs, then the ideal throughput
-    1920 m / (m + pp - 1), m = 240 / k: 1920, 1807, 1772, 1745, 1739, 1726, 1719, 1713. The
-    largest mesh, pp 1 x dp_shard 1984 (31 x 64), breaks the global batch: the alternative."""
+    Megatron dist-checkpointing reshard on load): every pp up to the 61 layers has a split over
+    all the layers (test_restart_pp_splits_offer_dense_first_and_all_layers). dp = 64 k with k
+    | 240 (15360 = 64 x 240), pp k <= 2040 / 64 = 31.9: pp 31 x dp 64 (k 1, 240 micro-batches)
+    uses the most, 1984 GPUs; then 1920 GPUs at pp 1, 2, 3, 5, 6, 10, 15, 30 (k 30, 15, 10, 6,
+    5, 3, 2, 1). Without an evaluator ranked by GPUs, then the ideal throughput 1920 m / (m + pp
+    - 1), m = 240 / k: 1920, 1807, 1772, 1745, 1739, 1726, 1719, 1713, and the first split of a
+    mesh (at pp 31 the ends-short one). No mesh changing the global batch uses more than 1984
+    GPUs (pp 1 x dp 1984 = 31 x 64 ties): no alternative."""
     _, kept = _deepseek_restart(rule=False, evaluate=False)
     assert kept.shape == (16, 64) and kept.new_world == 1024 and kept.changed == ("dp_shard",)
     _, r = _deepseek_restart(evaluate=False)
-    assert [(p.pp, p.dp, p.gpus) for p in r.proposals[:8]] == [
-        (1, 1920, 1920), (2, 960, 1920), (3, 640, 1920), (5, 384, 1920), (6, 320, 1920), (10, 192, 1920),
-        (15, 128, 1920), (30, 64, 1920)]
+    assert [(p.pp, p.dp, p.gpus) for p in r.proposals[:9]] == [
+        (31, 64, 1984), (1, 1920, 1920), (2, 960, 1920), (3, 640, 1920), (5, 384, 1920), (6, 320, 1920),
+        (10, 192, 1920), (15, 128, 1920), (30, 64, 1920)]
     by_pp = {p.pp: p for p in r.proposals}
     assert by_pp[30].pp_layer_split == (3,) + (2,) * 29 and by_pp[2].pp_layer_split == (3, 58)
-    assert 31 not in by_pp and r.changed == ("pp", "dp_shard") and r.shape == (1, 1920)
-    assert r.proposals[-1].contract == "global_batch 15360 -> 13888" and r.proposals[-1].gpus == 1984
+    assert by_pp[31].pp_layer_split == (1, 3) + (2,) * 28 + (1,)
+    assert r.changed == ("pp", "dp_shard") and r.shape == (31, 64)
+    assert all(p.keeps_global_batch for p in r.proposals)
     # the largest mesh refused: pp 1 (shown, as pp is an axis) on all 2040 GPUs, not a multiple of ep 64
     assert r.refused[0].startswith("pp 1 x dp_shard 2040 x ep 64 (2040 GPUs): ep(64) * etp(1) = 64 does not divide")
-    assert "pipeline: pp 16 -> 1: no pipeline" in r.notes
+    assert "pipeline: pp 16 -> 31, layers per stage 3, 4 x 14, 2 -> 1, 3, 2 x 28, 1 (the schedule kept)" in r.notes
     assert any(n.startswith("checkpoint: resharded on load (pp, dp_shard changed): DCP") for n in r.notes)
 
 
-def test_restart_pp_values_keep_dense_layers_alone():
-    """DeepSeek-V3's 3 dense layers stay alone on the first stage (its config's split, and
-    Megatron-LM's documented layout "Et*3|(tt|)*29,m|L"): the 58 MoE layers on pp - 1 stages,
-    evenly where pp - 1 divides 58 (pp 2, 3, 30, 59), else balanced with the output layer counted
-    as a layer on the last stage: 59 // (pp - 1) >= 2 leaves that stage a layer, pp - 1 <= 29. So
-    pp 1-30 and 59; pp 31 gives the last stage only the output layer (59 // 30 = 1, less 1),
-    which the planner refuses (a stage needs a layer). At pp 16 the rule gives the configured
-    split back."""
+def test_restart_pp_splits_offer_dense_first_and_all_layers():
+    """Each pp offers DeepSeek-V3's 3 dense layers alone on the first stage (its config's split,
+    Megatron-LM's documented layout "Et*3|(tt|)*29,m|L": the 58 MoE layers on pp - 1 stages,
+    evenly where pp - 1 divides 58, else balanced with the output layer counted on the last
+    stage; none at pp 31: 59 // 30 = 1, less the output layer) AND the split over all 61 layers:
+    the ends-short rule (balanced_split of 63, one off each end) and the balanced one, distinct.
+    pp 31: ends-short [1, 3, 2 x 28, 1] (63 = 31 x 2 + 1: the extra on middle stage 1), balanced
+    [2 x 30, 1] (61 = 31 x 1 + 30: the 29 middle stages and stage 0 take 2). pp 30: [3, 2 x 29];
+    63 = 30 x 2 + 3 -> [1, 3, 3, 3, 2 x 25, 1]; 61 = 30 x 2 + 1 -> [2, 3, 2 x 28]. pp 2: [3, 58]
+    and [31, 30] (ends-short needs pp >= 3). pp 16: the configured split (which both the dense
+    and the ends-short rule give), then balanced 61 = 16 x 3 + 13 -> [3, 4 x 13, 3, 3]. pp runs
+    1-61 (a stage needs a layer), the configured 16 first."""
     from meshplan.mesh.layers import dense_first_split
     from meshplan.restart import PipelineRule, pipelines
-    rule = PipelineRule(61, 16, split=(3,) + (4,) * 14 + (2,), short=True, dense=3)
-    assert [pp for pp, _ in pipelines(_mesh(["pp", "dp_shard"], [16, 128]), 2040, rule)] == (
-        [16] + [pp for pp in range(1, 31) if pp != 16] + [59])
-    assert dense_first_split(61, 3, 16) == [3] + [4] * 14 + [2]
-    assert rule.split_for(30) == (3,) + (2,) * 29 and rule.split_for(4) == (3, 20, 20, 18)
-    assert rule.split_for(31) == ("pp 31: the 58 MoE layers on the 30 stages after the 3 dense layers leave the last "
-                                  "stage no layer")
+    configured = (3,) + (4,) * 14 + (2,)
+    rule = PipelineRule(61, 16, split=configured, short=True, dense=3)
+    got = pipelines(_mesh(["pp", "dp_shard"], [16, 128]), 2040, rule)
+    assert list(dict.fromkeys(pp for pp, _ in got)) == [16] + [pp for pp in range(1, 62) if pp != 16]
+    assert dense_first_split(61, 3, 16) == list(configured) and dense_first_split(61, 3, 31) is None
+    assert rule.splits_for(31) == [(1, 3) + (2,) * 28 + (1,), (2,) * 30 + (1,)]
+    assert rule.splits_for(30) == [(3,) + (2,) * 29, (1, 3, 3, 3) + (2,) * 25 + (1,), (2, 3) + (2,) * 28]
+    assert rule.splits_for(2) == [(3, 58), (31, 30)] and rule.splits_for(1) == [None]
+    assert rule.splits_for(16) == [configured, (3,) + (4,) * 13 + (3, 3)]
+    assert [s for pp, s in got if pp == 16] == rule.splits_for(16) and rule.splits_for(62).startswith("pp 62 is more")
     plan = _example_plan("deepseek-v3_2048xh100_pp16-ep64-dp128.toml")
     from meshplan.restart import pipeline_rule
     assert pipeline_rule(plan).dense == 3
 
 
 def test_restart_candidates_are_bounded(monkeypatch):
-    """The candidate set of the DeepSeek-V3 restart: 31 pipeline degrees (1-30, 59); up to
-    KEEPERS (4) meshes keeping the global batch each (dp = 64 k, k | 240, pp k <= 31): pp 1-7
-    four (pp 1: dp 1920, 1536, 1280, 1024), pp 8-10 three, pp 11-15 two, pp 16-30 one (dp 64):
-    28 + 9 + 10 + 15 = 62, of which TRIED (16) are kept, those of the most GPUs less the 1F1B
-    bubble, highest first: pp 1 x dp 1920 (1920), pp 2 x 960 (1920 x 16 / 17 = 1807), pp 3 x
-    640 (1920 x 24 / 26 = 1772), pp 5 x 384 (1920 x 40 / 44 = 1745); at most PLANNED (8) of them
-    are planned feasible. tp and cp varied (degree_rule: tp 1, 2, 4, 8 split the 128 heads and
-    the 18432-wide dense MLP and divide the node's 8 GPUs, cp 1 or twice it, 4096 % 4 == 0):
-    8 pairs, each other pair adds its one mesh of the highest ideal throughput, pp 1 on 1920
-    GPUs (dp x cp x tp a multiple of ep 64 dividing 15360 x cp x tp): 16 + 7 = 23 tried."""
+    """The candidate set of the DeepSeek-V3 restart: pp 1-61, 1 to 3 splits each (114 (pp,
+    split) pairs); up to KEEPERS (4) meshes keeping the global batch per (pp, split) (dp = 64 k, k
+    | 240, pp k <= 31): pp 1-7 four, pp 8-10 three, pp 11-15 two, pp 16-31 one (dp 64): 28 + 9 +
+    10 + 16 = 63 meshes (62 before, pp 31 new). TRIED (16) meshes are kept, each with all its
+    splits, those of the most GPUs less the 1F1B bubble, highest first: pp 1 x dp 1920 (1920),
+    pp 2 x 960 (1920 x 16 / 17 = 1807), pp 3 x 640 (1920 x 24 / 26 = 1772), pp 31 x 64 (1984 x
+    240 / 270 = 1764); at most PLANNED (8) meshes are planned feasible. tp and cp varied
+    (degree_rule: tp 1, 2, 4, 8 split the 128 heads and the 18432-wide dense MLP and divide the
+    node's 8 GPUs, cp 1 or twice it, 4096 % 4 == 0): 8 pairs, each other pair adds its one mesh
+    of the highest ideal throughput with its splits: 16 + 7 meshes tried."""
     from meshplan.restart import KEEPERS, PLANNED, TRIED, _candidates, _Where, degree_rule, pipeline_rule, pipelines
+    from meshplan.restart_rank import variants
     plan = _example_plan("deepseek-v3_2048xh100_pp16-ep64-dp128.toml")
     rule = pipeline_rule(plan)
-    assert len(pipelines(plan.mesh, 2040, rule)) == 31 and (KEEPERS, TRIED, PLANNED) == (4, 16, 8)
+    assert len(pipelines(plan.mesh, 2040, rule)) == 114 and (KEEPERS, TRIED, PLANNED) == (4, 16, 8)
     t = plan.config.training
     why = lambda pp, m: run_reasons(plan.spec.pp_schedule, pp, m, plan.vpp, t.pp_schedule_runs, t.framework)
     w = _Where(plan.mesh, 2040, 15360, 1, why)
     keepers = _candidates(w, rule)[0]
-    assert len(keepers) == TRIED
-    assert [(p.pp, p.dp) for p in keepers[:4]] == [(1, 1920), (2, 960), (3, 640), (5, 384)]
+    meshes = variants(keepers)
+    assert len(meshes) == TRIED and len(keepers) <= 3 * TRIED
+    assert [(g[0].pp, g[0].dp, len(g)) for g in meshes[:5]] == [(1, 1920, 1), (2, 960, 2), (3, 640, 2), (31, 64, 2),
+                                                                 (5, 384, 3)]
     assert (16, 64) not in [(p.pp, p.dp) for p in keepers]
     pairs = degree_rule(plan).pairs
     assert pairs == ((1, 1), (1, 2), (2, 1), (2, 2), (4, 1), (4, 2), (8, 1), (8, 2))
     tried = _candidates(w, rule, pairs)[0]
-    assert len(tried) == TRIED + len(pairs) - 1 and tried[:TRIED] == keepers
-    assert [(p.tp_cp, p.pp, p.dp, p.gpus) for p in tried[TRIED:]] == [
-        ((1, 2), 1, 960, 1920), ((2, 1), 1, 960, 1920), ((2, 2), 1, 480, 1920), ((4, 1), 1, 480, 1920),
-        ((4, 2), 1, 240, 1920), ((8, 1), 1, 240, 1920), ((8, 2), 1, 120, 1920)]
+    assert len(variants(tried)) == TRIED + len(pairs) - 1 and tried[:len(keepers)] == keepers
+    assert [(g[0].tp_cp, g[0].pp, g[0].dp, g[0].gpus, len(g)) for g in variants(tried[len(keepers):])] == [
+        ((1, 2), 1, 960, 1920, 1), ((2, 1), 1, 960, 1920, 1), ((2, 2), 31, 16, 1984, 2), ((4, 1), 31, 16, 1984, 2),
+        ((4, 2), 31, 8, 1984, 2), ((8, 1), 31, 8, 1984, 2), ((8, 2), 31, 4, 1984, 2)]
     import meshplan.restart_rank
     monkeypatch.setattr(meshplan.restart_rank, "TRIED", 1000)
-    every = _candidates(w, rule)[0]
-    per_pp = [sum(p.pp == pp for p in every) for pp in range(1, 31)]
-    assert len(every) == 62 and per_pp == [4] * 7 + [3] * 3 + [2] * 5 + [1] * 15
+    every = variants(_candidates(w, rule)[0])
+    per_pp = [sum(g[0].pp == pp for g in every) for pp in range(1, 32)]
+    assert len(every) == 63 and per_pp == [4] * 7 + [3] * 3 + [2] * 5 + [1] * 16
 
 
 def test_restart_changes_tp_where_the_old_one_leaves_gpus_idle():
@@ -492,16 +503,23 @@ def test_restart_deepseek_v3_planned(capsys, tmp_path):
                                                               "pp_layer_split": top["pp_layer_split"]}),
                             cluster=c.cluster.model_copy(update={"nodes": 255}))
     new = step_time(build_plan(c), Overlap())
-    assert new.tokens_per_s == top["tokens_per_s"] and doc["new_names"] == ["pp", "dp_shard"]
-    lost = 1 - new.tokens_per_s / doc["old_tokens_per_s"]
+    assert new.tokens_per_s == top["tokens_per_s"] and doc["new_names"] == ["pp", "dp_shard", "cp"]
+    gain = new.tokens_per_s / doc["old_tokens_per_s"] - 1
     lines = out.splitlines()
     head = next(i for i, line in enumerate(lines) if line.startswith("restart:"))
-    assert f"{lost:.1%} of the throughput lost (the 2048-GPU plan" in lines[head + 1]
+    assert f"{gain:.1%} more throughput (the 2048-GPU plan" in lines[head + 1]
     # zero1: the data axis printed dp (wording.mesh_text), as plan prints it
     assert lines[head].startswith(f"restart: world 2048 -> {top['gpus']} (2040 GPUs left); mesh pp 16 x dp 128 x ep 64 "
-                                  f"-> pp {top['shape'][0]} x dp {top['shape'][1]} x ep 64 (changed: pp, dp)")
-    assert lines[head + 3].startswith("- runner-up: pp ")
-    assert lost < 0.473  # the pp-16-only proposal lost 47.3% on 1024 GPUs
+                                  f"-> pp 31 x dp 32 x cp 2 x ep 64 (changed: pp, dp, cp)")
+    assert lines[head + 2].startswith("- the original mesh is the problem, not the lost node: the 2048-GPU plan")
+    assert lines[head + 4].startswith("- runner-up: pp ")
+    # pp 31, 62 GPUs a replica, fills 1984 of 2040: the ends-short split (1, 3, 2 x 28, 1) plans a little faster than
+    # the balanced (2 x 30, 1); the rsmore branch's dense-first-only split lost 12.0% at pp 10 x dp 192
+    assert top["pp_layer_split"] == [1, 3] + [2] * 28 + [1] and top["gpus"] == 1984 and gain > 0
+    note = next(line for line in lines if line.startswith("- pipeline: "))
+    assert note.startswith("- pipeline: pp 16 -> 31, layers per stage 3, 4 x 14, 2 -> 1, 3, 2 x 28, 1 (the schedule "
+                           f"kept); the fastest of 2 splits planned: 1, 3, 2 x 28, 1 at {top['tokens_per_s']:,.0f} "
+                           "tokens/s, 2 x 30, 1 at ")
 
 
 def test_restart_dense_seed_varies_pp():
@@ -551,3 +569,67 @@ def test_restart_pp_values_keep_vpp():
     assert [(p.pp, p.dp, p.gpus, p.contract) for p in r.proposals] == [
         (2, 2, 32, ""), (4, 1, 32, ""), (2, 1, 16, ""), (2, 3, 48, "global_batch 64 -> 63")]
     assert "- runner-up: pp 4 x tp 8 on 32 GPUs, contract kept" in r.lines()
+
+
+def test_restart_names_the_checkpoint_engines_path():
+    """DeepSpeed saves ZeRO state per dp rank: a restart at another dp converts it
+    (ds_to_universal.py) and loads it with load_universal; torch's DCP and Megatron-Core
+    dist-checkpointing reshard on load. The engine follows the training section (an imported
+    DeepSpeed JSON sets zero12_engine deepspeed), and under DeepSpeed a replica-only change
+    still reshards (its partitions span every dp rank)."""
+    from meshplan.interop.common import ImportOptions
+    from meshplan.interop.deepspeed import read
+    from meshplan.restart import checkpoint_engine
+    m = _mesh(["dp_shard", "tp"], [8, 8])
+    note = lambda engine: next(n for n in restart_on_fewer_nodes(
+        m, 1, gpus_per_node=8, global_batch=512, micro_batch=1, checkpoint=engine).notes if n.startswith("checkpoint"))
+    moved = "checkpoint: resharded on load (dp_shard changed): "
+    assert note("dcp").startswith(moved + "DCP (torch.distributed.checkpoint)")
+    assert note("megatron").startswith(moved + "Megatron-Core dist-checkpointing")
+    ds = note("deepspeed")
+    assert ds.startswith("checkpoint: not loadable as saved (dp_shard changed): DeepSpeed saves the ZeRO state per "
+                         "data-parallel rank") and "ds_to_universal.py" in ds and '"load_universal": true' in ds
+    assert "DCP" not in ds
+    rep = _mesh(["dp_replicate", "dp_shard", "tp"], [4, 2, 8])
+    r = restart_on_fewer_nodes(rep, 2, gpus_per_node=8, global_batch=480, micro_batch=1, checkpoint="deepspeed")
+    assert r.changed == ("dp_replicate",) and r.reshard
+    t = lambda **kw: TrainingSpec(global_batch=8, seq_len=16, **kw)
+    assert [checkpoint_engine(t(sharding="zero3", zero3_engine="deepspeed")),
+            checkpoint_engine(t(sharding="zero2", zero12_engine="deepspeed")),
+            checkpoint_engine(t(sharding="zero3")), checkpoint_engine(t(sharding="zero1", framework="megatron"))] == [
+        "deepspeed", "deepspeed", "dcp", "megatron"]
+    doc = json.loads((Path(__file__).resolve().parents[1] / "examples" / "deepspeed_zero2_16xh100.json").read_text())
+    got = read(doc, ImportOptions(cluster="dgx-h100", nodes=2, model="llama3-8b", seq_len=4096)).tables["training"]
+    assert checkpoint_engine(TrainingSpec(**got)) == "deepspeed"
+
+
+def test_restart_faster_than_the_full_plan_blames_the_original_mesh():
+    """The seed (dp_shard 8 x tp 8, 64 GPUs) plans 331.38 s a step (12,657 tokens/s); its restart
+    on 56 GPUs (pp 7 x cp 2 x tp 4) plans 73.12 s: more tokens/s on fewer GPUs, so the note says
+    the original mesh is the problem, with both steps, and suggests meshplan search. The seed
+    uses all 56 GPUs: no batch-contract note. Llama 3 405B's case (8192 of 16376 GPUs, global
+    batch 2048 / micro_batch 1 = 2048 = dp, one micro-batch a rank) by hand: the cap note."""
+    from meshplan.restart import Proposal, plan_evaluator, pipeline_rule, degree_rule
+    from meshplan.restart_text import result_notes
+    from meshplan.schedule.rank_timeline import Overlap
+    from meshplan.schedule.steptime import step_time
+    plan = _example_plan("seed-64gpu.toml")
+    old = step_time(plan, Overlap())
+    r = restart_on_fewer_nodes(plan.mesh, 1, gpus_per_node=8, global_batch=512, micro_batch=1,
+                               pipeline=pipeline_rule(plan), degrees=degree_rule(plan),
+                               evaluate=plan_evaluator(plan, 7), old_step=(old.step_s, old.tokens_per_s))
+    top = r.proposals[0]
+    assert f"{old.step_s:.2f}" == "331.38" and top.gpus == 56 and top.tokens_per_s > old.tokens_per_s
+    assert r.notes[1] == ("the original mesh is the problem, not the lost node: the 64-GPU plan takes 331.38 s a step, "
+                          f"{top.mesh_text()} takes {top.step_s:.2f} s on 56 GPUs; run `meshplan search` on the "
+                          "original cluster for a faster full-size mesh")
+    assert not any(n.startswith("fewer GPUs") for n in r.notes)
+    big = Proposal(("dp_shard", "tp"), (2048, 4), 1, 1, 8192, 2048, 1, 2048, 1, step_s=12.0, tokens_per_s=2.0,
+                   peak_bytes=1.0)
+    alt = Proposal(("dp_shard", "tp"), (2047, 8), 1, 1, 16376, 2047, 1, 2047, 1, contract="global_batch 2048 -> 2047",
+                   step_s=14.0, tokens_per_s=1.0, peak_bytes=1.0)
+    notes = result_notes(big, [big, alt], [], 16384, 16376, _mesh(["dp_shard", "tp"], [2048, 8]), 8, (14.0, 1.0))
+    assert notes[1].startswith("the original mesh is the problem") and notes[3] == (
+        "fewer GPUs by the batch contract: global batch 2048 / micro_batch 1 = 2048 micro-batches a step, so dp "
+        "divides 2048 (at most 2048, 1 micro-batch each); dp 2048 takes 8192 GPUs, a larger dp changes the "
+        "global batch")

@@ -232,26 +232,18 @@ def dense_first_split(layers: int, dense: int, pp: int) -> Optional[list[int]]:
     return [dense] + rest if rest[-1] >= 1 else None
 
 
-def restart_split(layers: int, pp: int, vpp: int = 1, short: bool = False,
-                  dense: int = 0) -> Union[None, list[int], str]:
-    """Layers per stage when a mesh moves to ``pp`` stages of ``vpp`` chunks each (a restart on
-    fewer nodes, :mod:`meshplan.restart`), the rule the search plans a candidate with
-    (:func:`meshplan.search.candidate.stage_split`): Llama 3's :func:`ends_short_split` where
-    ``short`` (the configured split is that rule) and it exists; else even stages (None) where
-    pp divides the layers and vpp the layers per stage; else, with vpp 1,
-    :func:`balanced_split`; else a one-line reason (the chunks cannot be even).
+def restart_split(layers: int, pp: int, vpp: int = 1, short: bool = False) -> Union[None, list[int], str]:
+    """Layers per stage over all the layers when a mesh moves to ``pp`` stages of ``vpp`` chunks
+    each (a restart on fewer nodes, :mod:`meshplan.restart`), the rule the search plans a
+    candidate with (:func:`meshplan.search.space.stage_split`): Llama 3's
+    :func:`ends_short_split` where ``short`` (the configured split is that rule) and it exists;
+    else even stages (None) where pp divides the layers and vpp the layers per stage; else, with
+    vpp 1, :func:`balanced_split`; else a one-line reason (the chunks cannot be even).
 
-    ``dense`` (> 0: the configured split holds the model's dense layers alone on the first
-    stage, vpp 1): :func:`dense_first_split`, which comes first.
-
-    DeepSeek-V3's 61 layers, configured [3, 4 x 14, 2] at pp 16 (the ends-short rule, and the
-    3 dense layers alone on the first stage):
+    DeepSeek-V3's 61 layers, configured [3, 4 x 14, 2] at pp 16 (the ends-short rule):
 
     >>> restart_split(61, 8, short=True), restart_split(61, 8), restart_split(32, 4)
     ([7, 8, 8, 8, 8, 8, 8, 6], [7, 8, 8, 8, 8, 8, 7, 7], None)
-    >>> restart_split(61, 8, dense=3), restart_split(61, 31, dense=3)  # doctest: +NORMALIZE_WHITESPACE
-    ([3, 8, 9, 9, 9, 8, 8, 7], 'pp 31: the 58 MoE layers on the 30 stages after the 3 dense layers leave the
-    last stage no layer')
     >>> restart_split(32, 3, 2)
     '32 layers do not divide into pp 3 stages of vpp 2 chunks (Llama 3 ends-short split: none either)'
     """
@@ -259,10 +251,6 @@ def restart_split(layers: int, pp: int, vpp: int = 1, short: bool = False,
         return f"pp {pp} is more stages than the model's {layers} layers"
     if pp == 1:
         return None if vpp == 1 else f"vpp {vpp} needs pp > 1"
-    if dense and vpp == 1:
-        got = dense_first_split(layers, dense, pp)
-        return got if got is not None else (f"pp {pp}: the {layers - dense} MoE layers on the {pp - 1} stages after "
-                                            f"the {dense} dense layers leave the last stage no layer")
     split = ends_short_split(layers, pp, vpp) if short else None
     if split is not None:
         return split
@@ -272,3 +260,30 @@ def restart_split(layers: int, pp: int, vpp: int = 1, short: bool = False,
         return balanced_split(layers, pp)
     return (f"{layers} layers do not divide into pp {pp} stages of vpp {vpp} chunks (Llama 3 ends-short split: "
             f"{'none either' if ends_short_split(layers, pp, vpp) is None else 'not configured'})")
+
+
+def restart_splits(layers: int, pp: int, vpp: int = 1, short: bool = False,
+                   dense: int = 0) -> Union[list[Optional[list[int]]], str]:
+    """The distinct layer splits a restart plans at ``pp`` (the planner keeps the fastest,
+    :func:`meshplan.restart_rank.rank`), or why none exists: with ``dense`` (> 0: the configured
+    split holds the model's dense layers alone on the first stage, vpp 1)
+    :func:`dense_first_split` first; then :func:`restart_split` (``short``: Llama 3's
+    ends-short rule); with ``short`` also the split without it (even, else
+    :func:`balanced_split`), which may plan faster: at pp 31 the ends-short split of DeepSeek-V3's
+    61 layers puts 3 on stage 1, the balanced one at most 2. At most 3 splits.
+
+    >>> restart_splits(61, 31, short=True, dense=3)  # doctest: +NORMALIZE_WHITESPACE
+    [[1, 3, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 1],
+     [2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 1]]
+    >>> restart_splits(61, 8, short=True, dense=3)
+    [[3, 8, 9, 9, 9, 8, 8, 7], [7, 8, 8, 8, 8, 8, 8, 6], [7, 8, 8, 8, 8, 8, 7, 7]]
+    >>> restart_splits(61, 2, short=True, dense=3), restart_splits(32, 4, short=True), restart_splits(32, 3, 2)[:31]
+    ([[3, 58], [31, 30]], [[7, 9, 9, 7], None], '32 layers do not divide into pp')
+    """
+    out: list[Optional[list[int]]] = []
+    first = dense_first_split(layers, dense, pp) if dense and vpp == 1 else None
+    rules = [restart_split(layers, pp, vpp, short)] + ([restart_split(layers, pp, vpp)] if short else [])
+    for got in [first] * (first is not None) + rules:
+        if not isinstance(got, str) and got not in out:
+            out.append(got)
+    return out or next(r for r in rules if isinstance(r, str))
