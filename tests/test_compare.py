@@ -545,3 +545,16 @@ def test_plans_equal_on_every_criterion_choose_neither(tmp_path, capsys):
     assert doc["reasons"][0] == ("r1 and r1_mg_back are equal on every criterion of the search's rule (step 6.172 s, "
                                  "2 axes of degree > 1, tp*pp*cp*ep 2, tp 2, peak memory 38.1 GiB): nothing to choose")
     assert not (tmp_path / "cmp").exists() or not list((tmp_path / "cmp").iterdir())
+
+
+def test_equal_line_says_axis_for_one_axis():
+    """Issue 11 (newcomer trial 6) item 3: an equal verdict of two dp-only meshes printed
+    "1 axes of degree > 1"; one axis is singular, two stay plural."""
+    from types import SimpleNamespace
+    from meshplan.compare.verdict import _equal_line
+    from meshplan.units import GiB
+    a, b = (SimpleNamespace(name=n, step_s=1.5, peak_bytes=20 * GiB, simplicity=(1, 1, 1)) for n in ("a", "b"))
+    assert _equal_line(a, b) == ("a and b are equal on every criterion of the search's rule (step 1.500 s, 1 axis of "
+                                 "degree > 1, tp*pp*cp*ep 1, tp 1, peak memory 20.0 GiB): nothing to choose")
+    a.simplicity = (2, 2, 2)
+    assert "2 axes of degree > 1" in _equal_line(a, b)

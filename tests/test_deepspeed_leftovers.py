@@ -114,9 +114,9 @@ def test_stage0_config_searches_the_stages_a_deepspeed_user_switches_to(tmp_path
 
 
 def _gathered(plan, layer: int) -> list[tuple[int, str]]:
-    """The first forward's all-gather outputs of ``layer`` (bytes, label)."""
+    """The first forward's gathered-parameter events of ``layer`` (bytes, label)."""
     return [(e.delta_bytes, e.label) for e in plan.timeline.events() if e.phase == "forward" and e.microbatch == 0
-            and e.layer == layer and e.kind == "gathered_params" and "all-gather output (" in e.label]
+            and e.layer == layer and e.kind == "gathered_params"]
 
 
 @pytest.mark.parametrize("zero, prefetched", [
@@ -132,16 +132,21 @@ def test_zero3_prefetch_bucket_and_max_live_parameters_bound_the_gathered_parame
     218,112,000 parameters (bf16, 2 B): while layer 5 runs, 5e7 x 2 B of layer 6 are gathered (not
     the whole next unit, as FSDP2's prefetch would), the rest at layer 6's own fetch; with
     max_live_parameters 2.5e8 only 2.5e8 - 218,112,000 = 31,888,000 elements; with 2e8, below one
-    layer, none. Each output freed after its copy-out (the forward keeps none to the next unit's)."""
+    layer, none. The rest is gathered one parameter at a time, the parameters views of the buffer
+    (partition_parameters.py:1339-1376, one copy); the prefetched part, one coalesced buffer, is
+    copied out by torch.cat at its wait (:750-784) and the buffer freed: the layer holds
+    436,224,000 B once, never FSDP2's output plus copy-out."""
     cfg = _load(tmp_path, 3, "z3", **zero)
     plan = build_plan(cfg)
     rest = 218_112_000 * 2 - prefetched
-    want = [(prefetched, "layer 6: all-gather output (compute dtype) (prefetched part)"),
-            (rest, "layer 6: all-gather output (compute dtype) (the rest)")] if prefetched else [
-            (rest, "layer 6: all-gather output (compute dtype)")]
+    want = [(prefetched, "layer 6: prefetched by DeepSpeed's coordinator: coalesced all-gather buffer"),
+            (rest, "layer 6: all-gathered, the parameters views of the buffer (the rest)"),
+            (prefetched, "layer 6: prefetched part copied out of the buffer (torch.cat)"),
+            (-prefetched, "layer 6: coalesced all-gather buffer freed after its wait"),
+            (-436_224_000, "layer 6: released (partitioned again) after forward")] if prefetched else [
+            (436_224_000, "layer 6: all-gathered, the parameters views of the buffer"),
+            (-436_224_000, "layer 6: released (partitioned again) after forward")]
     assert _gathered(plan, 6) == want
-    frees = [e.label for e in plan.timeline.events() if e.phase == "forward" and e.microbatch == 0 and e.layer == 6
-             and e.kind == "gathered_params" and e.delta_bytes < 0]
-    assert frees == ["layer 6: all-gather output freed after its copy-out", "layer 6: resharded after forward"]
+    assert sum(b for b, _ in want[:-1]) == 436_224_000
     back = json.loads(export(cfg, "deepspeed", "x")[0])["zero_optimization"]
     assert {k: back[k] for k in zero} == zero and not not_planned({"zero_optimization": {"stage": 3, **zero}})

@@ -202,3 +202,28 @@ def test_launch_defaults_under_out_and_points_at_its_own_choose(tmp_path, monkey
     assert again.value.code == 2 and capsys.readouterr().err.strip() == (
         f"error: --out: {folder} exists; choose another path or pass --force to replace it")
     assert _cli("launch", cfg, "--force", "--", "python", "train.py").exit_code == 0
+
+
+def test_no_feasible_line_and_html_split_the_engine_rule_as_the_counts(tmp_path):
+    """Issue 11 (newcomer trial 6) item 2: the DeepSpeed ZeRO-2 example searched at cp 2 only
+    (neither DeepSpeed engine runs cp > 1): 48 candidates, 24 zero1/zero2 rows refused by
+    ZeRO-1/2's rule and 24 zero3 rows (12 x reshard_after_forward true/false) by ZeRO-3's. The
+    counts split them; the no-feasible-mesh line, its JSON and the HTML page showed one 'engine'
+    rule of 48 with both texts joined."""
+    import html
+    import json
+    import re
+    path = _deepspeed_zero2(tmp_path)
+    path.write_text(path.read_text().replace("\ncp = [1]", "\ncp = [2]"))
+    r = _cli("search", path, "--html", tmp_path / "s.html", "--json", tmp_path / "s.json")
+    z12 = ("zero12_engine deepspeed (DeepSpeed's ZeRO-1/2): cp > 1, ep > 1, or pp > 1 with zero2, overlap_comm, "
+           "vpp > 1 or a schedule other than 1F1B")
+    z3 = "zero3 rows under DeepSpeed's ZeRO-3 (zero3_engine deepspeed): pp > 1, cp > 1 or parameters kept gathered"
+    line = f"no feasible mesh: of 48 candidates rule 'engine' rejected 24 ({z12}), 'engine' 24 ({z3}); fix: "
+    out = " ".join(r.output.split())
+    assert r.exit_code == 1 and line in out and f"rejected, {z12}: 24" in out and f"rejected, {z3}: 24" in out
+    doc = json.loads((tmp_path / "s.json").read_text())["no_feasible_mesh"]
+    assert doc["rules"] == [{"rule": "engine", "rejected": 24, "text": z12}, {"rule": "engine", "rejected": 24, "text": z3}]
+    page = " ".join(html.unescape(re.sub(r"<[^>]+>", " ", (tmp_path / "s.html").read_text())).split())
+    assert line in page and f"engine 24 {z12} engine 24 {z3}" in page
+    assert f"{z12} 24 50.0%" in page and f"{z3} 24 50.0%" in page and "; zero3 rows" not in page

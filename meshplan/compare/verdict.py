@@ -147,8 +147,9 @@ def _decide(a: Side, b: Side) -> Optional[tuple[Side, Side, str]]:
 def _equal_line(a: Side, b: Side) -> str:
     """Why an equal pair has no verdict: the values of every criterion, one for both."""
     (s, p), (axes, mp, tp) = _fit(a), a.simplicity
-    return (f"{a.name} and {b.name} are equal on every criterion of the search's rule (step {s:.3f} s, {axes} axes "
-            f"of degree > 1, tp*pp*cp*ep {mp}, tp {tp}, peak memory {p / GiB:.1f} GiB): nothing to choose")
+    return (f"{a.name} and {b.name} are equal on every criterion of the search's rule (step {s:.3f} s, {axes} "
+            f"{'axis' if axes == 1 else 'axes'} of degree > 1, tp*pp*cp*ep {mp}, tp {tp}, "
+            f"peak memory {p / GiB:.1f} GiB): nothing to choose")
 
 
 def _decision_line(win: Side, lose: Side, decided: str) -> str:

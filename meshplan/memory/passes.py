@@ -28,7 +28,9 @@ with explicit forward prefetch (``forward_prefetch_layers`` > 0) and in backward
 freed right after its own copy-out, and the all-gathers of the next
 ``forward_prefetch_layers`` / ``prefetch_layers`` units (backward: in reverse order, the
 first one issued by the root's pre-backward, before the head's backward) are issued at
-once.
+once. DeepSpeed's ZeRO-3 (``zero3_engine = "deepspeed"``) holds one copy of a fetched unit (its
+parameters views of the all-gather buffer) and two only of its prefetched part, until that
+part's wait (:meth:`PassBuilder._deepspeed_fetch`).
 
 Forward of layer l: unshard l; the SP all-gather of the input (``temporaries``) while the
 layer runs; allocate the layer's saved activations (``activations``); reshard l after its
@@ -210,7 +212,9 @@ class PassBuilder:
         want = u.gathered if limit is None else min(u.gathered, have + limit)
         if want > have:
             part = "" if want == u.gathered and not have else f" ({'the rest' if have else 'prefetched part'})"
-            self._add(u.layer, "gathered_params", want - have, f"{u.name}: all-gather output (compute dtype){part}")
+            what = ("prefetched by DeepSpeed's coordinator: coalesced all-gather buffer" if limit is not None
+                    else f"all-gather output (compute dtype){part}")
+            self._add(u.layer, "gathered_params", want - have, f"{u.name}: {what}")
             self.issued_bytes[key] = want
             if key not in self.issued:
                 self.issued.append(key)
@@ -219,13 +223,19 @@ class PassBuilder:
     def _free_output(self, key: UnitKey, why: str) -> None:
         u = self.sz.units[key]
         self.issued.remove(key)
-        self._add(u.layer, "gathered_params", -self.issued_bytes.pop(key), f"{u.name}: all-gather output freed {why}")
+        what = "coalesced all-gather buffer" if self.sz.deepspeed_prefetch is not None else "all-gather output"
+        self._add(u.layer, "gathered_params", -self.issued_bytes.pop(key), f"{u.name}: {what} freed {why}")
 
     def _unshard(self, key: UnitKey, ahead: list, depth: int, keep_output: bool) -> None:
         """FSDP2 pre-forward/pre-backward of ``key``: all-gather (unless prefetched), copy
         out into the unsharded parameters, then prefetch ``depth`` units of ``ahead``.
         ``keep_output``: the output stays until the next copy-out (forward, implicit)."""
         u = self._sharded(key)
+        if self.sz.deepspeed_prefetch is not None:
+            if u is not None and key not in self.gathered:
+                self._deepspeed_fetch(key, u, ahead)
+            self._deepspeed_prefetch(ahead, *self.sz.deepspeed_prefetch)
+            return
         if u is not None and key not in self.gathered:
             self._issue(key)
             self._add(u.layer, "gathered_params", u.gathered, f"{u.name}: copy-out to unsharded parameters")
@@ -234,11 +244,26 @@ class PassBuilder:
                 self._free_output(older, f"at {u.name}'s copy-out")
             if not keep_output:
                 self._free_output(key, "after its copy-out")
-        if self.sz.deepspeed_prefetch is not None:
-            self._deepspeed_prefetch(ahead, *self.sz.deepspeed_prefetch)
-            return
         for nxt in ahead[:depth]:
             self._issue(nxt)
+
+    def _deepspeed_fetch(self, key: UnitKey, u: Unit, ahead: list) -> None:
+        """DeepSpeed ZeRO-3's fetch of ``key`` (deepspeedai/DeepSpeed edaa722
+        ``runtime/zero/partition_parameters.py``): what was not prefetched is gathered module by
+        module, one parameter per Llama leaf module, by ``_all_gather_sequential`` (:1339-1376),
+        which sets ``param.data = param_buffer.narrow(...).view(...)``: the parameters are views of
+        the all-gather buffer, one copy. A prefetched part was gathered as one coalesced flat buffer
+        (``_all_gather_dtype``, :1301-1342); its ``AllGatherCoalescedHandle.wait`` (:750-784) sets each
+        ``param.data = torch.cat(partitions)``, a second copy, and the buffer goes with the handle."""
+        have = self.issued_bytes.get(key, 0)
+        self._add(u.layer, "gathered_params", u.gathered - have,
+                  f"{u.name}: all-gathered, the parameters views of the buffer" + (" (the rest)" if have else ""))
+        if have:
+            self._add(u.layer, "gathered_params", have, f"{u.name}: prefetched part copied out of the buffer (torch.cat)")
+            self._free_output(key, "after its wait")
+        self.gathered.add(key)
+        for older in [k for k in self.issued if k != key and k not in ahead]:
+            self._free_output(older, f"at {u.name}'s fetch")
 
     def _deepspeed_prefetch(self, ahead: list, prefetch: int, live: int) -> None:
         """DeepSpeed ZeRO-3's prefetch after a fetch, ``prefetch`` and ``live`` bytes (deepspeedai/DeepSpeed edaa722
@@ -257,7 +282,8 @@ class PassBuilder:
     def _release(self, key: UnitKey, why: str) -> None:
         u = self.sz.units.get(key)
         if key in self.gathered and u is not None:
-            self._add(u.layer, "gathered_params", -u.gathered, f"{u.name}: resharded {why}")
+            done = "released (partitioned again)" if self.sz.deepspeed_prefetch is not None else "resharded"
+            self._add(u.layer, "gathered_params", -u.gathered, f"{u.name}: {done} {why}")
             self.gathered.discard(key)
 
     @property

@@ -32,13 +32,12 @@ from meshplan.memory.timeline import KINDS
 from meshplan.report.memory import kind_notes
 from meshplan.report.memory_plot import png_bytes
 from meshplan.report.search import (count_lines, export_lines, header_lines, infeasible_verdict, knobs, rejected_lines,
-                                    row, row_mesh)
+                                    row, row_mesh, rule_counts)
 from meshplan.report.text import fmt_ranks
 from meshplan.schedule.linkload import edge_loads
 from meshplan.schedule.step_summary import StepTime
 from meshplan.search.driver import SearchResult
 from meshplan.search.rank import RULE_LINE
-from meshplan.search.reasons import reason_texts
 from meshplan.spec.wording import mesh_text, sharding_words, shown_names
 from meshplan.units import GB, US, GiB, counted
 
@@ -164,14 +163,17 @@ def plan_page(plan: Plan | Infeasible, st: Optional[StepTime], name: str, note: 
                 + (f"; {note}" if note else ""), plan_sections(plan, st, name))
 
 
-def _count_bars(counts: dict[str, int], training) -> str:
+def _count_bars(r: SearchResult) -> str:
+    """Candidates per outcome as bars: feasible, undecided and each rule's rejections (the
+    ``engine`` rule per engine, as the text: :func:`~meshplan.report.search.rule_counts`)."""
+    counts = r.counts()
     total = max(sum(counts.values()), 1)
-    text = reason_texts(training)
+    outcomes = [("feasible", "feasible", counts["feasible"]), ("undecided", "undecided", counts["undecided"])]
     rows = []
-    for key, n in sorted(counts.items(), key=lambda kv: -kv[1]):
+    for key, label, n in sorted(outcomes + rule_counts(r), key=lambda x: -x[2]):
         if n:
             pct = 100 * n / total
-            rows.append(f"<tr><td>{esc(text.get(key, key))}</td><td>{n:,}</td><td style=\"text-align:left\">"
+            rows.append(f"<tr><td>{esc(label)}</td><td>{n:,}</td><td style=\"text-align:left\">"
                         f"<div style=\"background:{'#548235' if key == 'feasible' else '#c55a11'};height:12px;"
                         f"width:{max(pct * 4, 1):.1f}px\"></div></td><td>{pct:.1f}%</td></tr>")
     return ("<table><thead><tr><th>outcome</th><th>candidates</th><th></th><th>share</th></tr></thead><tbody>"
@@ -197,7 +199,7 @@ def search_page(r: SearchResult, name: str, note: str = "") -> str:
                                 + lines([RULE_LINE] + ([r.explanation.line()] if r.explanation is not None else [])
                                          + export_lines(r)))
     body = [section("Searched", lines(header_lines(r))), ranked,
-            section("Rejected", lines(rejected_lines(r)) + _count_bars(r.counts(), r.config.training) + lines(count_lines(r))
+            section("Rejected", lines(rejected_lines(r)) + _count_bars(r) + lines(count_lines(r))
                     + lines(f"note: {n}" for n in r.notes))]
     return page(f"meshplan search: {name}", f"{r.config.path or name}; exit {'0' if r.top else '1'}"
                 + (f"; {note}" if note else ""), body)

@@ -256,13 +256,11 @@ def infeasible_verdict(r: SearchResult) -> dict[str, Any] | None:
     ``no_feasible_mesh``, the HTML page shows the line."""
     if r.top:
         return None
-    counts = r.counts()
-    text = reason_texts(r.config.training)
-    most = sorted(((n, k) for k, n in counts.items() if k in text and n), key=lambda x: -x[0])[:3]
-    rules: list[dict[str, Any]] = [{"rule": k, "rejected": n, "text": text[k]} for n, k in most]
+    most = sorted(rule_counts(r), key=lambda x: -x[2])[:3]
+    rules: list[dict[str, Any]] = [{"rule": k, "rejected": n, "text": t} for k, t, n in most]
     fixes = _FIXES | _FIXES_MEGATRON if r.config.training.framework == "megatron" else _FIXES
-    fix = fixes.get(most[0][1], _FIX_ANY) if most else None
-    verdict: dict[str, Any] = {"candidates": len(r.candidates), "rules": rules, "undecided": counts["undecided"],
+    fix = fixes.get(most[0][0], _FIX_ANY) if most else None
+    verdict: dict[str, Any] = {"candidates": len(r.candidates), "rules": rules, "undecided": r.counts()["undecided"],
                                "fix": fix}
     return verdict | {"line": _verdict_line(verdict)}
 
@@ -273,7 +271,8 @@ def _verdict_line(v: dict[str, Any]) -> str:
         return f"no feasible mesh among {v['candidates']:,} candidates"
     first, *rest = v["rules"]
     line = (f"no feasible mesh: of {v['candidates']:,} candidates rule '{first['rule']}' rejected "
-            f"{first['rejected']:,} ({first['text']})" + "".join(f", '{x['rule']}' {x['rejected']:,}" for x in rest))
+            f"{first['rejected']:,} ({first['text']})" + "".join(f", '{x['rule']}' {x['rejected']:,}" + (
+                f" ({x['text']})" if x["rule"] == "engine" else "") for x in rest))  # engine: one per engine
     if v["undecided"]:
         line += f"; {v['undecided']:,} undecided near the memory limit (raise search.settle_max)"
     return f"{line}; fix: {v['fix']}"
@@ -318,11 +317,20 @@ def count_lines(r: SearchResult) -> list[str]:
            f"  feasible: {counts['feasible']:,}"]
     if counts["undecided"]:
         out.append(f"  undecided (near the memory limit, beyond [search] settle_max): {counts['undecided']:,}")
+    return out + [f"  rejected, {text}: {n:,}" for _, text, n in rule_counts(r)]
+
+
+def rule_counts(r: SearchResult) -> list[tuple[str, str, int]]:
+    """(rule, text, candidates rejected) of each rule that rejected some, in :data:`REASONS`'
+    order, the ``engine`` rule split per engine (:func:`_engine_counts`): the one split that the
+    text's counts, the no-feasible-mesh line and the HTML page all show."""
+    counts = r.counts()
+    out: list[tuple[str, str, int]] = []
     for key, text in reason_texts(r.config.training).items():
         if key == "engine" and counts[key]:
-            out += [f"  rejected, {t}: {n:,}" for t, n in _engine_counts(r, text, counts[key]) if n]
+            out += [(key, t, n) for t, n in _engine_counts(r, text, counts[key]) if n]
         elif counts[key]:
-            out.append(f"  rejected, {text}: {counts[key]:,}")
+            out.append((key, text, counts[key]))
     return out
 
 
