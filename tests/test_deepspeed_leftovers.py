@@ -8,19 +8,11 @@ import json
 
 import pytest
 
-from meshplan.interop.common import ImportOptions
 from meshplan.interop.deepspeed import not_planned
-from meshplan.interop.foreign import export, load_any
+from meshplan.interop.foreign import export
 from meshplan.plan import build_plan
 
-OPTS = ImportOptions(cluster="dgx-h100", nodes=2, model="llama3-8b", seq_len=4096)
-
-
-def _load(tmp_path, stage: int, name: str = "ds", **zero):
-    path = tmp_path / f"{name}.json"
-    path.write_text(json.dumps({"train_batch_size": 256, "train_micro_batch_size_per_gpu": 1,
-                                "zero_optimization": {"stage": stage, **zero}, "bf16": {"enabled": True}}))
-    return load_any(path, opts=OPTS)
+from tests.test_deepspeed_zero3_knobs import OPTS, _load  # noqa: E402 (the same DeepSpeed JSON writer)
 
 
 @pytest.mark.parametrize("stage", [1, 2])
