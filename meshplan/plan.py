@@ -486,7 +486,8 @@ def _collectives(config: Config, spec: MeshSpec, mesh: Mesh, placement: Placemen
                                              layers, micro, first_stage=k == 0, last_stage=k == last_stage(stages),
                                              loss_parallel=spec.loss_parallel, stage=k, vpp=vpp,
                                              schedule=spec.pp_schedule, chunks=stages[k],
-                                             grad_bucket_elements=config.memory.grad_bucket_elements)
+                                             grad_bucket_elements=config.memory.grad_bucket_elements,
+                                             deepspeed_prefetch=config.memory.deepspeed_prefetch_bytes(config.training))
     return out
 
 

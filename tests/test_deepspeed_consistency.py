@@ -97,24 +97,36 @@ def _zero3(engine: str) -> dict:
 
 
 def test_deepspeed_zero3_copies_run_on_its_collective_streams():
-    """DeepSpeed's ZeRO-3 (``zero3_engine = "deepspeed"``, edaa722) splits each gathered buffer
-    into the parameters with ``torch.cat`` on its all-gather stream
-    (``partition_parameters.py:776-784`` inside ``partitioned_param_coordinator.py:400-415``) and
-    copies each gradient into its reduce bucket on ``reduce_and_partition_stream``
-    (``stage3.py:1541-1560``): the bytes FSDP2 copies on the compute stream, added to the
-    collectives' time instead. Llama 3 8B's layer (218,112,000 bf16 elements, 436.2 MB gathered):
-    copy-out 2 x 436.2 MB and copy-in 218,112,000 x (2 + 2) B, each 872.4 MB at the H100's Triad
-    2.97 TB/s = 293.8 us. The step's compute loses every FSDP2 copy (the note's ms per step)."""
+    """DeepSpeed's ZeRO-3 (``zero3_engine = "deepspeed"``, edaa722) copies on its all-gather
+    stream (``partitioned_param_coordinator.py:400-415``) only the part of a layer its coordinator
+    prefetched, ``torch.cat`` in ``AllGatherCoalescedHandle.wait`` (``partition_parameters.py:750-784``);
+    the rest is gathered parameter by parameter, the parameters views of the buffer
+    (``_all_gather_sequential``, :1339-1376), no copy. It copies each gradient into its reduce bucket
+    on ``reduce_and_partition_stream`` (``stage3.py:1541-1560``). Both added to the collectives'
+    time, not the compute stream's. Llama 3 8B's layer (218,112,000 bf16 elements, 436.2 MB
+    gathered) after a layer's fetch: prefetched min(1e9 x 2 B - 436,224,000 B, 5e7 x 2 B) = 1e8 B,
+    copy-out 2 x 1e8 B at the H100's Triad 2.97 TB/s = 67.3 us (FSDP2's 2 x 436.2 MB: 293.8 us);
+    copy-in 218,112,000 x (2 + 2) B = 872.4 MB, 293.8 us. The step's compute loses every FSDP2
+    copy (the note's ms per step)."""
     fsdp2, ds = (build_plan(config_from_dict(_zero3(e)), memory=False) for e in ("fsdp2", "deepspeed"))
     rows = {e: {(r.axis, r.phase, r.op, r.cadence): r for r in p.collectives["stage 0"]}
             for e, p in (("fsdp2", fsdp2), ("deepspeed", ds))}
-    layer = 2 * 218_112_000  # torchtitan's end units under FSDP2, one root unit under DeepSpeed: the layers compared
+    layer = 2 * 218_112_000  # torchtitan's end units under FSDP2 and DeepSpeed alike: the layers compared
     keys = [k for k in rows["fsdp2"] if k[3] == "every layer"]
     assert len(keys) == 3 and keys == [k for k in rows["deepspeed"] if k[3] == "every layer"]
+    triad = 2.97e12  # the H100's BabelStream Triad, the catalog's (fsdp2.copy_out_seconds' doctest)
     for key in keys:
         r, d = rows["fsdp2"][key], rows["deepspeed"][key]
         assert d.copy_s == 0.0 and d.size_bytes == r.size_bytes == layer and d.per_step == r.per_step
-        assert round(r.copy_s * 1e6, 1) == 293.8 and d.time_s == pytest.approx(r.time_s + r.copy_s, rel=1e-12)
+        assert round(r.copy_s * 1e6, 1) == 293.8
+        copied = r.copy_s if key[2] == "reduce-scatter" else 2 * 10**8 / triad  # the bucket copy-in; torch.cat
+        assert d.time_s == pytest.approx(r.time_s + copied, rel=1e-3)
+    gather = rows["deepspeed"][keys[0]]
+    assert round((gather.time_s - rows["fsdp2"][keys[0]].time_s) * 1e6, 1) == 67.3
+    # the step's first fetch, the embedding's in forward, is prefetched by nothing: no copy-out
+    emb = {k[1]: rows["deepspeed"][k].time_s - rows["fsdp2"][k].time_s for k in rows["deepspeed"]
+           if k[2] == "all-gather" and k[3] == "per root (embedding)"}
+    assert round(emb["forward"] * 1e6, 1) == 0.0 and round(emb["backward"] * 1e6, 1) == 67.3
     assert not [r for r in ds.collectives["stage 0"] if r.copy_s]
     copies = sum(r.copy_s * r.per_step for r in fsdp2.collectives["stage 0"])
     a, b = step_time(fsdp2), step_time(ds)
@@ -124,6 +136,29 @@ def test_deepspeed_zero3_copies_run_on_its_collective_streams():
     assert not any("FSDP2" in n for n in b.notes)
     text = "\n".join(b.lines())
     assert "exposed ZeRO data-parallel" in text and "exposed fsdp" not in text
+
+
+def test_deepspeed_zero3_copies_out_what_the_memory_model_prefetches():
+    """The step's copy-out and the memory timeline's prefetched part are one quantity
+    (:func:`meshplan.spec.memory.deepspeed_copied_bytes`): with ``stage3_max_live_parameters``
+    2.5e8 (``[memory] deepspeed_max_live_elements``) a layer prefetches (2.5e8 - 218,112,000) x 2 B
+    = 63,776,000 B, the memory model's 'copied out of the buffer (torch.cat)' event and the
+    all-gather row's copy, 2 x 63,776,000 B at Triad 2.97 TB/s = 42.9 us more than with 2e8 (below
+    one layer: nothing prefetched, no copy-out)."""
+    def plan(live: int):
+        data = _zero3("deepspeed") | {"memory": {"deepspeed_max_live_elements": live}}
+        return build_plan(config_from_dict(data))
+
+    def gather_s(p) -> float:
+        return next(r.time_s for r in p.collectives["stage 0"]
+                    if r.phase == "forward" and r.op == "all-gather" and r.cadence == "every layer")
+
+    some, none = plan(250_000_000), plan(200_000_000)
+    cat = [e.delta_bytes for e in some.timeline.events() if e.phase == "forward" and e.microbatch == 0
+           and e.layer == 6 and "(torch.cat)" in e.label]
+    assert cat == [63_776_000]
+    assert not [e for e in none.timeline.events() if "(torch.cat)" in e.label and e.layer == 6]
+    assert round((gather_s(some) - gather_s(none)) * 1e6, 1) == round(2 * 63_776_000 / 2.97e12 * 1e6, 1) == 42.9
 
 
 def test_deepspeed_zero3_json_and_search_rows_run_deepspeeds_engine(tmp_path):

@@ -33,17 +33,19 @@ def _load(tmp_path, stage: int, name: str = "ds", **zero):
 
 def test_overlap_comm_off_puts_every_zero3_collective_on_the_compute_stream(tmp_path):
     """Unset, DeepSpeed's stage-3 default (true, zero/config.py ``overlap_comm_valid``): the step as
-    before, 5767.97 ms with 81.14 ms exposed. False: all-gathers and reduce-scatters on the default
+    before, 5753.03 ms with 66.20 ms exposed. False: all-gathers and reduce-scatters on the default
     stream, so the exposed time is the sum of every call (time x calls per step over the table's
-    rows: 2460.30 ms) and the step is compute + that, 5686.83 + 2460.30 = 8147.13 ms."""
+    rows: 2196.64 ms) and the step is compute + that, 5686.83 + 2196.64 = 7883.47 ms. (Before the
+    all-gathers copied out only their prefetched 1e8 B, not the whole unit: 5767.97, 2460.30 and
+    8147.13 ms; 263.65 ms less = 1024 layer gathers x 226.4 us + the ends' 16 x (707.5 + 2 x 640.2) us.)"""
     on, off = _load(tmp_path, 3, "on"), _load(tmp_path, 3, "off", overlap_comm=False)
     assert (on.training.overlap_comm, on.training.overlaps_comm, off.training.overlaps_comm) == (None, True, False)
     s_on, plan = step_time(build_plan(on)), build_plan(off)
     s_off = step_time(plan)
-    assert s_on.step_s == pytest.approx(5.76797, abs=5e-6) and s_on.exposed_s["fsdp"] == pytest.approx(0.08114, abs=5e-6)
+    assert s_on.step_s == pytest.approx(5.75303, abs=5e-6) and s_on.exposed_s["fsdp"] == pytest.approx(0.06620, abs=5e-6)
     every = sum(r.time_s * r.per_step for r in plan.stage(0).collectives)
-    assert s_off.exposed_s["fsdp"] == pytest.approx(every, rel=1e-12) and every == pytest.approx(2.46030, abs=5e-6)
-    assert s_off.step_s == pytest.approx(8.14713, abs=5e-6)
+    assert s_off.exposed_s["fsdp"] == pytest.approx(every, rel=1e-12) and every == pytest.approx(2.19664, abs=5e-6)
+    assert s_off.step_s == pytest.approx(7.88347, abs=5e-6)
     # read at stage 3 (no longer listed as unused), written back as given, and unset stays unset
     assert "zero_optimization.overlap_comm" not in not_planned({"zero_optimization": {"stage": 3, "overlap_comm": False}})
     back = json.loads(export(off, "deepspeed", "x")[0])["zero_optimization"]
@@ -122,9 +124,15 @@ def test_stage3_search_bounds_its_zero1_zero2_rows_with_deepspeeds_zero12_bucket
     assert not [n for n in r.notes if "outside the memory bounds" in n]
     state = 16_060_522_496 + 2_007_565_312 + 4_015_130_624 + 134_217_728 + 33_554_432 + 2 * 500_000_000 * 2
     per_mb = 24_197_025_792 + 1_050_673_152
+    # zero2 mb 2 (15) may be pruned (it is since DeepSpeed's zero3 rows copy out only their prefetched
+    # part, 5.753 s, not 5.768): its plan built here, the search's exact evaluation checked where it made one
+    assert 0 in r.exact
     for i, sh, mb, grads in ((0, "zero1", 1, 16_060_522_496), (15, "zero2", 2, 1_003_782_656)):
-        e, mesh = r.exact[i], candidate_config(r.config, r.candidates, i).mesh
-        assert (SHARDING[r.candidates.sh[i]], int(r.candidates.mb[i]), mesh.names, mesh.shape) == (sh, mb, ["dp"], [16])
+        cfg = candidate_config(r.config, r.candidates, i)
+        assert (SHARDING[r.candidates.sh[i]], int(r.candidates.mb[i]), cfg.mesh.names, cfg.mesh.shape) == (
+            sh, mb, ["dp"], [16])
         assert RECOMPUTE[r.candidates.rc[i]] == "none"
-        assert e.peak_bytes == state + grads + mb * per_mb == {1: 65_559_212_032, 2: 75_750_171_136}[mb]
-        assert r.est.peak_lo[i] <= e.peak_bytes <= r.est.peak_hi[i]
+        peak = build_plan(cfg).timeline.peak.total_bytes
+        assert peak == state + grads + mb * per_mb == {1: 65_559_212_032, 2: 75_750_171_136}[mb]
+        assert i not in r.exact or r.exact[i].peak_bytes == peak
+        assert r.est.peak_lo[i] <= peak <= r.est.peak_hi[i]

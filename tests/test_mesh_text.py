@@ -52,11 +52,11 @@ def test_one_deepspeed_zero3_mesh_in_the_same_words_everywhere(tmp_path, capsys)
     memory = _out(["memory", ds, *DS_OPTS, "--out", tmp_path / "m"], capsys)
     assert "llama3-8b, dp_shard 16, no pipeline" in memory
     step = _out(["step", ds, *DS_OPTS], capsys)
-    assert re.search(r"^step 5767\.97 ms \(no pipeline, m 16\); critical stage 0; mesh dp_shard 16 ", step)
-    assert "exposed ZeRO data-parallel 81.14 = 5767.97 ms" in step and "fsdp" not in step
+    assert re.search(r"^step 5753\.03 ms \(no pipeline, m 16\); critical stage 0; mesh dp_shard 16 ", step)
+    assert "exposed ZeRO data-parallel 66.20 = 5753.03 ms" in step and "fsdp" not in step
     search = _out(["search", ds, *DS_OPTS, "--top", "2", "--json", tmp_path / "s.json"], capsys)
-    assert "1 dp_shard 16 1 none 1 zero3 - 33.1 5.768" in search
-    assert "parts against #2: exposed ZeRO data-parallel 81.1 ms vs 42.8 ms (micro-batch 1 vs 2)" in search
+    assert "1 dp_shard 16 1 none 1 zero3 - 33.1 5.753" in search
+    assert "parts against #2: exposed ZeRO data-parallel 66.2 ms vs 35.3 ms (micro-batch 1 vs 2)" in search
     doc = json.loads((tmp_path / "s.json").read_text())
     assert doc["top"][0]["mesh"]["dp_shard"] == 16 and "dp" not in doc["top"][0]["mesh"]
     # compare: the same mesh against itself at micro-batch 2 (the search's #2)
@@ -67,7 +67,7 @@ def test_one_deepspeed_zero3_mesh_in_the_same_words_everywhere(tmp_path, capsys)
     compare = _out(["compare", tmp_path / "A.toml", tmp_path / "B.toml", "--out", tmp_path / "cmp",
                     "--json", tmp_path / "c.json"], capsys)
     assert "mesh dp_shard 16 dp_shard 16" in compare and "same mesh (dp_shard 16)" in compare
-    assert "exposed ZeRO data-parallel: A 81.1 ms, B 42.8 ms (-38.4 ms)" in compare and "fsdp" not in compare
+    assert "exposed ZeRO data-parallel: A 66.2 ms, B 35.3 ms (-30.9 ms)" in compare and "fsdp" not in compare
     assert json.loads((tmp_path / "c.json").read_text())["a"]["mesh"] == "dp_shard 16"
 
 

@@ -169,7 +169,7 @@ from meshplan.pipeline.simulate import stage_order
 from meshplan.spec.axes.base import Dim
 from meshplan.spec.axes.registry import AXES, Axis
 from meshplan.spec.cluster import ClusterSpec, GPUSpec
-from meshplan.spec.memory import MemoryOptions
+from meshplan.spec.memory import MemoryOptions, deepspeed_copied_bytes
 from meshplan.spec.mesh import Schedule
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.training import TrainingSpec
@@ -387,11 +387,14 @@ def collective_table(model: ModelSpec, training: TrainingSpec, mesh: Mesh, clust
                      loss_parallel: bool = True, stage: int = 0, vpp: int = 1,
                      schedule: Schedule = Schedule.ONE_F_ONE_B,
                      chunks: Optional[list[list[int]]] = None,
-                     grad_bucket_elements: Optional[int] = None) -> list[CollectiveRow]:
+                     grad_bucket_elements: Optional[int] = None,
+                     deepspeed_prefetch: Optional[tuple[int, int]] = None) -> list[CollectiveRow]:
     """Rows for pipeline stage ``stage`` holding ``stage_layers`` (layer indices) in ``vpp``
     chunks (``chunks``: the layers of each; default ``vpp`` equal runs of ``stage_layers``),
     run under ``schedule`` with ``micro_batches`` micro-batches; ``grad_bucket_elements``: DDP's
-    bucket cap (``[memory] grad_bucket_elements``; None: torch's default, :func:`_ddp_rows`)."""
+    bucket cap (``[memory] grad_bucket_elements``; None: torch's default, :func:`_ddp_rows`);
+    ``deepspeed_prefetch``: DeepSpeed ZeRO-3's (prefetch, max live) bytes
+    (:meth:`~meshplan.spec.memory.MemoryOptions.deepspeed_prefetch_bytes`; None: DeepSpeed's defaults)."""
     rows: list[CollectiveRow] = []
     paths: dict[str, Path] = {}
 
@@ -427,7 +430,8 @@ def collective_table(model: ModelSpec, training: TrainingSpec, mesh: Mesh, clust
     chunk_of = {i: k for k, ls in enumerate(chunks) for i in ls}
     ctx = _Ctx(model=model, training=training, mesh=mesh, layers=stage_layers, first=first_stage, last=last_stage,
                gpu=cluster.gpu, stage=stage, vpp=vpp, schedule=schedule, micro=micro_batches, chunk_of=chunk_of,
-               loss_parallel=loss_parallel, bucket_elements=grad_bucket_elements)
+               loss_parallel=loss_parallel, bucket_elements=grad_bucket_elements,
+               deepspeed_prefetch=deepspeed_prefetch or MemoryOptions().deepspeed_prefetch_bytes(training))
     for axis in TABLE_ORDER + tuple(a for a in AXES if a not in TABLE_ORDER):
         build = AXES[axis].rows or LAYER_ROWS.get(axis)
         if build is not None:
@@ -451,6 +455,7 @@ class _Ctx:
     chunk_of: Optional[dict] = None  # layer -> local chunk
     loss_parallel: bool = True
     bucket_elements: Optional[int] = None  # [memory] grad_bucket_elements (DDP's bucket cap)
+    deepspeed_prefetch: Optional[tuple[int, int]] = None  # DeepSpeed ZeRO-3's (prefetch, max live) bytes
 
     @property
     def runs(self) -> int:
@@ -772,6 +777,22 @@ def kept_gathered(label: str, t, tied: bool = False) -> bool:
     return not t.torchtitan_units or label != "root (embedding)" or tied
 
 
+def _deepspeed_copied(c: _Ctx, units: list, label: str, gathered: int) -> tuple[int, int]:
+    """(forward, backward) bytes DeepSpeed ZeRO-3 (``zero3_engine = "deepspeed"``, edaa722) copies
+    out of one all-gather of the unit ``label`` of ``gathered`` bytes, on its all-gather stream
+    (:func:`meshplan.comm.fsdp2.compute_stream_copies`): only the part its coordinator prefetched,
+    ``torch.cat`` in ``AllGatherCoalescedHandle.wait`` (``partition_parameters.py:750-784``); the
+    rest is gathered parameter by parameter (``_all_gather_sequential``, :1339-1376), the
+    parameters views of the buffer, no copy. The prefetched part is
+    :func:`~meshplan.spec.memory.deepspeed_copied_bytes` after a layer's fetch (a layer precedes
+    every layer, the head in forward and the embedding in backward: ``held`` the largest
+    ``"layer"`` unit), as the memory model holds it; none for the embedding's unit in forward,
+    the step's first fetch, which nothing before it prefetched (the memory model's too)."""
+    held = max((u[4] for u in units if u[0] == "layer"), default=0)
+    copied = deepspeed_copied_bytes(gathered, c.deepspeed_prefetch, held) if c.deepspeed_prefetch else gathered
+    return (0 if label.startswith("root (embedding") else copied), copied
+
+
 def _dp_rows(add, c: _Ctx) -> None:
     t, mesh = c.training, c.mesh
     shards = {"fsdp": mesh.degree("fsdp"), "efsdp": mesh.degree("efsdp")}
@@ -787,17 +808,18 @@ def _dp_rows(add, c: _Ctx) -> None:
         if ds:  # the gradient into DeepSpeed's bucket, in the reduce dtype
             grad_b, red_b = dtype_bytes(t.compute_dtype), dtype_bytes(rs)
 
-        def copies(gathered: float, numel: int) -> tuple[float, float]:
+        pipelined = mesh.degree("pp") > 1
+        units = _units(c, shards)
+
+        def copies(gathered: int, numel: int) -> tuple[float, float]:
             # FSDP2's copy-out after each all-gather and copy-in before each reduce-scatter, on the
             # compute stream (meshplan.comm.fsdp2); Megatron FSDP's GEMMs use its buckets in place;
-            # DeepSpeed's ZeRO-3 makes the same copies on its all-gather and reduce streams
+            # DeepSpeed's ZeRO-3 copies on its reduce stream (its copy-out: _deepspeed_copied)
             if not (fsdp2.compute_stream_copies(t) or ds):
                 return 0.0, 0.0
             return (fsdp2.copy_out_seconds(gathered, data, hbm),
                     fsdp2.copy_in_seconds(numel, grad_b, red_b, data, hbm))
 
-        pipelined = mesh.degree("pp") > 1
-        units = _units(c, shards)
         for (label, axis, numel, gbytes, fp8, cast_s), n in Counter(u[:3] + u[4:] for u in units).items():
             root = kept_gathered(label, t, c.model.tied_embeddings)
             cadence = f"per {label}" if label.startswith("root") else f"every {label}"
@@ -811,12 +833,14 @@ def _dp_rows(add, c: _Ctx) -> None:
             red = (0, n * c.runs) if pipelined or t.grad_accumulation != "sync" else (n, None)
             out_s, in_s = copies(gbytes, numel)
             on_compute = (0.0, 0.0) if ds else (out_s, in_s)  # copy_s: the compute stream's
-            on_stream = (out_s, in_s) if ds else (0.0, 0.0)  # ds_gpu_s: added to the collective's time
+            on_stream = (0.0, in_s) if ds else (0.0, 0.0)  # ds_gpu_s: added to the collective's time
+            ds_out = [fsdp2.copy_out_seconds(b, data, hbm) for b in _deepspeed_copied(c, units, label, gbytes)] \
+                if ds else [0.0, 0.0]  # (forward, backward)
             # the float8 weights' pre-all-gather casts on FSDP2's copy-in stream delay each all-gather
             add(axis, "forward", "all-gather", gbytes, gdt, fwd[0], cadence, f"the {label}'s GEMMs", 7,
-                per_step=fwd[1], copy_s=on_compute[0], ds_gpu_s=on_stream[0] + cast_s)
+                per_step=fwd[1], copy_s=on_compute[0], ds_gpu_s=ds_out[0] + cast_s)
             add(axis, "backward", "all-gather", gbytes, gdt, back[0], cadence,
-                f"the {label}'s backward", 7, per_step=back[1], copy_s=on_compute[0], ds_gpu_s=on_stream[0] + cast_s)
+                f"the {label}'s backward", 7, per_step=back[1], copy_s=on_compute[0], ds_gpu_s=ds_out[1] + cast_s)
             add(axis, "backward", "reduce-scatter", numel * dtype_bytes(rs), rs, red[0], cadence, "optimizer step",
                 per_step=red[1], copy_s=on_compute[1], ds_gpu_s=on_stream[1])
             if "dp_replicate" in mesh.layout.names:

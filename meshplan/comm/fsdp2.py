@@ -62,9 +62,10 @@ def compute_stream_copies(training) -> bool:
     :class:`~meshplan.spec.training.TrainingSpec`): FSDP2 (framework torch) does, Megatron FSDP
     (framework megatron) does not (module docstring), nor does DeepSpeed's ZeRO-3
     (``zero3_engine = "deepspeed"``, DeepSpeed >= v0.5.5; read at deepspeedai/DeepSpeed edaa722):
-    ``AllGatherCoalescedHandle.wait`` splits the gathered flat buffer into each parameter with one
-    ``torch.cat`` of its ``world`` slices (``runtime/zero/partition_parameters.py:776-784``), a
-    copy-out of the same bytes, but ``fetch_sub_module`` calls it inside ``with
+    ``AllGatherCoalescedHandle.wait`` splits a prefetched (coalesced) buffer into each parameter with
+    one ``torch.cat`` of its ``world`` slices (``runtime/zero/partition_parameters.py:776-784``), a
+    copy-out of the prefetched part only (the rest is gathered into views, no copy:
+    :func:`meshplan.spec.memory.deepspeed_copied_bytes`), but ``fetch_sub_module`` calls it inside ``with
     stream(self.__allgather_stream)`` and only then makes the compute stream wait for that stream
     (``partitioned_param_coordinator.py:400-415``); stage 3's gradient hook copies each gradient into
     the bucket's flat buffer inside ``with stream(self.reduce_and_partition_stream)``

@@ -72,6 +72,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional, Union
 
+from meshplan.spec.memory import deepspeed_prefetch_budget
+
 Entry = tuple  # (layer: int | None, kind: str, delta_bytes: int, label: str)
 #: What an event allocates or frees (the timeline's columns; described in :mod:`meshplan.memory.timeline`).
 KINDS = ("params", "master", "optimizer", "grads", "comm_buffers", "workspace", "fragmentation",
@@ -273,7 +275,7 @@ class PassBuilder:
         bytes at the unit's gather dtype. DeepSpeed takes whole parameters, up to one past the budget,
         and fetches module by module; meshplan's unit is the layer, its budget taken to the byte."""
         held = sum(self.sz.units[k].gathered for k in self.gathered) + sum(self.issued_bytes.values())
-        budget = min(prefetch, max(0, live - held))
+        budget = deepspeed_prefetch_budget((prefetch, live), held)  # the step's copy-out too
         for nxt in ahead:
             if budget <= 0:
                 break

@@ -375,3 +375,36 @@ class MemoryOptions(BaseModel):
         ipg = (2 if training.overlaps_comm else 1) if training.contiguous_grads else 0
         out = big_b * p * ipg + k * (p + cast)
         return out if np.ndim(out) else int(out)
+
+
+def deepspeed_prefetch_budget(prefetch_live: tuple[int, int], held: int) -> int:
+    """Bytes DeepSpeed ZeRO-3's coordinator prefetches after a fetch (deepspeedai/DeepSpeed edaa722
+    ``runtime/zero/partitioned_param_coordinator.py:452-480``): ``min(max_live - held,
+    prefetch_bucket)``, none below 0; ``prefetch_live``: (prefetch bucket, max live) bytes
+    (:meth:`MemoryOptions.deepspeed_prefetch_bytes`), ``held``: bytes gathered at the fetch. The one
+    rule for the memory model's prefetched part (:meth:`meshplan.memory.passes.PassBuilder._deepspeed_prefetch`)
+    and the step's ``torch.cat`` copy of it (:func:`deepspeed_copied_bytes`).
+
+    >>> deepspeed_prefetch_budget((10**8, 2 * 10**9), 436_224_000), deepspeed_prefetch_budget((10**8, 5 * 10**8), 436_224_000)
+    (100000000, 63776000)
+    """
+    prefetch, live = prefetch_live
+    return min(prefetch, max(0, live - held))
+
+
+def deepspeed_copied_bytes(unit_bytes: int, prefetch_live: tuple[int, int], held: int) -> int:
+    """Bytes of one DeepSpeed ZeRO-3 fetch of a ``unit_bytes`` unit that ``torch.cat`` copies out of
+    the all-gather buffer: its prefetched part, the budget after the fetch before it (``held`` bytes
+    gathered then; :func:`deepspeed_prefetch_budget`), as the memory model holds it
+    (``AllGatherCoalescedHandle.wait``, ``partition_parameters.py:750-784``); the rest is gathered by
+    ``_all_gather_sequential`` (:1339-1376), the parameters views of its buffer, no copy.
+
+    Llama 3 8B's layer in bf16 (436,224,000 B) after a layer, DeepSpeed's defaults 5e7 and 1e9
+    elements x 2 B: 1e8 B; ``stage3_max_live_parameters`` 2.5e8: (2.5e8 - 218,112,000) x 2 B:
+
+    >>> deepspeed_copied_bytes(436_224_000, (10**8, 2 * 10**9), 436_224_000)
+    100000000
+    >>> deepspeed_copied_bytes(436_224_000, (10**8, 5 * 10**8), 436_224_000)
+    63776000
+    """
+    return min(unit_bytes, deepspeed_prefetch_budget(prefetch_live, held))
