@@ -200,7 +200,8 @@ def deepspeed_write_bytes(states, sharding: str) -> float:
     runtime/checkpoint_engine/checkpoint_engine.py 47-48 makes ``dp_rank == 0``; ``_save_checkpoint``
     5239-5266 saves ``module_state_dict()`` then), and every rank of the ZeRO group its own
     ``zero_pp_rank_{dp_rank}`` optimizer file (1591-1596, ``_save_zero_checkpoint`` 5409-5424:
-    ``optimizer.state_dict()``, its fp32 partition and moments). Under ZeRO-0/1/2 the module
+    ``optimizer.state_dict()``, its fp32 partition and moments: runtime/zero/stage_1_and_2.py
+    2620-2624, stage3.py 3177-3178). Under ZeRO-0/1/2 the module
     holds the whole parameters (in the model dtype), so rank 0 writes them and its partition:
     everything it holds (parameters, master copy, optimizer state). Under ZeRO-3 every rank
     writes a model-states file (``is_first_weights_partition_group``, 1291-1296, true without
