@@ -68,7 +68,7 @@ from meshplan.placement.topology import (
 )
 from meshplan.plan import Infeasible, Plan, build_plan, config_warnings, export_refusals, run_reasons
 from meshplan.reliability import reliability as rel
-from meshplan.restart import checkpoint_engine, degree_rule, pipeline_rule, plan_evaluator, restart_on_fewer_nodes
+from meshplan.restart import checkpoint_engine, engine_rules, plan_evaluator, restart_on_fewer_nodes
 from meshplan.report import shown
 from meshplan.report.html_pages import plan_page, search_page
 from meshplan.report.json_docs import (
@@ -616,7 +616,7 @@ def reliability(config: Path = typer.Argument(..., help=CONFIG_HELP),
                 read_gbps: float = typer.Option(..., "--read-gbps", help="aggregate checkpoint read bandwidth, GB/s"),
                 rank_gbps: Optional[float] = typer.Option(
                     None, "--rank-gbps", help="storage bandwidth of one rank, GB/s: times the bytes the busiest rank "
-                                              "writes under DCP (its share of replicated shards) and reads back"),
+                                              "writes under DCP (its share of replicated shards) or DeepSpeed's save_checkpoint, and reads back"),
                 restart_overhead_s: float = typer.Option(..., "--restart-overhead-s",
                                                          help="detection + rescheduling + start-up, seconds"),
                 lost_nodes: Optional[int] = typer.Option(
@@ -656,12 +656,14 @@ def reliability(config: Path = typer.Argument(..., help=CONFIG_HELP),
         _echo(line)
     t = p.config.training
     before = step_time(p, Overlap())  # the throughput a restart loses is against the plan's own step
+    pipeline, degrees = engine_rules(p)  # within what the engine runs (DeepSpeed: the data axis, pp where it can)
     rs = restart_on_fewer_nodes(p.mesh, lost_nodes, gpus_per_node=p.config.cluster.node.gpus,
                                 global_batch=t.global_batch, micro_batch=t.micro_batch, spare_nodes=spare_nodes,
                                 micro_batch_reasons=lambda pp, m: run_reasons(p.spec.pp_schedule, pp, m, p.vpp,
                                                                               t.pp_schedule_runs, t.framework),
-                                pipeline=pipeline_rule(p), degrees=degree_rule(p), sharding=t.sharding,
+                                pipeline=pipeline, degrees=degrees, sharding=t.sharding,
                                 checkpoint=checkpoint_engine(t),
+                                old_infeasible="" if p.feasible else f"infeasible: {p.reasons[0]}",
                                 evaluate=plan_evaluator(p, p.config.cluster.nodes - max(0, lost_nodes - spare_nodes)),
                                 old_step=(before.step_s, before.tokens_per_s))
     for line in rs.lines():

@@ -39,11 +39,12 @@ Sources and conventions:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from math import ceil, exp, sqrt
 from typing import Optional
 
 from meshplan.mesh.tpsplit import local_heads, local_numel
+from meshplan.restart_text import checkpoint_engine
 from meshplan.spec.cluster import ClusterSpec
 
 #: Llama 3 (arXiv 2407.21783, section 3.3.4): unexpected interruptions, days, GPUs.
@@ -105,11 +106,13 @@ def failure_domains(cluster: ClusterSpec, world: int) -> list[FailureDomain]:
 class CheckpointSize:
     """``per_rank_bytes``: what the most loaded rank holds (and reads back on load);
     ``total_bytes``: distinct shards once; ``written_per_rank_bytes``: what the busiest rank
-    writes under DCP (:func:`dcp_write_bytes`; 0: unknown, ``per_rank_bytes`` is used)."""
+    writes (0: unknown, ``per_rank_bytes`` is used) under ``writer``: "dcp" (:func:`dcp_write_bytes`) or
+    "deepspeed" (:func:`deepspeed_write_bytes`)."""
 
     per_rank_bytes: float
     total_bytes: float
     written_per_rank_bytes: float = 0.0
+    writer: str = "dcp"
 
 
 def checkpoint_size(states, mesh, model=None) -> CheckpointSize:
@@ -190,6 +193,35 @@ def dcp_write_bytes(states, mesh, model=None) -> list[float]:
     return [t / ranks for t in _stage_totals(states, mesh, model)]
 
 
+def deepspeed_write_bytes(states, sharding: str) -> float:
+    """Bytes the busiest rank writes in DeepSpeed's ``save_checkpoint`` (deepspeedai/DeepSpeed
+    deepspeed/runtime/engine.py@edaa722). Data-parallel rank 0 alone writes the module's
+    state_dict (``_configure_checkpointing`` 1586-1589: ``is_data_parallel_writer(rank)``, which
+    runtime/checkpoint_engine/checkpoint_engine.py 47-48 makes ``dp_rank == 0``; ``_save_checkpoint``
+    5239-5266 saves ``module_state_dict()`` then), and every rank of the ZeRO group its own
+    ``zero_pp_rank_{dp_rank}`` optimizer file (1591-1596, ``_save_zero_checkpoint`` 5409-5424:
+    ``optimizer.state_dict()``, its fp32 partition and moments: runtime/zero/stage_1_and_2.py
+    2620-2624, stage3.py 3177-3178). Under ZeRO-0/1/2 the module
+    holds the whole parameters (in the model dtype), so rank 0 writes them and its partition:
+    everything it holds (parameters, master copy, optimizer state). Under ZeRO-3 every rank
+    writes a model-states file (``is_first_weights_partition_group``, 1291-1296, true without
+    MiCS) whose parameters are the partitioned placeholders (empty), and its optimizer
+    partition: its master copy and optimizer state. Per stage the busiest rank; ``sharding``:
+    ``training.sharding``.
+
+    Llama 3 8B (8.03e9 parameters), ZeRO-2 at dp 16 in bf16: 16.06 GB module + 12 B x 8.03e9 / 16
+    = 6.02 GB partition = 22.08 GB on rank 0:
+
+    >>> from types import SimpleNamespace as N
+    >>> items = [N(kind="params", size_bytes=16.06e9), N(kind="master", size_bytes=2.007e9),
+    ...          N(kind="optimizer", size_bytes=4.015e9), N(kind="grads", size_bytes=1.0e9)]
+    >>> round(deepspeed_write_bytes([N(items=items)], "zero2") / 1e9, 3), deepspeed_write_bytes([N(items=items)], "zero3")
+    (22.082, 6022000000.0)
+    """
+    kinds = ("master", "optimizer") if sharding == "zero3" else CHECKPOINT_KINDS
+    return max(sum(i.size_bytes for i in st.items if i.kind in kinds) for st in states)
+
+
 def write_time_s(size: CheckpointSize, bandwidth_bytes_per_s: float,
                  per_rank_bandwidth_bytes_per_s: Optional[float] = None, read: bool = False) -> float:
     """Seconds to write (or, ``read``, read) the checkpoint: total bytes / aggregate storage
@@ -247,6 +279,7 @@ class Reliability:
     read_s: float
     restart_overhead_s: float
     per_rank_bandwidth_bytes_per_s: Optional[float] = None
+    sharding: str = ""
 
     @property
     def mtbf_s(self) -> float:
@@ -266,12 +299,18 @@ class Reliability:
         return goodput(self.interval_s, self.write_s, self.restart_s, self.mtbf_s)
 
     def dcp_line(self) -> str:
-        """What the busiest rank writes under DCP (its share on disk) and reads back (all it
-        holds: :func:`size_line`), each labelled, and, at the stated per-rank bandwidth, how long."""
+        """What the busiest rank writes under its checkpoint engine (DCP: its share on disk;
+        DeepSpeed: :func:`deepspeed_write_bytes`) and reads back (all it holds: :func:`size_line`),
+        each labelled, and, at the stated per-rank bandwidth, how long."""
         ck, bw = self.checkpoint, self.per_rank_bandwidth_bytes_per_s
-        out = (f"DCP: the busiest rank writes {ck.written_per_rank_bytes / 1e9:.3f} GB, its share on disk (replicated "
-               f"shards written once, split between the replicas that hold them), and reads back "
-               f"{ck.per_rank_bytes / 1e9:.3f} GB, all it holds")
+        what = ({"zero3": "DeepSpeed ZeRO-3: the busiest rank writes {} GB, its zero_pp_rank partition (master copy "
+                          "and optimizer state; its model-states file holds empty placeholders)"}.get(
+            self.sharding, "DeepSpeed: the busiest rank (data-parallel rank 0) writes {} GB, the whole module "
+                           "state_dict (model_states.pt) and its zero_pp_rank optimizer partition")
+                if ck.writer == "deepspeed" else "DCP: the busiest rank writes {} GB, its share on disk (replicated "
+                                                 "shards written once, split between the replicas that hold them)")
+        out = what.format(f"{ck.written_per_rank_bytes / 1e9:.3f}") + (
+            f", and reads back {ck.per_rank_bytes / 1e9:.3f} GB, all it holds")
         if bw:
             out += (f"; at {bw / 1e9:g} GB/s per rank: write {ck.written_per_rank_bytes / bw:.2f} s, read "
                     f"{ck.per_rank_bytes / bw:.2f} s")
@@ -306,7 +345,10 @@ def reliability(plan, *, write_bandwidth_bytes_per_s: float, read_bandwidth_byte
     """Reliability account of a plan. Storage bandwidths and the restart overhead are
     stated by the caller: there is no default for them."""
     size = checkpoint_size(plan.state, plan.mesh, plan.config.model)
+    t = plan.config.training
+    if checkpoint_engine(t) == "deepspeed":  # DeepSpeed's save_checkpoint, not DCP's balanced shares
+        size = replace(size, written_per_rank_bytes=deepspeed_write_bytes(plan.state, t.sharding), writer="deepspeed")
     return Reliability(plan.world, rate_per_gpu_day, tuple(failure_domains(plan.config.cluster, plan.world)), size,
                        write_time_s(size, write_bandwidth_bytes_per_s, per_rank_bandwidth_bytes_per_s),
                        write_time_s(size, read_bandwidth_bytes_per_s, per_rank_bandwidth_bytes_per_s, read=True),
-                       restart_overhead_s, per_rank_bandwidth_bytes_per_s)
+                       restart_overhead_s, per_rank_bandwidth_bytes_per_s, t.sharding)

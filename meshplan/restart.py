@@ -56,7 +56,7 @@ from meshplan.mesh.resolve import Infeasible as NoMesh, resolve_mesh
 from meshplan.spec import wording
 # PLANNED, TRIED, PipelineRule, pipeline_rule, degree_rule, plan_evaluator: re-exported (the CLI's and the tests' names)
 from meshplan.restart_rank import (PLANNED, TRIED, DegreeRule, Evaluator, PipelineRule, bounded,  # noqa: F401
-                                   axes_at, changer_refusal, degree_rule, pipeline_rule, pipelines, plan_evaluator, rank,
+                                   axes_at, changer_refusal, degree_rule, engine_rules, pipeline_rule, pipelines, plan_evaluator, rank,
                                    splits)
 from meshplan.restart_text import batch_notes, checkpoint_engine, pipeline_note, result_notes, state_notes  # noqa: F401
 from meshplan.spec.mesh import MeshSpec
@@ -204,14 +204,15 @@ def restart_on_fewer_nodes(mesh, lost_nodes: int, *, gpus_per_node: int, global_
                            dataloader_state: str = "per_rank", evaluate: Optional[Evaluator] = None,
                            old_step: Optional[tuple[float, float]] = None,
                            pipeline: Optional[PipelineRule] = None, degrees: Optional[DegreeRule] = None,
-                           sharding: str = "", checkpoint: str = "dcp") -> Restart:
+                           sharding: str = "", checkpoint: str = "dcp", old_infeasible: str = "") -> Restart:
     """Can the job restart on ``lost_nodes`` fewer nodes (after using ``spare_nodes``), and on
     which mesh (module docstring)? ``dataloader_state``: "per_rank" (saved per dp rank, e.g. a
     StatefulDataLoader) or "global" (a global consumed-samples counter, as Megatron-LM keeps).
     ``micro_batch_reasons(pp, m)``: why the pipeline schedule cannot run m micro-batches per
     step on pp stages (the plan's :func:`meshplan.plan.run_reasons` under its framework; none
     by default). ``evaluate``: plans a proposal (its step and throughput) or says why it cannot
-    run (:func:`plan_evaluator`); ``old_step``: (step s, tokens/s) of the plan before the loss;
+    run (:func:`plan_evaluator`); ``old_step``: (step s, tokens/s) of the plan before the loss
+    (``old_infeasible``: why that plan does not run, said instead of the throughput lost);
     ``pipeline``: vary pp too, every degree its layers allow (:class:`PipelineRule`; without
     it pp is kept); ``degrees``: vary tp and cp too (:class:`DegreeRule`; without it they are
     kept); ``sharding``: ``training.sharding``, which names the data axis in the text;
@@ -268,7 +269,8 @@ def restart_on_fewer_nodes(mesh, lost_nodes: int, *, gpus_per_node: int, global_
     changed = tuple(n for n in top.names if old.get(n, 1) != new[n])
     reshard, dl_ok, state = state_notes(changed, mesh.dp, top.dp, dataloader_state,
                                         changed_words(changed, top.names, sharding), checkpoint)
-    notes = (result_notes(top, ranked, smaller, world, left, mesh, gpus_per_node, old_step, pipeline is not None)
+    notes = (result_notes(top, ranked, smaller, world, left, mesh, gpus_per_node, old_step, pipeline is not None,
+                          old_infeasible)
              + batch_notes(top, as_configured)
              + (pipeline_note(pipeline, top, planned.get((top.names, top.shape), [])) if pipeline else []) + state)
     return Restart(True, new_world=top.gpus, shape=top.shape, changed=changed, micro_batches=(old_m, top.micro_batches),

@@ -7,6 +7,7 @@ of each mesh, and its screen of the persistent state) and the ranking.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 
 from meshplan.errors import ConfigError
@@ -93,6 +94,39 @@ class DegreeRule:
     dist-checkpointing reshard tp and cp on load as they do pp (:mod:`meshplan.restart_text`)."""
 
     pairs: tuple[tuple[int, int], ...]
+
+
+def engine_rules(plan) -> tuple[Optional[PipelineRule], DegreeRule]:
+    """(pipeline rule, degree rule) a restart of ``plan`` may vary, within what its engine runs.
+    Under DeepSpeed (:func:`~meshplan.restart_text.checkpoint_engine`) tp and cp are kept: a
+    DeepSpeed config runs ZeRO over one data axis (its import's ``[search]`` keeps tp = [1],
+    :data:`meshplan.interop.deepspeed.SEARCH`; a TOML's tp under DeepSpeed is the model code's, cp
+    is refused by both engines), and pp varies only where the engine runs a pipeline at all
+    (:func:`engine_runs_pp`); else :func:`pipeline_rule` and :func:`degree_rule`."""
+    from meshplan.restart_text import checkpoint_engine
+    if checkpoint_engine(plan.config.training) != "deepspeed":
+        return pipeline_rule(plan), degree_rule(plan)
+    pairs = ((plan.mesh.degree("tp"), plan.mesh.degree("cp")),)
+    return (pipeline_rule(plan) if engine_runs_pp(plan) else None), DegreeRule(pairs)
+
+
+def engine_runs_pp(plan) -> bool:
+    """Whether the engine of ``plan`` runs pp 2 with the rest of its mesh: build_plan's engine
+    checks, the per-mesh home of the search's ``engine`` rule (:mod:`meshplan.search.reasons`):
+    DeepSpeed's ZeRO-1/2 (:func:`meshplan.comm.deepspeed_zero12.check_mesh`: its pipeline engine
+    refuses ZeRO-2, overlap_comm and schedules other than 1F1B) and its ZeRO-3
+    (:func:`meshplan.plan._check_deepspeed_zero3`: pp refused)."""
+    from meshplan.comm import deepspeed_zero12
+    from meshplan.plan import _check_deepspeed_zero3
+    t = plan.config.training
+    at_pp2 = lambda axis: 2 if axis == "pp" else plan.mesh.degree(axis)
+    try:
+        deepspeed_zero12.check_mesh(t, at_pp2, plan.spec.pp_schedule)
+        if t.sharding == "zero3" and t.zero3_engine != "fsdp2":
+            _check_deepspeed_zero3(SimpleNamespace(degree=at_pp2), t.zero3_engine)
+    except ConfigError:
+        return False
+    return plan.vpp == 1
 
 
 def degree_rule(plan) -> DegreeRule:

@@ -29,20 +29,25 @@ if TYPE_CHECKING:
 
 
 def result_notes(top: Proposal, ranked: list[Proposal], smaller: list[str], world: int, left: int, mesh,
-                 gpus_per_node: int, old_step: Optional[tuple[float, float]], varied: bool = False) -> list[str]:
+                 gpus_per_node: int, old_step: Optional[tuple[float, float]], varied: bool = False,
+                 old_infeasible: str = "") -> list[str]:
     """Planned step and throughput lost, idle GPUs, runner-up (or why none: ``smaller``, the
-    smaller meshes the evaluator refused; ``varied``: pp was varied too) and alternative."""
+    smaller meshes the evaluator refused; ``varied``: pp was varied too) and alternative.
+    ``old_infeasible``: why the plan before the loss does not run (its ``infeasible:`` reason);
+    then no throughput is lost against it, and the line says so instead of a percentage."""
     notes = []
     if top.step_s is not None and top.tokens_per_s is not None and top.peak_bytes is not None:
         line = (f"planned step {top.step_s:.2f} s, {top.tokens_per_s:,.0f} tokens/s, memory peak "
                 f"{top.peak_bytes / 2 ** 30:.1f} GiB")
-        if old_step:
+        if old_infeasible:
+            line += f" (the {world}-GPU plan does not run, {old_infeasible}: no throughput to lose against it)"
+        elif old_step:
             lost = 1 - top.tokens_per_s / old_step[1]
             words = f"{lost:.1%} of the throughput lost" if lost >= 0 else f"{-lost:.1%} more throughput"
             line += (f": {words} (the {world}-GPU plan: "
                      f"step {old_step[0]:.2f} s, {old_step[1]:,.0f} tokens/s)")
         notes.append(line)
-        if old_step and top.tokens_per_s > old_step[1]:
+        if old_step and not old_infeasible and top.tokens_per_s > old_step[1]:
             notes.append(faster_text(top, world, old_step))
     alt = [p for p in ranked if not p.keeps_global_batch and p is not top]
     if left > top.gpus:

@@ -78,7 +78,8 @@ def test_reliability_labels_held_and_written_bytes_checked_by_hand(capsys):
               "--read-gbps", "10", "--restart-overhead-s", "300", "--json", "-"])
     doc = json.loads(capsys.readouterr().out)
     assert done.value.code == 0
-    assert doc["checkpoint"] == {"per_rank_bytes": held, "written_per_rank_bytes": written, "total_bytes": total}
+    assert doc["checkpoint"] == {"per_rank_bytes": held, "written_per_rank_bytes": written, "total_bytes": total,
+                                 "writer": "dcp"}
     with pytest.raises(SystemExit):
         main(["reliability", str(ex), "--cluster", "dgx-h100", "--nodes", "2", "--write-gbps", "10",
               "--read-gbps", "10", "--restart-overhead-s", "300", "--rank-gbps", "2"])

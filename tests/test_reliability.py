@@ -633,3 +633,73 @@ def test_restart_faster_than_the_full_plan_blames_the_original_mesh():
         "fewer GPUs by the batch contract: global batch 2048 / micro_batch 1 = 2048 micro-batches a step, so dp "
         "divides 2048 (at most 2048, 1 micro-batch each); dp 2048 takes 8192 GPUs, a larger dp changes the "
         "global batch")
+
+
+def _deepspeed_cli(capsys, seq_len):
+    from meshplan.cli import main
+    cfg = Path(__file__).resolve().parents[1] / "examples" / "deepspeed_zero2_16xh100.json"
+    with pytest.raises(SystemExit) as done:
+        main(["reliability", str(cfg), "--model", "llama3-8b", "--cluster", "dgx-h100", "--nodes", "2", "--seq-len",
+              str(seq_len), "--write-gbps", "100", "--read-gbps", "200", "--restart-overhead-s", "600",
+              "--rank-gbps", "2"])
+    out = capsys.readouterr()
+    return done.value.code or 0, out.out, out.err
+
+
+def test_deepspeed_restart_varies_the_data_axis_only_and_writes_as_deepspeed(capsys):
+    """Newcomer trial 7 (issue 11): the DeepSpeed ZeRO-2 example (Llama 3 8B, dp 16) restarted on
+    dp 4 x tp 2, which a DeepSpeed config cannot run (its import keeps tp = [1]); and the busiest
+    rank's write was DCP's balanced share, 7.026 GB. DeepSpeed's save_checkpoint (engine.py@edaa722)
+    has data-parallel rank 0 write the whole bf16 module, 2 B x 8.03e9 = 16.06 GB, and its ZeRO-2
+    optimizer partition, 12 B x 8.03e9 / 16 = 6.02 GB: 22.083 GB, 11.04 s at 2 GB/s (was 3.51 s).
+    At seq 8192 the 16-GPU plan itself does not fit (71.5 GiB) and no dp of 8 GPUs does: one line."""
+    rc, out, err = _deepspeed_cli(capsys, 8192)
+    assert rc == 1 and err.splitlines()[-1].startswith("infeasible: peak 71.5 GiB")
+    assert ("DeepSpeed: the busiest rank (data-parallel rank 0) writes 22.083 GB, the whole module state_dict "
+            "(model_states.pt) and its zero_pp_rank optimizer partition, and reads back 22.083 GB, all it holds; at "
+            "2 GB/s per rank: write 11.04 s, read 11.04 s") in out
+    assert "DCP" not in out and "write 11.0 s, read 11.0 s" in out
+    restart = next(line for line in out.splitlines() if line.startswith("restart:"))
+    assert restart.startswith("restart: world 16 -> 8: no mesh to restart on (dp 8 (8 GPUs): peak 78.0 GiB")
+    assert "tp" not in restart
+    rc, out, err = _deepspeed_cli(capsys, 4096)  # the plan fits: dp 16 -> dp 8, the data axis alone
+    assert rc == 0 and "infeasible" not in err
+    assert "restart: world 16 -> 8; mesh dp 16 -> dp 8 (changed: dp)\n" in out
+    assert "of the throughput lost (the 16-GPU plan: step 5.80 s" in out
+
+
+def test_deepspeed_engine_rules_keep_tp_cp_and_pp_where_the_engine_refuses_it():
+    """Under DeepSpeed tp and cp are kept; pp varies only where its pipeline engine runs pp 2:
+    ZeRO-1 without overlap_comm under 1F1B, not ZeRO-2 (pipe/engine.py refuses it), not ZeRO-3,
+    not overlap_comm; DCP keeps the degree rule's tp choices."""
+    from types import SimpleNamespace as N
+    from meshplan.restart import engine_rules
+    plan = _example_plan("seed-64gpu.toml")
+    pipe, deg = engine_rules(plan)
+    assert pipe is not None and len(deg.pairs) > 1  # DCP: tp and cp varied
+    mesh = _mesh(["dp_shard", "tp"], [8, 2])
+    for kw, runs_pp in [({"sharding": "zero1", "zero12_engine": "deepspeed"}, True),
+                        ({"sharding": "zero1", "zero12_engine": "deepspeed", "overlap_comm": True}, False),
+                        ({"sharding": "zero2", "zero12_engine": "deepspeed"}, False),
+                        ({"sharding": "zero3", "zero3_engine": "deepspeed"}, False),
+                        ({"sharding": "zero3", "zero3_engine": "deepspeed-2021"}, False)]:
+        t = TrainingSpec(global_batch=64, seq_len=16, **kw)
+        fake = N(config=N(training=t, model=plan.config.model, mesh=N(pp_layer_split=None)), mesh=mesh,
+                 spec=N(pp_schedule="1f1b"), vpp=1, pp=1)
+        pipe, deg = engine_rules(fake)
+        assert (pipe is not None, deg.pairs) == (runs_pp, ((2, 1),)), kw
+
+
+def test_restart_against_an_infeasible_plan_says_so():
+    """When the plan before the loss does not fit, the restart line names why instead of a
+    throughput lost against it (issue 11, trial 7: '54.1% lost' against a 71.5 GiB plan)."""
+    from meshplan.restart import Proposal
+    from meshplan.restart_text import result_notes
+    top = Proposal(("dp_shard",), (8,), 1, 1, 8, 8, 1, 256, 32, step_s=11.52, tokens_per_s=91029.0,
+                   peak_bytes=54.5 * 2 ** 30)
+    why = "infeasible: peak 71.5 GiB at backward of the head (micro-batch 0) on stage 0 > 67.1 GiB usable"
+    notes = result_notes(top, [top], [], 16, 8, _mesh(["dp_shard"], [16]), 8, (13.01, 161220.0), old_infeasible=why)
+    assert notes[0] == ("planned step 11.52 s, 91,029 tokens/s, memory peak 54.5 GiB (the 16-GPU plan does not run, "
+                        f"{why}: no throughput to lose against it)")
+    notes = result_notes(top, [top], [], 16, 8, _mesh(["dp_shard"], [16]), 8, (13.01, 161220.0))
+    assert notes[0].endswith(": 43.5% of the throughput lost (the 16-GPU plan: step 13.01 s, 161,220 tokens/s)")
