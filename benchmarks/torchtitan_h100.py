@@ -404,7 +404,7 @@ def itemise(r: Row, folder: Path, node: str = NODE) -> list[str]:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))  # the whole first paragraph
     ap.add_argument("--write", help="keep the rows' torchtitan TOMLs in this folder")
     ap.add_argument("--only", help="rows whose id starts with this")
     ap.add_argument("--itemise", metavar="ID", help="the step of the rows whose id starts with ID by kind of kernel")

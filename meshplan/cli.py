@@ -99,7 +99,7 @@ from meshplan.report.json_out import plan_to_dict
 from meshplan.report.memory import print_memory
 from meshplan.report.memory_plot import write_png
 from meshplan.report.place_text import launch_lines, place_lines
-from meshplan.report.search import ProgressBar, print_search, search_to_dict
+from meshplan.report.search import ProgressBar, infeasible_line, print_search, search_to_dict
 from meshplan.report.text import print_groups, print_plan
 from meshplan.runtime.bench.comm import parse_sizes, run_bench
 from meshplan.runtime.testbed.netns import main_down, main_up
@@ -648,7 +648,8 @@ def reliability(config: Path = typer.Argument(..., help=CONFIG_HELP),
         _write_doc(json_path, envelope("reliability", p), force)
         _exit_infeasible(p)
     if lost_nodes > p.config.cluster.nodes:
-        raise ConfigError("--lost-nodes", f"{lost_nodes} is more than the cluster's {p.config.cluster.nodes} nodes")
+        nodes = p.config.cluster.nodes
+        raise ConfigError("--lost-nodes", f"{lost_nodes} is more than the cluster's {nodes} node{'s' * (nodes != 1)}")
     r = rel(p, write_bandwidth_bytes_per_s=write_gbps * 1e9, read_bandwidth_bytes_per_s=read_gbps * 1e9,
             restart_overhead_s=restart_overhead_s,
             per_rank_bandwidth_bytes_per_s=rank_gbps * 1e9 if rank_gbps else None)
@@ -817,6 +818,8 @@ def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshpl
     if html_path:
         _wrote(write_output(html_path, search_page(result, config.name, _cal_note(cal)), force,
                             '--html'))
+    if not result.top:  # the verdict on stderr as every command's exit 1 (EXIT_CODES), after the report on stdout
+        _echo(f"infeasible: {infeasible_line(result)}", err=True)
     raise typer.Exit(0 if result.top else 1)
 
 
@@ -851,8 +854,8 @@ def _step_s(cfg) -> Optional[float]:
 def import_cmd(fmt: str = typer.Argument(..., metavar="FORMAT", help="torchtitan, megatron or deepspeed (auto: "
                                          "detect)"),
                source: Path = typer.Argument(..., metavar="FILE", help="the foreign config"),
-               out: Optional[Path] = typer.Option(None, "-o", "--out", help="meshplan TOML to write (default, "
-                                                  "or -: print it)"),
+               out: Optional[Path] = typer.Option(None, "-o", "--out", help="meshplan TOML to write (omitted "
+                                                  "or -: print it to stdout)"),
                force: bool = typer.Option(False, "--force", help="replace existing -o and --json files"),
                json_path: Optional[Path] = _json_option("import"),
                cluster: ClusterOpt = None,

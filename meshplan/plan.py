@@ -35,6 +35,7 @@ from meshplan.mesh.layers import last_stage
 from meshplan.mesh.layout import check_partition
 from meshplan.mesh.resolve import Mesh, resolve_mesh
 from meshplan.spec.axes.dp import micro_batches
+from meshplan.spec.axes.ep import megatron_sp_reason
 from meshplan.mesh.validity import check
 from meshplan.pipeline.registry import check_chunks, check_framework
 from meshplan.pipeline.registry import get as get_schedule
@@ -277,6 +278,10 @@ def export_refusals(config: Config, to: str) -> tuple[str, ...]:
     (('interleaved 1F1B needs micro-batches (6) divisible by pp (4) (Megatron-LM)',), ())
     """
     target = EXPORT_FRAMEWORK.get(to)
+    if to == "megatron" and config.model.is_moe and config.mesh is not None and not config.mesh.sequence_parallel:
+        whole = _config_mesh(config)  # Megatron-LM's MoE with tp > 1 needs SP whatever config's framework
+        if whole is not None and whole.degree("tp") > 1:
+            return (megatron_sp_reason(whole.degree("tp"), whole.ep),)
     mesh = None if target in (None, config.training.framework) else _config_mesh(config)
     if mesh is None or config.mesh is None or target is None or mesh.degree("pp") == 1:
         return ()
@@ -447,8 +452,11 @@ def build_plan(config: Config, constraints: cons.Constraints | None = None, memo
                   "is its own forward and backward either way",)
     if m.is_moe:  # the capacity (or the dropless rows) every ep rank uses, with its arithmetic
         ro = RoutingOptions.of(t)
+        # the tp ranks split their tokens tp/etp ways before routing: a Megatron import's etp = tp
+        # (Megatron-LM's default) routes twice the tokens of a TOML's default etp 1 at tp 2
+        origin = f"{tokens} local tokens x etp {mesh.etp} / tp {tp}" if tp > 1 else ""
         notes += (routing(ro, max(1, tokens * mesh.etp // tp), m.top_k, m.experts, mesh.ep).describe(
-            ro, m.top_k, m.experts, mesh.ep),)
+            ro, m.top_k, m.experts, mesh.ep, origin),)
     plan = Plan(config=config, spec=spec, world=world, reasons=(), notes=notes, derivation=mesh.derivation,
                 mesh=mesh, stages=v.stages, vpp=v.vpp, micro_batches=v.micro_batches, placement=placement,
                 flags=flags, gemms=shapes.gemms, attention=shapes.attention,

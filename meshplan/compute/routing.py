@@ -92,17 +92,20 @@ class Routing:
     dropped: int
     share: float
 
-    def describe(self, opts: RoutingOptions, top_k: int, experts: int, ep: int) -> str:
-        """One line with the arithmetic, for the plan's notes."""
+    def describe(self, opts: RoutingOptions, top_k: int, experts: int, ep: int, origin: str = "") -> str:
+        """One line with the arithmetic, for the plan's notes; ``origin``: how T follows from the
+        mesh (e.g. ``4096 local tokens x etp 1 / tp 2``), written before T's value."""
+        t_is = f"T = {origin} = " if origin else "T = "
         bal = "balanced" if opts.hottest_share is None else f"hottest expert {self.share:.3g} of the copies"
         if self.capacity is None:
             load = (f"the expected load of uniform routing, T x top_k / ep = {self.copies / ep:g} rows per peer "
                     f"(the balanced case: a real router's counts vary per step)" if opts.hottest_share is None
                     else f"the busiest ep rank receives {self.recv_rows} rows (hottest expert {self.hot_expert_rows})")
-            return (f"MoE dropless ({bal}): tokens per rank T = {self.tokens}, copies T x top_k {top_k} = "
+            return (f"MoE dropless ({bal}): tokens per rank {t_is}{self.tokens}, copies T x top_k {top_k} = "
                     f"{self.copies}; all-to-alls sized by {load}; per-expert counts exchanged before each "
                     f"dispatch ({experts} int64 per rank, timed before it)")
-        return (f"MoE capacity = ceil({opts.capacity_factor:g} x T {self.tokens} x top_k {top_k} / experts "
+        return ((f"MoE tokens per rank {t_is}{self.tokens}; " if origin else "")
+                + f"MoE capacity = ceil({opts.capacity_factor:g} x T {self.tokens} x top_k {top_k} / experts "
                 f"{experts}) = {self.capacity} copies per expert, the same on every ep rank (static shape); "
                 f"dispatch buffer {experts} x {self.capacity} = {self.send_rows} rows, {ep * self.capacity} per "
                 f"local expert; {bal}: {self.dropped} copies dropped per rank per layer")

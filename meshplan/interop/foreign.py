@@ -104,9 +104,10 @@ def load_any(path, fmt: str | None = None, opts: ImportOptions = ImportOptions()
             raise ConfigError(f"--{given[0].replace('_', '-')}", "only for a foreign config; a meshplan TOML says "
                               "its model, cluster and training itself")
         return load_config(p, require_mesh=require_mesh)
-    if not foreign:
+    if not foreign:  # a DeepSpeed JSON names neither the model nor the sequence length (import refuses without them)
+        extra = " --model M --seq-len S" if fmt == "deepspeed" else ""
         raise ConfigError("config", f"{p} is a {fmt} config; this command reads meshplan TOML: run meshplan import "
-                          f"{fmt} {p} --cluster NODE --nodes N -o plan.toml first (plan, report, groups, memory, step, "
+                          f"{fmt} {p} --cluster NODE --nodes N{extra} -o plan.toml first (plan, report, groups, memory, step, "
                           f"reliability, search and export read it directly)")
     imp = read_foreign(p, fmt, opts)
     cfg = config_from_dict(imp.tables, base=p.parent, path=str(p), require_mesh=require_mesh)

@@ -212,6 +212,8 @@ def world_error(spec: MeshSpec, world: int, gpus_per_node: int = 0) -> ConfigErr
     mesh.shape: dp_shard 8 x cp 8 = 64 ranks, but the cluster has 8 GPUs; fix: shape [1, 8] (dp_shard = 8 / cp 8 = 1; or -1 there to infer it), or cluster.nodes = 8 (64 GPUs)
     >>> print(world_error(MeshSpec(names=["dp", "tp", "pp"], shape=[-1, 2, 3]), 8, 8))
     mesh.shape: dp = -1 cannot be inferred: tp 2 x pp 3 = 6 does not divide the cluster's 8 GPUs; fix: pp 1, 2 or 4 (a divisor of 8 / tp 2), or cluster.nodes = 3 (24 GPUs)
+    >>> print(world_error(MeshSpec(names=["dp", "pp", "tp"], shape=[-1, 1, 16]), 8, 8))
+    mesh.shape: dp = -1 cannot be inferred: tp 16 does not divide the cluster's 8 GPUs; fix: tp 1, 2, 4 or 8 (a divisor of 8), or cluster.nodes = 2 (16 GPUs)
     >>> world_error(MeshSpec(names=["dp_shard", "tp"], shape=[-1, 2]), 8, 8) is None
     True
     """
@@ -229,10 +231,12 @@ def world_error(spec: MeshSpec, world: int, gpus_per_node: int = 0) -> ConfigErr
                                                        + _world_fix(spec, pairs, world, known, gpus_per_node))
     if world % known == 0:
         return None
+    given = [(n, d) for n, d in given if d > 1]  # "tp 16", not "pp 1 x tp 16 = 16" (a degree 1 divides anything)
+    expr = " x ".join(f"{n} {d}" for n, d in given)
     fixes = []
     for n, d in given:
         rest = known // d
-        if d > 1 and world % rest == 0:
+        if world % rest == 0:
             ok = [k for k in range(1, world // rest + 1) if (world // rest) % k == 0]
             others = "".join(f" x {m} {e}" for m, e in given if m != n)[3:]
             fixes.append(f"{n} {_alternatives(ok)} (a divisor of {world}{f' / {others}' if others else ''})")

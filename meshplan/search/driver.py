@@ -276,10 +276,11 @@ def _settings_notes(cfg: Config, c: Candidates) -> list[str]:
         out.append(f"[memory] fsdp_reduce {cfg.memory.fsdp_reduce!r} is not searched: each candidate reduces as its "
                    "pp and grad_accumulation say (after the last micro-batch with pp > 1, as "
                    "torch.distributed.pipelining does)")
+    hsdp = ", hsdp candidates with FSDP2" if (c.sh == SHARDING.index("hsdp")).any() else ""  # only what is searched
     if t.zero3_engine == "deepspeed" and not (c.sh == SHARDING.index("zero3")).all():
         out.append("training.zero3_engine 'deepspeed' applies to zero3 candidates with pp 1; zero1 and zero2 "
                    "candidates are planned with DeepSpeed's ZeRO-1/2 (zero12_engine 'deepspeed': the same runtime at "
-                   "another zero_optimization.stage), hsdp candidates with FSDP2")
+                   "another zero_optimization.stage)" + hsdp)
     elif t.zero3_engine != "fsdp2" and not (c.sh == SHARDING.index("zero3")).all():
         out.append(f"training.zero3_engine {t.zero3_engine!r} applies to zero3 candidates with pp 1; zero1 and hsdp "
                    "candidates are planned with FSDP2")
@@ -287,12 +288,12 @@ def _settings_notes(cfg: Config, c: Candidates) -> list[str]:
         out.append("training.zero0_engine 'deepspeed' (DeepSpeed without ZeRO, stage 0) is not a search row: the "
                    "search has no unsharded candidate (meshplan plan plans it); zero1 and zero2 candidates are planned "
                    "with DeepSpeed's ZeRO-1/2 and zero3 with its ZeRO-3 (zero_optimization.stage 1, 2, 3 of the same "
-                   "runtime), hsdp candidates with FSDP2")
+                   "runtime)" + hsdp)
     if t.zero12_engine != "megatron" and not np.isin(c.sh, ZERO12).all():
         out.append(f"training.zero12_engine {t.zero12_engine!r} applies to zero1 and zero2 candidates (DeepSpeed's "
                    "ZeRO-1 and ZeRO-2: bucket all-reduces, ranked by the Megatron-style estimate, planned exactly as "
                    "DeepSpeed runs them); zero3 candidates are planned with DeepSpeed's ZeRO-3 (zero3_engine "
-                   "'deepspeed', pp 1), hsdp candidates with FSDP2")
+                   "'deepspeed', pp 1)" + hsdp)
     if "zero1" in cfg.search.sharding and zero1_refused(t) and (c.sh == SHARDING.index("zero1")).any():
         out.append("zero1 is rejected under training.framework \"torch\" (rule 'framework'): torch and torchtitan "
                    "have no engine that shards the optimizer state alone; set training.zero12_engine = \"deepspeed\" "

@@ -102,6 +102,29 @@ def _token_split(t, d) -> tuple[str, ...]:
     return ()
 
 
+def _megatron_sp_bad(m, t, d):
+    """Megatron-LM trains an MoE model with tp > 1 only under sequence parallelism: MoELayer.forward
+    raises ``ValueError`` when training with an attention tp group > 1 and ``sequence_parallel``
+    off (``megatron/core/transformer/moe/moe_layer.py``:636-640 at NVIDIA/Megatron-LM d98e8a6; the
+    YAML argument path asserts the same, ``megatron/training/yaml_arguments.py``:335-338, and
+    ``ModelParallelConfig.__post_init__`` warns for ep > 1 with tp > 1,
+    ``megatron/core/model_parallel_config.py``:560-565). The search's candidates run sequence
+    parallel wherever tp > 1 (``Candidates.sp``), so only a given mesh breaks it."""
+    return m.is_moe & (t.framework == "megatron") & (d.tp > 1) & (d.sp == 0)
+
+
+def megatron_sp_reason(tp: int, ep: int) -> str:
+    """The reason (with its fix) of the ``megatron_moe_sp`` rule, which ``export --to megatron``
+    gives too (:func:`meshplan.plan.export_refusals`)."""
+    return (f"framework megatron: MoE with tp {tp} (ep {ep}) needs sequence parallelism (Megatron-LM's MoELayer "
+            "raises ValueError in training without it); fix: set [mesh] sequence_parallel = true "
+            "(--sequence-parallel)")
+
+
+def _megatron_sp(m, t, d):
+    return ((megatron_sp_reason(d.tp, d.ep),) if _megatron_sp_bad(m, t, d) else ()), ()
+
+
 def _etp_bad(m, t, d):
     return (m.moe_ffn % d.etp != 0) & m.is_moe
 
@@ -118,7 +141,9 @@ EP = AxisDef(
                 where="meshplan.mesh.resolve.resolve_mesh (the expert mesh)"),
            Rule("experts", 60, "experts not divisible by ep", _experts_bad, _experts),
            Rule("expert_dim1", 65, "experts on dim 1 (efsdp x ep > experts) not divisible by efsdp",
-                _uneven_dim1_bad, _uneven_dim1)),
+                _uneven_dim1_bad, _uneven_dim1),
+           Rule("megatron_moe_sp", 67, "framework megatron: MoE with tp > 1 without sequence parallelism",
+                _megatron_sp_bad, _megatron_sp)),
     divides=(Dim.EXPERTS,),
     shards=("routed experts' parameters, gradients, optimizer state (with efsdp)",),
     collectives=(CollectiveKind("all-to-all", "ep", "forward", "dispatch and combine: routed tokens x h"),
