@@ -10,13 +10,15 @@ from dataclasses import dataclass, replace
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 
+from meshplan.comm import deepspeed_zero12
 from meshplan.errors import ConfigError
 from meshplan.memory.constraints import usable_bytes
 from meshplan.memory.state import most_loaded, state_bytes
 from meshplan.mesh.layers import ends_short_split, restart_splits, stage_layers
 from meshplan.mesh.resolve import resolved_mesh
 from meshplan.pipeline.registry import get as get_schedule
-from meshplan.plan import Infeasible, build_plan
+from meshplan.plan import Infeasible, _check_deepspeed_zero3, build_plan
+from meshplan.restart_text import checkpoint_engine
 from meshplan.spec.axes.base import AxisDegrees
 from meshplan.spec.axes.cp import CP
 from meshplan.spec.axes.tp import TP, max_tp, tp_misfit
@@ -103,7 +105,6 @@ def engine_rules(plan) -> tuple[Optional[PipelineRule], DegreeRule]:
     :data:`meshplan.interop.deepspeed.SEARCH`; a TOML's tp under DeepSpeed is the model code's, cp
     is refused by both engines), and pp varies only where the engine runs a pipeline at all
     (:func:`engine_runs_pp`); else :func:`pipeline_rule` and :func:`degree_rule`."""
-    from meshplan.restart_text import checkpoint_engine
     if checkpoint_engine(plan.config.training) != "deepspeed":
         return pipeline_rule(plan), degree_rule(plan)
     pairs = ((plan.mesh.degree("tp"), plan.mesh.degree("cp")),)
@@ -116,8 +117,6 @@ def engine_runs_pp(plan) -> bool:
     DeepSpeed's ZeRO-1/2 (:func:`meshplan.comm.deepspeed_zero12.check_mesh`: its pipeline engine
     refuses ZeRO-2, overlap_comm and schedules other than 1F1B) and its ZeRO-3
     (:func:`meshplan.plan._check_deepspeed_zero3`: pp refused)."""
-    from meshplan.comm import deepspeed_zero12
-    from meshplan.plan import _check_deepspeed_zero3
     t = plan.config.training
     at_pp2 = lambda axis: 2 if axis == "pp" else plan.mesh.degree(axis)
     try:
