@@ -336,7 +336,7 @@ DEEPSPEED_2021_AXES = {
 }
 
 
-def _check_deepspeed_zero3(mesh, engine: str) -> None:
+def check_deepspeed_zero3(mesh, engine: str) -> None:
     """ConfigError on the first axis DeepSpeed's ZeRO-3 ``engine`` cannot run beside with degree
     > 1: :data:`DEEPSPEED_2021_AXES` for ``deepspeed-2021``; pp and cp for ``deepspeed`` (its
     pipeline engine refuses ZeRO-3; meshplan's cp is all-gather CP, which DeepSpeed does not run)."""
@@ -402,7 +402,7 @@ def build_plan(config: Config, constraints: cons.Constraints | None = None, memo
     if not isinstance(mesh, resolve.Infeasible):  # an explicit [memory] fsdp_reduce must state the table's rule
         config.memory.fsdp_reduce_for(t, mesh.degree("pp"))
     if t.zero3_engine != "fsdp2" and not isinstance(mesh, resolve.Infeasible):
-        _check_deepspeed_zero3(mesh, t.zero3_engine)
+        check_deepspeed_zero3(mesh, t.zero3_engine)
         if not t.reshard_after_forward:  # a search candidate's (TrainingSpec refuses it in a config)
             raise ConfigError("training.reshard_after_forward", f"false is FSDP2's; zero3_engine "
                               f"{t.zero3_engine!r} gathers every parameter again in backward: remove it")
