@@ -152,6 +152,10 @@ NodesOpt = Annotated[Optional[int], typer.Option("--nodes", help=NODES_HELP)]
 GpuOpt = Annotated[Optional[str], typer.Option("--gpu", help=GPU_HELP)]
 ModelOpt = Annotated[Optional[str], typer.Option("--model", help=MODEL_HELP)]
 SeqLenOpt = Annotated[Optional[int], typer.Option("--seq-len", help=SEQ_HELP)]
+MicroBatchOpt = Annotated[Optional[int], typer.Option("--micro-batch", help=(
+    "a DeepSpeed JSON's \"auto\" train_micro_batch_size_per_gpu: the HF Trainer's --per_device_train_batch_size"))]
+GradAccumOpt = Annotated[Optional[int], typer.Option("--grad-accum", help=(
+    "a DeepSpeed JSON's \"auto\" gradient_accumulation_steps: the HF Trainer's --gradient_accumulation_steps"))]
 CALIBRATION_HELP = ("calibration TOML (meshplan calibrate or bench comm): its alpha-beta fit per link class replaces "
                     "the cluster's link bandwidths and latencies; a header line names the file, its GPU and those bandwidths, "
                     "and a warning line a GPU that is not the cluster's")
@@ -159,8 +163,9 @@ CALIBRATION_HELP = ("calibration TOML (meshplan calibrate or bench comm): its al
 CalibrationOpt = Annotated[Optional[Path], typer.Option("--calibration", help=CALIBRATION_HELP)]
 
 
-def _opts(cluster, nodes, gpu, model, seq_len) -> ImportOptions:
-    return ImportOptions(cluster=cluster, nodes=nodes, gpu=gpu, model=model, seq_len=seq_len)
+def _opts(cluster, nodes, gpu, model, seq_len, micro_batch=None, grad_accum=None) -> ImportOptions:
+    return ImportOptions(cluster=cluster, nodes=nodes, gpu=gpu, model=model, seq_len=seq_len,
+                         micro_batch=micro_batch, grad_accum=grad_accum)
 
 
 
@@ -382,13 +387,15 @@ def plan(config: Path = typer.Argument(..., help=CONFIG_HELP),
          nodes: NodesOpt = None,
          gpu: GpuOpt = None,
          model: ModelOpt = None,
-         seq_len: SeqLenOpt = None):
+         seq_len: SeqLenOpt = None,
+         micro_batch: MicroBatchOpt = None,
+         grad_accum: GradAccumOpt = None):
     """Plan one mesh: constraints, degrees, groups, placement, shapes, memory, collectives. CONFIG may be a
     torchtitan job TOML, Megatron-LM arguments or a DeepSpeed JSON (the cluster from --cluster/--nodes)."""
 
     _refuse_existing(json_path, force, "--json")  # refused before the work and the report, as compare --out
     _refuse_existing(html_path, force, "--html")
-    p = _load(config, topology, calibration, fmt, _opts(cluster, nodes, gpu, model, seq_len))
+    p = _load(config, topology, calibration, fmt, _opts(cluster, nodes, gpu, model, seq_len, micro_batch, grad_accum))
     if p.mesh is not None:
         _check_rank(p, rank)
     cal = _calibration(calibration, p.config.cluster)
@@ -411,7 +418,9 @@ def report(config: Path = typer.Argument(..., help=CONFIG_HELP),
            nodes: NodesOpt = None,
            gpu: GpuOpt = None,
            model: ModelOpt = None,
-           seq_len: SeqLenOpt = None):
+           seq_len: SeqLenOpt = None,
+           micro_batch: MicroBatchOpt = None,
+           grad_accum: GradAccumOpt = None):
     """One self-contained HTML page of the plan: verdict, input, groups, shapes, memory timeline plot, collective
     table, step time with the pipeline Gantt chart and link-load bars. A mesh that does not fit is still reported,
     then exits 1 with its reasons."""
@@ -419,7 +428,7 @@ def report(config: Path = typer.Argument(..., help=CONFIG_HELP),
     path = out or Path("out") / "report" / (config.stem + ".html")  # defaults go under out/ (README "Outputs")
     _refuse_existing(path, force, "--out")
     _refuse_existing(json_path, force, "--json")
-    p = _load(config, fmt=fmt, opts=_opts(cluster, nodes, gpu, model, seq_len))
+    p = _load(config, fmt=fmt, opts=_opts(cluster, nodes, gpu, model, seq_len, micro_batch, grad_accum))
     _write_plan_html(p, path, config.name, force, "--out")
     _write_doc(json_path, report_doc(p, _written([path])), force)
     _verdict_exit(p)
@@ -435,13 +444,15 @@ def groups(config: Path = typer.Argument(..., help=CONFIG_HELP),
            nodes: NodesOpt = None,
            gpu: GpuOpt = None,
            model: ModelOpt = None,
-           seq_len: SeqLenOpt = None):
+           seq_len: SeqLenOpt = None,
+           micro_batch: MicroBatchOpt = None,
+           grad_accum: GradAccumOpt = None):
     """Print what RANK would print at start-up: its coordinates and every group's ranks, the data axis named as
     the plan's mesh line names it (dp, or dp_shard where the parameters are sharded over it; --json keeps the
     config's names). A mesh that does not fit is still printed, then exits 1 with its reasons."""
 
     _refuse_existing(json_path, force, "--json")
-    p = _load(config, fmt=fmt, opts=_opts(cluster, nodes, gpu, model, seq_len))
+    p = _load(config, fmt=fmt, opts=_opts(cluster, nodes, gpu, model, seq_len, micro_batch, grad_accum))
     if p.mesh is None:
         _write_doc(json_path, groups_doc(p, rank), force)
         _exit_infeasible(p)
@@ -463,14 +474,16 @@ def memory(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshplan T
            nodes: NodesOpt = None,
            gpu: GpuOpt = None,
            model: ModelOpt = None,
-           seq_len: SeqLenOpt = None):
+           seq_len: SeqLenOpt = None,
+           micro_batch: MicroBatchOpt = None,
+           grad_accum: GradAccumOpt = None):
     """Memory timeline of one training step: peak, headroom, events by kind, and a PNG per stage shown."""
 
     check_destination(out, "--out", force=True, folder=True)  # a writable folder before the work
     for old in _memory_plots(out, config.stem):  # before the work: which stage is plotted is known after it
         check_destination(old, "--out", force)
     _refuse_existing(json_path, force, "--json")
-    p = _load(config, fmt=fmt, opts=_opts(cluster, nodes, gpu, model, seq_len))
+    p = _load(config, fmt=fmt, opts=_opts(cluster, nodes, gpu, model, seq_len, micro_batch, grad_accum))
     if isinstance(p, Infeasible):
         _write_doc(json_path, envelope("memory", p, stages=[], persistent_bytes={}, pngs=[]), force)
         _exit_infeasible(p)
@@ -516,7 +529,9 @@ def step(config: Path = typer.Argument(..., help=CONFIG_HELP),
          nodes: NodesOpt = None,
          gpu: GpuOpt = None,
          model: ModelOpt = None,
-         seq_len: SeqLenOpt = None):
+         seq_len: SeqLenOpt = None,
+         micro_batch: MicroBatchOpt = None,
+         grad_accum: GradAccumOpt = None):
     """Scheduled rank timeline: step time and its parts on the critical stage (compute + bubble + exposed
     communication), critical path, exposed communication, bubble (FSDP waits apart under pp), MFU; how much of the
     critical stage's bubble waits for communication another stage exposes (an MoE's ep all-to-alls behind a dense
@@ -529,7 +544,7 @@ def step(config: Path = typer.Argument(..., help=CONFIG_HELP),
     if trace:
         check_destination(trace, "--trace", force)
     _refuse_existing(json_path, force, "--json")
-    p = _load(config, calibration=calibration, fmt=fmt, opts=_opts(cluster, nodes, gpu, model, seq_len))
+    p = _load(config, calibration=calibration, fmt=fmt, opts=_opts(cluster, nodes, gpu, model, seq_len, micro_batch, grad_accum))
     cal = _calibration(calibration, p.config.cluster)
     if isinstance(p, Infeasible):
         _write_doc(json_path, _calibrated(envelope("step", p, step_s=None), cal), force)
@@ -630,7 +645,9 @@ def reliability(config: Path = typer.Argument(..., help=CONFIG_HELP),
                 nodes: NodesOpt = None,
                 gpu: GpuOpt = None,
                 model: ModelOpt = None,
-                seq_len: SeqLenOpt = None):
+                seq_len: SeqLenOpt = None,
+                micro_batch: MicroBatchOpt = None,
+                grad_accum: GradAccumOpt = None):
     """Failure domains, interruptions per day, checkpoint size and interval, goodput, restart."""
 
     for name, v in (("--write-gbps", write_gbps), ("--read-gbps", read_gbps)) + ((("--rank-gbps", rank_gbps),)
@@ -643,7 +660,7 @@ def reliability(config: Path = typer.Argument(..., help=CONFIG_HELP),
     check_number("--lost-nodes", lost_nodes, 0, 10 ** 7, "nodes")
     check_number("--spare-nodes", spare_nodes, 0, 10 ** 7, "nodes")
     _refuse_existing(json_path, force, "--json")
-    p = _load(config, fmt=fmt, opts=_opts(cluster, nodes, gpu, model, seq_len))
+    p = _load(config, fmt=fmt, opts=_opts(cluster, nodes, gpu, model, seq_len, micro_batch, grad_accum))
     if isinstance(p, Infeasible):
         _write_doc(json_path, envelope("reliability", p), force)
         _exit_infeasible(p)
@@ -748,7 +765,9 @@ def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshpl
                nodes: NodesOpt = None,
                gpu: GpuOpt = None,
                model: ModelOpt = None,
-               seq_len: SeqLenOpt = None):
+               seq_len: SeqLenOpt = None,
+               micro_batch: MicroBatchOpt = None,
+               grad_accum: GradAccumOpt = None):
     """Search every mesh of the workload: reject with reasons, rank by predicted step time. Exit 0 when some
     candidate fits, 1 when none does (then one line instead of the table names the rules that rejected the
     most candidates, their counts, and a fix).
@@ -787,7 +806,7 @@ def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshpl
         if to not in FORMATS:
             raise ConfigError("--to", f"{to!r}; use {', '.join(FORMATS)}")
         _refuse_existing(out, force, "-o")
-    cfg = load_any(config, fmt, _opts(cluster, nodes, gpu, model, seq_len), require_mesh=False)
+    cfg = load_any(config, fmt, _opts(cluster, nodes, gpu, model, seq_len, micro_batch, grad_accum), require_mesh=False)
     _notes(cfg)
     cfg = _measured_cluster(cfg, calibration=calibration)
     if top is not None:
@@ -862,7 +881,9 @@ def import_cmd(fmt: str = typer.Argument(..., metavar="FORMAT", help="torchtitan
                nodes: NodesOpt = None,
                gpu: GpuOpt = None,
                model: ModelOpt = None,
-               seq_len: SeqLenOpt = None):
+               seq_len: SeqLenOpt = None,
+               micro_batch: MicroBatchOpt = None,
+               grad_accum: GradAccumOpt = None):
     """Read a torchtitan job TOML, Megatron-LM arguments (file or launch script) or DeepSpeed JSON and write the
     meshplan TOML. The fields meshplan does not use are listed by name (in the output and its header); what
     the file does not say (the cluster; a DeepSpeed config's model and sequence length) comes from the
@@ -873,7 +894,7 @@ def import_cmd(fmt: str = typer.Argument(..., metavar="FORMAT", help="torchtitan
     file = out if isinstance(out, Path) else None  # None: printed (no -o, or -o -)
     _refuse_existing(file, force, "-o")
     _refuse_existing(json_path, force, "--json")
-    text, imp = import_text(source, None if fmt == "auto" else fmt, _opts(cluster, nodes, gpu, model, seq_len))
+    text, imp = import_text(source, None if fmt == "auto" else fmt, _opts(cluster, nodes, gpu, model, seq_len, micro_batch, grad_accum))
     if isinstance(out, _Stdout):
         out.stream.write(text)
         out.stream.flush()
@@ -898,7 +919,9 @@ def export_cmd(config: Path = typer.Argument(..., help="the plan's " + CONFIG_HE
                nodes: NodesOpt = None,
                gpu: GpuOpt = None,
                model: ModelOpt = None,
-               seq_len: SeqLenOpt = None):
+               seq_len: SeqLenOpt = None,
+               micro_batch: MicroBatchOpt = None,
+               grad_accum: GradAccumOpt = None):
     """Write a plan's config as a meshplan TOML (its layer split written out), a torchtitan job TOML,
     Megatron-LM arguments or a DeepSpeed config (ZeRO without TP/PP). Every meshplan field the target does not
     express is listed (re-imported and compared), with the step before and after when it differs, and what the
@@ -914,7 +937,7 @@ def export_cmd(config: Path = typer.Argument(..., help="the plan's " + CONFIG_HE
         raise ConfigError("--to", f"{to!r}; use {', '.join(FORMATS)}")
     _refuse_existing(out, force, "-o")
     _refuse_existing(json_path, force, "--json")
-    cfg = load_any(config, fmt, _opts(cluster, nodes, gpu, model, seq_len))
+    cfg = load_any(config, fmt, _opts(cluster, nodes, gpu, model, seq_len, micro_batch, grad_accum))
     _notes(cfg)
     header = _write_export(cfg, to, out, str(config), force, user_source(config, fmt))
     _write_doc(json_path, export_doc(str(config), to, header, _written([] if isinstance(out, _Stdout) else [out])),

@@ -407,10 +407,10 @@ def config_differences(a: Config, b: Config) -> Differences:
         knobs += [(f"mesh.{k}", ma[k], mb[k]) for k in ma if ma[k] != mb[k]]
     oa, ob = a.memory.model_dump(), b.memory.model_dump()
     work += [(f"memory.{k}", oa[k], ob[k]) for k in oa if k not in MEMORY_KNOBS and oa[k] != ob[k]]
-    # DeepSpeed's reduce_bucket_size as it acts (unset: its 5e8), as the training knobs above
-    oa["grad_bucket_elements"], ob["grad_bucket_elements"] = (a.memory.grad_bucket_acts(a.training),
-                                                              b.memory.grad_bucket_acts(b.training))
-    knobs += [(f"memory.{k}", oa[k], ob[k]) for k in MEMORY_KNOBS if oa[k] != ob[k]]
+    # as the training knobs above: as it acts (DeepSpeed's reduce_bucket_size unset: its 5e8; ZeRO-3's
+    # prefetch sizes unset: 5e7, 1e9) and only where it applies to both sides (MemoryOptions.knob_acts)
+    macts = [(k, a.memory.knob_acts(k, a.training), b.memory.knob_acts(k, b.training)) for k in MEMORY_KNOBS]
+    knobs += [(f"memory.{k}", x[1], y[1]) for k, x, y in macts if x[0] and y[0] and x[1] != y[1]]
     return Differences(tuple(work), tuple(knobs))
 
 

@@ -50,7 +50,7 @@ def test_config_argument_help_says_what_each_command_reads():
 # documented once for every command in README's "Output contracts" (--json, --force) and, for the
 # commands that read a foreign config (the plan row: torchtitan, Megatron-LM, DeepSpeed), "Foreign configs"
 SHARED = {"--help", "--json", "--force"}
-FOREIGN = {"--format", "--cluster", "--nodes", "--gpu", "--model", "--seq-len"}
+FOREIGN = {"--format", "--cluster", "--nodes", "--gpu", "--model", "--seq-len", "--micro-batch", "--grad-accum"}
 READS_FOREIGN = {"plan", "report", "groups", "memory", "step", "reliability", "search", "export"}
 
 

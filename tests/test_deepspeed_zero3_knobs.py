@@ -136,3 +136,15 @@ def test_stage3_search_bounds_its_zero1_zero2_rows_with_deepspeeds_zero12_bucket
         assert peak == state + grads + mb * per_mb == {1: 65_559_212_032, 2: 75_750_171_136}[mb]
         assert i not in r.exact or r.exact[i].peak_bytes == peak
         assert r.est.peak_lo[i] <= peak <= r.est.peak_hi[i]
+
+
+def test_compare_leaves_out_zero3_prefetch_knobs_on_a_zero2_side_and_counts_a_default_as_unset(tmp_path):
+    """Newcomer trial 7, issue 11: ZeRO-2 against ZeRO-3 with stage3_max_live_parameters 1e9 and
+    stage3_prefetch_bucket_size 2e7 on the ZeRO-3 side: only the sharding differs (the prefetch
+    knobs act only under DeepSpeed's ZeRO-3, MemoryOptions.knob_acts). Two ZeRO-3 sides, one with
+    1e9 (DeepSpeed's default) and 2e7, one unset: only the prefetch, 2e7 against the default 5e7."""
+    a = _load(tmp_path, 2, "a", overlap_comm=True)
+    b = _load(tmp_path, 3, "b", overlap_comm=True, stage3_max_live_parameters=1e9, stage3_prefetch_bucket_size=2e7)
+    c = _load(tmp_path, 3, "c", overlap_comm=True)
+    assert config_differences(a, b).knobs == (("training.sharding", "zero2", "zero3"),)
+    assert config_differences(b, c).knobs == (("memory.deepspeed_prefetch_elements", 20_000_000, 50_000_000),)

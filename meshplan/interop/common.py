@@ -32,17 +32,22 @@ class ImportOptions:
     ``nodes``: how many; ``gpu``: optional catalog GPU replacing the node's; ``model``: a
     catalog model name or a Hugging Face ``config.json`` path (overrides the file's model);
     ``seq_len``: tokens per sequence (DeepSpeed configs do not hold it; for the others it
-    replaces the file's, with a note). ``nodes`` and ``seq_len`` are checked here, their one
-    home: a ConfigError naming the option when not a whole number >= 1."""
+    replaces the file's, with a note); ``micro_batch``, ``grad_accum``: what the HF Trainer fills a
+    DeepSpeed JSON's batch ``"auto"`` with (:func:`meshplan.interop.deepspeed_auto.fill_batch`).
+    These numbers are checked here, their one home: a ConfigError naming the option when not a
+    whole number >= 1."""
 
     cluster: Optional[str] = None
     nodes: Optional[int] = None
     gpu: Optional[str] = None
     model: Optional[str] = None
     seq_len: Optional[int] = None
+    micro_batch: Optional[int] = None
+    grad_accum: Optional[int] = None
 
     def __post_init__(self) -> None:
-        for name, v in (("--nodes", self.nodes), ("--seq-len", self.seq_len)):
+        for name, v in (("--nodes", self.nodes), ("--seq-len", self.seq_len), ("--micro-batch", self.micro_batch),
+                        ("--grad-accum", self.grad_accum)):
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
                 raise ConfigError(name, f"{v} must be a whole number >= 1")
 

@@ -5,7 +5,9 @@ Key names from DeepSpeed's configuration reference (deepspeed.ai/docs/config-jso
 ``zero_optimization.stage``, ``bf16.enabled`` (or its old name ``bfloat16.enabled``),
 ``fp16.enabled``, ``gradient_clipping``). The batch rule is
 DeepSpeed's: ``train_batch_size = train_micro_batch_size_per_gpu * gradient_accumulation_steps
-* dp`` (any two give the third); ``"auto"`` values (the HF Trainer's) count as not given.
+* dp`` (any two give the third). ``"auto"`` values (the HF Trainer's) are read as the Trainer fills
+them (:mod:`meshplan.interop.deepspeed_auto`: the bucket sizes from the model's hidden size, the
+batch from ``--micro-batch`` / ``--grad-accum``), and written back on export.
 A DeepSpeed config names neither the model nor the sequence length nor the cluster: they
 come from ``--model``, ``--seq-len``, ``--cluster``/``--nodes``.
 
@@ -120,6 +122,7 @@ from meshplan.interop.common import (
     model_option,
     strip_keys,
 )
+from meshplan.interop.deepspeed_auto import fill_batch, fill_hidden, hidden_auto, hidden_of
 from meshplan.interop.tomlout import resolved
 from meshplan.spec.memory import DEEPSPEED_REDUCE_BUCKET_ELEMENTS
 from meshplan.spec.training import deepspeed_grad_dtype
@@ -214,6 +217,8 @@ def read(d: dict, opts: ImportOptions) -> Imported:
         raise ConfigError(typo[0], f"not a DeepSpeed key; did you mean {typo[1]}? (meshplan reads that one: "
                           f"misspelt, the setting would stay at its default)")
     _refuse_offload(d.get("zero_optimization", {}))
+    d, auto_line = fill_hidden(d, hidden_of(opts.model)) if hidden_auto(d) else (d, None)  # the HF Trainer's "auto"
+    d = fill_batch(d, opts.micro_batch, opts.grad_accum)
     cluster, world = cluster_table(opts, "DeepSpeed")
     stage = d.get("zero_optimization", {}).get("stage", 0)
     if stage not in STAGES:
@@ -221,6 +226,7 @@ def read(d: dict, opts: ImportOptions) -> Imported:
     global_batch, micro = batch(d, world)
     dtype = model_dtype(d)
     recompute, notes = _recompute(d)
+    notes += [auto_line] if auto_line else []
     training: dict[str, Any] = {"global_batch": global_batch, "seq_len": opts.seq_len, "micro_batch": micro,
                                 "sharding": STAGES[stage], "param_dtype": dtype, "compute_dtype": dtype,
                                 "grad_clip": _clip(d, notes), "recompute": recompute}
@@ -465,6 +471,10 @@ def model_dtype(d: dict) -> str:
     key = "bf16" if "bf16" in d else "bfloat16"
     bf16: dict = d[key] if isinstance(d.get(key), dict) else {}
     fp16: dict = d["fp16"] if isinstance(d.get("fp16"), dict) else {}
+    for name, table in ((key, bf16), ("fp16", fp16)):  # the HF Trainer's: its --bf16 / --fp16, not in the file
+        if table.get("enabled") == "auto":
+            raise ConfigError(f"{name}.enabled", f"\"auto\" is filled by the HF Trainer from its --{name[:2]}16 flag "
+                              f"(unset: false); write true or false")
     if bf16.get("enabled") and fp16.get("enabled"):
         raise ConfigError(f"{key}.enabled", "and fp16.enabled are both true, which DeepSpeed refuses ('bfloat16 and "
                           "fp16 modes cannot be simultaneously enabled', runtime/config.py); set one of them to false")

@@ -27,7 +27,7 @@ from meshplan.config import Config, config_from_dict, load_config, parse_toml
 from meshplan.errors import ConfigError
 from meshplan.fileio import parse_json, read_text_limited
 from meshplan.limits import FILE_BYTES
-from meshplan.interop import deepspeed, megatron, megatron_carry, torchtitan
+from meshplan.interop import deepspeed, deepspeed_auto, megatron, megatron_carry, torchtitan
 from meshplan.interop.common import FORMATS, Imported, ImportOptions, catalog_model_name, rewritten
 from meshplan.interop.tomlout import dumps, mesh_spec, meshplan_tables, model_table, resolved, virtual_split
 from meshplan.spec.wording import deepspeed_recompute_fix
@@ -356,11 +356,14 @@ def _export(cfg: Config, to: str, source: str, user: UserFile | None = None,
     else:  # a DeepSpeed config holds no model: re-imported with the config's own (a catalog name, or its fields)
         doc, kept = deepspeed.carried(user.doc, deepspeed.write(cfg)) if user is not None and user.fmt == to else \
             (deepspeed.write(cfg), [])
+        if user is not None and user.fmt == to:  # the HF Trainer's "auto" kept where the plan's value is its fill
+            doc = deepspeed_auto.keep_auto(user.doc, doc, cfg.model.hidden)
         if kept:
             head.append(f"carried unchanged from {source}: {', '.join(kept)}")
         head += _rewritten(user, to, source, doc)
         body = json.dumps(doc, indent=2) + "\n"
-        again = deepspeed.read(doc, replace(opts, model=opts.model or catalog.names("model")[0]))
+        again = deepspeed.read(deepspeed_auto.fill_hidden(doc, cfg.model.hidden)[0],  # "auto" as the plan's model fills it
+                               replace(opts, model=opts.model or catalog.names("model")[0]))
         again = replace(again, tables=again.tables | {"model": model_table(cfg)})
     back = config_from_dict(again.tables)
     lost = differences(cfg, back)

@@ -287,6 +287,32 @@ class MemoryOptions(BaseModel):
         out = np.minimum(self.bucket_elements(dp_size), params_numel) * dtype_bytes(training.reduce_dtype)
         return out if np.ndim(out) else int(out)
 
+    def knob_acts(self, knob: str, training: TrainingSpec) -> tuple[bool, object]:
+        """(whether [memory] knob ``knob``, a :data:`MEMORY_KNOBS` field, applies under ``training``,
+        its value as it acts), as :meth:`~meshplan.spec.training.TrainingSpec.knob_acts` for the
+        [training] knobs: ``deepspeed_prefetch_elements`` and ``deepspeed_max_live_elements`` only
+        under DeepSpeed's ZeRO-3 (``zero3_engine = "deepspeed"`` at sharding zero3, where
+        :meth:`deepspeed_prefetch_bytes` reads them), unset DeepSpeed's 5e7 and 1e9;
+        ``grad_bucket_elements`` as :meth:`grad_bucket_acts`; every other knob applies, as given.
+        ``meshplan compare`` lists a knob only where it applies to both sides, by that value, so a
+        ZeRO-2 side has no ZeRO-3 prefetch knob and a given 1e9 is unset's 1e9.
+
+        >>> z3 = TrainingSpec(global_batch=8, seq_len=16, zero3_engine="deepspeed")
+        >>> z2 = TrainingSpec(global_batch=8, seq_len=16, sharding="zero2", zero12_engine="deepspeed")
+        >>> MemoryOptions().knob_acts("deepspeed_max_live_elements", z3), MemoryOptions().knob_acts(
+        ...     "deepspeed_max_live_elements", z2)
+        ((True, 1000000000), (False, None))
+        """
+        if knob == "grad_bucket_elements":
+            return True, self.grad_bucket_acts(training)
+        value = getattr(self, knob)
+        defaults = {"deepspeed_prefetch_elements": DEEPSPEED_PREFETCH_ELEMENTS,
+                    "deepspeed_max_live_elements": DEEPSPEED_MAX_LIVE_ELEMENTS}
+        if knob in defaults:
+            acts = training.sharding == "zero3" and training.zero3_engine == "deepspeed"
+            return acts, (defaults[knob] if value is None else value) if acts else value
+        return True, value
+
     def grad_bucket_acts(self, training: TrainingSpec) -> Optional[int]:
         """``grad_bucket_elements`` as it acts under ``training``: DeepSpeed's ``reduce_bucket_size``
         (:meth:`deepspeed_bucket_elements`, unset its default 5e8) under a DeepSpeed engine

@@ -1,0 +1,118 @@
+"""The HF Trainer's "auto" values in a DeepSpeed JSON (newcomer trial 7, issue 11): read as the
+Trainer fills them (huggingface/transformers 3a80c16 ``integrations/deepspeed.py``,
+``HfTrainerDeepSpeedConfig.trainer_config_finalize``: reduce_bucket_size = h^2,
+stage3_prefetch_bucket_size = int(0.9 h^2), stage3_param_persistence_threshold = 10 h; the batch
+from the Trainer's command line), and written back as "auto" on export."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from meshplan.errors import ConfigError
+from meshplan.interop.common import ImportOptions
+from meshplan.interop.foreign import UserFile, export, load_any
+from meshplan.plan import build_plan
+
+H = 4096  # llama3-8b's hidden size
+OPTS = ImportOptions(cluster="dgx-h100", nodes=2, model="llama3-8b", seq_len=4096, micro_batch=1, grad_accum=16)
+HF = {"train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
+      "gradient_clipping": "auto", "bf16": {"enabled": True}, "optimizer": {"type": "AdamW", "params": {"lr": "auto"}},
+      "zero_optimization": {"stage": 3, "reduce_bucket_size": "auto", "stage3_prefetch_bucket_size": "auto",
+                            "stage3_param_persistence_threshold": "auto"}}
+
+
+def _write(tmp_path, doc, name="hf"):
+    path = tmp_path / f"{name}.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def test_auto_reads_as_the_hf_trainer_fills_it(tmp_path):
+    """h = 4096: bucket 4096^2 = 16,777,216 and prefetch int(0.9 x 4096^2) = int(15,099,494.4) =
+    15,099,494 elements, said in one note line; the batch from --micro-batch 1 --grad-accum 16 on 16
+    GPUs: 1 x 16 x 16 = 256. The ipg buffer (contiguous_gradients, DeepSpeed's default) is then
+    16,777,216 x 2 B (bf16) = 33,554,432 B, where DeepSpeed's own default bucket made it 5e8 x 2 B:
+    the peak is lower by 2 x (5e8 - 16,777,216) = 966,445,568 B."""
+    cfg = load_any(_write(tmp_path, HF), opts=OPTS)
+    assert (cfg.training.global_batch, cfg.training.micro_batch, cfg.training.grad_clip) == (256, 1, True)
+    assert (cfg.memory.grad_bucket_elements, cfg.memory.deepspeed_prefetch_elements) == (16_777_216, 15_099_494)
+    line = [n for n in cfg.notes if '"auto"' in n]
+    assert line == ['deepspeed: DeepSpeed "auto" read as the HF Trainer fills it (h = 4096, the model\'s hidden size): '
+                    'reduce_bucket_size = h^2 = 16,777,216, stage3_prefetch_bucket_size = int(0.9 h^2) = 15,099,494, '
+                    'stage3_param_persistence_threshold = 10 h = 40,960 (not modelled)']
+    peak = lambda c: build_plan(c).timeline.peak.total_bytes
+    no_ipg = dataclasses.replace(cfg, training=cfg.training.model_copy(update={"contiguous_gradients": False}))
+    assert peak(cfg) - peak(no_ipg) == H * H * 2
+    defaults = dataclasses.replace(cfg, memory=cfg.memory.model_copy(update={"grad_bucket_elements": None,
+                                                                          "deepspeed_prefetch_elements": None}))
+    assert peak(defaults) - peak(cfg) == 2 * (500_000_000 - H * H) == 966_445_568
+
+
+def test_stage2_fills_only_the_bucket(tmp_path):
+    """At stages 0-2 the Trainer fills reduce_bucket_size alone (the stage3_ keys only under ZeRO-3)."""
+    doc = HF | {"zero_optimization": {"stage": 2, "reduce_bucket_size": "auto", "stage3_prefetch_bucket_size": "auto"}}
+    cfg = load_any(_write(tmp_path, doc), opts=OPTS)
+    assert cfg.memory.deepspeed_bucket_elements() == 16_777_216 and cfg.memory.deepspeed_prefetch_elements is None
+    assert any(n.endswith("reduce_bucket_size = h^2 = 16,777,216") for n in cfg.notes)
+
+
+@pytest.mark.parametrize("opts, doc, error", [
+    ({"micro_batch": None, "grad_accum": None}, {}, 'train_micro_batch_size_per_gpu: "auto" is filled by the HF Trainer '
+     "from its --per_device_train_batch_size; pass that value as --micro-batch N"),
+    ({"grad_accum": None}, {}, 'gradient_accumulation_steps: "auto" is filled by the HF Trainer from its '
+     "--gradient_accumulation_steps; pass that value as --grad-accum N"),
+    ({}, {"train_micro_batch_size_per_gpu": 2}, "train_micro_batch_size_per_gpu: is 2 in the file, --micro-batch says "
+     "1 (the HF Trainer refuses the mismatch); give one of them"),
+    ({}, {"fp16": {"enabled": "auto"}, "bf16": {"enabled": False}}, 'fp16.enabled: "auto" is filled by the HF Trainer '
+     "from its --fp16 flag (unset: false); write true or false")])
+def test_batch_and_dtype_auto_without_a_value_is_a_one_line_error(tmp_path, opts, doc, error):
+    with pytest.raises(ConfigError) as e:
+        load_any(_write(tmp_path, HF | doc), opts=dataclasses.replace(OPTS, **opts))
+    assert str(e.value) == error
+
+
+def test_auto_determined_by_deepspeeds_rule_needs_no_flag(tmp_path):
+    """train_batch_size 256 and gradient_accumulation_steps 16 on 16 GPUs give the micro-batch, 1."""
+    doc = HF | {"train_batch_size": 256, "gradient_accumulation_steps": 16}
+    cfg = load_any(_write(tmp_path, doc), opts=dataclasses.replace(OPTS, micro_batch=None, grad_accum=None))
+    assert (cfg.training.global_batch, cfg.training.micro_batch) == (256, 1)
+
+
+def test_export_keeps_auto(tmp_path):
+    """export --to deepspeed of the imported file writes "auto" back where it was read (bucket,
+    prefetch, persistence threshold, clipping) and nothing is lost in the round trip; a plan with
+    another bucket writes its number."""
+    cfg = load_any(_write(tmp_path, HF), opts=OPTS)
+    text, head = export(cfg, "deepspeed", "hf.json", UserFile("deepspeed", HF))
+    doc = json.loads(text)
+    zero = doc["zero_optimization"]
+    assert [zero[k] for k in ("reduce_bucket_size", "stage3_prefetch_bucket_size",
+                              "stage3_param_persistence_threshold")] == ["auto"] * 3
+    assert doc["gradient_clipping"] == "auto" and doc["optimizer"]["params"]["lr"] == "auto"
+    assert not [h for h in head if h.startswith("not expressed")]
+    other = dataclasses.replace(cfg, memory=cfg.memory.model_copy(update={"grad_bucket_elements": 200_000_000}))
+    assert json.loads(export(other, "deepspeed", "hf.json", UserFile("deepspeed", HF))[0])[
+        "zero_optimization"]["reduce_bucket_size"] == 200_000_000
+
+
+def test_cli_flags_and_one_line_error(tmp_path, capsys):
+    """``meshplan import`` of the HF JSON: exit 2 with one line without --micro-batch; with the
+    flags, the TOML's global batch is 1 x 16 x 16 = 256 and the "auto" line is a note."""
+    from meshplan.cli import main
+    path = _write(tmp_path, HF)
+    base = ["import", "deepspeed", str(path), "--cluster", "dgx-h100", "--nodes", "2", "--model", "llama3-8b",
+            "--seq-len", "4096"]
+    with pytest.raises(SystemExit) as done:
+        main(base)
+    err = capsys.readouterr().err
+    assert done.value.code == 2 and err.strip().splitlines() == [
+        'error: train_micro_batch_size_per_gpu: "auto" is filled by the HF Trainer from its '
+        "--per_device_train_batch_size; pass that value as --micro-batch N"]
+    with pytest.raises(SystemExit) as done:
+        main(base + ["--micro-batch", "1", "--grad-accum", "16", "-o", str(tmp_path / "hf.toml")])
+    out = capsys.readouterr().out
+    assert (done.value.code or 0) == 0 and "global_batch = 256" in (tmp_path / "hf.toml").read_text()
+    assert 'note: deepspeed: DeepSpeed "auto" read as the HF Trainer fills it (h = 4096' in out
