@@ -32,8 +32,11 @@ Megatron-LM                              meshplan
 --use-distributed-optimizer              sharding zero1 (else none: DDP); with
                                            --use-torch-fsdp2 / --use-megatron-fsdp (before
                                            Megatron-LM af28b5a: --use-custom-fsdp) the
-                                           --data-parallel-sharding-strategy (optim zero1,
-                                           optim_grads zero2, optim_grads_params zero3)
+                                           --data-parallel-sharding-strategy (no_shard none,
+                                           optim zero1, optim_grads zero2, optim_grads_params
+                                           zero3; default optim_grads_params); no_shard and
+                                           optim with training.megatron_fsdp (Megatron FSDP,
+                                           not DDP and the distributed optimizer)
 --recompute-activations,                 recompute selective / full (--recompute-method and
 --recompute-granularity                    --recompute-num-layers: partial full recompute is
                                            planned as full, with a note)
@@ -159,6 +162,7 @@ def read(text: str, opts: ImportOptions) -> Imported:
     dp = world // dense
     layers = model_layers(model)
     names = [a for a in ("pp", "dp", "cp", "tp", "ep", "etp") if a == "dp" or (deg[a] > 1)]
+    sharding = flags.sharding(args)
     mesh: dict[str, Any] = {"names": names, "shape": [dp if a == "dp" else deg[a] for a in names],
                             "sequence_parallel": bool(args.get("--sequence-parallel"))}
     mesh |= read_pipeline(args, deg["pp"], layers)
@@ -175,7 +179,7 @@ def read(text: str, opts: ImportOptions) -> Imported:
     fp8 = bool(args.get("--fp8-format"))  # Transformer Engine's fp8 runs beside --bf16 (or --fp16)
     dtype = "fp16" if args.get("--fp16") else "bf16" if args.get("--bf16") or fp8 else "fp32"
     training = {"global_batch": _num(args, "--global-batch-size", micro * dp), "seq_len": seq, "micro_batch": micro,
-                "sharding": flags.sharding(args), "recompute": flags.recompute(args, layers // deg["pp"], notes),
+                "sharding": sharding, "recompute": flags.recompute(args, layers // deg["pp"], notes),
                 "param_dtype": dtype, "compute_dtype": dtype, **({"linear_dtype": "fp8"} if fp8 else {}),
                 "grad_reduce_dtype": "fp32" if args.get("--accumulate-allreduce-grads-in-fp32") or (
                     dtype == "bf16" and not args.get("--grad-reduce-in-bf16")) else "param",
@@ -186,6 +190,7 @@ def read(text: str, opts: ImportOptions) -> Imported:
         training |= flags.routing(args, notes)
     flags.comm_types(args, deg, model_is_moe(model), notes)
     training |= flags.overlap_flags(args, str(training["sharding"]))
+    training |= flags.megatron_fsdp(args, sharding)
     if dtype != "fp32" and not args.get("--use-flash-attn"):
         notes.append("--use-flash-attn not given: planned with flash attention (Transformer Engine's fused "
                      "attention, Megatron-Core's default)")
