@@ -58,10 +58,30 @@ def test_megatron_toml_etp_defaults_to_tp(tmp_path, framework, etp_name, etp, wa
                      "tp)"] if want == 2 else [])
 
 
+def test_megatron_zero1_groups_name_the_dp_cp_group(tmp_path, capsys):
+    """cp 2 x tp 2 x dp 4 on 16 GPUs: the derived dp x cp group (8 ranks, 0,2,...,14) is where
+    the distributed optimizer shards; torchtitan's name for it, fsdp, stays under torch."""
+    args = tmp_path / "z1.args"
+    args.write_text((EXAMPLES / "megatron_llama3-8b_16xh100_tp2-pp2.args").read_text().replace(
+        "--pipeline-model-parallel-size 2", "--context-parallel-size 2 --cp-comm-type all_gather"))
+    assert _main("groups", args, "--cluster", "dgx-h100", "--nodes", 2) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if "0,2,4,6,8,10,12,14 " in line]
+    assert [r.split("│")[1].strip() for r in rows] == ["dp x cp (distributed optimizer)", "loss"]
+    toml = tmp_path / "z1.toml"
+    assert _main("import", "megatron", args, "--cluster", "dgx-h100", "--nodes", 2, "-o", toml) == 0
+    torch = tmp_path / "torch.toml"
+    torch.write_text(toml.read_text().replace('framework = "megatron"', 'framework = "torch"').replace(
+        "overlap_grad_reduce = true\n", ""))
+    capsys.readouterr()
+    assert _main("groups", torch) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if "0,2,4,6,8,10,12,14 " in line]
+    assert [r.split("│")[1].strip() for r in rows] == ["fsdp", "loss"]
+
+
 #: Megatron FSDP's --data-parallel-sharding-strategy (megatron/core/distributed/fsdp/src/megatron_fsdp/
 #: param_and_grad_buffer.py:2325-2345 at NVIDIA/Megatron-LM d98e8a6) -> (sharding, megatron_fsdp key, data axis).
 STRATEGIES = {"no_shard": ("none", True, "dp"), "optim": ("zero1", True, "dp"),
-              "optim_grads": ("zero2", False, "dp"), "optim_grads_params": ("zero3", False, "dp")}
+              "optim_grads": ("zero2", False, "dp"), "optim_grads_params": ("zero3", False, "dp_shard")}
 
 
 def _fsdp_args(tmp_path, strategy: str) -> Path:
@@ -135,3 +155,28 @@ def test_megatron_fsdp_key_needs_framework_megatron(tmp_path):
     with pytest.raises(ConfigError) as e:
         load_config(path)
     assert "megatron_fsdp is Megatron-LM's --use-megatron-fsdp" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_sharded_data_axis_is_dp_shard_in_every_table(tmp_path):
+    """Megatron FSDP optim_grads_params (zero3) over dp 4: the mesh line, the groups table and the
+    collective table all say dp_shard, as a DeepSpeed ZeRO-3 import does; a TOML that spells the
+    axis dp prints it so too."""
+    from meshplan.config import load_config
+    from meshplan.plan import build_plan
+    from meshplan.report.text import print_plan
+    from rich.console import Console
+    toml = tmp_path / "z3.toml"
+    assert _main("import", "megatron", _fsdp_args(tmp_path, "optim_grads_params"), "--cluster", "dgx-h100",
+                 "--nodes", 2, "-o", toml) == 0
+    spelt_dp = tmp_path / "dp.toml"
+    spelt_dp.write_text(toml.read_text().replace('"dp_shard"', '"dp"'))
+    for path in (toml, spelt_dp):
+        con = Console(width=400, record=True)
+        print_plan(build_plan(load_config(path)), console=con)
+        out = con.export_text()
+        assert "mesh (pp 2 x dp_shard 4 x tp 2)" in out
+        cells = [line.split("│")[1].strip() for line in out.splitlines() if line.count("│") > 5]
+        assert "dp_shard" in cells and "dp" not in cells  # groups table
+        # collective table: FSDP's gathers and reduce-scatters over the 4 data ranks
+        rows = [line for line in out.splitlines() if "all-gather │ 4 │" in line or "reduce-scatter │ 4 │" in line]
+        assert rows and {r.split("│")[1].strip() for r in rows} == {"dp_shard"}

@@ -25,7 +25,9 @@ ways in :mod:`~meshplan.interop.megatron_model`, and the writer (``export --to m
 ======================================== ===================================================
 Megatron-LM                              meshplan
 ======================================== ===================================================
---tensor/pipeline-model-parallel-size,   mesh [pp, dp, cp, tp] (dp = world / (tp*cp*pp)),
+--tensor/pipeline-model-parallel-size,   mesh [pp, dp, cp, tp] (dp = world / (tp*cp*pp); named dp_shard
+                                           where zero3 shards the parameters over it, as DeepSpeed's
+                                           ZeRO-3 and torchtitan imports name it),
 --context-parallel-size,                   ep and etp (--expert-tensor-parallel-size,
 --expert-model-parallel-size               default tp as Megatron)
 --sequence-parallel                      mesh.sequence_parallel
@@ -94,6 +96,7 @@ from meshplan.interop.launch import parse_launch
 from meshplan.interop.megatron_model import MODEL_FLAGS, int_flag as _int, model_table, num_flag as _num
 from meshplan.interop.megatron_pipeline import accounted_split, read_pipeline
 from meshplan.interop.megatron_write import exported_model, write, write_notes
+from meshplan.spec.wording import data_axis
 
 #: What the modules split by concern export under this one (tests and :mod:`~meshplan.interop.foreign`).
 __all__ = ["USED", "accounted_split", "exported_model", "parse_args", "read", "write", "write_notes"]
@@ -163,7 +166,9 @@ def read(text: str, opts: ImportOptions) -> Imported:
     layers = model_layers(model)
     names = [a for a in ("pp", "dp", "cp", "tp", "ep", "etp") if a == "dp" or (deg[a] > 1)]
     sharding = flags.sharding(args)
-    mesh: dict[str, Any] = {"names": names, "shape": [dp if a == "dp" else deg[a] for a in names],
+    data = data_axis(sharding)  # dp_shard where Megatron FSDP shards the parameters, as DeepSpeed's ZeRO-3 import
+    mesh: dict[str, Any] = {"names": [data if a == "dp" else a for a in names],
+                            "shape": [dp if a == "dp" else deg[a] for a in names],
                             "sequence_parallel": bool(args.get("--sequence-parallel"))}
     mesh |= read_pipeline(args, deg["pp"], layers)
     micro = _num(args, "--micro-batch-size", 1)

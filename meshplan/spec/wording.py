@@ -293,6 +293,47 @@ def shown_names(names, sharding: str, taken=()) -> dict[str, str]:
     return {data[0]: data_axis(sharding)}
 
 
+def group_words(training, origin: str = "") -> dict[str, str]:
+    """The derived groups the groups table names in the runtime's words, as {group: printed}:
+    under Megatron-LM (:func:`runtime` and :func:`zero_runtime` both ``megatron``) the derived
+    ``fsdp`` group (dp x cp, :data:`meshplan.mesh.resolve.DERIVED`) is its data-parallel group
+    with context parallel (``parallel_state.get_data_parallel_group(with_context_parallel=True)``,
+    the ``dp_cp_group`` / ``intra_dp_cp_group`` of megatron/core/distributed/
+    distributed_data_parallel.py:148-149 and megatron/core/optimizer/__init__.py:934-935 at
+    NVIDIA/Megatron-LM d98e8a6), over which its DDP reduces the gradients, the distributed optimizer
+    (zero1) shards, and Megatron FSDP shards (mcore_fsdp_adapter.py:352-367); {} elsewhere
+    (torchtitan's fsdp = dp_shard x cp keeps its name).
+
+    >>> from meshplan.spec.training import TrainingSpec
+    >>> t = TrainingSpec(global_batch=8, seq_len=16, sharding="zero1", framework="megatron")
+    >>> group_words(t), group_words(t.model_copy(update={"framework": "torch"}))
+    ({'fsdp': 'dp x cp (distributed optimizer)'}, {})
+    """
+    if runtime(training, origin) != "megatron" or zero_runtime(training, origin) != "megatron":
+        return {}
+    fsdp = training.megatron_fsdp or training.sharding not in ("none", "zero1")
+    what = ("Megatron FSDP" if fsdp else "distributed optimizer" if training.sharding == "zero1"
+            else "DDP gradient all-reduce")
+    return {"fsdp": f"dp x cp ({what})"}
+
+
+def axis_labels(mesh, training, origin: str = "") -> dict[str, str]:
+    """The axes and derived groups of a resolved ``mesh`` that the groups and collective tables
+    (text and HTML) print otherwise, as {name: printed}: the data axis by :func:`shown_names`
+    (derived groups' names taken) and the derived groups by :func:`group_words`.
+
+    >>> from meshplan.mesh.resolve import resolve_mesh
+    >>> from meshplan.spec.mesh import MeshSpec
+    >>> from meshplan.spec.training import TrainingSpec
+    >>> m = resolve_mesh(MeshSpec(names=["dp", "cp"], shape=[2, 2]), 4)
+    >>> axis_labels(m, TrainingSpec(global_batch=8, seq_len=16, sharding="zero3", framework="megatron"))
+    {'dp': 'dp_shard', 'fsdp': 'dp x cp (Megatron FSDP)'}
+    """
+    axes = mesh.all_axes()
+    shown = shown_names(mesh.layout.names, training.sharding, taken=[a for a in axes if a not in mesh.layout.names])
+    return shown | {a: w for a, w in group_words(training, origin).items() if a in axes}
+
+
 def renamed_words(names, sharding: str) -> str:
     """Why :func:`mesh_text` prints the config's data axis under another name (the plan's mesh
     line, beside the config's names); "" when it keeps the name.
