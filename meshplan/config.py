@@ -233,7 +233,7 @@ def _megatron_etp(spec: MeshSpec, notes: tuple[str, ...]) -> tuple[MeshSpec, tup
     >>> s.names, s.shape, n[0].split(",")[0]
     (['dp', 'tp', 'ep', 'etp'], [16, 2, 8, 2], 'mesh.etp not given: 2')
     """
-    deg = dict(zip(spec.names, spec.shape)) if spec.names is not None else dict(spec.degrees or {})
+    deg = dict(zip(spec.names, spec.shape or [])) if spec.names is not None else dict(spec.degrees or {})
     tp = deg.get("tp", 1)
     if "etp" in deg or deg.get("ep", 1) <= 1 or tp <= 1:
         return spec, notes
