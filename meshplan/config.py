@@ -179,6 +179,8 @@ def config_from_dict(data: dict[str, Any], base: Path | None = None, path: str |
             raise ConfigError(t, "must be a table")
     mesh, notes = _mesh(data["mesh"]) if "mesh" in data else (None, ())
     model, training = _model(data["model"], base), build(TrainingSpec, data["training"], "training")
+    if mesh is not None and training.framework == "megatron":
+        mesh, notes = _megatron_etp(mesh, notes)
     _check_routing(model, training)
     cluster = _cluster(data["cluster"])
     if training.linear_dtype is not None and training.linear_dtype not in cluster.gpu.peak_tflops:
@@ -216,6 +218,32 @@ def _mesh(t: dict) -> tuple[MeshSpec, tuple[str, ...]]:
     renamed = dict(zip(given, names))
     degrees = {renamed.get(k, k): v for k, v in (spec.degrees or {}).items()}
     return spec.model_copy(update={"order": "-".join(names), "degrees": degrees}), notes
+
+
+def _megatron_etp(spec: MeshSpec, notes: tuple[str, ...]) -> tuple[MeshSpec, tuple[str, ...]]:
+    """Under ``framework = "megatron"`` a mesh with ep > 1 and no ``etp`` gets etp = tp, as
+    Megatron-LM defaults ``--expert-tensor-parallel-size`` to the tensor-parallel size
+    (``if args.expert_tensor_parallel_size is None: args.expert_tensor_parallel_size =
+    args.tensor_model_parallel_size``, megatron/training/arguments.py:587-588 at NVIDIA/Megatron-LM
+    d98e8a6), with a note; the same default :func:`meshplan.interop.megatron.read` takes. A given
+    etp (1 included) is kept; ``framework = "torch"`` keeps meshplan's etp 1 (torchtitan's
+    ``expert_tensor_parallel_degree`` default).
+
+    >>> s, n = _megatron_etp(MeshSpec(names=["dp", "tp", "ep"], shape=[16, 2, 8]), ())
+    >>> s.names, s.shape, n[0].split(",")[0]
+    (['dp', 'tp', 'ep', 'etp'], [16, 2, 8, 2], 'mesh.etp not given: 2')
+    """
+    deg = dict(zip(spec.names, spec.shape or [])) if spec.names is not None else dict(spec.degrees or {})
+    tp = deg.get("tp", 1)
+    if "etp" in deg or deg.get("ep", 1) <= 1 or tp <= 1:
+        return spec, notes
+    note = (f"mesh.etp not given: {tp}, the tp degree, as Megatron-LM defaults --expert-tensor-parallel-size to "
+            f"--tensor-model-parallel-size (framework megatron; give mesh etp = 1 for experts without tp)")
+    if spec.names is not None:
+        spec = spec.model_copy(update={"names": [*spec.names, "etp"], "shape": [*(spec.shape or []), tp]})
+    else:
+        spec = spec.model_copy(update={"order": f"etp-{spec.order}", "degrees": deg | {"etp": tp}})
+    return spec, (*notes, note)
 
 
 def _check_routing(model: ModelSpec, training: TrainingSpec) -> None:

@@ -399,5 +399,5 @@ def test_ddp_bucket_size_where_megatron_does_not_bucket_by_it_is_a_note(tmp_path
     assert cfg.training.sharding == ("zero3" if "params" in extra else "zero2" if fsdp else "zero1")
     without = _import_8b(tmp_path, extra.replace("--ddp-bucket-size 100000000 ", ""), drop)
     rows = [sorted((r.axis, r.op, r.size_bytes, r.per_step) for r in build_plan(c).stage(0).collectives
-                   if r.axis in ("dp", "fsdp")) for c in (cfg, without)]
+                   if r.axis in ("dp", "dp_shard", "fsdp")) for c in (cfg, without)]
     assert rows[0] == rows[1] and rows[0]

@@ -144,6 +144,7 @@ def test_groups_table_names_the_data_axis_as_the_mesh_line(tmp_path, capsys):
     assert "outermost axis first; dp_shard printed dp: zero1 shards no parameter over it" in out
     rows = out[out.index("first groups"):]
     assert " dp 2 4 3,7 " in rows and " cp 2 4 1,3 " in rows and " tp 2 4 2,3 " in rows
-    assert " fsdp 4 2 1,3,5,7 " in rows and "dp_shard" not in rows
+    # the dp x cp group in Megatron-LM's words: where its distributed optimizer shards (issue 11)
+    assert " dp x cp (distributed optimizer) 4 2 1,3,5,7 " in rows and "dp_shard" not in rows
     doc = json.loads((tmp_path / "g.json").read_text())
     assert doc["names"] == ["dp_shard", "cp", "tp"] and doc["groups"].keys() == {"dp_shard", "cp", "tp", "fsdp", "loss"}

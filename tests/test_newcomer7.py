@@ -75,13 +75,15 @@ def test_megatron_args_moe_tp_without_sp_is_infeasible(tmp_path, capsys):
 
 
 def test_moe_note_says_how_tokens_per_rank_follow_from_etp(tmp_path):
-    """The args import keeps Megatron-LM's default etp = tp (2), the TOML's default etp is 1:
-    T = 4096 x etp / tp is 4096 against 2048, and the note now says so."""
+    """The args import keeps Megatron-LM's default etp = tp (2), and so does a TOML under
+    framework megatron without etp (issue 11); given etp 1: T = 4096 x etp / tp is 4096
+    against 2048, and the note says so."""
     args = tmp_path / "mixtral.args"
     args.write_text(MIXTRAL_ARGS.replace("--tensor-model-parallel-size 2", "--tensor-model-parallel-size 2 "
                                          "--sequence-parallel"))
     toml = tmp_path / "on.toml"
-    toml.write_text(MIXTRAL_TOML.format(sp="true"))
+    toml.write_text(MIXTRAL_TOML.format(sp="true").replace('["dp", "tp", "ep"]', '["dp", "tp", "ep", "etp"]')
+                    .replace("[16, 2, 8]", "[16, 2, 8, 1]"))
     out = tmp_path / "imported.toml"
     assert _main("import", "megatron", args, "--cluster", "dgx-h100", "--nodes", 4, "-o", out) == 0
     notes = [[n for n in _plan(p).notes if n.startswith("MoE dropless")][0] for p in (out, toml)]

@@ -25,15 +25,20 @@ ways in :mod:`~meshplan.interop.megatron_model`, and the writer (``export --to m
 ======================================== ===================================================
 Megatron-LM                              meshplan
 ======================================== ===================================================
---tensor/pipeline-model-parallel-size,   mesh [pp, dp, cp, tp] (dp = world / (tp*cp*pp)),
+--tensor/pipeline-model-parallel-size,   mesh [pp, dp, cp, tp] (dp = world / (tp*cp*pp); named dp_shard
+                                           where zero3 shards the parameters over it, as DeepSpeed's
+                                           ZeRO-3 and torchtitan imports name it),
 --context-parallel-size,                   ep and etp (--expert-tensor-parallel-size,
 --expert-model-parallel-size               default tp as Megatron)
 --sequence-parallel                      mesh.sequence_parallel
 --use-distributed-optimizer              sharding zero1 (else none: DDP); with
                                            --use-torch-fsdp2 / --use-megatron-fsdp (before
                                            Megatron-LM af28b5a: --use-custom-fsdp) the
-                                           --data-parallel-sharding-strategy (optim zero1,
-                                           optim_grads zero2, optim_grads_params zero3)
+                                           --data-parallel-sharding-strategy (no_shard none,
+                                           optim zero1, optim_grads zero2, optim_grads_params
+                                           zero3; default optim_grads_params); no_shard and
+                                           optim with training.megatron_fsdp (Megatron FSDP,
+                                           not DDP and the distributed optimizer)
 --recompute-activations,                 recompute selective / full (--recompute-method and
 --recompute-granularity                    --recompute-num-layers: partial full recompute is
                                            planned as full, with a note)
@@ -91,6 +96,7 @@ from meshplan.interop.launch import parse_launch
 from meshplan.interop.megatron_model import MODEL_FLAGS, int_flag as _int, model_table, num_flag as _num
 from meshplan.interop.megatron_pipeline import accounted_split, read_pipeline
 from meshplan.interop.megatron_write import exported_model, write, write_notes
+from meshplan.spec.wording import data_axis
 
 #: What the modules split by concern export under this one (tests and :mod:`~meshplan.interop.foreign`).
 __all__ = ["USED", "accounted_split", "exported_model", "parse_args", "read", "write", "write_notes"]
@@ -159,7 +165,10 @@ def read(text: str, opts: ImportOptions) -> Imported:
     dp = world // dense
     layers = model_layers(model)
     names = [a for a in ("pp", "dp", "cp", "tp", "ep", "etp") if a == "dp" or (deg[a] > 1)]
-    mesh: dict[str, Any] = {"names": names, "shape": [dp if a == "dp" else deg[a] for a in names],
+    sharding = flags.sharding(args)
+    data = data_axis(sharding)  # dp_shard where Megatron FSDP shards the parameters, as DeepSpeed's ZeRO-3 import
+    mesh: dict[str, Any] = {"names": [data if a == "dp" else a for a in names],
+                            "shape": [dp if a == "dp" else deg[a] for a in names],
                             "sequence_parallel": bool(args.get("--sequence-parallel"))}
     mesh |= read_pipeline(args, deg["pp"], layers)
     micro = _num(args, "--micro-batch-size", 1)
@@ -175,7 +184,7 @@ def read(text: str, opts: ImportOptions) -> Imported:
     fp8 = bool(args.get("--fp8-format"))  # Transformer Engine's fp8 runs beside --bf16 (or --fp16)
     dtype = "fp16" if args.get("--fp16") else "bf16" if args.get("--bf16") or fp8 else "fp32"
     training = {"global_batch": _num(args, "--global-batch-size", micro * dp), "seq_len": seq, "micro_batch": micro,
-                "sharding": flags.sharding(args), "recompute": flags.recompute(args, layers // deg["pp"], notes),
+                "sharding": sharding, "recompute": flags.recompute(args, layers // deg["pp"], notes),
                 "param_dtype": dtype, "compute_dtype": dtype, **({"linear_dtype": "fp8"} if fp8 else {}),
                 "grad_reduce_dtype": "fp32" if args.get("--accumulate-allreduce-grads-in-fp32") or (
                     dtype == "bf16" and not args.get("--grad-reduce-in-bf16")) else "param",
@@ -186,6 +195,7 @@ def read(text: str, opts: ImportOptions) -> Imported:
         training |= flags.routing(args, notes)
     flags.comm_types(args, deg, model_is_moe(model), notes)
     training |= flags.overlap_flags(args, str(training["sharding"]))
+    training |= flags.megatron_fsdp(args, sharding)
     if dtype != "fp32" and not args.get("--use-flash-attn"):
         notes.append("--use-flash-attn not given: planned with flash attention (Transformer Engine's fused "
                      "attention, Megatron-Core's default)")

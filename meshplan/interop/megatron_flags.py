@@ -250,6 +250,19 @@ def sharding(args: dict) -> str:
     return "zero1" if args.get("--use-distributed-optimizer") else "none"
 
 
+def megatron_fsdp(args: dict, sharding_: str) -> dict[str, bool]:
+    """``training.megatron_fsdp`` where it tells the engine apart: sharding none or zero1
+    (``--data-parallel-sharding-strategy no_shard`` or ``optim``) under ``--use-megatron-fsdp``
+    (or ``--use-custom-fsdp``), which Megatron DDP and its distributed optimizer also run; zero2
+    and zero3 are Megatron FSDP anyway (no key).
+
+    >>> megatron_fsdp({"--use-megatron-fsdp": True}, "zero1"), megatron_fsdp({}, "zero1")
+    ({'megatron_fsdp': True}, {})
+    """
+    on = any(args.get(f) for f in FSDP_FLAGS) and sharding_ in ("none", "zero1")
+    return {"megatron_fsdp": True} if on else {}
+
+
 def recompute(args: dict, layers_per_stage: int, notes: list[str]) -> str:
     gran = args.get("--recompute-granularity", "selective" if args.get("--recompute-activations") else None)
     if gran is None:

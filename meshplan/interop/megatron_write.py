@@ -43,7 +43,7 @@ def write(cfg: Config) -> list[str]:
     out += [f"--cp-comm-type {PLANNED_CP}"] * (deg.get("cp", 1) > 1)
     out += ["--sequence-parallel"] * mesh_spec(cfg).sequence_parallel
     out += write_pipeline(cfg, mesh)
-    out += _write_sharding(t.sharding)
+    out += _write_sharding(t.sharding, t.megatron_fsdp)
     out += ["--overlap-grad-reduce"] * t.overlap_grad_reduce + ["--overlap-param-gather"] * t.overlap_param_gather
     bucket = cfg.memory.grad_bucket_elements
     out += [f"--ddp-bucket-size {bucket}"] * bool(bucket and t.overlap_grad_reduce and t.sharding in ("none", "zero1"))
@@ -73,13 +73,19 @@ def write(cfg: Config) -> list[str]:
     return out
 
 
-def _write_sharding(sharding: str) -> list[str]:
-    """Megatron-LM's flags of ``training.sharding``; zero2 and zero3 with the overlap flags the
-    plan assumes (:data:`FSDP_OVERLAP`), which Megatron FSDP turns on for them anyway."""
-    if sharding in ("none", "zero1"):
+def _write_sharding(sharding: str, fsdp: bool = False) -> list[str]:
+    """Megatron-LM's flags of ``training.sharding``: Megatron FSDP's ``--data-parallel-sharding-strategy``
+    for zero2 and zero3, and for none and zero1 under ``training.megatron_fsdp`` (else DDP, and the
+    distributed optimizer for zero1); zero2 and zero3 with the overlap flags the plan assumes
+    (:data:`FSDP_OVERLAP`), which Megatron FSDP turns on for them anyway.
+
+    >>> _write_sharding("zero1"), _write_sharding("zero1", fsdp=True)
+    (['--use-distributed-optimizer'], ['--use-megatron-fsdp', '--data-parallel-sharding-strategy optim'])
+    """
+    if sharding in ("none", "zero1") and not fsdp:
         return ["--use-distributed-optimizer"] * (sharding == "zero1")
     strategy = {v: k for k, v in SHARDING.items()}[sharding]
-    return ["--use-megatron-fsdp", f"--data-parallel-sharding-strategy {strategy}", *FSDP_OVERLAP[strategy]]
+    return ["--use-megatron-fsdp", f"--data-parallel-sharding-strategy {strategy}", *FSDP_OVERLAP.get(strategy, [])]
 
 
 def write_notes(cfg: Config) -> list[str]:

@@ -38,7 +38,7 @@ from meshplan.schedule.linkload import edge_loads
 from meshplan.schedule.step_summary import StepTime
 from meshplan.search.driver import SearchResult
 from meshplan.search.rank import RULE_LINE
-from meshplan.spec.wording import mesh_text, sharding_words, shown_names
+from meshplan.spec.wording import axis_labels, mesh_text, sharding_words
 from meshplan.units import GB, US, GiB, counted
 
 
@@ -67,8 +67,7 @@ def _groups(plan: Plan | Infeasible) -> str:
     if mesh is None:
         return ""
     axes = mesh.all_axes()  # the data axis named as the mesh line (and the text table) names it
-    shown = shown_names(mesh.layout.names, plan.config.training.sharding,
-                        taken=[a for a in axes if a not in mesh.layout.names])
+    shown = axis_labels(mesh, plan.config.training, plan.config.origin)
     rows = [(shown.get(a, a), mesh.groups(a).shape[1], mesh.groups(a).shape[0], fmt_ranks(mesh.group_of(0, a)),
              "; ".join(fmt_ranks(g) for g in mesh.groups(a)[:2]) + ("; ..." if len(mesh.groups(a)) > 2 else ""))
             for a in axes]
@@ -109,10 +108,11 @@ def _memory(plan: Plan, name: str) -> str:
 
 def _collectives(plan: Plan) -> str:
     body = ""
+    shown = axis_labels(plan.mesh, plan.config.training, plan.config.origin)
     for stage, rows in plan.collectives.items():
         body += table(["axis", "phase", "op", "n", "size (B)", "dtype", "per step", "path", "alg", "time (us)",
                        "algbw (GB/s)", "busbw (GB/s)", "sent per rank per step (GB)"],
-                      [(r.axis, r.phase, r.op, r.group_size, f"{r.size_bytes:,.0f}", r.dtype, r.per_step, r.path.kind,
+                      [(shown.get(r.axis, r.axis), r.phase, r.op, r.group_size, f"{r.size_bytes:,.0f}", r.dtype, r.per_step, r.path.kind,
                         r.algorithm, f"{r.time_s / US:,.1f}", f"{r.algbw_bytes_per_s / GB:.1f}",
                         f"{r.busbw_bytes_per_s / GB:.1f}", f"{r.sent_bytes_per_step / GB:,.2f}") for r in rows],
                       caption=f"collectives, {stage} (nccl-tests columns)")

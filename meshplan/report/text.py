@@ -17,8 +17,8 @@ from meshplan.report import shown
 from meshplan.report.memory import timeline_table
 from meshplan.schedule.steptime import step_time
 from meshplan.schedule.tp_overlap_lines import tp_overlap_line
-from meshplan.spec.wording import (gathered_words, mesh_text, recompute_words, renamed_words, runtime, shown_names,
-                                    sharding_words, state_cell, state_title)
+from meshplan.spec.wording import (axis_labels, gathered_words, mesh_text, recompute_words, renamed_words, runtime,
+                                    shown_names, sharding_words, state_cell, state_title)
 from meshplan.units import GB, US, GiB, counted, human_bytes
 
 MAX_LIST = 8
@@ -87,7 +87,8 @@ def print_plan(plan: Plan | Infeasible, rank: int = 0, console: Console | None =
     _constraints(plan, con)
     if plan.mesh is not None and plan.placement is not None:
         _mesh(plan, plan.mesh, con)
-        print_groups(plan.mesh, rank, con, model_groups(plan.mesh, plan.config.model), plan.config.training.sharding)
+        print_groups(plan.mesh, rank, con, model_groups(plan.mesh, plan.config.model), training=plan.config.training,
+                     origin=plan.config.origin)
         _placement(plan, plan.placement, rank, con)
     if isinstance(plan, Plan):
         _shapes(plan, con)
@@ -139,16 +140,20 @@ def _mesh(plan: Plan | Infeasible, mesh: Mesh, con: Console) -> None:
 
 
 def print_groups(mesh: Mesh, rank: int, con: Console | None = None, extra: dict | None = None,
-                 sharding: str = "") -> None:
+                 sharding: str = "", training=None, origin: str = "") -> None:
     """What ``rank`` would print at start-up: coordinates and every group's ranks; ``extra``:
     groups that depend on the model (:func:`meshplan.mesh.tpsplit.model_groups`: kv_replica),
     one row each after the axes'. Axes are named as the mesh line names them
     (:func:`meshplan.spec.wording.shown_names` of ``sharding``, ``training.sharding``: ``dp`` vs
     ``dp_shard`` by whether the parameters are sharded over it), with a line saying so when a
-    name differs from the config's; ``--json`` keeps the config's names."""
+    name differs from the config's; ``training`` (a TrainingSpec, its sharding used when given)
+    names the derived groups in the runtime's words (:func:`meshplan.spec.wording.group_words`:
+    Megatron-LM's dp x cp group); ``--json`` keeps the config's names."""
     con = con or Console()
     axes = mesh.all_axes()
-    shown = shown_names(mesh.layout.names, sharding, taken=[a for a in axes if a not in mesh.layout.names])
+    sharding = training.sharding if training is not None else sharding
+    shown = axis_labels(mesh, training, origin) if training is not None else \
+        shown_names(mesh.layout.names, sharding, taken=[a for a in axes if a not in mesh.layout.names])
     coords = mesh.layout.coords_of(rank)
     con.print(f"\n[bold]rank {rank}[/] = coordinates {_c(coords)} ("
               + ", ".join(f"{shown.get(n, n)}={c}" for n, c in zip(mesh.layout.names, coords)) + ")")
@@ -270,13 +275,16 @@ def _per_columns(row) -> tuple[str, str]:
 
 
 def _collectives(plan: Plan, con: Console) -> None:
+    """The collective tables, one per stage; the data axis named as the mesh line names it
+    (:func:`meshplan.spec.wording.axis_labels`: ``dp_shard`` where zero3 shards the parameters)."""
+    shown = axis_labels(plan.mesh, plan.config.training, plan.config.origin)
     for stage, rows in plan.collectives.items():
         tab = Table(title=f"Collectives, {stage} (alpha-beta time of the fastest NCCL algorithm on the path; what waits on each row: --json)", title_justify="left")
         for col in ("axis", "phase", "op", "n", "size (B)", "dtype", "per layer", "per mb", "per step", "path",
                     "alg", "time (us)", "algbw (GB/s)", "busbw (GB/s)"):
             tab.add_column(col, justify="right")
         for r in rows:
-            tab.add_row(r.axis, r.phase, r.op, str(r.group_size), f"{r.size_bytes:,.0f}", r.dtype,
+            tab.add_row(shown.get(r.axis, r.axis), r.phase, r.op, str(r.group_size), f"{r.size_bytes:,.0f}", r.dtype,
                         *_per_columns(r), str(r.per_step), r.path.kind, r.algorithm,
                         f"{r.time_s / US:,.1f}", f"{r.algbw_bytes_per_s / GB:.1f}", f"{r.busbw_bytes_per_s / GB:.1f}")
         con.print(tab)

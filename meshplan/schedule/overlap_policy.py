@@ -80,7 +80,9 @@ def megatron_fsdp(training) -> bool:
     """Whether Megatron-LM runs ``training``'s sharding with Megatron FSDP (zero2 under
     ``zero12_engine = "megatron"``, zero3 and hsdp under ``zero3_engine = "fsdp2"``:
     ``--use-megatron-fsdp``, :func:`config_overlap`) rather than its DDP buffers (none, zero1)
-    or another engine (DeepSpeed's)."""
+    or another engine (DeepSpeed's): the shardings whose overlap Megatron FSDP forces. Its
+    no_shard and optim (none, zero1 under ``training.megatron_fsdp``) keep the overlap flags, as
+    the DDP buffers do (``is_delay_grad_reduce``, megatron_fsdp.py:326-337 at d98e8a6): False."""
     if training.sharding == "zero2":
         return training.zero12_engine == "megatron"
     return training.sharding in ("zero3", "hsdp") and training.zero3_engine == "fsdp2"

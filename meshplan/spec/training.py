@@ -26,7 +26,7 @@ Dtype = Literal["fp32", "bf16", "fp16", "fp8"]
 # Megatron-LM's bf16 with fp32 main copies), so a knob with them.
 PLAN_KNOBS = ("micro_batch", "sharding", "reshard_after_forward", "reshard_head_after_forward", "recompute", "ac_freq", "flash_attention",
               "tp_comm_overlap", "framework", "zero3_engine", "contiguous_gradients", "zero12_engine", "overlap_comm",
-              "overlap_grad_reduce", "overlap_param_gather", "grad_accumulation", "fp8_all_gather", "torch_compile", "torch_compile_loss", "torch_norm", "optimizer_impl", "pp_schedule_runs", "vocab_pad_divisor",
+              "overlap_grad_reduce", "overlap_param_gather", "megatron_fsdp", "grad_accumulation", "fp8_all_gather", "torch_compile", "torch_compile_loss", "torch_norm", "optimizer_impl", "pp_schedule_runs", "vocab_pad_divisor",
               "param_dtype")
 
 #: The weights of ``nn.Linear`` modules (torchtitan's model files; Megatron-LM's Transformer Engine
@@ -230,6 +230,18 @@ class TrainingSpec(BaseModel):
     ``param_and_grad_buffer.py`` ``register_grad_ready``, ``finish_param_sync``; ``arguments.py``
     lines 1024-1029). Under Megatron FSDP (zero2, zero3, hsdp) both are forced on whatever the
     flags say (:func:`meshplan.schedule.overlap_policy.config_overlap`): the keys are refused there.
+    ``megatron_fsdp`` (``framework = "megatron"``, sharding none or zero1): Megatron-LM runs them
+    with Megatron FSDP (``--use-megatron-fsdp --data-parallel-sharding-strategy no_shard`` or
+    ``optim``) instead of its DDP buffers and distributed optimizer. It plans as them: the same
+    state (parameters and gradient buffer whole on every rank; under optim the fp32 main weights and
+    optimizer state sharded over dp x cp) and the same reductions, once per step in the last
+    micro-batch (``is_delay_grad_reduce``), per unit in its backward under ``overlap_grad_reduce``,
+    else all-reduced (no_shard) or reduce-scattered (optim) after it, and optim's parameters
+    all-gathered after the step (in the next forward under ``overlap_param_gather``)
+    (megatron/core/distributed/fsdp/src/megatron_fsdp/megatron_fsdp.py:326-337, 1284-1347 and
+    param_and_grad_buffer.py:2325-2345 at NVIDIA/Megatron-LM d98e8a6); the output names the engine
+    and ``export --to megatron`` writes its flags. zero2, zero3 and hsdp run Megatron FSDP whatever
+    it says.
     ``grad_clip``: gradient-norm clipping before the optimizer step (torchtitan
     ``training.max_norm`` 1.0 and Megatron-LM ``--clip-grad`` 1.0 by default): one read of the
     gradients for the norm and one read and write to scale them
@@ -338,6 +350,7 @@ class TrainingSpec(BaseModel):
     overlap_comm: Optional[bool] = None
     overlap_grad_reduce: bool = False
     overlap_param_gather: bool = False
+    megatron_fsdp: bool = False
     grad_accumulation: Literal["sync", "no_sync", "no_sync_unsharded"] = "sync"
     pp_schedule_runs: int = Field(default=1, ge=1, le=BOUNDS["global_batch"].value)
     linear_dtype: Optional[Literal["fp8"]] = None
@@ -491,7 +504,12 @@ class TrainingSpec(BaseModel):
 
     def _check_megatron_overlap(self) -> None:
         """``overlap_grad_reduce`` / ``overlap_param_gather`` only where Megatron-LM's DDP buffers
-        run (class docstring), the second only with the first and the distributed optimizer."""
+        run (class docstring), the second only with the first and the distributed optimizer;
+        ``megatron_fsdp`` only under Megatron-LM's own engines."""
+        if self.megatron_fsdp and (self.framework != "megatron" or self.zero12_engine != "megatron"
+                                   or self.zero3_engine != "fsdp2" or self.zero0_engine != "ddp"):
+            raise ValueError("megatron_fsdp is Megatron-LM's --use-megatron-fsdp (framework \"megatron\", without a "
+                             "DeepSpeed engine): remove it or set framework = \"megatron\"")
         key = "overlap_grad_reduce" if self.overlap_grad_reduce else "overlap_param_gather"
         if not (self.overlap_grad_reduce or self.overlap_param_gather):
             return

@@ -115,13 +115,17 @@ def _deepspeed_recompute(training) -> str:
 
 def sharding_words(training, origin: str = "") -> str:
     """``training.sharding`` as the plan header names it: DeepSpeed's ZeRO stage under DeepSpeed
-    (:func:`zero_runtime`), else meshplan's name alone.
+    (:func:`zero_runtime`), Megatron FSDP's strategy under ``training.megatron_fsdp`` (none, zero1),
+    else meshplan's name alone.
 
     >>> from meshplan.spec.training import TrainingSpec
     >>> sharding_words(TrainingSpec(global_batch=8, seq_len=16, sharding="zero3"), "deepspeed")
     'zero3 (DeepSpeed ZeRO stage 3: partitions the optimizer states, gradients and parameters over the data-parallel group)'
     """
     stage = ZERO_STAGE.get(training.sharding)
+    if training.megatron_fsdp and megatron_ddp(training, origin):
+        strategy = {"none": "no_shard", "zero1": "optim"}[training.sharding]
+        return f"{training.sharding} (Megatron FSDP, --data-parallel-sharding-strategy {strategy})"
     if zero_runtime(training, origin) != DEEPSPEED or stage is None:
         return training.sharding
     if stage == 0:
@@ -289,6 +293,47 @@ def shown_names(names, sharding: str, taken=()) -> dict[str, str]:
     return {data[0]: data_axis(sharding)}
 
 
+def group_words(training, origin: str = "") -> dict[str, str]:
+    """The derived groups the groups table names in the runtime's words, as {group: printed}:
+    under Megatron-LM (:func:`runtime` and :func:`zero_runtime` both ``megatron``) the derived
+    ``fsdp`` group (dp x cp, :data:`meshplan.mesh.resolve.DERIVED`) is its data-parallel group
+    with context parallel (``parallel_state.get_data_parallel_group(with_context_parallel=True)``,
+    the ``dp_cp_group`` / ``intra_dp_cp_group`` of megatron/core/distributed/
+    distributed_data_parallel.py:148-149 and megatron/core/optimizer/__init__.py:934-935 at
+    NVIDIA/Megatron-LM d98e8a6), over which its DDP reduces the gradients, the distributed optimizer
+    (zero1) shards, and Megatron FSDP shards (mcore_fsdp_adapter.py:352-367); {} elsewhere
+    (torchtitan's fsdp = dp_shard x cp keeps its name).
+
+    >>> from meshplan.spec.training import TrainingSpec
+    >>> t = TrainingSpec(global_batch=8, seq_len=16, sharding="zero1", framework="megatron")
+    >>> group_words(t), group_words(t.model_copy(update={"framework": "torch"}))
+    ({'fsdp': 'dp x cp (distributed optimizer)'}, {})
+    """
+    if runtime(training, origin) != "megatron" or zero_runtime(training, origin) != "megatron":
+        return {}
+    fsdp = training.megatron_fsdp or training.sharding not in ("none", "zero1")
+    what = ("Megatron FSDP" if fsdp else "distributed optimizer" if training.sharding == "zero1"
+            else "DDP gradient all-reduce")
+    return {"fsdp": f"dp x cp ({what})"}
+
+
+def axis_labels(mesh, training, origin: str = "") -> dict[str, str]:
+    """The axes and derived groups of a resolved ``mesh`` that the groups and collective tables
+    (text and HTML) print otherwise, as {name: printed}: the data axis by :func:`shown_names`
+    (derived groups' names taken) and the derived groups by :func:`group_words`.
+
+    >>> from meshplan.mesh.resolve import resolve_mesh
+    >>> from meshplan.spec.mesh import MeshSpec
+    >>> from meshplan.spec.training import TrainingSpec
+    >>> m = resolve_mesh(MeshSpec(names=["dp", "cp"], shape=[2, 2]), 4)
+    >>> axis_labels(m, TrainingSpec(global_batch=8, seq_len=16, sharding="zero3", framework="megatron"))
+    {'dp': 'dp_shard', 'fsdp': 'dp x cp (Megatron FSDP)'}
+    """
+    axes = mesh.all_axes()
+    shown = shown_names(mesh.layout.names, training.sharding, taken=[a for a in axes if a not in mesh.layout.names])
+    return shown | {a: w for a, w in group_words(training, origin).items() if a in axes}
+
+
 def renamed_words(names, sharding: str) -> str:
     """Why :func:`mesh_text` prints the config's data axis under another name (the plan's mesh
     line, beside the config's names); "" when it keeps the name.
@@ -332,8 +377,9 @@ def kind_words(training, origin: str = "", dp: int = 0) -> dict[str, str]:
     """
     stage = ZERO_STAGE.get(training.sharding)
     if megatron_ddp(training, origin):
-        return {"grads": "Megatron DDP gradient buffer (main_grad), whole on every rank" + (
-            f"; the distributed optimizer steps on its own 1/{dp if dp else 'N'}" if stage == 1 else "")}
+        steps = "Megatron FSDP's optim sharding" if training.megatron_fsdp else "the distributed optimizer"
+        return {"grads": f"{megatron_engine(training)} gradient buffer (main_grad), whole on every rank" + (
+            f"; {steps} steps on its own 1/{dp if dp else 'N'}" if stage == 1 else "")}
     if zero_runtime(training, origin) != DEEPSPEED or stage is None:
         return {}
     part = f"1/{dp if dp else 'N'} on each rank of the data-parallel group"
@@ -377,6 +423,19 @@ def megatron_ddp(training, origin: str = "") -> bool:
             and training.sharding in ("none", "zero1"))
 
 
+def megatron_engine(training) -> str:
+    """Which Megatron-LM engine runs the data parallelism of sharding none or zero1: ``Megatron
+    FSDP`` under ``training.megatron_fsdp`` (``--use-megatron-fsdp`` with no_shard or optim),
+    else ``Megatron DDP`` (its DDP buffers, with the distributed optimizer for zero1).
+
+    >>> from meshplan.spec.training import TrainingSpec
+    >>> t = TrainingSpec(global_batch=8, seq_len=16, sharding="zero1", framework="megatron")
+    >>> megatron_engine(t), megatron_engine(t.model_copy(update={"megatron_fsdp": True}))
+    ('Megatron DDP', 'Megatron FSDP')
+    """
+    return "Megatron FSDP" if training.megatron_fsdp else "Megatron DDP"
+
+
 def reduce_words(training, origin: str, rule: str) -> str:
     """When the gradients are reduced, as the memory caption names it: ``FSDP reduce RULE``
     (Megatron DDP's bucket reduction under :func:`megatron_ddp`; ``rule``: :meth:`meshplan.spec.memory.MemoryOptions.fsdp_reduce_for`, the ``[memory]
@@ -393,8 +452,9 @@ def reduce_words(training, origin: str, rule: str) -> str:
     """
     stage = ZERO_STAGE.get(training.sharding)
     if megatron_ddp(training, origin):
-        op = "reduce-scatter (distributed optimizer)" if stage == 1 else "all-reduce"
-        return f"Megatron DDP gradient {op} " + ("per bucket in the last micro-batch's backward (overlap_grad_reduce)"
+        op = "all-reduce" if stage != 1 else "reduce-scatter (" + (
+            "optim" if training.megatron_fsdp else "distributed optimizer") + ")"
+        return f"{megatron_engine(training)} gradient {op} " + ("per bucket in the last micro-batch's backward (overlap_grad_reduce)"
                                                  if training.overlap_grad_reduce else "after the last micro-batch's backward")
     if zero_runtime(training, origin) != DEEPSPEED or not stage:
         return f"FSDP reduce {rule}"
