@@ -22,7 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from meshplan.comm import deepspeed_zero12
-from meshplan.comm.collectives import CollectiveRow, collective_table
+from meshplan.comm.collectives import collective_table
+from meshplan.comm.row import CollectiveRow
 from meshplan.compute.shapes import Attention, Gemm, local_shapes
 from meshplan.compute.routing import RoutingOptions, routing
 from meshplan.config import Config

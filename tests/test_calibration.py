@@ -217,7 +217,7 @@ def _calibrated_h100(nodes: int = 1):
 
 
 def _path(cluster, shape, names=("outer", "axis")):
-    from meshplan.comm.collectives import axis_path
+    from meshplan.comm.row import axis_path
     from meshplan.mesh.resolve import resolved_mesh
     from meshplan.placement.assign import place
     from meshplan.spec.mesh import MeshSpec
@@ -226,7 +226,7 @@ def _path(cluster, shape, names=("outer", "axis")):
 
 
 def test_calibrated_nvlink_is_the_fit_at_the_measured_op_and_ranks():
-    from meshplan.comm.collectives import path_time
+    from meshplan.comm.row import path_time
     cluster = _calibrated_h100()
     path = _path(cluster, [1, 8])
     assert (path.kind, path.calibrated) == ("nvlink", True)
@@ -246,7 +246,7 @@ def test_calibrated_nvlink_is_the_fit_at_the_measured_op_and_ranks():
 
 
 def test_calibrated_nic_has_no_tree_below_its_fit():
-    from meshplan.comm.collectives import path_time
+    from meshplan.comm.row import path_time
     cluster = _calibrated_h100(nodes=2)
     path = _path(cluster, [2, 8], ("axis", "inner"))  # one rank per node: the fitted configuration
     assert (path.kind, path.calibrated, path.ranks_per_node) == ("network", True, 1)

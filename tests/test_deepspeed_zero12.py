@@ -25,7 +25,7 @@ import json
 
 import pytest
 
-from meshplan.comm.collectives import axis_path, path_time
+from meshplan.comm.row import axis_path, path_time
 from meshplan.comm.deepspeed_zero12 import allreduce_elements
 from meshplan.config import config_from_dict
 from meshplan.errors import ConfigError

@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 
 from meshplan import catalog
-from meshplan.comm.collectives import path_time
+from meshplan.comm.row import path_time
 from meshplan.compute import float8
 from meshplan.compute.measured import kernel_data, memory_kernel_seconds
 from meshplan.compute.layer import layer_cost

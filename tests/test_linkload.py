@@ -226,7 +226,7 @@ def test_one_node_ring_is_all_nvlink():
 
 
 def test_link_split_of_each_algorithm():
-    from meshplan.comm.collectives import link_bytes
+    from meshplan.comm.row import link_bytes
     S = 1e9
     # hierarchical all-reduce, 4 nodes x 8: reduce-scatter and all-gather inside on S, the
     # all-reduce across the 4 nodes on S/8

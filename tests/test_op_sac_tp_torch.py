@@ -1,5 +1,5 @@
 """torch 2.13 as the oracle for the tp collectives of a checkpointed Llama block under sequence
-parallelism (meshplan.comm.collectives._tp_layer_ops): one block with torchtitan's TP plan
+parallelism (meshplan.comm.tp_rows._tp_layer_ops): one block with torchtitan's TP plan
 (SequenceParallel norms, PrepareModuleInput Shard(1) -> Replicate before the attention and the
 MLP, Colwise wq/wk/wv/w1/w3, Rowwise wo/w2 to Shard(1)) on a fake process group of 2 ranks,
 checkpointed (non-reentrant) three ways, and the functional collectives counted by
@@ -155,7 +155,8 @@ def _counts(mesh, mode: str) -> dict:
 @pytest.mark.timeout(300)
 def test_checkpoint_replays_as_the_table_counts(tp2):
     """(all-gathers, reduce-scatters) per phase of one block, torch against the table's rule."""
-    from meshplan.comm.collectives import _Ctx, _tp_layer_ops
+    from meshplan.comm.stage_context import StageContext
+    from meshplan.comm.tp_rows import _tp_layer_ops
     from tests.test_op_sac_tp import _plan
 
     got = {mode: _counts(tp2, mode) for mode in ("none", "full", "op")}
@@ -164,8 +165,8 @@ def test_checkpoint_replays_as_the_table_counts(tp2):
     assert got["op"] == {"forward": (2, 2), "backward": (4, 2)}
     for mode in ("none", "full", "op"):
         p = _plan(mode)
-        ctx = _Ctx(model=p.config.model, training=p.config.training, mesh=p.mesh, layers=list(range(32)),
-                   first=True, last=True, gpu=p.config.cluster.gpu)
+        ctx = StageContext(model=p.config.model, training=p.config.training, mesh=p.mesh, layers=list(range(32)),
+                           first=True, last=True, gpu=p.config.cluster.gpu)
         fwd, bwd = _tp_layer_ops(ctx, 0)
         assert (fwd.count("all-gather"), fwd.count("reduce-scatter")) == got[mode]["forward"]
         assert (bwd.count("all-gather"), bwd.count("reduce-scatter")) == got[mode]["backward"]

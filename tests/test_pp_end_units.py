@@ -2,7 +2,7 @@
 each layer a unit, [final norm, output] one unit on the stage that holds them
 (``torchtitan/distributed/fsdp.py`` ``apply_fsdp_to_decoder``, applied to each pipeline model
 part, whose missing ends are None); with vpp the first stage's chunk 0 holds the embedding and
-the last stage's last chunk the head. The collective table (:func:`meshplan.comm.collectives._units`)
+the last stage's last chunk the head. The collective table (:func:`meshplan.comm.fsdp_rows.fsdp_units`)
 and the runtime wrapper (:func:`meshplan.runtime.execution.parallelize.apply_fsdp` through
 :func:`meshplan.runtime.execution.pipelined_stage.parallelize_stage`) list the same units.
 
@@ -49,7 +49,7 @@ def test_table_lists_the_embedding_on_the_first_stage_and_the_head_on_the_last(p
     (the layers' rule, fsdp_gather_flags); [norm, output] once per step (never resharded:
     micro-batch 0's forward gathers it, perform_reduce_grad reshards it at the end); each
     reduce-scattered once per step. The middle stages hold neither."""
-    from meshplan.comm.collectives import fsdp_gather_flags
+    from meshplan.comm.fsdp_rows import fsdp_gather_flags
 
     plan = _plan(pp, vpp, schedule)
     flags = fsdp_gather_flags(schedule, pp, 8, vpp, 0, reshard=True)

@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-from meshplan.comm.collectives import fsdp_gather_flags
+from meshplan.comm.fsdp_rows import fsdp_gather_flags
 from meshplan.config import config_from_dict
 from meshplan.errors import ConfigError
 from meshplan.plan import build_plan
@@ -463,8 +463,8 @@ def test_search_counts_the_kv_replica_communicator():
 
 def test_step_rows_are_charged_every_call():
     """torch's SP norm gradients without FSDP: each of the 65 norms of Llama 3 8B (2 a layer and
-    the final one) is all-reduced over tp at each of AdamW's 3 reads (comm/collectives.py
-    _replicated_grad_rows): 195 calls a step, all charged at the step's end, beside DDP's bucket
+    the final one) is all-reduced over tp at each of AdamW's 3 reads (comm/tp_grads.py
+    replicated_grad_rows): 195 calls a step, all charged at the step's end, beside DDP's bucket
     all-reduces (a new user's review found the row charged once)."""
     from meshplan.schedule.comm_times import comm_kind, CommTimes
     plan = plan_of({"names": ["dp", "tp"], "shape": [2, 4], "sequence_parallel": True},

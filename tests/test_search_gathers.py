@@ -1,5 +1,5 @@
 """The search's step-time bound with pp > 1 counts the FSDP all-gathers of the passes that
-find their chunk sharded (comm.collectives.fsdp_gather_flags), as the collective table and the
+find their chunk sharded (comm.fsdp_rows.fsdp_gather_flags), as the collective table and the
 timeline do: before, it counted none, and the 405B example's bound fell to half of the exact
 step (4.2 s against 7.1 s) so the best-first ranking planned thousands of candidates."""
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from meshplan.comm.collectives import fsdp_gather_flags
+from meshplan.comm.fsdp_rows import fsdp_gather_flags
 from meshplan.config import config_from_dict
 from meshplan.plan import build_plan, table_key
 from meshplan.search.driver import search

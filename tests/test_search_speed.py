@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from meshplan.comm.collectives import fsdp_gather_flags
+from meshplan.comm.fsdp_rows import fsdp_gather_flags
 from meshplan.memory import constraints as cons
 from meshplan.pipeline.registry import get
 from meshplan.pipeline.simulate import PipelineSpec, simulate

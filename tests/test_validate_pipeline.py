@@ -66,7 +66,7 @@ def test_stage_split_computes_the_full_models_logits():
 # every backward but the last, so each unit is reduce-scattered once per step, and a unit left
 # unsharded by a backward is not gathered again by the next forward: the all-gathers follow the
 # 1F1B order (stage 0, F F B F B F B B: 2 forward + 3 backward per layer; stage 1: 1 + 4), the
-# root unit once per step. meshplan's table models this (collectives._pipelined_gathers). The
+# root unit once per step. meshplan's table models this (fsdp_rows._pipelined_gathers). The
 # static-mode warm-up vote of the first step is set-up traffic, left out of the comparison.
 
 @pytest.mark.slow

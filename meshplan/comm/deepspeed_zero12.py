@@ -32,7 +32,7 @@ which replaced one ``dist.reduce`` per destination rank with all-reduces:
 - When (``engine.py`` ``allreduce_gradients``; the optimizer's ``process_gradients``): stage 2
   ("ZeRO stage >= 2 communicates during non gradient accumulation boundaries as well") reduces
   in the gradient hooks of every micro-batch's backward, in gradient-ready order (taken as the
-  reverse of registration, as :func:`meshplan.comm.collectives._ddp_rows` takes it). Stage 1
+  reverse of registration, as :func:`meshplan.comm.dp_rows._ddp_rows` takes it). Stage 1
   reduces once per step: with ``overlap_comm`` in the hooks of the last micro-batch's backward
   (``reduce_ready_partitions_and_remove_grads`` at the accumulation boundary), without it after
   that backward, walking the parameters in registration order (``reduce_gradients``).

@@ -71,7 +71,7 @@ def compute_stream_copies(training) -> bool:
     the bucket's flat buffer inside ``with stream(self.reduce_and_partition_stream)``
     (``stage3.py:1541-1560``), a side stream under ``overlap_comm``, true by default at stage 3
     (``zero/config.py:383-386``). The collective table adds those copies to the all-gather's and
-    the reduce-scatter's time instead (:func:`meshplan.comm.collectives._dp_rows`). The one rule
+    the reduce-scatter's time instead (:func:`meshplan.comm.dp_rows.dp_rows`). The one rule
     for the collective table's ``copy_s`` and the search's :func:`meshplan.search.comm_bounds.fsdp_copies`.
 
     >>> from meshplan.spec.training import TrainingSpec

@@ -28,7 +28,7 @@ from meshplan.units import GB
 class Side:
     """One mesh's numbers. ``link_bytes``: bytes one rank sends per step by link class,
     "nvlink" and "network" (stage 0's table: size x busbw factor x count, each row split over
-    the links it uses, :attr:`~meshplan.comm.collectives.CollectiveRow.link_bytes`); ``exposed_s``: exposed communication of
+    the links it uses, :attr:`~meshplan.comm.row.CollectiveRow.link_bytes`); ``exposed_s``: exposed communication of
     the critical stage by stream; ``gemms``: (name, M, N, K, efficiency)."""
 
     name: str

@@ -29,7 +29,7 @@ experts, ``n = E / ep`` local experts:
   first exchange the per-expert counts (torchtitan's ``AllToAllTokenDispatcher._token_count_exchange``,
   an all-to-all of ``E`` int64 per rank; Megatron-LM's ``MoEAlltoAllTokenDispatcher.preprocess``,
   an all-gather of them over ep x etp; forward only), which the collective table lists and the
-  step times before each dispatch (:func:`meshplan.comm.collectives._count_rows`).
+  step times before each dispatch (:func:`meshplan.comm.ep_rows._count_rows`).
 
 >>> r = routing(RoutingOptions(capacity_factor=1.25), tokens=4096, top_k=2, experts=8, ep=4)
 >>> r.capacity, r.recv_rows, r.hot_expert_rows, r.dropped

@@ -600,7 +600,7 @@ def write(cfg: Config) -> dict[str, Any]:
         zero |= {"reduce_bucket_size": cfg.memory.deepspeed_bucket_elements()} | (
             {"overlap_comm": t.overlap_comm} if t.overlap_comm is not None else {}) | (  # unset: the stage's default
             {"contiguous_gradients": t.contiguous_gradients} if t.contiguous_gradients is not None else {})
-    elif stage == 2:  # the plan's bucket (meshplan.comm.collectives._zero2_rows)
+    elif stage == 2:  # the plan's bucket (meshplan.comm.dp_rows._zero2_rows)
         zero["reduce_bucket_size"] = cfg.memory.bucket_elements(mesh.degree("fsdp"))
     elif t.zero3_engine == "deepspeed-2021":  # its gradient path and bucket (meshplan.comm.deepspeed), both
         # written: DeepSpeed's contiguous_gradients default changed in v0.4.3

@@ -199,7 +199,7 @@ def bucket(args: dict, training: dict, notes: list[str]) -> dict[str, int]:
     sets it to None without (one bucket; ``resolve_ddp_bucket_size``, megatron/training/
     training.py:2179-2194 at d98e8a6): read with none / zero1 and
     ``training.overlap_grad_reduce``, where meshplan plans those buckets
-    (:func:`meshplan.comm.collectives._megatron_bucket_rows`); elsewhere a note says why not.
+    (:func:`meshplan.comm.dp_rows._megatron_bucket_rows`); elsewhere a note says why not.
 
     Under Megatron FSDP (zero2, zero3) it is ignored, with a note: ``FullyShardedDataParallel``
     makes every ``TransformerLayer`` an FSDP unit (megatron/core/distributed/fsdp/
@@ -208,7 +208,7 @@ def bucket(args: dict, training: dict, notes: list[str]) -> dict[str, int]:
     parameters, a bucket closed once it holds that many elements: ``_get_parameter_groups``,
     megatron_fsdp/param_and_grad_buffer.py:1827-1874), in each rank's first model chunk (the
     others built with ``disable_bucketing``: training.py:2508-2511 and 2313-2327). meshplan
-    plans those ends as one root unit (:func:`meshplan.comm.collectives._units`): the same
+    plans those ends as one root unit (:func:`meshplan.comm.fsdp_rows.fsdp_units`): the same
     bytes, in one collective where Megatron FSDP at its default size sends the embedding's
     bucket apart. The FSDP
     communication unit (``suggested_communication_unit_size``, megatron_fsdp.py:420-444) is

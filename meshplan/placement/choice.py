@@ -60,7 +60,7 @@ MAX_PERMUTED_AXES = 5
 
 def weights_from_table(rows: Iterable) -> dict[str, float]:
     """Bytes one rank sends per step on each axis: sum of ``sent_bytes_per_step`` (size x
-    busbw factor x calls per step) over :class:`~meshplan.comm.collectives.CollectiveRow`
+    busbw factor x calls per step) over :class:`~meshplan.comm.row.CollectiveRow`
     rows, keyed by the row's axis name (the traffic unit of ``step`` and ``compare``)."""
     out: dict[str, float] = {}
     for r in rows:

@@ -12,10 +12,13 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from meshplan.comm import deepspeed
-from meshplan.comm.collectives import (DROPLESS_COUNTS, FLOAT8_AMAX_CADENCE, FLOAT8_PRECOMPUTE_CADENCE,
-                                      SCATTER_GATHER_CADENCE, ZERO2_CADENCE)
 from meshplan.comm.deepspeed import CADENCE as DEEPSPEED_CADENCE
 from meshplan.comm.deepspeed_zero12 import CADENCE as DEEPSPEED_BUCKET_CADENCE
+from meshplan.comm.dp_rows import ZERO2_CADENCE
+from meshplan.comm.ep_rows import DROPLESS_COUNTS
+from meshplan.comm.fsdp_rows import FLOAT8_PRECOMPUTE_CADENCE
+from meshplan.comm.pp_rows import SCATTER_GATHER_CADENCE
+from meshplan.comm.tp_rows import FLOAT8_AMAX_CADENCE
 from meshplan.mesh.tpsplit import KV_REPLICA
 from meshplan.spec.axes.base import Slot, Timeline
 from meshplan.spec.axes.registry import AXES, Axis
@@ -120,7 +123,7 @@ def comm_kind(row) -> str:
     return "other"
 
 
-#: Timeline group of each FSDP root unit label (:func:`meshplan.comm.collectives._units`): one
+#: Timeline group of each FSDP root unit label (:func:`meshplan.comm.fsdp_rows.fsdp_units`): one
 #: root, or the embedding's unit and the [norm, output] unit apart (torchtitan, a V).
 ROOT_GROUPS = {"root (embedding)": "root_embed", "root (norm/output)": "root_head"}
 
@@ -130,7 +133,7 @@ ROOT_GROUPS = {"root (embedding)": "root_embed", "root (norm/output)": "root_hea
 FLOAT8_TP = "float8"
 
 
-#: Group of the tp all-reduces of float8 amaxes (:data:`meshplan.comm.collectives.FLOAT8_AMAX_CADENCE`).
+#: Group of the tp all-reduces of float8 amaxes (:data:`meshplan.comm.tp_rows.FLOAT8_AMAX_CADENCE`).
 FLOAT8_AMAX = "float8 amax"
 
 

@@ -44,7 +44,7 @@ def _block(s: _Sim, name: str, t: float, phase: str, ep: bool = False, cp: Optio
         return
     before, after = _tp(s.w)
     pre = s.comm("tp", phase, before, f"tp {before}", _gather_group(s, phase))
-    if ep:  # a dropless dispatch's count exchange first (collectives._count_rows)
+    if ep:  # a dropless dispatch's count exchange first (ep_rows._count_rows)
         n = "all-gather" if ("ep", "counts", phase, "all-gather") in s.c.t else "all-to-all"
         pre = s.comm("ep", phase, n, "ep counts", "counts", after=[pre or s.last]) or pre
         pre = s.comm("ep", phase, "all-to-all", "ep dispatch", after=[pre or s.last]) or pre

@@ -16,7 +16,7 @@ collective with its start and end in the step):
   total overlapped time per step: they share the GPU's copy engines and links.
 - **edge load**: bytes per step on each physical edge: rank 0's NVLink (what the rank sends
   inside its node: all of its NVLink-local rows and, of the rows whose groups span nodes, the
-  part the row's algorithm keeps inside the node, :func:`meshplan.comm.collectives.link_bytes`:
+  part the row's algorithm keeps inside the node, :func:`meshplan.comm.row.link_bytes`:
   7/8 of a ring's bytes with 8 ranks of the group per node), each NIC of node 0 (what every
   group's members on node 0 send out of it, by the same split: one rank's ring bytes for a
   ring, split over the NICs its members use there), and each rail's uplink
@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from meshplan.comm.collectives import link_bytes
+from meshplan.comm.row import link_bytes
 from meshplan.pipeline.fast import KINDS
 from meshplan.plan import Plan
 

@@ -52,7 +52,7 @@ frameworks issue them:
   needed); a layer's gradient reduce-scatter is issued after its weight gradients and runs
   during the next layer's backward (``Overlap.grad_reduce``; otherwise it blocks); HSDP
   all-reduces the shard over dp_replicate after it. With pp > 1 a pass gathers only when it
-  finds its chunk sharded (:func:`meshplan.comm.collectives.fsdp_gather_flags`: with
+  finds its chunk sharded (:func:`meshplan.comm.fsdp_rows.fsdp_gather_flags`: with
   ``reshard_after_forward = false`` once per step and chunk) and reduces only on the chunk's
   last gradient unit (``PipelineStage`` turns gradient sync off for every other backward).
   The ends (torchtitan's units, ``TrainingSpec.torchtitan_units``, at every pp): the

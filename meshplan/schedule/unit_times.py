@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from meshplan.comm.collectives import fsdp_gather_flags
+from meshplan.comm.fsdp_rows import fsdp_gather_flags
 from meshplan.pipeline.fast import KINDS, Flat
 from meshplan.pipeline.simulate import Event, PipelineSpec, stage_order
 from meshplan.schedule.rank_timeline import backward_unit, forward_unit
@@ -24,7 +24,7 @@ class UnitTimes:
     gradient unit, FSDP flags, reduce). FSDP flags (gather layers, gather root): without pp
     every pass gathers (the backward only where the table has a backward all-gather) and
     every gradient pass reduce-scatters; with pp they follow
-    :func:`meshplan.comm.collectives.fsdp_gather_flags` and the chunk's last gradient unit,
+    :func:`meshplan.comm.fsdp_rows.fsdp_gather_flags` and the chunk's last gradient unit,
     and so do they with pp 1 under ``training.grad_accumulation`` ``no_sync`` (parameters
     resharded after every backward) or ``no_sync_unsharded`` (kept gathered).
     A chunk whose costs and stage collectives equal an earlier stage's (the middle stages)

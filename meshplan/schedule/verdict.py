@@ -7,7 +7,7 @@ streams, plus the part of its bubble spent waiting for a stream another stage ex
 with the most of that time, its collectives on the stage that exposes it with the bytes each rank
 sends per step (full buffer S x busbw factor x calls per step, as :mod:`meshplan.schedule.linkload`
 counts them) and the link they cross (an all-to-all across nodes at each rank's share of its own
-NIC, :attr:`meshplan.comm.collectives.Path.nic_bandwidth_bytes_per_s`).
+NIC, :attr:`meshplan.comm.row.Path.nic_bandwidth_bytes_per_s`).
 
 When that stream is FSDP's (zero3 / hsdp units re-gathered and reduce-scattered every
 micro-batch without a pipeline), a second line names the cause: the micro-batches per step
@@ -91,7 +91,7 @@ def _waited(st, bw) -> str:
 
 def _link(row) -> str:
     """The link of a collective row and the bandwidth a rank gets on it: the ring's share of
-    the node's NICs (:func:`meshplan.comm.collectives.axis_path`), or for an all-to-all across
+    the node's NICs (:func:`meshplan.comm.row.axis_path`), or for an all-to-all across
     nodes each rank's share of its own NIC, through which its cross-node bytes leave."""
     path = row.path
     if row.op == "all-to-all" and path.kind == "network" and path.nic_bandwidth_bytes_per_s:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from meshplan.comm import fsdp2
-from meshplan.comm.collectives import FLOAT8_AMAX_BYTES
+from meshplan.comm.tp_rows import FLOAT8_AMAX_BYTES
 from meshplan.compute import float8
 from meshplan.compute.dtensor_sp import float8_tp
 from meshplan.compute.measured import kernel_data
@@ -46,7 +46,7 @@ def comm_times(cfg: Config, tt: TimeTables, c: Candidates) -> dict[str, np.ndarr
            "cp_rs": coll_times(tt, "reduce-scatter", c.cp, kv, c.tp),
            "p2p": coll_times(tt, "send/recv", c.pp, act // np.where(sp, c.tp, 1), c.dpr * c.dps * c.cp * c.tp)}
     # the tp all-reduces of the float8 amaxes of a dense layer under torchao's float8 TP, blocking
-    # (collectives._float8_amax_rows); forward counted as with fp8_all_gather (the fewer: 4 for
+    # (tp_rows._float8_amax_rows); forward counted as with fp8_all_gather (the fewer: 4 for
     # Llama against 11), as the candidates without FSDP plan it off
     names = float8_gemms(m, t).get("float8_gemms", frozenset()) if f8 else frozenset()
     n_f, n_b = float8.tp_amax_per_layer(names, True)

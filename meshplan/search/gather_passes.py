@@ -1,6 +1,6 @@
 """How many passes of a stage gather their FSDP units, per candidate: the layers' and the
 root's (:func:`gathering_passes`, from the schedule's order and
-:func:`~meshplan.comm.collectives.fsdp_gather_flags`, :func:`_gathers`), the routed experts'
+:func:`~meshplan.comm.fsdp_rows.fsdp_gather_flags`, :func:`_gathers`), the routed experts'
 (:func:`_expert_gathers`), the head's own unit apart or gathered again (:func:`_head_unit_apart`,
 :func:`_head_regathers`), and the passes of the end chunks (:func:`end_chunk_passes`).
 """
@@ -11,7 +11,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from meshplan.comm.collectives import fsdp_gather_flags
+from meshplan.comm.fsdp_rows import fsdp_gather_flags
 from meshplan.config import Config
 from meshplan.pipeline.fast import order_arrays
 from meshplan.search.memory import Stages
@@ -20,7 +20,7 @@ from meshplan.search.space import FSDP_SHARDINGS, Candidates, accumulates, candi
 
 def _head_unit_apart(cfg: Config, c: Candidates) -> np.ndarray:
     """(candidates, 1) 1 where the stage holding the output layer has [norm, output] as an FSDP
-    unit of its own (:func:`meshplan.comm.collectives._units`: torchtitan's units, but a tied
+    unit of its own (:func:`meshplan.comm.fsdp_rows.fsdp_units`: torchtitan's units, but a tied
     model at pp 1, one unit of both ends; a V's two chunk roots), else 0."""
     t, m = cfg.training, cfg.model
     titan = t.framework == "torch" and t.zero3_engine != "deepspeed-2021"  # TrainingSpec.torchtitan_units
@@ -57,7 +57,7 @@ def _expert_gathers(st: Stages, c: Candidates) -> np.ndarray:
 def gathering_passes(cfg: Config, c: Candidates, st: Stages, root: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """Forward and backward passes per step (candidates, pp) that all-gather their chunk's FSDP
     units on each stage when pp > 1, summed over the stage's chunks: the passes that find the
-    chunk sharded (:func:`meshplan.comm.collectives.fsdp_gather_flags`, the rule the collective
+    chunk sharded (:func:`meshplan.comm.fsdp_rows.fsdp_gather_flags`, the rule the collective
     table and the timeline count); with pp 1 the same rule under ``training.grad_accumulation``
     (:func:`~meshplan.search.space.accumulates`: ``no_sync`` reshards after every backward but
     the last, ``no_sync_unsharded`` keeps the units gathered), else 0: every unit gathers
@@ -102,7 +102,7 @@ def _gathers_both(schedule, p: int, m: int, v: int) -> np.ndarray:
 @lru_cache(maxsize=None)
 def _chunk_gathers(schedule, p: int, m: int, v: int) -> np.ndarray:
     """(2 reshard, 2, p, v): gathering F and B passes per step of each stage's chunks, without
-    and with resharding after forward: :func:`~meshplan.comm.collectives.fsdp_gather_flags`'s
+    and with resharding after forward: :func:`~meshplan.comm.fsdp_rows.fsdp_gather_flags`'s
     rule on the stage's order as arrays (:func:`~meshplan.pipeline.fast.order_arrays`, one call
     per stage for both): a pass gathers when it is its chunk's first, or follows a forward of
     the chunk that resharded; a backward leaves the chunk gathered."""

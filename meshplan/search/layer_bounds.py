@@ -114,7 +114,7 @@ def unit_bounds(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: dict)
         cf, cb = col(fd), col(bd)
     n = st.n_chunk
     # with pp > 1 a unit gathers only when it finds its chunk sharded and reduce-scatters only
-    # on the chunk's last gradient unit (comm.collectives.fsdp_gather_flags): no FSDP term in
+    # on the chunk's last gradient unit (comm.fsdp_rows.fsdp_gather_flags): no FSDP term in
     # the per-unit cores; the gathering units' extra (``f_extra``, ``b_extra``, reduce-scatters
     # left out) is counted once per gathering pass (``g_f``, ``g_b``) in step_lower_bound
     # MoE models: routed experts gather over efsdp in their own units, which ``fsdp_ag`` (the

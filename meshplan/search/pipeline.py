@@ -94,7 +94,7 @@ def stage_ends(dag: Dag, f: np.ndarray, b: np.ndarray, p2p: np.ndarray, extra: n
 def gathering_units(schedule: Schedule | str, p: int, m: int, v: int, reshard: bool) -> np.ndarray:
     """(2, units) of :func:`build_dag`'s units: 1 where the unit is a forward (row 0) or a
     backward (row 1) that all-gathers its chunk's FSDP units with pp > 1: the rule of
-    :func:`meshplan.comm.collectives.fsdp_gather_flags` (the timeline's) on arrays: a pass
+    :func:`meshplan.comm.fsdp_rows.fsdp_gather_flags` (the timeline's) on arrays: a pass
     gathers when it is its chunk's first on the stage, or follows a forward of the chunk that
     resharded (``reshard``); a backward leaves the chunk gathered."""
     dag = build_dag(schedule, p, m, v)

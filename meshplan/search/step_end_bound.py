@@ -33,7 +33,7 @@ def _stage_end(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: dict, 
     stride = np.broadcast_to(c.tp[:, None], numel.shape).ravel()
     gather = coll_times(tt, "all-gather", n, numel.ravel() * dtype_bytes(t.param_dtype), stride).reshape(numel.shape)
     if t.overlap_param_gather:  # Megatron-LM's --overlap-param-gather: the next forward waits for one bucket at least
-        # (step_end.param_gather_exposed_s), ceil(numel / B) buckets (collectives._megatron_bucket_rows)
+        # (step_end.param_gather_exposed_s), ceil(numel / B) buckets (dp_rows._megatron_bucket_rows)
         gather = gather / np.maximum(np.ceil(numel / cfg.memory.bucket_elements(c.fsdp)[:, None]), 1)
     # in the dtype the zero1 plan reduces in (TrainingSpec.zero12_reduce_dtype: grad_reduce_dtype,
     # DeepSpeed's model dtype, else reduce_dtype), the collective table's

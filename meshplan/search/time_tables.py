@@ -2,7 +2,7 @@
 workload key (:class:`TimeTables`: one :func:`~meshplan.compute.layer.layer_costs` call per distinct
 (tp, cp, micro-batch, ep, etp, layer kind), its fields :data:`OP_FIELDS` and :data:`EXTRA_FIELDS`)
 and collective times by (op, ranks, bytes, stride) on the path
-:func:`~meshplan.comm.collectives.axis_path` gives each axis (:func:`coll_times`).
+:func:`~meshplan.comm.row.axis_path` gives each axis (:func:`coll_times`).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from meshplan.comm.collectives import axis_path, path_time
+from meshplan.comm.row import axis_path, path_time
 from meshplan.compute.embed_head import embedding_cost, head_cost
 from meshplan.compute.layer import layer_costs
 from meshplan.compute.ops import Workload, float8_gemms, framework_kernels
@@ -86,7 +86,7 @@ class TimeTables:
         return out
 
     def _path(self, stride: int, degree: int):
-        """:func:`~meshplan.comm.collectives.axis_path` of an axis of ``degree`` ranks ``stride``
+        """:func:`~meshplan.comm.row.axis_path` of an axis of ``degree`` ranks ``stride``
         apart, on a three-axis mesh (outer, axis, inner) with the same groups."""
         outer = self.world // (stride * degree)
         mesh = resolved_mesh(MeshSpec(names=["outer", "axis", "inner"], shape=[outer, degree, stride]), self.world)

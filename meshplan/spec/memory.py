@@ -76,7 +76,7 @@ class MemoryOptions(BaseModel):
     - ``grad_bucket_elements``: gradient bucket of the non-FSDP shardings (none, zero1,
       zero2). For ``none`` (torch DDP) it sets the bucket cap of the table's all-reduces, one per
       bucket, and where the step's timeline issues them as the buckets fill
-      (:func:`meshplan.comm.collectives.ddp_buckets`, :func:`meshplan.schedule.grad_reduce.reduce_pieces`);
+      (:func:`meshplan.comm.dp_rows.ddp_buckets`, :func:`meshplan.schedule.grad_reduce.reduce_pieces`);
       None there: torch's ``bucket_cap_mb`` 25 MiB, the first bucket 1 MiB. For the memory
       model (the bucket held during backward by zero2, or by a reduce-dtype cast) None is
       Megatron-Core's default ``max(40_000_000, 1_000_000 x dp_size)`` elements

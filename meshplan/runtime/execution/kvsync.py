@@ -8,7 +8,7 @@ gradient is their sum. :class:`KVReplicaSync` all-reduces (sum) each layer's wk 
 bias) gradients over the replica group once per step, after the data-parallel reduction
 (FSDP2's reduce-scatter) and before the optimizer, one flattened buffer per layer: the
 ``kv_replica`` row of the plan's collective table
-(:func:`meshplan.comm.collectives.kv_replica_grad_numel`). The copies start equal too: the
+(:func:`meshplan.comm.tp_grads.kv_replica_grad_numel`). The copies start equal too: the
 model draws the real heads and copies them (:func:`replicated_kv_value`). A DCP checkpoint
 holds each real head once and loads it into every copy (:func:`dedup_kv_state`). As bigcode's
 Megatron-LM sums the multi-query K/V gradients over tp before the optimizer (PR 39,

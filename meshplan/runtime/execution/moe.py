@@ -34,7 +34,7 @@ k; then one of two dispatches, as the plan's routing says (:func:`set_routing`,
   in token order; copies beyond C are dropped (their output is 0), empty slots are zero
   padding. The dispatch buffer is therefore always ``(experts, C, hidden)``, whatever the
   router decides, and the all-to-all sizes are known before the run (meshplan's collective
-  table, :func:`meshplan.comm.collectives._pp_ep_rows`).
+  table, :func:`meshplan.comm.ep_rows.ep_rows`).
 
 EP (:func:`apply_ep`): the rank at position ``j`` of its ``ep`` group keeps experts
 ``j*E/ep .. (j+1)*E/ep - 1``; dispatch and combine are

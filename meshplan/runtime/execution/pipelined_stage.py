@@ -13,7 +13,7 @@ gradient sync of a tied embedding split across the first and last stage.
   and ``2 cp - 1 - i``, :func:`meshplan.runtime.execution.cp.rank_chunks`); rotary tables (or learned
   positions) at their global positions on every stage; the activation between stages is the
   local (b, s/cp, h), under SP (b, s/cp/tp, h), as the plan's pp rows assume
-  (:func:`meshplan.comm.collectives._pp_ep_rows`, ``act_bytes`` = b * s/cp * h).
+  (:func:`meshplan.comm.pp_rows.pp_rows`, ``act_bytes`` = b * s/cp * h).
 - Tied embeddings (:class:`TiedEmbeddingSync`): the first stage holds ``embedding.weight``,
   the last ``output.weight``, equal at start (both drawn as the single-process model's one
   tensor, :func:`init_stage_weights`). After the schedule, before the optimizer, each of the

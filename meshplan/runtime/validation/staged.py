@@ -6,7 +6,7 @@ workers of that launch wrote, four kinds of predicted-against-measured rows:
 1. **Message curves** (``message_curves.csv``): every ``(axis, op)`` of the plan's table
    (send/recv excluded) timed by the in-run probe over :data:`~meshplan.runtime.validation.probe.CURVE_SIZES`
    (1 KiB to 4 MiB, powers of 4), all groups of the axis at once, against
-   :func:`meshplan.comm.collectives.path_time` for the same (op, ranks, size) on the axis's
+   :func:`meshplan.comm.row.path_time` for the same (op, ranks, size) on the axis's
    path of the plan's cluster (the CPU testbed's loopback, or the netns testbed's NICs).
    nccl-tests columns: ``algbw = S / t``, ``busbw = algbw x busbw_factor(op, n)``
    (nccl-tests doc/PERFORMANCE.md; :func:`meshplan.comm.alphabeta.busbw`).
@@ -53,8 +53,8 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from meshplan.comm.alphabeta import algbw, busbw
-from meshplan.comm.collectives import Path as LinkPath
-from meshplan.comm.collectives import path_time
+from meshplan.comm.row import Path as LinkPath
+from meshplan.comm.row import path_time
 from meshplan.compute.gemm import gemm_time
 from meshplan.compute.kernel_time import issue_floor
 from meshplan.compute.layer import layer_cost
@@ -165,7 +165,7 @@ def skew_summary(rows: list[dict]) -> dict:
 
 
 def _axis_paths(plan) -> dict[str, LinkPath]:
-    """axis name as the table shows it -> its :class:`meshplan.comm.collectives.Path`."""
+    """axis name as the table shows it -> its :class:`meshplan.comm.row.Path`."""
     paths: dict[str, LinkPath] = {}
     for rows in plan.collectives.values():
         for r in rows:
@@ -176,7 +176,7 @@ def _axis_paths(plan) -> dict[str, LinkPath]:
 def curve_rows(plan, curves: dict) -> list[dict]:
     """Measured message-curve points (``curves.json`` rows of
     :func:`~meshplan.runtime.validation.probe.run_probe`) against
-    :func:`meshplan.comm.collectives.path_time` on the axis's path for the same op, ranks and
+    :func:`meshplan.comm.row.path_time` on the axis's path for the same op, ranks and
     buffer, with nccl-tests' algbw and busbw (bytes/s) of both."""
     paths, cluster = _axis_paths(plan), plan.config.cluster
     out = []
@@ -344,7 +344,7 @@ def world_lines(staged: dict, elapsed_s: Optional[float] = None) -> list[str]:
         of = f" of the launch's {elapsed_s:.0f} s" if elapsed_s else ""
         lines += [f"Each axis's collectives timed over 1 KiB..4 MiB after the steps, every group of the axis at once "
                   f"({staged['curve_wall_s'] or 0:.1f} s{of}); predicted by the comm model on the axis's path "
-                  "(meshplan.comm.collectives.path_time). busbw = algbw x busbw factor (nccl-tests).", "",
+                  "(meshplan.comm.row.path_time). busbw = algbw x busbw factor (nccl-tests).", "",
                   "| axis | op | ranks | size (B) | predicted | measured | error | busbw predicted | busbw measured |",
                   "|---|---|---|---|---|---|---|---|---|"]
         lines += [f"| {r['axis']} | {r['op']} | {r['n_ranks']} | {r['size_bytes']} | {_us(r['predicted_time_s'])} | "

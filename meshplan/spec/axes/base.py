@@ -192,7 +192,7 @@ class Timeline:
 
 
 #: ``rows(add, stage)``: an axis's rows of one stage's collective table. ``stage`` is the
-#: stage's context (:class:`meshplan.comm.collectives.StageContext`: ``model``,
+#: stage's context (:class:`meshplan.comm.stage_context.StageContext`: ``model``,
 #: ``training``, ``mesh``, ``layers`` (indices), ``first``, ``last``, ``stage``, ``vpp``,
 #: ``schedule``, ``micro`` (micro-batches per step), ``seq_local`` (s / the sequence's split),
 #: ``act_bytes`` (b x seq_local x h in the compute dtype));
@@ -215,7 +215,7 @@ class AxisDef:
     divides, read by the local shapes, the memory and the search's bounds; ``shards``: the
     training state it shards; ``collectives``: what it sends; ``rows``: the builder of its
     rows in the collective table (:data:`RowBuilder`; None for the families
-    :mod:`meshplan.comm.collectives` builds itself, see its ``LAYER_ROWS``);
+    :mod:`meshplan.comm` builds itself, see :data:`meshplan.comm.collectives.LAYER_ROWS`);
     ``timeline``: where those rows run in a layer's timeline (:class:`Timeline`; None for
     the built-in axes, whose streams the rank timeline places by hand; an axis with rows and
     no timeline has them in the table, not in the step); ``search``: its search column

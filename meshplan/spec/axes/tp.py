@@ -7,7 +7,7 @@ Rules (handed cases C6, C7):
   tp > kv_heads each KV head is replicated on ``tp / kv_heads`` ranks (TP ranks
   {2i, 2i+1} hold KV head i at kv_heads 4, tp 8), as Megatron-Core and vLLM do; in
   training the copies' wk/wv gradients are summed over those ranks once per step
-  (:func:`meshplan.comm.collectives.kv_replica_grad_numel`, axis ``kv_replica``), so they stay equal;
+  (:func:`meshplan.comm.tp_grads.kv_replica_grad_numel`, axis ``kv_replica``), so they stay equal;
 - the MLP width divisible by tp (where the model has a dense MLP);
 - padded vocabulary = ceil(V / (divisor * tp)) * divisor * tp (Megatron-LM
   ``_vocab_size_with_padding``; divisor 128 under Megatron, 1 under torch, which does not pad

@@ -1,0 +1,88 @@
+"""The ep rows of the collective table (:func:`meshplan.comm.collectives.collective_table`):
+the all-to-all dispatch and combine of every MoE layer and, dropless, the count exchange
+before each dispatch.
+
+- EP: all-to-all dispatch and combine per MoE layer in forward, and their gradients in
+  backward; full recompute replays both (non-reentrant checkpoint: the combine's output is
+  saved by the gate multiply), so backward has 4 per MoE layer. Each rank dispatches a
+  fixed buffer of ``experts x C`` token rows, ``C = ceil(f * T * top_k / experts)`` for its
+  ``T = b*s/cp * etp/tp`` distinct tokens (:mod:`meshplan.compute.routing`, capacity
+  factor f = ``training.moe_capacity_factor``, default 1: overflowing copies dropped, empty
+  slots padded), so the bytes are known before
+  routing; torch cannot size an all-to-all by the router's (data-dependent) counts without
+  an extra exchange of counts. Equal to ``T * top_k`` rows when experts divides it, the
+  balanced-routing size used before (runtime MoE: :mod:`meshplan.runtime.execution.moe`, measured
+  with torch 2.13 on gloo). Dropless (the default of both frameworks, ``training.moe_dropless``): the
+  buffer is the busiest rank's received rows under the stated ``moe_hottest_expert_share``
+  (its all-to-all sets the time every rank waits for); unstated, the expected load of uniform
+  routing, ``T * top_k`` rows (``T * top_k / ep`` per peer), the balanced case. Before each
+  dispatch the ranks exchange their per-expert counts: under torch one all-to-all of
+  ``experts`` int64 per MoE layer in forward (and per replayed layer in backward), no gradient
+  (torchtitan's ``_token_count_exchange``), under Megatron-LM an all-gather of them over ep x
+  etp (:func:`_count_rows`), rows of cadence :data:`DROPLESS_COUNTS`, timed by the comm model
+  (latency-dominated) and placed on the ep stream before each dispatch, which waits for it
+  (:func:`meshplan.schedule.comm_times.comm_kind`; its device-to-host sync is not modelled).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from meshplan.comm.stage_context import StageContext
+from meshplan.compute.routing import RoutingOptions, routing
+from meshplan.mesh.layout import grid_groups
+from meshplan.units import dtype_bytes
+
+#: Cadence of the dropless count exchange (:func:`_count_rows`); its elements' dtype and bytes.
+DROPLESS_COUNTS = "every MoE layer (per-expert token counts, before the dispatch)"
+COUNT_DTYPE, COUNT_BYTES = "int64", 8
+
+
+def ep_rows(add, c: StageContext) -> None:
+    """The stage's ep rows (the table's builder for ep; none with ep 1): the dispatch and
+    combine all-to-alls of every MoE layer, their gradients and a recomputed layer's replay,
+    of the routing model's received rows (:func:`meshplan.compute.routing.routing`), and
+    dropless, the count exchange (:func:`_count_rows`)."""
+    t, mesh, m = c.training, c.mesh, c.model
+    dt = t.compute_dtype
+    if mesh.ep <= 1:
+        return
+    moe = sum(m.is_moe_layer(i) for i in c.layers)
+    replayed = sum(m.is_moe_layer(i) and t.layer_recomputed(k) for k, i in enumerate(c.layers))
+    tokens = t.micro_batch * c.seq_local * mesh.etp // mesh.degree("tp")  # see shapes
+    ro = RoutingOptions.of(t)
+    rows = routing(ro, max(1, tokens), m.top_k, m.experts, mesh.ep).recv_rows
+    a2a = rows * m.hidden * dtype_bytes(dt)
+    add("ep", "forward", "all-to-all", a2a, dt, 2 * moe, "every MoE layer (dispatch, combine)", "expert GEMMs")
+    add("ep", "backward", "all-to-all", a2a, dt, 2 * moe + 2 * replayed, "every MoE layer", "expert GEMMs")
+    if ro.dropless:  # the per-expert counts, no gradient (a replayed forward exchanges them again)
+        _count_rows(add, c, moe, replayed)
+
+
+def _count_rows(add, c: StageContext, moe: int, replayed: int) -> None:
+    """The dropless dispatch's count exchange, before each dispatch of ``moe`` MoE layers in
+    forward and of the ``replayed`` ones again in backward; no gradient, none in the combine or
+    the backward all-to-alls (they reuse the split sizes). torch (torchtitan's
+    ``_token_count_exchange``, pytorch/torchtitan b5bcd76 ``torchtitan/models/common/token_dispatcher.py``
+    lines 245-273): one ``all_to_all_single`` of the ``experts`` int64 counts over ep, ``experts / ep``
+    to each peer: ``8 E`` bytes. Megatron-LM (``MoEAlltoAllTokenDispatcher.preprocess``,
+    NVIDIA/Megatron-LM d98e8a6 ``megatron/core/transformer/moe/token_dispatcher.py`` lines 541-590):
+    ``gather_from_sequence_parallel_region`` of the ``E`` counts over ``tp_ep_group``, the ep x etp
+    ranks of one expert-data-parallel slot: an all-gather of ``8 E ep etp`` bytes (output); its
+    drop-and-pad path (``--moe-pad-expert-input-to-capacity``, a capacity plan) exchanges nothing.
+    A few hundred bytes to a few hundred KB: the comm model's latency term sets the time
+    (:func:`meshplan.comm.row.path_time` on the group's path). The device-to-host copy of the split sizes that
+    follows is not modelled."""
+    m, mesh = c.model, c.mesh
+    if c.training.framework != "megatron":
+        add("ep", "forward", "all-to-all", m.experts * COUNT_BYTES, COUNT_DTYPE, moe, DROPLESS_COUNTS, "dispatch")
+        add("ep", "backward", "all-to-all", m.experts * COUNT_BYTES, COUNT_DTYPE, replayed, DROPLESS_COUNTS,
+            "the replayed dispatch")
+        return
+    names, grid = mesh.expert_grid()
+    groups = grid_groups(grid, [names.index("ep"), names.index("etp")])
+    rank0 = tuple(int(x) for x in groups[np.flatnonzero((groups == 0).any(axis=1))[0]])
+    size = m.experts * COUNT_BYTES * len(rank0)
+    add("ep", "forward", "all-gather", size, COUNT_DTYPE, moe, DROPLESS_COUNTS, "dispatch", ranks=rank0, groups=groups)
+    add("ep", "backward", "all-gather", size, COUNT_DTYPE, replayed, DROPLESS_COUNTS, "the replayed dispatch",
+        ranks=rank0, groups=groups)

@@ -1,0 +1,196 @@
+"""The tp rows of the collective table (:func:`meshplan.comm.collectives.collective_table`):
+the activations' collectives of tensor and sequence parallelism, layer by layer, and the loss's.
+Matched op by op against what torch 2.13 issues for DTensor TP/SP
+(``meshplan.runtime.validation.dryrun``; torchtitan's Llama plan). The gradients of weights
+replicated over tp are :mod:`meshplan.comm.tp_grads`'.
+
+- TP without SP: forward all-reduce after the vocab-parallel embedding (first stage) and after
+  wo and w_down of every layer; backward all-reduce of the input gradient of wq/wk/wv and
+  w_gate/w_up of every layer and of the output layer (last stage) (Megatron-LM, Shoeybi et al.
+  2019, Fig. 3). With SP each becomes an all-gather (before column-parallel GEMMs) and a
+  reduce-scatter (after row-parallel GEMMs), in forward and mirrored in backward (Korthikanti
+  et al. 2022, 4.2.2).
+- Float8 Linears with tensorwise scaling under torch (``TrainingSpec.float8_tp_gathers``:
+  torchao's ``Float8ColwiseParallel`` / ``Float8RowwiseParallel`` / ``PrepareFloat8ModuleInput``,
+  torchao eab345c ``float8/float8_tensor_parallel.py``), with SP: a dense layer's all-gathers,
+  forward (inputs), backward (output gradients) and replayed, move float8, 1 byte a value
+  (:func:`meshplan.compute.dtensor_sp.float8_tp`; rows of dtype fp8, :data:`FLOAT8_TP_CADENCE`);
+  its reduce-scatters, the embedding's and the output layer's collectives stay in the compute dtype. Llama 3 8B at b 12, s 8192, tp 8:
+  an all-gather of 12 x 8192 x 4096 values is 402,653,184 B instead of 805,306,368 B. Each cast of
+  a tp shard all-reduces its amax over tp first (:func:`_float8_amax_rows`, one fp64 scalar: per
+  Llama layer 4 forward, 7 backward, and the forward's again where the layer is recomputed).
+- TP with MoE layers (etp 1, :func:`_tp_layer_ops`): attention and shared experts as above;
+  the tp ranks split the tokens for the routed experts (:mod:`meshplan.runtime.execution.moe`), so
+  the routed path has no tp collective under SP (a rank routes its own sequence shard) and
+  without SP one all-gather of the b*s*h routed outputs (the replicated activation rebuilt
+  after combine) in forward and one of the input gradient in backward; no MLP collectives
+  without shared experts. Measured with torch 2.13 (fake process group and gloo,
+  ``tests/test_validate_moe.py``).
+- Loss parallel (last stage, tp > 1): three all-reduces of b*s fp32 values (max, sum of
+  exponentials, target logit); without it, one all-gather of the b*s*V logits.
+- Full recompute: torch's non-reentrant checkpoint replays each layer's forward up to its last
+  saved tensor, so it repeats every forward TP collective except the last one of the layer;
+  torchtitan's per-layer AC (``recompute = "layer"``) does so in its checkpointed layers
+  (``TrainingSpec.layer_recomputed``); its op-level AC (cp = ep = 1; with tp > 1
+  under SP) replays the forward's tp all-gathers only (it saves the reduce-scatters' outputs).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from meshplan.comm.stage_context import StageContext
+from meshplan.comm.tp_grads import sp_norm_grad_rows, tp_grad_rows
+from meshplan.compute import float8
+from meshplan.compute.dtensor_sp import float8_tp
+from meshplan.mesh.tpsplit import padded_vocab
+from meshplan.pipeline.registry import get as get_schedule
+from meshplan.units import dtype_bytes
+
+
+def tp_rows(add, c: StageContext) -> None:
+    """The stage's tp rows (the table's builder for tp): every layer's activation collectives
+    (:func:`_tp_layer_ops`, counted by :func:`_layer_counts`; with SP :func:`_sp_rows`, else
+    :func:`_plain_rows`), the gradients of weights replicated over tp
+    (:func:`meshplan.comm.tp_grads.tp_grad_rows`) and, on the last stage, the loss's
+    (:func:`_loss_rows`), in that order."""
+    counts = _layer_counts(c)
+    if c.mesh.sequence_parallel:
+        _sp_rows(add, c, counts)
+    else:
+        _plain_rows(add, c, counts)
+    tp_grad_rows(add, c)
+    if c.last:
+        _loss_rows(add, c)
+
+
+def _tp_layer_ops(c: StageContext, layer: int) -> tuple[list[str], list[str]]:
+    """(forward, backward) tp collectives of one layer, forward in issue order (backward: the
+    forward's mirror, then Megatron's re-gathers with SP); ``+``: the
+    routed outputs' all-gather (no SP). Full recompute replays the forward up to the layer's
+    last saved tensor: all but its last collective, or all when the layer ends in the routed
+    experts (SP, no shared experts: the gate multiply saves the combine's output). torchtitan's
+    op-level AC (``recompute = "op"``, planned with SP) saves the reduce-scatters' outputs but not
+    the all-gathers' (``_save_list`` of torchtitan's llama3 ``parallelize``), so its recompute
+    replays the forward's all-gathers (the inputs of the recomputed wk and w3 and of every
+    column-parallel weight gradient)."""
+    sp, m = c.mesh.sequence_parallel, c.model
+    part = ["all-gather", "reduce-scatter"] if sp else ["all-reduce"]
+    moe = m.is_moe_layer(layer)
+    fwd = part + (["all-gather+"] if moe and not sp else []) + (part if not moe or m.shared_experts else [])
+    mirror = {"all-gather": "reduce-scatter", "reduce-scatter": "all-gather", "all-reduce": "all-reduce",
+              "all-gather+": "all-gather"}
+    bwd = [mirror[o] for o in fwd]
+    if sp and c.training.framework == "megatron" and not get_schedule(c.schedule).splits_backward:
+        # Megatron-LM saves only the sequence shard of a column-parallel linear's input and
+        # all-gathers it again for the weight gradient: the attention's and a dense MLP's
+        # (schedule/layer_timeline._block_backward; not where B and W are separate units)
+        bwd += ["all-gather"] * (1 if moe else 2)
+    if c.training.layer_recomputed(c.layers.index(layer)):
+        bwd += fwd if moe and sp and not m.shared_experts else fwd[:-1]
+    elif c.training.recompute == "op" and sp:
+        bwd += [o for o in fwd if o == "all-gather"]
+    return [o.rstrip("+") for o in fwd], [o.rstrip("+") for o in bwd]
+
+
+#: Cadence of the tp all-gathers that move float8 (:func:`meshplan.compute.dtensor_sp.float8_tp`).
+FLOAT8_TP_CADENCE = "every layer (SP, float8 tensorwise: torchao casts before the all-gather)"
+#: Cadence of the tp all-reduces of float8 amaxes (:func:`_float8_amax_rows`).
+FLOAT8_AMAX_CADENCE = "every float8 cast of a tp shard (torchao tensorwise: the amax, all-reduced max)"
+#: Bytes of one amax all-reduce: torchao's ``amax_to_scale`` upcasts the Partial amax to float64
+#: before the ``clamp`` at which DTensor redistributes it (eab345c ``float8_utils.py``; size not
+#: checked in a trace: latency-bound either way).
+FLOAT8_AMAX_BYTES = 8
+
+
+def _float8_amax_rows(add, c: StageContext) -> None:
+    """The tp all-reduces of the amaxes of the float8 casts of tp shards under torchao's float8
+    TP (:func:`meshplan.compute.float8.tp_amax_per_layer`: 4 forward, 7 backward per Llama layer,
+    weights gathered in float8): ``tensor_to_amax``'s ``torch.max(torch.abs(x))`` of a Shard
+    DTensor is a Partial max, all-reduced before the scale; the cast waits for it (eab345c
+    ``float8_scaling_utils.hp_tensor_to_float8_dynamic``). A recomputed layer (full, per-layer or
+    op-level AC) replays its forward casts' all-reduces (op-level AC saves ``aten.max``'s output,
+    not the collective's). One scalar each (:data:`FLOAT8_AMAX_BYTES`)."""
+    fwd = bwd = 0
+    for k, i in enumerate(c.layers):
+        if c.model.is_moe_layer(i):
+            continue
+        names = frozenset(x.name for x in c.model.layer_tensors(i) if c.training.float8_linear(x))
+        f, b = float8.tp_amax_per_layer(names, c.training.fp8_all_gather)
+        replay = c.training.layer_recomputed(k) or c.training.recompute == "op"
+        fwd, bwd = fwd + f, bwd + b + (f if replay else 0)
+    for phase, n in (("forward", fwd), ("backward", bwd)):
+        add("tp", phase, "all-reduce", FLOAT8_AMAX_BYTES, "fp64", n, FLOAT8_AMAX_CADENCE, "the float8 cast")
+
+
+def _layer_counts(c: StageContext) -> Counter[tuple]:
+    """Calls per micro-batch of the stage's layers' tp collectives by (phase, op, "fp8" for the
+    all-gathers that move float8 under :func:`meshplan.compute.dtensor_sp.float8_tp`, else "")."""
+    counts: Counter[tuple] = Counter()
+    f8 = "fp8" if float8_tp(c.model, c.training, c.mesh.sequence_parallel) else ""  # float8 all-gathers counted apart
+    for i in c.layers:
+        fwd, bwd = _tp_layer_ops(c, i)
+        counts.update(("forward", o, f8 if o == "all-gather" else "") for o in fwd)
+        counts.update(("backward", o, f8 if o == "all-gather" else "") for o in bwd)
+    return counts
+
+
+def _sp_rows(add, c: StageContext, counts: Counter[tuple]) -> None:
+    """Sequence parallelism's all-gathers and reduce-scatters (float8 ones apart), the float8
+    casts' amax all-reduces and the SP norms' gradients (:func:`~meshplan.comm.tp_grads.sp_norm_grad_rows`)."""
+    first, last, dt = int(c.first), int(c.last), c.training.compute_dtype
+    act = c.act_bytes
+    act8 = act // dtype_bytes(dt)  # the same values in float8
+    # Megatron-LM 2022 (2755bcb megatron/mpu/layers.py VocabParallelEmbedding.forward:
+    # reduce_from_tensor_model_parallel_region, then language_model.py Embedding.forward:
+    # scatter_to_sequence_parallel_region, a split) all-reduces the embedding's output and
+    # keeps its shard; torch's SequenceParallel embedding reduce-scatters it
+    embed_ar = first if c.training.framework == "megatron" else 0
+    add("tp", "forward", "all-gather", act, dt, counts["forward", "all-gather", ""] + last, "every layer (SP)",
+        "next column-parallel GEMM")
+    add("tp", "forward", "all-gather", act8, "fp8", counts["forward", "all-gather", "fp8"], FLOAT8_TP_CADENCE,
+        "next column-parallel GEMM")
+    add("tp", "forward", "reduce-scatter", act, dt, counts["forward", "reduce-scatter", ""] + first - embed_ar,
+        "every layer (SP)", "residual add")
+    add("tp", "forward", "all-reduce", act, dt, embed_ar, "every micro-batch (Megatron embedding, SP)",
+        "embedding's sequence split")
+    # Megatron-LM also gathers the output layer's input again in its backward (mpu/layers.py
+    # LinearWithGradAccumulationAndAsyncCommunication, parallel_lm_logits), for its wgrad
+    regather_head = last if c.training.framework == "megatron" else 0
+    add("tp", "backward", "all-gather", act, dt, counts["backward", "all-gather", ""] + first + regather_head,
+        "every layer (SP)", "next weight-gradient GEMM")
+    add("tp", "backward", "all-gather", act8, "fp8", counts["backward", "all-gather", "fp8"], FLOAT8_TP_CADENCE,
+        "next weight-gradient GEMM")
+    add("tp", "backward", "reduce-scatter", act, dt, counts["backward", "reduce-scatter", ""] + last,
+        "every layer (SP)", "previous layer's backward")
+    if float8_tp(c.model, c.training, c.mesh.sequence_parallel):
+        _float8_amax_rows(add, c)
+    sp_norm_grad_rows(add, c)
+
+
+def _plain_rows(add, c: StageContext, counts: Counter[tuple]) -> None:
+    """TP without SP: the all-reduces of every layer (and of the embedding's output, first
+    stage, and the output layer's input gradient, last stage) and an MoE layer's all-gathers of
+    the routed outputs and their gradients."""
+    first, last, dt = int(c.first), int(c.last), c.training.compute_dtype
+    act = c.act_bytes
+    add("tp", "forward", "all-reduce", act, dt, counts["forward", "all-reduce", ""] + first, "every layer",
+        "next layer's GEMMs")
+    add("tp", "backward", "all-reduce", act, dt, counts["backward", "all-reduce", ""] + last, "every layer",
+        "previous layer's backward")
+    add("tp", "forward", "all-gather", act, dt, counts["forward", "all-gather", ""], "every MoE layer (routed "
+        "outputs of each rank's tokens)", "residual add")
+    add("tp", "backward", "all-gather", act, dt, counts["backward", "all-gather", ""], "every MoE layer (input "
+        "gradients of each rank's tokens)", "previous layer's backward")
+
+
+def _loss_rows(add, c: StageContext) -> None:
+    """The last stage's loss: vocab-parallel (``loss_parallel``) three all-reduces of b*s fp32
+    values, else one all-gather of the b*s*V logits."""
+    dt = c.training.compute_dtype
+    b, s = c.training.micro_batch, c.training.seq_len // c.mesh.degree("cp")
+    if c.loss_parallel:
+        add("tp", "loss", "all-reduce", b * s * 4, "fp32", 3, "every micro-batch (vocab-parallel loss)", "loss")
+    else:
+        v = padded_vocab(c.model.vocab, c.training.vocab_pad_divisor, c.mesh.degree("tp"))
+        add("tp", "forward", "all-gather", b * s * v * dtype_bytes(dt), dt, 1, "every micro-batch (logits)", "loss")
