@@ -97,20 +97,7 @@ def step(config: Path = typer.Argument(..., help=CONFIG_HELP),
         _verdict_exit(p)
     for line in st.lines():
         _echo(line)
-    tp = tp_overlap_line(p, st, lambda alt: _step_with(alt, _overlap(False, no_prefetch), table, schedule))
-    if overlap_tp and not tp:
-        tp = ideal_tp_overlap_line(p, st, _step_with(p, _overlap(False, no_prefetch), table, schedule))
-    if tp:
-        _echo(tp)
-    if megatron_reduce_line(p.config.training):
-        _echo(megatron_reduce_line(p.config.training))
-    if unscheduled:
-        _echo(f"note: --schedule {unscheduled} changes nothing: pp 1 has no pipeline to schedule")
-    if overlap_tp and p.mesh.degree("tp") < 2:
-        _echo("note: --overlap-tp changes nothing: tp 1 has no TP collectives")
-    elif overlap_tp and p.config.training.tp_comm_overlap:
-        _echo("note: --overlap-tp ignored: training.tp_comm_overlap is on, and the config's model of it (the line "
-              "above) is what the step runs; --overlap-tp (ideal overlap of whole GEMMs) applies with it off")
+    _print_overlap_notes(p, st, overlap_tp, no_prefetch, table, schedule, unscheduled)
 
     again = rebuilt_step(p, lambda alt: _step_with(alt, _overlap(ideal_tp, no_prefetch), table, schedule))
     bw = bubble_wait(st)  # once: the verdict's lines and the JSON's most_exposed_stage both use it
@@ -125,6 +112,27 @@ def step(config: Path = typer.Argument(..., help=CONFIG_HELP),
     if trace:
         _wrote(st.write_trace(trace, force=force))
     _write_doc(json_path, _calibrated(step_doc(p, st, verdict, str(trace) if trace else None, bw=bw), cal), force)
+
+
+def _print_overlap_notes(p, st, overlap_tp: bool, no_prefetch: bool, table, schedule: Optional[str],
+                         unscheduled: Optional[str]) -> None:
+    """The lines under step's summary: the TP overlap line (the config's model against blocking TP,
+    or with ``--overlap-tp`` the ideal overlap of whole GEMMs), Megatron's gradient-reduce note, and
+    a note for each of ``--schedule`` and ``--overlap-tp`` that changes nothing or is ignored."""
+    tp = tp_overlap_line(p, st, lambda alt: _step_with(alt, _overlap(False, no_prefetch), table, schedule))
+    if overlap_tp and not tp:
+        tp = ideal_tp_overlap_line(p, st, _step_with(p, _overlap(False, no_prefetch), table, schedule))
+    if tp:
+        _echo(tp)
+    if megatron_reduce_line(p.config.training):
+        _echo(megatron_reduce_line(p.config.training))
+    if unscheduled:
+        _echo(f"note: --schedule {unscheduled} changes nothing: pp 1 has no pipeline to schedule")
+    if overlap_tp and p.mesh.degree("tp") < 2:
+        _echo("note: --overlap-tp changes nothing: tp 1 has no TP collectives")
+    elif overlap_tp and p.config.training.tp_comm_overlap:
+        _echo("note: --overlap-tp ignored: training.tp_comm_overlap is on, and the config's model of it (the line "
+              "above) is what the step runs; --overlap-tp (ideal overlap of whole GEMMs) applies with it off")
 
 
 def _step_with(p, overlap, table, schedule: Optional[str]):
