@@ -197,6 +197,7 @@ def test_step_json_computes_the_wait_once(tmp_path, monkeypatch, capsys):
     import sys
 
     from meshplan import cli
+    from meshplan.cli import step_cmd
     from meshplan.schedule import waits
 
     calls = []
@@ -208,7 +209,7 @@ def test_step_json_computes_the_wait_once(tmp_path, monkeypatch, capsys):
     for mod in [m for name, m in sys.modules.items() if name.startswith("meshplan") and m is not None]:
         if getattr(mod, "bubble_wait", None) is bubble_wait:
             monkeypatch.setattr(mod, "bubble_wait", counted)
-    assert cli.bubble_wait is counted and waits.bubble_wait is counted
+    assert step_cmd.bubble_wait is counted and waits.bubble_wait is counted
     cfg, out = tmp_path / "moe.toml", tmp_path / "step.json"
     cfg.write_text(SMALL_MOE_TOML)
     with pytest.raises(SystemExit) as done:

@@ -43,9 +43,10 @@ def test_plan_json_refused_before_the_report(tmp_path):
 
 
 def test_torch_commands_without_torch_name_the_install(monkeypatch):
-    monkeypatch.setattr(cli.importlib.util, "find_spec", lambda name: None)
+    from meshplan.cli import common
+    monkeypatch.setattr(common.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(ConfigError) as e:
-        cli._require_torch("validate")
+        common._require_torch("validate")
     assert e.value.field == "torch" and "pip install torch==2.13.0" in str(e.value)
 
 

@@ -317,8 +317,10 @@ def test_an_existing_output_is_refused_before_planning(tmp_path, monkeypatch, co
     from typer.testing import CliRunner
 
     import meshplan.cli as cli
-    monkeypatch.setattr(cli, "_load", _no_planning)
-    monkeypatch.setattr(cli, "load_any", _no_planning)
+    for mod in [m for name, m in sys.modules.items() if name.startswith("meshplan.cli.")]:
+        for planner in ("_load", "load_any"):  # the loader as each command module imported it
+            if hasattr(mod, planner):
+                monkeypatch.setattr(mod, planner, _no_planning)
     monkeypatch.chdir(tmp_path)
     dest = tmp_path / made
     dest.parent.mkdir(exist_ok=True)

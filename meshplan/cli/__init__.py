@@ -1,0 +1,151 @@
+"""Command line: thin wrappers over :func:`meshplan.plan.build_plan` and the reports, one module
+per group of commands, registered here in the order ``--help`` lists them (:data:`COMMANDS`):
+
+- :mod:`~meshplan.cli.plan_cmds`: plan, report, groups, memory
+- :mod:`~meshplan.cli.step_cmd`: step
+- :mod:`~meshplan.cli.reliability_cmd`: reliability
+- :mod:`~meshplan.cli.search_cmds`: compare, search
+- :mod:`~meshplan.cli.interop_cmds`: import, export
+- :mod:`~meshplan.cli.placement_cmds`: nccl-check, place, launch
+- :mod:`~meshplan.cli.validate_cmds`: validate, validate-slice, testbed up/down
+- :mod:`~meshplan.cli.machine_cmds`: catalog, calibrate, bench comm/gemm/attention
+- :mod:`~meshplan.cli.common` (options, printing, verdicts, outputs), :mod:`~meshplan.cli.loading`
+  (config to plan), :mod:`~meshplan.cli.exits` (usage errors, a closed stdout): what they share.
+
+Every malformed input ends with one line ``error: <field>: <message>`` on stderr and exit
+status 2 (degrees whose product is not the world among them: :func:`meshplan.cli.loading._load`);
+an infeasible mesh prints its reasons and exits 1.
+
+One verdict everywhere (:data:`EXIT_CODES`): every command that resolves a mesh (plan, groups,
+memory, step, reliability, place, nccl-check) exits 1 and prints ``infeasible: <reason>`` on stderr when
+``meshplan plan`` calls the mesh infeasible, whatever it printed before; ``step`` then prints
+only the step the mesh would take, labelled ``would be ... if it fit``. ``compare`` exits 0
+when a mesh that fits wins (the other's infeasibility is one of the verdict's reasons) and 1
+when neither fits; ``search`` exits 0 when some candidate fits and 1 when none does.
+
+Every command takes ``--json PATH`` (its document, schema ``meshplan/schemas/<command>.v1.schema.json``,
+a group's command as ``<group>-<command>``); ``--json -`` prints the document alone on stdout and
+moves everything else the command prints to stderr (:func:`meshplan.cli.common._json_to_stdout`,
+applied to every command once they are registered); so does ``-o -`` of import, export and search
+--export (the file on stdout). Every other output option refuses ``-``.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Optional
+
+import typer
+
+from meshplan.cli import (
+    interop_cmds,
+    machine_cmds,
+    placement_cmds,
+    plan_cmds,
+    reliability_cmd,
+    search_cmds,
+    step_cmd,
+    validate_cmds,
+)
+from meshplan.cli.common import _json_to_stdout
+from meshplan.cli.exits import _USAGE_ERROR, _exit_pipe_closed, _stdout_closed, _usage_line
+from meshplan.errors import ConfigError
+
+__all__ = ["COMMANDS", "EXIT_CODES", "app", "main"]
+
+
+EXIT_CODES = ("exit status: 0 feasible (compare: a mesh that fits wins; search: some candidate fits), "
+              "1 infeasible (the reasons on stderr as 'infeasible: ...'; groups, place, nccl-check and step still print "
+              "what they show, step labelled 'would be ... if it fit') or a measured difference, "
+              "2 malformed input (degrees whose product is not the world and counts that disagree included), or a "
+              "log nccl-check cannot check (one line 'error: <field>: <what is wrong>')")
+
+
+app = typer.Typer(add_completion=True, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
+                  help="Design, check and validate parallel meshes for distributed training. " + EXIT_CODES + ".")
+
+
+testbed_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="Emulated multi-node cluster in network namespaces (root).")
+bench_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="Measure this machine (or the testbed) for calibration.")
+
+#: Every command as (its typer app, its name, the function), in the order ``--help`` lists them;
+#: a new command is a function in its group's module and one line here.
+COMMANDS = (
+    (app, "plan", plan_cmds.plan),
+    (app, "report", plan_cmds.report),
+    (app, "groups", plan_cmds.groups),
+    (app, "memory", plan_cmds.memory),
+    (app, "step", step_cmd.step),
+    (app, "reliability", reliability_cmd.reliability),
+    (app, "compare", search_cmds.compare_cmd),
+    (app, "search", search_cmds.search_cmd),
+    (app, "import", interop_cmds.import_cmd),
+    (app, "export", interop_cmds.export_cmd),
+    (app, "nccl-check", placement_cmds.nccl_check),
+    (app, "validate", validate_cmds.validate),
+    (app, "place", placement_cmds.place_cmd),
+    (app, "launch", placement_cmds.launch_cmd),
+    (app, "catalog", machine_cmds.catalog_cmd),
+    (app, "calibrate", machine_cmds.calibrate_cmd),
+    (app, "validate-slice", validate_cmds.validate_slice),
+    (testbed_app, "up", validate_cmds.testbed_up_cmd),
+    (testbed_app, "down", validate_cmds.testbed_down_cmd),
+    (bench_app, "comm", machine_cmds.bench_comm_cmd),
+    (bench_app, "gemm", machine_cmds.bench_gemm),
+    (bench_app, "attention", machine_cmds.bench_attention),
+)
+
+
+def _register() -> None:
+    """Each of :data:`COMMANDS` on its app, in order, then the two groups on ``app``."""
+    for parent, name, command in COMMANDS:
+        parent.command(name)(command)
+    app.add_typer(testbed_app, name="testbed")
+    app.add_typer(bench_app, name="bench")
+
+
+_register()
+
+
+def _json_to_stdout_everywhere(*apps: typer.Typer) -> None:
+    """``--json -`` on every registered command of ``apps`` (:func:`_json_to_stdout`)."""
+    for a in apps:
+        for command in a.registered_commands:
+            command.callback = _json_to_stdout(command.callback)
+
+
+_json_to_stdout_everywhere(app, testbed_app, bench_app)
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    """Entry point: run the app; malformed input (a ConfigError, or a usage error of an
+    option or argument) is one line ``error: <field>: ...`` and exit 2; a stdout closed
+    by its reader exits EXIT_PIPE_CLOSED (141) with nothing on stderr."""
+    try:
+        rc = _run_app(argv)
+    except (BrokenPipeError, SystemExit) as e:
+        if _stdout_closed(e):
+            _exit_pipe_closed()
+        raise
+    sys.exit(rc if isinstance(rc, int) else 0)
+
+
+def _run_app(argv: Optional[list[str]]) -> Any:
+    """The app's return value; the error paths of main() (exit 2 for bad input)."""
+    try:
+        rc = app(args=argv, standalone_mode=False)
+        sys.stdout.flush()  # a closed pipe surfaces here, not at interpreter exit
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    except _USAGE_ERROR as e:
+        line = _usage_line(e)
+        if line is None:
+            e.show()
+        else:
+            print(line, file=sys.stderr)
+        sys.exit(e.exit_code)
+    except typer.Abort:
+        print("Aborted!", file=sys.stderr)
+        sys.exit(1)
+    return rc

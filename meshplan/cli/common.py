@@ -1,0 +1,220 @@
+"""What every command shares: the help texts and the typed options (the foreign-config options,
+``--calibration``, ``--json``, ``--html``), printing (input made printable, the ``wrote PATH``
+line, a console wide enough for the collective tables), the verdict lines and exits of
+:data:`meshplan.cli.EXIT_CODES`, and outputs: refused before the work when they exist, written
+at the end, ``--json -`` (and ``-o -`` of import, export, search --export) on stdout with
+everything else moved to stderr (:func:`_json_to_stdout`).
+
+The names with a leading underscore are the CLI package's own helpers, shared by its command
+modules (``meshplan.cli.*_cmd(s)``); nothing outside ``meshplan.cli`` imports them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib.util
+import shutil
+import sys
+from pathlib import Path
+from typing import Annotated, NoReturn, Optional
+
+import typer
+from rich.console import Console
+
+from meshplan.errors import ConfigError, printable
+from meshplan.fileio import check_destination, write_output
+from meshplan.interop.common import FORMATS, ImportOptions
+from meshplan.plan import Infeasible, Plan
+from meshplan.report.json_docs import to_json
+
+
+#: CONFIG of a command that reads foreign configs directly (plan, report, groups, memory, step, reliability,
+#: search, export), and of one that reads meshplan TOML only (a foreign config: import it first).
+CONFIG_HELP = ("meshplan TOML config ([model], [cluster], [training], [mesh]), or a torchtitan job TOML, Megatron-LM "
+               "arguments (file or launch script) or DeepSpeed JSON, read directly with --cluster/--nodes")
+
+
+TOML_ONLY_HELP = "meshplan TOML config (a torchtitan, Megatron-LM or DeepSpeed file: meshplan import it first)"
+
+
+FORMAT_HELP = ("format of CONFIG: " + ", ".join(FORMATS) + " (default: detected; a torchtitan job TOML, Megatron-LM "
+               "arguments or a DeepSpeed JSON is read directly)")
+
+
+CLUSTER_HELP = "foreign configs: catalog node of the cluster (e.g. dgx-h100), which they do not say"
+
+
+NODES_HELP = "foreign configs: number of nodes (default: a launch script's --nnodes)"
+
+
+GPU_HELP = "foreign configs: catalog GPU replacing the node's"
+
+
+MODEL_HELP = "foreign configs: catalog model or HF config.json (DeepSpeed needs it; replaces the file's model)"
+
+
+SEQ_HELP = "foreign configs: tokens per sequence (DeepSpeed needs it)"
+
+
+# The foreign-config options, defined once and shared by plan, step, search, export (and, without
+# --format, import): what a torchtitan, Megatron-LM or DeepSpeed file does not say.
+FormatOpt = Annotated[Optional[str], typer.Option("--format", help=FORMAT_HELP)]
+
+
+ClusterOpt = Annotated[Optional[str], typer.Option("--cluster", help=CLUSTER_HELP)]
+
+
+NodesOpt = Annotated[Optional[int], typer.Option("--nodes", help=NODES_HELP)]
+
+
+GpuOpt = Annotated[Optional[str], typer.Option("--gpu", help=GPU_HELP)]
+
+
+ModelOpt = Annotated[Optional[str], typer.Option("--model", help=MODEL_HELP)]
+
+
+SeqLenOpt = Annotated[Optional[int], typer.Option("--seq-len", help=SEQ_HELP)]
+MicroBatchOpt = Annotated[Optional[int], typer.Option("--micro-batch", help=(
+    "a DeepSpeed JSON's \"auto\" train_micro_batch_size_per_gpu: the HF Trainer's --per_device_train_batch_size"))]
+GradAccumOpt = Annotated[Optional[int], typer.Option("--grad-accum", help=(
+    "a DeepSpeed JSON's \"auto\" gradient_accumulation_steps: the HF Trainer's --gradient_accumulation_steps"))]
+
+
+CALIBRATION_HELP = ("calibration TOML (meshplan calibrate or bench comm): its alpha-beta fit per link class replaces "
+                    "the cluster's link bandwidths and latencies; a header line names the file, its GPU and those bandwidths, "
+                    "and a warning line a GPU that is not the cluster's")
+
+
+# Shared by plan, step, compare (both configs) and search: the measured links they all time with.
+CalibrationOpt = Annotated[Optional[Path], typer.Option("--calibration", help=CALIBRATION_HELP)]
+
+
+def _opts(cluster, nodes, gpu, model, seq_len, micro_batch=None, grad_accum=None) -> ImportOptions:
+    return ImportOptions(cluster=cluster, nodes=nodes, gpu=gpu, model=model, seq_len=seq_len,
+                         micro_batch=micro_batch, grad_accum=grad_accum)
+
+
+def _echo(text, err: bool = False) -> None:
+    """``typer.echo`` with whatever came from input made printable (control characters and
+    escape sequences escaped, :func:`meshplan.errors.printable`); newlines of multi-line text
+    kept."""
+    typer.echo(printable(str(text), keep_newlines=True), err=err)
+
+
+def _wrote(path) -> None:
+    """The ``wrote PATH`` line, the path on one printable line."""
+    _echo(f"wrote {printable(str(path))}")
+
+
+def _console() -> Console:
+    """A console at least 160 columns wide (wider when the terminal or COLUMNS says so), so
+    the collective tables keep whole numbers."""
+    return Console(width=max(160, shutil.get_terminal_size((160, 40)).columns))
+
+
+def _infeasible(plan, who: str = "") -> None:
+    """Print the plan's reasons as ``infeasible: [who: ]<reason>`` on stderr (the verdict line
+    of every command that resolves a mesh)."""
+    for r in plan.reasons:
+        _echo(f"infeasible: {who + ': ' if who else ''}{r}", err=True)
+
+
+def _verdict_exit(plan) -> None:
+    """Exit 1 after the verdict lines when ``plan`` is infeasible; return when it fits."""
+    if not plan.feasible:
+        _exit_infeasible(plan)
+
+
+def _exit_infeasible(plan: Plan | Infeasible) -> NoReturn:
+    """The verdict lines of ``plan``, then exit 1."""
+    _infeasible(plan)
+    raise typer.Exit(1)
+
+
+def _require_torch(command: str) -> None:
+    """A one-line error when ``command`` needs torch and it is not installed (``make demo``
+    installs meshplan alone)."""
+    if importlib.util.find_spec("torch") is None:
+        raise ConfigError("torch", f"meshplan {command} runs torch, which is not installed: pip install "
+                          f"torch==2.13.0 (the runtime extra, pip install -e '.[runtime]'; make test installs it)")
+
+
+def _refuse_existing(path: Optional[Path], force: bool, field: str) -> None:
+    """Refuse, before any work, an output file that exists (written at the end with --force) or
+    cannot be written (:func:`meshplan.fileio.check_destination`); ``--json -`` (stdout) is
+    never refused."""
+    if path and not isinstance(path, _Stdout):
+        check_destination(path, field, force)
+
+
+class _Stdout:
+    """``--json -``: the document goes to ``stream`` (the command's stdout), and everything
+    else the command prints goes to stderr (:func:`_json_to_stdout`)."""
+
+    def __init__(self, stream) -> None:
+        self.stream = stream
+
+    def __str__(self) -> str:
+        return "-"
+
+
+#: Commands whose ``-o``/``--out`` is a file a Unix user may send to stdout with ``-o -``
+#: (import, export, search --export); every other output option refuses ``-``
+#: (:func:`meshplan.fileio.check_destination`).
+STDOUT_OUT = ("import_cmd", "export_cmd", "search_cmd")
+
+
+def _json_to_stdout(command):
+    """Wrap a command so that ``--json -`` (or, for :data:`STDOUT_OUT`, ``-o -``) prints its
+    one document on stdout and moves its human output (echo, rich tables, progress, the
+    runtime's prints) to stderr; both at once is a ConfigError (one stdout)."""
+    @functools.wraps(command)
+    def run(*args, **kwargs):
+        json_out = str(kwargs.get("json_path")) == "-"
+        file_out = command.__name__ in STDOUT_OUT and str(kwargs.get("out")) == "-"
+        if json_out and file_out:
+            raise ConfigError("-o", "-o - and --json - both write to stdout; give one of them a file path")
+        if not (json_out or file_out):
+            return command(*args, **kwargs)
+        out = _Stdout(sys.stdout)
+        with contextlib.redirect_stdout(sys.stderr):
+            return command(*args, **{**kwargs, "json_path" if json_out else "out": out})
+    return run
+
+
+def _json_option(command: str):
+    return typer.Option(None, "--json", help=f"write the result as JSON to PATH, or with - to stdout (the rest of "
+                                             f"the output then on stderr) (schema meshplan.{command}/v1, file "
+                                             f"meshplan/schemas/{command}.v1.schema.json; SI units)")
+
+
+def _write_text(path, text: str, force: bool) -> None:
+    """Write a ``--json`` document's text to ``path`` (``wrote PATH``) or, for ``--json -``,
+    to stdout; nothing when not asked."""
+    if isinstance(path, _Stdout):
+        path.stream.write(text)
+        path.stream.flush()
+    elif path:
+        _wrote(write_output(path, text, force, '--json'))
+
+
+def _write_doc(path: Optional[Path], doc: dict, force: bool) -> None:
+    """Write a ``--json`` document (when asked; :func:`_write_text`)."""
+    if path:
+        _write_text(path, to_json(doc), force)
+
+
+def _written(paths) -> list[tuple[str, int]]:
+    """``(path, size in bytes)`` of each file written, for a document's ``files``."""
+    return [(str(p), Path(p).stat().st_size) for p in paths]
+
+
+def _html_option(what: str):
+    return typer.Option(None, "--html", help=f"write {what} as one self-contained HTML page (tables, memory plot, "
+                                             "pipeline Gantt chart, link-load bars; no script, no external file)")
+
+
+def _check_rank(plan, rank: int) -> None:
+    if not 0 <= rank < plan.world:
+        raise ConfigError("--rank", f"{rank} outside 0..{plan.world - 1}")

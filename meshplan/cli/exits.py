@@ -1,0 +1,61 @@
+"""How :func:`meshplan.cli.main` ends when a command does not: a usage error of click as one
+line ``error: <option>: ...`` (exit 2), and a stdout closed by its reader as
+:data:`EXIT_PIPE_CLOSED` (141) with nothing on stderr."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import sys
+from typing import Any, NoReturn, Optional
+
+import typer
+
+from meshplan.errors import printable
+
+
+# typer raises click's UsageError (BadParameter's base); typer >= 0.2x vendors click, so the
+# class is taken from the public BadParameter rather than imported from either package.
+_USAGE_ERROR: Any = typer.BadParameter.__mro__[1]  # click's UsageError (show(), exit_code)
+
+
+def _usage_line(e) -> Optional[str]:
+    """A one-line ``error: <option>: <what is wrong>`` for a usage error whose message is one
+    line (a value that does not parse, a missing or unknown option); None for the help text
+    shown when a group is called without a command."""
+    msg = e.format_message()
+    if "\n" in msg.strip():
+        return None
+    param = getattr(e, "param", None)
+    field = (param.opts[0] if param is not None and getattr(param, "opts", None) else
+             getattr(e, "option_name", None) or (e.ctx.command_path if e.ctx is not None else "usage"))
+    cmd = e.ctx.command_path if e.ctx is not None else "meshplan"
+    return printable(f"error: {field}: {msg.rstrip('.')}; see {cmd} --help")
+
+
+#: The exit status of a command whose stdout was closed under it (``meshplan step ... | head -1``):
+#: 128 + SIGPIPE (13), what the shell reports for a Unix filter killed by SIGPIPE (``yes | head``
+#: gives 141 under ``set -o pipefail``), so a cut-short pipe never reads as a verdict (1 infeasible,
+#: 2 bad input). Python ignores SIGPIPE and raises BrokenPipeError instead; the click core that
+#: typer runs catches EPIPE and exits 1 (typer/core.py, ``except OSError`` with ``errno.EPIPE``).
+EXIT_PIPE_CLOSED = 141
+
+
+def _stdout_closed(exc: BaseException) -> bool:
+    """True when ``exc`` is the end of a write into a closed stdout: a BrokenPipeError, or the
+    ``SystemExit(1)`` raised while handling one, by click's EPIPE handler (typer/core.py) or
+    rich's ``Console.on_broken_pipe`` (rich/console.py), both of which exit 1."""
+    if isinstance(exc, SystemExit) and exc.code == 1:
+        exc = exc.__context__  # type: ignore[assignment]
+    return isinstance(exc, OSError) and exc.errno == errno.EPIPE
+
+
+def _exit_pipe_closed() -> NoReturn:
+    """Exit quietly with EXIT_PIPE_CLOSED; stdout is pointed at /dev/null first so the
+    interpreter's final flush does not raise again (the recipe of the Python docs, "Note on
+    SIGPIPE", library/signal.html, with 141 instead of their 1, which means infeasible here)."""
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.__stdout__.fileno() if sys.__stdout__ is not None else 1)
+    sys.exit(EXIT_PIPE_CLOSED)

@@ -1,0 +1,138 @@
+"""import and export: a torchtitan job TOML, Megatron-LM arguments or a DeepSpeed JSON to a
+meshplan TOML, and a plan's config back to any of them (:func:`_write_export`, which
+``search --export`` uses too)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from meshplan.cli.common import (
+    CONFIG_HELP,
+    ClusterOpt,
+    FormatOpt,
+    GpuOpt,
+    ModelOpt,
+    NodesOpt,
+    SeqLenOpt,
+    MicroBatchOpt,
+    GradAccumOpt,
+    _Stdout,
+    _json_option,
+    _opts,
+    _refuse_existing,
+    _write_doc,
+    _written,
+    _wrote,
+)
+from meshplan.cli.loading import _notes
+from meshplan.errors import ConfigError
+from meshplan.fileio import write_output
+from meshplan.interop.common import FORMATS
+from meshplan.interop.foreign import UserFile, export, import_text, load_any, user_source
+from meshplan.plan import Infeasible, build_plan, config_warnings, export_refusals
+from meshplan.report.json_docs import export_doc, import_doc
+from meshplan.schedule.steptime import step_time
+
+
+def _write_export(cfg, to: str, out: Path | _Stdout, source: str, force: bool,
+                  user: Optional[UserFile] = None) -> list[str]:
+    """Write ``cfg`` as ``to`` to ``out`` (``-o -``: stdout), printing the header (source,
+    how to import it, what the format does not express, the torchtitan or DeepSpeed settings
+    ``user``'s file carries or not); returns the header."""
+    refused = {t: export_refusals(cfg, t) for t in FORMATS}
+    text, header = export(replace(cfg, notes=()), to, source, user, config_warnings(cfg), refused, _step_s)
+    for line in header[1:]:
+        typer.echo(line)
+    if isinstance(out, _Stdout):
+        out.stream.write(text)
+        out.stream.flush()
+    else:
+        _wrote(write_output(out, text, force=force, field='-o'))
+    return header
+
+
+def _step_s(cfg) -> Optional[float]:
+    """The predicted step of ``cfg`` in seconds, None when its mesh does not resolve (export's
+    round-trip line)."""
+    try:
+        p = build_plan(cfg)
+        return None if isinstance(p, Infeasible) else step_time(p).step_s
+    except ConfigError:  # a pipeline the plan refuses (its own export refusal says so)
+        return None
+
+
+def import_cmd(fmt: str = typer.Argument(..., metavar="FORMAT", help="torchtitan, megatron or deepspeed (auto: "
+                                         "detect)"),
+               source: Path = typer.Argument(..., metavar="FILE", help="the foreign config"),
+               out: Optional[Path] = typer.Option(None, "-o", "--out", help="meshplan TOML to write (omitted "
+                                                  "or -: print it to stdout)"),
+               force: bool = typer.Option(False, "--force", help="replace existing -o and --json files"),
+               json_path: Optional[Path] = _json_option("import"),
+               cluster: ClusterOpt = None,
+               nodes: NodesOpt = None,
+               gpu: GpuOpt = None,
+               model: ModelOpt = None,
+               seq_len: SeqLenOpt = None,
+               micro_batch: MicroBatchOpt = None,
+               grad_accum: GradAccumOpt = None):
+    """Read a torchtitan job TOML, Megatron-LM arguments (file or launch script) or DeepSpeed JSON and write the
+    meshplan TOML. The fields meshplan does not use are listed by name (in the output and its header); what
+    the file does not say (the cluster; a DeepSpeed config's model and sequence length) comes from the
+    options."""
+
+    if fmt not in ("auto",) + FORMATS[1:]:
+        raise ConfigError("FORMAT", f"{fmt!r}; use torchtitan, megatron, deepspeed or auto")
+    file = out if isinstance(out, Path) else None  # None: printed (no -o, or -o -)
+    _refuse_existing(file, force, "-o")
+    _refuse_existing(json_path, force, "--json")
+    text, imp = import_text(source, None if fmt == "auto" else fmt, _opts(cluster, nodes, gpu, model, seq_len, micro_batch, grad_accum))
+    if isinstance(out, _Stdout):
+        out.stream.write(text)
+        out.stream.flush()
+    elif file is None:
+        typer.echo(text, nl=False)
+    else:
+        for n in imp.all_notes():
+            typer.echo(f"note: {n}")
+        _wrote(write_output(file, text, force=force, field='-o'))
+    _write_doc(json_path, import_doc(imp.fmt, str(source), imp, text, _written([file] if file else [])), force)
+
+
+def export_cmd(config: Path = typer.Argument(..., help="the plan's " + CONFIG_HELP),
+               to: str = typer.Option(..., "--to", help="meshplan, torchtitan, megatron or deepspeed"),
+               out: Path = typer.Option(..., "-o", "--out", help="file to write (-: stdout, the header then on "
+                                                                   "stderr)"),
+               force: bool = typer.Option(False, "--force", help="replace existing -o and --json files"),
+               json_path: Optional[Path] = _json_option("export"),
+               fmt: FormatOpt = None,
+               cluster: ClusterOpt = None,
+               nodes: NodesOpt = None,
+               gpu: GpuOpt = None,
+               model: ModelOpt = None,
+               seq_len: SeqLenOpt = None,
+               micro_batch: MicroBatchOpt = None,
+               grad_accum: GradAccumOpt = None):
+    """Write a plan's config as a meshplan TOML (its layer split written out), a torchtitan job TOML,
+    Megatron-LM arguments or a DeepSpeed config (ZeRO without TP/PP). Every meshplan field the target does not
+    express is listed (re-imported and compared), with the step before and after when it differs, and what the
+    framework's runtime is known to run differently as warning lines; a mesh the target cannot run is refused
+    with the reason. From a torchtitan job TOML, a torchtitan file carries the settings meshplan does not plan
+    ([optimizer], [lr_scheduler], [checkpoint], training.steps, ...) unchanged, from a DeepSpeed JSON a
+    DeepSpeed file its keys meshplan does not plan (steps_per_print, optimizer, scheduler, ...), and from
+    Megatron-LM arguments a Megatron-LM file its flags meshplan does not read (--lr, --train-iters, ...); every
+    key of that file written with another value or dropped is listed; another target lists them as not
+    carried."""
+
+    if to not in FORMATS:
+        raise ConfigError("--to", f"{to!r}; use {', '.join(FORMATS)}")
+    _refuse_existing(out, force, "-o")
+    _refuse_existing(json_path, force, "--json")
+    cfg = load_any(config, fmt, _opts(cluster, nodes, gpu, model, seq_len, micro_batch, grad_accum))
+    _notes(cfg)
+    header = _write_export(cfg, to, out, str(config), force, user_source(config, fmt))
+    _write_doc(json_path, export_doc(str(config), to, header, _written([] if isinstance(out, _Stdout) else [out])),
+               force)

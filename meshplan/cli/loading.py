@@ -1,0 +1,92 @@
+"""A config to a plan, for every command that resolves a mesh: :func:`_load` (a meshplan TOML,
+or a foreign config with the options that fill what it does not say; malformed input a
+ConfigError, exit 2), the measured cluster (``--topology``, ``--calibration``) and the
+calibration's header line and JSON entry (plan, step, search, compare)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from meshplan.cli.common import _echo
+from meshplan.comm.calibration import apply_calibration, calibration_doc, load_calibration
+from meshplan.interop.common import ImportOptions
+from meshplan.interop.foreign import load_any
+from meshplan.mesh.resolve import world_error
+from meshplan.mesh.validity import input_error
+from meshplan.placement.topology import check_identity_nic_map, load_topology, node_from_topology
+from meshplan.plan import Infeasible, Plan, build_plan
+
+
+def _load(config: Path, topology: Optional[Path] = None, calibration: Optional[Path] = None,
+          fmt: Optional[str] = None, opts: Optional[ImportOptions] = None,
+          unresolved: bool = False) -> Plan | Infeasible:
+    """Plan of ``config`` (a meshplan TOML, or with ``opts`` given a foreign config, ``fmt``
+    or detected, ``opts`` filling what it does not say); ``topology`` (nvidia-smi topo -m text
+    or NCCL topology XML) replaces the node's sockets and NIC affinity, ``calibration``
+    (meshplan calibration TOML) the link bandwidths and latencies. Malformed input is a
+    ConfigError (exit 2, one line): degrees that cannot make the world
+    (:func:`~meshplan.mesh.resolve.world_error`; with ``unresolved``, as ``compare`` plans two
+    configs, such a plan is returned, infeasible) and counts that disagree
+    (:func:`~meshplan.mesh.validity.input_error`)."""
+
+    cfg = load_any(config, fmt, opts or ImportOptions(), foreign=opts is not None)
+    _notes(cfg)
+    plan = build_plan(_measured_cluster(cfg, topology, calibration))
+    if isinstance(plan, Infeasible) and cfg.mesh is not None:  # malformed, not infeasible: exit 2
+        bad = input_error(cfg.model, cfg.training, plan.mesh, cfg.mesh) if plan.mesh is not None else \
+            None if unresolved else world_error(cfg.mesh, cfg.cluster.world, cfg.cluster.node.gpus)
+        if bad is not None:
+            raise bad
+    return plan
+
+
+def _measured_cluster(cfg, topology: Optional[Path] = None, calibration: Optional[Path] = None):
+    """``cfg`` with its cluster's node replaced by ``topology`` (nvidia-smi topo -m text or
+    NCCL topology XML) and its links by ``calibration`` (:func:`apply_calibration`); ``cfg``
+    itself when neither is given. The one place plan, step, compare and search apply them."""
+    if not (topology or calibration):
+        return cfg
+    cluster = cfg.cluster
+    if topology:
+        node = node_from_topology(load_topology(topology), cluster.node)
+        for w in check_identity_nic_map(node):
+            _echo(f"warning: {w}", err=True)
+        cluster = cluster.model_copy(update={"node": node})
+    if calibration:
+        cluster = apply_calibration(cluster, load_calibration(calibration))
+    return replace(cfg, cluster=cluster)
+
+
+def _calibration(calibration: Optional[Path], cluster) -> Optional[dict]:
+    """``--calibration``'s entry of the --json documents, its ``line`` the header plan, step,
+    search and compare print (:func:`calibration_doc`: ``links calibrated from cal.toml on
+    NVIDIA H100 80GB HBM3: nvlink 450 GB/s, nic 45 GB/s``), and print that line and a
+    ``warning:`` line per GPU model of the file that is not ``cluster``'s
+    (:func:`~meshplan.comm.calibration.gpu_warnings`); None without a calibration."""
+    if not calibration:
+        return None
+    doc = calibration_doc(calibration, load_calibration(calibration), cluster)
+    _echo(doc["line"])
+    for w in doc["warnings"]:
+        _echo(f"warning: {w}")
+    return doc
+
+
+def _cal_note(cal: Optional[dict]) -> str:
+    """The HTML pages' header note of ``--calibration``: its line, then its GPU warnings."""
+    return "; ".join([cal["line"], *(f"warning: {w}" for w in cal["warnings"])]) if cal else ""
+
+
+def _calibrated(doc: dict, cal: Optional[dict]) -> dict:
+    """``doc`` with its ``calibration`` entry when a calibration was given."""
+    return {**doc, "calibration": cal} if cal else doc
+
+
+def _notes(cfg) -> None:
+    """The reader's notes (an axis alias renamed, a foreign file's unused fields) on stderr."""
+    for n in cfg.notes:
+        typer.echo(f"note: {n}", err=True)

@@ -1,0 +1,201 @@
+"""catalog, calibrate, bench: the machine's numbers: the built-in catalog with its sources,
+alpha-beta fits of nccl-tests runs, and this machine's collectives, GEMMs and attention
+measured (torch imported inside the bench commands only)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from meshplan import catalog
+from meshplan.cli.common import (
+    TOML_ONLY_HELP,
+    _echo,
+    _exit_infeasible,
+    _json_option,
+    _refuse_existing,
+    _require_torch,
+    _write_doc,
+    _written,
+    _wrote,
+)
+from meshplan.cli.loading import _load
+from meshplan.comm.calibrate import calibrate
+from meshplan.comm.calibration import calibration_toml
+from meshplan.errors import ConfigError, check_number
+from meshplan.fileio import check_destination, write_output
+from meshplan.plan import Infeasible, Plan
+from meshplan.report.json_docs import bench_attention_doc, bench_comm_doc, bench_gemm_doc, calibrate_doc, catalog_doc
+from meshplan.runtime.bench.comm import parse_sizes, run_bench
+
+
+def catalog_cmd(kind: str = typer.Argument("model", help="gpu, node, network or model"),
+                json_path: Optional[Path] = _json_option("catalog"),
+                force: bool = typer.Option(False, "--force", help="replace an existing --json file")):
+    """List the built-in catalog entries of KIND: each one's values (scalars, and a table's scalars
+    inline), then its sources. --json has every field."""
+
+    _refuse_existing(json_path, force, "--json")
+    for name in catalog.names(kind):
+        entry = catalog.entry(kind, name)
+        _echo(f"{name}: {_catalog_values(entry)}")
+        _echo(f"  source: {entry.get('source', '')}")
+    _write_doc(json_path, catalog_doc(kind, {n: catalog.entry(kind, n) for n in catalog.names(kind)}), force)
+
+
+def _catalog_values(entry: dict) -> str:
+    """The scalar fields of a catalog entry as ``key value`` (a table of scalars as
+    ``key {k v, ...}``, without its source; lists and deeper tables by their length), in the
+    catalog's units (named in the keys)."""
+    def one(v):
+        if isinstance(v, dict):
+            inner = [f"{k} {x:g}" if isinstance(x, float) else f"{k} {x}" for k, x in v.items()
+                     if not isinstance(x, (dict, list)) and k != "source"]
+            return "{" + ", ".join(inner) + "}" if inner else f"({len(v)} entries)"
+        if isinstance(v, list):
+            return f"({len(v)} entries)"
+        return f"{v:g}" if isinstance(v, float) else str(v)
+    return "; ".join(f"{k} {one(v)}" for k, v in entry.items() if k != "source")
+
+
+def calibrate_cmd(logs: list[Path] = typer.Argument(..., metavar="NCCL_TESTS_OUTPUT...",
+                                                    help="nccl-tests outputs (stdout text or -J JSON), one run each"),
+                  out: Path = typer.Option(Path("calibration.toml"), "--out", help="calibration TOML for --calibration"),
+                  link: Optional[str] = typer.Option(None, "--link", help="nvlink, pcie or nic for every file "
+                                                     "(default: from the ranks' hosts)"),
+                  json_path: Optional[Path] = _json_option("calibrate"),
+                  force: bool = typer.Option(False, "--force", help="replace existing --out and --json files")):
+    """Fit alpha-beta per link class to your nccl-tests runs and write the calibration file, with the GPU model the
+    runs name (runs on two GPU models are refused: one calibration file per model)."""
+
+    check_destination(out, "--out", force)
+    _refuse_existing(json_path, force, "--json")
+    fits, notes, sources = calibrate(logs, link)
+    source = "; ".join(f"{cls}: {text}" for cls, text in sources.items())  # --json: every class's own
+    for line in notes:
+        _echo(line)
+    _wrote(write_output(out, calibration_toml(fits, sources), force=force))
+    _write_doc(json_path, calibrate_doc(fits, notes, source, str(out)), force)
+
+
+def bench_comm_cmd(nproc: int = typer.Option(4, help="ranks (per node with --testbed)"),
+                   sizes: str = typer.Option("1K..64M", help="LO..HI doubling, or a comma list (K/M/G = 2^10/20/30)"),
+                   out: Path = typer.Option(Path("bench-comm"), help="folder for the nccl-tests text, pairs and calibration.toml"),
+                   testbed: Optional[str] = typer.Option(None, help="run on the netns testbed of this prefix"),
+                   iters: int = typer.Option(20, help="timed calls per size at most"),
+                   budget_s: float = typer.Option(0.2, help="seconds per size, which caps iters"),
+                   timeout_s: float = typer.Option(600.0, help="kill the run after this many seconds"),
+                   json_path: Optional[Path] = _json_option("bench-comm"),
+                   force: bool = typer.Option(False, "--force", help="replace an existing --out folder and --json "
+                                                                     "file")):
+    """Collectives per link class in nccl-tests columns, alpha-beta fits, and a send/recv matrix. The --out folder
+    is built under a temporary name and renamed into place when the run succeeds."""
+    _require_torch("bench comm")
+
+    check_number("--timeout-s", timeout_s, 1.0, 86400.0, "s")
+    _refuse_existing(json_path, force, "--json")
+    size_list = parse_sizes(sizes)
+    try:
+        fits = run_bench(nproc, size_list, out, testbed=testbed, iters=iters, budget_s=budget_s,
+                         timeout_s=timeout_s, echo=_echo, force=force)
+    except RuntimeError as e:
+        _echo(f"error: {e}", err=True)
+        raise typer.Exit(1)
+    files = _written(sorted(p for p in out.rglob("*") if p.is_file()))
+    _write_doc(json_path, bench_comm_doc(nproc, size_list, testbed, fits, files), force)
+    raise typer.Exit(0 if fits else 1)
+
+
+def _bench_target(config: Path, device: str, dtype: Optional[str], json_path: Optional[Path], force: bool,
+                  infeasible_doc) -> tuple[Plan, str, str]:
+    """The plan whose local shapes a bench times, the device (``--device``: auto is cuda when
+    torch sees one) and the dtype (``--dtype``; default the compute dtype on a GPU, fp32 on the
+    CPU). A mesh that does not resolve writes ``infeasible_doc(plan)`` to ``--json`` and exits 1
+    with its reasons."""
+    from meshplan.runtime.bench.gemm import resolve_device
+
+    p = _load(config)
+    if isinstance(p, Infeasible):
+        _write_doc(json_path, infeasible_doc(p), force)
+        _exit_infeasible(p)
+    device = resolve_device(device)
+    dt = dtype or (p.config.training.compute_dtype if device == "cuda" else "fp32")
+    if dt not in ("fp32", "bf16", "fp16"):
+        raise ConfigError("--dtype", f"{dt!r}; use fp32, bf16 or fp16")
+    if device == "cpu":
+        _echo(cpu_headline(dt))
+    return p, device, dt
+
+
+def cpu_headline(dtype: str) -> str:
+    """What a bench on the CPU measures (said first: its rows are not a GPU's)."""
+    from meshplan.runtime.bench.gemm import device_name
+
+    return (f"no GPU: timing on the CPU, {device_name('cpu')}, {dtype}; the table describes this CPU, not "
+            f"the plan's GPU, and --gemm-table with it predicts this CPU's compute")
+
+
+def bench_gemm(config: Path = typer.Argument(..., help=TOML_ONLY_HELP + "; its local GEMM shapes are timed"),
+               out: Path = typer.Option(Path("out/bench/gemm.csv"), "--out", help="CSV table for --gemm-table "
+                                        "(default under out/, which git ignores)"),
+               device: str = typer.Option("auto", "--device", help="cpu, cuda or auto (cuda when present)"),
+               dtype: Optional[str] = typer.Option(None, "--dtype", help="fp32, bf16 or fp16 (default: compute dtype "
+                                                   "on a GPU, fp32 on the CPU)"),
+               max_elements: Optional[int] = typer.Option(None, "--max-elements",
+                                                          help="scale M down so an operand has at most this many "
+                                                               "elements (default 2**22 on the CPU, none on a GPU)"),
+               json_path: Optional[Path] = _json_option("bench-gemm"),
+               force: bool = typer.Option(False, "--force", help="replace existing --out and --json files")):
+    """Time the plan's local GEMM shapes (forward and backward) and write the efficiency table."""
+    _require_torch("bench gemm")
+    from meshplan.runtime.bench.gemm import bench, write_table
+
+    if max_elements is not None:
+        check_number("--max-elements", max_elements, 1, 1 << 40)
+    check_destination(out, "--out", force)
+    _refuse_existing(json_path, force, "--json")
+    p, device, dt = _bench_target(config, device, dtype, json_path, force,
+                                  lambda p: bench_gemm_doc(p, [], device, dtype or "", []))
+    limit = max_elements if max_elements is not None else (2 ** 22 if device == "cpu" else None)
+    rows = bench(list(p.gemms), dtype=dt, device=device, max_elements=limit)
+    _echo(f"{'M':>7} {'N':>7} {'K':>7} {'dtype':>5} {'time (us)':>11} {'TFLOP/s':>8}  device")
+    for r in rows:
+        scaled = f" (run at M {r.scaled_m})" if r.scaled_m != r.gemm.m else ""
+        _echo(f"{r.gemm.m:7d} {r.gemm.n:7d} {r.gemm.k:7d} {r.dtype:>5} {r.seconds * 1e6:11.1f} "
+                   f"{r.tflops:8.2f}  {r.device}{scaled}")
+    _wrote(write_table(rows, out, force=force))
+    _write_doc(json_path, bench_gemm_doc(p, rows, device, dt, _written([out])), force)
+
+
+def bench_attention(config: Path = typer.Argument(..., help=TOML_ONLY_HELP + "; its local attention is timed"),
+                    out: Path = typer.Option(Path("out/bench/attention.json"), "--out", help="JSON table for "
+                                             "--gemm-table (default under out/, which git ignores)"),
+                    device: str = typer.Option("auto", "--device", help="cpu, cuda or auto (cuda when present)"),
+                    dtype: Optional[str] = typer.Option(None, "--dtype", help="fp32, bf16 or fp16 (default: compute "
+                                                        "dtype on a GPU, fp32 on the CPU)"),
+                    with_gemm: Optional[Path] = typer.Option(None, "--with-gemm", help="a `bench gemm` table whose "
+                                                             "rows are written into --out too (one file for step)"),
+                    repeats: int = typer.Option(5, "--repeats", help="timed calls (median)"),
+                    json_path: Optional[Path] = _json_option("bench-attention"),
+                    force: bool = typer.Option(False, "--force", help="replace existing --out and --json files")):
+    """Time the plan's local attention (torch SDPA, forward and backward) and write the table --gemm-table reads."""
+    _require_torch("bench attention")
+    from meshplan.runtime.bench.attention import bench_plan, gemm_rows, write_table
+
+    check_number("--repeats", repeats, 1, 10_000)
+    check_destination(out, "--out", force)
+    _refuse_existing(json_path, force, "--json")
+    p, device, dt = _bench_target(config, device, dtype, json_path, force,
+                                  lambda p: bench_attention_doc(p, None, []))
+    r = bench_plan(p, dt, device, repeats=repeats)
+    fwd_flops = 2.0 * r["batch"] * r["q_heads"] * r["seq_q"] * r["seq_kv"] * r["head_dim"]  # causal half
+    _echo(f"attention b {r['batch']} heads {r['q_heads']} (kv {r['kv_heads']}) s_q {r['seq_q']} s_kv "
+               f"{r['seq_kv']} d {r['head_dim']} {dt}: forward {r['forward_s'] * 1e6:.1f} us "
+               f"({fwd_flops / r['forward_s'] / 1e12:.3f} TFLOP/s), backward {r['backward_s'] * 1e6:.1f} us "
+               f"({2.5 * fwd_flops / r['backward_s'] / 1e12:.3f} TFLOP/s; flash-attention FLOP convention)  "
+               f"{r['device']}")
+    rows = (gemm_rows(with_gemm) if with_gemm else []) + [r]
+    _wrote(write_table(rows, out, force=force))
+    _write_doc(json_path, bench_attention_doc(p, r, _written([out])), force)

@@ -1,0 +1,176 @@
+"""place, launch, nccl-check: the rank -> GPU placement and its per-rank bindings, the
+torchrun and Slurm scripts that apply it, and an NCCL_DEBUG=INFO log checked against it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from meshplan.cli.common import (
+    TOML_ONLY_HELP,
+    _check_rank,
+    _echo,
+    _exit_infeasible,
+    _json_option,
+    _refuse_existing,
+    _verdict_exit,
+    _write_doc,
+    _written,
+    _wrote,
+)
+from meshplan.cli.loading import _load
+from meshplan.comm.nccl_check import check_log
+from meshplan.comm.nccl_log import read_nccl_log
+from meshplan.errors import ConfigError
+from meshplan.fileio import check_destination
+from meshplan.placement.assign import rank_row
+from meshplan.placement.bindings import bindings, write_bindings
+from meshplan.placement.choice import choose_placement, for_command, weights_from_plan
+from meshplan.placement.launch import LaunchOptions, check_launch_folder, write_launch
+from meshplan.plan import Plan
+from meshplan.report.json_docs import envelope, launch_doc, nccl_check_doc, place_doc
+from meshplan.report.place_text import launch_lines, place_lines
+from meshplan.schedule.placement_score import step_scorer
+
+
+def nccl_check(config: Path = typer.Argument(..., help=TOML_ONLY_HELP + "; its placement is checked"),
+               log: Path = typer.Argument(..., help="NCCL_DEBUG=INFO output of the run"),
+               json_path: Optional[Path] = _json_option("nccl-check"),
+               force: bool = typer.Option(False, "--force", help="replace an existing --json file")):
+    """Check that each communicator used the NICs and intra-node links the placement meant. Global ranks come from
+    the log's communicator of every rank; a log without one cannot be checked (exit 2). A mesh that does not fit is
+    still checked when it can be placed, then exits 1 with its reasons."""
+
+    _refuse_existing(json_path, force, "--json")
+    p = _load(config)
+    if p.placement is None:
+        _exit_infeasible(p)
+    expected = {r: rank_row(p.placement, r)["nic"] for r in range(p.world)}
+    report = read_nccl_log(log)
+    for n in report.notes:  # before the check: they name the lines a "cannot check" (exit 2) comes from
+        _echo(f"note: {n}", err=True)
+    check = check_log(report, expected)  # a log without the world communicator: exit 2
+    for n in check.unchecked:
+        _echo(f"note: {n}", err=True)
+    diffs = list(check.differences)
+    for d in diffs:
+        _echo(d)
+    _echo(f"{len(diffs)} difference(s) between the NCCL log and the placement")
+    _write_doc(json_path, nccl_check_doc(p, str(log), diffs), force)
+    _verdict_exit(p)
+    raise typer.Exit(1 if diffs else 0)
+
+
+def place_cmd(config: Path = typer.Argument(..., help=TOML_ONLY_HELP),
+              choose: bool = typer.Option(False, "--choose", help="search the rank -> GPU permutation with the shortest predicted step (fewest weak-path bytes at equal steps)"),
+              bindings_path: Optional[Path] = typer.Option(None, "--bindings", help="write every rank's binding to this file"),
+              fmt: str = typer.Option("json", "--format", help="bindings file format: json (list) or sh (launcher)"),
+              force: bool = typer.Option(False, "--force", help="replace existing --bindings and --json files"),
+              visible: str = typer.Option("one", "--visible", help="CUDA_VISIBLE_DEVICES per rank: one (its own GPU, "
+                                                                   "use cuda:0) or all (the node's GPUs in LOCAL_RANK "
+                                                                   "order, for cuda:{LOCAL_RANK} scripts such as "
+                                                                   "torchtitan's train.py; `meshplan launch` does this)"),
+              ranks: Optional[list[int]] = typer.Option(None, "--rank", help="rank whose binding is printed (repeatable; default first, second, last)"),
+              json_path: Optional[Path] = _json_option("place")):
+    """Placement per axis, decisions and warnings, per-rank bindings (CUDA_VISIBLE_DEVICES, NCCL_IB_HCA, numactl).
+    A mesh that does not fit is still placed, then exits 1 with its reasons."""
+
+    if fmt not in ("json", "sh"):
+        raise ConfigError("--format", f"{fmt!r} is not one of json, sh")
+    if visible not in ("one", "all"):
+        raise ConfigError("--visible", f"{visible!r} is not one of one, all")
+    if bindings_path:
+        check_destination(bindings_path, "--bindings", force)
+    _refuse_existing(json_path, force, "--json")
+    p = _load(config)
+    if p.mesh is None:
+        _write_doc(json_path, envelope("place", p), force)
+        _exit_infeasible(p)
+    shown = ranks or sorted({0, min(1, p.world - 1), p.world - 1})
+    for r in shown:
+        _check_rank(p, r)
+    score = None
+    if choose and isinstance(p, Plan):
+        score = step_scorer(p)
+    c = choose_placement(p.mesh, p.config.cluster, (weights_from_plan(p) or None) if isinstance(p, Plan) else None,
+                         rank_to_gpu=p.spec.rank_to_gpu, search=choose, source="collective table", step_s=score,
+                         schedule=p.spec.pp_schedule, vpp=p.vpp)
+    for line in place_lines(c, shown):
+        _echo(line)
+    if bindings_path:
+        _wrote(write_bindings(bindings_path, c.placement, fmt=fmt, force=force, visible=visible))
+    _write_doc(json_path, place_doc(p, c, [bindings(c.placement, r) for r in shown]), force)
+    _verdict_exit(p)
+
+
+def launch_cmd(config: Path = typer.Argument(..., help=TOML_ONLY_HELP),
+               program: Optional[list[str]] = typer.Argument(None, metavar="-- PROGRAM...",
+                                                            help="the training command each rank runs, after `--` "
+                                                                 "(e.g. -- python train.py --job.config_file x.toml)"),
+               out: Optional[Path] = typer.Option(None, "--out", help="folder for bind.sh, torchrun.sh, job.sbatch "
+                                                                         "and bindings.json (default: out/launch/ "
+                                                                         "and CONFIG's name, refused when it holds "
+                                                                         "files unless --force)"),
+               rdzv_endpoint: Optional[str] = typer.Option(None, "--rdzv-endpoint",
+                                                           help="HOST:PORT of node 0 for the c10d rendezvous "
+                                                                "(default: Slurm's first host at --port; "
+                                                                "MESHPLAN_RDZV_ENDPOINT overrides it at run time)"),
+               port: int = typer.Option(29500, "--port", help="rendezvous port with Slurm's first host"),
+               hosts: Optional[str] = typer.Option(None, "--hosts", help="comma-separated host names, one per node "
+                                                                         "(Slurm --nodelist)"),
+               transport: str = typer.Option("ib", "--transport", help="ib (NCCL_IB_HCA per rank) or socket "
+                                                                      "(NCCL_SOCKET_IFNAME per rank)"),
+               nic_scope: str = typer.Option("rank", "--nic-scope", help="rank (only the rank's NIC) or node "
+                                                                        "(every compute NIC, NCCL chooses)"),
+               socket_ifname: Optional[str] = typer.Option(None, "--socket-ifname",
+                                                           help="the IP interface (NCCL_SOCKET_IFNAME, "
+                                                                "GLOO_SOCKET_IFNAME): NCCL's bootstrap and gloo's "
+                                                                "with --transport ib, every rank's data with "
+                                                                "socket (default: each NIC's ifname; required "
+                                                                "when the node's NICs have none)"),
+               cpu_bind: str = typer.Option("numactl", "--cpu-bind", help="numactl (cores and memory node), taskset "
+                                                                         "(cores) or none"),
+               job_name: str = typer.Option("meshplan", "--job-name", help="Slurm job name"),
+               partition: Optional[str] = typer.Option(None, "--partition", help="Slurm partition"),
+               time_limit: str = typer.Option("01:00:00", "--time", help="Slurm time limit"),
+               choose: bool = typer.Option(False, "--choose", help="bind the rank -> GPU permutation `place "
+                                                                  "--choose` finds"),
+               topology: Optional[Path] = typer.Option(None, "--topology",
+                                                       help="nvidia-smi topo -m text or NCCL topology XML of the "
+                                                            "nodes: their sockets and NIC affinity"),
+               json_path: Optional[Path] = _json_option("launch"),
+               force: bool = typer.Option(False, "--force", help="replace existing files in --out and --json")):
+    """Write a multi-node torchrun command (c10d rendezvous), a Slurm sbatch script and per-rank bindings
+    (GPUs visible in LOCAL_RANK order for cuda:{LOCAL_RANK} scripts, NUMA cores, NCCL NIC variables).
+    A mesh that does not fit writes nothing and exits 1."""
+
+    if out is None:  # defaults go under out/ (README "Outputs"); an earlier run's folder is refused, as report's file
+        out = check_destination(Path("out") / "launch" / config.stem, "--out", force, folder=True)
+    check_launch_folder(out, force)  # an existing script is refused before the planning, as --json
+    _refuse_existing(json_path, force, "--json")
+    p = _load(config, topology)
+    if p.mesh is None or not p.feasible:
+        _write_doc(json_path, launch_doc(p, 0, [], ""), force)
+        _exit_infeasible(p)
+    score = step_scorer(p) if choose and isinstance(p, Plan) else None
+    c = choose_placement(p.mesh, p.config.cluster, (weights_from_plan(p) or None) if isinstance(p, Plan) else None,
+                         rank_to_gpu=p.spec.rank_to_gpu, search=choose, source="collective table", step_s=score,
+                         schedule=p.spec.pp_schedule, vpp=p.vpp)
+    c = for_command(c, "launch")  # its warnings name launch --choose
+    opts = LaunchOptions(program=tuple(program or ()), rdzv_endpoint=rdzv_endpoint, port=port,
+                         hosts=tuple(h for h in (hosts or "").split(",") if h), transport=transport,
+                         nic_scope=nic_scope, socket_ifname=socket_ifname, cpu_bind=cpu_bind, job_name=job_name,
+                         partition=partition, time_limit=time_limit)
+    written = write_launch(out, c.placement, opts, force=force)
+    for line in launch_lines(c):  # the choice and the warnings place prints: never a silent permutation
+        _echo(line)
+    for path in written:
+        _wrote(path)
+    nodes = int(c.placement.node.max()) + 1
+    endpoint = "" if rdzv_endpoint else " MESHPLAN_RDZV_ENDPOINT=<node 0 host:port>"
+    run = (f"on each of the {nodes} node(s) NODE_RANK=<k>{endpoint} {out / 'torchrun.sh'}; or with Slurm: "
+           f"sbatch {out / 'job.sbatch'}")
+    typer.echo(f"run: {run}")
+    _write_doc(json_path, launch_doc(p, nodes, _written(written), run, c), force)

@@ -1,0 +1,184 @@
+"""plan, report, groups, memory: one mesh planned and shown: the plan (text, JSON, HTML page),
+what a rank prints at start-up, and the memory timeline with its PNG plots."""
+
+from __future__ import annotations
+
+import glob
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from meshplan.cli.common import (
+    CONFIG_HELP,
+    CalibrationOpt,
+    ClusterOpt,
+    FormatOpt,
+    GpuOpt,
+    ModelOpt,
+    NodesOpt,
+    SeqLenOpt,
+    MicroBatchOpt,
+    GradAccumOpt,
+    _check_rank,
+    _console,
+    _exit_infeasible,
+    _html_option,
+    _json_option,
+    _opts,
+    _refuse_existing,
+    _verdict_exit,
+    _write_doc,
+    _write_text,
+    _written,
+    _wrote,
+)
+from meshplan.cli.loading import _cal_note, _calibrated, _calibration, _load
+from meshplan.fileio import check_destination, write_output
+from meshplan.mesh.tpsplit import model_groups
+from meshplan.plan import Infeasible, Plan
+from meshplan.report.html_pages import plan_page
+from meshplan.report.json_docs import envelope, groups_doc, memory_doc, report_doc
+from meshplan.report.json_out import plan_to_dict
+from meshplan.report.memory import print_memory
+from meshplan.report.memory_plot import write_png
+from meshplan.report.text import print_groups, print_plan
+from meshplan.schedule.steptime import step_time
+
+
+def _write_plan_html(p: Plan | Infeasible, path: Path, name: str, force: bool, field: str = "--html",
+                     note: str = "") -> None:
+    """The HTML report of ``p`` (with its predicted step when it was planned; ``note``: a header line)."""
+    st = step_time(p) if isinstance(p, Plan) else None
+    _wrote(write_output(path, plan_page(p, st, name, note), force, field))
+
+
+def plan(config: Path = typer.Argument(..., help=CONFIG_HELP),
+         json_path: Optional[Path] = typer.Option(None, "--json", help="write the whole plan (every group) as JSON "
+                                                  "to PATH, or with - to stdout (the rest of the output then on "
+                                                  "stderr)"),
+         rank: int = typer.Option(0, "--rank", help="rank whose groups and placement are printed"),
+         html_path: Optional[Path] = _html_option("the plan report"),
+         force: bool = typer.Option(False, "--force", help="replace existing --json and --html files"),
+         topology: Optional[Path] = typer.Option(None, "--topology", help="nvidia-smi topo -m text or NCCL topology XML"),
+         calibration: CalibrationOpt = None,
+         fmt: FormatOpt = None,
+         cluster: ClusterOpt = None,
+         nodes: NodesOpt = None,
+         gpu: GpuOpt = None,
+         model: ModelOpt = None,
+         seq_len: SeqLenOpt = None,
+         micro_batch: MicroBatchOpt = None,
+         grad_accum: GradAccumOpt = None):
+    """Plan one mesh: constraints, degrees, groups, placement, shapes, memory, collectives. CONFIG may be a
+    torchtitan job TOML, Megatron-LM arguments or a DeepSpeed JSON (the cluster from --cluster/--nodes)."""
+
+    _refuse_existing(json_path, force, "--json")  # refused before the work and the report, as compare --out
+    _refuse_existing(html_path, force, "--html")
+    p = _load(config, topology, calibration, fmt, _opts(cluster, nodes, gpu, model, seq_len, micro_batch, grad_accum))
+    if p.mesh is not None:
+        _check_rank(p, rank)
+    cal = _calibration(calibration, p.config.cluster)
+    print_plan(p, rank=rank, console=_console())
+    _write_text(json_path, json.dumps(_calibrated(plan_to_dict(p), cal), separators=(",", ":")), force)
+    if html_path:
+        _write_plan_html(p, html_path, config.name, force, note=_cal_note(cal))
+    _verdict_exit(p)
+
+
+def report(config: Path = typer.Argument(..., help=CONFIG_HELP),
+           out: Optional[Path] = typer.Option(None, "--out", help="HTML file (default: out/report/ and CONFIG's "
+                                                                  "name with .html; an existing file is refused "
+                                                                  "unless --force)"),
+           json_path: Optional[Path] = _json_option("report"),
+           force: bool = typer.Option(False, "--force", help="replace existing --out and --json files"),
+           fmt: FormatOpt = None,
+           cluster: ClusterOpt = None,
+           nodes: NodesOpt = None,
+           gpu: GpuOpt = None,
+           model: ModelOpt = None,
+           seq_len: SeqLenOpt = None,
+           micro_batch: MicroBatchOpt = None,
+           grad_accum: GradAccumOpt = None):
+    """One self-contained HTML page of the plan: verdict, input, groups, shapes, memory timeline plot, collective
+    table, step time with the pipeline Gantt chart and link-load bars. A mesh that does not fit is still reported,
+    then exits 1 with its reasons."""
+
+    path = out or Path("out") / "report" / (config.stem + ".html")  # defaults go under out/ (README "Outputs")
+    _refuse_existing(path, force, "--out")
+    _refuse_existing(json_path, force, "--json")
+    p = _load(config, fmt=fmt, opts=_opts(cluster, nodes, gpu, model, seq_len, micro_batch, grad_accum))
+    _write_plan_html(p, path, config.name, force, "--out")
+    _write_doc(json_path, report_doc(p, _written([path])), force)
+    _verdict_exit(p)
+
+
+def groups(config: Path = typer.Argument(..., help=CONFIG_HELP),
+           rank: int = typer.Option(0, "--rank", help="the rank whose start-up print is shown"),
+           json_path: Optional[Path] = _json_option("groups"),
+           force: bool = typer.Option(False, "--force", help="replace an existing --json file"),
+           fmt: FormatOpt = None,
+           cluster: ClusterOpt = None,
+           nodes: NodesOpt = None,
+           gpu: GpuOpt = None,
+           model: ModelOpt = None,
+           seq_len: SeqLenOpt = None,
+           micro_batch: MicroBatchOpt = None,
+           grad_accum: GradAccumOpt = None):
+    """Print what RANK would print at start-up: its coordinates and every group's ranks, the data axis named as
+    the plan's mesh line names it (dp, or dp_shard where the parameters are sharded over it; --json keeps the
+    config's names). A mesh that does not fit is still printed, then exits 1 with its reasons."""
+
+    _refuse_existing(json_path, force, "--json")
+    p = _load(config, fmt=fmt, opts=_opts(cluster, nodes, gpu, model, seq_len, micro_batch, grad_accum))
+    if p.mesh is None:
+        _write_doc(json_path, groups_doc(p, rank), force)
+        _exit_infeasible(p)
+    _check_rank(p, rank)
+    print_groups(p.mesh, rank, _console(), model_groups(p.mesh, p.config.model), training=p.config.training,
+                 origin=p.config.origin)
+    _write_doc(json_path, groups_doc(p, rank), force)
+    _verdict_exit(p)
+
+
+def memory(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshplan TOML's optional [memory] table sets the timeline parameters"),
+           out: Path = typer.Option(Path("out/memory"), "--out",
+                                    help="folder for the PNG plot(s) (created; out/ is git-ignored)"),
+           all_stages: bool = typer.Option(False, "--all-stages", help="every pipeline stage, not only the most loaded"),
+           json_path: Optional[Path] = _json_option("memory"),
+           force: bool = typer.Option(False, "--force", help="replace existing PNG and --json files"),
+           fmt: FormatOpt = None,
+           cluster: ClusterOpt = None,
+           nodes: NodesOpt = None,
+           gpu: GpuOpt = None,
+           model: ModelOpt = None,
+           seq_len: SeqLenOpt = None,
+           micro_batch: MicroBatchOpt = None,
+           grad_accum: GradAccumOpt = None):
+    """Memory timeline of one training step: peak, headroom, events by kind, and a PNG per stage shown."""
+
+    check_destination(out, "--out", force=True, folder=True)  # a writable folder before the work
+    for old in _memory_plots(out, config.stem):  # before the work: which stage is plotted is known after it
+        check_destination(old, "--out", force)
+    _refuse_existing(json_path, force, "--json")
+    p = _load(config, fmt=fmt, opts=_opts(cluster, nodes, gpu, model, seq_len, micro_batch, grad_accum))
+    if isinstance(p, Infeasible):
+        _write_doc(json_path, envelope("memory", p, stages=[], persistent_bytes={}, pngs=[]), force)
+        _exit_infeasible(p)
+    shown = p.timelines if all_stages else (p.timeline,)
+    paths = [out / f"{config.stem}_memory_stage{tl.stage}.png" for tl in shown]
+    for path in paths:
+        check_destination(path, "--out", force, create_folders=True)  # in the folder checked above
+    print_memory(p, _console(), all_stages=all_stages)
+    for tl, path in zip(shown, paths):
+        _wrote(write_png(tl, path, name=config.name, force=force))
+    _write_doc(json_path, memory_doc(p, all_stages, [str(x) for x in paths]), force)
+    _verdict_exit(p)
+
+
+def _memory_plots(out: Path, stem: str) -> list[Path]:
+    """The PNGs ``memory`` writes for config ``stem`` that already exist in ``out``
+    (``<stem>_memory_stage<k>.png``, any stage k: the stage shown, the most loaded, is known
+    only once planned), refused before planning unless ``--force``."""
+    return sorted(out.glob(f"{glob.escape(stem)}_memory_stage*.png")) if out.is_dir() else []

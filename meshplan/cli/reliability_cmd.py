@@ -1,0 +1,104 @@
+"""reliability: failure domains, interruptions, checkpoint size and interval, goodput, and the
+restart on fewer nodes (a verdict of its own when ``--lost-nodes`` is given)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from meshplan.cli.common import (
+    CONFIG_HELP,
+    ClusterOpt,
+    FormatOpt,
+    GpuOpt,
+    ModelOpt,
+    NodesOpt,
+    SeqLenOpt,
+    MicroBatchOpt,
+    GradAccumOpt,
+    _echo,
+    _exit_infeasible,
+    _infeasible,
+    _json_option,
+    _opts,
+    _refuse_existing,
+    _verdict_exit,
+    _write_doc,
+)
+from meshplan.cli.loading import _load
+from meshplan.errors import ConfigError, check_number
+from meshplan.plan import Infeasible, run_reasons
+from meshplan.reliability import reliability as rel
+from meshplan.report.json_docs import envelope, reliability_doc
+from meshplan.restart import checkpoint_engine, engine_rules, plan_evaluator, restart_on_fewer_nodes
+from meshplan.schedule.steptime import step_time
+from meshplan.schedule.unit_sim import Overlap
+
+
+def reliability(config: Path = typer.Argument(..., help=CONFIG_HELP),
+                write_gbps: float = typer.Option(..., "--write-gbps", help="aggregate checkpoint write bandwidth, GB/s"),
+                read_gbps: float = typer.Option(..., "--read-gbps", help="aggregate checkpoint read bandwidth, GB/s"),
+                rank_gbps: Optional[float] = typer.Option(
+                    None, "--rank-gbps", help="storage bandwidth of one rank, GB/s: times the bytes the busiest rank "
+                                              "writes under DCP (its share of replicated shards) or DeepSpeed's save_checkpoint, and reads back"),
+                restart_overhead_s: float = typer.Option(..., "--restart-overhead-s",
+                                                         help="detection + rescheduling + start-up, seconds"),
+                lost_nodes: Optional[int] = typer.Option(
+                    None, "--lost-nodes", help="nodes lost in the restart scenario (default 1); given, a restart "
+                                               "that cannot run makes the command exit 1"),
+                spare_nodes: int = typer.Option(0, "--spare-nodes", help="spare nodes available"),
+                json_path: Optional[Path] = _json_option("reliability"),
+                force: bool = typer.Option(False, "--force", help="replace an existing --json file"),
+                fmt: FormatOpt = None,
+                cluster: ClusterOpt = None,
+                nodes: NodesOpt = None,
+                gpu: GpuOpt = None,
+                model: ModelOpt = None,
+                seq_len: SeqLenOpt = None,
+                micro_batch: MicroBatchOpt = None,
+                grad_accum: GradAccumOpt = None):
+    """Failure domains, interruptions per day, checkpoint size and interval, goodput, restart."""
+
+    for name, v in (("--write-gbps", write_gbps), ("--read-gbps", read_gbps)) + ((("--rank-gbps", rank_gbps),)
+                                                                              if rank_gbps is not None else ()):
+        check_number(name, v, 1e-3, 1e6, "GB/s", "1 MB/s to 1 PB/s: beyond every storage system, and the write "
+                     "and read times stay finite")
+    check_number("--restart-overhead-s", restart_overhead_s, 0.0, 1e6, "s", "up to 11.6 days")
+    asked = lost_nodes is not None  # the default scenario is a what-if: it informs, it does not fail the command
+    lost_nodes = 1 if lost_nodes is None else lost_nodes
+    check_number("--lost-nodes", lost_nodes, 0, 10 ** 7, "nodes")
+    check_number("--spare-nodes", spare_nodes, 0, 10 ** 7, "nodes")
+    _refuse_existing(json_path, force, "--json")
+    p = _load(config, fmt=fmt, opts=_opts(cluster, nodes, gpu, model, seq_len, micro_batch, grad_accum))
+    if isinstance(p, Infeasible):
+        _write_doc(json_path, envelope("reliability", p), force)
+        _exit_infeasible(p)
+    if lost_nodes > p.config.cluster.nodes:
+        nodes = p.config.cluster.nodes
+        raise ConfigError("--lost-nodes", f"{lost_nodes} is more than the cluster's {nodes} node{'s' * (nodes != 1)}")
+    r = rel(p, write_bandwidth_bytes_per_s=write_gbps * 1e9, read_bandwidth_bytes_per_s=read_gbps * 1e9,
+            restart_overhead_s=restart_overhead_s,
+            per_rank_bandwidth_bytes_per_s=rank_gbps * 1e9 if rank_gbps else None)
+    for line in r.lines():
+        _echo(line)
+    t = p.config.training
+    before = step_time(p, Overlap())  # the throughput a restart loses is against the plan's own step
+    pipeline, degrees = engine_rules(p)  # within what the engine runs (DeepSpeed: the data axis, pp where it can)
+    rs = restart_on_fewer_nodes(p.mesh, lost_nodes, gpus_per_node=p.config.cluster.node.gpus,
+                                global_batch=t.global_batch, micro_batch=t.micro_batch, spare_nodes=spare_nodes,
+                                micro_batch_reasons=lambda pp, m: run_reasons(p.spec.pp_schedule, pp, m, p.vpp,
+                                                                              t.pp_schedule_runs, t.framework),
+                                pipeline=pipeline, degrees=degrees, sharding=t.sharding,
+                                checkpoint=checkpoint_engine(t),
+                                old_infeasible="" if p.feasible else f"infeasible: {p.reasons[0]}",
+                                evaluate=plan_evaluator(p, p.config.cluster.nodes - max(0, lost_nodes - spare_nodes)),
+                                old_step=(before.step_s, before.tokens_per_s))
+    for line in rs.lines():
+        _echo(line)
+    _write_doc(json_path, reliability_doc(p, r, rs), force)
+    _verdict_exit(p)
+    if not rs.feasible and asked:  # the restart asked for is a verdict too: no GPU or no mesh left is exit 1
+        _infeasible(rs, f"restart after losing {lost_nodes} of {p.config.cluster.nodes} nodes ({spare_nodes} spare)")
+        raise typer.Exit(1)

@@ -1,0 +1,197 @@
+"""search and compare: every mesh of a workload rejected with reasons or ranked by predicted
+step (``--export`` writes a row through :func:`meshplan.cli.interop_cmds._write_export`), or
+two meshes side by side with the rejected one's evidence."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.table import Table
+
+from meshplan.cli.common import (
+    CONFIG_HELP,
+    CalibrationOpt,
+    ClusterOpt,
+    FormatOpt,
+    GpuOpt,
+    ModelOpt,
+    NodesOpt,
+    SeqLenOpt,
+    MicroBatchOpt,
+    GradAccumOpt,
+    TOML_ONLY_HELP,
+    _console,
+    _echo,
+    _html_option,
+    _infeasible,
+    _json_option,
+    _opts,
+    _refuse_existing,
+    _write_doc,
+    _write_text,
+    _wrote,
+)
+from meshplan.cli.interop_cmds import _write_export
+from meshplan.cli.loading import _cal_note, _calibrated, _calibration, _load, _measured_cluster, _notes
+from meshplan.compare import compare, compare_html, compare_to_dict, evidence_folder, table_rows, write_evidence
+from meshplan.errors import ConfigError, check_number, printable
+from meshplan.fileio import check_destination, write_output
+from meshplan.interop.common import FORMATS
+from meshplan.interop.foreign import load_any, search_export_refusal, search_row_refusal, user_source
+from meshplan.plan import config_warnings, export_refusals
+from meshplan.report import shown
+from meshplan.report.html_pages import search_page
+from meshplan.report.search import ProgressBar, infeasible_line, print_search, search_to_dict
+from meshplan.search.candidate import candidate_config
+from meshplan.search.driver import search
+
+
+def compare_cmd(config_a: Path = typer.Argument(..., help="mesh A: " + TOML_ONLY_HELP),
+                config_b: Path = typer.Argument(..., help="mesh B (same model, cluster and workload): " + TOML_ONLY_HELP),
+                out: Path = typer.Option(Path("out/compare"), "--out", help="folder for the rejected mesh's evidence"),
+                html_path: Optional[Path] = _html_option("both meshes side by side"),
+                json_path: Optional[Path] = _json_option("compare"),
+                force: bool = typer.Option(False, "--force", help="replace an existing evidence folder, --html and "
+                                                                  "--json files"),
+                calibration: CalibrationOpt = None):
+    """Compare two plans of one workload side by side and keep the rejected one's evidence. Both configs share the
+    model, the cluster and the workload's [training] fields (batch, sequence, dtypes); the mesh and the plan's knobs
+    (micro_batch, recompute, sharding, reshard_after_forward, tp_comm_overlap, schedule, virtual stages ...) may
+    differ, each differing knob shown as a row. Exit 0 when a plan that fits wins or the two are identical or equal on
+    every criterion (nothing rejected), 1 when neither fits, identical or not (both reasons printed)."""
+
+    check_destination(out, "--out", force=True, folder=True)  # a writable folder before the work
+    _refuse_existing(html_path, force, "--html")
+    _refuse_existing(json_path, force, "--json")
+    a, b = (_load(c, calibration=calibration, unresolved=True) for c in (config_a, config_b))
+    names = (config_a.stem, config_b.stem)
+    if names[0] == names[1] and config_a.resolve() != config_b.resolve():
+        names = (f"{names[0]}-A", f"{names[1]}-B")  # two files of one name: keep the sides apart
+    c = compare(a, b, names=names)  # refuses a different workload (model, cluster, batch ...) naming the field
+    evidence_folder(c, out, force)  # refuse an existing folder before printing the report
+    cal = _calibration(calibration, a.config.cluster)  # the header line (one cluster: compare refuses two)
+    tab = Table(title="compare", title_justify="left")
+    for col in ("quantity", c.a.name, c.b.name):
+        tab.add_column(shown(col))
+    for row in table_rows(c):
+        tab.add_row(*(shown(x) for x in row))
+    con = _console()
+    con.print(tab)
+    con.print(f"[bold]verdict:[/] {shown(c.verdict)}")
+    if c.decided_by:
+        con.print(f"decided by: {c.decided_by}", highlight=False, markup=False)
+    for r in c.reasons:
+        con.print(f"  - {shown(r)}")
+    for side in (c.a, c.b):  # what the framework's runtime does differently (plan prints them as notes)
+        for w in config_warnings(side.plan.config):
+            con.print(f"warning ({shown(side.name)}): {shown(w)}", highlight=False)
+    for path in write_evidence(c, out, force=force, calibration=cal):
+        con.print(f"wrote {printable(str(path))}", markup=False)
+    if html_path:
+        con.print(f"wrote {printable(str(write_output(html_path, compare_html(c, _cal_note(cal)), force, '--html')))}",
+                  highlight=False, markup=False)
+    _write_doc(json_path, _calibrated(compare_to_dict(c), cal), force)
+    if c.none_fit:
+        for side in (c.a,) if c.a.name == c.b.name else (c.a, c.b):  # one file given twice: its reasons once
+            _infeasible(side.plan, side.name)
+        raise typer.Exit(1)
+
+
+def search_cmd(config: Path = typer.Argument(..., help=CONFIG_HELP + "; a meshplan TOML's optional [search] "
+                                                      "table sets the search, its [mesh] table is ignored"),
+               top: Optional[int] = typer.Option(None, "--top", help="candidates ranked and shown (default: "
+                                                                    "[search] top, 10)"),
+               json_path: Optional[Path] = typer.Option(None, "--json", help="write the result as JSON to PATH, or "
+                                                        "with - to stdout (the rest of the output then on stderr)"),
+               html_path: Optional[Path] = _html_option("the top candidates and the rejection counts"),
+               force: bool = typer.Option(False, "--force", help="replace existing --json, --html and -o files"),
+               export_rank: Optional[int] = typer.Option(None, "--export", help="export the top row of this rank "
+                                                         "(1 = the fastest) with --to and -o"),
+               to: str = typer.Option("meshplan", "--to", help="export format: " + ", ".join(FORMATS)),
+               out: Optional[Path] = typer.Option(None, "-o", "--out", help="file the --export row is written to "
+                                                  "(-: stdout, the rest of the output then on stderr)"),
+               calibration: CalibrationOpt = None,
+               fmt: FormatOpt = None,
+               cluster: ClusterOpt = None,
+               nodes: NodesOpt = None,
+               gpu: GpuOpt = None,
+               model: ModelOpt = None,
+               seq_len: SeqLenOpt = None,
+               micro_batch: MicroBatchOpt = None,
+               grad_accum: GradAccumOpt = None):
+    """Search every mesh of the workload: reject with reasons, rank by predicted step time. Exit 0 when some
+    candidate fits, 1 when none does (then one line instead of the table names the rules that rejected the
+    most candidates, their counts, and a fix).
+
+    Searched: degrees of pp, dp_replicate, dp_shard, cp, tp (ep, etp for MoE), micro-batch, recompute
+    (op-level "op" under framework torch, tp = cp = ep = 1), vpp (interleaved 1F1B), sharding, training.reshard_after_forward (FSDP), training.tp_comm_overlap
+    (tp > 1) and the Llama 3 layer split with lighter first and last stages (pp >= 3); [search] narrows
+    each. Order: by step time; candidates within 1% of the fastest not yet listed go toward fewer axes,
+    then lower tp*pp*cp*ep, then lower tp. The output names what makes the top faster than #2 (compute,
+    bubble, exposed communication per axis, with their seconds), or, where the tie rule listed it before a
+    faster candidate, how much longer its step is than the fastest's, naming it. The same input gives the
+    same output on any machine ([search] budgets are counts: settle_max, exact_max, refine_max).
+    --export N --to FORMAT -o FILE writes row N (its layer split included) as a meshplan TOML, torchtitan
+    TOML, Megatron-LM arguments or DeepSpeed JSON. training.fp8_all_gather and training.grad_accumulation
+    apply to the FSDP candidates (grad_accumulation with pp 1); the others are planned without them (a note
+    says so). training.zero3_engine deepspeed or deepspeed-2021 applies to zero3 candidates with pp 1 (the
+    others with zero3 are rejected, rule 'engine'; hsdp is planned with FSDP2; under deepspeed, zero1 and
+    zero2 with DeepSpeed's ZeRO-1/2, the same runtime at another stage); training.zero12_engine deepspeed applies to
+    zero1 and zero2 candidates (zero2 is searched under it, or zero3_engine deepspeed, only; zero3 candidates
+    then run DeepSpeed's ZeRO-3, zero3_engine deepspeed). Under training.framework
+    torch zero1 is rejected (rule 'framework': torch and torchtitan have no ZeRO-1 engine) unless
+    training.zero12_engine or zero3_engine is deepspeed; a zero1 candidate without a data axis (dp_shard x cp 1) is its
+    zero3 twin's run and is listed once, as zero3. --export --to T is refused before the search when T
+    takes no row the search can rank (a model without a torchtitan flavor, no zero3/hsdp in [search]
+    sharding for torchtitan, no one-data-axis mesh for DeepSpeed), and after it when T refuses row N (one
+    line naming the first row T takes). Under DeepSpeed a line says what --export N --to deepspeed of the rows
+    shown does not express (training.recompute: the model code chooses activation checkpointing), and under
+    training.framework megatron what --export N --to megatron does not (reshard_after_forward false: Megatron
+    FSDP reshards after forward) and which rows it refuses (hsdp)."""
+
+    if export_rank is not None:
+        if export_rank < 1:
+            raise ConfigError("--export", f"{export_rank}: rows are ranked from 1")
+        if out is None:
+            raise ConfigError("-o", "--export needs -o FILE")
+        if to not in FORMATS:
+            raise ConfigError("--to", f"{to!r}; use {', '.join(FORMATS)}")
+        _refuse_existing(out, force, "-o")
+    cfg = load_any(config, fmt, _opts(cluster, nodes, gpu, model, seq_len, micro_batch, grad_accum), require_mesh=False)
+    _notes(cfg)
+    cfg = _measured_cluster(cfg, calibration=calibration)
+    if top is not None:
+        check_number("--top", top, 1, 10_000)
+        cfg = replace(cfg, search=cfg.search.model_copy(update={"top": top}))
+    if export_rank is not None and export_rank > cfg.search.top:  # before the search, not after it
+        raise ConfigError("--export", f"{export_rank} > --top {cfg.search.top}: the search lists {cfg.search.top} "
+                          f"row(s); pass --top {export_rank} or export a lower rank")
+    if export_rank is not None and (refusal := search_export_refusal(cfg, to)) is not None:
+        raise ConfigError("--to", refusal)  # a target that refuses every row, before the search
+    _refuse_existing(json_path, force, "--json")
+    _refuse_existing(html_path, force, "--html")
+    cal = _calibration(calibration, cfg.cluster)  # the header line, after the refusals
+    with ProgressBar() as bar:
+        result = search(cfg, progress=bar)
+    print_search(result, _console())
+    if export_rank is not None and out is not None:  # its refusals (exit 2) come before any --json document
+        if export_rank > len(result.top):
+            raise ConfigError("--export", f"{export_rank}: the search ranked {len(result.top)} row(s); raise --top "
+                              f"or export a lower rank")
+        rows = [candidate_config(result.config, result.candidates, e.index) for e in result.top]
+        refusal = search_row_refusal(export_rank, rows, to, lambda c: {t: export_refusals(c, t) for t in FORMATS})
+        if refusal is not None:  # one line naming the first row the target takes
+            raise ConfigError("--export", refusal)
+        _write_export(rows[export_rank - 1], to, out, f"search {config} row {export_rank}", force,
+                      user_source(config, fmt))
+    _write_text(json_path, json.dumps(_calibrated(search_to_dict(result), cal), indent=1), force)
+    if html_path:
+        _wrote(write_output(html_path, search_page(result, config.name, _cal_note(cal)), force,
+                            '--html'))
+    if not result.top:  # the verdict on stderr as every command's exit 1 (EXIT_CODES), after the report on stdout
+        _echo(f"infeasible: {infeasible_line(result)}", err=True)
+    raise typer.Exit(0 if result.top else 1)

@@ -1,0 +1,172 @@
+"""step: the scheduled rank timeline of one mesh: step time and its parts, the TP-overlap and
+network verdicts, the critical path, collective readiness and the load on each physical edge."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from meshplan.cli.common import (
+    CONFIG_HELP,
+    CalibrationOpt,
+    ClusterOpt,
+    FormatOpt,
+    GpuOpt,
+    ModelOpt,
+    NodesOpt,
+    SeqLenOpt,
+    MicroBatchOpt,
+    GradAccumOpt,
+    _echo,
+    _exit_infeasible,
+    _json_option,
+    _opts,
+    _refuse_existing,
+    _verdict_exit,
+    _write_doc,
+    _wrote,
+)
+from meshplan.cli.loading import _calibrated, _calibration, _load
+from meshplan.compute.gemm import load_gemm_table
+from meshplan.errors import ConfigError
+from meshplan.fileio import check_destination
+from meshplan.plan import Infeasible
+from meshplan.report.json_docs import envelope, step_doc, step_infeasible_doc
+from meshplan.schedule.linkload import concurrency, edge_loads, timings
+from meshplan.schedule.overlap_policy import megatron_reduce_line
+from meshplan.schedule.steptime import step_time
+from meshplan.schedule.tp_overlap_lines import ideal_tp_overlap_line, tp_overlap_line
+from meshplan.schedule.unit_sim import Overlap
+from meshplan.schedule.verdict import network_verdict, rebuilt_step
+from meshplan.schedule.waits import bubble_wait
+from meshplan.spec.mesh import Schedule
+from meshplan.spec.wording import schedule_words
+
+
+def _overlap(overlap_tp: bool, no_prefetch: bool):
+    return Overlap(tp=overlap_tp, fsdp_prefetch=not no_prefetch)
+
+
+def step(config: Path = typer.Argument(..., help=CONFIG_HELP),
+         trace: Optional[Path] = typer.Option(None, "--trace", help="write the predicted timeline (Chrome/Perfetto JSON)"),
+         overlap_tp: bool = typer.Option(False, "--overlap-tp", help="with training.tp_comm_overlap off: assume TP "
+                                         "communication overlaps compute, ideally (whole GEMMs), and print its exposed "
+                                         "tp, compute and step against blocking TP; with it on, ignored "
+                                         "(a note says so): the config's model, the runtimes' decomposed GEMMs, runs"),
+         no_prefetch: bool = typer.Option(False, "--no-prefetch", help="no FSDP all-gather prefetch"),
+         gemm_table: Optional[Path] = typer.Option(None, "--gemm-table", help="measured GEMM times (meshplan bench gemm)"),
+         schedule: Optional[str] = typer.Option(None, "--schedule", help="gpipe, 1f1b, interleaved_1f1b, zb_h1, zbv or dualpipev "
+                                                                        "(zbv and dualpipev: virtual_stages 2, a V; "
+                                                                        "at pp 1 a note says it changes nothing)"),
+         json_path: Optional[Path] = _json_option("step"),
+         force: bool = typer.Option(False, "--force", help="replace existing --trace and --json files"),
+         calibration: CalibrationOpt = None,
+         fmt: FormatOpt = None,
+         cluster: ClusterOpt = None,
+         nodes: NodesOpt = None,
+         gpu: GpuOpt = None,
+         model: ModelOpt = None,
+         seq_len: SeqLenOpt = None,
+         micro_batch: MicroBatchOpt = None,
+         grad_accum: GradAccumOpt = None):
+    """Scheduled rank timeline: step time and its parts on the critical stage (compute + bubble + exposed
+    communication), critical path, exposed communication, bubble (FSDP waits apart under pp), MFU; how much of the
+    critical stage's bubble waits for communication another stage exposes (an MoE's ep all-to-alls behind a dense
+    first stage); when the step is network-bound (exposed communication and that wait half the step or more), a
+    verdict naming the communication and its cause. A mesh that does not fit exits 1 with its reasons after one
+    line 'step would be X s ... if it fit'."""
+
+    if schedule is not None and schedule not in {x.value for x in Schedule}:
+        raise ConfigError("--schedule", f"unknown schedule {schedule!r}; use " + ", ".join(x.value for x in Schedule))
+    if trace:
+        check_destination(trace, "--trace", force)
+    _refuse_existing(json_path, force, "--json")
+    p = _load(config, calibration=calibration, fmt=fmt, opts=_opts(cluster, nodes, gpu, model, seq_len, micro_batch, grad_accum))
+    cal = _calibration(calibration, p.config.cluster)
+    if isinstance(p, Infeasible):
+        _write_doc(json_path, _calibrated(envelope("step", p, step_s=None), cal), force)
+        _exit_infeasible(p)
+    table = load_gemm_table(gemm_table) if gemm_table else None
+    unscheduled = schedule if schedule is not None and p.mesh.degree("pp") == 1 else None
+    schedule = None if unscheduled else schedule  # pp 1: nothing to schedule (as --overlap-tp at tp 1)
+    ideal_tp = overlap_tp and not p.config.training.tp_comm_overlap  # with it on, the config's model runs alone
+    st = _step_with(p, _overlap(ideal_tp, no_prefetch), table, schedule)
+    if not p.feasible:
+        sched = schedule_words(st.pipeline.spec.schedule, st.pipeline.spec.p)  # "no pipeline" at pp 1
+        _echo(f"step would be {st.step_s:.3f} s ({sched}, MFU {st.mfu:.1%}) if it fit; "
+                   f"it does not fit")
+        _write_doc(json_path, _calibrated(step_infeasible_doc(p, st), cal), force)
+        _verdict_exit(p)
+    for line in st.lines():
+        _echo(line)
+    _print_overlap_notes(p, st, overlap_tp, no_prefetch, table, schedule, unscheduled)
+
+    again = rebuilt_step(p, lambda alt: _step_with(alt, _overlap(ideal_tp, no_prefetch), table, schedule))
+    bw = bubble_wait(st)  # once: the verdict's lines and the JSON's most_exposed_stage both use it
+    verdict = network_verdict(p, st, again, bw=bw)
+    for line in verdict:
+        _echo(line)
+    path = st.critical_path()
+    _echo(f"critical path ({len(path)} entries{', first 12 and last 6' if len(path) > 18 else ''}):")
+    for line in (path if len(path) <= 18 else path[:12] + ["..."] + path[-6:]):
+        _echo(f"  {line}")
+    _print_links(p, st)
+    if trace:
+        _wrote(st.write_trace(trace, force=force))
+    _write_doc(json_path, _calibrated(step_doc(p, st, verdict, str(trace) if trace else None, bw=bw), cal), force)
+
+
+def _print_overlap_notes(p, st, overlap_tp: bool, no_prefetch: bool, table, schedule: Optional[str],
+                         unscheduled: Optional[str]) -> None:
+    """The lines under step's summary: the TP overlap line (the config's model against blocking TP,
+    or with ``--overlap-tp`` the ideal overlap of whole GEMMs), Megatron's gradient-reduce note, and
+    a note for each of ``--schedule`` and ``--overlap-tp`` that changes nothing or is ignored."""
+    tp = tp_overlap_line(p, st, lambda alt: _step_with(alt, _overlap(False, no_prefetch), table, schedule))
+    if overlap_tp and not tp:
+        tp = ideal_tp_overlap_line(p, st, _step_with(p, _overlap(False, no_prefetch), table, schedule))
+    if tp:
+        _echo(tp)
+    if megatron_reduce_line(p.config.training):
+        _echo(megatron_reduce_line(p.config.training))
+    if unscheduled:
+        _echo(f"note: --schedule {unscheduled} changes nothing: pp 1 has no pipeline to schedule")
+    if overlap_tp and p.mesh.degree("tp") < 2:
+        _echo("note: --overlap-tp changes nothing: tp 1 has no TP collectives")
+    elif overlap_tp and p.config.training.tp_comm_overlap:
+        _echo("note: --overlap-tp ignored: training.tp_comm_overlap is on, and the config's model of it (the line "
+              "above) is what the step runs; --overlap-tp (ideal overlap of whole GEMMs) applies with it off")
+
+
+def _step_with(p, overlap, table, schedule: Optional[str]):
+    """``step_time`` of ``p``; with ``--schedule`` given, the schedule's own refusal (ZB-V
+    without virtual_stages 2, interleaved 1F1B with m not a multiple of p, a chunked mesh
+    under a one-chunk schedule) names ``--schedule``, the value that brought it."""
+    try:
+        return step_time(p, overlap, table=table, schedule=schedule)
+    except ConfigError as e:
+        if schedule is None or e.field not in ("mesh.pp_schedule", "mesh.virtual_stages"):
+            raise
+        raise ConfigError("--schedule", f"{schedule}: {e.message}; choose a schedule this mesh allows, or set "
+                          f"the config's virtual stages to what {schedule} needs") from None
+
+
+def _print_links(p, st) -> None:
+    """Readiness of each collective kind, concurrency and the load on each physical edge."""
+
+    _echo("collectives on stage 0, first occurrence (ms from step start): ready, deadline, duration, slack "
+          "(deadline - ready - duration: 0 when the next op waits for it, < 0 exposed; a cp K/V all-gather's "
+          "deadline is the end of the Q projection it runs beside)")
+    for t in timings(st):
+        _echo(f"  {st.named(t.stream):13s} {t.phase:8s} {t.op:15s} {t.ready_s * 1e3:10.3f} {t.deadline_s * 1e3:10.3f} "
+                   f"{t.duration_s * 1e3:9.3f} {t.slack_s * 1e3:10.3f}")
+    for (a, b), sec in sorted(concurrency(st).items()):
+        _echo(f"concurrent: {st.named(a)} and {st.named(b)} overlap {sec * 1e3:.1f} ms per step (shared copy engines and links)")
+    _echo("edge load per step (busy = bytes / capacity; must fit the stage's compute time, and per layer "
+               "the layer's forward + backward time)")
+    for e in edge_loads(p, st):
+        verdict = "fits" if e.fits else "DOES NOT FIT"
+        _echo(f"  {e.edge:36s} {e.bytes_per_step / 1e9:10.1f} GB  busy {e.busy_s:8.3f} s of {e.interval_s:8.3f} s; "
+                   f"per layer {e.per_layer_bytes / e.capacity_bytes_per_s * 1e3:8.3f} of "
+                   f"{e.layer_interval_s * 1e3:8.3f} ms: {verdict}")
