@@ -54,8 +54,9 @@ def top_heading(n: int) -> str:
     pick, so every row shown is at most :data:`TIE` longer than any mesh left out: the fastest
     mesh may fall out of the top N when a tie straddles row N, by less than 1%.
 
-    >>> top_heading(3)
-    'top 3: by predicted step time; meshes within 1% ordered toward fewer axes and lower degrees (none left out is more than 1% faster than a row shown)'
+    >>> top_heading(3)  # doctest: +NORMALIZE_WHITESPACE
+    'top 3: by predicted step time; meshes within 1% ordered toward fewer axes and lower degrees (none left
+    out is more than 1% faster than a row shown)'
     """
     return (f"top {n}: by predicted step time; meshes within {TIE:.0%} ordered toward fewer axes and lower degrees "
             f"(none left out is more than {TIE:.0%} faster than a row shown)")
