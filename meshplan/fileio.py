@@ -125,12 +125,12 @@ def _digest(path: Path) -> str | None:
     h = hashlib.sha256()
     try:
         if path.is_file():
-            with open(path, "rb") as f:
-                for chunk in iter(lambda: f.read(1 << 20), b""):
+            with open(path, "rb") as fh:
+                for chunk in iter(lambda: fh.read(1 << 20), b""):
                     h.update(chunk)
         elif path.is_dir():
-            for f in sorted(x for x in path.rglob("*") if x.is_file()):
-                h.update(f"{f.relative_to(path).as_posix()}\0{_digest(f)}\0".encode())
+            for sub in sorted(x for x in path.rglob("*") if x.is_file()):
+                h.update(f"{sub.relative_to(path).as_posix()}\0{_digest(sub)}\0".encode())
         else:
             return None
     except OSError:

@@ -90,7 +90,7 @@ def faster_text(top: Proposal, world: int, old_step: tuple[float, float]) -> str
     "pp 7 x tp 8 on 56 GPUs plans 1.9% more tokens/s than the 64-GPU plan, within the step-time model's 5%
     accuracy: the two are as fast as far as the model can tell, and the original mesh is not shown to be the problem"
     """
-    gain = top.tokens_per_s / old_step[1] - 1
+    gain = (top.tokens_per_s or 0.0) / old_step[1] - 1  # planned (result_notes calls it with a number)
     if gain <= MODEL_ACCURACY:
         return (f"{top.mesh_text()} on {top.gpus} GPUs plans {gain:.1%} more tokens/s than the {world}-GPU plan, "
                 f"within the step-time model's {MODEL_ACCURACY:.0%} accuracy: the two are as fast as far as the model "
