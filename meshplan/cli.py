@@ -963,7 +963,7 @@ def validate(config: Path = typer.Argument(..., help=TOML_ONLY_HELP + "; its mes
                  None, "--micro-batches", help="micro-batches per step of each data-parallel rank (default: the "
                                                "fewest the pipeline schedule runs, e.g. pp for 1F1B, 2 pp for "
                                                "DualPipeV; 1 without pp)"),
-             out: Path = typer.Option(Path("validate-out"), "--out", help="evidence folder"),
+             out: Path = typer.Option(Path("out/validate"), "--out", help="evidence folder (default under out/)"),
              timeout_s: float = typer.Option(120.0, "--timeout-s", help="wall-clock limit per world size"),
              tolerance: Optional[float] = typer.Option(None, "--tolerance",
                                                       help="fail when step time (calibrated when probed) or peak "
@@ -1181,7 +1181,7 @@ def _catalog_values(entry: dict) -> str:
 @app.command("calibrate")
 def calibrate_cmd(logs: list[Path] = typer.Argument(..., metavar="NCCL_TESTS_OUTPUT...",
                                                     help="nccl-tests outputs (stdout text or -J JSON), one run each"),
-                  out: Path = typer.Option(Path("calibration.toml"), "--out", help="calibration TOML for --calibration"),
+                  out: Path = typer.Option(Path("out/calibration.toml"), "--out", help="calibration TOML for --calibration (default under out/)"),
                   link: Optional[str] = typer.Option(None, "--link", help="nvlink, pcie or nic for every file "
                                                      "(default: from the ranks' hosts)"),
                   json_path: Optional[Path] = _json_option("calibrate"),
@@ -1209,7 +1209,7 @@ def validate_slice(configs: list[Path] = typer.Argument(..., help="TOML configs 
                    vocab: int = typer.Option(128, "--vocab", help="vocabulary of the scaled-down model"),
                    steps: int = typer.Option(3, "--steps", help="timed steps per mesh"),
                    timeout_s: float = typer.Option(120.0, "--timeout-s", help="wall-clock limit per mesh"),
-                   out: Path = typer.Option(Path("slice-out"), "--out", help="evidence folder"),
+                   out: Path = typer.Option(Path("out/validate-slice"), "--out", help="evidence folder (default under out/)"),
                    json_path: Optional[Path] = _json_option("validate-slice"),
                    force: bool = typer.Option(False, "--force", help="replace an existing slice folder and --json "
                                                                      "file")):
@@ -1270,7 +1270,7 @@ app.add_typer(bench_app, name="bench")
 @bench_app.command("comm")
 def bench_comm_cmd(nproc: int = typer.Option(4, help="ranks (per node with --testbed)"),
                    sizes: str = typer.Option("1K..64M", help="LO..HI doubling, or a comma list (K/M/G = 2^10/20/30)"),
-                   out: Path = typer.Option(Path("bench-comm"), help="folder for the nccl-tests text, pairs and calibration.toml"),
+                   out: Path = typer.Option(Path("out/bench/comm"), help="folder for the nccl-tests text, pairs and calibration.toml"),
                    testbed: Optional[str] = typer.Option(None, help="run on the netns testbed of this prefix"),
                    iters: int = typer.Option(20, help="timed calls per size at most"),
                    budget_s: float = typer.Option(0.2, help="seconds per size, which caps iters"),

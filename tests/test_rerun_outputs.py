@@ -78,3 +78,15 @@ def test_an_evidence_folder_of_its_own_is_rebuilt_and_a_touched_one_kept(tmp_pat
         with staged_folder(dest) as tmp:
             (tmp / "summary.md").write_text("three")
     assert sorted(p.name for p in dest.iterdir()) == ["notes.md", "summary.md"]
+
+
+def test_calibrate_default_moved_under_out_and_rerun_works(tmp_path, monkeypatch, capsys):
+    """calibrate wrote calibration.toml into the current folder, refused on the rerun; its default
+    (as validate's, validate-slice's and bench comm's folders) is now under out/, where a rerun
+    replaces meshplan's own unchanged file."""
+    monkeypatch.chdir(tmp_path)
+    log = Path(__file__).parent / "data" / "nccl" / "all_reduce_perf_8nodes-x1gpu.txt"
+    for _ in range(2):
+        rc, out, err = _main(capsys, "calibrate", str(log))
+        assert (rc, err) == (0, "") and "wrote out/calibration.toml" in out
+    assert not Path("calibration.toml").exists() and owned(Path("out/calibration.toml"))
