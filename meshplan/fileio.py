@@ -142,7 +142,7 @@ def _ledger() -> dict[str, str]:
     """The records of :data:`LEDGER` ({} when missing, unreadable or not meshplan's)."""
     try:
         doc = json.loads(read_bytes_limited(Path(OUTPUT_ROOT) / LEDGER, "ledger", 16 << 20))
-    except (ConfigError, ValueError):
+    except (ConfigError, ValueError, RecursionError):
         return {}
     return {k: v for k, v in doc.items() if isinstance(v, str)} if isinstance(doc, dict) else {}
 
