@@ -17,6 +17,12 @@ before the work starts, and leaving nothing behind when interrupted.
 - :func:`staged_folder` (evidence folders): built under a hidden temporary name beside the
   destination and renamed into place at the end; an exception, Ctrl-C or SIGTERM removes it,
   so an interrupted run leaves nothing that blocks the rerun.
+- Re-running a command replaces its own earlier output: under :data:`OUTPUT_ROOT` (where the
+  commands' defaults go) every file and folder meshplan writes is recorded in the ledger
+  :data:`LEDGER` with a SHA-256 digest of its bytes (a folder: of its files' names and bytes);
+  a destination whose digest matches its record (:func:`owned`) is replaced as with ``force``.
+  A file meshplan did not write there, or one changed since, is refused as anywhere else, and
+  nothing outside ``out/`` (a path the user named) is ever replaced without ``force``.
 - :func:`terminate_raises`: while a temporary file or folder exists, SIGTERM raises
   :class:`Terminated` (exit status 143 = 128 + SIGTERM, as the default action reports) so the
   cleanup runs as it does for SIGINT's KeyboardInterrupt.
@@ -40,6 +46,7 @@ files (regular files only, a size limit, UTF-8), the one way every reader opens 
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import os
 import secrets
@@ -56,6 +63,10 @@ from meshplan.limits import FileLimit
 
 #: The relative folder under which missing folders are created (the commands' default outputs).
 OUTPUT_ROOT = "out"
+
+#: The ledger of what meshplan wrote under :data:`OUTPUT_ROOT` (``out/.meshplan-written.json``):
+#: ``{path below out/: "sha256:<hex>"}``; a hidden name, so no command's output lists it.
+LEDGER = ".meshplan-written.json"
 
 #: Mode of every file meshplan writes (rw-r--r--), whatever mkstemp created.
 FILE_MODE = 0o644
@@ -89,8 +100,80 @@ def terminate_raises() -> Iterator[None]:
 
 
 def taken(dest: Path, field: str) -> ConfigError:
-    """The refusal to replace ``dest`` (one line, naming ``field``)."""
-    return ConfigError(field, f"{dest} exists; choose another path or pass --force to replace it")
+    """The refusal to replace ``dest`` (one line, naming ``field``); under ``out/`` it says
+    why a rerun's own output would have been replaced and this one is not (:func:`owned`)."""
+    own = " (meshplan replaces only what it wrote under out/ itself, unchanged since)" if _ledger_key(dest) else ""
+    return ConfigError(field, f"{dest} exists; choose another path or pass --force to replace it{own}")
+
+
+def _ledger_key(dest: Path) -> str | None:
+    """``dest``'s key in :data:`LEDGER`: its path below ``out/`` when ``dest`` is a relative
+    path under :data:`OUTPUT_ROOT` with no hidden part (temporary names, the ledger); else None.
+
+    >>> _ledger_key(Path("out/memory/a.png")), _ledger_key(Path("/tmp/out/a.png")), _ledger_key(Path("out/.a.x.tmp"))
+    ('memory/a.png', None, None)
+    """
+    parts = dest.parts
+    if dest.is_absolute() or len(parts) < 2 or parts[0] != OUTPUT_ROOT:
+        return None
+    return None if any(p.startswith(".") for p in parts[1:]) else "/".join(parts[1:])
+
+
+def _digest(path: Path) -> str | None:
+    """``sha256:<hex>`` of a file's bytes, or of a folder's files (relative name, NUL, the
+    file's own digest, in name order); None when ``path`` is neither or cannot be read."""
+    h = hashlib.sha256()
+    try:
+        if path.is_file():
+            with open(path, "rb") as fh:
+                for chunk in iter(lambda: fh.read(1 << 20), b""):
+                    h.update(chunk)
+        elif path.is_dir():
+            for sub in sorted(x for x in path.rglob("*") if x.is_file()):
+                h.update(f"{sub.relative_to(path).as_posix()}\0{_digest(sub)}\0".encode())
+        else:
+            return None
+    except OSError:
+        return None
+    return f"sha256:{h.hexdigest()}"
+
+
+def _ledger() -> dict[str, str]:
+    """The records of :data:`LEDGER` ({} when missing, unreadable or not meshplan's)."""
+    try:
+        doc = json.loads(read_bytes_limited(Path(OUTPUT_ROOT) / LEDGER, "ledger", 16 << 20))
+    except (ConfigError, ValueError, RecursionError):
+        return {}
+    return {k: v for k, v in doc.items() if isinstance(v, str)} if isinstance(doc, dict) else {}
+
+
+def owned(path) -> bool:
+    """True when meshplan wrote ``path`` under ``out/`` itself and nobody changed it since: its
+    digest is the one :data:`LEDGER` records (:func:`remember`). Only such an output is
+    replaced without ``force``, so re-running a command with its default output works.
+
+    >>> owned(Path("/etc/hostname"))
+    False
+    """
+    key = _ledger_key(Path(path))
+    digest = _digest(Path(path)) if key is not None else None
+    return digest is not None and _ledger().get(key or "") == digest
+
+
+def remember(path) -> None:
+    """Record ``path`` (a file or folder meshplan just wrote under ``out/``) in :data:`LEDGER`,
+    dropping records of paths gone since; nothing for a path elsewhere. A record that cannot
+    be written is skipped (the rerun is then refused, never a file lost)."""
+    p = Path(path)
+    key, digest = _ledger_key(p), _digest(p)
+    if key is None or digest is None:
+        return
+    book = {k: v for k, v in _ledger().items() if (Path(OUTPUT_ROOT) / k).exists()}
+    book[key] = digest
+    try:
+        write_json_atomic(Path(OUTPUT_ROOT) / LEDGER, book)
+    except OSError:
+        pass
 
 
 def check_destination(path, field: str = "--out", force: bool = False, folder: bool = False,
@@ -119,7 +202,7 @@ def check_destination(path, field: str = "--out", force: bool = False, folder: b
         raise ConfigError(field, f"{dest} is a folder; give a file path")
     if folder and dest.exists() and not dest.is_dir():
         raise ConfigError(field, f"{dest} is a file; give a folder path")
-    if dest.exists() and not force and not (folder and not any(dest.iterdir())):
+    if dest.exists() and not force and not (folder and not any(dest.iterdir())) and not owned(dest):
         raise taken(dest, field)
     anc = dest.parent
     while not anc.exists() and anc != anc.parent:
@@ -204,8 +287,9 @@ def write_output(path, data: str | bytes, force: bool = False, field: str = "--o
     """Write a user-facing output file (text or bytes): refuse (ConfigError naming ``field``)
     to replace an existing file unless ``force``, create the folder, write a temporary file
     with ``mode``, then link it to ``path`` (exclusive: a file that appeared meanwhile is
-    refused, never replaced) or, with ``force``, rename it over ``path``. An OSError (read-only
-    folder, full disk) is a one-line ConfigError; the temporary file never outlives the call.
+    refused, never replaced) or, with ``force`` or an output of meshplan's own (:func:`owned`),
+    rename it over ``path``, recorded (:func:`remember`). An OSError (read-only folder, full
+    disk) is a one-line ConfigError; the temporary file never outlives the call.
 
     >>> import tempfile, pathlib
     >>> p = pathlib.Path(tempfile.mkdtemp()) / "x.json"
@@ -223,6 +307,7 @@ def write_output(path, data: str | bytes, force: bool = False, field: str = "--o
     meshplan.errors.ConfigError: --out: cannot write .../sub/x.json: folder .../sub does not exist; create it or choose another path
     """
     dest = check_destination(path, field, force, create_folders=create_folders)
+    force = force or owned(dest)
     raw = data.encode("utf-8") if isinstance(data, str) else data
     try:
         dest.parent.mkdir(parents=True, exist_ok=True)
@@ -244,6 +329,7 @@ def write_output(path, data: str | bytes, force: bool = False, field: str = "--o
             raise _oserror(dest, field, err) from None
         finally:
             tmp.unlink(missing_ok=True)
+    remember(dest)
     return dest
 
 
@@ -281,7 +367,8 @@ def staged_folder(out, field: str = "--out", force: bool = False, create_folders
 
     Yields a new empty folder beside ``out`` (``.<name>.<random>.partial``). When the block
     ends normally, the folder becomes ``out``: renamed (an existing non-empty ``out`` is
-    refused unless ``force``, then moved aside and removed after the rename). When the block
+    refused unless ``force`` or meshplan's own, :func:`owned`, then moved aside and removed
+    after the rename; the folder is then recorded, :func:`remember`). When the block
     raises (an error, Ctrl-C, SIGTERM), the temporary folder is removed and ``out`` is left as
     it was, so a rerun is not blocked.
 
@@ -300,6 +387,7 @@ def staged_folder(out, field: str = "--out", force: bool = False, create_folders
     ['ev']
     """
     dest = check_destination(out, field, force, folder=True, create_folders=create_folders)
+    force = force or owned(dest)
     try:
         dest.parent.mkdir(parents=True, exist_ok=True)
     except OSError as err:
@@ -313,6 +401,7 @@ def staged_folder(out, field: str = "--out", force: bool = False, create_folders
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
+    remember(dest)
 
 
 def _install(tmp: Path, dest: Path, field: str, force: bool) -> None:

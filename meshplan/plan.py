@@ -266,23 +266,27 @@ EXPORT_FRAMEWORK = {"megatron": "megatron", "torchtitan": "torch"}
 
 def export_refusals(config: Config, to: str) -> tuple[str, ...]:
     """What the runtime of export target ``to`` (:data:`EXPORT_FRAMEWORK`) refuses in
-    ``config``'s pipeline although ``config``'s own framework runs it: the schedule's
-    micro-batch rules under that framework (:func:`run_reasons`, e.g. torch runs interleaved 1F1B
-    at pp 4 with 6 micro-batches, Megatron-LM needs pp to divide them); empty when they agree,
-    pp is 1, or the mesh does not resolve.
+    ``config`` although ``config``'s own framework runs it, each reason ending with what is
+    refused (the export's one-line error as is): the schedule's micro-batch rules under that
+    framework (:func:`run_reasons`, e.g. torch runs interleaved 1F1B at pp 4 with 6
+    micro-batches, Megatron-LM needs pp to divide them: "... refuses this pipeline schedule"),
+    or Megatron-LM's MoE with tp > 1 without sequence parallelism ("... refuses this MoE mesh
+    without sequence parallelism"); empty when they agree, pp is 1, or the mesh does not resolve.
 
     >>> from meshplan.config import config_from_dict
     >>> cfg = config_from_dict({"model": {"catalog": "llama3-8b"}, "cluster": {"system": "dgx-h100", "nodes": 1},
     ...     "training": {"global_batch": 6, "seq_len": 4096, "micro_batch": 1},
     ...     "mesh": {"names": ["pp", "tp"], "shape": [4, 2], "virtual_stages": 2, "pp_schedule": "interleaved_1f1b"}})
-    >>> export_refusals(cfg, "megatron"), export_refusals(cfg, "torchtitan")
-    (('interleaved 1F1B needs micro-batches (6) divisible by pp (4) (Megatron-LM)',), ())
+    >>> export_refusals(cfg, "megatron"), export_refusals(cfg, "torchtitan")  # doctest: +NORMALIZE_WHITESPACE
+    (("interleaved 1F1B needs micro-batches (6) divisible by pp (4) (Megatron-LM): megatron's runtime refuses
+    this pipeline schedule",), ())
     """
     target = EXPORT_FRAMEWORK.get(to)
     if to == "megatron" and config.model.is_moe and config.mesh is not None and not config.mesh.sequence_parallel:
         whole = _config_mesh(config)  # Megatron-LM's MoE with tp > 1 needs SP whatever config's framework
         if whole is not None and whole.degree("tp") > 1:
-            return (megatron_sp_reason(whole.degree("tp"), whole.ep),)
+            return (f"{megatron_sp_reason(whole.degree('tp'), whole.ep)}: {to}'s runtime refuses this MoE mesh "
+                    "without sequence parallelism",)
     mesh = None if target in (None, config.training.framework) else _config_mesh(config)
     if mesh is None or config.mesh is None or target is None or mesh.degree("pp") == 1:
         return ()
@@ -291,7 +295,8 @@ def export_refusals(config: Config, to: str) -> tuple[str, ...]:
     if m == 0:
         return ()
     vpp = config.mesh.virtual_stages
-    return run_reasons(config.mesh.pp_schedule, mesh.degree("pp"), m, vpp, t.pp_schedule_runs, target)
+    return tuple(f"{r}: {to}'s runtime refuses this pipeline schedule"
+                 for r in run_reasons(config.mesh.pp_schedule, mesh.degree("pp"), m, vpp, t.pp_schedule_runs, target))
 
 
 @dataclass(frozen=True)

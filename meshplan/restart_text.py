@@ -27,6 +27,12 @@ from meshplan.units import counted
 if TYPE_CHECKING:
     from meshplan.restart import Proposal
 
+#: The step-time model's stated uncertainty: issue 11's accuracy goal, predicted step time
+#: within 5% of the measured on average. A restart mesh that plans more tokens/s than the
+#: full-size plan by this fraction or less is as fast as far as the model can tell, so the
+#: note that blames the original mesh (:func:`faster_text`) needs a larger gain.
+MODEL_ACCURACY = 0.05
+
 
 def result_notes(top: Proposal, ranked: list[Proposal], smaller: list[str], world: int, left: int, mesh,
                  gpus_per_node: int, old_step: Optional[tuple[float, float]], varied: bool = False,
@@ -70,14 +76,25 @@ def result_notes(top: Proposal, ranked: list[Proposal], smaller: list[str], worl
 
 def faster_text(top: Proposal, world: int, old_step: tuple[float, float]) -> str:
     """Why a restart on fewer GPUs plans more tokens/s than the full-size plan: the original mesh
-    plans slowly (its step against the restart mesh's), not that losing a node helps.
+    plans slowly (its step against the restart mesh's), not that losing a node helps; said only
+    when the gain exceeds :data:`MODEL_ACCURACY`, else that the two are within the model's
+    accuracy (12,657 -> 12,900 tokens/s: 1.9%).
 
     >>> from types import SimpleNamespace as N
-    >>> faster_text(N(step_s=73.12, gpus=56, mesh_text=lambda: "pp 7 x tp 8"), 64, (331.38, 12657.0))
-    ... # doctest: +NORMALIZE_WHITESPACE
+    >>> faster_text(N(step_s=73.12, gpus=56, mesh_text=lambda: "pp 7 x tp 8", tokens_per_s=57000.0), 64,
+    ...             (331.38, 12657.0))  # doctest: +NORMALIZE_WHITESPACE
     'the original mesh is the problem, not the lost node: the 64-GPU plan takes 331.38 s a step, pp 7 x tp 8
     takes 73.12 s on 56 GPUs; run `meshplan search` on the original cluster for a faster full-size mesh'
+    >>> faster_text(N(step_s=73.12, gpus=56, mesh_text=lambda: "pp 7 x tp 8", tokens_per_s=12900.0), 64,
+    ...             (331.38, 12657.0))  # doctest: +NORMALIZE_WHITESPACE
+    "pp 7 x tp 8 on 56 GPUs plans 1.9% more tokens/s than the 64-GPU plan, within the step-time model's 5%
+    accuracy: the two are as fast as far as the model can tell, and the original mesh is not shown to be the problem"
     """
+    gain = (top.tokens_per_s or 0.0) / old_step[1] - 1  # planned (result_notes calls it with a number)
+    if gain <= MODEL_ACCURACY:
+        return (f"{top.mesh_text()} on {top.gpus} GPUs plans {gain:.1%} more tokens/s than the {world}-GPU plan, "
+                f"within the step-time model's {MODEL_ACCURACY:.0%} accuracy: the two are as fast as far as the model "
+                "can tell, and the original mesh is not shown to be the problem")
     return (f"the original mesh is the problem, not the lost node: the {world}-GPU plan takes {old_step[0]:.2f} s a "
             f"step, {top.mesh_text()} takes {top.step_s:.2f} s on {top.gpus} GPUs; run `meshplan search` on the "
             "original cluster for a faster full-size mesh")

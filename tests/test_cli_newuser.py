@@ -126,10 +126,13 @@ def test_report_default_goes_under_out_and_is_never_overwritten(tmp_path, monkey
     page = tmp_path / "out" / "report" / "mini_2x4_tp2-dp4.html"
     assert rc == 0 and out.out == "wrote out/report/mini_2x4_tp2-dp4.html\n" and page.exists()
     assert not (tmp_path / "mini_2x4_tp2-dp4.html").exists()
+    rc, out = run()  # uxsmall: the rerun replaces meshplan's own unchanged page (fileio.owned)
+    assert rc == 0 and out.out == "wrote out/report/mini_2x4_tp2-dp4.html\n"
     page.write_text("keep me")
     rc, out = run()
     assert rc == 2 and out.err == ("error: --out: out/report/mini_2x4_tp2-dp4.html exists; choose another path or "
-                                   "pass --force to replace it\n")
+                                   "pass --force to replace it (meshplan replaces only what it wrote under out/ "
+                                   "itself, unchanged since)\n")
     assert page.read_text() == "keep me"
     rc, out = run("--force")
     assert rc == 0 and page.read_text().startswith("<!DOCTYPE html>")

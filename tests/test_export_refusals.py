@@ -25,7 +25,7 @@ def _tables(global_batch: int, sp: bool = True) -> dict:
 def test_refusals_follow_each_target_framework():
     six, eight = config_from_dict(_tables(6)), config_from_dict(_tables(8))
     assert export_refusals(six, "megatron") == ("interleaved 1F1B needs micro-batches (6) divisible by pp (4) "
-                                                "(Megatron-LM)",)
+                                                "(Megatron-LM): megatron's runtime refuses this pipeline schedule",)
     assert export_refusals(six, "torchtitan") == ()  # torch's own framework runs it
     assert export_refusals(eight, "megatron") == ()  # 8 % 4 == 0
     assert export_refusals(six, "deepspeed") == export_refusals(six, "meshplan") == ()
@@ -65,3 +65,22 @@ def test_a_refused_target_is_never_suggested(tmp_path):
     cfg = _write(tmp_path, _tables(6, sp=False))
     res = _export(str(cfg), "--to", "megatron", "-o", str(tmp_path / "x.args"))
     assert res.returncode == 2 and "all refuse it: keep the meshplan TOML" in res.stderr
+
+
+def test_a_refusal_not_about_the_pipeline_says_what_it_refuses(tmp_path):
+    """uxsmall item 4: Megatron-LM's MoE with tp 2 and no sequence parallelism (Mixtral, ep 8)
+    ended with "megatron's runtime refuses this pipeline" though pp is 1; the suffix now names
+    the MoE mesh. torchtitan refuses it too (tp without sequence parallel), DeepSpeed any tp."""
+    tables = {"model": {"catalog": "mixtral-8x7b"}, "cluster": {"system": "dgx-h100", "nodes": 4},
+              "training": {"global_batch": 256, "seq_len": 4096, "micro_batch": 1, "sharding": "zero3",
+                           "recompute": "full"},
+              "mesh": {"names": ["dp_shard", "tp", "ep"], "shape": [16, 2, 8], "sequence_parallel": False}}
+    assert export_refusals(config_from_dict(tables), "megatron") == (
+        "framework megatron: MoE with tp 2 (ep 8) needs sequence parallelism (Megatron-LM's MoELayer raises "
+        "ValueError in training without it); fix: set [mesh] sequence_parallel = true (--sequence-parallel): "
+        "megatron's runtime refuses this MoE mesh without sequence parallelism",)
+    res = _export(str(_write(tmp_path, tables)), "--to", "megatron", "-o", str(tmp_path / "x.args"))
+    assert res.returncode == 2 and res.stderr.endswith(
+        "(--sequence-parallel): megatron's runtime refuses this MoE mesh without sequence parallelism; torchtitan, "
+        "Megatron-LM and DeepSpeed all refuse it: keep the meshplan TOML\n")
+    assert "pipeline" not in res.stderr

@@ -147,6 +147,7 @@ def test_compare_and_search_pages_render_in_chromium(tmp_path):
     assert dom.count('aria-label="pipeline timeline"') == 2 and dom.count("data:image/png;base64,") == 2
     assert_drawn(shot)
     dom, console, shot = render(tmp_path / "search.html", tmp_path / "search")
-    assert console == [] and ">Top 3 by predicted step time</h2>" in dom
+    assert console == [] and (">Top 3: by predicted step time; meshes within 1% ordered toward fewer axes and lower degrees (none "
+                                "left out is more than 1% faster than a row shown)</h2>") in dom
     assert re.search(r"<td>memory peak &gt; usable</td><td>[\d,]+</td>", dom)
     assert_drawn(shot)

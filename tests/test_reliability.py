@@ -511,7 +511,10 @@ def test_restart_deepseek_v3_planned(capsys, tmp_path):
     # zero1: the data axis printed dp (wording.mesh_text), as plan prints it
     assert lines[head].startswith(f"restart: world 2048 -> {top['gpus']} (2040 GPUs left); mesh pp 16 x dp 128 x ep 64 "
                                   f"-> pp 31 x dp 32 x cp 2 x ep 64 (changed: pp, dp, cp)")
-    assert lines[head + 2].startswith("- the original mesh is the problem, not the lost node: the 2048-GPU plan")
+    assert 0 < gain <= 0.05 and lines[head + 2] == (  # uxsmall: 1.5% is within the model's 5%, not a verdict
+        f"- pp 31 x dp 32 x cp 2 x ep 64 on {top['gpus']} GPUs plans {gain:.1%} more tokens/s than the 2048-GPU "
+        "plan, within the step-time model's 5% accuracy: the two are as fast as far as the model can tell, and the "
+        "original mesh is not shown to be the problem")
     assert lines[head + 4].startswith("- runner-up: pp ")
     # pp 31, 62 GPUs a replica, fills 1984 of 2040: the ends-short split (1, 3, 2 x 28, 1) plans a little faster than
     # the balanced (2 x 30, 1); the rsmore branch's dense-first-only split lost 12.0% at pp 10 x dp 192
@@ -633,6 +636,27 @@ def test_restart_faster_than_the_full_plan_blames_the_original_mesh():
         "fewer GPUs by the batch contract: global batch 2048 / micro_batch 1 = 2048 micro-batches a step, so dp "
         "divides 2048 (at most 2048, 1 micro-batch each); dp 2048 takes 8192 GPUs, a larger dp changes the "
         "global batch")
+
+
+def test_the_original_mesh_is_blamed_only_beyond_the_models_accuracy():
+    """uxsmall item 3: the note blaming the original mesh fired at any gain (DeepSeek-V3: 1.5%).
+    MODEL_ACCURACY is issue 11's goal (step time within 5%): 12,657 -> 13,290 tokens/s
+    (+5.0%, 13,290 / 12,657 - 1 = 0.05001) blames it; 12,657 -> 13,280 (+4.9%) says the two
+    are within the model's accuracy; no gain, no line."""
+    from meshplan.restart import Proposal
+    from meshplan.restart_text import MODEL_ACCURACY, result_notes
+
+    assert MODEL_ACCURACY == 0.05
+
+    def notes(tps):
+        p = Proposal(("pp", "tp"), (7, 8), 1, 1, 56, 1, 1, 512, 512, step_s=73.12, tokens_per_s=tps, peak_bytes=1.0)
+        return result_notes(p, [p], [], 64, 56, _mesh(["dp_shard", "tp"], [8, 8]), 8, (331.38, 12657.0))
+
+    assert notes(13290.0)[1].startswith("the original mesh is the problem, not the lost node: the 64-GPU plan")
+    assert notes(13280.0)[1] == ("pp 7 x tp 8 on 56 GPUs plans 4.9% more tokens/s than the 64-GPU plan, within the "
+                                 "step-time model's 5% accuracy: the two are as fast as far as the model can tell, "
+                                 "and the original mesh is not shown to be the problem")
+    assert notes(12000.0)[1].startswith("runner-up")
 
 
 def _deepspeed_cli(capsys, seq_len):

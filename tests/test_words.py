@@ -198,10 +198,14 @@ def test_launch_defaults_under_out_and_points_at_its_own_choose(tmp_path, monkey
     assert not Path("launch").exists() and f"wrote {folder / 'bind.sh'}" in r.output
     warning = next(x for x in r.output.splitlines() if x.startswith("warning: tp 4 fits the 8-GPU node"))
     assert warning.endswith("put tp innermost (meshplan launch --choose)") and "place --choose" not in r.output
+    assert _cli("launch", cfg, "--", "python", "train.py").exit_code == 0  # uxsmall: its own folder, unchanged
+    (folder / "notes.txt").write_text("mine")  # the folder now holds a file meshplan did not write: refused
     with pytest.raises(SystemExit) as again:  # main(): the error as the shell shows it, exit 2
         main(["launch", str(cfg), "--", "python", "train.py"])
     assert again.value.code == 2 and capsys.readouterr().err.strip() == (
-        f"error: --out: {folder} exists; choose another path or pass --force to replace it")
+        f"error: --out: {folder} exists; choose another path or pass --force to replace it (meshplan replaces "
+        f"only what it wrote under out/ itself, unchanged since)")
+    assert (folder / "notes.txt").read_text() == "mine"
     assert _cli("launch", cfg, "--force", "--", "python", "train.py").exit_code == 0
 
 

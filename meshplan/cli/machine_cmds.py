@@ -62,7 +62,7 @@ def _catalog_values(entry: dict) -> str:
 
 def calibrate_cmd(logs: list[Path] = typer.Argument(..., metavar="NCCL_TESTS_OUTPUT...",
                                                     help="nccl-tests outputs (stdout text or -J JSON), one run each"),
-                  out: Path = typer.Option(Path("calibration.toml"), "--out", help="calibration TOML for --calibration"),
+                  out: Path = typer.Option(Path("out/calibration.toml"), "--out", help="calibration TOML for --calibration (default under out/)"),
                   link: Optional[str] = typer.Option(None, "--link", help="nvlink, pcie or nic for every file "
                                                      "(default: from the ranks' hosts)"),
                   json_path: Optional[Path] = _json_option("calibrate"),
@@ -82,7 +82,7 @@ def calibrate_cmd(logs: list[Path] = typer.Argument(..., metavar="NCCL_TESTS_OUT
 
 def bench_comm_cmd(nproc: int = typer.Option(4, help="ranks (per node with --testbed)"),
                    sizes: str = typer.Option("1K..64M", help="LO..HI doubling, or a comma list (K/M/G = 2^10/20/30)"),
-                   out: Path = typer.Option(Path("bench-comm"), help="folder for the nccl-tests text, pairs and calibration.toml"),
+                   out: Path = typer.Option(Path("out/bench/comm"), help="folder for the nccl-tests text, pairs and calibration.toml"),
                    testbed: Optional[str] = typer.Option(None, help="run on the netns testbed of this prefix"),
                    iters: int = typer.Option(20, help="timed calls per size at most"),
                    budget_s: float = typer.Option(0.2, help="seconds per size, which caps iters"),

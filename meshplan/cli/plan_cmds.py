@@ -90,7 +90,7 @@ def plan(config: Path = typer.Argument(..., help=CONFIG_HELP),
 def report(config: Path = typer.Argument(..., help=CONFIG_HELP),
            out: Optional[Path] = typer.Option(None, "--out", help="HTML file (default: out/report/ and CONFIG's "
                                                                   "name with .html; an existing file is refused "
-                                                                  "unless --force)"),
+                                                                  "unless --force or meshplan's own under out/)"),
            json_path: Optional[Path] = _json_option("report"),
            force: bool = typer.Option(False, "--force", help="replace existing --out and --json files"),
            fmt: FormatOpt = None,

@@ -191,7 +191,7 @@ def export(cfg: Config, to: str, source: str, user: UserFile | None = None,
     plan (optimizer, schedule, checkpoints, ``steps_per_print``, ...) unchanged
     (:func:`meshplan.interop.torchtitan.carried`, :func:`meshplan.interop.deepspeed.carried`),
     the header names them; another target lists them, in one line, as not carried. ``refused``: per target, what its
-    runtime refuses in ``cfg``'s pipeline (:func:`meshplan.plan.export_refusals`): that target
+    runtime refuses in ``cfg`` (:func:`meshplan.plan.export_refusals`: its pipeline schedule, a MoE mesh): that target
     is refused, and never suggested. ``step_of``: a config's predicted step in seconds (None
     when it does not resolve; the caller's, as this layer plans nothing): when fields are not
     expressed, the header says what they do to the step (``step after the round trip: 119.526
@@ -320,7 +320,7 @@ def _export(cfg: Config, to: str, source: str, user: UserFile | None = None,
             step_of: StepOf | None = None) -> tuple[str, list[str]]:
     """:func:`export` without the suggestion of another target."""
     if refused and refused.get(to):
-        raise ConfigError("--to", f"{refused[to][0]}: {to}'s runtime refuses this pipeline")
+        raise ConfigError("--to", refused[to][0])  # it ends with what is refused (export_refusals)
     opts = reimport_options(cfg, to)
     head = [f"meshplan export of {source} ({cfg.model.name} on {cfg.cluster.nodes}x {cfg.cluster.node.name})"]
     head += [f"warning: {w}" for w in warnings]

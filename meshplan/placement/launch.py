@@ -62,7 +62,7 @@ from pathlib import Path
 from typing import Optional
 
 from meshplan.errors import ConfigError
-from meshplan.fileio import check_destination, write_output
+from meshplan.fileio import check_destination, owned, remember, write_output
 from meshplan.placement.assign import Placement
 from meshplan.placement.bindings import all_bindings, launch_mode
 
@@ -272,10 +272,11 @@ FILES = ("bind.sh", "torchrun.sh", "job.sbatch", "bindings.json")
 
 def check_launch_folder(folder, force: bool = False) -> Path:
     """``folder`` (``--out``) checked as :func:`write_launch` writes it: a writable folder (its
-    parent must exist) holding none of :data:`FILES` unless ``force``; else a ConfigError naming
+    parent must exist) holding none of :data:`FILES` unless ``force`` (or each is meshplan's own
+    unchanged output under out/, :func:`meshplan.fileio.owned`); else a ConfigError naming
     --out and --force. ``meshplan launch`` calls it before planning, and :func:`write_launch` again."""
     folder = check_destination(folder, "--out", force=True, folder=True)
-    taken = [name for name in FILES if (folder / name).exists()]
+    taken = [name for name in FILES if (folder / name).exists() and not owned(folder / name)]
     if taken and not force:
         raise ConfigError("--out", f"{folder / taken[0]} exists; choose another folder or pass --force to replace it")
     return folder
@@ -283,10 +284,13 @@ def check_launch_folder(folder, force: bool = False) -> Path:
 
 def write_launch(folder, placement: Placement, opts: LaunchOptions, force: bool = False) -> list[Path]:
     """Write :data:`FILES` into ``folder`` (scripts 0755, JSON 0644). Refuses, before writing
-    anything, when one of them exists unless ``force`` (ConfigError naming --out)."""
+    anything, when one of them exists unless ``force`` (ConfigError naming --out); the folder is
+    recorded as meshplan's own under out/ (:func:`meshplan.fileio.remember`), so a rerun replaces it."""
     folder = check_launch_folder(folder, force)
     texts = {"bind.sh": bind_script(placement, opts), "torchrun.sh": torchrun_script(placement, opts),
              "job.sbatch": sbatch_script(placement, opts, folder),
              "bindings.json": json.dumps(launch_bindings(placement, opts), indent=1) + "\n"}
-    return [write_output(folder / name, texts[name], force=True, mode=0o644 if name.endswith(".json") else 0o755,
-                         create_folders=True) for name in FILES]
+    paths = [write_output(folder / name, texts[name], force=True, mode=0o644 if name.endswith(".json") else 0o755,
+                          create_folders=True) for name in FILES]
+    remember(folder)
+    return paths

@@ -37,7 +37,7 @@ from meshplan.report.text import fmt_ranks
 from meshplan.schedule.linkload import edge_loads
 from meshplan.schedule.step_summary import StepTime
 from meshplan.search.driver import SearchResult
-from meshplan.search.rank import RULE_LINE
+from meshplan.search.rank import RULE_LINE, top_heading
 from meshplan.spec.wording import axis_labels, mesh_text, sharding_words
 from meshplan.units import GB, US, GiB, counted
 
@@ -193,7 +193,7 @@ def search_page(r: SearchResult, name: str, note: str = "") -> str:
     verdict = infeasible_verdict(r)  # no candidate fits: its verdict instead of an empty table (as the text)
     ranked = section("No feasible mesh", lines([verdict["line"]]) + table(
         ["rule", "rejected", "why"], [(x["rule"], f"{x['rejected']:,}", x["text"]) for x in verdict["rules"]])) \
-        if verdict else section(f"Top {len(top)} by predicted step time",
+        if verdict else section(top_heading(len(top)).capitalize(),
                                 table(["#", "mesh", "mb", "recompute", "vpp", "sharding", "knobs", "peak GiB", "step s",
                                        "MFU", "tokens/s", "goodput", "GEMM eff"], top)
                                 + lines([RULE_LINE] + ([r.explanation.line()] if r.explanation is not None else [])

@@ -26,7 +26,7 @@ from meshplan.interop.foreign import not_expressed
 from meshplan.plan import export_refusals
 from meshplan.search.driver import SearchResult
 from meshplan.search.exact import Exact
-from meshplan.search.rank import RULE_LINE
+from meshplan.search.rank import RULE_LINE, top_heading
 from meshplan.search.candidate import candidate_config
 from meshplan.search.columns import RECOMPUTE, SHARDING, axis_shown, candidate_schedule
 from meshplan.search.reasons import CODE, REASONS, engine_texts, reason_texts
@@ -138,7 +138,7 @@ def print_search(r: SearchResult, console: Console) -> None:
             console.print(line, highlight=False, markup=False)
         return
     shown = r.top
-    tab = Table(title=f"top {len(shown)} by predicted step time", title_justify="left")
+    tab = Table(title=top_heading(len(shown)), title_justify="left")
     for col in ("#", "mesh", "mb", "recompute", "vpp", "sharding", "knobs", "peak GiB", "step s", "MFU", "tokens/s",
                 "goodput", "GEMM eff"):
         tab.add_column(col, justify="right" if col not in ("mesh", "recompute", "sharding", "knobs") else "left")

@@ -46,6 +46,22 @@ RULE_LINE = (f"order: by predicted step time; candidates within {TIE:.0%} of the
              "peak memory")
 
 
+
+def top_heading(n: int) -> str:
+    """The title of the search's top table (text and HTML): what the order is, and what the
+    rule guarantees of the meshes left out. Each pick of :func:`tie_order` is within ``1 + TIE``
+    of the fastest candidate not yet placed, and a candidate left out was not placed at any
+    pick, so every row shown is at most :data:`TIE` longer than any mesh left out: the fastest
+    mesh may fall out of the top N when a tie straddles row N, by less than 1%.
+
+    >>> top_heading(3)  # doctest: +NORMALIZE_WHITESPACE
+    'top 3: by predicted step time; meshes within 1% ordered toward fewer axes and lower degrees (none left
+    out is more than 1% faster than a row shown)'
+    """
+    return (f"top {n}: by predicted step time; meshes within {TIE:.0%} ordered toward fewer axes and lower degrees "
+            f"(none left out is more than {TIE:.0%} faster than a row shown)")
+
+
 #: What each position of a simplicity key (:func:`simplicity_of`) is called in the criterion
 #: that decided a pair (:func:`decide`), the words of :data:`RULE_LINE`.
 KEY_WORDS = ("fewer axes of degree > 1", "lower tp*pp*cp*ep", "lower tp")

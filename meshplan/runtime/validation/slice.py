@@ -41,7 +41,7 @@ from typing import Any, Optional
 
 from meshplan.config import load_config
 from meshplan.errors import ConfigError
-from meshplan.fileio import check_destination, staged_folder
+from meshplan.fileio import check_destination, owned, staged_folder
 from meshplan.mesh.resolve import resolved_mesh
 from meshplan.runtime.testbed.netns import require_testbed
 from meshplan.runtime.validation.validate import Options, scale_config, validate
@@ -194,7 +194,7 @@ def prepare_slice_out(out: Path, force: bool) -> None:
     ours, and an ``out`` that cannot be written. The folder is built by
     :func:`meshplan.fileio.staged_folder` (a temporary name renamed at the end: an interrupted
     slice leaves nothing that blocks the rerun)."""
-    if out.is_dir() and any(out.iterdir()):
+    if out.is_dir() and any(out.iterdir()) and not owned(out):  # a rerun replaces its own, unchanged (out/)
         if not force:
             raise ConfigError("--out", f"{out} exists and is not empty; choose another folder or pass --force")
         if not (out / MARKER).exists():

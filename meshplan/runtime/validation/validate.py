@@ -67,7 +67,7 @@ from typing import Optional
 from meshplan.config import Config, load_config
 from meshplan.errors import ConfigError
 from meshplan.limits import BOUNDS
-from meshplan.fileio import check_destination, staged_folder
+from meshplan.fileio import check_destination, owned, staged_folder
 from meshplan.mesh.resolve import Infeasible, resolve_mesh, world_error
 from meshplan.plan import Infeasible as NoPlan
 from meshplan.plan import build_plan, run_reasons
@@ -290,7 +290,7 @@ def prepare_out(out: Path, force: bool) -> None:
     """Refuse, before the run, a non-empty ``out`` unless ``force`` and it is an evidence
     folder of ours, and an ``out`` that cannot be written. The folder itself is built by
     :func:`meshplan.fileio.staged_folder` (under a temporary name, renamed at the end)."""
-    if out.is_dir() and any(out.iterdir()):
+    if out.is_dir() and any(out.iterdir()) and not owned(out):  # a rerun replaces its own, unchanged (out/)
         if not force:
             raise ConfigError("--out", f"{out} exists and is not empty; choose another folder or pass --force")
         if not (out / MARKER).exists() and not any(out.glob("world*/plan.json")):
