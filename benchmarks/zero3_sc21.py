@@ -40,7 +40,7 @@ What DeepSpeed v0.3.13 (tag 12a53b4, the version of March 2021) does that the mo
 - the bucket all-reduces run on the reduction stream where the hooks issue them
   (``overlap_comm``, stage 3's default true), beside the GEMMs of the module whose gradient
   flushed the bucket, the host waiting for the bucket before at each flush and for everything
-  at each module's fetch (``deepspeed_layer._ds_backward_layer``; they were waited for at once
+  at each module's fetch (``deepspeed_layer.ds_backward_layer``; they were waited for at once
   after each layer): 63.7 / 43.8 / 43.2 -> 58.7 / 38.8 / 42.1 s. At 384 and 768 GPUs every
   bucket hides behind its module's GEMMs; at 1,536 w_up's stays 14.7 ms exposed per layer;
 - gradients: ``contiguous_gradients`` is false by default for stage 3 until v0.4.3 (c9fee8214,

@@ -42,7 +42,8 @@ from meshplan.spec.memory import MEMORY_KNOBS, MemoryOptions
 from meshplan.spec.mesh import MeshSpec
 from meshplan.spec.model import ModelSpec
 from meshplan.spec.search import SearchOptions
-from meshplan.spec.training import PLAN_KNOBS, TrainingSpec
+from meshplan.spec.training import TrainingSpec
+from meshplan.spec.training_engines import PLAN_KNOBS
 
 TABLES = ("model", "cluster", "training", "mesh")
 OPTIONAL_TABLES = ("memory", "search")
@@ -400,7 +401,7 @@ class Differences:
     """What two configs of ``meshplan compare`` differ in, besides the mesh layout.
     ``workload``: (field, A's value, B's value) where the workload differs ([model], the cluster
     but its free-text name and sources, the [training] fields outside
-    :data:`~meshplan.spec.training.PLAN_KNOBS`, the [memory] assumptions outside
+    :data:`~meshplan.spec.training_engines.PLAN_KNOBS`, the [memory] assumptions outside
     :data:`~meshplan.spec.memory.MEMORY_KNOBS`); ``knobs``: the same for the plan's design
     choices (those knobs and the [mesh] fields besides the layout), values as in the specs.
 

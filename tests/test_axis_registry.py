@@ -346,7 +346,7 @@ def test_every_collective_row_is_declared_by_an_axis(base, names, shape, mesh_kw
 APPLIED_ELSEWHERE = {Axis.PP: "pipeline stages (runtime/execution/pipelined.py)",
                      Axis.DP: "DDP on the materialized model (parallelize.apply_ddp, by the worker)",
                      Axis.DP_REPLICATE: "HSDP's replica dimension, in the dp_shard apply (fsdp_mesh)",
-                     Axis.ETP: "refused: etp > 1 is not built (parallelize._unsupported)"}
+                     Axis.ETP: "refused: etp > 1 is not built (parallelize.unsupported_mesh)"}
 
 
 def test_every_axis_has_a_runtime_apply():

@@ -163,7 +163,7 @@ def test_sc21_collapse_comes_out_of_the_model():
     # (the step stays 66.7 s). DeepSpeed-2021's step does not halve: 38.8 -> 42.1 s, +8.4%
     # (+1.8% without the 26.5 ms per layer that w_down's bucket waits at 1,536 GPUs behind the
     # next layer's gathers, which the timeline holds as one prefetched unit:
-    # deepspeed_layer._ds_backward_layer); FSDP2's per-layer gathers halve it.
+    # deepspeed_layer.ds_backward_layer); FSDP2's per-layer gathers halve it.
     steps = {}
     for engine in ("deepspeed-2021", "fsdp2"):
         for n, mb in ((768, 2), (1536, 1)):

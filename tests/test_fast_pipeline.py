@@ -17,7 +17,7 @@ from meshplan.pipeline.rounds import run_rounds, run_rounds_general
 from meshplan.pipeline.simulate import PipelineSpec, simulate, stage_order
 from meshplan.plan import build_plan
 from meshplan.schedule.unit_sim import Overlap
-from meshplan.schedule.pipeline_exposure import _unit_exposure
+from meshplan.schedule.pipeline_exposure import unit_exposure
 from meshplan.schedule.steptime import step_time
 
 CASES = [(sch, p, m, v) for sch in ("gpipe", "1f1b", "zb_h1", "interleaved_1f1b") for p in (1, 2, 3, 4)
@@ -111,7 +111,7 @@ def test_step_time_equals_the_reference_loop(schedule, vpp):
         if e.args["via"] == "p2p":
             loop["pp"] = loop.get("pp", 0.0) + min(spec.p2p_s, e.args["wait_s"])
     keys, key_idx = st.units.index(res.flat)
-    assert _unit_exposure(res, crit, st.units, keys, key_idx, {}) == loop
+    assert unit_exposure(res, crit, st.units, keys, key_idx, {}) == loop
     assert loop  # this mesh exposes tp and pp time: the comparison is not empty
 
 

@@ -117,7 +117,7 @@ SM_SHARE = 24 / 132
 
 def beside(compute: float, comm: float) -> float:
     """``compute`` seconds issued when a collective of ``comm`` seconds starts, until both end:
-    the kernels progress at 1 - SM_SHARE while it runs (rank_timeline._Sim._finish)."""
+    the kernels progress at 1 - SM_SHARE while it runs (unit_sim.StreamSim._finish)."""
     rate = 1 - SM_SHARE
     return comm + max(0.0, compute - rate * comm)
 

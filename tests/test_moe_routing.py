@@ -188,11 +188,11 @@ def test_capacity_factor_matches_torch_all_to_all():
 
 def test_runners_build_dropless_and_the_dry_run_refuses_it():
     pytest.importorskip("torch")
-    from meshplan.runtime.execution.parallelize import _unsupported
+    from meshplan.runtime.execution.parallelize import unsupported_mesh
     from meshplan.runtime.validation.dryrun import dry_run
     from meshplan.spec.model import ModelSpec
 
     p = plan_of(moe_dropless=True)
-    assert _unsupported(p.mesh, p.config.training, moe=True) is None
+    assert unsupported_mesh(p.mesh, p.config.training, moe=True) is None
     with pytest.raises(ConfigError, match="training.moe_dropless: dropless MoE routing sizes its all-to-alls"):
         dry_run(ModelSpec(name="tiny-moe", **MODEL), p.config.training, p.mesh, rank=0)

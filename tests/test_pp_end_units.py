@@ -19,7 +19,7 @@ import pytest
 
 from meshplan.config import config_from_dict
 from meshplan.plan import build_plan
-from meshplan.schedule.comm_times import comm_kind, _shard_group
+from meshplan.schedule.comm_times import comm_kind, shard_group
 
 MODEL = dict(layers=8, hidden=64, ffn=128, gated_mlp=False, q_heads=4, vocab=256)
 EMB_AG, EMB_RS = 256 * 64 * 2, 256 * 64 * 4
@@ -38,7 +38,7 @@ def _plan(pp: int, vpp: int = 1, schedule: str = "1f1b", reshard: bool = True, t
 
 def _end_rows(plan, s: int) -> dict:
     """(group, phase, op) -> (size_bytes, per_step) of stage s's end units' FSDP rows."""
-    return {(_shard_group(r.cadence), r.phase, r.op): (r.size_bytes, r.per_step)
+    return {(shard_group(r.cadence), r.phase, r.op): (r.size_bytes, r.per_step)
             for r in plan.stage(s).collectives if comm_kind(r) == "shard" and "root" in r.cadence}
 
 

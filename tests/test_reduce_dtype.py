@@ -59,14 +59,14 @@ def test_search_bound_reduces_in_the_tables_dtype():
 @pytest.mark.parametrize("grad_reduce,dtype", [("bf16", "bf16"), ("fp32", "fp32"), ("param", "fp32"), (None, "fp32")])
 def test_search_zero1_reduce_scatter_is_the_tables(grad_reduce, dtype):
     """A zero1 candidate (pp 1, dp_shard 8): the bound's per-step gradient reduce-scatter
-    (``search.step_end_bound._stage_end``) is the table's zero1 row, in the dtype the zero1 plan reduces
+    (``search.step_end_bound.stage_end_bound``) is the table's zero1 row, in the dtype the zero1 plan reduces
     in (``TrainingSpec.zero12_reduce_dtype``: grad_reduce_dtype, else reduce_dtype fp32), over the
     stage's 2 x 3,104 + embedding 128 x 16 + output 16 x 128 + norm 16 = 10,320 elements (before,
     the bound took reduce_dtype: fp32 where the table reduced in bf16)."""
     from meshplan.search.memory import state
     from meshplan.search.space import candidate_config
     from meshplan.search.comm_bounds import comm_times
-    from meshplan.search.step_end_bound import _stage_end
+    from meshplan.search.step_end_bound import stage_end_bound
     from meshplan.search.time_tables import TimeTables
 
     t = _tables("zero1", ["dp_shard"], [8], grad_reduce_dtype=grad_reduce, framework="megatron", global_batch=8)
@@ -78,7 +78,7 @@ def test_search_zero1_reduce_scatter_is_the_tables(grad_reduce, dtype):
     sub = c.take([i])
     tt = TimeTables(cfg, Tables(cfg))
     st = stage_layout(cfg, sub, 1)
-    _, red = _stage_end(cfg, tt, sub, st, state(cfg, tt.tables, sub, st), comm_times(cfg, tt, sub))
+    _, red = stage_end_bound(cfg, tt, sub, st, state(cfg, tt.tables, sub, st), comm_times(cfg, tt, sub))
     [row] = [r for r in build_plan(candidate_config(cfg, c, i)).stage(0).collectives
              if r.op == "reduce-scatter" and r.cadence == "once per step"]
     assert (row.dtype, row.size_bytes) == (dtype, (2 * LAYER_UNIT + 128 * 16 * 2 + 16) * (2 if dtype == "bf16" else 4))

@@ -14,7 +14,7 @@ from meshplan.plan import build_plan
 from meshplan.schedule.comm_times import comm_kind, CommTimes
 from meshplan.schedule.rank_timeline import backward_unit, forward_unit
 from meshplan.schedule.unit_sim import Overlap
-from meshplan.schedule.comm_times import _shard_group
+from meshplan.schedule.comm_times import shard_group
 from meshplan.schedule.steptime import layer_unit_times, step_time
 from meshplan.schedule.workload import chunk_costs, workload_of
 from meshplan.units import dtype_bytes
@@ -37,7 +37,7 @@ def table_counts(plan, s: int) -> Counter:
     for r in plan.stage(s).collectives:
         kind = comm_kind(r)
         if kind in COUNTED:
-            group = _shard_group(r.cadence) if kind in ("shard", "replica") else ""
+            group = shard_group(r.cadence) if kind in ("shard", "replica") else ""
             out[(kind, group, r.phase if kind != "step" else "step", "all-gather" if r.op == "all-gather" else
                  r.op if kind != "step" else "reduce")] += r.per_step
     return out

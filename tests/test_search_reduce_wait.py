@@ -1,7 +1,7 @@
 """The search's step bound counts the wait after each chunk's last backward with pp > 1 (issue 11,
 item 7): torch's ``PipelineStage.perform_reduce_grad`` copies each FSDP unit's gradient in,
 reduce-scatters it (and all-reduces it over dp_replicate with HSDP), and holds the compute stream
-until all are done (grad_reduce._perform_reduce_grad), on every chunk but the one whose last
+until all are done (grad_reduce.perform_reduce_grad), on every chunk but the one whose last
 backward ends the stage's order. Before, the bound left that wait out and sat at 0.50-0.75 of the
 exact step on the 405B example's interleaved FSDP/HSDP candidates: the ranking planned 1,612 of
 them exactly."""

@@ -42,13 +42,13 @@ def test_chunks_are_load_balanced_and_cover_the_sequence():
 
 
 def test_runner_refuses_cp_with_moe_by_name_and_builds_cp_with_pp():
-    from meshplan.runtime.execution.parallelize import _unsupported
+    from meshplan.runtime.execution.parallelize import unsupported_mesh
     from meshplan.runtime.execution.pipelined import unsupported
 
     training = TrainingSpec(global_batch=8, seq_len=16)
     cp = resolve_mesh(MeshSpec(names=["dp_shard", "cp", "tp"], shape=[2, 2, 2]), world=8)
-    assert _unsupported(cp, training) is None
-    assert _unsupported(cp, training, moe=True).startswith("cp > 1 with MoE layers")
+    assert unsupported_mesh(cp, training) is None
+    assert unsupported_mesh(cp, training, moe=True).startswith("cp > 1 with MoE layers")
     pp = resolve_mesh(MeshSpec(names=["pp", "dp_shard", "cp"], shape=[2, 2, 2]), world=8)
     assert unsupported(pp, training, "1f1b") is None  # tests/test_validate_pp_combos.py runs it
 

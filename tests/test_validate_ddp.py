@@ -33,14 +33,14 @@ DATA = Path(__file__).parent / "data"
     (["dp"], [4], True, "sharding 'none' with MoE layers"),
 ])
 def test_runner_refuses_ddp_beyond_plain_data_parallelism_by_name(names, shape, moe, why):
-    from meshplan.runtime.execution.parallelize import _unsupported
+    from meshplan.runtime.execution.parallelize import unsupported_mesh
 
     training = TrainingSpec(global_batch=8, seq_len=16, sharding="none")
     mesh = resolve_mesh(MeshSpec(names=names, shape=shape), world=4)
-    assert _unsupported(mesh, training, moe=moe).startswith(why)
-    assert _unsupported(resolve_mesh(MeshSpec(names=["dp"], shape=[4]), world=4), training) is None
+    assert unsupported_mesh(mesh, training, moe=moe).startswith(why)
+    assert unsupported_mesh(resolve_mesh(MeshSpec(names=["dp"], shape=[4]), world=4), training) is None
     zero1 = TrainingSpec(global_batch=8, seq_len=16, sharding="zero1")
-    assert _unsupported(resolve_mesh(MeshSpec(names=["dp"], shape=[4]), world=4), zero1).startswith("sharding 'zero1'")
+    assert unsupported_mesh(resolve_mesh(MeshSpec(names=["dp"], shape=[4]), world=4), zero1).startswith("sharding 'zero1'")
 
 
 def _reference(plan_json: Path, world: int, steps: int = 2) -> tuple[list[list[float]], int]:

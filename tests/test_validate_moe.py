@@ -26,16 +26,16 @@ MOE_DIM1 = Path(__file__).parent / "data" / "validate_mixtral_2experts_ep2_dim1.
 
 
 def test_runner_refuses_etp_by_name_and_builds_moe_with_tp():
-    from meshplan.runtime.execution.parallelize import _unsupported
+    from meshplan.runtime.execution.parallelize import unsupported_mesh
 
     training = TrainingSpec(global_batch=8, seq_len=16)
     etp = resolve_mesh(MeshSpec(names=["dp_shard", "ep", "etp"], shape=[4, 2, 2]), world=4)
-    assert _unsupported(etp, training, moe=True).startswith("etp > 1:")
+    assert unsupported_mesh(etp, training, moe=True).startswith("etp > 1:")
     tp = resolve_mesh(MeshSpec(names=["dp_shard", "tp", "ep"], shape=[2, 2, 2]), world=4)
-    assert _unsupported(tp, training, moe=True) is None
-    assert _unsupported(tp, training, moe=False) is None
+    assert unsupported_mesh(tp, training, moe=True) is None
+    assert unsupported_mesh(tp, training, moe=False) is None
     ep = resolve_mesh(MeshSpec(names=["dp_shard", "ep"], shape=[4, 4]), world=4)
-    assert _unsupported(ep, training, moe=True) is None
+    assert unsupported_mesh(ep, training, moe=True) is None
 
 
 def _reference_losses(plan_json: Path, world: int, steps: int = 2, token_split: int = 1) -> list[list[float]]:

@@ -45,7 +45,7 @@ step, or, when ``grad_accum_dtype`` differs from the model's dtype, accumulates 
 ``param.grad`` into ``param.grad_accum`` in that dtype (``_fill_param_grad_accum_attribute``) and
 frees ``param.grad``: ``grad_dtype`` is then ``grad_accum_dtype`` (fp32 with fp16, the one mix its
 ZeRO-1 runs). Both convert the rank's partition to fp32 only inside ``step``, one parameter group
-at a time (``single_grad_partition``). The rule is :func:`meshplan.spec.training.deepspeed_grad_dtype`,
+at a time (``single_grad_partition``). The rule is :func:`meshplan.spec.training_fields.deepspeed_grad_dtype`,
 which a meshplan TOML under ``zero12_engine = "deepspeed"`` takes as its ``grad_dtype`` default too,
 so a TOML and its DeepSpeed JSON plan the same. Export writes ``data_types.grad_accum_dtype`` at stage 1
 when ``grad_dtype`` is not the model's (fp32 with bf16 has no key: that is ``BF16_Optimizer``).
@@ -125,7 +125,7 @@ from meshplan.interop.common import (
 from meshplan.interop.deepspeed_auto import fill_batch, fill_hidden, hidden_auto, hidden_of
 from meshplan.interop.tomlout import resolved
 from meshplan.spec.memory import DEEPSPEED_REDUCE_BUCKET_ELEMENTS
-from meshplan.spec.training import deepspeed_grad_dtype
+from meshplan.spec.training_fields import deepspeed_grad_dtype
 from meshplan.spec.wording import data_axis
 
 STAGES = {0: "none", 1: "zero1", 2: "zero2", 3: "zero3"}

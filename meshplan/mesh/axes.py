@@ -32,7 +32,7 @@ def from_megatron_order(order: str) -> tuple[str, ...]:
     names = [n.strip() for n in order.split("-")]
     if any(not n for n in names):
         raise ConfigError("mesh.order", f"empty axis name in {order!r}; write names joined by '-', e.g. 'tp-cp-dp-pp'")
-    _check_unique(names, "mesh.order")
+    check_unique_axes(names, "mesh.order")
     return tuple(reversed(names))
 
 
@@ -45,7 +45,9 @@ def to_megatron_order(names: tuple[str, ...] | list[str]) -> str:
     return "-".join(reversed(tuple(names)))
 
 
-def _check_unique(names, field: str) -> None:
+def check_unique_axes(names, field: str) -> None:
+    """Refuse an axis named twice in ``names`` (axis names, outermost first) of config field
+    ``field``: :class:`~meshplan.errors.ConfigError` naming the field and the axis."""
     seen = set()
     for n in names:
         if n in seen:

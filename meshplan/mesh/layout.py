@@ -24,7 +24,7 @@ from math import prod
 
 import numpy as np
 
-from meshplan.mesh.axes import _check_unique
+from meshplan.mesh.axes import check_unique_axes
 from meshplan.errors import ConfigError
 
 
@@ -42,7 +42,7 @@ class Layout:
     def __post_init__(self):
         if len(self.names) != len(self.shape):
             raise ConfigError("mesh", f"{len(self.names)} names but {len(self.shape)} degrees; give one degree per axis")
-        _check_unique(self.names, "mesh.names")
+        check_unique_axes(self.names, "mesh.names")
         for n, d in zip(self.names, self.shape):
             if isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 1:
                 raise ConfigError(f"mesh.{n}", f"degree {d} must be an integer >= 1")
@@ -75,7 +75,7 @@ class Layout:
         if isinstance(axes, str):
             raise ConfigError("axes", f"give a tuple of axis names, e.g. ({axes!r},), not a string")
         axes = tuple(axes)
-        _check_unique(axes, "axes")
+        check_unique_axes(axes, "axes")
         return sorted(self.index(a) for a in axes)
 
     def index(self, name: str) -> int:

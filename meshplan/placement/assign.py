@@ -190,7 +190,7 @@ def rank_row(placement: Placement, rank: int) -> dict:
             "nic": nics[nic].name if nic >= 0 else "-", "rail": int(p.rail[rank]) if nic >= 0 else None}
 
 
-def _distinct(values: np.ndarray, ignore_negative: bool = False) -> np.ndarray:
+def distinct(values: np.ndarray, ignore_negative: bool = False) -> np.ndarray:
     """Distinct values per row of a (n_groups, size) array: shape (n_groups,)."""
     srt = np.sort(values, axis=1)
     new = np.ones(srt.shape, dtype=bool)
@@ -286,15 +286,15 @@ def group_locality(placement: Placement, groups: np.ndarray) -> GroupLocality:
         raise ConfigError("groups", f"ranks {int(g.min())}..{int(g.max())} outside the placement's 0..{placement.world - 1}")
     p = placement
     node = p.node[g]
-    nodes = _distinct(node)
+    nodes = distinct(node)
     n_sockets = len(p.cluster.node.sockets)
-    domains = _distinct(p.domain[g])
+    domains = distinct(p.domain[g])
     rail = p.rail[g]
-    rail_ok = (domains == 1) | (_distinct(rail) == 1)
+    rail_ok = (domains == 1) | (distinct(rail) == 1)
     for i in np.flatnonzero(~rail_ok):  # several members per node: the same rails on every node
         rail_ok[i] = _same_rails_per_node(node[i], rail[i])
-    return GroupLocality(groups=g, nodes=nodes, domains=domains, rails=_distinct(rail, ignore_negative=True),
-                         per_node=_max_run(node), cross_socket=_distinct(node * n_sockets + p.socket[g]) > nodes,
+    return GroupLocality(groups=g, nodes=nodes, domains=domains, rails=distinct(rail, ignore_negative=True),
+                         per_node=_max_run(node), cross_socket=distinct(node * n_sockets + p.socket[g]) > nodes,
                          rail_ok=rail_ok)
 
 
@@ -464,5 +464,5 @@ def same_rails(p: Placement, groups: np.ndarray) -> np.ndarray:
     set of rails (one rail, or e.g. rails {t, t+4} in every node), so NCCL can keep each
     ring channel on one rail. Members without a NIC count as rail -1."""
     rail = p.rail[groups] + 1
-    domains = _distinct(p.domain[groups])
-    return _distinct(p.domain[groups] * (int(rail.max()) + 1) + rail) == domains * _distinct(rail)
+    domains = distinct(p.domain[groups])
+    return distinct(p.domain[groups] * (int(rail.max()) + 1) + rail) == domains * distinct(rail)

@@ -36,7 +36,7 @@ from meshplan.errors import ConfigError
 from meshplan.mesh.resolve import Mesh
 from meshplan.placement.assign import (
     Placement,
-    _distinct,
+    distinct,
     group_locality,
     place,
     same_rails,
@@ -144,7 +144,7 @@ def _axis_cost(axis: str, weight: float, groups: np.ndarray, p: Placement) -> Ax
     node = p.cluster.node
     socket = 0.0
     if node.fabric.bandwidth_bytes_per_s <= node.pcie.bandwidth_bytes_per_s:
-        blocks = _distinct(p.node[groups] * len(node.sockets) + p.socket[groups])
+        blocks = distinct(p.node[groups] * len(node.sockets) + p.socket[groups])
         socket += float(np.where(loc.nodes > 1, blocks - loc.nodes, np.where(blocks > 1, blocks, 0)).sum())
     if node.nics:
         nic_socket = np.array([x.socket for x in node.nics] + [-1])[p.nic]

@@ -22,7 +22,7 @@ from meshplan import __version__
 from meshplan.mesh.tpsplit import model_groups
 from meshplan.placement.choice import weights_from_table
 from meshplan.plan import Infeasible, Plan
-from meshplan.report.json_out import _plain, _timeline
+from meshplan.report.json_out import plain_data, timeline_summary
 from meshplan.schedule.linkload import concurrency, edge_loads, timings
 from meshplan.schedule.waits import BubbleWait
 
@@ -56,7 +56,7 @@ def _finite(x: Any) -> Any:
 
 def to_json(doc: dict[str, Any]) -> str:
     """Indented, key-sorted JSON text; non-finite floats as null."""
-    return json.dumps(_finite(_plain(doc)), indent=1, sort_keys=True, allow_nan=False) + "\n"
+    return json.dumps(_finite(plain_data(doc)), indent=1, sort_keys=True, allow_nan=False) + "\n"
 
 
 def envelope(command: str, plan: Optional[Plan | Infeasible] = None, **fields: Any) -> dict[str, Any]:
@@ -88,7 +88,7 @@ def memory_doc(plan: Plan, all_stages: bool, pngs: Sequence[str]) -> dict[str, A
     """The memory timeline summary of each stage shown (most loaded, or all), with the
     persistent state per stage and the PNG files written."""
     shown = plan.timelines if all_stages else (plan.timeline,)
-    return envelope("memory", plan, stages=[_timeline(tl) for tl in shown],
+    return envelope("memory", plan, stages=[timeline_summary(tl) for tl in shown],
                     persistent_bytes={str(s.stage): s.total_bytes for s in plan.state}, pngs=list(pngs))
 
 
@@ -107,7 +107,7 @@ def step_doc(plan: Plan, st, verdict: Sequence[str], trace: Optional[str], *,
                     step_parts_s={"step": st.step_s, **st.parts_s()},
                     most_exposed_stage=_most_exposed(st, bw), mfu=st.mfu, hfu=st.hfu,
                     tokens_per_s=st.tokens_per_s, critical_path=st.critical_path(),
-                    collectives=[dict(_plain(t), slack_s=t.slack_s) for t in timings(st)],
+                    collectives=[dict(plain_data(t), slack_s=t.slack_s) for t in timings(st)],
                     concurrency_s=[{"streams": list(k), "seconds": v} for k, v in sorted(concurrency(st).items())],
                     links=[{"edge": e.edge, "bytes_per_step": e.bytes_per_step,
                             "capacity_bytes_per_s": e.capacity_bytes_per_s, "busy_s": e.busy_s,
@@ -145,15 +145,15 @@ def step_infeasible_doc(plan: Plan, st) -> dict[str, Any]:
 def reliability_doc(plan: Plan, r, restart) -> dict[str, Any]:
     """The reliability account and the restart on fewer nodes."""
     return envelope("reliability", plan, gpus=r.gpus, rate_per_gpu_day=r.rate_per_gpu_day, mtbf_s=r.mtbf_s,
-                    failure_domains=_plain(r.domains), checkpoint=_plain(r.checkpoint), write_s=r.write_s,
+                    failure_domains=plain_data(r.domains), checkpoint=plain_data(r.checkpoint), write_s=r.write_s,
                     read_s=r.read_s, restart_overhead_s=r.restart_overhead_s, restart_s=r.restart_s,
-                    interval_s=r.interval_s, goodput=r.goodput, restart=_plain(restart))
+                    interval_s=r.interval_s, goodput=r.goodput, restart=plain_data(restart))
 
 
 def place_doc(plan: Plan | Infeasible, choice, bindings: Sequence[dict]) -> dict[str, Any]:
     """The placement: rank -> GPU, weights (bytes each rank sends per step by axis), the
     weak-path score before and after, decisions, warnings, the bindings of the ranks shown."""
-    return envelope("place", plan, **choice_fields(choice), bindings=[_plain(b) for b in bindings])
+    return envelope("place", plan, **choice_fields(choice), bindings=[plain_data(b) for b in bindings])
 
 
 def choice_fields(c) -> dict[str, Any]:
@@ -181,7 +181,7 @@ def catalog_doc(kind: str, entries: dict[str, dict]) -> dict[str, Any]:
 
 
 def calibrate_doc(fits, notes: Sequence[str], source: str, out: str) -> dict[str, Any]:
-    return envelope("calibrate", fits=[_plain(f) for f in fits], notes=list(notes), source=source, out=out)
+    return envelope("calibrate", fits=[plain_data(f) for f in fits], notes=list(notes), source=source, out=out)
 
 
 def files_doc(files: Sequence[tuple[str, int]]) -> list[dict[str, Any]]:
@@ -263,7 +263,7 @@ def bench_comm_doc(nproc: int, sizes: Sequence[int], testbed: Optional[str], fit
                    files: Sequence[tuple[str, int]]) -> dict[str, Any]:
     """``bench comm``: the all-reduce alpha-beta fits per link class and the files written."""
     return envelope("bench-comm", nproc=nproc, sizes_bytes=list(sizes), testbed=testbed,
-                    fits=[_plain(f) for f in fits], files=files_doc(files))
+                    fits=[plain_data(f) for f in fits], files=files_doc(files))
 
 
 def import_doc(fmt: str, source: str, imp, toml: str, files: Sequence[tuple[str, int]]) -> dict[str, Any]:

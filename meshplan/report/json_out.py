@@ -33,7 +33,7 @@ def plan_to_dict(plan: Plan | Infeasible) -> dict[str, Any]:
                   "training": c.training.model_dump(), "mesh": plan.spec.model_dump(),
                   "memory": c.memory.model_dump()},
         "world": plan.world, "feasible": plan.feasible, "reasons": list(plan.reasons),
-        "notes": list(plan.notes), "constraints": _plain(plan.constraints),
+        "notes": list(plan.notes), "constraints": plain_data(plan.constraints),
     }
     mesh, p = plan.mesh, plan.placement
     if mesh is None or p is None:
@@ -48,21 +48,21 @@ def plan_to_dict(plan: Plan | Infeasible) -> dict[str, Any]:
     out["placement"] = {k: getattr(p, k).tolist() for k in
                         ("node", "local_gpu", "global_gpu", "socket", "core_first", "core_last", "nic", "rail")}
     out["placement"]["nic_names"] = [n.name for n in c.cluster.node.nics]
-    out["flags"] = [_plain(f) for f in plan.flags]
+    out["flags"] = [plain_data(f) for f in plan.flags]
     if isinstance(plan, Infeasible):
         out.update(shapes={"gemms_forward": [], "attention": None}, memory=[], memory_timeline=[], collectives={})
         return out
-    out["shapes"] = {"gemms_forward": [dict(_plain(g), flops=g.flops) for g in plan.gemms],
-                     "attention": _plain(plan.attention)}
-    out["memory"] = [_plain(s) for s in plan.state]
-    out["memory_timeline"] = [_timeline(tl) for tl in plan.timelines]
-    out["collectives"] = {stage: [dict(_plain(r), algbw_bytes_per_s=r.algbw_bytes_per_s,
+    out["shapes"] = {"gemms_forward": [dict(plain_data(g), flops=g.flops) for g in plan.gemms],
+                     "attention": plain_data(plan.attention)}
+    out["memory"] = [plain_data(s) for s in plan.state]
+    out["memory_timeline"] = [timeline_summary(tl) for tl in plan.timelines]
+    out["collectives"] = {stage: [dict(plain_data(r), algbw_bytes_per_s=r.algbw_bytes_per_s,
                                        busbw_bytes_per_s=r.busbw_bytes_per_s) for r in rows]
                           for stage, rows in plan.collectives.items()}
     return out
 
 
-def _timeline(tl: Timeline) -> dict[str, Any]:
+def timeline_summary(tl: Timeline) -> dict[str, Any]:
     """Summary of one stage's memory timeline (the events: ``meshplan memory``)."""
     p = tl.peak
     return {"stage": tl.stage, "schedule": tl.schedule, "n_events": tl.n_events, "peak_bytes": p.total_bytes,
@@ -72,13 +72,16 @@ def _timeline(tl: Timeline) -> dict[str, Any]:
             "headroom_bytes": tl.headroom_bytes, "fits": tl.fits}
 
 
-def _plain(x: Any) -> Any:
+def plain_data(x: Any) -> Any:
+    """``x`` as JSON-able data: dataclasses as dicts of their public fields, dict keys as
+    strings, tuples as lists, arrays through ``tolist``, pydantic models through
+    ``model_dump``, an infinite float as None (JSON has no infinity); numbers keep their SI units."""
     if dataclasses.is_dataclass(x) and not isinstance(x, type):
-        return {f.name: _plain(getattr(x, f.name)) for f in dataclasses.fields(x) if not f.name.startswith("_")}
+        return {f.name: plain_data(getattr(x, f.name)) for f in dataclasses.fields(x) if not f.name.startswith("_")}
     if isinstance(x, dict):
-        return {str(k): _plain(v) for k, v in x.items()}
+        return {str(k): plain_data(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
-        return [_plain(v) for v in x]
+        return [plain_data(v) for v in x]
     if hasattr(x, "tolist"):
         return x.tolist()
     if hasattr(x, "model_dump"):

@@ -140,7 +140,7 @@ FLOAT8_AMAX = "float8 amax"
 def _row_group(kind: str, row) -> str:
     """The group a row's seconds are kept under in :attr:`CommTimes.t`."""
     if kind in ("shard", "replica"):
-        return _shard_group(row.cadence)
+        return shard_group(row.cadence)
     if kind == "tp" and row.cadence == FLOAT8_AMAX_CADENCE:
         return FLOAT8_AMAX
     if kind == "ep" and row.cadence == DROPLESS_COUNTS:  # kept apart from the dispatch, placed before it
@@ -148,7 +148,10 @@ def _row_group(kind: str, row) -> str:
     return FLOAT8_TP if kind == "tp" and row.dtype == "fp8" else ""
 
 
-def _shard_group(cadence: str) -> str:
+def shard_group(cadence: str) -> str:
+    """The FSDP unit group a collective row belongs to, from its ``cadence`` text: a root unit's
+    label (:data:`ROOT_GROUPS`, else ``"root"``), ``"expert"`` for an MoE experts' unit, else
+    ``"layer"``."""
     if "root" in cadence:
         return next((g for label, g in ROOT_GROUPS.items() if label in cadence), "root")
     return "expert" if ("expert" in cadence or "MoE" in cadence) else "layer"
@@ -218,7 +221,7 @@ class CommTimes:
     #: of 2021's gradient buckets (:func:`meshplan.comm.deepspeed.grad_buckets`), else FSDP's
     shard_reduce_op: str = "reduce-scatter"
     #: DeepSpeed ZeRO-3 of 2021's gradient reductions by the module whose hook flushes their
-    #: bucket: (group, module) -> (seconds, buckets) per unit (:func:`~meshplan.schedule.deepspeed_layer._ds_backward_layer`)
+    #: bucket: (group, module) -> (seconds, buckets) per unit (:func:`~meshplan.schedule.deepspeed_layer.ds_backward_layer`)
     ds_flush: dict = field(default_factory=dict)
 
     @property
@@ -279,7 +282,7 @@ class CommTimes:
             elif kind == "other":
                 other.append(f"{r.axis} {r.phase} {r.op} ({r.cadence})")
             elif kind == "shard" and DEEPSPEED_CADENCE in r.cadence:  # per-parameter calls: their sum per unit
-                group = _shard_group(r.cadence)
+                group = shard_group(r.cadence)
                 # the gradient buckets' all-reduces take the unit's reduction slot (named AR in the timeline)
                 op = "reduce-scatter" if r.op == "all-reduce" else r.op
                 c.shard_reduce_op = r.op if r.op == "all-reduce" else c.shard_reduce_op
@@ -329,7 +332,7 @@ def nccl_sm_share(cluster):
 DS_ALIAS = {"wq": "query_key_value", "wk": "query_key_value", "wv": "query_key_value", "w_gate": "w_up"}
 
 
-def _root_groups(comm: CommTimes) -> tuple[str, str]:
+def root_groups(comm: CommTimes) -> tuple[str, str]:
     """Timeline groups of the embedding's and the head's FSDP units: "root_embed" and
     "root_head" when the stage's table has them apart, else both "root" (one root unit)."""
     groups = {k[1] for k in comm.t if k[0] == "shard"}

@@ -1,6 +1,6 @@
 """A dense layer's backward as DeepSpeed ZeRO-3 of 2021 (v0.3.13) runs it, module by module
 (:data:`DS_PIECES`), with its gradient buckets' reductions where its hooks flush them and its
-fetches wait for them (:func:`_ds_backward_layer`).
+fetches wait for them (:func:`ds_backward_layer`).
 """
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ from meshplan.comm import deepspeed
 from meshplan.compute.ops import Cost
 from meshplan.pipeline.simulate import Event
 from meshplan.schedule.comm_times import DS_ALIAS
-from meshplan.schedule.layer_timeline import _any_recompute, _forward_layer
-from meshplan.schedule.unit_sim import _Sim
+from meshplan.schedule.layer_timeline import any_recompute, forward_layer
+from meshplan.schedule.unit_sim import StreamSim
 
 
 #: A dense layer's backward as DeepSpeed ZeRO-3 of 2021 runs it, module by module in autograd's
-#: order (:func:`_ds_backward_layer`): the residual's gradient, the MLP's second linear, the
+#: order (:func:`ds_backward_layer`): the residual's gradient, the MLP's second linear, the
 #: activation, the first linear(s), the MLP norm with the attention's residual, the attention's
 #: output projection, the core, the QKV projection(s), the attention norm.
 DS_PIECES = ("mlp_post", "w_down", "act", "w_up", "mlp_norm", "wo", "core", "query_key_value", "attn_norm")
@@ -46,7 +46,7 @@ def _ds_piece(block: str, name: str) -> str:
 
 def _ds_pieces(c: Cost, full: bool) -> dict[str, float]:
     """Seconds of each :data:`DS_PIECES` piece of a layer's backward (the replayed forward's ops
-    left out under ``full`` recompute): the same ops :func:`~meshplan.schedule.layer_timeline._backward_layer` runs."""
+    left out under ``full`` recompute): the same ops :func:`~meshplan.schedule.layer_timeline.backward_layer` runs."""
     out = dict.fromkeys(DS_PIECES, 0.0)
     for o in c.ops:
         if o.phase == "backward_weight" or (o.phase == "backward_input" and not (full and o.recompute)):
@@ -54,14 +54,14 @@ def _ds_pieces(c: Cost, full: bool) -> dict[str, float]:
     return out
 
 
-def _ds_placed(s: _Sim, moe: bool) -> bool:
+def ds_placed(s: StreamSim, moe: bool) -> bool:
     """Whether a layer's backward places DeepSpeed ZeRO-3 of 2021's bucket reductions where its
-    hooks flush them (:func:`_ds_backward_layer`): the stage has them, a dense layer, tp 1 (no
+    hooks flush them (:func:`ds_backward_layer`): the stage has them, a dense layer, tp 1 (no
     TP collectives inside the blocks) and no other axis's slots."""
     return any(g == "layer" for g, _ in s.c.ds_flush) and not moe and s.w.tp == 1 and not s.c.slots
 
 
-def _ds_backward_layer(s: _Sim, c: Cost, name: str) -> None:
+def ds_backward_layer(s: StreamSim, c: Cost, name: str) -> None:
     """A layer's backward under DeepSpeed ZeRO-3 of 2021 with its gradient reductions where
     v0.3.13 issues and waits for them (``stage3.py``): the replayed forward, then the
     :data:`DS_PIECES` in order. A bucket is reduced on the reduction stream (``overlap_comm``,
@@ -77,9 +77,9 @@ def _ds_backward_layer(s: _Sim, c: Cost, name: str) -> None:
     flushed elsewhere (by the embedding's gradient) are waited for at the layer's end, as before.
     The layer's gathers stay one unit's, prefetched during the layer before: on the one NCCL
     stream a bucket waits behind them (at 1,536 GPUs w_down's, flushed first)."""
-    full = s.w.recompute in ("full", "layer", "op") and s.of(_any_recompute, c)
+    full = s.w.recompute in ("full", "layer", "op") and s.of(any_recompute, c)
     if full:
-        _forward_layer(s, c, False, "backward_input", True)
+        forward_layer(s, c, False, "backward_input", True)
     secs = s.of(_ds_pieces, c, full)
     word = "AR" if s.c.shard_reduce_op == "all-reduce" else "RS"
     last: Optional[Event] = None

@@ -1,7 +1,7 @@
 """Where a gradient unit issues its gradient reductions: a unit's FSDP reduce-scatter and HSDP
-all-reduce and its layer's piece of the per-step ZeRO-1/2 or DDP reduction (:func:`_reduce`,
+all-reduce and its layer's piece of the per-step ZeRO-1/2 or DDP reduction (:func:`unit_reduce`,
 pieces by :func:`reduce_pieces`), and torch's ``PipelineStage.perform_reduce_grad`` after a
-chunk's last backward under pp (:func:`_perform_reduce_grad`).
+chunk's last backward under pp (:func:`perform_reduce_grad`).
 """
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ from __future__ import annotations
 from typing import Optional
 
 from meshplan.pipeline.simulate import Event
-from meshplan.schedule.comm_times import CommTimes, _root_groups
-from meshplan.schedule.unit_sim import ChunkCosts, _Sim
+from meshplan.schedule.comm_times import CommTimes, root_groups
+from meshplan.schedule.unit_sim import ChunkCosts, StreamSim
 
 
-def _reduce(s: _Sim, name: str, group: str, step_piece: float, shard: bool = True) -> None:
+def unit_reduce(s: StreamSim, name: str, group: str, step_piece: float, shard: bool = True) -> None:
     """FSDP reduce-scatter (+ HSDP all-reduce) of a unit when ``shard``; ``step_piece``:
     seconds of this layer's piece (bucket) of the per-step ZeRO-1/2 or DDP reduction."""
     if shard and (copy_in := s.c.copies.get((group, "reduce-scatter"), 0.0)):
@@ -31,7 +31,7 @@ def _reduce(s: _Sim, name: str, group: str, step_piece: float, shard: bool = Tru
         s.compute("grad reduce wait", 0.0, [rs, red])
 
 
-def _reduce_scatter(s: _Sim, name: str, group: str, after: Optional[Event]) -> Optional[Event]:
+def _reduce_scatter(s: StreamSim, name: str, group: str, after: Optional[Event]) -> Optional[Event]:
     """A unit's FSDP reduce-scatter issued after ``after`` and its HSDP all-reduce after it:
     the event the gradient is done with (None when the stage has neither)."""
     word = "AR" if s.c.shard_reduce_op == "all-reduce" else "RS"
@@ -73,14 +73,14 @@ def reduce_pieces(comm: CommTimes, n: int, last_grad_unit: bool = True, overlapp
     return [((j + 1) * big_b // n - j * big_b // n) * total / big_b for j in range(n)]
 
 
-def _perform_reduce_grad(s: _Sim, chunk: ChunkCosts, tail: bool) -> None:
+def perform_reduce_grad(s: StreamSim, chunk: ChunkCosts, tail: bool) -> None:
     """torch ``PipelineStage.perform_reduce_grad`` after a chunk's last backward: each FSDP
     unit's ``post_backward`` in FSDP's state order (module order: the one root unit or the
     embedding's, the layers in forward order, then the [norm, output] unit):
     its copy-in on the compute stream, then its reduce-scatter (and HSDP all-reduce) on their
     stream; the compute stream waits for them all (``_root_post_backward_final_callback``):
     within the unit, or after it (``tail``: events past its compute end, the unit's tail)."""
-    emb_g, head_g = _root_groups(s.c)
+    emb_g, head_g = root_groups(s.c)
     # FSDP's states in module order: one root unit first; the embedding's own unit first and
     # [norm, output]'s last (torchtitan's units)
     first = emb_g if chunk.embed is not None else head_g if chunk.head is not None and head_g == "root" else None

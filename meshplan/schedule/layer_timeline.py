@@ -1,5 +1,5 @@
-"""One transformer layer on the rank timeline: its forward (:func:`_forward_layer`) and backward
-(:func:`_backward_layer`) block by block, with the TP collectives around each block (and async
+"""One transformer layer on the rank timeline: its forward (:func:`forward_layer`) and backward
+(:func:`backward_layer`) block by block, with the TP collectives around each block (and async
 TP's fused GEMMs, :func:`fused_gemms`), all-gather CP's K/V gather and dK/dV reduce-scatter
 (:func:`cp_parts`), EP's all-to-alls, float8 amax all-reduces and the registered axes' slots,
 as the module docstring of :mod:`meshplan.schedule.rank_timeline` describes.
@@ -13,7 +13,7 @@ from meshplan.compute import asynctp, float8
 from meshplan.compute.megatron import COMM_DELAY_OPS
 from meshplan.compute.ops import Cost, Workload
 from meshplan.schedule.comm_times import FLOAT8_AMAX, FLOAT8_TP
-from meshplan.schedule.unit_sim import _Sim
+from meshplan.schedule.unit_sim import StreamSim
 from meshplan.spec.axes.base import At, Block
 
 
@@ -21,19 +21,19 @@ from meshplan.spec.axes.base import At, Block
 LAYER_BLOCKS = ("attn_pre", "attn", "attn_post", "mlp_pre", "mlp", "mlp_post")
 
 
-def _gather_group(s: "_Sim", phase: str) -> str:
+def _gather_group(s: "StreamSim", phase: str) -> str:
     """Group of a layer block's tp all-gathers of ``phase``: :data:`FLOAT8_TP` when the stage's
     table has float8 rows for them (torchao's float8 TP, the layers'), else ""."""
     return FLOAT8_TP if ("tp", FLOAT8_TP, phase, "all-gather") in s.c.t else ""
 
 
-def _tp(w: Workload) -> tuple[str, str]:
+def tp_collectives(w: Workload) -> tuple[str, str]:
     """TP collective before and after a block: (all-gather, reduce-scatter) with SP, else
     ("", all-reduce)."""
     return ("all-gather", "reduce-scatter") if w.sp else ("", "all-reduce")
 
 
-def _block(s: _Sim, name: str, t: float, phase: str, ep: bool = False, cp: Optional[tuple] = None,
+def _block(s: StreamSim, name: str, t: float, phase: str, ep: bool = False, cp: Optional[tuple] = None,
            cp_phase: str = "forward", fused: Optional[dict] = None, scatter: bool = True) -> None:
     """One forward block; ``cp``: the attention's (K/V proj, Q proj, core, out proj) seconds
     under all-gather CP (module docstring); ``fused``: the block's async-TP GEMMs
@@ -42,7 +42,7 @@ def _block(s: _Sim, name: str, t: float, phase: str, ep: bool = False, cp: Optio
     if fused and cp is None and not ep and ("ag" in fused or ("rs" in fused and scatter)):
         _fused_block(s, name, t, phase, fused, scatter)
         return
-    before, after = _tp(s.w)
+    before, after = tp_collectives(s.w)
     pre = s.comm("tp", phase, before, f"tp {before}", _gather_group(s, phase))
     if ep:  # a dropless dispatch's count exchange first (ep_rows._count_rows)
         n = "all-gather" if ("ep", "counts", phase, "all-gather") in s.c.t else "all-to-all"
@@ -65,7 +65,7 @@ def _block(s: _Sim, name: str, t: float, phase: str, ep: bool = False, cp: Optio
         s.compute(name + " tp wait", 0.0, [s.comm("tp", phase, after, f"tp {after}")])
 
 
-def _fused_block(s: _Sim, name: str, t: float, phase: str, fused: dict, scatter: bool = True) -> None:
+def _fused_block(s: StreamSim, name: str, t: float, phase: str, fused: dict, scatter: bool = True) -> None:
     """A forward block under async TP (:mod:`meshplan.compute.asynctp`): the all-gather fused
     with the column-parallel GEMMs, the block's other ops, the row-parallel GEMM fused with the
     reduce-scatter; ``t``: the block's seconds (pieces' GEMMs and the runtime's copies included).
@@ -104,7 +104,7 @@ def fused_gemms(c: Cost, phase: str, recompute: Optional[bool], framework: str, 
     return out
 
 
-def _block_backward(s: _Sim, name: str, t_b: float, t_w: float, ep=False, cp: Optional[tuple] = None,
+def _block_backward(s: StreamSim, name: str, t_b: float, t_w: float, ep=False, cp: Optional[tuple] = None,
                     t_w_row: float = 0.0, t_b_col: float = 0.0, fused: Optional[dict] = None) -> None:
     """One block's backward; ``cp``: the attention's input-gradient seconds (core incl. wo
     and RoPE, Q proj, K/V proj) under all-gather CP (module docstring). ``t_w_row``: the
@@ -120,7 +120,7 @@ def _block_backward(s: _Sim, name: str, t_b: float, t_w: float, ep=False, cp: Op
     ``Overlap.tp`` overlaps it with the weight gradients whatever the framework.
     ``fused``: async TP's gathered output gradient fused with the row-parallel input-gradient
     GEMM (:func:`fused_gemms`, backward side "ag"), the rest of the input gradients after it."""
-    before, after = _tp(s.w)
+    before, after = tp_collectives(s.w)
     ag_fused = fused.get("ag") if fused and cp is None and not ep and s.w.sp else None
     g = _gather_group(s, "backward")
     pre = None if ag_fused else s.comm("tp", "backward", before, f"tp {before}", g)
@@ -206,7 +206,7 @@ def _ops_by_block(c: Cost, phase: str, names: tuple, recompute: Optional[bool] =
     return out
 
 
-def _slots(s: _Sim, phase: Optional[str], at: At, block: Optional[Block] = None) -> None:
+def _slots(s: StreamSim, phase: Optional[str], at: At, block: Optional[Block] = None) -> None:
     """The calls of the registered axes' slots (:attr:`CommTimes.slots`) of row ``phase``
     at ``at`` ``block``, in registry order, each on its stream after the compute so far;
     the compute waits for a blocking one (its wait is exposed on the stream). ``phase``
@@ -242,7 +242,7 @@ def _amax_calls(c: Cost, side: str, phase: str) -> int:
     return float8.tp_amax_calls(c.ops, side, phase)
 
 
-def _amax_wait(s: _Sim, c: Cost, side: str, phase: str) -> None:
+def _amax_wait(s: StreamSim, c: Cost, side: str, phase: str) -> None:
     """The blocking tp all-reduces of the float8 amaxes of layer ``c``'s ``side`` ("attn" or
     "mlp") in ``phase`` ("forward", also for a replay; "backward"), one after the other before the
     block (:func:`meshplan.compute.float8.tp_amax_calls`; the cast waits for its scale)."""
@@ -253,7 +253,11 @@ def _amax_wait(s: _Sim, c: Cost, side: str, phase: str) -> None:
         s.compute("float8 amax wait", 0.0, [ev])
 
 
-def _forward_layer(s: _Sim, c: Cost, moe: bool, phase: str = "forward", recompute=None) -> None:
+def forward_layer(s: StreamSim, c: Cost, moe: bool, phase: str = "forward", recompute=None) -> None:
+    """Issue one transformer layer's forward on ``s`` (its streams; seconds from ``c``, the
+    layer's :class:`Cost`): norms, attention and MLP blocks with their TP/CP/EP collectives and
+    the registered axes' slots; ``phase = "backward_input"`` with ``recompute`` replays the
+    forward ops a checkpointed layer recomputes before its backward; ``moe``: MoE MLP."""
     scatter, scatter_mlp = replay_scatters(s.w, phase)
     t = s.of(_times, c, phase, recompute)
     f = s.of(fused_gemms, c, phase, recompute, s.w.async_tp, s.w.tp, _rowwise(s.w)) if s.w.async_tp and s.w.sp else {}
@@ -274,16 +278,21 @@ def _forward_layer(s: _Sim, c: Cost, moe: bool, phase: str = "forward", recomput
     _slots(s, own, At.OVERLAPPED)
 
 
-def _any_recompute(c: Cost) -> bool:
+def any_recompute(c: Cost) -> bool:
+    """Whether any op of the layer cost ``c`` is recomputed in backward (checkpointed)."""
     return any(o.recompute for o in c.ops)
 
 
-def _backward_layer(s: _Sim, c: Cost, moe: bool, with_w: bool) -> None:
+def backward_layer(s: StreamSim, c: Cost, moe: bool, with_w: bool) -> None:
+    """Issue one transformer layer's backward on ``s`` (seconds from ``c``, the layer's
+    :class:`Cost`): the recomputed forward first when the layer is checkpointed, then the MLP
+    and attention blocks' input gradients, with their weight gradients when ``with_w`` (false:
+    deferred, zero-bubble schedules), and their TP/CP/EP collectives; ``moe``: MoE MLP."""
     # a checkpointed layer (full; torchtitan per-layer or op-level AC) replays its forward's
     # recomputed ops, with their collectives, before its backward
-    full = s.w.recompute in ("full", "layer", "op") and s.of(_any_recompute, c)
+    full = s.w.recompute in ("full", "layer", "op") and s.of(any_recompute, c)
     if full:
-        _forward_layer(s, c, moe, "backward_input", True)
+        forward_layer(s, c, moe, "backward_input", True)
     b = s.of(_times, c, "backward_input", False if full else None)
     w = s.of(_times, c, "backward_weight") if with_w else dict.fromkeys(LAYER_BLOCKS, 0.0)
     row = s.of(_ops_by_block, c, "backward_weight", ROW_PARALLEL_WGRAD) if with_w else dict.fromkeys(LAYER_BLOCKS, 0.0)

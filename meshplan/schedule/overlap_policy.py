@@ -71,7 +71,7 @@ def config_overlap(training, overlap: Overlap = Overlap()) -> Overlap:
     if training.zero3_engine == "deepspeed-2021" and overlap.grad_reduce:
         # DeepSpeed ZeRO-3 of 2021: every module's fetch ends in torch.cuda.synchronize()
         # (stage3.py _synchronize_communication), which waits for the reductions in flight (the
-        # layers' buckets are placed between those fetches: deepspeed_layer._ds_backward_layer)
+        # layers' buckets are placed between those fetches: deepspeed_layer.ds_backward_layer)
         overlap = replace(overlap, grad_reduce=False)
     return overlap
 

@@ -1,8 +1,8 @@
 """Accounting over the simulated pipeline (:mod:`meshplan.pipeline.fast`): what each stage's
-compute stream spends idle (:func:`stage_bubble`) and exposed (:func:`_unit_exposure`), the
+compute stream spends idle (:func:`stage_bubble`) and exposed (:func:`unit_exposure`), the
 blocking calls of Megatron-LM 2022 split into transfers and waits for the partner
 (:func:`pp_hold_split`, :func:`call_loads`), where a stage's pipeline run ends
-(:func:`_ends_of`, :func:`_run_end`), the shift between schedule runs (:func:`run_shift`), and
+(:func:`ends_of`, :func:`stage_run_end`), the shift between schedule runs (:func:`run_shift`), and
 the pipeline simulated again without some waits (:func:`pipeline_without`).
 """
 
@@ -61,13 +61,13 @@ def stage_bubble(res: ArrayResult, s: int, tail_s: float = 0.0, later_runs: int 
     split = pp_hold_split(res, s)
     wait = res.wait[sl]
     via = res.via_at(np.arange(sl.start, sl.stop)) if wait.any() else np.zeros(len(wait), dtype=bool)
-    received = np.where(via, np.minimum(res.spec.p2p_s, wait), 0.0)  # exposed on "pp" (_unit_exposure)
+    received = np.where(via, np.minimum(res.spec.p2p_s, wait), 0.0)  # exposed on "pp" (unit_exposure)
     i = sl.stop - 1
     hold = float(res.hold[i]) if res.hold is not None else 0.0
     last_wait = float(split.wait_s[-1]) if hold and not (tail_s >= hold and tail_s) else 0.0
     bubble = sum([split.lead_wait_s, last_wait] + (wait - received).tolist() + split.wait_s[:-1].tolist())
     if later_runs:  # each later run as run 1, run_s apart: its idle is run_s less run 1's busy and exposed time
-        run_end = float(res.end[i]) + max(tail_s, hold)  # run 1 on stage s (_run_end)
+        run_end = float(res.end[i]) + max(tail_s, hold)  # run 1 on stage s (stage_run_end)
         bubble += later_runs * (run_s - (run_end - bubble))
     return bubble
 
@@ -78,9 +78,9 @@ def last_tail_s(res: ArrayResult, s: int, units: "UnitTimes") -> float:
     return units.get(s, int(res.flat.chunk[i]), KINDS[int(res.flat.kind[i])], int(res.flat.mb[i])).tail_s
 
 
-def _ends_of(res: ArrayResult) -> list[list[Event]]:
+def ends_of(res: ArrayResult) -> list[list[Event]]:
     """Per stage, its last unit (the first to reach the latest end) and its first forward (the
-    first to start earliest): the only events :func:`~meshplan.schedule.step_end._stage_end` reads; every stage at once
+    first to start earliest): the only events :func:`~meshplan.schedule.step_end.stage_end` reads; every stage at once
     (stage-major rows of ``res.flat.length`` units)."""
     p, length = res.flat.p, res.flat.length
     rows = np.arange(p) * length
@@ -142,7 +142,7 @@ def pp_hold_split(res: ArrayResult, s: int, loads: Optional[np.ndarray] = None) 
     :func:`call_transfer_s`; the rest of its hold: waiting for the partner stage to post its
     call, pipeline bubble): a call ends at ``max(own post, partner posts) + k p2p``, so a hold
     is the partner's lateness plus ``k p2p``. The step exposes the transfers on "pp"
-    (:func:`_unit_exposure`, :func:`~meshplan.schedule.step_end._stage_end`), the waits are bubble (:meth:`~meshplan.schedule.step_summary.StepTime.parts_s`).
+    (:func:`unit_exposure`, :func:`~meshplan.schedule.step_end.stage_end`), the waits are bubble (:meth:`~meshplan.schedule.step_summary.StepTime.parts_s`).
     ``loads``: :func:`call_loads` (default: counted here).
 
     >>> from meshplan.pipeline.fast import simulate_arrays
@@ -167,11 +167,11 @@ def pp_hold_split(res: ArrayResult, s: int, loads: Optional[np.ndarray] = None) 
     return HoldSplit(lead, lead_free - lead, moved, hold - moved)
 
 
-def _unit_exposure(res: ArrayResult, s: int, units: UnitTimes, keys: list, key_idx: np.ndarray, ex: dict) -> dict:
+def unit_exposure(res: ArrayResult, s: int, units: UnitTimes, keys: list, key_idx: np.ndarray, ex: dict) -> dict:
     """``ex`` plus the exposed time of every unit of stage s by stream and, for each unit
     that waited on a p2p receive, ``min(p2p, wait)`` on "pp", and with blocking sends the
     transfers of the stage's calls (its leading call's and every unit's but the last's,
-    :func:`pp_hold_split`; the last's: :func:`~meshplan.schedule.step_end._stage_end`); added in unit order, so the
+    :func:`pp_hold_split`; the last's: :func:`~meshplan.schedule.step_end.stage_end`); added in unit order, so the
     sums are the per-event loop's to the bit."""
     sl = res.stage_slice(s)
     kidx, via = key_idx[sl], res.via_at(np.arange(sl.start, sl.stop))
@@ -184,19 +184,19 @@ def _unit_exposure(res: ArrayResult, s: int, units: UnitTimes, keys: list, key_i
     if "pp" not in streams and via.any():
         waits = np.minimum(res.spec.p2p_s, res.wait[sl][via])
         ex["pp"] = sum(waits.tolist(), ex.get("pp", 0.0))
-    if res.hold is not None:  # blocking sends: their transfers (the last call's: _stage_end)
+    if res.hold is not None:  # blocking sends: their transfers (the last call's: step_end.stage_end)
         split = pp_hold_split(res, s)
         if split.lead_transfer_s or split.transfer_s[:-1].any():
             ex["pp"] = sum([split.lead_transfer_s] + split.transfer_s[:-1].tolist(), ex.get("pp", 0.0))
     return ex
 
 
-def _last_hold(res: ArrayResult, s: int) -> float:
+def last_hold(res: ArrayResult, s: int) -> float:
     """Seconds stage s's last unit holds its stream for a blocking send (0 without)."""
     return 0.0 if res.hold is None else float(res.hold[res.stage_slice(s)][-1])
 
 
-def _run_end(mine, units: "UnitTimes", hold: float = 0.0) -> float:
+def stage_run_end(mine, units: "UnitTimes", hold: float = 0.0) -> float:
     """End of a stage's pipeline run: its last unit (``mine``: its compute events) and the
     communication tail or blocking send after it (``hold`` seconds), before the step-end ops."""
     last = max(mine, key=lambda e: e.end_s)
@@ -211,7 +211,7 @@ def run_shift(res: ArrayResult, units: "UnitTimes") -> float:
     starts from sharded parameters (``PipelineStage.perform_reduce_grad`` resharded them), so each
     repeats the first."""
     out = 0.0
-    for s, mine in enumerate(_ends_of(res)):
+    for s, mine in enumerate(ends_of(res)):
         first = float(res.start[res.stage_slice(s)].min())
-        out = max(out, _run_end(mine, units, _last_hold(res, s)) - first)
+        out = max(out, stage_run_end(mine, units, last_hold(res, s)) - first)
     return out

@@ -15,7 +15,7 @@ frameworks issue them:
   run during its GEMMs (block time = max(compute, communication), an ideal decomposition),
   except under ``training.tp_comm_overlap`` with SP (``Workload.async_tp``): there the fused
   all-gather + column-parallel GEMMs and row-parallel GEMM + reduce-scatter run as the runtime
-  decomposes them (:mod:`meshplan.compute.asynctp`, :meth:`~meshplan.schedule.unit_sim._Sim.fused`; forward blocks without
+  decomposes them (:mod:`meshplan.compute.asynctp`, :meth:`~meshplan.schedule.unit_sim.StreamSim.fused`; forward blocks without
   CP or EP; in backward the gathered output gradient with the row-parallel input gradient);
   under torch the collectives it does not fuse block as without it (``Overlap.tp`` stays off:
   :func:`meshplan.compute.asynctp.unfused_overlap`).
@@ -69,7 +69,7 @@ frameworks issue them:
   per-parameter calls (:mod:`meshplan.comm.deepspeed`), placed as one unit's; its gradient
   buckets' reductions (``fsdp AR``, or ``fsdp RS`` under ``contiguous_gradients``) are placed
   in its backward, module by module, where v0.3.13's hooks flush them and its fetches wait
-  for them (:func:`~meshplan.schedule.deepspeed_layer._ds_backward_layer`; with tp > 1 or MoE, as one unit's, waited for at once);
+  for them (:func:`~meshplan.schedule.deepspeed_layer.ds_backward_layer`; with tp > 1 or MoE, as one unit's, waited for at once);
   their host time (partition views, list copies issued, the zero fill waited for) runs on the
   compute stream at the layer's start (``CommTimes.host``); the persistent parameters' gather
   ends the step.
@@ -109,20 +109,20 @@ reductions' placement).
 from __future__ import annotations
 
 from meshplan.compute.ops import Cost, Workload
-from meshplan.schedule.comm_times import CommTimes, _root_groups
-from meshplan.schedule.deepspeed_layer import _ds_backward_layer, _ds_placed
-from meshplan.schedule.grad_reduce import _perform_reduce_grad, _reduce, reduce_pieces
-from meshplan.schedule.layer_timeline import COLUMN_PARALLEL_DGRAD, _backward_layer, _forward_layer, _tp
-from meshplan.schedule.unit_sim import ChunkCosts, Overlap, UnitSim, _Sim
+from meshplan.schedule.comm_times import CommTimes, root_groups
+from meshplan.schedule.deepspeed_layer import ds_backward_layer, ds_placed
+from meshplan.schedule.grad_reduce import perform_reduce_grad, unit_reduce, reduce_pieces
+from meshplan.schedule.layer_timeline import COLUMN_PARALLEL_DGRAD, backward_layer, forward_layer, tp_collectives
+from meshplan.schedule.unit_sim import ChunkCosts, Overlap, UnitSim, StreamSim
 
 
 def forward_unit(chunk: ChunkCosts, comm: CommTimes, w: Workload, ov: Overlap,
                  gather_layers: bool = True, gather_root: bool = True) -> UnitSim:
     """F of one micro-batch through ``chunk`` (module docstring); ``gather_layers`` /
     ``gather_root``: whether this pass finds the layers' / the root's FSDP units sharded."""
-    s = _Sim(comm, w, ov)
+    s = StreamSim(comm, w, ov)
     n = len(chunk.layers)
-    emb_g, head_g = _root_groups(comm)
+    emb_g, head_g = root_groups(comm)
     # the embedding's own unit (torchtitan) reshards after forward as the layers do
     gather_emb = gather_layers if ("shard", emb_g, "backward", "all-gather") in comm.t else gather_root
     root_ag = lambda g, on: s.comm("shard", "forward", "all-gather", f"fsdp AG {g}", g) if on else None
@@ -132,7 +132,7 @@ def forward_unit(chunk: ChunkCosts, comm: CommTimes, w: Workload, ov: Overlap,
         s.compute("embedding", chunk.embed.seconds("forward") + (comm.host.get((emb_g, "forward"), 0.0)
                                                                  + comm.copies.get((emb_g, "all-gather"), 0.0)
                                                                  if gather_emb else 0.0), [root_ag(emb_g, gather_emb)])
-        op = "all-reduce" if w.megatron_ops else _tp(w)[1]  # Megatron 2022 all-reduces it under SP too
+        op = "all-reduce" if w.megatron_ops else tp_collectives(w)[1]  # Megatron 2022 all-reduces it under SP too
         s.compute("embedding tp wait", 0.0, [s.comm("tp", "forward", op, f"tp {op}")])
     gather = lambda i: s.comm("shard", "forward", "all-gather", f"fsdp AG L{i}", "layer") if gather_layers else None
     ag = gather(0) if ov.fsdp_prefetch and n else None  # a chunk without layers (stage_layers) gathers none
@@ -145,7 +145,7 @@ def forward_unit(chunk: ChunkCosts, comm: CommTimes, w: Workload, ov: Overlap,
         ag = gather(i + 1) if ov.fsdp_prefetch and i + 1 < n else None
         if ov.fsdp_prefetch and i + 1 == n and chunk.head is not None and head_g == "root_head":
             ag = root_ag(head_g, gather_root)  # the head's unit, prefetched behind the last layer
-        _forward_layer(s, c, moe)
+        forward_layer(s, c, moe)
     if chunk.head is not None:
         pre = s.comm("tp", "forward", "all-gather", "tp all-gather (head)") if w.sp else None
         if head_g == "root_head":
@@ -158,7 +158,7 @@ def forward_unit(chunk: ChunkCosts, comm: CommTimes, w: Workload, ov: Overlap,
     return s.finish()
 
 
-def _head_backward(s: _Sim, head: Cost) -> None:
+def _head_backward(s: StreamSim, head: Cost) -> None:
     """The last stage's head backward under ``Overlap.tp_grad`` (Megatron-LM 2022: the output
     layer is ``language_model.py`` ``parallel_lm_logits`` through ``mpu/layers.py``
     ``LinearWithGradAccumulationAndAsyncCommunication``, a column-parallel linear): the cross
@@ -166,7 +166,7 @@ def _head_backward(s: _Sim, head: Cost) -> None:
     input-gradient GEMM, the input gradient's reduce-scatter (SP) or all-reduce launched before
     its weight-gradient GEMM and run beside it, then the final norm's backward (and its
     main-gradient hooks) once the reduced gradient is there."""
-    after = _tp(s.w)[1]
+    after = tp_collectives(s.w)[1]
     part = lambda phase, keep: sum(o.seconds for o in head.ops if o.phase == phase and keep(o.name))
     is_norm = lambda name: name.startswith("final norm")
     norm = part("backward_input", is_norm) + part("backward_weight", is_norm)
@@ -198,11 +198,11 @@ def backward_unit(kind: str, chunk: ChunkCosts, comm: CommTimes, w: Workload, ov
     stage's last pass (``stage_last``: the chunk whose last gradient unit ends the stage's order) the
     reduction is the unit's tail, which the stage's end waits for; on an earlier chunk's last
     pass it holds the stream in the unit (the send then waits with it: a little early)."""
-    s = _Sim(comm, w, ov)
+    s = StreamSim(comm, w, ov)
     with_b, with_w = kind in ("B", "Bx"), kind in ("B", "W")
     red_w = with_w and reduce and not deferred
     n = len(chunk.layers)
-    emb_g, head_g = _root_groups(comm)
+    emb_g, head_g = root_groups(comm)
     # the embedding's own unit, resharded after forward (torchtitan), is gathered again
     embed_ag = (lambda: s.comm("shard", "backward", "all-gather", f"fsdp AG {emb_g}", emb_g)) \
         if chunk.embed is not None and ("shard", emb_g, "backward", "all-gather") in comm.t and with_b and gather \
@@ -230,9 +230,9 @@ def backward_unit(kind: str, chunk: ChunkCosts, comm: CommTimes, w: Workload, ov
         s.compute("head grad", (chunk.head.seconds("backward_input") if with_b else 0.0)
                   + (chunk.head.seconds("backward_weight") if with_w else 0.0))
         if with_b:
-            s.compute("head tp wait", 0.0, [s.comm("tp", "backward", _tp(w)[1], f"tp {_tp(w)[1]} (head)")])
+            s.compute("head tp wait", 0.0, [s.comm("tp", "backward", tp_collectives(w)[1], f"tp {tp_collectives(w)[1]} (head)")])
         if red_w and (head_g == "root_head" or chunk.embed is None):  # one root unit: reduced after the embedding
-            _reduce(s, head_g, head_g, 0.0)
+            unit_reduce(s, head_g, head_g, 0.0)
     ag = ag if early else gather_(n - 1) if ov.fsdp_prefetch and n else None
     for i in reversed(range(n)):
         c, moe = chunk.layers[i], chunk.moe[i]
@@ -245,18 +245,18 @@ def backward_unit(kind: str, chunk: ChunkCosts, comm: CommTimes, w: Workload, ov
         ag = gather_(i - 1) if ov.fsdp_prefetch and i > 0 else None
         if i == 0 and embed_ag is not None and ov.fsdp_prefetch:
             emb_ev = embed_ag()  # FSDP2's backward prefetch: the embedding's unit after the first layer
-        ds = with_b and red_w and _ds_placed(s, moe)  # DeepSpeed ZeRO-3 2021: its reductions in the layer
+        ds = with_b and red_w and ds_placed(s, moe)  # DeepSpeed ZeRO-3 2021: its reductions in the layer
         if ds:
-            _ds_backward_layer(s, c, f"L{i}")
+            ds_backward_layer(s, c, f"L{i}")
         elif with_b:
-            _backward_layer(s, c, moe, with_w)
+            backward_layer(s, c, moe, with_w)
             s.comm("tp", "backward", "all-reduce", f"tp norm-grad all-reduce L{i}", seconds=comm.async_s)
         else:
             s.compute(f"L{i} W", c.seconds("backward_weight"))
         if with_w and not ds:
-            _reduce(s, f"L{i}", "layer", pieces[n - 1 - i], red_w)
+            unit_reduce(s, f"L{i}", "layer", pieces[n - 1 - i], red_w)
             if moe and red_w:
-                _reduce(s, f"L{i} experts", "expert", 0.0)
+                unit_reduce(s, f"L{i} experts", "expert", 0.0)
     if chunk.embed is not None and with_b and chunk.embed.seconds("backward_input"):
         # the embedding's own input-gradient ops (Megatron-LM: its dropout's backward, on the
         # rank's sequence shard under SP, before the split's backward gathers the gradient)
@@ -275,9 +275,9 @@ def backward_unit(kind: str, chunk: ChunkCosts, comm: CommTimes, w: Workload, ov
                   + (comm.host.get((emb_g, "backward"), 0.0) if red_w else 0.0)
                   + (comm.copies.get((emb_g, "all-gather"), 0.0) if ag_e is not None else 0.0), [ag_e])
         if red_w:
-            _reduce(s, emb_g, emb_g, 0.0)
+            unit_reduce(s, emb_g, emb_g, 0.0)
     if deferred and with_w and reduce:
-        _perform_reduce_grad(s, chunk, tail=stage_last)
+        perform_reduce_grad(s, chunk, tail=stage_last)
     if comm.bucket_wait and s.reduced is not None and ov.grad_reduce:  # DeepSpeed's epilogue synchronize()
         s.compute("DeepSpeed epilogue synchronize", 0.0, [s.reduced])
     return s.finish()

@@ -1,4 +1,4 @@
-"""What each stage does after its last pipeline unit (:func:`_stage_end`): the later schedule
+"""What each stage does after its last pipeline unit (:func:`stage_end`): the later schedule
 runs, the per-step gradient reduction when not overlapped, the replicated KV heads'
 all-reduces, the optimizer step (:func:`_optimizer_s`), torchao's float8 amax precompute and
 its all-reduces (:func:`float8_precompute_s`), and the ZeRO-1/2 parameter all-gather
@@ -16,7 +16,7 @@ from meshplan.mesh.layers import last_stage
 from meshplan.mesh.tpsplit import local_numel
 from meshplan.pipeline.simulate import Event
 from meshplan.schedule.optimizer_step import optimizer_step_s
-from meshplan.schedule.pipeline_exposure import _run_end
+from meshplan.schedule.pipeline_exposure import stage_run_end
 from meshplan.schedule.comm_times import CommTimes
 from meshplan.schedule.workload import workload_of
 from meshplan.units import dtype_bytes
@@ -68,12 +68,12 @@ def float8_precompute_s(plan, s: int) -> float:
     return issue_floor(c.cluster.gpu, nbytes / optimizer_bandwidth(c.cluster.gpu))
 
 
-def _later_runs(runs: int) -> str:
+def later_runs_label(runs: int) -> str:
     """``run 2`` or ``runs 2-4``: the schedule runs after the simulated first."""
     return "run 2" if runs == 2 else f"runs 2-{runs}"
 
 
-def _stage_end(plan, s, spec, mine, units, comm: CommTimes, ov, hold: float = 0.0,
+def stage_end(plan, s, spec, mine, units, comm: CommTimes, ov, hold: float = 0.0,
                memo: Optional[dict] = None, run_s: float = 0.0, runs: int = 1,
                hold_transfer_s: float = 0.0) -> tuple[float, list[Event], dict]:
     """End of stage s after its last unit (``mine``: its compute events) and the blocking
@@ -85,13 +85,13 @@ def _stage_end(plan, s, spec, mine, units, comm: CommTimes, ov, hold: float = 0.
     event after the stage's first run (``args``: ``later_runs``, ``run_s``)."""
     last = max(mine, key=lambda e: e.end_s)
     u = units.of_event(last)
-    t = _run_end(mine, units, hold)
+    t = stage_run_end(mine, units, hold)
     post, exposed = [], ({u.tail_stream: u.tail_s} if u.tail_s >= hold and u.tail_s else
                          ({"pp": hold_transfer_s} if hold_transfer_s else {}))
     if runs > 1:  # each later run ends with the same tail
         exposed = {k: x * runs for k, x in exposed.items()}
         shift = (runs - 1) * run_s
-        post.append(Event(s, "compute", f"schedule {_later_runs(runs)} ({runs - 1} x {run_s * 1e3:.3f} "
+        post.append(Event(s, "compute", f"schedule {later_runs_label(runs)} ({runs - 1} x {run_s * 1e3:.3f} "
                           f"ms, each as run 1)", t, t + shift, {"later_runs": runs - 1, "run_s": run_s}))
         t += shift
     steps = [("grad reduce (per step)", 0.0 if ov.grad_reduce else comm.step_reduce_s, "dp")]

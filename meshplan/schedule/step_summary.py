@@ -16,7 +16,7 @@ import numpy as np
 
 from meshplan.pipeline.fast import ArrayResult
 from meshplan.pipeline.simulate import Event, write_trace
-from meshplan.schedule.pipeline_exposure import _unit_exposure, last_tail_s, pipeline_without, stage_bubble
+from meshplan.schedule.pipeline_exposure import unit_exposure, last_tail_s, pipeline_without, stage_bubble
 from meshplan.schedule.unit_times import UnitTimes
 from meshplan.spec.wording import fold_streams, schedule_words
 from meshplan.units import counted
@@ -116,7 +116,7 @@ class StepTime:
         crit = sum(v for k, v in self.exposed_s.items() if k != "pp")
         if s == self.critical_stage or totals[s] <= crit * (1 + 1e-9):
             return None
-        return s, {k: self.runs * x for k, x in _unit_exposure(res, s, self.units, keys, idx, {}).items()}
+        return s, {k: self.runs * x for k, x in unit_exposure(res, s, self.units, keys, idx, {}).items()}
 
     def parts_s(self) -> dict[str, float]:
         """The step on the critical stage s split into parts that add up to :attr:`step_s`,

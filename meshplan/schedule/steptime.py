@@ -44,11 +44,11 @@ from meshplan.pipeline.registry import check_framework
 from meshplan.pipeline.simulate import PipelineSpec
 from meshplan.plan import Infeasible, Plan, run_reasons, runtime_warnings, table_key, table_stage
 from meshplan.schedule.overlap_policy import blocking_p2p, config_overlap
-from meshplan.schedule.pipeline_exposure import _ends_of, _last_hold, _unit_exposure, call_loads, pp_hold_split, run_shift
+from meshplan.schedule.pipeline_exposure import ends_of, last_hold, unit_exposure, call_loads, pp_hold_split, run_shift
 from meshplan.schedule.comm_times import CommTimes, nccl_sm_share
 from meshplan.schedule.rank_timeline import backward_unit, forward_unit
 from meshplan.schedule.unit_sim import ChunkCosts, Overlap
-from meshplan.schedule.step_end import _later_runs, _stage_end
+from meshplan.schedule.step_end import later_runs_label, stage_end
 from meshplan.schedule.step_summary import StepTime
 from meshplan.schedule.unit_times import UnitTimes
 from meshplan.schedule.workload import chunk_costs, workload_of
@@ -97,9 +97,9 @@ def step_time(plan: Plan, overlap: Overlap = Overlap(), *, dropout: bool = False
     memo: dict = {}
     run_s = run_shift(res, units) if runs > 1 else 0.0
     loads = call_loads(res) if res.hold is not None else None
-    for s, mine in enumerate(_ends_of(res)):
+    for s, mine in enumerate(ends_of(res)):
         last_xfer = float(pp_hold_split(res, s, loads).transfer_s[-1]) if loads is not None else 0.0
-        end, ev, ex = _stage_end(plan, s, spec, mine, units, comms[s], overlap, _last_hold(res, s), memo, run_s, runs,
+        end, ev, ex = stage_end(plan, s, spec, mine, units, comms[s], overlap, last_hold(res, s), memo, run_s, runs,
                                  last_xfer)
         ends.append(end)
         post += ev
@@ -107,7 +107,7 @@ def step_time(plan: Plan, overlap: Overlap = Overlap(), *, dropout: bool = False
     crit = max(range(p), key=lambda s: ends[s])
     if not indexed:
         indexed[:] = list(units.index(res.flat))
-    for k, x in _unit_exposure(res, crit, units, indexed[0], indexed[1], {}).items():
+    for k, x in unit_exposure(res, crit, units, indexed[0], indexed[1], {}).items():
         exposed[crit][k] = exposed[crit].get(k, 0.0) + runs * x  # every run exposes what the first does
     hw, gap = _executed_flops(chunks, m, plan.world, p)
     t = cfg.training
@@ -159,7 +159,7 @@ def _step_notes(plan: Plan, comms: list[CommTimes], schedule: Optional[str], run
     if runs > 1:
         notes += (f"{runs} pipeline schedule runs of {counted(mr, 'micro-batch')} per step (training.pp_schedule_runs: "
                   f"torchtitan's gradient accumulation under pp): each fills and drains the pipeline, gathers "
-                  f"and reduce-scatters the FSDP units; the timeline shows run 1, {_later_runs(runs)} follow"
+                  f"and reduce-scatters the FSDP units; the timeline shows run 1, {later_runs_label(runs)} follow"
                   f"{'s' if runs == 2 else ''} it {run_s * 1e3:.3f} ms apart",)
     host = [sum(v * (c.layers if g == "layer" else 1) for (g, _), v in c.host.items()) for c in comms]
     if any(host):

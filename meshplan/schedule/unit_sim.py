@@ -1,4 +1,4 @@
-"""The event simulation under every unit timeline: :class:`_Sim` runs compute and collectives
+"""The event simulation under every unit timeline: :class:`StreamSim` runs compute and collectives
 on their streams in issue order, each task after its dependencies, compute slowed by the SMs the
 running collectives hold (:data:`MAX_SM_SHARE`), and counts the time the compute stream waits on
 each stream (exposed); :class:`UnitSim` is its result; :class:`Overlap` which communication may
@@ -57,7 +57,7 @@ class UnitSim:
     tail_stream: str = ""
 
 
-class _Sim:
+class StreamSim:
     """Streams run tasks in issue order; a task starts when its stream is free and its
     dependencies (``after``) are done. A compute task may ``overlap`` communication: it
     starts no earlier than the first of them starts and ends no earlier than all end."""

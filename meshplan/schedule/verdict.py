@@ -25,7 +25,7 @@ from dataclasses import replace
 from typing import Callable, Optional
 
 from meshplan.plan import Infeasible, Plan, build_plan
-from meshplan.schedule.comm_times import comm_kind, _shard_group
+from meshplan.schedule.comm_times import comm_kind, shard_group
 from meshplan.schedule.waits import BubbleWait, bubble_wait_line, stage_list
 from meshplan.units import GB, GiB, counted
 
@@ -37,7 +37,7 @@ def stream_of(row) -> str:
     """The simulated stream (:mod:`meshplan.schedule.rank_timeline`) a collective row runs on."""
     kind = comm_kind(row)
     if kind == "shard":
-        return "efsdp" if _shard_group(row.cadence) == "expert" else "fsdp"
+        return "efsdp" if shard_group(row.cadence) == "expert" else "fsdp"
     return {"replica": "dp_replicate", "tp_async": "tp", "loss": "tp", "step": "dp"}.get(kind, kind)
 
 

@@ -15,7 +15,8 @@ from meshplan.mesh.layers import balanced_split, ends_short_split
 from meshplan.search.columns import FSDP_SHARDINGS, RECOMPUTE, SHARDING, Candidates, axis_shown, candidate_schedule
 from meshplan.spec.axes.registry import search_axes
 from meshplan.spec.mesh import MeshSpec
-from meshplan.spec.training import TrainingSpec, deepspeed_grad_dtype
+from meshplan.spec.training import TrainingSpec
+from meshplan.spec.training_fields import deepspeed_grad_dtype
 
 def stage_split(layers: int, pp: int, vpp: int, short: bool = False):
     """``pp_layer_split`` of a candidate: :func:`ends_short_split` when ``short`` (per stage,

@@ -1,8 +1,8 @@
 """How many passes of a stage gather their FSDP units, per candidate: the layers' and the
 root's (:func:`gathering_passes`, from the schedule's order and
 :func:`~meshplan.comm.fsdp_rows.fsdp_gather_flags`, :func:`_gathers`), the routed experts'
-(:func:`_expert_gathers`), the head's own unit apart or gathered again (:func:`_head_unit_apart`,
-:func:`_head_regathers`), and the passes of the end chunks (:func:`end_chunk_passes`).
+(:func:`expert_gathers`), the head's own unit apart or gathered again (:func:`head_unit_apart`,
+:func:`head_regathers`), and the passes of the end chunks (:func:`end_chunk_passes`).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from meshplan.search.memory import Stages
 from meshplan.search.space import FSDP_SHARDINGS, Candidates, accumulates, candidate_schedule
 
 
-def _head_unit_apart(cfg: Config, c: Candidates) -> np.ndarray:
+def head_unit_apart(cfg: Config, c: Candidates) -> np.ndarray:
     """(candidates, 1) 1 where the stage holding the output layer has [norm, output] as an FSDP
     unit of its own (:func:`meshplan.comm.fsdp_rows.fsdp_units`: torchtitan's units, but a tied
     model at pp 1, one unit of both ends; a V's two chunk roots), else 0."""
@@ -28,21 +28,21 @@ def _head_unit_apart(cfg: Config, c: Candidates) -> np.ndarray:
     return (np.bool_(titan) & apart | (c.vpp > 1))[:, None].astype(np.float64)
 
 
-def _head_regathers(cfg: Config, c: Candidates) -> np.ndarray:
+def head_regathers(cfg: Config, c: Candidates) -> np.ndarray:
     """(candidates, 1) 1 where every backward all-gathers the [norm, output] unit again before
     the head's backward (``training.reshard_head_after_forward``, which the search keeps on
     FSDP candidates with ``reshard_after_forward``, :func:`~meshplan.search.space.candidate_config`):
-    a unit of its own (:func:`_head_unit_apart`) over more than one rank, pp 1 and vpp 1 under
+    a unit of its own (:func:`head_unit_apart`) over more than one rank, pp 1 and vpp 1 under
     ``grad_accumulation = "sync"`` (each micro-batch's backward; with pp > 1 or accumulation only
     the gathering passes do, not counted here: the bound stays below the step), else 0."""
     if not cfg.training.reshard_head_after_forward:
         return np.zeros((len(c), 1))
     on = np.isin(c.sh, FSDP_SHARDINGS) & (c.rf > 0) & (c.fsdp > 1) & (c.pp == 1) & (c.vpp == 1) \
         & ~accumulates(cfg, c.pp, c.sh)
-    return on[:, None] * _head_unit_apart(cfg, c)
+    return on[:, None] * head_unit_apart(cfg, c)
 
 
-def _expert_gathers(st: Stages, c: Candidates) -> np.ndarray:
+def expert_gathers(st: Stages, c: Candidates) -> np.ndarray:
     """MoE layers per chunk (the fewest of the stage's chunks) whose forward waits for an
     efsdp all-gather of the experts, (candidates, pp): none where the stage's collective table
     (:func:`meshplan.plan.table_stage`: its own for the first and last stage, stage 1's for

@@ -13,10 +13,10 @@ import numpy as np
 from meshplan.config import Config
 from meshplan.schedule.layer_timeline import LAYER_BLOCKS
 from meshplan.search.comm_bounds import comm_times, fsdp_copies
-from meshplan.search.gather_passes import _expert_gathers, _head_regathers, _head_unit_apart, gathering_passes
+from meshplan.search.gather_passes import expert_gathers, head_regathers, head_unit_apart, gathering_passes
 from meshplan.search.memory import Stages, lookup, split
 from meshplan.search.space import RECOMPUTE, Candidates, accumulates
-from meshplan.search.step_end_bound import _stage_end
+from meshplan.search.step_end_bound import stage_end_bound
 from meshplan.search.time_tables import EXTRA_FIELDS, OP_FIELDS, TimeTables
 from meshplan.spec.axes.base import Dim
 
@@ -135,7 +135,7 @@ def unit_bounds(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: dict)
     # a MoE layer's forward that finds its experts sharded waits for their efsdp all-gather,
     # issued when the layer starts (after the previous compute): serial with the chain; with
     # pp 1 every forward gathers, with pp > 1 the gathering passes (``f_extra``)
-    e_ag = col(cm["efsdp_ag"]) * _expert_gathers(st, c) if m.is_moe else np.zeros_like(st.n, dtype=np.float64)
+    e_ag = col(cm["efsdp_ag"]) * expert_gathers(st, c) if m.is_moe else np.zeros_like(st.n, dtype=np.float64)
     # FSDP2's copies on the compute stream (fsdp_copies): a gathering pass's copy-out before each
     # layer's compute, a reducing pass's copy-in after it; every pass with pp 1 under sync (the
     # backward's copy-out only when it gathers again: reshard_after_forward), else the gathering
@@ -144,8 +144,8 @@ def unit_bounds(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: dict)
     co, ci = col(np.where(lazy, 0.0, cp["out"])), col(np.where(lazy, 0.0, cp["in"]))
     co_p, ci_p = col(np.where(lazy, cp["out"], 0.0)), col(np.where(lazy, cp["in"], 0.0))
     # the routed experts' own unit (efsdp > 1): its copy-in after each MoE layer's backward that
-    # reduces (grad_reduce._reduce, _perform_reduce_grad), in the chunk with the fewest of them
-    moe_n = _expert_gathers(st, c) if m.is_moe else 0
+    # reduces (grad_reduce.unit_reduce, _perform_reduce_grad), in the chunk with the fewest of them
+    moe_n = expert_gathers(st, c) if m.is_moe else 0
     e_ci, e_ci_p = moe_n * col(np.where(lazy, 0.0, cp["e_in"])), moe_n * col(np.where(lazy, cp["e_in"], 0.0))
     cf_c, cb_c = cf + co, cb + co * keep + ci
     head_b0 = st.last * (col(od["head_b"]) + post)
@@ -153,19 +153,19 @@ def unit_bounds(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: dict)
     # starts with the [norm, output] unit's all-gather, exposed, then its copy-out before the
     # head's backward; the last layer's prefetched gather queues behind it on the FSDP stream
     # (rank_timeline.backward_unit; test_reshard_policy's backward by hand)
-    again = _head_regathers(cfg, c)
+    again = head_regathers(cfg, c)
     h_co = st.last * col(cp["head_out"]) * again
     head_b = head_b0 + st.last * col(cm["head_ag"]) * again + h_co
     # torchtitan's [norm, output] unit (every pp): its pre-backward prefetches the last layer's
     # all-gather before the head's backward runs (rank_timeline.backward_unit), so a gathering
     # backward pass of the head's chunk exposes its first gather less the head's backward
     # (``b_extra_head``: the head chunk's gathering backwards only, step_lower_bound)
-    hb = (head_b0 + h_co) * _head_unit_apart(cfg, c)  # the head's copy-out too: the last layer's gather starts after it
+    hb = (head_b0 + h_co) * head_unit_apart(cfg, c)  # the head's copy-out too: the last layer's gather starts after it
     hb1 = hb * col((c.pp == 1) & (c.vpp == 1))  # pp 1: every backward of the head's chunk gathers (sync)
     # there the head's reduce-scatter, issued after its backward, runs on the FSDP stream between
     # the last layer's prefetched all-gather and the next layer's (every micro-batch under sync)
 
-    # pp > 1 (torch's PipelineStage, grad_reduce._perform_reduce_grad): a chunk's last gradient
+    # pp > 1 (torch's PipelineStage, grad_reduce.perform_reduce_grad): a chunk's last gradient
     # unit, unless it ends the stage's order, holds the compute stream until its layers' FSDP
     # reductions are done: per layer a copy-in (compute stream), then its reduce-scatter (fsdp
     # stream), then its HSDP all-reduce (dp_replicate stream), each stream serial and the first
@@ -216,7 +216,7 @@ def unit_bounds(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: dict)
            "head_b": head_b, "p2p": col(cm["p2p"])}
     one = col(c.vpp) == 1
     b0 = out["b_core0"] + out["emb_b"] + one * out["head_b"]
-    out["end"], red = _stage_end(cfg, tt, c, st, s, cm)
+    out["end"], red = stage_end_bound(cfg, tt, c, st, s, cm)
     # the last unit issues its chunk's pieces of the per-step reduction: 1/vpp of it
     # the last unit reduces its chunk's FSDP gradients (every unit with pp 1, the chunk's last
     # gradient unit with pp > 1): its first layer's reduce-scatter (and HSDP all-reduce after it)

@@ -145,7 +145,7 @@ def pipeline_bound(u: dict, vpp: int, m: int, reshard: bool | None = None) -> np
     if "b_red" in u:
         # each chunk's last gradient unit (micro-batch m-1's backward) that does not end its stage's
         # order holds the compute stream for its FSDP2 copy-ins and its reductions
-        # (grad_reduce._perform_reduce_grad): ``b_wait`` (at least ``b_red``), at the chunk's
+        # (grad_reduce.perform_reduce_grad): ``b_wait`` (at least ``b_red``), at the chunk's
         # length. The unit that ends the stage's order copies in and reduces after its end (its
         # send has left): nothing added to it, or its send would reach the next stage too late
         waits = (dag.backward == 1) & (dag.mb == m - 1) & (dag.chunk != dag.chunk[dag.last][dag.stage])

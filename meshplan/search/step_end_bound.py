@@ -1,6 +1,6 @@
 """Each stage's step-end ops for the bound, per candidate: the optimizer step at HBM bandwidth,
 ZeRO-1/2's exposed parameter all-gather and ZeRO-1's gradient reduce-scatter
-(:func:`_stage_end`, the vectorised counterpart of :func:`meshplan.schedule.step_end._stage_end`,
+(:func:`stage_end_bound`, the vectorised counterpart of :func:`meshplan.schedule.step_end.stage_end`,
 through the same :func:`~meshplan.schedule.optimizer_step.optimizer_step_s`).
 """
 
@@ -17,9 +17,9 @@ from meshplan.search.time_tables import TimeTables, coll_times
 from meshplan.units import dtype_bytes
 
 
-def _stage_end(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: dict, cm: dict):
+def stage_end_bound(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: dict, cm: dict):
     """(optimizer step + ZeRO-1's exposed parameter all-gather, ZeRO-1's gradient
-    reduce-scatter) per stage, seconds (:func:`meshplan.schedule.step_end._stage_end`)."""
+    reduce-scatter) per stage, seconds (:func:`meshplan.schedule.step_end.stage_end`)."""
     t, gpu = cfg.training, cfg.cluster.gpu
     zeroed = np.isin(c.sh, [i for i, k in enumerate(SHARDING) if k in ZEROED_GRAD_BUFFER])[:, None]
     opt = optimizer_step_s(s["params"], s["grads"], s["master"], s["optimizer"], t, optimizer_bandwidth(gpu), zeroed)

@@ -32,7 +32,7 @@ It keeps only what the simulation (:mod:`meshplan.schedule.rank_timeline`, defau
   runs beside the head's backward: a gathering backward of the head's chunk counts its first
   gather less the head's backward time (the stage's other chunks' backwards do not);
   under ``training.reshard_head_after_forward`` (pp 1, ``sync``) each backward first waits
-  for that unit's own all-gather and copy-out (:func:`~meshplan.search.gather_passes._head_regathers`), the last layer's gather
+  for that unit's own all-gather and copy-out (:func:`~meshplan.search.gather_passes.head_regathers`), the last layer's gather
   queued behind it;
 - FSDP2's **copies on the compute stream** (:func:`~meshplan.search.comm_bounds.fsdp_copies`, :mod:`meshplan.comm.fsdp2`):
   a layer's copy-out after each all-gather its pass waits for (forward; backward with
@@ -120,7 +120,7 @@ def step_lower_bound(cfg: Config, tt: TimeTables, c: Candidates, st: Stages, s: 
     drain = np.cumsum(b0 + p2p, axis=1) - (b0 + p2p)
     own = fill + busy + tail + end
     # the copy-ins of the chunk that ends stage k's order (in ``busy``) run after its last unit has
-    # sent its gradient on (grad_reduce._perform_reduce_grad, ``tail``): not before the drain
+    # sent its gradient on (grad_reduce.perform_reduce_grad, ``tail``): not before the drain
     via0 = fill + busy - np.maximum(u["b_red"], u["b_red_hi"]) + drain + tail[:, :1] + end[:, :1]
     out = np.maximum(own, via0).max(axis=1)
     # 1F1B: micro-batch 0 forward through every stage and back to stage k, then stage k's

@@ -6,4 +6,5 @@ keys are rejected; :mod:`meshplan.config` turns validation errors into one-line
 :mod:`meshplan.units`.
 """
 
-__all__ = ["axes", "cluster", "hf", "memory", "mesh", "model", "search", "training"]
+__all__ = ["axes", "cluster", "hf", "memory", "mesh", "model", "search", "training", "training_engines",
+           "training_fields", "training_precision"]

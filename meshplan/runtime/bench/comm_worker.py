@@ -53,7 +53,7 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _buffers(op: str, count: int, n: int, idx: int, device) -> tuple:
+def collective_buffers(op: str, count: int, n: int, idx: int, device) -> tuple:
     """(input, output, expected output) of ``op`` over ``n`` ranks for group member ``idx``;
     ``count`` float32 elements in the full buffer (nccl-tests' size / 4). Values are small
     integers, exact in fp32."""
@@ -70,7 +70,10 @@ def _buffers(op: str, count: int, n: int, idx: int, device) -> tuple:
     return src + idx * n, torch.empty(count, **f), torch.arange(n, **f).repeat_interleave(per) * n + idx
 
 
-def _call(op: str, inp, out, group):
+def collective_call(op: str, inp, out, group):
+    """A no-argument callable that issues one ``op`` (all-reduce, all-gather, reduce-scatter,
+    else all-to-all) on ``group`` with the buffers of :func:`collective_buffers` (``inp``,
+    ``out``: float32 tensors of ``count`` and ``count`` or ``count / n`` elements)."""
     if op == "all-reduce":
         return lambda: dist.all_reduce(inp, group=group)
     if op == "all-gather":
@@ -91,8 +94,8 @@ def time_collective(op: str, size_bytes: int, group, idx: int, args, device) -> 
     the group), iterations run, wrong elements."""
     n = dist.get_world_size(group)
     count, size_bytes = chunked(size_bytes, n)
-    inp, out, want = _buffers(op, count, n, idx, device)
-    call = _call(op, inp, out, group)
+    inp, out, want = collective_buffers(op, count, n, idx, device)
+    call = collective_call(op, inp, out, group)
     t0 = time.perf_counter()
     for _ in range(max(args.warmup, 1)):
         call()
@@ -107,7 +110,7 @@ def time_collective(op: str, size_bytes: int, group, idx: int, args, device) -> 
         _sync(device)
         times.append(time.perf_counter() - t0)
     stats = {k: _group_mean(f(times), group, device) for k, f in STATS.items()}
-    inp.copy_(_buffers(op, count, n, idx, device)[0])        # all-reduce summed in place: restore
+    inp.copy_(collective_buffers(op, count, n, idx, device)[0])        # all-reduce summed in place: restore
     call()
     _sync(device)
     got = inp if op == "all-reduce" else out

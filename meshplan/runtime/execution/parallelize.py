@@ -114,7 +114,7 @@ def check_groups(device_mesh: DeviceMesh, mesh: Mesh) -> list[str]:
     return out
 
 
-def _unsupported(mesh: Mesh, training: TrainingSpec, pipeline: bool = False, moe: bool = False) -> Optional[str]:
+def unsupported_mesh(mesh: Mesh, training: TrainingSpec, pipeline: bool = False, moe: bool = False) -> Optional[str]:
     """Why the runtime cannot build ``mesh``; ``pipeline``: pp > 1 is built elsewhere
     (:mod:`meshplan.runtime.execution.pipelined`, which checks its own limits); ``moe``: the model
     has MoE layers."""
@@ -362,7 +362,7 @@ def _apply_fsdp(run: _Apply) -> None:
 #: ep, then FSDP2/HSDP over the data axes). Applied elsewhere: pp (pipeline stages,
 #: :mod:`meshplan.runtime.execution.pipelined`), dp with ``sharding = "none"`` (:func:`apply_ddp`,
 #: by the worker on the materialized model), dp_replicate (HSDP's replica dimension, in the
-#: dp_shard apply); etp > 1 is refused (:func:`_unsupported`).
+#: dp_shard apply); etp > 1 is refused (:func:`unsupported_mesh`).
 APPLY: dict[Axis, Callable[[_Apply], None]] = {Axis.CP: _apply_cp, Axis.TP: _apply_tp, Axis.EP: _apply_ep,
                                                Axis.DP_SHARD: _apply_fsdp}
 
@@ -381,7 +381,7 @@ def parallelize(model: nn.Module, device_mesh: DeviceMesh, mesh: Mesh, training:
     :func:`apply_ddp`. Raises ConfigError for what this function does not build (pp, etp,
     cp with MoE layers, ZeRO-1/2, DDP with tp, cp or MoE layers).
     """
-    why = _unsupported(mesh, training, moe=model.spec.is_moe)
+    why = unsupported_mesh(mesh, training, moe=model.spec.is_moe)
     if why:
         raise ConfigError("mesh", why)
     run = _Apply(model, device_mesh, mesh, training, loss_parallel, mixed_precision)

@@ -99,7 +99,7 @@ def run_probe(rank: int, spec: list[dict], budget_s: float = 0.2, handles: Optio
     import torch
     import torch.distributed as dist
 
-    from meshplan.runtime.bench.comm_worker import _buffers, _call
+    from meshplan.runtime.bench.comm_worker import collective_buffers, collective_call
 
     device = torch.device("cpu")
     handles = {} if handles is None else handles  # torch ProcessGroup per axis
@@ -113,8 +113,8 @@ def run_probe(rank: int, spec: list[dict], budget_s: float = 0.2, handles: Optio
         mine, group = handles[e["axis"]], next(g for g in groups if rank in g)
         n = len(group)
         count, size = chunked(e["size_bytes"], n)
-        inp, out, _ = _buffers(e["op"], count, n, group.index(rank), device)
-        call = _call(e["op"], inp, out, mine)
+        inp, out, _ = collective_buffers(e["op"], count, n, group.index(rank), device)
+        call = collective_call(e["op"], inp, out, mine)
         for _ in range(2):
             call()
         dist.barrier(group=mine)

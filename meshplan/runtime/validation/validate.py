@@ -308,9 +308,9 @@ def _spec(config: Config) -> MeshSpec:
 
 def not_runnable(cfg: Config, mesh) -> Optional[str]:
     """Why the runtime cannot build the scaled ``cfg``'s resolved ``mesh`` (None when it can):
-    :func:`meshplan.runtime.execution.parallelize._unsupported`, and for pp > 1
+    :func:`meshplan.runtime.execution.parallelize.unsupported_mesh`, and for pp > 1
     :func:`meshplan.runtime.execution.pipelined.unsupported`."""
-    from meshplan.runtime.execution.parallelize import _unsupported
+    from meshplan.runtime.execution.parallelize import unsupported_mesh
 
     if cfg.training.framework != "torch":
         return (f"training.framework is '{cfg.training.framework}': validate runs torch.distributed, which "
@@ -321,7 +321,7 @@ def not_runnable(cfg: Config, mesh) -> Optional[str]:
     if cfg.training.zero12_engine != "megatron":
         return (f"training.zero12_engine is '{cfg.training.zero12_engine}': validate runs torch.distributed, not "
                 "DeepSpeed's ZeRO-1/2 engine; remove the key to validate this mesh")
-    why = _unsupported(mesh, cfg.training, pipeline=True, moe=cfg.model.is_moe)
+    why = unsupported_mesh(mesh, cfg.training, pipeline=True, moe=cfg.model.is_moe)
     if not why and mesh.degree("pp") > 1:
         from meshplan.runtime.execution.pipelined import unsupported
 

@@ -1,0 +1,271 @@
+"""Which runtime runs what under a training: the engine a sharding runs on (FSDP2, DeepSpeed's
+ZeRO-1/2 and ZeRO-3, Megatron-LM's distributed optimizer), the DeepSpeed defaults in effect,
+the engine a search's candidates run under, recompute and routing as the runtime resolves them,
+and which plan knobs act (:data:`PLAN_KNOBS`). :class:`TrainingEngines` adds them to the fields
+(:class:`meshplan.spec.training_fields.TrainingFields`) as properties; every caller reaches them
+through :class:`meshplan.spec.training.TrainingSpec`.
+"""
+
+from __future__ import annotations
+
+from meshplan.spec.training_fields import DEEPSPEED_ZERO3, TrainingFields
+from meshplan.spec.wording import recompute_words, runtime
+
+
+# The [training] fields that are design choices of the plan (how the step runs), which
+# ``meshplan compare`` weighs as it weighs the mesh; every other field is the workload (what
+# the step computes: batch, sequence, the model's dtypes and reductions, optimizer, clipping,
+# MoE routing, the HBM kept free) and must be equal on both sides. ``vocab_pad_divisor`` is
+# the framework's layout of the same vocabulary (the loss is over V either way; unset it
+# follows ``framework``), so a knob with it.
+# ``fp8_all_gather`` (torchtitan's float8 all-gather of the float8 Linear weights) is a knob: it
+# changes the bytes FSDP gathers, not what the GEMMs compute; ``linear_dtype``, ``fp8_recipe``
+# and ``fp8_output_layer`` (which GEMMs run in float8, how scaled) are the workload's numerics.
+# ``param_dtype`` is how the runtime stores the weights that its optimizer updates (unset it
+# follows the framework and engine, ``TrainingSpec._runtime_param_dtype``: torchtitan's fp32,
+# Megatron-LM's bf16 with fp32 main copies), so a knob with them.
+PLAN_KNOBS = ("micro_batch", "sharding", "reshard_after_forward", "reshard_head_after_forward", "recompute", "ac_freq", "flash_attention",
+              "tp_comm_overlap", "framework", "zero3_engine", "contiguous_gradients", "zero12_engine", "overlap_comm",
+              "overlap_grad_reduce", "overlap_param_gather", "megatron_fsdp", "grad_accumulation", "fp8_all_gather", "torch_compile", "torch_compile_loss", "torch_norm", "optimizer_impl", "pp_schedule_runs", "vocab_pad_divisor",
+              "param_dtype")
+
+
+class TrainingEngines(TrainingFields):
+    """The engine rules of a training (module docstring), as properties of its fields."""
+
+    def layer_recomputed(self, position: int) -> bool:
+        """Whether the layer at ``position`` (0-based, among the rank's stage layers) is
+        checkpointed in full: every layer under ``full``, every ``ac_freq``-th under ``layer``.
+
+        >>> from meshplan.spec.training import TrainingSpec
+        >>> t = TrainingSpec(global_batch=8, seq_len=16, recompute="layer", ac_freq=3)
+        >>> [t.layer_recomputed(i) for i in range(6)]
+        [False, False, True, False, False, True]
+        """
+        if self.recompute == "layer":
+            return (position + 1) % self.ac_freq == 0
+        return self.recompute == "full"
+
+    @property
+    def torchtitan_units(self) -> bool:
+        """Whether the model's ends are FSDP2 units as torchtitan wraps them (framework torch,
+        FSDP2 sharding): the embedding one unit, resharded after forward as the layers are,
+        ``[norm, output]`` another, not resharded after forward unless
+        ``reshard_head_after_forward`` (torchtitan
+        ``torchtitan/distributed/fsdp.py`` ``apply_fsdp_to_decoder`` at b5bcd76, 2026-08-21;
+        these units since #1094, 83e6941), at every pp on the stages holding them (torchtitan
+        applies it to each pipeline model part); tied embeddings: one unit of the three, resharded
+        only with ``reshard_head_after_forward`` (under pp the first stage's embedding alone,
+        likewise). DeepSpeed's ZeRO-3 (``zero3_engine = "deepspeed"``) has the same ends: it fetches
+        each module's parameters at its own forward (``fetch_sub_module``), the embedding alone,
+        released after it and fetched again in backward once the parameters used in between pass
+        ``stage3_max_reuse_distance`` (1e9 elements; a model of more than 1e9 parameters), the
+        output layer kept for its backward, which follows at once. Megatron and
+        DeepSpeed-2021 keep one root unit of both ends.
+
+        >>> from meshplan.spec.training import TrainingSpec
+        >>> TrainingSpec(global_batch=8, seq_len=16, sharding="zero3").torchtitan_units
+        True
+        >>> TrainingSpec(global_batch=8, seq_len=16, sharding="zero3", zero3_engine="deepspeed-2021").torchtitan_units
+        False
+        """
+        return self.framework == "torch" and self.sharding in ("zero3", "hsdp") and self.zero3_engine != "deepspeed-2021"
+
+    @property
+    def searched_zero3_engine(self) -> str:
+        """The engine a search's zero3 candidates run under (:func:`meshplan.search.candidate.candidate_config`):
+        ``zero3_engine``, except that DeepSpeed's ZeRO-1/2 (``zero12_engine = "deepspeed"``, a DeepSpeed
+        stage 1 or 2 config) and its engine without ZeRO (``zero0_engine = "deepspeed"``, stage 0) plan
+        them with DeepSpeed's ZeRO-3, ``deepspeed``: the same runtime at
+        another stage, not FSDP2.
+
+        >>> from meshplan.spec.training import TrainingSpec
+        >>> TrainingSpec(global_batch=8, seq_len=16, sharding="zero2", zero12_engine="deepspeed").searched_zero3_engine
+        'deepspeed'
+        >>> TrainingSpec(global_batch=8, seq_len=16).searched_zero3_engine
+        'fsdp2'
+        >>> TrainingSpec(global_batch=8, seq_len=16, sharding="none", zero0_engine="deepspeed").searched_zero3_engine
+        'deepspeed'
+        """
+        deepspeed = self.zero12_engine == "deepspeed" or self.zero0_engine == "deepspeed"
+        return "deepspeed" if self.zero3_engine == "fsdp2" and deepspeed else self.zero3_engine
+
+    @property
+    def searched_zero12_engine(self) -> str:
+        """The engine a search's zero1 and zero2 candidates run under
+        (:func:`meshplan.search.candidate.candidate_config`): ``zero12_engine``, except that DeepSpeed's
+        ZeRO-3 (``zero3_engine = "deepspeed"``, a DeepSpeed stage 3 config) and its engine without
+        ZeRO (``zero0_engine = "deepspeed"``, stage 0) plan them with
+        DeepSpeed's ZeRO-1/2, ``deepspeed``: the same runtime at another ``zero_optimization.stage``,
+        as :attr:`searched_zero3_engine` does the other way (ZeRO-3 of 2021 keeps ``megatron``:
+        its DeepSpeed, v0.3.13-v0.5.4, predates the ZeRO-1/2 engine meshplan models, v0.12.4).
+
+        >>> from meshplan.spec.training import TrainingSpec
+        >>> TrainingSpec(global_batch=8, seq_len=16, zero3_engine="deepspeed").searched_zero12_engine
+        'deepspeed'
+        >>> TrainingSpec(global_batch=8, seq_len=16, zero3_engine="deepspeed-2021").searched_zero12_engine
+        'megatron'
+        >>> TrainingSpec(global_batch=8, seq_len=16, sharding="none", zero0_engine="deepspeed").searched_zero12_engine
+        'deepspeed'
+        """
+        return "deepspeed" if self.zero3_engine == "deepspeed" or self.zero0_engine == "deepspeed" else self.zero12_engine
+
+    def knob_acts(self, knob: str) -> tuple[bool, object]:
+        """(whether plan knob ``knob``, a :data:`PLAN_KNOBS` field, applies to this training's
+        sharding and engine, its value as it acts): ``zero3_engine`` at sharding zero3 only,
+        ``zero12_engine`` at zero1 and zero2 only, ``overlap_comm`` under a DeepSpeed engine that
+        reads it (:attr:`overlaps_comm`), ``contiguous_gradients`` under DeepSpeed's ZeRO-3
+        (:attr:`contiguous_grads`); every other knob applies, as given. ``meshplan compare`` lists
+        a knob only where it applies to both sides, by the value it acts with
+        (:func:`meshplan.config.config_differences`).
+
+        >>> from meshplan.spec.training import TrainingSpec
+        >>> z2 = TrainingSpec(global_batch=8, seq_len=16, sharding="zero2", zero12_engine="deepspeed")
+        >>> z2.knob_acts("zero3_engine"), z2.knob_acts("overlap_comm"), z2.knob_acts("contiguous_gradients")
+        ((False, 'fsdp2'), (True, False), (True, True))
+        """
+        value = getattr(self, knob)
+        deepspeed3 = self.sharding == "zero3" and self.zero3_engine in DEEPSPEED_ZERO3
+        if knob == "zero3_engine":
+            return self.sharding == "zero3", value
+        if knob == "zero12_engine":
+            return self.sharding in ("zero1", "zero2"), value
+        if knob == "overlap_comm":
+            return self.zero12_engine == "deepspeed" or self.zero3_engine == "deepspeed", self.overlaps_comm
+        if knob == "contiguous_gradients":
+            acts = deepspeed3 or self.deepspeed_zero12
+            return acts, self.contiguous_grads if acts else value
+        return True, value
+
+    @property
+    def overlaps_comm(self) -> bool:
+        """DeepSpeed's ``zero_optimization.overlap_comm`` in effect: ``overlap_comm`` when given,
+        else DeepSpeed's default, true at stage 3 and false at stages 1 and 2
+        (deepspeedai/DeepSpeed edaa722 ``runtime/zero/config.py:138`` ``overlap_comm: Optional[bool]
+        = None`` and ``overlap_comm_valid``, 382-386: ``self.overlap_comm = self.stage ==
+        ZeroStageEnum.weights``): true under ``zero3_engine = "deepspeed"``, false otherwise.
+
+        >>> from meshplan.spec.training import TrainingSpec
+        >>> [TrainingSpec(global_batch=8, seq_len=16, **kw).overlaps_comm for kw in (
+        ...  {"zero3_engine": "deepspeed"}, {"zero3_engine": "deepspeed", "overlap_comm": False},
+        ...  {"sharding": "zero2", "zero12_engine": "deepspeed"}, {})]
+        [True, False, False, False]
+        """
+        if self.overlap_comm is not None:
+            return self.overlap_comm
+        return self.sharding == "zero3" and self.zero3_engine == "deepspeed"
+
+    @property
+    def moe_routing(self) -> tuple[float, bool]:
+        """The MoE routing as it resolves, (capacity factor, dropless): a capacity factor given
+        means dropping with it; ``moe_dropless`` given is that choice (false: factor 1); neither
+        given is the engine's own default, dropless under either framework: torchtitan's
+        ``TokenChoiceTopKRouter`` and ``GroupedExperts`` run every routed copy (pytorch/torchtitan
+        b5bcd76 ``torchtitan/models/common/moe.py``), and Megatron-LM's
+        ``moe_expert_capacity_factor: Optional[float] = None`` ("None means no token will be
+        dropped", NVIDIA/Megatron-LM d98e8a6 ``megatron/core/transformer/transformer_config.py``
+        line 917; ``megatron/training/arguments.py`` line 2373 builds ``--moe-expert-capacity-factor``
+        from that field with ``ArgumentGroupFactory(TransformerConfig)``). The one rule;
+        :meth:`meshplan.compute.routing.RoutingOptions.of` and the exporters read it.
+
+        >>> from meshplan.spec.training import TrainingSpec
+        >>> t = lambda **kw: TrainingSpec(global_batch=8, seq_len=16, **kw).moe_routing
+        >>> t(), t(framework="megatron"), t(moe_capacity_factor=1.25), t(moe_dropless=False)
+        ((1.0, True), (1.0, True), (1.25, False), (1.0, False))
+        """
+        f, d = self.moe_capacity_factor, self.moe_dropless
+        dropless = d if d is not None else f is None
+        return (1.0 if f is None else f), bool(dropless)
+
+    @property
+    def contiguous_grads(self) -> bool:
+        """DeepSpeed's ``zero_optimization.contiguous_gradients`` in effect:
+        ``contiguous_gradients`` when given, else the default of the engine's DeepSpeed: false
+        under ``zero3_engine = "deepspeed-2021"`` (v0.3.12-v0.4.2), true under ``deepspeed`` and
+        under DeepSpeed's ZeRO-1/2 (``zero12_engine = "deepspeed"``; edaa722
+        ``runtime/zero/config.py:102``, ``contiguous_gradients: bool = True``, one field for every stage).
+
+        >>> from meshplan.spec.training import TrainingSpec
+        >>> [TrainingSpec(global_batch=8, seq_len=16, zero3_engine=e).contiguous_grads for e in ("deepspeed", "deepspeed-2021")]
+        [True, False]
+        >>> TrainingSpec(global_batch=8, seq_len=16, sharding="zero2", zero12_engine="deepspeed").contiguous_grads
+        True
+        """
+        if self.contiguous_gradients is not None:
+            return self.contiguous_gradients
+        return self.zero3_engine == "deepspeed" or self.deepspeed_zero12
+
+    @property
+    def deepspeed_zero12(self) -> bool:
+        """Whether DeepSpeed's ZeRO-1/2 engine runs this training: sharding zero1 or zero2 under
+        ``zero12_engine = "deepspeed"``."""
+        return self.sharding in ("zero1", "zero2") and self.zero12_engine == "deepspeed"
+
+    @property
+    def has_op_recompute(self) -> bool:
+        """Whether the training's framework has torchtitan's op-level selective AC
+        (``recompute = "op"``): torch with FSDP2, not Megatron-LM nor either DeepSpeed engine
+        (ZeRO-3 of 2021, or ZeRO-1/2 under ``zero12_engine = "deepspeed"``: DeepSpeed's config has
+        no key for it, so an export to it could not say it); what ``meshplan search`` tries.
+
+        >>> from meshplan.spec.training import TrainingSpec
+        >>> TrainingSpec(global_batch=8, seq_len=16).has_op_recompute
+        True
+        >>> [TrainingSpec(global_batch=8, seq_len=16, **kw).has_op_recompute for kw in (
+        ...  {"framework": "megatron"}, {"sharding": "zero1", "zero12_engine": "deepspeed"})]
+        [False, False]
+        """
+        return not self.op_recompute_blocker
+
+    @property
+    def op_recompute_blocker(self) -> str:
+        """The field whose runtime has no op-level selective AC (:attr:`has_op_recompute`):
+        ``framework`` (Megatron-LM), ``zero12_engine`` (DeepSpeed's ZeRO-1/2), ``zero0_engine``
+        (DeepSpeed without ZeRO), ``zero3_engine`` (DeepSpeed's ZeRO-3); empty where the runtime has it.
+
+        >>> from meshplan.spec.training import TrainingSpec
+        >>> TrainingSpec(global_batch=8, seq_len=16, sharding="zero2", zero12_engine="deepspeed").op_recompute_blocker
+        'zero12_engine'
+        """
+        if self.framework != "torch":
+            return "framework"
+        if self.zero12_engine != "megatron":
+            return "zero12_engine"
+        if self.zero0_engine != "ddp":
+            return "zero0_engine"
+        return "zero3_engine" if self.zero3_engine != "fsdp2" else ""
+
+    @property
+    def has_zero1_engine(self) -> bool:
+        """Whether a runtime runs sharding ``zero1`` (optimizer state and master weights sharded,
+        parameters and gradients whole) under this training: not under ``framework = "torch"``
+        without DeepSpeed's engine (``zero12_engine = "deepspeed"``). meshplan's zero1 under the
+        default ``zero12_engine = "megatron"`` is Megatron-LM's distributed optimizer (one
+        reduce-scatter of the gradient buffer, one all-gather of the parameters per step); torch
+        has no such engine: FSDP2's ``fully_shard`` always shards the parameters
+        (``reshard_after_forward=False`` keeps them gathered between forward and backward,
+        ZeRO-2-like, torch 2.13 ``distributed/fsdp/_fully_shard/_fully_shard.py``), torch's
+        ``ZeroRedundancyOptimizer`` runs under DDP (every gradient all-reduced, then the updated
+        shards broadcast: not the collectives meshplan plans for zero1), torchtitan has no key for
+        either and meshplan's own runtime does not build it
+        (:mod:`meshplan.runtime.execution.parallelize`). The search rejects zero1 candidates where
+        it is false (rule ``framework``), plan and step warn.
+
+        >>> from meshplan.spec.training import TrainingSpec
+        >>> [TrainingSpec(global_batch=8, seq_len=16, **kw).has_zero1_engine for kw in
+        ...  ({}, {"framework": "megatron"}, {"sharding": "zero1", "zero12_engine": "deepspeed"})]
+        [False, True, True]
+        """
+        return self.framework != "torch" or self.searched_zero12_engine == "deepspeed"
+
+    @property
+    def recompute_name(self) -> str:
+        """The recompute policy in its runtime's words, the runtime told by this training alone
+        (:func:`meshplan.spec.wording.runtime`; the text of a config read from a DeepSpeed JSON
+        passes its origin there).
+
+        >>> from meshplan.spec.training import TrainingSpec
+        >>> TrainingSpec(global_batch=8, seq_len=16, flash_attention=False).recompute_name
+        'Megatron-LM selective recompute (--recompute-activations: attention core)'
+        """
+        return recompute_words(self, runtime(self))

@@ -1,0 +1,175 @@
+"""The ``[training]`` fields as data, and the defaults that follow the framework and engine.
+
+:class:`TrainingFields` holds the fields, their bounds and the defaults of the fields left
+unset (``vocab_pad_divisor``, ``param_dtype``, ``grad_dtype``: each the runtime's own); what
+each field means is documented on :class:`meshplan.spec.training.TrainingSpec`, the class the
+rest of meshplan uses. :func:`deepspeed_grad_dtype` is the one rule of DeepSpeed's gradient
+dtype (also read by :mod:`meshplan.interop.deepspeed`).
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from meshplan.limits import BOUNDS
+
+
+Dtype = Literal["fp32", "bf16", "fp16", "fp8"]
+
+
+def deepspeed_grad_dtype(stage: int, model: str, accum: Optional[str] = None) -> str:
+    """The dtype DeepSpeed keeps the step's gradients in under ZeRO ``stage`` (1, 2, 3) with the
+    model in ``model`` (``bf16``, ``fp16``, ``fp32``: its ``bf16`` / ``fp16`` sections) and
+    ``data_types.grad_accum_dtype`` ``accum`` (None: unset). The one default of
+    ``training.grad_dtype`` under DeepSpeed's engines, for a meshplan TOML
+    (:meth:`TrainingSpec._deepspeed_grads`) and the DeepSpeed JSON reader alike
+    (:mod:`meshplan.interop.deepspeed`). Read in deepspeedai/DeepSpeed at edaa722:
+
+    - ``runtime/engine.py:1485-1496`` ``get_data_types``: ``grad_accum_dtype`` unset is the model's
+      dtype; ``_do_optimizer_sanity_check`` (1978-2021) runs ZeRO's own optimizer for every stage,
+      except bf16 with fp32 ``grad_accum_dtype`` at stage 1 (``BF16_Optimizer``, which the reader
+      refuses).
+    - stage 2 (``runtime/zero/stage_1_and_2.py:1678-1680``): ``grads_in_partition`` is allocated in
+      ``self.dtype``, the parameters' dtype, whatever ``grad_accum_dtype`` says: the model's dtype.
+    - stage 1 (``stage_1_and_2.py:354-360``, ``_fill_param_grad_accum_attribute``): ``param.grad``
+      in the model's dtype, or, when ``gradient_accumulation_dtype`` differs from it, each
+      micro-batch's gradient accumulated into ``param.grad_accum`` in that dtype: ``accum``.
+    - stage 3 (``runtime/zero/stage3.py:742-744``): ``grad_partitions_flat_buffer`` in
+      ``gradient_accumulation_dtype``: ``accum``, else the model's dtype (v0.3.13 likewise kept
+      ``grads_in_partition`` in ``torch.half``).
+
+    Each stage converts the rank's partition to fp32 only inside ``step``, one group at a time:
+    a transient, not this state.
+
+    >>> [deepspeed_grad_dtype(s, "bf16") for s in (1, 2, 3)]
+    ['bf16', 'bf16', 'bf16']
+    >>> deepspeed_grad_dtype(1, "fp16", "fp32"), deepspeed_grad_dtype(2, "fp16", "fp32"), deepspeed_grad_dtype(3, "bf16", "fp32")
+    ('fp32', 'fp16', 'fp32')
+    """
+    return model if stage == 2 or accum is None else accum
+
+
+#: ``training.zero3_engine`` values that are DeepSpeed's ZeRO stage 3.
+DEEPSPEED_ZERO3 = ("deepspeed", "deepspeed-2021")
+
+
+class TrainingFields(BaseModel):
+    """The ``[training]`` fields (documented on :class:`meshplan.spec.training.TrainingSpec`)
+    and the validators that fill the unset ones with their runtime's default."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    global_batch: int = Field(gt=0, le=BOUNDS["global_batch"].value)
+    seq_len: int = Field(gt=0, le=BOUNDS["seq_len"].value)
+    micro_batch: int = Field(default=1, gt=0, le=BOUNDS["micro_batch"].value)
+    param_dtype: Dtype  # unset: the runtime's (_runtime_param_dtype)
+    compute_dtype: Dtype = "bf16"
+    grad_dtype: Dtype = "fp32"
+    optimizer_dtype: Dtype = "fp32"
+    reduce_dtype: Dtype = "fp32"
+    master_weights: bool = True
+    optimizer: Literal["adam", "adamw", "sgd"] = "adamw"
+    sharding: Literal["none", "zero1", "zero2", "zero3", "hsdp"] = "zero3"
+    reshard_after_forward: bool = True
+    reshard_head_after_forward: bool = False
+    recompute: Literal["none", "selective", "full", "layer", "op"] = "selective"
+    ac_freq: int = Field(default=1, ge=1)
+    flash_attention: bool = True
+    memory_reserve: float = Field(default=0.10, ge=0, lt=1)
+    vocab_pad_divisor: int = Field(gt=0, le=BOUNDS["vocab_pad_divisor"].value)
+    grad_reduce_dtype: Optional[Literal["fp32", "bf16", "fp16", "param"]] = None
+    tp_comm_overlap: bool = False
+    grad_clip: bool = True
+    framework: Literal["torch", "megatron"] = "torch"
+    torch_compile: bool = False
+    torch_norm: Literal["fused", "decomposed"] = "fused"
+    torch_compile_loss: bool = True
+    optimizer_impl: Literal["fused", "foreach"] = "fused"
+    zero3_engine: Literal["fsdp2", "deepspeed", "deepspeed-2021"] = "fsdp2"
+    contiguous_gradients: Optional[bool] = None
+    zero12_engine: Literal["megatron", "deepspeed"] = "megatron"
+    zero0_engine: Literal["ddp", "deepspeed"] = "ddp"
+    overlap_comm: Optional[bool] = None
+    overlap_grad_reduce: bool = False
+    overlap_param_gather: bool = False
+    megatron_fsdp: bool = False
+    grad_accumulation: Literal["sync", "no_sync", "no_sync_unsharded"] = "sync"
+    pp_schedule_runs: int = Field(default=1, ge=1, le=BOUNDS["global_batch"].value)
+    linear_dtype: Optional[Literal["fp8"]] = None
+    fp8_recipe: Literal["tensorwise", "rowwise"] = "tensorwise"
+    fp8_all_gather: bool = False
+    fp8_output_layer: bool = False
+    moe_capacity_factor: Optional[float] = Field(default=None, gt=0)
+    moe_dropless: Optional[bool] = None
+    moe_hottest_expert_share: Optional[float] = Field(default=None, gt=0, le=1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _framework_padding(cls, data):
+        """``vocab_pad_divisor`` unset: the framework's (class docstring).
+
+        >>> from meshplan.spec.training import TrainingSpec
+        >>> TrainingSpec(global_batch=8, seq_len=16).vocab_pad_divisor
+        1
+        >>> TrainingSpec(global_batch=8, seq_len=16, framework="megatron").vocab_pad_divisor
+        128
+        """
+        if isinstance(data, dict) and data.get("vocab_pad_divisor") is None:
+            data = {**data, "vocab_pad_divisor": 128 if data.get("framework") == "megatron" else 1}
+        return data
+
+    @model_validator(mode="before")
+    @classmethod
+    def _runtime_param_dtype(cls, data):
+        """``param_dtype`` unset: the dtype the runtime keeps the parameters in. ``fp32`` under
+        ``framework = "torch"`` with FSDP2 (sharding zero3 or hsdp, ``zero3_engine = "fsdp2"``) or
+        DDP (sharding none), the runtimes torch has: torchtitan builds the model
+        in ``training.dtype``, default ``"float32"`` (``torchtitan/trainer.py:358``,
+        ``utils.set_default_dtype(TORCH_DTYPE_MAP[config.training.dtype])``;
+        ``torchtitan/config/configs.py:87``), and mixed precision is FSDP2's
+        ``MixedPrecisionPolicy(param_dtype=mixed_precision_param, reduce_dtype=...)``
+        (``torchtitan/distributed/fsdp.py``; pytorch/torchtitan at b5bcd76): fp32 shards, bf16
+        all-gathers and compute, no separate master copy (DDP: ``torch.autocast``). ``bf16``
+        under Megatron-LM (``--bf16``: bf16 model, fp32 main parameters in the optimizer), its
+        distributed optimizer that meshplan plans for zero1/zero2 under torch without DeepSpeed
+        (:attr:`has_zero1_engine`), and DeepSpeed's engines (bf16 model, fp32 master partition).
+
+        >>> from meshplan.spec.training import TrainingSpec
+        >>> [TrainingSpec(global_batch=8, seq_len=16, sharding=s).param_dtype for s in ("zero3", "hsdp", "none")]
+        ['fp32', 'fp32', 'fp32']
+        >>> [TrainingSpec(global_batch=8, seq_len=16, **kw).param_dtype for kw in ({"framework": "megatron"},
+        ...  {"sharding": "zero1"}, {"sharding": "zero2", "zero12_engine": "deepspeed"},
+        ...  {"zero3_engine": "deepspeed-2021"})]
+        ['bf16', 'bf16', 'bf16', 'bf16']
+        """
+        if isinstance(data, dict) and data.get("param_dtype") is None:
+            torch = data.get("framework", "torch") == "torch" and data.get("sharding", "zero3") in ("none", "zero3", "hsdp") \
+                and data.get("zero3_engine", "fsdp2") == "fsdp2"
+            data = {**data, "param_dtype": "fp32" if torch else "bf16"}
+        return data
+
+    @model_validator(mode="before")
+    @classmethod
+    def _deepspeed_grads(cls, data):
+        """``grad_dtype`` unset under a DeepSpeed engine (``zero3_engine`` ``deepspeed`` or ``deepspeed-2021``, or
+        ``zero12_engine = "deepspeed"`` with sharding zero1 or zero2): DeepSpeed's, by
+        :func:`deepspeed_grad_dtype`, the one rule the DeepSpeed JSON reader applies too.
+
+        >>> from meshplan.spec.training import TrainingSpec
+        >>> TrainingSpec(global_batch=8, seq_len=16, param_dtype="fp16", zero3_engine="deepspeed-2021").grad_dtype
+        'fp16'
+        >>> TrainingSpec(global_batch=8, seq_len=16, zero3_engine="deepspeed-2021", grad_dtype="fp32").grad_dtype
+        'fp32'
+        >>> [TrainingSpec(global_batch=8, seq_len=16, sharding=s, zero12_engine="deepspeed").grad_dtype
+        ...  for s in ("zero1", "zero2")]
+        ['bf16', 'bf16']
+        """
+        if not isinstance(data, dict) or data.get("grad_dtype") is not None:
+            return data
+        stage = {"zero1": 1, "zero2": 2}.get(data.get("sharding", "zero3")) \
+            if data.get("zero12_engine") == "deepspeed" else 3 if data.get("zero3_engine") in DEEPSPEED_ZERO3 else None
+        if stage is not None:
+            data = {**data, "grad_dtype": deepspeed_grad_dtype(stage, data.get("param_dtype", "bf16"))}
+        return data
