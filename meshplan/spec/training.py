@@ -140,7 +140,7 @@ class TrainingSpec(TrainingPrecision):
     changing ``zero_optimization.stage``.
     ``zero12_engine``: which runtime reduces the gradients under ``sharding = "zero1"`` or
     ``"zero2"``: ``megatron`` (Megatron-LM's distributed optimizer: reduce-scatters of gradient
-    buckets, :func:`meshplan.comm.collectives._zero2_rows`) or ``deepspeed`` (DeepSpeed's
+    buckets, :func:`meshplan.comm.dp_rows._zero2_rows`) or ``deepspeed`` (DeepSpeed's
     ``stage_1_and_2.py`` since v0.12.4, PR #4695: one all-reduce per bucket of whole
     parameters, ``[memory] grad_bucket_elements`` = ``reduce_bucket_size``, default 5e8;
     zero2 every micro-batch in the backward hooks, zero1 once per step; in
