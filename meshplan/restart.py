@@ -262,8 +262,8 @@ def restart_on_fewer_nodes(mesh, lost_nodes: int, *, gpus_per_node: int, global_
     ranked = kind_ranked(ranked, kind, evaluate, mesh)
     unplanned = screened + unplanned
     as_configured = _why_not_kept(global_batch, micro_batch, changer, micro_batch_reasons) if changer else ""
-    if ranked and not ranked[0].keeps_global_batch:  # the job's kind at another global batch (kind_ranked)
-        as_configured = _why_not_kept(global_batch, micro_batch, ranked[0], micro_batch_reasons)
+    top_why = (_why_not_kept(global_batch, micro_batch, ranked[0], micro_batch_reasons)  # the kind's (kind_ranked)
+               if ranked and not ranked[0].keeps_global_batch else as_configured)
     if changer:
         refused.append(changer_refusal(changer, as_configured, ranked, unplanned))
     refused = sorted(refused + unplanned, key=lambda r: -r[1])
@@ -278,7 +278,7 @@ def restart_on_fewer_nodes(mesh, lost_nodes: int, *, gpus_per_node: int, global_
                                         changed_words(changed, top.names, sharding), checkpoint)
     notes = (result_notes(top, ranked, smaller, world, left, mesh, gpus_per_node, old_step, pipeline is not None,
                           old_infeasible)
-             + batch_notes(top, as_configured, any(p.keeps_global_batch for p in ranked))
+             + batch_notes(top, top_why, any(p.keeps_global_batch for p in ranked))
              + (pipeline_note(pipeline, top, planned.get((top.names, top.shape), [])) if pipeline else []) + state)
     return Restart(True, new_world=top.gpus, shape=top.shape, changed=changed, micro_batches=(old_m, top.micro_batches),
                    batch_contract=not top.contract, reshard=reshard, dataloader_ok=dl_ok, notes=tuple(notes),

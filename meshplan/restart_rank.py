@@ -251,6 +251,10 @@ def changer_refusal(changer: Proposal, as_configured: str, ranked: list[Proposal
     with the changed one (the alternative) or not (its refusal, taken from ``unplanned``: the
     changer is evaluated last)."""
     why = f"{changer.mesh_text()} ({changer.gpus} GPUs): {as_configured}"
+    ran = [p for p in ranked if (p.names, p.shape, p.contract) == (changer.names, changer.shape, changer.contract)]
+    if ran and ranked[0] is not ran[0] and not ranked[0].keeps_global_batch:  # kind_first chose another changer
+        return why + (f"; with {changer.contract}: {ran[0].tokens_per_s or 0.0:,.0f} tokens/s, not over "
+                      f"{MODEL_ACCURACY:.0%} more than the job's kind"), changer.gpus
     if any(not p.keeps_global_batch for p in ranked):
         return why + " (the alternative below changes the global batch)", changer.gpus
     return why + f"; with {changer.contract}: {unplanned.pop()[0].split(': ', 1)[1]}", changer.gpus

@@ -103,3 +103,27 @@ def test_q1top_restarts_as_fsdp(tmp_path):
     assert "- alternative keeping the global batch: pp 28 x cp 2 x tp 2 on 112 GPUs, contract kept: step 34.56 s, " \
            "121,380 tokens/s" in lines
     assert not [line for line in lines if "runner-up" in line or "pp 1 ->" in line]
+
+
+def test_larger_changer_within_the_accuracy_is_named_with_its_tokens_per_s():
+    """dp_shard 4 x cp 2 x tp 8 (global batch 512) loses a node: 56 GPUs, pp 1, (tp, cp) in (8, 2)
+    and (8, 1). The kind (cp 2): dp 3 on 48 GPUs at 512 // 3 x 3 = 510, dp 2 keeps 512 on 32. cp 1:
+    dp 7 on 56 at 511 (the largest mesh, other kind), dp 4 keeps 512 on 32. Stand-in tokens/s: 1000
+    a GPU, x 1.12 at cp 2: dp 3 53,760, dp 7 56,000 (4.2% more, within 5%): dp 3 x cp 2 proposed,
+    dp 7 refused in the head line with its tokens/s; the alternative keeps 512: dp 2 x cp 2 at 32 x
+    1000 x 1.12 = 35,840 (dp 4 x cp 1: 32,000)."""
+    from meshplan.restart import DegreeRule
+
+    def evaluate(p):
+        return replace(p, step_s=1.0, tokens_per_s=1000.0 * p.gpus * (1.12 if p.tp_cp[1] == 2 else 1.0),
+                       peak_bytes=0.0)
+    m = resolve_mesh(MeshSpec(names=["dp_shard", "cp", "tp"], shape=[4, 2, 8]), world=64)
+    r = restart_on_fewer_nodes(m, 1, gpus_per_node=8, global_batch=512, micro_batch=1,
+                               degrees=DegreeRule(((8, 2), (8, 1))), evaluate=evaluate)
+    assert (r.shape, r.contract, round(r.proposals[0].tokens_per_s)) == ((3, 2, 8), "global_batch 512 -> 510", 53760)
+    assert r.lines()[0] == (
+        "restart: world 64 -> 48 (56 GPUs left); mesh dp_shard 4 x cp 2 x tp 8 -> dp_shard 3 x cp 2 x tp 8 (changed: "
+        "dp_shard); not dp_shard 7 x tp 8 (56 GPUs): global_batch 512 is not divisible by micro_batch 1 x dp 7 = 7; "
+        "with global_batch 512 -> 511: 56,000 tokens/s, not over 5% more than the job's kind")
+    assert _shown(r) == ["alternative keeping the global batch: dp_shard 2 x cp 2 x tp 8 on 32 GPUs, contract kept: "
+                         "step 1.00 s, 35,840 tokens/s"]
